@@ -1,0 +1,88 @@
+"""The model as one flat float32 vector, cut into chunks owned by shards.
+
+Parameters are flattened in `model.parameters()` order, which for our models is
+forward order, so chunk id order is also priority order: chunk 0 is what the
+next forward pass needs first. Every process derives the same layout from the
+model and the job's `chunk_bytes` and shard count, so the layout never travels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A contiguous slice [start, start+length) of the flat vector, held by shard `owner`."""
+
+    id: int
+    start: int
+    length: int
+    owner: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(frozen=True)
+class Layout:
+    """All chunks of a model and which shard holds each."""
+
+    chunks: tuple[Chunk, ...]
+    total: int
+    num_shards: int
+
+    def for_shard(self, shard: int) -> list[Chunk]:
+        return [c for c in self.chunks if c.owner == shard]
+
+    def sizes(self, shard: int) -> dict[int, int]:
+        """Chunk id -> element count for one shard (what the shard validates against)."""
+        return {c.id: c.length for c in self.for_shard(shard)}
+
+
+def make_layout(total: int, chunk_bytes: int, num_shards: int) -> Layout:
+    """Cut `total` floats into chunks of at most `chunk_bytes`, balancing bytes across shards.
+
+    Chunks go, in priority order, to the shard holding the fewest bytes so far,
+    so every shard serves some of the front of the network and the load evens out.
+    """
+    if num_shards < 1:
+        raise ValueError("at least one shard")
+    per_chunk = max(1, chunk_bytes // FLOAT_BYTES)
+    load = [0] * num_shards
+    chunks = []
+    for cid, start in enumerate(range(0, total, per_chunk)):
+        length = min(per_chunk, total - start)
+        owner = min(range(num_shards), key=lambda s: (load[s], s))
+        load[owner] += length
+        chunks.append(Chunk(cid, start, length, owner))
+    return Layout(tuple(chunks), total, num_shards)
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    """A copy of the model's parameters as one float32 vector."""
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def flat_grads(model: torch.nn.Module) -> torch.Tensor:
+    """The model's gradients as one float32 vector (zeros where a parameter has none)."""
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()]
+    )
+
+
+def load_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Copy a flat vector into the model's parameters in place."""
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} values, model has {offset}")

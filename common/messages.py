@@ -1,0 +1,182 @@
+"""The message types of the dynabatch protocol, one dataclass each.
+
+The dataclass fields are the schema: `wire.decode` checks every received envelope
+against the annotations here (required fields present, values of the declared
+type) before any role looks at it. Fields with defaults are optional on the wire,
+so a newer sender may add fields without breaking an older receiver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+ROLES = ("worker", "evaluator", "ps")
+
+
+@dataclass
+class Hello:
+    """A process joins the job: workers and evaluators get an id, shards a slot."""
+
+    TYPE: ClassVar[str] = "HELLO"
+    role: str
+    host: str = ""
+    metrics_url: str = ""
+    endpoint: str = ""
+    shard_index: int = -1
+    name: str = ""
+
+
+@dataclass
+class Welcome:
+    """The scheduler's answer to HELLO: who you are and the job you are in."""
+
+    TYPE: ClassVar[str] = "WELCOME"
+    id: str
+    config: dict[str, Any]
+    shards: list[str]
+    shard_index: int = -1
+
+
+@dataclass
+class Heartbeat:
+    """Liveness plus what a process did since it started (cumulative counters).
+
+    Cumulative rather than per-interval so that a lost heartbeat loses no
+    samples: the scheduler takes differences itself.
+    """
+
+    TYPE: ClassVar[str] = "HEARTBEAT"
+    steps: int = 0
+    samples: int = 0
+    batch: int = 0
+    step_s: float = 0.0
+    compute_s: float = 0.0
+    pull_s: float = 0.0
+    push_s: float = 0.0
+    wait_s: float = 0.0
+    loss: float = float("nan")
+    version: int = 0
+    standalone_sps: float = 0.0
+    assignment_id: int = 0
+    updates: int = 0
+
+
+@dataclass
+class Assignment:
+    """What the scheduler wants a worker (or shard) to do next.
+
+    A worker keeps its last assignment when the scheduler is unreachable.
+    """
+
+    TYPE: ClassVar[str] = "ASSIGNMENT"
+    assignment_id: int
+    batch: int = 0
+    lr_scale: float = 1.0
+    local_steps: int = 1
+    priorities: list[int] = field(default_factory=list)
+    epoch: float = 0.0
+    target_epochs: float = 0.0
+    stop: bool = False
+    shards: list[str] = field(default_factory=list)
+    live_workers: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass
+class Pull:
+    """Ask a shard for chunks; with `min_version` the reply waits (ssgd rounds)."""
+
+    TYPE: ClassVar[str] = "PULL"
+    ids: list[int] = field(default_factory=list)
+    min_version: int = 0
+
+
+@dataclass
+class Params:
+    """Parameter chunks from a shard; each chunk's version is in its chunk entry."""
+
+    TYPE: ClassVar[str] = "PARAMS"
+    version: int
+
+
+@dataclass
+class Push:
+    """Gradient chunks from a worker, computed on the chunk versions it declares."""
+
+    TYPE: ClassVar[str] = "PUSH"
+    samples: int
+    loss: float = float("nan")
+    kind: str = "grad"
+
+
+@dataclass
+class PushAck:
+    """The shard took a push: the version after it and the staleness it measured."""
+
+    TYPE: ClassVar[str] = "PUSH_ACK"
+    version: int
+    staleness: int = 0
+    applied: bool = True
+
+
+@dataclass
+class EvalReport:
+    """An evaluator's test-set result on one model version."""
+
+    TYPE: ClassVar[str] = "EVAL"
+    version: int
+    test_loss: float
+    test_acc: float
+    final: bool = False
+
+
+@dataclass
+class StatusRequest:
+    """Ask the scheduler for the job's state (used by `dynabatch run` and tests)."""
+
+    TYPE: ClassVar[str] = "STATUS"
+
+
+@dataclass
+class StatusReply:
+    """The job's state as the scheduler sees it; see scheduler/job_state.py."""
+
+    TYPE: ClassVar[str] = "STATUS_REPLY"
+    state: dict[str, Any]
+
+
+@dataclass
+class Bye:
+    """A process leaves on purpose, so its share moves at once, not after a timeout."""
+
+    TYPE: ClassVar[str] = "BYE"
+
+
+@dataclass
+class Error:
+    """The answer to a message that was rejected (its envelope seq is the offender's)."""
+
+    TYPE: ClassVar[str] = "ERROR"
+    code: str
+    text: str
+
+
+MESSAGE_TYPES: dict[str, type] = {
+    cls.TYPE: cls
+    for cls in (
+        Hello,
+        Welcome,
+        Heartbeat,
+        Assignment,
+        Pull,
+        Params,
+        Push,
+        PushAck,
+        EvalReport,
+        StatusRequest,
+        StatusReply,
+        Bye,
+        Error,
+    )
+}

@@ -1,0 +1,95 @@
+"""/metrics and /healthz for every process, on its own registry.
+
+Each process owns a CollectorRegistry (not the global default) so that tests
+can run several roles in one interpreter and a role exports only its own
+series. Health is two questions: `/healthz` (is the main loop turning: used
+for liveness) and `/readyz` (has the process joined its job: readiness).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+STALL_S = 30.0
+
+
+class Health:
+    """Liveness from main-loop ticks, readiness set once a process has joined."""
+
+    def __init__(self) -> None:
+        self._last_tick = time.monotonic()
+        self.ready = False
+
+    def tick(self) -> None:
+        self._last_tick = time.monotonic()
+
+    def alive(self) -> bool:
+        return time.monotonic() - self._last_tick < STALL_S
+
+
+class MetricsServer:
+    """A small threaded HTTP server: /metrics, /healthz, /readyz."""
+
+    def __init__(self, registry: CollectorRegistry, health: Health, host: str, port: int) -> None:
+        self.registry = registry
+        self.health = health
+        handler = self._handler()
+        self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd.daemon_threads = True
+        self.host = host
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def url(self, host: str | None = None) -> str:
+        """The /metrics URL as another process on `host` would reach it."""
+        shown = host or ("127.0.0.1" if self.host in ("0.0.0.0", "") else self.host)
+        return f"http://{shown}:{self.port}/metrics"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = server.health.alive()
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
+                elif path == "/readyz":
+                    ok = server.health.ready
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"not registered\n")
+                else:
+                    self._send(404, b"not found\n")
+
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        return Handler
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def bad_messages_counter(registry: CollectorRegistry) -> Counter:
+    """Rejected messages by reason code; every role exports it under the same name."""
+    return Counter(
+        "dynabatch_bad_messages",
+        "Received messages rejected (ERROR answered or dropped), by reason.",
+        ["role", "reason"],
+        registry=registry,
+    )
+

@@ -1,0 +1,163 @@
+"""ZeroMQ sockets for dynabatch: servers bind ROUTER, clients connect DEALER.
+
+Request/reply matching: a reply carries the `seq` of the request it answers, so
+a client that timed out and retried can drop a late answer to the old request.
+Servers never block on a peer: ROUTER drops what it cannot route, and sends
+are non-blocking, so a dead worker cannot stall a shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import zmq
+
+from dynabatch.common.messages import Error
+from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
+
+MAX_MESSAGE_BYTES = 1 << 31
+
+
+class RemoteError(Exception):
+    """The peer answered ERROR."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(f"{code}: {text}")
+        self.code = code
+        self.text = text
+
+
+def _configure(sock: zmq.Socket) -> zmq.Socket:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    return sock
+
+
+def bind_router(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint."""
+    sock = _configure(ctx.socket(zmq.ROUTER))
+    if endpoint.endswith(":0"):
+        endpoint = endpoint[:-2] + ":*"
+    sock.bind(endpoint)
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+@dataclass
+class Incoming:
+    """One message off a ROUTER: who sent it, and the message or why it was rejected."""
+
+    identity: bytes
+    message: Message | None
+    error: ProtocolError | None
+
+
+def recv_routed(sock: zmq.Socket) -> Incoming:
+    """Receive and validate one message from a ROUTER without raising on bad input."""
+    frames = sock.recv_multipart(copy=False)
+    identity = frames[0].bytes
+    try:
+        return Incoming(identity, decode(frames[1:]), None)
+    except ProtocolError as exc:
+        return Incoming(identity, None, exc)
+
+
+def send_routed(
+    sock: zmq.Socket,
+    identity: bytes,
+    body: Any,
+    seq: int,
+    job: str,
+    sender: str,
+    chunks: Sequence[ChunkMeta] = (),
+    tensors: Sequence[torch.Tensor] = (),
+) -> bool:
+    """Reply through a ROUTER; False (and nothing sent) if the peer is gone or full."""
+    msg = Message(body, list(chunks), list(tensors), job, sender, seq)
+    try:
+        sock.send_multipart([identity, *encode(msg)], copy=False, flags=zmq.NOBLOCK)
+    except zmq.Again:
+        return False
+    return True
+
+
+def send_error(sock: zmq.Socket, incoming: Incoming, error: ProtocolError, job: str, sender: str) -> None:
+    """Answer a rejected message with ERROR, echoing its seq where it had one."""
+    send_routed(sock, incoming.identity, error.to_error(), error.ref, job, sender)
+
+
+class Connection:
+    """A DEALER to one server, with seq numbering and reply matching.
+
+    `request` is a blocking call with a timeout; `send` plus `drain` is the
+    fire-and-forget pattern used for heartbeats, where only the latest answer
+    matters.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, job: str, sender: str) -> None:
+        self.endpoint = endpoint
+        self.job = job
+        self.sender = sender
+        self._seq = itertools.count(1)
+        self.sock = _configure(ctx.socket(zmq.DEALER))
+        self.sock.setsockopt(zmq.SNDHWM, 64)
+        self.sock.connect(endpoint)
+
+    def send(self, body: Any, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()) -> int:
+        """Queue a message; returns its seq, or -1 if the send queue is full (peer gone)."""
+        seq = next(self._seq)
+        msg = Message(body, list(chunks), list(tensors), self.job, self.sender, seq)
+        try:
+            self.sock.send_multipart(encode(msg), copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return -1
+        return seq
+
+    def recv(self, timeout_s: float) -> Message | None:
+        """The next valid message within the timeout; invalid ones are skipped."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                return None
+            try:
+                return decode(self.sock.recv_multipart(copy=False))
+            except ProtocolError:
+                continue
+
+    def request(
+        self,
+        body: Any,
+        timeout_s: float,
+        chunks: Sequence[ChunkMeta] = (),
+        tensors: Sequence[torch.Tensor] = (),
+    ) -> Message:
+        """Send and wait for the matching reply; raises TimeoutError or RemoteError."""
+        seq = self.send(body, chunks, tensors)
+        if seq < 0:
+            raise TimeoutError(f"{self.endpoint}: send queue full")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reply = self.recv(max(0.0, deadline - time.monotonic()))
+            if reply is None:
+                raise TimeoutError(f"{self.endpoint}: no reply to {body.TYPE} within {timeout_s:.1f}s")
+            if reply.seq != seq:
+                continue
+            if isinstance(reply.body, Error):
+                raise RemoteError(reply.body.code, reply.body.text)
+            return reply
+
+    def drain(self) -> list[Message]:
+        """Every valid message waiting now, oldest first."""
+        out = []
+        while self.sock.poll(0):
+            try:
+                out.append(decode(self.sock.recv_multipart(copy=False)))
+            except ProtocolError:
+                continue
+        return out
+
+    def close(self) -> None:
+        self.sock.close(linger=0)

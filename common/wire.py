@@ -1,0 +1,296 @@
+"""The wire format: a msgpack envelope frame followed by raw tensor frames.
+
+Frame 0 is a msgpack map `{v, type, job, sender, seq, chunks, ...fields}`;
+frames 1..n are the raw little-endian bytes of the tensors that `chunks`
+describes, one frame per chunk. Tensors are sent from their own memory and
+received as views of the ZeroMQ frames, so a 40 MB gradient is never copied by
+the codec.
+
+`decode` validates everything it can without knowing the receiver's state
+(types, frame count and lengths, dtypes); the receiver then checks what only it
+knows (chunk ids it owns, finiteness where the protocol needs it) with
+`check_chunks` and `check_finite`. Every failure is a `ProtocolError` with a
+stable code, so the roles can answer ERROR and count it by reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import typing
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import torch
+
+from dynabatch.common.messages import MESSAGE_TYPES, Error
+
+PROTOCOL_VERSION = 1
+MAX_CHUNKS = 1 << 16
+MAX_CHUNK_ELEMENTS = 1 << 30
+
+# Byte order is part of the format; a big-endian host would have to swap.
+assert sys.byteorder == "little", "dynabatch's wire format is little-endian"
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+ENVELOPE_KEYS = frozenset({"v", "type", "job", "sender", "seq", "chunks"})
+
+
+class ProtocolError(Exception):
+    """A received message that must be rejected; `code` is a stable reason label."""
+
+    def __init__(self, code: str, text: str, ref: int = -1) -> None:
+        super().__init__(f"{code}: {text}")
+        self.code = code
+        self.text = text
+        self.ref = ref
+
+    def to_error(self) -> Error:
+        """The ERROR body that answers the offending message."""
+        return Error(code=self.code, text=self.text)
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    """One tensor frame's description in the envelope."""
+
+    id: int
+    dtype: str
+    shape: tuple[int, ...]
+    version: int = 0
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPES[self.dtype].itemsize
+
+
+@dataclass
+class Message:
+    """A decoded (or to-be-sent) message: envelope fields, typed body, tensors."""
+
+    body: Any
+    chunks: list[ChunkMeta] = field(default_factory=list)
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    job: str = ""
+    sender: str = ""
+    seq: int = 0
+
+    @property
+    def type(self) -> str:
+        return self.body.TYPE
+
+
+def chunk_meta(chunk_id: int, tensor: torch.Tensor, version: int = 0) -> ChunkMeta:
+    """Describe `tensor` for the envelope."""
+    if tensor.dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype {tensor.dtype} cannot travel; use one of {sorted(DTYPES)}")
+    return ChunkMeta(chunk_id, DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), version)
+
+
+def encode(msg: Message) -> list[Any]:
+    """Frames for `msg`: the packed envelope, then one zero-copy buffer per tensor."""
+    if len(msg.chunks) != len(msg.tensors):
+        raise ValueError(f"{len(msg.chunks)} chunk entries for {len(msg.tensors)} tensors")
+    envelope: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "type": msg.body.TYPE,
+        "job": msg.job,
+        "sender": msg.sender,
+        "seq": msg.seq,
+        "chunks": [
+            {"id": c.id, "dtype": c.dtype, "shape": list(c.shape), "version": c.version}
+            for c in msg.chunks
+        ],
+    }
+    for f in dataclasses.fields(msg.body):
+        envelope[f.name] = getattr(msg.body, f.name)
+    frames: list[Any] = [msgpack.packb(envelope, use_bin_type=True)]
+    for tensor in msg.tensors:
+        frames.append(_tensor_buffer(tensor))
+    return frames
+
+
+def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes without a copy (a copy only if it is not contiguous)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+def decode(frames: Sequence[Any]) -> Message:
+    """Parse and validate frames into a Message, or raise ProtocolError.
+
+    `frames` are bytes or zmq.Frame objects (as from `recv_multipart(copy=False)`).
+    """
+    if not frames:
+        raise ProtocolError("malformed", "empty message")
+    raw = _frame_bytes(frames[0])
+    try:
+        envelope = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, max_array_len=MAX_CHUNKS * 4, max_map_len=1 << 12
+        )
+    except Exception as exc:  # msgpack raises a zoo of types for garbage
+        raise ProtocolError("malformed", f"envelope is not msgpack: {type(exc).__name__}") from None
+    if not isinstance(envelope, dict):
+        raise ProtocolError("malformed", "envelope is not a map")
+    seq = envelope.get("seq")
+    ref = seq if _is_int(seq) else -1
+    version = envelope.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "version", f"protocol version {version!r} not supported (this is {PROTOCOL_VERSION})", ref
+        )
+    for key, kind in (("type", str), ("job", str), ("sender", str), ("seq", int), ("chunks", list)):
+        if key not in envelope:
+            raise ProtocolError("bad_field", f"envelope lacks '{key}'", ref)
+        if not _matches(envelope[key], kind):
+            raise ProtocolError("bad_field", f"envelope '{key}' must be {kind.__name__}", ref)
+    cls = MESSAGE_TYPES.get(envelope["type"])
+    if cls is None:
+        raise ProtocolError("unknown_type", f"unknown message type {envelope['type']!r}", ref)
+    body = _decode_body(cls, envelope, ref)
+    chunks = _decode_chunks(envelope["chunks"], ref)
+    if len(frames) - 1 != len(chunks):
+        raise ProtocolError(
+            "frame_count", f"{len(chunks)} chunks declared but {len(frames) - 1} tensor frames sent", ref
+        )
+    tensors = [_frame_tensor(frame, meta, ref) for frame, meta in zip(frames[1:], chunks)]
+    return Message(body, chunks, tensors, envelope["job"], envelope["sender"], envelope["seq"])
+
+
+def _frame_bytes(frame: Any) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.bytes
+
+
+def _frame_tensor(frame: Any, meta: ChunkMeta, ref: int) -> torch.Tensor:
+    buf = frame if isinstance(frame, (bytes, bytearray, memoryview)) else frame.buffer
+    size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if size != meta.nbytes:
+        raise ProtocolError(
+            "frame_length", f"chunk {meta.id}: frame has {size} bytes, shape needs {meta.nbytes}", ref
+        )
+    if meta.numel == 0:
+        return torch.empty(meta.shape, dtype=DTYPES[meta.dtype])
+    with warnings.catch_warnings():
+        # Received frames are read-only; the tensor is a view the roles never write to.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buf, dtype=DTYPES[meta.dtype]).view(meta.shape)
+
+
+def _decode_chunks(entries: list[Any], ref: int) -> list[ChunkMeta]:
+    if len(entries) > MAX_CHUNKS:
+        raise ProtocolError("bad_chunk", f"{len(entries)} chunks exceed the limit {MAX_CHUNKS}", ref)
+    chunks = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ProtocolError("bad_chunk", f"chunk entry {i} is not a map", ref)
+        cid, dtype, shape, ver = (entry.get(k) for k in ("id", "dtype", "shape", "version"))
+        if not _is_int(cid) or cid < 0:
+            raise ProtocolError("bad_chunk", f"chunk entry {i}: id must be a non-negative int", ref)
+        if dtype not in DTYPES:
+            raise ProtocolError("bad_chunk", f"chunk {cid}: dtype {dtype!r} not one of {sorted(DTYPES)}", ref)
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) or len(shape) > 8:
+            raise ProtocolError("bad_chunk", f"chunk {cid}: shape must be a list of non-negative ints", ref)
+        if math.prod(shape) > MAX_CHUNK_ELEMENTS:
+            raise ProtocolError("bad_chunk", f"chunk {cid}: {math.prod(shape)} elements exceed the limit", ref)
+        if ver is None:
+            ver = 0
+        if not _is_int(ver) or ver < 0:
+            raise ProtocolError("bad_chunk", f"chunk {cid}: version must be a non-negative int", ref)
+        chunks.append(ChunkMeta(cid, dtype, tuple(shape), ver))
+    return chunks
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _decode_body(cls: type, envelope: Mapping[str, Any], ref: int) -> Any:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in envelope:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError("bad_field", f"{cls.TYPE} lacks required field '{f.name}'", ref)
+            continue
+        value = envelope[f.name]
+        if not _matches(value, hints[f.name]):
+            raise ProtocolError(
+                "bad_field", f"{cls.TYPE}.{f.name} must be {_type_name(hints[f.name])}", ref
+            )
+        values[f.name] = float(value) if hints[f.name] is float else value
+    return cls(**values)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a msgpack-decoded value fits a dataclass annotation."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if hint is int:
+        return _is_int(value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint in (str, bool, list, dict):
+        return isinstance(value, hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        return isinstance(value, dict) and all(
+            _matches(k, key) and _matches(v, item) for k, v in value.items()
+        )
+    raise TypeError(f"unsupported annotation {hint!r} in a message dataclass")
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def check_chunks(msg: Message, known: Mapping[int, int], dtype: str = "float32") -> None:
+    """Reject chunks this receiver does not own, of the wrong dtype, or of the wrong size.
+
+    `known` maps each chunk id the receiver holds to its number of elements.
+    """
+    seen: set[int] = set()
+    for meta in msg.chunks:
+        if meta.id not in known:
+            raise ProtocolError("unknown_chunk", f"chunk {meta.id} is not held here", msg.seq)
+        if meta.id in seen:
+            raise ProtocolError("bad_chunk", f"chunk {meta.id} appears twice", msg.seq)
+        seen.add(meta.id)
+        if meta.dtype != dtype:
+            raise ProtocolError("bad_chunk", f"chunk {meta.id}: dtype {meta.dtype}, expected {dtype}", msg.seq)
+        if meta.numel != known[meta.id]:
+            raise ProtocolError(
+                "bad_shape", f"chunk {meta.id}: {meta.numel} elements, expected {known[meta.id]}", msg.seq
+            )
+
+
+def check_finite(msg: Message) -> None:
+    """Reject NaN or Inf anywhere in the tensors (one fused pass per tensor)."""
+    for meta, tensor in zip(msg.chunks, msg.tensors):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ProtocolError("non_finite", f"chunk {meta.id} holds NaN or Inf", msg.seq)

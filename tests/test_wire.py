@@ -1,0 +1,133 @@
+"""The wire codec: round trips, zero-copy, and every kind of malformed input."""
+
+import math
+
+import msgpack
+import pytest
+import torch
+
+from dynabatch.common.messages import Heartbeat, Hello, Push, StatusRequest
+from dynabatch.common.wire import (
+    PROTOCOL_VERSION, ChunkMeta, Message, ProtocolError, check_chunks, check_finite, chunk_meta, decode, encode,
+)
+
+
+def _push(tensors, seq=7):
+    metas = [chunk_meta(i, t, version=3) for i, t in enumerate(tensors)]
+    return Message(Push(samples=32, loss=0.5), metas, tensors, job="j", sender="w0", seq=seq)
+
+
+def _env(frames):
+    return msgpack.unpackb(frames[0])
+
+
+def _reframe(env, tensors):
+    return [msgpack.packb(env), *tensors]
+
+
+def test_round_trip_keeps_fields_chunks_and_values():
+    tensors = [torch.randn(100), torch.randn(3, 4)]
+    out = decode([bytes(f) for f in encode(_push(tensors))])
+    assert out.type == "PUSH" and out.job == "j" and out.sender == "w0" and out.seq == 7
+    assert out.body == Push(samples=32, loss=0.5)
+    assert [c.version for c in out.chunks] == [3, 3]
+    for a, b in zip(out.tensors, tensors):
+        assert torch.equal(a, b)
+
+
+def test_encode_does_not_copy_tensor_memory():
+    t = torch.arange(1000, dtype=torch.float32)
+    frame = encode(_push([t]))[1]
+    t[0] = 42.0
+    assert torch.frombuffer(frame, dtype=torch.float32)[0] == 42.0
+
+
+def test_optional_fields_take_defaults_and_ints_become_floats():
+    env = {"v": PROTOCOL_VERSION, "type": "HEARTBEAT", "job": "j", "sender": "w0", "seq": 1, "chunks": [],
+           "step_s": 1}
+    out = decode([msgpack.packb(env)])
+    assert out.body.step_s == 1.0 and isinstance(out.body.step_s, float)
+    assert out.body.samples == 0 and math.isnan(out.body.loss)
+
+
+@pytest.mark.parametrize(
+    "frames, code",
+    [
+        ([b"\xc1\xff\x00garbage"], "malformed"),
+        ([msgpack.packb({"v": 1, "type": "PULL"})[:-3]], "malformed"),
+        ([msgpack.packb([1, 2, 3])], "malformed"),
+        ([], "malformed"),
+        ([msgpack.packb({"v": 0, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
+        ([msgpack.packb({"v": 99, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
+        ([msgpack.packb({"v": 1, "type": "NOPE", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "unknown_type"),
+        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "chunks": []})], "bad_field"),
+        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []})], "bad_field"),
+        ([msgpack.packb({"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "bad_field"),
+        ([msgpack.packb({"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": [],
+                         "samples": True})], "bad_field"),
+        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": [],
+                         "ids": [1, "x"]})], "bad_field"),
+    ],
+)
+def test_malformed_envelopes_are_refused_with_a_code(frames, code):
+    with pytest.raises(ProtocolError) as info:
+        decode(frames)
+    assert info.value.code == code
+
+
+def test_wrong_frame_count_and_length_are_refused():
+    frames = [bytes(f) for f in encode(_push([torch.ones(10), torch.ones(5)]))]
+    with pytest.raises(ProtocolError, match="frame_count"):
+        decode(frames[:-1])
+    with pytest.raises(ProtocolError, match="frame_count"):
+        decode(frames + [b"\x00" * 20])
+    with pytest.raises(ProtocolError, match="frame_length"):
+        decode(frames[:1] + [frames[1][:-4], frames[2]])
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"id": -1, "dtype": "float32", "shape": [1]},
+        {"id": 0, "dtype": "float128", "shape": [1]},
+        {"id": 0, "dtype": "float32", "shape": [-1]},
+        {"id": 0, "dtype": "float32", "shape": "10"},
+        {"id": 0, "dtype": "float32", "shape": [1 << 20, 1 << 20]},
+        {"id": 0, "dtype": "float32", "shape": [1], "version": -5},
+        "not a map",
+    ],
+)
+def test_bad_chunk_entries_are_refused(chunk):
+    env = {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "samples": 1, "chunks": [chunk]}
+    with pytest.raises(ProtocolError) as info:
+        decode([msgpack.packb(env), b"\x00" * 4])
+    assert info.value.code == "bad_chunk"
+    assert info.value.ref == 1
+
+
+def test_check_chunks_refuses_unknown_duplicate_and_resized_chunks():
+    msg = decode([bytes(f) for f in encode(_push([torch.ones(4)]))])
+    check_chunks(msg, {0: 4})
+    with pytest.raises(ProtocolError, match="unknown_chunk"):
+        check_chunks(msg, {1: 4})
+    with pytest.raises(ProtocolError, match="bad_shape"):
+        check_chunks(msg, {0: 5})
+    twice = Message(Push(samples=1), [ChunkMeta(0, "float32", (4,))] * 2, [torch.ones(4)] * 2)
+    with pytest.raises(ProtocolError, match="twice"):
+        check_chunks(twice, {0: 4})
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_check_finite_refuses_nan_and_inf(bad):
+    t = torch.ones(100)
+    t[57] = bad
+    msg = decode([bytes(f) for f in encode(_push([torch.ones(3), t]))])
+    with pytest.raises(ProtocolError) as info:
+        check_finite(msg)
+    assert info.value.code == "non_finite" and "chunk 1" in info.value.text
+
+
+def test_bodies_without_fields_and_with_lists_round_trip():
+    for body in (StatusRequest(), Hello(role="worker", name="n"), Heartbeat(steps=3, loss=1.5)):
+        out = decode([bytes(f) for f in encode(Message(body, job="j", sender="s", seq=1))])
+        assert out.body == body
