@@ -1,0 +1,76 @@
+"""How a shard turns gradients into new parameters: pure tensor functions.
+
+The optimizer is SGD with momentum, weight decay and optional Nesterov, the same
+arithmetic as torch.optim.SGD (dampening 0) applied to flat chunk buffers.
+Parameters are never written in place: each step returns a new tensor. A shard
+answers pulls with zero-copy views of its current tensors, and ZeroMQ may still
+be sending one of them when the next push arrives; replacing instead of
+mutating keeps every in-flight reply consistent at no extra cost (the update
+has to write its result somewhere anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+
+def sgd_step(
+    param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, cfg: SGDConfig, lr_scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SGD step; returns (new parameters, new momentum buffer).
+
+    `buf` starts as zeros, which makes the first step equal to torch's
+    (momentum * 0 + d == d). `lr_scale` carries per-gradient weights such as
+    DBS-SGD's b_i / (B/n).
+    """
+    d = grad if cfg.weight_decay == 0 else grad.add(param, alpha=cfg.weight_decay)
+    if cfg.momentum:
+        buf = buf.mul(cfg.momentum).add_(d)
+        d = d.add(buf, alpha=cfg.momentum) if cfg.nesterov else buf
+    return param.add(d, alpha=-cfg.lr * lr_scale), buf
+
+
+def dbs_weight(samples: int, global_batch: int, workers: int) -> float:
+    """DBS-SGD's gradient weight b_i / (B/n): a larger batch moves the model further.
+
+    Under the fixed policy every b_i is B/n and the weight is 1.
+    """
+    return samples * max(1, workers) / global_batch
+
+
+@dataclass
+class SyncRound:
+    """One bulk-synchronous round: collects sum(b_i g_i) until every live worker has pushed."""
+
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    samples: int = 0
+    contributors: set[str] = field(default_factory=set)
+
+    def add(self, worker: str, grads: dict[int, torch.Tensor], samples: int) -> None:
+        if worker in self.contributors:
+            raise ValueError(f"{worker} already pushed in this round")
+        for cid, g in grads.items():
+            if cid in self.grads:
+                self.grads[cid].add_(g, alpha=samples)
+            else:
+                self.grads[cid] = g.mul(samples)
+        self.samples += samples
+        self.contributors.add(worker)
+
+    def complete(self, live: set[str]) -> bool:
+        """Every live worker has pushed (workers that left are not waited for)."""
+        return bool(self.contributors) and live <= self.contributors
+
+    def mean(self) -> dict[int, torch.Tensor]:
+        """sum(b_i g_i) / sum(b_i) per chunk."""
+        return {cid: g / self.samples for cid, g in self.grads.items()}

@@ -1,0 +1,197 @@
+"""Per-worker step-time model used by the scheduler to size batches.
+
+A worker's step is modelled as ``t(b) = a + c*b``: ``a`` is the part of a step
+that does not grow with the batch (pulling and pushing parameters, kernel
+launches, Python overhead) and ``c`` the cost of one sample. A single throughput
+number is not enough: when fixed costs differ, batches proportional to measured
+throughput do not give equal step times, and a throughput measured at one batch
+size does not predict the step time at another.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_RELATIVE_SPREAD = 0.05
+"""Weighted std/mean of the batch sizes below which the intercept is not fitted.
+
+With (nearly) one batch size in the window, the intercept is an extrapolation
+from a single point and the step-time noise alone decides its value."""
+
+MIN_OBSERVATIONS_FOR_INTERCEPT = 3
+"""Two points always fit a line exactly; a third is the first that can disagree."""
+
+MAX_INTERCEPT_STDERR = 0.1
+"""Largest estimated standard error of the fitted ``a``, as a fraction of the weighted
+mean step time, for the fit to count as identifying ``a``.
+
+Spread in the batch sizes is necessary but not sufficient. When the node's speed
+changes while old observations at other batch sizes are still in the window, the
+slope still comes from the old points and the whole slowdown lands in the
+intercept: a worker that got slower per sample would look like one with a large
+fixed cost, and its step time at any other batch size would be mispredicted
+(and that ``a`` remembered). Such a window fits badly, its residuals are large,
+and this test rejects it."""
+
+MAX_FIXED_FRACTION = 0.9
+"""Upper bound on ``a`` as a fraction of the weighted mean step time.
+
+Keeps ``c`` at least a tenth of the mean per-sample time, so a noisy intercept
+never makes a worker look as if more samples cost nothing."""
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Fitted affine step time ``fixed_s + per_sample_s * batch``."""
+
+    fixed_s: float
+    per_sample_s: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.fixed_s) and self.fixed_s >= 0):
+            raise ValueError(f"fixed_s must be finite and >= 0, got {self.fixed_s!r}")
+        if not (math.isfinite(self.per_sample_s) and self.per_sample_s > 0):
+            raise ValueError(f"per_sample_s must be finite and > 0, got {self.per_sample_s!r}")
+
+    def step_seconds(self, batch: int) -> float:
+        """Predicted seconds for one step with ``batch`` samples."""
+        return self.fixed_s + self.per_sample_s * batch
+
+    def samples_per_s(self, batch: int) -> float:
+        """Predicted throughput at ``batch``; it rises with the batch while ``fixed_s > 0``.
+
+        Raises ValueError for ``batch < 1``, where throughput is meaningless.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch!r}")
+        return batch / self.step_seconds(batch)
+
+
+class SpeedModel:
+    """Sliding-window, exponentially forgetting fit of one worker's ``StepModel``.
+
+    Observation ``k`` steps old has weight ``forgetting**k``. The window bounds
+    memory and cost; the forgetting is what makes the model follow a node whose
+    speed changes (another job lands on it): with the default 0.7, the five
+    newest steps carry 83% of the weight, so a slowdown shows within about five
+    steps, at the price of a noisier estimate than an unweighted window would give.
+
+    The intercept ``a`` is only identifiable when the batch size varies within
+    the window and the points there lie close to one line. The scheduler changes
+    batch sizes rarely (hysteresis), so most of the time the window holds a single
+    batch size. Then the last identified ``a`` is kept and only ``c`` is refitted,
+    through the weighted mean point: the prediction at the current batch stays
+    exact, and the knowledge of the fixed cost, learnt when the batch last moved,
+    is not lost. Before any ``a`` has been identified, ``a = 0`` (a proportional
+    model).
+    """
+
+    def __init__(
+        self,
+        window: int = 16,
+        forgetting: float = 0.7,
+        prior_samples_per_s: float | None = None,
+    ) -> None:
+        """``prior_samples_per_s`` is the standalone speed a worker measures before
+        joining; it gives the worker a sensible first batch before any step is seen.
+        """
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
+        if not 0 < forgetting <= 1:
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
+        if prior_samples_per_s is not None and not (
+            math.isfinite(prior_samples_per_s) and prior_samples_per_s > 0
+        ):
+            raise ValueError(
+                f"prior_samples_per_s must be finite and > 0, got {prior_samples_per_s!r}"
+            )
+        self._window: deque[tuple[int, float]] = deque(maxlen=window)
+        self._forgetting = forgetting
+        self._prior = prior_samples_per_s
+        self._fixed_s: float | None = None
+        self._model: StepModel | None = None
+
+    @property
+    def observations(self) -> int:
+        """Number of observations currently in the window."""
+        return len(self._window)
+
+    def observe(self, batch: int, seconds: float) -> None:
+        """Record one step of ``batch`` samples that took ``seconds``.
+
+        Raises ValueError for a batch that is not a positive integer or a time that
+        is not finite and positive, rather than skipping it silently: the caller
+        validates heartbeats and should count and report a bad one, and a model
+        that quietly ignored input would hide that bug.
+        """
+        try:
+            b = operator.index(batch)
+        except TypeError:
+            raise ValueError(f"batch must be an integer, got {batch!r}") from None
+        if b < 1:
+            raise ValueError(f"batch must be >= 1, got {b}")
+        t = float(seconds)
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"seconds must be finite and > 0, got {seconds!r}")
+        self._window.append((b, t))
+        self._model = self._refit()
+
+    def fit(self) -> StepModel | None:
+        """Current model: fitted from the window, else from the prior, else None."""
+        if self._model is not None:
+            return self._model
+        if self._prior is not None:
+            return StepModel(0.0, 1.0 / self._prior)
+        return None
+
+    def _refit(self) -> StepModel:
+        """Refit after each observation, so that an intercept identified while
+        batches varied is remembered even if nobody called ``fit`` at that time."""
+        data = np.asarray(self._window, dtype=float)
+        b, t = data[:, 0], data[:, 1]
+        w = self._forgetting ** np.arange(len(b) - 1, -1, -1, dtype=float)
+        w /= w.sum()
+        mean_b = float(w @ b)
+        mean_t = float(w @ t)
+        a_max = MAX_FIXED_FRACTION * mean_t
+
+        intercept = self._wls_intercept(b, t, w, mean_b, mean_t)
+        if intercept is not None:
+            self._fixed_s = min(max(intercept, 0.0), a_max)
+            a = self._fixed_s
+        else:
+            a = min(self._fixed_s or 0.0, a_max)
+        return StepModel(a, (mean_t - a) / mean_b)
+
+    @staticmethod
+    def _wls_intercept(
+        b: np.ndarray, t: np.ndarray, w: np.ndarray, mean_b: float, mean_t: float
+    ) -> float | None:
+        """Weighted least-squares intercept, or None when the window does not identify it:
+        too few points, batches too alike, a non-positive or non-finite slope, or an
+        intercept too uncertain (see ``MAX_INTERCEPT_STDERR``)."""
+        if len(b) < MIN_OBSERVATIONS_FOR_INTERCEPT:
+            return None
+        db = b - mean_b
+        var_b = float(w @ (db * db))
+        if math.sqrt(var_b) < MIN_RELATIVE_SPREAD * mean_b:
+            return None
+        slope = float(w @ (db * (t - mean_t))) / var_b
+        if not (math.isfinite(slope) and slope > 0):
+            return None
+        intercept = mean_t - slope * mean_b
+        n_eff = 1.0 / float(w @ w)
+        if n_eff <= 2:
+            return None
+        resid = t - intercept - slope * b
+        noise_var = float(w @ (resid * resid)) * n_eff / (n_eff - 2)
+        intercept_coef = w * (1.0 - mean_b * db / var_b)
+        stderr = math.sqrt(noise_var * float(intercept_coef @ intercept_coef))
+        if stderr > MAX_INTERCEPT_STDERR * mean_t:
+            return None
+        return intercept

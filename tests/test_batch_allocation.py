@@ -1,0 +1,164 @@
+import random
+
+import numpy as np
+import pytest
+
+from dynabatch.scheduler.batch_allocation import allocate, fixed_allocation, needs_reassign
+from dynabatch.scheduler.speed_model import StepModel
+
+
+def reference_shares(models: dict[str, StepModel], total: int, b_min: int, b_max: int) -> dict[str, float]:
+    """Real-valued equal-step-time shares by bisection on T, independent of the implementation."""
+    a = np.array([m.fixed_s for m in models.values()])
+    c = np.array([m.per_sample_s for m in models.values()])
+    lo, hi = float((a + c * b_min).min()), float((a + c * b_max).max())
+    for _ in range(200):
+        t = 0.5 * (lo + hi)
+        if np.clip((t - a) / c, b_min, b_max).sum() < total:
+            lo = t
+        else:
+            hi = t
+    return dict(zip(models, np.clip((0.5 * (lo + hi) - a) / c, b_min, b_max).tolist()))
+
+
+def test_proportional_speeds_give_proportional_batches() -> None:
+    models = {"fast": StepModel(0.0, 1 / 400), "mid": StepModel(0.0, 1 / 200), "slow": StepModel(0.0, 1 / 100)}
+    assert allocate(models, 700, 1, 1000) == {"fast": 400, "mid": 200, "slow": 100}
+    assert allocate(models, 70, 1, 1000) == {"fast": 40, "mid": 20, "slow": 10}
+
+
+def test_proportional_speeds_with_remainder_keep_sum() -> None:
+    models = {"fast": StepModel(0.0, 1 / 400), "mid": StepModel(0.0, 1 / 200), "slow": StepModel(0.0, 1 / 100)}
+    batches = allocate(models, 100, 1, 1000)
+    assert sum(batches.values()) == 100
+    for worker, share in {"fast": 400 / 7, "mid": 200 / 7, "slow": 100 / 7}.items():
+        assert abs(batches[worker] - share) < 1
+
+
+def test_fixed_costs_equalize_step_times() -> None:
+    models = {
+        "gpu": StepModel(0.05, 0.0002),
+        "cpu-near": StepModel(0.01, 0.002),
+        "cpu-far": StepModel(0.08, 0.002),
+    }
+    batches = allocate(models, 600, 1, 10_000)
+    assert sum(batches.values()) == 600
+    steps = {w: m.step_seconds(batches[w]) for w, m in models.items()}
+    target = (600 + sum(m.fixed_s / m.per_sample_s for m in models.values())) / sum(
+        1 / m.per_sample_s for m in models.values()
+    )
+    for worker, model in models.items():
+        assert abs(steps[worker] - target) <= model.per_sample_s
+    assert batches["cpu-near"] > batches["cpu-far"]
+
+
+def test_clamping_pins_and_resolves_the_rest() -> None:
+    models = {
+        "a-very-fast": StepModel(0.0, 0.0001),
+        "b-fast": StepModel(0.0, 0.001),
+        "c-mid": StepModel(0.0, 0.002),
+        "d-crawling": StepModel(0.0, 1.0),
+    }
+    batches = allocate(models, 400, 8, 200)
+    assert sum(batches.values()) == 400
+    assert batches["a-very-fast"] == 200
+    assert batches["d-crawling"] == 8
+    # the remaining 192 split 2:1 between the free workers
+    assert batches["b-fast"] == 128
+    assert batches["c-mid"] == 64
+
+
+def test_lower_and_upper_bounds_in_one_solution_match_reference() -> None:
+    """Pinning every violator of the first round at once would pin "c" at b_min here,
+    although once "a" is capped it gets more than b_min."""
+    models = {"a": StepModel(0.0, 0.0001), "b": StepModel(0.0, 0.01), "c": StepModel(0.0, 0.02)}
+    batches = allocate(models, 100, 10, 60)
+    reference = reference_shares(models, 100, 10, 60)
+    assert batches == {"a": 60, "b": 27, "c": 13}
+    for worker, share in reference.items():
+        assert abs(batches[worker] - share) < 1
+
+
+def test_random_allocations_keep_sum_bounds_and_match_reference() -> None:
+    rng = random.Random(1234)
+    for _ in range(500):
+        n = rng.randint(1, 12)
+        models = {
+            f"w{i:02d}": StepModel(rng.choice([0.0, rng.uniform(0, 0.2)]), rng.uniform(1e-5, 1e-2))
+            for i in range(n)
+        }
+        b_min = rng.randint(1, 32)
+        b_max = rng.randint(b_min, 512)
+        total = rng.randint(n * b_min, n * b_max)
+        batches = allocate(models, total, b_min, b_max)
+        assert set(batches) == set(models)
+        assert sum(batches.values()) == total
+        assert all(b_min <= b <= b_max and isinstance(b, int) for b in batches.values())
+        for worker, share in reference_shares(models, total, b_min, b_max).items():
+            assert abs(batches[worker] - share) < 1 + 1e-6
+
+
+def test_infeasible_global_batch_clamps_everyone() -> None:
+    models = {"a": StepModel(0.0, 0.001), "b": StepModel(0.0, 0.002), "c": StepModel(0.01, 0.01)}
+    assert allocate(models, 20, 16, 128) == {"a": 16, "b": 16, "c": 16}
+    assert allocate(models, 1000, 16, 128) == {"a": 128, "b": 128, "c": 128}
+    assert allocate(models, 48, 16, 128) == {"a": 16, "b": 16, "c": 16}
+
+
+def test_empty_models_give_empty_allocation() -> None:
+    assert allocate({}, 128, 1, 128) == {}
+    assert fixed_allocation([], 128, 1, 128) == {}
+
+
+@pytest.mark.parametrize("total, b_min, b_max", [(-1, 1, 10), (10, 0, 10), (10, 5, 4)])
+def test_invalid_bounds_raise(total: int, b_min: int, b_max: int) -> None:
+    with pytest.raises(ValueError):
+        allocate({"a": StepModel(0.0, 0.001)}, total, b_min, b_max)
+    with pytest.raises(ValueError):
+        fixed_allocation(["a"], total, b_min, b_max)
+
+
+def test_ties_break_by_worker_id_regardless_of_order() -> None:
+    same = StepModel(0.01, 0.001)
+    forward = allocate({"w1": same, "w2": same, "w3": same}, 11, 1, 100)
+    backward = allocate({"w3": same, "w2": same, "w1": same}, 11, 1, 100)
+    assert forward == backward == {"w1": 4, "w2": 4, "w3": 3}
+
+
+def test_fixed_allocation_gives_remainder_to_first_ids() -> None:
+    assert fixed_allocation(["c", "a", "b"], 11, 1, 100) == {"a": 4, "b": 4, "c": 3}
+    assert fixed_allocation(["x", "y"], 64, 1, 100) == {"x": 32, "y": 32}
+    assert fixed_allocation(["x", "y"], 10, 8, 100) == {"x": 8, "y": 8}
+    assert fixed_allocation(["x", "y"], 500, 8, 100) == {"x": 100, "y": 100}
+
+
+def test_fixed_allocation_keeps_sum() -> None:
+    rng = random.Random(99)
+    for _ in range(200):
+        workers = [f"w{i}" for i in range(rng.randint(1, 20))]
+        total = rng.randint(len(workers), 50 * len(workers))
+        batches = fixed_allocation(workers, total, 1, 50)
+        assert sum(batches.values()) == total
+        assert max(batches.values()) - min(batches.values()) <= 1
+
+
+def test_needs_reassign_ignores_small_changes() -> None:
+    current = {"a": 100, "b": 50}
+    assert not needs_reassign(current, {"a": 100, "b": 50}, 0.1)
+    assert not needs_reassign(current, {"a": 109, "b": 46}, 0.1)
+    assert not needs_reassign(current, {"a": 110, "b": 45}, 0.1)
+    assert needs_reassign(current, {"a": 100, "b": 44}, 0.1)
+    assert needs_reassign(current, {"a": 111, "b": 50}, 0.1)
+
+
+def test_needs_reassign_when_workers_change() -> None:
+    current = {"a": 100, "b": 50}
+    assert needs_reassign(current, {"a": 100, "b": 50, "c": 1}, 0.5)
+    assert needs_reassign(current, {"a": 100}, 0.5)
+    assert needs_reassign({}, {"a": 100}, 0.5)
+    assert not needs_reassign({}, {}, 0.5)
+
+
+def test_needs_reassign_rejects_negative_threshold() -> None:
+    with pytest.raises(ValueError):
+        needs_reassign({"a": 1}, {"a": 1}, -0.1)

@@ -1,0 +1,178 @@
+import math
+
+import numpy as np
+import pytest
+
+from dynabatch.scheduler.speed_model import SpeedModel, StepModel
+
+A = 0.02
+C = 0.001
+
+
+def noisy_seconds(rng: np.random.Generator, a: float, c: float, batch: int) -> float:
+    return (a + c * batch) * (1.0 + 0.05 * rng.standard_normal())
+
+
+def test_step_model_predictions() -> None:
+    m = StepModel(fixed_s=0.02, per_sample_s=0.001)
+    assert m.step_seconds(100) == pytest.approx(0.12)
+    assert m.samples_per_s(100) == pytest.approx(100 / 0.12)
+    assert m.samples_per_s(200) > m.samples_per_s(100)
+    with pytest.raises(ValueError):
+        m.samples_per_s(0)
+
+
+@pytest.mark.parametrize("fixed, per_sample", [(-0.1, 0.001), (0.0, 0.0), (0.0, -1.0), (math.nan, 0.001), (0.0, math.inf)])
+def test_step_model_rejects_invalid_parameters(fixed: float, per_sample: float) -> None:
+    with pytest.raises(ValueError):
+        StepModel(fixed, per_sample)
+
+
+def test_nothing_known_gives_none() -> None:
+    model = SpeedModel()
+    assert model.fit() is None
+    assert model.observations == 0
+
+
+def test_prior_only_is_proportional() -> None:
+    assert SpeedModel(prior_samples_per_s=250.0).fit() == StepModel(0.0, 1.0 / 250.0)
+
+
+def test_observations_override_prior() -> None:
+    model = SpeedModel(prior_samples_per_s=250.0)
+    model.observe(100, 0.5)
+    assert model.fit() == StepModel(0.0, 0.005)
+
+
+def test_window_bounds_observations() -> None:
+    model = SpeedModel(window=4)
+    for _ in range(10):
+        model.observe(64, 0.1)
+    assert model.observations == 4
+
+
+@pytest.mark.parametrize("batch, seconds", [(0, 0.1), (-3, 0.1), (2.5, 0.1), ("64", 0.1), (64, 0.0), (64, -0.1), (64, math.nan), (64, math.inf)])
+def test_invalid_observation_raises_and_changes_nothing(batch: object, seconds: float) -> None:
+    model = SpeedModel()
+    model.observe(64, 0.1)
+    before = model.fit()
+    with pytest.raises(ValueError):
+        model.observe(batch, seconds)  # type: ignore[arg-type]
+    assert model.observations == 1
+    assert model.fit() == before
+
+
+@pytest.mark.parametrize("kwargs", [{"window": 0}, {"forgetting": 0.0}, {"forgetting": 1.5}, {"prior_samples_per_s": 0.0}, {"prior_samples_per_s": math.nan}])
+def test_invalid_construction_raises(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        SpeedModel(**kwargs)
+
+
+def test_exact_data_recovers_intercept_and_slope() -> None:
+    model = SpeedModel()
+    for i in range(10):
+        batch = (32, 64, 128)[i % 3]
+        model.observe(batch, A + C * batch)
+    fit = model.fit()
+    assert fit.fixed_s == pytest.approx(A, rel=1e-9)
+    assert fit.per_sample_s == pytest.approx(C, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_data_recovers_intercept_and_slope(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    model = SpeedModel(window=64, forgetting=0.98)
+    for i in range(200):
+        batch = (16, 256)[i % 2]
+        model.observe(batch, noisy_seconds(rng, A, C, batch))
+    fit = model.fit()
+    assert fit.fixed_s == pytest.approx(A, rel=0.1)
+    assert fit.per_sample_s == pytest.approx(C, rel=0.1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slowdown_shows_within_five_steps(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    model = SpeedModel()
+    for _ in range(16):
+        model.observe(100, noisy_seconds(rng, A, C, 100))
+    assert model.fit().step_seconds(100) < 0.14
+    for _ in range(5):
+        model.observe(100, noisy_seconds(rng, A, 2 * C, 100))
+    assert model.fit().step_seconds(100) == pytest.approx(A + 2 * C * 100, rel=0.2)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slowdown_after_batches_moved_is_not_taken_for_fixed_cost(seed: int) -> None:
+    """Old points at two batch sizes and new, slower ones at a third would fit a
+    large intercept and an unchanged slope; the model must not remember that."""
+    rng = np.random.default_rng(seed)
+    model = SpeedModel()
+    for i in range(30):
+        batch = (64, 128)[i % 2]
+        model.observe(batch, noisy_seconds(rng, A, C, batch))
+    for _ in range(20):
+        model.observe(96, noisy_seconds(rng, A, 2 * C, 96))
+    fit = model.fit()
+    assert fit.fixed_s < 0.05
+    assert fit.per_sample_s > 1.5 * C
+
+
+def test_intercept_kept_when_batches_stop_varying() -> None:
+    model = SpeedModel()
+    for i in range(20):
+        batch = (32, 256)[i % 2]
+        model.observe(batch, A + C * batch)
+    for _ in range(40):
+        model.observe(150, A + C * 150)
+    fit = model.fit()
+    assert fit.fixed_s == pytest.approx(A, rel=1e-9)
+    assert fit.per_sample_s == pytest.approx(C, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_intercept_kept_when_batches_stop_varying(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    model = SpeedModel()
+    for i in range(30):
+        batch = (32, 256)[i % 2]
+        model.observe(batch, noisy_seconds(rng, A, C, batch))
+    for _ in range(40):
+        model.observe(150, noisy_seconds(rng, A, C, 150))
+    fit = model.fit()
+    assert 0 < fit.fixed_s < 3 * A
+    assert fit.step_seconds(150) == pytest.approx(A + C * 150, rel=0.1)
+
+
+def test_kept_intercept_is_clamped_below_mean_step_time() -> None:
+    model = SpeedModel()
+    for i in range(20):
+        batch = (100, 200)[i % 2]
+        model.observe(batch, A + C * batch)
+    for _ in range(20):
+        model.observe(100, 0.01)
+    fit = model.fit()
+    assert fit.fixed_s == pytest.approx(0.9 * 0.01)
+    assert fit.step_seconds(100) == pytest.approx(0.01)
+    for _ in range(20):
+        model.observe(100, A + C * 100)
+    assert model.fit().fixed_s == pytest.approx(A)
+
+
+def test_negative_intercept_is_clamped_to_zero() -> None:
+    model = SpeedModel()
+    for i in range(10):
+        batch = (50, 100, 150)[i % 3]
+        model.observe(batch, -0.01 + C * batch)
+    fit = model.fit()
+    assert fit.fixed_s == 0.0
+    assert fit.per_sample_s > 0
+
+
+def test_decreasing_times_fall_back_to_proportional() -> None:
+    model = SpeedModel(forgetting=1.0)
+    for batch, seconds in [(50, 0.3), (100, 0.2), (150, 0.1)]:
+        model.observe(batch, seconds)
+    fit = model.fit()
+    assert fit.fixed_s == 0.0
+    assert fit.per_sample_s == pytest.approx(0.2 / 100)

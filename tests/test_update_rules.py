@@ -1,0 +1,80 @@
+"""Update rules against plain torch: same gradients in, same parameters out."""
+
+import torch
+
+from dynabatch.ps.update_rules import SGDConfig, SyncRound, dbs_weight, sgd_step
+
+
+def _torch_reference(w0, grads, cfg, scales):
+    p = torch.nn.Parameter(w0.clone())
+    opt = torch.optim.SGD(
+        [p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov
+    )
+    for g, s in zip(grads, scales):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * s
+        p.grad = g.clone()
+        opt.step()
+    return p.detach()
+
+
+def _ours(w0, grads, cfg, scales):
+    w, buf = w0.clone(), torch.zeros_like(w0)
+    for g, s in zip(grads, scales):
+        w, buf = sgd_step(w, g, buf, cfg, s)
+    return w
+
+
+def test_sgd_matches_torch_for_every_option():
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(1000, generator=gen)
+    grads = [torch.randn(1000, generator=gen) for _ in range(20)]
+    scales = [1.0, 0.5, 2.0, 1.5] * 5
+    for cfg in (
+        SGDConfig(lr=0.1),
+        SGDConfig(lr=0.05, momentum=0.9),
+        SGDConfig(lr=0.05, momentum=0.9, weight_decay=1e-3),
+        SGDConfig(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True),
+    ):
+        torch.testing.assert_close(_ours(w0, grads, cfg, scales), _torch_reference(w0, grads, cfg, scales))
+
+
+def test_sgd_step_does_not_mutate_inputs():
+    w = torch.ones(10)
+    buf = torch.zeros(10)
+    g = torch.full((10,), 2.0)
+    new_w, new_buf = sgd_step(w, g, buf, SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.1))
+    assert torch.equal(w, torch.ones(10)) and torch.equal(buf, torch.zeros(10))
+    assert not torch.equal(new_w, w) and not torch.equal(new_buf, buf)
+
+
+def test_dbs_weight_is_one_for_even_split_and_proportional_otherwise():
+    assert dbs_weight(64, 192, 3) == 1.0
+    assert dbs_weight(128, 192, 3) == 2.0
+    assert dbs_weight(32, 192, 3) == 0.5
+
+
+def test_sync_round_is_the_sample_weighted_mean():
+    gen = torch.Generator().manual_seed(1)
+    g1, g2 = torch.randn(50, generator=gen), torch.randn(50, generator=gen)
+    g1_before = g1.clone()
+    r = SyncRound()
+    r.add("w0", {0: g1}, 30)
+    assert not r.complete({"w0", "w1"})
+    r.add("w1", {0: g2}, 10)
+    assert r.complete({"w0", "w1"})
+    assert r.complete({"w0"})
+    torch.testing.assert_close(r.mean()[0], (30 * g1 + 10 * g2) / 40)
+    assert torch.equal(g1, g1_before), "the round must not accumulate into a received tensor"
+
+
+def test_sync_round_refuses_a_second_push_from_one_worker():
+    r = SyncRound()
+    r.add("w0", {0: torch.ones(3)}, 1)
+    try:
+        r.add("w0", {0: torch.ones(3)}, 1)
+    except ValueError as exc:
+        assert "w0" in str(exc)
+    else:
+        raise AssertionError("duplicate push accepted")
+    assert r.samples == 1
