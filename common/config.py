@@ -19,11 +19,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
+from dynabatch.common.data import DATASETS
+from dynabatch.common.models import MODELS
+
 ENV_PREFIX = "DYNABATCH_"
 PROTOCOLS = ("asgd", "ssgd")
 BATCH_POLICIES = ("fixed", "dynamic")
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
-MODELS = ("cnn", "mlp", "resnet")
 
 T = TypeVar("T")
 

@@ -1,0 +1,23 @@
+# `make run` and `make test` each do all set-up on a fresh machine (Debian packages,
+# the CPU build of torch pinned by constraints-cpu.txt, dynabatch itself), then run.
+PYTHON ?= python3
+PIP_INSTALL = $(PYTHON) -m pip install --quiet -c constraints-cpu.txt
+
+.PHONY: install install-test run test bench
+
+install:
+	bash scripts/system-deps.sh
+	$(PIP_INSTALL) -e .
+
+install-test:
+	bash scripts/system-deps.sh --test
+	$(PIP_INSTALL) -e '.[test]'
+
+run: install
+	$(PYTHON) -m dynabatch.cli.main run $(ARGS)
+
+test: install-test
+	$(PYTHON) -m pytest
+
+bench: install
+	$(PYTHON) bench/transport.py

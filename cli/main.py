@@ -1,0 +1,45 @@
+"""The `dynabatch` command: one subcommand per role, each imported only when chosen.
+
+Roles never import each other; this dispatcher names them by module path, so
+`dynabatch ps` loads the shard and nothing of the worker or scheduler.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Sequence
+
+COMMANDS = {
+    "run": ("dynabatch.cluster.main", "run a whole job on this machine (scheduler, shards, workers, evaluator)"),
+    "scheduler": ("dynabatch.scheduler.main", "run a job's scheduler"),
+    "ps": ("dynabatch.ps.main", "run a parameter-server shard"),
+    "worker": ("dynabatch.worker.main", "run a training worker (or --evaluator)"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: dynabatch COMMAND [flags]   (dynabatch COMMAND --help for its flags)", "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    if args[0] == "--version":
+        from importlib.metadata import version
+
+        print(version("dynabatch"))
+        return 0
+    if args[0] not in COMMANDS:
+        print(f"dynabatch: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[args[0]][0])
+    return module.main(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""`dynabatch run`: a whole job on this machine, with live progress and a run folder.
+
+Its defaults are the main job: Fashion-MNIST, the CNN, three workers slowed
+down 1x, 2x and 4x, asgd with dynamic batches (DBS-SGD).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import zmq
+
+from dynabatch.common.cli_support import setup_logging
+from dynabatch.common.config import ConfigError, JobConfig, add_flags, from_args
+from dynabatch.common.data import DatasetNotFound, load_dataset
+from dynabatch.common.messages import StatusReply, StatusRequest
+from dynabatch.common.transport import Connection, RemoteError
+from dynabatch.cluster.launcher import Launcher
+from dynabatch.cluster.options import RunOptions
+from dynabatch.cluster.progress import format_progress
+from dynabatch.cluster.report import plot, summarize, write_timeline
+
+log = logging.getLogger("dynabatch.run")
+
+
+def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, list[str]]:
+    """Run options, the job, and the job's flags to hand to the scheduler."""
+    parser = argparse.ArgumentParser(prog="dynabatch run", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_flags(parser, RunOptions)
+    add_flags(parser, JobConfig)
+    args = parser.parse_args(argv)
+    opts, job = from_args(RunOptions, args), from_args(JobConfig, args)
+    try:
+        opts.validate()
+        job.validate()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    job_flags: list[str] = []
+    for key, value in asdict(job).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            job_flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            job_flags += [flag, str(value)]
+    return opts, job, job_flags
+
+
+def main(argv: Sequence[str]) -> int:
+    setup_logging("INFO")
+    opts, job, job_flags = parse(argv)
+    try:
+        load_dataset(job.dataset, opts.data_dir or None)
+    except DatasetNotFound as exc:
+        print(f"dynabatch run: {exc}", file=sys.stderr)
+        return 2
+    name = opts.name or time.strftime("%Y%m%d-%H%M%S") + f"-{job.protocol}-{job.batch_policy}"
+    run_dir = Path(opts.out) / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"run": asdict(opts), "job": asdict(job)}, indent=2))
+    return Run(opts, job, job_flags, run_dir).execute()
+
+
+class Run:
+    """One `dynabatch run`: start, follow, stop, report."""
+
+    def __init__(self, opts: RunOptions, job: JobConfig, job_flags: list[str], run_dir: Path) -> None:
+        self.opts, self.job, self.run_dir = opts, job, run_dir
+        self.launcher = Launcher(run_dir, job_flags)
+        self.timeline: list[dict[str, Any]] = []
+        self.interrupted = False
+
+    def _on_interrupt(self, signum: int, _frame: object) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print("\nstopping (Ctrl-C again to force)...", file=sys.stderr)
+
+    def execute(self) -> int:
+        signal.signal(signal.SIGINT, self._on_interrupt)
+        signal.signal(signal.SIGTERM, self._on_interrupt)
+        started = time.monotonic()
+        print(f"dynabatch run: {self.opts.workers} workers (slowdowns {' '.join(self.opts.slowdowns)}), {self.job.shards} shard(s), "
+              f"{self.job.model} on {self.job.dataset}, {self.job.protocol} + {self.job.batch_policy} batches, "
+              f"{self.job.epochs:g} epochs\nrun folder: {self.run_dir}")
+        ok = False
+        try:
+            self._start()
+            ok = self._follow(started)
+        finally:
+            self.launcher.stop_all()
+            wall = time.monotonic() - started
+            self._report(wall)
+        return 0 if ok else 1
+
+    def _start(self) -> None:
+        ln = self.launcher
+        ln.start_scheduler()
+        for i in range(self.job.shards):
+            ln.start_shard(i, self.run_dir / "checkpoints", self.opts.checkpoint_interval_s, self.job.job)
+        for i in range(self.opts.workers):
+            ln.start_worker(f"worker{i}", self.opts.slowdown_of(i), self.job.job, self.opts.data_dir, self.opts.threads)
+        if self.opts.evaluator:
+            ln.start_worker("evaluator", "1", self.job.job, self.opts.data_dir, self.opts.threads, evaluator=True)
+        ln.write_targets()
+
+    def _follow(self, started: float) -> bool:
+        """Sample STATUS into the timeline and print progress until the job finishes."""
+        conn = Connection(zmq.Context.instance(), self.launcher.scheduler_endpoint, self.job.job, "dynabatch-run")
+        next_progress = 0.0
+        try:
+            while not self.interrupted:
+                if self.launcher.failed("scheduler") or self.launcher.failed("ps"):
+                    bad = self.launcher.failed("scheduler") + self.launcher.failed("ps")
+                    for c in bad:
+                        print(f"{c.name} exited with code {c.proc.returncode}; its log ends:\n{self.launcher.log_tail(c)}",
+                              file=sys.stderr)
+                    return False
+                if not self.launcher.running("worker") and self.launcher.failed("worker") and not self.timeline:
+                    c = self.launcher.failed("worker")[0]
+                    print(f"every worker failed; {c.name}'s log ends:\n{self.launcher.log_tail(c)}", file=sys.stderr)
+                    return False
+                now = time.monotonic()
+                if now - started > self.opts.timeout_s:
+                    print(f"timeout after {self.opts.timeout_s:.0f}s", file=sys.stderr)
+                    return False
+                try:
+                    reply = conn.request(StatusRequest(), timeout_s=2.0)
+                except (TimeoutError, RemoteError):
+                    conn.recv(self.opts.status_s)
+                    continue
+                if isinstance(reply.body, StatusReply):
+                    state = reply.body.state
+                    state["wall_t"] = now - started
+                    self.timeline.append(state)
+                    if now >= next_progress or state["finished"]:
+                        print(format_progress(state), flush=True)
+                        next_progress = now + self.opts.progress_s
+                    if state["finished"]:
+                        return True
+                conn.recv(self.opts.status_s)
+            return False
+        finally:
+            conn.close()
+
+    def _report(self, wall_s: float) -> None:
+        write_timeline(self.run_dir, self.timeline)
+        summary = summarize(self.timeline, wall_s, self.opts.warmup_fraction)
+        summary["interrupted"] = self.interrupted
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.timeline:
+            plot(self.run_dir, self.timeline)
+        print(format_summary(summary, self.run_dir))
+
+
+def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
+    """The end-of-run lines: accuracy, speed, and each worker's share."""
+    if "error" in summary:
+        return f"no result: {summary['error']} (logs in {run_dir / 'logs'})"
+    acc = summary["final_test_acc"]
+    lines = [
+        f"finished={summary['finished']}  test accuracy {100 * acc:.2f}%" if acc is not None else "no evaluation",
+        f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
+        f"({100 * (summary['fraction_of_standalone'] or 0):.0f}% of the workers' summed standalone speed)",
+    ]
+    for wid, w in summary["workers"].items():
+        step = w["mean_step_s_after_warmup"]
+        lines.append(f"  {wid} {w['name']:<16} batch {w['final_batch']:>4}  step {1000 * step if step else float('nan'):7.1f} ms"
+                     f"  standalone {w['standalone_samples_per_s']:7.0f} samples/s")
+    if summary["step_time_spread"] is not None:
+        lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")
+    lines.append(f"run folder: {run_dir}")
+    return "\n".join(lines)

@@ -1,0 +1,44 @@
+"""`dynabatch run` settings: how many processes and where the run folder goes.
+
+The job's own settings are JobConfig's flags, passed through to the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynabatch.common.config import ConfigError, opt, validate_fields
+from dynabatch.common.slowdown import Slowdown
+
+
+@dataclass
+class RunOptions:
+    workers: int = opt(3, "training workers to start", minimum=1)
+    slowdowns: list[str] = opt(
+        ["1", "2", "4"], "per-worker slowdown factors or schedules (one, or one per worker), e.g. 1 2 4 or 1x,4x@60s"
+    )
+    evaluator: bool = opt(True, "start an evaluator that reports test accuracy")
+    out: str = opt("runs", "parent folder of the run folder")
+    name: str = opt("", "run folder name (default: time-protocol-policy)")
+    data_dir: str = opt("", "folder with the dataset files (default: search the standard places)")
+    threads: int = opt(1, "torch threads per worker", minimum=1)
+    progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1)
+    status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05)
+    checkpoint_interval_s: float = opt(30.0, "seconds between shard checkpoints", minimum=0.1)
+    timeout_s: float = opt(3600.0, "abort the run after this long", minimum=1.0)
+    warmup_fraction: float = opt(0.2, "fraction of the run left out of the summary's step-time means", minimum=0.0)
+
+    def validate(self) -> None:
+        validate_fields(self)
+        if len(self.slowdowns) not in (1, self.workers):
+            raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers (give 1 or {self.workers})")
+        for text in self.slowdowns:
+            try:
+                Slowdown.parse(text)
+            except ValueError as exc:
+                raise ConfigError(f"--slowdowns: {exc}") from None
+        if self.warmup_fraction >= 1.0:
+            raise ConfigError("--warmup-fraction must be below 1")
+
+    def slowdown_of(self, i: int) -> str:
+        return self.slowdowns[0] if len(self.slowdowns) == 1 else self.slowdowns[i]

@@ -1,0 +1,136 @@
+"""The run folder: timeline (JSON and CSV), PNG plots, summary.json.
+
+The timeline is a list of the scheduler's STATUS snapshots, stamped with
+seconds since the run began. Everything here is computed from it, so a run can
+be re-plotted from timeline.json alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "samples")
+
+
+def write_timeline(run_dir: Path, timeline: list[dict[str, Any]]) -> None:
+    """timeline.json (whole snapshots) and timeline.csv (one row per snapshot and worker)."""
+    (run_dir / "timeline.json").write_text(json.dumps(timeline))
+    with open(run_dir / "timeline.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t", "epoch", "samples", "loss", "test_acc", "test_loss", "worker", *WORKER_COLUMNS])
+        for snap in timeline:
+            head = [round(snap["t"], 3), snap["epoch"], snap["samples"], snap["loss"], snap["test_acc"], snap["test_loss"]]
+            workers = snap.get("workers", {})
+            if not workers:
+                w.writerow(head + [""] * (1 + len(WORKER_COLUMNS)))
+            for wid, info in sorted(workers.items()):
+                w.writerow(head + [wid] + [info.get(c) for c in WORKER_COLUMNS])
+
+
+def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: float) -> dict[str, Any]:
+    """Final accuracy and loss, throughput, and per-worker batch, step time and speed.
+
+    A worker's mean step time is the difference of its cumulative step seconds
+    over the difference of its steps between the end of warm-up and its last
+    snapshot, so every step after warm-up counts once however often we sampled.
+    """
+    if not timeline:
+        return {"wall_s": wall_s, "error": "no status was ever received from the scheduler"}
+    last = timeline[-1]
+    evals = [s for s in timeline if s.get("test_acc") is not None]
+    final_eval = evals[-1] if evals else {}
+    start_t = next((s["t"] for s in timeline if s.get("workers")), timeline[0]["t"])
+    warm_t = start_t + warmup_fraction * (last["t"] - start_t)
+    workers: dict[str, Any] = {}
+    for wid in sorted({w for s in timeline for w in s.get("workers", {})}):
+        seen = [s for s in timeline if wid in s.get("workers", {})]
+        first = next((s for s in seen if s["t"] >= warm_t), seen[0])["workers"][wid]
+        final = seen[-1]["workers"][wid]
+        steps = final["observed_steps"] - first["observed_steps"]
+        mean_step = (final["step_s_total"] - first["step_s_total"]) / steps if steps > 0 else None
+        workers[wid] = {
+            "name": final["name"],
+            "final_batch": final["batch"],
+            "mean_step_s_after_warmup": mean_step,
+            "steps_after_warmup": steps,
+            "standalone_samples_per_s": final["standalone_sps"],
+            "samples": final["samples"],
+            "left_early": wid in last.get("departed", []) or wid not in last.get("workers", {}),
+        }
+    train_s = max(1e-9, last["t"] - start_t)
+    step_means = [w["mean_step_s_after_warmup"] for w in workers.values()
+                  if w["mean_step_s_after_warmup"] and not w["left_early"]]
+    standalone = sum(w["standalone_samples_per_s"] for w in workers.values() if not w["left_early"])
+    return {
+        "protocol": last.get("protocol"),
+        "batch_policy": last.get("batch_policy"),
+        "final_test_acc": final_eval.get("test_acc"),
+        "final_test_loss": final_eval.get("test_loss"),
+        "final_train_loss": last.get("loss"),
+        "epochs": last["epoch"],
+        "samples": last["samples"],
+        "wall_s": wall_s,
+        "train_s": train_s,
+        "samples_per_s": last["samples"] / train_s,
+        "sum_standalone_samples_per_s": standalone,
+        "fraction_of_standalone": (last["samples"] / train_s) / standalone if standalone else None,
+        "step_time_spread": (max(step_means) / min(step_means) - 1.0) if len(step_means) > 1 else None,
+        "warmup_s": warm_t - start_t,
+        "finished": bool(last.get("finished")),
+        "workers": workers,
+        "decisions": last.get("decisions", []),
+    }
+
+
+def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
+    """loss_accuracy.png (against time) and workers.png (batch sizes and samples/s against time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    t = [s["t"] for s in timeline]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot(t, [s["loss"] for s in timeline], label="train loss (smoothed)")
+    ax1.plot(t, [s["test_loss"] for s in timeline], label="test loss")
+    ax1.set_xlabel("seconds")
+    ax1.set_ylabel("loss")
+    ax1.legend()
+    acc = [100 * s["test_acc"] if s["test_acc"] is not None else None for s in timeline]
+    ax2.plot(t, acc, color="tab:green")
+    ax2.set_xlabel("seconds")
+    ax2.set_ylabel("test accuracy (%)")
+    ax2.grid(alpha=0.3)
+    fig.suptitle(_title(timeline))
+    fig.tight_layout()
+    out.append(run_dir / "loss_accuracy.png")
+    fig.savefig(out[-1], dpi=100)
+    plt.close(fig)
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for wid in sorted({w for s in timeline for w in s.get("workers", {})}):
+        pts = [(s["t"], s["workers"][wid]) for s in timeline if wid in s.get("workers", {})]
+        label = f"{wid} ({pts[-1][1]['name']})"
+        ax1.step([p[0] for p in pts], [p[1]["batch"] for p in pts], where="post", label=label)
+        ax2.plot([p[0] for p in pts], [p[1]["samples_per_s"] for p in pts], label=label)
+    ax1.set_xlabel("seconds")
+    ax1.set_ylabel("batch size")
+    ax1.legend()
+    ax2.set_xlabel("seconds")
+    ax2.set_ylabel("samples/s (last step)")
+    ax2.legend()
+    fig.suptitle(_title(timeline))
+    fig.tight_layout()
+    out.append(run_dir / "workers.png")
+    fig.savefig(out[-1], dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _title(timeline: list[dict[str, Any]]) -> str:
+    last = timeline[-1]
+    return f"{last.get('job')}: {last.get('protocol')} + {last.get('batch_policy')} batches"

@@ -1,0 +1,338 @@
+"""Datasets read from their standard files, decoded once into uint8 tensors.
+
+The whole set stays in memory as uint8 (Fashion-MNIST: 55 MB, a quarter of float32)
+and every batch is sliced, converted, normalized and augmented with tensor
+operations, so feeding a worker costs far less than its forward pass.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import pickle
+import tarfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
+
+# Module constants rather than literals so that tests (and odd installs) can move them.
+SYSTEM_DIR = Path("/usr/share/datasets")
+CACHE_DIR = Path.home() / ".cache" / "dynabatch"
+DOWNLOAD_TIMEOUT_S = 5.0  # per connect and per read: a dead network fails fast
+_DOWNLOAD_DEADLINE_S = 600.0  # whole transfer: a trickling server must not hold us forever
+
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+# Folders that common tools (Debian, torchvision, hand unpacking) use under a root. The
+# first is ours: where the dataset lives under SYSTEM_DIR and CACHE_DIR.
+_SUBDIRS = {
+    "mnist": ("mnist", "MNIST/raw"),
+    "fashion-mnist": ("fashion-mnist", "FashionMNIST/raw"),
+    "cifar10": ("cifar10/cifar-10-batches-py", "cifar-10-batches-py"),
+}
+_URLS = {
+    "mnist": "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "fashion-mnist": "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+    "cifar10": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+}
+_STATS = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+_DEBIAN_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist"}
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A dataset's files are nowhere we look and could not be downloaded."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A whole dataset in memory: uint8 images [N, C, H, W] and int64 labels [N]."""
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    mean: tuple[float, ...]  # per channel, in [0, 1] units
+    std: tuple[float, ...]
+    num_classes: int
+    augment: bool  # random 4px-padded crop + horizontal flip on training batches
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one sample, which is what a model is built for."""
+        c, h, w = self.train_x.shape[1:]
+        return (c, h, w)
+
+
+def read_idx(path: Path) -> torch.Tensor:
+    """Decode one uint8 idx file (plain or .gz) into a tensor of its declared shape.
+
+    The header is checked against the file's length so that a truncated download
+    fails here, naming the file, instead of surfacing later as a shape error.
+    """
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: unreadable idx file ({e})") from e
+    if len(raw) < 4 or raw[0:2] != b"\0\0" or raw[2] != 0x08:
+        raise ValueError(f"{path}: not a uint8 idx file (bad magic number {raw[:4].hex()})")
+    ndim, start = raw[3], 4 + 4 * raw[3]
+    if ndim == 0 or len(raw) < start:
+        raise ValueError(f"{path}: idx header is truncated or has 0 dimensions")
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    count = math.prod(dims)
+    if len(raw) - start != count:
+        raise ValueError(f"{path}: header declares {dims} = {count} bytes of data, "
+                         f"file holds {len(raw) - start}; truncated or corrupt")
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=start, count=count)
+    return data.reshape(dims)
+
+
+def _idx_file(folder: Path, stem: str) -> Path | None:
+    for path in (folder / stem, folder / f"{stem}.gz"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _holds(name: str, folder: Path) -> bool:
+    if name == "cifar10":
+        return all((folder / f).is_file() for f in _CIFAR_FILES)
+    return all(_idx_file(folder, stem) for stem in _IDX_FILES)
+
+
+def _candidates(name: str, data_dir: str | None) -> list[Path]:
+    """Every folder we look in, in order: data_dir, $DYNABATCH_DATA_DIR, system, cache.
+
+    A user's folder may hold the files itself or in a usual subfolder; our own
+    folders hold them only in the dataset's home (e.g. /usr/share/datasets/mnist).
+    """
+    out: list[Path] = []
+    for root in (data_dir, os.environ.get("DYNABATCH_DATA_DIR")):
+        if root:
+            root_path = Path(root).expanduser()
+            out += [root_path] + [root_path / sub for sub in _SUBDIRS[name]]
+    return out + [SYSTEM_DIR / _SUBDIRS[name][0], CACHE_DIR / _SUBDIRS[name][0]]
+
+
+def _fetch(url: str, dest: Path, min_bytes: int) -> None:
+    """Download url to dest via a .part file, so a broken transfer never looks like data."""
+    part = dest.with_name(dest.name + ".part")
+    deadline = time.monotonic() + _DOWNLOAD_DEADLINE_S
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, open(part, "wb") as f:
+            expected = int(resp.headers.get("Content-Length") or 0)
+            while chunk := resp.read(1 << 20):
+                f.write(chunk)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{url}: download took over {_DOWNLOAD_DEADLINE_S:.0f} s")
+        size = part.stat().st_size
+        if size < min_bytes or (expected and size != expected):
+            raise OSError(f"{url}: got {size} bytes, expected {expected or f'>= {min_bytes}'}")
+        part.replace(dest)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def _download(name: str) -> Path:
+    """Fetch a dataset into its cache home from the canonical source (OSError, TarError)."""
+    folder = CACHE_DIR / _SUBDIRS[name][0]
+    if name == "cifar10":
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        archive = folder.parent / "cifar-10-python.tar.gz"
+        _fetch(_URLS[name], archive, min_bytes=150_000_000)
+        with tarfile.open(archive) as tar:  # unpacks to cifar-10-batches-py/
+            tar.extractall(folder.parent, filter="data")
+        archive.unlink()
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for stem in _IDX_FILES:
+        if not _idx_file(folder, stem):
+            _fetch(_URLS[name] + f"{stem}.gz", folder / f"{stem}.gz",
+                   min_bytes=4_000 if "labels" in stem else 1_000_000)
+    return folder
+
+
+def _find(name: str, data_dir: str | None) -> Path:
+    searched = _candidates(name, data_dir)
+    for folder in searched:
+        if _holds(name, folder):
+            return folder
+    try:
+        return _download(name)
+    except (OSError, tarfile.TarError) as e:  # URLError, timeouts, short files: OSErrors
+        failure = str(e)
+    where = "\n".join(f"  {p}" for p in searched)
+    if name == "cifar10":
+        fetch = f"download {_URLS[name]} and unpack it into DIR (giving DIR/cifar-10-batches-py/)"
+    else:
+        fetch = f"download {', '.join(s + '.gz' for s in _IDX_FILES)} from {_URLS[name]} into DIR"
+    how = f"  {fetch},\n  then pass --data-dir DIR (or set DYNABATCH_DATA_DIR=DIR)"
+    if name in _DEBIAN_PACKAGES:
+        how = (f"  apt-get install -y {_DEBIAN_PACKAGES[name]}   (Debian package; installs to "
+               f"{SYSTEM_DIR / _SUBDIRS[name][0]}, found there without flags)\nor\n{how}")
+    raise DatasetNotFound(f"dataset {name!r} not found. Searched:\n{where}\n"
+                          f"Download from {_URLS[name]} failed: {failure}\nTo get it:\n{how}")
+
+
+def _load_idx(folder: Path) -> tuple[torch.Tensor, ...]:
+    tr_x, tr_y, te_x, te_y = (read_idx(_idx_file(folder, stem) or folder / stem)
+                              for stem in _IDX_FILES)
+    for x, y, stem in ((tr_x, tr_y, "train"), (te_x, te_y, "t10k")):
+        if x.dim() != 3 or y.dim() != 1 or len(x) != len(y):
+            raise ValueError(f"{folder}: {stem} images {list(x.shape)} "
+                             f"do not match labels {list(y.shape)}")
+    return tr_x.unsqueeze(1), tr_y.long(), te_x.unsqueeze(1), te_y.long()
+
+
+def _load_cifar(folder: Path) -> tuple[torch.Tensor, ...]:
+    """Read the python-pickle batches. Pickle runs code: only point this at files you trust."""
+    parts = []
+    for names in (_CIFAR_FILES[:-1], _CIFAR_FILES[-1:]):
+        xs, ys = [], []
+        for f in names:
+            with open(folder / f, "rb") as fh:
+                batch = pickle.load(fh, encoding="bytes")
+            xs.append(torch.as_tensor(batch[b"data"], dtype=torch.uint8).reshape(-1, 3, 32, 32))
+            ys.append(torch.as_tensor(batch[b"labels"], dtype=torch.int64))
+        parts += [torch.cat(xs), torch.cat(ys)]
+    return tuple(parts)
+
+
+def _synthetic(n_train: int = 12000, n_test: int = 2000) -> tuple[torch.Tensor, ...]:
+    """Ten smooth class templates over a shared background, shifted by up to 3 px, plus noise.
+
+    The shared background and the noise keep it from being solved at a glance (a small
+    CNN needs a couple of epochs to pass 90 %), yet it is learnable and fixed-seeded.
+    """
+    g = torch.Generator().manual_seed(1234)
+    smooth = F.interpolate(torch.rand(11, 1, 7, 7, generator=g), size=(28, 28),
+                           mode="bicubic", align_corners=False).squeeze(1)
+    templates = 255 * (0.75 * smooth[0] + 0.25 * smooth[1:])  # [10, 28, 28]
+    padded = F.pad(templates.unsqueeze(1), (3, 3, 3, 3), mode="replicate").squeeze(1)
+    n = n_train + n_test
+    y = torch.randint(0, 10, (n,), generator=g)
+    rows = torch.randint(0, 7, (n, 1), generator=g) + torch.arange(28)
+    cols = torch.randint(0, 7, (n, 1), generator=g) + torch.arange(28)
+    x = padded[y[:, None, None], rows[:, :, None], cols[:, None, :]]
+    x = (x + 70 * torch.randn(n, 28, 28, generator=g)).round_().clamp_(0, 255)
+    x = x.to(torch.uint8).unsqueeze(1)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
+    """Load a whole dataset into memory; see _candidates for where files are looked for."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if name == "synthetic":
+        tr_x, tr_y, te_x, te_y = _synthetic()
+        pixels = tr_x.float() / 255
+        mean, std = (pixels.mean().item(),), (pixels.std().item(),)
+    else:
+        folder = _find(name, data_dir)
+        tr_x, tr_y, te_x, te_y = _load_cifar(folder) if name == "cifar10" else _load_idx(folder)
+        mean, std = _STATS[name]
+    return Dataset(name, tr_x, tr_y, te_x, te_y, mean, std, num_classes=10,
+                   augment=name == "cifar10")
+
+
+def _random_crop_flip(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Per sample: a random crop of the 4 px zero-padded image, mirrored half the time.
+
+    Two gathers over the whole batch (rows, then columns; a flip is just reversed
+    column indices) instead of a Python loop over samples.
+    """
+    n, c, h, w = x.shape
+    padded = F.pad(x, (4, 4, 4, 4))
+    dy = torch.randint(0, 9, (n, 1), generator=generator)
+    dx = torch.randint(0, 9, (n, 1), generator=generator)
+    flip = torch.rand(n, 1, generator=generator) < 0.5
+    rows = (dy + torch.arange(h)).view(n, 1, h, 1).expand(n, c, h, w + 8)
+    cols = dx + torch.where(flip, torch.arange(w - 1, -1, -1), torch.arange(w))
+    return padded.gather(2, rows).gather(3, cols.view(n, 1, 1, w).expand(n, c, h, w))
+
+
+def make_batch(ds: Dataset, indices: torch.Tensor, train: bool,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slice samples from the train (or test) split into a normalized float32 batch.
+
+    Only training batches of datasets with `augment` set are augmented (on uint8,
+    before conversion, which moves a quarter of the bytes); evaluation sees plain images.
+    """
+    source_x, source_y = (ds.train_x, ds.train_y) if train else (ds.test_x, ds.test_y)
+    x = source_x[indices]
+    if train and ds.augment:
+        x = _random_crop_flip(x, generator)
+    mean = torch.tensor(ds.mean).view(1, -1, 1, 1)
+    std = torch.tensor(ds.std).view(1, -1, 1, 1)
+    return (x.float().div_(255) - mean) / std, source_y[indices]
+
+
+class SampleOrder:
+    """A worker's own shuffled order over the whole training set (seeded), reshuffled each pass.
+
+    Each worker draws from its own permutation instead of a shard so that any batch
+    size, and workers joining or leaving, still sample the whole set uniformly.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        if n <= 0:
+            raise ValueError(f"SampleOrder needs a non-empty dataset, got n={n}")
+        self._n = n
+        self._generator = torch.Generator().manual_seed(seed)
+        self._perm = torch.randperm(n, generator=self._generator)
+        self._pos = 0
+
+    def take(self, count: int) -> torch.Tensor:
+        """The next `count` indices (int64); a pass that ends continues in a fresh permutation."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        parts = [torch.empty(0, dtype=torch.int64)]
+        while count > 0:
+            if self._pos == self._n:
+                self._perm = torch.randperm(self._n, generator=self._generator)
+                self._pos = 0
+            k = min(count, self._n - self._pos)
+            parts.append(self._perm[self._pos:self._pos + k])
+            self._pos += k
+            count -= k
+        return torch.cat(parts)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What a dataset looks like, known without reading it.
+
+    Shards build the model and the scheduler counts epochs from these; neither
+    should have to load 50 MB of images for a shape and a count.
+    """
+
+    train_size: int
+    input_shape: tuple[int, int, int]
+    num_classes: int
+
+
+SPECS = {
+    "synthetic": DatasetSpec(12000, (1, 28, 28), 10),
+    "mnist": DatasetSpec(60000, (1, 28, 28), 10),
+    "fashion-mnist": DatasetSpec(60000, (1, 28, 28), 10),
+    "cifar10": DatasetSpec(50000, (3, 32, 32), 10),
+}
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    if name not in SPECS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    return SPECS[name]

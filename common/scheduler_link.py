@@ -1,0 +1,91 @@
+"""A process's link to the scheduler: register, heartbeat, follow assignments.
+
+Shared by shards, workers and evaluators. Registration retries until the
+scheduler is up and ready (it may start after us, or wait for its shards);
+heartbeats are fire-and-forget and the latest ASSIGNMENT wins. If the
+scheduler goes away the process keeps its last assignment; if it comes back
+without knowing us (restart), `lost` is set and the caller registers again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import zmq
+
+from dynabatch.common.messages import Assignment, Bye, Error, Heartbeat, Hello, Welcome
+from dynabatch.common.transport import Connection, RemoteError
+
+log = logging.getLogger("dynabatch.link")
+RETRYABLE = ("not_ready",)
+
+
+class SchedulerLink:
+    """DEALER to the scheduler plus the registration and assignment protocol."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, job: str, name: str) -> None:
+        self.conn = Connection(ctx, endpoint, job, name)
+        self.assignment: Assignment | None = None
+        self.lost = False
+        self.id = ""
+
+    def register(self, hello: Hello, should_stop: Callable[[], bool], on_wait: Callable[[], None]) -> Welcome | None:
+        """HELLO until WELCOME; None if asked to stop first. Raises RemoteError if refused for good."""
+        self.conn.sender = hello.name
+        waited_for = ""
+        while not should_stop():
+            reason = "unexpected answer to HELLO"
+            try:
+                reply = self.conn.request(hello, timeout_s=2.0)
+            except TimeoutError:
+                reply = None
+                reason = f"no answer from the scheduler at {self.conn.endpoint}"
+            except RemoteError as exc:
+                if exc.code not in RETRYABLE:
+                    raise
+                reply = None
+                reason = f"scheduler not ready: {exc.text}"
+                self.conn.recv(1.0)
+            if reply is not None and isinstance(reply.body, Welcome):
+                self.id = reply.body.id
+                self.conn.sender = self.id
+                self.lost = False
+                return reply.body
+            if reason != waited_for:
+                log.info("waiting: %s", reason)
+                waited_for = reason
+            on_wait()
+        return None
+
+    def heartbeat(self, hb: Heartbeat) -> None:
+        self.conn.send(hb)
+        self.poll()
+
+    def poll(self) -> Assignment | None:
+        """Take every waiting answer; returns the newest assignment (or the last one kept)."""
+        for msg in self.conn.drain():
+            self._take(msg.body)
+        return self.assignment
+
+    def wait(self, timeout_s: float) -> Assignment | None:
+        """Block up to `timeout_s` for the next answer, then take all waiting ones."""
+        msg = self.conn.recv(timeout_s)
+        if msg is not None:
+            self._take(msg.body)
+        return self.poll()
+
+    def _take(self, body: object) -> None:
+        if isinstance(body, Assignment):
+            self.assignment = body
+        elif isinstance(body, Error):
+            if body.code == "unknown_sender":
+                self.lost = True
+            else:
+                log.warning("scheduler answered ERROR %s: %s", body.code, body.text)
+
+    def bye(self) -> None:
+        self.conn.send(Bye())
+
+    def close(self) -> None:
+        self.conn.close()

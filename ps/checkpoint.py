@@ -1,0 +1,42 @@
+"""Atomic checkpoints: a shard never leaves a half-written file behind.
+
+The file is written next to its final name, flushed to disk, then renamed over
+it; a crash at any point leaves either the old checkpoint or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = 1
+
+
+def save_checkpoint(path: Path, meta: dict[str, Any], state: dict[str, Any]) -> None:
+    """Write {format, meta, state} to `path` atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save({"format": FORMAT, "meta": meta, "state": state}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved state if `path` exists and was written for the same `meta`, else None.
+
+    A checkpoint of another job or layout raises ValueError rather than being
+    silently ignored or, worse, loaded into the wrong model.
+    """
+    if not path.exists():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if saved.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {saved.get('format')!r}, expected {FORMAT}")
+    if saved["meta"] != meta:
+        raise ValueError(f"{path}: written for {saved['meta']}, this shard is {meta}")
+    return saved["state"]

@@ -1,0 +1,274 @@
+"""The parameter-server shard's socket loop: thin, every decision is in shard_state.py.
+
+One ROUTER serves workers (PULL, PUSH); one DEALER keeps the shard registered
+with the scheduler, which answers its heartbeats with the live worker set and,
+at the end of the job, a stop. Every received message is validated before it
+reaches the state; a bad one is answered with ERROR and counted, and nothing
+that arrives on a socket can stop the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dynabatch.common.chunking import flat_params, make_layout
+from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.messages import Assignment, Heartbeat, Hello, Params, Pull, Push, PushAck, Welcome
+from dynabatch.common.metrics import Health, MetricsServer, bad_messages_counter
+from dynabatch.common.models import model_for_job
+from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.transport import Incoming, RemoteError, bind_router, recv_routed, send_error, send_routed
+from dynabatch.common.wire import ChunkMeta, ProtocolError, check_chunks, check_finite
+from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
+from dynabatch.ps.options import PsOptions
+from dynabatch.ps.shard_state import ShardState
+from dynabatch.ps.update_rules import SGDConfig
+
+log = logging.getLogger("dynabatch.ps")
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+MAX_BATCH_PER_POLL = 64
+
+
+@dataclass
+class ParkedPull:
+    """An ssgd pull waiting for the round that produces `min_version`."""
+
+    identity: bytes
+    seq: int
+    sender: str
+    ids: list[int]
+    min_version: int
+    deadline: float
+
+
+class ShardMetrics:
+    """The shard's series, on its own registry."""
+
+    def __init__(self, registry: CollectorRegistry, shard: str) -> None:
+        labels = {"shard": shard}
+        self.bad = bad_messages_counter(registry)
+        self.version = Gauge("dynabatch_ps_version", "Model version (updates applied) on this shard.", ["shard"], registry=registry).labels(**labels)
+        self.updates = Counter("dynabatch_ps_updates", "Updates applied to this shard's parameters.", ["shard"], registry=registry).labels(**labels)
+        self.pushes = Counter("dynabatch_ps_pushes", "Gradient pushes accepted, by worker.", ["shard", "worker"], registry=registry)
+        self.pulls = Counter("dynabatch_ps_pulls", "Parameter pulls served.", ["shard"], registry=registry).labels(**labels)
+        self.bytes_in = Counter("dynabatch_ps_received_bytes", "Tensor bytes received in pushes.", ["shard"], registry=registry).labels(**labels)
+        self.bytes_out = Counter("dynabatch_ps_sent_bytes", "Tensor bytes sent in pulls.", ["shard"], registry=registry).labels(**labels)
+        self.staleness = Histogram("dynabatch_ps_staleness", "Versions between a gradient's base and the shard's model.", ["shard"], buckets=STALENESS_BUCKETS, registry=registry).labels(**labels)
+        self.handle = Histogram("dynabatch_ps_handle_seconds", "Time to handle one message.", ["shard", "type"], registry=registry)
+        self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
+        self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
+
+
+class ShardServer:
+    """One parameter-server shard: registers, serves, checkpoints, stops on request."""
+
+    def __init__(self, opts: PsOptions, metrics_host: str, metrics_port: int) -> None:
+        self.opts = opts
+        self.ctx = zmq.Context.instance()
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind)
+        self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
+        self.registry = CollectorRegistry()
+        self.health = Health()
+        self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
+        self.name = opts.name or f"ps-{socket.gethostname()}"
+        self.stopping = False
+        self.parked: list[ParkedPull] = []
+        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        welcome = self._register(self.opts.shard_index)
+        if welcome is None:
+            return 1
+        self._setup(welcome)
+        try:
+            self._loop()
+        finally:
+            self._checkpoint()
+            self.link.bye()
+            self.metrics_server.close()
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        log.info("signal %d: checkpointing and stopping", signum)
+        self.stopping = True
+
+    def _register(self, shard_index: int) -> Welcome | None:
+        """Join the job (the scheduler may start after us, or restart)."""
+        hello = Hello(role="ps", host=socket.gethostname(), metrics_url=self.metrics_server.url(),
+                      endpoint=self.advertise, shard_index=shard_index, name=self.name)
+        try:
+            return self.link.register(hello, lambda: self.stopping, self.health.tick)
+        except RemoteError as exc:
+            log.error("scheduler refused this shard: %s", exc)
+            return None
+
+    def _setup(self, welcome: Welcome) -> None:
+        self.job: JobConfig = job_from_dict(welcome.config)
+        self.link.conn.job = self.job.job
+        self.index = welcome.shard_index
+        self.shard_label = str(self.index)
+        self.m = ShardMetrics(self.registry, self.shard_label)
+        flat = flat_params(model_for_job(self.job))
+        layout = make_layout(flat.numel(), self.job.chunk_bytes, len(welcome.shards))
+        sgd = SGDConfig(self.job.lr, self.job.momentum, self.job.weight_decay, self.job.nesterov)
+        self.state = ShardState.initial(
+            layout.for_shard(self.index), flat, sgd, self.job.protocol, self.job.global_batch
+        )
+        self.ckpt_meta = {
+            "job": self.job.job, "model": self.job.model, "dataset": self.job.dataset, "shard": self.index,
+            "shards": len(welcome.shards), "total": layout.total, "chunk_bytes": self.job.chunk_bytes,
+        }
+        self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
+        if self.ckpt_path is not None:
+            saved = load_checkpoint(self.ckpt_path, self.ckpt_meta)
+            if saved is not None:
+                self.state.restore(saved)
+                log.info("resumed from %s at version %d", self.ckpt_path, self.state.version)
+        self.m.version.set(self.state.version)
+        self.health.ready = True
+        log.info("shard %d of %d ready at %s: %d chunks, %d parameters, protocol %s",
+                 self.index, len(welcome.shards), self.advertise, len(self.state.chunks),
+                 sum(c.length for c in self.state.chunks), self.job.protocol)
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.link.conn.sock, zmq.POLLIN)
+        next_beat = 0.0
+        next_ckpt = time.monotonic() + self.opts.checkpoint_interval_s
+        while not self.stopping:
+            events = dict(poller.poll(timeout=50))
+            if self.sock in events:
+                for _ in range(MAX_BATCH_PER_POLL):
+                    self._handle(recv_routed(self.sock))
+                    if not self.sock.poll(0):
+                        break
+            if self.link.conn.sock in events:
+                self._on_assignment(self.link.poll())
+            now = time.monotonic()
+            if now >= next_beat:
+                self.link.heartbeat(Heartbeat(version=self.state.version, updates=self.state.updates))
+                next_beat = now + self.job.heartbeat_s
+            if self.state.round_overdue(now, self.job.round_timeout_s):
+                log.warning("ssgd round %d timed out; applying %d of %d workers' gradients",
+                            self.state.version, len(self.state.round.contributors), len(self.state.live))
+                self._after_update(self.state.close_round())
+            self._expire_parked(now)
+            if self.ckpt_path is not None and now >= next_ckpt:
+                self._checkpoint()
+                next_ckpt = now + self.opts.checkpoint_interval_s
+            self.health.tick()
+
+    def _on_assignment(self, body: Assignment | None) -> None:
+        if self.link.lost:
+            log.warning("scheduler no longer knows this shard (restarted?); registering again")
+            self._register(self.index)
+            return
+        if body is None:
+            return
+        self._after_update(self.state.set_live(set(body.live_workers)))
+        self.m.live.set(len(self.state.live))
+        if body.stop:
+            log.info("job finished; stopping")
+            self.stopping = True
+
+    def _handle(self, incoming: Incoming) -> None:
+        if incoming.error is not None:
+            return self._reject(incoming, incoming.error)
+        msg = incoming.message
+        start = time.perf_counter()
+        try:
+            if msg.job != self.job.job:
+                raise ProtocolError("wrong_job", f"this shard serves job {self.job.job!r}, not {msg.job!r}", msg.seq)
+            if isinstance(msg.body, Pull):
+                self._on_pull(incoming)
+            elif isinstance(msg.body, Push):
+                self._on_push(incoming)
+            else:
+                raise ProtocolError("unexpected_type", f"a shard does not take {msg.type}", msg.seq)
+        except ProtocolError as exc:
+            exc.ref = msg.seq
+            self._reject(incoming, exc)
+        except Exception as exc:  # a bug must cost one message, never the shard
+            log.exception("internal error handling %s from %s", msg.type, msg.sender)
+            self._reject(incoming, ProtocolError("internal", f"{type(exc).__name__}: {exc}", msg.seq))
+        self.m.handle.labels(self.shard_label, msg.type).observe(time.perf_counter() - start)
+
+    def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
+        self.m.bad.labels("ps", error.code).inc()
+        log.warning("rejected a message: %s", error)
+        send_error(self.sock, incoming, error, self.job.job, f"ps{self.index}")
+
+    def _on_pull(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        body: Pull = msg.body
+        self.state.pull(body.ids)
+        if body.min_version > self.state.version:
+            self.parked.append(ParkedPull(incoming.identity, msg.seq, msg.sender, list(body.ids), body.min_version,
+                                          time.monotonic() + self.job.round_timeout_s * 2))
+            return
+        self._send_params(incoming.identity, msg.seq, body.ids)
+
+    def _send_params(self, identity: bytes, seq: int, ids: list[int]) -> None:
+        items = self.state.pull(ids)
+        metas = [ChunkMeta(cid, "float32", (t.numel(),), ver) for cid, t, ver in items]
+        tensors = [t for _, t, _ in items]
+        send_routed(self.sock, identity, Params(version=self.state.version), seq, self.job.job,
+                    f"ps{self.index}", metas, tensors)
+        self.m.pulls.inc()
+        self.m.bytes_out.inc(sum(m.nbytes for m in metas))
+
+    def _on_push(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        body: Push = msg.body
+        if body.kind != "grad":
+            raise ProtocolError("bad_field", f"PUSH.kind {body.kind!r} is not served by protocol {self.job.protocol}")
+        check_chunks(msg, self.state.sizes)
+        check_finite(msg)
+        if not msg.chunks:
+            raise ProtocolError("bad_chunk", "PUSH carries no chunks")
+        grads = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
+        base = min(meta.version for meta in msg.chunks)
+        outcome = self.state.push(msg.sender, grads, base, body.samples, time.monotonic())
+        self.m.staleness.observe(outcome.staleness)
+        self.m.pushes.labels(self.shard_label, msg.sender).inc()
+        self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks))
+        send_routed(self.sock, incoming.identity, PushAck(outcome.version, outcome.staleness, outcome.applied),
+                    msg.seq, self.job.job, f"ps{self.index}")
+        self._after_update(outcome.applied)
+
+    def _after_update(self, applied: bool) -> None:
+        """Count an applied update and release the pulls that were waiting for it."""
+        if not applied:
+            return
+        self.m.updates.inc()
+        self.m.version.set(self.state.version)
+        ready = [p for p in self.parked if p.min_version <= self.state.version]
+        self.parked = [p for p in self.parked if p.min_version > self.state.version]
+        for p in ready:
+            self._send_params(p.identity, p.seq, p.ids)
+
+    def _expire_parked(self, now: float) -> None:
+        """A parked pull past its deadline gets the current model rather than waiting forever."""
+        expired = [p for p in self.parked if p.deadline <= now]
+        if expired:
+            self.parked = [p for p in self.parked if p.deadline > now]
+            for p in expired:
+                self._send_params(p.identity, p.seq, p.ids)
+
+    def _checkpoint(self) -> None:
+        if self.ckpt_path is None or not hasattr(self, "state"):
+            return
+        save_checkpoint(self.ckpt_path, self.ckpt_meta, self.state.snapshot())
+        self.m.checkpoints.inc()
+        log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

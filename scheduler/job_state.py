@@ -1,0 +1,295 @@
+"""Everything the scheduler knows and decides, without sockets.
+
+Membership (who is in the job, who stopped answering), each worker's speed
+model, the batch allocation with its hysteresis, progress in epochs counted
+from samples, the latest evaluation, and the end of the job. The server loop
+feeds it decoded messages and the clock; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello, Welcome
+from dynabatch.common.wire import ProtocolError
+from dynabatch.scheduler.batch_allocation import allocate, fixed_allocation, needs_reassign
+from dynabatch.scheduler.speed_model import SpeedModel
+
+DECISIONS_KEPT = 100
+LOSS_SMOOTHING = 0.9
+
+
+@dataclass
+class Member:
+    """One registered process and what its heartbeats told us."""
+
+    id: str
+    role: str
+    name: str
+    host: str
+    metrics_url: str
+    joined: float
+    last_seen: float
+    endpoint: str = ""
+    shard_index: int = -1
+    speed: SpeedModel | None = None
+    standalone_sps: float = 0.0
+    steps: int = 0
+    samples: int = 0
+    batch: int = 0
+    last: Heartbeat = field(default_factory=Heartbeat)
+    step_s_total: float = 0.0
+    observed_steps: int = 0
+    left: bool = False
+
+    def public(self) -> dict[str, Any]:
+        """The member as STATUS shows it."""
+        hb = self.last
+        return {
+            "role": self.role, "name": self.name, "host": self.host, "metrics_url": self.metrics_url,
+            "joined": self.joined, "steps": self.steps, "samples": self.samples, "batch": self.batch,
+            "step_s": hb.step_s, "compute_s": hb.compute_s, "pull_s": hb.pull_s, "push_s": hb.push_s,
+            "wait_s": hb.wait_s, "samples_per_s": hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
+            "standalone_sps": self.standalone_sps, "loss": _finite_or_none(hb.loss),
+            "step_s_total": self.step_s_total, "observed_steps": self.observed_steps,
+            "version": hb.version, "updates": hb.updates, "endpoint": self.endpoint,
+        }
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class Decision:
+    """One change of the batch allocation and why it happened."""
+
+    t: float
+    reason: str
+    subject: str
+    batches: dict[str, int]
+    predicted_step_s: dict[str, float]
+
+
+class JobState:
+    """The scheduler's view of one job."""
+
+    def __init__(self, job: JobConfig, num_shards: int, train_size: int, now: float | None = None) -> None:
+        self.job = job
+        self.num_shards = num_shards
+        self.train_size = train_size
+        self.started = time.monotonic() if now is None else now
+        self.members: dict[str, Member] = {}
+        self.shards: dict[int, Member] = {}
+        self.allocation: dict[str, int] = {}
+        self.assignment_id = 0
+        self.decisions: list[Decision] = []
+        self.departed_samples = 0
+        self.loss = math.nan
+        self.eval: EvalReport | None = None
+        self.eval_time = 0.0
+        self.final_eval = False
+        self._next_id = {"worker": 0, "evaluator": 0}
+
+    # -- membership -------------------------------------------------------------
+
+    def hello(self, hello: Hello, now: float) -> Welcome:
+        """Admit a process; shards take a slot, workers wait until every shard is there."""
+        if hello.role not in ("worker", "evaluator", "ps"):
+            raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
+        if self.stopping and hello.role != "ps":
+            raise ProtocolError("job_over", "the job has reached its target and is stopping")
+        if hello.role == "ps":
+            index = self._shard_slot(hello.shard_index)
+            member_id = f"ps{index}"
+        else:
+            if len(self.shards) < self.num_shards:
+                raise ProtocolError("not_ready", f"{len(self.shards)} of {self.num_shards} shards registered")
+            prefix = "w" if hello.role == "worker" else "eval"
+            member_id = f"{prefix}{self._next_id[hello.role]}"
+            self._next_id[hello.role] += 1
+            index = -1
+        member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
+                        endpoint=hello.endpoint, shard_index=index)
+        self.members[member_id] = member
+        if hello.role == "ps":
+            self.shards[index] = member
+        return Welcome(id=member_id, config=to_dict(self.job), shards=self.shard_endpoints(), shard_index=index)
+
+    def _shard_slot(self, wanted: int) -> int:
+        if wanted >= self.num_shards:
+            raise ProtocolError("bad_field", f"shard index {wanted} but the job has {self.num_shards} shards")
+        if wanted >= 0:
+            return wanted  # a restarted shard takes its slot back
+        free = [i for i in range(self.num_shards) if i not in self.shards]
+        if not free:
+            raise ProtocolError("no_slot", f"all {self.num_shards} shard slots are taken")
+        return free[0]
+
+    def shard_endpoints(self) -> list[str]:
+        return [self.shards[i].endpoint for i in sorted(self.shards)]
+
+    def member(self, member_id: str) -> Member:
+        member = self.members.get(member_id)
+        if member is None or member.left:
+            raise ProtocolError("unknown_sender", f"{member_id!r} is not registered; send HELLO")
+        return member
+
+    def bye(self, member_id: str, now: float) -> None:
+        self._drop(self.member(member_id), now, "left")
+
+    def expire(self, now: float) -> list[str]:
+        """Drop members whose heartbeats stopped; returns their ids."""
+        dead = [m for m in self.members.values()
+                if not m.left and now - m.last_seen > self.job.liveness_timeout_s]
+        for m in dead:
+            self._drop(m, now, "heartbeat timeout")
+        return [m.id for m in dead]
+
+    def _drop(self, member: Member, now: float, why: str) -> None:
+        member.left = True
+        if member.role == "worker":
+            self.departed_samples += member.samples
+        if member.role == "ps" and self.shards.get(member.shard_index) is member:
+            del self.shards[member.shard_index]
+        if member.id in self.allocation:
+            self._reallocate(now, why, member.id, force=True)
+
+    @property
+    def live_workers(self) -> list[str]:
+        return sorted(m.id for m in self.members.values() if m.role == "worker" and not m.left)
+
+    # -- heartbeats and progress ------------------------------------------------
+
+    def heartbeat(self, member_id: str, hb: Heartbeat, now: float) -> Assignment:
+        """Record a heartbeat and answer with the member's current assignment."""
+        member = self.member(member_id)
+        if member.role == "worker":
+            self._worker_heartbeat(member, hb, now)
+        member.last_seen = now
+        member.last = hb
+        return self.assignment_for(member)
+
+    def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:
+        for name in ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "standalone_sps"):
+            value = getattr(hb, name)
+            if not math.isfinite(value) or value < 0:
+                raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be finite and non-negative, got {value}")
+        if hb.samples < member.samples or hb.steps < member.steps or hb.batch < 0:
+            raise ProtocolError("bad_field", "HEARTBEAT counters went backwards")
+        new_steps = hb.steps - member.steps
+        member.steps, member.samples = hb.steps, hb.samples
+        if member.speed is None and hb.standalone_sps > 0:
+            member.standalone_sps = hb.standalone_sps
+            member.speed = SpeedModel(self.job.speed_window, self.job.speed_forgetting, hb.standalone_sps)
+            self._reallocate(now, "joined", member.id, force=True)
+        if new_steps > 0 and hb.batch > 0 and hb.step_s > 0 and member.speed is not None:
+            member.speed.observe(hb.batch, hb.step_s)
+            member.step_s_total += hb.step_s * new_steps
+            member.observed_steps += new_steps
+            if math.isfinite(hb.loss):
+                self.loss = hb.loss if math.isnan(self.loss) else (
+                    LOSS_SMOOTHING * self.loss + (1 - LOSS_SMOOTHING) * hb.loss)
+            self._reallocate(now, "speed update", member.id)
+
+    def eval_report(self, member_id: str, report: EvalReport, now: float) -> None:
+        self.member(member_id).last_seen = now
+        if self.eval is None or report.version >= self.eval.version or report.final:
+            self.eval = report
+            self.eval_time = now - self.started
+        if report.final and self.stopping:
+            self.final_eval = True
+
+    @property
+    def samples(self) -> int:
+        return self.departed_samples + sum(m.samples for m in self.members.values() if m.role == "worker" and not m.left)
+
+    @property
+    def epoch(self) -> float:
+        return self.samples / self.train_size
+
+    @property
+    def stopping(self) -> bool:
+        return self.epoch >= self.job.epochs
+
+    @property
+    def finished(self) -> bool:
+        """Target reached, every worker gone, and the final model evaluated (if anyone evaluates)."""
+        if not self.stopping or self.live_workers:
+            return False
+        evaluators = [m for m in self.members.values() if m.role == "evaluator" and not m.left]
+        return self.final_eval or not evaluators
+
+    # -- allocation ---------------------------------------------------------------
+
+    def _reallocate(self, now: float, reason: str, subject: str, force: bool = False) -> None:
+        """Re-solve the batch split; `reason` is a bounded label, `subject` the worker behind it."""
+        ready = {m.id: m for m in self.members.values()
+                 if m.role == "worker" and not m.left and m.speed is not None}
+        if not ready:
+            self.allocation = {}
+            return
+        models = {wid: m.speed.fit() for wid, m in ready.items()}
+        if self.job.batch_policy == "fixed" or any(model is None for model in models.values()):
+            proposed = fixed_allocation(sorted(ready), self.job.global_batch, self.job.min_batch, self.job.max_batch)
+        else:
+            proposed = allocate(models, self.job.global_batch, self.job.min_batch, self.job.max_batch)
+        if not force and not needs_reassign(self.allocation, proposed, self.job.reassign_threshold):
+            return
+        if proposed == self.allocation:
+            return
+        self.allocation = proposed
+        self.assignment_id += 1
+        for wid, b in proposed.items():
+            ready[wid].batch = b
+        predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items() if models[wid] is not None}
+        self.decisions.append(Decision(now - self.started, reason, subject, dict(proposed), predicted))
+        del self.decisions[:-DECISIONS_KEPT]
+
+    def assignment_for(self, member: Member) -> Assignment:
+        """What `member` should do now."""
+        base = dict(assignment_id=self.assignment_id, epoch=self.epoch, target_epochs=self.job.epochs)
+        if member.role == "ps":
+            return Assignment(**base, live_workers=self.live_workers, stop=self.finished)
+        if member.role == "evaluator":
+            return Assignment(**base, stop=self.stopping and not self.live_workers)
+        batch = self.allocation.get(member.id, 0)
+        n = max(1, len(self.allocation))
+        last = f"{self.decisions[-1].reason} {self.decisions[-1].subject}" if self.decisions else ""
+        return Assignment(
+            **base, batch=batch, lr_scale=batch * n / self.job.global_batch, stop=self.stopping,
+            shards=self.shard_endpoints(), reason=last,
+        )
+
+    # -- reporting ------------------------------------------------------------------
+
+    def status(self, now: float) -> dict[str, Any]:
+        """The job as `dynabatch run` and operators see it (msgpack-friendly)."""
+        ev = self.eval
+        return {
+            "t": now - self.started,
+            "job": self.job.job,
+            "protocol": self.job.protocol,
+            "batch_policy": self.job.batch_policy,
+            "epoch": self.epoch,
+            "target_epochs": self.job.epochs,
+            "samples": self.samples,
+            "loss": _finite_or_none(self.loss),
+            "test_acc": ev.test_acc if ev else None,
+            "test_loss": ev.test_loss if ev else None,
+            "eval_version": ev.version if ev else None,
+            "eval_t": self.eval_time if ev else None,
+            "stopping": self.stopping,
+            "finished": self.finished,
+            "assignment_id": self.assignment_id,
+            "workers": {m.id: m.public() for m in self.members.values() if m.role == "worker" and not m.left},
+            "departed": sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
+            "shards": {str(i): {"endpoint": m.endpoint, "version": m.last.version, "updates": m.last.updates,
+                                "metrics_url": m.metrics_url} for i, m in sorted(self.shards.items())},
+            "decisions": [{"t": d.t, "reason": d.reason, "subject": d.subject, "batches": d.batches,
+                           "predicted_step_s": d.predicted_step_s} for d in self.decisions[-10:]],
+        }

@@ -1,0 +1,18 @@
+"""`dynabatch scheduler`: membership, speed model, batch sizes, job end."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from dynabatch.common.cli_support import MetricsOptions, parse_role_args
+from dynabatch.common.config import JobConfig
+from dynabatch.scheduler.options import SchedulerOptions
+from dynabatch.scheduler.server import SchedulerServer
+
+
+def main(argv: Sequence[str]) -> int:
+    opts, job, metrics = parse_role_args(
+        "dynabatch scheduler", "Run a job's scheduler; shards and workers join it.",
+        [SchedulerOptions, JobConfig, MetricsOptions], argv,
+    )
+    return SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port).run()

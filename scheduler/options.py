@@ -1,0 +1,16 @@
+"""The scheduler's own settings; it also owns the whole JobConfig."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynabatch.common.config import opt, validate_fields
+
+
+@dataclass
+class SchedulerOptions:
+    bind: str = opt("tcp://0.0.0.0:5555", "control endpoint to bind")
+    exit_on_finish: bool = opt(True, "exit once the job has finished and its shards are told (off: serve STATUS until stopped)")
+
+    def validate(self) -> None:
+        validate_fields(self)

@@ -1,0 +1,169 @@
+"""The scheduler's socket loop: one ROUTER, every decision in job_state.py.
+
+It answers HELLO with WELCOME, HEARTBEAT with the member's ASSIGNMENT, takes
+EVAL reports and BYE, and serves STATUS to `dynabatch run` and operators.
+Bad input is answered with ERROR and counted; the loop never dies of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dynabatch.common.config import JobConfig
+from dynabatch.common.data import dataset_spec
+from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest
+from dynabatch.common.metrics import Health, MetricsServer, bad_messages_counter
+from dynabatch.common.transport import Incoming, bind_router, recv_routed, send_error, send_routed
+from dynabatch.common.wire import ProtocolError
+from dynabatch.scheduler.job_state import JobState
+from dynabatch.scheduler.options import SchedulerOptions
+
+log = logging.getLogger("dynabatch.scheduler")
+PHASES = ("step", "compute", "pull", "push", "wait")
+
+
+class SchedulerMetrics:
+    """Job-level series; per-worker gauges carry a `worker` label (bounded by the job's size)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.bad = bad_messages_counter(registry)
+        self.live = Gauge("dynabatch_scheduler_live_workers", "Workers sending heartbeats.", registry=registry)
+        self.batch = Gauge("dynabatch_worker_batch_size", "Batch size assigned to each worker.", ["worker"], registry=registry)
+        self.sps = Gauge("dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"], registry=registry)
+        self.step = Gauge("dynabatch_worker_step_seconds", "Each worker's last step time by phase.", ["worker", "phase"], registry=registry)
+        self.epoch = Gauge("dynabatch_job_epoch", "Passes over the training set, counted from samples.", registry=registry)
+        self.samples = Gauge("dynabatch_job_samples", "Training samples processed by all workers.", registry=registry)
+        self.loss = Gauge("dynabatch_job_train_loss", "Smoothed training loss reported by workers.", registry=registry)
+        self.test_acc = Gauge("dynabatch_job_test_accuracy", "Test accuracy of the latest evaluated model (0-1).", registry=registry)
+        self.test_loss = Gauge("dynabatch_job_test_loss", "Test loss of the latest evaluated model.", registry=registry)
+        self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry)
+        self.decide = Histogram("dynabatch_scheduler_decision_seconds", "Time to handle a heartbeat (model fit and allocation included).",
+                                buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1), registry=registry)
+
+
+class SchedulerServer:
+    """Runs the control loop until the job has finished and its shards were told."""
+
+    def __init__(self, job: JobConfig, opts: SchedulerOptions, metrics_host: str, metrics_port: int) -> None:
+        self.job = job
+        self.opts = opts
+        spec = dataset_spec(job.dataset)
+        self.state = JobState(job, job.shards, spec.train_size)
+        self.ctx = zmq.Context.instance()
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind)
+        self.registry = CollectorRegistry()
+        self.health = Health()
+        self.health.ready = True
+        self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
+        self.m = SchedulerMetrics(self.registry)
+        self.stopping = False
+        self._decisions_seen = 0
+        self._exported: set[str] = set()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        log.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint, self.metrics_server.url())
+        finished_at: float | None = None
+        while not self.stopping:
+            if self.sock.poll(100):
+                for _ in range(256):
+                    self._handle(recv_routed(self.sock))
+                    if not self.sock.poll(0):
+                        break
+            now = time.monotonic()
+            for member_id in self.state.expire(now):
+                log.warning("%s stopped sending heartbeats; dropped", member_id)
+            self._export()
+            self.health.tick()
+            if self.state.finished and self.opts.exit_on_finish:
+                finished_at = finished_at or now
+                shards_gone = not self.state.shards
+                if shards_gone or now - finished_at > self.job.liveness_timeout_s:
+                    log.info("job finished: epoch %.2f, test accuracy %s", self.state.epoch,
+                             self.state.eval.test_acc if self.state.eval else "n/a")
+                    break
+        self.metrics_server.close()
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stopping = True
+
+    def _handle(self, incoming: Incoming) -> None:
+        if incoming.error is not None:
+            return self._reject(incoming, incoming.error)
+        msg = incoming.message
+        now = time.monotonic()
+        try:
+            if msg.job != self.job.job:
+                raise ProtocolError("wrong_job", f"this scheduler runs job {self.job.job!r}, not {msg.job!r}")
+            if msg.chunks:
+                raise ProtocolError("bad_chunk", f"{msg.type} to the scheduler carries no tensors")
+            body = msg.body
+            if isinstance(body, Hello):
+                reply = self.state.hello(body, now)
+                log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
+            elif isinstance(body, Heartbeat):
+                start = time.perf_counter()
+                reply = self.state.heartbeat(msg.sender, body, now)
+                self.m.decide.observe(time.perf_counter() - start)
+            elif isinstance(body, EvalReport):
+                self.state.eval_report(msg.sender, body, now)
+                return
+            elif isinstance(body, Bye):
+                self.state.bye(msg.sender, now)
+                log.info("%s left", msg.sender)
+                return
+            elif isinstance(body, StatusRequest):
+                reply = StatusReply(state=self.state.status(now))
+            else:
+                raise ProtocolError("unexpected_type", f"the scheduler does not take {msg.type}")
+        except ProtocolError as exc:
+            exc.ref = msg.seq
+            return self._reject(incoming, exc)
+        except Exception as exc:  # a bug must cost one message, never the scheduler
+            log.exception("internal error handling %s from %s", msg.type, msg.sender)
+            return self._reject(incoming, ProtocolError("internal", f"{type(exc).__name__}: {exc}", msg.seq))
+        send_routed(self.sock, incoming.identity, reply, msg.seq, self.job.job, "scheduler")
+
+    def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
+        self.m.bad.labels("scheduler", error.code).inc()
+        if error.code not in ("not_ready", "unknown_sender"):
+            log.warning("rejected a message: %s", error)
+        send_error(self.sock, incoming, error, self.job.job, "scheduler")
+
+    def _export(self) -> None:
+        """Copy the state into the Prometheus series and log new decisions."""
+        s = self.state
+        workers = s.live_workers
+        self.m.live.set(len(workers))
+        self.m.epoch.set(s.epoch)
+        self.m.samples.set(s.samples)
+        if s.loss == s.loss:
+            self.m.loss.set(s.loss)
+        if s.eval is not None:
+            self.m.test_acc.set(s.eval.test_acc)
+            self.m.test_loss.set(s.eval.test_loss)
+        for gone in self._exported - set(workers):
+            self.m.batch.remove(gone)
+            self.m.sps.remove(gone)
+            for phase in PHASES:
+                self.m.step.remove(gone, phase)
+        self._exported = set(workers)
+        for wid in workers:
+            m = s.members[wid]
+            hb = m.last
+            self.m.batch.labels(wid).set(m.batch)
+            self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
+            for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s)):
+                self.m.step.labels(wid, phase).set(value)
+        new = min(s.assignment_id - self._decisions_seen, len(s.decisions))
+        for d in s.decisions[len(s.decisions) - new:]:
+            self.m.reassign.labels(d.reason).inc()
+            log.info("batch allocation (%s%s): %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
+        self._decisions_seen = s.assignment_id

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian packages dynabatch's job and tests use: Fashion-MNIST (the main job's data)
+# and Prometheus (the monitoring tests). Installs only what is missing.
+set -euo pipefail
+need=()
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
+if [ "${1:-}" = "--test" ]; then
+  command -v prometheus >/dev/null || need+=(prometheus)
+fi
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else
+  echo "dynabatch needs Debian packages: ${need[*]}; run as root: apt-get install -y ${need[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get install -y "${need[@]}" || { $sudo apt-get update && $sudo apt-get install -y "${need[@]}"; }

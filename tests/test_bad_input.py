@@ -1,0 +1,171 @@
+"""Garbage sent to a live shard and scheduler: ERROR or counted drop, process up, state unchanged."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck
+from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
+from harness import Cluster, free_port, metric_value, wait_for
+
+pytestmark = pytest.mark.slow
+
+JOB = ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "30"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("bad_input"), JOB)
+    c.scheduler()
+    c.shard_port = free_port()
+    c.shard_proc = c.shard(0, c.shard_port)
+    c.sched_proc = c.procs[0]
+    c.worker_conn, c.welcome = c.join_as_worker()
+    c.shard_conn = c.client(c.welcome.shards[0], sender=c.welcome.id)
+    yield c
+    c.stop()
+
+
+def _pull(c: Cluster) -> Message:
+    return c.shard_conn.request(Pull(), timeout_s=5)
+
+
+def _good_push(c: Cluster, model: Message, fill: float = 0.0) -> list:
+    metas = [ChunkMeta(m.id, "float32", m.shape, m.version) for m in model.chunks]
+    tensors = [torch.full(m.shape, fill) for m in model.chunks]
+    return metas, tensors
+
+
+def _raw(c: Cluster, endpoint: str, frames: list[bytes], timeout_s: float = 5.0) -> Message | None:
+    """Send raw frames on a fresh DEALER and return the decoded answer (None if none came)."""
+    conn = c.client(endpoint)
+    try:
+        conn.sock.send_multipart(frames)
+        return conn.recv(timeout_s)
+    finally:
+        conn.close()
+
+
+def _env(**fields) -> bytes:
+    base = {"v": PROTOCOL_VERSION, "job": "dynabatch", "sender": "w0", "seq": 5, "chunks": []}
+    base.update(fields)
+    return msgpack.packb(base)
+
+
+def _cases(c: Cluster, model: Message) -> dict[str, tuple[list[bytes], str]]:
+    metas, tensors = _good_push(c, model, 1.0)
+    good = [bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, "dynabatch", c.welcome.id, 9))]
+    nan = [t.clone() for t in tensors]
+    nan[0][0] = float("nan")
+    inf = [t.clone() for t in tensors]
+    inf[-1][-1] = float("inf")
+    unknown = [ChunkMeta(10_000, "float32", metas[0].shape, 0)] + metas[1:]
+    sid = c.welcome.id
+    return {
+        "random bytes": ([bytes(range(256)) * 3], "malformed"),
+        "truncated msgpack": ([good[0][: len(good[0]) // 2], *good[1:]], "malformed"),
+        "missing tensor frame": (good[:-1], "frame_count"),
+        "extra tensor frame": (good + [b"\x00" * 8], "frame_count"),
+        "short tensor frame": (good[:-1] + [good[-1][:-4]], "frame_length"),
+        "stale protocol version": ([_env(v=0, type="PULL")], "version"),
+        "future protocol version": ([_env(v=PROTOCOL_VERSION + 1, type="PULL")], "version"),
+        "unknown type": ([_env(type="EXPLODE")], "unknown_type"),
+        "wrong field type": ([_env(type="PUSH", samples="many")], "bad_field"),
+        "unknown chunk id": (
+            [bytes(f) for f in encode(Message(Push(samples=8), unknown, tensors, "dynabatch", sid, 9))], "unknown_chunk"),
+        "NaN gradient": ([bytes(f) for f in encode(Message(Push(samples=8), metas, nan, "dynabatch", sid, 9))], "non_finite"),
+        "Inf gradient": ([bytes(f) for f in encode(Message(Push(samples=8), metas, inf, "dynabatch", sid, 9))], "non_finite"),
+        "wrong shape": ([bytes(f) for f in encode(Message(
+            Push(samples=8), [ChunkMeta(metas[0].id, "float32", (3,), 0)], [torch.ones(3)], "dynabatch", sid, 9))],
+            "bad_shape"),
+        "unknown worker": ([bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, "dynabatch", "w999", 9))],
+                           "unknown_sender"),
+        "zero samples": ([bytes(f) for f in encode(Message(Push(samples=0), metas, tensors, "dynabatch", sid, 9))], "bad_field"),
+        "other job": ([bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, "other", sid, 9))], "wrong_job"),
+        "wrong message for a shard": ([_env(type="HELLO", role="worker")], "unexpected_type"),
+    }
+
+
+def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluster):
+    c = cluster
+    before = _pull(c)
+    cases = _cases(c, before)
+    bad_before = c.shard_proc.metrics()
+    for what, (frames, code) in cases.items():
+        reply = _raw(c, c.welcome.shards[0], frames)
+        assert reply is not None, f"{what}: no answer"
+        assert isinstance(reply.body, Error), f"{what}: answered {reply.type}"
+        assert reply.body.code == code, f"{what}: code {reply.body.code} ({reply.body.text}), expected {code}"
+        assert c.shard_proc.alive(), f"the shard died on {what}"
+    after = _pull(c)
+    assert after.body.version == before.body.version
+    for a, b in zip(after.tensors, before.tensors):
+        assert torch.equal(a, b)
+    text = c.shard_proc.metrics()
+    for code in {code for _, code in cases.values()}:
+        assert metric_value(text, "dynabatch_bad_messages_total", role="ps", reason=code) > metric_value(
+            bad_before, "dynabatch_bad_messages_total", role="ps", reason=code), code
+
+
+def test_a_good_push_after_the_garbage_is_applied(cluster):
+    c = cluster
+    before = _pull(c)
+    metas, tensors = _good_push(c, before, 0.5)
+    ack = c.shard_conn.request(Push(samples=8), 5, metas, tensors)
+    assert isinstance(ack.body, PushAck) and ack.body.version == before.body.version + 1
+    after = _pull(c)
+    assert any(not torch.equal(a, b) for a, b in zip(after.tensors, before.tensors))
+
+
+def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster):
+    c = cluster
+    status_before = c.status()
+    frames_and_codes = [
+        ([bytes(range(256))], "malformed"),
+        ([_env(type="HEARTBEAT")[:-2]], "malformed"),
+        ([_env(v=0, type="STATUS")], "version"),
+        ([_env(type="NOPE")], "unknown_type"),
+        ([_env(type="HEARTBEAT", sender="w999")], "unknown_sender"),
+        ([_env(type="HEARTBEAT", sender=c.welcome.id, step_s=float("nan"), steps=1)], "bad_field"),
+        ([_env(type="HEARTBEAT", sender=c.welcome.id, samples=-5)], "bad_field"),
+        ([_env(type="HELLO", role="overlord")], "bad_field"),
+        ([_env(type="STATUS", chunks=[{"id": 0, "dtype": "float32", "shape": [1]}]), b"\x00" * 4], "bad_chunk"),
+        ([_env(type="STATUS", job="other")], "wrong_job"),
+        ([_env(type="PULL")], "unexpected_type"),
+    ]
+    for frames, code in frames_and_codes:
+        reply = _raw(c, c.scheduler_endpoint, frames)
+        assert reply is not None and isinstance(reply.body, Error), f"{code}: no ERROR"
+        assert reply.body.code == code, f"expected {code}, got {reply.body.code}: {reply.body.text}"
+        assert c.sched_proc.alive()
+    status_after = c.status()
+    assert status_after["workers"].keys() == status_before["workers"].keys()
+    assert status_after["samples"] == status_before["samples"]
+    text = c.sched_proc.metrics()
+    assert metric_value(text, "dynabatch_bad_messages_total", role="scheduler", reason="malformed") >= 2
+    reply = c.worker_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=5)
+    assert reply.body.batch > 0
+
+
+def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster):
+    c = cluster
+    before = metric_value(c.shard_proc.metrics(), "dynabatch_bad_messages_total", role="ps", reason="malformed")
+    sock = c.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(c.welcome.shards[0])
+    for i in range(2000):
+        sock.send_multipart([bytes([0xC1, i % 256]) * (i % 97 + 1)] * (i % 4 + 1))
+
+    def all_counted() -> bool:
+        while sock.poll(0):
+            sock.recv_multipart()
+        now = metric_value(c.shard_proc.metrics(), "dynabatch_bad_messages_total", role="ps", reason="malformed")
+        return now - before >= 2000
+
+    wait_for("the shard to count 2000 garbage messages", all_counted, 60)
+    sock.close()
+    assert c.shard_proc.alive()
+    assert _pull(c).body.version >= 0

@@ -1,0 +1,27 @@
+"""`dynabatch worker`: a training worker, or with --evaluator an evaluator."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from dynabatch.common.cli_support import MetricsOptions, parse_role_args
+from dynabatch.common.data import DatasetNotFound
+from dynabatch.worker.evaluator import Evaluator
+from dynabatch.worker.options import WorkerOptions
+from dynabatch.worker.trainer import Worker
+
+log = logging.getLogger("dynabatch.worker")
+
+
+def main(argv: Sequence[str]) -> int:
+    opts, metrics = parse_role_args(
+        "dynabatch worker", "Join a running job as a training worker (or --evaluator).",
+        [WorkerOptions, MetricsOptions], argv,
+    )
+    cls = Evaluator if opts.evaluator else Worker
+    try:
+        return cls(opts, metrics.metrics_host, metrics.metrics_port).run()
+    except DatasetNotFound as exc:
+        log.error("%s", exc)
+        return 2

@@ -1,0 +1,234 @@
+"""The training worker: pull, forward/backward, push, heartbeat, repeat.
+
+A step is timed from the start of the pull to the last push acknowledgement;
+that is the time the scheduler equalizes across workers. The worker measures
+its standalone speed before it joins, so the scheduler can size its first
+batch from it rather than from a guess.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dynabatch.common.chunking import flat_grads, load_flat, make_layout
+from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch
+from dynabatch.common.messages import Assignment, Heartbeat, Hello
+from dynabatch.common.metrics import Health, MetricsServer
+from dynabatch.common.models import model_for_job
+from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.transport import RemoteError
+from dynabatch.worker.options import WorkerOptions
+from dynabatch.worker.ps_client import ShardClients
+from dynabatch.common.slowdown import Slowdown
+
+log = logging.getLogger("dynabatch.worker")
+PHASES = ("pull", "compute", "push", "wait")
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent in each phase of one step."""
+
+    pull: float = 0.0
+    compute: float = 0.0
+    push: float = 0.0
+    wait: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.pull + self.compute + self.push + self.wait
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, worker: str) -> None:
+        self.phase = Histogram("dynabatch_worker_phase_seconds", "Time per step phase.", ["worker", "phase"],
+                               buckets=STEP_BUCKETS, registry=registry)
+        self.steps = Counter("dynabatch_worker_steps", "Training steps completed.", ["worker"], registry=registry).labels(worker)
+        self.samples = Counter("dynabatch_worker_samples", "Training samples processed.", ["worker"], registry=registry).labels(worker)
+        self.batch = Gauge("dynabatch_worker_current_batch_size", "Batch size in use.", ["worker"], registry=registry).labels(worker)
+        self.loss = Gauge("dynabatch_worker_train_loss", "Training loss of the last step.", ["worker"], registry=registry).labels(worker)
+        self.standalone = Gauge("dynabatch_worker_standalone_samples_per_second",
+                                "Speed measured alone before joining (slowdown included).", ["worker"], registry=registry).labels(worker)
+        self.errors = Counter("dynabatch_worker_request_errors", "Shard requests that failed and were retried.",
+                              ["worker", "code"], registry=registry)
+        self.worker = worker
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One forward/backward pass; leaves gradients on the parameters, returns the loss."""
+    model.zero_grad(set_to_none=False)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return float(loss.detach())
+
+
+class Worker:
+    """A training worker (or, with --evaluator, see evaluator.py)."""
+
+    def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int) -> None:
+        self.opts = opts
+        self.name = opts.name or f"{socket.gethostname()}-{os.getpid()}"
+        self.ctx = zmq.Context.instance()
+        self.registry = CollectorRegistry()
+        self.health = Health()
+        self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
+        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
+        self.slowdown = Slowdown.parse(opts.slowdown)
+        self.stopping = False
+        self.started = time.monotonic()
+        torch.set_num_threads(opts.threads)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stopping = True
+
+    def join(self, role: str) -> bool:
+        """Register, then load data and model for the job the scheduler runs."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        hello = Hello(role=role, host=socket.gethostname(), metrics_url=self.metrics_server.url(), name=self.name)
+        welcome = self.link.register(hello, lambda: self.stopping, self.health.tick)
+        if welcome is None:
+            return False
+        self.id = welcome.id
+        self.job: JobConfig = job_from_dict(welcome.config)
+        self.link.conn.job = self.job.job
+        self.data: Dataset = load_dataset(self.job.dataset, self.opts.data_dir or None)
+        self.model = model_for_job(self.job)
+        self.layout = make_layout(sum(p.numel() for p in self.model.parameters()), self.job.chunk_bytes, len(welcome.shards))
+        self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id)
+        self.m = WorkerMetrics(self.registry, self.id)
+        log.info("%s joined job %r as %s: %s on %s, %d shard(s), slowdown %s",
+                 self.name, self.job.job, self.id, self.job.model, self.job.dataset, len(welcome.shards), self.opts.slowdown)
+        return True
+
+    def idle_for_slowdown(self, compute_s: float) -> float:
+        """Idle (F-1) x compute time so the node is F times slower; returns the emulated compute time."""
+        factor = self.slowdown.factor(time.monotonic() - self.started)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * compute_s)
+        return factor * compute_s
+
+    def measure_standalone(self, order: SampleOrder, gen: torch.Generator) -> float:
+        """Samples/s of forward+backward alone (slowdown included), one warm-up step untimed."""
+        batch = min(64, self.job.max_batch)
+        x, y = make_batch(self.data, order.take(batch), True, gen)
+        train_step(self.model, x, y)
+        total = 0.0
+        for _ in range(self.opts.probe_steps):
+            x, y = make_batch(self.data, order.take(batch), True, gen)
+            start = time.perf_counter()
+            train_step(self.model, x, y)
+            total += self.idle_for_slowdown(time.perf_counter() - start)
+        return batch * self.opts.probe_steps / total
+
+    def run(self) -> int:
+        try:
+            if not self.join("worker"):
+                return 0
+            return self._train()
+        finally:
+            self.link.bye()
+            self.metrics_server.close()
+
+    def _train(self) -> int:
+        order = SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))
+        gen = torch.Generator().manual_seed(self.job.seed + 17)
+        standalone = self.measure_standalone(order, gen)
+        self.m.standalone.set(standalone)
+        log.info("%s standalone speed %.0f samples/s", self.id, standalone)
+        hb = Heartbeat(standalone_sps=standalone)
+        assignment = self._await_batch(hb)
+        min_versions: list[int] | None = None
+        pulled = None
+        while assignment is not None and not assignment.stop and not self.stopping:
+            times = StepTimes()
+            batch = assignment.batch
+            try:
+                start = time.perf_counter()
+                pulled = self.shards.pull(min_versions, self.opts.request_timeout_s)
+                elapsed = time.perf_counter() - start
+                if min_versions is not None and self.job.protocol == "ssgd":
+                    times.wait = elapsed
+                else:
+                    times.pull = elapsed
+                load_flat(self.model, pulled.flat)
+                x, y = make_batch(self.data, order.take(batch), True, gen)
+                start = time.perf_counter()
+                loss = train_step(self.model, x, y)
+                times.compute = self.idle_for_slowdown(time.perf_counter() - start)
+                if not math.isfinite(loss):
+                    log.error("%s: loss is %s; not pushing this step's gradient", self.id, loss)
+                    continue
+                start = time.perf_counter()
+                acks = self.shards.push(flat_grads(self.model), pulled.chunk_versions, batch, loss,
+                                        self.opts.request_timeout_s)
+                times.push = time.perf_counter() - start
+            except (TimeoutError, RemoteError) as exc:
+                code = exc.code if isinstance(exc, RemoteError) else "timeout"
+                self.m.errors.labels(self.id, code).inc()
+                log.warning("%s: step failed (%s); retrying", self.id, exc)
+                # After "already pushed in this round" the next pull must wait for that round.
+                min_versions = [v + 1 for v in pulled.shard_versions] if code == "bad_state" else None
+                assignment = self.link.wait(self.job.heartbeat_s) or assignment
+                continue
+            if self.job.protocol == "ssgd":
+                min_versions = [a.version if a.applied else a.version + 1 for a in acks]
+            hb = self._record(hb, times, batch, loss, pulled.version, assignment.assignment_id)
+            if self.link.lost:
+                hb, assignment = self._rejoin(hb)
+            else:
+                assignment = self.link.poll() or assignment
+        log.info("%s stopping after %d steps, %d samples", self.id, hb.steps, hb.samples)
+        return 0
+
+    def _await_batch(self, hb: Heartbeat) -> Assignment | None:
+        """Heartbeat until the scheduler gives this worker a batch (or stops the job)."""
+        while not self.stopping:
+            self.link.heartbeat(hb)
+            assignment = self.link.wait(self.job.heartbeat_s)
+            if assignment is not None and (assignment.batch > 0 or assignment.stop):
+                return assignment
+            self.health.tick()
+        return None
+
+    def _record(self, prev: Heartbeat, times: StepTimes, batch: int, loss: float, version: int, assignment_id: int) -> Heartbeat:
+        for phase in PHASES:
+            self.m.phase.labels(self.id, phase).observe(getattr(times, phase))
+        self.m.steps.inc()
+        self.m.samples.inc(batch)
+        self.m.batch.set(batch)
+        self.m.loss.set(loss)
+        self.health.ready = True
+        self.health.tick()
+        hb = Heartbeat(
+            steps=prev.steps + 1, samples=prev.samples + batch, batch=batch, step_s=times.total,
+            compute_s=times.compute, pull_s=times.pull, push_s=times.push, wait_s=times.wait, loss=loss,
+            version=version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
+        )
+        self.link.heartbeat(hb)
+        return hb
+
+    def _rejoin(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
+        """The scheduler forgot this worker (it restarted): register again under a new id."""
+        log.warning("%s: scheduler does not know this worker any more; registering again", self.id)
+        hello = Hello(role="worker", host=socket.gethostname(), metrics_url=self.metrics_server.url(), name=self.name)
+        if self.link.register(hello, lambda: self.stopping, self.health.tick) is None:
+            return hb, None
+        self.id = self.link.id
+        for conn in self.shards.conns:
+            conn.sender = self.id
+        fresh = Heartbeat(standalone_sps=hb.standalone_sps)
+        return fresh, self._await_batch(fresh)
