@@ -43,6 +43,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
     evals = [s for s in timeline if s.get("test_acc") is not None]
     final_eval = evals[-1] if evals else {}
     start_t = next((s["t"] for s in timeline if s.get("workers")), timeline[0]["t"])
+    at_stop = next((s for s in timeline if s.get("stopping")), last).get("workers", {})
     warm_t = start_t + warmup_fraction * (last["t"] - start_t)
     workers: dict[str, Any] = {}
     for wid in sorted({w for s in timeline for w in s.get("workers", {})}):
@@ -58,7 +59,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
             "steps_after_warmup": steps,
             "standalone_samples_per_s": final["standalone_sps"],
             "samples": final["samples"],
-            "left_early": wid in last.get("departed", []) or wid not in last.get("workers", {}),
+            "left_early": wid not in at_stop,
         }
     train_s = max(1e-9, last["t"] - start_t)
     step_means = [w["mean_step_s_after_warmup"] for w in workers.values()

@@ -57,21 +57,27 @@ class JobConfig:
     min_batch: int = opt(8, "smallest per-worker batch", minimum=1)
     max_batch: int = opt(1024, "largest per-worker batch", minimum=1)
     lr: float = opt(0.05, "base learning rate for a global batch of B", minimum=0.0)
-    momentum: float = opt(0.9, "SGD momentum on the shards", minimum=0.0)
+    momentum: float = opt(
+        0.5, "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)", minimum=0.0
+    )
     weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0)
     nesterov: bool = opt(False, "Nesterov momentum on the shards")
-    epochs: float = opt(3.0, "stop after this many passes over the training set (counted from samples)", minimum=0.0)
+    epochs: float = opt(5.0, "stop after this many passes over the training set (counted from samples)", minimum=0.0)
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
     seed: int = opt(0, "seed for model init and data orders")
     heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01)
     liveness_timeout_s: float = opt(5.0, "drop a process whose heartbeats stop for this long", minimum=0.1)
+    join_timeout_s: float = opt(
+        120.0, "drop a process that registered but sent no heartbeat (it loads data and measures itself first)",
+        minimum=0.1,
+    )
     reassign_threshold: float = opt(
         0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0
     )
     round_timeout_s: float = opt(10.0, "ssgd: close a round without workers that have not pushed by then", minimum=0.1)
-    eval_interval_s: float = opt(5.0, "seconds between evaluations of the current model", minimum=0.1)
+    eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1)
     speed_window: int = opt(16, "step-time observations kept per worker", minimum=2)
-    speed_forgetting: float = opt(0.7, "weight of an observation one step older (0-1)", minimum=0.0)
+    speed_forgetting: float = opt(0.85, "weight of an observation one step older (0-1)", minimum=0.0)
 
     def validate(self) -> None:
         validate_fields(self)

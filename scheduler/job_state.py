@@ -44,6 +44,7 @@ class Member:
     last: Heartbeat = field(default_factory=Heartbeat)
     step_s_total: float = 0.0
     observed_steps: int = 0
+    heartbeats: int = 0
     left: bool = False
 
     def public(self) -> dict[str, Any]:
@@ -144,11 +145,16 @@ class JobState:
 
     def expire(self, now: float) -> list[str]:
         """Drop members whose heartbeats stopped; returns their ids."""
-        dead = [m for m in self.members.values()
-                if not m.left and now - m.last_seen > self.job.liveness_timeout_s]
+        dead = [m for m in self.members.values() if not m.left and now - m.last_seen > self._timeout(m)]
         for m in dead:
             self._drop(m, now, "heartbeat timeout")
         return [m.id for m in dead]
+
+    def _timeout(self, member: Member) -> float:
+        """Silence allowed: longer before the first heartbeat, while a process loads data and models."""
+        if member.heartbeats == 0:
+            return max(self.job.liveness_timeout_s, self.job.join_timeout_s)
+        return self.job.liveness_timeout_s
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True
@@ -171,6 +177,7 @@ class JobState:
         if member.role == "worker":
             self._worker_heartbeat(member, hb, now)
         member.last_seen = now
+        member.heartbeats += 1
         member.last = hb
         return self.assignment_for(member)
 

@@ -99,7 +99,8 @@ class Cluster:
         return p
 
     def scheduler(self, *extra: str) -> Proc:
-        return self.start("scheduler", "scheduler", "--bind", self.scheduler_endpoint, *self.job_flags, *extra)
+        return self.start("scheduler", "scheduler", "--bind", self.scheduler_endpoint, "--no-exit-on-finish",
+                          *self.job_flags, *extra)
 
     def shard(self, index: int = 0, port: int | None = None, *extra: str) -> Proc:
         port = port or free_port()

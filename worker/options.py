@@ -17,7 +17,7 @@ class WorkerOptions:
     evaluator: bool = opt(False, "only pull the model and report test loss and accuracy")
     threads: int = opt(1, "torch threads for compute", minimum=1)
     name: str = opt("", "name in logs and dashboards (default: HOST-PID)")
-    probe_steps: int = opt(5, "timed steps to measure standalone speed before joining", minimum=1)
+    probe_steps: int = opt(9, "timed steps to measure standalone speed before joining", minimum=1)
     request_timeout_s: float = opt(30.0, "give up on a shard request after this long, then retry", minimum=0.1)
 
     def validate(self) -> None:

@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -122,17 +123,21 @@ class Worker:
         return factor * compute_s
 
     def measure_standalone(self, order: SampleOrder, gen: torch.Generator) -> float:
-        """Samples/s of forward+backward alone (slowdown included), one warm-up step untimed."""
+        """Samples/s of forward+backward alone (slowdown included): the median of timed steps.
+
+        The median, because processes starting beside this one (imports, data loading)
+        make single steps slow at random.
+        """
         batch = min(64, self.job.max_batch)
         x, y = make_batch(self.data, order.take(batch), True, gen)
         train_step(self.model, x, y)
-        total = 0.0
+        times = []
         for _ in range(self.opts.probe_steps):
             x, y = make_batch(self.data, order.take(batch), True, gen)
             start = time.perf_counter()
             train_step(self.model, x, y)
-            total += self.idle_for_slowdown(time.perf_counter() - start)
-        return batch * self.opts.probe_steps / total
+            times.append(self.idle_for_slowdown(time.perf_counter() - start))
+        return batch / statistics.median(times)
 
     def run(self) -> int:
         try:
@@ -197,6 +202,8 @@ class Worker:
     def _await_batch(self, hb: Heartbeat) -> Assignment | None:
         """Heartbeat until the scheduler gives this worker a batch (or stops the job)."""
         while not self.stopping:
+            if self.link.lost:
+                return self._rejoin(hb)[1]
             self.link.heartbeat(hb)
             assignment = self.link.wait(self.job.heartbeat_s)
             if assignment is not None and (assignment.batch > 0 or assignment.stop):

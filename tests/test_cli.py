@@ -1,0 +1,69 @@
+"""The command line refuses bad flags and missing data with a clear message, before starting anything."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dynabatch.common.config import JobConfig, add_flags, from_args
+
+
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dynabatch.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--workers", "0"], "--workers"),
+        (["run", "--protocol", "nope"], "--protocol"),
+        (["run", "--slowdowns", "1", "2"], "--slowdowns: 2 given for 3 workers"),
+        (["run", "--slowdowns", "fast", "1", "1"], "cannot read 'fast'"),
+        (["run", "--min-batch", "64", "--max-batch", "8"], "--min-batch 64 is larger"),
+        (["run", "--speed-forgetting", "1.5"], "--speed-forgetting"),
+        (["run", "--global-batch", "x"], "--global-batch"),
+        (["worker", "--slowdown", "0.5"], "below 1"),
+        (["ps", "--shard-index", "-7"], "--shard-index"),
+        (["scheduler", "--lr", "-1"], "--lr"),
+        (["nonsense"], "unknown command"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(args, needle):
+    out = _run(*args)
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr
+
+
+def test_bad_environment_defaults_name_the_variable():
+    out = _run("scheduler", env={"DYNABATCH_LR": "fast"})
+    assert out.returncode == 2 and "DYNABATCH_LR" in out.stderr
+
+
+def test_environment_supplies_defaults_and_flags_override_it():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser, JobConfig, env={"DYNABATCH_GLOBAL_BATCH": "512", "DYNABATCH_NESTEROV": "true"})
+    job = from_args(JobConfig, parser.parse_args([]))
+    assert job.global_batch == 512 and job.nesterov is True
+    job = from_args(JobConfig, parser.parse_args(["--global-batch", "64", "--no-nesterov"]))
+    assert job.global_batch == 64 and job.nesterov is False
+
+
+def test_missing_data_says_how_to_get_it(tmp_path):
+    env = {"HOME": str(tmp_path), "DYNABATCH_DATA_DIR": str(tmp_path)}
+    out = _run("run", "--dataset", "cifar10", "--model", "resnet", "--out", str(tmp_path / "runs"), env=env)
+    assert out.returncode == 2
+    assert "cifar-10-python.tar.gz" in out.stderr and "--data-dir" in out.stderr
+    assert not (tmp_path / "runs").exists(), "nothing may be started or written for a run that cannot work"
+
+
+def test_help_lists_every_role():
+    out = _run("--help")
+    assert out.returncode == 0
+    for role in ("run", "scheduler", "ps", "worker"):
+        assert role in out.stdout

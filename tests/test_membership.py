@@ -1,0 +1,128 @@
+"""Jobs with real processes: workers die and join, shards restart from checkpoints."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from dynabatch.common.messages import Pull, Push
+from dynabatch.common.wire import ChunkMeta
+from harness import Cluster, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+QUICK = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
+         "--global-batch", "96"]
+
+
+def _training(st: dict, n: int) -> bool:
+    return len(st["workers"]) == n and all(w["batch"] > 0 and w["steps"] > 3 for w in st["workers"].values())
+
+
+def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path):
+    c = Cluster(tmp_path, QUICK + ["--epochs", "12"])
+    try:
+        c.scheduler()
+        c.shard()
+        workers = {name: c.worker(name, "--slowdown", f) for name, f in (("a", "1"), ("b", "2"), ("victim", "2"))}
+        st = c.wait_status("three workers training", lambda s: _training(s, 3))
+        victim = next(wid for wid, w in st["workers"].items() if w["name"] == "victim")
+        workers["victim"].proc.send_signal(signal.SIGKILL)
+        st = c.wait_status("the dead worker to be dropped", lambda s: victim not in s["workers"], 20)
+        assert victim in st["departed"]
+        assert sum(w["batch"] for w in st["workers"].values()) == 96
+        assert all(w["batch"] > 0 for w in st["workers"].values())
+        assert any(d["reason"] == "heartbeat timeout" and d["subject"] == victim for d in st["decisions"])
+        final = c.wait_status("the job to finish without the dead worker", lambda s: s["finished"], 120)
+        assert final["epoch"] >= 12
+        assert final["test_acc"] is None or final["test_acc"] >= 0
+    finally:
+        c.stop()
+
+
+def test_a_worker_that_joins_a_running_job_gets_a_share(tmp_path):
+    # The CNN, so that compute dominates a step and the speed model's split is stable.
+    c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--model", "cnn"])
+    try:
+        c.scheduler()
+        c.shard()
+        c.worker("first", "--slowdown", "1")
+        c.worker("second", "--slowdown", "2")
+        before = c.wait_status("two workers training", lambda s: _training(s, 2))
+        assert sum(w["batch"] for w in before["workers"].values()) == 96
+        c.worker("late", "--slowdown", "1")
+        after = c.wait_status("the late worker training", lambda s: _training(s, 3), 60)
+        late = next(w for w in after["workers"].values() if w["name"] == "late")
+        assert late["batch"] > 0 and late["version"] > 0, "the late worker must pull the current model"
+        assert sum(w["batch"] for w in after["workers"].values()) == 96
+        for wid, w in before["workers"].items():
+            assert after["workers"][wid]["batch"] < w["batch"], f"{w['name']}'s share did not shrink"
+    finally:
+        c.stop()
+
+
+def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path):
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000",
+                           "--liveness-timeout-s", "30"])
+    port = free_port()
+    ckpt = tmp_path / "ckpt"
+    try:
+        c.scheduler()
+        shard = c.shard(0, port, "--checkpoint-dir", str(ckpt), "--checkpoint-interval-s", "3600")
+        conn, welcome = c.join_as_worker()
+        data = c.client(welcome.shards[0], sender=welcome.id)
+        model = data.request(Pull(), 10)
+        metas = [ChunkMeta(m.id, "float32", m.shape, m.version) for m in model.chunks]
+        grads = [torch.full(m.shape, 0.01) for m in model.chunks]
+        wait_for("the shard to learn that the test worker is live", lambda: _try_push(data, metas, grads), 30)
+        for _ in range(4):
+            data.request(Push(samples=32), 10, metas, grads)
+        saved = data.request(Pull(), 10)
+        assert saved.body.version == 5
+        shard.proc.send_signal(signal.SIGTERM)
+        assert shard.proc.wait(20) == 0
+        assert (ckpt / "shard-0.pt").exists()
+        c.shard(0, port, "--checkpoint-dir", str(ckpt))
+
+        def pulled_again():
+            try:
+                return data.request(Pull(), 2)
+            except TimeoutError:
+                return None
+
+        resumed = wait_for("the restarted shard to serve", pulled_again, 60)
+        assert resumed.body.version == 5
+        for a, b in zip(resumed.tensors, saved.tensors):
+            assert torch.equal(a, b)
+        ack = wait_for("the restarted shard to accept pushes",
+                       lambda: _try_push(data, metas, grads), 30)
+        assert ack.body.version == 6
+    finally:
+        c.stop()
+
+
+def _try_push(conn, metas, grads):
+    try:
+        return conn.request(Push(samples=32), 2, metas, grads)
+    except Exception:
+        return None
+
+
+def test_workers_keep_training_through_a_shard_restart(tmp_path):
+    c = Cluster(tmp_path, QUICK + ["--epochs", "10"])
+    port = free_port()
+    try:
+        c.scheduler()
+        shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"))
+        c.worker("a")
+        c.worker("b", "--slowdown", "2")
+        st = c.wait_status("two workers training", lambda s: _training(s, 2))
+        shard.proc.send_signal(signal.SIGTERM)
+        assert shard.proc.wait(20) == 0
+        c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"))
+        final = c.wait_status("the job to finish after the shard restart", lambda s: s["finished"], 150)
+        assert final["samples"] > st["samples"]
+    finally:
+        c.stop()
