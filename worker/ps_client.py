@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import zmq
@@ -37,10 +38,17 @@ class PullResult:
 class ShardClients:
     """One DEALER per shard, with scatter/gather requests."""
 
-    def __init__(self, ctx: zmq.Context, endpoints: list[str], layout: Layout, job: str, sender: str) -> None:
+    def __init__(
+        self, ctx: zmq.Context, endpoints: list[str], layout: Layout, job: str, sender: str,
+        idle: Callable[[], None] = lambda: None, idle_every_s: float = 0.5,
+    ) -> None:
+        """`idle` runs every `idle_every_s` while a request waits (the worker heartbeats there,
+        so a slow or restarting shard does not make the scheduler think the worker died)."""
         if len(endpoints) != layout.num_shards:
             raise ValueError(f"{len(endpoints)} shard endpoints for a layout of {layout.num_shards} shards")
         self.layout = layout
+        self.idle = idle
+        self.idle_every_s = idle_every_s
         self.conns = [Connection(ctx, ep, job, sender) for ep in endpoints]
         self.flat = torch.zeros(layout.total)
 
@@ -86,7 +94,9 @@ class ShardClients:
             if remaining <= 0:
                 missing = [self.conns[i].endpoint for i, r in enumerate(replies) if r is None]
                 raise TimeoutError(f"no reply from shards {missing} within {timeout_s:.1f}s")
-            ready = dict(poller.poll(int(remaining * 1000) + 1))
+            ready = dict(poller.poll(int(min(remaining, self.idle_every_s) * 1000) + 1))
+            if not ready:
+                self.idle()
             for i, conn in enumerate(self.conns):
                 if conn.sock not in ready:
                     continue

@@ -109,11 +109,17 @@ class Worker:
         self.data: Dataset = load_dataset(self.job.dataset, self.opts.data_dir or None)
         self.model = model_for_job(self.job)
         self.layout = make_layout(sum(p.numel() for p in self.model.parameters()), self.job.chunk_bytes, len(welcome.shards))
-        self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id)
+        self.last_hb = Heartbeat()
+        self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id,
+                                   self._heartbeat_while_waiting, self.job.heartbeat_s)
         self.m = WorkerMetrics(self.registry, self.id)
         log.info("%s joined job %r as %s: %s on %s, %d shard(s), slowdown %s",
                  self.name, self.job.job, self.id, self.job.model, self.job.dataset, len(welcome.shards), self.opts.slowdown)
         return True
+
+    def _heartbeat_while_waiting(self) -> None:
+        self.link.heartbeat(self.last_hb)
+        self.health.tick()
 
     def idle_for_slowdown(self, compute_s: float) -> float:
         """Idle (F-1) x compute time so the node is F times slower; returns the emulated compute time."""
@@ -154,7 +160,7 @@ class Worker:
         standalone = self.measure_standalone(order, gen)
         self.m.standalone.set(standalone)
         log.info("%s standalone speed %.0f samples/s", self.id, standalone)
-        hb = Heartbeat(standalone_sps=standalone)
+        hb = self.last_hb = Heartbeat(standalone_sps=standalone)
         assignment = self._await_batch(hb)
         min_versions: list[int] | None = None
         pulled = None
@@ -187,7 +193,10 @@ class Worker:
                 log.warning("%s: step failed (%s); retrying", self.id, exc)
                 # After "already pushed in this round" the next pull must wait for that round.
                 min_versions = [v + 1 for v in pulled.shard_versions] if code == "bad_state" else None
-                assignment = self.link.wait(self.job.heartbeat_s) or assignment
+                if self.link.lost:
+                    hb, assignment = self._rejoin(hb)
+                else:
+                    assignment = self.link.wait(self.job.heartbeat_s) or assignment
                 continue
             if self.job.protocol == "ssgd":
                 min_versions = [a.version if a.applied else a.version + 1 for a in acks]
@@ -226,6 +235,7 @@ class Worker:
             version=version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
         )
         self.link.heartbeat(hb)
+        self.last_hb = hb
         return hb
 
     def _rejoin(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
@@ -237,5 +247,5 @@ class Worker:
         self.id = self.link.id
         for conn in self.shards.conns:
             conn.sender = self.id
-        fresh = Heartbeat(standalone_sps=hb.standalone_sps)
+        fresh = self.last_hb = Heartbeat(standalone_sps=hb.standalone_sps)
         return fresh, self._await_batch(fresh)
