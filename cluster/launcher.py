@@ -47,16 +47,16 @@ class Launcher:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.scheduler_endpoint = f"tcp://127.0.0.1:{free_port()}"
 
-    def start(self, role: str, name: str, flags: list[str]) -> Child:
-        """Start `dynabatch ROLE` with FLAGS; its output goes to logs/NAME.log."""
+    def start(self, command: str, name: str, flags: list[str], role: str = "") -> Child:
+        """Start `dynabatch COMMAND` with FLAGS as ROLE (default: the command); output to logs/NAME.log."""
         port = free_port()
-        cmd = [sys.executable, "-m", "dynabatch.cli.main", role, *flags,
+        cmd = [sys.executable, "-m", "dynabatch.cli.main", command, *flags,
                "--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
         log_path = self.run_dir / "logs" / f"{name}.log"
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        child = Child(role, name, port, proc, log_path)
+        child = Child(role or command, name, port, proc, log_path)
         self.children.append(child)
         return child
 
@@ -79,7 +79,7 @@ class Launcher:
             flags += ["--data-dir", data_dir]
         if evaluator:
             flags.append("--evaluator")
-        return self.start("worker", name, flags)
+        return self.start("worker", name, flags, "evaluator" if evaluator else "worker")
 
     def failed(self, role: str) -> list[Child]:
         """Children of `role` that exited with an error."""

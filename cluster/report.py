@@ -43,7 +43,8 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
     evals = [s for s in timeline if s.get("test_acc") is not None]
     final_eval = evals[-1] if evals else {}
     start_t = next((s["t"] for s in timeline if s.get("workers")), timeline[0]["t"])
-    at_stop = next((s for s in timeline if s.get("stopping")), last).get("workers", {})
+    before_stop = [s for s in timeline if not s.get("stopping")]
+    at_stop = (before_stop[-1] if before_stop else last).get("workers", {})
     warm_t = start_t + warmup_fraction * (last["t"] - start_t)
     workers: dict[str, Any] = {}
     for wid in sorted({w for s in timeline for w in s.get("workers", {})}):

@@ -52,6 +52,7 @@ class JobConfig:
     batch_policy: str = opt(
         "dynamic", "fixed: B/n per worker; dynamic: sized by measured speed (DBS-SGD)", BATCH_POLICIES
     )
+    flat_params: int = opt(1_000_000, "parameters of the 'flat' model (transport benchmarks)", minimum=10)
     shards: int = opt(1, "number of parameter-server shards", minimum=1)
     global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1)
     min_batch: int = opt(8, "smallest per-worker batch", minimum=1)

@@ -20,7 +20,7 @@ from dynabatch.common.data import dataset_spec
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
 
-MODELS = ("mlp", "cnn", "resnet")
+MODELS = ("mlp", "cnn", "resnet", "flat")
 
 
 def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -98,8 +98,27 @@ class ResNet(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+class Flat(nn.Module):
+    """One parameter vector of any size: the transport benchmarks' model.
+
+    It makes a shard hold exactly N parameters, so push/pull throughput can be
+    measured at 0.1M or 25M parameters. Its forward is a linear read-out of the
+    mean pixel, enough to run a job end to end, not to learn anything useful.
+    """
+
+    def __init__(self, num_params: int, num_classes: int) -> None:
+        super().__init__()
+        if num_params < num_classes:
+            raise ValueError(f"the flat model needs at least {num_classes} parameters")
+        self.weight = nn.Parameter(torch.randn(num_params) * 0.01)
+        self.num_classes = num_classes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1).mean(1, keepdim=True) * self.weight[: self.num_classes]
+
+
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
-                seed: int = 0) -> nn.Module:
+                seed: int = 0, flat_params: int = 1_000_000) -> nn.Module:
     """Build a model whose initial parameters depend only on (name, input_shape, num_classes, seed).
 
     The CPU generator is seeded inside fork_rng, so the caller's RNG state is left
@@ -109,6 +128,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
         "mlp": lambda: _mlp(input_shape, num_classes),
         "cnn": lambda: _cnn(input_shape, num_classes),
         "resnet": lambda: ResNet(input_shape, num_classes, blocks_per_stage=3),  # ResNet-20
+        "flat": lambda: Flat(flat_params, num_classes),
     }
     if name not in builders:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
@@ -120,4 +140,4 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
 def model_for_job(job: JobConfig) -> nn.Module:
     """The job's model at its initial parameters; identical in every process of the job."""
     spec = dataset_spec(job.dataset)
-    return build_model(job.model, spec.input_shape, spec.num_classes, job.seed)
+    return build_model(job.model, spec.input_shape, spec.num_classes, job.seed, job.flat_params)

@@ -1,0 +1,488 @@
+"""Transport benchmark: a real dynabatch shard's pull+push throughput against raw ZeroMQ.
+
+A worker's step moves the whole model twice (PULL the parameters, PUSH a
+gradient of the same size), so on a fast network the parameter server's
+transport bounds training speed. This compares the real thing (a `dynabatch
+scheduler` and `dynabatch ps` as separate processes, a client registered as a
+worker using the workers' own `ShardClients`) with the ceiling on the same
+loopback: a bare ZeroMQ ROUTER that answers the same pull+push pattern with one
+zero-copy buffer per message and does nothing else.
+
+The two are measured in alternating blocks within one run, so the noise of a
+shared machine hits both alike and their ratio means something even when the
+absolute numbers do not. Run from the repository root:
+
+    python bench/transport.py [--sizes 1M 10M] [--quick] [--out DIR] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+import zmq
+
+from dynabatch.common.chunking import make_layout
+from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.messages import Heartbeat, Hello, Welcome
+from dynabatch.common.models import model_for_job
+from dynabatch.common.transport import Connection, RemoteError
+from dynabatch.worker.ps_client import ShardClients
+
+DEFAULT_SIZES = ("1M", "10M")
+DEFAULT_OUT = Path("bench/results/transport")
+TARGET_RATIO = 0.70
+REQUEST_TIMEOUT_S = 60.0
+STARTUP_TIMEOUT_S = 60.0
+RAW_PULL_REQUEST_BYTES = 8  # a raw pull request is the wanted byte count as 8 little-endian bytes
+RAW_ACK = b"ok"
+GRAD_VALUE = 1e-4  # small enough that thousands of SGD steps leave the parameters finite
+BYTES_PER_PARAM = 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much to measure: per size, `warmup` untimed steps, then `rounds` of one block each."""
+
+    rounds: int
+    block_bytes: int  # each block moves about this much, so small and large sizes take similar time
+    warmup: int
+    min_block: int = 3
+    max_block: int = 500
+
+    def block_steps(self, step_bytes: int) -> int:
+        return max(self.min_block, min(self.max_block, round(self.block_bytes / step_bytes)))
+
+
+FULL = Settings(rounds=8, block_bytes=800_000_000, warmup=3)
+QUICK = Settings(rounds=3, block_bytes=200_000_000, warmup=2)
+
+
+class Target(Protocol):
+    """Something that does one pull+push step; `step_bytes` is the payload it moves."""
+
+    step_bytes: int
+
+    def step(self) -> None: ...
+
+
+def log(text: str) -> None:
+    """Progress goes to stderr so stdout holds only the table."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def parse_size(text: str) -> int:
+    """'1M', '0.1M', '250k' or '1000000' -> a parameter count."""
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:].lower(), 1)
+    number = text[:-1] if scale > 1 else text
+    value = round(float(number) * scale)
+    if value < 10:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 10 parameters")
+    return value
+
+
+def size_label(params: int) -> str:
+    """'1M', '0.1M', '50k': how sizes appear in logs and the table."""
+    return f"{params / 1e6:g}M" if params >= 100_000 else f"{params / 1e3:g}k"
+
+
+# -- processes -------------------------------------------------------------------------
+
+
+class Processes:
+    """Child processes with their logs; all of them are stopped on exit, whatever happened."""
+
+    def __init__(self, log_dir: Path, prefix: str = "") -> None:
+        self.log_dir = log_dir
+        self.prefix = prefix
+        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def start(self, name: str, cmd: list[str], stdout: int | None = None) -> subprocess.Popen:
+        """Start `cmd` with stderr (and stdout unless piped) in `name`.log."""
+        name = self.prefix + name
+        path = self.log_dir / f"{name}.log"
+        with open(path, "ab") as f:
+            proc = subprocess.Popen(cmd, stdout=stdout or f, stderr=f, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.procs.append((name, proc, path))
+        return proc
+
+    def check_alive(self) -> None:
+        """Fail with the log's tail when a child died, instead of waiting for a timeout."""
+        for name, proc, path in self.procs:
+            if proc.poll() is not None:
+                tail = path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}; its log ends:\n{tail}")
+
+    def stop(self) -> None:
+        """SIGTERM everything (shards checkpoint and say BYE on it), then kill what lingers."""
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc, _ in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def role_cmd(role: str, *flags: str, profile_to: Path | None = None) -> list[str]:
+    """The command line of a dynabatch role, optionally under cProfile."""
+    prefix = ["-m", "cProfile", "-o", str(profile_to)] if profile_to else []
+    return [sys.executable, *prefix, "-m", "dynabatch.cli.main", role, *flags,
+            "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--log-level", "WARNING"]
+
+
+def wait_for(what: str, attempt: Callable[[], object], procs: Processes) -> object:
+    """Retry `attempt` until it returns something truthy; children dying or a timeout fail it."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        value = attempt()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for {what}")
+
+
+# -- dynabatch -------------------------------------------------------------------------
+
+
+def job_flags(model: str, params: int) -> list[str]:
+    """A job that never ends by itself and never drops the benchmark's silent worker."""
+    flags = ["--model", model, "--dataset", "synthetic", "--epochs", "1e9",
+             "--liveness-timeout-s", "3600", "--join-timeout-s", "3600"]
+    return flags + (["--flat-params", str(params)] if model == "flat" else [])
+
+
+class DynabatchTarget:
+    """A real scheduler and shard, and this process registered as a worker of their job."""
+
+    def __init__(self, ctx: zmq.Context, procs: Processes, model: str, params: int,
+                 shard_profile: Path | None = None) -> None:
+        scheduler = f"tcp://127.0.0.1:{free_port()}"
+        procs.start("scheduler", role_cmd("scheduler", "--bind", scheduler, "--no-exit-on-finish",
+                                          *job_flags(model, params)))
+        procs.start("ps0", role_cmd("ps", "--scheduler", scheduler, "--bind", f"tcp://127.0.0.1:{free_port()}",
+                                    "--shard-index", "0", profile_to=shard_profile))
+        control = Connection(ctx, scheduler, "dynabatch", "bench")
+        try:
+            welcome = wait_for("the scheduler to admit a worker", lambda: _hello(control), procs)
+            control.sender = welcome.id
+            wait_for("a batch for the benchmark worker", lambda: _has_batch(control), procs)
+        finally:
+            control.close()
+        self.job: JobConfig = job_from_dict(welcome.config)
+        total = sum(p.numel() for p in model_for_job(self.job).parameters())
+        layout = make_layout(total, self.job.chunk_bytes, len(welcome.shards))
+        self.clients = ShardClients(ctx, welcome.shards, layout, self.job.job, welcome.id)
+        self.params = total
+        self.step_bytes = 2 * total * BYTES_PER_PARAM
+        self.grad = torch.full((total,), GRAD_VALUE)
+        wait_for("the shard to accept the benchmark worker's pushes", self._try_step, procs)
+
+    def step(self) -> None:
+        """What a worker does around its compute: pull the model, push a gradient."""
+        pulled = self.clients.pull(None, REQUEST_TIMEOUT_S)
+        self.clients.push(self.grad, pulled.chunk_versions, self.job.global_batch, 0.0, REQUEST_TIMEOUT_S)
+
+    def _try_step(self) -> bool:
+        """The shard learns live workers from the scheduler's heartbeat replies, so it may not know us yet."""
+        try:
+            self.step()
+        except RemoteError as exc:
+            if exc.code != "unknown_sender":
+                raise
+            return False
+        return True
+
+    def close(self) -> None:
+        self.clients.close()
+
+
+def _hello(conn: Connection) -> Welcome | None:
+    try:
+        reply = conn.request(Hello(role="worker", name="bench"), timeout_s=2.0)
+    except (TimeoutError, RemoteError):  # not_ready until the shard has registered
+        return None
+    return reply.body if isinstance(reply.body, Welcome) else None
+
+
+def _has_batch(conn: Connection) -> bool:
+    try:
+        return conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=2.0).body.batch > 0
+    except TimeoutError:
+        return False
+
+
+# -- raw ZeroMQ ------------------------------------------------------------------------
+
+
+def serve_raw() -> None:
+    """The ceiling's server: answer a pull with N bytes and a push with an ack, nothing else.
+
+    It prints its endpoint on stdout and runs until it is terminated.
+    """
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind("tcp://127.0.0.1:*")
+    print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+    payload = bytearray()
+    while True:
+        identity, frame = sock.recv_multipart(copy=False)
+        if frame.buffer.nbytes == RAW_PULL_REQUEST_BYTES:
+            size = int.from_bytes(frame.buffer, "little")
+            if len(payload) < size:
+                payload = bytearray(size)
+            sock.send_multipart([identity, memoryview(payload)[:size]], copy=False)
+        else:
+            sock.send_multipart([identity, RAW_ACK], copy=False)
+
+
+class RawTarget:
+    """A DEALER doing the same pull+push as a worker with one buffer per message, no codec."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, params: int) -> None:
+        self.step_bytes = 2 * params * BYTES_PER_PARAM
+        self.request = (params * BYTES_PER_PARAM).to_bytes(RAW_PULL_REQUEST_BYTES, "little")
+        self.grad = memoryview(torch.full((params,), GRAD_VALUE).numpy()).cast("B")
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def step(self) -> None:
+        self.sock.send(self.request, copy=False)
+        self.sock.recv(copy=False)
+        self.sock.send(self.grad, copy=False)
+        self.sock.recv(copy=False)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def start_raw_server(procs: Processes) -> str:
+    """Run `serve_raw` in its own process (like a shard) and return its endpoint."""
+    proc = procs.start("raw-server", [sys.executable, __file__, "--serve-raw"], stdout=subprocess.PIPE)
+    endpoint = proc.stdout.readline().decode().strip()
+    if not endpoint:
+        procs.check_alive()
+        raise RuntimeError("the raw ZeroMQ server printed no endpoint")
+    return endpoint
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    """One target's result at one size."""
+
+    median_s: float
+    mb_per_s: float
+    steps_per_s: float
+    steps: int
+
+
+@dataclass
+class SizeResult:
+    size: str
+    params: int
+    step_bytes: int
+    dynabatch: Side
+    raw: Side
+
+    @property
+    def ratio(self) -> float:
+        return self.dynabatch.mb_per_s / self.raw.mb_per_s
+
+
+def interleave(targets: dict[str, Target], settings: Settings, label: str) -> dict[str, list[float]]:
+    """Per-step times of each target, measured in alternating blocks after a warm-up."""
+    for target in targets.values():
+        for _ in range(settings.warmup):
+            target.step()
+    times: dict[str, list[float]] = {name: [] for name in targets}
+    for r in range(settings.rounds):
+        for name, target in targets.items():
+            for _ in range(settings.block_steps(target.step_bytes)):
+                start = time.perf_counter()
+                target.step()
+                times[name].append(time.perf_counter() - start)
+        medians = "  ".join(f"{n} {statistics.median(t) * 1e3:.2f} ms" for n, t in times.items())
+        log(f"[{label}] round {r + 1}/{settings.rounds}: median step {medians}")
+    return times
+
+
+def side(times: list[float], step_bytes: int) -> Side:
+    median = statistics.median(times)
+    return Side(median, step_bytes / median / 1e6, 1 / median, len(times))
+
+
+def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str, params: int,
+                 settings: Settings) -> SizeResult:
+    """Start a job of `params` parameters and compare it with raw ZeroMQ, side by side."""
+    label = size_label(params) if model == "flat" else model
+    log(f"[{label}] starting scheduler and shard ({model}, {params:,} parameters)")
+    procs = Processes(log_dir, f"{label}-")
+    with ExitStack() as stack:
+        stack.callback(procs.stop)
+        dyn = DynabatchTarget(ctx, procs, model, params)
+        stack.callback(dyn.close)
+        raw = RawTarget(ctx, raw_endpoint, dyn.params)
+        stack.callback(raw.close)
+        times = interleave({"dynabatch": dyn, "raw": raw}, settings, label)
+    return SizeResult(size_label(dyn.params), dyn.params, dyn.step_bytes,
+                      side(times["dynabatch"], dyn.step_bytes), side(times["raw"], raw.step_bytes))
+
+
+def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, settings: Settings) -> None:
+    """Where a dynabatch step's time goes: the client in-process and the shard, both under cProfile."""
+    label = size_label(params) if model == "flat" else model
+    shard_prof = log_dir / f"shard-{label}.prof"
+    procs = Processes(log_dir, f"{label}-")
+    with ExitStack() as stack:
+        stack.callback(procs.stop)
+        dyn = DynabatchTarget(ctx, procs, model, params, shard_profile=shard_prof)
+        stack.callback(dyn.close)
+        for _ in range(settings.warmup):
+            dyn.step()
+        steps = settings.rounds * settings.block_steps(dyn.step_bytes)
+        log(f"[{label}] profiling {steps} dynabatch steps")
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.runcall(lambda: [dyn.step() for _ in range(steps)])
+        elapsed = time.perf_counter() - start
+    text = [f"# {label}: {steps} steps in {elapsed:.2f} s ({elapsed / steps * 1e3:.2f} ms/step, profiled)\n",
+            "## client (this process)\n", _top(pstats.Stats(profiler)),
+            "## shard (dynabatch ps)\n", _top(pstats.Stats(str(shard_prof)))]
+    path = out / f"profile-{label}.txt"
+    path.write_text("\n".join(text))
+    log(f"[{label}] profile written to {path}")
+
+
+def _top(stats: pstats.Stats, lines: int = 25) -> str:
+    buf = io.StringIO()
+    stats.stream = buf
+    stats.sort_stats("tottime").print_stats(lines)
+    return buf.getvalue()
+
+
+# -- reporting -------------------------------------------------------------------------
+
+
+def table(results: list[SizeResult]) -> str:
+    rows = ["| size | params | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        rows.append(f"| {r.size} | {r.params:,} | {r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
+                    f"{r.ratio:.2f} | {r.dynabatch.median_s * 1e3:.2f} ms | {r.raw.median_s * 1e3:.2f} ms |")
+    return "\n".join(rows)
+
+
+def machine() -> dict[str, object]:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version()}
+
+
+def write_results(out: Path, results: list[SizeResult], settings: Settings, command: str) -> None:
+    """transport.json for machines, transport.md for people; both say how they were made."""
+    data = {"command": command, "machine": machine(), "settings": asdict(settings), "target_ratio": TARGET_RATIO,
+            "results": [{**asdict(r), "ratio": r.ratio} for r in results]}
+    (out / "transport.json").write_text(json.dumps(data, indent=2) + "\n")
+    m = machine()
+    md = [
+        "# dynabatch transport benchmark", "",
+        "One pull of every parameter plus one push of a same-sized gradient per step, on 127.0.0.1.",
+        "dynabatch: real `dynabatch scheduler` and `dynabatch ps` processes, the workers' `ShardClients`;",
+        "raw ZeroMQ: ROUTER/DEALER, one zero-copy buffer per message, no codec (the ceiling).",
+        "Blocks of the two alternate; times are medians per step; MB = 10^6 bytes of payload.",
+        f"Target: ratio >= {TARGET_RATIO:.2f}.", "",
+        table(results), "",
+        f"Machine: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, torch {m['torch']}, "
+        f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}).", "",
+        f"Command: `{command}`", "",
+    ]
+    (out / "transport.md").write_text("\n".join(md))
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(s) for s in DEFAULT_SIZES],
+                        metavar="N", help="parameter counts of the flat model, e.g. 0.1M 1M 10M 25M")
+    parser.add_argument("--model", default="flat",
+                        help="job model; anything but 'flat' has a fixed size and ignores --sizes")
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for transport.json and transport.md")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of comparing, profile the dynabatch side and write profile-SIZE.txt")
+    parser.add_argument("--serve-raw", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.serve_raw:
+        serve_raw()
+        return 0
+    settings = QUICK if args.quick else FULL
+    sizes = args.sizes if args.model == "flat" else [0]  # other models fix their own size
+    args.out.mkdir(parents=True, exist_ok=True)
+    ctx = zmq.Context()
+    with tempfile.TemporaryDirectory(prefix="dynabatch-bench-") as tmp:
+        log_dir = Path(tmp)
+        if args.profile:
+            for params in sizes:
+                profile_size(ctx, log_dir, args.out, args.model, params, settings)
+            return 0
+        results = compare(ctx, log_dir, args.model, sizes, settings)
+    command = shlex.join(["python", *sys.argv])
+    print(table(results))
+    write_results(args.out, results, settings, command)
+    log(f"results written to {args.out}/transport.json and transport.md")
+    return 0
+
+
+def compare(ctx: zmq.Context, log_dir: Path, model: str, sizes: list[int], settings: Settings) -> list[SizeResult]:
+    """Every size against one raw server, which lives for the whole run."""
+    procs = Processes(log_dir)
+    try:
+        endpoint = start_raw_server(procs)
+        return [measure_size(ctx, log_dir, endpoint, model, params, settings) for params in sizes]
+    finally:
+        procs.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

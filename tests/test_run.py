@@ -1,0 +1,74 @@
+"""`dynabatch run` end to end: every protocol/policy pair trains, and the run folder is complete."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+def _run(tmp_path: Path, *flags: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, Path]:
+    cmd = [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r", *flags]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return out, tmp_path / "r"
+
+
+@pytest.mark.parametrize("protocol", ["asgd", "ssgd"])
+@pytest.mark.parametrize("policy", ["fixed", "dynamic"])
+def test_every_protocol_and_batch_policy_trains(tmp_path, protocol, policy):
+    out, run = _run(tmp_path, "--dataset", "synthetic", "--model", "mlp", "--epochs", "4", "--workers", "2",
+                    "--slowdowns", "1", "2", "--protocol", protocol, "--batch-policy", policy,
+                    "--eval-interval-s", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["protocol"] == protocol and summary["batch_policy"] == policy
+    assert summary["final_test_acc"] > 0.8, summary
+    batches = [w["final_batch"] for w in summary["workers"].values()]
+    if policy == "fixed":
+        assert batches == [96, 96]
+
+
+def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
+    out, run = _run(tmp_path, "--dataset", "synthetic", "--model", "cnn", "--epochs", "3", "--eval-interval-s", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "test accuracy" in out.stdout and "epoch" in out.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("final_test_acc", "final_test_loss", "wall_s", "samples_per_s", "workers"):
+        assert summary[key] is not None, key
+    assert len(summary["workers"]) == 3
+    for w in summary["workers"].values():
+        assert w["final_batch"] > 0 and w["mean_step_s_after_warmup"] > 0 and w["standalone_samples_per_s"] > 0
+    speeds = sorted(summary["workers"].values(), key=lambda w: -w["standalone_samples_per_s"])
+    assert [w["name"] for w in speeds] == ["worker0", "worker1", "worker2"], "probe must rank 1x, 2x, 4x"
+    rows = list(csv.DictReader(open(run / "timeline.csv")))
+    assert len(rows) > 10 and {"t", "worker", "batch", "samples_per_s"} <= rows[0].keys()
+    timeline = json.loads((run / "timeline.json").read_text())
+    assert timeline[-1]["finished"]
+    for png in ("loss_accuracy.png", "workers.png"):
+        assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    targets = json.loads((run / "prometheus_targets.json").read_text())
+    assert sorted(t["labels"]["role"] for t in targets) == ["evaluator", "ps", "scheduler", "worker", "worker", "worker"]
+    assert (run / "checkpoints" / "shard-0.pt").exists()
+    assert (run / "logs" / "scheduler.log").exists()
+
+
+@pytest.mark.data
+@pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
+def test_the_main_job_learns_fashion_mnist(tmp_path):
+    """The default job, shortened to 1.5 epochs: the CNN must be well on its way to 88%."""
+    out, run = _run(tmp_path, "--epochs", "1.5", timeout=400)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_test_acc"] >= 0.80, summary
+    order = sorted(summary["workers"].values(), key=lambda w: -w["final_batch"])
+    assert [w["name"] for w in order] == ["worker0", "worker1", "worker2"], "batches must follow speed"
