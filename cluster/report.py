@@ -82,6 +82,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "step_time_spread": (max(step_means) / min(step_means) - 1.0) if len(step_means) > 1 else None,
         "warmup_s": warm_t - start_t,
         "finished": bool(last.get("finished")),
+        "final_eval": bool(last.get("final_eval")),
         "workers": workers,
         "decisions": last.get("decisions", []),
     }

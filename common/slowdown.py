@@ -2,8 +2,8 @@
 
 `4` or `4x` makes a node four times slower for the whole run;
 `1x,4x@60s,1x@120s` makes it normal, then four times slower from 60 s, then
-normal again from 120 s. A factor F idles (F-1) times the compute time after
-each compute step, so a node looks F times slower while using no more CPU:
+normal again from 120 s. A factor F idles (F-1) times the CPU time of each
+compute step after it, so a node looks F times slower while using no more CPU:
 this is how a heterogeneous cluster is reproduced on one machine.
 """
 

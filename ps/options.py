@@ -17,6 +17,7 @@ class PsOptions:
     checkpoint_dir: str = opt("", "folder for checkpoints; resume from it on start (empty: none)")
     checkpoint_interval_s: float = opt(30.0, "seconds between checkpoints", minimum=0.1)
     name: str = opt("", "name in logs (default: ps-HOSTNAME)")
+    threads: int = opt(1, "torch threads for applying updates (more only helps for very large chunks)", minimum=1)
 
     def validate(self) -> None:
         validate_fields(self)

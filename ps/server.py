@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -82,6 +83,7 @@ class ShardServer:
         self.stopping = False
         self.parked: list[ParkedPull] = []
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
+        torch.set_num_threads(opts.threads)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)

@@ -292,6 +292,7 @@ class JobState:
             "eval_t": self.eval_time if ev else None,
             "stopping": self.stopping,
             "finished": self.finished,
+            "final_eval": self.final_eval,
             "assignment_id": self.assignment_id,
             "workers": {m.id: m.public() for m in self.members.values() if m.role == "worker" and not m.left},
             "departed": sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),

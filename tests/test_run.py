@@ -45,6 +45,7 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     for key in ("final_test_acc", "final_test_loss", "wall_s", "samples_per_s", "workers"):
         assert summary[key] is not None, key
+    assert summary["final_eval"], "the reported accuracy must be the final model's"
     assert len(summary["workers"]) == 3
     for w in summary["workers"].values():
         assert w["final_batch"] > 0 and w["mean_step_s_after_warmup"] > 0 and w["standalone_samples_per_s"] > 0

@@ -8,14 +8,16 @@ evaluates the final model once more and reports that result as final.
 from __future__ import annotations
 
 import logging
+import socket
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from dynabatch.common.chunking import load_flat
 from dynabatch.common.data import Dataset, make_batch
-from dynabatch.common.messages import EvalReport, Heartbeat
+from dynabatch.common.messages import EvalReport, Heartbeat, Hello
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.trainer import Worker
 
@@ -24,11 +26,12 @@ EVAL_BATCH = 1000
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Dataset) -> tuple[float, float]:
-    """(mean test loss, test accuracy) over the whole test set."""
+def evaluate(model: torch.nn.Module, data: Dataset, between: Callable[[], None] = lambda: None) -> tuple[float, float]:
+    """(mean test loss, test accuracy) over the whole test set; `between` runs after each batch."""
     model.eval()
     total_loss, correct, n = 0.0, 0, len(data.test_y)
     for start in range(0, n, EVAL_BATCH):
+        between()
         idx = torch.arange(start, min(start + EVAL_BATCH, n))
         x, y = make_batch(data, idx, False)
         out = model(x)
@@ -54,7 +57,16 @@ class Evaluator(Worker):
 
     def _evaluate_until_stopped(self) -> None:
         assignment = None
+        self._next_beat = 0.0
         while not self.stopping:
+            if self.link.lost:
+                log.warning("the scheduler does not know this evaluator any more; registering again")
+                hello = Hello(role="evaluator", host=socket.gethostname(), metrics_url=self.metrics_server.url(),
+                              name=self.name)
+                if self.link.register(hello, lambda: self.stopping, self.health.tick) is None:
+                    return
+                for conn in self.shards.conns:
+                    conn.sender = self.link.id
             final = assignment is not None and assignment.stop
             try:
                 report = self._evaluate_once(final)
@@ -75,8 +87,15 @@ class Evaluator(Worker):
                 if assignment is not None and assignment.stop:
                     break
 
+    def _heartbeat_when_due(self) -> None:
+        """Evaluating 10k images can outlast the liveness timeout on a busy machine."""
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._heartbeat_while_waiting()
+            self._next_beat = now + self.job.heartbeat_s
+
     def _evaluate_once(self, final: bool) -> EvalReport:
         pulled = self.shards.pull(None, self.opts.request_timeout_s)
         load_flat(self.model, pulled.flat)
-        loss, acc = evaluate(self.model, self.data)
+        loss, acc = evaluate(self.model, self.data, self._heartbeat_when_due)
         return EvalReport(version=pulled.version, test_loss=loss, test_acc=acc, final=final)

@@ -121,12 +121,23 @@ class Worker:
         self.link.heartbeat(self.last_hb)
         self.health.tick()
 
-    def idle_for_slowdown(self, compute_s: float) -> float:
-        """Idle (F-1) x compute time so the node is F times slower; returns the emulated compute time."""
+    def timed_compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """Run one training step as this node's emulated hardware would: (loss, seconds).
+
+        A factor F adds (F-1) times the step's CPU time as idle time. CPU time,
+        not wall time, measures the work: contention on a shared machine
+        inflates wall time, and multiplying that by F would make a slow node
+        pay for the contention F times while a fast node pays once. This way
+        every node pays it once, and the slow node does F times the work.
+        """
+        wall, cpu = time.perf_counter(), time.thread_time()
+        loss = train_step(self.model, x, y)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         factor = self.slowdown.factor(time.monotonic() - self.started)
         if factor > 1.0:
-            time.sleep((factor - 1.0) * compute_s)
-        return factor * compute_s
+            time.sleep((factor - 1.0) * cpu)
+            wall += (factor - 1.0) * cpu
+        return loss, wall
 
     def measure_standalone(self, order: SampleOrder, gen: torch.Generator) -> float:
         """Samples/s of forward+backward alone (slowdown included): the median of timed steps.
@@ -140,9 +151,7 @@ class Worker:
         times = []
         for _ in range(self.opts.probe_steps):
             x, y = make_batch(self.data, order.take(batch), True, gen)
-            start = time.perf_counter()
-            train_step(self.model, x, y)
-            times.append(self.idle_for_slowdown(time.perf_counter() - start))
+            times.append(self.timed_compute(x, y)[1])
         return batch / statistics.median(times)
 
     def run(self) -> int:
@@ -177,9 +186,7 @@ class Worker:
                     times.pull = elapsed
                 load_flat(self.model, pulled.flat)
                 x, y = make_batch(self.data, order.take(batch), True, gen)
-                start = time.perf_counter()
-                loss = train_step(self.model, x, y)
-                times.compute = self.idle_for_slowdown(time.perf_counter() - start)
+                loss, times.compute = self.timed_compute(x, y)
                 if not math.isfinite(loss):
                     log.error("%s: loss is %s; not pushing this step's gradient", self.id, loss)
                     continue
