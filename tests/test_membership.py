@@ -126,3 +126,25 @@ def test_workers_keep_training_through_a_shard_restart(tmp_path):
         assert final["samples"] > st["samples"]
     finally:
         c.stop()
+
+
+def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
+    c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--model", "cnn"])
+    try:
+        c.scheduler()
+        c.shard()
+        c.worker("steady", "--slowdown", "1")
+        c.worker("tired", "--slowdown", "1x,4x@12s")
+
+        def tired(st: dict) -> dict:
+            return next(w for w in st["workers"].values() if w["name"] == "tired")
+
+        before = c.wait_status("both training at full speed", lambda s: _training(s, 2) and tired(s)["steps"] > 20)
+        share = tired(before)["batch"]
+        assert share > 96 // 4, "at equal speed the worker holds about half the batch"
+        after = c.wait_status("the slowed worker's batch to shrink", lambda s: tired(s)["batch"] < share * 0.6, 60)
+        steady = next(w for w in after["workers"].values() if w["name"] == "steady")
+        assert steady["batch"] + tired(after)["batch"] == 96
+        assert any(d["reason"] == "speed update" for d in after["decisions"])
+    finally:
+        c.stop()
