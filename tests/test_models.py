@@ -42,7 +42,7 @@ def test_forward_gives_one_logit_per_class(name: str, shape: tuple[int, int, int
     assert all(p.grad is not None for p in model.parameters())
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", list(SHAPES))
 def test_same_seed_same_parameters_and_global_rng_untouched(name: str) -> None:
     before = torch.get_rng_state()
     a, b = build_model(name, SHAPES[name], 10, seed=3), build_model(name, SHAPES[name], 10, seed=3)
@@ -69,14 +69,14 @@ def test_parameters_are_the_same_in_another_process() -> None:
     assert out.stdout.split() == here
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", list(SHAPES))
 def test_models_have_no_buffers(name: str) -> None:
     model = build_model(name, SHAPES[name], 10)
     assert list(model.buffers()) == []
     assert not any(isinstance(m, torch.nn.modules.batchnorm._NormBase) for m in model.modules())
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", list(SHAPES))
 def test_parameters_are_in_forward_order(name: str) -> None:
     params = list(build_model(name, SHAPES[name], 10).parameters())
     first, last = params[0], params[-1]
@@ -85,6 +85,14 @@ def test_parameters_are_in_forward_order(name: str) -> None:
     else:  # the first conv reads the input channels
         assert first.dim() == 4 and first.shape[1] == SHAPES[name][0]
     assert last.shape == (10,), "the output layer's bias comes last"
+
+
+def test_flat_model_holds_exactly_the_asked_parameters() -> None:
+    model = build_model("flat", (1, 28, 28), 10, seed=1, flat_params=123_457)
+    assert [p.numel() for p in model.parameters()] == [123_457]
+    assert model(torch.randn(4, 1, 28, 28)).shape == (4, 10)
+    assert torch.equal(model.weight, build_model("flat", (1, 28, 28), 10, seed=1, flat_params=123_457).weight)
+    assert set(MODELS) == set(SHAPES) | {"flat"}
 
 
 def test_unknown_model_lists_the_valid_ones() -> None:
