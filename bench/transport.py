@@ -26,6 +26,7 @@ import platform
 import pstats
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,7 @@ import zmq
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Heartbeat, Hello, Welcome
-from dynabatch.common.models import model_for_job
+from dynabatch.common.models import MODELS, model_for_job
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
@@ -99,8 +100,13 @@ def parse_size(text: str) -> int:
 
 
 def size_label(params: int) -> str:
-    """'1M', '0.1M', '50k': how sizes appear in logs and the table."""
-    return f"{params / 1e6:g}M" if params >= 100_000 else f"{params / 1e3:g}k"
+    """'1M', '0.1M', '0.235M', '50k': how sizes appear in logs and the table."""
+    return f"{params / 1e6:.3g}M" if params >= 100_000 else f"{params / 1e3:.3g}k"
+
+
+def run_label(model: str, params: int) -> str:
+    """The size for the flat model, else the model's name (its size is known only once it is built)."""
+    return size_label(params) if model == "flat" else model
 
 
 # -- processes -------------------------------------------------------------------------
@@ -146,8 +152,6 @@ class Processes:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -313,6 +317,8 @@ class Side:
 
 @dataclass
 class SizeResult:
+    """Both targets at one model size; `ratio` is what the target of TARGET_RATIO is about."""
+
     size: str
     params: int
     step_bytes: int
@@ -341,7 +347,8 @@ def interleave(targets: dict[str, Target], settings: Settings, label: str) -> di
     return times
 
 
-def side(times: list[float], step_bytes: int) -> Side:
+def summarize(times: list[float], step_bytes: int) -> Side:
+    """Medians, not means: a shared machine's stalls hit single steps, and must not set the result."""
     median = statistics.median(times)
     return Side(median, step_bytes / median / 1e6, 1 / median, len(times))
 
@@ -349,8 +356,8 @@ def side(times: list[float], step_bytes: int) -> Side:
 def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str, params: int,
                  settings: Settings) -> SizeResult:
     """Start a job of `params` parameters and compare it with raw ZeroMQ, side by side."""
-    label = size_label(params) if model == "flat" else model
-    log(f"[{label}] starting scheduler and shard ({model}, {params:,} parameters)")
+    label = run_label(model, params)
+    log(f"[{label}] starting scheduler and shard")
     procs = Processes(log_dir, f"{label}-")
     with ExitStack() as stack:
         stack.callback(procs.stop)
@@ -360,12 +367,12 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str,
         stack.callback(raw.close)
         times = interleave({"dynabatch": dyn, "raw": raw}, settings, label)
     return SizeResult(size_label(dyn.params), dyn.params, dyn.step_bytes,
-                      side(times["dynabatch"], dyn.step_bytes), side(times["raw"], raw.step_bytes))
+                      summarize(times["dynabatch"], dyn.step_bytes), summarize(times["raw"], raw.step_bytes))
 
 
 def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, settings: Settings) -> None:
     """Where a dynabatch step's time goes: the client in-process and the shard, both under cProfile."""
-    label = size_label(params) if model == "flat" else model
+    label = run_label(model, params)
     shard_prof = log_dir / f"shard-{label}.prof"
     procs = Processes(log_dir, f"{label}-")
     with ExitStack() as stack:
@@ -399,25 +406,36 @@ def _top(stats: pstats.Stats, lines: int = 25) -> str:
 
 
 def table(results: list[SizeResult]) -> str:
+    """One row per size; a step is one pull plus one push, its time the median."""
     rows = ["| size | params | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         rows.append(f"| {r.size} | {r.params:,} | {r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
-                    f"{r.ratio:.2f} | {r.dynabatch.median_s * 1e3:.2f} ms | {r.raw.median_s * 1e3:.2f} ms |")
+                    f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} |")
     return "\n".join(rows)
 
 
+def _step(s: Side) -> str:
+    return f"{s.median_s * 1e3:.2f} ms ({s.steps_per_s:,.0f}/s)"
+
+
+TUNING_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+              "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+
+
 def machine() -> dict[str, object]:
+    """What the numbers depend on besides the code: thread counts and allocator settings move them a lot."""
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version()}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "pyzmq": zmq.__version__,
+            "libzmq": zmq.zmq_version(), "env": {k: os.environ[k] for k in TUNING_ENV if k in os.environ}}
 
 
 def write_results(out: Path, results: list[SizeResult], settings: Settings, command: str) -> None:
     """transport.json for machines, transport.md for people; both say how they were made."""
-    data = {"command": command, "machine": machine(), "settings": asdict(settings), "target_ratio": TARGET_RATIO,
+    m = machine()
+    data = {"command": command, "machine": m, "settings": asdict(settings), "target_ratio": TARGET_RATIO,
             "results": [{**asdict(r), "ratio": r.ratio} for r in results]}
     (out / "transport.json").write_text(json.dumps(data, indent=2) + "\n")
-    m = machine()
     md = [
         "# dynabatch transport benchmark", "",
         "One pull of every parameter plus one push of a same-sized gradient per step, on 127.0.0.1.",
@@ -426,8 +444,9 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
         "Blocks of the two alternate; times are medians per step; MB = 10^6 bytes of payload.",
         f"Target: ratio >= {TARGET_RATIO:.2f}.", "",
         table(results), "",
-        f"Machine: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, torch {m['torch']}, "
-        f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}).", "",
+        f"Machine: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, torch {m['torch']} "
+        f"({m['torch_threads']} threads in the client), pyzmq {m['pyzmq']} (libzmq {m['libzmq']}); "
+        f"tuning environment: {m['env'] or 'none'}.", "",
         f"Command: `{command}`", "",
     ]
     (out / "transport.md").write_text("\n".join(md))
@@ -437,18 +456,33 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(s) for s in DEFAULT_SIZES],
-                        metavar="N", help="parameter counts of the flat model, e.g. 0.1M 1M 10M 25M")
-    parser.add_argument("--model", default="flat",
-                        help="job model; anything but 'flat' has a fixed size and ignores --sizes")
+                        metavar="N", help=f"parameter counts of the flat model, e.g. 0.1M 250k 25M "
+                                          f"(default: {' '.join(DEFAULT_SIZES)})")
+    parser.add_argument("--model", default="flat", choices=MODELS,
+                        help="job model (default: flat); the others have a fixed size and ignore --sizes")
+    parser.add_argument("--client-threads", type=int, default=0, metavar="N",
+                        help="torch threads of the benchmark's worker side (default 0: torch's own default, "
+                             "as in a worker)")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for transport.json and transport.md")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                        help=f"folder for transport.json and transport.md (default: {DEFAULT_OUT})")
     parser.add_argument("--profile", action="store_true",
-                        help="instead of comparing, profile the dynabatch side and write profile-SIZE.txt")
+                        help="instead of comparing, profile the dynabatch side (client and shard) "
+                             "and write DIR/profile-SIZE.txt")
     parser.add_argument("--serve-raw", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def compare(ctx: zmq.Context, log_dir: Path, model: str, sizes: list[int], settings: Settings) -> list[SizeResult]:
+    """Every size against one raw server, which lives for the whole run."""
+    procs = Processes(log_dir)
+    try:
+        endpoint = start_raw_server(procs)
+        return [measure_size(ctx, log_dir, endpoint, model, params, settings) for params in sizes]
+    finally:
+        procs.stop()
 
 
 def main(argv: list[str]) -> int:
@@ -457,6 +491,8 @@ def main(argv: list[str]) -> int:
         serve_raw()
         return 0
     settings = QUICK if args.quick else FULL
+    if args.client_threads:
+        torch.set_num_threads(args.client_threads)
     sizes = args.sizes if args.model == "flat" else [0]  # other models fix their own size
     args.out.mkdir(parents=True, exist_ok=True)
     ctx = zmq.Context()
@@ -472,16 +508,6 @@ def main(argv: list[str]) -> int:
     write_results(args.out, results, settings, command)
     log(f"results written to {args.out}/transport.json and transport.md")
     return 0
-
-
-def compare(ctx: zmq.Context, log_dir: Path, model: str, sizes: list[int], settings: Settings) -> list[SizeResult]:
-    """Every size against one raw server, which lives for the whole run."""
-    procs = Processes(log_dir)
-    try:
-        endpoint = start_raw_server(procs)
-        return [measure_size(ctx, log_dir, endpoint, model, params, settings) for params in sizes]
-    finally:
-        procs.stop()
 
 
 if __name__ == "__main__":

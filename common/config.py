@@ -23,7 +23,7 @@ from dynabatch.common.data import DATASETS
 from dynabatch.common.models import MODELS
 
 ENV_PREFIX = "DYNABATCH_"
-PROTOCOLS = ("asgd", "ssgd")
+PROTOCOLS = ("asgd", "ssgd", "softsync", "local", "msd")
 BATCH_POLICIES = ("fixed", "dynamic")
 
 T = TypeVar("T")
@@ -75,6 +75,11 @@ class JobConfig:
     reassign_threshold: float = opt(
         0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0
     )
+    softsync_n: int = opt(1, "softsync: update after floor(workers / n) gradients", minimum=1)
+    local_steps: int = opt(8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1)
+    outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", minimum=0.0)
+    outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0)
+    outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum")
     round_timeout_s: float = opt(10.0, "ssgd: close a round without workers that have not pushed by then", minimum=0.1)
     eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1)
     speed_window: int = opt(16, "step-time observations kept per worker", minimum=2)

@@ -31,7 +31,7 @@ from dynabatch.common.wire import ChunkMeta, ProtocolError, check_chunks, check_
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.update_rules import SGDConfig
+from dynabatch.ps.update_rules import OuterConfig, SGDConfig
 
 log = logging.getLogger("dynabatch.ps")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
@@ -40,14 +40,25 @@ MAX_BATCH_PER_POLL = 64
 
 @dataclass
 class ParkedPull:
-    """An ssgd pull waiting for the round that produces `min_version`."""
+    """A pull waiting for chunks to reach `min_version` (a synchronous round); each chunk
+    is sent the moment it gets there, so the front of the model is not held up by the back."""
 
     identity: bytes
     seq: int
-    sender: str
-    ids: list[int]
+    remaining: list[int]
     min_version: int
     deadline: float
+
+
+def priority(incoming: Incoming) -> int:
+    """Lower is served first: the smallest chunk id a message touches (front of the model first)."""
+    msg = incoming.message
+    if msg is None:
+        return -1
+    if msg.chunks:
+        return min(c.id for c in msg.chunks)
+    ids = getattr(msg.body, "ids", None)
+    return min(ids) if ids else 0
 
 
 class ShardMetrics:
@@ -123,8 +134,10 @@ class ShardServer:
         flat = flat_params(model_for_job(self.job))
         layout = make_layout(flat.numel(), self.job.chunk_bytes, len(welcome.shards))
         sgd = SGDConfig(self.job.lr, self.job.momentum, self.job.weight_decay, self.job.nesterov)
+        outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
         self.state = ShardState.initial(
-            layout.for_shard(self.index), flat, sgd, self.job.protocol, self.job.global_batch
+            layout.for_shard(self.index), flat, sgd, self.job.protocol, self.job.global_batch, outer,
+            self.job.softsync_n,
         )
         self.ckpt_meta = {
             "job": self.job.job, "model": self.job.model, "dataset": self.job.dataset, "shard": self.index,
@@ -136,7 +149,8 @@ class ShardServer:
             if saved is not None:
                 self.state.restore(saved)
                 log.info("resumed from %s at version %d", self.ckpt_path, self.state.version)
-        self.m.version.set(self.state.version)
+        self.reported_version = self.state.version
+        self.m.version.set(self.reported_version)
         self.health.ready = True
         log.info("shard %d of %d ready at %s: %d chunks, %d parameters, protocol %s",
                  self.index, len(welcome.shards), self.advertise, len(self.state.chunks),
@@ -151,20 +165,21 @@ class ShardServer:
         while not self.stopping:
             events = dict(poller.poll(timeout=50))
             if self.sock in events:
-                for _ in range(MAX_BATCH_PER_POLL):
-                    self._handle(recv_routed(self.sock))
-                    if not self.sock.poll(0):
-                        break
+                pending = [recv_routed(self.sock)]
+                while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
+                    pending.append(recv_routed(self.sock))
+                for incoming in sorted(pending, key=priority):
+                    self._handle(incoming)
             if self.link.conn.sock in events:
                 self._on_assignment(self.link.poll())
             now = time.monotonic()
             if now >= next_beat:
-                self.link.heartbeat(Heartbeat(version=self.state.version, updates=self.state.updates))
+                self.link.heartbeat(Heartbeat(version=self.state.version, updates=self.state.version))
                 next_beat = now + self.job.heartbeat_s
-            if self.state.round_overdue(now, self.job.round_timeout_s):
-                log.warning("ssgd round %d timed out; applying %d of %d workers' gradients",
-                            self.state.version, len(self.state.round.contributors), len(self.state.live))
-                self._after_update(self.state.close_round())
+            overdue = self.state.overdue(now, self.job.round_timeout_s)
+            if overdue:
+                log.warning("%s rounds of %d chunks timed out; applying what arrived", self.job.protocol, len(overdue))
+                self._after_update([cid for cid in overdue if self.state.close_round(cid)])
             self._expire_parked(now)
             if self.ckpt_path is not None and now >= next_ckpt:
                 self._checkpoint()
@@ -214,59 +229,63 @@ class ShardServer:
     def _on_pull(self, incoming: Incoming) -> None:
         msg = incoming.message
         body: Pull = msg.body
-        self.state.pull(body.ids)
-        if body.min_version > self.state.version:
-            self.parked.append(ParkedPull(incoming.identity, msg.seq, msg.sender, list(body.ids), body.min_version,
+        items = self.state.pull(body.ids)
+        ready = [cid for cid, _, ver in items if ver >= body.min_version]
+        waiting = [cid for cid, _, ver in items if ver < body.min_version]
+        self._send_chunks(incoming.identity, msg.seq, ready)
+        if waiting:
+            self.parked.append(ParkedPull(incoming.identity, msg.seq, waiting, body.min_version,
                                           time.monotonic() + self.job.round_timeout_s * 2))
-            return
-        self._send_params(incoming.identity, msg.seq, body.ids)
 
-    def _send_params(self, identity: bytes, seq: int, ids: list[int]) -> None:
-        items = self.state.pull(ids)
-        metas = [ChunkMeta(cid, "float32", (t.numel(),), ver) for cid, t, ver in items]
-        tensors = [t for _, t, _ in items]
-        send_routed(self.sock, identity, Params(version=self.state.version), seq, self.job.job,
-                    f"ps{self.index}", metas, tensors)
+    def _send_chunks(self, identity: bytes, seq: int, ids: list[int]) -> None:
+        """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk."""
+        for cid, tensor, ver in self.state.pull(ids) if ids else []:
+            meta = ChunkMeta(cid, "float32", (tensor.numel(),), ver)
+            send_routed(self.sock, identity, Params(version=self.state.version), seq, self.job.job,
+                        f"ps{self.index}", [meta], [tensor])
+            self.m.bytes_out.inc(meta.nbytes)
         self.m.pulls.inc()
-        self.m.bytes_out.inc(sum(m.nbytes for m in metas))
 
     def _on_push(self, incoming: Incoming) -> None:
         msg = incoming.message
         body: Push = msg.body
-        if body.kind != "grad":
-            raise ProtocolError("bad_field", f"PUSH.kind {body.kind!r} is not served by protocol {self.job.protocol}")
-        check_chunks(msg, self.state.sizes)
-        check_finite(msg)
         if not msg.chunks:
             raise ProtocolError("bad_chunk", "PUSH carries no chunks")
-        grads = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
-        base = min(meta.version for meta in msg.chunks)
-        outcome = self.state.push(msg.sender, grads, base, body.samples, time.monotonic())
+        check_chunks(msg, self.state.sizes)
+        check_finite(msg)
+        tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
+        base = {meta.id: meta.version for meta in msg.chunks}
+        outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic())
         self.m.staleness.observe(outcome.staleness)
         self.m.pushes.labels(self.shard_label, msg.sender).inc()
         self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks))
-        send_routed(self.sock, incoming.identity, PushAck(outcome.version, outcome.staleness, outcome.applied),
+        all_applied = len(outcome.applied) == len(tensors)
+        send_routed(self.sock, incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied),
                     msg.seq, self.job.job, f"ps{self.index}")
         self._after_update(outcome.applied)
 
-    def _after_update(self, applied: bool) -> None:
-        """Count an applied update and release the pulls that were waiting for it."""
+    def _after_update(self, applied: list[int]) -> None:
+        """Count applied chunk updates and stream them to the pulls that were waiting for them."""
         if not applied:
             return
-        self.m.updates.inc()
-        self.m.version.set(self.state.version)
-        ready = [p for p in self.parked if p.min_version <= self.state.version]
-        self.parked = [p for p in self.parked if p.min_version > self.state.version]
-        for p in ready:
-            self._send_params(p.identity, p.seq, p.ids)
+        before = self.reported_version
+        self.reported_version = self.state.version
+        self.m.updates.inc(self.reported_version - before)
+        self.m.version.set(self.reported_version)
+        for p in self.parked:
+            due = [cid for cid in p.remaining if cid in applied and self.state.chunk_versions[cid] >= p.min_version]
+            if due:
+                self._send_chunks(p.identity, p.seq, due)
+                p.remaining = [cid for cid in p.remaining if cid not in due]
+        self.parked = [p for p in self.parked if p.remaining]
 
     def _expire_parked(self, now: float) -> None:
-        """A parked pull past its deadline gets the current model rather than waiting forever."""
+        """A parked pull past its deadline gets the current chunks rather than waiting forever."""
         expired = [p for p in self.parked if p.deadline <= now]
         if expired:
             self.parked = [p for p in self.parked if p.deadline > now]
             for p in expired:
-                self._send_params(p.identity, p.seq, p.ids)
+                self._send_chunks(p.identity, p.seq, p.remaining)
 
     def _checkpoint(self) -> None:
         if self.ckpt_path is None or not hasattr(self, "state"):

@@ -67,6 +67,9 @@ class SyncRound:
         self.samples += samples
         self.contributors.add(worker)
 
+    def __bool__(self) -> bool:
+        return bool(self.contributors)
+
     def complete(self, live: set[str]) -> bool:
         """Every live worker has pushed (workers that left are not waited for)."""
         return bool(self.contributors) and live <= self.contributors
@@ -74,3 +77,56 @@ class SyncRound:
     def mean(self) -> dict[int, torch.Tensor]:
         """sum(b_i g_i) / sum(b_i) per chunk."""
         return {cid: g / self.samples for cid, g in self.grads.items()}
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    """The outer optimizer of the delta protocols (local, msd).
+
+    lr 1 and momentum 0 is plain model averaging; DiLoCo uses lr 0.7 with
+    Nesterov momentum 0.9.
+    """
+
+    lr: float = 1.0
+    momentum: float = 0.0
+    nesterov: bool = True
+
+
+def outer_step(
+    param: torch.Tensor, delta: torch.Tensor, buf: torch.Tensor, cfg: OuterConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply the mean parameter delta (global minus local: a pseudo-gradient); returns (params, buffer)."""
+    if cfg.momentum:
+        buf = buf.mul(cfg.momentum).add_(delta)
+        delta = delta.add(buf, alpha=cfg.momentum) if cfg.nesterov else buf
+    return param.add(delta, alpha=-cfg.lr), buf
+
+
+@dataclass
+class SoftRound:
+    """n-softsync: gradients from any workers until `needed` have arrived.
+
+    Unlike SyncRound a fast worker may contribute twice; each gradient keeps
+    the staleness it had on arrival, for the lr / max(1, tau) scaling.
+    """
+
+    entries: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def add(self, grad: torch.Tensor, samples: int, staleness: int) -> None:
+        self.entries.append((grad, samples, staleness))
+
+    def combined(self) -> torch.Tensor:
+        """sum(b_i g_i / max(1, tau_i)) / sum(b_i): the sample-weighted, staleness-damped mean."""
+        total = sum(samples for _, samples, _ in self.entries)
+        out = torch.zeros_like(self.entries[0][0])
+        for grad, samples, staleness in self.entries:
+            out.add_(grad, alpha=samples / max(1, staleness) / total)
+        return out
+
+
+def softsync_needed(live_workers: int, n: int) -> int:
+    """c = floor(workers / n), at least 1: how many gradients an n-softsync update waits for."""
+    return max(1, live_workers // max(1, n))

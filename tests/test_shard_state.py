@@ -9,18 +9,23 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.update_rules import SGDConfig
+from dynabatch.ps.update_rules import OuterConfig, SGDConfig
 
 SGD = SGDConfig(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96
 
 
-def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024) -> tuple[ShardState, torch.Tensor]:
+def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw) -> tuple[ShardState, torch.Tensor]:
     flat = torch.randn(total, generator=torch.Generator().manual_seed(3))
     layout = make_layout(total, chunk_bytes, 1)
-    state = ShardState.initial(layout.chunks, flat, SGD, protocol, B)
+    state = ShardState.initial(layout.chunks, flat, SGD, protocol, B, **kw)
     state.set_live({"w0", "w1", "w2"})
     return state, flat
+
+
+def _push(state: ShardState, worker: str, g: torch.Tensor, base: int, samples: int, now: float = 0.0):
+    chunks = _split(state, g)
+    return state.push(worker, chunks, {cid: base for cid in chunks}, samples, state.kind, now)
 
 
 def _split(state: ShardState, g: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -48,8 +53,8 @@ def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch():
     steps = []
     for i, (worker, samples) in enumerate(pushes):
         g = torch.randn(1000, generator=gen)
-        out = state.push(worker, _split(state, g), base_version=max(0, i - 1), samples=samples, now=0.0)
-        assert out.applied and out.version == i + 1
+        out = _push(state, worker, g, base=max(0, i - 1), samples=samples)
+        assert len(out.applied) == len(state.chunks) and out.version == i + 1
         assert out.staleness == (1 if i > 0 else 0)
         steps.append((g, samples * 3 / B))
     torch.testing.assert_close(_flat(state), _reference(w0, steps))
@@ -61,11 +66,11 @@ def test_ssgd_waits_for_every_live_worker_then_applies_the_sample_weighted_mean(
     gen = torch.Generator().manual_seed(1)
     grads = {w: torch.randn(1000, generator=gen) for w in ("w0", "w1", "w2")}
     samples = {"w0": 64, "w1": 22, "w2": 10}
-    assert not state.push("w0", _split(state, grads["w0"]), 0, 64, 0.0).applied
-    assert not state.push("w1", _split(state, grads["w1"]), 0, 22, 0.1).applied
+    assert not _push(state, "w0", grads["w0"], 0, 64).applied
+    assert not _push(state, "w1", grads["w1"], 0, 22, 0.1).applied
     assert state.version == 0 and torch.equal(_flat(state), w0)
-    out = state.push("w2", _split(state, grads["w2"]), 0, 10, 0.2)
-    assert out.applied and out.version == 1
+    out = _push(state, "w2", grads["w2"], 0, 10, 0.2)
+    assert len(out.applied) == len(state.chunks) and out.version == 1
     mean = sum(samples[w] * grads[w] for w in grads) / sum(samples.values())
     torch.testing.assert_close(_flat(state), _reference(w0, [(mean, 1.0)]))
 
@@ -73,36 +78,38 @@ def test_ssgd_waits_for_every_live_worker_then_applies_the_sample_weighted_mean(
 def test_ssgd_round_closes_when_the_missing_worker_leaves():
     state, w0 = _state("ssgd")
     g = torch.ones(1000)
-    state.push("w0", _split(state, g), 0, 32, 0.0)
-    state.push("w1", _split(state, 2 * g), 0, 32, 0.0)
+    _push(state, "w0", g, 0, 32)
+    _push(state, "w1", 2 * g, 0, 32)
     assert state.version == 0
-    assert state.set_live({"w0", "w1"})
+    assert state.set_live({"w0", "w1"}) == [c.id for c in state.chunks]
     assert state.version == 1
     torch.testing.assert_close(_flat(state), _reference(w0, [(1.5 * g, 1.0)]))
 
 
 def test_ssgd_round_timeout_applies_what_arrived():
     state, w0 = _state("ssgd")
-    state.push("w0", _split(state, torch.ones(1000)), 0, 32, now=10.0)
-    assert not state.round_overdue(14.0, 5.0)
-    assert state.round_overdue(15.5, 5.0)
-    assert state.close_round() and state.version == 1
-    assert not state.round_overdue(100.0, 5.0)
+    _push(state, "w0", torch.ones(1000), 0, 32, now=10.0)
+    assert not state.overdue(14.0, 5.0)
+    assert state.overdue(15.5, 5.0) == [c.id for c in state.chunks]
+    assert all(state.close_round(cid) for cid in state.overdue(15.5, 5.0)) and state.version == 1
+    assert not state.overdue(100.0, 5.0)
 
 
 def test_ssgd_refuses_a_second_push_in_one_round():
     state, _ = _state("ssgd")
-    state.push("w0", _split(state, torch.ones(1000)), 0, 32, 0.0)
+    _push(state, "w0", torch.ones(1000), 0, 32)
     with pytest.raises(ProtocolError, match="bad_state"):
-        state.push("w0", _split(state, torch.ones(1000)), 0, 32, 0.0)
+        _push(state, "w0", torch.ones(1000), 0, 32)
 
 
 def test_unknown_workers_and_bad_sample_counts_change_nothing():
     state, w0 = _state("asgd")
     with pytest.raises(ProtocolError, match="unknown_sender"):
-        state.push("w9", _split(state, torch.ones(1000)), 0, 32, 0.0)
+        _push(state, "w9", torch.ones(1000), 0, 32)
     with pytest.raises(ProtocolError, match="bad_field"):
-        state.push("w0", _split(state, torch.ones(1000)), 0, 0, 0.0)
+        _push(state, "w0", torch.ones(1000), 0, 0)
+    with pytest.raises(ProtocolError, match="kind"):
+        state.push("w0", _split(state, torch.ones(1000)), {c.id: 0 for c in state.chunks}, 32, "delta", 0.0)
     assert state.version == 0 and torch.equal(_flat(state), w0)
 
 
@@ -118,7 +125,7 @@ def test_pull_gives_all_chunks_in_priority_order_or_refuses_unknown_ids():
 def test_checkpoint_round_trip_restores_version_parameters_and_momentum(tmp_path):
     state, _ = _state("asgd")
     for i in range(3):
-        state.push("w0", _split(state, torch.full((1000,), float(i + 1))), i, 32, 0.0)
+        _push(state, "w0", torch.full((1000,), float(i + 1)), i, 32)
     meta = {"job": "j", "shard": 0, "total": 1000}
     path = tmp_path / "shard-0.pt"
     save_checkpoint(path, meta, state.snapshot())
@@ -139,3 +146,83 @@ def test_restore_refuses_a_checkpoint_of_another_layout(tmp_path):
     other, _ = _state("asgd", total=500)
     with pytest.raises(ValueError, match="different chunks"):
         other.restore(state.snapshot())
+
+
+def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones():
+    state, w0 = _state("softsync", softsync_n=1)
+    gen = torch.Generator().manual_seed(4)
+    g = [torch.randn(1000, generator=gen) for _ in range(3)]
+    # Arrivals: w0 (fresh), w0 again (a fast worker may contribute twice), w2 computed 3 versions ago.
+    assert not _push(state, "w0", g[0], 0, 40).applied
+    assert not _push(state, "w0", g[1], 0, 40).applied
+    state.chunk_versions = {cid: 3 for cid in state.chunk_versions}
+    out = _push(state, "w2", g[2], 0, 20)
+    assert len(out.applied) == len(state.chunks)
+    combined = (40 * g[0] + 40 * g[1] + 20 * g[2] / 3) / 100
+    torch.testing.assert_close(_flat(state), _reference(w0, [(combined, 1.0)]))
+
+
+def test_two_softsync_updates_when_n_halves_the_wait():
+    state, w0 = _state("softsync", softsync_n=2)
+    state.set_live({"w0", "w1", "w2", "w3"})
+    gen = torch.Generator().manual_seed(5)
+    g = [torch.randn(1000, generator=gen) for _ in range(4)]
+    steps = []
+    for i in range(0, 4, 2):
+        assert not _push(state, f"w{i}", g[i], state.version, 10).applied
+        assert _push(state, f"w{i + 1}", g[i + 1], state.version, 30).applied
+        steps.append(((10 * g[i] + 30 * g[i + 1]) / 40, 1.0))
+    torch.testing.assert_close(_flat(state), _reference(w0, steps))
+
+
+def _local_sgd_reference(w0, deltas, samples, outer_lr, outer_momentum, rounds):
+    """Plain torch: the outer optimizer of local SGD / DiLoCo is SGD on the averaged delta."""
+    p = torch.nn.Parameter(w0.clone())
+    opt = torch.optim.SGD([p], lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+    for r in range(rounds):
+        p.grad = sum(s * d for s, d in zip(samples, deltas[r])) / sum(samples)
+        opt.step()
+    return p.detach()
+
+
+@pytest.mark.parametrize("protocol", ["local", "msd"])
+@pytest.mark.parametrize("outer", [OuterConfig(1.0, 0.0), OuterConfig(0.7, 0.9, True)])
+def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(protocol, outer):
+    state, w0 = _state(protocol, outer=outer)
+    gen = torch.Generator().manual_seed(6)
+    samples = [120, 50, 22]
+    deltas = [[0.1 * torch.randn(1000, generator=gen) for _ in samples] for _ in range(3)]
+    for r in range(3):
+        for i, s in enumerate(samples):
+            out = _push(state, f"w{i}", deltas[r][i], r, s)
+            assert bool(out.applied) == (i == len(samples) - 1), "a round closes when the last worker pushes"
+    assert state.version == 3
+    torch.testing.assert_close(_flat(state), _local_sgd_reference(w0, deltas, samples, outer.lr, outer.momentum, 3))
+
+
+def test_plain_averaging_lands_on_the_mean_of_the_local_models():
+    state, w0 = _state("local")
+    locals_ = [w0 + 0.1 * i for i in range(3)]
+    for i, w in enumerate(locals_):
+        _push(state, f"w{i}", w0 - w, 0, 10)
+    torch.testing.assert_close(_flat(state), sum(locals_) / 3)
+
+
+def test_gradient_protocols_refuse_deltas_and_delta_protocols_refuse_gradients():
+    for protocol, wrong in (("asgd", "delta"), ("ssgd", "delta"), ("softsync", "delta"), ("local", "grad"), ("msd", "grad")):
+        state, w0 = _state(protocol)
+        with pytest.raises(ProtocolError, match="kind"):
+            state.push("w0", _split(state, torch.ones(1000)), {c.id: 0 for c in state.chunks}, 32, wrong, 0.0)
+        assert torch.equal(_flat(state), w0)
+
+
+def test_chunks_are_applied_one_by_one_as_they_arrive():
+    state, w0 = _state("ssgd", chunk_bytes=400)
+    assert len(state.chunks) >= 3
+    g = torch.ones(1000)
+    first = state.chunks[0]
+    for w in ("w0", "w1", "w2"):
+        out = state.push(w, {first.id: g[first.start:first.stop]}, {first.id: 0}, 10, "grad", 0.0)
+    assert out.applied == [first.id]
+    assert state.chunk_versions[first.id] == 1 and state.version == 0
+    assert all(state.chunk_versions[c.id] == 0 for c in state.chunks[1:])

@@ -53,60 +53,68 @@ class ShardClients:
         self.flat = torch.zeros(layout.total)
 
     def pull(self, min_versions: list[int] | None, timeout_s: float) -> PullResult:
-        """All chunks from all shards; with `min_versions` each shard answers once it has reached it."""
-        bodies = [Pull(min_version=(min_versions[s] if min_versions else 0)) for s in range(len(self.conns))]
-        replies = self._gather(bodies, [[] for _ in self.conns], [[] for _ in self.conns], timeout_s)
+        """All chunks from all shards; with `min_versions` each shard sends a chunk once it has reached it.
+
+        Shards stream one PARAMS message per chunk, in priority order.
+        """
+        seqs = [conn.send(Pull(min_version=min_versions[s] if min_versions else 0)) for s, conn in enumerate(self.conns)]
         versions: dict[int, int] = {}
-        for reply in replies:
-            for meta, tensor in zip(reply.chunks, reply.tensors):
+        expected = [len(self.layout.for_shard(s)) for s in range(len(self.conns))]
+        received = [0] * len(self.conns)
+
+        def take(shard: int, msg: Message) -> None:
+            for meta, tensor in zip(msg.chunks, msg.tensors):
                 chunk = self.layout.chunks[meta.id]
+                if chunk.owner != shard or meta.id in versions:
+                    raise RemoteError("bad_chunk", f"shard {shard} sent chunk {meta.id} it does not own or twice")
                 self.flat[chunk.start : chunk.stop].copy_(tensor)
                 versions[meta.id] = meta.version
-        if len(versions) != len(self.layout.chunks):
-            raise RemoteError("bad_chunk", f"pulled {len(versions)} of {len(self.layout.chunks)} chunks")
-        return PullResult(self.flat.clone(), versions, [r.body.version for r in replies])
+                received[shard] += 1
+
+        self._collect(seqs, lambda shard: received[shard] >= expected[shard], take, timeout_s)
+        shard_versions = [min(versions[c.id] for c in self.layout.for_shard(s)) for s in range(len(self.conns))]
+        return PullResult(self.flat.clone(), versions, shard_versions)
 
     def push(
-        self, grad: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float
+        self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
+        kind: str = "grad",
     ) -> list[PushAck]:
-        """Every shard's chunks of `grad`, each tagged with the version it was computed on."""
-        metas: list[list[ChunkMeta]] = []
-        tensors: list[list[torch.Tensor]] = []
-        for s in range(len(self.conns)):
+        """Every shard's chunks of `tensor` (a gradient or a delta), tagged with the versions they came from."""
+        seqs = []
+        for s, conn in enumerate(self.conns):
             chunks = self.layout.for_shard(s)
-            metas.append([ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks])
-            tensors.append([grad[c.start : c.stop] for c in chunks])
-        bodies = [Push(samples=samples, loss=loss) for _ in self.conns]
-        return [r.body for r in self._gather(bodies, metas, tensors, timeout_s)]
+            metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
+            seqs.append(conn.send(Push(samples=samples, loss=loss, kind=kind), metas,
+                                  [tensor[c.start : c.stop] for c in chunks]))
+        acks: dict[int, PushAck] = {}
+        self._collect(seqs, lambda shard: shard in acks, lambda shard, msg: acks.__setitem__(shard, msg.body), timeout_s)
+        return [acks[s] for s in range(len(self.conns))]
 
-    def _gather(
-        self, bodies: list[object], metas: list[list[ChunkMeta]], tensors: list[list[torch.Tensor]], timeout_s: float
-    ) -> list[Message]:
-        """Send one request per shard, then wait for every matching reply."""
-        seqs = [conn.send(body, m, t) for conn, body, m, t in zip(self.conns, bodies, metas, tensors)]
-        replies: list[Message | None] = [None] * len(self.conns)
+    def _collect(
+        self, seqs: list[int], done: Callable[[int], bool], take: Callable[[int, Message], None], timeout_s: float
+    ) -> None:
+        """Feed every reply matching shard s's request seq to `take` until `done(s)` for all shards."""
         poller = zmq.Poller()
         for conn in self.conns:
             poller.register(conn.sock, zmq.POLLIN)
         deadline = time.monotonic() + timeout_s
-        while any(r is None for r in replies):
+        while not all(done(s) for s in range(len(self.conns))):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = [self.conns[i].endpoint for i, r in enumerate(replies) if r is None]
-                raise TimeoutError(f"no reply from shards {missing} within {timeout_s:.1f}s")
+                missing = [self.conns[s].endpoint for s in range(len(self.conns)) if not done(s)]
+                raise TimeoutError(f"no complete reply from shards {missing} within {timeout_s:.1f}s")
             ready = dict(poller.poll(int(min(remaining, self.idle_every_s) * 1000) + 1))
             if not ready:
                 self.idle()
-            for i, conn in enumerate(self.conns):
+            for s, conn in enumerate(self.conns):
                 if conn.sock not in ready:
                     continue
                 for msg in conn.drain():
-                    if msg.seq != seqs[i]:
+                    if msg.seq != seqs[s]:
                         continue
                     if isinstance(msg.body, Error):
                         raise RemoteError(msg.body.code, msg.body.text)
-                    replies[i] = msg
-        return [r for r in replies if r is not None]
+                    take(s, msg)
 
     def close(self) -> None:
         for conn in self.conns:
