@@ -485,11 +485,17 @@ def compare(ctx: zmq.Context, log_dir: Path, model: str, sizes: list[int], setti
         procs.stop()
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so the children are stopped too."""
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.serve_raw:
         serve_raw()
         return 0
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     settings = QUICK if args.quick else FULL
     if args.client_threads:
         torch.set_num_threads(args.client_threads)

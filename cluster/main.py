@@ -124,7 +124,7 @@ class Run:
                         print(f"{c.name} exited with code {c.proc.returncode}; its log ends:\n{self.launcher.log_tail(c)}",
                               file=sys.stderr)
                     return False
-                if not self.launcher.running("worker") and self.launcher.failed("worker") and not self.timeline:
+                if not self.launcher.running("worker") and self.launcher.failed("worker"):
                     c = self.launcher.failed("worker")[0]
                     print(f"every worker failed; {c.name}'s log ends:\n{self.launcher.log_tail(c)}", file=sys.stderr)
                     return False

@@ -77,6 +77,8 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "wall_s": wall_s,
         "train_s": train_s,
         "samples_per_s": last["samples"] / train_s,
+        "bytes_per_sample": last.get("bytes", 0) / max(1, last["samples"]),
+        "local_steps": last.get("local_steps"),
         "sum_standalone_samples_per_s": standalone,
         "fraction_of_standalone": (last["samples"] / train_s) / standalone if standalone else None,
         "step_time_spread": (max(step_means) / min(step_means) - 1.0) if len(step_means) > 1 else None,

@@ -64,6 +64,10 @@ class JobConfig:
     weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0)
     nesterov: bool = opt(False, "Nesterov momentum on the shards")
     epochs: float = opt(5.0, "stop after this many passes over the training set (counted from samples)", minimum=0.0)
+    pipeline: bool = opt(
+        False, "overlap pulls with forward and pushes with backward, chunk by chunk (gradient protocols; experimental)"
+    )
+    max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged", minimum=1024)
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
     seed: int = opt(0, "seed for model init and data orders")
     heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01)

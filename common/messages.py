@@ -55,6 +55,8 @@ class Heartbeat:
     pull_s: float = 0.0
     push_s: float = 0.0
     wait_s: float = 0.0
+    sync_s: float = 0.0
+    bytes: int = 0
     loss: float = float("nan")
     version: int = 0
     standalone_sps: float = 0.0

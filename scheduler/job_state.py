@@ -17,6 +17,7 @@ from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello, Welcome
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import allocate, fixed_allocation, needs_reassign
+from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.speed_model import SpeedModel
 
 DECISIONS_KEPT = 100
@@ -79,8 +80,15 @@ class Decision:
 class JobState:
     """The scheduler's view of one job."""
 
-    def __init__(self, job: JobConfig, num_shards: int, train_size: int, now: float | None = None) -> None:
+    def __init__(
+        self, job: JobConfig, num_shards: int, train_size: int, num_chunks: int = 1, now: float | None = None
+    ) -> None:
         self.job = job
+        self.priorities = list(range(num_chunks))
+        self.local_steps = job.local_steps
+        self.local_steps_reason = "configured H"
+        self.first_loss = math.nan
+        self.departed_bytes = 0
         self.num_shards = num_shards
         self.train_size = train_size
         self.started = time.monotonic() if now is None else now
@@ -160,6 +168,7 @@ class JobState:
         member.left = True
         if member.role == "worker":
             self.departed_samples += member.samples
+            self.departed_bytes += member.last.bytes
         if member.role == "ps" and self.shards.get(member.shard_index) is member:
             del self.shards[member.shard_index]
         if member.id in self.allocation:
@@ -202,6 +211,8 @@ class JobState:
                 self.loss = hb.loss if math.isnan(self.loss) else (
                     LOSS_SMOOTHING * self.loss + (1 - LOSS_SMOOTHING) * hb.loss)
             self._reallocate(now, "speed update", member.id)
+            if self.job.protocol == "msd":
+                self._adapt_local_steps(now, hb)
 
     def eval_report(self, member_id: str, report: EvalReport, now: float) -> None:
         self.member(member_id).last_seen = now
@@ -230,6 +241,27 @@ class JobState:
             return False
         evaluators = [m for m in self.members.values() if m.role == "evaluator" and not m.left]
         return self.final_eval or not evaluators
+
+    def _adapt_local_steps(self, now: float, hb: Heartbeat) -> None:
+        """AdaComm's H from the smoothed loss, bounded by the measured sync/compute ratio."""
+        if math.isnan(self.first_loss) and math.isfinite(self.loss):
+            self.first_loss = self.loss
+        workers = [self.members[w].last for w in self.live_workers]
+        sync_s = max((w.sync_s for w in workers), default=0.0)
+        compute_s = min((w.compute_s for w in workers if w.compute_s > 0), default=0.0)
+        decision = adacomm_steps(self.job.local_steps, self.first_loss, self.loss, sync_s, compute_s)
+        if decision.steps != self.local_steps:
+            self.local_steps, self.local_steps_reason = decision.steps, decision.reason
+            self.assignment_id += 1
+            self.decisions.append(Decision(now - self.started, "local steps", f"H={decision.steps}: {decision.reason}",
+                                           dict(self.allocation), {}))
+            del self.decisions[:-DECISIONS_KEPT]
+
+    @property
+    def bytes(self) -> int:
+        """Tensor bytes moved between workers and shards (both directions), from workers' counters."""
+        return self.departed_bytes + sum(
+            m.last.bytes for m in self.members.values() if m.role == "worker" and not m.left)
 
     # -- allocation ---------------------------------------------------------------
 
@@ -269,7 +301,7 @@ class JobState:
         last = f"{self.decisions[-1].reason} {self.decisions[-1].subject}" if self.decisions else ""
         return Assignment(
             **base, batch=batch, lr_scale=batch * n / self.job.global_batch, stop=self.stopping,
-            shards=self.shard_endpoints(), reason=last,
+            shards=self.shard_endpoints(), reason=last, local_steps=self.local_steps, priorities=self.priorities,
         )
 
     # -- reporting ------------------------------------------------------------------
@@ -285,6 +317,9 @@ class JobState:
             "epoch": self.epoch,
             "target_epochs": self.job.epochs,
             "samples": self.samples,
+            "bytes": self.bytes,
+            "local_steps": self.local_steps,
+            "local_steps_reason": self.local_steps_reason,
             "loss": _finite_or_none(self.loss),
             "test_acc": ev.test_acc if ev else None,
             "test_loss": ev.test_loss if ev else None,

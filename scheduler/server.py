@@ -15,7 +15,9 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.config import JobConfig
+from dynabatch.common.chunking import make_layout
 from dynabatch.common.data import dataset_spec
+from dynabatch.common.models import model_for_job
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest
 from dynabatch.common.metrics import Health, MetricsServer, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, recv_routed, send_error, send_routed
@@ -41,6 +43,8 @@ class SchedulerMetrics:
         self.loss = Gauge("dynabatch_job_train_loss", "Smoothed training loss reported by workers.", registry=registry)
         self.test_acc = Gauge("dynabatch_job_test_accuracy", "Test accuracy of the latest evaluated model (0-1).", registry=registry)
         self.test_loss = Gauge("dynabatch_job_test_loss", "Test loss of the latest evaluated model.", registry=registry)
+        self.local_steps = Gauge("dynabatch_scheduler_local_steps", "Local steps H between syncs (local, msd).", registry=registry)
+        self.bytes = Gauge("dynabatch_job_bytes", "Tensor bytes moved between workers and shards.", registry=registry)
         self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry)
         self.decide = Histogram("dynabatch_scheduler_decision_seconds", "Time to handle a heartbeat (model fit and allocation included).",
                                 buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1), registry=registry)
@@ -53,7 +57,8 @@ class SchedulerServer:
         self.job = job
         self.opts = opts
         spec = dataset_spec(job.dataset)
-        self.state = JobState(job, job.shards, spec.train_size)
+        total = sum(p.numel() for p in model_for_job(job).parameters())
+        self.state = JobState(job, job.shards, spec.train_size, len(make_layout(total, job.chunk_bytes, job.shards).chunks))
         self.ctx = zmq.Context.instance()
         self.sock, self.endpoint = bind_router(self.ctx, opts.bind)
         self.registry = CollectorRegistry()
@@ -144,6 +149,8 @@ class SchedulerServer:
         self.m.live.set(len(workers))
         self.m.epoch.set(s.epoch)
         self.m.samples.set(s.samples)
+        self.m.bytes.set(s.bytes)
+        self.m.local_steps.set(s.local_steps)
         if s.loss == s.loss:
             self.m.loss.set(s.loss)
         if s.eval is not None:
@@ -165,5 +172,5 @@ class SchedulerServer:
         new = min(s.assignment_id - self._decisions_seen, len(s.decisions))
         for d in s.decisions[len(s.decisions) - new:]:
             self.m.reassign.labels(d.reason).inc()
-            log.info("batch allocation (%s%s): %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
+            log.info("decision (%s%s): batches %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
         self._decisions_seen = s.assignment_id

@@ -8,6 +8,7 @@ import torch
 import zmq
 
 from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck
+from dynabatch.common.transport import RemoteError
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
 from harness import Cluster, free_port, metric_value, wait_for
 
@@ -25,6 +26,16 @@ def cluster(tmp_path_factory):
     c.sched_proc = c.procs[0]
     c.worker_conn, c.welcome = c.join_as_worker()
     c.shard_conn = c.client(c.welcome.shards[0], sender=c.welcome.id)
+    model = _pull(c)
+    metas, zeros = _good_push(c, model)
+
+    def accepted() -> bool:
+        try:
+            return c.shard_conn.request(Push(samples=8), 5, metas, zeros) is not None
+        except RemoteError:
+            return False
+
+    wait_for("the shard to learn that the test worker is live", accepted, 30)
     yield c
     c.stop()
 

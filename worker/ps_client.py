@@ -16,14 +16,18 @@ import torch
 import zmq
 
 from dynabatch.common.chunking import Layout
-from dynabatch.common.messages import Error, Params, Pull, Push, PushAck
+from dynabatch.common.messages import Error, Pull, Push, PushAck
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta, Message
 
 
 @dataclass
 class PullResult:
-    """The model as pulled: flat parameters, each chunk's version, each shard's version."""
+    """The model as pulled: flat parameters, each chunk's version, each shard's version.
+
+    `flat` is the client's receive buffer, valid until the next pull: a fresh 40 MB
+    tensor per pull costs more in page faults than the transfer itself.
+    """
 
     flat: torch.Tensor
     chunk_versions: dict[int, int]
@@ -50,72 +54,151 @@ class ShardClients:
         self.idle = idle
         self.idle_every_s = idle_every_s
         self.conns = [Connection(ctx, ep, job, sender) for ep in endpoints]
+        self.poller = zmq.Poller()
+        for conn in self.conns:
+            self.poller.register(conn.sock, zmq.POLLIN)
         self.flat = torch.zeros(layout.total)
+        self.moved_bytes = 0
+
+    def start_pull(self, min_versions: list[int] | None = None, ids: list[int] | None = None) -> "PendingPull":
+        """Ask every shard for its chunks (or just `ids`); shards stream one PARAMS per chunk, front first.
+
+        With `min_versions` a shard sends each chunk once it has reached that version.
+        """
+        wanted = {c.id for c in self.layout.chunks} if ids is None else set(ids)
+        seqs = []
+        for s, conn in enumerate(self.conns):
+            mine = sorted(c.id for c in self.layout.for_shard(s) if c.id in wanted)
+            body = Pull(ids=[] if ids is None else mine, min_version=min_versions[s] if min_versions else 0)
+            seqs.append(conn.send(body) if mine else -1)
+        return PendingPull(self, seqs, wanted)
+
+    def start_push(
+        self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float,
+        kind: str = "grad", ids: list[int] | None = None,
+    ) -> "PendingPush":
+        """Send `tensor`'s chunks (all, or `ids`) to their shards, tagged with the versions they came from."""
+        wanted = {c.id for c in self.layout.chunks} if ids is None else set(ids)
+        seqs = []
+        for s, conn in enumerate(self.conns):
+            chunks = [c for c in self.layout.for_shard(s) if c.id in wanted]
+            if not chunks:
+                seqs.append(-1)
+                continue
+            metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
+            seqs.append(conn.send(Push(samples=samples, loss=loss, kind=kind), metas,
+                                  [tensor[c.start : c.stop] for c in chunks]))
+            self.moved_bytes += sum(m.nbytes for m in metas)
+        return PendingPush(seqs)
 
     def pull(self, min_versions: list[int] | None, timeout_s: float) -> PullResult:
-        """All chunks from all shards; with `min_versions` each shard sends a chunk once it has reached it.
-
-        Shards stream one PARAMS message per chunk, in priority order.
-        """
-        seqs = [conn.send(Pull(min_version=min_versions[s] if min_versions else 0)) for s, conn in enumerate(self.conns)]
-        versions: dict[int, int] = {}
-        expected = [len(self.layout.for_shard(s)) for s in range(len(self.conns))]
-        received = [0] * len(self.conns)
-
-        def take(shard: int, msg: Message) -> None:
-            for meta, tensor in zip(msg.chunks, msg.tensors):
-                chunk = self.layout.chunks[meta.id]
-                if chunk.owner != shard or meta.id in versions:
-                    raise RemoteError("bad_chunk", f"shard {shard} sent chunk {meta.id} it does not own or twice")
-                self.flat[chunk.start : chunk.stop].copy_(tensor)
-                versions[meta.id] = meta.version
-                received[shard] += 1
-
-        self._collect(seqs, lambda shard: received[shard] >= expected[shard], take, timeout_s)
-        shard_versions = [min(versions[c.id] for c in self.layout.for_shard(s)) for s in range(len(self.conns))]
-        return PullResult(self.flat.clone(), versions, shard_versions)
+        """Every chunk, blocking until all have arrived."""
+        pending = self.start_pull(min_versions)
+        self.wait(pending, timeout_s)
+        return pending.result()
 
     def push(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
         kind: str = "grad",
     ) -> list[PushAck]:
-        """Every shard's chunks of `tensor` (a gradient or a delta), tagged with the versions they came from."""
-        seqs = []
-        for s, conn in enumerate(self.conns):
-            chunks = self.layout.for_shard(s)
-            metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
-            seqs.append(conn.send(Push(samples=samples, loss=loss, kind=kind), metas,
-                                  [tensor[c.start : c.stop] for c in chunks]))
-        acks: dict[int, PushAck] = {}
-        self._collect(seqs, lambda shard: shard in acks, lambda shard, msg: acks.__setitem__(shard, msg.body), timeout_s)
-        return [acks[s] for s in range(len(self.conns))]
+        """Every chunk of `tensor`, blocking until every shard has acknowledged."""
+        pending = self.start_push(tensor, chunk_versions, samples, loss, kind)
+        self.wait(pending, timeout_s)
+        return [pending.acks[s] for s in sorted(pending.acks)]
 
-    def _collect(
-        self, seqs: list[int], done: Callable[[int], bool], take: Callable[[int, Message], None], timeout_s: float
-    ) -> None:
-        """Feed every reply matching shard s's request seq to `take` until `done(s)` for all shards."""
-        poller = zmq.Poller()
-        for conn in self.conns:
-            poller.register(conn.sock, zmq.POLLIN)
+    def wait(self, pendings: "Pending | list[Pending]", timeout_s: float, until: Callable[[], bool] | None = None) -> None:
+        """Feed replies to `pendings` until `until()` (default: all complete); TimeoutError past the timeout.
+
+        Messages are taken one at a time, so waiting for the first chunk does not
+        also wait for (or account for) the ones behind it.
+        """
+        pendings = pendings if isinstance(pendings, list) else [pendings]
+        until = until or (lambda: all(p.done() for p in pendings))
         deadline = time.monotonic() + timeout_s
-        while not all(done(s) for s in range(len(self.conns))):
+        while not until():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = [self.conns[s].endpoint for s in range(len(self.conns)) if not done(s)]
-                raise TimeoutError(f"no complete reply from shards {missing} within {timeout_s:.1f}s")
-            ready = dict(poller.poll(int(min(remaining, self.idle_every_s) * 1000) + 1))
-            if not ready:
+                raise TimeoutError(f"no complete reply from the shards within {timeout_s:.1f}s")
+            if not self.advance(pendings, min(remaining, self.idle_every_s), until):
                 self.idle()
-            for s, conn in enumerate(self.conns):
-                if conn.sock not in ready:
-                    continue
-                for msg in conn.drain():
-                    if msg.seq != seqs[s]:
-                        continue
-                    if isinstance(msg.body, Error):
-                        raise RemoteError(msg.body.code, msg.body.text)
-                    take(s, msg)
+
+    def advance(self, pendings: list["Pending"], timeout_s: float = 0.0, until: Callable[[], bool] | None = None) -> bool:
+        """Feed replies arriving within `timeout_s` to the requests they answer; False if none came."""
+        ready = dict(self.poller.poll(int(timeout_s * 1000)))
+        for s, conn in enumerate(self.conns):
+            while conn.sock in ready and conn.sock.poll(0):
+                msg = conn.recv(0)
+                if msg is None:
+                    break
+                for pending in pendings:
+                    if pending.seqs[s] == msg.seq:
+                        if isinstance(msg.body, Error):
+                            raise RemoteError(msg.body.code, msg.body.text)
+                        pending.take(s, msg)
+                if until is not None and until():
+                    return True
+        return bool(ready)
 
     def close(self) -> None:
         for conn in self.conns:
             conn.close()
+
+
+class Pending:
+    """An outstanding request to every shard, matched by each shard's request seq."""
+
+    seqs: list[int]
+
+    def take(self, shard: int, msg: Message) -> None:
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        raise NotImplementedError
+
+
+class PendingPull(Pending):
+    """Chunks arriving into the client's flat buffer, with the time each one landed."""
+
+    def __init__(self, client: ShardClients, seqs: list[int], wanted: set[int]) -> None:
+        self.client = client
+        self.seqs = seqs
+        self.wanted = wanted
+        self.versions: dict[int, int] = {}
+        self.arrived_at: dict[int, float] = {}
+
+    def take(self, shard: int, msg: Message) -> None:
+        layout = self.client.layout
+        for meta, tensor in zip(msg.chunks, msg.tensors):
+            if meta.id not in self.wanted or layout.chunks[meta.id].owner != shard or meta.id in self.versions:
+                raise RemoteError("bad_chunk", f"shard {shard} sent chunk {meta.id} unasked, not its own, or twice")
+            chunk = layout.chunks[meta.id]
+            self.client.flat[chunk.start : chunk.stop].copy_(tensor)
+            self.client.moved_bytes += meta.nbytes
+            self.versions[meta.id] = meta.version
+            self.arrived_at[meta.id] = time.perf_counter()
+
+    def has(self, ids: set[int]) -> bool:
+        return ids <= self.versions.keys()
+
+    def done(self) -> bool:
+        return len(self.versions) == len(self.wanted)
+
+    def result(self) -> PullResult:
+        layout = self.client.layout
+        shard_versions = [min((self.versions[c.id] for c in layout.for_shard(s) if c.id in self.versions), default=0)
+                          for s in range(layout.num_shards)]
+        return PullResult(self.client.flat, dict(self.versions), shard_versions)
+
+
+class PendingPush(Pending):
+    """Acknowledgements of one push, one per shard that was sent chunks."""
+
+    def __init__(self, seqs: list[int]) -> None:
+        self.seqs = seqs
+        self.acks: dict[int, PushAck] = {}
+
+    def take(self, shard: int, msg: Message) -> None:
+        self.acks[shard] = msg.body
+
+    def done(self) -> bool:
+        return len(self.acks) == sum(1 for s in self.seqs if s != -1)

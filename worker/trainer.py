@@ -9,20 +9,18 @@ batch from it rather than from a guess.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import socket
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dynabatch.common.chunking import flat_grads, load_flat, make_layout
+from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch
 from dynabatch.common.messages import Assignment, Heartbeat, Hello
@@ -30,27 +28,16 @@ from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.models import model_for_job
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError
+from dynabatch.common.slowdown import Slowdown
+from dynabatch.worker.gradient_steps import GradientSteps
+from dynabatch.worker.local_steps import LocalSteps
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
-from dynabatch.common.slowdown import Slowdown
+from dynabatch.worker.step_times import StepResult
 
 log = logging.getLogger("dynabatch.worker")
 PHASES = ("pull", "compute", "push", "wait")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-@dataclass
-class StepTimes:
-    """Seconds spent in each phase of one step."""
-
-    pull: float = 0.0
-    compute: float = 0.0
-    push: float = 0.0
-    wait: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.pull + self.compute + self.push + self.wait
 
 
 class WorkerMetrics:
@@ -133,25 +120,26 @@ class Worker:
         wall, cpu = time.perf_counter(), time.thread_time()
         loss = train_step(self.model, x, y)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-        factor = self.slowdown.factor(time.monotonic() - self.started)
-        if factor > 1.0:
-            time.sleep((factor - 1.0) * cpu)
-            wall += (factor - 1.0) * cpu
+        wall += self.idle_for_slowdown(cpu)
         return loss, wall
 
-    def measure_standalone(self, order: SampleOrder, gen: torch.Generator) -> float:
+    def idle_for_slowdown(self, cpu_s: float) -> float:
+        """Idle (F-1) x `cpu_s` for this node's slowdown factor F now; returns the seconds idled."""
+        factor = self.slowdown.factor(time.monotonic() - self.started)
+        if factor <= 1.0:
+            return 0.0
+        time.sleep((factor - 1.0) * cpu_s)
+        return (factor - 1.0) * cpu_s
+
+    def measure_standalone(self) -> float:
         """Samples/s of forward+backward alone (slowdown included): the median of timed steps.
 
         The median, because processes starting beside this one (imports, data loading)
         make single steps slow at random.
         """
         batch = min(64, self.job.max_batch)
-        x, y = make_batch(self.data, order.take(batch), True, gen)
-        train_step(self.model, x, y)
-        times = []
-        for _ in range(self.opts.probe_steps):
-            x, y = make_batch(self.data, order.take(batch), True, gen)
-            times.append(self.timed_compute(x, y)[1])
+        train_step(self.model, *self.next_batch(batch))
+        times = [self.timed_compute(*self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
         return batch / statistics.median(times)
 
     def run(self) -> int:
@@ -163,51 +151,34 @@ class Worker:
             self.link.bye()
             self.metrics_server.close()
 
+    def next_batch(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next `batch` samples of this worker's own shuffled order of the training set."""
+        return make_batch(self.data, self.order.take(batch), True, self.gen)
+
     def _train(self) -> int:
-        order = SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))
-        gen = torch.Generator().manual_seed(self.job.seed + 17)
-        standalone = self.measure_standalone(order, gen)
+        self.order = SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))
+        self.gen = torch.Generator().manual_seed(self.job.seed + 17)
+        standalone = self.measure_standalone()
         self.m.standalone.set(standalone)
         log.info("%s standalone speed %.0f samples/s", self.id, standalone)
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
+        steps = LocalSteps(self) if self.job.protocol in ("local", "msd") else GradientSteps(self)
         assignment = self._await_batch(hb)
-        min_versions: list[int] | None = None
-        pulled = None
         while assignment is not None and not assignment.stop and not self.stopping:
-            times = StepTimes()
-            batch = assignment.batch
             try:
-                start = time.perf_counter()
-                pulled = self.shards.pull(min_versions, self.opts.request_timeout_s)
-                elapsed = time.perf_counter() - start
-                if min_versions is not None and self.job.protocol == "ssgd":
-                    times.wait = elapsed
-                else:
-                    times.pull = elapsed
-                load_flat(self.model, pulled.flat)
-                x, y = make_batch(self.data, order.take(batch), True, gen)
-                loss, times.compute = self.timed_compute(x, y)
-                if not math.isfinite(loss):
-                    log.error("%s: loss is %s; not pushing this step's gradient", self.id, loss)
-                    continue
-                start = time.perf_counter()
-                acks = self.shards.push(flat_grads(self.model), pulled.chunk_versions, batch, loss,
-                                        self.opts.request_timeout_s)
-                times.push = time.perf_counter() - start
+                result = steps.step(assignment)
             except (TimeoutError, RemoteError) as exc:
                 code = exc.code if isinstance(exc, RemoteError) else "timeout"
                 self.m.errors.labels(self.id, code).inc()
                 log.warning("%s: step failed (%s); retrying", self.id, exc)
-                # After "already pushed in this round" the next pull must wait for that round.
-                min_versions = [v + 1 for v in pulled.shard_versions] if code == "bad_state" else None
+                steps.after_failure(code)
                 if self.link.lost:
                     hb, assignment = self._rejoin(hb)
                 else:
                     assignment = self.link.wait(self.job.heartbeat_s) or assignment
                 continue
-            if self.job.protocol == "ssgd":
-                min_versions = [a.version if a.applied else a.version + 1 for a in acks]
-            hb = self._record(hb, times, batch, loss, pulled.version, assignment.assignment_id)
+            if result is not None:
+                hb = self._record(hb, result, assignment.assignment_id, getattr(steps, "comm_s", 0.0))
             if self.link.lost:
                 hb, assignment = self._rejoin(hb)
             else:
@@ -227,19 +198,22 @@ class Worker:
             self.health.tick()
         return None
 
-    def _record(self, prev: Heartbeat, times: StepTimes, batch: int, loss: float, version: int, assignment_id: int) -> Heartbeat:
+    def _record(self, prev: Heartbeat, result: StepResult, assignment_id: int, sync_s: float) -> Heartbeat:
+        times = result.times
         for phase in PHASES:
             self.m.phase.labels(self.id, phase).observe(getattr(times, phase))
-        self.m.steps.inc()
-        self.m.samples.inc(batch)
-        self.m.batch.set(batch)
-        self.m.loss.set(loss)
+        samples = result.batch * result.steps
+        self.m.steps.inc(result.steps)
+        self.m.samples.inc(samples)
+        self.m.batch.set(result.batch)
+        self.m.loss.set(result.loss)
         self.health.ready = True
         self.health.tick()
         hb = Heartbeat(
-            steps=prev.steps + 1, samples=prev.samples + batch, batch=batch, step_s=times.total,
-            compute_s=times.compute, pull_s=times.pull, push_s=times.push, wait_s=times.wait, loss=loss,
-            version=version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
+            steps=prev.steps + result.steps, samples=prev.samples + samples, batch=result.batch,
+            step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull,
+            push_s=times.push, wait_s=times.wait, sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
+            version=result.version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
         )
         self.link.heartbeat(hb)
         self.last_hb = hb

@@ -1,0 +1,152 @@
+"""Rounds of the delta protocols: local SGD (`local`) and multi-step delay (`msd`).
+
+Both take H local SGD steps and push the delta of their parameters (global
+minus local: a pseudo-gradient the shard averages by samples).
+
+`local` then waits for the averaged model and starts the next round from it.
+
+`msd` never waits: after pushing it keeps stepping, and when the new global
+model arrives it corrects itself to global + (its progress since the push),
+so communication overlaps computation completely. It pushes again once it has
+taken H steps since the last push and its previous delta has come back
+averaged (at most one delta in flight). H comes from the scheduler's
+assignment (AdaComm: shrinking as the loss falls, never below what hides
+the communication).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dynabatch.common.chunking import flat_params, load_flat
+from dynabatch.common.messages import Assignment
+from dynabatch.worker.ps_client import PendingPull, PendingPush
+from dynabatch.worker.step_times import StepResult, StepTimes
+
+
+@dataclass
+class LocalSteps:
+    """One worker's local-SGD state: inner optimizer, the global it started from, what is in flight."""
+
+    worker: "object"
+    optimizer: torch.optim.Optimizer | None = None
+    base: torch.Tensor | None = None
+    base_versions: dict[int, int] = field(default_factory=dict)
+    version: int = 0
+    min_versions: list[int] | None = None
+    anchor: torch.Tensor | None = None
+    in_flight: tuple[PendingPush, PendingPull | None] | None = None
+    sent_at: float = 0.0
+    since_push: int = 0
+    comm_s: float = 0.0
+
+    def _optimizer(self, assignment: Assignment) -> torch.optim.Optimizer:
+        job = self.worker.job
+        if self.optimizer is None:
+            self.optimizer = torch.optim.SGD(self.worker.model.parameters(), lr=job.lr,
+                                             momentum=job.momentum, weight_decay=job.weight_decay)
+        for group in self.optimizer.param_groups:
+            group["lr"] = job.lr * assignment.lr_scale
+        return self.optimizer
+
+    def _local_step(self, assignment: Assignment) -> tuple[float, float]:
+        """One SGD step on this worker's own copy of the model: (loss, emulated seconds)."""
+        w = self.worker
+        x, y = w.next_batch(assignment.batch)
+        loss, seconds = w.timed_compute(x, y)
+        if math.isfinite(loss):
+            self._optimizer(assignment).step()
+        return loss, seconds
+
+    def _sync(self, timeout_s: float) -> float:
+        """Pull the global model (waiting for the round when one is open) and start from it; returns seconds."""
+        w = self.worker
+        start = time.perf_counter()
+        pulled = w.shards.pull(self.min_versions, timeout_s)
+        load_flat(w.model, pulled.flat)
+        self.base, self.base_versions, self.version = pulled.flat.clone(), pulled.chunk_versions, pulled.version
+        return time.perf_counter() - start
+
+    def step(self, assignment: Assignment) -> StepResult | None:
+        if self.worker.job.protocol == "local":
+            return self._local_round(assignment)
+        return self._msd_step(assignment)
+
+    def _local_round(self, assignment: Assignment) -> StepResult | None:
+        """`local`: sync, H local steps, push the delta, and (next round) wait for the average."""
+        w = self.worker
+        times = StepTimes()
+        times.wait = self._sync(w.opts.request_timeout_s)
+        losses = []
+        steps = max(1, assignment.local_steps)
+        for _ in range(steps):
+            loss, seconds = self._local_step(assignment)
+            times.compute += seconds
+            losses.append(loss)
+        start = time.perf_counter()
+        delta = self.base - flat_params(w.model)
+        acks = w.shards.push(delta, self.base_versions, assignment.batch * steps, _mean(losses),
+                             w.opts.request_timeout_s, kind="delta")
+        times.push = time.perf_counter() - start
+        self.min_versions = [a.version if a.applied else a.version + 1 for a in acks]
+        return StepResult(times, assignment.batch, _mean(losses), self.version, steps)
+
+    def _msd_step(self, assignment: Assignment) -> StepResult | None:
+        """`msd`: one local step, then look after the delta in flight without ever blocking on it."""
+        w = self.worker
+        times = StepTimes()
+        if self.base is None:
+            times.pull = self._sync(w.opts.request_timeout_s)
+        loss, times.compute = self._local_step(assignment)
+        self.since_push += 1
+        if self.in_flight is not None:
+            self._advance(assignment)
+        if self.in_flight is None and self.since_push >= max(1, assignment.local_steps):
+            start = time.perf_counter()
+            self._push_delta(assignment, loss)
+            times.push = time.perf_counter() - start
+        return StepResult(times, assignment.batch, loss, self.version)
+
+    def _push_delta(self, assignment: Assignment, loss: float) -> None:
+        w = self.worker
+        self.anchor = flat_params(w.model)
+        push = w.shards.start_push(self.base - self.anchor, self.base_versions, assignment.batch * self.since_push,
+                                   loss, kind="delta")
+        self.in_flight = (push, None)
+        self.sent_at = time.perf_counter()
+        self.since_push = 0
+
+    def _advance(self, assignment: Assignment) -> None:
+        """Take what has arrived; once the averaged model is in, correct onto it."""
+        w = self.worker
+        push, pull = self.in_flight
+        if time.perf_counter() - self.sent_at > w.opts.request_timeout_s:
+            raise TimeoutError(f"the averaged model did not come back within {w.opts.request_timeout_s:.0f}s")
+        w.shards.advance([push] + ([pull] if pull else []))
+        if pull is None and push.done():
+            min_versions = [a.version if a.applied else a.version + 1 for a in (push.acks[s] for s in sorted(push.acks))]
+            pull = w.shards.start_pull(min_versions)
+            self.in_flight = (push, pull)
+        if pull is not None and pull.done():
+            result = pull.result()
+            progress = flat_params(w.model) - self.anchor
+            load_flat(w.model, result.flat + progress)
+            self.base = result.flat.clone()
+            self.base_versions, self.version = result.chunk_versions, result.version
+            self.comm_s = time.perf_counter() - self.sent_at
+            self.in_flight = None
+
+    def after_failure(self, code: str) -> None:
+        """Start over from the current global model; a delta lost in flight is simply not counted."""
+        self.in_flight = None
+        self.min_versions = None
+        self.base = None
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan

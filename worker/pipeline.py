@@ -1,0 +1,151 @@
+"""One gradient step with communication overlapped, chunk by chunk (P3 / ByteScheduler style).
+
+The pull is sent at the start of the step and shards stream chunks front
+first. A forward pre-hook on every module with parameters waits only for the
+chunks that hold that module's parameters, so layer 1 computes while later
+chunks are still arriving. During backward, a hook on every parameter notes
+when its gradient is final; the moment every parameter overlapping a chunk is
+final, that chunk's gradient is pushed, while backward goes on with earlier
+layers. Bytes in flight are bounded: a push waits for acknowledgements when
+sending it would exceed the credit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from dynabatch.common.chunking import Layout
+from dynabatch.worker.ps_client import Pending, PendingPull, PendingPush, PullResult, ShardClients
+
+
+@dataclass
+class StepTrace:
+    """When things happened in one step (perf_counter seconds), for tests and profiling."""
+
+    forward_start: dict[str, float] = field(default_factory=dict)
+    backward_end: float = 0.0
+    pushed_at: dict[int, float] = field(default_factory=dict)
+    arrived_at: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class PipelineResult:
+    loss: float
+    pulled: PullResult
+    pull_wait_s: float
+    push_wait_s: float
+    trace: StepTrace
+
+
+class Pipeline:
+    """Hooks a model so that its forward waits per layer and its backward pushes per chunk."""
+
+    def __init__(self, model: torch.nn.Module, layout: Layout, shards: ShardClients, max_inflight_bytes: int,
+                 timeout_s: float) -> None:
+        self.model, self.layout, self.shards = model, layout, shards
+        self.max_inflight = max_inflight_bytes
+        self.timeout_s = timeout_s
+        self.params = list(model.parameters())
+        self.grad_flat = torch.zeros(layout.total)
+        offsets, start = [], 0
+        for p in self.params:
+            offsets.append((start, start + p.numel()))
+            start += p.numel()
+        self.offsets = offsets
+        self.param_chunks = [{c.id for c in layout.chunks if c.start < b and a < c.stop} for a, b in offsets]
+        self.chunk_params = {c.id: {i for i, ids in enumerate(self.param_chunks) if c.id in ids} for c in layout.chunks}
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for name, module in model.named_modules():
+            own = [index[id(p)] for p in module.parameters(recurse=False)]
+            if own:
+                module.register_forward_pre_hook(self._before_forward(name, own))
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(self._grad_ready(i))
+        self._step: _StepState | None = None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, min_versions: list[int] | None, samples: int) -> PipelineResult:
+        """Pull, forward, backward and push for one batch, overlapped; returns when every push is acknowledged."""
+        st = self._step = _StepState(self.shards.start_pull(min_versions), samples)
+        self.model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        st.trace.backward_end = time.perf_counter()
+        for cid in sorted(set(self.chunk_params) - st.pushed):
+            self._push_chunk(cid)
+        start = time.perf_counter()
+        self.shards.wait(st.all(), self.timeout_s)
+        st.push_wait += time.perf_counter() - start
+        st.trace.arrived_at = dict(st.pull.arrived_at)
+        self._step = None
+        return PipelineResult(float(loss.detach()), st.pull.result(), st.pull_wait, st.push_wait, st.trace)
+
+    def _before_forward(self, name: str, own: list[int]):
+        def hook(module: torch.nn.Module, args: object) -> None:
+            st = self._step
+            if st is None:
+                return
+            needed = set().union(*(self.param_chunks[i] for i in own))
+            start = time.perf_counter()
+            self.shards.wait(st.all(), self.timeout_s, lambda: st.pull.has(needed))
+            st.pull_wait += time.perf_counter() - start
+            flat = self.shards.flat
+            with torch.no_grad():
+                for i in own:
+                    a, b = self.offsets[i]
+                    self.params[i].copy_(flat[a:b].view_as(self.params[i]))
+            st.trace.forward_start.setdefault(name, time.perf_counter())
+        return hook
+
+    def _grad_ready(self, i: int):
+        def hook(p: torch.Tensor) -> None:
+            st = self._step
+            if st is None:
+                return
+            a, b = self.offsets[i]
+            self.grad_flat[a:b].copy_(p.grad.reshape(-1))
+            st.done_params.add(i)
+            for cid in sorted(self.param_chunks[i]):
+                if cid not in st.pushed and self.chunk_params[cid] <= st.done_params:
+                    self._push_chunk(cid)
+        return hook
+
+    def _push_chunk(self, cid: int) -> None:
+        """Send one chunk's gradient, first waiting for acknowledgements if the credit is used up."""
+        st = self._step
+        chunk = self.layout.chunks[cid]
+        nbytes = chunk.length * 4
+        start = time.perf_counter()
+        self.shards.wait(st.all(), self.timeout_s,
+                         lambda: cid in st.pull.versions and st.inflight(self.layout) + nbytes <= max(self.max_inflight, nbytes))
+        st.push_wait += time.perf_counter() - start
+        for i in self.chunk_params[cid] - st.done_params:
+            a, b = self.offsets[i]
+            self.grad_flat[a:b].zero_()
+        st.pushes.append(self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"), ids=[cid]))
+        st.push_ids.append(cid)
+        st.pushed.add(cid)
+        st.trace.pushed_at[cid] = time.perf_counter()
+
+
+@dataclass
+class _StepState:
+    pull: PendingPull
+    samples: int
+    done_params: set[int] = field(default_factory=set)
+    pushed: set[int] = field(default_factory=set)
+    pushes: list[PendingPush] = field(default_factory=list)
+    push_ids: list[int] = field(default_factory=list)
+    pull_wait: float = 0.0
+    push_wait: float = 0.0
+    trace: StepTrace = field(default_factory=StepTrace)
+
+    def all(self) -> list[Pending]:
+        return [self.pull, *self.pushes]
+
+    def inflight(self, layout: Layout) -> int:
+        """Bytes pushed and not yet acknowledged."""
+        return sum(layout.chunks[cid].length * 4 for cid, p in zip(self.push_ids, self.pushes) if not p.done())
