@@ -249,7 +249,7 @@ class JobState:
         workers = [self.members[w].last for w in self.live_workers]
         sync_s = max((w.sync_s for w in workers), default=0.0)
         compute_s = min((w.compute_s for w in workers if w.compute_s > 0), default=0.0)
-        decision = adacomm_steps(self.job.local_steps, self.first_loss, self.loss, sync_s, compute_s)
+        decision = adacomm_steps(self.job.local_steps, self.local_steps, self.first_loss, self.loss, sync_s, compute_s)
         if decision.steps != self.local_steps:
             self.local_steps, self.local_steps_reason = decision.steps, decision.reason
             self.assignment_id += 1

@@ -20,13 +20,20 @@ class LocalStepsDecision:
     reason: str
 
 
-def adacomm_steps(h0: int, loss0: float, loss: float, sync_s: float, compute_s: float) -> LocalStepsDecision:
-    """H for the current loss, bounded below by the communication/computation ratio."""
+def adacomm_steps(
+    h0: int, current: int, loss0: float, loss: float, sync_s: float, compute_s: float
+) -> LocalStepsDecision:
+    """H for the current loss: never above H0 or the current H (AdaComm only shrinks it, which
+    also keeps a noisy loss from flapping it), never below the communication/computation ratio.
+
+    The ratio is capped at H0: in msd the sync time includes waiting for the
+    round, which grows with H, so an uncapped floor would feed on itself.
+    """
     if not (math.isfinite(loss0) and math.isfinite(loss)) or loss0 <= 0:
-        return LocalStepsDecision(h0, "no loss yet: H0")
+        return LocalStepsDecision(current, "no loss yet")
     ratio = max(0.0, loss / loss0)
-    by_loss = max(1, min(h0, math.ceil(h0 * math.sqrt(ratio))))
-    floor = math.ceil(sync_s / compute_s) if compute_s > 0 and sync_s > 0 else 1
+    by_loss = max(1, min(current, math.ceil(h0 * math.sqrt(ratio))))
+    floor = min(h0, math.ceil(sync_s / compute_s)) if compute_s > 0 and sync_s > 0 else 1
     steps = max(by_loss, floor)
     reason = f"loss/loss0 {ratio:.2f} gives {by_loss}"
     if floor > by_loss:
