@@ -1,0 +1,122 @@
+"""The scheduler's decisions, driven directly with messages and a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynabatch.common.config import JobConfig
+from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.wire import ProtocolError
+from dynabatch.scheduler.job_state import JobState
+
+
+def _job(**kw) -> JobState:
+    cfg = JobConfig(dataset="synthetic", model="mlp", global_batch=96, epochs=1.0, liveness_timeout_s=2.0, **kw)
+    state = JobState(cfg, num_shards=1, train_size=1000, num_chunks=3, now=0.0)
+    state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0)
+    return state
+
+
+def _join(state: JobState, sps: float, now: float = 0.0) -> str:
+    wid = state.hello(Hello(role="worker"), now).id
+    state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)
+    return wid
+
+
+def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0):
+    m = state.members[wid]
+    hb = Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=step_s,
+                   compute_s=step_s, standalone_sps=m.standalone_sps, loss=loss)
+    return state.heartbeat(wid, hb, now)
+
+
+def test_workers_wait_for_every_shard():
+    state = JobState(JobConfig(dataset="synthetic"), num_shards=2, train_size=1000, now=0.0)
+    state.hello(Hello(role="ps", endpoint="tcp://a:1"), 0.0)
+    with pytest.raises(ProtocolError, match="not_ready"):
+        state.hello(Hello(role="worker"), 0.0)
+    state.hello(Hello(role="ps", endpoint="tcp://b:1"), 0.0)
+    welcome = state.hello(Hello(role="worker"), 0.0)
+    assert welcome.shards == ["tcp://a:1", "tcp://b:1"]
+    with pytest.raises(ProtocolError, match="no_slot"):
+        state.hello(Hello(role="ps"), 0.0)
+
+
+def test_first_split_follows_standalone_speed_then_measured_step_times():
+    state = _job()
+    fast, slow = _join(state, 3000.0), _join(state, 1000.0)
+    assert state.allocation == {fast: 72, slow: 24}
+    a = state.assignment_for(state.members[fast])
+    assert a.batch == 72 and a.priorities == [0, 1, 2] and a.lr_scale == pytest.approx(72 * 2 / 96)
+    for t in range(1, 30):
+        _step(state, fast, 0.010 + 72 * 0.0002 * 2, t * 0.1)  # fast got slower: 2x per sample
+        _step(state, slow, 0.010 + 24 * 0.0010, t * 0.1)
+    assert sum(state.allocation.values()) == 96
+    assert state.allocation[fast] < 72
+    assert any(d.reason == "speed update" for d in state.decisions)
+
+
+def test_hysteresis_keeps_the_split_when_speeds_barely_move():
+    state = _job(reassign_threshold=0.2)
+    a, b = _join(state, 1000.0), _join(state, 1000.0)
+    before = state.assignment_id
+    for t in range(1, 20):
+        _step(state, a, 0.050, t * 0.1)
+        _step(state, b, 0.052, t * 0.1)
+    assert state.assignment_id == before
+
+
+def test_silent_workers_are_dropped_and_their_share_moves():
+    state = _job()
+    a, b = _join(state, 1000.0), _join(state, 1000.0)
+    _step(state, a, 0.05, 1.0)
+    _step(state, b, 0.05, 1.0)
+    _step(state, a, 0.05, 2.5)
+    assert state.expire(3.5) == [b]
+    assert state.allocation == {a: 96}
+    assert state.decisions[-1].reason == "heartbeat timeout" and state.decisions[-1].subject == b
+    with pytest.raises(ProtocolError, match="unknown_sender"):
+        _step(state, b, 0.05, 4.0)
+
+
+def test_a_joining_worker_gets_the_longer_join_grace():
+    state = _job(join_timeout_s=60.0)
+    wid = state.hello(Hello(role="worker"), 0.0).id
+    assert state.expire(30.0) == []
+    assert wid in state.expire(61.0)
+
+
+def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_final_eval():
+    state = _job()
+    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    a, b = _join(state, 1000.0), _join(state, 1000.0)
+    t = 0.0
+    while not state.stopping:
+        t += 0.1
+        for w in (a, b):
+            if w in state.live_workers:
+                _step(state, w, 0.05, t)
+        if t > 0.5 and b in state.live_workers:
+            state.bye(b, t)
+    assert state.samples >= 1000 and state.epoch >= 1.0
+    assert state.assignment_for(state.members[a]).stop
+    assert not state.assignment_for(state.members[ev]).stop, "the evaluator waits until workers are gone"
+    state.bye(a, t)
+    assert state.assignment_for(state.members[ev]).stop and not state.finished
+    state.eval_report(ev, EvalReport(version=7, test_loss=0.3, test_acc=0.9, final=True), t)
+    assert state.finished
+    assert state.assignment_for(state.shards[0]).stop
+    with pytest.raises(ProtocolError, match="job_over"):
+        state.hello(Hello(role="worker"), t)
+
+
+def test_backwards_or_non_finite_heartbeats_change_nothing():
+    state = _job()
+    a = _join(state, 1000.0)
+    _step(state, a, 0.05, 1.0)
+    before = (state.members[a].steps, state.members[a].samples, state.members[a].last_seen)
+    for hb in (Heartbeat(steps=0, samples=0), Heartbeat(steps=5, samples=500, step_s=float("inf")),
+               Heartbeat(steps=5, samples=500, standalone_sps=-1.0)):
+        with pytest.raises(ProtocolError, match="bad_field"):
+            state.heartbeat(a, hb, 2.0)
+    assert (state.members[a].steps, state.members[a].samples, state.members[a].last_seen) == before
