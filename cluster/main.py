@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,6 +39,8 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, list[str]]:
     add_flags(parser, JobConfig)
     args = parser.parse_args(argv)
     opts, job = from_args(RunOptions, args), from_args(JobConfig, args)
+    if job.min_workers == 1:
+        job = replace(job, min_workers=opts.workers)  # every worker starts on the same model
     try:
         opts.validate()
         job.validate()

@@ -132,7 +132,7 @@ class ShardServer:
         self.shard_label = str(self.index)
         self.m = ShardMetrics(self.registry, self.shard_label)
         flat = flat_params(model_for_job(self.job))
-        layout = make_layout(flat.numel(), self.job.chunk_bytes, len(welcome.shards))
+        layout = make_layout(flat.numel(), self.job.chunk_bytes, self.job.shards)
         sgd = SGDConfig(self.job.lr, self.job.momentum, self.job.weight_decay, self.job.nesterov)
         outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
         self.state = ShardState.initial(
@@ -141,7 +141,7 @@ class ShardServer:
         )
         self.ckpt_meta = {
             "job": self.job.job, "model": self.job.model, "dataset": self.job.dataset, "shard": self.index,
-            "shards": len(welcome.shards), "total": layout.total, "chunk_bytes": self.job.chunk_bytes,
+            "shards": self.job.shards, "total": layout.total, "chunk_bytes": self.job.chunk_bytes,
         }
         self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
         if self.ckpt_path is not None:
@@ -153,7 +153,7 @@ class ShardServer:
         self.m.version.set(self.reported_version)
         self.health.ready = True
         log.info("shard %d of %d ready at %s: %d chunks, %d parameters, protocol %s",
-                 self.index, len(welcome.shards), self.advertise, len(self.state.chunks),
+                 self.index, self.job.shards, self.advertise, len(self.state.chunks),
                  sum(c.length for c in self.state.chunks), self.job.protocol)
 
     def _loop(self) -> None:

@@ -88,6 +88,7 @@ class JobState:
         self.local_steps = job.local_steps
         self.local_steps_reason = "configured H"
         self.first_loss = math.nan
+        self.training_started = False
         self.departed_bytes = 0
         self.num_shards = num_shards
         self.train_size = train_size
@@ -269,9 +270,10 @@ class JobState:
         """Re-solve the batch split; `reason` is a bounded label, `subject` the worker behind it."""
         ready = {m.id: m for m in self.members.values()
                  if m.role == "worker" and not m.left and m.speed is not None}
-        if not ready:
+        if not ready or (not self.allocation and len(ready) < self.job.min_workers and not self.training_started):
             self.allocation = {}
             return
+        self.training_started = True
         models = {wid: m.speed.fit() for wid, m in ready.items()}
         if self.job.batch_policy == "fixed" or any(model is None for model in models.values()):
             proposed = fixed_allocation(sorted(ready), self.job.global_batch, self.job.min_batch, self.job.max_batch)

@@ -1,8 +1,10 @@
 """Steps of the gradient protocols (asgd, softsync, ssgd): pull, forward/backward, push.
 
-ssgd is the same step with one difference: the pull asks each shard for the
+ssgd is the same step with two differences: the pull asks each shard for the
 version that the previous round produces, so the worker waits for the round
-to close (its `wait` time) before computing on the new model.
+to close (its `wait` time) before computing on the new model; and a worker
+stops by itself once the model has had all the job's rounds (each round is
+one global batch B), so no worker starts a round the others will not join.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from dynabatch.common.chunking import flat_grads, load_flat
+from dynabatch.common.data import dataset_spec
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.step_times import StepResult, StepTimes
@@ -28,6 +31,14 @@ class GradientSteps:
     min_versions: list[int] | None = None
     last_versions: list[int] | None = None
     pipeline: Pipeline | None = None
+    finished: bool = False
+
+    def _rounds_done(self, version: int) -> bool:
+        """ssgd: has the model had epochs * train_size / B rounds?"""
+        job = self.worker.job
+        rounds = math.ceil(job.epochs * dataset_spec(job.dataset).train_size / job.global_batch)
+        self.finished = job.protocol == "ssgd" and version >= rounds
+        return self.finished
 
     def step(self, assignment: Assignment) -> StepResult | None:
         w = self.worker
@@ -41,6 +52,8 @@ class GradientSteps:
         else:
             times.pull = time.perf_counter() - start
         self.last_versions = pulled.shard_versions
+        if self._rounds_done(pulled.version):
+            return None
         load_flat(w.model, pulled.flat)
         x, y = w.next_batch(assignment.batch)
         loss, times.compute = w.timed_compute(x, y)
@@ -53,11 +66,13 @@ class GradientSteps:
         self._next_round(pulled.shard_versions)
         return StepResult(times, assignment.batch, loss, pulled.version)
 
-    def _pipelined_step(self, assignment: Assignment) -> StepResult:
+    def _pipelined_step(self, assignment: Assignment) -> StepResult | None:
         """The same step with pull, compute and push overlapped chunk by chunk (pipeline.py)."""
         w = self.worker
         if self.pipeline is None:
             self.pipeline = Pipeline(w.model, w.layout, w.shards, w.job.max_inflight_bytes, w.opts.request_timeout_s)
+        if self.last_versions is not None and self._rounds_done(min(self.min_versions or self.last_versions)):
+            return None
         x, y = w.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
         result = self.pipeline.step(x, y, self.min_versions, assignment.batch)

@@ -43,6 +43,7 @@ class LocalSteps:
     sent_at: float = 0.0
     since_push: int = 0
     comm_s: float = 0.0
+    finished: bool = False
 
     def _optimizer(self, assignment: Assignment) -> torch.optim.Optimizer:
         job = self.worker.job

@@ -95,7 +95,7 @@ class Worker:
         self.link.conn.job = self.job.job
         self.data: Dataset = load_dataset(self.job.dataset, self.opts.data_dir or None)
         self.model = model_for_job(self.job)
-        self.layout = make_layout(sum(p.numel() for p in self.model.parameters()), self.job.chunk_bytes, len(welcome.shards))
+        self.layout = make_layout(sum(p.numel() for p in self.model.parameters()), self.job.chunk_bytes, self.job.shards)
         self.last_hb = Heartbeat()
         self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id,
                                    self._heartbeat_while_waiting, self.job.heartbeat_s)
@@ -152,19 +152,31 @@ class Worker:
             self.metrics_server.close()
 
     def next_batch(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next `batch` samples of this worker's own shuffled order of the training set."""
-        return make_batch(self.data, self.order.take(batch), True, self.gen)
+        """The next `batch` samples of this worker's own shuffled order of the training set.
+
+        After a failed step the same samples are used again, so what a worker
+        trains on does not depend on when a shard or the scheduler hiccuped.
+        """
+        if self.replay and len(self.replay[0]) == batch:
+            indices = self.replay.pop(0)
+        else:
+            self.replay, indices = [], self.order.take(batch)
+        self.taken.append(indices)
+        return make_batch(self.data, indices, True, self.gen)
 
     def _train(self) -> int:
         self.order = SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))
+        self.replay: list[torch.Tensor] = []
+        self.taken: list[torch.Tensor] = []
         self.gen = torch.Generator().manual_seed(self.job.seed + 17)
         standalone = self.measure_standalone()
         self.m.standalone.set(standalone)
         log.info("%s standalone speed %.0f samples/s", self.id, standalone)
+        self.taken = []
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
         steps = LocalSteps(self) if self.job.protocol in ("local", "msd") else GradientSteps(self)
         assignment = self._await_batch(hb)
-        while assignment is not None and not assignment.stop and not self.stopping:
+        while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
             try:
                 result = steps.step(assignment)
             except (TimeoutError, RemoteError) as exc:
@@ -172,11 +184,13 @@ class Worker:
                 self.m.errors.labels(self.id, code).inc()
                 log.warning("%s: step failed (%s); retrying", self.id, exc)
                 steps.after_failure(code)
+                self.replay, self.taken = self.taken, []
                 if self.link.lost:
                     hb, assignment = self._rejoin(hb)
                 else:
                     assignment = self.link.wait(self.job.heartbeat_s) or assignment
                 continue
+            self.taken = []
             if result is not None:
                 hb = self._record(hb, result, assignment.assignment_id, getattr(steps, "comm_s", 0.0))
             if self.link.lost:
