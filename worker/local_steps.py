@@ -42,6 +42,7 @@ class LocalSteps:
     in_flight: tuple[PendingPush, PendingPull | None] | None = None
     sent_at: float = 0.0
     since_push: int = 0
+    push_s: float = 0.0
     comm_s: float = 0.0
     finished: bool = False
 
@@ -129,6 +130,7 @@ class LocalSteps:
             raise TimeoutError(f"the averaged model did not come back within {w.opts.request_timeout_s:.0f}s")
         w.shards.advance([push] + ([pull] if pull else []))
         if pull is None and push.done():
+            self.push_s = time.perf_counter() - self.sent_at
             min_versions = [a.version if a.applied else a.version + 1 for a in (push.acks[s] for s in sorted(push.acks))]
             pull = w.shards.start_pull(min_versions)
             self.in_flight = (push, pull)
@@ -138,7 +140,10 @@ class LocalSteps:
             load_flat(w.model, result.flat + progress)
             self.base = result.flat.clone()
             self.base_versions, self.version = result.chunk_versions, result.version
-            self.comm_s = time.perf_counter() - self.sent_at
+            arrivals = pull.arrived_at.values()
+            # Transfer time only: the time the pull sat parked waiting for other workers'
+            # deltas is the round, not communication, and must not raise H.
+            self.comm_s = self.push_s + max(arrivals) - min(arrivals)
             self.in_flight = None
 
     def after_failure(self, code: str) -> None:
