@@ -77,7 +77,7 @@ class Pipeline:
         for cid in sorted(set(self.chunk_params) - st.pushed):
             self._push_chunk(cid)
         start = time.perf_counter()
-        self.shards.wait(st.all(), self.timeout_s)
+        self.shards.wait(st.pendings(), self.timeout_s)
         st.push_wait += time.perf_counter() - start
         st.trace.arrived_at = dict(st.pull.arrived_at)
         self._step = None
@@ -90,7 +90,7 @@ class Pipeline:
                 return
             needed = set().union(*(self.param_chunks[i] for i in own))
             start = time.perf_counter()
-            self.shards.wait(st.all(), self.timeout_s, lambda: st.pull.has(needed))
+            self.shards.wait(st.pendings(), self.timeout_s, lambda: st.pull.has(needed))
             st.pull_wait += time.perf_counter() - start
             flat = self.shards.flat
             with torch.no_grad():
@@ -119,7 +119,7 @@ class Pipeline:
         chunk = self.layout.chunks[cid]
         nbytes = chunk.length * 4
         start = time.perf_counter()
-        self.shards.wait(st.all(), self.timeout_s,
+        self.shards.wait(st.pendings(), self.timeout_s,
                          lambda: cid in st.pull.versions and st.inflight(self.layout) + nbytes <= max(self.max_inflight, nbytes))
         st.push_wait += time.perf_counter() - start
         for i in self.chunk_params[cid] - st.done_params:
@@ -143,7 +143,7 @@ class _StepState:
     push_wait: float = 0.0
     trace: StepTrace = field(default_factory=StepTrace)
 
-    def all(self) -> list[Pending]:
+    def pendings(self) -> list[Pending]:
         return [self.pull, *self.pushes]
 
     def inflight(self, layout: Layout) -> int:
