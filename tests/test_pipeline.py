@@ -37,21 +37,22 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         assert len(layout.chunks) > 10
         shards = ShardClients(zmq.Context.instance(), welcome.shards, layout, "dynabatch", welcome.id)
         x, y = make_batch(load_dataset("synthetic"), torch.arange(64), False)
+        zeros = torch.zeros(layout.total)
+
+        def known() -> bool:  # the shard learns of the new worker with its next heartbeat
+            try:
+                return bool(shards.push(zeros, shards.pull(None, 10).chunk_versions, 64, 0.0, 10))
+            except RemoteError as exc:
+                assert exc.code == "unknown_sender"
+                return False
+
+        wait_for("the shard to accept the test worker", known, 30)
         w0 = shards.pull(None, 10).flat.clone()
         reference = model_for_job(job)
         load_flat(reference, w0)
         F.cross_entropy(reference(x), y).backward()
         grad = flat_grads(reference)
-        pipeline = Pipeline(model, layout, shards, 1 << 20, 10)
-
-        def step():
-            try:
-                return pipeline.step(x, y, None, 64)
-            except RemoteError as exc:  # the shard learns of the new worker with its next heartbeat
-                assert exc.code == "unknown_sender"
-                return None
-
-        result = wait_for("a pipelined step the shard accepts", step, 30)
+        result = Pipeline(model, layout, shards, 1 << 20, 10).step(x, y, None, 64)
         trace = result.trace
         assert set(trace.pushed_at) == {ch.id for ch in layout.chunks}
         assert min(trace.forward_start.values()) < max(trace.arrived_at.values()), "forward waited for the whole model"
@@ -59,7 +60,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         first_layer = min(trace.forward_start, key=trace.forward_start.get)
         assert first_layer == "0", "the input layer computes first"
         w1 = shards.pull(None, 10).flat
-        # asgd on one live worker of a 192 batch: the shard applies lr * (64 * 1 / 192) * g.
+        # asgd, one live worker, B = 192: the shard applies lr * (64 * 1 / 192) * g (no momentum or decay).
         torch.testing.assert_close(w0 - w1, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
     finally:
         c.stop()
