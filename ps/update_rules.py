@@ -50,33 +50,47 @@ def dbs_weight(samples: int, global_batch: int, workers: int) -> float:
 
 @dataclass
 class SyncRound:
-    """One bulk-synchronous round: collects sum(b_i g_i) until every live worker has pushed."""
+    """One bulk-synchronous round: every live worker's contribution, averaged by samples.
 
-    grads: dict[int, torch.Tensor] = field(default_factory=dict)
-    samples: int = 0
-    contributors: set[str] = field(default_factory=set)
+    Contributions are kept per worker and summed in worker-id order when the
+    round closes, so the result does not depend on arrival order: the same
+    job gives the same parameters bit for bit, with one shard or several.
+    """
 
-    def add(self, worker: str, grads: dict[int, torch.Tensor], samples: int) -> None:
-        if worker in self.contributors:
-            raise ValueError(f"{worker} already pushed in this round")
-        for cid, g in grads.items():
-            if cid in self.grads:
-                self.grads[cid].add_(g, alpha=samples)
-            else:
-                self.grads[cid] = g.mul(samples)
-        self.samples += samples
-        self.contributors.add(worker)
+    parts: dict[str, tuple[dict[int, torch.Tensor], int]] = field(default_factory=dict)
+
+    @property
+    def contributors(self) -> set[str]:
+        return set(self.parts)
+
+    @property
+    def samples(self) -> int:
+        return sum(n for _, n in self.parts.values())
 
     def __bool__(self) -> bool:
-        return bool(self.contributors)
+        return bool(self.parts)
+
+    def add(self, worker: str, grads: dict[int, torch.Tensor], samples: int) -> None:
+        if worker in self.parts:
+            raise ValueError(f"{worker} already pushed in this round")
+        self.parts[worker] = (grads, samples)
 
     def complete(self, live: set[str]) -> bool:
         """Every live worker has pushed (workers that left are not waited for)."""
-        return bool(self.contributors) and live <= self.contributors
+        return bool(self.parts) and live <= self.contributors
 
     def mean(self) -> dict[int, torch.Tensor]:
-        """sum(b_i g_i) / sum(b_i) per chunk."""
-        return {cid: g / self.samples for cid, g in self.grads.items()}
+        """sum(b_i g_i) / sum(b_i) per chunk, summed in worker-id order."""
+        total = self.samples
+        out: dict[int, torch.Tensor] = {}
+        for worker in sorted(self.parts):
+            grads, samples = self.parts[worker]
+            for cid, g in grads.items():
+                if cid in out:
+                    out[cid].add_(g, alpha=samples / total)
+                else:
+                    out[cid] = g.mul(samples / total)
+        return out
 
 
 @dataclass(frozen=True)

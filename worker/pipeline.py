@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from dynabatch.common.chunking import Layout
+from dynabatch.common.transport import RemoteError
 from dynabatch.worker.ps_client import Pending, PendingPull, PendingPush, PullResult, ShardClients
 
 
@@ -77,11 +78,27 @@ class Pipeline:
         for cid in sorted(set(self.chunk_params) - st.pushed):
             self._push_chunk(cid)
         start = time.perf_counter()
-        self.shards.wait(st.pendings(), self.timeout_s)
+        self._settle(st)
         st.push_wait += time.perf_counter() - start
         st.trace.arrived_at = dict(st.pull.arrived_at)
         self._step = None
         return PipelineResult(float(loss.detach()), st.pull.result(), st.pull_wait, st.push_wait, st.trace)
+
+    def _settle(self, st: "_StepState") -> None:
+        """Wait for every acknowledgement; resend chunks a shard refused only because it did
+        not know this worker yet (see ShardClients.push), and only those."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self.shards.wait(st.pendings(), max(0.0, deadline - time.monotonic()))
+            refused = [i for i, p in enumerate(st.pushes) if p.refused]
+            if not refused:
+                return
+            if time.monotonic() >= deadline:
+                raise RemoteError("unknown_sender", "a shard does not know this worker")
+            self.shards.advance([], self.shards.idle_every_s)
+            for i in refused:
+                st.pushes[i] = self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"),
+                                                      ids=[st.push_ids[i]])
 
     def _before_forward(self, name: str, own: list[int]):
         def hook(module: torch.nn.Module, args: object) -> None:

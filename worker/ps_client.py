@@ -103,8 +103,34 @@ class ShardClients:
     ) -> list[PushAck]:
         """Every chunk of `tensor`, blocking until every shard has acknowledged."""
         pending = self.start_push(tensor, chunk_versions, samples, loss, kind)
-        self.wait(pending, timeout_s)
-        return [pending.acks[s] for s in sorted(pending.acks)]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.wait(pending, max(0.0, deadline - time.monotonic()))
+            if not pending.refused:
+                return [pending.acks[s] for s in sorted(pending.acks)]
+            self._resend_refused(pending, tensor, chunk_versions, samples, loss, kind, deadline)
+
+    def _resend_refused(
+        self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int,
+        loss: float, kind: str, deadline: float,
+    ) -> None:
+        """Resend to the shards that did not know this worker yet, and only to them.
+
+        A new worker's first push can reach a shard before the scheduler's next
+        heartbeat answer has told the shard about it. Sending the whole push
+        again would give the shards that took it the gradient twice.
+        """
+        refused = pending.refused
+        if time.monotonic() >= deadline:
+            raise RemoteError("unknown_sender", f"shards {sorted(refused)} do not know this worker")
+        self.advance([], self.idle_every_s)
+        self.idle()
+        for s in refused:
+            chunks = self.layout.for_shard(s)
+            metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
+            pending.seqs[s] = self.conns[s].send(Push(samples=samples, loss=loss, kind=kind), metas,
+                                                 [tensor[c.start : c.stop] for c in chunks])
+        pending.refused = set()
 
     def wait(self, pendings: "Pending | list[Pending]", timeout_s: float, until: Callable[[], bool] | None = None) -> None:
         """Feed replies to `pendings` until `until()` (default: all complete); TimeoutError past the timeout.
@@ -133,8 +159,9 @@ class ShardClients:
                 for pending in pendings:
                     if pending.seqs[s] == msg.seq:
                         if isinstance(msg.body, Error):
-                            raise RemoteError(msg.body.code, msg.body.text)
-                        pending.take(s, msg)
+                            pending.refuse(s, msg.body)
+                        else:
+                            pending.take(s, msg)
                 if until is not None and until():
                     return True
         return bool(ready)
@@ -151,6 +178,10 @@ class Pending:
 
     def take(self, shard: int, msg: Message) -> None:
         raise NotImplementedError
+
+    def refuse(self, shard: int, error: Error) -> None:
+        """A shard answered ERROR: by default the whole request fails."""
+        raise RemoteError(error.code, error.text)
 
     def done(self) -> bool:
         raise NotImplementedError
@@ -196,9 +227,16 @@ class PendingPush(Pending):
     def __init__(self, seqs: list[int]) -> None:
         self.seqs = seqs
         self.acks: dict[int, PushAck] = {}
+        self.refused: set[int] = set()
 
     def take(self, shard: int, msg: Message) -> None:
         self.acks[shard] = msg.body
 
+    def refuse(self, shard: int, error: Error) -> None:
+        """`unknown_sender` is worth resending to that shard alone; anything else fails the push."""
+        if error.code != "unknown_sender":
+            raise RemoteError(error.code, error.text)
+        self.refused.add(shard)
+
     def done(self) -> bool:
-        return len(self.acks) == sum(1 for s in self.seqs if s != -1)
+        return len(self.acks) + len(self.refused) == sum(1 for s in self.seqs if s != -1)
