@@ -179,9 +179,9 @@ def wait_for(what: str, attempt: Callable[[], object], procs: Processes) -> obje
 # -- dynabatch -------------------------------------------------------------------------
 
 
-def job_flags(model: str, params: int) -> list[str]:
+def job_flags(model: str, params: int, chunk_bytes: int) -> list[str]:
     """A job that never ends by itself and never drops the benchmark's silent worker."""
-    flags = ["--model", model, "--dataset", "synthetic", "--epochs", "1e9",
+    flags = ["--model", model, "--dataset", "synthetic", "--epochs", "1e9", "--chunk-bytes", str(chunk_bytes),
              "--liveness-timeout-s", "3600", "--join-timeout-s", "3600"]
     return flags + (["--flat-params", str(params)] if model == "flat" else [])
 
@@ -189,11 +189,11 @@ def job_flags(model: str, params: int) -> list[str]:
 class DynabatchTarget:
     """A real scheduler and shard, and this process registered as a worker of their job."""
 
-    def __init__(self, ctx: zmq.Context, procs: Processes, model: str, params: int,
+    def __init__(self, ctx: zmq.Context, procs: Processes, model: str, params: int, chunk_bytes: int,
                  shard_profile: Path | None = None) -> None:
         scheduler = f"tcp://127.0.0.1:{free_port()}"
         procs.start("scheduler", role_cmd("scheduler", "--bind", scheduler, "--no-exit-on-finish",
-                                          *job_flags(model, params)))
+                                          *job_flags(model, params, chunk_bytes)))
         procs.start("ps0", role_cmd("ps", "--scheduler", scheduler, "--bind", f"tcp://127.0.0.1:{free_port()}",
                                     "--shard-index", "0", profile_to=shard_profile))
         control = Connection(ctx, scheduler, "dynabatch", "bench")
@@ -205,7 +205,7 @@ class DynabatchTarget:
             control.close()
         self.job: JobConfig = job_from_dict(welcome.config)
         total = sum(p.numel() for p in model_for_job(self.job).parameters())
-        layout = make_layout(total, self.job.chunk_bytes, len(welcome.shards))
+        layout = make_layout(total, self.job.chunk_bytes, self.job.shards)
         self.clients = ShardClients(ctx, welcome.shards, layout, self.job.job, welcome.id)
         self.params = total
         self.step_bytes = 2 * total * BYTES_PER_PARAM
@@ -353,7 +353,7 @@ def summarize(times: list[float], step_bytes: int) -> Side:
     return Side(median, step_bytes / median / 1e6, 1 / median, len(times))
 
 
-def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str, params: int,
+def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str, params: int, chunk_bytes: int,
                  settings: Settings) -> SizeResult:
     """Start a job of `params` parameters and compare it with raw ZeroMQ, side by side."""
     label = run_label(model, params)
@@ -361,7 +361,7 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str,
     procs = Processes(log_dir, f"{label}-")
     with ExitStack() as stack:
         stack.callback(procs.stop)
-        dyn = DynabatchTarget(ctx, procs, model, params)
+        dyn = DynabatchTarget(ctx, procs, model, params, chunk_bytes)
         stack.callback(dyn.close)
         raw = RawTarget(ctx, raw_endpoint, dyn.params)
         stack.callback(raw.close)
@@ -370,14 +370,15 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str,
                       summarize(times["dynabatch"], dyn.step_bytes), summarize(times["raw"], raw.step_bytes))
 
 
-def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, settings: Settings) -> None:
+def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int,
+                 settings: Settings) -> None:
     """Where a dynabatch step's time goes: the client in-process and the shard, both under cProfile."""
     label = run_label(model, params)
     shard_prof = log_dir / f"shard-{label}.prof"
     procs = Processes(log_dir, f"{label}-")
     with ExitStack() as stack:
         stack.callback(procs.stop)
-        dyn = DynabatchTarget(ctx, procs, model, params, shard_profile=shard_prof)
+        dyn = DynabatchTarget(ctx, procs, model, params, chunk_bytes, shard_profile=shard_prof)
         stack.callback(dyn.close)
         for _ in range(settings.warmup):
             dyn.step()
@@ -465,6 +466,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--client-threads", type=int, default=0, metavar="N",
                         help="torch threads of the benchmark's worker side (default 0: torch's own default, "
                              "as in a worker)")
+    parser.add_argument("--chunk-bytes", type=int, default=JobConfig().chunk_bytes, metavar="B",
+                        help="the job's chunk size (default: dynabatch's default)")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"folder for transport.json and transport.md (default: {DEFAULT_OUT})")
@@ -475,12 +478,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def compare(ctx: zmq.Context, log_dir: Path, model: str, sizes: list[int], settings: Settings) -> list[SizeResult]:
+def compare(ctx: zmq.Context, log_dir: Path, model: str, sizes: list[int], chunk_bytes: int,
+            settings: Settings) -> list[SizeResult]:
     """Every size against one raw server, which lives for the whole run."""
     procs = Processes(log_dir)
     try:
         endpoint = start_raw_server(procs)
-        return [measure_size(ctx, log_dir, endpoint, model, params, settings) for params in sizes]
+        return [measure_size(ctx, log_dir, endpoint, model, params, chunk_bytes, settings) for params in sizes]
     finally:
         procs.stop()
 
@@ -506,9 +510,9 @@ def main(argv: list[str]) -> int:
         log_dir = Path(tmp)
         if args.profile:
             for params in sizes:
-                profile_size(ctx, log_dir, args.out, args.model, params, settings)
+                profile_size(ctx, log_dir, args.out, args.model, params, args.chunk_bytes, settings)
             return 0
-        results = compare(ctx, log_dir, args.model, sizes, settings)
+        results = compare(ctx, log_dir, args.model, sizes, args.chunk_bytes, settings)
     command = shlex.join(["python", *sys.argv])
     print(table(results))
     write_results(args.out, results, settings, command)
