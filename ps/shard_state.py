@@ -172,7 +172,8 @@ class ShardState:
         self.chunk_versions[cid] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """What a checkpoint holds (tensors are immutable, so no copies are needed)."""
+        """What a checkpoint holds, by reference: parameters are never written in place, and the
+        caller saves the snapshot before the next update can touch a momentum buffer."""
         return {
             "params": dict(self.params),
             "momentum": dict(self.momentum),

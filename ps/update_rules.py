@@ -27,17 +27,27 @@ class SGDConfig:
 def sgd_step(
     param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, cfg: SGDConfig, lr_scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SGD step; returns (new parameters, new momentum buffer).
+    """One SGD step; returns (new parameters, momentum buffer).
 
-    `buf` starts as zeros, which makes the first step equal to torch's
-    (momentum * 0 + d == d). `lr_scale` carries per-gradient weights such as
-    DBS-SGD's b_i / (B/n).
+    The momentum buffer is the shard's private state and is updated in place;
+    the parameters are not (see above). `buf` starts as zeros, which makes the
+    first step equal to torch's (momentum * 0 + d == d). `lr_scale` carries
+    per-gradient weights such as DBS-SGD's b_i / (B/n). Each step allocates one
+    new tensor, the parameters: allocation (page faults) is what a step costs.
     """
-    d = grad if cfg.weight_decay == 0 else grad.add(param, alpha=cfg.weight_decay)
-    if cfg.momentum:
-        buf = buf.mul(cfg.momentum).add_(d)
-        d = d.add(buf, alpha=cfg.momentum) if cfg.nesterov else buf
-    return param.add(d, alpha=-cfg.lr * lr_scale), buf
+    lr = cfg.lr * lr_scale
+    if not cfg.momentum:
+        d = grad if cfg.weight_decay == 0 else grad.add(param, alpha=cfg.weight_decay)
+        return param.add(d, alpha=-lr), buf
+    buf.mul_(cfg.momentum).add_(grad)
+    if cfg.weight_decay:
+        buf.add_(param, alpha=cfg.weight_decay)
+    if not cfg.nesterov:
+        return param.add(buf, alpha=-lr), buf
+    new = param.add(buf, alpha=-lr * cfg.momentum).add_(grad, alpha=-lr)  # d = g + wd*w + m*buf
+    if cfg.weight_decay:
+        new.add_(param, alpha=-lr * cfg.weight_decay)
+    return new, buf
 
 
 def dbs_weight(samples: int, global_batch: int, workers: int) -> float:

@@ -39,13 +39,16 @@ def test_sgd_matches_torch_for_every_option():
         torch.testing.assert_close(_ours(w0, grads, cfg, scales), _torch_reference(w0, grads, cfg, scales))
 
 
-def test_sgd_step_does_not_mutate_inputs():
+def test_sgd_step_never_writes_the_parameters_it_was_given():
     w = torch.ones(10)
     buf = torch.zeros(10)
     g = torch.full((10,), 2.0)
-    new_w, new_buf = sgd_step(w, g, buf, SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.1))
-    assert torch.equal(w, torch.ones(10)) and torch.equal(buf, torch.zeros(10))
-    assert not torch.equal(new_w, w) and not torch.equal(new_buf, buf)
+    for cfg in (SGDConfig(lr=0.1), SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.1),
+                SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True)):
+        new_w, new_buf = sgd_step(w, g, buf, cfg)
+        assert torch.equal(w, torch.ones(10)), "a pull may still be sending these parameters"
+        assert new_w.data_ptr() != w.data_ptr() and not torch.equal(new_w, w)
+        assert new_buf is buf, "the momentum buffer is private state, updated in place"
 
 
 def test_dbs_weight_is_one_for_even_split_and_proportional_otherwise():
