@@ -99,14 +99,14 @@ def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
 
     out = []
     t = [s["t"] for s in timeline]
+    evals = _evaluations(timeline)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot(t, [s["loss"] for s in timeline], label="train loss (smoothed)")
-    ax1.plot(t, [s["test_loss"] for s in timeline], label="test loss")
+    ax1.plot(t, [s["loss"] if s["loss"] is not None else float("nan") for s in timeline], label="train loss (smoothed)")
+    ax1.plot([e["eval_t"] for e in evals], [e["test_loss"] for e in evals], "o-", label="test loss")
     ax1.set_xlabel("seconds")
     ax1.set_ylabel("loss")
     ax1.legend()
-    acc = [100 * s["test_acc"] if s["test_acc"] is not None else None for s in timeline]
-    ax2.plot(t, acc, color="tab:green")
+    ax2.plot([e["eval_t"] for e in evals], [100 * e["test_acc"] for e in evals], "o-", color="tab:green")
     ax2.set_xlabel("seconds")
     ax2.set_ylabel("test accuracy (%)")
     ax2.grid(alpha=0.3)
@@ -134,6 +134,15 @@ def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
     fig.savefig(out[-1], dpi=100)
     plt.close(fig)
     return out
+
+
+def _evaluations(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per evaluation, at the time it was reported (snapshots repeat the latest one)."""
+    seen: dict[float, dict[str, Any]] = {}
+    for snap in timeline:
+        if snap.get("test_acc") is not None and snap.get("eval_t") is not None:
+            seen[snap["eval_t"]] = snap
+    return [seen[k] for k in sorted(seen)]
 
 
 def _title(timeline: list[dict[str, Any]]) -> str:
