@@ -15,6 +15,7 @@ COMMANDS = {
     "scheduler": ("dynabatch.scheduler.main", "run a job's scheduler"),
     "ps": ("dynabatch.ps.main", "run a parameter-server shard"),
     "worker": ("dynabatch.worker.main", "run a training worker (or --evaluator)"),
+    "keys": ("dynabatch.common.curve", "make the ZeroMQ CURVE keys that encrypt and authenticate a job"),
 }
 
 

@@ -41,6 +41,7 @@ class Launcher:
 
     run_dir: Path
     job_flags: list[str]
+    curve_dir: str = ""  # passed to every child: with keys, the whole job uses CURVE
     children: list[Child] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -51,7 +52,7 @@ class Launcher:
         """Start `dynabatch COMMAND` with FLAGS as ROLE (default: the command); output to logs/NAME.log."""
         port = free_port()
         cmd = [sys.executable, "-m", "dynabatch.cli.main", command, *flags,
-               "--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
+               "--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--curve-dir", self.curve_dir]
         log_path = self.run_dir / "logs" / f"{name}.log"
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -113,9 +114,13 @@ class Launcher:
                 return False
         return True
 
-    def write_targets(self) -> Path:
-        """A Prometheus file_sd list of every child's /metrics, labelled by role."""
-        targets = [{"targets": [f"127.0.0.1:{c.metrics_port}"], "labels": {"role": c.role, "name": c.name}}
+    def write_targets(self, job: str) -> Path:
+        """A Prometheus file_sd list of every child's /metrics, labelled by role and name.
+
+        `job` is the job's name, as in Kubernetes, where the monitors take Prometheus'
+        `job` label from the dynabatch.io/job pod label: the dashboard selects by it.
+        """
+        targets = [{"targets": [f"127.0.0.1:{c.metrics_port}"], "labels": {"job": job, "role": c.role, "name": c.name}}
                    for c in self.children]
         path = self.run_dir / "prometheus_targets.json"
         path.write_text(json.dumps(targets, indent=2))

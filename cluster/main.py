@@ -1,7 +1,9 @@
 """`dynabatch run`: a whole job on this machine, with live progress and a run folder.
 
 Its defaults are the main job: Fashion-MNIST, the CNN, three workers slowed
-down 1x, 2x and 4x, asgd with dynamic batches (DBS-SGD).
+down 1x, 2x and 4x, asgd with dynamic batches (DBS-SGD). With --curve-dir (keys
+from `dynabatch keys`) every process, and this command's own link to the
+scheduler, uses those keys; the run makes no keys itself.
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-import zmq
-
-from dynabatch.common.cli_support import setup_logging
+from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import ConfigError, JobConfig, add_flags, from_args
+from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.data import DatasetNotFound, load_dataset
 from dynabatch.common.messages import StatusReply, StatusRequest
-from dynabatch.common.transport import Connection, RemoteError
+from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
@@ -31,14 +32,15 @@ from dynabatch.cluster.report import plot, summarize, write_timeline
 log = logging.getLogger("dynabatch.run")
 
 
-def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, list[str]]:
-    """Run options, the job, and the job's flags to hand to the scheduler."""
+def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, list[str]]:
+    """Run options, the job, CURVE, and the job's flags to hand to the scheduler."""
     parser = argparse.ArgumentParser(prog="dynabatch run", description=__doc__,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_flags(parser, RunOptions)
     add_flags(parser, JobConfig)
+    add_flags(parser, CurveOptions)
     args = parser.parse_args(argv)
-    opts, job = from_args(RunOptions, args), from_args(JobConfig, args)
+    opts, job, curve = from_args(RunOptions, args), from_args(JobConfig, args), from_args(CurveOptions, args)
     if job.min_workers == 1:
         job = replace(job, min_workers=opts.workers)  # every worker starts on the same model
     try:
@@ -53,12 +55,13 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, list[str]]:
             job_flags.append(flag if value else "--no-" + key.replace("_", "-"))
         else:
             job_flags += [flag, str(value)]
-    return opts, job, job_flags
+    return opts, job, curve, job_flags
 
 
 def main(argv: Sequence[str]) -> int:
     setup_logging("INFO")
-    opts, job, job_flags = parse(argv)
+    opts, job, curve, job_flags = parse(argv)
+    keys = load_curve_keys("dynabatch run", curve, server=True)
     try:
         load_dataset(job.dataset, opts.data_dir or None)
     except DatasetNotFound as exc:
@@ -68,15 +71,16 @@ def main(argv: Sequence[str]) -> int:
     run_dir = Path(opts.out) / name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"run": asdict(opts), "job": asdict(job)}, indent=2))
-    return Run(opts, job, job_flags, run_dir).execute()
+    return Run(opts, job, job_flags, run_dir, curve.curve_dir, keys).execute()
 
 
 class Run:
     """One `dynabatch run`: start, follow, stop, report."""
 
-    def __init__(self, opts: RunOptions, job: JobConfig, job_flags: list[str], run_dir: Path) -> None:
-        self.opts, self.job, self.run_dir = opts, job, run_dir
-        self.launcher = Launcher(run_dir, job_flags)
+    def __init__(self, opts: RunOptions, job: JobConfig, job_flags: list[str], run_dir: Path, curve_dir: str,
+                 keys: CurveKeys | None) -> None:
+        self.opts, self.job, self.run_dir, self.keys = opts, job, run_dir, keys
+        self.launcher = Launcher(run_dir, job_flags, curve_dir)
         self.timeline: list[dict[str, Any]] = []
         self.interrupted = False
 
@@ -112,11 +116,11 @@ class Run:
             ln.start_worker(f"worker{i}", self.opts.slowdown_of(i), self.job.job, self.opts.data_dir, self.opts.threads)
         if self.opts.evaluator:
             ln.start_worker("evaluator", "1", self.job.job, self.opts.data_dir, self.opts.threads, evaluator=True)
-        ln.write_targets()
+        ln.write_targets(self.job.job)
 
     def _follow(self, started: float) -> bool:
         """Sample STATUS into the timeline and print progress until the job finishes."""
-        conn = Connection(zmq.Context.instance(), self.launcher.scheduler_endpoint, self.job.job, "dynabatch-run")
+        conn = Connection(open_context(self.keys), self.launcher.scheduler_endpoint, self.job.job, "dynabatch-run")
         next_progress = 0.0
         try:
             while not self.interrupted:

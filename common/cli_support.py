@@ -8,6 +8,7 @@ import sys
 from typing import Any, Sequence
 
 from dynabatch.common.config import ConfigError, MetricsOptions, add_flags, from_args
+from dynabatch.common.curve import CurveKeyError, CurveKeys, CurveOptions
 
 
 def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: Sequence[str]) -> list[Any]:
@@ -29,6 +30,21 @@ def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: 
     return configs
 
 
+def load_curve_keys(prog: str, curve: CurveOptions, server: bool) -> CurveKeys | None:
+    """The keys in --curve-dir (None when it is empty); a missing or unreadable file exits 2 naming it.
+
+    Checked here, at startup, rather than when the first socket opens, so that a
+    bad Secret mount is a clear one-line error and not a traceback in a restart loop.
+    """
+    if not curve.curve_dir:
+        return None
+    try:
+        return CurveKeys.load(curve.curve_dir, server)
+    except CurveKeyError as exc:
+        print(f"{prog}: error: --curve-dir: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level), stream=sys.stderr,
@@ -36,4 +52,4 @@ def setup_logging(level: str) -> None:
     )
 
 
-__all__ = ["MetricsOptions", "parse_role_args", "setup_logging"]
+__all__ = ["CurveOptions", "MetricsOptions", "load_curve_keys", "parse_role_args", "setup_logging"]

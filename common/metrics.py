@@ -14,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from dynabatch.common.curve import REFUSALS
+
 STALL_S = 30.0
 
 
@@ -93,3 +95,16 @@ def bad_messages_counter(registry: CollectorRegistry) -> Counter:
         registry=registry,
     )
 
+
+
+def auth_failures_counter(registry: CollectorRegistry, role: str) -> Counter:
+    """Peers refused by CURVE on a server socket; every reason starts at 0 so a dashboard sees the series."""
+    counter = Counter(
+        "dynabatch_auth_failures",
+        "Peers refused in the CURVE handshake (auth: client key not admitted; protocol: no CURVE or wrong server key).",
+        ["role", "reason"],
+        registry=registry,
+    )
+    for reason in REFUSALS.values():
+        counter.labels(role, reason)
+    return counter

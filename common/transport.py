@@ -4,18 +4,25 @@ Request/reply matching: a reply carries the `seq` of the request it answers, so
 a client that timed out and retried can drop a late answer to the old request.
 Servers never block on a peer: ROUTER drops what it cannot route, and sends
 are non-blocking, so a dead worker cannot stall a shard.
+
+CURVE is a property of the process's context (`open_context`): every socket the
+context makes is secured the same way, so a role passes its `--curve-dir` once and
+no code that opens a connection has to know about keys.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
+from dynabatch.common.curve import CurveKeys, secure_client, secure_server, start_authenticator, watch_refusals
 from dynabatch.common.messages import Error
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 
@@ -31,15 +38,50 @@ class RemoteError(Exception):
         self.text = text
 
 
+@dataclass
+class _Curve:
+    keys: CurveKeys
+    authenticator: ThreadAuthenticator | None = None  # the context's ZAP handler, started with its first server socket
+
+
+_CURVE: weakref.WeakKeyDictionary[zmq.Context, _Curve] = weakref.WeakKeyDictionary()
+
+
+def open_context(curve: CurveKeys | None) -> zmq.Context:
+    """The process's context; with keys, every socket it makes from now on uses CURVE."""
+    ctx = zmq.Context.instance()
+    if curve is not None:
+        use_curve(ctx, curve)
+    return ctx
+
+
+def use_curve(ctx: zmq.Context, keys: CurveKeys) -> None:
+    """Secure every socket `ctx` makes from now on with `keys` (tests use it on their own contexts)."""
+    _CURVE[ctx] = _Curve(keys)
+
+
 def _configure(sock: zmq.Socket) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     return sock
 
 
-def bind_router(ctx: zmq.Context, endpoint: str) -> tuple[zmq.Socket, str]:
-    """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint."""
+def bind_router(
+    ctx: zmq.Context, endpoint: str, on_refused: Callable[[str], None] | None = None
+) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint.
+
+    With CURVE on the context it admits only clients holding the job's client key;
+    `on_refused(reason)` is called for every peer whose handshake fails.
+    """
     sock = _configure(ctx.socket(zmq.ROUTER))
+    curve = _CURVE.get(ctx)
+    if curve is not None:
+        if curve.authenticator is None:
+            curve.authenticator = start_authenticator(ctx, curve.keys)
+        secure_server(sock, curve.keys)
+        if on_refused is not None:
+            watch_refusals(sock, on_refused)
     if endpoint.endswith(":0"):
         endpoint = endpoint[:-2] + ":*"
     sock.bind(endpoint)
@@ -104,6 +146,9 @@ class Connection:
         self._seq = itertools.count(1)
         self.sock = _configure(ctx.socket(zmq.DEALER))
         self.sock.setsockopt(zmq.SNDHWM, 64)
+        curve = _CURVE.get(ctx)
+        if curve is not None:
+            secure_client(self.sock, curve.keys)
         self.sock.connect(endpoint)
 
     def send(self, body: Any, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()) -> int:

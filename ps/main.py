@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dynabatch.common.cli_support import MetricsOptions, parse_role_args
+from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.server import ShardServer
 
 
 def main(argv: Sequence[str]) -> int:
-    opts, metrics = parse_role_args(
+    opts, curve, metrics = parse_role_args(
         "dynabatch ps", "Serve a parameter-server shard; the job's settings come from the scheduler.",
-        [PsOptions, MetricsOptions], argv,
+        [PsOptions, CurveOptions, MetricsOptions], argv,
     )
-    return ShardServer(opts, metrics.metrics_host, metrics.metrics_port).run()
+    keys = load_curve_keys("dynabatch ps", curve, server=True)
+    return ShardServer(opts, metrics.metrics_host, metrics.metrics_port, keys).run()

@@ -23,10 +23,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dynabatch.common.chunking import flat_params, make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Params, Pull, Push, PushAck, Welcome
-from dynabatch.common.metrics import Health, MetricsServer, bad_messages_counter
+from dynabatch.common.curve import CurveKeys
+from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.models import model_for_job
 from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import Incoming, RemoteError, bind_router, recv_routed, send_error, send_routed
+from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ChunkMeta, ProtocolError, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
@@ -82,14 +83,15 @@ class ShardMetrics:
 class ShardServer:
     """One parameter-server shard: registers, serves, checkpoints, stops on request."""
 
-    def __init__(self, opts: PsOptions, metrics_host: str, metrics_port: int) -> None:
+    def __init__(self, opts: PsOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
         self.opts = opts
-        self.ctx = zmq.Context.instance()
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind)
-        self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.registry = CollectorRegistry()
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
+        self.refused = auth_failures_counter(self.registry, "ps")
+        self.ctx = open_context(curve)
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.refused.labels("ps", reason).inc())
+        self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.name = opts.name or f"ps-{socket.gethostname()}"
         self.stopping = False
         self.parked: list[ParkedPull] = []

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dynabatch.common.cli_support import MetricsOptions, parse_role_args
+from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.config import JobConfig
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.scheduler.server import SchedulerServer
 
 
 def main(argv: Sequence[str]) -> int:
-    opts, job, metrics = parse_role_args(
+    opts, job, curve, metrics = parse_role_args(
         "dynabatch scheduler", "Run a job's scheduler; shards and workers join it.",
-        [SchedulerOptions, JobConfig, MetricsOptions], argv,
+        [SchedulerOptions, JobConfig, CurveOptions, MetricsOptions], argv,
     )
-    return SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port).run()
+    keys = load_curve_keys("dynabatch scheduler", curve, server=True)
+    return SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port, keys).run()

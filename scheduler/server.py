@@ -11,7 +11,6 @@ import logging
 import signal
 import time
 
-import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.config import JobConfig
@@ -19,8 +18,9 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.data import dataset_spec
 from dynabatch.common.models import model_for_job
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest
-from dynabatch.common.metrics import Health, MetricsServer, bad_messages_counter
-from dynabatch.common.transport import Incoming, bind_router, recv_routed, send_error, send_routed
+from dynabatch.common.curve import CurveKeys
+from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
+from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
@@ -34,6 +34,7 @@ class SchedulerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.bad = bad_messages_counter(registry)
+        self.refused = auth_failures_counter(registry, "scheduler")
         self.live = Gauge("dynabatch_scheduler_live_workers", "Workers sending heartbeats.", registry=registry)
         self.batch = Gauge("dynabatch_worker_batch_size", "Batch size assigned to each worker.", ["worker"], registry=registry)
         self.sps = Gauge("dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"], registry=registry)
@@ -53,19 +54,20 @@ class SchedulerMetrics:
 class SchedulerServer:
     """Runs the control loop until the job has finished and its shards were told."""
 
-    def __init__(self, job: JobConfig, opts: SchedulerOptions, metrics_host: str, metrics_port: int) -> None:
+    def __init__(self, job: JobConfig, opts: SchedulerOptions, metrics_host: str, metrics_port: int,
+                 curve: CurveKeys | None) -> None:
         self.job = job
         self.opts = opts
         spec = dataset_spec(job.dataset)
         total = sum(p.numel() for p in model_for_job(job).parameters())
         self.state = JobState(job, job.shards, spec.train_size, len(make_layout(total, job.chunk_bytes, job.shards).chunks))
-        self.ctx = zmq.Context.instance()
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind)
         self.registry = CollectorRegistry()
         self.health = Health()
         self.health.ready = True
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         self.m = SchedulerMetrics(self.registry)
+        self.ctx = open_context(curve)
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.m.refused.labels("scheduler", reason).inc())
         self.stopping = False
         self._decisions_seen = 0
         self._exported: set[str] = set()

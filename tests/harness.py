@@ -19,8 +19,9 @@ from typing import Any, Callable
 
 import zmq
 
+from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
-from dynabatch.common.transport import Connection
+from dynabatch.common.transport import Connection, use_curve
 
 
 def free_port() -> int:
@@ -75,22 +76,30 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 @dataclass
 class Cluster:
-    """Processes of one job; everything started is stopped at teardown."""
+    """Processes of one job; everything started is stopped at teardown.
+
+    With `curve_dir` every process and the test's own clients use those CURVE keys
+    (the clients on a context of their own, so other tests' clients stay plain).
+    """
 
     tmp: Path
     job_flags: list[str] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
+    curve_dir: str = ""
 
     def __post_init__(self) -> None:
         self.scheduler_endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.ctx = zmq.Context.instance()
+        if self.curve_dir:
+            self.ctx = zmq.Context()
+            use_curve(self.ctx, CurveKeys.load(self.curve_dir, server=False))
         self._counter = 0
 
     def start(self, role: str, name: str, *flags: str) -> Proc:
         port = free_port()
         log = self.tmp / f"{name}.log"
         cmd = [sys.executable, "-m", "dynabatch.cli.main", role, *flags,
-               "--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
+               "--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--curve-dir", self.curve_dir]
         with open(log, "ab") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})

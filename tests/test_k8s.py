@@ -43,6 +43,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read rendered man
 from dynabatch.common.config import (  # noqa: E402
     ENV_PREFIX, ConfigError, JobConfig, MetricsOptions, add_flags, from_args, validate_fields,
 )
+from dynabatch.common.curve import CurveOptions  # noqa: E402
 from dynabatch.ps.options import PsOptions  # noqa: E402
 from dynabatch.scheduler.options import SchedulerOptions  # noqa: E402
 from dynabatch.worker.options import WorkerOptions  # noqa: E402
@@ -65,13 +66,10 @@ COMPONENT = "app.kubernetes.io/component"
 # Which flags each role's command reads (its config dataclasses); every DYNABATCH_*
 # variable a container sets must be one of them, or it would be silently ignored.
 ROLE_FLAGS: dict[str, tuple[type, ...]] = {
-    "scheduler": (SchedulerOptions, JobConfig, MetricsOptions),
-    "ps": (PsOptions, MetricsOptions),
-    "worker": (WorkerOptions, MetricsOptions),
+    "scheduler": (SchedulerOptions, JobConfig, CurveOptions, MetricsOptions),
+    "ps": (PsOptions, CurveOptions, MetricsOptions),
+    "worker": (WorkerOptions, CurveOptions, MetricsOptions),
 }
-# Read by every role for ZeroMQ CURVE; its flag (--curve-dir) is being added with the
-# wire-security work. Drop it from here once it is a field of a config dataclass.
-EXTRA_ENV = {"DYNABATCH_CURVE_DIR"}
 
 
 # ---------------------------------------------------------------- rendering
@@ -383,7 +381,7 @@ def test_curve_keys_mounted_everywhere(objects: list[dict[str, Any]]) -> None:
 def test_env_vars_are_real_flags(objects: list[dict[str, Any]]) -> None:
     for w in workloads(objects):
         for c in all_containers(w):
-            allowed = flag_env_names(ROLE_FLAGS[role(c)]) | EXTRA_ENV
+            allowed = flag_env_names(ROLE_FLAGS[role(c)])
             used = {e["name"] for e in env_list(c) if e["name"].startswith(ENV_PREFIX)}
             unknown = used - allowed
             assert not unknown, f"{kn(w)}: {sorted(unknown)} match no flag of `dynabatch {role(c)}`"
@@ -430,11 +428,14 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
     c = main_container(sts)
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(resolved_env(c, downward_for(sts)))
-    # Loopback ports instead of the pod's; no CURVE keys here (the Secret's job).
+    # Loopback ports instead of the pod's; the keys `dynabatch keys` makes for the Secret.
     port = free_port()
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(keys)], check=True,
+                   capture_output=True)
     env.update(DYNABATCH_BIND=f"tcp://127.0.0.1:{free_port()}", DYNABATCH_METRICS_HOST="127.0.0.1",
-               DYNABATCH_METRICS_PORT=str(port), HOME=str(tmp_path), MPLCONFIGDIR=str(tmp_path / "mpl"))
-    env.pop("DYNABATCH_CURVE_DIR", None)
+               DYNABATCH_METRICS_PORT=str(port), HOME=str(tmp_path), MPLCONFIGDIR=str(tmp_path / "mpl"),
+               DYNABATCH_CURVE_DIR=str(keys))
     log = tmp_path / "scheduler.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cli.main", *c["args"]], env=env,

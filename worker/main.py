@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from dynabatch.common.cli_support import MetricsOptions, parse_role_args
+from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.data import DatasetNotFound
 from dynabatch.worker.evaluator import Evaluator
 from dynabatch.worker.options import WorkerOptions
@@ -15,13 +15,14 @@ log = logging.getLogger("dynabatch.worker")
 
 
 def main(argv: Sequence[str]) -> int:
-    opts, metrics = parse_role_args(
+    opts, curve, metrics = parse_role_args(
         "dynabatch worker", "Join a running job as a training worker (or --evaluator).",
-        [WorkerOptions, MetricsOptions], argv,
+        [WorkerOptions, CurveOptions, MetricsOptions], argv,
     )
+    keys = load_curve_keys("dynabatch worker", curve, server=False)
     cls = Evaluator if opts.evaluator else Worker
     try:
-        return cls(opts, metrics.metrics_host, metrics.metrics_port).run()
+        return cls(opts, metrics.metrics_host, metrics.metrics_port, keys).run()
     except DatasetNotFound as exc:
         log.error("%s", exc)
         return 2

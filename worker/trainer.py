@@ -17,17 +17,17 @@ import time
 
 import torch
 import torch.nn.functional as F
-import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.curve import CurveKeys
 from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch
 from dynabatch.common.messages import Assignment, Heartbeat, Hello
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.models import model_for_job
 from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.worker.gradient_steps import GradientSteps
 from dynabatch.worker.local_steps import LocalSteps
@@ -66,10 +66,10 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> floa
 class Worker:
     """A training worker (or, with --evaluator, see evaluator.py)."""
 
-    def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int) -> None:
+    def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
         self.opts = opts
         self.name = opts.name or f"{socket.gethostname()}-{os.getpid()}"
-        self.ctx = zmq.Context.instance()
+        self.ctx = open_context(curve)
         self.registry = CollectorRegistry()
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
