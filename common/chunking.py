@@ -65,15 +65,15 @@ def make_layout(total: int, chunk_bytes: int, num_shards: int) -> Layout:
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    """A copy of the model's parameters as one float32 vector."""
-    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    """A copy of the model's parameters as one float32 vector on the CPU (where the wire reads it)."""
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()]).cpu()
 
 
 def flat_grads(model: torch.nn.Module) -> torch.Tensor:
-    """The model's gradients as one float32 vector (zeros where a parameter has none)."""
+    """The model's gradients as one float32 vector on the CPU (zeros where a parameter has none)."""
     return torch.cat(
         [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()]
-    )
+    ).cpu()
 
 
 def load_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from dynabatch.common.curve import REFUSALS
 
 STALL_S = 30.0
+ON_FINISH = ("exit", "idle")
 
 
 class Health:
@@ -31,6 +33,18 @@ class Health:
 
     def alive(self) -> bool:
         return time.monotonic() - self._last_tick < STALL_S
+
+    def idle_until(self, should_stop: Callable[[], bool], every_s: float = 1.0) -> None:
+        """Stay alive on /healthz, doing nothing, until `should_stop()` (a signal handler sets it).
+
+        `--on-finish idle`: in Kubernetes a ps or worker process that exits at the end
+        of the job is restarted by its StatefulSet or Deployment, over and over; one
+        that idles keeps its pod Running with its final numbers on /metrics until the
+        pool is scaled down or deleted. A signal ends the sleep early or within `every_s`.
+        """
+        while not should_stop():
+            self.tick()
+            time.sleep(every_s)
 
 
 class MetricsServer:

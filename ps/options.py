@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynabatch.common.config import opt, validate_fields
+from dynabatch.common.metrics import ON_FINISH
 
 
 @dataclass
@@ -18,6 +19,7 @@ class PsOptions:
     checkpoint_interval_s: float = opt(30.0, "seconds between checkpoints", minimum=0.1)
     name: str = opt("", "name in logs (default: ps-HOSTNAME)")
     threads: int = opt(1, "torch threads for applying updates (more only helps for very large chunks)", minimum=1)
+    on_finish: str = opt("exit", "when the job ends: exit, or idle serving /healthz until stopped (Kubernetes)", ON_FINISH)
 
     def validate(self) -> None:
         validate_fields(self)

@@ -94,6 +94,7 @@ class ShardServer:
         self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.name = opts.name or f"ps-{socket.gethostname()}"
         self.stopping = False
+        self.job_over = False
         self.parked: list[ParkedPull] = []
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
@@ -110,7 +111,10 @@ class ShardServer:
         finally:
             self._checkpoint()
             self.link.bye()
-            self.metrics_server.close()
+        if self.job_over and self.opts.on_finish == "idle":
+            log.info("job finished; idling until stopped (--on-finish idle)")
+            self.health.idle_until(lambda: self.stopping)
+        self.metrics_server.close()
         return 0
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -164,7 +168,7 @@ class ShardServer:
         poller.register(self.link.conn.sock, zmq.POLLIN)
         next_beat = 0.0
         next_ckpt = time.monotonic() + self.opts.checkpoint_interval_s
-        while not self.stopping:
+        while not self.stopping and not self.job_over:
             events = dict(poller.poll(timeout=50))
             if self.sock in events:
                 pending = [recv_routed(self.sock)]
@@ -198,8 +202,8 @@ class ShardServer:
         self._after_update(self.state.set_live(set(body.live_workers)))
         self.m.live.set(len(self.state.live))
         if body.stop:
-            log.info("job finished; stopping")
-            self.stopping = True
+            log.info("job finished")
+            self.job_over = True
 
     def _handle(self, incoming: Incoming) -> None:
         if incoming.error is not None:

@@ -584,6 +584,19 @@ def test_mixed_has_gpu_and_cpu_pools() -> None:
              .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
     assert cpu_spec.get("nodeSelector") or terms
     assert scheduler_job(objs).shards == 2 == named(objs, "StatefulSet", "ps")["spec"]["replicas"]
+    # The GPU pool computes on its GPU, the CPU pool on its CPUs.
+    assert parse_flags(main_container(gpu), downward_for(gpu))[WorkerOptions].device == "cuda"
+    assert parse_flags(main_container(cpu), downward_for(cpu))[WorkerOptions].device == "cpu"
+
+
+def test_shards_and_workers_idle_when_the_job_ends(objects: list[dict[str, Any]]) -> None:
+    """An exit at the end of the job would only be restarted by the controller, over and over."""
+    for w, configs in process_settings(objects):
+        for cfg in configs.values():
+            if isinstance(cfg, (PsOptions, WorkerOptions)):
+                assert cfg.on_finish == "idle", kn(w)
+            if isinstance(cfg, SchedulerOptions):
+                assert cfg.exit_on_finish is False, kn(w)
 
 
 # ---------------------------------------------------------------- dashboard

@@ -29,11 +29,13 @@ EVAL_BATCH = 1000
 def evaluate(model: torch.nn.Module, data: Dataset, between: Callable[[], None] = lambda: None) -> tuple[float, float]:
     """(mean test loss, test accuracy) over the whole test set; `between` runs after each batch."""
     model.eval()
+    device = next(model.parameters()).device
     total_loss, correct, n = 0.0, 0, len(data.test_y)
     for start in range(0, n, EVAL_BATCH):
         between()
         idx = torch.arange(start, min(start + EVAL_BATCH, n))
         x, y = make_batch(data, idx, False)
+        x, y = x.to(device), y.to(device)
         out = model(x)
         total_loss += float(F.cross_entropy(out, y, reduction="sum"))
         correct += int((out.argmax(1) == y).sum())
@@ -52,7 +54,7 @@ class Evaluator(Worker):
             self._evaluate_until_stopped()
         finally:
             self.link.bye()
-            self.metrics_server.close()
+        self.after_job()
         return 0
 
     def _evaluate_until_stopped(self) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
+from dynabatch.common.config import ConfigError
 from dynabatch.common.data import DatasetNotFound
 from dynabatch.worker.evaluator import Evaluator
-from dynabatch.worker.options import WorkerOptions
+from dynabatch.worker.options import WorkerOptions, usable_device
 from dynabatch.worker.trainer import Worker
 
 log = logging.getLogger("dynabatch.worker")
@@ -20,6 +22,11 @@ def main(argv: Sequence[str]) -> int:
         [WorkerOptions, CurveOptions, MetricsOptions], argv,
     )
     keys = load_curve_keys("dynabatch worker", curve, server=False)
+    try:
+        usable_device(opts.device)
+    except ConfigError as exc:
+        print(f"dynabatch worker: error: {exc}", file=sys.stderr)
+        return 2
     cls = Evaluator if opts.evaluator else Worker
     try:
         return cls(opts, metrics.metrics_host, metrics.metrics_port, keys).run()

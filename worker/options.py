@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from dynabatch.common.config import ConfigError, opt, validate_fields
+from dynabatch.common.metrics import ON_FINISH
 from dynabatch.common.slowdown import Slowdown
 
 
@@ -19,6 +22,8 @@ class WorkerOptions:
     name: str = opt("", "name in logs and dashboards (default: HOST-PID)")
     probe_steps: int = opt(9, "timed steps to measure standalone speed before joining", minimum=1)
     request_timeout_s: float = opt(30.0, "give up on a shard request after this long, then retry", minimum=0.1)
+    device: str = opt("cpu", "where the model computes: cpu, cuda or cuda:N (parameters and gradients travel from the CPU)")
+    on_finish: str = opt("exit", "when the job ends: exit, or idle serving /healthz until stopped (Kubernetes)", ON_FINISH)
 
     def validate(self) -> None:
         validate_fields(self)
@@ -26,3 +31,25 @@ class WorkerOptions:
             Slowdown.parse(self.slowdown)
         except ValueError as exc:
             raise ConfigError(f"--slowdown: {exc}") from None
+        try:
+            kind = torch.device(self.device).type
+        except RuntimeError:
+            kind = ""
+        if kind not in ("cpu", "cuda"):
+            raise ConfigError(f"--device: {self.device!r} is not cpu, cuda or cuda:N")
+
+
+def usable_device(text: str) -> torch.device:
+    """The device named by --device if this machine has it; ConfigError otherwise.
+
+    Checked when the worker starts, not in `validate`, which must also accept a GPU
+    pool's settings on a machine without a GPU (the manifests' tests do that).
+    """
+    device = torch.device(text)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {text}: no CUDA device here (torch {torch.__version__}, "
+                              f"CUDA build {torch.version.cuda or 'none'}); use --device cpu or a CUDA build of torch")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device

@@ -70,6 +70,7 @@ class Worker:
         self.opts = opts
         self.name = opts.name or f"{socket.gethostname()}-{os.getpid()}"
         self.ctx = open_context(curve)
+        self.device = torch.device(opts.device)
         self.registry = CollectorRegistry()
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
@@ -94,14 +95,14 @@ class Worker:
         self.job: JobConfig = job_from_dict(welcome.config)
         self.link.conn.job = self.job.job
         self.data: Dataset = load_dataset(self.job.dataset, self.opts.data_dir or None)
-        self.model = model_for_job(self.job)
+        self.model = model_for_job(self.job).to(self.device)
         self.layout = make_layout(sum(p.numel() for p in self.model.parameters()), self.job.chunk_bytes, self.job.shards)
         self.last_hb = Heartbeat()
         self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id,
                                    self._heartbeat_while_waiting, self.job.heartbeat_s)
         self.m = WorkerMetrics(self.registry, self.id)
-        log.info("%s joined job %r as %s: %s on %s, %d shard(s), slowdown %s",
-                 self.name, self.job.job, self.id, self.job.model, self.job.dataset, len(welcome.shards), self.opts.slowdown)
+        log.info("%s joined job %r as %s: %s on %s, %d shard(s), slowdown %s, device %s", self.name, self.job.job,
+                 self.id, self.job.model, self.job.dataset, len(welcome.shards), self.opts.slowdown, self.device)
         return True
 
     def _heartbeat_while_waiting(self) -> None:
@@ -119,6 +120,8 @@ class Worker:
         """
         wall, cpu = time.perf_counter(), time.thread_time()
         loss = train_step(self.model, x, y)
+        if self.device.type == "cuda":  # the loss is in; the backward kernels may not be
+            torch.cuda.synchronize(self.device)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         wall += self.idle_for_slowdown(cpu)
         return loss, wall
@@ -146,13 +149,21 @@ class Worker:
         try:
             if not self.join("worker"):
                 return 0
-            return self._train()
+            self._train()
         finally:
             self.link.bye()
-            self.metrics_server.close()
+        self.after_job()
+        return 0
+
+    def after_job(self) -> None:
+        """With --on-finish idle, a job that ended (rather than a signal) leaves the process up."""
+        if self.opts.on_finish == "idle" and not self.stopping:
+            log.info("job finished; idling until stopped (--on-finish idle)")
+            self.health.idle_until(lambda: self.stopping)
+        self.metrics_server.close()
 
     def next_batch(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next `batch` samples of this worker's own shuffled order of the training set.
+        """The next `batch` samples of this worker's own shuffled order of the training set, on its device.
 
         After a failed step the same samples are used again, so what a worker
         trains on does not depend on when a shard or the scheduler hiccuped.
@@ -162,7 +173,8 @@ class Worker:
         else:
             self.replay, indices = [], self.order.take(batch)
         self.taken.append(indices)
-        return make_batch(self.data, indices, True, self.gen)
+        x, y = make_batch(self.data, indices, True, self.gen)
+        return x.to(self.device), y.to(self.device)
 
     def _train(self) -> int:
         self.order = SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))

@@ -1,0 +1,40 @@
+"""`--on-finish`: shards and workers exit when the job ends (local runs) or idle serving /healthz (Kubernetes)."""
+
+from __future__ import annotations
+
+import signal
+import urllib.request
+
+import pytest
+
+from harness import Cluster, Proc, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _healthz(p: Proc) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{p.metrics_port}/healthz", timeout=5) as r:
+        return r.status
+
+
+def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "2", "--eval-interval-s", "1",
+                           "--min-workers", "2"])
+    try:
+        c.scheduler()
+        idle = [c.shard(0, None, "--on-finish", "idle"), c.worker("a", "--on-finish", "idle"),
+                c.worker("ev", "--evaluator", "--on-finish", "idle")]
+        exits = c.worker("b")  # the default: exit with the job
+        c.wait_status("the job to finish", lambda s: s["finished"], timeout_s=120)
+        assert exits.proc.wait(30) == 0
+        for p in idle:
+            wait_for(f"{p.name} to idle", lambda: "idling until stopped" in p.text(), timeout_s=30)
+        for p in idle:
+            assert p.alive(), p.text()
+            assert _healthz(p) == 200, p.name
+        for p in idle:
+            p.proc.send_signal(signal.SIGTERM)
+        for p in idle:
+            assert p.proc.wait(15) == 0, p.text()
+    finally:
+        c.stop()
