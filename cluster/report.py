@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dynabatch.common import staleness
+
+ACCURACY_MARKS = (0.85, 0.88)
 WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "samples")
 
 
@@ -63,6 +66,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
             "left_early": wid not in at_stop,
         }
     train_s = max(1e-9, last["t"] - start_t)
+    stale = staleness.stats(last.get("staleness", []))
     step_means = [w["mean_step_s_after_warmup"] for w in workers.values()
                   if w["mean_step_s_after_warmup"] and not w["left_early"]]
     standalone = sum(w["standalone_samples_per_s"] for w in workers.values() if not w["left_early"])
@@ -78,6 +82,12 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "train_s": train_s,
         "samples_per_s": last["samples"] / train_s,
         "bytes_per_sample": last.get("bytes", 0) / max(1, last["samples"]),
+        "updates": stale.updates,
+        "staleness_mean": stale.mean,
+        "staleness_p99": stale.p99,
+        "time_to_accuracy_s": time_to_accuracy(timeline, ACCURACY_MARKS),
+        "budget_spent": bool(last.get("budget_spent")),
+        "decision_s": last.get("decision_s"),
         "local_steps": last.get("local_steps"),
         "sum_standalone_samples_per_s": standalone,
         "fraction_of_standalone": (last["samples"] / train_s) / standalone if standalone else None,
@@ -88,6 +98,22 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "workers": workers,
         "decisions": last.get("decisions", []),
     }
+
+
+def training_start(timeline: list[dict[str, Any]]) -> float | None:
+    """The scheduler-clock time the first batches were handed out, or None if they never were."""
+    snap = next((s for s in timeline if s.get("training_t") is not None), None)
+    return None if snap is None else snap["t"] - snap["training_t"]
+
+
+def time_to_accuracy(timeline: list[dict[str, Any]], marks: tuple[float, ...]) -> dict[str, float | None]:
+    """Seconds from the start of training to the first evaluation at or above each accuracy mark."""
+    start = training_start(timeline)
+    out: dict[str, float | None] = {}
+    for mark in marks:
+        hit = next((e for e in _evaluations(timeline) if e["test_acc"] >= mark), None)
+        out[f"{mark:g}"] = None if hit is None or start is None else hit["eval_t"] - start
+    return out
 
 
 def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:

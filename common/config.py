@@ -65,6 +65,10 @@ class JobConfig:
     weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0)
     nesterov: bool = opt(False, "Nesterov momentum on the shards")
     epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", minimum=0.0)
+    time_budget_s: float = opt(
+        0.0, "also stop this many seconds after training began (0: no limit); benchmarks compare runs at equal time",
+        minimum=0.0,
+    )
     pipeline: bool = opt(
         False, "overlap pulls with forward and pushes with backward, chunk by chunk (gradient protocols; experimental)"
     )

@@ -43,7 +43,9 @@ class Heartbeat:
     """Liveness plus what a process did since it started (cumulative counters).
 
     Cumulative rather than per-interval so that a lost heartbeat loses no
-    samples: the scheduler takes differences itself.
+    samples: the scheduler takes differences itself. `staleness[k]` counts the
+    shard updates this worker made that were k versions stale (the last entry
+    counts everything at or beyond it), as the shards' PUSH_ACKs reported.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -62,6 +64,7 @@ class Heartbeat:
     standalone_sps: float = 0.0
     assignment_id: int = 0
     updates: int = 0
+    staleness: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello, Welcome
 from dynabatch.common.wire import ProtocolError
@@ -90,6 +91,9 @@ class JobState:
         self.first_loss = math.nan
         self.training_started = False
         self.departed_bytes = 0
+        self.departed_staleness: list[int] = []
+        self.training_started_at: float | None = None
+        self.budget_spent = False
         self.num_shards = num_shards
         self.train_size = train_size
         self.started = time.monotonic() if now is None else now
@@ -170,6 +174,7 @@ class JobState:
         if member.role == "worker":
             self.departed_samples += member.samples
             self.departed_bytes += member.last.bytes
+            self.departed_staleness = staleness.add(self.departed_staleness, member.last.staleness)
         if member.role == "ps" and self.shards.get(member.shard_index) is member:
             del self.shards[member.shard_index]
         if member.id in self.allocation:
@@ -184,6 +189,7 @@ class JobState:
     def heartbeat(self, member_id: str, hb: Heartbeat, now: float) -> Assignment:
         """Record a heartbeat and answer with the member's current assignment."""
         member = self.member(member_id)
+        self.check_budget(now)
         if member.role == "worker":
             self._worker_heartbeat(member, hb, now)
         member.last_seen = now
@@ -198,6 +204,9 @@ class JobState:
                 raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be finite and non-negative, got {value}")
         if hb.samples < member.samples or hb.steps < member.steps or hb.batch < 0:
             raise ProtocolError("bad_field", "HEARTBEAT counters went backwards")
+        bad_counts = staleness.check(hb.staleness)
+        if bad_counts:
+            raise ProtocolError("bad_field", f"HEARTBEAT.staleness: {bad_counts}")
         new_steps = hb.steps - member.steps
         member.steps, member.samples = hb.steps, hb.samples
         if member.speed is None and hb.standalone_sps > 0:
@@ -233,7 +242,12 @@ class JobState:
 
     @property
     def stopping(self) -> bool:
-        return self.epoch >= self.job.epochs
+        return self.epoch >= self.job.epochs or self.budget_spent
+
+    def check_budget(self, now: float) -> None:
+        """Stop the job once `time_budget_s` has passed since the first batches were handed out."""
+        if self.job.time_budget_s > 0 and self.training_started_at is not None and not self.budget_spent:
+            self.budget_spent = now - self.training_started_at >= self.job.time_budget_s
 
     @property
     def finished(self) -> bool:
@@ -264,6 +278,15 @@ class JobState:
         return self.departed_bytes + sum(
             m.last.bytes for m in self.members.values() if m.role == "worker" and not m.left)
 
+    @property
+    def staleness_counts(self) -> list[int]:
+        """Updates by staleness over the whole job, departed workers included."""
+        total = self.departed_staleness
+        for m in self.members.values():
+            if m.role == "worker" and not m.left:
+                total = staleness.add(total, m.last.staleness)
+        return total
+
     # -- allocation ---------------------------------------------------------------
 
     def _reallocate(self, now: float, reason: str, subject: str, force: bool = False) -> None:
@@ -273,7 +296,8 @@ class JobState:
         if not ready or (not self.allocation and len(ready) < self.job.min_workers and not self.training_started):
             self.allocation = {}
             return
-        self.training_started = True
+        if not self.training_started:
+            self.training_started, self.training_started_at = True, now
         models = {wid: m.speed.fit() for wid, m in ready.items()}
         if self.job.batch_policy == "fixed" or any(model is None for model in models.values()):
             proposed = fixed_allocation(sorted(ready), self.job.global_batch, self.job.min_batch, self.job.max_batch)
@@ -320,6 +344,9 @@ class JobState:
             "target_epochs": self.job.epochs,
             "samples": self.samples,
             "bytes": self.bytes,
+            "staleness": self.staleness_counts,
+            "training_t": None if self.training_started_at is None else now - self.training_started_at,
+            "budget_spent": self.budget_spent,
             "local_steps": self.local_steps,
             "local_steps_reason": self.local_steps_reason,
             "loss": _finite_or_none(self.loss),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -27,6 +28,7 @@ from dynabatch.scheduler.options import SchedulerOptions
 
 log = logging.getLogger("dynabatch.scheduler")
 PHASES = ("step", "compute", "pull", "push", "wait")
+DECISION_TIMES_KEPT = 4096
 
 
 class SchedulerMetrics:
@@ -70,6 +72,7 @@ class SchedulerServer:
         self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.m.refused.labels("scheduler", reason).inc())
         self.stopping = False
         self._decisions_seen = 0
+        self.decision_times: deque[float] = deque(maxlen=DECISION_TIMES_KEPT)
         self._exported: set[str] = set()
 
     def run(self) -> int:
@@ -118,7 +121,9 @@ class SchedulerServer:
             elif isinstance(body, Heartbeat):
                 start = time.perf_counter()
                 reply = self.state.heartbeat(msg.sender, body, now)
-                self.m.decide.observe(time.perf_counter() - start)
+                took = time.perf_counter() - start
+                self.m.decide.observe(took)
+                self.decision_times.append(took)
             elif isinstance(body, EvalReport):
                 self.state.eval_report(msg.sender, body, now)
                 return
@@ -127,7 +132,7 @@ class SchedulerServer:
                 log.info("%s left", msg.sender)
                 return
             elif isinstance(body, StatusRequest):
-                reply = StatusReply(state=self.state.status(now))
+                reply = StatusReply(state={**self.state.status(now), "decision_s": self._decision_latency()})
             else:
                 raise ProtocolError("unexpected_type", f"the scheduler does not take {msg.type}")
         except ProtocolError as exc:
@@ -137,6 +142,17 @@ class SchedulerServer:
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             return self._reject(incoming, ProtocolError("internal", f"{type(exc).__name__}: {exc}", msg.seq))
         send_routed(self.sock, incoming.identity, reply, msg.seq, self.job.job, "scheduler")
+
+    def _decision_latency(self) -> dict[str, float | int | None]:
+        """Mean and p99 seconds to handle a heartbeat, over the last DECISION_TIMES_KEPT of them.
+
+        STATUS carries them so a benchmark reads exact figures rather than
+        interpolating the Prometheus histogram's buckets.
+        """
+        times = sorted(self.decision_times)
+        if not times:
+            return {"count": 0, "mean": None, "p99": None}
+        return {"count": len(times), "mean": sum(times) / len(times), "p99": times[min(len(times) - 1, int(0.99 * len(times)))]}
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.m.bad.labels("scheduler", error.code).inc()

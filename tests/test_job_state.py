@@ -11,7 +11,7 @@ from dynabatch.scheduler.job_state import JobState
 
 
 def _job(**kw) -> JobState:
-    cfg = JobConfig(dataset="synthetic", model="mlp", global_batch=96, epochs=1.0, liveness_timeout_s=2.0, **kw)
+    cfg = JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw})
     state = JobState(cfg, num_shards=1, train_size=1000, num_chunks=3, now=0.0)
     state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0)
     return state
@@ -120,3 +120,37 @@ def test_backwards_or_non_finite_heartbeats_change_nothing():
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat(a, hb, 2.0)
     assert (state.members[a].steps, state.members[a].samples, state.members[a].last_seen) == before
+
+
+def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
+    state = _job(epochs=100.0, time_budget_s=5.0)
+    state.heartbeat(state.hello(Hello(role="worker"), 0.0).id, Heartbeat(), 0.0)
+    assert not state.stopping  # no batches handed out yet: the clock has not started
+    wid = _join(state, 1000.0, now=2.0)
+    assert state.status(2.0)["training_t"] == 0.0
+    _step(state, wid, 0.1, 6.9)
+    assert not state.stopping
+    assert state.assignment_for(state.members[wid]).stop is False
+    _step(state, wid, 0.1, 7.0)
+    assert state.stopping and state.status(7.0)["budget_spent"]
+    assert state.assignment_for(state.members[wid]).stop is True
+
+
+def test_staleness_counts_sum_over_workers_including_departed_ones():
+    state = _job()
+    a, b = _join(state, 1000.0), _join(state, 1000.0)
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, staleness=[3, 1]), 0.1)
+    state.heartbeat(b, Heartbeat(standalone_sps=1000.0, staleness=[0, 2, 5]), 0.1)
+    assert state.status(0.1)["staleness"] == [3, 3, 5]
+    state.bye(b, 0.2)
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, staleness=[4, 1]), 0.3)
+    assert state.status(0.3)["staleness"] == [4, 3, 5]
+
+
+def test_bad_staleness_counts_are_refused_and_change_nothing():
+    state = _job()
+    wid = _join(state, 1000.0)
+    for counts in ([-1], [0] * 65):
+        with pytest.raises(ProtocolError, match="bad_field"):
+            state.heartbeat(wid, Heartbeat(standalone_sps=1000.0, staleness=counts), 0.1)
+    assert state.status(0.1)["staleness"] == []

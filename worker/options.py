@@ -16,7 +16,7 @@ class WorkerOptions:
     scheduler: str = opt("tcp://127.0.0.1:5555", "scheduler control endpoint")
     job: str = opt("dynabatch", "job name to join")
     data_dir: str = opt("", "folder with the dataset files (default: search the standard places)")
-    slowdown: str = opt("1", "emulated slowdown: a factor (4) or a schedule (1x,4x@60s,1x@120s)")
+    slowdown: str = opt("1", "emulated slowdown: a factor (4) or a schedule in seconds of training (1x,4x@60s,1x@120s)")
     evaluator: bool = opt(False, "only pull the model and report test loss and accuracy")
     threads: int = opt(1, "torch threads for compute", minimum=1)
     name: str = opt("", "name in logs and dashboards (default: HOST-PID)")

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 import zmq
 
+from dynabatch.common import staleness
 from dynabatch.common.chunking import Layout
 from dynabatch.common.messages import Error, Pull, Push, PushAck
 from dynabatch.common.transport import Connection, RemoteError
@@ -59,6 +60,7 @@ class ShardClients:
             self.poller.register(conn.sock, zmq.POLLIN)
         self.flat = torch.zeros(layout.total)
         self.moved_bytes = 0
+        self.staleness: list[int] = []
 
     def start_pull(self, min_versions: list[int] | None = None, ids: list[int] | None = None) -> "PendingPull":
         """Ask every shard for its chunks (or just `ids`); shards stream one PARAMS per chunk, front first.
@@ -89,7 +91,7 @@ class ShardClients:
             seqs.append(conn.send(Push(samples=samples, loss=loss, kind=kind), metas,
                                   [tensor[c.start : c.stop] for c in chunks]))
             self.moved_bytes += sum(m.nbytes for m in metas)
-        return PendingPush(seqs)
+        return PendingPush(self, seqs)
 
     def pull(self, min_versions: list[int] | None, timeout_s: float) -> PullResult:
         """Every chunk, blocking until all have arrived."""
@@ -224,13 +226,15 @@ class PendingPull(Pending):
 class PendingPush(Pending):
     """Acknowledgements of one push, one per shard that was sent chunks."""
 
-    def __init__(self, seqs: list[int]) -> None:
+    def __init__(self, client: ShardClients, seqs: list[int]) -> None:
+        self.client = client
         self.seqs = seqs
         self.acks: dict[int, PushAck] = {}
         self.refused: set[int] = set()
 
     def take(self, shard: int, msg: Message) -> None:
         self.acks[shard] = msg.body
+        staleness.record(self.client.staleness, msg.body.staleness)
 
     def refuse(self, shard: int, error: Error) -> None:
         """`unknown_sender` is worth resending to that shard alone; anything else fails the push."""

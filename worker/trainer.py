@@ -52,6 +52,7 @@ class WorkerMetrics:
                                 "Speed measured alone before joining (slowdown included).", ["worker"], registry=registry).labels(worker)
         self.errors = Counter("dynabatch_worker_request_errors", "Shard requests that failed and were retried.",
                               ["worker", "code"], registry=registry)
+        pass  # MUT  # exported at 0 from the start: a dashboard shows 0, not "No data"
         self.worker = worker
 
 
@@ -188,6 +189,7 @@ class Worker:
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
         steps = LocalSteps(self) if self.job.protocol in ("local", "msd") else GradientSteps(self)
         assignment = self._await_batch(hb)
+        self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
             try:
                 result = steps.step(assignment)
@@ -239,6 +241,7 @@ class Worker:
             steps=prev.steps + result.steps, samples=prev.samples + samples, batch=result.batch,
             step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull,
             push_s=times.push, wait_s=times.wait, sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
+            staleness=list(self.shards.staleness),
             version=result.version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
         )
         self.link.heartbeat(hb)
