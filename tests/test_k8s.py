@@ -618,23 +618,39 @@ REQUIRED_METRICS = {
     "dynabatch_job_test_accuracy",
     "dynabatch_job_epoch",
     "dynabatch_bad_messages_total",
+    "dynabatch_auth_failures_total",  # refused peers (CURVE)
     "dynabatch_scheduler_reassignments_total",
 }
 
 
 @functools.cache
-def exported_metrics() -> frozenset[str]:
-    """Every series name the code exports: metric definitions found in the package
-    sources, with the suffixes Prometheus' text format adds."""
+def defined_metrics() -> dict[str, str]:
+    """Every metric defined in the package sources: its base name (a counter's without
+    `_total`) and its kind."""
     packages = pyproject()["tool"]["setuptools"]["package-dir"].values()
-    found = set()
+    found = {}
     for folder in packages:
         for source in (ROOT / folder).rglob("*.py"):
             for kind, name in re.findall(r"\b(Counter|Gauge|Histogram|Summary)\(\s*[\"'](dynabatch_\w+)[\"']",
                                          source.read_text()):
-                base = name.removesuffix("_total") if kind == "Counter" else name
-                found.update(base + suffix for suffix in SUFFIXES[kind])
-    return frozenset(found)
+                found[name.removesuffix("_total") if kind == "Counter" else name] = kind
+    return found
+
+
+@functools.cache
+def exported_metrics() -> frozenset[str]:
+    """Every series name the code exports, with the suffixes Prometheus' text format adds."""
+    return frozenset(base + suffix for base, kind in defined_metrics().items() for suffix in SUFFIXES[kind])
+
+
+def test_readme_lists_every_metric_the_code_exports() -> None:
+    """The README's metric table, by exposed name (counters with `_total`) and type, and nothing else."""
+    rows = re.findall(r"^\| `(dynabatch_\w+)` \| (\w+) \|", (ROOT / "README.md").read_text(), re.M)
+    listed = dict(rows)
+    assert len(listed) == len(rows), "a metric is listed twice"
+    expected = {base + ("_total" if kind == "Counter" else ""): kind.lower() for base, kind in defined_metrics().items()}
+    assert "dynabatch_auth_failures_total" in expected and len(expected) > 25  # the scan works
+    assert listed == expected
 
 
 @functools.cache
