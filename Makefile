@@ -3,7 +3,7 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install --quiet -c constraints-cpu.txt
 
-.PHONY: install install-test run test bench
+.PHONY: install install-test run test bench bench-quick
 
 install:
 	bash scripts/system-deps.sh
@@ -19,5 +19,9 @@ run: install
 test: install-test
 	$(PYTHON) -m pytest
 
+# The full benchmark (about 90 minutes) rewrites bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
 bench: install
-	$(PYTHON) bench/transport.py
+	$(PYTHON) -m bench --publish $(ARGS)
+
+bench-quick: install
+	$(PYTHON) -m bench --quick $(ARGS)

@@ -56,6 +56,7 @@ RAW_PULL_REQUEST_BYTES = 8  # a raw pull request is the wanted byte count as 8 l
 RAW_ACK = b"ok"
 GRAD_VALUE = 1e-4  # small enough that thousands of SGD steps leave the parameters finite
 BYTES_PER_PARAM = 4
+CLIENT_THREADS = 1  # as `dynabatch worker --threads` defaults to
 
 
 @dataclass(frozen=True)
@@ -179,23 +180,24 @@ def wait_for(what: str, attempt: Callable[[], object], procs: Processes) -> obje
 # -- dynabatch -------------------------------------------------------------------------
 
 
-def job_flags(model: str, params: int, chunk_bytes: int) -> list[str]:
+def job_flags(model: str, params: int, chunk_bytes: int, shards: int = 1) -> list[str]:
     """A job that never ends by itself and never drops the benchmark's silent worker."""
     flags = ["--model", model, "--dataset", "synthetic", "--epochs", "1e9", "--chunk-bytes", str(chunk_bytes),
-             "--liveness-timeout-s", "3600", "--join-timeout-s", "3600"]
+             "--shards", str(shards), "--liveness-timeout-s", "3600", "--join-timeout-s", "3600"]
     return flags + (["--flat-params", str(params)] if model == "flat" else [])
 
 
 class DynabatchTarget:
-    """A real scheduler and shard, and this process registered as a worker of their job."""
+    """A real scheduler and `shards` shards, and this process registered as a worker of their job."""
 
     def __init__(self, ctx: zmq.Context, procs: Processes, model: str, params: int, chunk_bytes: int,
-                 shard_profile: Path | None = None) -> None:
+                 shard_profile: Path | None = None, shards: int = 1) -> None:
         scheduler = f"tcp://127.0.0.1:{free_port()}"
         procs.start("scheduler", role_cmd("scheduler", "--bind", scheduler, "--no-exit-on-finish",
-                                          *job_flags(model, params, chunk_bytes)))
-        procs.start("ps0", role_cmd("ps", "--scheduler", scheduler, "--bind", f"tcp://127.0.0.1:{free_port()}",
-                                    "--shard-index", "0", profile_to=shard_profile))
+                                          *job_flags(model, params, chunk_bytes, shards)))
+        for i in range(shards):
+            procs.start(f"ps{i}", role_cmd("ps", "--scheduler", scheduler, "--bind", f"tcp://127.0.0.1:{free_port()}",
+                                           "--shard-index", str(i), profile_to=shard_profile if i == 0 else None))
         control = Connection(ctx, scheduler, "dynabatch", "bench")
         try:
             welcome = wait_for("the scheduler to admit a worker", lambda: _hello(control), procs)
@@ -324,6 +326,8 @@ class SizeResult:
     step_bytes: int
     dynabatch: Side
     raw: Side
+    chunk_bytes: int = JobConfig().chunk_bytes
+    shards: int = 1
 
     @property
     def ratio(self) -> float:
@@ -354,20 +358,21 @@ def summarize(times: list[float], step_bytes: int) -> Side:
 
 
 def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str, params: int, chunk_bytes: int,
-                 settings: Settings) -> SizeResult:
-    """Start a job of `params` parameters and compare it with raw ZeroMQ, side by side."""
-    label = run_label(model, params)
-    log(f"[{label}] starting scheduler and shard")
+                 settings: Settings, shards: int = 1) -> SizeResult:
+    """Start a job of `params` parameters on `shards` shards and compare it with raw ZeroMQ, side by side."""
+    label = f"{run_label(model, params)}-{chunk_bytes >> 10}K-S{shards}"
+    log(f"[{label}] starting scheduler and {shards} shard(s)")
     procs = Processes(log_dir, f"{label}-")
     with ExitStack() as stack:
         stack.callback(procs.stop)
-        dyn = DynabatchTarget(ctx, procs, model, params, chunk_bytes)
+        dyn = DynabatchTarget(ctx, procs, model, params, chunk_bytes, shards=shards)
         stack.callback(dyn.close)
         raw = RawTarget(ctx, raw_endpoint, dyn.params)
         stack.callback(raw.close)
         times = interleave({"dynabatch": dyn, "raw": raw}, settings, label)
     return SizeResult(size_label(dyn.params), dyn.params, dyn.step_bytes,
-                      summarize(times["dynabatch"], dyn.step_bytes), summarize(times["raw"], raw.step_bytes))
+                      summarize(times["dynabatch"], dyn.step_bytes), summarize(times["raw"], raw.step_bytes),
+                      chunk_bytes, shards)
 
 
 def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int,
@@ -408,10 +413,11 @@ def _top(stats: pstats.Stats, lines: int = 25) -> str:
 
 def table(results: list[SizeResult]) -> str:
     """One row per size; a step is one pull plus one push, its time the median."""
-    rows = ["| size | params | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| size | params | chunk | shards | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        rows.append(f"| {r.size} | {r.params:,} | {r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
+        rows.append(f"| {r.size} | {r.params:,} | {r.chunk_bytes >> 10} KiB | {r.shards} | "
+                    f"{r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
                     f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} |")
     return "\n".join(rows)
 
@@ -463,11 +469,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                           f"(default: {' '.join(DEFAULT_SIZES)})")
     parser.add_argument("--model", default="flat", choices=MODELS,
                         help="job model (default: flat); the others have a fixed size and ignore --sizes")
-    parser.add_argument("--client-threads", type=int, default=0, metavar="N",
-                        help="torch threads of the benchmark's worker side (default 0: torch's own default, "
-                             "as in a worker)")
+    parser.add_argument("--client-threads", type=int, default=CLIENT_THREADS, metavar="N",
+                        help="torch threads of the benchmark's worker side (default: a worker's default --threads; "
+                             "more threads make each received chunk's copy a parallel one, which on a busy 2-core "
+                             "machine costs milliseconds of OpenMP wake-ups)")
     parser.add_argument("--chunk-bytes", type=int, default=JobConfig().chunk_bytes, metavar="B",
                         help="the job's chunk size (default: dynabatch's default)")
+    parser.add_argument("--shards", type=int, default=1, metavar="S", help="parameter-server shards (default 1)")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"folder for transport.json and transport.md (default: {DEFAULT_OUT})")
@@ -478,13 +486,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def compare(ctx: zmq.Context, log_dir: Path, model: str, sizes: list[int], chunk_bytes: int,
-            settings: Settings) -> list[SizeResult]:
-    """Every size against one raw server, which lives for the whole run."""
+@dataclass(frozen=True)
+class Case:
+    """One transport measurement: the model size, the job's chunk size and its number of shards."""
+
+    params: int
+    chunk_bytes: int = JobConfig().chunk_bytes
+    shards: int = 1
+
+
+def compare(ctx: zmq.Context, log_dir: Path, model: str, cases: list[Case], settings: Settings) -> list[SizeResult]:
+    """Every case against one raw server, which lives for the whole run."""
     procs = Processes(log_dir)
     try:
         endpoint = start_raw_server(procs)
-        return [measure_size(ctx, log_dir, endpoint, model, params, chunk_bytes, settings) for params in sizes]
+        return [measure_size(ctx, log_dir, endpoint, model, c.params, c.chunk_bytes, settings, c.shards) for c in cases]
     finally:
         procs.stop()
 
@@ -501,8 +517,7 @@ def main(argv: list[str]) -> int:
         return 0
     signal.signal(signal.SIGTERM, _exit_on_signal)
     settings = QUICK if args.quick else FULL
-    if args.client_threads:
-        torch.set_num_threads(args.client_threads)
+    torch.set_num_threads(args.client_threads)
     sizes = args.sizes if args.model == "flat" else [0]  # other models fix their own size
     args.out.mkdir(parents=True, exist_ok=True)
     ctx = zmq.Context()
@@ -512,7 +527,7 @@ def main(argv: list[str]) -> int:
             for params in sizes:
                 profile_size(ctx, log_dir, args.out, args.model, params, args.chunk_bytes, settings)
             return 0
-        results = compare(ctx, log_dir, args.model, sizes, args.chunk_bytes, settings)
+        results = compare(ctx, log_dir, args.model, [Case(p, args.chunk_bytes, args.shards) for p in sizes], settings)
     command = shlex.join(["python", *sys.argv])
     print(table(results))
     write_results(args.out, results, settings, command)

@@ -65,7 +65,12 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
             "samples": final["samples"],
             "left_early": wid not in at_stop,
         }
-    train_s = max(1e-9, last["t"] - start_t)
+    # Throughput counts from the first batches to the snapshot where the job began stopping: start-up
+    # (standalone probes, waiting for every worker) and the final evaluation are not training.
+    begin = training_start(timeline)
+    end = next((s for s in timeline if s.get("stopping")), last)
+    train_s = max(1e-9, end["t"] - (start_t if begin is None else begin))
+    samples_per_s = end["samples"] / train_s
     stale = staleness.stats(last.get("staleness", []))
     step_means = [w["mean_step_s_after_warmup"] for w in workers.values()
                   if w["mean_step_s_after_warmup"] and not w["left_early"]]
@@ -80,7 +85,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "samples": last["samples"],
         "wall_s": wall_s,
         "train_s": train_s,
-        "samples_per_s": last["samples"] / train_s,
+        "samples_per_s": samples_per_s,
         "bytes_per_sample": last.get("bytes", 0) / max(1, last["samples"]),
         "updates": stale.updates,
         "staleness_mean": stale.mean,
@@ -90,7 +95,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "decision_s": last.get("decision_s"),
         "local_steps": last.get("local_steps"),
         "sum_standalone_samples_per_s": standalone,
-        "fraction_of_standalone": (last["samples"] / train_s) / standalone if standalone else None,
+        "fraction_of_standalone": samples_per_s / standalone if standalone else None,
         "step_time_spread": (max(step_means) / min(step_means) - 1.0) if len(step_means) > 1 else None,
         "warmup_s": warm_t - start_t,
         "finished": bool(last.get("finished")),

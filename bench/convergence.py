@@ -1,0 +1,239 @@
+"""Convergence under heterogeneity: every protocol with fixed and dynamic batches at equal wall-clock time.
+
+Each run is a real `dynabatch run` (scheduler, shard, four workers, evaluator as
+separate processes) on Fashion-MNIST with the CNN, stopped by the job's
+`--time-budget-s` so every run gets the same training time. Runs are ordered
+seed-major (every configuration once, then every configuration again with the
+next seed), so a slow patch of a shared machine hits all configurations alike
+instead of one.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+PROTOCOLS = ("ssgd", "asgd", "softsync", "local", "msd")
+POLICIES = ("fixed", "dynamic")
+PAPER_NAMES = {("asgd", "dynamic"): "DBS-SGD", ("ssgd", "dynamic"): "LB-BSP",
+               ("softsync", "fixed"): "n-softsync", ("msd", "dynamic"): "multi-step delay"}
+SLOWDOWNS = ("1", "1", "2", "4")
+MARKS = ("0.85", "0.88")
+RUN_SLACK_S = 240.0  # start-up, the final evaluation and shutdown on a busy 2-core machine
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much to run: the configurations, seeds and the budget each run gets."""
+
+    configs: tuple[tuple[str, str], ...]
+    seeds: tuple[int, ...]
+    budget_s: float
+    eval_interval_s: float = 3.0
+
+
+def config_label(protocol: str, policy: str) -> str:
+    """`asgd+dynamic (DBS-SGD)`: our name, and the paper's where there is one."""
+    base = f"{protocol}+{policy}"
+    paper = PAPER_NAMES.get((protocol, policy))
+    return f"{base} ({paper})" if paper else base
+
+
+def heterogeneous(_budget_s: float) -> tuple[str, ...]:
+    """The papers' setting: two full-speed workers, one at half and one at a quarter speed."""
+    return SLOWDOWNS
+
+
+def midrun_slowdown(budget_s: float) -> tuple[str, ...]:
+    """Worker 0 runs at 1x, then 4x from a third of the budget, then 1x again from two thirds."""
+    third = budget_s / 3
+    return (f"1x,4x@{third:.0f}s,1x@{2 * third:.0f}s",) + SLOWDOWNS[1:]
+
+
+SCENARIOS: dict[str, Callable[[float], tuple[str, ...]]] = {
+    "heterogeneous": heterogeneous,
+    "midrun": midrun_slowdown,
+}
+
+
+@dataclass
+class RunResult:
+    """One run's figures (times in seconds since the first batches were handed out)."""
+
+    scenario: str
+    protocol: str
+    policy: str
+    seed: int
+    slowdowns: list[str]
+    ok: bool
+    error: str = ""
+    time_to: dict[str, float | None] = field(default_factory=dict)
+    final_test_acc: float | None = None
+    final_train_loss: float | None = None
+    samples_per_s: float | None = None
+    fraction_of_standalone: float | None = None
+    sum_standalone: float | None = None
+    slowest_standalone: float | None = None
+    staleness_mean: float | None = None
+    staleness_p99: int | None = None
+    bytes_per_sample: float | None = None
+    train_s: float | None = None
+    accuracy_curve: list[tuple[float, float]] = field(default_factory=list)
+    loss_curve: list[tuple[float, float]] = field(default_factory=list)
+    batches: list[list[float]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return config_label(self.protocol, self.policy)
+
+
+def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Settings, out: Path,
+            data_dir: str) -> RunResult:
+    """One `dynabatch run`, its console output in `out/NAME.log`, its run folder in `out/NAME/`."""
+    slowdowns = list(SCENARIOS[scenario](settings.budget_s))
+    name = f"{scenario}-{protocol}-{policy}-s{seed}"
+    cmd = [sys.executable, "-m", "dynabatch.cli.main", "run", "--workers", str(len(slowdowns)),
+           "--slowdowns", *slowdowns, "--protocol", protocol, "--batch-policy", policy, "--seed", str(seed),
+           "--epochs", "1000", "--time-budget-s", str(settings.budget_s),
+           "--eval-interval-s", str(settings.eval_interval_s), "--out", str(out), "--name", name,
+           "--progress-s", "30", "--timeout-s", str(settings.budget_s + RUN_SLACK_S)]
+    if data_dir:
+        cmd += ["--data-dir", data_dir]
+    result = RunResult(scenario, protocol, policy, seed, slowdowns, ok=False)
+    with open(out / f"{name}.log", "wb") as log_file:
+        code = subprocess.call(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    summary_path, timeline_path = out / name / "summary.json", out / name / "timeline.json"
+    if not summary_path.exists() or not timeline_path.exists():
+        result.error = f"exit {code}, no summary (see {out / name}.log)"
+        return result
+    summary = json.loads(summary_path.read_text())
+    if "error" in summary:
+        result.error = summary["error"]
+        return result
+    fill(result, summary, json.loads(timeline_path.read_text()))
+    result.ok = code == 0 and summary["finished"]
+    if not result.ok:
+        result.error = f"exit {code}, finished={summary['finished']}"
+    return result
+
+
+def fill(result: RunResult, summary: dict[str, Any], timeline: list[dict[str, Any]]) -> None:
+    """Copy a run's summary and curves (time since training began) into `result`."""
+    result.time_to = summary["time_to_accuracy_s"]
+    result.final_test_acc = summary["final_test_acc"]
+    result.final_train_loss = summary["final_train_loss"]
+    result.samples_per_s = summary["samples_per_s"]
+    result.fraction_of_standalone = summary["fraction_of_standalone"]
+    result.sum_standalone = summary["sum_standalone_samples_per_s"]
+    standalone = [w["standalone_samples_per_s"] for w in summary["workers"].values()]
+    result.slowest_standalone = min(standalone) if standalone else None
+    result.staleness_mean = summary["staleness_mean"]
+    result.staleness_p99 = summary["staleness_p99"]
+    result.bytes_per_sample = summary["bytes_per_sample"]
+    result.train_s = summary["train_s"]
+    start = next((s["t"] - s["training_t"] for s in timeline if s.get("training_t") is not None), 0.0)
+    evals = {s["eval_t"]: s["test_acc"] for s in timeline if s.get("test_acc") is not None and s.get("eval_t") is not None}
+    result.accuracy_curve = [(t - start, acc) for t, acc in sorted(evals.items())]
+    result.loss_curve = [(s["t"] - start, s["loss"]) for s in timeline if s.get("loss") is not None and s["t"] >= start]
+    result.batches = [[s["t"] - start] + [w["batch"] for w in sorted(s["workers"].values(), key=lambda w: w["name"])]
+                      for s in timeline if s.get("workers") and s["t"] >= start]  # worker0, worker1, ... as started
+
+
+def run_scenario(scenario: str, settings: Settings, out: Path, data_dir: str,
+                 progress: Callable[[str], None]) -> list[RunResult]:
+    """Every configuration under every seed, seed-major; a failed run is reported, not fatal."""
+    out.mkdir(parents=True, exist_ok=True)
+    plan = [(seed, p, b) for seed in settings.seeds for p, b in settings.configs]
+    results = []
+    started = time.monotonic()
+    for i, (seed, protocol, policy) in enumerate(plan, 1):
+        r = run_one(scenario, protocol, policy, seed, settings, out, data_dir)
+        results.append(r)
+        elapsed = time.monotonic() - started
+        eta = elapsed / i * (len(plan) - i)
+        progress(f"[{scenario} {i}/{len(plan)}] {r.label} seed {seed}: " + (describe(r) if r.ok or r.final_test_acc
+                 else f"FAILED ({r.error})") + f"  (elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)")
+    return results
+
+
+def describe(r: RunResult) -> str:
+    """One progress line's worth of a run."""
+    acc = f"{100 * r.final_test_acc:.2f}%" if r.final_test_acc is not None else "n/a"
+    times = ", ".join(f"{float(m) * 100:.0f}% at {t:.0f}s" if t is not None else f"{float(m) * 100:.0f}% not reached"
+                      for m, t in r.time_to.items())
+    return (f"{acc} at the budget ({times}); {r.samples_per_s or 0:.0f} samples/s = "
+            f"{100 * (r.fraction_of_standalone or 0):.0f}% of standalone")
+
+
+@dataclass
+class ConfigStats:
+    """One configuration over its seeds: means, and how many seeds reached each mark."""
+
+    label: str
+    protocol: str
+    policy: str
+    runs: int
+    ok_runs: int
+    time_to: dict[str, float | None]
+    reached: dict[str, int]
+    final_test_acc: float | None
+    final_test_acc_sd: float | None
+    final_train_loss: float | None
+    samples_per_s: float | None
+    fraction_of_standalone: float | None
+    slowest_pace_fraction: float | None
+    staleness_mean: float | None
+    staleness_p99: float | None
+    bytes_per_sample: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.fmean(got) if got else None
+
+
+def _sd(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.stdev(got) if len(got) > 1 else None
+
+
+def aggregate(results: list[RunResult]) -> list[ConfigStats]:
+    """Per configuration, in the order first run; a mark's time is the mean over the seeds that reached it."""
+    order: list[tuple[str, str]] = []
+    for r in results:
+        if (r.protocol, r.policy) not in order:
+            order.append((r.protocol, r.policy))
+    stats = []
+    for protocol, policy in order:
+        runs = [r for r in results if (r.protocol, r.policy) == (protocol, policy)]
+        good = [r for r in runs if r.final_test_acc is not None]
+        slowest = [len(r.slowdowns) * r.slowest_standalone / r.sum_standalone for r in good
+                   if r.slowest_standalone and r.sum_standalone]
+        stats.append(ConfigStats(
+            label=config_label(protocol, policy), protocol=protocol, policy=policy, runs=len(runs), ok_runs=len(good),
+            time_to={m: _mean([r.time_to.get(m) for r in good]) for m in MARKS},
+            reached={m: sum(1 for r in good if r.time_to.get(m) is not None) for m in MARKS},
+            final_test_acc=_mean([r.final_test_acc for r in good]),
+            final_test_acc_sd=_sd([r.final_test_acc for r in good]),
+            final_train_loss=_mean([r.final_train_loss for r in good]),
+            samples_per_s=_mean([r.samples_per_s for r in good]),
+            fraction_of_standalone=_mean([r.fraction_of_standalone for r in good]),
+            slowest_pace_fraction=_mean(slowest),
+            staleness_mean=_mean([r.staleness_mean for r in good]),
+            staleness_p99=_mean([r.staleness_p99 for r in good]),
+            bytes_per_sample=_mean([r.bytes_per_sample for r in good]),
+        ))
+    return stats
+
+
+def all_configs() -> tuple[tuple[str, str], ...]:
+    return tuple((p, b) for p in PROTOCOLS for b in POLICIES)

@@ -1,0 +1,116 @@
+"""The benchmark's PNG plots, each drawn from the results dictionary alone (so they can be redrawn)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from bench.convergence import config_label  # noqa: E402
+
+
+def _colors(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    labels = list(dict.fromkeys(config_label(r["protocol"], r["policy"]) for r in runs))
+    cmap = plt.get_cmap("tab10")
+    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Test accuracy and training loss against time, every run on one chart, one colour per configuration."""
+    colors = _colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    labelled: set[str] = set()
+    for r in runs:
+        label = config_label(r["protocol"], r["policy"])
+        kw = {"color": colors[label], "alpha": 0.8, "linewidth": 1.2,
+              "label": None if label in labelled else label}
+        labelled.add(label)
+        if r["accuracy_curve"]:
+            t, acc = zip(*r["accuracy_curve"])
+            ax1.plot(t, [100 * a for a in acc], **kw)
+        if r["loss_curve"]:
+            t, loss = zip(*r["loss_curve"])
+            ax2.plot(t, loss, **kw)
+    for mark in (85, 88):
+        ax1.axhline(mark, color="grey", linestyle=":", linewidth=0.8)
+    ax1.set_ylim(60, 95)
+    ax1.set_xlabel("seconds of training")
+    ax1.set_ylabel("test accuracy (%)")
+    ax2.set_xlabel("seconds of training")
+    ax2.set_ylabel("training loss (smoothed)")
+    ax2.set_yscale("log")
+    ax1.grid(alpha=0.3)
+    ax2.grid(alpha=0.3)
+    ax1.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Per-worker batch sizes against time for one run of each dynamic configuration given."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+    for ax, r in zip(axes[0], runs):
+        if r["batches"]:
+            t = [row[0] for row in r["batches"]]
+            for w in range(1, len(r["batches"][0])):
+                ax.step(t, [row[w] if w < len(row) else float("nan") for row in r["batches"]], where="post",
+                        label=f"worker{w - 1} (slowdown {r['slowdowns'][w - 1]})")
+        ax.set_title(config_label(r["protocol"], r["policy"]), fontsize=10)
+        ax.set_xlabel("seconds of training")
+        ax.set_ylabel("batch size")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def transport(results: list[dict[str, Any]], path: Path) -> Path:
+    """Push+pull throughput of dynabatch and raw ZeroMQ against model size (1 MiB chunks, 1 shard)."""
+    rows = sorted((r for r in results if r["shards"] == 1 and r["chunk_bytes"] == 1 << 20), key=lambda r: r["params"])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = [r["params"] for r in rows]
+    ax.plot(x, [r["dynabatch"]["mb_per_s"] for r in rows], "o-", label="dynabatch (scheduler + shard)")
+    ax.plot(x, [r["raw"]["mb_per_s"] for r in rows], "s--", label="raw ZeroMQ (ceiling)")
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("MB/s of pull + push payload")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("Transport: pull + push throughput on 127.0.0.1")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def scale(results: list[dict[str, Any]], path: Path) -> Path:
+    """Shard updates/s and decision latency against the number of light workers, one line per shard count."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for shards in sorted({r["shards"] for r in results}):
+        rows = sorted((r for r in results if r["shards"] == shards and r["updates_per_s"] is not None),
+                      key=lambda r: r["workers"])
+        w = [r["workers"] for r in rows]
+        ax1.plot(w, [r["worker_steps_per_s"] for r in rows], "o-", label=f"{shards} shard(s)")
+        ax2.plot(w, [1e3 * r["decision_p99_s"] for r in rows], "o-", label=f"{shards} shard(s)")
+    ax1.set_xlabel("light workers")
+    ax1.set_ylabel("model updates/s (worker pushes)")
+    ax2.set_xlabel("light workers")
+    ax2.set_ylabel("scheduler decision p99 (ms)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("Scale: many light workers against 1-4 shards")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,103 @@
+"""The benchmarks' pure parts: aggregation over seeds, the verdict rules, and the report.
+
+The measurements themselves are benchmarks (`python -m bench`), not tests; what
+is tested here is that the figures they produce are turned into the right
+verdicts, including the cases where a target is missed or a mark never reached.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bench import convergence, report, verdicts
+from bench.convergence import RunResult
+
+
+def _run(protocol: str, policy: str, seed: int, acc: float, loss: float, sps: float, t88: float | None,
+         bps: float = 1000.0, frac: float = 0.8) -> RunResult:
+    return RunResult(
+        "heterogeneous", protocol, policy, seed, ["1", "1", "2", "4"], ok=True,
+        time_to={"0.85": 10.0 if acc >= 0.85 else None, "0.88": t88}, final_test_acc=acc, final_train_loss=loss,
+        samples_per_s=sps, fraction_of_standalone=frac, sum_standalone=4000.0, slowest_standalone=400.0,
+        staleness_mean=1.5, staleness_p99=4, bytes_per_sample=bps, train_s=60.0,
+        accuracy_curve=[(5.0, 0.7), (10.0, acc)], loss_curve=[(1.0, 1.0), (10.0, loss)], batches=[[0.0, 64, 64, 40, 24]],
+    )
+
+
+def _runs() -> list[dict]:
+    rs = []
+    for seed in (0, 1, 2):
+        rs += [
+            _run("asgd", "dynamic", seed, 0.885, 0.30, 3000.0, 50.0 + seed, frac=0.92),
+            _run("asgd", "fixed", seed, 0.875, 0.35, 2900.0, None if seed else 70.0, frac=0.90),
+            _run("softsync", "fixed", seed, 0.870, 0.36, 2500.0, None),
+            _run("ssgd", "fixed", seed, 0.860, 0.40, 1200.0, None, bps=27000.0, frac=0.31),
+            _run("ssgd", "dynamic", seed, 0.880, 0.33, 2400.0, 60.0, bps=27000.0),
+            _run("local", "dynamic", seed, 0.878, 0.34, 2000.0, 65.0, bps=4000.0),
+            _run("msd", "dynamic", seed, 0.879, 0.33, 2600.0, 62.0, bps=4000.0),
+        ]
+    return [r.__dict__ for r in rs]
+
+
+def test_aggregate_means_over_seeds_and_counts_marks_reached():
+    runs = [_run("asgd", "fixed", s, 0.87 + 0.01 * s, 0.3, 1000.0, None if s == 0 else 40.0 + s) for s in range(3)]
+    (stats,) = convergence.aggregate(runs)
+    assert stats.runs == stats.ok_runs == 3
+    assert stats.reached == {"0.85": 3, "0.88": 2}
+    assert stats.time_to["0.88"] == 41.5
+    assert math.isclose(stats.final_test_acc, 0.88)
+    assert math.isclose(stats.slowest_pace_fraction, 4 * 400.0 / 4000.0)
+
+
+def test_a_mark_never_reached_counts_as_never_in_the_median():
+    runs = [r for r in _runs() if r["protocol"] == "asgd" and r["policy"] == "fixed"]
+    assert math.isinf(verdicts.median_time_to(runs, "0.88"))  # reached by one seed of three
+
+
+def test_verdicts_follow_the_figures():
+    by_claim = {v.claim: v for v in verdicts.paper_claims(_runs()) + verdicts.targets(_runs(), {"speed_ratio": 0.75})}
+    assert by_claim["DBS-SGD reaches a lower training loss than ASGD at equal time"].holds is True
+    assert by_claim["DBS-SGD reaches 88% sooner than asgd+fixed (median over seeds)"].holds is True
+    assert by_claim["DBS-SGD reaches 88% sooner than ssgd+fixed (median over seeds)"].measured.startswith("51 s vs not")
+    assert by_claim["DBS-SGD keeps at least 90% of the workers' summed standalone speed"].holds is True
+    ddp = by_claim["synchronous steps at least 0.8x the speed of DDP/gloo"]
+    assert ddp.holds is False and "missed by 0.05" in ddp.measured
+    assert by_claim["multi-step delay moves fewer bytes per sample than SSGD (dynamic batches)"].holds is True
+    assert by_claim["multi-step delay trains faster than local SGD by not waiting for the average (dynamic batches)"].holds
+
+
+def test_a_missed_fraction_says_by_how_much():
+    runs = [r for r in _runs() if r["protocol"] != "asgd" or r["policy"] != "dynamic"]
+    runs += [_run("asgd", "dynamic", 0, 0.88, 0.3, 3000.0, 50.0, frac=0.55).__dict__]
+    (frac,) = [v for v in verdicts.targets(runs, None) if "standalone" in v.claim and "DBS" in v.claim]
+    assert frac.holds is False and "missed by 35 points" in frac.measured
+
+
+def test_configurations_not_run_are_reported_as_not_measured():
+    only = [r for r in _runs() if r["protocol"] == "asgd"]
+    claims = verdicts.paper_claims(only)
+    assert any(v.holds is None and "n-softsync" in v.claim for v in claims)
+    assert all(v.holds is not None for v in claims if "ASGD" in v.claim)
+
+
+def test_the_report_has_every_section_and_links_its_plots():
+    runs = _runs()
+    results = {
+        "mode": "quick", "command": "python -m bench --quick", "started": "now", "wall_s": 60.0,
+        "machine": {"cpus": 2, "platform": "linux", "python": "3.11", "torch": "2", "libzmq": "4"},
+        "settings": {"convergence": {"budget_s": 60.0, "seeds": [0, 1, 2], "eval_interval_s": 3.0},
+                     "midrun": {"budget_s": 60.0, "seeds": [0], "eval_interval_s": 3.0}},
+        "heterogeneous": {"runs": runs, "configs": [c.to_dict() for c in convergence.aggregate(
+            [RunResult(**{k: v for k, v in r.items()}) for r in runs])]},
+        "ddp": {"settings": {"workers": 2, "global_batch": 192, "duration_s": 10.0, "rounds": 1},
+                "rounds": [{"dynabatch_step_s": 0.03, "ddp_step_s": 0.033}], "speed_ratio": 1.1},
+        "scale": [{"workers": 8, "shards": 1, "updates_per_s": 400.0, "worker_steps_per_s": 400.0,
+                   "decision_mean_s": 4e-4, "decision_p99_s": 2e-3, "decisions": 100, "error": ""}],
+    }
+    text = report.render(results, "plots/")
+    for heading in ("## Targets, as measured", "## The papers' claims", "## 1. Convergence under heterogeneity",
+                    "### Synchronous training step against DDP", "## 4. Scale"):
+        assert heading in text
+    assert "](plots/heterogeneous.png)" in text and "](plots/scale.png)" in text
+    assert "| asgd+dynamic (DBS-SGD) | 3/3 | 10 s (3/3) | 51 s (3/3) | 88.50%" in text
+    assert "**1.10**" in text
