@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 import subprocess
 import sys
@@ -117,3 +118,17 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
     finally:
         c.stop()
 
+
+
+@pytest.mark.slow
+def test_dynabatch_run_with_curve_dir_finishes(tmp_path):
+    """`dynabatch run --curve-dir`: every child and the run's own STATUS link use the keys."""
+    keys = tmp_path / "keys"
+    assert _keys(keys).returncode == 0
+    out = subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r", "--curve-dir", str(keys),
+         "--dataset", "synthetic", "--model", "mlp", "--epochs", "0.5", "--workers", "1", "--slowdowns", "1",
+         "--eval-interval-s", "1"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["finished"] and summary["final_eval"]
