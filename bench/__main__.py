@@ -62,8 +62,8 @@ QUICK = Mode(
 )
 FULL = Mode(
     "full",
-    convergence.Settings(convergence.all_configs(), (0, 1, 2), 90.0),
-    convergence.Settings(convergence.all_configs(), (0,), 90.0),
+    convergence.Settings(convergence.all_configs(), (0, 1, 2), 100.0),
+    convergence.Settings(convergence.all_configs(), (0,), 100.0),
     tuple([Case(n) for n in (M // 10, M, 5 * M, 10 * M, 25 * M)]
           + [Case(n, c) for n in (M, 10 * M) for c in (MIB // 4, 4 * MIB)]
           + [Case(10 * M, shards=s) for s in (2, 3, 4)]),

@@ -79,7 +79,9 @@ class RunResult:
     samples_per_s: float | None = None
     fraction_of_standalone: float | None = None
     sum_standalone: float | None = None
-    slowest_standalone: float | None = None
+    fraction_of_compute: float | None = None
+    sum_compute: float | None = None
+    slowest_compute: float | None = None
     staleness_mean: float | None = None
     staleness_p99: int | None = None
     bytes_per_sample: float | None = None
@@ -131,8 +133,10 @@ def fill(result: RunResult, summary: dict[str, Any], timeline: list[dict[str, An
     result.samples_per_s = summary["samples_per_s"]
     result.fraction_of_standalone = summary["fraction_of_standalone"]
     result.sum_standalone = summary["sum_standalone_samples_per_s"]
-    standalone = [w["standalone_samples_per_s"] for w in summary["workers"].values()]
-    result.slowest_standalone = min(standalone) if standalone else None
+    result.fraction_of_compute = summary["fraction_of_compute_speed"]
+    result.sum_compute = summary["sum_compute_samples_per_s"]
+    compute = [w["compute_samples_per_s"] for w in summary["workers"].values() if w["compute_samples_per_s"]]
+    result.slowest_compute = min(compute) if compute else None
     result.staleness_mean = summary["staleness_mean"]
     result.staleness_p99 = summary["staleness_p99"]
     result.bytes_per_sample = summary["bytes_per_sample"]
@@ -168,7 +172,8 @@ def describe(r: RunResult) -> str:
     times = ", ".join(f"{float(m) * 100:.0f}% at {t:.0f}s" if t is not None else f"{float(m) * 100:.0f}% not reached"
                       for m, t in r.time_to.items())
     return (f"{acc} at the budget ({times}); {r.samples_per_s or 0:.0f} samples/s = "
-            f"{100 * (r.fraction_of_standalone or 0):.0f}% of standalone")
+            f"{100 * (r.fraction_of_compute or 0):.0f}% of the compute-only speed, "
+            f"{100 * (r.fraction_of_standalone or 0):.0f}% of the start-up probes")
 
 
 @dataclass
@@ -187,6 +192,7 @@ class ConfigStats:
     final_train_loss: float | None
     samples_per_s: float | None
     fraction_of_standalone: float | None
+    fraction_of_compute: float | None
     slowest_pace_fraction: float | None
     staleness_mean: float | None
     staleness_p99: float | None
@@ -216,8 +222,8 @@ def aggregate(results: list[RunResult]) -> list[ConfigStats]:
     for protocol, policy in order:
         runs = [r for r in results if (r.protocol, r.policy) == (protocol, policy)]
         good = [r for r in runs if r.final_test_acc is not None]
-        slowest = [len(r.slowdowns) * r.slowest_standalone / r.sum_standalone for r in good
-                   if r.slowest_standalone and r.sum_standalone]
+        slowest = [len(r.slowdowns) * r.slowest_compute / r.sum_compute for r in good
+                   if r.slowest_compute and r.sum_compute]
         stats.append(ConfigStats(
             label=config_label(protocol, policy), protocol=protocol, policy=policy, runs=len(runs), ok_runs=len(good),
             time_to={m: _mean([r.time_to.get(m) for r in good]) for m in MARKS},
@@ -227,6 +233,7 @@ def aggregate(results: list[RunResult]) -> list[ConfigStats]:
             final_train_loss=_mean([r.final_train_loss for r in good]),
             samples_per_s=_mean([r.samples_per_s for r in good]),
             fraction_of_standalone=_mean([r.fraction_of_standalone for r in good]),
+            fraction_of_compute=_mean([r.fraction_of_compute for r in good]),
             slowest_pace_fraction=_mean(slowest),
             staleness_mean=_mean([r.staleness_mean for r in good]),
             staleness_p99=_mean([r.staleness_p99 for r in good]),

@@ -13,6 +13,18 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from bench.convergence import config_label  # noqa: E402
 
 
+def _save(fig: plt.Figure, axes: list[plt.Axes], title: str, path: Path) -> Path:
+    """Grid and legend on every axis, the title, and the PNG."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def _colors(runs: list[dict[str, Any]]) -> dict[str, Any]:
     labels = list(dict.fromkeys(config_label(r["protocol"], r["policy"]) for r in runs))
     cmap = plt.get_cmap("tab10")
@@ -43,14 +55,7 @@ def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     ax2.set_xlabel("seconds of training")
     ax2.set_ylabel("training loss (smoothed)")
     ax2.set_yscale("log")
-    ax1.grid(alpha=0.3)
-    ax2.grid(alpha=0.3)
-    ax1.legend(fontsize=8, loc="lower right")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, [ax1], title, path)
 
 
 def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
@@ -65,13 +70,7 @@ def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
         ax.set_title(config_label(r["protocol"], r["policy"]), fontsize=10)
         ax.set_xlabel("seconds of training")
         ax.set_ylabel("batch size")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, list(axes[0]), title, path)
 
 
 def transport(results: list[dict[str, Any]], path: Path) -> Path:
@@ -84,13 +83,7 @@ def transport(results: list[dict[str, Any]], path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
     ax.set_ylabel("MB/s of pull + push payload")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("Transport: pull + push throughput on 127.0.0.1")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, [ax], "Transport: pull + push throughput on 127.0.0.1 (1 MiB chunks, 1 shard)", path)
 
 
 def scale(results: list[dict[str, Any]], path: Path) -> Path:
@@ -106,11 +99,4 @@ def scale(results: list[dict[str, Any]], path: Path) -> Path:
     ax1.set_ylabel("model updates/s (worker pushes)")
     ax2.set_xlabel("light workers")
     ax2.set_ylabel("scheduler decision p99 (ms)")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("Scale: many light workers against 1-4 shards")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, [ax1, ax2], "Scale: many light workers against 1-4 shards", path)

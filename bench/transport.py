@@ -333,6 +333,12 @@ class SizeResult:
     def ratio(self) -> float:
         return self.dynabatch.mb_per_s / self.raw.mb_per_s
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SizeResult":
+        """Back from results.json (which also holds the derived `ratio`)."""
+        fields = {k: v for k, v in d.items() if k != "ratio"}
+        return cls(**{**fields, "dynabatch": Side(**d["dynabatch"]), "raw": Side(**d["raw"])})
+
 
 def interleave(targets: dict[str, Target], settings: Settings, label: str) -> dict[str, list[float]]:
     """Per-step times of each target, measured in alternating blocks after a warm-up."""

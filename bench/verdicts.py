@@ -124,16 +124,19 @@ def targets(runs: list[dict[str, Any]], ddp: dict[str, Any] | None) -> list[Verd
     out = []
     dbs, ssgd = _runs(runs, "asgd", "dynamic"), _runs(runs, "ssgd", "fixed")
     if dbs:
-        frac = _mean(dbs, "fraction_of_standalone")
+        frac, probe = _mean(dbs, "fraction_of_compute"), _mean(dbs, "fraction_of_standalone")
         out.append(Verdict(f"DBS-SGD keeps at least {TARGET_FRACTION:.0%} of the workers' summed standalone speed",
-                           f"{frac:.0%} ({_margin(frac - TARGET_FRACTION)})", frac >= TARGET_FRACTION))
+                           f"{frac:.0%} of the compute-only speed ({_margin(frac - TARGET_FRACTION)}); "
+                           f"{probe:.0%} of the start-up probes", frac >= TARGET_FRACTION))
     else:
-        out.append(Verdict("DBS-SGD keeps at least 90% of the summed standalone speed", "not run", None))
+        out.append(Verdict(f"DBS-SGD keeps at least {TARGET_FRACTION:.0%} of the workers' summed standalone speed",
+                           "not run in this mode", None))
     if ssgd:
-        frac = _mean(ssgd, "fraction_of_standalone")
-        pace = statistics.fmean(len(r["slowdowns"]) * r["slowest_standalone"] / r["sum_standalone"] for r in ssgd)
+        frac = _mean(ssgd, "fraction_of_compute")
+        pace = statistics.fmean(len(r["slowdowns"]) * r["slowest_compute"] / r["sum_compute"] for r in ssgd)
         out.append(Verdict("ssgd+fixed keeps only the slowest worker's pace (the baseline DBS-SGD must beat)",
-                           f"{frac:.0%} of standalone; the slowest worker's pace is {pace:.0%}", frac <= pace * 1.1))
+                           f"{frac:.0%} of the compute-only speed; the slowest worker's pace is {pace:.0%}",
+                           frac <= pace * 1.1))
     for other in (("asgd", "fixed"), ("ssgd", "fixed")):
         theirs = _runs(runs, *other)
         name = f"DBS-SGD reaches 88% sooner than {other[0]}+{other[1]} (median over seeds)"

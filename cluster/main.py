@@ -175,12 +175,14 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     lines = [
         f"finished={summary['finished']}  test accuracy {100 * acc:.2f}%" if acc is not None else "no evaluation",
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
-        f"({100 * (summary['fraction_of_standalone'] or 0):.0f}% of the workers' summed standalone speed)",
+        f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
+        f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",
     ]
     for wid, w in summary["workers"].items():
         step = w["mean_step_s_after_warmup"]
         lines.append(f"  {wid} {w['name']:<16} batch {w['final_batch']:>4}  step {1000 * step if step else float('nan'):7.1f} ms"
-                     f"  standalone {w['standalone_samples_per_s']:7.0f} samples/s")
+                     f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
+                     f"  probed {w['standalone_samples_per_s']:7.0f} samples/s")
     if summary["step_time_spread"] is not None:
         lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")
     lines.append(f"run folder: {run_dir}")

@@ -36,6 +36,13 @@ def write_timeline(run_dir: Path, timeline: list[dict[str, Any]]) -> None:
 def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: float) -> dict[str, Any]:
     """Final accuracy and loss, throughput, and per-worker batch, step time and speed.
 
+    Two yardsticks for throughput: the standalone speeds the workers probed at
+    start-up, and their compute-only speeds during the run (samples over seconds
+    of forward/backward, slowdown included). On a machine whose cores the workers
+    share, the second is what each worker could do alone under the same
+    contention, so the fraction of it is the share of time the protocol spends
+    communicating or waiting.
+
     A worker's mean step time is the difference of its cumulative step seconds
     over the difference of its steps between the end of warm-up and its last
     snapshot, so every step after warm-up counts once however often we sampled.
@@ -62,6 +69,8 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
             "mean_step_s_after_warmup": mean_step,
             "steps_after_warmup": steps,
             "standalone_samples_per_s": final["standalone_sps"],
+            "compute_samples_per_s": (final["observed_samples"] / final["compute_s_total"]
+                                      if final.get("compute_s_total") else None),
             "samples": final["samples"],
             "left_early": wid not in at_stop,
         }
@@ -75,6 +84,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
     step_means = [w["mean_step_s_after_warmup"] for w in workers.values()
                   if w["mean_step_s_after_warmup"] and not w["left_early"]]
     standalone = sum(w["standalone_samples_per_s"] for w in workers.values() if not w["left_early"])
+    compute = sum(w["compute_samples_per_s"] or 0.0 for w in workers.values() if not w["left_early"])
     return {
         "protocol": last.get("protocol"),
         "batch_policy": last.get("batch_policy"),
@@ -96,6 +106,8 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "local_steps": last.get("local_steps"),
         "sum_standalone_samples_per_s": standalone,
         "fraction_of_standalone": samples_per_s / standalone if standalone else None,
+        "sum_compute_samples_per_s": compute,
+        "fraction_of_compute_speed": samples_per_s / compute if compute else None,
         "step_time_spread": (max(step_means) / min(step_means) - 1.0) if len(step_means) > 1 else None,
         "warmup_s": warm_t - start_t,
         "finished": bool(last.get("finished")),

@@ -46,6 +46,8 @@ class Member:
     last: Heartbeat = field(default_factory=Heartbeat)
     step_s_total: float = 0.0
     observed_steps: int = 0
+    compute_s_total: float = 0.0
+    observed_samples: int = 0
     heartbeats: int = 0
     left: bool = False
 
@@ -59,6 +61,7 @@ class Member:
             "wait_s": hb.wait_s, "samples_per_s": hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
             "standalone_sps": self.standalone_sps, "loss": _finite_or_none(hb.loss),
             "step_s_total": self.step_s_total, "observed_steps": self.observed_steps,
+            "compute_s_total": self.compute_s_total, "observed_samples": self.observed_samples,
             "version": hb.version, "updates": hb.updates, "endpoint": self.endpoint,
         }
 
@@ -217,6 +220,8 @@ class JobState:
             member.speed.observe(hb.batch, hb.step_s)
             member.step_s_total += hb.step_s * new_steps
             member.observed_steps += new_steps
+            member.compute_s_total += hb.compute_s * new_steps
+            member.observed_samples += hb.batch * new_steps
             if math.isfinite(hb.loss):
                 self.loss = hb.loss if math.isnan(self.loss) else (
                     LOSS_SMOOTHING * self.loss + (1 - LOSS_SMOOTHING) * hb.loss)

@@ -18,7 +18,8 @@ def _run(protocol: str, policy: str, seed: int, acc: float, loss: float, sps: fl
     return RunResult(
         "heterogeneous", protocol, policy, seed, ["1", "1", "2", "4"], ok=True,
         time_to={"0.85": 10.0 if acc >= 0.85 else None, "0.88": t88}, final_test_acc=acc, final_train_loss=loss,
-        samples_per_s=sps, fraction_of_standalone=frac, sum_standalone=4000.0, slowest_standalone=400.0,
+        samples_per_s=sps, fraction_of_standalone=frac / 2, sum_standalone=8000.0, fraction_of_compute=frac,
+        sum_compute=4000.0, slowest_compute=400.0,
         staleness_mean=1.5, staleness_p99=4, bytes_per_sample=bps, train_s=60.0,
         accuracy_curve=[(5.0, 0.7), (10.0, acc)], loss_curve=[(1.0, 1.0), (10.0, loss)], batches=[[0.0, 64, 64, 40, 24]],
     )

@@ -10,7 +10,8 @@ from dynabatch.cluster.report import summarize, time_to_accuracy
 def _snap(t: float, samples: int, training_t: float | None, stopping: bool = False, acc: float | None = None,
           eval_t: float | None = None, staleness: list[int] | None = None) -> dict:
     worker = {"name": "worker0", "batch": 64, "standalone_sps": 1000.0, "samples": samples,
-              "observed_steps": samples // 64, "step_s_total": samples / 64 * 0.05}
+              "observed_steps": samples // 64, "step_s_total": samples / 64 * 0.05,
+              "observed_samples": samples, "compute_s_total": samples / 1250}
     return {"t": t, "epoch": samples / 60000, "samples": samples, "loss": 0.5, "test_acc": acc, "test_loss": 0.4,
             "eval_t": eval_t, "training_t": training_t, "stopping": stopping, "finished": stopping,
             "bytes": samples * 100, "staleness": staleness or [], "workers": {"w0": worker}}
@@ -28,6 +29,8 @@ def test_throughput_counts_from_the_first_batches_to_the_stop():
     assert s["train_s"] == pytest.approx(10.0)
     assert s["samples_per_s"] == pytest.approx(800.0)
     assert s["fraction_of_standalone"] == pytest.approx(0.8)
+    assert s["workers"]["w0"]["compute_samples_per_s"] == pytest.approx(1250.0)
+    assert s["fraction_of_compute_speed"] == pytest.approx(800.0 / 1250.0)
     assert s["time_to_accuracy_s"] == {"0.85": pytest.approx(9.0), "0.88": None}
     assert s["staleness_mean"] == pytest.approx(1.0) and s["staleness_p99"] == 2 and s["updates"] == 100
     assert s["final_test_acc"] == 0.87
