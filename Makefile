@@ -19,7 +19,7 @@ run: install
 test: install-test
 	$(PYTHON) -m pytest
 
-# The full benchmark (about 90 minutes) rewrites bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
+# The full benchmark (about 70 minutes) rewrites bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
 bench: install
 	$(PYTHON) -m bench --publish $(ARGS)
 

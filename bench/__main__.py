@@ -1,7 +1,7 @@
 """dynabatch's benchmarks in one command: convergence, a mid-run slowdown, transport, DDP, scale.
 
     python -m bench --quick      # under 10 minutes on 2 cores
-    python -m bench              # the full run behind bench/RESULTS.md (about 90 minutes)
+    python -m bench              # the full run behind bench/RESULTS.md (about 70 minutes)
     python -m bench --publish    # ...and write bench/RESULTS.md and bench/plots/ from it
 
 Results go to DIR (default bench/results/MODE): results.json (everything
@@ -62,13 +62,13 @@ QUICK = Mode(
 )
 FULL = Mode(
     "full",
-    convergence.Settings(convergence.all_configs(), (0, 1, 2), 100.0),
-    convergence.Settings(convergence.all_configs(), (0,), 100.0),
+    convergence.Settings(convergence.all_configs(), (0, 1, 2), 70.0),
+    convergence.Settings(convergence.all_configs(), (0,), 70.0),
     tuple([Case(n) for n in (M // 10, M, 5 * M, 10 * M, 25 * M)]
           + [Case(n, c) for n in (M, 10 * M) for c in (MIB // 4, 4 * MIB)]
           + [Case(10 * M, shards=s) for s in (2, 3, 4)]),
-    transport.FULL,
-    ddp.Settings(workers=2, duration_s=30.0, rounds=3),
+    transport.Settings(rounds=4, block_bytes=300_000_000, warmup=2),
+    ddp.Settings(workers=2, duration_s=25.0, rounds=2),
     scale.Settings(workers=(8, 16, 32), shards=(1, 2, 4), window_s=8.0),
 )
 

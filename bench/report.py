@@ -9,11 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from bench import transport
+from bench.convergence import config_label
 from bench.verdicts import Verdict, paper_claims, targets
 
 
 def _f(x: float | None, fmt: str, scale: float = 1.0, none: str = "–") -> str:
     return none if x is None else format(x * scale, fmt)
+
+
+def _secs(t: float | None) -> str:
+    return "–" if t is None else f"{t:.0f} s"
 
 
 def verdict_table(verdicts: list[Verdict]) -> str:
@@ -40,6 +45,26 @@ def convergence_table(configs: list[dict[str, Any]]) -> str:
             f"{_f(c['fraction_of_compute'], '.0f', 100)}% / {_f(c['fraction_of_standalone'], '.0f', 100)}% | "
             f"{_f(c['staleness_mean'], '.2f')} / {_f(c['staleness_p99'], '.1f')} | {_f(c['bytes_per_sample'], ',.0f')} |")
     return "\n".join(rows)
+
+
+def runs_table(runs: list[dict[str, Any]]) -> str:
+    """Every run on its own line, inside a collapsed block (the table above is their means)."""
+    rows = ["<details><summary>Every run</summary>", "",
+            "| configuration | seed | time to 85% | time to 88% | test acc. | train loss | samples/s | "
+            "of compute-only / probed | staleness mean / p99 | bytes/sample |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        label = config_label(r["protocol"], r["policy"])
+        if r["final_test_acc"] is None:
+            rows.append(f"| {label} | {r['seed']} | failed: {r['error']} | | | | | | | |")
+            continue
+        t85, t88 = (r["time_to"].get(m) for m in ("0.85", "0.88"))
+        rows.append(
+            f"| {label} | {r['seed']} | {_secs(t85)} | {_secs(t88)} | {100 * r['final_test_acc']:.2f}% | "
+            f"{_f(r['final_train_loss'], '.3f')} | {_f(r['samples_per_s'], ',.0f')} | "
+            f"{_f(r['fraction_of_compute'], '.0f', 100)}% / {_f(r['fraction_of_standalone'], '.0f', 100)}% | "
+            f"{_f(r['staleness_mean'], '.2f')} / {_f(r['staleness_p99'], '.0f')} | {_f(r['bytes_per_sample'], ',.0f')} |")
+    return "\n".join(rows + ["", "</details>"])
 
 
 def scale_table(rows: list[dict[str, Any]]) -> str:
@@ -95,7 +120,7 @@ def render(results: dict[str, Any], img: str) -> str:
             "protocol does not spend communicating or waiting. *Probed* is the speed each worker measured at "
             "start-up, while the other processes were starting too; on 2 cores shared by 4 workers, a shard and "
             "an evaluator these probes swing by 2x from run to run, so targets use the compute-only figure.", "",
-            convergence_table(het["configs"]), "",
+            convergence_table(het["configs"]), "", runs_table(het["runs"]), "",
             f"![accuracy and loss against time]({img}heterogeneous.png)", "",
         ]
     if mid:
@@ -104,7 +129,7 @@ def render(results: dict[str, Any], img: str) -> str:
             f"As above (seed {s['midrun']['seeds'][0]}), but worker 0 runs at 1x, then at 4x from a third of the "
             "budget, then at 1x again from two thirds. Dynamic batches re-measure speed and move its share away "
             "and back; fixed batches cannot.", "",
-            convergence_table(mid["configs"]), "",
+            convergence_table(mid["configs"]), "", runs_table(mid["runs"]), "",
             f"![accuracy and loss against time]({img}midrun.png)", "",
             f"![batch sizes against time]({img}midrun_batches.png)", "",
         ]

@@ -46,6 +46,9 @@ class Heartbeat:
     samples: the scheduler takes differences itself. `staleness[k]` counts the
     shard updates this worker made that were k versions stale (the last entry
     counts everything at or beyond it), as the shards' PUSH_ACKs reported.
+    The times are of the last step, per step: a local round's phases are spread
+    over its H steps, so `step_s - wait_s` is always one step of the worker's own
+    work, which is what the scheduler's speed model fits.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"

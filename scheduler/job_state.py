@@ -25,6 +25,9 @@ DECISIONS_KEPT = 100
 LOSS_SMOOTHING = 0.9
 
 
+MIN_OWN_STEP_S = 1e-6
+
+
 @dataclass
 class Member:
     """One registered process and what its heartbeats told us."""
@@ -217,7 +220,10 @@ class JobState:
             member.speed = SpeedModel(self.job.speed_window, self.job.speed_forgetting, hb.standalone_sps)
             self._reallocate(now, "joined", member.id, force=True)
         if new_steps > 0 and hb.batch > 0 and hb.step_s > 0 and member.speed is not None:
-            member.speed.observe(hb.batch, hb.step_s)
+            # The model predicts the worker's own time: waiting for others (an ssgd round, a
+            # local average) says nothing about its speed, and fitting it would make every
+            # worker in a round look as slow as the slowest.
+            member.speed.observe(hb.batch, max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S))
             member.step_s_total += hb.step_s * new_steps
             member.observed_steps += new_steps
             member.compute_s_total += hb.compute_s * new_steps

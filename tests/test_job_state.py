@@ -154,3 +154,20 @@ def test_bad_staleness_counts_are_refused_and_change_nothing():
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat(wid, Heartbeat(standalone_sps=1000.0, staleness=counts), 0.1)
     assert state.status(0.1)["staleness"] == []
+
+
+def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
+    """ssgd: everyone's step lasts as long as the slowest's; only the own part tells speeds apart."""
+    state = _job(protocol="ssgd", reassign_threshold=0.0)
+    fast, slow = _join(state, 1000.0), _join(state, 1000.0)
+    assert state.allocation == {fast: 48, slow: 48}
+    per_sample = {fast: 0.0002, slow: 0.0008}
+    for t in range(1, 40):
+        own = {wid: 0.010 + state.members[wid].batch * per_sample[wid] for wid in (fast, slow)}
+        round_s = max(own.values())  # the round closes when the last worker has pushed
+        for wid in (fast, slow):
+            m = state.members[wid]
+            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=round_s,
+                           compute_s=own[wid], wait_s=round_s - own[wid], standalone_sps=1000.0, loss=1.0)
+            state.heartbeat(wid, hb, t * 0.1)
+    assert state.allocation[fast] > 3 * state.allocation[slow]

@@ -229,7 +229,7 @@ class Worker:
     def _record(self, prev: Heartbeat, result: StepResult, assignment_id: int, sync_s: float) -> Heartbeat:
         times = result.times
         for phase in PHASES:
-            self.m.phase.labels(self.id, phase).observe(getattr(times, phase))
+            self.m.phase.labels(self.id, phase).observe(getattr(times, phase) / result.steps)
         samples = result.batch * result.steps
         self.m.steps.inc(result.steps)
         self.m.samples.inc(samples)
@@ -239,8 +239,8 @@ class Worker:
         self.health.tick()
         hb = Heartbeat(
             steps=prev.steps + result.steps, samples=prev.samples + samples, batch=result.batch,
-            step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull,
-            push_s=times.push, wait_s=times.wait, sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
+            step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull / result.steps,
+            push_s=times.push / result.steps, wait_s=times.wait / result.steps, sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
             staleness=list(self.shards.staleness),
             version=result.version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
         )
