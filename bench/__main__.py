@@ -29,7 +29,7 @@ import zmq
 from dynabatch.common.data import DatasetNotFound, load_dataset
 
 from bench import convergence, ddp, plots, report, scale, transport
-from bench.transport import Case, free_port
+from bench.transport import Case
 
 PARTS = ("heterogeneous", "midrun", "transport", "ddp", "scale")
 PUBLISHED = Path("bench/RESULTS.md")
@@ -97,7 +97,7 @@ def run_parts(mode: Mode, parts: list[str], out: Path, data_dir: str) -> dict[st
             results["transport"] = [{**asdict(r), "ratio": r.ratio} for r in rows]
         if "ddp" in parts:
             progress(f"== ddp: {mode.ddp.workers} workers, {mode.ddp.rounds} round(s)")
-            rounds = ddp.compare(mode.ddp, out / "ddp", data_dir, free_port, progress)
+            rounds = ddp.compare(mode.ddp, out / "ddp", data_dir, progress)
             results["ddp"] = ddp.summary(mode.ddp, rounds)
         if "scale" in parts:
             progress(f"== scale: {mode.scale.workers} workers x {mode.scale.shards} shards")

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from dynabatch.common.ports import free_port
+
 WARMUP_FRACTION = 0.2  # as `dynabatch run`'s summary, the first fifth of the steps is left out
 
 
@@ -124,8 +126,7 @@ def dynabatch_step(settings: Settings, out: Path, name: str, data_dir: str) -> f
     return statistics.fmean(steps) if steps else None
 
 
-def compare(settings: Settings, out: Path, data_dir: str, free_port: Callable[[], int],
-            progress: Callable[[str], None]) -> list[RoundResult]:
+def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[str], None]) -> list[RoundResult]:
     """dynabatch and DDP in alternation, `settings.rounds` times."""
     out.mkdir(parents=True, exist_ok=True)
     results = []

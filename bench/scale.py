@@ -30,10 +30,11 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import Heartbeat, Hello, StatusReply, StatusRequest, Welcome
 from dynabatch.common.models import model_for_job
+from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
-from bench.transport import Processes, free_port, role_cmd
+from bench.transport import Processes, role_cmd
 
 PARAMS = 200_000  # a small model: the cost is per message and per update, not per byte
 CHUNK_BYTES = 64 << 10  # 13 chunks, so four shards each own some

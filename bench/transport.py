@@ -26,7 +26,6 @@ import platform
 import pstats
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import torch
 import zmq
 
 from dynabatch.common.chunking import make_layout
+from dynabatch.common.ports import free_port
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Heartbeat, Hello, Welcome
 from dynabatch.common.models import MODELS, model_for_job
@@ -150,12 +150,6 @@ class Processes:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def role_cmd(role: str, *flags: str, profile_to: Path | None = None) -> list[str]:

@@ -10,20 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynabatch.common.ports import free_port
+
 STOP_ORDER = ("worker", "evaluator", "ps", "scheduler")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -61,11 +61,14 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         seen = [s for s in timeline if wid in s.get("workers", {})]
         first = next((s for s in seen if s["t"] >= warm_t), seen[0])["workers"][wid]
         final = seen[-1]["workers"][wid]
+        # The batch in force when the job began stopping: a worker that leaves first hands its
+        # share to the others for their last steps, which is not the split the run settled on.
+        settled = next((s for s in reversed(seen) if not s.get("stopping")), seen[-1])["workers"][wid]
         steps = final["observed_steps"] - first["observed_steps"]
         mean_step = (final["step_s_total"] - first["step_s_total"]) / steps if steps > 0 else None
         workers[wid] = {
             "name": final["name"],
-            "final_batch": final["batch"],
+            "final_batch": settled["batch"],
             "mean_step_s_after_warmup": mean_step,
             "steps_after_warmup": steps,
             "standalone_samples_per_s": final["standalone_sps"],

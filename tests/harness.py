@@ -21,15 +21,8 @@ import zmq
 
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
+from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection, use_curve
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1) -> Any:
