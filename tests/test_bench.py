@@ -56,7 +56,7 @@ def test_a_mark_never_reached_counts_as_never_in_the_median():
 
 
 def test_verdicts_follow_the_figures():
-    by_claim = {v.claim: v for v in verdicts.paper_claims(_runs()) + verdicts.targets(_runs(), {"speed_ratio": 0.75})}
+    by_claim = {v.claim: v for v in verdicts.paper_claims(_runs(), 3.0) + verdicts.targets(_runs(), {"speed_ratio": 0.75}, 3.0)}
     assert by_claim["DBS-SGD reaches a lower training loss than ASGD at equal time"].holds is True
     assert by_claim["DBS-SGD reaches 88% sooner than asgd+fixed (median over seeds)"].holds is True
     assert by_claim["DBS-SGD reaches 88% sooner than ssgd+fixed (median over seeds)"].measured.startswith("51 s vs not")
@@ -70,13 +70,13 @@ def test_verdicts_follow_the_figures():
 def test_a_missed_fraction_says_by_how_much():
     runs = [r for r in _runs() if r["protocol"] != "asgd" or r["policy"] != "dynamic"]
     runs += [_run("asgd", "dynamic", 0, 0.88, 0.3, 3000.0, 50.0, frac=0.55).__dict__]
-    (frac,) = [v for v in verdicts.targets(runs, None) if "standalone" in v.claim and "DBS" in v.claim]
+    (frac,) = [v for v in verdicts.targets(runs, None, 3.0) if "standalone" in v.claim and "DBS" in v.claim]
     assert frac.holds is False and "missed by 35 points" in frac.measured
 
 
 def test_configurations_not_run_are_reported_as_not_measured():
     only = [r for r in _runs() if r["protocol"] == "asgd"]
-    claims = verdicts.paper_claims(only)
+    claims = verdicts.paper_claims(only, 3.0)
     assert any(v.holds is None and "n-softsync" in v.claim for v in claims)
     assert all(v.holds is not None for v in claims if "ASGD" in v.claim)
 
@@ -103,3 +103,10 @@ def test_the_report_has_every_section_and_links_its_plots():
     assert "| asgd+dynamic (DBS-SGD) | 3/3 | 10 s (3/3) | 51 s (3/3) | 88.50%" in text
     assert "**1.10**" in text
     assert "| asgd+fixed | 1 | 10 s | – | 87.50%" in text  # every run, a mark not reached shown as such
+
+
+def test_a_lead_shorter_than_the_evaluation_interval_is_a_tie():
+    runs = [_run("asgd", "dynamic", 0, 0.89, 0.3, 3000.0, 40.1).__dict__,
+            _run("asgd", "fixed", 0, 0.89, 0.3, 3000.0, 42.0).__dict__]
+    (v,) = [v for v in verdicts.targets(runs, None, 3.0) if "sooner than asgd" in v.claim]
+    assert v.holds is False and "a tie" in v.measured
