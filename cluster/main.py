@@ -43,6 +43,8 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, lis
     opts, job, curve = from_args(RunOptions, args), from_args(JobConfig, args), from_args(CurveOptions, args)
     if job.min_workers == 1:
         job = replace(job, min_workers=opts.workers)  # every worker starts on the same model
+    if opts.evaluator:
+        job = replace(job, await_final_eval=True)  # a short job may end before the evaluator has joined
     try:
         opts.validate()
         job.validate()
@@ -61,7 +63,7 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, lis
 def main(argv: Sequence[str]) -> int:
     setup_logging("INFO")
     opts, job, curve, job_flags = parse(argv)
-    keys = load_curve_keys("dynabatch run", curve, server=True)
+    keys = load_curve_keys("dynabatch run", curve, "run")
     try:
         load_dataset(job.dataset, opts.data_dir or None)
     except DatasetNotFound as exc:

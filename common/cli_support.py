@@ -30,7 +30,7 @@ def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: 
     return configs
 
 
-def load_curve_keys(prog: str, curve: CurveOptions, server: bool) -> CurveKeys | None:
+def load_curve_keys(prog: str, curve: CurveOptions, role: str) -> CurveKeys | None:
     """The keys in --curve-dir (None when it is empty); a missing or unreadable file exits 2 naming it.
 
     Checked here, at startup, rather than when the first socket opens, so that a
@@ -39,7 +39,7 @@ def load_curve_keys(prog: str, curve: CurveOptions, server: bool) -> CurveKeys |
     if not curve.curve_dir:
         return None
     try:
-        return CurveKeys.load(curve.curve_dir, server)
+        return CurveKeys.load(curve.curve_dir, role)
     except CurveKeyError as exc:
         print(f"{prog}: error: --curve-dir: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -91,6 +91,10 @@ class JobConfig:
     outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum")
     round_timeout_s: float = opt(10.0, "ssgd: close a round without workers that have not pushed by then", minimum=0.1)
     eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1)
+    await_final_eval: bool = opt(
+        False, "finish only once an evaluator has evaluated the final model; with none connected, wait up to "
+        "--join-timeout-s for one (dynabatch run sets it when it starts an evaluator)",
+    )
     speed_window: int = opt(16, "step-time observations kept per worker", minimum=2)
     speed_forgetting: float = opt(0.85, "weight of an observation one step older (0-1)", minimum=0.0)
 

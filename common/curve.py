@@ -1,18 +1,22 @@
 """ZeroMQ CURVE keys: make them (`dynabatch keys`), load them, and guard server sockets.
 
 A job has two keypairs, written by `zmq.auth.create_certificates` into one flat
-folder (a Kubernetes Secret made with `--from-file=keys/` mounts exactly that):
+folder (a Kubernetes Secret made with `--from-file=keys/` holds exactly that):
 
-| file | holds | needed by |
+| file | holds | read by |
 | --- | --- | --- |
-| `server.key` | the servers' public key | every process |
+| `server.key` | the servers' public key | workers, evaluators |
 | `server.key_secret` | the servers' public and secret key | scheduler, shards |
-| `client.key` | the clients' public key | scheduler, shards (the only key they admit) |
-| `client.key_secret` | the clients' public and secret key | shards, workers, evaluators, `dynabatch run` |
+| `client.key` | the clients' public key (the only key servers admit) | scheduler, shards |
+| `client.key_secret` | the clients' public and secret key | shards, workers, evaluators |
+
+`dynabatch run` reads all four, since it hands the folder to every process it
+starts. Each process reads only its own files (KEYS_BY_ROLE), so a pod or machine
+can be given just those: a worker node never holds the server secret and so cannot
+pose as a server, and the scheduler, which connects nowhere, holds no client secret.
 
 Every server (scheduler, shard) encrypts with the server secret and admits, through
-a ZAP handler, only peers that prove they hold the client secret. A machine that
-only runs workers needs `server.key`, `client.key` and `client.key_secret`.
+a ZAP handler, only peers that prove they hold the client secret.
 
 The ZAP handler admits exactly the key in `client.key`, not every `*.key` in the
 folder (which `configure_curve(location=...)` would do, `server.key` included):
@@ -37,11 +41,19 @@ from zmq.utils.monitor import recv_monitor_message
 from dynabatch.common.config import ConfigError, opt
 
 KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
+KEYS_BY_ROLE: dict[str, tuple[str, ...]] = {
+    "scheduler": ("server.key_secret", "client.key"),  # binds only
+    "ps": ("server.key_secret", "client.key", "client.key_secret"),  # binds, and connects to the scheduler
+    "worker": ("server.key", "client.key_secret"),  # connects only (evaluators too)
+    "run": KEY_FILES,  # starts all of the above with the same folder
+}
 # Handshake failures a server counts as refused peers, by the reason label they get.
 REFUSALS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # right server key, client key not admitted by ZAP
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # no CURVE, wrong server key, or not ZMTP at all
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",  # e.g. the connection dropped mid-handshake
+    # The peer hung up mid-handshake: a client without CURVE that saw the mismatch
+    # first and closed before this side read its greeting lands here, not in "protocol".
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
 }
 
 
@@ -60,22 +72,28 @@ class CurveOptions:
 
 @dataclass(frozen=True)
 class CurveKeys:
-    """The job's keys as raw z85 bytes; `server_secret` is only loaded where a socket binds."""
+    """The job's keys as raw z85 bytes; each secret is loaded only where it is used."""
 
     server_public: bytes
     client_public: bytes
-    client_secret: bytes
-    server_secret: bytes | None
+    client_secret: bytes | None  # where a socket connects
+    server_secret: bytes | None  # where a socket binds
 
     @classmethod
-    def load(cls, folder: str, server: bool) -> CurveKeys:
-        """Read the keys a client (or, with `server`, a server) needs; CurveKeyError names a bad file."""
+    def load(cls, folder: str, role: str) -> CurveKeys:
+        """Read the files KEYS_BY_ROLE lists for `role`; CurveKeyError names a missing or bad one."""
         base = Path(folder)
-        server_public, server_secret = _read(base / ("server.key_secret" if server else "server.key"), server)
-        client_public, client_secret = _read(base / "client.key_secret", True)
-        admitted, _ = _read(base / "client.key", False)
-        if admitted != client_public:
-            raise CurveKeyError(f"{base / 'client.key'} and {base / 'client.key_secret'} are not one keypair")
+        files = KEYS_BY_ROLE[role]
+        server_file = "server.key_secret" if "server.key_secret" in files else "server.key"
+        server_public, server_secret = _read(base / server_file, server_file.endswith("_secret"))
+        client_public = client_secret = None
+        if "client.key_secret" in files:
+            client_public, client_secret = _read(base / "client.key_secret", True)
+        if "client.key" in files:
+            admitted, _ = _read(base / "client.key", False)
+            if client_public is not None and admitted != client_public:
+                raise CurveKeyError(f"{base / 'client.key'} and {base / 'client.key_secret'} are not one keypair")
+            client_public = admitted
         return cls(server_public, client_public, client_secret, server_secret)
 
 
@@ -96,6 +114,8 @@ def secure_client(sock: zmq.Socket, keys: CurveKeys) -> None:
 
     Must run before the socket connects.
     """
+    if keys.client_secret is None:
+        raise CurveKeyError("this process connects a socket but loaded no client.key_secret")
     sock.curve_serverkey = keys.server_public
     sock.curve_publickey = keys.client_public
     sock.curve_secretkey = keys.client_secret
@@ -190,9 +210,11 @@ def main(argv: Sequence[str]) -> int:
     print(f"""
 Every process reads the folder given by --curve-dir (or DYNABATCH_CURVE_DIR):
   on one machine:  dynabatch run --curve-dir {out}
-  across machines: copy {out} to every machine; a machine running only workers
-                   needs server.key, client.key and client.key_secret
+  across machines: a machine running only workers needs server.key and
+                   client.key_secret; the scheduler server.key_secret and
+                   client.key; a shard those two and client.key_secret
   on Kubernetes:   kubectl -n dynabatch create secret generic dynabatch-curve --from-file={out}
+                   (the manifests mount each pod only the files its role reads)
 Keep the *_secret files secret: whoever has client.key_secret can join the job.""")
     return 0
 

@@ -48,7 +48,8 @@ class Heartbeat:
     counts everything at or beyond it), as the shards' PUSH_ACKs reported.
     The times are of the last step, per step: a local round's phases are spread
     over its H steps, so `step_s - wait_s` is always one step of the worker's own
-    work, which is what the scheduler's speed model fits.
+    work, which is what the scheduler's speed model fits. A shard reports in
+    `membership` the number of the live worker set it has applied (ASSIGNMENT's).
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -68,13 +69,18 @@ class Heartbeat:
     assignment_id: int = 0
     updates: int = 0
     staleness: list[int] = field(default_factory=list)
+    membership: int = 0
 
 
 @dataclass
 class Assignment:
     """What the scheduler wants a worker (or shard) to do next.
 
-    A worker keeps its last assignment when the scheduler is unreachable.
+    A worker keeps its last assignment when the scheduler is unreachable. A shard
+    gets the live workers, numbered by `membership` (it goes up with every join
+    and departure): a new worker gets its first batch only once every shard has
+    reported applying a set that holds it, so no synchronous round can close
+    without a worker whose gradient is already on its way.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -88,6 +94,7 @@ class Assignment:
     stop: bool = False
     shards: list[str] = field(default_factory=list)
     live_workers: list[str] = field(default_factory=list)
+    membership: int = 0
     reason: str = ""
 
 
@@ -156,9 +163,22 @@ class StatusReply:
 
 @dataclass
 class Bye:
-    """A process leaves on purpose, so its share moves at once, not after a timeout."""
+    """A process leaves on purpose, so its share moves at once, not after a timeout.
+
+    The scheduler answers BYE_ACK. Messages on one connection arrive in order,
+    so the acknowledgement also confirms the last HEARTBEAT and EVAL sent before
+    it: a worker that stops by itself (ssgd) or an evaluator's final report must
+    not be lost to a process exiting with unsent messages in its queue.
+    """
 
     TYPE: ClassVar[str] = "BYE"
+
+
+@dataclass
+class ByeAck:
+    """The scheduler took a BYE (and so everything the process sent before it)."""
+
+    TYPE: ClassVar[str] = "BYE_ACK"
 
 
 @dataclass
@@ -185,6 +205,7 @@ MESSAGE_TYPES: dict[str, type] = {
         StatusRequest,
         StatusReply,
         Bye,
+        ByeAck,
         Error,
     )
 }

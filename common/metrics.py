@@ -115,7 +115,8 @@ def auth_failures_counter(registry: CollectorRegistry, role: str) -> Counter:
     """Peers refused by CURVE on a server socket; every reason starts at 0 so a dashboard sees the series."""
     counter = Counter(
         "dynabatch_auth_failures",
-        "Peers refused in the CURVE handshake (auth: client key not admitted; protocol: no CURVE or wrong server key).",
+        "Peers refused in the CURVE handshake (auth: client key not admitted; protocol: no CURVE or wrong server key; "
+        "other: the peer hung up mid-handshake).",
         ["role", "reason"],
         registry=registry,
     )

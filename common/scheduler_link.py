@@ -10,6 +10,7 @@ without knowing us (restart), `lost` is set and the caller registers again.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable
 
 import zmq
@@ -19,6 +20,8 @@ from dynabatch.common.transport import Connection, RemoteError
 
 log = logging.getLogger("dynabatch.link")
 RETRYABLE = ("not_ready",)
+BYE_TIMEOUT_S = 5.0  # a scheduler that is gone must not hold up a process's exit for long
+BYE_ATTEMPT_S = 1.0
 
 
 class SchedulerLink:
@@ -58,9 +61,10 @@ class SchedulerLink:
             on_wait()
         return None
 
-    def heartbeat(self, hb: Heartbeat) -> None:
+    def heartbeat(self, hb: Heartbeat) -> Assignment | None:
+        """Send `hb` (fire-and-forget); returns the newest assignment, as `poll`."""
         self.conn.send(hb)
-        self.poll()
+        return self.poll()
 
     def poll(self) -> Assignment | None:
         """Take every waiting answer; returns the newest assignment (or the last one kept)."""
@@ -84,8 +88,23 @@ class SchedulerLink:
             else:
                 log.warning("scheduler answered ERROR %s: %s", body.code, body.text)
 
-    def bye(self) -> None:
-        self.conn.send(Bye())
+    def bye(self, timeout_s: float = BYE_TIMEOUT_S) -> bool:
+        """Leave, and wait until the scheduler has taken everything sent so far; False if it never answered."""
+        if not self.id:
+            return True  # never registered: the scheduler holds nothing of ours
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.conn.request(Bye(), timeout_s=min(BYE_ATTEMPT_S, left))
+                return True
+            except TimeoutError:
+                continue
+            except RemoteError as exc:  # e.g. it had already dropped us: nothing left to deliver
+                log.info("scheduler answered BYE with %s: %s", exc.code, exc.text)
+                return True
+        log.warning("scheduler at %s did not acknowledge BYE within %.0fs; its counts of this process may be short",
+                    self.conn.endpoint, timeout_s)
+        return False
 
     def close(self) -> None:
         self.conn.close()

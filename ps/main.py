@@ -14,5 +14,5 @@ def main(argv: Sequence[str]) -> int:
         "dynabatch ps", "Serve a parameter-server shard; the job's settings come from the scheduler.",
         [PsOptions, CurveOptions, MetricsOptions], argv,
     )
-    keys = load_curve_keys("dynabatch ps", curve, server=True)
+    keys = load_curve_keys("dynabatch ps", curve, "ps")
     return ShardServer(opts, metrics.metrics_host, metrics.metrics_port, keys).run()

@@ -96,6 +96,7 @@ class ShardServer:
         self.stopping = False
         self.job_over = False
         self.parked: list[ParkedPull] = []
+        self.membership = 0  # the scheduler's number of the live worker set in self.state
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
 
@@ -123,6 +124,7 @@ class ShardServer:
 
     def _register(self, shard_index: int) -> Welcome | None:
         """Join the job (the scheduler may start after us, or restart)."""
+        self.membership = 0  # a restarted scheduler numbers its worker sets afresh
         hello = Hello(role="ps", host=socket.gethostname(), metrics_url=self.metrics_server.url(),
                       endpoint=self.advertise, shard_index=shard_index, name=self.name)
         try:
@@ -180,7 +182,9 @@ class ShardServer:
                 self._on_assignment(self.link.poll())
             now = time.monotonic()
             if now >= next_beat:
-                self.link.heartbeat(Heartbeat(version=self.state.version, updates=self.state.version))
+                # The answer to an earlier heartbeat may be taken here rather than by the poll above.
+                self._on_assignment(self.link.heartbeat(Heartbeat(version=self.state.version, updates=self.state.version,
+                                                                  membership=self.membership)))
                 next_beat = now + self.job.heartbeat_s
             overdue = self.state.overdue(now, self.job.round_timeout_s)
             if overdue:
@@ -200,6 +204,7 @@ class ShardServer:
         if body is None:
             return
         self._after_update(self.state.set_live(set(body.live_workers)))
+        self.membership = body.membership
         self.m.live.set(len(self.state.live))
         if body.stop:
             log.info("job finished")

@@ -53,6 +53,7 @@ class Member:
     observed_samples: int = 0
     heartbeats: int = 0
     left: bool = False
+    admitted_in: int = 0  # the membership number that first held this worker
 
     def public(self) -> dict[str, Any]:
         """The member as STATUS shows it."""
@@ -100,12 +101,15 @@ class JobState:
         self.departed_staleness: list[int] = []
         self.training_started_at: float | None = None
         self.budget_spent = False
+        self.stopped_at: float | None = None
+        self.gave_up_on_final_eval = False
         self.num_shards = num_shards
         self.train_size = train_size
         self.started = time.monotonic() if now is None else now
         self.members: dict[str, Member] = {}
         self.shards: dict[int, Member] = {}
         self.allocation: dict[str, int] = {}
+        self.membership = 0
         self.assignment_id = 0
         self.decisions: list[Decision] = []
         self.departed_samples = 0
@@ -121,7 +125,7 @@ class JobState:
         """Admit a process; shards take a slot, workers wait until every shard is there."""
         if hello.role not in ("worker", "evaluator", "ps"):
             raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
-        if self.stopping and hello.role != "ps":
+        if (self.stopping and hello.role == "worker") or (self.finished and hello.role == "evaluator"):
             raise ProtocolError("job_over", "the job has reached its target and is stopping")
         if hello.role == "ps":
             index = self._shard_slot(hello.shard_index)
@@ -138,6 +142,9 @@ class JobState:
         self.members[member_id] = member
         if hello.role == "ps":
             self.shards[index] = member
+        elif hello.role == "worker":
+            self.membership += 1
+            member.admitted_in = self.membership
         return Welcome(id=member_id, config=to_dict(self.job), shards=self.shard_endpoints(), shard_index=index)
 
     def _shard_slot(self, wanted: int) -> int:
@@ -159,8 +166,13 @@ class JobState:
             raise ProtocolError("unknown_sender", f"{member_id!r} is not registered; send HELLO")
         return member
 
-    def bye(self, member_id: str, now: float) -> None:
+    def bye(self, member_id: str, now: float) -> bool:
+        """Drop a member that leaves; False if it had already gone (a BYE sent again because its ack was slow)."""
+        known = self.members.get(member_id)
+        if known is not None and known.left:
+            return False
         self._drop(self.member(member_id), now, "left")
+        return True
 
     def expire(self, now: float) -> list[str]:
         """Drop members whose heartbeats stopped; returns their ids."""
@@ -178,6 +190,7 @@ class JobState:
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True
         if member.role == "worker":
+            self.membership += 1
             self.departed_samples += member.samples
             self.departed_bytes += member.last.bytes
             self.departed_staleness = staleness.add(self.departed_staleness, member.last.staleness)
@@ -201,7 +214,15 @@ class JobState:
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
+        if member.role == "ps":
+            waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
+            if waiting and self._known_to_shards(self.members[waiting[0]]):
+                self._reallocate(now, "joined", waiting[0], force=True)
         return self.assignment_for(member)
+
+    def _known_to_shards(self, worker: Member) -> bool:
+        """Has every shard applied a live worker set that holds `worker`?"""
+        return all(shard.last.membership >= worker.admitted_in for shard in self.shards.values())
 
     def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:
         for name in ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "standalone_sps"):
@@ -260,13 +281,37 @@ class JobState:
         if self.job.time_budget_s > 0 and self.training_started_at is not None and not self.budget_spent:
             self.budget_spent = now - self.training_started_at >= self.job.time_budget_s
 
+    def tick(self, now: float) -> bool:
+        """The clock's part of the job's end: the time budget, and how long a final evaluation is awaited.
+
+        Returns True once, when the job gives up waiting for an evaluator to join.
+        """
+        self.check_budget(now)
+        if self.stopping and self.stopped_at is None:
+            self.stopped_at = now
+        if (self.job.await_final_eval and not self.gave_up_on_final_eval and not self.final_eval
+                and self.stopped_at is not None and not self._evaluators()
+                and now - self.stopped_at > self.job.join_timeout_s):
+            self.gave_up_on_final_eval = True
+            return True
+        return False
+
+    def _evaluators(self) -> list[Member]:
+        return [m for m in self.members.values() if m.role == "evaluator" and not m.left]
+
     @property
     def finished(self) -> bool:
-        """Target reached, every worker gone, and the final model evaluated (if anyone evaluates)."""
+        """Target reached, every worker gone, and the final model evaluated (if anyone evaluates).
+
+        With `await_final_eval` a job stays unfinished while no evaluator is
+        connected, for up to `join_timeout_s` after it stopped: a short job
+        can reach its target before its evaluator has loaded the test set.
+        """
         if not self.stopping or self.live_workers:
             return False
-        evaluators = [m for m in self.members.values() if m.role == "evaluator" and not m.left]
-        return self.final_eval or not evaluators
+        if self.final_eval or self._evaluators():
+            return self.final_eval
+        return not self.job.await_final_eval or self.gave_up_on_final_eval
 
     def _adapt_local_steps(self, now: float, hb: Heartbeat) -> None:
         """AdaComm's H from the smoothed loss, bounded by the measured sync/compute ratio."""
@@ -302,8 +347,7 @@ class JobState:
 
     def _reallocate(self, now: float, reason: str, subject: str, force: bool = False) -> None:
         """Re-solve the batch split; `reason` is a bounded label, `subject` the worker behind it."""
-        ready = {m.id: m for m in self.members.values()
-                 if m.role == "worker" and not m.left and m.speed is not None}
+        ready = self._ready_workers(known_to_shards=True)
         if not ready or (not self.allocation and len(ready) < self.job.min_workers and not self.training_started):
             self.allocation = {}
             return
@@ -326,11 +370,17 @@ class JobState:
         self.decisions.append(Decision(now - self.started, reason, subject, dict(proposed), predicted))
         del self.decisions[:-DECISIONS_KEPT]
 
+    def _ready_workers(self, known_to_shards: bool) -> dict[str, Member]:
+        """Workers that can take a batch: measured, and (for a first batch) known to every shard."""
+        return {m.id: m for m in self.members.values()
+                if m.role == "worker" and not m.left and m.speed is not None
+                and (not known_to_shards or m.id in self.allocation or self._known_to_shards(m))}
+
     def assignment_for(self, member: Member) -> Assignment:
         """What `member` should do now."""
         base = dict(assignment_id=self.assignment_id, epoch=self.epoch, target_epochs=self.job.epochs)
         if member.role == "ps":
-            return Assignment(**base, live_workers=self.live_workers, stop=self.finished)
+            return Assignment(**base, live_workers=self.live_workers, membership=self.membership, stop=self.finished)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.allocation.get(member.id, 0)

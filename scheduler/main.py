@@ -15,5 +15,5 @@ def main(argv: Sequence[str]) -> int:
         "dynabatch scheduler", "Run a job's scheduler; shards and workers join it.",
         [SchedulerOptions, JobConfig, CurveOptions, MetricsOptions], argv,
     )
-    keys = load_curve_keys("dynabatch scheduler", curve, server=True)
+    keys = load_curve_keys("dynabatch scheduler", curve, "scheduler")
     return SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port, keys).run()

@@ -18,7 +18,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.data import dataset_spec
 from dynabatch.common.models import model_for_job
-from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest
+from dynabatch.common.messages import Bye, ByeAck, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
@@ -89,6 +89,9 @@ class SchedulerServer:
             now = time.monotonic()
             for member_id in self.state.expire(now):
                 log.warning("%s stopped sending heartbeats; dropped", member_id)
+            if self.state.tick(now):
+                log.warning("no evaluator joined within %.0fs of the job's end; finishing without a final evaluation",
+                            self.job.join_timeout_s)
             self._export()
             self.health.tick()
             if self.state.finished and self.opts.exit_on_finish:
@@ -128,9 +131,9 @@ class SchedulerServer:
                 self.state.eval_report(msg.sender, body, now)
                 return
             elif isinstance(body, Bye):
-                self.state.bye(msg.sender, now)
-                log.info("%s left", msg.sender)
-                return
+                if self.state.bye(msg.sender, now):
+                    log.info("%s left", msg.sender)
+                reply = ByeAck()
             elif isinstance(body, StatusRequest):
                 reply = StatusReply(state={**self.state.status(now), "decision_s": self._decision_latency()})
             else:

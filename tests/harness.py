@@ -8,6 +8,7 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +20,28 @@ from typing import Any, Callable
 
 import zmq
 
-from dynabatch.common.curve import CurveKeys
+from dynabatch.common.curve import KEYS_BY_ROLE, CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection, use_curve
+
+
+def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[Path, str]:
+    """`dynabatch run` to its end: (run folder, what it printed); a failure shows the run's output and the tail of every process's log.
+
+    The run gets a deadline of its own, shorter than the test's, so that a job
+    that hangs is stopped by `dynabatch run` and leaves its logs behind.
+    """
+    cmd = [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(out), "--name", name,
+           "--timeout-s", str(timeout_s - 30), *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    run_dir = out / name
+    if done.returncode != 0:
+        tails = "".join(f"\n--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+                        for log in sorted((run_dir / "logs").glob("*.log")))
+        raise AssertionError(f"dynabatch run exited {done.returncode}\n{done.stdout}{done.stderr}{tails}")
+    return run_dir, done.stdout
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1) -> Any:
@@ -72,7 +91,9 @@ class Cluster:
     """Processes of one job; everything started is stopped at teardown.
 
     With `curve_dir` every process and the test's own clients use those CURVE keys
-    (the clients on a context of their own, so other tests' clients stay plain).
+    (the clients on a context of their own, so other tests' clients stay plain);
+    each process gets a folder of its own holding only the files its role reads,
+    as the Kubernetes manifests mount them.
     """
 
     tmp: Path
@@ -83,16 +104,22 @@ class Cluster:
     def __post_init__(self) -> None:
         self.scheduler_endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.ctx = zmq.Context.instance()
+        self.role_curve_dirs: dict[str, str] = {}
         if self.curve_dir:
             self.ctx = zmq.Context()
-            use_curve(self.ctx, CurveKeys.load(self.curve_dir, server=False))
-        self._counter = 0
+            use_curve(self.ctx, CurveKeys.load(self.curve_dir, "worker"))
+            for role, files in KEYS_BY_ROLE.items():
+                folder = self.tmp / f"curve-{role}"
+                folder.mkdir(exist_ok=True)
+                for name in files:
+                    shutil.copy(Path(self.curve_dir) / name, folder / name)
+                self.role_curve_dirs[role] = str(folder)
 
     def start(self, role: str, name: str, *flags: str) -> Proc:
         port = free_port()
         log = self.tmp / f"{name}.log"
         cmd = [sys.executable, "-m", "dynabatch.cli.main", role, *flags,
-               "--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--curve-dir", self.curve_dir]
+               "--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--curve-dir", self.role_curve_dirs.get(role, "")]
         with open(log, "ab") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from dynabatch.common.curve import KEY_FILES, CurveKeys
+from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeys
 from dynabatch.common.messages import Hello, Pull
 from dynabatch.common.transport import Connection, use_curve
-from harness import Cluster, free_port, metric_value, wait_for
+from harness import Cluster, free_port, metric_value, run_job, wait_for
 
 
 def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -30,8 +30,9 @@ def test_keys_writes_two_keypairs_and_never_overwrites_silently(tmp_path):
     for name in ("server.key_secret", "client.key_secret"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
     assert "--curve-dir" in made.stdout and "create secret generic dynabatch-curve" in made.stdout
-    server, client = CurveKeys.load(str(out), server=True), CurveKeys.load(str(out), server=False)
+    server, client = CurveKeys.load(str(out), "scheduler"), CurveKeys.load(str(out), "worker")
     assert server.server_secret and client.server_secret is None
+    assert client.client_secret and server.client_secret is None
     assert server.client_public == client.client_public != server.server_public
 
     before = {name: (out / name).read_bytes() for name in KEY_FILES}
@@ -44,8 +45,8 @@ def test_keys_writes_two_keypairs_and_never_overwrites_silently(tmp_path):
     assert all((out / name).read_bytes() != before[name] for name in KEY_FILES)
 
 
-@pytest.mark.parametrize("role, missing", [("scheduler", "server.key_secret"), ("worker", "client.key_secret"),
-                                           ("ps", "client.key")])
+@pytest.mark.parametrize("role, missing", [(role, name) for role, files in KEYS_BY_ROLE.items() for name in files
+                                           if role != "run"])
 def test_a_missing_key_file_exits_2_naming_it(tmp_path, role, missing):
     assert _keys(tmp_path).returncode == 0
     (tmp_path / missing).unlink()
@@ -55,16 +56,35 @@ def test_a_missing_key_file_exits_2_naming_it(tmp_path, role, missing):
     assert str(tmp_path / missing) in out.stderr and "Traceback" not in out.stderr
 
 
-def test_worker_needs_no_server_secret(tmp_path):
-    """A machine that only runs workers gets server.key, client.key and client.key_secret."""
-    assert _keys(tmp_path).returncode == 0
-    (tmp_path / "server.key_secret").unlink()
-    assert CurveKeys.load(str(tmp_path), server=False).client_secret
+@pytest.mark.parametrize("role", sorted(KEYS_BY_ROLE))
+def test_each_role_loads_from_only_its_own_key_files(tmp_path, role):
+    """What the manifests mount per pod is enough, and no secret a role does not use is read."""
+    assert _keys(tmp_path / "all").returncode == 0
+    (tmp_path / "mine").mkdir()
+    for name in KEYS_BY_ROLE[role]:
+        (tmp_path / "mine" / name).write_bytes((tmp_path / "all" / name).read_bytes())
+    keys = CurveKeys.load(str(tmp_path / "mine"), role)
+    assert (keys.server_secret is not None) == ("server.key_secret" in KEYS_BY_ROLE[role])
+    assert (keys.client_secret is not None) == ("client.key_secret" in KEYS_BY_ROLE[role])
+    assert "server.key_secret" not in KEYS_BY_ROLE["worker"], "a worker node must not be able to pose as a server"
 
 
 def _refused(text: str, role: str) -> dict[str, float]:
     return {reason: metric_value(text, "dynabatch_auth_failures_total", role=role, reason=reason)
-            for reason in ("auth", "protocol")}
+            for reason in ("auth", "protocol", "other")}
+
+
+def _wait_refused(proc, role: str, reasons: tuple[str, ...]) -> None:
+    counts: dict[str, float] = {}
+
+    def counted() -> bool:
+        counts.update(_refused(proc.metrics(), role))
+        return sum(counts[r] for r in reasons) >= 1
+
+    try:
+        wait_for(f"{role} to count a refused handshake as {' or '.join(reasons)}", counted, 10)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its counts: {counts}") from None
 
 
 @pytest.mark.slow
@@ -82,31 +102,29 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
         before = c.wait_status("encrypted training and an evaluation",
                                lambda s: s["workers"] and all(w["steps"] > 3 for w in s["workers"].values())
                                and s["test_acc"] is not None)
-        assert _refused(scheduler.metrics(), "scheduler") == {"auth": 0, "protocol": 0}
+        assert _refused(scheduler.metrics(), "scheduler") == {"auth": 0, "protocol": 0, "other": 0}
         bad_before = metric_value(scheduler.metrics(), "dynabatch_bad_messages_total")
 
         # A fresh client keypair that knows the (public) server key: CURVE works, ZAP says no.
-        intruder = CurveKeys.load(str(keys), server=False)
+        intruder = CurveKeys.load(str(keys), "worker")
         assert _keys(tmp_path / "other").returncode == 0
-        other = CurveKeys.load(str(tmp_path / "other"), server=False)
+        other = CurveKeys.load(str(tmp_path / "other"), "worker")
         wrong_ctx, plain_ctx = zmq.Context(), zmq.Context()
         use_curve(wrong_ctx, CurveKeys(intruder.server_public, other.client_public, other.client_secret, None))
         targets = [(scheduler, "scheduler", c.scheduler_endpoint, Hello(role="worker", name="intruder")),
                    (shard, "ps", f"tcp://127.0.0.1:{shard_port}", Pull(ids=[0]))]
         try:
             for proc, role, endpoint, body in targets:
-                for ctx in (plain_ctx, wrong_ctx):
+                # Each refusal is counted by the server's socket monitor, a thread of its own: wait for it.
+                # A client without CURVE fails as `protocol`, or as `other` when it hung up first (libzmq's race).
+                for ctx, reasons in ((plain_ctx, ("protocol", "other")), (wrong_ctx, ("auth",))):
                     conn = Connection(ctx, endpoint, "dynabatch", "intruder")
                     try:
                         with pytest.raises(TimeoutError):
                             conn.request(body, timeout_s=2.0)
                     finally:
                         conn.close()
-                # The server counts refusals from its socket monitor, a thread of its own: wait for it.
-                refused = wait_for(f"{role} to count both refused handshakes",
-                                   lambda: (lambda r: r if r["auth"] >= 1 and r["protocol"] >= 1 else None)(
-                                       _refused(proc.metrics(), role)), 10)
-                assert refused["auth"] >= 1 and refused["protocol"] >= 1
+                    _wait_refused(proc, role, reasons)
         finally:
             wrong_ctx.destroy(linger=0)
             plain_ctx.destroy(linger=0)
@@ -127,10 +145,7 @@ def test_dynabatch_run_with_curve_dir_finishes(tmp_path):
     """`dynabatch run --curve-dir`: every child and the run's own STATUS link use the keys."""
     keys = tmp_path / "keys"
     assert _keys(keys).returncode == 0
-    out = subprocess.run(
-        [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r", "--curve-dir", str(keys),
-         "--dataset", "synthetic", "--model", "mlp", "--epochs", "0.5", "--workers", "1", "--slowdowns", "1",
-         "--eval-interval-s", "1"], capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout + out.stderr
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["finished"] and summary["final_eval"]
+    run, _ = run_job(tmp_path, "r", "--curve-dir", str(keys), "--dataset", "synthetic", "--model", "mlp",
+                     "--epochs", "0.5", "--workers", "1", "--slowdowns", "1", "--eval-interval-s", "1", timeout_s=240)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["final_eval"], "the evaluator's final report (sent just before it left) arrived"

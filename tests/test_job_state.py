@@ -17,8 +17,15 @@ def _job(**kw) -> JobState:
     return state
 
 
+def _shards_apply(state: JobState, now: float) -> None:
+    """Every shard heartbeats having applied the current live worker set."""
+    for shard in list(state.shards.values()):
+        state.heartbeat(shard.id, Heartbeat(membership=state.assignment_for(shard).membership), now)
+
+
 def _join(state: JobState, sps: float, now: float = 0.0) -> str:
     wid = state.hello(Hello(role="worker"), now).id
+    _shards_apply(state, now)
     state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)
     return wid
 
@@ -40,6 +47,33 @@ def test_workers_wait_for_every_shard():
     assert welcome.shards == ["tcp://a:1", "tcp://b:1"]
     with pytest.raises(ProtocolError, match="no_slot"):
         state.hello(Hello(role="ps"), 0.0)
+
+
+def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
+    """Else a shard could close an ssgd round without a worker whose push is on its way."""
+    state = JobState(JobConfig(dataset="synthetic", global_batch=96), num_shards=2, train_size=1000, now=0.0)
+    ps0 = state.hello(Hello(role="ps", endpoint="tcp://a:1"), 0.0).id
+    ps1 = state.hello(Hello(role="ps", endpoint="tcp://b:1"), 0.0).id
+    a = state.hello(Hello(role="worker"), 0.0).id
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.1)
+    assert state.allocation == {} and state.assignment_for(state.members[a]).batch == 0
+    told = state.heartbeat(ps0, Heartbeat(), 0.2)
+    assert told.live_workers == [a] and told.membership == state.membership
+    state.heartbeat(ps0, Heartbeat(membership=told.membership), 0.3)
+    assert state.allocation == {}, "shard 1 has not applied it yet"
+    state.heartbeat(ps1, Heartbeat(membership=told.membership), 0.4)
+    assert state.allocation == {a: 96}, "the shard's heartbeat hands out the batch"
+    assert state.decisions[-1].reason == "joined" and state.decisions[-1].subject == a
+
+    b = state.hello(Hello(role="worker"), 0.5).id
+    state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.6)
+    assert state.allocation == {a: 96}, "the running worker keeps its batch while b waits"
+    restarted = state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.7).id
+    state.heartbeat(restarted, Heartbeat(), 0.8)
+    state.heartbeat(ps0, Heartbeat(membership=state.membership), 0.9)
+    assert state.allocation == {a: 96}, "a restarted shard that has applied nothing yet holds back only b"
+    state.heartbeat(restarted, Heartbeat(membership=state.membership), 1.0)
+    assert set(state.allocation) == {a, b} and sum(state.allocation.values()) == 96
 
 
 def test_first_split_follows_standalone_speed_then_measured_step_times():
@@ -72,6 +106,7 @@ def test_silent_workers_are_dropped_and_their_share_moves():
     _step(state, a, 0.05, 1.0)
     _step(state, b, 0.05, 1.0)
     _step(state, a, 0.05, 2.5)
+    _shards_apply(state, 2.5)
     assert state.expire(3.5) == [b]
     assert state.allocation == {a: 96}
     assert state.decisions[-1].reason == "heartbeat timeout" and state.decisions[-1].subject == b
@@ -108,6 +143,57 @@ def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_fin
     assert state.assignment_for(state.shards[0]).stop
     with pytest.raises(ProtocolError, match="job_over"):
         state.hello(Hello(role="worker"), t)
+
+
+def _run_to_target(state: JobState, wid: str) -> float:
+    t = 0.0
+    while not state.stopping:
+        t += 0.1
+        _step(state, wid, 0.05, t)
+    assert state.bye(wid, t)
+    return t
+
+
+def test_a_job_awaiting_its_final_evaluation_admits_a_late_evaluator_and_waits_for_its_report():
+    state = _job(await_final_eval=True, join_timeout_s=30.0)
+    t = _run_to_target(state, _join(state, 1000.0))
+    state.tick(t + 5.0)
+    assert not state.finished, "no evaluator has joined yet: the final model is not evaluated"
+    with pytest.raises(ProtocolError, match="job_over"):
+        state.hello(Hello(role="worker"), t + 5.0)
+    ev = state.hello(Hello(role="evaluator"), t + 6.0).id
+    assert state.assignment_for(state.members[ev]).stop, "it evaluates the final model at once"
+    state.eval_report(ev, EvalReport(version=9, test_loss=0.3, test_acc=0.9, final=True), t + 7.0)
+    assert state.finished and state.final_eval
+    with pytest.raises(ProtocolError, match="job_over"):
+        state.hello(Hello(role="evaluator"), t + 8.0)
+
+
+def test_a_job_awaiting_its_final_evaluation_gives_up_after_the_join_timeout():
+    state = _job(await_final_eval=True, join_timeout_s=30.0)
+    t = _run_to_target(state, _join(state, 1000.0))
+    assert state.tick(t) is False
+    assert not state.tick(t + 29.0) and not state.finished
+    assert state.tick(t + 31.0) is True and state.finished and not state.final_eval
+    assert state.tick(t + 32.0) is False, "the give-up is reported once"
+
+
+def test_without_await_final_eval_a_job_with_no_evaluator_finishes_when_workers_are_gone():
+    state = _job()
+    _run_to_target(state, _join(state, 1000.0))
+    assert state.finished and not state.final_eval
+
+
+def test_a_repeated_bye_is_acknowledged_without_dropping_the_member_twice():
+    state = _job()
+    a, b = _join(state, 1000.0), _join(state, 1000.0)
+    _step(state, a, 0.05, 1.0)
+    samples = state.samples
+    assert state.bye(a, 2.0) is True
+    assert state.bye(a, 2.5) is False
+    assert state.samples == samples and state.live_workers == [b]
+    with pytest.raises(ProtocolError, match="unknown_sender"):
+        state.bye("w99", 3.0)
 
 
 def test_backwards_or_non_finite_heartbeats_change_nothing():

@@ -43,7 +43,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read rendered man
 from dynabatch.common.config import (  # noqa: E402
     ENV_PREFIX, ConfigError, JobConfig, MetricsOptions, add_flags, from_args, validate_fields,
 )
-from dynabatch.common.curve import CurveOptions  # noqa: E402
+from dynabatch.common.curve import KEYS_BY_ROLE, CurveOptions  # noqa: E402
 from dynabatch.ps.options import PsOptions  # noqa: E402
 from dynabatch.scheduler.options import SchedulerOptions  # noqa: E402
 from dynabatch.worker.options import WorkerOptions  # noqa: E402
@@ -360,7 +360,7 @@ def test_writable_tmp_for_a_read_only_root(objects: list[dict[str, Any]]) -> Non
             assert env.get("MPLCONFIGDIR", "").startswith("/tmp"), kn(w)
 
 
-def test_curve_keys_mounted_everywhere(objects: list[dict[str, Any]]) -> None:
+def test_curve_keys_mounted_everywhere_and_only_the_files_each_role_reads(objects: list[dict[str, Any]]) -> None:
     for w in workloads(objects):
         volumes = {v["name"]: v for v in pod_spec(w).get("volumes", [])}
         c = main_container(w)
@@ -370,7 +370,11 @@ def test_curve_keys_mounted_everywhere(objects: list[dict[str, Any]]) -> None:
         assert len(mounts) == 1, f"{kn(w)}: nothing mounted at DYNABATCH_CURVE_DIR={curve_dir}"
         mount = mounts[0]
         assert mount.get("readOnly") is True, kn(w)
-        assert volumes[mount["name"]]["secret"]["secretName"] == CURVE_SECRET, kn(w)
+        secret = volumes[mount["name"]]["secret"]
+        assert secret["secretName"] == CURVE_SECRET, kn(w)
+        projected = [(item["key"], item["path"]) for item in secret.get("items", [])]
+        assert sorted(projected) == sorted((name, name) for name in KEYS_BY_ROLE[role(c)]), \
+            f"{kn(w)} must get exactly the key files `dynabatch {role(c)}` reads"
     # The private keys are referenced, never committed.
     assert not [s for s in of_kind(objects, "Secret") if s["metadata"]["name"] == CURVE_SECRET]
 

@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from dynabatch.common.messages import Pull, Push
+from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Pull, Push
 from dynabatch.common.wire import ChunkMeta
 from harness import Cluster, free_port, wait_for
 
@@ -38,6 +38,27 @@ def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path
         final = c.wait_status("the job to finish without the dead worker", lambda s: s["finished"], 120)
         assert final["epoch"] >= 12
         assert final["test_acc"] is None or final["test_acc"] >= 0
+    finally:
+        c.stop()
+
+
+def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
+    """A process that exits right after BYE_ACK has had its last heartbeat counted (ssgd workers stop by themselves)."""
+    c = Cluster(tmp_path, QUICK + ["--epochs", "1000"])
+    try:
+        c.scheduler()
+        c.shard()
+        conn, welcome = c.join_as_worker()
+        batch = c.status()["workers"][welcome.id]["batch"]
+        assert conn.send(Heartbeat(steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05,
+                                   standalone_sps=1000.0)) > 0
+        assert isinstance(conn.request(Bye(), timeout_s=5.0).body, ByeAck)
+        st = c.status()
+        assert welcome.id in st["departed"] and welcome.id not in st["workers"]
+        assert st["samples"] == 3 * batch, "the heartbeat sent just before BYE was counted"
+        assert isinstance(conn.request(Bye(), timeout_s=5.0).body, ByeAck), "a repeated BYE is acknowledged again"
+        assert c.status()["samples"] == 3 * batch
+        conn.close()
     finally:
         c.stop()
 

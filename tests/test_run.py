@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from harness import run_job
 
 pytestmark = pytest.mark.slow
 
 FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 CNN_PARAMS = 215_370
-
-
-def _run(tmp_path: Path, *flags: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, Path]:
-    cmd = [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r", *flags]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return out, tmp_path / "r"
 
 
 @pytest.mark.data
@@ -30,9 +22,8 @@ def _run(tmp_path: Path, *flags: str, timeout: float = 300) -> tuple[subprocess.
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])
 def test_every_protocol_and_batch_policy_learns_fashion_mnist(tmp_path, protocol, policy):
     """A quick setting (half an epoch, two workers 1x and 2x); full runs are the benchmarks' job."""
-    out, run = _run(tmp_path, "--epochs", "0.5", "--workers", "2", "--slowdowns", "1", "2",
-                    "--protocol", protocol, "--batch-policy", policy)
-    assert out.returncode == 0, out.stdout + out.stderr
+    run, _ = run_job(tmp_path, "r", "--epochs", "0.5", "--workers", "2", "--slowdowns", "1", "2",
+                  "--protocol", protocol, "--batch-policy", policy)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"]
     assert summary["protocol"] == protocol and summary["batch_policy"] == policy
@@ -48,9 +39,8 @@ def test_every_protocol_and_batch_policy_learns_fashion_mnist(tmp_path, protocol
 
 
 def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
-    out, run = _run(tmp_path, "--dataset", "synthetic", "--model", "cnn", "--epochs", "3", "--eval-interval-s", "3")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "test accuracy" in out.stdout and "epoch" in out.stdout
+    run, printed = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "cnn", "--epochs", "3", "--eval-interval-s", "3")
+    assert "test accuracy" in printed and "epoch" in printed
     summary = json.loads((run / "summary.json").read_text())
     for key in ("final_test_acc", "final_test_loss", "wall_s", "samples_per_s", "workers"):
         assert summary[key] is not None, key
@@ -76,8 +66,7 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
 @pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
 def test_the_main_job_learns_fashion_mnist(tmp_path):
     """The default job, shortened to 1.5 epochs: the CNN must be well on its way to 88%."""
-    out, run = _run(tmp_path, "--epochs", "1.5", timeout=400)
-    assert out.returncode == 0, out.stdout + out.stderr
+    run, _ = run_job(tmp_path, "r", "--epochs", "1.5", timeout_s=400)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_test_acc"] >= 0.80, summary
     order = sorted(summary["workers"].values(), key=lambda w: -w["final_batch"])

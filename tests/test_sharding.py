@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from harness import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -17,13 +16,9 @@ EPOCHS, BATCH, TRAIN = 1.0, 96, 12000
 
 
 def _train(tmp_path: Path, shards: int) -> tuple[torch.Tensor, list[int]]:
-    out = subprocess.run(
-        [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", f"s{shards}",
-         "--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed",
-         "--workers", "2", "--slowdowns", "1", "2", "--no-evaluator", "--epochs", str(EPOCHS),
-         "--global-batch", str(BATCH), "--chunk-bytes", "65536", "--shards", str(shards)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert out.returncode == 0, out.stdout + out.stderr
+    run_job(tmp_path, f"s{shards}", "--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd",
+            "--batch-policy", "fixed", "--workers", "2", "--slowdowns", "1", "2", "--no-evaluator",
+            "--epochs", str(EPOCHS), "--global-batch", str(BATCH), "--chunk-bytes", "65536", "--shards", str(shards))
     chunks: dict[int, torch.Tensor] = {}
     versions: list[int] = []
     for s in range(shards):

@@ -21,7 +21,7 @@ def main(argv: Sequence[str]) -> int:
         "dynabatch worker", "Join a running job as a training worker (or --evaluator).",
         [WorkerOptions, CurveOptions, MetricsOptions], argv,
     )
-    keys = load_curve_keys("dynabatch worker", curve, server=False)
+    keys = load_curve_keys("dynabatch worker", curve, "worker")
     try:
         usable_device(opts.device)
     except ConfigError as exc:
