@@ -274,7 +274,19 @@ class JobState:
 
     @property
     def stopping(self) -> bool:
-        return self.epoch >= self.job.epochs or self.budget_spent
+        return self.epoch >= self.job.epochs or self.budget_spent or self._ssgd_rounds_done
+
+    @property
+    def _ssgd_rounds_done(self) -> bool:
+        """ssgd workers stop by themselves once every shard has had the job's rounds; so does the job.
+
+        Counting samples alone could leave the job one step short for ever if a
+        worker's step was lost in a retry, with every worker already gone.
+        """
+        if self.job.protocol != "ssgd" or len(self.shards) < self.num_shards:
+            return False
+        rounds = math.ceil(self.job.epochs * self.train_size / self.job.global_batch)
+        return all(shard.last.version >= rounds for shard in self.shards.values())
 
     def check_budget(self, now: float) -> None:
         """Stop the job once `time_budget_s` has passed since the first batches were handed out."""

@@ -196,6 +196,17 @@ def test_a_repeated_bye_is_acknowledged_without_dropping_the_member_twice():
         state.bye("w99", 3.0)
 
 
+def test_ssgd_stops_once_every_shard_has_had_the_jobs_rounds_even_if_samples_fall_short():
+    state = _job(protocol="ssgd")  # 1000 samples, B = 96: 11 rounds
+    wid = _join(state, 1000.0)
+    for t in range(1, 10):
+        _step(state, wid, 0.05, t)
+    state.heartbeat(state.shards[0].id, Heartbeat(version=10, membership=state.membership), 10.0)
+    assert not state.stopping
+    state.heartbeat(state.shards[0].id, Heartbeat(version=11, membership=state.membership), 11.0)
+    assert state.epoch < 1.0 and state.stopping, "the workers stop at the last round; so does the job"
+
+
 def test_backwards_or_non_finite_heartbeats_change_nothing():
     state = _job()
     a = _join(state, 1000.0)
