@@ -11,6 +11,7 @@ instead of one.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -108,6 +109,7 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
     if data_dir:
         cmd += ["--data-dir", data_dir]
     result = RunResult(scenario, protocol, policy, seed, slowdowns, ok=False)
+    shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed
     with open(out / f"{name}.log", "wb") as log_file:
         code = subprocess.call(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     summary_path, timeline_path = out / name / "summary.json", out / name / "timeline.json"

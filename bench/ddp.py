@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -116,6 +117,7 @@ def dynabatch_step(settings: Settings, out: Path, name: str, data_dir: str) -> f
            "--out", str(out), "--name", name, "--progress-s", "30", "--timeout-s", str(settings.duration_s + 180)]
     if data_dir:
         cmd += ["--data-dir", data_dir]
+    shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed
     with open(out / f"{name}.log", "wb") as log_file:
         subprocess.call(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     path = out / name / "summary.json"

@@ -71,6 +71,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     name = opts.name or time.strftime("%Y%m%d-%H%M%S") + f"-{job.protocol}-{job.batch_policy}"
     run_dir = Path(opts.out) / name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        # Its shards would resume from the old checkpoints: a silent warm start, not a new run.
+        print(f"dynabatch run: {run_dir} already holds a run; choose another --name or remove it", file=sys.stderr)
+        return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"run": asdict(opts), "job": asdict(job)}, indent=2))
     return Run(opts, job, job_flags, run_dir, curve.curve_dir, keys).execute()

@@ -62,6 +62,17 @@ def test_missing_data_says_how_to_get_it(tmp_path):
     assert not (tmp_path / "runs").exists(), "nothing may be started or written for a run that cannot work"
 
 
+def test_a_run_folder_that_holds_a_run_is_never_reused(tmp_path):
+    """Its shards would silently resume from the old checkpoints."""
+    old = tmp_path / "runs" / "exp1"
+    (old / "checkpoints").mkdir(parents=True)
+    (old / "checkpoints" / "shard-0.pt").write_bytes(b"an earlier run's model")
+    out = _run("run", "--dataset", "synthetic", "--model", "mlp", "--out", str(tmp_path / "runs"), "--name", "exp1")
+    assert out.returncode == 2
+    assert str(old) in out.stderr and "--name" in out.stderr and "Traceback" not in out.stderr
+    assert sorted(p.name for p in old.rglob("*")) == ["checkpoints", "shard-0.pt"], "nothing was written into it"
+
+
 def test_help_lists_every_role():
     out = _run("--help")
     assert out.returncode == 0
