@@ -16,7 +16,12 @@ ROLES = ("worker", "evaluator", "ps")
 
 @dataclass
 class Hello:
-    """A process joins the job: workers and evaluators get an id, shards a slot."""
+    """A process joins the job: workers and evaluators get an id, shards a slot.
+
+    `instance` is random per process. A HELLO repeated with it (the first answer
+    was slow, or HELLOs queued while the scheduler was down) gets the same WELCOME
+    again instead of registering a ghost member that a round would wait for.
+    """
 
     TYPE: ClassVar[str] = "HELLO"
     role: str
@@ -25,6 +30,7 @@ class Hello:
     endpoint: str = ""
     shard_index: int = -1
     name: str = ""
+    instance: str = ""
 
 
 @dataclass

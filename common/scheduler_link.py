@@ -10,7 +10,9 @@ without knowing us (restart), `lost` is set and the caller registers again.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
+from dataclasses import replace
 from typing import Callable
 
 import zmq
@@ -29,12 +31,14 @@ class SchedulerLink:
 
     def __init__(self, ctx: zmq.Context, endpoint: str, job: str, name: str) -> None:
         self.conn = Connection(ctx, endpoint, job, name)
+        self.instance = secrets.token_hex(8)  # makes a repeated HELLO of ours harmless (see Hello)
         self.assignment: Assignment | None = None
         self.lost = False
         self.id = ""
 
     def register(self, hello: Hello, should_stop: Callable[[], bool], on_wait: Callable[[], None]) -> Welcome | None:
         """HELLO until WELCOME; None if asked to stop first. Raises RemoteError if refused for good."""
+        hello = replace(hello, instance=self.instance)
         self.conn.sender = hello.name
         waited_for = ""
         while not should_stop():

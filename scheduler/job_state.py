@@ -22,6 +22,7 @@ from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.speed_model import SpeedModel
 
 DECISIONS_KEPT = 100
+MAX_INSTANCE_CHARS = 64
 LOSS_SMOOTHING = 0.9
 
 
@@ -107,6 +108,7 @@ class JobState:
         self.train_size = train_size
         self.started = time.monotonic() if now is None else now
         self.members: dict[str, Member] = {}
+        self.instances: dict[str, str] = {}  # HELLO.instance -> the member it registered
         self.shards: dict[int, Member] = {}
         self.allocation: dict[str, int] = {}
         self.membership = 0
@@ -125,6 +127,12 @@ class JobState:
         """Admit a process; shards take a slot, workers wait until every shard is there."""
         if hello.role not in ("worker", "evaluator", "ps"):
             raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
+        if len(hello.instance) > MAX_INSTANCE_CHARS:
+            raise ProtocolError("bad_field", f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
+        again = self.members.get(self.instances.get(hello.instance, "")) if hello.instance else None
+        if again is not None and not again.left and again.role == hello.role:
+            again.last_seen = now
+            return self._welcome(again)
         if (self.stopping and hello.role == "worker") or (self.finished and hello.role == "evaluator"):
             raise ProtocolError("job_over", "the job has reached its target and is stopping")
         if hello.role == "ps":
@@ -140,12 +148,18 @@ class JobState:
         member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
                         endpoint=hello.endpoint, shard_index=index)
         self.members[member_id] = member
+        if hello.instance:
+            self.instances[hello.instance] = member_id
         if hello.role == "ps":
             self.shards[index] = member
         elif hello.role == "worker":
             self.membership += 1
             member.admitted_in = self.membership
-        return Welcome(id=member_id, config=to_dict(self.job), shards=self.shard_endpoints(), shard_index=index)
+        return self._welcome(member)
+
+    def _welcome(self, member: Member) -> Welcome:
+        return Welcome(id=member.id, config=to_dict(self.job), shards=self.shard_endpoints(),
+                       shard_index=member.shard_index)
 
     def _shard_slot(self, wanted: int) -> int:
         if wanted >= self.num_shards:

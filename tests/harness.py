@@ -8,6 +8,7 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import zmq
 from dynabatch.common.curve import KEYS_BY_ROLE, CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
 from dynabatch.common.ports import free_port
-from dynabatch.common.transport import Connection, use_curve
+from dynabatch.common.transport import Connection, RemoteError, use_curve
 
 
 def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[Path, str]:
@@ -161,7 +162,8 @@ class Cluster:
     def join_as_worker(self, standalone_sps: float = 1000.0) -> tuple[Connection, Welcome]:
         """Register a test client as a worker and heartbeat until it holds a batch."""
         conn = self.client(sender="test-worker")
-        welcome = wait_for("the scheduler to welcome a worker", lambda: _try_hello(conn), 30)
+        instance = secrets.token_hex(8)  # HELLOs that queued while the scheduler started register once
+        welcome = wait_for("the scheduler to welcome a worker", lambda: _try_hello(conn, instance), 30)
         conn.sender = welcome.id
 
         def has_batch() -> bool:
@@ -183,9 +185,9 @@ class Cluster:
                 p.proc.wait()
 
 
-def _try_hello(conn: Connection) -> Welcome | None:
+def _try_hello(conn: Connection, instance: str) -> Welcome | None:
     try:
-        reply = conn.request(Hello(role="worker", name="test-worker"), timeout_s=2.0)
-    except Exception:
+        reply = conn.request(Hello(role="worker", name="test-worker", instance=instance), timeout_s=2.0)
+    except (TimeoutError, RemoteError):
         return None
     return reply.body if isinstance(reply.body, Welcome) else None

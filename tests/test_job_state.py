@@ -76,6 +76,24 @@ def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
     assert set(state.allocation) == {a, b} and sum(state.allocation.values()) == 96
 
 
+def test_a_repeated_hello_of_one_process_registers_it_once():
+    """HELLOs queue in ZeroMQ while the scheduler is down, and arrive together when it comes up."""
+    state = _job()
+    first = state.hello(Hello(role="worker", name="a", instance="abc"), 0.0)
+    again = state.hello(Hello(role="worker", name="a", instance="abc"), 0.1)
+    assert again.id == first.id and state.live_workers == [first.id]
+    membership = state.membership
+    other = state.hello(Hello(role="worker", name="b", instance="xyz"), 0.2)
+    assert other.id != first.id and state.membership == membership + 1
+    state.bye(first.id, 0.3)
+    rejoined = state.hello(Hello(role="worker", name="a", instance="abc"), 0.4)
+    assert rejoined.id not in (first.id, other.id), "a member that left registers anew"
+    assert state.hello(Hello(role="worker"), 0.5).id != state.hello(Hello(role="worker"), 0.5).id, \
+        "without an instance every HELLO is a new process"
+    with pytest.raises(ProtocolError, match="bad_field"):
+        state.hello(Hello(role="worker", instance="x" * 65), 0.6)
+
+
 def test_first_split_follows_standalone_speed_then_measured_step_times():
     state = _job()
     fast, slow = _join(state, 3000.0), _join(state, 1000.0)

@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Pull, Push
+from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Hello, Pull, Push, Welcome
 from dynabatch.common.wire import ChunkMeta
 from harness import Cluster, free_port, wait_for
 
@@ -58,6 +58,29 @@ def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
         assert st["samples"] == 3 * batch, "the heartbeat sent just before BYE was counted"
         assert isinstance(conn.request(Bye(), timeout_s=5.0).body, ByeAck), "a repeated BYE is acknowledged again"
         assert c.status()["samples"] == 3 * batch
+        conn.close()
+    finally:
+        c.stop()
+
+
+def test_hellos_that_arrive_together_register_one_worker(tmp_path):
+    """As when a worker retried HELLO while the scheduler was starting: one member, not ghosts a round waits for."""
+    c = Cluster(tmp_path, QUICK + ["--epochs", "1000"])
+    try:
+        c.scheduler()
+        c.shard()
+        c.wait_status("the shard registered", lambda s: len(s["shards"]) == 1)
+        conn = c.client(sender="eager")
+        seqs = [conn.send(Hello(role="worker", name="eager", instance="0123abcd")) for _ in range(3)]
+        replies = {}
+        while len(replies) < len(seqs):
+            msg = conn.recv(10.0)
+            assert msg is not None, f"only {len(replies)} of {len(seqs)} HELLOs were answered"
+            replies[msg.seq] = msg.body
+        assert all(isinstance(r, Welcome) for r in replies.values()), replies
+        assert len({r.id for r in replies.values()}) == 1, "every HELLO got the same id"
+        st = c.status()
+        assert list(st["workers"]) == [replies[seqs[0]].id]
         conn.close()
     finally:
         c.stop()
