@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Hello, Pull, Push, Welcome
 from dynabatch.common.wire import ChunkMeta
-from harness import Cluster, free_port, wait_for
+from harness import Cluster, free_port, run_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -192,3 +193,17 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
         assert any(d["reason"] == "speed update" for d in after["decisions"])
     finally:
         c.stop()
+
+
+def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
+    """Workers heartbeat between local steps, not only once per round of H steps."""
+    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "cnn", "--protocol", "local",
+                     "--local-steps", "48", "--workers", "2", "--slowdowns", "2", "3", "--epochs", "1",
+                     "--liveness-timeout-s", "1.5", "--heartbeat-s", "0.2", "--no-evaluator")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"]
+    timeouts = [d for d in summary["decisions"] if d["reason"] == "heartbeat timeout"]
+    assert not timeouts, timeouts
+    assert sorted(w["name"] for w in summary["workers"].values()) == ["worker0", "worker1"], "nobody had to rejoin"
+    round_s = [w["mean_step_s_after_warmup"] for w in summary["workers"].values()]
+    assert max(s for s in round_s if s) * 48 > 1.5, "a round must outlast the liveness timeout for this to test anything"

@@ -59,13 +59,16 @@ class Evaluator(Worker):
 
     def _evaluate_until_stopped(self) -> None:
         assignment = None
-        self._next_beat = 0.0
         while not self.stopping:
             if self.link.lost:
                 log.warning("the scheduler does not know this evaluator any more; registering again")
                 hello = Hello(role="evaluator", host=socket.gethostname(), metrics_url=self.metrics_server.url(),
                               name=self.name)
-                if self.link.register(hello, lambda: self.stopping, self.health.tick) is None:
+                try:
+                    if self.link.register(hello, lambda: self.stopping, self.health.tick) is None:
+                        return
+                except RemoteError as exc:  # e.g. job_over: the job finished meanwhile
+                    log.warning("cannot register again: %s", exc)
                     return
                 for conn in self.shards.conns:
                     conn.sender = self.link.id
@@ -79,7 +82,7 @@ class Evaluator(Worker):
                 self.link.conn.send(report)
                 log.info("model v%d: test loss %.4f, accuracy %.4f%s", report.version, report.test_loss,
                          report.test_acc, " (final)" if final else "")
-            if final:
+            if final and report is not None:
                 return
             deadline = time.monotonic() + self.job.eval_interval_s
             while not self.stopping and time.monotonic() < deadline:
@@ -89,15 +92,8 @@ class Evaluator(Worker):
                 if assignment is not None and assignment.stop:
                     break
 
-    def _heartbeat_when_due(self) -> None:
-        """Evaluating 10k images can outlast the liveness timeout on a busy machine."""
-        now = time.monotonic()
-        if now >= self._next_beat:
-            self._heartbeat_while_waiting()
-            self._next_beat = now + self.job.heartbeat_s
-
     def _evaluate_once(self, final: bool) -> EvalReport:
         pulled = self.shards.pull(None, self.opts.request_timeout_s)
         load_flat(self.model, pulled.flat)
-        loss, acc = evaluate(self.model, self.data, self._heartbeat_when_due)
+        loss, acc = evaluate(self.model, self.data, self.heartbeat_when_due)
         return EvalReport(version=pulled.version, test_loss=loss, test_acc=acc, final=final)

@@ -62,6 +62,7 @@ class LocalSteps:
         loss, seconds = w.timed_compute(x, y)
         if math.isfinite(loss):
             self._optimizer(assignment).step()
+        w.heartbeat_when_due()
         return loss, seconds
 
     def _sync(self, timeout_s: float) -> float:

@@ -99,6 +99,7 @@ class Worker:
         self.model = model_for_job(self.job).to(self.device)
         self.layout = make_layout(sum(p.numel() for p in self.model.parameters()), self.job.chunk_bytes, self.job.shards)
         self.last_hb = Heartbeat()
+        self._next_beat = 0.0
         self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id,
                                    self._heartbeat_while_waiting, self.job.heartbeat_s)
         self.m = WorkerMetrics(self.registry, self.id)
@@ -107,8 +108,25 @@ class Worker:
         return True
 
     def _heartbeat_while_waiting(self) -> None:
+        """Repeat the last heartbeat (its counters are cumulative, so nothing is counted twice).
+
+        Raises RemoteError once the scheduler has dropped this worker, so that a
+        wait for shards that refuse it ends now and the worker registers again.
+        """
         self.link.heartbeat(self.last_hb)
+        self._next_beat = time.monotonic() + self.job.heartbeat_s
         self.health.tick()
+        if self.link.lost:
+            raise RemoteError("unknown_sender", "the scheduler has dropped this worker")
+
+    def heartbeat_when_due(self) -> None:
+        """Keep the scheduler's liveness clock fed between progress reports.
+
+        A local round of H steps, or an evaluation of 10k images, can outlast the
+        liveness timeout on a busy machine.
+        """
+        if time.monotonic() >= self._next_beat:
+            self._heartbeat_while_waiting()
 
     def timed_compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         """Run one training step as this node's emulated hardware would: (loss, seconds).
@@ -246,6 +264,7 @@ class Worker:
         )
         self.link.heartbeat(hb)
         self.last_hb = hb
+        self._next_beat = time.monotonic() + self.job.heartbeat_s
         return hb
 
     def _rejoin(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
