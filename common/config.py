@@ -21,9 +21,9 @@ from typing import Any, Mapping, TypeVar
 
 from dynabatch.common.data import DATASETS
 from dynabatch.common.models import MODELS
+from dynabatch.common.protocols import PROTOCOLS
 
 ENV_PREFIX = "DYNABATCH_"
-PROTOCOLS = ("asgd", "ssgd", "softsync", "local", "msd")
 BATCH_POLICIES = ("fixed", "dynamic")
 
 T = TypeVar("T")
@@ -85,6 +85,10 @@ class JobConfig:
         0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0
     )
     softsync_n: int = opt(1, "softsync: update after floor(workers / n) gradients", minimum=1)
+    staleness: int = opt(
+        3, "ssp: a worker's pull waits while it is more than this many steps ahead of the slowest live worker "
+        "(0: lock-step like ssgd; large: asgd)", minimum=0,
+    )
     local_steps: int = opt(8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1)
     outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", minimum=0.0)
     outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0)

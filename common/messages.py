@@ -86,7 +86,8 @@ class Assignment:
     gets the live workers, numbered by `membership` (it goes up with every join
     and departure): a new worker gets its first batch only once every shard has
     reported applying a set that holds it, so no synchronous round can close
-    without a worker whose gradient is already on its way.
+    without a worker whose gradient is already on its way. `allocated` tells a
+    shard how many workers hold a batch: DBS-SGD's n (common/protocols.py).
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -100,6 +101,7 @@ class Assignment:
     stop: bool = False
     shards: list[str] = field(default_factory=list)
     live_workers: list[str] = field(default_factory=list)
+    allocated: int = 0
     membership: int = 0
     reason: str = ""
 

@@ -41,11 +41,13 @@ MAX_BATCH_PER_POLL = 64
 
 @dataclass
 class ParkedPull:
-    """A pull waiting for chunks to reach `min_version` (a synchronous round); each chunk
-    is sent the moment it gets there, so the front of the model is not held up by the back."""
+    """A pull waiting for chunks to reach `min_version` (a synchronous round), or for its
+    worker to be let through (ssp: too far ahead of the slowest). Each chunk is sent the
+    moment it is due, so the front of the model is not held up by the back."""
 
     identity: bytes
     seq: int
+    worker: str
     remaining: list[int]
     min_version: int
     deadline: float
@@ -78,6 +80,7 @@ class ShardMetrics:
         self.handle = Histogram("dynabatch_ps_handle_seconds", "Time to handle one message.", ["shard", "type"], registry=registry)
         self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
         self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
+        self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 
 class ShardServer:
@@ -145,7 +148,7 @@ class ShardServer:
         outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
         self.state = ShardState.initial(
             layout.for_shard(self.index), flat, sgd, self.job.protocol, self.job.global_batch, outer,
-            self.job.softsync_n,
+            self.job.softsync_n, self.job.staleness,
         )
         self.ckpt_meta = {
             "job": self.job.job, "model": self.job.model, "dataset": self.job.dataset, "shard": self.index,
@@ -203,7 +206,8 @@ class ShardServer:
             return
         if body is None:
             return
-        self._after_update(self.state.set_live(set(body.live_workers)))
+        self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
+        self._serve_parked()
         self.membership = body.membership
         self.m.live.set(len(self.state.live))
         if body.stop:
@@ -241,11 +245,12 @@ class ShardServer:
         msg = incoming.message
         body: Pull = msg.body
         items = self.state.pull(body.ids)
-        ready = [cid for cid, _, ver in items if ver >= body.min_version]
-        waiting = [cid for cid, _, ver in items if ver < body.min_version]
+        blocked = self.state.pull_blocked(msg.sender)
+        ready = [] if blocked else [cid for cid, _, ver in items if ver >= body.min_version]
+        waiting = [cid for cid, _, _ in items if cid not in ready]
         self._send_chunks(incoming.identity, msg.seq, ready)
         if waiting:
-            self.parked.append(ParkedPull(incoming.identity, msg.seq, waiting, body.min_version,
+            self.parked.append(ParkedPull(incoming.identity, msg.seq, msg.sender, waiting, body.min_version,
                                           time.monotonic() + self.job.round_timeout_s * 2))
 
     def _send_chunks(self, identity: bytes, seq: int, ids: list[int]) -> None:
@@ -268,6 +273,7 @@ class ShardServer:
         base = {meta.id: meta.version for meta in msg.chunks}
         outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic())
         self.m.staleness.observe(outcome.staleness)
+        self.m.clock_spread.set(self.state.rule.widest_spread)
         self.m.pushes.labels(self.shard_label, msg.sender).inc()
         self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks))
         all_applied = len(outcome.applied) == len(tensors)
@@ -283,8 +289,14 @@ class ShardServer:
         self.reported_version = self.state.version
         self.m.updates.inc(self.reported_version - before)
         self.m.version.set(self.reported_version)
+        self._serve_parked()
+
+    def _serve_parked(self) -> None:
+        """Send waiting pulls the chunks that are now due: at their version, and their worker let through."""
         for p in self.parked:
-            due = [cid for cid in p.remaining if cid in applied and self.state.chunk_versions[cid] >= p.min_version]
+            if self.state.pull_blocked(p.worker):
+                continue
+            due = [cid for cid in p.remaining if self.state.chunk_versions[cid] >= p.min_version]
             if due:
                 self._send_chunks(p.identity, p.seq, due)
                 p.remaining = [cid for cid in p.remaining if cid not in due]

@@ -1,14 +1,15 @@
-"""A shard's model state and the update protocols, without sockets.
+"""A shard's model state, without sockets.
 
-State is kept per chunk: each chunk has its parameters, optimizer buffer,
-version and (for the synchronous protocols) its own open round. That is what
-lets a worker push a chunk's gradient the moment backward has finished it, and
-lets a shard apply and serve chunks in priority order, one at a time.
+State is kept per chunk: each chunk has its parameters, optimizer buffer and
+version, and the protocol's rule (protocol_rules.py) keeps each chunk's open
+round. That is what lets a worker push a chunk's gradient the moment backward
+has finished it, and lets a shard apply and serve chunks in priority order, one
+at a time.
 
 The server loop (server.py) decodes and validates messages, then calls
-`pull`, `push`, `set_live`, `overdue` and `close_round` here. Everything that
-decides what the parameters become is in this file and update_rules.py, and
-is tested directly against plain torch.
+`pull`, `push`, `set_membership`, `overdue` and `close_round` here. Everything
+that decides what the parameters become is in this file, protocol_rules.py and
+update_rules.py, and is tested directly against plain torch.
 """
 
 from __future__ import annotations
@@ -19,14 +20,10 @@ from typing import Any, Sequence
 import torch
 
 from dynabatch.common.chunking import Chunk
+from dynabatch.common.protocols import ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
-from dynabatch.ps.update_rules import (
-    OuterConfig, SGDConfig, SoftRound, SyncRound, dbs_weight, outer_step, sgd_step, softsync_needed,
-)
-
-GRADIENT_PROTOCOLS = ("asgd", "ssgd", "softsync")
-DELTA_PROTOCOLS = ("local", "msd")
-SYNC_PROTOCOLS = ("ssgd", "local", "msd")
+from dynabatch.ps.protocol_rules import RULES, ShardRule
+from dynabatch.ps.update_rules import OuterConfig, SGDConfig, outer_step, sgd_step
 
 
 @dataclass
@@ -40,7 +37,11 @@ class PushOutcome:
 
 @dataclass
 class ShardState:
-    """Parameter chunks, optimizer buffers, versions and open rounds of one shard."""
+    """Parameter chunks, optimizer buffers, versions, the live workers and the protocol's rule.
+
+    `allocated` is the number of workers the scheduler gave a batch (DBS-SGD's n);
+    `live` can be larger while a worker joins.
+    """
 
     chunks: list[Chunk]
     sgd: SGDConfig
@@ -48,25 +49,31 @@ class ShardState:
     global_batch: int
     outer: OuterConfig = field(default_factory=OuterConfig)
     softsync_n: int = 1
+    staleness_bound: int = 0
     params: dict[int, torch.Tensor] = field(default_factory=dict)
     momentum: dict[int, torch.Tensor] = field(default_factory=dict)
     chunk_versions: dict[int, int] = field(default_factory=dict)
     live: set[str] = field(default_factory=set)
-    rounds: dict[int, Any] = field(default_factory=dict)
-    round_started: dict[int, float] = field(default_factory=dict)
+    allocated: int = 0
+    spec: ProtocolSpec = field(init=False)
+    rule: ShardRule = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spec = protocol_spec(self.protocol)
+        self.rule = RULES[self.spec.shard_rule](self)
 
     @classmethod
     def initial(
         cls, chunks: Sequence[Chunk], flat: torch.Tensor, sgd: SGDConfig, protocol: str, global_batch: int,
-        outer: OuterConfig = OuterConfig(), softsync_n: int = 1,
+        outer: OuterConfig = OuterConfig(), softsync_n: int = 1, staleness_bound: int = 0,
     ) -> "ShardState":
         """State at version 0 from the model's initial flat parameters."""
-        state = cls(sorted(chunks, key=lambda c: c.id), sgd, protocol, global_batch, outer, softsync_n)
+        state = cls(sorted(chunks, key=lambda c: c.id), sgd, protocol, global_batch, outer, softsync_n,
+                    staleness_bound)
         for c in state.chunks:
             state.params[c.id] = flat[c.start : c.stop].clone()
             state.momentum[c.id] = torch.zeros(c.length)
             state.chunk_versions[c.id] = 0
-            state.rounds[c.id] = state._new_round()
         return state
 
     @property
@@ -81,10 +88,7 @@ class ShardState:
     @property
     def kind(self) -> str:
         """What workers push: gradients, or parameter deltas."""
-        return "delta" if self.protocol in DELTA_PROTOCOLS else "grad"
-
-    def _new_round(self) -> Any:
-        return SoftRound() if self.protocol == "softsync" else SyncRound()
+        return self.spec.push_kind
 
     def pull(self, ids: Sequence[int]) -> list[tuple[int, torch.Tensor, int]]:
         """(id, tensor, version) for the asked chunks (all when `ids` is empty), in priority order."""
@@ -93,6 +97,10 @@ class ShardState:
         if unknown:
             raise ProtocolError("unknown_chunk", f"chunks {unknown[:5]} are not held here")
         return [(i, self.params[i], self.chunk_versions[i]) for i in wanted]
+
+    def pull_blocked(self, worker: str) -> bool:
+        """Whether the protocol holds back `worker`'s pull for now (ssp: too far ahead of the slowest)."""
+        return self.rule.pull_blocked(worker)
 
     def push(
         self, worker: str, tensors: dict[int, torch.Tensor], base_versions: dict[int, int],
@@ -108,66 +116,36 @@ class ShardState:
             raise ProtocolError("bad_field", f"PUSH.samples must be positive, got {samples}")
         if kind != self.kind:
             raise ProtocolError("bad_field", f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
-        if self.protocol in SYNC_PROTOCOLS:
-            again = [cid for cid in tensors if worker in self.rounds[cid].contributors]
-            if again:
-                raise ProtocolError("bad_state", f"{worker} already pushed chunk {again[0]} in this round")
+        self.rule.check(worker, list(tensors))
         staleness = {cid: max(0, self.chunk_versions[cid] - base_versions[cid]) for cid in tensors}
-        applied = []
-        for cid in sorted(tensors):
-            if self._take(cid, worker, tensors[cid], samples, staleness[cid], now):
-                applied.append(cid)
+        applied = [cid for cid in sorted(tensors)
+                   if self.rule.take(cid, worker, tensors[cid], samples, staleness[cid], now)]
         return PushOutcome(applied, self.version, max(staleness.values(), default=0))
 
-    def _take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
-        """Apply or queue one chunk; True if the chunk was updated now."""
-        if self.protocol == "asgd":
-            self._apply(cid, tensor, dbs_weight(samples, self.global_batch, len(self.live)))
-            return True
-        self.round_started.setdefault(cid, now)
-        if self.protocol == "softsync":
-            self.rounds[cid].add(tensor, samples, staleness)
-        else:
-            self.rounds[cid].add(worker, {cid: tensor}, samples)
-        return self._close_if_complete(cid)
+    def set_membership(self, workers: set[str], allocated: int) -> list[int]:
+        """New membership from the scheduler: the live workers and how many hold a batch.
 
-    def set_live(self, workers: set[str]) -> list[int]:
-        """New membership from the scheduler; rounds that waited only on leavers close. Returns them."""
+        Rounds that waited only on workers that left close now; returns their chunks.
+        """
         self.live = set(workers)
-        return [cid for cid in self.params if self.rounds[cid] and self._close_if_complete(cid)]
+        self.allocated = allocated
+        return self.rule.membership_changed()
 
     def overdue(self, now: float, timeout_s: float) -> list[int]:
         """Chunks whose open round has waited longer than `timeout_s`."""
-        return [cid for cid, started in self.round_started.items() if now - started > timeout_s]
+        return self.rule.overdue(now, timeout_s)
 
     def close_round(self, cid: int) -> bool:
         """Apply chunk `cid`'s open round with whoever pushed (a worker we cannot reach is not waited on)."""
-        rnd = self.rounds[cid]
-        if not rnd:
-            return False
-        if self.protocol == "softsync":
-            self._apply(cid, rnd.combined(), 1.0)
-        elif self.protocol == "ssgd":
-            self._apply(cid, rnd.mean()[cid], 1.0)
-        else:
-            self._apply_outer(cid, rnd.mean()[cid])
-        self.rounds[cid] = self._new_round()
-        self.round_started.pop(cid, None)
-        return True
+        return self.rule.close(cid)
 
-    def _close_if_complete(self, cid: int) -> bool:
-        rnd = self.rounds[cid]
-        if self.protocol == "softsync":
-            done = len(rnd.entries) >= softsync_needed(len(self.live), self.softsync_n)
-        else:
-            done = rnd.complete(self.live)
-        return done and self.close_round(cid)
-
-    def _apply(self, cid: int, grad: torch.Tensor, lr_scale: float) -> None:
+    def apply_sgd(self, cid: int, grad: torch.Tensor, lr_scale: float) -> None:
+        """One optimizer step on chunk `cid` (a rule calls this when a gradient or a round is due)."""
         self.params[cid], self.momentum[cid] = sgd_step(self.params[cid], grad, self.momentum[cid], self.sgd, lr_scale)
         self.chunk_versions[cid] += 1
 
-    def _apply_outer(self, cid: int, delta: torch.Tensor) -> None:
+    def apply_outer(self, cid: int, delta: torch.Tensor) -> None:
+        """One outer-optimizer step on chunk `cid` with the round's mean parameter delta."""
         self.params[cid], self.momentum[cid] = outer_step(self.params[cid], delta, self.momentum[cid], self.outer)
         self.chunk_versions[cid] += 1
 

@@ -11,7 +11,7 @@ has to write its result somewhere anyway).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -50,59 +50,6 @@ def sgd_step(
     return new, buf
 
 
-def dbs_weight(samples: int, global_batch: int, workers: int) -> float:
-    """DBS-SGD's gradient weight b_i / (B/n): a larger batch moves the model further.
-
-    Under the fixed policy every b_i is B/n and the weight is 1.
-    """
-    return samples * max(1, workers) / global_batch
-
-
-@dataclass
-class SyncRound:
-    """One bulk-synchronous round: every live worker's contribution, averaged by samples.
-
-    Contributions are kept per worker and summed in worker-id order when the
-    round closes, so the result does not depend on arrival order: the same
-    job gives the same parameters bit for bit, with one shard or several.
-    """
-
-    parts: dict[str, tuple[dict[int, torch.Tensor], int]] = field(default_factory=dict)
-
-    @property
-    def contributors(self) -> set[str]:
-        return set(self.parts)
-
-    @property
-    def samples(self) -> int:
-        return sum(n for _, n in self.parts.values())
-
-    def __bool__(self) -> bool:
-        return bool(self.parts)
-
-    def add(self, worker: str, grads: dict[int, torch.Tensor], samples: int) -> None:
-        if worker in self.parts:
-            raise ValueError(f"{worker} already pushed in this round")
-        self.parts[worker] = (grads, samples)
-
-    def complete(self, live: set[str]) -> bool:
-        """Every live worker has pushed (workers that left are not waited for)."""
-        return bool(self.parts) and live <= self.contributors
-
-    def mean(self) -> dict[int, torch.Tensor]:
-        """sum(b_i g_i) / sum(b_i) per chunk, summed in worker-id order."""
-        total = self.samples
-        out: dict[int, torch.Tensor] = {}
-        for worker in sorted(self.parts):
-            grads, samples = self.parts[worker]
-            for cid, g in grads.items():
-                if cid in out:
-                    out[cid].add_(g, alpha=samples / total)
-                else:
-                    out[cid] = g.mul(samples / total)
-        return out
-
-
 @dataclass(frozen=True)
 class OuterConfig:
     """The outer optimizer of the delta protocols (local, msd).
@@ -124,33 +71,3 @@ def outer_step(
         buf = buf.mul(cfg.momentum).add_(delta)
         delta = delta.add(buf, alpha=cfg.momentum) if cfg.nesterov else buf
     return param.add(delta, alpha=-cfg.lr), buf
-
-
-@dataclass
-class SoftRound:
-    """n-softsync: gradients from any workers until `needed` have arrived.
-
-    Unlike SyncRound a fast worker may contribute twice; each gradient keeps
-    the staleness it had on arrival, for the lr / max(1, tau) scaling.
-    """
-
-    entries: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.entries)
-
-    def add(self, grad: torch.Tensor, samples: int, staleness: int) -> None:
-        self.entries.append((grad, samples, staleness))
-
-    def combined(self) -> torch.Tensor:
-        """sum(b_i g_i / max(1, tau_i)) / sum(b_i): the sample-weighted, staleness-damped mean."""
-        total = sum(samples for _, samples, _ in self.entries)
-        out = torch.zeros_like(self.entries[0][0])
-        for grad, samples, staleness in self.entries:
-            out.add_(grad, alpha=samples / max(1, staleness) / total)
-        return out
-
-
-def softsync_needed(live_workers: int, n: int) -> int:
-    """c = floor(workers / n), at least 1: how many gradients an n-softsync update waits for."""
-    return max(1, live_workers // max(1, n))

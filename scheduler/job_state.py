@@ -16,6 +16,7 @@ from typing import Any
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello, Welcome
+from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import allocate, fixed_allocation, needs_reassign
 from dynabatch.scheduler.local_steps import adacomm_steps
@@ -93,6 +94,7 @@ class JobState:
         self, job: JobConfig, num_shards: int, train_size: int, num_chunks: int = 1, now: float | None = None
     ) -> None:
         self.job = job
+        self.spec = protocol_spec(job.protocol)
         self.priorities = list(range(num_chunks))
         self.local_steps = job.local_steps
         self.local_steps_reason = "configured H"
@@ -267,7 +269,7 @@ class JobState:
                 self.loss = hb.loss if math.isnan(self.loss) else (
                     LOSS_SMOOTHING * self.loss + (1 - LOSS_SMOOTHING) * hb.loss)
             self._reallocate(now, "speed update", member.id)
-            if self.job.protocol == "msd":
+            if self.spec.adaptive_local_steps:
                 self._adapt_local_steps(now, hb)
 
     def eval_report(self, member_id: str, report: EvalReport, now: float) -> None:
@@ -288,16 +290,17 @@ class JobState:
 
     @property
     def stopping(self) -> bool:
-        return self.epoch >= self.job.epochs or self.budget_spent or self._ssgd_rounds_done
+        return self.epoch >= self.job.epochs or self.budget_spent or self._rounds_done
 
     @property
-    def _ssgd_rounds_done(self) -> bool:
-        """ssgd workers stop by themselves once every shard has had the job's rounds; so does the job.
+    def _rounds_done(self) -> bool:
+        """Workers of a round protocol (ssgd) stop by themselves once every shard has had the job's rounds;
+        so does the job.
 
         Counting samples alone could leave the job one step short for ever if a
         worker's step was lost in a retry, with every worker already gone.
         """
-        if self.job.protocol != "ssgd" or len(self.shards) < self.num_shards:
+        if not self.spec.ends_by_rounds or len(self.shards) < self.num_shards:
             return False
         rounds = math.ceil(self.job.epochs * self.train_size / self.job.global_batch)
         return all(shard.last.version >= rounds for shard in self.shards.values())
@@ -406,14 +409,14 @@ class JobState:
         """What `member` should do now."""
         base = dict(assignment_id=self.assignment_id, epoch=self.epoch, target_epochs=self.job.epochs)
         if member.role == "ps":
-            return Assignment(**base, live_workers=self.live_workers, membership=self.membership, stop=self.finished)
+            return Assignment(**base, live_workers=self.live_workers, allocated=len(self.allocation),
+                              membership=self.membership, stop=self.finished)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.allocation.get(member.id, 0)
-        n = max(1, len(self.allocation))
         last = f"{self.decisions[-1].reason} {self.decisions[-1].subject}" if self.decisions else ""
         return Assignment(
-            **base, batch=batch, lr_scale=batch * n / self.job.global_batch, stop=self.stopping,
+            **base, batch=batch, lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)), stop=self.stopping,
             shards=self.shard_endpoints(), reason=last, local_steps=self.local_steps, priorities=self.priorities,
         )
 

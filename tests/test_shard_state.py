@@ -19,7 +19,7 @@ def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw) -> t
     flat = torch.randn(total, generator=torch.Generator().manual_seed(3))
     layout = make_layout(total, chunk_bytes, 1)
     state = ShardState.initial(layout.chunks, flat, SGD, protocol, B, **kw)
-    state.set_live({"w0", "w1", "w2"})
+    state.set_membership({"w0", "w1", "w2"}, allocated=3)
     return state, flat
 
 
@@ -81,7 +81,7 @@ def test_ssgd_round_closes_when_the_missing_worker_leaves():
     _push(state, "w0", g, 0, 32)
     _push(state, "w1", 2 * g, 0, 32)
     assert state.version == 0
-    assert state.set_live({"w0", "w1"}) == [c.id for c in state.chunks]
+    assert state.set_membership({"w0", "w1"}, allocated=2) == [c.id for c in state.chunks]
     assert state.version == 1
     torch.testing.assert_close(_flat(state), _reference(w0, [(1.5 * g, 1.0)]))
 
@@ -164,7 +164,7 @@ def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones(
 
 def test_two_softsync_updates_when_n_halves_the_wait():
     state, w0 = _state("softsync", softsync_n=2)
-    state.set_live({"w0", "w1", "w2", "w3"})
+    state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)
     gen = torch.Generator().manual_seed(5)
     g = [torch.randn(1000, generator=gen) for _ in range(4)]
     steps = []
@@ -226,3 +226,63 @@ def test_chunks_are_applied_one_by_one_as_they_arrive():
     assert out.applied == [first.id]
     assert state.chunk_versions[first.id] == 1 and state.version == 0
     assert all(state.chunk_versions[c.id] == 0 for c in state.chunks[1:])
+
+
+def test_asgd_weighs_by_the_workers_holding_a_batch_not_by_those_still_joining():
+    """DBS-SGD's n is the scheduler's allocation: a joining worker (live, no batch yet) changes no weight."""
+    state, w0 = _state("asgd")
+    state.set_membership({"w0", "w1", "w2", "w3"}, allocated=3)
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(7))
+    _push(state, "w0", g, 0, B // 3)
+    torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)]))
+
+
+def _ssp(staleness_bound: int) -> ShardState:
+    state, _ = _state("ssp", staleness_bound=staleness_bound)
+    state.set_membership({"w0", "w1"}, allocated=2)
+    return state
+
+
+def test_ssp_with_bound_zero_holds_a_worker_one_step_ahead_until_the_slowest_catches_up():
+    state = _ssp(0)
+    g = torch.ones(1000)
+    assert not state.pull_blocked("w0") and not state.pull_blocked("w1")
+    _push(state, "w0", g, 0, 32)
+    assert state.pull_blocked("w0"), "w0 is a step ahead of w1: its next pull waits"
+    assert not state.pull_blocked("w1")
+    _push(state, "w1", g, 0, 32)
+    assert not state.pull_blocked("w0") and state.version == 2, "every push is applied on arrival"
+    assert state.rule.widest_spread == 1
+
+
+def test_ssp_bound_s_lets_a_worker_run_s_steps_ahead_and_no_more():
+    state = _ssp(3)
+    for step in range(4):
+        assert not state.pull_blocked("w0"), f"{step} steps ahead is within the bound"
+        _push(state, "w0", torch.ones(1000), step, 32)
+    assert state.pull_blocked("w0")
+    _push(state, "w1", torch.ones(1000), 0, 32)
+    assert not state.pull_blocked("w0")
+
+
+def test_ssp_a_joining_worker_starts_at_the_slowest_clock_and_a_leaver_holds_nobody_back():
+    state = _ssp(0)
+    for w in ("w0", "w1", "w0"):
+        _push(state, w, torch.ones(1000), 0, 32)
+    assert state.pull_blocked("w0")
+    state.set_membership({"w0", "w1", "w2"}, allocated=3)
+    assert not state.pull_blocked("w2"), "the newcomer starts level with the slowest (w1), not at 0"
+    assert state.pull_blocked("w0") and not state.pull_blocked("w1")
+    state.set_membership({"w0", "w2"}, allocated=2)
+    state.set_membership({"w0"}, allocated=1)
+    assert not state.pull_blocked("w0"), "with the slower workers gone, w0 is the slowest"
+
+
+def test_ssp_applies_gradients_exactly_as_asgd_does():
+    ssp, asgd = _ssp(100), _state("asgd")[0]
+    asgd.set_membership({"w0", "w1"}, allocated=2)
+    gen = torch.Generator().manual_seed(8)
+    for i, (worker, samples) in enumerate([("w0", 64), ("w1", 32), ("w0", 64)]):
+        g = torch.randn(1000, generator=gen)
+        assert _push(ssp, worker, g, i, samples) == _push(asgd, worker, g, i, samples)
+    assert torch.equal(_flat(ssp), _flat(asgd))

@@ -2,7 +2,9 @@
 
 import torch
 
-from dynabatch.ps.update_rules import SGDConfig, SyncRound, dbs_weight, sgd_step
+from dynabatch.common.protocols import dbs_weight
+from dynabatch.ps.protocol_rules import SyncRound
+from dynabatch.ps.update_rules import SGDConfig, sgd_step
 
 
 def _torch_reference(w0, grads, cfg, scales):
@@ -62,22 +64,22 @@ def test_sync_round_is_the_sample_weighted_mean():
     g1, g2 = torch.randn(50, generator=gen), torch.randn(50, generator=gen)
     g1_before = g1.clone()
     r = SyncRound()
-    r.add("w0", {0: g1}, 30)
+    r.add("w0", g1, 30)
     assert not r.complete({"w0", "w1"})
-    r.add("w1", {0: g2}, 10)
+    r.add("w1", g2, 10)
     assert r.complete({"w0", "w1"})
     assert r.complete({"w0"})
-    torch.testing.assert_close(r.mean()[0], (30 * g1 + 10 * g2) / 40)
+    torch.testing.assert_close(r.mean(), (30 * g1 + 10 * g2) / 40)
     assert torch.equal(g1, g1_before), "the round must not accumulate into a received tensor"
 
 
 def test_sync_round_refuses_a_second_push_from_one_worker():
     r = SyncRound()
-    r.add("w0", {0: torch.ones(3)}, 1)
+    r.add("w0", torch.ones(3), 1)
     try:
-        r.add("w0", {0: torch.ones(3)}, 1)
+        r.add("w0", torch.ones(3), 1)
     except ValueError as exc:
         assert "w0" in str(exc)
     else:
         raise AssertionError("duplicate push accepted")
-    assert r.samples == 1
+    assert list(r.parts) == ["w0"]

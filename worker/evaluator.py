@@ -8,7 +8,6 @@ evaluates the final model once more and reports that result as final.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from typing import Callable
 
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 
 from dynabatch.common.chunking import load_flat
 from dynabatch.common.data import Dataset, make_batch
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import EvalReport, Heartbeat
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.trainer import Worker
 
@@ -60,18 +59,8 @@ class Evaluator(Worker):
     def _evaluate_until_stopped(self) -> None:
         assignment = None
         while not self.stopping:
-            if self.link.lost:
-                log.warning("the scheduler does not know this evaluator any more; registering again")
-                hello = Hello(role="evaluator", host=socket.gethostname(), metrics_url=self.metrics_server.url(),
-                              name=self.name)
-                try:
-                    if self.link.register(hello, lambda: self.stopping, self.health.tick) is None:
-                        return
-                except RemoteError as exc:  # e.g. job_over: the job finished meanwhile
-                    log.warning("cannot register again: %s", exc)
-                    return
-                for conn in self.shards.conns:
-                    conn.sender = self.link.id
+            if self.link.lost and not self.register_again("evaluator"):
+                return
             final = assignment is not None and assignment.stop
             try:
                 report = self._evaluate_once(final)

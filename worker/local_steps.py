@@ -25,31 +25,25 @@ import torch
 from dynabatch.common.chunking import flat_params, load_flat
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.ps_client import PendingPull, PendingPush
+from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult, StepTimes
 
 
 @dataclass
-class LocalSteps:
-    """One worker's local-SGD state: inner optimizer, the global it started from, what is in flight."""
+class _LocalSteps(StepLoop):
+    """What both delta protocols keep: the inner optimizer and the global model a worker started from."""
 
-    worker: "object"
+    ctx: StepContext
     optimizer: torch.optim.Optimizer | None = None
     base: torch.Tensor | None = None
     base_versions: dict[int, int] = field(default_factory=dict)
     version: int = 0
     min_versions: list[int] | None = None
-    anchor: torch.Tensor | None = None
-    in_flight: tuple[PendingPush, PendingPull | None] | None = None
-    sent_at: float = 0.0
-    since_push: int = 0
-    push_s: float = 0.0
-    comm_s: float = 0.0
-    finished: bool = False
 
     def _optimizer(self, assignment: Assignment) -> torch.optim.Optimizer:
-        job = self.worker.job
+        job = self.ctx.job
         if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(self.worker.model.parameters(), lr=job.lr,
+            self.optimizer = torch.optim.SGD(self.ctx.model.parameters(), lr=job.lr,
                                              momentum=job.momentum, weight_decay=job.weight_decay)
         for group in self.optimizer.param_groups:
             group["lr"] = job.lr * assignment.lr_scale
@@ -57,33 +51,39 @@ class LocalSteps:
 
     def _local_step(self, assignment: Assignment) -> tuple[float, float]:
         """One SGD step on this worker's own copy of the model: (loss, emulated seconds)."""
-        w = self.worker
-        x, y = w.next_batch(assignment.batch)
-        loss, seconds = w.timed_compute(x, y)
+        c = self.ctx
+        x, y = c.next_batch(assignment.batch)
+        loss, seconds = c.timed_compute(x, y)
         if math.isfinite(loss):
             self._optimizer(assignment).step()
-        w.heartbeat_when_due()
+        c.heartbeat_when_due()
         return loss, seconds
 
     def _sync(self, timeout_s: float) -> float:
         """Pull the global model (waiting for the round when one is open) and start from it; returns seconds."""
-        w = self.worker
+        c = self.ctx
         start = time.perf_counter()
-        pulled = w.shards.pull(self.min_versions, timeout_s)
-        load_flat(w.model, pulled.flat)
+        pulled = c.shards.pull(self.min_versions, timeout_s)
+        load_flat(c.model, pulled.flat)
         self.base, self.base_versions, self.version = pulled.flat.clone(), pulled.chunk_versions, pulled.version
         return time.perf_counter() - start
 
-    def step(self, assignment: Assignment) -> StepResult | None:
-        if self.worker.job.protocol == "local":
-            return self._local_round(assignment)
-        return self._msd_step(assignment)
+    def after_failure(self, code: str) -> None:
+        """Start over from the current global model; a delta lost in flight is simply not counted."""
+        self.min_versions = None
+        self.base = None
 
-    def _local_round(self, assignment: Assignment) -> StepResult | None:
-        """`local`: sync, H local steps, push the delta, and (next round) wait for the average."""
-        w = self.worker
+
+@dataclass
+class LocalRoundLoop(_LocalSteps):
+    """`local`: sync, H local steps, push the delta, and (next round) wait for the average."""
+
+    NAME = "local"
+
+    def step(self, assignment: Assignment) -> StepResult | None:
+        c = self.ctx
         times = StepTimes()
-        times.wait = self._sync(w.opts.request_timeout_s)
+        times.wait = self._sync(c.request_timeout_s)
         losses = []
         steps = max(1, assignment.local_steps)
         for _ in range(steps):
@@ -91,19 +91,30 @@ class LocalSteps:
             times.compute += seconds
             losses.append(loss)
         start = time.perf_counter()
-        delta = self.base - flat_params(w.model)
-        acks = w.shards.push(delta, self.base_versions, assignment.batch * steps, _mean(losses),
-                             w.opts.request_timeout_s, kind="delta")
+        delta = self.base - flat_params(c.model)
+        acks = c.shards.push(delta, self.base_versions, assignment.batch * steps, _mean(losses),
+                             c.request_timeout_s, kind="delta")
         times.push = time.perf_counter() - start
         self.min_versions = [a.version if a.applied else a.version + 1 for a in acks]
         return StepResult(times, assignment.batch, _mean(losses), self.version, steps)
 
-    def _msd_step(self, assignment: Assignment) -> StepResult | None:
-        """`msd`: one local step, then look after the delta in flight without ever blocking on it."""
-        w = self.worker
+
+@dataclass
+class MsdLoop(_LocalSteps):
+    """`msd`: one local step at a time, looking after the delta in flight without ever blocking on it."""
+
+    NAME = "msd"
+    anchor: torch.Tensor | None = None
+    in_flight: tuple[PendingPush, PendingPull | None] | None = None
+    sent_at: float = 0.0
+    since_push: int = 0
+    push_s: float = 0.0
+
+    def step(self, assignment: Assignment) -> StepResult | None:
+        c = self.ctx
         times = StepTimes()
         if self.base is None:
-            times.pull = self._sync(w.opts.request_timeout_s)
+            times.pull = self._sync(c.request_timeout_s)
         loss, times.compute = self._local_step(assignment)
         self.since_push += 1
         if self.in_flight is not None:
@@ -115,9 +126,9 @@ class LocalSteps:
         return StepResult(times, assignment.batch, loss, self.version)
 
     def _push_delta(self, assignment: Assignment, loss: float) -> None:
-        w = self.worker
-        self.anchor = flat_params(w.model)
-        push = w.shards.start_push(self.base - self.anchor, self.base_versions, assignment.batch * self.since_push,
+        c = self.ctx
+        self.anchor = flat_params(c.model)
+        push = c.shards.start_push(self.base - self.anchor, self.base_versions, assignment.batch * self.since_push,
                                    loss, kind="delta")
         self.in_flight = (push, None)
         self.sent_at = time.perf_counter()
@@ -125,20 +136,20 @@ class LocalSteps:
 
     def _advance(self, assignment: Assignment) -> None:
         """Take what has arrived; once the averaged model is in, correct onto it."""
-        w = self.worker
+        c = self.ctx
         push, pull = self.in_flight
-        if time.perf_counter() - self.sent_at > w.opts.request_timeout_s:
-            raise TimeoutError(f"the averaged model did not come back within {w.opts.request_timeout_s:.0f}s")
-        w.shards.advance([push] + ([pull] if pull else []))
+        if time.perf_counter() - self.sent_at > c.request_timeout_s:
+            raise TimeoutError(f"the averaged model did not come back within {c.request_timeout_s:.0f}s")
+        c.shards.advance([push] + ([pull] if pull else []))
         if pull is None and push.done():
             self.push_s = time.perf_counter() - self.sent_at
             min_versions = [a.version if a.applied else a.version + 1 for a in (push.acks[s] for s in sorted(push.acks))]
-            pull = w.shards.start_pull(min_versions)
+            pull = c.shards.start_pull(min_versions)
             self.in_flight = (push, pull)
         if pull is not None and pull.done():
             result = pull.result()
-            progress = flat_params(w.model) - self.anchor
-            load_flat(w.model, result.flat + progress)
+            progress = flat_params(c.model) - self.anchor
+            load_flat(c.model, result.flat + progress)
             self.base = result.flat.clone()
             self.base_versions, self.version = result.chunk_versions, result.version
             arrivals = pull.arrived_at.values()
@@ -148,10 +159,8 @@ class LocalSteps:
             self.in_flight = None
 
     def after_failure(self, code: str) -> None:
-        """Start over from the current global model; a delta lost in flight is simply not counted."""
+        super().after_failure(code)
         self.in_flight = None
-        self.min_versions = None
-        self.base = None
 
 
 def _mean(values: list[float]) -> float:

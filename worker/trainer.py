@@ -22,17 +22,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch
+from dynabatch.common.data import Dataset, SampleOrder, dataset_spec, load_dataset, make_batch
 from dynabatch.common.messages import Assignment, Heartbeat, Hello
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.models import model_for_job
+from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.worker.gradient_steps import GradientSteps
-from dynabatch.worker.local_steps import LocalSteps
+from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
+from dynabatch.worker.step_context import StepContext
 from dynabatch.worker.step_times import StepResult
 
 log = logging.getLogger("dynabatch.worker")
@@ -88,8 +89,7 @@ class Worker:
         """Register, then load data and model for the job the scheduler runs."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        hello = Hello(role=role, host=socket.gethostname(), metrics_url=self.metrics_server.url(), name=self.name)
-        welcome = self.link.register(hello, lambda: self.stopping, self.health.tick)
+        welcome = self.link.register(self._hello(role), lambda: self.stopping, self.health.tick)
         if welcome is None:
             return False
         self.id = welcome.id
@@ -106,6 +106,36 @@ class Worker:
         log.info("%s joined job %r as %s: %s on %s, %d shard(s), slowdown %s, device %s", self.name, self.job.job,
                  self.id, self.job.model, self.job.dataset, len(welcome.shards), self.opts.slowdown, self.device)
         return True
+
+    def _hello(self, role: str) -> Hello:
+        return Hello(role=role, host=socket.gethostname(), metrics_url=self.metrics_server.url(), name=self.name)
+
+    def register_again(self, role: str) -> bool:
+        """The scheduler forgot this process (it restarted, or dropped it): register anew, under a new id.
+
+        False if the process is stopping or the scheduler refuses it for good
+        (`job_over`: the job finished meanwhile).
+        """
+        log.warning("%s: the scheduler does not know this %s any more; registering again", self.id, role)
+        try:
+            if self.link.register(self._hello(role), lambda: self.stopping, self.health.tick) is None:
+                return False
+        except RemoteError as exc:
+            log.warning("%s cannot register again: %s", self.id, exc)
+            return False
+        self.id = self.link.id
+        for conn in self.shards.conns:
+            conn.sender = self.id
+        return True
+
+    def step_context(self) -> StepContext:
+        """What this worker's protocol loop may use (see step_context.py)."""
+        return StepContext(
+            job=self.job, model=self.model, layout=self.layout, shards=self.shards,
+            train_size=dataset_spec(self.job.dataset).train_size, request_timeout_s=self.opts.request_timeout_s,
+            next_batch=self.next_batch, timed_compute=self.timed_compute, idle_for_slowdown=self.idle_for_slowdown,
+            heartbeat_when_due=self.heartbeat_when_due,
+        )
 
     def _heartbeat_while_waiting(self) -> None:
         """Repeat the last heartbeat (its counters are cumulative, so nothing is counted twice).
@@ -205,7 +235,7 @@ class Worker:
         log.info("%s standalone speed %.0f samples/s", self.id, standalone)
         self.taken = []
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
-        steps = LocalSteps(self) if self.job.protocol in ("local", "msd") else GradientSteps(self)
+        steps = LOOPS[protocol_spec(self.job.protocol).worker_loop](self.step_context())
         assignment = self._await_batch(hb)
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
@@ -224,7 +254,7 @@ class Worker:
                 continue
             self.taken = []
             if result is not None:
-                hb = self._record(hb, result, assignment.assignment_id, getattr(steps, "comm_s", 0.0))
+                hb = self._record(hb, result, assignment.assignment_id, steps.comm_s)
             if self.link.lost:
                 hb, assignment = self._rejoin(hb)
             else:
@@ -268,13 +298,8 @@ class Worker:
         return hb
 
     def _rejoin(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
-        """The scheduler forgot this worker (it restarted): register again under a new id."""
-        log.warning("%s: scheduler does not know this worker any more; registering again", self.id)
-        hello = Hello(role="worker", host=socket.gethostname(), metrics_url=self.metrics_server.url(), name=self.name)
-        if self.link.register(hello, lambda: self.stopping, self.health.tick) is None:
+        """The scheduler forgot this worker (it restarted, or dropped it): register again, then await a batch."""
+        if not self.register_again("worker"):
             return hb, None
-        self.id = self.link.id
-        for conn in self.shards.conns:
-            conn.sender = self.id
         fresh = self.last_hb = Heartbeat(standalone_sps=hb.standalone_sps)
         return fresh, self._await_batch(fresh)

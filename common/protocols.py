@@ -1,0 +1,88 @@
+"""Every update protocol, described once: the table every role reads.
+
+A role looks its protocol up here and never compares the protocol's name: the
+shard takes its update rule from `shard_rule` (ps/protocol_rules.py), the worker
+its loop from `worker_loop` (worker/gradient_steps.py, worker/local_steps.py),
+and the scheduler what it decides from the flags below. Adding a protocol is one
+`ProtocolSpec` here, one shard rule, one worker loop (or the reuse of one), and
+their tests.
+
+This module imports nothing heavy: `dynabatch keys` and the job schema read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GRADIENT = "grad"
+DELTA = "delta"
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """What a protocol is, for every role that runs it.
+
+    - `push_kind`: what a worker pushes, gradients or parameter deltas.
+    - `shard_rule`: the shard's rule class (`ShardRule.NAME` in ps/protocol_rules.py).
+    - `worker_loop`: the worker's loop class (`NAME` of a loop in worker/).
+    - `one_push_per_round`: a worker may push each chunk once per round, and a
+      round waits on every live worker.
+    - `local_steps`: workers take H local steps per push (the assignment's H).
+    - `adaptive_local_steps`: the scheduler adapts H as the loss falls (AdaComm).
+    - `ends_by_rounds`: the job ends once every shard has had epochs x N / B rounds,
+      which is also when its workers stop by themselves.
+    """
+
+    name: str
+    summary: str
+    push_kind: str
+    shard_rule: str
+    worker_loop: str
+    one_push_per_round: bool = False
+    local_steps: bool = False
+    adaptive_local_steps: bool = False
+    ends_by_rounds: bool = False
+
+
+SPECS: dict[str, ProtocolSpec] = {
+    spec.name: spec
+    for spec in (
+        ProtocolSpec("asgd", "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
+                     GRADIENT, shard_rule="async", worker_loop="gradient"),
+        ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
+                     GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
+                     ends_by_rounds=True),
+        ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
+                     GRADIENT, shard_rule="softsync", worker_loop="gradient"),
+        ProtocolSpec("ssp", "stale-synchronous parallel: asynchronous, but no worker pulls more than "
+                     "--staleness clocks ahead of the slowest",
+                     GRADIENT, shard_rule="ssp", worker_loop="gradient"),
+        ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
+                     DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True),
+        ProtocolSpec("msd", "multi-step delay: local SGD that never waits, corrects onto the averaged model, "
+                     "H adapted (AdaComm)",
+                     DELTA, shard_rule="outer", worker_loop="msd", one_push_per_round=True, local_steps=True,
+                     adaptive_local_steps=True),
+    )
+}
+PROTOCOLS: tuple[str, ...] = tuple(SPECS)
+
+
+def protocol_spec(name: str) -> ProtocolSpec:
+    """The spec of protocol `name`; ValueError naming the known ones otherwise."""
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)}") from None
+
+
+def dbs_weight(samples: int, global_batch: int, allocated_workers: int) -> float:
+    """DBS-SGD's weight for a gradient of `samples` samples: b_i / (B/n), n the workers holding a batch.
+
+    The one rule for both owners of the weight: the scheduler's learning-rate scale
+    for a worker's own optimizer (local, msd) and the shard's scale for a pushed
+    gradient. n counts the workers the scheduler allocated a batch to, not those
+    merely registered, so a worker that is joining and has no batch yet changes
+    nothing; under the fixed policy every b_i is B/n and the weight is 1.
+    """
+    return samples * max(1, allocated_workers) / global_batch

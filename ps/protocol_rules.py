@@ -1,0 +1,279 @@
+"""One class per update protocol on the shard: its round state and its arithmetic together.
+
+`ShardState` (shard_state.py) owns the parameters, versions and live workers and
+asks its rule, named by the protocol's spec (common/protocols.py), what a pushed
+chunk does: apply now, wait in a round, or close one. The optimizer arithmetic
+itself (SGD with momentum, the outer optimizer) is in update_rules.py; a rule
+decides when to call it and with what.
+
+A rule is told about every push only after `check` has passed for all of the
+push's chunks, so a refused push leaves no trace in any round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from dynabatch.common.protocols import dbs_weight
+from dynabatch.common.wire import ProtocolError
+
+if TYPE_CHECKING:
+    from dynabatch.ps.shard_state import ShardState
+
+
+class ShardRule:
+    """What a protocol does with pushed chunks; the default rule keeps no rounds."""
+
+    NAME: ClassVar[str]
+    widest_spread: int = 0  # bounded-staleness rules: the most clocks between live workers seen so far
+
+    def __init__(self, shard: "ShardState") -> None:
+        self.shard = shard
+
+    def check(self, worker: str, chunk_ids: list[int]) -> None:
+        """Raise ProtocolError if `worker` may not push these chunks now (before anything changes)."""
+
+    def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
+        """Apply or hold one pushed chunk; True if the chunk was updated now."""
+        raise NotImplementedError
+
+    def membership_changed(self) -> list[int]:
+        """The live workers changed (shard.live); returns the chunks updated because of it."""
+        return []
+
+    def overdue(self, now: float, timeout_s: float) -> list[int]:
+        """Chunks whose open round has waited longer than `timeout_s`."""
+        return []
+
+    def close(self, cid: int) -> bool:
+        """Apply chunk `cid`'s open round with whoever contributed; False if none is open."""
+        return False
+
+    def pull_blocked(self, worker: str) -> bool:
+        """Whether `worker`'s pull must wait (a bounded-staleness protocol holds back a worker too far ahead)."""
+        return False
+
+
+class AsyncRule(ShardRule):
+    """asgd (Downpour; DBS-SGD with dynamic batches): every gradient applied on arrival, weighted b_i/(B/n)."""
+
+    NAME = "async"
+
+    def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
+        shard = self.shard
+        shard.apply_sgd(cid, tensor, dbs_weight(samples, shard.global_batch, shard.allocated))
+        return True
+
+
+class StaleSynchronousRule(AsyncRule):
+    """Stale-synchronous parallel (Ho et al. 2013): asynchronous updates, bounded clock spread.
+
+    A worker's clock on this shard is the number of pushes of every chunk the
+    shard holds that it has made (the least over the chunks, so a pipelined push
+    of some chunks does not count as a step). A worker more than `staleness`
+    clocks ahead of the slowest live worker has its pulls held until the slowest
+    catches up, so no worker ever computes on a model missing more than
+    `staleness` of another's steps. s = 0 is lock-step (ssgd's versions per step),
+    a large s is asgd. A worker that joins starts at the slowest live clock, so it
+    holds nobody back.
+    """
+
+    NAME = "ssp"
+
+    def __init__(self, shard: "ShardState") -> None:
+        super().__init__(shard)
+        self.clocks: dict[str, dict[int, int]] = {}
+
+    def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
+        super().take(cid, worker, tensor, samples, staleness, now)
+        self.clocks[worker][cid] += 1
+        self.widest_spread = max(self.widest_spread, self.spread())
+        return True
+
+    def clock(self, worker: str) -> int:
+        return min(self.clocks[worker].values(), default=0)
+
+    def slowest(self) -> int:
+        return min((self.clock(w) for w in self.shard.live), default=0)
+
+    def spread(self) -> int:
+        """Clocks between the fastest and the slowest live worker."""
+        clocks = [self.clock(w) for w in self.shard.live]
+        return max(clocks) - min(clocks) if clocks else 0
+
+    def membership_changed(self) -> list[int]:
+        live = self.shard.live
+        start = min((self.clock(w) for w in live if w in self.clocks), default=0)
+        for gone in set(self.clocks) - live:
+            del self.clocks[gone]
+        for new in live - set(self.clocks):
+            self.clocks[new] = {c.id: start for c in self.shard.chunks}
+        return []
+
+    def pull_blocked(self, worker: str) -> bool:
+        return worker in self.clocks and self.clock(worker) - self.slowest() > self.shard.staleness_bound
+
+
+@dataclass
+class SyncRound:
+    """One chunk's bulk-synchronous round: every live worker's contribution, averaged by samples.
+
+    Contributions are kept per worker and summed in worker-id order when the
+    round closes, so the result does not depend on arrival order: the same job
+    gives the same parameters bit for bit, with one shard or several.
+    """
+
+    parts: dict[str, tuple[torch.Tensor, int]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+    def add(self, worker: str, tensor: torch.Tensor, samples: int) -> None:
+        if worker in self.parts:
+            raise ValueError(f"{worker} already pushed in this round")
+        self.parts[worker] = (tensor, samples)
+
+    def complete(self, live: set[str]) -> bool:
+        """Every live worker has pushed (workers that left are not waited for)."""
+        return bool(self.parts) and live <= self.parts.keys()
+
+    def mean(self) -> torch.Tensor:
+        """sum(b_i g_i) / sum(b_i), summed in worker-id order; never writes into a received tensor."""
+        total = sum(n for _, n in self.parts.values())
+        out: torch.Tensor | None = None
+        for worker in sorted(self.parts):
+            tensor, samples = self.parts[worker]
+            out = tensor.mul(samples / total) if out is None else out.add_(tensor, alpha=samples / total)
+        assert out is not None, "mean of an empty round"
+        return out
+
+
+@dataclass
+class SoftRound:
+    """n-softsync: gradients from any workers until enough have arrived.
+
+    Unlike SyncRound a fast worker may contribute twice; each gradient keeps the
+    staleness it had on arrival, for the lr / max(1, tau) scaling.
+    """
+
+    entries: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def add(self, tensor: torch.Tensor, samples: int, staleness: int) -> None:
+        self.entries.append((tensor, samples, staleness))
+
+    def combined(self) -> torch.Tensor:
+        """sum(b_i g_i / max(1, tau_i)) / sum(b_i): the sample-weighted, staleness-damped mean."""
+        total = sum(samples for _, samples, _ in self.entries)
+        out = torch.zeros_like(self.entries[0][0])
+        for grad, samples, staleness in self.entries:
+            out.add_(grad, alpha=samples / max(1, staleness) / total)
+        return out
+
+
+def softsync_needed(live_workers: int, n: int) -> int:
+    """c = floor(workers / n), at least 1: how many gradients an n-softsync update waits for."""
+    return max(1, live_workers // max(1, n))
+
+
+class _RoundRule(ShardRule):
+    """Rules whose chunks collect contributions in an open round, closed when complete or overdue."""
+
+    def __init__(self, shard: "ShardState") -> None:
+        super().__init__(shard)
+        self.rounds: dict[int, SyncRound | SoftRound] = {c.id: self._new_round() for c in shard.chunks}
+        self.started: dict[int, float] = {}
+
+    def _new_round(self) -> SyncRound | SoftRound:
+        raise NotImplementedError
+
+    def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
+        raise NotImplementedError
+
+    def _complete(self, cid: int) -> bool:
+        raise NotImplementedError
+
+    def _apply(self, cid: int) -> None:
+        raise NotImplementedError
+
+    def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
+        self.started.setdefault(cid, now)
+        self._add(cid, worker, tensor, samples, staleness)
+        return self._complete(cid) and self.close(cid)
+
+    def membership_changed(self) -> list[int]:
+        return [cid for cid in self.rounds if self.rounds[cid] and self._complete(cid) and self.close(cid)]
+
+    def overdue(self, now: float, timeout_s: float) -> list[int]:
+        return [cid for cid, started in self.started.items() if now - started > timeout_s]
+
+    def close(self, cid: int) -> bool:
+        if not self.rounds[cid]:
+            return False
+        self._apply(cid)
+        self.rounds[cid] = self._new_round()
+        self.started.pop(cid, None)
+        return True
+
+
+class RoundRule(_RoundRule):
+    """ssgd: each chunk's round waits for every live worker, then applies the sample-weighted mean once."""
+
+    NAME = "round"
+    rounds: dict[int, SyncRound]
+
+    def _new_round(self) -> SyncRound:
+        return SyncRound()
+
+    def check(self, worker: str, chunk_ids: list[int]) -> None:
+        again = [cid for cid in chunk_ids if worker in self.rounds[cid].parts]
+        if again:
+            raise ProtocolError("bad_state", f"{worker} already pushed chunk {again[0]} in this round")
+
+    def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
+        self.rounds[cid].add(worker, tensor, samples)
+
+    def _complete(self, cid: int) -> bool:
+        return self.rounds[cid].complete(self.shard.live)
+
+    def _apply(self, cid: int) -> None:
+        self.shard.apply_sgd(cid, self.rounds[cid].mean(), 1.0)
+
+
+class OuterRule(RoundRule):
+    """local and msd: each round averages the workers' parameter deltas by samples and applies
+    them with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum)."""
+
+    NAME = "outer"
+
+    def _apply(self, cid: int) -> None:
+        self.shard.apply_outer(cid, self.rounds[cid].mean())
+
+
+class SoftsyncRule(_RoundRule):
+    """n-softsync: an update per floor(workers/n) gradients from anyone, each damped by its staleness."""
+
+    NAME = "softsync"
+    rounds: dict[int, SoftRound]
+
+    def _new_round(self) -> SoftRound:
+        return SoftRound()
+
+    def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
+        self.rounds[cid].add(tensor, samples, staleness)
+
+    def _complete(self, cid: int) -> bool:
+        return len(self.rounds[cid].entries) >= softsync_needed(len(self.shard.live), self.shard.softsync_n)
+
+    def _apply(self, cid: int) -> None:
+        self.shard.apply_sgd(cid, self.rounds[cid].combined(), 1.0)
+
+
+RULES: dict[str, type[ShardRule]] = {
+    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RoundRule, OuterRule, SoftsyncRule)
+}

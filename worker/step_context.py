@@ -1,0 +1,67 @@
+"""What a protocol's worker loop may use, typed: the seam between the worker and its protocol.
+
+The worker (trainer.py) owns the process: registration, heartbeats, metrics,
+the data order, the slowdown emulation. A loop (gradient_steps.py,
+local_steps.py) owns one protocol's step: what to pull, compute and push, and
+when. It sees the worker only through a `StepContext`, so a reader and a type
+checker can tell exactly what a step needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+
+from dynabatch.common.chunking import Layout
+from dynabatch.common.config import JobConfig
+from dynabatch.common.messages import Assignment
+from dynabatch.worker.ps_client import ShardClients
+from dynabatch.worker.step_times import StepResult
+
+
+@dataclass
+class StepContext:
+    """The model, its data, the shards and the clock, as a step sees them.
+
+    - `next_batch(b)`: the next b samples of this worker's order, on its device
+      (after a failed step, the same samples again).
+    - `timed_compute(x, y)`: forward and backward as this node's emulated hardware
+      would run them: (loss, seconds); gradients are left on the parameters.
+    - `idle_for_slowdown(cpu_s)`: the emulated slowdown for `cpu_s` of work done
+      elsewhere (the pipelined step); returns the seconds idled.
+    - `heartbeat_when_due()`: keep the scheduler's liveness clock fed inside a long step.
+    """
+
+    job: JobConfig
+    model: torch.nn.Module
+    layout: Layout
+    shards: ShardClients
+    train_size: int
+    request_timeout_s: float
+    next_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+    timed_compute: Callable[[torch.Tensor, torch.Tensor], tuple[float, float]]
+    idle_for_slowdown: Callable[[float], float]
+    heartbeat_when_due: Callable[[], None]
+
+
+class StepLoop:
+    """One protocol's worker loop; `NAME` is what a ProtocolSpec's `worker_loop` names.
+
+    `finished` is set when the protocol itself ends the worker's training (ssgd's
+    last round); `comm_s` is the communication time the scheduler's local-step
+    rule weighs (msd).
+    """
+
+    NAME: ClassVar[str]
+    finished: bool = False
+    comm_s: float = 0.0
+
+    def step(self, assignment: Assignment) -> StepResult | None:
+        """One step (or round of local steps) under `assignment`; None if nothing was trained."""
+        raise NotImplementedError
+
+    def after_failure(self, code: str) -> None:
+        """A step failed with `code` (a shard's ERROR, or `timeout`): get ready to try again."""
+        raise NotImplementedError
