@@ -18,7 +18,7 @@ CNN_PARAMS = 215_370
 
 @pytest.mark.data
 @pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
-@pytest.mark.parametrize("protocol", ["asgd", "ssgd", "softsync", "local", "msd"])
+@pytest.mark.parametrize("protocol", ["asgd", "ssgd", "softsync", "ssp", "local", "msd"])
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])
 def test_every_protocol_and_batch_policy_learns_fashion_mnist(tmp_path, protocol, policy):
     """A quick setting (half an epoch, two workers 1x and 2x); full runs are the benchmarks' job."""
