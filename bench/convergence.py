@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-PROTOCOLS = ("ssgd", "asgd", "softsync", "local", "msd")
+PROTOCOLS = ("ssgd", "asgd", "softsync", "ssp", "local", "msd")
 POLICIES = ("fixed", "dynamic")
 PAPER_NAMES = {("asgd", "dynamic"): "DBS-SGD", ("ssgd", "dynamic"): "LB-BSP",
-               ("softsync", "fixed"): "n-softsync", ("msd", "dynamic"): "multi-step delay"}
+               ("softsync", "fixed"): "n-softsync", ("ssp", "fixed"): "SSP", ("msd", "dynamic"): "multi-step delay"}
 SLOWDOWNS = ("1", "1", "2", "4")
 MARKS = ("0.85", "0.88")
 RUN_SLACK_S = 240.0  # start-up, the final evaluation and shutdown on a busy 2-core machine

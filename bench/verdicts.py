@@ -115,6 +115,7 @@ def paper_claims(runs: list[dict[str, Any]], eval_interval_s: float) -> list[Ver
     """Every claim of the papers we implement, from the heterogeneous runs."""
     return (versus(runs, ("asgd", "dynamic"), ("asgd", "fixed"), "DBS-SGD", "ASGD")
             + versus(runs, ("asgd", "dynamic"), ("softsync", "fixed"), "DBS-SGD", "n-softsync")
+            + versus(runs, ("asgd", "dynamic"), ("ssp", "fixed"), "DBS-SGD", "SSP")
             + lb_bsp_claims(runs, eval_interval_s)
             + communication_claims(runs, "dynamic"))
 
