@@ -30,6 +30,7 @@ from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.worker.batch_source import BatchSource
 from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
@@ -217,23 +218,16 @@ class Worker:
         After a failed step the same samples are used again, so what a worker
         trains on does not depend on when a shard or the scheduler hiccuped.
         """
-        if self.replay and len(self.replay[0]) == batch:
-            indices = self.replay.pop(0)
-        else:
-            self.replay, indices = [], self.order.take(batch)
-        self.taken.append(indices)
-        x, y = make_batch(self.data, indices, True, self.gen)
+        x, y = make_batch(self.data, self.batches.take(batch), True, self.gen)
         return x.to(self.device), y.to(self.device)
 
     def _train(self) -> int:
-        self.order = SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))
-        self.replay: list[torch.Tensor] = []
-        self.taken: list[torch.Tensor] = []
+        self.batches = BatchSource(SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0)))
         self.gen = torch.Generator().manual_seed(self.job.seed + 17)
         standalone = self.measure_standalone()
         self.m.standalone.set(standalone)
         log.info("%s standalone speed %.0f samples/s", self.id, standalone)
-        self.taken = []
+        self.batches.step_succeeded()
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
         steps = LOOPS[protocol_spec(self.job.protocol).worker_loop](self.step_context())
         assignment = self._await_batch(hb)
@@ -246,13 +240,13 @@ class Worker:
                 self.m.errors.labels(self.id, code).inc()
                 log.warning("%s: step failed (%s); retrying", self.id, exc)
                 steps.after_failure(code)
-                self.replay, self.taken = self.taken, []
+                self.batches.step_failed()
                 if self.link.lost:
                     hb, assignment = self._rejoin(hb)
                 else:
                     assignment = self.link.wait(self.job.heartbeat_s) or assignment
                 continue
-            self.taken = []
+            self.batches.step_succeeded()
             if result is not None:
                 hb = self._record(hb, result, assignment.assignment_id, steps.comm_s)
             if self.link.lost:

@@ -1,0 +1,152 @@
+"""The worker's protocol loops driven directly, against a real scheduler and shard on 127.0.0.1.
+
+A loop sees its worker only through a `StepContext`; here the context is built by
+hand (model, synthetic data, real shard clients), so each step's pulls, pushes and
+recovery can be checked without a whole worker process around it. The batch
+source's replay of a failed step's samples is pure logic and tested on its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+import zmq
+
+from dynabatch.common.chunking import make_layout
+from dynabatch.common.config import JobConfig
+from dynabatch.common.data import SampleOrder, dataset_spec, load_dataset, make_batch
+from dynabatch.common.messages import Assignment
+from dynabatch.common.models import model_for_job
+from dynabatch.common.transport import RemoteError
+from dynabatch.worker.batch_source import BatchSource
+from dynabatch.worker.gradient_steps import GradientLoop, RoundLoop
+from dynabatch.worker.ps_client import ShardClients
+from dynabatch.worker.step_context import StepContext
+from harness import Cluster
+
+TIMEOUT_S = 30.0
+
+
+def test_a_failed_steps_samples_are_replayed_in_order_and_a_successful_steps_never():
+    source = BatchSource(SampleOrder(100, seed=1))
+    first, second = source.take(8), source.take(8)
+    source.step_failed()
+    assert torch.equal(source.take(8), first) and torch.equal(source.take(8), second)
+    source.step_succeeded()
+    source.step_failed()
+    fresh = source.take(8)
+    assert not torch.equal(fresh, first) and not torch.equal(fresh, second)
+
+
+def test_a_replay_of_another_batch_size_is_dropped_for_fresh_samples():
+    """The assignment changed while the step failed: the order moves on instead of mixing sizes."""
+    source = BatchSource(SampleOrder(100, seed=2))
+    lost = source.take(8)
+    source.step_failed()
+    taken = source.take(16)
+    assert len(taken) == 16 and not set(lost.tolist()) & set(taken.tolist())
+    assert source.replay == []
+
+
+def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Module) -> StepContext:
+    data = load_dataset("synthetic")
+    source = BatchSource(SampleOrder(len(data.train_y), seed=0))
+
+    def compute(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        start = time.perf_counter()
+        model.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return float(loss.detach()), time.perf_counter() - start
+
+    return StepContext(job=job, model=model, layout=layout, shards=shards,
+                       train_size=dataset_spec(job.dataset).train_size, request_timeout_s=TIMEOUT_S,
+                       next_batch=lambda b: make_batch(data, source.take(b), True), timed_compute=compute,
+                       idle_for_slowdown=lambda cpu_s: 0.0, heartbeat_when_due=lambda: None)
+
+
+def _cluster(tmp_path, protocol: str, epochs: str = "1000") -> Cluster:
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--protocol", protocol, "--epochs", epochs,
+                           "--liveness-timeout-s", "60", "--round-timeout-s", "60"])
+    c.scheduler()
+    c.shard(0)
+    return c
+
+
+def _worker(c: Cluster, job: JobConfig) -> tuple[ShardClients, StepContext]:
+    """A registered test worker (holding a batch) with its own shard clients and step context.
+
+    Its first push may reach the shard before the shard has heard of it; the shard
+    clients resend such a push until the shard knows the worker, as in a real worker.
+    """
+    _conn, welcome = c.join_as_worker()
+    model = model_for_job(job)
+    layout = make_layout(sum(p.numel() for p in model.parameters()), job.chunk_bytes, job.shards)
+    shards = ShardClients(zmq.Context.instance(), welcome.shards, layout, job.job, welcome.id)
+    return shards, _context(job, shards, layout, model)
+
+
+def _step(loop, batch: int):
+    return loop.step(Assignment(assignment_id=1, batch=batch))
+
+
+@pytest.mark.slow
+def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path):
+    job = JobConfig(dataset="synthetic", model="mlp", protocol="asgd")
+    c = _cluster(tmp_path, "asgd")
+    try:
+        shards, ctx = _worker(c, job)
+        before = shards.pull(None, TIMEOUT_S).flat.clone()
+        loop = GradientLoop(ctx)
+        result = _step(loop, 32)
+        assert result.batch == 32 and result.steps == 1 and result.version == 0
+        after = shards.pull(None, TIMEOUT_S)
+        assert after.version == 1 and not torch.equal(after.flat, before)
+        assert loop.min_versions is None, "an asynchronous step never waits for a version"
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+def test_a_round_step_waits_for_the_round_it_pushed_into_and_stops_after_the_jobs_rounds(tmp_path):
+    """ssgd with one worker: every push closes a round; with 64 samples of 12,000 per epoch x 2 rounds' worth
+    of epochs, the third pull finds the rounds done and the loop finishes."""
+    job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd", global_batch=64,
+                    epochs=2 * 64 / dataset_spec("synthetic").train_size)
+    c = _cluster(tmp_path, "ssgd", str(job.epochs))
+    try:
+        _shards, ctx = _worker(c, job)
+        loop = RoundLoop(ctx)
+        first = _step(loop, 64)
+        assert first.version == 0 and loop.min_versions == [1]
+        second = _step(loop, 64)
+        assert second.version == 1 and loop.min_versions == [2]
+        assert _step(loop, 64) is None and loop.finished
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path):
+    """A push resent after a timeout that had in fact arrived is refused (`bad_state`); the loop then
+    waits for the round it is already in instead of pushing into it again."""
+    job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd")
+    c = _cluster(tmp_path, "ssgd")
+    try:
+        _shards0, ctx0 = _worker(c, job)
+        shards1, ctx1 = _worker(c, job)
+        loop = RoundLoop(ctx0)
+        assert _step(loop, 32).version == 0
+        loop.after_failure("timeout")  # as if the push's acknowledgement had been lost
+        with pytest.raises(RemoteError, match="bad_state"):
+            _step(loop, 32)
+        loop.after_failure("bad_state")
+        assert loop.min_versions == [1]
+        other = _step(RoundLoop(ctx1), 32)
+        assert other.version == 0
+        assert _step(loop, 32).version == 1, "the round closed with both"
+    finally:
+        c.stop()
