@@ -40,10 +40,9 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read rendered manifests (test extra)")
 
-from dynabatch.common.config import (  # noqa: E402
-    ENV_PREFIX, ConfigError, JobConfig, MetricsOptions, add_flags, from_args, validate_fields,
-)
+from dynabatch.common.config import JobConfig, MetricsOptions  # noqa: E402
 from dynabatch.common.curve import KEYS_BY_ROLE, CurveOptions  # noqa: E402
+from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args, validate_fields  # noqa: E402
 from dynabatch.ps.options import PsOptions  # noqa: E402
 from dynabatch.scheduler.options import SchedulerOptions  # noqa: E402
 from dynabatch.worker.options import WorkerOptions  # noqa: E402
