@@ -1,27 +1,52 @@
 # `make run` and `make test` each do all set-up on a fresh machine (Debian packages,
-# the CPU build of torch pinned by constraints-cpu.txt, dynabatch itself), then run.
+# a virtual environment .venv/ with the CPU build of torch pinned by
+# constraints-cpu.txt and dynabatch itself), then run.
+#
+# The virtual environment is ours, not the system's: Debian's python3 refuses
+# `pip install` outside one (PEP 668). It is made once with $(PYTHON); a stamp file
+# in it records that pip installed what pyproject.toml and constraints-cpu.txt ask
+# for, so later runs skip pip entirely until one of those two files changes.
 PYTHON ?= python3
-PIP_INSTALL = $(PYTHON) -m pip install --quiet -c constraints-cpu.txt
+VENV ?= .venv
+PY = $(VENV)/bin/python
+PIP_INSTALL = $(PY) -m pip install --quiet -c constraints-cpu.txt
+SYSTEM_DEPS = PYTHON='$(PYTHON)' bash scripts/system-deps.sh
 
-.PHONY: install install-test run test bench bench-quick
+.PHONY: install install-test run test bench bench-quick system-deps system-deps-test
 
-install:
-	bash scripts/system-deps.sh
+install: system-deps $(VENV)/.installed
+
+install-test: system-deps-test $(VENV)/.installed-test
+
+# Only what is missing is installed, so these are quick to repeat.
+system-deps:
+	$(SYSTEM_DEPS)
+
+system-deps-test:
+	$(SYSTEM_DEPS) --test
+
+# pyvenv.cfg is a plain file that `venv` writes (bin/python is a link whose time
+# is the interpreter's); a failed attempt leaves nothing half made behind.
+$(VENV)/pyvenv.cfg: | system-deps
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
 	$(PIP_INSTALL) -e .
+	touch $@
 
-install-test:
-	bash scripts/system-deps.sh --test
+$(VENV)/.installed-test: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
 	$(PIP_INSTALL) -e '.[test]'
+	touch $@
 
 run: install
-	$(PYTHON) -m dynabatch.cli.main run $(ARGS)
+	$(PY) -m dynabatch.cli.main run $(ARGS)
 
 test: install-test
-	$(PYTHON) -m pytest
+	$(PY) -m pytest $(ARGS)
 
 # The full benchmark (about 70 minutes) rewrites bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
 bench: install
-	$(PYTHON) -m bench --publish $(ARGS)
+	$(PY) -m bench --publish $(ARGS)
 
 bench-quick: install
-	$(PYTHON) -m bench --quick $(ARGS)
+	$(PY) -m bench --quick $(ARGS)

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
-from dynabatch.common.config import ConfigError, JobConfig, add_flags, from_args
+from dynabatch.common.config import JobConfig
 from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.data import DatasetNotFound, load_dataset
+from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher

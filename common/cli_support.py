@@ -7,8 +7,9 @@ import logging
 import sys
 from typing import Any, Sequence
 
-from dynabatch.common.config import ConfigError, MetricsOptions, add_flags, from_args
+from dynabatch.common.config import MetricsOptions
 from dynabatch.common.curve import CurveKeyError, CurveKeys, CurveOptions
+from dynabatch.common.flags import ConfigError, add_flags, from_args
 
 
 def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: Sequence[str]) -> list[Any]:

@@ -1,44 +1,24 @@
-"""Configuration dataclasses and their command-line flags.
+"""The job's settings (`JobConfig`) and the processes' metrics options, as config dataclasses.
 
-Every field of a config dataclass becomes a flag (`global_batch` ->
-`--global-batch`) whose default can come from the environment
-(`DYNABATCH_GLOBAL_BATCH`), which is how containers are configured. Field
-metadata carries the help text, allowed choices and lower bounds, so that a bad
-value is refused with the flag's name before any process starts.
+Each field is a flag (common/flags.py). The job's settings live with the scheduler
+only: workers and shards receive them in WELCOME, so a job is configured in one place.
 
-The job's settings (`JobConfig`) live with the scheduler only: workers and
-shards receive them in WELCOME, so a job is configured in one place.
+The schema names its dataset and model choices from common/catalog.py, not from
+the loaders and builders, so reading or validating a job does not load torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from dataclasses import dataclass
+from typing import Any, Mapping
 
-from dynabatch.common.data import DATASETS
-from dynabatch.common.models import MODELS
+from dynabatch.common.catalog import DATASETS, MODELS
+from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.protocols import PROTOCOLS
 
-ENV_PREFIX = "DYNABATCH_"
 BATCH_POLICIES = ("fixed", "dynamic")
-
-T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A setting that cannot work, named by its flag."""
-
-
-def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None) -> Any:
-    """A config field with its flag's help text and validation bounds."""
-    meta = {"help": help, "choices": choices, "minimum": minimum}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -116,69 +96,6 @@ class MetricsOptions:
 
     metrics_host: str = opt("0.0.0.0", "address for the /metrics and /healthz HTTP server")
     metrics_port: int = opt(0, "port for /metrics and /healthz (0: any free port)", minimum=0)
-
-
-def validate_fields(cfg: Any) -> None:
-    """Check every field against its metadata (choices, minimum)."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        flag = "--" + f.name.replace("_", "-")
-        choices = f.metadata.get("choices")
-        if choices and value not in choices:
-            raise ConfigError(f"{flag}: {value!r} is not one of {', '.join(map(str, choices))}")
-        minimum = f.metadata.get("minimum")
-        if minimum is not None and value < minimum:
-            raise ConfigError(f"{flag}: {value} is below the minimum {minimum}")
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"{text!r} is not a boolean")
-
-
-def _parse_value(kind: Any, text: str) -> Any:
-    if kind is bool:
-        return _parse_bool(text)
-    if typing.get_origin(kind) is list:
-        (item,) = typing.get_args(kind)
-        return [item(part) for part in text.split()]
-    return kind(text)
-
-
-def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str] | None = None) -> None:
-    """Add one flag per field of `cls`, defaulting to DYNABATCH_<FIELD> when set."""
-    env = os.environ if env is None else env
-    hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__)
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        flag = "--" + f.name.replace("_", "-")
-        env_name = ENV_PREFIX + f.name.upper()
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if env_name in env:
-            try:
-                default = _parse_value(kind, env[env_name])
-            except ValueError as exc:
-                parser.error(f"{env_name}={env[env_name]!r}: {exc}")
-        help_text = f"{f.metadata.get('help', '')} [env {env_name}; default {default!r}]"
-        if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        elif typing.get_origin(kind) is list:
-            (item,) = typing.get_args(kind)
-            group.add_argument(flag, nargs="+", type=item, default=default, help=help_text)
-        else:
-            group.add_argument(
-                flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
-            )
-
-
-def from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """Build a `cls` from parsed flags (those added by `add_flags`)."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -38,7 +38,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
-from dynabatch.common.config import ConfigError, opt
+from dynabatch.common.flags import ConfigError, opt
 
 KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
 KEYS_BY_ROLE: dict[str, tuple[str, ...]] = {

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
+from dynabatch.common.catalog import DATASETS
 
 # Module constants rather than literals so that tests (and odd installs) can move them.
 SYSTEM_DIR = Path("/usr/share/datasets")

@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from dynabatch.common.catalog import MODELS
 from dynabatch.common.data import dataset_spec
 
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
-
-MODELS = ("mlp", "cnn", "resnet", "flat")
 
 
 def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynabatch.common.config import opt, validate_fields
+from dynabatch.common.flags import opt, validate_fields
 
 
 @dataclass

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages dynabatch's job and tests use: Fashion-MNIST (the main job's data)
-# and Prometheus (the monitoring tests). Installs only what is missing.
+# Debian packages dynabatch's job and tests use: Fashion-MNIST (the main job's data),
+# Prometheus (the monitoring tests), and python3-venv where $PYTHON (the Makefile's
+# interpreter, python3 by default) cannot make a virtual environment with pip in it
+# (Debian's python3 without that package). Installs only what is missing.
 set -euo pipefail
 need=()
+"${PYTHON:-python3}" -c "import ensurepip" 2>/dev/null || need+=(python3-venv)
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 if [ "${1:-}" = "--test" ]; then
   command -v prometheus >/dev/null || need+=(prometheus)

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from dynabatch.common.config import JobConfig, add_flags, from_args
+from dynabatch.common.config import JobConfig
+from dynabatch.common.flags import add_flags, from_args
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

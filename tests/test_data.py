@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from dynabatch.common import data
+from dynabatch.common.catalog import DATASETS
 from dynabatch.common.data import (Dataset, DatasetNotFound, SampleOrder, load_dataset,
                                    make_batch, read_idx)
 
@@ -188,6 +189,11 @@ def test_download_of_a_too_small_file_is_rejected(no_default_dirs: Path, http_di
 def test_unknown_dataset_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="fashion-mnist"):
         load_dataset("imagenet")
+
+
+def test_every_dataset_a_job_can_name_has_a_spec() -> None:
+    """The job schema offers common/catalog.py's names; each must be one the loader knows."""
+    assert set(data.SPECS) == set(DATASETS)
 
 
 def test_loads_cifar10_python_batches(tmp_path: Path, no_default_dirs: Path) -> None:

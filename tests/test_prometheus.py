@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,11 +24,9 @@ import pytest
 import zmq
 
 from harness import free_port, wait_for
+from tools import need_tool
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="apt-get install -y prometheus"),
-]
+pytestmark = pytest.mark.slow
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "k8s" / "base" / "dashboard.json"
 JOB = "dynabatch"
@@ -88,6 +85,7 @@ def _one_bad_message(endpoint: str) -> None:
 
 
 def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
+    prometheus_bin = need_tool("prometheus", "apt-get install -y prometheus")
     run_log = (tmp_path / "run.log").open("wb")
     run = subprocess.Popen(
         [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
@@ -108,7 +106,7 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
         }))
         port = free_port()
         prometheus = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"))
         wait_for("every process's /metrics to be scraped and up", lambda: _targets_up(port), timeout_s=60)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dynabatch.common.config import ConfigError, opt, validate_fields
+from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.metrics import ON_FINISH
 from dynabatch.common.slowdown import Slowdown
 

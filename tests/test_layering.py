@@ -1,0 +1,79 @@
+"""common/ is layered: making keys and reading a job's settings never load torch.
+
+torch takes seconds to import. `dynabatch keys` only writes four files, and the job
+schema is read by every command before it can refuse a bad flag, so neither may
+pull in the dataset loaders or the models. Each check runs a fresh interpreter,
+whose modules are exactly what the code under test imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynabatch.common.curve import KEY_FILES
+
+# Import time of `dynabatch keys`, measured by the interpreter itself (-X importtime),
+# not by a wall clock that a busy machine stretches; about 0.07 s here, torch alone 2 s.
+KEYS_IMPORT_BUDGET_S = 0.5
+# "import time:  self [us] | cumulative | name", the name indented two spaces per level.
+IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)$")
+HEAVY = ("torch", "dynabatch.common.data", "dynabatch.common.models")
+ROLES = ("dynabatch.ps", "dynabatch.worker", "dynabatch.scheduler", "dynabatch.cluster")
+
+
+def _is_under(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _outermost(modules: set[str], packages: tuple[str, ...]) -> list[str]:
+    """Those of `modules` under `packages`, without the submodules of one listed (torch, not its 1000 parts)."""
+    hits = {m for m in modules if _is_under(m, packages)}
+    return sorted(m for m in hits if not any(m.startswith(h + ".") for h in hits))
+
+
+def _imported_by(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `statement`."""
+    code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout))
+
+
+def test_keys_command_imports_neither_torch_nor_the_job_schema_and_starts_fast(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == sorted(KEY_FILES)
+    rows = [m.groups() for m in map(IMPORTTIME_LINE.match, out.stderr.splitlines()) if m]
+    assert rows, f"no -X importtime output:\n{out.stderr}"
+    # The command's own module, loaded by importlib.import_module, is not listed
+    # (-X importtime sees only import statements), but everything it imports is.
+    modules = {name for _, _, _, name in rows}
+    loaded = _outermost(modules, HEAVY + ROLES + ("dynabatch.common.config",))
+    assert not loaded, f"`dynabatch keys` imported {loaded}"
+    top_level_us = sum(int(cumulative) for _, cumulative, indent, _ in rows if not indent)
+    assert top_level_us / 1e6 < KEYS_IMPORT_BUDGET_S, f"`dynabatch keys` spent {top_level_us / 1e6:.2f} s importing"
+
+
+def test_job_schema_loads_no_torch_nor_the_data_and_model_registries() -> None:
+    loaded = _outermost(_imported_by("import dynabatch.common.config"), HEAVY)
+    assert not loaded, f"dynabatch.common.config imported {loaded}"
+
+
+@pytest.mark.parametrize("module", ["dynabatch.common.curve", "dynabatch.common.transport", "dynabatch.common.wire"])
+def test_keys_and_transport_do_not_depend_on_the_job_schema(module: str) -> None:
+    modules = _imported_by(f"import {module}")
+    assert "dynabatch.common.config" not in modules
+
+
+def test_the_cli_imports_no_command_until_one_runs() -> None:
+    loaded = _outermost(_imported_by("import dynabatch.cli.main"), HEAVY + ROLES)
+    assert not loaded, f"dynabatch.cli.main imported {loaded}"
