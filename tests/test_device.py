@@ -46,6 +46,6 @@ def test_worker_and_evaluator_compute_on_the_device(tmp_path, device):
                       lambda s: s["workers"] and all(w["steps"] > 5 for w in s["workers"].values())
                       and s["test_acc"] is not None and s["loss"] is not None)
         for p in (worker, evaluator):
-            assert f"device {device}" in p.text(), p.text()
+            assert f"device {device}" in p.log_text(), p.log_text()
     finally:
         c.stop()
