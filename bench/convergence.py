@@ -14,11 +14,12 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from dynabatch.cluster.launcher import command_line
 
 PROTOCOLS = ("ssgd", "asgd", "softsync", "ssp", "local", "msd")
 POLICIES = ("fixed", "dynamic")
@@ -101,11 +102,11 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
     """One `dynabatch run`, its console output in `out/NAME.log`, its run folder in `out/NAME/`."""
     slowdowns = list(SCENARIOS[scenario](settings.budget_s))
     name = f"{scenario}-{protocol}-{policy}-s{seed}"
-    cmd = [sys.executable, "-m", "dynabatch.cli.main", "run", "--workers", str(len(slowdowns)),
-           "--slowdowns", *slowdowns, "--protocol", protocol, "--batch-policy", policy, "--seed", str(seed),
-           "--epochs", "1000", "--time-budget-s", str(settings.budget_s),
-           "--eval-interval-s", str(settings.eval_interval_s), "--out", str(out), "--name", name,
-           "--progress-s", "30", "--timeout-s", str(settings.budget_s + RUN_SLACK_S)]
+    cmd = command_line("run", ["--workers", str(len(slowdowns)), "--slowdowns", *slowdowns, "--protocol", protocol,
+                               "--batch-policy", policy, "--seed", str(seed), "--epochs", "1000",
+                               "--time-budget-s", str(settings.budget_s),
+                               "--eval-interval-s", str(settings.eval_interval_s), "--out", str(out), "--name", name,
+                               "--progress-s", "30", "--timeout-s", str(settings.budget_s + RUN_SLACK_S)])
     if data_dir:
         cmd += ["--data-dir", data_dir]
     result = RunResult(scenario, protocol, policy, seed, slowdowns, ok=False)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from dynabatch.cluster.launcher import command_line
 from dynabatch.common.ports import free_port
 
 WARMUP_FRACTION = 0.2  # as `dynabatch run`'s summary, the first fifth of the steps is left out
@@ -111,10 +112,11 @@ def ddp_step(settings: Settings, port: int, data_dir: str, log_dir: Path) -> flo
 
 def dynabatch_step(settings: Settings, out: Path, name: str, data_dir: str) -> float | None:
     """Mean step time of the workers of an ssgd + fixed `dynabatch run` (None if it failed)."""
-    cmd = [sys.executable, "-m", "dynabatch.cli.main", "run", "--workers", str(settings.workers), "--slowdowns", "1",
-           "--protocol", "ssgd", "--batch-policy", "fixed", "--global-batch", str(settings.global_batch),
-           "--no-evaluator", "--epochs", "1000", "--time-budget-s", str(settings.duration_s),
-           "--out", str(out), "--name", name, "--progress-s", "30", "--timeout-s", str(settings.duration_s + 180)]
+    cmd = command_line("run", ["--workers", str(settings.workers), "--slowdowns", "1", "--protocol", "ssgd",
+                               "--batch-policy", "fixed", "--global-batch", str(settings.global_batch),
+                               "--no-evaluator", "--epochs", "1000", "--time-budget-s", str(settings.duration_s),
+                               "--out", str(out), "--name", name, "--progress-s", "30",
+                               "--timeout-s", str(settings.duration_s + 180)])
     if data_dir:
         cmd += ["--data-dir", data_dir]
     shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed

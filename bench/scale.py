@@ -26,15 +26,15 @@ from typing import Callable
 import torch
 import zmq
 
+from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import Heartbeat, Hello, StatusReply, StatusRequest, Welcome
 from dynabatch.common.models import model_for_job
-from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
-from bench.transport import Processes, role_cmd
+from bench.transport import QUIET
 
 PARAMS = 200_000  # a small model: the cost is per message and per update, not per byte
 CHUNK_BYTES = 64 << 10  # 13 chunks, so four shards each own some
@@ -142,26 +142,24 @@ def _status(conn: Connection) -> dict | None:
     return reply.body.state if isinstance(reply.body, StatusReply) else None
 
 
-def measure(workers: int, shards: int, window_s: float, procs: Processes) -> ScaleResult:
+def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> ScaleResult:
     """Scheduler + `shards` shards + `workers` light workers; updates/s over `window_s` once all train."""
-    scheduler = f"tcp://127.0.0.1:{free_port()}"
-    procs.start("scheduler", role_cmd("scheduler", "--bind", scheduler, "--no-exit-on-finish", "--model", "flat",
-                                      "--flat-params", str(PARAMS), "--dataset", "synthetic", "--epochs", "1e9",
-                                      "--chunk-bytes", str(CHUNK_BYTES), "--shards", str(shards),
-                                      "--liveness-timeout-s", "60"))
+    launcher.start_scheduler(["--model", "flat", "--flat-params", str(PARAMS), "--dataset", "synthetic",
+                              "--epochs", "1e9", "--chunk-bytes", str(CHUNK_BYTES), "--shards", str(shards),
+                              "--liveness-timeout-s", "60", *QUIET])
     for i in range(shards):
-        procs.start(f"ps{i}", role_cmd("ps", "--scheduler", scheduler, "--bind", f"tcp://127.0.0.1:{free_port()}",
-                                       "--shard-index", str(i)))
+        launcher.start_shard(i, f"ps{i}", QUIET)
+    scheduler = launcher.scheduler_endpoint
     drivers = min(DRIVERS_MAX, workers)
     for d in range(drivers):
         count = workers // drivers + (1 if d < workers % drivers else 0)
-        procs.start(f"driver{d}", [sys.executable, "-m", "bench.scale", "--driver", "--scheduler", scheduler,
-                                   "--workers", str(count), "--prefix", f"d{d}"])
+        launcher.spawn(f"driver{d}", "driver", [sys.executable, "-m", "bench.scale", "--driver", "--scheduler",
+                                                scheduler, "--workers", str(count), "--prefix", f"d{d}"])
     conn = Connection(zmq.Context.instance(), scheduler, "dynabatch", "bench-scale")
     try:
         deadline = time.monotonic() + 120 + 5 * workers
         while True:
-            procs.check_alive()
+            launcher.check_alive()
             state = _status(conn)
             if state and len(state["workers"]) == workers and all(w["steps"] > 1 for w in state["workers"].values()):
                 break
@@ -187,13 +185,13 @@ def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) 
     results = []
     for n in settings.workers:
         for s in settings.shards:
-            procs = Processes(log_dir, f"scale-{n}w-{s}s-")
+            launcher = Launcher(log_dir, prefix=f"scale-{n}w-{s}s-")
             try:
-                r = measure(n, s, settings.window_s, procs)
+                r = measure(n, s, settings.window_s, launcher)
             except RuntimeError as exc:
                 r = ScaleResult(n, s, None, None, None, None, 0, str(exc).splitlines()[0])
             finally:
-                procs.stop()
+                launcher.stop_all()
             results.append(r)
             progress(f"[scale] {n} workers, {s} shard(s): " + (
                 f"{r.updates_per_s:.0f} updates/s, decision {1e6 * r.decision_mean_s:.0f} us mean / "

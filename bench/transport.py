@@ -27,7 +27,6 @@ import pstats
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +38,8 @@ from typing import Callable, Protocol
 import torch
 import zmq
 
+from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.chunking import make_layout
-from dynabatch.common.ports import free_port
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Heartbeat, Hello, Welcome
 from dynabatch.common.models import MODELS, model_for_job
@@ -113,57 +112,14 @@ def run_label(model: str, params: int) -> str:
 # -- processes -------------------------------------------------------------------------
 
 
-class Processes:
-    """Child processes with their logs; all of them are stopped on exit, whatever happened."""
-
-    def __init__(self, log_dir: Path, prefix: str = "") -> None:
-        self.log_dir = log_dir
-        self.prefix = prefix
-        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
-
-    def start(self, name: str, cmd: list[str], stdout: int | None = None) -> subprocess.Popen:
-        """Start `cmd` with stderr (and stdout unless piped) in `name`.log."""
-        name = self.prefix + name
-        path = self.log_dir / f"{name}.log"
-        with open(path, "ab") as f:
-            proc = subprocess.Popen(cmd, stdout=stdout or f, stderr=f, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.procs.append((name, proc, path))
-        return proc
-
-    def check_alive(self) -> None:
-        """Fail with the log's tail when a child died, instead of waiting for a timeout."""
-        for name, proc, path in self.procs:
-            if proc.poll() is not None:
-                tail = path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} exited with {proc.returncode}; its log ends:\n{tail}")
-
-    def stop(self) -> None:
-        """SIGTERM everything (shards checkpoint and say BYE on it), then kill what lingers."""
-        for _, proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc, _ in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
+QUIET = ("--log-level", "WARNING")  # a benchmark's children log only what goes wrong
 
 
-def role_cmd(role: str, *flags: str, profile_to: Path | None = None) -> list[str]:
-    """The command line of a dynabatch role, optionally under cProfile."""
-    prefix = ["-m", "cProfile", "-o", str(profile_to)] if profile_to else []
-    return [sys.executable, *prefix, "-m", "dynabatch.cli.main", role, *flags,
-            "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--log-level", "WARNING"]
-
-
-def wait_for(what: str, attempt: Callable[[], object], procs: Processes) -> object:
+def wait_for(what: str, attempt: Callable[[], object], launcher: Launcher) -> object:
     """Retry `attempt` until it returns something truthy; children dying or a timeout fail it."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
-        procs.check_alive()
+        launcher.check_alive()
         value = attempt()
         if value:
             return value
@@ -184,19 +140,17 @@ def job_flags(model: str, params: int, chunk_bytes: int, shards: int = 1) -> lis
 class DynabatchTarget:
     """A real scheduler and `shards` shards, and this process registered as a worker of their job."""
 
-    def __init__(self, ctx: zmq.Context, procs: Processes, model: str, params: int, chunk_bytes: int,
+    def __init__(self, ctx: zmq.Context, launcher: Launcher, model: str, params: int, chunk_bytes: int,
                  shard_profile: Path | None = None, shards: int = 1) -> None:
-        scheduler = f"tcp://127.0.0.1:{free_port()}"
-        procs.start("scheduler", role_cmd("scheduler", "--bind", scheduler, "--no-exit-on-finish",
-                                          *job_flags(model, params, chunk_bytes, shards)))
+        launcher.start_scheduler([*job_flags(model, params, chunk_bytes, shards), *QUIET])
         for i in range(shards):
-            procs.start(f"ps{i}", role_cmd("ps", "--scheduler", scheduler, "--bind", f"tcp://127.0.0.1:{free_port()}",
-                                           "--shard-index", str(i), profile_to=shard_profile if i == 0 else None))
-        control = Connection(ctx, scheduler, "dynabatch", "bench")
+            profile = ["-m", "cProfile", "-o", str(shard_profile)] if shard_profile and i == 0 else []
+            launcher.start_shard(i, f"ps{i}", QUIET, python_args=profile)
+        control = Connection(ctx, launcher.scheduler_endpoint, "dynabatch", "bench")
         try:
-            welcome = wait_for("the scheduler to admit a worker", lambda: _hello(control), procs)
+            welcome = wait_for("the scheduler to admit a worker", lambda: _hello(control), launcher)
             control.sender = welcome.id
-            wait_for("a batch for the benchmark worker", lambda: _has_batch(control), procs)
+            wait_for("a batch for the benchmark worker", lambda: _has_batch(control), launcher)
         finally:
             control.close()
         self.job: JobConfig = job_from_dict(welcome.config)
@@ -206,7 +160,7 @@ class DynabatchTarget:
         self.params = total
         self.step_bytes = 2 * total * BYTES_PER_PARAM
         self.grad = torch.full((total,), GRAD_VALUE)
-        wait_for("the shard to accept the benchmark worker's pushes", self._try_step, procs)
+        wait_for("the shard to accept the benchmark worker's pushes", self._try_step, launcher)
 
     def step(self) -> None:
         """What a worker does around its compute: pull the model, push a gradient."""
@@ -288,12 +242,12 @@ class RawTarget:
         self.sock.close(linger=0)
 
 
-def start_raw_server(procs: Processes) -> str:
+def start_raw_server(launcher: Launcher) -> str:
     """Run `serve_raw` in its own process (like a shard) and return its endpoint."""
-    proc = procs.start("raw-server", [sys.executable, __file__, "--serve-raw"], stdout=subprocess.PIPE)
-    endpoint = proc.stdout.readline().decode().strip()
+    server = launcher.spawn("raw-server", "raw-server", [sys.executable, __file__, "--serve-raw"], pipe_stdout=True)
+    endpoint = server.proc.stdout.readline().decode().strip()
     if not endpoint:
-        procs.check_alive()
+        launcher.check_alive()
         raise RuntimeError("the raw ZeroMQ server printed no endpoint")
     return endpoint
 
@@ -362,10 +316,10 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str,
     """Start a job of `params` parameters on `shards` shards and compare it with raw ZeroMQ, side by side."""
     label = f"{run_label(model, params)}-{chunk_bytes >> 10}K-S{shards}"
     log(f"[{label}] starting scheduler and {shards} shard(s)")
-    procs = Processes(log_dir, f"{label}-")
+    launcher = Launcher(log_dir, prefix=f"{label}-")
     with ExitStack() as stack:
-        stack.callback(procs.stop)
-        dyn = DynabatchTarget(ctx, procs, model, params, chunk_bytes, shards=shards)
+        stack.callback(launcher.stop_all)
+        dyn = DynabatchTarget(ctx, launcher, model, params, chunk_bytes, shards=shards)
         stack.callback(dyn.close)
         raw = RawTarget(ctx, raw_endpoint, dyn.params)
         stack.callback(raw.close)
@@ -380,10 +334,10 @@ def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params:
     """Where a dynabatch step's time goes: the client in-process and the shard, both under cProfile."""
     label = run_label(model, params)
     shard_prof = log_dir / f"shard-{label}.prof"
-    procs = Processes(log_dir, f"{label}-")
+    launcher = Launcher(log_dir, prefix=f"{label}-")
     with ExitStack() as stack:
-        stack.callback(procs.stop)
-        dyn = DynabatchTarget(ctx, procs, model, params, chunk_bytes, shard_profile=shard_prof)
+        stack.callback(launcher.stop_all)
+        dyn = DynabatchTarget(ctx, launcher, model, params, chunk_bytes, shard_profile=shard_prof)
         stack.callback(dyn.close)
         for _ in range(settings.warmup):
             dyn.step()
@@ -497,12 +451,12 @@ class Case:
 
 def compare(ctx: zmq.Context, log_dir: Path, model: str, cases: list[Case], settings: Settings) -> list[SizeResult]:
     """Every case against one raw server, which lives for the whole run."""
-    procs = Processes(log_dir)
+    launcher = Launcher(log_dir)
     try:
-        endpoint = start_raw_server(procs)
+        endpoint = start_raw_server(launcher)
         return [measure_size(ctx, log_dir, endpoint, model, c.params, c.chunk_bytes, settings, c.shards) for c in cases]
     finally:
-        procs.stop()
+        launcher.stop_all()
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

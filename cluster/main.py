@@ -25,7 +25,7 @@ from dynabatch.common.data import DatasetNotFound, load_dataset
 from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
-from dynabatch.cluster.launcher import Launcher
+from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
 from dynabatch.cluster.report import plot, summarize, write_timeline
@@ -86,8 +86,8 @@ class Run:
 
     def __init__(self, opts: RunOptions, job: JobConfig, job_flags: list[str], run_dir: Path, curve_dir: str,
                  keys: CurveKeys | None) -> None:
-        self.opts, self.job, self.run_dir, self.keys = opts, job, run_dir, keys
-        self.launcher = Launcher(run_dir, job_flags, curve_dir)
+        self.opts, self.job, self.job_flags, self.run_dir, self.keys = opts, job, job_flags, run_dir, keys
+        self.launcher = Launcher(run_dir / "logs", shared_keys(curve_dir))
         self.timeline: list[dict[str, Any]] = []
         self.interrupted = False
 
@@ -116,14 +116,19 @@ class Run:
 
     def _start(self) -> None:
         ln = self.launcher
-        ln.start_scheduler()
+        job = self.job.job
+        ln.start_scheduler(self.job_flags)
         for i in range(self.job.shards):
-            ln.start_shard(i, self.run_dir / "checkpoints", self.opts.checkpoint_interval_s, self.job.job)
+            ln.start_shard(i, f"ps{i}", ["--job", job, "--checkpoint-dir", str(self.run_dir / "checkpoints"),
+                                         "--checkpoint-interval-s", str(self.opts.checkpoint_interval_s),
+                                         "--name", f"ps{i}"])
+        worker_flags = ["--job", job, "--threads", str(self.opts.threads)]
+        worker_flags += ["--data-dir", self.opts.data_dir] if self.opts.data_dir else []
         for i in range(self.opts.workers):
-            ln.start_worker(f"worker{i}", self.opts.slowdown_of(i), self.job.job, self.opts.data_dir, self.opts.threads)
+            ln.start_worker(f"worker{i}", [*worker_flags, "--slowdown", self.opts.slowdown_of(i)])
         if self.opts.evaluator:
-            ln.start_worker("evaluator", "1", self.job.job, self.opts.data_dir, self.opts.threads, evaluator=True)
-        ln.write_targets(self.job.job)
+            ln.start_worker("evaluator", [*worker_flags, "--slowdown", "1"], evaluator=True)
+        ln.write_targets(job, self.run_dir / "prometheus_targets.json")
 
     def _follow(self, started: float) -> bool:
         """Sample STATUS into the timeline and print progress until the job finishes."""
@@ -134,12 +139,12 @@ class Run:
                 if self.launcher.failed("scheduler") or self.launcher.failed("ps"):
                     bad = self.launcher.failed("scheduler") + self.launcher.failed("ps")
                     for c in bad:
-                        print(f"{c.name} exited with code {c.proc.returncode}; its log ends:\n{self.launcher.log_tail(c)}",
+                        print(f"{c.name} exited with code {c.proc.returncode}; its log ends:\n{c.log_tail()}",
                               file=sys.stderr)
                     return False
                 if not self.launcher.running("worker") and self.launcher.failed("worker"):
                     c = self.launcher.failed("worker")[0]
-                    print(f"every worker failed; {c.name}'s log ends:\n{self.launcher.log_tail(c)}", file=sys.stderr)
+                    print(f"every worker failed; {c.name}'s log ends:\n{c.log_tail()}", file=sys.stderr)
                     return False
                 now = time.monotonic()
                 if now - started > self.opts.timeout_s:

@@ -1,29 +1,26 @@
 """Real processes on 127.0.0.1 for the integration tests.
 
-Each role runs as `python -m dynabatch.cli.main ROLE` with its log in the test's
-tmp folder; `Client` talks to them over real sockets with the real codec.
+Each role is started by cluster/launcher.py, as `dynabatch run` starts it, with its
+log in the test's tmp folder; `Cluster.client` talks to them over real sockets with
+the real codec.
 Waiting is always for a condition with a deadline, never a bare sleep.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import zmq
 
-from dynabatch.common.curve import KEYS_BY_ROLE, CurveKeys
+from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line, keys_per_role
+from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
-from dynabatch.common.ports import free_port
+from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
 from dynabatch.common.transport import Connection, RemoteError, use_curve
 
 
@@ -33,10 +30,8 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[
     The run gets a deadline of its own, shorter than the test's, so that a job
     that hangs is stopped by `dynabatch run` and leaves its logs behind.
     """
-    cmd = [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(out), "--name", name,
-           "--timeout-s", str(timeout_s - 30), *flags]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = command_line("run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30), *flags])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env())
     run_dir = out / name
     if done.returncode != 0:
         tails = "".join(f"\n--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
@@ -56,22 +51,7 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = 60.0, e
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-@dataclass
-class Proc:
-    name: str
-    proc: subprocess.Popen
-    log: Path
-    metrics_port: int
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            return r.read().decode()
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
+Proc = Child  # a started process, as the tests call it
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
@@ -89,7 +69,7 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 @dataclass
 class Cluster:
-    """Processes of one job; everything started is stopped at teardown.
+    """Processes of one job, started by the launcher `dynabatch run` uses; everything started is stopped at teardown.
 
     With `curve_dir` every process and the test's own clients use those CURVE keys
     (the clients on a context of their own, so other tests' clients stay plain);
@@ -99,46 +79,31 @@ class Cluster:
 
     tmp: Path
     job_flags: list[str] = field(default_factory=list)
-    procs: list[Proc] = field(default_factory=list)
     curve_dir: str = ""
 
     def __post_init__(self) -> None:
-        self.scheduler_endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.ctx = zmq.Context.instance()
-        self.role_curve_dirs: dict[str, str] = {}
+        curve_dirs: dict[str, str] = {}
         if self.curve_dir:
             self.ctx = zmq.Context()
             use_curve(self.ctx, CurveKeys.load(self.curve_dir, "worker"))
-            for role, files in KEYS_BY_ROLE.items():
-                folder = self.tmp / f"curve-{role}"
-                folder.mkdir(exist_ok=True)
-                for name in files:
-                    shutil.copy(Path(self.curve_dir) / name, folder / name)
-                self.role_curve_dirs[role] = str(folder)
+            curve_dirs = keys_per_role(self.curve_dir, self.tmp)
+        self.launcher = Launcher(self.tmp, curve_dirs)
+        self.scheduler_endpoint = self.launcher.scheduler_endpoint
 
-    def start(self, role: str, name: str, *flags: str) -> Proc:
-        port = free_port()
-        log = self.tmp / f"{name}.log"
-        cmd = [sys.executable, "-m", "dynabatch.cli.main", role, *flags,
-               "--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--curve-dir", self.role_curve_dirs.get(role, "")]
-        with open(log, "ab") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        p = Proc(name, proc, log, port)
-        self.procs.append(p)
-        return p
+    @property
+    def procs(self) -> list[Proc]:
+        """Every process started, in order."""
+        return self.launcher.children
 
     def scheduler(self, *extra: str) -> Proc:
-        return self.start("scheduler", "scheduler", "--bind", self.scheduler_endpoint, "--no-exit-on-finish",
-                          *self.job_flags, *extra)
+        return self.launcher.start_scheduler([*self.job_flags, *extra])
 
     def shard(self, index: int = 0, port: int | None = None, *extra: str) -> Proc:
-        port = port or free_port()
-        return self.start("ps", f"ps{index}-{len(self.procs)}", "--scheduler", self.scheduler_endpoint,
-                          "--bind", f"tcp://127.0.0.1:{port}", "--shard-index", str(index), *extra)
+        return self.launcher.start_shard(index, f"ps{index}-{len(self.procs)}", extra, port)
 
     def worker(self, name: str, *extra: str) -> Proc:
-        return self.start("worker", name, "--scheduler", self.scheduler_endpoint, "--name", name, *extra)
+        return self.launcher.start_worker(name, extra)
 
     def client(self, endpoint: str | None = None, sender: str = "test", job: str = "dynabatch") -> Connection:
         return Connection(self.ctx, endpoint or self.scheduler_endpoint, job, sender)
@@ -174,15 +139,7 @@ class Cluster:
         return conn, welcome
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.alive():
-                p.proc.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                p.proc.kill()
-                p.proc.wait()
+        self.launcher.stop_all()
 
 
 def _try_hello(conn: Connection, instance: str) -> Welcome | None:

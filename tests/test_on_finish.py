@@ -28,13 +28,13 @@ def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
         c.wait_status("the job to finish", lambda s: s["finished"], timeout_s=120)
         assert exits.proc.wait(30) == 0
         for p in idle:
-            wait_for(f"{p.name} to idle", lambda: "idling until stopped" in p.text(), timeout_s=30)
+            wait_for(f"{p.name} to idle", lambda: "idling until stopped" in p.log_text(), timeout_s=30)
         for p in idle:
-            assert p.alive(), p.text()
+            assert p.alive(), p.log_text()
             assert _healthz(p) == 200, p.name
         for p in idle:
             p.proc.send_signal(signal.SIGTERM)
         for p in idle:
-            assert p.proc.wait(15) == 0, p.text()
+            assert p.proc.wait(15) == 0, p.log_text()
     finally:
         c.stop()

@@ -1,0 +1,120 @@
+"""`SchedulerLink` (common/scheduler_link.py), the registration every shard, worker and evaluator runs,
+against a real scheduler process: one that starts after the link, answers, goes away or restarts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+
+from dynabatch.common.messages import Assignment, Heartbeat, Hello, Welcome
+from dynabatch.common.scheduler_link import SchedulerLink
+from harness import Cluster, wait_for
+
+pytestmark = pytest.mark.slow
+
+STARTUP_S = 60.0  # processes start slowly on a busy two-core machine
+BYE_S = 1.0  # a short BYE timeout, so that giving up is quick to see
+BYE_SLACK_S = 1.0  # what giving up may take beyond its timeout (one attempt's last wait)
+JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "1000", "--epochs", "1000",
+       "--liveness-timeout-s", "60"]
+
+
+def _link(c: Cluster, name: str) -> SchedulerLink:
+    return SchedulerLink(c.ctx, c.scheduler_endpoint, "dynabatch", name)
+
+
+def _register(link: SchedulerLink, on_wait: Callable[[], None] = lambda: None) -> Welcome:
+    """Register as a worker, giving up (and failing) after STARTUP_S."""
+    deadline = time.monotonic() + STARTUP_S
+    welcome = link.register(Hello(role="worker", name=link.conn.sender), lambda: time.monotonic() > deadline, on_wait)
+    assert welcome is not None, f"no WELCOME within {STARTUP_S:.0f}s"
+    return welcome
+
+
+def _beat(link: SchedulerLink) -> Assignment | None:
+    """One heartbeat, and the link's assignment once an answer has come (or a second has passed)."""
+    link.heartbeat(Heartbeat())
+    return link.wait(1.0)
+
+
+def _lost(link: SchedulerLink) -> bool:
+    _beat(link)
+    return link.lost
+
+
+def _status(c: Cluster) -> dict[str, Any]:
+    return wait_for("the scheduler to answer STATUS", c.status, STARTUP_S)
+
+
+def _workers(c: Cluster) -> set[str]:
+    return set(_status(c)["workers"])
+
+
+def _departed(c: Cluster) -> set[str]:
+    return set(_status(c)["departed"])
+
+
+def test_register_retries_until_a_scheduler_starts_and_registers_once(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    link = _link(c, "early")
+    waits: list[float] = []
+
+    def start_the_job_once_the_link_waits() -> None:
+        if not waits:
+            c.scheduler()
+            c.shard()
+        waits.append(time.monotonic())
+
+    try:
+        welcome = _register(link, start_the_job_once_the_link_waits)
+        assert waits, "answered although nothing listened when it started"
+        assert isinstance(welcome, Welcome) and link.id == welcome.id and len(welcome.shards) == 1
+        assert _workers(c) == {welcome.id}, "HELLOs that queued while no scheduler listened registered once"
+    finally:
+        link.close()
+        c.stop()
+
+
+def test_bye_is_acknowledged_by_a_live_scheduler_and_given_up_quickly_without_one(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    leaving, staying = _link(c, "leaving"), _link(c, "staying")
+    try:
+        scheduler = c.scheduler()
+        c.shard()
+        _register(leaving)
+        _register(staying)
+        assert leaving.bye(BYE_S) is True
+        assert leaving.id in _departed(c) and leaving.id not in _workers(c)
+        scheduler.proc.kill()
+        scheduler.proc.wait()
+        started = time.monotonic()
+        assert staying.bye(BYE_S) is False
+        assert time.monotonic() - started < BYE_S + BYE_SLACK_S
+        assert _link(c, "never-registered").bye(BYE_S) is True, "nothing to take leave of"
+    finally:
+        leaving.close()
+        staying.close()
+        c.stop()
+
+
+def test_a_restarted_scheduler_that_answers_unknown_sender_makes_the_link_lost(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    link = _link(c, "survivor")
+    try:
+        scheduler = c.scheduler()
+        c.shard()
+        first = _register(link)
+        assert wait_for("an assignment", lambda: _beat(link), STARTUP_S) and not link.lost
+        scheduler.proc.kill()
+        scheduler.proc.wait()
+        c.scheduler()  # on the same endpoint, knowing nobody
+        wait_for("the new scheduler to answer a heartbeat with unknown_sender", lambda: _lost(link), STARTUP_S)
+        again = _register(link)
+        assert not link.lost and link.id == again.id
+        assert _workers(c) == {again.id}, f"registered anew (first as {first.id})"
+    finally:
+        link.close()
+        c.stop()

@@ -1,0 +1,127 @@
+"""The scheduler's socket loop (scheduler/server.py) on the wire.
+
+A real scheduler (and, where workers must be admitted, a real shard) runs as a
+process; the test speaks to it with a raw `Connection` and the messages of
+common/messages.py: HELLO is answered WELCOME once the job can take workers,
+STATUS is answered, and a message from a stranger, for another job or of a type
+the scheduler does not take is answered ERROR with the code naming its fault,
+counted on /metrics, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pytest
+
+from dynabatch.common.messages import Heartbeat, Hello, PushAck, Pull, StatusReply, StatusRequest, Welcome
+from dynabatch.common.transport import RemoteError
+from harness import Cluster, Proc, metric_value, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPLY_S = 10.0  # a reply on a busy two-core machine
+RETRY_S = 2.0  # one try while waiting for a process to start
+JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "1000", "--epochs", "1000",
+       "--liveness-timeout-s", "60"]
+
+
+def _workers(c: Cluster) -> dict[str, Any]:
+    """The live workers in the scheduler's STATUS, by id."""
+    st = c.status()
+    assert st is not None, "the scheduler did not answer STATUS"
+    return st["workers"]
+
+
+def _refusals(scheduler: Proc, code: str) -> float:
+    return metric_value(scheduler.metrics(), "dynabatch_bad_messages_total", role="scheduler", reason=code)
+
+
+def _hello(c: Cluster, instance: str, timeout_s: float = REPLY_S) -> Welcome:
+    conn = c.client(sender="hello-test")
+    try:
+        return conn.request(Hello(role="worker", name="hello-test", instance=instance), timeout_s).body
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("scheduler_server"), JOB)
+    c.sched = c.scheduler()
+    c.shard()
+    yield c
+    c.stop()
+
+
+def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    try:
+        scheduler = c.scheduler()
+        instance = secrets.token_hex(8)
+        refused = wait_for("the scheduler to answer HELLO", lambda: _refused_hello(c, instance), 60)
+        assert refused.code == "not_ready", refused
+        assert _refusals(scheduler, "not_ready") >= 1
+        c.shard()
+        welcome = wait_for("a WELCOME once the shard has registered", lambda: _welcomed(c, instance), 60)
+        assert isinstance(welcome, Welcome) and welcome.config["job"] == "dynabatch" and len(welcome.shards) == 1
+        assert _hello(c, instance).id == welcome.id, "a repeated HELLO of one process gets the same WELCOME"
+        other = _hello(c, secrets.token_hex(8))
+        assert other.id != welcome.id
+        assert _workers(c).keys() == {welcome.id, other.id}
+    finally:
+        c.stop()
+
+
+def _refused_hello(c: Cluster, instance: str) -> RemoteError | None:
+    try:
+        _hello(c, instance, RETRY_S)
+    except RemoteError as exc:
+        return exc
+    except TimeoutError:  # not listening yet
+        return None
+    raise AssertionError("welcomed before any shard registered")
+
+
+def _welcomed(c: Cluster, instance: str) -> Welcome | None:
+    try:
+        return _hello(c, instance, RETRY_S)
+    except RemoteError as exc:
+        assert exc.code == "not_ready", exc
+        return None
+
+
+@pytest.mark.parametrize("sender, job, body, code", [
+    ("w999", "dynabatch", Heartbeat(), "unknown_sender"),
+    ("test", "other-job", StatusRequest(), "wrong_job"),
+    ("test", "dynabatch", Pull(), "unexpected_type"),
+    ("test", "dynabatch", PushAck(version=1), "unexpected_type"),
+], ids=["heartbeat from a stranger", "another job", "a shard's request", "a shard's answer"])
+def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, sender, job, body, code):
+    c = cluster
+    wait_for("the scheduler to answer STATUS", c.status, 60)
+    workers = _workers(c)
+    counted = _refusals(c.sched, code)
+    conn = c.client(sender=sender, job=job)
+    try:
+        with pytest.raises(RemoteError) as refused:
+            conn.request(body, REPLY_S)
+    finally:
+        conn.close()
+    assert refused.value.code == code, refused.value
+    assert _refusals(c.sched, code) == counted + 1
+    assert c.sched.alive()
+    assert _workers(c) == workers
+
+
+def test_status_answers_with_the_registered_workers(cluster):
+    c = cluster
+    worker, welcome = c.join_as_worker()
+    asking = c.client()
+    try:
+        assert isinstance(asking.request(StatusRequest(), REPLY_S).body, StatusReply)
+        assert welcome.id in _workers(c)
+    finally:
+        asking.close()
+        worker.close()

@@ -1,0 +1,231 @@
+"""The shard's socket loop (ps/server.py) on the wire, without a real worker in the way.
+
+A real scheduler and one real shard run as processes; this test registers as a
+worker (`Cluster.join_as_worker`) and talks to the shard with a raw `Connection`
+and the messages of common/messages.py only, so what is checked here holds
+whatever the shard's update rules become: pulls answer every chunk with its
+version, a refused push is answered with the code that names its fault, counted,
+and changes nothing, and a parked pull is answered when its round closes or,
+when nobody pushes, at its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from dynabatch.common.chunking import make_layout
+from dynabatch.common.config import job_from_dict
+from dynabatch.common.messages import Error, Params, Pull, Push, PushAck
+from dynabatch.common.models import model_for_job
+from dynabatch.common.transport import Connection, RemoteError
+from dynabatch.common.wire import ChunkMeta, Message, encode
+from harness import Cluster, Proc, metric_value
+
+pytestmark = pytest.mark.slow
+
+ROUND_TIMEOUT_S = 1.0  # the ssgd job's --round-timeout-s: how long a parked pull may wait on a round
+REPLY_S = 10.0  # a reply on a busy two-core machine
+# A small flat model cut into several chunks, so that "every chunk" means more than one.
+JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "10000", "--chunk-bytes", "8192",
+       "--epochs", "1000", "--liveness-timeout-s", "60"]
+
+Chunks = dict[int, tuple[int, torch.Tensor]]  # chunk id -> (version, values)
+
+
+@dataclass
+class Shard:
+    """A running job whose only worker is this test, and its connection to the shard."""
+
+    cluster: Cluster
+    proc: Proc
+    conn: Connection
+    worker_id: str
+    sizes: dict[int, int]  # the shard's chunk ids and their lengths, from the job's layout
+
+    def client(self, sender: str) -> Connection:
+        return self.cluster.client(self.conn.endpoint, sender=sender)
+
+    def bad_messages(self, reason: str) -> float:
+        return metric_value(self.proc.metrics(), "dynabatch_bad_messages_total", role="ps", reason=reason)
+
+
+def _start(tmp_path, *flags: str) -> Shard:
+    c = Cluster(tmp_path, [*JOB, *flags])
+    c.scheduler()
+    proc = c.shard()
+    _, welcome = c.join_as_worker()  # once it holds a batch, the shard counts it live
+    job = job_from_dict(welcome.config)
+    total = sum(p.numel() for p in model_for_job(job).parameters())
+    sizes = make_layout(total, job.chunk_bytes, job.shards).sizes(0)
+    return Shard(c, proc, c.client(welcome.shards[0], sender=welcome.id), welcome.id, sizes)
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    s = _start(tmp_path_factory.mktemp("shard_server"))
+    yield s
+    s.cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ssgd(tmp_path_factory):
+    s = _start(tmp_path_factory.mktemp("shard_server_ssgd"), "--protocol", "ssgd",
+               "--round-timeout-s", str(ROUND_TIMEOUT_S))
+    yield s
+    s.cluster.stop()
+
+
+def _collect(conn: Connection, seq: int, ids: set[int], timeout_s: float = REPLY_S) -> Chunks:
+    """The PARAMS answering request `seq` until every chunk of `ids` has come; any other answer fails."""
+    got: Chunks = {}
+    deadline = time.monotonic() + timeout_s
+    while set(got) != ids:
+        msg = conn.recv(max(0.0, deadline - time.monotonic()))
+        assert msg is not None, f"chunks {sorted(ids - set(got))} never came"
+        assert msg.seq == seq, f"an answer to request {msg.seq} while waiting for {seq}: {msg.body}"
+        assert isinstance(msg.body, Params), f"answered {msg.body}"
+        for meta, tensor in zip(msg.chunks, msg.tensors):
+            assert meta.id not in got, f"chunk {meta.id} sent twice"
+            got[meta.id] = (meta.version, tensor.clone())
+    return got
+
+
+def _pull(conn: Connection, ids: set[int], body: Pull | None = None) -> Chunks:
+    """Chunks `ids`, by a PULL of all of them unless `body` asks otherwise."""
+    return _collect(conn, conn.send(body or Pull()), ids)
+
+
+def _gradient(chunks: Chunks, fill: float) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
+    """A gradient for every chunk, declared as computed on the versions pulled."""
+    metas = [ChunkMeta(cid, "float32", tuple(t.shape), ver) for cid, (ver, t) in chunks.items()]
+    return metas, [torch.full_like(t, fill) for _, t in chunks.values()]
+
+
+def _assert_same(after: Chunks, before: Chunks) -> None:
+    assert after.keys() == before.keys()
+    for cid, (ver, values) in after.items():
+        assert ver == before[cid][0], f"chunk {cid}: version {before[cid][0]} -> {ver}"
+        assert torch.equal(values, before[cid][1]), f"chunk {cid} changed"
+
+
+def test_a_pull_returns_every_chunk_with_its_version(shard):
+    ids = set(shard.sizes)
+    assert len(ids) > 1
+    chunks = _pull(shard.conn, ids)
+    for cid, (ver, values) in chunks.items():
+        assert values.numel() == shard.sizes[cid] and ver >= 0
+    some = {min(ids), max(ids)}
+    assert _pull(shard.conn, some, Pull(ids=sorted(some))).keys() == some, "a pull of some chunks gets just those"
+
+
+def _unknown_chunk(chunks: Chunks) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
+    metas, tensors = _gradient(chunks, 0.5)
+    metas[0] = ChunkMeta(max(chunks) + 1000, "float32", metas[0].shape, 0)
+    return metas, tensors
+
+
+def _short_chunk(chunks: Chunks) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
+    metas, tensors = _gradient(chunks, 0.5)
+    metas[0] = ChunkMeta(metas[0].id, "float32", (metas[0].numel - 1,), metas[0].version)
+    tensors[0] = tensors[0][:-1]
+    return metas, tensors
+
+
+def _nan(chunks: Chunks) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
+    metas, tensors = _gradient(chunks, 0.5)
+    tensors[-1][-1] = float("nan")
+    return metas, tensors
+
+
+@pytest.mark.parametrize("make, sender, code", [
+    (_unknown_chunk, "", "unknown_chunk"),
+    (_short_chunk, "", "bad_shape"),
+    (_nan, "", "non_finite"),
+    (lambda chunks: _gradient(chunks, 0.5), "w999", "unknown_sender"),
+], ids=["wrong chunk id", "wrong length", "NaN", "unknown sender"])
+def test_a_refused_push_is_answered_counted_and_changes_nothing(shard, make, sender, code):
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)
+    counted = shard.bad_messages(code)
+    conn = shard.client(sender) if sender else shard.conn
+    try:
+        with pytest.raises(RemoteError) as refused:
+            conn.request(Push(samples=8), REPLY_S, *make(before))
+    finally:
+        if conn is not shard.conn:
+            conn.close()
+    assert refused.value.code == code, refused.value
+    assert shard.bad_messages(code) == counted + 1
+    _assert_same(_pull(shard.conn, ids), before)
+
+
+def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard):
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)
+    counted = shard.bad_messages("frame_length")
+    metas, tensors = _gradient(before, 0.5)
+    frames = [bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, "dynabatch", shard.worker_id, 99))]
+    shard.conn.sock.send_multipart(frames[:-1] + [frames[-1][:-4]])
+    reply = shard.conn.recv(REPLY_S)
+    assert reply is not None and isinstance(reply.body, Error) and reply.body.code == "frame_length"
+    assert shard.bad_messages("frame_length") == counted + 1
+    _assert_same(_pull(shard.conn, ids), before)
+
+
+def test_a_good_push_from_the_registered_worker_is_applied(shard):
+    """What the refusals are measured against: the same push, well formed, does change the model."""
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)
+    ack = shard.conn.request(Push(samples=8), REPLY_S, *_gradient(before, 0.5))
+    assert isinstance(ack.body, PushAck) and ack.body.applied
+    after = _pull(shard.conn, ids)
+    for cid, (ver, values) in after.items():
+        assert ver == before[cid][0] + 1 and not torch.equal(values, before[cid][1]), cid
+
+
+def _park(conn: Connection, ids: set[int]) -> tuple[int, int, float]:
+    """Send a pull that must wait for the next version; return (its seq, the version now, when it was sent).
+
+    A second pull on the same connection is answered only after the shard has
+    taken the first (one connection keeps its order), so once that answer is in,
+    the first pull is parked: had it been answered, its chunks would have come first.
+    """
+    version = max(ver for ver, _ in _pull(conn, ids).values())
+    sent = time.monotonic()
+    seq = conn.send(Pull(min_version=version + 1))
+    probe = {max(ids)}
+    assert _pull(conn, probe, Pull(ids=sorted(probe)))
+    return seq, version, sent
+
+
+def test_a_parked_pull_is_answered_when_its_round_closes(ssgd):
+    ids = set(ssgd.sizes)
+    waiting = ssgd.client(ssgd.worker_id)
+    try:
+        seq, version, _ = _park(waiting, ids)
+        pushed = _pull(ssgd.conn, ids)
+        ack = ssgd.conn.request(Push(samples=8), REPLY_S, *_gradient(pushed, 0.5))
+        assert isinstance(ack.body, PushAck) and ack.body.applied, "the only live worker's push closes the round"
+        answered = _collect(waiting, seq, ids, ROUND_TIMEOUT_S)  # well before the pull's own deadline
+    finally:
+        waiting.close()
+    assert {ver for ver, _ in answered.values()} == {version + 1}
+    _assert_same(_pull(ssgd.conn, ids), answered)
+
+
+def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushes(ssgd):
+    ids = set(ssgd.sizes)
+    waiting = ssgd.client(ssgd.worker_id)
+    try:
+        seq, version, sent = _park(waiting, ids)
+        answered = _collect(waiting, seq, ids, 2 * ROUND_TIMEOUT_S + REPLY_S)
+        waited = time.monotonic() - sent
+    finally:
+        waiting.close()
+    assert waited >= ROUND_TIMEOUT_S, f"answered after {waited:.2f}s, before a round could have timed out"
+    assert {ver for ver, _ in answered.values()} == {version}
+    _assert_same(_pull(ssgd.conn, ids), answered)
