@@ -21,7 +21,9 @@ from typing import Any, Sequence
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import JobConfig
 from dynabatch.common.curve import CurveKeys, CurveOptions
-from dynabatch.common.data import DatasetNotFound, load_dataset
+from dynabatch.common.builtin_tasks import builtin_task
+from dynabatch.common.data import DatasetNotFound
+from dynabatch.common.task import TaskError, check_task, load_task
 from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
@@ -66,8 +68,10 @@ def main(argv: Sequence[str]) -> int:
     opts, job, curve, job_flags = parse(argv)
     keys = load_curve_keys("dynabatch run", curve, "run")
     try:
-        load_dataset(job.dataset, opts.data_dir or None)
-    except DatasetNotFound as exc:
+        task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
+                                                                     job.flat_params)
+        check_task(task, job.seed)
+    except (DatasetNotFound, TaskError) as exc:
         print(f"dynabatch run: {exc}", file=sys.stderr)
         return 2
     name = opts.name or time.strftime("%Y%m%d-%H%M%S") + f"-{job.protocol}-{job.batch_policy}"
@@ -102,7 +106,8 @@ class Run:
         signal.signal(signal.SIGTERM, self._on_interrupt)
         started = time.monotonic()
         print(f"dynabatch run: {self.opts.workers} workers (slowdowns {' '.join(self.opts.slowdowns)}), {self.job.shards} shard(s), "
-              f"{self.job.model} on {self.job.dataset}, {self.job.protocol} + {self.job.batch_policy} batches, "
+              f"{self.opts.task or f'{self.job.model} on {self.job.dataset}'}, "
+              f"{self.job.protocol} + {self.job.batch_policy} batches, "
               f"{self.job.epochs:g} epochs\nrun folder: {self.run_dir}")
         ok = False
         try:
@@ -124,6 +129,7 @@ class Run:
                                          "--name", f"ps{i}"])
         worker_flags = ["--job", job, "--threads", str(self.opts.threads)]
         worker_flags += ["--data-dir", self.opts.data_dir] if self.opts.data_dir else []
+        worker_flags += ["--task", self.opts.task] if self.opts.task else []
         for i in range(self.opts.workers):
             ln.start_worker(f"worker{i}", [*worker_flags, "--slowdown", self.opts.slowdown_of(i)])
         if self.opts.evaluator:
@@ -183,9 +189,12 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     """The end-of-run lines: accuracy, speed, and each worker's share."""
     if "error" in summary:
         return f"no result: {summary['error']} (logs in {run_dir / 'logs'})"
-    acc = summary["final_test_acc"]
+    acc, metrics = summary["final_test_acc"], summary.get("final_metrics") or {}
+    others = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "accuracy")
     lines = [
-        f"finished={summary['finished']}  test accuracy {100 * acc:.2f}%" if acc is not None else "no evaluation",
+        f"finished={summary['finished']}  "
+        + (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
+           else others or "no evaluation"),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",

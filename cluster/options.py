@@ -20,7 +20,9 @@ class RunOptions:
     evaluator: bool = opt(True, "start an evaluator that reports test accuracy")
     out: str = opt("runs", "parent folder of the run folder")
     name: str = opt("", "run folder name (default: time-protocol-policy)")
-    data_dir: str = opt("", "folder with the dataset files (default: search the standard places)")
+    task: str = opt("", "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
+                    "(default: the job's --model on its --dataset)")
+    data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
     threads: int = opt(1, "torch threads per worker", minimum=1)
     progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1)
     status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05)

@@ -50,7 +50,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
     if not timeline:
         return {"wall_s": wall_s, "error": "no status was ever received from the scheduler"}
     last = timeline[-1]
-    evals = [s for s in timeline if s.get("test_acc") is not None]
+    evals = [s for s in timeline if s.get("eval_t") is not None]
     final_eval = evals[-1] if evals else {}
     start_t = next((s["t"] for s in timeline if s.get("workers")), timeline[0]["t"])
     before_stop = [s for s in timeline if not s.get("stopping")]
@@ -93,6 +93,7 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
         "batch_policy": last.get("batch_policy"),
         "final_test_acc": final_eval.get("test_acc"),
         "final_test_loss": final_eval.get("test_loss"),
+        "final_metrics": final_eval.get("metrics", {}),
         "final_train_loss": last.get("loss"),
         "epochs": last["epoch"],
         "samples": last["samples"],
@@ -131,7 +132,7 @@ def time_to_accuracy(timeline: list[dict[str, Any]], marks: tuple[float, ...]) -
     start = training_start(timeline)
     out: dict[str, float | None] = {}
     for mark in marks:
-        hit = next((e for e in _evaluations(timeline) if e["test_acc"] >= mark), None)
+        hit = next((e for e in _evaluations(timeline) if (e["test_acc"] or 0.0) >= mark), None)
         out[f"{mark:g}"] = None if hit is None or start is None else hit["eval_t"] - start
     return out
 
@@ -152,9 +153,13 @@ def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
     ax1.set_xlabel("seconds")
     ax1.set_ylabel("loss")
     ax1.legend()
-    ax2.plot([e["eval_t"] for e in evals], [100 * e["test_acc"] for e in evals], "o-", color="tab:green")
+    names = sorted({name for e in evals for name in e.get("metrics", {}) if name != "loss"})
+    for name in names:
+        ax2.plot([e["eval_t"] for e in evals], [e["metrics"].get(name, float("nan")) for e in evals], "o-", label=name)
     ax2.set_xlabel("seconds")
-    ax2.set_ylabel("test accuracy (%)")
+    ax2.set_ylabel("evaluation metrics")
+    if names:
+        ax2.legend()
     ax2.grid(alpha=0.3)
     fig.suptitle(_title(timeline))
     fig.tight_layout()
@@ -186,7 +191,7 @@ def _evaluations(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One point per evaluation, at the time it was reported (snapshots repeat the latest one)."""
     seen: dict[float, dict[str, Any]] = {}
     for snap in timeline:
-        if snap.get("test_acc") is not None and snap.get("eval_t") is not None:
+        if snap.get("eval_t") is not None:
             seen[snap["eval_t"]] = snap
     return [seen[k] for k in sorted(seen)]
 

@@ -64,23 +64,33 @@ def make_layout(total: int, chunk_bytes: int, num_shards: int) -> Layout:
     return Layout(tuple(chunks), total, num_shards)
 
 
+def named_travelling(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters that train and travel, with their names, in registration order; frozen ones
+    (requires_grad False) never leave the worker and get no update."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def travelling(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for _, p in named_travelling(model)]
+
+
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    """A copy of the model's parameters as one float32 vector on the CPU (where the wire reads it)."""
-    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()]).cpu()
+    """A copy of the model's trainable parameters as one float32 vector on the CPU (where the wire reads it)."""
+    return torch.cat([p.detach().reshape(-1).float() for p in travelling(model)]).cpu()
 
 
 def flat_grads(model: torch.nn.Module) -> torch.Tensor:
     """The model's gradients as one float32 vector on the CPU (zeros where a parameter has none)."""
     return torch.cat(
-        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()]
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in travelling(model)]
     ).cpu()
 
 
 def load_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
-    """Copy a flat vector into the model's parameters in place."""
+    """Copy a flat vector into the model's trainable parameters in place."""
     offset = 0
     with torch.no_grad():
-        for p in model.parameters():
+        for p in travelling(model):
             n = p.numel()
             p.copy_(flat[offset : offset + n].view_as(p))
             offset += n

@@ -55,7 +55,10 @@ class Heartbeat:
     The times are of the last step, per step: a local round's phases are spread
     over its H steps, so `step_s - wait_s` is always one step of the worker's own
     work, which is what the scheduler's speed model fits. A shard reports in
-    `membership` the number of the live worker set it has applied (ASSIGNMENT's).
+    `membership` the number of the live worker set it has applied (ASSIGNMENT's),
+    and in `train_size` the length of the training set in the model signature the
+    workers initialised it with: the scheduler counts epochs from it, and runs no
+    task code to learn it.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -76,6 +79,7 @@ class Heartbeat:
     updates: int = 0
     staleness: list[int] = field(default_factory=list)
     membership: int = 0
+    train_size: int = 0
 
 
 @dataclass
@@ -104,6 +108,36 @@ class Assignment:
     allocated: int = 0
     membership: int = 0
     reason: str = ""
+
+
+@dataclass
+class Init:
+    """A worker's model for the shards: its signature, the job's optimizer, and this shard's initial chunks.
+
+    Shards run no user code. The first INIT a shard takes initialises it (unless it
+    resumed from a checkpoint); every later one is checked against the signature it
+    holds, and a worker whose model differs is refused (`signature`) with the first
+    differing parameter named. `names`, `shapes` and `dtypes` list the trainable
+    parameters in order; `optimizer` and `schedule` are plain-data specs
+    (common/optim_spec.py, common/schedules.py; empty: the job's SGD flags, constant).
+    """
+
+    TYPE: ClassVar[str] = "INIT"
+    names: list[str]
+    shapes: list[list[int]]
+    dtypes: list[str]
+    train_size: int
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InitAck:
+    """The shard holds a model of this signature; `initialized` if it was this INIT that set it."""
+
+    TYPE: ClassVar[str] = "INIT_ACK"
+    version: int
+    initialized: bool = False
 
 
 @dataclass
@@ -145,13 +179,17 @@ class PushAck:
 
 @dataclass
 class EvalReport:
-    """An evaluator's test-set result on one model version."""
+    """An evaluator's result on one model version: the loss, and every metric of its task by name.
+
+    `test_acc` is the `accuracy` metric (NaN when the task does not compute one).
+    """
 
     TYPE: ClassVar[str] = "EVAL"
     version: int
     test_loss: float
     test_acc: float
     final: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -205,6 +243,8 @@ MESSAGE_TYPES: dict[str, type] = {
         Welcome,
         Heartbeat,
         Assignment,
+        Init,
+        InitAck,
         Pull,
         Params,
         Push,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dynabatch.common.catalog import MODELS
-from dynabatch.common.data import dataset_spec
+from dynabatch.common.data import NUM_CLASSES, input_shape
 
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
@@ -138,5 +138,4 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
 
 def model_for_job(job: JobConfig) -> nn.Module:
     """The job's model at its initial parameters; identical in every process of the job."""
-    spec = dataset_spec(job.dataset)
-    return build_model(job.model, spec.input_shape, spec.num_classes, job.seed, job.flat_params)
+    return build_model(job.model, input_shape(job.dataset), NUM_CLASSES, job.seed, job.flat_params)

@@ -20,19 +20,20 @@ import torch
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dynabatch.common.chunking import flat_params, make_layout
+from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.messages import Assignment, Heartbeat, Hello, Params, Pull, Push, PushAck, Welcome
+from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
-from dynabatch.common.models import model_for_job
+from dynabatch.common.schedules import Schedule, schedule_from_fields
+from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ChunkMeta, ProtocolError, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.update_rules import OuterConfig, SGDConfig
+from dynabatch.ps.update_rules import OuterConfig, sgd_config
 
 log = logging.getLogger("dynabatch.ps")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
@@ -100,6 +101,11 @@ class ShardServer:
         self.job_over = False
         self.parked: list[ParkedPull] = []
         self.membership = 0  # the scheduler's number of the live worker set in self.state
+        self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
+        self.signature: ModelSignature | None = None
+        self.init_specs: dict[str, dict] = {"optimizer": {}, "schedule": {}}
+        self.schedule = Schedule()
+        self.last_assignment: Assignment | None = None
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
 
@@ -142,30 +148,43 @@ class ShardServer:
         self.index = welcome.shard_index
         self.shard_label = str(self.index)
         self.m = ShardMetrics(self.registry, self.shard_label)
-        flat = flat_params(model_for_job(self.job))
-        layout = make_layout(flat.numel(), self.job.chunk_bytes, self.job.shards)
-        sgd = SGDConfig(self.job.lr, self.job.momentum, self.job.weight_decay, self.job.nesterov)
-        outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
-        self.state = ShardState.initial(
-            layout.for_shard(self.index), flat, sgd, self.job.protocol, self.job.global_batch, outer,
-            self.job.softsync_n, self.job.staleness,
-        )
-        self.ckpt_meta = {
-            "job": self.job.job, "model": self.job.model, "dataset": self.job.dataset, "shard": self.index,
-            "shards": self.job.shards, "total": layout.total, "chunk_bytes": self.job.chunk_bytes,
-        }
+        self.ckpt_meta = {"job": self.job.job, "shard": self.index, "shards": self.job.shards,
+                          "chunk_bytes": self.job.chunk_bytes}
         self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
-        if self.ckpt_path is not None:
-            saved = load_checkpoint(self.ckpt_path, self.ckpt_meta)
-            if saved is not None:
-                self.state.restore(saved)
-                log.info("resumed from %s at version %d", self.ckpt_path, self.state.version)
-        self.reported_version = self.state.version
+        self.reported_version = 0
+        saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
+        if saved is not None:
+            self._create_state(signature_from_fields(**saved["signature"]), None, saved["optimizer"], saved["schedule"])
+            self.state.restore(saved)
+            self.reported_version = self.state.version
+            log.info("resumed from %s at version %d", self.ckpt_path, self.state.version)
+        else:
+            log.info("shard %d of %d at %s: waiting for the first worker's model", self.index, self.job.shards,
+                     self.advertise)
         self.m.version.set(self.reported_version)
         self.health.ready = True
-        log.info("shard %d of %d ready at %s: %d chunks, %d parameters, protocol %s",
-                 self.index, self.job.shards, self.advertise, len(self.state.chunks),
-                 sum(c.length for c in self.state.chunks), self.job.protocol)
+
+    def _create_state(self, sig: ModelSignature, flat: torch.Tensor | None, optimizer: dict, schedule: dict) -> None:
+        """This shard's part of the model described by `sig`, at `flat` (None: zeros, a checkpoint follows).
+
+        `optimizer` is an optimizer spec's fields (empty: the job's SGD flags); ProtocolError if
+        the shards do not apply that optimizer.
+        """
+        layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
+        sgd = sgd_config(self.job, optimizer)
+        outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
+        self.schedule = schedule_from_fields(schedule)
+        self.state = ShardState.initial(
+            layout.for_shard(self.index), torch.zeros(layout.total) if flat is None else flat, sgd,
+            self.job.protocol, self.job.global_batch, outer, self.job.softsync_n, self.job.staleness,
+        )
+        self.signature = sig
+        self.init_specs = {"optimizer": optimizer, "schedule": schedule}
+        if self.last_assignment is not None:
+            self.state.set_membership(set(self.last_assignment.live_workers), self.last_assignment.allocated)
+        log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
+                 self.index, self.job.shards, self.advertise, len(self.state.chunks), sig.total,
+                 sum(c.length for c in self.state.chunks), self.job.protocol, sgd)
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -186,10 +205,12 @@ class ShardServer:
             now = time.monotonic()
             if now >= next_beat:
                 # The answer to an earlier heartbeat may be taken here rather than by the poll above.
-                self._on_assignment(self.link.heartbeat(Heartbeat(version=self.state.version, updates=self.state.version,
-                                                                  membership=self.membership)))
+                version = self.state.version if self.state is not None else 0
+                train_size = self.signature.train_size if self.signature is not None else 0
+                self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version,
+                                                                  membership=self.membership, train_size=train_size)))
                 next_beat = now + self.job.heartbeat_s
-            overdue = self.state.overdue(now, self.job.round_timeout_s)
+            overdue = self.state.overdue(now, self.job.round_timeout_s) if self.state is not None else []
             if overdue:
                 log.warning("%s rounds of %d chunks timed out; applying what arrived", self.job.protocol, len(overdue))
                 self._after_update([cid for cid in overdue if self.state.close_round(cid)])
@@ -206,10 +227,13 @@ class ShardServer:
             return
         if body is None:
             return
-        self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
-        self._serve_parked()
+        self.last_assignment = body
         self.membership = body.membership
-        self.m.live.set(len(self.state.live))
+        self.m.live.set(len(body.live_workers))
+        if self.state is not None:
+            self.state.lr_factor = self.schedule.factor(body.epoch / body.target_epochs if body.target_epochs else 0.0)
+            self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
+            self._serve_parked()
         if body.stop:
             log.info("job finished")
             self.job_over = True
@@ -222,7 +246,11 @@ class ShardServer:
         try:
             if msg.job != self.job.job:
                 raise ProtocolError("wrong_job", f"this shard serves job {self.job.job!r}, not {msg.job!r}", msg.seq)
-            if isinstance(msg.body, Pull):
+            if isinstance(msg.body, Init):
+                self._on_init(incoming)
+            elif isinstance(msg.body, (Pull, Push)) and self.state is None:
+                raise ProtocolError("not_initialized", "no worker has sent this shard its model yet (INIT)", msg.seq)
+            elif isinstance(msg.body, Pull):
                 self._on_pull(incoming)
             elif isinstance(msg.body, Push):
                 self._on_push(incoming)
@@ -240,6 +268,38 @@ class ShardServer:
         self.m.bad.labels("ps", error.code).inc()
         log.warning("rejected a message: %s", error)
         send_error(self.sock, incoming, error, self.job.job, f"ps{self.index}")
+
+    def _on_init(self, incoming: Incoming) -> None:
+        """The first INIT sets the model; every later one must describe the same model."""
+        msg = incoming.message
+        body: Init = msg.body
+        try:
+            sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size)
+            schedule_from_fields(body.schedule)
+        except ValueError as exc:
+            raise ProtocolError("bad_field", f"INIT: {exc}") from None
+        if self.state is not None:
+            difference = sig.difference(self.signature)
+            if difference is not None:
+                raise ProtocolError("signature", f"this model differs from the job's: {difference}")
+            send_routed(self.sock, incoming.identity, InitAck(self.state.version), msg.seq, self.job.job,
+                        f"ps{self.index}")
+            return
+        layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
+        mine = layout.for_shard(self.index)
+        check_chunks(msg, {c.id: c.length for c in mine})
+        if len(msg.chunks) != len(mine):
+            raise ProtocolError("bad_chunk", f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} chunks")
+        check_finite(msg)
+        flat = torch.zeros(layout.total)
+        for meta, tensor in zip(msg.chunks, msg.tensors):
+            chunk = layout.chunks[meta.id]
+            flat[chunk.start:chunk.stop] = tensor
+        self._create_state(sig, flat, body.optimizer, body.schedule)
+        self._checkpoint()  # a shard killed before its first interval checkpoint resumes this model, not nothing
+        log.info("initialised by %s: %d parameters", msg.sender, sig.total)
+        send_routed(self.sock, incoming.identity, InitAck(0, initialized=True), msg.seq, self.job.job,
+                    f"ps{self.index}")
 
     def _on_pull(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -311,8 +371,9 @@ class ShardServer:
                 self._send_chunks(p.identity, p.seq, p.remaining)
 
     def _checkpoint(self) -> None:
-        if self.ckpt_path is None or not hasattr(self, "state"):
+        if self.ckpt_path is None or self.state is None:
             return
-        save_checkpoint(self.ckpt_path, self.ckpt_meta, self.state.snapshot())
+        save_checkpoint(self.ckpt_path, self.ckpt_meta,
+                        {**self.state.snapshot(), "signature": signature_fields(self.signature), **self.init_specs})
         self.m.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

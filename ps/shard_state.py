@@ -55,6 +55,7 @@ class ShardState:
     chunk_versions: dict[int, int] = field(default_factory=dict)
     live: set[str] = field(default_factory=set)
     allocated: int = 0
+    lr_factor: float = 1.0  # the task's schedule at the job's progress
     spec: ProtocolSpec = field(init=False)
     rule: ShardRule = field(init=False)
 
@@ -141,7 +142,8 @@ class ShardState:
 
     def apply_sgd(self, cid: int, grad: torch.Tensor, lr_scale: float) -> None:
         """One optimizer step on chunk `cid` (a rule calls this when a gradient or a round is due)."""
-        self.params[cid], self.momentum[cid] = sgd_step(self.params[cid], grad, self.momentum[cid], self.sgd, lr_scale)
+        self.params[cid], self.momentum[cid] = sgd_step(self.params[cid], grad, self.momentum[cid], self.sgd,
+                                                        lr_scale * self.lr_factor)
         self.chunk_versions[cid] += 1
 
     def apply_outer(self, cid: int, delta: torch.Tensor) -> None:

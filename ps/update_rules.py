@@ -11,9 +11,14 @@ has to write its result somewhere anyway).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from dynabatch.common.config import JobConfig
+from dynabatch.common.wire import ProtocolError
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,26 @@ class SGDConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     nesterov: bool = False
+
+
+def sgd_config(job: JobConfig, optimizer: dict[str, Any]) -> SGDConfig:
+    """The shards' SGD: the task's optimizer spec (common/optim_spec.py) if it sent one, else the job's flags.
+
+    ProtocolError for an optimizer the shards do not apply, or a spec that is not SGD's.
+    """
+    if not optimizer:
+        return SGDConfig(job.lr, job.momentum, job.weight_decay, job.nesterov)
+    name = optimizer.get("name")
+    if name != "sgd":
+        raise ProtocolError("bad_field", f"optimizer {name!r} is not applied by the shards (they apply sgd)")
+    try:
+        cfg = SGDConfig(float(optimizer["lr"]), float(optimizer.get("momentum", 0.0)),
+                        float(optimizer.get("weight_decay", 0.0)), bool(optimizer.get("nesterov", False)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError("bad_field", f"optimizer spec {optimizer!r}: {exc}") from None
+    if not all(math.isfinite(v) and v >= 0 for v in (cfg.lr, cfg.momentum, cfg.weight_decay)):
+        raise ProtocolError("bad_field", f"optimizer spec {optimizer!r}: rates must be finite and non-negative")
+    return cfg
 
 
 def sgd_step(

@@ -91,7 +91,7 @@ class JobState:
     """The scheduler's view of one job."""
 
     def __init__(
-        self, job: JobConfig, num_shards: int, train_size: int, num_chunks: int = 1, now: float | None = None
+        self, job: JobConfig, num_shards: int, train_size: int = 0, num_chunks: int = 1, now: float | None = None
     ) -> None:
         self.job = job
         self.spec = protocol_spec(job.protocol)
@@ -230,6 +230,8 @@ class JobState:
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
+        if member.role == "ps" and hb.train_size > 0:
+            self.train_size = hb.train_size
         if member.role == "ps":
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
@@ -286,7 +288,7 @@ class JobState:
 
     @property
     def epoch(self) -> float:
-        return self.samples / self.train_size
+        return self.samples / self.train_size if self.train_size else 0.0
 
     @property
     def stopping(self) -> bool:
@@ -300,7 +302,7 @@ class JobState:
         Counting samples alone could leave the job one step short for ever if a
         worker's step was lost in a retry, with every worker already gone.
         """
-        if not self.spec.ends_by_rounds or len(self.shards) < self.num_shards:
+        if not self.spec.ends_by_rounds or len(self.shards) < self.num_shards or not self.train_size:
             return False
         rounds = math.ceil(self.job.epochs * self.train_size / self.job.global_batch)
         return all(shard.last.version >= rounds for shard in self.shards.values())
@@ -440,8 +442,10 @@ class JobState:
             "local_steps": self.local_steps,
             "local_steps_reason": self.local_steps_reason,
             "loss": _finite_or_none(self.loss),
-            "test_acc": ev.test_acc if ev else None,
+            "test_acc": _finite_or_none(ev.test_acc) if ev else None,
             "test_loss": ev.test_loss if ev else None,
+            "metrics": dict(ev.metrics) if ev else {},
+            "train_size": self.train_size,
             "eval_version": ev.version if ev else None,
             "eval_t": self.eval_time if ev else None,
             "stopping": self.stopping,

@@ -193,7 +193,7 @@ def test_unknown_dataset_lists_the_valid_ones() -> None:
 
 def test_every_dataset_a_job_can_name_has_a_spec() -> None:
     """The job schema offers common/catalog.py's names; each must be one the loader knows."""
-    assert set(data.SPECS) == set(DATASETS)
+    assert set(data.INPUT_SHAPES) == set(DATASETS)
 
 
 def test_loads_cifar10_python_batches(tmp_path: Path, no_default_dirs: Path) -> None:

@@ -8,6 +8,8 @@ a shard or the scheduler hiccuped, and no sample is skipped for it.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from dynabatch.common.data import SampleOrder
@@ -37,3 +39,33 @@ class BatchSource:
     def step_failed(self) -> None:
         """The samples taken since the last step were not trained on: hand them out again next."""
         self.replay, self.taken = self.taken, []
+
+
+def fetch(dataset: Any, indices: torch.Tensor, collate: Callable[[list[Any]], Any]) -> Any:
+    """The batch of `indices`: through the dataset's `__getitems__` when it has one (as torch's
+    DataLoader does), else item by item, then collated."""
+    wanted = indices.tolist()
+    getitems = getattr(dataset, "__getitems__", None)
+    return collate(getitems(wanted) if getitems is not None else [dataset[i] for i in wanted])
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Every tensor of a batch (a tensor, or tuples, lists and dicts of them) on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def batch_len(batch: Any) -> int:
+    """How many samples a batch holds: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return len(batch)
+    values = batch.values() if isinstance(batch, dict) else batch
+    for value in values:
+        if isinstance(value, (torch.Tensor, dict, list, tuple)):
+            return batch_len(value)
+    raise ValueError("a batch holds no tensor")

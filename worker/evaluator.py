@@ -1,4 +1,4 @@
-"""Evaluator mode: pull the current model now and then, report test loss and accuracy.
+"""Evaluator mode: pull the current model now and then, report the task's loss and metrics.
 
 It trains nothing and pushes nothing. When the job stops it waits until the
 workers are gone (the scheduler says so by stopping the evaluator only then),
@@ -9,37 +9,71 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+import math
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from dynabatch.common.chunking import load_flat
-from dynabatch.common.data import Dataset, make_batch
 from dynabatch.common.messages import EvalReport, Heartbeat
+from dynabatch.common.task import Task
 from dynabatch.common.transport import RemoteError
+from dynabatch.worker.batch_source import batch_len, fetch, to_device
 from dynabatch.worker.trainer import Worker
 
 log = logging.getLogger("dynabatch.evaluator")
 EVAL_BATCH = 1000
 
 
+class OneForwardPerBatch(torch.nn.Module):
+    """The model as the evaluation's loss and metrics see it: they all call it on the same batch,
+    and one forward pass serves them all (the same input objects give the cached output)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self._key: tuple[Any, ...] | None = None
+        self._out: Any = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        key = tuple(id(a) for a in args) + tuple((k, id(v)) for k, v in sorted(kwargs.items()))
+        if key != self._key:
+            self._key, self._out = key, self.model(*args, **kwargs)
+        return self._out
+
+    def forget(self) -> None:
+        self._key = self._out = None
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Dataset, between: Callable[[], None] = lambda: None) -> tuple[float, float]:
-    """(mean test loss, test accuracy) over the whole test set; `between` runs after each batch."""
+def evaluate(task: Task, model: torch.nn.Module, data: Any, device: torch.device,
+             between: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """The task's loss and metrics over the whole evaluation set, by name; `between` runs after each batch.
+
+    The loss is the sample-weighted mean of the task's (batch-mean) loss; each metric
+    is its summed numerator over its summed count.
+    """
     model.eval()
-    device = next(model.parameters()).device
-    total_loss, correct, n = 0.0, 0, len(data.test_y)
-    for start in range(0, n, EVAL_BATCH):
-        between()
-        idx = torch.arange(start, min(start + EVAL_BATCH, n))
-        x, y = make_batch(data, idx, False)
-        x, y = x.to(device), y.to(device)
-        out = model(x)
-        total_loss += float(F.cross_entropy(out, y, reduction="sum"))
-        correct += int((out.argmax(1) == y).sum())
-    model.train()
-    return total_loss / n, correct / n
+    once = OneForwardPerBatch(model)
+    loss_fn, collate, metric_fns = task.loss_fn(), task.collate_fn(), task.metric_fns()
+    total_loss, n = 0.0, 0
+    sums: dict[str, list[float]] = {}
+    try:
+        for start in range(0, len(data), EVAL_BATCH):
+            between()
+            batch = to_device(fetch(data, torch.arange(start, min(start + EVAL_BATCH, len(data))), collate), device)
+            size = batch_len(batch)
+            total_loss += float(loss_fn(once, batch)) * size
+            n += size
+            for metric in metric_fns:
+                for name, (value, count) in metric(once, batch).items():
+                    acc = sums.setdefault(name, [0.0, 0.0])
+                    acc[0] += float(value)
+                    acc[1] += float(count)
+            once.forget()
+    finally:
+        model.train()
+    return {"loss": total_loss / n, **{name: v / c if c else math.nan for name, (v, c) in sums.items()}}
 
 
 class Evaluator(Worker):
@@ -69,8 +103,9 @@ class Evaluator(Worker):
                 report = None
             if report is not None:
                 self.link.conn.send(report)
-                log.info("model v%d: test loss %.4f, accuracy %.4f%s", report.version, report.test_loss,
-                         report.test_acc, " (final)" if final else "")
+                log.info("model v%d: %s%s", report.version,
+                         ", ".join(f"{name} {value:.4f}" for name, value in report.metrics.items()),
+                         " (final)" if final else "")
             if final and report is not None:
                 return
             deadline = time.monotonic() + self.job.eval_interval_s
@@ -84,5 +119,6 @@ class Evaluator(Worker):
     def _evaluate_once(self, final: bool) -> EvalReport:
         pulled = self.shards.pull(None, self.opts.request_timeout_s)
         load_flat(self.model, pulled.flat)
-        loss, acc = evaluate(self.model, self.data, self.heartbeat_when_due)
-        return EvalReport(version=pulled.version, test_loss=loss, test_acc=acc, final=final)
+        metrics = evaluate(self.task, self.model, self.data, self.device, self.heartbeat_when_due)
+        return EvalReport(version=pulled.version, test_loss=metrics["loss"], test_acc=metrics.get("accuracy", math.nan),
+                          final=final, metrics=metrics)

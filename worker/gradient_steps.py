@@ -58,8 +58,7 @@ class GradientLoop(StepLoop):
         if self._done(pulled.version):
             return None
         load_flat(c.model, pulled.flat)
-        x, y = c.next_batch(assignment.batch)
-        loss, times.compute = c.timed_compute(x, y)
+        loss, times.compute = c.timed_compute(c.next_batch(assignment.batch))
         if not math.isfinite(loss):
             log.error("loss is %s; not pushing this step's gradient", loss)
             return None
@@ -73,12 +72,13 @@ class GradientLoop(StepLoop):
         """The same step with pull, compute and push overlapped chunk by chunk (pipeline.py)."""
         c = self.ctx
         if self.pipeline is None:
-            self.pipeline = Pipeline(c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s)
+            self.pipeline = Pipeline(c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s,
+                                     c.loss_fn)
         if self.last_versions is not None and self._done(min(self.min_versions or self.last_versions)):
             return None
-        x, y = c.next_batch(assignment.batch)
+        batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
-        result = self.pipeline.step(x, y, self.min_versions, assignment.batch)
+        result = self.pipeline.step(batch, self.min_versions, assignment.batch)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         times = StepTimes(push=result.push_wait_s)
         if self.min_versions is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynabatch.common.chunking import flat_params, load_flat
+from dynabatch.common.chunking import flat_params, load_flat, travelling
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.ps_client import PendingPull, PendingPush
 from dynabatch.worker.step_context import StepContext, StepLoop
@@ -43,7 +43,7 @@ class _LocalSteps(StepLoop):
     def _optimizer(self, assignment: Assignment) -> torch.optim.Optimizer:
         job = self.ctx.job
         if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(self.ctx.model.parameters(), lr=job.lr,
+            self.optimizer = torch.optim.SGD(travelling(self.ctx.model), lr=job.lr,
                                              momentum=job.momentum, weight_decay=job.weight_decay)
         for group in self.optimizer.param_groups:
             group["lr"] = job.lr * assignment.lr_scale
@@ -52,8 +52,7 @@ class _LocalSteps(StepLoop):
     def _local_step(self, assignment: Assignment) -> tuple[float, float]:
         """One SGD step on this worker's own copy of the model: (loss, emulated seconds)."""
         c = self.ctx
-        x, y = c.next_batch(assignment.batch)
-        loss, seconds = c.timed_compute(x, y)
+        loss, seconds = c.timed_compute(c.next_batch(assignment.batch))
         if math.isfinite(loss):
             self._optimizer(assignment).step()
         c.heartbeat_when_due()

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.data import DatasetNotFound
+from dynabatch.common.task import TaskError
 from dynabatch.common.flags import ConfigError
 from dynabatch.worker.evaluator import Evaluator
 from dynabatch.worker.options import WorkerOptions, usable_device
@@ -30,6 +31,6 @@ def main(argv: Sequence[str]) -> int:
     cls = Evaluator if opts.evaluator else Worker
     try:
         return cls(opts, metrics.metrics_host, metrics.metrics_port, keys).run()
-    except DatasetNotFound as exc:
+    except (DatasetNotFound, TaskError) as exc:
         log.error("%s", exc)
         return 2

@@ -15,7 +15,9 @@ from dynabatch.common.slowdown import Slowdown
 class WorkerOptions:
     scheduler: str = opt("tcp://127.0.0.1:5555", "scheduler control endpoint")
     job: str = opt("dynabatch", "job name to join")
-    data_dir: str = opt("", "folder with the dataset files (default: search the standard places)")
+    task: str = opt("", "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
+                    "(default: the job's --model on its --dataset)")
+    data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
     slowdown: str = opt("1", "emulated slowdown: a factor (4) or a schedule in seconds of training (1x,4x@60s,1x@120s)")
     evaluator: bool = opt(False, "only pull the model and report test loss and accuracy")
     threads: int = opt(1, "torch threads for compute", minimum=1)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
-from dynabatch.common.chunking import Layout
+from dynabatch.common.chunking import Layout, travelling
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.ps_client import Pending, PendingPull, PendingPush, PullResult, ShardClients
 
@@ -46,11 +46,11 @@ class Pipeline:
     """Hooks a model so that its forward waits per layer and its backward pushes per chunk."""
 
     def __init__(self, model: torch.nn.Module, layout: Layout, shards: ShardClients, max_inflight_bytes: int,
-                 timeout_s: float) -> None:
-        self.model, self.layout, self.shards = model, layout, shards
+                 timeout_s: float, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> None:
+        self.model, self.layout, self.shards, self.loss_fn = model, layout, shards, loss_fn
         self.max_inflight = max_inflight_bytes
         self.timeout_s = timeout_s
-        self.params = list(model.parameters())
+        self.params = travelling(model)
         self.grad_flat = torch.zeros(layout.total)
         offsets, start = [], 0
         for p in self.params:
@@ -61,18 +61,18 @@ class Pipeline:
         self.chunk_params = {c.id: {i for i, ids in enumerate(self.param_chunks) if c.id in ids} for c in layout.chunks}
         index = {id(p): i for i, p in enumerate(self.params)}
         for name, module in model.named_modules():
-            own = [index[id(p)] for p in module.parameters(recurse=False)]
+            own = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
             if own:
                 module.register_forward_pre_hook(self._before_forward(name, own))
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._grad_ready(i))
         self._step: _StepState | None = None
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, min_versions: list[int] | None, samples: int) -> PipelineResult:
+    def step(self, batch: Any, min_versions: list[int] | None, samples: int) -> PipelineResult:
         """Pull, forward, backward and push for one batch, overlapped; returns when every push is acknowledged."""
         st = self._step = _StepState(self.shards.start_pull(min_versions), samples)
         self.model.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x), y)
+        loss = self.loss_fn(self.model, batch)
         loss.backward()
         st.trace.backward_end = time.perf_counter()
         for cid in sorted(set(self.chunk_params) - st.pushed):

@@ -17,7 +17,7 @@ import zmq
 
 from dynabatch.common import staleness
 from dynabatch.common.chunking import Layout
-from dynabatch.common.messages import Error, Pull, Push, PushAck
+from dynabatch.common.messages import Error, Init, InitAck, Pull, Push, PushAck
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta, Message
 
@@ -92,6 +92,22 @@ class ShardClients:
                                   [tensor[c.start : c.stop] for c in chunks]))
             self.moved_bytes += sum(m.nbytes for m in metas)
         return PendingPush(self, seqs)
+
+    def init(self, init: Init, flat: torch.Tensor, timeout_s: float) -> list[InitAck]:
+        """Offer this worker's model to every shard (each gets its chunks of `flat`), blocking for the answers.
+
+        The first offer a shard gets initialises it; every later one is checked
+        against the model it holds, and a different model is refused (RemoteError
+        `signature`, naming the first differing parameter).
+        """
+        seqs = []
+        for s, conn in enumerate(self.conns):
+            chunks = self.layout.for_shard(s)
+            metas = [ChunkMeta(c.id, "float32", (c.length,), 0) for c in chunks]
+            seqs.append(conn.send(init, metas, [flat[c.start : c.stop] for c in chunks]))
+        pending = PendingInit(seqs)
+        self.wait(pending, timeout_s)
+        return [pending.acks[s] for s in sorted(pending.acks)]
 
     def pull(self, min_versions: list[int] | None, timeout_s: float) -> PullResult:
         """Every chunk, blocking until all have arrived."""
@@ -187,6 +203,20 @@ class Pending:
 
     def done(self) -> bool:
         raise NotImplementedError
+
+
+class PendingInit(Pending):
+    """Every shard's answer to an INIT."""
+
+    def __init__(self, seqs: list[int]) -> None:
+        self.seqs = seqs
+        self.acks: dict[int, InitAck] = {}
+
+    def take(self, shard: int, msg: Message) -> None:
+        self.acks[shard] = msg.body
+
+    def done(self) -> bool:
+        return len(self.acks) == len(self.seqs)
 
 
 class PendingPull(Pending):

@@ -10,7 +10,7 @@ checker can tell exactly what a step needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -25,10 +25,11 @@ from dynabatch.worker.step_times import StepResult
 class StepContext:
     """The model, its data, the shards and the clock, as a step sees them.
 
-    - `next_batch(b)`: the next b samples of this worker's order, on its device
-      (after a failed step, the same samples again).
-    - `timed_compute(x, y)`: forward and backward as this node's emulated hardware
+    - `next_batch(b)`: the next b samples of this worker's order, collated, on its
+      device (after a failed step, the same samples again).
+    - `timed_compute(batch)`: forward and backward as this node's emulated hardware
       would run them: (loss, seconds); gradients are left on the parameters.
+    - `loss_fn(model, batch)`: the task's loss (the pipelined step calls it itself).
     - `idle_for_slowdown(cpu_s)`: the emulated slowdown for `cpu_s` of work done
       elsewhere (the pipelined step); returns the seconds idled.
     - `heartbeat_when_due()`: keep the scheduler's liveness clock fed inside a long step.
@@ -40,8 +41,9 @@ class StepContext:
     shards: ShardClients
     train_size: int
     request_timeout_s: float
-    next_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
-    timed_compute: Callable[[torch.Tensor, torch.Tensor], tuple[float, float]]
+    next_batch: Callable[[int], Any]
+    timed_compute: Callable[[Any], tuple[float, float]]
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
     idle_for_slowdown: Callable[[float], float]
     heartbeat_when_due: Callable[[], None]
 

@@ -9,28 +9,31 @@ batch from it rather than from a guess.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
 import statistics
 import time
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dynabatch.common.chunking import make_layout
+from dynabatch.common.builtin_tasks import builtin_task
+from dynabatch.common.chunking import flat_params, make_layout, travelling
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.data import Dataset, SampleOrder, dataset_spec, load_dataset, make_batch
-from dynabatch.common.messages import Assignment, Heartbeat, Hello
+from dynabatch.common.data import SampleOrder
+from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init
 from dynabatch.common.metrics import Health, MetricsServer
-from dynabatch.common.models import model_for_job
+from dynabatch.common.schedules import schedule_fields
+from dynabatch.common.task import Task, TaskError, build_data, check_task, load_task, signature_fields
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.worker.batch_source import BatchSource
+from dynabatch.worker.batch_source import BatchSource, fetch, to_device
 from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
@@ -55,15 +58,28 @@ class WorkerMetrics:
         self.errors = Counter("dynabatch_worker_request_errors", "Shard requests that failed and were retried.",
                               ["worker", "code"], registry=registry)
         self.errors.labels(worker, "timeout")  # exported at 0 from the start: a dashboard shows 0, not "No data"
+        self.skipped = Counter("dynabatch_worker_skipped_steps", "Steps whose gradient was not pushed, by reason.",
+                               ["worker", "reason"], registry=registry)
+        self.skipped.labels(worker, "non_finite_loss")
         self.worker = worker
 
 
-def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """One forward/backward pass; leaves gradients on the parameters, returns the loss."""
+def train_step(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+               clip_grad_norm: float | None = None) -> float:
+    """One forward/backward pass; leaves the (clipped) gradients on the parameters, returns the loss."""
     model.zero_grad(set_to_none=False)
-    loss = F.cross_entropy(model(x), y)
+    loss = loss_fn(model, batch)
     loss.backward()
+    if clip_grad_norm:
+        torch.nn.utils.clip_grad_norm_(travelling(model), clip_grad_norm)
     return float(loss.detach())
+
+
+def task_for(opts: WorkerOptions, job: JobConfig) -> Task:
+    """The task this worker trains: `--task`, or the job's built-in model on its dataset."""
+    if opts.task:
+        return load_task(opts.task)
+    return builtin_task(job.dataset, job.model, opts.data_dir or None, job.flat_params)
 
 
 class Worker:
@@ -96,16 +112,28 @@ class Worker:
         self.id = welcome.id
         self.job: JobConfig = job_from_dict(welcome.config)
         self.link.conn.job = self.job.job
-        self.data: Dataset = load_dataset(self.job.dataset, self.opts.data_dir or None)
-        self.model = model_for_job(self.job).to(self.device)
-        self.layout = make_layout(sum(p.numel() for p in self.model.parameters()), self.job.chunk_bytes, self.job.shards)
+        self.task = task_for(self.opts, self.job)
+        sig, train_data = check_task(self.task, self.job.seed)
+        self.data = build_data(self.task.eval_data, "eval_data") if role == "evaluator" else train_data
+        self.loss_fn, self.collate = self.task.loss_fn(), self.task.collate_fn()
+        self.model = self.task.build_model(self.job.seed).to(self.device)
+        self.layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
+        self.train_size = sig.train_size
         self.last_hb = Heartbeat()
         self._next_beat = 0.0
         self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id,
                                    self._heartbeat_while_waiting, self.job.heartbeat_s)
         self.m = WorkerMetrics(self.registry, self.id)
-        log.info("%s joined job %r as %s: %s on %s, %d shard(s), slowdown %s, device %s", self.name, self.job.job,
-                 self.id, self.job.model, self.job.dataset, len(welcome.shards), self.opts.slowdown, self.device)
+        init = Init(**signature_fields(sig), optimizer=self.task.optimizer.to_wire() if self.task.optimizer else {},
+                    schedule=schedule_fields(self.task.schedule))
+        try:
+            acks = self.shards.init(init, flat_params(self.model), self.opts.request_timeout_s)
+        except RemoteError as exc:
+            raise TaskError(f"the job's shards refused this worker's model: {exc.text}") from None
+        log.info("%s joined job %r as %s: %s, %d parameters, %d training samples, %d shard(s)%s, slowdown %s, "
+                 "device %s", self.name, self.job.job, self.id, self.task.name, sig.total, sig.train_size,
+                 len(welcome.shards), " (initialised them)" if any(a.initialized for a in acks) else "",
+                 self.opts.slowdown, self.device)
         return True
 
     def _hello(self, role: str) -> Hello:
@@ -133,9 +161,9 @@ class Worker:
         """What this worker's protocol loop may use (see step_context.py)."""
         return StepContext(
             job=self.job, model=self.model, layout=self.layout, shards=self.shards,
-            train_size=dataset_spec(self.job.dataset).train_size, request_timeout_s=self.opts.request_timeout_s,
-            next_batch=self.next_batch, timed_compute=self.timed_compute, idle_for_slowdown=self.idle_for_slowdown,
-            heartbeat_when_due=self.heartbeat_when_due,
+            train_size=self.train_size, request_timeout_s=self.opts.request_timeout_s,
+            next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=self.loss_fn,
+            idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.heartbeat_when_due,
         )
 
     def _heartbeat_while_waiting(self) -> None:
@@ -159,7 +187,7 @@ class Worker:
         if time.monotonic() >= self._next_beat:
             self._heartbeat_while_waiting()
 
-    def timed_compute(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    def timed_compute(self, batch: Any) -> tuple[float, float]:
         """Run one training step as this node's emulated hardware would: (loss, seconds).
 
         A factor F adds (F-1) times the step's CPU time as idle time. CPU time,
@@ -169,7 +197,9 @@ class Worker:
         every node pays it once, and the slow node does F times the work.
         """
         wall, cpu = time.perf_counter(), time.thread_time()
-        loss = train_step(self.model, x, y)
+        loss = train_step(self.model, batch, self.loss_fn, self.task.clip_grad_norm)
+        if not math.isfinite(loss):
+            self.m.skipped.labels(self.id, "non_finite_loss").inc()
         if self.device.type == "cuda":  # the loss is in; the backward kernels may not be
             torch.cuda.synchronize(self.device)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
@@ -191,8 +221,8 @@ class Worker:
         make single steps slow at random.
         """
         batch = min(64, self.job.max_batch)
-        train_step(self.model, *self.next_batch(batch))
-        times = [self.timed_compute(*self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
+        train_step(self.model, self.next_batch(batch), self.loss_fn)
+        times = [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
         return batch / statistics.median(times)
 
     def run(self) -> int:
@@ -212,18 +242,16 @@ class Worker:
             self.health.idle_until(lambda: self.stopping)
         self.metrics_server.close()
 
-    def next_batch(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self, batch: int) -> Any:
         """The next `batch` samples of this worker's own shuffled order of the training set, on its device.
 
         After a failed step the same samples are used again, so what a worker
         trains on does not depend on when a shard or the scheduler hiccuped.
         """
-        x, y = make_batch(self.data, self.batches.take(batch), True, self.gen)
-        return x.to(self.device), y.to(self.device)
+        return to_device(fetch(self.data, self.batches.take(batch), self.collate), self.device)
 
     def _train(self) -> int:
-        self.batches = BatchSource(SampleOrder(len(self.data.train_y), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0)))
-        self.gen = torch.Generator().manual_seed(self.job.seed + 17)
+        self.batches = BatchSource(SampleOrder(len(self.data), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0)))
         standalone = self.measure_standalone()
         self.m.standalone.set(standalone)
         log.info("%s standalone speed %.0f samples/s", self.id, standalone)

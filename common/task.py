@@ -1,0 +1,259 @@
+"""What is trained: one `Task` (model factory, data, collate, loss, metrics, optimizer, schedule).
+
+Only workers and evaluators run a task's code. Shards are a generic parameter
+store that the first worker initialises with the model's signature and initial
+parameters; the scheduler learns the training set's length from the workers.
+The built-in models and datasets are tasks like any other (common/builtin_tasks.py).
+
+A task is loaded by `--task path/to/file.py:attr` or `--task pkg.module:attr`;
+everything that can be wrong with it (it does not import, it is not a Task, its
+model is not reproducible, its data is empty, its loss is not a scalar, its
+parameters are of a dtype that cannot travel) is a `TaskError` with one clear
+message, found before any process starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from dynabatch.common.chunking import named_travelling
+from dynabatch.common.eval_metrics import Metric, accuracy
+from dynabatch.common.optim_spec import SUPPORTED_ON_SHARDS, OptimizerSpec
+from dynabatch.common.schedules import Schedule
+
+TRAVELLING_DTYPES = (torch.float32,)
+
+
+class TaskError(ValueError):
+    """A task that cannot be trained, with what to fix."""
+
+
+@dataclass
+class Task:
+    """Everything dynabatch needs to train a model: the pinned user-facing API (`dynabatch.Task`).
+
+    - `model`: () -> nn.Module, built under the job's seed in every process; two builds must be identical.
+    - `train_data`, `eval_data`: () -> a map-style torch Dataset (`__len__`, `__getitem__`).
+    - `collate`: list of samples -> batch (default: torch's `default_collate`); batches may be tuples or dicts.
+    - `loss`: (model, batch) -> mean loss tensor (default: cross-entropy on an (x, y) batch).
+    - `metrics`: (model, batch) -> {name: (sum, count)}, or a list of such (default: accuracy);
+      the evaluation loss is always reported too.
+    - `optimizer`: the shards' optimizer (dynabatch.optim); None: SGD from the job's flags.
+    - `schedule`: the learning rate against global progress (dynabatch.schedule); None: constant.
+    - `clip_grad_norm`: clip each worker's gradient to this norm before it is pushed.
+    """
+
+    model: Callable[[], nn.Module]
+    train_data: Callable[[], Any]
+    eval_data: Callable[[], Any] | None = None
+    collate: Callable[[list[Any]], Any] | None = None
+    loss: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    metrics: Metric | Sequence[Metric] | None = None
+    optimizer: OptimizerSpec | None = None
+    schedule: Schedule | None = None
+    clip_grad_norm: float | None = None
+    name: str = field(default="task", compare=False)
+
+    def collate_fn(self) -> Callable[[list[Any]], Any]:
+        return self.collate or default_collate
+
+    def loss_fn(self) -> Callable[[nn.Module, Any], torch.Tensor]:
+        return self.loss or cross_entropy
+
+    def metric_fns(self) -> list[Metric]:
+        if self.metrics is None:
+            return [accuracy]
+        return list(self.metrics) if isinstance(self.metrics, (list, tuple)) else [self.metrics]
+
+    def build_model(self, seed: int) -> nn.Module:
+        """The model at its initial parameters under `seed`, leaving the caller's RNG as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.model()
+
+
+def cross_entropy(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The default loss: cross-entropy of model(x) against labels y."""
+    x, y = batch[0], batch[1]
+    return nn.functional.cross_entropy(model(x), y)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One trainable parameter as it travels: name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """What every process of a job must agree on: the trainable parameters, in order, and the data's length."""
+
+    params: tuple[ParamSpec, ...]
+    train_size: int
+
+    @property
+    def total(self) -> int:
+        """Number of trainable values: the flat vector's length."""
+        n = 0
+        for p in self.params:
+            count = 1
+            for d in p.shape:
+                count *= d
+            n += count
+        return n
+
+    def difference(self, other: "ModelSignature") -> str | None:
+        """A sentence naming the first difference from `other`, or None if they match."""
+        for i, (mine, theirs) in enumerate(zip(self.params, other.params)):
+            if mine != theirs:
+                return (f"parameter {i} is {mine.name} {list(mine.shape)} {mine.dtype} here but "
+                        f"{theirs.name} {list(theirs.shape)} {theirs.dtype} in the job")
+        if len(self.params) != len(other.params):
+            extra = (self.params if len(self.params) > len(other.params) else other.params)[
+                min(len(self.params), len(other.params))]
+            return (f"{len(self.params)} trainable parameters here, {len(other.params)} in the job "
+                    f"(first unmatched: {extra.name})")
+        if self.train_size != other.train_size:
+            return f"the training set holds {self.train_size} samples here, {other.train_size} in the job"
+        return None
+
+
+def signature(model: nn.Module, train_size: int) -> ModelSignature:
+    """The model's signature; TaskError for a parameter of a dtype that cannot travel."""
+    params = []
+    for name, p in named_travelling(model):
+        if p.dtype not in TRAVELLING_DTYPES:
+            raise TaskError(f"parameter {name} is {p.dtype}; trainable parameters must be float32 "
+                            "(keep a lower precision for compute with autocast, not in the parameters)")
+        params.append(ParamSpec(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")))
+    if not params:
+        raise TaskError("the model has no trainable parameters")
+    return ModelSignature(tuple(params), train_size)
+
+
+def load_task(spec: str) -> Task:
+    """The Task named by `file.py:attr` or `pkg.module:attr` (a Task, or a function returning one)."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise TaskError(f"--task {spec!r}: expected FILE.py:ATTR or package.module:ATTR")
+    try:
+        module = _import_file(where) if where.endswith(".py") or "/" in where else importlib.import_module(where)
+    except TaskError:
+        raise
+    except BaseException as exc:  # a user's module may raise anything, SystemExit included
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        raise TaskError(f"--task {spec!r}: importing {where} failed: {detail}") from None
+    if not hasattr(module, attr):
+        raise TaskError(f"--task {spec!r}: {where} has no attribute {attr!r}")
+    task = getattr(module, attr)
+    if callable(task) and not isinstance(task, Task):
+        try:
+            task = task()
+        except Exception as exc:
+            raise TaskError(f"--task {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(task, Task):
+        raise TaskError(f"--task {spec!r}: {attr} is a {type(task).__name__}, not a dynabatch.Task")
+    task.name = spec
+    return task
+
+
+def _import_file(path_text: str) -> Any:
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise TaskError(f"--task: no file {path}")
+    name = f"dynabatch_task_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TaskError(f"--task: {path} cannot be imported as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent))  # a task file may import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def check_task(task: Task, seed: int) -> tuple[ModelSignature, Any]:
+    """Everything that can be checked without a job: reproducible model, non-empty data, scalar loss.
+
+    Builds the model twice (the same seed must give the same parameters), takes a
+    batch of two samples and runs the loss and a backward pass on it. Returns the
+    model's signature and the training set it built.
+    """
+    first, second = task.build_model(seed), task.build_model(seed)
+    sig = signature(first, 0)
+    for (name, a), (_, b) in zip(named_travelling(first), named_travelling(second)):
+        if not torch.equal(a, b):
+            raise TaskError(f"two builds of the model differ in {name}: its construction uses randomness "
+                            "that the job's seed does not control (seed it, or build it from torch's global RNG)")
+    data = build_data(task.train_data, "train_data")
+    batch = task.collate_fn()([data[i] for i in range(min(2, len(data)))])
+    first.train()
+    loss = task.loss_fn()(first, batch)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TaskError(f"the loss must be a scalar float tensor (the batch mean), got {shape}")
+    loss.backward()
+    if task.optimizer is not None and task.optimizer.name not in SUPPORTED_ON_SHARDS:
+        raise TaskError(f"optimizer {task.optimizer.name!r} is not applied by the shards yet "
+                        f"(they apply {', '.join(SUPPORTED_ON_SHARDS)})")
+    return ModelSignature(sig.params, len(data)), data
+
+
+def build_data(factory: Callable[[], Any], what: str) -> Any:
+    """Call a data factory; TaskError if it fails or yields an empty or unsized dataset."""
+    try:
+        data = factory()
+    except Exception as exc:
+        raise TaskError(f"{what}() failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        size = len(data)
+    except TypeError:
+        raise TaskError(f"{what}() gave a {type(data).__name__} without __len__: a map-style Dataset is needed")
+    if size == 0:
+        raise TaskError(f"{what}() gave an empty dataset")
+    return data
+
+
+MAX_TRAVELLING_VALUES = 1 << 31  # 8 GiB of float32: beyond it a shard refuses to allocate a model
+
+
+def signature_fields(sig: ModelSignature) -> dict[str, Any]:
+    """The signature as INIT's fields."""
+    return {"names": [p.name for p in sig.params], "shapes": [list(p.shape) for p in sig.params],
+            "dtypes": [p.dtype for p in sig.params], "train_size": sig.train_size}
+
+
+def signature_from_fields(names: list[str], shapes: list[list[int]], dtypes: list[str],
+                          train_size: int) -> ModelSignature:
+    """A signature received from a peer; ValueError naming what is malformed or out of bounds."""
+    if not (len(names) == len(shapes) == len(dtypes)) or not names:
+        raise ValueError(f"{len(names)} names, {len(shapes)} shapes and {len(dtypes)} dtypes: one of each per parameter")
+    params = []
+    for name, shape, dtype in zip(names, shapes, dtypes):
+        if dtype != "float32":
+            raise ValueError(f"parameter {name}: dtype {dtype!r}; parameters travel as float32")
+        if len(shape) > 8 or any(d < 0 for d in shape):
+            raise ValueError(f"parameter {name}: shape {shape} is not a tensor shape")
+        params.append(ParamSpec(name, tuple(shape), dtype))
+    sig = ModelSignature(tuple(params), train_size)
+    if train_size <= 0:
+        raise ValueError(f"train_size {train_size}: a job trains on a non-empty dataset")
+    if sig.total > MAX_TRAVELLING_VALUES:
+        raise ValueError(f"{sig.total} parameters exceed the limit of {MAX_TRAVELLING_VALUES}")
+    return sig

@@ -1,0 +1,28 @@
+"""Tasks that are wrong in one way each, for the start-up checks."""
+
+import torch
+from torch import nn
+
+import dynabatch as db
+
+data = lambda: torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))  # noqa: E731
+
+
+class Unseeded(nn.Module):
+    """Draws its initial weights from a generator the job's seed does not control."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 4, generator=torch.Generator().manual_seed(torch.seed() % 1000)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+
+not_a_task = {"model": nn.Linear}
+unseeded = db.Task(model=Unseeded, train_data=data)
+empty = db.Task(model=lambda: nn.Linear(4, 2), train_data=lambda: torch.utils.data.TensorDataset(torch.zeros(0, 4)))
+vector_loss = db.Task(model=lambda: nn.Linear(4, 2), train_data=data,
+                      loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"))
+float64 = db.Task(model=lambda: nn.Linear(4, 2).double(), train_data=data)
+adam = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.Adam())

@@ -1,0 +1,129 @@
+"""The Task API: loading, the start-up checks, and user tasks trained end to end.
+
+Shards and the scheduler run no task code: the jobs here start them without
+`--task`, and only workers and the evaluator are told where the task file is.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dynabatch.common.task import Task, TaskError, check_task, load_task
+from harness import Cluster, run_job, wait_for
+
+TASKS = Path(__file__).resolve().parent / "tasks"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tests/tasks/nowhere.py:task", "no file"),
+    ("tests/tasks/broken_import.py:task", "No module named 'this_module_does_not_exist'"),
+    ("tests/tasks/bad.py:missing", "has no attribute 'missing'"),
+    ("tests/tasks/bad.py:not_a_task", "is a dict, not a dynabatch.Task"),
+    ("tests.tasks.bad", "expected FILE.py:ATTR"),
+    ("no_such_package.module:task", "No module named 'no_such_package'"),
+])
+def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
+    with pytest.raises(TaskError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_task(spec)
+
+
+@pytest.mark.parametrize("attr, message", [
+    ("unseeded", "two builds of the model differ in weight"),
+    ("empty", "empty dataset"),
+    ("vector_loss", "scalar"),
+    ("float64", "parameter weight is torch.float64"),
+    ("adam", "optimizer 'adam' is not applied by the shards"),
+])
+def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message):
+    with pytest.raises(TaskError, match=message):
+        check_task(load_task(f"tests/tasks/bad.py:{attr}"), seed=0)
+
+
+def test_the_check_gives_the_signature_of_the_trainable_parameters_and_the_data_length():
+    task = load_task(str(TASKS / "blobs.py") + ":task")
+    sig, data = check_task(task, seed=3)
+    assert [p.name for p in sig.params] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert sig.train_size == len(data) == 3000 and sig.total == 16 * 32 + 32 + 32 * 4 + 4
+
+
+def test_frozen_parameters_do_not_travel():
+    def model() -> torch.nn.Module:
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        m[0].requires_grad_(False)
+        return m
+
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    sig, _ = check_task(Task(model=model, train_data=lambda: data), seed=0)
+    assert [p.name for p in sig.params] == ["1.weight", "1.bias"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attr", ["unseeded", "vector_loss"])
+def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path, attr):
+    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
+                           "--task", f"tests/tasks/bad.py:{attr}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "dynabatch run:" in done.stderr and ("differ" in done.stderr or "scalar" in done.stderr)
+    assert not (tmp_path / "r").exists(), "nothing may be started or written"
+
+
+def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) -> float:
+    """The same model, data and SGD trained in one process: the reference a distributed run must reach."""
+    model = task.build_model(seed)
+    data, test = task.train_data(), task.eval_data()
+    opt = torch.optim.SGD(model.parameters(), lr=task.optimizer.lr, momentum=task.optimizer.momentum)
+    collate = task.collate_fn()
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(int(epochs * len(data) / batch)):
+        idx = torch.randint(0, len(data), (batch,), generator=g).tolist()
+        opt.zero_grad()
+        task.loss(model, collate([data[i] for i in idx])).backward()
+        opt.step()
+    with torch.no_grad():
+        whole = collate([test[i] for i in range(len(test))])
+        return task.metrics[0](model, whole)["accuracy"][0] / len(test)
+
+
+@pytest.mark.slow
+def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_plain_torch(tmp_path):
+    run, printed = run_job(tmp_path, "r", "--task", f"{TASKS / 'blobs.py'}:task", "--workers", "2",
+                           "--slowdowns", "1", "2", "--epochs", "3", "--global-batch", "64", "--eval-interval-s", "2")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["final_eval"], summary
+    metrics = summary["final_metrics"]
+    assert set(metrics) == {"loss", "accuracy", "top2"}, metrics
+    assert metrics["top2"] >= metrics["accuracy"] and summary["final_test_acc"] == metrics["accuracy"]
+    reference = _plain_torch_accuracy(load_task(f"{TASKS / 'blobs.py'}:task"), epochs=3, batch=64)
+    assert metrics["accuracy"] >= reference - 0.03, (metrics, reference)
+    assert "top2" in printed
+
+
+@pytest.mark.slow
+def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_different_model(tmp_path):
+    """The task file lives only where the workers are told; a worker with another model or
+    another training set is refused by the shards, naming what differs, and exits 2."""
+    elsewhere = tmp_path / "user_code"
+    elsewhere.mkdir()
+    for name in ("blobs.py", "blobs_variants.py"):
+        shutil.copy(TASKS / name, elsewhere / name)
+    c = Cluster(tmp_path, ["--epochs", "1000", "--liveness-timeout-s", "30"])
+    try:
+        c.scheduler()
+        shard = c.shard(0)
+        good = c.worker("good", "--task", f"{elsewhere / 'blobs.py'}:task")
+        c.wait_status("the user's task to train", lambda s: any(w["steps"] > 3 for w in s["workers"].values()))
+        assert c.status()["train_size"] == 3000, "the scheduler counts epochs from the shards' signature"
+        for attr, differs in (("wider", "parameter 0 is 0.weight [48, 16]"), ("shorter", "2000 samples here, 3000")):
+            bad = c.worker(attr, "--task", f"{elsewhere / 'blobs_variants.py'}:{attr}")
+            assert wait_for(f"{attr} to exit", lambda: bad.proc.poll() is not None, 60) is not None
+            assert bad.proc.returncode == 2 and differs in bad.log_text(), bad.log_text()
+        assert good.alive() and shard.alive()
+    finally:
+        c.stop()
