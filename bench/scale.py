@@ -30,7 +30,7 @@ from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import Heartbeat, Hello, StatusReply, StatusRequest, Welcome
-from dynabatch.common.models import model_for_job
+from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
@@ -72,9 +72,11 @@ class LightWorker:
         welcome = self._register(name)
         self.control.sender = welcome.id
         job = job_from_dict(welcome.config)
-        total = sum(p.numel() for p in model_for_job(job).parameters())
+        init, flat = builtin_init(job)
+        total = flat.numel()
         self.clients = ShardClients(ctx, welcome.shards, make_layout(total, job.chunk_bytes, job.shards),
                                     job.job, welcome.id)
+        self.clients.init(init, flat, 30.0)
         self.grad = torch.full((total,), GRAD_VALUE)
         self.hb = Heartbeat(standalone_sps=STANDALONE_SPS)
         self.batch = 0

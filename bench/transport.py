@@ -42,7 +42,8 @@ from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Heartbeat, Hello, Welcome
-from dynabatch.common.models import MODELS, model_for_job
+from dynabatch.common.builtin_tasks import builtin_init
+from dynabatch.common.models import MODELS
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
@@ -154,9 +155,11 @@ class DynabatchTarget:
         finally:
             control.close()
         self.job: JobConfig = job_from_dict(welcome.config)
-        total = sum(p.numel() for p in model_for_job(self.job).parameters())
+        init, flat = builtin_init(self.job)
+        total = flat.numel()
         layout = make_layout(total, self.job.chunk_bytes, self.job.shards)
         self.clients = ShardClients(ctx, welcome.shards, layout, self.job.job, welcome.id)
+        self.clients.init(init, flat, REQUEST_TIMEOUT_S)
         self.params = total
         self.step_bytes = 2 * total * BYTES_PER_PARAM
         self.grad = torch.full((total,), GRAD_VALUE)

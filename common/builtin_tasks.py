@@ -11,9 +11,12 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
+from dynabatch.common.chunking import flat_params
+from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
+from dynabatch.common.messages import Init
 from dynabatch.common.models import build_model
-from dynabatch.common.task import Task
+from dynabatch.common.task import Task, check_task, signature_fields
 
 AUGMENT_SEED = 17
 
@@ -54,3 +57,13 @@ def builtin_task(dataset: str, model: str, data_dir: str | None = None, flat_par
 
     return Task(model=make_model, train_data=lambda: ImageSet(data(), True),
                 eval_data=lambda: ImageSet(data(), False), name=f"{model} on {dataset}")
+
+
+def builtin_init(job: JobConfig, data_dir: str | None = None) -> tuple[Init, torch.Tensor]:
+    """The INIT a worker of a built-in job sends, and its initial flat parameters.
+
+    For clients that talk to shards without a worker around them (benchmarks, tests).
+    """
+    task = builtin_task(job.dataset, job.model, data_dir, job.flat_params)
+    sig, _ = check_task(task, job.seed)
+    return Init(**signature_fields(sig)), flat_params(task.build_model(job.seed))

@@ -18,10 +18,14 @@ from typing import Any, Callable
 import zmq
 
 from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line, keys_per_role
+from dynabatch.common.builtin_tasks import builtin_init
+from dynabatch.common.chunking import make_layout
+from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
 from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
 from dynabatch.common.transport import Connection, RemoteError, use_curve
+from dynabatch.worker.ps_client import ShardClients
 
 
 def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[Path, str]:
@@ -125,11 +129,20 @@ class Cluster:
         return wait_for(what, check, timeout_s, every_s=0.2)
 
     def join_as_worker(self, standalone_sps: float = 1000.0) -> tuple[Connection, Welcome]:
-        """Register a test client as a worker and heartbeat until it holds a batch."""
+        """Register a test client as a worker, offer the shards the job's built-in model as a worker
+        does (INIT: the first initialises them), and heartbeat until it holds a batch."""
         conn = self.client(sender="test-worker")
         instance = secrets.token_hex(8)  # HELLOs that queued while the scheduler started register once
         welcome = wait_for("the scheduler to welcome a worker", lambda: _try_hello(conn, instance), 30)
         conn.sender = welcome.id
+        job = job_from_dict(welcome.config)
+        init, flat = builtin_init(job)
+        shards = ShardClients(self.ctx, welcome.shards, make_layout(flat.numel(), job.chunk_bytes, job.shards),
+                              job.job, welcome.id)
+        try:
+            shards.init(init, flat, 30.0)
+        finally:
+            shards.close()
 
         def has_batch() -> bool:
             reply = conn.request(Heartbeat(standalone_sps=standalone_sps), timeout_s=2.0)

@@ -13,6 +13,7 @@ from dynabatch.common.chunking import flat_grads, load_flat, make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import load_dataset, make_batch
 from dynabatch.common.models import model_for_job
+from dynabatch.common.task import cross_entropy
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import ShardClients
@@ -52,7 +53,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         load_flat(reference, w0)
         F.cross_entropy(reference(x), y).backward()
         grad = flat_grads(reference)
-        result = Pipeline(model, layout, shards, 1 << 20, 10).step(x, y, None, 64)
+        result = Pipeline(model, layout, shards, 1 << 20, 10, cross_entropy).step((x, y), None, 64)
         trace = result.trace
         assert set(trace.pushed_at) == {ch.id for ch in layout.chunks}
         assert min(trace.forward_start.values()) < max(trace.arrived_at.values()), "forward waited for the whole model"

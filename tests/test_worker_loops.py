@@ -12,14 +12,14 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 import zmq
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import SampleOrder, dataset_spec, load_dataset, make_batch
+from dynabatch.common.data import SampleOrder, load_dataset, make_batch
 from dynabatch.common.messages import Assignment
 from dynabatch.common.models import model_for_job
+from dynabatch.common.task import cross_entropy
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.batch_source import BatchSource
 from dynabatch.worker.gradient_steps import GradientLoop, RoundLoop
@@ -55,17 +55,17 @@ def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Modul
     data = load_dataset("synthetic")
     source = BatchSource(SampleOrder(len(data.train_y), seed=0))
 
-    def compute(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    def compute(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
         start = time.perf_counter()
         model.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), y)
+        loss = cross_entropy(model, batch)
         loss.backward()
         return float(loss.detach()), time.perf_counter() - start
 
     return StepContext(job=job, model=model, layout=layout, shards=shards,
-                       train_size=dataset_spec(job.dataset).train_size, request_timeout_s=TIMEOUT_S,
+                       train_size=len(data.train_y), request_timeout_s=TIMEOUT_S,
                        next_batch=lambda b: make_batch(data, source.take(b), True), timed_compute=compute,
-                       idle_for_slowdown=lambda cpu_s: 0.0, heartbeat_when_due=lambda: None)
+                       loss_fn=cross_entropy, idle_for_slowdown=lambda cpu_s: 0.0, heartbeat_when_due=lambda: None)
 
 
 def _cluster(tmp_path, protocol: str, epochs: str = "1000") -> Cluster:
@@ -115,7 +115,7 @@ def test_a_round_step_waits_for_the_round_it_pushed_into_and_stops_after_the_job
     """ssgd with one worker: every push closes a round; with 64 samples of 12,000 per epoch x 2 rounds' worth
     of epochs, the third pull finds the rounds done and the loop finishes."""
     job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd", global_batch=64,
-                    epochs=2 * 64 / dataset_spec("synthetic").train_size)
+                    epochs=2 * 64 / len(load_dataset("synthetic").train_y))
     c = _cluster(tmp_path, "ssgd", str(job.epochs))
     try:
         _shards, ctx = _worker(c, job)
