@@ -94,14 +94,9 @@ class Assignment:
     batch: int = 0
     lr_scale: float = 1.0
     local_steps: int = 1
-    priorities: list[int] = field(default_factory=list)
-    epoch: float = 0.0
-    target_epochs: float = 0.0
     stop: bool = False
-    shards: list[str] = field(default_factory=list)
     live_workers: list[str] = field(default_factory=list)
     membership: int = 0
-    reason: str = ""
 
 
 @dataclass

@@ -89,11 +89,8 @@ class Decision:
 class JobState:
     """The scheduler's view of one job."""
 
-    def __init__(
-        self, job: JobConfig, num_shards: int, train_size: int, num_chunks: int = 1, now: float | None = None
-    ) -> None:
+    def __init__(self, job: JobConfig, num_shards: int, train_size: int, now: float | None = None) -> None:
         self.job = job
-        self.priorities = list(range(num_chunks))
         self.local_steps = job.local_steps
         self.local_steps_reason = "configured H"
         self.first_loss = math.nan
@@ -404,17 +401,16 @@ class JobState:
 
     def assignment_for(self, member: Member) -> Assignment:
         """What `member` should do now."""
-        base = dict(assignment_id=self.assignment_id, epoch=self.epoch, target_epochs=self.job.epochs)
+        base = dict(assignment_id=self.assignment_id)
         if member.role == "ps":
             return Assignment(**base, live_workers=self.live_workers, membership=self.membership, stop=self.finished)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.allocation.get(member.id, 0)
         n = max(1, len(self.allocation))
-        last = f"{self.decisions[-1].reason} {self.decisions[-1].subject}" if self.decisions else ""
         return Assignment(
             **base, batch=batch, lr_scale=batch * n / self.job.global_batch, stop=self.stopping,
-            shards=self.shard_endpoints(), reason=last, local_steps=self.local_steps, priorities=self.priorities,
+            local_steps=self.local_steps,
         )
 
     # -- reporting ------------------------------------------------------------------

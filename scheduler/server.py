@@ -15,9 +15,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.data import dataset_spec
-from dynabatch.common.models import model_for_job
 from dynabatch.common.messages import Bye, ByeAck, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
@@ -60,9 +58,7 @@ class SchedulerServer:
                  curve: CurveKeys | None) -> None:
         self.job = job
         self.opts = opts
-        spec = dataset_spec(job.dataset)
-        total = sum(p.numel() for p in model_for_job(job).parameters())
-        self.state = JobState(job, job.shards, spec.train_size, len(make_layout(total, job.chunk_bytes, job.shards).chunks))
+        self.state = JobState(job, job.shards, dataset_spec(job.dataset).train_size)
         self.registry = CollectorRegistry()
         self.health = Health()
         self.health.ready = True

@@ -12,7 +12,7 @@ from dynabatch.scheduler.job_state import JobState
 
 def _job(**kw) -> JobState:
     cfg = JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw})
-    state = JobState(cfg, num_shards=1, train_size=1000, num_chunks=3, now=0.0)
+    state = JobState(cfg, num_shards=1, train_size=1000, now=0.0)
     state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0)
     return state
 
@@ -99,7 +99,7 @@ def test_first_split_follows_standalone_speed_then_measured_step_times():
     fast, slow = _join(state, 3000.0), _join(state, 1000.0)
     assert state.allocation == {fast: 72, slow: 24}
     a = state.assignment_for(state.members[fast])
-    assert a.batch == 72 and a.priorities == [0, 1, 2] and a.lr_scale == pytest.approx(72 * 2 / 96)
+    assert a.batch == 72 and a.lr_scale == pytest.approx(72 * 2 / 96)
     for t in range(1, 30):
         _step(state, fast, 0.010 + 72 * 0.0002 * 2, t * 0.1)  # fast got slower: 2x per sample
         _step(state, slow, 0.010 + 24 * 0.0010, t * 0.1)
