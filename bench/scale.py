@@ -28,7 +28,7 @@ import zmq
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Heartbeat, Hello, StatusReply, StatusRequest, Welcome
+from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest, Welcome
 from dynabatch.common.models import model_for_job
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection, RemoteError
@@ -134,7 +134,7 @@ def driver_main(argv: list[str]) -> None:
             w.record(step_s)
 
 
-def _status(conn: Connection) -> dict | None:
+def _status(conn: Connection) -> JobStatus | None:
     try:
         reply = conn.request(StatusRequest(), timeout_s=5.0)
     except (TimeoutError, RemoteError):
@@ -163,7 +163,7 @@ def measure(workers: int, shards: int, window_s: float, procs: Processes) -> Sca
         while True:
             procs.check_alive()
             state = _status(conn)
-            if state and len(state["workers"]) == workers and all(w["steps"] > 1 for w in state["workers"].values()):
+            if state and len(state.workers) == workers and all(w.steps > 1 for w in state.workers.values()):
                 break
             if time.monotonic() > deadline:
                 return ScaleResult(workers, shards, None, None, None, None, 0, "workers never all trained")
@@ -175,11 +175,11 @@ def measure(workers: int, shards: int, window_s: float, procs: Processes) -> Sca
         conn.close()
     if last is None:
         return ScaleResult(workers, shards, None, None, None, None, 0, "no status at the end of the window")
-    dt = last["t"] - first["t"]
-    updates = sum(s["updates"] for s in last["shards"].values()) - sum(s["updates"] for s in first["shards"].values())
-    steps = sum(w["steps"] for w in last["workers"].values()) - sum(w["steps"] for w in first["workers"].values())
-    d = last["decision_s"]
-    return ScaleResult(workers, shards, updates / dt, steps / dt, d["mean"], d["p99"], d["count"])
+    dt = last.t - first.t
+    updates = sum(s.updates for s in last.shards.values()) - sum(s.updates for s in first.shards.values())
+    steps = sum(w.steps for w in last.workers.values()) - sum(w.steps for w in first.workers.values())
+    d = last.decision_s
+    return ScaleResult(workers, shards, updates / dt, steps / dt, d.mean, d.p99, d.count)
 
 
 def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) -> list[ScaleResult]:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import zmq
 
 from dynabatch.common.curve import KEYS_BY_ROLE, CurveKeys
-from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
+from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusRequest, Welcome
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection, RemoteError, use_curve
 
@@ -143,7 +143,7 @@ class Cluster:
     def client(self, endpoint: str | None = None, sender: str = "test", job: str = "dynabatch") -> Connection:
         return Connection(self.ctx, endpoint or self.scheduler_endpoint, job, sender)
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> JobStatus | None:
         conn = self.client()
         try:
             return conn.request(StatusRequest(), timeout_s=2.0).body.state
@@ -152,8 +152,8 @@ class Cluster:
         finally:
             conn.close()
 
-    def wait_status(self, what: str, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 60.0) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
+    def wait_status(self, what: str, predicate: Callable[[JobStatus], bool], timeout_s: float = 60.0) -> JobStatus:
+        def check() -> JobStatus | None:
             st = self.status()
             return st if st is not None and predicate(st) else None
 
