@@ -28,9 +28,10 @@ import zmq
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest, Welcome
+from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest
 from dynabatch.common.models import model_for_job
 from dynabatch.common.ports import free_port
+from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
@@ -68,9 +69,10 @@ class LightWorker:
     """One registered worker that pulls and pushes but does not compute."""
 
     def __init__(self, ctx: zmq.Context, scheduler: str, name: str) -> None:
-        self.control = Connection(ctx, scheduler, "dynabatch", name)
-        welcome = self._register(name)
-        self.control.sender = welcome.id
+        link = SchedulerLink(ctx, scheduler, "dynabatch", name)
+        welcome = link.register(Hello(role="worker", name=name), lambda: False, lambda: None)
+        assert welcome is not None, "registration only ends with a WELCOME when nothing asks it to stop"
+        self.control = link.conn
         job = job_from_dict(welcome.config)
         total = sum(p.numel() for p in model_for_job(job).parameters())
         self.clients = ShardClients(ctx, welcome.shards, make_layout(total, job.chunk_bytes, job.shards),
@@ -79,15 +81,6 @@ class LightWorker:
         self.hb = Heartbeat(standalone_sps=STANDALONE_SPS)
         self.batch = 0
         self.last_hb = 0.0
-
-    def _register(self, name: str) -> Welcome:
-        while True:
-            try:
-                reply = self.control.request(Hello(role="worker", name=name), timeout_s=2.0)
-            except (TimeoutError, RemoteError):  # not_ready until every shard has registered
-                continue
-            if isinstance(reply.body, Welcome):
-                return reply.body
 
     def heartbeat(self) -> None:
         try:

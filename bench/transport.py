@@ -42,8 +42,9 @@ import zmq
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.ports import free_port
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.messages import Heartbeat, Hello, Welcome
+from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import MODELS, model_for_job
+from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
@@ -192,13 +193,16 @@ class DynabatchTarget:
         for i in range(shards):
             procs.start(f"ps{i}", role_cmd("ps", "--scheduler", scheduler, "--bind", f"tcp://127.0.0.1:{free_port()}",
                                            "--shard-index", str(i), profile_to=shard_profile if i == 0 else None))
-        control = Connection(ctx, scheduler, "dynabatch", "bench")
+        link = SchedulerLink(ctx, scheduler, "dynabatch", "bench")
         try:
-            welcome = wait_for("the scheduler to admit a worker", lambda: _hello(control), procs)
-            control.sender = welcome.id
-            wait_for("a batch for the benchmark worker", lambda: _has_batch(control), procs)
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            welcome = link.register(Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline,
+                                    procs.check_alive)
+            if welcome is None:
+                raise TimeoutError(f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker")
+            wait_for("a batch for the benchmark worker", lambda: _has_batch(link.conn), procs)
         finally:
-            control.close()
+            link.close()
         self.job: JobConfig = job_from_dict(welcome.config)
         total = sum(p.numel() for p in model_for_job(self.job).parameters())
         layout = make_layout(total, self.job.chunk_bytes, self.job.shards)
@@ -225,14 +229,6 @@ class DynabatchTarget:
 
     def close(self) -> None:
         self.clients.close()
-
-
-def _hello(conn: Connection) -> Welcome | None:
-    try:
-        reply = conn.request(Hello(role="worker", name="bench"), timeout_s=2.0)
-    except (TimeoutError, RemoteError):  # not_ready until the shard has registered
-        return None
-    return reply.body if isinstance(reply.body, Welcome) else None
 
 
 def _has_batch(conn: Connection) -> bool:

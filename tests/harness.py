@@ -8,7 +8,6 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -24,7 +23,8 @@ import zmq
 from dynabatch.common.curve import KEYS_BY_ROLE, CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusRequest, Welcome
 from dynabatch.common.ports import free_port
-from dynabatch.common.transport import Connection, RemoteError, use_curve
+from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.transport import Connection, use_curve
 
 
 def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[Path, str]:
@@ -160,11 +160,13 @@ class Cluster:
         return wait_for(what, check, timeout_s, every_s=0.2)
 
     def join_as_worker(self, standalone_sps: float = 1000.0) -> tuple[Connection, Welcome]:
-        """Register a test client as a worker and heartbeat until it holds a batch."""
-        conn = self.client(sender="test-worker")
-        instance = secrets.token_hex(8)  # HELLOs that queued while the scheduler started register once
-        welcome = wait_for("the scheduler to welcome a worker", lambda: _try_hello(conn, instance), 30)
-        conn.sender = welcome.id
+        """Register a test client as a worker, as the worker does, and heartbeat until it holds a batch."""
+        link = SchedulerLink(self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker")
+        deadline = time.monotonic() + 30
+        welcome = link.register(Hello(role="worker", name="test-worker"), lambda: time.monotonic() > deadline,
+                                lambda: None)
+        assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
+        conn = link.conn
 
         def has_batch() -> bool:
             reply = conn.request(Heartbeat(standalone_sps=standalone_sps), timeout_s=2.0)
@@ -184,10 +186,3 @@ class Cluster:
                 p.proc.kill()
                 p.proc.wait()
 
-
-def _try_hello(conn: Connection, instance: str) -> Welcome | None:
-    try:
-        reply = conn.request(Hello(role="worker", name="test-worker", instance=instance), timeout_s=2.0)
-    except (TimeoutError, RemoteError):
-        return None
-    return reply.body if isinstance(reply.body, Welcome) else None
