@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dynabatch.cluster.launcher import command_line
+from dynabatch.cluster.report import read_timeline, training_start
+from dynabatch.common.messages import JobStatus
 
 PROTOCOLS = ("ssgd", "asgd", "softsync", "ssp", "local", "msd")
 POLICIES = ("fixed", "dynamic")
@@ -121,14 +123,14 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
     if "error" in summary:
         result.error = summary["error"]
         return result
-    fill(result, summary, json.loads(timeline_path.read_text()))
+    fill(result, summary, read_timeline(timeline_path))
     result.ok = code == 0 and summary["finished"]
     if not result.ok:
         result.error = f"exit {code}, finished={summary['finished']}"
     return result
 
 
-def fill(result: RunResult, summary: dict[str, Any], timeline: list[dict[str, Any]]) -> None:
+def fill(result: RunResult, summary: dict[str, Any], timeline: list[JobStatus]) -> None:
     """Copy a run's summary and curves (time since training began) into `result`."""
     result.time_to = summary["time_to_accuracy_s"]
     result.final_test_acc = summary["final_test_acc"]
@@ -144,12 +146,12 @@ def fill(result: RunResult, summary: dict[str, Any], timeline: list[dict[str, An
     result.staleness_p99 = summary["staleness_p99"]
     result.bytes_per_sample = summary["bytes_per_sample"]
     result.train_s = summary["train_s"]
-    start = next((s["t"] - s["training_t"] for s in timeline if s.get("training_t") is not None), 0.0)
-    evals = {s["eval_t"]: s["test_acc"] for s in timeline if s.get("test_acc") is not None and s.get("eval_t") is not None}
+    start = training_start(timeline) or 0.0
+    evals = {s.eval_t: s.test_acc for s in timeline if s.test_acc is not None and s.eval_t is not None}
     result.accuracy_curve = [(t - start, acc) for t, acc in sorted(evals.items())]
-    result.loss_curve = [(s["t"] - start, s["loss"]) for s in timeline if s.get("loss") is not None and s["t"] >= start]
-    result.batches = [[s["t"] - start] + [w["batch"] for w in sorted(s["workers"].values(), key=lambda w: w["name"])]
-                      for s in timeline if s.get("workers") and s["t"] >= start]  # worker0, worker1, ... as started
+    result.loss_curve = [(s.t - start, s.loss) for s in timeline if s.loss is not None and s.t >= start]
+    result.batches = [[s.t - start] + [w.batch for w in sorted(s.workers.values(), key=lambda w: w.name)]
+                      for s in timeline if s.workers and s.t >= start]  # worker0, worker1, ... as started
 
 
 def run_scenario(scenario: str, settings: Settings, out: Path, data_dir: str,

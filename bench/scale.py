@@ -29,8 +29,9 @@ import zmq
 from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Heartbeat, Hello, StatusReply, StatusRequest, Welcome
 from dynabatch.common.builtin_tasks import builtin_init
+from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest
+from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
@@ -68,9 +69,10 @@ class LightWorker:
     """One registered worker that pulls and pushes but does not compute."""
 
     def __init__(self, ctx: zmq.Context, scheduler: str, name: str) -> None:
-        self.control = Connection(ctx, scheduler, "dynabatch", name)
-        welcome = self._register(name)
-        self.control.sender = welcome.id
+        link = SchedulerLink(ctx, scheduler, "dynabatch", name)
+        welcome = link.register(Hello(role="worker", name=name), lambda: False, lambda: None)
+        assert welcome is not None, "registration only ends with a WELCOME when nothing asks it to stop"
+        self.control = link.conn
         job = job_from_dict(welcome.config)
         init, flat = builtin_init(job)
         total = flat.numel()
@@ -81,15 +83,6 @@ class LightWorker:
         self.hb = Heartbeat(standalone_sps=STANDALONE_SPS)
         self.batch = 0
         self.last_hb = 0.0
-
-    def _register(self, name: str) -> Welcome:
-        while True:
-            try:
-                reply = self.control.request(Hello(role="worker", name=name), timeout_s=2.0)
-            except (TimeoutError, RemoteError):  # not_ready until every shard has registered
-                continue
-            if isinstance(reply.body, Welcome):
-                return reply.body
 
     def heartbeat(self) -> None:
         try:
@@ -136,7 +129,7 @@ def driver_main(argv: list[str]) -> None:
             w.record(step_s)
 
 
-def _status(conn: Connection) -> dict | None:
+def _status(conn: Connection) -> JobStatus | None:
     try:
         reply = conn.request(StatusRequest(), timeout_s=5.0)
     except (TimeoutError, RemoteError):
@@ -163,7 +156,7 @@ def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> S
         while True:
             launcher.check_alive()
             state = _status(conn)
-            if state and len(state["workers"]) == workers and all(w["steps"] > 1 for w in state["workers"].values()):
+            if state and len(state.workers) == workers and all(w.steps > 1 for w in state.workers.values()):
                 break
             if time.monotonic() > deadline:
                 return ScaleResult(workers, shards, None, None, None, None, 0, "workers never all trained")
@@ -175,11 +168,11 @@ def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> S
         conn.close()
     if last is None:
         return ScaleResult(workers, shards, None, None, None, None, 0, "no status at the end of the window")
-    dt = last["t"] - first["t"]
-    updates = sum(s["updates"] for s in last["shards"].values()) - sum(s["updates"] for s in first["shards"].values())
-    steps = sum(w["steps"] for w in last["workers"].values()) - sum(w["steps"] for w in first["workers"].values())
-    d = last["decision_s"]
-    return ScaleResult(workers, shards, updates / dt, steps / dt, d["mean"], d["p99"], d["count"])
+    dt = last.t - first.t
+    updates = sum(s.updates for s in last.shards.values()) - sum(s.updates for s in first.shards.values())
+    steps = sum(w.steps for w in last.workers.values()) - sum(w.steps for w in first.workers.values())
+    d = last.decision_s
+    return ScaleResult(workers, shards, updates / dt, steps / dt, d.mean, d.p99, d.count)
 
 
 def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) -> list[ScaleResult]:

@@ -41,9 +41,10 @@ import zmq
 from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.messages import Heartbeat, Hello, Welcome
 from dynabatch.common.builtin_tasks import builtin_init
+from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import MODELS
+from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
 
@@ -147,13 +148,16 @@ class DynabatchTarget:
         for i in range(shards):
             profile = ["-m", "cProfile", "-o", str(shard_profile)] if shard_profile and i == 0 else []
             launcher.start_shard(i, f"ps{i}", QUIET, python_args=profile)
-        control = Connection(ctx, launcher.scheduler_endpoint, "dynabatch", "bench")
+        link = SchedulerLink(ctx, launcher.scheduler_endpoint, "dynabatch", "bench")
         try:
-            welcome = wait_for("the scheduler to admit a worker", lambda: _hello(control), launcher)
-            control.sender = welcome.id
-            wait_for("a batch for the benchmark worker", lambda: _has_batch(control), launcher)
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            welcome = link.register(Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline,
+                                    launcher.check_alive)
+            if welcome is None:
+                raise TimeoutError(f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker")
+            wait_for("a batch for the benchmark worker", lambda: _has_batch(link.conn), launcher)
         finally:
-            control.close()
+            link.close()
         self.job: JobConfig = job_from_dict(welcome.config)
         init, flat = builtin_init(self.job)
         total = flat.numel()
@@ -182,14 +186,6 @@ class DynabatchTarget:
 
     def close(self) -> None:
         self.clients.close()
-
-
-def _hello(conn: Connection) -> Welcome | None:
-    try:
-        reply = conn.request(Hello(role="worker", name="bench"), timeout_s=2.0)
-    except (TimeoutError, RemoteError):  # not_ready until the shard has registered
-        return None
-    return reply.body if isinstance(reply.body, Welcome) else None
 
 
 def _has_batch(conn: Connection) -> bool:

@@ -30,7 +30,7 @@ from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
-from dynabatch.cluster.report import plot, summarize, write_timeline
+from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 
 log = logging.getLogger("dynabatch.run")
 
@@ -92,7 +92,7 @@ class Run:
                  keys: CurveKeys | None) -> None:
         self.opts, self.job, self.job_flags, self.run_dir, self.keys = opts, job, job_flags, run_dir, keys
         self.launcher = Launcher(run_dir / "logs", shared_keys(curve_dir))
-        self.timeline: list[dict[str, Any]] = []
+        self.timeline: list[Snapshot] = []
         self.interrupted = False
 
     def _on_interrupt(self, signum: int, _frame: object) -> None:
@@ -162,13 +162,12 @@ class Run:
                     conn.recv(self.opts.status_s)
                     continue
                 if isinstance(reply.body, StatusReply):
-                    state = reply.body.state
-                    state["wall_t"] = now - started
-                    self.timeline.append(state)
-                    if now >= next_progress or state["finished"]:
-                        print(format_progress(state), flush=True)
+                    status = reply.body.state
+                    self.timeline.append(Snapshot(status, now - started))
+                    if now >= next_progress or status.finished:
+                        print(format_progress(status, now - started), flush=True)
                         next_progress = now + self.opts.progress_s
-                    if state["finished"]:
+                    if status.finished:
                         return True
                 conn.recv(self.opts.status_s)
             return False
@@ -177,11 +176,12 @@ class Run:
 
     def _report(self, wall_s: float) -> None:
         write_timeline(self.run_dir, self.timeline)
-        summary = summarize(self.timeline, wall_s, self.opts.warmup_fraction)
+        statuses = [snap.status for snap in self.timeline]
+        summary = summarize(statuses, wall_s, self.opts.warmup_fraction)
         summary["interrupted"] = self.interrupted
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if self.timeline:
-            plot(self.run_dir, self.timeline)
+        if statuses:
+            plot(self.run_dir, statuses)
         print(format_summary(summary, self.run_dir))
 
 

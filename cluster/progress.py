@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dynabatch.common.messages import JobStatus
 
 
-def format_progress(state: dict[str, Any]) -> str:
-    """E.g. `[ 42.0s] epoch 1.20/3  loss 0.512  test 84.1%  | w0 b=110 1450/s  w1 b=55 720/s`."""
-    loss = f"{state['loss']:.3f}" if state.get("loss") is not None else "  -  "
-    metrics = {k: v for k, v in (state.get("metrics") or {}).items() if k != "loss"}
-    if state.get("test_acc") is not None:
-        test = f"test {100 * state['test_acc']:.1f}%"
+def format_progress(status: JobStatus, wall_t: float) -> str:
+    """E.g. `[ 42.0s] epoch 1.20/3  loss 0.512  test 84.1%  | w0 b=110 1450/s  w1 b=55 720/s`.
+
+    `wall_t` is the run's own clock, which starts before the scheduler's. A task
+    without an accuracy metric shows its own metrics instead.
+    """
+    loss = f"{status.loss:.3f}" if status.loss is not None else "  -  "
+    metrics = {k: v for k, v in status.metrics.items() if k != "loss"}
+    if status.test_acc is not None:
+        test = f"test {100 * status.test_acc:.1f}%"
     elif metrics:
         test = "test " + " ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items()))
     else:
         test = "test   -  "
-    head = (f"[{state.get('wall_t', state['t']):6.1f}s] epoch {state['epoch']:.2f}/{state['target_epochs']:g}"
-            f"  loss {loss}  {test}")
-    workers = "  ".join(
-        f"{wid} b={w['batch']} {w['samples_per_s']:.0f}/s" for wid, w in sorted(state.get("workers", {}).items())
-    )
-    tail = "  stopping" if state.get("stopping") and not state.get("finished") else ""
+    head = f"[{wall_t:6.1f}s] epoch {status.epoch:.2f}/{status.target_epochs:g}  loss {loss}  {test}"
+    workers = "  ".join(f"{wid} b={w.batch} {w.samples_per_s:.0f}/s" for wid, w in sorted(status.workers.items()))
+    tail = "  stopping" if status.stopping and not status.finished else ""
     return f"{head}  | {workers or 'waiting for workers'}{tail}"

@@ -2,38 +2,63 @@
 
 The timeline is a list of the scheduler's STATUS snapshots, stamped with
 seconds since the run began. Everything here is computed from it, so a run can
-be re-plotted from timeline.json alone.
+be re-plotted from timeline.json alone (`read_timeline`). The files hold each
+snapshot as a map keyed by the field names of `JobStatus` (plus `wall_t`):
+the benchmarks and other tools read them by those keys.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from dynabatch.common import staleness
+from dynabatch.common.messages import JobStatus
+from dynabatch.common.wire import decode_map
 
 ACCURACY_MARKS = (0.85, 0.88)
 WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "samples")
 
 
-def write_timeline(run_dir: Path, timeline: list[dict[str, Any]]) -> None:
+@dataclass
+class Snapshot:
+    """One STATUS reply as `dynabatch run` sampled it, stamped with the run's own clock."""
+
+    status: JobStatus
+    wall_t: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The timeline.json entry: the status's fields, then `wall_t`."""
+        return {**asdict(self.status), "wall_t": self.wall_t}
+
+
+def write_timeline(run_dir: Path, timeline: list[Snapshot]) -> None:
     """timeline.json (whole snapshots) and timeline.csv (one row per snapshot and worker)."""
-    (run_dir / "timeline.json").write_text(json.dumps(timeline))
+    (run_dir / "timeline.json").write_text(json.dumps([snap.to_json() for snap in timeline]))
     with open(run_dir / "timeline.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["t", "epoch", "samples", "loss", "test_acc", "test_loss", "worker", *WORKER_COLUMNS])
         for snap in timeline:
-            head = [round(snap["t"], 3), snap["epoch"], snap["samples"], snap["loss"], snap["test_acc"], snap["test_loss"]]
-            workers = snap.get("workers", {})
-            if not workers:
+            s = snap.status
+            head = [round(s.t, 3), s.epoch, s.samples, s.loss, s.test_acc, s.test_loss]
+            if not s.workers:
                 w.writerow(head + [""] * (1 + len(WORKER_COLUMNS)))
-            for wid, info in sorted(workers.items()):
-                w.writerow(head + [wid] + [info.get(c) for c in WORKER_COLUMNS])
+            for wid, info in sorted(s.workers.items()):
+                w.writerow(head + [wid] + [getattr(info, c) for c in WORKER_COLUMNS])
 
 
-def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: float) -> dict[str, Any]:
+def read_timeline(path: Path) -> list[JobStatus]:
+    """The statuses of a timeline.json that `write_timeline` wrote, checked as a STATUS reply is (ProtocolError if not)."""
+    entries = json.loads(path.read_text())
+    if not isinstance(entries, list):
+        raise ValueError(f"{path} does not hold a list of snapshots")
+    return [decode_map(JobStatus, entry, f"{path.name}[{i}]") for i, entry in enumerate(entries)]
+
+
+def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float) -> dict[str, Any]:
     """Final accuracy and loss, throughput, and per-worker batch, step time and speed.
 
     Two yardsticks for throughput: the standalone speeds the workers probed at
@@ -50,94 +75,93 @@ def summarize(timeline: list[dict[str, Any]], wall_s: float, warmup_fraction: fl
     if not timeline:
         return {"wall_s": wall_s, "error": "no status was ever received from the scheduler"}
     last = timeline[-1]
-    evals = [s for s in timeline if s.get("eval_t") is not None]
-    final_eval = evals[-1] if evals else {}
-    start_t = next((s["t"] for s in timeline if s.get("workers")), timeline[0]["t"])
-    before_stop = [s for s in timeline if not s.get("stopping")]
-    at_stop = (before_stop[-1] if before_stop else last).get("workers", {})
-    warm_t = start_t + warmup_fraction * (last["t"] - start_t)
+    evals = [s for s in timeline if s.eval_t is not None]
+    final_eval = evals[-1] if evals else None
+    start_t = next((s.t for s in timeline if s.workers), timeline[0].t)
+    before_stop = [s for s in timeline if not s.stopping]
+    at_stop = (before_stop[-1] if before_stop else last).workers
+    warm_t = start_t + warmup_fraction * (last.t - start_t)
     workers: dict[str, Any] = {}
-    for wid in sorted({w for s in timeline for w in s.get("workers", {})}):
-        seen = [s for s in timeline if wid in s.get("workers", {})]
-        first = next((s for s in seen if s["t"] >= warm_t), seen[0])["workers"][wid]
-        final = seen[-1]["workers"][wid]
+    for wid in sorted({w for s in timeline for w in s.workers}):
+        seen = [s for s in timeline if wid in s.workers]
+        first = next((s for s in seen if s.t >= warm_t), seen[0]).workers[wid]
+        final = seen[-1].workers[wid]
         # The batch in force when the job began stopping: a worker that leaves first hands its
         # share to the others for their last steps, which is not the split the run settled on.
-        settled = next((s for s in reversed(seen) if not s.get("stopping")), seen[-1])["workers"][wid]
-        steps = final["observed_steps"] - first["observed_steps"]
-        mean_step = (final["step_s_total"] - first["step_s_total"]) / steps if steps > 0 else None
+        settled = next((s for s in reversed(seen) if not s.stopping), seen[-1]).workers[wid]
+        steps = final.observed_steps - first.observed_steps
+        mean_step = (final.step_s_total - first.step_s_total) / steps if steps > 0 else None
         workers[wid] = {
-            "name": final["name"],
-            "final_batch": settled["batch"],
+            "name": final.name,
+            "final_batch": settled.batch,
             "mean_step_s_after_warmup": mean_step,
             "steps_after_warmup": steps,
-            "standalone_samples_per_s": final["standalone_sps"],
-            "compute_samples_per_s": (final["observed_samples"] / final["compute_s_total"]
-                                      if final.get("compute_s_total") else None),
-            "samples": final["samples"],
+            "standalone_samples_per_s": final.standalone_sps,
+            "compute_samples_per_s": final.observed_samples / final.compute_s_total if final.compute_s_total else None,
+            "samples": final.samples,
             "left_early": wid not in at_stop,
         }
     # Throughput counts from the first batches to the snapshot where the job began stopping: start-up
     # (standalone probes, waiting for every worker) and the final evaluation are not training.
     begin = training_start(timeline)
-    end = next((s for s in timeline if s.get("stopping")), last)
-    train_s = max(1e-9, end["t"] - (start_t if begin is None else begin))
-    samples_per_s = end["samples"] / train_s
-    stale = staleness.stats(last.get("staleness", []))
+    end = next((s for s in timeline if s.stopping), last)
+    train_s = max(1e-9, end.t - (start_t if begin is None else begin))
+    samples_per_s = end.samples / train_s
+    stale = staleness.stats(last.staleness)
     step_means = [w["mean_step_s_after_warmup"] for w in workers.values()
                   if w["mean_step_s_after_warmup"] and not w["left_early"]]
     standalone = sum(w["standalone_samples_per_s"] for w in workers.values() if not w["left_early"])
     compute = sum(w["compute_samples_per_s"] or 0.0 for w in workers.values() if not w["left_early"])
     return {
-        "protocol": last.get("protocol"),
-        "batch_policy": last.get("batch_policy"),
-        "final_test_acc": final_eval.get("test_acc"),
-        "final_test_loss": final_eval.get("test_loss"),
-        "final_metrics": final_eval.get("metrics", {}),
-        "final_train_loss": last.get("loss"),
-        "epochs": last["epoch"],
-        "samples": last["samples"],
+        "protocol": last.protocol,
+        "batch_policy": last.batch_policy,
+        "final_test_acc": final_eval.test_acc if final_eval else None,
+        "final_test_loss": final_eval.test_loss if final_eval else None,
+        "final_metrics": dict(final_eval.metrics) if final_eval else {},
+        "final_train_loss": last.loss,
+        "epochs": last.epoch,
+        "samples": last.samples,
         "wall_s": wall_s,
         "train_s": train_s,
         "samples_per_s": samples_per_s,
-        "bytes_per_sample": last.get("bytes", 0) / max(1, last["samples"]),
+        "bytes_per_sample": last.bytes / max(1, last.samples),
         "updates": stale.updates,
         "staleness_mean": stale.mean,
         "staleness_p99": stale.p99,
         "time_to_accuracy_s": time_to_accuracy(timeline, ACCURACY_MARKS),
-        "budget_spent": bool(last.get("budget_spent")),
-        "decision_s": last.get("decision_s"),
-        "local_steps": last.get("local_steps"),
+        "budget_spent": last.budget_spent,
+        "decision_s": asdict(last.decision_s),
+        "local_steps": last.local_steps,
         "sum_standalone_samples_per_s": standalone,
         "fraction_of_standalone": samples_per_s / standalone if standalone else None,
         "sum_compute_samples_per_s": compute,
         "fraction_of_compute_speed": samples_per_s / compute if compute else None,
         "step_time_spread": (max(step_means) / min(step_means) - 1.0) if len(step_means) > 1 else None,
         "warmup_s": warm_t - start_t,
-        "finished": bool(last.get("finished")),
-        "final_eval": bool(last.get("final_eval")),
+        "finished": last.finished,
+        "final_eval": last.final_eval,
         "workers": workers,
-        "decisions": last.get("decisions", []),
+        "decisions": [asdict(d) for d in last.decisions],
     }
 
 
-def training_start(timeline: list[dict[str, Any]]) -> float | None:
+def training_start(timeline: list[JobStatus]) -> float | None:
     """The scheduler-clock time the first batches were handed out, or None if they never were."""
-    snap = next((s for s in timeline if s.get("training_t") is not None), None)
-    return None if snap is None else snap["t"] - snap["training_t"]
+    snap = next((s for s in timeline if s.training_t is not None), None)
+    return None if snap is None or snap.training_t is None else snap.t - snap.training_t
 
 
-def time_to_accuracy(timeline: list[dict[str, Any]], marks: tuple[float, ...]) -> dict[str, float | None]:
+def time_to_accuracy(timeline: list[JobStatus], marks: tuple[float, ...]) -> dict[str, float | None]:
     """Seconds from the start of training to the first evaluation at or above each accuracy mark."""
     start = training_start(timeline)
     out: dict[str, float | None] = {}
     for mark in marks:
-        hit = next((e for e in _evaluations(timeline) if (e["test_acc"] or 0.0) >= mark), None)
-        out[f"{mark:g}"] = None if hit is None or start is None else hit["eval_t"] - start
+        hit = next((e for e in _evaluations(timeline) if e.test_acc is not None and e.test_acc >= mark), None)
+        out[f"{mark:g}"] = None if hit is None or hit.eval_t is None or start is None else hit.eval_t - start
     return out
 
 
-def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
+def plot(run_dir: Path, timeline: list[JobStatus]) -> list[Path]:
     """loss_accuracy.png (against time) and workers.png (batch sizes and samples/s against time)."""
     import matplotlib
 
@@ -145,17 +169,17 @@ def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out = []
-    t = [s["t"] for s in timeline]
+    t = [s.t for s in timeline]
     evals = _evaluations(timeline)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot(t, [s["loss"] if s["loss"] is not None else float("nan") for s in timeline], label="train loss (smoothed)")
-    ax1.plot([e["eval_t"] for e in evals], [e["test_loss"] for e in evals], "o-", label="test loss")
+    ax1.plot(t, [s.loss if s.loss is not None else float("nan") for s in timeline], label="train loss (smoothed)")
+    ax1.plot([e.eval_t for e in evals], [e.test_loss for e in evals], "o-", label="test loss")
     ax1.set_xlabel("seconds")
     ax1.set_ylabel("loss")
     ax1.legend()
-    names = sorted({name for e in evals for name in e.get("metrics", {}) if name != "loss"})
+    names = sorted({name for e in evals for name in e.metrics if name != "loss"})
     for name in names:
-        ax2.plot([e["eval_t"] for e in evals], [e["metrics"].get(name, float("nan")) for e in evals], "o-", label=name)
+        ax2.plot([e.eval_t for e in evals], [e.metrics.get(name, float("nan")) for e in evals], "o-", label=name)
     ax2.set_xlabel("seconds")
     ax2.set_ylabel("evaluation metrics")
     if names:
@@ -168,11 +192,11 @@ def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
     plt.close(fig)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for wid in sorted({w for s in timeline for w in s.get("workers", {})}):
-        pts = [(s["t"], s["workers"][wid]) for s in timeline if wid in s.get("workers", {})]
-        label = f"{wid} ({pts[-1][1]['name']})"
-        ax1.step([p[0] for p in pts], [p[1]["batch"] for p in pts], where="post", label=label)
-        ax2.plot([p[0] for p in pts], [p[1]["samples_per_s"] for p in pts], label=label)
+    for wid in sorted({w for s in timeline for w in s.workers}):
+        pts = [(s.t, s.workers[wid]) for s in timeline if wid in s.workers]
+        label = f"{wid} ({pts[-1][1].name})"
+        ax1.step([p[0] for p in pts], [p[1].batch for p in pts], where="post", label=label)
+        ax2.plot([p[0] for p in pts], [p[1].samples_per_s for p in pts], label=label)
     ax1.set_xlabel("seconds")
     ax1.set_ylabel("batch size")
     ax1.legend()
@@ -187,15 +211,15 @@ def plot(run_dir: Path, timeline: list[dict[str, Any]]) -> list[Path]:
     return out
 
 
-def _evaluations(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _evaluations(timeline: list[JobStatus]) -> list[JobStatus]:
     """One point per evaluation, at the time it was reported (snapshots repeat the latest one)."""
-    seen: dict[float, dict[str, Any]] = {}
+    seen: dict[float, JobStatus] = {}
     for snap in timeline:
-        if snap.get("eval_t") is not None:
-            seen[snap["eval_t"]] = snap
+        if snap.eval_t is not None:
+            seen[snap.eval_t] = snap
     return [seen[k] for k in sorted(seen)]
 
 
-def _title(timeline: list[dict[str, Any]]) -> str:
+def _title(timeline: list[JobStatus]) -> str:
     last = timeline[-1]
-    return f"{last.get('job')}: {last.get('protocol')} + {last.get('batch_policy')} batches"
+    return f"{last.job}: {last.protocol} + {last.batch_policy} batches"

@@ -91,7 +91,9 @@ class Assignment:
     and departure): a new worker gets its first batch only once every shard has
     reported applying a set that holds it, so no synchronous round can close
     without a worker whose gradient is already on its way. `allocated` tells a
-    shard how many workers hold a batch: DBS-SGD's n (common/protocols.py).
+    shard how many workers hold a batch: DBS-SGD's n (common/protocols.py), and
+    `progress` how far the job is (epoch / epochs, 0 to 1): where the task's
+    learning-rate schedule stands.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -99,15 +101,11 @@ class Assignment:
     batch: int = 0
     lr_scale: float = 1.0
     local_steps: int = 1
-    priorities: list[int] = field(default_factory=list)
-    epoch: float = 0.0
-    target_epochs: float = 0.0
     stop: bool = False
-    shards: list[str] = field(default_factory=list)
     live_workers: list[str] = field(default_factory=list)
     allocated: int = 0
     membership: int = 0
-    reason: str = ""
+    progress: float = 0.0
 
 
 @dataclass
@@ -200,11 +198,119 @@ class StatusRequest:
 
 
 @dataclass
+class WorkerStatus:
+    """One live worker in STATUS: who it is, its last step (seconds per phase), and its running totals.
+
+    The totals (`step_s_total` over `observed_steps`, `observed_samples` over
+    `compute_s_total`) let a reader average over any stretch of the run from two
+    snapshots, however often it sampled.
+    """
+
+    role: str = "worker"
+    name: str = ""
+    host: str = ""
+    metrics_url: str = ""
+    joined: float = 0.0
+    steps: int = 0
+    samples: int = 0
+    batch: int = 0
+    step_s: float = 0.0
+    compute_s: float = 0.0
+    pull_s: float = 0.0
+    push_s: float = 0.0
+    wait_s: float = 0.0
+    samples_per_s: float = 0.0
+    standalone_sps: float = 0.0
+    loss: float | None = None
+    step_s_total: float = 0.0
+    observed_steps: int = 0
+    compute_s_total: float = 0.0
+    observed_samples: int = 0
+    version: int = 0
+    updates: int = 0
+    endpoint: str = ""
+
+
+@dataclass
+class ShardStatus:
+    """One registered shard in STATUS, as its last heartbeat told the scheduler."""
+
+    endpoint: str
+    version: int
+    updates: int
+    metrics_url: str
+
+
+@dataclass
+class Decision:
+    """One change of the batch allocation (or of H) and why it happened; `subject` is the worker behind it."""
+
+    t: float
+    reason: str
+    subject: str
+    batches: dict[str, int]
+    predicted_step_s: dict[str, float]
+
+
+@dataclass
+class DecisionLatency:
+    """Seconds the scheduler took to handle a heartbeat, over its recent ones (None before the first)."""
+
+    count: int = 0
+    mean: float | None = None
+    p99: float | None = None
+
+
+@dataclass
+class JobStatus:
+    """The job as the scheduler sees it at scheduler time `t` (seconds since it started).
+
+    Times ending in `_t` are on the same clock; None means not yet (no training,
+    no evaluation, no finite loss). `metrics` are the latest evaluation's, by name
+    (its loss included); `train_size` is the training set's length as the shards'
+    model signature gives it (0 until a worker has initialised them). `decision_s`
+    is the server's own figure,
+    filled in as it answers STATUS. `dynabatch run` writes these snapshots, as
+    maps with the field names as keys, to the run folder's timeline.json.
+    """
+
+    t: float
+    job: str = ""
+    protocol: str = ""
+    batch_policy: str = ""
+    epoch: float = 0.0
+    target_epochs: float = 0.0
+    samples: int = 0
+    bytes: int = 0
+    staleness: list[int] = field(default_factory=list)
+    training_t: float | None = None
+    budget_spent: bool = False
+    local_steps: int = 1
+    local_steps_reason: str = ""
+    loss: float | None = None
+    test_acc: float | None = None
+    test_loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    train_size: int = 0
+    eval_version: int | None = None
+    eval_t: float | None = None
+    stopping: bool = False
+    finished: bool = False
+    final_eval: bool = False
+    assignment_id: int = 0
+    workers: dict[str, WorkerStatus] = field(default_factory=dict)
+    departed: list[str] = field(default_factory=list)
+    shards: dict[str, ShardStatus] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+    decision_s: DecisionLatency = field(default_factory=DecisionLatency)
+
+
+@dataclass
 class StatusReply:
     """The job's state as the scheduler sees it; see scheduler/job_state.py."""
 
     TYPE: ClassVar[str] = "STATUS_REPLY"
-    state: dict[str, Any]
+    state: JobStatus
 
 
 @dataclass

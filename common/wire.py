@@ -7,7 +7,10 @@ received as views of the ZeroMQ frames, so a 40 MB gradient is never copied by
 the codec.
 
 `decode` validates everything it can without knowing the receiver's state
-(types, frame count and lengths, dtypes); the receiver then checks what only it
+(types, frame count and lengths, dtypes); a body's fields are checked against
+its dataclass's annotations, nested dataclasses, `X | None`, lists and maps of
+them included, and a bad value is refused naming its path
+(`STATUS_REPLY.state.workers.w0.batch must be int`). The receiver then checks what only it
 knows (chunk ids it owns, finiteness where the protocol needs it) with
 `check_chunks` and `check_finite`. Every failure is a `ProtocolError` with a
 stable code, so the roles can answer ERROR and count it by reason.
@@ -18,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import types
 import typing
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import msgpack
 import torch
@@ -42,6 +46,8 @@ DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+T = TypeVar("T")
 
 ENVELOPE_KEYS = frozenset({"v", "type", "job", "sender", "seq", "chunks"})
 
@@ -116,8 +122,10 @@ def encode(msg: Message) -> list[Any]:
             for c in msg.chunks
         ],
     }
-    for f in dataclasses.fields(msg.body):
-        envelope[f.name] = getattr(msg.body, f.name)
+    schema = _schema(type(msg.body))
+    for name, _, _ in schema.fields:
+        value = getattr(msg.body, name)
+        envelope[name] = _plain(value) if schema.nested else value
     frames: list[Any] = [msgpack.packb(envelope, use_bin_type=True)]
     for tensor in msg.tensors:
         frames.append(_tensor_buffer(tensor))
@@ -159,7 +167,7 @@ def decode(frames: Sequence[Any]) -> Message:
     for key, kind in (("type", str), ("job", str), ("sender", str), ("seq", int), ("chunks", list)):
         if key not in envelope:
             raise ProtocolError("bad_field", f"envelope lacks '{key}'", ref)
-        if not _matches(envelope[key], kind):
+        if not isinstance(envelope[key], kind) or isinstance(envelope[key], bool):
             raise ProtocolError("bad_field", f"envelope '{key}' must be {kind.__name__}", ref)
     cls = MESSAGE_TYPES.get(envelope["type"])
     if cls is None:
@@ -217,25 +225,85 @@ def _decode_chunks(entries: list[Any], ref: int) -> list[ChunkMeta]:
     return chunks
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+class _BadValue(Exception):
+    """A value that does not fit its annotation; `path` grows (innermost first) as it propagates out."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+        self.path: list[str] = []
+
+    def describe(self, root: str) -> str:
+        where = root
+        for part in reversed(self.path):
+            where += part if part.startswith("[") else f".{part}"
+        return f"{where} {self.text}"
+
+
+_Convert = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """How to check and build one dataclass, compiled once from its annotations.
+
+    `fields` holds (name, converter, required); `nested` says whether a field can
+    hold dataclasses, which encoding must turn into maps (flat bodies, the hot
+    ones, are sent as they are).
+    """
+
+    fields: tuple[tuple[str, _Convert, bool], ...]
+    nested: bool
+
+
+_SCHEMAS: dict[type, _Schema] = {}
+
+
+def _schema(cls: type) -> _Schema:
+    schema = _SCHEMAS.get(cls)
+    if schema is None:
+        hints = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cls)
+        schema = _SCHEMAS[cls] = _Schema(
+            tuple((f.name, _converter(hints[f.name]),
+                   f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING) for f in fields),
+            any(_holds_dataclass(hints[f.name]) for f in fields),
+        )
+    return schema
 
 
 def _decode_body(cls: type, envelope: Mapping[str, Any], ref: int) -> Any:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    try:
+        return _build(cls, envelope)
+    except _BadValue as exc:
+        raise ProtocolError("bad_field", exc.describe(cls.TYPE), ref) from None
+
+
+def decode_map(cls: type[T], data: Any, where: str) -> T:
+    """`data` (a map, as msgpack or JSON decodes one) as dataclass `cls`, checked as a message body is.
+
+    For a message's parts kept outside a message (a run's timeline.json holds
+    STATUS snapshots); `where` names the data in the ProtocolError.
+    """
+    try:
+        return _dataclass(cls)(data)
+    except _BadValue as exc:
+        raise ProtocolError("bad_field", exc.describe(where)) from None
+
+
+def _build(cls: type, data: Mapping[str, Any]) -> Any:
+    """An instance of dataclass `cls` from a decoded map: required fields present, every value of its type."""
     values = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in envelope:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError("bad_field", f"{cls.TYPE} lacks required field '{f.name}'", ref)
+    for name, convert, required in _schema(cls).fields:
+        if name not in data:
+            if required:
+                raise _BadValue(f"lacks required field '{name}'")
             continue
-        value = envelope[f.name]
-        if not _matches(value, hints[f.name]):
-            raise ProtocolError(
-                "bad_field", f"{cls.TYPE}.{f.name} must be {_type_name(hints[f.name])}", ref
-            )
-        values[f.name] = float(value) if hints[f.name] is float else value
+        try:
+            values[name] = convert(data[name])
+        except _BadValue as exc:
+            exc.path.append(name)
+            raise
     return cls(**values)
 
 
@@ -243,26 +311,136 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether a msgpack-decoded value fits a dataclass annotation."""
+def _converter(hint: Any) -> _Convert:
+    """A function that checks a msgpack-decoded value against `hint` and returns it as the field holds it.
+
+    Ints become floats where a float is declared; maps become dataclasses.
+    An annotation that cannot travel is a TypeError when the class is first used.
+    """
+    name = _type_name(hint)
     origin = typing.get_origin(hint)
     if hint is Any:
-        return True
+        return _identity
     if hint is int:
-        return _is_int(value)
+        return _scalar(_is_int, name)
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return _to_float
     if hint in (str, bool, list, dict):
-        return isinstance(value, hint)
+        return _scalar(lambda v: isinstance(v, hint), name)
+    if origin in (typing.Union, types.UnionType):
+        return _optional(hint, name)
     if origin is list:
         (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
+        return _list_of(_converter(item), item in (int, str, bool, Any), name)
     if origin is dict:
         key, item = typing.get_args(hint)
-        return isinstance(value, dict) and all(
-            _matches(k, key) and _matches(v, item) for k, v in value.items()
-        )
+        return _dict_of(_converter(key), _type_name(key), _converter(item), name)
+    if dataclasses.is_dataclass(hint):
+        return _dataclass(hint)
     raise TypeError(f"unsupported annotation {hint!r} in a message dataclass")
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise _BadValue("must be float")
+
+
+def _scalar(fits: Callable[[Any], bool], name: str) -> _Convert:
+    def convert(value: Any) -> Any:
+        if fits(value):
+            return value
+        raise _BadValue(f"must be {name}")
+
+    return convert
+
+
+def _optional(hint: Any, name: str) -> _Convert:
+    """`X | None` (or Optional[X]); other unions would need a rule for which member a map is."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) != 1 or len(typing.get_args(hint)) != 2:
+        raise TypeError(f"unsupported annotation {hint!r} in a message dataclass: only X | None")
+    inner = _converter(args[0])
+
+    def convert(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return inner(value)
+        except _BadValue as exc:
+            if not exc.path:
+                exc.text = f"must be {name}"
+            raise
+
+    return convert
+
+
+def _list_of(item: _Convert, kept_as_decoded: bool, name: str) -> _Convert:
+    """With `kept_as_decoded` (ints, strings) a valid list is returned as it is, not rebuilt."""
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, list):
+            raise _BadValue(f"must be {name}")
+        out = value if kept_as_decoded else []
+        for i, v in enumerate(value):
+            try:
+                converted = item(v)
+            except _BadValue as exc:
+                exc.path.append(f"[{i}]")
+                raise
+            if not kept_as_decoded:
+                out.append(converted)
+        return out
+
+    return convert
+
+
+def _dict_of(key: _Convert, key_name: str, item: _Convert, name: str) -> _Convert:
+    def convert(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise _BadValue(f"must be {name}")
+        out = {}
+        for k, v in value.items():
+            try:
+                key(k)
+            except _BadValue:
+                raise _BadValue(f"has key {k!r}; keys must be {key_name}") from None
+            try:
+                out[k] = item(v)
+            except _BadValue as exc:
+                exc.path.append(str(k))
+                raise
+        return out
+
+    return convert
+
+
+def _dataclass(cls: type) -> _Convert:
+    def convert(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise _BadValue(f"must be a map ({cls.__name__})")
+        return _build(cls, value)
+
+    return convert
+
+
+def _holds_dataclass(hint: Any) -> bool:
+    return dataclasses.is_dataclass(hint) or any(_holds_dataclass(a) for a in typing.get_args(hint))
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses as maps, all the way down (dataclasses.asdict without its deep copy of every leaf)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _type_name(hint: Any) -> str:

@@ -231,7 +231,7 @@ class ShardServer:
         self.membership = body.membership
         self.m.live.set(len(body.live_workers))
         if self.state is not None:
-            self.state.lr_factor = self.schedule.factor(body.epoch / body.target_epochs if body.target_epochs else 0.0)
+            self.state.lr_factor = self.schedule.factor(body.progress)
             self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
             self._serve_parked()
         if body.stop:

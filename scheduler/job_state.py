@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello, Welcome
+from dynabatch.common.messages import (
+    Assignment, Decision, EvalReport, Heartbeat, Hello, JobStatus, ShardStatus, Welcome, WorkerStatus,
+)
 from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import allocate, fixed_allocation, needs_reassign
@@ -57,45 +58,31 @@ class Member:
     left: bool = False
     admitted_in: int = 0  # the membership number that first held this worker
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> WorkerStatus:
         """The member as STATUS shows it."""
         hb = self.last
-        return {
-            "role": self.role, "name": self.name, "host": self.host, "metrics_url": self.metrics_url,
-            "joined": self.joined, "steps": self.steps, "samples": self.samples, "batch": self.batch,
-            "step_s": hb.step_s, "compute_s": hb.compute_s, "pull_s": hb.pull_s, "push_s": hb.push_s,
-            "wait_s": hb.wait_s, "samples_per_s": hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
-            "standalone_sps": self.standalone_sps, "loss": _finite_or_none(hb.loss),
-            "step_s_total": self.step_s_total, "observed_steps": self.observed_steps,
-            "compute_s_total": self.compute_s_total, "observed_samples": self.observed_samples,
-            "version": hb.version, "updates": hb.updates, "endpoint": self.endpoint,
-        }
+        return WorkerStatus(
+            role=self.role, name=self.name, host=self.host, metrics_url=self.metrics_url,
+            joined=self.joined, steps=self.steps, samples=self.samples, batch=self.batch,
+            step_s=hb.step_s, compute_s=hb.compute_s, pull_s=hb.pull_s, push_s=hb.push_s,
+            wait_s=hb.wait_s, samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
+            standalone_sps=self.standalone_sps, loss=_finite_or_none(hb.loss),
+            step_s_total=self.step_s_total, observed_steps=self.observed_steps,
+            compute_s_total=self.compute_s_total, observed_samples=self.observed_samples,
+            version=hb.version, updates=hb.updates, endpoint=self.endpoint,
+        )
 
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-@dataclass
-class Decision:
-    """One change of the batch allocation and why it happened."""
-
-    t: float
-    reason: str
-    subject: str
-    batches: dict[str, int]
-    predicted_step_s: dict[str, float]
-
-
 class JobState:
     """The scheduler's view of one job."""
 
-    def __init__(
-        self, job: JobConfig, num_shards: int, train_size: int = 0, num_chunks: int = 1, now: float | None = None
-    ) -> None:
+    def __init__(self, job: JobConfig, num_shards: int, train_size: int = 0, now: float | None = None) -> None:
         self.job = job
         self.spec = protocol_spec(job.protocol)
-        self.priorities = list(range(num_chunks))
         self.local_steps = job.local_steps
         self.local_steps_reason = "configured H"
         self.first_loss = math.nan
@@ -409,53 +396,52 @@ class JobState:
 
     def assignment_for(self, member: Member) -> Assignment:
         """What `member` should do now."""
-        base = dict(assignment_id=self.assignment_id, epoch=self.epoch, target_epochs=self.job.epochs)
+        base = dict(assignment_id=self.assignment_id)
         if member.role == "ps":
             return Assignment(**base, live_workers=self.live_workers, allocated=len(self.allocation),
-                              membership=self.membership, stop=self.finished)
+                              membership=self.membership, stop=self.finished,
+                              progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.allocation.get(member.id, 0)
-        last = f"{self.decisions[-1].reason} {self.decisions[-1].subject}" if self.decisions else ""
         return Assignment(
-            **base, batch=batch, lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)), stop=self.stopping,
-            shards=self.shard_endpoints(), reason=last, local_steps=self.local_steps, priorities=self.priorities,
+            **base, batch=batch, lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)),
+            stop=self.stopping, local_steps=self.local_steps,
         )
 
     # -- reporting ------------------------------------------------------------------
 
-    def status(self, now: float) -> dict[str, Any]:
-        """The job as `dynabatch run` and operators see it (msgpack-friendly)."""
+    def status(self, now: float) -> JobStatus:
+        """The job as `dynabatch run` and operators see it (the server adds its decision latency)."""
         ev = self.eval
-        return {
-            "t": now - self.started,
-            "job": self.job.job,
-            "protocol": self.job.protocol,
-            "batch_policy": self.job.batch_policy,
-            "epoch": self.epoch,
-            "target_epochs": self.job.epochs,
-            "samples": self.samples,
-            "bytes": self.bytes,
-            "staleness": self.staleness_counts,
-            "training_t": None if self.training_started_at is None else now - self.training_started_at,
-            "budget_spent": self.budget_spent,
-            "local_steps": self.local_steps,
-            "local_steps_reason": self.local_steps_reason,
-            "loss": _finite_or_none(self.loss),
-            "test_acc": _finite_or_none(ev.test_acc) if ev else None,
-            "test_loss": ev.test_loss if ev else None,
-            "metrics": dict(ev.metrics) if ev else {},
-            "train_size": self.train_size,
-            "eval_version": ev.version if ev else None,
-            "eval_t": self.eval_time if ev else None,
-            "stopping": self.stopping,
-            "finished": self.finished,
-            "final_eval": self.final_eval,
-            "assignment_id": self.assignment_id,
-            "workers": {m.id: m.public() for m in self.members.values() if m.role == "worker" and not m.left},
-            "departed": sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
-            "shards": {str(i): {"endpoint": m.endpoint, "version": m.last.version, "updates": m.last.updates,
-                                "metrics_url": m.metrics_url} for i, m in sorted(self.shards.items())},
-            "decisions": [{"t": d.t, "reason": d.reason, "subject": d.subject, "batches": d.batches,
-                           "predicted_step_s": d.predicted_step_s} for d in self.decisions[-10:]],
-        }
+        return JobStatus(
+            t=now - self.started,
+            job=self.job.job,
+            protocol=self.job.protocol,
+            batch_policy=self.job.batch_policy,
+            epoch=self.epoch,
+            target_epochs=self.job.epochs,
+            samples=self.samples,
+            bytes=self.bytes,
+            staleness=self.staleness_counts,
+            training_t=None if self.training_started_at is None else now - self.training_started_at,
+            budget_spent=self.budget_spent,
+            local_steps=self.local_steps,
+            local_steps_reason=self.local_steps_reason,
+            loss=_finite_or_none(self.loss),
+            test_acc=_finite_or_none(ev.test_acc) if ev else None,
+            test_loss=ev.test_loss if ev else None,
+            metrics=dict(ev.metrics) if ev else {},
+            train_size=self.train_size,
+            eval_version=ev.version if ev else None,
+            eval_t=self.eval_time if ev else None,
+            stopping=self.stopping,
+            finished=self.finished,
+            final_eval=self.final_eval,
+            assignment_id=self.assignment_id,
+            workers={m.id: m.public() for m in self.members.values() if m.role == "worker" and not m.left},
+            departed=sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
+            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url)
+                    for i, m in sorted(self.shards.items())},
+            decisions=self.decisions[-10:],
+        )

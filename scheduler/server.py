@@ -15,7 +15,9 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Bye, ByeAck, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest
+from dynabatch.common.messages import (
+    Bye, ByeAck, DecisionLatency, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest,
+)
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
@@ -130,7 +132,9 @@ class SchedulerServer:
                     log.info("%s left", msg.sender)
                 reply = ByeAck()
             elif isinstance(body, StatusRequest):
-                reply = StatusReply(state={**self.state.status(now), "decision_s": self._decision_latency()})
+                status = self.state.status(now)
+                status.decision_s = self._decision_latency()
+                reply = StatusReply(state=status)
             else:
                 raise ProtocolError("unexpected_type", f"the scheduler does not take {msg.type}")
         except ProtocolError as exc:
@@ -141,7 +145,7 @@ class SchedulerServer:
             return self._reject(incoming, ProtocolError("internal", f"{type(exc).__name__}: {exc}", msg.seq))
         send_routed(self.sock, incoming.identity, reply, msg.seq, self.job.job, "scheduler")
 
-    def _decision_latency(self) -> dict[str, float | int | None]:
+    def _decision_latency(self) -> DecisionLatency:
         """Mean and p99 seconds to handle a heartbeat, over the last DECISION_TIMES_KEPT of them.
 
         STATUS carries them so a benchmark reads exact figures rather than
@@ -149,8 +153,8 @@ class SchedulerServer:
         """
         times = sorted(self.decision_times)
         if not times:
-            return {"count": 0, "mean": None, "p99": None}
-        return {"count": len(times), "mean": sum(times) / len(times), "p99": times[min(len(times) - 1, int(0.99 * len(times)))]}
+            return DecisionLatency()
+        return DecisionLatency(len(times), sum(times) / len(times), times[min(len(times) - 1, int(0.99 * len(times)))])
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.m.bad.labels("scheduler", error.code).inc()

@@ -8,7 +8,6 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -22,9 +21,10 @@ from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Heartbeat, Hello, StatusRequest, Welcome
+from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusRequest, Welcome
 from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
-from dynabatch.common.transport import Connection, RemoteError, use_curve
+from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.transport import Connection, use_curve
 from dynabatch.worker.ps_client import ShardClients
 
 
@@ -112,7 +112,7 @@ class Cluster:
     def client(self, endpoint: str | None = None, sender: str = "test", job: str = "dynabatch") -> Connection:
         return Connection(self.ctx, endpoint or self.scheduler_endpoint, job, sender)
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> JobStatus | None:
         conn = self.client()
         try:
             return conn.request(StatusRequest(), timeout_s=2.0).body.state
@@ -121,20 +121,22 @@ class Cluster:
         finally:
             conn.close()
 
-    def wait_status(self, what: str, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 60.0) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
+    def wait_status(self, what: str, predicate: Callable[[JobStatus], bool], timeout_s: float = 60.0) -> JobStatus:
+        def check() -> JobStatus | None:
             st = self.status()
             return st if st is not None and predicate(st) else None
 
         return wait_for(what, check, timeout_s, every_s=0.2)
 
     def join_as_worker(self, standalone_sps: float = 1000.0) -> tuple[Connection, Welcome]:
-        """Register a test client as a worker, offer the shards the job's built-in model as a worker
-        does (INIT: the first initialises them), and heartbeat until it holds a batch."""
-        conn = self.client(sender="test-worker")
-        instance = secrets.token_hex(8)  # HELLOs that queued while the scheduler started register once
-        welcome = wait_for("the scheduler to welcome a worker", lambda: _try_hello(conn, instance), 30)
-        conn.sender = welcome.id
+        """Register a test client as a worker, as the worker does, offer the shards the job's built-in model
+        (INIT: the first initialises them), and heartbeat until it holds a batch."""
+        link = SchedulerLink(self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker")
+        deadline = time.monotonic() + 30
+        welcome = link.register(Hello(role="worker", name="test-worker"), lambda: time.monotonic() > deadline,
+                                lambda: None)
+        assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
+        conn = link.conn
         job = job_from_dict(welcome.config)
         init, flat = builtin_init(job)
         shards = ShardClients(self.ctx, welcome.shards, make_layout(flat.numel(), job.chunk_bytes, job.shards),
@@ -154,10 +156,3 @@ class Cluster:
     def stop(self) -> None:
         self.launcher.stop_all()
 
-
-def _try_hello(conn: Connection, instance: str) -> Welcome | None:
-    try:
-        reply = conn.request(Hello(role="worker", name="test-worker", instance=instance), timeout_s=2.0)
-    except (TimeoutError, RemoteError):
-        return None
-    return reply.body if isinstance(reply.body, Welcome) else None

@@ -153,8 +153,8 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster)
         assert reply.body.code == code, f"expected {code}, got {reply.body.code}: {reply.body.text}"
         assert c.sched_proc.alive()
     status_after = c.status()
-    assert status_after["workers"].keys() == status_before["workers"].keys()
-    assert status_after["samples"] == status_before["samples"]
+    assert status_after.workers.keys() == status_before.workers.keys()
+    assert status_after.samples == status_before.samples
     text = c.sched_proc.metrics()
     assert metric_value(text, "dynabatch_bad_messages_total", role="scheduler", reason="malformed") >= 2
     reply = c.worker_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=5)

@@ -100,8 +100,8 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
         c.worker("a")
         c.worker("ev", "--evaluator")
         before = c.wait_status("encrypted training and an evaluation",
-                               lambda s: s["workers"] and all(w["steps"] > 3 for w in s["workers"].values())
-                               and s["test_acc"] is not None)
+                               lambda s: s.workers and all(w.steps > 3 for w in s.workers.values())
+                               and s.test_acc is not None)
         assert _refused(scheduler.metrics(), "scheduler") == {"auth": 0, "protocol": 0, "other": 0}
         bad_before = metric_value(scheduler.metrics(), "dynabatch_bad_messages_total")
 
@@ -129,9 +129,9 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
             wrong_ctx.destroy(linger=0)
             plain_ctx.destroy(linger=0)
 
-        after = c.wait_status("training to go on", lambda s: s["samples"] > before["samples"] + 1000)
-        assert after["workers"].keys() == before["workers"].keys(), "no intruder joined"
-        assert all(w["name"] != "intruder" for w in after["workers"].values())
+        after = c.wait_status("training to go on", lambda s: s.samples > before.samples + 1000)
+        assert after.workers.keys() == before.workers.keys(), "no intruder joined"
+        assert all(w.name != "intruder" for w in after.workers.values())
         assert metric_value(scheduler.metrics(), "dynabatch_bad_messages_total") == bad_before, \
             "refused peers never reach the message handler"
         assert all(p.alive() for p in c.procs)

@@ -76,8 +76,8 @@ def test_worker_and_evaluator_compute_on_the_device(tmp_path, device):
         worker = c.worker("a", "--device", device)
         evaluator = c.worker("ev", "--evaluator", "--device", device)
         c.wait_status("training and an evaluation on the device",
-                      lambda s: s["workers"] and all(w["steps"] > 5 for w in s["workers"].values())
-                      and s["test_acc"] is not None and s["loss"] is not None)
+                      lambda s: s.workers and all(w.steps > 5 for w in s.workers.values())
+                      and s.test_acc is not None and s.loss is not None)
         for p in (worker, evaluator):
             held = _nvidia_files_open(p.proc.pid)
             if device == "cpu":

@@ -12,7 +12,7 @@ from dynabatch.scheduler.job_state import JobState
 
 def _job(**kw) -> JobState:
     cfg = JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw})
-    state = JobState(cfg, num_shards=1, train_size=1000, num_chunks=3, now=0.0)
+    state = JobState(cfg, num_shards=1, train_size=1000, now=0.0)
     state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0)
     return state
 
@@ -99,7 +99,7 @@ def test_first_split_follows_standalone_speed_then_measured_step_times():
     fast, slow = _join(state, 3000.0), _join(state, 1000.0)
     assert state.allocation == {fast: 72, slow: 24}
     a = state.assignment_for(state.members[fast])
-    assert a.batch == 72 and a.priorities == [0, 1, 2] and a.lr_scale == pytest.approx(72 * 2 / 96)
+    assert a.batch == 72 and a.lr_scale == pytest.approx(72 * 2 / 96)
     for t in range(1, 30):
         _step(state, fast, 0.010 + 72 * 0.0002 * 2, t * 0.1)  # fast got slower: 2x per sample
         _step(state, slow, 0.010 + 24 * 0.0010, t * 0.1)
@@ -242,12 +242,12 @@ def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
     state.heartbeat(state.hello(Hello(role="worker"), 0.0).id, Heartbeat(), 0.0)
     assert not state.stopping  # no batches handed out yet: the clock has not started
     wid = _join(state, 1000.0, now=2.0)
-    assert state.status(2.0)["training_t"] == 0.0
+    assert state.status(2.0).training_t == 0.0
     _step(state, wid, 0.1, 6.9)
     assert not state.stopping
     assert state.assignment_for(state.members[wid]).stop is False
     _step(state, wid, 0.1, 7.0)
-    assert state.stopping and state.status(7.0)["budget_spent"]
+    assert state.stopping and state.status(7.0).budget_spent
     assert state.assignment_for(state.members[wid]).stop is True
 
 
@@ -256,10 +256,10 @@ def test_staleness_counts_sum_over_workers_including_departed_ones():
     a, b = _join(state, 1000.0), _join(state, 1000.0)
     state.heartbeat(a, Heartbeat(standalone_sps=1000.0, staleness=[3, 1]), 0.1)
     state.heartbeat(b, Heartbeat(standalone_sps=1000.0, staleness=[0, 2, 5]), 0.1)
-    assert state.status(0.1)["staleness"] == [3, 3, 5]
+    assert state.status(0.1).staleness == [3, 3, 5]
     state.bye(b, 0.2)
     state.heartbeat(a, Heartbeat(standalone_sps=1000.0, staleness=[4, 1]), 0.3)
-    assert state.status(0.3)["staleness"] == [4, 3, 5]
+    assert state.status(0.3).staleness == [4, 3, 5]
 
 
 def test_bad_staleness_counts_are_refused_and_change_nothing():
@@ -268,7 +268,7 @@ def test_bad_staleness_counts_are_refused_and_change_nothing():
     for counts in ([-1], [0] * 65):
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat(wid, Heartbeat(standalone_sps=1000.0, staleness=counts), 0.1)
-    assert state.status(0.1)["staleness"] == []
+    assert state.status(0.1).staleness == []
 
 
 def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():

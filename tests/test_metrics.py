@@ -30,8 +30,8 @@ def test_every_process_serves_lint_clean_metrics_and_health(tmp_path):
         c.worker("a")
         c.worker("ev", "--evaluator")
         c.wait_status("training and one evaluation",
-                      lambda s: s["workers"] and all(w["steps"] > 3 for w in s["workers"].values())
-                      and s["test_acc"] is not None)
+                      lambda s: s.workers and all(w.steps > 3 for w in s.workers.values())
+                      and s.test_acc is not None)
         for p in c.procs:
             text = p.metrics()
             lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)

@@ -25,7 +25,7 @@ def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
         idle = [c.shard(0, None, "--on-finish", "idle"), c.worker("a", "--on-finish", "idle"),
                 c.worker("ev", "--evaluator", "--on-finish", "idle")]
         exits = c.worker("b")  # the default: exit with the job
-        c.wait_status("the job to finish", lambda s: s["finished"], timeout_s=120)
+        c.wait_status("the job to finish", lambda s: s.finished, timeout_s=120)
         assert exits.proc.wait(30) == 0
         for p in idle:
             wait_for(f"{p.name} to idle", lambda: "idling until stopped" in p.log_text(), timeout_s=30)

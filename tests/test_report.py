@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from dynabatch.cluster.report import summarize, time_to_accuracy
+from dynabatch.cluster.report import Snapshot, read_timeline, summarize, time_to_accuracy, write_timeline
+from dynabatch.common.config import JobConfig
+from dynabatch.common.messages import Heartbeat, Hello, JobStatus, WorkerStatus
+from dynabatch.common.wire import ProtocolError
+from dynabatch.scheduler.job_state import JobState
 
 
 def _snap(t: float, samples: int, training_t: float | None, stopping: bool = False, acc: float | None = None,
-          eval_t: float | None = None, staleness: list[int] | None = None) -> dict:
-    worker = {"name": "worker0", "batch": 64, "standalone_sps": 1000.0, "samples": samples,
-              "observed_steps": samples // 64, "step_s_total": samples / 64 * 0.05,
-              "observed_samples": samples, "compute_s_total": samples / 1250}
-    return {"t": t, "epoch": samples / 60000, "samples": samples, "loss": 0.5, "test_acc": acc, "test_loss": 0.4,
-            "eval_t": eval_t, "training_t": training_t, "stopping": stopping, "finished": stopping,
-            "bytes": samples * 100, "staleness": staleness or [], "workers": {"w0": worker}}
+          eval_t: float | None = None, staleness: list[int] | None = None) -> JobStatus:
+    worker = WorkerStatus(name="worker0", batch=64, standalone_sps=1000.0, samples=samples,
+                          observed_steps=samples // 64, step_s_total=samples / 64 * 0.05,
+                          observed_samples=samples, compute_s_total=samples / 1250)
+    return JobStatus(t=t, epoch=samples / 60000, samples=samples, loss=0.5, test_acc=acc, test_loss=0.4,
+                     eval_t=eval_t, training_t=training_t, stopping=stopping, finished=stopping,
+                     bytes=samples * 100, staleness=staleness or [], workers={"w0": worker})
 
 
 def test_throughput_counts_from_the_first_batches_to_the_stop():
@@ -38,3 +44,50 @@ def test_throughput_counts_from_the_first_batches_to_the_stop():
 
 def test_time_to_accuracy_is_none_before_training_starts():
     assert time_to_accuracy([_snap(1.0, 0, None, acc=0.9, eval_t=1.0)], (0.85,)) == {"0.85": None}
+
+
+# timeline.json's keys as the benchmarks and other tools read them: a change here changes the run folder's format.
+TIMELINE_KEYS = {
+    "t", "job", "protocol", "batch_policy", "epoch", "target_epochs", "samples", "bytes", "staleness", "training_t",
+    "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "eval_version", "eval_t",
+    "stopping", "finished", "final_eval", "assignment_id", "workers", "departed", "shards", "decisions",
+    "decision_s", "wall_t",
+}
+WORKER_KEYS = {
+    "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
+    "push_s", "wait_s", "samples_per_s", "standalone_sps", "loss", "step_s_total", "observed_steps",
+    "compute_s_total", "observed_samples", "version", "updates", "endpoint",
+}
+
+
+def _scheduler_status() -> JobStatus:
+    """A status as the scheduler builds it: a shard, a worker with a step and a decision behind it."""
+    state = JobState(JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000, now=0.0)
+    shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
+    wid = state.hello(Hello(role="worker", name="a"), 0.0).id
+    state.heartbeat(shard, Heartbeat(membership=state.membership), 0.0)
+    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)
+    state.heartbeat(wid, Heartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
+    return state.status(1.0)
+
+
+def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
+    status = _scheduler_status()
+    write_timeline(tmp_path, [Snapshot(status, 1.5)])
+    (entry,) = json.loads((tmp_path / "timeline.json").read_text())
+    assert entry.keys() == TIMELINE_KEYS
+    assert entry["wall_t"] == 1.5
+    (worker,) = entry["workers"].values()
+    assert worker.keys() == WORKER_KEYS and worker["name"] == "a" and worker["batch"] == 96
+    assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": ""}
+    assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
+    assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}
+    assert read_timeline(tmp_path / "timeline.json") == [status]
+
+
+def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path):
+    entry = Snapshot(_scheduler_status(), 1.5).to_json()
+    next(iter(entry["workers"].values()))["batch"] = "many"
+    (tmp_path / "timeline.json").write_text(json.dumps([entry]))
+    with pytest.raises(ProtocolError, match=r"timeline.json\[0\].workers.w0.batch must be int"):
+        read_timeline(tmp_path / "timeline.json")

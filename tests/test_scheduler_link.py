@@ -5,11 +5,11 @@ against a real scheduler process: one that starts after the link, answers, goes 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 
-from dynabatch.common.messages import Assignment, Heartbeat, Hello, Welcome
+from dynabatch.common.messages import Assignment, Heartbeat, Hello, JobStatus, Welcome
 from dynabatch.common.scheduler_link import SchedulerLink
 from harness import Cluster, wait_for
 
@@ -45,16 +45,16 @@ def _lost(link: SchedulerLink) -> bool:
     return link.lost
 
 
-def _status(c: Cluster) -> dict[str, Any]:
+def _status(c: Cluster) -> JobStatus:
     return wait_for("the scheduler to answer STATUS", c.status, STARTUP_S)
 
 
 def _workers(c: Cluster) -> set[str]:
-    return set(_status(c)["workers"])
+    return set(_status(c).workers)
 
 
 def _departed(c: Cluster) -> set[str]:
-    return set(_status(c)["departed"])
+    return set(_status(c).departed)
 
 
 def test_register_retries_until_a_scheduler_starts_and_registers_once(tmp_path):

@@ -11,11 +11,10 @@ counted on /metrics, and changes nothing.
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
 import pytest
 
-from dynabatch.common.messages import Heartbeat, Hello, PushAck, Pull, StatusReply, StatusRequest, Welcome
+from dynabatch.common.messages import Heartbeat, Hello, PushAck, Pull, StatusReply, StatusRequest, Welcome, WorkerStatus
 from dynabatch.common.transport import RemoteError
 from harness import Cluster, Proc, metric_value, wait_for
 
@@ -27,11 +26,11 @@ JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "1000", "--
        "--liveness-timeout-s", "60"]
 
 
-def _workers(c: Cluster) -> dict[str, Any]:
+def _workers(c: Cluster) -> dict[str, WorkerStatus]:
     """The live workers in the scheduler's STATUS, by id."""
     st = c.status()
     assert st is not None, "the scheduler did not answer STATUS"
-    return st["workers"]
+    return st.workers
 
 
 def _refusals(scheduler: Proc, code: str) -> float:

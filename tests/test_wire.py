@@ -1,14 +1,20 @@
 """The wire codec: round trips, zero-copy, and every kind of malformed input."""
 
 import math
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import msgpack
 import pytest
 import torch
 
-from dynabatch.common.messages import Heartbeat, Hello, Push, StatusRequest
+from dynabatch.common.messages import (
+    MESSAGE_TYPES, Decision, DecisionLatency, Heartbeat, Hello, JobStatus, Push, ShardStatus, StatusReply,
+    StatusRequest, WorkerStatus,
+)
 from dynabatch.common.wire import (
-    PROTOCOL_VERSION, ChunkMeta, Message, ProtocolError, check_chunks, check_finite, chunk_meta, decode, encode,
+    PROTOCOL_VERSION, ChunkMeta, Message, ProtocolError, check_chunks, check_finite, chunk_meta, decode, decode_map,
+    encode,
 )
 
 
@@ -131,3 +137,86 @@ def test_bodies_without_fields_and_with_lists_round_trip():
     for body in (StatusRequest(), Hello(role="worker", name="n"), Heartbeat(steps=3, loss=1.5)):
         out = decode([bytes(f) for f in encode(Message(body, job="j", sender="s", seq=1))])
         assert out.body == body
+
+
+def _status() -> JobStatus:
+    return JobStatus(
+        t=12.5, job="j", protocol="asgd", batch_policy="dynamic", epoch=1.5, target_epochs=8.0, samples=18000,
+        staleness=[3, 1], training_t=10.0, loss=0.7, test_acc=None, eval_version=None,
+        workers={"w0": WorkerStatus(name="worker0", batch=64, step_s=0.05, loss=None, observed_steps=10),
+                 "w1": WorkerStatus(name="worker1", batch=32, step_s=0.05, loss=0.69)},
+        departed=["w2"], shards={"0": ShardStatus("tcp://ps:1", 40, 40, "http://ps:9")},
+        decisions=[Decision(2.0, "joined", "w1", {"w0": 64, "w1": 32}, {"w0": 0.05, "w1": 0.05})],
+        decision_s=DecisionLatency(5, 1e-4, 3e-4),
+    )
+
+
+def _status_envelope() -> dict:
+    return _env(encode(Message(StatusReply(state=_status()), job="j", sender="scheduler", seq=4)))
+
+
+def test_status_reply_round_trips_nested_fields_and_none():
+    frames = encode(Message(StatusReply(state=_status()), job="j", sender="scheduler", seq=4))
+    assert _env(frames)["state"]["workers"]["w0"]["batch"] == 64, "nested dataclasses travel as maps"
+    out = decode([bytes(f) for f in frames])
+    assert out.body == StatusReply(state=_status())
+    assert isinstance(out.body.state.workers["w1"], WorkerStatus) and isinstance(out.body.state.decisions[0], Decision)
+    assert out.body.state.test_acc is None and out.body.state.workers["w0"].loss is None
+
+
+def test_optional_fields_take_a_value_or_none():
+    env = _status_envelope()
+    env["state"]["test_acc"], env["state"]["eval_version"] = 1, 7
+    out = decode([msgpack.packb(env)])
+    assert out.body.state.test_acc == 1.0 and isinstance(out.body.state.test_acc, float)
+    assert out.body.state.eval_version == 7
+
+
+@pytest.mark.parametrize(
+    "change, text",
+    [
+        (lambda s: s["workers"]["w0"].update(batch="64"), "STATUS_REPLY.state.workers.w0.batch must be int"),
+        (lambda s: s["workers"]["w1"].update(loss="low"), "STATUS_REPLY.state.workers.w1.loss must be float | None"),
+        (lambda s: s.update(eval_version=1.5), "STATUS_REPLY.state.eval_version must be int | None"),
+        (lambda s: s["workers"].update(w0=[1, 2]), "STATUS_REPLY.state.workers.w0 must be a map (WorkerStatus)"),
+        (lambda s: s["workers"].update({b"w9": {}}), "STATUS_REPLY.state.workers has key b'w9'; keys must be str"),
+        (lambda s: s["shards"]["0"].pop("version"), "STATUS_REPLY.state.shards.0 lacks required field 'version'"),
+        (lambda s: s["decisions"][0]["batches"].update(w1=None), "STATUS_REPLY.state.decisions[0].batches.w1 must be int"),
+        (lambda s: s["decision_s"].update(count=True), "STATUS_REPLY.state.decision_s.count must be int"),
+        (lambda s: s.pop("t"), "STATUS_REPLY.state lacks required field 't'"),
+    ],
+)
+def test_a_bad_nested_value_is_refused_naming_its_path(change, text):
+    env = _status_envelope()
+    change(env["state"])
+    with pytest.raises(ProtocolError) as info:
+        decode([msgpack.packb(env)])
+    assert info.value.code == "bad_field" and info.value.text == text and info.value.ref == 4
+
+
+def test_every_message_type_has_annotations_the_codec_takes():
+    for cls in MESSAGE_TYPES.values():
+        assert isinstance(decode_map(cls, _required_values(cls), cls.TYPE), cls)
+
+
+def _required_values(cls: type) -> dict:
+    """A value for each required field of a message type (all of them are scalars, maps or STATUS)."""
+    samples = {"HELLO": {"role": "worker"}, "WELCOME": {"id": "w0", "config": {}, "shards": []},
+               "ASSIGNMENT": {"assignment_id": 1}, "PARAMS": {"version": 1}, "PUSH": {"samples": 1},
+               "PUSH_ACK": {"version": 1}, "EVAL": {"version": 1, "test_loss": 0.5, "test_acc": 0.9},
+               "STATUS_REPLY": {"state": {"t": 0.0}}, "ERROR": {"code": "c", "text": "t"}}
+    return samples.get(cls.TYPE, {})
+
+
+def test_annotations_the_codec_cannot_check_are_refused_when_first_used():
+    @dataclass
+    class Either:
+        value: Union[int, str]
+
+    @dataclass
+    class Maybe:
+        value: Optional[int] = None
+
+    assert decode_map(Maybe, {"value": None}, "maybe") == Maybe(None)
+    with pytest.raises(TypeError, match="only X | None"):
+        decode_map(Either, {"value": 1}, "either")
