@@ -286,3 +286,11 @@ def test_ssp_applies_gradients_exactly_as_asgd_does():
         g = torch.randn(1000, generator=gen)
         assert _push(ssp, worker, g, i, samples) == _push(asgd, worker, g, i, samples)
     assert torch.equal(_flat(ssp), _flat(asgd))
+
+
+def test_the_schedules_factor_scales_every_update():
+    state, w0 = _state("asgd")
+    state.lr_factor = 0.25
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(9))
+    _push(state, "w0", g, 0, B // 3)
+    torch.testing.assert_close(_flat(state), _reference(w0, [(g, 0.25)]))
