@@ -29,6 +29,7 @@ LOSS_SMOOTHING = 0.9
 
 
 MIN_OWN_STEP_S = 1e-6
+LIVENESS_STEPS = 3  # steps of its own measured length a worker may be silent before it is dropped
 
 
 @dataclass
@@ -185,10 +186,17 @@ class JobState:
         return [m.id for m in dead]
 
     def _timeout(self, member: Member) -> float:
-        """Silence allowed: longer before the first heartbeat, while a process loads data and models."""
+        """Silence allowed: longer before the first heartbeat, while a process loads data and models.
+
+        A worker reports after every step, so the margin also follows its own measured
+        step time: on a loaded machine one step can outlast a fixed timeout, and a
+        worker that is merely slow must not be dropped as dead (capped by the join
+        timeout, so no report can buy unlimited silence).
+        """
         if member.heartbeats == 0:
             return max(self.job.liveness_timeout_s, self.job.join_timeout_s)
-        return self.job.liveness_timeout_s
+        by_steps = min(LIVENESS_STEPS * member.last.step_s, self.job.join_timeout_s)
+        return max(self.job.liveness_timeout_s, by_steps)
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True

@@ -286,3 +286,18 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
                            compute_s=own[wid], wait_s=round_s - own[wid], standalone_sps=1000.0, loss=1.0)
             state.heartbeat(wid, hb, t * 0.1)
     assert state.allocation[fast] > 3 * state.allocation[slow]
+
+
+def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_being_slow():
+    """Liveness 2 s, but this worker's steps take 1.5 s: three steps (4.5 s) of silence are allowed."""
+    state = _job()
+    slow, fast = _join(state, 100.0), _join(state, 100.0)
+    _step(state, slow, 1.5, now=1.0)
+    _step(state, fast, 0.1, now=1.0)
+    for now in (2.0, 3.5, 5.0):
+        _shards_apply(state, now)  # the shard stays live; only the workers fall silent
+        state.expire(now)
+    assert fast not in state.live_workers, "a fast worker silent for over 2 s is gone"
+    assert slow in state.live_workers, "4 s of silence is under three of its 1.5 s steps"
+    _shards_apply(state, 5.6)
+    assert state.expire(5.6) == [slow]
