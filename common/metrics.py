@@ -8,6 +8,7 @@ for liveness) and `/readyz` (has the process joined its job: readiness).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,8 @@ from dynabatch.common.curve import REFUSALS
 
 STALL_S = 30.0
 ON_FINISH = ("exit", "idle")
+MAX_CONNECTIONS = 16  # concurrent HTTP connections served; more are closed at once
+IDLE_TIMEOUT_S = 5.0  # a connection that sends nothing for this long is closed
 
 
 class Health:
@@ -47,15 +50,41 @@ class Health:
             time.sleep(every_s)
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, but at most MAX_CONNECTIONS of them: the connections past that are
+    closed on arrival, so idle or slow clients cannot pile up threads in a training process."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class MetricsServer:
-    """A small threaded HTTP server: /metrics, /healthz, /readyz."""
+    """A small threaded HTTP server: /metrics, /healthz, /readyz; bounded in threads and idle time."""
 
     def __init__(self, registry: CollectorRegistry, health: Health, host: str, port: int) -> None:
         self.registry = registry
         self.health = health
         handler = self._handler()
-        self._httpd = ThreadingHTTPServer((host, port), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = BoundedHTTPServer((host, port), handler)
         self.host = host
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)
@@ -70,6 +99,8 @@ class MetricsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_TIMEOUT_S
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
