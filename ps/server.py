@@ -24,6 +24,7 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
+from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
@@ -98,6 +99,7 @@ class ShardServer:
         self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.name = opts.name or f"ps-{socket.gethostname()}"
         self.stopping = False
+        self.refusals = RateLimitedLog(log)
         self.job_over = False
         self.parked: list[ParkedPull] = []
         self.membership = 0  # the scheduler's number of the live worker set in self.state
@@ -266,7 +268,7 @@ class ShardServer:
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.m.bad.labels("ps", error.code).inc()
-        log.warning("rejected a message: %s", error)
+        self.refusals.refused(error.code, str(error))
         send_error(self.sock, incoming, error, self.job.job, f"ps{self.index}")
 
     def _on_init(self, incoming: Incoming) -> None:

@@ -19,6 +19,7 @@ from dynabatch.common.messages import (
     Bye, ByeAck, DecisionLatency, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest,
 )
 from dynabatch.common.curve import CurveKeys
+from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ProtocolError
@@ -68,6 +69,7 @@ class SchedulerServer:
         self.ctx = open_context(curve)
         self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.m.refused.labels("scheduler", reason).inc())
         self.stopping = False
+        self.refusals = RateLimitedLog(log)
         self._decisions_seen = 0
         self.decision_times: deque[float] = deque(maxlen=DECISION_TIMES_KEPT)
         self._exported: set[str] = set()
@@ -159,7 +161,7 @@ class SchedulerServer:
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.m.bad.labels("scheduler", error.code).inc()
         if error.code not in ("not_ready", "unknown_sender"):
-            log.warning("rejected a message: %s", error)
+            self.refusals.refused(error.code, str(error))
         send_error(self.sock, incoming, error, self.job.job, "scheduler")
 
     def _export(self) -> None:
