@@ -94,7 +94,8 @@ class JobConfig:
 class MetricsOptions:
     """Where a process serves /metrics and /healthz."""
 
-    metrics_host: str = opt("0.0.0.0", "address for the /metrics and /healthz HTTP server")
+    metrics_host: str = opt("127.0.0.1", "address for the /metrics and /healthz HTTP server (0.0.0.0: every "
+                            "interface, for a Prometheus on another machine)")
     metrics_port: int = opt(0, "port for /metrics and /healthz (0: any free port)", minimum=0)
 
 

@@ -12,7 +12,8 @@ from dynabatch.common.metrics import ON_FINISH
 class PsOptions:
     scheduler: str = opt("tcp://127.0.0.1:5555", "scheduler control endpoint")
     job: str = opt("dynabatch", "job name to join")
-    bind: str = opt("tcp://0.0.0.0:5600", "data endpoint to bind (port 0: any free port)")
+    bind: str = opt("tcp://127.0.0.1:5600", "data endpoint to bind (port 0: any free port); loopback unless told "
+                    "otherwise: tcp://0.0.0.0:5600 for workers on other machines")
     advertise: str = opt("", "endpoint workers connect to (default: the bound one, with this host's name)")
     shard_index: int = opt(-1, "this shard's index (-1: the scheduler assigns one)", minimum=-1)
     checkpoint_dir: str = opt("", "folder for checkpoints; resume from it on start (empty: none)")

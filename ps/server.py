@@ -114,6 +114,8 @@ class ShardServer:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        log.info("listening on %s (advertised to workers as %s), metrics on %s", self.endpoint, self.advertise,
+                 self.metrics_server.url())
         welcome = self._register(self.opts.shard_index)
         if welcome is None:
             return 1

@@ -309,6 +309,8 @@ def test_metrics_port_is_probed_and_served(objects: list[dict[str, Any]]) -> Non
     for w in workloads(objects):
         c = main_container(w)
         port = int(env_values(c)["DYNABATCH_METRICS_PORT"])
+        assert env_values(c).get("DYNABATCH_METRICS_HOST") == "0.0.0.0", \
+            f"{kn(w)}: /metrics listens on loopback by default; Prometheus scrapes the pod from outside"
         named_ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
         assert named_ports.get("metrics") == port, kn(w)
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
@@ -806,3 +808,10 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
     for path in (".git/config", "runs/x/summary.json", "tests/test_k8s.py", "keys/server.key_secret",
                  "server.key_secret", "common/__pycache__/config.cpython-311.pyc", "k8s/base/ps.yaml"):
         assert dockerignore_excludes(patterns, path), f"{path} must stay out of the image"
+
+
+def test_servers_listen_on_every_interface_in_a_pod(objects: list[dict[str, Any]]) -> None:
+    """The processes bind loopback by default; in a pod the scheduler and the shards must be reachable."""
+    servers = {w["metadata"]["labels"].get(COMPONENT): env_values(main_container(w)) for w in workloads(objects)}
+    for component in ("scheduler", "ps"):
+        assert servers[component].get("DYNABATCH_BIND", "").startswith("tcp://0.0.0.0:"), component

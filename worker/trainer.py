@@ -93,6 +93,7 @@ class Worker:
         self.registry = CollectorRegistry()
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
+        log.info("metrics on %s", self.metrics_server.url())
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         self.slowdown = Slowdown.parse(opts.slowdown)
         self.stopping = False
