@@ -249,3 +249,16 @@ def aggregate(results: list[RunResult]) -> list[ConfigStats]:
 
 def all_configs() -> tuple[tuple[str, str], ...]:
     return tuple((p, b) for p in PROTOCOLS for b in POLICIES)
+
+
+def parse_configs(names: list[str]) -> tuple[tuple[str, str], ...]:
+    """`ssp+fixed` and the like into (protocol, policy) pairs, in the order given, once each.
+
+    A name that is not one of `all_configs()` raises ValueError naming every valid
+    one, so a typo stops the benchmark before it spends an hour measuring.
+    """
+    valid = {f"{p}+{b}": (p, b) for p, b in all_configs()}
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(valid)}")
+    return tuple(valid[n] for n in dict.fromkeys(names))

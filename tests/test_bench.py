@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
+import bench.__main__ as bench_cli
 from bench import convergence, report, verdicts
 from bench.convergence import RunResult
 
@@ -110,3 +113,26 @@ def test_a_lead_shorter_than_the_evaluation_interval_is_a_tie():
             _run("asgd", "fixed", 0, 0.89, 0.3, 3000.0, 42.0).__dict__]
     (v,) = [v for v in verdicts.targets(runs, None, 3.0) if "sooner than asgd" in v.claim]
     assert v.holds is False and "a tie" in v.measured
+
+
+def test_configs_chooses_the_heterogeneous_configurations_and_keeps_the_mode_s_seeds_and_budget():
+    args = bench_cli.parse_args(["--parts", "heterogeneous", "--configs", "ssp+fixed", "asgd+dynamic", "ssp+fixed"])
+    assert args.configs == (("ssp", "fixed"), ("asgd", "dynamic"))  # in the order given, once each
+    mode = bench_cli.with_configs(bench_cli.FULL, args.configs)
+    assert mode.convergence.configs == (("ssp", "fixed"), ("asgd", "dynamic"))
+    assert (mode.convergence.seeds, mode.convergence.budget_s) == (bench_cli.FULL.convergence.seeds,
+                                                                    bench_cli.FULL.convergence.budget_s)
+    assert mode.midrun == bench_cli.FULL.midrun
+    assert bench_cli.parse_args([]).configs is None
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--configs", "ssp+fixed", "spp+dynamic"], "unknown configuration(s) spp+dynamic; choose from ssgd+fixed"),
+    (["--configs", "ssp"], "unknown configuration(s) ssp;"),
+    (["--parts", "transport", "--configs", "ssp+fixed"], "needs the heterogeneous part"),
+    (["--publish", "--configs", "ssp+fixed"], "--publish"),
+])
+def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(argv, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_cli.parse_args(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
