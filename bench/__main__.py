@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import zmq
 
+from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.data import DatasetNotFound, load_dataset
 
 from bench import convergence, ddp, plots, report, scale, transport
@@ -155,6 +156,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="results folder (default: bench/results/MODE)")
     p.add_argument("--data-dir", default="", help="folder with Fashion-MNIST (default: the standard places)")
     p.add_argument("--publish", action="store_true", help=f"also write {PUBLISHED} and {PUBLISHED_PLOTS}/")
+    p.add_argument("--target-metric", default="", metavar="METRIC>=VALUE",
+                   help="also time every convergence run to this target (e.g. loss<=0.4), next to 85%% and 88%%")
     p.add_argument("--report-only", type=Path, metavar="DIR",
                    help="re-render DIR/report.md and the plots from DIR/results.json without measuring")
     args = p.parse_args(argv)
@@ -175,6 +178,15 @@ def main(argv: list[str]) -> int:
         results = json.loads((args.report_only / "results.json").read_text())
         write(results, args.report_only, args.publish)
         return 0
+    mode = QUICK if args.quick else FULL
+    if args.target_metric:
+        try:
+            target = str(MetricTarget.parse(args.target_metric))
+        except ValueError as exc:
+            progress(f"python -m bench: --target-metric: {exc}")
+            return 2
+        mode = replace(mode, convergence=replace(mode.convergence, target=target),
+                       midrun=replace(mode.midrun, target=target))
     if not Path("bench/__main__.py").exists():
         progress("run from the repository root: python -m bench")
         return 2
@@ -185,7 +197,6 @@ def main(argv: list[str]) -> int:
             progress(f"python -m bench: {exc}")
             return 2
     signal.signal(signal.SIGTERM, lambda signum, _f: sys.exit(128 + signum))
-    mode = QUICK if args.quick else FULL
     if args.configs:
         mode = with_configs(mode, args.configs)
     out = args.out or Path("bench/results") / mode.name

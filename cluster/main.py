@@ -28,6 +28,7 @@ from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
+from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
@@ -177,7 +178,7 @@ class Run:
     def _report(self, wall_s: float) -> None:
         write_timeline(self.run_dir, self.timeline)
         statuses = [snap.status for snap in self.timeline]
-        summary = summarize(statuses, wall_s, self.opts.warmup_fraction)
+        summary = summarize(statuses, wall_s, self.opts.warmup_fraction, self.opts.target())
         summary["interrupted"] = self.interrupted
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if statuses:
@@ -195,6 +196,7 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         f"finished={summary['finished']}  "
         + (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
            else others or "no evaluation"),
+        *_target_lines(summary),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",
@@ -208,3 +210,16 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")
     lines.append(f"run folder: {run_dir}")
     return "\n".join(lines)
+
+
+def _target_lines(summary: dict[str, Any]) -> list[str]:
+    """`time to accuracy>=0.9: 41.2 s` or why it was not reached (no line without --target-metric)."""
+    target, seconds = summary.get("target_metric"), summary.get("time_to_target_s")
+    if not target:
+        return []
+    if seconds is not None:
+        return [f"time to {target}: {seconds:.1f} s of training"]
+    name, reported = MetricTarget.parse(target).name, summary.get("final_metrics") or {}
+    if reported and name not in reported:
+        return [f"{target} not reached: the evaluations report {', '.join(sorted(reported))}, not {name}"]
+    return [f"{target} not reached"]

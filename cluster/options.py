@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.cluster.metric_target import MetricTarget
 
 
 @dataclass
@@ -29,6 +30,8 @@ class RunOptions:
     checkpoint_interval_s: float = opt(30.0, "seconds between shard checkpoints", minimum=0.1)
     timeout_s: float = opt(3600.0, "abort the run after this long", minimum=1.0)
     warmup_fraction: float = opt(0.2, "fraction of the run left out of the summary's step-time means", minimum=0.0)
+    target_metric: str = opt("", "report the time to the first evaluation meeting METRIC>=VALUE or METRIC<=VALUE "
+                             "(e.g. accuracy>=0.9, loss<=0.3; any metric of the task)")
 
     def validate(self) -> None:
         validate_fields(self)
@@ -41,6 +44,16 @@ class RunOptions:
                 raise ConfigError(f"--slowdowns: {exc}") from None
         if self.warmup_fraction >= 1.0:
             raise ConfigError("--warmup-fraction must be below 1")
+        self.target()
+
+    def target(self) -> MetricTarget | None:
+        """The parsed --target-metric (None when not given); ConfigError naming the flag if malformed."""
+        if not self.target_metric:
+            return None
+        try:
+            return MetricTarget.parse(self.target_metric)
+        except ValueError as exc:
+            raise ConfigError(f"--target-metric: {exc}") from None
 
     def slowdown_of(self, i: int) -> str:
         return self.slowdowns[0] if len(self.slowdowns) == 1 else self.slowdowns[i]

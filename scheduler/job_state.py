@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.eval_bounds import eval_problem
 from dynabatch.common.messages import (
     Assignment, Decision, EvalReport, Heartbeat, Hello, JobStatus, ShardStatus, Welcome, WorkerStatus,
 )
@@ -270,7 +271,12 @@ class JobState:
                 self._adapt_local_steps(now, hb)
 
     def eval_report(self, member_id: str, report: EvalReport, now: float) -> None:
-        self.member(member_id).last_seen = now
+        """Keep the newest evaluation; one out of bounds (common/eval_bounds.py) is refused and changes nothing."""
+        member = self.member(member_id)
+        problem = eval_problem(report)
+        if problem:
+            raise ProtocolError("bad_field", problem)
+        member.last_seen = now
         if self.eval is None or report.version >= self.eval.version or report.final:
             self.eval = report
             self.eval_time = now - self.started

@@ -53,6 +53,25 @@ def test_aggregate_means_over_seeds_and_counts_marks_reached():
     assert math.isclose(stats.slowest_pace_fraction, 4 * 400.0 / 4000.0)
 
 
+def test_a_target_metric_is_one_more_time_to_column_after_the_accuracy_marks():
+    runs = [_run("asgd", "dynamic", s, 0.88, 0.3, 1000.0, 40.0) for s in range(2)]
+    summary = {"time_to_accuracy_s": {"0.85": 10.0, "0.88": 40.0}, "target_metric": "loss<=0.4",
+               "time_to_target_s": 30.0, "final_test_acc": 0.88, "final_train_loss": 0.3, "samples_per_s": 1000.0,
+               "fraction_of_standalone": 0.4, "sum_standalone_samples_per_s": 8000.0, "fraction_of_compute_speed": 0.8,
+               "sum_compute_samples_per_s": 4000.0, "workers": {}, "staleness_mean": 1.0, "staleness_p99": 2,
+               "bytes_per_sample": 1000.0, "train_s": 60.0}
+    convergence.fill(runs[0], summary, [])
+    assert runs[0].time_to == {"0.85": 10.0, "0.88": 40.0, "loss<=0.4": 30.0}
+    assert "loss<=0.4 at 30s" in convergence.describe(runs[0])
+    (stats,) = convergence.aggregate(runs)
+    assert stats.time_to["loss<=0.4"] == 30.0 and stats.reached["loss<=0.4"] == 1
+    table = report.convergence_table([stats.to_dict()])
+    assert "| time to 85% | time to 88% | time to loss<=0.4 | test acc. at budget |" in table
+    assert "| 10 s (2/2) | 40 s (2/2) | 30 s (1/2) | 88.00%" in table
+    every = report.runs_table([r.__dict__ for r in runs])
+    assert "| 10 s | 40 s | 30 s | 88.00%" in every and "| 10 s | 40 s | – | 88.00%" in every
+
+
 def test_a_mark_never_reached_counts_as_never_in_the_median():
     runs = [r for r in _runs() if r["protocol"] == "asgd" and r["policy"] == "fixed"]
     assert math.isinf(verdicts.median_time_to(runs, "0.88"))  # reached by one seed of three

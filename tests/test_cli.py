@@ -26,6 +26,7 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["run", "--slowdowns", "fast", "1", "1"], "cannot read 'fast'"),
         (["run", "--min-batch", "64", "--max-batch", "8"], "--min-batch 64 is larger"),
         (["run", "--speed-forgetting", "1.5"], "--speed-forgetting"),
+        (["run", "--target-metric", "accuracy>0.9"], "--target-metric: 'accuracy>0.9' is not METRIC>=VALUE"),
         (["run", "--global-batch", "x"], "--global-batch"),
         (["worker", "--slowdown", "0.5"], "below 1"),
         (["ps", "--shard-index", "-7"], "--shard-index"),

@@ -301,3 +301,35 @@ def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_be
     assert slow in state.live_workers, "4 s of silence is under three of its 1.5 s steps"
     _shards_apply(state, 5.6)
     assert state.expire(5.6) == [slow]
+
+
+@pytest.mark.parametrize("report, field", [
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={f"m{i}": 0.5 for i in range(33)}), "EVAL.metrics: 33"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"": 0.5}), "EVAL.metrics: metric name ''"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"x" * 65: 0.5}), "EVAL.metrics: metric name"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"bad\nname": 0.5}), "must be printable"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"loss": float("inf")}), "EVAL.metrics['loss']"),
+    (EvalReport(version=1, test_loss=float("-inf"), test_acc=0.9), "EVAL.test_loss"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=float("inf")), "EVAL.test_acc"),
+    (EvalReport(version=-1, test_loss=0.5, test_acc=0.9), "EVAL.version"),
+], ids=["too many names", "empty name", "long name", "unprintable name", "infinite metric", "infinite test loss",
+        "infinite test accuracy", "negative version"])
+def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(report, field):
+    state = _job()
+    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
+    state.eval_report(ev, good, 1.0)
+    with pytest.raises(ProtocolError, match="bad_field") as refused:
+        state.eval_report(ev, report, 2.0)
+    assert field in str(refused.value)
+    assert state.eval is good and state.members[ev].last_seen == 1.0
+    assert state.status(2.0).metrics == {"loss": 0.7, "accuracy": 0.8}
+
+
+def test_an_evaluation_at_the_bounds_is_kept_nan_included():
+    """NaN is the evaluator's mark for a metric that counted no samples, and a diverged model's loss."""
+    state = _job()
+    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    metrics = {f"m{i:02d}" + "x" * 61: float(i) for i in range(31)} | {"loss": float("nan")}
+    state.eval_report(ev, EvalReport(version=3, test_loss=float("nan"), test_acc=float("nan"), metrics=metrics), 1.0)
+    assert state.status(1.0).metrics.keys() == metrics.keys() and state.status(1.0).eval_version == 3
