@@ -111,8 +111,8 @@ def assemble(states: list[dict[str, Any]], chunk_bytes: int) -> TrainedState:
     layout = make_layout(sig.total, chunk_bytes, len(states))
     flat = torch.empty(sig.total, dtype=torch.float32)
     for chunk in layout.chunks:
-        tensor = states[chunk.owner]["params"].get(chunk.id)
-        if tensor is None or tensor.numel() != chunk.length:
+        tensor = states[chunk.owner].get("params", {}).get(chunk.id)
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() != chunk.length:
             raise ExportError(f"shard {chunk.owner}'s checkpoint lacks chunk {chunk.id} of {chunk.length} values")
         flat[chunk.start:chunk.stop] = tensor.reshape(-1)
     params, offset = {}, 0

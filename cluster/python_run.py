@@ -57,9 +57,10 @@ class RunFailed(RuntimeError):
 
 
 def _spec_in(name: str, module: ModuleType, attr: str) -> str | None:
-    """How a worker names `module.attr`: by file for a script or a top-level file, else by module path."""
+    """How a worker names `module.attr`: by file for a script or a top-level module (a file the workers
+    import from any folder, its neighbours with it), by dotted path for a module inside a package."""
     path = getattr(module, "__file__", None)
-    if name == "__main__" or name.startswith("dynabatch_task_") or "." not in name:
+    if "." not in name:
         return f"{Path(path).resolve()}:{attr}" if path and path.endswith(".py") else None
     return f"{name}:{attr}"
 
@@ -77,7 +78,7 @@ def task_spec(task: Task | str) -> str:
             continue
         for attr, value in list(getattr(module, "__dict__", {}).items()):
             if value is task:
-                spec = _spec_in("__main__" if module is script else name, module, attr)
+                spec = _spec_in(name, module, attr)
                 if spec is not None:
                     found.append((module is script, spec))  # the defining module before the script importing it
     if not found:
