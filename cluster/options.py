@@ -1,4 +1,5 @@
-"""`dynabatch run` settings: how many processes and where the run folder goes.
+"""The settings of the commands `cluster` runs: `dynabatch run` (how many processes, where the run folder goes),
+`dynabatch export` and `dynabatch check`.
 
 The job's own settings are JobConfig's flags, passed through to the scheduler.
 """
@@ -24,6 +25,8 @@ class RunOptions:
     task: str = opt("", "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
                     "(default: the job's --model on its --dataset)")
     data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
+    init: str = opt("", "start from these weights: a state_dict file (torch.save, dynabatch export) that every "
+                    "worker and the evaluator load into the task's model")
     threads: int = opt(1, "torch threads per worker", minimum=1)
     progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1)
     status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05)
@@ -57,3 +60,30 @@ class RunOptions:
 
     def slowdown_of(self, i: int) -> str:
         return self.slowdowns[0] if len(self.slowdowns) == 1 else self.slowdowns[i]
+
+
+@dataclass
+class ExportOptions:
+    out: str = opt("", "the state_dict file to write (required)")
+    task: str = opt("", "the task whose model receives the weights: FILE.py:ATTR or package.module:ATTR "
+                    "(default: the run's own task)")
+
+    def validate(self) -> None:
+        validate_fields(self)
+        if not self.out:
+            raise ConfigError("--out: name the file to write, e.g. --out model.pt")
+
+
+@dataclass
+class CheckOptions:
+    task: str = opt("", "the task to check: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
+                    "(default: the job's --model on its --dataset)")
+    data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
+    batches: list[int] = opt([16, 64], "batch sizes to time a training step at (two or more)")
+    repeats: int = opt(5, "timed steps per batch size (the median is reported)", minimum=1)
+    threads: int = opt(1, "torch threads, as a worker's --threads", minimum=1)
+
+    def validate(self) -> None:
+        validate_fields(self)
+        if len(set(self.batches)) < 2 or min(self.batches) < 1:
+            raise ConfigError(f"--batches {' '.join(map(str, self.batches))}: two or more different sizes, each >= 1")

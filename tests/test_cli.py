@@ -31,6 +31,8 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["worker", "--slowdown", "0.5"], "below 1"),
         (["ps", "--shard-index", "-7"], "--shard-index"),
         (["scheduler", "--lr", "-1"], "--lr"),
+        (["export", "runs/some-run"], "--out: name the file to write"),
+        (["check", "--batches", "16", "16"], "--batches 16 16: two or more different sizes"),
         (["nonsense"], "unknown command"),
     ],
 )

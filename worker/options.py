@@ -18,6 +18,9 @@ class WorkerOptions:
     task: str = opt("", "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
                     "(default: the job's --model on its --dataset)")
     data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
+    init: str = opt("", "start from these weights: a state_dict file (torch.save, dynabatch export) loaded into the "
+                    "task's model; the worker that initialises the shards sends them, frozen parameters and "
+                    "buffers come from it on every worker")
     slowdown: str = opt("1", "emulated slowdown: a factor (4) or a schedule in seconds of training (1x,4x@60s,1x@120s)")
     evaluator: bool = opt(False, "only pull the model and report test loss and accuracy")
     threads: int = opt(1, "torch threads for compute", minimum=1)

@@ -32,6 +32,7 @@ from dynabatch.common.task import Task, TaskError, build_data, check_task, load_
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
+from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.worker.batch_source import BatchSource, fetch, to_device
 from dynabatch.worker.loops import LOOPS
@@ -118,6 +119,8 @@ class Worker:
         self.data = build_data(self.task.eval_data, "eval_data") if role == "evaluator" else train_data
         self.loss_fn, self.collate = self.task.loss_fn(), self.task.collate_fn()
         self.model = self.task.build_model(self.job.seed).to(self.device)
+        if self.opts.init:
+            load_weights(self.model, read_state_dict(self.opts.init), f"--init {self.opts.init}")
         self.layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
         self.train_size = sig.train_size
         self.last_hb = Heartbeat()
