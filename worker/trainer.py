@@ -283,6 +283,9 @@ class Worker:
         else:
             self.batches = DatasetBatches(self.data, order, self.collate)
         self.data_s = 0.0
+        log.info("%s: %s, batches %s", self.id,
+                 f"passes of at most {self.opts.micro_batch} samples" if self.opts.micro_batch else "one pass per batch",
+                 f"loaded ahead by {self.opts.loader_workers} processes" if self.opts.loader_workers else "loaded in-process")
         try:
             return self._train_steps()
         finally:
