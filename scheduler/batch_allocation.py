@@ -90,12 +90,13 @@ def allocate(
 
     Unconstrained, ``a_i + c_i*b_i = T`` for all i and ``sum b_i = B`` give
     ``T = (B + sum a_i/c_i) / sum(1/c_i)`` and ``b_i = (T - a_i)/c_i``. With bounds,
-    workers whose share falls outside their bounds (``[b_min, b_max]``, with
-    ``caps`` lowering a worker's upper bound, see the module's docstring) are
-    pinned there and the others re-solved with the rest of the batch. Pinning and re-solving in rounds
-    can pin a worker too early when some hit the lower bound and others the upper
-    one in the same round, so the fixed point of that process is computed
-    directly instead: ``sum clip((T - a_i)/c_i, b_min, b_max)`` is continuous and
+    workers whose share falls outside their bounds ``[lo_i, hi_i]`` (the job's
+    ``[b_min, b_max]``, with ``caps`` lowering a worker's upper bound, see the
+    module's docstring) are pinned there and the others re-solved with the rest
+    of the batch. Pinning and re-solving in rounds can pin a worker too early
+    when some hit the lower bound and others the upper one in the same round, so
+    the fixed point of that process is computed directly instead:
+    ``sum clip((T - a_i)/c_i, lo_i, hi_i)`` is continuous and
     nondecreasing in ``T`` and linear between the ``T`` at which some worker
     reaches a bound, so the segment containing ``B`` is found and solved exactly.
     The shares are then rounded by largest remainder, keeping the sum exact.
