@@ -62,6 +62,8 @@ def settle(opts: RunOptions, job: JobConfig) -> JobConfig:
         job = replace(job, await_final_eval=True)  # a short job may end before the evaluator has joined
     opts.validate()
     job.validate()
+    if opts.micro_batch and job.pipeline:
+        raise ConfigError("--micro-batch: the pipelined step (--pipeline) cannot accumulate passes; drop one")
     return job
 
 
@@ -166,11 +168,13 @@ class JobRun:
                                          "--checkpoint-interval-s", str(self.opts.checkpoint_interval_s),
                                          "--name", f"ps{i}"])
         worker_flags = ["--job", job, "--threads", str(self.opts.threads)]
+        trainer_flags = ["--micro-batch", str(self.opts.micro_batch), "--loader-workers", str(self.opts.loader_workers)]
         worker_flags += ["--data-dir", self.opts.data_dir] if self.opts.data_dir else []
         worker_flags += ["--task", self.opts.task] if self.opts.task else []
         worker_flags += ["--init", str(Path(self.opts.init).resolve())] if self.opts.init else []
         for i in range(self.opts.workers):
-            ln.start_worker(f"worker{i}", [*worker_flags, "--slowdown", self.opts.slowdown_of(i)])
+            ln.start_worker(f"worker{i}", [*worker_flags, *trainer_flags, "--slowdown", self.opts.slowdown_of(i),
+                                           "--max-batch", str(self.opts.max_batch_of(i))])
         if self.opts.evaluator:
             ln.start_worker("evaluator", [*worker_flags, "--slowdown", "1"], evaluator=True)
         ln.write_targets(job, self.run_dir / "prometheus_targets.json")
@@ -240,8 +244,9 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",
     ]
     for wid, w in summary["workers"].items():
-        step = w["mean_step_s_after_warmup"]
+        step, data = w["mean_step_s_after_warmup"], w["mean_data_s_after_warmup"]
         lines.append(f"  {wid} {w['name']:<16} batch {w['final_batch']:>4}  step {1000 * step if step else float('nan'):7.1f} ms"
+                     f" (data {1000 * data if data is not None else float('nan'):5.1f} ms)"
                      f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
                      f"  probed {w['standalone_samples_per_s']:7.0f} samples/s")
     if summary["step_time_spread"] is not None:

@@ -28,6 +28,12 @@ class RunOptions:
     init: str = opt("", "start from these weights: a state_dict file (torch.save, dynabatch export) that every "
                     "worker and the evaluator load into the task's model")
     threads: int = opt(1, "torch threads per worker", minimum=1)
+    max_batches: list[int] = opt(
+        [0], "per-worker largest batch, the memory of each machine (one, or one per worker; 0: none), e.g. 64 32 0"
+    )
+    micro_batch: int = opt(0, "workers run a batch as passes of at most this many samples, accumulating gradients "
+                           "(0: one pass)", minimum=0)
+    loader_workers: int = opt(0, "processes loading batches ahead for each worker (0: in the worker itself)", minimum=0)
     progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1)
     status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05)
     checkpoint_interval_s: float = opt(30.0, "seconds between shard checkpoints", minimum=0.1)
@@ -40,6 +46,11 @@ class RunOptions:
         validate_fields(self)
         if len(self.slowdowns) not in (1, self.workers):
             raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers (give 1 or {self.workers})")
+        if len(self.max_batches) not in (1, self.workers):
+            raise ConfigError(f"--max-batches: {len(self.max_batches)} given for {self.workers} workers "
+                              f"(give 1 or {self.workers})")
+        if any(b < 0 for b in self.max_batches):
+            raise ConfigError(f"--max-batches: {self.max_batches} holds a negative batch (0: no limit)")
         for text in self.slowdowns:
             try:
                 Slowdown.parse(text)
@@ -61,6 +72,8 @@ class RunOptions:
     def slowdown_of(self, i: int) -> str:
         return self.slowdowns[0] if len(self.slowdowns) == 1 else self.slowdowns[i]
 
+    def max_batch_of(self, i: int) -> int:
+        return self.max_batches[0] if len(self.max_batches) == 1 else self.max_batches[i]
 
 @dataclass
 class ExportOptions:

@@ -21,7 +21,7 @@ from dynabatch.common.wire import decode_map
 from dynabatch.cluster.metric_target import MetricTarget
 
 ACCURACY_MARKS = (0.85, 0.88)
-WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "samples")
+WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "samples")
 
 
 @dataclass
@@ -72,7 +72,8 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
 
     A worker's mean step time is the difference of its cumulative step seconds
     over the difference of its steps between the end of warm-up and its last
-    snapshot, so every step after warm-up counts once however often we sampled.
+    snapshot, so every step after warm-up counts once however often we sampled;
+    so is its mean time waiting for data (part of the step: a starved loader).
     """
     if not timeline:
         return {"wall_s": wall_s, "error": "no status was ever received from the scheduler"}
@@ -93,10 +94,13 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         settled = next((s for s in reversed(seen) if not s.stopping), seen[-1]).workers[wid]
         steps = final.observed_steps - first.observed_steps
         mean_step = (final.step_s_total - first.step_s_total) / steps if steps > 0 else None
+        mean_data = (final.data_s_total - first.data_s_total) / steps if steps > 0 else None
         workers[wid] = {
             "name": final.name,
             "final_batch": settled.batch,
+            "max_batch": final.max_batch,
             "mean_step_s_after_warmup": mean_step,
+            "mean_data_s_after_warmup": mean_data,
             "steps_after_warmup": steps,
             "standalone_samples_per_s": final.standalone_sps,
             "compute_samples_per_s": final.observed_samples / final.compute_s_total if final.compute_s_total else None,

@@ -28,7 +28,7 @@ from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
 
 log = logging.getLogger("dynabatch.scheduler")
-PHASES = ("step", "compute", "pull", "push", "wait")
+PHASES = ("step", "compute", "pull", "push", "wait", "data")
 DECISION_TIMES_KEPT = 4096
 
 
@@ -197,7 +197,8 @@ class SchedulerServer:
             hb = m.last
             self.m.batch.labels(wid).set(m.batch)
             self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
-            for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s)):
+            for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
+                                    strict=True):
                 self.m.step.labels(wid, phase).set(value)
         new = min(s.assignment_id - self._decisions_seen, len(s.decisions))
         for d in s.decisions[len(s.decisions) - new:]:

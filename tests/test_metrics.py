@@ -55,6 +55,8 @@ def test_every_process_serves_lint_clean_metrics_and_health(live):
     assert metric_value(scheduler, "dynabatch_job_test_accuracy") > 0
     assert metric_value(shard, "dynabatch_ps_updates_total", shard="0") > 0
     assert metric_value(worker, "dynabatch_worker_steps_total") > 3
+    assert metric_value(worker, "dynabatch_worker_phase_seconds_count", phase="data") > 3, "waiting for data"
+    assert metric_value(scheduler, "dynabatch_worker_step_seconds", phase="data") > 0
 
 
 def test_the_scheduler_exports_every_metric_of_the_latest_evaluation_by_name(live):

@@ -19,7 +19,8 @@ def _snap(t: float, samples: int, training_t: float | None, stopping: bool = Fal
           metrics: dict[str, float] | None = None) -> JobStatus:
     worker = WorkerStatus(name="worker0", batch=64, standalone_sps=1000.0, samples=samples,
                           observed_steps=samples // 64, step_s_total=samples / 64 * 0.05,
-                          observed_samples=samples, compute_s_total=samples / 1250)
+                          observed_samples=samples, compute_s_total=samples / 1250,
+                          data_s_total=samples // 64 * 0.01, max_batch=128)
     return JobStatus(t=t, epoch=samples / 60000, samples=samples, loss=0.5, test_acc=acc, test_loss=0.4,
                      eval_t=eval_t, training_t=training_t, stopping=stopping, finished=stopping,
                      bytes=samples * 100, staleness=staleness or [], workers={"w0": worker}, metrics=metrics or {})
@@ -38,6 +39,8 @@ def test_throughput_counts_from_the_first_batches_to_the_stop():
     assert s["samples_per_s"] == pytest.approx(800.0)
     assert s["fraction_of_standalone"] == pytest.approx(0.8)
     assert s["workers"]["w0"]["compute_samples_per_s"] == pytest.approx(1250.0)
+    assert s["workers"]["w0"]["mean_data_s_after_warmup"] == pytest.approx(0.01)
+    assert s["workers"]["w0"]["max_batch"] == 128
     assert s["fraction_of_compute_speed"] == pytest.approx(800.0 / 1250.0)
     assert s["time_to_accuracy_s"] == {"0.85": pytest.approx(9.0), "0.88": None}
     assert s["staleness_mean"] == pytest.approx(1.0) and s["staleness_p99"] == 2 and s["updates"] == 100
@@ -85,12 +88,12 @@ TIMELINE_KEYS = {
     "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
     "eval_version", "eval_t",
     "stopping", "finished", "final_eval", "assignment_id", "workers", "departed", "shards", "decisions",
-    "decision_s", "wall_t",
+    "decision_s", "wall_t", "metrics", "train_size",
 }
 WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
     "push_s", "wait_s", "samples_per_s", "standalone_sps", "loss", "step_s_total", "observed_steps",
-    "compute_s_total", "observed_samples", "version", "updates", "endpoint",
+    "compute_s_total", "observed_samples", "version", "updates", "endpoint", "data_s", "data_s_total", "max_batch",
 }
 
 

@@ -29,6 +29,12 @@ class WorkerOptions:
     request_timeout_s: float = opt(30.0, "give up on a shard request after this long, then retry", minimum=0.1)
     device: str = opt("cpu", "where the model computes: cpu, cuda or cuda:N (parameters and gradients travel from the CPU)")
     on_finish: str = opt("exit", "when the job ends: exit, or idle serving /healthz until stopped (Kubernetes)", ON_FINISH)
+    max_batch: int = opt(0, "this machine's largest batch (its memory); the scheduler never assigns it more "
+                         "(0: only the job's --max-batch)", minimum=0)
+    micro_batch: int = opt(0, "run an assigned batch as passes of at most this many samples, accumulating "
+                           "their gradients (0: one pass); not with the job's --pipeline", minimum=0)
+    loader_workers: int = opt(0, "processes loading batches ahead (a torch DataLoader whose batch sampler "
+                              "follows the assigned batch size); 0: load in the worker's own process", minimum=0)
 
     def validate(self) -> None:
         validate_fields(self)
