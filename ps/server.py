@@ -278,9 +278,9 @@ class ShardServer:
         try:
             sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size)
             schedule_from_fields(body.schedule)
-            optimizer_spec(self.job, body.optimizer)
         except ValueError as exc:
             raise ProtocolError("bad_field", f"INIT: {exc}") from None
+        optimizer_spec(self.job, body.optimizer)  # a malformed spec is refused before anything is built
         if self.state is not None:
             difference = sig.difference(self.signature)
             if difference is not None:
