@@ -39,7 +39,8 @@ def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
     ("empty", "empty dataset"),
     ("vector_loss", "scalar"),
     ("float64", "parameter weight is torch.float64"),
-    ("adam", "optimizer 'adam' is not applied by the shards"),
+    ("negative_lr", "optimizer adam: lr must be a finite non-negative number, got -0.001"),
+    ("lion", "optimizer 'lion' is not applied by the shards"),
 ])
 def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message):
     with pytest.raises(TaskError, match=message):
@@ -103,6 +104,19 @@ def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_p
     reference = _plain_torch_accuracy(load_task(f"{TASKS / 'blobs.py'}:task"), epochs=3, batch=64)
     assert metrics["accuracy"] >= reference - 0.03, (metrics, reference)
     assert "top2" in printed
+
+
+@pytest.mark.slow
+def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
+    """AdamW with biases left undecayed, applied by the shards under asgd with dynamic batches
+    (one step per B accumulated samples); the start-up check now takes it."""
+    spec = f"{TASKS / 'blobs_adamw.py'}:task"
+    check_task(load_task(spec), seed=0)
+    run, _ = run_job(tmp_path, "r", "--task", spec, "--workers", "2", "--slowdowns", "1", "2", "--epochs", "1",
+                     "--global-batch", "64")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["final_metrics"]["accuracy"] >= 0.9, summary
+    assert "AdamW(name='adamw', lr=0.01, weight_decay=0.01, no_decay=('bias',)" in (run / "logs" / "ps0.log").read_text()
 
 
 @pytest.mark.slow
