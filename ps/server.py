@@ -108,6 +108,8 @@ class ShardServer:
         self.signature: ModelSignature | None = None
         self.init_specs: dict[str, dict] = {"optimizer": {}, "schedule": {}}
         self.schedule = Schedule()
+        self.progress = 0.0  # the job's progress (epoch / epochs) as far as this shard knows: where the schedule stands
+        self.samples_seen = 0
         self.last_assignment: Assignment | None = None
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
@@ -237,7 +239,7 @@ class ShardServer:
         self.membership = body.membership
         self.m.live.set(len(body.live_workers))
         if self.state is not None:
-            self.state.lr_factor = self.schedule.factor(body.progress)
+            self._advance_progress(body.progress)
             self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
             self._serve_parked()
         if body.stop:
@@ -343,10 +345,25 @@ class ShardServer:
         self.m.clock_spread.set(self.state.rule.widest_spread)
         self.m.pushes.labels(self.shard_label, msg.sender).inc()
         self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks))
+        if self.state.chunks[0].id in tensors:  # count each step once, on the shard's first chunk
+            self.samples_seen += body.samples
+            self._advance_progress(self.samples_seen / (self.signature.train_size * self.job.epochs)
+                                   if self.job.epochs else 0.0)
         all_applied = len(outcome.applied) == len(tensors)
         send_routed(self.sock, incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied),
                     msg.seq, self.job.job, f"ps{self.index}")
         self._after_update(outcome.applied)
+
+    def _advance_progress(self, progress: float) -> None:
+        """Move the schedule forward to `progress`, never back.
+
+        The scheduler's figure comes with its answers to this shard's heartbeats (every
+        --heartbeat-s); between them the shard's own count of the samples pushed to it
+        moves the schedule, so a short job is not trained entirely at the schedule's
+        first value (a warm-up's 0).
+        """
+        self.progress = max(self.progress, min(1.0, progress))
+        self.state.lr_factor = self.schedule.factor(self.progress)
 
     def _after_update(self, applied: list[int]) -> None:
         """Count applied chunk updates and stream them to the pulls that were waiting for them."""
