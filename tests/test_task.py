@@ -141,3 +141,13 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
         assert good.alive() and shard.alive()
     finally:
         c.stop()
+
+
+@pytest.mark.slow
+def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_path):
+    """blobs' warm-up starts at factor 0; one worker trains one epoch in about a second, less than the
+    scheduler's progress reports take to arrive: the shards' own sample count must move the schedule."""
+    run, _ = run_job(tmp_path, "r", "--task", f"{TASKS / 'blobs.py'}:task", "--workers", "1", "--slowdowns", "1",
+                     "--epochs", "1")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_metrics"]["accuracy"] > 0.6, summary["final_metrics"]  # chance is 0.25
