@@ -14,7 +14,10 @@ applies the sample-weighted mean of the changes pushed since the last update:
 
 With one worker this is exactly the running statistics of single-process torch.
 With several, the statistics take one step per parameter update, as in one
-process, each the average of the workers' steps. Two simpler rules fail under
+process, each the average of the workers' steps. (Under local and msd a step is
+a worker's H local steps, so the statistics describe the workers' models before
+the round's averaging; an msd worker keeps its own statistics when it corrects
+onto the averaged model, worker/local_steps.py.) Two simpler rules fail under
 asynchrony, measured on tests/tasks/blobs_bn.py with two asgd workers (26% to 87%
 evaluation accuracy against 100% here): blending B toward b by samples / global
 batch drags B back toward the stale estimate b was computed from, and moves it

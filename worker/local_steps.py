@@ -7,8 +7,10 @@ minus local: a pseudo-gradient the shard averages by samples).
 
 `msd` never waits: after pushing it keeps stepping, and when the new global
 model arrives it corrects itself to global + (its progress since the push),
-so communication overlaps computation completely (the travelling buffers, which
-are estimates rather than sums of steps, are simply taken from the shard). It
+so communication overlaps computation completely. Its travelling buffers
+(BatchNorm's running statistics) are not corrected: they are an estimate over
+its own recent steps, which taking the shard's average as of the pushes would
+throw away, so it keeps them and the shard averages what the workers push. It
 pushes again once it has taken H steps since the last push and its previous
 delta has come back averaged (at most one delta in flight). H comes from the
 scheduler's assignment (AdaComm: shrinking as the loss falls, never below what
@@ -151,7 +153,6 @@ class MsdLoop(_LocalSteps):
             result = pull.result()
             progress = flat_params(c.model) - self.anchor
             load_flat(c.model, result.flat + progress)
-            c.buffers.load(c.model, result.buffers)
             self.base = result.flat.clone()
             self.base_versions, self.version = result.chunk_versions, result.version
             arrivals = pull.arrived_at.values()
