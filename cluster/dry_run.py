@@ -25,8 +25,8 @@ from dynabatch.common.task import ModelSignature, Task, check_task
 
 FROZEN_POLICY = "stays on each worker as built (or as --init loads it); never sent, never updated"
 FIXED_BUFFER_POLICY = "unchanged by training: rebuilt by the model factory in every process, never sent"
-TRAINED_BUFFER_POLICY = ("changed by a training step: each worker keeps its own, never sent; "
-                         "the evaluator and an export use the factory's")
+TRAINED_BUFFER_POLICY = ("changed by a training step: travels with every push and pull, held and averaged by "
+                         "shard 0; the evaluator and an export use the shard's")
 
 
 @dataclass(frozen=True)
