@@ -7,7 +7,6 @@ the factory's (mean 0, variance 1) the first layer's output is not normalised
 at all, its biases drown the features, and the model is at chance.
 """
 
-import torch
 from torch import nn
 
 import dynabatch as db
