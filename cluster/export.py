@@ -133,7 +133,9 @@ def load_trained(task: Task, seed: int, trained: TrainedState) -> torch.nn.Modul
     the first difference) or a checkpoint's buffer has no place in the model.
     """
     model = task.build_model(seed)
-    difference = signature(model, trained.signature.train_size).difference(trained.signature)
+    # The parameters are compared here; the buffers below, by name and shape, as they are copied in.
+    ours = signature(model, trained.signature.train_size, trained.signature.buffers)
+    difference = ours.difference(trained.signature)
     if difference is not None:
         raise TaskError(f"the task's model is not the one the run trained: {difference}")
     own_buffers = dict(model.named_buffers())
