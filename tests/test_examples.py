@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RESNET = f"{EXAMPLES / 'resnet18_cifar10.py'}:task"
 GPT = f"{EXAMPLES / 'byte_gpt.py'}:task"
-# No CIFAR-10 files (an empty DYNABATCH_DATA_DIR): the synthetic images, 1000 for training and 200 for evaluation.
-TINY_RESNET = {"RESNET_WIDTH": "4", "RESNET_SYNTHETIC": "1000"}
+# No CIFAR-10 files (an empty DYNABATCH_DATA_DIR): the synthetic images, 600 for training and 120 for evaluation.
+TINY_RESNET = {"RESNET_WIDTH": "4", "RESNET_SYNTHETIC": "600"}
 # 100,000 bytes of the standard library: 2,812 training windows of 32 bytes, 312 for evaluation.
 TINY_GPT = {"GPT_BYTES": "100000", "GPT_CONTEXT": "32", "GPT_WIDTH": "32", "GPT_LAYERS": "1", "GPT_HEADS": "2"}
 GPT_SINGLE_PROCESS_BITS = 4.29
@@ -67,10 +67,14 @@ def final_metrics(tmp_path: Path, spec: str) -> dict[str, float]:
 
 
 def test_the_resnet_example_checks_and_trains_on_synthetic_images(tmp_path, tiny_env):
-    """At width 4 on 1,000 synthetic images, two epochs gave 37 % (chance: 10 %); 20 % is a margin for asgd's order."""
+    """At width 4 on 600 synthetic images two epochs gave 61 % (37 % on 1,000), chance being 10 %.
+
+    20 % leaves room for asgd's order of updates and a loaded machine, and still
+    fails a model that did not learn (or whose BatchNorm statistics are wrong).
+    """
     tiny_env(TINY_RESNET)
     out = check(RESNET)
-    assert "same initial parameters: yes" in out and "training set: 1000 samples" in out, out
+    assert "same initial parameters: yes" in out and "training set: 600 samples" in out, out
     assert "stages.3.1.bn2.running_var [32]: changed by a training step" in out, out
     assert "torchvision" not in loaded_modules(RESNET), "the example must not need torchvision"
     metrics = final_metrics(tmp_path, RESNET)
