@@ -131,6 +131,7 @@ class ByteGPT(nn.Module):
         if width % heads:
             raise ValueError(f"GPT_WIDTH={width} is not a multiple of GPT_HEADS={heads}")
         self.tok_emb = nn.Embedding(VOCAB, width)
+        nn.init.normal_(self.tok_emb.weight, std=0.02)  # GPT-2's scale: as a tied head, N(0, 1) gives huge first logits
         self.pos_emb = nn.Parameter(torch.zeros(context, width))
         nn.init.normal_(self.pos_emb, std=0.02)
         self.blocks = nn.Sequential(*(Block(width, heads) for _ in range(layers)))
