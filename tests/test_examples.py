@@ -7,15 +7,16 @@ worker and evaluator processes, so a CPU job finishes in seconds.
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from dynabatch.common.task import load_task
 from harness import child_env, command_line, run_job
-
-pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RESNET = f"{EXAMPLES / 'resnet18_cifar10.py'}:task"
@@ -66,6 +67,7 @@ def final_metrics(tmp_path: Path, spec: str) -> dict[str, float]:
     return summary["final_metrics"]
 
 
+@pytest.mark.slow
 def test_the_resnet_example_checks_and_trains_on_synthetic_images(tmp_path, tiny_env):
     """At width 4 on 600 synthetic images two epochs gave 61 % (37 % on 1,000), chance being 10 %.
 
@@ -82,6 +84,7 @@ def test_the_resnet_example_checks_and_trains_on_synthetic_images(tmp_path, tiny
     assert metrics["accuracy"] >= 0.2, metrics
 
 
+@pytest.mark.slow
 def test_the_byte_gpt_example_checks_and_beats_a_threshold_from_a_single_process_run(tmp_path, tiny_env):
     """Bits per byte after the tiny distributed run must be within 0.5 of a single-process run of the same task.
 
@@ -103,3 +106,25 @@ def test_the_byte_gpt_example_checks_and_beats_a_threshold_from_a_single_process
     metrics = final_metrics(tmp_path, GPT)
     assert set(metrics) == {"loss", "bits_per_byte"}, metrics
     assert metrics["bits_per_byte"] <= GPT_SINGLE_PROCESS_BITS + GPT_MARGIN_BITS, metrics
+
+
+def test_the_resnet_example_reads_cifar10_python_batches_under_the_data_dir(tmp_path, monkeypatch):
+    """With the six python batches in $DYNABATCH_DATA_DIR/cifar-10-batches-py the task trains on them, not on
+    synthetic images: sizes and labels are the files'."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    g = torch.Generator().manual_seed(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    labels = {}
+    for name in names:
+        n = 3 if name == "test_batch" else 4
+        labels[name] = torch.randint(0, 10, (n,), generator=g).tolist()
+        data = torch.randint(0, 256, (n, 3 * 32 * 32), generator=g, dtype=torch.uint8).numpy()
+        (folder / name).write_bytes(pickle.dumps({b"data": data, b"labels": labels[name]}))
+    monkeypatch.setenv("DYNABATCH_DATA_DIR", str(tmp_path))
+    task = load_task(RESNET)
+    train, test = task.train_data(), task.eval_data()
+    assert (len(train), len(test)) == (20, 3)
+    assert [int(test[i][1]) for i in range(3)] == labels["test_batch"]
+    assert [int(train[i][1]) for i in range(4)] == labels["data_batch_1"]
+    assert train[0][0].shape == (3, 32, 32) and train[0][0].dtype == torch.float32
