@@ -68,6 +68,9 @@ def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
     b = state.hello(Hello(role="worker"), 0.5).id
     state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.6)
     assert state.allocation == {a: 96}, "the running worker keeps its batch while b waits"
+    with pytest.raises(ProtocolError, match="slot_taken"):
+        state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.65)
+    state.bye(ps1, 0.66)  # the old shard is gone: its slot is free for the restarted one
     restarted = state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.7).id
     state.heartbeat(restarted, Heartbeat(), 0.8)
     state.heartbeat(ps0, Heartbeat(membership=state.membership), 0.9)
