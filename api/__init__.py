@@ -5,7 +5,8 @@
     task = db.Task(model=make_model, train_data=lambda: MyDataset("train"), eval_data=lambda: MyDataset("test"),
                    optimizer=db.optim.SGD(lr=0.05, momentum=0.5), schedule=db.schedule.warmup_cosine(0.05))
 
-then `dynabatch run --task path/to/file.py:task` (or `dynabatch worker --task ...` on each machine).
+then `dynabatch run --task path/to/file.py:task` (or `dynabatch worker --task ...` on each machine),
+or from Python `run = db.run(task, workers=3, slowdowns=[1, 2, 4], epochs=5)`: `run.dir`, `run.summary`, `run.model`.
 See README.md, "Train your own model".
 
 The names load on first use: every `dynabatch.*` module imports this package first,
@@ -20,6 +21,8 @@ from typing import Any
 _NAMES = {
     "Task": ("dynabatch.common.task", "Task"),
     "TaskError": ("dynabatch.common.task", "TaskError"),
+    "Run": ("dynabatch.cluster.python_run", "Run"),
+    "run": ("dynabatch.cluster.python_run", "run"),
     "metrics": ("dynabatch.common.eval_metrics", None),
     "optim": ("dynabatch.common.optim_spec", None),
     "schedule": ("dynabatch.common.schedules", None),

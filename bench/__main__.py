@@ -19,13 +19,14 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import zmq
 
+from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.data import DatasetNotFound, load_dataset
 
 from bench import convergence, ddp, plots, report, scale, transport
@@ -71,6 +72,15 @@ FULL = Mode(
     ddp.Settings(workers=2, duration_s=25.0, rounds=2),
     scale.Settings(workers=(8, 16, 32), shards=(1, 2, 4), window_s=8.0),
 )
+
+
+def with_configs(mode: Mode, configs: tuple[tuple[str, str], ...]) -> Mode:
+    """`mode` measuring only `configs` in the heterogeneous scenario, with its seeds and budget.
+
+    This is how a configuration added later (a new protocol) is measured beside a few
+    reference ones in one run, without the hour the whole benchmark takes.
+    """
+    return replace(mode, convergence=replace(mode.convergence, configs=configs))
 
 
 def progress(text: str) -> None:
@@ -140,12 +150,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--quick", action="store_true", help="the short mode (under 10 minutes on 2 cores)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default: all)")
+    p.add_argument("--configs", nargs="+", metavar="PROTOCOL+POLICY",
+                   help="measure only these heterogeneous configurations, e.g. ssp+fixed asgd+dynamic "
+                        "(default: the mode's; the mode's seeds and budget are kept)")
     p.add_argument("--out", type=Path, help="results folder (default: bench/results/MODE)")
     p.add_argument("--data-dir", default="", help="folder with Fashion-MNIST (default: the standard places)")
     p.add_argument("--publish", action="store_true", help=f"also write {PUBLISHED} and {PUBLISHED_PLOTS}/")
+    p.add_argument("--target-metric", default="", metavar="METRIC>=VALUE",
+                   help="also time every convergence run to this target (e.g. loss<=0.4), next to 85%% and 88%%")
     p.add_argument("--report-only", type=Path, metavar="DIR",
                    help="re-render DIR/report.md and the plots from DIR/results.json without measuring")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.configs is not None:
+        if args.report_only or args.publish or "heterogeneous" not in args.parts:
+            p.error("--configs measures some of the heterogeneous configurations: it needs the heterogeneous part "
+                    f"and goes with neither --report-only nor --publish (which would rewrite all of {PUBLISHED})")
+        try:
+            args.configs = convergence.parse_configs(args.configs)
+        except ValueError as exc:
+            p.error(f"--configs: {exc}")
+    return args
 
 
 def main(argv: list[str]) -> int:
@@ -154,6 +178,15 @@ def main(argv: list[str]) -> int:
         results = json.loads((args.report_only / "results.json").read_text())
         write(results, args.report_only, args.publish)
         return 0
+    mode = QUICK if args.quick else FULL
+    if args.target_metric:
+        try:
+            target = str(MetricTarget.parse(args.target_metric))
+        except ValueError as exc:
+            progress(f"python -m bench: --target-metric: {exc}")
+            return 2
+        mode = replace(mode, convergence=replace(mode.convergence, target=target),
+                       midrun=replace(mode.midrun, target=target))
     if not Path("bench/__main__.py").exists():
         progress("run from the repository root: python -m bench")
         return 2
@@ -164,7 +197,8 @@ def main(argv: list[str]) -> int:
             progress(f"python -m bench: {exc}")
             return 2
     signal.signal(signal.SIGTERM, lambda signum, _f: sys.exit(128 + signum))
-    mode = QUICK if args.quick else FULL
+    if args.configs:
+        mode = with_configs(mode, args.configs)
     out = args.out or Path("bench/results") / mode.name
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.monotonic()

@@ -17,7 +17,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline, training_start
@@ -40,6 +40,17 @@ class Settings:
     seeds: tuple[int, ...]
     budget_s: float
     eval_interval_s: float = 3.0
+    target: str = ""  # every run's --target-metric (e.g. "loss<=0.4"): one more time-to column after the marks
+
+
+def time_marks(time_tos: Iterable[dict[str, Any]]) -> tuple[str, ...]:
+    """The accuracy marks, then any --target-metric the runs were given: the keys of their `time_to`."""
+    return MARKS + tuple(dict.fromkeys(k for time_to in time_tos for k in time_to if k not in MARKS))
+
+
+def mark_label(mark: str) -> str:
+    """`85%` for an accuracy mark, the target itself (`loss<=0.4`) for a --target-metric."""
+    return f"{float(mark) * 100:.0f}%" if mark in MARKS else mark
 
 
 def config_label(protocol: str, policy: str) -> str:
@@ -111,6 +122,8 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
                                "--progress-s", "30", "--timeout-s", str(settings.budget_s + RUN_SLACK_S)])
     if data_dir:
         cmd += ["--data-dir", data_dir]
+    if settings.target:
+        cmd += ["--target-metric", settings.target]
     result = RunResult(scenario, protocol, policy, seed, slowdowns, ok=False)
     shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed
     with open(out / f"{name}.log", "wb") as log_file:
@@ -132,7 +145,9 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
 
 def fill(result: RunResult, summary: dict[str, Any], timeline: list[JobStatus]) -> None:
     """Copy a run's summary and curves (time since training began) into `result`."""
-    result.time_to = summary["time_to_accuracy_s"]
+    result.time_to = dict(summary["time_to_accuracy_s"])
+    if summary.get("target_metric"):
+        result.time_to[summary["target_metric"]] = summary["time_to_target_s"]
     result.final_test_acc = summary["final_test_acc"]
     result.final_train_loss = summary["final_train_loss"]
     result.samples_per_s = summary["samples_per_s"]
@@ -174,7 +189,7 @@ def run_scenario(scenario: str, settings: Settings, out: Path, data_dir: str,
 def describe(r: RunResult) -> str:
     """One progress line's worth of a run."""
     acc = f"{100 * r.final_test_acc:.2f}%" if r.final_test_acc is not None else "n/a"
-    times = ", ".join(f"{float(m) * 100:.0f}% at {t:.0f}s" if t is not None else f"{float(m) * 100:.0f}% not reached"
+    times = ", ".join(f"{mark_label(m)} at {t:.0f}s" if t is not None else f"{mark_label(m)} not reached"
                       for m, t in r.time_to.items())
     return (f"{acc} at the budget ({times}); {r.samples_per_s or 0:.0f} samples/s = "
             f"{100 * (r.fraction_of_compute or 0):.0f}% of the compute-only speed, "
@@ -223,6 +238,7 @@ def aggregate(results: list[RunResult]) -> list[ConfigStats]:
     for r in results:
         if (r.protocol, r.policy) not in order:
             order.append((r.protocol, r.policy))
+    marks = time_marks(r.time_to for r in results)
     stats = []
     for protocol, policy in order:
         runs = [r for r in results if (r.protocol, r.policy) == (protocol, policy)]
@@ -231,8 +247,8 @@ def aggregate(results: list[RunResult]) -> list[ConfigStats]:
                    if r.slowest_compute and r.sum_compute]
         stats.append(ConfigStats(
             label=config_label(protocol, policy), protocol=protocol, policy=policy, runs=len(runs), ok_runs=len(good),
-            time_to={m: _mean([r.time_to.get(m) for r in good]) for m in MARKS},
-            reached={m: sum(1 for r in good if r.time_to.get(m) is not None) for m in MARKS},
+            time_to={m: _mean([r.time_to.get(m) for r in good]) for m in marks},
+            reached={m: sum(1 for r in good if r.time_to.get(m) is not None) for m in marks},
             final_test_acc=_mean([r.final_test_acc for r in good]),
             final_test_acc_sd=_sd([r.final_test_acc for r in good]),
             final_train_loss=_mean([r.final_train_loss for r in good]),
@@ -249,3 +265,16 @@ def aggregate(results: list[RunResult]) -> list[ConfigStats]:
 
 def all_configs() -> tuple[tuple[str, str], ...]:
     return tuple((p, b) for p in PROTOCOLS for b in POLICIES)
+
+
+def parse_configs(names: list[str]) -> tuple[tuple[str, str], ...]:
+    """`ssp+fixed` and the like into (protocol, policy) pairs, in the order given, once each.
+
+    A name that is not one of `all_configs()` raises ValueError naming every valid
+    one, so a typo stops the benchmark before it spends an hour measuring.
+    """
+    valid = {f"{p}+{b}": (p, b) for p, b in all_configs()}
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(valid)}")
+    return tuple(valid[n] for n in dict.fromkeys(names))

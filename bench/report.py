@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench import transport
-from bench.convergence import config_label
+from bench.convergence import config_label, mark_label, time_marks
 from bench.verdicts import Verdict, paper_claims, targets
 
 
@@ -27,20 +27,27 @@ def verdict_table(verdicts: list[Verdict]) -> str:
     return "\n".join(rows)
 
 
+def _time_columns(marks: tuple[str, ...]) -> tuple[str, str]:
+    """The header cells and alignment cells of the time-to columns: each accuracy mark, then the target if any."""
+    return "".join(f"time to {mark_label(m)} | " for m in marks), "---:|" * len(marks)
+
+
 def convergence_table(configs: list[dict[str, Any]]) -> str:
-    rows = ["| configuration | runs | time to 85% | time to 88% | test acc. at budget | train loss | samples/s | "
+    marks = time_marks(c["time_to"] for c in configs)
+    heads, aligns = _time_columns(marks)
+    rows = [f"| configuration | runs | {heads}test acc. at budget | train loss | samples/s | "
             "of compute-only / probed speed | staleness mean / p99 | bytes/sample |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f"|---|---:|{aligns}---:|---:|---:|---:|---:|---:|"]
     for c in configs:
-        times = []
-        for mark in ("0.85", "0.88"):
-            t, n = c["time_to"][mark], c["reached"][mark]
-            times.append(f"{t:.0f} s ({n}/{c['ok_runs']})" if t is not None else f"– (0/{c['ok_runs']})")
+        times = ""
+        for mark in marks:
+            t, n = c["time_to"].get(mark), c["reached"].get(mark, 0)
+            times += (f"{t:.0f} s ({n}/{c['ok_runs']})" if t is not None else f"– (0/{c['ok_runs']})") + " | "
         acc = _f(c["final_test_acc"], ".2f", 100) + "%"
         if c["final_test_acc_sd"] is not None:
             acc += f" ± {100 * c['final_test_acc_sd']:.2f}"
         rows.append(
-            f"| {c['label']} | {c['ok_runs']}/{c['runs']} | {times[0]} | {times[1]} | {acc} | "
+            f"| {c['label']} | {c['ok_runs']}/{c['runs']} | {times}{acc} | "
             f"{_f(c['final_train_loss'], '.3f')} | {_f(c['samples_per_s'], ',.0f')} | "
             f"{_f(c['fraction_of_compute'], '.0f', 100)}% / {_f(c['fraction_of_standalone'], '.0f', 100)}% | "
             f"{_f(c['staleness_mean'], '.2f')} / {_f(c['staleness_p99'], '.1f')} | {_f(c['bytes_per_sample'], ',.0f')} |")
@@ -49,18 +56,20 @@ def convergence_table(configs: list[dict[str, Any]]) -> str:
 
 def runs_table(runs: list[dict[str, Any]]) -> str:
     """Every run on its own line, inside a collapsed block (the table above is their means)."""
+    marks = time_marks(r["time_to"] for r in runs)
+    heads, aligns = _time_columns(marks)
     rows = ["<details><summary>Every run</summary>", "",
-            "| configuration | seed | time to 85% | time to 88% | test acc. | train loss | samples/s | "
+            f"| configuration | seed | {heads}test acc. | train loss | samples/s | "
             "of compute-only / probed | staleness mean / p99 | bytes/sample |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f"|---|---:|{aligns}---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         label = config_label(r["protocol"], r["policy"])
         if r["final_test_acc"] is None:
-            rows.append(f"| {label} | {r['seed']} | failed: {r['error']} | | | | | | | |")
+            rows.append(f"| {label} | {r['seed']} | failed: {r['error']} |" + " |" * (len(marks) + 5))
             continue
-        t85, t88 = (r["time_to"].get(m) for m in ("0.85", "0.88"))
+        times = "".join(f"{_secs(r['time_to'].get(m))} | " for m in marks)
         rows.append(
-            f"| {label} | {r['seed']} | {_secs(t85)} | {_secs(t88)} | {100 * r['final_test_acc']:.2f}% | "
+            f"| {label} | {r['seed']} | {times}{100 * r['final_test_acc']:.2f}% | "
             f"{_f(r['final_train_loss'], '.3f')} | {_f(r['samples_per_s'], ',.0f')} | "
             f"{_f(r['fraction_of_compute'], '.0f', 100)}% / {_f(r['fraction_of_standalone'], '.0f', 100)}% | "
             f"{_f(r['staleness_mean'], '.2f')} / {_f(r['staleness_p99'], '.0f')} | {_f(r['bytes_per_sample'], ',.0f')} |")

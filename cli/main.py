@@ -15,6 +15,8 @@ COMMANDS = {
     "scheduler": ("dynabatch.scheduler.main", "run a job's scheduler"),
     "ps": ("dynabatch.ps.main", "run a parameter-server shard"),
     "worker": ("dynabatch.worker.main", "run a training worker (or --evaluator)"),
+    "export": ("dynabatch.cluster.export_command", "write a run's trained model as a plain PyTorch state_dict"),
+    "check": ("dynabatch.cluster.check_command", "dry-run a task offline: parameters, chunks, step time, bytes"),
     "keys": ("dynabatch.common.curve", "make the ZeroMQ CURVE keys that encrypt and authenticate a job"),
 }
 

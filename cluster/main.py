@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -25,9 +26,11 @@ from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.data import DatasetNotFound
 from dynabatch.common.task import TaskError, check_task, load_task
 from dynabatch.common.flags import ConfigError, add_flags, from_args
+from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
+from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
@@ -43,49 +46,76 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, lis
     add_flags(parser, JobConfig)
     add_flags(parser, CurveOptions)
     args = parser.parse_args(argv)
-    opts, job, curve = from_args(RunOptions, args), from_args(JobConfig, args), from_args(CurveOptions, args)
+    opts, curve = from_args(RunOptions, args), from_args(CurveOptions, args)
+    try:
+        job = settle(opts, from_args(JobConfig, args))
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return opts, job, curve, job_flags(job)
+
+
+def settle(opts: RunOptions, job: JobConfig) -> JobConfig:
+    """The job as this command runs it, both validated; ConfigError naming a bad flag."""
     if job.min_workers == 1:
         job = replace(job, min_workers=opts.workers)  # every worker starts on the same model
     if opts.evaluator:
         job = replace(job, await_final_eval=True)  # a short job may end before the evaluator has joined
-    try:
-        opts.validate()
-        job.validate()
-    except ConfigError as exc:
-        parser.error(str(exc))
-    job_flags: list[str] = []
+    opts.validate()
+    job.validate()
+    if opts.micro_batch and job.pipeline:
+        raise ConfigError("--micro-batch: the pipelined step (--pipeline) cannot accumulate passes; drop one")
+    return job
+
+
+def job_flags(job: JobConfig) -> list[str]:
+    """The job's settings as the scheduler's command line."""
+    flags: list[str] = []
     for key, value in asdict(job).items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
-            job_flags.append(flag if value else "--no-" + key.replace("_", "-"))
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
         else:
-            job_flags += [flag, str(value)]
-    return opts, job, curve, job_flags
+            flags += [flag, str(value)]
+    return flags
 
 
-def main(argv: Sequence[str]) -> int:
-    setup_logging("INFO")
-    opts, job, curve, job_flags = parse(argv)
-    keys = load_curve_keys("dynabatch run", curve, "run")
-    try:
-        task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
-                                                                     job.flat_params)
-        check_task(task, job.seed)
-    except (DatasetNotFound, TaskError) as exc:
-        print(f"dynabatch run: {exc}", file=sys.stderr)
-        return 2
+def prepare(opts: RunOptions, job: JobConfig) -> Path:
+    """Check the task (and the --init weights against it), then make the run folder with its config.json.
+
+    TaskError or DatasetNotFound before anything is written; RunFolderTaken for a folder that holds a run.
+    """
+    task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
+                                                                 job.flat_params)
+    check_task(task, job.seed)
+    if opts.init:
+        load_weights(task.build_model(job.seed), read_state_dict(opts.init), f"--init {opts.init}")
     name = opts.name or time.strftime("%Y%m%d-%H%M%S") + f"-{job.protocol}-{job.batch_policy}"
     run_dir = Path(opts.out) / name
     if run_dir.exists() and any(run_dir.iterdir()):
         # Its shards would resume from the old checkpoints: a silent warm start, not a new run.
-        print(f"dynabatch run: {run_dir} already holds a run; choose another --name or remove it", file=sys.stderr)
-        return 2
+        raise RunFolderTaken(f"{run_dir} already holds a run; choose another --name or remove it")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"run": asdict(opts), "job": asdict(job)}, indent=2))
-    return Run(opts, job, job_flags, run_dir, curve.curve_dir, keys).execute()
+    return run_dir
 
 
-class Run:
+class RunFolderTaken(FileExistsError):
+    """The run folder already holds a run."""
+
+
+def main(argv: Sequence[str]) -> int:
+    setup_logging("INFO")
+    opts, job, curve, flags = parse(argv)
+    keys = load_curve_keys("dynabatch run", curve, "run")
+    try:
+        run_dir = prepare(opts, job)
+    except (DatasetNotFound, TaskError, RunFolderTaken) as exc:
+        print(f"dynabatch run: {exc}", file=sys.stderr)
+        return 2
+    return JobRun(opts, job, flags, run_dir, curve.curve_dir, keys).execute()
+
+
+class JobRun:
     """One `dynabatch run`: start, follow, stop, report."""
 
     def __init__(self, opts: RunOptions, job: JobConfig, job_flags: list[str], run_dir: Path, curve_dir: str,
@@ -102,8 +132,18 @@ class Run:
         print("\nstopping (Ctrl-C again to force)...", file=sys.stderr)
 
     def execute(self) -> int:
-        signal.signal(signal.SIGINT, self._on_interrupt)
-        signal.signal(signal.SIGTERM, self._on_interrupt)
+        """Run the job to its end; 0 if it finished. Ctrl-C stops it cleanly (main thread only: `db.run`
+        may be called from another), and the caller's signal handlers are back afterwards."""
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {sig: signal.signal(sig, self._on_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._execute()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def _execute(self) -> int:
         started = time.monotonic()
         print(f"dynabatch run: {self.opts.workers} workers (slowdowns {' '.join(self.opts.slowdowns)}), {self.job.shards} shard(s), "
               f"{self.opts.task or f'{self.job.model} on {self.job.dataset}'}, "
@@ -128,10 +168,13 @@ class Run:
                                          "--checkpoint-interval-s", str(self.opts.checkpoint_interval_s),
                                          "--name", f"ps{i}"])
         worker_flags = ["--job", job, "--threads", str(self.opts.threads)]
+        trainer_flags = ["--micro-batch", str(self.opts.micro_batch), "--loader-workers", str(self.opts.loader_workers)]
         worker_flags += ["--data-dir", self.opts.data_dir] if self.opts.data_dir else []
         worker_flags += ["--task", self.opts.task] if self.opts.task else []
+        worker_flags += ["--init", str(Path(self.opts.init).resolve())] if self.opts.init else []
         for i in range(self.opts.workers):
-            ln.start_worker(f"worker{i}", [*worker_flags, "--slowdown", self.opts.slowdown_of(i)])
+            ln.start_worker(f"worker{i}", [*worker_flags, *trainer_flags, "--slowdown", self.opts.slowdown_of(i),
+                                           "--max-batch", str(self.opts.max_batch_of(i))])
         if self.opts.evaluator:
             ln.start_worker("evaluator", [*worker_flags, "--slowdown", "1"], evaluator=True)
         ln.write_targets(job, self.run_dir / "prometheus_targets.json")
@@ -177,7 +220,7 @@ class Run:
     def _report(self, wall_s: float) -> None:
         write_timeline(self.run_dir, self.timeline)
         statuses = [snap.status for snap in self.timeline]
-        summary = summarize(statuses, wall_s, self.opts.warmup_fraction)
+        summary = summarize(statuses, wall_s, self.opts.warmup_fraction, self.opts.target())
         summary["interrupted"] = self.interrupted
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if statuses:
@@ -195,16 +238,31 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         f"finished={summary['finished']}  "
         + (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
            else others or "no evaluation"),
+        *_target_lines(summary),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",
     ]
     for wid, w in summary["workers"].items():
-        step = w["mean_step_s_after_warmup"]
+        step, data = w["mean_step_s_after_warmup"], w["mean_data_s_after_warmup"]
         lines.append(f"  {wid} {w['name']:<16} batch {w['final_batch']:>4}  step {1000 * step if step else float('nan'):7.1f} ms"
+                     f" (data {1000 * data if data is not None else float('nan'):5.1f} ms)"
                      f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
                      f"  probed {w['standalone_samples_per_s']:7.0f} samples/s")
     if summary["step_time_spread"] is not None:
         lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")
     lines.append(f"run folder: {run_dir}")
     return "\n".join(lines)
+
+
+def _target_lines(summary: dict[str, Any]) -> list[str]:
+    """`time to accuracy>=0.9: 41.2 s` or why it was not reached (no line without --target-metric)."""
+    target, seconds = summary.get("target_metric"), summary.get("time_to_target_s")
+    if not target:
+        return []
+    if seconds is not None:
+        return [f"time to {target}: {seconds:.1f} s of training"]
+    name, reported = MetricTarget.parse(target).name, summary.get("final_metrics") or {}
+    if reported and name not in reported:
+        return [f"{target} not reached: the evaluations report {', '.join(sorted(reported))}, not {name}"]
+    return [f"{target} not reached"]

@@ -1,4 +1,5 @@
-"""`dynabatch run` settings: how many processes and where the run folder goes.
+"""The settings of the commands `cluster` runs: `dynabatch run` (how many processes, where the run folder goes),
+`dynabatch export` and `dynabatch check`.
 
 The job's own settings are JobConfig's flags, passed through to the scheduler.
 """
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.cluster.metric_target import MetricTarget
 
 
 @dataclass
@@ -23,17 +25,32 @@ class RunOptions:
     task: str = opt("", "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
                     "(default: the job's --model on its --dataset)")
     data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
+    init: str = opt("", "start from these weights: a state_dict file (torch.save, dynabatch export) that every "
+                    "worker and the evaluator load into the task's model")
     threads: int = opt(1, "torch threads per worker", minimum=1)
+    max_batches: list[int] = opt(
+        [0], "per-worker largest batch, the memory of each machine (one, or one per worker; 0: none), e.g. 64 32 0"
+    )
+    micro_batch: int = opt(0, "workers run a batch as passes of at most this many samples, accumulating gradients "
+                           "(0: one pass)", minimum=0)
+    loader_workers: int = opt(0, "processes loading batches ahead for each worker (0: in the worker itself)", minimum=0)
     progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1)
     status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05)
     checkpoint_interval_s: float = opt(30.0, "seconds between shard checkpoints", minimum=0.1)
     timeout_s: float = opt(3600.0, "abort the run after this long", minimum=1.0)
     warmup_fraction: float = opt(0.2, "fraction of the run left out of the summary's step-time means", minimum=0.0)
+    target_metric: str = opt("", "report the time to the first evaluation meeting METRIC>=VALUE or METRIC<=VALUE "
+                             "(e.g. accuracy>=0.9, loss<=0.3; any metric of the task)")
 
     def validate(self) -> None:
         validate_fields(self)
         if len(self.slowdowns) not in (1, self.workers):
             raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers (give 1 or {self.workers})")
+        if len(self.max_batches) not in (1, self.workers):
+            raise ConfigError(f"--max-batches: {len(self.max_batches)} given for {self.workers} workers "
+                              f"(give 1 or {self.workers})")
+        if any(b < 0 for b in self.max_batches):
+            raise ConfigError(f"--max-batches: {self.max_batches} holds a negative batch (0: no limit)")
         for text in self.slowdowns:
             try:
                 Slowdown.parse(text)
@@ -41,6 +58,45 @@ class RunOptions:
                 raise ConfigError(f"--slowdowns: {exc}") from None
         if self.warmup_fraction >= 1.0:
             raise ConfigError("--warmup-fraction must be below 1")
+        self.target()
+
+    def target(self) -> MetricTarget | None:
+        """The parsed --target-metric (None when not given); ConfigError naming the flag if malformed."""
+        if not self.target_metric:
+            return None
+        try:
+            return MetricTarget.parse(self.target_metric)
+        except ValueError as exc:
+            raise ConfigError(f"--target-metric: {exc}") from None
 
     def slowdown_of(self, i: int) -> str:
         return self.slowdowns[0] if len(self.slowdowns) == 1 else self.slowdowns[i]
+
+    def max_batch_of(self, i: int) -> int:
+        return self.max_batches[0] if len(self.max_batches) == 1 else self.max_batches[i]
+
+@dataclass
+class ExportOptions:
+    out: str = opt("", "the state_dict file to write (required)")
+    task: str = opt("", "the task whose model receives the weights: FILE.py:ATTR or package.module:ATTR "
+                    "(default: the run's own task)")
+
+    def validate(self) -> None:
+        validate_fields(self)
+        if not self.out:
+            raise ConfigError("--out: name the file to write, e.g. --out model.pt")
+
+
+@dataclass
+class CheckOptions:
+    task: str = opt("", "the task to check: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
+                    "(default: the job's --model on its --dataset)")
+    data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
+    batches: list[int] = opt([16, 64], "batch sizes to time a training step at (two or more)")
+    repeats: int = opt(5, "timed steps per batch size (the median is reported)", minimum=1)
+    threads: int = opt(1, "torch threads, as a worker's --threads", minimum=1)
+
+    def validate(self) -> None:
+        validate_fields(self)
+        if len(set(self.batches)) < 2 or min(self.batches) < 1:
+            raise ConfigError(f"--batches {' '.join(map(str, self.batches))}: two or more different sizes, each >= 1")

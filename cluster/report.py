@@ -18,9 +18,10 @@ from typing import Any
 from dynabatch.common import staleness
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.wire import decode_map
+from dynabatch.cluster.metric_target import MetricTarget
 
 ACCURACY_MARKS = (0.85, 0.88)
-WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "samples")
+WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "samples")
 
 
 @dataclass
@@ -58,8 +59,9 @@ def read_timeline(path: Path) -> list[JobStatus]:
     return [decode_map(JobStatus, entry, f"{path.name}[{i}]") for i, entry in enumerate(entries)]
 
 
-def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float) -> dict[str, Any]:
-    """Final accuracy and loss, throughput, and per-worker batch, step time and speed.
+def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
+              target: MetricTarget | None = None) -> dict[str, Any]:
+    """Final metrics, time to `target` and to the accuracy marks, throughput, and per-worker batch, step time and speed.
 
     Two yardsticks for throughput: the standalone speeds the workers probed at
     start-up, and their compute-only speeds during the run (samples over seconds
@@ -70,7 +72,8 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float) 
 
     A worker's mean step time is the difference of its cumulative step seconds
     over the difference of its steps between the end of warm-up and its last
-    snapshot, so every step after warm-up counts once however often we sampled.
+    snapshot, so every step after warm-up counts once however often we sampled;
+    so is its mean time waiting for data (part of the step: a starved loader).
     """
     if not timeline:
         return {"wall_s": wall_s, "error": "no status was ever received from the scheduler"}
@@ -91,10 +94,13 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float) 
         settled = next((s for s in reversed(seen) if not s.stopping), seen[-1]).workers[wid]
         steps = final.observed_steps - first.observed_steps
         mean_step = (final.step_s_total - first.step_s_total) / steps if steps > 0 else None
+        mean_data = (final.data_s_total - first.data_s_total) / steps if steps > 0 else None
         workers[wid] = {
             "name": final.name,
             "final_batch": settled.batch,
+            "max_batch": final.max_batch,
             "mean_step_s_after_warmup": mean_step,
+            "mean_data_s_after_warmup": mean_data,
             "steps_after_warmup": steps,
             "standalone_samples_per_s": final.standalone_sps,
             "compute_samples_per_s": final.observed_samples / final.compute_s_total if final.compute_s_total else None,
@@ -129,6 +135,8 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float) 
         "staleness_mean": stale.mean,
         "staleness_p99": stale.p99,
         "time_to_accuracy_s": time_to_accuracy(timeline, ACCURACY_MARKS),
+        "target_metric": str(target) if target else None,
+        "time_to_target_s": time_to_target(timeline, target) if target else None,
         "budget_spent": last.budget_spent,
         "decision_s": asdict(last.decision_s),
         "local_steps": last.local_steps,
@@ -152,13 +160,24 @@ def training_start(timeline: list[JobStatus]) -> float | None:
 
 
 def time_to_accuracy(timeline: list[JobStatus], marks: tuple[float, ...]) -> dict[str, float | None]:
-    """Seconds from the start of training to the first evaluation at or above each accuracy mark."""
+    """Seconds from the start of training to the first evaluation at or above each accuracy mark, by mark."""
+    return {f"{mark:g}": time_to_target(timeline, MetricTarget("accuracy", ">=", mark)) for mark in marks}
+
+
+def time_to_target(timeline: list[JobStatus], target: MetricTarget) -> float | None:
+    """Seconds from the first batches to the first evaluation that meets `target` (None if none did, or
+    if training never began; 0 if the model met it before training, as the evaluator's first look can)."""
     start = training_start(timeline)
-    out: dict[str, float | None] = {}
-    for mark in marks:
-        hit = next((e for e in _evaluations(timeline) if e.test_acc is not None and e.test_acc >= mark), None)
-        out[f"{mark:g}"] = None if hit is None or hit.eval_t is None or start is None else hit.eval_t - start
-    return out
+    hit = next((e for e in _evaluations(timeline) if target.met(metric_value(e, target.name))), None)
+    return None if hit is None or hit.eval_t is None or start is None else max(0.0, hit.eval_t - start)
+
+
+def metric_value(status: JobStatus, name: str) -> float | None:
+    """Metric `name` of the evaluation in `status`; accuracy and loss also from their own fields,
+    which a report without a metrics map (an older evaluator's) still fills."""
+    if name in status.metrics:
+        return status.metrics[name]
+    return {"accuracy": status.test_acc, "loss": status.test_loss}.get(name)
 
 
 def plot(run_dir: Path, timeline: list[JobStatus]) -> list[Path]:

@@ -21,6 +21,8 @@ class Hello:
     `instance` is random per process. A HELLO repeated with it (the first answer
     was slow, or HELLOs queued while the scheduler was down) gets the same WELCOME
     again instead of registering a ghost member that a round would wait for.
+    `max_batch` is a worker's own largest batch (its memory, `--max-batch`; 0:
+    no limit of its own): the scheduler never assigns it more.
     """
 
     TYPE: ClassVar[str] = "HELLO"
@@ -31,6 +33,7 @@ class Hello:
     shard_index: int = -1
     name: str = ""
     instance: str = ""
+    max_batch: int = 0
 
 
 @dataclass
@@ -54,7 +57,9 @@ class Heartbeat:
     counts everything at or beyond it), as the shards' PUSH_ACKs reported.
     The times are of the last step, per step: a local round's phases are spread
     over its H steps, so `step_s - wait_s` is always one step of the worker's own
-    work, which is what the scheduler's speed model fits. A shard reports in
+    work, which is what the scheduler's speed model fits. `data_s` is time spent
+    waiting for the step's samples (loading, collating, copying to the device),
+    part of the worker's own work. A shard reports in
     `membership` the number of the live worker set it has applied (ASSIGNMENT's),
     and in `train_size` the length of the training set in the model signature the
     workers initialised it with: the scheduler counts epochs from it, and runs no
@@ -70,6 +75,7 @@ class Heartbeat:
     pull_s: float = 0.0
     push_s: float = 0.0
     wait_s: float = 0.0
+    data_s: float = 0.0
     sync_s: float = 0.0
     bytes: int = 0
     loss: float = float("nan")
@@ -201,9 +207,10 @@ class StatusRequest:
 class WorkerStatus:
     """One live worker in STATUS: who it is, its last step (seconds per phase), and its running totals.
 
-    The totals (`step_s_total` over `observed_steps`, `observed_samples` over
-    `compute_s_total`) let a reader average over any stretch of the run from two
-    snapshots, however often it sampled.
+    The totals (`step_s_total` and `data_s_total` over `observed_steps`,
+    `observed_samples` over `compute_s_total`) let a reader average over any
+    stretch of the run from two snapshots, however often it sampled. `max_batch`
+    is the worker's own largest batch from its HELLO (0: none).
     """
 
     role: str = "worker"
@@ -219,6 +226,7 @@ class WorkerStatus:
     pull_s: float = 0.0
     push_s: float = 0.0
     wait_s: float = 0.0
+    data_s: float = 0.0
     samples_per_s: float = 0.0
     standalone_sps: float = 0.0
     loss: float | None = None
@@ -229,6 +237,8 @@ class WorkerStatus:
     version: int = 0
     updates: int = 0
     endpoint: str = ""
+    data_s_total: float = 0.0
+    max_batch: int = 0
 
 
 @dataclass

@@ -2,18 +2,17 @@
 
 Shards run no user code: a task names its optimizer with one of these specs,
 the first worker sends the spec's fields with the model's signature, and the
-shards build the optimizer from them. Shards apply SGD today (with DBS-SGD's
-per-gradient weighting); Adam and AdamW are accepted in a task and refused at
-start-up with a clear error until the shards implement them.
+shards build the optimizer from them (ps/update_rules.py). A spec that arrives
+from a peer is checked field by field here (`optimizer_from_fields`) before a
+shard builds anything from it; a task's own spec goes through the same check at
+start-up, so a bad one fails before a job starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-SUPPORTED_ON_SHARDS = ("sgd",)
-
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -53,3 +52,57 @@ class AdamW(OptimizerSpec):
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
+
+
+SPECS: dict[str, type[OptimizerSpec]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+SUPPORTED_ON_SHARDS = tuple(SPECS)
+
+
+def _rate(spec: str, key: str, value: Any) -> float:
+    """A finite, non-negative number (bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"optimizer {spec}: {key} must be a finite non-negative number, got {value!r}")
+    return float(value)
+
+
+def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
+    """A spec from its wire fields (`to_wire`); ValueError naming the first malformed field.
+
+    Unknown names and unknown fields are refused rather than ignored: a field the
+    shards would drop silently (an Adam spec with `momentum`) is a task that
+    does not train as written. Missing fields take the spec's defaults.
+    """
+    if not isinstance(fields_, dict):
+        raise ValueError(f"an optimizer spec is a map of fields, got {type(fields_).__name__}")
+    name = fields_.get("name")
+    if name not in SPECS:
+        raise ValueError(f"optimizer {name!r} is not applied by the shards (they apply {', '.join(SUPPORTED_ON_SHARDS)})")
+    cls = SPECS[name]
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(fields_) - known)
+    if unknown:
+        raise ValueError(f"optimizer {name}: unknown fields {unknown} (it takes {sorted(known - {'name'})})")
+    values: dict[str, Any] = {}
+    for key, value in fields_.items():
+        if key in ("lr", "weight_decay", "momentum"):
+            values[key] = _rate(name, key, value)
+        elif key == "eps":
+            values[key] = _rate(name, key, value)
+            if values[key] == 0:
+                raise ValueError(f"optimizer {name}: eps must be positive (it keeps an unused parameter's step 0/eps)")
+        elif key == "betas":
+            if not isinstance(value, (list, tuple)) or len(value) != 2:
+                raise ValueError(f"optimizer {name}: betas must be two numbers, got {value!r}")
+            betas = tuple(_rate(name, key, b) for b in value)
+            if not all(b < 1 for b in betas):
+                raise ValueError(f"optimizer {name}: betas must lie in [0, 1), got {list(betas)}")
+            values[key] = betas
+        elif key == "nesterov":
+            if not isinstance(value, bool):
+                raise ValueError(f"optimizer {name}: nesterov must be true or false, got {value!r}")
+            values[key] = value
+        elif key == "no_decay":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
+                raise ValueError(f"optimizer {name}: no_decay must be a list of non-empty name substrings, got {value!r}")
+            values[key] = tuple(value)
+    return cls(**values)

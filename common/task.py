@@ -28,7 +28,7 @@ from torch.utils.data import default_collate
 
 from dynabatch.common.chunking import named_travelling
 from dynabatch.common.eval_metrics import Metric, accuracy
-from dynabatch.common.optim_spec import SUPPORTED_ON_SHARDS, OptimizerSpec
+from dynabatch.common.optim_spec import OptimizerSpec, optimizer_from_fields
 from dynabatch.common.schedules import Schedule
 
 TRAVELLING_DTYPES = (torch.float32,)
@@ -209,9 +209,11 @@ def check_task(task: Task, seed: int) -> tuple[ModelSignature, Any]:
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise TaskError(f"the loss must be a scalar float tensor (the batch mean), got {shape}")
     loss.backward()
-    if task.optimizer is not None and task.optimizer.name not in SUPPORTED_ON_SHARDS:
-        raise TaskError(f"optimizer {task.optimizer.name!r} is not applied by the shards yet "
-                        f"(they apply {', '.join(SUPPORTED_ON_SHARDS)})")
+    if task.optimizer is not None:
+        try:
+            optimizer_from_fields(task.optimizer.to_wire())  # what the shards will check, checked here first
+        except ValueError as exc:
+            raise TaskError(str(exc)) from None
     return ModelSignature(sig.params, len(data)), data
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-FORMAT = 1
+FORMAT = 2  # 2: per-chunk optimizer state ("optimizer_state") instead of momentum buffers
 
 
 def save_checkpoint(path: Path, meta: dict[str, Any], state: dict[str, Any]) -> None:

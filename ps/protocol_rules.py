@@ -2,9 +2,10 @@
 
 `ShardState` (shard_state.py) owns the parameters, versions and live workers and
 asks its rule, named by the protocol's spec (common/protocols.py), what a pushed
-chunk does: apply now, wait in a round, or close one. The optimizer arithmetic
-itself (SGD with momentum, the outer optimizer) is in update_rules.py; a rule
-decides when to call it and with what.
+chunk does: apply now, wait in a round, or close one. The optimizers themselves
+(the task's, the outer one) are in update_rules.py; a rule decides when to offer
+them what: a step now (a synchronous round) or a gradient of b_i samples, which
+an adaptive optimizer adds up to a batch of B before it steps.
 
 A rule is told about every push only after `check` has passed for all of the
 push's chunks, so a refused push leaves no trace in any round.
@@ -49,7 +50,8 @@ class ShardRule:
         return []
 
     def close(self, cid: int) -> bool:
-        """Apply chunk `cid`'s open round with whoever contributed; False if none is open."""
+        """Apply chunk `cid`'s open round with whoever contributed; True if the chunk was updated
+        (False: no round was open, or an adaptive optimizer waits for more samples)."""
         return False
 
     def pull_blocked(self, worker: str) -> bool:
@@ -64,8 +66,7 @@ class AsyncRule(ShardRule):
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
         shard = self.shard
-        shard.apply_sgd(cid, tensor, dbs_weight(samples, shard.global_batch, shard.allocated))
-        return True
+        return shard.apply_gradient(cid, tensor, samples, dbs_weight(samples, shard.global_batch, shard.allocated))
 
 
 class StaleSynchronousRule(AsyncRule):
@@ -88,10 +89,10 @@ class StaleSynchronousRule(AsyncRule):
         self.clocks: dict[str, dict[int, int]] = {}
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
-        super().take(cid, worker, tensor, samples, staleness, now)
+        applied = super().take(cid, worker, tensor, samples, staleness, now)
         self.clocks[worker][cid] += 1
         self.widest_spread = max(self.widest_spread, self.spread())
-        return True
+        return applied
 
     def clock(self, worker: str) -> int:
         return min(self.clocks[worker].values(), default=0)
@@ -167,6 +168,10 @@ class SoftRound:
     def add(self, tensor: torch.Tensor, samples: int, staleness: int) -> None:
         self.entries.append((tensor, samples, staleness))
 
+    @property
+    def samples(self) -> int:
+        return sum(samples for _, samples, _ in self.entries)
+
     def combined(self) -> torch.Tensor:
         """sum(b_i g_i / max(1, tau_i)) / sum(b_i): the sample-weighted, staleness-damped mean."""
         total = sum(samples for _, samples, _ in self.entries)
@@ -198,7 +203,8 @@ class _RoundRule(ShardRule):
     def _complete(self, cid: int) -> bool:
         raise NotImplementedError
 
-    def _apply(self, cid: int) -> None:
+    def _apply(self, cid: int) -> bool:
+        """Hand the closed round to the optimizer; True if the chunk was updated."""
         raise NotImplementedError
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
@@ -215,10 +221,10 @@ class _RoundRule(ShardRule):
     def close(self, cid: int) -> bool:
         if not self.rounds[cid]:
             return False
-        self._apply(cid)
+        updated = self._apply(cid)
         self.rounds[cid] = self._new_round()
         self.started.pop(cid, None)
-        return True
+        return updated
 
 
 class RoundRule(_RoundRule):
@@ -241,18 +247,17 @@ class RoundRule(_RoundRule):
     def _complete(self, cid: int) -> bool:
         return self.rounds[cid].complete(self.shard.live)
 
-    def _apply(self, cid: int) -> None:
-        self.shard.apply_sgd(cid, self.rounds[cid].mean(), 1.0)
+    def _apply(self, cid: int) -> bool:
+        self.shard.apply_step(cid, self.rounds[cid].mean())
+        return True
 
 
 class OuterRule(RoundRule):
     """local and msd: each round averages the workers' parameter deltas by samples and applies
-    them with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum)."""
+    them with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum), which is
+    the chunks' optimizer under a delta protocol (shard_state.py)."""
 
     NAME = "outer"
-
-    def _apply(self, cid: int) -> None:
-        self.shard.apply_outer(cid, self.rounds[cid].mean())
 
 
 class SoftsyncRule(_RoundRule):
@@ -270,8 +275,9 @@ class SoftsyncRule(_RoundRule):
     def _complete(self, cid: int) -> bool:
         return len(self.rounds[cid].entries) >= softsync_needed(len(self.shard.live), self.shard.softsync_n)
 
-    def _apply(self, cid: int) -> None:
-        self.shard.apply_sgd(cid, self.rounds[cid].combined(), 1.0)
+    def _apply(self, cid: int) -> bool:
+        round_ = self.rounds[cid]
+        return self.shard.apply_gradient(cid, round_.combined(), round_.samples, 1.0)
 
 
 RULES: dict[str, type[ShardRule]] = {

@@ -10,6 +10,7 @@ that arrives on a socket can stop the loop.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import socket
 import time
@@ -34,7 +35,7 @@ from dynabatch.common.wire import ChunkMeta, ProtocolError, check_chunks, check_
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.update_rules import OuterConfig, sgd_config
+from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
 
 log = logging.getLogger("dynabatch.ps")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
@@ -107,6 +108,8 @@ class ShardServer:
         self.signature: ModelSignature | None = None
         self.init_specs: dict[str, dict] = {"optimizer": {}, "schedule": {}}
         self.schedule = Schedule()
+        self.progress = 0.0  # the job's progress (epoch / epochs) as far as this shard knows: where the schedule stands
+        self.samples_seen = 0
         self.last_assignment: Assignment | None = None
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
@@ -171,16 +174,17 @@ class ShardServer:
     def _create_state(self, sig: ModelSignature, flat: torch.Tensor | None, optimizer: dict, schedule: dict) -> None:
         """This shard's part of the model described by `sig`, at `flat` (None: zeros, a checkpoint follows).
 
-        `optimizer` is an optimizer spec's fields (empty: the job's SGD flags); ProtocolError if
-        the shards do not apply that optimizer.
+        `optimizer` is an optimizer spec's fields (empty: the job's SGD flags), already checked
+        by `_on_init` (or written by this shard into its checkpoint).
         """
         layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
-        sgd = sgd_config(self.job, optimizer)
+        spec = optimizer_spec(self.job, optimizer)
         outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
         self.schedule = schedule_from_fields(schedule)
         self.state = ShardState.initial(
-            layout.for_shard(self.index), torch.zeros(layout.total) if flat is None else flat, sgd,
+            layout.for_shard(self.index), torch.zeros(layout.total) if flat is None else flat, spec,
             self.job.protocol, self.job.global_batch, outer, self.job.softsync_n, self.job.staleness,
+            [(p.name, math.prod(p.shape)) for p in sig.params],
         )
         self.signature = sig
         self.init_specs = {"optimizer": optimizer, "schedule": schedule}
@@ -188,7 +192,7 @@ class ShardServer:
             self.state.set_membership(set(self.last_assignment.live_workers), self.last_assignment.allocated)
         log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
                  self.index, self.job.shards, self.advertise, len(self.state.chunks), sig.total,
-                 sum(c.length for c in self.state.chunks), self.job.protocol, sgd)
+                 sum(c.length for c in self.state.chunks), self.job.protocol, spec)
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -235,7 +239,7 @@ class ShardServer:
         self.membership = body.membership
         self.m.live.set(len(body.live_workers))
         if self.state is not None:
-            self.state.lr_factor = self.schedule.factor(body.progress)
+            self._advance_progress(body.progress)
             self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
             self._serve_parked()
         if body.stop:
@@ -282,6 +286,7 @@ class ShardServer:
             schedule_from_fields(body.schedule)
         except ValueError as exc:
             raise ProtocolError("bad_field", f"INIT: {exc}") from None
+        optimizer_spec(self.job, body.optimizer)  # a malformed spec is refused before anything is built
         if self.state is not None:
             difference = sig.difference(self.signature)
             if difference is not None:
@@ -340,10 +345,25 @@ class ShardServer:
         self.m.clock_spread.set(self.state.rule.widest_spread)
         self.m.pushes.labels(self.shard_label, msg.sender).inc()
         self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks))
+        if self.state.chunks[0].id in tensors:  # count each step once, on the shard's first chunk
+            self.samples_seen += body.samples
+            self._advance_progress(self.samples_seen / (self.signature.train_size * self.job.epochs)
+                                   if self.job.epochs else 0.0)
         all_applied = len(outcome.applied) == len(tensors)
         send_routed(self.sock, incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied),
                     msg.seq, self.job.job, f"ps{self.index}")
         self._after_update(outcome.applied)
+
+    def _advance_progress(self, progress: float) -> None:
+        """Move the schedule forward to `progress`, never back.
+
+        The scheduler's figure comes with its answers to this shard's heartbeats (every
+        --heartbeat-s); between them the shard's own count of the samples pushed to it
+        moves the schedule, so a short job is not trained entirely at the schedule's
+        first value (a warm-up's 0).
+        """
+        self.progress = max(self.progress, min(1.0, progress))
+        self.state.lr_factor = self.schedule.factor(self.progress)
 
     def _after_update(self, applied: list[int]) -> None:
         """Count applied chunk updates and stream them to the pulls that were waiting for them."""

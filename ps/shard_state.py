@@ -1,6 +1,6 @@
 """A shard's model state, without sockets.
 
-State is kept per chunk: each chunk has its parameters, optimizer buffer and
+State is kept per chunk: each chunk has its parameters, optimizer and
 version, and the protocol's rule (protocol_rules.py) keeps each chunk's open
 round. That is what lets a worker push a chunk's gradient the moment backward
 has finished it, and lets a shard apply and serve chunks in priority order, one
@@ -20,10 +20,13 @@ from typing import Any, Sequence
 import torch
 
 from dynabatch.common.chunking import Chunk
-from dynabatch.common.protocols import ProtocolSpec, protocol_spec
+from dynabatch.common.optim_spec import OptimizerSpec
+from dynabatch.common.protocols import DELTA, ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.protocol_rules import RULES, ShardRule
-from dynabatch.ps.update_rules import OuterConfig, SGDConfig, outer_step, sgd_step
+from dynabatch.ps.update_rules import (
+    ChunkOptimizer, OuterConfig, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
+)
 
 
 @dataclass
@@ -37,21 +40,22 @@ class PushOutcome:
 
 @dataclass
 class ShardState:
-    """Parameter chunks, optimizer buffers, versions, the live workers and the protocol's rule.
+    """Parameter chunks, their optimizers, versions, the live workers and the protocol's rule.
 
     `allocated` is the number of workers the scheduler gave a batch (DBS-SGD's n);
-    `live` can be larger while a worker joins.
+    `live` can be larger while a worker joins. `optimizer` is the task's (or the
+    job's SGD); under the delta protocols the chunks' optimizer is the outer one.
     """
 
     chunks: list[Chunk]
-    sgd: SGDConfig
+    optimizer: OptimizerSpec
     protocol: str
     global_batch: int
     outer: OuterConfig = field(default_factory=OuterConfig)
     softsync_n: int = 1
     staleness_bound: int = 0
     params: dict[int, torch.Tensor] = field(default_factory=dict)
-    momentum: dict[int, torch.Tensor] = field(default_factory=dict)
+    optim: dict[int, ChunkOptimizer] = field(default_factory=dict)
     chunk_versions: dict[int, int] = field(default_factory=dict)
     live: set[str] = field(default_factory=set)
     allocated: int = 0
@@ -65,15 +69,23 @@ class ShardState:
 
     @classmethod
     def initial(
-        cls, chunks: Sequence[Chunk], flat: torch.Tensor, sgd: SGDConfig, protocol: str, global_batch: int,
-        outer: OuterConfig = OuterConfig(), softsync_n: int = 1, staleness_bound: int = 0,
+        cls, chunks: Sequence[Chunk], flat: torch.Tensor, optimizer: OptimizerSpec, protocol: str,
+        global_batch: int, outer: OuterConfig = OuterConfig(), softsync_n: int = 1, staleness_bound: int = 0,
+        params: Sequence[tuple[str, int]] = (),
     ) -> "ShardState":
-        """State at version 0 from the model's initial flat parameters."""
-        state = cls(sorted(chunks, key=lambda c: c.id), sgd, protocol, global_batch, outer, softsync_n,
+        """State at version 0 from the model's initial flat parameters.
+
+        `params` are the model's parameters (name, size) in flat order, for the
+        optimizer's `no_decay`; without them every value takes its weight decay.
+        """
+        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, outer, softsync_n,
                     staleness_bound)
+        runs = decay_runs(params or [("", flat.numel())], optimizer)
         for c in state.chunks:
-            state.params[c.id] = flat[c.start : c.stop].clone()
-            state.momentum[c.id] = torch.zeros(c.length)
+            param = flat[c.start : c.stop].clone()
+            state.params[c.id] = param
+            state.optim[c.id] = (OuterOptimizer(outer, c.length) if state.kind == DELTA
+                                 else chunk_optimizer(optimizer, param, chunk_segments(runs, c.start, c.stop)))
             state.chunk_versions[c.id] = 0
         return state
 
@@ -137,26 +149,37 @@ class ShardState:
         return self.rule.overdue(now, timeout_s)
 
     def close_round(self, cid: int) -> bool:
-        """Apply chunk `cid`'s open round with whoever pushed (a worker we cannot reach is not waited on)."""
+        """Close chunk `cid`'s open round with whoever pushed (a worker we cannot reach is not waited on);
+        True if the chunk was updated."""
         return self.rule.close(cid)
 
-    def apply_sgd(self, cid: int, grad: torch.Tensor, lr_scale: float) -> None:
-        """One optimizer step on chunk `cid` (a rule calls this when a gradient or a round is due)."""
-        self.params[cid], self.momentum[cid] = sgd_step(self.params[cid], grad, self.momentum[cid], self.sgd,
-                                                        lr_scale * self.lr_factor)
-        self.chunk_versions[cid] += 1
+    def apply_step(self, cid: int, tensor: torch.Tensor) -> None:
+        """One step of chunk `cid`'s optimizer now: a synchronous round's mean gradient, or mean delta."""
+        self._publish(cid, self.optim[cid].step(self.params[cid], tensor, self.lr_factor))
 
-    def apply_outer(self, cid: int, delta: torch.Tensor) -> None:
-        """One outer-optimizer step on chunk `cid` with the round's mean parameter delta."""
-        self.params[cid], self.momentum[cid] = outer_step(self.params[cid], delta, self.momentum[cid], self.outer)
+    def apply_gradient(self, cid: int, grad: torch.Tensor, samples: int, lr_scale: float) -> bool:
+        """An asynchronous gradient of `samples` samples; True if chunk `cid` was updated now.
+
+        SGD steps on it with its rate scaled by `lr_scale` (DBS-SGD's weight); an
+        adaptive optimizer steps once B samples' gradients are in (update_rules.py).
+        """
+        new = self.optim[cid].offer(self.params[cid], grad, samples, self.global_batch, self.lr_factor, lr_scale)
+        if new is None:
+            return False
+        self._publish(cid, new)
+        return True
+
+    def _publish(self, cid: int, new: torch.Tensor) -> None:
+        """Replace chunk `cid`'s parameters (the old tensor may still be in a pull's reply) and count the update."""
+        self.params[cid] = new
         self.chunk_versions[cid] += 1
 
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint holds, by reference: parameters are never written in place, and the
-        caller saves the snapshot before the next update can touch a momentum buffer."""
+        caller saves the snapshot before the next update can touch an optimizer's state."""
         return {
             "params": dict(self.params),
-            "momentum": dict(self.momentum),
+            "optimizer_state": {cid: opt.state_dict() for cid, opt in self.optim.items()},
             "chunk_versions": dict(self.chunk_versions),
         }
 
@@ -167,5 +190,6 @@ class ShardState:
         ):
             raise ValueError("checkpoint holds different chunks than this shard's layout")
         self.params = dict(saved["params"])
-        self.momentum = dict(saved["momentum"])
+        for cid, opt in self.optim.items():
+            opt.load_state_dict(saved["optimizer_state"][cid])
         self.chunk_versions = dict(saved["chunk_versions"])

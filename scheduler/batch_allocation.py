@@ -2,6 +2,12 @@
 
 All functions are pure and deterministic: ties are broken by worker id, so two
 schedulers (or a restarted one) given the same inputs hand out the same batches.
+
+Bounds are per worker: the job's ``[b_min, b_max]``, and below ``b_max`` a
+worker's own largest batch (``caps``, declared in its HELLO: machines differ in
+memory, not only in speed). A cap is physical, so it also wins over ``b_min``:
+a worker that can hold 4 samples gets at most 4 even if the job's smallest
+batch is 8.
 """
 
 from __future__ import annotations
@@ -22,21 +28,43 @@ def _check_bounds(global_batch: int, b_min: int, b_max: int) -> None:
         raise ValueError(f"b_max ({b_max}) must be >= b_min ({b_min})")
 
 
-def _infeasible(
-    ids: Sequence[str], global_batch: int, b_min: int, b_max: int
-) -> dict[str, int] | None:
-    """Everyone at the violated bound when ``global_batch`` is outside ``[n*b_min, n*b_max]``.
+def _worker_bounds(
+    ids: Sequence[str], b_min: int, b_max: int, caps: Mapping[str, int] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each worker's ``(lowest, highest)`` batch: ``hi = min(b_max, cap)``, ``lo = min(b_min, hi)``."""
+    caps = caps or {}
+    bad = {w: c for w, c in caps.items() if c < 1}
+    if bad:
+        raise ValueError(f"caps must be >= 1, got {bad}")
+    hi = np.array([min(b_max, caps.get(w, b_max)) for w in ids], dtype=np.int64)
+    return np.minimum(b_min, hi), hi
+
+
+def _infeasible(ids: Sequence[str], global_batch: int, lo: np.ndarray, hi: np.ndarray) -> dict[str, int] | None:
+    """Everyone at the violated bound when ``global_batch`` is outside ``[sum lo, sum hi]``.
 
     This is not an error: the configuration is validated up front, but workers
-    joining or leaving at runtime can make the bounds infeasible, and the job must
-    go on. The per-worker bounds win over the global batch, whose sum then differs.
+    joining or leaving at runtime (or declaring small caps) can make the bounds
+    infeasible, and the job must go on. The per-worker bounds win over the
+    global batch, whose sum then differs (``bounds_note`` says so).
     """
-    n = len(ids)
-    if global_batch <= n * b_min:
-        return dict.fromkeys(ids, b_min)
-    if global_batch >= n * b_max:
-        return dict.fromkeys(ids, b_max)
+    if global_batch <= int(lo.sum()):
+        return {w: int(b) for w, b in zip(ids, lo)}
+    if global_batch >= int(hi.sum()):
+        return {w: int(b) for w, b in zip(ids, hi)}
     return None
+
+
+def bounds_note(batches: Mapping[str, int], global_batch: int) -> str:
+    """"" when ``batches`` sum to ``global_batch``; else a bounded label saying which bounds won.
+
+    It becomes part of a decision's reason (a Prometheus label), so it names no numbers;
+    the decision's batches show the sum.
+    """
+    total = sum(batches.values())
+    if not batches or total == global_batch:
+        return ""
+    return "bounds hold less than B" if total < global_batch else "bounds hold more than B"
 
 
 def _largest_remainder(ids: Sequence[str], shares: np.ndarray, total: int) -> dict[str, int]:
@@ -55,40 +83,45 @@ def _largest_remainder(ids: Sequence[str], shares: np.ndarray, total: int) -> di
 
 
 def allocate(
-    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int
+    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int,
+    caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Batch sizes giving every worker the same predicted step time, summing to ``global_batch``.
 
     Unconstrained, ``a_i + c_i*b_i = T`` for all i and ``sum b_i = B`` give
     ``T = (B + sum a_i/c_i) / sum(1/c_i)`` and ``b_i = (T - a_i)/c_i``. With bounds,
-    workers whose share falls outside ``[b_min, b_max]`` are pinned there and the
-    others re-solved with the rest of the batch. Pinning and re-solving in rounds
-    can pin a worker too early when some hit the lower bound and others the upper
-    one in the same round, so the fixed point of that process is computed
-    directly instead: ``sum clip((T - a_i)/c_i, b_min, b_max)`` is continuous and
+    workers whose share falls outside their bounds ``[lo_i, hi_i]`` (the job's
+    ``[b_min, b_max]``, with ``caps`` lowering a worker's upper bound, see the
+    module's docstring) are pinned there and the others re-solved with the rest
+    of the batch. Pinning and re-solving in rounds can pin a worker too early
+    when some hit the lower bound and others the upper one in the same round, so
+    the fixed point of that process is computed directly instead:
+    ``sum clip((T - a_i)/c_i, lo_i, hi_i)`` is continuous and
     nondecreasing in ``T`` and linear between the ``T`` at which some worker
     reaches a bound, so the segment containing ``B`` is found and solved exactly.
     The shares are then rounded by largest remainder, keeping the sum exact.
 
-    When ``B`` is outside ``[n*b_min, n*b_max]`` every worker gets the violated
-    bound and the sum differs from ``B`` (see ``_infeasible``). Raises ValueError
-    for ``B < 0``, ``b_min < 1`` or ``b_max < b_min``. No models gives ``{}``.
+    When ``B`` is outside the sum of the lower bounds and the sum of the upper
+    ones, every worker gets the violated bound and the sum differs from ``B``
+    (see ``_infeasible``). Raises ValueError for ``B < 0``, ``b_min < 1``,
+    ``b_max < b_min`` or a cap below 1. No models gives ``{}``.
     """
     _check_bounds(global_batch, b_min, b_max)
     ids = sorted(models)
     if not ids:
         return {}
-    pinned = _infeasible(ids, global_batch, b_min, b_max)
+    lo, hi = _worker_bounds(ids, b_min, b_max, caps)
+    pinned = _infeasible(ids, global_batch, lo, hi)
     if pinned is not None:
         return pinned
 
     a = np.array([models[w].fixed_s for w in ids], dtype=float)
     c = np.array([models[w].per_sample_s for w in ids], dtype=float)
-    t_low = a + c * b_min
-    t_high = a + c * b_max
+    t_low = a + c * lo
+    t_high = a + c * hi
 
     def total(t: float) -> float:
-        return float(np.clip((t - a) / c, b_min, b_max).sum())
+        return float(np.clip((t - a) / c, lo, hi).sum())
 
     breaks = np.unique(np.concatenate([t_low, t_high]))
     k = next(i for i, t in enumerate(breaks) if total(t) >= global_batch)
@@ -96,29 +129,45 @@ def allocate(
     at_min = t_low >= mid
     at_max = t_high <= mid
     free = ~(at_min | at_max)
-    rest = global_batch - b_min * int(at_min.sum()) - b_max * int(at_max.sum())
+    rest = global_batch - int(lo[at_min].sum()) - int(hi[at_max].sum())
     t = (rest + float((a[free] / c[free]).sum())) / float((1.0 / c[free]).sum())
-    shares = np.clip((t - a) / c, b_min, b_max)
+    shares = np.clip((t - a) / c, lo, hi)
     return _largest_remainder(ids, shares, global_batch)
 
 
 def fixed_allocation(
-    workers: Sequence[str], global_batch: int, b_min: int, b_max: int
+    workers: Sequence[str], global_batch: int, b_min: int, b_max: int,
+    caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Equal shares ``B // n``, the remainder one each to the first workers by id.
 
     Used by the static policies, and by ``dynamic`` before any worker has a speed
-    model. Out-of-range ``B`` is handled as in ``allocate``.
+    model. A worker held below the equal share by its bounds keeps its bound and
+    the others share the rest equally (water-filling, in integers: the level
+    ``L`` is the largest with ``sum clip(L, lo, hi) <= B``, and the remainder goes
+    one each to the first workers by id that can still grow). Out-of-range
+    ``B`` is handled as in ``allocate``.
     """
     _check_bounds(global_batch, b_min, b_max)
     ids = sorted(set(workers))
     if not ids:
         return {}
-    pinned = _infeasible(ids, global_batch, b_min, b_max)
+    lo, hi = _worker_bounds(ids, b_min, b_max, caps)
+    pinned = _infeasible(ids, global_batch, lo, hi)
     if pinned is not None:
         return pinned
-    base, extra = divmod(global_batch, len(ids))
-    return {worker: base + (i < extra) for i, worker in enumerate(ids)}
+    low, high = int(lo.min()), int(hi.max())
+    while low < high:  # the largest level whose clipped sum fits in B
+        mid = (low + high + 1) // 2
+        if int(np.clip(mid, lo, hi).sum()) <= global_batch:
+            low = mid
+        else:
+            high = mid - 1
+    batches = np.clip(low, lo, hi)
+    growable = [i for i in range(len(ids)) if lo[i] <= low < hi[i]]
+    for i in growable[:global_batch - int(batches.sum())]:
+        batches[i] += 1
+    return {worker: int(b) for worker, b in zip(ids, batches)}
 
 
 def needs_reassign(

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.eval_bounds import eval_problem
 from dynabatch.common.messages import (
     Assignment, Decision, EvalReport, Heartbeat, Hello, JobStatus, ShardStatus, Welcome, WorkerStatus,
 )
 from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
-from dynabatch.scheduler.batch_allocation import allocate, fixed_allocation, needs_reassign
+from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.local_steps import adacomm_steps
-from dynabatch.scheduler.report_bounds import check_eval, check_worker_heartbeat
+from dynabatch.scheduler.report_bounds import check_eval_version, check_worker_heartbeat
 from dynabatch.scheduler.speed_model import SpeedModel
 
 DECISIONS_KEPT = 100
@@ -55,6 +56,7 @@ class Member:
     batch: int = 0
     last: Heartbeat = field(default_factory=Heartbeat)
     step_s_total: float = 0.0
+    data_s_total: float = 0.0
     observed_steps: int = 0
     compute_s_total: float = 0.0
     observed_samples: int = 0
@@ -63,6 +65,7 @@ class Member:
     admitted_in: int = 0  # the membership number that first held this worker
     connection: bytes = b""  # the ROUTER routing id of the connection that registered it
     instance: str = ""
+    max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
 
     def public(self) -> WorkerStatus:
         """The member as STATUS shows it."""
@@ -71,12 +74,26 @@ class Member:
             role=self.role, name=self.name, host=self.host, metrics_url=self.metrics_url,
             joined=self.joined, steps=self.steps, samples=self.samples, batch=self.batch,
             step_s=hb.step_s, compute_s=hb.compute_s, pull_s=hb.pull_s, push_s=hb.push_s,
-            wait_s=hb.wait_s, samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
+            wait_s=hb.wait_s, data_s=hb.data_s, samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
             standalone_sps=self.standalone_sps, loss=_finite_or_none(hb.loss),
             step_s_total=self.step_s_total, observed_steps=self.observed_steps,
             compute_s_total=self.compute_s_total, observed_samples=self.observed_samples,
             version=hb.version, updates=hb.updates, endpoint=self.endpoint,
+            data_s_total=self.data_s_total, max_batch=self.max_batch,
         )
+
+
+def own_step_seconds(hb: Heartbeat) -> float:
+    """The part of a worker's step its speed model fits: everything but waiting for other workers.
+
+    Waiting for others (an ssgd round, a local average) says nothing about the
+    worker's speed, and fitting it would make every worker in a round look as
+    slow as the slowest. Waiting for data (`data_s`) is the worker's own: a
+    starved loader makes that machine slower at every batch size, exactly as a
+    slow GPU does, so it stays in, and a worker whose loader cannot keep up gets
+    a smaller share.
+    """
+    return max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S)
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -129,6 +146,8 @@ class JobState:
             raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
         if len(hello.instance) > MAX_INSTANCE_CHARS:
             raise ProtocolError("bad_field", f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
+        if hello.max_batch < 0:
+            raise ProtocolError("bad_field", f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
         again = self.members.get(self.instances.get(hello.instance, "")) if hello.instance else None
         if again is not None and not again.left and again.role == hello.role:
             again.last_seen = now
@@ -151,7 +170,8 @@ class JobState:
             self._next_id[hello.role] += 1
             index = -1
         member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
-                        endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance)
+                        endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance,
+                        max_batch=hello.max_batch)
         self.members[member_id] = member
         if hello.instance:
             self.instances[hello.instance] = member_id
@@ -282,11 +302,9 @@ class JobState:
             member.speed = SpeedModel(self.job.speed_window, self.job.speed_forgetting, hb.standalone_sps)
             self._reallocate(now, "joined", member.id, force=True)
         if new_steps > 0 and hb.batch > 0 and hb.step_s > 0 and member.speed is not None:
-            # The model predicts the worker's own time: waiting for others (an ssgd round, a
-            # local average) says nothing about its speed, and fitting it would make every
-            # worker in a round look as slow as the slowest.
-            member.speed.observe(hb.batch, max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S))
+            member.speed.observe(hb.batch, own_step_seconds(hb))
             member.step_s_total += hb.step_s * new_steps
+            member.data_s_total += hb.data_s * new_steps
             member.observed_steps += new_steps
             member.compute_s_total += hb.compute_s * new_steps
             member.observed_samples += hb.batch * new_steps
@@ -298,10 +316,15 @@ class JobState:
                 self._adapt_local_steps(now, hb)
 
     def eval_report(self, member_id: str, report: EvalReport, now: float, connection: bytes = b"") -> None:
+        """Keep the newest evaluation. Only an evaluator reports one, of a version the shards can have
+        reached, within common/eval_bounds.py; anything else is refused and changes nothing."""
         member = self.member(member_id, connection)
         if member.role != "evaluator":
             raise ProtocolError("bad_sender", f"{member_id} is a {member.role}; only an evaluator reports evaluations")
-        check_eval(report, self.newest_possible_version)
+        problem = eval_problem(report)
+        if problem:
+            raise ProtocolError("bad_field", problem)
+        check_eval_version(report, self.newest_possible_version)
         member.last_seen = now
         if self.eval is None or report.version >= self.eval.version or report.final:
             self.eval = report
@@ -420,10 +443,12 @@ class JobState:
         if not self.training_started:
             self.training_started, self.training_started_at = True, now
         models = {wid: m.speed.fit() for wid, m in ready.items()}
-        if self.job.batch_policy == "fixed" or any(model is None for model in models.values()):
-            proposed = fixed_allocation(sorted(ready), self.job.global_batch, self.job.min_batch, self.job.max_batch)
+        caps = {wid: m.max_batch for wid, m in ready.items() if m.max_batch > 0}
+        job = self.job
+        if job.batch_policy == "fixed" or any(model is None for model in models.values()):
+            proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
         else:
-            proposed = allocate(models, self.job.global_batch, self.job.min_batch, self.job.max_batch)
+            proposed = allocate(models, job.global_batch, job.min_batch, job.max_batch, caps)
         if not force and not needs_reassign(self.allocation, proposed, self.job.reassign_threshold):
             return
         if proposed == self.allocation:
@@ -433,7 +458,9 @@ class JobState:
         for wid, b in proposed.items():
             ready[wid].batch = b
         predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items() if models[wid] is not None}
-        self.decisions.append(Decision(now - self.started, reason, subject, dict(proposed), predicted))
+        note = bounds_note(proposed, job.global_batch)
+        self.decisions.append(Decision(now - self.started, f"{reason}; {note}" if note else reason, subject,
+                                       dict(proposed), predicted))
         del self.decisions[:-DECISIONS_KEPT]
 
     def _ready_workers(self, known_to_shards: bool) -> dict[str, Member]:

@@ -19,6 +19,7 @@ from dynabatch.common.messages import (
     Bye, ByeAck, DecisionLatency, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest,
 )
 from dynabatch.common.curve import CurveKeys
+from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
@@ -27,7 +28,7 @@ from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
 
 log = logging.getLogger("dynabatch.scheduler")
-PHASES = ("step", "compute", "pull", "push", "wait")
+PHASES = ("step", "compute", "pull", "push", "wait", "data")
 DECISION_TIMES_KEPT = 4096
 
 
@@ -46,6 +47,8 @@ class SchedulerMetrics:
         self.loss = Gauge("dynabatch_job_train_loss", "Smoothed training loss reported by workers.", registry=registry)
         self.test_acc = Gauge("dynabatch_job_test_accuracy", "Test accuracy of the latest evaluated model (0-1).", registry=registry)
         self.test_loss = Gauge("dynabatch_job_test_loss", "Test loss of the latest evaluated model.", registry=registry)
+        self.eval_metric = Gauge("dynabatch_eval_metric", "Each metric of the latest evaluation (the loss included), by name.",
+                                 ["name"], registry=registry)
         self.local_steps = Gauge("dynabatch_scheduler_local_steps", "Local steps H between syncs (local, msd).", registry=registry)
         self.bytes = Gauge("dynabatch_job_bytes", "Tensor bytes moved between workers and shards.", registry=registry)
         self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry)
@@ -73,6 +76,9 @@ class SchedulerServer:
         self._decisions_seen = 0
         self.decision_times: deque[float] = deque(maxlen=DECISION_TIMES_KEPT)
         self._exported: set[str] = set()
+        self._eval_exported: EvalReport | None = None
+        self._metric_names: set[str] = set()
+        self._metric_names_full = False
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -178,6 +184,8 @@ class SchedulerServer:
         if s.eval is not None:
             self.m.test_acc.set(s.eval.test_acc)
             self.m.test_loss.set(s.eval.test_loss)
+        if s.eval is not self._eval_exported and s.eval is not None:
+            self._export_eval_metrics(s.eval)
         for gone in self._exported - set(workers):
             self.m.batch.remove(gone)
             self.m.sps.remove(gone)
@@ -189,10 +197,36 @@ class SchedulerServer:
             hb = m.last
             self.m.batch.labels(wid).set(m.batch)
             self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
-            for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s)):
+            for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
+                                    strict=True):
                 self.m.step.labels(wid, phase).set(value)
         new = min(s.assignment_id - self._decisions_seen, len(s.decisions))
         for d in s.decisions[len(s.decisions) - new:]:
             self.m.reassign.labels(d.reason).inc()
             log.info("decision (%s%s): batches %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
         self._decisions_seen = s.assignment_id
+
+    def _export_eval_metrics(self, report: EvalReport) -> None:
+        """`dynabatch_eval_metric{name}` holds the latest evaluation's metrics, and only those.
+
+        One EVAL carries at most MAX_EVAL_METRICS names, but evaluators of one job
+        could send different ones over time: the series admits the first
+        MAX_EVAL_METRICS names it sees and drops later ones (warning once), so
+        its cardinality stays bounded for the whole job.
+        """
+        for name in report.metrics:
+            if name in self._metric_names:
+                continue
+            if len(self._metric_names) < MAX_EVAL_METRICS:
+                self._metric_names.add(name)
+            elif not self._metric_names_full:
+                self._metric_names_full = True
+                log.warning("dynabatch_eval_metric already holds %d metric names; %r and any further new name "
+                            "are not exported", MAX_EVAL_METRICS, name)
+        shown = self._eval_exported.metrics.keys() & self._metric_names if self._eval_exported else set()
+        for name in shown - report.metrics.keys():
+            self.m.eval_metric.remove(name)
+        for name, value in report.metrics.items():
+            if name in self._metric_names:
+                self.m.eval_metric.labels(name).set(value)
+        self._eval_exported = report

@@ -3,22 +3,25 @@ import random
 import numpy as np
 import pytest
 
-from dynabatch.scheduler.batch_allocation import allocate, fixed_allocation, needs_reassign
+from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.speed_model import StepModel
 
 
-def reference_shares(models: dict[str, StepModel], total: int, b_min: int, b_max: int) -> dict[str, float]:
+def reference_shares(models: dict[str, StepModel], total: int, b_min: int, b_max: int,
+                     caps: dict[str, int] | None = None) -> dict[str, float]:
     """Real-valued equal-step-time shares by bisection on T, independent of the implementation."""
     a = np.array([m.fixed_s for m in models.values()])
     c = np.array([m.per_sample_s for m in models.values()])
-    lo, hi = float((a + c * b_min).min()), float((a + c * b_max).max())
+    upper = np.array([min(b_max, (caps or {}).get(w, b_max)) for w in models])
+    lower = np.minimum(b_min, upper)
+    lo, hi = float((a + c * lower).min()), float((a + c * upper).max())
     for _ in range(200):
         t = 0.5 * (lo + hi)
-        if np.clip((t - a) / c, b_min, b_max).sum() < total:
+        if np.clip((t - a) / c, lower, upper).sum() < total:
             lo = t
         else:
             hi = t
-    return dict(zip(models, np.clip((0.5 * (lo + hi) - a) / c, b_min, b_max).tolist()))
+    return dict(zip(models, np.clip((0.5 * (lo + hi) - a) / c, lower, upper).tolist()))
 
 
 def test_proportional_speeds_give_proportional_batches() -> None:
@@ -162,3 +165,73 @@ def test_needs_reassign_when_workers_change() -> None:
 def test_needs_reassign_rejects_negative_threshold() -> None:
     with pytest.raises(ValueError):
         needs_reassign({"a": 1}, {"a": 1}, -0.1)
+
+
+# ---------------------------------------------------------------- per-worker caps (a worker's own --max-batch)
+
+
+def test_a_capped_fast_worker_keeps_its_cap_and_the_rest_is_resolved_among_the_others() -> None:
+    models = {"fast": StepModel(0.0, 1 / 400), "mid": StepModel(0.0, 1 / 200), "slow": StepModel(0.0, 1 / 100)}
+    assert allocate(models, 700, 1, 1000) == {"fast": 400, "mid": 200, "slow": 100}
+    capped = allocate(models, 700, 1, 1000, caps={"fast": 100})
+    assert capped == {"fast": 100, "mid": 400, "slow": 200}, "mid and slow share 600 at their 2:1 speeds"
+    assert bounds_note(capped, 700) == ""
+
+
+def test_a_cap_never_raises_a_bound_and_wins_over_the_jobs_smallest_batch() -> None:
+    models = {"a": StepModel(0.0, 0.001), "b": StepModel(0.0, 0.001)}
+    assert allocate(models, 100, 8, 60, caps={"a": 500}) == {"a": 50, "b": 50}
+    assert allocate(models, 100, 8, 200, caps={"a": 4}) == {"a": 4, "b": 96}
+    assert fixed_allocation(["a", "b"], 100, 8, 200, caps={"a": 4}) == {"a": 4, "b": 96}
+
+
+def test_caps_that_cannot_hold_the_global_batch_give_everyone_their_cap_and_say_so() -> None:
+    models = {"a": StepModel(0.0, 0.001), "b": StepModel(0.01, 0.002), "c": StepModel(0.0, 0.01)}
+    caps = {"a": 32, "b": 16}
+    batches = allocate(models, 200, 8, 64, caps)
+    assert batches == {"a": 32, "b": 16, "c": 64}
+    assert fixed_allocation(list(models), 200, 8, 64, caps) == batches
+    assert bounds_note(batches, 200) == "bounds hold less than B"
+    assert bounds_note(fixed_allocation(["a", "b"], 10, 8, 64), 10) == "bounds hold more than B"
+    assert bounds_note({}, 10) == ""
+
+
+def test_fixed_allocation_fills_equal_shares_around_capped_workers() -> None:
+    assert fixed_allocation(["a", "b", "c"], 96, 8, 1024, caps={"a": 16}) == {"a": 16, "b": 40, "c": 40}
+    assert fixed_allocation(["a", "b", "c"], 97, 8, 1024, caps={"c": 16}) == {"a": 41, "b": 40, "c": 16}
+    assert fixed_allocation(["a", "b", "c"], 96, 8, 1024, caps={"a": 16, "b": 30}) == {"a": 16, "b": 30, "c": 50}
+    assert fixed_allocation(["a", "b", "c"], 96, 8, 1024, caps={"a": 64}) == {"a": 32, "b": 32, "c": 32}
+
+
+def test_random_capped_allocations_keep_sum_and_bounds_and_match_reference() -> None:
+    rng = random.Random(4321)
+    for _ in range(500):
+        n = rng.randint(1, 10)
+        ids = [f"w{i:02d}" for i in range(n)]
+        models = {w: StepModel(rng.choice([0.0, rng.uniform(0, 0.2)]), rng.uniform(1e-5, 1e-2)) for w in ids}
+        b_min = rng.randint(1, 16)
+        b_max = rng.randint(b_min, 256)
+        caps = {w: rng.randint(1, 300) for w in ids if rng.random() < 0.5}
+        upper = {w: min(b_max, caps.get(w, b_max)) for w in ids}
+        lower = {w: min(b_min, upper[w]) for w in ids}
+        total = rng.randint(sum(lower.values()), sum(upper.values()))
+        for batches in (allocate(models, total, b_min, b_max, caps), fixed_allocation(ids, total, b_min, b_max, caps)):
+            assert sum(batches.values()) == total
+            assert all(lower[w] <= b <= upper[w] and isinstance(b, int) for w, b in batches.items())
+        dynamic = allocate(models, total, b_min, b_max, caps)
+        for worker, share in reference_shares(models, total, b_min, b_max, caps).items():
+            assert abs(dynamic[worker] - share) < 1 + 1e-6
+        fixed = fixed_allocation(ids, total, b_min, b_max, caps)
+
+        def at_level(level: int) -> bool:
+            return all(fixed[w] in (np.clip(level, lower[w], upper[w]), np.clip(level + 1, lower[w], upper[w]))
+                       for w in ids)
+
+        assert any(at_level(level) for level in range(b_max + 1)), ("equal shares but for the bounds", fixed)
+
+
+def test_a_cap_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="caps"):
+        allocate({"a": StepModel(0.0, 0.001)}, 10, 1, 100, caps={"a": 0})
+    with pytest.raises(ValueError, match="caps"):
+        fixed_allocation(["a"], 10, 1, 100, caps={"a": -3})

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
+import bench.__main__ as bench_cli
 from bench import convergence, report, verdicts
 from bench.convergence import RunResult
 
@@ -48,6 +51,25 @@ def test_aggregate_means_over_seeds_and_counts_marks_reached():
     assert stats.time_to["0.88"] == 41.5
     assert math.isclose(stats.final_test_acc, 0.88)
     assert math.isclose(stats.slowest_pace_fraction, 4 * 400.0 / 4000.0)
+
+
+def test_a_target_metric_is_one_more_time_to_column_after_the_accuracy_marks():
+    runs = [_run("asgd", "dynamic", s, 0.88, 0.3, 1000.0, 40.0) for s in range(2)]
+    summary = {"time_to_accuracy_s": {"0.85": 10.0, "0.88": 40.0}, "target_metric": "loss<=0.4",
+               "time_to_target_s": 30.0, "final_test_acc": 0.88, "final_train_loss": 0.3, "samples_per_s": 1000.0,
+               "fraction_of_standalone": 0.4, "sum_standalone_samples_per_s": 8000.0, "fraction_of_compute_speed": 0.8,
+               "sum_compute_samples_per_s": 4000.0, "workers": {}, "staleness_mean": 1.0, "staleness_p99": 2,
+               "bytes_per_sample": 1000.0, "train_s": 60.0}
+    convergence.fill(runs[0], summary, [])
+    assert runs[0].time_to == {"0.85": 10.0, "0.88": 40.0, "loss<=0.4": 30.0}
+    assert "loss<=0.4 at 30s" in convergence.describe(runs[0])
+    (stats,) = convergence.aggregate(runs)
+    assert stats.time_to["loss<=0.4"] == 30.0 and stats.reached["loss<=0.4"] == 1
+    table = report.convergence_table([stats.to_dict()])
+    assert "| time to 85% | time to 88% | time to loss<=0.4 | test acc. at budget |" in table
+    assert "| 10 s (2/2) | 40 s (2/2) | 30 s (1/2) | 88.00%" in table
+    every = report.runs_table([r.__dict__ for r in runs])
+    assert "| 10 s | 40 s | 30 s | 88.00%" in every and "| 10 s | 40 s | – | 88.00%" in every
 
 
 def test_a_mark_never_reached_counts_as_never_in_the_median():
@@ -110,3 +132,26 @@ def test_a_lead_shorter_than_the_evaluation_interval_is_a_tie():
             _run("asgd", "fixed", 0, 0.89, 0.3, 3000.0, 42.0).__dict__]
     (v,) = [v for v in verdicts.targets(runs, None, 3.0) if "sooner than asgd" in v.claim]
     assert v.holds is False and "a tie" in v.measured
+
+
+def test_configs_chooses_the_heterogeneous_configurations_and_keeps_the_mode_s_seeds_and_budget():
+    args = bench_cli.parse_args(["--parts", "heterogeneous", "--configs", "ssp+fixed", "asgd+dynamic", "ssp+fixed"])
+    assert args.configs == (("ssp", "fixed"), ("asgd", "dynamic"))  # in the order given, once each
+    mode = bench_cli.with_configs(bench_cli.FULL, args.configs)
+    assert mode.convergence.configs == (("ssp", "fixed"), ("asgd", "dynamic"))
+    assert (mode.convergence.seeds, mode.convergence.budget_s) == (bench_cli.FULL.convergence.seeds,
+                                                                    bench_cli.FULL.convergence.budget_s)
+    assert mode.midrun == bench_cli.FULL.midrun
+    assert bench_cli.parse_args([]).configs is None
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--configs", "ssp+fixed", "spp+dynamic"], "unknown configuration(s) spp+dynamic; choose from ssgd+fixed"),
+    (["--configs", "ssp"], "unknown configuration(s) ssp;"),
+    (["--parts", "transport", "--configs", "ssp+fixed"], "needs the heterogeneous part"),
+    (["--publish", "--configs", "ssp+fixed"], "--publish"),
+])
+def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(argv, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_cli.parse_args(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err

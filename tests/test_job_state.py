@@ -23,8 +23,8 @@ def _shards_apply(state: JobState, now: float) -> None:
         state.heartbeat(shard.id, Heartbeat(membership=state.assignment_for(shard).membership), now)
 
 
-def _join(state: JobState, sps: float, now: float = 0.0) -> str:
-    wid = state.hello(Hello(role="worker"), now).id
+def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> str:
+    wid = state.hello(Hello(role="worker", max_batch=max_batch), now).id
     _shards_apply(state, now)
     state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)
     return wid
@@ -304,3 +304,91 @@ def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_be
     assert slow in state.live_workers, "4 s of silence is under three of its 1.5 s steps"
     _shards_apply(state, 5.6)
     assert state.expire(5.6) == [slow]
+
+
+@pytest.mark.parametrize("report, field", [
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={f"m{i}": 0.5 for i in range(33)}), "EVAL.metrics: 33"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"": 0.5}), "EVAL.metrics: metric name ''"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"x" * 65: 0.5}), "EVAL.metrics: metric name"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"bad\nname": 0.5}), "must be printable"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"loss": float("inf")}), "EVAL.metrics['loss']"),
+    (EvalReport(version=1, test_loss=float("-inf"), test_acc=0.9), "EVAL.test_loss"),
+    (EvalReport(version=1, test_loss=0.5, test_acc=float("inf")), "EVAL.test_acc"),
+    (EvalReport(version=-1, test_loss=0.5, test_acc=0.9), "EVAL.version"),
+], ids=["too many names", "empty name", "long name", "unprintable name", "infinite metric", "infinite test loss",
+        "infinite test accuracy", "negative version"])
+def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(report, field):
+    state = _job()
+    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
+    state.eval_report(ev, good, 1.0)
+    with pytest.raises(ProtocolError, match="bad_field") as refused:
+        state.eval_report(ev, report, 2.0)
+    assert field in str(refused.value)
+    assert state.eval is good and state.members[ev].last_seen == 1.0
+    assert state.status(2.0).metrics == {"loss": 0.7, "accuracy": 0.8}
+
+
+def test_an_evaluation_at_the_bounds_is_kept_nan_included():
+    """NaN is the evaluator's mark for a metric that counted no samples, and a diverged model's loss."""
+    state = _job()
+    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    metrics = {f"m{i:02d}" + "x" * 61: float(i) for i in range(31)} | {"loss": float("nan")}
+    state.eval_report(ev, EvalReport(version=3, test_loss=float("nan"), test_acc=float("nan"), metrics=metrics), 1.0)
+    assert state.status(1.0).metrics.keys() == metrics.keys() and state.status(1.0).eval_version == 3
+
+
+@pytest.mark.parametrize("policy", ["fixed", "dynamic"])
+def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_global_batch(policy):
+    state = _job(batch_policy=policy, reassign_threshold=0.0)
+    small, big, other = _join(state, 3000.0, max_batch=16), _join(state, 1000.0), _join(state, 1000.0)
+    assert state.allocation[small] == 16 and sum(state.allocation.values()) == 96
+    assert state.status(0.0).workers[small].max_batch == 16
+    for t in range(1, 30):  # the small worker is by far the fastest: unbounded, it would take most of B
+        _step(state, small, 0.001 + 0.00005 * state.members[small].batch, t * 0.1)
+        for wid in (big, other):
+            _step(state, wid, 0.001 + 0.001 * state.members[wid].batch, t * 0.1)
+    assert state.allocation[small] == 16 and sum(state.allocation.values()) == 96
+    assert state.allocation[big] == state.allocation[other] == 40
+    assert state.decisions[0].reason == "joined; bounds hold less than B", "alone, it cannot hold B"
+    assert "bounds" not in state.decisions[-1].reason
+
+
+def test_bounds_that_cannot_hold_the_global_batch_give_each_worker_its_bound_and_say_so_in_the_decision():
+    state = _job(reassign_threshold=0.0)
+    a = _join(state, 1000.0, max_batch=32)
+    assert state.allocation == {a: 32}
+    assert state.decisions[-1].reason == "joined; bounds hold less than B"
+    b = _join(state, 1000.0, max_batch=40)
+    assert state.allocation == {a: 32, b: 40}
+    c = _join(state, 250.0)  # slow: it takes what the capped ones cannot
+    assert state.allocation == {a: 32, b: 40, c: 24} and state.decisions[-1].reason == "joined"
+
+
+def test_a_negative_max_batch_in_hello_is_refused_and_registers_nothing():
+    state = _job()
+    members = dict(state.members)
+    with pytest.raises(ProtocolError, match="bad_field.*max_batch|max_batch"):
+        state.hello(Hello(role="worker", max_batch=-1), 0.0)
+    assert state.members == members
+
+
+def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
+    """A starved loader slows a machine down like a slow GPU: its share shrinks; the wait is reported."""
+    state = _job(reassign_threshold=0.0)
+    fed, starved = _join(state, 1000.0), _join(state, 1000.0)
+    for t in range(1, 40):
+        for wid in (fed, starved):
+            m = state.members[wid]
+            compute = 0.005 + 0.0005 * m.batch
+            data = 0.0005 * m.batch if wid == starved else 0.0
+            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=compute + data,
+                           compute_s=compute, data_s=data, standalone_sps=1000.0, loss=1.0)
+            state.heartbeat(wid, hb, t * 0.1)
+    assert state.allocation[fed] > 1.5 * state.allocation[starved]
+    status = state.status(4.0).workers[starved]
+    assert status.data_s == pytest.approx(0.0005 * state.members[starved].last.batch)
+    assert status.data_s_total > 0 and state.status(4.0).workers[fed].data_s_total == 0.0
+    with pytest.raises(ProtocolError, match="bad_field"):
+        m = state.members[fed]
+        state.heartbeat(fed, Heartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)

@@ -715,7 +715,7 @@ def test_dashboard_shows_what_the_issue_asks() -> None:
                and "pull" in e and "push" in e for e in texts), "push/pull latency percentiles"
     assert any("dynabatch_ps_staleness_bucket" in e for e in texts), "staleness distribution"
     breakdown = [e for e in texts if "dynabatch_worker_step_seconds" in e or "dynabatch_worker_phase_seconds_sum" in e]
-    assert any(all(phase in e for phase in ("compute", "pull", "push", "wait")) for e in breakdown), "step phases"
+    assert any(all(phase in e for phase in ("compute", "pull", "push", "wait", "data")) for e in breakdown), "step phases"
 
 
 def test_dashboard_promql_parses(tmp_path: Path) -> None:

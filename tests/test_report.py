@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dynabatch.cluster.report import Snapshot, read_timeline, summarize, time_to_accuracy, write_timeline
+from dynabatch.cluster.metric_target import MetricTarget
+from dynabatch.cluster.report import Snapshot, read_timeline, summarize, time_to_accuracy, time_to_target, write_timeline
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat, Hello, JobStatus, WorkerStatus
 from dynabatch.common.wire import ProtocolError
@@ -14,13 +15,15 @@ from dynabatch.scheduler.job_state import JobState
 
 
 def _snap(t: float, samples: int, training_t: float | None, stopping: bool = False, acc: float | None = None,
-          eval_t: float | None = None, staleness: list[int] | None = None) -> JobStatus:
+          eval_t: float | None = None, staleness: list[int] | None = None,
+          metrics: dict[str, float] | None = None) -> JobStatus:
     worker = WorkerStatus(name="worker0", batch=64, standalone_sps=1000.0, samples=samples,
                           observed_steps=samples // 64, step_s_total=samples / 64 * 0.05,
-                          observed_samples=samples, compute_s_total=samples / 1250)
+                          observed_samples=samples, compute_s_total=samples / 1250,
+                          data_s_total=samples // 64 * 0.01, max_batch=128)
     return JobStatus(t=t, epoch=samples / 60000, samples=samples, loss=0.5, test_acc=acc, test_loss=0.4,
                      eval_t=eval_t, training_t=training_t, stopping=stopping, finished=stopping,
-                     bytes=samples * 100, staleness=staleness or [], workers={"w0": worker})
+                     bytes=samples * 100, staleness=staleness or [], workers={"w0": worker}, metrics=metrics or {})
 
 
 def test_throughput_counts_from_the_first_batches_to_the_stop():
@@ -36,6 +39,8 @@ def test_throughput_counts_from_the_first_batches_to_the_stop():
     assert s["samples_per_s"] == pytest.approx(800.0)
     assert s["fraction_of_standalone"] == pytest.approx(0.8)
     assert s["workers"]["w0"]["compute_samples_per_s"] == pytest.approx(1250.0)
+    assert s["workers"]["w0"]["mean_data_s_after_warmup"] == pytest.approx(0.01)
+    assert s["workers"]["w0"]["max_batch"] == 128
     assert s["fraction_of_compute_speed"] == pytest.approx(800.0 / 1250.0)
     assert s["time_to_accuracy_s"] == {"0.85": pytest.approx(9.0), "0.88": None}
     assert s["staleness_mean"] == pytest.approx(1.0) and s["staleness_p99"] == 2 and s["updates"] == 100
@@ -46,17 +51,49 @@ def test_time_to_accuracy_is_none_before_training_starts():
     assert time_to_accuracy([_snap(1.0, 0, None, acc=0.9, eval_t=1.0)], (0.85,)) == {"0.85": None}
 
 
+def _metric_timeline() -> list[JobStatus]:
+    """Training from t=4; evaluations at 1 (before it), 8.5, 13 and 19.5 s (each repeated by later snapshots)."""
+    evals = [(8.5, {"loss": 0.9, "top2": 0.7}), (13.0, {"loss": 0.4, "top2": 0.95}),
+             (19.5, {"loss": 0.25, "top2": float("nan")})]
+    before = {"loss": 2.0, "top2": 0.5}  # the evaluator's first look, at the initial model
+    timeline = [_snap(1.0, 0, None, eval_t=1.0, metrics=before), _snap(4.0, 0, 0.0, eval_t=1.0, metrics=before)]
+    for i, (eval_t, metrics) in enumerate(evals):
+        for t in (eval_t + 0.5, eval_t + 1.5):
+            timeline.append(_snap(t, 1000 * (i + 1), t - 4.0, eval_t=eval_t, metrics=metrics))
+    return timeline
+
+
+@pytest.mark.parametrize("target, seconds", [
+    ("top2>=0.9", 9.0), ("top2>=0.99", None), ("loss<=0.5", 9.0), ("loss<=0.3", 15.5), ("loss<=0.1", None),
+    ("recall>=0.1", None), ("top2>=0.5", 0.0),
+], ids=["higher is better", "never met", "lower is better", "met by the last", "never low enough",
+        "a metric no evaluation reports", "met before the first batches"])
+def test_time_to_target_counts_from_the_first_batches_to_the_first_evaluation_meeting_it(target, seconds):
+    got = time_to_target(_metric_timeline(), MetricTarget.parse(target))
+    assert got == (None if seconds is None else pytest.approx(seconds))
+
+
+def test_the_summary_names_its_target_and_keeps_the_accuracy_marks():
+    timeline = _metric_timeline()
+    s = summarize(timeline, wall_s=22.0, warmup_fraction=0.0, target=MetricTarget.parse("loss <= 0.5"))
+    assert s["target_metric"] == "loss<=0.5" and s["time_to_target_s"] == pytest.approx(9.0)
+    assert s["time_to_accuracy_s"] == {"0.85": None, "0.88": None}
+    untargeted = summarize(timeline, wall_s=22.0, warmup_fraction=0.0)
+    assert untargeted["target_metric"] is None and untargeted["time_to_target_s"] is None
+
+
 # timeline.json's keys as the benchmarks and other tools read them: a change here changes the run folder's format.
 TIMELINE_KEYS = {
     "t", "job", "protocol", "batch_policy", "epoch", "target_epochs", "samples", "bytes", "staleness", "training_t",
-    "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "eval_version", "eval_t",
+    "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
+    "eval_version", "eval_t",
     "stopping", "finished", "final_eval", "assignment_id", "workers", "departed", "shards", "decisions",
-    "decision_s", "wall_t",
+    "decision_s", "wall_t", "metrics", "train_size",
 }
 WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
     "push_s", "wait_s", "samples_per_s", "standalone_sps", "loss", "step_s_total", "observed_steps",
-    "compute_s_total", "observed_samples", "version", "updates", "endpoint",
+    "compute_s_total", "observed_samples", "version", "updates", "endpoint", "data_s", "data_s_total", "max_batch",
 }
 
 

@@ -75,3 +75,24 @@ def test_the_main_job_learns_fashion_mnist(tmp_path):
     assert summary["final_test_acc"] >= 0.75, summary
     order = sorted(summary["workers"].values(), key=lambda w: -w["final_batch"])
     assert [w["name"] for w in order] == ["worker0", "worker1", "worker2"], "batches must follow speed"
+
+
+def test_workers_with_their_own_largest_batch_micro_batches_and_loader_processes_train(tmp_path):
+    """The fastest worker holds at most 40 samples; every worker runs passes of 16 and loads ahead in 2 processes."""
+    run, printed = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "2",
+                           "--max-batches", "40", "0", "0", "--micro-batch", "16", "--loader-workers", "2",
+                           "--eval-interval-s", "3")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["final_eval"], summary
+    assert summary["final_test_acc"] > 0.8, summary
+    workers = {w["name"]: w for w in summary["workers"].values()}
+    assert workers["worker0"]["max_batch"] == 40 and workers["worker1"]["max_batch"] == 0
+    assert sum(w["final_batch"] for w in workers.values()) == 192, "the others take what worker0 cannot"
+    assert workers["worker0"]["final_batch"] <= 40 < workers["worker1"]["final_batch"]
+    for snap in json.loads((run / "timeline.json").read_text()):
+        for w in snap["workers"].values():
+            assert w["name"] != "worker0" or w["batch"] <= 40, snap["t"]
+    assert all(w["mean_data_s_after_warmup"] > 0 for w in workers.values()), "waiting for data is measured"
+    log = (run / "logs" / "worker0.log").read_text()
+    assert "passes of at most 16 samples" in log and "loaded ahead by 2 processes" in log
+    assert "data" in printed

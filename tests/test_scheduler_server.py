@@ -10,11 +10,15 @@ counted on /metrics, and changes nothing.
 
 from __future__ import annotations
 
+import re
 import secrets
 
 import pytest
 
-from dynabatch.common.messages import Heartbeat, Hello, PushAck, Pull, StatusReply, StatusRequest, Welcome, WorkerStatus
+from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
+from dynabatch.common.messages import (
+    EvalReport, Heartbeat, Hello, PushAck, Pull, StatusReply, StatusRequest, Welcome, WorkerStatus,
+)
 from dynabatch.common.transport import RemoteError
 from harness import Cluster, Proc, metric_value, wait_for
 
@@ -124,3 +128,41 @@ def test_status_answers_with_the_registered_workers(cluster):
     finally:
         asking.close()
         worker.close()
+
+
+def _eval_series(scheduler: Proc) -> dict[str, float]:
+    """dynabatch_eval_metric's series on the scheduler's /metrics, by name."""
+    return {name: float(value) for name, value in
+            re.findall(r'^dynabatch_eval_metric\{name="([^"]*)"\} (\S+)$', scheduler.metrics(), re.M)}
+
+
+def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster):
+    """The series holds the latest evaluation's metrics only; past MAX_EVAL_METRICS names in all, a new name is
+    dropped with one warning, and an EVAL beyond the bounds is refused and counted."""
+    c = cluster
+    wait_for("the scheduler to answer STATUS", c.status, 60)
+    hello = c.client(sender="eval-test")
+    try:
+        welcome = hello.request(Hello(role="evaluator", name="eval-test", instance=secrets.token_hex(8)), REPLY_S).body
+    finally:
+        hello.close()
+    conn = c.client(sender=welcome.id)
+    try:
+        counted = _refusals(c.sched, "bad_field")
+        too_many = {f"n{i}": 0.5 for i in range(MAX_EVAL_METRICS + 1)}
+        with pytest.raises(RemoteError, match="EVAL.metrics") as refused:
+            conn.request(EvalReport(version=1, test_loss=0.5, test_acc=0.5, metrics=too_many), REPLY_S)
+        assert refused.value.code == "bad_field" and _refusals(c.sched, "bad_field") == counted + 1
+
+        first = {f"m{i:02d}": float(i) for i in range(MAX_EVAL_METRICS)}
+        conn.send(EvalReport(version=1, test_loss=0.5, test_acc=0.5, metrics=first))
+        wait_for("every metric of the first evaluation", lambda: _eval_series(c.sched) == first, 30)
+        for version, extra in ((2, "extra"), (3, "another")):
+            metrics = {"m00": float(version), extra: 1.0}
+            conn.send(EvalReport(version=version, test_loss=0.5, test_acc=0.5, metrics=metrics))
+            wait_for(f"evaluation {version}", lambda: _eval_series(c.sched).get("m00") == version, 30)
+            assert _eval_series(c.sched) == {"m00": version}, "only the latest evaluation's admitted names"
+        assert c.sched.log_text().count("dynabatch_eval_metric already holds") == 1
+        assert "'extra'" in c.sched.log_text()
+    finally:
+        conn.close()

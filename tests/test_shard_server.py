@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
-from dynabatch.common.config import job_from_dict
+from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Error, Params, Pull, Push, PushAck
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import Connection, RemoteError
@@ -45,6 +46,7 @@ class Shard:
     conn: Connection
     worker_id: str
     sizes: dict[int, int]  # the shard's chunk ids and their lengths, from the job's layout
+    job: JobConfig
 
     def client(self, sender: str) -> Connection:
         return self.cluster.client(self.conn.endpoint, sender=sender)
@@ -61,7 +63,7 @@ def _start(tmp_path, *flags: str) -> Shard:
     job = job_from_dict(welcome.config)
     total = sum(p.numel() for p in model_for_job(job).parameters())
     sizes = make_layout(total, job.chunk_bytes, job.shards).sizes(0)
-    return Shard(c, proc, c.client(welcome.shards[0], sender=welcome.id), welcome.id, sizes)
+    return Shard(c, proc, c.client(welcome.shards[0], sender=welcome.id), welcome.id, sizes, job)
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +175,19 @@ def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard):
     reply = shard.conn.recv(REPLY_S)
     assert reply is not None and isinstance(reply.body, Error) and reply.body.code == "frame_length"
     assert shard.bad_messages("frame_length") == counted + 1
+    _assert_same(_pull(shard.conn, ids), before)
+
+
+def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothing(shard):
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)
+    counted = shard.bad_messages("bad_field")
+    init, _ = builtin_init(shard.job)
+    init.optimizer = {"name": "adamw", "lr": 1e-3, "betas": [0.9, 1.5]}
+    with pytest.raises(RemoteError) as refused:
+        shard.conn.request(init, REPLY_S)
+    assert refused.value.code == "bad_field" and "betas" in str(refused.value), refused.value
+    assert shard.bad_messages("bad_field") == counted + 1
     _assert_same(_pull(shard.conn, ids), before)
 
 

@@ -9,9 +9,10 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.update_rules import OuterConfig, SGDConfig
+from dynabatch.common import optim_spec
+from dynabatch.ps.update_rules import OuterConfig
 
-SGD = SGDConfig(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
+SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96
 
 
@@ -135,7 +136,7 @@ def test_checkpoint_round_trip_restores_version_parameters_and_momentum(tmp_path
     assert fresh.version == 3
     for c in state.chunks:
         assert torch.equal(fresh.params[c.id], state.params[c.id])
-        assert torch.equal(fresh.momentum[c.id], state.momentum[c.id])
+        assert torch.equal(fresh.optim[c.id].state_dict()["momentum"], state.optim[c.id].state_dict()["momentum"])
     with pytest.raises(ValueError, match="written for"):
         load_checkpoint(path, {**meta, "shard": 1})
     assert load_checkpoint(tmp_path / "absent.pt", meta) is None

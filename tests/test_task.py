@@ -39,7 +39,8 @@ def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
     ("empty", "empty dataset"),
     ("vector_loss", "scalar"),
     ("float64", "parameter weight is torch.float64"),
-    ("adam", "optimizer 'adam' is not applied by the shards"),
+    ("negative_lr", "optimizer adam: lr must be a finite non-negative number, got -0.001"),
+    ("lion", "optimizer 'lion' is not applied by the shards"),
 ])
 def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message):
     with pytest.raises(TaskError, match=message):
@@ -106,6 +107,19 @@ def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_p
 
 
 @pytest.mark.slow
+def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
+    """AdamW with biases left undecayed, applied by the shards under asgd with dynamic batches
+    (one step per B accumulated samples); the start-up check now takes it."""
+    spec = f"{TASKS / 'blobs_adamw.py'}:task"
+    check_task(load_task(spec), seed=0)
+    run, _ = run_job(tmp_path, "r", "--task", spec, "--workers", "2", "--slowdowns", "1", "2", "--epochs", "1",
+                     "--global-batch", "64")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["final_metrics"]["accuracy"] >= 0.9, summary
+    assert "AdamW(name='adamw', lr=0.01, weight_decay=0.01, no_decay=('bias',)" in (run / "logs" / "ps0.log").read_text()
+
+
+@pytest.mark.slow
 def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_different_model(tmp_path):
     """The task file lives only where the workers are told; a worker with another model or
     another training set is refused by the shards, naming what differs, and exits 2."""
@@ -127,3 +141,13 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
         assert good.alive() and shard.alive()
     finally:
         c.stop()
+
+
+@pytest.mark.slow
+def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_path):
+    """blobs' warm-up starts at factor 0; one worker trains one epoch in about a second, less than the
+    scheduler's progress reports take to arrive: the shards' own sample count must move the schedule."""
+    run, _ = run_job(tmp_path, "r", "--task", f"{TASKS / 'blobs.py'}:task", "--workers", "1", "--slowdowns", "1",
+                     "--epochs", "1")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_metrics"]["accuracy"] > 0.6, summary["final_metrics"]  # chance is 0.25

@@ -4,7 +4,8 @@ import torch
 
 from dynabatch.common.protocols import dbs_weight
 from dynabatch.ps.protocol_rules import SyncRound
-from dynabatch.ps.update_rules import SGDConfig, sgd_step
+from dynabatch.common.optim_spec import SGD
+from dynabatch.ps.update_rules import sgd_step
 
 
 def _torch_reference(w0, grads, cfg, scales):
@@ -33,10 +34,10 @@ def test_sgd_matches_torch_for_every_option():
     grads = [torch.randn(1000, generator=gen) for _ in range(20)]
     scales = [1.0, 0.5, 2.0, 1.5] * 5
     for cfg in (
-        SGDConfig(lr=0.1),
-        SGDConfig(lr=0.05, momentum=0.9),
-        SGDConfig(lr=0.05, momentum=0.9, weight_decay=1e-3),
-        SGDConfig(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True),
+        SGD(lr=0.1),
+        SGD(lr=0.05, momentum=0.9),
+        SGD(lr=0.05, momentum=0.9, weight_decay=1e-3),
+        SGD(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True),
     ):
         torch.testing.assert_close(_ours(w0, grads, cfg, scales), _torch_reference(w0, grads, cfg, scales))
 
@@ -45,8 +46,8 @@ def test_sgd_step_never_writes_the_parameters_it_was_given():
     w = torch.ones(10)
     buf = torch.zeros(10)
     g = torch.full((10,), 2.0)
-    for cfg in (SGDConfig(lr=0.1), SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.1),
-                SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True)):
+    for cfg in (SGD(lr=0.1), SGD(lr=0.1, momentum=0.9, weight_decay=0.1),
+                SGD(lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True)):
         new_w, new_buf = sgd_step(w, g, buf, cfg)
         assert torch.equal(w, torch.ones(10)), "a pull may still be sending these parameters"
         assert new_w.data_ptr() != w.data_ptr() and not torch.equal(new_w, w)

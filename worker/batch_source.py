@@ -4,6 +4,10 @@ Each worker draws from its own shuffled order of the whole training set
 (`SampleOrder`). A step that fails (a shard timed out, a push was refused) is
 retried on the same samples, so what a worker trains on does not depend on when
 a shard or the scheduler hiccuped, and no sample is skipped for it.
+
+`DatasetBatches` fetches and collates each batch in the worker's own process
+when a step asks for it (`--loader-workers 0`, the default); loader_batches.py
+loads them ahead in other processes.
 """
 
 from __future__ import annotations
@@ -39,6 +43,27 @@ class BatchSource:
     def step_failed(self) -> None:
         """The samples taken since the last step were not trained on: hand them out again next."""
         self.replay, self.taken = self.taken, []
+
+
+class DatasetBatches:
+    """Collated batches of the samples `BatchSource` names, fetched in this process on demand."""
+
+    def __init__(self, dataset: Any, order: SampleOrder, collate: Callable[[list[Any]], Any]) -> None:
+        self.dataset, self.collate = dataset, collate
+        self.source = BatchSource(order)
+
+    def take(self, batch: int) -> Any:
+        """The next `batch` samples, collated (a failed step's again, if it had that size)."""
+        return fetch(self.dataset, self.source.take(batch), self.collate)
+
+    def step_succeeded(self) -> None:
+        self.source.step_succeeded()
+
+    def step_failed(self) -> None:
+        self.source.step_failed()
+
+    def close(self) -> None:
+        """Nothing runs beside this process."""
 
 
 def fetch(dataset: Any, indices: torch.Tensor, collate: Callable[[list[Any]], Any]) -> Any:

@@ -31,6 +31,6 @@ def main(argv: Sequence[str]) -> int:
     cls = Evaluator if opts.evaluator else Worker
     try:
         return cls(opts, metrics.metrics_host, metrics.metrics_port, keys).run()
-    except (DatasetNotFound, TaskError) as exc:
+    except (DatasetNotFound, TaskError, ConfigError) as exc:
         log.error("%s", exc)
         return 2

@@ -7,16 +7,21 @@ from dataclasses import dataclass
 
 @dataclass
 class StepTimes:
-    """Seconds spent in each phase; `wait` is time blocked on other workers (a round)."""
+    """Seconds spent in each phase; `wait` is time blocked on other workers (a round), `data` time
+    waiting for the step's samples (loading, collating, copying them to the device).
+
+    The loops time the first four; the worker itself times `data`, since it owns the batches.
+    """
 
     pull: float = 0.0
     compute: float = 0.0
     push: float = 0.0
     wait: float = 0.0
+    data: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.pull + self.compute + self.push + self.wait
+        return self.pull + self.compute + self.push + self.wait + self.data
 
 
 @dataclass

@@ -15,6 +15,7 @@ import signal
 import socket
 import statistics
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -29,19 +30,23 @@ from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.schedules import schedule_fields
 from dynabatch.common.task import Task, TaskError, build_data, check_task, load_task, signature_fields
-from dynabatch.common.protocols import protocol_spec
+from dynabatch.common.flags import ConfigError
+from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
+from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.worker.batch_source import BatchSource, fetch, to_device
+from dynabatch.worker.batch_source import DatasetBatches, to_device
+from dynabatch.worker.loader_batches import LoaderBatches
 from dynabatch.worker.loops import LOOPS
+from dynabatch.worker.micro_batches import micro_batches
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.step_context import StepContext
 from dynabatch.worker.step_times import StepResult
 
 log = logging.getLogger("dynabatch.worker")
-PHASES = ("pull", "compute", "push", "wait")
+PHASES = ("pull", "compute", "push", "wait", "data")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -65,14 +70,23 @@ class WorkerMetrics:
 
 
 def train_step(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-               clip_grad_norm: float | None = None) -> float:
-    """One forward/backward pass; leaves the (clipped) gradients on the parameters, returns the loss."""
+               clip_grad_norm: float | None = None, micro_batch: int = 0) -> float:
+    """Forward and backward over `batch`; leaves the (clipped) gradients on the parameters, returns the loss.
+
+    With `micro_batch` M > 0 a larger batch runs as passes of at most M samples
+    whose gradients accumulate, each pass's loss weighted by its share of the
+    batch (micro_batches.py): the gradient and the returned loss are the whole
+    batch's mean, and clipping applies to the accumulated gradient.
+    """
     model.zero_grad(set_to_none=False)
-    loss = loss_fn(model, batch)
-    loss.backward()
+    total = None
+    for part, share in micro_batches(batch, micro_batch):
+        loss = loss_fn(model, part)
+        (loss if share == 1.0 else loss * share).backward()
+        total = loss.detach() * share if total is None else total + loss.detach() * share
     if clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(travelling(model), clip_grad_norm)
-    return float(loss.detach())
+    return float(total)
 
 
 def task_for(opts: WorkerOptions, job: JobConfig) -> Task:
@@ -118,6 +132,8 @@ class Worker:
         self.data = build_data(self.task.eval_data, "eval_data") if role == "evaluator" else train_data
         self.loss_fn, self.collate = self.task.loss_fn(), self.task.collate_fn()
         self.model = self.task.build_model(self.job.seed).to(self.device)
+        if self.opts.init:
+            load_weights(self.model, read_state_dict(self.opts.init), f"--init {self.opts.init}")
         self.layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
         self.train_size = sig.train_size
         self.last_hb = Heartbeat()
@@ -138,7 +154,8 @@ class Worker:
         return True
 
     def _hello(self, role: str) -> Hello:
-        return Hello(role=role, host=socket.gethostname(), metrics_url=self.metrics_server.url(), name=self.name)
+        return Hello(role=role, host=socket.gethostname(), metrics_url=self.metrics_server.url(), name=self.name,
+                     max_batch=self.opts.max_batch if role == "worker" else 0)
 
     def register_again(self, role: str) -> bool:
         """The scheduler forgot this process (it restarted, or dropped it): register anew, under a new id.
@@ -198,7 +215,7 @@ class Worker:
         every node pays it once, and the slow node does F times the work.
         """
         wall, cpu = time.perf_counter(), time.thread_time()
-        loss = train_step(self.model, batch, self.loss_fn, self.task.clip_grad_norm)
+        loss = train_step(self.model, batch, self.loss_fn, self.task.clip_grad_norm, self.opts.micro_batch)
         if not math.isfinite(loss):
             self.m.skipped.labels(self.id, "non_finite_loss").inc()
         if self.device.type == "cuda":  # the loss is in; the backward kernels may not be
@@ -221,8 +238,8 @@ class Worker:
         The median, because processes starting beside this one (imports, data loading)
         make single steps slow at random.
         """
-        batch = min(64, self.job.max_batch)
-        train_step(self.model, self.next_batch(batch), self.loss_fn)
+        batch = min(64, self.job.max_batch, self.opts.max_batch or self.job.max_batch)
+        train_step(self.model, self.next_batch(batch), self.loss_fn, micro_batch=self.opts.micro_batch)
         times = [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
         return batch / statistics.median(times)
 
@@ -248,11 +265,37 @@ class Worker:
 
         After a failed step the same samples are used again, so what a worker
         trains on does not depend on when a shard or the scheduler hiccuped.
+        The time it takes is added to `data_s`, the step's `data` phase.
         """
-        return to_device(fetch(self.data, self.batches.take(batch), self.collate), self.device)
+        start = time.perf_counter()
+        out = to_device(self.batches.take(batch), self.device)
+        self.data_s += time.perf_counter() - start
+        return out
+
+    def _check_micro_batching(self) -> None:
+        """The pipelined step cannot accumulate passes: its backward pushes each chunk as soon as it is final."""
+        if self.opts.micro_batch and self.job.pipeline and protocol_spec(self.job.protocol).push_kind == GRADIENT:
+            raise ConfigError(f"--micro-batch {self.opts.micro_batch}: job {self.job.job!r} runs with --pipeline, "
+                              "whose backward pushes each chunk's gradient as soon as it is final, so it cannot "
+                              "accumulate passes; run this worker without --micro-batch, or the job without --pipeline")
 
     def _train(self) -> int:
-        self.batches = BatchSource(SampleOrder(len(self.data), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0)))
+        self._check_micro_batching()
+        order = SampleOrder(len(self.data), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))
+        if self.opts.loader_workers:
+            self.batches = LoaderBatches(self.data, order, self.collate, self.opts.loader_workers, self.job.seed)
+        else:
+            self.batches = DatasetBatches(self.data, order, self.collate)
+        self.data_s = 0.0
+        log.info("%s: %s, batches %s", self.id,
+                 f"passes of at most {self.opts.micro_batch} samples" if self.opts.micro_batch else "one pass per batch",
+                 f"loaded ahead by {self.opts.loader_workers} processes" if self.opts.loader_workers else "loaded in-process")
+        try:
+            return self._train_steps()
+        finally:
+            self.batches.close()
+
+    def _train_steps(self) -> int:
         standalone = self.measure_standalone()
         self.m.standalone.set(standalone)
         log.info("%s standalone speed %.0f samples/s", self.id, standalone)
@@ -262,6 +305,7 @@ class Worker:
         assignment = self._await_batch(hb)
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
+            self.data_s = 0.0
             try:
                 result = steps.step(assignment)
             except (TimeoutError, RemoteError) as exc:
@@ -277,7 +321,8 @@ class Worker:
                 continue
             self.batches.step_succeeded()
             if result is not None:
-                hb = self._record(hb, result, assignment.assignment_id, steps.comm_s)
+                hb = self._record(hb, replace(result, times=replace(result.times, data=self.data_s)),
+                                  assignment.assignment_id, steps.comm_s)
             if self.link.lost:
                 hb, assignment = self._rejoin(hb)
             else:
@@ -311,7 +356,8 @@ class Worker:
         hb = Heartbeat(
             steps=prev.steps + result.steps, samples=prev.samples + samples, batch=result.batch,
             step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull / result.steps,
-            push_s=times.push / result.steps, wait_s=times.wait / result.steps, sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
+            push_s=times.push / result.steps, wait_s=times.wait / result.steps, data_s=times.data / result.steps,
+            sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
             staleness=list(self.shards.staleness),
             version=result.version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
         )

@@ -25,4 +25,5 @@ empty = db.Task(model=lambda: nn.Linear(4, 2), train_data=lambda: torch.utils.da
 vector_loss = db.Task(model=lambda: nn.Linear(4, 2), train_data=data,
                       loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"))
 float64 = db.Task(model=lambda: nn.Linear(4, 2).double(), train_data=data)
-adam = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.Adam())
+negative_lr = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.Adam(lr=-1e-3))
+lion = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.OptimizerSpec("lion", 1e-4))

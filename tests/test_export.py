@@ -1,0 +1,234 @@
+"""Results out, weights in: `dynabatch export`, `--init`, and `db.run` with its trained model.
+
+One trained run, made by `db.run` with two shards and small chunks (so the model is
+cut across both shards), serves every test that needs one. The assembling is also
+tested directly, with checkpoints that carry buffers of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import dynabatch as db
+from dynabatch.cluster import export_command
+from dynabatch.cluster.export import TrainedState, assemble, load_trained
+from dynabatch.cluster.python_run import ACTIVE_ENV, task_spec
+from dynabatch.common.flags import ConfigError
+from dynabatch.common.task import Task, TaskError, check_task, load_task, signature_fields
+from dynabatch.common.weights import load_weights, read_state_dict
+from harness import Cluster, child_env, command_line, run_job, wait_for
+
+TASKS = Path(__file__).resolve().parent / "tasks"
+BLOBS = f"{TASKS / 'blobs.py'}:task"
+POINT = 0.005  # half a percentage point
+
+
+def plain_torch_metrics(model: nn.Module, task: Task) -> dict[str, float]:
+    """The blobs task's loss and accuracy over its whole evaluation set, in plain PyTorch."""
+    test = task.eval_data()
+    whole = task.collate_fn()([test[i] for i in range(len(test))])
+    model.eval()
+    with torch.no_grad():
+        correct, count = task.metrics[0](model, whole)["accuracy"]
+        return {"loss": float(task.loss(model, whole)), "accuracy": correct / count}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> db.Run:
+    """blobs trained by `db.run` from a Task object imported as a user's script imports it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(TASKS))
+        import blobs
+
+        return db.run(blobs.task, workers=2, slowdowns=[1, 2], epochs=10, global_batch=64, eval_interval_s=2,
+                      shards=2, chunk_bytes=1024, out=str(tmp_path_factory.mktemp("runs")), name="trained",
+                      timeout_s=240)
+
+
+def export(run_dir: Path, out: Path, *extra: str) -> int:
+    return export_command.main([str(run_dir), "--out", str(out), *extra])
+
+
+@pytest.mark.slow
+def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained):
+    task = load_task(BLOBS)
+    assert trained.summary["finished"] and trained.summary["final_eval"], trained.summary
+    assert trained.dir.name == "trained" and sorted(p.name for p in (trained.dir / "checkpoints").glob("*.pt")) == [
+        "shard-0.pt", "shard-1.pt"]
+    ours, reported = plain_torch_metrics(trained.model, task), trained.summary["final_metrics"]
+    assert abs(ours["accuracy"] - reported["accuracy"]) <= POINT, (ours, reported)
+    untrained = plain_torch_metrics(task.build_model(0), task)["accuracy"]
+    assert ours["accuracy"] > 0.9 > 0.5 > untrained, "the model returned must be the trained one, not the initial"
+
+
+@pytest.mark.slow
+def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported_metrics(trained, tmp_path):
+    out = tmp_path / "exported" / "model.pt"
+    done = subprocess.run(command_line("export", [str(trained.dir), "--out", str(out)]), capture_output=True,
+                          text=True, timeout=120, env=child_env())
+    assert done.returncode == 0, done.stderr
+    task = load_task(BLOBS)
+    model = task.model()  # a user's own model, built without dynabatch
+    state = torch.load(out)
+    assert list(state) == list(model.state_dict())
+    model.load_state_dict(state)
+    ours, reported = plain_torch_metrics(model, task), trained.summary["final_metrics"]
+    assert abs(ours["accuracy"] - reported["accuracy"]) <= POINT, (ours, reported)
+    assert ours["loss"] == pytest.approx(reported["loss"], rel=1e-4, abs=1e-7), (ours, reported)
+
+
+def test_export_refuses_a_folder_that_holds_no_run(tmp_path, capsys):
+    assert export(tmp_path, tmp_path / "model.pt") == 2
+    assert "holds no run (no config.json" in capsys.readouterr().err
+    assert not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.slow
+def test_export_names_a_missing_shard_checkpoint(trained, tmp_path, capsys):
+    partial = tmp_path / "partial"
+    (partial / "checkpoints").mkdir(parents=True)
+    shutil.copy(trained.dir / "config.json", partial / "config.json")
+    shutil.copy(trained.dir / "checkpoints" / "shard-0.pt", partial / "checkpoints" / "shard-0.pt")
+    assert export(partial, tmp_path / "model.pt") == 2
+    assert "no checkpoint of shard-1.pt (the job ran 2 shard(s)" in capsys.readouterr().err
+    assert not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.slow
+def test_export_refuses_a_task_whose_model_is_not_the_runs(trained, tmp_path, capsys):
+    assert export(trained.dir, tmp_path / "model.pt", "--task", f"{TASKS / 'blobs_variants.py'}:wider") == 2
+    assert "parameter 0 is 0.weight [48, 16] float32 here but 0.weight [32, 16]" in capsys.readouterr().err
+    assert not (tmp_path / "model.pt").exists()
+
+
+def _batchnorm_task() -> Task:
+    def model() -> nn.Module:
+        m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+        m[2].requires_grad_(False)  # frozen: never on the shards
+        m.register_buffer("scale", torch.full((2,), 3.0))  # a buffer no forward changes
+        return m
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    return Task(model=model, train_data=lambda: data)
+
+
+def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_factorys_frozen_state():
+    task = _batchnorm_task()
+    sig, _ = check_task(task, seed=5)
+    flat = torch.arange(sig.total, dtype=torch.float32)
+    states = [{"signature": signature_fields(sig), "params": {0: flat}, "chunk_versions": {0: 7},
+               "buffers": {"1.running_mean": torch.tensor([1.0, 2.0, 3.0])}}]
+    model = load_trained(task, 5, assemble(states, chunk_bytes=1 << 20))
+    fresh = task.build_model(5)
+    assert torch.equal(model[0].weight.flatten(), flat[:12]) and torch.equal(model[1].bias, flat[18:21])
+    assert torch.equal(model[1].running_mean, torch.tensor([1.0, 2.0, 3.0]))  # the checkpoint's buffer wins
+    assert torch.equal(model[1].running_var, fresh[1].running_var)  # the others are the factory's
+    assert torch.equal(model[2].weight, fresh[2].weight) and torch.equal(model.scale, fresh.scale)
+    with pytest.raises(TaskError, match=r"buffer 1.running_avg \[3\], which the task's model does not have"):
+        load_trained(task, 5, TrainedState(sig, assemble(states, 1 << 20).params,
+                                           {"1.running_avg": torch.zeros(3)}))
+
+
+def test_weights_that_do_not_fit_the_model_are_refused_naming_the_key(tmp_path):
+    model = _batchnorm_task().model()
+    state = model.state_dict()
+    for broken, message in (
+        ({k: v for k, v in state.items() if k != "1.running_var"}, "has no 1.running_var"),
+        ({**state, "3.weight": torch.zeros(1)}, "has 3.weight, which the task's model does not have"),
+        ({**state, "0.weight": torch.zeros(3, 5)}, r"0.weight is \[3, 5\] there but \[3, 4\] in the task's model"),
+    ):
+        with pytest.raises(TaskError, match=message):
+            load_weights(model, broken, "--init w.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(TaskError, match="holds a list, not a state_dict"):
+        read_state_dict(tmp_path / "list.pt")
+    with pytest.raises(TaskError, match="no file"):
+        read_state_dict(tmp_path / "nowhere.pt")
+    loaded = _batchnorm_task().model()
+    load_weights(loaded, {k: v + 1 for k, v in state.items()}, "--init w.pt")
+    assert torch.equal(loaded[2].weight, state["2.weight"] + 1), "frozen parameters load too"
+
+
+def _first_evaluation(run_dir: Path) -> dict[str, Any]:
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    return next(s for s in timeline if s["metrics"])
+
+
+@pytest.mark.slow
+def test_init_starts_a_run_from_exported_weights(trained, tmp_path):
+    assert export(trained.dir, tmp_path / "model.pt") == 0
+    task = load_task(BLOBS)
+    model = task.model()
+    model.load_state_dict(torch.load(tmp_path / "model.pt"))
+    exported = plain_torch_metrics(model, task)["accuracy"]
+    untrained = plain_torch_metrics(task.build_model(0), task)["accuracy"]
+    assert exported - untrained > 0.5, "the test needs weights far from the initial model's"
+    run, _ = run_job(tmp_path, "warm", "--task", BLOBS, "--workers", "2", "--slowdowns", "1", "2",
+                     "--epochs", "0.05", "--global-batch", "64", "--init", str(tmp_path / "model.pt"))
+    first = _first_evaluation(run)
+    assert abs(first["metrics"]["accuracy"] - exported) <= POINT, (first["eval_version"], first["metrics"], exported)
+
+
+@pytest.mark.slow
+def test_run_refuses_init_weights_of_another_model_before_starting_anything(tmp_path):
+    torch.save(load_task(f"{TASKS / 'blobs_variants.py'}:wider").model().state_dict(), tmp_path / "wider.pt")
+    done = subprocess.run(command_line("run", ["--out", str(tmp_path), "--name", "r", "--task", BLOBS,
+                                               "--init", str(tmp_path / "wider.pt")]),
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    assert done.returncode == 2, done.stderr
+    assert "0.weight is [48, 16] there but [32, 16] in the task's model" in done.stderr
+    assert not (tmp_path / "r").exists(), "nothing may be started or written"
+
+
+@pytest.mark.slow
+def test_a_worker_refuses_init_weights_of_another_model(tmp_path):
+    torch.save(load_task(f"{TASKS / 'blobs_variants.py'}:wider").model().state_dict(), tmp_path / "wider.pt")
+    c = Cluster(tmp_path, ["--epochs", "1000"])
+    try:
+        c.scheduler()
+        c.shard(0)
+        bad = c.worker("bad", "--task", BLOBS, "--init", str(tmp_path / "wider.pt"))
+        assert wait_for("the worker to exit", lambda: bad.proc.poll() is not None, 60) is not None
+        assert bad.proc.returncode == 2 and "0.weight is [48, 16] there but [32, 16]" in bad.log_text(), \
+            bad.log_text()
+    finally:
+        c.stop()
+
+
+def test_db_run_refuses_a_task_it_cannot_name():
+    local = Task(model=lambda: nn.Linear(2, 2), train_data=lambda: [0])
+    with pytest.raises(TaskError, match="define it at module level"):
+        task_spec(local)
+    assert task_spec("pkg.module:task") == "pkg.module:task"
+
+
+def test_db_run_names_a_task_by_the_file_that_defines_it(tmp_path):
+    """A task of the script being run is named by the script's path; an imported one by its own module's file."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(TASKS)!r})\n"
+        "import dynabatch as db\nfrom blobs import Blobs, make_model, task as imported\n"
+        "from dynabatch.cluster.python_run import task_spec\n"
+        "task = db.Task(model=make_model, train_data=lambda: Blobs(10, seed=1))\n"
+        "print(task_spec(task))\nprint(task_spec(imported))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env=child_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"{script.resolve()}:task", f"{(TASKS / 'blobs.py').resolve()}:task"]
+
+
+def test_db_run_refuses_unknown_settings_and_a_nested_call(monkeypatch):
+    with pytest.raises(ConfigError, match="no setting epoch "):
+        db.run(BLOBS, epoch=3)
+    monkeypatch.setenv(ACTIVE_ENV, "1")
+    with pytest.raises(TaskError, match='under `if __name__ == "__main__":`'):
+        db.run(BLOBS)
