@@ -9,6 +9,7 @@ whose modules are exactly what the code under test imported.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,9 +19,8 @@ import pytest
 
 from dynabatch.common.curve import KEY_FILES
 
-# Import time of `dynabatch keys`, measured by the interpreter itself (-X importtime),
-# not by a wall clock that a busy machine stretches; about 0.07 s here, torch alone 2 s.
-KEYS_IMPORT_BUDGET_S = 0.5
+# CPU time of a whole `dynabatch keys` run: about 0.1 s here; importing torch alone takes 2 s.
+KEYS_CPU_BUDGET_S = 0.5
 # "import time:  self [us] | cumulative | name", the name indented two spaces per level.
 IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)$")
 HEAVY = ("torch", "dynabatch.common.data", "dynabatch.common.models")
@@ -45,7 +45,7 @@ def _imported_by(statement: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
-def test_keys_command_imports_neither_torch_nor_the_job_schema_and_starts_fast(tmp_path: Path) -> None:
+def test_keys_command_imports_neither_torch_nor_the_job_schema(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
         capture_output=True, text=True, timeout=60,
@@ -59,8 +59,17 @@ def test_keys_command_imports_neither_torch_nor_the_job_schema_and_starts_fast(t
     modules = {name for _, _, _, name in rows}
     loaded = _outermost(modules, HEAVY + ROLES + ("dynabatch.common.config",))
     assert not loaded, f"`dynabatch keys` imported {loaded}"
-    top_level_us = sum(int(cumulative) for _, cumulative, indent, _ in rows if not indent)
-    assert top_level_us / 1e6 < KEYS_IMPORT_BUDGET_S, f"`dynabatch keys` spent {top_level_us / 1e6:.2f} s importing"
+
+
+def test_keys_command_costs_under_half_a_second_of_cpu(tmp_path: Path) -> None:
+    """The whole `dynabatch keys` run, interpreter start-up included, in CPU seconds: what it costs
+    wherever it runs, and unlike wall time or -X importtime's clock not stretched by a busy machine."""
+    proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read()
+    cpu_s = usage.ru_utime + usage.ru_stime
+    assert cpu_s < KEYS_CPU_BUDGET_S, f"`dynabatch keys` used {cpu_s:.2f} s of CPU"
 
 
 def test_job_schema_loads_no_torch_nor_the_data_and_model_registries() -> None:

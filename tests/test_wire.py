@@ -204,7 +204,9 @@ def _required_values(cls: type) -> dict:
     samples = {"HELLO": {"role": "worker"}, "WELCOME": {"id": "w0", "config": {}, "shards": []},
                "ASSIGNMENT": {"assignment_id": 1}, "PARAMS": {"version": 1}, "PUSH": {"samples": 1},
                "PUSH_ACK": {"version": 1}, "EVAL": {"version": 1, "test_loss": 0.5, "test_acc": 0.9},
-               "STATUS_REPLY": {"state": {"t": 0.0}}, "ERROR": {"code": "c", "text": "t"}}
+               "STATUS_REPLY": {"state": {"t": 0.0}}, "ERROR": {"code": "c", "text": "t"},
+               "INIT": {"names": ["w"], "shapes": [[2]], "dtypes": ["float32"], "train_size": 1},
+               "INIT_ACK": {"version": 0}}
     return samples.get(cls.TYPE, {})
 
 
