@@ -514,7 +514,7 @@ class JobState:
             finished=self.finished,
             final_eval=self.final_eval,
             assignment_id=self.assignment_id,
-            workers={wid: self.members[wid].public() for wid in self.live_workers},
+            workers={m.id: m.public() for m in self.members.values() if m.role == "worker" and not m.left},
             departed=sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
             shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url)
                     for i, m in sorted(self.shards.items())},
