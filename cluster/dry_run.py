@@ -25,8 +25,10 @@ from dynabatch.common.task import ModelSignature, Task, check_task
 
 FROZEN_POLICY = "stays on each worker as built (or as --init loads it); never sent, never updated"
 FIXED_BUFFER_POLICY = "unchanged by training: rebuilt by the model factory in every process, never sent"
-TRAINED_BUFFER_POLICY = ("changed by a training step: each worker keeps its own, never sent; "
-                         "the evaluator and an export use the factory's")
+TRAINED_BUFFER_POLICY = ("changed by a training step: travels with every push and pull, held and averaged by "
+                         "shard 0; the evaluator and an export use the shard's")
+COUNTER_POLICY = ("an integer counter a training step changes: each worker keeps its own, never sent; "
+                  "the evaluator and an export use the factory's")
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,9 @@ def dry_run(task: Task, job: JobConfig, batches: Sequence[int] = (16, 64), repea
     fixed_s, per_sample_s = fit_line(list(step_s.items()))
     frozen = tuple(Kept(name, tuple(p.shape), FROZEN_POLICY)
                    for name, p in model.named_parameters() if not p.requires_grad)
-    buffers = tuple(Kept(name, tuple(b.shape),
-                         FIXED_BUFFER_POLICY if torch.equal(b, fresh[name]) else TRAINED_BUFFER_POLICY)
+    travelling = set(sig.buffer_names)
+    buffers = tuple(Kept(name, tuple(b.shape), TRAINED_BUFFER_POLICY if name in travelling else
+                         FIXED_BUFFER_POLICY if torch.equal(b, fresh[name]) else COUNTER_POLICY)
                     for name, b in model.named_buffers())
     return DryRun(sig, make_layout(sig.total, job.chunk_bytes, job.shards), frozen, buffers, step_s,
                   fixed_s, per_sample_s)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 FLOAT_BYTES = 4
+BUFFERS_ID = 1 << 32  # the chunk id of the travelling buffers: beyond any layout's ids (at most 2**31 values)
 
 
 @dataclass(frozen=True)
@@ -96,3 +97,41 @@ def load_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
             offset += n
     if offset != flat.numel():
         raise ValueError(f"flat vector has {flat.numel()} values, model has {offset}")
+
+
+@dataclass(frozen=True)
+class TravellingBuffers:
+    """The buffers a training forward changes (BatchNorm's running statistics), by name, as one flat vector.
+
+    They travel beside the parameters as one extra chunk entry (id `BUFFERS_ID`),
+    held whole by shard 0: a worker sends its buffers with each push, every pull
+    returns the shard's, and the worker loads them before its next step (how
+    shard 0 averages them: ps/shared_buffers.py). With no names nothing is read
+    or sent, so a model without such buffers pays nothing.
+    Buffers are looked up by name on every use: `model.to(device)` replaces them.
+    """
+
+    names: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def read(self, model: torch.nn.Module) -> torch.Tensor | None:
+        """A copy of the model's travelling buffers as one float32 vector on the CPU; None when there are none."""
+        if not self.names:
+            return None
+        return torch.cat([model.get_buffer(n).detach().reshape(-1).float() for n in self.names]).cpu()
+
+    def load(self, model: torch.nn.Module, flat: torch.Tensor | None) -> None:
+        """Copy `flat` into the model's travelling buffers in place (in their own dtype and device); None: nothing."""
+        if flat is None:
+            return
+        offset = 0
+        with torch.no_grad():
+            for name in self.names:
+                buf = model.get_buffer(name)
+                n = buf.numel()
+                buf.copy_(flat[offset : offset + n].view_as(buf))
+                offset += n
+        if offset != flat.numel():
+            raise ValueError(f"flat buffer vector has {flat.numel()} values, the model's buffers {offset}")

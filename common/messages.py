@@ -122,7 +122,11 @@ class Init:
     resumed from a checkpoint); every later one is checked against the signature it
     holds, and a worker whose model differs is refused (`signature`) with the first
     differing parameter named. `names`, `shapes` and `dtypes` list the trainable
-    parameters in order; `optimizer` and `schedule` are plain-data specs
+    parameters in order; `buffer_names`, `buffer_shapes` and `buffer_dtypes` the
+    buffers a training forward changes (BatchNorm's running statistics), which
+    shard 0 holds and averages (common/task.py's ModelSignature; absent: none travel),
+    and shard 0's INIT carries their initial values as one more chunk entry
+    (`BUFFERS_ID`, common/chunking.py). `optimizer` and `schedule` are plain-data specs
     (common/optim_spec.py, common/schedules.py; empty: the job's SGD flags, constant).
     """
 
@@ -133,6 +137,9 @@ class Init:
     train_size: int
     optimizer: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
+    buffer_names: list[str] = field(default_factory=list)
+    buffer_shapes: list[list[int]] = field(default_factory=list)
+    buffer_dtypes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -146,11 +153,18 @@ class InitAck:
 
 @dataclass
 class Pull:
-    """Ask a shard for chunks; with `min_version` the reply waits (ssgd rounds)."""
+    """Ask a shard for chunks; with `min_version` the reply waits (ssgd rounds).
+
+    With `buffers` (asked of shard 0 only, when the model has travelling buffers)
+    the first PARAMS of the answer also carries the shard's buffers as a chunk
+    entry of id `BUFFERS_ID`: they leave when the first chunk does, so a pull
+    that waits for a round gets the buffers of that round's pushes.
+    """
 
     TYPE: ClassVar[str] = "PULL"
     ids: list[int] = field(default_factory=list)
     min_version: int = 0
+    buffers: bool = False
 
 
 @dataclass
@@ -163,7 +177,14 @@ class Params:
 
 @dataclass
 class Push:
-    """Gradient chunks from a worker, computed on the chunk versions it declares."""
+    """Gradient chunks from a worker, computed on the chunk versions it declares.
+
+    A push to shard 0 of a model with travelling buffers also carries the worker's
+    buffers as its last chunk entry (`BUFFERS_ID`): the shard averages their change
+    since its last answer to this worker into its own, weighted by `samples`, once
+    per model update (ps/shared_buffers.py). They are not a gradient and no update
+    rule sees them.
+    """
 
     TYPE: ClassVar[str] = "PUSH"
     samples: int

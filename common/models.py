@@ -71,12 +71,11 @@ class _Block(nn.Module):
 class ResNet(nn.Module):
     """CIFAR-style ResNet (He et al. 2016, section 4.2): widths 16/32/64, 6n+2 layers.
 
-    GroupNorm replaces BatchNorm on purpose. A parameter server averages parameters
-    only; BatchNorm's running mean and variance are buffers that each worker would
-    update from its own batches, so they would go stale or drift apart across workers
-    and the evaluated model would not be the trained one. GroupNorm normalizes each
-    sample on its own, has no buffers, and behaves the same at any batch size, which
-    matters when batch sizes differ per worker.
+    GroupNorm replaces BatchNorm on purpose. BatchNorm's running statistics do travel
+    (shard 0 averages them: ps/shared_buffers.py), but its batch statistics depend on
+    each worker's batch size, which the scheduler changes per worker. GroupNorm
+    normalizes each sample on its own, has no buffers, and behaves the same at any
+    batch size.
     """
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int,

@@ -4,7 +4,9 @@ One ROUTER serves workers (PULL, PUSH); one DEALER keeps the shard registered
 with the scheduler, which answers its heartbeats with the live worker set and,
 at the end of the job, a stop. Every received message is validated before it
 reaches the state; a bad one is answered with ERROR and counted, and nothing
-that arrives on a socket can stop the loop.
+that arrives on a socket can stop the loop. Shard 0 also holds the model's
+travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
+ride on pushes and pulls as one extra chunk entry and never reach the update rules.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dynabatch.common.chunking import make_layout
+from dynabatch.common.chunking import BUFFERS_ID, make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
@@ -31,10 +33,11 @@ from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, send_error, send_routed
-from dynabatch.common.wire import ChunkMeta, ProtocolError, check_chunks, check_finite
+from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.shard_state import ShardState
+from dynabatch.ps.shared_buffers import SharedBuffers
 from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
 
 log = logging.getLogger("dynabatch.ps")
@@ -54,6 +57,7 @@ class ParkedPull:
     remaining: list[int]
     min_version: int
     deadline: float
+    buffers: bool = False  # the travelling buffers are still to be sent, with the next chunk
 
 
 def priority(incoming: Incoming) -> int:
@@ -106,6 +110,7 @@ class ShardServer:
         self.membership = 0  # the scheduler's number of the live worker set in self.state
         self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
         self.signature: ModelSignature | None = None
+        self.buffers: SharedBuffers | None = None  # shard 0 of a model with travelling buffers (shared_buffers.py)
         self.init_specs: dict[str, dict] = {"optimizer": {}, "schedule": {}}
         self.schedule = Schedule()
         self.progress = 0.0  # the job's progress (epoch / epochs) as far as this shard knows: where the schedule stands
@@ -163,6 +168,9 @@ class ShardServer:
         if saved is not None:
             self._create_state(signature_from_fields(**saved["signature"]), None, saved["optimizer"], saved["schedule"])
             self.state.restore(saved)
+            self._hold_buffers(self.signature, None)
+            if self.buffers is not None:
+                self.buffers.restore(saved.get("buffers", {}))
             self.reported_version = self.state.version
             log.info("resumed from %s at version %d", self.ckpt_path, self.state.version)
         else:
@@ -193,6 +201,24 @@ class ShardServer:
         log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
                  self.index, self.job.shards, self.advertise, len(self.state.chunks), sig.total,
                  sum(c.length for c in self.state.chunks), self.job.protocol, spec)
+
+    def _hold_buffers(self, sig: ModelSignature, flat: torch.Tensor | None) -> None:
+        """Shard 0 holds all of the model's travelling buffers (they are small); the other shards none."""
+        self.buffers = SharedBuffers.initial(sig.buffers, flat) if (
+            self.index == 0 and sig.buffers) else None
+
+    def _take_buffers(self, msg: Message, total: int) -> torch.Tensor | None:
+        """Remove the travelling buffers' entry (always the last) from `msg` and return it, checked; None if absent.
+
+        With `total` 0 (this shard holds no buffers) the entry is left in place,
+        where check_chunks refuses it as a chunk not held here.
+        """
+        if not total or not msg.chunks or msg.chunks[-1].id != BUFFERS_ID:
+            return None
+        part = Message(msg.body, [msg.chunks.pop()], [msg.tensors.pop()], seq=msg.seq)
+        check_chunks(part, {BUFFERS_ID: total})
+        check_finite(part)
+        return part.tensors[0]
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -238,6 +264,8 @@ class ShardServer:
         self.last_assignment = body
         self.membership = body.membership
         self.m.live.set(len(body.live_workers))
+        if self.buffers is not None:
+            self.buffers.forget(set(body.live_workers))
         if self.state is not None:
             self._advance_progress(body.progress)
             self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
@@ -282,7 +310,8 @@ class ShardServer:
         msg = incoming.message
         body: Init = msg.body
         try:
-            sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size)
+            sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size, body.buffer_names,
+                                        body.buffer_shapes, body.buffer_dtypes)
             schedule_from_fields(body.schedule)
         except ValueError as exc:
             raise ProtocolError("bad_field", f"INIT: {exc}") from None
@@ -296,6 +325,10 @@ class ShardServer:
             return
         layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
         mine = layout.for_shard(self.index)
+        holds_buffers = sig.buffer_total if self.index == 0 else 0
+        buffers = self._take_buffers(msg, holds_buffers)
+        if holds_buffers and buffers is None:
+            raise ProtocolError("bad_chunk", f"INIT lacks the model's {len(sig.buffers)} buffers (chunk {BUFFERS_ID})")
         check_chunks(msg, {c.id: c.length for c in mine})
         if len(msg.chunks) != len(mine):
             raise ProtocolError("bad_chunk", f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} chunks")
@@ -305,6 +338,7 @@ class ShardServer:
             chunk = layout.chunks[meta.id]
             flat[chunk.start:chunk.stop] = tensor
         self._create_state(sig, flat, body.optimizer, body.schedule)
+        self._hold_buffers(sig, buffers)
         self._checkpoint()  # a shard killed before its first interval checkpoint resumes this model, not nothing
         log.info("initialised by %s: %d parameters", msg.sender, sig.total)
         send_routed(self.sock, incoming.identity, InitAck(0, initialized=True), msg.seq, self.job.job,
@@ -313,27 +347,37 @@ class ShardServer:
     def _on_pull(self, incoming: Incoming) -> None:
         msg = incoming.message
         body: Pull = msg.body
+        if body.buffers and self.buffers is None:
+            raise ProtocolError("bad_field", "PULL.buffers: this shard holds no buffers (shard 0 holds a model's "
+                                "travelling buffers, if it has any)")
         items = self.state.pull(body.ids)
         blocked = self.state.pull_blocked(msg.sender)
         ready = [] if blocked else [cid for cid, _, ver in items if ver >= body.min_version]
         waiting = [cid for cid, _, _ in items if cid not in ready]
-        self._send_chunks(incoming.identity, msg.seq, ready)
+        self._send_chunks(incoming.identity, msg.seq, ready, msg.sender if body.buffers else None)
         if waiting:
             self.parked.append(ParkedPull(incoming.identity, msg.seq, msg.sender, waiting, body.min_version,
-                                          time.monotonic() + self.job.round_timeout_s * 2))
+                                          time.monotonic() + self.job.round_timeout_s * 2,
+                                          body.buffers and not ready))
 
-    def _send_chunks(self, identity: bytes, seq: int, ids: list[int]) -> None:
-        """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk."""
+    def _send_chunks(self, identity: bytes, seq: int, ids: list[int], buffers_to: str | None = None) -> None:
+        """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
+        also carries the travelling buffers if they are due to worker `buffers_to` (read as they leave)."""
         for cid, tensor, ver in self.state.pull(ids) if ids else []:
-            meta = ChunkMeta(cid, "float32", (tensor.numel(),), ver)
+            metas, tensors = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)], [tensor]
+            if buffers_to is not None:
+                metas.append(ChunkMeta(BUFFERS_ID, "float32", (self.buffers.total,), self.state.version))
+                tensors.append(self.buffers.sent_to(buffers_to))
+                buffers_to = None
             send_routed(self.sock, identity, Params(version=self.state.version), seq, self.job.job,
-                        f"ps{self.index}", [meta], [tensor])
-            self.m.bytes_out.inc(meta.nbytes)
+                        f"ps{self.index}", metas, tensors)
+            self.m.bytes_out.inc(sum(m.nbytes for m in metas))
         self.m.pulls.inc()
 
     def _on_push(self, incoming: Incoming) -> None:
         msg = incoming.message
         body: Push = msg.body
+        buffers = self._take_buffers(msg, self.buffers.total if self.buffers is not None else 0)
         if not msg.chunks:
             raise ProtocolError("bad_chunk", "PUSH carries no chunks")
         check_chunks(msg, self.state.sizes)
@@ -341,10 +385,12 @@ class ShardServer:
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic())
+        if buffers is not None:  # only once the push is taken: a refused one leaves no trace
+            self.buffers.take(msg.sender, buffers, body.samples)
         self.m.staleness.observe(outcome.staleness)
         self.m.clock_spread.set(self.state.rule.widest_spread)
         self.m.pushes.labels(self.shard_label, msg.sender).inc()
-        self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks))
+        self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks) + (buffers.numel() * 4 if buffers is not None else 0))
         if self.state.chunks[0].id in tensors:  # count each step once, on the shard's first chunk
             self.samples_seen += body.samples
             self._advance_progress(self.samples_seen / (self.signature.train_size * self.job.epochs)
@@ -366,9 +412,12 @@ class ShardServer:
         self.state.lr_factor = self.schedule.factor(self.progress)
 
     def _after_update(self, applied: list[int]) -> None:
-        """Count applied chunk updates and stream them to the pulls that were waiting for them."""
+        """Count applied chunk updates, move the travelling buffers, and stream the chunks to the pulls
+        that were waiting for them."""
         if not applied:
             return
+        if self.buffers is not None:
+            self.buffers.settle()  # once per update: the mean of the buffer changes pushed since the last
         before = self.reported_version
         self.reported_version = self.state.version
         self.m.updates.inc(self.reported_version - before)
@@ -382,7 +431,8 @@ class ShardServer:
                 continue
             due = [cid for cid in p.remaining if self.state.chunk_versions[cid] >= p.min_version]
             if due:
-                self._send_chunks(p.identity, p.seq, due)
+                self._send_chunks(p.identity, p.seq, due, p.worker if p.buffers else None)
+                p.buffers = False
                 p.remaining = [cid for cid in p.remaining if cid not in due]
         self.parked = [p for p in self.parked if p.remaining]
 
@@ -392,12 +442,13 @@ class ShardServer:
         if expired:
             self.parked = [p for p in self.parked if p.deadline > now]
             for p in expired:
-                self._send_chunks(p.identity, p.seq, p.remaining)
+                self._send_chunks(p.identity, p.seq, p.remaining, p.worker if p.buffers else None)
 
     def _checkpoint(self) -> None:
         if self.ckpt_path is None or self.state is None:
             return
-        save_checkpoint(self.ckpt_path, self.ckpt_meta,
-                        {**self.state.snapshot(), "signature": signature_fields(self.signature), **self.init_specs})
+        buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
+        save_checkpoint(self.ckpt_path, self.ckpt_meta, {**self.state.snapshot(), **self.init_specs, "buffers": buffers,
+                                                         "signature": signature_fields(self.signature)})
         self.m.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

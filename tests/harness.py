@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import zmq
 
 from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line, keys_per_role
@@ -21,7 +22,7 @@ from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusRequest, Welcome
+from dynabatch.common.messages import Heartbeat, Hello, Init, JobStatus, StatusRequest, Welcome
 from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, use_curve
@@ -128,9 +129,11 @@ class Cluster:
 
         return wait_for(what, check, timeout_s, every_s=0.2)
 
-    def join_as_worker(self, standalone_sps: float = 1000.0) -> tuple[Connection, Welcome]:
-        """Register a test client as a worker, as the worker does, offer the shards the job's built-in model
-        (INIT: the first initialises them), and heartbeat until it holds a batch."""
+    def join_as_worker(self, standalone_sps: float = 1000.0,
+                       model: tuple[Init, torch.Tensor, torch.Tensor | None] | None = None) -> tuple[Connection, Welcome]:
+        """Register a test client as a worker, as the worker does, offer the shards a model (INIT: the first
+        initialises them), and heartbeat until it holds a batch. The model is the job's built-in one unless
+        `model` gives (INIT, initial flat parameters, initial travelling buffers)."""
         link = SchedulerLink(self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker")
         deadline = time.monotonic() + 30
         welcome = link.register(Hello(role="worker", name="test-worker"), lambda: time.monotonic() > deadline,
@@ -138,11 +141,11 @@ class Cluster:
         assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
         conn = link.conn
         job = job_from_dict(welcome.config)
-        init, flat = builtin_init(job)
+        init, flat, buffers = model or (*builtin_init(job), None)
         shards = ShardClients(self.ctx, welcome.shards, make_layout(flat.numel(), job.chunk_bytes, job.shards),
-                              job.job, welcome.id)
+                              job.job, welcome.id, buffer_total=0 if buffers is None else buffers.numel())
         try:
-            shards.init(init, flat, 30.0)
+            shards.init(init, flat, 30.0, buffers)
         finally:
             shards.close()
 

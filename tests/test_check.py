@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dynabatch.cluster import check_command
-from dynabatch.cluster.dry_run import (FIXED_BUFFER_POLICY, FROZEN_POLICY, TRAINED_BUFFER_POLICY, dry_run,
+from dynabatch.cluster.dry_run import (COUNTER_POLICY, FIXED_BUFFER_POLICY, FROZEN_POLICY, TRAINED_BUFFER_POLICY, dry_run,
                                        fit_line)
 from dynabatch.common.config import JobConfig
 from dynabatch.common.task import Task
@@ -52,7 +52,7 @@ def test_check_gives_frozen_parameters_and_buffers_their_policy():
     assert [(k.name, k.policy) for k in report.frozen] == [("0.weight", FROZEN_POLICY), ("0.bias", FROZEN_POLICY)]
     policies = {k.name: k.policy for k in report.buffers}
     assert policies == {"scale": FIXED_BUFFER_POLICY, "1.running_mean": TRAINED_BUFFER_POLICY,
-                        "1.running_var": TRAINED_BUFFER_POLICY, "1.num_batches_tracked": TRAINED_BUFFER_POLICY}
+                        "1.running_var": TRAINED_BUFFER_POLICY, "1.num_batches_tracked": COUNTER_POLICY}
     assert report.bytes_per_step == 2 * 4 * (3 + 3 + 6 + 2) and set(report.step_s) == {4, 8}
 
 

@@ -1,6 +1,9 @@
 """Evaluator mode: pull the current model now and then, report the task's loss and metrics.
 
-It trains nothing and pushes nothing. When the job stops it waits until the
+It trains nothing and pushes nothing. It evaluates the pulled parameters with
+the pulled travelling buffers (BatchNorm's running statistics, as shard 0
+averages them), so a BatchNorm model is judged by the job's estimate rather
+than by its factory-fresh statistics. When the job stops it waits until the
 workers are gone (the scheduler says so by stopping the evaluator only then),
 evaluates the final model once more and reports that result as final.
 """
@@ -119,6 +122,7 @@ class Evaluator(Worker):
     def _evaluate_once(self, final: bool) -> EvalReport:
         pulled = self.shards.pull(None, self.opts.request_timeout_s)
         load_flat(self.model, pulled.flat)
+        self.buffers.load(self.model, pulled.buffers)  # the job's running statistics, not the factory's
         metrics = evaluate(self.task, self.model, self.data, self.device, self.heartbeat_when_due)
         return EvalReport(version=pulled.version, test_loss=metrics["loss"], test_acc=metrics.get("accuracy", math.nan),
                           final=final, metrics=metrics)

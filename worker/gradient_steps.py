@@ -58,12 +58,14 @@ class GradientLoop(StepLoop):
         if self._done(pulled.version):
             return None
         load_flat(c.model, pulled.flat)
+        c.buffers.load(c.model, pulled.buffers)
         loss, times.compute = c.timed_compute(c.next_batch(assignment.batch))
         if not math.isfinite(loss):
             log.error("loss is %s; not pushing this step's gradient", loss)
             return None
         start = time.perf_counter()
-        c.shards.push(flat_grads(c.model), pulled.chunk_versions, assignment.batch, loss, c.request_timeout_s)
+        c.shards.push(flat_grads(c.model), pulled.chunk_versions, assignment.batch, loss, c.request_timeout_s,
+                      buffers=c.buffers.read(c.model))
         times.push = time.perf_counter() - start
         self._next_round(pulled.shard_versions)
         return StepResult(times, assignment.batch, loss, pulled.version)
@@ -73,7 +75,7 @@ class GradientLoop(StepLoop):
         c = self.ctx
         if self.pipeline is None:
             self.pipeline = Pipeline(c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s,
-                                     c.loss_fn)
+                                     c.loss_fn, c.buffers)
         if self.last_versions is not None and self._done(min(self.min_versions or self.last_versions)):
             return None
         batch = c.next_batch(assignment.batch)

@@ -7,11 +7,14 @@ minus local: a pseudo-gradient the shard averages by samples).
 
 `msd` never waits: after pushing it keeps stepping, and when the new global
 model arrives it corrects itself to global + (its progress since the push),
-so communication overlaps computation completely. It pushes again once it has
-taken H steps since the last push and its previous delta has come back
-averaged (at most one delta in flight). H comes from the scheduler's
-assignment (AdaComm: shrinking as the loss falls, never below what hides
-the communication).
+so communication overlaps computation completely. Its travelling buffers
+(BatchNorm's running statistics) are not corrected: they are an estimate over
+its own recent steps, which taking the shard's average as of the pushes would
+throw away, so it keeps them and the shard averages what the workers push. It
+pushes again once it has taken H steps since the last push and its previous
+delta has come back averaged (at most one delta in flight). H comes from the
+scheduler's assignment (AdaComm: shrinking as the loss falls, never below what
+hides the communication).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class _LocalSteps(StepLoop):
         start = time.perf_counter()
         pulled = c.shards.pull(self.min_versions, timeout_s)
         load_flat(c.model, pulled.flat)
+        c.buffers.load(c.model, pulled.buffers)
         self.base, self.base_versions, self.version = pulled.flat.clone(), pulled.chunk_versions, pulled.version
         return time.perf_counter() - start
 
@@ -92,7 +96,7 @@ class LocalRoundLoop(_LocalSteps):
         start = time.perf_counter()
         delta = self.base - flat_params(c.model)
         acks = c.shards.push(delta, self.base_versions, assignment.batch * steps, _mean(losses),
-                             c.request_timeout_s, kind="delta")
+                             c.request_timeout_s, kind="delta", buffers=c.buffers.read(c.model))
         times.push = time.perf_counter() - start
         self.min_versions = [a.version if a.applied else a.version + 1 for a in acks]
         return StepResult(times, assignment.batch, _mean(losses), self.version, steps)
@@ -128,7 +132,7 @@ class MsdLoop(_LocalSteps):
         c = self.ctx
         self.anchor = flat_params(c.model)
         push = c.shards.start_push(self.base - self.anchor, self.base_versions, assignment.batch * self.since_push,
-                                   loss, kind="delta")
+                                   loss, kind="delta", buffers=c.buffers.read(c.model))
         self.in_flight = (push, None)
         self.sent_at = time.perf_counter()
         self.since_push = 0

@@ -8,6 +8,11 @@ when its gradient is final; the moment every parameter overlapping a chunk is
 final, that chunk's gradient is pushed, while backward goes on with earlier
 layers. Bytes in flight are bounded: a push waits for acknowledgements when
 sending it would exceed the credit.
+
+A model's travelling buffers (BatchNorm's running statistics) come with shard
+0's first chunk: the first module to run loads them all. Forward has finished
+updating them before backward pushes anything, so they go out with the step's
+first push to shard 0.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from dynabatch.common.chunking import Layout, travelling
+from dynabatch.common.chunking import Layout, TravellingBuffers, travelling
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.ps_client import Pending, PendingPull, PendingPush, PullResult, ShardClients
 
@@ -46,8 +51,9 @@ class Pipeline:
     """Hooks a model so that its forward waits per layer and its backward pushes per chunk."""
 
     def __init__(self, model: torch.nn.Module, layout: Layout, shards: ShardClients, max_inflight_bytes: int,
-                 timeout_s: float, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> None:
-        self.model, self.layout, self.shards, self.loss_fn = model, layout, shards, loss_fn
+                 timeout_s: float, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                 buffers: TravellingBuffers = TravellingBuffers()) -> None:
+        self.model, self.layout, self.shards, self.loss_fn, self.buffers = model, layout, shards, loss_fn, buffers
         self.max_inflight = max_inflight_bytes
         self.timeout_s = timeout_s
         self.params = travelling(model)
@@ -60,9 +66,10 @@ class Pipeline:
         self.param_chunks = [{c.id for c in layout.chunks if c.start < b and a < c.stop} for a, b in offsets]
         self.chunk_params = {c.id: {i for i, ids in enumerate(self.param_chunks) if c.id in ids} for c in layout.chunks}
         index = {id(p): i for i, p in enumerate(self.params)}
+        buffer_owners = {name.rpartition(".")[0] for name in buffers.names}
         for name, module in model.named_modules():
             own = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
-            if own:
+            if own or name in buffer_owners:
                 module.register_forward_pre_hook(self._before_forward(name, own))
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._grad_ready(i))
@@ -98,7 +105,7 @@ class Pipeline:
             self.shards.advance([], self.shards.idle_every_s)
             for i in refused:
                 st.pushes[i] = self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"),
-                                                      ids=[st.push_ids[i]])
+                                                      ids=[st.push_ids[i]], buffers=self._buffers_for(i))
 
     def _before_forward(self, name: str, own: list[int]):
         def hook(module: torch.nn.Module, args: object) -> None:
@@ -107,8 +114,12 @@ class Pipeline:
                 return
             needed = set().union(*(self.param_chunks[i] for i in own))
             start = time.perf_counter()
-            self.shards.wait(st.pendings(), self.timeout_s, lambda: st.pull.has(needed))
+            self.shards.wait(st.pendings(), self.timeout_s,
+                             lambda: st.pull.has(needed) and st.pull.buffers_in == st.pull.with_buffers)
             st.pull_wait += time.perf_counter() - start
+            if st.pull.with_buffers and not st.buffers_loaded:
+                self.buffers.load(self.model, self.shards.buffers)
+                st.buffers_loaded = True
             flat = self.shards.flat
             with torch.no_grad():
                 for i in own:
@@ -142,10 +153,17 @@ class Pipeline:
         for i in self.chunk_params[cid] - st.done_params:
             a, b = self.offsets[i]
             self.grad_flat[a:b].zero_()
-        st.pushes.append(self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"), ids=[cid]))
+        if self.buffers and st.buffer_push is None and chunk.owner == 0:
+            st.buffer_push = len(st.pushes)
+        st.pushes.append(self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"), ids=[cid],
+                                                buffers=self._buffers_for(len(st.pushes))))
         st.push_ids.append(cid)
         st.pushed.add(cid)
         st.trace.pushed_at[cid] = time.perf_counter()
+
+    def _buffers_for(self, push: int) -> torch.Tensor | None:
+        """The model's travelling buffers if push number `push` of this step is the one that carries them."""
+        return self.buffers.read(self.model) if push == self._step.buffer_push else None
 
 
 @dataclass
@@ -159,6 +177,8 @@ class _StepState:
     pull_wait: float = 0.0
     push_wait: float = 0.0
     trace: StepTrace = field(default_factory=StepTrace)
+    buffers_loaded: bool = False
+    buffer_push: int | None = None  # the index in `pushes` of the push that carries the travelling buffers
 
     def pendings(self) -> list[Pending]:
         return [self.pull, *self.pushes]

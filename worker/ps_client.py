@@ -3,7 +3,9 @@
 Requests go to every shard at once and the replies are collected as they come,
 so S shards cost one round trip, not S. Gradients travel as views of the flat
 gradient vector (no copies); received chunks are copied once, into the flat
-parameter vector.
+parameter vector. A model's travelling buffers (BatchNorm's running statistics,
+common/chunking.py's TravellingBuffers) ride along with shard 0 as one more
+chunk entry: with every push, and in the answer to every full pull.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import zmq
 
 from dynabatch.common import staleness
-from dynabatch.common.chunking import Layout
+from dynabatch.common.chunking import BUFFERS_ID, Chunk, Layout
 from dynabatch.common.messages import Error, Init, InitAck, Pull, Push, PushAck
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta, Message
@@ -24,15 +26,18 @@ from dynabatch.common.wire import ChunkMeta, Message
 
 @dataclass
 class PullResult:
-    """The model as pulled: flat parameters, each chunk's version, each shard's version.
+    """The model as pulled: flat parameters, each chunk's version, each shard's version, the buffers.
 
     `flat` is the client's receive buffer, valid until the next pull: a fresh 40 MB
-    tensor per pull costs more in page faults than the transfer itself.
+    tensor per pull costs more in page faults than the transfer itself. So is
+    `buffers`, the travelling buffers (None when the model has none or the pull
+    did not ask for them).
     """
 
     flat: torch.Tensor
     chunk_versions: dict[int, int]
     shard_versions: list[int]
+    buffers: torch.Tensor | None = None
 
     @property
     def version(self) -> int:
@@ -45,10 +50,11 @@ class ShardClients:
 
     def __init__(
         self, ctx: zmq.Context, endpoints: list[str], layout: Layout, job: str, sender: str,
-        idle: Callable[[], None] = lambda: None, idle_every_s: float = 0.5,
+        idle: Callable[[], None] = lambda: None, idle_every_s: float = 0.5, buffer_total: int = 0,
     ) -> None:
         """`idle` runs every `idle_every_s` while a request waits (the worker heartbeats there,
-        so a slow or restarting shard does not make the scheduler think the worker died)."""
+        so a slow or restarting shard does not make the scheduler think the worker died);
+        `buffer_total` is the length of the model's flat travelling buffers (0: none travel)."""
         if len(endpoints) != layout.num_shards:
             raise ValueError(f"{len(endpoints)} shard endpoints for a layout of {layout.num_shards} shards")
         self.layout = layout
@@ -59,6 +65,7 @@ class ShardClients:
         for conn in self.conns:
             self.poller.register(conn.sock, zmq.POLLIN)
         self.flat = torch.zeros(layout.total)
+        self.buffers = torch.zeros(buffer_total) if buffer_total else None
         self.moved_bytes = 0
         self.staleness: list[int] = []
 
@@ -66,45 +73,58 @@ class ShardClients:
         """Ask every shard for its chunks (or just `ids`); shards stream one PARAMS per chunk, front first.
 
         With `min_versions` a shard sends each chunk once it has reached that version.
+        A pull of every chunk also asks shard 0 for the travelling buffers, if the model has some.
         """
         wanted = {c.id for c in self.layout.chunks} if ids is None else set(ids)
+        with_buffers = self.buffers is not None and ids is None
         seqs = []
         for s, conn in enumerate(self.conns):
             mine = sorted(c.id for c in self.layout.for_shard(s) if c.id in wanted)
-            body = Pull(ids=[] if ids is None else mine, min_version=min_versions[s] if min_versions else 0)
+            body = Pull(ids=[] if ids is None else mine, min_version=min_versions[s] if min_versions else 0,
+                        buffers=with_buffers and s == 0)
             seqs.append(conn.send(body) if mine else -1)
-        return PendingPull(self, seqs, wanted)
+        return PendingPull(self, seqs, wanted, with_buffers)
 
     def start_push(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float,
-        kind: str = "grad", ids: list[int] | None = None,
+        kind: str = "grad", ids: list[int] | None = None, buffers: torch.Tensor | None = None,
     ) -> "PendingPush":
-        """Send `tensor`'s chunks (all, or `ids`) to their shards, tagged with the versions they came from."""
+        """Send `tensor`'s chunks (all, or `ids`) to their shards, tagged with the versions they came from;
+        `buffers` (the worker's travelling buffers) go to shard 0, which must be sent chunks too."""
         wanted = {c.id for c in self.layout.chunks} if ids is None else set(ids)
         seqs = []
-        for s, conn in enumerate(self.conns):
+        for s in range(len(self.conns)):
             chunks = [c for c in self.layout.for_shard(s) if c.id in wanted]
-            if not chunks:
-                seqs.append(-1)
-                continue
-            metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
-            seqs.append(conn.send(Push(samples=samples, loss=loss, kind=kind), metas,
-                                  [tensor[c.start : c.stop] for c in chunks]))
-            self.moved_bytes += sum(m.nbytes for m in metas)
+            if not chunks and s == 0 and buffers is not None:
+                raise ValueError("travelling buffers go with a push to shard 0, and this push sends it nothing")
+            seqs.append(self._send_push(s, chunks, tensor, chunk_versions, Push(samples=samples, loss=loss, kind=kind),
+                                        buffers if s == 0 else None) if chunks else -1)
         return PendingPush(self, seqs)
 
-    def init(self, init: Init, flat: torch.Tensor, timeout_s: float) -> list[InitAck]:
-        """Offer this worker's model to every shard (each gets its chunks of `flat`), blocking for the answers.
+    def _send_push(self, shard: int, chunks: list[Chunk], tensor: torch.Tensor, chunk_versions: dict[int, int],
+                   body: Push, buffers: torch.Tensor | None) -> int:
+        """One PUSH of `chunks` of `tensor` (and `buffers`, as the last entry) to `shard`; returns its seq."""
+        metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
+        tensors = [tensor[c.start : c.stop] for c in chunks]
+        _append_buffers(metas, tensors, buffers)
+        self.moved_bytes += sum(m.nbytes for m in metas)
+        return self.conns[shard].send(body, metas, tensors)
+
+    def init(self, init: Init, flat: torch.Tensor, timeout_s: float, buffers: torch.Tensor | None = None) -> list[InitAck]:
+        """Offer this worker's model to every shard (each gets its chunks of `flat`, shard 0 also the
+        travelling `buffers`), blocking for the answers.
 
         The first offer a shard gets initialises it; every later one is checked
         against the model it holds, and a different model is refused (RemoteError
-        `signature`, naming the first differing parameter).
+        `signature`, naming the first differing parameter or buffer).
         """
         seqs = []
         for s, conn in enumerate(self.conns):
             chunks = self.layout.for_shard(s)
             metas = [ChunkMeta(c.id, "float32", (c.length,), 0) for c in chunks]
-            seqs.append(conn.send(init, metas, [flat[c.start : c.stop] for c in chunks]))
+            tensors = [flat[c.start : c.stop] for c in chunks]
+            _append_buffers(metas, tensors, buffers if s == 0 else None)
+            seqs.append(conn.send(init, metas, tensors))
         pending = PendingInit(seqs)
         self.wait(pending, timeout_s)
         return [pending.acks[s] for s in sorted(pending.acks)]
@@ -117,20 +137,21 @@ class ShardClients:
 
     def push(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
-        kind: str = "grad",
+        kind: str = "grad", buffers: torch.Tensor | None = None,
     ) -> list[PushAck]:
-        """Every chunk of `tensor`, blocking until every shard has acknowledged."""
-        pending = self.start_push(tensor, chunk_versions, samples, loss, kind)
+        """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged."""
+        pending = self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers)
         deadline = time.monotonic() + timeout_s
         while True:
             self.wait(pending, max(0.0, deadline - time.monotonic()))
             if not pending.refused:
                 return [pending.acks[s] for s in sorted(pending.acks)]
-            self._resend_refused(pending, tensor, chunk_versions, samples, loss, kind, deadline)
+            self._resend_refused(pending, tensor, chunk_versions, Push(samples=samples, loss=loss, kind=kind),
+                                 buffers, deadline)
 
     def _resend_refused(
-        self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int,
-        loss: float, kind: str, deadline: float,
+        self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int], body: Push,
+        buffers: torch.Tensor | None, deadline: float,
     ) -> None:
         """Resend to the shards that did not know this worker yet, and only to them.
 
@@ -144,10 +165,8 @@ class ShardClients:
         self.advance([], self.idle_every_s)
         self.idle()
         for s in refused:
-            chunks = self.layout.for_shard(s)
-            metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
-            pending.seqs[s] = self.conns[s].send(Push(samples=samples, loss=loss, kind=kind), metas,
-                                                 [tensor[c.start : c.stop] for c in chunks])
+            pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), tensor, chunk_versions, body,
+                                              buffers if s == 0 else None)
         pending.refused = set()
 
     def wait(self, pendings: "Pending | list[Pending]", timeout_s: float, until: Callable[[], bool] | None = None) -> None:
@@ -189,6 +208,13 @@ class ShardClients:
             conn.close()
 
 
+def _append_buffers(metas: list[ChunkMeta], tensors: list[torch.Tensor], buffers: torch.Tensor | None) -> None:
+    """The travelling buffers as a message's last chunk entry, where shard 0 looks for them."""
+    if buffers is not None:
+        metas.append(ChunkMeta(BUFFERS_ID, "float32", (buffers.numel(),), 0))
+        tensors.append(buffers)
+
+
 class Pending:
     """An outstanding request to every shard, matched by each shard's request seq."""
 
@@ -220,18 +246,24 @@ class PendingInit(Pending):
 
 
 class PendingPull(Pending):
-    """Chunks arriving into the client's flat buffer, with the time each one landed."""
+    """Chunks arriving into the client's flat buffer, with the time each one landed; with `with_buffers`
+    the travelling buffers too (from shard 0, beside its first chunk), into the client's buffer vector."""
 
-    def __init__(self, client: ShardClients, seqs: list[int], wanted: set[int]) -> None:
+    def __init__(self, client: ShardClients, seqs: list[int], wanted: set[int], with_buffers: bool = False) -> None:
         self.client = client
         self.seqs = seqs
         self.wanted = wanted
+        self.with_buffers = with_buffers
+        self.buffers_in = False
         self.versions: dict[int, int] = {}
         self.arrived_at: dict[int, float] = {}
 
     def take(self, shard: int, msg: Message) -> None:
         layout = self.client.layout
         for meta, tensor in zip(msg.chunks, msg.tensors):
+            if meta.id == BUFFERS_ID:
+                self._take_buffers(shard, meta, tensor)
+                continue
             if meta.id not in self.wanted or layout.chunks[meta.id].owner != shard or meta.id in self.versions:
                 raise RemoteError("bad_chunk", f"shard {shard} sent chunk {meta.id} unasked, not its own, or twice")
             chunk = layout.chunks[meta.id]
@@ -240,17 +272,26 @@ class PendingPull(Pending):
             self.versions[meta.id] = meta.version
             self.arrived_at[meta.id] = time.perf_counter()
 
+    def _take_buffers(self, shard: int, meta: ChunkMeta, tensor: torch.Tensor) -> None:
+        target = self.client.buffers
+        if not self.with_buffers or shard != 0 or self.buffers_in or target is None or meta.numel != target.numel():
+            raise RemoteError("bad_chunk", f"shard {shard} sent buffers unasked, twice, or of {meta.numel} values")
+        target.copy_(tensor)
+        self.client.moved_bytes += meta.nbytes
+        self.buffers_in = True
+
     def has(self, ids: set[int]) -> bool:
         return ids <= self.versions.keys()
 
     def done(self) -> bool:
-        return len(self.versions) == len(self.wanted)
+        return len(self.versions) == len(self.wanted) and self.buffers_in == self.with_buffers
 
     def result(self) -> PullResult:
         layout = self.client.layout
         shard_versions = [min((self.versions[c.id] for c in layout.for_shard(s) if c.id in self.versions), default=0)
                           for s in range(layout.num_shards)]
-        return PullResult(self.client.flat, dict(self.versions), shard_versions)
+        return PullResult(self.client.flat, dict(self.versions), shard_versions,
+                          self.client.buffers if self.with_buffers else None)
 
 
 class PendingPush(Pending):

@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from dynabatch.common.chunking import Layout
+from dynabatch.common.chunking import Layout, TravellingBuffers
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.ps_client import ShardClients
@@ -33,6 +33,9 @@ class StepContext:
     - `idle_for_slowdown(cpu_s)`: the emulated slowdown for `cpu_s` of work done
       elsewhere (the pipelined step); returns the seconds idled.
     - `heartbeat_when_due()`: keep the scheduler's liveness clock fed inside a long step.
+    - `buffers`: the model's travelling buffers (BatchNorm's running statistics): a step
+      loads the pulled ones (`buffers.load(model, pulled.buffers)`) before computing and
+      sends its own (`buffers.read(model)`) with its push; empty for most models.
     """
 
     job: JobConfig
@@ -46,6 +49,7 @@ class StepContext:
     loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
     idle_for_slowdown: Callable[[float], float]
     heartbeat_when_due: Callable[[], None]
+    buffers: TravellingBuffers = TravellingBuffers()
 
 
 class StepLoop:

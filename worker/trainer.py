@@ -22,7 +22,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.builtin_tasks import builtin_task
-from dynabatch.common.chunking import flat_params, make_layout, travelling
+from dynabatch.common.chunking import TravellingBuffers, flat_params, make_layout, travelling
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.data import SampleOrder
@@ -136,15 +136,17 @@ class Worker:
             load_weights(self.model, read_state_dict(self.opts.init), f"--init {self.opts.init}")
         self.layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
         self.train_size = sig.train_size
+        self.buffers = TravellingBuffers(sig.buffer_names)
         self.last_hb = Heartbeat()
         self._next_beat = 0.0
         self.shards = ShardClients(self.ctx, welcome.shards, self.layout, self.job.job, self.id,
-                                   self._heartbeat_while_waiting, self.job.heartbeat_s)
+                                   self._heartbeat_while_waiting, self.job.heartbeat_s, sig.buffer_total)
         self.m = WorkerMetrics(self.registry, self.id)
         init = Init(**signature_fields(sig), optimizer=self.task.optimizer.to_wire() if self.task.optimizer else {},
                     schedule=schedule_fields(self.task.schedule))
         try:
-            acks = self.shards.init(init, flat_params(self.model), self.opts.request_timeout_s)
+            acks = self.shards.init(init, flat_params(self.model), self.opts.request_timeout_s,
+                                    self.buffers.read(self.model))
         except RemoteError as exc:
             raise TaskError(f"the job's shards refused this worker's model: {exc.text}") from None
         log.info("%s joined job %r as %s: %s, %d parameters, %d training samples, %d shard(s)%s, slowdown %s, "
@@ -182,6 +184,7 @@ class Worker:
             train_size=self.train_size, request_timeout_s=self.opts.request_timeout_s,
             next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=self.loss_fn,
             idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.heartbeat_when_due,
+            buffers=self.buffers,
         )
 
     def _heartbeat_while_waiting(self) -> None:
