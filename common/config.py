@@ -34,6 +34,8 @@ class JobConfig:
     )
     flat_params: int = opt(1_000_000, "parameters of the 'flat' model (transport benchmarks)", minimum=10)
     shards: int = opt(1, "number of parameter-server shards", minimum=1)
+    max_workers: int = opt(256, "admit at most this many workers and evaluators at once (a flood of HELLOs "
+                                "cannot register thousands of members)", minimum=1)
     min_workers: int = opt(1, "hand out batches only once this many workers have joined (then keep going with fewer)", minimum=1)
     global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1)
     min_batch: int = opt(8, "smallest per-worker batch", minimum=1)

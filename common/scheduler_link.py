@@ -21,7 +21,7 @@ from dynabatch.common.messages import Assignment, Bye, Error, Heartbeat, Hello, 
 from dynabatch.common.transport import Connection, RemoteError
 
 log = logging.getLogger("dynabatch.link")
-RETRYABLE = ("not_ready",)
+RETRYABLE = ("not_ready", "slot_taken")  # the job is not up yet; a restarted shard's old self is not yet dead
 BYE_TIMEOUT_S = 5.0  # a scheduler that is gone must not hold up a process's exit for long
 BYE_ATTEMPT_S = 1.0
 
@@ -87,7 +87,7 @@ class SchedulerLink:
         if isinstance(body, Assignment):
             self.assignment = body
         elif isinstance(body, Error):
-            if body.code == "unknown_sender":
+            if body.code in ("unknown_sender", "bad_sender"):  # forgotten, or our connection was replaced
                 self.lost = True
             else:
                 log.warning("scheduler answered ERROR %s: %s", body.code, body.text)

@@ -22,14 +22,17 @@ from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.local_steps import adacomm_steps
+from dynabatch.scheduler.report_bounds import check_eval_version, check_worker_heartbeat
 from dynabatch.scheduler.speed_model import SpeedModel
 
 DECISIONS_KEPT = 100
+DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
 MAX_INSTANCE_CHARS = 64
 LOSS_SMOOTHING = 0.9
 
 
 MIN_OWN_STEP_S = 1e-6
+MAX_TRAIN_SIZE = 1 << 40
 LIVENESS_STEPS = 3  # steps of its own measured length a worker may be silent before it is dropped
 
 
@@ -60,6 +63,8 @@ class Member:
     heartbeats: int = 0
     left: bool = False
     admitted_in: int = 0  # the membership number that first held this worker
+    connection: bytes = b""  # the ROUTER routing id of the connection that registered it
+    instance: str = ""
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
 
     def public(self) -> WorkerStatus:
@@ -130,8 +135,13 @@ class JobState:
 
     # -- membership -------------------------------------------------------------
 
-    def hello(self, hello: Hello, now: float) -> Welcome:
-        """Admit a process; shards take a slot, workers wait until every shard is there."""
+    def hello(self, hello: Hello, now: float, connection: bytes = b"") -> Welcome:
+        """Admit a process; shards take a slot, workers wait until every shard is there.
+
+        The member is bound to `connection` (the ROUTER routing id it registered from):
+        every later message in its name must come from there. The same process (same
+        `instance`) may say HELLO again from a new connection and is rebound to it.
+        """
         if hello.role not in ("worker", "evaluator", "ps"):
             raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
         if len(hello.instance) > MAX_INSTANCE_CHARS:
@@ -141,6 +151,7 @@ class JobState:
         again = self.members.get(self.instances.get(hello.instance, "")) if hello.instance else None
         if again is not None and not again.left and again.role == hello.role:
             again.last_seen = now
+            again.connection = connection
             return self._welcome(again)
         if (self.stopping and hello.role == "worker") or (self.finished and hello.role == "evaluator"):
             raise ProtocolError("job_over", "the job has reached its target and is stopping")
@@ -150,20 +161,22 @@ class JobState:
         else:
             if len(self.shards) < self.num_shards:
                 raise ProtocolError("not_ready", f"{len(self.shards)} of {self.num_shards} shards registered")
+            present = sum(1 for m in self.members.values() if m.role in ("worker", "evaluator") and not m.left)
+            if present >= self.job.max_workers:
+                raise ProtocolError("full", f"the job admits at most {self.job.max_workers} workers and evaluators "
+                                            "(--max-workers)")
             prefix = "w" if hello.role == "worker" else "eval"
             member_id = f"{prefix}{self._next_id[hello.role]}"
             self._next_id[hello.role] += 1
             index = -1
         member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
-                        endpoint=hello.endpoint, shard_index=index, max_batch=hello.max_batch)
+                        endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance,
+                        max_batch=hello.max_batch)
         self.members[member_id] = member
         if hello.instance:
             self.instances[hello.instance] = member_id
         if hello.role == "ps":
             self.shards[index] = member
-        elif hello.role == "worker":
-            self.membership += 1
-            member.admitted_in = self.membership
         return self._welcome(member)
 
     def _welcome(self, member: Member) -> Welcome:
@@ -174,6 +187,10 @@ class JobState:
         if wanted >= self.num_shards:
             raise ProtocolError("bad_field", f"shard index {wanted} but the job has {self.num_shards} shards")
         if wanted >= 0:
+            holder = self.shards.get(wanted)
+            if holder is not None and not holder.left:
+                raise ProtocolError("slot_taken", f"shard slot {wanted} is held by a live shard; a restarted shard "
+                                                  "takes it once that one is declared dead")
             return wanted  # a restarted shard takes its slot back
         free = [i for i in range(self.num_shards) if i not in self.shards]
         if not free:
@@ -183,18 +200,22 @@ class JobState:
     def shard_endpoints(self) -> list[str]:
         return [self.shards[i].endpoint for i in sorted(self.shards)]
 
-    def member(self, member_id: str) -> Member:
+    def member(self, member_id: str, connection: bytes = b"") -> Member:
+        """The live member `member_id`, if this message came over the connection it registered from."""
         member = self.members.get(member_id)
         if member is None or member.left:
             raise ProtocolError("unknown_sender", f"{member_id!r} is not registered; send HELLO")
+        if member.connection != connection:
+            raise ProtocolError("bad_sender", f"{member_id!r} registered from another connection; a message in its "
+                                              "name from this one is refused")
         return member
 
-    def bye(self, member_id: str, now: float) -> bool:
+    def bye(self, member_id: str, now: float, connection: bytes = b"") -> bool:
         """Drop a member that leaves; False if it had already gone (a BYE sent again because its ack was slow)."""
         known = self.members.get(member_id)
         if known is not None and known.left:
             return False
-        self._drop(self.member(member_id), now, "left")
+        self._drop(self.member(member_id, connection), now, "left")
         return True
 
     def expire(self, now: float) -> list[str]:
@@ -219,7 +240,7 @@ class JobState:
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True
-        if member.role == "worker":
+        if member.role == "worker" and member.admitted_in:
             self.membership += 1
             self.departed_samples += member.samples
             self.departed_bytes += member.last.bytes
@@ -228,23 +249,37 @@ class JobState:
             del self.shards[member.shard_index]
         if member.id in self.allocation:
             self._reallocate(now, why, member.id, force=True)
+        self._forget_departed()
+
+    def _forget_departed(self) -> None:
+        """Keep the member table bounded: the oldest members that left go (their counts are already summed)."""
+        gone = [m for m in self.members.values() if m.left]
+        for m in gone[:max(0, len(gone) - DEPARTED_KEPT)]:
+            del self.members[m.id]
+            if self.instances.get(m.instance) == m.id:
+                del self.instances[m.instance]
 
     @property
     def live_workers(self) -> list[str]:
-        return sorted(m.id for m in self.members.values() if m.role == "worker" and not m.left)
+        """Workers that have reported at least once: one that registered and fell silent is never counted in n."""
+        return sorted(m.id for m in self.members.values() if m.role == "worker" and not m.left and m.admitted_in)
 
     # -- heartbeats and progress ------------------------------------------------
 
-    def heartbeat(self, member_id: str, hb: Heartbeat, now: float) -> Assignment:
+    def heartbeat(self, member_id: str, hb: Heartbeat, now: float, connection: bytes = b"") -> Assignment:
         """Record a heartbeat and answer with the member's current assignment."""
-        member = self.member(member_id)
+        member = self.member(member_id, connection)
         self.check_budget(now)
         if member.role == "worker":
+            check_worker_heartbeat(member.last, hb, now - member.last_seen, self.job.max_batch, self.num_shards)
+            if not member.admitted_in:  # its first report: from now on it is live, and every shard must learn it
+                self.membership += 1
+                member.admitted_in = self.membership
             self._worker_heartbeat(member, hb, now)
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
-        if member.role == "ps" and hb.train_size > 0:
+        if member.role == "ps" and 0 < hb.train_size <= MAX_TRAIN_SIZE:
             self.train_size = hb.train_size
         if member.role == "ps":
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
@@ -257,12 +292,6 @@ class JobState:
         return all(shard.last.membership >= worker.admitted_in for shard in self.shards.values())
 
     def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:
-        for name in ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "standalone_sps"):
-            value = getattr(hb, name)
-            if not math.isfinite(value) or value < 0:
-                raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be finite and non-negative, got {value}")
-        if hb.samples < member.samples or hb.steps < member.steps or hb.batch < 0:
-            raise ProtocolError("bad_field", "HEARTBEAT counters went backwards")
         bad_counts = staleness.check(hb.staleness)
         if bad_counts:
             raise ProtocolError("bad_field", f"HEARTBEAT.staleness: {bad_counts}")
@@ -286,18 +315,30 @@ class JobState:
             if self.spec.adaptive_local_steps:
                 self._adapt_local_steps(now, hb)
 
-    def eval_report(self, member_id: str, report: EvalReport, now: float) -> None:
-        """Keep the newest evaluation; one out of bounds (common/eval_bounds.py) is refused and changes nothing."""
-        member = self.member(member_id)
+    def eval_report(self, member_id: str, report: EvalReport, now: float, connection: bytes = b"") -> None:
+        """Keep the newest evaluation. Only an evaluator reports one, of a version the shards can have
+        reached, within common/eval_bounds.py; anything else is refused and changes nothing."""
+        member = self.member(member_id, connection)
+        if member.role != "evaluator":
+            raise ProtocolError("bad_sender", f"{member_id} is a {member.role}; only an evaluator reports evaluations")
         problem = eval_problem(report)
         if problem:
             raise ProtocolError("bad_field", problem)
+        check_eval_version(report, self.newest_possible_version)
         member.last_seen = now
         if self.eval is None or report.version >= self.eval.version or report.final:
             self.eval = report
             self.eval_time = now - self.started
         if report.final and self.stopping:
             self.final_eval = True
+
+    @property
+    def newest_possible_version(self) -> int:
+        """No shard can be past this version: every update takes a push of at least --min-batch samples,
+        and every worker may have one push on its way that its heartbeat has not counted yet."""
+        reported = max((m.last.version for m in self.shards.values()), default=0)
+        pushes = math.ceil(self.samples / self.job.min_batch) + len(self.live_workers) + 1
+        return max(reported, pushes)
 
     @property
     def samples(self) -> int:

@@ -124,19 +124,19 @@ class SchedulerServer:
                 raise ProtocolError("bad_chunk", f"{msg.type} to the scheduler carries no tensors")
             body = msg.body
             if isinstance(body, Hello):
-                reply = self.state.hello(body, now)
+                reply = self.state.hello(body, now, incoming.identity)
                 log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
             elif isinstance(body, Heartbeat):
                 start = time.perf_counter()
-                reply = self.state.heartbeat(msg.sender, body, now)
+                reply = self.state.heartbeat(msg.sender, body, now, incoming.identity)
                 took = time.perf_counter() - start
                 self.m.decide.observe(took)
                 self.decision_times.append(took)
             elif isinstance(body, EvalReport):
-                self.state.eval_report(msg.sender, body, now)
+                self.state.eval_report(msg.sender, body, now, incoming.identity)
                 return
             elif isinstance(body, Bye):
-                if self.state.bye(msg.sender, now):
+                if self.state.bye(msg.sender, now, incoming.identity):
                     log.info("%s left", msg.sender)
                 reply = ByeAck()
             elif isinstance(body, StatusRequest):

@@ -25,8 +25,8 @@ def _shards_apply(state: JobState, now: float) -> None:
 
 def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> str:
     wid = state.hello(Hello(role="worker", max_batch=max_batch), now).id
-    _shards_apply(state, now)
-    state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)
+    state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)  # its first report makes it live
+    _shards_apply(state, now)  # and once every shard holds it, it gets its share
     return wid
 
 
@@ -68,6 +68,9 @@ def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
     b = state.hello(Hello(role="worker"), 0.5).id
     state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.6)
     assert state.allocation == {a: 96}, "the running worker keeps its batch while b waits"
+    with pytest.raises(ProtocolError, match="slot_taken"):
+        state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.65)
+    state.bye(ps1, 0.66)  # the old shard is gone: its slot is free for the restarted one
     restarted = state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.7).id
     state.heartbeat(restarted, Heartbeat(), 0.8)
     state.heartbeat(ps0, Heartbeat(membership=state.membership), 0.9)
@@ -81,10 +84,13 @@ def test_a_repeated_hello_of_one_process_registers_it_once():
     state = _job()
     first = state.hello(Hello(role="worker", name="a", instance="abc"), 0.0)
     again = state.hello(Hello(role="worker", name="a", instance="abc"), 0.1)
-    assert again.id == first.id and state.live_workers == [first.id]
+    assert again.id == first.id and [m.id for m in state.members.values() if m.role == "worker"] == [first.id]
+    assert state.live_workers == [], "registered but silent: not counted in n"
+    state.heartbeat(first.id, Heartbeat(standalone_sps=100.0), 0.15)
+    assert state.live_workers == [first.id]
     membership = state.membership
     other = state.hello(Hello(role="worker", name="b", instance="xyz"), 0.2)
-    assert other.id != first.id and state.membership == membership + 1
+    assert other.id != first.id and state.membership == membership, "a worker joins the live set when it reports"
     state.bye(first.id, 0.3)
     rejoined = state.hello(Hello(role="worker", name="a", instance="abc"), 0.4)
     assert rejoined.id not in (first.id, other.id), "a member that left registers anew"
@@ -254,11 +260,11 @@ def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
 def test_staleness_counts_sum_over_workers_including_departed_ones():
     state = _job()
     a, b = _join(state, 1000.0), _join(state, 1000.0)
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, staleness=[3, 1]), 0.1)
-    state.heartbeat(b, Heartbeat(standalone_sps=1000.0, staleness=[0, 2, 5]), 0.1)
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=4, staleness=[3, 1]), 0.1)
+    state.heartbeat(b, Heartbeat(standalone_sps=1000.0, steps=7, staleness=[0, 2, 5]), 0.1)
     assert state.status(0.1).staleness == [3, 3, 5]
     state.bye(b, 0.2)
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, staleness=[4, 1]), 0.3)
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=5, staleness=[4, 1]), 0.3)
     assert state.status(0.3).staleness == [4, 3, 5]
 
 
@@ -331,8 +337,8 @@ def test_an_evaluation_at_the_bounds_is_kept_nan_included():
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     metrics = {f"m{i:02d}" + "x" * 61: float(i) for i in range(31)} | {"loss": float("nan")}
-    state.eval_report(ev, EvalReport(version=3, test_loss=float("nan"), test_acc=float("nan"), metrics=metrics), 1.0)
-    assert state.status(1.0).metrics.keys() == metrics.keys() and state.status(1.0).eval_version == 3
+    state.eval_report(ev, EvalReport(version=1, test_loss=float("nan"), test_acc=float("nan"), metrics=metrics), 1.0)
+    assert state.status(1.0).metrics.keys() == metrics.keys() and state.status(1.0).eval_version == 1
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])

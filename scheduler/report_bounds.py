@@ -1,0 +1,59 @@
+"""What a worker's or evaluator's report may claim: every number within what is physically possible.
+
+A message that decodes is not yet trusted. A heartbeat's counters only grow, and
+by no more than the steps that fit in the time since the last one, each of at
+most the job's largest batch; speeds and times are finite and within physical
+bounds; an evaluation is of a model version the shards can have reached. A value
+out of bounds is refused with a code naming the field, before anything changes,
+so the sender's earlier contributions stay as they were. (An evaluation's metric
+names and values are bounded by common/eval_bounds.py.)
+"""
+
+from __future__ import annotations
+
+import math
+
+from dynabatch.common.messages import EvalReport, Heartbeat
+from dynabatch.common.wire import ProtocolError
+
+MIN_STEP_S = 1e-4  # no training step, of any model on any machine, takes less
+MAX_SECONDS = 86_400.0  # a step (or a phase of one) longer than a day is a lie or a hung process
+MIN_SPEED = 1e-3  # samples/s: below this a worker would not finish one batch in a week
+MAX_SPEED = 1e9
+TIMES = ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "sync_s")
+
+
+def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max_batch: int, num_shards: int) -> None:
+    """Refuse a worker heartbeat that claims more than it can have done since `prev` (its last accepted one)."""
+    for name in TIMES:
+        value = getattr(hb, name)
+        if not math.isfinite(value) or not 0.0 <= value <= MAX_SECONDS:
+            raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be finite, in [0, {MAX_SECONDS:.0f}] s; got {value}")
+    if hb.standalone_sps != 0.0 and not MIN_SPEED <= hb.standalone_sps <= MAX_SPEED:
+        raise ProtocolError("bad_field", f"HEARTBEAT.standalone_sps must be in [{MIN_SPEED}, {MAX_SPEED:.0e}] "
+                                         f"samples/s; got {hb.standalone_sps}")
+    if not 0 <= hb.batch <= max_batch:
+        raise ProtocolError("bad_field", f"HEARTBEAT.batch {hb.batch} is outside [0, {max_batch}] (the job's --max-batch)")
+    for name in ("steps", "samples", "bytes"):
+        if getattr(hb, name) < getattr(prev, name):
+            raise ProtocolError("bad_field", f"HEARTBEAT.{name} went backwards ({getattr(prev, name)} -> "
+                                             f"{getattr(hb, name)}); the counters are cumulative")
+    new_steps = hb.steps - prev.steps
+    possible = math.floor(max(0.0, elapsed_s) / MIN_STEP_S) + 1
+    if new_steps > possible:
+        raise ProtocolError("bad_field", f"HEARTBEAT.steps grew by {new_steps} in {elapsed_s:.3f} s "
+                                         f"(at most {possible} steps fit)")
+    if hb.samples - prev.samples > new_steps * max_batch:
+        raise ProtocolError("bad_field", f"HEARTBEAT.samples grew by {hb.samples - prev.samples} over {new_steps} "
+                                         f"steps of at most {max_batch} samples")
+    if sum(hb.staleness) > hb.steps * num_shards:
+        raise ProtocolError("bad_field", f"HEARTBEAT.staleness counts {sum(hb.staleness)} updates for "
+                                         f"{hb.steps} steps on {num_shards} shard(s)")
+
+
+def check_eval_version(report: EvalReport, newest_possible_version: int) -> None:
+    """Refuse an evaluation of a version no shard can have reached (its figures are checked by
+    common/eval_bounds.py)."""
+    if report.version > newest_possible_version:
+        raise ProtocolError("bad_field", f"EVAL.version {report.version} is beyond any version the shards can "
+                                         f"have reached ({newest_possible_version})")

@@ -1,0 +1,113 @@
+"""Peers that decode cleanly and lie, against a live scheduler: refused, counted, and nothing changes.
+
+Each attack comes from a plain ZeroMQ connection of its own, as an attacker on the
+job's port (or any holder of the client key under CURVE) would send it. The
+scheduler binds every member to the connection that registered it and checks
+every number against what is physically possible.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Welcome
+from dynabatch.common.transport import RemoteError
+from harness import Cluster, metric_value
+
+pytestmark = pytest.mark.slow
+
+MAX_WORKERS = 8
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("hostile"), ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000",
+                                                     "--liveness-timeout-s", "60", "--max-workers", str(MAX_WORKERS)])
+    c.scheduler()
+    c.shard(0)
+    c.victim, c.welcome = c.join_as_worker()
+    yield c
+    c.stop()
+
+
+def _refused(job: Cluster, sender: str, body: object, code: str) -> None:
+    """Send `body` in `sender`'s name from a connection of its own; it must be refused with `code`, and counted."""
+    before = _count(job, code)
+    attacker = job.client(sender=sender)
+    try:
+        with pytest.raises(RemoteError) as refused:
+            attacker.request(body, timeout_s=10)
+        assert refused.value.code == code, refused.value
+    finally:
+        attacker.close()
+    assert _count(job, code) == before + 1
+
+
+def _count(job: Cluster, code: str) -> float:
+    return metric_value(job.procs[0].metrics(), "dynabatch_bad_messages_total", role="scheduler", reason=code)
+
+
+def _victim_state(job: Cluster) -> tuple[int, int]:
+    status = job.status()
+    victim = status.workers[job.welcome.id]
+    return victim.samples, victim.steps
+
+
+def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job):
+    before = _victim_state(job)
+    _refused(job, job.welcome.id, Heartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
+             "bad_sender")
+    _refused(job, job.welcome.id, Bye(), "bad_sender")
+    assert job.welcome.id in job.status().workers and _victim_state(job) == before
+
+
+def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job):
+    victim = job.victim
+    epoch = job.status().epoch
+    for hb, field in ((Heartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
+                      (Heartbeat(standalone_sps=5e-324), "standalone_sps"),
+                      (Heartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s")):
+        with pytest.raises(RemoteError, match=f"HEARTBEAT.{field}") as refused:
+            victim.request(hb, timeout_s=10)
+        assert refused.value.code == "bad_field"
+    assert job.status().epoch == epoch and job.procs[0].alive()
+
+
+def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exist(job):
+    _refused(job, job.welcome.id, EvalReport(version=1, test_loss=0.1, test_acc=0.999), "bad_sender")
+    evaluator = job.client(sender="evaluator")
+    try:
+        welcome = evaluator.request(Hello(role="evaluator", name="liar", instance="liar"), timeout_s=10).body
+        evaluator.sender = welcome.id
+        with pytest.raises(RemoteError, match="EVAL.version"):
+            evaluator.request(EvalReport(version=2**62, test_loss=0.1, test_acc=0.999), timeout_s=10)
+    finally:
+        evaluator.close()
+    assert job.status().test_acc is None, "no evaluation was taken"
+
+
+def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job):
+    flood = job.client(sender="flood")
+    try:
+        admitted, full = 0, 0
+        for i in range(3 * MAX_WORKERS):
+            try:
+                reply = flood.request(Hello(role="worker", name=f"ghost{i}", instance=f"ghost{i}"), timeout_s=10)
+                admitted += isinstance(reply.body, Welcome)
+            except RemoteError as exc:
+                assert exc.code == "full", exc
+                full += 1
+    finally:
+        flood.close()
+    assert admitted <= MAX_WORKERS and full >= 2 * MAX_WORKERS
+    assignment = job.victim.request(Heartbeat(standalone_sps=1000.0), timeout_s=10).body
+    assert assignment.lr_scale == 1.0, "n counts the workers holding a batch, never the ghosts"
+    shard = job.procs[1]
+    assert metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, \
+        "the shards (whose rounds wait on every live worker) are never told of a member that never reported"
+
+
+def test_a_second_shard_cannot_take_a_live_shards_slot(job):
+    _refused(job, "impostor", Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
+             "slot_taken")
+    assert job.status().shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
