@@ -36,7 +36,7 @@ from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
-from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, send_queue_messages, wire_limits
+from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, SendQueueBound, send_queue_messages, wire_limits
 from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState
@@ -112,6 +112,7 @@ class ShardServer:
         self.parked: list[ParkedPull] = []
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
         self.limits: WireLimits | None = None  # once the model is held: what a message may be (peer_limits.py)
+        self.send_bound: SendQueueBound | None = None  # once the model is held: replies queued per peer
         self.membership = 0  # the scheduler's number of the live worker set in self.state
         self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
         self.signature: ModelSignature | None = None
@@ -219,7 +220,7 @@ class ShardServer:
         sig = self.signature
         self.limits = wire_limits([c.length for c in self.state.chunks], self.buffers.total if self.buffers else 0,
                                   len(sig.params), len(sig.buffers))
-        self.sock.setsockopt(zmq.SNDHWM, send_queue_messages(len(self.state.chunks)))
+        self.send_bound = SendQueueBound(self.sock, send_queue_messages(len(self.state.chunks)))
 
     def _take_buffers(self, msg: Message, total: int) -> torch.Tensor | None:
         """Remove the travelling buffers' entry (always the last) from `msg` and return it, checked; None if absent.
@@ -290,6 +291,8 @@ class ShardServer:
             self.job_over = True
 
     def _handle(self, incoming: Incoming) -> None:
+        if self.send_bound is not None:
+            self.send_bound.heard_from(incoming.identity)
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
         msg = incoming.message
