@@ -4,7 +4,11 @@ One ROUTER serves workers (PULL, PUSH); one DEALER keeps the shard registered
 with the scheduler, which answers its heartbeats with the live worker set and,
 at the end of the job, a stop. Every received message is validated before it
 reaches the state; a bad one is answered with ERROR and counted, and nothing
-that arrives on a socket can stop the loop. Shard 0 also holds the model's
+that arrives on a socket can stop the loop. A message in a live worker's name is
+taken only from the connection that first spoke for it (senders.py), a push's
+numbers only within what its worker was told (push_bounds.py), and once the
+model is held no message, parked pull or reply queue may outgrow what the model
+needs (peer_limits.py). Shard 0 also holds the model's
 travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
 ride on pushes and pulls as one extra chunk entry and never reach the update rules.
 """
