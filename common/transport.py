@@ -24,7 +24,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from dynabatch.common.curve import CurveKeys, secure_client, secure_server, start_authenticator, watch_refusals
 from dynabatch.common.messages import Error
-from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
+from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode
 
 MAX_MESSAGE_BYTES = 1 << 31
 
@@ -97,12 +97,12 @@ class Incoming:
     error: ProtocolError | None
 
 
-def recv_routed(sock: zmq.Socket) -> Incoming:
-    """Receive and validate one message from a ROUTER without raising on bad input."""
+def recv_routed(sock: zmq.Socket, limits: WireLimits | None = None) -> Incoming:
+    """Receive and validate one message from a ROUTER without raising on bad input (within `limits`, if given)."""
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
     try:
-        return Incoming(identity, decode(frames[1:]), None)
+        return Incoming(identity, decode(frames[1:], limits), None)
     except ProtocolError as exc:
         return Incoming(identity, None, exc)
 

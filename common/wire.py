@@ -52,6 +52,22 @@ T = TypeVar("T")
 ENVELOPE_KEYS = frozenset({"v", "type", "job", "sender", "seq", "chunks"})
 
 
+@dataclass(frozen=True)
+class WireLimits:
+    """What a receiver that knows its model's size accepts, checked before the envelope is parsed.
+
+    A receiver without a model passes none and gets the format's own limits
+    (MAX_CHUNKS, MAX_CHUNK_ELEMENTS). `max_array` bounds every list in the
+    envelope (the chunk entries, PULL ids, INIT's per-parameter lists), so an
+    oversized one costs msgpack a length check, not a parse.
+    """
+
+    max_chunks: int  # chunk entries, and tensor frames
+    max_frame_bytes: int  # one tensor frame
+    max_envelope_bytes: int  # frame 0
+    max_array: int
+
+
 class ProtocolError(Exception):
     """A received message that must be rejected; `code` is a stable reason label."""
 
@@ -141,18 +157,24 @@ def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
 
 
-def decode(frames: Sequence[Any]) -> Message:
+def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
     """Parse and validate frames into a Message, or raise ProtocolError.
 
     `frames` are bytes or zmq.Frame objects (as from `recv_multipart(copy=False)`).
+    With `limits`, frame counts and sizes are checked before anything is parsed.
     """
     if not frames:
         raise ProtocolError("malformed", "empty message")
+    if limits is not None:
+        _check_sizes(frames, limits)
     raw = _frame_bytes(frames[0])
+    max_array = limits.max_array if limits is not None else MAX_CHUNKS * 4
     try:
-        envelope = msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, max_array_len=MAX_CHUNKS * 4, max_map_len=1 << 12
-        )
+        envelope = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=max_array, max_map_len=1 << 12)
+    except ValueError as exc:
+        if "max_array_len" in str(exc):
+            raise ProtocolError("bad_chunk", f"a list in the envelope is longer than {max_array} entries") from None
+        raise ProtocolError("malformed", f"envelope is not msgpack: {type(exc).__name__}") from None
     except Exception as exc:  # msgpack raises a zoo of types for garbage
         raise ProtocolError("malformed", f"envelope is not msgpack: {type(exc).__name__}") from None
     if not isinstance(envelope, dict):
@@ -173,13 +195,30 @@ def decode(frames: Sequence[Any]) -> Message:
     if cls is None:
         raise ProtocolError("unknown_type", f"unknown message type {envelope['type']!r}", ref)
     body = _decode_body(cls, envelope, ref)
-    chunks = _decode_chunks(envelope["chunks"], ref)
+    chunks = _decode_chunks(envelope["chunks"], ref, limits.max_chunks if limits is not None else MAX_CHUNKS)
     if len(frames) - 1 != len(chunks):
         raise ProtocolError(
             "frame_count", f"{len(chunks)} chunks declared but {len(frames) - 1} tensor frames sent", ref
         )
     tensors = [_frame_tensor(frame, meta, ref) for frame, meta in zip(frames[1:], chunks)]
     return Message(body, chunks, tensors, envelope["job"], envelope["sender"], envelope["seq"])
+
+
+def _check_sizes(frames: Sequence[Any], limits: WireLimits) -> None:
+    """Refuse a message with more tensor frames, or larger frames, than `limits` allow, before parsing it."""
+    if len(frames) - 1 > limits.max_chunks:
+        raise ProtocolError("bad_chunk", f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}")
+    if _frame_size(frames[0]) > limits.max_envelope_bytes:
+        raise ProtocolError("too_large", f"an envelope of {_frame_size(frames[0])} bytes exceeds this receiver's "
+                            f"{limits.max_envelope_bytes}")
+    for i, frame in enumerate(frames[1:]):
+        if _frame_size(frame) > limits.max_frame_bytes:
+            raise ProtocolError("bad_chunk", f"tensor frame {i} of {_frame_size(frame)} bytes exceeds this "
+                                f"receiver's largest chunk ({limits.max_frame_bytes} bytes)")
+
+
+def _frame_size(frame: Any) -> int:
+    return len(frame) if isinstance(frame, (bytes, bytearray)) else memoryview(frame).nbytes
 
 
 def _frame_bytes(frame: Any) -> bytes:
@@ -201,9 +240,9 @@ def _frame_tensor(frame: Any, meta: ChunkMeta, ref: int) -> torch.Tensor:
         return torch.frombuffer(buf, dtype=DTYPES[meta.dtype]).view(meta.shape)
 
 
-def _decode_chunks(entries: list[Any], ref: int) -> list[ChunkMeta]:
-    if len(entries) > MAX_CHUNKS:
-        raise ProtocolError("bad_chunk", f"{len(entries)} chunks exceed the limit {MAX_CHUNKS}", ref)
+def _decode_chunks(entries: list[Any], ref: int, max_chunks: int) -> list[ChunkMeta]:
+    if len(entries) > max_chunks:
+        raise ProtocolError("bad_chunk", f"{len(entries)} chunks exceed the limit {max_chunks}", ref)
     chunks = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):

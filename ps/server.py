@@ -4,7 +4,11 @@ One ROUTER serves workers (PULL, PUSH); one DEALER keeps the shard registered
 with the scheduler, which answers its heartbeats with the live worker set and,
 at the end of the job, a stop. Every received message is validated before it
 reaches the state; a bad one is answered with ERROR and counted, and nothing
-that arrives on a socket can stop the loop. Shard 0 also holds the model's
+that arrives on a socket can stop the loop. A message in a live worker's name is
+taken only from the connection that first spoke for it (senders.py), a push's
+numbers only within what its worker was told (push_bounds.py), and once the
+model is held no message, parked pull or reply queue may outgrow what the model
+needs (peer_limits.py). Shard 0 also holds the model's
 travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
 ride on pushes and pulls as one extra chunk entry and never reach the update rules.
 """
@@ -33,9 +37,12 @@ from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, send_error, send_routed
-from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, check_chunks, check_finite
+from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
+from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, SendQueueBound, send_queue_messages, wire_limits
+from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
+from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.shared_buffers import SharedBuffers
 from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
@@ -107,6 +114,9 @@ class ShardServer:
         self.refusals = RateLimitedLog(log)
         self.job_over = False
         self.parked: list[ParkedPull] = []
+        self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
+        self.limits: WireLimits | None = None  # once the model is held: what a message may be (peer_limits.py)
+        self.send_bound: SendQueueBound | None = None  # once the model is held: replies queued per peer
         self.membership = 0  # the scheduler's number of the live worker set in self.state
         self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
         self.signature: ModelSignature | None = None
@@ -162,6 +172,7 @@ class ShardServer:
         self.m = ShardMetrics(self.registry, self.shard_label)
         self.ckpt_meta = {"job": self.job.job, "shard": self.index, "shards": self.job.shards,
                           "chunk_bytes": self.job.chunk_bytes}
+        self.max_samples = max_push_samples(self.job)
         self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
         self.reported_version = 0
         saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
@@ -171,6 +182,7 @@ class ShardServer:
             self._hold_buffers(self.signature, None)
             if self.buffers is not None:
                 self.buffers.restore(saved.get("buffers", {}))
+            self._bound_peers()
             self.reported_version = self.state.version
             log.info("resumed from %s at version %d", self.ckpt_path, self.state.version)
         else:
@@ -207,6 +219,13 @@ class ShardServer:
         self.buffers = SharedBuffers.initial(sig.buffers, flat) if (
             self.index == 0 and sig.buffers) else None
 
+    def _bound_peers(self) -> None:
+        """Now that the model's size is known: refuse larger messages unparsed, queue fewer replies per peer."""
+        sig = self.signature
+        self.limits = wire_limits([c.length for c in self.state.chunks], self.buffers.total if self.buffers else 0,
+                                  len(sig.params), len(sig.buffers))
+        self.send_bound = SendQueueBound(self.sock, send_queue_messages(len(self.state.chunks)))
+
     def _take_buffers(self, msg: Message, total: int) -> torch.Tensor | None:
         """Remove the travelling buffers' entry (always the last) from `msg` and return it, checked; None if absent.
 
@@ -229,9 +248,9 @@ class ShardServer:
         while not self.stopping and not self.job_over:
             events = dict(poller.poll(timeout=50))
             if self.sock in events:
-                pending = [recv_routed(self.sock)]
+                pending = [recv_routed(self.sock, self.limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
-                    pending.append(recv_routed(self.sock))
+                    pending.append(recv_routed(self.sock, self.limits))
                 for incoming in sorted(pending, key=priority):
                     self._handle(incoming)
             if self.link.conn.sock in events:
@@ -264,6 +283,7 @@ class ShardServer:
         self.last_assignment = body
         self.membership = body.membership
         self.m.live.set(len(body.live_workers))
+        self.senders.set_live(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
@@ -275,6 +295,8 @@ class ShardServer:
             self.job_over = True
 
     def _handle(self, incoming: Incoming) -> None:
+        if self.send_bound is not None:
+            self.send_bound.heard_from(incoming.identity)
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
         msg = incoming.message
@@ -282,6 +304,8 @@ class ShardServer:
         try:
             if msg.job != self.job.job:
                 raise ProtocolError("wrong_job", f"this shard serves job {self.job.job!r}, not {msg.job!r}", msg.seq)
+            if isinstance(msg.body, (Init, Pull, Push)):
+                self.senders.check(msg.sender, incoming.identity)
             if isinstance(msg.body, Init):
                 self._on_init(incoming)
             elif isinstance(msg.body, (Pull, Push)) and self.state is None:
@@ -339,6 +363,7 @@ class ShardServer:
             flat[chunk.start:chunk.stop] = tensor
         self._create_state(sig, flat, body.optimizer, body.schedule)
         self._hold_buffers(sig, buffers)
+        self._bound_peers()
         self._checkpoint()  # a shard killed before its first interval checkpoint resumes this model, not nothing
         log.info("initialised by %s: %d parameters", msg.sender, sig.total)
         send_routed(self.sock, incoming.identity, InitAck(0, initialized=True), msg.seq, self.job.job,
@@ -354,6 +379,9 @@ class ShardServer:
         blocked = self.state.pull_blocked(msg.sender)
         ready = [] if blocked else [cid for cid, _, ver in items if ver >= body.min_version]
         waiting = [cid for cid, _, _ in items if cid not in ready]
+        if waiting and sum(p.identity == incoming.identity for p in self.parked) >= MAX_PARKED_PER_PEER:
+            raise ProtocolError("busy", f"{MAX_PARKED_PER_PEER} pulls from this connection already wait; read their "
+                                "answers before asking again")
         self._send_chunks(incoming.identity, msg.seq, ready, msg.sender if body.buffers else None)
         if waiting:
             self.parked.append(ParkedPull(incoming.identity, msg.seq, msg.sender, waiting, body.min_version,
@@ -384,6 +412,7 @@ class ShardServer:
         check_finite(msg)
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
+        check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
         outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic())
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
             self.buffers.take(msg.sender, buffers, body.samples)

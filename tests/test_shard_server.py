@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import zmq
 
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
@@ -23,7 +24,9 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Error, Params, Pull, Push, PushAck
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.common.wire import ChunkMeta, Message, encode
+from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
+from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, send_queue_messages
+from dynabatch.ps.push_bounds import max_push_samples
 from harness import Cluster, Proc, metric_value
 
 pytestmark = pytest.mark.slow
@@ -218,29 +221,134 @@ def _park(conn: Connection, ids: set[int]) -> tuple[int, int, float]:
 
 
 def test_a_parked_pull_is_answered_when_its_round_closes(ssgd):
+    """On the worker's own connection (the only one the shard takes in its name): the push's
+    acknowledgement comes first, then the parked pull's chunks."""
     ids = set(ssgd.sizes)
-    waiting = ssgd.client(ssgd.worker_id)
-    try:
-        seq, version, _ = _park(waiting, ids)
-        pushed = _pull(ssgd.conn, ids)
-        ack = ssgd.conn.request(Push(samples=8), REPLY_S, *_gradient(pushed, 0.5))
-        assert isinstance(ack.body, PushAck) and ack.body.applied, "the only live worker's push closes the round"
-        answered = _collect(waiting, seq, ids, ROUND_TIMEOUT_S)  # well before the pull's own deadline
-    finally:
-        waiting.close()
+    seq, version, _ = _park(ssgd.conn, ids)
+    pushed = _pull(ssgd.conn, ids)
+    ack = ssgd.conn.request(Push(samples=8), REPLY_S, *_gradient(pushed, 0.5))
+    assert isinstance(ack.body, PushAck) and ack.body.applied, "the only live worker's push closes the round"
+    answered = _collect(ssgd.conn, seq, ids, ROUND_TIMEOUT_S)  # well before the pull's own deadline
     assert {ver for ver, _ in answered.values()} == {version + 1}
     _assert_same(_pull(ssgd.conn, ids), answered)
 
 
 def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushes(ssgd):
     ids = set(ssgd.sizes)
-    waiting = ssgd.client(ssgd.worker_id)
-    try:
-        seq, version, sent = _park(waiting, ids)
-        answered = _collect(waiting, seq, ids, 2 * ROUND_TIMEOUT_S + REPLY_S)
-        waited = time.monotonic() - sent
-    finally:
-        waiting.close()
+    seq, version, sent = _park(ssgd.conn, ids)
+    answered = _collect(ssgd.conn, seq, ids, 2 * ROUND_TIMEOUT_S + REPLY_S)
+    waited = time.monotonic() - sent
     assert waited >= ROUND_TIMEOUT_S, f"answered after {waited:.2f}s, before a round could have timed out"
     assert {ver for ver, _ in answered.values()} == {version}
     _assert_same(_pull(ssgd.conn, ids), answered)
+
+
+def _refused_from(conn: Connection, shard: Shard, code: str, body: object, *chunks: object) -> str:
+    """`body` sent on `conn` must be refused with `code` and counted; returns the refusal's text."""
+    counted = shard.bad_messages(code)
+    with pytest.raises(RemoteError) as refused:
+        conn.request(body, REPLY_S, *chunks)
+    assert refused.value.code == code, refused.value
+    assert shard.bad_messages(code) == counted + 1
+    return refused.value.text
+
+
+def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_changes_nothing(shard):
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)  # the worker's own connection speaks for it (bound by now)
+    impostor = shard.client(shard.worker_id)
+    try:
+        _refused_from(impostor, shard, "bad_sender", Push(samples=2 ** 62), *_gradient(before, 1e6))
+        _refused_from(impostor, shard, "bad_sender", Pull())
+    finally:
+        impostor.close()
+    _assert_same(_pull(shard.conn, ids), before)
+
+
+def test_a_push_with_numbers_its_worker_cannot_have_is_refused_naming_the_field(shard):
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)
+    too_many = max_push_samples(shard.job) + 1
+    text = _refused_from(shard.conn, shard, "bad_field", Push(samples=too_many), *_gradient(before, 0.5))
+    assert "PUSH.samples" in text
+    metas, tensors = _gradient(before, 0.5)
+    metas[-1] = ChunkMeta(metas[-1].id, "float32", metas[-1].shape, metas[-1].version + 1)
+    text = _refused_from(shard.conn, shard, "bad_field", Push(samples=8), metas, tensors)
+    assert f"PUSH.chunks[{metas[-1].id}].version" in text
+    _assert_same(_pull(shard.conn, ids), before)
+
+
+def test_a_message_of_more_chunk_entries_than_the_model_has_is_refused_before_it_is_parsed(shard):
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)
+    counted = shard.bad_messages("bad_chunk")
+    metas = [ChunkMeta(i, "float32", (0,), 0) for i in range(MAX_CHUNKS)]
+    frames = encode(Message(Push(samples=8), metas, [torch.empty(0)] * MAX_CHUNKS, "dynabatch", shard.worker_id, 5))
+    shard.conn.sock.send_multipart(frames, copy=False)
+    reply = shard.conn.recv(REPLY_S)
+    assert reply is not None and isinstance(reply.body, Error) and reply.body.code == "bad_chunk", reply
+    assert shard.bad_messages("bad_chunk") == counted + 1
+    _assert_same(_pull(shard.conn, ids), before)
+
+
+def test_a_connection_may_park_only_so_many_pulls(ssgd):
+    ids = set(ssgd.sizes)
+    version = max(ver for ver, _ in _pull(ssgd.conn, ids).values())
+    counted = ssgd.bad_messages("busy")
+    stranger = ssgd.client("stranger")  # not a worker: its pulls only read, and may wait
+    try:
+        for _ in range(MAX_PARKED_PER_PEER):
+            stranger.send(Pull(min_version=version + 1))
+        seq = stranger.send(Pull(min_version=version + 1))
+        reply = stranger.recv(REPLY_S)  # the parked ones are answered only at their deadline, after this
+    finally:
+        stranger.close()
+    assert reply is not None and reply.seq == seq and isinstance(reply.body, Error) and reply.body.code == "busy", reply
+    assert ssgd.bad_messages("busy") == counted + 1
+
+
+BIG_PARAMS = 2_000_000  # 8 MB of float32, in 1 MB chunks: what replies never read would pin
+ROUNDS = 50
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    s = _start(tmp_path_factory.mktemp("shard_server_big"), "--flat-params", str(BIG_PARAMS), "--chunk-bytes",
+               str(1 << 20))
+    yield s
+    s.cluster.stop()
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big):
+    """Every round a peer that never reads asks for the whole model, and the worker's push makes a new
+    version of it: queued unread, each answer would pin that version in the shard's memory."""
+    ids = set(big.sizes)
+    reader = zmq.Context.instance().socket(zmq.DEALER)
+    reader.setsockopt(zmq.RCVHWM, 1)
+    reader.setsockopt(zmq.RCVBUF, 4096)
+    reader.setsockopt(zmq.LINGER, 0)
+    reader.connect(big.conn.endpoint)
+    pull = [bytes(f) for f in encode(Message(Pull(), job="dynabatch", sender="stranger", seq=1))]
+    try:
+        before_rss = _rss_bytes(big.proc.proc.pid)
+        for _ in range(ROUNDS):
+            reader.send_multipart(pull)
+            pushed = _pull(big.conn, ids)
+            ack = big.conn.request(Push(samples=8), REPLY_S, *_gradient(pushed, 1e-3))
+            assert isinstance(ack.body, PushAck) and ack.body.applied
+        grown = _rss_bytes(big.proc.proc.pid) - before_rss
+        after = _pull(big.conn, ids)
+    finally:
+        reader.close()
+    model_bytes = 4 * BIG_PARAMS
+    chunk_bytes = 4 * max(big.sizes.values())
+    bound = send_queue_messages(len(ids)) * chunk_bytes + 4 * model_bytes  # queued replies, then sockets' slack
+    assert grown < bound, f"the shard grew {grown / 1e6:.0f} MB in {ROUNDS} rounds (bound {bound / 1e6:.0f} MB)"
+    assert {ver for ver, _ in after.values()} == {max(ver for ver, _ in pushed.values()) + 1}

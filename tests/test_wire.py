@@ -13,8 +13,8 @@ from dynabatch.common.messages import (
     StatusRequest, WorkerStatus,
 )
 from dynabatch.common.wire import (
-    PROTOCOL_VERSION, ChunkMeta, Message, ProtocolError, check_chunks, check_finite, chunk_meta, decode, decode_map,
-    encode,
+    PROTOCOL_VERSION, ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite, chunk_meta, decode,
+    decode_map, encode,
 )
 
 
@@ -89,6 +89,40 @@ def test_wrong_frame_count_and_length_are_refused():
         decode(frames + [b"\x00" * 20])
     with pytest.raises(ProtocolError, match="frame_length"):
         decode(frames[:1] + [frames[1][:-4], frames[2]])
+
+
+LIMITS = WireLimits(max_chunks=3, max_frame_bytes=40, max_envelope_bytes=1000, max_array=16)
+
+
+def _limited(frames) -> str:
+    """The code `decode` refuses `frames` with under LIMITS."""
+    with pytest.raises(ProtocolError) as info:
+        decode(frames, LIMITS)
+    return info.value.code
+
+
+def test_a_message_within_limits_decodes_as_without_them():
+    frames = encode(_push([torch.ones(10), torch.ones(5), torch.ones(1)]))
+    assert decode(frames, LIMITS).chunks == decode(frames).chunks
+
+
+def test_messages_beyond_a_receivers_limits_are_refused_before_they_are_parsed():
+    env = _env(encode(_push([])))
+    env["ids"] = list(range(17))
+    fine_without = [
+        (encode(_push([torch.ones(1)] * 4)), "bad_chunk"),  # more chunks than held
+        (encode(_push([torch.ones(11)])), "bad_chunk"),  # a frame larger than the largest chunk
+        (encode(Message(Push(samples=1), job="j" * 1000, sender="w0")), "too_large"),
+        ([msgpack.packb(env)], "bad_chunk"),  # a list longer than any the receiver needs
+    ]
+    for frames, code in fine_without:
+        decode(frames)
+        assert _limited(frames) == code
+    del env["ids"]
+    env["chunks"] = [{"id": 0, "dtype": "float32", "shape": [0]}] * 4  # more entries than held, without frames
+    with pytest.raises(ProtocolError, match="frame_count"):  # found only after every entry is parsed
+        decode([msgpack.packb(env)])
+    assert _limited([msgpack.packb(env)]) == "bad_chunk"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,42 @@
+"""Which connection speaks for each live worker on this shard: trust on first use, per membership.
+
+The shard learns the live workers from the scheduler, never their connections.
+So the first ROUTER connection (routing id) that sends a PUSH, PULL or INIT in
+a live worker's name is bound to it, and for as long as that worker stays live
+any message in its name from another connection is refused (`bad_sender`): a
+peer that names another worker as its sender can neither push into its rounds
+nor take its pulls. The binding is forgotten when the worker leaves the live
+set, so the same id under a new membership (or a worker that registered again)
+binds afresh.
+
+A worker that is not live (not yet admitted, an evaluator) binds nothing: the
+shard refuses its pushes anyway (`unknown_sender`) and its pulls only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dynabatch.common.wire import ProtocolError
+
+
+@dataclass
+class SenderBindings:
+    """Worker id -> the routing id of the connection that first spoke for it while it was live."""
+
+    live: set[str] = field(default_factory=set)
+    bound: dict[str, bytes] = field(default_factory=dict)
+
+    def set_live(self, workers: set[str]) -> None:
+        """The scheduler's live set: bindings of workers that left it are forgotten."""
+        self.live = set(workers)
+        self.bound = {w: ident for w, ident in self.bound.items() if w in self.live}
+
+    def check(self, worker: str, identity: bytes) -> None:
+        """Accept (binding on first use) or refuse a message in `worker`'s name from connection `identity`."""
+        if worker not in self.live:
+            return
+        held = self.bound.setdefault(worker, identity)
+        if held != identity:
+            raise ProtocolError("bad_sender", f"{worker!r} speaks to this shard from another connection; a message "
+                                "in its name from this one is refused")

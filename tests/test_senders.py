@@ -1,0 +1,46 @@
+"""ps/senders.py: a live worker's name is bound to the first connection that uses it, until it leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynabatch.common.wire import ProtocolError
+from dynabatch.ps.senders import SenderBindings
+
+A, B = b"conn-a", b"conn-b"
+
+
+def _refused(bindings: SenderBindings, worker: str, identity: bytes) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        bindings.check(worker, identity)
+    assert refused.value.code == "bad_sender"
+
+
+def test_the_first_connection_of_a_live_worker_holds_its_name():
+    bindings = SenderBindings()
+    bindings.set_live({"w0", "w1"})
+    bindings.check("w0", A)
+    bindings.check("w0", A)
+    _refused(bindings, "w0", B)
+    bindings.check("w1", B)  # another worker binds its own connection
+    _refused(bindings, "w1", A)
+
+
+def test_a_name_that_is_not_live_binds_nothing():
+    bindings = SenderBindings()
+    bindings.set_live({"w0"})
+    bindings.check("evaluator", A)
+    bindings.check("evaluator", B)
+    assert bindings.bound == {}
+
+
+def test_a_worker_that_leaves_the_live_set_is_forgotten_and_binds_afresh():
+    bindings = SenderBindings()
+    bindings.set_live({"w0", "w1"})
+    bindings.check("w0", A)
+    bindings.check("w1", A)
+    bindings.set_live({"w1"})
+    assert bindings.bound == {"w1": A}
+    bindings.set_live({"w0", "w1"})
+    bindings.check("w0", B)
+    _refused(bindings, "w0", A)
