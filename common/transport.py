@@ -13,6 +13,7 @@ no code that opens a connection has to know about keys.
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 import weakref
 from dataclasses import dataclass
@@ -146,6 +147,10 @@ class Connection:
         self._seq = itertools.count(1)
         self.sock = _configure(ctx.socket(zmq.DEALER))
         self.sock.setsockopt(zmq.SNDHWM, 64)
+        # A routing id of our own survives reconnects, so the scheduler and the shards, which bind a member
+        # to the connection it registered from, still know us after a dropped TCP connection. It is random
+        # and never disclosed to other peers (a leading zero byte is reserved by ZeroMQ).
+        self.sock.setsockopt(zmq.ROUTING_ID, b"d" + secrets.token_bytes(15))
         curve = _CURVE.get(ctx)
         if curve is not None:
             secure_client(self.sock, curve.keys)
