@@ -58,7 +58,10 @@ class JobConfig:
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
     seed: int = opt(0, "seed for model init and data orders")
     heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01)
-    liveness_timeout_s: float = opt(5.0, "drop a process whose heartbeats stop for this long", minimum=0.1)
+    liveness_timeout_s: float = opt(
+        10.0, "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, if longer)",
+        minimum=0.1,
+    )
     join_timeout_s: float = opt(
         120.0, "drop a process that registered but sent no heartbeat (it loads data and measures itself first)",
         minimum=0.1,

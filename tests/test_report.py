@@ -88,7 +88,7 @@ TIMELINE_KEYS = {
     "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
     "eval_version", "eval_t",
     "stopping", "finished", "final_eval", "assignment_id", "workers", "departed", "shards", "decisions",
-    "decision_s", "wall_t", "metrics", "train_size",
+    "decision_s", "wall_t",
 }
 WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
@@ -102,8 +102,8 @@ def _scheduler_status() -> JobStatus:
     state = JobState(JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000, now=0.0)
     shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
     wid = state.hello(Hello(role="worker", name="a"), 0.0).id
-    state.heartbeat(shard, Heartbeat(membership=state.membership), 0.0)
-    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)
+    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
+    state.heartbeat(shard, Heartbeat(membership=state.membership), 0.0)  # every shard holds it: its share
     state.heartbeat(wid, Heartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
     return state.status(1.0)
 
