@@ -46,11 +46,10 @@ class Adam(OptimizerSpec):
 
 
 @dataclass(frozen=True)
-class AdamW(OptimizerSpec):
+class AdamW(Adam):
+    """Adam with decoupled weight decay: the same hyperparameters, decay on by default."""
+
     name: str = "adamw"
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
     weight_decay: float = 0.01
 
 
