@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import JobConfig
@@ -25,7 +26,7 @@ from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.data import DatasetNotFound
 from dynabatch.common.task import TaskError, check_task, load_task
-from dynabatch.common.flags import ConfigError, add_flags, from_args
+from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args
 from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
@@ -79,13 +80,32 @@ def job_flags(job: JobConfig) -> list[str]:
     return flags
 
 
-def prepare(opts: RunOptions, job: JobConfig) -> Path:
+OPTIMIZER_FLAGS = ("lr", "momentum", "weight_decay", "nesterov")
+
+
+def given_optimizer_flags(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> list[str]:
+    """The shards' optimizer flags set on the command line or in the environment (not left at their defaults)."""
+    given = []
+    for name in OPTIMIZER_FLAGS:
+        flag = "--" + name.replace("_", "-")
+        if ENV_PREFIX + name.upper() in env or any(
+                a in (flag, "--no-" + flag[2:]) or a.startswith(flag + "=") for a in argv):
+            given.append(flag)
+    return given
+
+
+def prepare(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> Path:
     """Check the task (and the --init weights against it), then make the run folder with its config.json.
 
     TaskError or DatasetNotFound before anything is written; RunFolderTaken for a folder that holds a run.
+    A task that names its optimizer owns it: optimizer flags given beside it would be ignored by the
+    shards, so they are an error rather than a silent no-op.
     """
     task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
                                                                  job.flat_params)
+    if task.optimizer is not None and optimizer_flags:
+        raise TaskError(f"{', '.join(optimizer_flags)}: the task names the shards' optimizer "
+                        f"({task.optimizer.name}, lr {task.optimizer.lr:g}); change it in the task, or drop the flag")
     check_task(task, job.seed)
     if opts.init:
         load_weights(task.build_model(job.seed), read_state_dict(opts.init), f"--init {opts.init}")
@@ -108,7 +128,7 @@ def main(argv: Sequence[str]) -> int:
     opts, job, curve, flags = parse(argv)
     keys = load_curve_keys("dynabatch run", curve, "run")
     try:
-        run_dir = prepare(opts, job)
+        run_dir = prepare(opts, job, given_optimizer_flags(argv))
     except (DatasetNotFound, TaskError, RunFolderTaken) as exc:
         print(f"dynabatch run: {exc}", file=sys.stderr)
         return 2

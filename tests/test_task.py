@@ -151,3 +151,16 @@ def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_pat
                      "--epochs", "1")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_metrics"]["accuracy"] > 0.6, summary["final_metrics"]  # chance is 0.25
+
+
+def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(tmp_path):
+    from dynabatch.cluster.main import given_optimizer_flags
+
+    assert given_optimizer_flags(["--lr", "0.1", "--epochs", "2"], env={}) == ["--lr"]
+    assert given_optimizer_flags(["--no-nesterov", "--momentum=0.9"], env={}) == ["--momentum", "--nesterov"]
+    assert given_optimizer_flags([], env={"DYNABATCH_WEIGHT_DECAY": "0"}) == ["--weight-decay"]
+    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
+                           "--task", f"{TASKS / 'blobs.py'}:task", "--lr", "0.5"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--lr: the task names the shards' optimizer (sgd, lr 0.1)" in done.stderr
+    assert not (tmp_path / "r").exists()
