@@ -31,6 +31,8 @@ class ProtocolSpec:
     - `adaptive_local_steps`: the scheduler adapts H as the loss falls (AdaComm).
     - `ends_by_rounds`: the job ends once every shard has had epochs x N / B rounds,
       which is also when its workers stop by themselves.
+    - `overlaps_rounds`: a worker keeps stepping while its delta is averaged, so one
+      push may cover more than H local steps (msd).
     """
 
     name: str
@@ -42,6 +44,7 @@ class ProtocolSpec:
     local_steps: bool = False
     adaptive_local_steps: bool = False
     ends_by_rounds: bool = False
+    overlaps_rounds: bool = False
 
 
 SPECS: dict[str, ProtocolSpec] = {
@@ -62,7 +65,7 @@ SPECS: dict[str, ProtocolSpec] = {
         ProtocolSpec("msd", "multi-step delay: local SGD that never waits, corrects onto the averaged model, "
                      "H adapted (AdaComm)",
                      DELTA, shard_rule="outer", worker_loop="msd", one_push_per_round=True, local_steps=True,
-                     adaptive_local_steps=True),
+                     adaptive_local_steps=True, overlaps_rounds=True),
     )
 }
 PROTOCOLS: tuple[str, ...] = tuple(SPECS)

@@ -4,7 +4,7 @@ A worker's batch never exceeds the job's --max-batch, and a `local` push sums
 exactly H <= --local-steps local steps. msd never waits for its previous delta:
 while that delta is slow to come back (its round waits on slower workers) the
 worker keeps stepping, and its next push covers every step since the last, so an
-msd push may carry `MSD_SLACK` times H0 steps' samples: a worker 16 times faster
+msd push may carry `OVERLAP_SLACK` times H0 steps' samples: a worker 16 times faster
 than the slowest in its round. A larger count would outweigh every honest worker
 in the shard's sample-weighted average, so it is refused. A chunk's base version
 can never be ahead of the shard's chunk: no worker can have pulled a version
@@ -19,14 +19,14 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire import ProtocolError
 
-MSD_SLACK = 16  # an msd push may cover up to this many times --local-steps steps (its delta in flight was slow)
+OVERLAP_SLACK = 16  # a push of a protocol that steps on while its delta is averaged may cover this many rounds
 
 
 def max_push_samples(job: JobConfig) -> int:
     """The most samples one PUSH of `job` can honestly carry."""
     spec = protocol_spec(job.protocol)
     steps = job.local_steps if spec.local_steps else 1
-    return job.max_batch * steps * (MSD_SLACK if spec.worker_loop == "msd" else 1)
+    return job.max_batch * steps * (OVERLAP_SLACK if spec.overlaps_rounds else 1)
 
 
 def check_push_numbers(samples: int, base_versions: Mapping[int, int], chunk_versions: Mapping[int, int],

@@ -6,11 +6,11 @@ import pytest
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire import ProtocolError
-from dynabatch.ps.push_bounds import MSD_SLACK, check_push_numbers, max_push_samples
+from dynabatch.ps.push_bounds import OVERLAP_SLACK, check_push_numbers, max_push_samples
 
 
 @pytest.mark.parametrize("protocol, steps", [("asgd", 1), ("ssgd", 1), ("local", 8),
-                                             ("msd", 8 * MSD_SLACK)])
+                                             ("msd", 8 * OVERLAP_SLACK)])
 def test_the_most_samples_is_max_batch_times_the_steps_one_push_can_cover(protocol, steps):
     assert max_push_samples(JobConfig(protocol=protocol, max_batch=64, local_steps=8)) == 64 * steps
 
