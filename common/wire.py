@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import msgpack
 import torch
 
-from dynabatch.common.messages import MESSAGE_TYPES, Error
+from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
 
 PROTOCOL_VERSION = 1
 MAX_CHUNKS = 1 << 16
@@ -161,7 +161,10 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
     """Parse and validate frames into a Message, or raise ProtocolError.
 
     `frames` are bytes or zmq.Frame objects (as from `recv_multipart(copy=False)`).
-    With `limits`, frame counts and sizes are checked before anything is parsed.
+    With `limits`, the frame count and the envelope's size are checked before anything
+    is parsed (they bound the parse's cost), and every tensor frame's size right after
+    the envelope, so that the refusal can name the offending message's seq: a worker
+    whose model is larger than the shard's gets its answer, not a timeout.
     """
     if not frames:
         raise ProtocolError("malformed", "empty message")
@@ -181,6 +184,8 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
         raise ProtocolError("malformed", "envelope is not a map")
     seq = envelope.get("seq")
     ref = seq if _is_int(seq) else -1
+    if limits is not None and envelope.get("type") != Init.TYPE:  # an INIT is judged by its signature first
+        _check_frame_sizes(frames, limits, ref)
     version = envelope.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -205,16 +210,21 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
 
 
 def _check_sizes(frames: Sequence[Any], limits: WireLimits) -> None:
-    """Refuse a message with more tensor frames, or larger frames, than `limits` allow, before parsing it."""
+    """Refuse a message with more tensor frames, or a larger envelope, than `limits` allow, before parsing it."""
     if len(frames) - 1 > limits.max_chunks:
         raise ProtocolError("bad_chunk", f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}")
     if _frame_size(frames[0]) > limits.max_envelope_bytes:
         raise ProtocolError("too_large", f"an envelope of {_frame_size(frames[0])} bytes exceeds this receiver's "
                             f"{limits.max_envelope_bytes}")
+
+
+def _check_frame_sizes(frames: Sequence[Any], limits: WireLimits, ref: int) -> None:
+    """Refuse a tensor frame larger than the receiver's largest chunk (before any tensor is built)."""
     for i, frame in enumerate(frames[1:]):
         if _frame_size(frame) > limits.max_frame_bytes:
             raise ProtocolError("bad_chunk", f"tensor frame {i} of {_frame_size(frame)} bytes exceeds this "
-                                f"receiver's largest chunk ({limits.max_frame_bytes} bytes)")
+                                f"receiver's largest chunk ({limits.max_frame_bytes} bytes): a model of another size",
+                                ref)
 
 
 def _frame_size(frame: Any) -> int:

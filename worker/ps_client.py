@@ -194,7 +194,10 @@ class ShardClients:
                 if msg is None:
                     break
                 for pending in pendings:
-                    if pending.seqs[s] == msg.seq:
+                    # An ERROR that names no request (the shard refused before it could read a seq) answers
+                    # one of ours on this connection: every request to that shard fails rather than waits.
+                    unnamed = isinstance(msg.body, Error) and msg.seq == -1 and pending.seqs[s] != -1
+                    if pending.seqs[s] == msg.seq or unnamed:
                         if isinstance(msg.body, Error):
                             pending.refuse(s, msg.body)
                         else:
