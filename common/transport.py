@@ -17,15 +17,17 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import torch
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from dynabatch.common.curve import CurveKeys, secure_client, secure_server, start_authenticator, watch_refusals
 from dynabatch.common.messages import Error
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_MESSAGE_BYTES = 1 << 31
 

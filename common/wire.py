@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import msgpack
-import torch
+
+if typing.TYPE_CHECKING:
+    import torch
 
 from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
 
@@ -39,13 +41,10 @@ MAX_CHUNK_ELEMENTS = 1 << 30
 # Byte order is part of the format; a big-endian host would have to swap.
 assert sys.byteorder == "little", "dynabatch's wire format is little-endian"
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# Bytes per element of every dtype that travels. By name, so that a role that only
+# routes envelopes (the scheduler) checks them without importing torch (2 s of CPU
+# and 200 MB per process); torch is imported where a tensor is made or read.
+DTYPE_SIZES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
 
 T = TypeVar("T")
 
@@ -97,7 +96,7 @@ class ChunkMeta:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPES[self.dtype].itemsize
+        return self.numel * DTYPE_SIZES[self.dtype]
 
 
 @dataclass
@@ -118,9 +117,10 @@ class Message:
 
 def chunk_meta(chunk_id: int, tensor: torch.Tensor, version: int = 0) -> ChunkMeta:
     """Describe `tensor` for the envelope."""
-    if tensor.dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype {tensor.dtype} cannot travel; use one of {sorted(DTYPES)}")
-    return ChunkMeta(chunk_id, DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), version)
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name not in DTYPE_SIZES:
+        raise ValueError(f"dtype {tensor.dtype} cannot travel; use one of {sorted(DTYPE_SIZES)}")
+    return ChunkMeta(chunk_id, name, tuple(tensor.shape), version)
 
 
 def encode(msg: Message) -> list[Any]:
@@ -150,6 +150,8 @@ def encode(msg: Message) -> list[Any]:
 
 def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy (a copy only if it is not contiguous)."""
+    import torch
+
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -161,15 +163,15 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
     """Parse and validate frames into a Message, or raise ProtocolError.
 
     `frames` are bytes or zmq.Frame objects (as from `recv_multipart(copy=False)`).
-    With `limits`, the frame count and the envelope's size are checked before anything
-    is parsed (they bound the parse's cost), and every tensor frame's size right after
-    the envelope, so that the refusal can name the offending message's seq: a worker
-    whose model is larger than the shard's gets its answer, not a timeout.
+    With `limits`, the envelope's size is checked before anything is parsed (it bounds
+    the parse's cost), and the tensor frames' count and sizes right after the envelope,
+    so that the refusal can name the offending message's seq: a worker whose model is
+    larger than the shard's gets its answer, not a timeout.
     """
     if not frames:
         raise ProtocolError("malformed", "empty message")
     if limits is not None:
-        _check_sizes(frames, limits)
+        _check_envelope_size(frames, limits)
     raw = _frame_bytes(frames[0])
     max_array = limits.max_array if limits is not None else MAX_CHUNKS * 4
     try:
@@ -209,17 +211,19 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
     return Message(body, chunks, tensors, envelope["job"], envelope["sender"], envelope["seq"])
 
 
-def _check_sizes(frames: Sequence[Any], limits: WireLimits) -> None:
-    """Refuse a message with more tensor frames, or a larger envelope, than `limits` allow, before parsing it."""
-    if len(frames) - 1 > limits.max_chunks:
-        raise ProtocolError("bad_chunk", f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}")
+def _check_envelope_size(frames: Sequence[Any], limits: WireLimits) -> None:
+    """Refuse an envelope larger than `limits` allow, before parsing it."""
     if _frame_size(frames[0]) > limits.max_envelope_bytes:
         raise ProtocolError("too_large", f"an envelope of {_frame_size(frames[0])} bytes exceeds this receiver's "
                             f"{limits.max_envelope_bytes}")
 
 
 def _check_frame_sizes(frames: Sequence[Any], limits: WireLimits, ref: int) -> None:
-    """Refuse a tensor frame larger than the receiver's largest chunk (before any tensor is built)."""
+    """Refuse more tensor frames than the receiver's chunks, or one larger than its largest chunk
+    (before any tensor is built)."""
+    if len(frames) - 1 > limits.max_chunks:
+        raise ProtocolError("bad_chunk", f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}",
+                            ref)
     for i, frame in enumerate(frames[1:]):
         if _frame_size(frame) > limits.max_frame_bytes:
             raise ProtocolError("bad_chunk", f"tensor frame {i} of {_frame_size(frame)} bytes exceeds this "
@@ -242,12 +246,15 @@ def _frame_tensor(frame: Any, meta: ChunkMeta, ref: int) -> torch.Tensor:
         raise ProtocolError(
             "frame_length", f"chunk {meta.id}: frame has {size} bytes, shape needs {meta.nbytes}", ref
         )
+    import torch
+
+    dtype = getattr(torch, meta.dtype)
     if meta.numel == 0:
-        return torch.empty(meta.shape, dtype=DTYPES[meta.dtype])
+        return torch.empty(meta.shape, dtype=dtype)
     with warnings.catch_warnings():
         # Received frames are read-only; the tensor is a view the roles never write to.
         warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buf, dtype=DTYPES[meta.dtype]).view(meta.shape)
+        return torch.frombuffer(buf, dtype=dtype).view(meta.shape)
 
 
 def _decode_chunks(entries: list[Any], ref: int, max_chunks: int) -> list[ChunkMeta]:
@@ -260,8 +267,8 @@ def _decode_chunks(entries: list[Any], ref: int, max_chunks: int) -> list[ChunkM
         cid, dtype, shape, ver = (entry.get(k) for k in ("id", "dtype", "shape", "version"))
         if not _is_int(cid) or cid < 0:
             raise ProtocolError("bad_chunk", f"chunk entry {i}: id must be a non-negative int", ref)
-        if dtype not in DTYPES:
-            raise ProtocolError("bad_chunk", f"chunk {cid}: dtype {dtype!r} not one of {sorted(DTYPES)}", ref)
+        if dtype not in DTYPE_SIZES:
+            raise ProtocolError("bad_chunk", f"chunk {cid}: dtype {dtype!r} not one of {sorted(DTYPE_SIZES)}", ref)
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) or len(shape) > 8:
             raise ProtocolError("bad_chunk", f"chunk {cid}: shape must be a list of non-negative ints", ref)
         if math.prod(shape) > MAX_CHUNK_ELEMENTS:
@@ -523,6 +530,8 @@ def check_finite(msg: Message) -> None:
     and one reduction is ten times cheaper than an elementwise test; only a
     non-finite sum (overflow included) falls back to the exact check.
     """
+    import torch
+
     for meta, tensor in zip(msg.chunks, msg.tensors):
         if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
             continue

@@ -23,13 +23,17 @@ from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire import ProtocolError, WireLimits
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
 
 log = logging.getLogger("dynabatch.scheduler")
 PHASES = ("step", "compute", "pull", "push", "wait", "data")
 DECISION_TIMES_KEPT = 4096
+# Nothing sent to the scheduler carries a tensor, and its largest message (an EVAL
+# and its metrics) takes well under a kilobyte: a message with tensor frames or a
+# larger envelope is refused before it is parsed, and never becomes a tensor here.
+ENVELOPE_ONLY = WireLimits(max_chunks=0, max_frame_bytes=0, max_envelope_bytes=1 << 16, max_array=1024)
 
 
 class SchedulerMetrics:
@@ -88,7 +92,7 @@ class SchedulerServer:
         while not self.stopping:
             if self.sock.poll(100):
                 for _ in range(256):
-                    self._handle(recv_routed(self.sock))
+                    self._handle(recv_routed(self.sock, ENVELOPE_ONLY))
                     if not self.sock.poll(0):
                         break
             now = time.monotonic()

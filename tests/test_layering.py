@@ -1,4 +1,4 @@
-"""common/ is layered: making keys and reading a job's settings never load torch.
+"""common/ is layered: making keys, reading a job's settings and scheduling never load torch.
 
 torch takes seconds to import. `dynabatch keys` only writes four files, and the job
 schema is read by every command before it can refuse a bad flag, so neither may
@@ -86,3 +86,10 @@ def test_keys_and_transport_do_not_depend_on_the_job_schema(module: str) -> None
 def test_the_cli_imports_no_command_until_one_runs() -> None:
     loaded = _outermost(_imported_by("import dynabatch.cli.main"), HEAVY + ROLES)
     assert not loaded, f"dynabatch.cli.main imported {loaded}"
+
+
+def test_the_scheduler_never_loads_torch() -> None:
+    """It routes envelopes and sizes batches; holding no tensor, it should not pay torch's
+    seconds of start-up and hundreds of MB on whatever small node runs it."""
+    loaded = _outermost(_imported_by("import dynabatch.scheduler.main"), HEAVY)
+    assert not loaded, f"dynabatch.scheduler.main imported {loaded}"

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import re
 import secrets
+from pathlib import Path
 
 import pytest
+import torch
 
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.messages import (
     EvalReport, Heartbeat, Hello, PushAck, Pull, StatusReply, StatusRequest, Welcome, WorkerStatus,
 )
 from dynabatch.common.transport import RemoteError
+from dynabatch.common.wire import chunk_meta
 from harness import Cluster, Proc, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
@@ -163,3 +166,22 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
         assert "'extra'" in c.sched.log_text()
     finally:
         conn.close()
+
+
+def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(cluster):
+    """Nothing sent to the scheduler carries a tensor: frames are refused before the envelope is
+    read, so a flood of large frames costs a length check, not memory, and torch stays unloaded."""
+    c = cluster
+    wait_for("the scheduler to answer STATUS", c.status, 60)
+    counted = _refusals(c.sched, "bad_chunk")
+    conn = c.client(sender="frames-test")
+    try:
+        chunk = torch.ones(1 << 16)
+        with pytest.raises(RemoteError) as refused:
+            conn.request(Heartbeat(), REPLY_S, chunks=[chunk_meta(0, chunk)], tensors=[chunk])
+    finally:
+        conn.close()
+    assert refused.value.code == "bad_chunk", refused.value
+    assert _refusals(c.sched, "bad_chunk") == counted + 1
+    maps = Path(f"/proc/{c.sched.proc.pid}/maps").read_text()
+    assert "libtorch" not in maps, "the scheduler loaded torch"
