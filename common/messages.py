@@ -301,7 +301,9 @@ class JobStatus:
     (its loss included); `train_size` is the training set's length as the shards'
     model signature gives it (0 until a worker has initialised them). `decision_s`
     is the server's own figure,
-    filled in as it answers STATUS. `dynabatch run` writes these snapshots, as
+    filled in as it answers STATUS. `samples` counts every sample trained;
+    `lost_samples` those whose updates shards lost in restarts (`lost_versions`
+    updates), which the job trains again: `epoch` counts the samples the model holds. `dynabatch run` writes these snapshots, as
     maps with the field names as keys, to the run folder's timeline.json.
     """
 
@@ -334,6 +336,8 @@ class JobStatus:
     shards: dict[str, ShardStatus] = field(default_factory=dict)
     decisions: list[Decision] = field(default_factory=list)
     decision_s: DecisionLatency = field(default_factory=DecisionLatency)
+    lost_samples: int = 0
+    lost_versions: int = 0
 
 
 @dataclass
