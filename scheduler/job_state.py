@@ -567,7 +567,7 @@ class JobState:
             local_steps_reason=self.local_steps_reason, loss=_finite_or_none(self.loss),
             first_loss=_finite_or_none(self.first_loss), eval=self.eval, eval_time=self.eval_time,
             final_eval=self.final_eval, budget_spent=self.budget_spent, shard_marks=dict(self.shard_marks),
-            speeds={**self.resumed_speeds, **speeds},
+            speeds=dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:]),
         )
 
     def resume(self, saved: SavedProgress, now: float) -> None:

@@ -99,6 +99,11 @@ def load_progress(path: Path, config: dict[str, Any]) -> SavedProgress | None:
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
             if not isinstance(getattr(saved, name), int) or getattr(saved, name) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a count")
+        for name in ("t", "training_s", "eval_time", "loss", "first_loss"):
+            if not isinstance(getattr(saved, name), (int, float, type(None))):
+                raise ValueError(f"{name} is {getattr(saved, name)!r}, not a number")
+        if not isinstance(saved.config, dict):
+            raise ValueError("config is not a map of the job's settings")
     except (OSError, TypeError, KeyError, AttributeError, ValueError) as exc:
         raise ValueError(f"{path}: the scheduler's saved progress cannot be read ({exc}); remove it to start "
                          "the job from zero") from None
