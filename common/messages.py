@@ -63,7 +63,8 @@ class Heartbeat:
     `membership` the number of the live worker set it has applied (ASSIGNMENT's),
     and in `train_size` the length of the training set in the model signature the
     workers initialised it with: the scheduler counts epochs from it, and runs no
-    task code to learn it.
+    task code to learn it. A shard's `version` and `samples` (pushed to it) come
+    back from its checkpoint when it restarts, so a drop in them is the work it lost.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
