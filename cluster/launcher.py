@@ -61,6 +61,13 @@ def keys_per_role(curve_dir: str, into: Path) -> dict[str, str]:
     return folders
 
 
+def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Popen:
+    """`cmd` in a session of its own, its output (stderr only, with `pipe_stdout`) appended to `log_path`."""
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE if pipe_stdout else log_file, stderr=log_file,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=child_env())
+
+
 @dataclass
 class Child:
     """One started process: `metrics_port` is 0 for a process that serves no /metrics."""
@@ -70,6 +77,8 @@ class Child:
     metrics_port: int
     proc: subprocess.Popen
     log_path: Path
+    cmd: list[str] = field(default_factory=list)
+    restarts: int = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -109,12 +118,23 @@ class Launcher:
         """Start any command with its output (stderr only, with `pipe_stdout`) in log_dir/PREFIX+NAME.log."""
         name = self.prefix + name
         log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if pipe_stdout else log_file, stderr=log_file,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env=child_env())
-        child = Child(role, name, metrics_port, proc, log_path)
+        child = Child(role, name, metrics_port, _popen(cmd, log_path, pipe_stdout), log_path, cmd)
         self.children.append(child)
         return child
+
+    def restart(self, child: Child) -> Child:
+        """Start `child`'s command again, in its place: same flags, ports and log file (appended to).
+
+        A shard comes back on its endpoint (workers reconnect to it) and resumes
+        from its checkpoint; the scheduler on its endpoint resumes from its saved
+        progress (--state-dir).
+        """
+        with open(child.log_path, "ab") as log_file:
+            log_file.write(f"--- exited with {child.proc.returncode}; restarted by the launcher ---\n".encode())
+        again = Child(child.role, child.name, child.metrics_port, _popen(child.cmd, child.log_path, False),
+                      child.log_path, child.cmd, child.restarts + 1)
+        self.children[self.children.index(child)] = again
+        return again
 
     def start(self, command: str, name: str, flags: Sequence[str], role: str = "",
               python_args: Sequence[str] = ()) -> Child:

@@ -182,7 +182,7 @@ class JobRun:
     def _start(self) -> None:
         ln = self.launcher
         job = self.job.job
-        ln.start_scheduler(self.job_flags)
+        ln.start_scheduler([*self.job_flags, "--state-dir", str(self.run_dir / "state")])
         for i in range(self.job.shards):
             ln.start_shard(i, f"ps{i}", ["--job", job, "--checkpoint-dir", str(self.run_dir / "checkpoints"),
                                          "--checkpoint-interval-s", str(self.opts.checkpoint_interval_s),
@@ -205,11 +205,7 @@ class JobRun:
         next_progress = 0.0
         try:
             while not self.interrupted:
-                if self.launcher.failed("scheduler") or self.launcher.failed("ps"):
-                    bad = self.launcher.failed("scheduler") + self.launcher.failed("ps")
-                    for c in bad:
-                        print(f"{c.name} exited with code {c.proc.returncode}; its log ends:\n{c.log_tail()}",
-                              file=sys.stderr)
+                if not self._restart_servers():
                     return False
                 if not self.launcher.running("worker") and self.launcher.failed("worker"):
                     c = self.launcher.failed("worker")[0]
@@ -236,6 +232,19 @@ class JobRun:
             return False
         finally:
             conn.close()
+
+    def _restart_servers(self) -> bool:
+        """Start again a shard or the scheduler that exited with an error, up to --restarts times each;
+        False (with its log's tail printed) once one has exhausted them."""
+        for c in self.launcher.failed("scheduler") + self.launcher.failed("ps"):
+            if c.restarts >= self.opts.restarts:
+                print(f"{c.name} exited with code {c.proc.returncode} after {c.restarts} restart(s) (--restarts "
+                      f"{self.opts.restarts}); its log ends:\n{c.log_tail()}", file=sys.stderr)
+                return False
+            print(f"{c.name} exited with code {c.proc.returncode}; starting it again ({c.restarts + 1} of "
+                  f"{self.opts.restarts})", file=sys.stderr, flush=True)
+            self.launcher.restart(c)
+        return True
 
     def _report(self, wall_s: float) -> None:
         write_timeline(self.run_dir, self.timeline)

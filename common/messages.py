@@ -63,7 +63,8 @@ class Heartbeat:
     `membership` the number of the live worker set it has applied (ASSIGNMENT's),
     and in `train_size` the length of the training set in the model signature the
     workers initialised it with: the scheduler counts epochs from it, and runs no
-    task code to learn it.
+    task code to learn it. A shard's `version` and `samples` (pushed to it) come
+    back from its checkpoint when it restarts, so a drop in them is the work it lost.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -301,7 +302,9 @@ class JobStatus:
     (its loss included); `train_size` is the training set's length as the shards'
     model signature gives it (0 until a worker has initialised them). `decision_s`
     is the server's own figure,
-    filled in as it answers STATUS. `dynabatch run` writes these snapshots, as
+    filled in as it answers STATUS. `samples` counts every sample trained;
+    `lost_samples` those whose updates shards lost in restarts (`lost_versions`
+    updates), which the job trains again: `epoch` counts the samples the model holds. `dynabatch run` writes these snapshots, as
     maps with the field names as keys, to the run folder's timeline.json.
     """
 
@@ -334,6 +337,8 @@ class JobStatus:
     shards: dict[str, ShardStatus] = field(default_factory=dict)
     decisions: list[Decision] = field(default_factory=list)
     decision_s: DecisionLatency = field(default_factory=DecisionLatency)
+    lost_samples: int = 0
+    lost_versions: int = 0
 
 
 @dataclass

@@ -184,7 +184,9 @@ class ShardServer:
                 self.buffers.restore(saved.get("buffers", {}))
             self._bound_peers()
             self.reported_version = self.state.version
-            log.info("resumed from %s at version %d", self.ckpt_path, self.state.version)
+            self.samples_seen = int(saved.get("samples_seen", 0))
+            log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
+                     "counts them back into the job", self.ckpt_path, self.state.version, self.samples_seen)
         else:
             log.info("shard %d of %d at %s: waiting for the first worker's model", self.index, self.job.shards,
                      self.advertise)
@@ -243,7 +245,8 @@ class ShardServer:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.conn.sock, zmq.POLLIN)
-        next_beat = 0.0
+        self._beat()  # before serving anything: a resumed shard's first report is its checkpoint's version
+        next_beat = time.monotonic() + self.job.heartbeat_s
         next_ckpt = time.monotonic() + self.opts.checkpoint_interval_s
         while not self.stopping and not self.job_over:
             events = dict(poller.poll(timeout=50))
@@ -257,11 +260,7 @@ class ShardServer:
                 self._on_assignment(self.link.poll())
             now = time.monotonic()
             if now >= next_beat:
-                # The answer to an earlier heartbeat may be taken here rather than by the poll above.
-                version = self.state.version if self.state is not None else 0
-                train_size = self.signature.train_size if self.signature is not None else 0
-                self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version,
-                                                                  membership=self.membership, train_size=train_size)))
+                self._beat()
                 next_beat = now + self.job.heartbeat_s
             overdue = self.state.overdue(now, self.job.round_timeout_s) if self.state is not None else []
             if overdue:
@@ -272,6 +271,16 @@ class ShardServer:
                 self._checkpoint()
                 next_ckpt = now + self.opts.checkpoint_interval_s
             self.health.tick()
+
+    def _beat(self) -> None:
+        """Report version and samples to the scheduler (a drop in them tells it this shard lost work).
+
+        The answer to an earlier heartbeat may be taken here rather than by the loop's poll.
+        """
+        version = self.state.version if self.state is not None else 0
+        train_size = self.signature.train_size if self.signature is not None else 0
+        self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version, samples=self.samples_seen,
+                                                          membership=self.membership, train_size=train_size)))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -478,6 +487,7 @@ class ShardServer:
             return
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
         save_checkpoint(self.ckpt_path, self.ckpt_meta, {**self.state.snapshot(), **self.init_specs, "buffers": buffers,
-                                                         "signature": signature_fields(self.signature)})
+                                                         "signature": signature_fields(self.signature),
+                                                         "samples_seen": self.samples_seen})
         self.m.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

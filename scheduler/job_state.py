@@ -22,10 +22,13 @@ from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.local_steps import adacomm_steps
-from dynabatch.scheduler.report_bounds import check_eval_version, check_worker_heartbeat
+from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
+from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_heartbeat, check_worker_heartbeat
+from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel
 
 DECISIONS_KEPT = 100
+LOSSES_KEPT = 100  # shard restarts not yet logged by the server
 DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
 MAX_INSTANCE_CHARS = 64
 LOSS_SMOOTHING = 0.9
@@ -132,6 +135,11 @@ class JobState:
         self.eval_time = 0.0
         self.final_eval = False
         self._next_id = {"worker": 0, "evaluator": 0}
+        self.lost_samples = 0  # samples shards lost in restarts, counted back into the job
+        self.lost_versions = 0
+        self.shard_marks: dict[int, ShardMark] = {}  # each slot's newest reported version and samples
+        self.losses: list[LostWork] = []  # restarts the server has yet to log
+        self.resumed_speeds: dict[str, SavedSpeed] = {}  # speed models of a saved job, by HELLO instance
 
     # -- membership -------------------------------------------------------------
 
@@ -276,16 +284,30 @@ class JobState:
                 self.membership += 1
                 member.admitted_in = self.membership
             self._worker_heartbeat(member, hb, now)
+        if member.role == "ps":
+            check_shard_heartbeat(hb)
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
         if member.role == "ps" and 0 < hb.train_size <= MAX_TRAIN_SIZE:
             self.train_size = hb.train_size
         if member.role == "ps":
+            self._shard_progress(member.shard_index, hb)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
         return self.assignment_for(member)
+
+    def _shard_progress(self, index: int, hb: Heartbeat) -> None:
+        """Follow a shard slot's version; a drop is a restart that lost work, counted back into the job."""
+        mark = self.shard_marks.get(index, ShardMark())
+        lost = lost_work(index, mark, hb.version, hb.samples, self.kept_samples)
+        if lost is not None:
+            self.lost_versions += lost.versions
+            self.lost_samples += lost.samples
+            self.losses.append(lost)
+            del self.losses[:-LOSSES_KEPT]
+        self.shard_marks[index] = ShardMark(hb.version, hb.samples)
 
     def _known_to_shards(self, worker: Member) -> bool:
         """Has every shard applied a live worker set that holds `worker`?"""
@@ -300,6 +322,8 @@ class JobState:
         if member.speed is None and hb.standalone_sps > 0:
             member.standalone_sps = hb.standalone_sps
             member.speed = SpeedModel(self.job.speed_window, self.job.speed_forgetting, hb.standalone_sps)
+            for batch, seconds in self._resumed_speed(member):
+                member.speed.observe(batch, seconds)
             self._reallocate(now, "joined", member.id, force=True)
         if new_steps > 0 and hb.batch > 0 and hb.step_s > 0 and member.speed is not None:
             member.speed.observe(hb.batch, own_step_seconds(hb))
@@ -345,8 +369,14 @@ class JobState:
         return self.departed_samples + sum(m.samples for m in self.members.values() if m.role == "worker" and not m.left)
 
     @property
+    def kept_samples(self) -> int:
+        """The samples whose updates the model still holds: those trained, less those shards lost."""
+        return max(0, self.samples - self.lost_samples)
+
+    @property
     def epoch(self) -> float:
-        return self.samples / self.train_size if self.train_size else 0.0
+        """The job's progress in passes over the training set, counted from the samples the model holds."""
+        return self.kept_samples / self.train_size if self.train_size else 0.0
 
     @property
     def stopping(self) -> bool:
@@ -497,6 +527,8 @@ class JobState:
             epoch=self.epoch,
             target_epochs=self.job.epochs,
             samples=self.samples,
+            lost_samples=self.lost_samples,
+            lost_versions=self.lost_versions,
             bytes=self.bytes,
             staleness=self.staleness_counts,
             training_t=None if self.training_started_at is None else now - self.training_started_at,
@@ -520,3 +552,43 @@ class JobState:
                     for i, m in sorted(self.shards.items())},
             decisions=self.decisions[-10:],
         )
+
+    # -- restart ------------------------------------------------------------------------
+
+    def saved(self, now: float) -> SavedProgress:
+        """What a restarted scheduler needs to go on with this job (saved_progress.py)."""
+        speeds = {m.instance: SavedSpeed(m.standalone_sps, m.speed.window())
+                  for m in self.members.values() if m.instance and not m.left and m.speed is not None}
+        return SavedProgress(
+            config=to_dict(self.job), t=now - self.started, samples=self.samples, lost_samples=self.lost_samples,
+            lost_versions=self.lost_versions, train_size=self.train_size,
+            training_s=None if self.training_started_at is None else now - self.training_started_at,
+            assignment_id=self.assignment_id, next_id=dict(self._next_id), local_steps=self.local_steps,
+            local_steps_reason=self.local_steps_reason, loss=_finite_or_none(self.loss),
+            first_loss=_finite_or_none(self.first_loss), eval=self.eval, eval_time=self.eval_time,
+            final_eval=self.final_eval, budget_spent=self.budget_spent, shard_marks=dict(self.shard_marks),
+            speeds=dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:]),
+        )
+
+    def resume(self, saved: SavedProgress, now: float) -> None:
+        """Go on from `saved`: its samples count as trained by workers that left, every process registers anew."""
+        self.started = now - saved.t
+        self.departed_samples = saved.samples
+        self.lost_samples, self.lost_versions = saved.lost_samples, saved.lost_versions
+        self.train_size = saved.train_size
+        if saved.training_s is not None:
+            self.training_started, self.training_started_at = True, now - saved.training_s
+        self.assignment_id = saved.assignment_id
+        self._next_id.update(saved.next_id)
+        self.local_steps, self.local_steps_reason = saved.local_steps or self.local_steps, saved.local_steps_reason
+        self.loss = math.nan if saved.loss is None else saved.loss
+        self.first_loss = math.nan if saved.first_loss is None else saved.first_loss
+        self.eval, self.eval_time, self.final_eval = saved.eval, saved.eval_time, saved.final_eval
+        self.budget_spent = saved.budget_spent
+        self.shard_marks = dict(saved.shard_marks)
+        self.resumed_speeds = dict(saved.speeds)
+
+    def _resumed_speed(self, member: Member) -> list[tuple[int, float]]:
+        """The steps a saved job's speed model of this process had seen (none for a process new to the job)."""
+        saved = self.resumed_speeds.pop(member.instance, None)
+        return saved.observations if saved is not None else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
@@ -16,4 +17,9 @@ def main(argv: Sequence[str]) -> int:
         [SchedulerOptions, JobConfig, CurveOptions, MetricsOptions], argv,
     )
     keys = load_curve_keys("dynabatch scheduler", curve, "scheduler")
-    return SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port, keys).run()
+    try:
+        server = SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port, keys)
+    except ValueError as exc:  # saved progress that does not parse or belongs to another job
+        print(f"dynabatch scheduler: {exc}", file=sys.stderr)
+        return 2
+    return server.run()

@@ -51,6 +51,14 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
                                          f"{hb.steps} steps on {num_shards} shard(s)")
 
 
+def check_shard_heartbeat(hb: Heartbeat) -> None:
+    """Refuse a shard heartbeat whose version or sample count is negative (a drop is a restart, counted
+    as lost work: lost_work.py)."""
+    for name in ("version", "samples"):
+        if getattr(hb, name) < 0:
+            raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
+
+
 def check_eval_version(report: EvalReport, newest_possible_version: int) -> None:
     """Refuse an evaluation of a version no shard can have reached (its figures are checked by
     common/eval_bounds.py)."""

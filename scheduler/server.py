@@ -14,7 +14,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dynabatch.common.config import JobConfig
+from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.messages import (
     Bye, ByeAck, DecisionLatency, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest,
 )
@@ -26,6 +26,7 @@ from dynabatch.common.transport import Incoming, bind_router, open_context, recv
 from dynabatch.common.wire import ProtocolError, WireLimits
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
+from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
 
 log = logging.getLogger("dynabatch.scheduler")
 PHASES = ("step", "compute", "pull", "push", "wait", "data")
@@ -34,6 +35,7 @@ DECISION_TIMES_KEPT = 4096
 # and its metrics) takes well under a kilobyte: a message with tensor frames or a
 # larger envelope is refused before it is parsed, and never becomes a tensor here.
 ENVELOPE_ONLY = WireLimits(max_chunks=0, max_frame_bytes=0, max_envelope_bytes=1 << 16, max_array=1024)
+SAVE_EVERY_S = 1.0  # samples trained since the last save are not counted after a restart: the job trains them again
 
 
 class SchedulerMetrics:
@@ -54,6 +56,9 @@ class SchedulerMetrics:
         self.eval_metric = Gauge("dynabatch_eval_metric", "Each metric of the latest evaluation (the loss included), by name.",
                                  ["name"], registry=registry)
         self.local_steps = Gauge("dynabatch_scheduler_local_steps", "Local steps H between syncs (local, msd).", registry=registry)
+        self.lost_samples = Gauge("dynabatch_job_lost_samples", "Samples whose updates shards lost in restarts, "
+                                  "trained again.", registry=registry)
+        self.lost_versions = Gauge("dynabatch_job_lost_versions", "Shard updates lost in restarts.", registry=registry)
         self.bytes = Gauge("dynabatch_job_bytes", "Tensor bytes moved between workers and shards.", registry=registry)
         self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry)
         self.decide = Histogram("dynabatch_scheduler_decision_seconds", "Time to handle a heartbeat (model fit and allocation included).",
@@ -68,6 +73,16 @@ class SchedulerServer:
         self.job = job
         self.opts = opts
         self.state = JobState(job, job.shards)
+        self.progress_path = progress_path(opts.state_dir, job.job) if opts.state_dir else None
+        saved = load_progress(self.progress_path, to_dict(job)) if self.progress_path is not None else None
+        if saved is not None:
+            self.state.resume(saved, time.monotonic())
+            log.info("resumed job %r from %s: epoch %.2f (%d samples), %s, next worker id w%d",
+                     job.job, self.progress_path, self.state.epoch, saved.samples,
+                     f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
+                     saved.next_id.get("worker", 0))
+        self._saved_eval = self.state.eval
+        self._next_save = 0.0
         self.registry = CollectorRegistry()
         self.health = Health()
         self.health.ready = True
@@ -102,6 +117,7 @@ class SchedulerServer:
                 log.warning("no evaluator joined within %.0fs of the job's end; finishing without a final evaluation",
                             self.job.join_timeout_s)
             self._export()
+            self._save(now)
             self.health.tick()
             if self.state.finished and self.opts.exit_on_finish:
                 finished_at = finished_at or now
@@ -110,8 +126,17 @@ class SchedulerServer:
                     log.info("job finished: epoch %.2f, test accuracy %s", self.state.epoch,
                              self.state.eval.test_acc if self.state.eval else "n/a")
                     break
+        self._save(time.monotonic(), force=True)
         self.metrics_server.close()
         return 0
+
+    def _save(self, now: float, force: bool = False) -> None:
+        """Write the job's progress every SAVE_EVERY_S and at each new evaluation (--state-dir)."""
+        if self.progress_path is None or not (force or now >= self._next_save or self.state.eval is not self._saved_eval):
+            return
+        save_progress(self.progress_path, self.state.saved(now))
+        self._saved_eval = self.state.eval
+        self._next_save = now + SAVE_EVERY_S
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stopping = True
@@ -182,6 +207,12 @@ class SchedulerServer:
         self.m.epoch.set(s.epoch)
         self.m.samples.set(s.samples)
         self.m.bytes.set(s.bytes)
+        self.m.lost_samples.set(s.lost_samples)
+        self.m.lost_versions.set(s.lost_versions)
+        for lost in s.losses:
+            log.warning("ps%d came back %d versions behind its last report (restarted from a checkpoint): "
+                        "%d samples lost, counted back into the job", lost.shard, lost.versions, lost.samples)
+        s.losses.clear()
         self.m.local_steps.set(s.local_steps)
         if s.loss == s.loss:
             self.m.loss.set(s.loss)

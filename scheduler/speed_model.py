@@ -121,6 +121,10 @@ class SpeedModel:
         """Number of observations currently in the window."""
         return len(self._window)
 
+    def window(self) -> list[tuple[int, float]]:
+        """The (batch, seconds) steps in the window, oldest first: observing them again rebuilds this model."""
+        return list(self._window)
+
     def observe(self, batch: int, seconds: float) -> None:
         """Record one step of ``batch`` samples that took ``seconds``.
 

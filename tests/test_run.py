@@ -60,6 +60,7 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
     targets = json.loads((run / "prometheus_targets.json").read_text())
     assert sorted(t["labels"]["role"] for t in targets) == ["evaluator", "ps", "scheduler", "worker", "worker", "worker"]
     assert (run / "checkpoints" / "shard-0.pt").exists()
+    assert (run / "state" / "scheduler-dynabatch.json").exists(), "the scheduler saved the job's progress"
     assert (run / "logs" / "scheduler.log").exists()
 
 

@@ -310,10 +310,14 @@ class Worker:
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
             self.data_s = 0.0
+            counted = list(self.shards.staleness)
             try:
                 result = steps.step(assignment)
             except (TimeoutError, RemoteError) as exc:
                 code = exc.code if isinstance(exc, RemoteError) else "timeout"
+                # A failed step is not counted, so neither are the pushes that live shards took from it: the
+                # scheduler refuses more updates than steps x shards (a shard that restarted fails steps for a while).
+                self.shards.staleness = counted
                 self.m.errors.labels(self.id, code).inc()
                 log.warning("%s: step failed (%s); retrying", self.id, exc)
                 steps.after_failure(code)
@@ -375,4 +379,5 @@ class Worker:
         if not self.register_again("worker"):
             return hb, None
         fresh = self.last_hb = Heartbeat(standalone_sps=hb.standalone_sps)
+        self.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
         return fresh, self._await_batch(fresh)

@@ -1,0 +1,141 @@
+"""Fault tests: shards and the scheduler killed with SIGKILL mid-run and started again with the same arguments.
+
+One job meets all three faults in turn (a shard killed before its first interval
+checkpoint, another after one, then the scheduler) and must still finish, with
+its epoch count continuous across the scheduler's restart, every lost version
+logged and trained again, and test accuracy within one point of the same job run
+without faults. Restarts go through `Launcher.restart`, as `dynabatch run` does.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dynabatch.cluster.launcher import Child
+from dynabatch.cluster.main import JobRun
+from dynabatch.cluster.options import RunOptions
+from dynabatch.common.config import JobConfig
+from dynabatch.common.messages import JobStatus
+from dynabatch.scheduler.server import SAVE_EVERY_S
+from tests.harness import Cluster, free_port, wait_for
+
+EPOCHS = 4.0
+FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
+         "--global-batch", "96", "--shards", "2", "--chunk-bytes", "65536", "--epochs", str(EPOCHS), "--await-final-eval"]
+WORKER_FLAGS = ["--request-timeout-s", "3"]  # a request to a killed shard is given up and sent again after this
+
+
+class Job:
+    """A job of two shards, two workers and an evaluator; the scheduler saves its progress, shards checkpoint."""
+
+    def __init__(self, tmp: Path, intervals: tuple[float, float]) -> None:
+        self.c = Cluster(tmp, FLAGS)
+        self.started = time.monotonic()
+        self.scheduler = self.c.scheduler("--state-dir", str(tmp / "state"))
+        self.shards = [self.c.shard(i, free_port(), "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-interval-s",
+                                    str(interval)) for i, interval in enumerate(intervals)]
+        for name in ("a", "b"):
+            self.c.worker(name, *WORKER_FLAGS)
+        self.c.launcher.start_worker("eval", WORKER_FLAGS, evaluator=True)
+
+    def progress(self, what: str, predicate, timeout_s: float = 90) -> JobStatus:
+        return self.c.wait_status(what, predicate, timeout_s)
+
+    def kill_and_restart(self, child: Child) -> tuple[Child, float]:
+        """SIGKILL `child`, start it again with the same arguments; (the new child, when it was killed)."""
+        child.proc.kill()
+        child.proc.wait(10)
+        killed = time.monotonic()
+        return self.c.launcher.restart(child), killed
+
+
+def _versions_checkpointed(child: Child) -> list[int]:
+    return [int(v) for v in re.findall(r"checkpoint at version (\d+) written", child.log_text())]
+
+
+def _final(job: Job) -> JobStatus:
+    st = job.progress("the job to finish", lambda s: s.finished, 120)
+    job.wall_s = time.monotonic() - job.started
+    return st
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> tuple[JobStatus, float]:
+    """The same job without faults: the accuracy and duration to compare with."""
+    job = Job(tmp_path_factory.mktemp("clean"), (30.0, 30.0))
+    try:
+        return _final(job), job.wall_s
+    finally:
+        job.c.stop()
+
+
+@pytest.mark.slow
+def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_path, clean):
+    baseline, clean_s = clean
+    job = Job(tmp_path, (1000.0, 0.5))  # shard 0 never writes an interval checkpoint, shard 1 every half second
+    try:
+        target = EPOCHS * 12000
+        # Shard 0, before its first interval checkpoint: it comes back at its initial model (version 0).
+        st = job.progress("10% of the job", lambda s: s.epoch >= 0.1 * EPOCHS and s.shards["0"].version > 0)
+        assert _versions_checkpointed(job.shards[0]) == [0], "only the checkpoint right after initialisation"
+        lost0 = st.shards["0"].version
+        job.shards[0], killed = job.kill_and_restart(job.shards[0])
+        st = job.progress("shard 0 to serve again", lambda s: s.lost_versions >= lost0 and s.shards["0"].version > 0)
+        shard_recovery_s = time.monotonic() - killed
+        assert st.lost_versions >= lost0
+
+        # Shard 1, after an interval checkpoint: it comes back at that checkpoint's version.
+        saved = wait_for("an interval checkpoint of shard 1", lambda: max(_versions_checkpointed(job.shards[1])))
+        st = job.progress("shard 1 past its checkpoint", lambda s: s.shards["1"].version > saved + 5)
+        job.shards[1], _ = job.kill_and_restart(job.shards[1])
+        before = st.lost_versions
+        st = job.progress("shard 1's loss counted", lambda s: s.lost_versions > before)
+        assert 0 < st.lost_versions - before <= st.shards["1"].version + st.lost_versions
+
+        # The scheduler, mid-run: it resumes the job's progress.
+        st = job.progress("half the job", lambda s: s.epoch >= 0.5 * EPOCHS, 120)
+        job.scheduler, killed = job.kill_and_restart(job.scheduler)
+        resumed = job.progress("both workers training under the restarted scheduler",
+                               lambda s: len(s.workers) == 2 and all(w.steps > 0 for w in s.workers.values()))
+        scheduler_recovery_s = time.monotonic() - killed
+        assert not set(resumed.workers) & set(st.workers), "a rejoining worker never gets an id known before"
+        assert resumed.t >= st.t, "scheduler time goes on"
+        unsaved = sum(w.samples_per_s for w in st.workers.values()) * SAVE_EVERY_S
+        assert resumed.epoch >= st.epoch - unsaved / resumed.train_size, "the epoch count goes on from the saved one"
+        assert resumed.lost_samples == st.lost_samples and resumed.eval_version is not None
+
+        final = _final(job)
+        log = job.scheduler.log_text()
+        for shard in (0, 1):
+            assert re.search(rf"ps{shard} came back \d+ versions behind .*: \d+ samples lost, counted back", log), log
+        assert "resumed job" in log
+        assert final.samples - final.lost_samples >= target, "every lost sample was trained again"
+        assert final.lost_samples > 0
+        assert abs(final.test_acc - baseline.test_acc) <= 0.01, (final.test_acc, baseline.test_acc)
+        print(f"\nclean {clean_s:.1f}s acc {baseline.test_acc:.4f}; faulty {job.wall_s:.1f}s acc {final.test_acc:.4f}; "
+              f"lost {final.lost_versions} versions, {final.lost_samples} samples made up; recovery: shard "
+              f"{shard_recovery_s:.1f}s, scheduler {scheduler_recovery_s:.1f}s")
+    finally:
+        job.c.stop()
+
+
+def test_dynabatch_run_restarts_an_exited_server_a_bounded_number_of_times(tmp_path, capsys):
+    run = JobRun(RunOptions(restarts=2), JobConfig(), [], tmp_path, "", None)
+    run.launcher.spawn("ps0", "ps", [sys.executable, "-c", "import sys; sys.exit(3)"])
+    run.launcher.spawn("worker0", "worker", [sys.executable, "-c", "pass"])
+    for attempt in (1, 2):
+        wait_for("the shard to exit", lambda: run.launcher.failed("ps"), 30)
+        assert run._restart_servers()
+        assert run.launcher.children[0].restarts == attempt and len(run.launcher.children) == 2
+    wait_for("the shard to exit again", lambda: run.launcher.failed("ps"), 30)
+    assert not run._restart_servers(), "restarts are exhausted: the run fails"
+    err = capsys.readouterr().err
+    assert "ps0 exited with code 3; starting it again (1 of 2)" in err
+    assert "ps0 exited with code 3 after 2 restart(s) (--restarts 2)" in err
+    assert (tmp_path / "logs" / "ps0.log").read_text().count("restarted by the launcher") == 2
+    assert not run.launcher.failed("worker"), "a worker that exits is not a server: never restarted"

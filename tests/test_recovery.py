@@ -1,0 +1,114 @@
+"""Recovery's logic without processes: lost work from shard reports, the scheduler's saved progress."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.wire import ProtocolError
+from dynabatch.scheduler.job_state import JobState
+from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
+from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
+
+
+def _job(**kw) -> JobConfig:
+    return JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0,
+                        "liveness_timeout_s": 2.0, **kw})
+
+
+def _running(job: JobConfig, now: float = 0.0) -> tuple[JobState, str, str]:
+    """A job with one shard and one worker holding the whole batch."""
+    state = JobState(job, num_shards=1, train_size=1000, now=now)
+    ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), now).id
+    wid = state.hello(Hello(role="worker", instance="w-a"), now).id
+    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), now)
+    state.heartbeat(ps, Heartbeat(membership=state.membership), now)
+    return state, ps, wid
+
+
+def _steps(state: JobState, wid: str, n: int, now: float) -> None:
+    m = state.members[wid]
+    for i in range(n):
+        state.heartbeat(wid, Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=0.01,
+                                       compute_s=0.01, standalone_sps=m.standalone_sps, loss=1.0), now + i * 0.01)
+
+
+def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_trained():
+    assert lost_work(0, ShardMark(10, 960), 10, 960, 5000) is None
+    assert lost_work(0, ShardMark(10, 960), 12, 1100, 5000) is None, "a shard moving on lost nothing"
+    assert lost_work(1, ShardMark(10, 960), 4, 384, 5000) == LostWork(1, 6, 576)
+    assert lost_work(0, ShardMark(10, 960), 0, 0, 500) == LostWork(0, 10, 500), "capped at what can be counted back"
+
+
+def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
+    state, ps, wid = _running(_job(epochs=1.0))
+    _steps(state, wid, 5, 0.1)  # 480 samples
+    state.heartbeat(ps, Heartbeat(version=5, samples=480, membership=state.membership), 0.2)
+    assert state.epoch == pytest.approx(0.48)
+    state.heartbeat(ps, Heartbeat(version=2, samples=192, membership=state.membership), 0.3)
+    assert (state.lost_versions, state.lost_samples) == (3, 288)
+    assert [(lost.shard, lost.versions, lost.samples) for lost in state.losses] == [(0, 3, 288)]
+    assert state.samples == 480 and state.epoch == pytest.approx(0.192), "the epoch counts what the model holds"
+    _steps(state, wid, 8, 0.4)  # 1248 trained, 960 held: not yet the job's one epoch
+    assert not state.stopping
+    _steps(state, wid, 1, 0.6)
+    assert state.stopping
+    st = state.status(0.7)
+    assert (st.lost_samples, st.lost_versions, st.samples) == (288, 3, 1344)
+
+
+def test_a_shard_reporting_a_negative_count_is_refused():
+    state, ps, _ = _running(_job())
+    with pytest.raises(ProtocolError, match="HEARTBEAT.samples"):
+        state.heartbeat(ps, Heartbeat(samples=-1), 0.1)
+    assert state.lost_samples == 0
+
+
+def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_marks(tmp_path):
+    job = _job(epochs=2.0)
+    state, ps, wid = _running(job)
+    _steps(state, wid, 6, 0.1)
+    state.heartbeat(ps, Heartbeat(version=6, samples=576, membership=state.membership), 0.2)
+    evaluator = state.hello(Hello(role="evaluator", instance="e"), 0.2).id
+    state.eval_report(evaluator, EvalReport(version=6, test_loss=0.5, test_acc=0.8), 0.3)
+    path = progress_path(str(tmp_path), job.job)
+    save_progress(path, state.saved(10.0))
+    assert not list(tmp_path.glob(".*tmp")), "no temporary file is left behind"
+
+    again = JobState(job, num_shards=1, now=100.0)
+    again.resume(load_progress(path, to_dict(job)), 100.0)
+    assert (again.samples, again.train_size, again.epoch) == (576, 1000, pytest.approx(0.576))
+    assert again.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(10.0), "scheduler time goes on"
+    ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
+    again.heartbeat(ps_again, Heartbeat(version=6, samples=576), 100.1)
+    assert again.lost_samples == 0, "a shard that kept its state lost nothing"
+    rejoined = again.hello(Hello(role="worker", instance="w-a"), 100.2).id
+    assert rejoined not in (wid, evaluator) and rejoined == "w1", "ids go on from the saved counter"
+    again.heartbeat(rejoined, Heartbeat(standalone_sps=1000.0), 100.3)
+    assert again.members[rejoined].speed.window() == state.members[wid].speed.window()
+    _steps(again, rejoined, 1, 100.4)
+    assert again.samples == 576 + again.members[rejoined].batch, "the rejoined worker counts only its new samples"
+    again.heartbeat(ps_again, Heartbeat(version=2, samples=192), 100.5)
+    assert again.lost_samples == 384, "a restart while the scheduler was down is still caught"
+
+
+def test_saved_progress_of_another_job_or_a_corrupt_file_is_an_error_never_a_reset(tmp_path):
+    job = _job()
+    path = progress_path(str(tmp_path), job.job)
+    assert load_progress(path, to_dict(job)) is None
+    state, _, _ = _running(job)
+    save_progress(path, state.saved(1.0))
+    with pytest.raises(ValueError, match="epochs=1.0 \\(now 3.0\\)"):
+        load_progress(path, to_dict(_job(epochs=3.0)))
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "samples": -5}))
+    with pytest.raises(ValueError, match="cannot be read.*samples"):
+        load_progress(path, to_dict(job))
+    path.write_text(path.read_text()[:40])
+    with pytest.raises(ValueError, match="remove it"):
+        load_progress(path, to_dict(job))
+    assert math.isnan(JobState(job, 1).loss), "nothing was resumed"
