@@ -27,6 +27,7 @@ from tests.harness import Cluster, free_port, wait_for
 EPOCHS = 4.0
 FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
          "--global-batch", "96", "--shards", "2", "--chunk-bytes", "65536", "--epochs", str(EPOCHS), "--await-final-eval"]
+VERSIONS_PER_CHECKPOINT = 50  # shard 1's checkpoint interval, in versions of the clean run: ten times the kill's lead
 WORKER_FLAGS = ["--request-timeout-s", "3"]  # a request to a killed shard is given up and sent again after this
 
 
@@ -77,7 +78,10 @@ def clean(tmp_path_factory) -> tuple[JobStatus, float]:
 @pytest.mark.slow
 def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_path, clean):
     baseline, clean_s = clean
-    job = Job(tmp_path, (1000.0, 0.5))  # shard 0 never writes an interval checkpoint, shard 1 every half second
+    # Shard 0 never writes an interval checkpoint. Shard 1 writes one every VERSIONS_PER_CHECKPOINT versions'
+    # time, as measured in the clean run: the kill, a few versions after a checkpoint, must land before the next.
+    version_s = clean_s / max(baseline.shards["1"].version, 1)
+    job = Job(tmp_path, (1000.0, VERSIONS_PER_CHECKPOINT * version_s))
     try:
         target = EPOCHS * 12000
         # Shard 0, before its first interval checkpoint: it comes back at its initial model (version 0).
@@ -90,8 +94,9 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         assert st.lost_versions >= lost0
 
         # Shard 1, after an interval checkpoint: it comes back at that checkpoint's version.
-        saved = wait_for("an interval checkpoint of shard 1", lambda: max(_versions_checkpointed(job.shards[1])))
-        st = job.progress("shard 1 past its checkpoint", lambda s: s.shards["1"].version > saved + 5)
+        written = len(_versions_checkpointed(job.shards[1]))
+        fresh = wait_for("a fresh interval checkpoint of shard 1", lambda: _versions_checkpointed(job.shards[1])[written:])
+        st = job.progress("shard 1 past that checkpoint", lambda s: s.shards["1"].version > max(fresh) + 5)
         job.shards[1], _ = job.kill_and_restart(job.shards[1])
         before = st.lost_versions
         st = job.progress("shard 1's loss counted", lambda s: s.lost_versions > before)
