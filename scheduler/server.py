@@ -20,6 +20,7 @@ from dynabatch.common.messages import (
 )
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
+from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
@@ -124,6 +125,8 @@ class SchedulerServer:
                 raise ProtocolError("bad_chunk", f"{msg.type} to the scheduler carries no tensors")
             body = msg.body
             if isinstance(body, Hello):
+                if body.role in HELLO_KEY_ROLE:
+                    check_key_role(incoming.key_role, (HELLO_KEY_ROLE[body.role],), f"HELLO as {body.role}")
                 reply = self.state.hello(body, now, incoming.identity)
                 log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
             elif isinstance(body, Heartbeat):
@@ -133,6 +136,7 @@ class SchedulerServer:
                 self.m.decide.observe(took)
                 self.decision_times.append(took)
             elif isinstance(body, EvalReport):
+                check_key_role(incoming.key_role, ("evaluator",), "EVAL")
                 self.state.eval_report(msg.sender, body, now, incoming.identity)
                 return
             elif isinstance(body, Bye):
