@@ -305,9 +305,9 @@ class ShardServer:
         try:
             if msg.job != self.job.job:
                 raise ProtocolError("wrong_job", f"this shard serves job {self.job.job!r}, not {msg.job!r}", msg.seq)
-            if isinstance(msg.body, (Init, Push)):
+            if isinstance(msg.body, Push):
                 check_key_role(incoming.key_role, ("worker",), msg.type)
-            elif isinstance(msg.body, Pull):
+            elif isinstance(msg.body, (Init, Pull)):  # an evaluator checks its model (INIT) and reads it
                 check_key_role(incoming.key_role, ("worker", "evaluator"), msg.type)
             if isinstance(msg.body, (Init, Pull, Push)):
                 self.senders.check(msg.sender, incoming.identity)

@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeyError, CurveKeys, create_keys, key_name, key_role
-from dynabatch.common.messages import Hello, Pull
-from dynabatch.common.transport import Connection, use_curve
+from dynabatch.common.messages import EvalReport, Hello, Pull, Push
+from dynabatch.common.transport import Connection, RemoteError, use_curve
 from harness import Cluster, free_port, metric_value, run_job, wait_for
 
 
@@ -169,9 +169,52 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
         assert all(w.name != "intruder" for w in after.workers.values())
         assert metric_value(scheduler.metrics(), "dynabatch_bad_messages_total") == bad_before, \
             "refused peers never reach the message handler"
+        _each_key_sends_only_what_its_role_may(c, keys, scheduler, shard, f"tcp://127.0.0.1:{shard_port}")
         assert all(p.alive() for p in c.procs)
     finally:
         c.stop()
+
+
+def _each_key_sends_only_what_its_role_may(c: Cluster, keys: Path, scheduler, shard, shard_endpoint: str) -> None:
+    """A worker key cannot register a shard or report an evaluation, an evaluator key cannot push, and a shard
+    key is not even admitted by a shard: refused as `bad_role` (counted) or in the handshake."""
+    contexts = {}
+    for role in ("worker", "evaluator", "ps"):
+        contexts[role] = zmq.Context()
+        use_curve(contexts[role], CurveKeys.load(str(keys), role))
+    cases = [("worker", c.scheduler_endpoint, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0)),
+             ("worker", c.scheduler_endpoint, Hello(role="evaluator", name="fake-evaluator")),
+             ("evaluator", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
+             ("ps", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
+             ("worker", c.scheduler_endpoint, EvalReport(version=1, test_loss=0.1, test_acc=0.99)),
+             ("evaluator", shard_endpoint, Push(samples=1))]
+    try:
+        for role, endpoint, body in cases:
+            conn = Connection(contexts[role], endpoint, "dynabatch", "w0")
+            try:
+                with pytest.raises(RemoteError) as refused:
+                    conn.request(body, timeout_s=10)
+                assert refused.value.code == "bad_role", (role, body, refused.value)
+            finally:
+                conn.close()
+        assert metric_value(scheduler.metrics(), "dynabatch_bad_messages_total", reason="bad_role") == 5
+        assert metric_value(shard.metrics(), "dynabatch_bad_messages_total", reason="bad_role") == 1
+        conn = Connection(contexts["ps"], shard_endpoint, "dynabatch", "w0")
+        try:
+            with pytest.raises(TimeoutError):
+                conn.request(Pull(ids=[0]), timeout_s=2.0)
+        finally:
+            conn.close()
+        _wait_refused(shard, "ps", ("auth",))
+        # and what each role may send still passes: an evaluator key pulls
+        conn = Connection(contexts["evaluator"], shard_endpoint, "dynabatch", "eval-probe")
+        try:
+            assert conn.request(Pull(ids=[0]), timeout_s=10).chunks
+        finally:
+            conn.close()
+    finally:
+        for ctx in contexts.values():
+            ctx.destroy(linger=0)
 
 
 
