@@ -1,7 +1,7 @@
 """Peers that decode cleanly and lie, against a live scheduler: refused, counted, and nothing changes.
 
 Each attack comes from a plain ZeroMQ connection of its own, as an attacker on the
-job's port (or any holder of the client key under CURVE) would send it. The
+job's port (or any holder of a worker key under CURVE) would send it. The
 scheduler binds every member to the connection that registered it and checks
 every number against what is physically possible.
 """
