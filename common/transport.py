@@ -95,14 +95,18 @@ class Incoming:
 
     `key_role` is the client role of the CURVE key the connection authenticated
     with (None without CURVE); `peer` its remote IP address ("" where the
-    transport has none).
+    transport has none), read from the frame only when asked for (a HELLO).
     """
 
     identity: bytes
     message: Message | None
     error: ProtocolError | None
     key_role: str | None = None
-    peer: str = ""
+    frame: zmq.Frame | None = None
+
+    @property
+    def peer(self) -> str:
+        return (_property(self.frame, "Peer-Address") if self.frame is not None else None) or ""
 
 
 def _property(frame: zmq.Frame, name: str) -> str | None:
@@ -117,11 +121,11 @@ def recv_routed(sock: zmq.Socket, limits: WireLimits | None = None) -> Incoming:
     """Receive and validate one message from a ROUTER without raising on bad input (within `limits`, if given)."""
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
-    role, peer = key_role(_property(frames[0], "User-Id")), _property(frames[0], "Peer-Address") or ""
+    role = key_role(_property(frames[0], "User-Id")) if sock.context in _CURVE else None
     try:
-        return Incoming(identity, decode(frames[1:], limits), None, role, peer)
+        return Incoming(identity, decode(frames[1:], limits), None, role, frames[0])
     except ProtocolError as exc:
-        return Incoming(identity, None, exc, role, peer)
+        return Incoming(identity, None, exc, role, frames[0])
 
 
 def send_routed(
