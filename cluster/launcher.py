@@ -26,7 +26,7 @@ from dynabatch.common.curve import KEYS_BY_ROLE
 from dynabatch.common.ports import free_port
 
 STOP_ORDER = ("worker", "evaluator", "ps", "scheduler")
-ROLE_COMMANDS = ("scheduler", "ps", "worker")  # the commands that start a role (an evaluator is a worker)
+KEY_ROLES = ("scheduler", "ps", "worker", "evaluator")  # each reads its own key files
 STOP_TIMEOUT_S = 15.0
 
 
@@ -42,7 +42,7 @@ def child_env() -> dict[str, str]:
 
 def shared_keys(curve_dir: str) -> dict[str, str]:
     """Every role reads its own files from one folder, as `dynabatch run --curve-dir` gives them."""
-    return {command: curve_dir for command in ROLE_COMMANDS} if curve_dir else {}
+    return {role: curve_dir for role in KEY_ROLES} if curve_dir else {}
 
 
 def keys_per_role(curve_dir: str, into: Path) -> dict[str, str]:
@@ -52,12 +52,12 @@ def keys_per_role(curve_dir: str, into: Path) -> dict[str, str]:
     shared folder would hide.
     """
     folders = {}
-    for command in ROLE_COMMANDS:
-        folder = into / f"curve-{command}"
+    for role in KEY_ROLES:
+        folder = into / f"curve-{role}"
         folder.mkdir(exist_ok=True)
-        for name in KEYS_BY_ROLE[command]:
+        for name in KEYS_BY_ROLE[role]:
             shutil.copy(Path(curve_dir) / name, folder / name)
-        folders[command] = str(folder)
+        folders[role] = str(folder)
     return folders
 
 
@@ -99,7 +99,7 @@ class Child:
 class Launcher:
     """A job's child processes on 127.0.0.1, their logs in `log_dir`.
 
-    `curve_dirs` maps a role's command to the `--curve-dir` it gets (see
+    `curve_dirs` maps a role (an evaluator's apart from a worker's) to the `--curve-dir` it gets (see
     `shared_keys` and `keys_per_role`); without an entry a role runs without
     CURVE. `prefix` goes before every child's name, so that several launchers can
     share one log folder.
@@ -141,7 +141,7 @@ class Launcher:
         """Start `dynabatch COMMAND FLAGS` as ROLE (default: the command), serving /metrics on a port of its own."""
         port = free_port()
         cmd = command_line(command, [*flags, "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
-                                     "--curve-dir", self.curve_dirs.get(command, "")], python_args)
+                                     "--curve-dir", self.curve_dirs.get(role or command, "")], python_args)
         return self.spawn(name, role or command, cmd, metrics_port=port)
 
     def start_scheduler(self, flags: Sequence[str]) -> Child:

@@ -1,52 +1,68 @@
 """ZeroMQ CURVE keys: make them (`dynabatch keys`), load them, and guard server sockets.
 
-A job has two keypairs, written by `zmq.auth.create_certificates` into one flat
-folder (a Kubernetes Secret made with `--from-file=keys/` holds exactly that):
+A job has one server keypair and one client keypair per client role, written by
+`zmq.auth.create_certificates` into one flat folder (a Kubernetes Secret made with
+`--from-file=keys/` holds exactly that):
 
 | file | holds | read by |
 | --- | --- | --- |
 | `server.key` | the servers' public key | workers, evaluators |
 | `server.key_secret` | the servers' public and secret key | scheduler, shards |
-| `client.key` | the clients' public key (the only key servers admit) | scheduler, shards |
-| `client.key_secret` | the clients' public and secret key | shards, workers, evaluators |
+| `shard.key` / `shard.key_secret` | the shards' client key (they register with the scheduler) | scheduler / shards |
+| `worker.key` / `worker.key_secret` | the workers' client key | scheduler, shards / workers |
+| `evaluator.key` / `evaluator.key_secret` | the evaluators' client key | scheduler, shards / evaluators |
 
-`dynabatch run` reads all four, since it hands the folder to every process it
-starts. Each process reads only its own files (KEYS_BY_ROLE), so a pod or machine
-can be given just those: a worker node never holds the server secret and so cannot
-pose as a server, and the scheduler, which connects nowhere, holds no client secret.
+`dynabatch keys --name worker=gpu-a` adds `worker-gpu-a.key[_secret]`, a key of one
+machine: its pod or machine is given that secret as `worker.key_secret`, the
+servers admit every `ROLE-NAME.key` in their folder under the role ROLE, and
+removing the public file revokes that one machine. `dynabatch run` reads every
+file, since it hands the folder to every process it starts. Each process reads only
+its own files (KEYS_BY_ROLE), so a worker node never holds the server secret (it
+cannot pose as a server) nor another role's client secret (it cannot register a
+shard or report an evaluation).
 
 Every server (scheduler, shard) encrypts with the server secret and admits, through
-a ZAP handler, only peers that prove they hold the client secret.
-
-The ZAP handler admits exactly the key in `client.key`, not every `*.key` in the
-folder (which `configure_curve(location=...)` would do, `server.key` included):
-the allow list is then what the table says, whatever else lies in the folder.
+a ZAP handler, only the client keys of the roles it serves: the scheduler every
+role, a shard only workers and evaluators. The handler names the key's file as the
+connection's ZAP user id (ZeroMQ's "User-Id" message property), so a server knows
+the role behind every message (`key_role`) and refuses what that role may not send.
+It admits exactly those files, not every `*.key` in the folder (which
+`configure_curve(location=...)` would do, `server.key` included).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from dynabatch.common.flags import ConfigError, opt
 
-KEY_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
+CLIENT_ROLES = ("shard", "worker", "evaluator")  # one client keypair each
+# Which client roles each server role admits (a shard is never a shard's client).
+ADMITS: dict[str, tuple[str, ...]] = {"scheduler": CLIENT_ROLES, "ps": ("worker", "evaluator"), "run": CLIENT_ROLES}
+# The client key each process connects with (`dynabatch run` only reads STATUS: any role's key would do).
+CONNECTS_AS = {"ps": "shard", "worker": "worker", "evaluator": "evaluator", "run": "evaluator"}
+KEY_FILES = ("server.key", "server.key_secret") + tuple(f"{r}.key{s}" for r in CLIENT_ROLES for s in ("", "_secret"))
 KEYS_BY_ROLE: dict[str, tuple[str, ...]] = {
-    "scheduler": ("server.key_secret", "client.key"),  # binds only
-    "ps": ("server.key_secret", "client.key", "client.key_secret"),  # binds, and connects to the scheduler
-    "worker": ("server.key", "client.key_secret"),  # connects only (evaluators too)
+    "scheduler": ("server.key_secret", "shard.key", "worker.key", "evaluator.key"),  # binds only
+    "ps": ("server.key_secret", "worker.key", "evaluator.key", "shard.key_secret"),  # binds, and connects to the scheduler
+    "worker": ("server.key", "worker.key_secret"),  # connects only
+    "evaluator": ("server.key", "evaluator.key_secret"),  # `dynabatch worker --evaluator`: connects only
     "run": KEY_FILES,  # starts all of the above with the same folder
 }
+NAMED_KEY = re.compile(r"^(shard|worker|evaluator)-([A-Za-z0-9][A-Za-z0-9_.-]{0,62})\.key$")
 # Handshake failures a server counts as refused peers, by the reason label they get.
 REFUSALS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # right server key, client key not admitted by ZAP
@@ -70,36 +86,60 @@ class CurveOptions:
     )
 
 
+def key_role(user_id: str | None) -> str | None:
+    """The client role of a connection's ZAP user id (`worker-gpu-a` -> `worker`); None without CURVE."""
+    return user_id.split("-", 1)[0] if user_id else None
+
+
 @dataclass(frozen=True)
 class CurveKeys:
-    """The job's keys as raw z85 bytes; each secret is loaded only where it is used."""
+    """The job's keys as raw z85 bytes; each secret is loaded only where it is used.
+
+    `admitted` maps every client public key a server admits to its user id (the
+    key file's name without `.key`); it is empty where the process binds nothing.
+    """
 
     server_public: bytes
-    client_public: bytes
-    client_secret: bytes | None  # where a socket connects
+    client_public: bytes | None  # where a socket connects
+    client_secret: bytes | None
     server_secret: bytes | None  # where a socket binds
+    admitted: dict[bytes, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, folder: str, role: str) -> CurveKeys:
-        """Read the files KEYS_BY_ROLE lists for `role`; CurveKeyError names a missing or bad one."""
+        """Read the files KEYS_BY_ROLE lists for `role` (and, for a server, every named key of a role it
+        admits); CurveKeyError names a missing or bad one."""
         base = Path(folder)
         files = KEYS_BY_ROLE[role]
+        for name in files:  # `run` reads few of them itself, but hands the folder to roles that read each
+            if not (base / name).is_file():
+                raise CurveKeyError(_missing(base / name))
         server_file = "server.key_secret" if "server.key_secret" in files else "server.key"
         server_public, server_secret = _read(base / server_file, server_file.endswith("_secret"))
         client_public = client_secret = None
-        if "client.key_secret" in files:
-            client_public, client_secret = _read(base / "client.key_secret", True)
-        if "client.key" in files:
-            admitted, _ = _read(base / "client.key", False)
-            if client_public is not None and admitted != client_public:
-                raise CurveKeyError(f"{base / 'client.key'} and {base / 'client.key_secret'} are not one keypair")
-            client_public = admitted
-        return cls(server_public, client_public, client_secret, server_secret)
+        own = f"{CONNECTS_AS[role]}.key_secret" if role in CONNECTS_AS else None
+        if own is not None and own in files:
+            client_public, client_secret = _read(base / own, True)
+        admitted: dict[bytes, str] = {}
+        if server_secret is not None:
+            for client_role in ADMITS[role]:
+                public, _ = _read(base / f"{client_role}.key", False)
+                admitted[public] = client_role
+            for path in sorted(base.iterdir()):
+                named = NAMED_KEY.match(path.name)
+                if named and named.group(1) in ADMITS[role]:
+                    public, _ = _read(path, False)
+                    admitted.setdefault(public, path.name[: -len(".key")])
+        return cls(server_public, client_public, client_secret, server_secret, admitted)
+
+
+def _missing(path: Path) -> str:
+    return f"{path} is missing (`dynabatch keys --out {path.parent}` makes a job's keys)"
 
 
 def _read(path: Path, secret: bool) -> tuple[bytes, bytes | None]:
     if not path.is_file():
-        raise CurveKeyError(f"{path} is missing (`dynabatch keys --out {path.parent}` makes a job's keys)")
+        raise CurveKeyError(_missing(path))
     try:
         public, secret_key = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -115,7 +155,7 @@ def secure_client(sock: zmq.Socket, keys: CurveKeys) -> None:
     Must run before the socket connects.
     """
     if keys.client_secret is None:
-        raise CurveKeyError("this process connects a socket but loaded no client.key_secret")
+        raise CurveKeyError("this process connects a socket but loaded no client secret key")
     sock.curve_serverkey = keys.server_public
     sock.curve_publickey = keys.client_public
     sock.curve_secretkey = keys.client_secret
@@ -130,21 +170,32 @@ def secure_server(sock: zmq.Socket, keys: CurveKeys) -> None:
     sock.curve_secretkey = keys.server_secret
 
 
-class AdmitClientKey:
-    """ZAP credentials provider: admits the one client public key of the job."""
+class AdmitClientKeys:
+    """ZAP credentials provider: admits the client public keys of the roles this server serves."""
 
-    def __init__(self, client_public: bytes) -> None:
-        self.client_public = client_public
+    def __init__(self, admitted: dict[bytes, str]) -> None:
+        self.admitted = admitted
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return key == self.client_public
+        return key in self.admitted
+
+
+class RoleAuthenticator(ThreadAuthenticator):
+    """The ZAP handler, naming each admitted connection by its key's file (`worker`, `worker-gpu-a`)."""
+
+    def __init__(self, ctx: zmq.Context, admitted: dict[bytes, str]) -> None:
+        super().__init__(ctx)
+        self.admitted = admitted
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.admitted[z85.encode(client_public_key)]
 
 
 def start_authenticator(ctx: zmq.Context, keys: CurveKeys) -> ThreadAuthenticator:
     """The context's ZAP handler (a daemon thread): every CURVE server socket of `ctx` asks it."""
-    auth = ThreadAuthenticator(ctx)
+    auth = RoleAuthenticator(ctx, keys.admitted)
     auth.start()
-    auth.configure_curve_callback("*", AdmitClientKey(keys.client_public))
+    auth.configure_curve_callback("*", AdmitClientKeys(keys.admitted))
     return auth
 
 
@@ -177,32 +228,52 @@ def watch_refusals(sock: zmq.Socket, on_refused: Callable[[str], None]) -> threa
     return thread
 
 
-def create_keys(out: Path, force: bool) -> list[Path]:
-    """Write a server and a client keypair into `out`; refuses to replace keys unless `force`."""
+def key_name(spec: str) -> str:
+    """`ROLE=NAME` (a `--name` of `dynabatch keys`) -> the key's file stem `ROLE-NAME`; ValueError if malformed."""
+    role, _, name = spec.partition("=")
+    stem = f"{role}-{name}"
+    if not NAMED_KEY.match(stem + ".key"):
+        raise ValueError(f"--name {spec!r}: expected ROLE=NAME with ROLE one of {', '.join(CLIENT_ROLES)} and NAME "
+                         "of letters, digits, '.', '_' or '-'")
+    return stem
+
+
+def create_keys(out: Path, force: bool, names: Sequence[str] = ()) -> list[Path]:
+    """Write the server keypair, one client keypair per role and one per `names` stem (`worker-gpu-a`) into
+    `out`; refuses to replace keys unless `force`."""
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
-    paths = [out / name for name in KEY_FILES]
+    stems = ["server", *CLIENT_ROLES, *names]
+    paths = [out / f"{stem}.key{suffix}" for stem in stems for suffix in ("", "_secret")]
     existing = [p for p in paths if p.exists()]
     if existing and not force:
         raise FileExistsError(f"{', '.join(map(str, existing))} already exist (--force replaces them, "
                               "and every process must then get the new keys)")
-    for name in ("server", "client"):
-        for p in (out / f"{name}.key", out / f"{name}.key_secret"):
+    for stem in stems:
+        for p in (out / f"{stem}.key", out / f"{stem}.key_secret"):
             p.unlink(missing_ok=True)
-        zmq.auth.create_certificates(str(out), name)
+        zmq.auth.create_certificates(str(out), stem)
     for p in paths:
         os.chmod(p, 0o600 if p.name.endswith("_secret") else 0o644)
     return paths
 
 
 def main(argv: Sequence[str]) -> int:
-    """`dynabatch keys --out DIR [--force]`."""
+    """`dynabatch keys --out DIR [--name ROLE=NAME ...] [--force]`."""
     parser = argparse.ArgumentParser(prog="dynabatch keys", description="Make a job's ZeroMQ CURVE keys.")
-    parser.add_argument("--out", required=True, help="folder to write server.key[_secret] and client.key[_secret] into")
+    parser.add_argument("--out", required=True, help="folder to write server.key[_secret] and one "
+                        "ROLE.key[_secret] per client role (shard, worker, evaluator) into")
+    parser.add_argument("--name", action="append", default=[], metavar="ROLE=NAME",
+                        help="also a keypair of one machine, ROLE-NAME.key[_secret] (repeatable); give that machine "
+                             "its secret file as ROLE.key_secret")
     parser.add_argument("--force", action="store_true", help="replace keys that are already there")
     args = parser.parse_args(argv)
     out = Path(args.out)
     try:
-        paths = create_keys(out, args.force)
+        stems = [key_name(spec) for spec in args.name]
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        paths = create_keys(out, args.force, stems)
     except FileExistsError as exc:
         print(f"dynabatch keys: {exc}", file=sys.stderr)
         return 2
@@ -210,11 +281,13 @@ def main(argv: Sequence[str]) -> int:
     print(f"""
 Every process reads the folder given by --curve-dir (or DYNABATCH_CURVE_DIR):
   on one machine:  dynabatch run --curve-dir {out}
-  across machines: a machine running only workers needs server.key and
-                   client.key_secret; the scheduler server.key_secret and
-                   client.key; a shard those two and client.key_secret
+  across machines: the scheduler needs server.key_secret, shard.key, worker.key
+                   and evaluator.key; a shard server.key_secret, worker.key,
+                   evaluator.key and shard.key_secret; a worker server.key and
+                   worker.key_secret; an evaluator server.key and evaluator.key_secret
+                   (a machine with a key of its own gets ROLE-NAME.key_secret as
+                   ROLE.key_secret; the servers admit ROLE-NAME.key beside theirs)
   on Kubernetes:   kubectl -n dynabatch create secret generic dynabatch-curve --from-file={out}
                    (the manifests mount each pod only the files its role reads)
-Keep the *_secret files secret: whoever has client.key_secret can join the job.""")
+Keep the *_secret files secret: whoever has ROLE.key_secret can join the job as ROLE.""")
     return 0
-

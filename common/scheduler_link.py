@@ -21,7 +21,8 @@ from dynabatch.common.messages import Assignment, Bye, Error, Heartbeat, Hello, 
 from dynabatch.common.transport import Connection, RemoteError
 
 log = logging.getLogger("dynabatch.link")
-RETRYABLE = ("not_ready", "slot_taken")  # the job is not up yet; a restarted shard's old self is not yet dead
+# The job is not up yet; a restarted shard's old self is not yet dead; this machine registered many members at once.
+RETRYABLE = ("not_ready", "slot_taken", "hello_rate")
 BYE_TIMEOUT_S = 5.0  # a scheduler that is gone must not hold up a process's exit for long
 BYE_ATTEMPT_S = 1.0
 

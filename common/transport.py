@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from dynabatch.common.curve import CurveKeys, secure_client, secure_server, start_authenticator, watch_refusals
+from dynabatch.common.curve import CurveKeys, key_role, secure_client, secure_server, start_authenticator, watch_refusals
 from dynabatch.common.messages import Error
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode
 
@@ -74,7 +74,7 @@ def bind_router(
 ) -> tuple[zmq.Socket, str]:
     """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint.
 
-    With CURVE on the context it admits only clients holding the job's client key;
+    With CURVE on the context it admits only clients holding a client key of a role it serves;
     `on_refused(reason)` is called for every peer whose handshake fails.
     """
     sock = _configure(ctx.socket(zmq.ROUTER))
@@ -93,21 +93,41 @@ def bind_router(
 
 @dataclass
 class Incoming:
-    """One message off a ROUTER: who sent it, and the message or why it was rejected."""
+    """One message off a ROUTER: who sent it, and the message or why it was rejected.
+
+    `key_role` is the client role of the CURVE key the connection authenticated
+    with (None without CURVE); `peer` its remote IP address ("" where the
+    transport has none), read from the frame only when asked for (a HELLO).
+    """
 
     identity: bytes
     message: Message | None
     error: ProtocolError | None
+    key_role: str | None = None
+    frame: zmq.Frame | None = None
+
+    @property
+    def peer(self) -> str:
+        return (_property(self.frame, "Peer-Address") if self.frame is not None else None) or ""
+
+
+def _property(frame: zmq.Frame, name: str) -> str | None:
+    """A ZeroMQ message property (ZAP "User-Id", "Peer-Address"); None where the connection has none."""
+    try:
+        return frame.get(name)
+    except zmq.ZMQError:
+        return None
 
 
 def recv_routed(sock: zmq.Socket, limits: WireLimits | None = None) -> Incoming:
     """Receive and validate one message from a ROUTER without raising on bad input (within `limits`, if given)."""
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
+    role = key_role(_property(frames[0], "User-Id")) if sock.context in _CURVE else None
     try:
-        return Incoming(identity, decode(frames[1:], limits), None)
+        return Incoming(identity, decode(frames[1:], limits), None, role, frames[0])
     except ProtocolError as exc:
-        return Incoming(identity, None, exc)
+        return Incoming(identity, None, exc, role, frames[0])
 
 
 def send_routed(

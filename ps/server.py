@@ -36,6 +36,7 @@ from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counte
 from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
@@ -313,6 +314,10 @@ class ShardServer:
         try:
             if msg.job != self.job.job:
                 raise ProtocolError("wrong_job", f"this shard serves job {self.job.job!r}, not {msg.job!r}", msg.seq)
+            if isinstance(msg.body, Push):
+                check_key_role(incoming.key_role, ("worker",), msg.type)
+            elif isinstance(msg.body, (Init, Pull)):  # an evaluator checks its model (INIT) and reads it
+                check_key_role(incoming.key_role, ("worker", "evaluator"), msg.type)
             if isinstance(msg.body, (Init, Pull, Push)):
                 self.senders.check(msg.sender, incoming.identity)
             if isinstance(msg.body, Init):

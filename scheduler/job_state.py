@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
@@ -143,12 +144,14 @@ class JobState:
 
     # -- membership -------------------------------------------------------------
 
-    def hello(self, hello: Hello, now: float, connection: bytes = b"") -> Welcome:
+    def hello(self, hello: Hello, now: float, connection: bytes = b"",
+              admit: Callable[[], None] = lambda: None) -> Welcome:
         """Admit a process; shards take a slot, workers wait until every shard is there.
 
         The member is bound to `connection` (the ROUTER routing id it registered from):
         every later message in its name must come from there. The same process (same
         `instance`) may say HELLO again from a new connection and is rebound to it.
+        `admit` is called just before a new member is made, and may refuse it by raising.
         """
         if hello.role not in ("worker", "evaluator", "ps"):
             raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
@@ -175,8 +178,10 @@ class JobState:
                                             "(--max-workers)")
             prefix = "w" if hello.role == "worker" else "eval"
             member_id = f"{prefix}{self._next_id[hello.role]}"
-            self._next_id[hello.role] += 1
             index = -1
+        admit()
+        if hello.role != "ps":
+            self._next_id[hello.role] += 1
         member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
                         endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance,
                         max_batch=hello.max_batch)

@@ -14,6 +14,10 @@ class SchedulerOptions:
     state_dir: str = opt("", "folder for the job's progress (scheduler-JOB.json), saved every second and at each "
                          "evaluation; a restarted scheduler resumes the job from it (empty: none)")
     exit_on_finish: bool = opt(True, "exit once the job has finished and its shards are told (off: serve STATUS until stopped)")
+    hello_rate_per_s: float = opt(10.0, "new members one source (peer address) may register per second, once its "
+                                  "--hello-burst is spent (re-joins of a registered process are free)", minimum=0.001)
+    hello_burst: int = opt(0, "new members one source may register at once (0: twice --max-workers plus the shards)",
+                           minimum=0)
 
     def validate(self) -> None:
         validate_fields(self)

@@ -20,10 +20,12 @@ from dynabatch.common.messages import (
 )
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
+from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ProtocolError, WireLimits
+from dynabatch.scheduler.hello_rate import HelloRate
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
@@ -90,6 +92,7 @@ class SchedulerServer:
         self.m = SchedulerMetrics(self.registry)
         self.ctx = open_context(curve)
         self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.m.refused.labels("scheduler", reason).inc())
+        self.hello_rate = HelloRate(opts.hello_rate_per_s, opts.hello_burst or 2 * job.max_workers + job.shards)
         self.stopping = False
         self.refusals = RateLimitedLog(log)
         self._decisions_seen = 0
@@ -153,7 +156,9 @@ class SchedulerServer:
                 raise ProtocolError("bad_chunk", f"{msg.type} to the scheduler carries no tensors")
             body = msg.body
             if isinstance(body, Hello):
-                reply = self.state.hello(body, now, incoming.identity)
+                if body.role in HELLO_KEY_ROLE:
+                    check_key_role(incoming.key_role, (HELLO_KEY_ROLE[body.role],), f"HELLO as {body.role}")
+                reply = self.state.hello(body, now, incoming.identity, lambda: self.hello_rate.spend(incoming.peer, now))
                 log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
             elif isinstance(body, Heartbeat):
                 start = time.perf_counter()
@@ -162,6 +167,7 @@ class SchedulerServer:
                 self.m.decide.observe(took)
                 self.decision_times.append(took)
             elif isinstance(body, EvalReport):
+                check_key_role(incoming.key_role, ("evaluator",), "EVAL")
                 self.state.eval_report(msg.sender, body, now, incoming.identity)
                 return
             elif isinstance(body, Bye):

@@ -108,7 +108,8 @@ class Cluster:
         return self.launcher.start_shard(index, f"ps{index}-{len(self.procs)}", extra, port)
 
     def worker(self, name: str, *extra: str) -> Proc:
-        return self.launcher.start_worker(name, extra)
+        rest = [flag for flag in extra if flag != "--evaluator"]
+        return self.launcher.start_worker(name, rest, evaluator=len(rest) < len(extra))
 
     def client(self, endpoint: str | None = None, sender: str = "test", job: str = "dynabatch") -> Connection:
         return Connection(self.ctx, endpoint or self.scheduler_endpoint, job, sender)

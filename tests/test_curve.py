@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
 import subprocess
 import sys
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeys
-from dynabatch.common.messages import Hello, Pull
-from dynabatch.common.transport import Connection, use_curve
+from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeyError, CurveKeys, create_keys, key_name, key_role
+from dynabatch.common.messages import EvalReport, Hello, Pull, Push
+from dynabatch.common.transport import Connection, RemoteError, use_curve
 from harness import Cluster, free_port, metric_value, run_job, wait_for
 
 
@@ -22,18 +23,21 @@ def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_keys_writes_two_keypairs_and_never_overwrites_silently(tmp_path):
+def test_keys_writes_a_server_and_one_client_keypair_per_role_and_never_overwrites_silently(tmp_path):
     out = tmp_path / "keys"
     made = _keys(out)
     assert made.returncode == 0, made.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(KEY_FILES)
-    for name in ("server.key_secret", "client.key_secret"):
-        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    for name in KEY_FILES:
+        assert stat.S_IMODE((out / name).stat().st_mode) == (0o600 if name.endswith("_secret") else 0o644), name
     assert "--curve-dir" in made.stdout and "create secret generic dynabatch-curve" in made.stdout
-    server, client = CurveKeys.load(str(out), "scheduler"), CurveKeys.load(str(out), "worker")
-    assert server.server_secret and client.server_secret is None
-    assert client.client_secret and server.client_secret is None
-    assert server.client_public == client.client_public != server.server_public
+    server, ps = CurveKeys.load(str(out), "scheduler"), CurveKeys.load(str(out), "ps")
+    clients = {role: CurveKeys.load(str(out), role) for role in ("worker", "evaluator")}
+    assert server.server_secret and server.client_secret is None and not clients["worker"].admitted
+    assert len({ps.client_public, *(c.client_public for c in clients.values()), server.server_public}) == 4
+    assert server.admitted == {ps.client_public: "shard", clients["worker"].client_public: "worker",
+                               clients["evaluator"].client_public: "evaluator"}
+    assert ps.admitted == {k: v for k, v in server.admitted.items() if v != "shard"}, "a shard serves no shard"
 
     before = {name: (out / name).read_bytes() for name in KEY_FILES}
     again = _keys(out)
@@ -45,12 +49,39 @@ def test_keys_writes_two_keypairs_and_never_overwrites_silently(tmp_path):
     assert all((out / name).read_bytes() != before[name] for name in KEY_FILES)
 
 
-@pytest.mark.parametrize("role, missing", [(role, name) for role, files in KEYS_BY_ROLE.items() for name in files
-                                           if role != "run"])
+def test_a_key_per_machine_is_admitted_under_its_role_and_names_must_be_role_eq_name(tmp_path):
+    assert _keys(tmp_path, "--name", "worker=gpu-a", "--name", "evaluator=e1").returncode == 0
+    server = CurveKeys.load(str(tmp_path), "scheduler")
+    names = sorted(server.admitted.values())
+    assert names == ["evaluator", "evaluator-e1", "shard", "worker", "worker-gpu-a"]
+    assert {key_role(n) for n in names} == {"shard", "worker", "evaluator"}
+    assert "worker-gpu-a" in CurveKeys.load(str(tmp_path), "ps").admitted.values()
+    for bad in ("scheduler=x", "worker", "worker=", "worker=a/b"):
+        with pytest.raises(ValueError, match="ROLE=NAME"):
+            key_name(bad)
+    assert key_name("worker=gpu-a") == "worker-gpu-a"
+
+
+def test_every_missing_key_file_of_a_role_is_named(tmp_path):
+    create_keys(tmp_path / "all", force=False)
+    for role, files in KEYS_BY_ROLE.items():
+        for missing in files:
+            folder = tmp_path / f"{role}-{missing}"
+            folder.mkdir()
+            for name in files:
+                if name != missing:
+                    (folder / name).write_bytes((tmp_path / "all" / name).read_bytes())
+            with pytest.raises(CurveKeyError, match=re.escape(str(folder / missing))):
+                CurveKeys.load(str(folder), role)
+
+
+@pytest.mark.parametrize("role, missing", [("scheduler", "shard.key"), ("ps", "shard.key_secret"),
+                                           ("worker", "server.key"), ("evaluator", "evaluator.key_secret")])
 def test_a_missing_key_file_exits_2_naming_it(tmp_path, role, missing):
-    assert _keys(tmp_path).returncode == 0
+    create_keys(tmp_path, force=False)
     (tmp_path / missing).unlink()
-    out = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", role, "--curve-dir", str(tmp_path)],
+    command = ["worker", "--evaluator"] if role == "evaluator" else [role]
+    out = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", *command, "--curve-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert str(tmp_path / missing) in out.stderr and "Traceback" not in out.stderr
@@ -59,14 +90,18 @@ def test_a_missing_key_file_exits_2_naming_it(tmp_path, role, missing):
 @pytest.mark.parametrize("role", sorted(KEYS_BY_ROLE))
 def test_each_role_loads_from_only_its_own_key_files(tmp_path, role):
     """What the manifests mount per pod is enough, and no secret a role does not use is read."""
-    assert _keys(tmp_path / "all").returncode == 0
+    create_keys(tmp_path / "all", force=False)
     (tmp_path / "mine").mkdir()
     for name in KEYS_BY_ROLE[role]:
         (tmp_path / "mine" / name).write_bytes((tmp_path / "all" / name).read_bytes())
     keys = CurveKeys.load(str(tmp_path / "mine"), role)
     assert (keys.server_secret is not None) == ("server.key_secret" in KEYS_BY_ROLE[role])
-    assert (keys.client_secret is not None) == ("client.key_secret" in KEYS_BY_ROLE[role])
-    assert "server.key_secret" not in KEYS_BY_ROLE["worker"], "a worker node must not be able to pose as a server"
+    assert (keys.client_secret is not None) == any(n.endswith(".key_secret") and n != "server.key_secret"
+                                                   for n in KEYS_BY_ROLE[role])
+    for client in ("worker", "evaluator"):
+        assert "server.key_secret" not in KEYS_BY_ROLE[client], "a worker node must not be able to pose as a server"
+        assert [n for n in KEYS_BY_ROLE[client] if n.endswith("_secret")] == [f"{client}.key_secret"], \
+            "nor as another role"
 
 
 def _refused(text: str, role: str) -> dict[str, float]:
@@ -134,9 +169,52 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
         assert all(w.name != "intruder" for w in after.workers.values())
         assert metric_value(scheduler.metrics(), "dynabatch_bad_messages_total") == bad_before, \
             "refused peers never reach the message handler"
+        _each_key_sends_only_what_its_role_may(c, keys, scheduler, shard, f"tcp://127.0.0.1:{shard_port}")
         assert all(p.alive() for p in c.procs)
     finally:
         c.stop()
+
+
+def _each_key_sends_only_what_its_role_may(c: Cluster, keys: Path, scheduler, shard, shard_endpoint: str) -> None:
+    """A worker key cannot register a shard or report an evaluation, an evaluator key cannot push, and a shard
+    key is not even admitted by a shard: refused as `bad_role` (counted) or in the handshake."""
+    contexts = {}
+    for role in ("worker", "evaluator", "ps"):
+        contexts[role] = zmq.Context()
+        use_curve(contexts[role], CurveKeys.load(str(keys), role))
+    cases = [("worker", c.scheduler_endpoint, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0)),
+             ("worker", c.scheduler_endpoint, Hello(role="evaluator", name="fake-evaluator")),
+             ("evaluator", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
+             ("ps", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
+             ("worker", c.scheduler_endpoint, EvalReport(version=1, test_loss=0.1, test_acc=0.99)),
+             ("evaluator", shard_endpoint, Push(samples=1))]
+    try:
+        for role, endpoint, body in cases:
+            conn = Connection(contexts[role], endpoint, "dynabatch", "w0")
+            try:
+                with pytest.raises(RemoteError) as refused:
+                    conn.request(body, timeout_s=10)
+                assert refused.value.code == "bad_role", (role, body, refused.value)
+            finally:
+                conn.close()
+        assert metric_value(scheduler.metrics(), "dynabatch_bad_messages_total", reason="bad_role") == 5
+        assert metric_value(shard.metrics(), "dynabatch_bad_messages_total", reason="bad_role") == 1
+        conn = Connection(contexts["ps"], shard_endpoint, "dynabatch", "w0")
+        try:
+            with pytest.raises(TimeoutError):
+                conn.request(Pull(ids=[0]), timeout_s=2.0)
+        finally:
+            conn.close()
+        _wait_refused(shard, "ps", ("auth",))
+        # and what each role may send still passes: an evaluator key pulls
+        conn = Connection(contexts["evaluator"], shard_endpoint, "dynabatch", "eval-probe")
+        try:
+            assert conn.request(Pull(ids=[0]), timeout_s=10).chunks
+        finally:
+            conn.close()
+    finally:
+        for ctx in contexts.values():
+            ctx.destroy(linger=0)
 
 
 

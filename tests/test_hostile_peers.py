@@ -1,7 +1,7 @@
 """Peers that decode cleanly and lie, against a live scheduler: refused, counted, and nothing changes.
 
 Each attack comes from a plain ZeroMQ connection of its own, as an attacker on the
-job's port (or any holder of the client key under CURVE) would send it. The
+job's port (or any holder of a worker key under CURVE) would send it. The
 scheduler binds every member to the connection that registered it and checks
 every number against what is physically possible.
 """
@@ -17,12 +17,14 @@ from harness import Cluster, metric_value
 pytestmark = pytest.mark.slow
 
 MAX_WORKERS = 8
+HELLO_BURST = 24  # registrations from 127.0.0.1, where every member of this job comes from; barely refilled
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("hostile"), ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000",
-                                                     "--liveness-timeout-s", "60", "--max-workers", str(MAX_WORKERS)])
+                                                     "--liveness-timeout-s", "60", "--max-workers", str(MAX_WORKERS),
+                                                     "--hello-burst", str(HELLO_BURST), "--hello-rate-per-s", "0.001"])
     c.scheduler()
     c.shard(0)
     c.victim, c.welcome = c.join_as_worker()
@@ -88,26 +90,55 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
 
 def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job):
     flood = job.client(sender="flood")
-    try:
-        admitted, full = 0, 0
-        for i in range(3 * MAX_WORKERS):
-            try:
-                reply = flood.request(Hello(role="worker", name=f"ghost{i}", instance=f"ghost{i}"), timeout_s=10)
-                admitted += isinstance(reply.body, Welcome)
-            except RemoteError as exc:
-                assert exc.code == "full", exc
-                full += 1
-    finally:
-        flood.close()
-    assert admitted <= MAX_WORKERS and full >= 2 * MAX_WORKERS
+    ghosts, full = [], 0
+    for i in range(3 * MAX_WORKERS):
+        try:
+            reply = flood.request(Hello(role="worker", name=f"ghost{i}", instance=f"ghost{i}"), timeout_s=10)
+            ghosts.append(reply.body.id)
+        except RemoteError as exc:
+            assert exc.code == "full", exc
+            full += 1
+    assert len(ghosts) <= MAX_WORKERS and full >= 2 * MAX_WORKERS
     assignment = job.victim.request(Heartbeat(standalone_sps=1000.0), timeout_s=10).body
     assert assignment.lr_scale == 1.0, "n counts the workers holding a batch, never the ghosts"
     shard = job.procs[1]
     assert metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, \
         "the shards (whose rounds wait on every live worker) are never told of a member that never reported"
+    for ghost in ghosts:  # the ghosts leave, so that the job is not full for the tests after this one
+        flood.sender = ghost
+        flood.request(Bye(), timeout_s=10)
+    flood.close()
 
 
 def test_a_second_shard_cannot_take_a_live_shards_slot(job):
     _refused(job, "impostor", Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
              "slot_taken")
     assert job.status().shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
+
+
+def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_never_does(job):
+    """HELLO + BYE from one address until its bucket is empty: refused `hello_rate` (counted), nothing changes,
+    while a HELLO repeated by a registered process (a re-join) is still welcomed."""
+    churn = job.client(sender="churn")
+    before = job.status().workers.keys()
+    try:
+        for i in range(HELLO_BURST + 1):
+            try:
+                welcome = churn.request(Hello(role="worker", name=f"churn{i}", instance=f"churn{i}"), timeout_s=10).body
+            except RemoteError as exc:
+                assert exc.code == "hello_rate", exc
+                break
+            churn.sender = welcome.id
+            churn.request(Bye(), timeout_s=10)
+        else:
+            raise AssertionError(f"{HELLO_BURST + 1} registrations from one source were all admitted")
+        assert 0 < i < HELLO_BURST, "the earlier members of this job (all from 127.0.0.1) spent part of the burst"
+    finally:
+        churn.close()
+    assert _count(job, "hello_rate") == 1 and job.status().workers.keys() == before
+    rejoin = job.client(sender="liar")
+    try:
+        again = rejoin.request(Hello(role="evaluator", name="liar", instance="liar"), timeout_s=10).body
+        assert isinstance(again, Welcome) and again.id.startswith("eval")
+    finally:
+        rejoin.close()

@@ -22,7 +22,7 @@ def main(argv: Sequence[str]) -> int:
         "dynabatch worker", "Join a running job as a training worker (or --evaluator).",
         [WorkerOptions, CurveOptions, MetricsOptions], argv,
     )
-    keys = load_curve_keys("dynabatch worker", curve, "worker")
+    keys = load_curve_keys("dynabatch worker", curve, "evaluator" if opts.evaluator else "worker")
     try:
         usable_device(opts.device)
     except ConfigError as exc:

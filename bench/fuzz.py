@@ -1,0 +1,366 @@
+"""Fuzz a live job: `python -m bench.fuzz --messages 100000`.
+
+Starts a job (scheduler, shards, workers, evaluator on 127.0.0.1) and, beside it,
+the same job untouched as the clean reference. Once the first trains, it learns
+what any peer can learn (STATUS, a PULL, a registration of its own), then sends
+the scheduler and every shard messages from bench/fuzz_messages.py: half of them
+malformed, half well-formed lies. Afterwards it checks that no process exited,
+that every parameter on every shard is finite, that every message was refused
+(an answer other than ERROR is an accepted lie) and counted in
+`dynabatch_bad_messages_total`, and that the job finished within one point of
+test accuracy of the clean one.
+
+The job is bulk-synchronous with fixed batches, so that its result depends on
+the data and not on timing: the fuzzed and the clean job then agree to a
+fraction of a point unless the fuzz changed what was trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import secrets
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import zmq
+
+from bench.fuzz_messages import LIES, SCHEDULER, FuzzMessages, JobView
+from dynabatch.cluster.launcher import Child, Launcher
+from dynabatch.common.builtin_tasks import builtin_init
+from dynabatch.common.config import job_from_dict
+from dynabatch.common.messages import (
+    Bye, Error, Heartbeat, Hello, JobStatus, Params, Pull, StatusReply, StatusRequest, Welcome,
+)
+from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
+
+JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed", "--chunk-bytes", "131072",
+       "--await-final-eval", "--liveness-timeout-s", "30", "--log-level", "WARNING")
+ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
+STALL_S = 5.0  # a connection whose answers stop for this long has its unanswered messages written off
+
+
+@dataclass
+class FuzzSettings:
+    messages: int = 100_000
+    seed: int = 0
+    epochs: float = 3.0
+    workers: int = 2
+    shards: int = 2
+    connections: int = 8  # per target
+    window: int = 32  # messages in flight per connection
+    clean: bool = True  # run the untouched reference job beside it
+
+
+@dataclass
+class FuzzReport:
+    messages: int = 0
+    seconds: float = 0.0
+    messages_per_s: float = 0.0
+    sent: dict[str, int] = field(default_factory=dict)  # by category
+    refused: dict[str, int] = field(default_factory=dict)  # ERROR answers received, by code
+    counted: dict[str, int] = field(default_factory=dict)  # growth of dynabatch_bad_messages_total, by code
+    accepted: list[str] = field(default_factory=list)  # answers other than ERROR: accepted lies
+    unanswered: int = 0
+    unanswered_kinds: dict[str, int] = field(default_factory=dict)
+    live_throughout: bool = False  # the job had not finished when the last message went
+    exited: list[str] = field(default_factory=list)  # processes that died (or exited non-zero)
+    non_finite: list[str] = field(default_factory=list)  # shard chunks holding NaN or Inf
+    fuzzed_acc: float | None = None
+    clean_acc: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (self.live_throughout and not self.accepted and not self.unanswered_kinds and not self.exited
+                and not self.non_finite
+                and self.fuzzed_acc is not None and self.clean_acc is not None
+                and abs(self.fuzzed_acc - self.clean_acc) * 100 <= ACCURACY_POINTS
+                and all(self.counted.get(code, 0) >= n for code, n in self.refused.items()))
+
+
+class Job:
+    """One job's processes; `name` prefixes their logs."""
+
+    def __init__(self, log_dir: Path, name: str, settings: FuzzSettings) -> None:
+        self.launcher = Launcher(log_dir, prefix=f"{name}-")
+        flags = [*JOB, "--epochs", str(settings.epochs), "--shards", str(settings.shards), "--seed", str(settings.seed)]
+        self.launcher.start_scheduler(flags)
+        for i in range(settings.shards):
+            self.launcher.start_shard(i, f"ps{i}", ["--log-level", "WARNING"])
+        for i in range(settings.workers):
+            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING"])
+        self.launcher.start_worker("evaluator", ["--log-level", "WARNING"], evaluator=True)
+        self.ctx = zmq.Context.instance()
+
+    def status(self) -> JobStatus | None:
+        frames = request(self.ctx, self.launcher.scheduler_endpoint, StatusRequest(), 2.0)
+        return decode(frames[0]).body.state if frames else None
+
+    def wait(self, what: str, predicate, timeout_s: float) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            failed = [c for c in self.launcher.children if c.proc.poll() not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"{failed[0].name} exited with {failed[0].proc.returncode}; its log ends:\n"
+                                   f"{failed[0].log_tail(40)}")
+            status = self.status()
+            if status is not None and predicate(status):
+                return status
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+    def children(self, role: str) -> list[Child]:
+        return [c for c in self.launcher.children if c.role == role]
+
+    def stop(self) -> None:
+        self.launcher.stop_all()
+
+
+def request(ctx: zmq.Context, endpoint: str, body, timeout_s: float, sock: zmq.Socket | None = None,
+            sender: str = "fuzz", replies: int = 1) -> list[list[bytes]]:
+    """Send `body` and return up to `replies` raw answers (the frames as they came: the fuzzer replays them)."""
+    own = sock is None
+    if own:
+        sock = dealer(ctx, endpoint)
+    try:
+        sock.send_multipart(encode(Message(body, [], [], "dynabatch", sender, 1)))
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < replies and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            out.append([bytes(f) for f in sock.recv_multipart()])
+            deadline = min(deadline, time.monotonic() + 1.0)  # the rest of a multi-part answer comes at once
+        return out
+    finally:
+        if own:
+            sock.close(linger=0)
+
+
+def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, b"f" + secrets.token_bytes(15))
+    sock.connect(endpoint)
+    return sock
+
+
+def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobView:
+    """What a peer can learn of the job: STATUS, what a PULL returns, and a registration of its own per connection."""
+    endpoint = job.launcher.scheduler_endpoint
+    captured = [request(job.ctx, endpoint, StatusRequest(), 5.0)[0]]
+    ghosts, ghost_evals, config = [], [], None
+    for i, sock in enumerate(sockets[SCHEDULER]):
+        for role, into in (("worker", ghosts), ("evaluator", ghost_evals)):
+            frames = request(job.ctx, endpoint, Hello(role=role, name=f"fuzz-{role}{i}", instance=f"fuzz-{role}{i}"),
+                             10.0, sock)[0]
+            welcome = decode(frames).body
+            assert isinstance(welcome, Welcome), f"the fuzzer's own {role} was not admitted: {welcome}"
+            into.append(welcome.id)
+            config = welcome.config
+            captured.append(frames)
+    jobcfg = job_from_dict(config)
+    chunks = []
+    for s, (_, shard) in enumerate(sorted(status.shards.items())):
+        answers = request(job.ctx, shard.endpoint, Pull(), 10.0, sockets[s + 1][0], "fuzz-reader", replies=1 << 16)
+        params = [decode(a) for a in answers[:1]]
+        metas = [ChunkMeta(c.id, c.dtype, c.shape, c.version) for m in map(decode, answers) for c in m.chunks]
+        chunks.append(metas)
+        captured.extend(answers[:2])
+        assert params and isinstance(params[0].body, Params), f"shard {s} answered PULL with {params}"
+    hellos = [Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i)) for i, shard in sorted(status.shards.items())]
+    heartbeats = {wid: Heartbeat(steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s,
+                                 standalone_sps=w.standalone_sps) for wid, w in status.workers.items()}
+    return JobView("dynabatch", sorted(status.workers), ["eval0"], hellos, chunks, captured, heartbeats,
+                   builtin_init(jobcfg)[0], jobcfg.max_batch, max(s.version for s in status.shards.values()),
+                   ghosts, ghost_evals, len(sockets[SCHEDULER]))
+
+
+def bad_message_counts(children: list[Child]) -> Counter:
+    out: Counter = Counter()
+    for child in children:
+        for line in child.metrics().splitlines():
+            if line.startswith("dynabatch_bad_messages_total{"):
+                labels, _, value = line.rpartition(" ")
+                code = labels.split('reason="')[1].split('"')[0]
+                out[code] += int(float(value))
+    return out
+
+
+def finite_check(job: Job, status: JobStatus) -> list[str]:
+    """Every chunk of every shard, pulled as a reader: the names of those holding a NaN or Inf."""
+    bad = []
+    for index, shard in sorted(status.shards.items()):
+        for frames in request(job.ctx, shard.endpoint, Pull(), 10.0, sender="fuzz-check", replies=1 << 16):
+            msg = decode(frames)
+            for meta, tensor in zip(msg.chunks, msg.tensors):
+                if not torch.isfinite(tensor).all():
+                    bad.append(f"shard {index} chunk {meta.id}")
+    return bad
+
+
+class Fuzzer:
+    """Sends the messages with a bounded window per connection and tallies the answers."""
+
+    def __init__(self, sockets: list[list[zmq.Socket]], window: int) -> None:
+        self.sockets = sockets
+        self.window = window
+        self.in_flight = {id(s): 0 for row in sockets for s in row}
+        self.last_answer = {id(s): time.monotonic() for row in sockets for s in row}
+        self.poller = zmq.Poller()
+        for row in sockets:
+            for s in row:
+                self.poller.register(s, zmq.POLLIN)
+        self.refused: Counter = Counter()
+        self.accepted: list[str] = []
+        self.kinds: dict[int, str] = {}
+        self.written_off = 0
+
+    def send(self, target: int, connection: int, frames: list[bytes], seq: int, what: str) -> None:
+        sock = self.sockets[target][connection]
+        while self.in_flight[id(sock)] >= self.window:
+            self.collect(0.05)
+            if self.in_flight[id(sock)] >= self.window and time.monotonic() - self.last_answer[id(sock)] > STALL_S:
+                self.written_off += self.in_flight[id(sock)]
+                self.in_flight[id(sock)] = 0
+        if seq >= 0 and what.split()[0] in LIES:  # a lie is well-formed: its refusal names its seq
+            self.kinds[seq] = what
+        sock.send_multipart(frames)
+        self.in_flight[id(sock)] += 1
+
+    def collect(self, timeout_s: float) -> None:
+        for sock, _ in self.poller.poll(int(timeout_s * 1000)):
+            while sock.poll(0):
+                frames = sock.recv_multipart()
+                self.in_flight[id(sock)] = max(0, self.in_flight[id(sock)] - 1)
+                self.last_answer[id(sock)] = time.monotonic()
+                try:
+                    msg = decode(frames)
+                except ProtocolError as exc:
+                    self.accepted.append(f"an undecodable answer ({exc})")
+                    continue
+                what = self.kinds.pop(msg.seq, "an untracked message")
+                if isinstance(msg.body, Error):
+                    self.refused[msg.body.code] += 1
+                else:
+                    self.accepted.append(f"{msg.type} answering {what}")
+
+    def drain(self, quiet_s: float = 2.0) -> None:
+        deadline = time.monotonic() + quiet_s
+        while sum(self.in_flight.values()) and time.monotonic() < deadline:
+            self.collect(0.1)
+
+    def unanswered(self) -> int:
+        return self.written_off + sum(self.in_flight.values())
+
+    def unanswered_kinds(self) -> Counter:
+        """The tracked messages no answer came for, by category and type (an EVAL taken is not answered)."""
+        return Counter(self.kinds.values())
+
+
+def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
+    """Run the fuzzed job (and the clean one beside it) to their ends; the report says what happened."""
+    report = FuzzReport()
+    target = Job(log_dir, "fuzzed", settings)
+    clean = Job(log_dir, "clean", settings) if settings.clean else None
+    ctx = zmq.Context.instance()
+    sockets: list[list[zmq.Socket]] = []
+    try:
+        status = target.wait("the fuzzed job to train", lambda s: len(s.workers) == settings.workers and all(
+            w.steps > 2 for w in s.workers.values()) and len(s.shards) == settings.shards, 180)
+        endpoints = [target.launcher.scheduler_endpoint] + [s.endpoint for _, s in sorted(status.shards.items())]
+        sockets = [[dealer(ctx, ep) for _ in range(settings.connections)] for ep in endpoints]
+        view = learn(target, status, sockets)
+        servers = target.children("scheduler") + target.children("ps")
+        counted_before = bad_message_counts(servers)
+        messages = FuzzMessages(view, random.Random(settings.seed))
+        fuzzer = Fuzzer(sockets, settings.window)
+        sent: Counter = Counter()
+        start = last_report = time.monotonic()
+        for n in range(1, settings.messages + 1):
+            m = messages.make()
+            fuzzer.send(m.target, m.connection, m.frames, m.seq, f"{m.category} {m.kind}")
+            sent[m.category] += 1
+            if n % 500 == 0:
+                fuzzer.collect(0)
+                if time.monotonic() - last_report > 5 or n == settings.messages:
+                    last_report = time.monotonic()
+                    refused = sum(fuzzer.refused.values())
+                    progress(f"[fuzz] {n}/{settings.messages} sent, {n / (last_report - start):.0f} messages/s, "
+                             f"{refused} refused, {len(fuzzer.accepted)} accepted")
+                    dead = [c.name for c in target.launcher.children if not c.alive()]
+                    if dead:
+                        report.exited = dead
+                        break
+        fuzzer.drain()
+        now = target.status()
+        report.live_throughout = now is not None and not now.stopping
+        if not report.live_throughout:
+            progress("[fuzz] the job finished before the fuzz did: give it more --epochs")
+            return report
+        report.seconds = time.monotonic() - start
+        report.messages = sum(sent.values())
+        report.messages_per_s = report.messages / report.seconds
+        report.sent = dict(sent)
+        report.refused = dict(fuzzer.refused)
+        report.accepted = sorted(set(fuzzer.accepted))[:50]
+        report.unanswered = fuzzer.unanswered()
+        report.unanswered_kinds = dict(fuzzer.unanswered_kinds())
+        report.exited = [c.name for c in target.launcher.children if not c.alive()]
+        report.non_finite = finite_check(target, now)
+        after = bad_message_counts(servers)
+        report.counted = {code: after[code] - counted_before[code] for code in after if after[code] > counted_before[code]}
+        for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's own members leave, as honest ones do
+            for ghost in (view.ghost_workers[i], view.ghost_evaluators[i]):
+                request(ctx, "", Bye(), 2.0, sock, ghost)
+        report.fuzzed_acc = _final_accuracy(target, settings)
+        report.exited += [c.name for c in target.launcher.children if c.proc.poll() not in (None, 0)]
+        if clean is not None:
+            report.clean_acc = _final_accuracy(clean, settings)
+    finally:
+        for row in sockets:
+            for s in row:
+                s.close(linger=0)
+        target.stop()
+        if clean is not None:
+            clean.stop()
+    return report
+
+
+def _final_accuracy(job: Job, settings: FuzzSettings) -> float | None:
+    status = job.wait("the job to finish with a final evaluation", lambda s: s.finished and s.final_eval,
+                      120 + 60 * settings.epochs)
+    return status.test_acc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__.split("\n\n")[0])
+    defaults = FuzzSettings()
+    parser.add_argument("--messages", type=int, default=defaults.messages)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--epochs", type=float, default=defaults.epochs,
+                        help="the job's length: long enough that it is still training when the last message goes")
+    parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--shards", type=int, default=defaults.shards)
+    parser.add_argument("--no-clean", action="store_true", help="skip the clean reference job (no accuracy check)")
+    parser.add_argument("--out", default="", help="folder for the logs and fuzz.json (default: a temporary one)")
+    args = parser.parse_args(argv)
+    settings = FuzzSettings(args.messages, args.seed, args.epochs, args.workers, args.shards, clean=not args.no_clean)
+    out = Path(args.out or tempfile.mkdtemp(prefix="dynabatch-fuzz-"))
+    out.mkdir(parents=True, exist_ok=True)
+    report = fuzz(settings, out / "logs", lambda line: print(line, flush=True))
+    (out / "fuzz.json").write_text(json.dumps(asdict(report), indent=2))
+    print(json.dumps(asdict(report), indent=2))
+    print(f"{'OK' if report.ok else 'FAILED'}: {report.messages} messages in {report.seconds:.1f} s "
+          f"({report.messages_per_s:.0f}/s); accuracy {report.fuzzed_acc} fuzzed vs {report.clean_acc} clean; "
+          f"report in {out / 'fuzz.json'}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""What each client role's CURVE key may send: a worker key cannot register a shard or report an evaluation.
+
+Under CURVE every connection authenticated with one role's key (common/curve.py
+names it as the connection's ZAP user id). A server checks that role before it
+reads a message's fields, so a stolen worker key (the most widely spread secret
+of a job: every worker machine holds it) can train, and no more. Without CURVE
+there is no key and the check passes: roles are then whatever peers claim.
+"""
+
+from __future__ import annotations
+
+from typing import Collection
+
+from dynabatch.common.wire import ProtocolError
+
+HELLO_KEY_ROLE = {"ps": "shard", "worker": "worker", "evaluator": "evaluator"}  # HELLO.role -> the key it needs
+
+
+def check_key_role(key_role: str | None, allowed: Collection[str], what: str) -> None:
+    """Refuse (`bad_role`) `what` from a connection whose key is of none of the `allowed` roles."""
+    if key_role is None or key_role in allowed:
+        return
+    raise ProtocolError("bad_role", f"{what} is taken only from a {' or '.join(sorted(allowed))} key; this "
+                        f"connection authenticated with a {key_role} key")

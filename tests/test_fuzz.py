@@ -1,0 +1,34 @@
+"""The fuzz suite at CI size: a live job takes thousands of malformed and lying messages and trains as if it had none.
+
+`python -m bench.fuzz --messages 100000` runs the same at full size.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.fuzz import ACCURACY_POINTS, FuzzSettings, fuzz
+from bench.fuzz_messages import CATEGORIES, LIES
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = 2000
+
+
+def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
+    seed = random.randrange(1 << 16)
+    print(f"fuzz seed {seed}: `python -m bench.fuzz --messages {MESSAGES} --epochs 3 --seed {seed}` replays it")
+    report = fuzz(FuzzSettings(messages=MESSAGES, epochs=3, seed=seed), tmp_path, print)
+    assert report.live_throughout, "the job ended before the fuzz did: the messages did not meet a live job"
+    assert report.messages == MESSAGES and set(report.sent) == set(CATEGORIES)
+    assert sum(report.sent[c] for c in LIES) >= 0.4 * MESSAGES, "about half of them are well-formed lies"
+    assert not report.exited, f"processes exited: {report.exited}"
+    assert not report.accepted, f"accepted: {report.accepted}"
+    assert not report.unanswered_kinds, f"lies that got no refusal: {report.unanswered_kinds}"
+    assert not report.non_finite, report.non_finite
+    assert sum(report.refused.values()) >= 0.95 * MESSAGES, report.refused
+    for code, n in report.refused.items():
+        assert report.counted.get(code, 0) >= n, f"{code}: {n} refused but {report.counted.get(code, 0)} counted"
+    assert abs(report.fuzzed_acc - report.clean_acc) * 100 <= ACCURACY_POINTS, (report.fuzzed_acc, report.clean_acc)
