@@ -54,6 +54,9 @@ class JobConfig:
     pipeline: bool = opt(
         False, "overlap pulls with forward and pushes with backward, chunk by chunk (gradient protocols; experimental)"
     )
+    push_pull: bool = opt(
+        True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two"
+    )
     max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged", minimum=1024)
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
     seed: int = opt(0, "seed for model init and data orders")

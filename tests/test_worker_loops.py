@@ -94,8 +94,10 @@ def _step(loop, batch: int):
 
 
 @pytest.mark.slow
-def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path):
-    job = JobConfig(dataset="synthetic", model="mlp", protocol="asgd")
+@pytest.mark.parametrize("push_pull", [False, True])
+def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path, push_pull):
+    """With push_pull the push's answer is the model the next step computes on: the one a pull would get."""
+    job = JobConfig(dataset="synthetic", model="mlp", protocol="asgd", push_pull=push_pull)
     c = _cluster(tmp_path, "asgd")
     try:
         shards, ctx = _worker(c, job)
@@ -103,9 +105,17 @@ def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path):
         loop = GradientLoop(ctx)
         result = _step(loop, 32)
         assert result.batch == 32 and result.steps == 1 and result.version == 0
+        assert (loop.pulled is not None) == push_pull
+        brought = loop.pulled.flat.clone() if push_pull else None
         after = shards.pull(None, TIMEOUT_S)
         assert after.version == 1 and not torch.equal(after.flat, before)
         assert loop.min_versions is None, "an asynchronous step never waits for a version"
+        if push_pull:
+            assert torch.equal(brought, after.flat) and loop.pulled.version == 1
+            assert _step(loop, 32).version == 1, "the second step computes on the model its push brought back"
+            assert loop.pulled.version == 2
+            loop.after_failure("timeout")
+            assert loop.pulled is None, "after a failure the next step pulls afresh"
     finally:
         c.stop()
 
@@ -132,8 +142,9 @@ def test_a_round_step_waits_for_the_round_it_pushed_into_and_stops_after_the_job
 @pytest.mark.slow
 def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path):
     """A push resent after a timeout that had in fact arrived is refused (`bad_state`); the loop then
-    waits for the round it is already in instead of pushing into it again."""
-    job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd")
+    waits for the round it is already in instead of pushing into it again. (Without push_pull: this test
+    drives both workers from one thread, and a push that also pulls would wait for the other's push.)"""
+    job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd", push_pull=False)
     c = _cluster(tmp_path, "ssgd")
     try:
         _shards0, ctx0 = _worker(c, job)

@@ -8,6 +8,12 @@ waits for the round to close (its `wait` time) before computing on the new
 model; and it stops by itself once the model has had all the job's rounds (each
 round is one global batch B), so no worker starts a round the others will not
 join.
+
+With the job's `push_pull` (the default) a step's push also brings back the
+model the next step computes on (`ShardClients.push_pull`): the same model a
+pull right after the push would get, in one round trip instead of two. Its
+time until every shard acknowledged counts as push, the rest as pull (or, when
+the pull waits for a round, as wait).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from dynabatch.common.chunking import flat_grads, load_flat
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.pipeline import Pipeline
+from dynabatch.worker.ps_client import PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult, StepTimes
 
@@ -35,6 +42,7 @@ class GradientLoop(StepLoop):
     min_versions: list[int] | None = None
     last_versions: list[int] | None = None
     pipeline: Pipeline | None = None
+    pulled: PullResult | None = None  # the model the last push brought back, for the next step
 
     def _done(self, version: int) -> bool:
         """Whether the model at `version` ends this worker's training (never, unless the protocol has rounds)."""
@@ -48,12 +56,11 @@ class GradientLoop(StepLoop):
         if c.job.pipeline:
             return self._pipelined_step(assignment)
         times = StepTimes()
-        start = time.perf_counter()
-        pulled = c.shards.pull(self.min_versions, c.request_timeout_s)
-        if self.min_versions is not None:
-            times.wait = time.perf_counter() - start
-        else:
-            times.pull = time.perf_counter() - start
+        pulled, self.pulled = self.pulled, None
+        if pulled is None:
+            start = time.perf_counter()
+            pulled = c.shards.pull(self.min_versions, c.request_timeout_s)
+            self._add_pull_time(times, time.perf_counter() - start)
         self.last_versions = pulled.shard_versions
         if self._done(pulled.version):
             return None
@@ -64,11 +71,23 @@ class GradientLoop(StepLoop):
             log.error("loss is %s; not pushing this step's gradient", loss)
             return None
         start = time.perf_counter()
-        c.shards.push(flat_grads(c.model), pulled.chunk_versions, assignment.batch, loss, c.request_timeout_s,
-                      buffers=c.buffers.read(c.model))
-        times.push = time.perf_counter() - start
+        grads, versions, buffers = flat_grads(c.model), pulled.chunk_versions, c.buffers.read(c.model)
         self._next_round(pulled.shard_versions)
+        if c.job.push_pull:
+            self.pulled, times.push = c.shards.push_pull(grads, versions, assignment.batch, loss, c.request_timeout_s,
+                                                         self.min_versions, buffers)
+            self._add_pull_time(times, time.perf_counter() - start - times.push)
+        else:
+            c.shards.push(grads, versions, assignment.batch, loss, c.request_timeout_s, buffers=buffers)
+            times.push = time.perf_counter() - start
         return StepResult(times, assignment.batch, loss, pulled.version)
+
+    def _add_pull_time(self, times: StepTimes, seconds: float) -> None:
+        """A pull's seconds are waiting when it waits for a round, pulling otherwise."""
+        if self.min_versions is not None:
+            times.wait += seconds
+        else:
+            times.pull += seconds
 
     def _pipelined_step(self, assignment: Assignment) -> StepResult | None:
         """The same step with pull, compute and push overlapped chunk by chunk (pipeline.py)."""
@@ -95,6 +114,7 @@ class GradientLoop(StepLoop):
     def after_failure(self, code: str) -> None:
         """Start over from whatever the shards hold."""
         self.min_versions = None
+        self.pulled = None
 
 
 @dataclass
@@ -114,6 +134,7 @@ class RoundLoop(GradientLoop):
 
     def after_failure(self, code: str) -> None:
         """After "already pushed in this round" the next pull must wait for that round; otherwise start over."""
+        self.pulled = None
         if code == "bad_state" and self.last_versions is not None:
             self.min_versions = [v + 1 for v in self.last_versions]
         else:
