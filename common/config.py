@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from dynabatch.common.catalog import DATASETS, MODELS
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.protocols import PROTOCOLS
+from dynabatch.common.protocols import PROTOCOLS, SPECS
 
 BATCH_POLICIES = ("fixed", "dynamic")
 
@@ -57,6 +57,10 @@ class JobConfig:
     push_pull: bool = opt(
         True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two"
     )
+    prefetch_pull: bool = opt(
+        False, "asgd, softsync: send the next step's pull before computing, so the model arrives during compute "
+        "(it then lacks the worker's own last gradient: more staleness)"
+    )
     max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged", minimum=1024)
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
     seed: int = opt(0, "seed for model init and data orders")
@@ -96,6 +100,12 @@ class JobConfig:
             raise ConfigError(f"--min-batch {self.min_batch} is larger than --max-batch {self.max_batch}")
         if not 0.0 < self.speed_forgetting <= 1.0:
             raise ConfigError("--speed-forgetting must be in (0, 1]")
+        if self.prefetch_pull and not SPECS[self.protocol].may_prefetch_pull:
+            allowed = ", ".join(name for name, spec in SPECS.items() if spec.may_prefetch_pull)
+            raise ConfigError(f"--prefetch-pull: protocol {self.protocol} does not take a model pulled before the "
+                              f"worker's own last push (only {allowed} do)")
+        if self.prefetch_pull and self.pipeline:
+            raise ConfigError("--prefetch-pull and --pipeline overlap the pull in two different ways: choose one")
 
 
 @dataclass

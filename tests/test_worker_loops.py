@@ -9,6 +9,7 @@ source's replay of a failed step's samples is pure logic and tested on its own.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -94,10 +95,11 @@ def _step(loop, batch: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("push_pull", [False, True])
-def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path, push_pull):
-    """With push_pull the push's answer is the model the next step computes on: the one a pull would get."""
-    job = JobConfig(dataset="synthetic", model="mlp", protocol="asgd", push_pull=push_pull)
+def test_gradient_steps_plain_with_push_pull_and_prefetching_each_push_one_update(tmp_path):
+    """Three workers of one job, one per way of stepping. push_pull (the default): the push's answer is the
+    model the next step computes on, the one a pull would get. Without it: a plain push. prefetch_pull: the
+    next pull leaves before compute, so the second step's model lacks the first step's own gradient."""
+    job = JobConfig(dataset="synthetic", model="mlp", protocol="asgd")
     c = _cluster(tmp_path, "asgd")
     try:
         shards, ctx = _worker(c, job)
@@ -105,17 +107,29 @@ def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path, push_pul
         loop = GradientLoop(ctx)
         result = _step(loop, 32)
         assert result.batch == 32 and result.steps == 1 and result.version == 0
-        assert (loop.pulled is not None) == push_pull
-        brought = loop.pulled.flat.clone() if push_pull else None
+        brought = loop.pulled.flat.clone()
         after = shards.pull(None, TIMEOUT_S)
         assert after.version == 1 and not torch.equal(after.flat, before)
         assert loop.min_versions is None, "an asynchronous step never waits for a version"
-        if push_pull:
-            assert torch.equal(brought, after.flat) and loop.pulled.version == 1
-            assert _step(loop, 32).version == 1, "the second step computes on the model its push brought back"
-            assert loop.pulled.version == 2
-            loop.after_failure("timeout")
-            assert loop.pulled is None, "after a failure the next step pulls afresh"
+        assert torch.equal(brought, after.flat) and loop.pulled.version == 1
+        assert _step(loop, 32).version == 1, "the second step computes on the model its push brought back"
+        assert loop.pulled.version == 2
+        loop.after_failure("timeout")
+        assert loop.pulled is None, "after a failure the next step pulls afresh"
+
+        shards, ctx = _worker(c, replace(job, push_pull=False))
+        plain = GradientLoop(ctx)
+        assert _step(plain, 32).version == 2 and plain.pulled is None
+        assert shards.pull(None, TIMEOUT_S).version == 3
+
+        shards, ctx = _worker(c, replace(job, prefetch_pull=True))
+        ahead = GradientLoop(ctx)
+        assert _step(ahead, 32).version == 3
+        assert ahead.ahead is not None and ahead.ahead.done(), "the push's wait took in the prefetched chunks"
+        assert _step(ahead, 32).version == 3, "one more version of staleness: the pull left before the first push"
+        assert shards.pull(None, TIMEOUT_S).version == 5
+        ahead.after_failure("timeout")
+        assert ahead.ahead is None
     finally:
         c.stop()
 

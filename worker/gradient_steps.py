@@ -14,6 +14,12 @@ model the next step computes on (`ShardClients.push_pull`): the same model a
 pull right after the push would get, in one round trip instead of two. Its
 time until every shard acknowledged counts as push, the rest as pull (or, when
 the pull waits for a round, as wait).
+
+With `prefetch_pull` (asgd, softsync) the next step's pull leaves as soon as
+this step's model is loaded, and its chunks arrive while the worker computes;
+the push's wait takes them in. The next step then computes on a model that
+lacks this step's own gradient: the staleness it adds is what the shard's
+staleness histogram shows.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 from dynabatch.common.chunking import flat_grads, load_flat
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.pipeline import Pipeline
-from dynabatch.worker.ps_client import PullResult
+from dynabatch.worker.ps_client import PendingPull, PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult, StepTimes
 
@@ -43,6 +49,7 @@ class GradientLoop(StepLoop):
     last_versions: list[int] | None = None
     pipeline: Pipeline | None = None
     pulled: PullResult | None = None  # the model the last push brought back, for the next step
+    ahead: PendingPull | None = None  # the next step's pull, sent before this step's compute (prefetch_pull)
 
     def _done(self, version: int) -> bool:
         """Whether the model at `version` ends this worker's training (never, unless the protocol has rounds)."""
@@ -59,13 +66,16 @@ class GradientLoop(StepLoop):
         pulled, self.pulled = self.pulled, None
         if pulled is None:
             start = time.perf_counter()
-            pulled = c.shards.pull(self.min_versions, c.request_timeout_s)
+            pulled = self._take_ahead(c) if self.ahead is not None else c.shards.pull(self.min_versions,
+                                                                                      c.request_timeout_s)
             self._add_pull_time(times, time.perf_counter() - start)
         self.last_versions = pulled.shard_versions
         if self._done(pulled.version):
             return None
         load_flat(c.model, pulled.flat)
         c.buffers.load(c.model, pulled.buffers)
+        if c.job.prefetch_pull:
+            self.ahead = c.shards.start_pull()
         loss, times.compute = c.timed_compute(c.next_batch(assignment.batch))
         if not math.isfinite(loss):
             log.error("loss is %s; not pushing this step's gradient", loss)
@@ -73,14 +83,21 @@ class GradientLoop(StepLoop):
         start = time.perf_counter()
         grads, versions, buffers = flat_grads(c.model), pulled.chunk_versions, c.buffers.read(c.model)
         self._next_round(pulled.shard_versions)
-        if c.job.push_pull:
+        if c.job.push_pull and not c.job.prefetch_pull:
             self.pulled, times.push = c.shards.push_pull(grads, versions, assignment.batch, loss, c.request_timeout_s,
                                                          self.min_versions, buffers)
             self._add_pull_time(times, time.perf_counter() - start - times.push)
         else:
-            c.shards.push(grads, versions, assignment.batch, loss, c.request_timeout_s, buffers=buffers)
+            c.shards.push(grads, versions, assignment.batch, loss, c.request_timeout_s, buffers=buffers,
+                          beside=self.ahead)
             times.push = time.perf_counter() - start
         return StepResult(times, assignment.batch, loss, pulled.version)
+
+    def _take_ahead(self, c: StepContext) -> PullResult:
+        """The prefetched pull, once every chunk of it has arrived (most did during the last compute)."""
+        ahead, self.ahead = self.ahead, None
+        c.shards.wait(ahead, c.request_timeout_s)
+        return ahead.result()
 
     def _add_pull_time(self, times: StepTimes, seconds: float) -> None:
         """A pull's seconds are waiting when it waits for a round, pulling otherwise."""
@@ -114,7 +131,7 @@ class GradientLoop(StepLoop):
     def after_failure(self, code: str) -> None:
         """Start over from whatever the shards hold."""
         self.min_versions = None
-        self.pulled = None
+        self.pulled = self.ahead = None
 
 
 @dataclass
@@ -134,7 +151,7 @@ class RoundLoop(GradientLoop):
 
     def after_failure(self, code: str) -> None:
         """After "already pushed in this round" the next pull must wait for that round; otherwise start over."""
-        self.pulled = None
+        self.pulled = self.ahead = None
         if code == "bad_state" and self.last_versions is not None:
             self.min_versions = [v + 1 for v in self.last_versions]
         else:

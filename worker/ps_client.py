@@ -148,11 +148,12 @@ class ShardClients:
 
     def push(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
-        kind: str = "grad", buffers: torch.Tensor | None = None,
+        kind: str = "grad", buffers: torch.Tensor | None = None, beside: "PendingPull | None" = None,
     ) -> list[PushAck]:
-        """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged."""
+        """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged;
+        `beside` (a pull sent earlier) is fed the replies that come meanwhile."""
         return self._finish_push(self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers),
-                                 tensor, chunk_versions, buffers, timeout_s)
+                                 tensor, chunk_versions, buffers, timeout_s, beside)
 
     def push_pull(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
@@ -169,18 +170,20 @@ class ShardClients:
         return pending.pull.result(), pending.acked_at - start
 
     def _finish_push(self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int],
-                     buffers: torch.Tensor | None, timeout_s: float) -> list[PushAck]:
-        """Wait for `pending` (and its pull, if it has one), resending to shards that did not know this worker yet."""
+                     buffers: torch.Tensor | None, timeout_s: float, beside: "PendingPull | None" = None) -> list[PushAck]:
+        """Wait for `pending` (and its pull, if it has one), resending to shards that did not know this worker
+        yet; replies to `beside` are taken too, not dropped."""
         deadline = time.monotonic() + timeout_s
+        fed: list[Pending] = [pending] if beside is None else [pending, beside]
         while True:
-            self.wait(pending, max(0.0, deadline - time.monotonic()))
+            self.wait(fed, max(0.0, deadline - time.monotonic()), until=pending.done)
             if not pending.refused:
                 return [pending.acks[s] for s in sorted(pending.acks)]
-            self._resend_refused(pending, tensor, chunk_versions, buffers, deadline)
+            self._resend_refused(pending, tensor, chunk_versions, buffers, deadline, fed)
 
     def _resend_refused(
         self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int],
-        buffers: torch.Tensor | None, deadline: float,
+        buffers: torch.Tensor | None, deadline: float, fed: list["Pending"],
     ) -> None:
         """Resend to the shards that did not know this worker yet, and only to them.
 
@@ -191,7 +194,7 @@ class ShardClients:
         refused = pending.refused
         if time.monotonic() >= deadline:
             raise RemoteError("unknown_sender", f"shards {sorted(refused)} do not know this worker")
-        self.advance([], self.idle_every_s)
+        self.advance([p for p in fed if p is not pending], self.idle_every_s)
         self.idle()
         for s in refused:
             pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), tensor, chunk_versions, pending.bodies[s],
