@@ -34,6 +34,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "pull,push": ("--no-push-pull",),
     "push+pull": ("--push-pull",),
     "prefetch": ("--prefetch-pull",),
+    "prefetch+behind": ("--prefetch-pull", "--push-behind"),
 }
 PHASES = ("compute", "pull", "push", "wait", "data", "outside")
 WARMUP_FRACTION = 0.1  # the first tenth of training (batch sizes settling) is left out of the breakdown

@@ -61,6 +61,10 @@ class JobConfig:
         False, "asgd, softsync: send the next step's pull before computing, so the model arrives during compute "
         "(it then lacks the worker's own last gradient: more staleness)"
     )
+    push_behind: bool = opt(
+        False, "with --prefetch-pull: a push's acknowledgement is awaited only before the next push, so the worker "
+        "computes meanwhile (a push the shards refuse fails the step after it)"
+    )
     max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged", minimum=1024)
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
     seed: int = opt(0, "seed for model init and data orders")
@@ -104,6 +108,8 @@ class JobConfig:
             allowed = ", ".join(name for name, spec in SPECS.items() if spec.may_prefetch_pull)
             raise ConfigError(f"--prefetch-pull: protocol {self.protocol} does not take a model pulled before the "
                               f"worker's own last push (only {allowed} do)")
+        if self.push_behind and not self.prefetch_pull:
+            raise ConfigError("--push-behind needs --prefetch-pull (otherwise the next pull waits for the push anyway)")
         if self.prefetch_pull and self.pipeline:
             raise ConfigError("--prefetch-pull and --pipeline overlap the pull in two different ways: choose one")
 

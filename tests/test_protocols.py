@@ -65,3 +65,9 @@ def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name):
     else:
         with pytest.raises(ConfigError, match=f"--prefetch-pull: protocol {name} "):
             job.validate()
+
+
+def test_push_behind_needs_prefetch_pull():
+    with pytest.raises(ConfigError, match="--push-behind needs --prefetch-pull"):
+        JobConfig(protocol="asgd", push_behind=True).validate()
+    JobConfig(protocol="asgd", push_behind=True, prefetch_pull=True).validate()

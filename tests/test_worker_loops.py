@@ -95,10 +95,11 @@ def _step(loop, batch: int):
 
 
 @pytest.mark.slow
-def test_gradient_steps_plain_with_push_pull_and_prefetching_each_push_one_update(tmp_path):
-    """Three workers of one job, one per way of stepping. push_pull (the default): the push's answer is the
-    model the next step computes on, the one a pull would get. Without it: a plain push. prefetch_pull: the
-    next pull leaves before compute, so the second step's model lacks the first step's own gradient."""
+def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_one_update(tmp_path):
+    """Three workers of one job, one per way of stepping (tests of ssgd cover the plain push). push_pull (the
+    default): the push's answer is the model the next step computes on, the one a pull would get. prefetch_pull: the
+    next pull leaves before compute, so the second step's model lacks the first step's own gradient; with
+    push_behind too, a push is acknowledged only before the next one leaves."""
     job = JobConfig(dataset="synthetic", model="mlp", protocol="asgd")
     c = _cluster(tmp_path, "asgd")
     try:
@@ -117,19 +118,23 @@ def test_gradient_steps_plain_with_push_pull_and_prefetching_each_push_one_updat
         loop.after_failure("timeout")
         assert loop.pulled is None, "after a failure the next step pulls afresh"
 
-        shards, ctx = _worker(c, replace(job, push_pull=False))
-        plain = GradientLoop(ctx)
-        assert _step(plain, 32).version == 2 and plain.pulled is None
-        assert shards.pull(None, TIMEOUT_S).version == 3
-
         shards, ctx = _worker(c, replace(job, prefetch_pull=True))
         ahead = GradientLoop(ctx)
-        assert _step(ahead, 32).version == 3
+        assert _step(ahead, 32).version == 2
         assert ahead.ahead is not None and ahead.ahead.done(), "the push's wait took in the prefetched chunks"
-        assert _step(ahead, 32).version == 3, "one more version of staleness: the pull left before the first push"
-        assert shards.pull(None, TIMEOUT_S).version == 5
+        assert _step(ahead, 32).version == 2, "one more version of staleness: the pull left before the first push"
+        assert shards.pull(None, TIMEOUT_S).version == 4
         ahead.after_failure("timeout")
         assert ahead.ahead is None
+
+        shards, ctx = _worker(c, replace(job, prefetch_pull=True, push_behind=True))
+        behind = GradientLoop(ctx)
+        assert _step(behind, 32).version == 4 and behind.unacked is not None
+        first = behind.unacked
+        assert _step(behind, 32).version == 4 and first.done() and behind.unacked is not first, \
+            "the first push was acknowledged before the second left"
+        shards.finish_push(behind.unacked, TIMEOUT_S)
+        assert shards.pull(None, TIMEOUT_S).version == 6
     finally:
         c.stop()
 

@@ -19,7 +19,9 @@ With `prefetch_pull` (asgd, softsync) the next step's pull leaves as soon as
 this step's model is loaded, and its chunks arrive while the worker computes;
 the push's wait takes them in. The next step then computes on a model that
 lacks this step's own gradient: the staleness it adds is what the shard's
-staleness histogram shows.
+staleness histogram shows. With `push_behind` as well, the push is not
+awaited either: its acknowledgement is taken after the next compute, before the
+next push, so at most one push is unacknowledged.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from dynabatch.common.chunking import flat_grads, load_flat
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.pipeline import Pipeline
-from dynabatch.worker.ps_client import PendingPull, PullResult
+from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult, StepTimes
 
@@ -50,6 +52,7 @@ class GradientLoop(StepLoop):
     pipeline: Pipeline | None = None
     pulled: PullResult | None = None  # the model the last push brought back, for the next step
     ahead: PendingPull | None = None  # the next step's pull, sent before this step's compute (prefetch_pull)
+    unacked: PendingPush | None = None  # the last step's push, acknowledged during this step (push_behind)
 
     def _done(self, version: int) -> bool:
         """Whether the model at `version` ends this worker's training (never, unless the protocol has rounds)."""
@@ -87,6 +90,11 @@ class GradientLoop(StepLoop):
             self.pulled, times.push = c.shards.push_pull(grads, versions, assignment.batch, loss, c.request_timeout_s,
                                                          self.min_versions, buffers)
             self._add_pull_time(times, time.perf_counter() - start - times.push)
+        elif c.job.push_behind:
+            if self.unacked is not None:
+                c.shards.finish_push(self.unacked, c.request_timeout_s, beside=self.ahead)
+            self.unacked = c.shards.start_push(grads, versions, assignment.batch, loss, buffers=buffers)
+            times.push = time.perf_counter() - start
         else:
             c.shards.push(grads, versions, assignment.batch, loss, c.request_timeout_s, buffers=buffers,
                           beside=self.ahead)
@@ -96,7 +104,8 @@ class GradientLoop(StepLoop):
     def _take_ahead(self, c: StepContext) -> PullResult:
         """The prefetched pull, once every chunk of it has arrived (most did during the last compute)."""
         ahead, self.ahead = self.ahead, None
-        c.shards.wait(ahead, c.request_timeout_s)
+        c.shards.wait([ahead] if self.unacked is None else [ahead, self.unacked], c.request_timeout_s,
+                      until=ahead.done)
         return ahead.result()
 
     def _add_pull_time(self, times: StepTimes, seconds: float) -> None:
@@ -131,7 +140,7 @@ class GradientLoop(StepLoop):
     def after_failure(self, code: str) -> None:
         """Start over from whatever the shards hold."""
         self.min_versions = None
-        self.pulled = self.ahead = None
+        self.pulled = self.ahead = self.unacked = None
 
 
 @dataclass

@@ -110,7 +110,7 @@ class ShardClients:
             seqs.append(self._send_push(s, chunks, tensor, chunk_versions, bodies[s], buffers if s == 0 else None)
                         if chunks else -1)
         pull = PendingPull(self, seqs, wanted, self.buffers is not None) if then_pull else None
-        return PendingPush(self, seqs, bodies, pull)
+        return PendingPush(self, seqs, bodies, pull, Resend(tensor, chunk_versions, buffers))
 
     def _send_push(self, shard: int, chunks: list[Chunk], tensor: torch.Tensor, chunk_versions: dict[int, int],
                    body: Push, buffers: torch.Tensor | None) -> int:
@@ -152,8 +152,8 @@ class ShardClients:
     ) -> list[PushAck]:
         """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged;
         `beside` (a pull sent earlier) is fed the replies that come meanwhile."""
-        return self._finish_push(self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers),
-                                 tensor, chunk_versions, buffers, timeout_s, beside)
+        return self.finish_push(self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers),
+                                timeout_s, beside)
 
     def push_pull(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
@@ -166,11 +166,10 @@ class ShardClients:
         start = time.perf_counter()
         pending = self.start_push(tensor, chunk_versions, samples, loss, buffers=buffers, then_pull=True,
                                   min_versions=min_versions)
-        self._finish_push(pending, tensor, chunk_versions, buffers, timeout_s)
+        self.finish_push(pending, timeout_s)
         return pending.pull.result(), pending.acked_at - start
 
-    def _finish_push(self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int],
-                     buffers: torch.Tensor | None, timeout_s: float, beside: "PendingPull | None" = None) -> list[PushAck]:
+    def finish_push(self, pending: "PendingPush", timeout_s: float, beside: "PendingPull | None" = None) -> list[PushAck]:
         """Wait for `pending` (and its pull, if it has one), resending to shards that did not know this worker
         yet; replies to `beside` are taken too, not dropped."""
         deadline = time.monotonic() + timeout_s
@@ -179,12 +178,9 @@ class ShardClients:
             self.wait(fed, max(0.0, deadline - time.monotonic()), until=pending.done)
             if not pending.refused:
                 return [pending.acks[s] for s in sorted(pending.acks)]
-            self._resend_refused(pending, tensor, chunk_versions, buffers, deadline, fed)
+            self._resend_refused(pending, deadline, fed)
 
-    def _resend_refused(
-        self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int],
-        buffers: torch.Tensor | None, deadline: float, fed: list["Pending"],
-    ) -> None:
+    def _resend_refused(self, pending: "PendingPush", deadline: float, fed: list["Pending"]) -> None:
         """Resend to the shards that did not know this worker yet, and only to them.
 
         A new worker's first push can reach a shard before the scheduler's next
@@ -197,8 +193,9 @@ class ShardClients:
         self.advance([p for p in fed if p is not pending], self.idle_every_s)
         self.idle()
         for s in refused:
-            pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), tensor, chunk_versions, pending.bodies[s],
-                                              buffers if s == 0 else None)
+            again = pending.resend
+            pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), again.tensor, again.chunk_versions,
+                                              pending.bodies[s], again.buffers if s == 0 else None)
         pending.refused = set()
 
     def wait(self, pendings: "Pending | list[Pending]", timeout_s: float, until: Callable[[], bool] | None = None) -> None:
@@ -329,16 +326,27 @@ class PendingPull(Pending):
                           self.client.buffers if self.with_buffers else None)
 
 
+@dataclass
+class Resend:
+    """What a push sent, kept to send it again to a shard that did not know the worker yet."""
+
+    tensor: torch.Tensor
+    chunk_versions: dict[int, int]
+    buffers: torch.Tensor | None
+
+
 class PendingPush(Pending):
     """Acknowledgements of one push, one per shard that was sent chunks; with `pull` (a push that is
     also a pull), the chunks that follow them under the same seqs, and `acked_at`, when the last
     acknowledgement came."""
 
-    def __init__(self, client: ShardClients, seqs: list[int], bodies: list[Push], pull: PendingPull | None = None) -> None:
+    def __init__(self, client: ShardClients, seqs: list[int], bodies: list[Push], pull: PendingPull | None,
+                 resend: Resend) -> None:
         self.client = client
         self.seqs = seqs
         self.bodies = bodies
         self.pull = pull
+        self.resend = resend
         self.acks: dict[int, PushAck] = {}
         self.refused: set[int] = set()
         self.acked_at = 0.0
