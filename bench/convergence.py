@@ -41,6 +41,7 @@ class Settings:
     budget_s: float
     eval_interval_s: float = 3.0
     target: str = ""  # every run's --target-metric (e.g. "loss<=0.4"): one more time-to column after the marks
+    flags: tuple[str, ...] = ()  # more `dynabatch run` flags for every run (bench/overlap.py compares variants)
 
 
 def time_marks(time_tos: Iterable[dict[str, Any]]) -> tuple[str, ...]:
@@ -124,6 +125,7 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
         cmd += ["--data-dir", data_dir]
     if settings.target:
         cmd += ["--target-metric", settings.target]
+    cmd += list(settings.flags)
     result = RunResult(scenario, protocol, policy, seed, slowdowns, ok=False)
     shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed
     with open(out / f"{name}.log", "wb") as log_file:

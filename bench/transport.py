@@ -173,6 +173,12 @@ class DynabatchTarget:
         """What a worker does around its compute: pull the model, push a gradient."""
         pulled = self.clients.pull(None, REQUEST_TIMEOUT_S)
         self.clients.push(self.grad, pulled.chunk_versions, self.job.global_batch, 0.0, REQUEST_TIMEOUT_S)
+        self.versions = pulled.chunk_versions
+
+    def push_pull_step(self) -> None:
+        """The same step as `--push-pull` workers take it: one push whose answer is the next model."""
+        pulled, _ = self.clients.push_pull(self.grad, self.versions, self.job.global_batch, 0.0, REQUEST_TIMEOUT_S)
+        self.versions = pulled.chunk_versions
 
     def _try_step(self) -> bool:
         """The shard learns live workers from the scheduler's heartbeat replies, so it may not know us yet."""
@@ -186,6 +192,14 @@ class DynabatchTarget:
 
     def close(self) -> None:
         self.clients.close()
+
+
+class PushPullTarget:
+    """A `DynabatchTarget`'s worker stepping with push+pull in one round trip."""
+
+    def __init__(self, dyn: DynabatchTarget) -> None:
+        self.step_bytes = dyn.step_bytes
+        self.step = dyn.push_pull_step
 
 
 def _has_batch(conn: Connection) -> bool:
@@ -275,16 +289,22 @@ class SizeResult:
     raw: Side
     chunk_bytes: int = JobConfig().chunk_bytes
     shards: int = 1
+    push_pull: Side | None = None  # the same worker stepping with one round trip (older results lack it)
 
     @property
     def ratio(self) -> float:
         return self.dynabatch.mb_per_s / self.raw.mb_per_s
 
+    @property
+    def push_pull_ratio(self) -> float | None:
+        return self.push_pull.mb_per_s / self.raw.mb_per_s if self.push_pull else None
+
     @classmethod
     def from_dict(cls, d: dict) -> "SizeResult":
-        """Back from results.json (which also holds the derived `ratio`)."""
-        fields = {k: v for k, v in d.items() if k != "ratio"}
-        return cls(**{**fields, "dynabatch": Side(**d["dynabatch"]), "raw": Side(**d["raw"])})
+        """Back from results.json (which also holds the derived ratios)."""
+        fields = {k: v for k, v in d.items() if k not in ("ratio", "push_pull_ratio")}
+        push_pull = Side(**d["push_pull"]) if d.get("push_pull") else None
+        return cls(**{**fields, "dynabatch": Side(**d["dynabatch"]), "raw": Side(**d["raw"]), "push_pull": push_pull})
 
 
 def interleave(targets: dict[str, Target], settings: Settings, label: str) -> dict[str, list[float]]:
@@ -322,10 +342,10 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str,
         stack.callback(dyn.close)
         raw = RawTarget(ctx, raw_endpoint, dyn.params)
         stack.callback(raw.close)
-        times = interleave({"dynabatch": dyn, "raw": raw}, settings, label)
+        times = interleave({"dynabatch": dyn, "push+pull": PushPullTarget(dyn), "raw": raw}, settings, label)
     return SizeResult(size_label(dyn.params), dyn.params, dyn.step_bytes,
                       summarize(times["dynabatch"], dyn.step_bytes), summarize(times["raw"], raw.step_bytes),
-                      chunk_bytes, shards)
+                      chunk_bytes, shards, summarize(times["push+pull"], dyn.step_bytes))
 
 
 def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int,
@@ -366,12 +386,14 @@ def _top(stats: pstats.Stats, lines: int = 25) -> str:
 
 def table(results: list[SizeResult]) -> str:
     """One row per size; a step is one pull plus one push, its time the median."""
-    rows = ["| size | params | chunk | shards | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| size | params | chunk | shards | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step "
+            "| push+pull ratio | push+pull step |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
+        fused = (f"{r.push_pull_ratio:.2f} | {_step(r.push_pull)}" if r.push_pull else "– | –")
         rows.append(f"| {r.size} | {r.params:,} | {r.chunk_bytes >> 10} KiB | {r.shards} | "
                     f"{r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
-                    f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} |")
+                    f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} | {fused} |")
     return "\n".join(rows)
 
 
@@ -394,7 +416,7 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
     """transport.json for machines, transport.md for people; both say how they were made."""
     m = machine()
     data = {"command": command, "machine": m, "settings": asdict(settings), "target_ratio": TARGET_RATIO,
-            "results": [{**asdict(r), "ratio": r.ratio} for r in results]}
+            "results": [{**asdict(r), "ratio": r.ratio, "push_pull_ratio": r.push_pull_ratio} for r in results]}
     (out / "transport.json").write_text(json.dumps(data, indent=2) + "\n")
     md = [
         "# dynabatch transport benchmark", "",

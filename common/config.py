@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from dynabatch.common.catalog import DATASETS, MODELS
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.protocols import PROTOCOLS
+from dynabatch.common.protocols import PROTOCOLS, SPECS
 
 BATCH_POLICIES = ("fixed", "dynamic")
 
@@ -53,6 +53,17 @@ class JobConfig:
     )
     pipeline: bool = opt(
         False, "overlap pulls with forward and pushes with backward, chunk by chunk (gradient protocols; experimental)"
+    )
+    push_pull: bool = opt(
+        True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two"
+    )
+    prefetch_pull: bool = opt(
+        False, "asgd, softsync: send the next step's pull before computing, so the model arrives during compute "
+        "(it then lacks the worker's own last gradient: more staleness)"
+    )
+    push_behind: bool = opt(
+        False, "with --prefetch-pull: a push's acknowledgement is awaited only before the next push, so the worker "
+        "computes meanwhile (a push the shards refuse fails the step after it)"
     )
     max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged", minimum=1024)
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
@@ -93,6 +104,14 @@ class JobConfig:
             raise ConfigError(f"--min-batch {self.min_batch} is larger than --max-batch {self.max_batch}")
         if not 0.0 < self.speed_forgetting <= 1.0:
             raise ConfigError("--speed-forgetting must be in (0, 1]")
+        if self.prefetch_pull and not SPECS[self.protocol].may_prefetch_pull:
+            allowed = ", ".join(name for name, spec in SPECS.items() if spec.may_prefetch_pull)
+            raise ConfigError(f"--prefetch-pull: protocol {self.protocol} does not take a model pulled before the "
+                              f"worker's own last push (only {allowed} do)")
+        if self.push_behind and not self.prefetch_pull:
+            raise ConfigError("--push-behind needs --prefetch-pull (otherwise the next pull waits for the push anyway)")
+        if self.prefetch_pull and self.pipeline:
+            raise ConfigError("--prefetch-pull and --pipeline overlap the pull in two different ways: choose one")
 
 
 @dataclass

@@ -185,12 +185,19 @@ class Push:
     since its last answer to this worker into its own, weighted by `samples`, once
     per model update (ps/shared_buffers.py). They are not a gradient and no update
     rule sees them.
+
+    With `then_pull` the shard answers the PUSH_ACK with the rest of a PULL of all
+    its chunks (at `pull_min_version`, and the buffers where it holds them), under
+    the push's seq: the model after this push arrives in the same round trip, so a
+    step costs one round trip instead of two.
     """
 
     TYPE: ClassVar[str] = "PUSH"
     samples: int
     loss: float = float("nan")
     kind: str = "grad"
+    then_pull: bool = False
+    pull_min_version: int = 0
 
 
 @dataclass

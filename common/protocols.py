@@ -33,6 +33,10 @@ class ProtocolSpec:
       which is also when its workers stop by themselves.
     - `overlaps_rounds`: a worker keeps stepping while its delta is averaged, so one
       push may cover more than H local steps (msd).
+    - `may_prefetch_pull`: a worker may send the next step's pull before this step's
+      compute (`--prefetch-pull`), so the model arrives while it computes; it then
+      computes on a model without its own last gradient. Only protocols that take
+      any staleness (asgd) or damp it (softsync) allow it.
     """
 
     name: str
@@ -45,18 +49,19 @@ class ProtocolSpec:
     adaptive_local_steps: bool = False
     ends_by_rounds: bool = False
     overlaps_rounds: bool = False
+    may_prefetch_pull: bool = False
 
 
 SPECS: dict[str, ProtocolSpec] = {
     spec.name: spec
     for spec in (
         ProtocolSpec("asgd", "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
-                     GRADIENT, shard_rule="async", worker_loop="gradient"),
+                     GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
                      ends_by_rounds=True),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
-                     GRADIENT, shard_rule="softsync", worker_loop="gradient"),
+                     GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssp", "stale-synchronous parallel: asynchronous, but no worker pulls more than "
                      "--staleness clocks ahead of the slowest",
                      GRADIENT, shard_rule="ssp", worker_loop="gradient"),

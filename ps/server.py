@@ -389,18 +389,26 @@ class ShardServer:
         if body.buffers and self.buffers is None:
             raise ProtocolError("bad_field", "PULL.buffers: this shard holds no buffers (shard 0 holds a model's "
                                 "travelling buffers, if it has any)")
-        items = self.state.pull(body.ids)
-        blocked = self.state.pull_blocked(msg.sender)
-        ready = [] if blocked else [cid for cid, _, ver in items if ver >= body.min_version]
-        waiting = [cid for cid, _, _ in items if cid not in ready]
-        if waiting and sum(p.identity == incoming.identity for p in self.parked) >= MAX_PARKED_PER_PEER:
+        self._serve_pull(incoming.identity, msg.seq, msg.sender, body.ids, body.min_version, body.buffers)
+
+    def _check_parked_room(self, identity: bytes) -> None:
+        """Refuse a pull that might park while this connection already has its fill of parked pulls."""
+        if sum(p.identity == identity for p in self.parked) >= MAX_PARKED_PER_PEER:
             raise ProtocolError("busy", f"{MAX_PARKED_PER_PEER} pulls from this connection already wait; read their "
                                 "answers before asking again")
-        self._send_chunks(incoming.identity, msg.seq, ready, msg.sender if body.buffers else None)
+
+    def _serve_pull(self, identity: bytes, seq: int, worker: str, ids: list[int], min_version: int,
+                    buffers: bool) -> None:
+        """Send the chunks (`ids`, or all) that are due now and park the rest (a PULL, or a PUSH's `then_pull`)."""
+        items = self.state.pull(ids)
+        ready = [] if self.state.pull_blocked(worker) else [cid for cid, _, ver in items if ver >= min_version]
+        waiting = [cid for cid, _, _ in items if cid not in ready]
         if waiting:
-            self.parked.append(ParkedPull(incoming.identity, msg.seq, msg.sender, waiting, body.min_version,
-                                          time.monotonic() + self.job.round_timeout_s * 2,
-                                          body.buffers and not ready))
+            self._check_parked_room(identity)
+        self._send_chunks(identity, seq, ready, worker if buffers else None)
+        if waiting:
+            self.parked.append(ParkedPull(identity, seq, worker, waiting, min_version,
+                                          time.monotonic() + self.job.round_timeout_s * 2, buffers and not ready))
 
     def _send_chunks(self, identity: bytes, seq: int, ids: list[int], buffers_to: str | None = None) -> None:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
@@ -424,6 +432,8 @@ class ShardServer:
             raise ProtocolError("bad_chunk", "PUSH carries no chunks")
         check_chunks(msg, self.state.sizes)
         check_finite(msg)
+        if body.then_pull:  # refused now, not once the push is applied
+            self._check_parked_room(incoming.identity)
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
@@ -442,6 +452,9 @@ class ShardServer:
         send_routed(self.sock, incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied),
                     msg.seq, self.job.job, f"ps{self.index}")
         self._after_update(outcome.applied)
+        if body.then_pull:
+            self._serve_pull(incoming.identity, msg.seq, msg.sender, [], body.pull_min_version,
+                             self.buffers is not None)
 
     def _advance_progress(self, progress: float) -> None:
         """Move the schedule forward to `progress`, never back.

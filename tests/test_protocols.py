@@ -52,3 +52,22 @@ def test_no_role_compares_a_protocols_name():
                 if compared.search(code) and not code.strip().startswith("NAME = ") and "opt(" not in code:
                     offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name):
+    """A pull before the worker's own push adds staleness: only protocols that take it may be asked for it."""
+    job = JobConfig(protocol=name, prefetch_pull=True)
+    if SPECS[name].may_prefetch_pull:
+        job.validate()
+        with pytest.raises(ConfigError, match="choose one"):
+            JobConfig(protocol=name, prefetch_pull=True, pipeline=True).validate()
+    else:
+        with pytest.raises(ConfigError, match=f"--prefetch-pull: protocol {name} "):
+            job.validate()
+
+
+def test_push_behind_needs_prefetch_pull():
+    with pytest.raises(ConfigError, match="--push-behind needs --prefetch-pull"):
+        JobConfig(protocol="asgd", push_behind=True).validate()
+    JobConfig(protocol="asgd", push_behind=True, prefetch_pull=True).validate()

@@ -9,6 +9,7 @@ source's replay of a failed step's samples is pure logic and tested on its own.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -94,7 +95,11 @@ def _step(loop, batch: int):
 
 
 @pytest.mark.slow
-def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path):
+def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_one_update(tmp_path):
+    """Three workers of one job, one per way of stepping (tests of ssgd cover the plain push). push_pull (the
+    default): the push's answer is the model the next step computes on, the one a pull would get. prefetch_pull: the
+    next pull leaves before compute, so the second step's model lacks the first step's own gradient; with
+    push_behind too, a push is acknowledged only before the next one leaves."""
     job = JobConfig(dataset="synthetic", model="mlp", protocol="asgd")
     c = _cluster(tmp_path, "asgd")
     try:
@@ -103,9 +108,33 @@ def test_a_gradient_step_pulls_computes_and_pushes_one_update(tmp_path):
         loop = GradientLoop(ctx)
         result = _step(loop, 32)
         assert result.batch == 32 and result.steps == 1 and result.version == 0
+        brought = loop.pulled.flat.clone()
         after = shards.pull(None, TIMEOUT_S)
         assert after.version == 1 and not torch.equal(after.flat, before)
         assert loop.min_versions is None, "an asynchronous step never waits for a version"
+        assert torch.equal(brought, after.flat) and loop.pulled.version == 1
+        assert _step(loop, 32).version == 1, "the second step computes on the model its push brought back"
+        assert loop.pulled.version == 2
+        loop.after_failure("timeout")
+        assert loop.pulled is None, "after a failure the next step pulls afresh"
+
+        shards, ctx = _worker(c, replace(job, prefetch_pull=True))
+        ahead = GradientLoop(ctx)
+        assert _step(ahead, 32).version == 2
+        assert ahead.ahead is not None and ahead.ahead.done(), "the push's wait took in the prefetched chunks"
+        assert _step(ahead, 32).version == 2, "one more version of staleness: the pull left before the first push"
+        assert shards.pull(None, TIMEOUT_S).version == 4
+        ahead.after_failure("timeout")
+        assert ahead.ahead is None
+
+        shards, ctx = _worker(c, replace(job, prefetch_pull=True, push_behind=True))
+        behind = GradientLoop(ctx)
+        assert _step(behind, 32).version == 4 and behind.unacked is not None
+        first = behind.unacked
+        assert _step(behind, 32).version == 4 and first.done() and behind.unacked is not first, \
+            "the first push was acknowledged before the second left"
+        shards.finish_push(behind.unacked, TIMEOUT_S)
+        assert shards.pull(None, TIMEOUT_S).version == 6
     finally:
         c.stop()
 
@@ -132,8 +161,9 @@ def test_a_round_step_waits_for_the_round_it_pushed_into_and_stops_after_the_job
 @pytest.mark.slow
 def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path):
     """A push resent after a timeout that had in fact arrived is refused (`bad_state`); the loop then
-    waits for the round it is already in instead of pushing into it again."""
-    job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd")
+    waits for the round it is already in instead of pushing into it again. (Without push_pull: this test
+    drives both workers from one thread, and a push that also pulls would wait for the other's push.)"""
+    job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd", push_pull=False)
     c = _cluster(tmp_path, "ssgd")
     try:
         _shards0, ctx0 = _worker(c, job)

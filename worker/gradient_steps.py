@@ -8,6 +8,20 @@ waits for the round to close (its `wait` time) before computing on the new
 model; and it stops by itself once the model has had all the job's rounds (each
 round is one global batch B), so no worker starts a round the others will not
 join.
+
+With the job's `push_pull` (the default) a step's push also brings back the
+model the next step computes on (`ShardClients.push_pull`): the same model a
+pull right after the push would get, in one round trip instead of two. Its
+time until every shard acknowledged counts as push, the rest as pull (or, when
+the pull waits for a round, as wait).
+
+With `prefetch_pull` (asgd, softsync) the next step's pull leaves as soon as
+this step's model is loaded, and its chunks arrive while the worker computes;
+the push's wait takes them in. The next step then computes on a model that
+lacks this step's own gradient: the staleness it adds is what the shard's
+staleness histogram shows. With `push_behind` as well, the push is not
+awaited either: its acknowledgement is taken after the next compute, before the
+next push, so at most one push is unacknowledged.
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ from dataclasses import dataclass
 from dynabatch.common.chunking import flat_grads, load_flat
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.pipeline import Pipeline
+from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult, StepTimes
 
@@ -35,6 +50,9 @@ class GradientLoop(StepLoop):
     min_versions: list[int] | None = None
     last_versions: list[int] | None = None
     pipeline: Pipeline | None = None
+    pulled: PullResult | None = None  # the model the last push brought back, for the next step
+    ahead: PendingPull | None = None  # the next step's pull, sent before this step's compute (prefetch_pull)
+    unacked: PendingPush | None = None  # the last step's push, acknowledged during this step (push_behind)
 
     def _done(self, version: int) -> bool:
         """Whether the model at `version` ends this worker's training (never, unless the protocol has rounds)."""
@@ -48,27 +66,54 @@ class GradientLoop(StepLoop):
         if c.job.pipeline:
             return self._pipelined_step(assignment)
         times = StepTimes()
-        start = time.perf_counter()
-        pulled = c.shards.pull(self.min_versions, c.request_timeout_s)
-        if self.min_versions is not None:
-            times.wait = time.perf_counter() - start
-        else:
-            times.pull = time.perf_counter() - start
+        pulled, self.pulled = self.pulled, None
+        if pulled is None:
+            start = time.perf_counter()
+            pulled = self._take_ahead(c) if self.ahead is not None else c.shards.pull(self.min_versions,
+                                                                                      c.request_timeout_s)
+            self._add_pull_time(times, time.perf_counter() - start)
         self.last_versions = pulled.shard_versions
         if self._done(pulled.version):
             return None
         load_flat(c.model, pulled.flat)
         c.buffers.load(c.model, pulled.buffers)
+        if c.job.prefetch_pull:
+            self.ahead = c.shards.start_pull()
         loss, times.compute = c.timed_compute(c.next_batch(assignment.batch))
         if not math.isfinite(loss):
             log.error("loss is %s; not pushing this step's gradient", loss)
             return None
         start = time.perf_counter()
-        c.shards.push(flat_grads(c.model), pulled.chunk_versions, assignment.batch, loss, c.request_timeout_s,
-                      buffers=c.buffers.read(c.model))
-        times.push = time.perf_counter() - start
+        grads, versions, buffers = flat_grads(c.model), pulled.chunk_versions, c.buffers.read(c.model)
         self._next_round(pulled.shard_versions)
+        if c.job.push_pull and not c.job.prefetch_pull:
+            self.pulled, times.push = c.shards.push_pull(grads, versions, assignment.batch, loss, c.request_timeout_s,
+                                                         self.min_versions, buffers)
+            self._add_pull_time(times, time.perf_counter() - start - times.push)
+        elif c.job.push_behind:
+            if self.unacked is not None:
+                c.shards.finish_push(self.unacked, c.request_timeout_s, beside=self.ahead)
+            self.unacked = c.shards.start_push(grads, versions, assignment.batch, loss, buffers=buffers)
+            times.push = time.perf_counter() - start
+        else:
+            c.shards.push(grads, versions, assignment.batch, loss, c.request_timeout_s, buffers=buffers,
+                          beside=self.ahead)
+            times.push = time.perf_counter() - start
         return StepResult(times, assignment.batch, loss, pulled.version)
+
+    def _take_ahead(self, c: StepContext) -> PullResult:
+        """The prefetched pull, once every chunk of it has arrived (most did during the last compute)."""
+        ahead, self.ahead = self.ahead, None
+        c.shards.wait([ahead] if self.unacked is None else [ahead, self.unacked], c.request_timeout_s,
+                      until=ahead.done)
+        return ahead.result()
+
+    def _add_pull_time(self, times: StepTimes, seconds: float) -> None:
+        """A pull's seconds are waiting when it waits for a round, pulling otherwise."""
+        if self.min_versions is not None:
+            times.wait += seconds
+        else:
+            times.pull += seconds
 
     def _pipelined_step(self, assignment: Assignment) -> StepResult | None:
         """The same step with pull, compute and push overlapped chunk by chunk (pipeline.py)."""
@@ -95,6 +140,7 @@ class GradientLoop(StepLoop):
     def after_failure(self, code: str) -> None:
         """Start over from whatever the shards hold."""
         self.min_versions = None
+        self.pulled = self.ahead = self.unacked = None
 
 
 @dataclass
@@ -114,6 +160,7 @@ class RoundLoop(GradientLoop):
 
     def after_failure(self, code: str) -> None:
         """After "already pushed in this round" the next pull must wait for that round; otherwise start over."""
+        self.pulled = self.ahead = None
         if code == "bad_state" and self.last_versions is not None:
             self.min_versions = [v + 1 for v in self.last_versions]
         else:

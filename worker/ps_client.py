@@ -19,7 +19,7 @@ import zmq
 
 from dynabatch.common import staleness
 from dynabatch.common.chunking import BUFFERS_ID, Chunk, Layout
-from dynabatch.common.messages import Error, Init, InitAck, Pull, Push, PushAck
+from dynabatch.common.messages import Error, Init, InitAck, Params, Pull, Push, PushAck
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta, Message
 
@@ -88,18 +88,29 @@ class ShardClients:
     def start_push(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float,
         kind: str = "grad", ids: list[int] | None = None, buffers: torch.Tensor | None = None,
+        then_pull: bool = False, min_versions: list[int] | None = None,
     ) -> "PendingPush":
         """Send `tensor`'s chunks (all, or `ids`) to their shards, tagged with the versions they came from;
-        `buffers` (the worker's travelling buffers) go to shard 0, which must be sent chunks too."""
+        `buffers` (the worker's travelling buffers) go to shard 0, which must be sent chunks too.
+
+        With `then_pull` (a push of every chunk) each shard follows its acknowledgement with
+        every chunk it holds, at `min_versions` if given: the pull of the next step, in this
+        round trip (`PendingPush.pull`).
+        """
+        if then_pull and ids is not None:
+            raise ValueError("a push that is also a pull sends every chunk")
         wanted = {c.id for c in self.layout.chunks} if ids is None else set(ids)
-        seqs = []
+        seqs, bodies = [], []
         for s in range(len(self.conns)):
             chunks = [c for c in self.layout.for_shard(s) if c.id in wanted]
             if not chunks and s == 0 and buffers is not None:
                 raise ValueError("travelling buffers go with a push to shard 0, and this push sends it nothing")
-            seqs.append(self._send_push(s, chunks, tensor, chunk_versions, Push(samples=samples, loss=loss, kind=kind),
-                                        buffers if s == 0 else None) if chunks else -1)
-        return PendingPush(self, seqs)
+            bodies.append(Push(samples=samples, loss=loss, kind=kind, then_pull=then_pull,
+                               pull_min_version=min_versions[s] if then_pull and min_versions else 0))
+            seqs.append(self._send_push(s, chunks, tensor, chunk_versions, bodies[s], buffers if s == 0 else None)
+                        if chunks else -1)
+        pull = PendingPull(self, seqs, wanted, self.buffers is not None) if then_pull else None
+        return PendingPush(self, seqs, bodies, pull, Resend(tensor, chunk_versions, buffers))
 
     def _send_push(self, shard: int, chunks: list[Chunk], tensor: torch.Tensor, chunk_versions: dict[int, int],
                    body: Push, buffers: torch.Tensor | None) -> int:
@@ -137,22 +148,39 @@ class ShardClients:
 
     def push(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
-        kind: str = "grad", buffers: torch.Tensor | None = None,
+        kind: str = "grad", buffers: torch.Tensor | None = None, beside: "PendingPull | None" = None,
     ) -> list[PushAck]:
-        """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged."""
-        pending = self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers)
+        """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged;
+        `beside` (a pull sent earlier) is fed the replies that come meanwhile."""
+        return self.finish_push(self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers),
+                                timeout_s, beside)
+
+    def push_pull(
+        self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
+        min_versions: list[int] | None = None, buffers: torch.Tensor | None = None,
+    ) -> tuple[PullResult, float]:
+        """`push`, and the model after it in the same round trip: (the pull, seconds until every shard acknowledged).
+
+        The pulled model lands in the client's receive buffer, like `pull`'s.
+        """
+        start = time.perf_counter()
+        pending = self.start_push(tensor, chunk_versions, samples, loss, buffers=buffers, then_pull=True,
+                                  min_versions=min_versions)
+        self.finish_push(pending, timeout_s)
+        return pending.pull.result(), pending.acked_at - start
+
+    def finish_push(self, pending: "PendingPush", timeout_s: float, beside: "PendingPull | None" = None) -> list[PushAck]:
+        """Wait for `pending` (and its pull, if it has one), resending to shards that did not know this worker
+        yet; replies to `beside` are taken too, not dropped."""
         deadline = time.monotonic() + timeout_s
+        fed: list[Pending] = [pending] if beside is None else [pending, beside]
         while True:
-            self.wait(pending, max(0.0, deadline - time.monotonic()))
+            self.wait(fed, max(0.0, deadline - time.monotonic()), until=pending.done)
             if not pending.refused:
                 return [pending.acks[s] for s in sorted(pending.acks)]
-            self._resend_refused(pending, tensor, chunk_versions, Push(samples=samples, loss=loss, kind=kind),
-                                 buffers, deadline)
+            self._resend_refused(pending, deadline, fed)
 
-    def _resend_refused(
-        self, pending: "PendingPush", tensor: torch.Tensor, chunk_versions: dict[int, int], body: Push,
-        buffers: torch.Tensor | None, deadline: float,
-    ) -> None:
+    def _resend_refused(self, pending: "PendingPush", deadline: float, fed: list["Pending"]) -> None:
         """Resend to the shards that did not know this worker yet, and only to them.
 
         A new worker's first push can reach a shard before the scheduler's next
@@ -162,11 +190,12 @@ class ShardClients:
         refused = pending.refused
         if time.monotonic() >= deadline:
             raise RemoteError("unknown_sender", f"shards {sorted(refused)} do not know this worker")
-        self.advance([], self.idle_every_s)
+        self.advance([p for p in fed if p is not pending], self.idle_every_s)
         self.idle()
         for s in refused:
-            pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), tensor, chunk_versions, body,
-                                              buffers if s == 0 else None)
+            again = pending.resend
+            pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), again.tensor, again.chunk_versions,
+                                              pending.bodies[s], again.buffers if s == 0 else None)
         pending.refused = set()
 
     def wait(self, pendings: "Pending | list[Pending]", timeout_s: float, until: Callable[[], bool] | None = None) -> None:
@@ -297,17 +326,41 @@ class PendingPull(Pending):
                           self.client.buffers if self.with_buffers else None)
 
 
-class PendingPush(Pending):
-    """Acknowledgements of one push, one per shard that was sent chunks."""
+@dataclass
+class Resend:
+    """What a push sent, kept to send it again to a shard that did not know the worker yet."""
 
-    def __init__(self, client: ShardClients, seqs: list[int]) -> None:
+    tensor: torch.Tensor
+    chunk_versions: dict[int, int]
+    buffers: torch.Tensor | None
+
+
+class PendingPush(Pending):
+    """Acknowledgements of one push, one per shard that was sent chunks; with `pull` (a push that is
+    also a pull), the chunks that follow them under the same seqs, and `acked_at`, when the last
+    acknowledgement came."""
+
+    def __init__(self, client: ShardClients, seqs: list[int], bodies: list[Push], pull: PendingPull | None,
+                 resend: Resend) -> None:
         self.client = client
         self.seqs = seqs
+        self.bodies = bodies
+        self.pull = pull
+        self.resend = resend
         self.acks: dict[int, PushAck] = {}
         self.refused: set[int] = set()
+        self.acked_at = 0.0
 
     def take(self, shard: int, msg: Message) -> None:
+        if isinstance(msg.body, Params):
+            if self.pull is None or shard not in self.acks:
+                raise RemoteError("bad_chunk", f"shard {shard} answered a push with chunks before its acknowledgement")
+            self.pull.take(shard, msg)
+            return
+        if not isinstance(msg.body, PushAck):
+            raise RemoteError("unexpected_type", f"shard {shard} answered a push with {msg.type}")
         self.acks[shard] = msg.body
+        self.acked_at = time.perf_counter()
         staleness.record(self.client.staleness, msg.body.staleness)
 
     def refuse(self, shard: int, error: Error) -> None:
@@ -317,4 +370,5 @@ class PendingPush(Pending):
         self.refused.add(shard)
 
     def done(self) -> bool:
-        return len(self.acks) + len(self.refused) == sum(1 for s in self.seqs if s != -1)
+        acked = len(self.acks) + len(self.refused) == sum(1 for s in self.seqs if s != -1)
+        return acked and (self.pull is None or self.refused or self.pull.done())

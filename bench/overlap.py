@@ -1,0 +1,151 @@
+"""Communication off the critical path: variants of the worker's step, side by side, with where the time goes.
+
+Each run is a real `dynabatch run` of the heterogeneous benchmark (Fashion-MNIST,
+the CNN, 4 workers at slowdowns 1, 1, 2, 4; bench/convergence.py runs it). The
+variants are the same job with different flags (e.g. `--no-push-pull` against
+the default), run alternately within each seed so that a shared machine's noise
+hits them alike: only their ratio is a claim.
+
+Besides the fraction of the workers' compute-only speed that a run keeps, it
+splits the rest: for each worker, the share of its wall time spent pulling,
+pushing, waiting for a round, waiting for data, and outside its steps
+(heartbeats, metrics, the scheduler's answers), weighted as the fraction itself
+is, by each worker's compute-only speed. Run from the repository root:
+
+    python -m bench.overlap [--configs asgd+dynamic] [--variants push+pull pull,push] [--budget-s 40] [--seeds 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dynabatch.cluster.report import read_timeline, training_start
+from dynabatch.common.messages import JobStatus
+
+from bench.convergence import RunResult, Settings, parse_configs, run_one
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "pull,push": ("--no-push-pull",),
+    "push+pull": ("--push-pull",),
+    "prefetch": ("--prefetch-pull",),
+    "prefetch+behind": ("--prefetch-pull", "--push-behind"),
+}
+PHASES = ("compute", "pull", "push", "wait", "data", "outside")
+WARMUP_FRACTION = 0.1  # the first tenth of training (batch sizes settling) is left out of the breakdown
+DEFAULT_OUT = Path("bench/results/overlap")
+
+
+@dataclass
+class Breakdown:
+    """Shares of the workers' wall time per phase, weighted by compute-only speed; `compute` is the fraction kept."""
+
+    compute: float = 0.0
+    pull: float = 0.0
+    push: float = 0.0
+    wait: float = 0.0
+    data: float = 0.0
+    outside: float = 0.0
+
+
+def breakdown(timeline: list[JobStatus]) -> Breakdown:
+    """Where each worker's time went between the end of warm-up and the start of stopping.
+
+    Totals (compute, step, data) come from the running totals of two snapshots; pull,
+    push and wait, reported per step only, are their mean over the snapshots between
+    times the steps taken. `outside` is wall time not inside any step.
+    """
+    begin = training_start(timeline) or timeline[0].t
+    end = next((s for s in timeline if s.stopping), timeline[-1])
+    warm = begin + WARMUP_FRACTION * (end.t - begin)
+    window = [s for s in timeline if warm <= s.t <= end.t]
+    shares: list[tuple[float, dict[str, float]]] = []
+    for wid in sorted({w for s in window for w in s.workers}):
+        seen = [s for s in window if wid in s.workers]
+        if len(seen) < 2:
+            continue
+        a, b = seen[0].workers[wid], seen[-1].workers[wid]
+        wall, steps = seen[-1].t - seen[0].t, b.observed_steps - a.observed_steps
+        compute = b.compute_s_total - a.compute_s_total
+        if wall <= 0 or steps <= 0 or compute <= 0:
+            continue
+        per_step = {p: statistics.mean(getattr(s.workers[wid], f"{p}_s") for s in seen[1:]) for p in ("pull", "push", "wait")}
+        phase = {"compute": compute, "data": b.data_s_total - a.data_s_total,
+                 **{p: v * steps for p, v in per_step.items()}}
+        phase["outside"] = max(0.0, wall - (b.step_s_total - a.step_s_total))
+        speed = (b.observed_samples - a.observed_samples) / compute
+        shares.append((speed, {p: v / wall for p, v in phase.items()}))
+    total = sum(speed for speed, _ in shares) or 1.0
+    return Breakdown(**{p: sum(speed * share[p] for speed, share in shares) / total for p in PHASES})
+
+
+@dataclass
+class VariantRun:
+    """One run of one variant."""
+
+    variant: str
+    run: RunResult
+    breakdown: Breakdown | None
+
+
+def run_variant(variant: str, protocol: str, policy: str, seed: int, budget_s: float, out: Path,
+                data_dir: str) -> VariantRun:
+    settings = Settings(((protocol, policy),), (seed,), budget_s, flags=VARIANTS[variant])
+    folder = out / variant.replace(",", "-").replace("+", "_")
+    folder.mkdir(parents=True, exist_ok=True)
+    result = run_one("heterogeneous", protocol, policy, seed, settings, folder, data_dir)
+    timeline = folder / f"heterogeneous-{protocol}-{policy}-s{seed}" / "timeline.json"
+    parts = breakdown(read_timeline(timeline)) if result.ok and timeline.exists() else None
+    return VariantRun(variant, result, parts)
+
+
+def table(runs: list[VariantRun]) -> str:
+    """One row per run: the fraction of compute-only speed and where the rest went."""
+    rows = ["| configuration | variant | seed | samples/s | of compute-only | staleness mean | "
+            + " | ".join(PHASES[1:]) + " |",
+            "|---|---|---:|---:|---:|---:|" + "---:|" * (len(PHASES) - 1)]
+    for v in runs:
+        r, b = v.run, v.breakdown
+        if not r.ok:
+            rows.append(f"| {r.label} | {v.variant} | {r.seed} | FAILED: {r.error} |")
+            continue
+        parts = " | ".join(f"{100 * getattr(b, p):.1f}%" for p in PHASES[1:]) if b else " | ".join("–" * 5)
+        rows.append(f"| {r.label} | {v.variant} | {r.seed} | {r.samples_per_s:,.0f} | "
+                    f"{100 * (r.fraction_of_compute or 0):.1f}% | {r.staleness_mean:.2f} | {parts} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", nargs="+", default=["asgd+dynamic"], metavar="PROTOCOL+POLICY")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--budget-s", type=float, default=40.0)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    runs = []
+    for seed in args.seeds:
+        for protocol, policy in parse_configs(args.configs):
+            for variant in args.variants:
+                v = run_variant(variant, protocol, policy, seed, args.budget_s, args.out, args.data_dir)
+                print(f"{v.run.label} {variant} seed {seed}: "
+                      f"{100 * (v.run.fraction_of_compute or 0):.1f}% of compute-only", file=sys.stderr, flush=True)
+                runs.append(v)
+    text = table(runs)
+    print(text)
+    command = shlex.join(["python", "-m", "bench.overlap", *argv])
+    (args.out / "overlap.md").write_text(f"{text}\n\nCommand: `{command}`\n")
+    (args.out / "overlap.json").write_text(json.dumps(
+        [{"variant": v.variant, "run": asdict(v.run), "breakdown": asdict(v.breakdown) if v.breakdown else None}
+         for v in runs], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
