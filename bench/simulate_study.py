@@ -1,0 +1,177 @@
+"""The papers' claims at their scale, in the simulator (bench/simulate.py), and its check against the real runs.
+
+- Validation: the real bench's cluster (4 workers at 1, 1, 2, 4; the CNN; B = 192)
+  simulated, to set beside the real runs of bench/RESULTS.md section 1: staleness
+  and samples to 85%.
+- Scale: 16 workers with a long tail and 64 with log-normal speeds, every
+  configuration the papers' claims name, 5 seeds, judged by bench/verdicts.py.
+
+The 16- and 64-worker runs train the MLP, not the CNN: a simulated CNN step costs
+about 8 ms of CPU at the batch sizes 64 workers get, which would put 70 runs far
+past the half hour of CPU the study may take; the MLP costs a quarter of that
+and still separates the protocols (it is the staleness and the batch split that
+differ between them, not the model).
+
+    python -m bench.simulate --study quick   # under 2 minutes
+    python -m bench.simulate --study full    # about 30 minutes of one core
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import verdicts
+from bench.convergence import config_label
+from bench.simulate import PROFILES, SimConfig, SimResult, simulate
+from dynabatch.common.data import load_dataset
+
+PAPER_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"), ("softsync", "fixed"), ("ssgd", "fixed"),
+                 ("ssgd", "dynamic"), ("local", "dynamic"), ("msd", "dynamic"))
+VALIDATION_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One table: a profile, its global batch, model, configurations, seeds and virtual budget."""
+
+    name: str
+    profile: str
+    global_batch: int
+    model: str
+    configs: tuple[tuple[str, str], ...]
+    seeds: tuple[int, ...]
+    budget_s: float
+    eval_every_s: float
+    eval_size: int
+    lr: float = 0.05
+    momentum: float = 0.5
+
+
+STUDIES: dict[str, tuple[Part, ...]] = {
+    "quick": (Part("churn16", "churn16", 256, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 4.0, 0.5, 1000),),
+    "full": (
+        Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0,), 20.0, 2.0, 1000),
+        Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, (0, 1, 2, 3, 4), 3.0, 0.25, 1000, lr=0.1, momentum=0.0),
+        Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, (0, 1, 2, 3, 4), 3.0, 0.25, 1000, lr=0.1,
+             momentum=0.0),
+    ),
+}
+
+
+def run_part(part: Part, data: Any, log: Any) -> list[SimResult]:
+    """Every configuration under every seed, seed-major, with a progress line per run."""
+    workers = PROFILES[part.profile]()
+    results = []
+    plan = [(seed, p, b) for seed in part.seeds for p, b in part.configs]
+    started = time.monotonic()
+    for i, (seed, protocol, policy) in enumerate(plan, 1):
+        cfg = SimConfig(protocol, policy, workers, seed=seed, budget_s=part.budget_s, global_batch=part.global_batch,
+                        model=part.model, eval_every_s=part.eval_every_s, eval_size=part.eval_size,
+                        job={"lr": part.lr, "momentum": part.momentum})
+        r = simulate(cfg, data)
+        results.append(r)
+        took = time.monotonic() - started
+        log(f"[{part.name} {i}/{len(plan)}] {config_label(protocol, policy)} seed {seed}: "
+            f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, staleness mean "
+            f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, 85% at "
+            f"{r.time_to['0.85']} (elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
+    return results
+
+
+def as_run(r: SimResult) -> dict[str, Any]:
+    """A simulated run as bench/verdicts.py reads a real one."""
+    return asdict(r)
+
+
+def config_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration: means over seeds, medians of the times to the marks (never reached counts as never)."""
+    order = list(dict.fromkeys((r["protocol"], r["policy"]) for r in runs))
+    rows = []
+    for protocol, policy in order:
+        rs = [r for r in runs if (r["protocol"], r["policy"]) == (protocol, policy)]
+        accs = [r["final_test_acc"] for r in rs]
+        rows.append({
+            "label": config_label(protocol, policy), "runs": len(rs),
+            "time_to": {m: verdicts.median_time_to(rs, m) for m in ("0.85", "0.88")},
+            "reached": {m: sum(1 for r in rs if r["time_to"].get(m) is not None) for m in ("0.85", "0.88")},
+            "acc": statistics.fmean(accs), "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
+            "loss": statistics.fmean(r["final_train_loss"] or float("nan") for r in rs),
+            "sps": statistics.fmean(r["samples_per_s"] for r in rs),
+            "stale_mean": statistics.fmean(r["staleness_mean"] or 0.0 for r in rs),
+            "stale_p99": statistics.fmean(r["staleness_p99"] or 0 for r in rs),
+            "bps": statistics.fmean(r["bytes_per_sample"] for r in rs),
+        })
+    return rows
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    out = ["| configuration | runs | time to 85% (median) | time to 88% (median) | test acc. at budget | train loss "
+           "| samples/s | staleness mean / p99 | bytes/sample |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in config_rows(runs):
+        t = {m: ("–" if v == float("inf") else f"{v:.2f} s") + f" ({row['reached'][m]}/{row['runs']})"
+             for m, v in row["time_to"].items()}
+        sd = f" ± {100 * row['acc_sd']:.2f}" if row["acc_sd"] is not None else ""
+        out.append(f"| {row['label']} | {row['runs']} | {t['0.85']} | {t['0.88']} | {100 * row['acc']:.2f}%{sd} | "
+                   f"{row['loss']:.3f} | {row['sps']:,.0f} | {row['stale_mean']:.2f} / {row['stale_p99']:.1f} | "
+                   f"{row['bps']:,.0f} |")
+    return "\n".join(out)
+
+
+def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Accuracy against virtual time and against samples, one colour per configuration."""
+    from bench.plots import _colors, _save, plt
+
+    colors = _colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    labelled: set[str] = set()
+    for r in runs:
+        label = config_label(r["protocol"], r["policy"])
+        kw = {"color": colors[label], "alpha": 0.7, "linewidth": 1.1, "label": None if label in labelled else label}
+        labelled.add(label)
+        t, samples, acc = zip(*r["curve"])
+        ax1.plot(t, [100 * a for a in acc], **kw)
+        ax2.plot(samples, [100 * a for a in acc], **kw)
+    for ax, xlabel in ((ax1, "virtual seconds"), (ax2, "samples")):
+        for mark in (85, 88):
+            ax.axhline(mark, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_ylim(60, 92)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy (%)")
+    return _save(fig, [ax1, ax2], title, path)
+
+
+def render(parts: dict[str, tuple[Part, list[dict[str, Any]]]], img: str) -> str:
+    """The markdown of every part: its table, its plot and (scale parts) the papers' claims."""
+    out = []
+    for name, (part, runs) in parts.items():
+        n = len(PROFILES[part.profile]())
+        out += [f"### {name}: {n} workers ({part.profile}), {part.model}, B = {part.global_batch}, "
+                f"{part.budget_s:g} virtual s, seeds {', '.join(map(str, part.seeds))}", "", table(runs), "",
+                f"![{name}]({img}/simulate_{name}.png)", ""]
+        if part.configs == PAPER_CONFIGS:
+            claims = [v for v in verdicts.paper_claims(runs, part.eval_every_s) if v.holds is not None]
+            out += [f"Verdicts at {n} workers (rules of bench/verdicts.py; equal time is the virtual budget):", "",
+                    "| claim | measured | agrees |", "|---|---|---|"]
+            out += [f"| {v.claim} | {v.measured} | **{v.word}** |" for v in claims] + [""]
+    return "\n".join(out)
+
+
+def run_study(mode: str, out_dir: str) -> int:
+    out = Path(out_dir) / mode
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_dataset("fashion-mnist")
+    started = time.monotonic()
+    done: dict[str, tuple[Part, list[dict[str, Any]]]] = {}
+    for part in STUDIES[mode]:
+        runs = [as_run(r) for r in run_part(part, data, lambda s: print(s, flush=True))]
+        done[part.name] = (part, runs)
+        plot(runs, f"simulated: {part.name}", out / f"simulate_{part.name}.png")
+        (out / "results.json").write_text(json.dumps({k: {"part": asdict(p), "runs": r} for k, (p, r) in done.items()}))
+        (out / "report.md").write_text(render(done, "plots"))
+    print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
+    return 0
