@@ -45,7 +45,6 @@ from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
 from dynabatch.scheduler.job_state import JobState
 
 MARKS = ("0.85", "0.88")
-HEARTBEAT_S = 0.5  # how often a worker without a batch asks again, as the real one does
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,8 @@ PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
     "tail16": lambda: tuple(WorkerSpec("1") for _ in range(12)) + tuple(WorkerSpec("8") for _ in range(4)),
     "lognormal64": lambda: lognormal(64, sigma=0.75, seed=64),
     "churn16": lambda: (tuple(WorkerSpec("1") for _ in range(10))
-                        + (WorkerSpec("1,6x@4s,1x@8s"), WorkerSpec("2"), WorkerSpec("4"))
-                        + (WorkerSpec("1", leave_s=6.0), WorkerSpec("1", join_s=3.0), WorkerSpec("2", join_s=5.0))),
+                        + (WorkerSpec("1,6x@1s,1x@2s"), WorkerSpec("2"), WorkerSpec("4"))
+                        + (WorkerSpec("1", leave_s=1.5), WorkerSpec("1", join_s=1.0), WorkerSpec("2", join_s=2.0))),
 }
 """bench4: the real bench's 1,1,2,4. tail16: a long tail, 12 nodes at 1x and 4 at 8x. lognormal64: 64 nodes whose
 slowdowns are log-normal (sigma 0.75, relative to the fastest). churn16: a mid-run slowdown, a departure and two joins."""
@@ -130,9 +129,10 @@ class Cluster:
         self.data = data
         torch.manual_seed(cfg.seed)
         self.rng = random.Random(cfg.seed)
+        starters = sum(1 for w in cfg.workers if w.join_s == 0)  # as `dynabatch run` does: all start on the same model
         self.job = JobConfig(protocol=cfg.protocol, batch_policy=cfg.policy, global_batch=cfg.global_batch,
                              model=cfg.model, dataset=cfg.dataset, seed=cfg.seed,
-                             **{"epochs": 10_000, **cfg.job})
+                             **{"epochs": 10_000, "min_workers": starters, **cfg.job})
         self.spec = protocol_spec(cfg.protocol)
         self.model = build_model(cfg.model, input_shape(cfg.dataset), NUM_CLASSES, cfg.seed)
         flat = flat_params(self.model)
@@ -202,6 +202,7 @@ class Cluster:
         Returns the worker's batch."""
         self.scheduler.heartbeat(wid, hb, self.now)
         self.sync_shard()
+        self.changed()
         return self.scheduler.assignment_for(self.scheduler.members[wid]).batch
 
     def sync_shard(self) -> None:
@@ -300,9 +301,9 @@ class Worker:
         probe_b = max(1, c.cfg.global_batch // len(c.cfg.workers))
         self.hb = Heartbeat(standalone_sps=probe_b / (self.step_seconds(probe_b) + 2 * c.cfg.comm_s))
         self.batch = c.report(self.wid, self.hb)
-        while self.batch == 0:
-            yield c.now + HEARTBEAT_S
-            self.batch = c.report(self.wid, self.hb)
+        if self.batch == 0:  # the real worker learns its first batch at its next heartbeat; here at once
+            yield lambda: self.wid in c.scheduler.allocation
+            self.batch = c.scheduler.assignment_for(c.scheduler.members[self.wid]).batch
         loop = {"gradient": self.gradient_loop, "round": self.gradient_loop, "local": self.local_loop,
                 "msd": self.msd_loop}[c.spec.worker_loop]
         yield from loop()

@@ -32,6 +32,7 @@ from dynabatch.common.data import load_dataset
 
 PAPER_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"), ("softsync", "fixed"), ("ssgd", "fixed"),
                  ("ssgd", "dynamic"), ("local", "dynamic"), ("msd", "dynamic"))
+SEEDS = (0, 1, 2, 3, 4)
 VALIDATION_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"))
 
 
@@ -50,15 +51,17 @@ class Part:
     eval_size: int
     lr: float = 0.05
     momentum: float = 0.5
+    slower: float = 1.0  # every node's step and transfer times, times this (the virtual clock's unit)
 
 
 STUDIES: dict[str, tuple[Part, ...]] = {
-    "quick": (Part("churn16", "churn16", 256, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 4.0, 0.5, 1000),),
+    "quick": (Part("churn16", "churn16", 512, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 3.0, 0.5, 1000,
+                   lr=0.1, momentum=0.0),),
     "full": (
-        Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0,), 20.0, 2.0, 1000),
-        Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, (0, 1, 2, 3, 4), 3.0, 0.25, 1000, lr=0.1, momentum=0.0),
-        Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, (0, 1, 2, 3, 4), 3.0, 0.25, 1000, lr=0.1,
-             momentum=0.0),
+        Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0,), 8.0, 2.0, 1000),
+        Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 40.0, 4.0, 500, lr=0.02, momentum=0.0, slower=10.0),
+        Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, SEEDS, 40.0, 4.0, 500, lr=0.02, momentum=0.0,
+             slower=10.0),
     ),
 }
 
@@ -70,8 +73,11 @@ def run_part(part: Part, data: Any, log: Any) -> list[SimResult]:
     plan = [(seed, p, b) for seed in part.seeds for p, b in part.configs]
     started = time.monotonic()
     for i, (seed, protocol, policy) in enumerate(plan, 1):
+        base = SimConfig(protocol, policy, workers)
         cfg = SimConfig(protocol, policy, workers, seed=seed, budget_s=part.budget_s, global_batch=part.global_batch,
-                        model=part.model, eval_every_s=part.eval_every_s, eval_size=part.eval_size,
+                        fixed_s=base.fixed_s * part.slower, per_sample_s=base.per_sample_s * part.slower,
+                        comm_s=base.comm_s * part.slower, model=part.model, eval_every_s=part.eval_every_s,
+                        eval_size=part.eval_size,
                         job={"lr": part.lr, "momentum": part.momentum})
         r = simulate(cfg, data)
         results.append(r)
