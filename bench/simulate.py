@@ -64,8 +64,9 @@ PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
                         + (WorkerSpec("1,6x@1s,1x@2s"), WorkerSpec("2"), WorkerSpec("4"))
                         + (WorkerSpec("1", leave_s=1.5), WorkerSpec("1", join_s=1.0), WorkerSpec("2", join_s=2.0))),
 }
-"""bench4: the real bench's 1,1,2,4. tail16: a long tail, 12 nodes at 1x and 4 at 8x. lognormal64: 64 nodes whose
-slowdowns are log-normal (sigma 0.75, relative to the fastest). churn16: a mid-run slowdown, a departure and two joins."""
+"""bench4: the real bench's 1,1,2,4. tail16: a long tail, 12 nodes at 1x and 4 at 8x. lognormal64: 64 nodes
+whose slowdowns are log-normal (sigma 0.75, relative to the fastest). churn16: a mid-run slowdown, a departure
+and two joins."""
 
 
 def lognormal(n: int, sigma: float, seed: int) -> tuple[WorkerSpec, ...]:
