@@ -465,7 +465,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
-    p.add_argument("--study", choices=("quick", "full"), help="run the study (bench/simulate_study.py) instead")
+    p.add_argument("--study", choices=("quick", "full", "validation"),
+                   help="run the study (bench/simulate_study.py) instead")
     p.add_argument("--out", default="bench/results/simulate")
     return p.parse_args(argv)
 

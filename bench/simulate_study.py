@@ -21,7 +21,8 @@ momentum still oscillated; 0.02 was the first value tried that trained, and
 every protocol gets it.
 
     python -m bench.simulate --study quick   # churn16: a slowdown, a departure, two joins; about 30 s of CPU
-    python -m bench.simulate --study full    # about 15 minutes of CPU
+    python -m bench.simulate --study full    # 16 + 64 workers, then the validation; about 25 minutes at nice 10 here
+    python -m bench.simulate --study validation   # the validation alone
     python -m bench.simulate_study DIR       # re-render DIR/report.md and the plots from DIR/results.json
 """
 
@@ -43,8 +44,8 @@ PAPER_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"), ("softsync", "fixed"), 
                  ("ssgd", "dynamic"), ("local", "dynamic"), ("msd", "dynamic"))
 SEEDS = (0, 1, 2, 3, 4)
 REAL_4_WORKERS = {
-    "asgd+fixed": {"staleness": "2.78 / 8.3", "sps": 4470, "acc": "89.95% (70 s)"},
-    "asgd+dynamic (DBS-SGD)": {"staleness": "2.75 / 5.0", "sps": 4397, "acc": "89.63% (70 s)"},
+    "asgd+fixed": {"staleness": "2.78 / 8.3", "sps": 4470, "0.85": "21 s", "0.88": "44 s"},
+    "asgd+dynamic (DBS-SGD)": {"staleness": "2.75 / 5.0", "sps": 4397, "0.85": "20 s", "0.88": "49 s"},
 }
 """The real runs' figures the validation is set beside: bench/RESULTS.md section 1 (3 seeds, 70 s each)."""
 VALIDATION_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"))
@@ -68,6 +69,7 @@ class Part:
     slower: float = 1.0  # every node's step and transfer times, times this (the virtual clock's unit)
 
 
+VALIDATION = Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0,), 25.0, 3.0, 1000)
 STUDIES: dict[str, tuple[Part, ...]] = {
     "quick": (Part("churn16", "churn16", 512, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 3.0, 0.5, 1000,
                    lr=0.02, momentum=0.0),),
@@ -75,8 +77,9 @@ STUDIES: dict[str, tuple[Part, ...]] = {
         Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 15.0, 1.5, 500, lr=0.02, momentum=0.0, slower=10.0),
         Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, SEEDS, 15.0, 1.5, 500, lr=0.02, momentum=0.0,
              slower=10.0),
-        Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0,), 4.0, 1.0, 500),
+        VALIDATION,
     ),
+    "validation": (VALIDATION,),
 }
 
 
@@ -135,13 +138,18 @@ def table(runs: list[dict[str, Any]]) -> str:
 
 
 def validation_table(runs: list[dict[str, Any]]) -> str:
-    """Staleness and speed of the simulated 4-worker bench beside the real runs'."""
-    out = ["| configuration | staleness mean / p99, simulated | real | samples/s, simulated | real | "
-           "simulated staleness counts (0, 1, 2, ...) |", "|---|---:|---:|---:|---:|---|"]
-    for row, r in zip(config_rows(runs), runs):
+    """Staleness, speed and times to the marks of the simulated 4-worker bench beside the real runs'."""
+    out = ["| configuration | staleness mean / p99: simulated | real | samples/s: simulated | real "
+           "| time to 85%: simulated | real | time to 88%: simulated | real |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in config_rows(runs):
         real = REAL_4_WORKERS.get(row["label"], {})
+        sim_t = {m: "–" if t == float("inf") else f"{t:.0f} s" for m, t in row["time_to"].items()}
         out.append(f"| {row['label']} | {row['stale_mean']:.2f} / {row['stale_p99']:.0f} | "
-                   f"{real.get('staleness', '–')} | {row['sps']:,.0f} | {real.get('sps', 0):,} | {', '.join(map(str, r['staleness_counts']))} |")
+                   f"{real.get('staleness', '–')} | {row['sps']:,.0f} | {real.get('sps', 0):,} | "
+                   f"{sim_t['0.85']} | {real.get('0.85', '–')} | {sim_t['0.88']} | {real.get('0.88', '–')} |")
+    out += ["", "Simulated staleness counts (updates 0, 1, 2, ... versions stale):", ""]
+    out += [f"- {config_label(r['protocol'], r['policy'])}: {', '.join(map(str, r['staleness_counts']))}" for r in runs]
     return "\n".join(out)
 
 
