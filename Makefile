@@ -12,7 +12,7 @@ PY = $(VENV)/bin/python
 PIP_INSTALL = $(PY) -m pip install --quiet -c constraints-cpu.txt
 SYSTEM_DEPS = PYTHON='$(PYTHON)' bash scripts/system-deps.sh
 
-.PHONY: install install-test run test bench bench-quick system-deps system-deps-test
+.PHONY: install install-test run test bench bench-quick simulate simulate-quick system-deps system-deps-test
 
 install: system-deps $(VENV)/.installed
 
@@ -50,3 +50,10 @@ bench: install
 
 bench-quick: install
 	$(PY) -m bench --quick $(ARGS)
+
+# The virtual-time simulator's study (bench/simulate_study.py): 16 and 64 simulated workers; quick: under 2 minutes.
+simulate: install
+	$(PY) -m bench.simulate --study full $(ARGS)
+
+simulate-quick: install
+	$(PY) -m bench.simulate --study quick $(ARGS)

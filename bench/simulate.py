@@ -1,0 +1,491 @@
+"""A virtual-time cluster: N workers of given speeds, run in one process, ordered by virtual time.
+
+Two cores cannot run 64 real workers, but how a protocol behaves with 64 workers
+of unequal speed is a question about its rules, not about sockets. Here every
+decision is made by the real code: the scheduler's `JobState` (speed model,
+allocation, hysteresis, AdaComm's local-step rule) is fed the heartbeats a
+worker would send, the shard's `ShardState` (its protocol rule and optimizer)
+takes the pushes, and each gradient is a real gradient of the real model on the
+worker's own data order. What is simulated is only time: a worker's step takes
+``(a + c*b) * slowdown * noise`` virtual seconds, a transfer ``comm_s``. Events
+are processed in virtual-time order (ties by a sequence number), so staleness
+comes out exactly as a cluster of that shape would produce it, and a run is a
+function of its seed.
+
+Each worker is a generator that yields either a virtual time to sleep until or
+a condition to wait for (a round to close, an ssp pull to be released), which
+keeps the worker side readable as the loop it mirrors (worker/gradient_steps.py,
+worker/local_steps.py).
+
+    python -m bench.simulate --protocol asgd --policy dynamic --profile tail16 --budget-s 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from dynabatch.common import staleness
+from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
+from dynabatch.common.config import JobConfig
+from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
+from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.models import build_model
+from dynabatch.common.protocols import DELTA, protocol_spec
+from dynabatch.common.slowdown import Slowdown
+from dynabatch.ps.shard_state import ShardState
+from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
+from dynabatch.scheduler.job_state import JobState
+
+MARKS = ("0.85", "0.88")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One simulated node: its slowdown schedule (common/slowdown.py syntax) and when it is in the job."""
+
+    slowdown: str = "1"
+    join_s: float = 0.0
+    leave_s: float = math.inf
+
+
+PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
+    "bench4": lambda: tuple(WorkerSpec(s) for s in ("1", "1", "2", "4")),
+    "tail16": lambda: tuple(WorkerSpec("1") for _ in range(12)) + tuple(WorkerSpec("8") for _ in range(4)),
+    "lognormal64": lambda: lognormal(64, sigma=0.75, seed=64),
+    "churn16": lambda: (tuple(WorkerSpec("1") for _ in range(10))
+                        + (WorkerSpec("1,6x@1s,1x@2s"), WorkerSpec("2"), WorkerSpec("4"))
+                        + (WorkerSpec("1", leave_s=1.5), WorkerSpec("1", join_s=1.0), WorkerSpec("2", join_s=2.0))),
+}
+"""bench4: the real bench's 1,1,2,4. tail16: a long tail, 12 nodes at 1x and 4 at 8x. lognormal64: 64 nodes
+whose slowdowns are log-normal (sigma 0.75, relative to the fastest). churn16: a mid-run slowdown, a departure
+and two joins."""
+
+
+def lognormal(n: int, sigma: float, seed: int) -> tuple[WorkerSpec, ...]:
+    """`n` workers with log-normal speeds, fixed by `seed` (the profile is the same in every run)."""
+    rng = random.Random(seed)
+    draws = [math.exp(rng.gauss(0.0, sigma)) for _ in range(n)]
+    fastest = min(draws)
+    return tuple(WorkerSpec(f"{d / fastest:.2f}") for d in draws)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated run. Times are virtual seconds; `fixed_s + per_sample_s*b` is a 1x node's step."""
+
+    protocol: str
+    policy: str
+    workers: tuple[WorkerSpec, ...]
+    seed: int = 0
+    budget_s: float = 20.0
+    global_batch: int = 192
+    model: str = "mlp"
+    dataset: str = "fashion-mnist"
+    fixed_s: float = 0.004
+    per_sample_s: float = 0.0005
+    noise: float = 0.05  # relative standard deviation of a step's time
+    comm_s: float = 0.002  # one pull or one push
+    eval_every_s: float = 1.0
+    eval_size: int = 2000
+    job: dict[str, Any] = field(default_factory=dict)  # other JobConfig fields (lr, local_steps, ...)
+
+
+@dataclass
+class SimResult:
+    """A run's figures in the shape bench/verdicts.py reads, plus its curves."""
+
+    protocol: str
+    policy: str
+    seed: int
+    workers: int
+    time_to: dict[str, float | None]
+    final_test_acc: float
+    final_train_loss: float | None
+    samples_per_s: float
+    bytes_per_sample: float
+    staleness_counts: list[int]
+    staleness_mean: float | None
+    staleness_p99: int | None
+    samples: int
+    curve: list[tuple[float, int, float]]  # (virtual seconds, samples, test accuracy)
+    batches: dict[str, int]
+
+
+Wait = float | Callable[[], bool]  # what a worker yields: a virtual time to sleep until, or a condition
+
+
+class Cluster:
+    """The event loop, the real scheduler and shard, and the shared pieces the workers use."""
+
+    def __init__(self, cfg: SimConfig, data: Dataset) -> None:
+        self.cfg = cfg
+        self.data = data
+        torch.manual_seed(cfg.seed)
+        self.rng = random.Random(cfg.seed)
+        starters = sum(1 for w in cfg.workers if w.join_s == 0)  # as `dynabatch run` does: all start on the same model
+        self.job = JobConfig(protocol=cfg.protocol, batch_policy=cfg.policy, global_batch=cfg.global_batch,
+                             model=cfg.model, dataset=cfg.dataset, seed=cfg.seed,
+                             **{"epochs": 10_000, "min_workers": starters, **cfg.job})
+        self.spec = protocol_spec(cfg.protocol)
+        self.model = build_model(cfg.model, input_shape(cfg.dataset), NUM_CLASSES, cfg.seed)
+        flat = flat_params(self.model)
+        layout = make_layout(flat.numel(), self.job.chunk_bytes, 1)
+        params = [(name, p.numel()) for name, p in self.model.named_parameters()]
+        self.shard = ShardState.initial(
+            layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
+            OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov),
+            self.job.softsync_n, self.job.staleness, params)
+        self.model_bytes = 4 * flat.numel()
+        self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
+        self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
+        self.membership_seen = (-1, -1)
+        self.now = 0.0
+        self.seq = 0
+        self.timed: list[tuple[float, int, Iterator[Wait]]] = []
+        self.waiting: list[tuple[int, Callable[[], bool], Iterator[Wait]]] = []
+        self.transfers = 0
+        self.counts: list[int] = []
+        gen = torch.Generator().manual_seed(cfg.seed)
+        pick = torch.randperm(len(data.test_y), generator=gen)[: cfg.eval_size]
+        self.test_x, self.test_y = make_batch(data, pick, train=False)
+        self.curve: list[tuple[float, int, float]] = []
+
+    # -- the event loop -------------------------------------------------------------
+
+    def spawn(self, gen: Iterator[Wait], at: float) -> None:
+        self.seq += 1
+        heapq.heappush(self.timed, (at, self.seq, gen))
+
+    def _resume(self, gen: Iterator[Wait]) -> None:
+        """Run `gen` until it sleeps or waits on a condition that does not hold yet."""
+        while True:
+            try:
+                what = next(gen)
+            except StopIteration:
+                return
+            self.seq += 1
+            if not callable(what):
+                heapq.heappush(self.timed, (max(what, self.now), self.seq, gen))
+                return
+            if not what():
+                self.waiting.append((self.seq, what, gen))
+                return
+
+    def changed(self) -> None:
+        """The shard or membership changed: resume every waiter whose condition now holds, in wait order."""
+        while True:
+            ready, still = [], []
+            for w in self.waiting:
+                (ready if w[1]() else still).append(w)
+            if not ready:
+                return
+            self.waiting = still
+            for _, _, gen in ready:
+                self._resume(gen)
+
+    def run(self, until: float) -> None:
+        while self.timed and self.timed[0][0] < until:
+            self.now, _, gen = heapq.heappop(self.timed)
+            self._resume(gen)
+
+    # -- the scheduler and the shard --------------------------------------------------
+
+    def report(self, wid: str, hb: Heartbeat) -> int:
+        """A worker's heartbeat; the shard then reports the membership it applies (as its heartbeat would).
+        Returns the worker's batch."""
+        self.scheduler.heartbeat(wid, hb, self.now)
+        self.sync_shard()
+        self.changed()
+        return self.scheduler.assignment_for(self.scheduler.members[wid]).batch
+
+    def sync_shard(self) -> None:
+        ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.membership,
+                                                       train_size=len(self.data.train_y)), self.now)
+        seen = (ps.membership, ps.allocated)
+        if seen != self.membership_seen:
+            self.membership_seen = seen
+            self.shard.set_membership(set(ps.live_workers), ps.allocated)
+            self.changed()
+
+    def pull(self) -> tuple[torch.Tensor, dict[int, int], int]:
+        """The shard's parameters now (its tensors are never written in place, so this is a snapshot)."""
+        got = self.shard.pull([])
+        self.transfers += 1
+        return torch.cat([t for _, t, _ in got]), {cid: v for cid, _, v in got}, self.shard.version
+
+    def push(self, flat: torch.Tensor, versions: dict[int, int], samples: int, kind: str, wid: str) -> tuple[bool, int]:
+        """One push of a gradient or delta; returns (applied now, the shard's version after it)."""
+        tensors = {c.id: flat[c.start:c.stop] for c in self.shard.chunks}
+        outcome = self.shard.push(wid, tensors, versions, samples, kind, self.now)
+        self.transfers += 1
+        staleness.record(self.counts, outcome.staleness)
+        self.changed()
+        return bool(outcome.applied), outcome.version
+
+    def evaluate(self) -> None:
+        """Test accuracy of the shard's model now, on the run's fixed test subset."""
+        load_flat(self.model, torch.cat([self.shard.params[c.id] for c in self.shard.chunks]))
+        with torch.no_grad():
+            acc = (self.model(self.test_x).argmax(1) == self.test_y).float().mean().item()
+        self.curve.append((self.now, self.scheduler.samples, acc))
+
+    def evaluator(self) -> Generator[Wait, None, None]:
+        while True:
+            self.evaluate()
+            yield self.now + self.cfg.eval_every_s
+
+
+class Worker:
+    """One simulated node: its speed, data order, heartbeat counters and (delta protocols) its own model."""
+
+    def __init__(self, cluster: Cluster, index: int, spec: WorkerSpec) -> None:
+        self.c = cluster
+        self.index = index
+        self.spec = spec
+        self.slowdown = Slowdown.parse(spec.slowdown)
+        self.rng = random.Random(cluster.cfg.seed * 1000 + index)
+        self.order = torch.Generator().manual_seed(cluster.cfg.seed * 1000 + index)
+        self.perm = torch.empty(0, dtype=torch.int64)
+        self.pos = 0
+        self.hb = Heartbeat()
+        self.wid = ""
+        self.batch = 0
+        self.started = spec.join_s
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def step_seconds(self, batch: int) -> float:
+        cfg = self.c.cfg
+        factor = self.slowdown.factor(self.c.now - self.started)
+        noise = max(0.2, 1.0 + cfg.noise * self.rng.gauss(0.0, 1.0))
+        return (cfg.fixed_s + cfg.per_sample_s * batch) * factor * noise
+
+    def next_batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.c.data.train_y)
+        if self.pos + b > len(self.perm):
+            self.perm = torch.cat([self.perm[self.pos:], torch.randperm(n, generator=self.order)])
+            self.pos = 0
+        idx = self.perm[self.pos:self.pos + b]
+        self.pos += b
+        return make_batch(self.c.data, idx, train=True)
+
+    def gradient(self, model: torch.nn.Module, b: int) -> float:
+        x, y = self.next_batch(b)
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.item()
+
+    def beat(self, steps: int, batch: int, loss: float, step_s: float, compute_s: float, wait_s: float,
+             sync_s: float = 0.0, version: int = 0) -> None:
+        """Report `steps` steps as the real worker's heartbeat does (per-step times), and take the new batch."""
+        prev = self.hb
+        self.hb = Heartbeat(steps=prev.steps + steps, samples=prev.samples + batch * steps, batch=batch,
+                            step_s=step_s, compute_s=compute_s, wait_s=wait_s, sync_s=sync_s, loss=loss,
+                            version=version, standalone_sps=prev.standalone_sps)
+        self.batch = self.c.report(self.wid, self.hb)
+
+    # -- joining and leaving ----------------------------------------------------------
+
+    def live(self) -> Generator[Wait, None, None]:
+        """Join at `join_s`, probe, wait for a batch, run the protocol's loop, leave at `leave_s`."""
+        c = self.c
+        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}"), c.now).id
+        probe_b = max(1, c.cfg.global_batch // len(c.cfg.workers))
+        self.hb = Heartbeat(standalone_sps=probe_b / (self.step_seconds(probe_b) + 2 * c.cfg.comm_s))
+        self.batch = c.report(self.wid, self.hb)
+        if self.batch == 0:  # the real worker learns its first batch at its next heartbeat; here at once
+            yield lambda: self.wid in c.scheduler.allocation
+            self.batch = c.scheduler.assignment_for(c.scheduler.members[self.wid]).batch
+        loop = {"gradient": self.gradient_loop, "round": self.gradient_loop, "local": self.local_loop,
+                "msd": self.msd_loop}[c.spec.worker_loop]
+        yield from loop()
+
+    def leaving(self) -> bool:
+        if self.c.now < self.spec.leave_s:
+            return False
+        self.c.scheduler.bye(self.wid, self.c.now)
+        self.c.sync_shard()
+        return True
+
+    # -- the protocols' worker loops ----------------------------------------------------
+
+    def gradient_loop(self) -> Generator[Wait, None, None]:
+        """asgd, softsync, ssp and ssgd: pull, compute, push; ssgd's next pull waits for the round's version."""
+        c = self.c
+        min_version: int | None = None
+        while not self.leaving():
+            asked = c.now
+            if min_version is not None:
+                target = min_version
+                yield lambda: c.shard.version >= target
+            yield lambda: not c.shard.pull_blocked(self.wid)
+            wait = c.now - asked
+            flat, versions, version = c.pull()
+            b = self.batch
+            compute = self.step_seconds(b)
+            yield c.now + c.cfg.comm_s + compute
+            load_flat(c.model, flat)
+            loss = self.gradient(c.model, b)
+            yield c.now + c.cfg.comm_s
+            c.push(flat_grads(c.model), versions, b, "grad", self.wid)
+            if c.spec.one_push_per_round:
+                min_version = version + 1
+            step = wait + 2 * c.cfg.comm_s + compute
+            self.beat(1, b, loss, step, compute, wait if min_version is not None else 0.0, version=version)
+
+    def _own_model(self) -> torch.nn.Module:
+        if self.model is None:
+            self.model = build_model(self.c.cfg.model, input_shape(self.c.cfg.dataset), NUM_CLASSES, self.c.cfg.seed)
+        return self.model
+
+    def _local_step(self, b: int, lr_scale: float) -> float:
+        """One SGD step on this worker's own model, with the optimizer the real loop builds (_LocalSteps)."""
+        job = self.c.job
+        model = self._own_model()
+        if self.optimizer is None:
+            self.optimizer = torch.optim.SGD(travelling(model), lr=job.lr, momentum=job.momentum,
+                                             weight_decay=job.weight_decay)
+        for group in self.optimizer.param_groups:
+            group["lr"] = job.lr * lr_scale
+        loss = self.gradient(model, b)
+        self.optimizer.step()
+        return loss
+
+    def _lr_scale(self) -> float:
+        return self.c.scheduler.assignment_for(self.c.scheduler.members[self.wid]).lr_scale
+
+    def local_loop(self) -> Generator[Wait, None, None]:
+        """local: sync (waiting for the round), H local steps, push the delta."""
+        c = self.c
+        min_version: int | None = None
+        while not self.leaving():
+            asked = c.now
+            if min_version is not None:
+                target = min_version
+                yield lambda: c.shard.version >= target
+            flat, versions, version = c.pull()
+            yield c.now + c.cfg.comm_s
+            wait = c.now - asked
+            model = self._own_model()
+            load_flat(model, flat)
+            b, steps, scale = self.batch, max(1, c.scheduler.local_steps), self._lr_scale()
+            compute = sum(self.step_seconds(b) for _ in range(steps))
+            yield c.now + compute
+            losses = [self._local_step(b, scale) for _ in range(steps)]
+            yield c.now + c.cfg.comm_s
+            applied, after = c.push(flat - flat_params(model), versions, b * steps, DELTA, self.wid)
+            min_version = after if applied else after + 1
+            self.beat(steps, b, sum(losses) / steps, (wait + compute + c.cfg.comm_s) / steps, compute / steps,
+                      wait / steps, version=version)
+
+    def msd_loop(self) -> Generator[Wait, None, None]:
+        """msd: step without waiting; one delta in flight; correct onto the average when it is back."""
+        c = self.c
+        flat, versions, version = c.pull()
+        yield c.now + c.cfg.comm_s
+        model = self._own_model()
+        load_flat(model, flat)
+        state = {"base": flat.clone(), "versions": versions, "version": version, "back": None}
+        since_push, in_flight, anchor = 0, False, flat
+        while not self.leaving():
+            b, scale = self.batch, self._lr_scale()
+            compute = self.step_seconds(b)
+            yield c.now + compute
+            loss = self._local_step(b, scale)
+            since_push += 1
+            if state["back"] is not None:
+                global_flat = state["back"]
+                load_flat(model, global_flat + (flat_params(model) - anchor))
+                state["base"], state["back"], in_flight = global_flat.clone(), None, False
+            pushed = 0.0
+            if not in_flight and since_push >= max(1, c.scheduler.local_steps):
+                anchor = flat_params(model)
+                c.spawn(self._delta_in_flight(state["base"] - anchor, state, b * since_push), c.now)
+                in_flight, since_push, pushed = True, 0, c.cfg.comm_s
+            self.beat(1, b, loss, compute + pushed, compute, 0.0, sync_s=2 * c.cfg.comm_s, version=state["version"])
+
+    def _delta_in_flight(self, delta: torch.Tensor, state: dict[str, Any], samples: int) -> Generator[Wait, None, None]:
+        """The push travels, the round closes when everyone has pushed, the average travels back."""
+        c = self.c
+        yield c.now + c.cfg.comm_s
+        if self.wid not in c.shard.live:
+            return
+        applied, after = c.push(delta, state["versions"], samples, DELTA, self.wid)
+        target = after if applied else after + 1
+        yield lambda: c.shard.version >= target
+        flat, versions, version = c.pull()
+        yield c.now + c.cfg.comm_s
+        state["versions"], state["version"], state["back"] = versions, version, flat
+
+
+def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
+    """Run `cfg` to its virtual budget; deterministic for a given config (seed included)."""
+    torch.set_num_threads(1)
+    data = data or load_dataset(cfg.dataset)
+    cluster = Cluster(cfg, data)
+    workers = [Worker(cluster, i, spec) for i, spec in enumerate(cfg.workers)]
+    for w in workers:
+        cluster.spawn(w.live(), w.spec.join_s)
+    cluster.spawn(cluster.evaluator(), 0.0)
+    cluster.run(cfg.budget_s)
+    cluster.now = cfg.budget_s
+    cluster.evaluate()  # the model at the budget
+    return result_of(cluster)
+
+
+def result_of(cluster: Cluster) -> SimResult:
+    cfg, sched = cluster.cfg, cluster.scheduler
+    samples = sched.samples
+    stats = staleness.stats(cluster.counts)
+    time_to = {m: next((t for t, _, acc in cluster.curve if acc >= float(m)), None) for m in MARKS}
+    return SimResult(
+        protocol=cfg.protocol, policy=cfg.policy, seed=cfg.seed, workers=len(cfg.workers), time_to=time_to,
+        final_test_acc=cluster.curve[-1][2], final_train_loss=None if math.isnan(sched.loss) else sched.loss,
+        samples_per_s=samples / cfg.budget_s,
+        bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
+        staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
+        samples=samples, curve=cluster.curve, batches=dict(sched.allocation))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--protocol", default="asgd")
+    p.add_argument("--policy", default="dynamic")
+    p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
+    p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--study", choices=("quick", "full", "validation"),
+                   help="run the study (bench/simulate_study.py) instead")
+    p.add_argument("--out", default="bench/results/simulate")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.study:
+        from bench.simulate_study import run_study
+        return run_study(args.study, args.out)
+    workers = PROFILES[args.profile]()
+    cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
+                    global_batch=args.global_batch or 16 * len(workers), model=args.model)
+    r = simulate(cfg)
+    print(f"{r.protocol}+{r.policy} on {args.profile} ({r.workers} workers), seed {r.seed}: "
+          f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
+          f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
+          f"p99 {r.staleness_p99}; time to 85%: {r.time_to['0.85']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

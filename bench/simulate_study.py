@@ -1,0 +1,233 @@
+"""The papers' claims at their scale, in the simulator (bench/simulate.py), and its check against the real runs.
+
+- Scale: 16 workers with a long tail (12 at 1x, 4 at 8x) and 64 with log-normal
+  speeds, every configuration the papers' claims name, 5 seeds, judged by the
+  rules of bench/verdicts.py at equal virtual time.
+- Validation: the real bench's cluster (4 workers at 1, 1, 2, 4; the CNN; B = 192)
+  simulated, to set beside the real runs of bench/RESULTS.md section 1.
+
+The 16- and 64-worker runs train the MLP, not the CNN. Measured on the shared
+2-core machine, a simulated CNN step costs about 12 ms of CPU at 16 samples
+(600 to 1,800 samples per CPU second), the MLP's whole simulated step (scheduler
+and shard included) about 4 ms at 32 (about 8,000 samples per CPU second): the
+study's 70 runs fit in the machine's share only with the MLP. Both runs of a
+comparison train the same model, so what differs between protocols is what the
+question is about: staleness, the batch split and waiting.
+
+Hyperparameters at scale: lr 0.02, momentum 0, 32 samples per worker (B = 512
+and 2048). The 4-worker bench's lr 0.05 with momentum 0.5 diverged under asgd at
+16 workers (pushes about 14 versions stale), and a probe at lr 0.05 without
+momentum still oscillated; 0.02 was the first value tried that trained, and
+every protocol gets it.
+
+    python -m bench.simulate --study quick   # churn16: a slowdown, a departure, two joins; about 30 s of CPU
+    python -m bench.simulate --study full    # 16 + 64 workers, then the validation; about 25 minutes at nice 10 here
+    python -m bench.simulate --study validation   # the validation alone
+    python -m bench.simulate_study DIR       # re-render DIR/report.md and the plots from DIR/results.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bench import verdicts
+from bench.convergence import config_label
+from bench.simulate import PROFILES, SimConfig, SimResult, simulate
+from dynabatch.common.data import load_dataset
+
+PAPER_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"), ("softsync", "fixed"), ("ssgd", "fixed"),
+                 ("ssgd", "dynamic"), ("local", "dynamic"), ("msd", "dynamic"))
+SEEDS = (0, 1, 2, 3, 4)
+REAL_4_WORKERS = {
+    "asgd+fixed": {"staleness": "2.78 / 8.3", "sps": 4470, "0.85": "21 s", "0.88": "44 s"},
+    "asgd+dynamic (DBS-SGD)": {"staleness": "2.75 / 5.0", "sps": 4397, "0.85": "20 s", "0.88": "49 s"},
+}
+"""The real runs' figures the validation is set beside: bench/RESULTS.md section 1 (3 seeds, 70 s each)."""
+VALIDATION_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One table: a profile, its global batch, model, configurations, seeds and virtual budget."""
+
+    name: str
+    profile: str
+    global_batch: int
+    model: str
+    configs: tuple[tuple[str, str], ...]
+    seeds: tuple[int, ...]
+    budget_s: float
+    eval_every_s: float
+    eval_size: int
+    lr: float = 0.05
+    momentum: float = 0.5
+    slower: float = 1.0  # every node's step and transfer times, times this (the virtual clock's unit)
+
+
+VALIDATION = Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0,), 25.0, 3.0, 1000)
+STUDIES: dict[str, tuple[Part, ...]] = {
+    "quick": (Part("churn16", "churn16", 512, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 3.0, 0.5, 1000,
+                   lr=0.02, momentum=0.0),),
+    "full": (
+        Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 15.0, 1.5, 500, lr=0.02, momentum=0.0, slower=10.0),
+        Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, SEEDS, 15.0, 1.5, 500, lr=0.02, momentum=0.0,
+             slower=10.0),
+        VALIDATION,
+    ),
+    "validation": (VALIDATION,),
+}
+
+
+def run_part(part: Part, data: Any, log: Callable[[str], None], done: Callable[[SimResult], None]) -> None:
+    """Every configuration under every seed, seed-major, with a progress line per run; `done` gets each run."""
+    workers = PROFILES[part.profile]()
+    plan = [(seed, p, b) for seed in part.seeds for p, b in part.configs]
+    started = time.monotonic()
+    for i, (seed, protocol, policy) in enumerate(plan, 1):
+        base = SimConfig(protocol, policy, workers)
+        cfg = SimConfig(protocol, policy, workers, seed=seed, budget_s=part.budget_s, global_batch=part.global_batch,
+                        fixed_s=base.fixed_s * part.slower, per_sample_s=base.per_sample_s * part.slower,
+                        comm_s=base.comm_s * part.slower, model=part.model, eval_every_s=part.eval_every_s,
+                        eval_size=part.eval_size, job={"lr": part.lr, "momentum": part.momentum})
+        r = simulate(cfg, data)
+        done(r)
+        took = time.monotonic() - started
+        log(f"[{part.name} {i}/{len(plan)}] {config_label(protocol, policy)} seed {seed}: "
+            f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, staleness mean "
+            f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, 85% at "
+            f"{r.time_to['0.85']} (elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
+
+
+def config_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration: means over seeds, medians of the times to the marks (never reached counts as never)."""
+    order = list(dict.fromkeys((r["protocol"], r["policy"]) for r in runs))
+    rows = []
+    for protocol, policy in order:
+        rs = [r for r in runs if (r["protocol"], r["policy"]) == (protocol, policy)]
+        accs = [r["final_test_acc"] for r in rs]
+        rows.append({
+            "label": config_label(protocol, policy), "runs": len(rs),
+            "time_to": {m: verdicts.median_time_to(rs, m) for m in ("0.85", "0.88")},
+            "reached": {m: sum(1 for r in rs if r["time_to"].get(m) is not None) for m in ("0.85", "0.88")},
+            "acc": statistics.fmean(accs), "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
+            "loss": statistics.fmean(r["final_train_loss"] or float("nan") for r in rs),
+            "sps": statistics.fmean(r["samples_per_s"] for r in rs),
+            "stale_mean": statistics.fmean(r["staleness_mean"] or 0.0 for r in rs),
+            "stale_p99": statistics.fmean(r["staleness_p99"] or 0 for r in rs),
+            "bps": statistics.fmean(r["bytes_per_sample"] for r in rs),
+        })
+    return rows
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    out = ["| configuration | runs | time to 85% (median) | time to 88% (median) | test acc. at budget | train loss "
+           "| samples/s | staleness mean / p99 | bytes/sample |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in config_rows(runs):
+        t = {m: ("–" if v == float("inf") else f"{v:.2f} s") + f" ({row['reached'][m]}/{row['runs']})"
+             for m, v in row["time_to"].items()}
+        sd = f" ± {100 * row['acc_sd']:.2f}" if row["acc_sd"] is not None else ""
+        out.append(f"| {row['label']} | {row['runs']} | {t['0.85']} | {t['0.88']} | {100 * row['acc']:.2f}%{sd} | "
+                   f"{row['loss']:.3f} | {row['sps']:,.0f} | {row['stale_mean']:.2f} / {row['stale_p99']:.1f} | "
+                   f"{row['bps']:,.0f} |")
+    return "\n".join(out)
+
+
+def validation_table(runs: list[dict[str, Any]]) -> str:
+    """Staleness, speed and times to the marks of the simulated 4-worker bench beside the real runs'."""
+    out = ["| configuration | staleness mean / p99: simulated | real | samples/s: simulated | real "
+           "| time to 85%: simulated | real | time to 88%: simulated | real |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in config_rows(runs):
+        real = REAL_4_WORKERS.get(row["label"], {})
+        sim_t = {m: "–" if t == float("inf") else f"{t:.0f} s" for m, t in row["time_to"].items()}
+        out.append(f"| {row['label']} | {row['stale_mean']:.2f} / {row['stale_p99']:.0f} | "
+                   f"{real.get('staleness', '–')} | {row['sps']:,.0f} | {real.get('sps', 0):,} | "
+                   f"{sim_t['0.85']} | {real.get('0.85', '–')} | {sim_t['0.88']} | {real.get('0.88', '–')} |")
+    out += ["", "Simulated staleness counts (updates 0, 1, 2, ... versions stale):", ""]
+    out += [f"- {config_label(r['protocol'], r['policy'])}: {', '.join(map(str, r['staleness_counts']))}" for r in runs]
+    return "\n".join(out)
+
+
+def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Accuracy against virtual time and against samples, one colour per configuration."""
+    from bench.plots import _colors, _save, plt
+
+    colors = _colors(runs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    labelled: set[str] = set()
+    for r in runs:
+        label = config_label(r["protocol"], r["policy"])
+        kw = {"color": colors[label], "alpha": 0.7, "linewidth": 1.1, "label": None if label in labelled else label}
+        labelled.add(label)
+        t, samples, acc = zip(*r["curve"])
+        ax1.plot(t, [100 * a for a in acc], **kw)
+        ax2.plot(samples, [100 * a for a in acc], **kw)
+    for ax, xlabel in ((ax1, "virtual seconds"), (ax2, "samples")):
+        for mark in (85, 88):
+            ax.axhline(mark, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_ylim(10, 92)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy (%)")
+    return _save(fig, [ax1, ax2], title, path)
+
+
+def render(parts: dict[str, tuple[Part, list[dict[str, Any]]]], img: str) -> str:
+    """The markdown of every part: its table, its plot and (scale parts) the papers' claims."""
+    out = []
+    for name, (part, runs) in parts.items():
+        n = len(PROFILES[part.profile]())
+        if part.configs == VALIDATION_CONFIGS:
+            out += [f"### {name}: the real bench's 4 workers, simulated ({part.model}, B = {part.global_batch}, "
+                    f"{part.budget_s:g} virtual s)", "", validation_table(runs), ""]
+            continue
+        out += [f"### {name}: {n} workers ({part.profile}), {part.model}, B = {part.global_batch}, "
+                f"{part.budget_s:g} virtual s, seeds {', '.join(map(str, part.seeds))}", "", table(runs), "",
+                f"![{name}]({img}/simulate_{name}.png)", ""]
+        if part.configs == PAPER_CONFIGS:
+            claims = [v for v in verdicts.paper_claims(runs, part.eval_every_s) if v.holds is not None]
+            out += [f"Verdicts at {n} workers (rules of bench/verdicts.py; equal time is the virtual budget):", "",
+                    "| claim | measured | agrees |", "|---|---|---|"]
+            out += [f"| {v.claim} | {v.measured} | **{v.word}** |" for v in claims] + [""]
+    return "\n".join(out)
+
+
+def write(results: dict[str, Any], out: Path, plots: bool) -> None:
+    """results.json and report.md (and the plots) from whatever runs are in, so an interrupted study still reports."""
+    (out / "results.json").write_text(json.dumps(results))
+    parts = {name: (Part(**{**v["part"], "configs": tuple(map(tuple, v["part"]["configs"])),
+                           "seeds": tuple(v["part"]["seeds"])}), v["runs"]) for name, v in results.items() if v["runs"]}
+    (out / "report.md").write_text(render(parts, "plots"))
+    if plots:
+        for name, (_, runs) in parts.items():
+            plot(runs, f"simulated: {name}", out / f"simulate_{name}.png")
+
+
+def run_study(mode: str, out_dir: str) -> int:
+    out = Path(out_dir) / mode
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_dataset("fashion-mnist")
+    started = time.monotonic()
+    results: dict[str, Any] = {}
+    for part in STUDIES[mode]:
+        results[part.name] = {"part": asdict(part), "runs": []}
+
+        def done(r: SimResult, runs: list[dict[str, Any]] = results[part.name]["runs"]) -> None:
+            runs.append(asdict(r))
+            write(results, out, plots=False)
+
+        run_part(part, data, lambda s: print(s, flush=True), done)
+        write(results, out, plots=True)
+    print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # re-render DIR's report and plots from its results.json (an interrupted study's too)
+    import sys
+
+    folder = Path(sys.argv[1])
+    write(json.loads((folder / "results.json").read_text()), folder, plots=True)

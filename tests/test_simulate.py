@@ -1,0 +1,54 @@
+"""The virtual-time simulator (bench/simulate.py): deterministic per seed, staleness as the rules imply, churn."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.simulate import PROFILES, SimConfig, WorkerSpec, simulate
+from dynabatch.common.data import load_dataset
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_dataset("synthetic")
+
+
+def tiny(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], **kw) -> SimConfig:
+    base = dict(budget_s=0.4, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=0.2, eval_size=200)
+    return SimConfig(protocol, policy, workers, **{**base, **kw})
+
+
+def test_same_seed_same_run_other_seed_other_run(data):
+    cfg = tiny("asgd", "dynamic", PROFILES["bench4"]())
+    a, b = simulate(cfg, data), simulate(cfg, data)
+    assert a.curve == b.curve and a.staleness_counts == b.staleness_counts and a.samples == b.samples
+    other = simulate(SimConfig(**{**cfg.__dict__, "seed": 1}), data)
+    assert other.curve != a.curve
+
+
+def test_asgd_staleness_is_workers_minus_one(data):
+    """Between two pushes of one worker every other worker pushes once per its own period, so a push is
+    on average n-1 versions stale whatever the speeds: exactly n-1 for equal ones once every worker has
+    its batch (the scheduler hands the first one out before the others have reported, as the real one does)."""
+    equal = simulate(tiny("asgd", "fixed", tuple(WorkerSpec("1") for _ in range(4)), noise=0.0), data)
+    counts = equal.staleness_counts
+    assert counts[3] >= 0.9 * sum(counts)
+    skewed = simulate(tiny("asgd", "fixed", PROFILES["bench4"](), noise=0.0, budget_s=0.6), data)
+    assert skewed.staleness_mean == pytest.approx(3.0, abs=0.15)
+    assert skewed.staleness_p99 > 3  # the 4x worker's pushes are about 12 versions stale
+
+
+def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed(data):
+    workers = (WorkerSpec("1"), WorkerSpec("1"), WorkerSpec("4"), WorkerSpec("1", leave_s=0.3),
+               WorkerSpec("1", join_s=0.2))
+    r = simulate(tiny("ssgd", "dynamic", workers, budget_s=0.8), data)
+    assert r.staleness_counts == [r.staleness_counts[0]]  # synchronous: never stale
+    assert set(r.batches) == {"w0", "w1", "w2", "w4"}  # w3 left, w4 joined
+    assert r.batches["w2"] < r.batches["w0"]  # the 4x worker got a smaller share
+    assert r.curve[-1][1] > r.curve[len(r.curve) // 2][1]  # rounds went on after the departure
+
+
+@pytest.mark.parametrize("protocol", ["local", "msd", "softsync"])
+def test_other_protocols_train(data, protocol):
+    r = simulate(tiny(protocol, "dynamic", PROFILES["bench4"](), budget_s=0.6, eval_every_s=0.3), data)
+    assert r.samples > 0 and r.curve[-1][2] > r.curve[0][2]
