@@ -51,10 +51,14 @@ def make_layout(total: int, chunk_bytes: int, num_shards: int) -> Layout:
 
     Chunks go, in priority order, to the shard holding the fewest bytes so far,
     so every shard serves some of the front of the network and the load evens out.
+    A model smaller than `num_shards` chunks is cut finer, so that no shard is left
+    holding nothing (a shard without chunks would have no version to serve).
     """
     if num_shards < 1:
         raise ValueError("at least one shard")
-    per_chunk = max(1, chunk_bytes // FLOAT_BYTES)
+    if total < num_shards:
+        raise ValueError(f"a model of {total} parameters cannot be spread over {num_shards} shards")
+    per_chunk = max(1, min(chunk_bytes // FLOAT_BYTES, -(-total // num_shards)))
     load = [0] * num_shards
     chunks = []
     for cid, start in enumerate(range(0, total, per_chunk)):

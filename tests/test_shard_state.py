@@ -295,3 +295,19 @@ def test_the_schedules_factor_scales_every_update():
     g = torch.randn(1000, generator=torch.Generator().manual_seed(9))
     _push(state, "w0", g, 0, B // 3)
     torch.testing.assert_close(_flat(state), _reference(w0, [(g, 0.25)]))
+
+
+@pytest.mark.parametrize("total, chunk_bytes, shards", [(1000, 1 << 20, 2), (1000, 1 << 20, 3), (7, 4, 7), (10_000, 4096, 2)])
+def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total, chunk_bytes, shards):
+    """A model that fits one chunk is cut finer rather than leave a shard empty (it crashed on min() of nothing)."""
+    layout = make_layout(total, chunk_bytes, shards)
+    assert sum(c.length for c in layout.chunks) == total and all(c.length * 4 <= chunk_bytes for c in layout.chunks)
+    for shard in range(shards):
+        mine = [c for c in layout.chunks if c.owner == shard]
+        state = ShardState.initial(mine, torch.zeros(total), SGD, "asgd", B)
+        assert state.sizes and state.version == 0
+
+
+def test_a_model_smaller_than_its_shard_count_is_refused():
+    with pytest.raises(ValueError, match="3 parameters cannot be spread over 4 shards"):
+        make_layout(3, 1 << 20, 4)
