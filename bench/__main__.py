@@ -141,7 +141,8 @@ def write(results: dict[str, Any], out: Path, publish: bool) -> None:
         PUBLISHED_PLOTS.mkdir(parents=True, exist_ok=True)
         for png in out.glob("*.png"):
             shutil.copy(png, PUBLISHED_PLOTS / png.name)
-        PUBLISHED.write_text(report.render(results, "plots/"))
+        fresh = report.render(results, "plots/")
+        PUBLISHED.write_text(report.carry_over(PUBLISHED.read_text(), fresh) if PUBLISHED.exists() else fresh)
         progress(f"published: {PUBLISHED} and {PUBLISHED_PLOTS}/")
 
 

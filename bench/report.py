@@ -179,3 +179,43 @@ def render(results: dict[str, Any], img: str) -> str:
     lines += ["## Reproduce", "", "```", "make bench            # full mode, this report", "make bench-quick      # under 10 minutes",
               "python -m bench --help", "```", ""]
     return "\n".join(lines)
+
+
+KEEP_MARK = "<!-- kept by python -m bench --publish -->"
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """`text` cut before each `## ` heading: (heading, the section's text); the preamble's heading is ''."""
+    sections: list[tuple[str, str]] = [("", "")]
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            sections.append((line.strip(), ""))
+        heading, body = sections[-1]
+        sections[-1] = (heading, body + line)
+    return sections
+
+
+def carry_over(previous: str, fresh: str) -> str:
+    """`fresh` with the sections of `previous` that hold KEEP_MARK: those measured by commands of their own
+    (a protocol added later, the overlap variants, the simulator), which this run did not redo.
+
+    Each goes back after the section it followed, or before Reproduce if that section is gone.
+    """
+    kept: dict[str, list[str]] = {}
+    anchor = ""
+    for heading, body in _sections(previous):
+        if KEEP_MARK in body:
+            kept.setdefault(anchor, []).append(body)
+        else:
+            anchor = heading
+    fresh_sections = _sections(fresh)
+    headings = {heading for heading, _ in fresh_sections}
+    orphans = [body for heading, bodies in kept.items() if heading not in headings for body in bodies]
+    out: list[str] = []
+    for heading, body in fresh_sections:
+        if heading == "## Reproduce":
+            out += orphans
+            orphans = []
+        out.append(body)
+        out += kept.get(heading, [])
+    return "".join(out + orphans)

@@ -155,3 +155,14 @@ def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(argv, says, c
     with pytest.raises(SystemExit) as exc:
         bench_cli.parse_args(argv)
     assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_publishing_keeps_the_sections_measured_by_other_commands_in_place():
+    mark = report.KEEP_MARK
+    previous = ("# title\n\n## 1. A\nold a\n## 1b. Later\n" + mark + "\nssp figures\n## 2. B\nold b\n"
+                "## 5. Gone\nold\n## 6. Sim\n" + mark + "\nsim figures\n## Reproduce\nmake bench\n")
+    fresh = "# title\n\n## 1. A\nnew a\n## 2. B\nnew b\n## Reproduce\nmake bench\n"
+    merged = report.carry_over(previous, fresh)
+    assert merged == ("# title\n\n## 1. A\nnew a\n## 1b. Later\n" + mark + "\nssp figures\n## 2. B\nnew b\n"
+                      "## 6. Sim\n" + mark + "\nsim figures\n## Reproduce\nmake bench\n")
+    assert report.carry_over(fresh, fresh) == fresh, "nothing marked, nothing added"
