@@ -169,8 +169,8 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
 
 
 def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(cluster):
-    """Nothing sent to the scheduler carries a tensor: frames are refused before the envelope is
-    read, so a flood of large frames costs a length check, not memory, and torch stays unloaded."""
+    """Nothing sent to the scheduler carries a tensor: frames are refused (`bad_chunk`) right after the
+    envelope, never turned into tensors, so a flood of frames costs a length check and torch stays unloaded."""
     c = cluster
     wait_for("the scheduler to answer STATUS", c.status, 60)
     counted = _refusals(c.sched, "bad_chunk")
