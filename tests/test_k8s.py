@@ -436,14 +436,16 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
     c = main_container(sts)
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(resolved_env(c, downward_for(sts)))
-    # Loopback ports instead of the pod's; the keys `dynabatch keys` makes for the Secret.
+    # Loopback ports instead of the pod's, a fresh folder instead of its state volume; the keys
+    # `dynabatch keys` makes for the Secret.
     port = free_port()
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(keys)], check=True,
                    capture_output=True)
     env.update(DYNABATCH_BIND=f"tcp://127.0.0.1:{free_port()}", DYNABATCH_METRICS_HOST="127.0.0.1",
                DYNABATCH_METRICS_PORT=str(port), HOME=str(tmp_path), MPLCONFIGDIR=str(tmp_path / "mpl"),
-               DYNABATCH_CURVE_DIR=str(keys))
+               DYNABATCH_CURVE_DIR=str(keys), DYNABATCH_STATE_DIR=str(tmp_path / "state"))
+    assert "DYNABATCH_STATE_DIR" in resolved_env(c, downward_for(sts)), "the scheduler keeps its progress on a volume"
     log = tmp_path / "scheduler.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cli.main", *c["args"]], env=env,

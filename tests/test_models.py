@@ -25,9 +25,10 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
 
 @pytest.fixture
 def threads() -> Iterator[None]:
-    """Train on the two cores this suite is sized for, then restore the thread count."""
+    """Train on one thread, then restore the thread count: the suite runs two test processes on two
+    cores, and torch's threads spinning against another process's made this test ten times slower."""
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
 
@@ -112,7 +113,7 @@ def test_cnn_learns_synthetic(threads: None) -> None:
 
     assert accuracy() < 0.3, "synthetic data should not be solved by an untrained model"
     order, gen = SampleOrder(len(ds.train_y), seed=0), torch.Generator().manual_seed(0)
-    for _ in range(300):
+    for _ in range(150):  # seeded: 0.92 after 150 steps
         x, y = make_batch(ds, order.take(64), train=True, generator=gen)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()

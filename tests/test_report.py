@@ -88,7 +88,7 @@ TIMELINE_KEYS = {
     "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
     "eval_version", "eval_t",
     "stopping", "finished", "final_eval", "assignment_id", "workers", "departed", "shards", "decisions",
-    "decision_s", "wall_t",
+    "decision_s", "lost_samples", "lost_versions", "wall_t",
 }
 WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
