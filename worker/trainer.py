@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import statistics
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -235,17 +236,15 @@ class Worker:
         return (factor - 1.0) * cpu_s
 
     def measure_standalone(self) -> float:
-        """Samples/s of forward+backward alone (slowdown included): the fastest of timed steps.
+        """Samples/s of forward+backward alone (slowdown included): the median of timed steps.
 
-        The fastest, because processes beside this one (imports, data loading, other
-        jobs) make steps slow at random and never fast: contention that inflates a
-        1x node's wall time more than a 2x node's would rank them wrongly under a
-        median, while each node's fastest step is its least disturbed one.
+        The median, because processes starting beside this one (imports, data loading)
+        make single steps slow at random.
         """
         batch = min(64, self.job.max_batch, self.opts.max_batch or self.job.max_batch)
         train_step(self.model, self.next_batch(batch), self.loss_fn, micro_batch=self.opts.micro_batch)
         times = [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
-        return batch / min(times)
+        return batch / statistics.median(times)
 
     def run(self) -> int:
         try:
