@@ -37,7 +37,7 @@ from dynabatch.cluster.launcher import Child, Launcher
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import (
-    Bye, Error, Heartbeat, Hello, JobStatus, Params, Pull, StatusReply, StatusRequest, Welcome,
+    Bye, Error, Heartbeat, Hello, JobStatus, Params, Pull, StatusRequest, Welcome,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 

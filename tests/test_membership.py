@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 import torch
 
+from dynabatch.common.models import build_model
 from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Hello, JobStatus, Pull, Push, Welcome, WorkerStatus
 from dynabatch.common.wire import ChunkMeta
 from harness import Cluster, free_port, run_job, wait_for
@@ -195,9 +197,32 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
         c.stop()
 
 
+def _cnn_step_s(batch: int) -> float:
+    """Seconds of one training step of the synthetic CNN at `batch` in this process now (the fastest of 5)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a worker process trains
+    try:
+        model = build_model("cnn", (1, 28, 28), 10, seed=0)
+        x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            times.append(time.perf_counter() - start)
+        return min(times)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
-    """Workers heartbeat between local steps, not only once per round of H steps."""
-    STEPS, LIVENESS_S = 128, 3.0  # 5-6 s of steps per round; the timeout still leaves room for a slow first step
+    """Workers heartbeat between local steps, not only once per round of H steps.
+
+    The liveness timeout is 25 of the slowest node's steps as this machine runs them now (at least 3 s), so a
+    loaded machine stretches it as much as the steps; a round of 128 steps at batches near 96 is over three
+    timeouts long on the 2x node, so a worker that heartbeat only once per round would be dropped.
+    """
+    STEPS = 128
+    LIVENESS_S = max(3.0, 25 * 3 * _cnn_step_s(96))
     run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "cnn", "--protocol", "local",
                      "--local-steps", str(STEPS), "--workers", "2", "--slowdowns", "2", "3", "--epochs", "1",
                      "--liveness-timeout-s", str(LIVENESS_S), "--heartbeat-s", "0.2", "--no-evaluator")
