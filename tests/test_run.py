@@ -69,13 +69,13 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
 @pytest.mark.data
 @pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
 def test_the_main_job_learns_fashion_mnist(tmp_path):
-    """The default job, shortened to 1.5 epochs: the CNN must be well on its way to 88%."""
-    run, _ = run_job(tmp_path, "r", "--epochs", "1.5", timeout_s=400)
+    """The default job, shortened to one epoch: the CNN must be well on its way to 88%."""
+    run, _ = run_job(tmp_path, "r", "--epochs", "1", timeout_s=400)
     summary = json.loads((run / "summary.json").read_text())
     accuracies = [s["test_acc"] for s in json.loads((run / "timeline.json").read_text()) if s.get("test_acc") is not None]
-    assert max(accuracies) >= 0.80, accuracies
-    # Asynchronous SGD this early is noisy: final accuracy is 85-86% in most runs, but one seen
-    # under a loaded CI machine dipped from 81.5% to 79.1% between two evaluations.
+    assert max(accuracies) >= 0.78, accuracies
+    # Asynchronous SGD this early is noisy: after one epoch the final accuracy is 83% here (85-86% after 1.5),
+    # but one seen under a loaded CI machine dipped by 2.4 points between two evaluations.
     assert summary["final_test_acc"] >= 0.75, summary
     order = sorted(summary["workers"].values(), key=lambda w: -w["final_batch"])
     assert [w["name"] for w in order] == ["worker0", "worker1", "worker2"], "batches must follow speed"
