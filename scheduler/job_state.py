@@ -52,6 +52,7 @@ class Member:
     joined: float
     last_seen: float
     endpoint: str = ""
+    progress_at: float = 0.0  # when its counters last grew: the steps a report adds were taken since then
     shard_index: int = -1
     speed: SpeedModel | None = None
     standalone_sps: float = 0.0
@@ -231,6 +232,12 @@ class JobState:
         self._drop(self.member(member_id, connection), now, "left")
         return True
 
+    def excuse(self, seconds: float) -> None:
+        """The scheduler itself heard nothing for `seconds` (its process stalled: a slow disk under the
+        progress file's fsync, a paused VM, a starved CPU): no member is blamed for that silence."""
+        for m in self.members.values():
+            m.last_seen += seconds
+
     def expire(self, now: float) -> list[str]:
         """Drop members whose heartbeats stopped; returns their ids."""
         dead = [m for m in self.members.values() if not m.left and now - m.last_seen > self._timeout(m)]
@@ -284,7 +291,12 @@ class JobState:
         member = self.member(member_id, connection)
         self.check_budget(now)
         if member.role == "worker":
-            check_worker_heartbeat(member.last, hb, now - member.last_seen, self.job.max_batch, self.num_shards)
+            # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
+            # they fit in the time since the counters last grew, not since the last heartbeat.
+            check_worker_heartbeat(member.last, hb, now - (member.progress_at or member.joined), self.job.max_batch,
+                                   self.num_shards)
+            if hb.steps != member.last.steps or not member.progress_at:
+                member.progress_at = now
             if not member.admitted_in:  # its first report: from now on it is live, and every shard must learn it
                 self.membership += 1
                 member.admitted_in = self.membership

@@ -37,6 +37,9 @@ DECISION_TIMES_KEPT = 4096
 # and its metrics) takes well under a kilobyte: a message with tensor frames or a
 # larger envelope is refused before it is parsed, and never becomes a tensor here.
 ENVELOPE_ONLY = WireLimits(max_chunks=0, max_frame_bytes=0, max_envelope_bytes=1 << 16, max_array=1024)
+# A turn of the loop waits at most 0.1 s for messages; one that took this long means the process itself
+# stalled, and heartbeats that queued meanwhile may not all have reached the socket yet.
+STALL_S = 1.0
 SAVE_EVERY_S = 1.0  # samples trained since the last save are not counted after a restart: the job trains them again
 
 
@@ -107,6 +110,7 @@ class SchedulerServer:
         signal.signal(signal.SIGINT, self._on_signal)
         log.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint, self.metrics_server.url())
         finished_at: float | None = None
+        last_turn = time.monotonic()
         while not self.stopping:
             if self.sock.poll(100):
                 for _ in range(256):
@@ -114,6 +118,11 @@ class SchedulerServer:
                     if not self.sock.poll(0):
                         break
             now = time.monotonic()
+            if now - last_turn > STALL_S:
+                log.warning("the scheduler's loop stalled for %.1f s; members' silence in that time is excused",
+                            now - last_turn)
+                self.state.excuse(now - last_turn)
+            last_turn = now
             for member_id in self.state.expire(now):
                 log.warning("%s stopped sending heartbeats; dropped", member_id)
             if self.state.tick(now):

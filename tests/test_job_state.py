@@ -395,3 +395,33 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
     with pytest.raises(ProtocolError, match="bad_field"):
         m = state.members[fed]
         state.heartbeat(fed, Heartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
+
+
+def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken():
+    """128 local steps reported 10 ms after a heartbeat that repeated the old counters: they were taken over the
+    6 s since the counters last grew, so they fit (the bound used the time since the last heartbeat, and refused
+    every round's report)."""
+    state = _job(protocol="local")
+    wid = _join(state, 100.0)
+    before = state.members[wid].last
+    for now in (2.0, 4.0, 5.99):
+        state.heartbeat(wid, before, now)
+    m = state.members[wid]
+    round_end = Heartbeat(steps=128, samples=128 * m.batch, batch=m.batch, step_s=6.0, compute_s=6.0,
+                          standalone_sps=100.0, loss=1.0)
+    state.heartbeat(wid, round_end, 6.0)
+    assert state.members[wid].steps == 128
+    with pytest.raises(ProtocolError, match="HEARTBEAT.steps grew by 1000"):
+        state.heartbeat(wid, Heartbeat(steps=1128, samples=m.samples, batch=m.batch, standalone_sps=100.0), 6.01)
+
+
+def test_silence_while_the_scheduler_itself_stalled_is_excused():
+    """A 3 s stall of the scheduler's own loop (a slow fsync, a paused VM) must not drop workers that
+    heartbeat all along; silence beyond it still does."""
+    state = _job()
+    wid = _join(state, 100.0)
+    _step(state, wid, 0.1, now=1.0)
+    state.excuse(3.0)
+    _shards_apply(state, 4.5)
+    assert state.expire(4.5) == [], "3.5 s of silence, 3 s of it the scheduler's own"
+    assert state.expire(6.1) == [wid]
