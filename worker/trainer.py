@@ -228,12 +228,23 @@ class Worker:
         return loss, wall
 
     def idle_for_slowdown(self, cpu_s: float) -> float:
-        """Idle (F-1) x `cpu_s` for this node's slowdown factor F now; returns the seconds idled."""
+        """Idle (F-1) x `cpu_s` for this node's slowdown factor F now; returns the seconds idled.
+
+        Heartbeats go on while it idles, once the scheduler has the worker's speed: a step
+        whose CPU time is long (a new batch shape's kernels built on a busy machine)
+        becomes F times as long here, and a 4x node fell silent past the liveness
+        timeout in its first local round.
+        """
         factor = self.slowdown.factor(time.monotonic() - self.started)
         if factor <= 1.0:
             return 0.0
-        time.sleep((factor - 1.0) * cpu_s)
-        return (factor - 1.0) * cpu_s
+        idle = (factor - 1.0) * cpu_s
+        deadline = time.monotonic() + idle
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, self.job.heartbeat_s))
+            if self.last_hb.standalone_sps:  # not while probing: the scheduler learns the speed first
+                self.heartbeat_when_due()
+        return idle
 
     def measure_standalone(self) -> float:
         """Samples/s of forward+backward alone (slowdown included): the median of timed steps.
