@@ -318,15 +318,18 @@ class Worker:
 
     # -- the protocols' worker loops ----------------------------------------------------
 
+    def _await_round(self, min_version: int | None) -> Generator[Wait, None, None]:
+        """A round's pull waits until the shard holds `min_version` (None: nothing to wait for)."""
+        if min_version is not None:
+            yield lambda: self.c.shard.version >= min_version
+
     def gradient_loop(self) -> Generator[Wait, None, None]:
         """asgd, softsync, ssp and ssgd: pull, compute, push; ssgd's next pull waits for the round's version."""
         c = self.c
         min_version: int | None = None
         while not self.leaving():
             asked = c.now
-            if min_version is not None:
-                target = min_version
-                yield lambda: c.shard.version >= target
+            yield from self._await_round(min_version)
             yield lambda: not c.shard.pull_blocked(self.wid)
             wait = c.now - asked
             flat, versions, version = c.pull()
@@ -369,9 +372,7 @@ class Worker:
         min_version: int | None = None
         while not self.leaving():
             asked = c.now
-            if min_version is not None:
-                target = min_version
-                yield lambda: c.shard.version >= target
+            yield from self._await_round(min_version)
             flat, versions, version = c.pull()
             yield c.now + c.cfg.comm_s
             wait = c.now - asked
