@@ -312,8 +312,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.unanswered = fuzzer.unanswered()
         report.unanswered_kinds = dict(fuzzer.unanswered_kinds())
         report.exited = [c.name for c in target.launcher.children if not c.alive()]
+        after = bad_message_counts(servers)  # before the finite check, which a job near its end may outlast
         report.non_finite = finite_check(target, now)
-        after = bad_message_counts(servers)
         report.counted = {code: after[code] - counted_before[code] for code in after if after[code] > counted_before[code]}
         for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's own members leave, as honest ones do
             for ghost in (view.ghost_workers[i], view.ghost_evaluators[i]):

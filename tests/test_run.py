@@ -37,7 +37,7 @@ def test_every_protocol_and_batch_policy_learns_fashion_mnist(tmp_path, protocol
     assert summary["final_test_acc"] > 0.65, summary
     batches = [w["final_batch"] for w in summary["workers"].values()]
     if policy == "fixed":
-        assert batches == [96, 96]
+        assert set(batches) == {96}, batches  # a worker that rejoined under load keeps its fixed batch too
     per_step = 2 * CNN_PARAMS * 4 / 96  # bytes per sample of one pull and one push per 96-sample step
     if protocol in ("local", "msd"):
         assert summary["bytes_per_sample"] < per_step / 4, "deltas travel once per several steps"
