@@ -27,7 +27,7 @@ def _training(st: JobStatus, n: int) -> bool:
 def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path):
     c = Cluster(tmp_path, QUICK + ["--epochs", "12"])
     try:
-        c.scheduler()
+        scheduler = c.scheduler()
         c.shard()
         workers = {name: c.worker(name, "--slowdown", f) for name, f in (("a", "1"), ("b", "2"), ("victim", "2"))}
         st = c.wait_status("three workers training", lambda s: _training(s, 3))
@@ -37,7 +37,8 @@ def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path
         assert victim in st.departed
         assert sum(w.batch for w in st.workers.values()) == 96
         assert all(w.batch > 0 for w in st.workers.values())
-        assert any(d.reason == "heartbeat timeout" and d.subject == victim for d in st.decisions)
+        # STATUS lists only the latest decisions, which speed updates may have pushed the drop out of; the log keeps it.
+        assert f"{victim} stopped sending heartbeats; dropped" in scheduler.log_text()
         final = c.wait_status("the job to finish without the dead worker", lambda s: s.finished, 120)
         assert final.epoch >= 12
         assert final.samples > st.samples, "the workers left trained on with the dead one's share"
