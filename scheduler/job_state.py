@@ -572,12 +572,12 @@ class JobState:
 
     # -- restart ------------------------------------------------------------------------
 
-    def saved(self, now: float) -> SavedProgress:
-        """What a restarted scheduler needs to go on with this job (saved_progress.py)."""
+    def saved(self, now: float, wall: float) -> SavedProgress:
+        """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is time.time()."""
         speeds = {m.instance: SavedSpeed(m.standalone_sps, m.speed.window())
                   for m in self.members.values() if m.instance and not m.left and m.speed is not None}
         return SavedProgress(
-            config=to_dict(self.job), t=now - self.started, samples=self.samples, lost_samples=self.lost_samples,
+            config=to_dict(self.job), saved_at=wall, t=now - self.started, samples=self.samples, lost_samples=self.lost_samples,
             lost_versions=self.lost_versions, train_size=self.train_size,
             training_s=None if self.training_started_at is None else now - self.training_started_at,
             assignment_id=self.assignment_id, next_id=dict(self._next_id), local_steps=self.local_steps,
@@ -587,8 +587,15 @@ class JobState:
             speeds=dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:]),
         )
 
-    def resume(self, saved: SavedProgress, now: float) -> None:
-        """Go on from `saved`: its samples count as trained by workers that left, every process registers anew."""
+    def resume(self, saved: SavedProgress, now: float, wall: float) -> None:
+        """Go on from `saved`: its samples count as trained by workers that left, every process registers anew.
+
+        The job's clock goes on through the outage (wall-clock `wall` minus the
+        save's, never negative under clock skew): time to accuracy and the time
+        budget are what the user waited, restarts included.
+        """
+        down = max(0.0, wall - saved.saved_at) if saved.saved_at is not None else 0.0
+        now -= down
         self.started = now - saved.t
         self.departed_samples = saved.samples
         self.lost_samples, self.lost_versions = saved.lost_samples, saved.lost_versions

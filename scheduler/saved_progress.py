@@ -43,6 +43,7 @@ class SavedProgress:
     """What a restarted scheduler needs to go on with the same job (see the module's docstring)."""
 
     config: dict[str, Any]
+    saved_at: float | None = None  # wall-clock (time.time()): the downtime until a resume is job time
     t: float = 0.0
     samples: int = 0
     lost_samples: int = 0
@@ -99,7 +100,7 @@ def load_progress(path: Path, config: dict[str, Any]) -> SavedProgress | None:
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
             if not isinstance(getattr(saved, name), int) or getattr(saved, name) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a count")
-        for name in ("t", "training_s", "eval_time", "loss", "first_loss"):
+        for name in ("saved_at", "t", "training_s", "eval_time", "loss", "first_loss"):
             if not isinstance(getattr(saved, name), (int, float, type(None))):
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a number")
         if not isinstance(saved.config, dict):

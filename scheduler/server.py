@@ -81,7 +81,7 @@ class SchedulerServer:
         self.progress_path = progress_path(opts.state_dir, job.job) if opts.state_dir else None
         saved = load_progress(self.progress_path, to_dict(job)) if self.progress_path is not None else None
         if saved is not None:
-            self.state.resume(saved, time.monotonic())
+            self.state.resume(saved, time.monotonic(), time.time())
             log.info("resumed job %r from %s: epoch %.2f (%d samples), %s, next worker id w%d",
                      job.job, self.progress_path, self.state.epoch, saved.samples,
                      f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
@@ -146,7 +146,7 @@ class SchedulerServer:
         """Write the job's progress every SAVE_EVERY_S and at each new evaluation (--state-dir)."""
         if self.progress_path is None or not (force or now >= self._next_save or self.state.eval is not self._saved_eval):
             return
-        save_progress(self.progress_path, self.state.saved(now))
+        save_progress(self.progress_path, self.state.saved(now, time.time()))
         self._saved_eval = self.state.eval
         self._next_save = now + SAVE_EVERY_S
 

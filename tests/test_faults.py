@@ -9,6 +9,7 @@ without faults. Restarts go through `Launcher.restart`, as `dynabatch run` does.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -21,7 +22,6 @@ from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import JobStatus
-from dynabatch.scheduler.server import SAVE_EVERY_S
 from tests.harness import Cluster, free_port, wait_for
 
 EPOCHS = 4.0
@@ -47,11 +47,16 @@ class Job:
     def progress(self, what: str, predicate, timeout_s: float = 90) -> JobStatus:
         return self.c.wait_status(what, predicate, timeout_s)
 
-    def kill_and_restart(self, child: Child) -> tuple[Child, float]:
-        """SIGKILL `child`, start it again with the same arguments; (the new child, when it was killed)."""
+    @staticmethod
+    def kill(child: Child) -> float:
+        """SIGKILL `child`; when it was dead."""
         child.proc.kill()
         child.proc.wait(10)
-        killed = time.monotonic()
+        return time.monotonic()
+
+    def kill_and_restart(self, child: Child) -> tuple[Child, float]:
+        """SIGKILL `child`, start it again with the same arguments; (the new child, when it was killed)."""
+        killed = self.kill(child)
         return self.c.launcher.restart(child), killed
 
 
@@ -101,19 +106,22 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         st = job.progress("shard 1 past that checkpoint", lambda s: s.shards["1"].version > max(fresh) + 5)
         job.shards[1], _ = job.kill_and_restart(job.shards[1])
         before = st.lost_versions
-        st = job.progress("shard 1's loss counted", lambda s: s.lost_versions > before)
-        assert 0 < st.lost_versions - before <= st.shards["1"].version + st.lost_versions
+        earlier = job.progress("shard 1's loss counted", lambda s: s.lost_versions > before)
+        assert 0 < earlier.lost_versions - before <= earlier.shards["1"].version + earlier.lost_versions
 
-        # The scheduler, mid-run: it resumes the job's progress.
+        # The scheduler, mid-run: it resumes the job's progress from its last save, the outage counted as job time.
         st = job.progress("half the job", lambda s: s.epoch >= 0.5 * EPOCHS, 120)
-        job.scheduler, killed = job.kill_and_restart(job.scheduler)
+        killed = job.kill(job.scheduler)
+        saved = json.loads((tmp_path / "state" / "scheduler-dynabatch.json").read_text())
+        job.scheduler = job.c.launcher.restart(job.scheduler)
         resumed = job.progress("both workers training under the restarted scheduler",
                                lambda s: len(s.workers) == 2 and all(w.steps > 0 for w in s.workers.values()))
         scheduler_recovery_s = time.monotonic() - killed
         assert not set(resumed.workers) & set(st.workers), "a rejoining worker never gets an id known before"
-        assert resumed.t >= st.t, "scheduler time goes on"
-        unsaved = sum(w.samples_per_s for w in st.workers.values()) * SAVE_EVERY_S
-        assert resumed.epoch >= st.epoch - unsaved / resumed.train_size, "the epoch count goes on from the saved one"
+        assert resumed.t >= st.t + scheduler_recovery_s * 0.5, "scheduler time goes on through the outage"
+        saved_epoch = (saved["samples"] - saved["lost_samples"]) / saved["train_size"]
+        assert saved_epoch > earlier.epoch, "the scheduler kept saving its progress"
+        assert resumed.epoch >= saved_epoch, "the epoch count goes on from the saved one"
         assert resumed.lost_samples == st.lost_samples and resumed.eval_version is not None
 
         final = _final(job)

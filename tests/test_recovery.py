@@ -76,13 +76,13 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     evaluator = state.hello(Hello(role="evaluator", instance="e"), 0.2).id
     state.eval_report(evaluator, EvalReport(version=6, test_loss=0.5, test_acc=0.8), 0.3)
     path = progress_path(str(tmp_path), job.job)
-    save_progress(path, state.saved(10.0))
+    save_progress(path, state.saved(10.0, wall=5000.0))
     assert not list(tmp_path.glob(".*tmp")), "no temporary file is left behind"
 
     again = JobState(job, num_shards=1, now=100.0)
-    again.resume(load_progress(path, to_dict(job)), 100.0)
+    again.resume(load_progress(path, to_dict(job)), 100.0, wall=5003.0)
     assert (again.samples, again.train_size, again.epoch) == (576, 1000, pytest.approx(0.576))
-    assert again.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(10.0), "scheduler time goes on"
+    assert again.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), "the outage counts"
     ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
     again.heartbeat(ps_again, Heartbeat(version=6, samples=576), 100.1)
     assert again.lost_samples == 0, "a shard that kept its state lost nothing"
@@ -101,7 +101,7 @@ def test_saved_progress_of_another_job_or_a_corrupt_file_is_an_error_never_a_res
     path = progress_path(str(tmp_path), job.job)
     assert load_progress(path, to_dict(job)) is None
     state, _, _ = _running(job)
-    save_progress(path, state.saved(1.0))
+    save_progress(path, state.saved(1.0, wall=0.0))
     with pytest.raises(ValueError, match="epochs=1.0 \\(now 3.0\\)"):
         load_progress(path, to_dict(_job(epochs=3.0)))
     data = json.loads(path.read_text())
