@@ -2,8 +2,10 @@
 
 Starts a job (scheduler, shards, workers, evaluator on 127.0.0.1) and, beside it,
 the same job untouched as the clean reference. Once the first trains, it learns
-what any peer can learn (STATUS, a PULL, a registration of its own), then sends
-the scheduler and every shard messages from bench/fuzz_messages.py: half of them
+what any peer can learn (STATUS, a PULL, a registration of its own), sends it
+every attack reported in issue 11 (bench/fuzz_attacks.py: each must be refused
+with its code, or bounded), then sends the scheduler and every shard messages
+from bench/fuzz_messages.py: half of them
 malformed, half well-formed lies. Afterwards it checks that no process exited,
 that every parameter on every shard is finite, that every message was refused
 (an answer other than ERROR is an accepted lie) and counted in
@@ -32,6 +34,7 @@ from typing import Sequence
 import torch
 import zmq
 
+from bench.fuzz_attacks import ATTACKS, Attack, AttackResult, UNREAD_PULLS
 from bench.fuzz_messages import LIES, SCHEDULER, FuzzMessages, JobView
 from dynabatch.cluster.launcher import Child, Launcher
 from dynabatch.common.builtin_tasks import builtin_init
@@ -42,9 +45,10 @@ from dynabatch.common.messages import (
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 
 JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed", "--chunk-bytes", "131072",
-       "--await-final-eval", "--liveness-timeout-s", "30", "--log-level", "WARNING")
+       "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24", "--log-level", "WARNING")
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 STALL_S = 5.0  # a connection whose answers stop for this long has its unanswered messages written off
+ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
 
 
 @dataclass
@@ -73,12 +77,14 @@ class FuzzReport:
     live_throughout: bool = False  # the job had not finished when the last message went
     exited: list[str] = field(default_factory=list)  # processes that died (or exited non-zero)
     non_finite: list[str] = field(default_factory=list)  # shard chunks holding NaN or Inf
+    attacks: list[AttackResult] = field(default_factory=list)  # the reported attacks, sent before the fuzz
     fuzzed_acc: float | None = None
     clean_acc: float | None = None
 
     @property
     def ok(self) -> bool:
         return (self.live_throughout and not self.accepted and not self.unanswered_kinds and not self.exited
+                and all(a.ok for a in self.attacks)
                 and not self.non_finite
                 and self.fuzzed_acc is not None and self.clean_acc is not None
                 and abs(self.fuzzed_acc - self.clean_acc) * 100 <= ACCURACY_POINTS
@@ -142,9 +148,13 @@ def request(ctx: zmq.Context, endpoint: str, body, timeout_s: float, sock: zmq.S
             sock.close(linger=0)
 
 
-def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+def dealer(ctx: zmq.Context, endpoint: str, reads: bool = True) -> zmq.Socket:
+    """A connection of its own; one that never `reads` takes one reply at most into its buffers."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if not reads:
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 4096)
     sock.setsockopt(zmq.ROUTING_ID, b"f" + secrets.token_bytes(15))
     sock.connect(endpoint)
     return sock
@@ -178,7 +188,78 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
                                  standalone_sps=w.standalone_sps) for wid, w in status.workers.items()}
     return JobView("dynabatch", sorted(status.workers), ["eval0"], hellos, chunks, captured, heartbeats,
                    builtin_init(jobcfg)[0], jobcfg.max_batch, max(s.version for s in status.shards.values()),
-                   ghosts, ghost_evals, len(sockets[SCHEDULER]))
+                   ghosts, ghost_evals, len(sockets[SCHEDULER]), jobcfg.max_workers)
+
+
+def attack(job: Job, view: JobView, endpoints: list[str], sockets: list[list[zmq.Socket]], a: Attack,
+           window: int = 32) -> AttackResult:
+    """Send attack `a` (see Attack for the connection it takes); the result says what came back, or how the
+    target grew."""
+    result = AttackResult(a.name)
+    messages = a.messages(view)
+    sock = sockets[a.target][0] if a.as_ghost else dealer(job.ctx, endpoints[a.target], a.reads)
+    try:
+        if not a.reads:
+            return _unread(job, view, a, sock, messages, result)
+        room = a.admits(view)
+        answered, sent = 0, 0
+        while answered < len(messages):
+            while sent < len(messages) and sent - answered < window:
+                sock.send_multipart(messages[sent])
+                sent += 1
+            if not sock.poll(int(ATTACK_REPLY_S * 1000)):
+                result.wrong.append(f"no answer to {sent - answered} of its messages in {ATTACK_REPLY_S:.0f} s")
+                break
+            reply = decode(sock.recv_multipart())
+            answered += 1
+            if isinstance(reply.body, Error) and reply.body.code in a.refusals:
+                result.refused[reply.body.code] = result.refused.get(reply.body.code, 0) + 1
+            elif isinstance(reply.body, Welcome) and len(result.admitted) < room:
+                result.admitted.append(reply.body.id)
+            else:
+                result.wrong.append(f"{reply.type} {getattr(reply.body, 'code', '')}".strip())
+        result.sent = sent
+        for member in result.admitted:  # a flood's members leave again, so that the fuzz meets the job as it was
+            request(job.ctx, "", Bye(), 5.0, sock, member)
+    finally:
+        if not a.as_ghost:
+            sock.close(linger=0)
+    return result
+
+
+def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list[list[bytes]],
+            result: AttackResult) -> AttackResult:
+    """Pulls nobody reads: the shard must drop their replies, not hold them. Bound: a tenth of holding them all."""
+    shard = job.children("ps")[a.target - 1]
+    pulls_before = _metric_sum(shard, "dynabatch_ps_pulls_total")
+    rss_before = _rss_bytes(shard.proc.pid)
+    for frames in messages:
+        sock.send_multipart(frames)
+    result.sent = len(messages)
+    job.wait("the shard to serve the unread pulls", lambda s: _metric_sum(shard, "dynabatch_ps_pulls_total")
+             >= pulls_before + UNREAD_PULLS, 60)
+    result.grown_bytes = max(0, _rss_bytes(shard.proc.pid) - rss_before)
+    result.bound_bytes = UNREAD_PULLS * sum(4 * _numel(c.shape) for c in view.chunks[a.target - 1]) // 10
+    return result
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _metric_sum(child: Child, name: str) -> float:
+    return sum(float(line.rpartition(" ")[2]) for line in child.metrics().splitlines()
+               if line.startswith(name) and line[len(name)] in " {")
 
 
 def bad_message_counts(children: list[Child]) -> Counter:
@@ -278,6 +359,14 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         view = learn(target, status, sockets)
         servers = target.children("scheduler") + target.children("ps")
         counted_before = bad_message_counts(servers)
+        for a in ATTACKS:
+            began = time.monotonic()
+            report.attacks.append(attack(target, view, endpoints, sockets, a))
+            r = report.attacks[-1]
+            progress(f"[fuzz] attack {a.name!r} ({time.monotonic() - began:.1f} s): {r.sent} sent, refused "
+                     f"{r.refused}, {len(r.admitted)} admitted"
+                     + (f", shard grew {r.grown_bytes / 1e6:.1f} MB (bound {r.bound_bytes / 1e6:.1f})" if not a.reads
+                        else "") + (f"; WRONG: {sorted(set(r.wrong))}" if r.wrong else ""))
         messages = FuzzMessages(view, random.Random(settings.seed))
         fuzzer = Fuzzer(sockets, settings.window)
         sent: Counter = Counter()
@@ -307,7 +396,7 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.messages = sum(sent.values())
         report.messages_per_s = report.messages / report.seconds
         report.sent = dict(sent)
-        report.refused = dict(fuzzer.refused)
+        report.refused = dict(fuzzer.refused + sum((Counter(a.refused) for a in report.attacks), Counter()))
         report.accepted = sorted(set(fuzzer.accepted))[:50]
         report.unanswered = fuzzer.unanswered()
         report.unanswered_kinds = dict(fuzzer.unanswered_kinds())

@@ -47,6 +47,7 @@ class JobView:
     ghost_workers: list[str]  # the worker the fuzzer registered on scheduler connection i (its own, honestly)
     ghost_evaluators: list[str]
     connections: int  # per target
+    max_workers: int  # the job's --max-workers
 
     @property
     def members(self) -> list[str]:
@@ -141,7 +142,7 @@ class FuzzMessages:
             return Pull(ids=[c.id for c in chunks]), [], [], victim
         if kind == 1:
             return v.init, [], [], victim
-        metas, tensors = _zeros(chunks)
+        metas, tensors = zero_chunks(chunks)
         return Push(samples=self.rng.randint(1, v.max_batch)), metas, tensors, victim
 
     def _out_of_bounds(self, target: int, connection: int) -> tuple:
@@ -161,7 +162,7 @@ class FuzzMessages:
                 return report, [], [], v.ghost_evaluators[connection]
             return _impossible_heartbeat(self.rng, v.max_batch), [], [], v.ghost_workers[connection]
         chunks = v.chunks[target - 1]
-        metas, tensors = _zeros(chunks)
+        metas, tensors = zero_chunks(chunks)
         sender = self.rng.choice((*v.workers, v.ghost_workers[connection]))
         lie = self.rng.randrange(4)
         if lie == 0:
@@ -185,7 +186,8 @@ class FuzzMessages:
         return self._wrong_sender(target, connection)
 
 
-def _zeros(chunks: list[ChunkMeta]) -> tuple[list[ChunkMeta], list[Any]]:
+def zero_chunks(chunks: list[ChunkMeta]) -> tuple[list[ChunkMeta], list[Any]]:
+    """`chunks` with a zero tensor each: a push that passes every check but who may send it."""
     import torch
 
     return list(chunks), [torch.zeros(c.shape) for c in chunks]

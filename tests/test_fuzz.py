@@ -1,4 +1,5 @@
-"""The fuzz suite at CI size: a live job takes thousands of malformed and lying messages and trains as if it had none.
+"""The fuzz suite at CI size: a live job takes every attack issue 11 reported, then thousands of malformed and lying
+messages, and trains as if it had none.
 
 `python -m bench.fuzz --messages 100000` runs the same at full size.
 """
@@ -10,12 +11,13 @@ import random
 import pytest
 
 from bench.fuzz import ACCURACY_POINTS, FuzzSettings, fuzz
+from bench.fuzz_attacks import ATTACKS
 from bench.fuzz_messages import CATEGORIES, LIES
 
 pytestmark = pytest.mark.slow
 
 MESSAGES = 2000
-EPOCHS = 4  # the job must outlive the fuzz and its checks on a machine running a second copy of the suite
+EPOCHS = 8  # the job must outlive the attacks, the fuzz and its checks on a machine running a second copy of the suite
 
 
 def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
@@ -26,6 +28,11 @@ def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_p
     assert report.messages == MESSAGES and set(report.sent) == set(CATEGORIES)
     assert sum(report.sent[c] for c in LIES) >= 0.4 * MESSAGES, "about half of them are well-formed lies"
     assert not report.exited, f"processes exited: {report.exited}"
+    assert [a.name for a in report.attacks] == [a.name for a in ATTACKS]
+    for attack in report.attacks:
+        assert attack.ok, attack
+        assert attack.sent and (sum(attack.refused.values()) + len(attack.admitted) == attack.sent
+                                or attack.bound_bytes), attack
     assert not report.accepted, f"accepted: {report.accepted}"
     assert not report.unanswered_kinds, f"lies that got no refusal: {report.unanswered_kinds}"
     assert not report.non_finite, report.non_finite
