@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import matplotlib
 
@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from bench.convergence import config_label  # noqa: E402
 
 
-def _save(fig: plt.Figure, axes: list[plt.Axes], title: str, path: Path) -> Path:
+def save(fig: plt.Figure, axes: list[plt.Axes], title: str, path: Path) -> Path:
     """Grid and legend on every axis, the title, and the PNG."""
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -31,31 +31,42 @@ def _colors(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {label: cmap(i % 10) for i, label in enumerate(labels)}
 
 
-def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
-    """Test accuracy and training loss against time, every run on one chart, one colour per configuration."""
+def styled(runs: list[dict[str, Any]], alpha: float = 0.8, linewidth: float = 1.2
+           ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each run with its line's style: one colour per configuration, labelled on its first line only."""
     colors = _colors(runs)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     labelled: set[str] = set()
     for r in runs:
         label = config_label(r["protocol"], r["policy"])
-        kw = {"color": colors[label], "alpha": 0.8, "linewidth": 1.2,
-              "label": None if label in labelled else label}
+        yield r, {"color": colors[label], "alpha": alpha, "linewidth": linewidth,
+                  "label": None if label in labelled else label}
         labelled.add(label)
+
+
+def accuracy_axis(ax: plt.Axes, xlabel: str, ylim: tuple[float, float]) -> None:
+    """Test accuracy in percent, with the benchmark's targets (85% and 88%) as dotted lines."""
+    for mark in (85, 88):
+        ax.axhline(mark, color="grey", linestyle=":", linewidth=0.8)
+    ax.set_ylim(*ylim)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy (%)")
+
+
+def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Test accuracy and training loss against time, every run on one chart, one colour per configuration."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    for r, kw in styled(runs):
         if r["accuracy_curve"]:
             t, acc = zip(*r["accuracy_curve"])
             ax1.plot(t, [100 * a for a in acc], **kw)
         if r["loss_curve"]:
             t, loss = zip(*r["loss_curve"])
             ax2.plot(t, loss, **kw)
-    for mark in (85, 88):
-        ax1.axhline(mark, color="grey", linestyle=":", linewidth=0.8)
-    ax1.set_ylim(60, 95)
-    ax1.set_xlabel("seconds of training")
-    ax1.set_ylabel("test accuracy (%)")
+    accuracy_axis(ax1, "seconds of training", (60, 95))
     ax2.set_xlabel("seconds of training")
     ax2.set_ylabel("training loss (smoothed)")
     ax2.set_yscale("log")
-    return _save(fig, [ax1], title, path)
+    return save(fig, [ax1], title, path)
 
 
 def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
@@ -70,7 +81,7 @@ def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
         ax.set_title(config_label(r["protocol"], r["policy"]), fontsize=10)
         ax.set_xlabel("seconds of training")
         ax.set_ylabel("batch size")
-    return _save(fig, list(axes[0]), title, path)
+    return save(fig, list(axes[0]), title, path)
 
 
 def transport(results: list[dict[str, Any]], path: Path) -> Path:
@@ -83,7 +94,7 @@ def transport(results: list[dict[str, Any]], path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
     ax.set_ylabel("MB/s of pull + push payload")
-    return _save(fig, [ax], "Transport: pull + push throughput on 127.0.0.1 (1 MiB chunks, 1 shard)", path)
+    return save(fig, [ax], "Transport: pull + push throughput on 127.0.0.1 (1 MiB chunks, 1 shard)", path)
 
 
 def scale(results: list[dict[str, Any]], path: Path) -> Path:
@@ -99,4 +110,4 @@ def scale(results: list[dict[str, Any]], path: Path) -> Path:
     ax1.set_ylabel("model updates/s (worker pushes)")
     ax2.set_xlabel("light workers")
     ax2.set_ylabel("scheduler decision p99 (ms)")
-    return _save(fig, [ax1, ax2], "Scale: many light workers against 1-4 shards", path)
+    return save(fig, [ax1, ax2], "Scale: many light workers against 1-4 shards", path)

@@ -155,25 +155,16 @@ def validation_table(runs: list[dict[str, Any]]) -> str:
 
 def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     """Accuracy against virtual time and against samples, one colour per configuration."""
-    from bench.plots import _colors, _save, plt
+    from bench.plots import accuracy_axis, plt, save, styled
 
-    colors = _colors(runs)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
-    labelled: set[str] = set()
-    for r in runs:
-        label = config_label(r["protocol"], r["policy"])
-        kw = {"color": colors[label], "alpha": 0.7, "linewidth": 1.1, "label": None if label in labelled else label}
-        labelled.add(label)
+    for r, kw in styled(runs, alpha=0.7, linewidth=1.1):
         t, samples, acc = zip(*r["curve"])
         ax1.plot(t, [100 * a for a in acc], **kw)
         ax2.plot(samples, [100 * a for a in acc], **kw)
     for ax, xlabel in ((ax1, "virtual seconds"), (ax2, "samples")):
-        for mark in (85, 88):
-            ax.axhline(mark, color="grey", linestyle=":", linewidth=0.8)
-        ax.set_ylim(10, 92)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy (%)")
-    return _save(fig, [ax1, ax2], title, path)
+        accuracy_axis(ax, xlabel, (10, 92))
+    return save(fig, [ax1, ax2], title, path)
 
 
 def render(parts: dict[str, tuple[Part, list[dict[str, Any]]]], img: str) -> str:
