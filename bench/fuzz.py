@@ -331,9 +331,9 @@ class Fuzzer:
                 else:
                     self.accepted.append(f"{msg.type} answering {what}")
 
-    def drain(self, quiet_s: float = 2.0) -> None:
-        deadline = time.monotonic() + quiet_s
-        while sum(self.in_flight.values()) and time.monotonic() < deadline:
+    def drain(self) -> None:
+        """Collect answers until none is in flight, or none has come for STALL_S (a loaded machine answers late)."""
+        while sum(self.in_flight.values()) and time.monotonic() - max(self.last_answer.values()) < STALL_S:
             self.collect(0.1)
 
     def unanswered(self) -> int:
