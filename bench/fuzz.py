@@ -277,7 +277,10 @@ def finite_check(job: Job, status: JobStatus) -> list[str]:
     """Every chunk of every shard, pulled as a reader: the names of those holding a NaN or Inf."""
     bad = []
     for index, shard in sorted(status.shards.items()):
-        for frames in request(job.ctx, shard.endpoint, Pull(), 10.0, sender="fuzz-check", replies=1 << 16):
+        answers = request(job.ctx, shard.endpoint, Pull(), 10.0, sender="fuzz-check", replies=1 << 16)
+        if not answers:
+            bad.append(f"shard {index}: no answer to the check's PULL")
+        for frames in answers:
             msg = decode(frames)
             for meta, tensor in zip(msg.chunks, msg.tensors):
                 if not torch.isfinite(tensor).all():
@@ -381,13 +384,17 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
                     last_report = time.monotonic()
                     refused = sum(fuzzer.refused.values())
                     progress(f"[fuzz] {n}/{settings.messages} sent, {n / (last_report - start):.0f} messages/s, "
-                             f"{refused} refused, {len(fuzzer.accepted)} accepted")
+                             f"{refused} refused, {len(fuzzer.accepted)} accepted, {fuzzer.written_off} unanswered")
                     dead = [c.name for c in target.launcher.children if not c.alive()]
                     if dead:
                         report.exited = dead
                         break
         fuzzer.drain()
-        now = target.status()
+        try:  # the counts first: a job near its end may outlast the checks after them, not these
+            after = bad_message_counts(servers)
+            now = target.status()
+        except OSError:  # a server's /metrics is gone: the job ended under the fuzz
+            after, now = Counter(), None
         report.live_throughout = now is not None and not now.stopping
         if not report.live_throughout:
             progress("[fuzz] the job finished before the fuzz did: give it more --epochs")
@@ -401,7 +408,6 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.unanswered = fuzzer.unanswered()
         report.unanswered_kinds = dict(fuzzer.unanswered_kinds())
         report.exited = [c.name for c in target.launcher.children if not c.alive()]
-        after = bad_message_counts(servers)  # before the finite check, which a job near its end may outlast
         report.non_finite = finite_check(target, now)
         report.counted = {code: after[code] - counted_before[code] for code in after if after[code] > counted_before[code]}
         for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's own members leave, as honest ones do

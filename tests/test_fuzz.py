@@ -17,7 +17,7 @@ from bench.fuzz_messages import CATEGORIES, LIES
 pytestmark = pytest.mark.slow
 
 MESSAGES = 2000
-EPOCHS = 8  # the job must outlive the attacks, the fuzz and its checks on a machine running a second copy of the suite
+EPOCHS = 12  # the job must outlive the attacks, the fuzz and its checks on a machine running a second copy of the suite
 
 
 def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
