@@ -142,6 +142,7 @@ class JobState:
         self.shard_marks: dict[int, ShardMark] = {}  # each slot's newest reported version and samples
         self.losses: list[LostWork] = []  # restarts the server has yet to log
         self.resumed_speeds: dict[str, SavedSpeed] = {}  # speed models of a saved job, by HELLO instance
+        self.rounds_reached = False  # every shard has had a round protocol's rounds (sticky: see _rounds_done)
 
     # -- membership -------------------------------------------------------------
 
@@ -405,12 +406,18 @@ class JobState:
         so does the job.
 
         Counting samples alone could leave the job one step short for ever if a
-        worker's step was lost in a retry, with every worker already gone.
+        worker's step was lost in a retry, with every worker already gone. Once
+        reached it stays reached: the shards leave at the end, taking the versions
+        that showed it with them, and a job whose samples fell short would then
+        wait for ever for workers that had already stopped.
         """
+        if self.rounds_reached:
+            return True
         if not self.spec.ends_by_rounds or len(self.shards) < self.num_shards or not self.train_size:
             return False
         rounds = math.ceil(self.job.epochs * self.train_size / self.job.global_batch)
-        return all(shard.last.version >= rounds for shard in self.shards.values())
+        self.rounds_reached = all(shard.last.version >= rounds for shard in self.shards.values())
+        return self.rounds_reached
 
     def check_budget(self, now: float) -> None:
         """Stop the job once `time_budget_s` has passed since the first batches were handed out."""

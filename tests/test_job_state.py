@@ -229,6 +229,10 @@ def test_ssgd_stops_once_every_shard_has_had_the_jobs_rounds_even_if_samples_fal
     assert not state.stopping
     state.heartbeat(state.shards[0].id, Heartbeat(version=11, membership=state.membership), 11.0)
     assert state.epoch < 1.0 and state.stopping, "the workers stop at the last round; so does the job"
+    state.bye(wid, 11.5)
+    assert state.finished
+    state.bye(state.shards[0].id, 12.0)
+    assert state.stopping and state.finished, "the shard leaving at the end does not reopen a finished job"
 
 
 def test_backwards_or_non_finite_heartbeats_change_nothing():
