@@ -6,7 +6,9 @@ Roles never import each other; this dispatcher names them by module path, so
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
+import signal
 import sys
 from typing import Sequence
 
@@ -40,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] not in COMMANDS:
         print(f"dynabatch: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    # `kill -USR1 PID` writes every thread's stack to stderr (the process's log) and goes on: how a
+    # process that stopped answering is read without stopping it (`kubectl exec POD -- kill -USR1 1`).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     module = importlib.import_module(COMMANDS[args[0]][0])
     return module.main(args[1:])
 

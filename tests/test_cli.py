@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import add_flags, from_args
+from harness import Cluster, wait_for
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -87,3 +89,18 @@ def test_help_lists_every_role():
     assert out.returncode == 0
     for role in ("run", "scheduler", "ps", "worker"):
         assert role in out.stdout
+
+
+def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(tmp_path):
+    """How a process that stopped answering is read without stopping it."""
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp"])
+    try:
+        scheduler = c.scheduler()
+        c.wait_status("the scheduler to answer", lambda s: True)
+        os.kill(scheduler.proc.pid, signal.SIGUSR1)
+        log = wait_for("the stacks in the scheduler's log", lambda: "most recent call first" in scheduler.log_text()
+                       and scheduler.log_text())
+        assert "scheduler/server.py" in log, log
+        assert scheduler.alive() and c.status().job == "dynabatch"
+    finally:
+        c.stop()
