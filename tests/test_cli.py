@@ -98,9 +98,10 @@ def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(t
         scheduler = c.scheduler()
         c.wait_status("the scheduler to answer", lambda s: True)
         os.kill(scheduler.proc.pid, signal.SIGUSR1)
-        log = wait_for("the stacks in the scheduler's log", lambda: "most recent call first" in scheduler.log_text()
-                       and scheduler.log_text())
-        assert "scheduler/server.py" in log, log
+        # The dump is written thread by thread: wait for the main thread's frame in the scheduler's loop.
+        log = wait_for("the main thread's stack in the scheduler's log",
+                       lambda: "scheduler/server.py" in scheduler.log_text() and scheduler.log_text())
+        assert "Current thread" in log and "most recent call first" in log, log
         assert scheduler.alive() and c.status().job == "dynabatch"
     finally:
         c.stop()
