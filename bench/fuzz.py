@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import secrets
 import sys
@@ -232,25 +233,19 @@ def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list
     """Pulls nobody reads: the shard must drop their replies, not hold them. Bound: a tenth of holding them all."""
     shard = job.children("ps")[a.target - 1]
     pulls_before = _metric_sum(shard, "dynabatch_ps_pulls_total")
-    rss_before = _rss_bytes(shard.proc.pid)
+    rss_before = rss_bytes(shard.proc.pid)
     for frames in messages:
         sock.send_multipart(frames)
     result.sent = len(messages)
     job.wait("the shard to serve the unread pulls", lambda s: _metric_sum(shard, "dynabatch_ps_pulls_total")
              >= pulls_before + UNREAD_PULLS, 60)
-    result.grown_bytes = max(0, _rss_bytes(shard.proc.pid) - rss_before)
-    result.bound_bytes = UNREAD_PULLS * sum(4 * _numel(c.shape) for c in view.chunks[a.target - 1]) // 10
+    result.grown_bytes = max(0, rss_bytes(shard.proc.pid) - rss_before)
+    result.bound_bytes = UNREAD_PULLS * sum(4 * math.prod(c.shape) for c in view.chunks[a.target - 1]) // 10
     return result
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid`, from /proc."""
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024

@@ -18,6 +18,7 @@ import pytest
 import torch
 import zmq
 
+from bench.fuzz import rss_bytes
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
@@ -320,13 +321,6 @@ def big(tmp_path_factory):
     s.cluster.stop()
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
-
-
 def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big):
     """Every round a peer that never reads asks for the whole model, and the worker's push makes a new
     version of it: queued unread, each answer would pin that version in the shard's memory."""
@@ -338,13 +332,13 @@ def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big):
     reader.connect(big.conn.endpoint)
     pull = [bytes(f) for f in encode(Message(Pull(), job="dynabatch", sender="stranger", seq=1))]
     try:
-        before_rss = _rss_bytes(big.proc.proc.pid)
+        before_rss = rss_bytes(big.proc.proc.pid)
         for _ in range(ROUNDS):
             reader.send_multipart(pull)
             pushed = _pull(big.conn, ids)
             ack = big.conn.request(Push(samples=8), REPLY_S, *_gradient(pushed, 1e-3))
             assert isinstance(ack.body, PushAck) and ack.body.applied
-        grown = _rss_bytes(big.proc.proc.pid) - before_rss
+        grown = rss_bytes(big.proc.proc.pid) - before_rss
         after = _pull(big.conn, ids)
     finally:
         reader.close()
