@@ -232,13 +232,15 @@ def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list
             result: AttackResult) -> AttackResult:
     """Pulls nobody reads: the shard must drop their replies, not hold them. Bound: a tenth of holding them all."""
     shard = job.children("ps")[a.target - 1]
-    pulls_before = _metric_sum(shard, "dynabatch_ps_pulls_total")
+    def handled() -> float:  # answered, or refused once the connection's unread answers reached their bound
+        return _metric_sum(shard, "dynabatch_ps_pulls_total") + bad_message_counts([shard])["busy"]
+
+    before = handled()
     rss_before = rss_bytes(shard.proc.pid)
     for frames in messages:
         sock.send_multipart(frames)
     result.sent = len(messages)
-    job.wait("the shard to serve the unread pulls", lambda s: _metric_sum(shard, "dynabatch_ps_pulls_total")
-             >= pulls_before + UNREAD_PULLS, 60)
+    job.wait("the shard to handle the unread pulls", lambda s: handled() >= before + UNREAD_PULLS, 60)
     result.grown_bytes = max(0, rss_bytes(shard.proc.pid) - rss_before)
     result.bound_bytes = UNREAD_PULLS * sum(4 * math.prod(c.shape) for c in view.chunks[a.target - 1]) // 10
     return result

@@ -70,14 +70,20 @@ def _configure(sock: zmq.Socket) -> zmq.Socket:
 
 
 def bind_router(
-    ctx: zmq.Context, endpoint: str, on_refused: Callable[[str], None] | None = None
+    ctx: zmq.Context, endpoint: str, on_refused: Callable[[str], None] | None = None, send_queue: int | None = None
 ) -> tuple[zmq.Socket, str]:
     """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint.
 
     With CURVE on the context it admits only clients holding a client key of a role it serves;
-    `on_refused(reason)` is called for every peer whose handshake fails.
+    `on_refused(reason)` is called for every peer whose handshake fails. With `send_queue` ZeroMQ
+    queues at most that many messages per peer and a send to a full queue raises zmq.Again
+    (ROUTER_MANDATORY) rather than dropping the message: set before bind, as ZeroMQ copies the
+    options into every connection it accepts (ps/outbox.py).
     """
     sock = _configure(ctx.socket(zmq.ROUTER))
+    if send_queue is not None:
+        sock.setsockopt(zmq.SNDHWM, send_queue)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     curve = _CURVE.get(ctx)
     if curve is not None:
         if curve.authenticator is None:
@@ -130,6 +136,13 @@ def recv_routed(sock: zmq.Socket, limits: WireLimits | None = None) -> Incoming:
         return Incoming(identity, None, exc, role, frames[0])
 
 
+def reply_frames(
+    body: Any, seq: int, job: str, sender: str, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()
+) -> list:
+    """A reply's frames, to follow the routing id on a ROUTER."""
+    return encode(Message(body, list(chunks), list(tensors), job, sender, seq))
+
+
 def send_routed(
     sock: zmq.Socket,
     identity: bytes,
@@ -141,9 +154,9 @@ def send_routed(
     tensors: Sequence[torch.Tensor] = (),
 ) -> bool:
     """Reply through a ROUTER; False (and nothing sent) if the peer is gone or full."""
-    msg = Message(body, list(chunks), list(tensors), job, sender, seq)
     try:
-        sock.send_multipart([identity, *encode(msg)], copy=False, flags=zmq.NOBLOCK)
+        sock.send_multipart([identity, *reply_frames(body, seq, job, sender, chunks, tensors)], copy=False,
+                            flags=zmq.NOBLOCK)
     except zmq.Again:
         return False
     return True

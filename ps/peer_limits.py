@@ -12,14 +12,13 @@ empty chunk entries cost a length check, not a second of CPU.
 Replies are bounded per peer too: at most `MAX_PARKED_PER_PEER` pulls wait on one
 connection (a further one that would wait is refused `busy`: the honest worker
 never has more than one pull per shard in flight, so only a peer that does not
-read its answers gets there), and the ROUTER queues at most `send_queue_messages`
-replies for a peer that is not reading them; beyond that ZeroMQ drops them, so
-replies never read cannot pin old versions of the model in the shard's memory.
+read its answers gets there), and at most `backlog_limit` replies wait for a peer
+whose ZeroMQ queue is full (ps/outbox.py); beyond that its pulls are refused and
+its replies dropped, so replies never read cannot pin old versions of the model
+in the shard's memory.
 """
 
 from __future__ import annotations
-
-import zmq
 
 from dynabatch.common.wire import WireLimits
 
@@ -27,7 +26,7 @@ MAX_PARKED_PER_PEER = 4
 ENVELOPE_BASE_BYTES = 64 << 10  # envelope keys, a body's scalars, an optimizer's and a schedule's specs
 ENVELOPE_BYTES_PER_ENTRY = 256  # one chunk entry, or one parameter's name, shape and dtype in an INIT
 MIN_ARRAY = 1024  # lists of an optimizer's or a schedule's spec (milestones), whatever the model's size
-MAX_REMEMBERED = 4096  # connections whose send queue is known to be bounded; forgetting costs one redundant set
+UNMODELLED_BACKLOG = 64  # replies that may wait for one peer before the shard holds a model (errors, INIT's acks)
 
 
 def wire_limits(chunk_lengths: list[int], buffer_total: int, params: int, buffers: int) -> WireLimits:
@@ -40,35 +39,7 @@ def wire_limits(chunk_lengths: list[int], buffer_total: int, params: int, buffer
                       max_array=max(MIN_ARRAY, longest))
 
 
-def send_queue_messages(chunks: int) -> int:
-    """The ROUTER's send high-water mark (messages per peer): one reply per chunk for the pulls one
-    peer may have parked, one being answered, and its acks."""
+def backlog_limit(chunks: int) -> int:
+    """Replies that may wait for one peer (ps/outbox.py): one per chunk for the pulls it may have
+    parked, one being answered, and its acks."""
     return (chunks + 1) * (MAX_PARKED_PER_PEER + 2)
-
-
-class SendQueueBound:
-    """The ROUTER's send high-water mark, on every peer's queue.
-
-    ZeroMQ copies a socket's options into its listener when it binds, so a mark set
-    once the model's size is known would reach only the queues that exist then;
-    setting it again updates every existing queue. So it is set again the first
-    time a connection is heard from, before any reply to it is queued.
-    """
-
-    def __init__(self, sock: zmq.Socket, messages: int) -> None:
-        self.sock = sock
-        self.messages = messages
-        self.heard: set[bytes] = set()
-        self._apply()
-
-    def heard_from(self, identity: bytes) -> None:
-        """Bound `identity`'s queue if it may be new."""
-        if identity in self.heard:
-            return
-        if len(self.heard) >= MAX_REMEMBERED:
-            self.heard.clear()
-        self.heard.add(identity)
-        self._apply()
-
-    def _apply(self) -> None:
-        self.sock.setsockopt(zmq.SNDHWM, self.messages)

@@ -37,11 +37,12 @@ from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.key_roles import check_key_role
-from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, send_error, send_routed
+from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
-from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, SendQueueBound, send_queue_messages, wire_limits
+from dynabatch.ps.outbox import SEND_QUEUE, Outbox
+from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
 from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState
@@ -108,7 +109,8 @@ class ShardServer:
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         self.refused = auth_failures_counter(self.registry, "ps")
         self.ctx = open_context(curve)
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.refused.labels("ps", reason).inc())
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.refused.labels("ps", reason).inc(),
+                                               SEND_QUEUE)
         self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.name = opts.name or f"ps-{socket.gethostname()}"
         self.stopping = False
@@ -117,7 +119,9 @@ class ShardServer:
         self.parked: list[ParkedPull] = []
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
         self.limits: WireLimits | None = None  # once the model is held: what a message may be (peer_limits.py)
-        self.send_bound: SendQueueBound | None = None  # once the model is held: replies queued per peer
+        self.dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped because their peer read none of the "
+                               "ones before.", registry=self.registry)
+        self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, self.dropped.inc)  # replies waiting for their peer to read
         self.membership = 0  # the scheduler's number of the live worker set in self.state
         self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
         self.signature: ModelSignature | None = None
@@ -227,7 +231,7 @@ class ShardServer:
         sig = self.signature
         self.limits = wire_limits([c.length for c in self.state.chunks], self.buffers.total if self.buffers else 0,
                                   len(sig.params), len(sig.buffers))
-        self.send_bound = SendQueueBound(self.sock, send_queue_messages(len(self.state.chunks)))
+        self.outbox.limit = backlog_limit(len(self.state.chunks))
 
     def _take_buffers(self, msg: Message, total: int) -> torch.Tensor | None:
         """Remove the travelling buffers' entry (always the last) from `msg` and return it, checked; None if absent.
@@ -250,7 +254,8 @@ class ShardServer:
         next_beat = time.monotonic() + self.job.heartbeat_s
         next_ckpt = time.monotonic() + self.opts.checkpoint_interval_s
         while not self.stopping and not self.job_over:
-            events = dict(poller.poll(timeout=50))
+            self.outbox.flush()
+            events = dict(poller.poll(timeout=1 if self.outbox.waiting else 50))
             if self.sock in events:
                 pending = [recv_routed(self.sock, self.limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
@@ -305,8 +310,6 @@ class ShardServer:
             self.job_over = True
 
     def _handle(self, incoming: Incoming) -> None:
-        if self.send_bound is not None:
-            self.send_bound.heard_from(incoming.identity)
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
         msg = incoming.message
@@ -341,7 +344,11 @@ class ShardServer:
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.m.bad.labels("ps", error.code).inc()
         self.refusals.refused(error.code, str(error))
-        send_error(self.sock, incoming, error, self.job.job, f"ps{self.index}")
+        self._reply(incoming.identity, error.to_error(), error.ref)
+
+    def _reply(self, identity: bytes, body: object, seq: int, metas: list[ChunkMeta] | None = None,
+               tensors: list[torch.Tensor] | None = None) -> None:
+        self.outbox.send(identity, reply_frames(body, seq, self.job.job, f"ps{self.index}", metas or (), tensors or ()))
 
     def _on_init(self, incoming: Incoming) -> None:
         """The first INIT sets the model; every later one must describe the same model."""
@@ -358,8 +365,7 @@ class ShardServer:
             difference = sig.difference(self.signature)
             if difference is not None:
                 raise ProtocolError("signature", f"this model differs from the job's: {difference}")
-            send_routed(self.sock, incoming.identity, InitAck(self.state.version), msg.seq, self.job.job,
-                        f"ps{self.index}")
+            self._reply(incoming.identity, InitAck(self.state.version), msg.seq)
             return
         layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
         mine = layout.for_shard(self.index)
@@ -380,8 +386,7 @@ class ShardServer:
         self._bound_peers()
         self._checkpoint()  # a shard killed before its first interval checkpoint resumes this model, not nothing
         log.info("initialised by %s: %d parameters", msg.sender, sig.total)
-        send_routed(self.sock, incoming.identity, InitAck(0, initialized=True), msg.seq, self.job.job,
-                    f"ps{self.index}")
+        self._reply(incoming.identity, InitAck(0, initialized=True), msg.seq)
 
     def _on_pull(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -391,9 +396,13 @@ class ShardServer:
                                 "travelling buffers, if it has any)")
         self._serve_pull(incoming.identity, msg.seq, msg.sender, body.ids, body.min_version, body.buffers)
 
-    def _check_parked_room(self, identity: bytes) -> None:
-        """Refuse a pull that might park while this connection already has its fill of parked pulls."""
-        if sum(p.identity == identity for p in self.parked) >= MAX_PARKED_PER_PEER:
+    def _check_room(self, identity: bytes, parks: bool) -> None:
+        """Refuse a pull while this connection's earlier answers wait unread, or one that would park while it
+        already has its fill of parked pulls (`parks`)."""
+        if self.outbox.full(identity):
+            raise ProtocolError("busy", f"{self.outbox.limit} answers to this connection wait unread; read them "
+                                "before asking again")
+        if parks and sum(p.identity == identity for p in self.parked) >= MAX_PARKED_PER_PEER:
             raise ProtocolError("busy", f"{MAX_PARKED_PER_PEER} pulls from this connection already wait; read their "
                                 "answers before asking again")
 
@@ -403,8 +412,7 @@ class ShardServer:
         items = self.state.pull(ids)
         ready = [] if self.state.pull_blocked(worker) else [cid for cid, _, ver in items if ver >= min_version]
         waiting = [cid for cid, _, _ in items if cid not in ready]
-        if waiting:
-            self._check_parked_room(identity)
+        self._check_room(identity, bool(waiting))
         self._send_chunks(identity, seq, ready, worker if buffers else None)
         if waiting:
             self.parked.append(ParkedPull(identity, seq, worker, waiting, min_version,
@@ -419,8 +427,7 @@ class ShardServer:
                 metas.append(ChunkMeta(BUFFERS_ID, "float32", (self.buffers.total,), self.state.version))
                 tensors.append(self.buffers.sent_to(buffers_to))
                 buffers_to = None
-            send_routed(self.sock, identity, Params(version=self.state.version), seq, self.job.job,
-                        f"ps{self.index}", metas, tensors)
+            self._reply(identity, Params(version=self.state.version), seq, metas, tensors)
             self.m.bytes_out.inc(sum(m.nbytes for m in metas))
         self.m.pulls.inc()
 
@@ -433,7 +440,7 @@ class ShardServer:
         check_chunks(msg, self.state.sizes)
         check_finite(msg)
         if body.then_pull:  # refused now, not once the push is applied
-            self._check_parked_room(incoming.identity)
+            self._check_room(incoming.identity, True)
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
@@ -449,8 +456,7 @@ class ShardServer:
             self._advance_progress(self.samples_seen / (self.signature.train_size * self.job.epochs)
                                    if self.job.epochs else 0.0)
         all_applied = len(outcome.applied) == len(tensors)
-        send_routed(self.sock, incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied),
-                    msg.seq, self.job.job, f"ps{self.index}")
+        self._reply(incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied), msg.seq)
         self._after_update(outcome.applied)
         if body.then_pull:
             self._serve_pull(incoming.identity, msg.seq, msg.sender, [], body.pull_min_version,

@@ -26,7 +26,8 @@ from dynabatch.common.messages import Error, Params, Pull, Push, PushAck
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
-from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, send_queue_messages
+from dynabatch.ps.outbox import SEND_QUEUE
+from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, backlog_limit
 from dynabatch.ps.push_bounds import max_push_samples
 from harness import Cluster, Proc, metric_value
 
@@ -331,6 +332,7 @@ def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big):
     reader.setsockopt(zmq.LINGER, 0)
     reader.connect(big.conn.endpoint)
     pull = [bytes(f) for f in encode(Message(Pull(), job="dynabatch", sender="stranger", seq=1))]
+    busy = big.bad_messages("busy")
     try:
         before_rss = rss_bytes(big.proc.proc.pid)
         for _ in range(ROUNDS):
@@ -344,6 +346,7 @@ def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big):
         reader.close()
     model_bytes = 4 * BIG_PARAMS
     chunk_bytes = 4 * max(big.sizes.values())
-    bound = send_queue_messages(len(ids)) * chunk_bytes + 4 * model_bytes  # queued replies, then sockets' slack
+    bound = (SEND_QUEUE + backlog_limit(len(ids))) * chunk_bytes + 4 * model_bytes  # queued replies, sockets' slack
     assert grown < bound, f"the shard grew {grown / 1e6:.0f} MB in {ROUNDS} rounds (bound {bound / 1e6:.0f} MB)"
+    assert big.bad_messages("busy") > busy, "the reader's pulls were all answered though it read none"
     assert {ver for ver, _ in after.values()} == {max(ver for ver, _ in pushed.values()) + 1}
