@@ -38,6 +38,7 @@ import zmq
 from bench.fuzz_attacks import ATTACKS, Attack, AttackResult, UNREAD_PULLS
 from bench.fuzz_messages import LIES, SCHEDULER, FuzzMessages, JobView
 from dynabatch.cluster.launcher import Child, Launcher
+from dynabatch.cluster.metric_text import metric_by_label, metric_sum
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import (
@@ -232,15 +233,16 @@ def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list
             result: AttackResult) -> AttackResult:
     """Pulls nobody reads: the shard must drop their replies, not hold them. Bound: a tenth of holding them all."""
     shard = job.children("ps")[a.target - 1]
-    def handled() -> float:  # answered, or refused once the connection's unread answers reached their bound
-        return _metric_sum(shard, "dynabatch_ps_pulls_total") + bad_message_counts([shard])["busy"]
+    def handled() -> tuple[float, float]:  # answered, and refused once the connection's unread answers filled up
+        return metric_sum(shard.metrics(), "dynabatch_ps_pulls_total"), bad_message_counts([shard])["busy"]
 
     before = handled()
     rss_before = rss_bytes(shard.proc.pid)
     for frames in messages:
         sock.send_multipart(frames)
     result.sent = len(messages)
-    job.wait("the shard to handle the unread pulls", lambda s: handled() >= before + UNREAD_PULLS, 60)
+    job.wait("the shard to handle the unread pulls", lambda s: sum(handled()) >= sum(before) + UNREAD_PULLS, 60)
+    result.refused["busy"] = int(handled()[1] - before[1])  # counted by the shard: its ERRORs went unread
     result.grown_bytes = max(0, rss_bytes(shard.proc.pid) - rss_before)
     result.bound_bytes = UNREAD_PULLS * sum(4 * math.prod(c.shape) for c in view.chunks[a.target - 1]) // 10
     return result
@@ -254,20 +256,9 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def _metric_sum(child: Child, name: str) -> float:
-    return sum(float(line.rpartition(" ")[2]) for line in child.metrics().splitlines()
-               if line.startswith(name) and line[len(name)] in " {")
-
-
 def bad_message_counts(children: list[Child]) -> Counter:
-    out: Counter = Counter()
-    for child in children:
-        for line in child.metrics().splitlines():
-            if line.startswith("dynabatch_bad_messages_total{"):
-                labels, _, value = line.rpartition(" ")
-                code = labels.split('reason="')[1].split('"')[0]
-                out[code] += int(float(value))
-    return out
+    """Refusals counted by `children`, by code."""
+    return sum((metric_by_label(c.metrics(), "dynabatch_bad_messages_total", "reason") for c in children), Counter())
 
 
 def finite_check(job: Job, status: JobStatus) -> list[str]:

@@ -18,6 +18,7 @@ import torch
 import zmq
 
 from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line, keys_per_role
+from dynabatch.cluster.metric_text import metric_sum
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
@@ -61,15 +62,7 @@ Proc = Child  # a started process, as the tests call it
 
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The value of one series in Prometheus text format (0 if absent)."""
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        series, _, value = line.rpartition(" ")
-        if series.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in series for k, v in labels.items()):
-            return float(value)
-    return 0.0
+    return metric_sum(text, name, **labels)
 
 
 @dataclass
