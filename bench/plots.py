@@ -85,12 +85,16 @@ def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
 
 
 def transport(results: list[dict[str, Any]], path: Path) -> Path:
-    """Push+pull throughput of dynabatch and raw ZeroMQ against model size (1 MiB chunks, 1 shard)."""
+    """Pull + push throughput of dynabatch and of the raw ZeroMQ ceilings against model size (1 MiB chunks, 1 shard)."""
     rows = sorted((r for r in results if r["shards"] == 1 and r["chunk_bytes"] == 1 << 20), key=lambda r: r["params"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     x = [r["params"] for r in rows]
     ax.plot(x, [r["dynabatch"]["mb_per_s"] for r in rows], "o-", label="dynabatch (scheduler + shard)")
     ax.plot(x, [r["raw"]["mb_per_s"] for r in rows], "s--", label="raw ZeroMQ (ceiling)")
+    for key, style, label in (("push_pull", "o-", "dynabatch, push+pull in one round trip"),
+                              ("raw_sgd", "s:", "raw ZeroMQ applying SGD (ceiling with the arithmetic)")):
+        if all(r.get(key) for r in rows):
+            ax.plot(x, [r[key]["mb_per_s"] for r in rows], style, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
     ax.set_ylabel("MB/s of pull + push payload")

@@ -212,25 +212,49 @@ def _has_batch(conn: Connection) -> bool:
 # -- raw ZeroMQ ------------------------------------------------------------------------
 
 
-def serve_raw() -> None:
+def serve_raw(update: bool) -> None:
     """The ceiling's server: answer a pull with N bytes and a push with an ack, nothing else.
 
-    It prints its endpoint on stdout and runs until it is terminated.
+    With `update` it also does the arithmetic any parameter server must, at its cheapest:
+    a push is checked finite and applied in place, as SGD with the job's default momentum,
+    weight decay and rate, to parameters of its size, and a pull answers with those
+    parameters (in place, a pull being sent may see a later step: a ceiling may cut that
+    corner, a shard may not). What is left between this ceiling and dynabatch is
+    dynabatch's own cost (codec, chunks, validation, new tensors per step, bookkeeping). It prints its endpoint on stdout and runs until it is terminated.
     """
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind("tcp://127.0.0.1:*")
     print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+    torch.set_num_threads(1)  # as `dynabatch ps --threads` defaults to
+    job = JobConfig()
+    params: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by size in bytes: parameters, momentum buffer
+
+    def state(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if size not in params:
+            params[size] = (torch.zeros(size // BYTES_PER_PARAM), torch.zeros(size // BYTES_PER_PARAM))
+        return params[size]
+
     payload = bytearray()
     while True:
         identity, frame = sock.recv_multipart(copy=False)
         if frame.buffer.nbytes == RAW_PULL_REQUEST_BYTES:
             size = int.from_bytes(frame.buffer, "little")
+            if update:
+                param, _ = state(size)
+                sock.send_multipart([identity, memoryview(param.numpy()).cast("B")], copy=False)
+                continue
             if len(payload) < size:
                 payload = bytearray(size)
             sock.send_multipart([identity, memoryview(payload)[:size]], copy=False)
         else:
+            if update:
+                grad = torch.frombuffer(frame.buffer, dtype=torch.float32)
+                param, buf = state(frame.buffer.nbytes)
+                if bool(torch.isfinite(grad.sum())):
+                    buf.mul_(job.momentum).add_(grad).add_(param, alpha=job.weight_decay)
+                    param.add_(buf, alpha=-job.lr)
             sock.send_multipart([identity, RAW_ACK], copy=False)
 
 
@@ -255,9 +279,11 @@ class RawTarget:
         self.sock.close(linger=0)
 
 
-def start_raw_server(launcher: Launcher) -> str:
+def start_raw_server(launcher: Launcher, update: bool) -> str:
     """Run `serve_raw` in its own process (like a shard) and return its endpoint."""
-    server = launcher.spawn("raw-server", "raw-server", [sys.executable, __file__, "--serve-raw"], pipe_stdout=True)
+    mode = "update" if update else "plain"
+    server = launcher.spawn(f"raw-server-{mode}", "raw-server", [sys.executable, __file__, "--serve-raw", mode],
+                            pipe_stdout=True)
     endpoint = server.proc.stdout.readline().decode().strip()
     if not endpoint:
         launcher.check_alive()
@@ -290,6 +316,7 @@ class SizeResult:
     chunk_bytes: int = JobConfig().chunk_bytes
     shards: int = 1
     push_pull: Side | None = None  # the same worker stepping with one round trip (older results lack it)
+    raw_sgd: Side | None = None  # raw ZeroMQ whose server also checks and applies SGD (older results lack it)
 
     @property
     def ratio(self) -> float:
@@ -299,12 +326,17 @@ class SizeResult:
     def push_pull_ratio(self) -> float | None:
         return self.push_pull.mb_per_s / self.raw.mb_per_s if self.push_pull else None
 
+    @property
+    def push_pull_sgd_ratio(self) -> float | None:
+        """push+pull against the ceiling that does the same arithmetic: dynabatch's own overhead."""
+        return self.push_pull.mb_per_s / self.raw_sgd.mb_per_s if self.push_pull and self.raw_sgd else None
+
     @classmethod
     def from_dict(cls, d: dict) -> "SizeResult":
         """Back from results.json (which also holds the derived ratios)."""
-        fields = {k: v for k, v in d.items() if k not in ("ratio", "push_pull_ratio")}
-        push_pull = Side(**d["push_pull"]) if d.get("push_pull") else None
-        return cls(**{**fields, "dynabatch": Side(**d["dynabatch"]), "raw": Side(**d["raw"]), "push_pull": push_pull})
+        fields = {k: v for k, v in d.items() if k not in ("ratio", "push_pull_ratio", "push_pull_sgd_ratio")}
+        optional = {k: Side(**d[k]) if d.get(k) else None for k in ("push_pull", "raw_sgd")}
+        return cls(**{**fields, "dynabatch": Side(**d["dynabatch"]), "raw": Side(**d["raw"]), **optional})
 
 
 def interleave(targets: dict[str, Target], settings: Settings, label: str) -> dict[str, list[float]]:
@@ -330,8 +362,8 @@ def summarize(times: list[float], step_bytes: int) -> Side:
     return Side(median, step_bytes / median / 1e6, 1 / median, len(times))
 
 
-def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str, params: int, chunk_bytes: int,
-                 settings: Settings, shards: int = 1) -> SizeResult:
+def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoints: tuple[str, str], model: str, params: int,
+                 chunk_bytes: int, settings: Settings, shards: int = 1) -> SizeResult:
     """Start a job of `params` parameters on `shards` shards and compare it with raw ZeroMQ, side by side."""
     label = f"{run_label(model, params)}-{chunk_bytes >> 10}K-S{shards}"
     log(f"[{label}] starting scheduler and {shards} shard(s)")
@@ -340,12 +372,15 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoint: str, model: str,
         stack.callback(launcher.stop_all)
         dyn = DynabatchTarget(ctx, launcher, model, params, chunk_bytes, shards=shards)
         stack.callback(dyn.close)
-        raw = RawTarget(ctx, raw_endpoint, dyn.params)
+        raw, raw_sgd = (RawTarget(ctx, endpoint, dyn.params) for endpoint in raw_endpoints)
         stack.callback(raw.close)
-        times = interleave({"dynabatch": dyn, "push+pull": PushPullTarget(dyn), "raw": raw}, settings, label)
+        stack.callback(raw_sgd.close)
+        times = interleave({"dynabatch": dyn, "push+pull": PushPullTarget(dyn), "raw": raw, "raw+sgd": raw_sgd},
+                           settings, label)
     return SizeResult(size_label(dyn.params), dyn.params, dyn.step_bytes,
                       summarize(times["dynabatch"], dyn.step_bytes), summarize(times["raw"], raw.step_bytes),
-                      chunk_bytes, shards, summarize(times["push+pull"], dyn.step_bytes))
+                      chunk_bytes, shards, summarize(times["push+pull"], dyn.step_bytes),
+                      summarize(times["raw+sgd"], raw.step_bytes))
 
 
 def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int,
@@ -387,13 +422,14 @@ def _top(stats: pstats.Stats, lines: int = 25) -> str:
 def table(results: list[SizeResult]) -> str:
     """One row per size; a step is one pull plus one push, its time the median."""
     rows = ["| size | params | chunk | shards | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step "
-            "| push+pull ratio | push+pull step |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| push+pull ratio | push+pull step | raw+sgd step | push+pull / raw+sgd |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         fused = (f"{r.push_pull_ratio:.2f} | {_step(r.push_pull)}" if r.push_pull else "– | –")
+        sgd = (f"{_step(r.raw_sgd)} | {r.push_pull_sgd_ratio:.2f}" if r.push_pull_sgd_ratio is not None else "– | –")
         rows.append(f"| {r.size} | {r.params:,} | {r.chunk_bytes >> 10} KiB | {r.shards} | "
                     f"{r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
-                    f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} | {fused} |")
+                    f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} | {fused} | {sgd} |")
     return "\n".join(rows)
 
 
@@ -416,13 +452,15 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
     """transport.json for machines, transport.md for people; both say how they were made."""
     m = machine()
     data = {"command": command, "machine": m, "settings": asdict(settings), "target_ratio": TARGET_RATIO,
-            "results": [{**asdict(r), "ratio": r.ratio, "push_pull_ratio": r.push_pull_ratio} for r in results]}
+            "results": [{**asdict(r), "ratio": r.ratio, "push_pull_ratio": r.push_pull_ratio,
+                         "push_pull_sgd_ratio": r.push_pull_sgd_ratio} for r in results]}
     (out / "transport.json").write_text(json.dumps(data, indent=2) + "\n")
     md = [
         "# dynabatch transport benchmark", "",
         "One pull of every parameter plus one push of a same-sized gradient per step, on 127.0.0.1.",
         "dynabatch: real `dynabatch scheduler` and `dynabatch ps` processes, the workers' `ShardClients`;",
-        "raw ZeroMQ: ROUTER/DEALER, one zero-copy buffer per message, no codec (the ceiling).",
+        "raw ZeroMQ: ROUTER/DEALER, one zero-copy buffer per message, no codec (the ceiling);",
+        "raw+sgd: the same, its server also checking each push finite and applying the shard's SGD step.",
         "Blocks of the two alternate; times are medians per step; MB = 10^6 bytes of payload.",
         f"Target: ratio >= {TARGET_RATIO:.2f}.", "",
         table(results), "",
@@ -457,7 +495,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true",
                         help="instead of comparing, profile the dynabatch side (client and shard) "
                              "and write DIR/profile-SIZE.txt")
-    parser.add_argument("--serve-raw", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-raw", choices=("plain", "update"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -471,11 +509,12 @@ class Case:
 
 
 def compare(ctx: zmq.Context, log_dir: Path, model: str, cases: list[Case], settings: Settings) -> list[SizeResult]:
-    """Every case against one raw server, which lives for the whole run."""
+    """Every case against the two raw servers (plain, and applying SGD), which live for the whole run."""
     launcher = Launcher(log_dir)
     try:
-        endpoint = start_raw_server(launcher)
-        return [measure_size(ctx, log_dir, endpoint, model, c.params, c.chunk_bytes, settings, c.shards) for c in cases]
+        endpoints = (start_raw_server(launcher, False), start_raw_server(launcher, True))
+        return [measure_size(ctx, log_dir, endpoints, model, c.params, c.chunk_bytes, settings, c.shards)
+                for c in cases]
     finally:
         launcher.stop_all()
 
@@ -488,7 +527,7 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.serve_raw:
-        serve_raw()
+        serve_raw(args.serve_raw == "update")
         return 0
     signal.signal(signal.SIGTERM, _exit_on_signal)
     settings = QUICK if args.quick else FULL
