@@ -94,7 +94,11 @@ class Cluster:
             use_curve(self.ctx, CurveKeys.load(self.curve_dir, "worker"))
             curve_dirs = keys_per_role(self.curve_dir, self.tmp)
         self.launcher = Launcher(self.tmp, curve_dirs)
-        self.scheduler_endpoint = self.launcher.scheduler_endpoint
+
+    @property
+    def scheduler_endpoint(self) -> str:
+        """The launcher's: it moves if the scheduler's port was taken before it could bind."""
+        return self.launcher.scheduler_endpoint
 
     @property
     def procs(self) -> list[Proc]:
