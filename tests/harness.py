@@ -128,11 +128,18 @@ class Cluster:
             conn.close()
 
     def wait_status(self, what: str, predicate: Callable[[JobStatus], bool], timeout_s: float = 60.0) -> JobStatus:
+        """Poll STATUS until `predicate`; a timeout names every process that exited with an error, with its
+        log's tail (a test may kill one on purpose, so an exit alone does not end the wait)."""
         def check() -> JobStatus | None:
             st = self.status()
             return st if st is not None and predicate(st) else None
 
-        return wait_for(what, check, timeout_s, every_s=0.2)
+        try:
+            return wait_for(what, check, timeout_s, every_s=0.2)
+        except AssertionError as exc:
+            dead = "".join(f"\n--- {c.name} exited with {c.proc.returncode}; its log ends:\n{c.log_tail(25)}"
+                           for c in self.launcher.failed())
+            raise AssertionError(f"{exc}{dead}") from None
 
     def join_as_worker(self, standalone_sps: float = 1000.0,
                        model: tuple[Init, torch.Tensor, torch.Tensor | None] | None = None) -> tuple[Connection, Welcome]:
