@@ -30,7 +30,7 @@ from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args
 from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
-from dynabatch.cluster.launcher import Child, Launcher, shared_keys
+from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
@@ -241,7 +241,7 @@ class JobRun:
             if c.name in self.left_out:
                 continue
             action = after_exit(c.role, c.restarts, self.opts.restarts, self.launcher.movable(c),
-                                self._job_goes_on_without(c))
+                                self._job_goes_on_without())
             code = f"{c.name} exited with code {c.proc.returncode}"
             if action == "rebind":
                 print(f"{code}: {c.endpoint} was taken before it could bind; starting it on another port",
@@ -260,11 +260,11 @@ class JobRun:
                 self.left_out.add(c.name)
         return True
 
-    def _job_goes_on_without(self, child: Child) -> bool:
+    def _job_goes_on_without(self) -> bool:
         """Other workers run, and either the job trains or they are enough to start it (--min-workers)."""
-        others = [c for c in self.launcher.running("worker") if c is not child]
+        others = len(self.launcher.running("worker"))  # the worker that exited is not among them
         trained = bool(self.timeline) and self.timeline[-1].status.samples > 0
-        return bool(others) and (trained or len(others) >= self.job.min_workers)
+        return others > 0 and (trained or others >= self.job.min_workers)
 
     def _report(self, wall_s: float) -> None:
         write_timeline(self.run_dir, self.timeline)
