@@ -7,27 +7,41 @@ here once. Children run in their own sessions, so a Ctrl-C reaches only the
 process that started them, which then stops workers first, then the evaluator,
 then shards (which checkpoint on SIGTERM), then the scheduler: nothing is killed
 mid-write, and every client can still say BYE to a live scheduler.
+
+Ports: a child binds its /metrics on port 0 and announces the port in its log, so no
+other process can take it between a probe and the bind. The scheduler's and the shards'
+ZeroMQ ports are fixed, because a restarted one must come back where its peers look;
+one taken by another process before the child could bind is replaced by a fresh one
+(`rebind`), which is safe only before the endpoint was given to anyone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 from dynabatch.common.curve import KEYS_BY_ROLE
+from dynabatch.common.metrics import announced_port
 from dynabatch.common.ports import free_port
 
 STOP_ORDER = ("worker", "evaluator", "ps", "scheduler")
 KEY_ROLES = ("scheduler", "ps", "worker", "evaluator")  # each reads its own key files
 STOP_TIMEOUT_S = 15.0
+METRICS_WAIT_S = 60.0  # a child's start (imports, data) before it binds /metrics, on a loaded machine
+BIND_WAIT_S = 60.0  # the scheduler's start before it listens (0.3 s on a quiet machine)
+BIND_ATTEMPTS = 5  # fresh ports tried for a child whose port another process took before it could bind
+POLL_S = 0.02
+ADDRESS_IN_USE = "Address already in use"  # EADDRINUSE as ZeroMQ's bind reports it
 
 
 def command_line(command: str, flags: Sequence[str] = (), python_args: Sequence[str] = ()) -> list[str]:
@@ -61,6 +75,10 @@ def keys_per_role(curve_dir: str, into: Path) -> dict[str, str]:
     return folders
 
 
+def _log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
 def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Popen:
     """`cmd` in a session of its own, its output (stderr only, with `pipe_stdout`) appended to `log_path`."""
     with open(log_path, "ab") as log_file:
@@ -70,29 +88,87 @@ def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Pope
 
 @dataclass
 class Child:
-    """One started process: `metrics_port` is 0 for a process that serves no /metrics."""
+    """One started process.
+
+    `serves_metrics`: it was told `--metrics-port 0` and announces the port it bound in
+    its log (`metrics_port`). `endpoint`: the ZeroMQ endpoint it binds (`--bind`; the
+    scheduler's and a shard's), a fixed port kept across restarts so that its peers find
+    it again. `log_start` is where this run of the process begins in its log, which a
+    restart appends to.
+    """
 
     role: str
     name: str
-    metrics_port: int
     proc: subprocess.Popen
     log_path: Path
     cmd: list[str] = field(default_factory=list)
     restarts: int = 0
+    serves_metrics: bool = False
+    endpoint: str = ""
+    rebinds: int = 0
+    log_start: int = 0
+    _metrics_port: int | None = field(default=None, repr=False)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def announced_metrics_port(self) -> int | None:
+        """The port its /metrics server bound, once its log says so (None before, or for a process with none)."""
+        if self._metrics_port is None and self.serves_metrics:
+            self._metrics_port = announced_port(self.log_since_start())
+        return self._metrics_port
+
+    @property
+    def metrics_port(self) -> int:
+        """The port of its /metrics (0 for a process that serves none), waiting for it to be bound.
+
+        RuntimeError with the log's tail if the process exits first; TimeoutError past METRICS_WAIT_S.
+        """
+        if not self.serves_metrics:
+            return 0
+        deadline = time.monotonic() + METRICS_WAIT_S
+        while (port := self.announced_metrics_port()) is None:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before serving /metrics; "
+                                   f"its log ends:\n{self.log_tail(40)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} announced no /metrics port in {METRICS_WAIT_S:.0f}s")
+            _wait_exit(self.proc, POLL_S)
+        return port
 
     def metrics(self, timeout_s: float = 5.0) -> str:
         """Its /metrics page, as Prometheus would scrape it."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout_s) as r:
             return r.read().decode()
 
+    def listening(self) -> bool:
+        """Its log since this start has the INFO line naming its endpoint that it writes once bound there."""
+        return bool(self.endpoint) and re.search(
+            rf"^\S+ INFO \S+: .*{re.escape(self.endpoint)}(?!\d)", self.log_since_start(), re.M) is not None
+
+    def port_taken(self) -> bool:
+        """It exited at its first start, before it ever listened, because another process held its port."""
+        return (bool(self.endpoint) and self.restarts == 0 and self.proc.poll() not in (None, 0)
+                and ADDRESS_IN_USE in self.log_since_start() and not self.listening())
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_since_start(self) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            return f.read().decode(errors="replace")
+
     def log_tail(self, lines: int = 15) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Return once `proc` has exited or `timeout_s` has passed."""
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 @dataclass
@@ -114,11 +190,14 @@ class Launcher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.scheduler_endpoint = f"tcp://127.0.0.1:{free_port()}"
 
-    def spawn(self, name: str, role: str, cmd: list[str], pipe_stdout: bool = False, metrics_port: int = 0) -> Child:
+    def spawn(self, name: str, role: str, cmd: list[str], pipe_stdout: bool = False, serves_metrics: bool = False,
+              endpoint: str = "") -> Child:
         """Start any command with its output (stderr only, with `pipe_stdout`) in log_dir/PREFIX+NAME.log."""
         name = self.prefix + name
         log_path = self.log_dir / f"{name}.log"
-        child = Child(role, name, metrics_port, _popen(cmd, log_path, pipe_stdout), log_path, cmd)
+        start = _log_size(log_path)
+        child = Child(role, name, _popen(cmd, log_path, pipe_stdout), log_path, cmd, serves_metrics=serves_metrics,
+                      endpoint=endpoint, log_start=start)
         self.children.append(child)
         return child
 
@@ -127,42 +206,79 @@ class Launcher:
 
         A shard comes back on its endpoint (workers reconnect to it) and resumes
         from its checkpoint; the scheduler on its endpoint resumes from its saved
-        progress (--state-dir).
+        progress (--state-dir); a worker joins again as a new member.
         """
+        return self._again(child, f"exited with {child.proc.returncode}; restarted by the launcher", child.cmd,
+                           restarts=child.restarts + 1)
+
+    def rebind(self, child: Child) -> Child:
+        """Start `child` again on a fresh port, for a child whose port was taken before it could bind
+        (`Child.port_taken`): its endpoint was not given to anyone yet, so it may still move. Not a restart."""
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        cmd = list(child.cmd)
+        cmd[cmd.index("--bind") + 1] = endpoint
+        if child.endpoint == self.scheduler_endpoint:
+            self.scheduler_endpoint = endpoint
+        return self._again(child, f"{child.endpoint} was taken before it could bind; started on {endpoint}", cmd,
+                           rebinds=child.rebinds + 1, endpoint=endpoint)
+
+    def _again(self, child: Child, why: str, cmd: list[str], **changes: object) -> Child:
         with open(child.log_path, "ab") as log_file:
-            log_file.write(f"--- exited with {child.proc.returncode}; restarted by the launcher ---\n".encode())
-        again = Child(child.role, child.name, child.metrics_port, _popen(child.cmd, child.log_path, False),
-                      child.log_path, child.cmd, child.restarts + 1)
+            log_file.write(f"--- {why} ---\n".encode())
+        start = _log_size(child.log_path)
+        again = replace(child, proc=_popen(cmd, child.log_path, False), cmd=cmd, log_start=start, _metrics_port=None,
+                        **changes)
         self.children[self.children.index(child)] = again
         return again
 
     def start(self, command: str, name: str, flags: Sequence[str], role: str = "",
-              python_args: Sequence[str] = ()) -> Child:
-        """Start `dynabatch COMMAND FLAGS` as ROLE (default: the command), serving /metrics on a port of its own."""
-        port = free_port()
-        cmd = command_line(command, [*flags, "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
+              python_args: Sequence[str] = (), endpoint: str = "") -> Child:
+        """Start `dynabatch COMMAND FLAGS` as ROLE (default: the command), serving /metrics on a free port
+        it binds itself (port 0) and announces in its log."""
+        cmd = command_line(command, [*flags, "--metrics-host", "127.0.0.1", "--metrics-port", "0",
                                      "--curve-dir", self.curve_dirs.get(role or command, "")], python_args)
-        return self.spawn(name, role or command, cmd, metrics_port=port)
+        return self.spawn(name, role or command, cmd, serves_metrics=True, endpoint=endpoint)
 
     def start_scheduler(self, flags: Sequence[str]) -> Child:
-        """The scheduler at `scheduler_endpoint`; it stays up after the job ends, until it is stopped."""
-        return self.start("scheduler", "scheduler", ["--bind", self.scheduler_endpoint, "--no-exit-on-finish", *flags])
+        """The scheduler at `scheduler_endpoint`; it stays up after the job ends, until it is stopped.
+
+        Returns once it listens (or has exited, or BIND_WAIT_S passed), since every process
+        started after it is told this endpoint: one whose port was taken before it could bind
+        is started on another, and `scheduler_endpoint` follows it, before anyone is told.
+        """
+        child = self.start("scheduler", "scheduler", ["--bind", self.scheduler_endpoint, "--no-exit-on-finish",
+                                                      *flags], endpoint=self.scheduler_endpoint)
+        deadline = time.monotonic() + BIND_WAIT_S
+        while not child.listening() and time.monotonic() < deadline:
+            if child.port_taken() and child.rebinds < BIND_ATTEMPTS:
+                child = self.rebind(child)
+            elif not child.alive():
+                break  # exited for another reason: the caller sees it exit, its log says why
+            _wait_exit(child.proc, POLL_S)
+        return child
 
     def start_shard(self, index: int, name: str, flags: Sequence[str] = (), port: int | None = None,
                     python_args: Sequence[str] = ()) -> Child:
         """Shard `index` bound to `port` (a free one by default: a restarted shard passes its old one)."""
-        return self.start("ps", name, ["--scheduler", self.scheduler_endpoint, "--bind",
-                                       f"tcp://127.0.0.1:{port or free_port()}", "--shard-index", str(index), *flags],
-                          python_args=python_args)
+        endpoint = f"tcp://127.0.0.1:{port or free_port()}"
+        return self.start("ps", name, ["--scheduler", self.scheduler_endpoint, "--bind", endpoint,
+                                       "--shard-index", str(index), *flags], python_args=python_args,
+                          endpoint=endpoint)
 
     def start_worker(self, name: str, flags: Sequence[str] = (), evaluator: bool = False) -> Child:
         return self.start("worker", name, ["--scheduler", self.scheduler_endpoint, "--name", name, *flags,
                                            *(["--evaluator"] if evaluator else [])],
                           "evaluator" if evaluator else "worker")
 
-    def failed(self, role: str) -> list[Child]:
-        """Children of `role` that exited with an error."""
-        return [c for c in self.children if c.role == role and c.proc.poll() not in (None, 0)]
+    def movable(self, child: Child) -> bool:
+        """A shard whose port was taken at its first start may start on another (BIND_ATTEMPTS times): it
+        registers its endpoint only once bound, so no one knows the old one. The scheduler never moves
+        here: its endpoint went to every process, so `start_scheduler` settles it before that."""
+        return child.role == "ps" and child.rebinds < BIND_ATTEMPTS and child.port_taken()
+
+    def failed(self, role: str = "") -> list[Child]:
+        """Children (of `role`, or every one) that exited with an error."""
+        return [c for c in self.children if role in ("", c.role) and c.proc.poll() not in (None, 0)]
 
     def running(self, role: str) -> list[Child]:
         return [c for c in self.children if c.role == role and c.alive()]
@@ -192,12 +308,18 @@ class Launcher:
             self.stop(role, timeout_s)
 
     def write_targets(self, job: str, path: Path) -> Path:
-        """A Prometheus file_sd list of every child's /metrics, labelled by role and name.
+        """A Prometheus file_sd list of every child's /metrics announced so far, labelled by role and name.
 
+        Called again as children start, restart (on a new port) and announce, it rewrites the
+        file only when the list changed, by rename, so Prometheus never reads half a file.
         `job` is the job's name, as in Kubernetes, where the monitors take Prometheus'
         `job` label from the dynabatch.io/job pod label: the dashboard selects by it.
         """
-        targets = [{"targets": [f"127.0.0.1:{c.metrics_port}"], "labels": {"job": job, "role": c.role, "name": c.name}}
-                   for c in self.children if c.metrics_port]
-        path.write_text(json.dumps(targets, indent=2))
+        targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"job": job, "role": c.role, "name": c.name}}
+                   for c in self.children if (port := c.announced_metrics_port())]
+        text = json.dumps(targets, indent=2)
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
         return path

@@ -34,6 +34,7 @@ from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
+from dynabatch.cluster.restart_policy import after_exit
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 
 log = logging.getLogger("dynabatch.run")
@@ -144,6 +145,8 @@ class JobRun:
         self.launcher = Launcher(run_dir / "logs", shared_keys(curve_dir))
         self.timeline: list[Snapshot] = []
         self.interrupted = False
+        self.left_out: set[str] = set()  # workers past --restarts that the job goes on without
+        self.targets_path = run_dir / "prometheus_targets.json"
 
     def _on_interrupt(self, signum: int, _frame: object) -> None:
         if self.interrupted:
@@ -174,6 +177,7 @@ class JobRun:
             self._start()
             ok = self._follow(started)
         finally:
+            self.launcher.write_targets(self.job.job, self.targets_path)
             self.launcher.stop_all()
             wall = time.monotonic() - started
             self._report(wall)
@@ -197,7 +201,7 @@ class JobRun:
                                            "--max-batch", str(self.opts.max_batch_of(i))])
         if self.opts.evaluator:
             ln.start_worker("evaluator", [*worker_flags, "--slowdown", "1"], evaluator=True)
-        ln.write_targets(job, self.run_dir / "prometheus_targets.json")
+        ln.write_targets(job, self.targets_path)
 
     def _follow(self, started: float) -> bool:
         """Sample STATUS into the timeline and print progress until the job finishes."""
@@ -205,12 +209,9 @@ class JobRun:
         next_progress = 0.0
         try:
             while not self.interrupted:
-                if not self._restart_servers():
+                if not self._supervise():
                     return False
-                if not self.launcher.running("worker") and self.launcher.failed("worker"):
-                    c = self.launcher.failed("worker")[0]
-                    print(f"every worker failed; {c.name}'s log ends:\n{c.log_tail()}", file=sys.stderr)
-                    return False
+                self.launcher.write_targets(self.job.job, self.targets_path)
                 now = time.monotonic()
                 if now - started > self.opts.timeout_s:
                     print(f"timeout after {self.opts.timeout_s:.0f}s", file=sys.stderr)
@@ -233,18 +234,37 @@ class JobRun:
         finally:
             conn.close()
 
-    def _restart_servers(self) -> bool:
-        """Start again a shard or the scheduler that exited with an error, up to --restarts times each;
-        False (with its log's tail printed) once one has exhausted them."""
-        for c in self.launcher.failed("scheduler") + self.launcher.failed("ps"):
-            if c.restarts >= self.opts.restarts:
-                print(f"{c.name} exited with code {c.proc.returncode} after {c.restarts} restart(s) (--restarts "
-                      f"{self.opts.restarts}); its log ends:\n{c.log_tail()}", file=sys.stderr)
-                return False
-            print(f"{c.name} exited with code {c.proc.returncode}; starting it again ({c.restarts + 1} of "
-                  f"{self.opts.restarts})", file=sys.stderr, flush=True)
-            self.launcher.restart(c)
+    def _supervise(self) -> bool:
+        """Act on every child that exited with an error (`restart_policy.after_exit`), saying so on stderr;
+        False, with the process's log tail printed, once the run cannot go on."""
+        for c in self.launcher.failed():
+            if c.name in self.left_out:
+                continue
+            action = after_exit(c.role, c.restarts, self.opts.restarts, self.launcher.movable(c),
+                                self._job_goes_on_without())
+            code = f"{c.name} exited with code {c.proc.returncode}"
+            if action == "rebind":
+                print(f"{code}: {c.endpoint} was taken before it could bind; starting it on another port",
+                      file=sys.stderr, flush=True)
+                self.launcher.rebind(c)
+            elif action == "restart":
+                print(f"{code}; starting it again ({c.restarts + 1} of {self.opts.restarts})",
+                      file=sys.stderr, flush=True)
+                self.launcher.restart(c)
+            else:
+                spent = f"{code} after {c.restarts} restart(s) (--restarts {self.opts.restarts})"
+                verdict = "the job goes on without it" if action == "leave_out" else "the run fails"
+                print(f"{spent}; {verdict}; its log ends:\n{c.log_tail()}", file=sys.stderr, flush=True)
+                if action == "fail":
+                    return False
+                self.left_out.add(c.name)
         return True
+
+    def _job_goes_on_without(self) -> bool:
+        """Other workers run, and either the job trains or they are enough to start it (--min-workers)."""
+        others = len(self.launcher.running("worker"))  # the worker that exited is not among them
+        trained = bool(self.timeline) and self.timeline[-1].status.samples > 0
+        return others > 0 and (trained or others >= self.job.min_workers)
 
     def _report(self, wall_s: float) -> None:
         write_timeline(self.run_dir, self.timeline)

@@ -38,8 +38,9 @@ class RunOptions:
     status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05)
     checkpoint_interval_s: float = opt(30.0, "seconds between shard checkpoints", minimum=0.1)
     timeout_s: float = opt(3600.0, "abort the run after this long", minimum=1.0)
-    restarts: int = opt(3, "times a shard or the scheduler that exits is started again (each resumes: the shard "
-                        "from its checkpoint, the scheduler from its saved progress) before the run fails", minimum=0)
+    restarts: int = opt(3, "times a process that exits with an error is started again (a shard resumes from its "
+                        "checkpoint, the scheduler from its saved progress, a worker joins anew); past that a worker is "
+                        "left out while the job can go on without it, and any other process fails the run", minimum=0)
     warmup_fraction: float = opt(0.2, "fraction of the run left out of the summary's step-time means", minimum=0.0)
     target_metric: str = opt("", "report the time to the first evaluation meeting METRIC>=VALUE or METRIC<=VALUE "
                              "(e.g. accuracy>=0.9, loss<=0.3; any metric of the task)")

@@ -8,6 +8,8 @@ for liveness) and `/readyz` (has the process joined its job: readiness).
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import threading
 import time
@@ -18,8 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from dynabatch.common.curve import REFUSALS
 
+log = logging.getLogger("dynabatch.metrics")
+
 STALL_S = 30.0
 ON_FINISH = ("exit", "idle")
+ANNOUNCEMENT = "serving /metrics at "
+_ANNOUNCED = re.compile(re.escape(ANNOUNCEMENT) + r"http://\S+:(\d+)/metrics$", re.M)
 MAX_CONNECTIONS = 16  # concurrent HTTP connections served; more are closed at once
 IDLE_TIMEOUT_S = 5.0  # a connection that sends nothing for this long is closed
 
@@ -78,7 +84,12 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
 
 class MetricsServer:
-    """A small threaded HTTP server: /metrics, /healthz, /readyz; bounded in threads and idle time."""
+    """A small threaded HTTP server: /metrics, /healthz, /readyz; bounded in threads and idle time.
+
+    Bound to port 0 it takes a free port from the kernel, with no window in which another
+    process can take it, and logs the one line `announced_port` reads back: how a launcher
+    that started it learns where to scrape.
+    """
 
     def __init__(self, registry: CollectorRegistry, health: Health, host: str, port: int) -> None:
         self.registry = registry
@@ -89,6 +100,7 @@ class MetricsServer:
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)
         self._thread.start()
+        log.info("%s%s", ANNOUNCEMENT, self.url())
 
     def url(self, host: str | None = None) -> str:
         """The /metrics URL as another process on `host` would reach it."""
@@ -129,6 +141,12 @@ class MetricsServer:
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def announced_port(log_text: str) -> int | None:
+    """The port of the last /metrics server announced in a process's log (None before it bound)."""
+    found = _ANNOUNCED.findall(log_text)
+    return int(found[-1]) if found else None
 
 
 def bad_messages_counter(registry: CollectorRegistry) -> Counter:

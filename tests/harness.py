@@ -87,7 +87,11 @@ class Cluster:
             use_curve(self.ctx, CurveKeys.load(self.curve_dir, "worker"))
             curve_dirs = keys_per_role(self.curve_dir, self.tmp)
         self.launcher = Launcher(self.tmp, curve_dirs)
-        self.scheduler_endpoint = self.launcher.scheduler_endpoint
+
+    @property
+    def scheduler_endpoint(self) -> str:
+        """The launcher's: it moves if the scheduler's port was taken before it could bind."""
+        return self.launcher.scheduler_endpoint
 
     @property
     def procs(self) -> list[Proc]:
@@ -117,11 +121,18 @@ class Cluster:
             conn.close()
 
     def wait_status(self, what: str, predicate: Callable[[JobStatus], bool], timeout_s: float = 60.0) -> JobStatus:
+        """Poll STATUS until `predicate`; a timeout names every process that exited with an error, with its
+        log's tail (a test may kill one on purpose, so an exit alone does not end the wait)."""
         def check() -> JobStatus | None:
             st = self.status()
             return st if st is not None and predicate(st) else None
 
-        return wait_for(what, check, timeout_s, every_s=0.2)
+        try:
+            return wait_for(what, check, timeout_s, every_s=0.2)
+        except AssertionError as exc:
+            dead = "".join(f"\n--- {c.name} exited with {c.proc.returncode}; its log ends:\n{c.log_tail(25)}"
+                           for c in self.launcher.failed())
+            raise AssertionError(f"{exc}{dead}") from None
 
     def join_as_worker(self, standalone_sps: float = 1000.0,
                        model: tuple[Init, torch.Tensor, torch.Tensor | None] | None = None) -> tuple[Connection, Welcome]:

@@ -145,12 +145,12 @@ def test_dynabatch_run_restarts_an_exited_server_a_bounded_number_of_times(tmp_p
     run.launcher.spawn("worker0", "worker", [sys.executable, "-c", "pass"])
     for attempt in (1, 2):
         wait_for("the shard to exit", lambda: run.launcher.failed("ps"), 30)
-        assert run._restart_servers()
+        assert run._supervise()
         assert run.launcher.children[0].restarts == attempt and len(run.launcher.children) == 2
     wait_for("the shard to exit again", lambda: run.launcher.failed("ps"), 30)
-    assert not run._restart_servers(), "restarts are exhausted: the run fails"
+    assert not run._supervise(), "restarts are exhausted: the run fails"
     err = capsys.readouterr().err
     assert "ps0 exited with code 3; starting it again (1 of 2)" in err
     assert "ps0 exited with code 3 after 2 restart(s) (--restarts 2)" in err
     assert (tmp_path / "logs" / "ps0.log").read_text().count("restarted by the launcher") == 2
-    assert not run.launcher.failed("worker"), "a worker that exits is not a server: never restarted"
+    assert not run.launcher.failed("worker"), "a worker that ends without an error is not restarted"

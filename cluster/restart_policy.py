@@ -1,0 +1,32 @@
+"""What `dynabatch run` does about a child process that exited with an error: one rule for every role.
+
+A distributed trainer should ride out a machine that dies (a worker is one of many,
+the job goes on with the rest, as the scheduler drops a silent member anyway), but
+must not loop for ever on a process that dies at every start (a bad flag, a missing
+file): every process is started again at most `--restarts` times, and past that the
+run either goes on without it (a worker, while the job can) or ends with its log.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Action = Literal["rebind", "restart", "leave_out", "fail"]
+
+
+def after_exit(role: str, restarts: int, limit: int, port_taken: bool, job_goes_on_without: bool) -> Action:
+    """The action for a child of `role` that exited with an error after `restarts` restarts (of `limit`).
+
+    `port_taken`: its fixed port was taken before it could bind at its first start, so
+    a start on a fresh port (`rebind`) fixes it and is not counted. `job_goes_on_without`:
+    other workers train (or can start training without it). A shard, the scheduler and
+    the evaluator (the job awaits its final evaluation) are each the only one of their
+    kind: past `limit`, the run fails.
+    """
+    if port_taken:
+        return "rebind"
+    if restarts < limit:
+        return "restart"
+    if role == "worker" and job_goes_on_without:
+        return "leave_out"
+    return "fail"
