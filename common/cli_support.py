@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from dynabatch.common.config import MetricsOptions
 from dynabatch.common.curve import CurveKeyError, CurveKeys, CurveOptions
 from dynabatch.common.flags import ConfigError, add_flags, from_args
+from dynabatch.common.metrics import ADDRESS_LOG
 
 
 def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: Sequence[str]) -> list[Any]:
@@ -51,6 +52,7 @@ def setup_logging(level: str) -> None:
         level=getattr(logging, level), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
     )
+    ADDRESS_LOG.setLevel(logging.INFO)
 
 
 __all__ = ["CurveOptions", "MetricsOptions", "load_curve_keys", "parse_role_args", "setup_logging"]

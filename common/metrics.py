@@ -20,7 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from dynabatch.common.curve import REFUSALS
 
-log = logging.getLogger("dynabatch.metrics")
+# Where a process listens (its sockets, its /metrics): logged at any --log-level (`setup_logging`), since a
+# launcher reads it to find the process and a user needs it to reach it.
+ADDRESS_LOG = logging.getLogger("dynabatch.address")
 
 STALL_S = 30.0
 ON_FINISH = ("exit", "idle")
@@ -100,7 +102,7 @@ class MetricsServer:
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)
         self._thread.start()
-        log.info("%s%s", ANNOUNCEMENT, self.url())
+        ADDRESS_LOG.info("%s%s", ANNOUNCEMENT, self.url())
 
     def url(self, host: str | None = None) -> str:
         """The /metrics URL as another process on `host` would reach it."""

@@ -32,7 +32,7 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.log_limit import RateLimitedLog
-from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
+from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.common.scheduler_link import SchedulerLink
@@ -137,7 +137,7 @@ class ShardServer:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        log.info("listening on %s (advertised to workers as %s), metrics on %s", self.endpoint, self.advertise,
+        ADDRESS_LOG.info("listening on %s (advertised to workers as %s), metrics on %s", self.endpoint, self.advertise,
                  self.metrics_server.url())
         welcome = self._register(self.opts.shard_index)
         if welcome is None:

@@ -22,7 +22,7 @@ from dynabatch.common.curve import CurveKeys
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
-from dynabatch.common.metrics import Health, MetricsServer, auth_failures_counter, bad_messages_counter
+from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ProtocolError, WireLimits
 from dynabatch.scheduler.hello_rate import HelloRate
@@ -108,7 +108,7 @@ class SchedulerServer:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        log.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint, self.metrics_server.url())
+        ADDRESS_LOG.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint, self.metrics_server.url())
         finished_at: float | None = None
         last_turn = time.monotonic()
         while not self.stopping:
