@@ -96,6 +96,7 @@ class ShardMetrics:
         self.handle = Histogram("dynabatch_ps_handle_seconds", "Time to handle one message.", ["shard", "type"], registry=registry)
         self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
         self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
+        self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too many unread.", ["shard"], registry=registry).labels(**labels)
         self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 
@@ -119,9 +120,7 @@ class ShardServer:
         self.parked: list[ParkedPull] = []
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
         self.limits: WireLimits | None = None  # once the model is held: what a message may be (peer_limits.py)
-        self.dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped because their peer read none of the "
-                               "ones before.", registry=self.registry)
-        self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, self.dropped.inc)  # replies waiting for their peer to read
+        self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, lambda: self.m.replies_dropped.inc())  # (ps/outbox.py)
         self.membership = 0  # the scheduler's number of the live worker set in self.state
         self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
         self.signature: ModelSignature | None = None

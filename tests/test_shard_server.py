@@ -349,4 +349,5 @@ def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big):
     bound = (SEND_QUEUE + backlog_limit(len(ids))) * chunk_bytes + 4 * model_bytes  # queued replies, sockets' slack
     assert grown < bound, f"the shard grew {grown / 1e6:.0f} MB in {ROUNDS} rounds (bound {bound / 1e6:.0f} MB)"
     assert big.bad_messages("busy") > busy, "the reader's pulls were all answered though it read none"
+    assert metric_value(big.proc.metrics(), "dynabatch_ps_replies_dropped_total", shard="0") > 0
     assert {ver for ver, _ in after.values()} == {max(ver for ver, _ in pushed.values()) + 1}
