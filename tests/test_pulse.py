@@ -83,7 +83,7 @@ def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registra
         _register(link)
         assert link.repeat_if_quiet(0.0)
         wait_for("the repeat", lambda: len(router.got) == 4, 10)
-        assert _seen(router)[3] == _seen_as([("w1", Heartbeat())])[0], "the new member repeats none of the old one's counters"
+        assert _seen(router)[3:] == _seen_as([("w1", Heartbeat())]), "the new member repeats no old counters"
     finally:
         link.close()
         router.close()
