@@ -70,11 +70,13 @@ class JobConfig:
     seed: int = opt(0, "seed for model init and data orders")
     heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01)
     liveness_timeout_s: float = opt(
-        10.0, "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, if longer)",
+        10.0, "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, if longer); "
+        "a worker or evaluator that registered and never heartbeats is dropped after this long too",
         minimum=0.1,
     )
     join_timeout_s: float = opt(
-        120.0, "drop a process that registered but sent no heartbeat (it loads data and measures itself first)",
+        120.0, "the longest silence a worker's step times can buy; how long a shard may restore its checkpoint "
+        "before its first heartbeat, and a stopped job waits for an evaluator to join",
         minimum=0.1,
     )
     reassign_threshold: float = opt(

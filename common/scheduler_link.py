@@ -5,12 +5,19 @@ scheduler is up and ready (it may start after us, or wait for its shards);
 heartbeats are fire-and-forget and the latest ASSIGNMENT wins. If the
 scheduler goes away the process keeps its last assignment; if it comes back
 without knowing us (restart), `lost` is set and the caller registers again.
+
+A worker's liveness thread (worker/pulse.py) sends on the same socket, which
+is why every use of it holds `_lock`: ZeroMQ sockets are not thread-safe, but
+a socket may pass between threads across a full memory barrier, which a lock
+is. The thread only repeats the last heartbeat this link sent (`repeat_if_quiet`),
+so its counters never differ from what the main thread reported.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from dataclasses import replace
 from typing import Callable
@@ -36,6 +43,9 @@ class SchedulerLink:
         self.assignment: Assignment | None = None
         self.lost = False
         self.id = ""
+        self._lock = threading.RLock()
+        self._last: Heartbeat | None = None  # the last heartbeat sent by this registration
+        self._sent_at = 0.0
 
     def register(self, hello: Hello, should_stop: Callable[[], bool], on_wait: Callable[[], None]) -> Welcome | None:
         """HELLO until WELCOME; None if asked to stop first. Raises RemoteError if refused for good."""
@@ -44,22 +54,24 @@ class SchedulerLink:
         waited_for = ""
         while not should_stop():
             reason = "unexpected answer to HELLO"
-            try:
-                reply = self.conn.request(hello, timeout_s=2.0)
-            except TimeoutError:
-                reply = None
-                reason = f"no answer from the scheduler at {self.conn.endpoint}"
-            except RemoteError as exc:
-                if exc.code not in RETRYABLE:
-                    raise
-                reply = None
-                reason = f"scheduler not ready: {exc.text}"
-                self.conn.recv(1.0)
-            if reply is not None and isinstance(reply.body, Welcome):
-                self.id = reply.body.id
-                self.conn.sender = self.id
-                self.lost = False
-                return reply.body
+            with self._lock:
+                try:
+                    reply = self.conn.request(hello, timeout_s=2.0)
+                except TimeoutError:
+                    reply = None
+                    reason = f"no answer from the scheduler at {self.conn.endpoint}"
+                except RemoteError as exc:
+                    if exc.code not in RETRYABLE:
+                        raise
+                    reply = None
+                    reason = f"scheduler not ready: {exc.text}"
+                    self.conn.recv(1.0)
+                if reply is not None and isinstance(reply.body, Welcome):
+                    self.id = reply.body.id
+                    self.conn.sender = self.id
+                    self.lost = False
+                    self._last, self._sent_at = None, 0.0  # a new member: the old counters are not its own
+                    return reply.body
             if reason != waited_for:
                 log.info("waiting: %s", reason)
                 waited_for = reason
@@ -68,21 +80,44 @@ class SchedulerLink:
 
     def heartbeat(self, hb: Heartbeat) -> Assignment | None:
         """Send `hb` (fire-and-forget); returns the newest assignment, as `poll`."""
-        self.conn.send(hb)
-        return self.poll()
+        with self._lock:
+            self.conn.send(hb)
+            self._last, self._sent_at = hb, time.monotonic()
+            return self.poll()
+
+    def repeat_if_quiet(self, interval_s: float) -> bool:
+        """Send the last heartbeat again (an empty one if none was sent yet) if none went for `interval_s`;
+        True if one was sent.
+
+        The counters are cumulative, so a repeat counts nothing twice and claims
+        no progress. Nothing is sent while unregistered or forgotten (`lost`):
+        the scheduler would refuse it, and registering again is the main thread's.
+        """
+        with self._lock:
+            if not self.id or self.lost or time.monotonic() - self._sent_at < interval_s:
+                return False
+            self.heartbeat(self._last or Heartbeat())
+            return True
+
+    def send(self, body: object) -> None:
+        """Send any other report (fire-and-forget), in turn with the liveness thread."""
+        with self._lock:
+            self.conn.send(body)
 
     def poll(self) -> Assignment | None:
         """Take every waiting answer; returns the newest assignment (or the last one kept)."""
-        for msg in self.conn.drain():
-            self._take(msg.body)
-        return self.assignment
+        with self._lock:
+            for msg in self.conn.drain():
+                self._take(msg.body)
+            return self.assignment
 
     def wait(self, timeout_s: float) -> Assignment | None:
         """Block up to `timeout_s` for the next answer, then take all waiting ones."""
-        msg = self.conn.recv(timeout_s)
-        if msg is not None:
-            self._take(msg.body)
-        return self.poll()
+        with self._lock:
+            msg = self.conn.recv(timeout_s)
+            if msg is not None:
+                self._take(msg.body)
+            return self.poll()
 
     def _take(self, body: object) -> None:
         if isinstance(body, Assignment):
@@ -100,7 +135,8 @@ class SchedulerLink:
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             try:
-                self.conn.request(Bye(), timeout_s=min(BYE_ATTEMPT_S, left))
+                with self._lock:
+                    self.conn.request(Bye(), timeout_s=min(BYE_ATTEMPT_S, left))
                 return True
             except TimeoutError:
                 continue

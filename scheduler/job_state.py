@@ -101,6 +101,24 @@ def own_step_seconds(hb: Heartbeat) -> float:
     return max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S)
 
 
+def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: float) -> float:
+    """Seconds of silence after which `member` is dropped as dead.
+
+    A worker or evaluator heartbeats from a thread from its WELCOME on, however
+    long it loads or computes (worker/pulse.py), so one that registered and never
+    heartbeat is a ghost and goes after the liveness timeout. A shard restores its
+    checkpoint before its first heartbeat (which reports the version it holds), so
+    it has the join timeout for that. Once a worker reports steps, the margin also
+    follows its own measured step time (capped by the join timeout, so no report
+    can buy unlimited silence): a worker whose process is paused or starved for a
+    few of its steps is not dropped.
+    """
+    if member.heartbeats == 0 and member.role == "ps":
+        return max(liveness_timeout_s, join_timeout_s)
+    by_steps = min(LIVENESS_STEPS * member.last.step_s, join_timeout_s)
+    return max(liveness_timeout_s, by_steps)
+
+
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -241,23 +259,12 @@ class JobState:
 
     def expire(self, now: float) -> list[str]:
         """Drop members whose heartbeats stopped; returns their ids."""
-        dead = [m for m in self.members.values() if not m.left and now - m.last_seen > self._timeout(m)]
+        job = self.job
+        dead = [m for m in self.members.values()
+                if not m.left and now - m.last_seen > silence_allowed(m, job.liveness_timeout_s, job.join_timeout_s)]
         for m in dead:
             self._drop(m, now, "heartbeat timeout")
         return [m.id for m in dead]
-
-    def _timeout(self, member: Member) -> float:
-        """Silence allowed: longer before the first heartbeat, while a process loads data and models.
-
-        A worker reports after every step, so the margin also follows its own measured
-        step time: on a loaded machine one step can outlast a fixed timeout, and a
-        worker that is merely slow must not be dropped as dead (capped by the join
-        timeout, so no report can buy unlimited silence).
-        """
-        if member.heartbeats == 0:
-            return max(self.job.liveness_timeout_s, self.job.join_timeout_s)
-        by_steps = min(LIVENESS_STEPS * member.last.step_s, self.job.join_timeout_s)
-        return max(self.job.liveness_timeout_s, by_steps)
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True
@@ -282,7 +289,8 @@ class JobState:
 
     @property
     def live_workers(self) -> list[str]:
-        """Workers that have reported at least once: one that registered and fell silent is never counted in n."""
+        """Workers that have reported their measured speed: one that registered and fell silent, or that only
+        heartbeats while it loads, is never counted in n (an ssgd round would wait for it)."""
         return sorted(m.id for m in self.members.values() if m.role == "worker" and not m.left and m.admitted_in)
 
     # -- heartbeats and progress ------------------------------------------------
@@ -298,7 +306,9 @@ class JobState:
                                    self.num_shards)
             if hb.steps != member.last.steps or not member.progress_at:
                 member.progress_at = now
-            if not member.admitted_in:  # its first report: from now on it is live, and every shard must learn it
+            if not member.admitted_in and hb.standalone_sps > 0:
+                # Its first report (a worker heartbeats from its WELCOME on, while it loads and measures itself,
+                # and is counted in n only once ready): from now on it is live, and every shard must learn it.
                 self.membership += 1
                 member.admitted_in = self.membership
             self._worker_heartbeat(member, hb, now)

@@ -145,10 +145,12 @@ class Cluster:
                                 lambda: None)
         assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
         conn = link.conn
+        link.heartbeat(Heartbeat())  # alive from the WELCOME on, as a worker's pulse keeps it: a silent member is a ghost
         job = job_from_dict(welcome.config)
         init, flat, buffers = model or (*builtin_init(job), None)
         shards = ShardClients(self.ctx, welcome.shards, make_layout(flat.numel(), job.chunk_bytes, job.shards),
-                              job.job, welcome.id, buffer_total=0 if buffers is None else buffers.numel())
+                              job.job, welcome.id, lambda: link.heartbeat(Heartbeat()), job.heartbeat_s,
+                              buffer_total=0 if buffers is None else buffers.numel())
         try:
             shards.init(init, flat, 30.0, buffers)
         finally:

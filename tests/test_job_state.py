@@ -138,11 +138,29 @@ def test_silent_workers_are_dropped_and_their_share_moves():
         _step(state, b, 0.05, 4.0)
 
 
-def test_a_joining_worker_gets_the_longer_join_grace():
-    state = _job(join_timeout_s=60.0)
-    wid = state.hello(Hello(role="worker"), 0.0).id
-    assert state.expire(30.0) == []
-    assert wid in state.expire(61.0)
+def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_alive_but_not_in_n():
+    """Workers heartbeat from their WELCOME on (worker/pulse.py): silence from the start is a ghost, while
+    heartbeats without a measured speed keep a loading worker alive without making rounds wait for it."""
+    state = _job(join_timeout_s=60.0)  # liveness 2 s
+    ghost = state.hello(Hello(role="worker"), 0.0).id
+    silent_evaluator = state.hello(Hello(role="evaluator"), 0.0).id
+    loading = state.hello(Hello(role="worker"), 0.0).id
+    membership = state.membership
+    for t in range(1, 31):
+        state.heartbeat(loading, Heartbeat(), float(t))
+        expired = state.expire(float(t))
+        assert expired == ([] if t < 3 else [ghost, silent_evaluator] if t == 3 else []), (t, expired)
+        assert state.live_workers == [] and state.membership == membership and state.allocation == {}
+    state.heartbeat(loading, Heartbeat(standalone_sps=100.0), 31.0)
+    assert state.live_workers == [loading] and state.membership == membership + 1, "ready: it is counted in n"
+    assert loading not in state.expire(32.9) and loading in state.expire(33.1)
+
+
+def test_a_shard_restoring_its_checkpoint_before_its_first_heartbeat_gets_the_join_timeout():
+    state = JobState(JobConfig(dataset="synthetic", liveness_timeout_s=2.0, join_timeout_s=60.0), num_shards=1,
+                     train_size=1000, now=0.0)
+    shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
+    assert state.expire(59.0) == [] and state.expire(61.0) == [shard]
 
 
 def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_final_eval():

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
+from typing import Callable
 
 import pytest
 import torch
@@ -205,8 +207,9 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
         c.stop()
 
 
-def _cnn_step_s(batch: int) -> float:
-    """Seconds of one training step of the synthetic CNN at `batch` in this process now (the fastest of 5)."""
+def _cnn_step_s(batch: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds of one training step of the synthetic CNN at `batch` in this process now (the fastest of 5), by
+    `clock`: wall time, or CPU time (`time.thread_time`), which a slowdown multiplies."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as a worker process trains
     try:
@@ -214,9 +217,9 @@ def _cnn_step_s(batch: int) -> float:
         x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
         times = []
         for _ in range(5):
-            start = time.perf_counter()
+            start = clock()
             torch.nn.functional.cross_entropy(model(x), y).backward()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return min(times)
     finally:
         torch.set_num_threads(before)
@@ -244,3 +247,38 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
     assert sorted(w["name"] for w in summary["workers"].values()) == ["worker0", "worker1"], "nobody had to rejoin"
     steps_s = [STEPS * w["final_batch"] / w["standalone_samples_per_s"] for w in summary["workers"].values()]
     assert min(steps_s) > LIVENESS_S, f"a round's steps ({steps_s} s) must outlast the liveness timeout to test anything"
+
+
+def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_ghost_expires(tmp_path):
+    """An honest worker whose main thread is silent for longer than the liveness timeout, while it probes its
+    speed and in its first step (which the scheduler cannot yet excuse by a step time it measured), stays the
+    one live member and its samples count; a HELLO never followed by a heartbeat
+    is dropped within a few liveness timeouts (the join timeout is 120 s).
+
+    The slowdown's idle time is as silent as compute; its factor makes a step at the job's batch (96, the
+    whole global batch) three liveness timeouts long as this machine runs the CNN now, and a step must be
+    measured past the timeout to test anything. One probe step, so that start-up is one slow step.
+    """
+    LIVENESS_S = 1.5
+    factor = max(2, math.ceil(3 * LIVENESS_S / _cnn_step_s(96, clock=time.thread_time)))
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "cnn", "--global-batch", "96", "--epochs", "1000",
+                           "--liveness-timeout-s", str(LIVENESS_S), "--join-timeout-s", "120", "--heartbeat-s", "0.1"])
+    try:
+        scheduler = c.scheduler()
+        c.shard()
+        c.wait_status("the shard registered", lambda s: len(s.shards) == 1)
+        c.worker("slow", "--slowdown", str(factor), "--probe-steps", "1")
+        conn = c.client(sender="ghost")
+        ghost = conn.request(Hello(role="worker", name="ghost", instance="feedc0de"), timeout_s=10.0).body.id
+        c.wait_status("the ghost to be dropped", lambda s: ghost in s.departed, 10 * LIVENESS_S)
+        st = c.wait_status("the slow worker's first step",
+                           lambda s: any(w.name == "slow" and w.steps >= 1 for w in s.workers.values()), 120)
+        [(wid, slow)] = st.workers.items()
+        assert slow.name == "slow" and st.departed == [ghost], f"nobody but the ghost was dropped: {st.departed}"
+        assert slow.compute_s > LIVENESS_S, f"a step's silent compute ({slow.compute_s:.2f} s) must outlast the " \
+                                            f"liveness timeout to test anything"
+        assert st.samples == slow.samples == slow.steps * 96, "every sample it trained counts"
+        assert scheduler.log_text().count("stopped sending heartbeats; dropped") == 1
+        conn.close()
+    finally:
+        c.stop()

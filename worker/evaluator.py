@@ -89,7 +89,7 @@ class Evaluator(Worker):
             self.health.ready = True
             self._evaluate_until_stopped()
         finally:
-            self.link.bye()
+            self.leave()
         self.after_job()
         return 0
 
@@ -105,7 +105,7 @@ class Evaluator(Worker):
                 log.warning("evaluation skipped: %s", exc)
                 report = None
             if report is not None:
-                self.link.conn.send(report)
+                self.link.send(report)
                 log.info("model v%d: %s%s", report.version,
                          ", ".join(f"{name} {value:.4f}" for name, value in report.metrics.items()),
                          " (final)" if final else "")

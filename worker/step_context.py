@@ -32,7 +32,8 @@ class StepContext:
     - `loss_fn(model, batch)`: the task's loss (the pipelined step calls it itself).
     - `idle_for_slowdown(cpu_s)`: the emulated slowdown for `cpu_s` of work done
       elsewhere (the pipelined step); returns the seconds idled.
-    - `heartbeat_when_due()`: keep the scheduler's liveness clock fed inside a long step.
+    - `heartbeat_when_due()`: inside a long round, hear early that the scheduler dropped this worker
+      (raises RemoteError); the worker's pulse keeps it alive whatever the loop does.
     - `buffers`: the model's travelling buffers (BatchNorm's running statistics): a step
       loads the pulled ones (`buffers.load(model, pulled.buffers)`) before computing and
       sends its own (`buffers.read(model)`) with its push; empty for most models.

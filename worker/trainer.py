@@ -42,6 +42,7 @@ from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.micro_batches import micro_batches
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
+from dynabatch.worker.pulse import Pulse
 from dynabatch.worker.step_context import StepContext
 from dynabatch.worker.step_times import StepResult
 
@@ -111,6 +112,7 @@ class Worker:
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         self.slowdown = Slowdown.parse(opts.slowdown)
         self.stopping = False
+        self.pulse: Pulse | None = None
         self.started = time.monotonic()
         torch.set_num_threads(opts.threads)
 
@@ -127,6 +129,7 @@ class Worker:
         self.id = welcome.id
         self.job: JobConfig = job_from_dict(welcome.config)
         self.link.conn.job = self.job.job
+        self.pulse = Pulse(self.link, self.job.heartbeat_s).start()  # loading data and the model can take long
         self.task = task_for(self.opts, self.job)
         sig, train_data = check_task(self.task, self.job.seed)
         self.data = build_data(self.task.eval_data, "eval_data") if role == "evaluator" else train_data
@@ -200,10 +203,11 @@ class Worker:
             raise RemoteError("unknown_sender", "the scheduler has dropped this worker")
 
     def heartbeat_when_due(self) -> None:
-        """Keep the scheduler's liveness clock fed between progress reports.
+        """Between progress reports, hear early whether the scheduler dropped this worker (raises RemoteError).
 
-        A local round of H steps, or an evaluation of 10k images, can outlast the
-        liveness timeout on a busy machine.
+        A local round of H steps, or an evaluation of 10k images, can last long;
+        the pulse (pulse.py) keeps the worker alive meanwhile, and this ends a
+        round that the shards would refuse anyway.
         """
         if time.monotonic() >= self._next_beat:
             self._heartbeat_while_waiting()
@@ -230,20 +234,14 @@ class Worker:
     def idle_for_slowdown(self, cpu_s: float) -> float:
         """Idle (F-1) x `cpu_s` for this node's slowdown factor F now; returns the seconds idled.
 
-        Heartbeats go on while it idles, once the scheduler has the worker's speed: a step
-        whose CPU time is long (a new batch shape's kernels built on a busy machine)
-        becomes F times as long here, and a 4x node fell silent past the liveness
-        timeout in its first local round.
+        The main thread is as silent while it idles as slower hardware would keep
+        it computing; the pulse (pulse.py) keeps the worker alive meanwhile.
         """
         factor = self.slowdown.factor(time.monotonic() - self.started)
         if factor <= 1.0:
             return 0.0
         idle = (factor - 1.0) * cpu_s
-        deadline = time.monotonic() + idle
-        while (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, self.job.heartbeat_s))
-            if self.last_hb.standalone_sps:  # not while probing: the scheduler learns the speed first
-                self.heartbeat_when_due()
+        time.sleep(idle)
         return idle
 
     def measure_standalone(self) -> float:
@@ -263,9 +261,15 @@ class Worker:
                 return 0
             self._train()
         finally:
-            self.link.bye()
+            self.leave()
         self.after_job()
         return 0
+
+    def leave(self) -> None:
+        """Stop the pulse (the socket is the main thread's again), then BYE."""
+        if self.pulse is not None:
+            self.pulse.stop()
+        self.link.bye()
 
     def after_job(self) -> None:
         """With --on-finish idle, a job that ended (rather than a signal) leaves the process up."""
