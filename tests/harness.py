@@ -8,6 +8,7 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,27 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = 60.0, e
 
 
 Proc = Child  # a started process, as the tests call it
+
+
+def status_at(ctx: zmq.Context, endpoint: str) -> JobStatus | None:
+    """The scheduler's STATUS at `endpoint`, or None if it does not answer within 2 s."""
+    conn = Connection(ctx, endpoint, "dynabatch", "test")
+    try:
+        return conn.request(StatusRequest(), timeout_s=2.0).body.state
+    except TimeoutError:
+        return None
+    finally:
+        conn.close()
+
+
+def interrupt(run: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Ctrl-C a `dynabatch run` and wait for it (killed if it outlasts `timeout_s`)."""
+    run.send_signal(signal.SIGINT)
+    try:
+        run.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        run.wait()
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
@@ -112,13 +134,7 @@ class Cluster:
         return Connection(self.ctx, endpoint or self.scheduler_endpoint, job, sender)
 
     def status(self) -> JobStatus | None:
-        conn = self.client()
-        try:
-            return conn.request(StatusRequest(), timeout_s=2.0).body.state
-        except TimeoutError:
-            return None
-        finally:
-            conn.close()
+        return status_at(self.ctx, self.scheduler_endpoint)
 
     def wait_status(self, what: str, predicate: Callable[[JobStatus], bool], timeout_s: float = 60.0) -> JobStatus:
         """Poll STATUS until `predicate`; a timeout names every process that exited with an error, with its

@@ -25,10 +25,9 @@ from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.restart_policy import after_exit
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import JobStatus, StatusRequest
+from dynabatch.common.messages import JobStatus
 from dynabatch.common.metrics import announced_port
-from dynabatch.common.transport import Connection
-from harness import free_port, wait_for
+from harness import free_port, interrupt, status_at, wait_for
 
 STATUS_S = 0.2  # the run's loop period: how soon it can notice an exit
 STATUS_TIMEOUT_S = 2.0  # the run's STATUS request timeout, the longest one turn of its loop can block
@@ -60,16 +59,6 @@ def _port(endpoint: str) -> int:
     return int(endpoint.rsplit(":", 1)[1])
 
 
-def _status(ctx: zmq.Context, endpoint: str) -> JobStatus | None:
-    conn = Connection(ctx, endpoint, "dynabatch", "test")
-    try:
-        return conn.request(StatusRequest(), timeout_s=2.0).body.state
-    except TimeoutError:
-        return None
-    finally:
-        conn.close()
-
-
 @pytest.mark.slow
 def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metrics_ports_are_announced(tmp_path):
     run = JobRun(RunOptions(restarts=0), JobConfig(), [], tmp_path, "", None)
@@ -89,7 +78,7 @@ def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metri
         assert run._supervise(), "a start on a taken port is moved, not counted against --restarts 0"
         shard = ln.children[-1]
         assert shard.restarts == 0 and shard.rebinds == 1 and _port(shard.endpoint) != shard_port.getsockname()[1]
-        st = wait_for("the moved shard registered", lambda: (s := _status(zmq.Context.instance(),
+        st = wait_for("the moved shard registered", lambda: (s := status_at(zmq.Context.instance(),
                                                                              ln.scheduler_endpoint)) and s.shards and s, 60)
         assert st.shards["0"].endpoint == shard.endpoint
         assert st.shards["0"].metrics_url == f"http://127.0.0.1:{shard.metrics_port}/metrics"
@@ -167,7 +156,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
         def training(st: JobStatus | None, names: set[str]) -> bool:
             return st is not None and names <= {w.name for w in st.workers.values() if w.steps > 0}
 
-        st = wait_for("both workers training", lambda: (s := _status(ctx, endpoint)) and training(
+        st = wait_for("both workers training", lambda: (s := status_at(ctx, endpoint)) and training(
             s, {"worker0", "worker1"}) and s, 120)
         startup_s = time.monotonic() - started
         step_s = max(w.step_s for w in st.workers.values())
@@ -177,7 +166,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
         killed = time.monotonic()
 
         bound_s = 2 * startup_s + 10 * step_s + STATUS_S + STATUS_TIMEOUT_S
-        wait_for("worker1 training again under a new id", lambda: (s := _status(ctx, endpoint)) and any(
+        wait_for("worker1 training again under a new id", lambda: (s := status_at(ctx, endpoint)) and any(
             w.name == "worker1" and w.steps > 0 and wid not in before for wid, w in s.workers.items()), bound_s)
         print(f"\nstart {startup_s:.1f}s, step {1000 * step_s:.0f} ms; kill to training again "
               f"{time.monotonic() - killed:.1f}s (bound {bound_s:.1f}s)")
@@ -193,11 +182,6 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
 
         wait_for("the targets file to list the restarted worker's new /metrics port", listed, STATUS_S + STATUS_TIMEOUT_S + bound_s)
     finally:
-        run.send_signal(signal.SIGINT)
-        try:
-            run.wait(60)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            run.wait()
+        interrupt(run)
         ctx.destroy(linger=0)
     assert run.returncode == 1, "interrupted before its 1000 epochs"

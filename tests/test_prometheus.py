@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.parse
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 import zmq
 
-from harness import free_port, wait_for
+from harness import free_port, interrupt, wait_for
 from tools import need_tool
 
 pytestmark = pytest.mark.slow
@@ -153,12 +152,7 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(30)
-        run.send_signal(signal.SIGINT)
-        try:
-            run.wait(60)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            run.wait()
+        interrupt(run)
         run_log.close()
 
 
