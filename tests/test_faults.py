@@ -131,7 +131,9 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         assert "resumed job" in log
         assert final.samples - final.lost_samples >= target, "every lost sample was trained again"
         assert final.lost_samples > 0
-        assert abs(final.test_acc - baseline.test_acc) <= 0.01, (final.test_acc, baseline.test_acc)
+        # Recovery may cost at most one point; asgd's order of updates moves either run by about one point, so
+        # the faulty one also came out 1.1 points ahead of its clean twin once (two suites on 2 cores).
+        assert final.test_acc >= baseline.test_acc - 0.01, (final.test_acc, baseline.test_acc)
         print(f"\nclean {clean_s:.1f}s acc {baseline.test_acc:.4f}; faulty {job.wall_s:.1f}s acc {final.test_acc:.4f}; "
               f"lost {final.lost_versions} versions, {final.lost_samples} samples made up; recovery: shard "
               f"{shard_recovery_s:.1f}s, scheduler {scheduler_recovery_s:.1f}s")
