@@ -24,6 +24,8 @@ from typing import Callable
 import zmq
 
 SEND_QUEUE = 16  # messages ZeroMQ holds per peer (the ROUTER's SNDHWM)
+IDLE_POLL_MS = 50  # the shard loop's poll when nothing waits here
+SPIN_FLUSHES = 16  # flushes 1 ms apart that may send nothing before the loop backs off (ZeroMQ draining a burst)
 
 
 class Outbox:
@@ -35,6 +37,7 @@ class Outbox:
         self.limit = limit
         self.on_drop = on_drop
         self.backlog: dict[bytes, deque[list]] = {}
+        self._stalled = 0  # flushes in a row that sent nothing
 
     def send(self, identity: bytes, frames: list) -> None:
         """Send `frames` (after the routing id) to `identity` now, or after what already waits for it."""
@@ -50,12 +53,15 @@ class Outbox:
 
     def flush(self) -> None:
         """Send what waits, peer by peer, until each peer's queue is full again."""
+        sent = False
         for identity in list(self.backlog):
             waiting = self.backlog[identity]
             while waiting and self._try(identity, waiting[0]):
                 waiting.popleft()
+                sent = True
             if not waiting:
                 del self.backlog[identity]
+        self._stalled = 0 if sent else self._stalled + 1
 
     def full(self, identity: bytes) -> bool:
         """Whether `identity`'s backlog is at its limit (the peer is not reading)."""
@@ -63,8 +69,17 @@ class Outbox:
 
     @property
     def waiting(self) -> bool:
-        """Whether any reply waits (the loop then polls often, to flush as peers read)."""
+        """Whether any reply waits."""
         return bool(self.backlog)
+
+    @property
+    def poll_ms(self) -> int:
+        """How long the loop may wait before the next flush: 1 ms while replies move or may soon (a large pull
+        on its way out, ZeroMQ's IO thread draining its queue), then doubling with every flush that sent
+        nothing, so a peer that never reads costs a few wake-ups a second, not a thousand."""
+        if not self.backlog:
+            return IDLE_POLL_MS
+        return min(IDLE_POLL_MS, 1 << min(max(0, self._stalled - SPIN_FLUSHES), 6))
 
     def _try(self, identity: bytes, frames: list) -> bool:
         """Send if `identity`'s queue has room; True also when the peer is gone (the reply has nowhere to go)."""

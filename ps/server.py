@@ -254,7 +254,7 @@ class ShardServer:
         next_ckpt = time.monotonic() + self.opts.checkpoint_interval_s
         while not self.stopping and not self.job_over:
             self.outbox.flush()
-            events = dict(poller.poll(timeout=1 if self.outbox.waiting else 50))
+            events = dict(poller.poll(timeout=self.outbox.poll_ms))
             if self.sock in events:
                 pending = [recv_routed(self.sock, self.limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):

@@ -8,7 +8,7 @@ import time
 import zmq
 
 from dynabatch.common.transport import bind_router
-from dynabatch.ps.outbox import SEND_QUEUE, Outbox
+from dynabatch.ps.outbox import IDLE_POLL_MS, SEND_QUEUE, Outbox
 
 FRAME = b"x" * (256 << 10)
 SENT = 200  # 50 MB: more than the kernel's socket buffers hold
@@ -31,6 +31,11 @@ def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in
             outbox.send(identity, [i.to_bytes(4, "big"), FRAME])
         assert outbox.full(identity) and outbox.waiting
         assert dropped, "every reply was held though the peer read none"
+        deadline = time.monotonic() + 10
+        while outbox.poll_ms < IDLE_POLL_MS and time.monotonic() < deadline:  # the kernel's buffers fill, then stall
+            outbox.flush()
+            router.poll(outbox.poll_ms)  # as the shard's loop waits between flushes
+        assert outbox.poll_ms == IDLE_POLL_MS, "a peer that reads nothing must not keep the loop spinning"
         received = []
         deadline = time.monotonic() + 60
         while len(received) + len(dropped) < SENT and time.monotonic() < deadline:
@@ -38,6 +43,7 @@ def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in
             if reader.poll(100):
                 received.append(int.from_bytes(reader.recv_multipart()[0], "big"))
         outbox.flush()
+        assert outbox.poll_ms == IDLE_POLL_MS
         assert len(received) + len(dropped) == SENT, (len(received), len(dropped))
         assert received == sorted(set(received)), "replies arrived out of order or twice"
         assert received[:SEND_QUEUE] == list(range(SEND_QUEUE))
