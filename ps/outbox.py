@@ -68,11 +68,6 @@ class Outbox:
         return len(self.backlog.get(identity, ())) >= self.limit
 
     @property
-    def waiting(self) -> bool:
-        """Whether any reply waits."""
-        return bool(self.backlog)
-
-    @property
     def poll_ms(self) -> int:
         """How long the loop may wait before the next flush: 1 ms while replies move or may soon (a large pull
         on its way out, ZeroMQ's IO thread draining its queue), then doubling with every flush that sent

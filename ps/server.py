@@ -22,6 +22,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import zmq
@@ -345,9 +346,9 @@ class ShardServer:
         self.refusals.refused(error.code, str(error))
         self._reply(incoming.identity, error.to_error(), error.ref)
 
-    def _reply(self, identity: bytes, body: object, seq: int, metas: list[ChunkMeta] | None = None,
-               tensors: list[torch.Tensor] | None = None) -> None:
-        self.outbox.send(identity, reply_frames(body, seq, self.job.job, f"ps{self.index}", metas or (), tensors or ()))
+    def _reply(self, identity: bytes, body: object, seq: int, metas: Sequence[ChunkMeta] = (),
+               tensors: Sequence[torch.Tensor] = ()) -> None:
+        self.outbox.send(identity, reply_frames(body, seq, self.job.job, f"ps{self.index}", metas, tensors))
 
     def _on_init(self, incoming: Incoming) -> None:
         """The first INIT sets the model; every later one must describe the same model."""

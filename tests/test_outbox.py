@@ -29,7 +29,7 @@ def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in
         outbox = Outbox(router, LIMIT, lambda: dropped.append(1))
         for i in range(SENT):
             outbox.send(identity, [i.to_bytes(4, "big"), FRAME])
-        assert outbox.full(identity) and outbox.waiting
+        assert outbox.full(identity) and outbox.backlog
         assert dropped, "every reply was held though the peer read none"
         deadline = time.monotonic() + 10
         while outbox.poll_ms < IDLE_POLL_MS and time.monotonic() < deadline:  # the kernel's buffers fill, then stall
@@ -47,7 +47,7 @@ def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in
         assert len(received) + len(dropped) == SENT, (len(received), len(dropped))
         assert received == sorted(set(received)), "replies arrived out of order or twice"
         assert received[:SEND_QUEUE] == list(range(SEND_QUEUE))
-        assert not outbox.waiting
+        assert not outbox.backlog
     finally:
         reader.close(linger=0)
         router.close(linger=0)
@@ -60,7 +60,7 @@ def test_replies_to_a_peer_that_left_are_discarded_not_kept():
     try:
         outbox = Outbox(router, LIMIT, lambda: None)
         outbox.send(b"\x00gone", [b"reply"])
-        assert not outbox.waiting
+        assert not outbox.backlog
     finally:
         router.close(linger=0)
         ctx.term()
