@@ -29,11 +29,13 @@ every protocol gets it.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from bench import verdicts
 from bench.convergence import config_label
@@ -67,15 +69,26 @@ class Part:
     lr: float = 0.05
     momentum: float = 0.5
     slower: float = 1.0  # every node's step and transfer times, times this (the virtual clock's unit)
+    dataset: str = "fashion-mnist"
+
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """The accuracies whose times are tabled; the first is the target time-to-target claims are judged at.
+
+        The CNN's are the real bench's 85% and 88%. The MLP's target is 80%: at 64 workers, with pushes about 45
+        versions stale, asgd+fixed took the whole 150 virtual s of a probe run to reach 83%.
+        """
+        return ("0.80", "0.85") if self.model == "mlp" else ("0.85", "0.88")
 
 
-VALIDATION = Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0,), 25.0, 3.0, 1000)
+VALIDATION = Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, (0, 1), 60.0, 3.0, 1000)
 STUDIES: dict[str, tuple[Part, ...]] = {
     "quick": (Part("churn16", "churn16", 512, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 3.0, 0.5, 1000,
                    lr=0.02, momentum=0.0),),
     "full": (
-        Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 15.0, 1.5, 500, lr=0.02, momentum=0.0, slower=10.0),
-        Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, SEEDS, 15.0, 1.5, 500, lr=0.02, momentum=0.0,
+        Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 150.0, 2.0, 1000, lr=0.02, momentum=0.0,
+             slower=10.0),
+        Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, SEEDS, 150.0, 2.0, 1000, lr=0.02, momentum=0.0,
              slower=10.0),
         VALIDATION,
     ),
@@ -83,27 +96,56 @@ STUDIES: dict[str, tuple[Part, ...]] = {
 }
 
 
-def run_part(part: Part, data: Any, log: Callable[[str], None], done: Callable[[SimResult], None]) -> None:
-    """Every configuration under every seed, seed-major, with a progress line per run; `done` gets each run."""
+def sim_config(part: Part, seed: int, protocol: str, policy: str) -> SimConfig:
+    """The run of `part` for one configuration and seed, its node times scaled by `part.slower`."""
     workers = PROFILES[part.profile]()
-    plan = [(seed, p, b) for seed in part.seeds for p, b in part.configs]
+    base = SimConfig(protocol, policy, workers)
+    return SimConfig(protocol, policy, workers, seed=seed, budget_s=part.budget_s, global_batch=part.global_batch,
+                     fixed_s=base.fixed_s * part.slower, per_sample_s=base.per_sample_s * part.slower,
+                     comm_s=base.comm_s * part.slower, model=part.model, eval_every_s=part.eval_every_s,
+                     eval_size=part.eval_size, job={"lr": part.lr, "momentum": part.momentum}, dataset=part.dataset)
+
+
+Run = tuple[Part, int, str, str]
+"""One simulation of a study: its part, seed, protocol and policy."""
+
+_DATA: dict[str, Any] = {}
+"""The datasets this process has loaded: each process of a parallel study loads each one once."""
+
+
+def _simulate(run: Run) -> tuple[Run, SimResult]:
+    part, seed, protocol, policy = run
+    if part.dataset not in _DATA:
+        _DATA[part.dataset] = load_dataset(part.dataset)
+    return run, simulate(sim_config(part, seed, protocol, policy), _DATA[part.dataset])
+
+
+def run_plan(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Part, SimResult]]:
+    """Every run of `plan`, in `jobs` processes (1: this one), yielded as each finishes, with a progress line.
+
+    Runs are independent and each is a function of its seed, so running them side by side changes only the
+    order they finish in; the costliest parts go first so that the last to finish is a short one.
+    """
     started = time.monotonic()
-    for i, (seed, protocol, policy) in enumerate(plan, 1):
-        base = SimConfig(protocol, policy, workers)
-        cfg = SimConfig(protocol, policy, workers, seed=seed, budget_s=part.budget_s, global_batch=part.global_batch,
-                        fixed_s=base.fixed_s * part.slower, per_sample_s=base.per_sample_s * part.slower,
-                        comm_s=base.comm_s * part.slower, model=part.model, eval_every_s=part.eval_every_s,
-                        eval_size=part.eval_size, job={"lr": part.lr, "momentum": part.momentum})
-        r = simulate(cfg, data)
-        done(r)
-        took = time.monotonic() - started
-        log(f"[{part.name} {i}/{len(plan)}] {config_label(protocol, policy)} seed {seed}: "
-            f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, staleness mean "
-            f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, 85% at "
-            f"{r.time_to['0.85']} (elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else None
+    if pool is None:
+        finished: Iterator[tuple[Run, SimResult]] = map(_simulate, plan)
+    else:
+        finished = (f.result() for f in as_completed([pool.submit(_simulate, run) for run in plan]))
+    try:
+        for i, ((part, seed, protocol, policy), r) in enumerate(finished, 1):
+            took = time.monotonic() - started
+            log(f"[{i}/{len(plan)} {part.name}] {config_label(protocol, policy)} seed {seed}: "
+                f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, staleness mean "
+                f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
+                f"{_pct(part.marks[0])} at {r.time_to.get(part.marks[0])} (elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
+            yield part, r
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
 
-def config_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def config_rows(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> list[dict[str, Any]]:
     """Per configuration: means over seeds, medians of the times to the marks (never reached counts as never)."""
     order = list(dict.fromkeys((r["protocol"], r["policy"]) for r in runs))
     rows = []
@@ -112,8 +154,8 @@ def config_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         accs = [r["final_test_acc"] for r in rs]
         rows.append({
             "label": config_label(protocol, policy), "runs": len(rs),
-            "time_to": {m: verdicts.median_time_to(rs, m) for m in ("0.85", "0.88")},
-            "reached": {m: sum(1 for r in rs if r["time_to"].get(m) is not None) for m in ("0.85", "0.88")},
+            "time_to": {m: verdicts.median_time_to(rs, m) for m in marks},
+            "reached": {m: sum(1 for r in rs if r["time_to"].get(m) is not None) for m in marks},
             "acc": statistics.fmean(accs), "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
             "loss": statistics.fmean(r["final_train_loss"] or float("nan") for r in rs),
             "sps": statistics.fmean(r["samples_per_s"] for r in rs),
@@ -124,14 +166,19 @@ def config_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def table(runs: list[dict[str, Any]]) -> str:
-    out = ["| configuration | runs | time to 85% (median) | time to 88% (median) | test acc. at budget | train loss "
-           "| samples/s | staleness mean / p99 | bytes/sample |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in config_rows(runs):
-        t = {m: ("–" if v == float("inf") else f"{v:.2f} s") + f" ({row['reached'][m]}/{row['runs']})"
-             for m, v in row["time_to"].items()}
+def _pct(mark: str) -> str:
+    return f"{float(mark):.0%}"
+
+
+def table(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> str:
+    times = " | ".join(f"time to {_pct(m)} (median)" for m in marks)
+    out = [f"| configuration | runs | {times} | test acc. at budget | train loss | samples/s | staleness mean / p99 "
+           "| bytes/sample |", "|---|---:|" + "---:|" * len(marks) + "---:|---:|---:|---:|---:|"]
+    for row in config_rows(runs, marks):
+        t = " | ".join(("–" if v == float("inf") else f"{v:.0f} s") + f" ({row['reached'][m]}/{row['runs']})"
+                       for m, v in row["time_to"].items())
         sd = f" ± {100 * row['acc_sd']:.2f}" if row["acc_sd"] is not None else ""
-        out.append(f"| {row['label']} | {row['runs']} | {t['0.85']} | {t['0.88']} | {100 * row['acc']:.2f}%{sd} | "
+        out.append(f"| {row['label']} | {row['runs']} | {t} | {100 * row['acc']:.2f}%{sd} | "
                    f"{row['loss']:.3f} | {row['sps']:,.0f} | {row['stale_mean']:.2f} / {row['stale_p99']:.1f} | "
                    f"{row['bps']:,.0f} |")
     return "\n".join(out)
@@ -142,7 +189,7 @@ def validation_table(runs: list[dict[str, Any]]) -> str:
     out = ["| configuration | staleness mean / p99: simulated | real | samples/s: simulated | real "
            "| time to 85%: simulated | real | time to 88%: simulated | real |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in config_rows(runs):
+    for row in config_rows(runs, ("0.85", "0.88")):
         real = REAL_4_WORKERS.get(row["label"], {})
         sim_t = {m: "–" if t == float("inf") else f"{t:.0f} s" for m, t in row["time_to"].items()}
         out.append(f"| {row['label']} | {row['stale_mean']:.2f} / {row['stale_p99']:.0f} | "
@@ -177,10 +224,13 @@ def render(parts: dict[str, tuple[Part, list[dict[str, Any]]]], img: str) -> str
                     f"{part.budget_s:g} virtual s)", "", validation_table(runs), ""]
             continue
         out += [f"### {name}: {n} workers ({part.profile}), {part.model}, B = {part.global_batch}, "
-                f"{part.budget_s:g} virtual s, seeds {', '.join(map(str, part.seeds))}", "", table(runs), "",
+                f"{part.budget_s:g} virtual s, seeds {', '.join(map(str, part.seeds))}", "",
+                table(runs, part.marks), "",
                 f"![{name}]({img}/simulate_{name}.png)", ""]
         if part.configs == PAPER_CONFIGS:
-            claims = [v for v in verdicts.paper_claims(runs, part.eval_every_s) if v.holds is not None]
+            target = part.marks[0]
+            claims = [v for v in verdicts.paper_claims(runs, part.eval_every_s, target)
+                      + verdicts.time_to_target_claims(runs, part.eval_every_s, target) if v.holds is not None]
             out += [f"Verdicts at {n} workers (rules of bench/verdicts.py; equal time is the virtual budget):", "",
                     "| claim | measured | agrees |", "|---|---|---|"]
             out += [f"| {v.claim} | {v.measured} | **{v.word}** |" for v in claims] + [""]
@@ -198,21 +248,31 @@ def write(results: dict[str, Any], out: Path, plots: bool) -> None:
             plot(runs, f"simulated: {name}", out / f"simulate_{name}.png")
 
 
-def run_study(mode: str, out_dir: str) -> int:
+def plan_of(parts: tuple[Part, ...]) -> list[Run]:
+    """Every run of `parts`, the costliest part (the CNN's, then the most workers') first, seed-major within it."""
+    cost = {"cnn": 2, "mlp": 1}
+    ordered = sorted(parts, key=lambda p: (-cost.get(p.model, 1), -len(PROFILES[p.profile]())))
+    return [(part, seed, protocol, policy) for part in ordered for seed in part.seeds for protocol, policy in part.configs]
+
+
+def in_plan_order(part: Part, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A part's runs as its configurations and seeds are listed, whatever order they finished in."""
+    index = {(s, p, b): i for i, (s, (p, b)) in enumerate((s, c) for s in part.seeds for c in part.configs)}
+    return sorted(runs, key=lambda r: index[(r["seed"], r["protocol"], r["policy"])])
+
+
+def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
     out = Path(out_dir) / mode
     out.mkdir(parents=True, exist_ok=True)
-    data = load_dataset("fashion-mnist")
     started = time.monotonic()
-    results: dict[str, Any] = {}
-    for part in STUDIES[mode]:
-        results[part.name] = {"part": asdict(part), "runs": []}
-
-        def done(r: SimResult, runs: list[dict[str, Any]] = results[part.name]["runs"]) -> None:
-            runs.append(asdict(r))
-            write(results, out, plots=False)
-
-        run_part(part, data, lambda s: print(s, flush=True), done)
-        write(results, out, plots=True)
+    parts = STUDIES[mode]
+    results: dict[str, Any] = {part.name: {"part": asdict(part), "runs": []} for part in parts}
+    for part, r in run_plan(plan_of(parts), jobs, lambda s: print(s, flush=True)):
+        runs = results[part.name]["runs"]
+        runs.append(asdict(r))
+        runs[:] = in_plan_order(part, runs)
+        write(results, out, plots=False)
+    write(results, out, plots=True)
     print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.simulate import PROFILES, SimConfig, WorkerSpec, simulate
+from bench.simulate_study import Part, run_plan
 from dynabatch.common.data import load_dataset
 
 
@@ -52,3 +53,18 @@ def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed
 def test_other_protocols_train(data, protocol):
     r = simulate(tiny(protocol, "dynamic", PROFILES["bench4"](), budget_s=0.6, eval_every_s=0.3), data)
     assert r.samples > 0 and r.curve[-1][2] > r.curve[0][2]
+
+
+@pytest.mark.slow
+def test_a_study_run_in_parallel_processes_gives_each_run_exactly_as_run_alone():
+    """Runs finish in any order side by side, but each stays a function of its seed."""
+    part = Part("tiny", "bench4", 64, "mlp", (("asgd", "dynamic"), ("ssgd", "fixed")), (0,), 0.2, 0.1, 100,
+                dataset="synthetic")
+    plan = [(part, 0, protocol, policy) for protocol, policy in part.configs]
+    lines: list[str] = []
+    alone = {(r.protocol, r.policy): r for _, r in run_plan(plan, 1, lines.append)}
+    side_by_side = {(r.protocol, r.policy): r for _, r in run_plan(plan, 2, lines.append)}
+    assert len(lines) == 4 and all("tiny" in line for line in lines)
+    for key, r in alone.items():
+        other = side_by_side[key]
+        assert (other.curve, other.staleness_counts, other.samples) == (r.curve, r.staleness_counts, r.samples)
