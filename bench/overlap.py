@@ -35,14 +35,15 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.messages import JobStatus
 
+from bench import plots
 from bench.convergence import RunResult, Settings, parse_configs, run_one
 
-VARIANTS: dict[str, tuple[str, ...]] = {
-    "pull,push": ("--no-push-pull",),
-    "push+pull": ("--push-pull",),
-    "pipeline": ("--pipeline",),
-    "prefetch": ("--prefetch-pull",),
-    "prefetch+behind": ("--prefetch-pull", "--push-behind"),
+VARIANTS: dict[str, tuple[str, ...]] = {  # each says --pipeline, whose default (auto) depends on the model
+    "pull,push": ("--no-push-pull", "--pipeline", "off"),
+    "push+pull": ("--push-pull", "--pipeline", "off"),
+    "pipeline": ("--pipeline", "on"),
+    "prefetch": ("--prefetch-pull", "--pipeline", "off"),
+    "prefetch+behind": ("--prefetch-pull", "--push-behind", "--pipeline", "off"),
 }
 PHASES = ("compute", "pull", "push", "wait", "data", "outside")
 WARMUP_FRACTION = 0.1  # the first tenth of training (batch sizes settling) is left out of the breakdown
@@ -219,9 +220,10 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "bench.overlap", *argv])
     (args.out / "overlap.md").write_text(f"{text}\n\nCommand: `{command}`\n")
-    (args.out / "overlap.json").write_text(json.dumps(
-        [{"workload": v.workload, "variant": v.variant, "run": asdict(v.run),
-          "breakdown": asdict(v.breakdown) if v.breakdown else None} for v in runs], indent=2) + "\n")
+    entries = [{"workload": v.workload, "variant": v.variant, "run": asdict(v.run),
+                "breakdown": asdict(v.breakdown) if v.breakdown else None} for v in runs]
+    (args.out / "overlap.json").write_text(json.dumps(entries, indent=2) + "\n")
+    plots.overlap(entries, args.out / "overlap.png")
     return 0
 
 
