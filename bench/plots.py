@@ -129,7 +129,7 @@ def overlap(entries: list[dict[str, Any]], path: Path) -> Path:
         at = [g for g in range(len(groups)) if groups[g] in kept]
         ax.bar([g + (i - (len(variants) - 1) / 2) * width for g in at], [100 * kept[groups[g]] for g in at], width,
                label=variant)
-    ax.set_xticks(range(len(groups)), [f"{w}\n{p}" for w, p in groups], fontsize=7)
+    ax.set_xticks(range(len(groups)), [f"{w}\n{p}".replace(" ", "\n") for w, p in groups], fontsize=7)
     ax.set_ylabel("% of compute-only speed")
     ax.set_ylim(50, 100)
     return save(fig, [ax], "Communication off the critical path: fraction of compute-only speed kept", path)
