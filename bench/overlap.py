@@ -178,8 +178,9 @@ def table(runs: list[VariantRun]) -> str:
             continue
         parts = " | ".join(f"{100 * getattr(b, p):.1f}%" for p in PHASES[1:]) if b else " | ".join("–" * 5)
         acc = f"{100 * r.final_test_acc:.1f}%" if r.final_test_acc is not None else "–"
-        rows.append(f"| {v.workload} | {r.label} | {v.variant} | {r.seed} | {r.samples_per_s:,.0f} | "
-                    f"{100 * (r.fraction_of_compute or 0):.1f}% | {r.staleness_mean:.2f} | {acc} | {parts} |")
+        stale = f"{r.staleness_mean:.2f}" if r.staleness_mean is not None else "–"  # None: no push was acknowledged
+        rows.append(f"| {v.workload} | {r.label} | {v.variant} | {r.seed} | {r.samples_per_s or 0:,.0f} | "
+                    f"{100 * (r.fraction_of_compute or 0):.1f}% | {stale} | {acc} | {parts} |")
     return "\n".join(rows)
 
 
