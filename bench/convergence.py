@@ -11,6 +11,7 @@ instead of one.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -42,6 +43,7 @@ class Settings:
     eval_interval_s: float = 3.0
     target: str = ""  # every run's --target-metric (e.g. "loss<=0.4"): one more time-to column after the marks
     flags: tuple[str, ...] = ()  # more `dynabatch run` flags for every run (bench/overlap.py compares variants)
+    env: tuple[tuple[str, str], ...] = ()  # more environment for every run: a task file's knobs, DYNABATCH_DEVICE
 
 
 def time_marks(time_tos: Iterable[dict[str, Any]]) -> tuple[str, ...]:
@@ -129,7 +131,8 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
     result = RunResult(scenario, protocol, policy, seed, slowdowns, ok=False)
     shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed
     with open(out / f"{name}.log", "wb") as log_file:
-        code = subprocess.call(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        code = subprocess.call(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env={**os.environ, **dict(settings.env)})
     summary_path, timeline_path = out / name / "summary.json", out / name / "timeline.json"
     if not summary_path.exists() or not timeline_path.exists():
         result.error = f"exit {code}, no summary (see {out / name}.log)"

@@ -115,3 +115,21 @@ def scale(results: list[dict[str, Any]], path: Path) -> Path:
     ax2.set_xlabel("light workers")
     ax2.set_ylabel("scheduler decision p99 (ms)")
     return save(fig, [ax1, ax2], "Scale: many light workers against 1-4 shards", path)
+
+
+def overlap(entries: list[dict[str, Any]], path: Path) -> Path:
+    """The fraction of compute-only speed per variant (bars) for each workload and configuration (groups)."""
+    groups = list(dict.fromkeys((e["workload"], e["run"]["protocol"]) for e in entries))
+    variants = list(dict.fromkeys(e["variant"] for e in entries))
+    width = 0.8 / len(variants)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(groups)), 4.5))
+    for i, variant in enumerate(variants):
+        kept = {(e["workload"], e["run"]["protocol"]): e["run"]["fraction_of_compute"] for e in entries
+                if e["variant"] == variant and e["run"]["ok"]}
+        at = [g for g in range(len(groups)) if groups[g] in kept]
+        ax.bar([g + (i - (len(variants) - 1) / 2) * width for g in at], [100 * kept[groups[g]] for g in at], width,
+               label=variant)
+    ax.set_xticks(range(len(groups)), [f"{w}\n{p}".replace(" ", "\n") for w, p in groups], fontsize=7)
+    ax.set_ylabel("% of compute-only speed")
+    ax.set_ylim(50, 100)
+    return save(fig, [ax], "Communication off the critical path: fraction of compute-only speed kept", path)

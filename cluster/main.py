@@ -64,8 +64,8 @@ def settle(opts: RunOptions, job: JobConfig) -> JobConfig:
         job = replace(job, await_final_eval=True)  # a short job may end before the evaluator has joined
     opts.validate()
     job.validate()
-    if opts.micro_batch and job.pipeline:
-        raise ConfigError("--micro-batch: the pipelined step (--pipeline) cannot accumulate passes; drop one")
+    if opts.micro_batch and job.pipeline == "on":
+        raise ConfigError("--micro-batch: the pipelined step (--pipeline on) cannot accumulate passes; drop one")
     return job
 
 

@@ -19,6 +19,7 @@ from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.protocols import PROTOCOLS, SPECS
 
 BATCH_POLICIES = ("fixed", "dynamic")
+PIPELINE_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -51,8 +52,11 @@ class JobConfig:
         0.0, "also stop this many seconds after training began (0: no limit); benchmarks compare runs at equal time",
         minimum=0.0,
     )
-    pipeline: bool = opt(
-        False, "overlap pulls with forward and pushes with backward, chunk by chunk (gradient protocols; experimental)"
+    pipeline: str = opt(
+        "auto", "gradient protocols: overlap pulls with forward and pushes with backward, chunk by chunk; auto: on "
+        "where the model has several chunks and nothing needs the whole gradient before the first push (not with "
+        "--prefetch-pull, a worker's --micro-batch, or a task that clips its gradient), measured in bench/RESULTS.md "
+        "3b", PIPELINE_MODES,
     )
     push_pull: bool = opt(
         True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two"
@@ -112,8 +116,20 @@ class JobConfig:
                               f"worker's own last push (only {allowed} do)")
         if self.push_behind and not self.prefetch_pull:
             raise ConfigError("--push-behind needs --prefetch-pull (otherwise the next pull waits for the push anyway)")
-        if self.prefetch_pull and self.pipeline:
-            raise ConfigError("--prefetch-pull and --pipeline overlap the pull in two different ways: choose one")
+        if self.prefetch_pull and self.pipeline == "on":
+            raise ConfigError("--prefetch-pull and --pipeline on overlap the pull in two different ways: choose one")
+
+    def pipelines(self, chunks: int, micro_batch: int = 0, clips: bool = False) -> bool:
+        """Whether a worker's gradient steps run pipelined, given its model's chunk count, its --micro-batch and
+        whether its task clips the gradient.
+
+        `auto` pipelines where it paid in bench/RESULTS.md 3b: a model of one chunk has
+        nothing to overlap, and micro-batches, clipping by global norm and a prefetched pull
+        all need the whole gradient (or the whole model) before the first push.
+        """
+        if self.pipeline != "auto":
+            return self.pipeline == "on"
+        return chunks >= 2 and not self.prefetch_pull and not micro_batch and not clips
 
 
 @dataclass

@@ -32,7 +32,7 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["run", "--global-batch", "x"], "--global-batch"),
         (["run", "--max-batches", "64", "32"], "--max-batches: 2 given for 3 workers"),
         (["run", "--max-batches", "64", "-1", "0"], "--max-batches: [64, -1, 0] holds a negative"),
-        (["run", "--micro-batch", "16", "--pipeline"], "--micro-batch: the pipelined step"),
+        (["run", "--micro-batch", "16", "--pipeline", "on"], "--micro-batch: the pipelined step"),
         (["worker", "--slowdown", "0.5"], "below 1"),
         (["worker", "--max-batch", "-1"], "--max-batch"),
         (["worker", "--loader-workers", "-2"], "--loader-workers"),

@@ -74,14 +74,14 @@ def test_every_per_sample_value_of_a_collated_batch_is_sliced_and_nothing_else()
 @pytest.mark.slow
 def test_a_micro_batching_worker_is_refused_by_a_pipelined_job_and_exits_2(tmp_path):
     """The pipelined step pushes each chunk's gradient during backward: it cannot accumulate passes."""
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--pipeline", "--epochs", "1000"])
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--pipeline", "on", "--epochs", "1000"])
     try:
         c.scheduler()
         c.shard(0)
         worker = c.worker("small", "--micro-batch", "16")
         wait_for("the worker to exit", lambda: worker.proc.poll() is not None, 60)
         assert worker.proc.returncode == 2
-        assert "--micro-batch 16: job 'dynabatch' runs with --pipeline" in worker.log_text(), worker.log_text()
+        assert "--micro-batch 16: job 'dynabatch' runs with --pipeline on" in worker.log_text(), worker.log_text()
         assert "Traceback" not in worker.log_text()
     finally:
         c.stop()

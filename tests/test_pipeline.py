@@ -53,7 +53,9 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         load_flat(reference, w0)
         F.cross_entropy(reference(x), y).backward()
         grad = flat_grads(reference)
+        counted = sum(shards.staleness)
         result = Pipeline(model, layout, shards, 1 << 20, 10, cross_entropy).step((x, y), None, 64)
+        assert sum(shards.staleness) - counted == 1, "one step on one shard is one update, however many chunks"
         trace = result.trace
         assert set(trace.pushed_at) == {ch.id for ch in layout.chunks}
         assert min(trace.forward_start.values()) < max(trace.arrived_at.values()), "forward waited for the whole model"

@@ -61,7 +61,7 @@ def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name):
     if SPECS[name].may_prefetch_pull:
         job.validate()
         with pytest.raises(ConfigError, match="choose one"):
-            JobConfig(protocol=name, prefetch_pull=True, pipeline=True).validate()
+            JobConfig(protocol=name, prefetch_pull=True, pipeline="on").validate()
     else:
         with pytest.raises(ConfigError, match=f"--prefetch-pull: protocol {name} "):
             job.validate()

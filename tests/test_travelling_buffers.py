@@ -293,7 +293,7 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [["--protocol", "asgd"], ["--protocol", "local"],
-                                   ["--protocol", "ssgd", "--pipeline"]], ids=["asgd", "local", "ssgd-pipelined"])
+                                   ["--protocol", "ssgd", "--pipeline", "on"]], ids=["asgd", "local", "ssgd-pipelined"])
 def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(tmp_path, flags):
     run, _ = run_job(tmp_path, "r", "--task", BN_TASK, "--workers", "2", "--slowdowns", "1", "2", "--epochs", "3",
                      "--global-batch", "64", "--eval-interval-s", "2", *flags)

@@ -63,7 +63,7 @@ class GradientLoop(StepLoop):
 
     def step(self, assignment: Assignment) -> StepResult | None:
         c = self.ctx
-        if c.job.pipeline:
+        if c.pipelined:
             return self._pipelined_step(assignment)
         times = StepTimes()
         pulled, self.pulled = self.pulled, None

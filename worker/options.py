@@ -32,7 +32,7 @@ class WorkerOptions:
     max_batch: int = opt(0, "this machine's largest batch (its memory); the scheduler never assigns it more "
                          "(0: only the job's --max-batch)", minimum=0)
     micro_batch: int = opt(0, "run an assigned batch as passes of at most this many samples, accumulating "
-                           "their gradients (0: one pass); not with the job's --pipeline", minimum=0)
+                           "their gradients (0: one pass); not with the job's --pipeline on", minimum=0)
     loader_workers: int = opt(0, "processes loading batches ahead (a torch DataLoader whose batch sampler "
                               "follows the assigned batch size); 0: load in the worker's own process", minimum=0)
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from dynabatch.common import staleness
 from dynabatch.common.chunking import Layout, TravellingBuffers, travelling
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.ps_client import Pending, PendingPull, PendingPush, PullResult, ShardClients
@@ -77,6 +78,7 @@ class Pipeline:
 
     def step(self, batch: Any, min_versions: list[int] | None, samples: int) -> PipelineResult:
         """Pull, forward, backward and push for one batch, overlapped; returns when every push is acknowledged."""
+        counted = list(self.shards.staleness)
         st = self._step = _StepState(self.shards.start_pull(min_versions), samples)
         self.model.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
@@ -87,6 +89,9 @@ class Pipeline:
         start = time.perf_counter()
         self._settle(st)
         st.push_wait += time.perf_counter() - start
+        self.shards.staleness = counted
+        for worst in st.staleness_per_shard().values():
+            staleness.record(self.shards.staleness, worst)
         st.trace.arrived_at = dict(st.pull.arrived_at)
         self._step = None
         return PipelineResult(float(loss.detach()), st.pull.result(), st.pull_wait, st.push_wait, st.trace)
@@ -182,6 +187,15 @@ class _StepState:
 
     def pendings(self) -> list[Pending]:
         return [self.pull, *self.pushes]
+
+    def staleness_per_shard(self) -> dict[int, int]:
+        """The step's staleness on each shard: the most of its chunks' acknowledgements, as one whole push's
+        acknowledgement reports it (the scheduler counts one update per shard per step)."""
+        worst: dict[int, int] = {}
+        for push in self.pushes:
+            for shard, ack in push.acks.items():
+                worst[shard] = max(worst.get(shard, 0), ack.staleness)
+        return worst
 
     def inflight(self, layout: Layout) -> int:
         """Bytes pushed and not yet acknowledged."""

@@ -51,6 +51,7 @@ class StepContext:
     idle_for_slowdown: Callable[[float], float]
     heartbeat_when_due: Callable[[], None]
     buffers: TravellingBuffers = TravellingBuffers()
+    pipelined: bool = False  # gradient steps overlap pull, compute and push (JobConfig.pipelines)
 
 
 class StepLoop:

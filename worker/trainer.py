@@ -187,8 +187,14 @@ class Worker:
             train_size=self.train_size, request_timeout_s=self.opts.request_timeout_s,
             next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=self.loss_fn,
             idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.heartbeat_when_due,
-            buffers=self.buffers,
+            buffers=self.buffers, pipelined=self._pipelined(),
         )
+
+    def _pipelined(self) -> bool:
+        """Whether this worker's gradient steps overlap pull, compute and push (JobConfig.pipelines)."""
+        return (protocol_spec(self.job.protocol).push_kind == GRADIENT
+                and self.job.pipelines(len(self.layout.chunks), self.opts.micro_batch,
+                                       self.task.clip_grad_norm is not None))
 
     def _heartbeat_while_waiting(self) -> None:
         """Repeat the last heartbeat (its counters are cumulative, so nothing is counted twice).
@@ -292,10 +298,11 @@ class Worker:
 
     def _check_micro_batching(self) -> None:
         """The pipelined step cannot accumulate passes: its backward pushes each chunk as soon as it is final."""
-        if self.opts.micro_batch and self.job.pipeline and protocol_spec(self.job.protocol).push_kind == GRADIENT:
-            raise ConfigError(f"--micro-batch {self.opts.micro_batch}: job {self.job.job!r} runs with --pipeline, "
+        pipelined = self.job.pipeline == "on" and protocol_spec(self.job.protocol).push_kind == GRADIENT
+        if self.opts.micro_batch and pipelined:
+            raise ConfigError(f"--micro-batch {self.opts.micro_batch}: job {self.job.job!r} runs with --pipeline on, "
                               "whose backward pushes each chunk's gradient as soon as it is final, so it cannot "
-                              "accumulate passes; run this worker without --micro-batch, or the job without --pipeline")
+                              "accumulate passes; run this worker without --micro-batch, or the job with --pipeline auto")
 
     def _train(self) -> int:
         self._check_micro_batching()
@@ -305,9 +312,10 @@ class Worker:
         else:
             self.batches = DatasetBatches(self.data, order, self.collate)
         self.data_s = 0.0
-        log.info("%s: %s, batches %s", self.id,
+        log.info("%s: %s, batches %s, %s", self.id,
                  f"passes of at most {self.opts.micro_batch} samples" if self.opts.micro_batch else "one pass per batch",
-                 f"loaded ahead by {self.opts.loader_workers} processes" if self.opts.loader_workers else "loaded in-process")
+                 f"loaded ahead by {self.opts.loader_workers} processes" if self.opts.loader_workers else "loaded in-process",
+                 f"steps pipelined over {len(self.layout.chunks)} chunks" if self._pipelined() else "steps not pipelined")
         try:
             return self._train_steps()
         finally:
