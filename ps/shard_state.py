@@ -170,13 +170,13 @@ class ShardState:
         return True
 
     def _publish(self, cid: int, new: torch.Tensor) -> None:
-        """Replace chunk `cid`'s parameters (the old tensor may still be in a pull's reply) and count the update."""
+        """Chunk `cid`'s parameters after a step (the same tensor, updated in place, or a new one); count the update."""
         self.params[cid] = new
         self.chunk_versions[cid] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """What a checkpoint holds, by reference: parameters are never written in place, and the
-        caller saves the snapshot before the next update can touch an optimizer's state."""
+        """What a checkpoint holds, by reference: the caller saves the snapshot before the next update
+        can touch the parameters or an optimizer's state."""
         return {
             "params": dict(self.params),
             "optimizer_state": {cid: opt.state_dict() for cid, opt in self.optim.items()},
