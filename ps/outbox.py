@@ -13,15 +13,6 @@ here during a burst (a pull of many chunks). A peer that does not read fills
 its queue, then its backlog up to `limit` messages; the shard refuses its next
 pull `busy` (`full`), and anything more for it is dropped and counted, so unread
 replies never pin more than `SEND_QUEUE + limit` messages of the model per peer.
-
-A reply's frames are copied into ZeroMQ's own messages as they are handed over
-(`owned`), so a reply is a snapshot of the parameters at that moment and the
-shard's optimizer may update them in place right after. Measured with
-`python bench/transport.py --sizes 1M 5M` (bench/RESULTS.md §3b), one memcpy per
-frame costs less than the zero-copy frame it replaces: pyzmq tracks each
-zero-copy frame with a garbage-collector thread that must take the GIL to
-release it, and a new parameter tensor per chunk per step costs a pass over
-memory of its own.
 """
 
 from __future__ import annotations
@@ -49,15 +40,13 @@ class Outbox:
         self._stalled = 0  # flushes in a row that sent nothing
 
     def send(self, identity: bytes, frames: list) -> None:
-        """Send `frames` (after the routing id) to `identity` now, or after what already waits for it;
-        the bytes of a reply that is kept are copied now (`owned`)."""
+        """Send `frames` (after the routing id) to `identity` now, or after what already waits for it."""
         waiting = self.backlog.get(identity)
-        if waiting is not None and len(waiting) >= self.limit:
-            self.on_drop()
-            return
-        frames = owned(frames)
         if waiting is not None:
-            waiting.append(frames)
+            if len(waiting) >= self.limit:
+                self.on_drop()
+            else:
+                waiting.append(frames)
             return
         if not self._try(identity, frames):
             self.backlog[identity] = deque([frames])
@@ -97,9 +86,3 @@ class Outbox:
             if exc.errno != errno.EHOSTUNREACH:
                 raise
         return True
-
-
-def owned(frames: list) -> list[zmq.Frame]:
-    """`frames` (bytes or buffers) as ZeroMQ messages holding copies of their bytes: nothing the caller
-    writes afterwards reaches them, however long they wait in ZeroMQ's queue or in a backlog."""
-    return [zmq.Frame(frame, copy=True) for frame in frames]

@@ -1,10 +1,11 @@
 """How a shard turns gradients into new parameters: one optimizer per chunk.
 
-A step may update a chunk's parameters in place (SGD does) or return a new
-tensor (Adam, the outer optimizer): a reply carries a copy of the parameters
-taken when the shard handed it to its outbox (ps/outbox.py), so no reply in
-flight sees a later step. Optimizer state (momentum, Adam's moments) is the
-shard's private state and is updated in place.
+Parameters a reply may still be sending are never written. SGD steps in place
+on a private copy of the chunk's parameters, in memory that no reply holds
+(ps/param_buffers.py); the other optimizers return a new tensor. A shard answers
+pulls with zero-copy views of its current tensors, and ZeroMQ may still be
+sending one of them when the next push arrives. Optimizer state (momentum,
+Adam's moments) is the shard's private state and is updated in place.
 
 - SGD (`db.optim.SGD`, or the job's flags) is `sgd_step_`: torch.optim.SGD's
   arithmetic (dampening 0) in torch's fused kernel, one pass over parameters,
@@ -34,7 +35,7 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -147,10 +148,12 @@ class ChunkOptimizer(ABC):
     when B samples have been offered (None until then).
     """
 
+    in_place: ClassVar[bool] = False  # steps by writing `param`, so the shard passes it a private copy
+
     @abstractmethod
     def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
         """The new parameters, one step from `param` with rate lr * lr_factor * lr_scale: `param` itself,
-        updated in place, or a new tensor."""
+        updated in place (`in_place`), or a new tensor, `param` left as it is."""
 
     def offer(self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float,
               lr_scale: float) -> torch.Tensor | None:
@@ -173,6 +176,8 @@ class ExactSGD(ChunkOptimizer):
     on a shared 2-core machine), the median pull+push step with torch.optim.SGD took 1.5x (1M parameters) and
     1.7x (10M) as long as with this class's first, out-of-place version.
     """
+
+    in_place = True
 
     def __init__(self, spec: SGD, length: int, segments: list[Segment]) -> None:
         self.spec = spec

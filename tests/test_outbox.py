@@ -1,16 +1,14 @@
 """ps/outbox.py on a real ROUTER and DEALER over TCP: replies to a peer that does not read are held up to
-a bound, then dropped and counted; once it reads, the held ones arrive, in order, none twice; a reply is
-the bytes its tensors held when it was handed over, whatever the shard writes into them afterwards."""
+a bound, then dropped and counted; once it reads, the held ones arrive, in order, none twice."""
 
 from __future__ import annotations
 
 import time
 
-import torch
 import zmq
 
 from dynabatch.common.transport import bind_router
-from dynabatch.ps.outbox import IDLE_POLL_MS, SEND_QUEUE, Outbox, owned
+from dynabatch.ps.outbox import IDLE_POLL_MS, SEND_QUEUE, Outbox
 
 FRAME = b"x" * (256 << 10)
 SENT = 200  # 50 MB: more than the kernel's socket buffers hold
@@ -64,49 +62,5 @@ def test_replies_to_a_peer_that_left_are_discarded_not_kept():
         outbox.send(b"\x00gone", [b"reply"])
         assert not outbox.backlog
     finally:
-        router.close(linger=0)
-        ctx.term()
-
-
-def test_owned_frames_keep_the_bytes_they_were_given():
-    values = torch.arange(1 << 15, dtype=torch.float32)  # above pyzmq's copy threshold: zero-copy by default
-    frames = owned([b"envelope", memoryview(values.numpy()).cast("B")])
-    values.add_(1.0)
-    assert frames[0].bytes == b"envelope"
-    assert torch.equal(torch.frombuffer(bytearray(frames[1].bytes), dtype=torch.float32),
-                       torch.arange(1 << 15, dtype=torch.float32))
-
-
-def test_a_reply_is_what_its_tensor_held_when_handed_over_even_while_it_waits():
-    """The shard updates parameters in place right after replying: queued and backlogged replies must not see it."""
-    ctx = zmq.Context()
-    router, endpoint = bind_router(ctx, "tcp://127.0.0.1:0", send_queue=SEND_QUEUE)
-    reader = ctx.socket(zmq.DEALER)
-    reader.setsockopt(zmq.RCVHWM, 1)
-    reader.setsockopt(zmq.RCVBUF, 4096)
-    reader.connect(endpoint)
-    sent = SEND_QUEUE + LIMIT
-    try:
-        reader.send(b"hello")
-        identity = router.recv_multipart()[0]
-        outbox = Outbox(router, LIMIT, lambda: None)
-        params = torch.zeros(1 << 16)
-        for i in range(sent):
-            params.fill_(float(i))
-            outbox.send(identity, [i.to_bytes(4, "big"), memoryview(params.numpy()).cast("B")])
-        assert outbox.backlog, "some replies must wait in the backlog for this test to mean anything"
-        params.fill_(-1.0)
-        received = {}
-        deadline = time.monotonic() + 30
-        while len(received) < sent and time.monotonic() < deadline:
-            outbox.flush()
-            if reader.poll(100):
-                seq, payload = reader.recv_multipart()
-                received[int.from_bytes(seq, "big")] = torch.frombuffer(bytearray(payload), dtype=torch.float32)
-        assert sorted(received) == list(range(sent))
-        changed = [i for i, t in received.items() if not bool((t == float(i)).all())]
-        assert not changed, f"replies {changed[:5]} carry values written after they were handed over"
-    finally:
-        reader.close(linger=0)
         router.close(linger=0)
         ctx.term()
