@@ -1,11 +1,12 @@
 """How a shard turns gradients into new parameters: one optimizer per chunk.
 
-Parameters a reply may still be sending are never written. SGD steps in place
-on a private copy of the chunk's parameters, in memory that no reply holds
-(ps/param_buffers.py); the other optimizers return a new tensor. A shard answers
+Parameters a reply may still be sending are never written. A shard answers
 pulls with zero-copy views of its current tensors, and ZeroMQ may still be
-sending one of them when the next push arrives. Optimizer state (momentum,
-Adam's moments) is the shard's private state and is updated in place.
+sending one of them when the next push arrives. SGD steps in place: the chunk's
+parameters themselves when no reply holds them, else a copy in memory no reply
+holds (ps/shard_state.py, ps/param_buffers.py); the other optimizers return a
+new tensor. Optimizer state (momentum, Adam's moments) is the shard's private
+state and is updated in place.
 
 - SGD (`db.optim.SGD`, or the job's flags) is `sgd_step_`: torch.optim.SGD's
   arithmetic (dampening 0) in torch's fused kernel, one pass over parameters,
@@ -148,7 +149,7 @@ class ChunkOptimizer(ABC):
     when B samples have been offered (None until then).
     """
 
-    in_place: ClassVar[bool] = False  # steps by writing `param`, so the shard passes it a private copy
+    in_place: ClassVar[bool] = False  # steps by writing `param`: the shard passes it memory no reply holds
 
     @abstractmethod
     def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
