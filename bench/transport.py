@@ -385,7 +385,8 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoints: tuple[str, str]
 
 def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int,
                  settings: Settings) -> None:
-    """Where a dynabatch step's time goes: the client in-process and the shard, both under cProfile."""
+    """Where a dynabatch push+pull step's time goes (as workers step by default): the client in-process and
+    the shard, both under cProfile."""
     label = run_label(model, params)
     shard_prof = log_dir / f"shard-{label}.prof"
     launcher = Launcher(log_dir, prefix=f"{label}-")
@@ -394,12 +395,12 @@ def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params:
         dyn = DynabatchTarget(ctx, launcher, model, params, chunk_bytes, shard_profile=shard_prof)
         stack.callback(dyn.close)
         for _ in range(settings.warmup):
-            dyn.step()
+            dyn.push_pull_step()
         steps = settings.rounds * settings.block_steps(dyn.step_bytes)
-        log(f"[{label}] profiling {steps} dynabatch steps")
+        log(f"[{label}] profiling {steps} dynabatch push+pull steps")
         profiler = cProfile.Profile()
         start = time.perf_counter()
-        profiler.runcall(lambda: [dyn.step() for _ in range(steps)])
+        profiler.runcall(lambda: [dyn.push_pull_step() for _ in range(steps)])
         elapsed = time.perf_counter() - start
     text = [f"# {label}: {steps} steps in {elapsed:.2f} s ({elapsed / steps * 1e3:.2f} ms/step, profiled)\n",
             "## client (this process)\n", _top(pstats.Stats(profiler)),

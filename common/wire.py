@@ -124,7 +124,8 @@ def chunk_meta(chunk_id: int, tensor: torch.Tensor, version: int = 0) -> ChunkMe
 
 
 def encode(msg: Message) -> list[Any]:
-    """Frames for `msg`: the packed envelope, then one zero-copy buffer per tensor."""
+    """Frames for `msg`: the packed envelope, then one zero-copy buffer per tensor (a memoryview is taken
+    as the tensor's bytes, as a sender that tracks its loans to ZeroMQ lends them: ps/param_buffers.py)."""
     if len(msg.chunks) != len(msg.tensors):
         raise ValueError(f"{len(msg.chunks)} chunk entries for {len(msg.tensors)} tensors")
     envelope: dict[str, Any] = {
@@ -144,7 +145,7 @@ def encode(msg: Message) -> list[Any]:
         envelope[name] = _plain(value) if schema.nested else value
     frames: list[Any] = [msgpack.packb(envelope, use_bin_type=True)]
     for tensor in msg.tensors:
-        frames.append(_tensor_buffer(tensor))
+        frames.append(tensor if isinstance(tensor, memoryview) else _tensor_buffer(tensor))
     return frames
 
 

@@ -422,7 +422,7 @@ class ShardServer:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
         also carries the travelling buffers if they are due to worker `buffers_to` (read as they leave)."""
         for cid, tensor, ver in self.state.pull(ids) if ids else []:
-            metas, tensors = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)], [tensor]
+            metas, tensors = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)], [self.state.lend(tensor)]
             if buffers_to is not None:
                 metas.append(ChunkMeta(BUFFERS_ID, "float32", (self.buffers.total,), self.state.version))
                 tensors.append(self.buffers.sent_to(buffers_to))

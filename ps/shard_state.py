@@ -23,6 +23,7 @@ from dynabatch.common.chunking import Chunk
 from dynabatch.common.optim_spec import OptimizerSpec
 from dynabatch.common.protocols import DELTA, ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
+from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.protocol_rules import RULES, ShardRule
 from dynabatch.ps.update_rules import (
     ChunkOptimizer, OuterConfig, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
@@ -60,6 +61,7 @@ class ShardState:
     live: set[str] = field(default_factory=set)
     allocated: int = 0
     lr_factor: float = 1.0  # the task's schedule at the job's progress
+    memory: ParamBuffers = field(default_factory=ParamBuffers)  # parameter tensors lent to replies, and spares
     spec: ProtocolSpec = field(init=False)
     rule: ShardRule = field(init=False)
 
@@ -153,9 +155,14 @@ class ShardState:
         True if the chunk was updated."""
         return self.rule.close(cid)
 
+    def lend(self, tensor: torch.Tensor) -> memoryview:
+        """A chunk's parameters (from `pull`) as bytes for a zero-copy reply: no later step writes them
+        while the reply may still be read (param_buffers.py)."""
+        return self.memory.lend(tensor)
+
     def apply_step(self, cid: int, tensor: torch.Tensor) -> None:
         """One step of chunk `cid`'s optimizer now: a synchronous round's mean gradient, or mean delta."""
-        self._publish(cid, self.optim[cid].step(self.params[cid], tensor, self.lr_factor))
+        self._publish(cid, self.optim[cid].step(self._step_input(cid), tensor, self.lr_factor))
 
     def apply_gradient(self, cid: int, grad: torch.Tensor, samples: int, lr_scale: float) -> bool:
         """An asynchronous gradient of `samples` samples; True if chunk `cid` was updated now.
@@ -163,20 +170,33 @@ class ShardState:
         SGD steps on it with its rate scaled by `lr_scale` (DBS-SGD's weight); an
         adaptive optimizer steps once B samples' gradients are in (update_rules.py).
         """
-        new = self.optim[cid].offer(self.params[cid], grad, samples, self.global_batch, self.lr_factor, lr_scale)
+        given = self._step_input(cid)
+        new = self.optim[cid].offer(given, grad, samples, self.global_batch, self.lr_factor, lr_scale)
         if new is None:
+            if given is not self.params[cid]:
+                self.memory.retire(given)
             return False
         self._publish(cid, new)
         return True
 
+    def _step_input(self, cid: int) -> torch.Tensor:
+        """What chunk `cid`'s optimizer steps from: the parameters themselves, unless the optimizer steps in
+        place while a reply still holds them; then a copy, in memory no reply holds."""
+        current = self.params[cid]
+        if not self.optim[cid].in_place or not self.memory.lent(current):
+            return current
+        return self.memory.spare(current).copy_(current)
+
     def _publish(self, cid: int, new: torch.Tensor) -> None:
         """Replace chunk `cid`'s parameters (the old tensor may still be in a pull's reply) and count the update."""
+        if new is not self.params[cid]:
+            self.memory.retire(self.params[cid])
         self.params[cid] = new
         self.chunk_versions[cid] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """What a checkpoint holds, by reference: parameters are never written in place, and the
-        caller saves the snapshot before the next update can touch an optimizer's state."""
+        """What a checkpoint holds, by reference: the caller saves the snapshot before the next update
+        can touch the parameters or an optimizer's state."""
         return {
             "params": dict(self.params),
             "optimizer_state": {cid: opt.state_dict() for cid, opt in self.optim.items()},

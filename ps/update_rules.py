@@ -1,14 +1,16 @@
 """How a shard turns gradients into new parameters: one optimizer per chunk.
 
-Parameters are never written in place: each step returns a new tensor. A shard
-answers pulls with zero-copy views of its current tensors, and ZeroMQ may still
-be sending one of them when the next push arrives; replacing instead of
-mutating keeps every in-flight reply consistent. Optimizer state (momentum,
-Adam's moments) is the shard's private state and is updated in place.
+Parameters a reply may still be sending are never written. A shard answers
+pulls with zero-copy views of its current tensors, and ZeroMQ may still be
+sending one of them when the next push arrives. SGD steps in place: the chunk's
+parameters themselves when no reply holds them, else a copy in memory no reply
+holds (ps/shard_state.py, ps/param_buffers.py); the other optimizers return a
+new tensor. Optimizer state (momentum, Adam's moments) is the shard's private
+state and is updated in place.
 
-- SGD (`db.optim.SGD`, or the job's flags) is `sgd_step`: torch.optim.SGD's
-  arithmetic (dampening 0), written out of place (see `ExactSGD` for why it is
-  not torch's class).
+- SGD (`db.optim.SGD`, or the job's flags) is `sgd_step_`: torch.optim.SGD's
+  arithmetic (dampening 0) in torch's fused kernel, one pass over parameters,
+  gradient and momentum (see `ExactSGD` for why it is not torch's class).
 - Adam and AdamW are torch's own optimizers (`TorchChunkOptimizer`). torch
   updates in place, so a step copies the chunk's current parameters, points the
   optimizer's parameters (views of that copy) at it, steps, and publishes the
@@ -34,7 +36,7 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -84,48 +86,36 @@ def chunk_segments(runs: list[Segment], start: int, stop: int) -> list[Segment]:
     return out
 
 
-def sgd_step(
+def sgd_step_(
     param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, cfg: SGD, lr_scale: float = 1.0,
-    decay: float | torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SGD step; returns (new parameters, momentum buffer).
+    segments: Sequence[Segment] = (),
+) -> None:
+    """One SGD step on `param` and its momentum buffer `buf`, both in place, by torch's fused kernel.
 
-    The momentum buffer is updated in place; the parameters are not (see above).
-    `buf` starts as zeros, which makes the first step equal to torch's
-    (momentum * 0 + d == d). `lr_scale` carries per-gradient weights such as
-    DBS-SGD's b_i / (B/n). `decay` replaces the spec's weight decay, per element
-    where a chunk holds parameters with and without decay. Each step allocates
-    one new tensor, the parameters: allocation (page faults) is what a step costs.
+    One pass over memory where the same arithmetic in separate tensor operations takes five, and no new
+    tensor (at 1M parameters a shard's step took 2.5 ms that way on the bench machine, 1 ms fused).
+    `buf` starts as zeros, which makes the first step equal to torch's (momentum * 0 + d == d).
+    `lr_scale` carries per-gradient weights such as DBS-SGD's b_i / (B/n). `segments` (runs
+    [start, stop) of the chunk and their weight decay) replace the spec's weight decay where a chunk
+    holds parameters with and without decay; one kernel call per decay takes all of its runs.
     """
-    lr = cfg.lr * lr_scale
-    wd = cfg.weight_decay if decay is None else decay
-    decays = isinstance(wd, torch.Tensor) or wd != 0
-    if not cfg.momentum:
-        d = _with_decay(grad, param, wd) if decays else grad
-        return param.add(d, alpha=-lr), buf
-    buf.mul_(cfg.momentum).add_(grad)
-    if decays:
-        _plus_decay(buf, param, wd, 1.0)
-    if not cfg.nesterov:
-        return param.add(buf, alpha=-lr), buf
-    new = param.add(buf, alpha=-lr * cfg.momentum).add_(grad, alpha=-lr)  # d = g + wd*w + m*buf
-    if decays:
-        _plus_decay(new, param, wd, -lr)
-    return new, buf
+    groups: dict[float, list[tuple[int, int]]] = {}
+    for a, b, decay in segments:
+        groups.setdefault(decay, []).append((a, b))
+    if len(groups) <= 1:
+        decay = next(iter(groups), cfg.weight_decay)
+        _fused_sgd([param], [grad], [buf], cfg, lr_scale, decay)
+        return
+    for decay, runs in groups.items():
+        _fused_sgd([param[a:b] for a, b in runs], [grad[a:b] for a, b in runs], [buf[a:b] for a, b in runs],
+                   cfg, lr_scale, decay)
 
 
-def _with_decay(grad: torch.Tensor, param: torch.Tensor, decay: float | torch.Tensor) -> torch.Tensor:
-    """grad + decay * param, a new tensor; `decay` a number or one per element."""
-    if isinstance(decay, torch.Tensor):
-        return torch.addcmul(grad, param, decay)
-    return grad.add(param, alpha=decay)
-
-
-def _plus_decay(out: torch.Tensor, param: torch.Tensor, decay: float | torch.Tensor, scale: float) -> torch.Tensor:
-    """out += scale * decay * param, in place; `decay` a number or one per element."""
-    if isinstance(decay, torch.Tensor):
-        return out.addcmul_(param, decay, value=scale)
-    return out.add_(param, alpha=scale * decay)
+def _fused_sgd(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor], cfg: SGD,
+               lr_scale: float, decay: float) -> None:
+    torch._fused_sgd_(params, grads, bufs if cfg.momentum else [], weight_decay=decay, momentum=cfg.momentum,
+                      lr=cfg.lr * lr_scale, dampening=0.0, nesterov=cfg.nesterov, maximize=False,
+                      is_first_step=False)
 
 
 @dataclass(frozen=True)
@@ -159,9 +149,12 @@ class ChunkOptimizer(ABC):
     when B samples have been offered (None until then).
     """
 
+    in_place: ClassVar[bool] = False  # steps by writing `param`: the shard passes it memory no reply holds
+
     @abstractmethod
     def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
-        """New parameters: one step from `param` (left as it is) with rate lr * lr_factor * lr_scale."""
+        """The new parameters, one step from `param` with rate lr * lr_factor * lr_scale: `param` itself,
+        updated in place (`in_place`), or a new tensor, `param` left as it is."""
 
     def offer(self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float,
               lr_scale: float) -> torch.Tensor | None:
@@ -177,29 +170,24 @@ class ChunkOptimizer(ABC):
 
 
 class ExactSGD(ChunkOptimizer):
-    """SGD by `sgd_step`, not torch.optim.SGD: the same arithmetic (tests/test_update_rules.py proves them
-    equal), measurably faster. torch's class updates in place, so each step would also copy the chunk for
-    the pulls still being sent, and its per-call overhead would land on every pushed gradient of every
-    chunk (under asgd SGD steps once per push, not once per B samples). Measured side by side with
+    """SGD by `sgd_step_`, not torch.optim.SGD: the same arithmetic (tests/test_update_rules.py proves them
+    equal), without torch's per-call overhead, which would land on every pushed gradient of every chunk
+    (under asgd SGD steps once per push, not once per B samples). Measured side by side with
     `python bench/transport.py --sizes 1M 10M --quick` (two alternating runs of each, three rounds a run,
-    on a shared 2-core machine), the median pull+push step with torch.optim.SGD took 1.5x (1M parameters) and 1.7x (10M) as
-    long as with the code before this class; with `sgd_step` it took 0.8x and 0.9x (the same, within noise).
+    on a shared 2-core machine), the median pull+push step with torch.optim.SGD took 1.5x (1M parameters) and
+    1.7x (10M) as long as with this class's first, out-of-place version.
     """
+
+    in_place = True
 
     def __init__(self, spec: SGD, length: int, segments: list[Segment]) -> None:
         self.spec = spec
         self.buf = torch.zeros(length)
-        decays = {d for _, _, d in segments}
-        if len(decays) > 1:
-            self.decay: float | torch.Tensor = torch.empty(length)
-            for a, b, d in segments:
-                self.decay[a:b] = d
-        else:
-            self.decay = decays.pop() if decays else spec.weight_decay
+        self.segments = segments
 
     def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
-        new, self.buf = sgd_step(param, grad, self.buf, self.spec, lr_scale * lr_factor, self.decay)
-        return new
+        sgd_step_(param, grad, self.buf, self.spec, lr_scale * lr_factor, self.segments)
+        return param
 
     def state_dict(self) -> dict[str, Any]:
         return {"momentum": self.buf}
