@@ -21,7 +21,7 @@ momentum still oscillated; 0.02 was the first value tried that trained, and
 every protocol gets it.
 
     python -m bench.simulate --study quick   # churn16: a slowdown, a departure, two joins; about 30 s of CPU
-    python -m bench.simulate --study full    # 16 + 64 workers, then the validation; about 25 minutes at nice 10 here
+    python -m bench.simulate --study full --jobs 2   # the validation, then 64 + 16 workers; an hour on 2 shared cores
     python -m bench.simulate --study validation   # the validation alone
     python -m bench.simulate_study DIR       # re-render DIR/report.md and the plots from DIR/results.json
 """
@@ -138,7 +138,8 @@ def run_plan(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator
             log(f"[{i}/{len(plan)} {part.name}] {config_label(protocol, policy)} seed {seed}: "
                 f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, staleness mean "
                 f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
-                f"{_pct(part.marks[0])} at {r.time_to.get(part.marks[0])} (elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
+                f"{_pct(part.marks[0])} at {r.time_to.get(part.marks[0])} "
+                f"(elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
             yield part, r
     finally:
         if pool is not None:
@@ -179,8 +180,8 @@ def table(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> str:
                        for m, v in row["time_to"].items())
         sd = f" ± {100 * row['acc_sd']:.2f}" if row["acc_sd"] is not None else ""
         out.append(f"| {row['label']} | {row['runs']} | {t} | {100 * row['acc']:.2f}%{sd} | "
-                   f"{row['loss']:.3f} | {row['sps']:,.0f} | {row['stale_mean']:.2f} / {row['stale_p99']:.1f} | "
-                   f"{row['bps']:,.0f} |")
+                   f"{verdicts.loss_text(row['loss'], 3)} | {row['sps']:,.0f} | "
+                   f"{row['stale_mean']:.2f} / {row['stale_p99']:.1f} | {row['bps']:,.0f} |")
     return "\n".join(out)
 
 
@@ -196,7 +197,8 @@ def validation_table(runs: list[dict[str, Any]]) -> str:
                    f"{real.get('staleness', '–')} | {row['sps']:,.0f} | {real.get('sps', 0):,} | "
                    f"{sim_t['0.85']} | {real.get('0.85', '–')} | {sim_t['0.88']} | {real.get('0.88', '–')} |")
     out += ["", "Simulated staleness counts (updates 0, 1, 2, ... versions stale):", ""]
-    out += [f"- {config_label(r['protocol'], r['policy'])}: {', '.join(map(str, r['staleness_counts']))}" for r in runs]
+    out += [f"- {config_label(r['protocol'], r['policy'])}, seed {r['seed']}: "
+            f"{', '.join(map(str, r['staleness_counts']))}" for r in runs]
     return "\n".join(out)
 
 

@@ -53,6 +53,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def loss_text(x: float, places: int = 4) -> str:
+    """A training loss as a table shows it: a diverged run's (1e35, say) in powers of ten, not 36 digits."""
+    return f"{x:.{places}f}" if abs(x) < 1e4 else f"{x:.2e}"
+
+
 def versus(runs: list[dict[str, Any]], ours: tuple[str, str], theirs: tuple[str, str], name: str,
            other: str) -> list[Verdict]:
     """Final loss, final accuracy and speed of `ours` against `theirs` (DBS-SGD's three claims)."""
@@ -65,7 +70,7 @@ def versus(runs: list[dict[str, Any]], ours: tuple[str, str], theirs: tuple[str,
     sps_a, sps_b = _mean(a, "samples_per_s"), _mean(b, "samples_per_s")
     return [
         Verdict(f"{name} reaches a lower training loss than {other} at equal time",
-                f"{loss_a:.4f} vs {loss_b:.4f}", loss_a < loss_b),
+                f"{loss_text(loss_a)} vs {loss_text(loss_b)}", loss_a < loss_b),
         Verdict(f"{name} reaches a higher test accuracy than {other} at equal time",
                 f"{_pct(acc_a)} vs {_pct(acc_b)}", acc_a > acc_b),
         Verdict(f"{name} keeps {other}'s speed-up (samples/s at least {SPEED_TOLERANCE:.0%} of it)",
