@@ -49,8 +49,11 @@ def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path
 
 
 def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
-    """A process that exits right after BYE_ACK has had its last heartbeat counted (ssgd workers stop by themselves)."""
-    c = Cluster(tmp_path, QUICK + ["--epochs", "1000"])
+    """A process that exits right after BYE_ACK has had its last heartbeat counted (ssgd workers stop by themselves).
+
+    The test's worker has no pulse thread, so its liveness timeout is long: under two suites at once its model's
+    upload outlasted QUICK's 2 s and the scheduler dropped it before the BYE this test is about."""
+    c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--liveness-timeout-s", "60"])
     try:
         c.scheduler()
         c.shard()
