@@ -52,8 +52,12 @@ def time_marks(time_tos: Iterable[dict[str, Any]]) -> tuple[str, ...]:
 
 
 def mark_label(mark: str) -> str:
-    """`85%` for an accuracy mark, the target itself (`loss<=0.4`) for a --target-metric."""
-    return f"{float(mark) * 100:.0f}%" if mark in MARKS else mark
+    """`85%` for an accuracy mark (any fraction: the simulator's MLP is judged at 80%), the target itself
+    (`loss<=0.4`) for a --target-metric."""
+    try:
+        return f"{float(mark):.0%}"
+    except ValueError:
+        return mark
 
 
 def config_label(protocol: str, policy: str) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bench import verdicts
-from bench.convergence import config_label
+from bench.convergence import config_label, mark_label
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
 
@@ -138,7 +138,7 @@ def run_plan(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator
             log(f"[{i}/{len(plan)} {part.name}] {config_label(protocol, policy)} seed {seed}: "
                 f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, staleness mean "
                 f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
-                f"{_pct(part.marks[0])} at {r.time_to.get(part.marks[0])} "
+                f"{mark_label(part.marks[0])} at {r.time_to.get(part.marks[0])} "
                 f"(elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
             yield part, r
     finally:
@@ -167,12 +167,8 @@ def config_rows(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> list[dict
     return rows
 
 
-def _pct(mark: str) -> str:
-    return f"{float(mark):.0%}"
-
-
 def table(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> str:
-    times = " | ".join(f"time to {_pct(m)} (median)" for m in marks)
+    times = " | ".join(f"time to {mark_label(m)} (median)" for m in marks)
     out = [f"| configuration | runs | {times} | test acc. at budget | train loss | samples/s | staleness mean / p99 "
            "| bytes/sample |", "|---|---:|" + "---:|" * len(marks) + "---:|---:|---:|---:|---:|"]
     for row in config_rows(runs, marks):
