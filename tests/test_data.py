@@ -256,13 +256,6 @@ def test_synthetic_is_the_same_in_another_process() -> None:
     assert out.stdout.strip() == here
 
 
-def test_synthetic_generation_is_quick() -> None:
-    load_dataset("synthetic")  # warm up torch's kernels
-    start = time.perf_counter()
-    load_dataset("synthetic")
-    assert time.perf_counter() - start < 1.0
-
-
 # ---------------------------------------------------------------- batches
 
 def test_make_batch_normalizes_train_and_test() -> None:
