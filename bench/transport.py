@@ -21,6 +21,7 @@ import argparse
 import cProfile
 import io
 import json
+import math
 import os
 import platform
 import pstats
@@ -51,6 +52,7 @@ from dynabatch.worker.ps_client import ShardClients
 DEFAULT_SIZES = ("1M", "10M")
 DEFAULT_OUT = Path("bench/results/transport")
 TARGET_RATIO = 0.70
+PUSH_PULL_TARGET = 0.80  # push+pull against raw, from 1M parameters up (issue 12)
 REQUEST_TIMEOUT_S = 60.0
 STARTUP_TIMEOUT_S = 60.0
 RAW_PULL_REQUEST_BYTES = 8  # a raw pull request is the wanted byte count as 8 little-endian bytes
@@ -79,9 +81,11 @@ QUICK = Settings(rounds=3, block_bytes=200_000_000, warmup=2)
 
 
 class Target(Protocol):
-    """Something that does one pull+push step; `step_bytes` is the payload it moves."""
+    """Something that does one pull+push step; `step_bytes` is the payload it moves, `server_pids` the
+    processes that answer it (their CPU time is counted per block, with this process's)."""
 
     step_bytes: int
+    server_pids: tuple[int, ...]
 
     def step(self) -> None: ...
 
@@ -166,6 +170,7 @@ class DynabatchTarget:
         self.clients.init(init, flat, REQUEST_TIMEOUT_S)
         self.params = total
         self.step_bytes = 2 * total * BYTES_PER_PARAM
+        self.server_pids = tuple(c.proc.pid for c in launcher.children if c.role == "ps")
         self.grad = torch.full((total,), GRAD_VALUE)
         wait_for("the shard to accept the benchmark worker's pushes", self._try_step, launcher)
 
@@ -199,6 +204,7 @@ class PushPullTarget:
 
     def __init__(self, dyn: DynabatchTarget) -> None:
         self.step_bytes = dyn.step_bytes
+        self.server_pids = dyn.server_pids
         self.step = dyn.push_pull_step
 
 
@@ -261,8 +267,10 @@ def serve_raw(update: bool) -> None:
 class RawTarget:
     """A DEALER doing the same pull+push as a worker with one buffer per message, no codec."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, params: int) -> None:
+    def __init__(self, ctx: zmq.Context, server: tuple[str, int], params: int) -> None:
+        endpoint, pid = server
         self.step_bytes = 2 * params * BYTES_PER_PARAM
+        self.server_pids = (pid,)
         self.request = (params * BYTES_PER_PARAM).to_bytes(RAW_PULL_REQUEST_BYTES, "little")
         self.grad = memoryview(torch.full((params,), GRAD_VALUE).numpy()).cast("B")
         self.sock = ctx.socket(zmq.DEALER)
@@ -279,8 +287,8 @@ class RawTarget:
         self.sock.close(linger=0)
 
 
-def start_raw_server(launcher: Launcher, update: bool) -> str:
-    """Run `serve_raw` in its own process (like a shard) and return its endpoint."""
+def start_raw_server(launcher: Launcher, update: bool) -> tuple[str, int]:
+    """Run `serve_raw` in its own process (like a shard); its endpoint and process id."""
     mode = "update" if update else "plain"
     server = launcher.spawn(f"raw-server-{mode}", "raw-server", [sys.executable, __file__, "--serve-raw", mode],
                             pipe_stdout=True)
@@ -288,7 +296,7 @@ def start_raw_server(launcher: Launcher, update: bool) -> str:
     if not endpoint:
         launcher.check_alive()
         raise RuntimeError("the raw ZeroMQ server printed no endpoint")
-    return endpoint
+    return endpoint, server.proc.pid
 
 
 # -- measuring -------------------------------------------------------------------------
@@ -296,12 +304,14 @@ def start_raw_server(launcher: Launcher, update: bool) -> str:
 
 @dataclass
 class Side:
-    """One target's result at one size."""
+    """One target's result at one size; CPU milliseconds per step (medians over blocks) where /proc tells."""
 
     median_s: float
     mb_per_s: float
     steps_per_s: float
     steps: int
+    client_cpu_ms: float | None = None  # this process: the worker's side, ZeroMQ's IO thread included
+    server_cpu_ms: float | None = None  # the shard(s), or the raw server
 
 
 @dataclass
@@ -339,30 +349,63 @@ class SizeResult:
         return cls(**{**fields, "dynabatch": Side(**d["dynabatch"]), "raw": Side(**d["raw"]), **optional})
 
 
-def interleave(targets: dict[str, Target], settings: Settings, label: str) -> dict[str, list[float]]:
-    """Per-step times of each target, measured in alternating blocks after a warm-up."""
+def cpu_seconds(pids: tuple[int, ...]) -> float:
+    """CPU time (user + system, every thread) the processes have used so far; NaN without Linux's /proc."""
+    total = 0.0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return math.nan
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@dataclass
+class Measured:
+    """One target's per-step times, and per block its CPU ms per step in this process and in its servers."""
+
+    times: list[float]
+    client_cpu_ms: list[float]
+    server_cpu_ms: list[float]
+
+
+def interleave(targets: dict[str, Target], settings: Settings, label: str) -> dict[str, Measured]:
+    """Per-step times of each target, measured in alternating blocks after a warm-up.
+
+    CPU is read per block (the kernel counts it in 10 ms ticks, too coarse for one step): it tells
+    whether a gap in time is work (CPU) or waiting, and on whose side.
+    """
     for target in targets.values():
         for _ in range(settings.warmup):
             target.step()
-    times: dict[str, list[float]] = {name: [] for name in targets}
+    me = (os.getpid(),)
+    got = {name: Measured([], [], []) for name in targets}
     for r in range(settings.rounds):
         for name, target in targets.items():
-            for _ in range(settings.block_steps(target.step_bytes)):
+            steps = settings.block_steps(target.step_bytes)
+            client, server = cpu_seconds(me), cpu_seconds(target.server_pids)
+            for _ in range(steps):
                 start = time.perf_counter()
                 target.step()
-                times[name].append(time.perf_counter() - start)
-        medians = "  ".join(f"{n} {statistics.median(t) * 1e3:.2f} ms" for n, t in times.items())
+                got[name].times.append(time.perf_counter() - start)
+            got[name].client_cpu_ms.append((cpu_seconds(me) - client) / steps * 1e3)
+            got[name].server_cpu_ms.append((cpu_seconds(target.server_pids) - server) / steps * 1e3)
+        medians = "  ".join(f"{n} {statistics.median(m.times) * 1e3:.2f} ms" for n, m in got.items())
         log(f"[{label}] round {r + 1}/{settings.rounds}: median step {medians}")
-    return times
+    return got
 
 
-def summarize(times: list[float], step_bytes: int) -> Side:
+def summarize(measured: Measured, step_bytes: int) -> Side:
     """Medians, not means: a shared machine's stalls hit single steps, and must not set the result."""
-    median = statistics.median(times)
-    return Side(median, step_bytes / median / 1e6, 1 / median, len(times))
+    median = statistics.median(measured.times)
+    cpu = [statistics.median(ms) if not any(map(math.isnan, ms)) else None
+           for ms in (measured.client_cpu_ms, measured.server_cpu_ms)]
+    return Side(median, step_bytes / median / 1e6, 1 / median, len(measured.times), *cpu)
 
 
-def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoints: tuple[str, str], model: str, params: int,
+def measure_size(ctx: zmq.Context, log_dir: Path, raw_servers: tuple[tuple[str, int], ...], model: str, params: int,
                  chunk_bytes: int, settings: Settings, shards: int = 1) -> SizeResult:
     """Start a job of `params` parameters on `shards` shards and compare it with raw ZeroMQ, side by side."""
     label = f"{run_label(model, params)}-{chunk_bytes >> 10}K-S{shards}"
@@ -372,7 +415,7 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_endpoints: tuple[str, str]
         stack.callback(launcher.stop_all)
         dyn = DynabatchTarget(ctx, launcher, model, params, chunk_bytes, shards=shards)
         stack.callback(dyn.close)
-        raw, raw_sgd = (RawTarget(ctx, endpoint, dyn.params) for endpoint in raw_endpoints)
+        raw, raw_sgd = (RawTarget(ctx, server, dyn.params) for server in raw_servers)
         stack.callback(raw.close)
         stack.callback(raw_sgd.close)
         times = interleave({"dynabatch": dyn, "push+pull": PushPullTarget(dyn), "raw": raw, "raw+sgd": raw_sgd},
@@ -434,6 +477,19 @@ def table(results: list[SizeResult]) -> str:
     return "\n".join(rows)
 
 
+def cpu_table(results: list[SizeResult]) -> str:
+    """Where each target's step goes in CPU: a target that takes longer without more CPU is waiting."""
+    rows = ["| size | target | step | client CPU per step | server CPU per step | both |", "|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        sides = {"dynabatch": r.dynabatch, "push+pull": r.push_pull, "raw": r.raw, "raw+sgd": r.raw_sgd}
+        for name, side in sides.items():
+            if side is None or side.client_cpu_ms is None or side.server_cpu_ms is None:
+                continue
+            rows.append(f"| {r.size} | {name} | {side.median_s * 1e3:.2f} ms | {side.client_cpu_ms:.2f} ms | "
+                        f"{side.server_cpu_ms:.2f} ms | {side.client_cpu_ms + side.server_cpu_ms:.2f} ms |")
+    return "\n".join(rows)
+
+
 def _step(s: Side) -> str:
     return f"{s.median_s * 1e3:.2f} ms ({s.steps_per_s:,.0f}/s)"
 
@@ -453,6 +509,7 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
     """transport.json for machines, transport.md for people; both say how they were made."""
     m = machine()
     data = {"command": command, "machine": m, "settings": asdict(settings), "target_ratio": TARGET_RATIO,
+            "push_pull_target": PUSH_PULL_TARGET,
             "results": [{**asdict(r), "ratio": r.ratio, "push_pull_ratio": r.push_pull_ratio,
                          "push_pull_sgd_ratio": r.push_pull_sgd_ratio} for r in results]}
     (out / "transport.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -463,8 +520,11 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
         "raw ZeroMQ: ROUTER/DEALER, one zero-copy buffer per message, no codec (the ceiling);",
         "raw+sgd: the same, its server also checking each push finite and applying the shard's SGD step.",
         "Blocks of the two alternate; times are medians per step; MB = 10^6 bytes of payload.",
-        f"Target: ratio >= {TARGET_RATIO:.2f}.", "",
+        f"Targets: ratio >= {TARGET_RATIO:.2f}; push+pull ratio >= {PUSH_PULL_TARGET:.2f} from 1M parameters up.", "",
         table(results), "",
+        "CPU per step, medians over blocks (user + system time of every thread, from /proc; the client is the",
+        "benchmark process, ZeroMQ's IO thread included):", "",
+        cpu_table(results), "",
         f"Machine: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, torch {m['torch']} "
         f"({m['torch_threads']} threads in the client), pyzmq {m['pyzmq']} (libzmq {m['libzmq']}); "
         f"tuning environment: {m['env'] or 'none'}.", "",
@@ -513,8 +573,8 @@ def compare(ctx: zmq.Context, log_dir: Path, model: str, cases: list[Case], sett
     """Every case against the two raw servers (plain, and applying SGD), which live for the whole run."""
     launcher = Launcher(log_dir)
     try:
-        endpoints = (start_raw_server(launcher, False), start_raw_server(launcher, True))
-        return [measure_size(ctx, log_dir, endpoints, model, c.params, c.chunk_bytes, settings, c.shards)
+        servers = (start_raw_server(launcher, False), start_raw_server(launcher, True))
+        return [measure_size(ctx, log_dir, servers, model, c.params, c.chunk_bytes, settings, c.shards)
                 for c in cases]
     finally:
         launcher.stop_all()
@@ -545,6 +605,8 @@ def main(argv: list[str]) -> int:
         results = compare(ctx, log_dir, args.model, [Case(p, args.chunk_bytes, args.shards) for p in sizes], settings)
     command = shlex.join(["python", *sys.argv])
     print(table(results))
+    print()
+    print(cpu_table(results))
     write_results(args.out, results, settings, command)
     log(f"results written to {args.out}/transport.json and transport.md")
     return 0

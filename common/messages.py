@@ -186,10 +186,12 @@ class Push:
     per model update (ps/shared_buffers.py). They are not a gradient and no update
     rule sees them.
 
-    With `then_pull` the shard answers the PUSH_ACK with the rest of a PULL of all
-    its chunks (at `pull_min_version`, and the buffers where it holds them), under
-    the push's seq: the model after this push arrives in the same round trip, so a
-    step costs one round trip instead of two.
+    With `then_pull` the shard also answers with a PULL of all its chunks (at
+    `pull_min_version`, and the buffers where it holds them), under the push's seq:
+    the model after this push arrives in the same round trip, so a step costs one
+    round trip instead of two. Where the protocol allows it (not ssp, not a shard
+    holding buffers) each chunk is sent as soon as it is applied, before the
+    PUSH_ACK, so sending chunk k overlaps updating chunk k+1.
     """
 
     TYPE: ClassVar[str] = "PUSH"

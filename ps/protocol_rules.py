@@ -29,6 +29,9 @@ class ShardRule:
     """What a protocol does with pushed chunks; the default rule keeps no rounds."""
 
     NAME: ClassVar[str]
+    # Whether a pushed chunk may be sent back (a push that is also a pull) as soon as it is taken: false where
+    # whether the worker may pull at all is known only once its whole push is in (ssp's clocks).
+    STREAMS: ClassVar[bool] = True
     widest_spread: int = 0  # bounded-staleness rules: the most clocks between live workers seen so far
 
     def __init__(self, shard: "ShardState") -> None:
@@ -83,6 +86,7 @@ class StaleSynchronousRule(AsyncRule):
     """
 
     NAME = "ssp"
+    STREAMS = False
 
     def __init__(self, shard: "ShardState") -> None:
         super().__init__(shard)

@@ -413,6 +413,7 @@ class ShardServer:
         ready = [] if self.state.pull_blocked(worker) else [cid for cid, _, ver in items if ver >= min_version]
         waiting = [cid for cid, _, _ in items if cid not in ready]
         self._check_room(identity, bool(waiting))
+        self.m.pulls.inc()
         self._send_chunks(identity, seq, ready, worker if buffers else None)
         if waiting:
             self.parked.append(ParkedPull(identity, seq, worker, waiting, min_version,
@@ -429,7 +430,6 @@ class ShardServer:
                 buffers_to = None
             self._reply(identity, Params(version=self.state.version), seq, metas, tensors)
             self.m.bytes_out.inc(sum(m.nbytes for m in metas))
-        self.m.pulls.inc()
 
     def _on_push(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -444,7 +444,16 @@ class ShardServer:
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
-        outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic())
+        streamed: list[int] = []
+
+        def send_back(cid: int) -> None:
+            if self.state.chunk_versions[cid] >= body.pull_min_version:
+                self._send_chunks(incoming.identity, msg.seq, [cid])
+                streamed.append(cid)
+
+        streams = body.then_pull and self.buffers is None and self.state.streams
+        outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic(),
+                                  send_back if streams else None)
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
             self.buffers.take(msg.sender, buffers, body.samples)
         self.m.staleness.observe(outcome.staleness)
@@ -459,8 +468,12 @@ class ShardServer:
         self._reply(incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied), msg.seq)
         self._after_update(outcome.applied)
         if body.then_pull:
-            self._serve_pull(incoming.identity, msg.seq, msg.sender, [], body.pull_min_version,
-                             self.buffers is not None)
+            rest = [c.id for c in self.state.chunks if c.id not in streamed]
+            if rest:
+                self._serve_pull(incoming.identity, msg.seq, msg.sender, rest, body.pull_min_version,
+                                 self.buffers is not None)
+            else:
+                self.m.pulls.inc()
 
     def _advance_progress(self, progress: float) -> None:
         """Move the schedule forward to `progress`, never back.

@@ -15,7 +15,7 @@ update_rules.py, and is tested directly against plain torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -113,17 +113,24 @@ class ShardState:
             raise ProtocolError("unknown_chunk", f"chunks {unknown[:5]} are not held here")
         return [(i, self.params[i], self.chunk_versions[i]) for i in wanted]
 
+    @property
+    def streams(self) -> bool:
+        """Whether a push that is also a pull may have its chunks sent back one by one as they are taken."""
+        return self.rule.STREAMS
+
     def pull_blocked(self, worker: str) -> bool:
         """Whether the protocol holds back `worker`'s pull for now (ssp: too far ahead of the slowest)."""
         return self.rule.pull_blocked(worker)
 
     def push(
         self, worker: str, tensors: dict[int, torch.Tensor], base_versions: dict[int, int],
-        samples: int, kind: str, now: float,
+        samples: int, kind: str, now: float, on_taken: Callable[[int], None] | None = None,
     ) -> PushOutcome:
         """Take one worker's gradient or delta chunks; the caller has validated ids, shapes, finiteness.
 
         Everything is checked before anything changes, so a refused push leaves no trace.
+        `on_taken(cid)` runs after each chunk is taken, in priority order, so that the
+        server can send chunk k back while chunk k+1 is being updated (`streams`).
         """
         if worker not in self.live:
             raise ProtocolError("unknown_sender", f"{worker!r} is not a live worker of this job")
@@ -133,8 +140,12 @@ class ShardState:
             raise ProtocolError("bad_field", f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
         self.rule.check(worker, list(tensors))
         staleness = {cid: max(0, self.chunk_versions[cid] - base_versions[cid]) for cid in tensors}
-        applied = [cid for cid in sorted(tensors)
-                   if self.rule.take(cid, worker, tensors[cid], samples, staleness[cid], now)]
+        applied = []
+        for cid in sorted(tensors):
+            if self.rule.take(cid, worker, tensors[cid], samples, staleness[cid], now):
+                applied.append(cid)
+            if on_taken is not None:
+                on_taken(cid)
         return PushOutcome(applied, self.version, max(staleness.values(), default=0))
 
     def set_membership(self, workers: set[str], allocated: int) -> list[int]:

@@ -207,6 +207,37 @@ def test_a_good_push_from_the_registered_worker_is_applied(shard):
         assert ver == before[cid][0] + 1 and not torch.equal(values, before[cid][1]), cid
 
 
+def _push_pull(conn: Connection, pulled: Chunks) -> tuple[list[object], Chunks]:
+    """A PUSH that is also a PULL: its answers' bodies in the order they came, and the chunks they carried."""
+    seq = conn.send(Push(samples=8, then_pull=True), *_gradient(pulled, 0.5))
+    bodies: list[object] = []
+    got: Chunks = {}
+    deadline = time.monotonic() + REPLY_S
+    while set(got) != set(pulled) or not any(isinstance(b, PushAck) for b in bodies):
+        msg = conn.recv(max(0.0, deadline - time.monotonic()))
+        assert msg is not None, f"answers so far: {bodies}"
+        assert msg.seq == seq, f"an answer to request {msg.seq} while waiting for {seq}: {msg.body}"
+        bodies.append(msg.body)
+        for meta, tensor in zip(msg.chunks, msg.tensors):
+            assert meta.id not in got, f"chunk {meta.id} sent twice"
+            got[meta.id] = (meta.version, tensor.clone())
+    return bodies, got
+
+
+@pytest.mark.parametrize("fixture", ["shard", "ssgd"])
+def test_a_push_that_is_also_a_pull_sends_each_chunk_back_as_it_is_applied(request, fixture):
+    """Chunk k leaves while chunk k+1 is updated, so every chunk comes before the acknowledgement, which
+    reports the whole push; each is the model after this push (ssgd: the only worker closes the round)."""
+    s: Shard = request.getfixturevalue(fixture)
+    ids = set(s.sizes)
+    before = _pull(s.conn, ids)
+    bodies, got = _push_pull(s.conn, before)
+    assert len(ids) > 1 and [type(b) for b in bodies] == [Params] * len(ids) + [PushAck], bodies
+    assert bodies[-1].applied and bodies[-1].version == max(ver for ver, _ in before.values()) + 1
+    assert {cid: ver for cid, (ver, _) in got.items()} == {cid: ver + 1 for cid, (ver, _) in before.items()}
+    _assert_same(_pull(s.conn, ids), got)
+
+
 def _park(conn: Connection, ids: set[int]) -> tuple[int, int, float]:
     """Send a pull that must wait for the next version; return (its seq, the version now, when it was sent).
 

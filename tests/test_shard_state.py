@@ -256,6 +256,32 @@ def test_ssp_with_bound_zero_holds_a_worker_one_step_ahead_until_the_slowest_cat
     assert state.rule.widest_spread == 1
 
 
+def _push_watching(state: ShardState, worker: str, watch) -> list:
+    """Push ones from `worker`, calling `watch()` after each chunk is taken; what it returned, in order."""
+    seen = []
+    chunks = _split(state, torch.ones(1000))
+    state.push(worker, chunks, {cid: 0 for cid in chunks}, 32, state.kind, 0.0, lambda cid: seen.append(watch(cid)))
+    return seen
+
+
+def test_a_push_reports_each_chunk_once_it_is_applied_and_before_the_next_is():
+    """What lets the shard send chunk k back while it updates chunk k+1."""
+    state, _ = _state("asgd")
+    seen = _push_watching(state, "w0", lambda cid: (cid, dict(state.chunk_versions)))
+    ids = [c.id for c in state.chunks]
+    assert len(ids) > 1 and [cid for cid, _ in seen] == ids
+    for k, (_, versions) in enumerate(seen):
+        assert versions == {cid: int(j <= k) for j, cid in enumerate(ids)}
+    assert state.streams
+
+
+def test_ssp_does_not_stream_because_only_the_whole_push_decides_whether_its_worker_may_pull():
+    state = _ssp(0)
+    blocked = _push_watching(state, "w0", lambda cid: state.pull_blocked("w0"))
+    assert blocked[-1] and not any(blocked[:-1]), "sent chunk by chunk, all but the last would escape the bound"
+    assert not state.streams
+
+
 def test_ssp_bound_s_lets_a_worker_run_s_steps_ahead_and_no_more():
     state = _ssp(3)
     for step in range(4):

@@ -93,9 +93,9 @@ class ShardClients:
         """Send `tensor`'s chunks (all, or `ids`) to their shards, tagged with the versions they came from;
         `buffers` (the worker's travelling buffers) go to shard 0, which must be sent chunks too.
 
-        With `then_pull` (a push of every chunk) each shard follows its acknowledgement with
-        every chunk it holds, at `min_versions` if given: the pull of the next step, in this
-        round trip (`PendingPush.pull`).
+        With `then_pull` (a push of every chunk) each shard also answers with every chunk it
+        holds, at `min_versions` if given: the pull of the next step, in this round trip
+        (`PendingPush.pull`).
         """
         if then_pull and ids is not None:
             raise ValueError("a push that is also a pull sends every chunk")
@@ -159,7 +159,7 @@ class ShardClients:
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
         min_versions: list[int] | None = None, buffers: torch.Tensor | None = None,
     ) -> tuple[PullResult, float]:
-        """`push`, and the model after it in the same round trip: (the pull, seconds until every shard acknowledged).
+        """`push`, and the model after it in the same round trip: (the pull, seconds until every shard answered).
 
         The pulled model lands in the client's receive buffer, like `pull`'s.
         """
@@ -167,7 +167,7 @@ class ShardClients:
         pending = self.start_push(tensor, chunk_versions, samples, loss, buffers=buffers, then_pull=True,
                                   min_versions=min_versions)
         self.finish_push(pending, timeout_s)
-        return pending.pull.result(), pending.acked_at - start
+        return pending.pull.result(), pending.answered_at - start
 
     def finish_push(self, pending: "PendingPush", timeout_s: float, beside: "PendingPull | None" = None) -> list[PushAck]:
         """Wait for `pending` (and its pull, if it has one), resending to shards that did not know this worker
@@ -337,8 +337,10 @@ class Resend:
 
 class PendingPush(Pending):
     """Acknowledgements of one push, one per shard that was sent chunks; with `pull` (a push that is
-    also a pull), the chunks that follow them under the same seqs, and `acked_at`, when the last
-    acknowledgement came."""
+    also a pull), the chunks that come under the same seqs. A shard sends each chunk back as soon as it
+    has applied it, so its chunks may come before its acknowledgement, which reports the whole push;
+    `answered_at` is when the last shard to answer first did (its acknowledgement or its first chunk):
+    the end of the push's own trip, the rest being the pull's."""
 
     def __init__(self, client: ShardClients, seqs: list[int], bodies: list[Push], pull: PendingPull | None,
                  resend: Resend) -> None:
@@ -349,18 +351,21 @@ class PendingPush(Pending):
         self.resend = resend
         self.acks: dict[int, PushAck] = {}
         self.refused: set[int] = set()
-        self.acked_at = 0.0
+        self.answered: set[int] = set()
+        self.answered_at = 0.0
 
     def take(self, shard: int, msg: Message) -> None:
+        if shard not in self.answered:
+            self.answered.add(shard)
+            self.answered_at = time.perf_counter()
         if isinstance(msg.body, Params):
-            if self.pull is None or shard not in self.acks:
-                raise RemoteError("bad_chunk", f"shard {shard} answered a push with chunks before its acknowledgement")
+            if self.pull is None:
+                raise RemoteError("bad_chunk", f"shard {shard} answered a push that is not a pull with chunks")
             self.pull.take(shard, msg)
             return
         if not isinstance(msg.body, PushAck):
             raise RemoteError("unexpected_type", f"shard {shard} answered a push with {msg.type}")
         self.acks[shard] = msg.body
-        self.acked_at = time.perf_counter()
         staleness.record(self.client.staleness, msg.body.staleness)
 
     def refuse(self, shard: int, error: Error) -> None:
