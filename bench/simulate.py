@@ -12,6 +12,17 @@ are processed in virtual-time order (ties by a sequence number), so staleness
 comes out exactly as a cluster of that shape would produce it, and a run is a
 function of its seed.
 
+The start is the real one's. Each worker first reports the speed it probed
+(`Worker.probe`: worker/trainer.py's median of compute-only steps, off by a
+per-worker start-up contention factor measured on real runs), and no batch is
+handed out before every starting worker has reported (`dynabatch run` sets
+min_workers to all of them), so the first split is the probes' guess, not yet the
+equal-time one. A worker learns its batch as soon as the scheduler decides it (the
+real one repeats its heartbeat until the answer holds one). Not simulated: CPU
+contention between workers beyond the step noise, the pipelined push, transfer
+time growing with load, and the shard learning a new membership only at its own
+heartbeat (every heartbeat_s; here at once).
+
 Each worker is a generator that yields either a virtual time to sleep until or
 a condition to wait for (a round to close, an ssp pull to be released), which
 keeps the worker side readable as the loop it mirrors (worker/gradient_steps.py,
