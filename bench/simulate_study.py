@@ -22,7 +22,7 @@ every protocol gets it.
 
     python -m bench.simulate --study quick   # churn16: a slowdown, a departure, two joins; about 30 s of CPU
     python -m bench.simulate --study full --jobs 2   # the validation, then 64 + 16 workers; an hour on 2 shared cores
-    python -m bench.simulate --study validation   # the validation alone
+    python -m bench.simulate --study validation --jobs 2   # the validation alone: 10 CNN runs, 34 min on 2 shared cores
     python -m bench.simulate_study DIR       # re-render DIR/report.md and the plots from DIR/results.json
 """
 
