@@ -12,6 +12,17 @@ are processed in virtual-time order (ties by a sequence number), so staleness
 comes out exactly as a cluster of that shape would produce it, and a run is a
 function of its seed.
 
+The start is the real one's. Each worker first reports the speed it probed
+(`Worker.probe`: worker/trainer.py's median of compute-only steps, off by a
+per-worker start-up contention factor measured on real runs), and no batch is
+handed out before every starting worker has reported (`dynabatch run` sets
+min_workers to all of them), so the first split is the probes' guess, not yet the
+equal-time one. A worker learns its batch as soon as the scheduler decides it (the
+real one repeats its heartbeat until the answer holds one). Not simulated: CPU
+contention between workers beyond the step noise, the pipelined push, transfer
+time growing with load, and the shard learning a new membership only at its own
+heartbeat (every heartbeat_s; here at once).
+
 Each worker is a generator that yields either a virtual time to sleep until or
 a condition to wait for (a round to close, an ssp pull to be released), which
 keeps the worker side readable as the loop it mirrors (worker/gradient_steps.py,
@@ -26,6 +37,7 @@ import argparse
 import heapq
 import math
 import random
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator
 
@@ -92,6 +104,9 @@ class SimConfig:
     fixed_s: float = 0.004
     per_sample_s: float = 0.0005
     noise: float = 0.05  # relative standard deviation of a step's time
+    probe_batch: int = 64  # the real probe's batch (worker/trainer.py, measure_standalone: min(64, max_batch))
+    probe_steps: int = 9  # its timed steps, after one untimed (worker/options.py, --probe-steps)
+    probe_noise: float = 0.14  # log-normal error of a worker's probe from start-up contention (see `probe`)
     comm_s: float = 0.002  # one pull or one push
     eval_every_s: float = 1.0
     eval_size: int = 2000
@@ -295,16 +310,44 @@ class Worker:
 
     # -- joining and leaving ----------------------------------------------------------
 
+    def probe(self) -> tuple[float, float]:
+        """The standalone speed the real worker reports before it is given a batch, and the seconds it took.
+
+        As worker/trainer.py's `measure_standalone`: one untimed step, then the median of `probe_steps`
+        timed ones at `probe_batch`, forward and backward only (no pull or push), slowdown included. The
+        real probe runs while the other processes are starting (imports, data, the model upload), which
+        makes one worker's probe err by a factor of its own: log-normal with sd `probe_noise`, 0.14 being
+        the pooled spread of log(probed / compute-only speed) between the four workers of 16 real
+        asgd+dynamic runs at slowdowns 1, 1, 2, 4 on the bench machine (bench/overlap.py's runs). The
+        scheduler's first split comes from these numbers (job_state.py, `_worker_heartbeat`: the speed
+        model's prior), so the first batches are not yet the equal-time ones.
+        """
+        cfg = self.c.cfg
+        times = [self.step_seconds(cfg.probe_batch) for _ in range(cfg.probe_steps + 1)]
+        contention = math.exp(self.rng.gauss(0.0, cfg.probe_noise))
+        return cfg.probe_batch / (statistics.median(times[1:]) * contention), sum(times)
+
     def live(self) -> Generator[Wait, None, None]:
-        """Join at `join_s`, probe, wait for a batch, run the protocol's loop, leave at `leave_s`."""
+        """Join at `join_s`, probe, wait for a batch, run the protocol's loop, leave at `leave_s`.
+
+        The workers of the start probe before virtual time 0, as the real ones probe before the first
+        batches the real runs' clocks count from (`dynabatch run` sets min_workers to all of them,
+        cluster/main.py, so no batch is handed out before the last has reported); a worker that joins
+        later spends its probe's time after `join_s`, before it is counted in n.
+        """
         c = self.c
         self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}"), c.now).id
-        probe_b = max(1, c.cfg.global_batch // len(c.cfg.workers))
-        self.hb = Heartbeat(standalone_sps=probe_b / (self.step_seconds(probe_b) + 2 * c.cfg.comm_s))
+        standalone, probe_s = self.probe()
+        if self.spec.join_s > 0:
+            yield c.now + probe_s
+        self.hb = Heartbeat(standalone_sps=standalone)
         self.batch = c.report(self.wid, self.hb)
-        if self.batch == 0:  # the real worker learns its first batch at its next heartbeat; here at once
+        if self.batch == 0:
+            # The real worker repeats its heartbeat until the answer holds a batch (worker/trainer.py,
+            # _await_batch), so it learns the batch within a round trip of the scheduler deciding it.
             yield lambda: self.wid in c.scheduler.allocation
             self.batch = c.scheduler.assignment_for(c.scheduler.members[self.wid]).batch
+        self.started = c.now  # slowdown schedules count from the first batch (worker/trainer.py, _train_steps)
         loop = {"gradient": self.gradient_loop, "round": self.gradient_loop, "local": self.local_loop,
                 "msd": self.msd_loop}[c.spec.worker_loop]
         yield from loop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.simulate import PROFILES, SimConfig, WorkerSpec, simulate
+from bench.simulate import PROFILES, Cluster, SimConfig, Worker, WorkerSpec, simulate
 from bench.simulate_study import Part, run_plan
 from dynabatch.common.data import load_dataset
 
@@ -47,6 +47,35 @@ def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed
     assert set(r.batches) == {"w0", "w1", "w2", "w4"}  # w3 left, w4 joined
     assert r.batches["w2"] < r.batches["w0"]  # the 4x worker got a smaller share
     assert r.curve[-1][1] > r.curve[len(r.curve) // 2][1]  # rounds went on after the departure
+
+
+def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_counts(data):
+    """As the real start: each worker's probe errs by its own start-up contention, deterministically per
+    seed, so equal workers get unequal first batches; a worker that joins later is given a batch only
+    after its probe's steps have passed."""
+    equal = (WorkerSpec("1"),) * 4 + (WorkerSpec("1", join_s=0.2),)
+
+    def start(**kw) -> tuple[Cluster, list[Worker]]:
+        cluster = Cluster(tiny("asgd", "dynamic", equal, **kw), data)
+        workers = [Worker(cluster, i, spec) for i, spec in enumerate(equal)]
+        for w in workers:
+            cluster.spawn(w.live(), w.spec.join_s)
+        cluster.run(1e-9)
+        return cluster, workers
+
+    cluster, _ = start()
+    first, batch = dict(cluster.scheduler.allocation), cluster.cfg.global_batch
+    assert sum(first.values()) == batch and len(set(first.values())) > 1
+    assert start()[0].scheduler.allocation == first
+    assert start(seed=1)[0].scheduler.allocation != first
+    assert set(start(probe_noise=0.0, noise=0.0)[0].scheduler.allocation.values()) == {batch // 4}
+
+    cfg = cluster.cfg
+    probe_s = (cfg.probe_steps + 1) * (cfg.fixed_s + cfg.per_sample_s * cfg.probe_batch)
+    cluster.run(0.2 + 0.8 * probe_s)
+    assert "w4" in cluster.scheduler.members and "w4" not in cluster.scheduler.allocation
+    cluster.run(0.2 + 1.2 * probe_s)
+    assert "w4" in cluster.scheduler.allocation
 
 
 @pytest.mark.parametrize("protocol", ["local", "msd", "softsync"])
