@@ -509,7 +509,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
-    p.add_argument("--study", choices=("quick", "full", "validation"),
+    p.add_argument("--study", choices=("quick", "paper", "validation", "full"),
                    help="run the study (bench/simulate_study.py) instead")
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")
     p.add_argument("--out", default="bench/results/simulate")

@@ -23,6 +23,7 @@ every protocol gets it.
     python -m bench.simulate --study quick   # churn16: a slowdown, a departure, two joins; about 30 s of CPU
     python -m bench.simulate --study full --jobs 2   # the validation, then 64 + 16 workers; an hour on 2 shared cores
     python -m bench.simulate --study validation --jobs 2   # the validation alone: 10 CNN runs, 34 min on 2 shared cores
+    python -m bench.simulate --study paper --jobs 2   # the 16- and 64-worker parts alone
     python -m bench.simulate_study DIR       # re-render DIR/report.md and the plots from DIR/results.json
 """
 
@@ -87,15 +88,15 @@ evaluation of 10,000 took 8.6 s of CPU, 24 of them more than the rest of a run).
 STUDIES: dict[str, tuple[Part, ...]] = {
     "quick": (Part("churn16", "churn16", 512, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 3.0, 0.5, 1000,
                    lr=0.02, momentum=0.0),),
-    "full": (
+    "paper": (
         Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 150.0, 2.0, 1000, lr=0.02, momentum=0.0,
              slower=10.0),
         Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, SEEDS, 150.0, 2.0, 1000, lr=0.02, momentum=0.0,
              slower=10.0),
-        VALIDATION,
     ),
     "validation": (VALIDATION,),
 }
+STUDIES["full"] = STUDIES["paper"] + STUDIES["validation"]
 
 
 def sim_config(part: Part, seed: int, protocol: str, policy: str) -> SimConfig:
