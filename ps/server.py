@@ -444,12 +444,12 @@ class ShardServer:
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
-        streamed: list[int] = []
+        streamed: set[int] = set()
 
         def send_back(cid: int) -> None:
             if self.state.chunk_versions[cid] >= body.pull_min_version:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
-                streamed.append(cid)
+                streamed.add(cid)
 
         streams = body.then_pull and self.buffers is None and self.state.streams
         outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic(),
