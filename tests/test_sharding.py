@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -16,9 +17,12 @@ EPOCHS, BATCH, TRAIN = 1.0, 96, 12000
 
 
 def _train(tmp_path: Path, shards: int) -> tuple[torch.Tensor, list[int]]:
-    run_job(tmp_path, f"s{shards}", "--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd",
-            "--batch-policy", "fixed", "--workers", "2", "--slowdowns", "1", "2", "--no-evaluator",
-            "--epochs", str(EPOCHS), "--global-batch", str(BATCH), "--chunk-bytes", "65536", "--shards", str(shards))
+    run_dir, _ = run_job(tmp_path, f"s{shards}", "--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd",
+                         "--batch-policy", "fixed", "--workers", "2", "--slowdowns", "1", "2", "--no-evaluator",
+                         "--epochs", str(EPOCHS), "--global-batch", str(BATCH), "--chunk-bytes", "65536",
+                         "--shards", str(shards))
+    samples = json.loads((run_dir / "summary.json").read_text())["samples"]
+    assert samples == EPOCHS * TRAIN, f"{samples} samples: every round must be one global batch, the last one too"
     chunks: dict[int, torch.Tensor] = {}
     versions: list[int] = []
     for s in range(shards):

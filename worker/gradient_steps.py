@@ -122,6 +122,10 @@ class GradientLoop(StepLoop):
             self.pipeline = Pipeline(c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s,
                                      c.loss_fn, c.buffers)
         if self.last_versions is not None and self._done(min(self.min_versions or self.last_versions)):
+            # Leave only once the last round has closed: a worker that left while it was open would have the
+            # scheduler hand its batch to the others, and one that had not drawn its batch for that round yet
+            # would draw the larger one, making the last round more than B samples.
+            c.shards.pull(self.min_versions, c.request_timeout_s)
             return None
         batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
