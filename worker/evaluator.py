@@ -25,7 +25,9 @@ from dynabatch.worker.batch_source import batch_len, fetch, to_device
 from dynabatch.worker.trainer import Worker
 
 log = logging.getLogger("dynabatch.evaluator")
-EVAL_BATCH = 1000
+# Batches whose activations stay in the CPU's caches: the CNN evaluates Fashion-MNIST's 10,000 test images in
+# 2.8 to 3.8 s at 256 against 4.5 to 5.0 s at 1,000 (one thread, measured side by side).
+EVAL_BATCH = 256
 
 
 class OneForwardPerBatch(torch.nn.Module):
