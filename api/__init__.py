@@ -20,7 +20,7 @@ from typing import Any
 
 _NAMES = {
     "Task": ("dynabatch.common.task", "Task"),
-    "TaskError": ("dynabatch.common.task", "TaskError"),
+    "TaskError": ("dynabatch.common.task_error", "TaskError"),
     "Run": ("dynabatch.cluster.python_run", "Run"),
     "run": ("dynabatch.cluster.python_run", "run"),
     "metrics": ("dynabatch.common.eval_metrics", None),

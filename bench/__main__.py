@@ -27,7 +27,8 @@ import torch
 import zmq
 
 from dynabatch.cluster.metric_target import MetricTarget
-from dynabatch.common.data import DatasetNotFound, load_dataset
+from dynabatch.common.data import load_dataset
+from dynabatch.common.dataset_files import DatasetNotFound
 
 from bench import convergence, ddp, plots, report, scale, transport
 from bench.transport import Case

@@ -19,9 +19,10 @@ from dynabatch.cluster.dry_run import dry_run, format_dry_run
 from dynabatch.cluster.options import CheckOptions
 from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import DatasetNotFound
+from dynabatch.common.dataset_files import DatasetNotFound
 from dynabatch.common.flags import ConfigError, add_flags, from_args
-from dynabatch.common.task import TaskError, load_task
+from dynabatch.common.task import load_task
+from dynabatch.common.task_error import TaskError
 
 
 def main(argv: Sequence[str]) -> int:

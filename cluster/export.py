@@ -23,7 +23,8 @@ from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.chunking import make_layout, named_travelling
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.task import ModelSignature, Task, TaskError, load_task, signature, signature_from_fields
+from dynabatch.common.task import ModelSignature, Task, load_task, signature, signature_from_fields
+from dynabatch.common.task_error import TaskError
 
 
 class ExportError(ValueError):

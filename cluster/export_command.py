@@ -18,9 +18,9 @@ import torch
 
 from dynabatch.cluster.export import ExportError, trained_model
 from dynabatch.cluster.options import ExportOptions
-from dynabatch.common.data import DatasetNotFound
+from dynabatch.common.dataset_files import DatasetNotFound
 from dynabatch.common.flags import ConfigError, add_flags, from_args
-from dynabatch.common.task import TaskError
+from dynabatch.common.task_error import TaskError
 
 
 def main(argv: Sequence[str]) -> int:

@@ -23,11 +23,9 @@ from typing import Any, Mapping, Sequence
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import JobConfig
 from dynabatch.common.curve import CurveKeys, CurveOptions
-from dynabatch.common.builtin_tasks import builtin_task
-from dynabatch.common.data import DatasetNotFound
-from dynabatch.common.task import TaskError, check_task, load_task
+from dynabatch.common.dataset_files import DatasetNotFound, find_dataset
+from dynabatch.common.task_error import TaskError
 from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args
-from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
@@ -95,13 +93,24 @@ def given_optimizer_flags(argv: Sequence[str], env: Mapping[str, str] = os.envir
     return given
 
 
-def prepare(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> Path:
-    """Check the task (and the --init weights against it), then make the run folder with its config.json.
+def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> None:
+    """What can be found wrong before anything starts; TaskError or DatasetNotFound.
 
-    TaskError or DatasetNotFound before anything is written; RunFolderTaken for a folder that holds a run.
-    A task that names its optimizer owns it: optimizer flags given beside it would be ignored by the
-    shards, so they are an error rather than a silent no-op.
+    A built-in job needs only its dataset's files: its models are ours and tested, and
+    building one would import torch into a process that never trains (2.6 s of every
+    run's start here). A user's task, or weights to start from, are checked in full
+    (model, data, loss, a backward pass; the weights against the model). A task that
+    names its optimizer owns it: optimizer flags given beside it would be ignored by
+    the shards, so they are an error rather than a silent no-op.
     """
+    if not opts.task and not opts.init:
+        if job.dataset != "synthetic":
+            find_dataset(job.dataset, opts.data_dir or None)
+        return
+    # Imported here rather than at the top: they bring in torch.
+    from dynabatch.common.builtin_tasks import builtin_task
+    from dynabatch.common.task import check_task, load_task
+    from dynabatch.common.weights import load_weights, read_state_dict
     task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
                                                                  job.flat_params)
     if task.optimizer is not None and optimizer_flags:
@@ -110,6 +119,14 @@ def prepare(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = (
     check_task(task, job.seed)
     if opts.init:
         load_weights(task.build_model(job.seed), read_state_dict(opts.init), f"--init {opts.init}")
+
+
+def prepare(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> Path:
+    """Check the job's inputs (`check_inputs`), then make the run folder with its config.json.
+
+    TaskError or DatasetNotFound before anything is written; RunFolderTaken for a folder that holds a run.
+    """
+    check_inputs(opts, job, optimizer_flags)
     name = opts.name or time.strftime("%Y%m%d-%H%M%S") + f"-{job.protocol}-{job.batch_policy}"
     run_dir = Path(opts.out) / name
     if run_dir.exists() and any(run_dir.iterdir()):

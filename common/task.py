@@ -31,14 +31,11 @@ from dynabatch.common.chunking import named_travelling
 from dynabatch.common.eval_metrics import Metric, accuracy
 from dynabatch.common.optim_spec import OptimizerSpec, optimizer_from_fields
 from dynabatch.common.schedules import Schedule
+from dynabatch.common.task_error import TaskError
 
 TRAVELLING_DTYPES = (torch.float32,)
 TRAVELLING_DTYPE_NAMES = ("float32",)
 BUFFER_DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16")  # they travel as float32 whatever they are
-
-
-class TaskError(ValueError):
-    """A task that cannot be trained, with what to fix."""
 
 
 @dataclass

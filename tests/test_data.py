@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from dynabatch.common import data
+from dynabatch.common import data, dataset_files
 from dynabatch.common.catalog import DATASETS
-from dynabatch.common.data import (Dataset, DatasetNotFound, SampleOrder, load_dataset,
-                                   make_batch, read_idx)
+from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch, read_idx
+from dynabatch.common.dataset_files import DatasetNotFound
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -60,8 +60,8 @@ def write_fake_mnist(folder: Path, n_train: int = 50, n_test: int = 20, gz: bool
 @pytest.fixture
 def no_default_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the system and cache folders at empty temporary ones; returns the cache."""
-    monkeypatch.setattr(data, "SYSTEM_DIR", tmp_path / "system")
-    monkeypatch.setattr(data, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(dataset_files, "SYSTEM_DIR", tmp_path / "system")
+    monkeypatch.setattr(dataset_files, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.delenv("DYNABATCH_DATA_DIR", raising=False)
     return tmp_path / "cache"
 
@@ -149,7 +149,7 @@ def test_missing_dataset_says_how_to_get_it_and_fails_fast(
     with socket.socket() as s:  # a port nobody listens on: the download is refused at once
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setitem(data._URLS, "fashion-mnist", f"http://127.0.0.1:{port}/")
+    monkeypatch.setitem(dataset_files._URLS, "fashion-mnist", f"http://127.0.0.1:{port}/")
     start = time.monotonic()
     with pytest.raises(DatasetNotFound) as info:
         load_dataset("fashion-mnist", str(tmp_path / "nothing-here"))
@@ -169,7 +169,7 @@ def test_downloads_into_cache_then_loads(no_default_dirs: Path, http_dir: tuple[
     folder, url = http_dir
     # Stored (level 0) gzip so the files pass the downloader's minimum-size check.
     arrays = write_fake_mnist(folder, n_train=5000, n_test=5000, compresslevel=0)
-    monkeypatch.setitem(data._URLS, "mnist", url)
+    monkeypatch.setitem(dataset_files._URLS, "mnist", url)
     ds = load_dataset("mnist")
     assert sorted(p.name for p in (no_default_dirs / "mnist").iterdir()) == sorted(
         f"{stem}.gz" for stem in arrays)
@@ -180,7 +180,7 @@ def test_download_of_a_too_small_file_is_rejected(no_default_dirs: Path, http_di
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     folder, url = http_dir
     write_fake_mnist(folder)  # a few KB: far below what a real images file weighs
-    monkeypatch.setitem(data._URLS, "mnist", url)
+    monkeypatch.setitem(dataset_files._URLS, "mnist", url)
     with pytest.raises(DatasetNotFound, match=r"got \d+ bytes"):
         load_dataset("mnist")
     assert not list(no_default_dirs.rglob("*images*"))

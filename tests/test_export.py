@@ -23,7 +23,8 @@ from dynabatch.cluster import export_command
 from dynabatch.cluster.export import TrainedState, assemble, load_trained
 from dynabatch.cluster.python_run import ACTIVE_ENV, task_spec
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.task import Task, TaskError, check_task, load_task, signature_fields
+from dynabatch.common.task import Task, check_task, load_task, signature_fields
+from dynabatch.common.task_error import TaskError
 from dynabatch.common.weights import load_weights, read_state_dict
 from harness import Cluster, child_env, command_line, run_job, wait_for
 

@@ -93,3 +93,19 @@ def test_the_scheduler_never_loads_torch() -> None:
     seconds of start-up and hundreds of MB on whatever small node runs it."""
     loaded = _outermost(_imported_by("import dynabatch.scheduler.main"), HEAVY)
     assert not loaded, f"dynabatch.scheduler.main imported {loaded}"
+
+
+def test_dynabatch_run_checks_a_built_in_job_without_torch(tmp_path: Path) -> None:
+    """The `dynabatch run` parent starts and follows processes; for a built-in job its check is that the
+    dataset's files are there, so it does not pay torch's seconds (a user's task or --init weights do)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (data / f"{stem}.gz").write_bytes(b"")
+    modules = _imported_by(
+        "from dynabatch.cluster.main import parse, prepare\n"
+        f"opts, job, _, _ = parse(['--dataset', 'fashion-mnist', '--data-dir', {str(data)!r}, '--out', {str(tmp_path)!r}])\n"
+        "prepare(opts, job)")
+    loaded = _outermost(modules, HEAVY)
+    assert not loaded, f"`dynabatch run` imported {loaded} to check a built-in job"
+    assert len(list(tmp_path.glob("*/config.json"))) == 1, "the check passed and the run folder was made"

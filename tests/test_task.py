@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynabatch.common.task import Task, TaskError, check_task, load_task
+from dynabatch.common.task import Task, check_task, load_task
+from dynabatch.common.task_error import TaskError
 from harness import Cluster, run_job, wait_for
 
 TASKS = Path(__file__).resolve().parent / "tasks"

@@ -29,7 +29,8 @@ from dynabatch.common.data import SampleOrder
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.schedules import schedule_fields
-from dynabatch.common.task import Task, TaskError, build_data, check_task, load_task, signature_fields
+from dynabatch.common.task import Task, build_data, check_task, load_task, signature_fields
+from dynabatch.common.task_error import TaskError
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
