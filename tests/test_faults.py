@@ -24,7 +24,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import JobStatus
 from tests.harness import Cluster, free_port, wait_for
 
-EPOCHS = 4.0
+EPOCHS = 3.0
 FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
          "--global-batch", "96", "--shards", "2", "--chunk-bytes", "65536", "--epochs", str(EPOCHS), "--await-final-eval"]
 VERSIONS_PER_CHECKPOINT = 50  # shard 1's checkpoint interval, in versions of the clean run: ten times the kill's lead

@@ -27,7 +27,8 @@ def _training(st: JobStatus, n: int) -> bool:
 
 
 def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path):
-    c = Cluster(tmp_path, QUICK + ["--epochs", "12"])
+    # Six epochs last several times the drop (a 2 s liveness timeout, a few steps in) even under two suites.
+    c = Cluster(tmp_path, QUICK + ["--epochs", "6"])
     try:
         scheduler = c.scheduler()
         c.shard()
@@ -42,7 +43,7 @@ def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path
         # STATUS lists only the latest decisions, which speed updates may have pushed the drop out of; the log keeps it.
         assert f"{victim} stopped sending heartbeats; dropped" in scheduler.log_text()
         final = c.wait_status("the job to finish without the dead worker", lambda s: s.finished, 120)
-        assert final.epoch >= 12
+        assert final.epoch >= 6
         assert final.samples > st.samples, "the workers left trained on with the dead one's share"
     finally:
         c.stop()
@@ -165,7 +166,7 @@ def _try_push(conn, metas, grads):
 
 
 def test_workers_keep_training_through_a_shard_restart(tmp_path):
-    c = Cluster(tmp_path, QUICK + ["--epochs", "4"])  # the job cannot end while its only shard is down
+    c = Cluster(tmp_path, QUICK + ["--epochs", "2"])  # the job cannot end while its only shard is down
     port = free_port()
     try:
         c.scheduler()
