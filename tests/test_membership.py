@@ -171,8 +171,9 @@ def test_workers_keep_training_through_a_shard_restart(tmp_path):
     try:
         c.scheduler()
         shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"))
-        c.worker("a")
-        c.worker("b", "--slowdown", "2")
+        # A request the stopped shard never answered is sent again after this (30 s by default).
+        c.worker("a", "--request-timeout-s", "3")
+        c.worker("b", "--slowdown", "2", "--request-timeout-s", "3")
         st = c.wait_status("two workers training", lambda s: _training(s, 2))
         shard.proc.send_signal(signal.SIGTERM)
         assert shard.proc.wait(20) == 0
