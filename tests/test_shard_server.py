@@ -86,19 +86,29 @@ def ssgd(tmp_path_factory):
     s.cluster.stop()
 
 
-def _collect(conn: Connection, seq: int, ids: set[int], timeout_s: float = REPLY_S) -> Chunks:
-    """The PARAMS answering request `seq` until every chunk of `ids` has come; any other answer fails."""
+def _answers(conn: Connection, seq: int, ids: set[int], kinds: tuple[type, ...] = (Params,),
+             until: type | None = None, timeout_s: float = REPLY_S) -> tuple[list[object], Chunks]:
+    """The answers to request `seq` until every chunk of `ids` has come (and one of type `until`): their bodies
+    in the order they came, and the chunks they carried. An answer to another request, or of another kind
+    than `kinds`, fails the test."""
+    bodies: list[object] = []
     got: Chunks = {}
     deadline = time.monotonic() + timeout_s
-    while set(got) != ids:
+    while set(got) != ids or (until is not None and not any(isinstance(b, until) for b in bodies)):
         msg = conn.recv(max(0.0, deadline - time.monotonic()))
-        assert msg is not None, f"chunks {sorted(ids - set(got))} never came"
+        assert msg is not None, f"chunks {sorted(ids - set(got))} never came; answers so far: {bodies}"
         assert msg.seq == seq, f"an answer to request {msg.seq} while waiting for {seq}: {msg.body}"
-        assert isinstance(msg.body, Params), f"answered {msg.body}"
+        assert isinstance(msg.body, kinds), f"answered {msg.body}"
+        bodies.append(msg.body)
         for meta, tensor in zip(msg.chunks, msg.tensors):
             assert meta.id not in got, f"chunk {meta.id} sent twice"
             got[meta.id] = (meta.version, tensor.clone())
-    return got
+    return bodies, got
+
+
+def _collect(conn: Connection, seq: int, ids: set[int], timeout_s: float = REPLY_S) -> Chunks:
+    """The chunks `ids` answering request `seq`, in PARAMS only."""
+    return _answers(conn, seq, ids, timeout_s=timeout_s)[1]
 
 
 def _pull(conn: Connection, ids: set[int], body: Pull | None = None) -> Chunks:
@@ -210,18 +220,7 @@ def test_a_good_push_from_the_registered_worker_is_applied(shard):
 def _push_pull(conn: Connection, pulled: Chunks) -> tuple[list[object], Chunks]:
     """A PUSH that is also a PULL: its answers' bodies in the order they came, and the chunks they carried."""
     seq = conn.send(Push(samples=8, then_pull=True), *_gradient(pulled, 0.5))
-    bodies: list[object] = []
-    got: Chunks = {}
-    deadline = time.monotonic() + REPLY_S
-    while set(got) != set(pulled) or not any(isinstance(b, PushAck) for b in bodies):
-        msg = conn.recv(max(0.0, deadline - time.monotonic()))
-        assert msg is not None, f"answers so far: {bodies}"
-        assert msg.seq == seq, f"an answer to request {msg.seq} while waiting for {seq}: {msg.body}"
-        bodies.append(msg.body)
-        for meta, tensor in zip(msg.chunks, msg.tensors):
-            assert meta.id not in got, f"chunk {meta.id} sent twice"
-            got[meta.id] = (meta.version, tensor.clone())
-    return bodies, got
+    return _answers(conn, seq, set(pulled), (Params, PushAck), until=PushAck)
 
 
 @pytest.mark.parametrize("fixture", ["shard", "ssgd"])
