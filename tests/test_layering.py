@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dynabatch.common.curve import KEY_FILES
+from dynabatch.common.dataset_files import IDX_FILES
 
 # CPU time of a whole `dynabatch keys` run: about 0.1 s here; importing torch alone takes 2 s.
 KEYS_CPU_BUDGET_S = 0.5
@@ -100,7 +101,7 @@ def test_dynabatch_run_checks_a_built_in_job_without_torch(tmp_path: Path) -> No
     dataset's files are there, so it does not pay torch's seconds (a user's task or --init weights do)."""
     data = tmp_path / "data"
     data.mkdir()
-    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+    for stem in IDX_FILES:
         (data / f"{stem}.gz").write_bytes(b"")
     modules = _imported_by(
         "from dynabatch.cluster.main import parse, prepare\n"
