@@ -172,7 +172,8 @@ class Connection:
 
     `request` is a blocking call with a timeout; `send` plus `drain` is the
     fire-and-forget pattern used for heartbeats, where only the latest answer
-    matters.
+    matters. `watch_drops` tells a client waiting on several servers at once
+    that one of their links dropped.
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, job: str, sender: str) -> None:
@@ -190,15 +191,39 @@ class Connection:
         if curve is not None:
             secure_client(self.sock, curve.keys)
         self.sock.connect(endpoint)
+        self._drops: zmq.Socket | None = None
+        self._last_seq = 0
+        self.lost_through = 0  # requests up to this seq went out before the link last dropped (`watch_drops`)
+
+    def watch_drops(self) -> zmq.Socket:
+        """A socket that turns readable when this connection's link drops; `note_drops` then moves `lost_through`.
+
+        ZeroMQ reconnects by itself, so a server that stopped or restarted is
+        otherwise invisible to a client: a request it had taken is never answered,
+        and the client would wait out its whole timeout (30 s by default for a
+        worker) although the server that could answer is already gone. A request
+        sent after the drop waits in ZeroMQ's queue for the server to come back.
+        """
+        if self._drops is None:
+            self._drops = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        return self._drops
+
+    def note_drops(self) -> None:
+        """Take the drops reported so far: every request sent before them is lost."""
+        while self._drops is not None and self._drops.poll(0):
+            self._drops.recv_multipart()
+            self.lost_through = self._last_seq
 
     def send(self, body: Any, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()) -> int:
         """Queue a message; returns its seq, or -1 if the send queue is full (peer gone)."""
+        self.note_drops()  # a drop seen only after this send must not count against it
         seq = next(self._seq)
         msg = Message(body, list(chunks), list(tensors), self.job, self.sender, seq)
         try:
             self.sock.send_multipart(encode(msg), copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
             return -1
+        self._last_seq = seq
         return seq
 
     def recv(self, timeout_s: float) -> Message | None:
@@ -245,4 +270,7 @@ class Connection:
         return out
 
     def close(self) -> None:
+        if self._drops is not None:
+            self.sock.disable_monitor()
+            self._drops.close(linger=0)
         self.sock.close(linger=0)

@@ -28,7 +28,6 @@ EPOCHS = 3.0
 FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
          "--global-batch", "96", "--shards", "2", "--chunk-bytes", "65536", "--epochs", str(EPOCHS), "--await-final-eval"]
 VERSIONS_PER_CHECKPOINT = 50  # shard 1's checkpoint interval, in versions of the clean run: ten times the kill's lead
-WORKER_FLAGS = ["--request-timeout-s", "3"]  # a request to a killed shard is given up and sent again after this
 
 
 class Job:
@@ -40,9 +39,8 @@ class Job:
         self.scheduler = self.c.scheduler("--state-dir", str(tmp / "state"))
         self.shards = [self.c.shard(i, free_port(), "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-interval-s",
                                     str(interval)) for i, interval in enumerate(intervals)]
-        for name in ("a", "b"):
-            self.c.worker(name, *WORKER_FLAGS)
-        self.c.launcher.start_worker("eval", WORKER_FLAGS, evaluator=True)
+        self.processes = [self.c.worker(name) for name in ("a", "b")]  # on the default request timeout, 30 s
+        self.processes.append(self.c.launcher.start_worker("eval", [], evaluator=True))
 
     def progress(self, what: str, predicate, timeout_s: float = 90) -> JobStatus:
         return self.c.wait_status(what, predicate, timeout_s)
@@ -129,6 +127,8 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         for shard in (0, 1):
             assert re.search(rf"ps{shard} came back \d+ versions behind .*: \d+ samples lost, counted back", log), log
         assert "resumed job" in log
+        for child in job.processes:
+            assert "no complete reply from the shards" not in child.log_text(), f"{child.name} waited out a timeout"
         assert final.samples - final.lost_samples >= target, "every lost sample was trained again"
         assert final.lost_samples > 0
         # Recovery may cost at most one point; asgd's order of updates moves either run by about one point, so

@@ -64,6 +64,7 @@ class ShardClients:
         self.poller = zmq.Poller()
         for conn in self.conns:
             self.poller.register(conn.sock, zmq.POLLIN)
+            self.poller.register(conn.watch_drops(), zmq.POLLIN)
         self.flat = torch.zeros(layout.total)
         self.buffers = torch.zeros(buffer_total) if buffer_total else None
         self.moved_bytes = 0
@@ -202,20 +203,26 @@ class ShardClients:
         """Feed replies to `pendings` until `until()` (default: all complete); TimeoutError past the timeout.
 
         Messages are taken one at a time, so waiting for the first chunk does not
-        also wait for (or account for) the ones behind it.
+        also wait for (or account for) the ones behind it. `idle` runs every
+        `idle_every_s` of the wait, however busy the sockets are: a shard that keeps
+        refusing must not keep the worker from hearing that the scheduler dropped it.
         """
         pendings = pendings if isinstance(pendings, list) else [pendings]
         until = until or (lambda: all(p.done() for p in pendings))
-        deadline = time.monotonic() + timeout_s
+        now = time.monotonic()
+        deadline, next_idle = now + timeout_s, now + self.idle_every_s
         while not until():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 raise TimeoutError(f"no complete reply from the shards within {timeout_s:.1f}s")
-            if not self.advance(pendings, min(remaining, self.idle_every_s), until):
+            if now >= next_idle:
                 self.idle()
+                next_idle = now + self.idle_every_s
+            self.advance(pendings, min(deadline, next_idle) - now, until)
 
-    def advance(self, pendings: list["Pending"], timeout_s: float = 0.0, until: Callable[[], bool] | None = None) -> bool:
-        """Feed replies arriving within `timeout_s` to the requests they answer; False if none came."""
+    def advance(self, pendings: list["Pending"], timeout_s: float = 0.0, until: Callable[[], bool] | None = None) -> None:
+        """Feed replies arriving within `timeout_s` to the requests they answer (and fail those a dropped
+        link leaves unanswered)."""
         ready = dict(self.poller.poll(int(timeout_s * 1000)))
         for s, conn in enumerate(self.conns):
             while conn.sock in ready and conn.sock.poll(0):
@@ -232,8 +239,26 @@ class ShardClients:
                         else:
                             pending.take(s, msg)
                 if until is not None and until():
-                    return True
-        return bool(ready)
+                    return
+        for s, conn in enumerate(self.conns):
+            if conn.watch_drops() in ready:
+                conn.note_drops()
+            if conn.lost_through:  # a send may have noted the drop: the requests before it are checked here
+                self._lost(s, pendings)
+
+    def _lost(self, shard: int, pendings: list["Pending"]) -> None:
+        """What shard `shard` was asked before its link dropped and has not answered fails now, not at the timeout.
+
+        The shard stopped or restarted, and a restarted one knows nothing of the
+        requests its predecessor took. The worker's step fails, and it retries at
+        once; the retry waits in ZeroMQ's queue until the shard is back.
+        """
+        lost_through = self.conns[shard].lost_through
+        lost = Error(code="shard_lost", text=f"the link to shard {shard} ({self.conns[shard].endpoint}) dropped "
+                                             "before it answered: it stopped or restarted")
+        for pending in pendings:
+            if 0 < pending.seqs[shard] <= lost_through and not pending.done():
+                pending.refuse(shard, lost)
 
     def close(self) -> None:
         for conn in self.conns:

@@ -1,0 +1,59 @@
+"""A worker's shard clients against a shard process that dies: what it took fails at once, what follows waits for it.
+
+ZeroMQ reconnects by itself, so without watching the link a worker learns of a
+dead shard only when its request times out (30 s by default), although the
+answer can no longer come. Real processes, killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import zmq
+
+from dynabatch.common.chunking import make_layout
+from dynabatch.common.config import job_from_dict
+from dynabatch.common.messages import Heartbeat
+from dynabatch.common.models import model_for_job
+from dynabatch.common.transport import RemoteError
+from dynabatch.worker.ps_client import ShardClients
+from harness import Cluster, free_port, wait_for
+
+TIMEOUT_S = 60.0  # a shard_lost answer comes at once; waiting this long would be the failure
+
+
+def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for_its_return(tmp_path):
+    # A restarted shard takes its slot once the scheduler has declared the dead one gone: a short liveness timeout.
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "2",
+                           "--heartbeat-s", "0.2"])
+    port, ckpt = free_port(), ("--checkpoint-dir", str(tmp_path / "ckpt"))
+    try:
+        c.scheduler()
+        shard = c.shard(0, port, *ckpt)
+        conn, welcome = c.join_as_worker()
+        job = job_from_dict(welcome.config)
+        total = sum(p.numel() for p in model_for_job(job).parameters())
+        # While a request waits, the clients heartbeat (as a worker's do), so the scheduler keeps this worker.
+        shards = ShardClients(zmq.Context.instance(), welcome.shards, make_layout(total, job.chunk_bytes, job.shards),
+                              job.job, welcome.id, lambda: conn.send(Heartbeat()), job.heartbeat_s)
+        try:
+            assert shards.pull(None, TIMEOUT_S).version == 0
+
+            # A pull the shard took (stopped, it never answers), then the shard dies. A second pull leaves after
+            # the drop was reported: the first fails now, the second waits in ZeroMQ's queue for the shard's return.
+            shard.proc.send_signal(signal.SIGSTOP)
+            taken = shards.start_pull()
+            shard.proc.kill()
+            shard.proc.wait(10)
+            wait_for("the drop to be reported", lambda: shards.conns[0].watch_drops().poll(0), TIMEOUT_S)
+            after = shards.start_pull()
+            with pytest.raises(RemoteError, match="shard_lost"):
+                shards.wait(taken, TIMEOUT_S)
+            c.shard(0, port, *ckpt)
+            shards.wait(after, TIMEOUT_S)
+            assert after.result().version == 0
+        finally:
+            shards.close()
+    finally:
+        c.stop()
