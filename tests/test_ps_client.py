@@ -24,8 +24,10 @@ TIMEOUT_S = 60.0  # a shard_lost answer comes at once; waiting this long would b
 
 
 def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for_its_return(tmp_path):
-    # A restarted shard takes its slot once the scheduler has declared the dead one gone: a short liveness timeout.
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "2",
+    # A restarted shard takes its slot once the scheduler has declared the dead one gone, after the liveness
+    # timeout: short, but not so short that this test client, which heartbeats only while it waits on the shard
+    # (a worker has a thread for that), is dropped while it registers on a machine running two suites (2 s was).
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "8",
                            "--heartbeat-s", "0.2"])
     port, ckpt = free_port(), ("--checkpoint-dir", str(tmp_path / "ckpt"))
     try:
