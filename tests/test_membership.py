@@ -191,6 +191,30 @@ def test_workers_keep_training_through_a_shard_restart(tmp_path):
         c.stop()
 
 
+def test_an_evaluation_skipped_for_a_shard_that_did_not_answer_is_tried_again_within_a_heartbeat(tmp_path):
+    """The evaluator's second pull times out on a stopped shard; once the shard goes on, the evaluation comes at
+    once, not a whole evaluation interval later: within half of it, which only a missing retry takes."""
+    eval_interval_s = 20
+    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "600",
+                           "--heartbeat-s", "0.2", "--epochs", "1000", "--eval-interval-s", str(eval_interval_s)])
+    try:
+        c.scheduler()
+        shard = c.shard()
+        evaluator = c.worker("eval", "--evaluator", "--request-timeout-s", "1")  # it initialises the shard itself
+
+        def evaluations() -> int:
+            return evaluator.log_text().count("model v")
+
+        wait_for("the first evaluation", evaluations, 120)
+        shard.proc.send_signal(signal.SIGSTOP)
+        wait_for("the evaluator to skip an evaluation", lambda: "evaluation skipped" in evaluator.log_text(),
+                 2 * eval_interval_s)
+        shard.proc.send_signal(signal.SIGCONT)
+        wait_for("an evaluation after the shard went on", lambda: evaluations() > 1, eval_interval_s / 2)
+    finally:
+        c.stop()
+
+
 def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
     c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--model", "cnn"])
     try:

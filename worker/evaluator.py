@@ -113,7 +113,9 @@ class Evaluator(Worker):
                          " (final)" if final else "")
             if final and report is not None:
                 return
-            deadline = time.monotonic() + self.job.eval_interval_s
+            # A skipped evaluation is tried again after a heartbeat, not a whole interval: a shard that restarted
+            # answers the new pull as soon as it is back, and the job's curve has no hole of --eval-interval-s.
+            deadline = time.monotonic() + (self.job.eval_interval_s if report is not None else self.job.heartbeat_s)
             while not self.stopping and time.monotonic() < deadline:
                 self.link.heartbeat(Heartbeat())
                 assignment = self.link.wait(min(self.job.heartbeat_s, max(0.0, deadline - time.monotonic())))
