@@ -98,8 +98,7 @@ class Pipeline:
 
     def _settle(self, st: "_StepState") -> None:
         """Wait for every acknowledgement; resend chunks a shard refused only because it did
-        not know this worker yet (see ShardClients.push), and only those, heartbeating between
-        resends as ShardClients does (its `idle` raises once the scheduler has dropped this worker)."""
+        not know this worker yet (see ShardClients.push), and only those (`ShardClients.before_resend`)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             self.shards.wait(st.pendings(), max(0.0, deadline - time.monotonic()))
@@ -108,8 +107,7 @@ class Pipeline:
                 return
             if time.monotonic() >= deadline:
                 raise RemoteError("unknown_sender", "a shard does not know this worker")
-            self.shards.advance([], self.shards.idle_every_s)
-            self.shards.idle()
+            self.shards.before_resend([])
             for i in refused:
                 st.pushes[i] = self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"),
                                                       ids=[st.push_ids[i]], buffers=self._buffers_for(i))

@@ -191,13 +191,19 @@ class ShardClients:
         refused = pending.refused
         if time.monotonic() >= deadline:
             raise RemoteError("unknown_sender", f"shards {sorted(refused)} do not know this worker")
-        self.advance([p for p in fed if p is not pending], self.idle_every_s)
-        self.idle()
+        self.before_resend([p for p in fed if p is not pending])
         for s in refused:
             again = pending.resend
             pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), again.tensor, again.chunk_versions,
                                               pending.bodies[s], again.buffers if s == 0 else None)
         pending.refused = set()
+
+    def before_resend(self, others: list["Pending"]) -> None:
+        """Pause for one heartbeat interval before resending what a shard refused as from an unknown sender,
+        feeding `others` meanwhile, then heartbeat: `idle` raises once the scheduler has dropped this worker,
+        which a shard that keeps refusing would otherwise hide until the request's deadline."""
+        self.advance(others, self.idle_every_s)
+        self.idle()
 
     def wait(self, pendings: "Pending | list[Pending]", timeout_s: float, until: Callable[[], bool] | None = None) -> None:
         """Feed replies to `pendings` until `until()` (default: all complete); TimeoutError past the timeout.
@@ -253,12 +259,11 @@ class ShardClients:
         requests its predecessor took. The worker's step fails, and it retries at
         once; the retry waits in ZeroMQ's queue until the shard is back.
         """
-        lost_through = self.conns[shard].lost_through
-        lost = Error(code="shard_lost", text=f"the link to shard {shard} ({self.conns[shard].endpoint}) dropped "
-                                             "before it answered: it stopped or restarted")
+        conn = self.conns[shard]
         for pending in pendings:
-            if 0 < pending.seqs[shard] <= lost_through and not pending.done():
-                pending.refuse(shard, lost)
+            if 0 < pending.seqs[shard] <= conn.lost_through and not pending.done():
+                pending.refuse(shard, Error(code="shard_lost", text=f"the link to shard {shard} ({conn.endpoint}) "
+                                                                    "dropped before it answered: it stopped or restarted"))
 
     def close(self) -> None:
         for conn in self.conns:
