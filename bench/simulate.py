@@ -55,6 +55,10 @@ from dynabatch.common.slowdown import Slowdown
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
 from dynabatch.scheduler.job_state import JobState
+from dynabatch.worker.batch_source import BatchSource, worker_order
+from dynabatch.worker.heartbeats import heartbeat_after
+from dynabatch.worker.probe import probe_batch, standalone_speed
+from dynabatch.worker.step_times import StepResult, StepTimes
 
 MARKS = ("0.80", "0.85", "0.88")
 
@@ -104,7 +108,6 @@ class SimConfig:
     fixed_s: float = 0.004
     per_sample_s: float = 0.0005
     noise: float = 0.05  # relative standard deviation of a step's time
-    probe_batch: int = 64  # the real probe's batch (worker/trainer.py, measure_standalone: min(64, max_batch))
     probe_steps: int = 9  # its timed steps, after one untimed (worker/options.py, --probe-steps)
     probe_noise: float = 0.14  # log-normal error of a worker's probe from start-up contention (see `probe`)
     comm_s: float = 0.002  # one pull or one push
@@ -267,9 +270,7 @@ class Worker:
         self.spec = spec
         self.slowdown = Slowdown.parse(spec.slowdown)
         self.rng = random.Random(cluster.cfg.seed * 1000 + index)
-        self.order = torch.Generator().manual_seed(cluster.cfg.seed * 1000 + index)
-        self.perm = torch.empty(0, dtype=torch.int64)
-        self.pos = 0
+        self.source: BatchSource | None = None  # the worker's own data order, once it has an id
         self.hb = Heartbeat()
         self.wid = ""
         self.batch = 0
@@ -284,12 +285,11 @@ class Worker:
         return (cfg.fixed_s + cfg.per_sample_s * batch) * factor * noise
 
     def next_batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.c.data.train_y)
-        if self.pos + b > len(self.perm):
-            self.perm = torch.cat([self.perm[self.pos:], torch.randperm(n, generator=self.order)])
-            self.pos = 0
-        idx = self.perm[self.pos:self.pos + b]
-        self.pos += b
+        """The next `b` samples of the real worker's own order (worker/batch_source.py); a simulated step never
+        fails, so every batch taken is trained on."""
+        assert self.source is not None, "a worker draws samples only once registered"
+        idx = self.source.take(b)
+        self.source.step_succeeded()
         return make_batch(self.c.data, idx, train=True)
 
     def gradient(self, model: torch.nn.Module, b: int) -> float:
@@ -299,13 +299,9 @@ class Worker:
         loss.backward()
         return loss.item()
 
-    def beat(self, steps: int, batch: int, loss: float, step_s: float, compute_s: float, wait_s: float,
-             sync_s: float = 0.0, version: int = 0) -> None:
-        """Report `steps` steps as the real worker's heartbeat does (per-step times), and take the new batch."""
-        prev = self.hb
-        self.hb = Heartbeat(steps=prev.steps + steps, samples=prev.samples + batch * steps, batch=batch,
-                            step_s=step_s, compute_s=compute_s, wait_s=wait_s, sync_s=sync_s, loss=loss,
-                            version=version, standalone_sps=prev.standalone_sps)
+    def beat(self, result: StepResult, sync_s: float = 0.0) -> None:
+        """Report a step as the real worker does (worker/heartbeats.py), and take the new batch."""
+        self.hb = heartbeat_after(self.hb, result, sync_s=sync_s)
         self.batch = self.c.report(self.wid, self.hb)
 
     # -- joining and leaving ----------------------------------------------------------
@@ -313,8 +309,8 @@ class Worker:
     def probe(self) -> tuple[float, float]:
         """The standalone speed the real worker reports before it is given a batch, and the seconds it took.
 
-        As worker/trainer.py's `measure_standalone`: one untimed step, then the median of `probe_steps`
-        timed ones at `probe_batch`, forward and backward only (no pull or push), slowdown included. The
+        As worker/trainer.py's `measure_standalone`, with its batch and median (worker/probe.py): one untimed
+        step, then `probe_steps` timed ones, forward and backward only (no pull or push), slowdown included. The
         real probe runs while the other processes are starting (imports, data, the model upload), which
         makes one worker's probe err by a factor of its own: log-normal with sd `probe_noise`, 0.14 being
         the pooled spread of log(probed / compute-only speed) between the four workers of 16 real
@@ -323,9 +319,14 @@ class Worker:
         model's prior), so the first batches are not yet the equal-time ones.
         """
         cfg = self.c.cfg
-        times = [self.step_seconds(cfg.probe_batch) for _ in range(cfg.probe_steps + 1)]
+        batch = probe_batch(self.c.job.max_batch)
+        assert self.source is not None
+        for _ in range(cfg.probe_steps + 1):  # the real probe trains on these samples; training starts after them
+            self.source.take(batch)
+        self.source.step_succeeded()
+        times = [self.step_seconds(batch) for _ in range(cfg.probe_steps + 1)]
         contention = math.exp(self.rng.gauss(0.0, cfg.probe_noise))
-        return cfg.probe_batch / (statistics.median(times[1:]) * contention), sum(times)
+        return standalone_speed(batch, times[1:]) / contention, sum(times)
 
     def live(self) -> Generator[Wait, None, None]:
         """Join at `join_s`, probe, wait for a batch, run the protocol's loop, leave at `leave_s`.
@@ -337,6 +338,7 @@ class Worker:
         """
         c = self.c
         self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}"), c.now).id
+        self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:
             yield c.now + probe_s
@@ -385,8 +387,12 @@ class Worker:
             c.push(flat_grads(c.model), versions, b, "grad", self.wid)
             if c.spec.one_push_per_round:
                 min_version = version + 1
-            step = wait + 2 * c.cfg.comm_s + compute
-            self.beat(1, b, loss, step, compute, wait if min_version is not None else 0.0, version=version)
+            # A round's wait is waiting on others; a held-back pull (ssp) is the pull's own time, as the real loop
+            # times it.
+            in_round = min_version is not None
+            times = StepTimes(pull=c.cfg.comm_s + (0.0 if in_round else wait), compute=compute, push=c.cfg.comm_s,
+                              wait=wait if in_round else 0.0)
+            self.beat(StepResult(times, b, loss, version))
 
     def _own_model(self) -> torch.nn.Module:
         if self.model is None:
@@ -428,8 +434,8 @@ class Worker:
             yield c.now + c.cfg.comm_s
             applied, after = c.push(flat - flat_params(model), versions, b * steps, DELTA, self.wid)
             min_version = after if applied else after + 1
-            self.beat(steps, b, sum(losses) / steps, (wait + compute + c.cfg.comm_s) / steps, compute / steps,
-                      wait / steps, version=version)
+            self.beat(StepResult(StepTimes(compute=compute, push=c.cfg.comm_s, wait=wait), b, sum(losses) / steps,
+                                 version, steps))
 
     def msd_loop(self) -> Generator[Wait, None, None]:
         """msd: step without waiting; one delta in flight; correct onto the average when it is back."""
@@ -455,7 +461,8 @@ class Worker:
                 anchor = flat_params(model)
                 c.spawn(self._delta_in_flight(state["base"] - anchor, state, b * since_push), c.now)
                 in_flight, since_push, pushed = True, 0, c.cfg.comm_s
-            self.beat(1, b, loss, compute + pushed, compute, 0.0, sync_s=2 * c.cfg.comm_s, version=state["version"])
+            self.beat(StepResult(StepTimes(compute=compute, push=pushed), b, loss, state["version"]),
+                      sync_s=2 * c.cfg.comm_s)
 
     def _delta_in_flight(self, delta: torch.Tensor, state: dict[str, Any], samples: int) -> Generator[Wait, None, None]:
         """The push travels, the round closes when everyone has pushed, the average travels back."""

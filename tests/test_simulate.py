@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bench.simulate import PROFILES, Cluster, SimConfig, Worker, WorkerSpec, simulate
 from bench.simulate_study import Part, run_plan
 from dynabatch.common.data import load_dataset
+from dynabatch.worker.batch_source import worker_order
+from dynabatch.worker.probe import probe_batch
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_c
     assert set(start(probe_noise=0.0, noise=0.0)[0].scheduler.allocation.values()) == {batch // 4}
 
     cfg = cluster.cfg
-    probe_s = (cfg.probe_steps + 1) * (cfg.fixed_s + cfg.per_sample_s * cfg.probe_batch)
+    probe_s = (cfg.probe_steps + 1) * (cfg.fixed_s + cfg.per_sample_s * probe_batch(cluster.job.max_batch))
     cluster.run(0.2 + 0.8 * probe_s)
     assert "w4" in cluster.scheduler.members and "w4" not in cluster.scheduler.allocation
     cluster.run(0.2 + 1.2 * probe_s)
@@ -97,3 +100,24 @@ def test_a_study_run_in_parallel_processes_gives_each_run_exactly_as_run_alone()
     for key, r in alone.items():
         other = side_by_side[key]
         assert (other.curve, other.staleness_counts, other.samples) == (r.curve, r.staleness_counts, r.samples)
+
+
+def test_a_simulated_worker_trains_on_the_real_workers_data_order_after_its_probe(data):
+    """The simulator draws through the worker's own order (worker/batch_source.py) and probe batch
+    (worker/probe.py): after a run, each simulated worker's order stands exactly where a real worker's would after
+    its probe and the samples it reported. Another seed or worker id would stand elsewhere."""
+    cluster = Cluster(tiny("asgd", "dynamic", PROFILES["bench4"]()), data)
+    workers = [Worker(cluster, i, spec) for i, spec in enumerate(cluster.cfg.workers)]
+    for w in workers:
+        cluster.spawn(w.live(), w.spec.join_s)
+    cluster.run(cluster.cfg.budget_s)
+    probed = (cluster.cfg.probe_steps + 1) * probe_batch(cluster.job.max_batch)
+    n = len(data.train_y)
+    for w in workers:
+        assert w.hb.samples > 0
+        real = worker_order(n, cluster.job.seed, w.wid)
+        real.take(probed + w.hb.samples)
+        assert w.source is not None and torch.equal(w.source.order.take(64), real.take(64))
+        other = worker_order(n, cluster.job.seed + 1, w.wid)
+        other.take(probed + w.hb.samples)
+        assert not torch.equal(other.take(64), real.take(64))

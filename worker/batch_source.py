@@ -19,6 +19,12 @@ import torch
 from dynabatch.common.data import SampleOrder
 
 
+def worker_order(train_size: int, job_seed: int, worker_id: str) -> SampleOrder:
+    """Worker `worker_id`'s own shuffled order of the training set: seeded by the job and the worker, so a
+    worker's samples are the same in every run of a job (and in the simulator, bench/simulate.py)."""
+    return SampleOrder(train_size, seed=job_seed * 7919 + int(worker_id.lstrip("w") or 0))
+
+
 class BatchSource:
     """The next batches' sample indices, with the current step's kept until it succeeds or fails."""
 

@@ -13,7 +13,6 @@ import math
 import os
 import signal
 import socket
-import statistics
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -25,7 +24,6 @@ from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.chunking import TravellingBuffers, flat_params, make_layout, travelling
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.data import SampleOrder
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.schedules import schedule_fields
@@ -37,11 +35,13 @@ from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.worker.batch_source import DatasetBatches, to_device
+from dynabatch.worker.batch_source import DatasetBatches, to_device, worker_order
+from dynabatch.worker.heartbeats import heartbeat_after
 from dynabatch.worker.loader_batches import LoaderBatches
 from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.micro_batches import micro_batches
 from dynabatch.worker.options import WorkerOptions
+from dynabatch.worker.probe import probe_batch, standalone_speed
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.pulse import Pulse
 from dynabatch.worker.step_context import StepContext
@@ -257,10 +257,10 @@ class Worker:
         The median, because processes starting beside this one (imports, data loading)
         make single steps slow at random.
         """
-        batch = min(64, self.job.max_batch, self.opts.max_batch or self.job.max_batch)
+        batch = probe_batch(self.job.max_batch, self.opts.max_batch)
         train_step(self.model, self.next_batch(batch), self.loss_fn, micro_batch=self.opts.micro_batch)
-        times = [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
-        return batch / statistics.median(times)
+        return standalone_speed(batch, [self.timed_compute(self.next_batch(batch))[1]
+                                        for _ in range(self.opts.probe_steps)])
 
     def run(self) -> int:
         try:
@@ -307,7 +307,7 @@ class Worker:
 
     def _train(self) -> int:
         self._check_micro_batching()
-        order = SampleOrder(len(self.data), seed=self.job.seed * 7919 + int(self.id.lstrip("w") or 0))
+        order = worker_order(len(self.data), self.job.seed, self.id)
         if self.opts.loader_workers:
             self.batches = LoaderBatches(self.data, order, self.collate, self.opts.loader_workers, self.job.seed)
         else:
@@ -384,14 +384,8 @@ class Worker:
         self.m.loss.set(result.loss)
         self.health.ready = True
         self.health.tick()
-        hb = Heartbeat(
-            steps=prev.steps + result.steps, samples=prev.samples + samples, batch=result.batch,
-            step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull / result.steps,
-            push_s=times.push / result.steps, wait_s=times.wait / result.steps, data_s=times.data / result.steps,
-            sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
-            staleness=list(self.shards.staleness),
-            version=result.version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
-        )
+        hb = heartbeat_after(prev, result, sync_s=sync_s, moved_bytes=self.shards.moved_bytes,
+                             staleness=self.shards.staleness, assignment_id=assignment_id)
         self.link.heartbeat(hb)
         self.last_hb = hb
         self._next_beat = time.monotonic() + self.job.heartbeat_s
