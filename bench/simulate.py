@@ -160,7 +160,7 @@ class Cluster:
         self.shard = ShardState.initial(
             layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
             OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov),
-            self.job.softsync_n, self.job.staleness, params)
+            self.job.softsync_n, self.job.staleness, params, self.job.dbs_weight)
         self.model_bytes = 4 * flat.numel()
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)

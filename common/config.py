@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from dynabatch.common.catalog import DATASETS, MODELS
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.protocols import PROTOCOLS, SPECS
+from dynabatch.common.protocols import DBS_WEIGHTS, PROTOCOLS, SPECS
 
 BATCH_POLICIES = ("fixed", "dynamic")
 PIPELINE_MODES = ("auto", "on", "off")
@@ -32,6 +32,11 @@ class JobConfig:
     protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS)
     batch_policy: str = opt(
         "dynamic", "fixed: B/n per worker; dynamic: sized by measured speed (DBS-SGD)", BATCH_POLICIES
+    )
+    dbs_weight: str = opt(
+        "capped", "dynamic batches: how a gradient of b_i samples is weighted; capped: min(1, b_i/(B/n)), never "
+        "amplifying one (stable at 64 simulated workers); paper: DBS-SGD's b_i/(B/n), which diverges there "
+        "(bench/RESULTS.md section 5)", DBS_WEIGHTS,
     )
     flat_params: int = opt(1_000_000, "parameters of the 'flat' model (transport benchmarks)", minimum=10)
     shards: int = opt(1, "number of parameter-server shards", minimum=1)

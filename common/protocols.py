@@ -84,13 +84,25 @@ def protocol_spec(name: str) -> ProtocolSpec:
         raise ValueError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)}") from None
 
 
-def dbs_weight(samples: int, global_batch: int, allocated_workers: int) -> float:
-    """DBS-SGD's weight for a gradient of `samples` samples: b_i / (B/n), n the workers holding a batch.
+DBS_WEIGHTS: tuple[str, ...] = ("capped", "paper")
+"""How a gradient of b_i samples is weighted under dynamic batches (`--dbs-weight`): `paper` is DBS-SGD's
+b_i / (B/n) (Ji et al. 2019), which multiplies the step of the largest batches, and so of the fastest workers'
+equally stale gradients, by up to about 4 and blows up at 64 simulated workers; `capped` is min(1, b_i / (B/n)),
+which weighs a gradient by its samples and never amplifies one (bench/RESULTS.md section 5)."""
+
+
+def dbs_weight(samples: int, global_batch: int, allocated_workers: int, rule: str = "capped") -> float:
+    """DBS-SGD's weight for a gradient of `samples` samples under `rule` (DBS_WEIGHTS), n the workers holding a batch.
 
     The one rule for both owners of the weight: the scheduler's learning-rate scale
     for a worker's own optimizer (local, msd) and the shard's scale for a pushed
     gradient. n counts the workers the scheduler allocated a batch to, not those
     merely registered, so a worker that is joining and has no batch yet changes
-    nothing; under the fixed policy every b_i is B/n and the weight is 1.
+    nothing; under the fixed policy every b_i is B/n and the weight is 1 under either rule.
     """
-    return samples * max(1, allocated_workers) / global_batch
+    weight = samples * max(1, allocated_workers) / global_batch
+    if rule == "paper":
+        return weight
+    if rule == "capped":
+        return min(1.0, weight)
+    raise ValueError(f"unknown DBS weight rule {rule!r}; choose one of {', '.join(DBS_WEIGHTS)}")

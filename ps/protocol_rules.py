@@ -63,13 +63,15 @@ class ShardRule:
 
 
 class AsyncRule(ShardRule):
-    """asgd (Downpour; DBS-SGD with dynamic batches): every gradient applied on arrival, weighted b_i/(B/n)."""
+    """asgd (Downpour; DBS-SGD with dynamic batches): every gradient applied on arrival, weighted by its samples
+    (`--dbs-weight`: min(1, b_i/(B/n)) or the paper's b_i/(B/n))."""
 
     NAME = "async"
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
         shard = self.shard
-        return shard.apply_gradient(cid, tensor, samples, dbs_weight(samples, shard.global_batch, shard.allocated))
+        weight = dbs_weight(samples, shard.global_batch, shard.allocated, shard.dbs_rule)
+        return shard.apply_gradient(cid, tensor, samples, weight)
 
 
 class StaleSynchronousRule(AsyncRule):

@@ -211,7 +211,7 @@ class ShardServer:
         self.state = ShardState.initial(
             layout.for_shard(self.index), torch.zeros(layout.total) if flat is None else flat, spec,
             self.job.protocol, self.job.global_batch, outer, self.job.softsync_n, self.job.staleness,
-            [(p.name, math.prod(p.shape)) for p in sig.params],
+            [(p.name, math.prod(p.shape)) for p in sig.params], self.job.dbs_weight,
         )
         self.signature = sig
         self.init_specs = {"optimizer": optimizer, "schedule": schedule}

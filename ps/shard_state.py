@@ -55,6 +55,7 @@ class ShardState:
     outer: OuterConfig = field(default_factory=OuterConfig)
     softsync_n: int = 1
     staleness_bound: int = 0
+    dbs_rule: str = "capped"  # how a gradient's samples weigh it (common/protocols.py, DBS_WEIGHTS)
     params: dict[int, torch.Tensor] = field(default_factory=dict)
     optim: dict[int, ChunkOptimizer] = field(default_factory=dict)
     chunk_versions: dict[int, int] = field(default_factory=dict)
@@ -73,7 +74,7 @@ class ShardState:
     def initial(
         cls, chunks: Sequence[Chunk], flat: torch.Tensor, optimizer: OptimizerSpec, protocol: str,
         global_batch: int, outer: OuterConfig = OuterConfig(), softsync_n: int = 1, staleness_bound: int = 0,
-        params: Sequence[tuple[str, int]] = (),
+        params: Sequence[tuple[str, int]] = (), dbs_rule: str = "capped",
     ) -> "ShardState":
         """State at version 0 from the model's initial flat parameters.
 
@@ -81,7 +82,7 @@ class ShardState:
         optimizer's `no_decay`; without them every value takes its weight decay.
         """
         state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, outer, softsync_n,
-                    staleness_bound)
+                    staleness_bound, dbs_rule)
         runs = decay_runs(params or [("", flat.numel())], optimizer)
         for c in state.chunks:
             param = flat[c.start : c.stop].clone()

@@ -543,8 +543,9 @@ class JobState:
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.allocation.get(member.id, 0)
+        scale = dbs_weight(batch, self.job.global_batch, len(self.allocation), self.job.dbs_weight)
         return Assignment(
-            **base, batch=batch, lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)),
+            **base, batch=batch, lr_scale=scale,
             stop=self.stopping, local_steps=self.local_steps,
         )
 

@@ -105,7 +105,8 @@ def test_first_split_follows_standalone_speed_then_measured_step_times():
     fast, slow = _join(state, 3000.0), _join(state, 1000.0)
     assert state.allocation == {fast: 72, slow: 24}
     a = state.assignment_for(state.members[fast])
-    assert a.batch == 72 and a.lr_scale == pytest.approx(72 * 2 / 96)
+    assert a.batch == 72 and a.lr_scale == 1.0  # the capped DBS weight: min(1, 72 * 2 / 96)
+    assert state.assignment_for(state.members[slow]).lr_scale == pytest.approx(24 * 2 / 96)
     for t in range(1, 30):
         _step(state, fast, 0.010 + 72 * 0.0002 * 2, t * 0.1)  # fast got slower: 2x per sample
         _step(state, slow, 0.010 + 24 * 0.0010, t * 0.1)

@@ -47,17 +47,18 @@ def _reference(w0: torch.Tensor, steps: list[tuple[torch.Tensor, float]]) -> tor
     return p.detach()
 
 
-def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch():
-    state, w0 = _state("asgd")
+@pytest.mark.parametrize("rule, weight", [("paper", lambda b: b * 3 / B), ("capped", lambda b: min(1.0, b * 3 / B))])
+def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule, weight):
+    state, w0 = _state("asgd", dbs_rule=rule)
     gen = torch.Generator().manual_seed(0)
-    pushes = [("w0", 64), ("w1", 22), ("w2", 10), ("w0", 64), ("w2", 10)]
+    pushes = [("w0", 64), ("w1", 22), ("w2", 10), ("w0", 64), ("w2", 10)]  # B = 96: w0's weight is 2 or 1
     steps = []
     for i, (worker, samples) in enumerate(pushes):
         g = torch.randn(1000, generator=gen)
         out = _push(state, worker, g, base=max(0, i - 1), samples=samples)
         assert len(out.applied) == len(state.chunks) and out.version == i + 1
         assert out.staleness == (1 if i > 0 else 0)
-        steps.append((g, samples * 3 / B))
+        steps.append((g, weight(samples)))
     torch.testing.assert_close(_flat(state), _reference(w0, steps))
     assert set(state.chunk_versions.values()) == {5}
 

@@ -1,5 +1,6 @@
 """Update rules against plain torch: same gradients in, same parameters out."""
 
+import pytest
 import torch
 
 from dynabatch.common.protocols import dbs_weight
@@ -57,9 +58,17 @@ def test_runs_of_different_weight_decay_step_as_separate_tensors_would():
 
 
 def test_dbs_weight_is_one_for_even_split_and_proportional_otherwise():
-    assert dbs_weight(64, 192, 3) == 1.0
-    assert dbs_weight(128, 192, 3) == 2.0
+    assert dbs_weight(64, 192, 3, "paper") == 1.0
+    assert dbs_weight(128, 192, 3, "paper") == 2.0
+    assert dbs_weight(32, 192, 3, "paper") == 0.5
+
+
+def test_the_capped_dbs_weight_weighs_by_samples_and_never_amplifies():
+    assert dbs_weight(64, 192, 3) == dbs_weight(64, 192, 3, "capped") == 1.0
+    assert dbs_weight(128, 192, 3) == 1.0
     assert dbs_weight(32, 192, 3) == 0.5
+    with pytest.raises(ValueError, match="unknown DBS weight rule 'big'"):
+        dbs_weight(32, 192, 3, "big")
 
 
 def test_sync_round_is_the_sample_weighted_mean():
