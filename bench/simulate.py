@@ -79,10 +79,18 @@ PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
     "churn16": lambda: (tuple(WorkerSpec("1") for _ in range(10))
                         + (WorkerSpec("1,6x@1s,1x@2s"), WorkerSpec("2"), WorkerSpec("4"))
                         + (WorkerSpec("1", leave_s=1.5), WorkerSpec("1", join_s=1.0), WorkerSpec("2", join_s=2.0))),
+    "shifting32": lambda: shifting(lognormal(32, sigma=0.5, seed=32), factor=4.0, spell_s=(15.0, 45.0),
+                                   horizon_s=150.0, seed=33),
+    "churn32": lambda: churn(lognormal(32, sigma=0.5, seed=34), leaving=6, joining=6, window_s=(20.0, 120.0),
+                             seed=35),
+    "lognormal256": lambda: lognormal(256, sigma=0.75, seed=256),
 }
-"""bench4: the real bench's 1,1,2,4. tail16: a long tail, 12 nodes at 1x and 4 at 8x. lognormal64: 64 nodes
-whose slowdowns are log-normal (sigma 0.75, relative to the fastest). churn16: a mid-run slowdown, a departure
-and two joins."""
+"""bench4: the real bench's 1,1,2,4. tail16: a long tail, 12 nodes at 1x and 4 at 8x. lognormal64, lognormal256:
+64 or 256 nodes whose slowdowns are log-normal (sigma 0.75, relative to the fastest). churn16: a mid-run
+slowdown, a departure and two joins, within 3 virtual s (the quick study). shifting32: 32 log-normal nodes (sigma
+0.5), each 4x slower than itself for one spell of 15 to 45 virtual s at a random time within 150 s (another job
+landing on it). churn32: 32 log-normal nodes, 6 of which leave and 6 more join at random times between 20 and 120
+virtual s. Every profile is fixed (the same nodes in every run); a run's seed varies the rest."""
 
 
 def lognormal(n: int, sigma: float, seed: int) -> tuple[WorkerSpec, ...]:
@@ -91,6 +99,31 @@ def lognormal(n: int, sigma: float, seed: int) -> tuple[WorkerSpec, ...]:
     draws = [math.exp(rng.gauss(0.0, sigma)) for _ in range(n)]
     fastest = min(draws)
     return tuple(WorkerSpec(f"{d / fastest:.2f}") for d in draws)
+
+
+def shifting(nodes: tuple[WorkerSpec, ...], factor: float, spell_s: tuple[float, float], horizon_s: float,
+             seed: int) -> tuple[WorkerSpec, ...]:
+    """Each node `factor` times slower than itself for one spell of `spell_s` virtual seconds, at a random time
+    before `horizon_s` (counted, like every slowdown schedule, from the node's first batch)."""
+    rng = random.Random(seed)
+    out = []
+    for node in nodes:
+        base = float(node.slowdown)
+        length = rng.uniform(*spell_s)
+        start = rng.uniform(1.0, horizon_s - length)
+        out.append(WorkerSpec(f"{base:.2f},{base * factor:.2f}x@{start:.1f}s,{base:.2f}x@{start + length:.1f}s"))
+    return tuple(out)
+
+
+def churn(nodes: tuple[WorkerSpec, ...], leaving: int, joining: int, window_s: tuple[float, float],
+          seed: int) -> tuple[WorkerSpec, ...]:
+    """`nodes`, of which `leaving` (chosen at random) leave at random times within `window_s`, and the same
+    speeds again for `joining` more that join at random times within it."""
+    rng = random.Random(seed)
+    leavers = set(rng.sample(range(len(nodes)), leaving))
+    out = [WorkerSpec(n.slowdown, leave_s=rng.uniform(*window_s)) if i in leavers else n for i, n in enumerate(nodes)]
+    out += [WorkerSpec(rng.choice(nodes).slowdown, join_s=rng.uniform(*window_s)) for _ in range(joining)]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -516,8 +549,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
-    p.add_argument("--study", choices=("quick", "paper", "validation", "full"),
-                   help="run the study (bench/simulate_study.py) instead")
+    p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-quick"),
+                   help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
+                        "method at its own tuned step size)")
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")
     p.add_argument("--out", default="bench/results/simulate")
     return p.parse_args(argv)
@@ -525,6 +559,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.study in ("tuned", "tuned-quick"):
+        from bench import tuned_study
+        return tuned_study.run_study(args.study, args.out, args.jobs)
     if args.study:
         from bench.simulate_study import run_study
         return run_study(args.study, args.out, args.jobs)

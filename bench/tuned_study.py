@@ -1,0 +1,328 @@
+"""Every training method at its own tuned step size, on every cluster profile: which one should be the default.
+
+A comparison at one shared learning rate favours whichever method that rate suits
+(section 5's lr 0.02 was chosen for asgd). Here each method's step size is chosen
+from a grid on tuning seeds (100, 101, ...), then the method is run on the report
+seeds (0, 1, ...) at that step size, so no reported run is the one it was tuned on.
+A step size whose run diverged in any tuning seed is never chosen; among the rest
+the one with the best median time to the target wins, then the best mean accuracy.
+The 256-worker profile is not tuned: it takes each method's step size from the
+64-worker tuning, which is also the check that a choice was not fitted to the
+profile it was tuned on.
+
+The default is then the method with the best median time to the target over every
+profile, among those that never diverged in any run (`choose_default`).
+
+    python -m bench.simulate --study tuned --jobs 2   # about three hours on 2 cores
+    python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
+    python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from bench.simulate import PROFILES, SimConfig, SimResult, simulate
+from dynabatch.common.data import load_dataset
+
+
+@dataclass(frozen=True)
+class Method:
+    """A training method: a protocol, a batch policy and the job settings that make it what it is."""
+
+    name: str
+    protocol: str
+    policy: str
+    settings: tuple[tuple[str, Any], ...] = ()
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("asgd+fixed", "asgd", "fixed"),
+    Method("DBS-SGD (capped weight)", "asgd", "dynamic", (("dbs_weight", "capped"),)),
+    Method("DBS-SGD (paper weight)", "asgd", "dynamic", (("dbs_weight", "paper"),)),
+    Method("LB-BSP (ssgd+dynamic)", "ssgd", "dynamic"),
+    Method("n-softsync", "softsync", "fixed"),
+    Method("multi-step delay", "msd", "dynamic"),
+)}
+"""Every method the study can compare; a protocol added later adds its Method here."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One cluster of the study: its nodes (bench/simulate.py PROFILES), B, the target, and how it is tuned.
+
+    `lrs` empty: the step sizes come from the tuning of profile `lr_from`.
+    """
+
+    profile: str
+    global_batch: int
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    lrs: tuple[float, ...] = ()
+    tune_seeds: tuple[int, ...] = (100, 101)
+    lr_from: str = ""
+    budget_s: float = 150.0
+    slower: float = 10.0  # every node's step and transfer times, times this (as section 5's parts)
+    target: str = "0.80"
+    eval_every_s: float = 2.0
+    eval_size: int = 1000
+    model: str = "mlp"
+    dataset: str = "fashion-mnist"
+
+
+LR_GRID = (0.005, 0.01, 0.02, 0.04)
+ALL = tuple(METHODS)
+SEEDS = (0, 1, 2, 3, 4)
+STUDIES: dict[str, tuple[Profile, ...]] = {
+    "tuned": (
+        Profile("bench4", 128, ALL, SEEDS, LR_GRID),
+        Profile("tail16", 512, ALL, SEEDS, LR_GRID),
+        Profile("lognormal64", 2048, ALL, SEEDS, LR_GRID),
+        Profile("shifting32", 1024, ALL, SEEDS, LR_GRID),
+        Profile("churn32", 1024, ALL, SEEDS, LR_GRID),
+        Profile("lognormal256", 8192, ("asgd+fixed", "DBS-SGD (capped weight)", "multi-step delay"), (0, 1, 2),
+                lr_from="lognormal64"),
+    ),
+    "tuned-quick": (
+        Profile("bench4", 64, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (0.02, 0.05), (100,), budget_s=2.0,
+                slower=1.0, target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulation: a profile's method at a step size and seed; `tuning` runs only choose the step size."""
+
+    profile: Profile
+    method: str
+    lr: float
+    seed: int
+    tuning: bool
+
+
+def sim_config(run: Run) -> SimConfig:
+    """The run as the simulator takes it: the profile's nodes, times scaled by `slower`, the method's settings."""
+    p, method = run.profile, METHODS[run.method]
+    base = SimConfig(method.protocol, method.policy, PROFILES[p.profile]())
+    return SimConfig(method.protocol, method.policy, base.workers, seed=run.seed, budget_s=p.budget_s,
+                     global_batch=p.global_batch, fixed_s=base.fixed_s * p.slower,
+                     per_sample_s=base.per_sample_s * p.slower, comm_s=base.comm_s * p.slower, model=p.model,
+                     eval_every_s=p.eval_every_s, eval_size=p.eval_size, dataset=p.dataset,
+                     job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)})
+
+
+def diverged(r: dict[str, Any]) -> bool:
+    """Whether a run blew up: its training loss not finite or far above the untrained model's (about 2.3 for
+    ten classes), or its model at the budget no better than chance."""
+    loss = r["final_train_loss"]
+    return loss is None or not math.isfinite(loss) or loss > 10.0 or r["final_test_acc"] < 0.15
+
+
+def time_to(r: dict[str, Any], mark: str) -> float:
+    """Virtual seconds until the run's test accuracy first reached `mark` (inf: never)."""
+    return next((t for t, _, acc in r["curve"] if acc >= float(mark)), math.inf)
+
+
+def median_time(runs: list[dict[str, Any]], mark: str) -> float:
+    """The median time to `mark` over runs, a run that never reached it counting as never (inf)."""
+    return statistics.median(time_to(r, mark) for r in runs) if runs else math.inf
+
+
+def choose_lr(runs: list[dict[str, Any]], mark: str) -> float | None:
+    """The step size whose tuning runs never diverged and reached `mark` soonest (median), then most accurately;
+    None when every step size diverged in some seed."""
+    by_lr: dict[float, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_lr.setdefault(r["lr"], []).append(r)
+    stable = {lr: rs for lr, rs in by_lr.items() if not any(diverged(r) for r in rs)}
+    if not stable:
+        return None
+    return min(stable, key=lambda lr: (median_time(stable[lr], mark),
+                                       -statistics.fmean(r["final_test_acc"] for r in stable[lr])))
+
+
+_DATA: dict[str, Any] = {}
+
+
+def _simulate(run: Run) -> tuple[Run, SimResult]:
+    if run.profile.dataset not in _DATA:
+        _DATA[run.profile.dataset] = load_dataset(run.profile.dataset)
+    return run, simulate(sim_config(run), _DATA[run.profile.dataset])
+
+
+def run_all(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Run, SimResult]]:
+    """Every run of `plan` in `jobs` processes, yielded as each finishes, with a progress line."""
+    started = time.monotonic()
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else None
+    finished: Iterator[tuple[Run, SimResult]] = (
+        map(_simulate, plan) if pool is None
+        else (f.result() for f in as_completed([pool.submit(_simulate, run) for run in plan])))
+    try:
+        for i, (run, r) in enumerate(finished, 1):
+            took = time.monotonic() - started
+            log(f"[{i}/{len(plan)} {run.profile.profile}{' tuning' if run.tuning else ''}] {run.method} lr {run.lr:g} "
+                f"seed {run.seed}: {100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, "
+                f"{run.profile.target} at {time_to(asdict(r), run.profile.target):g} s "
+                f"(elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
+            yield run, r
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+@dataclass
+class Results:
+    """Every finished run by profile, tuning and report runs apart, and the step size chosen per method."""
+
+    tuning: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    report: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    chosen: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    minutes: dict[str, float] = field(default_factory=dict)  # what each profile's runs cost, wall minutes
+
+
+def _record(run: Run, r: SimResult) -> dict[str, Any]:
+    out = asdict(r)
+    out.update(method=run.method, lr=run.lr)
+    return out
+
+
+def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
+    """Tune every tuned profile, then run every profile's report seeds at the chosen step sizes."""
+    out = Path(out_dir) / mode
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    profiles = STUDIES[mode]
+    res = Results(profiles={p.profile: asdict(p) for p in profiles})
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    tuning = [Run(p, m, lr, s, True) for p in profiles for m in p.methods for lr in p.lrs for s in p.tune_seeds]
+    for run, r in run_all(tuning, jobs, log):
+        res.tuning.setdefault(run.profile.profile, []).append(_record(run, r))
+        write(res, out, plots=False)
+    for p in profiles:
+        runs = res.tuning.get(p.profile, [])
+        res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target) for m in p.methods}
+    report = []
+    for p in profiles:
+        chosen = res.chosen[p.lr_from or p.profile]
+        report += [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
+    for run, r in run_all(report, jobs, log):
+        res.report.setdefault(run.profile.profile, []).append(_record(run, r))
+        res.minutes[run.profile.profile] = (time.monotonic() - started) / 60
+        write(res, out, plots=False)
+    write(res, out, plots=True)
+    print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
+    print(f"default by measurement: {choose_default(res)}", flush=True)
+    return 0
+
+
+def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]
+                ) -> list[dict[str, Any]]:
+    """Per method of a profile: its step size, median time to the target, how many runs got there and diverged."""
+    rows = []
+    for m in p["methods"]:
+        rs = [r for r in runs if r["method"] == m]
+        if not rs:
+            rows.append({"method": m, "lr": chosen.get(m), "runs": 0})
+            continue
+        accs = [r["final_test_acc"] for r in rs]
+        rows.append({
+            "method": m, "lr": chosen.get(m), "runs": len(rs), "time": median_time(rs, p["target"]),
+            "reached": sum(1 for r in rs if time_to(r, p["target"]) != math.inf),
+            "diverged": sum(1 for r in rs if diverged(r)), "acc": statistics.fmean(accs),
+            "acc_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            "sps": statistics.fmean(r["samples_per_s"] for r in rs),
+            "stale": statistics.fmean(r["staleness_mean"] or 0.0 for r in rs),
+        })
+    return rows
+
+
+def choose_default(res: Results) -> str | None:
+    """The method with the best median (over profiles) of its median time to the target, among the methods run on
+    every profile that never diverged in a report run (their step sizes never diverged in tuning: `choose_lr`)."""
+    times: dict[str, list[float]] = {}
+    for name, p in res.profiles.items():
+        for row in method_rows(p, res.report.get(name, []), res.chosen.get(p["lr_from"] or name, {})):
+            if row["runs"]:
+                times.setdefault(row["method"], []).append(row["time"])
+    unstable = {r["method"] for runs in res.report.values() for r in runs if diverged(r)}
+    stable = {m: ts for m, ts in times.items() if len(ts) == len(res.profiles) and m not in unstable}
+    return min(stable, key=lambda m: statistics.median(stable[m])) if stable else None
+
+
+def render(res: Results) -> str:
+    """Per profile: each method's tuned step size and figures, and each method's time against asgd+fixed's."""
+    out = []
+    for name, p in res.profiles.items():
+        runs = res.report.get(name, [])
+        if not runs:
+            continue
+        chosen = res.chosen.get(p["lr_from"] or name, {})
+        n = len(PROFILES[p["profile"]]())
+        tuned = (f"step size tuned over {', '.join(f'{lr:g}' for lr in p['lrs'])} on seeds "
+                 f"{', '.join(map(str, p['tune_seeds']))}" if p["lrs"] else f"step sizes from {p['lr_from']}")
+        out += [f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
+                f"seeds {', '.join(map(str, p['seeds']))}; {tuned}", "",
+                f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged | test acc. at budget "
+                "| samples/s | staleness mean | time / asgd+fixed's |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        rows = method_rows(p, runs, chosen)
+        base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
+        for row in rows:
+            if not row["runs"]:
+                out.append(f"| {row['method']} | – | every step size diverged in tuning | | | | | | |")
+                continue
+            t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
+            ratio = (f"{row['time'] / base:.2f}x" if math.isfinite(row["time"]) and math.isfinite(base) else "–")
+            out.append(f"| {row['method']} | {row['lr']:g} | {t} | {row['reached']}/{row['runs']} | "
+                       f"{row['diverged']}/{row['runs']} | {100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | "
+                       f"{row['sps']:,.0f} | {row['stale']:.1f} | {ratio} |")
+        minutes = res.minutes.get(name)
+        out += ["", f"![{name}](plots/tuned_{name}.png)", ""]
+        if minutes is not None:
+            out += [f"(report runs finished {minutes:.0f} minutes into the study)", ""]
+    out += [f"Default by measurement (best median time to target over the profiles, never diverged): "
+            f"**{choose_default(res)}**", ""]
+    return "\n".join(out)
+
+
+def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Accuracy against virtual time, one colour per method (each at its tuned step size)."""
+    from bench.plots import accuracy_axis, plt, save
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    cmap = plt.get_cmap("tab10")
+    colours = {m: cmap(i % 10) for i, m in enumerate(dict.fromkeys(r["method"] for r in runs))}
+    labelled: set[str] = set()
+    for r in runs:
+        t, _, acc = zip(*r["curve"])
+        label = f"{r['method']} (lr {r['lr']:g})"
+        ax.plot(t, [100 * a for a in acc], color=colours[r["method"]], alpha=0.7, linewidth=1.1,
+                label=None if label in labelled else label)
+        labelled.add(label)
+    accuracy_axis(ax, "virtual seconds since the first batch", (10, 92))
+    return save(fig, [ax], title, path)
+
+
+def write(res: Results, out: Path, plots: bool) -> None:
+    """results.json and report.md (and the plots) from whatever runs are in, so an interrupted study still reports."""
+    (out / "results.json").write_text(json.dumps(asdict(res)))
+    (out / "report.md").write_text(render(res))
+    if plots:
+        for name, runs in res.report.items():
+            plot(runs, f"simulated {name}: each method at its tuned step size", out / f"tuned_{name}.png")
+
+
+if __name__ == "__main__":  # re-render DIR's report and plots from its results.json
+    import sys
+
+    folder = Path(sys.argv[1])
+    write(Results(**json.loads((folder / "results.json").read_text())), folder, plots=True)

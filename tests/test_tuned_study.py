@@ -1,0 +1,76 @@
+"""The tuned study's choices (bench/tuned_study.py): a step size that diverged is never chosen, nor is a method
+that diverged the default; the rest is decided by time to the target."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.simulate import PROFILES
+from bench.tuned_study import STUDIES, Results, choose_default, choose_lr, diverged, median_time
+
+
+def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, acc: float = 0.85) -> dict:
+    curve = [(0.0, 0, 0.1)] + ([(reached_at, 100, 0.81)] if reached_at is not None else []) + [(150.0, 200, acc)]
+    return {"method": method, "lr": lr, "curve": curve, "final_train_loss": loss, "final_test_acc": acc,
+            "samples_per_s": 1.0, "staleness_mean": 1.0}
+
+
+def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_chance():
+    assert not diverged(_run("m", 0.1, 30.0))
+    assert diverged(_run("m", 0.1, None, loss=None))
+    assert diverged(_run("m", 0.1, None, loss=1e30))
+    assert diverged(_run("m", 0.1, 30.0, acc=0.11))
+
+
+def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
+    runs = [_run("m", 0.04, 10.0), _run("m", 0.04, None, loss=math.nan),  # fastest, but one seed blew up
+            _run("m", 0.02, 30.0), _run("m", 0.02, 40.0),
+            _run("m", 0.01, 60.0), _run("m", 0.01, 50.0)]
+    assert choose_lr(runs, "0.80") == 0.02
+    assert median_time(runs[2:4], "0.80") == 35.0
+    assert choose_lr([_run("m", 0.04, None, loss=math.nan)], "0.80") is None
+    ties = [_run("m", 0.02, None, acc=0.7), _run("m", 0.01, None, acc=0.75)]
+    assert choose_lr(ties, "0.80") == 0.01  # neither gets there: the more accurate
+
+
+def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
+    profiles = {name: {"methods": ["safe", "fast", "slow"], "target": "0.80", "lr_from": ""} for name in ("a", "b")}
+    report = {"a": [_run("safe", 0.02, 30.0), _run("fast", 0.04, 10.0), _run("slow", 0.01, 90.0)],
+              "b": [_run("safe", 0.02, 40.0), _run("fast", 0.04, None, loss=math.inf), _run("slow", 0.01, 80.0)]}
+    chosen = {name: {"safe": 0.02, "fast": 0.04, "slow": 0.01} for name in profiles}
+    assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "safe"
+    report["a"] = [r for r in report["a"] if r["method"] != "safe"]  # not run everywhere: not a candidate
+    assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
+
+
+def test_every_study_profile_exists_and_the_untuned_ones_take_a_tuned_profiles_step_sizes():
+    for profiles in STUDIES.values():
+        names = {p.profile for p in profiles}
+        for p in profiles:
+            assert p.profile in PROFILES
+            assert p.lrs or p.lr_from in names
+
+
+def test_a_profile_that_shifts_slows_each_node_four_times_for_one_spell_and_churn_adds_and_removes_nodes():
+    from dynabatch.common.slowdown import Slowdown
+
+    for node in PROFILES["shifting32"]():
+        phases = Slowdown.parse(node.slowdown).phases
+        assert len(phases) == 3 and phases[1][1] == 4 * phases[0][1] == 4 * phases[2][1] and phases[2][0] < 150
+    nodes = PROFILES["churn32"]()
+    assert sum(1 for n in nodes if n.leave_s < math.inf) == 6 and sum(1 for n in nodes if n.join_s > 0) == 6
+
+
+@pytest.mark.slow
+def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path, capsys):
+    from bench.tuned_study import run_study
+
+    assert run_study("tuned-quick", str(tmp_path), jobs=1) == 0
+    report = (tmp_path / "tuned-quick" / "report.md").read_text()
+    quick = STUDIES["tuned-quick"][0]
+    assert f"tuned over {', '.join(f'{lr:g}' for lr in quick.lrs)}" in report
+    assert all(f"| {m} |" in report for m in quick.methods)
+    assert (tmp_path / "tuned-quick" / "tuned_bench4.png").stat().st_size > 10_000
+    assert "default by measurement: " in capsys.readouterr().out
