@@ -48,6 +48,7 @@ from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.shared_buffers import SharedBuffers
+from dynabatch.ps.training_setup import setup_difference
 from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
 
 log = logging.getLogger("dynabatch.ps")
@@ -362,7 +363,8 @@ class ShardServer:
             raise ProtocolError("bad_field", f"INIT: {exc}") from None
         optimizer_spec(self.job, body.optimizer)  # a malformed spec is refused before anything is built
         if self.state is not None:
-            difference = sig.difference(self.signature)
+            difference = sig.difference(self.signature) or setup_difference(
+                self.init_specs, {"optimizer": body.optimizer, "schedule": body.schedule})
             if difference is not None:
                 raise ProtocolError("signature", f"this model differs from the job's: {difference}")
             self._reply(incoming.identity, InitAck(self.state.version), msg.seq)

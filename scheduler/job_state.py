@@ -58,7 +58,6 @@ class Member:
     standalone_sps: float = 0.0
     steps: int = 0
     samples: int = 0
-    batch: int = 0
     last: Heartbeat = field(default_factory=Heartbeat)
     step_s_total: float = 0.0
     data_s_total: float = 0.0
@@ -72,12 +71,12 @@ class Member:
     instance: str = ""
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
 
-    def public(self) -> WorkerStatus:
-        """The member as STATUS shows it."""
+    def public(self, batch: int) -> WorkerStatus:
+        """The member as STATUS shows it, holding `batch` (the job's allocation owns a worker's batch)."""
         hb = self.last
         return WorkerStatus(
             role=self.role, name=self.name, host=self.host, metrics_url=self.metrics_url,
-            joined=self.joined, steps=self.steps, samples=self.samples, batch=self.batch,
+            joined=self.joined, steps=self.steps, samples=self.samples, batch=batch,
             step_s=hb.step_s, compute_s=hb.compute_s, pull_s=hb.pull_s, push_s=hb.push_s,
             wait_s=hb.wait_s, data_s=hb.data_s, samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
             standalone_sps=self.standalone_sps, loss=_finite_or_none(hb.loss),
@@ -519,8 +518,6 @@ class JobState:
             return
         self.allocation = proposed
         self.assignment_id += 1
-        for wid, b in proposed.items():
-            ready[wid].batch = b
         predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items() if models[wid] is not None}
         note = bounds_note(proposed, job.global_batch)
         self.decisions.append(Decision(now - self.started, f"{reason}; {note}" if note else reason, subject,
@@ -581,7 +578,8 @@ class JobState:
             finished=self.finished,
             final_eval=self.final_eval,
             assignment_id=self.assignment_id,
-            workers={m.id: m.public() for m in self.members.values() if m.role == "worker" and not m.left},
+            workers={m.id: m.public(self.allocation.get(m.id, 0)) for m in self.members.values()
+                     if m.role == "worker" and not m.left},
             departed=sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
             shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url)
                     for i, m in sorted(self.shards.items())},

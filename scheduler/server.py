@@ -245,7 +245,7 @@ class SchedulerServer:
         for wid in workers:
             m = s.members[wid]
             hb = m.last
-            self.m.batch.labels(wid).set(m.batch)
+            self.m.batch.labels(wid).set(s.allocation.get(wid, 0))
             self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
             for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
                                     strict=True):

@@ -31,8 +31,8 @@ def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> 
 
 
 def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0):
-    m = state.members[wid]
-    hb = Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=step_s,
+    m, batch = state.members[wid], state.allocation.get(wid, 1)  # a dropped worker reports its last step's batch
+    hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=step_s,
                    compute_s=step_s, standalone_sps=m.standalone_sps, loss=loss)
     return state.heartbeat(wid, hb, now)
 
@@ -307,11 +307,11 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
     assert state.allocation == {fast: 48, slow: 48}
     per_sample = {fast: 0.0002, slow: 0.0008}
     for t in range(1, 40):
-        own = {wid: 0.010 + state.members[wid].batch * per_sample[wid] for wid in (fast, slow)}
+        own = {wid: 0.010 + state.allocation[wid] * per_sample[wid] for wid in (fast, slow)}
         round_s = max(own.values())  # the round closes when the last worker has pushed
         for wid in (fast, slow):
             m = state.members[wid]
-            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=round_s,
+            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + state.allocation[wid], batch=state.allocation[wid], step_s=round_s,
                            compute_s=own[wid], wait_s=round_s - own[wid], standalone_sps=1000.0, loss=1.0)
             state.heartbeat(wid, hb, t * 0.1)
     assert state.allocation[fast] > 3 * state.allocation[slow]
@@ -371,9 +371,9 @@ def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_gl
     assert state.allocation[small] == 16 and sum(state.allocation.values()) == 96
     assert state.status(0.0).workers[small].max_batch == 16
     for t in range(1, 30):  # the small worker is by far the fastest: unbounded, it would take most of B
-        _step(state, small, 0.001 + 0.00005 * state.members[small].batch, t * 0.1)
+        _step(state, small, 0.001 + 0.00005 * state.allocation[small], t * 0.1)
         for wid in (big, other):
-            _step(state, wid, 0.001 + 0.001 * state.members[wid].batch, t * 0.1)
+            _step(state, wid, 0.001 + 0.001 * state.allocation[wid], t * 0.1)
     assert state.allocation[small] == 16 and sum(state.allocation.values()) == 96
     assert state.allocation[big] == state.allocation[other] == 40
     assert state.decisions[0].reason == "joined; bounds hold less than B", "alone, it cannot hold B"
@@ -406,9 +406,9 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
     for t in range(1, 40):
         for wid in (fed, starved):
             m = state.members[wid]
-            compute = 0.005 + 0.0005 * m.batch
-            data = 0.0005 * m.batch if wid == starved else 0.0
-            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=compute + data,
+            compute = 0.005 + 0.0005 * state.allocation[wid]
+            data = 0.0005 * state.allocation[wid] if wid == starved else 0.0
+            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + state.allocation[wid], batch=state.allocation[wid], step_s=compute + data,
                            compute_s=compute, data_s=data, standalone_sps=1000.0, loss=1.0)
             state.heartbeat(wid, hb, t * 0.1)
     assert state.allocation[fed] > 1.5 * state.allocation[starved]
@@ -429,13 +429,13 @@ def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken()
     before = state.members[wid].last
     for now in (2.0, 4.0, 5.99):
         state.heartbeat(wid, before, now)
-    m = state.members[wid]
-    round_end = Heartbeat(steps=128, samples=128 * m.batch, batch=m.batch, step_s=6.0, compute_s=6.0,
+    m, batch = state.members[wid], state.allocation[wid]
+    round_end = Heartbeat(steps=128, samples=128 * batch, batch=batch, step_s=6.0, compute_s=6.0,
                           standalone_sps=100.0, loss=1.0)
     state.heartbeat(wid, round_end, 6.0)
     assert state.members[wid].steps == 128
     with pytest.raises(ProtocolError, match="HEARTBEAT.steps grew by 1000"):
-        state.heartbeat(wid, Heartbeat(steps=1128, samples=m.samples, batch=m.batch, standalone_sps=100.0), 6.01)
+        state.heartbeat(wid, Heartbeat(steps=1128, samples=m.samples, batch=batch, standalone_sps=100.0), 6.01)
 
 
 def test_silence_while_the_scheduler_itself_stalled_is_excused():
@@ -448,3 +448,25 @@ def test_silence_while_the_scheduler_itself_stalled_is_excused():
     _shards_apply(state, 4.5)
     assert state.expire(4.5) == [], "3.5 s of silence, 3 s of it the scheduler's own"
     assert state.expire(6.1) == [wid]
+
+
+def test_status_never_reports_a_batch_the_worker_does_not_hold():
+    """The allocation owns a worker's batch: through speed updates, a worker's departure and its return as a new
+    member, STATUS and the worker's own assignment always show the same batch."""
+    state = _job(reassign_threshold=0.0)
+    fast, slow = _join(state, 3000.0), _join(state, 1000.0)
+
+    def agree(now: float) -> None:
+        shown = state.status(now).workers
+        assert shown and all(shown[w].batch == state.assignment_for(state.members[w]).batch for w in shown)
+
+    for t in range(1, 10):
+        _step(state, fast, 0.010 + 0.0002 * state.allocation[fast], t * 0.1)
+        _step(state, slow, 0.010 + 0.0010 * state.allocation[slow], t * 0.1)
+        agree(t * 0.1)
+    state.bye(slow, 1.0)
+    agree(1.0)
+    assert state.status(1.0).workers[fast].batch == 96
+    again = _join(state, 1000.0, now=1.1)
+    agree(1.1)
+    assert state.status(1.1).workers[again].batch == state.allocation.get(again, 0)

@@ -206,6 +206,24 @@ def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothi
     _assert_same(_pull(shard.conn, ids), before)
 
 
+@pytest.mark.parametrize("part, value, named", [
+    ("optimizer", {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8}, "adam"),
+    ("schedule", {"name": "step", "warmup": 0.0, "milestones": [0.5], "gamma": 0.1}, "step"),
+])
+def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_naming_it(shard, part, value, named):
+    """The job's optimizer and schedule are part of its signature: a worker whose task names others would train
+    as if its own applied; the shards step with the first worker's."""
+    ids = set(shard.sizes)
+    before = _pull(shard.conn, ids)
+    init, _ = builtin_init(shard.job)
+    setattr(init, part, value)
+    text = _refused_from(shard.conn, shard, "signature", init)
+    assert f"{part}: this worker's task names {named}" in text, text
+    _assert_same(_pull(shard.conn, ids), before)
+    same, _ = builtin_init(shard.job)
+    assert shard.conn.request(same, REPLY_S).body.version == max(v for v, _ in before.values())
+
+
 def test_a_good_push_from_the_registered_worker_is_applied(shard):
     """What the refusals are measured against: the same push, well formed, does change the model."""
     ids = set(shard.sizes)
