@@ -50,10 +50,10 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
-from dynabatch.common.protocols import DELTA, protocol_spec
+from dynabatch.common.protocols import DELTA, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
+from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
 
 MARKS = ("0.80", "0.85", "0.88")
@@ -156,8 +156,7 @@ class Cluster:
         params = [(name, p.numel()) for name, p in self.model.named_parameters()]
         self.shard = ShardState.initial(
             layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
-            OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov),
-            self.job.softsync_n, self.job.staleness, params)
+            protocol_settings(self.job), params)
         self.model_bytes = 4 * flat.numel()
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)

@@ -7,15 +7,74 @@ and the scheduler what it decides from the flags below. Adding a protocol is one
 `ProtocolSpec` here, one shard rule, one worker loop (or the reuse of one), and
 their tests.
 
+A protocol's own settings (`ProtocolSettings`, one class per protocol that has
+any) are named by its spec and built from the job's flags by `protocol_settings`:
+the flags keep their names on the command line, and the shard rule reads its
+settings object, never another protocol's flags.
+
 This module imports nothing heavy: `dynabatch keys` and the job schema read it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dynabatch.common.config import JobConfig
 
 GRADIENT = "grad"
 DELTA = "delta"
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    """What a protocol's shard rule reads besides the shard itself; this base is a protocol with none."""
+
+    @classmethod
+    def from_job(cls, job: "JobConfig") -> "ProtocolSettings":
+        """The settings from the job's flags (the flags keep their names; each belongs to one protocol)."""
+        return cls()
+
+
+@dataclass(frozen=True)
+class SoftsyncSettings(ProtocolSettings):
+    """n-softsync's n: an update waits for floor(workers / n) gradients (--softsync-n)."""
+
+    n: int = 1
+
+    @classmethod
+    def from_job(cls, job: "JobConfig") -> "SoftsyncSettings":
+        return cls(job.softsync_n)
+
+
+@dataclass(frozen=True)
+class SspSettings(ProtocolSettings):
+    """ssp's bound: a worker more than `staleness_bound` clocks ahead of the slowest has its pulls held
+    (--staleness)."""
+
+    staleness_bound: int = 3
+
+    @classmethod
+    def from_job(cls, job: "JobConfig") -> "SspSettings":
+        return cls(job.staleness)
+
+
+@dataclass(frozen=True)
+class OuterSettings(ProtocolSettings):
+    """The outer optimizer of the delta protocols (local, msd): --outer-lr, --outer-momentum, --outer-nesterov.
+
+    lr 1 and momentum 0 is plain model averaging; DiLoCo uses lr 0.7 with
+    Nesterov momentum 0.9.
+    """
+
+    lr: float = 1.0
+    momentum: float = 0.0
+    nesterov: bool = True
+
+    @classmethod
+    def from_job(cls, job: "JobConfig") -> "OuterSettings":
+        return cls(job.outer_lr, job.outer_momentum, job.outer_nesterov)
 
 
 @dataclass(frozen=True)
@@ -37,6 +96,7 @@ class ProtocolSpec:
       compute (`--prefetch-pull`), so the model arrives while it computes; it then
       computes on a model without its own last gradient. Only protocols that take
       any staleness (asgd) or damp it (softsync) allow it.
+    - `settings`: the class of the protocol's own settings (`protocol_settings` builds them).
     """
 
     name: str
@@ -50,6 +110,7 @@ class ProtocolSpec:
     ends_by_rounds: bool = False
     overlaps_rounds: bool = False
     may_prefetch_pull: bool = False
+    settings: type[ProtocolSettings] = ProtocolSettings
 
 
 SPECS: dict[str, ProtocolSpec] = {
@@ -61,16 +122,18 @@ SPECS: dict[str, ProtocolSpec] = {
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
                      ends_by_rounds=True),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
-                     GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True),
+                     GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
+                     settings=SoftsyncSettings),
         ProtocolSpec("ssp", "stale-synchronous parallel: asynchronous, but no worker pulls more than "
                      "--staleness clocks ahead of the slowest",
-                     GRADIENT, shard_rule="ssp", worker_loop="gradient"),
+                     GRADIENT, shard_rule="ssp", worker_loop="gradient", settings=SspSettings),
         ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
-                     DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True),
+                     DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True,
+                     settings=OuterSettings),
         ProtocolSpec("msd", "multi-step delay: local SGD that never waits, corrects onto the averaged model, "
                      "H adapted (AdaComm)",
                      DELTA, shard_rule="outer", worker_loop="msd", one_push_per_round=True, local_steps=True,
-                     adaptive_local_steps=True, overlaps_rounds=True),
+                     adaptive_local_steps=True, overlaps_rounds=True, settings=OuterSettings),
     )
 }
 PROTOCOLS: tuple[str, ...] = tuple(SPECS)
@@ -82,6 +145,11 @@ def protocol_spec(name: str) -> ProtocolSpec:
         return SPECS[name]
     except KeyError:
         raise ValueError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)}") from None
+
+
+def protocol_settings(job: "JobConfig") -> ProtocolSettings:
+    """The job's protocol's own settings, from the job's flags."""
+    return protocol_spec(job.protocol).settings.from_job(job)
 
 
 def dbs_weight(samples: int, global_batch: int, allocated_workers: int) -> float:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from dynabatch.common.protocols import dbs_weight
+from dynabatch.common.protocols import ProtocolSettings, SoftsyncSettings, SspSettings, dbs_weight
 from dynabatch.common.wire import ProtocolError
 
 if TYPE_CHECKING:
@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 
 
 class ShardRule:
-    """What a protocol does with pushed chunks; the default rule keeps no rounds."""
+    """What a protocol does with pushed chunks; the default rule keeps no rounds.
+
+    `settings` are the protocol's own (common/protocols.py, the class its spec names).
+    """
 
     NAME: ClassVar[str]
     # Whether a pushed chunk may be sent back (a push that is also a pull) as soon as it is taken: false where
@@ -34,8 +37,9 @@ class ShardRule:
     STREAMS: ClassVar[bool] = True
     widest_spread: int = 0  # bounded-staleness rules: the most clocks between live workers seen so far
 
-    def __init__(self, shard: "ShardState") -> None:
+    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
         self.shard = shard
+        self.settings = settings
 
     def check(self, worker: str, chunk_ids: list[int]) -> None:
         """Raise ProtocolError if `worker` may not push these chunks now (before anything changes)."""
@@ -87,9 +91,10 @@ class StaleSynchronousRule(AsyncRule):
 
     NAME = "ssp"
     STREAMS = False
+    settings: SspSettings
 
-    def __init__(self, shard: "ShardState") -> None:
-        super().__init__(shard)
+    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+        super().__init__(shard, settings)
         self.clocks: dict[str, dict[int, int]] = {}
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
@@ -119,7 +124,7 @@ class StaleSynchronousRule(AsyncRule):
         return []
 
     def pull_blocked(self, worker: str) -> bool:
-        return worker in self.clocks and self.clock(worker) - self.slowest() > self.shard.staleness_bound
+        return worker in self.clocks and self.clock(worker) - self.slowest() > self.settings.staleness_bound
 
 
 @dataclass
@@ -193,8 +198,8 @@ def softsync_needed(live_workers: int, n: int) -> int:
 class _RoundRule(ShardRule):
     """Rules whose chunks collect contributions in an open round, closed when complete or overdue."""
 
-    def __init__(self, shard: "ShardState") -> None:
-        super().__init__(shard)
+    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+        super().__init__(shard, settings)
         self.rounds: dict[int, SyncRound | SoftRound] = {c.id: self._new_round() for c in shard.chunks}
         self.started: dict[int, float] = {}
 
@@ -269,6 +274,7 @@ class SoftsyncRule(_RoundRule):
 
     NAME = "softsync"
     rounds: dict[int, SoftRound]
+    settings: SoftsyncSettings
 
     def _new_round(self) -> SoftRound:
         return SoftRound()
@@ -277,7 +283,7 @@ class SoftsyncRule(_RoundRule):
         self.rounds[cid].add(tensor, samples, staleness)
 
     def _complete(self, cid: int) -> bool:
-        return len(self.rounds[cid].entries) >= softsync_needed(len(self.shard.live), self.shard.softsync_n)
+        return len(self.rounds[cid].entries) >= softsync_needed(len(self.shard.live), self.settings.n)
 
     def _apply(self, cid: int) -> bool:
         round_ = self.rounds[cid]

@@ -33,6 +33,7 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.log_limit import RateLimitedLog
+from dynabatch.common.protocols import protocol_settings
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
@@ -48,7 +49,7 @@ from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.shared_buffers import SharedBuffers
-from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
+from dynabatch.ps.update_rules import optimizer_spec
 
 log = logging.getLogger("dynabatch.ps")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
@@ -206,11 +207,10 @@ class ShardServer:
         """
         layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
         spec = optimizer_spec(self.job, optimizer)
-        outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
         self.schedule = schedule_from_fields(schedule)
         self.state = ShardState.initial(
             layout.for_shard(self.index), torch.zeros(layout.total) if flat is None else flat, spec,
-            self.job.protocol, self.job.global_batch, outer, self.job.softsync_n, self.job.staleness,
+            self.job.protocol, self.job.global_batch, protocol_settings(self.job),
             [(p.name, math.prod(p.shape)) for p in sig.params],
         )
         self.signature = sig

@@ -21,12 +21,12 @@ import torch
 
 from dynabatch.common.chunking import Chunk
 from dynabatch.common.optim_spec import OptimizerSpec
-from dynabatch.common.protocols import DELTA, ProtocolSpec, protocol_spec
+from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.protocol_rules import RULES, ShardRule
 from dynabatch.ps.update_rules import (
-    ChunkOptimizer, OuterConfig, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
+    ChunkOptimizer, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
 )
 
 
@@ -46,15 +46,15 @@ class ShardState:
     `allocated` is the number of workers the scheduler gave a batch (DBS-SGD's n);
     `live` can be larger while a worker joins. `optimizer` is the task's (or the
     job's SGD); under the delta protocols the chunks' optimizer is the outer one.
+    `settings` are the protocol's own (common/protocols.py), of the class its spec
+    names (None: that class's defaults); the rule reads them, nothing else does.
     """
 
     chunks: list[Chunk]
     optimizer: OptimizerSpec
     protocol: str
     global_batch: int
-    outer: OuterConfig = field(default_factory=OuterConfig)
-    softsync_n: int = 1
-    staleness_bound: int = 0
+    settings: ProtocolSettings | None = None
     params: dict[int, torch.Tensor] = field(default_factory=dict)
     optim: dict[int, ChunkOptimizer] = field(default_factory=dict)
     chunk_versions: dict[int, int] = field(default_factory=dict)
@@ -67,29 +67,38 @@ class ShardState:
 
     def __post_init__(self) -> None:
         self.spec = protocol_spec(self.protocol)
-        self.rule = RULES[self.spec.shard_rule](self)
+        if self.settings is None:
+            self.settings = self.spec.settings()
+        if type(self.settings) is not self.spec.settings:
+            raise ValueError(f"protocol {self.protocol} takes {self.spec.settings.__name__}, "
+                             f"not {type(self.settings).__name__}")
+        self.rule = RULES[self.spec.shard_rule](self, self.settings)
 
     @classmethod
     def initial(
         cls, chunks: Sequence[Chunk], flat: torch.Tensor, optimizer: OptimizerSpec, protocol: str,
-        global_batch: int, outer: OuterConfig = OuterConfig(), softsync_n: int = 1, staleness_bound: int = 0,
-        params: Sequence[tuple[str, int]] = (),
+        global_batch: int, settings: ProtocolSettings | None = None, params: Sequence[tuple[str, int]] = (),
     ) -> "ShardState":
         """State at version 0 from the model's initial flat parameters.
 
         `params` are the model's parameters (name, size) in flat order, for the
         optimizer's `no_decay`; without them every value takes its weight decay.
         """
-        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, outer, softsync_n,
-                    staleness_bound)
+        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, settings)
         runs = decay_runs(params or [("", flat.numel())], optimizer)
         for c in state.chunks:
             param = flat[c.start : c.stop].clone()
             state.params[c.id] = param
-            state.optim[c.id] = (OuterOptimizer(outer, c.length) if state.kind == DELTA
+            state.optim[c.id] = (OuterOptimizer(state.outer_settings, c.length) if state.kind == DELTA
                                  else chunk_optimizer(optimizer, param, chunk_segments(runs, c.start, c.stop)))
             state.chunk_versions[c.id] = 0
         return state
+
+    @property
+    def outer_settings(self) -> OuterSettings:
+        """The outer optimizer's settings, which a delta protocol's settings are."""
+        assert isinstance(self.settings, OuterSettings), f"{self.protocol} has no outer optimizer"
+        return self.settings
 
     @property
     def version(self) -> int:

@@ -6,11 +6,20 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
+import argparse
 
+import pytest
+import torch
+
+from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import ConfigError, JobConfig
-from dynabatch.common.protocols import GRADIENT, DELTA, PROTOCOLS, SPECS, protocol_spec
+from dynabatch.common.flags import add_flags, from_args
+from dynabatch.common.optim_spec import SGD
+from dynabatch.common.protocols import (
+    DELTA, GRADIENT, PROTOCOLS, SPECS, OuterSettings, SoftsyncSettings, SspSettings, protocol_settings, protocol_spec,
+)
 from dynabatch.ps.protocol_rules import RULES
+from dynabatch.ps.shard_state import ShardState
 from dynabatch.worker.loops import LOOPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +80,34 @@ def test_push_behind_needs_prefetch_pull():
     with pytest.raises(ConfigError, match="--push-behind needs --prefetch-pull"):
         JobConfig(protocol="asgd", push_behind=True).validate()
     JobConfig(protocol="asgd", push_behind=True, prefetch_pull=True).validate()
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name):
+    """The spec names its settings class; the flags (same names as ever) build it; the shard rule holds it."""
+    job = JobConfig(protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False)
+    settings = protocol_settings(job)
+    assert type(settings) is SPECS[name].settings
+    expected = {SoftsyncSettings: SoftsyncSettings(3), SspSettings: SspSettings(5),
+                OuterSettings: OuterSettings(0.7, 0.9, False)}.get(type(settings), SPECS[name].settings())
+    assert settings == expected
+    state = ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), name, 8, settings)
+    assert state.rule.settings is settings
+    assert not [f for f in ("outer", "softsync_n", "staleness_bound") if hasattr(state, f)], \
+        "a protocol's settings live in its settings object, not on the shard"
+
+
+def test_a_shard_refuses_another_protocols_settings():
+    with pytest.raises(ValueError, match="protocol softsync takes SoftsyncSettings, not SspSettings"):
+        ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), "softsync", 8,
+                           SspSettings(2))
+
+
+def test_the_protocol_flags_keep_their_names():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, JobConfig, env={})
+    job = from_args(JobConfig, parser.parse_args(["--protocol", "ssp", "--staleness", "7", "--softsync-n", "2",
+                                                  "--outer-lr", "0.5", "--no-outer-nesterov"]))
+    assert protocol_settings(job) == SspSettings(7)
+    assert OuterSettings.from_job(job) == OuterSettings(0.5, 0.0, False)
+    assert SoftsyncSettings.from_job(job) == SoftsyncSettings(2)

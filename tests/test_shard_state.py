@@ -10,7 +10,7 @@ from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.common import optim_spec
-from dynabatch.ps.update_rules import OuterConfig
+from dynabatch.common.protocols import OuterSettings, SoftsyncSettings, SspSettings
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96
@@ -150,7 +150,7 @@ def test_restore_refuses_a_checkpoint_of_another_layout(tmp_path):
 
 
 def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones():
-    state, w0 = _state("softsync", softsync_n=1)
+    state, w0 = _state("softsync", settings=SoftsyncSettings(1))
     gen = torch.Generator().manual_seed(4)
     g = [torch.randn(1000, generator=gen) for _ in range(3)]
     # Arrivals: w0 (fresh), w0 again (a fast worker may contribute twice), w2 computed 3 versions ago.
@@ -164,7 +164,7 @@ def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones(
 
 
 def test_two_softsync_updates_when_n_halves_the_wait():
-    state, w0 = _state("softsync", softsync_n=2)
+    state, w0 = _state("softsync", settings=SoftsyncSettings(2))
     state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)
     gen = torch.Generator().manual_seed(5)
     g = [torch.randn(1000, generator=gen) for _ in range(4)]
@@ -187,9 +187,9 @@ def _local_sgd_reference(w0, deltas, samples, outer_lr, outer_momentum, rounds):
 
 
 @pytest.mark.parametrize("protocol", ["local", "msd"])
-@pytest.mark.parametrize("outer", [OuterConfig(1.0, 0.0), OuterConfig(0.7, 0.9, True)])
+@pytest.mark.parametrize("outer", [OuterSettings(1.0, 0.0), OuterSettings(0.7, 0.9, True)])
 def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(protocol, outer):
-    state, w0 = _state(protocol, outer=outer)
+    state, w0 = _state(protocol, settings=outer)
     gen = torch.Generator().manual_seed(6)
     samples = [120, 50, 22]
     deltas = [[0.1 * torch.randn(1000, generator=gen) for _ in samples] for _ in range(3)]
@@ -239,7 +239,7 @@ def test_asgd_weighs_by_the_workers_holding_a_batch_not_by_those_still_joining()
 
 
 def _ssp(staleness_bound: int) -> ShardState:
-    state, _ = _state("ssp", staleness_bound=staleness_bound)
+    state, _ = _state("ssp", settings=SspSettings(staleness_bound))
     state.set_membership({"w0", "w1"}, allocated=2)
     return state
 
