@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 GRADIENT = "grad"
 DELTA = "delta"
+TOO_STALE = "too_stale"
+"""The ERROR code of a gradient a shard discards as computed on too old a model (ringmaster, rennala): nothing
+changed, and its worker pulls the current model and computes again, without backing off."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,30 @@ class SspSettings(ProtocolSettings):
     @classmethod
     def from_job(cls, job: "JobConfig") -> "SspSettings":
         return cls(job.staleness)
+
+
+@dataclass(frozen=True)
+class RingmasterSettings(ProtocolSettings):
+    """Ringmaster ASGD's delay threshold R (--max-delay; 0: the number of live workers).
+
+    A gradient whose staleness reaches R is discarded. Why R = n by default: with n
+    workers stepping asynchronously, a gradient is on average about n - 1 versions
+    stale (every other worker's push lands once while it computes, whatever the
+    speeds, as the simulator's asgd shows), so R = n keeps the gradients of every
+    worker that is about as fast as the cluster's average and drops only those of
+    workers slower than that, whose stale gradients are what makes asgd unstable at
+    scale; it follows the cluster as workers join and leave, with no tuning.
+    """
+
+    max_delay: int = 0
+
+    @classmethod
+    def from_job(cls, job: "JobConfig") -> "RingmasterSettings":
+        return cls(job.max_delay)
+
+    def threshold(self, live_workers: int) -> int:
+        """R: the configured one, or the number of live workers (at least 1)."""
+        return self.max_delay or max(1, live_workers)
 
 
 @dataclass(frozen=True)
@@ -96,6 +123,9 @@ class ProtocolSpec:
       compute (`--prefetch-pull`), so the model arrives while it computes; it then
       computes on a model without its own last gradient. Only protocols that take
       any staleness (asgd) or damp it (softsync) allow it.
+    - `sized_rounds`: an update waits for B samples at one model version, so the
+      scheduler sizes batches as for a synchronous round (a worker whose fixed
+      cost alone exceeds the round gets none), though the round waits on no one.
     - `settings`: the class of the protocol's own settings (`protocol_settings` builds them).
     """
 
@@ -110,6 +140,7 @@ class ProtocolSpec:
     ends_by_rounds: bool = False
     overlaps_rounds: bool = False
     may_prefetch_pull: bool = False
+    sized_rounds: bool = False
     settings: type[ProtocolSettings] = ProtocolSettings
 
 
@@ -120,13 +151,19 @@ SPECS: dict[str, ProtocolSpec] = {
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
-                     ends_by_rounds=True),
+                     ends_by_rounds=True, sized_rounds=True),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),
         ProtocolSpec("ssp", "stale-synchronous parallel: asynchronous, but no worker pulls more than "
                      "--staleness clocks ahead of the slowest",
                      GRADIENT, shard_rule="ssp", worker_loop="gradient", settings=SspSettings),
+        ProtocolSpec("ringmaster", "Ringmaster ASGD: asynchronous, a gradient --max-delay or more versions stale is "
+                     "discarded and its worker re-pulls; the others take a delay-adaptive step",
+                     GRADIENT, shard_rule="ringmaster", worker_loop="gradient", settings=RingmasterSettings),
+        ProtocolSpec("rennala", "Rennala SGD: one step per B samples of gradients computed at the current model, "
+                     "from whoever delivers them; a gradient of an older model is discarded",
+                     GRADIENT, shard_rule="rennala", worker_loop="sample_round", sized_rounds=True),
         ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
                      DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True,
                      settings=OuterSettings),

@@ -1,8 +1,9 @@
 """Worker loops of the gradient protocols: pull, forward/backward, push.
 
 `GradientLoop` serves every protocol whose shard decides alone what a gradient
-does (asgd, softsync, ssp: a shard may hold an ssp pull back, which the worker
-sees as waiting). `RoundLoop` is ssgd's: the same step, except that the pull
+does (asgd, softsync, ssp, ringmaster: a shard may hold an ssp pull back, which the
+worker sees as waiting). `SampleRoundLoop` is rennala's: the same step, with a pull
+the shard holds until the next round counted as waiting. `RoundLoop` is ssgd's: the same step, except that the pull
 asks each shard for the version the previous round produces, so the worker
 waits for the round to close (its `wait` time) before computing on the new
 model; and it stops by itself once the model has had all the job's rounds (each
@@ -169,3 +170,15 @@ class RoundLoop(GradientLoop):
             self.min_versions = [v + 1 for v in self.last_versions]
         else:
             self.min_versions = None
+
+
+@dataclass
+class SampleRoundLoop(GradientLoop):
+    """rennala: GradientLoop's step, on whatever model the shards hold; a shard holds a pull while the round
+    already has its samples on their way, and answers it with the next round's model. That time is waiting
+    for other workers, not this worker's own step, so it counts as `wait` (the speed model leaves it out)."""
+
+    NAME = "sample_round"
+
+    def _add_pull_time(self, times: StepTimes, seconds: float) -> None:
+        times.wait += seconds
