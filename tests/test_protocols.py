@@ -3,10 +3,10 @@ compares a protocol's name (the spec is the one place a protocol is described)."
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
 from pathlib import Path
-
-import argparse
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ from dynabatch.common.protocols import (
 from dynabatch.ps.protocol_rules import RULES
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.worker.loops import LOOPS
+from harness import run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,3 +112,28 @@ def test_the_protocol_flags_keep_their_names():
     assert protocol_settings(job) == SspSettings(7)
     assert OuterSettings.from_job(job) == OuterSettings(0.5, 0.0, False)
     assert SoftsyncSettings.from_job(job) == SoftsyncSettings(2)
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+@pytest.mark.slow
+@pytest.mark.data
+@pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
+@pytest.mark.parametrize("protocol, policy", [("ringmaster", "fixed"), ("rennala", "dynamic")])
+def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path, protocol, policy):
+    """As tests/test_run.py's pairs (the MLP for a quarter epoch, the final model evaluated), with three workers,
+    one 4x slower. Under ringmaster with fixed batches (R = 3 live workers) the slow worker's gradients are
+    about 2 x 4 = 8 versions stale, so some are discarded: counted, and its worker goes on without backing off."""
+    run, _ = run_job(tmp_path, "r", "--model", "mlp", "--epochs", "0.25", "--workers", "3", "--slowdowns", "1", "1",
+                     "4", "--protocol", protocol, "--batch-policy", policy, "--eval-interval-s", "600")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["final_eval"] and summary["protocol"] == protocol
+    assert summary["final_test_acc"] > 0.60, summary
+    assert summary["epochs"] >= 0.25, "the job ends once its epochs, counted from the samples taken, are done"
+    if protocol == "ringmaster":
+        assert summary["discarded"] > 0, summary
+        slow = next(w for w in summary["workers"].values() if w["name"] == "worker2")
+        assert slow["samples"] > 0, "the slow worker's gradients are not all discarded"
+    worker_logs = "".join(log.read_text() for log in (run / "logs").glob("worker*.log"))
+    assert "step failed" not in worker_logs, "a discarded gradient is not an error"

@@ -116,7 +116,8 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
     assert entry["wall_t"] == 1.5
     (worker,) = entry["workers"].values()
     assert worker.keys() == WORKER_KEYS and worker["name"] == "a" and worker["batch"] == 96
-    assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": ""}
+    assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": "",
+                                    "discarded": 0}
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
     assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}
     assert read_timeline(tmp_path / "timeline.json") == [status]
