@@ -18,7 +18,7 @@ This module imports nothing heavy: `dynabatch keys` and the job schema read it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
@@ -34,21 +34,20 @@ changed, and its worker pulls the current model and computes again, without back
 class ProtocolSettings:
     """What a protocol's shard rule reads besides the shard itself; this base is a protocol with none."""
 
+    FLAGS: ClassVar[tuple[str, ...]] = ()  # the job's fields (flags) the settings' fields are built from, in order
+
     @classmethod
     def from_job(cls, job: "JobConfig") -> "ProtocolSettings":
         """The settings from the job's flags (the flags keep their names; each belongs to one protocol)."""
-        return cls()
+        return cls(*(getattr(job, flag) for flag in cls.FLAGS))
 
 
 @dataclass(frozen=True)
 class SoftsyncSettings(ProtocolSettings):
     """n-softsync's n: an update waits for floor(workers / n) gradients (--softsync-n)."""
 
+    FLAGS = ("softsync_n",)
     n: int = 1
-
-    @classmethod
-    def from_job(cls, job: "JobConfig") -> "SoftsyncSettings":
-        return cls(job.softsync_n)
 
 
 @dataclass(frozen=True)
@@ -56,11 +55,8 @@ class SspSettings(ProtocolSettings):
     """ssp's bound: a worker more than `staleness_bound` clocks ahead of the slowest has its pulls held
     (--staleness)."""
 
+    FLAGS = ("staleness",)
     staleness_bound: int = 3
-
-    @classmethod
-    def from_job(cls, job: "JobConfig") -> "SspSettings":
-        return cls(job.staleness)
 
 
 @dataclass(frozen=True)
@@ -76,11 +72,8 @@ class RingmasterSettings(ProtocolSettings):
     scale; it follows the cluster as workers join and leave, with no tuning.
     """
 
+    FLAGS = ("max_delay",)
     max_delay: int = 0
-
-    @classmethod
-    def from_job(cls, job: "JobConfig") -> "RingmasterSettings":
-        return cls(job.max_delay)
 
     def threshold(self, live_workers: int) -> int:
         """R: the configured one, or the number of live workers (at least 1)."""
@@ -95,13 +88,10 @@ class OuterSettings(ProtocolSettings):
     Nesterov momentum 0.9.
     """
 
+    FLAGS = ("outer_lr", "outer_momentum", "outer_nesterov")
     lr: float = 1.0
     momentum: float = 0.0
     nesterov: bool = True
-
-    @classmethod
-    def from_job(cls, job: "JobConfig") -> "OuterSettings":
-        return cls(job.outer_lr, job.outer_momentum, job.outer_nesterov)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ compares a protocol's name (the spec is the one place a protocol is described)."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -137,3 +138,10 @@ def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path, protocol, pol
         assert slow["samples"] > 0, "the slow worker's gradients are not all discarded"
     worker_logs = "".join(log.read_text() for log in (run / "logs").glob("worker*.log"))
     assert "step failed" not in worker_logs, "a discarded gradient is not an error"
+
+
+def test_every_settings_flag_is_a_job_field_named_once():
+    flags = [flag for cls in {s.settings for s in SPECS.values()} for flag in cls.FLAGS]
+    assert len(flags) == len(set(flags)), "a flag belongs to one protocol's settings"
+    assert set(flags) <= {f.name for f in dataclasses.fields(JobConfig)}
+    assert "max_delay" in flags
