@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from dynabatch.common.protocols import (
-    TOO_STALE, ProtocolSettings, RingmasterSettings, SoftsyncSettings, SspSettings, dbs_weight,
-)
+from dynabatch.common.protocols import ProtocolSettings, RingmasterSettings, SoftsyncSettings, SspSettings, dbs_weight
 from dynabatch.common.wire import ProtocolError
 
 if TYPE_CHECKING:
