@@ -50,10 +50,10 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
-from dynabatch.common.protocols import DELTA, protocol_spec
+from dynabatch.common.protocols import DELTA, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
+from dynabatch.ps.shard_state import ShardState, StaleGradient
+from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.worker.batch_source import BatchSource, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
@@ -168,6 +168,7 @@ class SimResult:
     samples: int
     curve: list[tuple[float, int, float]]  # (virtual seconds, samples, test accuracy)
     batches: dict[str, int]
+    discarded_fraction: float = 0.0  # of the samples computed and pushed, those discarded as too stale
 
 
 Wait = float | Callable[[], bool]  # what a worker yields: a virtual time to sleep until, or a condition
@@ -192,17 +193,17 @@ class Cluster:
         params = [(name, p.numel()) for name, p in self.model.named_parameters()]
         self.shard = ShardState.initial(
             layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
-            OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov),
-            self.job.softsync_n, self.job.staleness, params, self.job.dbs_weight)
+            protocol_settings(self.job), params, self.job.dbs_weight)
         self.model_bytes = 4 * flat.numel()
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
-        self.membership_seen = (-1, -1)
+        self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
         self.now = 0.0
         self.seq = 0
         self.timed: list[tuple[float, int, Iterator[Wait]]] = []
         self.waiting: list[tuple[int, Callable[[], bool], Iterator[Wait]]] = []
         self.transfers = 0
+        self.discarded_samples = 0  # computed, pushed, and discarded as too stale
         self.counts: list[int] = []
         gen = torch.Generator().manual_seed(cfg.seed)
         pick = torch.randperm(len(data.test_y), generator=gen)[: cfg.eval_size]
@@ -260,10 +261,10 @@ class Cluster:
     def sync_shard(self) -> None:
         ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.membership,
                                                        train_size=len(self.data.train_y)), self.now)
-        seen = (ps.membership, ps.allocated)
+        seen = (ps.membership, ps.allocated, tuple(ps.idle_workers))
         if seen != self.membership_seen:
             self.membership_seen = seen
-            self.shard.set_membership(set(ps.live_workers), ps.allocated)
+            self.shard.set_membership(set(ps.live_workers), ps.allocated, set(ps.idle_workers))
             self.changed()
 
     def pull(self) -> tuple[torch.Tensor, dict[int, int], int]:
@@ -380,11 +381,11 @@ class Worker:
         if self.batch == 0:
             # The real worker repeats its heartbeat until the answer holds a batch (worker/trainer.py,
             # _await_batch), so it learns the batch within a round trip of the scheduler deciding it.
-            yield lambda: self.wid in c.scheduler.allocation
-            self.batch = c.scheduler.assignment_for(c.scheduler.members[self.wid]).batch
+            yield from self._await_batch()
         self.started = c.now  # slowdown schedules count from the first batch (worker/trainer.py, _train_steps)
         loop = {"gradient": self.gradient_loop, "round": self.gradient_loop, "local": self.local_loop,
-                "msd": self.msd_loop}[c.spec.worker_loop]
+                "msd": self.msd_loop, "sample_round": lambda: self.gradient_loop(held_is_wait=True),
+                }[c.spec.worker_loop]
         yield from loop()
 
     def leaving(self) -> bool:
@@ -396,19 +397,28 @@ class Worker:
 
     # -- the protocols' worker loops ----------------------------------------------------
 
+    def _await_batch(self) -> Generator[Wait, None, None]:
+        """Until the scheduler gives this worker a batch (worker/trainer.py, _await_batch)."""
+        c = self.c
+        yield lambda: c.scheduler.allocation.get(self.wid, 0) > 0
+        self.batch = c.scheduler.assignment_for(c.scheduler.members[self.wid]).batch
+
     def _await_round(self, min_version: int | None) -> Generator[Wait, None, None]:
         """A round's pull waits until the shard holds `min_version` (None: nothing to wait for)."""
         if min_version is not None:
             yield lambda: self.c.shard.version >= min_version
 
-    def gradient_loop(self) -> Generator[Wait, None, None]:
-        """asgd, softsync, ssp and ssgd: pull, compute, push; ssgd's next pull waits for the round's version."""
+    def gradient_loop(self, held_is_wait: bool = False) -> Generator[Wait, None, None]:
+        """asgd, softsync, ssp, ringmaster, rennala and ssgd: pull, compute, push; ssgd's next pull waits for the
+        round's version; a held pull counts as waiting where the worker's loop counts it so (rennala's)."""
         c = self.c
         min_version: int | None = None
         while not self.leaving():
+            if self.batch == 0:  # left out (batch 0): idle until the scheduler gives it a batch again
+                yield from self._await_batch()
             asked = c.now
             yield from self._await_round(min_version)
-            yield lambda: not c.shard.pull_blocked(self.wid)
+            yield lambda: c.shard.admit_pull(self.wid)  # answered now: a rule may count the worker as computing
             wait = c.now - asked
             flat, versions, version = c.pull()
             b = self.batch
@@ -417,12 +427,16 @@ class Worker:
             load_flat(c.model, flat)
             loss = self.gradient(c.model, b)
             yield c.now + c.cfg.comm_s
-            c.push(flat_grads(c.model), versions, b, "grad", self.wid)
+            try:
+                c.push(flat_grads(c.model), versions, b, "grad", self.wid)
+            except StaleGradient:  # discarded (ringmaster, rennala): the real worker pulls again at once, unreported
+                c.discarded_samples += b
+                continue
             if c.spec.one_push_per_round:
                 min_version = version + 1
-            # A round's wait is waiting on others; a held-back pull (ssp) is the pull's own time, as the real loop
-            # times it.
-            in_round = min_version is not None
+            # A round's wait (and rennala's held pull) is waiting on others; a held-back pull (ssp) is the pull's own
+            # time, as the real loop times it.
+            in_round = min_version is not None or held_is_wait
             times = StepTimes(pull=c.cfg.comm_s + (0.0 if in_round else wait), compute=compute, push=c.cfg.comm_s,
                               wait=wait if in_round else 0.0)
             self.beat(StepResult(times, b, loss, version))
@@ -537,7 +551,8 @@ def result_of(cluster: Cluster) -> SimResult:
         samples_per_s=samples / cfg.budget_s,
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
-        samples=samples, curve=cluster.curve, batches=dict(sched.allocation))
+        samples=samples, curve=cluster.curve, batches=dict(sched.allocation),
+        discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -549,6 +564,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
+    p.add_argument("--lr", type=float, default=0.0, help="the job's --lr (default: JobConfig's)")
     p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-quick"),
                    help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
                         "method at its own tuned step size)")
@@ -567,12 +583,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_study(args.study, args.out, args.jobs)
     workers = PROFILES[args.profile]()
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
-                    global_batch=args.global_batch or 16 * len(workers), model=args.model)
+                    global_batch=args.global_batch or 16 * len(workers), model=args.model,
+                    job={"lr": args.lr} if args.lr else {})
     r = simulate(cfg)
     print(f"{r.protocol}+{r.policy} on {args.profile} ({r.workers} workers), seed {r.seed}: "
           f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
           f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
-          f"p99 {r.staleness_p99}; time to 85%: {r.time_to['0.85']}")
+          f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "
+          f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded")
     return 0
 
 

@@ -132,6 +132,7 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "samples_per_s": samples_per_s,
         "bytes_per_sample": last.bytes / max(1, last.samples),
         "updates": stale.updates,
+        "discarded": discarded_pushes(timeline),
         "staleness_mean": stale.mean,
         "staleness_p99": stale.p99,
         "time_to_accuracy_s": time_to_accuracy(timeline, ACCURACY_MARKS),
@@ -151,6 +152,16 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "workers": workers,
         "decisions": [asdict(d) for d in last.decisions],
     }
+
+
+def discarded_pushes(timeline: list[JobStatus]) -> int:
+    """Pushes the shards discarded as too stale (ringmaster, rennala): each shard slot's highest count seen (the
+    shards leave STATUS at the end, and a restarted shard counts afresh)."""
+    highest: dict[str, int] = {}
+    for snap in timeline:
+        for slot, shard in snap.shards.items():
+            highest[slot] = max(highest.get(slot, 0), shard.discarded)
+    return sum(highest.values())
 
 
 def training_start(timeline: list[JobStatus]) -> float | None:

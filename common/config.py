@@ -96,6 +96,10 @@ class JobConfig:
         3, "ssp: a worker's pull waits while it is more than this many steps ahead of the slowest live worker "
         "(0: lock-step like ssgd; large: asgd)", minimum=0,
     )
+    max_delay: int = opt(
+        0, "ringmaster: discard a gradient this many or more versions stale (0: the number of live workers)",
+        minimum=0,
+    )
     local_steps: int = opt(8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1)
     outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", minimum=0.0)
     outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0)

@@ -65,6 +65,8 @@ class Heartbeat:
     workers initialised it with: the scheduler counts epochs from it, and runs no
     task code to learn it. A shard's `version` and `samples` (pushed to it) come
     back from its checkpoint when it restarts, so a drop in them is the work it lost.
+    A shard's `discarded` counts the pushes its protocol discarded as too stale
+    (ringmaster, rennala) since it started.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -87,6 +89,7 @@ class Heartbeat:
     staleness: list[int] = field(default_factory=list)
     membership: int = 0
     train_size: int = 0
+    discarded: int = 0
 
 
 @dataclass
@@ -100,7 +103,8 @@ class Assignment:
     without a worker whose gradient is already on its way. `allocated` tells a
     shard how many workers hold a batch: DBS-SGD's n (common/protocols.py), and
     `progress` how far the job is (epoch / epochs, 0 to 1): where the task's
-    learning-rate schedule stands.
+    learning-rate schedule stands. `idle_workers` are live workers the scheduler
+    left out with batch 0 (a round protocol's slowest): no round waits for them.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -113,6 +117,7 @@ class Assignment:
     allocated: int = 0
     membership: int = 0
     progress: float = 0.0
+    idle_workers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -280,6 +285,7 @@ class ShardStatus:
     version: int
     updates: int
     metrics_url: str
+    discarded: int = 0  # pushes discarded as too stale (ringmaster, rennala)
 
 
 @dataclass

@@ -7,15 +7,91 @@ and the scheduler what it decides from the flags below. Adding a protocol is one
 `ProtocolSpec` here, one shard rule, one worker loop (or the reuse of one), and
 their tests.
 
+A protocol's own settings (`ProtocolSettings`, one class per protocol that has
+any) are named by its spec and built from the job's flags by `protocol_settings`:
+the flags keep their names on the command line, and the shard rule reads its
+settings object, never another protocol's flags.
+
 This module imports nothing heavy: `dynabatch keys` and the job schema read it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from dynabatch.common.config import JobConfig
 
 GRADIENT = "grad"
 DELTA = "delta"
+TOO_STALE = "too_stale"
+"""The ERROR code of a gradient a shard discards as computed on too old a model (ringmaster, rennala): nothing
+changed, and its worker pulls the current model and computes again, without backing off."""
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    """What a protocol's shard rule reads besides the shard itself; this base is a protocol with none."""
+
+    FLAGS: ClassVar[tuple[str, ...]] = ()  # the job's fields (flags) the settings' fields are built from, in order
+
+    @classmethod
+    def from_job(cls, job: "JobConfig") -> "ProtocolSettings":
+        """The settings from the job's flags (the flags keep their names; each belongs to one protocol)."""
+        return cls(*(getattr(job, flag) for flag in cls.FLAGS))
+
+
+@dataclass(frozen=True)
+class SoftsyncSettings(ProtocolSettings):
+    """n-softsync's n: an update waits for floor(workers / n) gradients (--softsync-n)."""
+
+    FLAGS = ("softsync_n",)
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class SspSettings(ProtocolSettings):
+    """ssp's bound: a worker more than `staleness_bound` clocks ahead of the slowest has its pulls held
+    (--staleness)."""
+
+    FLAGS = ("staleness",)
+    staleness_bound: int = 3
+
+
+@dataclass(frozen=True)
+class RingmasterSettings(ProtocolSettings):
+    """Ringmaster ASGD's delay threshold R (--max-delay; 0: the number of live workers).
+
+    A gradient whose staleness reaches R is discarded. Why R = n by default: with n
+    workers stepping asynchronously, a gradient is on average about n - 1 versions
+    stale (every other worker's push lands once while it computes, whatever the
+    speeds, as the simulator's asgd shows), so R = n keeps the gradients of every
+    worker that is about as fast as the cluster's average and drops only those of
+    workers slower than that, whose stale gradients are what makes asgd unstable at
+    scale; it follows the cluster as workers join and leave, with no tuning.
+    """
+
+    FLAGS = ("max_delay",)
+    max_delay: int = 0
+
+    def threshold(self, live_workers: int) -> int:
+        """R: the configured one, or the number of live workers (at least 1)."""
+        return self.max_delay or max(1, live_workers)
+
+
+@dataclass(frozen=True)
+class OuterSettings(ProtocolSettings):
+    """The outer optimizer of the delta protocols (local, msd): --outer-lr, --outer-momentum, --outer-nesterov.
+
+    lr 1 and momentum 0 is plain model averaging; DiLoCo uses lr 0.7 with
+    Nesterov momentum 0.9.
+    """
+
+    FLAGS = ("outer_lr", "outer_momentum", "outer_nesterov")
+    lr: float = 1.0
+    momentum: float = 0.0
+    nesterov: bool = True
 
 
 @dataclass(frozen=True)
@@ -37,6 +113,10 @@ class ProtocolSpec:
       compute (`--prefetch-pull`), so the model arrives while it computes; it then
       computes on a model without its own last gradient. Only protocols that take
       any staleness (asgd) or damp it (softsync) allow it.
+    - `sized_rounds`: an update waits for B samples at one model version, so the
+      scheduler sizes batches as for a synchronous round (a worker whose fixed
+      cost alone exceeds the round gets none), though the round waits on no one.
+    - `settings`: the class of the protocol's own settings (`protocol_settings` builds them).
     """
 
     name: str
@@ -50,6 +130,8 @@ class ProtocolSpec:
     ends_by_rounds: bool = False
     overlaps_rounds: bool = False
     may_prefetch_pull: bool = False
+    sized_rounds: bool = False
+    settings: type[ProtocolSettings] = ProtocolSettings
 
 
 SPECS: dict[str, ProtocolSpec] = {
@@ -59,18 +141,26 @@ SPECS: dict[str, ProtocolSpec] = {
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
-                     ends_by_rounds=True),
+                     ends_by_rounds=True, sized_rounds=True),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
-                     GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True),
+                     GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
+                     settings=SoftsyncSettings),
         ProtocolSpec("ssp", "stale-synchronous parallel: asynchronous, but no worker pulls more than "
                      "--staleness clocks ahead of the slowest",
-                     GRADIENT, shard_rule="ssp", worker_loop="gradient"),
+                     GRADIENT, shard_rule="ssp", worker_loop="gradient", settings=SspSettings),
+        ProtocolSpec("ringmaster", "Ringmaster ASGD: asynchronous, a gradient --max-delay or more versions stale is "
+                     "discarded and its worker re-pulls; the others take a delay-adaptive step",
+                     GRADIENT, shard_rule="ringmaster", worker_loop="gradient", settings=RingmasterSettings),
+        ProtocolSpec("rennala", "Rennala SGD: one step per B samples of gradients computed at the current model, "
+                     "from whoever delivers them; a gradient of an older model is discarded",
+                     GRADIENT, shard_rule="rennala", worker_loop="sample_round", sized_rounds=True),
         ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
-                     DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True),
+                     DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True,
+                     settings=OuterSettings),
         ProtocolSpec("msd", "multi-step delay: local SGD that never waits, corrects onto the averaged model, "
                      "H adapted (AdaComm)",
                      DELTA, shard_rule="outer", worker_loop="msd", one_push_per_round=True, local_steps=True,
-                     adaptive_local_steps=True, overlaps_rounds=True),
+                     adaptive_local_steps=True, overlaps_rounds=True, settings=OuterSettings),
     )
 }
 PROTOCOLS: tuple[str, ...] = tuple(SPECS)
@@ -82,6 +172,11 @@ def protocol_spec(name: str) -> ProtocolSpec:
         return SPECS[name]
     except KeyError:
         raise ValueError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)}") from None
+
+
+def protocol_settings(job: "JobConfig") -> ProtocolSettings:
+    """The job's protocol's own settings, from the job's flags."""
+    return protocol_spec(job.protocol).settings.from_job(job)
 
 
 DBS_WEIGHTS: tuple[str, ...] = ("capped", "paper")

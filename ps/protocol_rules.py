@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from dynabatch.common.protocols import dbs_weight
+from dynabatch.common.protocols import ProtocolSettings, RingmasterSettings, SoftsyncSettings, SspSettings, dbs_weight
 from dynabatch.common.wire import ProtocolError
 
 if TYPE_CHECKING:
@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 
 
 class ShardRule:
-    """What a protocol does with pushed chunks; the default rule keeps no rounds."""
+    """What a protocol does with pushed chunks; the default rule keeps no rounds.
+
+    `settings` are the protocol's own (common/protocols.py, the class its spec names).
+    """
 
     NAME: ClassVar[str]
     # Whether a pushed chunk may be sent back (a push that is also a pull) as soon as it is taken: false where
@@ -34,11 +37,16 @@ class ShardRule:
     STREAMS: ClassVar[bool] = True
     widest_spread: int = 0  # bounded-staleness rules: the most clocks between live workers seen so far
 
-    def __init__(self, shard: "ShardState") -> None:
+    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
         self.shard = shard
+        self.settings = settings
 
     def check(self, worker: str, chunk_ids: list[int]) -> None:
         """Raise ProtocolError if `worker` may not push these chunks now (before anything changes)."""
+
+    def max_delay(self) -> int | None:
+        """A gradient this many or more versions stale (on any of its chunks) is discarded; None: never."""
+        return None
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
         """Apply or hold one pushed chunk; True if the chunk was updated now."""
@@ -60,6 +68,13 @@ class ShardRule:
     def pull_blocked(self, worker: str) -> bool:
         """Whether `worker`'s pull must wait (a bounded-staleness protocol holds back a worker too far ahead)."""
         return False
+
+    def admit_pull(self, worker: str) -> bool:
+        """Whether `worker`'s pull is answered now; a rule may count an answered pull as a gradient on its way."""
+        return not self.pull_blocked(worker)
+
+    def pushed(self, worker: str, samples: int) -> None:
+        """`worker` pushed a gradient of `samples` samples (taken or discarded)."""
 
 
 class AsyncRule(ShardRule):
@@ -89,9 +104,10 @@ class StaleSynchronousRule(AsyncRule):
 
     NAME = "ssp"
     STREAMS = False
+    settings: SspSettings
 
-    def __init__(self, shard: "ShardState") -> None:
-        super().__init__(shard)
+    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+        super().__init__(shard, settings)
         self.clocks: dict[str, dict[int, int]] = {}
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
@@ -121,7 +137,35 @@ class StaleSynchronousRule(AsyncRule):
         return []
 
     def pull_blocked(self, worker: str) -> bool:
-        return worker in self.clocks and self.clock(worker) - self.slowest() > self.shard.staleness_bound
+        return worker in self.clocks and self.clock(worker) - self.slowest() > self.settings.staleness_bound
+
+
+class RingmasterRule(ShardRule):
+    """Ringmaster ASGD (Maranjyan, Tyurin, Richtarik, ICML 2025): asynchronous SGD that discards a gradient whose
+    delay reaches R (`max_delay`; ShardState.push refuses it with TOO_STALE before anything changes, and its
+    worker restarts from the current model), so no update is older than R - 1 versions.
+
+    An accepted gradient of delay tau takes a step of lr * min(1, tau_C / tau) (the delay-adaptive step of
+    Koloskova, Stich, Jaggi, NeurIPS 2022, and Mishchenko et al., NeurIPS 2022), tau_C = R / 2, the delay of
+    a worker of the cluster's average speed being about R - 1 = n - 1 under the default R = n; and its samples
+    weigh as in DBS-SGD but never above 1 (b_i / (B/n), capped), so a large batch is not amplified while stale.
+    Chosen with the simulator (bench/RESULTS.md, section 5): see `delay_factor`.
+    """
+
+    NAME = "ringmaster"
+    settings: RingmasterSettings
+
+    def max_delay(self) -> int:
+        return self.settings.threshold(len(self.shard.live))
+
+    def delay_factor(self, staleness: int) -> float:
+        """min(1, tau_C / tau), tau_C = R / 2."""
+        return min(1.0, self.max_delay() / 2 / max(1, staleness))
+
+    def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
+        shard = self.shard
+        weight = dbs_weight(samples, shard.global_batch, shard.allocated, "capped")
+        return shard.apply_gradient(cid, tensor, samples, weight * self.delay_factor(staleness))
 
 
 @dataclass
@@ -195,12 +239,12 @@ def softsync_needed(live_workers: int, n: int) -> int:
 class _RoundRule(ShardRule):
     """Rules whose chunks collect contributions in an open round, closed when complete or overdue."""
 
-    def __init__(self, shard: "ShardState") -> None:
-        super().__init__(shard)
-        self.rounds: dict[int, SyncRound | SoftRound] = {c.id: self._new_round() for c in shard.chunks}
+    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+        super().__init__(shard, settings)
+        self.rounds: dict[int, SyncRound | SoftRound | SampleRound] = {c.id: self._new_round() for c in shard.chunks}
         self.started: dict[int, float] = {}
 
-    def _new_round(self) -> SyncRound | SoftRound:
+    def _new_round(self) -> SyncRound | SoftRound | SampleRound:
         raise NotImplementedError
 
     def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
@@ -234,7 +278,8 @@ class _RoundRule(ShardRule):
 
 
 class RoundRule(_RoundRule):
-    """ssgd: each chunk's round waits for every live worker, then applies the sample-weighted mean once."""
+    """ssgd: each chunk's round waits for every live worker holding a batch, then applies the sample-weighted
+    mean once."""
 
     NAME = "round"
     rounds: dict[int, SyncRound]
@@ -251,7 +296,7 @@ class RoundRule(_RoundRule):
         self.rounds[cid].add(worker, tensor, samples)
 
     def _complete(self, cid: int) -> bool:
-        return self.rounds[cid].complete(self.shard.live)
+        return self.rounds[cid].complete(self.shard.live - self.shard.idle)
 
     def _apply(self, cid: int) -> bool:
         self.shard.apply_step(cid, self.rounds[cid].mean())
@@ -271,6 +316,7 @@ class SoftsyncRule(_RoundRule):
 
     NAME = "softsync"
     rounds: dict[int, SoftRound]
+    settings: SoftsyncSettings
 
     def _new_round(self) -> SoftRound:
         return SoftRound()
@@ -279,13 +325,108 @@ class SoftsyncRule(_RoundRule):
         self.rounds[cid].add(tensor, samples, staleness)
 
     def _complete(self, cid: int) -> bool:
-        return len(self.rounds[cid].entries) >= softsync_needed(len(self.shard.live), self.shard.softsync_n)
+        return len(self.rounds[cid].entries) >= softsync_needed(len(self.shard.live), self.settings.n)
 
     def _apply(self, cid: int) -> bool:
         round_ = self.rounds[cid]
         return self.shard.apply_gradient(cid, round_.combined(), round_.samples, 1.0)
 
 
+@dataclass
+class SampleRound:
+    """Rennala's round of one chunk: sample-weighted gradients computed at its current version, from anyone.
+
+    A fast worker may contribute several; they are summed in arrival order.
+    """
+
+    total: torch.Tensor | None = None
+    samples: int = 0
+
+    def __bool__(self) -> bool:
+        return self.samples > 0
+
+    def add(self, grad: torch.Tensor, samples: int) -> None:
+        """Add b_i g_i; never writes into a received tensor."""
+        self.total = grad.mul(samples) if self.total is None else self.total.add_(grad, alpha=samples)
+        self.samples += samples
+
+    def mean(self) -> torch.Tensor:
+        """sum(b_i g_i) / sum(b_i)."""
+        assert self.total is not None, "mean of an empty round"
+        return self.total.div_(self.samples)
+
+
+class RennalaRule(_RoundRule):
+    """Rennala SGD (Tyurin & Richtarik, NeurIPS 2023): each chunk steps once the gradients pushed for its current
+    version add up to at least B samples, from whoever delivered them (a fast worker several times); a gradient
+    computed at an older version is discarded (`max_delay` 1: TOO_STALE, nothing changes) and its worker pulls
+    the current model. A round waits on no worker in particular, so nobody's departure closes it; one that
+    stays short of B (its contributors left) closes at the round timeout with what arrived.
+
+    No work is started that the round will not take: a worker's pull is held (parked, like ssp's) while the
+    samples already in the round plus those on their way at this version (workers whose pull was answered
+    at it and who have not pushed since, each counted at its last push's samples) reach B; it is answered
+    with the next version. Without that hold a worker that pushed early computed again on the model the
+    round was about to replace, and the simulator discarded 47% of the samples pushed (tail16, dynamic
+    batches, seed 0); with it, see bench/RESULTS.md.
+    """
+
+    NAME = "rennala"
+    STREAMS = False  # whether a pull is answered is decided once the whole push is in
+    rounds: dict[int, SampleRound]
+
+    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+        super().__init__(shard, settings)
+        self.on_way: dict[str, tuple[int, int]] = {}  # worker -> (version its pull was answered at, samples)
+        self.last_samples: dict[str, int] = {}
+
+    def _coming(self) -> int:
+        """Samples on their way to this round: workers computing at the current version."""
+        version = self.shard.version
+        return sum(samples for at, samples in self.on_way.values() if at == version)
+
+    def _in_round(self) -> int:
+        return min((r.samples for r in self.rounds.values()), default=0)
+
+    def pull_blocked(self, worker: str) -> bool:
+        mine = self.on_way.get(worker)
+        if mine is not None and mine[0] == self.shard.version:
+            return False  # its gradient for this round is already counted on its way
+        return self._in_round() + self._coming() >= self.shard.global_batch
+
+    def admit_pull(self, worker: str) -> bool:
+        if self.pull_blocked(worker):
+            return False
+        self.on_way[worker] = (self.shard.version, self.last_samples.get(worker, 0))
+        return True
+
+    def pushed(self, worker: str, samples: int) -> None:
+        self.on_way.pop(worker, None)
+        self.last_samples[worker] = samples
+
+    def membership_changed(self) -> list[int]:
+        for gone in set(self.on_way) - (self.shard.live - self.shard.idle):
+            del self.on_way[gone]
+        return super().membership_changed()
+
+    def max_delay(self) -> int:
+        return 1
+
+    def _new_round(self) -> SampleRound:
+        return SampleRound()
+
+    def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
+        self.rounds[cid].add(tensor, samples)
+
+    def _complete(self, cid: int) -> bool:
+        return self.rounds[cid].samples >= self.shard.global_batch
+
+    def _apply(self, cid: int) -> bool:
+        self.shard.apply_step(cid, self.rounds[cid].mean())
+        return True
+
+
 RULES: dict[str, type[ShardRule]] = {
-    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RoundRule, OuterRule, SoftsyncRule)
+    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RingmasterRule, RoundRule, OuterRule, SoftsyncRule,
+                                 RennalaRule)
 }

@@ -33,6 +33,7 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.log_limit import RateLimitedLog
+from dynabatch.common.protocols import protocol_settings
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.schedules import Schedule, schedule_from_fields
 from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
@@ -46,10 +47,10 @@ from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
 from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
 from dynabatch.ps.senders import SenderBindings
-from dynabatch.ps.shard_state import ShardState
+from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.shared_buffers import SharedBuffers
 from dynabatch.ps.training_setup import setup_difference
-from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
+from dynabatch.ps.update_rules import optimizer_spec
 
 log = logging.getLogger("dynabatch.ps")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
@@ -99,6 +100,9 @@ class ShardMetrics:
         self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
         self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
         self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too many unread.", ["shard"], registry=registry).labels(**labels)
+        self.discarded = Counter("dynabatch_ps_discarded_gradients", "Pushes the protocol discarded as computed on "
+                                 "too old a model (ringmaster, rennala); their workers pulled again.", ["shard"],
+                                 registry=registry).labels(**labels)
         self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 
@@ -207,17 +211,17 @@ class ShardServer:
         """
         layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
         spec = optimizer_spec(self.job, optimizer)
-        outer = OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov)
         self.schedule = schedule_from_fields(schedule)
         self.state = ShardState.initial(
             layout.for_shard(self.index), torch.zeros(layout.total) if flat is None else flat, spec,
-            self.job.protocol, self.job.global_batch, outer, self.job.softsync_n, self.job.staleness,
+            self.job.protocol, self.job.global_batch, protocol_settings(self.job),
             [(p.name, math.prod(p.shape)) for p in sig.params], self.job.dbs_weight,
         )
         self.signature = sig
         self.init_specs = {"optimizer": optimizer, "schedule": schedule}
         if self.last_assignment is not None:
-            self.state.set_membership(set(self.last_assignment.live_workers), self.last_assignment.allocated)
+            last = self.last_assignment
+            self.state.set_membership(set(last.live_workers), last.allocated, set(last.idle_workers))
         log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
                  self.index, self.job.shards, self.advertise, len(self.state.chunks), sig.total,
                  sum(c.length for c in self.state.chunks), self.job.protocol, spec)
@@ -286,8 +290,10 @@ class ShardServer:
         """
         version = self.state.version if self.state is not None else 0
         train_size = self.signature.train_size if self.signature is not None else 0
+        discarded = self.state.discarded if self.state is not None else 0
         self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version, samples=self.samples_seen,
-                                                          membership=self.membership, train_size=train_size)))
+                                                          membership=self.membership, train_size=train_size,
+                                                          discarded=discarded)))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -304,7 +310,8 @@ class ShardServer:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
             self._advance_progress(body.progress)
-            self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
+            self._after_update(self.state.set_membership(set(body.live_workers), body.allocated,
+                                                         set(body.idle_workers)))
             self._serve_parked()
         if body.stop:
             log.info("job finished")
@@ -412,9 +419,10 @@ class ShardServer:
                     buffers: bool) -> None:
         """Send the chunks (`ids`, or all) that are due now and park the rest (a PULL, or a PUSH's `then_pull`)."""
         items = self.state.pull(ids)
-        ready = [] if self.state.pull_blocked(worker) else [cid for cid, _, ver in items if ver >= min_version]
+        due = [cid for cid, _, ver in items if ver >= min_version]
+        self._check_room(identity, len(due) < len(items) or self.state.pull_blocked(worker))
+        ready = due if self.state.admit_pull(worker) else []
         waiting = [cid for cid, _, _ in items if cid not in ready]
-        self._check_room(identity, bool(waiting))
         self.m.pulls.inc()
         self._send_chunks(identity, seq, ready, worker if buffers else None)
         if waiting:
@@ -454,8 +462,13 @@ class ShardServer:
                 streamed.add(cid)
 
         streams = body.then_pull and self.buffers is None and self.state.streams
-        outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic(),
-                                  send_back if streams else None)
+        try:
+            outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic(),
+                                      send_back if streams else None)
+        except StaleGradient as exc:  # the protocol at work, not a bad message: counted apart, not logged
+            self.m.discarded.inc()
+            self._reply(incoming.identity, exc.to_error(), msg.seq)
+            return
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
             self.buffers.take(msg.sender, buffers, body.samples)
         self.m.staleness.observe(outcome.staleness)
@@ -504,7 +517,7 @@ class ShardServer:
     def _serve_parked(self) -> None:
         """Send waiting pulls the chunks that are now due: at their version, and their worker let through."""
         for p in self.parked:
-            if self.state.pull_blocked(p.worker):
+            if not self.state.admit_pull(p.worker):
                 continue
             due = [cid for cid in p.remaining if self.state.chunk_versions[cid] >= p.min_version]
             if due:

@@ -21,13 +21,21 @@ import torch
 
 from dynabatch.common.chunking import Chunk
 from dynabatch.common.optim_spec import OptimizerSpec
-from dynabatch.common.protocols import DELTA, ProtocolSpec, protocol_spec
+from dynabatch.common.protocols import DELTA, TOO_STALE, OuterSettings, ProtocolSettings, ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.protocol_rules import RULES, ShardRule
 from dynabatch.ps.update_rules import (
-    ChunkOptimizer, OuterConfig, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
+    ChunkOptimizer, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
 )
+
+
+class StaleGradient(ProtocolError):
+    """A gradient computed on too old a model, discarded by the protocol (ringmaster, rennala): nothing changed,
+    and the worker pulls the current model and computes again."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(TOO_STALE, text)
 
 
 @dataclass
@@ -46,51 +54,64 @@ class ShardState:
     `allocated` is the number of workers the scheduler gave a batch (DBS-SGD's n);
     `live` can be larger while a worker joins. `optimizer` is the task's (or the
     job's SGD); under the delta protocols the chunks' optimizer is the outer one.
+    `settings` are the protocol's own (common/protocols.py), of the class its spec
+    names (None: that class's defaults); the rule reads them, nothing else does.
     """
 
     chunks: list[Chunk]
     optimizer: OptimizerSpec
     protocol: str
     global_batch: int
-    outer: OuterConfig = field(default_factory=OuterConfig)
-    softsync_n: int = 1
-    staleness_bound: int = 0
+    settings: ProtocolSettings | None = None
     dbs_rule: str = "capped"  # how a gradient's samples weigh it (common/protocols.py, DBS_WEIGHTS)
     params: dict[int, torch.Tensor] = field(default_factory=dict)
     optim: dict[int, ChunkOptimizer] = field(default_factory=dict)
     chunk_versions: dict[int, int] = field(default_factory=dict)
     live: set[str] = field(default_factory=set)
+    idle: set[str] = field(default_factory=set)  # live workers left out with batch 0: no round waits for them
     allocated: int = 0
     lr_factor: float = 1.0  # the task's schedule at the job's progress
+    discarded: int = 0  # pushes the protocol discarded as too stale (StaleGradient)
+    discarded_samples: int = 0
     memory: ParamBuffers = field(default_factory=ParamBuffers)  # parameter tensors lent to replies, and spares
     spec: ProtocolSpec = field(init=False)
     rule: ShardRule = field(init=False)
 
     def __post_init__(self) -> None:
         self.spec = protocol_spec(self.protocol)
-        self.rule = RULES[self.spec.shard_rule](self)
+        if self.settings is None:
+            self.settings = self.spec.settings()
+        if type(self.settings) is not self.spec.settings:
+            raise ValueError(f"protocol {self.protocol} takes {self.spec.settings.__name__}, "
+                             f"not {type(self.settings).__name__}")
+        self.rule = RULES[self.spec.shard_rule](self, self.settings)
 
     @classmethod
     def initial(
         cls, chunks: Sequence[Chunk], flat: torch.Tensor, optimizer: OptimizerSpec, protocol: str,
-        global_batch: int, outer: OuterConfig = OuterConfig(), softsync_n: int = 1, staleness_bound: int = 0,
-        params: Sequence[tuple[str, int]] = (), dbs_rule: str = "capped",
+        global_batch: int, settings: ProtocolSettings | None = None, params: Sequence[tuple[str, int]] = (),
+        dbs_rule: str = "capped",
     ) -> "ShardState":
         """State at version 0 from the model's initial flat parameters.
 
         `params` are the model's parameters (name, size) in flat order, for the
         optimizer's `no_decay`; without them every value takes its weight decay.
         """
-        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, outer, softsync_n,
-                    staleness_bound, dbs_rule)
+        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, settings, dbs_rule=dbs_rule)
         runs = decay_runs(params or [("", flat.numel())], optimizer)
         for c in state.chunks:
             param = flat[c.start : c.stop].clone()
             state.params[c.id] = param
-            state.optim[c.id] = (OuterOptimizer(outer, c.length) if state.kind == DELTA
+            state.optim[c.id] = (OuterOptimizer(state.outer_settings, c.length) if state.kind == DELTA
                                  else chunk_optimizer(optimizer, param, chunk_segments(runs, c.start, c.stop)))
             state.chunk_versions[c.id] = 0
         return state
+
+    @property
+    def outer_settings(self) -> OuterSettings:
+        """The outer optimizer's settings, which a delta protocol's settings are."""
+        assert isinstance(self.settings, OuterSettings), f"{self.protocol} has no outer optimizer"
+        return self.settings
 
     @property
     def version(self) -> int:
@@ -120,8 +141,14 @@ class ShardState:
         return self.rule.STREAMS
 
     def pull_blocked(self, worker: str) -> bool:
-        """Whether the protocol holds back `worker`'s pull for now (ssp: too far ahead of the slowest)."""
+        """Whether the protocol holds back `worker`'s pull for now (ssp: too far ahead of the slowest; rennala:
+        the round has its samples on their way)."""
         return self.rule.pull_blocked(worker)
+
+    def admit_pull(self, worker: str) -> bool:
+        """Whether `worker`'s pull is answered now (not `pull_blocked`); call it only when the answer is sent,
+        as the protocol may count the worker as computing on the model it gets (rennala)."""
+        return self.rule.admit_pull(worker)
 
     def push(
         self, worker: str, tensors: dict[int, torch.Tensor], base_versions: dict[int, int],
@@ -129,7 +156,8 @@ class ShardState:
     ) -> PushOutcome:
         """Take one worker's gradient or delta chunks; the caller has validated ids, shapes, finiteness.
 
-        Everything is checked before anything changes, so a refused push leaves no trace.
+        Everything is checked before anything changes, so a refused push leaves no trace; one the
+        protocol discards as too stale (StaleGradient) leaves only its count in `discarded`.
         `on_taken(cid)` runs after each chunk is taken, in priority order, so that the
         server can send chunk k back while chunk k+1 is being updated (`streams`).
         """
@@ -141,20 +169,30 @@ class ShardState:
             raise ProtocolError("bad_field", f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
         self.rule.check(worker, list(tensors))
         staleness = {cid: max(0, self.chunk_versions[cid] - base_versions[cid]) for cid in tensors}
+        limit = self.rule.max_delay()
+        if limit is not None and max(staleness.values(), default=0) >= limit:
+            self.rule.pushed(worker, samples)
+            self.discarded += 1
+            self.discarded_samples += samples
+            raise StaleGradient(f"{self.protocol} discards a gradient {max(staleness.values())} versions stale "
+                                f"(the limit is {limit}); pull the current model")
         applied = []
         for cid in sorted(tensors):
             if self.rule.take(cid, worker, tensors[cid], samples, staleness[cid], now):
                 applied.append(cid)
             if on_taken is not None:
                 on_taken(cid)
+        self.rule.pushed(worker, samples)
         return PushOutcome(applied, self.version, max(staleness.values(), default=0))
 
-    def set_membership(self, workers: set[str], allocated: int) -> list[int]:
-        """New membership from the scheduler: the live workers and how many hold a batch.
+    def set_membership(self, workers: set[str], allocated: int, idle: set[str] = frozenset()) -> list[int]:
+        """New membership from the scheduler: the live workers, how many hold a batch, and those left out
+        with batch 0 (`idle`).
 
-        Rounds that waited only on workers that left close now; returns their chunks.
+        Rounds that waited only on workers that left (or were left out) close now; returns their chunks.
         """
         self.live = set(workers)
+        self.idle = set(idle) & self.live
         self.allocated = allocated
         return self.rule.membership_changed()
 

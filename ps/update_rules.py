@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.optim_spec import SGD, OptimizerSpec, optimizer_from_fields
+from dynabatch.common.protocols import OuterSettings
 from dynabatch.common.wire import ProtocolError
 
 Segment = tuple[int, int, float]  # [start, stop) and the weight decay of a run of parameters
@@ -118,21 +118,8 @@ def _fused_sgd(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list
                       is_first_step=False)
 
 
-@dataclass(frozen=True)
-class OuterConfig:
-    """The outer optimizer of the delta protocols (local, msd).
-
-    lr 1 and momentum 0 is plain model averaging; DiLoCo uses lr 0.7 with
-    Nesterov momentum 0.9.
-    """
-
-    lr: float = 1.0
-    momentum: float = 0.0
-    nesterov: bool = True
-
-
 def outer_step(
-    param: torch.Tensor, delta: torch.Tensor, buf: torch.Tensor, cfg: OuterConfig
+    param: torch.Tensor, delta: torch.Tensor, buf: torch.Tensor, cfg: OuterSettings
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the mean parameter delta (global minus local: a pseudo-gradient); returns (params, buffer)."""
     if cfg.momentum:
@@ -260,7 +247,7 @@ class OuterOptimizer(ChunkOptimizer):
     """The delta protocols' outer optimizer on one chunk (its rate is --outer-lr: the task's schedule
     drives the workers' own steps, not the averaging)."""
 
-    def __init__(self, cfg: OuterConfig, length: int) -> None:
+    def __init__(self, cfg: OuterSettings, length: int) -> None:
         self.cfg = cfg
         self.buf = torch.zeros(length)
 

@@ -190,3 +190,53 @@ def needs_reassign(
         abs(proposed[w] - old) > threshold * old if old > 0 else proposed[w] != old
         for w, old in current.items()
     )
+
+
+LEAVE_OUT_GAIN = 0.02
+"""How much faster (samples/s) a round must be predicted to run without its slowest worker before that worker
+is left out: the speed models are noisy, and a worker left out is not measured again until it is back."""
+
+
+def round_samples_per_s(models: Mapping[str, StepModel], batches: Mapping[str, int]) -> float:
+    """A synchronous round's predicted throughput: its samples over its slowest worker's predicted step."""
+    taking = {w: b for w, b in batches.items() if b > 0}
+    if not taking:
+        return 0.0
+    return sum(taking.values()) / max(models[w].step_seconds(b) for w, b in taking.items())
+
+
+def allocate_round(
+    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int,
+    caps: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """``allocate`` for a round of B samples at one model version (ssgd's LB-BSP, rennala), where the round ends
+    with its slowest worker: batch 0 for the slowest workers when the round is faster without them.
+
+    ``allocate`` gives every worker at least its lower bound, so a worker whose fixed
+    cost ``a_i`` alone (or ``a_i + c_i*lo_i``) exceeds the others' equal step time
+    ``T`` makes every round wait for it. Workers are ranked by their predicted step at
+    their lowest batch, slowest first; leaving out the k slowest (the others re-solved
+    with the whole of B) is tried for k = 0, 1, ... while the slowest worker kept is
+    held at its lowest batch (once it is not, the round is the others' equal step time,
+    which only grows as more leave), and the k with the most samples per second wins
+    if it beats keeping everyone by ``LEAVE_OUT_GAIN``. All k slowest go together:
+    with several equally slow workers, leaving out one alone gains nothing. One worker
+    is always kept. Left-out workers are in the result with batch 0.
+    """
+    ids = sorted(models)
+    if not ids:
+        return {}
+    lo, _ = _worker_bounds(ids, b_min, b_max, caps)
+    lowest = dict(zip(ids, (int(b) for b in lo)))
+    ranked = sorted(ids, key=lambda w: (-models[w].step_seconds(lowest[w]), w))
+    everyone = allocate(models, global_batch, b_min, b_max, caps)
+    best, best_rate = everyone, round_samples_per_s(models, everyone)
+    batches = everyone
+    for k in range(1, len(ids)):
+        if batches[ranked[k - 1]] > lowest[ranked[k - 1]]:
+            break
+        batches = allocate({w: models[w] for w in ranked[k:]}, global_batch, b_min, b_max, caps)
+        rate = round_samples_per_s(models, batches)
+        if rate > max(best_rate, (1 + LEAVE_OUT_GAIN) * round_samples_per_s(models, everyone)):
+            best, best_rate = batches, rate
+    return {w: best.get(w, 0) for w in ids}

@@ -21,7 +21,9 @@ from dynabatch.common.messages import (
 )
 from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
-from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
+from dynabatch.scheduler.batch_allocation import (
+    allocate, allocate_round, bounds_note, fixed_allocation, needs_reassign,
+)
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_heartbeat, check_worker_heartbeat
@@ -511,18 +513,27 @@ class JobState:
         if job.batch_policy == "fixed" or any(model is None for model in models.values()):
             proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
         else:
-            proposed = allocate(models, job.global_batch, job.min_batch, job.max_batch, caps)
+            solve = allocate_round if self.spec.sized_rounds else allocate
+            proposed = solve(models, job.global_batch, job.min_batch, job.max_batch, caps)
         if not force and not needs_reassign(self.allocation, proposed, self.job.reassign_threshold):
             return
         if proposed == self.allocation:
             return
         self.allocation = proposed
         self.assignment_id += 1
-        predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items() if models[wid] is not None}
-        note = bounds_note(proposed, job.global_batch)
-        self.decisions.append(Decision(now - self.started, f"{reason}; {note}" if note else reason, subject,
+        predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items()
+                     if models[wid] is not None and b > 0}
+        notes = [reason, bounds_note(proposed, job.global_batch)]
+        if 0 in proposed.values():
+            notes.append("slowest left out: the round is faster without them (batch 0)")
+        self.decisions.append(Decision(now - self.started, "; ".join(n for n in notes if n), subject,
                                        dict(proposed), predicted))
         del self.decisions[:-DECISIONS_KEPT]
+
+    @property
+    def holding_batch(self) -> int:
+        """Workers the allocation gives a batch (DBS-SGD's n): not those left out with batch 0."""
+        return sum(1 for b in self.allocation.values() if b > 0)
 
     def _ready_workers(self, known_to_shards: bool) -> dict[str, Member]:
         """Workers that can take a batch: measured, and (for a first batch) known to every shard."""
@@ -534,13 +545,14 @@ class JobState:
         """What `member` should do now."""
         base = dict(assignment_id=self.assignment_id)
         if member.role == "ps":
-            return Assignment(**base, live_workers=self.live_workers, allocated=len(self.allocation),
+            return Assignment(**base, live_workers=self.live_workers, allocated=self.holding_batch,
+                              idle_workers=sorted(w for w, b in self.allocation.items() if b == 0),
                               membership=self.membership, stop=self.finished,
                               progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.allocation.get(member.id, 0)
-        scale = dbs_weight(batch, self.job.global_batch, len(self.allocation), self.job.dbs_weight)
+        scale = dbs_weight(batch, self.job.global_batch, self.holding_batch, self.job.dbs_weight)
         return Assignment(
             **base, batch=batch, lr_scale=scale,
             stop=self.stopping, local_steps=self.local_steps,
@@ -581,7 +593,7 @@ class JobState:
             workers={m.id: m.public(self.allocation.get(m.id, 0)) for m in self.members.values()
                      if m.role == "worker" and not m.left},
             departed=sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
-            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url)
+            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url, m.last.discarded)
                     for i, m in sorted(self.shards.items())},
             decisions=self.decisions[-10:],
         )

@@ -52,9 +52,9 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
 
 
 def check_shard_heartbeat(hb: Heartbeat) -> None:
-    """Refuse a shard heartbeat whose version or sample count is negative (a drop is a restart, counted
+    """Refuse a shard heartbeat whose version, sample or discard count is negative (a drop is a restart, counted
     as lost work: lost_work.py)."""
-    for name in ("version", "samples"):
+    for name in ("version", "samples", "discarded"):
         if getattr(hb, name) < 0:
             raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
 

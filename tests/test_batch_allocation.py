@@ -3,7 +3,9 @@ import random
 import numpy as np
 import pytest
 
-from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
+from dynabatch.scheduler.batch_allocation import (
+    allocate, allocate_round, bounds_note, fixed_allocation, needs_reassign, round_samples_per_s,
+)
 from dynabatch.scheduler.speed_model import StepModel
 
 
@@ -235,3 +237,35 @@ def test_a_cap_below_one_is_refused() -> None:
         allocate({"a": StepModel(0.0, 0.001)}, 10, 1, 100, caps={"a": 0})
     with pytest.raises(ValueError, match="caps"):
         fixed_allocation(["a"], 10, 1, 100, caps={"a": -3})
+
+
+def test_a_worker_whose_fixed_cost_alone_exceeds_the_round_gets_batch_0() -> None:
+    """LB-BSP gives the 8x workers at least b_min, and every round waits for them; without them it is 2.5x faster."""
+    models = {f"w{i:02d}": StepModel(0.004, 0.0005) for i in range(12)}
+    models.update({f"w{i:02d}": StepModel(0.032 * 5, 0.004) for i in range(12, 16)})  # a_i = 160 ms alone
+    everyone = allocate(models, 512, 8, 1024)
+    round_ = allocate_round(models, 512, 8, 1024)
+    assert all(everyone[w] == 8 for w in list(models)[12:]), "allocate pins them at b_min"
+    assert [round_[w] for w in list(models)[12:]] == [0, 0, 0, 0]
+    assert sum(round_.values()) == 512 and all(round_[w] > 0 for w in list(models)[:12])
+    t_round = max(models[w].step_seconds(b) for w, b in round_.items() if b > 0)
+    assert all(models[w].fixed_s > t_round for w in list(models)[12:]), "each one's fixed cost alone exceeds it"
+    assert round_samples_per_s(models, round_) > 2 * round_samples_per_s(models, everyone)
+
+
+def test_round_allocation_keeps_everyone_when_leaving_out_gains_little() -> None:
+    models = {"a": StepModel(0.004, 0.0005), "b": StepModel(0.004, 0.0006), "c": StepModel(0.005, 0.0007)}
+    assert allocate_round(models, 96, 8, 1024) == allocate(models, 96, 8, 1024)
+    assert allocate_round({"a": StepModel(1.0, 0.1)}, 16, 1, 64) == {"a": 16}, "one worker is always kept"
+    assert allocate_round({}, 16, 1, 64) == {}
+
+
+def test_round_allocation_leaves_out_only_workers_slower_than_the_round_they_hold_up() -> None:
+    """Speeds 1, 1, 1, 2, 3, 5, 9, 20x: the three slowest hold up the round even at one sample; the 3x does not."""
+    factors = [1, 1, 1, 2, 3, 5, 9, 20]
+    models = {f"w{i}": StepModel(0.004 * f, 0.0005 * f) for i, f in enumerate(factors)}
+    batches = allocate_round(models, 64, 1, 1024)
+    assert [batches[f"w{i}"] for i in range(5, 8)] == [0, 0, 0]
+    assert all(batches[f"w{i}"] >= 1 for i in range(5)) and sum(batches.values()) == 64
+    t_round = max(models[w].step_seconds(b) for w, b in batches.items() if b > 0)
+    assert all(models[f"w{i}"].step_seconds(1) > t_round for i in range(5, 8))

@@ -470,3 +470,32 @@ def test_status_never_reports_a_batch_the_worker_does_not_hold():
     again = _join(state, 1000.0, now=1.1)
     agree(1.1)
     assert state.status(1.1).workers[again].batch == state.allocation.get(again, 0)
+
+
+@pytest.mark.parametrize("protocol", ["ssgd", "rennala"])
+def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says_why(protocol):
+    state = _job(protocol=protocol, global_batch=96, min_batch=8)
+    fast = [_join(state, 1000.0) for _ in range(3)]
+    slow = _join(state, 1000.0)
+    for t in range(1, 12):
+        for w in fast:
+            _step(state, w, 0.004 + state.allocation.get(w, 0) * 0.0005, t * 0.1)
+        if state.allocation.get(slow, 0):
+            _step(state, slow, 0.400 + state.allocation.get(slow, 0) * 0.004, t * 0.1)
+    assert state.allocation[slow] == 0 and state.assignment_for(state.members[slow]).batch == 0
+    assert sum(state.allocation[w] for w in fast) == 96
+    assert "slowest left out" in state.decisions[-1].reason
+    told = state.assignment_for(state.shards[0])
+    assert told.idle_workers == [slow] and told.allocated == 3 and slow in told.live_workers
+    assert state.assignment_for(state.members[fast[0]]).lr_scale == pytest.approx(state.allocation[fast[0]] * 3 / 96)
+
+
+def test_asynchronous_protocols_never_leave_a_worker_out():
+    state = _job(protocol="asgd", global_batch=96, min_batch=8)
+    fast = [_join(state, 1000.0) for _ in range(3)]
+    slow = _join(state, 1000.0)
+    for t in range(1, 12):
+        for w in fast:
+            _step(state, w, 0.004 + state.allocation.get(w, 0) * 0.0005, t * 0.1)
+        _step(state, slow, 0.400 + state.allocation.get(slow, 0) * 0.004, t * 0.1)
+    assert state.allocation[slow] >= 8 and not state.assignment_for(state.shards[0]).idle_workers

@@ -3,15 +3,26 @@ compares a protocol's name (the spec is the one place a protocol is described)."
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
+from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import ConfigError, JobConfig
-from dynabatch.common.protocols import GRADIENT, DELTA, PROTOCOLS, SPECS, protocol_spec
+from dynabatch.common.flags import add_flags, from_args
+from dynabatch.common.optim_spec import SGD
+from dynabatch.common.protocols import (
+    DELTA, GRADIENT, PROTOCOLS, SPECS, OuterSettings, SoftsyncSettings, SspSettings, protocol_settings, protocol_spec,
+)
 from dynabatch.ps.protocol_rules import RULES
+from dynabatch.ps.shard_state import ShardState
 from dynabatch.worker.loops import LOOPS
+from harness import run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +82,66 @@ def test_push_behind_needs_prefetch_pull():
     with pytest.raises(ConfigError, match="--push-behind needs --prefetch-pull"):
         JobConfig(protocol="asgd", push_behind=True).validate()
     JobConfig(protocol="asgd", push_behind=True, prefetch_pull=True).validate()
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name):
+    """The spec names its settings class; the flags (same names as ever) build it; the shard rule holds it."""
+    job = JobConfig(protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False)
+    settings = protocol_settings(job)
+    assert type(settings) is SPECS[name].settings
+    expected = {SoftsyncSettings: SoftsyncSettings(3), SspSettings: SspSettings(5),
+                OuterSettings: OuterSettings(0.7, 0.9, False)}.get(type(settings), SPECS[name].settings())
+    assert settings == expected
+    state = ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), name, 8, settings)
+    assert state.rule.settings is settings
+    assert not [f for f in ("outer", "softsync_n", "staleness_bound") if hasattr(state, f)], \
+        "a protocol's settings live in its settings object, not on the shard"
+
+
+def test_a_shard_refuses_another_protocols_settings():
+    with pytest.raises(ValueError, match="protocol softsync takes SoftsyncSettings, not SspSettings"):
+        ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), "softsync", 8,
+                           SspSettings(2))
+
+
+def test_the_protocol_flags_keep_their_names():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, JobConfig, env={})
+    job = from_args(JobConfig, parser.parse_args(["--protocol", "ssp", "--staleness", "7", "--softsync-n", "2",
+                                                  "--outer-lr", "0.5", "--no-outer-nesterov"]))
+    assert protocol_settings(job) == SspSettings(7)
+    assert OuterSettings.from_job(job) == OuterSettings(0.5, 0.0, False)
+    assert SoftsyncSettings.from_job(job) == SoftsyncSettings(2)
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+@pytest.mark.slow
+@pytest.mark.data
+@pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
+@pytest.mark.parametrize("protocol, policy", [("ringmaster", "fixed"), ("rennala", "dynamic")])
+def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path, protocol, policy):
+    """As tests/test_run.py's pairs (the MLP for a quarter epoch, the final model evaluated), with three workers,
+    one 4x slower. Under ringmaster with fixed batches (R = 3 live workers) the slow worker's gradients are
+    about 2 x 4 = 8 versions stale, so some are discarded: counted, and its worker goes on without backing off."""
+    run, _ = run_job(tmp_path, "r", "--model", "mlp", "--epochs", "0.25", "--workers", "3", "--slowdowns", "1", "1",
+                     "4", "--protocol", protocol, "--batch-policy", policy, "--eval-interval-s", "600")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["final_eval"] and summary["protocol"] == protocol
+    assert summary["final_test_acc"] > 0.60, summary
+    assert summary["epochs"] >= 0.25, "the job ends once its epochs, counted from the samples taken, are done"
+    if protocol == "ringmaster":
+        assert summary["discarded"] > 0, summary
+        slow = next(w for w in summary["workers"].values() if w["name"] == "worker2")
+        assert slow["samples"] > 0, "the slow worker's gradients are not all discarded"
+    worker_logs = "".join(log.read_text() for log in (run / "logs").glob("worker*.log"))
+    assert "step failed" not in worker_logs, "a discarded gradient is not an error"
+
+
+def test_every_settings_flag_is_a_job_field_named_once():
+    flags = [flag for cls in {s.settings for s in SPECS.values()} for flag in cls.FLAGS]
+    assert len(flags) == len(set(flags)), "a flag belongs to one protocol's settings"
+    assert set(flags) <= {f.name for f in dataclasses.fields(JobConfig)}
+    assert "max_delay" in flags

@@ -9,7 +9,7 @@ import pytest
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.report import Snapshot, read_timeline, summarize, time_to_accuracy, time_to_target, write_timeline
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Hello, JobStatus, WorkerStatus
+from dynabatch.common.messages import Heartbeat, Hello, JobStatus, ShardStatus, WorkerStatus
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 
@@ -116,7 +116,8 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
     assert entry["wall_t"] == 1.5
     (worker,) = entry["workers"].values()
     assert worker.keys() == WORKER_KEYS and worker["name"] == "a" and worker["batch"] == 96
-    assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": ""}
+    assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": "",
+                                    "discarded": 0}
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
     assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}
     assert read_timeline(tmp_path / "timeline.json") == [status]
@@ -128,3 +129,15 @@ def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path):
     (tmp_path / "timeline.json").write_text(json.dumps([entry]))
     with pytest.raises(ProtocolError, match=r"timeline.json\[0\].workers.w0.batch must be int"):
         read_timeline(tmp_path / "timeline.json")
+
+
+def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left():
+    """Shards leave STATUS at the end of a job, and a restarted shard counts afresh from 0."""
+    def with_shards(t: float, **discarded: int) -> JobStatus:
+        snap = _snap(t, 640 * int(t + 1), training_t=t)
+        snap.shards = {slot.lstrip("s"): ShardStatus("tcp://ps", 1, 1, "", n) for slot, n in discarded.items()}
+        return snap
+
+    timeline = [with_shards(0.0, s0=0, s1=0), with_shards(1.0, s0=5, s1=2), with_shards(2.0, s0=1, s1=3),
+                with_shards(3.0)]
+    assert summarize(timeline, wall_s=4.0, warmup_fraction=0.0)["discarded"] == 5 + 3

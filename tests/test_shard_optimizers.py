@@ -10,6 +10,7 @@ from torch import nn
 from dynabatch.common import optim_spec as optim
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig
+from dynabatch.common.protocols import ProtocolSettings, SoftsyncSettings
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState
@@ -46,14 +47,15 @@ def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _shards(spec: optim.OptimizerSpec, protocol: str, workers: int = 1, shards: int = 2) -> list[ShardState]:
+def _shards(spec: optim.OptimizerSpec, protocol: str, workers: int = 1, shards: int = 2,
+            settings: ProtocolSettings | None = None) -> list[ShardState]:
     """The model's chunks held by `shards` shards (chunks of 256 values: about a dozen), `workers` live."""
     model = _net()
     flat = _flat(model)
     layout = make_layout(flat.numel(), 1024, shards)
     states = []
     for s in range(shards):
-        state = ShardState.initial(layout.for_shard(s), flat, spec, protocol, B, params=_named_sizes(model))
+        state = ShardState.initial(layout.for_shard(s), flat, spec, protocol, B, settings, _named_sizes(model))
         state.set_membership({f"w{i}" for i in range(workers)}, allocated=workers)
         states.append(state)
     return states
@@ -180,9 +182,7 @@ def test_under_ssgd_a_round_of_unequal_batches_is_one_adaptive_step():
 def test_softsync_rounds_count_their_samples_towards_b():
     """2-softsync with four workers closes a round per two gradients; an adaptive step waits for B samples."""
     spec = SPECS[0]
-    states = _shards(spec, "softsync", workers=4)
-    for state in states:
-        state.softsync_n = 2
+    states = _shards(spec, "softsync", workers=4, settings=SoftsyncSettings(2))
     model = _net()
     opt = _torch_optimizer(spec, model)
     g = _grads(4, _flat(model).numel(), seed=4)

@@ -8,9 +8,9 @@ import torch
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
-from dynabatch.ps.shard_state import ShardState
+from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.common import optim_spec
-from dynabatch.ps.update_rules import OuterConfig
+from dynabatch.common.protocols import TOO_STALE, OuterSettings, RingmasterSettings, SoftsyncSettings, SspSettings
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96
@@ -151,7 +151,7 @@ def test_restore_refuses_a_checkpoint_of_another_layout(tmp_path):
 
 
 def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones():
-    state, w0 = _state("softsync", softsync_n=1)
+    state, w0 = _state("softsync", settings=SoftsyncSettings(1))
     gen = torch.Generator().manual_seed(4)
     g = [torch.randn(1000, generator=gen) for _ in range(3)]
     # Arrivals: w0 (fresh), w0 again (a fast worker may contribute twice), w2 computed 3 versions ago.
@@ -165,7 +165,7 @@ def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones(
 
 
 def test_two_softsync_updates_when_n_halves_the_wait():
-    state, w0 = _state("softsync", softsync_n=2)
+    state, w0 = _state("softsync", settings=SoftsyncSettings(2))
     state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)
     gen = torch.Generator().manual_seed(5)
     g = [torch.randn(1000, generator=gen) for _ in range(4)]
@@ -188,9 +188,9 @@ def _local_sgd_reference(w0, deltas, samples, outer_lr, outer_momentum, rounds):
 
 
 @pytest.mark.parametrize("protocol", ["local", "msd"])
-@pytest.mark.parametrize("outer", [OuterConfig(1.0, 0.0), OuterConfig(0.7, 0.9, True)])
+@pytest.mark.parametrize("outer", [OuterSettings(1.0, 0.0), OuterSettings(0.7, 0.9, True)])
 def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(protocol, outer):
-    state, w0 = _state(protocol, outer=outer)
+    state, w0 = _state(protocol, settings=outer)
     gen = torch.Generator().manual_seed(6)
     samples = [120, 50, 22]
     deltas = [[0.1 * torch.randn(1000, generator=gen) for _ in samples] for _ in range(3)]
@@ -240,7 +240,7 @@ def test_asgd_weighs_by_the_workers_holding_a_batch_not_by_those_still_joining()
 
 
 def _ssp(staleness_bound: int) -> ShardState:
-    state, _ = _state("ssp", staleness_bound=staleness_bound)
+    state, _ = _state("ssp", settings=SspSettings(staleness_bound))
     state.set_membership({"w0", "w1"}, allocated=2)
     return state
 
@@ -338,3 +338,111 @@ def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total, chunk
 def test_a_model_smaller_than_its_shard_count_is_refused():
     with pytest.raises(ValueError, match="3 parameters cannot be spread over 4 shards"):
         make_layout(3, 1 << 20, 4)
+
+
+def _unchanged(state: ShardState, w0: torch.Tensor, version: int = 0) -> bool:
+    return state.version == version and torch.equal(_flat(state), w0)
+
+
+def test_ringmaster_discards_a_gradient_whose_delay_reaches_r_and_changes_nothing():
+    state, _ = _state("ringmaster", settings=RingmasterSettings(max_delay=2))
+    g = torch.ones(1000)
+    _push(state, "w0", g, 0, 32)
+    _push(state, "w1", g, 1, 32)
+    before = _flat(state).clone()
+    momentum = {cid: opt.state_dict()["momentum"].clone() for cid, opt in state.optim.items()}
+    with pytest.raises(StaleGradient) as refused:
+        _push(state, "w2", g, 0, 32)  # computed at version 0, the shard is at 2: delay 2 = R
+    assert refused.value.code == TOO_STALE == "too_stale"
+    assert state.version == 2 and torch.equal(_flat(state), before)
+    assert all(torch.equal(opt.state_dict()["momentum"], momentum[cid]) for cid, opt in state.optim.items())
+    assert (state.discarded, state.discarded_samples) == (1, 32)
+    assert _push(state, "w2", g, 1, 32).applied, "delay 1 < R is taken"
+
+
+def test_ringmaster_r_defaults_to_the_live_workers_and_scales_the_step_by_its_delay():
+    state, w0 = _state("ringmaster")
+    assert state.rule.max_delay() == 3, "three live workers"
+    state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)
+    assert state.rule.max_delay() == 4
+    gen = torch.Generator().manual_seed(11)
+    g = [torch.randn(1000, generator=gen) for _ in range(4)]
+    for i in range(3):
+        _push(state, f"w{i}", g[i], i, B // 4)  # delay 0: full step
+    _push(state, "w3", g[3], 0, B // 4)  # delay 3 of R = 4: lr * min(1, (R/2) / 3) = lr * 2/3
+    _push(state, "w0", g[0], 4, B // 8)  # half the mean batch: weight 1/2, never above 1
+    expected = _reference(w0, [(g[0], 1.0), (g[1], 1.0), (g[2], 1.0), (g[3], 2 / 3), (g[0], 0.5)])
+    torch.testing.assert_close(_flat(state), expected)
+    _push(state, "w1", g[1], 5, 4 * B)
+    torch.testing.assert_close(_flat(state), _reference(w0, [(g[0], 1.0), (g[1], 1.0), (g[2], 1.0), (g[3], 2 / 3),
+                                                              (g[0], 0.5), (g[1], 1.0)]))
+
+
+def test_rennala_steps_once_b_samples_at_the_current_version_are_in_and_discards_older_ones():
+    state, w0 = _state("rennala")
+    gen = torch.Generator().manual_seed(12)
+    g = [torch.randn(1000, generator=gen) for _ in range(4)]
+    assert not _push(state, "w0", g[0], 0, 40).applied
+    assert not _push(state, "w0", g[1], 0, 40).applied, "a fast worker contributes twice to a round"
+    assert _unchanged(state, w0)
+    out = _push(state, "w1", g[2], 0, 16)
+    assert out.applied == [c.id for c in state.chunks] and state.version == 1, "40 + 40 + 16 = B: one step"
+    mean = (40 * g[0] + 40 * g[1] + 16 * g[2]) / 96
+    after = _reference(w0, [(mean, 1.0)])
+    torch.testing.assert_close(_flat(state), after)
+    with pytest.raises(StaleGradient):
+        _push(state, "w2", g[3], 0, 64)  # computed at version 0, the round is at 1
+    torch.testing.assert_close(_flat(state), after)
+    assert state.discarded == 1 and state.version == 1
+    assert not _push(state, "w2", g[3], 1, 95).applied, "95 < B samples: no step yet"
+    assert _push(state, "w0", g[0], 1, 1).applied and state.version == 2
+
+
+def test_rennala_holds_a_pull_while_the_round_has_its_samples_on_their_way():
+    state, _ = _state("rennala")
+    g = torch.ones(1000)
+    for w in ("w0", "w1", "w2"):  # each pulls (its batch not known yet) and pushes once: they count from then on
+        assert state.admit_pull(w)
+        _push(state, w, g, 0, 30)
+    assert state.version == 0, "90 of 96"
+    assert state.admit_pull("w0"), "w0 starts the gradient that completes the round"
+    assert state.pull_blocked("w1") and not state.admit_pull("w1"), "90 in + w0's 30 on its way >= B: w1 waits"
+    assert not state.pull_blocked("w0"), "w0 is already counted on its way"
+    _push(state, "w0", g, 0, 30)
+    assert state.version == 1 and state.admit_pull("w1"), "the round closed: the held pull gets the new model"
+
+
+def test_rennala_forgets_a_worker_on_its_way_once_it_leaves_or_is_left_out():
+    state, _ = _state("rennala")
+    g = torch.ones(1000)
+    _push(state, "w0", g, 0, 90)
+    _push(state, "w1", g, 0, 1)
+    assert state.admit_pull("w0") and state.pull_blocked("w1")
+    state.set_membership({"w0", "w1", "w2"}, allocated=2, idle={"w0"})
+    assert not state.pull_blocked("w1"), "w0 holds batch 0 now: its gradient is not awaited"
+    state.set_membership({"w1", "w2"}, allocated=2)
+    assert state.admit_pull("w1")
+
+
+def test_rennala_round_closes_at_the_timeout_with_what_arrived():
+    state, w0 = _state("rennala")
+    g = torch.ones(1000)
+    _push(state, "w0", g, 0, 32, now=10.0)
+    assert not state.overdue(14.0, 5.0)
+    assert all(state.close_round(cid) for cid in state.overdue(15.5, 5.0)) and state.version == 1
+    torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)]))
+
+
+def test_ssgd_rounds_do_not_wait_for_a_worker_left_out_with_batch_0():
+    state, w0 = _state("ssgd")
+    state.set_membership({"w0", "w1", "w2"}, allocated=2, idle={"w2"})
+    g = torch.ones(1000)
+    _push(state, "w0", g, 0, 32)
+    assert _push(state, "w1", 3 * g, 0, 32).applied
+    torch.testing.assert_close(_flat(state), _reference(w0, [(2 * g, 1.0)]))
+    state.set_membership({"w0", "w1", "w2"}, allocated=3)
+    _push(state, "w0", g, 1, 32)
+    _push(state, "w1", g, 1, 32)
+    assert state.version == 1, "w2 has a batch again: the round waits for it"
+    state.set_membership({"w0", "w1", "w2"}, allocated=2, idle={"w2"})
+    assert state.version == 2, "left out again: the round closes without it"

@@ -121,3 +121,23 @@ def test_a_simulated_worker_trains_on_the_real_workers_data_order_after_its_prob
         other = worker_order(n, cluster.job.seed + 1, w.wid)
         other.take(probed + w.hb.samples)
         assert not torch.equal(other.take(64), real.take(64))
+
+
+def test_round_protocols_leave_out_the_workers_that_hold_up_every_round_and_run_faster(data):
+    """tail16's shape (12 nodes at 1x, 4 at 8x), small: LB-BSP and rennala give the 8x nodes batch 0 (their
+    step at the smallest batch is about 2.5x the round), and the 1x nodes are not held up by them."""
+    workers = tuple(WorkerSpec("1") for _ in range(6)) + tuple(WorkerSpec("8") for _ in range(2))
+    for protocol in ("ssgd", "rennala"):
+        r = simulate(tiny(protocol, "dynamic", workers, budget_s=1.5, global_batch=192), data)
+        assert r.batches["w6"] == r.batches["w7"] == 0, (protocol, r.batches)
+        assert sum(r.batches.values()) == 192
+        assert r.staleness_counts == [r.staleness_counts[0]], "every gradient taken was computed at the round's model"
+
+
+def test_ringmaster_discards_what_reaches_r_and_rennala_wastes_little(data):
+    workers = PROFILES["bench4"]()  # 1, 1, 2, 4x: under fixed batches the 4x worker's pushes are ~12 versions stale
+    ring = simulate(tiny("ringmaster", "fixed", workers, budget_s=0.6, noise=0.0), data)
+    assert 0 < ring.discarded_fraction < 0.5
+    assert len(ring.staleness_counts) <= 4, "R = 4 live workers: nothing 4 or more versions stale is taken"
+    rennala = simulate(tiny("rennala", "dynamic", workers, budget_s=0.6), data)
+    assert rennala.discarded_fraction < 0.1 and rennala.samples > 0

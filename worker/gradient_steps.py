@@ -1,11 +1,12 @@
 """Worker loops of the gradient protocols: pull, forward/backward, push.
 
 `GradientLoop` serves every protocol whose shard decides alone what a gradient
-does (asgd, softsync, ssp: a shard may hold an ssp pull back, which the worker
-sees as waiting). `RoundLoop` is ssgd's: the same step, except that the pull
-asks each shard for the version the previous round produces, so the worker
-waits for the round to close (its `wait` time) before computing on the new
-model; and it stops by itself once the model has had all the job's rounds (each
+does (asgd, softsync, ssp, ringmaster: a shard may hold an ssp pull back, which the
+worker sees as waiting). `SampleRoundLoop` is rennala's: the same step, with a pull
+the shard holds until the next round counted as waiting. `RoundLoop` is ssgd's: the
+same step, except that the pull asks each shard for the version the previous round
+produces, so the worker waits for the round to close (its `wait` time) before
+computing on the new model; and it stops by itself once the model has had all the job's rounds (each
 round is one global batch B), so no worker starts a round the others will not
 join.
 
@@ -108,9 +109,13 @@ class GradientLoop(StepLoop):
                       until=ahead.done)
         return ahead.result()
 
+    def _pull_waits(self) -> bool:
+        """Whether a pull's time is waiting for other workers (for a round), not this worker's own pulling."""
+        return self.min_versions is not None
+
     def _add_pull_time(self, times: StepTimes, seconds: float) -> None:
         """A pull's seconds are waiting when it waits for a round, pulling otherwise."""
-        if self.min_versions is not None:
+        if self._pull_waits():
             times.wait += seconds
         else:
             times.pull += seconds
@@ -132,10 +137,7 @@ class GradientLoop(StepLoop):
         result = self.pipeline.step(batch, self.min_versions, assignment.batch)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         times = StepTimes(push=result.push_wait_s)
-        if self.min_versions is not None:
-            times.wait = result.pull_wait_s
-        else:
-            times.pull = result.pull_wait_s
+        self._add_pull_time(times, result.pull_wait_s)
         times.compute = wall - result.pull_wait_s - result.push_wait_s + c.idle_for_slowdown(cpu)
         self.last_versions = result.pulled.shard_versions
         self._next_round(result.pulled.shard_versions)
@@ -169,3 +171,15 @@ class RoundLoop(GradientLoop):
             self.min_versions = [v + 1 for v in self.last_versions]
         else:
             self.min_versions = None
+
+
+@dataclass
+class SampleRoundLoop(GradientLoop):
+    """rennala: GradientLoop's step, on whatever model the shards hold; a shard holds a pull while the round
+    already has its samples on their way, and answers it with the next round's model. That time is waiting
+    for other workers, not this worker's own step, so it counts as `wait` (the speed model leaves it out)."""
+
+    NAME = "sample_round"
+
+    def _pull_waits(self) -> bool:
+        return True

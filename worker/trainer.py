@@ -30,7 +30,7 @@ from dynabatch.common.schedules import schedule_fields
 from dynabatch.common.task import Task, build_data, check_task, load_task, signature_fields
 from dynabatch.common.task_error import TaskError
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.protocols import GRADIENT, protocol_spec
+from dynabatch.common.protocols import GRADIENT, TOO_STALE, protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.common.weights import load_weights, read_state_dict
@@ -68,6 +68,9 @@ class WorkerMetrics:
         self.skipped = Counter("dynabatch_worker_skipped_steps", "Steps whose gradient was not pushed, by reason.",
                                ["worker", "reason"], registry=registry)
         self.skipped.labels(worker, "non_finite_loss")
+        self.discarded = Counter("dynabatch_worker_discarded_steps", "Steps whose gradient the shards discarded as "
+                                 "computed on too old a model (ringmaster, rennala).", ["worker"],
+                                 registry=registry).labels(worker)
         self.worker = worker
 
 
@@ -332,6 +335,9 @@ class Worker:
         assignment = self._await_batch(hb)
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
+            if assignment.batch == 0:  # left out for now (its fixed cost alone exceeds a round): idle, no push
+                assignment = self._await_batch(hb)
+                continue
             self.data_s = 0.0
             counted = list(self.shards.staleness)
             try:
@@ -341,19 +347,23 @@ class Worker:
                 # A failed step is not counted, so neither are the pushes that live shards took from it: the
                 # scheduler refuses more updates than steps x shards (a shard that restarted fails steps for a while).
                 self.shards.staleness = counted
-                self.m.errors.labels(self.id, code).inc()
-                log.warning("%s: step failed (%s); retrying", self.id, exc)
                 steps.after_failure(code)
                 self.batches.step_failed()
-                if self.link.lost:
-                    hb, assignment = self._rejoin(hb)
-                else:
-                    assignment = self.link.wait(self.job.heartbeat_s) or assignment
-                continue
-            self.batches.step_succeeded()
-            if result is not None:
-                hb = self._record(hb, replace(result, times=replace(result.times, data=self.data_s)),
-                                  assignment.assignment_id, steps.comm_s)
+                if code != TOO_STALE:
+                    self.m.errors.labels(self.id, code).inc()
+                    log.warning("%s: step failed (%s); retrying", self.id, exc)
+                    if self.link.lost:
+                        hb, assignment = self._rejoin(hb)
+                    else:
+                        assignment = self.link.wait(self.job.heartbeat_s) or assignment
+                    continue
+                # The protocol discarded a gradient computed on an old model: no error, the next step pulls at once.
+                self.m.discarded.inc()
+            else:
+                self.batches.step_succeeded()
+                if result is not None:
+                    hb = self._record(hb, replace(result, times=replace(result.times, data=self.data_s)),
+                                      assignment.assignment_id, steps.comm_s)
             if self.link.lost:
                 hb, assignment = self._rejoin(hb)
             else:
