@@ -31,9 +31,9 @@ def _running(job: JobConfig, now: float = 0.0) -> tuple[JobState, str, str]:
 
 
 def _steps(state: JobState, wid: str, n: int, now: float) -> None:
-    m = state.members[wid]
+    m, batch = state.members[wid], state.allocation.get(wid, 0)
     for i in range(n):
-        state.heartbeat(wid, Heartbeat(steps=m.steps + 1, samples=m.samples + m.batch, batch=m.batch, step_s=0.01,
+        state.heartbeat(wid, Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=0.01,
                                        compute_s=0.01, standalone_sps=m.standalone_sps, loss=1.0), now + i * 0.01)
 
 
@@ -91,7 +91,7 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     again.heartbeat(rejoined, Heartbeat(standalone_sps=1000.0), 100.3)
     assert again.members[rejoined].speed.window() == state.members[wid].speed.window()
     _steps(again, rejoined, 1, 100.4)
-    assert again.samples == 576 + again.members[rejoined].batch, "the rejoined worker counts only its new samples"
+    assert again.samples == 576 + again.allocation.get(rejoined, 0), "the rejoined worker counts only its new samples"
     again.heartbeat(ps_again, Heartbeat(version=2, samples=192), 100.5)
     assert again.lost_samples == 384, "a restart while the scheduler was down is still caught"
 
