@@ -565,7 +565,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
     p.add_argument("--lr", type=float, default=0.0, help="the job's --lr (default: JobConfig's)")
-    p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-quick"),
+    p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-scale",
+                                       "tuned-quick"),
                    help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
                         "method at its own tuned step size)")
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")
@@ -575,7 +576,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.study in ("tuned", "tuned-quick"):
+    if args.study and args.study.startswith("tuned"):
         from bench import tuned_study
         return tuned_study.run_study(args.study, args.out, args.jobs)
     if args.study:

@@ -34,22 +34,34 @@ from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
 
 
+STEP_LRS = (0.005, 0.01, 0.02, 0.04)
+"""Step sizes tried for a method that steps once per worker's gradient (B/n samples on average)."""
+ROUND_LRS = (0.05, 0.1, 0.2, 0.4)
+"""Step sizes tried for a method that steps once per B samples (a round): a step of n times the samples takes a
+larger rate (between the square root and linear scaling rules for n = 16 to 64)."""
+
+
 @dataclass(frozen=True)
 class Method:
-    """A training method: a protocol, a batch policy and the job settings that make it what it is."""
+    """A training method: a protocol, a batch policy, the job settings that make it what it is, and the step sizes
+    its tuning tries."""
 
     name: str
     protocol: str
     policy: str
     settings: tuple[tuple[str, Any], ...] = ()
+    lrs: tuple[float, ...] = STEP_LRS
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("asgd+fixed", "asgd", "fixed"),
     Method("DBS-SGD (capped weight)", "asgd", "dynamic", (("dbs_weight", "capped"),)),
     Method("DBS-SGD (paper weight)", "asgd", "dynamic", (("dbs_weight", "paper"),)),
-    Method("LB-BSP (ssgd+dynamic)", "ssgd", "dynamic"),
-    Method("n-softsync", "softsync", "fixed"),
+    Method("ringmaster+fixed", "ringmaster", "fixed"),
+    Method("ringmaster+dynamic", "ringmaster", "dynamic"),
+    Method("rennala+dynamic", "rennala", "dynamic", lrs=ROUND_LRS),
+    Method("LB-BSP (ssgd+dynamic)", "ssgd", "dynamic", lrs=ROUND_LRS),
+    Method("n-softsync", "softsync", "fixed", lrs=ROUND_LRS),
     Method("multi-step delay", "msd", "dynamic"),
 )}
 """Every method the study can compare; a protocol added later adds its Method here."""
@@ -59,16 +71,17 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 class Profile:
     """One cluster of the study: its nodes (bench/simulate.py PROFILES), B, the target, and how it is tuned.
 
-    `lrs` empty: the step sizes come from the tuning of profile `lr_from`.
+    Each method's step sizes are tuned over its own grid (`Method.lrs`, or `lrs` where set, as the quick study
+    does), unless `lr_from` names the profile whose tuning they come from.
     """
 
     profile: str
     global_batch: int
     methods: tuple[str, ...]
     seeds: tuple[int, ...]
-    lrs: tuple[float, ...] = ()
     tune_seeds: tuple[int, ...] = (100, 101)
     lr_from: str = ""
+    lrs: tuple[float, ...] = ()
     budget_s: float = 150.0
     slower: float = 10.0  # every node's step and transfer times, times this (as section 5's parts)
     target: str = "0.80"
@@ -78,22 +91,28 @@ class Profile:
     dataset: str = "fashion-mnist"
 
 
-LR_GRID = (0.005, 0.01, 0.02, 0.04)
 ALL = tuple(METHODS)
 SEEDS = (0, 1, 2, 3, 4)
+CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ringmaster+dynamic", "rennala+dynamic",
+              "LB-BSP (ssgd+dynamic)")
+"""The methods the scale study compares: the default's candidates and the round protocol they must beat."""
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "tuned": (
-        Profile("bench4", 128, ALL, SEEDS, LR_GRID),
-        Profile("tail16", 512, ALL, SEEDS, LR_GRID),
-        Profile("lognormal64", 2048, ALL, SEEDS, LR_GRID),
-        Profile("shifting32", 1024, ALL, SEEDS, LR_GRID),
-        Profile("churn32", 1024, ALL, SEEDS, LR_GRID),
-        Profile("lognormal256", 8192, ("asgd+fixed", "DBS-SGD (capped weight)", "multi-step delay"), (0, 1, 2),
-                lr_from="lognormal64"),
+        Profile("bench4", 128, ALL, SEEDS),
+        Profile("tail16", 512, ALL, SEEDS),
+        Profile("lognormal64", 2048, ALL, SEEDS),
+        Profile("shifting32", 1024, ALL, SEEDS),
+        Profile("churn32", 1024, ALL, SEEDS),
+        Profile("lognormal256", 8192, ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic"),
+                (0, 1, 2), lr_from="lognormal64"),
+    ),
+    "tuned-scale": (
+        Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
+        Profile("lognormal64", 2048, CANDIDATES, (0, 1, 2), (100,)),
     ),
     "tuned-quick": (
-        Profile("bench4", 64, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (0.02, 0.05), (100,), budget_s=2.0,
-                slower=1.0, target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic"),
+        Profile("bench4", 64, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (100,), budget_s=2.0, slower=1.0,
+                target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic", lrs=(0.02, 0.05)),
     ),
 }
 
@@ -204,7 +223,8 @@ def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
     profiles = STUDIES[mode]
     res = Results(profiles={p.profile: asdict(p) for p in profiles})
     log = lambda s: print(s, flush=True)  # noqa: E731
-    tuning = [Run(p, m, lr, s, True) for p in profiles for m in p.methods for lr in p.lrs for s in p.tune_seeds]
+    tuning = [Run(p, m, lr, s, True) for p in profiles if not p.lr_from for m in p.methods
+              for lr in p.lrs or METHODS[m].lrs for s in p.tune_seeds]
     for run, r in run_all(tuning, jobs, log):
         res.tuning.setdefault(run.profile.profile, []).append(_record(run, r))
         write(res, out, plots=False)
@@ -268,8 +288,8 @@ def render(res: Results) -> str:
             continue
         chosen = res.chosen.get(p["lr_from"] or name, {})
         n = len(PROFILES[p["profile"]]())
-        tuned = (f"step size tuned over {', '.join(f'{lr:g}' for lr in p['lrs'])} on seeds "
-                 f"{', '.join(map(str, p['tune_seeds']))}" if p["lrs"] else f"step sizes from {p['lr_from']}")
+        tuned = (f"step sizes from {p['lr_from']}" if p["lr_from"] else
+                 f"each method's step size tuned over its grid on seeds {', '.join(map(str, p['tune_seeds']))}")
         out += [f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
                 f"seeds {', '.join(map(str, p['seeds']))}; {tuned}", "",
                 f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged | test acc. at budget "
