@@ -14,8 +14,8 @@ STUBBORN = """
 import signal, subprocess, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                          "print('ready', flush=True); time.sleep(600)"], start_new_session=True, stdout=subprocess.PIPE,
-                         text=True)
+                          "print('ready', flush=True); time.sleep(600)"],
+                         start_new_session=True, stdout=subprocess.PIPE, text=True)
 assert child.stdout.readline() == "ready\\n"
 print(child.pid, flush=True)
 time.sleep(600)
