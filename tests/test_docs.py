@@ -8,6 +8,7 @@ is checked. A command added to the docs without an entry there, or an entry whos
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import child_env
+from harness import child_env, kill_tree
 from tools import need_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,10 +124,22 @@ def env_and_argv(command: str) -> tuple[dict[str, str], list[str]]:
     return env, words
 
 
-def shell(command: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """`command` as a user types it, with this environment's `dynabatch` first on PATH."""
+def shell(command: str, cwd: Path, timeout_s: float) -> tuple[int, str]:
+    """`command` as a user types it, with this environment's `dynabatch` first on PATH: (exit status, output).
+
+    It runs in a session of its own, so that a command past `timeout_s` is killed with every process it
+    started (a `dynabatch run` and its roles), not only the shell.
+    """
     env = {**child_env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.Popen(command, shell=True, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{command}: still running after {timeout_s:.0f}s\n{out[-3000:]}") from None
+    return proc.returncode, out
 
 
 def run_as_pasted(command: str, cwd: Path, timeout_s: float = 120, **placeholders: str) -> str:
@@ -135,9 +148,8 @@ def run_as_pasted(command: str, cwd: Path, timeout_s: float = 120, **placeholder
     assert kind == RUN, command
     for placeholder, value in placeholders.items():
         command = command.replace(placeholder, value)
-    done = shell(command, cwd, timeout_s)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"{command}\n{out[-3000:]}"
+    code, out = shell(command, cwd, timeout_s)
+    assert code == 0, f"{command}\n{out[-3000:]}"
     assert expected in out, f"{command}: {expected!r} not in its output\n{out[-3000:]}"
     return out
 
@@ -157,6 +169,13 @@ def test_the_readme_stays_short():
     assert lines <= 250, f"README.md has {lines} lines; move the detail to docs/"
 
 
+def test_every_python_block_in_the_docs_parses():
+    blocks = [(doc.name, b) for doc in DOCS for b in re.findall(r"^```python\n(.*?)^```", doc.read_text(), re.M | re.S)]
+    assert len(blocks) >= 3, "the extraction finds the docs' python blocks"
+    for name, block in blocks:
+        ast.parse(block, filename=name)
+
+
 def test_every_relative_link_in_the_docs_resolves():
     for doc in DOCS:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
@@ -172,9 +191,10 @@ def test_help_commands_run_as_pasted(tmp_path):
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == PARSE))
 def test_the_flags_of_each_long_or_multi_machine_command_parse(command):
     env, argv = env_and_argv(command)
-    module = {"dynabatch": "dynabatch.cli.main", "python": None}[argv[0]]
-    if module is None:  # python -m MODULE ARGS
-        assert argv[1] == "-m", command
+    if argv[0] == "dynabatch":
+        module = "dynabatch.cli.main"
+    else:
+        assert argv[:2] == ["python", "-m"], f"{command}: a PARSE command is `dynabatch ...` or `python -m MODULE ...`"
         module, argv = argv[2], argv[2:]
     done = subprocess.run([sys.executable, "-c", PARSE_ONLY, module, *argv], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**child_env(), **env})
