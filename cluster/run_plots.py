@@ -8,7 +8,8 @@ moment training began marked:
   metric whose values lie in [0, 1] shares one, any other metric gets its own).
   Evaluations are points, never joined: between two evaluations nothing was
   measured, and a short run's first and last evaluation joined by a line would
-  draw a learning curve that never happened.
+  draw a learning curve that never happened. A run with few evaluations labels
+  each point with the model version it evaluated.
 - `workers.png`: per worker, its batch (with its upper bound), its samples/s and
   its mean step time between two snapshots. Dynamic batching works when the step
   times meet; a worker's legend gives its name, slowdown and batch bound.
@@ -30,6 +31,7 @@ from dynabatch.common.messages import JobStatus
 
 X_LABEL = "seconds since the job's scheduler started"
 NAN = float("nan")
+MAX_VERSION_LABELS = 12  # beyond this many evaluations the labels would cover the points
 
 
 def write_plots(run_dir: Path, timeline: list[JobStatus]) -> list[Path]:
@@ -135,10 +137,23 @@ def _draw_evaluations(plt: Any, timeline: list[JobStatus], config: dict[str, Any
         for name in names:
             ax.plot([e.eval_t for e in evals], [e.metrics.get(name, NAN) for e in evals], "o", label=name)
         ax.set_ylabel(names[0] if len(names) == 1 else "evaluation metrics in [0, 1]")
+        if len(evals) <= MAX_VERSION_LABELS:
+            _label_versions(ax, evals, names[0])
+            ax.margins(y=0.12)  # room for the labels of the highest points
     for ax in axes[0]:
         _mark_training_start(ax, timeline)
         ax.legend(fontsize="small")
     return fig
+
+
+def _label_versions(ax: Any, evals: list[JobStatus], name: str) -> None:
+    """Each evaluation's model version beside its point: an evaluation is reported when the evaluator finishes,
+    so on a busy machine the initial model's (v0) can land after training began."""
+    for e in evals:
+        value = e.metrics.get(name, NAN)
+        if e.eval_version is not None and e.eval_t is not None and math.isfinite(value):
+            ax.annotate(f"v{e.eval_version}", (e.eval_t, value), textcoords="offset points", xytext=(4, 4),
+                        fontsize="x-small")
 
 
 def _draw_workers(plt: Any, timeline: list[JobStatus], config: dict[str, Any]) -> Any:

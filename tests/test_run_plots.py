@@ -17,7 +17,7 @@ def _status(t: float, steps: int, step_s_total: float, metrics: dict[str, float]
             eval_t: float | None = None) -> JobStatus:
     worker = WorkerStatus(name="worker1", batch=32, observed_steps=steps, step_s_total=step_s_total, max_batch=64)
     return JobStatus(t=t, job="dynabatch", protocol="asgd", batch_policy="dynamic", loss=1.0, training_t=t - 1.0,
-                     workers={"w0": worker}, metrics=metrics or {}, eval_t=eval_t,
+                     workers={"w0": worker}, metrics=metrics or {}, eval_t=eval_t, eval_version=steps,
                      test_loss=(metrics or {}).get("loss"))
 
 
