@@ -1,7 +1,6 @@
 """ResNet-18 with BatchNorm on CIFAR-10, as a dynabatch task.
 
-    DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --protocol ssgd \
-        --workers 3 --slowdowns 1 2 4
+    DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --protocol ssgd --slowdowns 1 2 4
 
 Its recipe (lr 0.1, Nesterov momentum 0.9) is made for synchronous SGD: under the
 default protocol, asgd, whose staleness adds momentum of its own, it ended at
