@@ -7,7 +7,7 @@
 
 then `dynabatch run --task path/to/file.py:task` (or `dynabatch worker --task ...` on each machine),
 or from Python `run = db.run(task, workers=3, slowdowns=[1, 2, 4], epochs=5)`: `run.dir`, `run.summary`, `run.model`.
-See README.md, "Train your own model".
+See README.md, "Train your own model" (a task file that runs as pasted), and docs/users.md for every field.
 
 The names load on first use: every `dynabatch.*` module imports this package first,
 and `dynabatch keys` or a role's flag error must not wait for torch.

@@ -179,7 +179,7 @@ def time_to_target(timeline: list[JobStatus], target: MetricTarget) -> float | N
     """Seconds from the first batches to the first evaluation that meets `target` (None if none did, or
     if training never began; 0 if the model met it before training, as the evaluator's first look can)."""
     start = training_start(timeline)
-    hit = next((e for e in _evaluations(timeline) if target.met(metric_value(e, target.name))), None)
+    hit = next((e for e in evaluations(timeline) if target.met(metric_value(e, target.name))), None)
     return None if hit is None or hit.eval_t is None or start is None else max(0.0, hit.eval_t - start)
 
 
@@ -192,64 +192,17 @@ def metric_value(status: JobStatus, name: str) -> float | None:
 
 
 def plot(run_dir: Path, timeline: list[JobStatus]) -> list[Path]:
-    """loss_accuracy.png (against time) and workers.png (batch sizes and samples/s against time)."""
-    import matplotlib
+    """The run folder's PNG plots (cluster/run_plots.py, imported here so that matplotlib loads only when a run
+    is plotted)."""
+    from dynabatch.cluster.run_plots import write_plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = []
-    t = [s.t for s in timeline]
-    evals = _evaluations(timeline)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot(t, [s.loss if s.loss is not None else float("nan") for s in timeline], label="train loss (smoothed)")
-    ax1.plot([e.eval_t for e in evals], [e.test_loss for e in evals], "o-", label="test loss")
-    ax1.set_xlabel("seconds")
-    ax1.set_ylabel("loss")
-    ax1.legend()
-    names = sorted({name for e in evals for name in e.metrics if name != "loss"})
-    for name in names:
-        ax2.plot([e.eval_t for e in evals], [e.metrics.get(name, float("nan")) for e in evals], "o-", label=name)
-    ax2.set_xlabel("seconds")
-    ax2.set_ylabel("evaluation metrics")
-    if names:
-        ax2.legend()
-    ax2.grid(alpha=0.3)
-    fig.suptitle(_title(timeline))
-    fig.tight_layout()
-    out.append(run_dir / "loss_accuracy.png")
-    fig.savefig(out[-1], dpi=100)
-    plt.close(fig)
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for wid in sorted({w for s in timeline for w in s.workers}):
-        pts = [(s.t, s.workers[wid]) for s in timeline if wid in s.workers]
-        label = f"{wid} ({pts[-1][1].name})"
-        ax1.step([p[0] for p in pts], [p[1].batch for p in pts], where="post", label=label)
-        ax2.plot([p[0] for p in pts], [p[1].samples_per_s for p in pts], label=label)
-    ax1.set_xlabel("seconds")
-    ax1.set_ylabel("batch size")
-    ax1.legend()
-    ax2.set_xlabel("seconds")
-    ax2.set_ylabel("samples/s (last step)")
-    ax2.legend()
-    fig.suptitle(_title(timeline))
-    fig.tight_layout()
-    out.append(run_dir / "workers.png")
-    fig.savefig(out[-1], dpi=100)
-    plt.close(fig)
-    return out
+    return write_plots(run_dir, timeline)
 
 
-def _evaluations(timeline: list[JobStatus]) -> list[JobStatus]:
+def evaluations(timeline: list[JobStatus]) -> list[JobStatus]:
     """One point per evaluation, at the time it was reported (snapshots repeat the latest one)."""
     seen: dict[float, JobStatus] = {}
     for snap in timeline:
         if snap.eval_t is not None:
             seen[snap.eval_t] = snap
     return [seen[k] for k in sorted(seen)]
-
-
-def _title(timeline: list[JobStatus]) -> str:
-    last = timeline[-1]
-    return f"{last.job}: {last.protocol} + {last.batch_policy} batches"

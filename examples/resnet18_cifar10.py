@@ -1,6 +1,10 @@
 """ResNet-18 with BatchNorm on CIFAR-10, as a dynabatch task.
 
-    DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --workers 3 --slowdowns 1 2 4
+    DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --protocol ssgd --slowdowns 1 2 4
+
+Its recipe (lr 0.1, Nesterov momentum 0.9) is made for synchronous SGD: under the
+default protocol, asgd, whose staleness adds momentum of its own, it ended at
+chance in tests; give it `--protocol ssgd`.
 
 The CIFAR variant of ResNet-18 (a 3x3 stem and no max-pool, since the images are
 32x32), written here without torchvision. CIFAR-10 is read from its python

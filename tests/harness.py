@@ -8,6 +8,7 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -73,13 +74,59 @@ def status_at(ctx: zmq.Context, endpoint: str) -> JobStatus | None:
 
 
 def interrupt(run: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """Ctrl-C a `dynabatch run` and wait for it (killed if it outlasts `timeout_s`)."""
+    """Ctrl-C a `dynabatch run` and wait for it; if it outlasts `timeout_s`, kill it with everything it started.
+
+    `dynabatch run` starts its children in process groups of their own, so killing the
+    parent alone would leave them running past the test: every process group of the
+    run's tree is killed (the test's own group excepted, where only the tree's members die).
+    """
     run.send_signal(signal.SIGINT)
     try:
         run.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        run.kill()
+        kill_tree(run.pid)
         run.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid`, children before grandchildren, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone since the listing
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`, its descendants and every process group among them other than this process's own."""
+    tree = [pid, *descendants(pid)]  # listed before anything dies: orphans are re-parented to init
+    own = os.getpgrp()
+    groups = set()
+    for p in tree:
+        try:
+            groups.add(os.getpgid(p))
+        except ProcessLookupError:
+            pass
+    for group in groups - {own}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,11 +85,25 @@ def test_a_run_folder_that_holds_a_run_is_never_reused(tmp_path):
     assert sorted(p.name for p in old.rglob("*")) == ["checkpoints", "shard-0.pt"], "nothing was written into it"
 
 
-def test_help_lists_every_role():
+COMMANDS = ("run", "scheduler", "ps", "worker", "export", "check", "keys")
+
+
+def test_help_lists_every_command_on_a_line_of_its_own():
+    """Each command is a row of the command table, matched as a whole word at the row's start ("run" alone, not
+    the "run" inside "dry-run")."""
     out = _run("--help")
-    assert out.returncode == 0
-    for role in ("run", "scheduler", "ps", "worker"):
-        assert role in out.stdout
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.split("commands:", 1)[1]
+    listed = [m.group(1) for m in re.finditer(r"^  (\S+) +\S", table, re.MULTILINE)]
+    assert listed == list(COMMANDS), out.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_commands_help_is_its_own(command):
+    out = _run(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: dynabatch {command} "), out.stdout[:200]
+    assert "--help" in out.stdout and "Traceback" not in out.stderr
 
 
 def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(tmp_path):

@@ -23,9 +23,7 @@ from dynabatch.common import data, dataset_files
 from dynabatch.common.catalog import DATASETS
 from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch, read_idx
 from dynabatch.common.dataset_files import DatasetNotFound
-
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
-
+from tools import need_fashion_mnist
 
 def idx_bytes(arr: np.ndarray) -> bytes:
     """Encode a uint8 array in the idx format: 0, 0, type 0x08, ndim, big-endian dims, data."""
@@ -216,8 +214,8 @@ def test_loads_cifar10_python_batches(tmp_path: Path, no_default_dirs: Path) -> 
 
 
 @pytest.mark.data
-@pytest.mark.skipif(not FASHION_DIR.is_dir(), reason="apt-get install -y dataset-fashion-mnist")
 def test_real_fashion_mnist(monkeypatch: pytest.MonkeyPatch) -> None:
+    need_fashion_mnist()
     monkeypatch.delenv("DYNABATCH_DATA_DIR", raising=False)
     ds = load_dataset("fashion-mnist")
     assert ds.train_x.shape == (60000, 1, 28, 28) and ds.test_x.shape == (10000, 1, 28, 28)

@@ -67,8 +67,10 @@ def test_an_unknown_device_exits_2_naming_the_flag(device):
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_CUDA, reason="no CUDA"))])
 def test_worker_and_evaluator_compute_on_the_device(tmp_path, device):
-    """Both train or evaluate, and hold a GPU exactly when told to: on a GPU host a `cpu`
-    worker that computed on the GPU anyway, or a `cuda` one that fell back to the CPU, fails."""
+    """Both train or evaluate, with their model's parameters where `--device` says (each logs the device its
+    parameters are on, read off the model), and hold a GPU exactly when told to: a worker whose model is not on
+    the device fails on any host, and on a GPU host so does a `cpu` worker that computed on the GPU anyway, or a
+    `cuda` one that fell back to the CPU."""
     c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "cnn", "--epochs", "1000", "--eval-interval-s", "1"])
     try:
         c.scheduler()
@@ -78,7 +80,9 @@ def test_worker_and_evaluator_compute_on_the_device(tmp_path, device):
         c.wait_status("training and an evaluation on the device",
                       lambda s: s.workers and all(w.steps > 5 for w in s.workers.values())
                       and s.test_acc is not None and s.loss is not None)
+        expected = torch.empty(0, device=device).device  # `cuda` -> cuda:0, the device a model moves to
         for p in (worker, evaluator):
+            assert f"parameters on {expected}" in p.log_text(), p.log_text()[-2000:]
             held = _nvidia_files_open(p.proc.pid)
             if device == "cpu":
                 assert not held, f"{p.name} runs with --device cpu yet holds {sorted(held)}"

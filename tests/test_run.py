@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
 from harness import run_job
+from tools import need_fashion_mnist
 
 pytestmark = pytest.mark.slow
 
-FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 MLP_PARAMS = 235_146
 
 
@@ -24,13 +23,13 @@ PAIRS = [("fixed", "asgd"), ("fixed", "ssgd"), ("dynamic", "ssgd"), ("fixed", "s
 
 
 @pytest.mark.data
-@pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
 @pytest.mark.parametrize("policy, protocol", PAIRS, ids=[f"{p}-{q}" for p, q in PAIRS])
 def test_every_protocol_and_batch_policy_learns_fashion_mnist(tmp_path, protocol, policy):
     """A quick setting (the MLP for a quarter epoch, two workers 1x and 2x, the final model evaluated);
     full runs are the benchmarks' job, and the default job's CNN is test_the_main_job_learns_fashion_mnist's.
     The MLP travels as much as the CNN (235k parameters against 215k) for far less compute: one run here took
     14 s and 20 s of CPU with it, 24 s and 36 s with the CNN (side by side), and reached 75% either way."""
+    need_fashion_mnist()
     run, _ = run_job(tmp_path, "r", "--model", "mlp", "--epochs", "0.25", "--workers", "2", "--slowdowns", "1", "2",
                      "--protocol", protocol, "--batch-policy", policy, "--eval-interval-s", "600")
     summary = json.loads((run / "summary.json").read_text())
@@ -75,9 +74,9 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
 
 
 @pytest.mark.data
-@pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
 def test_the_main_job_learns_fashion_mnist(tmp_path):
     """The default job, shortened to one epoch: the CNN must be well on its way to 88%."""
+    need_fashion_mnist()
     run, _ = run_job(tmp_path, "r", "--epochs", "1", timeout_s=400)
     summary = json.loads((run / "summary.json").read_text())
     accuracies = [s["test_acc"] for s in json.loads((run / "timeline.json").read_text()) if s.get("test_acc") is not None]

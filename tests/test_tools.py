@@ -1,4 +1,5 @@
-"""A missing external tool skips a test on a developer's machine and fails it under CI (tests/tools.py)."""
+"""A missing external tool, or missing Fashion-MNIST, skips a test on a developer's machine and fails it under CI
+(tests/tools.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,20 @@ from tools import find_tool
 
 TESTS = Path(__file__).resolve().parent
 NEEDS_A_MISSING_TOOL = """
-from tools import need_module, need_tool
+from pathlib import Path
+
+import tools
+from tools import need_fashion_mnist, need_module, need_tool
 
 def test_tool():
     need_tool("dynabatch-no-such-tool", "there is none")
 
 def test_module():
     need_module("dynabatch_no_such_module", "there is none")
+
+def test_data(monkeypatch):
+    monkeypatch.setattr(tools, "FASHION_MNIST", Path("/nonexistent/fashion-mnist"))
+    need_fashion_mnist()
 """
 
 
@@ -38,16 +46,18 @@ def _pytest_outcome(tmp_path: Path, ci: str | None) -> str:
 @pytest.mark.parametrize("ci", [None, "", "false"])
 def test_missing_tool_skips_outside_ci(tmp_path: Path, ci: str | None) -> None:
     report = _pytest_outcome(tmp_path, ci)
-    assert "2 skipped" in report and "failed" not in report, report
+    assert "3 skipped" in report and "failed" not in report, report
     assert "dynabatch-no-such-tool is not installed (there is none)" in report
+    assert "Fashion-MNIST is not in /nonexistent/fashion-mnist" in report
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])
 def test_missing_tool_fails_under_ci_naming_it(tmp_path: Path, ci: str) -> None:
     report = _pytest_outcome(tmp_path, ci)
-    assert "2 failed" in report and "skipped" not in report, report
+    assert "3 failed" in report and "skipped" not in report, report
     assert "dynabatch-no-such-tool is not installed" in report
     assert "dynabatch_no_such_module is not installed" in report
+    assert "Fashion-MNIST is not in /nonexistent/fashion-mnist" in report
 
 
 def test_finds_the_tools_of_this_interpreters_environment_before_path() -> None:

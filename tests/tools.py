@@ -30,6 +30,16 @@ def missing(what: str) -> NoReturn:
     pytest.skip(what, allow_module_level=True)
 
 
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # where Debian's dataset-fashion-mnist puts it
+
+
+def need_fashion_mnist() -> None:
+    """Debian's Fashion-MNIST must be installed; without it the test is skipped (failed under CI, where
+    `make test` installs it, so that a missing package cannot pass the data tests unseen)."""
+    if not (FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
+        missing(f"Fashion-MNIST is not in {FASHION_MNIST} (apt-get install -y dataset-fashion-mnist)")
+
+
 def find_tool(name: str) -> str | None:
     """`name` from this interpreter's scripts folder, else from PATH.
 

@@ -156,10 +156,11 @@ class Worker:
                                     self.buffers.read(self.model))
         except RemoteError as exc:
             raise TaskError(f"the job's shards refused this worker's model: {exc.text}") from None
+        # The device is read off the model's parameters, not the flag: the log says where the model really is.
         log.info("%s joined job %r as %s: %s, %d parameters, %d training samples, %d shard(s)%s, slowdown %s, "
-                 "device %s", self.name, self.job.job, self.id, self.task.name, sig.total, sig.train_size,
+                 "parameters on %s", self.name, self.job.job, self.id, self.task.name, sig.total, sig.train_size,
                  len(welcome.shards), " (initialised them)" if any(a.initialized for a in acks) else "",
-                 self.opts.slowdown, self.device)
+                 self.opts.slowdown, next(self.model.parameters()).device)
         return True
 
     def _hello(self, role: str) -> Hello:
