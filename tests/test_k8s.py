@@ -835,10 +835,38 @@ def test_dockerfile_structure() -> None:
     (entrypoint,) = [a for k, a in steps if k == "ENTRYPOINT"]
     assert json.loads(entrypoint)[0] == "dynabatch", "exec form: signals reach dynabatch"
     runs = " ".join(a for k, a in steps if k == "RUN")
-    assert "-c constraints-cpu.txt" in runs
-    assert "--extra-index-url" in runs and args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    # torch from its one index, nothing from anywhere else: no fallback to PyPI's CUDA build.
+    assert "--extra-index-url" not in runs and "--find-links" not in runs
+    assert '--index-url "$TORCH_INDEX_URL"' in runs and args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert args["TORCH_VARIANT"] == "cpu" and "endswith('+cpu')" in runs, "the build checks torch is the +cpu one"
+    installs = [a for k, a in steps if k == "RUN" for a in a.split("&&") if "pip install" in a]
+    assert installs and all("--require-hashes" in a or "--no-index" in a for a in installs), installs
     assert "dataset-fashion-mnist" in runs and args.get("WITH_FASHION_MNIST") == "1"
     assert any(k == "COPY" and a.startswith("--from=") for k, a in final), "the runtime copies the built venv"
+
+
+@pytest.mark.parametrize("variant", ["cpu", "cuda"])
+def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
+    """lock/VARIANT (scripts/lock-image.sh): exact versions and sha256 hashes, torch alone in torch.txt,
+    the CPU variant's torch the +cpu build at constraints-cpu.txt's version, every dependency locked."""
+    folder = ROOT / "lock" / variant
+    pins: dict[str, dict[str, str]] = {}
+    for part in ("torch", "rest"):
+        text = (folder / f"{part}.txt").read_text()
+        entries = re.findall(r"^([A-Za-z0-9._-]+)==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n?)+)", text, re.M)
+        requirement_lines = [line for line in text.splitlines() if line and not line.startswith((" ", "#"))]
+        assert len(entries) == len(requirement_lines) > 0, f"{folder}/{part}.txt: an entry without a pin or hash"
+        pins[part] = {name.lower(): version for name, version, _ in entries}
+    assert list(pins["torch"]) == ["torch"] and "torch" not in pins["rest"]
+    constraints = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)$", (ROOT / "constraints-cpu.txt").read_text(), re.M))
+    base, _, local = pins["torch"]["torch"].partition("+")
+    assert base == constraints["torch"] and local == ("cpu" if variant == "cpu" else "")
+    for dependency in pyproject()["project"]["dependencies"]:
+        name = re.match(r"[A-Za-z0-9._-]+", dependency).group().lower().replace("_", "-")
+        if name != "torch":
+            assert name in pins["rest"], f"{name} is not locked"
+            assert pins["rest"][name] == constraints.get(name.replace("-", "_"), constraints.get(name)), name
+    assert "setuptools" in pins["rest"], "dynabatch is built with the locked setuptools (--no-build-isolation)"
 
 
 def test_dockerfile_passes_hadolint() -> None:
