@@ -6,7 +6,8 @@ gets a folder holding only the files its role reads, as on separate machines).
 
 Processes are started and stopped through the launcher `dynabatch run` uses (logs in `log_dir`,
 workers stopped before shards before the scheduler); every port is the same on every host, as on
-real machines, since each host has an address of its own.
+real machines, since each host has an address of its own; a second process on one host (the shard
+beside the scheduler, as the README allows) serves /metrics on the next port.
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ class HostedJob:
     def __post_init__(self) -> None:
         self.launcher = Launcher(self.log_dir)
         self.keys = keys_per_role(self.curve_dir, self.log_dir) if self.curve_dir else {}
+        self.metrics_ports: dict[str, list[int]] = {}  # by host: the /metrics port of each process started there
 
     def _start(self, host: Host, name: str, role: str, argv: list[str]) -> Child:
         curve = ["--curve-dir", self.keys[role]] if self.keys else []
+        ports = self.metrics_ports.setdefault(host.name, [])
+        ports.append(METRICS_PORT + len(ports))
         cmd = host.command(dynabatch_command([*argv, *curve, "--metrics-host", "0.0.0.0",
-                                              "--metrics-port", str(METRICS_PORT)]))
+                                              "--metrics-port", str(ports[-1])]))
         return self.launcher.spawn(name, role, cmd, serves_metrics=True)
 
     @property
@@ -74,13 +78,13 @@ class HostedJob:
                            ["worker", "--scheduler", self.scheduler_endpoint, "--name", host.name, *flags,
                             *(["--evaluator"] if evaluator else [])])
 
-    def metrics(self, host: Host) -> str:
-        """The /metrics page of the dynabatch process on `host`, read from that host."""
-        return host.get(f"http://127.0.0.1:{METRICS_PORT}/metrics").decode()
+    def metrics(self, host: Host, nth: int = 0) -> str:
+        """The /metrics page of the `nth` dynabatch process started on `host`, read from that host."""
+        return host.get(f"http://127.0.0.1:{self.metrics_ports[host.name][nth]}/metrics").decode()
 
-    def value(self, host: Host, name: str, **labels: str) -> float:
-        """One series (summed over the labels not given) of the process on `host`; 0 if it is absent."""
-        return metric_sum(self.metrics(host), name, **labels)
+    def value(self, host: Host, name: str, nth: int = 0, **labels: str) -> float:
+        """One series (summed over the labels not given) of a process on `host`; 0 if it is absent."""
+        return metric_sum(self.metrics(host, nth), name, **labels)
 
     def stop(self) -> None:
         self.launcher.stop_all()
