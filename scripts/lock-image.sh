@@ -15,12 +15,12 @@
 # which is the index's when the file came from it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PIP_COMPILE="${PIP_COMPILE:-pip-compile}"
+LOCK_COMPILER="${LOCK_COMPILER:-pip-compile}"  # not PIP_*: pip reads those as its options
 compile() {  # compile VARIANT OUT [pip-compile args]: every requirement, hashed, into OUT
     local variant="$1" out="$2"; shift 2
     # No pip configuration of this machine: only the indexes named here may be used.
     env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null \
-        "$PIP_COMPILE" --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+        "$LOCK_COMPILER" --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
         --no-emit-find-links --constraint constraints-cpu.txt --output-file "$out" "$@" pyproject.toml
     echo "lock-image: $variant: $(grep -c '^[a-z0-9]' "$out") packages"
 }

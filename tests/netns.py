@@ -8,7 +8,8 @@ latency 400ms`: on the host's eth0 for what it sends, on the bridge's port for w
 receives). No namespace has a route but the /15 on the bridge, and the machine's own
 namespace has no leg on it: nothing inside reaches out, nothing outside reaches in. Hosts
 know each other by name (host-a, ...) through /etc/netns/NS/hosts, which `ip netns exec`
-mounts over /etc/hosts, so commands read as they would on real machines.
+mounts over /etc/hosts, and each process started on a host sees that name as its host name,
+so commands read as they would on real machines.
 
 Names carry the creating process's pid and a random token, so two suites at once never
 collide; `Network.close` removes everything it made (a test's finalizer calls it however
@@ -152,8 +153,11 @@ class Host:
     rate: str
 
     def command(self, argv: list[str]) -> list[str]:
-        """`argv` run on this host."""
-        return ["ip", "netns", "exec", self.ns, *argv]
+        """`argv` run on this host: in its network namespace, with its name as the host name (a UTS namespace of
+        its own), so a process that names itself after its host (a shard's default name) tells hosts apart.
+        Every step execs the next: the process started is `argv`'s, under the same pid."""
+        rename = 'echo "$0" > /proc/sys/kernel/hostname && exec "$@"'
+        return ["ip", "netns", "exec", self.ns, "unshare", "--uts", "--", "sh", "-c", rename, self.name, *argv]
 
     def get(self, url: str, timeout_s: float = 5.0) -> bytes:
         """An HTTP GET made from this host (a URL with a host name resolves through the network's hosts file)."""

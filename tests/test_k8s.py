@@ -653,6 +653,12 @@ def test_mixed_has_gpu_and_cpu_pools() -> None:
              .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
     assert cpu_spec.get("nodeSelector") or terms
     assert scheduler_job(objs).shards == 2 == named(objs, "StatefulSet", "ps")["spec"]["replicas"]
+    # CUDA 13 wheels: only nodes whose NVIDIA driver is 580 or newer (GPU Feature Discovery's labels).
+    gpu_terms = gpu_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert gpu_terms and all(
+        any(e["operator"] == "Gt" and e["key"].startswith("nvidia.com/cuda.driver") and int(e["values"][0]) >= 579
+            for e in term["matchExpressions"]) for term in gpu_terms), gpu_terms
     # The GPU pool computes on its GPU, the CPU pool on its CPUs.
     assert parse_flags(main_container(gpu), downward_for(gpu))[WorkerOptions].device == "cuda"
     assert parse_flags(main_container(cpu), downward_for(cpu))[WorkerOptions].device == "cpu"
@@ -894,7 +900,8 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
     project = pyproject()
-    needed = ["pyproject.toml", "constraints-cpu.txt", project["project"]["readme"]]
+    needed = ["pyproject.toml", "constraints-cpu.txt", project["project"]["readme"], "lock/cpu/torch.txt",
+              "lock/cuda/rest.txt"]
     needed += [f"{folder}/__init__.py" for folder in project["tool"]["setuptools"]["package-dir"].values()]
     for path in needed:
         assert not dockerignore_excludes(patterns, path), f"the build needs {path}"

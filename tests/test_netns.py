@@ -50,6 +50,9 @@ def test_hosts_reach_each_other_by_name_over_shaped_links_and_nothing_else():
     with netns.Network() as net:
         a, b = net.add_host("host-a"), net.add_host("host-b", "100mbit")
         assert a.address == "198.18.0.1" and b.address == "198.18.0.2"
+        named = subprocess.run(b.command([sys.executable, "-c", "import socket; print(socket.gethostname())"]),
+                               capture_output=True, text=True)
+        assert named.stdout.strip() == "host-b", named.stderr
         routes = subprocess.run(b.command(["ip", "route"]), capture_output=True, text=True).stdout.strip()
         assert routes.splitlines() == [f"198.18.0.0/15 dev eth0 proto kernel scope link src {b.address}"], routes
         outside = subprocess.run(b.command(["ip", "route", "get", "1.1.1.1"]), capture_output=True, text=True)
