@@ -72,10 +72,10 @@ class HostedJob:
                             "--advertise", f"tcp://{host.name}:{SHARD_PORT}", *flags])
 
     def worker(self, host: Host, *flags: str, evaluator: bool = False) -> Child:
-        """`dynabatch worker --scheduler tcp://A:5555` (with `--evaluator`) on `host`, named after it."""
+        """`dynabatch worker --scheduler tcp://A:5555` (with `--evaluator`) on `host` (its default name: HOST-PID)."""
         role = "evaluator" if evaluator else "worker"
         return self._start(host, f"{role}-{host.name}", role,
-                           ["worker", "--scheduler", self.scheduler_endpoint, "--name", host.name, *flags,
+                           ["worker", "--scheduler", self.scheduler_endpoint, *flags,
                             *(["--evaluator"] if evaluator else [])])
 
     def metrics(self, host: Host, nth: int = 0) -> str:
