@@ -16,7 +16,10 @@ ENGINE="${1:-$(command -v podman >/dev/null && echo podman || echo docker)}"
 TAG="${BASE_IMAGE:-docker.io/library/python:3.11-slim-bookworm}"
 SUITE="${SUITE:-bookworm}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-command -v mmdebstrap >/dev/null || { echo "image-base: mmdebstrap is not installed (apt-get install -y mmdebstrap)" >&2; exit 1; }
+if ! command -v mmdebstrap >/dev/null; then
+    echo "image-base: mmdebstrap is not installed (apt-get install -y mmdebstrap)" >&2
+    exit 1
+fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # --variant=minbase: essential packages and apt only; then Python with venv and pip, and CA certificates.

@@ -54,7 +54,8 @@ start=$(date +%s)
 nice -n 10 "$engine" build "${args[@]}" -t "$tag" .
 seconds=$(( $(date +%s) - start ))
 # The build checked torch already; this checks what the image really runs.
-want='import sys, torch; v = torch.__version__; ok = v.endswith("+cpu") if sys.argv[1] == "cpu" else not v.endswith("+cpu")
+want='import sys, torch; v = torch.__version__
+ok = v.endswith("+cpu") if sys.argv[1] == "cpu" else not v.endswith("+cpu")
 print(f"torch {v}"); sys.exit(0 if ok else f"image: torch {v} is not the {sys.argv[1]} build")'
 "$engine" run --rm --network none --entrypoint python "$tag" -c "$want" "$variant"
 size=$("$engine" image inspect --format '{{.Size}}' "$tag")

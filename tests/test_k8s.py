@@ -843,7 +843,8 @@ def test_dockerfile_structure() -> None:
     runs = " ".join(a for k, a in steps if k == "RUN")
     # torch from its one index, nothing from anywhere else: no fallback to PyPI's CUDA build.
     assert "--extra-index-url" not in runs and "--find-links" not in runs
-    assert '--index-url "$TORCH_INDEX_URL"' in runs and args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert '--index-url "$TORCH_INDEX_URL"' in runs
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     assert args["TORCH_VARIANT"] == "cpu" and "endswith('+cpu')" in runs, "the build checks torch is the +cpu one"
     installs = [a for k, a in steps if k == "RUN" for a in a.split("&&") if "pip install" in a]
     assert installs and all("--require-hashes" in a or "--no-index" in a for a in installs), installs
@@ -859,7 +860,8 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
     pins: dict[str, dict[str, str]] = {}
     for part in ("torch", "rest"):
         text = (folder / f"{part}.txt").read_text()
-        entries = re.findall(r"^([A-Za-z0-9._-]+)==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n?)+)", text, re.M)
+        entries = re.findall(r"^([A-Za-z0-9._-]+)==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n?)+)",
+                             text, re.M)
         requirement_lines = [line for line in text.splitlines() if line and not line.startswith((" ", "#"))]
         assert len(entries) == len(requirement_lines) > 0, f"{folder}/{part}.txt: an entry without a pin or hash"
         pins[part] = {name.lower(): version for name, version, _ in entries}
