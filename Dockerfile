@@ -2,46 +2,61 @@
 #
 # One image for every role: the command picks it (`dynabatch scheduler|ps|worker|run`).
 #
-#   CPU (default):  docker build -t dynabatch:0.1.0 .
-#   GPU:            docker build --build-arg TORCH_INDEX_URL= -t dynabatch:0.1.0-gpu .
+#   CPU (default):  make image        (docker build -t dynabatch:0.1.0 .)
+#   GPU:            make image-gpu    (docker build --build-arg TORCH_VARIANT=cuda
+#                                       --build-arg TORCH_INDEX_URL=https://pypi.org/simple -t dynabatch:0.1.0-gpu .)
 #
-# The CPU build installs with constraints-cpu.txt, whose torch==2.13.0 resolves to
-# the +cpu wheel from the PyTorch CPU index (a +cpu local version sorts above the
-# plain one, so pip takes it). With TORCH_INDEX_URL empty the same pins resolve on
-# PyPI alone, where torch==2.13.0 for Linux x86_64 is the CUDA build (its CUDA
-# runtime comes as nvidia-* wheels; the node supplies only the driver, through the
-# NVIDIA container toolkit), so no nvidia/cuda base image is needed.
+# Every package comes from the lock files (lock/VARIANT/, made by scripts/lock-image.sh
+# from pyproject.toml and constraints-cpu.txt): exact versions, transitive ones included,
+# installed with --require-hashes. torch comes alone from TORCH_INDEX_URL (--index-url:
+# that index and no other, so an unreachable CPU index fails the build instead of
+# falling back to PyPI's CUDA build), the rest from PIP_INDEX_URL; then the build checks
+# that torch is the build it asked for. The CUDA build's runtime comes as nvidia-*
+# wheels and needs an NVIDIA driver >= 580 on the node (CUDA 13), nothing in the image.
 #
-# The base is pinned to bookworm: `python:3.11-slim` follows Debian's newest
-# release, and both stages must share one Python for the copied virtualenv.
+# The base is pinned to bookworm: both stages must share one Python for the copied
+# virtualenv. Pin it by digest where a registry is reachable
+# (--build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...); without one,
+# scripts/image-base.sh makes a local Debian bookworm base under this name.
+#
+# A TLS-intercepting proxy's CA certificate reaches pip as the build secret `pip_cert`
+# (--secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt); it is not kept in a layer.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---------------------------------------------------------------- build stage
 FROM ${PYTHON_IMAGE} AS build
 
-# PyTorch's CPU wheel index; empty for the CUDA build from PyPI.
+# cpu or cuda: which lock (lock/VARIANT/) and which torch the build must end with.
+ARG TORCH_VARIANT=cpu
+# PyTorch's CPU wheel index for cpu; PyPI for cuda.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL=https://pypi.org/simple
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/dynabatch
+RUN python3 -m venv /opt/dynabatch
 ENV PATH=/opt/dynabatch/bin:$PATH
 WORKDIR /src
 
 # Dependencies first, in their own layer: torch is most of the image, and this
-# layer changes only when pyproject.toml or the pins do.
-COPY pyproject.toml constraints-cpu.txt ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > requirements.txt \
- && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-        -c constraints-cpu.txt -r requirements.txt
+# layer changes only when the lock files do.
+COPY lock/ ./lock/
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+ && pip install --require-hashes --no-deps --index-url "$TORCH_INDEX_URL" -r "lock/$TORCH_VARIANT/torch.txt" \
+ && pip install --require-hashes --no-deps --index-url "$PIP_INDEX_URL" -r "lock/$TORCH_VARIANT/rest.txt" \
+ && pip check \
+ && python -c "import sys, torch; v, want = torch.__version__, sys.argv[1]; \
+ok = v.endswith('+cpu') if want == 'cpu' else (torch.version.cuda is not None and not v.endswith('+cpu')); \
+print(f'torch {v} (CUDA {torch.version.cuda})'); \
+sys.exit(0 if ok else f'torch {v} is not the {want} build this image asked for')" "$TORCH_VARIANT"
 
-# Then dynabatch itself (.dockerignore keeps tests, runs and keys out of the context).
+# Then dynabatch itself (.dockerignore keeps tests, runs and keys out of the context),
+# with the locked setuptools: nothing unhashed is fetched.
 COPY . .
-RUN pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-        -c constraints-cpu.txt . \
+RUN pip install --no-deps --no-index --no-build-isolation . \
  && dynabatch --version
 
 # -------------------------------------------------------------- runtime stage

@@ -12,7 +12,8 @@ PY = $(VENV)/bin/python
 PIP_INSTALL = $(PY) -m pip install --quiet -c constraints-cpu.txt
 SYSTEM_DEPS = PYTHON='$(PYTHON)' bash scripts/system-deps.sh
 
-.PHONY: install install-test run test bench bench-quick simulate simulate-quick system-deps system-deps-test
+.PHONY: install install-test run test bench bench-quick simulate simulate-quick system-deps system-deps-test \
+	image image-gpu image-test
 
 install: system-deps $(VENV)/.installed
 
@@ -57,3 +58,21 @@ simulate: install
 
 simulate-quick: install
 	$(PY) -m bench.simulate --study quick $(ARGS)
+
+# The container image (Dockerfile), with docker or podman: not part of `make test` (CI runs only the
+# suite). Each fails loudly if torch in the image is not the build it asked for. Settings (base
+# image by digest, torch's index, a local torch wheel folder, pip's CA) in scripts/image.sh; on a
+# machine without a registry for the base image, `scripts/image-base.sh` makes it first.
+IMAGE ?= dynabatch:0.1.0
+IMAGE_GPU ?= dynabatch:0.1.0-gpu
+
+image:
+	bash scripts/image.sh cpu $(IMAGE)
+
+image-gpu:
+	bash scripts/image.sh cuda $(IMAGE_GPU)
+
+# Scheduler, shard, two workers and the evaluator as separate containers of $(IMAGE): the job
+# trains, a worker image built with k8s/README.md's recipe joins it, a restarted scheduler resumes.
+image-test: install
+	$(PY) scripts/image_test.py --image $(IMAGE)

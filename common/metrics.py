@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -83,6 +84,12 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hung up before its answer was written (a scraper past its scrape timeout on a slow
+        link) is no error of ours: only anything else gets socketserver's traceback in the log."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class MetricsServer:

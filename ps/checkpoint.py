@@ -38,5 +38,20 @@ def load_checkpoint(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
     if saved.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {saved.get('format')!r}, expected {FORMAT}")
     if saved["meta"] != meta:
-        raise ValueError(f"{path}: written for {saved['meta']}, this shard is {meta}")
+        raise ForeignCheckpoint(path, saved["meta"], meta)
     return saved["state"]
+
+
+class ForeignCheckpoint(ValueError):
+    """The checkpoint at `path` belongs to another job (or shard, shard count, chunk size).
+
+    Its message is the one line the shard logs before it exits 2: what is there, what this
+    shard is, and the operator's two ways out.
+    """
+
+    def __init__(self, path: Path, saved: dict[str, Any], meta: dict[str, Any]) -> None:
+        differ = ", ".join(f"{k} {saved.get(k)!r} there, {meta.get(k)!r} here"
+                           for k in meta if saved.get(k) != meta.get(k))
+        super().__init__(f"{path} is a checkpoint of another job ({differ}): refusing to load or overwrite it; "
+                         f"for a job from scratch delete it (on Kubernetes, the shard's claim), else start this "
+                         f"shard in the job it belongs to")

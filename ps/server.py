@@ -41,7 +41,7 @@ from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
-from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
+from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
@@ -147,7 +147,13 @@ class ShardServer:
         welcome = self._register(self.opts.shard_index)
         if welcome is None:
             return 1
-        self._setup(welcome)
+        try:
+            self._setup(welcome)
+        except ForeignCheckpoint as exc:
+            log.error("%s", exc)
+            self.link.bye()
+            self.metrics_server.close()
+            return 2
         try:
             self._loop()
         finally:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages dynabatch's job and tests use: Fashion-MNIST (the main job's data),
-# Prometheus (the monitoring tests), and python3-venv where $PYTHON (the Makefile's
+# Prometheus (the monitoring tests), iproute2's ip and tc (the multi-host tests' network
+# namespaces and shaped links), and python3-venv where $PYTHON (the Makefile's
 # interpreter, python3 by default) cannot make a virtual environment with pip in it
 # (Debian's python3 without that package). Installs only what is missing.
 set -euo pipefail
@@ -9,6 +10,7 @@ need=()
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 if [ "${1:-}" = "--test" ]; then
   command -v prometheus >/dev/null || need+=(prometheus)
+  { command -v ip && command -v tc; } >/dev/null || need+=(iproute2)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else

@@ -26,6 +26,7 @@ import fnmatch
 import functools
 import ipaddress
 import json
+import math
 import os
 import re
 import subprocess
@@ -155,7 +156,23 @@ def resolved_env(container: dict[str, Any], downward: dict[str, str]) -> dict[st
             path = entry["valueFrom"]["fieldRef"]["fieldPath"]
             if path in downward:
                 values[entry["name"]] = downward[path]
+        elif "valueFrom" in entry and "resourceFieldRef" in entry["valueFrom"]:
+            values[entry["name"]] = str(resource_field(container, entry["valueFrom"]["resourceFieldRef"]))
     return values
+
+
+def cpu_cores(quantity: str) -> float:
+    """A Kubernetes CPU quantity ("2", "500m") in cores."""
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def resource_field(container: dict[str, Any], ref: dict[str, Any]) -> int:
+    """What the kubelet puts in a resourceFieldRef variable for a CPU limit or request: the
+    quantity over the divisor, rounded up (500m with divisor 1 is 1)."""
+    assert ref.get("containerName", container["name"]) == container["name"], "the container's own resources"
+    kind, _, resource = ref["resource"].partition(".")
+    assert resource == "cpu", f"only CPU resources are read here, not {ref['resource']}"
+    return math.ceil(cpu_cores(container["resources"][kind]["cpu"]) / cpu_cores(str(ref.get("divisor", "1"))))
 
 
 def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -313,10 +330,50 @@ def test_metrics_port_is_probed_and_served(objects: list[dict[str, Any]]) -> Non
             f"{kn(w)}: /metrics listens on loopback by default; Prometheus scrapes the pod from outside"
         named_ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
         assert named_ports.get("metrics") == port, kn(w)
-        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             get = c[probe]["httpGet"]
             assert get["path"] == path, f"{kn(w)} {probe}"
             assert named_ports.get(get["port"], get["port"]) == port, f"{kn(w)} {probe} port"
+
+
+# Start-up on a loaded node took up to 45 s (imports, data, the speed probe): the startup probe
+# allows well over that, and the liveness probe, which takes over once it passes, needs no delay.
+SLOWEST_START_S = 45
+
+
+def probe_window_s(probe: dict[str, Any]) -> int:
+    """How long a probe tolerates failure before the kubelet acts: its delay plus failures x period."""
+    return probe.get("initialDelaySeconds", 0) + probe.get("failureThreshold", 3) * probe.get("periodSeconds", 10)
+
+
+def test_startup_probe_outlasts_a_slow_start(objects: list[dict[str, Any]]) -> None:
+    for w in workloads(objects):
+        c = main_container(w)
+        assert probe_window_s(c["startupProbe"]) >= 3 * SLOWEST_START_S, kn(w)
+        assert not c["livenessProbe"].get("initialDelaySeconds"), f"{kn(w)}: the startup probe covers the start"
+
+
+def test_threads_follow_the_cpu_limit(objects: list[dict[str, Any]]) -> None:
+    """DYNABATCH_THREADS read from limits.cpu, so an overlay that changes the limit changes the threads."""
+    pools = [w for w in workloads(objects) if pod_labels(w).get(COMPONENT) in ("worker", "evaluator")]
+    assert pools
+    for w in pools:
+        c = main_container(w)
+        (entry,) = [e for e in env_list(c) if e["name"] == "DYNABATCH_THREADS"]
+        ref = entry.get("valueFrom", {}).get("resourceFieldRef")
+        assert ref and ref["resource"] == "limits.cpu", f"{kn(w)}: DYNABATCH_THREADS must come from limits.cpu"
+        threads = parse_flags(c, downward_for(w))[WorkerOptions].threads
+        assert threads == math.ceil(cpu_cores(c["resources"]["limits"]["cpu"])), kn(w)
+
+
+def test_grace_period_outlasts_a_request(objects: list[dict[str, Any]]) -> None:
+    """A stopping worker may be inside a request to a shard that is gone; it must get to say BYE."""
+    for w, configs in process_settings(objects):
+        opts = configs.get(WorkerOptions)
+        if opts is not None:
+            grace = pod_spec(w)["terminationGracePeriodSeconds"]
+            assert grace >= opts.request_timeout_s + 10, \
+                f"{kn(w)}: grace {grace}s, request timeout {opts.request_timeout_s}s"
 
 
 def test_dashboard_configmap(objects: list[dict[str, Any]]) -> None:
@@ -509,7 +566,8 @@ def test_ps_statefulset(objects: list[dict[str, Any]]) -> None:
     assert service_selects(service, sts)
     namespace = sts["metadata"].get("namespace", "default")
     bind_port = int(opts.bind.rsplit(":", 1)[1])
-    assert opts.advertise == f"tcp://ps-1.{spec['serviceName']}.{namespace}.svc.cluster.local:{bind_port}"
+    # Up to `.svc`: the pod's DNS search path adds the cluster's domain, whatever it is.
+    assert opts.advertise == f"tcp://ps-1.{spec['serviceName']}.{namespace}.svc:{bind_port}"
     assert bind_port in {p["port"] for p in service["spec"]["ports"]}
 
 
@@ -540,6 +598,7 @@ def test_discovery_by_dns_names_only(objects: list[dict[str, Any]]) -> None:
             for name, value in env_values(c).items():
                 for text in re.findall(r"\b\d{1,3}(?:\.\d{1,3}){3}\b", value):
                     assert ipaddress.ip_address(text).is_unspecified, f"{kn(w)}: {name}={value} hard-codes an IP"
+                assert "cluster.local" not in value, f"{kn(w)}: {name}={value} hard-codes the cluster domain"
 
 
 def test_selectors_pick_only_their_own_pods(objects: list[dict[str, Any]]) -> None:
@@ -594,6 +653,12 @@ def test_mixed_has_gpu_and_cpu_pools() -> None:
              .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
     assert cpu_spec.get("nodeSelector") or terms
     assert scheduler_job(objs).shards == 2 == named(objs, "StatefulSet", "ps")["spec"]["replicas"]
+    # CUDA 13 wheels: only nodes whose NVIDIA driver is 580 or newer (GPU Feature Discovery's labels).
+    gpu_terms = gpu_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert gpu_terms and all(
+        any(e["operator"] == "Gt" and e["key"].startswith("nvidia.com/cuda.driver") and int(e["values"][0]) >= 579
+            for e in term["matchExpressions"]) for term in gpu_terms), gpu_terms
     # The GPU pool computes on its GPU, the CPU pool on its CPUs.
     assert parse_flags(main_container(gpu), downward_for(gpu))[WorkerOptions].device == "cuda"
     assert parse_flags(main_container(cpu), downward_for(cpu))[WorkerOptions].device == "cpu"
@@ -776,10 +841,40 @@ def test_dockerfile_structure() -> None:
     (entrypoint,) = [a for k, a in steps if k == "ENTRYPOINT"]
     assert json.loads(entrypoint)[0] == "dynabatch", "exec form: signals reach dynabatch"
     runs = " ".join(a for k, a in steps if k == "RUN")
-    assert "-c constraints-cpu.txt" in runs
-    assert "--extra-index-url" in runs and args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    # torch from its one index, nothing from anywhere else: no fallback to PyPI's CUDA build.
+    assert "--extra-index-url" not in runs and "--find-links" not in runs
+    assert '--index-url "$TORCH_INDEX_URL"' in runs
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert args["TORCH_VARIANT"] == "cpu" and "endswith('+cpu')" in runs, "the build checks torch is the +cpu one"
+    installs = [a for k, a in steps if k == "RUN" for a in a.split("&&") if "pip install" in a]
+    assert installs and all("--require-hashes" in a or "--no-index" in a for a in installs), installs
     assert "dataset-fashion-mnist" in runs and args.get("WITH_FASHION_MNIST") == "1"
     assert any(k == "COPY" and a.startswith("--from=") for k, a in final), "the runtime copies the built venv"
+
+
+@pytest.mark.parametrize("variant", ["cpu", "cuda"])
+def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
+    """lock/VARIANT (scripts/lock-image.sh): exact versions and sha256 hashes, torch alone in torch.txt,
+    the CPU variant's torch the +cpu build at constraints-cpu.txt's version, every dependency locked."""
+    folder = ROOT / "lock" / variant
+    pins: dict[str, dict[str, str]] = {}
+    for part in ("torch", "rest"):
+        text = (folder / f"{part}.txt").read_text()
+        entries = re.findall(r"^([A-Za-z0-9._-]+)==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n?)+)",
+                             text, re.M)
+        requirement_lines = [line for line in text.splitlines() if line and not line.startswith((" ", "#"))]
+        assert len(entries) == len(requirement_lines) > 0, f"{folder}/{part}.txt: an entry without a pin or hash"
+        pins[part] = {name.lower(): version for name, version, _ in entries}
+    assert list(pins["torch"]) == ["torch"] and "torch" not in pins["rest"]
+    constraints = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)$", (ROOT / "constraints-cpu.txt").read_text(), re.M))
+    base, _, local = pins["torch"]["torch"].partition("+")
+    assert base == constraints["torch"] and local == ("cpu" if variant == "cpu" else "")
+    for dependency in pyproject()["project"]["dependencies"]:
+        name = re.match(r"[A-Za-z0-9._-]+", dependency).group().lower().replace("_", "-")
+        if name != "torch":
+            assert name in pins["rest"], f"{name} is not locked"
+            assert pins["rest"][name] == constraints.get(name.replace("-", "_"), constraints.get(name)), name
+    assert "setuptools" in pins["rest"], "dynabatch is built with the locked setuptools (--no-build-isolation)"
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -807,7 +902,8 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
     project = pyproject()
-    needed = ["pyproject.toml", "constraints-cpu.txt", project["project"]["readme"]]
+    needed = ["pyproject.toml", "constraints-cpu.txt", project["project"]["readme"], "lock/cpu/torch.txt",
+              "lock/cuda/rest.txt"]
     needed += [f"{folder}/__init__.py" for folder in project["tool"]["setuptools"]["package-dir"].values()]
     for path in needed:
         assert not dockerignore_excludes(patterns, path), f"the build needs {path}"
@@ -821,3 +917,74 @@ def test_servers_listen_on_every_interface_in_a_pod(objects: list[dict[str, Any]
     servers = {w["metadata"]["labels"].get(COMPONENT): env_values(main_container(w)) for w in workloads(objects)}
     for component in ("scheduler", "ps"):
         assert servers[component].get("DYNABATCH_BIND", "").startswith("tcp://0.0.0.0:"), component
+
+
+# ---------------------------------------------------------------- network policy, disruption budget, clean-up
+
+MONITORING_NAMESPACE = "monitoring"
+SERVER_PORTS = {"scheduler": "control", "ps": "data"}  # the ZeroMQ port each server's peers connect to
+
+
+def policies_for(objs: list[dict[str, Any]], workload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in of_kind(objs, "NetworkPolicy")
+            if selector_matches(p["spec"]["podSelector"], pod_labels(workload))]
+
+
+def test_network_policies_admit_only_the_job_and_monitoring(objects: list[dict[str, Any]]) -> None:
+    """Every pod is behind an ingress policy: its ZeroMQ port open to the job's pods only, /metrics to the
+    monitoring namespace only, nothing else."""
+    loads = workloads(objects)
+    job = scheduler_job(objects).job
+    for w in loads:
+        policies = policies_for(objects, w)
+        assert policies, f"{kn(w)}: no NetworkPolicy selects its pods, every pod may connect to them"
+        component = pod_labels(w)[COMPONENT]
+        allowed: dict[str, list[dict[str, Any]]] = {}
+        for policy in policies:
+            assert "Ingress" in policy["spec"]["policyTypes"], kn(policy)
+            for rule in policy["spec"].get("ingress", []):
+                assert rule.get("from") and rule.get("ports"), f"{kn(policy)}: a rule open to every peer or port"
+                for port in rule["ports"]:
+                    allowed.setdefault(port["port"], []).extend(rule["from"])
+        expected = {"metrics", *([SERVER_PORTS[component]] if component in SERVER_PORTS else [])}
+        assert set(allowed) == expected, f"{kn(w)} opens {sorted(allowed)}"
+        for peer in allowed["metrics"]:
+            assert set(peer) == {"namespaceSelector"}, f"{kn(w)}: /metrics open to {peer}"
+            assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}
+        for port in expected - {"metrics"}:
+            peers = allowed[port]
+            assert all(set(peer) == {"podSelector"} for peer in peers), f"{kn(w)}: {port} open beyond the namespace"
+            # Exactly the job's pods: every workload of the job, and nothing without its label.
+            for other in loads:
+                assert any(selector_matches(p["podSelector"], pod_labels(other)) for p in peers), \
+                    f"{kn(other)} cannot reach {kn(w)}'s {port}"
+            assert all(p["podSelector"]["matchLabels"].get(JOB_LABEL) == job for p in peers), kn(w)
+            assert port in {p["name"] for p in main_container(w)["ports"]}, f"{kn(w)} has no port {port}"
+
+
+def test_a_drain_evicts_one_server_at_a_time(objects: list[dict[str, Any]]) -> None:
+    """One budget over the scheduler and the shards, allowing one eviction (zero would block every drain)."""
+    servers = [w for w in workloads(objects) if pod_labels(w).get(COMPONENT) in ("scheduler", "ps")]
+    assert len(servers) == 2
+    for w in servers:
+        budgets = [b for b in of_kind(objects, "PodDisruptionBudget")
+                   if selector_matches(b["spec"]["selector"], pod_labels(w))]
+        assert len(budgets) == 1, f"{kn(w)}: {len(budgets)} PodDisruptionBudgets"
+        (budget,) = budgets
+        assert budget["spec"].get("maxUnavailable") == 1 and "minAvailable" not in budget["spec"], kn(budget)
+        assert all(selector_matches(budget["spec"]["selector"], pod_labels(s)) for s in servers), \
+            "the scheduler and every shard share one budget"
+
+
+def test_documented_clean_up_deletes_every_claim_of_the_job() -> None:
+    """k8s/README.md's "before a new job from scratch" command selects the shards' and the scheduler's claims."""
+    text = (K8S / "README.md").read_text()
+    commands = re.findall(r"kubectl -n \S+ delete pvc -l (\S+?)`?$", text, re.M)
+    assert len(commands) == 1, commands
+    key, _, value = commands[0].partition("=")
+    for target in TARGETS:
+        templates = [(kn(s), t) for s in of_kind(render(target), "StatefulSet")
+                     for t in s["spec"]["volumeClaimTemplates"]]
+        assert {name for name, _ in templates} >= {"StatefulSet/ps", "StatefulSet/scheduler"}
+        for name, template in templates:
+            assert template["metadata"]["labels"].get(key) == value, f"{name}'s claim {template['metadata']['name']}"

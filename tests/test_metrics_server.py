@@ -41,3 +41,39 @@ def test_idle_connections_are_capped_and_closed_and_metrics_answer_again():
         for sock in idle:
             sock.close()
         server.close()
+
+
+class _HeldCollector:
+    """A collector whose scrape waits until the test lets it go: the client can hang up mid-request."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.collected = threading.Event()
+
+    def collect(self):  # prometheus_client's collector protocol
+        self.release.wait(10)
+        self.collected.set()
+        return iter(())
+
+
+def test_a_scraper_that_hangs_up_before_its_answer_leaves_no_traceback(capsys):
+    """Prometheus closes a scrape past its timeout (a slow link): the server neither logs a traceback nor stops."""
+    registry = CollectorRegistry()
+    held = _HeldCollector()
+    registry.register(held)
+    server = MetricsServer(registry, Health(), "127.0.0.1", 0)
+    before = threading.active_count()
+    try:
+        client = socket.create_connection(("127.0.0.1", server.port))
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset
+        client.close()
+        held.release.set()
+        wait_for("the scrape to be answered into the closed connection", held.collected.is_set, 10)
+        wait_for("its connection's thread to end", lambda: threading.active_count() <= before, 10)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as reply:
+            assert reply.status == 200
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "Broken pipe" not in err, err
+    finally:
+        server.close()

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the dynabatch image (`make image`, `make image-gpu`) with docker or podman and
+# fails loudly unless torch in it is the build asked for. Prints the build time and size.
+#
+#   scripts/image.sh cpu|cuda TAG
+#
+# Environment:
+#   CONTAINER_ENGINE   docker or podman (default: podman if installed, else docker)
+#   PYTHON_IMAGE       the base (default: the Dockerfile's); pin it by digest where a registry
+#                      is reachable: python:3.11-slim-bookworm@sha256:...; without a registry,
+#                      scripts/image-base.sh makes a local one under the default name
+#   TORCH_INDEX_URL    torch's index (default: PyTorch's CPU index for cpu, PyPI for cuda)
+#   TORCH_WHEELS       a folder holding the locked torch wheel, served to the build as its torch
+#                      index on 127.0.0.1, for a machine that cannot reach PyTorch's index
+#   PIP_INDEX_URL      the index of everything else (default: pip's configured index, else PyPI)
+#   PIP_CERT           CA bundle pip must trust (a TLS-intercepting proxy's), passed as a build
+#                      secret; default: pip's configured `cert`, if any
+set -euo pipefail
+cd "$(dirname "$0")/.."
+variant="${1:?usage: scripts/image.sh cpu|cuda TAG}"
+tag="${2:?usage: scripts/image.sh cpu|cuda TAG}"
+engine="${CONTAINER_ENGINE:-$(command -v podman >/dev/null && echo podman || echo docker)}"
+command -v "$engine" >/dev/null || { echo "image: neither podman nor docker is installed" >&2; exit 1; }
+pip_config() { python3 -m pip config get "$1" 2>/dev/null || true; }
+case "$variant" in
+    cpu) torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" ;;
+    cuda) torch_index="${TORCH_INDEX_URL:-https://pypi.org/simple}" ;;
+    *) echo "image: unknown variant $variant (cpu or cuda)" >&2; exit 2 ;;
+esac
+pip_index="${PIP_INDEX_URL:-$(pip_config global.index-url)}"
+pip_index="${pip_index:-https://pypi.org/simple}"
+cert="${PIP_CERT:-$(pip_config global.cert)}"
+args=(--build-arg "TORCH_VARIANT=$variant" --build-arg "PIP_INDEX_URL=$pip_index" --network host)
+[ -n "${PYTHON_IMAGE:-}" ] && args+=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE")
+[ -n "$cert" ] && args+=(--secret "id=pip_cert,src=$cert")
+[ "$engine" = podman ] && args+=(--pull=never --format docker)  # the base is local or already pulled
+server=""
+trap '[ -n "$server" ] && kill "$server"' EXIT
+if [ -n "${TORCH_WHEELS:-}" ]; then
+    # A PEP 503 index of the folder's torch wheels on a free loopback port (the build shares the network).
+    index="$(mktemp -d)"; mkdir -p "$index/simple/torch"
+    for wheel in "$TORCH_WHEELS"/torch-*.whl; do
+        ln -s "$(realpath "$wheel")" "$index/simple/torch/"
+        echo "<a href=\"$(basename "$wheel")#sha256=$(sha256sum "$wheel" | cut -d' ' -f1)\">$(basename "$wheel")</a>"
+    done > "$index/simple/torch/index.html"
+    port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    python3 -m http.server --bind 127.0.0.1 --directory "$index" "$port" >/dev/null 2>&1 &
+    server=$!
+    torch_index="http://127.0.0.1:$port/simple"
+fi
+args+=(--build-arg "TORCH_INDEX_URL=$torch_index")
+echo "image: $engine build $tag ($variant; torch from $torch_index, the rest from $pip_index)"
+start=$(date +%s)
+nice -n 10 "$engine" build "${args[@]}" -t "$tag" .
+seconds=$(( $(date +%s) - start ))
+# The build checked torch already; this checks what the image really runs.
+want='import sys, torch; v = torch.__version__
+ok = v.endswith("+cpu") if sys.argv[1] == "cpu" else not v.endswith("+cpu")
+print(f"torch {v}"); sys.exit(0 if ok else f"image: torch {v} is not the {sys.argv[1]} build")'
+"$engine" run --rm --network none --entrypoint python "$tag" -c "$want" "$variant"
+size=$("$engine" image inspect --format '{{.Size}}' "$tag")
+echo "image: $tag built in ${seconds}s, $(( size / 1000000 )) MB"
