@@ -26,7 +26,7 @@ from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.dataset_files import DatasetNotFound, find_dataset
 from dynabatch.common.task_error import TaskError
 from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args
-from dynabatch.common.messages import StatusReply, StatusRequest
+from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget
@@ -161,19 +161,26 @@ class JobRun:
         self.opts, self.job, self.job_flags, self.run_dir, self.keys = opts, job, job_flags, run_dir, keys
         self.launcher = Launcher(run_dir / "logs", shared_keys(curve_dir))
         self.timeline: list[Snapshot] = []
-        self.interrupted = False
+        self.interrupted = 0  # the signal that asked the run to stop (0: none)
+        self.forced = False  # a second signal: every child killed, not waited for
         self.left_out: set[str] = set()  # workers past --restarts that the job goes on without
         self.targets_path = run_dir / "prometheus_targets.json"
 
     def _on_interrupt(self, signum: int, _frame: object) -> None:
-        if self.interrupted:
-            raise KeyboardInterrupt
-        self.interrupted = True
-        print("\nstopping (Ctrl-C again to force)...", file=sys.stderr)
+        """The first SIGINT or SIGTERM stops the job in order; a second kills every child at once. Either
+        way the run goes on to stop, wait for and report: nothing is raised into the code it interrupts."""
+        if not self.interrupted:
+            self.interrupted = signum
+            print("\nstopping (Ctrl-C again to force)...", file=sys.stderr, flush=True)
+        elif not self.forced:
+            self.forced = True
+            print("forced: killing every process of the run", file=sys.stderr, flush=True)
+            self.launcher.kill_all()
 
     def execute(self) -> int:
-        """Run the job to its end; 0 if it finished. Ctrl-C stops it cleanly (main thread only: `db.run`
-        may be called from another), and the caller's signal handlers are back afterwards."""
+        """Run the job to its end; 0 if it finished, 128 + the signal's number if interrupted, else 1.
+        Ctrl-C or SIGTERM stops it cleanly (main thread only: `db.run` may be called from another), and
+        the caller's signal handlers are back afterwards."""
         handlers = {}
         if threading.current_thread() is threading.main_thread():
             handlers = {sig: signal.signal(sig, self._on_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -194,10 +201,13 @@ class JobRun:
             self._start()
             ok = self._follow(started)
         finally:
-            self.launcher.write_targets(self.job.job, self.targets_path)
-            self.launcher.stop_all()
-            wall = time.monotonic() - started
-            self._report(wall)
+            try:
+                self.launcher.write_targets(self.job.job, self.targets_path)
+            finally:  # the children are stopped whatever failed here (a full disk)
+                self.launcher.stop_all()
+            self._report(time.monotonic() - started)
+        if self.interrupted:
+            return 128 + self.interrupted
         return 0 if ok else 1
 
     def _start(self) -> None:
@@ -233,23 +243,29 @@ class JobRun:
                 if now - started > self.opts.timeout_s:
                     print(f"timeout after {self.opts.timeout_s:.0f}s", file=sys.stderr)
                     return False
-                try:
-                    reply = conn.request(StatusRequest(), timeout_s=2.0)
-                except (TimeoutError, RemoteError):
-                    conn.recv(self.opts.status_s)
-                    continue
-                if isinstance(reply.body, StatusReply):
-                    status = reply.body.state
-                    self.timeline.append(Snapshot(status, now - started))
+                status = self._sample(conn, started)
+                if status is not None:
                     if now >= next_progress or status.finished:
                         print(format_progress(status, now - started), flush=True)
                         next_progress = now + self.opts.progress_s
                     if status.finished:
                         return True
                 conn.recv(self.opts.status_s)
+            self._sample(conn, started)  # interrupted: the job as it stands, its latest evaluation included
             return False
         finally:
             conn.close()
+
+    def _sample(self, conn: Connection, started: float) -> JobStatus | None:
+        """One STATUS into the timeline; None if the scheduler did not answer."""
+        try:
+            reply = conn.request(StatusRequest(), timeout_s=2.0)
+        except (TimeoutError, RemoteError):
+            return None
+        if not isinstance(reply.body, StatusReply):
+            return None
+        self.timeline.append(Snapshot(reply.body.state, time.monotonic() - started))
+        return reply.body.state
 
     def _supervise(self) -> bool:
         """Act on every child that exited with an error (`restart_policy.after_exit`), saying so on stderr;
@@ -287,7 +303,7 @@ class JobRun:
         write_timeline(self.run_dir, self.timeline)
         statuses = [snap.status for snap in self.timeline]
         summary = summarize(statuses, wall_s, self.opts.warmup_fraction, self.opts.target())
-        summary["interrupted"] = self.interrupted
+        summary["interrupted"] = bool(self.interrupted)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if statuses:
             plot(self.run_dir, statuses)
@@ -300,10 +316,11 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         return f"no result: {summary['error']} (logs in {run_dir / 'logs'})"
     acc, metrics = summary["final_test_acc"], summary.get("final_metrics") or {}
     others = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "accuracy")
+    figures = (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
+               else others or "no evaluation")
     lines = [
-        f"finished={summary['finished']}  "
-        + (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
-           else others or "no evaluation"),
+        _interrupted_line(summary, figures) if summary.get("interrupted")
+        else f"finished={summary['finished']}  {figures}",
         *_target_lines(summary),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
@@ -319,6 +336,16 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")
     lines.append(f"run folder: {run_dir}")
     return "\n".join(lines)
+
+
+def _interrupted_line(summary: dict[str, Any], figures: str) -> str:
+    """`interrupted at model v280 (epoch 0.48); last evaluation, of model v240 at 31.0 s: test accuracy 84.10%`:
+    the figures are the last evaluated model's, which is not the model the run stopped at."""
+    at = f"interrupted at model v{summary.get('model_version', 0)} (epoch {summary['epochs']:.2f})"
+    version, eval_t = summary.get("final_eval_version"), summary.get("final_eval_t")
+    if version is None:
+        return f"{at}; no evaluation yet"
+    return f"{at}; last evaluation, of model v{version} at {eval_t:.1f} s: {figures}"
 
 
 def _target_lines(summary: dict[str, Any]) -> list[str]:
