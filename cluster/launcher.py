@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dynabatch.cluster.parent_death import die_with_parent
+from dynabatch.common.atomic_file import no_space_left, write_text_atomic
 from dynabatch.common.curve import KEYS_BY_ROLE
 from dynabatch.common.metrics import announced_port
 from dynabatch.common.ports import free_port
@@ -164,6 +165,18 @@ class Child:
         with open(self.log_path, "rb") as f:
             f.seek(self.log_start)
             return f.read().decode(errors="replace")
+
+    def reason(self) -> str:
+        """Why it exited, as it said so itself: its log since this start from its last `dynabatch COMMAND: `
+        line on (a command's one-line refusal); on a full disk, which its log could not take, that;
+        else the last line of its log."""
+        text = self.log_since_start().rstrip()
+        said = list(re.finditer(r"^dynabatch [a-z]+: ", text, re.M))
+        if said:
+            return text[said[-1].start():]
+        if no_space_left(self.log_path):
+            return f"no space left on device (its log {self.log_path} is on the full file system)"
+        return (text.splitlines() or [""])[-1]
 
     def log_tail(self, lines: int = 15) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
@@ -335,7 +348,5 @@ class Launcher:
                    for c in self.children if (port := c.announced_metrics_port())]
         text = json.dumps(targets, indent=2)
         if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            write_text_atomic(path, text)
         return path

@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -20,6 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import JobConfig
 from dynabatch.common.curve import CurveKeys, CurveOptions
@@ -32,7 +34,7 @@ from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress
-from dynabatch.cluster.restart_policy import after_exit
+from dynabatch.cluster.restart_policy import CONFIG_ERROR_EXIT, after_exit
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 
 log = logging.getLogger("dynabatch.run")
@@ -124,21 +126,29 @@ def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str
 def prepare(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> Path:
     """Check the job's inputs (`check_inputs`), then make the run folder with its config.json.
 
-    TaskError or DatasetNotFound before anything is written; RunFolderTaken for a folder that holds a run.
+    TaskError or DatasetNotFound before anything is written; RunFolderError for a folder that holds a run
+    or cannot be written, leaving no folder behind that this call made.
     """
     check_inputs(opts, job, optimizer_flags)
     name = opts.name or time.strftime("%Y%m%d-%H%M%S") + f"-{job.protocol}-{job.batch_policy}"
     run_dir = Path(opts.out) / name
     if run_dir.exists() and any(run_dir.iterdir()):
         # Its shards would resume from the old checkpoints: a silent warm start, not a new run.
-        raise RunFolderTaken(f"{run_dir} already holds a run; choose another --name or remove it")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({"run": asdict(opts), "job": asdict(job)}, indent=2))
+        raise RunFolderError(f"{run_dir} already holds a run; choose another --name or remove it")
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # innermost first
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.json", json.dumps({"run": asdict(opts), "job": asdict(job)}, indent=2))
+    except OSError as exc:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise RunFolderError(f"--out {opts.out}: cannot write the run folder {run_dir}: "
+                             f"{exc.strerror or exc}") from None
     return run_dir
 
 
-class RunFolderTaken(FileExistsError):
-    """The run folder already holds a run."""
+class RunFolderError(ValueError):
+    """The run folder already holds a run, or cannot be made and written."""
 
 
 def main(argv: Sequence[str]) -> int:
@@ -147,9 +157,9 @@ def main(argv: Sequence[str]) -> int:
     keys = load_curve_keys("dynabatch run", curve, "run")
     try:
         run_dir = prepare(opts, job, given_optimizer_flags(argv))
-    except (DatasetNotFound, TaskError, RunFolderTaken) as exc:
+    except (DatasetNotFound, TaskError, RunFolderError) as exc:
         print(f"dynabatch run: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR_EXIT
     return JobRun(opts, job, flags, run_dir, curve.curve_dir, keys).execute()
 
 
@@ -163,6 +173,7 @@ class JobRun:
         self.timeline: list[Snapshot] = []
         self.interrupted = 0  # the signal that asked the run to stop (0: none)
         self.forced = False  # a second signal: every child killed, not waited for
+        self.refused = ""  # a child's one-line reason for exiting CONFIG_ERROR_EXIT, which ended the run
         self.left_out: set[str] = set()  # workers past --restarts that the job goes on without
         self.targets_path = run_dir / "prometheus_targets.json"
 
@@ -208,6 +219,8 @@ class JobRun:
             self._report(time.monotonic() - started)
         if self.interrupted:
             return 128 + self.interrupted
+        if self.refused:
+            return CONFIG_ERROR_EXIT
         return 0 if ok else 1
 
     def _start(self) -> None:
@@ -274,8 +287,12 @@ class JobRun:
             if c.name in self.left_out:
                 continue
             action = after_exit(c.role, c.restarts, self.opts.restarts, self.launcher.movable(c),
-                                self._job_goes_on_without())
+                                self._job_goes_on_without(), c.proc.returncode)
             code = f"{c.name} exited with code {c.proc.returncode}"
+            if action == "refused":
+                self.refused = f"{code}, not restarted: {c.reason()}"
+                print(self.refused, file=sys.stderr, flush=True)
+                return False
             if action == "rebind":
                 print(f"{code}: {c.endpoint} was taken before it could bind; starting it on another port",
                       file=sys.stderr, flush=True)
@@ -300,14 +317,16 @@ class JobRun:
         return others > 0 and (trained or others >= self.job.min_workers)
 
     def _report(self, wall_s: float) -> None:
-        write_timeline(self.run_dir, self.timeline)
+        """The summary on the console, then summary.json, the timeline and the plots in the run folder
+        (the console first: on a full disk it is the only place the figures reach)."""
         statuses = [snap.status for snap in self.timeline]
         summary = summarize(statuses, wall_s, self.opts.warmup_fraction, self.opts.target())
         summary["interrupted"] = bool(self.interrupted)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(format_summary(summary, self.run_dir), flush=True)
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_timeline(self.run_dir, self.timeline)
         if statuses:
             plot(self.run_dir, statuses)
-        print(format_summary(summary, self.run_dir))
 
 
 def format_summary(summary: dict[str, Any], run_dir: Path) -> str:

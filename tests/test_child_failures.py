@@ -47,6 +47,12 @@ def test_after_exit_restarts_a_bounded_number_of_times_then_leaves_out_only_a_wo
     assert after_exit(role, restarts, 3, port_taken, goes_on) == action
 
 
+@pytest.mark.parametrize("role", ["worker", "evaluator", "ps", "scheduler"])
+def test_a_process_that_exits_2_is_never_restarted_whatever_its_role(role):
+    assert after_exit(role, 0, 3, False, True, returncode=2) == "refused"
+    assert after_exit(role, 0, 3, False, True, returncode=1) == "restart"
+
+
 def _occupied() -> socket.socket:
     """A listening socket on a port the launcher would pick, as another job's process holds it."""
     s = socket.socket()
