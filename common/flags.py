@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import field
@@ -29,25 +30,34 @@ class ConfigError(ValueError):
     """A setting that cannot work, named by its flag."""
 
 
-def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None) -> Any:
-    """A config field with its flag's help text and validation bounds."""
-    meta = {"help": help, "choices": choices, "minimum": minimum}
+def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
+        above: float | None = None) -> Any:
+    """A config field with its flag's help text and validation bounds: at least `minimum`, or strictly more
+    than `above` (for a setting whose zero means nothing: `--epochs 0`)."""
+    meta = {"help": help, "choices": choices, "minimum": minimum, "above": above}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
 def validate_fields(cfg: Any) -> None:
-    """Check every field against its metadata (choices, minimum)."""
+    """Check every field against its metadata (choices, minimum, above); every number must be finite.
+
+    NaN compares false with everything, so a bound alone would let it through (`--epochs nan` trained for ever).
+    """
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         flag = "--" + f.name.replace("_", "-")
         choices = f.metadata.get("choices")
         if choices and value not in choices:
             raise ConfigError(f"{flag}: {value!r} is not one of {', '.join(map(str, choices))}")
-        minimum = f.metadata.get("minimum")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{flag}: {value} is not a finite number")
+        minimum, above = f.metadata.get("minimum"), f.metadata.get("above")
         if minimum is not None and value < minimum:
             raise ConfigError(f"{flag}: {value} is below the minimum {minimum}")
+        if above is not None and not value > above:
+            raise ConfigError(f"{flag}: {value} must be above {above:g}")
 
 
 def _parse_bool(text: str) -> bool:

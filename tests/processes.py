@@ -50,3 +50,18 @@ def kill_sessions(pids: set[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def mentioning(text: str) -> set[int]:
+    """Live processes whose command line holds `text` (a test's own folder): what a finished run left running."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if text in argv and alive({int(entry.name)}):
+            found.add(int(entry.name))
+    return found
