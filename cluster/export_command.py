@@ -9,7 +9,6 @@ checkpoints, where the shards keep buffers). See cluster/export.py.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -19,13 +18,12 @@ import torch
 from dynabatch.cluster.export import ExportError, trained_model
 from dynabatch.cluster.options import ExportOptions
 from dynabatch.common.dataset_files import DatasetNotFound
-from dynabatch.common.flags import ConfigError, add_flags, from_args
+from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.task_error import TaskError
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dynabatch export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = FlagParser("dynabatch export", __doc__)
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a run folder written by dynabatch run")
     add_flags(parser, ExportOptions)
     args = parser.parse_args(argv)

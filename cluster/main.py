@@ -8,7 +8,6 @@ scheduler, uses those keys; the run makes no keys itself.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.dataset_files import DatasetNotFound, find_dataset
 from dynabatch.common.task_error import TaskError
-from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args
+from dynabatch.common.flags import ENV_PREFIX, ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
@@ -42,8 +41,7 @@ log = logging.getLogger("dynabatch.run")
 
 def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, list[str]]:
     """Run options, the job, CURVE, and the job's flags to hand to the scheduler."""
-    parser = argparse.ArgumentParser(prog="dynabatch run", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = FlagParser("dynabatch run", __doc__)
     add_flags(parser, RunOptions)
     add_flags(parser, JobConfig)
     add_flags(parser, CurveOptions)

@@ -10,7 +10,18 @@ from dataclasses import dataclass
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.common.task_error import TaskError
+from dynabatch.common.task_spec import split_task_spec
 from dynabatch.cluster.metric_target import MetricTarget
+
+
+def check_task_flag(spec: str) -> None:
+    """A --task that is not FILE.py:ATTR or package.module:ATTR is a bad flag, refused before torch is imported."""
+    if spec:
+        try:
+            split_task_spec(spec)
+        except TaskError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 @dataclass
@@ -47,6 +58,7 @@ class RunOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_task_flag(self.task)
         if len(self.slowdowns) not in (1, self.workers):
             raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers (give 1 or {self.workers})")
         if len(self.max_batches) not in (1, self.workers):
@@ -86,6 +98,7 @@ class ExportOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_task_flag(self.task)
         if not self.out:
             raise ConfigError("--out: name the file to write, e.g. --out model.pt")
 
@@ -101,5 +114,6 @@ class CheckOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_task_flag(self.task)
         if len(set(self.batches)) < 2 or min(self.batches) < 1:
             raise ConfigError(f"--batches {' '.join(map(str, self.batches))}: two or more different sizes, each >= 1")

@@ -19,7 +19,7 @@ import math
 import os
 import typing
 from dataclasses import field
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, NoReturn, TypeVar
 
 ENV_PREFIX = "DYNABATCH_"
 
@@ -28,6 +28,32 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A setting that cannot work, named by its flag."""
+
+
+class FlagParser(argparse.ArgumentParser):
+    """The parser of every dynabatch command: an error is one line of usage and the reason, and `--help`
+    gives each flag's default once (in its help text, with its environment variable).
+
+    argparse's own error message starts with the whole usage, 43 lines for `dynabatch run`, which
+    pushed the one line that matters off the screen. Descriptions keep their line breaks.
+    """
+
+    def __init__(self, prog: str, description: str | None = None) -> None:
+        super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.positional_names: list[str] = []
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if not action.option_strings:
+            self.positional_names.append(str(action.metavar or action.dest.upper()))
+        return action
+
+    def short_usage(self) -> str:
+        """`usage: dynabatch export RUN_DIR [flags]   (--help lists them)`."""
+        return f"usage: {' '.join([self.prog, *self.positional_names])} [flags]   (--help lists them)"
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n")
 
 
 def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None,

@@ -32,6 +32,7 @@ from dynabatch.common.eval_metrics import Metric, accuracy
 from dynabatch.common.optim_spec import OptimizerSpec, optimizer_from_fields
 from dynabatch.common.schedules import Schedule
 from dynabatch.common.task_error import TaskError
+from dynabatch.common.task_spec import split_task_spec
 
 TRAVELLING_DTYPES = (torch.float32,)
 TRAVELLING_DTYPE_NAMES = ("float32",)
@@ -180,9 +181,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def load_task(spec: str) -> Task:
     """The Task named by `file.py:attr` or `pkg.module:attr` (a Task, or a function returning one)."""
-    where, sep, attr = spec.rpartition(":")
-    if not sep or not where or not attr:
-        raise TaskError(f"--task {spec!r}: expected FILE.py:ATTR or package.module:ATTR")
+    where, attr = split_task_spec(spec)
     try:
         module = _import_file(where) if where.endswith(".py") or "/" in where else importlib.import_module(where)
     except TaskError:

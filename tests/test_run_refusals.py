@@ -7,7 +7,9 @@ under --out and no process whose command line names the test's folder.
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from harness import child_env, command_line
 from processes import mentioning
 
 BUILTIN = ["--dataset", "synthetic", "--model", "mlp"]
+USAGE = "usage: dynabatch run [flags]   (--help lists them)"
 
 
 def refuse(tmp_path: Path, flags: list[str], timeout_s: float = 120) -> str:
@@ -25,7 +28,7 @@ def refuse(tmp_path: Path, flags: list[str], timeout_s: float = 120) -> str:
                           text=True, timeout=timeout_s, env=child_env())
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     lines = done.stderr.splitlines()
-    assert lines, done.stderr
+    assert len(lines) == 1 or lines[:-1] == [USAGE], done.stderr
     assert not out.exists() or not any(out.iterdir()), "a refused run makes no run folder"
     assert not mentioning(str(tmp_path)), "a refused run starts no process"
     assert done.stdout == ""
@@ -49,3 +52,28 @@ def test_a_zero_that_means_nothing_is_refused(tmp_path, flag):
 def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNABATCH_EPOCHS", "nan")
     assert refuse(tmp_path, BUILTIN) == "dynabatch run: error: --epochs: nan is not a finite number"
+
+
+def test_a_bad_flag_gets_one_line_of_usage_before_its_reason(tmp_path):
+    assert refuse(tmp_path, ["--workers", "many"]) == "dynabatch run: error: argument --workers: invalid int value: 'many'"
+    assert refuse(tmp_path, ["--no-such-flag"]) == "dynabatch run: error: unrecognized arguments: --no-such-flag"
+
+
+def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_path):
+    assert refuse(tmp_path, ["--task", "mytask.py"]) == (
+        "dynabatch run: error: --task 'mytask.py': expected FILE.py:ATTR or package.module:ATTR")
+    probe = ("import sys\nfrom dynabatch.cluster.main import main\ntry:\n    main(['--task', 'mytask.py'])\n"
+             "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=child_env())
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "check", "export", "scheduler", "ps"])
+def test_help_gives_each_flag_its_default_once(command):
+    done = subprocess.run(command_line(command, ["--help"]), capture_output=True, text=True, timeout=60,
+                          env=child_env())
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    flags = set(re.findall(r"^  (--[a-z-]+)", done.stdout, re.M)) - {"--help"}
+    assert flags and text.count("[env DYNABATCH_") == len(flags - {"--log-level"}), text
+    assert "] (default: " not in text, "argparse's own default repeats the one in the help text"
