@@ -14,7 +14,7 @@ from typing import Sequence
 
 from dynabatch.cluster.options import CheckOptions
 from dynabatch.common.config import JobConfig
-from dynabatch.common.dataset_files import DatasetNotFound
+from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.task_error import TaskError
 
@@ -42,7 +42,7 @@ def main(argv: Sequence[str]) -> int:
         task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
                                                                      job.flat_params)
         report = dry_run(task, job, opts.batches, opts.repeats)
-    except (DatasetNotFound, TaskError) as exc:
+    except (DatasetNotFound, BadDatasetFile, TaskError) as exc:
         print(f"dynabatch check: {exc}", file=sys.stderr)
         return 2
     print(format_dry_run(report, job, opts.task or task.name))

@@ -24,7 +24,8 @@ from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import JobConfig
 from dynabatch.common.curve import CurveKeys, CurveOptions
-from dynabatch.common.dataset_files import DatasetNotFound, find_dataset
+from dynabatch.common.catalog import BUILTIN_METRICS
+from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
 from dynabatch.common.task_error import TaskError
 from dynabatch.common.flags import ENV_PREFIX, ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
@@ -94,18 +95,20 @@ def given_optimizer_flags(argv: Sequence[str], env: Mapping[str, str] = os.envir
 
 
 def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> None:
-    """What can be found wrong before anything starts; TaskError or DatasetNotFound.
+    """What can be found wrong before anything starts; TaskError, DatasetNotFound or BadDatasetFile.
 
-    A built-in job needs only its dataset's files: its models are ours and tested, and
-    building one would import torch into a process that never trains (2.6 s of every
-    run's start here). A user's task, or weights to start from, are checked in full
-    (model, data, loss, a backward pass; the weights against the model). A task that
-    names its optimizer owns it: optimizer flags given beside it would be ignored by
-    the shards, so they are an error rather than a silent no-op.
+    A built-in job needs only its dataset's files (found, and their headers decoded): its models
+    are ours and tested, and building one would import torch into a process that never trains
+    (2.6 s of every run's start here). A user's task, or weights to start from, are checked in full
+    (model, training and evaluation data, loss and its gradient, metrics; the weights against the
+    model). A task that names its optimizer owns it: optimizer flags given beside it would be ignored
+    by the shards, so they are an error rather than a silent no-op. --target-metric must name a
+    metric the evaluations will report.
     """
     if not opts.task and not opts.init:
         if job.dataset != "synthetic":
-            find_dataset(job.dataset, opts.data_dir or None)
+            check_dataset_files(job.dataset, find_dataset(job.dataset, opts.data_dir or None))
+        check_target(opts, BUILTIN_METRICS)
         return
     # Imported here rather than at the top: they bring in torch.
     from dynabatch.common.builtin_tasks import builtin_task
@@ -116,9 +119,19 @@ def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str
     if task.optimizer is not None and optimizer_flags:
         raise TaskError(f"{', '.join(optimizer_flags)}: the task names the shards' optimizer "
                         f"({task.optimizer.name}, lr {task.optimizer.lr:g}); change it in the task, or drop the flag")
-    check_task(task, job.seed)
+    if opts.evaluator and task.eval_data is None:
+        raise TaskError("the task has no eval_data for the evaluator: give it one, or pass --no-evaluator")
+    check_target(opts, check_task(task, job.seed).metric_names)
     if opts.init:
         load_weights(task.build_model(job.seed), read_state_dict(opts.init), f"--init {opts.init}")
+
+
+def check_target(opts: RunOptions, metric_names: Sequence[str]) -> None:
+    """--target-metric names one of `metric_names` (what the evaluations report); TaskError if not."""
+    target = opts.target()
+    if target is not None and target.name not in metric_names:
+        raise TaskError(f"--target-metric {target}: the evaluations report {', '.join(sorted(metric_names))}, "
+                        f"not {target.name}")
 
 
 def prepare(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> Path:
@@ -155,7 +168,7 @@ def main(argv: Sequence[str]) -> int:
     keys = load_curve_keys("dynabatch run", curve, "run")
     try:
         run_dir = prepare(opts, job, given_optimizer_flags(argv))
-    except (DatasetNotFound, TaskError, RunFolderError) as exc:
+    except (DatasetNotFound, BadDatasetFile, TaskError, RunFolderError) as exc:
         print(f"dynabatch run: {exc}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     return JobRun(opts, job, flags, run_dir, curve.curve_dir, keys).execute()

@@ -7,6 +7,7 @@ The job's own settings are JobConfig's flags, passed through to the scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.slowdown import Slowdown
@@ -59,6 +60,8 @@ class RunOptions:
     def validate(self) -> None:
         validate_fields(self)
         check_task_flag(self.task)
+        if self.name and (Path(self.name).name != self.name or self.name in (".", "..")):
+            raise ConfigError(f"--name {self.name}: the run folder's name inside --out, without / or ..")
         if len(self.slowdowns) not in (1, self.workers):
             raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers (give 1 or {self.workers})")
         if len(self.max_batches) not in (1, self.workers):

@@ -123,6 +123,22 @@ def test_a_worker_that_keeps_dying_at_start_fails_the_run_with_its_log_once_rest
         run.launcher.stop_all()
 
 
+def test_a_worker_that_exits_2_ends_the_run_at_once_with_its_one_line_reason(tmp_path, capsys):
+    """A configuration error found only by the worker: no restart (--restarts 3), exit 2, the line it said."""
+    run = JobRun(RunOptions(restarts=3), JobConfig(), [], tmp_path, "", None)
+    say = ("import sys; print('INFO loading', file=sys.stderr); "
+           "print('dynabatch worker: a/train-images: truncated', file=sys.stderr); sys.exit(2)")
+    run.launcher.spawn("worker0", "worker", [sys.executable, "-c", say])
+    try:
+        wait_for("worker0 to exit", lambda: run.launcher.failed("worker"), 30)
+        assert not run._supervise(), "the run ends at once"
+        assert run.launcher.children[0].restarts == 0 and run.refused
+        assert capsys.readouterr().err == (
+            "worker0 exited with code 2, not restarted: dynabatch worker: a/train-images: truncated\n")
+    finally:
+        run.launcher.stop_all()
+
+
 def _children_of(pid: int, name: str) -> list[int]:
     """Processes started by `pid` whose command line has `--name NAME`."""
     found = []

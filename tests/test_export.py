@@ -124,7 +124,7 @@ def _batchnorm_task() -> Task:
 
 def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_factorys_frozen_state():
     task = _batchnorm_task()
-    sig, _ = check_task(task, seed=5)
+    sig, _, _ = check_task(task, seed=5)
     flat = torch.arange(sig.total, dtype=torch.float32)
     states = [{"signature": signature_fields(sig), "params": {0: flat}, "chunk_versions": {0: 7},
                "buffers": {"1.running_mean": torch.tensor([1.0, 2.0, 3.0])}}]

@@ -77,3 +77,67 @@ def test_help_gives_each_flag_its_default_once(command):
     flags = set(re.findall(r"^  (--[a-z-]+)", done.stdout, re.M)) - {"--help"}
     assert flags and text.count("[env DYNABATCH_") == len(flags - {"--log-level"}), text
     assert "] (default: " not in text, "argparse's own default repeats the one in the help text"
+
+
+TASKS = Path(__file__).resolve().parent / "tasks"
+BAD = TASKS / "bad.py"
+
+
+@pytest.mark.parametrize("attr, line", [
+    ("empty_eval", "eval_data() gave an empty dataset"),
+    ("float_metric", "metric <lambda> returned a float; a metric returns {name: (sum, count)}, "
+                     "e.g. {'accuracy': (correct, samples)}"),
+    ("no_grad_loss", "the loss has no gradient (no grad_fn): compute it from the model's output with torch "
+                     "operations, not through .item(), .detach(), numpy or torch.no_grad()"),
+    ("no_eval", "the task has no eval_data for the evaluator: give it one, or pass --no-evaluator"),
+])
+def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path, attr, line):
+    assert refuse(tmp_path, ["--task", f"{BAD}:{attr}"]) == f"dynabatch run: {line}"
+    if attr != "no_eval":  # check has no evaluator to start
+        done = subprocess.run(command_line("check", ["--task", f"{BAD}:{attr}"]), capture_output=True, text=True,
+                              timeout=120, env=child_env())
+        assert (done.returncode, done.stderr) == (2, f"dynabatch check: {line}\n")
+
+
+def test_a_target_metric_the_evaluations_do_not_report_is_refused(tmp_path):
+    assert refuse(tmp_path, [*BUILTIN, "--target-metric", "bleu>=0.9"]) == (
+        "dynabatch run: --target-metric bleu>=0.9: the evaluations report accuracy, loss, not bleu")
+    assert refuse(tmp_path, ["--task", f"{TASKS / 'blobs.py'}:task", "--target-metric", "bleu>=0.9"]).startswith(
+        "dynabatch run: --target-metric bleu>=0.9: the evaluations report ")
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "/abs"])
+def test_a_run_name_that_leaves_out_is_refused(tmp_path, name):
+    assert refuse(tmp_path, [*BUILTIN, "--name", name]) == (
+        f"dynabatch run: error: --name {name}: the run folder's name inside --out, without / or ..")
+    assert not (tmp_path.parent / "escape").exists()
+
+
+def test_an_out_that_cannot_hold_a_folder_is_refused(tmp_path):
+    (tmp_path / "out").write_text("a file")
+    done = subprocess.run(command_line("run", ["--out", str(tmp_path / "out"), "--name", "r", *BUILTIN]),
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert (done.returncode, done.stderr) == (2, f"dynabatch run: --out {tmp_path / 'out'}: cannot write the run "
+                                                 f"folder {tmp_path / 'out' / 'r'}: Not a directory\n")
+    assert (tmp_path / "out").read_text() == "a file" and not mentioning(str(tmp_path))
+
+
+def test_a_data_dir_that_is_not_there_is_an_error_not_a_fallback(tmp_path):
+    missing = tmp_path / "no-such-folder"
+    assert refuse(tmp_path, ["--dataset", "fashion-mnist", "--data-dir", str(missing)]) == (
+        f"dynabatch run: --data-dir {missing}: no such folder")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_damaged_idx_files_in_the_data_dir_are_refused_before_start(tmp_path, damage):
+    from test_data import write_fake_mnist
+
+    folder = tmp_path / "data"
+    write_fake_mnist(folder, gz=False)
+    images = folder / "train-images-idx3-ubyte"
+    raw = images.read_bytes()
+    images.write_bytes(raw[:-100] if damage == "truncated" else b"\x01\x02" + raw[2:])
+    expected = ("header declares [50, 28, 28] = 39200 bytes of data, file holds 39100; truncated or corrupt"
+                if damage == "truncated" else "not a uint8 idx file (bad magic number 01020803)")
+    assert refuse(tmp_path, ["--dataset", "fashion-mnist", "--data-dir", str(folder)]) == (
+        f"dynabatch run: {images}: {expected}")
