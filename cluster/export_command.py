@@ -17,7 +17,8 @@ import torch
 
 from dynabatch.cluster.export import ExportError, trained_model
 from dynabatch.cluster.options import ExportOptions
-from dynabatch.common.dataset_files import DatasetNotFound
+from dynabatch.common.atomic_file import write_atomic
+from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.task_error import TaskError
 
@@ -28,19 +29,24 @@ def main(argv: Sequence[str]) -> int:
     add_flags(parser, ExportOptions)
     args = parser.parse_args(argv)
     opts = from_args(ExportOptions, args)
+    out = Path(opts.out)
     try:
         opts.validate()
+        if out.is_dir():
+            raise ConfigError(f"--out {out} is a folder: name the file to write, e.g. --out {out / 'model.pt'}")
     except ConfigError as exc:
         parser.error(str(exc))
     try:
         model = trained_model(args.run_dir, opts.task)
-    except (ExportError, TaskError, DatasetNotFound) as exc:
+    except (ExportError, TaskError, DatasetNotFound, BadDatasetFile) as exc:
         print(f"dynabatch export: {exc}", file=sys.stderr)
         return 2
-    out = Path(opts.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
-    torch.save(state, out)
+    try:
+        write_atomic(out, lambda f: torch.save(state, f))
+    except OSError as exc:
+        print(f"dynabatch export: --out {out}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     trainable = sum(1 for p in model.parameters() if p.requires_grad)
     print(f"wrote {out}: {len(state)} tensors ({trainable} trained parameters, "
           f"{len(state) - trainable} frozen parameters and buffers) from {args.run_dir}")

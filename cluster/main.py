@@ -47,7 +47,7 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, lis
     add_flags(parser, JobConfig)
     add_flags(parser, CurveOptions)
     args = parser.parse_args(argv)
-    opts, curve = from_args(RunOptions, args), from_args(CurveOptions, args)
+    opts, curve = from_args(RunOptions, args).anchored(), from_args(CurveOptions, args)
     try:
         job = settle(opts, from_args(JobConfig, args))
     except ConfigError as exc:
@@ -246,7 +246,7 @@ class JobRun:
         trainer_flags = ["--micro-batch", str(self.opts.micro_batch), "--loader-workers", str(self.opts.loader_workers)]
         worker_flags += ["--data-dir", self.opts.data_dir] if self.opts.data_dir else []
         worker_flags += ["--task", self.opts.task] if self.opts.task else []
-        worker_flags += ["--init", str(Path(self.opts.init).resolve())] if self.opts.init else []
+        worker_flags += ["--init", self.opts.init] if self.opts.init else []
         for i in range(self.opts.workers):
             ln.start_worker(f"worker{i}", [*worker_flags, *trainer_flags, "--slowdown", self.opts.slowdown_of(i),
                                            "--max-batch", str(self.opts.max_batch_of(i))])

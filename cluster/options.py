@@ -6,13 +6,13 @@ The job's own settings are JobConfig's flags, passed through to the scheduler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.task_error import TaskError
-from dynabatch.common.task_spec import split_task_spec
+from dynabatch.common.task_spec import anchored_task_spec, split_task_spec
 from dynabatch.cluster.metric_target import MetricTarget
 
 
@@ -86,6 +86,14 @@ class RunOptions:
             return MetricTarget.parse(self.target_metric)
         except ValueError as exc:
             raise ConfigError(f"--target-metric: {exc}") from None
+
+    def anchored(self) -> "RunOptions":
+        """These options with the task's file, --data-dir and --init as absolute paths: the run folder's
+        config.json then names them from any folder (`dynabatch export RUN` run elsewhere), and so do the
+        command lines of the processes it starts."""
+        return replace(self, task=anchored_task_spec(self.task),
+                       data_dir=str(Path(self.data_dir).expanduser().resolve()) if self.data_dir else "",
+                       init=str(Path(self.init).expanduser().resolve()) if self.init else "")
 
     def slowdown_of(self, i: int) -> str:
         return self.slowdowns[0] if len(self.slowdowns) == 1 else self.slowdowns[i]

@@ -32,7 +32,7 @@ from dynabatch.common.eval_metrics import Metric, accuracy
 from dynabatch.common.optim_spec import OptimizerSpec, optimizer_from_fields
 from dynabatch.common.schedules import Schedule
 from dynabatch.common.task_error import TaskError
-from dynabatch.common.task_spec import split_task_spec
+from dynabatch.common.task_spec import names_a_file, split_task_spec
 
 TRAVELLING_DTYPES = (torch.float32,)
 TRAVELLING_DTYPE_NAMES = ("float32",)
@@ -183,7 +183,7 @@ def load_task(spec: str) -> Task:
     """The Task named by `file.py:attr` or `pkg.module:attr` (a Task, or a function returning one)."""
     where, attr = split_task_spec(spec)
     try:
-        module = _import_file(where) if where.endswith(".py") or "/" in where else importlib.import_module(where)
+        module = _import_file(where) if names_a_file(where) else importlib.import_module(where)
     except TaskError:
         raise
     except BaseException as exc:  # a user's module may raise anything, SystemExit included

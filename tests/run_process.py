@@ -30,11 +30,11 @@ def _role(pid: int) -> str:
 class RunProcess:
     """`dynabatch run --out OUT --name r FLAGS`, its stdout piped, its stderr in a file."""
 
-    def __init__(self, out: Path, err_path: Path, flags: list[str]) -> None:
+    def __init__(self, out: Path, err_path: Path, flags: list[str], cwd: Path | None = None) -> None:
         self.dir, self.err_path = out / "r", err_path
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(command_line("run", ["--out", str(out), "--name", "r", *flags]),
-                                         stdout=subprocess.PIPE, stderr=err, env=child_env(), text=True)
+                                         stdout=subprocess.PIPE, stderr=err, env=child_env(), text=True, cwd=cwd)
         self.children: set[int] = set()
 
     def trained_and_evaluated(self) -> int:
