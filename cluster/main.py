@@ -171,6 +171,9 @@ def main(argv: Sequence[str]) -> int:
     except (DatasetNotFound, BadDatasetFile, TaskError, RunFolderError) as exc:
         print(f"dynabatch run: {exc}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
+    except KeyboardInterrupt:  # while checking the task: nothing started yet, no run folder made
+        print("dynabatch run: interrupted before the job started", file=sys.stderr)
+        return 128 + signal.SIGINT
     return JobRun(opts, job, flags, run_dir, curve.curve_dir, keys).execute()
 
 
