@@ -119,9 +119,10 @@ def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str
     if task.optimizer is not None and optimizer_flags:
         raise TaskError(f"{', '.join(optimizer_flags)}: the task names the shards' optimizer "
                         f"({task.optimizer.name}, lr {task.optimizer.lr:g}); change it in the task, or drop the flag")
+    checked = check_task(task, job.seed)
     if opts.evaluator and task.eval_data is None:
         raise TaskError("the task has no eval_data for the evaluator: give it one, or pass --no-evaluator")
-    check_target(opts, check_task(task, job.seed).metric_names)
+    check_target(opts, checked.metric_names)
     if opts.init:
         load_weights(task.build_model(job.seed), read_state_dict(opts.init), f"--init {opts.init}")
 
