@@ -12,6 +12,8 @@ import signal
 import sys
 from typing import Sequence
 
+from dynabatch.common.atomic_file import storage_error
+
 COMMANDS = {
     "run": ("dynabatch.cluster.main", "run a whole job on this machine (scheduler, shards, workers, evaluator)"),
     "scheduler": ("dynabatch.scheduler.main", "run a job's scheduler"),
@@ -46,7 +48,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # process that stopped answering is read without stopping it (`kubectl exec POD -- kill -USR1 1`).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     module = importlib.import_module(COMMANDS[args[0]][0])
-    return module.main(args[1:])
+    try:
+        return module.main(args[1:])
+    except OSError as exc:
+        # A full or read-only disk: one line, and exit 2, so that `dynabatch run` does not restart a
+        # process that would only fail again (cluster/restart_policy.py).
+        if (line := storage_error(exc)) is None:
+            raise
+        try:
+            print(f"dynabatch {args[0]}: {line}", file=sys.stderr)
+        except OSError:
+            pass  # stderr is a log on the full disk: the exit code still says it
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,25 +9,18 @@ bytes a worker moves per step. A task that cannot train exits 2 naming why.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Sequence
 
-import torch
-
-from dynabatch.cluster.dry_run import dry_run, format_dry_run
 from dynabatch.cluster.options import CheckOptions
-from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.config import JobConfig
-from dynabatch.common.dataset_files import DatasetNotFound
-from dynabatch.common.flags import ConfigError, add_flags, from_args
-from dynabatch.common.task import load_task
+from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
+from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.task_error import TaskError
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dynabatch check", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = FlagParser("dynabatch check", __doc__)
     add_flags(parser, CheckOptions)
     add_flags(parser, JobConfig)
     args = parser.parse_args(argv)
@@ -37,12 +30,19 @@ def main(argv: Sequence[str]) -> int:
         job.validate()
     except ConfigError as exc:
         parser.error(str(exc))
+    # Imported once the flags are known good: they bring in torch (seconds), which a bad flag need not wait for.
+    import torch
+
+    from dynabatch.cluster.dry_run import dry_run, format_dry_run
+    from dynabatch.common.builtin_tasks import builtin_task
+    from dynabatch.common.task import load_task
+
     torch.set_num_threads(opts.threads)
     try:
         task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
                                                                      job.flat_params)
         report = dry_run(task, job, opts.batches, opts.repeats)
-    except (DatasetNotFound, TaskError) as exc:
+    except (DatasetNotFound, BadDatasetFile, TaskError) as exc:
         print(f"dynabatch check: {exc}", file=sys.stderr)
         return 2
     print(format_dry_run(report, job, opts.task or task.name))

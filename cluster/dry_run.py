@@ -101,7 +101,7 @@ def time_steps(task: Task, model: torch.nn.Module, data: Any, batches: Sequence[
 
 def dry_run(task: Task, job: JobConfig, batches: Sequence[int] = (16, 64), repeats: int = 5) -> DryRun:
     """Check the task as `dynabatch run` would (TaskError if it cannot train), then measure it."""
-    sig, data = check_task(task, job.seed)
+    sig, data, _ = check_task(task, job.seed)
     model = task.build_model(job.seed)
     fresh = dict(task.build_model(job.seed).named_buffers())
     step_s = time_steps(task, model, data, sorted(set(batches)), repeats)

@@ -9,7 +9,6 @@ checkpoints, where the shards keep buffers). See cluster/export.py.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -18,31 +17,36 @@ import torch
 
 from dynabatch.cluster.export import ExportError, trained_model
 from dynabatch.cluster.options import ExportOptions
-from dynabatch.common.dataset_files import DatasetNotFound
-from dynabatch.common.flags import ConfigError, add_flags, from_args
+from dynabatch.common.atomic_file import write_atomic
+from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
+from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.task_error import TaskError
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dynabatch export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = FlagParser("dynabatch export", __doc__)
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a run folder written by dynabatch run")
     add_flags(parser, ExportOptions)
     args = parser.parse_args(argv)
     opts = from_args(ExportOptions, args)
+    out = Path(opts.out)
     try:
         opts.validate()
+        if out.is_dir():
+            raise ConfigError(f"--out {out} is a folder: name the file to write, e.g. --out {out / 'model.pt'}")
     except ConfigError as exc:
         parser.error(str(exc))
     try:
         model = trained_model(args.run_dir, opts.task)
-    except (ExportError, TaskError, DatasetNotFound) as exc:
+    except (ExportError, TaskError, DatasetNotFound, BadDatasetFile) as exc:
         print(f"dynabatch export: {exc}", file=sys.stderr)
         return 2
-    out = Path(opts.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
-    torch.save(state, out)
+    try:
+        write_atomic(out, lambda f: torch.save(state, f))
+    except OSError as exc:
+        print(f"dynabatch export: --out {out}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     trainable = sum(1 for p in model.parameters() if p.requires_grad)
     print(f"wrote {out}: {len(state)} tensors ({trainable} trained parameters, "
           f"{len(state) - trainable} frozen parameters and buffers) from {args.run_dir}")

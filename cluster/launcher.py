@@ -6,7 +6,10 @@ CURVE folder, its log file, its environment and the order of shutdown are decide
 here once. Children run in their own sessions, so a Ctrl-C reaches only the
 process that started them, which then stops workers first, then the evaluator,
 then shards (which checkpoint on SIGTERM), then the scheduler: nothing is killed
-mid-write, and every client can still say BYE to a live scheduler.
+mid-write, and every client can still say BYE to a live scheduler. A parent that
+cannot stop them (killed outright) takes them with it: each child gets SIGTERM from
+the kernel when its parent dies (cluster/parent_death.py); `kill_all` is the forced
+stop, a SIGKILL to each child's whole session.
 
 Ports: a child binds its /metrics on port 0 and announces the port in its log, so no
 other process can take it between a probe and the bind. The scheduler's and the shards'
@@ -30,6 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
+from dynabatch.cluster.parent_death import die_with_parent
+from dynabatch.common.atomic_file import no_space_left, write_text_atomic
 from dynabatch.common.curve import KEYS_BY_ROLE
 from dynabatch.common.metrics import announced_port
 from dynabatch.common.ports import free_port
@@ -80,10 +85,12 @@ def _log_size(path: Path) -> int:
 
 
 def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Popen:
-    """`cmd` in a session of its own, its output (stderr only, with `pipe_stdout`) appended to `log_path`."""
+    """`cmd` in a session of its own, its output (stderr only, with `pipe_stdout`) appended to `log_path`;
+    it gets SIGTERM if this process dies (`die_with_parent`)."""
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE if pipe_stdout else log_file, stderr=log_file,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=child_env())
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=child_env(),
+                                preexec_fn=die_with_parent())
 
 
 @dataclass
@@ -158,6 +165,18 @@ class Child:
         with open(self.log_path, "rb") as f:
             f.seek(self.log_start)
             return f.read().decode(errors="replace")
+
+    def reason(self) -> str:
+        """Why it exited, as it said so itself: its log since this start from its last `dynabatch COMMAND: `
+        line on (a command's one-line refusal); on a full disk, which its log could not take, that;
+        else the last line of its log."""
+        text = self.log_since_start().rstrip()
+        said = list(re.finditer(r"^dynabatch [a-z]+: ", text, re.M))
+        if said:
+            return text[said[-1].start():]
+        if no_space_left(self.log_path):
+            return f"no space left on device (its log {self.log_path} is on the full file system)"
+        return (text.splitlines() or [""])[-1]
 
     def log_tail(self, lines: int = 15) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
@@ -301,6 +320,16 @@ class Launcher:
                 c.proc.kill()
                 c.proc.wait()
 
+    def kill_all(self) -> None:
+        """SIGKILL every running child's session (the child and anything it started), without waiting:
+        the forced stop, safe to call from a signal handler."""
+        for c in self.children:
+            if c.proc.returncode is None:
+                try:
+                    os.killpg(c.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass  # already gone (a zombie not yet reaped holds its id: nothing else can have it)
+
     def stop_all(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop every child, role by role in STOP_ORDER; other children (a benchmark's drivers) go first."""
         others = [role for role in dict.fromkeys(c.role for c in self.children) if role not in STOP_ORDER]
@@ -319,7 +348,5 @@ class Launcher:
                    for c in self.children if (port := c.announced_metrics_port())]
         text = json.dumps(targets, indent=2)
         if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            write_text_atomic(path, text)
         return path

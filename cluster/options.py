@@ -6,11 +6,23 @@ The job's own settings are JobConfig's flags, passed through to the scheduler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.common.task_error import TaskError
+from dynabatch.common.task_spec import anchored_task_spec, split_task_spec
 from dynabatch.cluster.metric_target import MetricTarget
+
+
+def check_task_flag(spec: str) -> None:
+    """A --task that is not FILE.py:ATTR or package.module:ATTR is a bad flag, refused before torch is imported."""
+    if spec:
+        try:
+            split_task_spec(spec)
+        except TaskError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 @dataclass
@@ -47,6 +59,9 @@ class RunOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_task_flag(self.task)
+        if self.name and (Path(self.name).name != self.name or self.name in (".", "..")):
+            raise ConfigError(f"--name {self.name}: the run folder's name inside --out, without / or ..")
         if len(self.slowdowns) not in (1, self.workers):
             raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers (give 1 or {self.workers})")
         if len(self.max_batches) not in (1, self.workers):
@@ -72,6 +87,14 @@ class RunOptions:
         except ValueError as exc:
             raise ConfigError(f"--target-metric: {exc}") from None
 
+    def anchored(self) -> "RunOptions":
+        """These options with the task's file, --data-dir and --init as absolute paths: the run folder's
+        config.json then names them from any folder (`dynabatch export RUN` run elsewhere), and so do the
+        command lines of the processes it starts."""
+        return replace(self, task=anchored_task_spec(self.task),
+                       data_dir=str(Path(self.data_dir).expanduser().resolve()) if self.data_dir else "",
+                       init=str(Path(self.init).expanduser().resolve()) if self.init else "")
+
     def slowdown_of(self, i: int) -> str:
         return self.slowdowns[0] if len(self.slowdowns) == 1 else self.slowdowns[i]
 
@@ -86,6 +109,7 @@ class ExportOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_task_flag(self.task)
         if not self.out:
             raise ConfigError("--out: name the file to write, e.g. --out model.pt")
 
@@ -101,5 +125,6 @@ class CheckOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_task_flag(self.task)
         if len(set(self.batches)) < 2 or min(self.batches) < 1:
             raise ConfigError(f"--batches {' '.join(map(str, self.batches))}: two or more different sizes, each >= 1")

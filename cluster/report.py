@@ -10,12 +10,14 @@ the benchmarks and other tools read them by those keys.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from dynabatch.common import staleness
+from dynabatch.common.atomic_file import write_atomic, write_text_atomic
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.wire import decode_map
 from dynabatch.cluster.metric_target import MetricTarget
@@ -38,17 +40,18 @@ class Snapshot:
 
 def write_timeline(run_dir: Path, timeline: list[Snapshot]) -> None:
     """timeline.json (whole snapshots) and timeline.csv (one row per snapshot and worker)."""
-    (run_dir / "timeline.json").write_text(json.dumps([snap.to_json() for snap in timeline]))
-    with open(run_dir / "timeline.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["t", "epoch", "samples", "loss", "test_acc", "test_loss", "worker", *WORKER_COLUMNS])
-        for snap in timeline:
-            s = snap.status
-            head = [round(s.t, 3), s.epoch, s.samples, s.loss, s.test_acc, s.test_loss]
-            if not s.workers:
-                w.writerow(head + [""] * (1 + len(WORKER_COLUMNS)))
-            for wid, info in sorted(s.workers.items()):
-                w.writerow(head + [wid] + [getattr(info, c) for c in WORKER_COLUMNS])
+    write_text_atomic(run_dir / "timeline.json", json.dumps([snap.to_json() for snap in timeline]))
+    table = io.StringIO(newline="")
+    w = csv.writer(table)
+    w.writerow(["t", "epoch", "samples", "loss", "test_acc", "test_loss", "worker", *WORKER_COLUMNS])
+    for snap in timeline:
+        s = snap.status
+        head = [round(s.t, 3), s.epoch, s.samples, s.loss, s.test_acc, s.test_loss]
+        if not s.workers:
+            w.writerow(head + [""] * (1 + len(WORKER_COLUMNS)))
+        for wid, info in sorted(s.workers.items()):
+            w.writerow(head + [wid] + [getattr(info, c) for c in WORKER_COLUMNS])
+    write_text_atomic(run_dir / "timeline.csv", table.getvalue())
 
 
 def read_timeline(path: Path) -> list[JobStatus]:
@@ -124,6 +127,10 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "final_test_acc": final_eval.test_acc if final_eval else None,
         "final_test_loss": final_eval.test_loss if final_eval else None,
         "final_metrics": dict(final_eval.metrics) if final_eval else {},
+        "final_eval_version": final_eval.eval_version if final_eval else None,
+        "final_eval_t": final_eval.eval_t if final_eval else None,
+        # The shards' heartbeats lag: an evaluation may already name a newer model.
+        "model_version": max([last.eval_version or 0, *(sh.version for sh in last.shards.values())]),
         "final_train_loss": last.loss,
         "epochs": last.epoch,
         "samples": last.samples,

@@ -5,26 +5,33 @@ the job goes on with the rest, as the scheduler drops a silent member anyway), b
 must not loop for ever on a process that dies at every start (a bad flag, a missing
 file): every process is started again at most `--restarts` times, and past that the
 run either goes on without it (a worker, while the job can) or ends with its log.
+A process that exits 2 said why in one line: its configuration (a flag, a task, the
+data) or its storage (a full disk) is wrong, which a restart would only repeat, so
+the run ends at once with that line.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-Action = Literal["rebind", "restart", "leave_out", "fail"]
+Action = Literal["rebind", "restart", "leave_out", "fail", "refused"]
+CONFIG_ERROR_EXIT = 2  # what every dynabatch command exits with after its one-line reason
 
 
-def after_exit(role: str, restarts: int, limit: int, port_taken: bool, job_goes_on_without: bool) -> Action:
+def after_exit(role: str, restarts: int, limit: int, port_taken: bool, job_goes_on_without: bool,
+               returncode: int = 1) -> Action:
     """The action for a child of `role` that exited with an error after `restarts` restarts (of `limit`).
 
     `port_taken`: its fixed port was taken before it could bind at its first start, so
     a start on a fresh port (`rebind`) fixes it and is not counted. `job_goes_on_without`:
     other workers train (or can start training without it). A shard, the scheduler and
     the evaluator (the job awaits its final evaluation) are each the only one of their
-    kind: past `limit`, the run fails.
+    kind: past `limit`, the run fails. `returncode` CONFIG_ERROR_EXIT: `refused`, the run ends now.
     """
     if port_taken:
         return "rebind"
+    if returncode == CONFIG_ERROR_EXIT:
+        return "refused"
     if restarts < limit:
         return "restart"
     if role == "worker" and job_goes_on_without:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dynabatch.cluster.report import evaluations, training_start
+from dynabatch.common.atomic_file import write_atomic
 from dynabatch.common.messages import JobStatus
 
 X_LABEL = "seconds since the job's scheduler started"
@@ -49,8 +50,10 @@ def write_plots(run_dir: Path, timeline: list[JobStatus]) -> list[Path]:
         fig.suptitle(title)
         fig.tight_layout()
         paths.append(run_dir / name)
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        try:  # a full disk leaves the previous plot, never half of one
+            write_atomic(paths[-1], lambda f: fig.savefig(f, format="png", dpi=100))
+        finally:
+            plt.close(fig)
     return paths
 
 

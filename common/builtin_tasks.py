@@ -65,5 +65,5 @@ def builtin_init(job: JobConfig, data_dir: str | None = None) -> tuple[Init, tor
     For clients that talk to shards without a worker around them (benchmarks, tests).
     """
     task = builtin_task(job.dataset, job.model, data_dir, job.flat_params)
-    sig, _ = check_task(task, job.seed)
+    sig = check_task(task, job.seed).signature
     return Init(**signature_fields(sig)), flat_params(task.build_model(job.seed))

@@ -8,3 +8,4 @@ names; tests/test_data.py and tests/test_models.py hold them to it.
 
 DATASETS = ("synthetic", "mnist", "fashion-mnist", "cifar10")
 MODELS = ("mlp", "cnn", "resnet", "flat")
+BUILTIN_METRICS = ("loss", "accuracy")  # what a built-in job's evaluations report (tests/test_task.py holds it)

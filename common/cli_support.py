@@ -9,15 +9,15 @@ from typing import Any, Sequence
 
 from dynabatch.common.config import MetricsOptions
 from dynabatch.common.curve import CurveKeyError, CurveKeys, CurveOptions
-from dynabatch.common.flags import ConfigError, add_flags, from_args
+from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.metrics import ADDRESS_LOG
 
 
 def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: Sequence[str]) -> list[Any]:
     """Parse `argv` into one validated instance per config class; bad values exit 2 naming the flag."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser = FlagParser(prog, description)
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="what the log shows [default 'INFO']")
     for cls in classes:
         add_flags(parser, cls)
     args = parser.parse_args(argv)

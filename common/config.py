@@ -46,13 +46,13 @@ class JobConfig:
     global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1)
     min_batch: int = opt(8, "smallest per-worker batch", minimum=1)
     max_batch: int = opt(1024, "largest per-worker batch", minimum=1)
-    lr: float = opt(0.05, "base learning rate for a global batch of B", minimum=0.0)
+    lr: float = opt(0.05, "base learning rate for a global batch of B", above=0.0)
     momentum: float = opt(
         0.5, "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)", minimum=0.0
     )
     weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0)
     nesterov: bool = opt(False, "Nesterov momentum on the shards")
-    epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", minimum=0.0)
+    epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0)
     time_budget_s: float = opt(
         0.0, "also stop this many seconds after training began (0: no limit); benchmarks compare runs at equal time",
         minimum=0.0,
@@ -101,7 +101,7 @@ class JobConfig:
         minimum=0,
     )
     local_steps: int = opt(8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1)
-    outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", minimum=0.0)
+    outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0)
     outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0)
     outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum")
     round_timeout_s: float = opt(10.0, "ssgd: close a round without workers that have not pushed by then", minimum=0.1)

@@ -32,7 +32,6 @@ It admits exactly those files, not every `*.key` in the folder (which
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -47,7 +46,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
-from dynabatch.common.flags import ConfigError, opt
+from dynabatch.common.flags import ConfigError, FlagParser, opt
 
 CLIENT_ROLES = ("shard", "worker", "evaluator")  # one client keypair each
 # Which client roles each server role admits (a shard is never a shard's client).
@@ -259,7 +258,7 @@ def create_keys(out: Path, force: bool, names: Sequence[str] = ()) -> list[Path]
 
 def main(argv: Sequence[str]) -> int:
     """`dynabatch keys --out DIR [--name ROLE=NAME ...] [--force]`."""
-    parser = argparse.ArgumentParser(prog="dynabatch keys", description="Make a job's ZeroMQ CURVE keys.")
+    parser = FlagParser("dynabatch keys", "Make a job's ZeroMQ CURVE keys.")
     parser.add_argument("--out", required=True, help="folder to write server.key[_secret] and one "
                         "ROLE.key[_secret] per client role (shard, worker, evaluator) into")
     parser.add_argument("--name", action="append", default=[], metavar="ROLE=NAME",

@@ -7,7 +7,6 @@ operations, so feeding a worker costs far less than its forward pass.
 
 from __future__ import annotations
 
-import gzip
 import math
 import pickle
 from dataclasses import dataclass
@@ -17,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from dynabatch.common.catalog import DATASETS
-from dynabatch.common.dataset_files import CIFAR_FILES, IDX_FILES, find_dataset, idx_file
+from dynabatch.common.dataset_files import (CIFAR_FILES, IDX_FILES, check_images_and_labels, find_dataset, idx_content,
+                                            idx_file)
 
 _STATS = {
     "mnist": ((0.1307,), (0.3081,)),
@@ -48,26 +48,10 @@ class Dataset:
 
 
 def read_idx(path: Path) -> torch.Tensor:
-    """Decode one uint8 idx file (plain or .gz) into a tensor of its declared shape.
-
-    The header is checked against the file's length so that a truncated download
-    fails here, naming the file, instead of surfacing later as a shape error.
-    """
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        raise ValueError(f"{path}: unreadable idx file ({e})") from e
-    if len(raw) < 4 or raw[0:2] != b"\0\0" or raw[2] != 0x08:
-        raise ValueError(f"{path}: not a uint8 idx file (bad magic number {raw[:4].hex()})")
-    ndim, start = raw[3], 4 + 4 * raw[3]
-    if ndim == 0 or len(raw) < start:
-        raise ValueError(f"{path}: idx header is truncated or has 0 dimensions")
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    count = math.prod(dims)
-    if len(raw) - start != count:
-        raise ValueError(f"{path}: header declares {dims} = {count} bytes of data, "
-                         f"file holds {len(raw) - start}; truncated or corrupt")
-    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=start, count=count)
+    """Decode one uint8 idx file (plain or .gz) into a tensor of its declared shape; BadDatasetFile
+    (dataset_files.idx_content) naming the file if it does not decode."""
+    raw, dims, start = idx_content(path)
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=start, count=math.prod(dims))
     return data.reshape(dims)
 
 
@@ -75,9 +59,7 @@ def _load_idx(folder: Path) -> tuple[torch.Tensor, ...]:
     tr_x, tr_y, te_x, te_y = (read_idx(idx_file(folder, stem) or folder / stem)
                               for stem in IDX_FILES)
     for x, y, stem in ((tr_x, tr_y, "train"), (te_x, te_y, "t10k")):
-        if x.dim() != 3 or y.dim() != 1 or len(x) != len(y):
-            raise ValueError(f"{folder}: {stem} images {list(x.shape)} "
-                             f"do not match labels {list(y.shape)}")
+        check_images_and_labels(folder, stem, list(x.shape), list(y.shape))
     return tr_x.unsqueeze(1), tr_y.long(), te_x.unsqueeze(1), te_y.long()
 
 

@@ -7,6 +7,8 @@ process that never trains.
 
 from __future__ import annotations
 
+import gzip
+import math
 import os
 import tarfile
 import time
@@ -39,6 +41,50 @@ _DEBIAN_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist"}
 
 class DatasetNotFound(FileNotFoundError):
     """A dataset's files are nowhere we look and could not be downloaded."""
+
+
+class BadDatasetFile(ValueError):
+    """A dataset's file is there but does not decode: truncated, corrupt, or of another format."""
+
+
+def idx_content(path: Path) -> tuple[bytes, list[int], int]:
+    """The bytes of one uint8 idx file (plain or .gz), its declared dimensions and where its data starts.
+
+    The header is checked against the file's length so that a truncated download
+    fails here, naming the file, instead of surfacing later as a shape error.
+    """
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise BadDatasetFile(f"{path}: unreadable idx file ({e})") from e
+    if len(raw) < 4 or raw[0:2] != b"\0\0" or raw[2] != 0x08:
+        raise BadDatasetFile(f"{path}: not a uint8 idx file (bad magic number {raw[:4].hex()})")
+    ndim, start = raw[3], 4 + 4 * raw[3]
+    if ndim == 0 or len(raw) < start:
+        raise BadDatasetFile(f"{path}: idx header is truncated or has 0 dimensions")
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    count = math.prod(dims)
+    if len(raw) - start != count:
+        raise BadDatasetFile(f"{path}: header declares {dims} = {count} bytes of data, "
+                             f"file holds {len(raw) - start}; truncated or corrupt")
+    return raw, dims, start
+
+
+def check_images_and_labels(folder: Path, stem: str, images: list[int], labels: list[int]) -> None:
+    """One split's images [N, H, W] and labels [N] agree; BadDatasetFile if not."""
+    if len(images) != 3 or len(labels) != 1 or images[0] != labels[0]:
+        raise BadDatasetFile(f"{folder}: {stem} images {images} do not match labels {labels}")
+
+
+def check_dataset_files(name: str, folder: Path) -> None:
+    """Decode the headers of every idx file of `name` in `folder` (found by `find_dataset`), without torch:
+    what a worker would fail on at its start, found before any process starts. CIFAR's batches are
+    pickles, read only by the loader."""
+    if name == "cifar10":
+        return
+    dims = {stem: idx_content(idx_file(folder, stem) or folder / stem)[1] for stem in IDX_FILES}
+    for split in ("train", "t10k"):
+        check_images_and_labels(folder, split, dims[f"{split}-images-idx3-ubyte"], dims[f"{split}-labels-idx1-ubyte"])
 
 
 def idx_file(folder: Path, stem: str) -> Path | None:
@@ -108,8 +154,12 @@ def _download(name: str) -> Path:
 
 
 def find_dataset(name: str, data_dir: str | None) -> Path:
-    """The folder holding dataset `name`'s files (downloaded into the cache if no folder does);
-    DatasetNotFound says where it looked and how to get them."""
+    """The folder holding dataset `name`'s files (downloaded from its canonical source into the cache,
+    once, if no folder does);
+    DatasetNotFound says where it looked and how to get them. A `data_dir` that is not a folder is
+    an error, not a reason to look elsewhere: a mistyped path must not train on another copy."""
+    if data_dir and not Path(data_dir).expanduser().is_dir():
+        raise DatasetNotFound(f"--data-dir {data_dir}: no such folder")
     searched = _candidates(name, data_dir)
     for folder in searched:
         if _holds(name, folder):
@@ -127,5 +177,5 @@ def find_dataset(name: str, data_dir: str | None) -> Path:
     if name in _DEBIAN_PACKAGES:
         how = (f"  apt-get install -y {_DEBIAN_PACKAGES[name]}   (Debian package; installs to "
                f"{SYSTEM_DIR / _SUBDIRS[name][0]}, found there without flags)\nor\n{how}")
-    raise DatasetNotFound(f"dataset {name!r} not found. Searched:\n{where}\n"
-                          f"Download from {_URLS[name]} failed: {failure}\nTo get it:\n{how}")
+    raise DatasetNotFound(f"dataset {name!r} is not on this machine, and downloading it from {_URLS[name]} into "
+                          f"{CACHE_DIR / _SUBDIRS[name][0]} failed: {failure}\nSearched:\n{where}\nTo get it:\n{how}")

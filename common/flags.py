@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import field
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, NoReturn, TypeVar
 
 ENV_PREFIX = "DYNABATCH_"
 
@@ -29,25 +30,60 @@ class ConfigError(ValueError):
     """A setting that cannot work, named by its flag."""
 
 
-def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None) -> Any:
-    """A config field with its flag's help text and validation bounds."""
-    meta = {"help": help, "choices": choices, "minimum": minimum}
+class FlagParser(argparse.ArgumentParser):
+    """The parser of every dynabatch command: an error is one line of usage and the reason, and `--help`
+    gives each flag's default once (in its help text, with its environment variable).
+
+    argparse's own error message starts with the whole usage, 43 lines for `dynabatch run`, which
+    pushed the one line that matters off the screen. Descriptions keep their line breaks.
+    """
+
+    def __init__(self, prog: str, description: str | None = None) -> None:
+        super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.positional_names: list[str] = []
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if not action.option_strings:
+            self.positional_names.append(str(action.metavar or action.dest.upper()))
+        return action
+
+    def short_usage(self) -> str:
+        """`usage: dynabatch export RUN_DIR [flags]   (--help lists them)`."""
+        return f"usage: {' '.join([self.prog, *self.positional_names])} [flags]   (--help lists them)"
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n")
+
+
+def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
+        above: float | None = None) -> Any:
+    """A config field with its flag's help text and validation bounds: at least `minimum`, or strictly more
+    than `above` (for a setting whose zero means nothing: `--epochs 0`)."""
+    meta = {"help": help, "choices": choices, "minimum": minimum, "above": above}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
 def validate_fields(cfg: Any) -> None:
-    """Check every field against its metadata (choices, minimum)."""
+    """Check every field against its metadata (choices, minimum, above); every number must be finite.
+
+    NaN compares false with everything, so a bound alone would let it through (`--epochs nan` trained for ever).
+    """
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         flag = "--" + f.name.replace("_", "-")
         choices = f.metadata.get("choices")
         if choices and value not in choices:
             raise ConfigError(f"{flag}: {value!r} is not one of {', '.join(map(str, choices))}")
-        minimum = f.metadata.get("minimum")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{flag}: {value} is not a finite number")
+        minimum, above = f.metadata.get("minimum"), f.metadata.get("above")
         if minimum is not None and value < minimum:
             raise ConfigError(f"{flag}: {value} is below the minimum {minimum}")
+        if above is not None and not value > above:
+            raise ConfigError(f"{flag}: {value} must be above {above:g}")
 
 
 def _parse_bool(text: str) -> bool:

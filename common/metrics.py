@@ -20,6 +20,7 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from dynabatch.common.curve import REFUSALS
+from dynabatch.common.flags import ConfigError
 
 # Where a process listens (its sockets, its /metrics): logged at any --log-level (`setup_logging`), since a
 # launcher reads it to find the process and a user needs it to reach it.
@@ -104,7 +105,10 @@ class MetricsServer:
         self.registry = registry
         self.health = health
         handler = self._handler()
-        self._httpd = BoundedHTTPServer((host, port), handler)
+        try:
+            self._httpd = BoundedHTTPServer((host, port), handler)
+        except OSError as exc:  # the port is taken, the host is not this machine's
+            raise ConfigError(f"--metrics-host {host} --metrics-port {port}: {exc.strerror}") from None
         self.host = host
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)

@@ -23,6 +23,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from dynabatch.common.curve import CurveKeys, key_role, secure_client, secure_server, start_authenticator, watch_refusals
+from dynabatch.common.flags import ConfigError
 from dynabatch.common.messages import Error
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode
 
@@ -93,7 +94,11 @@ def bind_router(
             watch_refusals(sock, on_refused)
     if endpoint.endswith(":0"):
         endpoint = endpoint[:-2] + ":*"
-    sock.bind(endpoint)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:  # "Address already in use" (dynabatch run's launcher reads it), a foreign address
+        sock.close(linger=0)
+        raise ConfigError(f"--bind {endpoint}: {zmq.strerror(exc.errno)}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 

@@ -1,29 +1,24 @@
 """Atomic checkpoints: a shard never leaves a half-written file behind.
 
 The file is written next to its final name, flushed to disk, then renamed over
-it; a crash at any point leaves either the old checkpoint or the new one.
+it (common/atomic_file.py); a crash at any point leaves either the old checkpoint or the new one.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from dynabatch.common.atomic_file import write_atomic
 
 FORMAT = 2  # 2: per-chunk optimizer state ("optimizer_state") instead of momentum buffers
 
 
 def save_checkpoint(path: Path, meta: dict[str, Any], state: dict[str, Any]) -> None:
     """Write {format, meta, state} to `path` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, "meta": meta, "state": state}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: torch.save({"format": FORMAT, "meta": meta, "state": state}, f))
 
 
 def load_checkpoint(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
+from dynabatch.common.flags import ConfigError
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.server import ShardServer
 
@@ -15,4 +17,9 @@ def main(argv: Sequence[str]) -> int:
         [PsOptions, CurveOptions, MetricsOptions], argv,
     )
     keys = load_curve_keys("dynabatch ps", curve, "ps")
-    return ShardServer(opts, metrics.metrics_host, metrics.metrics_port, keys).run()
+    try:
+        server = ShardServer(opts, metrics.metrics_host, metrics.metrics_port, keys)
+    except ConfigError as exc:  # a port taken
+        print(f"dynabatch ps: {exc}", file=sys.stderr)
+        return 2
+    return server.run()

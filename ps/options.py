@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import opt, validate_fields
 from dynabatch.common.metrics import ON_FINISH
 
@@ -24,3 +25,7 @@ class PsOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_endpoint("--bind", self.bind)
+        check_endpoint("--scheduler", self.scheduler)
+        if self.advertise:
+            check_endpoint("--advertise", self.advertise)

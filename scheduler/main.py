@@ -19,7 +19,7 @@ def main(argv: Sequence[str]) -> int:
     keys = load_curve_keys("dynabatch scheduler", curve, "scheduler")
     try:
         server = SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port, keys)
-    except ValueError as exc:  # saved progress that does not parse or belongs to another job
+    except ValueError as exc:  # saved progress that does not parse or belongs to another job; a port taken
         print(f"dynabatch scheduler: {exc}", file=sys.stderr)
         return 2
     return server.run()

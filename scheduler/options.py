@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import opt, validate_fields
 
 
@@ -21,3 +22,4 @@ class SchedulerOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_endpoint("--bind", self.bind)

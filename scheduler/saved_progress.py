@@ -19,11 +19,11 @@ start from zero.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.messages import EvalReport
 from dynabatch.scheduler.lost_work import ShardMark
 
@@ -70,13 +70,7 @@ def progress_path(state_dir: str, job: str) -> Path:
 
 def save_progress(path: Path, progress: SavedProgress) -> None:
     """Write `progress` to `path` atomically (tmp file, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump({"format": FORMAT, **asdict(progress)}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps({"format": FORMAT, **asdict(progress)}))
 
 
 def load_progress(path: Path, config: dict[str, Any]) -> SavedProgress | None:

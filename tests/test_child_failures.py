@@ -47,6 +47,12 @@ def test_after_exit_restarts_a_bounded_number_of_times_then_leaves_out_only_a_wo
     assert after_exit(role, restarts, 3, port_taken, goes_on) == action
 
 
+@pytest.mark.parametrize("role", ["worker", "evaluator", "ps", "scheduler"])
+def test_a_process_that_exits_2_is_never_restarted_whatever_its_role(role):
+    assert after_exit(role, 0, 3, False, True, returncode=2) == "refused"
+    assert after_exit(role, 0, 3, False, True, returncode=1) == "restart"
+
+
 def _occupied() -> socket.socket:
     """A listening socket on a port the launcher would pick, as another job's process holds it."""
     s = socket.socket()
@@ -113,6 +119,22 @@ def test_a_worker_that_keeps_dying_at_start_fails_the_run_with_its_log_once_rest
         assert run._supervise() and run._supervise(), "with enough workers the job goes on without it"
         err = capsys.readouterr().err
         assert err.count("the job goes on without it") == 1, "said once, then left out"
+    finally:
+        run.launcher.stop_all()
+
+
+def test_a_worker_that_exits_2_ends_the_run_at_once_with_its_one_line_reason(tmp_path, capsys):
+    """A configuration error found only by the worker: no restart (--restarts 3), exit 2, the line it said."""
+    run = JobRun(RunOptions(restarts=3), JobConfig(), [], tmp_path, "", None)
+    say = ("import sys; print('INFO loading', file=sys.stderr); "
+           "print('dynabatch worker: a/train-images: truncated', file=sys.stderr); sys.exit(2)")
+    run.launcher.spawn("worker0", "worker", [sys.executable, "-c", say])
+    try:
+        wait_for("worker0 to exit", lambda: run.launcher.failed("worker"), 30)
+        assert not run._supervise(), "the run ends at once"
+        assert run.launcher.children[0].restarts == 0 and run.refused
+        assert capsys.readouterr().err == (
+            "worker0 exited with code 2, not restarted: dynabatch worker: a/train-images: truncated\n")
     finally:
         run.launcher.stop_all()
 
@@ -184,4 +206,4 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
     finally:
         interrupt(run)
         ctx.destroy(linger=0)
-    assert run.returncode == 1, "interrupted before its 1000 epochs"
+    assert run.returncode == 130, "interrupted (SIGINT) before its 1000 epochs"

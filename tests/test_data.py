@@ -130,7 +130,7 @@ def test_finds_mnist_through_env_var(tmp_path: Path, no_default_dirs: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     write_fake_mnist(tmp_path / "env" / "MNIST" / "raw")
     monkeypatch.setenv("DYNABATCH_DATA_DIR", str(tmp_path / "env"))
-    ds = load_dataset("mnist", str(tmp_path / "empty"))
+    ds = load_dataset("mnist", None)
     assert ds.name == "mnist" and ds.mean == (0.1307,) and len(ds.train_y) == 50
 
 
@@ -148,11 +148,14 @@ def test_missing_dataset_says_how_to_get_it_and_fails_fast(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setitem(dataset_files._URLS, "fashion-mnist", f"http://127.0.0.1:{port}/")
+    (tmp_path / "nothing-here").mkdir()  # a --data-dir that is there, without the dataset
     start = time.monotonic()
     with pytest.raises(DatasetNotFound) as info:
         load_dataset("fashion-mnist", str(tmp_path / "nothing-here"))
     assert time.monotonic() - start < 5
     message = str(info.value)
+    assert message.startswith(f"dataset 'fashion-mnist' is not on this machine, and downloading it from "
+                              f"http://127.0.0.1:{port}/ into {no_default_dirs / 'fashion-mnist'} failed: ")
     assert "apt-get install -y dataset-fashion-mnist" in message
     assert "--data-dir DIR" in message
     for searched in (tmp_path / "nothing-here", tmp_path / "system" / "fashion-mnist",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from dynabatch.common.task import Task, check_task, load_task, signature_fields
 from dynabatch.common.task_error import TaskError
 from dynabatch.common.weights import load_weights, read_state_dict
 from harness import Cluster, child_env, command_line, run_job, wait_for
+from run_process import RunProcess
 
 TASKS = Path(__file__).resolve().parent / "tasks"
 BLOBS = f"{TASKS / 'blobs.py'}:task"
@@ -124,7 +126,7 @@ def _batchnorm_task() -> Task:
 
 def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_factorys_frozen_state():
     task = _batchnorm_task()
-    sig, _ = check_task(task, seed=5)
+    sig, _, _ = check_task(task, seed=5)
     flat = torch.arange(sig.total, dtype=torch.float32)
     states = [{"signature": signature_fields(sig), "params": {0: flat}, "chunk_versions": {0: 7},
                "buffers": {"1.running_mean": torch.tensor([1.0, 2.0, 3.0])}}]
@@ -233,3 +235,43 @@ def test_db_run_refuses_unknown_settings_and_a_nested_call(monkeypatch):
     monkeypatch.setenv(ACTIVE_ENV, "1")
     with pytest.raises(TaskError, match='under `if __name__ == "__main__":`'):
         db.run(BLOBS)
+
+
+def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_path):
+    done = subprocess.run(command_line("export", [str(tmp_path / "no-run"), "--out", str(tmp_path)]),
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert (done.returncode, done.stderr) == (2, "usage: dynabatch export RUN_DIR [flags]   (--help lists them)\n"
+                                                 f"dynabatch export: error: --out {tmp_path} is a folder: name the "
+                                                 f"file to write, e.g. --out {tmp_path / 'model.pt'}\n")
+
+
+@pytest.mark.slow
+def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    out = tmp_path / "a-file" / "model.pt"
+    done = subprocess.run(command_line("export", [str(trained.dir), "--out", str(out)]), capture_output=True,
+                          text=True, timeout=120, env=child_env())
+    assert (done.returncode, done.stderr) == (2, f"dynabatch export: --out {out}: cannot write it: File exists\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.mark.slow
+def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_path):
+    """The run folder names its task by absolute path: export needs neither the run's folder nor its --task."""
+    run = RunProcess(tmp_path / "runs", tmp_path / "run.err",
+                     ["--task", "tasks/blobs.py:task", "--workers", "1", "--slowdowns", "1", "--no-evaluator",
+                      "--epochs", "1000", "--timeout-s", "200"], cwd=TASKS.parent)
+    try:
+        wait_for("the shard's first checkpoint", lambda: (run.dir / "checkpoints" / "shard-0.pt").exists(), 120)
+        run.proc.send_signal(signal.SIGINT)
+        assert run.end()[0] == 130
+    finally:
+        run.close()
+    assert json.loads((run.dir / "config.json").read_text())["run"]["task"] == f"{TASKS / 'blobs.py'}:task"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(command_line("export", [str(run.dir), "--out", "model.pt"]), capture_output=True,
+                          text=True, timeout=120, env=child_env(), cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    model = load_task(BLOBS).build_model(0)
+    model.load_state_dict(torch.load(elsewhere / "model.pt", weights_only=True))

@@ -9,6 +9,7 @@ whose modules are exactly what the code under test imported.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -98,11 +99,14 @@ def test_the_scheduler_never_loads_torch() -> None:
 
 def test_dynabatch_run_checks_a_built_in_job_without_torch(tmp_path: Path) -> None:
     """The `dynabatch run` parent starts and follows processes; for a built-in job its check is that the
-    dataset's files are there, so it does not pay torch's seconds (a user's task or --init weights do)."""
+    dataset's files are there and their headers decode, so it does not pay torch's seconds (a user's task
+    or --init weights do)."""
     data = tmp_path / "data"
     data.mkdir()
-    for stem in IDX_FILES:
-        (data / f"{stem}.gz").write_bytes(b"")
+    for stem in IDX_FILES:  # one 28x28 image and its label per split, in the idx format
+        dims = (1, 28, 28) if "images" in stem else (1,)
+        header = bytes([0, 0, 0x08, len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims)
+        (data / stem).write_bytes(header + bytes(math.prod(dims)))
     modules = _imported_by(
         "from dynabatch.cluster.main import parse, prepare\n"
         f"opts, job, _, _ = parse(['--dataset', 'fashion-mnist', '--data-dir', {str(data)!r}, '--out', {str(tmp_path)!r}])\n"

@@ -7,6 +7,7 @@ Shards and the scheduler run no task code: the jobs here start them without
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dynabatch.common.builtin_tasks import builtin_task
+from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.task import Task, check_task, load_task
 from dynabatch.common.task_error import TaskError
 from harness import Cluster, run_job, wait_for
@@ -38,19 +41,22 @@ def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
 @pytest.mark.parametrize("attr, message", [
     ("unseeded", "two builds of the model differ in weight"),
     ("empty", "empty dataset"),
+    ("empty_eval", "eval_data() gave an empty dataset"),
+    ("float_metric", "metric <lambda> returned a float; a metric returns {name: (sum, count)}"),
+    ("no_grad_loss", "the loss has no gradient (no grad_fn)"),
     ("vector_loss", "scalar"),
     ("float64", "parameter weight is torch.float64"),
     ("negative_lr", "optimizer adam: lr must be a finite non-negative number, got -0.001"),
     ("lion", "optimizer 'lion' is not applied by the shards"),
 ])
 def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message):
-    with pytest.raises(TaskError, match=message):
+    with pytest.raises(TaskError, match=re.escape(message)):
         check_task(load_task(f"tests/tasks/bad.py:{attr}"), seed=0)
 
 
 def test_the_check_gives_the_signature_of_the_trainable_parameters_and_the_data_length():
     task = load_task(str(TASKS / "blobs.py") + ":task")
-    sig, data = check_task(task, seed=3)
+    sig, data, _ = check_task(task, seed=3)
     assert [p.name for p in sig.params] == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert sig.train_size == len(data) == 3000 and sig.total == 16 * 32 + 32 + 32 * 4 + 4
 
@@ -62,7 +68,7 @@ def test_frozen_parameters_do_not_travel():
         return m
 
     data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
-    sig, _ = check_task(Task(model=model, train_data=lambda: data), seed=0)
+    sig, _, _ = check_task(Task(model=model, train_data=lambda: data), seed=0)
     assert [p.name for p in sig.params] == ["1.weight", "1.bias"]
 
 
@@ -165,3 +171,8 @@ def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--lr: the task names the shards' optimizer (sgd, lr 0.1)" in done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_built_in_job_reports_the_metrics_its_run_checks_targets_against():
+    task = builtin_task("synthetic", "mlp")
+    assert set(check_task(task, seed=0).metric_names) == set(BUILTIN_METRICS)

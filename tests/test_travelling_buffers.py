@@ -130,16 +130,16 @@ class _Scaled(nn.Module):
 
 def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_only_those():
     data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
-    sig, _ = check_task(Task(model=_Scaled, train_data=lambda: data), seed=0)
+    sig, _, _ = check_task(Task(model=_Scaled, train_data=lambda: data), seed=0)
     assert sig.buffers == (ParamSpec("net.1.running_mean", (3,), "float32"),
                            ParamSpec("net.1.running_var", (3,), "float32"))
     assert "net.1.num_batches_tracked" not in sig.buffer_names and "scale" not in sig.buffer_names
-    plain, _ = check_task(load_task(f"{TASKS / 'blobs.py'}:task"), seed=0)
+    plain, _, _ = check_task(load_task(f"{TASKS / 'blobs.py'}:task"), seed=0)
     assert plain.buffers == () and plain.buffer_total == 0
 
 
 def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer():
-    sig, _ = check_task(load_task(BN_TASK), seed=0)
+    sig, _, _ = check_task(load_task(BN_TASK), seed=0)
     assert sig.buffer_names == NAMES and sig.buffer_total == 64
     narrower = replace(sig, buffers=(sig.buffers[0], ParamSpec("1.running_var", (16,), "float32")))
     assert sig.difference(narrower) == ("buffer 1 is 1.running_var [32] float32 here but "
@@ -150,7 +150,7 @@ def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer():
 
 
 def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers():
-    sig, _ = check_task(load_task(BN_TASK), seed=0)
+    sig, _, _ = check_task(load_task(BN_TASK), seed=0)
     fields = signature_fields(sig)
     assert signature_from_fields(**fields) == sig
     older = {k: v for k, v in fields.items() if not k.startswith("buffer_")}
@@ -166,7 +166,7 @@ def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers():
 def _bn_model() -> tuple[ModelSignature, Init, torch.Tensor, torch.Tensor]:
     """The blobs_bn task's model as a worker offers it: signature, INIT, flat parameters, flat buffers."""
     task = load_task(BN_TASK)
-    sig, _ = check_task(task, seed=0)
+    sig, _, _ = check_task(task, seed=0)
     model = task.build_model(0)
     return sig, Init(**signature_fields(sig)), flat_params(model), TravellingBuffers(sig.buffer_names).read(model)
 

@@ -7,7 +7,7 @@ import sys
 from typing import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
-from dynabatch.common.dataset_files import DatasetNotFound
+from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.task_error import TaskError
 from dynabatch.common.flags import ConfigError
 from dynabatch.worker.evaluator import Evaluator
@@ -31,6 +31,6 @@ def main(argv: Sequence[str]) -> int:
     cls = Evaluator if opts.evaluator else Worker
     try:
         return cls(opts, metrics.metrics_host, metrics.metrics_port, keys).run()
-    except (DatasetNotFound, TaskError, ConfigError) as exc:
+    except (DatasetNotFound, BadDatasetFile, TaskError, ConfigError) as exc:
         log.error("%s", exc)
         return 2

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.metrics import ON_FINISH
 from dynabatch.common.slowdown import Slowdown
@@ -38,6 +39,7 @@ class WorkerOptions:
 
     def validate(self) -> None:
         validate_fields(self)
+        check_endpoint("--scheduler", self.scheduler)
         try:
             Slowdown.parse(self.slowdown)
         except ValueError as exc:

@@ -135,7 +135,7 @@ class Worker:
         self.link.conn.job = self.job.job
         self.pulse = Pulse(self.link, self.job.heartbeat_s).start()  # loading data and the model can take long
         self.task = task_for(self.opts, self.job)
-        sig, train_data = check_task(self.task, self.job.seed)
+        sig, train_data, _ = check_task(self.task, self.job.seed)
         self.data = build_data(self.task.eval_data, "eval_data") if role == "evaluator" else train_data
         self.loss_fn, self.collate = self.task.loss_fn(), self.task.collate_fn()
         self.model = self.task.build_model(self.job.seed).to(self.device)
