@@ -45,6 +45,7 @@ from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
 from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
+from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.shared_buffers import SharedBuffers
@@ -120,6 +121,7 @@ class ShardServer:
         self.job_over = False
         self.parked: list[ParkedPull] = []
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
+        self.replays = ReplayGuard()  # the PUSH seqs already taken, per sender and connection (replay_guard.py)
         self.limits: WireLimits | None = None  # once the model is held: what a message may be (peer_limits.py)
         self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, lambda: self.m.replies_dropped.inc())  # (ps/outbox.py)
         self.membership = 0  # the scheduler's number of the live worker set in self.state
@@ -190,6 +192,7 @@ class ShardServer:
             self._bound_peers()
             self.reported_version = self.state.version
             self.samples_seen = int(saved.get("samples_seen", 0))
+            self.replays.restore(saved.get("replay_marks", {}))
             log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
                      "counts them back into the job", self.ckpt_path, self.state.version, self.samples_seen)
         else:
@@ -444,6 +447,7 @@ class ShardServer:
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
+        self.replays.check(msg.sender, incoming.identity, msg.seq)
         streamed: set[int] = set()
 
         def send_back(cid: int) -> None:
@@ -454,6 +458,7 @@ class ShardServer:
         streams = body.then_pull and self.buffers is None and self.state.streams
         outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic(),
                                   send_back if streams else None)
+        self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
             self.buffers.take(msg.sender, buffers, body.samples)
         self.m.staleness.observe(outcome.staleness)
@@ -525,6 +530,7 @@ class ShardServer:
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
         save_checkpoint(self.ckpt_path, self.ckpt_meta, {**self.state.snapshot(), **self.init_specs, "buffers": buffers,
                                                          "signature": signature_fields(self.signature),
-                                                         "samples_seen": self.samples_seen})
+                                                         "samples_seen": self.samples_seen,
+                                                         "replay_marks": self.replays.saved()})
         self.m.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

@@ -1,0 +1,102 @@
+"""A replayed PUSH is refused `replay`, counted, and changes nothing, also after the shard restarts.
+
+A real scheduler and a real shard (checkpointing) run as processes; this test is
+the job's only worker and talks to the shard with a raw Connection. It sends one
+PUSH, then the very same frames again on the same connection, as a peer that
+captured or repeats them would: the shard must take the first and refuse the
+copy. It then stops the shard (SIGTERM: it checkpoints), starts it again on the
+same port, and replays once more: the restarted shard remembers the seq from its
+checkpoint. A new push (what an honest worker's retry is) is still taken.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import torch
+
+from dynabatch.common.chunking import make_layout
+from dynabatch.common.config import job_from_dict
+from dynabatch.common.messages import Error, Heartbeat, Params, Pull, Push, PushAck
+from dynabatch.common.models import model_for_job
+from dynabatch.common.ports import free_port
+from dynabatch.common.transport import Connection
+from dynabatch.common.wire import ChunkMeta, Message, encode
+from harness import Cluster, metric_value, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPLY_S = 10.0
+JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "4000", "--chunk-bytes", "8192",
+       "--epochs", "1000", "--liveness-timeout-s", "60"]
+
+
+def _pull(conn: Connection, ids: set[int]) -> dict[int, tuple[int, torch.Tensor]]:
+    seq, got = conn.send(Pull()), {}
+    deadline = time.monotonic() + REPLY_S
+    while set(got) != ids:
+        msg = conn.recv(max(0.0, deadline - time.monotonic()))
+        assert msg is not None and msg.seq == seq and isinstance(msg.body, Params), msg
+        got.update({m.id: (m.version, t.clone()) for m, t in zip(msg.chunks, msg.tensors)})
+    return got
+
+
+def _answer(conn: Connection, seq: int) -> object:
+    deadline = time.monotonic() + REPLY_S
+    while (msg := conn.recv(max(0.0, deadline - time.monotonic()))) is not None:
+        if msg.seq == seq:
+            return msg.body
+    raise AssertionError(f"no answer to request {seq}")
+
+
+def _replays(shard) -> float:
+    return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="replay")
+
+
+def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_restart(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    try:
+        c.scheduler()
+        port = free_port()
+        shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
+        scheduler_conn, welcome = c.join_as_worker()
+        job = job_from_dict(welcome.config)
+        total = sum(p.numel() for p in model_for_job(job).parameters())
+        ids = set(make_layout(total, job.chunk_bytes, job.shards).sizes(0))
+        conn = c.client(welcome.shards[0], sender=welcome.id)
+        before = _pull(conn, ids)
+        metas = [ChunkMeta(cid, "float32", tuple(t.shape), ver) for cid, (ver, t) in before.items()]
+        tensors = [torch.full_like(t, 0.01) for _, t in before.values()]
+        seq = conn.send(Push(samples=8), metas, tensors)
+        assert isinstance(_answer(conn, seq), PushAck)
+        frames = [bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, job.job, welcome.id, seq))]
+        taken = _pull(conn, ids)
+        assert all(ver == before[cid][0] + 1 for cid, (ver, _) in taken.items())
+
+        for _ in range(3):
+            conn.sock.send_multipart(frames)
+            reply = _answer(conn, seq)
+            assert isinstance(reply, Error) and reply.code == "replay", reply
+        assert _replays(shard) == 3
+        assert all(torch.equal(t, taken[cid][1]) and v == taken[cid][0] for cid, (v, t) in _pull(conn, ids).items())
+
+        shard.proc.send_signal(signal.SIGTERM)
+        shard.proc.wait(timeout=60)
+        shard = c.launcher.restart(shard)
+        wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
+            Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
+            shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+        conn.sock.send_multipart(frames)
+        reply = _answer(conn, seq)
+        assert isinstance(reply, Error) and reply.code == "replay", reply
+        assert _replays(shard) == 1
+        restored = _pull(conn, ids)
+        assert all(torch.equal(t, taken[cid][1]) and v == taken[cid][0] for cid, (v, t) in restored.items())
+
+        retry = conn.send(Push(samples=8), [ChunkMeta(m.id, m.dtype, m.shape, taken[m.id][0]) for m in metas], tensors)
+        assert isinstance(_answer(conn, retry), PushAck), "a new push after the restart (a retry) is taken"
+        conn.close()
+    finally:
+        c.stop()
