@@ -100,7 +100,9 @@ class Assignment:
     without a worker whose gradient is already on its way. `allocated` tells a
     shard how many workers hold a batch: DBS-SGD's n (common/protocols.py), and
     `progress` how far the job is (epoch / epochs, 0 to 1): where the task's
-    learning-rate schedule stands.
+    learning-rate schedule stands. `batches` tells a shard each live worker's largest
+    batch (of the current allocation and the one before): a PUSH claiming more
+    samples than its sender's batch (times the steps a delta covers) is refused.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -113,6 +115,7 @@ class Assignment:
     allocated: int = 0
     membership: int = 0
     progress: float = 0.0
+    batches: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

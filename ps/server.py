@@ -44,7 +44,9 @@ from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
-from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
+from dynabatch.ps.push_bounds import (
+    AssignedBatches, check_push_numbers, check_push_samples, max_push_samples, push_steps,
+)
 from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState
@@ -180,6 +182,7 @@ class ShardServer:
         self.ckpt_meta = {"job": self.job.job, "shard": self.index, "shards": self.job.shards,
                           "chunk_bytes": self.job.chunk_bytes}
         self.max_samples = max_push_samples(self.job)
+        self.assigned = AssignedBatches(push_steps(self.job), self.max_samples)  # each live worker's batch
         self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
         self.reported_version = 0
         saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
@@ -259,14 +262,14 @@ class ShardServer:
         while not self.stopping and not self.job_over:
             self.outbox.flush()
             events = dict(poller.poll(timeout=self.outbox.poll_ms))
+            if self.link.conn.sock in events:  # first: a worker told a new batch pushes it only after this shard was
+                self._on_assignment(self.link.poll())
             if self.sock in events:
                 pending = [recv_routed(self.sock, self.limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
                     pending.append(recv_routed(self.sock, self.limits))
                 for incoming in sorted(pending, key=priority):
                     self._handle(incoming)
-            if self.link.conn.sock in events:
-                self._on_assignment(self.link.poll())
             now = time.monotonic()
             if now >= next_beat:
                 self._beat()
@@ -302,6 +305,7 @@ class ShardServer:
         self.membership = body.membership
         self.m.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
+        self.assigned.update(body.batches)
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
@@ -447,6 +451,8 @@ class ShardServer:
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
+        if msg.sender in self.state.live:  # one that is not is refused `unknown_sender` (it may just be joining)
+            check_push_samples(body.samples, msg.sender, self.assigned)
         self.replays.check(msg.sender, incoming.identity, msg.seq)
         streamed: set[int] = set()
 

@@ -71,6 +71,7 @@ class Member:
     connection: bytes = b""  # the ROUTER routing id of the connection that registered it
     instance: str = ""
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
+    told_batches: dict[str, int] | None = None  # a shard: the push bounds (Assignment.batches) last sent to it
 
     def public(self) -> WorkerStatus:
         """The member as STATUS shows it."""
@@ -146,6 +147,7 @@ class JobState:
         self.instances: dict[str, str] = {}  # HELLO.instance -> the member it registered
         self.shards: dict[int, Member] = {}
         self.allocation: dict[str, int] = {}
+        self.previous_allocation: dict[str, int] = {}  # the one before: a worker may still step with it
         self.membership = 0
         self.assignment_id = 0
         self.decisions: list[Decision] = []
@@ -324,7 +326,10 @@ class JobState:
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
-        return self.assignment_for(member)
+        answer = self.assignment_for(member)
+        if member.role == "ps":
+            member.told_batches = answer.batches
+        return answer
 
     def _shard_progress(self, index: int, hb: Heartbeat) -> None:
         """Follow a shard slot's version; a drop is a restart that lost work, counted back into the job."""
@@ -502,7 +507,7 @@ class JobState:
         """Re-solve the batch split; `reason` is a bounded label, `subject` the worker behind it."""
         ready = self._ready_workers(known_to_shards=True)
         if not ready or (not self.allocation and len(ready) < self.job.min_workers and not self.training_started):
-            self.allocation = {}
+            self.previous_allocation, self.allocation = self.allocation, {}
             return
         if not self.training_started:
             self.training_started, self.training_started_at = True, now
@@ -517,7 +522,7 @@ class JobState:
             return
         if proposed == self.allocation:
             return
-        self.allocation = proposed
+        self.previous_allocation, self.allocation = self.allocation, proposed
         self.assignment_id += 1
         for wid, b in proposed.items():
             ready[wid].batch = b
@@ -538,15 +543,29 @@ class JobState:
         base = dict(assignment_id=self.assignment_id)
         if member.role == "ps":
             return Assignment(**base, live_workers=self.live_workers, allocated=len(self.allocation),
-                              membership=self.membership, stop=self.finished,
+                              membership=self.membership, stop=self.finished, batches=self._push_bounds(),
                               progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
-        batch = self.allocation.get(member.id, 0)
+        batch = self._known_batch(member.id, self.allocation.get(member.id, 0))
         return Assignment(
             **base, batch=batch, lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)),
             stop=self.stopping, local_steps=self.local_steps,
         )
+
+    def _push_bounds(self) -> dict[str, int]:
+        """Each live worker's largest batch now, the previous allocation's or the current one's: a shard refuses a
+        PUSH of more samples (times the local steps a delta covers) than its sender's."""
+        live = set(self.live_workers)
+        return {w: max(self.previous_allocation.get(w, 0), self.allocation.get(w, 0))
+                for w in (self.previous_allocation.keys() | self.allocation.keys()) & live}
+
+    def _known_batch(self, worker: str, allocated: int) -> int:
+        """`allocated`, or less while a live shard has not yet been told that `worker` may push that much: a worker
+        is given a larger batch only once the shards bound its pushes by it. A shard never answered yet is not
+        waited on: it takes no push before it learns the live workers, and their bounds, in that same answer."""
+        return min([allocated, *(m.told_batches.get(worker, 0) for m in self.shards.values()
+                                 if not m.left and m.told_batches is not None)])
 
     # -- reporting ------------------------------------------------------------------
 

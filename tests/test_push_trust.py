@@ -1,12 +1,16 @@
-"""A replayed PUSH is refused `replay`, counted, and changes nothing, also after the shard restarts.
+"""What a registered worker's PUSH may do, on the wire: taken once, and within its own assignment.
 
-A real scheduler and a real shard (checkpointing) run as processes; this test is
-the job's only worker and talks to the shard with a raw Connection. It sends one
-PUSH, then the very same frames again on the same connection, as a peer that
-captured or repeats them would: the shard must take the first and refuse the
-copy. It then stops the shard (SIGTERM: it checkpoints), starts it again on the
-same port, and replays once more: the restarted shard remembers the seq from its
-checkpoint. A new push (what an honest worker's retry is) is still taken.
+A real scheduler and a real shard (checkpointing) run as processes; the test is
+the job's only worker and talks to the shard with a raw Connection.
+
+- Replays: one PUSH, then the very same frames again on the same connection, as a
+  peer that captured or repeats them would send them: the shard takes the first and
+  refuses the copies (`replay`, counted). It then stops (SIGTERM: it checkpoints),
+  starts again on the same port, and the replay is still refused: the restarted
+  shard remembers the seq from its checkpoint. A new push (what an honest worker's
+  retry is) is still taken.
+- Assignment: a PUSH claiming more samples than the batch the scheduler assigned
+  its sender (though within the job's --max-batch) is refused `bad_field`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,43 @@ def _replays(shard) -> float:
     return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="replay")
 
 
+def _bad_fields(shard) -> float:
+    return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="bad_field")
+
+
+def _gradient(chunks: dict[int, tuple[int, torch.Tensor]], fill: float) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
+    metas = [ChunkMeta(cid, "float32", tuple(t.shape), ver) for cid, (ver, t) in chunks.items()]
+    return metas, [torch.full_like(t, fill) for _, t in chunks.values()]
+
+
+def test_a_push_of_more_samples_than_its_sender_was_assigned_is_refused_and_changes_nothing(tmp_path):
+    c = Cluster(tmp_path, [*JOB, "--global-batch", "32", "--max-batch", "1024"])
+    try:
+        c.scheduler()
+        shard = c.shard(0)
+        scheduler_conn, welcome = c.join_as_worker()
+        batch = scheduler_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=REPLY_S).body.batch
+        assert 0 < batch <= 32
+        conn = c.client(welcome.shards[0], sender=welcome.id)
+        ids = set(make_layout(_total(welcome), 8192, 1).sizes(0))
+        before = _pull(conn, ids)
+        counted = _bad_fields(shard)
+        seq = conn.send(Push(samples=batch * 4), *_gradient(before, 0.01))
+        reply = _answer(conn, seq)
+        assert isinstance(reply, Error) and reply.code == "bad_field" and "assigned" in reply.text, reply
+        assert _bad_fields(shard) == counted + 1
+        assert all(v == before[cid][0] and torch.equal(t, before[cid][1]) for cid, (v, t) in _pull(conn, ids).items())
+        seq = conn.send(Push(samples=batch), *_gradient(before, 0.01))
+        assert isinstance(_answer(conn, seq), PushAck), "a push of the assigned batch is taken"
+        conn.close()
+    finally:
+        c.stop()
+
+
+def _total(welcome) -> int:
+    return sum(p.numel() for p in model_for_job(job_from_dict(welcome.config)).parameters())
+
+
 def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_restart(tmp_path):
     c = Cluster(tmp_path, JOB)
     try:
@@ -63,12 +104,10 @@ def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_res
         shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
         scheduler_conn, welcome = c.join_as_worker()
         job = job_from_dict(welcome.config)
-        total = sum(p.numel() for p in model_for_job(job).parameters())
-        ids = set(make_layout(total, job.chunk_bytes, job.shards).sizes(0))
+        ids = set(make_layout(_total(welcome), job.chunk_bytes, job.shards).sizes(0))
         conn = c.client(welcome.shards[0], sender=welcome.id)
         before = _pull(conn, ids)
-        metas = [ChunkMeta(cid, "float32", tuple(t.shape), ver) for cid, (ver, t) in before.items()]
-        tensors = [torch.full_like(t, 0.01) for _, t in before.values()]
+        metas, tensors = _gradient(before, 0.01)
         seq = conn.send(Push(samples=8), metas, tensors)
         assert isinstance(_answer(conn, seq), PushAck)
         frames = [bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, job.job, welcome.id, seq))]
