@@ -65,6 +65,8 @@ class Heartbeat:
     workers initialised it with: the scheduler counts epochs from it, and runs no
     task code to learn it. A shard's `version` and `samples` (pushed to it) come
     back from its checkpoint when it restarts, so a drop in them is the work it lost.
+    A shard lists in `quarantined` the workers whose pushes it refuses for exceeding
+    the gradient bound again and again (ps/gradient_bounds.py): the scheduler drops them.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -87,6 +89,7 @@ class Heartbeat:
     staleness: list[int] = field(default_factory=list)
     membership: int = 0
     train_size: int = 0
+    quarantined: list[str] = field(default_factory=list)
 
 
 @dataclass

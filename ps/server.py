@@ -42,6 +42,7 @@ from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
+from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment, GradientBounds
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
 from dynabatch.ps.push_bounds import (
@@ -101,6 +102,10 @@ class ShardMetrics:
         self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
         self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
         self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too many unread.", ["shard"], registry=registry).labels(**labels)
+        self.clipped = Counter("dynabatch_ps_clipped_pushes", "Pushes with a chunk clipped to the gradient bound, by "
+                               "worker.", ["shard", "worker"], registry=registry)
+        self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined for pushes clipped again "
+                                   "and again.", ["shard"], registry=registry).labels(**labels)
         self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 
@@ -183,6 +188,7 @@ class ShardServer:
                           "chunk_bytes": self.job.chunk_bytes}
         self.max_samples = max_push_samples(self.job)
         self.assigned = AssignedBatches(push_steps(self.job), self.max_samples)  # each live worker's batch
+        self.bounds = GradientBounds(self.job.gradient_bound)  # how far one push may move a chunk
         self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
         self.reported_version = 0
         saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
@@ -292,7 +298,8 @@ class ShardServer:
         version = self.state.version if self.state is not None else 0
         train_size = self.signature.train_size if self.signature is not None else 0
         self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version, samples=self.samples_seen,
-                                                          membership=self.membership, train_size=train_size)))
+                                                          membership=self.membership, train_size=train_size,
+                                                          quarantined=sorted(self.bounds.quarantined & self.senders.live))))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -306,6 +313,7 @@ class ShardServer:
         self.m.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
         self.assigned.update(body.batches)
+        self.bounds.forget(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
@@ -461,10 +469,12 @@ class ShardServer:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
+        found = self.bounds.assess(msg.sender, tensors, body.samples)
         streams = body.then_pull and self.buffers is None and self.state.streams
-        outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic(),
+        outcome = self.state.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
                                   send_back if streams else None)
         self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
+        self._count_bounds(found)
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
             self.buffers.take(msg.sender, buffers, body.samples)
         self.m.staleness.observe(outcome.staleness)
@@ -485,6 +495,17 @@ class ShardServer:
                                  self.buffers is not None)
             else:
                 self.m.pulls.inc()
+
+    def _count_bounds(self, found: Assessment) -> None:
+        """Record a taken push's norms; count a clipped one, and quarantine its worker if it keeps being clipped."""
+        if found.clipped:
+            self.m.clipped.labels(self.shard_label, found.worker).inc()
+        if self.bounds.record(found, self.state.live):
+            self.m.quarantined.inc()
+            log.warning("%s quarantined: %d pushes in a row exceeded the gradient bound (--gradient-bound %g); its "
+                        "further pushes are refused and the scheduler is told", found.worker, QUARANTINE_AFTER,
+                        self.bounds.factor)
+            self._beat()
 
     def _advance_progress(self, progress: float) -> None:
         """Move the schedule forward to `progress`, never back.

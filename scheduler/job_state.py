@@ -8,6 +8,8 @@ feeds it decoded messages and the clock; tests drive it directly.
 
 from __future__ import annotations
 
+import logging
+
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_he
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel
 
+log = logging.getLogger("dynabatch.scheduler")
 DECISIONS_KEPT = 100
 LOSSES_KEPT = 100  # shard restarts not yet logged by the server
 DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
@@ -145,6 +148,7 @@ class JobState:
         self.started = time.monotonic() if now is None else now
         self.members: dict[str, Member] = {}
         self.instances: dict[str, str] = {}  # HELLO.instance -> the member it registered
+        self.quarantined_instances: set[str] = set()  # processes a shard quarantined: never admitted again
         self.shards: dict[int, Member] = {}
         self.allocation: dict[str, int] = {}
         self.previous_allocation: dict[str, int] = {}  # the one before: a worker may still step with it
@@ -181,6 +185,9 @@ class JobState:
             raise ProtocolError("bad_field", f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
         if hello.max_batch < 0:
             raise ProtocolError("bad_field", f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
+        if hello.instance in self.quarantined_instances:
+            raise ProtocolError("quarantined", "this process was quarantined by a shard (its pushes kept exceeding "
+                                "the gradient bound) and may not join again")
         again = self.members.get(self.instances.get(hello.instance, "")) if hello.instance else None
         if again is not None and not again.left and again.role == hello.role:
             again.last_seen = now
@@ -281,6 +288,18 @@ class JobState:
             self._reallocate(now, why, member.id, force=True)
         self._forget_departed()
 
+    def _quarantine(self, workers: list[str], shard: str, now: float) -> None:
+        """Drop the live workers a shard quarantined (their pushes kept exceeding the gradient bound); their
+        process may not register again (its HELLO.instance is refused)."""
+        for wid in workers:
+            member = self.members.get(wid)
+            if member is None or member.left or member.role != "worker":
+                continue
+            log.warning("%s quarantined by %s: its pushes kept exceeding the gradient bound; dropped", wid, shard)
+            if member.instance:
+                self.quarantined_instances.add(member.instance)
+            self._drop(member, now, "quarantined")
+
     def _forget_departed(self) -> None:
         """Keep the member table bounded: the oldest members that left go (their counts are already summed)."""
         gone = [m for m in self.members.values() if m.left]
@@ -323,6 +342,7 @@ class JobState:
             self.train_size = hb.train_size
         if member.role == "ps":
             self._shard_progress(member.shard_index, hb)
+            self._quarantine(hb.quarantined, member.id, now)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
