@@ -52,6 +52,7 @@ from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
 from dynabatch.common.protocols import DELTA, protocol_spec
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.update_rules import OuterConfig, optimizer_spec
 from dynabatch.scheduler.job_state import JobState
@@ -132,6 +133,7 @@ class SimResult:
     samples: int
     curve: list[tuple[float, int, float]]  # (virtual seconds, samples, test accuracy)
     batches: dict[str, int]
+    clipped: int = 0  # pushes the gradient bound clipped
 
 
 Wait = float | Callable[[], bool]  # what a worker yields: a virtual time to sleep until, or a condition
@@ -159,6 +161,8 @@ class Cluster:
             OuterConfig(self.job.outer_lr, self.job.outer_momentum, self.job.outer_nesterov),
             self.job.softsync_n, self.job.staleness, params)
         self.model_bytes = 4 * flat.numel()
+        self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
+        self.clipped = 0
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
         self.membership_seen = (-1, -1)
@@ -238,8 +242,10 @@ class Cluster:
 
     def push(self, flat: torch.Tensor, versions: dict[int, int], samples: int, kind: str, wid: str) -> tuple[bool, int]:
         """One push of a gradient or delta; returns (applied now, the shard's version after it)."""
-        tensors = {c.id: flat[c.start:c.stop] for c in self.shard.chunks}
-        outcome = self.shard.push(wid, tensors, versions, samples, kind, self.now)
+        found = self.bounds.assess(wid, {c.id: flat[c.start:c.stop] for c in self.shard.chunks}, samples)
+        outcome = self.shard.push(wid, found.tensors, versions, samples, kind, self.now)
+        self.bounds.record(found, self.shard.live)
+        self.clipped += bool(found.clipped)
         self.transfers += 1
         staleness.record(self.counts, outcome.staleness)
         self.changed()
@@ -497,7 +503,7 @@ def result_of(cluster: Cluster) -> SimResult:
         samples_per_s=samples / cfg.budget_s,
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
-        samples=samples, curve=cluster.curve, batches=dict(sched.allocation))
+        samples=samples, curve=cluster.curve, batches=dict(sched.allocation), clipped=cluster.clipped)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -509,6 +515,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
+    p.add_argument("--gradient-bound", type=float, default=JobConfig.gradient_bound,
+                   help="the shards' --gradient-bound (0: off)")
     p.add_argument("--study", choices=("quick", "paper", "validation", "full"),
                    help="run the study (bench/simulate_study.py) instead")
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")
@@ -523,12 +531,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_study(args.study, args.out, args.jobs)
     workers = PROFILES[args.profile]()
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
-                    global_batch=args.global_batch or 16 * len(workers), model=args.model)
+                    global_batch=args.global_batch or 16 * len(workers), model=args.model,
+                    job={"gradient_bound": args.gradient_bound})
     r = simulate(cfg)
     print(f"{r.protocol}+{r.policy} on {args.profile} ({r.workers} workers), seed {r.seed}: "
           f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
           f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
-          f"p99 {r.staleness_p99}; time to 85%: {r.time_to['0.85']}")
+          f"p99 {r.staleness_p99}; time to 85%: {r.time_to['0.85']}; {r.clipped} pushes clipped")
     return 0
 
 
