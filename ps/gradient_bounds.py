@@ -15,11 +15,12 @@ lies, the reference is an honest worker's typical norm.
 A chunk's norm may be at most `factor` times the reference, scaled up for a push of
 fewer samples than the workers' typical batch (the noise of a mean gradient grows
 as 1/sqrt(b): a small-batch worker's honest norm is larger), never scaled down for
-a larger one. A chunk beyond its bound is scaled to it (clipped), not refused: an
-honest worker's rare outlier still counts, in direction. Until a chunk has
-`WARMUP` pushes' history it is bounded only by the
-norm of its first push scaled by `WARMUP_FACTOR`, so the first pushes cannot
-wreck the model either (unless the very first push of a chunk is itself the lie).
+a larger one. The reference is trusted only once most live workers have pushed the
+chunk: before that (the job's first pushes, which may all come from a liar that is
+fast) and always besides, a chunk's norm may be at most `MAX_TO_PARAMS` times the
+chunk's own parameter norm, which an honest gradient (or delta) is far below. A
+chunk beyond its bound is scaled to it (clipped), not refused: an honest worker's
+rare outlier still counts, in direction.
 
 A worker whose pushes are clipped `QUARANTINE_AFTER` times in a row is
 quarantined: its further pushes are refused (`quarantined`) and the shard reports
@@ -38,15 +39,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 
 from dynabatch.common.wire import ProtocolError
 
 HISTORY = 16  # a worker's last norms of one chunk that its median is taken over
-WARMUP = 8  # pushes of a chunk before its reference is trusted
 REFRESH = 4  # pushes of a chunk between two computations of its reference
-WARMUP_FACTOR = 10.0  # during warm-up: at most this many times the first push's norm
+MAX_TO_PARAMS = 1.0  # a chunk's pushed norm at most this many times its parameters' norm
 QUARANTINE_AFTER = 8  # clipped pushes in a row
 
 
@@ -66,20 +67,28 @@ class _ChunkHistory:
     by_worker: dict[str, deque[float]] = field(default_factory=dict)
     medians: dict[str, float] = field(default_factory=dict)  # of each worker's norms
     pushes: int = 0
-    first: float = 0.0  # the first push's norm: the warm-up's scale
     reference: float = math.inf  # the lower median of the workers' medians, as last computed
 
     def add(self, worker: str, norm: float, live: set[str]) -> None:
-        if self.pushes == 0:
-            self.first = norm
         self.pushes += 1
         norms = self.by_worker.setdefault(worker, deque(maxlen=HISTORY))
+        first = not norms
         norms.append(norm)
         self.medians[worker] = _median_low(list(norms))
-        if self.pushes % REFRESH == 0 or self.pushes == WARMUP:
+        if first or self.pushes % REFRESH == 0:
             for gone in [w for w in self.by_worker if w not in live and w != worker]:
                 del self.by_worker[gone], self.medians[gone]
             self.reference = _median_low(list(self.medians.values()))
+
+    def trusted(self, live: set[str]) -> bool:
+        """Whether most live workers have pushed this chunk, so that one liar cannot be the reference."""
+        return 2 * sum(1 for w in self.by_worker if w in live) > len(live)
+
+
+def _params_bound(param: torch.Tensor) -> float:
+    """`MAX_TO_PARAMS` times the chunk's parameter norm (no bound for a chunk of zeros)."""
+    norm = float(torch.linalg.vector_norm(param))
+    return MAX_TO_PARAMS * norm if norm > 0 else math.inf
 
 
 def _median_low(values: list[float]) -> float:
@@ -101,11 +110,10 @@ class GradientBounds:
     def on(self) -> bool:
         return self.factor > 0
 
-    def assess(self, worker: str, tensors: dict[int, torch.Tensor], samples: int) -> Assessment:
-        """Bound `worker`'s push of `samples` samples (refusing it if the worker is quarantined); changes nothing.
-
-        Clipped chunks are new tensors; the rest are the received ones.
-        """
+    def assess(self, worker: str, tensors: dict[int, torch.Tensor], samples: int, params: Mapping[int, torch.Tensor],
+               live: set[str]) -> Assessment:
+        """Bound `worker`'s push of `samples` samples to chunks whose parameters are `params` (refusing it if the
+        worker is quarantined); changes nothing. Clipped chunks are new tensors; the rest are the received ones."""
         if worker in self.quarantined:
             raise ProtocolError("quarantined", f"{worker!r} was quarantined: its pushes kept exceeding the job's "
                                 "gradient-norm bound (--gradient-bound)")
@@ -115,7 +123,7 @@ class GradientBounds:
         raise_for_batch = math.sqrt(max(1.0, self._typical_batch() / samples))
         for cid, tensor in tensors.items():
             norm = float(torch.linalg.vector_norm(tensor))
-            bound = self.bound(cid) * raise_for_batch
+            bound = min(self.bound(cid, live) * raise_for_batch, _params_bound(params[cid]))
             if norm > bound:
                 taken[cid] = tensor * (bound / norm)
                 clipped.append(cid)
@@ -123,13 +131,13 @@ class GradientBounds:
             norms[cid] = norm
         return Assessment(worker, samples, taken, norms, clipped)
 
-    def bound(self, cid: int) -> float:
-        """Chunk `cid`'s largest norm for a push of the typical batch (inf while nothing is known)."""
+    def bound(self, cid: int, live: set[str]) -> float:
+        """Chunk `cid`'s largest norm for a push of the typical batch by the workers' reference (inf while most
+        live workers have not pushed it)."""
         hist = self.history.get(cid)
-        if hist is None or hist.pushes == 0:
+        if hist is None or not hist.trusted(live) or hist.reference <= 0:
             return math.inf
-        scale = hist.first * WARMUP_FACTOR / self.factor if hist.pushes < WARMUP else hist.reference
-        return self.factor * scale if scale > 0 else math.inf
+        return self.factor * hist.reference
 
     def record(self, found: Assessment, live: set[str]) -> bool:
         """Remember a push that was taken; True if its worker is quarantined by it (newly)."""

@@ -469,7 +469,7 @@ class ShardServer:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
-        found = self.bounds.assess(msg.sender, tensors, body.samples)
+        found = self.bounds.assess(msg.sender, tensors, body.samples, self.state.params, self.state.live)
         streams = body.then_pull and self.buffers is None and self.state.streams
         outcome = self.state.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
                                   send_back if streams else None)

@@ -26,6 +26,7 @@ from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
+from dynabatch.scheduler.outage_clock import ClockReading, outage_s
 from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel
@@ -156,6 +157,8 @@ class JobState:
         self.assignment_id = 0
         self.decisions: list[Decision] = []
         self.departed_samples = 0
+        self.unchecked_shards: set[int] = set()  # after a resume: shard slots yet to report their samples
+        self.most_shard_samples = 0
         self.loss = math.nan
         self.eval: EvalReport | None = None
         self.eval_time = 0.0
@@ -342,6 +345,7 @@ class JobState:
             self.train_size = hb.train_size
         if member.role == "ps":
             self._shard_progress(member.shard_index, hb)
+            self._check_resumed(member.shard_index, hb.samples)
             self._quarantine(hb.quarantined, member.id, now)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
@@ -361,6 +365,23 @@ class JobState:
             self.losses.append(lost)
             del self.losses[:-LOSSES_KEPT]
         self.shard_marks[index] = ShardMark(hb.version, hb.samples)
+
+    def _check_resumed(self, index: int, shard_samples: int) -> None:
+        """After a resume, once every shard slot has reported: the samples the job counts cannot exceed what the
+        shards say they were pushed (the most of any shard, plus what shards lost, plus a global batch in flight);
+        a saved figure beyond that (an edited or foreign file) is cut back, with a warning."""
+        if not self.unchecked_shards:
+            return
+        self.most_shard_samples = max(self.most_shard_samples, shard_samples)
+        self.unchecked_shards.discard(index)
+        if self.unchecked_shards:
+            return
+        allowed = self.most_shard_samples + self.lost_samples + self.job.global_batch
+        excess = min(self.samples - allowed, self.departed_samples)
+        if excess > 0:
+            log.warning("the saved progress counts %d samples but the shards hold at most %d: counting %d fewer",
+                        self.samples, allowed, excess)
+            self.departed_samples -= excess
 
     def _known_to_shards(self, worker: Member) -> bool:
         """Has every shard applied a live worker set that holds `worker`?"""
@@ -628,12 +649,13 @@ class JobState:
 
     # -- restart ------------------------------------------------------------------------
 
-    def saved(self, now: float, wall: float) -> SavedProgress:
-        """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is time.time()."""
+    def saved(self, now: float, wall: ClockReading) -> SavedProgress:
+        """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is read_clock()."""
         speeds = {m.instance: SavedSpeed(m.standalone_sps, m.speed.window())
                   for m in self.members.values() if m.instance and not m.left and m.speed is not None}
         return SavedProgress(
-            config=to_dict(self.job), saved_at=wall, t=now - self.started, samples=self.samples, lost_samples=self.lost_samples,
+            config=to_dict(self.job), saved_at=wall.wall, saved_boot_id=wall.boot_id, saved_boot_s=wall.boot_s,
+            t=now - self.started, samples=self.samples, lost_samples=self.lost_samples,
             lost_versions=self.lost_versions, train_size=self.train_size,
             training_s=None if self.training_started_at is None else now - self.training_started_at,
             assignment_id=self.assignment_id, next_id=dict(self._next_id), local_steps=self.local_steps,
@@ -643,14 +665,17 @@ class JobState:
             speeds=dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:]),
         )
 
-    def resume(self, saved: SavedProgress, now: float, wall: float) -> None:
+    def resume(self, saved: SavedProgress, now: float, wall: ClockReading) -> None:
         """Go on from `saved`: its samples count as trained by workers that left, every process registers anew.
 
-        The job's clock goes on through the outage (wall-clock `wall` minus the
-        save's, never negative under clock skew): time to accuracy and the time
-        budget are what the user waited, restarts included.
+        The job's clock goes on through the outage (from the save to `wall`, read_clock(): never negative, and
+        bounded where a wall clock that may have jumped is all there is; outage_clock.py): time to accuracy and
+        the time budget are what the user waited, restarts included. The saved samples are checked against the
+        shards' own counts once every shard has reported (`_check_resumed`).
         """
-        down = max(0.0, wall - saved.saved_at) if saved.saved_at is not None else 0.0
+        down = 0.0 if saved.saved_at is None else outage_s(
+            ClockReading(saved.saved_at, saved.saved_boot_id, saved.saved_boot_s), wall)
+        self.unchecked_shards = set(range(self.num_shards))
         now -= down
         self.started = now - saved.t
         self.departed_samples = saved.samples
