@@ -51,6 +51,7 @@ def twin(tmp_path_factory) -> float:
 @pytest.mark.parametrize("liar, quarantined", [("scaled", True), ("noise", True), ("flipped", False)])
 def test_a_lying_worker_leaves_the_job_within_a_point_of_its_clean_twin(tmp_path, twin, liar, quarantined):
     acc, loss, metrics = _run(tmp_path, liar)
+    print(f"{liar}: accuracy {acc:.4f} (clean twin {twin:.4f}), final loss {loss:.4g}")
     assert math.isfinite(loss), f"{liar}: the final model's loss is {loss}"
     assert acc >= twin - MARGIN, f"{liar}: {acc:.3f} against the clean twin's {twin:.3f}"
     if quarantined:
