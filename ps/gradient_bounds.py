@@ -120,7 +120,7 @@ class GradientBounds:
         taken, norms, clipped = dict(tensors), {}, []
         if not self.on:
             return Assessment(worker, samples, taken, norms, clipped)
-        raise_for_batch = math.sqrt(max(1.0, self._typical_batch() / samples))
+        raise_for_batch = math.sqrt(max(1.0, self._typical_batch() / max(1, samples)))
         for cid, tensor in tensors.items():
             norm = float(torch.linalg.vector_norm(tensor))
             bound = min(self.bound(cid, live) * raise_for_batch, _params_bound(params[cid]))

@@ -69,6 +69,8 @@ def check_push_samples(samples: int, worker: str, assigned: AssignedBatches) -> 
 def check_push_numbers(samples: int, base_versions: Mapping[int, int], chunk_versions: Mapping[int, int],
                        max_samples: int) -> None:
     """Refuse (`bad_field`, naming the field) a PUSH whose samples or chunk base versions cannot be true."""
+    if samples <= 0:
+        raise ProtocolError("bad_field", f"PUSH.samples must be positive, got {samples}")
     if samples > max_samples:
         raise ProtocolError("bad_field", f"PUSH.samples {samples} exceeds {max_samples}, the most one push of this "
                             "job can carry (--max-batch, times --local-steps with slack for delta protocols)")
