@@ -1,4 +1,5 @@
-"""What a registered worker's PUSH may do, on the wire: taken once, and within its own assignment.
+"""What a shard believes, on the wire and on disk: a PUSH taken once and within its sender's assignment, and only a
+checkpoint that reads back good.
 
 A real scheduler and a real shard (checkpointing) run as processes; the test is
 the job's only worker and talks to the shard with a raw Connection.
@@ -11,6 +12,10 @@ the job's only worker and talks to the shard with a raw Connection.
   retry is) is still taken.
 - Assignment: a PUSH claiming more samples than the batch the scheduler assigned
   its sender (though within the job's --max-batch) is refused `bad_field`.
+- Checkpoints: after a push (the checkpoint right after INIT becomes the previous
+  copy when the shard checkpoints again at SIGTERM), bits are flipped in the newest
+  checkpoint, as a failing disk would; the restarted shard refuses that copy with
+  one line naming it, resumes the previous one (version 0), and serves the worker.
 """
 
 from __future__ import annotations
@@ -136,6 +141,40 @@ def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_res
 
         retry = conn.send(Push(samples=8), [ChunkMeta(m.id, m.dtype, m.shape, taken[m.id][0]) for m in metas], tensors)
         assert isinstance(_answer(conn, retry), PushAck), "a new push after the restart (a retry) is taken"
+        conn.close()
+    finally:
+        c.stop()
+
+
+def test_a_damaged_newest_checkpoint_is_refused_and_the_shard_resumes_the_previous_one(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    try:
+        c.scheduler()
+        port = free_port()
+        shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
+        scheduler_conn, welcome = c.join_as_worker()
+        job = job_from_dict(welcome.config)
+        ids = set(make_layout(_total(welcome), job.chunk_bytes, job.shards).sizes(0))
+        conn = c.client(welcome.shards[0], sender=welcome.id)
+        initial = _pull(conn, ids)
+        assert isinstance(_answer(conn, conn.send(Push(samples=8), *_gradient(initial, 0.01))), PushAck)
+        shard.proc.send_signal(signal.SIGTERM)
+        shard.proc.wait(timeout=60)
+        newest = tmp_path / "ckpt" / "shard-0.pt"
+        data = bytearray(newest.read_bytes())
+        for i in range(len(data) // 2, len(data) // 2 + 64):
+            data[i] ^= 0xFF
+        newest.write_bytes(bytes(data))
+
+        shard = c.launcher.restart(shard)
+        wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
+            Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
+            shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+        assert f"refused {newest}: its content does not match its checksum" in shard.log_since_start()
+        resumed = _pull(conn, ids)
+        for cid, (version, values) in resumed.items():
+            assert version == 0 and torch.equal(values, initial[cid][1]), "the previous copy: the initial model"
+        assert isinstance(_answer(conn, conn.send(Push(samples=8), *_gradient(resumed, 0.01))), PushAck)
         conn.close()
     finally:
         c.stop()
