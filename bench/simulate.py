@@ -37,7 +37,6 @@ import argparse
 import heapq
 import math
 import random
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator
 
@@ -52,6 +51,7 @@ from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
 from dynabatch.common.protocols import DELTA, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
@@ -169,6 +169,7 @@ class SimResult:
     curve: list[tuple[float, int, float]]  # (virtual seconds, samples, test accuracy)
     batches: dict[str, int]
     discarded_fraction: float = 0.0  # of the samples computed and pushed, those discarded as too stale
+    clipped: int = 0  # pushes the gradient bound clipped
 
 
 Wait = float | Callable[[], bool]  # what a worker yields: a virtual time to sleep until, or a condition
@@ -195,6 +196,8 @@ class Cluster:
             layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
             protocol_settings(self.job), params, self.job.dbs_weight)
         self.model_bytes = 4 * flat.numel()
+        self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
+        self.clipped = 0
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
@@ -275,8 +278,11 @@ class Cluster:
 
     def push(self, flat: torch.Tensor, versions: dict[int, int], samples: int, kind: str, wid: str) -> tuple[bool, int]:
         """One push of a gradient or delta; returns (applied now, the shard's version after it)."""
-        tensors = {c.id: flat[c.start:c.stop] for c in self.shard.chunks}
-        outcome = self.shard.push(wid, tensors, versions, samples, kind, self.now)
+        found = self.bounds.assess(wid, {c.id: flat[c.start:c.stop] for c in self.shard.chunks}, samples,
+                                   self.shard.params, self.shard.live)
+        outcome = self.shard.push(wid, found.tensors, versions, samples, kind, self.now)
+        self.bounds.record(found, self.shard.live)
+        self.clipped += bool(found.clipped)
         self.transfers += 1
         staleness.record(self.counts, outcome.staleness)
         self.changed()
@@ -551,7 +557,7 @@ def result_of(cluster: Cluster) -> SimResult:
         samples_per_s=samples / cfg.budget_s,
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
-        samples=samples, curve=cluster.curve, batches=dict(sched.allocation),
+        samples=samples, curve=cluster.curve, batches=dict(sched.allocation), clipped=cluster.clipped,
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples))
 
 
@@ -565,6 +571,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
     p.add_argument("--lr", type=float, default=0.0, help="the job's --lr (default: JobConfig's)")
+    p.add_argument("--gradient-bound", type=float, default=JobConfig.gradient_bound,
+                   help="the shards' --gradient-bound (0: off)")
     p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-scale",
                                        "tuned-quick"),
                    help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
@@ -585,13 +593,14 @@ def main(argv: list[str] | None = None) -> int:
     workers = PROFILES[args.profile]()
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
                     global_batch=args.global_batch or 16 * len(workers), model=args.model,
-                    job={"lr": args.lr} if args.lr else {})
+                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound})
     r = simulate(cfg)
     print(f"{r.protocol}+{r.policy} on {args.profile} ({r.workers} workers), seed {r.seed}: "
           f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
           f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
           f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "
-          f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded")
+          f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded, "
+          f"{r.clipped} pushes clipped")
     return 0
 
 

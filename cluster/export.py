@@ -12,6 +12,7 @@ Pure functions over files: no sockets, no running job needed.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.task import ModelSignature, Task, load_task, signature, signature_from_fields
 from dynabatch.common.task_error import TaskError
+from dynabatch.common.verified_files import read_verified
 
 
 class ExportError(ValueError):
@@ -84,7 +86,7 @@ def read_checkpoints(record: RunRecord) -> list[dict[str, Any]]:
     states, first_sig = [], None
     for i, path in enumerate(paths):
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
+            saved = torch.load(io.BytesIO(read_verified(path)), map_location="cpu", weights_only=True)
             meta, state = saved["meta"], saved["state"]
             sig = state["signature"]
         except Exception as exc:

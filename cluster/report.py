@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dynabatch.common import staleness
-from dynabatch.common.atomic_file import write_atomic, write_text_atomic
+from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.wire import decode_map
 from dynabatch.cluster.metric_target import MetricTarget

@@ -20,8 +20,14 @@ STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk q
                   errno.EROFS: "read-only file system"}
 
 
-def write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Call `write` on a temporary file beside `path`, fsync it and rename it to `path`.
+def previous_path(path: Path) -> Path:
+    """Where `write_atomic(..., keep_previous=True)` keeps the copy it replaced."""
+    return path.with_name(f"{path.name}.prev")
+
+
+def write_atomic(path: Path, write: Callable[[IO[bytes]], object], keep_previous: bool = False) -> None:
+    """Call `write` on a temporary file beside `path`, fsync it and rename it to `path` (the copy it replaces
+    renamed to `previous_path(path)` first, with `keep_previous`).
 
     On any error the temporary file is removed and the error raised; an OSError names `path`
     (the file the caller asked for), not the temporary one.
@@ -33,6 +39,8 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous and path.exists():
+            os.replace(path, previous_path(path))
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)

@@ -51,6 +51,10 @@ class JobConfig:
         0.5, "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)", minimum=0.0
     )
     weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0)
+    gradient_bound: float = opt(
+        4.0, "shards clip each pushed chunk's norm to this many times the workers' typical norm (the lower median of "
+        "each worker's recent median), and quarantine a worker clipped push after push; 0: off", minimum=0.0,
+    )
     nesterov: bool = opt(False, "Nesterov momentum on the shards")
     epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0)
     time_budget_s: float = opt(

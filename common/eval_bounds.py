@@ -6,17 +6,22 @@ series' cardinality: a task has at most MAX_EVAL_METRICS of them, each a short
 printable string. A value is a finite float, or NaN: the evaluator's own mark
 for a metric that counted no samples and for the loss of a diverged model,
 which must still reach the run (a refused final evaluation would leave the job
-waiting for one). Infinities mean nothing as a mean over samples.
+waiting for one). Infinities mean nothing as a mean over samples. An
+accuracy-like metric (`test_acc`, and a metric named `accuracy`, `acc`, `top<k>`
+or ending in `_acc` / `_accuracy`) is a fraction of samples: outside [0, 1] it is
+refused, so a registered evaluator cannot show the job a 700% accuracy.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from dynabatch.common.messages import EvalReport
 
 MAX_EVAL_METRICS = 32
 MAX_METRIC_NAME_CHARS = 64
+ACCURACY_LIKE = re.compile(r"(acc|accuracy|top\d+|.*_acc|.*_accuracy)", re.IGNORECASE)
 
 
 def metric_name_problem(name: str) -> str | None:
@@ -28,8 +33,12 @@ def metric_name_problem(name: str) -> str | None:
     return None
 
 
-def _value_problem(value: float) -> str | None:
-    return None if math.isfinite(value) or math.isnan(value) else f"{value} is not a finite number (nor NaN)"
+def _value_problem(value: float, fraction: bool = False) -> str | None:
+    if not (math.isfinite(value) or math.isnan(value)):
+        return f"{value} is not a finite number (nor NaN)"
+    if fraction and not (math.isnan(value) or 0.0 <= value <= 1.0):
+        return f"{value} is outside [0, 1] (a fraction of samples)"
+    return None
 
 
 def eval_problem(report: EvalReport) -> str | None:
@@ -37,7 +46,7 @@ def eval_problem(report: EvalReport) -> str | None:
     if report.version < 0:
         return f"EVAL.version {report.version} is negative"
     for field, value in (("test_loss", report.test_loss), ("test_acc", report.test_acc)):
-        problem = _value_problem(value)
+        problem = _value_problem(value, field == "test_acc")
         if problem:
             return f"EVAL.{field}: {problem}"
     if len(report.metrics) > MAX_EVAL_METRICS:
@@ -46,7 +55,7 @@ def eval_problem(report: EvalReport) -> str | None:
         problem = metric_name_problem(name)
         if problem:
             return f"EVAL.metrics: {problem}"
-        problem = _value_problem(value)
+        problem = _value_problem(value, ACCURACY_LIKE.fullmatch(name) is not None)
         if problem:
             return f"EVAL.metrics[{name!r}]: {problem}"
     return None

@@ -67,6 +67,8 @@ class Heartbeat:
     back from its checkpoint when it restarts, so a drop in them is the work it lost.
     A shard's `discarded` counts the pushes its protocol discarded as too stale
     (ringmaster, rennala) since it started.
+    A shard lists in `quarantined` the workers whose pushes it refuses for exceeding
+    the gradient bound again and again (ps/gradient_bounds.py): the scheduler drops them.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -90,6 +92,7 @@ class Heartbeat:
     membership: int = 0
     train_size: int = 0
     discarded: int = 0
+    quarantined: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,6 +108,9 @@ class Assignment:
     `progress` how far the job is (epoch / epochs, 0 to 1): where the task's
     learning-rate schedule stands. `idle_workers` are live workers the scheduler
     left out with batch 0 (a round protocol's slowest): no round waits for them.
+    learning-rate schedule stands. `batches` tells a shard each live worker's largest
+    batch (of the current allocation and the one before): a PUSH claiming more
+    samples than its sender's batch (times the steps a delta covers) is refused.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -118,6 +124,7 @@ class Assignment:
     membership: int = 0
     progress: float = 0.0
     idle_workers: list[str] = field(default_factory=list)
+    batches: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

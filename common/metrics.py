@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
-import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from dynabatch.common.curve import REFUSALS
 from dynabatch.common.flags import ConfigError
+from dynabatch.common.http_server import SelectorHTTPServer
 
 # Where a process listens (its sockets, its /metrics): logged at any --log-level (`setup_logging`), since a
 # launcher reads it to find the process and a user needs it to reach it.
@@ -30,8 +27,6 @@ STALL_S = 30.0
 ON_FINISH = ("exit", "idle")
 ANNOUNCEMENT = "serving /metrics at "
 _ANNOUNCED = re.compile(re.escape(ANNOUNCEMENT) + r"http://\S+:(\d+)/metrics$", re.M)
-MAX_CONNECTIONS = 16  # concurrent HTTP connections served; more are closed at once
-IDLE_TIMEOUT_S = 5.0  # a connection that sends nothing for this long is closed
 
 
 class Health:
@@ -60,41 +55,8 @@ class Health:
             time.sleep(every_s)
 
 
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, but at most MAX_CONNECTIONS of them: the connections past that are
-    closed on arrival, so idle or slow clients cannot pile up threads in a training process."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request: socket.socket, client_address: object) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: socket.socket, client_address: object) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A client that hung up before its answer was written (a scraper past its scrape timeout on a slow
-        link) is no error of ours: only anything else gets socketserver's traceback in the log."""
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
-
-
 class MetricsServer:
-    """A small threaded HTTP server: /metrics, /healthz, /readyz; bounded in threads and idle time.
+    """/metrics, /healthz, /readyz on a server that idle or slow clients cannot starve (http_server.py).
 
     Bound to port 0 it takes a free port from the kernel, with no window in which another
     process can take it, and logs the one line `announced_port` reads back: how a launcher
@@ -104,15 +66,12 @@ class MetricsServer:
     def __init__(self, registry: CollectorRegistry, health: Health, host: str, port: int) -> None:
         self.registry = registry
         self.health = health
-        handler = self._handler()
         try:
-            self._httpd = BoundedHTTPServer((host, port), handler)
+            self._httpd = SelectorHTTPServer(host, port, self._respond)
         except OSError as exc:  # the port is taken, the host is not this machine's
             raise ConfigError(f"--metrics-host {host} --metrics-port {port}: {exc.strerror}") from None
         self.host = host
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)
-        self._thread.start()
         ADDRESS_LOG.info("%s%s", ANNOUNCEMENT, self.url())
 
     def url(self, host: str | None = None) -> str:
@@ -120,40 +79,25 @@ class MetricsServer:
         shown = host or ("127.0.0.1" if self.host in ("0.0.0.0", "") else self.host)
         return f"http://{shown}:{self.port}/metrics"
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
+    @property
+    def open_connections(self) -> int:
+        """Client connections held now (at most http_server.MAX_OPEN)."""
+        return self._httpd.open_connections
 
-        class Handler(BaseHTTPRequestHandler):
-            timeout = IDLE_TIMEOUT_S
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    ok = server.health.alive()
-                    self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
-                elif path == "/readyz":
-                    ok = server.health.ready
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"not registered\n")
-                else:
-                    self._send(404, b"not found\n")
-
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                return
-
-        return Handler
+    def _respond(self, path: str) -> tuple[int, bytes, str]:
+        text = "text/plain; charset=utf-8"
+        if path == "/metrics":
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if path == "/healthz":
+            ok = self.health.alive()
+            return (200, b"ok\n", text) if ok else (503, b"stalled\n", text)
+        if path == "/readyz":
+            ok = self.health.ready
+            return (200, b"ready\n", text) if ok else (503, b"not registered\n", text)
+        return 404, b"not found\n", text
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._httpd.close()
 
 
 def announced_port(log_text: str) -> int | None:

@@ -13,6 +13,7 @@ no code that opens a connection has to know about keys.
 from __future__ import annotations
 
 import itertools
+import resource
 import secrets
 import time
 import weakref
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     import torch
 
 MAX_MESSAGE_BYTES = 1 << 31
+# A peer that completed ZeroMQ's greeting and then answers no ZMTP PING for this long is disconnected (libzmq
+# answers PINGs by itself, so every live dynabatch process does): a flood of bare greetings does not stay open.
+PEER_PING_IVL_MS = 15_000
+PEER_PING_TIMEOUT_MS = 60_000
 
 
 class RemoteError(Exception):
@@ -52,11 +57,25 @@ _CURVE: weakref.WeakKeyDictionary[zmq.Context, _Curve] = weakref.WeakKeyDictiona
 
 
 def open_context(curve: CurveKeys | None) -> zmq.Context:
-    """The process's context; with keys, every socket it makes from now on uses CURVE."""
+    """The process's context; with keys, every socket it makes from now on uses CURVE.
+
+    The process's descriptor limit is raised to its hard limit first: ZeroMQ takes one per accepted
+    connection, and the process's own files (checkpoints, progress) must still open under a flood.
+    """
+    raise_descriptor_limit()
     ctx = zmq.Context.instance()
     if curve is not None:
         use_curve(ctx, curve)
     return ctx
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit of open descriptors to its hard limit; returns the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
 
 
 def use_curve(ctx: zmq.Context, keys: CurveKeys) -> None:
@@ -82,6 +101,8 @@ def bind_router(
     options into every connection it accepts (ps/outbox.py).
     """
     sock = _configure(ctx.socket(zmq.ROUTER))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, PEER_PING_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, PEER_PING_TIMEOUT_MS)
     if send_queue is not None:
         sock.setsockopt(zmq.SNDHWM, send_queue)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)

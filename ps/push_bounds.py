@@ -1,6 +1,11 @@
 """The numbers in a PUSH, bounded by what its sender was told.
 
-A worker's batch never exceeds the job's --max-batch, and a `local` push sums
+A worker's batch is what the scheduler assigned it: the shard learns every live
+worker's batch with the live set (Assignment.batches: the larger of its current
+and previous allocation, since a worker may still be stepping with the one before),
+keeps the larger of the last two it was told for the same reason, and the scheduler
+gives a worker a larger batch only once every shard has been told it. Whatever a
+worker was told never exceeds the job's --max-batch, and a `local` push sums
 exactly H <= --local-steps local steps. msd never waits for its previous delta:
 while that delta is slow to come back (its round waits on slower workers) the
 worker keeps stepping, and its next push covers every step since the last, so an
@@ -13,6 +18,7 @@ that does not exist yet.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from dynabatch.common.config import JobConfig
@@ -22,16 +28,49 @@ from dynabatch.common.wire import ProtocolError
 OVERLAP_SLACK = 16  # a push of a protocol that steps on while its delta is averaged may cover this many rounds
 
 
-def max_push_samples(job: JobConfig) -> int:
-    """The most samples one PUSH of `job` can honestly carry."""
+def push_steps(job: JobConfig) -> int:
+    """The most steps' samples one PUSH of `job` can honestly sum (1 for a gradient)."""
     spec = protocol_spec(job.protocol)
     steps = job.local_steps if spec.local_steps else 1
-    return job.max_batch * steps * (OVERLAP_SLACK if spec.overlaps_rounds else 1)
+    return steps * (OVERLAP_SLACK if spec.overlaps_rounds else 1)
+
+
+def max_push_samples(job: JobConfig) -> int:
+    """The most samples one PUSH of `job` can honestly carry, whoever sends it."""
+    return job.max_batch * push_steps(job)
+
+
+@dataclass
+class AssignedBatches:
+    """Each live worker's batch as the scheduler last told this shard, and as it told it the time before."""
+
+    steps: int  # push_steps of the job
+    job_max: int  # max_push_samples of the job
+    told: dict[str, int] = field(default_factory=dict)
+    before: dict[str, int] = field(default_factory=dict)
+
+    def update(self, batches: Mapping[str, int]) -> None:
+        """The scheduler's latest bounds (Assignment.batches)."""
+        self.before, self.told = self.told, dict(batches)
+
+    def limit(self, worker: str) -> int:
+        """The most samples a PUSH from `worker` may claim now (0: it holds no batch)."""
+        return min(self.job_max, max(self.told.get(worker, 0), self.before.get(worker, 0)) * self.steps)
+
+
+def check_push_samples(samples: int, worker: str, assigned: AssignedBatches) -> None:
+    """Refuse (`bad_field`) a PUSH claiming more samples than its sender's assigned batch covers."""
+    limit = assigned.limit(worker)
+    if samples > limit:
+        raise ProtocolError("bad_field", f"PUSH.samples {samples} exceeds {limit}, what {worker!r} was assigned "
+                            f"(its batch, times {assigned.steps} step(s) for a delta protocol)")
 
 
 def check_push_numbers(samples: int, base_versions: Mapping[int, int], chunk_versions: Mapping[int, int],
                        max_samples: int) -> None:
     """Refuse (`bad_field`, naming the field) a PUSH whose samples or chunk base versions cannot be true."""
+    if samples <= 0:
+        raise ProtocolError("bad_field", f"PUSH.samples must be positive, got {samples}")
     if samples > max_samples:
         raise ProtocolError("bad_field", f"PUSH.samples {samples} exceeds {max_samples}, the most one push of this "
                             "job can carry (--max-batch, times --local-steps with slack for delta protocols)")

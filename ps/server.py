@@ -43,9 +43,13 @@ from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
 from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
+from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment, GradientBounds
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
-from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
+from dynabatch.ps.push_bounds import (
+    AssignedBatches, check_push_numbers, check_push_samples, max_push_samples, push_steps,
+)
+from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.shared_buffers import SharedBuffers
@@ -103,6 +107,10 @@ class ShardMetrics:
         self.discarded = Counter("dynabatch_ps_discarded_gradients", "Pushes the protocol discarded as computed on "
                                  "too old a model (ringmaster, rennala); their workers pulled again.", ["shard"],
                                  registry=registry).labels(**labels)
+        self.clipped = Counter("dynabatch_ps_clipped_pushes", "Pushes with a chunk clipped to the gradient bound, by "
+                               "worker.", ["shard", "worker"], registry=registry)
+        self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined for pushes clipped again "
+                                   "and again.", ["shard"], registry=registry).labels(**labels)
         self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 
@@ -125,6 +133,7 @@ class ShardServer:
         self.job_over = False
         self.parked: list[ParkedPull] = []
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
+        self.replays = ReplayGuard()  # the PUSH seqs already taken, per sender and connection (replay_guard.py)
         self.limits: WireLimits | None = None  # once the model is held: what a message may be (peer_limits.py)
         self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, lambda: self.m.replies_dropped.inc())  # (ps/outbox.py)
         self.membership = 0  # the scheduler's number of the live worker set in self.state
@@ -189,6 +198,8 @@ class ShardServer:
         self.ckpt_meta = {"job": self.job.job, "shard": self.index, "shards": self.job.shards,
                           "chunk_bytes": self.job.chunk_bytes}
         self.max_samples = max_push_samples(self.job)
+        self.assigned = AssignedBatches(push_steps(self.job), self.max_samples)  # each live worker's batch
+        self.bounds = GradientBounds(self.job.gradient_bound)  # how far one push may move a chunk
         self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
         self.reported_version = 0
         saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
@@ -201,6 +212,7 @@ class ShardServer:
             self._bound_peers()
             self.reported_version = self.state.version
             self.samples_seen = int(saved.get("samples_seen", 0))
+            self.replays.restore(saved.get("replay_marks", {}))
             log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
                      "counts them back into the job", self.ckpt_path, self.state.version, self.samples_seen)
         else:
@@ -267,14 +279,14 @@ class ShardServer:
         while not self.stopping and not self.job_over:
             self.outbox.flush()
             events = dict(poller.poll(timeout=self.outbox.poll_ms))
+            if self.link.conn.sock in events:  # first: a worker told a new batch pushes it only after this shard was
+                self._on_assignment(self.link.poll())
             if self.sock in events:
                 pending = [recv_routed(self.sock, self.limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
                     pending.append(recv_routed(self.sock, self.limits))
                 for incoming in sorted(pending, key=priority):
                     self._handle(incoming)
-            if self.link.conn.sock in events:
-                self._on_assignment(self.link.poll())
             now = time.monotonic()
             if now >= next_beat:
                 self._beat()
@@ -299,7 +311,8 @@ class ShardServer:
         discarded = self.state.discarded if self.state is not None else 0
         self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version, samples=self.samples_seen,
                                                           membership=self.membership, train_size=train_size,
-                                                          discarded=discarded)))
+                                                          discarded=discarded,
+                                                          quarantined=sorted(self.bounds.quarantined & self.senders.live))))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -312,6 +325,8 @@ class ShardServer:
         self.membership = body.membership
         self.m.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
+        self.assigned.update(body.batches)
+        self.bounds.forget(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
@@ -460,6 +475,9 @@ class ShardServer:
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
+        if msg.sender in self.state.live:  # one that is not is refused `unknown_sender` (it may just be joining)
+            check_push_samples(body.samples, msg.sender, self.assigned)
+        self.replays.check(msg.sender, incoming.identity, msg.seq)
         streamed: set[int] = set()
 
         def send_back(cid: int) -> None:
@@ -467,14 +485,18 @@ class ShardServer:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
+        found = self.bounds.assess(msg.sender, tensors, body.samples, self.state.params, self.state.live)
         streams = body.then_pull and self.buffers is None and self.state.streams
         try:
-            outcome = self.state.push(msg.sender, tensors, base, body.samples, body.kind, time.monotonic(),
+            outcome = self.state.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
                                       send_back if streams else None)
         except StaleGradient as exc:  # the protocol at work, not a bad message: counted apart, not logged
+            self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
             self.m.discarded.inc()
             self._reply(incoming.identity, exc.to_error(), msg.seq)
             return
+        self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
+        self._count_bounds(found)
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
             self.buffers.take(msg.sender, buffers, body.samples)
         self.m.staleness.observe(outcome.staleness)
@@ -495,6 +517,17 @@ class ShardServer:
                                  self.buffers is not None)
             else:
                 self.m.pulls.inc()
+
+    def _count_bounds(self, found: Assessment) -> None:
+        """Record a taken push's norms; count a clipped one, and quarantine its worker if it keeps being clipped."""
+        if found.clipped:
+            self.m.clipped.labels(self.shard_label, found.worker).inc()
+        if self.bounds.record(found, self.state.live):
+            self.m.quarantined.inc()
+            log.warning("%s quarantined: %d pushes in a row exceeded the gradient bound (--gradient-bound %g); its "
+                        "further pushes are refused and the scheduler is told", found.worker, QUARANTINE_AFTER,
+                        self.bounds.factor)
+            self._beat()
 
     def _advance_progress(self, progress: float) -> None:
         """Move the schedule forward to `progress`, never back.
@@ -546,6 +579,7 @@ class ShardServer:
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
         save_checkpoint(self.ckpt_path, self.ckpt_meta, {**self.state.snapshot(), **self.init_specs, "buffers": buffers,
                                                          "signature": signature_fields(self.signature),
-                                                         "samples_seen": self.samples_seen})
+                                                         "samples_seen": self.samples_seen,
+                                                         "replay_marks": self.replays.saved()})
         self.m.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

@@ -8,6 +8,8 @@ feeds it decoded messages and the clock; tests drive it directly.
 
 from __future__ import annotations
 
+import logging
+
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,10 +28,12 @@ from dynabatch.scheduler.batch_allocation import (
 )
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
+from dynabatch.scheduler.outage_clock import ClockReading, outage_s
 from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel
 
+log = logging.getLogger("dynabatch.scheduler")
 DECISIONS_KEPT = 100
 LOSSES_KEPT = 100  # shard restarts not yet logged by the server
 DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
@@ -72,6 +76,7 @@ class Member:
     connection: bytes = b""  # the ROUTER routing id of the connection that registered it
     instance: str = ""
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
+    told_batches: dict[str, int] | None = None  # a shard: the push bounds (Assignment.batches) last sent to it
 
     def public(self, batch: int) -> WorkerStatus:
         """The member as STATUS shows it, holding `batch` (the job's allocation owns a worker's batch)."""
@@ -145,12 +150,16 @@ class JobState:
         self.started = time.monotonic() if now is None else now
         self.members: dict[str, Member] = {}
         self.instances: dict[str, str] = {}  # HELLO.instance -> the member it registered
+        self.quarantined_instances: set[str] = set()  # processes a shard quarantined: never admitted again
         self.shards: dict[int, Member] = {}
         self.allocation: dict[str, int] = {}
+        self.previous_allocation: dict[str, int] = {}  # the one before: a worker may still step with it
         self.membership = 0
         self.assignment_id = 0
         self.decisions: list[Decision] = []
         self.departed_samples = 0
+        self.unchecked_shards: set[int] = set()  # after a resume: shard slots yet to report their samples
+        self.most_shard_samples = 0
         self.loss = math.nan
         self.eval: EvalReport | None = None
         self.eval_time = 0.0
@@ -180,6 +189,9 @@ class JobState:
             raise ProtocolError("bad_field", f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
         if hello.max_batch < 0:
             raise ProtocolError("bad_field", f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
+        if hello.instance in self.quarantined_instances:
+            raise ProtocolError("quarantined", "this process was quarantined by a shard (its pushes kept exceeding "
+                                "the gradient bound) and may not join again")
         again = self.members.get(self.instances.get(hello.instance, "")) if hello.instance else None
         if again is not None and not again.left and again.role == hello.role:
             again.last_seen = now
@@ -280,6 +292,18 @@ class JobState:
             self._reallocate(now, why, member.id, force=True)
         self._forget_departed()
 
+    def _quarantine(self, workers: list[str], shard: str, now: float) -> None:
+        """Drop the live workers a shard quarantined (their pushes kept exceeding the gradient bound); their
+        process may not register again (its HELLO.instance is refused)."""
+        for wid in workers:
+            member = self.members.get(wid)
+            if member is None or member.left or member.role != "worker":
+                continue
+            log.warning("%s quarantined by %s: its pushes kept exceeding the gradient bound; dropped", wid, shard)
+            if member.instance:
+                self.quarantined_instances.add(member.instance)
+            self._drop(member, now, "quarantined")
+
     def _forget_departed(self) -> None:
         """Keep the member table bounded: the oldest members that left go (their counts are already summed)."""
         gone = [m for m in self.members.values() if m.left]
@@ -322,10 +346,15 @@ class JobState:
             self.train_size = hb.train_size
         if member.role == "ps":
             self._shard_progress(member.shard_index, hb)
+            self._check_resumed(member.shard_index, hb.samples)
+            self._quarantine(hb.quarantined, member.id, now)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
-        return self.assignment_for(member)
+        answer = self.assignment_for(member)
+        if member.role == "ps":
+            member.told_batches = answer.batches
+        return answer
 
     def _shard_progress(self, index: int, hb: Heartbeat) -> None:
         """Follow a shard slot's version; a drop is a restart that lost work, counted back into the job."""
@@ -337,6 +366,23 @@ class JobState:
             self.losses.append(lost)
             del self.losses[:-LOSSES_KEPT]
         self.shard_marks[index] = ShardMark(hb.version, hb.samples)
+
+    def _check_resumed(self, index: int, shard_samples: int) -> None:
+        """After a resume, once every shard slot has reported: the samples the job counts cannot exceed what the
+        shards say they were pushed (the most of any shard, plus what shards lost, plus a global batch in flight);
+        a saved figure beyond that (an edited or foreign file) is cut back, with a warning."""
+        if not self.unchecked_shards:
+            return
+        self.most_shard_samples = max(self.most_shard_samples, shard_samples)
+        self.unchecked_shards.discard(index)
+        if self.unchecked_shards:
+            return
+        allowed = self.most_shard_samples + self.lost_samples + self.job.global_batch
+        excess = min(self.samples - allowed, self.departed_samples)
+        if excess > 0:
+            log.warning("the saved progress counts %d samples but the shards hold at most %d: counting %d fewer",
+                        self.samples, allowed, excess)
+            self.departed_samples -= excess
 
     def _known_to_shards(self, worker: Member) -> bool:
         """Has every shard applied a live worker set that holds `worker`?"""
@@ -503,7 +549,7 @@ class JobState:
         """Re-solve the batch split; `reason` is a bounded label, `subject` the worker behind it."""
         ready = self._ready_workers(known_to_shards=True)
         if not ready or (not self.allocation and len(ready) < self.job.min_workers and not self.training_started):
-            self.allocation = {}
+            self.previous_allocation, self.allocation = self.allocation, {}
             return
         if not self.training_started:
             self.training_started, self.training_started_at = True, now
@@ -519,7 +565,7 @@ class JobState:
             return
         if proposed == self.allocation:
             return
-        self.allocation = proposed
+        self.previous_allocation, self.allocation = self.allocation, proposed
         self.assignment_id += 1
         predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items()
                      if models[wid] is not None and b > 0}
@@ -547,16 +593,31 @@ class JobState:
         if member.role == "ps":
             return Assignment(**base, live_workers=self.live_workers, allocated=self.holding_batch,
                               idle_workers=sorted(w for w, b in self.allocation.items() if b == 0),
-                              membership=self.membership, stop=self.finished,
+                              membership=self.membership, stop=self.finished, batches=self._push_bounds(),
                               progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
-        batch = self.allocation.get(member.id, 0)
+        batch = self.batch_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, self.holding_batch, self.job.dbs_weight)
         return Assignment(
             **base, batch=batch, lr_scale=scale,
             stop=self.stopping, local_steps=self.local_steps,
         )
+
+    def _push_bounds(self) -> dict[str, int]:
+        """Each live worker's largest batch now, the previous allocation's or the current one's: a shard refuses a
+        PUSH of more samples (times the local steps a delta covers) than its sender's."""
+        live = set(self.live_workers)
+        return {w: max(self.previous_allocation.get(w, 0), self.allocation.get(w, 0))
+                for w in (self.previous_allocation.keys() | self.allocation.keys()) & live}
+
+    def batch_of(self, worker: str) -> int:
+        """The batch `worker` holds: its allocation, or less while a live shard has not yet been told that it may
+        push that much (a worker is given a larger batch only once the shards bound its pushes by it). A shard
+        never answered yet is not waited on: it takes no push before it learns the live workers, and their bounds,
+        in that same answer. The one owner of a worker's batch: its assignment, STATUS and the metrics read it."""
+        return min([self.allocation.get(worker, 0), *(m.told_batches.get(worker, 0) for m in self.shards.values()
+                                                      if not m.left and m.told_batches is not None)])
 
     # -- reporting ------------------------------------------------------------------
 
@@ -590,7 +651,7 @@ class JobState:
             finished=self.finished,
             final_eval=self.final_eval,
             assignment_id=self.assignment_id,
-            workers={m.id: m.public(self.allocation.get(m.id, 0)) for m in self.members.values()
+            workers={m.id: m.public(self.batch_of(m.id)) for m in self.members.values()
                      if m.role == "worker" and not m.left},
             departed=sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
             shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url, m.last.discarded)
@@ -600,12 +661,13 @@ class JobState:
 
     # -- restart ------------------------------------------------------------------------
 
-    def saved(self, now: float, wall: float) -> SavedProgress:
-        """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is time.time()."""
+    def saved(self, now: float, wall: ClockReading) -> SavedProgress:
+        """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is read_clock()."""
         speeds = {m.instance: SavedSpeed(m.standalone_sps, m.speed.window())
                   for m in self.members.values() if m.instance and not m.left and m.speed is not None}
         return SavedProgress(
-            config=to_dict(self.job), saved_at=wall, t=now - self.started, samples=self.samples, lost_samples=self.lost_samples,
+            config=to_dict(self.job), saved_at=wall.wall, saved_boot_id=wall.boot_id, saved_boot_s=wall.boot_s,
+            t=now - self.started, samples=self.samples, lost_samples=self.lost_samples,
             lost_versions=self.lost_versions, train_size=self.train_size,
             training_s=None if self.training_started_at is None else now - self.training_started_at,
             assignment_id=self.assignment_id, next_id=dict(self._next_id), local_steps=self.local_steps,
@@ -615,14 +677,17 @@ class JobState:
             speeds=dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:]),
         )
 
-    def resume(self, saved: SavedProgress, now: float, wall: float) -> None:
+    def resume(self, saved: SavedProgress, now: float, wall: ClockReading) -> None:
         """Go on from `saved`: its samples count as trained by workers that left, every process registers anew.
 
-        The job's clock goes on through the outage (wall-clock `wall` minus the
-        save's, never negative under clock skew): time to accuracy and the time
-        budget are what the user waited, restarts included.
+        The job's clock goes on through the outage (from the save to `wall`, read_clock(): never negative, and
+        bounded where a wall clock that may have jumped is all there is; outage_clock.py): time to accuracy and
+        the time budget are what the user waited, restarts included. The saved samples are checked against the
+        shards' own counts once every shard has reported (`_check_resumed`).
         """
-        down = max(0.0, wall - saved.saved_at) if saved.saved_at is not None else 0.0
+        down = 0.0 if saved.saved_at is None else outage_s(
+            ClockReading(saved.saved_at, saved.saved_boot_id, saved.saved_boot_s), wall)
+        self.unchecked_shards = set(range(self.num_shards))
         now -= down
         self.started = now - saved.t
         self.departed_samples = saved.samples

@@ -10,24 +10,29 @@ its fitted model), and each shard slot's newest version (so a shard restarted
 while the scheduler was down is still caught losing work). Members themselves
 are not saved: every process registers again with a restarted scheduler.
 
-The file is written next to its name, flushed to disk and renamed over it, so a
-crash leaves the old state or the new one. A file that does not parse, or was
-written for another job or another configuration, is an error: never a silent
-start from zero.
+The file is checksummed and written atomically, the copy it replaces kept as
+`.prev` (common/verified_files.py). A copy that fails its checksum or holds a
+figure that cannot be (a negative count, a non-finite time) is refused with one
+line and the previous copy is read instead; with no good copy, or a file written
+for another job or another configuration, the scheduler does not start: never a
+silent start from zero.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.messages import EvalReport
+from dynabatch.common.verified_files import DamagedFile, load_newest_good, write_verified
 from dynabatch.scheduler.lost_work import ShardMark
 
 FORMAT = 1
+log = logging.getLogger("dynabatch.scheduler")
 
 
 @dataclass
@@ -44,6 +49,8 @@ class SavedProgress:
 
     config: dict[str, Any]
     saved_at: float | None = None  # wall-clock (time.time()): the downtime until a resume is job time
+    saved_boot_id: str = ""  # the machine's boot, and the time since it: the downtime if the boot is the same
+    saved_boot_s: float | None = None
     t: float = 0.0
     samples: int = 0
     lost_samples: int = 0
@@ -69,20 +76,36 @@ def progress_path(state_dir: str, job: str) -> Path:
 
 
 def save_progress(path: Path, progress: SavedProgress) -> None:
-    """Write `progress` to `path` atomically (tmp file, fsync, rename)."""
-    write_text_atomic(path, json.dumps({"format": FORMAT, **asdict(progress)}))
+    """Write `progress` to `path` atomically, under its checksum, keeping the previous copy."""
+    write_verified(path, json.dumps({"format": FORMAT, **asdict(progress)}).encode())
 
 
 def load_progress(path: Path, config: dict[str, Any]) -> SavedProgress | None:
-    """The progress saved at `path` for the job `config` describes; None if there is no file.
+    """The progress of the newest good copy of `path` for the job `config` describes; None if there is no file.
 
-    Raises ValueError naming the file and what is wrong with it: unreadable,
-    another format, or another job (the settings that differ).
+    Raises ValueError naming the file and what is wrong with it: no good copy
+    (unreadable, damaged, another format), or another job (the settings that differ).
     """
-    if not path.exists():
-        return None
     try:
-        data = json.loads(path.read_text())
+        saved = load_newest_good(path, _parse, log.error)
+    except DamagedFile as exc:
+        raise ValueError(f"the scheduler's saved progress cannot be read ({exc}); remove {path} to start the job "
+                         "from zero") from None
+    if saved is None:
+        return None
+    expected = json.loads(json.dumps(config))
+    differ = sorted(k for k in expected.keys() | saved.config.keys() if expected.get(k) != saved.config.get(k))
+    if differ:
+        shown = ", ".join(f"{k}={saved.config.get(k)!r} (now {expected.get(k)!r})" for k in differ[:5])
+        raise ValueError(f"{path} holds the progress of another job: {shown}; start the scheduler with the same "
+                         "settings, or another --state-dir")
+    return saved
+
+
+def _parse(path: Path, payload: bytes) -> SavedProgress:
+    """One copy's progress; DamagedFile if it is not a progress file or holds figures that cannot be."""
+    try:
+        data = json.loads(payload)
         if data.pop("format", None) != FORMAT:
             raise ValueError(f"not a format-{FORMAT} progress file")
         saved = SavedProgress(**data)
@@ -94,18 +117,15 @@ def load_progress(path: Path, config: dict[str, Any]) -> SavedProgress | None:
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
             if not isinstance(getattr(saved, name), int) or getattr(saved, name) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a count")
-        for name in ("saved_at", "t", "training_s", "eval_time", "loss", "first_loss"):
-            if not isinstance(getattr(saved, name), (int, float, type(None))):
-                raise ValueError(f"{name} is {getattr(saved, name)!r}, not a number")
-        if not isinstance(saved.config, dict):
+        for name in ("saved_at", "saved_boot_s", "t", "training_s", "eval_time", "loss", "first_loss"):
+            value = getattr(saved, name)
+            if not isinstance(value, (int, float, type(None))) or (value is not None and not math.isfinite(value)):
+                raise ValueError(f"{name} is {value!r}, not a finite number")
+        for name in ("t", "training_s", "eval_time"):
+            if (getattr(saved, name) or 0.0) < 0:
+                raise ValueError(f"{name} is {getattr(saved, name)!r}, a negative time")
+        if not isinstance(saved.config, dict) or not isinstance(saved.saved_boot_id, str):
             raise ValueError("config is not a map of the job's settings")
-    except (OSError, TypeError, KeyError, AttributeError, ValueError) as exc:
-        raise ValueError(f"{path}: the scheduler's saved progress cannot be read ({exc}); remove it to start "
-                         "the job from zero") from None
-    expected = json.loads(json.dumps(config))
-    differ = sorted(k for k in expected.keys() | saved.config.keys() if expected.get(k) != saved.config.get(k))
-    if differ:
-        shown = ", ".join(f"{k}={saved.config.get(k)!r} (now {expected.get(k)!r})" for k in differ[:5])
-        raise ValueError(f"{path} holds the progress of another job: {shown}; start the scheduler with the same "
-                         "settings, or another --state-dir")
+    except (TypeError, KeyError, AttributeError, ValueError) as exc:
+        raise DamagedFile(f"{path}: {exc}") from None
     return saved

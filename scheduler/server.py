@@ -28,6 +28,7 @@ from dynabatch.common.wire import ProtocolError, WireLimits
 from dynabatch.scheduler.hello_rate import HelloRate
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
+from dynabatch.scheduler.outage_clock import read_clock
 from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
 
 log = logging.getLogger("dynabatch.scheduler")
@@ -81,7 +82,7 @@ class SchedulerServer:
         self.progress_path = progress_path(opts.state_dir, job.job) if opts.state_dir else None
         saved = load_progress(self.progress_path, to_dict(job)) if self.progress_path is not None else None
         if saved is not None:
-            self.state.resume(saved, time.monotonic(), time.time())
+            self.state.resume(saved, time.monotonic(), read_clock())
             log.info("resumed job %r from %s: epoch %.2f (%d samples), %s, next worker id w%d",
                      job.job, self.progress_path, self.state.epoch, saved.samples,
                      f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
@@ -146,7 +147,7 @@ class SchedulerServer:
         """Write the job's progress every SAVE_EVERY_S and at each new evaluation (--state-dir)."""
         if self.progress_path is None or not (force or now >= self._next_save or self.state.eval is not self._saved_eval):
             return
-        save_progress(self.progress_path, self.state.saved(now, time.time()))
+        save_progress(self.progress_path, self.state.saved(now, read_clock()))
         self._saved_eval = self.state.eval
         self._next_save = now + SAVE_EVERY_S
 
@@ -245,7 +246,7 @@ class SchedulerServer:
         for wid in workers:
             m = s.members[wid]
             hb = m.last
-            self.m.batch.labels(wid).set(s.allocation.get(wid, 0))
+            self.m.batch.labels(wid).set(s.batch_of(wid))
             self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
             for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
                                     strict=True):

@@ -22,7 +22,6 @@ import argparse
 import base64
 import hashlib
 import http.server
-import io
 import os
 import re
 import secrets

@@ -8,6 +8,7 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from dynabatch.common.messages import Heartbeat, Hello, Init, JobStatus, StatusR
 from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, use_curve
+from dynabatch.common.verified_files import read_verified
 from dynabatch.worker.ps_client import ShardClients
 
 
@@ -46,6 +48,11 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[
                         for log in sorted((run_dir / "logs").glob("*.log")))
         raise AssertionError(f"dynabatch run exited {done.returncode}\n{done.stdout}{done.stderr}{tails}")
     return run_dir, done.stdout
+
+
+def checkpoint_state(path: Path) -> dict[str, Any]:
+    """The state a shard checkpoint at `path` holds (its checksum checked), as the shard would resume it."""
+    return torch.load(io.BytesIO(read_verified(path)), weights_only=True)["state"]
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1) -> Any:

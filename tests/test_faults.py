@@ -22,6 +22,7 @@ from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import JobStatus
+from dynabatch.common.verified_files import read_verified
 from tests.harness import Cluster, free_port, wait_for
 
 EPOCHS = 3.0
@@ -110,7 +111,7 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         # The scheduler, mid-run: it resumes the job's progress from its last save, the outage counted as job time.
         st = job.progress("half the job", lambda s: s.epoch >= 0.5 * EPOCHS, 120)
         killed = job.kill(job.scheduler)
-        saved = json.loads((tmp_path / "state" / "scheduler-dynabatch.json").read_text())
+        saved = json.loads(read_verified(tmp_path / "state" / "scheduler-dynabatch.json"))
         job.scheduler = job.c.launcher.restart(job.scheduler)
         resumed = job.progress("both workers training under the restarted scheduler",
                                lambda s: len(s.workers) == 2 and all(w.steps > 0 for w in s.workers.values()))

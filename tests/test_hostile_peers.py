@@ -88,6 +88,22 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
     assert job.status().test_acc is None, "no evaluation was taken"
 
 
+def test_an_evaluation_outside_what_a_fraction_can_be_is_refused_and_never_shown(job):
+    evaluator = job.client(sender="evaluator")
+    try:
+        evaluator.sender = evaluator.request(Hello(role="evaluator", name="boaster", instance="boaster"),
+                                             timeout_s=10).body.id
+        for acc in (7.0, -1.0):
+            before = _count(job, "bad_field")
+            with pytest.raises(RemoteError, match="EVAL.test_acc") as refused:
+                evaluator.request(EvalReport(version=0, test_loss=0.1, test_acc=acc), timeout_s=10)
+            assert refused.value.code == "bad_field" and _count(job, "bad_field") == before + 1
+        evaluator.request(Bye(), timeout_s=10)
+    finally:
+        evaluator.close()
+    assert job.status().test_acc is None, "no evaluation was taken"
+
+
 def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job):
     flood = job.client(sender="flood")
     ghosts, full = [], 0

@@ -1,8 +1,14 @@
-"""The /metrics server of every process is bounded: idle connections cannot pile up threads."""
+"""The /metrics server of every process cannot be starved: probes answer while idle and slowloris clients hold on.
+
+Real sockets on 127.0.0.1 against a real MetricsServer: 500 connections that send
+nothing and 24 that trickle their request a byte at a time are opened (bounded in
+count, and closed within the test); meanwhile /healthz is probed as Kubernetes
+would, each probe with a 1 s timeout, and every probe must answer. Afterwards the
+server still serves, and it held at most MAX_OPEN descriptors for its clients.
+"""
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
 import time
@@ -10,36 +16,74 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
-from dynabatch.common.metrics import IDLE_TIMEOUT_S, MAX_CONNECTIONS, Health, MetricsServer
+from dynabatch.common.http_server import MAX_OPEN, REQUEST_TIMEOUT_S
+from dynabatch.common.metrics import Health, MetricsServer
 from harness import wait_for
 
+IDLE, SLOW, PROBES = 500, 24, 20
+PROBE_TIMEOUT_S = 1.0
 
-def test_idle_connections_are_capped_and_closed_and_metrics_answer_again():
+
+def _probe(port: int, path: str = "/healthz") -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=PROBE_TIMEOUT_S) as reply:
+        reply.read()
+        return reply.status
+
+
+def _slowloris(port: int, stop: threading.Event) -> None:
+    """Open a connection and send a request one byte every 0.2 s, reconnecting when the server closes it."""
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4000
+    while not stop.is_set():
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            try:
+                for byte in request:
+                    if stop.wait(0.2):
+                        return
+                    sock.send(bytes([byte]))
+            except OSError:
+                continue
+
+
+def test_probes_answer_within_their_timeout_while_idle_and_slowloris_connections_are_open():
     server = MetricsServer(CollectorRegistry(), Health(), "127.0.0.1", 0)
-    before = threading.active_count()
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5 * MAX_CONNECTIONS)]
-    refused: set[int] = set()
-
-    def past_the_cap_refused() -> bool:
-        readable, _, _ = select.select([s for i, s in enumerate(idle) if i not in refused], [], [], 0.1)
-        refused.update(idle.index(s) for s in readable if s.recv(1) == b"")
-        return len(refused) >= len(idle) - MAX_CONNECTIONS
-
+    stop = threading.Event()
+    idle: list[socket.socket] = []
+    slow = [threading.Thread(target=_slowloris, args=(server.port, stop), daemon=True) for _ in range(SLOW)]
     try:
-        wait_for("the connections past the cap to be closed on arrival", past_the_cap_refused, 10)
-        assert threading.active_count() <= before + MAX_CONNECTIONS
-        started = time.monotonic()
-        for i, sock in enumerate(idle):
-            if i not in refused:
-                sock.settimeout(IDLE_TIMEOUT_S * 3)
-                assert sock.recv(1) == b"", "an idle connection that was served is closed by the server"
-        assert time.monotonic() - started < IDLE_TIMEOUT_S * 3
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as reply:
-            assert reply.status == 200
-        wait_for("the connection threads to end", lambda: threading.active_count() <= before, 10)
+        for _ in range(IDLE):
+            idle.append(socket.create_connection(("127.0.0.1", server.port)))
+        for t in slow:
+            t.start()
+        answered = []
+        for _ in range(PROBES):
+            started = time.monotonic()
+            answered.append(_probe(server.port))
+            assert time.monotonic() - started < PROBE_TIMEOUT_S
+            assert server.open_connections <= MAX_OPEN
+        assert answered == [200] * PROBES
     finally:
+        stop.set()
+        for t in slow:
+            t.join(timeout=5)
         for sock in idle:
             sock.close()
+    assert _probe(server.port, "/metrics") == 200, "the server stays up afterwards"
+    server.close()
+
+
+def test_a_connection_that_never_finishes_its_request_is_closed_after_the_request_timeout():
+    server = MetricsServer(CollectorRegistry(), Health(), "127.0.0.1", 0)
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.send(b"GET /healthz HTTP/1.1\r\n")  # and never the blank line
+        sock.settimeout(REQUEST_TIMEOUT_S * 5)
+        started = time.monotonic()
+        assert sock.recv(1) == b"", "the server closes it"
+        assert REQUEST_TIMEOUT_S * 0.5 < time.monotonic() - started < REQUEST_TIMEOUT_S * 5
+        sock.close()
+        wait_for("the server to hold no connection", lambda: server.open_connections == 0, 10)
+        assert _probe(server.port) == 200
+    finally:
         server.close()
 
 

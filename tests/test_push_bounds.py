@@ -6,7 +6,9 @@ import pytest
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire import ProtocolError
-from dynabatch.ps.push_bounds import OVERLAP_SLACK, check_push_numbers, max_push_samples
+from dynabatch.ps.push_bounds import (
+    OVERLAP_SLACK, AssignedBatches, check_push_numbers, check_push_samples, max_push_samples,
+)
 
 
 @pytest.mark.parametrize("protocol, steps", [("asgd", 1), ("ssgd", 1), ("local", 8),
@@ -29,3 +31,25 @@ def test_numbers_out_of_bounds_are_refused_naming_the_field(samples, bases, fiel
     with pytest.raises(ProtocolError) as refused:
         check_push_numbers(samples, bases, {0: 3, 1: 7}, 64)
     assert refused.value.code == "bad_field" and field in refused.value.text
+
+
+def test_a_push_is_bounded_by_its_senders_batch_of_the_last_two_assignments_times_the_steps():
+    assigned = AssignedBatches(steps=4, job_max=1024)
+    assigned.update({"w0": 32, "w1": 8})
+    assert assigned.limit("w0") == 128 and assigned.limit("w1") == 32 and assigned.limit("w9") == 0
+    assigned.update({"w0": 16})
+    assert assigned.limit("w0") == 128, "a worker may still step with the batch it was told before"
+    assert assigned.limit("w1") == 32
+    assigned.update({"w0": 16})
+    assert assigned.limit("w0") == 64 and assigned.limit("w1") == 0
+    assigned.update({"w0": 1000})
+    assert assigned.limit("w0") == 1024, "never beyond the job's own bound"
+
+
+def test_a_push_beyond_its_senders_assignment_is_refused_naming_the_field():
+    assigned = AssignedBatches(steps=1, job_max=1024)
+    assigned.update({"w0": 32})
+    check_push_samples(32, "w0", assigned)
+    with pytest.raises(ProtocolError) as refused:
+        check_push_samples(33, "w0", assigned)
+    assert refused.value.code == "bad_field" and "PUSH.samples 33" in refused.value.text

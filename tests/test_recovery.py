@@ -9,9 +9,11 @@ import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.verified_files import write_verified
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
+from dynabatch.scheduler.outage_clock import MAX_UNTIMED_OUTAGE_S, ClockReading, outage_s
 from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
 
 
@@ -76,11 +78,11 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     evaluator = state.hello(Hello(role="evaluator", instance="e"), 0.2).id
     state.eval_report(evaluator, EvalReport(version=6, test_loss=0.5, test_acc=0.8), 0.3)
     path = progress_path(str(tmp_path), job.job)
-    save_progress(path, state.saved(10.0, wall=5000.0))
+    save_progress(path, state.saved(10.0, wall=ClockReading(5000.0)))
     assert not list(tmp_path.glob(".*tmp")), "no temporary file is left behind"
 
     again = JobState(job, num_shards=1, now=100.0)
-    again.resume(load_progress(path, to_dict(job)), 100.0, wall=5003.0)
+    again.resume(load_progress(path, to_dict(job)), 100.0, wall=ClockReading(5003.0))
     assert (again.samples, again.train_size, again.epoch) == (576, 1000, pytest.approx(0.576))
     assert again.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), "the outage counts"
     ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
@@ -96,19 +98,72 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     assert again.lost_samples == 384, "a restart while the scheduler was down is still caught"
 
 
-def test_saved_progress_of_another_job_or_a_corrupt_file_is_an_error_never_a_reset(tmp_path):
+def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back_to_the_previous(tmp_path):
     job = _job()
     path = progress_path(str(tmp_path), job.job)
     assert load_progress(path, to_dict(job)) is None
-    state, _, _ = _running(job)
-    save_progress(path, state.saved(1.0, wall=0.0))
+    state, ps, wid = _running(job)
+    save_progress(path, state.saved(1.0, wall=ClockReading(0.0)))
     with pytest.raises(ValueError, match="epochs=1.0 \\(now 3.0\\)"):
         load_progress(path, to_dict(_job(epochs=3.0)))
-    data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "samples": -5}))
-    with pytest.raises(ValueError, match="cannot be read.*samples"):
-        load_progress(path, to_dict(job))
-    path.write_text(path.read_text()[:40])
-    with pytest.raises(ValueError, match="remove it"):
+    _steps(state, wid, 3, 0.1)
+    save_progress(path, state.saved(2.0, wall=ClockReading(0.0)))
+    assert load_progress(path, to_dict(job)).samples == 288
+    header, _, payload = path.read_bytes().partition(b"\n")
+    data = json.loads(payload)
+    path.write_bytes(header + b"\n" + json.dumps({**data, "samples": data["samples"] * 10}).encode())
+    assert load_progress(path, to_dict(job)).samples == 0, "an edited copy fails its checksum: the previous is read"
+    path.write_bytes(path.read_bytes()[:40])
+    assert load_progress(path, to_dict(job)).samples == 0, "so is a truncated one"
+    previous = path.with_name(path.name + ".prev")
+    header, _, payload = previous.read_bytes().partition(b"\n")
+    previous.write_bytes(header + b"\n" + payload.replace(b'"t": 1.0', b'"t": NaN'))
+    with pytest.raises(ValueError, match="remove"):
         load_progress(path, to_dict(job))
     assert math.isnan(JobState(job, 1).loss), "nothing was resumed"
+
+
+def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path):
+    job = _job()
+    path = progress_path(str(tmp_path), job.job)
+    state, _, _ = _running(job)
+    for t in (1.0, 2.0):
+        save_progress(path, state.saved(t, wall=ClockReading(0.0)))
+    data = json.loads(path.read_bytes().partition(b"\n")[2])
+    for bad in ({"samples": -5}, {"t": float("inf")}, {"training_s": -1.0}):
+        save_progress(path, state.saved(1.0, wall=ClockReading(0.0)))  # the previous copy is good
+        write_verified(path, json.dumps({**data, **bad}).encode())
+        assert load_progress(path, to_dict(job)).t == 1.0, bad
+
+
+def test_an_outage_is_timed_by_the_boot_clock_on_the_same_boot_and_a_wall_clock_jump_is_bounded():
+    saved = ClockReading(1000.0, "boot-a", 50.0)
+    assert outage_s(saved, ClockReading(1000.0 + 1e6, "boot-a", 53.0)) == 3.0, "the wall clock jumped; boot did not"
+    assert outage_s(saved, ClockReading(1003.0, "boot-b", 1.0)) == 3.0, "another machine: the wall clock"
+    assert outage_s(saved, ClockReading(1000.0 + 1e6, "boot-b", 1.0)) == MAX_UNTIMED_OUTAGE_S
+    assert outage_s(saved, ClockReading(0.0)) == 0.0, "a clock set back counts no outage"
+
+
+def test_a_budget_is_not_spent_by_a_clock_jump_across_a_restart(tmp_path):
+    job = _job(epochs=100.0, time_budget_s=3600.0)
+    state, _, _ = _running(job)
+    path = progress_path(str(tmp_path), job.job)
+    save_progress(path, state.saved(10.0, wall=ClockReading(1000.0)))
+    again = JobState(job, num_shards=1, now=0.0)
+    again.resume(load_progress(path, to_dict(job)), 0.0, wall=ClockReading(1000.0 + 1e6))
+    again.check_budget(0.0)
+    assert not again.budget_spent and again.status(0.0).t == pytest.approx(10.0 + MAX_UNTIMED_OUTAGE_S)
+
+
+def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path):
+    job = _job(epochs=100.0)
+    state, ps, wid = _running(job)
+    _steps(state, wid, 5, 0.1)  # 480 samples
+    saved = state.saved(1.0, wall=ClockReading(0.0))
+    saved.samples *= 10  # an edited file whose checksum was made again
+    again = JobState(job, num_shards=1, now=0.0)
+    again.resume(saved, 0.0, wall=ClockReading(0.0))
+    assert again.samples == 4800
+    ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.1).id
+    again.heartbeat(ps_again, Heartbeat(version=5, samples=480), 0.2)
+    assert again.samples == 480 + job.global_batch, "the shard's count (and one batch in flight) bounds it"

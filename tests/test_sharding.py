@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import run_job
+from harness import checkpoint_state, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def _train(tmp_path: Path, shards: int) -> tuple[torch.Tensor, list[int]]:
     chunks: dict[int, torch.Tensor] = {}
     versions: list[int] = []
     for s in range(shards):
-        saved = torch.load(tmp_path / f"s{shards}" / "checkpoints" / f"shard-{s}.pt", weights_only=True)["state"]
+        saved = checkpoint_state(tmp_path / f"s{shards}" / "checkpoints" / f"shard-{s}.pt")
         chunks.update(saved["params"])
         versions += list(saved["chunk_versions"].values())
     return torch.cat([chunks[cid] for cid in sorted(chunks)]), versions

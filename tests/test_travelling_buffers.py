@@ -26,7 +26,7 @@ from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta
 from dynabatch.ps.shared_buffers import SharedBuffers
 from dynabatch.worker.evaluator import evaluate
-from harness import Cluster, run_job, wait_for
+from harness import Cluster, checkpoint_state, run_job, wait_for
 
 TASKS = Path(__file__).resolve().parent / "tasks"
 BN_TASK = f"{TASKS / 'blobs_bn.py'}:task"
@@ -241,7 +241,7 @@ def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_chec
         conn.request(other, 10)
     assert refused.value.code == "signature"
     assert "buffer 1 is 1.running_var [16] float32 here but 1.running_var [32] float32" in refused.value.text
-    state = torch.load(ckpt, weights_only=True)["state"]  # written right after the first INIT
+    state = checkpoint_state(ckpt)  # written right after the first INIT
     assert list(state["buffers"]) == list(NAMES)
     torch.testing.assert_close(torch.cat([t.reshape(-1) for t in state["buffers"].values()]), initial)
 
@@ -304,7 +304,7 @@ def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(t
     assert reported >= 0.9 and reported >= reference - 0.03, (reported, reference)
 
     task = load_task(BN_TASK)
-    state = torch.load(run / "checkpoints" / "shard-0.pt", weights_only=True)["state"]
+    state = checkpoint_state(run / "checkpoints" / "shard-0.pt")
     trained = torch.cat([state["params"][cid] for cid in sorted(state["params"])])
     with_job_statistics, factory_fresh = task.build_model(0), task.build_model(0)
     for model in (with_job_statistics, factory_fresh):

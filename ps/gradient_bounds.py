@@ -1,0 +1,164 @@
+"""How far one PUSH may move the model: each chunk's norm bounded by what the job's workers push.
+
+A registered worker can send a gradient (or delta) that is finite, of the right
+shape and within its sample count, and still wrong: scaled by 1e3, sign-flipped,
+noise. The shard cannot tell a wrong direction from a right one, but it can bound
+the size. For every chunk it keeps, per worker, the norms of that worker's last
+`HISTORY` pushes of the chunk (as taken, i.e. after clipping); the chunk's
+reference norm is the lower median, across workers, of each worker's median
+(refreshed every `REFRESH` pushes of the chunk, so that a push costs one norm per
+chunk, not a sort over every worker). Each
+worker counts once, however often it pushes, so a single worker (of two or more)
+cannot move the reference by pushing fast or big: with n workers of which one
+lies, the reference is an honest worker's typical norm.
+
+A chunk's norm may be at most `factor` times the reference, scaled up for a push of
+fewer samples than the workers' typical batch (the noise of a mean gradient grows
+as 1/sqrt(b): a small-batch worker's honest norm is larger), never scaled down for
+a larger one. The reference is trusted only once most live workers have pushed the
+chunk: before that (the job's first pushes, which may all come from a liar that is
+fast) and always besides, a chunk's norm may be at most `MAX_TO_PARAMS` times the
+chunk's own parameter norm, which an honest gradient (or delta) is far below. A
+chunk beyond its bound is scaled to it (clipped), not refused: an honest worker's
+rare outlier still counts, in direction.
+
+A worker whose pushes are clipped `QUARANTINE_AFTER` times in a row is
+quarantined: its further pushes are refused (`quarantined`) and the shard reports
+it to the scheduler, which drops it from the job. An honest worker is clipped in a
+row only if its gradient norm stays `factor` times the other workers' for that
+long, which is what the bound is for.
+
+The weight a push gets from its claimed samples is bounded by the sender's own
+assignment (push_bounds.py), and its step size by the clipped norm times that
+weight: the most a single push can move a chunk is lr x (its DBS weight) x factor x
+(the honest reference norm), with the factor's sqrt(b_ref / b) raise for small batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from dynabatch.common.wire import ProtocolError
+
+HISTORY = 16  # a worker's last norms of one chunk that its median is taken over
+REFRESH = 4  # pushes of a chunk between two computations of its reference
+MAX_TO_PARAMS = 1.0  # a chunk's pushed norm at most this many times its parameters' norm
+QUARANTINE_AFTER = 8  # clipped pushes in a row
+
+
+@dataclass
+class Assessment:
+    """What bounding one push found: the chunks to take (clipped where needed) and their norms as taken."""
+
+    worker: str
+    samples: int
+    tensors: dict[int, torch.Tensor]
+    norms: dict[int, float]
+    clipped: list[int]
+
+
+@dataclass
+class _ChunkHistory:
+    by_worker: dict[str, deque[float]] = field(default_factory=dict)
+    medians: dict[str, float] = field(default_factory=dict)  # of each worker's norms
+    pushes: int = 0
+    reference: float = math.inf  # the lower median of the workers' medians, as last computed
+
+    def add(self, worker: str, norm: float, live: set[str]) -> None:
+        self.pushes += 1
+        norms = self.by_worker.setdefault(worker, deque(maxlen=HISTORY))
+        first = not norms
+        norms.append(norm)
+        self.medians[worker] = _median_low(list(norms))
+        if first or self.pushes % REFRESH == 0:
+            for gone in [w for w in self.by_worker if w not in live and w != worker]:
+                del self.by_worker[gone], self.medians[gone]
+            self.reference = _median_low(list(self.medians.values()))
+
+    def trusted(self, live: set[str]) -> bool:
+        """Whether most live workers have pushed this chunk, so that one liar cannot be the reference."""
+        return 2 * sum(1 for w in self.by_worker if w in live) > len(live)
+
+
+def _params_bound(param: torch.Tensor) -> float:
+    """`MAX_TO_PARAMS` times the chunk's parameter norm (no bound for a chunk of zeros)."""
+    norm = float(torch.linalg.vector_norm(param))
+    return MAX_TO_PARAMS * norm if norm > 0 else math.inf
+
+
+def _median_low(values: list[float]) -> float:
+    values = sorted(values)
+    return values[(len(values) - 1) // 2]
+
+
+@dataclass
+class GradientBounds:
+    """Per-chunk norm bounds of pushes, the clipping they call for, and the workers quarantined for it."""
+
+    factor: float  # 0: off (pushes are taken as they come, nothing is recorded)
+    history: dict[int, _ChunkHistory] = field(default_factory=dict)
+    batches: dict[str, deque[int]] = field(default_factory=dict)  # each worker's recent push sample counts
+    in_a_row: dict[str, int] = field(default_factory=dict)
+    quarantined: set[str] = field(default_factory=set)
+
+    @property
+    def on(self) -> bool:
+        return self.factor > 0
+
+    def assess(self, worker: str, tensors: dict[int, torch.Tensor], samples: int, params: Mapping[int, torch.Tensor],
+               live: set[str]) -> Assessment:
+        """Bound `worker`'s push of `samples` samples to chunks whose parameters are `params` (refusing it if the
+        worker is quarantined); changes nothing. Clipped chunks are new tensors; the rest are the received ones."""
+        if worker in self.quarantined:
+            raise ProtocolError("quarantined", f"{worker!r} was quarantined: its pushes kept exceeding the job's "
+                                "gradient-norm bound (--gradient-bound)")
+        taken, norms, clipped = dict(tensors), {}, []
+        if not self.on:
+            return Assessment(worker, samples, taken, norms, clipped)
+        raise_for_batch = math.sqrt(max(1.0, self._typical_batch() / max(1, samples)))
+        for cid, tensor in tensors.items():
+            norm = float(torch.linalg.vector_norm(tensor))
+            bound = min(self.bound(cid, live) * raise_for_batch, _params_bound(params[cid]))
+            if norm > bound:
+                taken[cid] = tensor * (bound / norm)
+                clipped.append(cid)
+                norm = bound
+            norms[cid] = norm
+        return Assessment(worker, samples, taken, norms, clipped)
+
+    def bound(self, cid: int, live: set[str]) -> float:
+        """Chunk `cid`'s largest norm for a push of the typical batch by the workers' reference (inf while most
+        live workers have not pushed it)."""
+        hist = self.history.get(cid)
+        if hist is None or not hist.trusted(live) or hist.reference <= 0:
+            return math.inf
+        return self.factor * hist.reference
+
+    def record(self, found: Assessment, live: set[str]) -> bool:
+        """Remember a push that was taken; True if its worker is quarantined by it (newly)."""
+        if not self.on:
+            return False
+        for cid, norm in found.norms.items():
+            self.history.setdefault(cid, _ChunkHistory()).add(found.worker, norm, live)
+        self.batches.setdefault(found.worker, deque(maxlen=HISTORY)).append(found.samples)
+        self.in_a_row[found.worker] = self.in_a_row.get(found.worker, 0) + 1 if found.clipped else 0
+        if self.in_a_row[found.worker] >= QUARANTINE_AFTER and found.worker not in self.quarantined:
+            self.quarantined.add(found.worker)
+            return True
+        return False
+
+    def forget(self, live: set[str]) -> None:
+        """Workers that left: their counts and batches go (a quarantined id stays refused: ids are not reused
+        while the scheduler lives, and a restarted scheduler's shards start afresh too)."""
+        for table in (self.batches, self.in_a_row):
+            for gone in [w for w in table if w not in live]:
+                del table[gone]
+
+    def _typical_batch(self) -> float:
+        medians = [_median_low(list(b)) for b in self.batches.values() if b]
+        return float(_median_low(medians)) if medians else 1.0

@@ -1,0 +1,33 @@
+"""One task, honest and Byzantine: the same model and data, and a loss that lies in a worker started with it.
+
+`honest` is the blobs task without gradient clipping (a Byzantine worker does not
+clip its own lie). `scaled`, `flipped` and `noise` are what issue 22 tried as an
+authenticated attacker: the gradient times 1e3, its sign flipped, and replaced by
+noise of about 400 times the honest norm. They share the model, its signature and
+the optimizer, so the shards take the attacker's INIT and pushes as a worker's.
+"""
+
+import torch
+
+import dynabatch as db
+from blobs import Blobs, accuracy, loss, make_model
+
+NOISE_STD = 30.0  # per value; the model's ~700 parameters give a norm of about 800, the honest one about 1-2
+
+
+def _task(lossfn) -> db.Task:
+    return db.Task(model=make_model, train_data=lambda: Blobs(3000, seed=1), eval_data=lambda: Blobs(1000, seed=2),
+                   loss=lossfn, metrics=[accuracy], optimizer=db.optim.SGD(lr=0.1, momentum=0.5))
+
+
+def _noise(model, batch):
+    """A loss whose gradient is noise: the honest loss' value with each parameter's gradient replaced."""
+    honest = loss(model, batch)
+    lie = sum((p * torch.randn_like(p) * NOISE_STD).sum() for p in model.parameters())
+    return honest.detach() + lie - lie.detach()
+
+
+honest = _task(loss)
+scaled = _task(lambda model, batch: loss(model, batch) * 1e3)
+flipped = _task(lambda model, batch: -loss(model, batch))
+noise = _task(_noise)

@@ -1,0 +1,97 @@
+"""ps/gradient_bounds.py: a push's chunk norms bounded by the workers' typical norm, clipped, counted, quarantined."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dynabatch.common.wire import ProtocolError
+from dynabatch.ps.gradient_bounds import MAX_TO_PARAMS, QUARANTINE_AFTER, GradientBounds
+
+LIVE = {"w0", "w1", "w2", "bad"}
+PARAMS = {0: torch.full((100,), 100.0)}  # a norm of 1000: far above every honest push here
+
+
+def _push(bounds: GradientBounds, worker: str, norm: float, samples: int = 32, seed: int = 0):
+    g = torch.randn(100, generator=torch.Generator().manual_seed(seed))
+    found = bounds.assess(worker, {0: g * (norm / float(g.norm()))}, samples, PARAMS, LIVE)
+    quarantined = bounds.record(found, LIVE)
+    return found, quarantined
+
+
+def _honest_history(bounds: GradientBounds, rounds: int = 6) -> None:
+    for i in range(rounds):
+        for w in ("w0", "w1", "w2"):
+            found, _ = _push(bounds, w, 1.0 + 0.1 * (i % 3), seed=i)
+            assert not found.clipped, "honest pushes of similar norms are never clipped"
+
+
+def test_a_huge_push_is_clipped_to_the_bound_keeping_its_direction():
+    bounds = GradientBounds(4.0)
+    _honest_history(bounds)
+    found, _ = _push(bounds, "bad", 1e3, seed=99)
+    taken = found.tensors[0]
+    assert found.clipped == [0] and float(taken.norm()) == pytest.approx(4.0 * 1.0, rel=0.2)
+    direction = torch.randn(100, generator=torch.Generator().manual_seed(99))
+    assert torch.nn.functional.cosine_similarity(taken, direction, dim=0) > 0.999
+
+
+def test_one_worker_pushing_often_and_big_does_not_move_the_reference():
+    bounds = GradientBounds(4.0)
+    _honest_history(bounds)
+    before = bounds.bound(0, LIVE)
+    for i in range(200):
+        _push(bounds, "bad", 1e6, seed=i)
+        bounds.quarantined.discard("bad")
+        bounds.in_a_row["bad"] = 0
+    assert bounds.bound(0, LIVE) == pytest.approx(before, rel=0.2), "each worker counts once in the reference"
+
+
+def test_a_push_of_fewer_samples_than_the_typical_batch_may_be_larger_as_its_noise_is():
+    bounds = GradientBounds(4.0)
+    _honest_history(bounds)
+    found, _ = _push(bounds, "w0", 7.0, samples=2)  # sqrt(32 / 2) = 4 times the room
+    assert not found.clipped
+    found, _ = _push(bounds, "w0", 7.0, samples=512)
+    assert found.clipped, "a larger batch gets no more room than the typical one"
+
+
+def test_before_most_workers_have_pushed_a_push_is_bounded_by_its_chunks_parameters():
+    bounds = GradientBounds(4.0)
+    params = {0: torch.full((100,), 0.1)}  # norm 1
+    g = torch.randn(100)
+    found = bounds.assess("bad", {0: g * (1e3 / float(g.norm()))}, 32, params, LIVE)  # the liar pushes first
+    assert found.clipped and float(found.tensors[0].norm()) == pytest.approx(MAX_TO_PARAMS, rel=1e-4)
+    bounds.record(found, LIVE)
+    _push(bounds, "bad", 1e3)
+    assert math.isinf(bounds.bound(0, LIVE)), "one worker of four is not yet a reference"
+    _honest_history(bounds, rounds=1)
+    assert bounds.bound(0, LIVE) == pytest.approx(4.0 * 1.0, rel=0.2), "the liar's norms are not the reference"
+
+
+def test_a_worker_clipped_push_after_push_is_quarantined_and_then_refused():
+    bounds = GradientBounds(4.0)
+    _honest_history(bounds)
+    results = [_push(bounds, "bad", 50.0, seed=i)[1] for i in range(QUARANTINE_AFTER)]
+    assert results == [False] * (QUARANTINE_AFTER - 1) + [True]
+    with pytest.raises(ProtocolError) as refused:
+        bounds.assess("bad", {0: torch.ones(100)}, 32, PARAMS, LIVE)
+    assert refused.value.code == "quarantined"
+    _push(bounds, "w0", 1.0)  # the others go on
+
+
+def test_an_honest_worker_clipped_now_and_then_is_never_quarantined():
+    bounds = GradientBounds(4.0)
+    _honest_history(bounds)
+    for i in range(4 * QUARANTINE_AFTER):
+        _, quarantined = _push(bounds, "w0", 50.0 if i % 2 else 1.0, seed=i)
+        assert not quarantined
+
+
+def test_off_takes_every_push_as_it_comes():
+    bounds = GradientBounds(0.0)
+    _push(bounds, "w0", 1.0)
+    found, quarantined = _push(bounds, "bad", 1e9)
+    assert not found.clipped and not quarantined and float(found.tensors[0].norm()) == pytest.approx(1e9)

@@ -1,0 +1,180 @@
+"""What a shard believes, on the wire and on disk: a PUSH taken once and within its sender's assignment, and only a
+checkpoint that reads back good.
+
+A real scheduler and a real shard (checkpointing) run as processes; the test is
+the job's only worker and talks to the shard with a raw Connection.
+
+- Replays: one PUSH, then the very same frames again on the same connection, as a
+  peer that captured or repeats them would send them: the shard takes the first and
+  refuses the copies (`replay`, counted). It then stops (SIGTERM: it checkpoints),
+  starts again on the same port, and the replay is still refused: the restarted
+  shard remembers the seq from its checkpoint. A new push (what an honest worker's
+  retry is) is still taken.
+- Assignment: a PUSH claiming more samples than the batch the scheduler assigned
+  its sender (though within the job's --max-batch) is refused `bad_field`.
+- Checkpoints: after a push (the checkpoint right after INIT becomes the previous
+  copy when the shard checkpoints again at SIGTERM), bits are flipped in the newest
+  checkpoint, as a failing disk would; the restarted shard refuses that copy with
+  one line naming it, resumes the previous one (version 0), and serves the worker.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import torch
+
+from dynabatch.common.chunking import make_layout
+from dynabatch.common.config import job_from_dict
+from dynabatch.common.messages import Error, Heartbeat, Params, Pull, Push, PushAck
+from dynabatch.common.models import model_for_job
+from dynabatch.common.ports import free_port
+from dynabatch.common.transport import Connection
+from dynabatch.common.wire import ChunkMeta, Message, encode
+from harness import Cluster, metric_value, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPLY_S = 10.0
+JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "4000", "--chunk-bytes", "8192",
+       "--epochs", "1000", "--liveness-timeout-s", "60"]
+
+
+def _pull(conn: Connection, ids: set[int]) -> dict[int, tuple[int, torch.Tensor]]:
+    seq, got = conn.send(Pull()), {}
+    deadline = time.monotonic() + REPLY_S
+    while set(got) != ids:
+        msg = conn.recv(max(0.0, deadline - time.monotonic()))
+        assert msg is not None and msg.seq == seq and isinstance(msg.body, Params), msg
+        got.update({m.id: (m.version, t.clone()) for m, t in zip(msg.chunks, msg.tensors)})
+    return got
+
+
+def _answer(conn: Connection, seq: int) -> object:
+    deadline = time.monotonic() + REPLY_S
+    while (msg := conn.recv(max(0.0, deadline - time.monotonic()))) is not None:
+        if msg.seq == seq:
+            return msg.body
+    raise AssertionError(f"no answer to request {seq}")
+
+
+def _replays(shard) -> float:
+    return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="replay")
+
+
+def _bad_fields(shard) -> float:
+    return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="bad_field")
+
+
+def _gradient(chunks: dict[int, tuple[int, torch.Tensor]], fill: float) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
+    metas = [ChunkMeta(cid, "float32", tuple(t.shape), ver) for cid, (ver, t) in chunks.items()]
+    return metas, [torch.full_like(t, fill) for _, t in chunks.values()]
+
+
+def test_a_push_of_more_samples_than_its_sender_was_assigned_is_refused_and_changes_nothing(tmp_path):
+    c = Cluster(tmp_path, [*JOB, "--global-batch", "32", "--max-batch", "1024"])
+    try:
+        c.scheduler()
+        shard = c.shard(0)
+        scheduler_conn, welcome = c.join_as_worker()
+        batch = scheduler_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=REPLY_S).body.batch
+        assert 0 < batch <= 32
+        conn = c.client(welcome.shards[0], sender=welcome.id)
+        ids = set(make_layout(_total(welcome), 8192, 1).sizes(0))
+        before = _pull(conn, ids)
+        counted = _bad_fields(shard)
+        seq = conn.send(Push(samples=batch * 4), *_gradient(before, 0.01))
+        reply = _answer(conn, seq)
+        assert isinstance(reply, Error) and reply.code == "bad_field" and "assigned" in reply.text, reply
+        assert _bad_fields(shard) == counted + 1
+        assert all(v == before[cid][0] and torch.equal(t, before[cid][1]) for cid, (v, t) in _pull(conn, ids).items())
+        seq = conn.send(Push(samples=batch), *_gradient(before, 0.01))
+        assert isinstance(_answer(conn, seq), PushAck), "a push of the assigned batch is taken"
+        conn.close()
+    finally:
+        c.stop()
+
+
+def _total(welcome) -> int:
+    return sum(p.numel() for p in model_for_job(job_from_dict(welcome.config)).parameters())
+
+
+def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_restart(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    try:
+        c.scheduler()
+        port = free_port()
+        shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
+        scheduler_conn, welcome = c.join_as_worker()
+        job = job_from_dict(welcome.config)
+        ids = set(make_layout(_total(welcome), job.chunk_bytes, job.shards).sizes(0))
+        conn = c.client(welcome.shards[0], sender=welcome.id)
+        before = _pull(conn, ids)
+        metas, tensors = _gradient(before, 0.01)
+        seq = conn.send(Push(samples=8), metas, tensors)
+        assert isinstance(_answer(conn, seq), PushAck)
+        frames = [bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, job.job, welcome.id, seq))]
+        taken = _pull(conn, ids)
+        assert all(ver == before[cid][0] + 1 for cid, (ver, _) in taken.items())
+
+        for _ in range(3):
+            conn.sock.send_multipart(frames)
+            reply = _answer(conn, seq)
+            assert isinstance(reply, Error) and reply.code == "replay", reply
+        assert _replays(shard) == 3
+        assert all(torch.equal(t, taken[cid][1]) and v == taken[cid][0] for cid, (v, t) in _pull(conn, ids).items())
+
+        shard.proc.send_signal(signal.SIGTERM)
+        shard.proc.wait(timeout=60)
+        shard = c.launcher.restart(shard)
+        wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
+            Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
+            shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+        conn.sock.send_multipart(frames)
+        reply = _answer(conn, seq)
+        assert isinstance(reply, Error) and reply.code == "replay", reply
+        assert _replays(shard) == 1
+        restored = _pull(conn, ids)
+        assert all(torch.equal(t, taken[cid][1]) and v == taken[cid][0] for cid, (v, t) in restored.items())
+
+        retry = conn.send(Push(samples=8), [ChunkMeta(m.id, m.dtype, m.shape, taken[m.id][0]) for m in metas], tensors)
+        assert isinstance(_answer(conn, retry), PushAck), "a new push after the restart (a retry) is taken"
+        conn.close()
+    finally:
+        c.stop()
+
+
+def test_a_damaged_newest_checkpoint_is_refused_and_the_shard_resumes_the_previous_one(tmp_path):
+    c = Cluster(tmp_path, JOB)
+    try:
+        c.scheduler()
+        port = free_port()
+        shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
+        scheduler_conn, welcome = c.join_as_worker()
+        job = job_from_dict(welcome.config)
+        ids = set(make_layout(_total(welcome), job.chunk_bytes, job.shards).sizes(0))
+        conn = c.client(welcome.shards[0], sender=welcome.id)
+        initial = _pull(conn, ids)
+        assert isinstance(_answer(conn, conn.send(Push(samples=8), *_gradient(initial, 0.01))), PushAck)
+        shard.proc.send_signal(signal.SIGTERM)
+        shard.proc.wait(timeout=60)
+        newest = tmp_path / "ckpt" / "shard-0.pt"
+        data = bytearray(newest.read_bytes())
+        for i in range(len(data) // 2, len(data) // 2 + 64):
+            data[i] ^= 0xFF
+        newest.write_bytes(bytes(data))
+
+        shard = c.launcher.restart(shard)
+        wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
+            Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
+            shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+        assert f"refused {newest}: its content does not match its checksum" in shard.log_since_start()
+        resumed = _pull(conn, ids)
+        for cid, (version, values) in resumed.items():
+            assert version == 0 and torch.equal(values, initial[cid][1]), "the previous copy: the initial model"
+        assert isinstance(_answer(conn, conn.send(Push(samples=8), *_gradient(resumed, 0.01))), PushAck)
+        conn.close()
+    finally:
+        c.stop()
