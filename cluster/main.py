@@ -31,7 +31,7 @@ from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
-from dynabatch.cluster.progress import format_progress
+from dynabatch.cluster.progress import format_progress, format_rollback
 from dynabatch.cluster.restart_policy import after_exit
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 
@@ -224,6 +224,7 @@ class JobRun:
         """Sample STATUS into the timeline and print progress until the job finishes."""
         conn = Connection(open_context(self.keys), self.launcher.scheduler_endpoint, self.job.job, "dynabatch-run")
         next_progress = 0.0
+        rollbacks_shown = 0
         try:
             while not self.interrupted:
                 if not self._supervise():
@@ -241,6 +242,12 @@ class JobRun:
                 if isinstance(reply.body, StatusReply):
                     status = reply.body.state
                     self.timeline.append(Snapshot(status, now - started))
+                    for rollback in status.rollbacks[rollbacks_shown:]:
+                        print(format_rollback(rollback), file=sys.stderr, flush=True)
+                    rollbacks_shown = len(status.rollbacks)
+                    if status.failed:
+                        print(f"job failed: {status.failed}", file=sys.stderr, flush=True)
+                        return False
                     if now >= next_progress or status.finished:
                         print(format_progress(status, now - started), flush=True)
                         next_progress = now + self.opts.progress_s
@@ -301,6 +308,9 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     acc, metrics = summary["final_test_acc"], summary.get("final_metrics") or {}
     others = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "accuracy")
     lines = [
+        *([f"FAILED: {summary['failed']}"] if summary.get("failed") else []),
+        *([f"rolled back {len(summary['rollbacks'])} time(s) after a divergence; step size x{summary['lr_factor']:g}"]
+          if summary.get("rollbacks") else []),
         f"finished={summary['finished']}  "
         + (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
            else others or "no evaluation"),

@@ -65,6 +65,12 @@ class Heartbeat:
     workers initialised it with: the scheduler counts epochs from it, and runs no
     task code to learn it. A shard's `version` and `samples` (pushed to it) come
     back from its checkpoint when it restarts, so a drop in them is the work it lost.
+
+    Divergence (scheduler/divergence.py): a worker counts in `skipped` the steps it
+    did not push because their loss was not finite. A shard reports in `model_problem`
+    what its parameter guard sees wrong with its model (empty: nothing; ps/param_guard.py),
+    in `good_version` the version of its last checkpoint of a healthy model (-1: none),
+    and in `rollbacks` the number of the last rollback it applied (ASSIGNMENT's).
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -87,6 +93,10 @@ class Heartbeat:
     staleness: list[int] = field(default_factory=list)
     membership: int = 0
     train_size: int = 0
+    skipped: int = 0
+    model_problem: str = ""
+    good_version: int = -1
+    rollbacks: int = 0
 
 
 @dataclass
@@ -101,6 +111,13 @@ class Assignment:
     shard how many workers hold a batch: DBS-SGD's n (common/protocols.py), and
     `progress` how far the job is (epoch / epochs, 0 to 1): where the task's
     learning-rate schedule stands.
+
+    After a divergence the scheduler numbers its rollbacks: a shard whose applied
+    number is below `rollbacks` restores its last good checkpoint (once per number,
+    so a repeated answer changes nothing), and a worker drops the model it holds and
+    pulls again. `lr_factor` is the job's step-size factor after its rollbacks (halved
+    at each); shards multiply their rate by it (workers get it inside `lr_scale`).
+    `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -113,6 +130,9 @@ class Assignment:
     allocated: int = 0
     membership: int = 0
     progress: float = 0.0
+    rollbacks: int = 0
+    lr_factor: float = 1.0
+    hold_checkpoints: bool = False
 
 
 @dataclass
@@ -294,6 +314,23 @@ class Decision:
 
 
 @dataclass
+class Rollback:
+    """A divergence the job recovered from (or tried to): when, why, to which versions, at which step size.
+
+    `number` counts the job's rollbacks from 1; `versions` is each shard's last good
+    checkpoint (by shard index) when the rollback was ordered; `lr_factor` the job's
+    step-size factor from then on.
+    """
+
+    number: int
+    t: float
+    epoch: float
+    cause: str
+    versions: dict[str, int]
+    lr_factor: float
+
+
+@dataclass
 class DecisionLatency:
     """Seconds the scheduler took to handle a heartbeat, over its recent ones (None before the first)."""
 
@@ -348,6 +385,9 @@ class JobStatus:
     decision_s: DecisionLatency = field(default_factory=DecisionLatency)
     lost_samples: int = 0
     lost_versions: int = 0
+    rollbacks: list[Rollback] = field(default_factory=list)
+    lr_factor: float = 1.0
+    failed: str = ""
 
 
 @dataclass

@@ -11,6 +11,9 @@ model is held no message, parked pull or reply queue may outgrow what the model
 needs (peer_limits.py). Shard 0 also holds the model's
 travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
 ride on pushes and pulls as one extra chunk entry and never reach the update rules.
+The shard watches its own parameters after every update and restore (param_guard.py):
+it checkpoints only a healthy model, reports a sick one to the scheduler, and rolls
+back to its last good checkpoint when the scheduler says so (ASSIGNMENT.rollbacks).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits,
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
+from dynabatch.ps.param_guard import ParamGuard
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
 from dynabatch.ps.push_bounds import check_push_numbers, max_push_samples
 from dynabatch.ps.senders import SenderBindings
@@ -98,6 +102,10 @@ class ShardMetrics:
         self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
         self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
         self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too many unread.", ["shard"], registry=registry).labels(**labels)
+        self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not finite).", ["shard"], registry=registry).labels(**labels)
+        self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's model finite and not exploding, else 0.", ["shard"], registry=registry).labels(**labels)
+        self.checkpoints_refused = Counter("dynabatch_ps_checkpoints_refused", "Checkpoints not written because the model was not healthy.", ["shard"], registry=registry).labels(**labels)
+        self.rollbacks = Counter("dynabatch_ps_rollbacks", "Rollbacks to the last good checkpoint applied.", ["shard"], registry=registry).labels(**labels)
         self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 
@@ -131,6 +139,12 @@ class ShardServer:
         self.progress = 0.0  # the job's progress (epoch / epochs) as far as this shard knows: where the schedule stands
         self.samples_seen = 0
         self.last_assignment: Assignment | None = None
+        self.guard = ParamGuard()  # what is wrong with the model held, if anything (param_guard.py)
+        self.healthy = True  # the guard's last verdict, as logged and exported
+        self.good_version = -1  # the version of the last checkpoint written (only a healthy model is)
+        self.rollbacks = 0  # the number of the last rollback applied (the scheduler's count)
+        self.lr_factor = 1.0  # the job's step-size factor after its rollbacks, from the scheduler
+        self.hold_checkpoints = False  # the scheduler sees workers' losses diverging: keep the last checkpoint
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
 
@@ -190,6 +204,8 @@ class ShardServer:
             self._bound_peers()
             self.reported_version = self.state.version
             self.samples_seen = int(saved.get("samples_seen", 0))
+            self.rollbacks = int(saved.get("rollbacks", 0))
+            self._judge_restored()
             log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
                      "counts them back into the job", self.ckpt_path, self.state.version, self.samples_seen)
         else:
@@ -215,6 +231,7 @@ class ShardServer:
         )
         self.signature = sig
         self.init_specs = {"optimizer": optimizer, "schedule": schedule}
+        self._watch(self.guard.reset(self.state.params))
         if self.last_assignment is not None:
             self.state.set_membership(set(self.last_assignment.live_workers), self.last_assignment.allocated)
         log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
@@ -285,8 +302,10 @@ class ShardServer:
         """
         version = self.state.version if self.state is not None else 0
         train_size = self.signature.train_size if self.signature is not None else 0
-        self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version, samples=self.samples_seen,
-                                                          membership=self.membership, train_size=train_size)))
+        self._on_assignment(self.link.heartbeat(Heartbeat(
+            version=version, updates=version, samples=self.samples_seen, membership=self.membership,
+            train_size=train_size, model_problem=self.guard.problem, good_version=self.good_version,
+            rollbacks=self.rollbacks)))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -297,10 +316,13 @@ class ShardServer:
             return
         self.last_assignment = body
         self.membership = body.membership
+        self.lr_factor, self.hold_checkpoints = body.lr_factor, body.hold_checkpoints
         self.m.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
+        if self.state is not None and body.rollbacks > self.rollbacks:
+            self._roll_back(body.rollbacks)
         if self.state is not None:
             self._advance_progress(body.progress)
             self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))
@@ -484,13 +506,16 @@ class ShardServer:
         first value (a warm-up's 0).
         """
         self.progress = max(self.progress, min(1.0, progress))
-        self.state.lr_factor = self.schedule.factor(self.progress)
+        self.state.lr_factor = self.schedule.factor(self.progress) * self.lr_factor
 
     def _after_update(self, applied: list[int]) -> None:
         """Count applied chunk updates, move the travelling buffers, and stream the chunks to the pulls
         that were waiting for them."""
         if not applied:
             return
+        for cid in applied:
+            problem = self.guard.updated(cid, self.state.params)
+        self._watch(problem)
         if self.buffers is not None:
             self.buffers.settle()  # once per update: the mean of the buffer changes pushed since the last
         before = self.reported_version
@@ -519,12 +544,69 @@ class ShardServer:
             for p in expired:
                 self._send_chunks(p.identity, p.seq, p.remaining, p.worker if p.buffers else None)
 
+    def _watch(self, problem: str) -> None:
+        """Export the guard's view; log when the model turns sick or healthy again."""
+        norm, was_healthy, self.healthy = self.guard.norm, self.healthy, not problem
+        self.m.param_norm.set(norm)
+        self.m.model_healthy.set(1.0 if self.healthy else 0.0)
+        if problem and was_healthy:
+            log.error("model diverged at version %d: %s; no checkpoint is written until it is healthy again "
+                      "(the last good one is version %d), and the scheduler is told", self.state.version, problem,
+                      self.good_version)
+        elif not problem and not was_healthy:
+            log.info("model healthy again at version %d (parameter norm %.3g)", self.state.version, norm)
+
+    def _judge_restored(self) -> None:
+        """Judge a model just restored from its checkpoint, which becomes the last good one if it is healthy."""
+        self._watch(self.guard.reset(self.state.params))
+        if not self.guard.problem:
+            self.good_version = self.state.version
+
+    def _roll_back(self, number: int) -> None:
+        """Restore the last good checkpoint (the scheduler's rollback `number`), once per number.
+
+        The version drops: the scheduler counts the updates after the checkpoint
+        back into the job, as for a restart, and workers whose pushes were computed
+        on the diverged model are refused (their base version is ahead) and pull again.
+        Pulls parked for versions the model no longer reaches get the restored chunks now.
+        """
+        self.rollbacks = number
+        self.m.rollbacks.inc()
+        try:
+            saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.error("rollback %d ordered, but the checkpoint cannot be read: %s; the model stays as it is",
+                      number, exc)
+            return
+        if saved is None:
+            log.error("rollback %d ordered, but this shard has no checkpoint to go back to (--checkpoint-dir); "
+                      "the model stays as it is", number)
+            return
+        before = self.state.version
+        self.state.restore(saved)
+        if self.buffers is not None:
+            self.buffers.restore(saved.get("buffers", {}))
+        self.samples_seen = int(saved.get("samples_seen", 0))
+        self._judge_restored()
+        self.reported_version = self.state.version
+        self.m.version.set(self.reported_version)
+        log.warning("rollback %d: restored version %d from %s (the model was at version %d); step size now x%g",
+                    number, self.state.version, self.ckpt_path, before, self.lr_factor)
+        self._expire_parked(math.inf)
+
     def _checkpoint(self) -> None:
         if self.ckpt_path is None or self.state is None:
+            return
+        if self.guard.problem or self.hold_checkpoints:
+            self.m.checkpoints_refused.inc()
+            log.warning("not checkpointing version %d: %s; the checkpoint at version %d stays", self.state.version,
+                        self.guard.problem or "workers' losses are diverging", self.good_version)
             return
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
         save_checkpoint(self.ckpt_path, self.ckpt_meta, {**self.state.snapshot(), **self.init_specs, "buffers": buffers,
                                                          "signature": signature_fields(self.signature),
-                                                         "samples_seen": self.samples_seen})
+                                                         "samples_seen": self.samples_seen,
+                                                         "rollbacks": self.rollbacks})
+        self.good_version = self.state.version
         self.m.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

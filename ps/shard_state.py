@@ -60,7 +60,7 @@ class ShardState:
     chunk_versions: dict[int, int] = field(default_factory=dict)
     live: set[str] = field(default_factory=set)
     allocated: int = 0
-    lr_factor: float = 1.0  # the task's schedule at the job's progress
+    lr_factor: float = 1.0  # the task's schedule at the job's progress, times the job's factor after rollbacks
     memory: ParamBuffers = field(default_factory=ParamBuffers)  # parameter tensors lent to replies, and spares
     spec: ProtocolSpec = field(init=False)
     rule: ShardRule = field(init=False)
@@ -215,7 +215,8 @@ class ShardState:
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
-        """Load a checkpoint taken from a shard with the same chunks."""
+        """Load a checkpoint taken from a shard with the same chunks: at start-up, or to roll back a diverged
+        model. Open rounds are dropped with the model they were computed on (a fresh rule)."""
         if set(saved["params"]) != set(self.params) or any(
             saved["params"][c.id].numel() != c.length for c in self.chunks
         ):
@@ -224,3 +225,4 @@ class ShardState:
         for cid, opt in self.optim.items():
             opt.load_state_dict(saved["optimizer_state"][cid])
         self.chunk_versions = dict(saved["chunk_versions"])
+        self.rule = RULES[self.spec.shard_rule](self)

@@ -2,8 +2,8 @@
 
 Membership (who is in the job, who stopped answering), each worker's speed
 model, the batch allocation with its hysteresis, progress in epochs counted
-from samples, the latest evaluation, and the end of the job. The server loop
-feeds it decoded messages and the clock; tests drive it directly.
+from samples, the latest evaluation, divergence and its rollbacks, a stall, and
+the end of the job. The server loop feeds it decoded messages and the clock; tests drive it directly.
 """
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.eval_bounds import eval_problem
 from dynabatch.common.messages import (
-    Assignment, Decision, EvalReport, Heartbeat, Hello, JobStatus, ShardStatus, Welcome, WorkerStatus,
+    Assignment, Decision, EvalReport, Heartbeat, Hello, JobStatus, Rollback, ShardStatus, Welcome, WorkerStatus,
 )
 from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_allocation, needs_reassign
+from dynabatch.scheduler.divergence import DivergenceWatch, lr_factor
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel
+from dynabatch.scheduler.stall import StallWatch, stall_limit_s
 
 DECISIONS_KEPT = 100
 LOSSES_KEPT = 100  # shard restarts not yet logged by the server
@@ -161,6 +163,11 @@ class JobState:
         self.losses: list[LostWork] = []  # restarts the server has yet to log
         self.resumed_speeds: dict[str, SavedSpeed] = {}  # speed models of a saved job, by HELLO instance
         self.rounds_reached = False  # every shard has had a round protocol's rounds (sticky: see _rounds_done)
+        self.divergence = DivergenceWatch()
+        self.rollbacks: list[Rollback] = []
+        self.rollback_number = 0  # the last rollback ordered (a shard may know of a later one than a fresh scheduler)
+        self.stall = StallWatch()
+        self.failed = ""  # why the job gave up; a failed job stops as a finished one does
 
     # -- membership -------------------------------------------------------------
 
@@ -268,6 +275,8 @@ class JobState:
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True
+        if member.role == "worker":
+            self.divergence.forget(member.id)
         if member.role == "worker" and member.admitted_in:
             self.membership += 1
             self.departed_samples += member.samples
@@ -304,7 +313,7 @@ class JobState:
             # they fit in the time since the counters last grew, not since the last heartbeat.
             check_worker_heartbeat(member.last, hb, now - (member.progress_at or member.joined), self.job.max_batch,
                                    self.num_shards)
-            if hb.steps != member.last.steps or not member.progress_at:
+            if hb.steps != member.last.steps or hb.skipped != member.last.skipped or not member.progress_at:
                 member.progress_at = now
             if not member.admitted_in and hb.standalone_sps > 0:
                 # Its first report (a worker heartbeats from its WELCOME on, while it loads and measures itself,
@@ -312,8 +321,9 @@ class JobState:
                 self.membership += 1
                 member.admitted_in = self.membership
             self._worker_heartbeat(member, hb, now)
+            self.divergence.worker(member.id, member.last, hb, self._rollbacks_settled)
         if member.role == "ps":
-            check_shard_heartbeat(hb)
+            check_shard_heartbeat(hb, self.job.max_rollbacks)
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
@@ -321,10 +331,40 @@ class JobState:
             self.train_size = hb.train_size
         if member.role == "ps":
             self._shard_progress(member.shard_index, hb)
+            self.rollback_number = max(self.rollback_number, hb.rollbacks)
+            self.divergence.shard(member.shard_index, hb, self._rollbacks_settled)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
+        self._on_divergence(now)
         return self.assignment_for(member)
+
+    @property
+    def _rollbacks_settled(self) -> bool:
+        """Has every shard applied the last rollback? Until then reports describe the model thrown away."""
+        return len(self.shards) == self.num_shards and all(
+            shard.last.rollbacks >= self.rollback_number for shard in self.shards.values())
+
+    def _on_divergence(self, now: float) -> None:
+        """Roll the job back if it diverged (every shard to its last good checkpoint, half the step size), or
+        give up once it has rolled back --max-rollbacks times."""
+        cause = self.divergence.cause
+        if not cause or self.failed:
+            return
+        if self.rollback_number >= self.job.max_rollbacks:
+            self.failed = (f"diverged at epoch {self.epoch:.2f} ({cause}) after {self.rollback_number} rollback(s) "
+                           f"(--max-rollbacks {self.job.max_rollbacks}); lower --lr or check the task")
+            return
+        self.rollback_number += 1
+        self.rollbacks.append(Rollback(self.rollback_number, now - self.started, self.epoch, cause,
+                                       {str(i): m.last.good_version for i, m in sorted(self.shards.items())},
+                                       lr_factor(self.rollback_number)))
+        self.divergence.rolled_back()
+
+    @property
+    def lr_factor(self) -> float:
+        """The job's step-size factor after its rollbacks."""
+        return lr_factor(self.rollback_number)
 
     def _shard_progress(self, index: int, hb: Heartbeat) -> None:
         """Follow a shard slot's version; a drop is a restart that lost work, counted back into the job."""
@@ -408,7 +448,7 @@ class JobState:
 
     @property
     def stopping(self) -> bool:
-        return self.epoch >= self.job.epochs or self.budget_spent or self._rounds_done
+        return self.epoch >= self.job.epochs or self.budget_spent or bool(self.failed) or self._rounds_done
 
     @property
     def _rounds_done(self) -> bool:
@@ -440,6 +480,7 @@ class JobState:
         Returns True once, when the job gives up waiting for an evaluator to join.
         """
         self.check_budget(now)
+        self._check_stall(now)
         if self.stopping and self.stopped_at is None:
             self.stopped_at = now
         if (self.job.await_final_eval and not self.gave_up_on_final_eval and not self.final_eval
@@ -448,6 +489,18 @@ class JobState:
             self.gave_up_on_final_eval = True
             return True
         return False
+
+    def _check_stall(self, now: float) -> None:
+        """Fail a job that trains nothing for longer than its workers' steps allow (stall.py)."""
+        workers = [self.members[w] for w in self.live_workers]
+        training = self.training_started and bool(workers) and not self.stopping
+        still = self.stall.observe(self.samples, now, training)
+        limit = stall_limit_s([m.last.step_s for m in workers], self.job.join_timeout_s)
+        if training and still > limit:
+            skipped = sum(m.last.skipped for m in workers)
+            self.failed = (f"no sample trained for {still:.0f} s (limit {limit:.0f} s: the join timeout, or 50 of the "
+                           f"slowest worker's steps) while {len(workers)} worker(s) were live"
+                           + (f"; they skipped {skipped} steps whose loss was not finite" if skipped else ""))
 
     def _evaluators(self) -> list[Member]:
         return [m for m in self.members.values() if m.role == "evaluator" and not m.left]
@@ -462,6 +515,8 @@ class JobState:
         """
         if not self.stopping or self.live_workers:
             return False
+        if self.failed:
+            return True  # a model that diverged or never trained is not worth a final evaluation
         if self.final_eval or self._evaluators():
             return self.final_eval
         return not self.job.await_final_eval or self.gave_up_on_final_eval
@@ -539,13 +594,16 @@ class JobState:
         if member.role == "ps":
             return Assignment(**base, live_workers=self.live_workers, allocated=len(self.allocation),
                               membership=self.membership, stop=self.finished,
-                              progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0)
+                              progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0,
+                              rollbacks=self.rollback_number, lr_factor=self.lr_factor,
+                              hold_checkpoints=self.divergence.suspect)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.allocation.get(member.id, 0)
         return Assignment(
-            **base, batch=batch, lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)),
-            stop=self.stopping, local_steps=self.local_steps,
+            **base, batch=batch,
+            lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)) * self.lr_factor,
+            stop=self.stopping, local_steps=self.local_steps, rollbacks=self.rollback_number,
         )
 
     # -- reporting ------------------------------------------------------------------
@@ -585,6 +643,9 @@ class JobState:
             shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url)
                     for i, m in sorted(self.shards.items())},
             decisions=self.decisions[-10:],
+            rollbacks=list(self.rollbacks),
+            lr_factor=self.lr_factor,
+            failed=self.failed,
         )
 
     # -- restart ------------------------------------------------------------------------
@@ -602,6 +663,7 @@ class JobState:
             first_loss=_finite_or_none(self.first_loss), eval=self.eval, eval_time=self.eval_time,
             final_eval=self.final_eval, budget_spent=self.budget_spent, shard_marks=dict(self.shard_marks),
             speeds=dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:]),
+            rollbacks=list(self.rollbacks),
         )
 
     def resume(self, saved: SavedProgress, now: float, wall: float) -> None:
@@ -628,6 +690,8 @@ class JobState:
         self.budget_spent = saved.budget_spent
         self.shard_marks = dict(saved.shard_marks)
         self.resumed_speeds = dict(saved.speeds)
+        self.rollbacks = list(saved.rollbacks)
+        self.rollback_number = len(self.rollbacks)
 
     def _resumed_speed(self, member: Member) -> list[tuple[int, float]]:
         """The steps a saved job's speed model of this process had seen (none for a process new to the job)."""

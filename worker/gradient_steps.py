@@ -26,7 +26,6 @@ next push, so at most one push is unacknowledged.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -37,8 +36,6 @@ from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult, StepTimes
-
-log = logging.getLogger("dynabatch.worker")
 
 
 @dataclass
@@ -81,7 +78,7 @@ class GradientLoop(StepLoop):
             self.ahead = c.shards.start_pull()
         loss, times.compute = c.timed_compute(c.next_batch(assignment.batch))
         if not math.isfinite(loss):
-            log.error("loss is %s; not pushing this step's gradient", loss)
+            c.skip_step(loss)
             return None
         start = time.perf_counter()
         grads, versions, buffers = flat_grads(c.model), pulled.chunk_versions, c.buffers.read(c.model)
@@ -138,6 +135,9 @@ class GradientLoop(StepLoop):
             times.pull = result.pull_wait_s
         times.compute = wall - result.pull_wait_s - result.push_wait_s + c.idle_for_slowdown(cpu)
         self.last_versions = result.pulled.shard_versions
+        if not math.isfinite(result.loss):  # the pipeline pushed nothing
+            c.skip_step(result.loss)
+            return None
         self._next_round(result.pulled.shard_versions)
         return StepResult(times, assignment.batch, result.loss, result.pulled.version)
 

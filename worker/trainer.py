@@ -49,6 +49,7 @@ from dynabatch.worker.step_times import StepResult
 
 log = logging.getLogger("dynabatch.worker")
 PHASES = ("pull", "compute", "push", "wait", "data")
+SKIP_LOG_EVERY = 100  # a run of skipped steps is logged at its first step and every this many after
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -115,6 +116,8 @@ class Worker:
         self.stopping = False
         self.pulse: Pulse | None = None
         self.started = time.monotonic()
+        self.skipped = 0  # steps not pushed because their loss was not finite (HEARTBEAT.skipped)
+        self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
         torch.set_num_threads(opts.threads)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -188,7 +191,7 @@ class Worker:
             train_size=self.train_size, request_timeout_s=self.opts.request_timeout_s,
             next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=self.loss_fn,
             idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.heartbeat_when_due,
-            buffers=self.buffers, pipelined=self._pipelined(),
+            skip_step=self.skip_step, buffers=self.buffers, pipelined=self._pipelined(),
         )
 
     def _pipelined(self) -> bool:
@@ -230,13 +233,23 @@ class Worker:
         """
         wall, cpu = time.perf_counter(), time.thread_time()
         loss = train_step(self.model, batch, self.loss_fn, self.task.clip_grad_norm, self.opts.micro_batch)
-        if not math.isfinite(loss):
-            self.m.skipped.labels(self.id, "non_finite_loss").inc()
         if self.device.type == "cuda":  # the loss is in; the backward kernels may not be
             torch.cuda.synchronize(self.device)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         wall += self.idle_for_slowdown(cpu)
         return loss, wall
+
+    def skip_step(self, loss: float) -> None:
+        """A step whose loss is `loss` (not finite) was not pushed: count it, and tell the scheduler with the
+        next heartbeat that is due, which judges whether the model diverged (HEARTBEAT.skipped)."""
+        self.skipped += 1
+        self.m.skipped.labels(self.id, "non_finite_loss").inc()
+        if self.skipped_in_a_row % SKIP_LOG_EVERY == 0:
+            log.error("%s: loss is %s; not pushing this step's gradient (%d skipped in a row; the scheduler rolls "
+                      "the job back if its model diverged)", self.id, loss, self.skipped_in_a_row + 1)
+        self.skipped_in_a_row += 1
+        self.last_hb = replace(self.last_hb, skipped=self.skipped, loss=loss)
+        self.heartbeat_when_due()
 
     def idle_for_slowdown(self, cpu_s: float) -> float:
         """Idle (F-1) x `cpu_s` for this node's slowdown factor F now; returns the seconds idled.
@@ -330,8 +343,16 @@ class Worker:
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
         steps = LOOPS[protocol_spec(self.job.protocol).worker_loop](self.step_context())
         assignment = self._await_batch(hb)
+        rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
+            if assignment.rollbacks > rollbacks:
+                # The shards go back to their last good checkpoint: the model this worker holds is the one thrown
+                # away, and the versions it waits for may never come again.
+                log.warning("%s: the job rolled back (rollback %d); pulling the model again", self.id,
+                            assignment.rollbacks)
+                steps.after_failure("rollback")
+                rollbacks = assignment.rollbacks
             self.data_s = 0.0
             counted = list(self.shards.staleness)
             try:
@@ -352,6 +373,7 @@ class Worker:
                 continue
             self.batches.step_succeeded()
             if result is not None:
+                self.skipped_in_a_row = 0
                 hb = self._record(hb, replace(result, times=replace(result.times, data=self.data_s)),
                                   assignment.assignment_id, steps.comm_s)
             if self.link.lost:
@@ -389,7 +411,7 @@ class Worker:
             step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull / result.steps,
             push_s=times.push / result.steps, wait_s=times.wait / result.steps, data_s=times.data / result.steps,
             sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
-            staleness=list(self.shards.staleness),
+            staleness=list(self.shards.staleness), skipped=self.skipped,
             version=result.version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
         )
         self.link.heartbeat(hb)
@@ -403,4 +425,5 @@ class Worker:
             return hb, None
         fresh = self.last_hb = Heartbeat(standalone_sps=hb.standalone_sps)
         self.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
+        self.skipped = 0  # and its skipped steps
         return fresh, self._await_batch(fresh)
