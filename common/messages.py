@@ -294,12 +294,15 @@ class WorkerStatus:
 
 @dataclass
 class ShardStatus:
-    """One registered shard in STATUS, as its last heartbeat told the scheduler."""
+    """One registered shard in STATUS, as its last heartbeat told the scheduler (`model_problem`: what its
+    parameter guard finds wrong, empty if nothing; `good_version`: its last checkpoint of a healthy model)."""
 
     endpoint: str
     version: int
     updates: int
     metrics_url: str
+    model_problem: str = ""
+    good_version: int = -1
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch
 
 EXPLODE_FACTOR = 10.0  # a model norm this many times its running level is a blow-up, not training
 LEVEL_WEIGHT = 0.01  # weight of one healthy update in the running level (a time constant of 100 updates)
-FLOOR_RMS = 0.1  # the running level is at least this root-mean-square per parameter
+FLOOR_RMS = 0.01  # the running level is at least this root-mean-square per parameter
 
 
 class ParamGuard:

@@ -317,12 +317,18 @@ class ShardServer:
         self.last_assignment = body
         self.membership = body.membership
         self.lr_factor, self.hold_checkpoints = body.lr_factor, body.hold_checkpoints
+        if self.state is None:
+            self.rollbacks = max(self.rollbacks, body.rollbacks)  # no model yet: nothing to go back from
+        elif body.rollbacks > self.rollbacks:
+            self._roll_back(body.rollbacks)
+            # Report the drop in version before serving another push, so that the scheduler counts the updates
+            # thrown away back into the job; the heartbeat's answer (the newest assignment) is handled in full.
+            self._beat()
+            return
         self.m.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
-        if self.state is not None and body.rollbacks > self.rollbacks:
-            self._roll_back(body.rollbacks)
         if self.state is not None:
             self._advance_progress(body.progress)
             self._after_update(self.state.set_membership(set(body.live_workers), body.allocated))

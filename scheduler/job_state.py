@@ -640,7 +640,8 @@ class JobState:
             assignment_id=self.assignment_id,
             workers={m.id: m.public() for m in self.members.values() if m.role == "worker" and not m.left},
             departed=sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
-            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url)
+            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url,
+                                        m.last.model_problem, m.last.good_version)
                     for i, m in sorted(self.shards.items())},
             decisions=self.decisions[-10:],
             rollbacks=list(self.rollbacks),
