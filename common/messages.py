@@ -70,7 +70,8 @@ class Heartbeat:
     did not push because their loss was not finite. A shard reports in `model_problem`
     what its parameter guard sees wrong with its model (empty: nothing; ps/param_guard.py),
     in `good_version` the version of its last checkpoint of a healthy model (-1: none),
-    and in `rollbacks` the number of the last rollback it applied (ASSIGNMENT's).
+    and in `rollbacks` the number of the last rollback it applied (ASSIGNMENT's); a worker, the last rollback
+    it acted on (it dropped the model it held, and reported the steps it had skipped before).
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -114,8 +115,8 @@ class Assignment:
 
     After a divergence the scheduler numbers its rollbacks: a shard whose applied
     number is below `rollbacks` restores its last good checkpoint (once per number,
-    so a repeated answer changes nothing), and a worker drops the model it holds and
-    pulls again. `lr_factor` is the job's step-size factor after its rollbacks (halved
+    so a repeated answer changes nothing); a worker is given the number once every
+    shard has applied it, and then drops the model it holds and pulls again. `lr_factor` is the job's step-size factor after its rollbacks (halved
     at each); shards multiply their rate by it (workers get it inside `lr_scale`).
     `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
     """

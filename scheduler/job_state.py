@@ -25,7 +25,9 @@ from dynabatch.scheduler.batch_allocation import allocate, bounds_note, fixed_al
 from dynabatch.scheduler.divergence import DivergenceWatch, lr_factor
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
-from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_heartbeat, check_worker_heartbeat
+from dynabatch.scheduler.report_bounds import (
+    check_eval_version, check_rollbacks, check_shard_heartbeat, check_worker_heartbeat,
+)
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel
 from dynabatch.scheduler.stall import StallWatch, stall_limit_s
@@ -166,6 +168,7 @@ class JobState:
         self.divergence = DivergenceWatch()
         self.rollbacks: list[Rollback] = []
         self.rollback_number = 0  # the last rollback ordered (a shard may know of a later one than a fresh scheduler)
+        self.rollback_done = 0  # the last rollback every shard has applied: what workers are told to act on
         self.stall = StallWatch()
         self.failed = ""  # why the job gave up; a failed job stops as a finished one does
 
@@ -313,6 +316,7 @@ class JobState:
             # they fit in the time since the counters last grew, not since the last heartbeat.
             check_worker_heartbeat(member.last, hb, now - (member.progress_at or member.joined), self.job.max_batch,
                                    self.num_shards)
+            check_rollbacks(hb, self.job.max_rollbacks)
             if hb.steps != member.last.steps or hb.skipped != member.last.skipped or not member.progress_at:
                 member.progress_at = now
             if not member.admitted_in and hb.standalone_sps > 0:
@@ -321,7 +325,10 @@ class JobState:
                 self.membership += 1
                 member.admitted_in = self.membership
             self._worker_heartbeat(member, hb, now)
-            self.divergence.worker(member.id, member.last, hb, self._rollbacks_settled)
+            # A worker's report counts once it has dropped the model of before the last rollback, which it is
+            # told to do only once every shard has restored its checkpoint (assignment_for).
+            self.divergence.worker(member.id, member.last, hb,
+                                   hb.rollbacks >= self.rollback_number and self._rollbacks_settled)
         if member.role == "ps":
             check_shard_heartbeat(hb, self.job.max_rollbacks)
         member.last_seen = now
@@ -342,8 +349,11 @@ class JobState:
     @property
     def _rollbacks_settled(self) -> bool:
         """Has every shard applied the last rollback? Until then reports describe the model thrown away."""
-        return len(self.shards) == self.num_shards and all(
+        settled = len(self.shards) == self.num_shards and all(
             shard.last.rollbacks >= self.rollback_number for shard in self.shards.values())
+        if settled:
+            self.rollback_done = self.rollback_number
+        return settled
 
     def _on_divergence(self, now: float) -> None:
         """Roll the job back if it diverged (every shard to its last good checkpoint, half the step size), or
@@ -603,7 +613,7 @@ class JobState:
         return Assignment(
             **base, batch=batch,
             lr_scale=dbs_weight(batch, self.job.global_batch, len(self.allocation)) * self.lr_factor,
-            stop=self.stopping, local_steps=self.local_steps, rollbacks=self.rollback_number,
+            stop=self.stopping, local_steps=self.local_steps, rollbacks=self.rollback_done,
         )
 
     # -- reporting ------------------------------------------------------------------
@@ -692,7 +702,7 @@ class JobState:
         self.shard_marks = dict(saved.shard_marks)
         self.resumed_speeds = dict(saved.speeds)
         self.rollbacks = list(saved.rollbacks)
-        self.rollback_number = len(self.rollbacks)
+        self.rollback_number = self.rollback_done = len(self.rollbacks)
 
     def _resumed_speed(self, member: Member) -> list[tuple[int, float]]:
         """The steps a saved job's speed model of this process had seen (none for a process new to the job)."""

@@ -62,13 +62,18 @@ def check_shard_heartbeat(hb: Heartbeat, max_rollbacks: int) -> None:
     for name in ("version", "samples"):
         if getattr(hb, name) < 0:
             raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
-    if not 0 <= hb.rollbacks <= max_rollbacks:
-        raise ProtocolError("bad_field", f"HEARTBEAT.rollbacks {hb.rollbacks} is outside [0, {max_rollbacks}] "
-                                         "(--max-rollbacks)")
+    check_rollbacks(hb, max_rollbacks)
     if hb.good_version < -1:
         raise ProtocolError("bad_field", f"HEARTBEAT.good_version must be >= -1 (-1: none), got {hb.good_version}")
     if len(hb.model_problem) > MAX_PROBLEM_CHARS:
         raise ProtocolError("bad_field", f"HEARTBEAT.model_problem is longer than {MAX_PROBLEM_CHARS} characters")
+
+
+def check_rollbacks(hb: Heartbeat, max_rollbacks: int) -> None:
+    """Refuse a heartbeat that acted on more rollbacks than the job allows (--max-rollbacks)."""
+    if not 0 <= hb.rollbacks <= max_rollbacks:
+        raise ProtocolError("bad_field", f"HEARTBEAT.rollbacks {hb.rollbacks} is outside [0, {max_rollbacks}] "
+                                         "(--max-rollbacks)")
 
 
 def check_eval_version(report: EvalReport, newest_possible_version: int) -> None:

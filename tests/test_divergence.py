@@ -80,13 +80,15 @@ def _job(**kw) -> JobState:
     return state
 
 
-def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0) -> None:
-    """w0 reports one step of its batch (or, with `skipped`, that many steps not pushed)."""
+def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, rollbacks: int | None = None) -> None:
+    """w0 reports one step of its batch (or, with `skipped`, that many steps not pushed), having acted on the
+    rollback it was told of (or on `rollbacks`)."""
     m = state.members["w0"]
     new = 0 if skipped else 1
+    acted = state.assignment_for(m).rollbacks if rollbacks is None else rollbacks
     state.heartbeat("w0", Heartbeat(steps=m.steps + new, samples=m.samples + m.batch * new, batch=m.batch,
                                     step_s=STEP_S, compute_s=STEP_S, standalone_sps=m.standalone_sps, loss=loss,
-                                    skipped=m.last.skipped + skipped), now)
+                                    skipped=m.last.skipped + skipped, rollbacks=acted), now)
 
 
 def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
@@ -103,7 +105,7 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     worker_scale = state.assignment_for(state.members["w0"]).lr_scale
     told = _shard(state, 0.3, version=6, good=3, problem="parameters not finite", rollbacks=0)
     assert (told.rollbacks, told.lr_factor) == (1, 0.5), "the shard is told to go back, at half the step size"
-    assert state.assignment_for(state.members["w0"]).rollbacks == 1
+    assert state.assignment_for(state.members["w0"]).rollbacks == 0, "workers act once the shards have restored"
     assert state.assignment_for(state.members["w0"]).lr_scale == pytest.approx(worker_scale / 2)
     st = state.status(0.3)
     assert [(r.number, r.cause, r.versions, r.lr_factor) for r in st.rollbacks] == [
@@ -115,6 +117,9 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     assert state.rollback_number == 1, "until the shard applied the rollback, reports are of the old model"
     _shard(state, 0.4, version=3, good=3)  # restored: the updates after the checkpoint are counted back
     assert state.lost_versions == 3
+    assert state.assignment_for(state.members["w0"]).rollbacks == 1
+    _step(state, 0.405, loss=math.nan, skipped=STRIKES, rollbacks=0)  # skipped before it dropped the old model
+    assert state.rollback_number == 1
     _step(state, 0.41)
     assert state.rollback_number == 1 and not state.divergence.suspect
 

@@ -44,7 +44,7 @@ from dynabatch.worker.micro_batches import micro_batches
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.pulse import Pulse
-from dynabatch.worker.step_context import StepContext
+from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult
 
 log = logging.getLogger("dynabatch.worker")
@@ -117,6 +117,7 @@ class Worker:
         self.pulse: Pulse | None = None
         self.started = time.monotonic()
         self.skipped = 0  # steps not pushed because their loss was not finite (HEARTBEAT.skipped)
+        self.rollbacks: int | None = None  # the last rollback this worker acted on, once it trains (HEARTBEAT's)
         self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
         torch.set_num_threads(opts.threads)
 
@@ -204,13 +205,18 @@ class Worker:
         """Repeat the last heartbeat (its counters are cumulative, so nothing is counted twice).
 
         Raises RemoteError once the scheduler has dropped this worker, so that a
-        wait for shards that refuse it ends now and the worker registers again.
+        wait for shards that refuse it ends now and the worker registers again;
+        and once the job has rolled back while it trains, so that a wait for a
+        version the shards threw away (a synchronous round's) ends now too.
         """
-        self.link.heartbeat(self.last_hb)
+        assignment = self.link.heartbeat(self.last_hb)
         self._next_beat = time.monotonic() + self.job.heartbeat_s
         self.health.tick()
         if self.link.lost:
             raise RemoteError("unknown_sender", "the scheduler has dropped this worker")
+        if self.rollbacks is not None and assignment is not None and assignment.rollbacks > self.rollbacks:
+            raise RemoteError("rolled_back", f"the job rolled back (rollback {assignment.rollbacks}); the model "
+                                             "this step waits for or computed on was thrown away")
 
     def heartbeat_when_due(self) -> None:
         """Between progress reports, hear early whether the scheduler dropped this worker (raises RemoteError).
@@ -343,16 +349,11 @@ class Worker:
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
         steps = LOOPS[protocol_spec(self.job.protocol).worker_loop](self.step_context())
         assignment = self._await_batch(hb)
-        rollbacks = assignment.rollbacks if assignment is not None else 0
+        self.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
-            if assignment.rollbacks > rollbacks:
-                # The shards go back to their last good checkpoint: the model this worker holds is the one thrown
-                # away, and the versions it waits for may never come again.
-                log.warning("%s: the job rolled back (rollback %d); pulling the model again", self.id,
-                            assignment.rollbacks)
-                steps.after_failure("rollback")
-                rollbacks = assignment.rollbacks
+            if assignment.rollbacks > self.rollbacks:
+                hb = self._roll_back(steps, assignment.rollbacks)
             self.data_s = 0.0
             counted = list(self.shards.staleness)
             try:
@@ -383,6 +384,20 @@ class Worker:
         log.info("%s stopping after %d steps, %d samples", self.id, hb.steps, hb.samples)
         return 0
 
+    def _roll_back(self, steps: StepLoop, number: int) -> Heartbeat:
+        """The shards went back to their last good checkpoint (rollback `number`): the model this worker holds is
+        the one thrown away, and the versions it waits for may never come again, so it pulls afresh.
+
+        The steps it skipped so far are reported first, under the old number: they were skipped on the old
+        model, and the scheduler does not hold them against the restored one.
+        """
+        log.warning("%s: the job rolled back (rollback %d); pulling the model again", self.id, number)
+        self.link.heartbeat(self.last_hb)
+        self.rollbacks = number
+        self.last_hb = replace(self.last_hb, rollbacks=number)
+        steps.after_failure("rollback")
+        return self.last_hb
+
     def _await_batch(self, hb: Heartbeat) -> Assignment | None:
         """Heartbeat until the scheduler gives this worker a batch (or stops the job)."""
         while not self.stopping:
@@ -411,7 +426,7 @@ class Worker:
             step_s=times.total / result.steps, compute_s=times.compute / result.steps, pull_s=times.pull / result.steps,
             push_s=times.push / result.steps, wait_s=times.wait / result.steps, data_s=times.data / result.steps,
             sync_s=sync_s, bytes=self.shards.moved_bytes, loss=result.loss,
-            staleness=list(self.shards.staleness), skipped=self.skipped,
+            staleness=list(self.shards.staleness), skipped=self.skipped, rollbacks=self.rollbacks or 0,
             version=result.version, standalone_sps=prev.standalone_sps, assignment_id=assignment_id,
         )
         self.link.heartbeat(hb)
