@@ -116,8 +116,9 @@ class Assignment:
     After a divergence the scheduler numbers its rollbacks: a shard whose applied
     number is below `rollbacks` restores its last good checkpoint (once per number,
     so a repeated answer changes nothing); a worker is given the number once every
-    shard has applied it, and then drops the model it holds and pulls again. `lr_factor` is the job's step-size factor after its rollbacks (halved
-    at each); shards multiply their rate by it (workers get it inside `lr_scale`).
+    shard has applied it, and then drops the model it holds and pulls again.
+    `lr_factor` is the job's step-size factor after its rollbacks (halved at each);
+    shards multiply their rate by it (workers get it inside `lr_scale`).
     `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
     """
 

@@ -102,10 +102,14 @@ class ShardMetrics:
         self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
         self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
         self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too many unread.", ["shard"], registry=registry).labels(**labels)
-        self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not finite).", ["shard"], registry=registry).labels(**labels)
-        self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's model finite and not exploding, else 0.", ["shard"], registry=registry).labels(**labels)
-        self.checkpoints_refused = Counter("dynabatch_ps_checkpoints_refused", "Checkpoints not written because the model was not healthy.", ["shard"], registry=registry).labels(**labels)
-        self.rollbacks = Counter("dynabatch_ps_rollbacks", "Rollbacks to the last good checkpoint applied.", ["shard"], registry=registry).labels(**labels)
+        self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not "
+                                "finite).", ["shard"], registry=registry).labels(**labels)
+        self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's "
+                                   "model finite and not exploding, else 0.", ["shard"], registry=registry).labels(**labels)
+        self.checkpoints_refused = Counter("dynabatch_ps_checkpoints_refused", "Checkpoints not written because the "
+                                           "model was not healthy.", ["shard"], registry=registry).labels(**labels)
+        self.rollbacks = Counter("dynabatch_ps_rollbacks", "Rollbacks to the last good checkpoint applied.",
+                                 ["shard"], registry=registry).labels(**labels)
         self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 

@@ -231,7 +231,8 @@ class SchedulerServer:
         self.m.lost_samples.set(s.lost_samples)
         self.m.lost_versions.set(s.lost_versions)
         for lost in s.losses:
-            log.warning("ps%d came back %d versions behind its last report (restarted, or rolled back, to a checkpoint): "
+            log.warning("ps%d came back %d versions behind its last report (restarted, or rolled back, to a "
+                        "checkpoint): "
                         "%d samples lost, counted back into the job", lost.shard, lost.versions, lost.samples)
         s.losses.clear()
         self.m.local_steps.set(s.local_steps)

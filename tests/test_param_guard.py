@@ -1,4 +1,4 @@
-"""The shard's parameter guard (ps/param_guard.py), directly: what it calls a healthy, a broken and an exploding model."""
+"""The shard's parameter guard (ps/param_guard.py), directly: what it calls healthy, broken and exploding."""
 
 from __future__ import annotations
 
