@@ -1,6 +1,6 @@
 """A task whose loss blows up once, for a few steps, then never again: a transient cause of divergence.
 
-The blobs MLP (blobs.py) without gradient clipping, whose training loss is
+The blobs task (blobs.py) without gradient clipping or schedule, whose training loss is
 multiplied by `SPIKE` for the `SPIKE_STEPS` training passes after the first
 `SPIKE_AT` of each process. The gradient of those steps is as much larger, and
 the model they reach is wrecked; once the job has rolled back past them, the
@@ -10,13 +10,12 @@ not of time.
 """
 
 import itertools
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-import dynabatch as db
-
-from blobs import Blobs, accuracy, make_model
+import blobs
 
 SPIKE, SPIKE_AT, SPIKE_STEPS = 1e6, 40, 3
 _passes = itertools.count()
@@ -29,11 +28,4 @@ def loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return value
 
 
-task = db.Task(
-    model=make_model,
-    train_data=lambda: Blobs(3000, seed=1),
-    eval_data=lambda: Blobs(1000, seed=2),
-    loss=loss,
-    metrics=[accuracy],
-    optimizer=db.optim.SGD(lr=0.1, momentum=0.5),
-)
+task = replace(blobs.task, loss=loss, metrics=[blobs.accuracy], schedule=None, clip_grad_norm=None)
