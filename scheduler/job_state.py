@@ -169,6 +169,7 @@ class JobState:
         self.rollbacks: list[Rollback] = []
         self.rollback_number = 0  # the last rollback ordered (a shard may know of a later one than a fresh scheduler)
         self.rollback_done = 0  # the last rollback every shard has applied: what workers are told to act on
+        self.eval_rollbacks = 0  # the last rollback done when the evaluation kept was taken
         self.stall = StallWatch()
         self.failed = ""  # why the job gave up; a failed job stops as a finished one does
 
@@ -428,9 +429,14 @@ class JobState:
             raise ProtocolError("bad_field", problem)
         check_eval_version(report, self.newest_possible_version)
         member.last_seen = now
-        if self.eval is None or report.version >= self.eval.version or report.final:
+        # After a rollback the model's version is lower than the evaluation's of the diverged model: the first
+        # evaluation of a restored version (once every shard restored its checkpoint) replaces it.
+        restored = self.eval_rollbacks < self.rollback_done and report.version <= max(
+            (m.last.version for m in self.shards.values()), default=0)
+        if self.eval is None or report.version >= self.eval.version or report.final or restored:
             self.eval = report
             self.eval_time = now - self.started
+            self.eval_rollbacks = self.rollback_done
         if report.final and self.stopping:
             self.final_eval = True
 
@@ -702,7 +708,7 @@ class JobState:
         self.shard_marks = dict(saved.shard_marks)
         self.resumed_speeds = dict(saved.speeds)
         self.rollbacks = list(saved.rollbacks)
-        self.rollback_number = self.rollback_done = len(self.rollbacks)
+        self.rollback_number = self.rollback_done = self.eval_rollbacks = len(self.rollbacks)
 
     def _resumed_speed(self, member: Member) -> list[tuple[int, float]]:
         """The steps a saved job's speed model of this process had seen (none for a process new to the job)."""

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
@@ -102,6 +102,8 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     for i in range(5):
         _step(state, 0.1 + i * 0.01)
     _shard(state, 0.2, version=5, good=3)
+    evaluator = state.hello(Hello(role="evaluator"), 0.2).id
+    state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.25)
     worker_scale = state.assignment_for(state.members["w0"]).lr_scale
     told = _shard(state, 0.3, version=6, good=3, problem="parameters not finite", rollbacks=0)
     assert (told.rollbacks, told.lr_factor) == (1, 0.5), "the shard is told to go back, at half the step size"
@@ -122,6 +124,12 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     assert state.rollback_number == 1
     _step(state, 0.41)
     assert state.rollback_number == 1 and not state.divergence.suspect
+    state.eval_report(evaluator, EvalReport(version=4, test_loss=2.3, test_acc=0.1), 0.43)  # a late look at v4
+    assert state.eval.version == 5, "an evaluation of the model thrown away does not count as the restored one's"
+    state.eval_report(evaluator, EvalReport(version=3, test_loss=0.5, test_acc=0.8), 0.44)
+    assert state.eval.version == 3, "the restored model's evaluation replaces the diverged one's"
+    state.eval_report(evaluator, EvalReport(version=2, test_loss=0.5, test_acc=0.8), 0.45)
+    assert state.eval.version == 3, "and older ones are ignored again"
 
     _shard(state, 0.5, version=4, good=3, problem="parameter norm 1e9 is 1e6x its running level")
     assert state.rollback_number == 2 and state.lr_factor == 0.25
