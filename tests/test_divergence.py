@@ -57,6 +57,33 @@ def test_a_local_round_whose_every_step_was_skipped_is_a_divergence():
     assert "skipped 8 steps" in watch.cause
 
 
+def test_one_worker_alone_cannot_roll_the_job_back_nor_hold_its_checkpoints():
+    """A diverged model fails every worker; one worker's skips (a bad machine, a lying peer) are not enough, nor
+    can its tiny losses pull the job's level down under the honest workers' losses."""
+    watch = DivergenceWatch()
+    prev = {w: Heartbeat() for w in ("w0", "w1", "w2")}
+
+    def report(wid: str, steps: int, skipped: int, loss: float) -> None:
+        hb = _hb(prev[wid], steps, skipped, loss)
+        watch.worker(wid, prev[wid], hb, True)
+        prev[wid] = hb
+
+    for _ in range(5):
+        report("w0", 1, 0, 1e-9)
+        report("w1", 1, 0, 2.0)
+        report("w2", 1, 0, 2.1)
+    for _ in range(10):
+        report("w0", 0, 1, math.nan)
+        report("w1", 1, 0, 2.0)
+        report("w2", 1, 0, 2.1)
+    assert watch.cause == "" and not watch.suspect and watch.level == pytest.approx(2.0)
+    report("w1", 0, 1, math.nan)
+    assert watch.suspect and watch.cause == "", "two of three uneasy: keep the last checkpoint"
+    for _ in range(STRIKES):
+        report("w1", 0, 1, math.nan)
+    assert "skipped" in watch.cause and "2 of 3 workers alike" in watch.cause, watch.cause
+
+
 def test_reports_on_a_model_being_thrown_away_count_for_nothing():
     watch = DivergenceWatch()
     _feed(watch, [(1, 0, 2.0)] + [(0, 1, math.nan)] * 10, settled=False)
