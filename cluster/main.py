@@ -243,8 +243,10 @@ class JobRun:
                     status = reply.body.state
                     self.timeline.append(Snapshot(status, now - started))
                     for rollback in status.rollbacks[rollbacks_shown:]:
+                        if not (rollback.done or status.failed):
+                            break  # said once every shard has restored, with the versions they restored
                         print(format_rollback(rollback), file=sys.stderr, flush=True)
-                    rollbacks_shown = len(status.rollbacks)
+                        rollbacks_shown += 1
                     if status.failed:
                         print(f"job failed: {status.failed}", file=sys.stderr, flush=True)
                         return False

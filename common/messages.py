@@ -322,9 +322,10 @@ class Decision:
 class Rollback:
     """A divergence the job recovered from (or tried to): when, why, to which versions, at which step size.
 
-    `number` counts the job's rollbacks from 1; `versions` is each shard's last good
-    checkpoint (by shard index) when the rollback was ordered; `lr_factor` the job's
-    step-size factor from then on.
+    `number` counts the job's rollbacks from 1; `versions` is each shard's version
+    (by shard index): the last good checkpoint it reported when the rollback was
+    ordered, then the version it restored, once it has (`done` once every shard has);
+    `lr_factor` is the job's step-size factor from then on.
     """
 
     number: int
@@ -333,6 +334,7 @@ class Rollback:
     cause: str
     versions: dict[str, int]
     lr_factor: float
+    done: bool = False
 
 
 @dataclass

@@ -105,7 +105,8 @@ class ShardMetrics:
         self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not "
                                 "finite).", ["shard"], registry=registry).labels(**labels)
         self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's "
-                                   "model finite and not exploding, else 0.", ["shard"], registry=registry).labels(**labels)
+                                   "model finite and not exploding, else 0.", ["shard"],
+                                   registry=registry).labels(**labels)
         self.checkpoints_refused = Counter("dynabatch_ps_checkpoints_refused", "Checkpoints not written because the "
                                            "model was not healthy.", ["shard"], registry=registry).labels(**labels)
         self.rollbacks = Counter("dynabatch_ps_rollbacks", "Rollbacks to the last good checkpoint applied.",
@@ -147,6 +148,7 @@ class ShardServer:
         self.healthy = True  # the guard's last verdict, as logged and exported
         self.good_version = -1  # the version of the last checkpoint written (only a healthy model is)
         self.rollbacks = 0  # the number of the last rollback applied (the scheduler's count)
+        self.thrown_away: dict[int, int] = {}  # each chunk's highest version that a rollback threw away
         self.lr_factor = 1.0  # the job's step-size factor after its rollbacks, from the scheduler
         self.hold_checkpoints = False  # the scheduler sees workers' losses diverging: keep the last checkpoint
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
@@ -475,6 +477,10 @@ class ShardServer:
             self._check_room(incoming.identity, True)
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
+        stale = [cid for cid, v in base.items() if self.state.chunk_versions[cid] < v <= self.thrown_away.get(cid, -1)]
+        if stale:  # an honest worker's step on the model before a rollback, not a lie about versions (bad_field)
+            raise ProtocolError("rolled_back", f"PUSH of chunk {stale[0]} was computed on version {base[stale[0]]}, "
+                                "which the job rolled back; pull the model again")
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
         streamed: set[int] = set()
 
@@ -593,6 +599,7 @@ class ShardServer:
                       "the model stays as it is", number)
             return
         before = self.state.version
+        self.thrown_away = {cid: max(v, self.thrown_away.get(cid, -1)) for cid, v in self.state.chunk_versions.items()}
         self.state.restore(saved)
         if self.buffers is not None:
             self.buffers.restore(saved.get("buffers", {}))

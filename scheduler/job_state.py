@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from dynabatch.common import staleness
@@ -311,6 +311,7 @@ class JobState:
     def heartbeat(self, member_id: str, hb: Heartbeat, now: float, connection: bytes = b"") -> Assignment:
         """Record a heartbeat and answer with the member's current assignment."""
         member = self.member(member_id, connection)
+        prev = member.last
         self.check_budget(now)
         if member.role == "worker":
             # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
@@ -340,12 +341,21 @@ class JobState:
         if member.role == "ps":
             self._shard_progress(member.shard_index, hb)
             self.rollback_number = max(self.rollback_number, hb.rollbacks)
+            self._shard_rolled_back(member.shard_index, prev, hb)
             self.divergence.shard(member.shard_index, hb, self._rollbacks_settled)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
         self._on_divergence(now)
         return self.assignment_for(member)
+
+    def _shard_rolled_back(self, index: int, prev: Heartbeat, hb: Heartbeat) -> None:
+        """Record the version a shard restored: its first report after the rollback, sent before it took a push."""
+        last = self.rollbacks[-1] if self.rollbacks else None
+        if last is None or last.done or not prev.rollbacks < last.number <= hb.rollbacks:
+            return
+        last.versions[str(index)] = hb.version
+        last.done = self._rollbacks_settled
 
     @property
     def _rollbacks_settled(self) -> bool:
@@ -431,12 +441,13 @@ class JobState:
         member.last_seen = now
         # After a rollback the model's version is lower than the evaluation's of the diverged model: the first
         # evaluation of a restored version (once every shard restored its checkpoint) replaces it.
-        restored = self.eval_rollbacks < self.rollback_done and report.version <= max(
-            (m.last.version for m in self.shards.values()), default=0)
+        held = report.version <= max((m.last.version for m in self.shards.values()), default=0)
+        restored = held and self.eval_rollbacks < self.rollback_done
         if self.eval is None or report.version >= self.eval.version or report.final or restored:
             self.eval = report
             self.eval_time = now - self.started
-            self.eval_rollbacks = self.rollback_done
+            if held:
+                self.eval_rollbacks = self.rollback_done
         if report.final and self.stopping:
             self.final_eval = True
 
@@ -660,7 +671,7 @@ class JobState:
                                         m.last.model_problem, m.last.good_version)
                     for i, m in sorted(self.shards.items())},
             decisions=self.decisions[-10:],
-            rollbacks=list(self.rollbacks),
+            rollbacks=[replace(r, versions=dict(r.versions)) for r in self.rollbacks],
             lr_factor=self.lr_factor,
             failed=self.failed,
         )

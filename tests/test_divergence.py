@@ -144,19 +144,22 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     _step(state, 0.31, loss=math.nan, skipped=5)  # computed on the model being thrown away
     _shard(state, 0.32, version=6, good=3, problem="parameters not finite", rollbacks=0)
     assert state.rollback_number == 1, "until the shard applied the rollback, reports are of the old model"
-    _shard(state, 0.4, version=3, good=3)  # restored: the updates after the checkpoint are counted back
-    assert state.lost_versions == 3
+    assert not state.status(0.32).rollbacks[0].done
+    _shard(state, 0.4, version=4, good=4)  # restored a checkpoint it wrote since: updates after it count back
+    assert state.lost_versions == 2
+    assert (st.rollbacks[0].versions, state.status(0.4).rollbacks[0].versions) == ({"0": 3}, {"0": 4})
+    assert state.status(0.4).rollbacks[0].done
     assert state.assignment_for(state.members["w0"]).rollbacks == 1
     _step(state, 0.405, loss=math.nan, skipped=STRIKES, rollbacks=0)  # skipped before it dropped the old model
     assert state.rollback_number == 1
     _step(state, 0.41)
     assert state.rollback_number == 1 and not state.divergence.suspect
-    state.eval_report(evaluator, EvalReport(version=4, test_loss=2.3, test_acc=0.1), 0.43)  # a late look at v4
-    assert state.eval.version == 5, "an evaluation of the model thrown away does not count as the restored one's"
-    state.eval_report(evaluator, EvalReport(version=3, test_loss=0.5, test_acc=0.8), 0.44)
-    assert state.eval.version == 3, "the restored model's evaluation replaces the diverged one's"
-    state.eval_report(evaluator, EvalReport(version=2, test_loss=0.5, test_acc=0.8), 0.45)
-    assert state.eval.version == 3, "and older ones are ignored again"
+    state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.43)  # a late look at v5
+    assert state.eval.test_acc == 0.1, "an evaluation of the model thrown away is not the restored one's"
+    state.eval_report(evaluator, EvalReport(version=4, test_loss=0.5, test_acc=0.8), 0.44)
+    assert state.eval.version == 4, "the restored model's evaluation replaces the diverged one's"
+    state.eval_report(evaluator, EvalReport(version=3, test_loss=0.5, test_acc=0.8), 0.45)
+    assert state.eval.version == 4, "and older ones are ignored again"
 
     _shard(state, 0.5, version=4, good=3, problem="parameter norm 1e9 is 1e6x its running level")
     assert state.rollback_number == 2 and state.lr_factor == 0.25
