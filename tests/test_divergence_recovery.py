@@ -17,7 +17,7 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import Pull, Push, PushAck
 from dynabatch.common.models import model_for_job
-from dynabatch.common.transport import Connection
+from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta
 from harness import Cluster, metric_value, run_job, wait_for
 
@@ -74,6 +74,11 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
         restored = _pull(conn, ids)
         for cid, (ver, values) in restored.items():
             assert ver == 1 and torch.equal(values, good[cid][1]), f"chunk {cid} is not the checkpoint's"
+        for declared, code in ((2, "rolled_back"), (3, "bad_field")):  # thrown away, or never reached
+            metas = [ChunkMeta(cid, "float32", tuple(t.shape), declared) for cid, (_, t) in restored.items()]
+            with pytest.raises(RemoteError) as refused:
+                conn.request(Push(samples=8), REPLY_S, metas, [torch.zeros_like(t) for _, t in restored.values()])
+            assert refused.value.code == code, refused.value
         assert metric_value(scheduler.metrics(), "dynabatch_rollbacks_total") == 1
         assert metric_value(scheduler.metrics(), "dynabatch_job_lr_factor") == 0.5
         assert metric_value(shard.metrics(), "dynabatch_ps_rollbacks_total", shard="0") == 1
