@@ -270,8 +270,7 @@ class SchedulerServer:
         for rb in s.rollbacks[self._rollbacks_seen:]:
             self.m.rollbacks.inc()
             log.warning("rollback %d: the job diverged at epoch %.2f (%s); every shard goes back to its last good "
-                        "checkpoint (versions %s), step size x%g", rb.number, rb.epoch, rb.cause, rb.versions,
-                        rb.lr_factor)
+                        "checkpoint, step size x%g", rb.number, rb.epoch, rb.cause, rb.lr_factor)
         self._rollbacks_seen = len(s.rollbacks)
         self.m.lr_factor.set(s.lr_factor)
         if s.failed and not self._failure_logged:
