@@ -174,6 +174,16 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     assert state.finished, "a failed job ends once its workers left, without waiting for a final evaluation"
 
 
+def test_shards_keep_their_last_checkpoint_while_the_workers_skip_steps():
+    state = _job()
+    _step(state, 0.1)
+    assert not _shard(state, 0.2, version=1, good=1).hold_checkpoints
+    _step(state, 0.3, loss=math.nan, skipped=1)
+    assert _shard(state, 0.4, version=1, good=1).hold_checkpoints
+    _step(state, 0.5)
+    assert not _shard(state, 0.6, version=2, good=1).hold_checkpoints
+
+
 def test_a_shard_reporting_impossible_divergence_fields_is_refused():
     state = _job(max_rollbacks=2)
     for bad in (Heartbeat(rollbacks=3), Heartbeat(good_version=-2), Heartbeat(model_problem="x" * 1000)):
