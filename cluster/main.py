@@ -33,7 +33,7 @@ from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
-from dynabatch.cluster.progress import format_progress
+from dynabatch.cluster.progress import format_progress, format_rollback
 from dynabatch.cluster.restart_policy import CONFIG_ERROR_EXIT, after_exit
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 
@@ -262,6 +262,7 @@ class JobRun:
         """Sample STATUS into the timeline and print progress until the job finishes."""
         conn = Connection(open_context(self.keys), self.launcher.scheduler_endpoint, self.job.job, "dynabatch-run")
         next_progress = 0.0
+        rollbacks_shown = 0
         try:
             while not self.interrupted:
                 if not self._supervise():
@@ -273,6 +274,14 @@ class JobRun:
                     return False
                 status = self._sample(conn, started)
                 if status is not None:
+                    for rollback in status.rollbacks[rollbacks_shown:]:
+                        if not (rollback.done or status.failed):
+                            break  # said once every shard has restored, with the versions they restored
+                        print(format_rollback(rollback), file=sys.stderr, flush=True)
+                        rollbacks_shown += 1
+                    if status.failed:
+                        print(f"job failed: {status.failed}", file=sys.stderr, flush=True)
+                        return False
                     if now >= next_progress or status.finished:
                         print(format_progress(status, now - started), flush=True)
                         next_progress = now + self.opts.progress_s
@@ -353,6 +362,9 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     figures = (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
                else others or "no evaluation")
     lines = [
+        *([f"FAILED: {summary['failed']}"] if summary.get("failed") else []),
+        *([f"rolled back {len(summary['rollbacks'])} time(s) after a divergence; step size x{summary['lr_factor']:g}"]
+          if summary.get("rollbacks") else []),
         _interrupted_line(summary, figures) if summary.get("interrupted")
         else f"finished={summary['finished']}  {figures}",
         *_target_lines(summary),

@@ -1,8 +1,8 @@
-"""One progress line per status snapshot: the job, then each worker's batch and speed."""
+"""One progress line per status snapshot: the job, then each worker's batch and speed; and a line per rollback."""
 
 from __future__ import annotations
 
-from dynabatch.common.messages import JobStatus
+from dynabatch.common.messages import JobStatus, Rollback
 
 
 def format_progress(status: JobStatus, wall_t: float) -> str:
@@ -23,3 +23,13 @@ def format_progress(status: JobStatus, wall_t: float) -> str:
     workers = "  ".join(f"{wid} b={w.batch} {w.samples_per_s:.0f}/s" for wid, w in sorted(status.workers.items()))
     tail = "  stopping" if status.stopping and not status.finished else ""
     return f"{head}  | {workers or 'waiting for workers'}{tail}"
+
+
+def format_rollback(rollback: Rollback) -> str:
+    """E.g. `diverged at epoch 0.42 (ps0: parameters not finite ...): rolled back to version 120, lr x0.5`."""
+    versions = sorted(set(rollback.versions.values()))
+    if len(versions) == 1:
+        to = f"version {versions[0]}" if versions[0] >= 0 else "no checkpoint (the model stays)"
+    else:
+        to = "versions " + ", ".join(f"ps{i} {v}" for i, v in sorted(rollback.versions.items()))
+    return f"diverged at epoch {rollback.epoch:.2f} ({rollback.cause}): rolled back to {to}, lr x{rollback.lr_factor:g}"

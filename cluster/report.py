@@ -158,6 +158,9 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "final_eval": last.final_eval,
         "workers": workers,
         "decisions": [asdict(d) for d in last.decisions],
+        "rollbacks": [asdict(rb) for rb in last.rollbacks],
+        "lr_factor": last.lr_factor,
+        "failed": last.failed or None,
     }
 
 

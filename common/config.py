@@ -116,6 +116,10 @@ class JobConfig:
     )
     speed_window: int = opt(16, "step-time observations kept per worker", minimum=2)
     speed_forgetting: float = opt(0.85, "weight of an observation one step older (0-1)", minimum=0.0)
+    max_rollbacks: int = opt(
+        3, "a job whose loss or parameters blow up rolls back to its shards' last good checkpoints with half the "
+        "step size; after this many rollbacks a further divergence ends it with an error", minimum=0,
+    )
 
     def validate(self) -> None:
         validate_fields(self)

@@ -69,6 +69,13 @@ class Heartbeat:
     (ringmaster, rennala) since it started.
     A shard lists in `quarantined` the workers whose pushes it refuses for exceeding
     the gradient bound again and again (ps/gradient_bounds.py): the scheduler drops them.
+
+    Divergence (scheduler/divergence.py): a worker counts in `skipped` the steps it
+    did not push because their loss was not finite. A shard reports in `model_problem`
+    what its parameter guard sees wrong with its model (empty: nothing; ps/param_guard.py),
+    in `good_version` the version of its last checkpoint of a healthy model (-1: none),
+    and in `rollbacks` the number of the last rollback it applied (ASSIGNMENT's); a worker, the last rollback
+    it acted on (it dropped the model it held, and reported the steps it had skipped before).
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -93,6 +100,10 @@ class Heartbeat:
     train_size: int = 0
     discarded: int = 0
     quarantined: list[str] = field(default_factory=list)
+    skipped: int = 0
+    model_problem: str = ""
+    good_version: int = -1
+    rollbacks: int = 0
 
 
 @dataclass
@@ -108,9 +119,17 @@ class Assignment:
     `progress` how far the job is (epoch / epochs, 0 to 1): where the task's
     learning-rate schedule stands. `idle_workers` are live workers the scheduler
     left out with batch 0 (a round protocol's slowest): no round waits for them.
-    learning-rate schedule stands. `batches` tells a shard each live worker's largest
+    `batches` tells a shard each live worker's largest
     batch (of the current allocation and the one before): a PUSH claiming more
     samples than its sender's batch (times the steps a delta covers) is refused.
+
+    After a divergence the scheduler numbers its rollbacks: a shard whose applied
+    number is below `rollbacks` restores its last good checkpoint (once per number,
+    so a repeated answer changes nothing); a worker is given the number once every
+    shard has applied it, and then drops the model it holds and pulls again.
+    `lr_factor` is the job's step-size factor after its rollbacks (halved at each);
+    shards multiply their rate by it (workers get it inside `lr_scale`).
+    `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -125,6 +144,9 @@ class Assignment:
     progress: float = 0.0
     idle_workers: list[str] = field(default_factory=list)
     batches: dict[str, int] = field(default_factory=dict)
+    rollbacks: int = 0
+    lr_factor: float = 1.0
+    hold_checkpoints: bool = False
 
 
 @dataclass
@@ -286,13 +308,16 @@ class WorkerStatus:
 
 @dataclass
 class ShardStatus:
-    """One registered shard in STATUS, as its last heartbeat told the scheduler."""
+    """One registered shard in STATUS, as its last heartbeat told the scheduler (`model_problem`: what its
+    parameter guard finds wrong, empty if nothing; `good_version`: its last checkpoint of a healthy model)."""
 
     endpoint: str
     version: int
     updates: int
     metrics_url: str
     discarded: int = 0  # pushes discarded as too stale (ringmaster, rennala)
+    model_problem: str = ""
+    good_version: int = -1
 
 
 @dataclass
@@ -304,6 +329,25 @@ class Decision:
     subject: str
     batches: dict[str, int]
     predicted_step_s: dict[str, float]
+
+
+@dataclass
+class Rollback:
+    """A divergence the job recovered from (or tried to): when, why, to which versions, at which step size.
+
+    `number` counts the job's rollbacks from 1; `versions` is each shard's version
+    (by shard index): the last good checkpoint it reported when the rollback was
+    ordered, then the version it restored, once it has (`done` once every shard has);
+    `lr_factor` is the job's step-size factor from then on.
+    """
+
+    number: int
+    t: float
+    epoch: float
+    cause: str
+    versions: dict[str, int]
+    lr_factor: float
+    done: bool = False
 
 
 @dataclass
@@ -361,6 +405,9 @@ class JobStatus:
     decision_s: DecisionLatency = field(default_factory=DecisionLatency)
     lost_samples: int = 0
     lost_versions: int = 0
+    rollbacks: list[Rollback] = field(default_factory=list)
+    lr_factor: float = 1.0
+    failed: str = ""
 
 
 @dataclass

@@ -11,6 +11,9 @@ model is held no message, parked pull or reply queue may outgrow what the model
 needs (peer_limits.py). Shard 0 also holds the model's
 travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
 ride on pushes and pulls as one extra chunk entry and never reach the update rules.
+The shard watches its own parameters after every update and restore (param_guard.py):
+it checkpoints only a healthy model, reports a sick one to the scheduler, and rolls
+back to its last good checkpoint when the scheduler says so (ASSIGNMENT.rollbacks).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_che
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment, GradientBounds
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
+from dynabatch.ps.param_guard import ParamGuard
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
 from dynabatch.ps.push_bounds import (
     AssignedBatches, check_push_numbers, check_push_samples, max_push_samples, push_steps,
@@ -111,6 +115,15 @@ class ShardMetrics:
                                "worker.", ["shard", "worker"], registry=registry)
         self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined for pushes clipped again "
                                    "and again.", ["shard"], registry=registry).labels(**labels)
+        self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not "
+                                "finite).", ["shard"], registry=registry).labels(**labels)
+        self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's "
+                                   "model finite and not exploding, else 0.", ["shard"],
+                                   registry=registry).labels(**labels)
+        self.checkpoints_refused = Counter("dynabatch_ps_checkpoints_refused", "Checkpoints not written because the "
+                                           "model was not healthy.", ["shard"], registry=registry).labels(**labels)
+        self.rollbacks = Counter("dynabatch_ps_rollbacks", "Rollbacks to the last good checkpoint applied.",
+                                 ["shard"], registry=registry).labels(**labels)
         self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
 
 
@@ -145,6 +158,13 @@ class ShardServer:
         self.progress = 0.0  # the job's progress (epoch / epochs) as far as this shard knows: where the schedule stands
         self.samples_seen = 0
         self.last_assignment: Assignment | None = None
+        self.guard = ParamGuard()  # what is wrong with the model held, if anything (param_guard.py)
+        self.healthy = True  # the guard's last verdict, as logged and exported
+        self.good_version = -1  # the version of the last checkpoint written (only a healthy model is)
+        self.rollbacks = 0  # the number of the last rollback applied (the scheduler's count)
+        self.thrown_away: dict[int, int] = {}  # each chunk's highest version that a rollback threw away
+        self.lr_factor = 1.0  # the job's step-size factor after its rollbacks, from the scheduler
+        self.hold_checkpoints = False  # the scheduler sees workers' losses diverging: keep the last checkpoint
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
 
@@ -213,6 +233,8 @@ class ShardServer:
             self.reported_version = self.state.version
             self.samples_seen = int(saved.get("samples_seen", 0))
             self.replays.restore(saved.get("replay_marks", {}))
+            self.rollbacks = int(saved.get("rollbacks", 0))
+            self._judge_restored()
             log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
                      "counts them back into the job", self.ckpt_path, self.state.version, self.samples_seen)
         else:
@@ -237,6 +259,7 @@ class ShardServer:
         )
         self.signature = sig
         self.init_specs = {"optimizer": optimizer, "schedule": schedule}
+        self._watch(self.guard.reset(self.state.params))
         if self.last_assignment is not None:
             last = self.last_assignment
             self.state.set_membership(set(last.live_workers), last.allocated, set(last.idle_workers))
@@ -309,10 +332,10 @@ class ShardServer:
         version = self.state.version if self.state is not None else 0
         train_size = self.signature.train_size if self.signature is not None else 0
         discarded = self.state.discarded if self.state is not None else 0
-        self._on_assignment(self.link.heartbeat(Heartbeat(version=version, updates=version, samples=self.samples_seen,
-                                                          membership=self.membership, train_size=train_size,
-                                                          discarded=discarded,
-                                                          quarantined=sorted(self.bounds.quarantined & self.senders.live))))
+        self._on_assignment(self.link.heartbeat(Heartbeat(
+            version=version, updates=version, samples=self.samples_seen, membership=self.membership,
+            train_size=train_size, discarded=discarded, quarantined=sorted(self.bounds.quarantined & self.senders.live),
+            model_problem=self.guard.problem, good_version=self.good_version, rollbacks=self.rollbacks)))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -323,6 +346,15 @@ class ShardServer:
             return
         self.last_assignment = body
         self.membership = body.membership
+        self.lr_factor, self.hold_checkpoints = body.lr_factor, body.hold_checkpoints
+        if self.state is None:
+            self.rollbacks = max(self.rollbacks, body.rollbacks)  # no model yet: nothing to go back from
+        elif body.rollbacks > self.rollbacks:
+            self._roll_back(body.rollbacks)
+            # Report the drop in version before serving another push, so that the scheduler counts the updates
+            # thrown away back into the job; the heartbeat's answer (the newest assignment) is handled in full.
+            self._beat()
+            return
         self.m.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
         self.assigned.update(body.batches)
@@ -474,6 +506,10 @@ class ShardServer:
             self._check_room(incoming.identity, True)
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
+        stale = [cid for cid, v in base.items() if self.state.chunk_versions[cid] < v <= self.thrown_away.get(cid, -1)]
+        if stale:  # an honest worker's step on the model before a rollback, not a lie about versions (bad_field)
+            raise ProtocolError("rolled_back", f"PUSH of chunk {stale[0]} was computed on version {base[stale[0]]}, "
+                                "which the job rolled back; pull the model again")
         check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
         if msg.sender in self.state.live:  # one that is not is refused `unknown_sender` (it may just be joining)
             check_push_samples(body.samples, msg.sender, self.assigned)
@@ -538,13 +574,16 @@ class ShardServer:
         first value (a warm-up's 0).
         """
         self.progress = max(self.progress, min(1.0, progress))
-        self.state.lr_factor = self.schedule.factor(self.progress)
+        self.state.lr_factor = self.schedule.factor(self.progress) * self.lr_factor
 
     def _after_update(self, applied: list[int]) -> None:
         """Count applied chunk updates, move the travelling buffers, and stream the chunks to the pulls
         that were waiting for them."""
         if not applied:
             return
+        for cid in applied:
+            problem = self.guard.updated(cid, self.state.params)
+        self._watch(problem)
         if self.buffers is not None:
             self.buffers.settle()  # once per update: the mean of the buffer changes pushed since the last
         before = self.reported_version
@@ -573,13 +612,71 @@ class ShardServer:
             for p in expired:
                 self._send_chunks(p.identity, p.seq, p.remaining, p.worker if p.buffers else None)
 
+    def _watch(self, problem: str) -> None:
+        """Export the guard's view; log when the model turns sick or healthy again."""
+        norm, was_healthy, self.healthy = self.guard.norm, self.healthy, not problem
+        self.m.param_norm.set(norm)
+        self.m.model_healthy.set(1.0 if self.healthy else 0.0)
+        if problem and was_healthy:
+            log.error("model diverged at version %d: %s; no checkpoint is written until it is healthy again "
+                      "(the last good one is version %d), and the scheduler is told", self.state.version, problem,
+                      self.good_version)
+        elif not problem and not was_healthy:
+            log.info("model healthy again at version %d (parameter norm %.3g)", self.state.version, norm)
+
+    def _judge_restored(self) -> None:
+        """Judge a model just restored from its checkpoint, which becomes the last good one if it is healthy."""
+        self._watch(self.guard.reset(self.state.params))
+        if not self.guard.problem:
+            self.good_version = self.state.version
+
+    def _roll_back(self, number: int) -> None:
+        """Restore the last good checkpoint (the scheduler's rollback `number`), once per number.
+
+        The version drops: the scheduler counts the updates after the checkpoint
+        back into the job, as for a restart, and workers whose pushes were computed
+        on the diverged model are refused (their base version is ahead) and pull again.
+        Pulls parked for versions the model no longer reaches get the restored chunks now.
+        """
+        self.rollbacks = number
+        self.m.rollbacks.inc()
+        try:
+            saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.error("rollback %d ordered, but the checkpoint cannot be read: %s; the model stays as it is",
+                      number, exc)
+            return
+        if saved is None:
+            log.error("rollback %d ordered, but this shard has no checkpoint to go back to (--checkpoint-dir); "
+                      "the model stays as it is", number)
+            return
+        before = self.state.version
+        self.thrown_away = {cid: max(v, self.thrown_away.get(cid, -1)) for cid, v in self.state.chunk_versions.items()}
+        self.state.restore(saved)
+        if self.buffers is not None:
+            self.buffers.restore(saved.get("buffers", {}))
+        self.samples_seen = int(saved.get("samples_seen", 0))
+        self._judge_restored()
+        self.reported_version = self.state.version
+        self.m.version.set(self.reported_version)
+        log.warning("rollback %d: restored version %d from %s (the model was at version %d); step size now x%g",
+                    number, self.state.version, self.ckpt_path, before, self.lr_factor)
+        self._expire_parked(math.inf)
+
     def _checkpoint(self) -> None:
         if self.ckpt_path is None or self.state is None:
+            return
+        if self.guard.problem or self.hold_checkpoints:
+            self.m.checkpoints_refused.inc()
+            log.warning("not checkpointing version %d: %s; the checkpoint at version %d stays", self.state.version,
+                        self.guard.problem or "workers' losses are diverging", self.good_version)
             return
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
         save_checkpoint(self.ckpt_path, self.ckpt_meta, {**self.state.snapshot(), **self.init_specs, "buffers": buffers,
                                                          "signature": signature_fields(self.signature),
                                                          "samples_seen": self.samples_seen,
-                                                         "replay_marks": self.replays.saved()})
+                                                         "replay_marks": self.replays.saved(),
+                                                         "rollbacks": self.rollbacks})
+        self.good_version = self.state.version
         self.m.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)

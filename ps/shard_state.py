@@ -70,7 +70,7 @@ class ShardState:
     live: set[str] = field(default_factory=set)
     idle: set[str] = field(default_factory=set)  # live workers left out with batch 0: no round waits for them
     allocated: int = 0
-    lr_factor: float = 1.0  # the task's schedule at the job's progress
+    lr_factor: float = 1.0  # the task's schedule at the job's progress, times the job's factor after rollbacks
     discarded: int = 0  # pushes the protocol discarded as too stale (StaleGradient)
     discarded_samples: int = 0
     memory: ParamBuffers = field(default_factory=ParamBuffers)  # parameter tensors lent to replies, and spares
@@ -254,7 +254,8 @@ class ShardState:
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
-        """Load a checkpoint taken from a shard with the same chunks."""
+        """Load a checkpoint taken from a shard with the same chunks: at start-up, or to roll back a diverged
+        model. Open rounds are dropped with the model they were computed on (a fresh rule)."""
         if set(saved["params"]) != set(self.params) or any(
             saved["params"][c.id].numel() != c.length for c in self.chunks
         ):
@@ -263,3 +264,4 @@ class ShardState:
         for cid, opt in self.optim.items():
             opt.load_state_dict(saved["optimizer_state"][cid])
         self.chunk_versions = dict(saved["chunk_versions"])
+        self.rule = RULES[self.spec.shard_rule](self)

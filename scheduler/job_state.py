@@ -2,8 +2,8 @@
 
 Membership (who is in the job, who stopped answering), each worker's speed
 model, the batch allocation with its hysteresis, progress in epochs counted
-from samples, the latest evaluation, and the end of the job. The server loop
-feeds it decoded messages and the clock; tests drive it directly.
+from samples, the latest evaluation, divergence and its rollbacks, a stall, and
+the end of the job. The server loop feeds it decoded messages and the clock; tests drive it directly.
 """
 
 from __future__ import annotations
@@ -12,26 +12,30 @@ import logging
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.eval_bounds import eval_problem
 from dynabatch.common.messages import (
-    Assignment, Decision, EvalReport, Heartbeat, Hello, JobStatus, ShardStatus, Welcome, WorkerStatus,
+    Assignment, Decision, EvalReport, Heartbeat, Hello, JobStatus, Rollback, ShardStatus, Welcome, WorkerStatus,
 )
 from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import (
     allocate, allocate_round, bounds_note, fixed_allocation, needs_reassign,
 )
+from dynabatch.scheduler.divergence import DivergenceWatch, lr_factor
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.outage_clock import ClockReading, outage_s
-from dynabatch.scheduler.report_bounds import check_eval_version, check_shard_heartbeat, check_worker_heartbeat
+from dynabatch.scheduler.report_bounds import (
+    check_eval_version, check_rollbacks, check_shard_heartbeat, check_worker_heartbeat,
+)
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel
+from dynabatch.scheduler.stall import StallWatch, stall_limit_s
 
 log = logging.getLogger("dynabatch.scheduler")
 DECISIONS_KEPT = 100
@@ -171,6 +175,13 @@ class JobState:
         self.losses: list[LostWork] = []  # restarts the server has yet to log
         self.resumed_speeds: dict[str, SavedSpeed] = {}  # speed models of a saved job, by HELLO instance
         self.rounds_reached = False  # every shard has had a round protocol's rounds (sticky: see _rounds_done)
+        self.divergence = DivergenceWatch()
+        self.rollbacks: list[Rollback] = []
+        self.rollback_number = 0  # the last rollback ordered (a shard may know of a later one than a fresh scheduler)
+        self.rollback_done = 0  # the last rollback every shard has applied: what workers are told to act on
+        self.eval_rollbacks = 0  # the last rollback done when the evaluation kept was taken
+        self.stall = StallWatch()
+        self.failed = ""  # why the job gave up; a failed job stops as a finished one does
 
     # -- membership -------------------------------------------------------------
 
@@ -281,6 +292,8 @@ class JobState:
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True
+        if member.role == "worker":
+            self.divergence.forget(member.id)
         if member.role == "worker" and member.admitted_in:
             self.membership += 1
             self.departed_samples += member.samples
@@ -323,13 +336,15 @@ class JobState:
     def heartbeat(self, member_id: str, hb: Heartbeat, now: float, connection: bytes = b"") -> Assignment:
         """Record a heartbeat and answer with the member's current assignment."""
         member = self.member(member_id, connection)
+        prev = member.last
         self.check_budget(now)
         if member.role == "worker":
             # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
             # they fit in the time since the counters last grew, not since the last heartbeat.
             check_worker_heartbeat(member.last, hb, now - (member.progress_at or member.joined), self.job.max_batch,
                                    self.num_shards)
-            if hb.steps != member.last.steps or not member.progress_at:
+            check_rollbacks(hb, self.job.max_rollbacks)
+            if hb.steps != member.last.steps or hb.skipped != member.last.skipped or not member.progress_at:
                 member.progress_at = now
             if not member.admitted_in and hb.standalone_sps > 0:
                 # Its first report (a worker heartbeats from its WELCOME on, while it loads and measures itself,
@@ -337,8 +352,12 @@ class JobState:
                 self.membership += 1
                 member.admitted_in = self.membership
             self._worker_heartbeat(member, hb, now)
+            # A worker's report counts once it has dropped the model of before the last rollback, which it is
+            # told to do only once every shard has restored its checkpoint (assignment_for).
+            self.divergence.worker(member.id, member.last, hb,
+                                   hb.rollbacks >= self.rollback_number and self._rollbacks_settled)
         if member.role == "ps":
-            check_shard_heartbeat(hb)
+            check_shard_heartbeat(hb, self.job.max_rollbacks)
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
@@ -348,13 +367,55 @@ class JobState:
             self._shard_progress(member.shard_index, hb)
             self._check_resumed(member.shard_index, hb.samples)
             self._quarantine(hb.quarantined, member.id, now)
+            self.rollback_number = max(self.rollback_number, hb.rollbacks)
+            self._shard_rolled_back(member.shard_index, prev, hb)
+            self.divergence.shard(member.shard_index, hb, self._rollbacks_settled)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocation]
             if waiting and self._known_to_shards(self.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
+        self._on_divergence(now)
         answer = self.assignment_for(member)
         if member.role == "ps":
             member.told_batches = answer.batches
         return answer
+
+    def _shard_rolled_back(self, index: int, prev: Heartbeat, hb: Heartbeat) -> None:
+        """Record the version a shard restored: its first report after the rollback, sent before it took a push."""
+        last = self.rollbacks[-1] if self.rollbacks else None
+        if last is None or last.done or not prev.rollbacks < last.number <= hb.rollbacks:
+            return
+        last.versions[str(index)] = hb.version
+        last.done = self._rollbacks_settled
+
+    @property
+    def _rollbacks_settled(self) -> bool:
+        """Has every shard applied the last rollback? Until then reports describe the model thrown away."""
+        settled = len(self.shards) == self.num_shards and all(
+            shard.last.rollbacks >= self.rollback_number for shard in self.shards.values())
+        if settled:
+            self.rollback_done = self.rollback_number
+        return settled
+
+    def _on_divergence(self, now: float) -> None:
+        """Roll the job back if it diverged (every shard to its last good checkpoint, half the step size), or
+        give up once it has rolled back --max-rollbacks times."""
+        cause = self.divergence.cause
+        if not cause or self.failed:
+            return
+        if self.rollback_number >= self.job.max_rollbacks:
+            self.failed = (f"diverged at epoch {self.epoch:.2f} ({cause}) after {self.rollback_number} rollback(s) "
+                           f"(--max-rollbacks {self.job.max_rollbacks}); lower --lr or check the task")
+            return
+        self.rollback_number += 1
+        self.rollbacks.append(Rollback(self.rollback_number, now - self.started, self.epoch, cause,
+                                       {str(i): m.last.good_version for i, m in sorted(self.shards.items())},
+                                       lr_factor(self.rollback_number)))
+        self.divergence.rolled_back()
+
+    @property
+    def lr_factor(self) -> float:
+        """The job's step-size factor after its rollbacks."""
+        return lr_factor(self.rollback_number)
 
     def _shard_progress(self, index: int, hb: Heartbeat) -> None:
         """Follow a shard slot's version; a drop is a restart that lost work, counted back into the job."""
@@ -425,9 +486,15 @@ class JobState:
             raise ProtocolError("bad_field", problem)
         check_eval_version(report, self.newest_possible_version)
         member.last_seen = now
-        if self.eval is None or report.version >= self.eval.version or report.final:
+        # After a rollback the model's version is lower than the evaluation's of the diverged model: the first
+        # evaluation of a restored version (once every shard restored its checkpoint) replaces it.
+        held = report.version <= max((m.last.version for m in self.shards.values()), default=0)
+        restored = held and self.eval_rollbacks < self.rollback_done
+        if self.eval is None or report.version >= self.eval.version or report.final or restored:
             self.eval = report
             self.eval_time = now - self.started
+            if held:
+                self.eval_rollbacks = self.rollback_done
         if report.final and self.stopping:
             self.final_eval = True
 
@@ -455,7 +522,7 @@ class JobState:
 
     @property
     def stopping(self) -> bool:
-        return self.epoch >= self.job.epochs or self.budget_spent or self._rounds_done
+        return self.epoch >= self.job.epochs or self.budget_spent or bool(self.failed) or self._rounds_done
 
     @property
     def _rounds_done(self) -> bool:
@@ -487,6 +554,7 @@ class JobState:
         Returns True once, when the job gives up waiting for an evaluator to join.
         """
         self.check_budget(now)
+        self._check_stall(now)
         if self.stopping and self.stopped_at is None:
             self.stopped_at = now
         if (self.job.await_final_eval and not self.gave_up_on_final_eval and not self.final_eval
@@ -495,6 +563,18 @@ class JobState:
             self.gave_up_on_final_eval = True
             return True
         return False
+
+    def _check_stall(self, now: float) -> None:
+        """Fail a job that trains nothing for longer than its workers' steps allow (stall.py)."""
+        workers = [self.members[w] for w in self.live_workers]
+        training = self.training_started and bool(workers) and not self.stopping
+        still = self.stall.observe(self.samples, now, training)
+        limit = stall_limit_s([m.last.step_s for m in workers], self.job.join_timeout_s)
+        if training and still > limit:
+            skipped = sum(m.last.skipped for m in workers)
+            self.failed = (f"no sample trained for {still:.0f} s (limit {limit:.0f} s: the join timeout, or 50 of the "
+                           f"slowest worker's steps) while {len(workers)} worker(s) were live"
+                           + (f"; they skipped {skipped} steps whose loss was not finite" if skipped else ""))
 
     def _evaluators(self) -> list[Member]:
         return [m for m in self.members.values() if m.role == "evaluator" and not m.left]
@@ -509,6 +589,8 @@ class JobState:
         """
         if not self.stopping or self.live_workers:
             return False
+        if self.failed:
+            return True  # a model that diverged or never trained is not worth a final evaluation
         if self.final_eval or self._evaluators():
             return self.final_eval
         return not self.job.await_final_eval or self.gave_up_on_final_eval
@@ -594,14 +676,16 @@ class JobState:
             return Assignment(**base, live_workers=self.live_workers, allocated=self.holding_batch,
                               idle_workers=sorted(w for w, b in self.allocation.items() if b == 0),
                               membership=self.membership, stop=self.finished, batches=self._push_bounds(),
-                              progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0)
+                              progress=min(1.0, self.epoch / self.job.epochs) if self.job.epochs else 0.0,
+                              rollbacks=self.rollback_number, lr_factor=self.lr_factor,
+                              hold_checkpoints=self.divergence.suspect)
         if member.role == "evaluator":
             return Assignment(**base, stop=self.stopping and not self.live_workers)
         batch = self.batch_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, self.holding_batch, self.job.dbs_weight)
         return Assignment(
-            **base, batch=batch, lr_scale=scale,
-            stop=self.stopping, local_steps=self.local_steps,
+            **base, batch=batch, lr_scale=scale * self.lr_factor,
+            stop=self.stopping, local_steps=self.local_steps, rollbacks=self.rollback_done,
         )
 
     def _push_bounds(self) -> dict[str, int]:
@@ -654,9 +738,13 @@ class JobState:
             workers={m.id: m.public(self.batch_of(m.id)) for m in self.members.values()
                      if m.role == "worker" and not m.left},
             departed=sorted(m.id for m in self.members.values() if m.role == "worker" and m.left),
-            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url, m.last.discarded)
+            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url, m.last.discarded,
+                                        m.last.model_problem, m.last.good_version)
                     for i, m in sorted(self.shards.items())},
             decisions=self.decisions[-10:],
+            rollbacks=[replace(r, versions=dict(r.versions)) for r in self.rollbacks],
+            lr_factor=self.lr_factor,
+            failed=self.failed,
         )
 
     # -- restart ------------------------------------------------------------------------
@@ -675,6 +763,7 @@ class JobState:
             first_loss=_finite_or_none(self.first_loss), eval=self.eval, eval_time=self.eval_time,
             final_eval=self.final_eval, budget_spent=self.budget_spent, shard_marks=dict(self.shard_marks),
             speeds=dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:]),
+            rollbacks=list(self.rollbacks),
         )
 
     def resume(self, saved: SavedProgress, now: float, wall: ClockReading) -> None:
@@ -704,6 +793,8 @@ class JobState:
         self.budget_spent = saved.budget_spent
         self.shard_marks = dict(saved.shard_marks)
         self.resumed_speeds = dict(saved.speeds)
+        self.rollbacks = list(saved.rollbacks)
+        self.rollback_number = self.rollback_done = self.eval_rollbacks = len(self.rollbacks)
 
     def _resumed_speed(self, member: Member) -> list[tuple[int, float]]:
         """The steps a saved job's speed model of this process had seen (none for a process new to the job)."""

@@ -20,6 +20,7 @@ MIN_STEP_S = 1e-4  # no training step, of any model on any machine, takes less
 MAX_SECONDS = 86_400.0  # a step (or a phase of one) longer than a day is a lie or a hung process
 MIN_SPEED = 1e-3  # samples/s: below this a worker would not finish one batch in a week
 MAX_SPEED = 1e9
+MAX_PROBLEM_CHARS = 300  # a shard's account of what is wrong with its model (ps/param_guard.py) is one line
 TIMES = ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "sync_s")
 
 
@@ -34,7 +35,7 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
                                          f"samples/s; got {hb.standalone_sps}")
     if not 0 <= hb.batch <= max_batch:
         raise ProtocolError("bad_field", f"HEARTBEAT.batch {hb.batch} is outside [0, {max_batch}] (the job's --max-batch)")
-    for name in ("steps", "samples", "bytes"):
+    for name in ("steps", "samples", "bytes", "skipped"):
         if getattr(hb, name) < getattr(prev, name):
             raise ProtocolError("bad_field", f"HEARTBEAT.{name} went backwards ({getattr(prev, name)} -> "
                                              f"{getattr(hb, name)}); the counters are cumulative")
@@ -42,6 +43,9 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
     possible = math.floor(max(0.0, elapsed_s) / MIN_STEP_S) + 1
     if new_steps > possible:
         raise ProtocolError("bad_field", f"HEARTBEAT.steps grew by {new_steps} in {elapsed_s:.3f} s "
+                                         f"(at most {possible} steps fit)")
+    if hb.skipped - prev.skipped > possible:
+        raise ProtocolError("bad_field", f"HEARTBEAT.skipped grew by {hb.skipped - prev.skipped} in {elapsed_s:.3f} s "
                                          f"(at most {possible} steps fit)")
     if hb.samples - prev.samples > new_steps * max_batch:
         raise ProtocolError("bad_field", f"HEARTBEAT.samples grew by {hb.samples - prev.samples} over {new_steps} "
@@ -51,12 +55,25 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
                                          f"{hb.steps} steps on {num_shards} shard(s)")
 
 
-def check_shard_heartbeat(hb: Heartbeat) -> None:
+def check_shard_heartbeat(hb: Heartbeat, max_rollbacks: int) -> None:
     """Refuse a shard heartbeat whose version, sample or discard count is negative (a drop is a restart, counted
-    as lost work: lost_work.py)."""
+    as lost work: lost_work.py), or whose divergence fields cannot be true: more rollbacks applied than
+    the job allows, a checkpoint version below -1 (none), an account of its model longer than one line."""
     for name in ("version", "samples", "discarded"):
         if getattr(hb, name) < 0:
             raise ProtocolError("bad_field", f"HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
+    check_rollbacks(hb, max_rollbacks)
+    if hb.good_version < -1:
+        raise ProtocolError("bad_field", f"HEARTBEAT.good_version must be >= -1 (-1: none), got {hb.good_version}")
+    if len(hb.model_problem) > MAX_PROBLEM_CHARS:
+        raise ProtocolError("bad_field", f"HEARTBEAT.model_problem is longer than {MAX_PROBLEM_CHARS} characters")
+
+
+def check_rollbacks(hb: Heartbeat, max_rollbacks: int) -> None:
+    """Refuse a heartbeat that acted on more rollbacks than the job allows (--max-rollbacks)."""
+    if not 0 <= hb.rollbacks <= max_rollbacks:
+        raise ProtocolError("bad_field", f"HEARTBEAT.rollbacks {hb.rollbacks} is outside [0, {max_rollbacks}] "
+                                         "(--max-rollbacks)")
 
 
 def check_eval_version(report: EvalReport, newest_possible_version: int) -> None:

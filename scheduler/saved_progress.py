@@ -7,7 +7,9 @@ the time trained (for the time budget), the latest evaluation, the id counters
 (so a rejoining worker never gets the id of one still known under it), the
 speed models (by the process's HELLO instance, so a worker that rejoins keeps
 its fitted model), and each shard slot's newest version (so a shard restarted
-while the scheduler was down is still caught losing work). Members themselves
+while the scheduler was down is still caught losing work), and the job's rollbacks
+(so a diverged job's smaller step size, and its count towards --max-rollbacks,
+survive a restart). Members themselves
 are not saved: every process registers again with a restarted scheduler.
 
 The file is checksummed and written atomically, the copy it replaces kept as
@@ -27,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynabatch.common.messages import EvalReport
+from dynabatch.common.messages import EvalReport, Rollback
 from dynabatch.common.verified_files import DamagedFile, load_newest_good, write_verified
 from dynabatch.scheduler.lost_work import ShardMark
 
@@ -69,6 +71,7 @@ class SavedProgress:
     budget_spent: bool = False
     shard_marks: dict[int, ShardMark] = field(default_factory=dict)
     speeds: dict[str, SavedSpeed] = field(default_factory=dict)
+    rollbacks: list[Rollback] = field(default_factory=list)
 
 
 def progress_path(state_dir: str, job: str) -> Path:
@@ -114,6 +117,7 @@ def _parse(path: Path, payload: bytes) -> SavedProgress:
         saved.speeds = {k: SavedSpeed(float(v["standalone_sps"]), [(int(b), float(s)) for b, s in v["observations"]])
                         for k, v in saved.speeds.items()}
         saved.next_id = {str(k): int(v) for k, v in saved.next_id.items()}
+        saved.rollbacks = [Rollback(**r) for r in saved.rollbacks]
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
             if not isinstance(getattr(saved, name), int) or getattr(saved, name) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a count")

@@ -66,6 +66,10 @@ class SchedulerMetrics:
                                   "trained again.", registry=registry)
         self.lost_versions = Gauge("dynabatch_job_lost_versions", "Shard updates lost in restarts.", registry=registry)
         self.bytes = Gauge("dynabatch_job_bytes", "Tensor bytes moved between workers and shards.", registry=registry)
+        self.rollbacks = Counter("dynabatch_rollbacks", "Rollbacks of the job to its shards' last good checkpoints "
+                                 "after a divergence.", registry=registry)
+        self.lr_factor = Gauge("dynabatch_job_lr_factor", "The job's step-size factor after its rollbacks (1: none).",
+                               registry=registry)
         self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry)
         self.decide = Histogram("dynabatch_scheduler_decision_seconds", "Time to handle a heartbeat (model fit and allocation included).",
                                 buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1), registry=registry)
@@ -105,6 +109,8 @@ class SchedulerServer:
         self._eval_exported: EvalReport | None = None
         self._metric_names: set[str] = set()
         self._metric_names_full = False
+        self._rollbacks_seen = 0
+        self._failure_logged = False
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -226,10 +232,12 @@ class SchedulerServer:
         self.m.lost_samples.set(s.lost_samples)
         self.m.lost_versions.set(s.lost_versions)
         for lost in s.losses:
-            log.warning("ps%d came back %d versions behind its last report (restarted from a checkpoint): "
+            log.warning("ps%d came back %d versions behind its last report (restarted, or rolled back, to a "
+                        "checkpoint): "
                         "%d samples lost, counted back into the job", lost.shard, lost.versions, lost.samples)
         s.losses.clear()
         self.m.local_steps.set(s.local_steps)
+        self._export_divergence()
         if s.loss == s.loss:
             self.m.loss.set(s.loss)
         if s.eval is not None:
@@ -256,6 +264,19 @@ class SchedulerServer:
             self.m.reassign.labels(d.reason).inc()
             log.info("decision (%s%s): batches %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
         self._decisions_seen = s.assignment_id
+
+    def _export_divergence(self) -> None:
+        """Count and log each new rollback, and the job's failure once."""
+        s = self.state
+        for rb in s.rollbacks[self._rollbacks_seen:]:
+            self.m.rollbacks.inc()
+            log.warning("rollback %d: the job diverged at epoch %.2f (%s); every shard goes back to its last good "
+                        "checkpoint, step size x%g", rb.number, rb.epoch, rb.cause, rb.lr_factor)
+        self._rollbacks_seen = len(s.rollbacks)
+        self.m.lr_factor.set(s.lr_factor)
+        if s.failed and not self._failure_logged:
+            log.error("the job failed: %s", s.failed)
+            self._failure_logged = True
 
     def _export_eval_metrics(self, report: EvalReport) -> None:
         """`dynabatch_eval_metric{name}` holds the latest evaluation's metrics, and only those.

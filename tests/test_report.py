@@ -88,7 +88,7 @@ TIMELINE_KEYS = {
     "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
     "eval_version", "eval_t",
     "stopping", "finished", "final_eval", "assignment_id", "workers", "departed", "shards", "decisions",
-    "decision_s", "lost_samples", "lost_versions", "wall_t",
+    "decision_s", "lost_samples", "lost_versions", "rollbacks", "lr_factor", "failed", "wall_t",
 }
 WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
@@ -117,7 +117,7 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
     (worker,) = entry["workers"].values()
     assert worker.keys() == WORKER_KEYS and worker["name"] == "a" and worker["batch"] == 96
     assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": "",
-                                    "discarded": 0}
+                                    "discarded": 0, "model_problem": "", "good_version": -1}
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
     assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}
     assert read_timeline(tmp_path / "timeline.json") == [status]

@@ -66,7 +66,8 @@ def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Modul
     return StepContext(job=job, model=model, layout=layout, shards=shards,
                        train_size=len(data.train_y), request_timeout_s=TIMEOUT_S,
                        next_batch=lambda b: make_batch(data, source.take(b), True), timed_compute=compute,
-                       loss_fn=cross_entropy, idle_for_slowdown=lambda cpu_s: 0.0, heartbeat_when_due=lambda: None)
+                       loss_fn=cross_entropy, idle_for_slowdown=lambda cpu_s: 0.0, heartbeat_when_due=lambda: None,
+                       skip_step=lambda loss: None)
 
 
 def _cluster(tmp_path, protocol: str, epochs: str = "1000") -> Cluster:

@@ -27,7 +27,6 @@ next push, so at most one push is unacknowledged.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -38,8 +37,6 @@ from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult, StepTimes
-
-log = logging.getLogger("dynabatch.worker")
 
 
 @dataclass
@@ -82,7 +79,7 @@ class GradientLoop(StepLoop):
             self.ahead = c.shards.start_pull()
         loss, times.compute = c.timed_compute(c.next_batch(assignment.batch))
         if not math.isfinite(loss):
-            log.error("loss is %s; not pushing this step's gradient", loss)
+            c.skip_step(loss)
             return None
         start = time.perf_counter()
         grads, versions, buffers = flat_grads(c.model), pulled.chunk_versions, c.buffers.read(c.model)
@@ -140,6 +137,9 @@ class GradientLoop(StepLoop):
         self._add_pull_time(times, result.pull_wait_s)
         times.compute = wall - result.pull_wait_s - result.push_wait_s + c.idle_for_slowdown(cpu)
         self.last_versions = result.pulled.shard_versions
+        if not math.isfinite(result.loss):  # the pipeline pushed nothing
+            c.skip_step(result.loss)
+            return None
         self._next_round(result.pulled.shard_versions)
         return StepResult(times, assignment.batch, result.loss, result.pulled.version)
 

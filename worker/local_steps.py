@@ -58,6 +58,8 @@ class _LocalSteps(StepLoop):
         loss, seconds = c.timed_compute(c.next_batch(assignment.batch))
         if math.isfinite(loss):
             self._optimizer(assignment).step()
+        else:
+            c.skip_step(loss)
         c.heartbeat_when_due()
         return loss, seconds
 

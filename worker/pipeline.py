@@ -77,11 +77,18 @@ class Pipeline:
         self._step: _StepState | None = None
 
     def step(self, batch: Any, min_versions: list[int] | None, samples: int) -> PipelineResult:
-        """Pull, forward, backward and push for one batch, overlapped; returns when every push is acknowledged."""
+        """Pull, forward, backward and push for one batch, overlapped; returns when every push is acknowledged
+        (a batch whose loss is not finite: once the pull is in, with nothing pushed)."""
         counted = list(self.shards.staleness)
         st = self._step = _StepState(self.shards.start_pull(min_versions), samples)
         self.model.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
+        if not bool(torch.isfinite(loss.detach())):
+            # No gradient of a non-finite loss is pushed (the shards would refuse it): only the pull is finished,
+            # so that its chunks are taken before the next step's pull.
+            self.shards.wait([st.pull], self.timeout_s, st.pull.done)
+            self._step = None
+            return PipelineResult(float(loss.detach()), st.pull.result(), st.pull_wait, 0.0, st.trace)
         loss.backward()
         st.trace.backward_end = time.perf_counter()
         for cid in sorted(set(self.chunk_params) - st.pushed):

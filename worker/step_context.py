@@ -34,6 +34,8 @@ class StepContext:
       elsewhere (the pipelined step); returns the seconds idled.
     - `heartbeat_when_due()`: inside a long round, hear early that the scheduler dropped this worker
       (raises RemoteError); the worker's pulse keeps it alive whatever the loop does.
+    - `skip_step(loss)`: a step's loss was not finite, so its gradient was not pushed (or a local step
+      not taken): counted and reported to the scheduler, which tells a diverged model from it.
     - `buffers`: the model's travelling buffers (BatchNorm's running statistics): a step
       loads the pulled ones (`buffers.load(model, pulled.buffers)`) before computing and
       sends its own (`buffers.read(model)`) with its push; empty for most models.
@@ -50,6 +52,7 @@ class StepContext:
     loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
     idle_for_slowdown: Callable[[float], float]
     heartbeat_when_due: Callable[[], None]
+    skip_step: Callable[[float], None]
     buffers: TravellingBuffers = TravellingBuffers()
     pipelined: bool = False  # gradient steps overlap pull, compute and push (JobConfig.pipelines)
 

@@ -9,7 +9,6 @@ batch from it rather than from a guess.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import socket
@@ -44,11 +43,12 @@ from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.probe import probe_batch, standalone_speed
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.pulse import Pulse
-from dynabatch.worker.step_context import StepContext
+from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult
 
 log = logging.getLogger("dynabatch.worker")
 PHASES = ("pull", "compute", "push", "wait", "data")
+SKIP_LOG_EVERY = 100  # a run of skipped steps is logged at its first step and every this many after
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -118,6 +118,9 @@ class Worker:
         self.stopping = False
         self.pulse: Pulse | None = None
         self.started = time.monotonic()
+        self.skipped = 0  # steps not pushed because their loss was not finite (HEARTBEAT.skipped)
+        self.rollbacks: int | None = None  # the last rollback this worker acted on, once it trains (HEARTBEAT's)
+        self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
         torch.set_num_threads(opts.threads)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -192,7 +195,7 @@ class Worker:
             train_size=self.train_size, request_timeout_s=self.opts.request_timeout_s,
             next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=self.loss_fn,
             idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.heartbeat_when_due,
-            buffers=self.buffers, pipelined=self._pipelined(),
+            skip_step=self.skip_step, buffers=self.buffers, pipelined=self._pipelined(),
         )
 
     def _pipelined(self) -> bool:
@@ -205,13 +208,18 @@ class Worker:
         """Repeat the last heartbeat (its counters are cumulative, so nothing is counted twice).
 
         Raises RemoteError once the scheduler has dropped this worker, so that a
-        wait for shards that refuse it ends now and the worker registers again.
+        wait for shards that refuse it ends now and the worker registers again;
+        and once the job has rolled back while it trains, so that a wait for a
+        version the shards threw away (a synchronous round's) ends now too.
         """
-        self.link.heartbeat(self.last_hb)
+        assignment = self.link.heartbeat(self.last_hb)
         self._next_beat = time.monotonic() + self.job.heartbeat_s
         self.health.tick()
         if self.link.lost:
             raise RemoteError("unknown_sender", "the scheduler has dropped this worker")
+        if self.rollbacks is not None and assignment is not None and assignment.rollbacks > self.rollbacks:
+            raise RemoteError("rolled_back", f"the job rolled back (rollback {assignment.rollbacks}); the model "
+                                             "this step waits for or computed on was thrown away")
 
     def heartbeat_when_due(self) -> None:
         """Between progress reports, hear early whether the scheduler dropped this worker (raises RemoteError).
@@ -234,13 +242,23 @@ class Worker:
         """
         wall, cpu = time.perf_counter(), time.thread_time()
         loss = train_step(self.model, batch, self.loss_fn, self.task.clip_grad_norm, self.opts.micro_batch)
-        if not math.isfinite(loss):
-            self.m.skipped.labels(self.id, "non_finite_loss").inc()
         if self.device.type == "cuda":  # the loss is in; the backward kernels may not be
             torch.cuda.synchronize(self.device)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         wall += self.idle_for_slowdown(cpu)
         return loss, wall
+
+    def skip_step(self, loss: float) -> None:
+        """A step whose loss is `loss` (not finite) was not pushed: count it, and tell the scheduler with the
+        next heartbeat that is due, which judges whether the model diverged (HEARTBEAT.skipped)."""
+        self.skipped += 1
+        self.m.skipped.labels(self.id, "non_finite_loss").inc()
+        if self.skipped_in_a_row % SKIP_LOG_EVERY == 0:
+            log.error("%s: loss is %s; not pushing this step's gradient (%d skipped in a row; the scheduler rolls "
+                      "the job back if its model diverged)", self.id, loss, self.skipped_in_a_row + 1)
+        self.skipped_in_a_row += 1
+        self.last_hb = replace(self.last_hb, skipped=self.skipped, loss=loss)
+        self.heartbeat_when_due()
 
     def idle_for_slowdown(self, cpu_s: float) -> float:
         """Idle (F-1) x `cpu_s` for this node's slowdown factor F now; returns the seconds idled.
@@ -334,8 +352,11 @@ class Worker:
         hb = self.last_hb = Heartbeat(standalone_sps=standalone)
         steps = LOOPS[protocol_spec(self.job.protocol).worker_loop](self.step_context())
         assignment = self._await_batch(hb)
+        self.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.stopping and not steps.finished:
+            if assignment.rollbacks > self.rollbacks:
+                hb = self._roll_back(steps, assignment.rollbacks)
             if assignment.batch == 0:  # left out for now (its fixed cost alone exceeds a round): idle, no push
                 assignment = self._await_batch(hb)
                 continue
@@ -363,6 +384,7 @@ class Worker:
             else:
                 self.batches.step_succeeded()
                 if result is not None:
+                    self.skipped_in_a_row = 0
                     hb = self._record(hb, replace(result, times=replace(result.times, data=self.data_s)),
                                       assignment.assignment_id, steps.comm_s)
             if self.link.lost:
@@ -371,6 +393,20 @@ class Worker:
                 assignment = self.link.poll() or assignment
         log.info("%s stopping after %d steps, %d samples", self.id, hb.steps, hb.samples)
         return 0
+
+    def _roll_back(self, steps: StepLoop, number: int) -> Heartbeat:
+        """The shards went back to their last good checkpoint (rollback `number`): the model this worker holds is
+        the one thrown away, and the versions it waits for may never come again, so it pulls afresh.
+
+        The steps it skipped so far are reported first, under the old number: they were skipped on the old
+        model, and the scheduler does not hold them against the restored one.
+        """
+        log.warning("%s: the job rolled back (rollback %d); pulling the model again", self.id, number)
+        self.link.heartbeat(self.last_hb)
+        self.rollbacks = number
+        self.last_hb = replace(self.last_hb, rollbacks=number)
+        steps.after_failure("rollback")
+        return self.last_hb
 
     def _await_batch(self, hb: Heartbeat) -> Assignment | None:
         """Heartbeat until the scheduler gives this worker a batch (or stops the job)."""
@@ -396,7 +432,8 @@ class Worker:
         self.health.ready = True
         self.health.tick()
         hb = heartbeat_after(prev, result, sync_s=sync_s, moved_bytes=self.shards.moved_bytes,
-                             staleness=self.shards.staleness, assignment_id=assignment_id)
+                             staleness=self.shards.staleness, assignment_id=assignment_id,
+                             skipped=self.skipped, rollbacks=self.rollbacks or 0)
         self.link.heartbeat(hb)
         self.last_hb = hb
         self._next_beat = time.monotonic() + self.job.heartbeat_s
@@ -408,4 +445,5 @@ class Worker:
             return hb, None
         fresh = self.last_hb = Heartbeat(standalone_sps=hb.standalone_sps)
         self.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
+        self.skipped = 0  # and its skipped steps
         return fresh, self._await_batch(fresh)
