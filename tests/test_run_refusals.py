@@ -55,7 +55,8 @@ def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path, monkeyp
 
 
 def test_a_bad_flag_gets_one_line_of_usage_before_its_reason(tmp_path):
-    assert refuse(tmp_path, ["--workers", "many"]) == "dynabatch run: error: argument --workers: invalid int value: 'many'"
+    assert refuse(tmp_path, ["--workers", "many"]) == (
+        "dynabatch run: error: argument --workers: invalid int value: 'many'")
     assert refuse(tmp_path, ["--no-such-flag"]) == "dynabatch run: error: unrecognized arguments: --no-such-flag"
 
 
