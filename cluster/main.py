@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -227,11 +228,12 @@ class JobRun:
             self._start()
             ok = self._follow(started)
         finally:
-            try:
+            # Each step runs whatever the one before raised (a full disk): the children are always stopped,
+            # and the summary always reaches the console.
+            with ExitStack() as last:
+                last.callback(lambda: self._report(time.monotonic() - started))
+                last.callback(self.launcher.stop_all)
                 self.launcher.write_targets(self.job.job, self.targets_path)
-            finally:  # the children are stopped whatever failed here (a full disk)
-                self.launcher.stop_all()
-            self._report(time.monotonic() - started)
         if self.interrupted:
             return 128 + self.interrupted
         if self.refused:

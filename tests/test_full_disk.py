@@ -11,6 +11,7 @@ import errno
 import re
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,12 +23,11 @@ from tools import missing
 FULL = re.compile(r"no space left on device")
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 4 MiB tmpfs, unmounted (lazily, should something still hold it) whatever the test did."""
-    mount = tmp_path / "disk"
+def _tmpfs(mount: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `mount` with `options`, unmounted (lazily, should something still hold it) whatever
+    the test did."""
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True,
                           text=True)
     if done.returncode != 0:
         missing(f"mounting a tmpfs for the full-disk tests failed ({done.stderr.strip() or done.returncode}; "
@@ -36,6 +36,16 @@ def small_disk(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    yield from _tmpfs(tmp_path / "disk", "size=4m")
+
+
+@pytest.fixture
+def read_only_disk(tmp_path):
+    yield from _tmpfs(tmp_path / "ro", "size=1m,ro")
 
 
 def fill(disk: Path) -> None:
@@ -74,6 +84,14 @@ def test_a_run_folder_on_a_full_disk_is_refused_before_start_and_none_is_left(sm
     assert done.stderr == (f"dynabatch run: --out {small_disk}: cannot write the run folder {small_disk / 'r'}: "
                            "No space left on device\n")
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_a_run_folder_on_a_read_only_disk_is_refused_before_start(read_only_disk):
+    done = subprocess.run(command_line("run", ["--out", str(read_only_disk / "runs"), "--name", "r", *FOREVER]),
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert (done.returncode, done.stderr) == (2, f"dynabatch run: --out {read_only_disk / 'runs'}: cannot write the "
+                                                 f"run folder {read_only_disk / 'runs' / 'r'}: Read-only file system\n")
+    assert not any(read_only_disk.iterdir())
 
 
 @pytest.mark.slow

@@ -27,7 +27,8 @@ def run(tmp_path):
 
 
 def _interrupted_summary(run: RunProcess, out: str, evaluated: int) -> None:
-    """summary.json says interrupted, with the last evaluated model's figures and version, and so does stdout."""
+    """summary.json says interrupted, with the last evaluated model's figures and version (at least `evaluated`,
+    which the test saw before it signalled), and so does stdout."""
     summary = json.loads((run.dir / "summary.json").read_text())
     assert summary["interrupted"] and not summary["finished"]
     assert summary["final_eval_version"] >= evaluated and summary["model_version"] >= summary["final_eval_version"]
@@ -53,7 +54,7 @@ def test_one_signal_stops_the_run_in_order_and_reports_the_last_evaluated_model(
 
 
 def test_a_second_ctrl_c_kills_every_child_and_still_reports(run):
-    evaluated = run.trained_and_evaluated()
+    run.trained_and_evaluated()
     run.proc.send_signal(signal.SIGINT)
     wait_for("the run to begin stopping", lambda: "stopping" in run.err_path.read_text(), 30)
     run.proc.send_signal(signal.SIGINT)
@@ -62,7 +63,9 @@ def test_a_second_ctrl_c_kills_every_child_and_still_reports(run):
     assert "Traceback" not in err, err
     assert "forced: killing every process of the run" in err
     assert not run.leftovers(0), "every child was killed before the run exited"
-    _interrupted_summary(run, out, evaluated)
+    # Forced, the run may not have taken its last STATUS (the scheduler is killed too): it reports the last
+    # evaluation it had seen, which may be older than the one the test saw.
+    _interrupted_summary(run, out, 0)
 
 
 def test_children_of_a_run_killed_outright_end_with_it(run):

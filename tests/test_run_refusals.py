@@ -55,7 +55,8 @@ def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path, monkeyp
 
 
 def test_a_bad_flag_gets_one_line_of_usage_before_its_reason(tmp_path):
-    assert refuse(tmp_path, ["--workers", "many"]) == "dynabatch run: error: argument --workers: invalid int value: 'many'"
+    assert refuse(tmp_path, ["--workers", "many"]) == (
+        "dynabatch run: error: argument --workers: invalid int value: 'many'")
     assert refuse(tmp_path, ["--no-such-flag"]) == "dynabatch run: error: unrecognized arguments: --no-such-flag"
 
 
@@ -83,6 +84,7 @@ TASKS = Path(__file__).resolve().parent / "tasks"
 BAD = TASKS / "bad.py"
 
 
+@pytest.mark.slow  # each case imports torch twice (run, then check)
 @pytest.mark.parametrize("attr, line", [
     ("empty_eval", "eval_data() gave an empty dataset"),
     ("float_metric", "metric <lambda> returned a float; a metric returns {name: (sum, count)}, "
@@ -99,6 +101,7 @@ def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path, at
         assert (done.returncode, done.stderr) == (2, f"dynabatch check: {line}\n")
 
 
+@pytest.mark.slow  # a task's check imports torch
 def test_a_target_metric_the_evaluations_do_not_report_is_refused(tmp_path):
     assert refuse(tmp_path, [*BUILTIN, "--target-metric", "bleu>=0.9"]) == (
         "dynabatch run: --target-metric bleu>=0.9: the evaluations report accuracy, loss, not bleu")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Sequence
 
@@ -13,8 +12,6 @@ from dynabatch.common.flags import ConfigError
 from dynabatch.worker.evaluator import Evaluator
 from dynabatch.worker.options import WorkerOptions, usable_device
 from dynabatch.worker.trainer import Worker
-
-log = logging.getLogger("dynabatch.worker")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -32,5 +29,5 @@ def main(argv: Sequence[str]) -> int:
     try:
         return cls(opts, metrics.metrics_host, metrics.metrics_port, keys).run()
     except (DatasetNotFound, BadDatasetFile, TaskError, ConfigError) as exc:
-        log.error("%s", exc)
+        print(f"dynabatch worker: {exc}", file=sys.stderr)  # the line `dynabatch run` ends the run with
         return 2
