@@ -123,6 +123,7 @@ def run(task: Task | str, workers: int = 3, slowdowns: Sequence[float | str] = (
         del os.environ[ACTIVE_ENV]
     summary = json.loads((run_dir / "summary.json").read_text())
     if code != 0:
-        raise RunFailed(f"the job did not finish ({summary.get('error') or 'see the logs'}; logs in "
+        why = summary.get("error") or summary.get("failed") or "see the logs"  # failed: it diverged, or stalled
+        raise RunFailed(f"the job did not finish ({why}; logs in "
                         f"{run_dir / 'logs'})")
     return Run(run_dir, summary, trained_model(run_dir, task=task if isinstance(task, Task) else None))

@@ -19,7 +19,7 @@ from dynabatch.common.messages import Pull, Push, PushAck
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta
-from harness import Cluster, metric_value, run_job, wait_for
+from harness import Cluster, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -125,15 +125,18 @@ def test_a_job_that_keeps_diverging_rolls_back_halving_its_step_then_ends_with_a
 def test_a_job_that_diverges_once_from_a_transient_cause_rolls_back_and_finishes(tmp_path):
     """Each worker's loss is a million times too large for three steps (tests/tasks/spike.py): the job rolls
     back past them (once per worker at most), trains on at a smaller step, and learns."""
-    run, printed = run_job(tmp_path, "r", "--task", f"{TASKS / 'spike.py'}:task", "--workers", "2",
-                           "--slowdowns", "1", "1", "--epochs", "3", "--global-batch", "96",
-                           "--checkpoint-interval-s", "0.3", "--eval-interval-s", "600")
+    done, run = _run(tmp_path, "r", "--task", f"{TASKS / 'spike.py'}:task", "--workers", "2",
+                     "--slowdowns", "1", "1", "--epochs", "3", "--global-batch", "96",
+                     "--checkpoint-interval-s", "0.3", "--eval-interval-s", "600")
+    assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["failed"] is None and summary["finished"] and summary["final_eval"]
     assert 1 <= len(summary["rollbacks"]) <= 2, summary["rollbacks"]
     assert summary["lr_factor"] == 0.5 ** len(summary["rollbacks"])
     assert summary["final_test_acc"] > 0.8, summary["final_test_acc"]  # blobs; chance is 25%
-    assert "rolled back" in printed
+    said = [line for line in done.stderr.splitlines() if line.startswith("diverged at epoch")]
+    assert len(said) == len(summary["rollbacks"]) and "rolled back to version" in said[0], done.stderr
+    assert said[0].endswith("lr x0.5") and f"rolled back {len(said)} time(s)" in done.stdout, done.stdout
 
 
 def test_a_job_that_trains_nothing_ends_with_an_error_instead_of_running_on(tmp_path):
