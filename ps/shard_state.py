@@ -84,7 +84,7 @@ class ShardState:
         if type(self.settings) is not self.spec.settings:
             raise ValueError(f"protocol {self.protocol} takes {self.spec.settings.__name__}, "
                              f"not {type(self.settings).__name__}")
-        self.rule = RULES[self.spec.shard_rule](self, self.settings)
+        self.rule = self._fresh_rule()
 
     @classmethod
     def initial(
@@ -264,4 +264,9 @@ class ShardState:
         for cid, opt in self.optim.items():
             opt.load_state_dict(saved["optimizer_state"][cid])
         self.chunk_versions = dict(saved["chunk_versions"])
-        self.rule = RULES[self.spec.shard_rule](self)
+        self.rule = self._fresh_rule()
+        self.rule.membership_changed()  # the live workers are the same: a rule that tracks them (ssp) learns them
+
+    def _fresh_rule(self) -> ShardRule:
+        """The protocol's rule with no round open."""
+        return RULES[self.spec.shard_rule](self, self.settings)

@@ -11,6 +11,7 @@ from dynabatch.common.messages import EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
+from dynabatch.scheduler.outage_clock import ClockReading
 from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
 from dynabatch.scheduler.stall import STALL_STEPS, StallWatch, stall_limit_s
 
@@ -110,10 +111,10 @@ def _job(**kw) -> JobState:
 def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, rollbacks: int | None = None) -> None:
     """w0 reports one step of its batch (or, with `skipped`, that many steps not pushed), having acted on the
     rollback it was told of (or on `rollbacks`)."""
-    m = state.members["w0"]
+    m, batch = state.members["w0"], state.batch_of("w0")
     new = 0 if skipped else 1
     acted = state.assignment_for(m).rollbacks if rollbacks is None else rollbacks
-    state.heartbeat("w0", Heartbeat(steps=m.steps + new, samples=m.samples + m.batch * new, batch=m.batch,
+    state.heartbeat("w0", Heartbeat(steps=m.steps + new, samples=m.samples + batch * new, batch=batch,
                                     step_s=STEP_S, compute_s=STEP_S, standalone_sps=m.standalone_sps, loss=loss,
                                     skipped=m.last.skipped + skipped, rollbacks=acted), now)
 
@@ -204,9 +205,9 @@ def test_rollbacks_and_the_smaller_step_survive_a_scheduler_restart(tmp_path):
     _step(state, 0.1)
     _shard(state, 0.2, version=1, good=1, problem="parameters not finite")
     path = progress_path(str(tmp_path), state.job.job)
-    save_progress(path, state.saved(1.0, wall=100.0))
+    save_progress(path, state.saved(1.0, wall=ClockReading(100.0)))
     again = JobState(state.job, num_shards=1, now=0.0)
-    again.resume(load_progress(path, to_dict(state.job)), 0.0, wall=101.0)
+    again.resume(load_progress(path, to_dict(state.job)), 0.0, wall=ClockReading(101.0))
     assert again.rollback_number == 1 and again.lr_factor == 0.5
     assert again.status(0.0).rollbacks == state.status(1.0).rollbacks
 

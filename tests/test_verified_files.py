@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dynabatch.common.verified_files import DamagedFile, load_newest_good, previous_path, read_verified, write_verified
-from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
+from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
 
 META = {"job": "j", "shard": 0, "shards": 1, "chunk_bytes": 64}
 
@@ -56,7 +56,7 @@ def test_a_checkpoint_with_a_non_finite_value_is_refused_and_the_previous_one_re
 def test_no_good_checkpoint_starts_the_shard_without_one_and_another_jobs_is_an_error(tmp_path):
     path = tmp_path / "shard-0.pt"
     save_checkpoint(path, META, _state(1.0))
-    with pytest.raises(ValueError, match="written for"):
+    with pytest.raises(ForeignCheckpoint, match="is a checkpoint of another job"):
         load_checkpoint(path, {**META, "job": "other"})
     path.write_bytes(path.read_bytes()[:100])
     assert load_checkpoint(path, META) is None
