@@ -37,7 +37,7 @@ import argparse
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator, Iterator
 
 import torch
@@ -65,11 +65,13 @@ MARKS = ("0.80", "0.85", "0.88")
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One simulated node: its slowdown schedule (common/slowdown.py syntax) and when it is in the job."""
+    """One simulated node: its slowdown schedule (common/slowdown.py syntax), its link (how many times the
+    cluster's `comm_s` its pull and its push each take: 10 is a link ten times slower), and when it is in the job."""
 
     slowdown: str = "1"
     join_s: float = 0.0
     leave_s: float = math.inf
+    link: float = 1.0
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
@@ -84,13 +86,15 @@ PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
     "churn32": lambda: churn(lognormal(32, sigma=0.5, seed=34), leaving=6, joining=6, window_s=(20.0, 120.0),
                              seed=35),
     "lognormal256": lambda: lognormal(256, sigma=0.75, seed=256),
+    "links16": lambda: tuple(WorkerSpec("1") for _ in range(12)) + tuple(WorkerSpec("1", link=10.0) for _ in range(4)),
 }
 """bench4: the real bench's 1,1,2,4. tail16: a long tail, 12 nodes at 1x and 4 at 8x. lognormal64, lognormal256:
 64 or 256 nodes whose slowdowns are log-normal (sigma 0.75, relative to the fastest). churn16: a mid-run
 slowdown, a departure and two joins, within 3 virtual s (the quick study). shifting32: 32 log-normal nodes (sigma
 0.5), each 4x slower than itself for one spell of 15 to 45 virtual s at a random time within 150 s (another job
 landing on it). churn32: 32 log-normal nodes, 6 of which leave and 6 more join at random times between 20 and 120
-virtual s. Every profile is fixed (the same nodes in every run); a run's seed varies the rest."""
+virtual s. links16: 16 equally fast nodes, 4 of them behind links 10 times slower (bench/links.py's 100 Mbit
+among 1 Gbit). Every profile is fixed (the same nodes in every run); a run's seed varies the rest."""
 
 
 def lognormal(n: int, sigma: float, seed: int) -> tuple[WorkerSpec, ...]:
@@ -147,6 +151,7 @@ class SimConfig:
     eval_every_s: float = 1.0
     eval_size: int = 2000
     job: dict[str, Any] = field(default_factory=dict)  # other JobConfig fields (lr, local_steps, ...)
+    equal_steps: bool | None = None  # the dynamic split's objective, forced to compare (None: the protocol's own)
 
 
 @dataclass
@@ -170,6 +175,9 @@ class SimResult:
     batches: dict[str, int]
     discarded_fraction: float = 0.0  # of the samples computed and pushed, those discarded as too stale
     clipped: int = 0  # pushes the gradient bound clipped
+    # each worker's samples and last batch, by its instance "sim<i>", i its index in SimConfig.workers
+    worker_samples: dict[str, int] = field(default_factory=dict)
+    worker_batches: dict[str, int] = field(default_factory=dict)
 
 
 Wait = float | Callable[[], bool]  # what a worker yields: a virtual time to sleep until, or a condition
@@ -199,6 +207,8 @@ class Cluster:
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
+        if cfg.equal_steps is not None:
+            self.scheduler.spec = replace(self.scheduler.spec, equal_steps=cfg.equal_steps)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
         self.now = 0.0
@@ -318,6 +328,11 @@ class Worker:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
 
+    @property
+    def comm_s(self) -> float:
+        """One pull or one push over this node's link."""
+        return self.c.cfg.comm_s * self.spec.link
+
     def step_seconds(self, batch: int) -> float:
         cfg = self.c.cfg
         factor = self.slowdown.factor(self.c.now - self.started)
@@ -429,10 +444,10 @@ class Worker:
             flat, versions, version = c.pull()
             b = self.batch
             compute = self.step_seconds(b)
-            yield c.now + c.cfg.comm_s + compute
+            yield c.now + self.comm_s + compute
             load_flat(c.model, flat)
             loss = self.gradient(c.model, b)
-            yield c.now + c.cfg.comm_s
+            yield c.now + self.comm_s
             try:
                 c.push(flat_grads(c.model), versions, b, "grad", self.wid)
             except StaleGradient:  # discarded (ringmaster, rennala): the real worker pulls again at once, unreported
@@ -443,7 +458,7 @@ class Worker:
             # A round's wait (and rennala's held pull) is waiting on others; a held-back pull (ssp) is the pull's own
             # time, as the real loop times it.
             in_round = min_version is not None or held_is_wait
-            times = StepTimes(pull=c.cfg.comm_s + (0.0 if in_round else wait), compute=compute, push=c.cfg.comm_s,
+            times = StepTimes(pull=self.comm_s + (0.0 if in_round else wait), compute=compute, push=self.comm_s,
                               wait=wait if in_round else 0.0)
             self.beat(StepResult(times, b, loss, version))
 
@@ -476,7 +491,7 @@ class Worker:
             asked = c.now
             yield from self._await_round(min_version)
             flat, versions, version = c.pull()
-            yield c.now + c.cfg.comm_s
+            yield c.now + self.comm_s
             wait = c.now - asked
             model = self._own_model()
             load_flat(model, flat)
@@ -484,17 +499,17 @@ class Worker:
             compute = sum(self.step_seconds(b) for _ in range(steps))
             yield c.now + compute
             losses = [self._local_step(b, scale) for _ in range(steps)]
-            yield c.now + c.cfg.comm_s
+            yield c.now + self.comm_s
             applied, after = c.push(flat - flat_params(model), versions, b * steps, DELTA, self.wid)
             min_version = after if applied else after + 1
-            self.beat(StepResult(StepTimes(compute=compute, push=c.cfg.comm_s, wait=wait), b, sum(losses) / steps,
+            self.beat(StepResult(StepTimes(compute=compute, push=self.comm_s, wait=wait), b, sum(losses) / steps,
                                  version, steps))
 
     def msd_loop(self) -> Generator[Wait, None, None]:
         """msd: step without waiting; one delta in flight; correct onto the average when it is back."""
         c = self.c
         flat, versions, version = c.pull()
-        yield c.now + c.cfg.comm_s
+        yield c.now + self.comm_s
         model = self._own_model()
         load_flat(model, flat)
         state = {"base": flat.clone(), "versions": versions, "version": version, "back": None}
@@ -513,21 +528,21 @@ class Worker:
             if not in_flight and since_push >= max(1, c.scheduler.local_steps):
                 anchor = flat_params(model)
                 c.spawn(self._delta_in_flight(state["base"] - anchor, state, b * since_push), c.now)
-                in_flight, since_push, pushed = True, 0, c.cfg.comm_s
+                in_flight, since_push, pushed = True, 0, self.comm_s
             self.beat(StepResult(StepTimes(compute=compute, push=pushed), b, loss, state["version"]),
-                      sync_s=2 * c.cfg.comm_s)
+                      sync_s=2 * self.comm_s)
 
     def _delta_in_flight(self, delta: torch.Tensor, state: dict[str, Any], samples: int) -> Generator[Wait, None, None]:
         """The push travels, the round closes when everyone has pushed, the average travels back."""
         c = self.c
-        yield c.now + c.cfg.comm_s
+        yield c.now + self.comm_s
         if self.wid not in c.shard.live:
             return
         applied, after = c.push(delta, state["versions"], samples, DELTA, self.wid)
         target = after if applied else after + 1
         yield lambda: c.shard.version >= target
         flat, versions, version = c.pull()
-        yield c.now + c.cfg.comm_s
+        yield c.now + self.comm_s
         state["versions"], state["version"], state["back"] = versions, version, flat
 
 
@@ -551,6 +566,7 @@ def result_of(cluster: Cluster) -> SimResult:
     samples = sched.samples
     stats = staleness.stats(cluster.counts)
     time_to = {m: next((t for t, _, acc in cluster.curve if acc >= float(m)), None) for m in MARKS}
+    workers = [m for m in sched.members.values() if m.role == "worker"]
     return SimResult(
         protocol=cfg.protocol, policy=cfg.policy, seed=cfg.seed, workers=len(cfg.workers), time_to=time_to,
         final_test_acc=cluster.curve[-1][2], final_train_loss=None if math.isnan(sched.loss) else sched.loss,
@@ -558,7 +574,9 @@ def result_of(cluster: Cluster) -> SimResult:
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
         samples=samples, curve=cluster.curve, batches=dict(sched.allocation), clipped=cluster.clipped,
-        discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples))
+        discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
+        worker_samples={m.instance: m.samples for m in workers},
+        worker_batches={m.instance: sched.allocation.get(m.id, 0) for m in workers})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

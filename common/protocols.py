@@ -116,6 +116,15 @@ class ProtocolSpec:
     - `sized_rounds`: an update waits for B samples at one model version, so the
       scheduler sizes batches as for a synchronous round (a worker whose fixed
       cost alone exceeds the round gets none), though the round waits on no one.
+    - `equal_steps`: a worker whose step is longer than the others' costs the job
+      more than its own samples: a round waits for it (ssgd, local, msd, rennala),
+      ssp holds the others back once they are `--staleness` clocks ahead of it, and
+      ringmaster discards its gradients, whose staleness reaches the live workers'
+      number as soon as its step is longer than theirs. So the scheduler's dynamic
+      batches give every worker the same step time. Where it is False (asgd,
+      softsync) nobody waits and nothing is discarded for being slow, and batches
+      follow each worker's compute speed instead (scheduler/batch_allocation.py,
+      `allocate_compute`), so a slow link does not shrink a worker's batch.
     - `settings`: the class of the protocol's own settings (`protocol_settings` builds them).
     """
 
@@ -131,6 +140,7 @@ class ProtocolSpec:
     overlaps_rounds: bool = False
     may_prefetch_pull: bool = False
     sized_rounds: bool = False
+    equal_steps: bool = False
     settings: type[ProtocolSettings] = ProtocolSettings
 
 
@@ -141,26 +151,28 @@ SPECS: dict[str, ProtocolSpec] = {
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
-                     ends_by_rounds=True, sized_rounds=True),
+                     ends_by_rounds=True, sized_rounds=True, equal_steps=True),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),
         ProtocolSpec("ssp", "stale-synchronous parallel: asynchronous, but no worker pulls more than "
                      "--staleness clocks ahead of the slowest",
-                     GRADIENT, shard_rule="ssp", worker_loop="gradient", settings=SspSettings),
+                     GRADIENT, shard_rule="ssp", worker_loop="gradient", equal_steps=True, settings=SspSettings),
         ProtocolSpec("ringmaster", "Ringmaster ASGD: asynchronous, a gradient --max-delay or more versions stale is "
                      "discarded and its worker re-pulls; the others take a delay-adaptive step",
-                     GRADIENT, shard_rule="ringmaster", worker_loop="gradient", settings=RingmasterSettings),
+                     GRADIENT, shard_rule="ringmaster", worker_loop="gradient", equal_steps=True,
+                     settings=RingmasterSettings),
         ProtocolSpec("rennala", "Rennala SGD: one step per B samples of gradients computed at the current model, "
                      "from whoever delivers them; a gradient of an older model is discarded",
-                     GRADIENT, shard_rule="rennala", worker_loop="sample_round", sized_rounds=True),
+                     GRADIENT, shard_rule="rennala", worker_loop="sample_round", sized_rounds=True,
+                     equal_steps=True),
         ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
                      DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True,
-                     settings=OuterSettings),
+                     equal_steps=True, settings=OuterSettings),
         ProtocolSpec("msd", "multi-step delay: local SGD that never waits, corrects onto the averaged model, "
                      "H adapted (AdaComm)",
                      DELTA, shard_rule="outer", worker_loop="msd", one_push_per_round=True, local_steps=True,
-                     adaptive_local_steps=True, overlaps_rounds=True, settings=OuterSettings),
+                     adaptive_local_steps=True, overlaps_rounds=True, equal_steps=True, settings=OuterSettings),
     )
 }
 PROTOCOLS: tuple[str, ...] = tuple(SPECS)

@@ -12,10 +12,11 @@ batch is 8.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.speed_model import StepModel
 
 
@@ -133,6 +134,40 @@ def allocate(
     t = (rest + float((a[free] / c[free]).sum())) / float((1.0 / c[free]).sum())
     shares = np.clip((t - a) / c, lo, hi)
     return _largest_remainder(ids, shares, global_batch)
+
+
+def allocate_compute(
+    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int,
+    caps: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Batch sizes proportional to each worker's compute speed ``1/c_i`` (the same compute time per step),
+    summing to ``global_batch``: the split for protocols where no step waits on another (asgd, softsync).
+
+    ``allocate`` equalizes whole steps, so a worker behind a slow link, whose pull and push land in its fixed
+    cost ``a_i``, gets a smaller batch the slower its link, which makes communication an ever larger share of its
+    step and its throughput ``b_i / (a_i + c_i*b_i)`` ever smaller (bench/RESULTS.md section 8). Where nothing
+    waits for that worker's step, equal steps buy nothing: moving samples from a worker with a small ``a`` to one
+    with a large ``a`` costs the first almost no throughput and raises the second's. Taking the batch as if
+    ``a_i = 0`` keeps every worker's compute share whatever its link, and bounds staleness: workers on equal links
+    keep equal steps (so equal staleness), and a slow-link worker's step, hence the staleness of its gradients, is
+    longer only by its own communication, ``(a_i + T_c) / (a_j + T_c)``; the split of most total samples/s (step
+    times growing as ``sqrt(a_i)``) would make a slow link's step longer still against fast links with small
+    ``a_j``. Bounds and rounding as in ``allocate``.
+    """
+    compute_only = {w: StepModel(0.0, m.per_sample_s) for w, m in models.items()}
+    return allocate(compute_only, global_batch, b_min, b_max, caps)
+
+
+Allocation = Callable[[Mapping[str, StepModel], int, int, int, Mapping[str, int] | None], dict[str, int]]
+"""The signature the scheduler's dynamic policy calls: (models, global_batch, b_min, b_max, caps) to batches."""
+
+
+def allocation_for(spec: ProtocolSpec) -> Allocation:
+    """The dynamic policy's split for a protocol: a sized round's (``allocate_round``), equal steps where a slower
+    step costs the others (``ProtocolSpec.equal_steps``), else each worker's compute share (``allocate_compute``)."""
+    if spec.sized_rounds:
+        return allocate_round
+    return allocate if spec.equal_steps else allocate_compute
 
 
 def fixed_allocation(

@@ -24,7 +24,7 @@ from dynabatch.common.messages import (
 from dynabatch.common.protocols import dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.batch_allocation import (
-    allocate, allocate_round, bounds_note, fixed_allocation, needs_reassign,
+    allocation_for, bounds_note, fixed_allocation, needs_reassign,
 )
 from dynabatch.scheduler.divergence import DivergenceWatch, lr_factor
 from dynabatch.scheduler.local_steps import adacomm_steps
@@ -641,8 +641,7 @@ class JobState:
         if job.batch_policy == "fixed" or any(model is None for model in models.values()):
             proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
         else:
-            solve = allocate_round if self.spec.sized_rounds else allocate
-            proposed = solve(models, job.global_batch, job.min_batch, job.max_batch, caps)
+            proposed = allocation_for(self.spec)(models, job.global_batch, job.min_batch, job.max_batch, caps)
         if not force and not needs_reassign(self.allocation, proposed, self.job.reassign_threshold):
             return
         if proposed == self.allocation:

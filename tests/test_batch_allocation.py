@@ -3,8 +3,10 @@ import random
 import numpy as np
 import pytest
 
+from dynabatch.common.protocols import SPECS
 from dynabatch.scheduler.batch_allocation import (
-    allocate, allocate_round, bounds_note, fixed_allocation, needs_reassign, round_samples_per_s,
+    allocate, allocate_compute, allocate_round, allocation_for, bounds_note, fixed_allocation, needs_reassign,
+    round_samples_per_s,
 )
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -269,3 +271,61 @@ def test_round_allocation_leaves_out_only_workers_slower_than_the_round_they_hol
     assert all(batches[f"w{i}"] >= 1 for i in range(5)) and sum(batches.values()) == 64
     t_round = max(models[w].step_seconds(b) for w, b in batches.items() if b > 0)
     assert all(models[f"w{i}"].step_seconds(1) > t_round for i in range(5, 8))
+
+
+# A worker behind a 100 Mbit link among 1 Gbit ones (bench/links.py): as fast to compute, but its pull and push of
+# the model take ~150 ms, which the speed model sees as fixed cost.
+FAST_LINK = StepModel(0.01, 1 / 1000)
+SLOW_LINK = StepModel(0.15, 1 / 1000)
+LINKS = {"fast-0": FAST_LINK, "fast-1": FAST_LINK, "slow-0": SLOW_LINK}
+
+
+def samples_per_s(models: dict[str, StepModel], batches: dict[str, int]) -> float:
+    """What workers stepping independently (nothing waits) train together."""
+    return sum(models[w].samples_per_s(b) for w, b in batches.items() if b > 0)
+
+
+def test_a_slow_link_keeps_its_compute_share_where_no_step_waits() -> None:
+    equal_steps = allocate(LINKS, 192, 1, 1024)
+    compute = allocate_compute(LINKS, 192, 1, 1024)
+    assert equal_steps["slow-0"] < 10, equal_steps  # the equal-time split starves it
+    assert compute == {"fast-0": 64, "fast-1": 64, "slow-0": 64}  # equal compute speeds, equal shares
+    assert samples_per_s(LINKS, compute) > 1.1 * samples_per_s(LINKS, equal_steps)  # 2029 against 1817
+    assert LINKS["slow-0"].samples_per_s(compute["slow-0"]) > 5 * LINKS["slow-0"].samples_per_s(equal_steps["slow-0"])
+
+
+def test_compute_shares_follow_compute_speed_not_the_link() -> None:
+    models = {"fast": StepModel(0.2, 1 / 400), "slow": StepModel(0.001, 1 / 100)}  # the faster one on a slow link
+    assert allocate_compute(models, 500, 1, 1024) == {"fast": 400, "slow": 100}
+    assert allocate(models, 500, 1, 1024)["fast"] < 400
+
+
+def test_compute_shares_keep_the_bounds_caps_and_sum() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        models = {f"w{i}": StepModel(rng.uniform(0, 0.3), rng.uniform(1e-4, 1e-2)) for i in range(rng.randint(1, 8))}
+        caps = {w: rng.randint(1, 200) for w in models if rng.random() < 0.3}
+        b_min, b_max = rng.randint(1, 16), rng.randint(16, 256)
+        total = rng.randint(0, 600)
+        got = allocate_compute(models, total, b_min, b_max, caps)
+        expected = allocate({w: StepModel(0.0, m.per_sample_s) for w, m in models.items()}, total, b_min, b_max, caps)
+        assert got == expected
+        for w, b in got.items():
+            hi = min(b_max, caps.get(w, b_max))
+            assert min(b_min, hi) <= b <= hi
+
+
+@pytest.mark.parametrize("protocol", sorted(SPECS))
+def test_each_protocol_gets_the_split_of_its_objective(protocol: str) -> None:
+    """Where a slower step costs the others (a round waits, ssp holds back, ringmaster discards), the slow link
+    still gets the equal-time batch; where nothing waits (asgd, softsync), its compute share."""
+    spec = SPECS[protocol]
+    batches = allocation_for(spec)(LINKS, 192, 1, 1024, None)
+    if spec.sized_rounds:
+        assert batches == allocate_round(LINKS, 192, 1, 1024)
+    elif spec.equal_steps:
+        assert batches == allocate(LINKS, 192, 1, 1024)
+        assert batches["slow-0"] < 10
+    else:
+        assert protocol in ("asgd", "softsync")
+        assert batches["slow-0"] == 64

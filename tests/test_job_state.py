@@ -499,3 +499,26 @@ def test_asynchronous_protocols_never_leave_a_worker_out():
             _step(state, w, 0.004 + state.allocation.get(w, 0) * 0.0005, t * 0.1)
         _step(state, slow, 0.400 + state.allocation.get(slow, 0) * 0.004, t * 0.1)
     assert state.allocation[slow] >= 8 and not state.assignment_for(state.shards[0]).idle_workers
+
+
+@pytest.mark.parametrize("protocol", ["asgd", "softsync", "ssgd"])
+def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protocol):
+    """Three workers computing 1,000 samples/s, one behind a link whose transfers add 150 ms to each step. Once its
+    batch has moved enough for the speed model to see that as fixed cost, asgd and softsync give it the compute
+    share (96 / 3) again, and keep it; ssgd, whose rounds would wait for it, gives it the equal-step batch, here
+    none (the round is faster without it)."""
+    state = _job(protocol=protocol, global_batch=96, min_batch=4)
+    fast = [_join(state, 1000.0) for _ in range(2)]
+    slow = _join(state, 1000.0)
+    held = []
+    for t in range(1, 21):
+        for w in fast:
+            _step(state, w, 0.010 + state.allocation.get(w, 0) * 0.001, t * 0.1)
+        if state.allocation.get(slow, 0):
+            _step(state, slow, 0.150 + state.allocation.get(slow, 0) * 0.001, t * 0.1)
+        held.append(state.allocation[slow])
+    assert sum(state.allocation.values()) == 96
+    if protocol == "ssgd":
+        assert held[-10:] == [0] * 10, held
+    else:
+        assert held[-10:] == [32] * 10, held

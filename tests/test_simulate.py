@@ -141,3 +141,25 @@ def test_ringmaster_discards_what_reaches_r_and_rennala_wastes_little(data):
     assert len(ring.staleness_counts) <= 4, "R = 4 live workers: nothing 4 or more versions stale is taken"
     rennala = simulate(tiny("rennala", "dynamic", workers, budget_s=0.6), data)
     assert rennala.discarded_fraction < 0.1 and rennala.samples > 0
+
+
+def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under_ssgd(data):
+    """links16's shape, small: equally fast nodes, two behind links 10x slower (a step's transfers 0.04 virtual s
+    against 0.02 of compute at the equal share of 32). Under asgd the dynamic split keeps their batch at the
+    compute share (the probes' noise, up to about 30% (sd 0.14), and hysteresis move it) and they train far more
+    than under the equal-step split, which holds them at the job's smallest batch (8); under ssgd a slow link still
+    costs every round, so they get that or nothing."""
+    workers = tuple(WorkerSpec("1") for _ in range(6)) + tuple(WorkerSpec("1", link=10.0) for _ in range(2))
+    slow = ("sim6", "sim7")
+
+    def run(protocol: str, equal_steps: bool | None = None):
+        r = simulate(tiny(protocol, "dynamic", workers, budget_s=1.0, global_batch=256, equal_steps=equal_steps), data)
+        return r, sum(r.worker_samples[w] for w in slow) / sum(r.worker_samples.values())
+
+    compute, compute_share = run("asgd")
+    starved, starved_share = run("asgd", equal_steps=True)
+    assert all(22 <= compute.worker_batches[w] <= 42 for w in slow), compute.worker_batches
+    assert all(starved.worker_batches[w] <= 8 for w in slow), starved.worker_batches
+    assert compute_share > 2 * starved_share, (compute_share, starved_share)
+    rounds, _ = run("ssgd")
+    assert all(rounds.worker_batches[w] <= 8 for w in slow), rounds.worker_batches
