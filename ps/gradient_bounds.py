@@ -22,8 +22,9 @@ chunk's own parameter norm, which an honest gradient (or delta) is far below. A
 chunk beyond its bound is scaled to it (clipped), not refused: an honest worker's
 rare outlier still counts, in direction.
 
-A worker whose pushes are clipped `QUARANTINE_AFTER` times in a row is
-quarantined: its further pushes are refused (`quarantined`) and the shard reports
+A worker whose pushes are clipped `QUARANTINE_AFTER` times in a row while most
+other live workers' last pushes were not is quarantined (when most are clipped, the
+model itself moved, say a shard came back from an older checkpoint: nobody is): its further pushes are refused (`quarantined`) and the shard reports
 it to the scheduler, which drops it from the job. An honest worker is clipped in a
 row only if its gradient norm stays `factor` times the other workers' for that
 long, which is what the bound is for.
@@ -147,10 +148,13 @@ class GradientBounds:
             self.history.setdefault(cid, _ChunkHistory()).add(found.worker, norm, live)
         self.batches.setdefault(found.worker, deque(maxlen=HISTORY)).append(found.samples)
         self.in_a_row[found.worker] = self.in_a_row.get(found.worker, 0) + 1 if found.clipped else 0
-        if self.in_a_row[found.worker] >= QUARANTINE_AFTER and found.worker not in self.quarantined:
-            self.quarantined.add(found.worker)
-            return True
-        return False
+        if self.in_a_row[found.worker] < QUARANTINE_AFTER or found.worker in self.quarantined:
+            return False
+        others = [w for w in live if w != found.worker and w in self.in_a_row]
+        if not others or 2 * sum(self.in_a_row[w] > 0 for w in others) >= len(others):
+            return False  # most workers are being clipped too: the model moved (a shard restored), not a liar
+        self.quarantined.add(found.worker)
+        return True
 
     def forget(self, live: set[str]) -> None:
         """Workers that left: their counts and batches go (a quarantined id stays refused: ids are not reused

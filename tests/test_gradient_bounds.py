@@ -95,3 +95,13 @@ def test_off_takes_every_push_as_it_comes():
     _push(bounds, "w0", 1.0)
     found, quarantined = _push(bounds, "bad", 1e9)
     assert not found.clipped and not quarantined and float(found.tensors[0].norm()) == pytest.approx(1e9)
+
+
+def test_when_every_worker_is_clipped_the_model_moved_and_nobody_is_quarantined():
+    bounds = GradientBounds(4.0)
+    _honest_history(bounds)
+    for i in range(3 * QUARANTINE_AFTER):  # a shard restored an older model: every gradient is larger at once
+        for w in ("w0", "w1", "w2"):
+            _, quarantined = _push(bounds, w, 50.0, seed=i)
+            assert not quarantined, (i, w)
+    assert not bounds.quarantined
