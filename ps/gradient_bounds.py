@@ -6,34 +6,36 @@ noise. The shard cannot tell a wrong direction from a right one, but it can boun
 the size. For every chunk it keeps, per worker, the norms of that worker's last
 `HISTORY` pushes of the chunk (as taken, i.e. after clipping), raw and times
 sqrt(samples); the chunk's reference norms are the lower medians, across workers,
-of each worker's medians
-(refreshed every `REFRESH` pushes of the chunk, so that a push costs one norm per
-chunk, not a sort over every worker). Each
-worker counts once, however often it pushes, so a single worker (of two or more)
-cannot move the reference by pushing fast or big: with n workers of which one
-lies, the reference is an honest worker's typical norm.
+of each worker's medians (refreshed every `REFRESH` pushes of the chunk, so that a
+push costs one norm per chunk, not a sort over every worker). Each worker counts
+once, however often it pushes, so one worker cannot move the reference by pushing
+fast or big: with n workers of which one lies, the reference is an honest one's.
 
 A chunk's norm may be at most `factor` times the larger of the typical raw norm
 and the typical normalised norm over sqrt(b): the noise of a mean gradient over b
 samples grows as 1/sqrt(b), so a small-batch worker's honest norm is larger and
-gets that room, while a large batch is never held below the typical norm. The reference is trusted only once most live workers have pushed the
-chunk: before that (the job's first pushes, which may all come from a liar that is
-fast) and always besides, a chunk's norm may be at most `MAX_TO_PARAMS` times the
-chunk's own parameter norm, which an honest gradient (or delta) is far below. A
-chunk beyond its bound is scaled to it (clipped), not refused: an honest worker's
-rare outlier still counts, in direction.
+gets that room, while a large batch is never held below the typical norm. The
+reference is trusted only once most live workers have pushed the chunk: before
+that (the job's first pushes, which may all come from a fast liar) and always
+besides, a chunk's norm may be at most `MAX_TO_PARAMS` times the chunk's own
+parameter norm, which an honest gradient (or delta) is far below. A chunk beyond
+its bound is scaled to it (clipped), not refused: an honest worker's rare outlier
+still counts, in direction.
 
 A worker whose pushes are more than `QUARANTINE_EXCESS` times their bound
-`QUARANTINE_AFTER` times in a row, while most other live workers' last pushes were
-not, is quarantined (when most are clipped, the
-model itself moved, say a shard came back from an older checkpoint: nobody is): its further pushes are refused (`quarantined`) and the shard reports
-it to the scheduler, which drops it from the job. An honest worker gets there only
-if its norm stays 2 x `factor` times the other workers' for that long.
+`QUARANTINE_AFTER` times in a row is quarantined: its further pushes are refused
+(`quarantined`) and the shard reports it to the scheduler, which drops it from the
+job. Only while most of at least two other live workers were not far out at their
+last push: with two workers no majority can tell which one lies, and when most
+are far out the model itself moved (a shard came back from an older checkpoint).
+An honest worker gets there only if its norm stays 2 x `factor` times the other
+workers' for that long.
 
 The weight a push gets from its claimed samples is bounded by the sender's own
 assignment (push_bounds.py), and its step size by the clipped norm times that
 weight: the most a single push can move a chunk is lr x (its DBS weight) x factor x
-(the honest reference norm, or its noise-normalised twin over sqrt(b) for a small batch).
+(the typical norm, or the typical normalised norm over sqrt(b) for a small batch),
+and never more than lr x (its DBS weight) x the chunk's own norm.
 """
 
 from __future__ import annotations
@@ -160,8 +162,8 @@ class GradientBounds:
         if self.in_a_row[found.worker] < QUARANTINE_AFTER or found.worker in self.quarantined:
             return False
         others = [w for w in live if w != found.worker and w in self.in_a_row]
-        if not others or 2 * sum(self.in_a_row[w] > 0 for w in others) >= len(others):
-            return False  # most workers are far out too: the model moved (a shard restored), not a liar
+        if len(others) < 2 or 2 * sum(self.in_a_row[w] > 0 for w in others) >= len(others):
+            return False  # no majority to tell a liar by, or most are far out too: the model moved, not a liar
         self.quarantined.add(found.worker)
         return True
 

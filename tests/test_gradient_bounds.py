@@ -115,3 +115,14 @@ def test_when_every_worker_is_clipped_the_model_moved_and_nobody_is_quarantined(
             _, quarantined = _push(bounds, w, 50.0, seed=i)
             assert not quarantined, (i, w)
     assert not bounds.quarantined
+
+
+def test_of_two_workers_neither_is_quarantined_as_no_majority_can_tell_which_one_lies():
+    bounds = GradientBounds(4.0)
+    live = {"w0", "bad"}
+    for i in range(4 * QUARANTINE_AFTER):  # the liar pushes tiny norms: the honest worker is far beyond the bound
+        for w, norm in (("bad", 1e-3), ("w0", 1.0)):
+            g = torch.randn(100, generator=torch.Generator().manual_seed(i))
+            found = bounds.assess(w, {0: g * (norm / float(g.norm()))}, 32, PARAMS, live)
+            assert not bounds.record(found, live)
+    assert not bounds.quarantined
