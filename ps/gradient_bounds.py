@@ -113,6 +113,7 @@ class GradientBounds:
     history: dict[int, _ChunkHistory] = field(default_factory=dict)
     in_a_row: dict[str, int] = field(default_factory=dict)
     quarantined: set[str] = field(default_factory=set)
+    clipped: int = 0  # pushes taken clipped, for the shard's closing line
 
     @property
     def on(self) -> bool:
@@ -157,6 +158,7 @@ class GradientBounds:
             return False
         for cid, norm in found.norms.items():
             self.history.setdefault(cid, _ChunkHistory()).add(found.worker, norm, found.samples, live)
+        self.clipped += bool(found.clipped)
         far = found.excess > QUARANTINE_EXCESS
         self.in_a_row[found.worker] = self.in_a_row.get(found.worker, 0) + 1 if far else 0
         if self.in_a_row[found.worker] < QUARANTINE_AFTER or found.worker in self.quarantined:

@@ -159,6 +159,8 @@ class ShardServer:
         finally:
             self._checkpoint()
             self.link.bye()
+            log.info("the gradient bound (--gradient-bound %g) clipped %d pushes and quarantined %d workers",
+                     self.job.gradient_bound, self.bounds.clipped, len(self.bounds.quarantined))
         if self.job_over and self.opts.on_finish == "idle":
             log.info("job finished; idling until stopped (--on-finish idle)")
             self.health.idle_until(lambda: self.stopping)
