@@ -4,34 +4,38 @@ A registered worker can send a gradient (or delta) that is finite, of the right
 shape and within its sample count, and still wrong: scaled by 1e3, sign-flipped,
 noise. The shard cannot tell a wrong direction from a right one, but it can bound
 the size. For every chunk it keeps, per worker, the norms of that worker's last
-`HISTORY` pushes of the chunk (as taken, i.e. after clipping); the chunk's
-reference norm is the lower median, across workers, of each worker's median
-(refreshed every `REFRESH` pushes of the chunk, so that a push costs one norm per
-chunk, not a sort over every worker). Each
-worker counts once, however often it pushes, so a single worker (of two or more)
-cannot move the reference by pushing fast or big: with n workers of which one
-lies, the reference is an honest worker's typical norm.
+`HISTORY` pushes of the chunk (as taken, i.e. after clipping), raw and times
+sqrt(samples); the chunk's reference norms are the lower medians, across workers,
+of each worker's medians (refreshed every `REFRESH` pushes of the chunk, so that a
+push costs one norm per chunk, not a sort over every worker). Each worker counts
+once, however often it pushes, so one worker cannot move the reference by pushing
+fast or big: with n workers of which one lies, the reference is an honest one's.
 
-A chunk's norm may be at most `factor` times the reference, scaled up for a push of
-fewer samples than the workers' typical batch (the noise of a mean gradient grows
-as 1/sqrt(b): a small-batch worker's honest norm is larger), never scaled down for
-a larger one. The reference is trusted only once most live workers have pushed the
-chunk: before that (the job's first pushes, which may all come from a liar that is
-fast) and always besides, a chunk's norm may be at most `MAX_TO_PARAMS` times the
-chunk's own parameter norm, which an honest gradient (or delta) is far below. A
-chunk beyond its bound is scaled to it (clipped), not refused: an honest worker's
-rare outlier still counts, in direction.
+A chunk's norm may be at most `factor` times the larger of the typical raw norm
+and the typical normalised norm over sqrt(b): the noise of a mean gradient over b
+samples grows as 1/sqrt(b), so a small-batch worker's honest norm is larger and
+gets that room, while a large batch is never held below the typical norm. The
+reference is trusted only once most live workers have pushed the chunk: before
+that (the job's first pushes, which may all come from a fast liar) and always
+besides, a chunk's norm may be at most `MAX_TO_PARAMS` times the chunk's own
+parameter norm, which an honest gradient (or delta) is far below. A chunk beyond
+its bound is scaled to it (clipped), not refused: an honest worker's rare outlier
+still counts, in direction.
 
-A worker whose pushes are clipped `QUARANTINE_AFTER` times in a row is
-quarantined: its further pushes are refused (`quarantined`) and the shard reports
-it to the scheduler, which drops it from the job. An honest worker is clipped in a
-row only if its gradient norm stays `factor` times the other workers' for that
-long, which is what the bound is for.
+A worker whose pushes are more than `QUARANTINE_EXCESS` times their bound
+`QUARANTINE_AFTER` times in a row is quarantined: its further pushes are refused
+(`quarantined`) and the shard reports it to the scheduler, which drops it from the
+job. Only while most of at least two other live workers were not far out at their
+last push: with two workers no majority can tell which one lies, and when most
+are far out the model itself moved (a shard came back from an older checkpoint).
+An honest worker gets there only if its norm stays 2 x `factor` times the other
+workers' for that long.
 
 The weight a push gets from its claimed samples is bounded by the sender's own
 assignment (push_bounds.py), and its step size by the clipped norm times that
 weight: the most a single push can move a chunk is lr x (its DBS weight) x factor x
-(the honest reference norm), with the factor's sqrt(b_ref / b) raise for small batches.
+(the typical norm, or the typical normalised norm over sqrt(b) for a small batch),
+and never more than lr x (its DBS weight) x the chunk's own norm.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from dynabatch.common.wire import ProtocolError
 HISTORY = 16  # a worker's last norms of one chunk that its median is taken over
 REFRESH = 4  # pushes of a chunk between two computations of its reference
 MAX_TO_PARAMS = 1.0  # a chunk's pushed norm at most this many times its parameters' norm
-QUARANTINE_AFTER = 8  # clipped pushes in a row
+QUARANTINE_AFTER = 8  # pushes in a row far beyond the bound
+QUARANTINE_EXCESS = 2.0  # far: a chunk's norm more than this many times its bound
 
 
 @dataclass
@@ -60,25 +65,29 @@ class Assessment:
     tensors: dict[int, torch.Tensor]
     norms: dict[int, float]
     clipped: list[int]
+    excess: float = 1.0  # the largest ratio of a chunk's norm to its bound
 
 
 @dataclass
 class _ChunkHistory:
-    by_worker: dict[str, deque[float]] = field(default_factory=dict)
-    medians: dict[str, float] = field(default_factory=dict)  # of each worker's norms
-    pushes: int = 0
-    reference: float = math.inf  # the lower median of the workers' medians, as last computed
+    """Per worker, its last norms of one chunk, raw and times sqrt(samples) (noise-normalised)."""
 
-    def add(self, worker: str, norm: float, live: set[str]) -> None:
+    by_worker: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    medians: dict[str, tuple[float, float]] = field(default_factory=dict)  # of each worker's (raw, normalised)
+    pushes: int = 0
+    reference: tuple[float, float] = (math.inf, math.inf)  # lower medians of the workers' medians, as last computed
+
+    def add(self, worker: str, norm: float, samples: int, live: set[str]) -> None:
         self.pushes += 1
         norms = self.by_worker.setdefault(worker, deque(maxlen=HISTORY))
         first = not norms
-        norms.append(norm)
-        self.medians[worker] = _median_low(list(norms))
+        norms.append((norm, norm * math.sqrt(samples)))
+        self.medians[worker] = (_median_low([n for n, _ in norms]), _median_low([n for _, n in norms]))
         if first or self.pushes % REFRESH == 0:
             for gone in [w for w in self.by_worker if w not in live and w != worker]:
                 del self.by_worker[gone], self.medians[gone]
-            self.reference = _median_low(list(self.medians.values()))
+            self.reference = (_median_low([m for m, _ in self.medians.values()]),
+                              _median_low([m for _, m in self.medians.values()]))
 
     def trusted(self, live: set[str]) -> bool:
         """Whether most live workers have pushed this chunk, so that one liar cannot be the reference."""
@@ -102,9 +111,9 @@ class GradientBounds:
 
     factor: float  # 0: off (pushes are taken as they come, nothing is recorded)
     history: dict[int, _ChunkHistory] = field(default_factory=dict)
-    batches: dict[str, deque[int]] = field(default_factory=dict)  # each worker's recent push sample counts
     in_a_row: dict[str, int] = field(default_factory=dict)
     quarantined: set[str] = field(default_factory=set)
+    clipped: int = 0  # pushes taken clipped, for the shard's closing line
 
     @property
     def on(self) -> bool:
@@ -117,48 +126,51 @@ class GradientBounds:
         if worker in self.quarantined:
             raise ProtocolError("quarantined", f"{worker!r} was quarantined: its pushes kept exceeding the job's "
                                 "gradient-norm bound (--gradient-bound)")
-        taken, norms, clipped = dict(tensors), {}, []
+        found = Assessment(worker, samples, dict(tensors), {}, [])
         if not self.on:
-            return Assessment(worker, samples, taken, norms, clipped)
-        raise_for_batch = math.sqrt(max(1.0, self._typical_batch() / max(1, samples)))
+            return found
         for cid, tensor in tensors.items():
             norm = float(torch.linalg.vector_norm(tensor))
-            bound = min(self.bound(cid, live) * raise_for_batch, _params_bound(params[cid]))
+            bound = min(self.bound(cid, samples, live), _params_bound(params[cid]))
             if norm > bound:
-                taken[cid] = tensor * (bound / norm)
-                clipped.append(cid)
+                found.tensors[cid] = tensor * (bound / norm)
+                found.clipped.append(cid)
+                found.excess = max(found.excess, norm / bound)
                 norm = bound
-            norms[cid] = norm
-        return Assessment(worker, samples, taken, norms, clipped)
+            found.norms[cid] = norm
+        return found
 
-    def bound(self, cid: int, live: set[str]) -> float:
-        """Chunk `cid`'s largest norm for a push of the typical batch by the workers' reference (inf while most
-        live workers have not pushed it)."""
+    def bound(self, cid: int, samples: int, live: set[str]) -> float:
+        """Chunk `cid`'s largest norm for a push of `samples` samples by the workers' reference (inf while most
+        live workers have not pushed it): `factor` times the larger of the typical norm and the typical
+        noise-normalised norm over sqrt(samples), so a small batch's noisier gradient has the room it needs and
+        a large batch is never held below the typical norm."""
         hist = self.history.get(cid)
-        if hist is None or not hist.trusted(live) or hist.reference <= 0:
+        if hist is None or not hist.trusted(live):
             return math.inf
-        return self.factor * hist.reference
+        raw, normalised = hist.reference
+        scale = max(raw, normalised / math.sqrt(max(1, samples)))
+        return self.factor * scale if scale > 0 else math.inf
 
     def record(self, found: Assessment, live: set[str]) -> bool:
         """Remember a push that was taken; True if its worker is quarantined by it (newly)."""
         if not self.on:
             return False
         for cid, norm in found.norms.items():
-            self.history.setdefault(cid, _ChunkHistory()).add(found.worker, norm, live)
-        self.batches.setdefault(found.worker, deque(maxlen=HISTORY)).append(found.samples)
-        self.in_a_row[found.worker] = self.in_a_row.get(found.worker, 0) + 1 if found.clipped else 0
-        if self.in_a_row[found.worker] >= QUARANTINE_AFTER and found.worker not in self.quarantined:
-            self.quarantined.add(found.worker)
-            return True
-        return False
+            self.history.setdefault(cid, _ChunkHistory()).add(found.worker, norm, found.samples, live)
+        self.clipped += bool(found.clipped)
+        far = found.excess > QUARANTINE_EXCESS
+        self.in_a_row[found.worker] = self.in_a_row.get(found.worker, 0) + 1 if far else 0
+        if self.in_a_row[found.worker] < QUARANTINE_AFTER or found.worker in self.quarantined:
+            return False
+        others = [w for w in live if w != found.worker and w in self.in_a_row]
+        if len(others) < 2 or 2 * sum(self.in_a_row[w] > 0 for w in others) >= len(others):
+            return False  # no majority to tell a liar by, or most are far out too: the model moved, not a liar
+        self.quarantined.add(found.worker)
+        return True
 
     def forget(self, live: set[str]) -> None:
-        """Workers that left: their counts and batches go (a quarantined id stays refused: ids are not reused
-        while the scheduler lives, and a restarted scheduler's shards start afresh too)."""
-        for table in (self.batches, self.in_a_row):
-            for gone in [w for w in table if w not in live]:
-                del table[gone]
-
-    def _typical_batch(self) -> float:
-        medians = [_median_low(list(b)) for b in self.batches.values() if b]
-        return float(_median_low(medians)) if medians else 1.0
+        """Workers that left: their counts go (a quarantined id stays refused: ids are not reused while the
+        scheduler lives, and a restarted scheduler's shards start afresh too)."""
+        for gone in [w for w in self.in_a_row if w not in live]:
+            del self.in_a_row[gone]

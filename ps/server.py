@@ -6,7 +6,9 @@ at the end of the job, a stop. Every received message is validated before it
 reaches the state; a bad one is answered with ERROR and counted, and nothing
 that arrives on a socket can stop the loop. A message in a live worker's name is
 taken only from the connection that first spoke for it (senders.py), a push's
-numbers only within what its worker was told (push_bounds.py), and once the
+numbers only within what its worker was told (push_bounds.py), each push only
+once (replay_guard.py), its size only within the job's typical norms
+(gradient_bounds.py), and once the
 model is held no message, parked pull or reply queue may outgrow what the model
 needs (peer_limits.py). Shard 0 also holds the model's
 travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
@@ -47,6 +49,7 @@ from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits,
 from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment, GradientBounds
+from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.param_guard import ParamGuard
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
@@ -188,6 +191,8 @@ class ShardServer:
         finally:
             self._checkpoint()
             self.link.bye()
+            log.info("the gradient bound (--gradient-bound %g) clipped %d pushes and quarantined %d workers",
+                     self.job.gradient_bound, self.bounds.clipped, len(self.bounds.quarantined))
         if self.job_over and self.opts.on_finish == "idle":
             log.info("job finished; idling until stopped (--on-finish idle)")
             self.health.idle_until(lambda: self.stopping)
@@ -332,9 +337,10 @@ class ShardServer:
         version = self.state.version if self.state is not None else 0
         train_size = self.signature.train_size if self.signature is not None else 0
         discarded = self.state.discarded if self.state is not None else 0
+        quarantined = sorted(self.bounds.quarantined & self.senders.live)  # the scheduler drops them
         self._on_assignment(self.link.heartbeat(Heartbeat(
             version=version, updates=version, samples=self.samples_seen, membership=self.membership,
-            train_size=train_size, discarded=discarded, quarantined=sorted(self.bounds.quarantined & self.senders.live),
+            train_size=train_size, discarded=discarded, quarantined=quarantined,
             model_problem=self.guard.problem, good_version=self.good_version, rollbacks=self.rollbacks)))
 
     def _on_assignment(self, body: Assignment | None) -> None:

@@ -41,12 +41,12 @@ def test_a_huge_push_is_clipped_to_the_bound_keeping_its_direction():
 def test_one_worker_pushing_often_and_big_does_not_move_the_reference():
     bounds = GradientBounds(4.0)
     _honest_history(bounds)
-    before = bounds.bound(0, LIVE)
+    before = bounds.bound(0, 32, LIVE)
     for i in range(200):
         _push(bounds, "bad", 1e6, seed=i)
         bounds.quarantined.discard("bad")
         bounds.in_a_row["bad"] = 0
-    assert bounds.bound(0, LIVE) == pytest.approx(before, rel=0.2), "each worker counts once in the reference"
+    assert bounds.bound(0, 32, LIVE) == pytest.approx(before, rel=0.2), "each worker counts once in the reference"
 
 
 def test_a_push_of_fewer_samples_than_the_typical_batch_may_be_larger_as_its_noise_is():
@@ -55,7 +55,15 @@ def test_a_push_of_fewer_samples_than_the_typical_batch_may_be_larger_as_its_noi
     found, _ = _push(bounds, "w0", 7.0, samples=2)  # sqrt(32 / 2) = 4 times the room
     assert not found.clipped
     found, _ = _push(bounds, "w0", 7.0, samples=512)
-    assert found.clipped, "a larger batch gets no more room than the typical one"
+    assert found.clipped, "a larger batch gets no more room than the typical norm"
+
+
+def test_workers_of_different_batches_each_have_the_room_their_noise_needs():
+    bounds = GradientBounds(4.0)
+    for i in range(2 * 16):  # a 16-sample worker's noise-dominated norm is sqrt(256 / 16) = 4 times a 256-sample one's
+        for w, samples, norm in (("w0", 256, 1.0), ("w1", 16, 4.0)):
+            found, quarantined = _push(bounds, w, norm * (1.1 if i % 2 else 0.9), samples, seed=i)
+            assert not found.clipped and not quarantined, (i, w)
 
 
 def test_before_most_workers_have_pushed_a_push_is_bounded_by_its_chunks_parameters():
@@ -66,14 +74,16 @@ def test_before_most_workers_have_pushed_a_push_is_bounded_by_its_chunks_paramet
     assert found.clipped and float(found.tensors[0].norm()) == pytest.approx(MAX_TO_PARAMS, rel=1e-4)
     bounds.record(found, LIVE)
     _push(bounds, "bad", 1e3)
-    assert math.isinf(bounds.bound(0, LIVE)), "one worker of four is not yet a reference"
+    assert math.isinf(bounds.bound(0, 32, LIVE)), "one worker of four is not yet a reference"
     _honest_history(bounds, rounds=1)
-    assert bounds.bound(0, LIVE) == pytest.approx(4.0 * 1.0, rel=0.2), "the liar's norms are not the reference"
+    assert bounds.bound(0, 32, LIVE) == pytest.approx(4.0 * 1.0, rel=0.2), "the liar's norms are not the reference"
 
 
-def test_a_worker_clipped_push_after_push_is_quarantined_and_then_refused():
+def test_a_worker_far_beyond_the_bound_push_after_push_is_quarantined_and_then_refused():
     bounds = GradientBounds(4.0)
     _honest_history(bounds)
+    assert not any(_push(bounds, "bad", 6.0, seed=i)[1] for i in range(3 * QUARANTINE_AFTER)), \
+        "clipped, but within twice the bound: not quarantined"
     results = [_push(bounds, "bad", 50.0, seed=i)[1] for i in range(QUARANTINE_AFTER)]
     assert results == [False] * (QUARANTINE_AFTER - 1) + [True]
     with pytest.raises(ProtocolError) as refused:
@@ -95,3 +105,24 @@ def test_off_takes_every_push_as_it_comes():
     _push(bounds, "w0", 1.0)
     found, quarantined = _push(bounds, "bad", 1e9)
     assert not found.clipped and not quarantined and float(found.tensors[0].norm()) == pytest.approx(1e9)
+
+
+def test_when_every_worker_is_clipped_the_model_moved_and_nobody_is_quarantined():
+    bounds = GradientBounds(4.0)
+    _honest_history(bounds)
+    for i in range(3 * QUARANTINE_AFTER):  # a shard restored an older model: every gradient is larger at once
+        for w in ("w0", "w1", "w2"):
+            _, quarantined = _push(bounds, w, 50.0, seed=i)
+            assert not quarantined, (i, w)
+    assert not bounds.quarantined
+
+
+def test_of_two_workers_neither_is_quarantined_as_no_majority_can_tell_which_one_lies():
+    bounds = GradientBounds(4.0)
+    live = {"w0", "bad"}
+    for i in range(4 * QUARANTINE_AFTER):  # the liar pushes tiny norms: the honest worker is far beyond the bound
+        for w, norm in (("bad", 1e-3), ("w0", 1.0)):
+            g = torch.randn(100, generator=torch.Generator().manual_seed(i))
+            found = bounds.assess(w, {0: g * (norm / float(g.norm()))}, 32, PARAMS, live)
+            assert not bounds.record(found, live)
+    assert not bounds.quarantined

@@ -26,9 +26,10 @@ import time
 import pytest
 import torch
 
+from dynabatch.cluster.launcher import Child
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Error, Heartbeat, Params, Pull, Push, PushAck
+from dynabatch.common.messages import Error, Heartbeat, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.models import model_for_job
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection
@@ -101,16 +102,35 @@ def _total(welcome) -> int:
     return sum(p.numel() for p in model_for_job(job_from_dict(welcome.config)).parameters())
 
 
+def _checkpointing_shard(c: Cluster, tmp_path) -> tuple[Child, Connection, Welcome, Connection, set[int]]:
+    """A scheduler and a checkpointing shard on a fixed port, this test as their worker: (the shard, the worker's
+    scheduler connection, its WELCOME, its connection to the shard, the shard's chunk ids)."""
+    c.scheduler()
+    shard = c.shard(0, free_port(), "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
+    scheduler_conn, welcome = c.join_as_worker()
+    job = job_from_dict(welcome.config)
+    ids = set(make_layout(_total(welcome), job.chunk_bytes, job.shards).sizes(0))
+    return shard, scheduler_conn, welcome, c.client(welcome.shards[0], sender=welcome.id), ids
+
+
+def _stop_and_restart(c: Cluster, shard: Child, scheduler_conn: Connection) -> Child:
+    """Start `shard` again (stopped already, or stopped here with SIGTERM: it checkpoints) and wait until it
+    counts this test's worker live again."""
+    if shard.alive():
+        shard.proc.send_signal(signal.SIGTERM)
+        assert shard.proc.wait(timeout=60) == 0
+    shard = c.launcher.restart(shard)
+    wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
+        Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
+        shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+    return shard
+
+
 def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_restart(tmp_path):
     c = Cluster(tmp_path, JOB)
     try:
-        c.scheduler()
-        port = free_port()
-        shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
-        scheduler_conn, welcome = c.join_as_worker()
+        shard, scheduler_conn, welcome, conn, ids = _checkpointing_shard(c, tmp_path)
         job = job_from_dict(welcome.config)
-        ids = set(make_layout(_total(welcome), job.chunk_bytes, job.shards).sizes(0))
-        conn = c.client(welcome.shards[0], sender=welcome.id)
         before = _pull(conn, ids)
         metas, tensors = _gradient(before, 0.01)
         seq = conn.send(Push(samples=8), metas, tensors)
@@ -126,12 +146,7 @@ def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_res
         assert _replays(shard) == 3
         assert all(torch.equal(t, taken[cid][1]) and v == taken[cid][0] for cid, (v, t) in _pull(conn, ids).items())
 
-        shard.proc.send_signal(signal.SIGTERM)
-        shard.proc.wait(timeout=60)
-        shard = c.launcher.restart(shard)
-        wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
-            Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
-            shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+        shard = _stop_and_restart(c, shard, scheduler_conn)
         conn.sock.send_multipart(frames)
         reply = _answer(conn, seq)
         assert isinstance(reply, Error) and reply.code == "replay", reply
@@ -149,27 +164,17 @@ def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_res
 def test_a_damaged_newest_checkpoint_is_refused_and_the_shard_resumes_the_previous_one(tmp_path):
     c = Cluster(tmp_path, JOB)
     try:
-        c.scheduler()
-        port = free_port()
-        shard = c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600")
-        scheduler_conn, welcome = c.join_as_worker()
-        job = job_from_dict(welcome.config)
-        ids = set(make_layout(_total(welcome), job.chunk_bytes, job.shards).sizes(0))
-        conn = c.client(welcome.shards[0], sender=welcome.id)
+        shard, scheduler_conn, _, conn, ids = _checkpointing_shard(c, tmp_path)
         initial = _pull(conn, ids)
         assert isinstance(_answer(conn, conn.send(Push(samples=8), *_gradient(initial, 0.01))), PushAck)
         shard.proc.send_signal(signal.SIGTERM)
-        shard.proc.wait(timeout=60)
+        assert shard.proc.wait(timeout=60) == 0
         newest = tmp_path / "ckpt" / "shard-0.pt"
         data = bytearray(newest.read_bytes())
         for i in range(len(data) // 2, len(data) // 2 + 64):
             data[i] ^= 0xFF
         newest.write_bytes(bytes(data))
-
-        shard = c.launcher.restart(shard)
-        wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
-            Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
-            shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+        shard = _stop_and_restart(c, shard, scheduler_conn)
         assert f"refused {newest}: its content does not match its checksum" in shard.log_since_start()
         resumed = _pull(conn, ids)
         for cid, (version, values) in resumed.items():
