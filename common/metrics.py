@@ -9,6 +9,7 @@ for liveness) and `/readyz` (has the process joined its job: readiness).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from typing import Callable
@@ -69,7 +70,8 @@ class MetricsServer:
         try:
             self._httpd = SelectorHTTPServer(host, port, self._respond)
         except OSError as exc:  # the port is taken, the host is not this machine's
-            raise ConfigError(f"--metrics-host {host} --metrics-port {port}: {exc.strerror}") from None
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigError(f"--metrics-host {host} --metrics-port {port}: {reason}") from None
         self.host = host
         self.port = self._httpd.server_address[1]
         ADDRESS_LOG.info("%s%s", ANNOUNCEMENT, self.url())

@@ -49,7 +49,6 @@ from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits,
 from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment, GradientBounds
-from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.param_guard import ParamGuard
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
