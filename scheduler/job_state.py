@@ -30,6 +30,7 @@ from dynabatch.scheduler.divergence import DivergenceWatch, lr_factor
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.outage_clock import ClockReading, outage_s
+from dynabatch.scheduler.progress_watch import stalled
 from dynabatch.scheduler.report_bounds import (
     check_eval_version, check_rollbacks, check_shard_heartbeat, check_worker_heartbeat,
 )
@@ -63,6 +64,7 @@ class Member:
     last_seen: float
     endpoint: str = ""
     progress_at: float = 0.0  # when its counters last grew: the steps a report adds were taken since then
+    batch_given_at: float = 0.0  # when it was last given a batch after holding none (progress is judged from then)
     shard_index: int = -1
     speed: SpeedModel | None = None
     standalone_sps: float = 0.0
@@ -282,13 +284,23 @@ class JobState:
             m.last_seen += seconds
 
     def expire(self, now: float) -> list[str]:
-        """Drop members whose heartbeats stopped; returns their ids."""
+        """Drop members whose heartbeats stopped, and workers holding a batch whose steps stopped
+        (progress_watch.py); returns their ids."""
         job = self.job
         dead = [m for m in self.members.values()
                 if not m.left and now - m.last_seen > silence_allowed(m, job.liveness_timeout_s, job.join_timeout_s)]
         for m in dead:
             self._drop(m, now, "heartbeat timeout")
-        return [m.id for m in dead]
+        stuck = [m for m in self.members.values()
+                 if m.role == "worker" and not m.left and self.training_started and self.batch_of(m.id) > 0
+                 and stalled(max(m.progress_at, m.batch_given_at), now, m.last.step_s, job.liveness_timeout_s,
+                             job.join_timeout_s)]
+        for m in stuck:
+            log.warning("%s (%s) holds batch %d but finished no step for %.0f s (its steps take %.3f s): dropped "
+                        "from rounds and from the end of the job; it may register again", m.id, m.name,
+                        self.batch_of(m.id), now - max(m.progress_at, m.batch_given_at), m.last.step_s)
+            self._drop(m, now, "no progress")
+        return [m.id for m in dead + stuck]
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         member.left = True
@@ -647,6 +659,9 @@ class JobState:
         if proposed == self.allocation:
             return
         self.previous_allocation, self.allocation = self.allocation, proposed
+        for wid, b in proposed.items():
+            if b > 0 and not self.previous_allocation.get(wid, 0):
+                self.members[wid].batch_given_at = now
         self.assignment_id += 1
         predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items()
                      if models[wid] is not None and b > 0}

@@ -8,6 +8,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
+from dynabatch.scheduler.progress_watch import progress_allowed_s
 
 
 def _job(**kw) -> JobState:
@@ -522,3 +523,34 @@ def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protoco
         assert held[-10:] == [0] * 10, held
     else:
         assert held[-10:] == [32] * 10, held
+
+
+def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_rounds_and_the_end():
+    """Liveness is not progress: w1's heartbeat thread beats on (its last counters repeated) while its data
+    loading hangs; after PROGRESS_STEPS of its own steps (at least three liveness timeouts) it is dropped and its
+    share goes to w0, which kept stepping; a worker that merely waits for its first batch is not judged."""
+    state = _job(protocol="ssgd", liveness_timeout_s=2.0, epochs=1000.0)
+    w0, w1 = _join(state, 1000.0), _join(state, 1000.0)
+    for t in range(1, 6):
+        _step(state, w0, 0.05, t * 0.1)
+        _step(state, w1, 0.05, t * 0.1)
+    frozen = state.members[w1].last
+    limit = progress_allowed_s(0.05, 2.0, state.job.join_timeout_s)
+    assert limit == 3 * 2.0, "20 steps of 0.05 s are less than the floor of three liveness timeouts"
+    now = 0.5
+    while now < 0.5 + limit - 0.2:
+        now += 0.2
+        _step(state, w0, 0.05, now)
+        state.heartbeat(w1, frozen, now)  # the pulse repeats its last counters
+        _shards_apply(state, now)
+        assert state.expire(now) == []
+    now += 0.4
+    _step(state, w0, 0.05, now)
+    state.heartbeat(w1, frozen, now)
+    _shards_apply(state, now)
+    assert state.expire(now) == [w1]
+    assert state.members[w1].left and state.allocation == {w0: 96}
+    assert state.decisions[-1].reason.startswith("no progress") and state.decisions[-1].subject == w1
+    late = _join(state, 1000.0, now=now + 0.1)  # it registers again: judged from its new batch, not its old steps
+    _shards_apply(state, now + 0.2)
+    assert state.expire(now + 0.2) == [] and state.batch_of(late) > 0
