@@ -59,7 +59,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "dynabatch scheduler --curve-dir keys/ --bind tcp://0.0.0.0:5555": (PARSE, ""),
     "dynabatch run --curve-dir keys/": (PARSE, ""),
     "dynabatch worker --scheduler tcp://SCHEDULER_HOST:5555 --curve-dir keys/ --threads 4": (PARSE, ""),
-    "docker build -t dynabatch:0.1.0 .": (ELSEWHERE, "tests/test_k8s.py::test_dockerfile_structure"),
+    "make image": (MAKE, "scripts/image.sh"),
     "kubectl create namespace dynabatch": (KUBECTL, "namespace/dynabatch"),
     "kubectl -n dynabatch create secret generic dynabatch-curve --from-file=keys/": (KUBECTL, "secret/dynabatch-curve"),
     "kubectl apply -k k8s/overlays/cpu-demo": (ELSEWHERE, "tests/test_k8s.py::test_renders"),
