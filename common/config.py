@@ -31,7 +31,8 @@ class JobConfig:
     model: str = opt("cnn", "model architecture", MODELS)
     protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS)
     batch_policy: str = opt(
-        "dynamic", "fixed: B/n per worker; dynamic: sized by measured speed (DBS-SGD)", BATCH_POLICIES
+        "fixed", "fixed: B/n per worker (the default: fastest to target with asgd at 16 and 64 simulated workers, "
+        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd)", BATCH_POLICIES
     )
     dbs_weight: str = opt(
         "capped", "dynamic batches: how a gradient of b_i samples is weighted; capped: min(1, b_i/(B/n)), never "
