@@ -40,7 +40,7 @@ def _tmpfs(mount: Path, options: str) -> Iterator[Path]:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    yield from _tmpfs(tmp_path / "disk", "size=4m")
+    yield from _tmpfs(tmp_path / "disk", "size=16m")  # a running job keeps two checkpoints (a .prev) and a temp
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from dynabatch.scheduler.progress_watch import progress_allowed_s
 
 
 def _job(**kw) -> JobState:
-    cfg = JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw})
+    cfg = JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0,
+                       "liveness_timeout_s": 2.0, "batch_policy": "dynamic", **kw})  # the allocation is what is tested
     state = JobState(cfg, num_shards=1, train_size=1000, now=0.0)
     state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0)
     return state

@@ -20,7 +20,7 @@ from harness import Cluster, free_port, run_job, wait_for
 pytestmark = pytest.mark.slow
 
 QUICK = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
-         "--global-batch", "96"]
+         "--global-batch", "96", "--batch-policy", "dynamic"]  # shares that move with speed and membership
 
 
 def _training(st: JobStatus, n: int) -> bool:

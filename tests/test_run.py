@@ -84,8 +84,8 @@ def test_the_main_job_learns_fashion_mnist(tmp_path):
     # Asynchronous SGD this early is noisy: after one epoch the final accuracy is 83% here (85-86% after 1.5),
     # but one seen under a loaded CI machine dipped by 2.4 points between two evaluations.
     assert summary["final_test_acc"] >= 0.75, summary
-    order = sorted(summary["workers"].values(), key=lambda w: -w["final_batch"])
-    assert [w["name"] for w in order] == ["worker0", "worker1", "worker2"], "batches must follow speed"
+    assert summary["batch_policy"] == "fixed" and summary["protocol"] == "asgd", "the default chosen by measurement"
+    assert [w["final_batch"] for w in summary["workers"].values()] == [64, 64, 64], "fixed: B/n for every worker"
 
 
 def test_workers_with_their_own_largest_batch_micro_batches_and_loader_processes_train(tmp_path):
