@@ -30,15 +30,14 @@ every protocol gets it.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bench import verdicts
+from bench.parallel_runs import run_parallel
 from bench.convergence import config_label, mark_label
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
@@ -124,29 +123,18 @@ def _simulate(run: Run) -> tuple[Run, SimResult]:
 
 
 def run_plan(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Part, SimResult]]:
-    """Every run of `plan`, in `jobs` processes (1: this one), yielded as each finishes, with a progress line.
+    """Every run of `plan`, in `jobs` processes (1: this one), yielded as each finishes, with a progress line;
+    the costliest parts go first (plan_of) so that the last to finish is a short one."""
+    for (part, _, _, _), r in run_parallel(_simulate, plan, jobs, _describe, log):
+        yield part, r
 
-    Runs are independent and each is a function of its seed, so running them side by side changes only the
-    order they finish in; the costliest parts go first so that the last to finish is a short one.
-    """
-    started = time.monotonic()
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else None
-    if pool is None:
-        finished: Iterator[tuple[Run, SimResult]] = map(_simulate, plan)
-    else:
-        finished = (f.result() for f in as_completed([pool.submit(_simulate, run) for run in plan]))
-    try:
-        for i, ((part, seed, protocol, policy), r) in enumerate(finished, 1):
-            took = time.monotonic() - started
-            log(f"[{i}/{len(plan)} {part.name}] {config_label(protocol, policy)} seed {seed}: "
-                f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, staleness mean "
-                f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
-                f"{mark_label(part.marks[0])} at {r.time_to.get(part.marks[0])} "
-                f"(elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
-            yield part, r
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+
+def _describe(run: Run, r: SimResult) -> str:
+    part, seed, protocol, policy = run
+    return (f"{part.name} {config_label(protocol, policy)} seed {seed}: {100 * r.final_test_acc:.2f}%, "
+            f"{r.samples_per_s:.0f} samples/s, staleness mean "
+            f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
+            f"{mark_label(part.marks[0])} at {r.time_to.get(part.marks[0])}")
 
 
 def config_rows(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> list[dict[str, Any]]:

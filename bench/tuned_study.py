@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
 
@@ -180,22 +179,13 @@ def _simulate(run: Run) -> tuple[Run, SimResult]:
 
 def run_all(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Run, SimResult]]:
     """Every run of `plan` in `jobs` processes, yielded as each finishes, with a progress line."""
-    started = time.monotonic()
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) if jobs > 1 else None
-    finished: Iterator[tuple[Run, SimResult]] = (
-        map(_simulate, plan) if pool is None
-        else (f.result() for f in as_completed([pool.submit(_simulate, run) for run in plan])))
-    try:
-        for i, (run, r) in enumerate(finished, 1):
-            took = time.monotonic() - started
-            log(f"[{i}/{len(plan)} {run.profile.profile}{' tuning' if run.tuning else ''}] {run.method} lr {run.lr:g} "
-                f"seed {run.seed}: {100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, "
-                f"{run.profile.target} at {time_to(asdict(r), run.profile.target):g} s "
-                f"(elapsed {took / 60:.1f} min, about {took / i * (len(plan) - i) / 60:.1f} left)")
-            yield run, r
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+    return run_parallel(_simulate, plan, jobs, _describe, log)
+
+
+def _describe(run: Run, r: SimResult) -> str:
+    return (f"{run.profile.profile}{' tuning' if run.tuning else ''} {run.method} lr {run.lr:g} seed {run.seed}: "
+            f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, "
+            f"{run.profile.target} at {time_to(asdict(r), run.profile.target):g} s")
 
 
 @dataclass

@@ -168,6 +168,7 @@ class JobState:
         self.most_shard_samples = 0
         self.loss = math.nan
         self.eval: EvalReport | None = None
+        self.stop_latched = False  # see `stopping`
         self.eval_time = 0.0
         self.final_eval = False
         self._next_id = {"worker": 0, "evaluator": 0}
@@ -534,7 +535,13 @@ class JobState:
 
     @property
     def stopping(self) -> bool:
-        return self.epoch >= self.job.epochs or self.budget_spent or bool(self.failed) or self._rounds_done
+        """The job's end has begun: its target reached, its budget spent, or it failed. A latch: once workers
+        have been told to stop they leave, so work lost afterwards (a rollback, a shard back from an older
+        checkpoint) cannot be trained again, and a job waiting for it would wait for ever."""
+        if not self.stop_latched:
+            self.stop_latched = (self.epoch >= self.job.epochs or self.budget_spent or bool(self.failed)
+                                 or self._rounds_done)
+        return self.stop_latched
 
     @property
     def _rounds_done(self) -> bool:
