@@ -2,8 +2,9 @@
 
 Three workers train the blobs task (tests/tasks/byzantine.py) with one shard; in
 each attacked job one of the three runs a loss that lies (its gradient times 1e3,
-sign-flipped, or noise of about 400 times the honest norm). Without the shards'
-gradient bound such a worker took the model to |w| 1e16 and beyond (issue 22).
+or noise of about 400 times the honest norm; a sign-flipped one is an open hole,
+below). Without the shards' gradient bound such a worker took the model to
+|w| 1e16 and beyond (issue 22).
 With it, the job finishes with accuracy within a point or so of the same job
 with three honest workers, the final evaluation's loss is finite, and a worker
 whose pushes keep being clipped is quarantined (counted by the shard).
