@@ -84,6 +84,11 @@ class Member:
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
     told_batches: dict[str, int] | None = None  # a shard: the push bounds (Assignment.batches) last sent to it
 
+    @property
+    def progress_since(self) -> float:
+        """When its progress is judged from: its last new step, or the batch it was given after holding none."""
+        return max(self.progress_at, self.batch_given_at)
+
     def public(self, batch: int) -> WorkerStatus:
         """The member as STATUS shows it, holding `batch` (the job's allocation owns a worker's batch)."""
         hb = self.last
@@ -294,12 +299,11 @@ class JobState:
             self._drop(m, now, "heartbeat timeout")
         stuck = [m for m in self.members.values()
                  if m.role == "worker" and not m.left and self.training_started and self.batch_of(m.id) > 0
-                 and stalled(max(m.progress_at, m.batch_given_at), now, m.last.step_s, job.liveness_timeout_s,
-                             job.join_timeout_s)]
+                 and stalled(m.progress_since, now, m.last.step_s, job.liveness_timeout_s, job.join_timeout_s)]
         for m in stuck:
             log.warning("%s (%s) holds batch %d but finished no step for %.0f s (its steps take %.3f s): dropped "
                         "from rounds and from the end of the job; it may register again", m.id, m.name,
-                        self.batch_of(m.id), now - max(m.progress_at, m.batch_given_at), m.last.step_s)
+                        self.batch_of(m.id), now - m.progress_since, m.last.step_s)
             self._drop(m, now, "no progress")
         return [m.id for m in dead + stuck]
 
