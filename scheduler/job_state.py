@@ -174,6 +174,7 @@ class JobState:
         self.loss = math.nan
         self.eval: EvalReport | None = None
         self.stop_latched = False  # see `stopping`
+        self.trained_at_beats: dict[int, int] | None = None  # each shard's heartbeats when the epochs were reached
         self.eval_time = 0.0
         self.final_eval = False
         self._next_id = {"worker": 0, "evaluator": 0}
@@ -541,11 +542,34 @@ class JobState:
     def stopping(self) -> bool:
         """The job's end has begun: its target reached, its budget spent, or it failed. A latch: once workers
         have been told to stop they leave, so work lost afterwards (a rollback, a shard back from an older
-        checkpoint) cannot be trained again, and a job waiting for it would wait for ever."""
+        checkpoint) cannot be trained again, and a job waiting for it would wait for ever. For the same reason
+        the job's epochs do not count as reached while its model is in doubt: the samples trained meanwhile may be
+        thrown away by a rollback, which would otherwise end the job at the restored model."""
         if not self.stop_latched:
-            self.stop_latched = (self.epoch >= self.job.epochs or self.budget_spent or bool(self.failed)
-                                 or self._rounds_done)
+            self.stop_latched = self._trained_and_confirmed or self.budget_spent or bool(self.failed)
         return self.stop_latched
+
+    @property
+    def _trained_and_confirmed(self) -> bool:
+        """The job's epochs (or rounds) are reached, and every shard has since reported its model healthy.
+
+        Workers report the samples of pushes already applied, so a shard's heartbeat
+        sent after the report that reached the epochs judges the model that holds
+        them; the second heartbeat received after it surely was sent after it.
+        """
+        if self._model_in_doubt or not (self.epoch >= self.job.epochs or self._rounds_done):
+            self.trained_at_beats = None
+            return False
+        if self.trained_at_beats is None:
+            self.trained_at_beats = {i: s.heartbeats for i, s in self.shards.items()}
+        return all(s.heartbeats >= self.trained_at_beats.get(i, 0) + 2 for i, s in self.shards.items())
+
+    @property
+    def _model_in_doubt(self) -> bool:
+        """The job diverged and is not yet rolled back: a cause is known, a rollback is ordered that not every
+        shard has applied, or a shard reports its parameters sick."""
+        pending = self.rollback_number > self.rollback_done and not self._rollbacks_settled
+        return bool(self.divergence.cause) or pending or any(s.last.model_problem for s in self.shards.values())
 
     @property
     def _rounds_done(self) -> bool:

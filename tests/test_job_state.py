@@ -178,6 +178,7 @@ def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_fin
                 _step(state, w, 0.05, t)
         if t > 0.5 and b in state.live_workers:
             state.bye(b, t)
+        _shards_apply(state, t)
     assert state.samples >= 1000 and state.epoch >= 1.0
     assert state.assignment_for(state.members[a]).stop
     assert not state.assignment_for(state.members[ev]).stop, "the evaluator waits until workers are gone"
@@ -195,6 +196,7 @@ def _run_to_target(state: JobState, wid: str) -> float:
     while not state.stopping:
         t += 0.1
         _step(state, wid, 0.05, t)
+        _shards_apply(state, t)
     assert state.bye(wid, t)
     return t
 
@@ -248,7 +250,10 @@ def test_ssgd_stops_once_every_shard_has_had_the_jobs_rounds_even_if_samples_fal
         _step(state, wid, 0.05, t)
     state.heartbeat(state.shards[0].id, Heartbeat(version=10, membership=state.membership), 10.0)
     assert not state.stopping
-    state.heartbeat(state.shards[0].id, Heartbeat(version=11, membership=state.membership), 11.0)
+    for t in (11.0, 11.1):
+        state.heartbeat(state.shards[0].id, Heartbeat(version=11, membership=state.membership), t)
+        assert not state.stopping, "the shard has not yet judged the model of the last round healthy"
+    state.heartbeat(state.shards[0].id, Heartbeat(version=11, membership=state.membership), 11.2)
     assert state.epoch < 1.0 and state.stopping, "the workers stop at the last round; so does the job"
     state.bye(wid, 11.5)
     assert state.finished
@@ -555,3 +560,40 @@ def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_r
     late = _join(state, 1000.0, now=now + 0.1)  # it registers again: judged from its new batch, not its old steps
     _shards_apply(state, now + 0.2)
     assert state.expire(now + 0.2) == [] and state.batch_of(late) > 0
+
+
+def _to_epochs(state: JobState, wid: str, t: float = 0.0) -> float:
+    """Step `wid` until the job's samples reach its epochs; returns the time."""
+    while state.epoch < state.job.epochs:
+        t += 0.1
+        _step(state, wid, 0.05, t)
+    return t
+
+
+def test_the_job_ends_only_once_every_shard_has_reported_after_its_epochs_were_reached():
+    """Workers report samples whose pushes shards already applied: a shard's second heartbeat after that was sent
+    after them and judges the model that holds them."""
+    state = _job()
+    t = _to_epochs(state, _join(state, 1000.0))
+    assert not state.stopping
+    _shards_apply(state, t + 0.1)
+    assert not state.stopping, "that heartbeat may have been sent before the last pushes"
+    _shards_apply(state, t + 0.2)
+    assert state.stopping
+
+
+def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rolls_back_instead_of_ending():
+    """Else the job would end at the model the rollback restores, without training the samples it threw away."""
+    state = _job(max_rollbacks=2)
+    wid = _join(state, 1000.0)
+    t = _to_epochs(state, wid)
+    ps = state.shards[0]
+    sick = Heartbeat(version=20, samples=state.samples, membership=state.membership, model_problem="norm 1e9")
+    for dt in (0.1, 0.2, 0.3):
+        state.heartbeat(ps.id, sick, t + dt)
+        assert not state.stopping, "the model that reached the epochs is not healthy"
+    assert state.rollback_number == 1
+    restored = Heartbeat(version=4, samples=384, membership=state.membership, rollbacks=1)
+    state.heartbeat(ps.id, restored, t + 0.4)
+    state.heartbeat(ps.id, restored, t + 0.5)
+    assert state.epoch < 1.0 and not state.stopping, "the samples lost to the rollback are trained again"

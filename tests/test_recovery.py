@@ -58,6 +58,9 @@ def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
     _steps(state, wid, 8, 0.4)  # 1248 trained, 960 held: not yet the job's one epoch
     assert not state.stopping
     _steps(state, wid, 1, 0.6)
+    for t in (0.61, 0.62):  # the shard reports on the model that holds the job's epoch
+        assert not state.stopping
+        state.heartbeat(ps, Heartbeat(version=15, samples=1056, membership=state.membership), t)
     assert state.stopping
     st = state.status(0.7)
     assert (st.lost_samples, st.lost_versions, st.samples) == (288, 3, 1344)
