@@ -16,7 +16,7 @@ from dynabatch.cluster.options import CheckOptions
 from dynabatch.common.config import JobConfig
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
-from dynabatch.common.task_error import TaskError
+from dynabatch.task_error import TaskError
 
 
 def main(argv: Sequence[str]) -> int:
@@ -35,7 +35,7 @@ def main(argv: Sequence[str]) -> int:
 
     from dynabatch.cluster.dry_run import dry_run, format_dry_run
     from dynabatch.common.builtin_tasks import builtin_task
-    from dynabatch.common.task import load_task
+    from dynabatch.common.task_check import load_task
 
     torch.set_num_threads(opts.threads)
     try:

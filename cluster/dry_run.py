@@ -21,7 +21,9 @@ import torch
 
 from dynabatch.common.chunking import FLOAT_BYTES, Layout, make_layout
 from dynabatch.common.config import JobConfig
-from dynabatch.common.task import ModelSignature, Task, check_task
+from dynabatch.common.model_signature import ModelSignature
+from dynabatch.common.task_check import check_task
+from dynabatch.task import Task
 
 FROZEN_POLICY = "stays on each worker as built (or as --init loads it); never sent, never updated"
 FIXED_BUFFER_POLICY = "unchanged by training: rebuilt by the model factory in every process, never sent"

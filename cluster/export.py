@@ -24,8 +24,10 @@ from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.chunking import make_layout, named_travelling
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.task import ModelSignature, Task, load_task, signature, signature_from_fields
-from dynabatch.common.task_error import TaskError
+from dynabatch.common.model_signature import ModelSignature, signature, signature_from_fields
+from dynabatch.common.task_check import load_task
+from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 from dynabatch.common.verified_files import read_verified
 
 
@@ -153,8 +155,11 @@ def load_trained(task: Task, seed: int, trained: TrainedState) -> torch.nn.Modul
     return model
 
 
-def trained_model(run_dir: Path, task_spec: str = "", task: Task | None = None) -> torch.nn.Module:
-    """The model a run trained: its task's model (or `task`, or the one `task_spec` names) with its final values."""
-    record = read_run(run_dir)
+def trained_model(run_dir: Path | str, task_spec: str = "", task: Task | None = None) -> torch.nn.Module:
+    """The model a run trained: its task's model (or `task`, or the one `task_spec` names) with its final values.
+
+    `dynabatch.export`; ExportError for a folder whose model cannot be assembled, TaskError for a task that
+    does not match it."""
+    record = read_run(Path(run_dir))
     trained = assemble(read_checkpoints(record), record.job.chunk_bytes)
     return load_trained(task if task is not None else task_of(record, task_spec), record.job.seed, trained)

@@ -20,7 +20,7 @@ from dynabatch.cluster.options import ExportOptions
 from dynabatch.common.atomic_file import write_atomic
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
-from dynabatch.common.task_error import TaskError
+from dynabatch.task_error import TaskError
 
 
 def main(argv: Sequence[str]) -> int:

@@ -27,7 +27,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
-from dynabatch.common.task_error import TaskError
+from dynabatch.task_error import TaskError
 from dynabatch.common.flags import ENV_PREFIX, ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
@@ -113,7 +113,7 @@ def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str
         return
     # Imported here rather than at the top: they bring in torch.
     from dynabatch.common.builtin_tasks import builtin_task
-    from dynabatch.common.task import check_task, load_task
+    from dynabatch.common.task_check import check_task, load_task
     from dynabatch.common.weights import load_weights, read_state_dict
     task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
                                                                  job.flat_params)

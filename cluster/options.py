@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.common.task_error import TaskError
+from dynabatch.task_error import TaskError
 from dynabatch.common.task_spec import anchored_task_spec, split_task_spec
 from dynabatch.cluster.metric_target import MetricTarget
 

@@ -38,8 +38,8 @@ from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.task import Task
-from dynabatch.common.task_error import TaskError
+from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 
 ACTIVE_ENV = "_DYNABATCH_DB_RUN"  # set while db.run runs; its processes inherit it (not a DYNABATCH_ flag default)
 

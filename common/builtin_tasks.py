@@ -16,7 +16,9 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.messages import Init
 from dynabatch.common.models import build_model
-from dynabatch.common.task import Task, check_task, signature_fields
+from dynabatch.common.model_signature import signature_fields
+from dynabatch.common.task_check import check_task
+from dynabatch.task import Task
 
 AUGMENT_SEED = 17
 

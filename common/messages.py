@@ -159,10 +159,10 @@ class Init:
     differing parameter named. `names`, `shapes` and `dtypes` list the trainable
     parameters in order; `buffer_names`, `buffer_shapes` and `buffer_dtypes` the
     buffers a training forward changes (BatchNorm's running statistics), which
-    shard 0 holds and averages (common/task.py's ModelSignature; absent: none travel),
+    shard 0 holds and averages (common/model_signature.py's ModelSignature; absent: none travel),
     and shard 0's INIT carries their initial values as one more chunk entry
     (`BUFFERS_ID`, common/chunking.py). `optimizer` and `schedule` are plain-data specs
-    (common/optim_spec.py, common/schedules.py; empty: the job's SGD flags, constant).
+    (api/optim.py, api/schedule.py; empty: the job's SGD flags, constant).
     """
 
     TYPE: ClassVar[str] = "INIT"

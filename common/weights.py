@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dynabatch.common.task_error import TaskError
+from dynabatch.task_error import TaskError
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -40,8 +40,8 @@ from dynabatch.common.curve import CurveKeys
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.protocols import protocol_settings
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
-from dynabatch.common.schedules import Schedule, schedule_from_fields
-from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
+from dynabatch.schedule import Schedule, schedule_from_fields
+from dynabatch.common.model_signature import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dynabatch.common.chunking import Chunk
-from dynabatch.common.optim_spec import OptimizerSpec
+from dynabatch.optim import OptimizerSpec
 from dynabatch.common.protocols import DELTA, TOO_STALE, OuterSettings, ProtocolSettings, ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.param_buffers import ParamBuffers

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynabatch.common.task import ParamSpec
+from dynabatch.common.model_signature import ParamSpec
 
 
 @dataclass

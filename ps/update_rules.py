@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.optim_spec import SGD, OptimizerSpec, optimizer_from_fields
+from dynabatch.optim import SGD, OptimizerSpec, optimizer_from_fields
 from dynabatch.common.protocols import OuterSettings
 from dynabatch.common.wire import ProtocolError
 
@@ -50,7 +50,7 @@ Segment = tuple[int, int, float]  # [start, stop) and the weight decay of a run 
 def optimizer_spec(job: JobConfig, fields: dict[str, Any]) -> OptimizerSpec:
     """The shards' optimizer: the task's spec if the first worker sent one, else SGD from the job's flags.
 
-    ProtocolError("bad_field") naming the malformed field of a peer's spec (common/optim_spec.py).
+    ProtocolError("bad_field") naming the malformed field of a peer's spec (api/optim.py).
     """
     if not fields:
         return SGD(lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay, nesterov=job.nesterov)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dynabatch.common.task import Task
+from dynabatch.task import Task
 
 
 def optimizer_for(task: Task, model: torch.nn.Module) -> torch.optim.Optimizer:

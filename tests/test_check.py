@@ -14,7 +14,7 @@ from dynabatch.cluster import check_command
 from dynabatch.cluster.dry_run import (COUNTER_POLICY, FIXED_BUFFER_POLICY, FROZEN_POLICY, TRAINED_BUFFER_POLICY, dry_run,
                                        fit_line)
 from dynabatch.common.config import JobConfig
-from dynabatch.common.task import Task
+from dynabatch.task import Task
 from harness import child_env, command_line
 
 TASKS = Path(__file__).resolve().parent / "tasks"

@@ -24,8 +24,10 @@ from dynabatch.cluster import export_command
 from dynabatch.cluster.export import TrainedState, assemble, load_trained
 from dynabatch.cluster.python_run import ACTIVE_ENV, task_spec
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.task import Task, check_task, load_task, signature_fields
-from dynabatch.common.task_error import TaskError
+from dynabatch.common.model_signature import signature_fields
+from dynabatch.common.task_check import check_task, load_task
+from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 from dynabatch.common.weights import load_weights, read_state_dict
 from harness import Cluster, child_env, command_line, run_job, wait_for
 from run_process import RunProcess
@@ -87,6 +89,19 @@ def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported
     ours, reported = plain_torch_metrics(model, task), trained.summary["final_metrics"]
     assert abs(ours["accuracy"] - reported["accuracy"]) <= POINT, (ours, reported)
     assert ours["loss"] == pytest.approx(reported["loss"], rel=1e-4, abs=1e-7), (ours, reported)
+
+
+@pytest.mark.slow
+def test_db_export_gives_the_model_db_run_returned(trained):
+    model = db.export(str(trained.dir))  # a folder's name as a user types it; the task is the one the run recorded
+    ours, theirs = model.state_dict(), trained.model.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+def test_db_export_refuses_a_folder_that_holds_no_run(tmp_path):
+    with pytest.raises(db.ExportError, match="holds no run"):
+        db.export(tmp_path)
 
 
 def test_export_refuses_a_folder_that_holds_no_run(tmp_path, capsys):

@@ -1,13 +1,21 @@
-"""common/ is layered: making keys, reading a job's settings and scheduling never load torch.
+"""The code is layered: roles meet only on the wire, and what is cheap never loads torch.
+
+ps/, worker/ and scheduler/ import the public API (api/, `dynabatch`) and common/, never
+each other, nor the launcher (cluster/) or the command (cli/); api/ and common/ import no
+role at all. The api/ folder's rule for the launcher: `db.run` and `db.export` are
+cluster's, so api/ names them only in its table of lazily loaded names, never in an
+import, and nothing a user's task file imports from `dynabatch` loads a role or cluster/.
+These are read from the source (every import statement, wherever it sits).
 
 torch takes seconds to import. `dynabatch keys` only writes four files, and the job
 schema is read by every command before it can refuse a bad flag, so neither may
-pull in the dataset loaders or the models. Each check runs a fresh interpreter,
+pull in the dataset loaders or the models. Each such check runs a fresh interpreter,
 whose modules are exactly what the code under test imported.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -27,6 +35,12 @@ KEYS_CPU_BUDGET_S = 0.5
 IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)$")
 HEAVY = ("torch", "dynabatch.common.data", "dynabatch.common.models")
 ROLES = ("dynabatch.ps", "dynabatch.worker", "dynabatch.scheduler", "dynabatch.cluster")
+REPO = Path(__file__).resolve().parents[1]
+# Each folder and the package it installs as (pyproject.toml's package-dir).
+PACKAGES = {"api": "dynabatch", "common": "dynabatch.common", "ps": "dynabatch.ps", "worker": "dynabatch.worker",
+            "scheduler": "dynabatch.scheduler", "cluster": "dynabatch.cluster", "cli": "dynabatch.cli"}
+WIRE_ROLES = ("ps", "worker", "scheduler")  # the processes of a job: they meet only on the wire
+NOT_BELOW_A_ROLE = ("dynabatch.ps", "dynabatch.worker", "dynabatch.scheduler", "dynabatch.cluster", "dynabatch.cli")
 
 
 def _is_under(module: str, packages: tuple[str, ...]) -> bool:
@@ -37,6 +51,101 @@ def _outermost(modules: set[str], packages: tuple[str, ...]) -> list[str]:
     """Those of `modules` under `packages`, without the submodules of one listed (torch, not its 1000 parts)."""
     hits = {m for m in modules if _is_under(m, packages)}
     return sorted(m for m in hits if not any(m.startswith(h + ".") for h in hits))
+
+
+def _static_imports(folder: str) -> dict[str, set[str]]:
+    """File -> every dynabatch module its import statements name (`from dynabatch import optim` names
+    dynabatch.optim), read from the source of each file in `folder`, imports inside functions included."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((REPO / folder).glob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path}: a relative import; name the module (dynabatch.x.y)"
+                names.add(node.module or "")
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        found[f"{folder}/{path.name}"] = {n for n in names if _is_under(n, ("dynabatch",))}
+    return found
+
+
+def test_no_role_imports_another_nor_the_launcher() -> None:
+    offending = []
+    for role in WIRE_ROLES:
+        others = tuple(p for p in NOT_BELOW_A_ROLE if p != PACKAGES[role])
+        for file, modules in _static_imports(role).items():
+            offending += [f"{file} imports {m}" for m in sorted(modules) if _is_under(m, others)]
+    assert not offending, offending
+
+
+@pytest.mark.parametrize("folder", ["api", "common"])
+def test_the_public_api_and_common_import_no_role(folder: str) -> None:
+    offending = [f"{file} imports {m}" for file, modules in _static_imports(folder).items()
+                 for m in sorted(modules) if _is_under(m, NOT_BELOW_A_ROLE)]
+    assert not offending, offending
+
+
+def test_the_public_api_names_only_the_launcher_and_only_for_lazy_names() -> None:
+    """`db.run` and `db.export` are the launcher's (cluster/): api/ may name them in its table of lazily
+    loaded names, as strings, and nothing of ps, worker, scheduler or cli anywhere."""
+    import dynabatch
+
+    lazy = {module for module, _ in dynabatch._NAMES.values()}
+    assert not [m for m in lazy if _is_under(m, NOT_BELOW_A_ROLE) and not _is_under(m, ("dynabatch.cluster",))]
+    for path in (REPO / "api").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value not in lazy:
+                named = re.findall(r"\bdynabatch\.(?:ps|worker|scheduler|cluster|cli)\.\w+", node.value)
+                assert not named, f"api/{path.name} names {named} outside the lazy table"
+
+
+def test_what_a_task_file_imports_from_dynabatch_loads_no_role() -> None:
+    public = ("Task", "TaskError", "optim", "schedule", "metrics")
+    loaded = _outermost(_imported_by("import dynabatch as db\n" + "\n".join(f"db.{n}" for n in public)),
+                        NOT_BELOW_A_ROLE)
+    assert not loaded, f"the public API's task-side names loaded {loaded}"
+
+
+@pytest.mark.parametrize("module", ["dynabatch.optim", "dynabatch.schedule", "dynabatch.task_error"])
+def test_the_task_specs_load_no_torch(module: str) -> None:
+    """A flag error or a built-in job's check names an optimizer, a schedule or a TaskError without torch."""
+    loaded = _outermost(_imported_by(f"import {module}"), HEAVY)
+    assert not loaded, f"{module} imported {loaded}"
+
+
+def _help_sections(text: str) -> dict[str, list[str]]:
+    """pydoc's plain text, as section title -> the names it lists (classes, functions, package contents)."""
+    sections: dict[str, list[str]] = {}
+    title = ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            title = line.strip()
+            sections[title] = []
+        elif title in ("CLASSES", "FUNCTIONS", "PACKAGE CONTENTS", "DATA"):
+            entry = re.match(r"^    (?:class )?([A-Za-z_]\w*)(?:\(| = |$)", line)
+            if entry:
+                sections[title].append(entry.group(1))
+    return sections
+
+
+def test_help_of_dynabatch_lists_exactly_the_public_names() -> None:
+    """`help(dynabatch)` is the promise to users: it lists every public name, in its docstring and as an
+    entry, and no internal one (the lazily loaded names' own imports, submodules of dynabatch.common)."""
+    code = "import pydoc, dynabatch\nprint(pydoc.render_doc(dynabatch, renderer=pydoc.plaintext))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import dynabatch
+
+    public = set(dynabatch.__all__)
+    assert {"Task", "TaskError", "optim", "schedule", "metrics", "run", "Run", "export"} <= public
+    assert set(dir(dynabatch)) == public
+    assert not [n for n in public if f"`{n}`" not in (dynabatch.__doc__ or "")], "the docstring lists every name"
+    sections = _help_sections(out.stdout)
+    listed = [n for title in ("CLASSES", "FUNCTIONS", "DATA") for n in sections.get(title, [])]
+    modules = set(sections.get("PACKAGE CONTENTS", []))
+    assert not [n for n in listed if n not in public], f"help(dynabatch) lists internal names: {listed}"
+    assert public == set(listed) | (modules & public), f"help(dynabatch) misses {public - set(listed) - modules}"
 
 
 def _imported_by(statement: str) -> set[str]:

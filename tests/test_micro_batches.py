@@ -7,7 +7,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from dynabatch.common.task import cross_entropy
+from dynabatch.task import cross_entropy
 from dynabatch.worker.micro_batches import micro_batches, slice_batch
 from dynabatch.worker.trainer import train_step
 from harness import Cluster, wait_for

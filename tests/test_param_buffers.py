@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import zmq
 
-from dynabatch.common import optim_spec
+from dynabatch import optim as optim_spec
 from dynabatch.common.chunking import make_layout
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.shard_state import ShardState

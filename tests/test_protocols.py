@@ -15,7 +15,7 @@ import torch
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import ConfigError, JobConfig
 from dynabatch.common.flags import add_flags, from_args
-from dynabatch.common.optim_spec import SGD
+from dynabatch.optim import SGD
 from dynabatch.common.protocols import (
     DELTA, GRADIENT, PROTOCOLS, SPECS, OuterSettings, SoftsyncSettings, SspSettings, protocol_settings, protocol_spec,
 )

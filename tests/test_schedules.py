@@ -7,7 +7,7 @@ import math
 import pytest
 
 import dynabatch as db
-from dynabatch.common.schedules import schedule_fields, schedule_from_fields
+from dynabatch.schedule import schedule_fields, schedule_from_fields
 
 
 def test_warmup_cosine_rises_linearly_then_decays_to_zero():

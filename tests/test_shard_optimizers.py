@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dynabatch.common import optim_spec as optim
+from dynabatch import optim
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import ProtocolSettings, SoftsyncSettings

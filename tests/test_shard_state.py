@@ -9,7 +9,7 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState, StaleGradient
-from dynabatch.common import optim_spec
+from dynabatch import optim as optim_spec
 from dynabatch.common.protocols import TOO_STALE, OuterSettings, RingmasterSettings, SoftsyncSettings, SspSettings
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)

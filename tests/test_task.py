@@ -18,8 +18,9 @@ import torch
 
 from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.catalog import BUILTIN_METRICS
-from dynabatch.common.task import Task, check_task, load_task
-from dynabatch.common.task_error import TaskError
+from dynabatch.common.task_check import check_task, load_task
+from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 from harness import Cluster, run_job, wait_for
 
 TASKS = Path(__file__).resolve().parent / "tasks"

@@ -19,7 +19,7 @@ import torch
 
 from dynabatch.common.chunking import load_flat
 from dynabatch.common.messages import EvalReport, Heartbeat
-from dynabatch.common.task import Task
+from dynabatch.task import Task
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.batch_source import batch_len, fetch, to_device
 from dynabatch.worker.trainer import Worker

@@ -25,9 +25,11 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init
 from dynabatch.common.metrics import Health, MetricsServer
-from dynabatch.common.schedules import schedule_fields
-from dynabatch.common.task import Task, build_data, check_task, load_task, signature_fields
-from dynabatch.common.task_error import TaskError
+from dynabatch.schedule import schedule_fields
+from dynabatch.common.model_signature import signature_fields
+from dynabatch.common.task_check import build_data, check_task, load_task
+from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.protocols import GRADIENT, TOO_STALE, protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink

@@ -4,6 +4,9 @@ Progress is the job's, counted by the scheduler from every worker's samples, so 
 worker that joins late or a shard that restarts applies the same multiplier as
 everyone else at that point of the job. A schedule returns the factor the base
 learning rate is multiplied by.
+
+`dynabatch.schedule`: what `__all__` names is the promise to users; the wire form
+(`schedule_fields`, `schedule_from_fields`) is the shards' and stays beside the schedules it builds.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import bisect
 import math
 from dataclasses import dataclass
 from typing import Any
+
+__all__ = ["Schedule", "constant", "warmup_cosine", "step"]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Evaluation metrics: each a function (model, batch) -> {name: (sum, count)}.
 
 Sums and counts rather than means, so that batches of any size (and the last,
-short one) add up to the exact mean over the evaluation set.
+short one) add up to the exact mean over the evaluation set. `dynabatch.metrics`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
+__all__ = ["Metric", "accuracy"]
 
 Metric = Callable[[torch.nn.Module, Any], dict[str, tuple[float, float]]]
 

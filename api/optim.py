@@ -6,6 +6,9 @@ shards build the optimizer from them (ps/update_rules.py). A spec that arrives
 from a peer is checked field by field here (`optimizer_from_fields`) before a
 shard builds anything from it; a task's own spec goes through the same check at
 start-up, so a bad one fails before a job starts.
+
+`dynabatch.optim`: what `__all__` names is the promise to users; the wire form's
+parser (`optimizer_from_fields`) is the shards' and stays beside the specs it builds.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+__all__ = ["OptimizerSpec", "SGD", "Adam", "AdamW"]
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -75,7 +81,8 @@ def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
         raise ValueError(f"an optimizer spec is a map of fields, got {type(fields_).__name__}")
     name = fields_.get("name")
     if name not in SPECS:
-        raise ValueError(f"optimizer {name!r} is not applied by the shards (they apply {', '.join(SUPPORTED_ON_SHARDS)})")
+        raise ValueError(f"optimizer {name!r} is not applied by the shards "
+                         f"(they apply {', '.join(SUPPORTED_ON_SHARDS)})")
     cls = SPECS[name]
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(fields_) - known)
@@ -102,6 +109,7 @@ def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
             values[key] = value
         elif key == "no_decay":
             if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
-                raise ValueError(f"optimizer {name}: no_decay must be a list of non-empty name substrings, got {value!r}")
+                raise ValueError(f"optimizer {name}: no_decay must be a list of non-empty name substrings, "
+                                 f"got {value!r}")
             values[key] = tuple(value)
     return cls(**values)

@@ -6,6 +6,8 @@ reports task errors (`dynabatch run` checking a built-in job) need not import to
 
 from __future__ import annotations
 
+__all__ = ["TaskError"]
+
 
 class TaskError(ValueError):
     """A task that cannot be trained, with what to fix."""

@@ -1,0 +1,74 @@
+"""What is trained: one `Task` (model factory, data, collate, loss, metrics, optimizer, schedule).
+
+Only workers and evaluators run a task's code. Shards are a generic parameter
+store that the first worker initialises with the model's signature and initial
+parameters (common/model_signature.py); the scheduler learns the training set's
+length from the workers. The built-in models and datasets are tasks like any other
+(common/builtin_tasks.py). How a task is loaded by `--task` and checked before any
+process starts is common/task_check.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from dynabatch.metrics import Metric, accuracy
+from dynabatch.optim import OptimizerSpec
+from dynabatch.schedule import Schedule
+
+__all__ = ["Task", "cross_entropy"]
+
+
+@dataclass
+class Task:
+    """Everything dynabatch needs to train a model: the pinned user-facing API (`dynabatch.Task`).
+
+    - `model`: () -> nn.Module, built under the job's seed in every process; two builds must be identical.
+    - `train_data`, `eval_data`: () -> a map-style torch Dataset (`__len__`, `__getitem__`).
+    - `collate`: list of samples -> batch (default: torch's `default_collate`); batches may be tuples or dicts.
+    - `loss`: (model, batch) -> mean loss tensor (default: cross-entropy on an (x, y) batch).
+    - `metrics`: (model, batch) -> {name: (sum, count)}, or a list of such (default: accuracy);
+      the evaluation loss is always reported too.
+    - `optimizer`: the shards' optimizer (dynabatch.optim); None: SGD from the job's flags.
+    - `schedule`: the learning rate against global progress (dynabatch.schedule); None: constant.
+    - `clip_grad_norm`: clip each worker's gradient to this norm before it is pushed.
+    """
+
+    model: Callable[[], nn.Module]
+    train_data: Callable[[], Any]
+    eval_data: Callable[[], Any] | None = None
+    collate: Callable[[list[Any]], Any] | None = None
+    loss: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    metrics: Metric | Sequence[Metric] | None = None
+    optimizer: OptimizerSpec | None = None
+    schedule: Schedule | None = None
+    clip_grad_norm: float | None = None
+    name: str = field(default="task", compare=False)
+
+    def collate_fn(self) -> Callable[[list[Any]], Any]:
+        return self.collate or default_collate
+
+    def loss_fn(self) -> Callable[[nn.Module, Any], torch.Tensor]:
+        return self.loss or cross_entropy
+
+    def metric_fns(self) -> list[Metric]:
+        if self.metrics is None:
+            return [accuracy]
+        return list(self.metrics) if isinstance(self.metrics, (list, tuple)) else [self.metrics]
+
+    def build_model(self, seed: int) -> nn.Module:
+        """The model at its initial parameters under `seed`, leaving the caller's RNG as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.model()
+
+
+def cross_entropy(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The default loss: cross-entropy of model(x) against labels y."""
+    x, y = batch[0], batch[1]
+    return nn.functional.cross_entropy(model(x), y)
