@@ -43,6 +43,7 @@ from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.builtin_tasks import builtin_init
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import MODELS
 from dynabatch.common.scheduler_link import SchedulerLink
@@ -190,7 +191,7 @@ class DynabatchTarget:
         try:
             self.step()
         except RemoteError as exc:
-            if exc.code != "unknown_sender":
+            if exc.code != ErrorCode.UNKNOWN_SENDER:
                 raise
             return False
         return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Collection
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.wire import ProtocolError
 
 HELLO_KEY_ROLE = {"ps": "shard", "worker": "worker", "evaluator": "evaluator"}  # HELLO.role -> the key it needs
@@ -20,5 +21,5 @@ def check_key_role(key_role: str | None, allowed: Collection[str], what: str) ->
     """Refuse (`bad_role`) `what` from a connection whose key is of none of the `allowed` roles."""
     if key_role is None or key_role in allowed:
         return
-    raise ProtocolError("bad_role", f"{what} is taken only from a {' or '.join(sorted(allowed))} key; this "
+    raise ProtocolError(ErrorCode.BAD_ROLE, f"{what} is taken only from a {' or '.join(sorted(allowed))} key; this "
                         f"connection authenticated with a {key_role} key")

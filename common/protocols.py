@@ -25,9 +25,6 @@ if TYPE_CHECKING:
 
 GRADIENT = "grad"
 DELTA = "delta"
-TOO_STALE = "too_stale"
-"""The ERROR code of a gradient a shard discards as computed on too old a model (ringmaster, rennala): nothing
-changed, and its worker pulls the current model and computes again, without backing off."""
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,13 @@ from typing import Callable
 
 import zmq
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Assignment, Bye, Error, Heartbeat, Hello, Welcome
 from dynabatch.common.transport import Connection, RemoteError
 
 log = logging.getLogger("dynabatch.link")
 # The job is not up yet; a restarted shard's old self is not yet dead; this machine registered many members at once.
-RETRYABLE = ("not_ready", "slot_taken", "hello_rate")
+RETRYABLE = (ErrorCode.NOT_READY, ErrorCode.SLOT_TAKEN, ErrorCode.HELLO_RATE)
 BYE_TIMEOUT_S = 5.0  # a scheduler that is gone must not hold up a process's exit for long
 BYE_ATTEMPT_S = 1.0
 
@@ -123,7 +124,7 @@ class SchedulerLink:
         if isinstance(body, Assignment):
             self.assignment = body
         elif isinstance(body, Error):
-            if body.code in ("unknown_sender", "bad_sender"):  # forgotten, or our connection was replaced
+            if body.code in (ErrorCode.UNKNOWN_SENDER, ErrorCode.BAD_SENDER):  # forgotten, or our connection replaced
                 self.lost = True
             else:
                 log.warning("scheduler answered ERROR %s: %s", body.code, body.text)

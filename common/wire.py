@@ -32,6 +32,7 @@ import msgpack
 if typing.TYPE_CHECKING:
     import torch
 
+from dynabatch.common.error_codes import ErrorCode, sent_code
 from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
 
 PROTOCOL_VERSION = 1
@@ -68,11 +69,12 @@ class WireLimits:
 
 
 class ProtocolError(Exception):
-    """A received message that must be rejected; `code` is a stable reason label."""
+    """A received message that must be rejected; `code` is one of common/error_codes.py's reasons (a plain
+    string that is one is taken too, and any other refused with ValueError: a bug at the raise site)."""
 
-    def __init__(self, code: str, text: str, ref: int = -1) -> None:
-        super().__init__(f"{code}: {text}")
-        self.code = code
+    def __init__(self, code: ErrorCode | str, text: str, ref: int = -1) -> None:
+        self.code = sent_code(code)
+        super().__init__(f"{self.code}: {text}")
         self.text = text
         self.ref = ref
 
@@ -170,7 +172,7 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
     larger than the shard's gets its answer, not a timeout.
     """
     if not frames:
-        raise ProtocolError("malformed", "empty message")
+        raise ProtocolError(ErrorCode.MALFORMED, "empty message")
     if limits is not None:
         _check_envelope_size(frames, limits)
     raw = _frame_bytes(frames[0])
@@ -179,12 +181,13 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
         envelope = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=max_array, max_map_len=1 << 12)
     except ValueError as exc:
         if "max_array_len" in str(exc):
-            raise ProtocolError("bad_chunk", f"a list in the envelope is longer than {max_array} entries") from None
-        raise ProtocolError("malformed", f"envelope is not msgpack: {type(exc).__name__}") from None
+            raise ProtocolError(ErrorCode.BAD_CHUNK,
+                                f"a list in the envelope is longer than {max_array} entries") from None
+        raise ProtocolError(ErrorCode.MALFORMED, f"envelope is not msgpack: {type(exc).__name__}") from None
     except Exception as exc:  # msgpack raises a zoo of types for garbage
-        raise ProtocolError("malformed", f"envelope is not msgpack: {type(exc).__name__}") from None
+        raise ProtocolError(ErrorCode.MALFORMED, f"envelope is not msgpack: {type(exc).__name__}") from None
     if not isinstance(envelope, dict):
-        raise ProtocolError("malformed", "envelope is not a map")
+        raise ProtocolError(ErrorCode.MALFORMED, "envelope is not a map")
     seq = envelope.get("seq")
     ref = seq if _is_int(seq) else -1
     if limits is not None and envelope.get("type") != Init.TYPE:  # an INIT is judged by its signature first
@@ -192,21 +195,21 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
     version = envelope.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
-            "version", f"protocol version {version!r} not supported (this is {PROTOCOL_VERSION})", ref
+            ErrorCode.VERSION, f"protocol version {version!r} not supported (this is {PROTOCOL_VERSION})", ref
         )
     for key, kind in (("type", str), ("job", str), ("sender", str), ("seq", int), ("chunks", list)):
         if key not in envelope:
-            raise ProtocolError("bad_field", f"envelope lacks '{key}'", ref)
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"envelope lacks '{key}'", ref)
         if not isinstance(envelope[key], kind) or isinstance(envelope[key], bool):
-            raise ProtocolError("bad_field", f"envelope '{key}' must be {kind.__name__}", ref)
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"envelope '{key}' must be {kind.__name__}", ref)
     cls = MESSAGE_TYPES.get(envelope["type"])
     if cls is None:
-        raise ProtocolError("unknown_type", f"unknown message type {envelope['type']!r}", ref)
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {envelope['type']!r}", ref)
     body = _decode_body(cls, envelope, ref)
     chunks = _decode_chunks(envelope["chunks"], ref, limits.max_chunks if limits is not None else MAX_CHUNKS)
     if len(frames) - 1 != len(chunks):
         raise ProtocolError(
-            "frame_count", f"{len(chunks)} chunks declared but {len(frames) - 1} tensor frames sent", ref
+            ErrorCode.FRAME_COUNT, f"{len(chunks)} chunks declared but {len(frames) - 1} tensor frames sent", ref
         )
     tensors = [_frame_tensor(frame, meta, ref) for frame, meta in zip(frames[1:], chunks)]
     return Message(body, chunks, tensors, envelope["job"], envelope["sender"], envelope["seq"])
@@ -215,7 +218,8 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
 def _check_envelope_size(frames: Sequence[Any], limits: WireLimits) -> None:
     """Refuse an envelope larger than `limits` allow, before parsing it."""
     if _frame_size(frames[0]) > limits.max_envelope_bytes:
-        raise ProtocolError("too_large", f"an envelope of {_frame_size(frames[0])} bytes exceeds this receiver's "
+        raise ProtocolError(ErrorCode.TOO_LARGE,
+                            f"an envelope of {_frame_size(frames[0])} bytes exceeds this receiver's "
                             f"{limits.max_envelope_bytes}")
 
 
@@ -223,11 +227,12 @@ def _check_frame_sizes(frames: Sequence[Any], limits: WireLimits, ref: int) -> N
     """Refuse more tensor frames than the receiver's chunks, or one larger than its largest chunk
     (before any tensor is built)."""
     if len(frames) - 1 > limits.max_chunks:
-        raise ProtocolError("bad_chunk", f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}",
+        raise ProtocolError(ErrorCode.BAD_CHUNK,
+                            f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}",
                             ref)
     for i, frame in enumerate(frames[1:]):
         if _frame_size(frame) > limits.max_frame_bytes:
-            raise ProtocolError("bad_chunk", f"tensor frame {i} of {_frame_size(frame)} bytes exceeds this "
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"tensor frame {i} of {_frame_size(frame)} bytes exceeds this "
                                 f"receiver's largest chunk ({limits.max_frame_bytes} bytes): a model of another size",
                                 ref)
 
@@ -245,7 +250,7 @@ def _frame_tensor(frame: Any, meta: ChunkMeta, ref: int) -> torch.Tensor:
     size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
     if size != meta.nbytes:
         raise ProtocolError(
-            "frame_length", f"chunk {meta.id}: frame has {size} bytes, shape needs {meta.nbytes}", ref
+            ErrorCode.FRAME_LENGTH, f"chunk {meta.id}: frame has {size} bytes, shape needs {meta.nbytes}", ref
         )
     import torch
 
@@ -260,24 +265,25 @@ def _frame_tensor(frame: Any, meta: ChunkMeta, ref: int) -> torch.Tensor:
 
 def _decode_chunks(entries: list[Any], ref: int, max_chunks: int) -> list[ChunkMeta]:
     if len(entries) > max_chunks:
-        raise ProtocolError("bad_chunk", f"{len(entries)} chunks exceed the limit {max_chunks}", ref)
+        raise ProtocolError(ErrorCode.BAD_CHUNK, f"{len(entries)} chunks exceed the limit {max_chunks}", ref)
     chunks = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise ProtocolError("bad_chunk", f"chunk entry {i} is not a map", ref)
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk entry {i} is not a map", ref)
         cid, dtype, shape, ver = (entry.get(k) for k in ("id", "dtype", "shape", "version"))
         if not _is_int(cid) or cid < 0:
-            raise ProtocolError("bad_chunk", f"chunk entry {i}: id must be a non-negative int", ref)
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk entry {i}: id must be a non-negative int", ref)
         if dtype not in DTYPE_SIZES:
-            raise ProtocolError("bad_chunk", f"chunk {cid}: dtype {dtype!r} not one of {sorted(DTYPE_SIZES)}", ref)
+            raise ProtocolError(ErrorCode.BAD_CHUNK,
+                                f"chunk {cid}: dtype {dtype!r} not one of {sorted(DTYPE_SIZES)}", ref)
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) or len(shape) > 8:
-            raise ProtocolError("bad_chunk", f"chunk {cid}: shape must be a list of non-negative ints", ref)
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk {cid}: shape must be a list of non-negative ints", ref)
         if math.prod(shape) > MAX_CHUNK_ELEMENTS:
-            raise ProtocolError("bad_chunk", f"chunk {cid}: {math.prod(shape)} elements exceed the limit", ref)
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk {cid}: {math.prod(shape)} elements exceed the limit", ref)
         if ver is None:
             ver = 0
         if not _is_int(ver) or ver < 0:
-            raise ProtocolError("bad_chunk", f"chunk {cid}: version must be a non-negative int", ref)
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk {cid}: version must be a non-negative int", ref)
         chunks.append(ChunkMeta(cid, dtype, tuple(shape), ver))
     return chunks
 
@@ -333,7 +339,7 @@ def _decode_body(cls: type, envelope: Mapping[str, Any], ref: int) -> Any:
     try:
         return _build(cls, envelope)
     except _BadValue as exc:
-        raise ProtocolError("bad_field", exc.describe(cls.TYPE), ref) from None
+        raise ProtocolError(ErrorCode.BAD_FIELD, exc.describe(cls.TYPE), ref) from None
 
 
 def decode_map(cls: type[T], data: Any, where: str) -> T:
@@ -345,7 +351,7 @@ def decode_map(cls: type[T], data: Any, where: str) -> T:
     try:
         return _dataclass(cls)(data)
     except _BadValue as exc:
-        raise ProtocolError("bad_field", exc.describe(where)) from None
+        raise ProtocolError(ErrorCode.BAD_FIELD, exc.describe(where)) from None
 
 
 def _build(cls: type, data: Mapping[str, Any]) -> Any:
@@ -512,15 +518,15 @@ def check_chunks(msg: Message, known: Mapping[int, int], dtype: str = "float32")
     seen: set[int] = set()
     for meta in msg.chunks:
         if meta.id not in known:
-            raise ProtocolError("unknown_chunk", f"chunk {meta.id} is not held here", msg.seq)
+            raise ProtocolError(ErrorCode.UNKNOWN_CHUNK, f"chunk {meta.id} is not held here", msg.seq)
         if meta.id in seen:
-            raise ProtocolError("bad_chunk", f"chunk {meta.id} appears twice", msg.seq)
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk {meta.id} appears twice", msg.seq)
         seen.add(meta.id)
         if meta.dtype != dtype:
-            raise ProtocolError("bad_chunk", f"chunk {meta.id}: dtype {meta.dtype}, expected {dtype}", msg.seq)
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk {meta.id}: dtype {meta.dtype}, expected {dtype}", msg.seq)
         if meta.numel != known[meta.id]:
             raise ProtocolError(
-                "bad_shape", f"chunk {meta.id}: {meta.numel} elements, expected {known[meta.id]}", msg.seq
+                ErrorCode.BAD_SHAPE, f"chunk {meta.id}: {meta.numel} elements, expected {known[meta.id]}", msg.seq
             )
 
 
@@ -537,4 +543,4 @@ def check_finite(msg: Message) -> None:
         if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
             continue
         if not bool(torch.isfinite(tensor).all()):
-            raise ProtocolError("non_finite", f"chunk {meta.id} holds NaN or Inf", msg.seq)
+            raise ProtocolError(ErrorCode.NON_FINITE, f"chunk {meta.id} holds NaN or Inf", msg.seq)

@@ -21,7 +21,8 @@ import torch
 
 from dynabatch.common.chunking import Chunk
 from dynabatch.optim import OptimizerSpec
-from dynabatch.common.protocols import DELTA, TOO_STALE, OuterSettings, ProtocolSettings, ProtocolSpec, protocol_spec
+from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.protocol_rules import RULES, ShardRule
@@ -35,7 +36,7 @@ class StaleGradient(ProtocolError):
     and the worker pulls the current model and computes again."""
 
     def __init__(self, text: str) -> None:
-        super().__init__(TOO_STALE, text)
+        super().__init__(ErrorCode.TOO_STALE, text)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
     Bye, ByeAck, DecisionLatency, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest,
 )
@@ -217,7 +218,7 @@ class SchedulerServer:
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.m.bad.labels("scheduler", error.code).inc()
-        if error.code not in ("not_ready", "unknown_sender"):
+        if error.code not in (ErrorCode.NOT_READY, ErrorCode.UNKNOWN_SENDER):
             self.refusals.refused(error.code, str(error))
         send_error(self.sock, incoming, error, self.job.job, "scheduler")
 

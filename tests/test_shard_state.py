@@ -10,7 +10,8 @@ from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch import optim as optim_spec
-from dynabatch.common.protocols import TOO_STALE, OuterSettings, RingmasterSettings, SoftsyncSettings, SspSettings
+from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.protocols import OuterSettings, RingmasterSettings, SoftsyncSettings, SspSettings
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96
@@ -353,7 +354,7 @@ def test_ringmaster_discards_a_gradient_whose_delay_reaches_r_and_changes_nothin
     momentum = {cid: opt.state_dict()["momentum"].clone() for cid, opt in state.optim.items()}
     with pytest.raises(StaleGradient) as refused:
         _push(state, "w2", g, 0, 32)  # computed at version 0, the shard is at 2: delay 2 = R
-    assert refused.value.code == TOO_STALE == "too_stale"
+    assert refused.value.code == ErrorCode.TOO_STALE == "too_stale"
     assert state.version == 2 and torch.equal(_flat(state), before)
     assert all(torch.equal(opt.state_dict()["momentum"], momentum[cid]) for cid, opt in state.optim.items())
     assert (state.discarded, state.discarded_samples) == (1, 32)

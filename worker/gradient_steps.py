@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from dynabatch.common.chunking import flat_grads, load_flat
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
@@ -167,7 +168,7 @@ class RoundLoop(GradientLoop):
     def after_failure(self, code: str) -> None:
         """After "already pushed in this round" the next pull must wait for that round; otherwise start over."""
         self.pulled = self.ahead = None
-        if code == "bad_state" and self.last_versions is not None:
+        if code == ErrorCode.BAD_STATE and self.last_versions is not None:
             self.min_versions = [v + 1 for v in self.last_versions]
         else:
             self.min_versions = None

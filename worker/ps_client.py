@@ -19,6 +19,7 @@ import zmq
 
 from dynabatch.common import staleness
 from dynabatch.common.chunking import BUFFERS_ID, Chunk, Layout
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Error, Init, InitAck, Params, Pull, Push, PushAck
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta, Message
@@ -400,7 +401,7 @@ class PendingPush(Pending):
 
     def refuse(self, shard: int, error: Error) -> None:
         """`unknown_sender` is worth resending to that shard alone; anything else fails the push."""
-        if error.code != "unknown_sender":
+        if error.code != ErrorCode.UNKNOWN_SENDER:
             raise RemoteError(error.code, error.text)
         self.refused.add(shard)
 

@@ -23,6 +23,7 @@ from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.chunking import TravellingBuffers, flat_params, make_layout, travelling
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.schedule import schedule_fields
@@ -31,7 +32,7 @@ from dynabatch.common.task_check import build_data, check_task, load_task
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.protocols import GRADIENT, TOO_STALE, protocol_spec
+from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.common.weights import load_weights, read_state_dict
@@ -367,13 +368,13 @@ class Worker:
             try:
                 result = steps.step(assignment)
             except (TimeoutError, RemoteError) as exc:
-                code = exc.code if isinstance(exc, RemoteError) else "timeout"
+                code = exc.code if isinstance(exc, RemoteError) else ErrorCode.TIMEOUT
                 # A failed step is not counted, so neither are the pushes that live shards took from it: the
                 # scheduler refuses more updates than steps x shards (a shard that restarted fails steps for a while).
                 self.shards.staleness = counted
                 steps.after_failure(code)
                 self.batches.step_failed()
-                if code != TOO_STALE:
+                if code != ErrorCode.TOO_STALE:
                     self.m.errors.labels(self.id, code).inc()
                     log.warning("%s: step failed (%s); retrying", self.id, exc)
                     if self.link.lost:
