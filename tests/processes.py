@@ -65,3 +65,11 @@ def mentioning(text: str) -> set[int]:
         if text in argv and alive({int(entry.name)}):
             found.add(int(entry.name))
     return found
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid`, from /proc."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")

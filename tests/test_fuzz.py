@@ -1,7 +1,7 @@
 """The fuzz suite at CI size: a live job takes every attack issue 11 reported, then thousands of malformed and lying
 messages, and trains as if it had none.
 
-`python -m bench.fuzz --messages 100000` runs the same at full size.
+`PYTHONPATH=tests python -m fuzz --messages 100000` runs the same at full size.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from bench.fuzz import ACCURACY_POINTS, FuzzSettings, fuzz
-from bench.fuzz_attacks import ATTACKS
-from bench.fuzz_messages import CATEGORIES, LIES
+from fuzz.attacks import ATTACKS
+from fuzz.messages import CATEGORIES, LIES
+from fuzz.run import ACCURACY_POINTS, FuzzSettings, fuzz
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ EPOCHS = 20
 
 def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
     seed = random.randrange(1 << 16)
-    print(f"fuzz seed {seed}: `python -m bench.fuzz --messages {MESSAGES} --epochs {EPOCHS} --seed {seed}` replays it")
+    print(f"fuzz seed {seed}: `PYTHONPATH=tests python -m fuzz --messages {MESSAGES} --epochs {EPOCHS} --seed {seed}` replays it")
     report = fuzz(FuzzSettings(messages=MESSAGES, epochs=EPOCHS, seed=seed), tmp_path, print)
     assert report.live_throughout, "the job ended before the fuzz did: the messages did not meet a live job"
     assert report.messages == MESSAGES and set(report.sent) == set(CATEGORIES)

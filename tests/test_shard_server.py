@@ -18,7 +18,6 @@ import pytest
 import torch
 import zmq
 
-from bench.fuzz import rss_bytes
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
@@ -30,6 +29,7 @@ from dynabatch.ps.outbox import SEND_QUEUE
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, backlog_limit
 from dynabatch.ps.push_bounds import max_push_samples
 from harness import Cluster, Proc, metric_value
+from processes import rss_bytes
 
 pytestmark = pytest.mark.slow
 

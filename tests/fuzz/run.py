@@ -1,11 +1,11 @@
-"""Fuzz a live job: `python -m bench.fuzz --messages 100000`.
+"""Fuzz a live job: `PYTHONPATH=tests python -m fuzz --messages 100000` (tests/fuzz/__main__.py).
 
 Starts a job (scheduler, shards, workers, evaluator on 127.0.0.1) and, beside it,
 the same job untouched as the clean reference. Once the first trains, it learns
 what any peer can learn (STATUS, a PULL, a registration of its own), sends it
-every attack reported in issue 11 (bench/fuzz_attacks.py: each must be refused
+every attack reported in issue 11 (fuzz/attacks.py: each must be refused
 with its code, or bounded), then sends the scheduler and every shard messages
-from bench/fuzz_messages.py: half of them
+from fuzz/messages.py: half of them
 malformed, half well-formed lies. Afterwards it checks that no process exited,
 that every parameter on every shard is finite, that every message was refused
 (an answer other than ERROR is an accepted lie) and counted in
@@ -24,7 +24,6 @@ import json
 import math
 import random
 import secrets
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -35,8 +34,6 @@ from typing import Sequence
 import torch
 import zmq
 
-from bench.fuzz_attacks import ATTACKS, Attack, AttackResult, UNREAD_PULLS
-from bench.fuzz_messages import LIES, SCHEDULER, FuzzMessages, JobView
 from dynabatch.cluster.launcher import Child, Launcher
 from dynabatch.cluster.metric_text import metric_by_label, metric_sum
 from dynabatch.common.builtin_tasks import builtin_init
@@ -45,6 +42,9 @@ from dynabatch.common.messages import (
     Bye, Error, Heartbeat, Hello, JobStatus, Params, Pull, StatusRequest, Welcome,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
+from fuzz.attacks import ATTACKS, Attack, AttackResult, UNREAD_PULLS
+from fuzz.messages import LIES, SCHEDULER, FuzzMessages, JobView
+from processes import rss_bytes
 
 JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed", "--chunk-bytes", "131072",
        "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24", "--log-level", "WARNING")
@@ -248,14 +248,6 @@ def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list
     return result
 
 
-def rss_bytes(pid: int) -> int:
-    """The resident memory of process `pid`, from /proc."""
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
 def bad_message_counts(children: list[Child]) -> Counter:
     """Refusals counted by `children`, by code."""
     return sum((metric_by_label(c.metrics(), "dynabatch_bad_messages_total", "reason") for c in children), Counter())
@@ -422,7 +414,7 @@ def _final_accuracy(job: Job, settings: FuzzSettings) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n\n")[0])
     defaults = FuzzSettings()
     parser.add_argument("--messages", type=int, default=defaults.messages)
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -444,6 +436,3 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"report in {out / 'fuzz.json'}")
     return 0 if report.ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,7 @@ wrecked a job: a PUSH in another worker's name with 2**62 samples, a HELLO flood
 a HEARTBEAT claiming 10**12 samples or a speed of 5e-324, an EVAL of version
 2**62, a HELLO for a live shard's slot, BYEs in other workers' names, messages of
 many large frames, a PUSH of 65,536 empty chunk entries, and pulls that are never
-read. The fuzz (bench/fuzz.py) runs them against the job it compares with a clean
+read. The fuzz (fuzz/run.py) runs them against the job it compares with a clean
 one, so the final accuracy within one point covers every attack as well.
 """
 
@@ -18,7 +18,7 @@ from typing import Callable
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Pull, Push
 from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
 
-from bench.fuzz_messages import HUGE, SCHEDULER, JobView, zero_chunks
+from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
 
 HELLO_FLOOD = 2000
 LARGE_FRAMES = 16  # frames of LARGE_FRAME_BYTES in each of LARGE_MESSAGES messages, to each target
