@@ -21,7 +21,7 @@ from dynabatch.metrics import Metric, accuracy
 from dynabatch.optim import OptimizerSpec
 from dynabatch.schedule import Schedule
 
-__all__ = ["Task", "cross_entropy"]
+__all__ = ["Task"]
 
 
 @dataclass
