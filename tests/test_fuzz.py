@@ -24,7 +24,8 @@ EPOCHS = 20
 
 def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
     seed = random.randrange(1 << 16)
-    print(f"fuzz seed {seed}: `PYTHONPATH=tests python -m fuzz --messages {MESSAGES} --epochs {EPOCHS} --seed {seed}` replays it")
+    print(f"fuzz seed {seed}: `PYTHONPATH=tests python -m fuzz --messages {MESSAGES} --epochs {EPOCHS} "
+          f"--seed {seed}` replays it")
     report = fuzz(FuzzSettings(messages=MESSAGES, epochs=EPOCHS, seed=seed), tmp_path, print)
     assert report.live_throughout, "the job ended before the fuzz did: the messages did not meet a live job"
     assert report.messages == MESSAGES and set(report.sent) == set(CATEGORIES)
