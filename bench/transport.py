@@ -138,9 +138,9 @@ def wait_for(what: str, attempt: Callable[[], object], launcher: Launcher) -> ob
 
 def job_flags(model: str, params: int, chunk_bytes: int, shards: int = 1) -> list[str]:
     """A job that never ends by itself and never drops the benchmark's silent worker."""
-    flags = ["--model", model, "--dataset", "synthetic", "--epochs", "1e9", "--chunk-bytes", str(chunk_bytes),
-             "--shards", str(shards), "--liveness-timeout-s", "3600", "--join-timeout-s", "3600"]
-    return flags + (["--flat-params", str(params)] if model == "flat" else [])
+    return ["--model", f"flat:{params}" if model == "flat" else model, "--dataset", "synthetic", "--epochs", "1e9",
+            "--chunk-bytes", str(chunk_bytes), "--shards", str(shards), "--liveness-timeout-s", "3600",
+            "--join-timeout-s", "3600"]
 
 
 class DynabatchTarget:

@@ -89,10 +89,10 @@ def test_parameters_are_in_forward_order(name: str) -> None:
 
 
 def test_flat_model_holds_exactly_the_asked_parameters() -> None:
-    model = build_model("flat", (1, 28, 28), 10, seed=1, flat_params=123_457)
+    model = build_model("flat:123457", (1, 28, 28), 10, seed=1)
     assert [p.numel() for p in model.parameters()] == [123_457]
     assert model(torch.randn(4, 1, 28, 28)).shape == (4, 10)
-    assert torch.equal(model.weight, build_model("flat", (1, 28, 28), 10, seed=1, flat_params=123_457).weight)
+    assert torch.equal(model.weight, build_model("flat:123457", (1, 28, 28), 10, seed=1).weight)
     assert set(MODELS) == set(SHAPES) | {"flat"}
 
 
