@@ -26,10 +26,17 @@ PIPELINE_MODES = ("auto", "on", "off")
 
 
 @dataclass
-class JobConfig:
+class JobName:
+    """The job's name: the scheduler's, and the one each shard and worker joins (a message of another job is
+    refused)."""
+
+    job: str = opt("dynabatch", "the job's name; messages of other jobs are refused", topic="job")
+
+
+@dataclass
+class JobConfig(JobName):
     """What is trained and how: set on the scheduler, sent to every process."""
 
-    job: str = opt("dynabatch", "job name; messages of other jobs are refused", topic="job")
     dataset: str = opt("fashion-mnist", "training data", DATASETS, topic="data")
     model: str = opt("cnn", f"model architecture: {', '.join(MODELS)}; flat:N is one vector of N parameters "
                      f"(flat alone: {FLAT_PARAMS}) for the transport benchmarks", topic="job")

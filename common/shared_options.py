@@ -1,16 +1,17 @@
 """Settings that two commands share, each defined once here and inherited by both commands' options.
 
 `dynabatch run` starts the other roles and hands them its flags: a worker's task, data and compute
-settings, a shard's checkpoint cadence. A shard and a worker find their job the same way. A flag
-with one meaning has one definition, so its help, default and bounds cannot drift apart between the
-command that takes it and the command it is forwarded to (tests/test_cli.py holds every option
-module to it).
+settings, a shard's checkpoint cadence. A shard and a worker find their job the same way (the job's
+name is JobName's, common/config.py). A flag with one meaning has one definition, so its help,
+default and bounds cannot drift apart between the command that takes it and the command it is
+forwarded to (tests/test_cli.py holds every option module to it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dynabatch.common.config import JobName
 from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.metrics import ON_FINISH
@@ -57,11 +58,10 @@ class TrainingOptions(TaskOptions):
 
 
 @dataclass
-class MemberOptions:
-    """How a shard or a worker finds its job and what it does once the job ends."""
+class MemberOptions(JobName):
+    """How a shard or a worker finds its job (its --job and scheduler) and what it does once the job ends."""
 
     scheduler: str = opt("tcp://127.0.0.1:5555", "scheduler control endpoint", topic="cluster")
-    job: str = opt("dynabatch", "job name to join", topic="cluster")
     name: str = opt("", "name in logs and dashboards (default: ps-HOSTNAME for a shard, HOSTNAME-PID for a worker)",
                     topic="observability")
     on_finish: str = opt("exit", "when the job ends: exit, or idle serving /healthz until stopped (Kubernetes)",
