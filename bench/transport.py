@@ -44,7 +44,7 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.messages import Heartbeat, Hello
-from dynabatch.common.models import MODELS
+from dynabatch.common.catalog import MODELS
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
