@@ -190,8 +190,9 @@ def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None) ->
     SGD from the flags and the shards apply the outer optimizer, so it is the task's optimizer that
     would be ignored. A flag counts as set when its value is not its default: that is all a worker
     can see of the scheduler's flags (it gets the job in WELCOME), so `dynabatch run`, `dynabatch
-    check` and every worker decide alike. The scheduler loads no task: with one started by hand, the
-    first worker with a --task applies the rule to the job it was sent.
+    check` and every worker decide alike. The scheduler loads no task: with one started by hand, each
+    worker (and evaluator) with a --task applies the rule to the job it was sent, and exits 2 saying so.
+    No flag conflicts with a task's schedule: it multiplies whichever base rate owns the optimizer.
     """
     if optimizer is None:
         return
