@@ -187,7 +187,8 @@ def test_the_flags_against_task_rule(job, optimizer, error):
 
 
 def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(tmp_path, monkeypatch):
-    """`dynabatch run` refuses before anything starts; the flag may come from the environment too."""
+    """`dynabatch run` refuses before anything starts (the flag may come from the environment too), and
+    `dynabatch check` applies the same rule."""
     monkeypatch.setenv("DYNABATCH_MOMENTUM", "0.9")
     done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
                            "--task", f"{TASKS / 'blobs.py'}:task", "--lr", "0.5"],
@@ -195,6 +196,9 @@ def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not
     assert (done.returncode, done.stderr) == (2, "dynabatch run: --lr, --momentum: the task names the shards' "
                                                  "optimizer (sgd, lr 0.1); change it in the task, or drop the flag\n")
     assert not (tmp_path / "r").exists()
+    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "check", "--task", f"{TASKS / 'blobs.py'}:task",
+                           "--protocol", "local"], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.split(":")[:2]) == (2, ["dynabatch check", " --protocol local"]), done.stderr
 
 
 @pytest.mark.slow  # a scheduler, a shard and a worker that loads torch and the task
