@@ -139,8 +139,8 @@ def _status(conn: Connection) -> JobStatus | None:
 
 def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> ScaleResult:
     """Scheduler + `shards` shards + `workers` light workers; updates/s over `window_s` once all train."""
-    launcher.start_scheduler(["--model", "flat", "--flat-params", str(PARAMS), "--dataset", "synthetic",
-                              "--epochs", "1e9", "--chunk-bytes", str(CHUNK_BYTES), "--shards", str(shards),
+    launcher.start_scheduler(["--model", f"flat:{PARAMS}", "--dataset", "synthetic", "--epochs", "1e9",
+                              "--chunk-bytes", str(CHUNK_BYTES), "--shards", str(shards),
                               "--liveness-timeout-s", "60", *QUIET])
     for i in range(shards):
         launcher.start_shard(i, f"ps{i}", QUIET)

@@ -45,7 +45,7 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
-from dynabatch.common.models import MODELS
+from dynabatch.common.catalog import MODELS
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
@@ -139,9 +139,9 @@ def wait_for(what: str, attempt: Callable[[], object], launcher: Launcher) -> ob
 
 def job_flags(model: str, params: int, chunk_bytes: int, shards: int = 1) -> list[str]:
     """A job that never ends by itself and never drops the benchmark's silent worker."""
-    flags = ["--model", model, "--dataset", "synthetic", "--epochs", "1e9", "--chunk-bytes", str(chunk_bytes),
-             "--shards", str(shards), "--liveness-timeout-s", "3600", "--join-timeout-s", "3600"]
-    return flags + (["--flat-params", str(params)] if model == "flat" else [])
+    return ["--model", f"flat:{params}" if model == "flat" else model, "--dataset", "synthetic", "--epochs", "1e9",
+            "--chunk-bytes", str(chunk_bytes), "--shards", str(shards), "--liveness-timeout-s", "3600",
+            "--join-timeout-s", "3600"]
 
 
 class DynabatchTarget:

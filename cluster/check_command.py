@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from dynabatch.cluster.options import CheckOptions
-from dynabatch.common.config import JobConfig
+from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.task_error import TaskError
@@ -39,10 +39,10 @@ def main(argv: Sequence[str]) -> int:
 
     torch.set_num_threads(opts.threads)
     try:
-        task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
-                                                                     job.flat_params)
+        task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
+        check_flags_against_task(job, task.optimizer)
         report = dry_run(task, job, opts.batches, opts.repeats)
-    except (DatasetNotFound, BadDatasetFile, TaskError) as exc:
+    except (DatasetNotFound, BadDatasetFile, TaskError, ConfigError) as exc:
         print(f"dynabatch check: {exc}", file=sys.stderr)
         return 2
     print(format_dry_run(report, job, opts.task or task.name))

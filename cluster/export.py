@@ -74,7 +74,7 @@ def task_of(record: RunRecord, spec: str = "") -> Task:
     if spec:
         return load_task(spec)
     job = record.job
-    return builtin_task(job.dataset, job.model, record.data_dir or None, job.flat_params)
+    return builtin_task(job.dataset, job.model, record.data_dir or None)
 
 
 def read_checkpoints(record: RunRecord) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -19,16 +18,16 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
-from dynabatch.common.config import JobConfig
+from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
 from dynabatch.task_error import TaskError
-from dynabatch.common.flags import ENV_PREFIX, ConfigError, FlagParser, add_flags, from_args
+from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
@@ -81,30 +80,15 @@ def job_flags(job: JobConfig) -> list[str]:
     return flags
 
 
-OPTIMIZER_FLAGS = ("lr", "momentum", "weight_decay", "nesterov")
-
-
-def given_optimizer_flags(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> list[str]:
-    """The shards' optimizer flags set on the command line or in the environment (not left at their defaults)."""
-    given = []
-    for name in OPTIMIZER_FLAGS:
-        flag = "--" + name.replace("_", "-")
-        if ENV_PREFIX + name.upper() in env or any(
-                a in (flag, "--no-" + flag[2:]) or a.startswith(flag + "=") for a in argv):
-            given.append(flag)
-    return given
-
-
-def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> None:
-    """What can be found wrong before anything starts; TaskError, DatasetNotFound or BadDatasetFile.
+def check_inputs(opts: RunOptions, job: JobConfig) -> None:
+    """What can be found wrong before anything starts; TaskError, ConfigError, DatasetNotFound or BadDatasetFile.
 
     A built-in job needs only its dataset's files (found, and their headers decoded): its models
     are ours and tested, and building one would import torch into a process that never trains
     (2.6 s of every run's start here). A user's task, or weights to start from, are checked in full
     (model, training and evaluation data, loss and its gradient, metrics; the weights against the
-    model). A task that names its optimizer owns it: optimizer flags given beside it would be ignored
-    by the shards, so they are an error rather than a silent no-op. --target-metric must name a
-    metric the evaluations will report.
+    model), and so are the job's flags against it (`check_flags_against_task`, the rule every worker
+    applies too). --target-metric must name a metric the evaluations will report.
     """
     if not opts.task and not opts.init:
         if job.dataset != "synthetic":
@@ -115,12 +99,9 @@ def check_inputs(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str
     from dynabatch.common.builtin_tasks import builtin_task
     from dynabatch.common.task_check import check_task, load_task
     from dynabatch.common.weights import load_weights, read_state_dict
-    task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None,
-                                                                 job.flat_params)
-    if task.optimizer is not None and optimizer_flags:
-        raise TaskError(f"{', '.join(optimizer_flags)}: the task names the shards' optimizer "
-                        f"({task.optimizer.name}, lr {task.optimizer.lr:g}); change it in the task, or drop the flag")
+    task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
     checked = check_task(task, job.seed)
+    check_flags_against_task(job, task.optimizer)
     if opts.evaluator and task.eval_data is None:
         raise TaskError("the task has no eval_data for the evaluator: give it one, or pass --no-evaluator")
     check_target(opts, checked.metric_names)
@@ -136,13 +117,13 @@ def check_target(opts: RunOptions, metric_names: Sequence[str]) -> None:
                         f"not {target.name}")
 
 
-def prepare(opts: RunOptions, job: JobConfig, optimizer_flags: Sequence[str] = ()) -> Path:
+def prepare(opts: RunOptions, job: JobConfig) -> Path:
     """Check the job's inputs (`check_inputs`), then make the run folder with its config.json.
 
-    TaskError or DatasetNotFound before anything is written; RunFolderError for a folder that holds a run
+    TaskError, ConfigError or DatasetNotFound before anything is written; RunFolderError for a folder that holds a run
     or cannot be written, leaving no folder behind that this call made.
     """
-    check_inputs(opts, job, optimizer_flags)
+    check_inputs(opts, job)
     name = opts.name or time.strftime("%Y%m%d-%H%M%S") + f"-{job.protocol}-{job.batch_policy}"
     run_dir = Path(opts.out) / name
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -169,8 +150,8 @@ def main(argv: Sequence[str]) -> int:
     opts, job, curve, flags = parse(argv)
     keys = load_curve_keys("dynabatch run", curve, "run")
     try:
-        run_dir = prepare(opts, job, given_optimizer_flags(argv))
-    except (DatasetNotFound, BadDatasetFile, TaskError, RunFolderError) as exc:
+        run_dir = prepare(opts, job)
+    except (DatasetNotFound, BadDatasetFile, TaskError, ConfigError, RunFolderError) as exc:
         print(f"dynabatch run: {exc}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     except KeyboardInterrupt:  # while checking the task: nothing started yet, no run folder made

@@ -10,60 +10,48 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
+from dynabatch.common.shared_options import ShardCheckpointOptions, TaskOptions, TrainingOptions, check_task_flag
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.task_error import TaskError
-from dynabatch.common.task_spec import anchored_task_spec, split_task_spec
+from dynabatch.common.task_spec import anchored_task_spec
 from dynabatch.cluster.metric_target import MetricTarget
 
 
-def check_task_flag(spec: str) -> None:
-    """A --task that is not FILE.py:ATTR or package.module:ATTR is a bad flag, refused before torch is imported."""
-    if spec:
-        try:
-            split_task_spec(spec)
-        except TaskError as exc:
-            raise ConfigError(str(exc)) from None
-
-
 @dataclass
-class RunOptions:
-    workers: int = opt(3, "training workers to start", minimum=1)
+class RunOptions(TrainingOptions, ShardCheckpointOptions):
+    """`dynabatch run`'s own settings; the workers' and shards' flags it forwards are theirs
+    (common/shared_options.py)."""
+
+    workers: int = opt(3, "training workers to start", minimum=1, topic="cluster")
     slowdowns: list[str] = opt(
-        ["1", "2", "4"], "per-worker slowdown factors or schedules (one, or one per worker), e.g. 1 2 4 or 1x,4x@60s"
+        ["1", "2", "4"], "per-worker slowdown factors or schedules (one, or one per worker), e.g. 1 2 4 or 1x,4x@60s",
+        topic="cluster",
     )
-    evaluator: bool = opt(True, "start an evaluator that reports test accuracy")
-    out: str = opt("runs", "parent folder of the run folder")
-    name: str = opt("", "run folder name (default: time-protocol-policy)")
-    task: str = opt("", "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
-                    "(default: the job's --model on its --dataset)")
-    data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
-    init: str = opt("", "start from these weights: a state_dict file (torch.save, dynabatch export) that every "
-                    "worker and the evaluator load into the task's model")
-    threads: int = opt(1, "torch threads per worker", minimum=1)
+    evaluator: bool = opt(True, "start an evaluator that reports test accuracy", topic="cluster")
+    out: str = opt("runs", "parent folder of the run folder", topic="observability")
+    name: str = opt("", "run folder name (default: time-protocol-policy)", topic="observability")
     max_batches: list[int] = opt(
-        [0], "per-worker largest batch, the memory of each machine (one, or one per worker; 0: none), e.g. 64 32 0"
+        [0], "per-worker largest batch, the memory of each machine (one, or one per worker; 0: none), e.g. 64 32 0",
+        topic="cluster",
     )
-    micro_batch: int = opt(0, "workers run a batch as passes of at most this many samples, accumulating gradients "
-                           "(0: one pass)", minimum=0)
-    loader_workers: int = opt(0, "processes loading batches ahead for each worker (0: in the worker itself)", minimum=0)
-    progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1)
-    status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05)
-    checkpoint_interval_s: float = opt(30.0, "seconds between shard checkpoints", minimum=0.1)
-    timeout_s: float = opt(3600.0, "abort the run after this long", minimum=1.0)
+    progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1, topic="observability")
+    status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05, topic="observability")
+    timeout_s: float = opt(3600.0, "abort the run after this long", minimum=1.0, topic="cluster")
     restarts: int = opt(3, "times a process that exits with an error is started again (a shard resumes from its "
-                        "checkpoint, the scheduler from its saved progress, a worker joins anew); past that a worker is "
-                        "left out while the job can go on without it, and any other process fails the run", minimum=0)
-    warmup_fraction: float = opt(0.2, "fraction of the run left out of the summary's step-time means", minimum=0.0)
+                        "checkpoint, the scheduler from its saved progress, a worker joins anew); past that a worker "
+                        "is left out while the job can go on without it, and any other process fails the run",
+                        minimum=0, topic="cluster")
+    warmup_fraction: float = opt(0.2, "fraction of the run left out of the summary's step-time means", minimum=0.0,
+                                 topic="observability")
     target_metric: str = opt("", "report the time to the first evaluation meeting METRIC>=VALUE or METRIC<=VALUE "
-                             "(e.g. accuracy>=0.9, loss<=0.3; any metric of the task)")
+                             "(e.g. accuracy>=0.9, loss<=0.3; any metric of the task)", topic="observability")
 
     def validate(self) -> None:
-        validate_fields(self)
-        check_task_flag(self.task)
+        TrainingOptions.validate(self)
         if self.name and (Path(self.name).name != self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name}: the run folder's name inside --out, without / or ..")
         if len(self.slowdowns) not in (1, self.workers):
-            raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers (give 1 or {self.workers})")
+            raise ConfigError(f"--slowdowns: {len(self.slowdowns)} given for {self.workers} workers "
+                              f"(give 1 or {self.workers})")
         if len(self.max_batches) not in (1, self.workers):
             raise ConfigError(f"--max-batches: {len(self.max_batches)} given for {self.workers} workers "
                               f"(give 1 or {self.workers})")
@@ -101,11 +89,12 @@ class RunOptions:
     def max_batch_of(self, i: int) -> int:
         return self.max_batches[0] if len(self.max_batches) == 1 else self.max_batches[i]
 
+
 @dataclass
 class ExportOptions:
-    out: str = opt("", "the state_dict file to write (required)")
+    out: str = opt("", "the state_dict file to write (required)", topic="job")
     task: str = opt("", "the task whose model receives the weights: FILE.py:ATTR or package.module:ATTR "
-                    "(default: the run's own task)")
+                    "(default: the run's own task)", topic="job")
 
     def validate(self) -> None:
         validate_fields(self)
@@ -115,16 +104,13 @@ class ExportOptions:
 
 
 @dataclass
-class CheckOptions:
-    task: str = opt("", "the task to check: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
-                    "(default: the job's --model on its --dataset)")
-    data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)")
-    batches: list[int] = opt([16, 64], "batch sizes to time a training step at (two or more)")
-    repeats: int = opt(5, "timed steps per batch size (the median is reported)", minimum=1)
-    threads: int = opt(1, "torch threads, as a worker's --threads", minimum=1)
+class CheckOptions(TaskOptions):
+    """`dynabatch check`'s settings: the task, data and threads a worker would have, and what to time."""
+
+    batches: list[int] = opt([16, 64], "batch sizes to time a training step at (two or more)", topic="observability")
+    repeats: int = opt(5, "timed steps per batch size (the median is reported)", minimum=1, topic="observability")
 
     def validate(self) -> None:
-        validate_fields(self)
-        check_task_flag(self.task)
+        TaskOptions.validate(self)
         if len(set(self.batches)) < 2 or min(self.batches) < 1:
             raise ConfigError(f"--batches {' '.join(map(str, self.batches))}: two or more different sizes, each >= 1")

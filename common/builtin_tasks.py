@@ -42,7 +42,7 @@ class ImageSet(TorchDataset):
         return list(zip(x.unbind(0), y.unbind(0)))
 
 
-def builtin_task(dataset: str, model: str, data_dir: str | None = None, flat_params: int = 1_000_000) -> Task:
+def builtin_task(dataset: str, model: str, data_dir: str | None = None) -> Task:
     """The task behind `--dataset DATASET --model MODEL`; the data is read once, on first use."""
     shape = input_shape(dataset)
     loaded: dict[str, Dataset] = {}
@@ -55,7 +55,7 @@ def builtin_task(dataset: str, model: str, data_dir: str | None = None, flat_par
     def make_model() -> torch.nn.Module:
         # Task.build_model has seeded torch's generator with the job's seed; build_model reseeds with the same
         # seed, so a built-in model's initial parameters are what they always were for that seed.
-        return build_model(model, shape, NUM_CLASSES, seed=torch.initial_seed(), flat_params=flat_params)
+        return build_model(model, shape, NUM_CLASSES, seed=torch.initial_seed())
 
     return Task(model=make_model, train_data=lambda: ImageSet(data(), True),
                 eval_data=lambda: ImageSet(data(), False), name=f"{model} on {dataset}")
@@ -66,6 +66,6 @@ def builtin_init(job: JobConfig, data_dir: str | None = None) -> tuple[Init, tor
 
     For clients that talk to shards without a worker around them (benchmarks, tests).
     """
-    task = builtin_task(job.dataset, job.model, data_dir, job.flat_params)
+    task = builtin_task(job.dataset, job.model, data_dir)
     sig = check_task(task, job.seed).signature
     return Init(**signature_fields(sig)), flat_params(task.build_model(job.seed))

@@ -15,8 +15,9 @@ from dynabatch.common.metrics import ADDRESS_LOG
 def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: Sequence[str]) -> list[Any]:
     """Parse `argv` into one validated instance per config class; bad values exit 2 naming the flag."""
     parser = FlagParser(prog, description)
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                        help="what the log shows [default 'INFO']")
+    parser.topic_groups["observability"].add_argument(
+        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="what the log shows [default 'INFO']")
     for cls in classes:
         add_flags(parser, cls)
     args = parser.parse_args(argv)

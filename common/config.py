@@ -12,118 +12,145 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from dynabatch.common.catalog import DATASETS, MODELS
+from dynabatch.common.catalog import DATASETS, FLAT_PARAMS, MODELS, model_size
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.protocols import DBS_WEIGHTS, PROTOCOLS, SPECS
+from dynabatch.common.protocols import DBS_WEIGHTS, DELTA, PROTOCOLS, SPECS
+
+if TYPE_CHECKING:
+    from dynabatch.optim import OptimizerSpec
 
 BATCH_POLICIES = ("fixed", "dynamic")
 PIPELINE_MODES = ("auto", "on", "off")
 
 
 @dataclass
-class JobConfig:
+class JobName:
+    """The job's name: the scheduler's, and the one each shard and worker joins (a message of another job is
+    refused)."""
+
+    job: str = opt("dynabatch", "the job's name; messages of other jobs are refused", topic="job")
+
+
+@dataclass
+class JobConfig(JobName):
     """What is trained and how: set on the scheduler, sent to every process."""
 
-    job: str = opt("dynabatch", "job name; messages of other jobs are refused")
-    dataset: str = opt("fashion-mnist", "training data", DATASETS)
-    model: str = opt("cnn", "model architecture", MODELS)
-    protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS)
+    dataset: str = opt("fashion-mnist", "training data", DATASETS, topic="data")
+    model: str = opt("cnn", f"model architecture: {', '.join(MODELS)}; flat:N is one vector of N parameters "
+                     f"(flat alone: {FLAT_PARAMS}) for the transport benchmarks", topic="job")
+    protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS, topic="protocol")
     batch_policy: str = opt(
         "fixed", "fixed: B/n per worker (the default: fastest to target with asgd at 16 and 64 simulated workers, "
-        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd)", BATCH_POLICIES
+        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd)", BATCH_POLICIES,
+        topic="protocol",
     )
     dbs_weight: str = opt(
         "capped", "dynamic batches: how a gradient of b_i samples is weighted; capped: min(1, b_i/(B/n)), never "
         "amplifying one (stable at 64 simulated workers); paper: DBS-SGD's b_i/(B/n), which diverges there "
-        "(bench/RESULTS.md section 5)", DBS_WEIGHTS,
+        "(bench/RESULTS.md section 5)", DBS_WEIGHTS, topic="protocol",
     )
-    flat_params: int = opt(1_000_000, "parameters of the 'flat' model (transport benchmarks)", minimum=10)
-    shards: int = opt(1, "number of parameter-server shards", minimum=1)
+    shards: int = opt(1, "number of parameter-server shards", minimum=1, topic="cluster")
     max_workers: int = opt(256, "admit at most this many workers and evaluators at once (a flood of HELLOs "
-                                "cannot register thousands of members)", minimum=1)
-    min_workers: int = opt(1, "hand out batches only once this many workers have joined (then keep going with fewer)", minimum=1)
-    global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1)
-    min_batch: int = opt(8, "smallest per-worker batch", minimum=1)
-    max_batch: int = opt(1024, "largest per-worker batch", minimum=1)
-    lr: float = opt(0.05, "base learning rate for a global batch of B", above=0.0)
+                                "cannot register thousands of members)", minimum=1, topic="security")
+    min_workers: int = opt(1, "hand out batches only once this many workers have joined (then keep going with fewer)",
+                           minimum=1, topic="cluster")
+    global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1, topic="protocol")
+    min_batch: int = opt(8, "smallest per-worker batch", minimum=1, topic="protocol")
+    max_batch: int = opt(1024, "largest per-worker batch", minimum=1, topic="protocol")
+    lr: float = opt(0.05, "base learning rate for a global batch of B", above=0.0, topic="job")
     momentum: float = opt(
-        0.5, "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)", minimum=0.0
+        0.5, "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)", minimum=0.0,
+        topic="job",
     )
-    weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0)
+    weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0, topic="job")
     gradient_bound: float = opt(
         4.0, "shards clip each pushed chunk's norm to this many times the workers' typical norm (the lower median of "
         "each worker's recent median), and quarantine a worker clipped push after push; 0: off", minimum=0.0,
+        topic="security",
     )
-    nesterov: bool = opt(False, "Nesterov momentum on the shards")
-    epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0)
+    nesterov: bool = opt(False, "Nesterov momentum on the shards", topic="job")
+    epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0,
+                        topic="job")
     time_budget_s: float = opt(
         0.0, "also stop this many seconds after training began (0: no limit); benchmarks compare runs at equal time",
-        minimum=0.0,
+        minimum=0.0, topic="job",
     )
     pipeline: str = opt(
         "auto", "gradient protocols: overlap pulls with forward and pushes with backward, chunk by chunk; auto: on "
         "where the model has several chunks and nothing needs the whole gradient before the first push (not with "
         "--prefetch-pull, a worker's --micro-batch, or a task that clips its gradient), measured in bench/RESULTS.md "
-        "3b", PIPELINE_MODES,
+        "3b", PIPELINE_MODES, topic="protocol",
     )
     push_pull: bool = opt(
-        True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two"
+        True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two",
+        topic="protocol",
     )
     prefetch_pull: bool = opt(
         False, "asgd, softsync: send the next step's pull before computing, so the model arrives during compute "
-        "(it then lacks the worker's own last gradient: more staleness)"
+        "(it then lacks the worker's own last gradient: more staleness)", topic="protocol",
     )
     push_behind: bool = opt(
         False, "with --prefetch-pull: a push's acknowledgement is awaited only before the next push, so the worker "
-        "computes meanwhile (a push the shards refuse fails the step after it)"
+        "computes meanwhile (a push the shards refuse fails the step after it)", topic="protocol",
     )
-    max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged", minimum=1024)
-    chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024)
-    seed: int = opt(0, "seed for model init and data orders")
-    heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01)
+    max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged",
+                                  minimum=1024, topic="protocol")
+    chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024, topic="protocol")
+    seed: int = opt(0, "seed for model init and data orders", topic="job")
+    heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01, topic="cluster")
     liveness_timeout_s: float = opt(
         10.0, "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, if longer); "
         "a worker or evaluator that registered and never heartbeats is dropped after this long too",
-        minimum=0.1,
+        minimum=0.1, topic="cluster",
     )
     join_timeout_s: float = opt(
         120.0, "the longest silence a worker's step times can buy; how long a shard may restore its checkpoint "
         "before its first heartbeat, and a stopped job waits for an evaluator to join",
-        minimum=0.1,
+        minimum=0.1, topic="cluster",
     )
     reassign_threshold: float = opt(
-        0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0
+        0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0,
+        topic="protocol",
     )
-    softsync_n: int = opt(1, "softsync: update after floor(workers / n) gradients", minimum=1)
+    softsync_n: int = opt(1, "softsync: update after floor(workers / n) gradients", minimum=1, topic="protocol")
     staleness: int = opt(
         3, "ssp: a worker's pull waits while it is more than this many steps ahead of the slowest live worker "
-        "(0: lock-step like ssgd; large: asgd)", minimum=0,
+        "(0: lock-step like ssgd; large: asgd)", minimum=0, topic="protocol",
     )
     max_delay: int = opt(
         0, "ringmaster: discard a gradient this many or more versions stale (0: the number of live workers)",
-        minimum=0,
+        minimum=0, topic="protocol",
     )
-    local_steps: int = opt(8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1)
-    outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0)
-    outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0)
-    outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum")
-    round_timeout_s: float = opt(10.0, "ssgd: close a round without workers that have not pushed by then", minimum=0.1)
-    eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1)
+    local_steps: int = opt(8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1,
+                           topic="protocol")
+    outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0,
+                          topic="protocol")
+    outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0,
+                                topic="protocol")
+    outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum", topic="protocol")
+    round_timeout_s: float = opt(10.0, "ssgd: close a round without workers that have not pushed by then", minimum=0.1,
+                                 topic="protocol")
+    eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1,
+                                 topic="observability")
     await_final_eval: bool = opt(
         False, "finish only once an evaluator has evaluated the final model; with none connected, wait up to "
-        "--join-timeout-s for one (dynabatch run sets it when it starts an evaluator)",
+        "--join-timeout-s for one (dynabatch run sets it when it starts an evaluator)", topic="observability",
     )
-    speed_window: int = opt(16, "step-time observations kept per worker", minimum=2)
-    speed_forgetting: float = opt(0.85, "weight of an observation one step older (0-1)", minimum=0.0)
+    speed_window: int = opt(16, "step-time observations kept per worker", minimum=2, topic="protocol")
+    speed_forgetting: float = opt(0.85, "weight of an observation one step older (0-1)", minimum=0.0, topic="protocol")
     max_rollbacks: int = opt(
         3, "a job whose loss or parameters blow up rolls back to its shards' last good checkpoints with half the "
-        "step size; after this many rollbacks a further divergence ends it with an error", minimum=0,
+        "step size; after this many rollbacks a further divergence ends it with an error", minimum=0, topic="job",
     )
 
     def validate(self) -> None:
         validate_fields(self)
+        try:
+            model_size(self.model)
+        except ValueError as exc:
+            raise ConfigError(f"--model: {exc}") from None
         if self.min_batch > self.max_batch:
             raise ConfigError(f"--min-batch {self.min_batch} is larger than --max-batch {self.max_batch}")
         if not 0.0 < self.speed_forgetting <= 1.0:
@@ -150,13 +177,43 @@ class JobConfig:
         return chunks >= 2 and not self.prefetch_pull and not micro_batch and not clips
 
 
+# The job's settings of the shards' SGD, used where the task names no optimizer (ps/update_rules.optimizer_spec).
+SGD_SETTINGS = ("lr", "momentum", "weight_decay", "nesterov")
+
+
+def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None) -> None:
+    """The rule between the job's optimizer flags and a task that names its own optimizer; ConfigError in one
+    line if they conflict, naming the flags.
+
+    A task's optimizer owns the shards' optimizer, so SGD settings set beside it would be ignored
+    (an error, not a silent no-op); under a delta protocol (local, msd) the workers' inner steps are
+    SGD from the flags and the shards apply the outer optimizer, so it is the task's optimizer that
+    would be ignored. A flag counts as set when its value is not its default: that is all a worker
+    can see of the scheduler's flags (it gets the job in WELCOME), so `dynabatch run`, `dynabatch
+    check` and every worker decide alike. The scheduler loads no task: with one started by hand, each
+    worker (and evaluator) with a --task applies the rule to the job it was sent, and exits 2 saying so.
+    No flag conflicts with a task's schedule: it multiplies whichever base rate owns the optimizer.
+    """
+    if optimizer is None:
+        return
+    if SPECS[job.protocol].push_kind == DELTA:
+        raise ConfigError(f"--protocol {job.protocol}: workers step with SGD from --lr, --momentum and "
+                          f"--weight-decay and the shards apply the outer optimizer, so the task's optimizer "
+                          f"({optimizer.name}) would not be used; drop it from the task, or choose another protocol")
+    defaults = {f.name: f.default for f in dataclasses.fields(JobConfig)}
+    given = ["--" + name.replace("_", "-") for name in SGD_SETTINGS if getattr(job, name) != defaults[name]]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: the task names the shards' optimizer ({optimizer.name}, lr "
+                          f"{optimizer.lr:g}); change it in the task, or drop the flag")
+
+
 @dataclass
 class MetricsOptions:
     """Where a process serves /metrics and /healthz."""
 
     metrics_host: str = opt("127.0.0.1", "address for the /metrics and /healthz HTTP server (0.0.0.0: every "
-                            "interface, for a Prometheus on another machine)")
-    metrics_port: int = opt(0, "port for /metrics and /healthz (0: any free port)", minimum=0)
+                            "interface, for a Prometheus on another machine)", topic="observability")
+    metrics_port: int = opt(0, "port for /metrics and /healthz (0: any free port)", minimum=0, topic="observability")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -81,7 +81,8 @@ class CurveOptions:
     """Whether and with which keys this process encrypts and authenticates its sockets."""
 
     curve_dir: str = opt(
-        "", "folder with the ZeroMQ CURVE keys made by `dynabatch keys` (empty: no encryption, any peer admitted)"
+        "", "folder with the ZeroMQ CURVE keys made by `dynabatch keys` (empty: no encryption, any peer admitted)",
+        topic="security",
     )
 
 
@@ -259,12 +260,13 @@ def create_keys(out: Path, force: bool, names: Sequence[str] = ()) -> list[Path]
 def main(argv: Sequence[str]) -> int:
     """`dynabatch keys --out DIR [--name ROLE=NAME ...] [--force]`."""
     parser = FlagParser("dynabatch keys", "Make a job's ZeroMQ CURVE keys.")
-    parser.add_argument("--out", required=True, help="folder to write server.key[_secret] and one "
-                        "ROLE.key[_secret] per client role (shard, worker, evaluator) into")
-    parser.add_argument("--name", action="append", default=[], metavar="ROLE=NAME",
-                        help="also a keypair of one machine, ROLE-NAME.key[_secret] (repeatable); give that machine "
-                             "its secret file as ROLE.key_secret")
-    parser.add_argument("--force", action="store_true", help="replace keys that are already there")
+    keys = parser.topic_groups["security"]
+    keys.add_argument("--out", required=True, help="folder to write server.key[_secret] and one "
+                      "ROLE.key[_secret] per client role (shard, worker, evaluator) into")
+    keys.add_argument("--name", action="append", default=[], metavar="ROLE=NAME",
+                      help="also a keypair of one machine, ROLE-NAME.key[_secret] (repeatable); give that machine "
+                           "its secret file as ROLE.key_secret")
+    keys.add_argument("--force", action="store_true", help="replace keys that are already there")
     args = parser.parse_args(argv)
     out = Path(args.out)
     try:

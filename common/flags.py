@@ -30,9 +30,21 @@ class ConfigError(ValueError):
     """A setting that cannot work, named by its flag."""
 
 
+# The topics `--help` groups a command's flags by, in this order; each flag's own is its field's `topic`.
+TOPICS = {
+    "job": "job (what is trained, for how long, with which optimizer)",
+    "protocol": "protocol (how workers and shards exchange updates, and each worker's batch)",
+    "data": "data (where the training data comes from, how batches are loaded)",
+    "cluster": "cluster (the processes, their endpoints, membership and resources)",
+    "observability": "observability (logs, metrics, progress, reports)",
+    "security": "security (encryption, authentication, limits on what peers may do)",
+}
+
+
 class FlagParser(argparse.ArgumentParser):
     """The parser of every dynabatch command: an error is one line of usage and the reason, and `--help`
-    gives each flag's default once (in its help text, with its environment variable).
+    lists the flags grouped by topic (TOPICS), each flag's default once (in its help text, with its
+    environment variable).
 
     argparse's own error message starts with the whole usage, 43 lines for `dynabatch run`, which
     pushed the one line that matters off the screen. Descriptions keep their line breaks.
@@ -41,6 +53,8 @@ class FlagParser(argparse.ArgumentParser):
     def __init__(self, prog: str, description: str | None = None) -> None:
         super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
         self.positional_names: list[str] = []
+        # Made in TOPICS' order, up front: `--help` shows a group only once it holds a flag.
+        self.topic_groups = {topic: self.add_argument_group(title) for topic, title in TOPICS.items()}
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)
@@ -57,10 +71,12 @@ class FlagParser(argparse.ArgumentParser):
 
 
 def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
-        above: float | None = None) -> Any:
-    """A config field with its flag's help text and validation bounds: at least `minimum`, or strictly more
-    than `above` (for a setting whose zero means nothing: `--epochs 0`)."""
-    meta = {"help": help, "choices": choices, "minimum": minimum, "above": above}
+        above: float | None = None, *, topic: str) -> Any:
+    """A config field with its flag's help text, its `--help` topic (one of TOPICS) and validation bounds:
+    at least `minimum`, or strictly more than `above` (for a setting whose zero means nothing: `--epochs 0`)."""
+    if topic not in TOPICS:
+        raise ValueError(f"topic {topic!r} is not one of {', '.join(TOPICS)}")
+    meta = {"help": help, "choices": choices, "minimum": minimum, "above": above, "topic": topic}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -105,11 +121,12 @@ def _parse_value(kind: Any, text: str) -> Any:
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str] | None = None) -> None:
-    """Add one flag per field of `cls`, defaulting to DYNABATCH_<FIELD> when set."""
+    """Add one flag per field of `cls`, defaulting to DYNABATCH_<FIELD> when set; a FlagParser files
+    each under its field's topic."""
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__)
     for f in dataclasses.fields(cls):
+        group = parser.topic_groups[f.metadata["topic"]] if isinstance(parser, FlagParser) else parser
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
         env_name = ENV_PREFIX + f.name.upper()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from dynabatch.common.catalog import MODELS
+from dynabatch.common.catalog import model_size
 from dynabatch.common.data import NUM_CLASSES, input_shape
 
 if TYPE_CHECKING:
@@ -115,26 +115,25 @@ class Flat(nn.Module):
         return x.flatten(1).mean(1, keepdim=True) * self.weight[: self.num_classes]
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
-                seed: int = 0, flat_params: int = 1_000_000) -> nn.Module:
-    """Build a model whose initial parameters depend only on (name, input_shape, num_classes, seed).
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0) -> nn.Module:
+    """Build a model whose initial parameters depend only on (name, input_shape, num_classes, seed);
+    `name` is one of MODELS, or flat:N (common/catalog.py); ValueError for another.
 
     The CPU generator is seeded inside fork_rng, so the caller's RNG state is left
     exactly as it was (layers initialise on the CPU, so no other device is involved).
     """
+    base, size = model_size(name)
     builders = {
         "mlp": lambda: _mlp(input_shape, num_classes),
         "cnn": lambda: _cnn(input_shape, num_classes),
         "resnet": lambda: ResNet(input_shape, num_classes, blocks_per_stage=3),  # ResNet-20
-        "flat": lambda: Flat(flat_params, num_classes),
+        "flat": lambda: Flat(size, num_classes),
     }
-    if name not in builders:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     with torch.random.fork_rng(devices=[]):
         torch.random.default_generator.manual_seed(seed)
-        return builders[name]()
+        return builders[base]()
 
 
 def model_for_job(job: JobConfig) -> nn.Module:
     """The job's model at its initial parameters; identical in every process of the job."""
-    return build_model(job.model, input_shape(job.dataset), NUM_CLASSES, job.seed, job.flat_params)
+    return build_model(job.model, input_shape(job.dataset), NUM_CLASSES, job.seed)

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 
-from dynabatch.common.config import JobConfig
-from dynabatch.common.flags import add_flags, from_args
+from dynabatch.cluster.options import RunOptions
+from dynabatch.common.config import JobConfig, MetricsOptions
+from dynabatch.common.curve import CurveOptions
+from dynabatch.common.flags import TOPICS, add_flags, from_args
+from dynabatch.ps.options import PsOptions
+from dynabatch.scheduler.options import SchedulerOptions
+from dynabatch.worker.options import WorkerOptions
 from harness import Cluster, wait_for
 
 
@@ -104,6 +112,78 @@ def test_each_commands_help_is_its_own(command):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: dynabatch {command} "), out.stdout[:200]
     assert "--help" in out.stdout and "Traceback" not in out.stderr
+
+
+# The config classes each command's flags come from, as its main parses them.
+FLAG_CLASSES = {
+    "run": (RunOptions, JobConfig, CurveOptions),
+    "scheduler": (SchedulerOptions, JobConfig, CurveOptions, MetricsOptions),
+    "ps": (PsOptions, CurveOptions, MetricsOptions),
+    "worker": (WorkerOptions, CurveOptions, MetricsOptions),  # `worker --evaluator` is the same command
+}
+
+
+def help_topics(text: str) -> list[tuple[str, str]]:
+    """(heading's first word, flag) for each flag line of a `--help`, in order."""
+    rows, heading = [], ""
+    for line in text.splitlines():
+        if (title := re.match(r"^(\w[\w ]*?)(?: \(.*\))?:$", line)) is not None:
+            heading = title.group(1)
+        elif (flag := re.match(r"^  (--[a-z-]+)", line)) is not None:
+            rows.append((heading, flag.group(1)))
+    return rows
+
+
+@pytest.mark.parametrize("command", FLAG_CLASSES)
+def test_help_lists_each_flag_once_under_the_topic_its_field_names(command):
+    """The topic comes from the flag's own definition (its opt() metadata); the headings follow TOPICS' order."""
+    out = _run(command, "--help")
+    assert out.returncode == 0, out.stderr
+    rows = [(heading, flag) for heading, flag in help_topics(out.stdout) if flag != "--help"]
+    flags = [flag for _, flag in rows]
+    assert len(flags) == len(set(flags)), f"a flag listed twice: {sorted(f for f in flags if flags.count(f) > 1)}"
+    expected = {"--" + f.name.replace("_", "-"): f.metadata["topic"]
+                for cls in FLAG_CLASSES[command] for f in dataclasses.fields(cls)}
+    if command != "run":
+        expected["--log-level"] = "observability"
+    assert dict((flag, heading) for heading, flag in rows) == expected
+    headings = list(dict.fromkeys(heading for heading, _ in rows))
+    assert headings == [topic for topic in TOPICS if topic in headings], headings
+    if command in ("run", "scheduler"):
+        assert headings == list(TOPICS), headings
+
+
+OPTION_MODULES = ("dynabatch.common.config", "dynabatch.common.shared_options", "dynabatch.common.curve",
+                  "dynabatch.cluster.options", "dynabatch.ps.options", "dynabatch.scheduler.options",
+                  "dynabatch.worker.options")
+# Flags two option modules define with different meanings (each command has only one of them).
+HOMONYMS = {
+    "bind": "the scheduler's control endpoint; a shard's data endpoint",
+    "threads": "a worker's torch threads for compute; a shard's for applying updates",
+    "name": "dynabatch run's run folder; a shard's or a worker's name in logs",
+    "evaluator": "dynabatch run starts one; dynabatch worker --evaluator is one",
+    "task": "what a job trains; the task dynabatch export loads a run's weights into (default: the run's own)",
+    "max_batch": "the job's largest batch of any worker; one machine's largest batch (its memory)",
+}
+
+
+def test_no_flag_is_defined_in_two_option_modules():
+    """A flag that one command forwards to another (run to its workers and shards), or that two roles take
+    alike (ps and worker join a job the same way), has one definition that both inherit."""
+    owners: dict[str, set[str]] = defaultdict(set)
+    for module_name in OPTION_MODULES:
+        for cls in vars(importlib.import_module(module_name)).values():
+            if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == module_name:
+                for name in cls.__dict__.get("__annotations__", {}):  # its own fields, not inherited ones
+                    if "topic" in cls.__dataclass_fields__[name].metadata:
+                        owners[name].add(module_name)
+    twice = {name: sorted(modules) for name, modules in owners.items() if len(modules) > 1}
+    assert set(twice) == set(HOMONYMS), {name: twice[name] for name in set(twice) - set(HOMONYMS)}
+    run, worker, ps = (cls.__dataclass_fields__ for cls in (RunOptions, WorkerOptions, PsOptions))
+    forwarded = {"task", "data_dir", "init", "threads", "micro_batch", "loader_workers"}
+    assert all(run[name] is worker[name] for name in forwarded), "run's worker flags are the worker's own"
+    assert run["checkpoint_interval_s"] is ps["checkpoint_interval_s"]
+    assert all(ps[name] is worker[name] for name in ("job", "scheduler", "on_finish"))
 
 
 def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(tmp_path):

@@ -28,7 +28,7 @@ REPLY_S = 10.0
 # A small flat model in several chunks; the test itself is the only worker, so nothing moves the model but it.
 # The gradient bound (--gradient-bound) would clip the huge pushes that blow the model up here: these tests are
 # about what happens once a model has blown up, so they run without it.
-JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "10000", "--chunk-bytes", "8192",
+JOB = ["--dataset", "synthetic", "--model", "flat:10000", "--chunk-bytes", "8192",
        "--epochs", "1000", "--liveness-timeout-s", "60", "--max-rollbacks", "1", "--gradient-bound", "0"]
 
 Chunks = dict[int, tuple[int, torch.Tensor]]

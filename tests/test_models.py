@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from dynabatch.common.data import SampleOrder, load_dataset, make_batch
-from dynabatch.common.models import MODELS, build_model
+from dynabatch.common.catalog import MODELS
+from dynabatch.common.config import JobConfig
+from dynabatch.common.flags import ConfigError
+from dynabatch.common.models import build_model
 
 SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "resnet": (3, 32, 32)}
 
@@ -89,16 +92,29 @@ def test_parameters_are_in_forward_order(name: str) -> None:
 
 
 def test_flat_model_holds_exactly_the_asked_parameters() -> None:
-    model = build_model("flat", (1, 28, 28), 10, seed=1, flat_params=123_457)
+    model = build_model("flat:123457", (1, 28, 28), 10, seed=1)
     assert [p.numel() for p in model.parameters()] == [123_457]
     assert model(torch.randn(4, 1, 28, 28)).shape == (4, 10)
-    assert torch.equal(model.weight, build_model("flat", (1, 28, 28), 10, seed=1, flat_params=123_457).weight)
+    assert torch.equal(model.weight, build_model("flat:123457", (1, 28, 28), 10, seed=1).weight)
     assert set(MODELS) == set(SHAPES) | {"flat"}
 
 
 def test_unknown_model_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="mlp, cnn, resnet"):
         build_model("vgg", (1, 28, 28), 10)
+
+
+@pytest.mark.parametrize("name, error", [
+    ("flat:many", "flat:N takes a whole number of parameters N >= 10"),
+    ("flat:9", "flat:N takes a whole number of parameters N >= 10"),
+    ("flat:", "flat:N takes a whole number"),
+    ("cnn:100", "only the flat model takes a size"),
+])
+def test_a_model_size_only_the_flat_model_takes_and_only_as_a_count(name, error) -> None:
+    """The flat model's size is part of its name: the job's --model alone says what every worker builds."""
+    with pytest.raises(ConfigError, match=f"^--model: '{name}': {error}"):
+        JobConfig(model=name).validate()
+    JobConfig(model="flat:10").validate()
 
 
 def test_cnn_learns_synthetic(threads: None) -> None:

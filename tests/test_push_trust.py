@@ -39,7 +39,7 @@ from harness import Cluster, metric_value, wait_for
 pytestmark = pytest.mark.slow
 
 REPLY_S = 10.0
-JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "4000", "--chunk-bytes", "8192",
+JOB = ["--dataset", "synthetic", "--model", "flat:4000", "--chunk-bytes", "8192",
        "--epochs", "1000", "--liveness-timeout-s", "60"]
 
 

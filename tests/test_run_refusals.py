@@ -69,7 +69,7 @@ def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_pat
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "check", "export", "scheduler", "ps"])
+@pytest.mark.parametrize("command", ["run", "check", "export", "scheduler", "ps", "worker"])
 def test_help_gives_each_flag_its_default_once(command):
     done = subprocess.run(command_line(command, ["--help"]), capture_output=True, text=True, timeout=60,
                           env=child_env())

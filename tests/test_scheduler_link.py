@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 STARTUP_S = 60.0  # processes start slowly on a busy two-core machine
 BYE_S = 1.0  # a short BYE timeout, so that giving up is quick to see
 BYE_SLACK_S = 1.0  # what giving up may take beyond its timeout (one attempt's last wait)
-JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "1000", "--epochs", "1000",
+JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000",
        "--liveness-timeout-s", "60"]
 
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 REPLY_S = 10.0  # a reply on a busy two-core machine
 RETRY_S = 2.0  # one try while waiting for a process to start
-JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "1000", "--epochs", "1000",
+JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000",
        "--liveness-timeout-s", "60"]
 
 

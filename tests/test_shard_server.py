@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 ROUND_TIMEOUT_S = 1.0  # the ssgd job's --round-timeout-s: how long a parked pull may wait on a round
 REPLY_S = 10.0  # a reply on a busy two-core machine
 # A small flat model cut into several chunks, so that "every chunk" means more than one.
-JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "10000", "--chunk-bytes", "8192",
+JOB = ["--dataset", "synthetic", "--model", "flat:10000", "--chunk-bytes", "8192",
        "--epochs", "1000", "--liveness-timeout-s", "60"]
 
 Chunks = dict[int, tuple[int, torch.Tensor]]  # chunk id -> (version, values)
@@ -364,7 +364,7 @@ ROUNDS = 50
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    s = _start(tmp_path_factory.mktemp("shard_server_big"), "--flat-params", str(BIG_PARAMS), "--chunk-bytes",
+    s = _start(tmp_path_factory.mktemp("shard_server_big"), "--model", f"flat:{BIG_PARAMS}", "--chunk-bytes",
                str(1 << 20))
     yield s
     s.cluster.stop()

@@ -18,6 +18,9 @@ import torch
 
 from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.catalog import BUILTIN_METRICS
+from dynabatch.common.config import JobConfig, check_flags_against_task
+from dynabatch.common.flags import ConfigError
+from dynabatch.optim import SGD, Adam, AdamW
 from dynabatch.common.task_check import check_task, load_task
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
@@ -161,17 +164,59 @@ def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_pat
     assert summary["final_metrics"]["accuracy"] > 0.6, summary["final_metrics"]  # chance is 0.25
 
 
-def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(tmp_path):
-    from dynabatch.cluster.main import given_optimizer_flags
+@pytest.mark.parametrize("job, optimizer, error", [
+    (JobConfig(), SGD(lr=0.1), None),
+    (JobConfig(lr=0.5, momentum=0.9), None, None),  # no optimizer in the task: the flags are the shards' SGD
+    (JobConfig(lr=0.5), SGD(lr=0.1), "--lr: the task names the shards' optimizer (sgd, lr 0.1); change it in the "
+                                     "task, or drop the flag"),
+    (JobConfig(momentum=0.9, nesterov=True, epochs=2), Adam(), "--momentum, --nesterov: the task names the shards' "
+                                                              "optimizer (adam, lr 0.001)"),
+    (JobConfig(weight_decay=0.0), AdamW(), "--weight-decay: the task names"),
+    (JobConfig(protocol="local"), None, None),
+    (JobConfig(protocol="msd"), SGD(lr=0.1), "--protocol msd: workers step with SGD from --lr, --momentum and "
+                                             "--weight-decay and the shards apply the outer optimizer, so the task's "
+                                             "optimizer (sgd) would not be used"),
+])
+def test_the_flags_against_task_rule(job, optimizer, error):
+    """One rule, decided from the job and the task alone (what a worker has), for every entry point."""
+    if error is None:
+        check_flags_against_task(job, optimizer)
+    else:
+        with pytest.raises(ConfigError) as caught:
+            check_flags_against_task(job, optimizer)
+        assert str(caught.value).startswith(error) and "\n" not in str(caught.value), str(caught.value)
 
-    assert given_optimizer_flags(["--lr", "0.1", "--epochs", "2"], env={}) == ["--lr"]
-    assert given_optimizer_flags(["--no-nesterov", "--momentum=0.9"], env={}) == ["--momentum", "--nesterov"]
-    assert given_optimizer_flags([], env={"DYNABATCH_WEIGHT_DECAY": "0"}) == ["--weight-decay"]
+
+def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(tmp_path, monkeypatch):
+    """`dynabatch run` refuses before anything starts (the flag may come from the environment too), and
+    `dynabatch check` applies the same rule."""
+    monkeypatch.setenv("DYNABATCH_MOMENTUM", "0.9")
     done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
                            "--task", f"{TASKS / 'blobs.py'}:task", "--lr", "0.5"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--lr: the task names the shards' optimizer (sgd, lr 0.1)" in done.stderr
+    assert (done.returncode, done.stderr) == (2, "dynabatch run: --lr, --momentum: the task names the shards' "
+                                                 "optimizer (sgd, lr 0.1); change it in the task, or drop the flag\n")
     assert not (tmp_path / "r").exists()
+    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "check", "--task", f"{TASKS / 'blobs.py'}:task",
+                           "--protocol", "local"], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.split(":")[:2]) == (2, ["dynabatch check", " --protocol local"]), done.stderr
+
+
+@pytest.mark.slow  # a scheduler, a shard and a worker that loads torch and the task
+def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(tmp_path):
+    """A scheduler started by hand has no task: the worker that loads it applies the rule to the job it was
+    sent, and exits 2 with the one line, as `dynabatch run` would have refused."""
+    c = Cluster(tmp_path, ["--lr", "0.5", "--epochs", "1000", "--liveness-timeout-s", "30"])
+    try:
+        c.scheduler()
+        c.shard(0)
+        worker = c.worker("w", "--task", f"{TASKS / 'blobs.py'}:task")
+        wait_for("the worker to exit", lambda: worker.proc.poll() is not None, 120)
+        assert worker.proc.returncode == 2, worker.log_text()
+        assert worker.reason() == ("dynabatch worker: --lr: the task names the shards' optimizer (sgd, lr 0.1); "
+                                   "change it in the task, or drop the flag"), worker.log_text()
+    finally:
+        c.stop()
 
 
 def test_a_built_in_job_reports_the_metrics_its_run_checks_targets_against():

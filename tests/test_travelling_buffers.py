@@ -293,10 +293,14 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [["--protocol", "asgd"], ["--protocol", "local"],
-                                   ["--protocol", "ssgd", "--pipeline", "on"]], ids=["asgd", "local", "ssgd-pipelined"])
+@pytest.mark.parametrize("flags", [
+    ["--task", BN_TASK, "--protocol", "asgd"],
+    # local's workers step with the job's SGD (the task's optimizer would be refused): the task's settings as flags
+    ["--task", BN_TASK.replace(":task", ":job_sgd"), "--protocol", "local", "--lr", "0.1", "--momentum", "0.5"],
+    ["--task", BN_TASK, "--protocol", "ssgd", "--pipeline", "on"],
+], ids=["asgd", "local", "ssgd-pipelined"])
 def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(tmp_path, flags):
-    run, _ = run_job(tmp_path, "r", "--task", BN_TASK, "--workers", "2", "--slowdowns", "1", "2", "--epochs", "3",
+    run, _ = run_job(tmp_path, "r", "--workers", "2", "--slowdowns", "1", "2", "--epochs", "3",
                      "--global-batch", "64", "--eval-interval-s", "2", *flags)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"], summary

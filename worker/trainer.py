@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.chunking import TravellingBuffers, flat_params, make_layout, travelling
-from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.config import JobConfig, check_flags_against_task, job_from_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init
@@ -98,10 +98,11 @@ def train_step(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.M
 
 
 def task_for(opts: WorkerOptions, job: JobConfig) -> Task:
-    """The task this worker trains: `--task`, or the job's built-in model on its dataset."""
-    if opts.task:
-        return load_task(opts.task)
-    return builtin_task(job.dataset, job.model, opts.data_dir or None, job.flat_params)
+    """The task this worker trains: `--task`, or the job's built-in model on its dataset; ConfigError if the
+    job's flags conflict with it (`check_flags_against_task`: a hand-started scheduler's flags meet the task here)."""
+    task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
+    check_flags_against_task(job, task.optimizer)
+    return task
 
 
 class Worker:

@@ -7,6 +7,8 @@ the factory's (mean 0, variance 1) the first layer's output is not normalised
 at all, its biases drown the features, and the model is at chance.
 """
 
+import dataclasses
+
 from torch import nn
 
 import dynabatch as db
@@ -33,3 +35,6 @@ task = db.Task(
     metrics=[accuracy],
     optimizer=db.optim.SGD(lr=0.1, momentum=0.5),
 )
+
+# The same task for the delta protocols (local, msd), whose workers step with the job's SGD flags: it names none.
+job_sgd = dataclasses.replace(task, optimizer=None)
