@@ -37,8 +37,7 @@ from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAc
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter
-from dynabatch.common.schedules import schedule_from_fields
-from dynabatch.common.task import ModelSignature, signature_fields, signature_from_fields
+from dynabatch.common.task import ModelSignature
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
@@ -55,7 +54,7 @@ from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.served_job import ServedJob
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.shared_buffers import SharedBuffers
-from dynabatch.ps.training_setup import setup_difference
+from dynabatch.ps.training_setup import TrainingSetup
 from dynabatch.ps.update_rules import optimizer_spec
 
 log = logging.getLogger("dynabatch.ps")
@@ -119,9 +118,8 @@ class ShardServer:
         self.membership = 0  # the scheduler's number of the live worker set in self.state
         self.served: ServedJob | None = None  # the job, once the scheduler has welcomed this shard (served_job.py)
         self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
-        self.signature: ModelSignature | None = None
+        self.setup: TrainingSetup | None = None  # the model, optimizer and schedule the first INIT named
         self.buffers: SharedBuffers | None = None  # shard 0 of a model with travelling buffers (shared_buffers.py)
-        self.init_specs: dict[str, dict] = {"optimizer": {}, "schedule": {}}
         self.reported_version = 0  # the model version last exported (dynabatch_ps_version)
         self.last_assignment: Assignment | None = None
         self.guard = ParamGuard()  # what is wrong with the model held, if anything (param_guard.py)
@@ -187,9 +185,9 @@ class ShardServer:
         self.link.conn.job = served.job.job
         saved = served.load_checkpoint()
         if saved is not None:
-            self._create_state(signature_from_fields(**saved["signature"]), None, saved["optimizer"], saved["schedule"])
+            self._create_state(TrainingSetup.from_checkpoint(saved), None)
             self.state.restore(saved)
-            self._hold_buffers(self.signature, None)
+            self._hold_buffers(self.setup.signature, None)
             if self.buffers is not None:
                 self.buffers.restore(saved.get("buffers", {}))
             self._bound_peers()
@@ -206,16 +204,14 @@ class ShardServer:
         served.metrics.version.set(self.reported_version)
         self.health.ready = True
 
-    def _create_state(self, sig: ModelSignature, flat: torch.Tensor | None, optimizer: dict, schedule: dict) -> None:
-        """This shard's part of the model described by `sig`, at `flat` (None: zeros, a checkpoint follows).
+    def _create_state(self, setup: TrainingSetup, flat: torch.Tensor | None) -> None:
+        """This shard's part of the model `setup` describes, at `flat` (None: zeros, a checkpoint follows).
 
-        `optimizer` and `schedule` are the first INIT's fields, already checked by `_on_init`
-        (or written by this shard into its checkpoint).
+        `setup` is the first INIT's, already checked by `_on_init` (or written by this shard into its checkpoint).
         """
-        served = self.served
-        self.state = served.new_state(sig, flat, optimizer, schedule)
-        self.signature = sig
-        self.init_specs = {"optimizer": optimizer, "schedule": schedule}
+        served, sig = self.served, setup.signature
+        self.state = served.new_state(sig, flat, setup.optimizer, setup.schedule)
+        self.setup = setup
         self._watch(self.guard.reset(self.state.params))
         last = self.last_assignment
         if last is not None:  # what the scheduler said before the model was here
@@ -232,7 +228,7 @@ class ShardServer:
 
     def _bound_peers(self) -> None:
         """Now that the model's size is known: refuse larger messages unparsed, queue fewer replies per peer."""
-        sig = self.signature
+        sig = self.setup.signature
         self.limits = wire_limits([c.length for c in self.state.chunks], self.buffers.total if self.buffers else 0,
                                   len(sig.params), len(sig.buffers))
         self.outbox.limit = backlog_limit(len(self.state.chunks))
@@ -290,7 +286,7 @@ class ShardServer:
         """
         state = self.state
         version = state.version if state is not None else 0
-        train_size = self.signature.train_size if self.signature is not None else 0
+        train_size = self.setup.signature.train_size if self.setup is not None else 0
         discarded = state.discarded if state is not None else 0
         samples = state.samples_seen if state is not None else 0
         quarantined = sorted(self.served.bounds.quarantined & self.senders.live)  # the scheduler drops them
@@ -382,15 +378,13 @@ class ShardServer:
         msg = incoming.message
         body: Init = msg.body
         try:
-            sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size, body.buffer_names,
-                                        body.buffer_shapes, body.buffer_dtypes)
-            schedule_from_fields(body.schedule)
+            setup = TrainingSetup.from_init(body)
         except ValueError as exc:
             raise ProtocolError("bad_field", f"INIT: {exc}") from None
         optimizer_spec(self.served.job, body.optimizer)  # a malformed spec is refused before anything is built
+        sig = setup.signature
         if self.state is not None:
-            difference = sig.difference(self.signature) or setup_difference(
-                self.init_specs, {"optimizer": body.optimizer, "schedule": body.schedule})
+            difference = self.setup.difference(setup)
             if difference is not None:
                 raise ProtocolError("signature", f"this model differs from the job's: {difference}")
             self._reply(incoming.identity, InitAck(self.state.version), msg.seq)
@@ -408,7 +402,7 @@ class ShardServer:
         for meta, tensor in zip(msg.chunks, msg.tensors):
             chunk = mine[meta.id]
             flat[chunk.start:chunk.stop] = tensor
-        self._create_state(sig, flat, body.optimizer, body.schedule)
+        self._create_state(setup, flat)
         self._hold_buffers(sig, buffers)
         self._bound_peers()
         self._checkpoint()  # a shard killed before its first interval checkpoint resumes this model, not nothing
@@ -622,9 +616,8 @@ class ShardServer:
                         self.guard.problem or "workers' losses are diverging", self.good_version)
             return
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
-        served.save_checkpoint({**self.state.snapshot(), **self.init_specs, "buffers": buffers,
-                                "signature": signature_fields(self.signature), "replay_marks": self.replays.saved(),
-                                "rollbacks": self.rollbacks})
+        served.save_checkpoint({**self.state.snapshot(), **self.setup.checkpoint_fields(), "buffers": buffers,
+                                "replay_marks": self.replays.saved(), "rollbacks": self.rollbacks})
         self.good_version = self.state.version
         served.metrics.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.state.version, served.checkpoint_path)
