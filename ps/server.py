@@ -1,4 +1,9 @@
-"""The parameter-server shard's socket loop: thin, every decision is in shard_state.py.
+"""The parameter-server shard's socket loop: it receives, dispatches and replies; the decisions are made below it.
+
+What the parameters become, the protocol's rounds and the learning-rate schedule
+are the ShardState's (shard_state.py, protocol_rules.py, step_size.py); the job
+and what is fixed with it at WELCOME the ServedJob's (served_job.py); the model,
+optimizer and schedule the first INIT names the TrainingSetup's (training_setup.py).
 
 One ROUTER serves workers (PULL, PUSH); one DEALER keeps the shard registered
 with the scheduler, which answers its heartbeats with the live worker set and,
@@ -88,12 +93,11 @@ def priority(incoming: Incoming) -> int:
 
 
 class ShardServer:
-    """One shard's sockets: registers with the scheduler, dispatches what arrives, replies, checkpoints.
+    """One shard's conversation: registers with the scheduler, dispatches what arrives on its sockets in order,
+    replies, and keeps the model's checkpoint and rollbacks in step with what the scheduler says.
 
-    It owns the conversation, not the decisions: what the parameters become, the
-    protocol's rounds and the learning-rate schedule are the ShardState's
-    (shard_state.py), the job and what is fixed with it the ServedJob's, made at
-    WELCOME (served_job.py), and each check on a message is its own module's.
+    It owns the order of things, not the decisions: those are the ShardState's, the ServedJob's, the
+    TrainingSetup's and each check's own module's (see the module's docstring).
     """
 
     def __init__(self, opts: PsOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
