@@ -1,4 +1,9 @@
-"""The parameter-server shard's socket loop: thin, every decision is in shard_state.py.
+"""The parameter-server shard's socket loop: it receives, dispatches and replies; the decisions are made below it.
+
+What the parameters become, the protocol's rounds and the learning-rate schedule
+are the ShardState's (shard_state.py, protocol_rules.py, step_size.py); the job
+and what is fixed with it at WELCOME the ServedJob's (served_job.py); the model,
+optimizer and schedule the first INIT names the TrainingSetup's (training_setup.py).
 
 One ROUTER serves workers (PULL, PUSH); one DEALER keeps the shard registered
 with the scheduler, which answers its heartbeats with the live worker set and,
@@ -26,44 +31,38 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 import zmq
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
-from dynabatch.common.chunking import BUFFERS_ID, make_layout
-from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.log_limit import RateLimitedLog
-from dynabatch.common.protocols import protocol_settings
-from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
-from dynabatch.schedule import Schedule, schedule_from_fields
-from dynabatch.common.model_signature import ModelSignature, signature_fields, signature_from_fields
+from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter
+from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
-from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
+from dynabatch.ps.checkpoint import ForeignCheckpoint
 from dynabatch.ps.options import PsOptions
-from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment, GradientBounds
+from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.param_guard import ParamGuard
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
-from dynabatch.ps.push_bounds import (
-    AssignedBatches, check_push_numbers, check_push_samples, max_push_samples, push_steps,
-)
+from dynabatch.ps.push_bounds import check_push_numbers, check_push_samples
 from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
+from dynabatch.ps.served_job import ServedJob
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.shared_buffers import SharedBuffers
-from dynabatch.ps.training_setup import setup_difference
+from dynabatch.ps.training_setup import TrainingSetup
 from dynabatch.ps.update_rules import optimizer_spec
 
 log = logging.getLogger("dynabatch.ps")
-STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 MAX_BATCH_PER_POLL = 64
 
 
@@ -93,44 +92,13 @@ def priority(incoming: Incoming) -> int:
     return min(ids) if ids else 0
 
 
-class ShardMetrics:
-    """The shard's series, on its own registry."""
-
-    def __init__(self, registry: CollectorRegistry, shard: str) -> None:
-        labels = {"shard": shard}
-        self.bad = bad_messages_counter(registry)
-        self.version = Gauge("dynabatch_ps_version", "Model version (updates applied) on this shard.", ["shard"], registry=registry).labels(**labels)
-        self.updates = Counter("dynabatch_ps_updates", "Updates applied to this shard's parameters.", ["shard"], registry=registry).labels(**labels)
-        self.pushes = Counter("dynabatch_ps_pushes", "Gradient pushes accepted, by worker.", ["shard", "worker"], registry=registry)
-        self.pulls = Counter("dynabatch_ps_pulls", "Parameter pulls served.", ["shard"], registry=registry).labels(**labels)
-        self.bytes_in = Counter("dynabatch_ps_received_bytes", "Tensor bytes received in pushes.", ["shard"], registry=registry).labels(**labels)
-        self.bytes_out = Counter("dynabatch_ps_sent_bytes", "Tensor bytes sent in pulls.", ["shard"], registry=registry).labels(**labels)
-        self.staleness = Histogram("dynabatch_ps_staleness", "Versions between a gradient's base and the shard's model.", ["shard"], buckets=STALENESS_BUCKETS, registry=registry).labels(**labels)
-        self.handle = Histogram("dynabatch_ps_handle_seconds", "Time to handle one message.", ["shard", "type"], registry=registry)
-        self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"], registry=registry).labels(**labels)
-        self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"], registry=registry).labels(**labels)
-        self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too many unread.", ["shard"], registry=registry).labels(**labels)
-        self.discarded = Counter("dynabatch_ps_discarded_gradients", "Pushes the protocol discarded as computed on "
-                                 "too old a model (ringmaster, rennala); their workers pulled again.", ["shard"],
-                                 registry=registry).labels(**labels)
-        self.clipped = Counter("dynabatch_ps_clipped_pushes", "Pushes with a chunk clipped to the gradient bound, by "
-                               "worker.", ["shard", "worker"], registry=registry)
-        self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined for pushes clipped again "
-                                   "and again.", ["shard"], registry=registry).labels(**labels)
-        self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not "
-                                "finite).", ["shard"], registry=registry).labels(**labels)
-        self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's "
-                                   "model finite and not exploding, else 0.", ["shard"],
-                                   registry=registry).labels(**labels)
-        self.checkpoints_refused = Counter("dynabatch_ps_checkpoints_refused", "Checkpoints not written because the "
-                                           "model was not healthy.", ["shard"], registry=registry).labels(**labels)
-        self.rollbacks = Counter("dynabatch_ps_rollbacks", "Rollbacks to the last good checkpoint applied.",
-                                 ["shard"], registry=registry).labels(**labels)
-        self.clock_spread = Gauge("dynabatch_ps_clock_spread", "ssp: the widest spread of live workers' clocks (steps) seen so far.", ["shard"], registry=registry).labels(**labels)
-
-
 class ShardServer:
-    """One parameter-server shard: registers, serves, checkpoints, stops on request."""
+    """One shard's conversation: registers with the scheduler, dispatches what arrives on its sockets in order,
+    replies, and keeps the model's checkpoint and rollbacks in step with what the scheduler says.
+
+    It owns the order of things, not the decisions: those are the ShardState's, the ServedJob's, the
+    TrainingSetup's and each check's own module's (see the module's docstring).
+    """
 
     def __init__(self, opts: PsOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
         self.opts = opts
@@ -139,8 +107,8 @@ class ShardServer:
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         self.refused = auth_failures_counter(self.registry, "ps")
         self.ctx = open_context(curve)
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.refused.labels("ps", reason).inc(),
-                                               SEND_QUEUE)
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind,
+                                               lambda reason: self.refused.labels("ps", reason).inc(), SEND_QUEUE)
         self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.name = opts.name or f"ps-{socket.gethostname()}"
         self.stopping = False
@@ -150,22 +118,18 @@ class ShardServer:
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
         self.replays = ReplayGuard()  # the PUSH seqs already taken, per sender and connection (replay_guard.py)
         self.limits: WireLimits | None = None  # once the model is held: what a message may be (peer_limits.py)
-        self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, lambda: self.m.replies_dropped.inc())  # (ps/outbox.py)
+        self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, self._reply_dropped)  # (ps/outbox.py)
         self.membership = 0  # the scheduler's number of the live worker set in self.state
+        self.served: ServedJob | None = None  # the job, once the scheduler has welcomed this shard (served_job.py)
         self.state: ShardState | None = None  # set by the first worker's INIT, or from a checkpoint
-        self.signature: ModelSignature | None = None
+        self.setup: TrainingSetup | None = None  # the model, optimizer and schedule the first INIT named
         self.buffers: SharedBuffers | None = None  # shard 0 of a model with travelling buffers (shared_buffers.py)
-        self.init_specs: dict[str, dict] = {"optimizer": {}, "schedule": {}}
-        self.schedule = Schedule()
-        self.progress = 0.0  # the job's progress (epoch / epochs) as far as this shard knows: where the schedule stands
-        self.samples_seen = 0
+        self.reported_version = 0  # the model version last exported (dynabatch_ps_version)
         self.last_assignment: Assignment | None = None
         self.guard = ParamGuard()  # what is wrong with the model held, if anything (param_guard.py)
         self.healthy = True  # the guard's last verdict, as logged and exported
         self.good_version = -1  # the version of the last checkpoint written (only a healthy model is)
         self.rollbacks = 0  # the number of the last rollback applied (the scheduler's count)
-        self.thrown_away: dict[int, int] = {}  # each chunk's highest version that a rollback threw away
-        self.lr_factor = 1.0  # the job's step-size factor after its rollbacks, from the scheduler
         self.hold_checkpoints = False  # the scheduler sees workers' losses diverging: keep the last checkpoint
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
@@ -190,13 +154,19 @@ class ShardServer:
         finally:
             self._checkpoint()
             self.link.bye()
+            bounds = self.served.bounds
             log.info("the gradient bound (--gradient-bound %g) clipped %d pushes and quarantined %d workers",
-                     self.job.gradient_bound, self.bounds.clipped, len(self.bounds.quarantined))
+                     bounds.factor, bounds.clipped, len(bounds.quarantined))
         if self.job_over and self.opts.on_finish == "idle":
             log.info("job finished; idling until stopped (--on-finish idle)")
             self.health.idle_until(lambda: self.stopping)
         self.metrics_server.close()
         return 0
+
+    def _reply_dropped(self) -> None:
+        """The outbox dropped a reply: its peer had left too many unread (only once the model is held)."""
+        if self.served is not None:
+            self.served.metrics.replies_dropped.inc()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         log.info("signal %d: checkpointing and stopping", signum)
@@ -214,71 +184,55 @@ class ShardServer:
             return None
 
     def _setup(self, welcome: Welcome) -> None:
-        self.job: JobConfig = job_from_dict(welcome.config)
-        self.link.conn.job = self.job.job
-        self.index = welcome.shard_index
-        self.shard_label = str(self.index)
-        self.m = ShardMetrics(self.registry, self.shard_label)
-        self.ckpt_meta = {"job": self.job.job, "shard": self.index, "shards": self.job.shards,
-                          "chunk_bytes": self.job.chunk_bytes}
-        self.max_samples = max_push_samples(self.job)
-        self.assigned = AssignedBatches(push_steps(self.job), self.max_samples)  # each live worker's batch
-        self.bounds = GradientBounds(self.job.gradient_bound)  # how far one push may move a chunk
-        self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
-        self.reported_version = 0
-        saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
+        """Take the job the scheduler welcomed this shard to, and resume its checkpoint if there is one."""
+        served = self.served = ServedJob.welcomed(welcome, self.registry, self.opts.checkpoint_dir)
+        self.link.conn.job = served.job.job
+        saved = served.load_checkpoint()
         if saved is not None:
-            self._create_state(signature_from_fields(**saved["signature"]), None, saved["optimizer"], saved["schedule"])
+            self._create_state(TrainingSetup.from_checkpoint(saved), None)
             self.state.restore(saved)
-            self._hold_buffers(self.signature, None)
+            self._hold_buffers(self.setup.signature, None)
             if self.buffers is not None:
                 self.buffers.restore(saved.get("buffers", {}))
             self._bound_peers()
             self.reported_version = self.state.version
-            self.samples_seen = int(saved.get("samples_seen", 0))
             self.replays.restore(saved.get("replay_marks", {}))
             self.rollbacks = int(saved.get("rollbacks", 0))
             self._judge_restored()
             log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
-                     "counts them back into the job", self.ckpt_path, self.state.version, self.samples_seen)
+                     "counts them back into the job", served.checkpoint_path, self.state.version,
+                     self.state.samples_seen)
         else:
-            log.info("shard %d of %d at %s: waiting for the first worker's model", self.index, self.job.shards,
+            log.info("shard %d of %d at %s: waiting for the first worker's model", served.index, served.job.shards,
                      self.advertise)
-        self.m.version.set(self.reported_version)
+        served.metrics.version.set(self.reported_version)
         self.health.ready = True
 
-    def _create_state(self, sig: ModelSignature, flat: torch.Tensor | None, optimizer: dict, schedule: dict) -> None:
-        """This shard's part of the model described by `sig`, at `flat` (None: zeros, a checkpoint follows).
+    def _create_state(self, setup: TrainingSetup, flat: torch.Tensor | None) -> None:
+        """This shard's part of the model `setup` describes, at `flat` (None: zeros, a checkpoint follows).
 
-        `optimizer` is an optimizer spec's fields (empty: the job's SGD flags), already checked
-        by `_on_init` (or written by this shard into its checkpoint).
+        `setup` is the first INIT's, already checked by `_on_init` (or written by this shard into its checkpoint).
         """
-        layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
-        spec = optimizer_spec(self.job, optimizer)
-        self.schedule = schedule_from_fields(schedule)
-        self.state = ShardState.initial(
-            layout.for_shard(self.index), torch.zeros(layout.total) if flat is None else flat, spec,
-            self.job.protocol, self.job.global_batch, protocol_settings(self.job),
-            [(p.name, math.prod(p.shape)) for p in sig.params], self.job.dbs_weight,
-        )
-        self.signature = sig
-        self.init_specs = {"optimizer": optimizer, "schedule": schedule}
+        served, sig = self.served, setup.signature
+        self.state = served.new_state(sig, flat, setup.optimizer, setup.schedule)
+        self.setup = setup
         self._watch(self.guard.reset(self.state.params))
-        if self.last_assignment is not None:
-            last = self.last_assignment
+        last = self.last_assignment
+        if last is not None:  # what the scheduler said before the model was here
+            self.state.follow_job(last.progress, last.lr_factor)
             self.state.set_membership(set(last.live_workers), last.allocated, set(last.idle_workers))
         log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
-                 self.index, self.job.shards, self.advertise, len(self.state.chunks), sig.total,
-                 sum(c.length for c in self.state.chunks), self.job.protocol, spec)
+                 served.index, served.job.shards, self.advertise, len(self.state.chunks), sig.total,
+                 sum(c.length for c in self.state.chunks), served.job.protocol, self.state.optimizer)
 
     def _hold_buffers(self, sig: ModelSignature, flat: torch.Tensor | None) -> None:
         """Shard 0 holds all of the model's travelling buffers (they are small); the other shards none."""
         self.buffers = SharedBuffers.initial(sig.buffers, flat) if (
-            self.index == 0 and sig.buffers) else None
+            self.served.index == 0 and sig.buffers) else None
 
     def _bound_peers(self) -> None:
         """Now that the model's size is known: refuse larger messages unparsed, queue fewer replies per peer."""
-        sig = self.signature
+        sig = self.setup.signature
         self.limits = wire_limits([c.length for c in self.state.chunks], self.buffers.total if self.buffers else 0,
                                   len(sig.params), len(sig.buffers))
         self.outbox.limit = backlog_limit(len(self.state.chunks))
@@ -297,11 +251,12 @@ class ShardServer:
         return part.tensors[0]
 
     def _loop(self) -> None:
+        job = self.served.job
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.conn.sock, zmq.POLLIN)
         self._beat()  # before serving anything: a resumed shard's first report is its checkpoint's version
-        next_beat = time.monotonic() + self.job.heartbeat_s
+        next_beat = time.monotonic() + job.heartbeat_s
         next_ckpt = time.monotonic() + self.opts.checkpoint_interval_s
         while not self.stopping and not self.job_over:
             self.outbox.flush()
@@ -317,13 +272,13 @@ class ShardServer:
             now = time.monotonic()
             if now >= next_beat:
                 self._beat()
-                next_beat = now + self.job.heartbeat_s
-            overdue = self.state.overdue(now, self.job.round_timeout_s) if self.state is not None else []
+                next_beat = now + job.heartbeat_s
+            overdue = self.state.overdue(now, job.round_timeout_s) if self.state is not None else []
             if overdue:
-                log.warning("%s rounds of %d chunks timed out; applying what arrived", self.job.protocol, len(overdue))
+                log.warning("%s rounds of %d chunks timed out; applying what arrived", job.protocol, len(overdue))
                 self._after_update([cid for cid in overdue if self.state.close_round(cid)])
             self._expire_parked(now)
-            if self.ckpt_path is not None and now >= next_ckpt:
+            if self.served.checkpoint_path is not None and now >= next_ckpt:
                 self._checkpoint()
                 next_ckpt = now + self.opts.checkpoint_interval_s
             self.health.tick()
@@ -333,41 +288,45 @@ class ShardServer:
 
         The answer to an earlier heartbeat may be taken here rather than by the loop's poll.
         """
-        version = self.state.version if self.state is not None else 0
-        train_size = self.signature.train_size if self.signature is not None else 0
-        discarded = self.state.discarded if self.state is not None else 0
-        quarantined = sorted(self.bounds.quarantined & self.senders.live)  # the scheduler drops them
+        state = self.state
+        version = state.version if state is not None else 0
+        train_size = self.setup.signature.train_size if self.setup is not None else 0
+        discarded = state.discarded if state is not None else 0
+        samples = state.samples_seen if state is not None else 0
+        quarantined = sorted(self.served.bounds.quarantined & self.senders.live)  # the scheduler drops them
         self._on_assignment(self.link.heartbeat(Heartbeat(
-            version=version, updates=version, samples=self.samples_seen, membership=self.membership,
+            version=version, updates=version, samples=samples, membership=self.membership,
             train_size=train_size, discarded=discarded, quarantined=quarantined,
             model_problem=self.guard.problem, good_version=self.good_version, rollbacks=self.rollbacks)))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
             log.warning("scheduler no longer knows this shard (restarted?); registering again")
-            self._register(self.index)
+            self._register(self.served.index)
             return
         if body is None:
             return
         self.last_assignment = body
         self.membership = body.membership
-        self.lr_factor, self.hold_checkpoints = body.lr_factor, body.hold_checkpoints
+        self.hold_checkpoints = body.hold_checkpoints
         if self.state is None:
             self.rollbacks = max(self.rollbacks, body.rollbacks)  # no model yet: nothing to go back from
         elif body.rollbacks > self.rollbacks:
+            self.state.follow_job(body.progress, body.lr_factor)  # the factor the restored model steps with
             self._roll_back(body.rollbacks)
             # Report the drop in version before serving another push, so that the scheduler counts the updates
             # thrown away back into the job; the heartbeat's answer (the newest assignment) is handled in full.
             self._beat()
             return
-        self.m.live.set(len(body.live_workers))
+        served = self.served
+        served.metrics.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
-        self.assigned.update(body.batches)
-        self.bounds.forget(set(body.live_workers))
+        served.assigned.update(body.batches)
+        served.bounds.forget(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
-            self._advance_progress(body.progress)
+            self.state.follow_job(body.progress, body.lr_factor)
             self._after_update(self.state.set_membership(set(body.live_workers), body.allocated,
                                                          set(body.idle_workers)))
             self._serve_parked()
@@ -381,8 +340,9 @@ class ShardServer:
         msg = incoming.message
         start = time.perf_counter()
         try:
-            if msg.job != self.job.job:
-                raise ProtocolError("wrong_job", f"this shard serves job {self.job.job!r}, not {msg.job!r}", msg.seq)
+            if msg.job != self.served.job.job:
+                raise ProtocolError("wrong_job", f"this shard serves job {self.served.job.job!r}, not {msg.job!r}",
+                                    msg.seq)
             if isinstance(msg.body, Push):
                 check_key_role(incoming.key_role, ("worker",), msg.type)
             elif isinstance(msg.body, (Init, Pull)):  # an evaluator checks its model (INIT) and reads it
@@ -405,50 +365,48 @@ class ShardServer:
         except Exception as exc:  # a bug must cost one message, never the shard
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             self._reject(incoming, ProtocolError("internal", f"{type(exc).__name__}: {exc}", msg.seq))
-        self.m.handle.labels(self.shard_label, msg.type).observe(time.perf_counter() - start)
+        self.served.metrics.handle.labels(self.served.label, msg.type).observe(time.perf_counter() - start)
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
-        self.m.bad.labels("ps", error.code).inc()
+        self.served.metrics.bad.labels("ps", error.code).inc()
         self.refusals.refused(error.code, str(error))
         self._reply(incoming.identity, error.to_error(), error.ref)
 
     def _reply(self, identity: bytes, body: object, seq: int, metas: Sequence[ChunkMeta] = (),
                tensors: Sequence[torch.Tensor] = ()) -> None:
-        self.outbox.send(identity, reply_frames(body, seq, self.job.job, f"ps{self.index}", metas, tensors))
+        served = self.served
+        self.outbox.send(identity, reply_frames(body, seq, served.job.job, f"ps{served.index}", metas, tensors))
 
     def _on_init(self, incoming: Incoming) -> None:
         """The first INIT sets the model; every later one must describe the same model."""
         msg = incoming.message
         body: Init = msg.body
         try:
-            sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size, body.buffer_names,
-                                        body.buffer_shapes, body.buffer_dtypes)
-            schedule_from_fields(body.schedule)
+            setup = TrainingSetup.from_init(body)
         except ValueError as exc:
             raise ProtocolError("bad_field", f"INIT: {exc}") from None
-        optimizer_spec(self.job, body.optimizer)  # a malformed spec is refused before anything is built
+        optimizer_spec(self.served.job, body.optimizer)  # a malformed spec is refused before anything is built
+        sig = setup.signature
         if self.state is not None:
-            difference = sig.difference(self.signature) or setup_difference(
-                self.init_specs, {"optimizer": body.optimizer, "schedule": body.schedule})
+            difference = self.setup.difference(setup)
             if difference is not None:
                 raise ProtocolError("signature", f"this model differs from the job's: {difference}")
             self._reply(incoming.identity, InitAck(self.state.version), msg.seq)
             return
-        layout = make_layout(sig.total, self.job.chunk_bytes, self.job.shards)
-        mine = layout.for_shard(self.index)
-        holds_buffers = sig.buffer_total if self.index == 0 else 0
+        mine = {c.id: c for c in self.served.chunks(sig)}
+        holds_buffers = sig.buffer_total if self.served.index == 0 else 0
         buffers = self._take_buffers(msg, holds_buffers)
         if holds_buffers and buffers is None:
             raise ProtocolError("bad_chunk", f"INIT lacks the model's {len(sig.buffers)} buffers (chunk {BUFFERS_ID})")
-        check_chunks(msg, {c.id: c.length for c in mine})
+        check_chunks(msg, {c.id: c.length for c in mine.values()})
         if len(msg.chunks) != len(mine):
             raise ProtocolError("bad_chunk", f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} chunks")
         check_finite(msg)
-        flat = torch.zeros(layout.total)
+        flat = torch.zeros(sig.total)
         for meta, tensor in zip(msg.chunks, msg.tensors):
-            chunk = layout.chunks[meta.id]
+            chunk = mine[meta.id]
             flat[chunk.start:chunk.stop] = tensor
-        self._create_state(sig, flat, body.optimizer, body.schedule)
+        self._create_state(setup, flat)
         self._hold_buffers(sig, buffers)
         self._bound_peers()
         self._checkpoint()  # a shard killed before its first interval checkpoint resumes this model, not nothing
@@ -481,11 +439,12 @@ class ShardServer:
         self._check_room(identity, len(due) < len(items) or self.state.pull_blocked(worker))
         ready = due if self.state.admit_pull(worker) else []
         waiting = [cid for cid, _, _ in items if cid not in ready]
-        self.m.pulls.inc()
+        self.served.metrics.pulls.inc()
         self._send_chunks(identity, seq, ready, worker if buffers else None)
         if waiting:
             self.parked.append(ParkedPull(identity, seq, worker, waiting, min_version,
-                                          time.monotonic() + self.job.round_timeout_s * 2, buffers and not ready))
+                                          time.monotonic() + self.served.job.round_timeout_s * 2,
+                                          buffers and not ready))
 
     def _send_chunks(self, identity: bytes, seq: int, ids: list[int], buffers_to: str | None = None) -> None:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
@@ -497,7 +456,7 @@ class ShardServer:
                 tensors.append(self.buffers.sent_to(buffers_to))
                 buffers_to = None
             self._reply(identity, Params(version=self.state.version), seq, metas, tensors)
-            self.m.bytes_out.inc(sum(m.nbytes for m in metas))
+            self.served.metrics.bytes_out.inc(sum(m.nbytes for m in metas))
 
     def _on_push(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -511,13 +470,11 @@ class ShardServer:
             self._check_room(incoming.identity, True)
         tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
         base = {meta.id: meta.version for meta in msg.chunks}
-        stale = [cid for cid, v in base.items() if self.state.chunk_versions[cid] < v <= self.thrown_away.get(cid, -1)]
-        if stale:  # an honest worker's step on the model before a rollback, not a lie about versions (bad_field)
-            raise ProtocolError("rolled_back", f"PUSH of chunk {stale[0]} was computed on version {base[stale[0]]}, "
-                                "which the job rolled back; pull the model again")
-        check_push_numbers(body.samples, base, self.state.chunk_versions, self.max_samples)
+        served, m = self.served, self.served.metrics
+        self.state.check_base(base)  # before the numbers: a base a rollback threw away is not a lie (bad_field)
+        check_push_numbers(body.samples, base, self.state.chunk_versions, served.max_samples)
         if msg.sender in self.state.live:  # one that is not is refused `unknown_sender` (it may just be joining)
-            check_push_samples(body.samples, msg.sender, self.assigned)
+            check_push_samples(body.samples, msg.sender, served.assigned)
         self.replays.check(msg.sender, incoming.identity, msg.seq)
         streamed: set[int] = set()
 
@@ -526,28 +483,24 @@ class ShardServer:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
-        found = self.bounds.assess(msg.sender, tensors, body.samples, self.state.params, self.state.live)
+        found = served.bounds.assess(msg.sender, tensors, body.samples, self.state.params, self.state.live)
         streams = body.then_pull and self.buffers is None and self.state.streams
         try:
             outcome = self.state.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
                                       send_back if streams else None)
         except StaleGradient as exc:  # the protocol at work, not a bad message: counted apart, not logged
             self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
-            self.m.discarded.inc()
+            m.discarded.inc()
             self._reply(incoming.identity, exc.to_error(), msg.seq)
             return
         self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
         self._count_bounds(found)
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
             self.buffers.take(msg.sender, buffers, body.samples)
-        self.m.staleness.observe(outcome.staleness)
-        self.m.clock_spread.set(self.state.rule.widest_spread)
-        self.m.pushes.labels(self.shard_label, msg.sender).inc()
-        self.m.bytes_in.inc(sum(m.nbytes for m in msg.chunks) + (buffers.numel() * 4 if buffers is not None else 0))
-        if self.state.chunks[0].id in tensors:  # count each step once, on the shard's first chunk
-            self.samples_seen += body.samples
-            self._advance_progress(self.samples_seen / (self.signature.train_size * self.job.epochs)
-                                   if self.job.epochs else 0.0)
+        m.staleness.observe(outcome.staleness)
+        m.clock_spread.set(self.state.clock_spread)
+        m.pushes.labels(served.label, msg.sender).inc()
+        m.bytes_in.inc(sum(c.nbytes for c in msg.chunks) + (buffers.numel() * 4 if buffers is not None else 0))
         all_applied = len(outcome.applied) == len(tensors)
         self._reply(incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied), msg.seq)
         self._after_update(outcome.applied)
@@ -557,29 +510,19 @@ class ShardServer:
                 self._serve_pull(incoming.identity, msg.seq, msg.sender, rest, body.pull_min_version,
                                  self.buffers is not None)
             else:
-                self.m.pulls.inc()
+                m.pulls.inc()
 
     def _count_bounds(self, found: Assessment) -> None:
         """Record a taken push's norms; count a clipped one, and quarantine its worker if it keeps being clipped."""
+        served = self.served
         if found.clipped:
-            self.m.clipped.labels(self.shard_label, found.worker).inc()
-        if self.bounds.record(found, self.state.live):
-            self.m.quarantined.inc()
+            served.metrics.clipped.labels(served.label, found.worker).inc()
+        if served.bounds.record(found, self.state.live):
+            served.metrics.quarantined.inc()
             log.warning("%s quarantined: %d pushes in a row exceeded the gradient bound (--gradient-bound %g); its "
                         "further pushes are refused and the scheduler is told", found.worker, QUARANTINE_AFTER,
-                        self.bounds.factor)
+                        served.bounds.factor)
             self._beat()
-
-    def _advance_progress(self, progress: float) -> None:
-        """Move the schedule forward to `progress`, never back.
-
-        The scheduler's figure comes with its answers to this shard's heartbeats (every
-        --heartbeat-s); between them the shard's own count of the samples pushed to it
-        moves the schedule, so a short job is not trained entirely at the schedule's
-        first value (a warm-up's 0).
-        """
-        self.progress = max(self.progress, min(1.0, progress))
-        self.state.lr_factor = self.schedule.factor(self.progress) * self.lr_factor
 
     def _after_update(self, applied: list[int]) -> None:
         """Count applied chunk updates, move the travelling buffers, and stream the chunks to the pulls
@@ -593,8 +536,8 @@ class ShardServer:
             self.buffers.settle()  # once per update: the mean of the buffer changes pushed since the last
         before = self.reported_version
         self.reported_version = self.state.version
-        self.m.updates.inc(self.reported_version - before)
-        self.m.version.set(self.reported_version)
+        self.served.metrics.updates.inc(self.reported_version - before)
+        self.served.metrics.version.set(self.reported_version)
         self._serve_parked()
 
     def _serve_parked(self) -> None:
@@ -620,8 +563,8 @@ class ShardServer:
     def _watch(self, problem: str) -> None:
         """Export the guard's view; log when the model turns sick or healthy again."""
         norm, was_healthy, self.healthy = self.guard.norm, self.healthy, not problem
-        self.m.param_norm.set(norm)
-        self.m.model_healthy.set(1.0 if self.healthy else 0.0)
+        self.served.metrics.param_norm.set(norm)
+        self.served.metrics.model_healthy.set(1.0 if self.healthy else 0.0)
         if problem and was_healthy:
             log.error("model diverged at version %d: %s; no checkpoint is written until it is healthy again "
                       "(the last good one is version %d), and the scheduler is told", self.state.version, problem,
@@ -643,10 +586,11 @@ class ShardServer:
         on the diverged model are refused (their base version is ahead) and pull again.
         Pulls parked for versions the model no longer reaches get the restored chunks now.
         """
+        served = self.served
         self.rollbacks = number
-        self.m.rollbacks.inc()
+        served.metrics.rollbacks.inc()
         try:
-            saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
+            saved = served.load_checkpoint()
         except (OSError, ValueError, RuntimeError) as exc:
             log.error("rollback %d ordered, but the checkpoint cannot be read: %s; the model stays as it is",
                       number, exc)
@@ -656,32 +600,28 @@ class ShardServer:
                       "the model stays as it is", number)
             return
         before = self.state.version
-        self.thrown_away = {cid: max(v, self.thrown_away.get(cid, -1)) for cid, v in self.state.chunk_versions.items()}
-        self.state.restore(saved)
+        self.state.roll_back(saved)
         if self.buffers is not None:
             self.buffers.restore(saved.get("buffers", {}))
-        self.samples_seen = int(saved.get("samples_seen", 0))
         self._judge_restored()
         self.reported_version = self.state.version
-        self.m.version.set(self.reported_version)
+        served.metrics.version.set(self.reported_version)
         log.warning("rollback %d: restored version %d from %s (the model was at version %d); step size now x%g",
-                    number, self.state.version, self.ckpt_path, before, self.lr_factor)
+                    number, self.state.version, served.checkpoint_path, before, self.state.step_size.job_factor)
         self._expire_parked(math.inf)
 
     def _checkpoint(self) -> None:
-        if self.ckpt_path is None or self.state is None:
+        served = self.served
+        if served.checkpoint_path is None or self.state is None:
             return
         if self.guard.problem or self.hold_checkpoints:
-            self.m.checkpoints_refused.inc()
+            served.metrics.checkpoints_refused.inc()
             log.warning("not checkpointing version %d: %s; the checkpoint at version %d stays", self.state.version,
                         self.guard.problem or "workers' losses are diverging", self.good_version)
             return
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
-        save_checkpoint(self.ckpt_path, self.ckpt_meta, {**self.state.snapshot(), **self.init_specs, "buffers": buffers,
-                                                         "signature": signature_fields(self.signature),
-                                                         "samples_seen": self.samples_seen,
-                                                         "replay_marks": self.replays.saved(),
-                                                         "rollbacks": self.rollbacks})
+        served.save_checkpoint({**self.state.snapshot(), **self.setup.checkpoint_fields(), "buffers": buffers,
+                                "replay_marks": self.replays.saved(), "rollbacks": self.rollbacks})
         self.good_version = self.state.version
-        self.m.checkpoints.inc()
-        log.info("checkpoint at version %d written to %s", self.state.version, self.ckpt_path)
+        served.metrics.checkpoints.inc()
+        log.info("checkpoint at version %d written to %s", self.state.version, served.checkpoint_path)

@@ -7,9 +7,10 @@ has finished it, and lets a shard apply and serve chunks in priority order, one
 at a time.
 
 The server loop (server.py) decodes and validates messages, then calls
-`pull`, `push`, `set_membership`, `overdue` and `close_round` here. Everything
-that decides what the parameters become is in this file, protocol_rules.py and
-update_rules.py, and is tested directly against plain torch.
+`pull`, `push`, `set_membership`, `overdue`, `close_round` and `roll_back` here.
+Everything that decides what the parameters become is in this file,
+protocol_rules.py, update_rules.py and step_size.py (the learning-rate schedule
+and the job's progress through it), and is tested directly against plain torch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, P
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.protocol_rules import RULES, ShardRule
+from dynabatch.ps.step_size import StepSize
 from dynabatch.ps.update_rules import (
     ChunkOptimizer, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
 )
@@ -50,13 +52,15 @@ class PushOutcome:
 
 @dataclass
 class ShardState:
-    """Parameter chunks, their optimizers, versions, the live workers and the protocol's rule.
+    """Parameter chunks, their optimizers, versions, the live workers, the protocol's rule and the step size.
 
     `allocated` is the number of workers the scheduler gave a batch (DBS-SGD's n);
     `live` can be larger while a worker joins. `optimizer` is the task's (or the
     job's SGD); under the delta protocols the chunks' optimizer is the outer one.
     `settings` are the protocol's own (common/protocols.py), of the class its spec
     names (None: that class's defaults); the rule reads them, nothing else does.
+    `run_samples` is the samples of the whole job (training set x epochs; 0: the
+    job counts no epochs), by which the samples pushed here move the schedule.
     """
 
     chunks: list[Chunk]
@@ -71,7 +75,10 @@ class ShardState:
     live: set[str] = field(default_factory=set)
     idle: set[str] = field(default_factory=set)  # live workers left out with batch 0: no round waits for them
     allocated: int = 0
-    lr_factor: float = 1.0  # the task's schedule at the job's progress, times the job's factor after rollbacks
+    step_size: StepSize = field(default_factory=StepSize)  # the schedule at the job's progress (step_size.py)
+    run_samples: float = 0.0
+    samples_seen: int = 0  # samples pushed to this shard (each step counted once, on its first chunk)
+    thrown_away: dict[int, int] = field(default_factory=dict)  # each chunk's highest version a rollback discarded
     discarded: int = 0  # pushes the protocol discarded as too stale (StaleGradient)
     discarded_samples: int = 0
     memory: ParamBuffers = field(default_factory=ParamBuffers)  # parameter tensors lent to replies, and spares
@@ -91,14 +98,15 @@ class ShardState:
     def initial(
         cls, chunks: Sequence[Chunk], flat: torch.Tensor, optimizer: OptimizerSpec, protocol: str,
         global_batch: int, settings: ProtocolSettings | None = None, params: Sequence[tuple[str, int]] = (),
-        dbs_rule: str = "capped",
+        dbs_rule: str = "capped", step_size: StepSize | None = None, run_samples: float = 0.0,
     ) -> "ShardState":
         """State at version 0 from the model's initial flat parameters.
 
         `params` are the model's parameters (name, size) in flat order, for the
         optimizer's `no_decay`; without them every value takes its weight decay.
         """
-        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, settings, dbs_rule=dbs_rule)
+        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, settings, dbs_rule=dbs_rule,
+                    step_size=step_size or StepSize(), run_samples=run_samples)
         runs = decay_runs(params or [("", flat.numel())], optimizer)
         for c in state.chunks:
             param = flat[c.start : c.stop].clone()
@@ -135,6 +143,16 @@ class ShardState:
         if unknown:
             raise ProtocolError("unknown_chunk", f"chunks {unknown[:5]} are not held here")
         return [(i, self.params[i], self.chunk_versions[i]) for i in wanted]
+
+    @property
+    def lr_factor(self) -> float:
+        """What every update's learning rate is multiplied by now (step_size.py)."""
+        return self.step_size.factor
+
+    @property
+    def clock_spread(self) -> int:
+        """Bounded-staleness protocols (ssp): the most clocks between live workers seen so far; else 0."""
+        return self.rule.widest_spread
 
     @property
     def streams(self) -> bool:
@@ -184,7 +202,26 @@ class ShardState:
             if on_taken is not None:
                 on_taken(cid)
         self.rule.pushed(worker, samples)
+        if self.chunks[0].id in tensors:  # count each step once, on the shard's first chunk
+            self.samples_seen += samples
+            if self.run_samples:
+                self.step_size.advance(self.samples_seen / self.run_samples)
         return PushOutcome(applied, self.version, max(staleness.values(), default=0))
+
+    def follow_job(self, progress: float, job_factor: float) -> None:
+        """The scheduler's word on the job: its progress (epoch / epochs; the schedule never moves back) and its
+        step-size factor after rollbacks."""
+        self.step_size.job_factor = job_factor
+        self.step_size.advance(progress)
+
+    def check_base(self, base_versions: dict[int, int]) -> None:
+        """Refuse (`rolled_back`) a push computed on a version that a rollback threw away: an honest worker's
+        step on the model before the rollback, not a lie about versions, and it should pull again."""
+        stale = [cid for cid, v in base_versions.items()
+                 if self.chunk_versions[cid] < v <= self.thrown_away.get(cid, -1)]
+        if stale:
+            raise ProtocolError("rolled_back", f"PUSH of chunk {stale[0]} was computed on version "
+                                f"{base_versions[stale[0]]}, which the job rolled back; pull the model again")
 
     def set_membership(self, workers: set[str], allocated: int, idle: set[str] = frozenset()) -> list[int]:
         """New membership from the scheduler: the live workers, how many hold a batch, and those left out
@@ -252,6 +289,7 @@ class ShardState:
             "params": dict(self.params),
             "optimizer_state": {cid: opt.state_dict() for cid, opt in self.optim.items()},
             "chunk_versions": dict(self.chunk_versions),
+            "samples_seen": self.samples_seen,
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -265,8 +303,16 @@ class ShardState:
         for cid, opt in self.optim.items():
             opt.load_state_dict(saved["optimizer_state"][cid])
         self.chunk_versions = dict(saved["chunk_versions"])
+        self.samples_seen = int(saved.get("samples_seen", 0))
         self.rule = self._fresh_rule()
         self.rule.membership_changed()  # the live workers are the same: a rule that tracks them (ssp) learns them
+
+    def roll_back(self, saved: dict[str, Any]) -> None:
+        """Go back to the checkpoint `saved` (the last good one), remembering the versions thrown away so that
+        pushes computed on them are refused `rolled_back` (`check_base`) rather than taken as lies. The step
+        size's progress stays: the job's progress is the scheduler's, and it moves on."""
+        self.thrown_away = {cid: max(v, self.thrown_away.get(cid, -1)) for cid, v in self.chunk_versions.items()}
+        self.restore(saved)
 
     def _fresh_rule(self) -> ShardRule:
         """The protocol's rule with no round open."""

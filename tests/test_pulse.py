@@ -1,53 +1,20 @@
 """The liveness thread (worker/pulse.py) and the link's repeat (`SchedulerLink.repeat_if_quiet`), against a
-ROUTER socket in this process that answers HELLO as the scheduler does: what goes on the wire is read there.
+ROUTER socket in this process that answers HELLO as the scheduler does (scheduler_socket.py).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 import zmq
 
-from dynabatch.common.messages import Heartbeat, Hello, Welcome
+from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import recv_routed, send_routed
 from dynabatch.worker.pulse import Pulse
-from harness import free_port, wait_for
+from harness import wait_for
+from scheduler_socket import SchedulerSocket
 
 INTERVAL_S = 0.05
-
-
-class Router:
-    """A ROUTER, on a thread of its own, that welcomes every HELLO as member `w<n>` and keeps every other
-    message it gets as (sender, body)."""
-
-    def __init__(self, ctx: zmq.Context) -> None:
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.sock.bind(self.endpoint)
-        self.got: list[tuple[str, object]] = []
-        self.welcomed = 0
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stopped.is_set():
-            if not self.sock.poll(10):
-                continue
-            msg = recv_routed(self.sock)
-            if isinstance(msg.message.body, Hello):
-                welcome = Welcome(id=f"w{self.welcomed}", config={}, shards=[])
-                send_routed(self.sock, msg.identity, welcome, msg.message.seq, "j", "scheduler")
-                self.welcomed += 1
-            else:
-                self.got.append((msg.message.sender, msg.message.body))
-
-    def close(self) -> None:
-        self._stopped.set()
-        self._thread.join()
-        self.sock.close(linger=0)
 
 
 def _seen_as(messages: list[tuple[str, object]]) -> list[str]:
@@ -55,7 +22,7 @@ def _seen_as(messages: list[tuple[str, object]]) -> list[str]:
     return [repr(m) for m in messages]
 
 
-def _seen(router: Router) -> list[str]:
+def _seen(router: SchedulerSocket) -> list[str]:
     return _seen_as(list(router.got))
 
 
@@ -65,7 +32,7 @@ def _register(link: SchedulerLink) -> None:
 
 def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registration():
     ctx = zmq.Context.instance()
-    router = Router(ctx)
+    router = SchedulerSocket(ctx)
     link = SchedulerLink(ctx, router.endpoint, "j", "test")
     try:
         assert not link.repeat_if_quiet(0.0), "unregistered: nothing to keep alive"
@@ -91,7 +58,7 @@ def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registra
 
 def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_stops():
     ctx = zmq.Context.instance()
-    router = Router(ctx)
+    router = SchedulerSocket(ctx)
     link = SchedulerLink(ctx, router.endpoint, "j", "test")
     try:
         _register(link)

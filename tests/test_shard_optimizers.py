@@ -124,7 +124,7 @@ def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, proto
     factors = [1.0, 0.5, 1.0, 0.25, 0.8, 1.0]
     for g, factor in zip(_grads(len(factors), _flat(model).numel()), factors):
         for state in states:
-            state.lr_factor = factor
+            state.follow_job(0.0, factor)
         assert _push(states, "w0", g, B)
         _reference_step(model, opt, g, spec.lr * factor)
     assert all(state.version == len(factors) for state in states)

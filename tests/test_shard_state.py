@@ -319,7 +319,7 @@ def test_ssp_applies_gradients_exactly_as_asgd_does():
 
 def test_the_schedules_factor_scales_every_update():
     state, w0 = _state("asgd")
-    state.lr_factor = 0.25
+    state.follow_job(0.0, 0.25)  # the job's factor after rollbacks, on a constant schedule
     g = torch.randn(1000, generator=torch.Generator().manual_seed(9))
     _push(state, "w0", g, 0, B // 3)
     torch.testing.assert_close(_flat(state), _reference(w0, [(g, 0.25)]))

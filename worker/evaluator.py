@@ -6,6 +6,10 @@ averages them), so a BatchNorm model is judged by the job's estimate rather
 than by its factory-fresh statistics. When the job stops it waits until the
 workers are gone (the scheduler says so by stopping the evaluator only then),
 evaluates the final model once more and reports that result as final.
+
+It shares with the trainer (trainer.py) only what both use: the process around
+it (role_process.py: registration, heartbeats, metrics server) and what joining
+brings (joined.py: the job, the task, the model and the shards' clients).
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ from typing import Any, Callable
 import torch
 
 from dynabatch.common.chunking import load_flat
+from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import EvalReport, Heartbeat
 from dynabatch.task import Task
+from dynabatch.common.task_check import build_data
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.batch_source import batch_len, fetch, to_device
-from dynabatch.worker.trainer import Worker
+from dynabatch.worker.joined import Joined
+from dynabatch.worker.options import WorkerOptions
+from dynabatch.worker.role_process import RoleProcess
 
 log = logging.getLogger("dynabatch.evaluator")
 # Batches whose activations stay in the CPU's caches: the CNN evaluates Fashion-MNIST's 10,000 test images in
@@ -81,24 +89,35 @@ def evaluate(task: Task, model: torch.nn.Module, data: Any, device: torch.device
     return {"loss": total_loss / n, **{name: v / c if c else math.nan for name, (v, c) in sums.items()}}
 
 
-class Evaluator(Worker):
-    """A worker that only evaluates."""
+class Evaluator:
+    """An evaluator: now and then pulls the job's current model and reports its loss and metrics on the task's
+    evaluation set, and once more, as final, when the job ends. It trains and pushes nothing."""
+
+    def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
+        self.opts = opts
+        self.process = RoleProcess(opts, "evaluator", metrics_host, metrics_port, curve)
+        self.joined: Joined | None = None  # once the scheduler has welcomed this evaluator
+        self.data: Any = None  # the task's evaluation set, loaded at joining
 
     def run(self) -> int:
+        process = self.process
         try:
-            if not self.join("evaluator"):
+            self.joined = process.join()
+            if self.joined is None:
                 return 0
-            self.health.ready = True
+            self.data = build_data(self.joined.task.eval_data, "eval_data")
+            process.health.ready = True
             self._evaluate_until_stopped()
         finally:
-            self.leave()
-        self.after_job()
+            process.leave()
+        process.after_job()
         return 0
 
     def _evaluate_until_stopped(self) -> None:
+        process, link, job = self.process, self.process.link, self.joined.job
         assignment = None
-        while not self.stopping:
-            if self.link.lost and not self.register_again("evaluator"):
+        while not process.stopping:
+            if link.lost and not process.register_again(self.joined):
                 return
             final = assignment is not None and assignment.stop
             try:
@@ -107,7 +126,7 @@ class Evaluator(Worker):
                 log.warning("evaluation skipped: %s", exc)
                 report = None
             if report is not None:
-                self.link.send(report)
+                link.send(report)
                 log.info("model v%d: %s%s", report.version,
                          ", ".join(f"{name} {value:.4f}" for name, value in report.metrics.items()),
                          " (final)" if final else "")
@@ -115,18 +134,19 @@ class Evaluator(Worker):
                 return
             # A skipped evaluation is tried again after a heartbeat, not a whole interval: a shard that restarted
             # answers the new pull as soon as it is back, and the job's curve has no hole of --eval-interval-s.
-            deadline = time.monotonic() + (self.job.eval_interval_s if report is not None else self.job.heartbeat_s)
-            while not self.stopping and time.monotonic() < deadline:
-                self.link.heartbeat(Heartbeat())
-                assignment = self.link.wait(min(self.job.heartbeat_s, max(0.0, deadline - time.monotonic())))
-                self.health.tick()
+            deadline = time.monotonic() + (job.eval_interval_s if report is not None else job.heartbeat_s)
+            while not process.stopping and time.monotonic() < deadline:
+                link.heartbeat(Heartbeat())
+                assignment = link.wait(min(job.heartbeat_s, max(0.0, deadline - time.monotonic())))
+                process.health.tick()
                 if assignment is not None and assignment.stop:
                     break
 
     def _evaluate_once(self, final: bool) -> EvalReport:
-        pulled = self.shards.pull(None, self.opts.request_timeout_s)
-        load_flat(self.model, pulled.flat)
-        self.buffers.load(self.model, pulled.buffers)  # the job's running statistics, not the factory's
-        metrics = evaluate(self.task, self.model, self.data, self.device, self.heartbeat_when_due)
+        joined = self.joined
+        pulled = joined.shards.pull(None, self.opts.request_timeout_s)
+        load_flat(joined.model, pulled.flat)
+        joined.buffers.load(joined.model, pulled.buffers)  # the job's running statistics, not the factory's
+        metrics = evaluate(joined.task, joined.model, self.data, self.process.device, self.process.beat.when_due)
         return EvalReport(version=pulled.version, test_loss=metrics["loss"], test_acc=metrics.get("accuracy", math.nan),
                           final=final, metrics=metrics)

@@ -1,13 +1,22 @@
-"""What a worker reports after a step: its cumulative counters and the step's per-step phase times.
+"""What a worker reports to the scheduler, and when.
 
-The worker (trainer.py) and the virtual-time simulator (bench/simulate.py) both
-build their heartbeats here, so the scheduler's speed model is fed the same
-figures by both.
+After a step it reports its cumulative counters and the step's per-step phase
+times (`heartbeat_after`): the worker (trainer.py) and the virtual-time
+simulator (bench/simulate.py) both build their heartbeats there, so the
+scheduler's speed model is fed the same figures by both. Between steps, while
+it waits on shards or inside a long round, it repeats its last heartbeat
+(`HeartbeatKeeper`), and hears early that the scheduler dropped it or that the
+job rolled back.
 """
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from dynabatch.common.messages import Heartbeat
+from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.transport import RemoteError
 from dynabatch.worker.step_times import StepResult
 
 
@@ -24,3 +33,53 @@ def heartbeat_after(
         bytes=moved_bytes, loss=result.loss, staleness=list(staleness or []), version=result.version,
         standalone_sps=prev.standalone_sps, assignment_id=assignment_id, skipped=skipped, rollbacks=rollbacks,
     )
+
+
+class HeartbeatKeeper:
+    """The last heartbeat this process sent, when the next is due, and the last rollback it acted on.
+
+    `rollbacks` is None until the process trains (an evaluator never does): only
+    then does a rollback end what it waits for. `interval_s` is the job's
+    heartbeat interval, known once the process has joined.
+    """
+
+    def __init__(self, link: SchedulerLink, tick: Callable[[], None]) -> None:
+        self.link = link
+        self.tick = tick  # the process's liveness (/healthz)
+        self.interval_s = 0.5
+        self.last = Heartbeat()
+        self.next_at = 0.0
+        self.rollbacks: int | None = None
+
+    def send(self, hb: Heartbeat) -> None:
+        """Report `hb` now; the next report is due an interval from now."""
+        self.link.heartbeat(hb)
+        self.last = hb
+        self.next_at = time.monotonic() + self.interval_s
+
+    def repeat(self) -> None:
+        """Repeat the last heartbeat (its counters are cumulative, so nothing is counted twice).
+
+        Raises RemoteError once the scheduler has dropped this process, so that a
+        wait for shards that refuse it ends now and it registers again; and once
+        the job has rolled back while it trains, so that a wait for a version the
+        shards threw away (a synchronous round's) ends now too.
+        """
+        assignment = self.link.heartbeat(self.last)
+        self.next_at = time.monotonic() + self.interval_s
+        self.tick()
+        if self.link.lost:
+            raise RemoteError("unknown_sender", "the scheduler has dropped this worker")
+        if self.rollbacks is not None and assignment is not None and assignment.rollbacks > self.rollbacks:
+            raise RemoteError("rolled_back", f"the job rolled back (rollback {assignment.rollbacks}); the model "
+                                             "this step waits for or computed on was thrown away")
+
+    def when_due(self) -> None:
+        """Between progress reports, hear early whether the scheduler dropped this process (raises RemoteError).
+
+        A local round of H steps, or an evaluation of 10k images, can last long;
+        the pulse (pulse.py) keeps the process alive meanwhile, and this ends a
+        round that the shards would refuse anyway.
+        """
+        if time.monotonic() >= self.next_at:
+            self.repeat()

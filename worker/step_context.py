@@ -1,7 +1,9 @@
 """What a protocol's worker loop may use, typed: the seam between the worker and its protocol.
 
-The worker (trainer.py) owns the process: registration, heartbeats, metrics,
-the data order, the slowdown emulation. A loop (gradient_steps.py,
+The worker (trainer.py) owns the training: the data order, the slowdown
+emulation, the step's metrics and reports; its process (role_process.py) owns
+registration and heartbeats, and what joining brought (joined.py) the job,
+model and shards. A loop (gradient_steps.py,
 local_steps.py) owns one protocol's step: what to pull, compute and push, and
 when. It sees the worker only through a `StepContext`, so a reader and a type
 checker can tell exactly what a step needs.

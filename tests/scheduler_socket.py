@@ -1,0 +1,48 @@
+"""A ROUTER socket in the test's own process that answers as the scheduler does, for tests of what a process
+sends its scheduler and how it takes the answers (test_pulse.py, test_heartbeat_keeper.py): what goes on the
+wire is read there."""
+
+from __future__ import annotations
+
+import threading
+
+import zmq
+
+from dynabatch.common.messages import Hello, Welcome
+from dynabatch.common.transport import recv_routed, send_routed
+from harness import free_port
+
+
+class SchedulerSocket:
+    """A ROUTER, on a thread of its own, that welcomes every HELLO as member `w<n>`, keeps every other message it
+    gets as (sender, body), and answers each with `answer` if one is set (an Assignment, or an Error)."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.sock.bind(self.endpoint)
+        self.got: list[tuple[str, object]] = []
+        self.answer: object | None = None
+        self.welcomed = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            if not self.sock.poll(10):
+                continue
+            msg = recv_routed(self.sock)
+            if isinstance(msg.message.body, Hello):
+                welcome = Welcome(id=f"w{self.welcomed}", config={}, shards=[])
+                send_routed(self.sock, msg.identity, welcome, msg.message.seq, "j", "scheduler")
+                self.welcomed += 1
+                continue
+            self.got.append((msg.message.sender, msg.message.body))
+            if self.answer is not None:
+                send_routed(self.sock, msg.identity, self.answer, msg.message.seq, "j", "scheduler")
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+        self.sock.close(linger=0)
