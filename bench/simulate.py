@@ -206,9 +206,8 @@ class Cluster:
         self.model_bytes = 4 * flat.numel()
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0
-        self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
-        if cfg.equal_steps is not None:
-            self.scheduler.spec = replace(self.scheduler.spec, equal_steps=cfg.equal_steps)
+        spec = self.spec if cfg.equal_steps is None else replace(self.spec, equal_steps=cfg.equal_steps)
+        self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0, spec=spec)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
         self.now = 0.0
@@ -269,10 +268,10 @@ class Cluster:
         self.scheduler.heartbeat(wid, hb, self.now)
         self.sync_shard()
         self.changed()
-        return self.scheduler.assignment_for(self.scheduler.members[wid]).batch
+        return self.scheduler.assignment_for(self.scheduler.roster.members[wid]).batch
 
     def sync_shard(self) -> None:
-        ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.membership,
+        ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.roster.membership,
                                                        train_size=len(self.data.train_y)), self.now)
         seen = (ps.membership, ps.allocated, tuple(ps.idle_workers))
         if seen != self.membership_seen:
@@ -303,7 +302,7 @@ class Cluster:
         load_flat(self.model, torch.cat([self.shard.params[c.id] for c in self.shard.chunks]))
         with torch.no_grad():
             acc = (self.model(self.test_x).argmax(1) == self.test_y).float().mean().item()
-        self.curve.append((self.now, self.scheduler.samples, acc))
+        self.curve.append((self.now, self.scheduler.progress.samples, acc))
 
     def evaluator(self) -> Generator[Wait, None, None]:
         while True:

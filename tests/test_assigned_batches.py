@@ -15,17 +15,17 @@ def test_a_worker_gets_a_larger_batch_only_once_every_shard_bounds_its_pushes_by
     for w in (a, b):
         state.heartbeat(w, Heartbeat(standalone_sps=1000.0), 0.1)
     for ps in shards:
-        state.heartbeat(ps, Heartbeat(membership=state.membership), 0.2)
-    assert state.allocation == {a: 48, b: 48}
-    assert state.assignment_for(state.members[a]).batch == 0, "shard 0 answered before the allocation"
-    told = state.heartbeat(shards[0], Heartbeat(membership=state.membership), 0.3)
+        state.heartbeat(ps, Heartbeat(membership=state.roster.membership), 0.2)
+    assert state.allocator.allocation == {a: 48, b: 48}
+    assert state.assignment_for(state.roster.members[a]).batch == 0, "shard 0 answered before the allocation"
+    told = state.heartbeat(shards[0], Heartbeat(membership=state.roster.membership), 0.3)
     assert told.batches == {a: 48, b: 48}
-    assert state.assignment_for(state.members[a]).batch == 48
+    assert state.assignment_for(state.roster.members[a]).batch == 48
 
     state.bye(b, 0.4)  # a's share grows to the whole batch
-    assert state.allocation == {a: 96}
-    assert state.assignment_for(state.members[a]).batch == 48, "no shard knows a's larger batch yet"
-    assert state.heartbeat(shards[0], Heartbeat(membership=state.membership), 0.5).batches == {a: 96}
-    assert state.assignment_for(state.members[a]).batch == 48, "shard 1 does not know it yet"
-    state.heartbeat(shards[1], Heartbeat(membership=state.membership), 0.6)
-    assert state.assignment_for(state.members[a]).batch == 96
+    assert state.allocator.allocation == {a: 96}
+    assert state.assignment_for(state.roster.members[a]).batch == 48, "no shard knows a's larger batch yet"
+    assert state.heartbeat(shards[0], Heartbeat(membership=state.roster.membership), 0.5).batches == {a: 96}
+    assert state.assignment_for(state.roster.members[a]).batch == 48, "shard 1 does not know it yet"
+    state.heartbeat(shards[1], Heartbeat(membership=state.roster.membership), 0.6)
+    assert state.assignment_for(state.roster.members[a]).batch == 96
