@@ -120,9 +120,9 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
 
 
 def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
+    known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
     return state.heartbeat("ps0", Heartbeat(version=version, samples=version * 96, membership=state.roster.membership,
-                                            model_problem=problem, good_version=good,
-                                            rollbacks=state.rollbacks.rollback_number if rollbacks is None else rollbacks), now)
+                                            model_problem=problem, good_version=good, rollbacks=known), now)
 
 
 def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_max_rollbacks():

@@ -54,7 +54,8 @@ def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
     state.heartbeat(ps, Heartbeat(version=2, samples=192, membership=state.roster.membership), 0.3)
     assert (state.progress.lost_versions, state.progress.lost_samples) == (3, 288)
     assert [(lost.shard, lost.versions, lost.samples) for lost in state.progress.losses] == [(0, 3, 288)]
-    assert state.progress.samples == 480 and state.progress.epoch == pytest.approx(0.192), "the epoch counts what the model holds"
+    assert state.progress.samples == 480
+    assert state.progress.epoch == pytest.approx(0.192), "the epoch counts what the model holds"
     _steps(state, wid, 8, 0.4)  # 1248 trained, 960 held: not yet the job's one epoch
     assert not state.stopping
     _steps(state, wid, 1, 0.6)
@@ -86,7 +87,8 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
 
     again = JobState(job, num_shards=1, now=100.0)
     again.resume(load_progress(path, to_dict(job)), 100.0, wall=ClockReading(5003.0))
-    assert (again.progress.samples, again.progress.train_size, again.progress.epoch) == (576, 1000, pytest.approx(0.576))
+    progress = again.progress
+    assert (progress.samples, progress.train_size, progress.epoch) == (576, 1000, pytest.approx(0.576))
     assert again.evaluations.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), "the outage counts"
     ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
     again.heartbeat(ps_again, Heartbeat(version=6, samples=576), 100.1)
@@ -96,7 +98,8 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     again.heartbeat(rejoined, Heartbeat(standalone_sps=1000.0), 100.3)
     assert again.allocator.speeds[rejoined].window() == state.allocator.speeds[wid].window()
     _steps(again, rejoined, 1, 100.4)
-    assert again.progress.samples == 576 + again.allocator.allocation.get(rejoined, 0), "the rejoined worker counts only its new samples"
+    new = again.allocator.allocation.get(rejoined, 0)
+    assert again.progress.samples == 576 + new, "the rejoined worker counts only its new samples"
     again.heartbeat(ps_again, Heartbeat(version=2, samples=192), 100.5)
     assert again.progress.lost_samples == 384, "a restart while the scheduler was down is still caught"
 
