@@ -25,36 +25,33 @@ def _beat(shards: dict[int, Member], version: int = 0) -> None:
         shard.last = Heartbeat(version=version)
 
 
+def _after_beats(end: JobEnd, shards: dict[int, Member], beats: int, epoch: float = 1.0,
+                 in_doubt: bool = False) -> bool:
+    """Every shard heartbeats `beats` times (the job latching after each, as after every message); stopping?"""
+    for _ in range(beats):
+        _beat(shards)
+        end.latch(epoch, in_doubt=in_doubt, shards=shards, train_size=1000)
+    return end.stopping
+
+
 def test_the_epochs_count_once_every_shard_has_since_reported_twice():
     end, shards = _end()
     end.latch(0.5, in_doubt=False, shards=shards, train_size=1000)
     assert not end.stopping and end.trained_at_beats is None
     end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
     assert not end.stopping and end.trained_at_beats == {0: 0, 1: 0}
-    _beat(shards)
-    end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
-    assert not end.stopping, "the first heartbeat received after may have been sent before"
-    _beat(shards)
-    end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
-    assert end.stopping
-    end.latch(0.2, in_doubt=True, shards=shards, train_size=1000)
-    assert end.stopping, "a latch: work lost after the workers were told to stop is not waited for"
+    assert not _after_beats(end, shards, 1), "the first heartbeat received after may have been sent before"
+    assert _after_beats(end, shards, 1)
+    assert _after_beats(end, shards, 1, epoch=0.2, in_doubt=True), (
+        "a latch: work lost after the workers were told to stop is not waited for")
 
 
 def test_a_model_in_doubt_starts_the_confirmation_again():
     end, shards = _end()
     end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
-    _beat(shards)
-    end.latch(1.0, in_doubt=True, shards=shards, train_size=1000)
-    assert not end.stopping and end.trained_at_beats is None
-    _beat(shards)
-    end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
-    _beat(shards)
-    end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
-    assert not end.stopping, "counted from when the doubt cleared"
-    _beat(shards)
-    end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
-    assert end.stopping
+    assert not _after_beats(end, shards, 1, in_doubt=True) and end.trained_at_beats is None
+    assert not _after_beats(end, shards, 2), "counted from when the doubt cleared"
+    assert _after_beats(end, shards, 1)
 
 
 def test_a_round_protocol_ends_once_every_shard_had_its_rounds_and_that_stays_reached():
