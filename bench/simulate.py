@@ -420,8 +420,8 @@ class Worker:
     def _await_batch(self) -> Generator[Wait, None, None]:
         """Until the scheduler gives this worker a batch (worker/trainer.py, _await_batch)."""
         c = self.c
-        yield lambda: c.scheduler.allocation.get(self.wid, 0) > 0
-        self.batch = c.scheduler.assignment_for(c.scheduler.members[self.wid]).batch
+        yield lambda: c.scheduler.allocator.allocation.get(self.wid, 0) > 0
+        self.batch = c.scheduler.assignment_for(c.scheduler.roster.members[self.wid]).batch
 
     def _await_round(self, min_version: int | None) -> Generator[Wait, None, None]:
         """A round's pull waits until the shard holds `min_version` (None: nothing to wait for)."""
@@ -480,7 +480,7 @@ class Worker:
         return loss
 
     def _lr_scale(self) -> float:
-        return self.c.scheduler.assignment_for(self.c.scheduler.members[self.wid]).lr_scale
+        return self.c.scheduler.assignment_for(self.c.scheduler.roster.members[self.wid]).lr_scale
 
     def local_loop(self) -> Generator[Wait, None, None]:
         """local: sync (waiting for the round), H local steps, push the delta."""
@@ -494,7 +494,7 @@ class Worker:
             wait = c.now - asked
             model = self._own_model()
             load_flat(model, flat)
-            b, steps, scale = self.batch, max(1, c.scheduler.local_steps), self._lr_scale()
+            b, steps, scale = self.batch, max(1, c.scheduler.allocator.local_steps), self._lr_scale()
             compute = sum(self.step_seconds(b) for _ in range(steps))
             yield c.now + compute
             losses = [self._local_step(b, scale) for _ in range(steps)]
@@ -524,7 +524,7 @@ class Worker:
                 load_flat(model, global_flat + (flat_params(model) - anchor))
                 state["base"], state["back"], in_flight = global_flat.clone(), None, False
             pushed = 0.0
-            if not in_flight and since_push >= max(1, c.scheduler.local_steps):
+            if not in_flight and since_push >= max(1, c.scheduler.allocator.local_steps):
                 anchor = flat_params(model)
                 c.spawn(self._delta_in_flight(state["base"] - anchor, state, b * since_push), c.now)
                 in_flight, since_push, pushed = True, 0, self.comm_s
