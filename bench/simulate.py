@@ -562,20 +562,21 @@ def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
 
 def result_of(cluster: Cluster) -> SimResult:
     cfg, sched = cluster.cfg, cluster.scheduler
-    samples = sched.samples
+    samples = sched.progress.samples
     stats = staleness.stats(cluster.counts)
     time_to = {m: next((t for t, _, acc in cluster.curve if acc >= float(m)), None) for m in MARKS}
-    workers = [m for m in sched.members.values() if m.role == "worker"]
+    workers = [m for m in sched.roster.members.values() if m.role == "worker"]
+    loss = sched.progress.loss
     return SimResult(
         protocol=cfg.protocol, policy=cfg.policy, seed=cfg.seed, workers=len(cfg.workers), time_to=time_to,
-        final_test_acc=cluster.curve[-1][2], final_train_loss=None if math.isnan(sched.loss) else sched.loss,
+        final_test_acc=cluster.curve[-1][2], final_train_loss=None if math.isnan(loss) else loss,
         samples_per_s=samples / cfg.budget_s,
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
-        samples=samples, curve=cluster.curve, batches=dict(sched.allocation), clipped=cluster.clipped,
+        samples=samples, curve=cluster.curve, batches=dict(sched.allocator.allocation), clipped=cluster.clipped,
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
         worker_samples={m.instance: m.samples for m in workers},
-        worker_batches={m.instance: sched.allocation.get(m.id, 0) for m in workers})
+        worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
