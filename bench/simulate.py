@@ -206,9 +206,8 @@ class Cluster:
         self.model_bytes = 4 * flat.numel()
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0
-        self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0)
-        if cfg.equal_steps is not None:
-            self.scheduler.spec = replace(self.scheduler.spec, equal_steps=cfg.equal_steps)
+        spec = self.spec if cfg.equal_steps is None else replace(self.spec, equal_steps=cfg.equal_steps)
+        self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0, spec=spec)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
         self.now = 0.0
@@ -269,10 +268,10 @@ class Cluster:
         self.scheduler.heartbeat(wid, hb, self.now)
         self.sync_shard()
         self.changed()
-        return self.scheduler.assignment_for(self.scheduler.members[wid]).batch
+        return self.scheduler.assignment_for(self.scheduler.roster.members[wid]).batch
 
     def sync_shard(self) -> None:
-        ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.membership,
+        ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.roster.membership,
                                                        train_size=len(self.data.train_y)), self.now)
         seen = (ps.membership, ps.allocated, tuple(ps.idle_workers))
         if seen != self.membership_seen:
@@ -303,7 +302,7 @@ class Cluster:
         load_flat(self.model, torch.cat([self.shard.params[c.id] for c in self.shard.chunks]))
         with torch.no_grad():
             acc = (self.model(self.test_x).argmax(1) == self.test_y).float().mean().item()
-        self.curve.append((self.now, self.scheduler.samples, acc))
+        self.curve.append((self.now, self.scheduler.progress.samples, acc))
 
     def evaluator(self) -> Generator[Wait, None, None]:
         while True:
@@ -421,8 +420,8 @@ class Worker:
     def _await_batch(self) -> Generator[Wait, None, None]:
         """Until the scheduler gives this worker a batch (worker/trainer.py, _await_batch)."""
         c = self.c
-        yield lambda: c.scheduler.allocation.get(self.wid, 0) > 0
-        self.batch = c.scheduler.assignment_for(c.scheduler.members[self.wid]).batch
+        yield lambda: c.scheduler.allocator.allocation.get(self.wid, 0) > 0
+        self.batch = c.scheduler.assignment_for(c.scheduler.roster.members[self.wid]).batch
 
     def _await_round(self, min_version: int | None) -> Generator[Wait, None, None]:
         """A round's pull waits until the shard holds `min_version` (None: nothing to wait for)."""
@@ -481,7 +480,7 @@ class Worker:
         return loss
 
     def _lr_scale(self) -> float:
-        return self.c.scheduler.assignment_for(self.c.scheduler.members[self.wid]).lr_scale
+        return self.c.scheduler.assignment_for(self.c.scheduler.roster.members[self.wid]).lr_scale
 
     def local_loop(self) -> Generator[Wait, None, None]:
         """local: sync (waiting for the round), H local steps, push the delta."""
@@ -495,7 +494,7 @@ class Worker:
             wait = c.now - asked
             model = self._own_model()
             load_flat(model, flat)
-            b, steps, scale = self.batch, max(1, c.scheduler.local_steps), self._lr_scale()
+            b, steps, scale = self.batch, max(1, c.scheduler.allocator.local_steps), self._lr_scale()
             compute = sum(self.step_seconds(b) for _ in range(steps))
             yield c.now + compute
             losses = [self._local_step(b, scale) for _ in range(steps)]
@@ -525,7 +524,7 @@ class Worker:
                 load_flat(model, global_flat + (flat_params(model) - anchor))
                 state["base"], state["back"], in_flight = global_flat.clone(), None, False
             pushed = 0.0
-            if not in_flight and since_push >= max(1, c.scheduler.local_steps):
+            if not in_flight and since_push >= max(1, c.scheduler.allocator.local_steps):
                 anchor = flat_params(model)
                 c.spawn(self._delta_in_flight(state["base"] - anchor, state, b * since_push), c.now)
                 in_flight, since_push, pushed = True, 0, self.comm_s
@@ -563,20 +562,21 @@ def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
 
 def result_of(cluster: Cluster) -> SimResult:
     cfg, sched = cluster.cfg, cluster.scheduler
-    samples = sched.samples
+    samples = sched.progress.samples
     stats = staleness.stats(cluster.counts)
     time_to = {m: next((t for t, _, acc in cluster.curve if acc >= float(m)), None) for m in MARKS}
-    workers = [m for m in sched.members.values() if m.role == "worker"]
+    workers = [m for m in sched.roster.members.values() if m.role == "worker"]
+    loss = sched.progress.loss
     return SimResult(
         protocol=cfg.protocol, policy=cfg.policy, seed=cfg.seed, workers=len(cfg.workers), time_to=time_to,
-        final_test_acc=cluster.curve[-1][2], final_train_loss=None if math.isnan(sched.loss) else sched.loss,
+        final_test_acc=cluster.curve[-1][2], final_train_loss=None if math.isnan(loss) else loss,
         samples_per_s=samples / cfg.budget_s,
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
-        samples=samples, curve=cluster.curve, batches=dict(sched.allocation), clipped=cluster.clipped,
+        samples=samples, curve=cluster.curve, batches=dict(sched.allocator.allocation), clipped=cluster.clipped,
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
         worker_samples={m.instance: m.samples for m in workers},
-        worker_batches={m.instance: sched.allocation.get(m.id, 0) for m in workers})
+        worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ A model that blows up shows it in three ways, and the scheduler hears all of the
   `FLOOR_FRACTION` of the first levels seen, so a model trained to a loss near zero
   is not called diverged for a batch at a few times that.
 
-The watch only says why the job diverged (`cause`); the job (job_state.py) rolls
+The watch only says why the job diverged (`cause`); the job (rollbacks.py) rolls
 it back (every shard to its last good checkpoint, `lr_factor` halved) or gives
 up after `--max-rollbacks`. Reports made before every shard applied the last
 rollback describe the model that was thrown away: they are not held against

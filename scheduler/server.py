@@ -89,10 +89,10 @@ class SchedulerServer:
         if saved is not None:
             self.state.resume(saved, time.monotonic(), read_clock())
             log.info("resumed job %r from %s: epoch %.2f (%d samples), %s, next worker id w%d",
-                     job.job, self.progress_path, self.state.epoch, saved.samples,
+                     job.job, self.progress_path, self.state.progress.epoch, saved.samples,
                      f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
                      saved.next_id.get("worker", 0))
-        self._saved_eval = self.state.eval
+        self._saved_eval = self.state.evaluations.eval
         self._next_save = 0.0
         self.registry = CollectorRegistry()
         self.health = Health()
@@ -129,7 +129,7 @@ class SchedulerServer:
             if now - last_turn > STALL_S:
                 log.warning("the scheduler's loop stalled for %.1f s; members' silence in that time is excused",
                             now - last_turn)
-                self.state.excuse(now - last_turn)
+                self.state.roster.excuse(now - last_turn)
             last_turn = now
             for member_id in self.state.expire(now):
                 log.warning("%s stopped sending heartbeats; dropped", member_id)
@@ -141,10 +141,10 @@ class SchedulerServer:
             self.health.tick()
             if self.state.finished and self.opts.exit_on_finish:
                 finished_at = finished_at or now
-                shards_gone = not self.state.shards
+                shards_gone = not self.state.roster.shards
                 if shards_gone or now - finished_at > self.job.liveness_timeout_s:
-                    log.info("job finished: epoch %.2f, test accuracy %s", self.state.epoch,
-                             self.state.eval.test_acc if self.state.eval else "n/a")
+                    log.info("job finished: epoch %.2f, test accuracy %s", self.state.progress.epoch,
+                             self.state.evaluations.eval.test_acc if self.state.evaluations.eval else "n/a")
                     break
         self._save(time.monotonic(), force=True)
         self.metrics_server.close()
@@ -152,10 +152,11 @@ class SchedulerServer:
 
     def _save(self, now: float, force: bool = False) -> None:
         """Write the job's progress every SAVE_EVERY_S and at each new evaluation (--state-dir)."""
-        if self.progress_path is None or not (force or now >= self._next_save or self.state.eval is not self._saved_eval):
+        new_eval = self.state.evaluations.eval is not self._saved_eval
+        if self.progress_path is None or not (force or now >= self._next_save or new_eval):
             return
         save_progress(self.progress_path, self.state.saved(now, read_clock()))
-        self._saved_eval = self.state.eval
+        self._saved_eval = self.state.evaluations.eval
         self._next_save = now + SAVE_EVERY_S
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -225,27 +226,27 @@ class SchedulerServer:
     def _export(self) -> None:
         """Copy the state into the Prometheus series and log new decisions."""
         s = self.state
-        workers = s.live_workers
+        workers = s.roster.live_workers
         self.m.live.set(len(workers))
-        self.m.epoch.set(s.epoch)
-        self.m.samples.set(s.samples)
-        self.m.bytes.set(s.bytes)
-        self.m.lost_samples.set(s.lost_samples)
-        self.m.lost_versions.set(s.lost_versions)
-        for lost in s.losses:
+        self.m.epoch.set(s.progress.epoch)
+        self.m.samples.set(s.progress.samples)
+        self.m.bytes.set(s.progress.bytes)
+        self.m.lost_samples.set(s.progress.lost_samples)
+        self.m.lost_versions.set(s.progress.lost_versions)
+        for lost in s.progress.losses:
             log.warning("ps%d came back %d versions behind its last report (restarted, or rolled back, to a "
                         "checkpoint): "
                         "%d samples lost, counted back into the job", lost.shard, lost.versions, lost.samples)
-        s.losses.clear()
-        self.m.local_steps.set(s.local_steps)
+        s.progress.losses.clear()
+        self.m.local_steps.set(s.allocator.local_steps)
         self._export_divergence()
-        if s.loss == s.loss:
-            self.m.loss.set(s.loss)
-        if s.eval is not None:
-            self.m.test_acc.set(s.eval.test_acc)
-            self.m.test_loss.set(s.eval.test_loss)
-        if s.eval is not self._eval_exported and s.eval is not None:
-            self._export_eval_metrics(s.eval)
+        if s.progress.loss == s.progress.loss:
+            self.m.loss.set(s.progress.loss)
+        if s.evaluations.eval is not None:
+            self.m.test_acc.set(s.evaluations.eval.test_acc)
+            self.m.test_loss.set(s.evaluations.eval.test_loss)
+        if s.evaluations.eval is not self._eval_exported and s.evaluations.eval is not None:
+            self._export_eval_metrics(s.evaluations.eval)
         for gone in self._exported - set(workers):
             self.m.batch.remove(gone)
             self.m.sps.remove(gone)
@@ -253,30 +254,30 @@ class SchedulerServer:
                 self.m.step.remove(gone, phase)
         self._exported = set(workers)
         for wid in workers:
-            m = s.members[wid]
+            m = s.roster.members[wid]
             hb = m.last
-            self.m.batch.labels(wid).set(s.batch_of(wid))
+            self.m.batch.labels(wid).set(s.allocator.batch_of(wid))
             self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
             for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
                                     strict=True):
                 self.m.step.labels(wid, phase).set(value)
-        new = min(s.assignment_id - self._decisions_seen, len(s.decisions))
-        for d in s.decisions[len(s.decisions) - new:]:
+        new = min(s.allocator.assignment_id - self._decisions_seen, len(s.allocator.decisions))
+        for d in s.allocator.decisions[len(s.allocator.decisions) - new:]:
             self.m.reassign.labels(d.reason).inc()
             log.info("decision (%s%s): batches %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
-        self._decisions_seen = s.assignment_id
+        self._decisions_seen = s.allocator.assignment_id
 
     def _export_divergence(self) -> None:
         """Count and log each new rollback, and the job's failure once."""
         s = self.state
-        for rb in s.rollbacks[self._rollbacks_seen:]:
+        for rb in s.rollbacks.rollbacks[self._rollbacks_seen:]:
             self.m.rollbacks.inc()
             log.warning("rollback %d: the job diverged at epoch %.2f (%s); every shard goes back to its last good "
                         "checkpoint, step size x%g", rb.number, rb.epoch, rb.cause, rb.lr_factor)
-        self._rollbacks_seen = len(s.rollbacks)
-        self.m.lr_factor.set(s.lr_factor)
-        if s.failed and not self._failure_logged:
-            log.error("the job failed: %s", s.failed)
+        self._rollbacks_seen = len(s.rollbacks.rollbacks)
+        self.m.lr_factor.set(s.rollbacks.lr_factor)
+        if s.end.failed and not self._failure_logged:
+            log.error("the job failed: %s", s.end.failed)
             self._failure_logged = True
 
     def _export_eval_metrics(self, report: EvalReport) -> None:

@@ -1,10 +1,12 @@
-"""The scheduler tells shards each worker's batch (Assignment.batches) before it lets the worker use a larger one."""
+"""The scheduler tells shards each worker's batch (Assignment.batches) before it lets the worker use a larger one;
+STATUS shows each worker the batch it holds."""
 
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.scheduler.job_state import JobState
+from dynabatch.scheduler.outage_clock import ClockReading
 
 
 def test_a_worker_gets_a_larger_batch_only_once_every_shard_bounds_its_pushes_by_it():
@@ -15,17 +17,100 @@ def test_a_worker_gets_a_larger_batch_only_once_every_shard_bounds_its_pushes_by
     for w in (a, b):
         state.heartbeat(w, Heartbeat(standalone_sps=1000.0), 0.1)
     for ps in shards:
-        state.heartbeat(ps, Heartbeat(membership=state.membership), 0.2)
-    assert state.allocation == {a: 48, b: 48}
-    assert state.assignment_for(state.members[a]).batch == 0, "shard 0 answered before the allocation"
-    told = state.heartbeat(shards[0], Heartbeat(membership=state.membership), 0.3)
+        state.heartbeat(ps, Heartbeat(membership=state.roster.membership), 0.2)
+    assert state.allocator.allocation == {a: 48, b: 48}
+    assert state.assignment_for(state.roster.members[a]).batch == 0, "shard 0 answered before the allocation"
+    told = state.heartbeat(shards[0], Heartbeat(membership=state.roster.membership), 0.3)
     assert told.batches == {a: 48, b: 48}
-    assert state.assignment_for(state.members[a]).batch == 48
+    assert state.assignment_for(state.roster.members[a]).batch == 48
 
     state.bye(b, 0.4)  # a's share grows to the whole batch
-    assert state.allocation == {a: 96}
-    assert state.assignment_for(state.members[a]).batch == 48, "no shard knows a's larger batch yet"
-    assert state.heartbeat(shards[0], Heartbeat(membership=state.membership), 0.5).batches == {a: 96}
-    assert state.assignment_for(state.members[a]).batch == 48, "shard 1 does not know it yet"
-    state.heartbeat(shards[1], Heartbeat(membership=state.membership), 0.6)
-    assert state.assignment_for(state.members[a]).batch == 96
+    assert state.allocator.allocation == {a: 96}
+    assert state.assignment_for(state.roster.members[a]).batch == 48, "no shard knows a's larger batch yet"
+    assert state.heartbeat(shards[0], Heartbeat(membership=state.roster.membership), 0.5).batches == {a: 96}
+    assert state.assignment_for(state.roster.members[a]).batch == 48, "shard 1 does not know it yet"
+    state.heartbeat(shards[1], Heartbeat(membership=state.roster.membership), 0.6)
+    assert state.assignment_for(state.roster.members[a]).batch == 96
+
+
+def _status_batches_are_held(state: JobState, now: float) -> dict[str, int]:
+    """STATUS shows each live worker the batch its own assignment gives it, never more than the allocation's;
+    returns them."""
+    shown = {wid: w.batch for wid, w in state.status(now).workers.items()}
+    for wid, batch in shown.items():
+        assert batch == state.assignment_for(state.roster.members[wid]).batch, (wid, shown)
+        assert batch <= state.allocator.allocation.get(wid, 0), (wid, shown, state.allocator.allocation)
+    return shown
+
+
+def _two_shards(cfg: JobConfig, now: float = 0.0) -> tuple[JobState, list[str]]:
+    state = JobState(cfg, num_shards=2, train_size=1000, now=now)
+    shards = [state.hello(Hello(role="ps", endpoint=f"tcp://s:{i}", shard_index=i, instance=f"ps-{i}"), now).id
+              for i in range(2)]
+    return state, shards
+
+
+def _shards_answer(state: JobState, shards: list[str], now: float) -> None:
+    for ps in shards:
+        state.heartbeat(ps, Heartbeat(membership=state.roster.membership), now)
+
+
+def test_status_never_shows_a_batch_the_worker_does_not_hold():
+    """Not after a reset of the allocation, nor once a worker dropped, nor while shards learn a larger batch."""
+    state, shards = _two_shards(JobConfig(dataset="synthetic", global_batch=96, liveness_timeout_s=2.0))
+    a = state.hello(Hello(role="worker"), 0.0).id
+    b = state.hello(Hello(role="worker"), 0.0).id
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.1)
+    _shards_answer(state, shards, 0.2)
+    _shards_answer(state, shards, 0.3)
+    assert _status_batches_are_held(state, 0.3) == {a: 96, b: 0}, "b has not reported its speed yet"
+
+    state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.4)  # measured, but no shard has applied it yet
+    state.bye(a, 0.5)  # the only worker the shards know leaves: nobody is ready, the allocation is reset
+    assert state.allocator.allocation == {} and state.allocator.previous_allocation == {a: 96}
+    assert _status_batches_are_held(state, 0.5) == {b: 0}, "the reset leaves nobody a batch"
+
+    _shards_answer(state, shards[:1], 0.6)  # shard 0 learns b; shard 1 has not yet
+    assert _status_batches_are_held(state, 0.6) == {b: 0}
+    _shards_answer(state, shards[1:], 0.7)  # b gets the whole batch; shard 1 was told with this answer
+    assert state.allocator.allocation == {b: 96}
+    assert _status_batches_are_held(state, 0.7) == {b: 0}, "shard 0 has not been told b's bound yet"
+    _shards_answer(state, shards, 0.8)
+    assert _status_batches_are_held(state, 0.8) == {b: 96}
+
+    c = state.hello(Hello(role="worker"), 0.9).id
+    state.heartbeat(c, Heartbeat(standalone_sps=1000.0), 1.0)
+    _shards_answer(state, shards, 1.1)  # c joins once both shards know it: b's share shrinks at once
+    assert _status_batches_are_held(state, 1.1) == {b: 48, c: 0}, "shard 0 answered before c's share was made"
+    _shards_answer(state, shards, 1.2)
+    assert _status_batches_are_held(state, 1.2) == {b: 48, c: 48}
+    for t in (2.0, 3.0, 4.0):  # c falls silent and is dropped
+        state.heartbeat(b, Heartbeat(standalone_sps=1000.0), t)
+        _shards_answer(state, shards, t)
+        _status_batches_are_held(state, t)
+    assert state.expire(4.0) == [c]
+    assert state.allocator.allocation == {b: 96}
+    assert _status_batches_are_held(state, 4.0) == {b: 96}, "the shards still bound b by its batch of before c"
+    assert c not in state.status(4.0).workers and c in state.status(4.0).departed
+
+
+def test_status_never_shows_a_batch_after_a_resume_before_the_shards_bound_it():
+    cfg = JobConfig(dataset="synthetic", global_batch=96)
+    state, shards = _two_shards(cfg)
+    a = state.hello(Hello(role="worker", instance="w-a"), 0.0).id
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.1)
+    _shards_answer(state, shards, 0.2)
+    _shards_answer(state, shards, 0.3)
+    assert _status_batches_are_held(state, 0.3) == {a: 96}
+
+    again, shards = _two_shards(cfg, now=10.0)
+    again.resume(state.saved(0.4, ClockReading(100.0)), 10.0, ClockReading(100.0))
+    rejoined = again.hello(Hello(role="worker", instance="w-a"), 10.1).id
+    assert _status_batches_are_held(again, 10.1) == {rejoined: 0}, "nothing is allocated after a resume"
+    again.heartbeat(rejoined, Heartbeat(standalone_sps=1000.0), 10.2)
+    _shards_answer(again, shards[:1], 10.3)
+    assert _status_batches_are_held(again, 10.3) == {rejoined: 0}
+    _shards_answer(again, shards[1:], 10.4)
+    assert _status_batches_are_held(again, 10.4) == {rejoined: 0}, "shard 0 has not been told its bound yet"
+    _shards_answer(again, shards, 10.5)
+    assert _status_batches_are_held(again, 10.5) == {rejoined: 96}

@@ -104,14 +104,14 @@ def _job(**kw) -> JobState:
     ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.0).id
     wid = state.hello(Hello(role="worker", instance="w"), 0.0).id
     state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)
-    state.heartbeat(ps, Heartbeat(membership=state.membership), 0.0)
+    state.heartbeat(ps, Heartbeat(membership=state.roster.membership), 0.0)
     return state
 
 
 def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, rollbacks: int | None = None) -> None:
     """w0 reports one step of its batch (or, with `skipped`, that many steps not pushed), having acted on the
     rollback it was told of (or on `rollbacks`)."""
-    m, batch = state.members["w0"], state.batch_of("w0")
+    m, batch = state.roster.members["w0"], state.allocator.batch_of("w0")
     new = 0 if skipped else 1
     acted = state.assignment_for(m).rollbacks if rollbacks is None else rollbacks
     state.heartbeat("w0", Heartbeat(steps=m.steps + new, samples=m.samples + batch * new, batch=batch,
@@ -120,9 +120,9 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
 
 
 def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
-    return state.heartbeat("ps0", Heartbeat(version=version, samples=version * 96, membership=state.membership,
-                                            model_problem=problem, good_version=good,
-                                            rollbacks=state.rollback_number if rollbacks is None else rollbacks), now)
+    known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
+    return state.heartbeat("ps0", Heartbeat(version=version, samples=version * 96, membership=state.roster.membership,
+                                            model_problem=problem, good_version=good, rollbacks=known), now)
 
 
 def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_max_rollbacks():
@@ -132,11 +132,11 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     _shard(state, 0.2, version=5, good=3)
     evaluator = state.hello(Hello(role="evaluator"), 0.2).id
     state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.25)
-    worker_scale = state.assignment_for(state.members["w0"]).lr_scale
+    worker_scale = state.assignment_for(state.roster.members["w0"]).lr_scale
     told = _shard(state, 0.3, version=6, good=3, problem="parameters not finite", rollbacks=0)
     assert (told.rollbacks, told.lr_factor) == (1, 0.5), "the shard is told to go back, at half the step size"
-    assert state.assignment_for(state.members["w0"]).rollbacks == 0, "workers act once the shards have restored"
-    assert state.assignment_for(state.members["w0"]).lr_scale == pytest.approx(worker_scale / 2)
+    assert state.assignment_for(state.roster.members["w0"]).rollbacks == 0, "workers act once the shards have restored"
+    assert state.assignment_for(state.roster.members["w0"]).lr_scale == pytest.approx(worker_scale / 2)
     st = state.status(0.3)
     assert [(r.number, r.cause, r.versions, r.lr_factor) for r in st.rollbacks] == [
         (1, "ps0: parameters not finite", {"0": 3}, 0.5)]
@@ -144,33 +144,33 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
 
     _step(state, 0.31, loss=math.nan, skipped=5)  # computed on the model being thrown away
     _shard(state, 0.32, version=6, good=3, problem="parameters not finite", rollbacks=0)
-    assert state.rollback_number == 1, "until the shard applied the rollback, reports are of the old model"
+    assert state.rollbacks.rollback_number == 1, "until the shard applied the rollback, reports are of the old model"
     assert not state.status(0.32).rollbacks[0].done
     _shard(state, 0.4, version=4, good=4)  # restored a checkpoint it wrote since: updates after it count back
-    assert state.lost_versions == 2
+    assert state.progress.lost_versions == 2
     assert (st.rollbacks[0].versions, state.status(0.4).rollbacks[0].versions) == ({"0": 3}, {"0": 4})
     assert state.status(0.4).rollbacks[0].done
-    assert state.assignment_for(state.members["w0"]).rollbacks == 1
+    assert state.assignment_for(state.roster.members["w0"]).rollbacks == 1
     _step(state, 0.405, loss=math.nan, skipped=STRIKES, rollbacks=0)  # skipped before it dropped the old model
-    assert state.rollback_number == 1
+    assert state.rollbacks.rollback_number == 1
     _step(state, 0.41)
-    assert state.rollback_number == 1 and not state.divergence.suspect
+    assert state.rollbacks.rollback_number == 1 and not state.rollbacks.divergence.suspect
     state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.43)  # a late look at v5
-    assert state.eval.test_acc == 0.1, "an evaluation of the model thrown away is not the restored one's"
+    assert state.evaluations.eval.test_acc == 0.1, "an evaluation of the model thrown away is not the restored one's"
     state.eval_report(evaluator, EvalReport(version=4, test_loss=0.5, test_acc=0.8), 0.44)
-    assert state.eval.version == 4, "the restored model's evaluation replaces the diverged one's"
+    assert state.evaluations.eval.version == 4, "the restored model's evaluation replaces the diverged one's"
     state.eval_report(evaluator, EvalReport(version=3, test_loss=0.5, test_acc=0.8), 0.45)
-    assert state.eval.version == 4, "and older ones are ignored again"
+    assert state.evaluations.eval.version == 4, "and older ones are ignored again"
 
     _shard(state, 0.5, version=4, good=3, problem="parameter norm 1e9 is 1e6x its running level")
-    assert state.rollback_number == 2 and state.lr_factor == 0.25
+    assert state.rollbacks.rollback_number == 2 and state.rollbacks.lr_factor == 0.25
     _shard(state, 0.6, version=3, good=3)
     for i in range(STRIKES):
         _step(state, 0.7 + i * 0.01, loss=math.nan, skipped=1)
     st = state.status(0.8)
     assert "w0 skipped 3 steps" in st.failed and "--max-rollbacks 2" in st.failed, st.failed
     assert len(st.rollbacks) == 2 and st.stopping and not st.finished
-    assert state.assignment_for(state.members["w0"]).stop
+    assert state.assignment_for(state.roster.members["w0"]).stop
     state.bye("w0", 0.9)
     assert state.finished, "a failed job ends once its workers left, without waiting for a final evaluation"
 
@@ -190,7 +190,7 @@ def test_a_shard_reporting_impossible_divergence_fields_is_refused():
     for bad in (Heartbeat(rollbacks=3), Heartbeat(good_version=-2), Heartbeat(model_problem="x" * 1000)):
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat("ps0", bad, 0.1)
-    assert state.rollback_number == 0
+    assert state.rollbacks.rollback_number == 0
 
 
 def test_a_worker_whose_skipped_count_goes_backwards_is_refused():
@@ -208,7 +208,7 @@ def test_rollbacks_and_the_smaller_step_survive_a_scheduler_restart(tmp_path):
     save_progress(path, state.saved(1.0, wall=ClockReading(100.0)))
     again = JobState(state.job, num_shards=1, now=0.0)
     again.resume(load_progress(path, to_dict(state.job)), 0.0, wall=ClockReading(101.0))
-    assert again.rollback_number == 1 and again.lr_factor == 0.5
+    assert again.rollbacks.rollback_number == 1 and again.rollbacks.lr_factor == 0.5
     assert again.status(0.0).rollbacks == state.status(1.0).rollbacks
 
 
@@ -216,21 +216,21 @@ def test_a_fresh_scheduler_learns_a_later_rollback_from_its_shards():
     """Without saved progress, a shard that applied rollback 2 must not be ordered to roll back to "1" again."""
     state = _job()
     _shard(state, 0.1, version=1, good=1, rollbacks=2)
-    assert state.rollback_number == 2 and state.lr_factor == lr_factor(2)
+    assert state.rollbacks.rollback_number == 2 and state.rollbacks.lr_factor == lr_factor(2)
 
 
 def test_a_job_that_trains_nothing_for_longer_than_its_steps_allow_fails():
     state = _job(join_timeout_s=5.0)
     state.tick(0.0)
-    assert not state.failed, "not training yet"
+    assert not state.end.failed, "not training yet"
     _step(state, 1.0)
     state.tick(1.0)
     for i in range(11):  # the worker lives on, and trains nothing
-        state.members["w0"].last_seen = 1.0 + i * 0.5
+        state.roster.members["w0"].last_seen = 1.0 + i * 0.5
         state.tick(1.0 + i * 0.5)
-    assert not state.failed, "5 s (the floor: 50 steps of 10 ms are less) have not passed yet"
+    assert not state.end.failed, "5 s (the floor: 50 steps of 10 ms are less) have not passed yet"
     state.tick(6.5)
-    assert "no sample trained" in state.failed and "limit 5 s" in state.failed, state.failed
+    assert "no sample trained" in state.end.failed and "limit 5 s" in state.end.failed, state.end.failed
     assert state.stopping
 
 

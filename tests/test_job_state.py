@@ -21,7 +21,7 @@ def _job(**kw) -> JobState:
 
 def _shards_apply(state: JobState, now: float) -> None:
     """Every shard heartbeats having applied the current live worker set."""
-    for shard in list(state.shards.values()):
+    for shard in list(state.roster.shards.values()):
         state.heartbeat(shard.id, Heartbeat(membership=state.assignment_for(shard).membership), now)
 
 
@@ -33,7 +33,8 @@ def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> 
 
 
 def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0):
-    m, batch = state.members[wid], state.allocation.get(wid, 1)  # a dropped worker reports its last step's batch
+    # a dropped worker reports its last step's batch
+    m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 1)
     hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=step_s,
                    compute_s=step_s, standalone_sps=m.standalone_sps, loss=loss)
     return state.heartbeat(wid, hb, now)
@@ -58,27 +59,27 @@ def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
     ps1 = state.hello(Hello(role="ps", endpoint="tcp://b:1"), 0.0).id
     a = state.hello(Hello(role="worker"), 0.0).id
     state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.1)
-    assert state.allocation == {} and state.assignment_for(state.members[a]).batch == 0
+    assert state.allocator.allocation == {} and state.assignment_for(state.roster.members[a]).batch == 0
     told = state.heartbeat(ps0, Heartbeat(), 0.2)
-    assert told.live_workers == [a] and told.membership == state.membership
+    assert told.live_workers == [a] and told.membership == state.roster.membership
     state.heartbeat(ps0, Heartbeat(membership=told.membership), 0.3)
-    assert state.allocation == {}, "shard 1 has not applied it yet"
+    assert state.allocator.allocation == {}, "shard 1 has not applied it yet"
     state.heartbeat(ps1, Heartbeat(membership=told.membership), 0.4)
-    assert state.allocation == {a: 96}, "the shard's heartbeat hands out the batch"
-    assert state.decisions[-1].reason == "joined" and state.decisions[-1].subject == a
+    assert state.allocator.allocation == {a: 96}, "the shard's heartbeat hands out the batch"
+    assert state.allocator.decisions[-1].reason == "joined" and state.allocator.decisions[-1].subject == a
 
     b = state.hello(Hello(role="worker"), 0.5).id
     state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.6)
-    assert state.allocation == {a: 96}, "the running worker keeps its batch while b waits"
+    assert state.allocator.allocation == {a: 96}, "the running worker keeps its batch while b waits"
     with pytest.raises(ProtocolError, match="slot_taken"):
         state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.65)
     state.bye(ps1, 0.66)  # the old shard is gone: its slot is free for the restarted one
     restarted = state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.7).id
     state.heartbeat(restarted, Heartbeat(), 0.8)
-    state.heartbeat(ps0, Heartbeat(membership=state.membership), 0.9)
-    assert state.allocation == {a: 96}, "a restarted shard that has applied nothing yet holds back only b"
-    state.heartbeat(restarted, Heartbeat(membership=state.membership), 1.0)
-    assert set(state.allocation) == {a, b} and sum(state.allocation.values()) == 96
+    state.heartbeat(ps0, Heartbeat(membership=state.roster.membership), 0.9)
+    assert state.allocator.allocation == {a: 96}, "a restarted shard that has applied nothing yet holds back only b"
+    state.heartbeat(restarted, Heartbeat(membership=state.roster.membership), 1.0)
+    assert set(state.allocator.allocation) == {a, b} and sum(state.allocator.allocation.values()) == 96
 
 
 def test_a_repeated_hello_of_one_process_registers_it_once():
@@ -86,13 +87,13 @@ def test_a_repeated_hello_of_one_process_registers_it_once():
     state = _job()
     first = state.hello(Hello(role="worker", name="a", instance="abc"), 0.0)
     again = state.hello(Hello(role="worker", name="a", instance="abc"), 0.1)
-    assert again.id == first.id and [m.id for m in state.members.values() if m.role == "worker"] == [first.id]
-    assert state.live_workers == [], "registered but silent: not counted in n"
+    assert again.id == first.id and [m.id for m in state.roster.members.values() if m.role == "worker"] == [first.id]
+    assert state.roster.live_workers == [], "registered but silent: not counted in n"
     state.heartbeat(first.id, Heartbeat(standalone_sps=100.0), 0.15)
-    assert state.live_workers == [first.id]
-    membership = state.membership
+    assert state.roster.live_workers == [first.id]
+    membership = state.roster.membership
     other = state.hello(Hello(role="worker", name="b", instance="xyz"), 0.2)
-    assert other.id != first.id and state.membership == membership, "a worker joins the live set when it reports"
+    assert other.id != first.id and state.roster.membership == membership, "a worker joins the live set when it reports"
     state.bye(first.id, 0.3)
     rejoined = state.hello(Hello(role="worker", name="a", instance="abc"), 0.4)
     assert rejoined.id not in (first.id, other.id), "a member that left registers anew"
@@ -105,26 +106,26 @@ def test_a_repeated_hello_of_one_process_registers_it_once():
 def test_first_split_follows_standalone_speed_then_measured_step_times():
     state = _job()
     fast, slow = _join(state, 3000.0), _join(state, 1000.0)
-    assert state.allocation == {fast: 72, slow: 24}
-    a = state.assignment_for(state.members[fast])
+    assert state.allocator.allocation == {fast: 72, slow: 24}
+    a = state.assignment_for(state.roster.members[fast])
     assert a.batch == 72 and a.lr_scale == 1.0  # the capped DBS weight: min(1, 72 * 2 / 96)
-    assert state.assignment_for(state.members[slow]).lr_scale == pytest.approx(24 * 2 / 96)
+    assert state.assignment_for(state.roster.members[slow]).lr_scale == pytest.approx(24 * 2 / 96)
     for t in range(1, 30):
         _step(state, fast, 0.010 + 72 * 0.0002 * 2, t * 0.1)  # fast got slower: 2x per sample
         _step(state, slow, 0.010 + 24 * 0.0010, t * 0.1)
-    assert sum(state.allocation.values()) == 96
-    assert state.allocation[fast] < 72
-    assert any(d.reason == "speed update" for d in state.decisions)
+    assert sum(state.allocator.allocation.values()) == 96
+    assert state.allocator.allocation[fast] < 72
+    assert any(d.reason == "speed update" for d in state.allocator.decisions)
 
 
 def test_hysteresis_keeps_the_split_when_speeds_barely_move():
     state = _job(reassign_threshold=0.2)
     a, b = _join(state, 1000.0), _join(state, 1000.0)
-    before = state.assignment_id
+    before = state.allocator.assignment_id
     for t in range(1, 20):
         _step(state, a, 0.050, t * 0.1)
         _step(state, b, 0.052, t * 0.1)
-    assert state.assignment_id == before
+    assert state.allocator.assignment_id == before
 
 
 def test_silent_workers_are_dropped_and_their_share_moves():
@@ -135,8 +136,8 @@ def test_silent_workers_are_dropped_and_their_share_moves():
     _step(state, a, 0.05, 2.5)
     _shards_apply(state, 2.5)
     assert state.expire(3.5) == [b]
-    assert state.allocation == {a: 96}
-    assert state.decisions[-1].reason == "heartbeat timeout" and state.decisions[-1].subject == b
+    assert state.allocator.allocation == {a: 96}
+    assert state.allocator.decisions[-1].reason == "heartbeat timeout" and state.allocator.decisions[-1].subject == b
     with pytest.raises(ProtocolError, match="unknown_sender"):
         _step(state, b, 0.05, 4.0)
 
@@ -148,14 +149,16 @@ def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_aliv
     ghost = state.hello(Hello(role="worker"), 0.0).id
     silent_evaluator = state.hello(Hello(role="evaluator"), 0.0).id
     loading = state.hello(Hello(role="worker"), 0.0).id
-    membership = state.membership
+    membership = state.roster.membership
     for t in range(1, 31):
         state.heartbeat(loading, Heartbeat(), float(t))
         expired = state.expire(float(t))
         assert expired == ([] if t < 3 else [ghost, silent_evaluator] if t == 3 else []), (t, expired)
-        assert state.live_workers == [] and state.membership == membership and state.allocation == {}
+        assert state.roster.live_workers == [] and state.roster.membership == membership
+        assert state.allocator.allocation == {}
     state.heartbeat(loading, Heartbeat(standalone_sps=100.0), 31.0)
-    assert state.live_workers == [loading] and state.membership == membership + 1, "ready: it is counted in n"
+    assert state.roster.live_workers == [loading], "ready: it is counted in n"
+    assert state.roster.membership == membership + 1
     assert loading not in state.expire(32.9) and loading in state.expire(33.1)
 
 
@@ -174,19 +177,19 @@ def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_fin
     while not state.stopping:
         t += 0.1
         for w in (a, b):
-            if w in state.live_workers:
+            if w in state.roster.live_workers:
                 _step(state, w, 0.05, t)
-        if t > 0.5 and b in state.live_workers:
+        if t > 0.5 and b in state.roster.live_workers:
             state.bye(b, t)
         _shards_apply(state, t)
-    assert state.samples >= 1000 and state.epoch >= 1.0
-    assert state.assignment_for(state.members[a]).stop
-    assert not state.assignment_for(state.members[ev]).stop, "the evaluator waits until workers are gone"
+    assert state.progress.samples >= 1000 and state.progress.epoch >= 1.0
+    assert state.assignment_for(state.roster.members[a]).stop
+    assert not state.assignment_for(state.roster.members[ev]).stop, "the evaluator waits until workers are gone"
     state.bye(a, t)
-    assert state.assignment_for(state.members[ev]).stop and not state.finished
+    assert state.assignment_for(state.roster.members[ev]).stop and not state.finished
     state.eval_report(ev, EvalReport(version=7, test_loss=0.3, test_acc=0.9, final=True), t)
     assert state.finished
-    assert state.assignment_for(state.shards[0]).stop
+    assert state.assignment_for(state.roster.shards[0]).stop
     with pytest.raises(ProtocolError, match="job_over"):
         state.hello(Hello(role="worker"), t)
 
@@ -209,9 +212,9 @@ def test_a_job_awaiting_its_final_evaluation_admits_a_late_evaluator_and_waits_f
     with pytest.raises(ProtocolError, match="job_over"):
         state.hello(Hello(role="worker"), t + 5.0)
     ev = state.hello(Hello(role="evaluator"), t + 6.0).id
-    assert state.assignment_for(state.members[ev]).stop, "it evaluates the final model at once"
+    assert state.assignment_for(state.roster.members[ev]).stop, "it evaluates the final model at once"
     state.eval_report(ev, EvalReport(version=9, test_loss=0.3, test_acc=0.9, final=True), t + 7.0)
-    assert state.finished and state.final_eval
+    assert state.finished and state.evaluations.final_eval
     with pytest.raises(ProtocolError, match="job_over"):
         state.hello(Hello(role="evaluator"), t + 8.0)
 
@@ -221,24 +224,24 @@ def test_a_job_awaiting_its_final_evaluation_gives_up_after_the_join_timeout():
     t = _run_to_target(state, _join(state, 1000.0))
     assert state.tick(t) is False
     assert not state.tick(t + 29.0) and not state.finished
-    assert state.tick(t + 31.0) is True and state.finished and not state.final_eval
+    assert state.tick(t + 31.0) is True and state.finished and not state.evaluations.final_eval
     assert state.tick(t + 32.0) is False, "the give-up is reported once"
 
 
 def test_without_await_final_eval_a_job_with_no_evaluator_finishes_when_workers_are_gone():
     state = _job()
     _run_to_target(state, _join(state, 1000.0))
-    assert state.finished and not state.final_eval
+    assert state.finished and not state.evaluations.final_eval
 
 
 def test_a_repeated_bye_is_acknowledged_without_dropping_the_member_twice():
     state = _job()
     a, b = _join(state, 1000.0), _join(state, 1000.0)
     _step(state, a, 0.05, 1.0)
-    samples = state.samples
+    samples = state.progress.samples
     assert state.bye(a, 2.0) is True
     assert state.bye(a, 2.5) is False
-    assert state.samples == samples and state.live_workers == [b]
+    assert state.progress.samples == samples and state.roster.live_workers == [b]
     with pytest.raises(ProtocolError, match="unknown_sender"):
         state.bye("w99", 3.0)
 
@@ -248,16 +251,16 @@ def test_ssgd_stops_once_every_shard_has_had_the_jobs_rounds_even_if_samples_fal
     wid = _join(state, 1000.0)
     for t in range(1, 10):
         _step(state, wid, 0.05, t)
-    state.heartbeat(state.shards[0].id, Heartbeat(version=10, membership=state.membership), 10.0)
+    state.heartbeat(state.roster.shards[0].id, Heartbeat(version=10, membership=state.roster.membership), 10.0)
     assert not state.stopping
     for t in (11.0, 11.1):
-        state.heartbeat(state.shards[0].id, Heartbeat(version=11, membership=state.membership), t)
+        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), t)
         assert not state.stopping, "the shard has not yet judged the model of the last round healthy"
-    state.heartbeat(state.shards[0].id, Heartbeat(version=11, membership=state.membership), 11.2)
-    assert state.epoch < 1.0 and state.stopping, "the workers stop at the last round; so does the job"
+    state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), 11.2)
+    assert state.progress.epoch < 1.0 and state.stopping, "the workers stop at the last round; so does the job"
     state.bye(wid, 11.5)
     assert state.finished
-    state.bye(state.shards[0].id, 12.0)
+    state.bye(state.roster.shards[0].id, 12.0)
     assert state.stopping and state.finished, "the shard leaving at the end does not reopen a finished job"
 
 
@@ -265,12 +268,12 @@ def test_backwards_or_non_finite_heartbeats_change_nothing():
     state = _job()
     a = _join(state, 1000.0)
     _step(state, a, 0.05, 1.0)
-    before = (state.members[a].steps, state.members[a].samples, state.members[a].last_seen)
+    before = (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen)
     for hb in (Heartbeat(steps=0, samples=0), Heartbeat(steps=5, samples=500, step_s=float("inf")),
                Heartbeat(steps=5, samples=500, standalone_sps=-1.0)):
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat(a, hb, 2.0)
-    assert (state.members[a].steps, state.members[a].samples, state.members[a].last_seen) == before
+    assert (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen) == before
 
 
 def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
@@ -281,10 +284,10 @@ def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
     assert state.status(2.0).training_t == 0.0
     _step(state, wid, 0.1, 6.9)
     assert not state.stopping
-    assert state.assignment_for(state.members[wid]).stop is False
+    assert state.assignment_for(state.roster.members[wid]).stop is False
     _step(state, wid, 0.1, 7.0)
     assert state.stopping and state.status(7.0).budget_spent
-    assert state.assignment_for(state.members[wid]).stop is True
+    assert state.assignment_for(state.roster.members[wid]).stop is True
 
 
 def test_staleness_counts_sum_over_workers_including_departed_ones():
@@ -311,17 +314,18 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
     """ssgd: everyone's step lasts as long as the slowest's; only the own part tells speeds apart."""
     state = _job(protocol="ssgd", reassign_threshold=0.0)
     fast, slow = _join(state, 1000.0), _join(state, 1000.0)
-    assert state.allocation == {fast: 48, slow: 48}
+    assert state.allocator.allocation == {fast: 48, slow: 48}
     per_sample = {fast: 0.0002, slow: 0.0008}
     for t in range(1, 40):
-        own = {wid: 0.010 + state.allocation[wid] * per_sample[wid] for wid in (fast, slow)}
+        own = {wid: 0.010 + state.allocator.allocation[wid] * per_sample[wid] for wid in (fast, slow)}
         round_s = max(own.values())  # the round closes when the last worker has pushed
         for wid in (fast, slow):
-            m = state.members[wid]
-            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + state.allocation[wid], batch=state.allocation[wid], step_s=round_s,
+            m = state.roster.members[wid]
+            batch = state.allocator.allocation[wid]
+            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=round_s,
                            compute_s=own[wid], wait_s=round_s - own[wid], standalone_sps=1000.0, loss=1.0)
             state.heartbeat(wid, hb, t * 0.1)
-    assert state.allocation[fast] > 3 * state.allocation[slow]
+    assert state.allocator.allocation[fast] > 3 * state.allocator.allocation[slow]
 
 
 def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_being_slow():
@@ -333,8 +337,8 @@ def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_be
     for now in (2.0, 3.5, 5.0):
         _shards_apply(state, now)  # the shard stays live; only the workers fall silent
         state.expire(now)
-    assert fast not in state.live_workers, "a fast worker silent for over 2 s is gone"
-    assert slow in state.live_workers, "4 s of silence is under three of its 1.5 s steps"
+    assert fast not in state.roster.live_workers, "a fast worker silent for over 2 s is gone"
+    assert slow in state.roster.live_workers, "4 s of silence is under three of its 1.5 s steps"
     _shards_apply(state, 5.6)
     assert state.expire(5.6) == [slow]
 
@@ -358,7 +362,7 @@ def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_not
     with pytest.raises(ProtocolError, match="bad_field") as refused:
         state.eval_report(ev, report, 2.0)
     assert field in str(refused.value)
-    assert state.eval is good and state.members[ev].last_seen == 1.0
+    assert state.evaluations.eval is good and state.roster.members[ev].last_seen == 1.0
     assert state.status(2.0).metrics == {"loss": 0.7, "accuracy": 0.8}
 
 
@@ -375,35 +379,35 @@ def test_an_evaluation_at_the_bounds_is_kept_nan_included():
 def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_global_batch(policy):
     state = _job(batch_policy=policy, reassign_threshold=0.0)
     small, big, other = _join(state, 3000.0, max_batch=16), _join(state, 1000.0), _join(state, 1000.0)
-    assert state.allocation[small] == 16 and sum(state.allocation.values()) == 96
+    assert state.allocator.allocation[small] == 16 and sum(state.allocator.allocation.values()) == 96
     assert state.status(0.0).workers[small].max_batch == 16
     for t in range(1, 30):  # the small worker is by far the fastest: unbounded, it would take most of B
-        _step(state, small, 0.001 + 0.00005 * state.allocation[small], t * 0.1)
+        _step(state, small, 0.001 + 0.00005 * state.allocator.allocation[small], t * 0.1)
         for wid in (big, other):
-            _step(state, wid, 0.001 + 0.001 * state.allocation[wid], t * 0.1)
-    assert state.allocation[small] == 16 and sum(state.allocation.values()) == 96
-    assert state.allocation[big] == state.allocation[other] == 40
-    assert state.decisions[0].reason == "joined; bounds hold less than B", "alone, it cannot hold B"
-    assert "bounds" not in state.decisions[-1].reason
+            _step(state, wid, 0.001 + 0.001 * state.allocator.allocation[wid], t * 0.1)
+    assert state.allocator.allocation[small] == 16 and sum(state.allocator.allocation.values()) == 96
+    assert state.allocator.allocation[big] == state.allocator.allocation[other] == 40
+    assert state.allocator.decisions[0].reason == "joined; bounds hold less than B", "alone, it cannot hold B"
+    assert "bounds" not in state.allocator.decisions[-1].reason
 
 
 def test_bounds_that_cannot_hold_the_global_batch_give_each_worker_its_bound_and_say_so_in_the_decision():
     state = _job(reassign_threshold=0.0)
     a = _join(state, 1000.0, max_batch=32)
-    assert state.allocation == {a: 32}
-    assert state.decisions[-1].reason == "joined; bounds hold less than B"
+    assert state.allocator.allocation == {a: 32}
+    assert state.allocator.decisions[-1].reason == "joined; bounds hold less than B"
     b = _join(state, 1000.0, max_batch=40)
-    assert state.allocation == {a: 32, b: 40}
+    assert state.allocator.allocation == {a: 32, b: 40}
     c = _join(state, 250.0)  # slow: it takes what the capped ones cannot
-    assert state.allocation == {a: 32, b: 40, c: 24} and state.decisions[-1].reason == "joined"
+    assert state.allocator.allocation == {a: 32, b: 40, c: 24} and state.allocator.decisions[-1].reason == "joined"
 
 
 def test_a_negative_max_batch_in_hello_is_refused_and_registers_nothing():
     state = _job()
-    members = dict(state.members)
+    members = dict(state.roster.members)
     with pytest.raises(ProtocolError, match="bad_field.*max_batch|max_batch"):
         state.hello(Hello(role="worker", max_batch=-1), 0.0)
-    assert state.members == members
+    assert state.roster.members == members
 
 
 def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
@@ -412,18 +416,19 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
     fed, starved = _join(state, 1000.0), _join(state, 1000.0)
     for t in range(1, 40):
         for wid in (fed, starved):
-            m = state.members[wid]
-            compute = 0.005 + 0.0005 * state.allocation[wid]
-            data = 0.0005 * state.allocation[wid] if wid == starved else 0.0
-            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + state.allocation[wid], batch=state.allocation[wid], step_s=compute + data,
+            m = state.roster.members[wid]
+            compute = 0.005 + 0.0005 * state.allocator.allocation[wid]
+            data = 0.0005 * state.allocator.allocation[wid] if wid == starved else 0.0
+            batch = state.allocator.allocation[wid]
+            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=compute + data,
                            compute_s=compute, data_s=data, standalone_sps=1000.0, loss=1.0)
             state.heartbeat(wid, hb, t * 0.1)
-    assert state.allocation[fed] > 1.5 * state.allocation[starved]
+    assert state.allocator.allocation[fed] > 1.5 * state.allocator.allocation[starved]
     status = state.status(4.0).workers[starved]
-    assert status.data_s == pytest.approx(0.0005 * state.members[starved].last.batch)
+    assert status.data_s == pytest.approx(0.0005 * state.roster.members[starved].last.batch)
     assert status.data_s_total > 0 and state.status(4.0).workers[fed].data_s_total == 0.0
     with pytest.raises(ProtocolError, match="bad_field"):
-        m = state.members[fed]
+        m = state.roster.members[fed]
         state.heartbeat(fed, Heartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
 
 
@@ -433,14 +438,14 @@ def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken()
     every round's report)."""
     state = _job(protocol="local")
     wid = _join(state, 100.0)
-    before = state.members[wid].last
+    before = state.roster.members[wid].last
     for now in (2.0, 4.0, 5.99):
         state.heartbeat(wid, before, now)
-    m, batch = state.members[wid], state.allocation[wid]
+    m, batch = state.roster.members[wid], state.allocator.allocation[wid]
     round_end = Heartbeat(steps=128, samples=128 * batch, batch=batch, step_s=6.0, compute_s=6.0,
                           standalone_sps=100.0, loss=1.0)
     state.heartbeat(wid, round_end, 6.0)
-    assert state.members[wid].steps == 128
+    assert state.roster.members[wid].steps == 128
     with pytest.raises(ProtocolError, match="HEARTBEAT.steps grew by 1000"):
         state.heartbeat(wid, Heartbeat(steps=1128, samples=m.samples, batch=batch, standalone_sps=100.0), 6.01)
 
@@ -451,7 +456,7 @@ def test_silence_while_the_scheduler_itself_stalled_is_excused():
     state = _job()
     wid = _join(state, 100.0)
     _step(state, wid, 0.1, now=1.0)
-    state.excuse(3.0)
+    state.roster.excuse(3.0)
     _shards_apply(state, 4.5)
     assert state.expire(4.5) == [], "3.5 s of silence, 3 s of it the scheduler's own"
     assert state.expire(6.1) == [wid]
@@ -465,18 +470,18 @@ def test_status_never_reports_a_batch_the_worker_does_not_hold():
 
     def agree(now: float) -> None:
         shown = state.status(now).workers
-        assert shown and all(shown[w].batch == state.assignment_for(state.members[w]).batch for w in shown)
+        assert shown and all(shown[w].batch == state.assignment_for(state.roster.members[w]).batch for w in shown)
 
     for t in range(1, 10):
-        _step(state, fast, 0.010 + 0.0002 * state.allocation[fast], t * 0.1)
-        _step(state, slow, 0.010 + 0.0010 * state.allocation[slow], t * 0.1)
+        _step(state, fast, 0.010 + 0.0002 * state.allocator.allocation[fast], t * 0.1)
+        _step(state, slow, 0.010 + 0.0010 * state.allocator.allocation[slow], t * 0.1)
         agree(t * 0.1)
     state.bye(slow, 1.0)
     agree(1.0)
     assert state.status(1.0).workers[fast].batch == 96
     again = _join(state, 1000.0, now=1.1)
     agree(1.1)
-    assert state.status(1.1).workers[again].batch == state.allocation.get(again, 0)
+    assert state.status(1.1).workers[again].batch == state.allocator.allocation.get(again, 0)
 
 
 @pytest.mark.parametrize("protocol", ["ssgd", "rennala"])
@@ -486,15 +491,16 @@ def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says
     slow = _join(state, 1000.0)
     for t in range(1, 12):
         for w in fast:
-            _step(state, w, 0.004 + state.allocation.get(w, 0) * 0.0005, t * 0.1)
-        if state.allocation.get(slow, 0):
-            _step(state, slow, 0.400 + state.allocation.get(slow, 0) * 0.004, t * 0.1)
-    assert state.allocation[slow] == 0 and state.assignment_for(state.members[slow]).batch == 0
-    assert sum(state.allocation[w] for w in fast) == 96
-    assert "slowest left out" in state.decisions[-1].reason
-    told = state.assignment_for(state.shards[0])
+            _step(state, w, 0.004 + state.allocator.allocation.get(w, 0) * 0.0005, t * 0.1)
+        if state.allocator.allocation.get(slow, 0):
+            _step(state, slow, 0.400 + state.allocator.allocation.get(slow, 0) * 0.004, t * 0.1)
+    assert state.allocator.allocation[slow] == 0 and state.assignment_for(state.roster.members[slow]).batch == 0
+    assert sum(state.allocator.allocation[w] for w in fast) == 96
+    assert "slowest left out" in state.allocator.decisions[-1].reason
+    told = state.assignment_for(state.roster.shards[0])
     assert told.idle_workers == [slow] and told.allocated == 3 and slow in told.live_workers
-    assert state.assignment_for(state.members[fast[0]]).lr_scale == pytest.approx(min(1.0, state.allocation[fast[0]] * 3 / 96))
+    fast_batch = state.allocator.allocation[fast[0]]
+    assert state.assignment_for(state.roster.members[fast[0]]).lr_scale == pytest.approx(min(1.0, fast_batch * 3 / 96))
 
 
 def test_asynchronous_protocols_never_leave_a_worker_out():
@@ -503,9 +509,9 @@ def test_asynchronous_protocols_never_leave_a_worker_out():
     slow = _join(state, 1000.0)
     for t in range(1, 12):
         for w in fast:
-            _step(state, w, 0.004 + state.allocation.get(w, 0) * 0.0005, t * 0.1)
-        _step(state, slow, 0.400 + state.allocation.get(slow, 0) * 0.004, t * 0.1)
-    assert state.allocation[slow] >= 8 and not state.assignment_for(state.shards[0]).idle_workers
+            _step(state, w, 0.004 + state.allocator.allocation.get(w, 0) * 0.0005, t * 0.1)
+        _step(state, slow, 0.400 + state.allocator.allocation.get(slow, 0) * 0.004, t * 0.1)
+    assert state.allocator.allocation[slow] >= 8 and not state.assignment_for(state.roster.shards[0]).idle_workers
 
 
 @pytest.mark.parametrize("protocol", ["asgd", "softsync", "ssgd"])
@@ -520,11 +526,11 @@ def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protoco
     held = []
     for t in range(1, 21):
         for w in fast:
-            _step(state, w, 0.010 + state.allocation.get(w, 0) * 0.001, t * 0.1)
-        if state.allocation.get(slow, 0):
-            _step(state, slow, 0.150 + state.allocation.get(slow, 0) * 0.001, t * 0.1)
-        held.append(state.allocation[slow])
-    assert sum(state.allocation.values()) == 96
+            _step(state, w, 0.010 + state.allocator.allocation.get(w, 0) * 0.001, t * 0.1)
+        if state.allocator.allocation.get(slow, 0):
+            _step(state, slow, 0.150 + state.allocator.allocation.get(slow, 0) * 0.001, t * 0.1)
+        held.append(state.allocator.allocation[slow])
+    assert sum(state.allocator.allocation.values()) == 96
     if protocol == "ssgd":
         assert held[-10:] == [0] * 10, held
     else:
@@ -540,7 +546,7 @@ def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_r
     for t in range(1, 6):
         _step(state, w0, 0.05, t * 0.1)
         _step(state, w1, 0.05, t * 0.1)
-    frozen = state.members[w1].last
+    frozen = state.roster.members[w1].last
     limit = progress_allowed_s(0.05, 2.0, state.job.join_timeout_s)
     assert limit == 3 * 2.0, "20 steps of 0.05 s are less than the floor of three liveness timeouts"
     now = 0.5
@@ -555,16 +561,17 @@ def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_r
     state.heartbeat(w1, frozen, now)
     _shards_apply(state, now)
     assert state.expire(now) == [w1]
-    assert state.members[w1].left and state.allocation == {w0: 96}
-    assert state.decisions[-1].reason.startswith("no progress") and state.decisions[-1].subject == w1
+    assert state.roster.members[w1].left and state.allocator.allocation == {w0: 96}
+    last = state.allocator.decisions[-1]
+    assert last.reason.startswith("no progress") and last.subject == w1
     late = _join(state, 1000.0, now=now + 0.1)  # it registers again: judged from its new batch, not its old steps
     _shards_apply(state, now + 0.2)
-    assert state.expire(now + 0.2) == [] and state.batch_of(late) > 0
+    assert state.expire(now + 0.2) == [] and state.allocator.batch_of(late) > 0
 
 
 def _to_epochs(state: JobState, wid: str, t: float = 0.0) -> float:
     """Step `wid` until the job's samples reach its epochs; returns the time."""
-    while state.epoch < state.job.epochs:
+    while state.progress.epoch < state.job.epochs:
         t += 0.1
         _step(state, wid, 0.05, t)
     return t
@@ -587,13 +594,14 @@ def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rol
     state = _job(max_rollbacks=2)
     wid = _join(state, 1000.0)
     t = _to_epochs(state, wid)
-    ps = state.shards[0]
-    sick = Heartbeat(version=20, samples=state.samples, membership=state.membership, model_problem="norm 1e9")
+    ps = state.roster.shards[0]
+    sick = Heartbeat(version=20, samples=state.progress.samples, membership=state.roster.membership,
+                     model_problem="norm 1e9")
     for dt in (0.1, 0.2, 0.3):
         state.heartbeat(ps.id, sick, t + dt)
         assert not state.stopping, "the model that reached the epochs is not healthy"
-    assert state.rollback_number == 1
-    restored = Heartbeat(version=4, samples=384, membership=state.membership, rollbacks=1)
+    assert state.rollbacks.rollback_number == 1
+    restored = Heartbeat(version=4, samples=384, membership=state.roster.membership, rollbacks=1)
     state.heartbeat(ps.id, restored, t + 0.4)
     state.heartbeat(ps.id, restored, t + 0.5)
-    assert state.epoch < 1.0 and not state.stopping, "the samples lost to the rollback are trained again"
+    assert state.progress.epoch < 1.0 and not state.stopping, "the samples lost to the rollback are trained again"

@@ -28,12 +28,12 @@ def _running(job: JobConfig, now: float = 0.0) -> tuple[JobState, str, str]:
     ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), now).id
     wid = state.hello(Hello(role="worker", instance="w-a"), now).id
     state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), now)
-    state.heartbeat(ps, Heartbeat(membership=state.membership), now)
+    state.heartbeat(ps, Heartbeat(membership=state.roster.membership), now)
     return state, ps, wid
 
 
 def _steps(state: JobState, wid: str, n: int, now: float) -> None:
-    m, batch = state.members[wid], state.allocation.get(wid, 0)
+    m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 0)
     for i in range(n):
         state.heartbeat(wid, Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=0.01,
                                        compute_s=0.01, standalone_sps=m.standalone_sps, loss=1.0), now + i * 0.01)
@@ -49,18 +49,19 @@ def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_tr
 def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
     state, ps, wid = _running(_job(epochs=1.0))
     _steps(state, wid, 5, 0.1)  # 480 samples
-    state.heartbeat(ps, Heartbeat(version=5, samples=480, membership=state.membership), 0.2)
-    assert state.epoch == pytest.approx(0.48)
-    state.heartbeat(ps, Heartbeat(version=2, samples=192, membership=state.membership), 0.3)
-    assert (state.lost_versions, state.lost_samples) == (3, 288)
-    assert [(lost.shard, lost.versions, lost.samples) for lost in state.losses] == [(0, 3, 288)]
-    assert state.samples == 480 and state.epoch == pytest.approx(0.192), "the epoch counts what the model holds"
+    state.heartbeat(ps, Heartbeat(version=5, samples=480, membership=state.roster.membership), 0.2)
+    assert state.progress.epoch == pytest.approx(0.48)
+    state.heartbeat(ps, Heartbeat(version=2, samples=192, membership=state.roster.membership), 0.3)
+    assert (state.progress.lost_versions, state.progress.lost_samples) == (3, 288)
+    assert [(lost.shard, lost.versions, lost.samples) for lost in state.progress.losses] == [(0, 3, 288)]
+    assert state.progress.samples == 480
+    assert state.progress.epoch == pytest.approx(0.192), "the epoch counts what the model holds"
     _steps(state, wid, 8, 0.4)  # 1248 trained, 960 held: not yet the job's one epoch
     assert not state.stopping
     _steps(state, wid, 1, 0.6)
     for t in (0.61, 0.62):  # the shard reports on the model that holds the job's epoch
         assert not state.stopping
-        state.heartbeat(ps, Heartbeat(version=15, samples=1056, membership=state.membership), t)
+        state.heartbeat(ps, Heartbeat(version=15, samples=1056, membership=state.roster.membership), t)
     assert state.stopping
     st = state.status(0.7)
     assert (st.lost_samples, st.lost_versions, st.samples) == (288, 3, 1344)
@@ -70,14 +71,14 @@ def test_a_shard_reporting_a_negative_count_is_refused():
     state, ps, _ = _running(_job())
     with pytest.raises(ProtocolError, match="HEARTBEAT.samples"):
         state.heartbeat(ps, Heartbeat(samples=-1), 0.1)
-    assert state.lost_samples == 0
+    assert state.progress.lost_samples == 0
 
 
 def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_marks(tmp_path):
     job = _job(epochs=2.0)
     state, ps, wid = _running(job)
     _steps(state, wid, 6, 0.1)
-    state.heartbeat(ps, Heartbeat(version=6, samples=576, membership=state.membership), 0.2)
+    state.heartbeat(ps, Heartbeat(version=6, samples=576, membership=state.roster.membership), 0.2)
     evaluator = state.hello(Hello(role="evaluator", instance="e"), 0.2).id
     state.eval_report(evaluator, EvalReport(version=6, test_loss=0.5, test_acc=0.8), 0.3)
     path = progress_path(str(tmp_path), job.job)
@@ -86,19 +87,21 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
 
     again = JobState(job, num_shards=1, now=100.0)
     again.resume(load_progress(path, to_dict(job)), 100.0, wall=ClockReading(5003.0))
-    assert (again.samples, again.train_size, again.epoch) == (576, 1000, pytest.approx(0.576))
-    assert again.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), "the outage counts"
+    progress = again.progress
+    assert (progress.samples, progress.train_size, progress.epoch) == (576, 1000, pytest.approx(0.576))
+    assert again.evaluations.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), "the outage counts"
     ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
     again.heartbeat(ps_again, Heartbeat(version=6, samples=576), 100.1)
-    assert again.lost_samples == 0, "a shard that kept its state lost nothing"
+    assert again.progress.lost_samples == 0, "a shard that kept its state lost nothing"
     rejoined = again.hello(Hello(role="worker", instance="w-a"), 100.2).id
     assert rejoined not in (wid, evaluator) and rejoined == "w1", "ids go on from the saved counter"
     again.heartbeat(rejoined, Heartbeat(standalone_sps=1000.0), 100.3)
-    assert again.members[rejoined].speed.window() == state.members[wid].speed.window()
+    assert again.allocator.speeds[rejoined].window() == state.allocator.speeds[wid].window()
     _steps(again, rejoined, 1, 100.4)
-    assert again.samples == 576 + again.allocation.get(rejoined, 0), "the rejoined worker counts only its new samples"
+    new = again.allocator.allocation.get(rejoined, 0)
+    assert again.progress.samples == 576 + new, "the rejoined worker counts only its new samples"
     again.heartbeat(ps_again, Heartbeat(version=2, samples=192), 100.5)
-    assert again.lost_samples == 384, "a restart while the scheduler was down is still caught"
+    assert again.progress.lost_samples == 384, "a restart while the scheduler was down is still caught"
 
 
 def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back_to_the_previous(tmp_path):
@@ -123,7 +126,7 @@ def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back
     previous.write_bytes(header + b"\n" + payload.replace(b'"t": 1.0', b'"t": NaN'))
     with pytest.raises(ValueError, match="remove"):
         load_progress(path, to_dict(job))
-    assert math.isnan(JobState(job, 1).loss), "nothing was resumed"
+    assert math.isnan(JobState(job, 1).progress.loss), "nothing was resumed"
 
 
 def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path):
@@ -154,8 +157,8 @@ def test_a_budget_is_not_spent_by_a_clock_jump_across_a_restart(tmp_path):
     save_progress(path, state.saved(10.0, wall=ClockReading(1000.0)))
     again = JobState(job, num_shards=1, now=0.0)
     again.resume(load_progress(path, to_dict(job)), 0.0, wall=ClockReading(1000.0 + 1e6))
-    again.check_budget(0.0)
-    assert not again.budget_spent and again.status(0.0).t == pytest.approx(10.0 + MAX_UNTIMED_OUTAGE_S)
+    again.tick(0.0)
+    assert not again.end.budget_spent and again.status(0.0).t == pytest.approx(10.0 + MAX_UNTIMED_OUTAGE_S)
 
 
 def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path):
@@ -166,7 +169,7 @@ def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path):
     saved.samples *= 10  # an edited file whose checksum was made again
     again = JobState(job, num_shards=1, now=0.0)
     again.resume(saved, 0.0, wall=ClockReading(0.0))
-    assert again.samples == 4800
+    assert again.progress.samples == 4800
     ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.1).id
     again.heartbeat(ps_again, Heartbeat(version=5, samples=480), 0.2)
-    assert again.samples == 480 + job.global_batch, "the shard's count (and one batch in flight) bounds it"
+    assert again.progress.samples == 480 + job.global_batch, "the shard's count (and one batch in flight) bounds it"

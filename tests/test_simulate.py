@@ -67,18 +67,18 @@ def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_c
         return cluster, workers
 
     cluster, _ = start()
-    first, batch = dict(cluster.scheduler.allocation), cluster.cfg.global_batch
+    first, batch = dict(cluster.scheduler.allocator.allocation), cluster.cfg.global_batch
     assert sum(first.values()) == batch and len(set(first.values())) > 1
-    assert start()[0].scheduler.allocation == first
-    assert start(seed=1)[0].scheduler.allocation != first
-    assert set(start(probe_noise=0.0, noise=0.0)[0].scheduler.allocation.values()) == {batch // 4}
+    assert start()[0].scheduler.allocator.allocation == first
+    assert start(seed=1)[0].scheduler.allocator.allocation != first
+    assert set(start(probe_noise=0.0, noise=0.0)[0].scheduler.allocator.allocation.values()) == {batch // 4}
 
     cfg = cluster.cfg
     probe_s = (cfg.probe_steps + 1) * (cfg.fixed_s + cfg.per_sample_s * probe_batch(cluster.job.max_batch))
     cluster.run(0.2 + 0.8 * probe_s)
-    assert "w4" in cluster.scheduler.members and "w4" not in cluster.scheduler.allocation
+    assert "w4" in cluster.scheduler.roster.members and "w4" not in cluster.scheduler.allocator.allocation
     cluster.run(0.2 + 1.2 * probe_s)
-    assert "w4" in cluster.scheduler.allocation
+    assert "w4" in cluster.scheduler.allocator.allocation
 
 
 @pytest.mark.parametrize("protocol", ["local", "msd", "softsync"])

@@ -1,0 +1,172 @@
+"""Who trains how much: each worker's speed model, the batch split, AdaComm's local steps, and their decisions.
+
+The allocator is the one owner of a worker's batch (`batch_of`): its assignment,
+STATUS and the metrics all read it there, so none can show a batch the worker was
+not given. The pure solvers are in batch_allocation.py, speed_model.py and
+local_steps.py; this class keeps their inputs and results between heartbeats.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dynabatch.common.config import JobConfig
+from dynabatch.common.messages import Decision, Heartbeat
+from dynabatch.common.protocols import ProtocolSpec
+from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
+from dynabatch.scheduler.local_steps import adacomm_steps
+from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
+from dynabatch.scheduler.speed_model import SpeedModel
+
+DECISIONS_KEPT = 100
+MIN_OWN_STEP_S = 1e-6
+
+
+def own_step_seconds(hb: Heartbeat) -> float:
+    """The part of a worker's step its speed model fits: everything but waiting for other workers.
+
+    Waiting for others (an ssgd round, a local average) says nothing about the
+    worker's speed, and fitting it would make every worker in a round look as
+    slow as the slowest. Waiting for data (`data_s`) is the worker's own: a
+    starved loader makes that machine slower at every batch size, exactly as a
+    slow GPU does, so it stays in, and a worker whose loader cannot keep up gets
+    a smaller share.
+    """
+    return max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S)
+
+
+class Allocator:
+    """Allocation: the speed models, the batch split and the one before it, local steps, and every decision."""
+
+    def __init__(self, job: JobConfig, spec: ProtocolSpec) -> None:
+        self.job = job
+        self.spec = spec
+        self.speeds: dict[str, SpeedModel] = {}  # by worker id, from its first report of its standalone speed
+        self.resumed_speeds: dict[str, SavedSpeed] = {}  # speed models of a saved job, by HELLO instance
+        self.allocation: dict[str, int] = {}
+        self.previous_allocation: dict[str, int] = {}  # the one before: a worker may still step with it
+        self.told: dict[int, dict[str, int]] = {}  # by shard slot: the push bounds (Assignment.batches) last sent
+        self.assignment_id = 0
+        self.decisions: list[Decision] = []
+        self.local_steps = job.local_steps
+        self.local_steps_reason = "configured H"
+        self.first_loss: float | None = None  # AdaComm's reference: the smoothed loss when it first was known
+        self.training_started_at: float | None = None  # when the first batches were handed out
+
+    @property
+    def training_started(self) -> bool:
+        return self.training_started_at is not None
+
+    def measure(self, worker: str, standalone_sps: float, instance: str) -> None:
+        """Start `worker`'s speed model from its standalone speed (and the steps a saved job's model of the same
+        process had seen)."""
+        model = SpeedModel(self.job.speed_window, self.job.speed_forgetting, standalone_sps)
+        saved = self.resumed_speeds.pop(instance, None)
+        for batch, seconds in saved.observations if saved is not None else []:
+            model.observe(batch, seconds)
+        self.speeds[worker] = model
+
+    def observe(self, worker: str, hb: Heartbeat) -> None:
+        """Fit a step the worker reports into its speed model."""
+        self.speeds[worker].observe(hb.batch, own_step_seconds(hb))
+
+    def forget(self, worker: str) -> None:
+        """A worker that left: its speed model goes (a process that registers again gets a new id)."""
+        self.speeds.pop(worker, None)
+
+    def forget_shard(self, index: int) -> None:
+        """A shard slot whose process left: what it was told goes with it (a new one is told afresh)."""
+        self.told.pop(index, None)
+
+    def reallocate(self, now: float, t: float, reason: str, subject: str, ready: dict[str, int],
+                   force: bool = False) -> list[str]:
+        """Re-solve the batch split among the `ready` workers (id -> its own largest batch, 0: none); `reason` is a
+        bounded label, `subject` the worker behind it, `t` the job's time. Returns the workers now given a batch
+        after holding none."""
+        job = self.job
+        if not ready or (not self.allocation and len(ready) < job.min_workers and not self.training_started):
+            self.previous_allocation, self.allocation = self.allocation, {}
+            return []
+        if self.training_started_at is None:
+            self.training_started_at = now
+        models = {wid: self.speeds[wid].fit() for wid in ready}
+        caps = {wid: cap for wid, cap in ready.items() if cap > 0}
+        if job.batch_policy == "fixed" or any(model is None for model in models.values()):
+            proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
+        else:
+            proposed = allocation_for(self.spec)(models, job.global_batch, job.min_batch, job.max_batch, caps)
+        if not force and not needs_reassign(self.allocation, proposed, job.reassign_threshold):
+            return []
+        if proposed == self.allocation:
+            return []
+        self.previous_allocation, self.allocation = self.allocation, proposed
+        given = [wid for wid, b in proposed.items() if b > 0 and not self.previous_allocation.get(wid, 0)]
+        predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items()
+                     if models[wid] is not None and b > 0}
+        notes = [reason, bounds_note(proposed, job.global_batch)]
+        if 0 in proposed.values():
+            notes.append("slowest left out: the round is faster without them (batch 0)")
+        self._decide(Decision(t, "; ".join(n for n in notes if n), subject, dict(proposed), predicted))
+        return given
+
+    def adapt_local_steps(self, t: float, loss: float, workers: list[Heartbeat]) -> None:
+        """AdaComm's H from the smoothed `loss`, bounded by the live workers' measured sync/compute ratio."""
+        if self.first_loss is None and math.isfinite(loss):
+            self.first_loss = loss
+        sync_s = max((w.sync_s for w in workers), default=0.0)
+        compute_s = min((w.compute_s for w in workers if w.compute_s > 0), default=0.0)
+        first = math.nan if self.first_loss is None else self.first_loss
+        decision = adacomm_steps(self.job.local_steps, self.local_steps, first, loss, sync_s, compute_s)
+        if decision.steps != self.local_steps:
+            self.local_steps, self.local_steps_reason = decision.steps, decision.reason
+            self._decide(Decision(t, "local steps", f"H={decision.steps}: {decision.reason}", dict(self.allocation),
+                                  {}))
+
+    def _decide(self, decision: Decision) -> None:
+        """Every decision is a new assignment; the newest DECISIONS_KEPT are kept for STATUS and the log."""
+        self.assignment_id += 1
+        self.decisions.append(decision)
+        del self.decisions[:-DECISIONS_KEPT]
+
+    @property
+    def holding_batch(self) -> int:
+        """Workers the allocation gives a batch (DBS-SGD's n): not those left out with batch 0."""
+        return sum(1 for b in self.allocation.values() if b > 0)
+
+    def idle_workers(self) -> list[str]:
+        """Workers the allocation leaves out (batch 0)."""
+        return sorted(w for w, b in self.allocation.items() if b == 0)
+
+    def push_bounds(self, live: list[str]) -> dict[str, int]:
+        """Each live worker's largest batch now, the previous allocation's or the current one's: a shard refuses a
+        PUSH of more samples (times the local steps a delta covers) than its sender's."""
+        return {w: max(self.previous_allocation.get(w, 0), self.allocation.get(w, 0))
+                for w in (self.previous_allocation.keys() | self.allocation.keys()) & set(live)}
+
+    def tell(self, shard: int, batches: dict[str, int]) -> None:
+        """The push bounds just sent to shard slot `shard`."""
+        self.told[shard] = batches
+
+    def batch_of(self, worker: str) -> int:
+        """The batch `worker` holds: its allocation, or less while a live shard has not yet been told that it may
+        push that much (a worker is given a larger batch only once the shards bound its pushes by it). A shard
+        never answered yet is not waited on: it takes no push before it learns the live workers, and their bounds,
+        in that same answer. The one owner of a worker's batch: its assignment, STATUS and the metrics read it."""
+        return min([self.allocation.get(worker, 0), *(told.get(worker, 0) for told in self.told.values())])
+
+    def restore(self, saved: SavedProgress, training_started_at: float | None) -> None:
+        """Go on from a saved job: when it started training (None: not yet), its decisions' count, its H, its first
+        loss and the speed models it had."""
+        if training_started_at is not None:
+            self.training_started_at = training_started_at
+        self.assignment_id = saved.assignment_id
+        self.local_steps, self.local_steps_reason = saved.local_steps or self.local_steps, saved.local_steps_reason
+        self.first_loss = saved.first_loss
+        self.resumed_speeds = dict(saved.speeds)
+
+    def saved_speeds(self, instances: dict[str, tuple[str, float]]) -> dict[str, SavedSpeed]:
+        """The speed models to save, by HELLO instance (`instances`: instance -> (worker id, standalone speed)),
+        those of a saved job not yet claimed included, at most --max-workers of them."""
+        speeds = {instance: SavedSpeed(sps, self.speeds[wid].window())
+                  for instance, (wid, sps) in instances.items() if wid in self.speeds}
+        return dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:])

@@ -1,0 +1,261 @@
+"""Who is in the job: registration, the connection each member is bound to, liveness, and departures.
+
+Processes say HELLO and get an id (workers `w<n>`, evaluators `eval<n>`, shards
+the slot `ps<i>` they hold); every later message in a member's name must come
+over the connection it registered from. A member that falls silent for longer
+than its role and its own measured steps allow is found here (`silent`); the job
+(job_state.py) decides what a departure changes elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from dynabatch.common.config import JobConfig
+from dynabatch.common.messages import Heartbeat, Hello, WorkerStatus
+from dynabatch.common.wire import ProtocolError
+
+DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
+MAX_INSTANCE_CHARS = 64
+LIVENESS_STEPS = 3  # steps of its own measured length a worker may be silent before it is dropped
+
+
+def finite_or_none(x: float) -> float | None:
+    """A figure for STATUS or the saved progress: JSON has no NaN or infinity."""
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class Member:
+    """One registered process and what its heartbeats told us (its batch is the allocator's: allocator.py)."""
+
+    id: str
+    role: str
+    name: str
+    host: str
+    metrics_url: str
+    joined: float
+    last_seen: float
+    endpoint: str = ""
+    progress_at: float = 0.0  # when its counters last grew: the steps a report adds were taken since then
+    batch_given_at: float = 0.0  # when it was last given a batch after holding none (progress is judged from then)
+    shard_index: int = -1
+    standalone_sps: float = 0.0
+    steps: int = 0
+    samples: int = 0
+    last: Heartbeat = field(default_factory=Heartbeat)
+    step_s_total: float = 0.0
+    data_s_total: float = 0.0
+    observed_steps: int = 0
+    compute_s_total: float = 0.0
+    observed_samples: int = 0
+    heartbeats: int = 0
+    left: bool = False
+    admitted_in: int = 0  # the membership number that first held this worker
+    connection: bytes = b""  # the ROUTER routing id of the connection that registered it
+    instance: str = ""
+    max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
+
+    @property
+    def progress_since(self) -> float:
+        """When its progress is judged from: its last new step, or the batch it was given after holding none."""
+        return max(self.progress_at, self.batch_given_at)
+
+    def count_steps(self, hb: Heartbeat, new_steps: int) -> None:
+        """Add `new_steps` steps of the length `hb` reports to the member's totals (STATUS shows their means)."""
+        self.step_s_total += hb.step_s * new_steps
+        self.data_s_total += hb.data_s * new_steps
+        self.observed_steps += new_steps
+        self.compute_s_total += hb.compute_s * new_steps
+        self.observed_samples += hb.batch * new_steps
+
+    def public(self, batch: int) -> WorkerStatus:
+        """The member as STATUS shows it, holding `batch` (the allocator owns a worker's batch)."""
+        hb = self.last
+        return WorkerStatus(
+            role=self.role, name=self.name, host=self.host, metrics_url=self.metrics_url,
+            joined=self.joined, steps=self.steps, samples=self.samples, batch=batch,
+            step_s=hb.step_s, compute_s=hb.compute_s, pull_s=hb.pull_s, push_s=hb.push_s,
+            wait_s=hb.wait_s, data_s=hb.data_s, samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
+            standalone_sps=self.standalone_sps, loss=finite_or_none(hb.loss),
+            step_s_total=self.step_s_total, observed_steps=self.observed_steps,
+            compute_s_total=self.compute_s_total, observed_samples=self.observed_samples,
+            version=hb.version, updates=hb.updates, endpoint=self.endpoint,
+            data_s_total=self.data_s_total, max_batch=self.max_batch,
+        )
+
+
+def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: float) -> float:
+    """Seconds of silence after which `member` is dropped as dead.
+
+    A worker or evaluator heartbeats from a thread from its WELCOME on, however
+    long it loads or computes (worker/pulse.py), so one that registered and never
+    heartbeat is a ghost and goes after the liveness timeout. A shard restores its
+    checkpoint before its first heartbeat (which reports the version it holds), so
+    it has the join timeout for that. Once a worker reports steps, the margin also
+    follows its own measured step time (capped by the join timeout, so no report
+    can buy unlimited silence): a worker whose process is paused or starved for a
+    few of its steps is not dropped.
+    """
+    if member.heartbeats == 0 and member.role == "ps":
+        return max(liveness_timeout_s, join_timeout_s)
+    by_steps = min(LIVENESS_STEPS * member.last.step_s, join_timeout_s)
+    return max(liveness_timeout_s, by_steps)
+
+
+class Roster:
+    """Membership: who is in the job, over which connection, since when, and which membership number it is at."""
+
+    def __init__(self, job: JobConfig, num_shards: int) -> None:
+        self.job = job
+        self.num_shards = num_shards
+        self.members: dict[str, Member] = {}
+        self.instances: dict[str, str] = {}  # HELLO.instance -> the member it registered
+        self.quarantined_instances: set[str] = set()  # processes a shard quarantined: never admitted again
+        self.shards: dict[int, Member] = {}
+        self.membership = 0  # grows whenever the live worker set changes; shards report the one they applied
+        self.next_id = {"worker": 0, "evaluator": 0}
+
+    def check_hello(self, hello: Hello) -> None:
+        """Refuse a HELLO whose fields cannot be, or from a process a shard quarantined."""
+        if hello.role not in ("worker", "evaluator", "ps"):
+            raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
+        if len(hello.instance) > MAX_INSTANCE_CHARS:
+            raise ProtocolError("bad_field", f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
+        if hello.max_batch < 0:
+            raise ProtocolError("bad_field", f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
+        if hello.instance in self.quarantined_instances:
+            raise ProtocolError("quarantined", "this process was quarantined by a shard (its pushes kept exceeding "
+                                "the gradient bound) and may not join again")
+
+    def rebind(self, hello: Hello, now: float, connection: bytes) -> Member | None:
+        """The live member this process (same `instance`, same role) already is, rebound to `connection`."""
+        again = self.members.get(self.instances.get(hello.instance, "")) if hello.instance else None
+        if again is None or again.left or again.role != hello.role:
+            return None
+        again.last_seen = now
+        again.connection = connection
+        return again
+
+    def register(self, hello: Hello, now: float, connection: bytes, admit: Callable[[], None]) -> Member:
+        """A new member: a shard takes a slot, workers and evaluators wait until every shard is there.
+        `admit` is called just before it is made, and may refuse it by raising."""
+        if hello.role == "ps":
+            index = self._shard_slot(hello.shard_index)
+            member_id = f"ps{index}"
+        else:
+            if len(self.shards) < self.num_shards:
+                raise ProtocolError("not_ready", f"{len(self.shards)} of {self.num_shards} shards registered")
+            present = sum(1 for m in self.members.values() if m.role in ("worker", "evaluator") and not m.left)
+            if present >= self.job.max_workers:
+                raise ProtocolError("full", f"the job admits at most {self.job.max_workers} workers and evaluators "
+                                            "(--max-workers)")
+            prefix = "w" if hello.role == "worker" else "eval"
+            member_id = f"{prefix}{self.next_id[hello.role]}"
+            index = -1
+        admit()
+        if hello.role != "ps":
+            self.next_id[hello.role] += 1
+        member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
+                        endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance,
+                        max_batch=hello.max_batch)
+        self.members[member_id] = member
+        if hello.instance:
+            self.instances[hello.instance] = member_id
+        if hello.role == "ps":
+            self.shards[index] = member
+        return member
+
+    def _shard_slot(self, wanted: int) -> int:
+        if wanted >= self.num_shards:
+            raise ProtocolError("bad_field", f"shard index {wanted} but the job has {self.num_shards} shards")
+        if wanted >= 0:
+            holder = self.shards.get(wanted)
+            if holder is not None and not holder.left:
+                raise ProtocolError("slot_taken", f"shard slot {wanted} is held by a live shard; a restarted shard "
+                                                  "takes it once that one is declared dead")
+            return wanted  # a restarted shard takes its slot back
+        free = [i for i in range(self.num_shards) if i not in self.shards]
+        if not free:
+            raise ProtocolError("no_slot", f"all {self.num_shards} shard slots are taken")
+        return free[0]
+
+    def shard_endpoints(self) -> list[str]:
+        return [self.shards[i].endpoint for i in sorted(self.shards)]
+
+    def member(self, member_id: str, connection: bytes = b"") -> Member:
+        """The live member `member_id`, if this message came over the connection it registered from."""
+        member = self.members.get(member_id)
+        if member is None or member.left:
+            raise ProtocolError("unknown_sender", f"{member_id!r} is not registered; send HELLO")
+        if member.connection != connection:
+            raise ProtocolError("bad_sender", f"{member_id!r} registered from another connection; a message in its "
+                                              "name from this one is refused")
+        return member
+
+    def has_left(self, member_id: str) -> bool:
+        """Did `member_id` register and leave (a BYE sent again because its ack was slow)?"""
+        known = self.members.get(member_id)
+        return known is not None and known.left
+
+    def excuse(self, seconds: float) -> None:
+        """The scheduler itself heard nothing for `seconds`: no member is blamed for that silence."""
+        for m in self.members.values():
+            m.last_seen += seconds
+
+    def silent(self, now: float) -> list[Member]:
+        """Live members whose heartbeats stopped for longer than `silence_allowed`."""
+        job = self.job
+        return [m for m in self.members.values()
+                if not m.left and now - m.last_seen > silence_allowed(m, job.liveness_timeout_s, job.join_timeout_s)]
+
+    def admit_worker(self, member: Member) -> None:
+        """A worker's first report of its speed: from now on it is live, and every shard must learn it."""
+        self.membership += 1
+        member.admitted_in = self.membership
+
+    def leave(self, member: Member) -> bool:
+        """Mark `member` gone; True if it was a live worker, whose departure changes the live worker set."""
+        member.left = True
+        if member.role == "ps" and self.shards.get(member.shard_index) is member:
+            del self.shards[member.shard_index]
+        counted = member.role == "worker" and bool(member.admitted_in)
+        if counted:
+            self.membership += 1
+        return counted
+
+    def quarantine(self, member: Member) -> None:
+        """Its process may not register again (its HELLO.instance is refused)."""
+        if member.instance:
+            self.quarantined_instances.add(member.instance)
+
+    def forget_departed(self) -> None:
+        """Keep the member table bounded: the oldest members that left go (their counts are already summed)."""
+        gone = [m for m in self.members.values() if m.left]
+        for m in gone[:max(0, len(gone) - DEPARTED_KEPT)]:
+            del self.members[m.id]
+            if self.instances.get(m.instance) == m.id:
+                del self.instances[m.instance]
+
+    def workers(self) -> list[Member]:
+        """Workers that have not left, counted in n or not yet."""
+        return [m for m in self.members.values() if m.role == "worker" and not m.left]
+
+    @property
+    def live_workers(self) -> list[str]:
+        """Workers that have reported their measured speed: one that registered and fell silent, or that only
+        heartbeats while it loads, is never counted in n (an ssgd round would wait for it)."""
+        return sorted(m.id for m in self.workers() if m.admitted_in)
+
+    def evaluators(self) -> list[Member]:
+        return [m for m in self.members.values() if m.role == "evaluator" and not m.left]
+
+    def known_to_shards(self, worker: Member) -> bool:
+        """Has every shard applied a live worker set that holds `worker`?"""
+        return all(shard.last.membership >= worker.admitted_in for shard in self.shards.values())
+
+    def newest_shard_version(self) -> int:
+        """The newest model version any registered shard reported (0 before any did)."""
+        return max((m.last.version for m in self.shards.values()), default=0)

@@ -1,0 +1,117 @@
+"""Allocation (scheduler/allocator.py) driven directly: speed models, the split, the batch each worker holds,
+local steps, and what a restart keeps."""
+
+from __future__ import annotations
+
+import math
+
+from dynabatch.common.config import JobConfig
+from dynabatch.common.messages import Heartbeat
+from dynabatch.common.protocols import protocol_spec
+from dynabatch.scheduler.allocator import DECISIONS_KEPT, Allocator, own_step_seconds
+from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
+
+
+def _allocator(**kw) -> Allocator:
+    job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "batch_policy": "dynamic", **kw})
+    return Allocator(job, protocol_spec(job.protocol))
+
+
+def _measured(allocator: Allocator, speeds: dict[str, float]) -> dict[str, int]:
+    for wid, sps in speeds.items():
+        allocator.measure(wid, sps, instance="")
+    return {wid: 0 for wid in speeds}
+
+
+def test_the_split_follows_standalone_speeds_and_says_who_was_given_a_batch():
+    allocator = _allocator()
+    ready = _measured(allocator, {"w0": 3000.0, "w1": 1000.0})
+    assert allocator.reallocate(5.0, 2.0, "joined", "w1", ready, force=True) == ["w0", "w1"]
+    assert allocator.allocation == {"w0": 72, "w1": 24} and allocator.training_started_at == 5.0
+    assert allocator.assignment_id == 1 and allocator.decisions[-1].t == 2.0
+    assert allocator.decisions[-1].reason.startswith("joined") and allocator.decisions[-1].subject == "w1"
+    assert allocator.reallocate(6.0, 3.0, "speed update", "w0", ready) == [], "nothing changed: no decision"
+    assert allocator.assignment_id == 1 and allocator.training_started_at == 5.0
+
+
+def test_a_workers_own_largest_batch_caps_its_share():
+    allocator = _allocator()
+    ready = _measured(allocator, {"w0": 3000.0, "w1": 1000.0})
+    ready["w0"] = 40
+    allocator.reallocate(0.0, 0.0, "joined", "w0", ready, force=True)
+    assert allocator.allocation["w0"] <= 40 and sum(allocator.allocation.values()) == 96
+
+
+def test_no_split_before_min_workers_are_ready_and_a_reset_keeps_the_previous_one():
+    allocator = _allocator(min_workers=2)
+    ready = _measured(allocator, {"w0": 1000.0})
+    assert allocator.reallocate(0.0, 0.0, "joined", "w0", ready, force=True) == []
+    assert allocator.allocation == {} and not allocator.training_started
+    ready = _measured(allocator, {"w0": 1000.0, "w1": 1000.0})
+    allocator.reallocate(1.0, 1.0, "joined", "w1", ready, force=True)
+    assert allocator.allocation == {"w0": 48, "w1": 48}
+    assert allocator.reallocate(2.0, 2.0, "left", "w0", {}, force=True) == []
+    assert allocator.allocation == {} and allocator.previous_allocation == {"w0": 48, "w1": 48}
+
+
+def test_a_worker_holds_no_more_than_every_shard_was_told_it_may_push():
+    allocator = _allocator()
+    ready = _measured(allocator, {"w0": 1000.0, "w1": 1000.0})
+    allocator.reallocate(0.0, 0.0, "joined", "w1", ready, force=True)
+    assert allocator.batch_of("w0") == 48, "no shard answered yet: none is waited on"
+    allocator.tell(0, allocator.push_bounds(["w0", "w1"]))
+    allocator.tell(1, {})
+    assert allocator.batch_of("w0") == 0, "shard 1 was told nothing of w0"
+    allocator.tell(1, allocator.push_bounds(["w0", "w1"]))
+    assert allocator.batch_of("w0") == 48
+    allocator.forget("w1")
+    allocator.reallocate(1.0, 1.0, "left", "w1", {"w0": 0}, force=True)
+    assert allocator.allocation == {"w0": 96}
+    assert allocator.push_bounds(["w0"]) == {"w0": 96}, "a live worker only; the larger of its two batches"
+    allocator.tell(0, allocator.push_bounds(["w0"]))
+    assert allocator.batch_of("w0") == 48, "shard 1 still bounds it by 48"
+    allocator.forget_shard(1)
+    assert allocator.batch_of("w0") == 96, "a shard slot whose process left holds nobody back"
+    assert allocator.batch_of("w9") == 0
+
+
+def test_decisions_are_bounded_and_each_is_an_assignment():
+    allocator = _allocator(batch_policy="fixed")
+    for i in range(DECISIONS_KEPT + 5):
+        ready = _measured(allocator, {f"w{j}": 1000.0 for j in range(1 + i % 2)})
+        allocator.reallocate(float(i), float(i), "joined", "w0", ready, force=True)
+    assert allocator.assignment_id == DECISIONS_KEPT + 5 and len(allocator.decisions) == DECISIONS_KEPT
+
+
+def test_a_steps_wait_for_others_is_not_the_workers_own_time():
+    assert own_step_seconds(Heartbeat(step_s=0.5, wait_s=0.3, data_s=0.1)) == 0.2
+    assert own_step_seconds(Heartbeat(step_s=0.5, wait_s=0.6)) > 0
+
+
+def test_adacomm_shrinks_h_as_the_loss_falls_from_the_first_one_it_saw():
+    allocator = _allocator(protocol="msd", local_steps=8)
+    workers = [Heartbeat(sync_s=0.0, compute_s=0.1)]
+    allocator.adapt_local_steps(1.0, math.nan, workers)
+    assert allocator.first_loss is None and allocator.local_steps == 8, "no loss yet"
+    allocator.adapt_local_steps(1.0, 4.0, workers)
+    assert allocator.first_loss == 4.0 and allocator.local_steps == 8 and allocator.assignment_id == 0
+    allocator.adapt_local_steps(2.0, 1.0, workers)
+    assert allocator.local_steps == 4 and allocator.assignment_id == 1
+    assert allocator.decisions[-1].reason == "local steps" and allocator.decisions[-1].subject.startswith("H=4")
+
+
+def test_speed_models_are_saved_by_process_and_restored_for_the_same_process():
+    allocator = _allocator(max_workers=2)
+    allocator.measure("w0", 1000.0, instance="proc-a")
+    allocator.observe("w0", Heartbeat(batch=32, step_s=0.05))
+    saved = allocator.saved_speeds({"proc-a": ("w0", 1000.0), "proc-gone": ("w7", 500.0)})
+    assert saved == {"proc-a": SavedSpeed(1000.0, [(32, 0.05)])}, "a worker without a model saves none"
+
+    again = _allocator(max_workers=2)
+    again.restore(SavedProgress(config={}, assignment_id=7, local_steps=3, local_steps_reason="r", first_loss=2.0,
+                                speeds=saved), training_started_at=None)
+    assert (again.assignment_id, again.local_steps, again.first_loss) == (7, 3, 2.0)
+    assert not again.training_started
+    again.measure("w3", 1000.0, instance="proc-a")
+    assert again.speeds["w3"].window() == [(32, 0.05)] and again.resumed_speeds == {}
+    assert again.saved_speeds({}) == {}, "claimed: saved under the process's new id only"
