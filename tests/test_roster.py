@@ -41,9 +41,9 @@ def test_a_refused_admission_makes_no_member_and_uses_no_id():
     roster = _roster()
 
     def refuse() -> None:
-        raise ProtocolError("rate", "too many")
+        raise ProtocolError("hello_rate", "too many")
 
-    _refused("rate", lambda: roster.register(Hello(role="worker"), 0.0, b"w", refuse))
+    _refused("hello_rate", lambda: roster.register(Hello(role="worker"), 0.0, b"w", refuse))
     assert [m.id for m in roster.members.values()] == ["ps0"] and roster.next_id["worker"] == 0
     assert roster.register(Hello(role="worker"), 0.0, b"w", lambda: None).id == "w0"
 
