@@ -56,6 +56,10 @@ class JobConfig:
         4.0, "shards clip each pushed chunk's norm to this many times the workers' typical norm (the lower median of "
         "each worker's recent median), and quarantine a worker clipped push after push; 0: off", minimum=0.0,
     )
+    direction_check: bool = opt(
+        True, "shards score each push by its cosine with the other workers' recent gradients and quarantine a "
+        "worker whose pushes keep pointing against them (a sign-flipped liar; ps/gradient_direction.py)"
+    )
     nesterov: bool = opt(False, "Nesterov momentum on the shards")
     epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0)
     time_budget_s: float = opt(

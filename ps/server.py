@@ -49,6 +49,7 @@ from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits,
 from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment, GradientBounds
+from dynabatch.ps.gradient_direction import GradientDirection
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.param_guard import ParamGuard
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits
@@ -115,8 +116,9 @@ class ShardMetrics:
                                  registry=registry).labels(**labels)
         self.clipped = Counter("dynabatch_ps_clipped_pushes", "Pushes with a chunk clipped to the gradient bound, by "
                                "worker.", ["shard", "worker"], registry=registry)
-        self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined for pushes clipped again "
-                                   "and again.", ["shard"], registry=registry).labels(**labels)
+        self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined, by reason: norm (pushes "
+                                   "clipped again and again), direction (pushes pointing against most other "
+                                   "workers').", ["shard", "reason"], registry=registry)
         self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not "
                                 "finite).", ["shard"], registry=registry).labels(**labels)
         self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's "
@@ -190,8 +192,9 @@ class ShardServer:
         finally:
             self._checkpoint()
             self.link.bye()
-            log.info("the gradient bound (--gradient-bound %g) clipped %d pushes and quarantined %d workers",
-                     self.job.gradient_bound, self.bounds.clipped, len(self.bounds.quarantined))
+            log.info("the gradient bound (--gradient-bound %g) clipped %d pushes; %d workers quarantined; direction "
+                     "scores: %s", self.job.gradient_bound, self.bounds.clipped, len(self.bounds.quarantined),
+                     self.direction.summary())
         if self.job_over and self.opts.on_finish == "idle":
             log.info("job finished; idling until stopped (--on-finish idle)")
             self.health.idle_until(lambda: self.stopping)
@@ -224,6 +227,7 @@ class ShardServer:
         self.max_samples = max_push_samples(self.job)
         self.assigned = AssignedBatches(push_steps(self.job), self.max_samples)  # each live worker's batch
         self.bounds = GradientBounds(self.job.gradient_bound)  # how far one push may move a chunk
+        self.direction = GradientDirection(self.job.direction_check)  # which way: against the others quarantines
         self.ckpt_path = Path(self.opts.checkpoint_dir) / f"shard-{self.index}.pt" if self.opts.checkpoint_dir else None
         self.reported_version = 0
         saved = load_checkpoint(self.ckpt_path, self.ckpt_meta) if self.ckpt_path is not None else None
@@ -364,6 +368,7 @@ class ShardServer:
         self.senders.set_live(set(body.live_workers))
         self.assigned.update(body.batches)
         self.bounds.forget(set(body.live_workers))
+        self.direction.forget(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
@@ -560,15 +565,22 @@ class ShardServer:
                 self.m.pulls.inc()
 
     def _count_bounds(self, found: Assessment) -> None:
-        """Record a taken push's norms; count a clipped one, and quarantine its worker if it keeps being clipped."""
+        """Record a taken push's norms and direction; count a clipped one, and quarantine its worker if it keeps
+        being clipped or keeps pointing against the other workers."""
         if found.clipped:
             self.m.clipped.labels(self.shard_label, found.worker).inc()
         if self.bounds.record(found, self.state.live):
-            self.m.quarantined.inc()
-            log.warning("%s quarantined: %d pushes in a row exceeded the gradient bound (--gradient-bound %g); its "
-                        "further pushes are refused and the scheduler is told", found.worker, QUARANTINE_AFTER,
-                        self.bounds.factor)
-            self._beat()
+            self._quarantined(found.worker, "norm", f"{QUARANTINE_AFTER} pushes in a row exceeded the gradient bound "
+                              f"(--gradient-bound {self.bounds.factor:g})")
+        elif self.direction.record(found.worker, found.tensors, self.state.live):
+            self.bounds.quarantine(found.worker, "pointing against the other workers' gradients (--direction-check)")
+            self._quarantined(found.worker, "direction", "its pushes point against most other workers' "
+                              f"({self.direction.agreements(found.worker)}; --direction-check)")
+
+    def _quarantined(self, worker: str, reason: str, why: str) -> None:
+        self.m.quarantined.labels(self.shard_label, reason).inc()
+        log.warning("%s quarantined: %s; its further pushes are refused and the scheduler is told", worker, why)
+        self._beat()
 
     def _advance_progress(self, progress: float) -> None:
         """Move the schedule forward to `progress`, never back.
