@@ -56,7 +56,7 @@ def test_a_sign_flipped_worker_among_honest_ones_of_unequal_batches_is_quarantin
 
 def test_one_liar_in_three_whose_direction_cancels_an_honest_ones_reference_is_caught_and_only_it():
     # The hard case for a mean-of-others reference: an honest worker's others are one honest and one flipped.
-    workers = Workers({"w0": 4.0, "w1": 4.0, "liar": 4.0}, liars=("liar",))
+    workers = Workers({"w0": 2.5, "w1": 2.5, "liar": 2.5}, liars=("liar",))
     assert _rounds(GradientDirection(True), workers, 400)[:1] == [("liar", pytest.approx(30, abs=30))]
     assert workers.live == {"w0", "w1"}
 
