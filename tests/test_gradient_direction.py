@@ -50,14 +50,16 @@ def test_a_sign_flipped_worker_among_honest_ones_of_unequal_batches_is_quarantin
     # Noise 3 and 6 per value: each honest push's cosine with the truth is only about 0.3 and 0.16.
     workers = Workers({"w0": 3.0, "w1": 6.0, "w2": 3.0, "liar": 3.0}, liars=("liar",))
     found = _rounds(GradientDirection(True), workers, 300)
-    assert found and found[0][0] == "liar" and found[0][1] < 3 * MIN_SCORED, found
+    # Its agreements start at 0 and move 1/32 of the way to about -0.3 per push: past -0.2 after about 36 pushes,
+    # which come after the others' WARM_PUSHES (30 seeds: rounds 49 to 61).
+    assert found and found[0][0] == "liar" and found[0][1] < 6 * MIN_SCORED, found
     assert found == [found[0]], f"honest workers quarantined: {found[1:]}"
 
 
 def test_one_liar_in_three_whose_direction_cancels_an_honest_ones_reference_is_caught_and_only_it():
     # The hard case for a mean-of-others reference: an honest worker's others are one honest and one flipped.
     workers = Workers({"w0": 2.5, "w1": 2.5, "liar": 2.5}, liars=("liar",))
-    assert _rounds(GradientDirection(True), workers, 400)[:1] == [("liar", pytest.approx(30, abs=30))]
+    assert [w for w, _ in _rounds(GradientDirection(True), workers, 400)] == ["liar"]
     assert workers.live == {"w0", "w1"}
 
 
