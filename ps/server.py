@@ -9,9 +9,9 @@ taken only from the connection that first spoke for it (senders.py), a push's
 numbers only within what its worker was told (push_bounds.py), each push only
 once (replay_guard.py), its size only within the job's typical norms
 (gradient_bounds.py), its sender only while its pushes do not keep opposing most
-other workers' (gradient_direction.py), and once the model is held no message, parked pull or reply queue may outgrow what the model
-needs (peer_limits.py). Shard 0 also holds the model's
-travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
+other workers' (gradient_direction.py), and once the model is held no message,
+parked pull or reply queue may outgrow what the model needs (peer_limits.py).
+Shard 0 also holds the model's travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
 ride on pushes and pulls as one extra chunk entry and never reach the update rules.
 The shard watches its own parameters after every update and restore (param_guard.py):
 it checkpoints only a healthy model, reports a sick one to the scheduler, and rolls
