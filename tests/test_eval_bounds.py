@@ -6,9 +6,12 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
+import dynabatch as db
 from dynabatch.common.eval_bounds import eval_problem
 from dynabatch.common.messages import EvalReport
+from dynabatch.worker.evaluator import evaluate
 
 
 @pytest.mark.parametrize("report, field", [
@@ -35,3 +38,15 @@ def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accurac
                                    metrics={"accuracy": 1.0, "top2": 1.0, "perplexity": 4e5, "f1": 0.0})) is None
     assert eval_problem(EvalReport(version=1, test_loss=0.3, test_acc=math.nan, metrics={"loss": 0.3})) is None, \
         "NaN test_acc: the task computes no accuracy"
+
+
+def test_an_evaluators_metric_that_counted_nothing_is_left_out_so_its_report_is_in_bounds():
+    def never(model, batch):  # e.g. a precision when no sample is predicted positive
+        return {"never": (0.0, 0.0)}
+
+    data = torch.utils.data.TensorDataset(torch.randn(40, 2), torch.randint(0, 2, (40,)))
+    task = db.Task(model=lambda: torch.nn.Linear(2, 2), train_data=lambda: data, metrics=[db.metrics.accuracy, never])
+    metrics = evaluate(task, torch.nn.Linear(2, 2), data, torch.device("cpu"))
+    assert metrics.keys() == {"loss", "accuracy"}
+    report = EvalReport(version=1, test_loss=metrics["loss"], test_acc=metrics["accuracy"], metrics=metrics)
+    assert eval_problem(report) is None
