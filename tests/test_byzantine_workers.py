@@ -28,8 +28,8 @@ TASK = Path(__file__).resolve().parent / "tasks" / "byzantine.py"
 # model to divergence in one of three runs of flipped_large before the honest workers joined).
 JOB = ["--epochs", "6", "--global-batch", "48", "--eval-interval-s", "2", "--await-final-eval",
        "--liveness-timeout-s", "30", "--batch-policy", "dynamic", "--min-workers", "3"]
-# The clean twin measured 1.000 in 7 of 7 runs of this job (1000 test samples: one point is 10 samples); the
-# attacked jobs 1.000 in all 12 runs with both defences on. Two points leave room for a loaded machine's timing.
+# The clean twin measured 1.000 in 5 of 5 runs of this job (1000 test samples: one point is 10 samples), and so
+# did every attacked job with both defences on. Two points leave room for a loaded machine's timing.
 MARGIN = 0.02
 
 
