@@ -26,8 +26,8 @@ With f liars among n workers an honest worker opposes at most the f liars, a
 majority only if f >= (n - 1) / 2; a sign-flipped liar's agreement with every
 honest worker is minus theirs with each other, and its climb makes the gradient
 larger and clearer. Honest agreements measured on the suite's jobs (blobs, and
-the MLP and CNN on Fashion-MNIST under every protocol) stayed above -0.07;
-OPPOSED sits at about three times that. What this cannot catch: a liar whose
+the MLP and CNN on Fashion-MNIST under every protocol) stayed above -0.09;
+OPPOSED sits at more than twice that. What this cannot catch: a liar whose
 gradient is orthogonal to the true one (noise of honest size; the norm bound
 keeps its size honest), one that flips only some pushes so that its agreement
 stays above OPPOSED, a liar training alone before others join (no majority:
@@ -49,7 +49,7 @@ AGREE_WEIGHT = 1 / 32  # of a push's cosine in its worker's agreement with anoth
 WARM_PUSHES = 4  # a worker's pushes before its reference direction counts
 MIN_OTHERS = 2  # other workers a worker must have been compared with: with one, no majority tells a liar
 MIN_SCORED = 16  # a pair's scored pushes before its agreement counts
-OPPOSED = -0.2  # an agreement below this: the pair opposes (honest pairs measured down to -0.067)
+OPPOSED = -0.2  # an agreement below this: the pair opposes (honest pairs measured down to -0.081)
 
 
 def _sketch_index(cid: int, length: int) -> torch.Tensor | None:
