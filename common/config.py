@@ -70,6 +70,11 @@ class JobConfig(JobName):
         "each worker's recent median), and quarantine a worker clipped push after push; 0: off", minimum=0.0,
         topic="security",
     )
+    direction_check: bool = opt(
+        True, "shards score each push by its cosine with the other workers' recent gradients and quarantine a "
+        "worker whose pushes keep pointing against them (a sign-flipped liar; ps/gradient_direction.py)",
+        topic="security",
+    )
     nesterov: bool = opt(False, "Nesterov momentum on the shards", topic="job")
     epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0,
                         topic="job")

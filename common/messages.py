@@ -250,7 +250,8 @@ class PushAck:
 class EvalReport:
     """An evaluator's result on one model version: the loss, and every metric of its task by name.
 
-    `test_acc` is the `accuracy` metric (NaN when the task does not compute one).
+    `test_acc` is the `accuracy` metric (NaN when the task does not compute one); every other value is finite
+    (common/eval_bounds.py).
     """
 
     TYPE: ClassVar[str] = "EVAL"

@@ -113,6 +113,7 @@ class GradientBounds:
     history: dict[int, _ChunkHistory] = field(default_factory=dict)
     in_a_row: dict[str, int] = field(default_factory=dict)
     quarantined: set[str] = field(default_factory=set)
+    why: dict[str, str] = field(default_factory=dict)  # per quarantined worker, what its pushes kept doing
     clipped: int = 0  # pushes taken clipped, for the shard's closing line
 
     @property
@@ -124,8 +125,7 @@ class GradientBounds:
         """Bound `worker`'s push of `samples` samples to chunks whose parameters are `params` (refusing it if the
         worker is quarantined); changes nothing. Clipped chunks are new tensors; the rest are the received ones."""
         if worker in self.quarantined:
-            raise ProtocolError("quarantined", f"{worker!r} was quarantined: its pushes kept exceeding the job's "
-                                "gradient-norm bound (--gradient-bound)")
+            raise ProtocolError("quarantined", f"{worker!r} was quarantined: its pushes kept {self.why[worker]}")
         found = Assessment(worker, samples, dict(tensors), {}, [])
         if not self.on:
             return found
@@ -166,8 +166,14 @@ class GradientBounds:
         others = [w for w in live if w != found.worker and w in self.in_a_row]
         if len(others) < 2 or 2 * sum(self.in_a_row[w] > 0 for w in others) >= len(others):
             return False  # no majority to tell a liar by, or most are far out too: the model moved, not a liar
-        self.quarantined.add(found.worker)
+        self.quarantine(found.worker, "exceeding the job's gradient-norm bound (--gradient-bound)")
         return True
+
+    def quarantine(self, worker: str, why: str) -> None:
+        """Refuse `worker`'s further pushes, saying `why` (what its pushes kept doing); the shard reports it
+        to the scheduler, which drops it. Also the path of the direction check (gradient_direction.py)."""
+        self.quarantined.add(worker)
+        self.why[worker] = why
 
     def forget(self, live: set[str]) -> None:
         """Workers that left: their counts go (a quarantined id stays refused: ids are not reused while the

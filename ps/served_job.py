@@ -25,6 +25,7 @@ from dynabatch.schedule import schedule_from_fields
 from dynabatch.common.model_signature import ModelSignature
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.gradient_bounds import GradientBounds
+from dynabatch.ps.gradient_direction import GradientDirection
 from dynabatch.ps.push_bounds import AssignedBatches, max_push_samples, push_steps
 from dynabatch.ps.shard_metrics import ShardMetrics
 from dynabatch.ps.shard_state import ShardState
@@ -37,8 +38,9 @@ class ServedJob:
     """The job's config, this shard's index, and what is made from them when the shard joins.
 
     `assigned` is each live worker's batch as the scheduler told it (push_bounds.py);
-    `bounds` how far one push may move a chunk (gradient_bounds.py); `max_samples`
-    the most samples any push of this job can honestly carry.
+    `bounds` how far one push may move a chunk (gradient_bounds.py); `direction` which
+    way it may point (gradient_direction.py); `max_samples` the most samples any push
+    of this job can honestly carry.
     """
 
     job: JobConfig
@@ -48,6 +50,7 @@ class ServedJob:
     max_samples: int
     assigned: AssignedBatches
     bounds: GradientBounds
+    direction: GradientDirection
 
     @classmethod
     def welcomed(cls, welcome: Welcome, registry: CollectorRegistry, checkpoint_dir: str) -> "ServedJob":
@@ -57,7 +60,8 @@ class ServedJob:
         max_samples = max_push_samples(job)
         return cls(job, index, ShardMetrics(registry, str(index)),
                    Path(checkpoint_dir) / f"shard-{index}.pt" if checkpoint_dir else None, max_samples,
-                   AssignedBatches(push_steps(job), max_samples), GradientBounds(job.gradient_bound))
+                   AssignedBatches(push_steps(job), max_samples), GradientBounds(job.gradient_bound),
+                   GradientDirection(job.direction_check))
 
     @property
     def label(self) -> str:

@@ -13,10 +13,10 @@ that arrives on a socket can stop the loop. A message in a live worker's name is
 taken only from the connection that first spoke for it (senders.py), a push's
 numbers only within what its worker was told (push_bounds.py), each push only
 once (replay_guard.py), its size only within the job's typical norms
-(gradient_bounds.py), and once the
-model is held no message, parked pull or reply queue may outgrow what the model
-needs (peer_limits.py). Shard 0 also holds the model's
-travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
+(gradient_bounds.py), its sender only while its pushes do not keep opposing most
+other workers' (gradient_direction.py), and once the model is held no message,
+parked pull or reply queue may outgrow what the model needs (peer_limits.py).
+Shard 0 also holds the model's travelling buffers (BatchNorm's running statistics; shared_buffers.py), which
 ride on pushes and pulls as one extra chunk entry and never reach the update rules.
 The shard watches its own parameters after every update and restore (param_guard.py):
 it checkpoints only a healthy model, reports a sick one to the scheduler, and rolls
@@ -155,8 +155,9 @@ class ShardServer:
             self._checkpoint()
             self.link.bye()
             bounds = self.served.bounds
-            log.info("the gradient bound (--gradient-bound %g) clipped %d pushes and quarantined %d workers",
-                     bounds.factor, bounds.clipped, len(bounds.quarantined))
+            log.info("the gradient bound (--gradient-bound %g) clipped %d pushes; %d workers quarantined; direction "
+                     "scores: %s", bounds.factor, bounds.clipped, len(bounds.quarantined),
+                     self.served.direction.summary())
         if self.job_over and self.opts.on_finish == "idle":
             log.info("job finished; idling until stopped (--on-finish idle)")
             self.health.idle_until(lambda: self.stopping)
@@ -323,6 +324,7 @@ class ShardServer:
         self.senders.set_live(set(body.live_workers))
         served.assigned.update(body.batches)
         served.bounds.forget(set(body.live_workers))
+        served.direction.forget(set(body.live_workers))
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
@@ -513,16 +515,24 @@ class ShardServer:
                 m.pulls.inc()
 
     def _count_bounds(self, found: Assessment) -> None:
-        """Record a taken push's norms; count a clipped one, and quarantine its worker if it keeps being clipped."""
+        """Record a taken push's norms and direction; count a clipped one, and quarantine its worker if it keeps
+        being clipped or keeps pointing against the other workers."""
         served = self.served
         if found.clipped:
             served.metrics.clipped.labels(served.label, found.worker).inc()
         if served.bounds.record(found, self.state.live):
-            served.metrics.quarantined.inc()
-            log.warning("%s quarantined: %d pushes in a row exceeded the gradient bound (--gradient-bound %g); its "
-                        "further pushes are refused and the scheduler is told", found.worker, QUARANTINE_AFTER,
-                        served.bounds.factor)
-            self._beat()
+            self._quarantined(found.worker, "norm", f"{QUARANTINE_AFTER} pushes in a row exceeded the gradient bound "
+                              f"(--gradient-bound {served.bounds.factor:g})")
+        elif served.direction.record(found.worker, found.tensors, self.state.live):
+            served.bounds.quarantine(found.worker, "pointing against the other workers' gradients (--direction-check)")
+            self._quarantined(found.worker, "direction", "its pushes point against most other workers' "
+                              f"({served.direction.agreements(found.worker)}; --direction-check)")
+
+    def _quarantined(self, worker: str, reason: str, why: str) -> None:
+        served = self.served
+        served.metrics.quarantined.labels(served.label, reason).inc()
+        log.warning("%s quarantined: %s; its further pushes are refused and the scheduler is told", worker, why)
+        self._beat()
 
     def _after_update(self, applied: list[int]) -> None:
         """Count applied chunk updates, move the travelling buffers, and stream the chunks to the pulls

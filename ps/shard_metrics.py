@@ -42,8 +42,9 @@ class ShardMetrics:
                                  registry=registry).labels(**labels)
         self.clipped = Counter("dynabatch_ps_clipped_pushes", "Pushes with a chunk clipped to the gradient bound, by "
                                "worker.", ["shard", "worker"], registry=registry)
-        self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined for pushes clipped again "
-                                   "and again.", ["shard"], registry=registry).labels(**labels)
+        self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined, by reason: norm (pushes "
+                                   "clipped again and again), direction (pushes pointing against most other "
+                                   "workers').", ["shard", "reason"], registry=registry)
         self.param_norm = Gauge("dynabatch_ps_param_norm", "Norm of this shard's parameters (NaN or inf: not "
                                 "finite).", ["shard"], registry=registry).labels(**labels)
         self.model_healthy = Gauge("dynabatch_ps_model_healthy", "1 while the parameter guard finds this shard's "

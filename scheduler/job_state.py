@@ -117,13 +117,14 @@ class JobState:
         self.roster.forget_departed()
 
     def _quarantine(self, workers: list[str], shard: str, now: float) -> None:
-        """Drop the live workers a shard quarantined (their pushes kept exceeding the gradient bound); their
-        process may not register again (its HELLO.instance is refused)."""
+        """Drop the live workers a shard quarantined (their pushes kept exceeding the gradient bound, or kept
+        pointing against the other workers'); their process may not register again (its HELLO.instance is
+        refused)."""
         for wid in workers:
             member = self.roster.members.get(wid)
             if member is None or member.left or member.role != "worker":
                 continue
-            log.warning("%s quarantined by %s: its pushes kept exceeding the gradient bound; dropped", wid, shard)
+            log.warning("%s quarantined by %s (its log says why); dropped", wid, shard)
             self.roster.quarantine(member)
             self._drop(member, now, "quarantined")
 

@@ -128,7 +128,7 @@ class Roster:
             raise ProtocolError("bad_field", f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
         if hello.instance in self.quarantined_instances:
             raise ProtocolError("quarantined", "this process was quarantined by a shard (its pushes kept exceeding "
-                                "the gradient bound) and may not join again")
+                                "the gradient bound or pointing against the other workers') and may not join again")
 
     def rebind(self, hello: Hello, now: float, connection: bytes) -> Member | None:
         """The live member this process (same `instance`, same role) already is, rebound to `connection`."""

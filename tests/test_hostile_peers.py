@@ -88,15 +88,21 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
     assert job.status().test_acc is None, "no evaluation was taken"
 
 
-def test_an_evaluation_outside_what_a_fraction_can_be_is_refused_and_never_shown(job):
+def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job):
     evaluator = job.client(sender="evaluator")
     try:
         evaluator.sender = evaluator.request(Hello(role="evaluator", name="boaster", instance="boaster"),
                                              timeout_s=10).body.id
-        for acc in (7.0, -1.0):
+        nan, inf = float("nan"), float("inf")
+        for report, field in ((EvalReport(version=0, test_loss=0.1, test_acc=7.0), "test_acc"),
+                              (EvalReport(version=0, test_loss=0.1, test_acc=-1.0), "test_acc"),
+                              (EvalReport(version=0, test_loss=nan, test_acc=0.5), "test_loss"),
+                              (EvalReport(version=0, test_loss=0.1, test_acc=inf), "test_acc"),
+                              (EvalReport(version=0, test_loss=0.1, test_acc=0.5, metrics={"loss": nan}),
+                               "metrics\\['loss'\\]")):
             before = _count(job, "bad_field")
-            with pytest.raises(RemoteError, match="EVAL.test_acc") as refused:
-                evaluator.request(EvalReport(version=0, test_loss=0.1, test_acc=acc), timeout_s=10)
+            with pytest.raises(RemoteError, match=f"EVAL.{field}") as refused:
+                evaluator.request(report, timeout_s=10)
             assert refused.value.code == "bad_field" and _count(job, "bad_field") == before + 1
         evaluator.request(Bye(), timeout_s=10)
     finally:

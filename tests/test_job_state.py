@@ -366,13 +366,26 @@ def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_not
     assert state.status(2.0).metrics == {"loss": 0.7, "accuracy": 0.8}
 
 
-def test_an_evaluation_at_the_bounds_is_kept_nan_included():
-    """NaN is the evaluator's mark for a metric that counted no samples, and a diverged model's loss."""
+def test_an_evaluation_at_the_bounds_is_kept():
+    """At most 32 metrics of 64-character names; NaN test_acc is a task's mark for "no accuracy metric"."""
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
-    metrics = {f"m{i:02d}" + "x" * 61: float(i) for i in range(31)} | {"loss": float("nan")}
-    state.eval_report(ev, EvalReport(version=1, test_loss=float("nan"), test_acc=float("nan"), metrics=metrics), 1.0)
+    metrics = {f"m{i:02d}" + "x" * 61: float(i) for i in range(31)} | {"loss": 0.5}
+    state.eval_report(ev, EvalReport(version=1, test_loss=0.5, test_acc=float("nan"), metrics=metrics), 1.0)
     assert state.status(1.0).metrics.keys() == metrics.keys() and state.status(1.0).eval_version == 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(value):
+    state = _job()
+    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
+    state.eval_report(ev, good, 1.0)
+    for bad in (EvalReport(version=1, test_loss=value, test_acc=0.8, metrics={"loss": value, "accuracy": 0.8}),
+                EvalReport(version=1, test_loss=0.6, test_acc=value, metrics={"loss": 0.6, "accuracy": value})):
+        with pytest.raises(ProtocolError, match="bad_field: EVAL.* is not a finite number"):
+            state.eval_report(ev, bad, 2.0)
+    assert state.eval is good and state.members[ev].last_seen == 1.0
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])

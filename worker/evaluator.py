@@ -64,7 +64,7 @@ def evaluate(task: Task, model: torch.nn.Module, data: Any, device: torch.device
     """The task's loss and metrics over the whole evaluation set, by name; `between` runs after each batch.
 
     The loss is the sample-weighted mean of the task's (batch-mean) loss; each metric
-    is its summed numerator over its summed count.
+    is its summed numerator over its summed count (left out where it counted nothing).
     """
     model.eval()
     once = OneForwardPerBatch(model)
@@ -86,7 +86,7 @@ def evaluate(task: Task, model: torch.nn.Module, data: Any, device: torch.device
             once.forget()
     finally:
         model.train()
-    return {"loss": total_loss / n, **{name: v / c if c else math.nan for name, (v, c) in sums.items()}}
+    return {"loss": total_loss / n, **{name: v / c for name, (v, c) in sums.items() if c}}
 
 
 class Evaluator:
@@ -125,16 +125,21 @@ class Evaluator:
             except (TimeoutError, RemoteError) as exc:
                 log.warning("evaluation skipped: %s", exc)
                 report = None
+            evaluated = report is not None
+            if report is not None and not math.isfinite(report.test_loss):  # the scheduler refuses it (eval_bounds)
+                log.warning("model v%d: its loss is %s (diverged?); not reported%s", report.version,
+                            report.test_loss, ", and no final evaluation" if final else "")
+                report = None
             if report is not None:
                 link.send(report)
                 log.info("model v%d: %s%s", report.version,
                          ", ".join(f"{name} {value:.4f}" for name, value in report.metrics.items()),
                          " (final)" if final else "")
-            if final and report is not None:
+            if final and evaluated:
                 return
             # A skipped evaluation is tried again after a heartbeat, not a whole interval: a shard that restarted
             # answers the new pull as soon as it is back, and the job's curve has no hole of --eval-interval-s.
-            deadline = time.monotonic() + (job.eval_interval_s if report is not None else job.heartbeat_s)
+            deadline = time.monotonic() + (job.eval_interval_s if evaluated else job.heartbeat_s)
             while not process.stopping and time.monotonic() < deadline:
                 link.heartbeat(Heartbeat())
                 assignment = link.wait(min(job.heartbeat_s, max(0.0, deadline - time.monotonic())))
@@ -148,5 +153,6 @@ class Evaluator:
         load_flat(joined.model, pulled.flat)
         joined.buffers.load(joined.model, pulled.buffers)  # the job's running statistics, not the factory's
         metrics = evaluate(joined.task, joined.model, self.data, self.process.device, self.process.beat.when_due)
-        return EvalReport(version=pulled.version, test_loss=metrics["loss"], test_acc=metrics.get("accuracy", math.nan),
-                          final=final, metrics=metrics)
+        finite = {name: value for name, value in metrics.items() if math.isfinite(value)}  # refused otherwise
+        return EvalReport(version=pulled.version, test_loss=metrics["loss"], test_acc=finite.get("accuracy", math.nan),
+                          final=final, metrics=finite)

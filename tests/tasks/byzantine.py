@@ -3,7 +3,8 @@
 `honest` is the blobs task without gradient clipping (a Byzantine worker does not
 clip its own lie). `scaled`, `flipped` and `noise` are what issue 22 tried as an
 authenticated attacker: the gradient times 1e3, its sign flipped, and replaced by
-noise of about 400 times the honest norm. They share the model, its signature and
+noise of about 400 times the honest norm; `flipped_large` is flipped and times 3,
+within the norm bound. They share the model, its signature and
 the optimizer, so the shards take the attacker's INIT and pushes as a worker's.
 """
 
@@ -30,4 +31,7 @@ def _noise(model, batch):
 honest = _task(loss)
 scaled = _task(lambda model, batch: loss(model, batch) * 1e3)
 flipped = _task(lambda model, batch: -loss(model, batch))
+# Sign-flipped and as large as the shards' norm bound lets through unclipped (--gradient-bound 4): one such worker
+# outweighs two honest ones, so without a direction check the model climbs the loss.
+flipped_large = _task(lambda model, batch: -3.0 * loss(model, batch))
 noise = _task(_noise)

@@ -1,0 +1,125 @@
+"""ps/gradient_direction.py: a worker whose pushes keep opposing most other workers' directions is quarantined.
+
+The workers' gradients here are a shared true direction plus noise of their own,
+the noise larger for a smaller batch (as a mean over fewer samples), so that
+honest workers agree only on average, as real ones do.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dynabatch.common.wire import ProtocolError
+from dynabatch.ps.gradient_bounds import GradientBounds
+from dynabatch.ps.gradient_direction import MIN_SCORED, SKETCH, GradientDirection
+
+SIZE = 1000
+
+
+class Workers:
+    """Synthetic pushes: `truth` plus noise of `noise[w]` per value times the truth's scale, negated for liars."""
+
+    def __init__(self, noise: dict[str, float], liars: tuple[str, ...] = (), size: int = SIZE, seed: int = 0):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.truth = torch.randn(size, generator=self.gen)
+        self.noise, self.liars = noise, liars
+        self.live = set(noise)
+
+    def push(self, worker: str, signal: float = 1.0) -> dict[int, torch.Tensor]:
+        g = signal * self.truth + self.noise[worker] * torch.randn(self.truth.numel(), generator=self.gen)
+        return {0: -g if worker in self.liars else g}
+
+
+def _rounds(check: GradientDirection, workers: Workers, rounds: int, pushes_per_round: dict[str, int] | None = None,
+            signal: float = 1.0) -> list[tuple[str, int]]:
+    """Push `rounds` rounds (each worker `pushes_per_round[w]` times, default once); the (worker, round) of each
+    quarantine, which takes the worker out of the live set as the scheduler would."""
+    found = []
+    for r in range(rounds):
+        for worker, times in (pushes_per_round or {w: 1 for w in workers.noise}).items():
+            for _ in range(times):
+                if worker in workers.live and check.record(worker, workers.push(worker, signal), workers.live):
+                    found.append((worker, r))
+                    workers.live.discard(worker)
+                    check.forget(workers.live)
+    return found
+
+
+def test_a_sign_flipped_worker_among_honest_ones_of_unequal_batches_is_quarantined_and_no_honest_one_is():
+    # Noise 3 and 6 per value: each honest push's cosine with the truth is only about 0.3 and 0.16.
+    workers = Workers({"w0": 3.0, "w1": 6.0, "w2": 3.0, "liar": 3.0}, liars=("liar",))
+    found = _rounds(GradientDirection(True), workers, 300)
+    # Its agreements start at 0 and move 1/32 of the way to about -0.3 per push: past -0.2 after about 36 pushes,
+    # which come after the others' WARM_PUSHES (30 seeds: rounds 49 to 61).
+    assert found and found[0][0] == "liar" and found[0][1] < 6 * MIN_SCORED, found
+    assert found == [found[0]], f"honest workers quarantined: {found[1:]}"
+
+
+def test_one_liar_in_three_whose_direction_cancels_an_honest_ones_reference_is_caught_and_only_it():
+    # The hard case for a mean-of-others reference: an honest worker's others are one honest and one flipped.
+    workers = Workers({"w0": 2.5, "w1": 2.5, "liar": 2.5}, liars=("liar",))
+    assert [w for w, _ in _rounds(GradientDirection(True), workers, 400)] == ["liar"]
+    assert workers.live == {"w0", "w1"}
+
+
+def test_a_liar_pushing_four_times_as_often_is_caught_and_steers_no_honest_verdict():
+    workers = Workers({"w0": 3.0, "w1": 3.0, "liar": 3.0}, liars=("liar",))
+    found = _rounds(GradientDirection(True), workers, 300, {"w0": 1, "w1": 1, "liar": 4})
+    assert [w for w, _ in found] == ["liar"]
+
+
+def test_honest_workers_are_never_quarantined_however_noisy_and_when_the_gradient_is_all_noise():
+    # Training near its end: the true gradient fades to nothing, each push's direction is the noise of its batch.
+    workers = Workers({f"w{i}": 2.0 * (1 + i % 3) for i in range(6)})
+    check = GradientDirection(True)
+    assert _rounds(check, workers, 200) == []
+    assert _rounds(check, workers, 800, signal=0.0) == [], check.summary()
+
+
+def test_two_workers_cannot_be_told_apart_so_neither_is_quarantined():
+    workers = Workers({"w0": 2.0, "liar": 2.0}, liars=("liar",))
+    assert _rounds(GradientDirection(True), workers, 300) == []
+
+
+def test_every_worker_turning_at_once_is_the_model_moving_not_a_liar():
+    """A shard restored from an older checkpoint: every worker's gradient changes at once; nobody is quarantined."""
+    workers = Workers({f"w{i}": 2.0 for i in range(4)})
+    check = GradientDirection(True)
+    assert _rounds(check, workers, 100) == []
+    workers.truth = -workers.truth
+    assert _rounds(check, workers, 100) == [], check.summary()
+
+
+def test_a_noise_liar_of_honest_size_is_not_the_direction_checks_to_catch():
+    """Orthogonal to the truth, on average neither with nor against anyone (the norm bound keeps its size honest)."""
+    workers = Workers({"w0": 3.0, "w1": 3.0, "w2": 3.0, "noise": 1e6})
+    assert _rounds(GradientDirection(True), workers, 300) == []
+
+
+def test_a_chunk_larger_than_the_sketch_is_compared_on_fixed_coordinates_and_its_liar_caught():
+    workers = Workers({"w0": 3.0, "w1": 3.0, "w2": 3.0, "liar": 3.0}, liars=("liar",), size=4 * SKETCH)
+    check = GradientDirection(True)
+    assert [w for w, _ in _rounds(check, workers, 200)] == ["liar"]
+    again = GradientDirection(True)
+    again.record("w0", workers.push("w0"), workers.live)
+    assert check.index[0].numel() == SKETCH and torch.equal(again.index[0], check.index[0]), \
+        "the same coordinates on every shard start"
+
+
+def test_a_worker_that_left_is_no_ones_reference_and_off_records_nothing():
+    workers = Workers({"w0": 1.0, "w1": 1.0, "w2": 1.0})
+    check = GradientDirection(True)
+    _rounds(check, workers, 20)
+    check.forget({"w0", "w1"})
+    assert check.workers["w2"].ref == {} and "w2" in check.summary()
+    off = GradientDirection(False)
+    assert not off.record("w0", workers.push("w0"), workers.live) and off.workers == {}
+
+
+def test_a_worker_quarantined_for_its_direction_is_refused_saying_why():
+    bounds = GradientBounds(4.0)
+    bounds.quarantine("liar", "pointing against the other workers' gradients (--direction-check)")
+    with pytest.raises(ProtocolError, match="quarantined.*pointing against the other workers'") as exc:
+        bounds.assess("liar", {0: torch.ones(3)}, 8, {0: torch.ones(3)}, {"liar"})
+    assert exc.value.code == "quarantined"
