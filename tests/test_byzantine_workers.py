@@ -64,14 +64,16 @@ def twin(tmp_path_factory) -> float:
 
 # How each liar is caught: by the norm bound (ps/gradient_bounds.py) or the direction check (gradient_direction.py).
 # Without the direction check a flipped liar of honest size was quarantined in none of three runs of this job, and
-# flipped_large by the norm bound in two of three, only once its climb had made every gradient large.
-@pytest.mark.parametrize("liar, reason", [("scaled", "norm"), ("noise", "norm"), ("flipped", "direction"),
-                                          ("flipped_large", "direction")])
+# flipped_large by the norm bound in two of three, only once its climb had made every gradient large; with both
+# on, whichever check sees it first quarantines it (the norm bound did, once, in a loaded suite).
+@pytest.mark.parametrize("liar, reasons", [("scaled", ["norm"]), ("noise", ["norm"]), ("flipped", ["direction"]),
+                                           ("flipped_large", ["direction", "norm"])])
 def test_a_lying_worker_is_quarantined_and_the_job_ends_within_a_point_of_its_clean_twin(tmp_path, twin, liar,
-                                                                                           reason):
+                                                                                           reasons):
     acc, loss, metrics = _run(tmp_path, liar)
     assert math.isfinite(loss), f"{liar}: the final model's loss is {loss}"
     assert acc >= twin - MARGIN, f"{liar}: {acc:.3f} against the clean twin's {twin:.3f}"
     assert metric_value(metrics, "dynabatch_ps_quarantined_workers_total", shard="0") == 1
-    assert metric_value(metrics, "dynabatch_ps_quarantined_workers_total", shard="0", reason=reason) == 1, \
-        f"{liar}: quarantined, but not by its {reason}"
+    caught = sum(metric_value(metrics, "dynabatch_ps_quarantined_workers_total", shard="0", reason=reason)
+                 for reason in reasons)
+    assert caught == 1, f"{liar}: quarantined, but not by {' or '.join(reasons)}"

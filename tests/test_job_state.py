@@ -385,7 +385,7 @@ def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(v
                 EvalReport(version=1, test_loss=0.6, test_acc=value, metrics={"loss": 0.6, "accuracy": value})):
         with pytest.raises(ProtocolError, match="bad_field: EVAL.* is not a finite number"):
             state.eval_report(ev, bad, 2.0)
-    assert state.eval is good and state.members[ev].last_seen == 1.0
+    assert state.evaluations.eval is good and state.roster.members[ev].last_seen == 1.0
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])
