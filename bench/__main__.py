@@ -26,12 +26,11 @@ from typing import Any
 import torch
 import zmq
 
+from bench import convergence, ddp, plots, report, scale, transport
+from bench.transport import Case
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.data import load_dataset
 from dynabatch.common.dataset_files import DatasetNotFound
-
-from bench import convergence, ddp, plots, report, scale, transport
-from bench.transport import Case
 
 PARTS = ("heterogeneous", "midrun", "transport", "ddp", "scale")
 PUBLISHED = Path("bench/RESULTS.md")

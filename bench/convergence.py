@@ -16,9 +16,10 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline, training_start

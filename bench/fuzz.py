@@ -28,21 +28,29 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import zmq
 
-from bench.fuzz_attacks import ATTACKS, Attack, AttackResult, UNREAD_PULLS
+from bench.fuzz_attacks import ATTACKS, UNREAD_PULLS, Attack, AttackResult
 from bench.fuzz_messages import LIES, SCHEDULER, FuzzMessages, JobView
 from dynabatch.cluster.launcher import Child, Launcher
 from dynabatch.cluster.metric_text import metric_by_label, metric_sum
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import (
-    Bye, Error, Heartbeat, Hello, JobStatus, Params, Pull, StatusRequest, Welcome,
+    Bye,
+    Error,
+    Heartbeat,
+    Hello,
+    JobStatus,
+    Params,
+    Pull,
+    StatusRequest,
+    Welcome,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 

@@ -12,13 +12,12 @@ one, so the final accuracy within one point covers every attack as well.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
-from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Pull, Push
-from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
 
 from bench.fuzz_messages import HUGE, SCHEDULER, JobView, zero_chunks
+from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Pull, Push
+from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
 
 HELLO_FLOOD = 2000
 LARGE_FRAMES = 16  # frames of LARGE_FRAME_BYTES in each of LARGE_MESSAGES messages, to each target

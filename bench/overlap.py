@@ -30,13 +30,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import plots
+from bench.convergence import RunResult, Settings, parse_configs, run_one
 from dynabatch.cluster.report import read_timeline, training_start
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.messages import JobStatus
-
-from bench import plots
-from bench.convergence import RunResult, Settings, parse_configs, run_one
 
 VARIANTS: dict[str, tuple[str, ...]] = {  # each says --pipeline, whose default (auto) depends on the model
     "pull,push": ("--no-push-pull", "--pipeline", "off"),

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+matplotlib.use("Agg")  # before pyplot is imported (ruff allows the imports after this call)
+import matplotlib.pyplot as plt
 
-from bench.convergence import config_label  # noqa: E402
+from bench.convergence import config_label
 
 
 def save(fig: plt.Figure, axes: list[plt.Axes], title: str, path: Path) -> Path:

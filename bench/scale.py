@@ -19,23 +19,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import zmq
 
+from bench.transport import QUIET
 from dynabatch.cluster.launcher import Launcher
+from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
-
-from bench.transport import QUIET
 
 PARAMS = 200_000  # a small model: the cost is per message and per update, not per byte
 CHUNK_BYTES = 64 << 10  # 13 chunks, so four shards each own some

@@ -32,13 +32,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from bench import verdicts
-from bench.parallel_runs import run_parallel
 from bench.convergence import config_label, mark_label
+from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
 

@@ -31,18 +31,19 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 import zmq
 
 from dynabatch.cluster.launcher import Launcher
+from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import MODELS
 from dynabatch.common.scheduler_link import SchedulerLink
@@ -342,7 +343,7 @@ class SizeResult:
         return self.push_pull.mb_per_s / self.raw_sgd.mb_per_s if self.push_pull and self.raw_sgd else None
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SizeResult":
+    def from_dict(cls, d: dict) -> SizeResult:
         """Back from results.json (which also holds the derived ratios)."""
         fields = {k: v for k, v in d.items() if k not in ("ratio", "push_pull_ratio", "push_pull_sgd_ratio")}
         optional = {k: Side(**d[k]) if d.get(k) else None for k in ("push_pull", "raw_sgd")}

@@ -10,7 +10,7 @@ import faulthandler
 import importlib
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from dynabatch.common.atomic_file import storage_error
 

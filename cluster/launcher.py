@@ -29,9 +29,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
 
 from dynabatch.cluster.parent_death import die_with_parent
 from dynabatch.common.atomic_file import no_space_left, write_text_atomic

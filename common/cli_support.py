@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dynabatch.common.config import MetricsOptions
 from dynabatch.common.curve import CurveKeyError, CurveKeys, CurveOptions

@@ -36,9 +36,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import zmq
 import zmq.auth

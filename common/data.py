@@ -16,8 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from dynabatch.common.catalog import DATASETS
-from dynabatch.common.dataset_files import (CIFAR_FILES, IDX_FILES, check_images_and_labels, find_dataset, idx_content,
-                                            idx_file)
+from dynabatch.common.dataset_files import (
+    CIFAR_FILES,
+    IDX_FILES,
+    check_images_and_labels,
+    find_dataset,
+    idx_content,
+    idx_file,
+)
 
 _STATS = {
     "mnist": ((0.1307,), (0.3081,)),

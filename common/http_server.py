@@ -23,8 +23,8 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 MAX_OPEN = 256  # connections held at once
 MAX_REQUEST_BYTES = 8192

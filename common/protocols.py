@@ -37,7 +37,7 @@ class ProtocolSettings:
     FLAGS: ClassVar[tuple[str, ...]] = ()  # the job's fields (flags) the settings' fields are built from, in order
 
     @classmethod
-    def from_job(cls, job: "JobConfig") -> "ProtocolSettings":
+    def from_job(cls, job: JobConfig) -> ProtocolSettings:
         """The settings from the job's flags (the flags keep their names; each belongs to one protocol)."""
         return cls(*(getattr(job, flag) for flag in cls.FLAGS))
 
@@ -186,7 +186,7 @@ def protocol_spec(name: str) -> ProtocolSpec:
         raise ValueError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)}") from None
 
 
-def protocol_settings(job: "JobConfig") -> ProtocolSettings:
+def protocol_settings(job: JobConfig) -> ProtocolSettings:
     """The job's protocol's own settings, from the job's flags."""
     return protocol_spec(job.protocol).settings.from_job(job)
 

@@ -17,13 +17,21 @@ import resource
 import secrets
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from dynabatch.common.curve import CurveKeys, key_role, secure_client, secure_server, start_authenticator, watch_refusals
+from dynabatch.common.curve import (
+    CurveKeys,
+    key_role,
+    secure_client,
+    secure_server,
+    start_authenticator,
+    watch_refusals,
+)
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.messages import Error
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode

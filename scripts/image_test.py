@@ -34,8 +34,8 @@ import threading
 import time
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dynabatch.cluster.launcher import keys_per_role
 from dynabatch.cluster.metric_text import metric_sum

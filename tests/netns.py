@@ -33,9 +33,10 @@ import signal
 import subprocess
 import threading
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 PREFIX = "dbn"  # every namespace this module makes: dbn-<creator pid>-<token>-<host>

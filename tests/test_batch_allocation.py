@@ -5,7 +5,13 @@ import pytest
 
 from dynabatch.common.protocols import SPECS
 from dynabatch.scheduler.batch_allocation import (
-    allocate, allocate_compute, allocate_round, allocation_for, bounds_note, fixed_allocation, needs_reassign,
+    allocate,
+    allocate_compute,
+    allocate_round,
+    allocation_for,
+    bounds_note,
+    fixed_allocation,
+    needs_reassign,
     round_samples_per_s,
 )
 from dynabatch.scheduler.speed_model import StepModel

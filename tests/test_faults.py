@@ -23,7 +23,7 @@ from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.verified_files import read_verified
-from tests.harness import Cluster, free_port, wait_for
+from harness import Cluster, free_port, wait_for
 
 EPOCHS = 3.0
 FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",

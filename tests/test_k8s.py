@@ -33,8 +33,9 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -474,7 +475,7 @@ def test_one_job_name_everywhere(objects: list[dict[str, Any]]) -> None:
     """Processes join by job name; Prometheus' `job` (the dashboard's) comes from the label."""
     names = set()
     for w, configs in process_settings(objects):
-        job = next(getattr(cfg, "job") for cfg in configs.values() if hasattr(cfg, "job"))
+        job = next(cfg.job for cfg in configs.values() if hasattr(cfg, "job"))
         assert pod_labels(w).get(JOB_LABEL) == job, f"{kn(w)}: label {JOB_LABEL} != DYNABATCH_JOB {job!r}"
         names.add(job)
     assert len(names) == 1, names
@@ -780,7 +781,7 @@ def test_dashboard_metrics_exist_in_the_code() -> None:
 
 def test_dashboard_shows_what_the_issue_asks() -> None:
     used = {m for _, expr in exprs() for m in METRIC.findall(expr)}
-    assert REQUIRED_METRICS <= used, sorted(REQUIRED_METRICS - used)
+    assert used >= REQUIRED_METRICS, sorted(REQUIRED_METRICS - used)
     texts = [expr for _, expr in exprs()]
     assert any("histogram_quantile" in e and "dynabatch_worker_phase_seconds_bucket" in e
                and "pull" in e and "push" in e for e in texts), "push/pull latency percentiles"

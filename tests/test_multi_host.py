@@ -17,8 +17,9 @@ import sys
 import time
 import urllib.parse
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -67,13 +67,12 @@ def test_hosts_reach_each_other_by_name_over_shaped_links_and_nothing_else():
 
 
 def test_everything_is_removed_even_when_the_test_fails():
-    with pytest.raises(RuntimeError, match="the test failed"):
-        with netns.Network() as net:
-            host = net.add_host("host-a")
-            sleeper = subprocess.Popen(host.command(["sleep", "600"]))
-            made = {net.bridge_ns, host.ns}
-            assert made <= _namespaces() and (netns.NETNS_ETC / host.ns / "hosts").exists()
-            raise RuntimeError("the test failed")
+    with pytest.raises(RuntimeError, match="the test failed"), netns.Network() as net:
+        host = net.add_host("host-a")
+        sleeper = subprocess.Popen(host.command(["sleep", "600"]))
+        made = {net.bridge_ns, host.ns}
+        assert made <= _namespaces() and (netns.NETNS_ETC / host.ns / "hosts").exists()
+        raise RuntimeError("the test failed")
     assert sleeper.wait(10) == -9, "what still ran inside is stopped"
     assert not made & _namespaces()
     assert not (netns.NETNS_ETC / host.ns).exists()

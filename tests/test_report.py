@@ -7,7 +7,14 @@ import json
 import pytest
 
 from dynabatch.cluster.metric_target import MetricTarget
-from dynabatch.cluster.report import Snapshot, read_timeline, summarize, time_to_accuracy, time_to_target, write_timeline
+from dynabatch.cluster.report import (
+    Snapshot,
+    read_timeline,
+    summarize,
+    time_to_accuracy,
+    time_to_target,
+    write_timeline,
+)
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat, Hello, JobStatus, ShardStatus, WorkerStatus
 from dynabatch.common.wire import ProtocolError

@@ -20,8 +20,15 @@ from torch import nn
 from dynabatch.common.chunking import BUFFERS_ID, TravellingBuffers, flat_params, load_flat
 from dynabatch.common.messages import Init, Params, Pull, Push, PushAck
 from dynabatch.common.ports import free_port
-from dynabatch.common.task import (ModelSignature, ParamSpec, Task, check_task, load_task, signature_fields,
-                                   signature_from_fields)
+from dynabatch.common.task import (
+    ModelSignature,
+    ParamSpec,
+    Task,
+    check_task,
+    load_task,
+    signature_fields,
+    signature_from_fields,
+)
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta
 from dynabatch.ps.shared_buffers import SharedBuffers

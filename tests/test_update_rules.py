@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from dynabatch.common.optim_spec import SGD
 from dynabatch.common.protocols import dbs_weight
 from dynabatch.ps.protocol_rules import SyncRound
-from dynabatch.common.optim_spec import SGD
 from dynabatch.ps.update_rules import sgd_step_
 
 

@@ -2,19 +2,36 @@
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import msgpack
 import pytest
 import torch
 
 from dynabatch.common.messages import (
-    MESSAGE_TYPES, Decision, DecisionLatency, Heartbeat, Hello, JobStatus, Push, ShardStatus, StatusReply,
-    StatusRequest, WorkerStatus,
+    MESSAGE_TYPES,
+    Decision,
+    DecisionLatency,
+    Heartbeat,
+    Hello,
+    JobStatus,
+    Push,
+    ShardStatus,
+    StatusReply,
+    StatusRequest,
+    WorkerStatus,
 )
 from dynabatch.common.wire import (
-    PROTOCOL_VERSION, ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite, chunk_meta, decode,
-    decode_map, encode,
+    PROTOCOL_VERSION,
+    ChunkMeta,
+    Message,
+    ProtocolError,
+    WireLimits,
+    check_chunks,
+    check_finite,
+    chunk_meta,
+    decode,
+    decode_map,
+    encode,
 )
 
 
@@ -247,11 +264,11 @@ def _required_values(cls: type) -> dict:
 def test_annotations_the_codec_cannot_check_are_refused_when_first_used():
     @dataclass
     class Either:
-        value: Union[int, str]
+        value: int | str
 
     @dataclass
     class Maybe:
-        value: Optional[int] = None
+        value: int | None = None
 
     assert decode_map(Maybe, {"value": None}, "maybe") == Maybe(None)
     with pytest.raises(TypeError, match="only X | None"):

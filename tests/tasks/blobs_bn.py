@@ -7,10 +7,10 @@ the factory's (mean 0, variance 1) the first layer's output is not normalised
 at all, its biases drown the features, and the model is at chance.
 """
 
+from blobs import CLASSES, DIM, Blobs, accuracy, loss
 from torch import nn
 
 import dynabatch as db
-from blobs import CLASSES, DIM, Blobs, accuracy, loss
 
 SCALE = 1e-3
 
