@@ -54,8 +54,9 @@ from dynabatch.common.messages import (
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 
-JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed", "--chunk-bytes", "131072",
-       "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24", "--log-level", "WARNING")
+JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed",
+       "--chunk-bytes", "131072", "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24",
+       "--log-level", "WARNING")
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 STALL_S = 5.0  # a connection whose answers stop for this long has its unanswered messages written off
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
@@ -193,7 +194,8 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
         chunks.append(metas)
         captured.extend(answers[:2])
         assert params and isinstance(params[0].body, Params), f"shard {s} answered PULL with {params}"
-    hellos = [Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i)) for i, shard in sorted(status.shards.items())]
+    hellos = [Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i))
+              for i, shard in sorted(status.shards.items())]
     heartbeats = {wid: Heartbeat(steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s,
                                  standalone_sps=w.standalone_sps) for wid, w in status.workers.items()}
     return JobView("dynabatch", sorted(status.workers), ["eval0"], hellos, chunks, captured, heartbeats,
@@ -258,7 +260,7 @@ def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list
 
 def rss_bytes(pid: int) -> int:
     """The resident memory of process `pid`, from /proc."""
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
@@ -278,7 +280,7 @@ def finite_check(job: Job, status: JobStatus) -> list[str]:
             bad.append(f"shard {index}: no answer to the check's PULL")
         for frames in answers:
             msg = decode(frames)
-            for meta, tensor in zip(msg.chunks, msg.tensors):
+            for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
                 if not torch.isfinite(tensor).all():
                     bad.append(f"shard {index} chunk {meta.id}")
     return bad
@@ -405,7 +407,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.unanswered_kinds = dict(fuzzer.unanswered_kinds())
         report.exited = [c.name for c in target.launcher.children if not c.alive()]
         report.non_finite = finite_check(target, now)
-        report.counted = {code: after[code] - counted_before[code] for code in after if after[code] > counted_before[code]}
+        report.counted = {code: after[code] - counted_before[code]
+                          for code in after if after[code] > counted_before[code]}
         for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's own members leave, as honest ones do
             for ghost in (view.ghost_workers[i], view.ghost_evaluators[i]):
                 request(ctx, "", Bye(), 2.0, sock, ghost)

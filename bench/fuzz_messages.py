@@ -39,7 +39,8 @@ class JobView:
     evaluators: list[str]
     shard_hellos: list[Hello]  # each shard's registration, as the shard sent it
     chunks: list[list[ChunkMeta]]  # per shard, as a PULL returned them
-    captured: list[list[bytes]]  # real messages seen on the fuzzer's own connections (PARAMS, STATUS_REPLY, WELCOME ...)
+    # Real messages seen on the fuzzer's own connections (PARAMS, STATUS_REPLY, WELCOME ...).
+    captured: list[list[bytes]]
     heartbeats: dict[str, Heartbeat]  # each live worker's last reported numbers (from STATUS)
     init: Init  # the job's real model signature
     max_batch: int

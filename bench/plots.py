@@ -58,10 +58,10 @@ def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     for r, kw in styled(runs):
         if r["accuracy_curve"]:
-            t, acc = zip(*r["accuracy_curve"])
+            t, acc = zip(*r["accuracy_curve"], strict=True)
             ax1.plot(t, [100 * a for a in acc], **kw)
         if r["loss_curve"]:
-            t, loss = zip(*r["loss_curve"])
+            t, loss = zip(*r["loss_curve"], strict=True)
             ax2.plot(t, loss, **kw)
     accuracy_axis(ax1, "seconds of training", (60, 95))
     ax2.set_xlabel("seconds of training")
@@ -73,7 +73,7 @@ def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
 def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     """Per-worker batch sizes against time for one run of each dynamic configuration given."""
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
-    for ax, r in zip(axes[0], runs):
+    for ax, r in zip(axes[0], runs, strict=True):
         if r["batches"]:
             t = [row[0] for row in r["batches"]]
             for w in range(1, len(r["batches"][0])):

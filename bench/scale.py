@@ -117,11 +117,11 @@ def driver_main(argv: list[str]) -> None:
     while True:  # until SIGTERM, whose default action ends the process
         start = time.perf_counter()
         pulls = [w.clients.start_pull() for w in workers]
-        for w, pull in zip(workers, pulls):
+        for w, pull in zip(workers, pulls, strict=True):
             w.clients.wait(pull, REQUEST_TIMEOUT_S)
         pushes = [w.clients.start_push(w.grad, pull.result().chunk_versions, w.batch, 0.0)
-                  for w, pull in zip(workers, pulls)]
-        for w, push in zip(workers, pushes):
+                  for w, pull in zip(workers, pulls, strict=True)]
+        for w, push in zip(workers, pushes, strict=True):
             w.clients.wait(push, REQUEST_TIMEOUT_S)
         step_s = time.perf_counter() - start
         for w in workers:

@@ -196,7 +196,7 @@ def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     for r, kw in styled(runs, alpha=0.7, linewidth=1.1):
-        t, samples, acc = zip(*r["curve"])
+        t, samples, acc = zip(*r["curve"], strict=True)
         ax1.plot(t, [100 * a for a in acc], **kw)
         ax2.plot(samples, [100 * a for a in acc], **kw)
     for ax, xlabel in ((ax1, "virtual seconds"), (ax2, "samples")):
@@ -242,7 +242,8 @@ def plan_of(parts: tuple[Part, ...]) -> list[Run]:
     """Every run of `parts`, the costliest part (the CNN's, then the most workers') first, seed-major within it."""
     cost = {"cnn": 2, "mlp": 1}
     ordered = sorted(parts, key=lambda p: (-cost.get(p.model, 1), -len(PROFILES[p.profile]())))
-    return [(part, seed, protocol, policy) for part in ordered for seed in part.seeds for protocol, policy in part.configs]
+    return [(part, seed, protocol, policy)
+            for part in ordered for seed in part.seeds for protocol, policy in part.configs]
 
 
 def in_plan_order(part: Part, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -159,7 +159,8 @@ class DynabatchTarget:
             welcome = link.register(Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline,
                                     launcher.check_alive)
             if welcome is None:
-                raise TimeoutError(f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker")
+                raise TimeoutError(
+                    f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker")
             wait_for("a batch for the benchmark worker", lambda: _has_batch(link.conn), launcher)
         finally:
             link.close()
@@ -227,7 +228,8 @@ def serve_raw(update: bool) -> None:
     weight decay and rate, to parameters of its size, and a pull answers with those
     parameters (in place, a pull being sent may see a later step: a ceiling may cut that
     corner, a shard may not). What is left between this ceiling and dynabatch is
-    dynabatch's own cost (codec, chunks, validation, new tensors per step, bookkeeping). It prints its endpoint on stdout and runs until it is terminated.
+    dynabatch's own cost (codec, chunks, validation, new tensors per step, bookkeeping).
+    It prints its endpoint on stdout and runs until it is terminated.
     """
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -480,7 +482,8 @@ def table(results: list[SizeResult]) -> str:
 
 def cpu_table(results: list[SizeResult]) -> str:
     """Where each target's step goes in CPU: a target that takes longer without more CPU is waiting."""
-    rows = ["| size | target | step | client CPU per step | server CPU per step | both |", "|---|---|---:|---:|---:|---:|"]
+    rows = ["| size | target | step | client CPU per step | server CPU per step | both |",
+            "|---|---|---:|---:|---:|---:|"]
     for r in results:
         sides = {"dynabatch": r.dynabatch, "push+pull": r.push_pull, "raw": r.raw, "raw+sgd": r.raw_sgd}
         for name, side in sides.items():

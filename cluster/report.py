@@ -55,7 +55,8 @@ def write_timeline(run_dir: Path, timeline: list[Snapshot]) -> None:
 
 
 def read_timeline(path: Path) -> list[JobStatus]:
-    """The statuses of a timeline.json that `write_timeline` wrote, checked as a STATUS reply is (ProtocolError if not)."""
+    """The statuses of a timeline.json that `write_timeline` wrote, checked as a STATUS reply is (ProtocolError
+    if not)."""
     entries = json.loads(path.read_text())
     if not isinstance(entries, list):
         raise ValueError(f"{path} does not hold a list of snapshots")

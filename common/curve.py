@@ -56,7 +56,8 @@ CONNECTS_AS = {"ps": "shard", "worker": "worker", "evaluator": "evaluator", "run
 KEY_FILES = ("server.key", "server.key_secret") + tuple(f"{r}.key{s}" for r in CLIENT_ROLES for s in ("", "_secret"))
 KEYS_BY_ROLE: dict[str, tuple[str, ...]] = {
     "scheduler": ("server.key_secret", "shard.key", "worker.key", "evaluator.key"),  # binds only
-    "ps": ("server.key_secret", "worker.key", "evaluator.key", "shard.key_secret"),  # binds, and connects to the scheduler
+    # binds, and connects to the scheduler
+    "ps": ("server.key_secret", "worker.key", "evaluator.key", "shard.key_secret"),
     "worker": ("server.key", "worker.key_secret"),  # connects only
     "evaluator": ("server.key", "evaluator.key_secret"),  # `dynabatch worker --evaluator`: connects only
     "run": KEY_FILES,  # starts all of the above with the same folder

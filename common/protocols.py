@@ -147,7 +147,8 @@ class ProtocolSpec:
 SPECS: dict[str, ProtocolSpec] = {
     spec.name: spec
     for spec in (
-        ProtocolSpec("asgd", "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
+        ProtocolSpec("asgd",
+                     "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,

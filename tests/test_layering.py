@@ -109,7 +109,8 @@ def test_dynabatch_run_checks_a_built_in_job_without_torch(tmp_path: Path) -> No
         (data / stem).write_bytes(header + bytes(math.prod(dims)))
     modules = _imported_by(
         "from dynabatch.cluster.main import parse, prepare\n"
-        f"opts, job, _, _ = parse(['--dataset', 'fashion-mnist', '--data-dir', {str(data)!r}, '--out', {str(tmp_path)!r}])\n"
+        f"opts, job, _, _ = parse(['--dataset', 'fashion-mnist', '--data-dir', {str(data)!r}, "
+        f"'--out', {str(tmp_path)!r}])\n"
         "prepare(opts, job)")
     loaded = _outermost(modules, HEAVY)
     assert not loaded, f"`dynabatch run` imported {loaded} to check a built-in job"

@@ -123,7 +123,8 @@ def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
                      "--global-batch", "64")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_metrics"]["accuracy"] >= 0.9, summary
-    assert "AdamW(name='adamw', lr=0.01, weight_decay=0.01, no_decay=('bias',)" in (run / "logs" / "ps0.log").read_text()
+    shard_log = (run / "logs" / "ps0.log").read_text()
+    assert "AdamW(name='adamw', lr=0.01, weight_decay=0.01, no_decay=('bias',)" in shard_log
 
 
 @pytest.mark.slow
@@ -143,7 +144,7 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
         assert c.status().train_size == 3000, "the scheduler counts epochs from the shards' signature"
         for attr, differs in (("wider", "parameter 0 is 0.weight [48, 16]"), ("shorter", "2000 samples here, 3000")):
             bad = c.worker(attr, "--task", f"{elsewhere / 'blobs_variants.py'}:{attr}")
-            assert wait_for(f"{attr} to exit", lambda: bad.proc.poll() is not None, 60) is not None
+            assert wait_for(f"{attr} to exit", lambda bad=bad: bad.proc.poll() is not None, 60) is not None
             assert bad.proc.returncode == 2 and differs in bad.log_text(), bad.log_text()
         assert good.alive() and shard.alive()
     finally:

@@ -182,7 +182,7 @@ def _pull(conn: Connection, buffers: bool = True) -> tuple[torch.Tensor, int, to
     """(parameters, their version, buffers or None) from a one-chunk shard."""
     reply = conn.request(Pull(buffers=buffers), 10)
     assert isinstance(reply.body, Params), reply.body
-    got = {meta.id: (meta, t.clone()) for meta, t in zip(reply.chunks, reply.tensors)}
+    got = {meta.id: (meta, t.clone()) for meta, t in zip(reply.chunks, reply.tensors, strict=True)}
     meta, params = got.pop(0)
     return params, meta.version, got.pop(BUFFERS_ID)[1] if BUFFERS_ID in got else None
 

@@ -54,7 +54,7 @@ def test_round_trip_keeps_fields_chunks_and_values():
     assert out.type == "PUSH" and out.job == "j" and out.sender == "w0" and out.seq == 7
     assert out.body == Push(samples=32, loss=0.5)
     assert [c.version for c in out.chunks] == [3, 3]
-    for a, b in zip(out.tensors, tensors):
+    for a, b in zip(out.tensors, tensors, strict=True):
         assert torch.equal(a, b)
 
 
@@ -232,7 +232,8 @@ def test_optional_fields_take_a_value_or_none():
         (lambda s: s["workers"].update(w0=[1, 2]), "STATUS_REPLY.state.workers.w0 must be a map (WorkerStatus)"),
         (lambda s: s["workers"].update({b"w9": {}}), "STATUS_REPLY.state.workers has key b'w9'; keys must be str"),
         (lambda s: s["shards"]["0"].pop("version"), "STATUS_REPLY.state.shards.0 lacks required field 'version'"),
-        (lambda s: s["decisions"][0]["batches"].update(w1=None), "STATUS_REPLY.state.decisions[0].batches.w1 must be int"),
+        (lambda s: s["decisions"][0]["batches"].update(w1=None),
+         "STATUS_REPLY.state.decisions[0].batches.w1 must be int"),
         (lambda s: s["decision_s"].update(count=True), "STATUS_REPLY.state.decision_s.count must be int"),
         (lambda s: s.pop("t"), "STATUS_REPLY.state lacks required field 't'"),
     ],
