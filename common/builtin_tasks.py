@@ -21,7 +21,7 @@ from dynabatch.common.task import Task, check_task, signature_fields
 AUGMENT_SEED = 17
 
 
-class ImageSet(TorchDataset):
+class ImageSet(TorchDataset[tuple[torch.Tensor, torch.Tensor]]):
     """One split of a built-in image dataset as a map-style Dataset of (image, label) pairs."""
 
     def __init__(self, data: Dataset, train: bool) -> None:
@@ -37,7 +37,7 @@ class ImageSet(TorchDataset):
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Many samples in one tensor operation (normalised; training images augmented where the set is)."""
         x, y = make_batch(self.data, torch.as_tensor(indices, dtype=torch.int64), self.train, self.generator)
-        return list(zip(x.unbind(0), y.unbind(0)))
+        return list(zip(x.unbind(0), y.unbind(0), strict=True))
 
 
 def builtin_task(dataset: str, model: str, data_dir: str | None = None, flat_params: int = 1_000_000) -> Task:

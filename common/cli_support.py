@@ -21,7 +21,7 @@ def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: 
     for cls in classes:
         add_flags(parser, cls)
     args = parser.parse_args(argv)
-    configs = [from_args(cls, args) for cls in classes]
+    configs: list[Any] = [from_args(cls, args) for cls in classes]
     try:
         for cfg in configs:
             if hasattr(cfg, "validate"):

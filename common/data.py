@@ -108,6 +108,8 @@ def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
     """Load a whole dataset into memory; dataset_files.find_dataset says where its files are looked for."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     if name == "synthetic":
         tr_x, tr_y, te_x, te_y = _synthetic()
         pixels = tr_x.float() / 255
