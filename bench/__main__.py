@@ -27,6 +27,7 @@ import torch
 import zmq
 
 from bench import convergence, ddp, plots, report, scale, transport
+from bench.convergence import Settings as ConvergenceSettings
 from bench.transport import Case
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.data import load_dataset
@@ -44,8 +45,8 @@ class Mode:
     """Everything a mode measures."""
 
     name: str
-    convergence: convergence.Settings
-    midrun: convergence.Settings
+    convergence: ConvergenceSettings
+    midrun: ConvergenceSettings
     transport_cases: tuple[Case, ...]
     transport: transport.Settings
     ddp: ddp.Settings

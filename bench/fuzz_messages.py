@@ -202,7 +202,8 @@ def _impossible_heartbeat(rng: random.Random, max_batch: int) -> Heartbeat:
         ("batch", max_batch + 1), ("batch", -3), ("standalone_sps", 1e-9), ("standalone_sps", 1e12),
         ("steps", HUGE), ("samples", HUGE), ("samples", -1), ("steps", -1),
     ))
-    return dataclasses.replace(hb, **{field_name: value})
+    lie: dict[str, Any] = {field_name: value}
+    return dataclasses.replace(hb, **lie)
 
 
 def _wrong_values(hint: Any) -> list[Any]:

@@ -170,8 +170,8 @@ def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> S
     dt = last.t - first.t
     updates = sum(s.updates for s in last.shards.values()) - sum(s.updates for s in first.shards.values())
     steps = sum(w.steps for w in last.workers.values()) - sum(w.steps for w in first.workers.values())
-    d = last.decision_s
-    return ScaleResult(workers, shards, updates / dt, steps / dt, d.mean, d.p99, d.count)
+    latency = last.decision_s
+    return ScaleResult(workers, shards, updates / dt, steps / dt, latency.mean, latency.p99, latency.count)
 
 
 def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) -> list[ScaleResult]:
@@ -189,7 +189,9 @@ def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) 
             results.append(r)
             progress(f"[scale] {n} workers, {s} shard(s): " + (
                 f"{r.updates_per_s:.0f} updates/s, decision {1e6 * r.decision_mean_s:.0f} us mean / "
-                f"{1e6 * r.decision_p99_s:.0f} us p99" if r.updates_per_s is not None else f"FAILED ({r.error})"))
+                f"{1e6 * r.decision_p99_s:.0f} us p99"
+                if r.updates_per_s is not None and r.decision_mean_s is not None and r.decision_p99_s is not None
+                else f"FAILED ({r.error})"))
     return results
 
 

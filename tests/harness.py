@@ -158,7 +158,7 @@ class Cluster:
     curve_dir: str = ""
 
     def __post_init__(self) -> None:
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         curve_dirs: dict[str, str] = {}
         if self.curve_dir:
             self.ctx = zmq.Context()
@@ -218,12 +218,15 @@ class Cluster:
                                 lambda: None)
         assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
         conn = link.conn
-        # Alive from the WELCOME on, as a worker's pulse keeps it: a silent member is a ghost.
-        link.heartbeat(Heartbeat())
+
+        def heartbeat() -> None:
+            link.heartbeat(Heartbeat())
+
+        heartbeat()  # alive from the WELCOME on, as a worker's pulse keeps it: a silent member is a ghost
         job = job_from_dict(welcome.config)
         init, flat, buffers = model or (*builtin_init(job), None)
         shards = ShardClients(self.ctx, welcome.shards, make_layout(flat.numel(), job.chunk_bytes, job.shards),
-                              job.job, welcome.id, lambda: link.heartbeat(Heartbeat()), job.heartbeat_s,
+                              job.job, welcome.id, heartbeat, job.heartbeat_s,
                               buffer_total=0 if buffers is None else buffers.numel())
         try:
             shards.init(init, flat, 30.0, buffers)

@@ -7,19 +7,31 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck
+from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck, Welcome
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
-from harness import Cluster, free_port, metric_value, wait_for
+from harness import Cluster, Proc, free_port, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
 
 JOB = ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "30"]
 
 
+class ShardUnderFire(Cluster):
+    """The job, with what the fixture adds: the shard and scheduler processes, and a registered test worker's
+    connections to both."""
+
+    shard_port: int
+    shard_proc: Proc
+    sched_proc: Proc
+    worker_conn: Connection
+    welcome: Welcome
+    shard_conn: Connection
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("bad_input"), JOB)
+    c = ShardUnderFire(tmp_path_factory.mktemp("bad_input"), JOB)
     c.scheduler()
     c.shard_port = free_port()
     c.shard_proc = c.shard(0, c.shard_port)
@@ -40,17 +52,17 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def _pull(c: Cluster) -> Message:
+def _pull(c: ShardUnderFire) -> Message:
     return c.shard_conn.request(Pull(), timeout_s=5)
 
 
-def _good_push(c: Cluster, model: Message, fill: float = 0.0) -> list:
+def _good_push(c: ShardUnderFire, model: Message, fill: float = 0.0) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
     metas = [ChunkMeta(m.id, "float32", m.shape, m.version) for m in model.chunks]
     tensors = [torch.full(m.shape, fill) for m in model.chunks]
     return metas, tensors
 
 
-def _raw(c: Cluster, endpoint: str, frames: list[bytes], timeout_s: float = 5.0) -> Message | None:
+def _raw(c: ShardUnderFire, endpoint: str, frames: list[bytes], timeout_s: float = 5.0) -> Message | None:
     """Send raw frames on a fresh DEALER and return the decoded answer (None if none came)."""
     conn = c.client(endpoint)
     try:
@@ -79,7 +91,7 @@ def _frames(body: Push, metas: list[ChunkMeta], tensors: list[torch.Tensor], sen
     return [bytes(f) for f in encode(Message(body, metas, tensors, job, sender, 9))]
 
 
-def _cases(c: Cluster, model: Message) -> dict[str, tuple[list[bytes], str]]:
+def _cases(c: ShardUnderFire, model: Message) -> dict[str, tuple[list[bytes], str]]:
     metas, tensors = _good_push(c, model, 1.0)
     good = _frames(Push(samples=8), metas, tensors, c.welcome.id)
     nan = [t.clone() for t in tensors]
@@ -173,7 +185,7 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster)
     assert reply.body.batch > 0
 
 
-def _garbage_counted(c: Cluster) -> float:
+def _garbage_counted(c: ShardUnderFire) -> float:
     """Garbage the shard refused: unparsable, or (with more tensor frames than it has chunks) refused unparsed."""
     text = c.shard_proc.metrics()
     return sum(metric_value(text, "dynabatch_bad_messages_total", role="ps", reason=r)

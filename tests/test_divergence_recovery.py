@@ -35,7 +35,8 @@ Chunks = dict[int, tuple[int, torch.Tensor]]
 
 
 def _pull(conn: Connection, ids: set[int]) -> Chunks:
-    seq, got = conn.send(Pull()), {}
+    seq = conn.send(Pull())
+    got: Chunks = {}
     while set(got) != ids:
         msg = conn.recv(REPLY_S)
         assert msg is not None and msg.seq == seq, f"chunks {sorted(ids - set(got))} never came"

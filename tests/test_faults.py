@@ -38,6 +38,7 @@ class Job:
     def __init__(self, tmp: Path, intervals: tuple[float, float]) -> None:
         self.c = Cluster(tmp, FLAGS)
         self.started = time.monotonic()
+        self.wall_s = 0.0  # from the start to the end of the job, once _final has seen it
         self.scheduler = self.c.scheduler("--state-dir", str(tmp / "state"))
         self.shards = [self.c.shard(i, free_port(), "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-interval-s",
                                     str(interval)) for i, interval in enumerate(intervals)]

@@ -218,7 +218,7 @@ def parse_flags(container: dict[str, Any], downward: dict[str, str]) -> dict[typ
         add_flags(parser, cls, env=env)
     try:
         args = parser.parse_args(container["args"][1:])
-        configs = {cls: from_args(cls, args) for cls in classes}
+        configs: dict[type, Any] = {cls: from_args(cls, args) for cls in classes}
         for cfg in configs.values():
             if hasattr(cfg, "validate"):
                 cfg.validate()
@@ -241,11 +241,11 @@ def scheduler_job(objs: list[dict[str, Any]]) -> JobConfig:
 
 
 def pyproject() -> dict[str, Any]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        pytest.skip("reading pyproject.toml needs Python 3.11's tomllib")
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+        return tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pytest.skip("reading pyproject.toml needs Python 3.11's tomllib")
 
 
 def flag_env_names(classes: tuple[type, ...]) -> set[str]:
@@ -516,10 +516,12 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
             except (OSError, urllib.error.HTTPError):
                 return None
 
+        def answered_or_exited(path: str) -> bool:
+            return status(path) == 200 or proc.poll() is not None
+
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             assert c[probe]["httpGet"]["path"] == path
-            wait_for(f"scheduler {path}", lambda path=path: status(path) == 200 or proc.poll() is not None,
-                     timeout_s=60)
+            wait_for(f"scheduler {path}", functools.partial(answered_or_exited, path), timeout_s=60)
             assert status(path) == 200, log.read_text()
         # The series the dashboard's job variable lists jobs from.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
@@ -592,7 +594,9 @@ def test_discovery_by_dns_names_only(objects: list[dict[str, Any]]) -> None:
             endpoint = getattr(cfg, "scheduler", None)
             if endpoint is None:
                 continue
-            host, port = re.fullmatch(r"tcp://([^:]+):(\d+)", endpoint).groups()
+            parts = re.fullmatch(r"tcp://([^:]+):(\d+)", endpoint)
+            assert parts is not None, f"{kn(w)}: {endpoint}"
+            host, port = parts.groups()
             service = services.get(host.split(".")[0])
             assert service is not None and service_selects(service, scheduler), f"{kn(w)}: {endpoint}"
             assert int(port) in {p["port"] for p in service["spec"]["ports"]}, f"{kn(w)}: {endpoint}"
@@ -874,7 +878,9 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
     base, _, local = pins["torch"]["torch"].partition("+")
     assert base == constraints["torch"] and local == ("cpu" if variant == "cpu" else "")
     for dependency in pyproject()["project"]["dependencies"]:
-        name = re.match(r"[A-Za-z0-9._-]+", dependency).group().lower().replace("_", "-")
+        named = re.match(r"[A-Za-z0-9._-]+", dependency)
+        assert named is not None, dependency
+        name = named.group().lower().replace("_", "-")
         if name != "torch":
             assert name in pins["rest"], f"{name} is not locked"
             assert pins["rest"][name] == constraints.get(name.replace("-", "_"), constraints.get(name)), name

@@ -35,6 +35,7 @@ def _namespaces() -> set[str]:
 def _send(net: netns.Network, sender: netns.Host, receiver: netns.Host, size: int) -> float:
     """Seconds `sender` takes to push `size` bytes to `receiver` (the receiver counts them all)."""
     rx = subprocess.Popen(receiver.command([sys.executable, "-c", RECEIVER]), stdout=subprocess.PIPE, text=True)
+    assert rx.stdout is not None
     try:
         assert rx.stdout.readline().strip() == "ready"
         started = time.monotonic()

@@ -37,6 +37,7 @@ class Router:
             if not self.sock.poll(10):
                 continue
             msg = recv_routed(self.sock)
+            assert msg.message is not None, msg.error
             if isinstance(msg.message.body, Hello):
                 welcome = Welcome(id=f"w{self.welcomed}", config={}, shards=[])
                 send_routed(self.sock, msg.identity, welcome, msg.message.seq, "j", "scheduler")

@@ -44,7 +44,8 @@ JOB = ["--dataset", "synthetic", "--model", "flat", "--flat-params", "4000", "--
 
 
 def _pull(conn: Connection, ids: set[int]) -> dict[int, tuple[int, torch.Tensor]]:
-    seq, got = conn.send(Pull()), {}
+    seq = conn.send(Pull())
+    got: dict[int, tuple[int, torch.Tensor]] = {}
     deadline = time.monotonic() + REPLY_S
     while set(got) != ids:
         msg = conn.recv(max(0.0, deadline - time.monotonic()))

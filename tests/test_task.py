@@ -92,11 +92,11 @@ def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) 
     for _ in range(int(epochs * len(data) / batch)):
         idx = torch.randint(0, len(data), (batch,), generator=g).tolist()
         opt.zero_grad()
-        task.loss(model, collate([data[i] for i in idx])).backward()
+        task.loss_fn()(model, collate([data[i] for i in idx])).backward()
         opt.step()
     with torch.no_grad():
         whole = collate([test[i] for i in range(len(test))])
-        return task.metrics[0](model, whole)["accuracy"][0] / len(test)
+        return task.metric_fns()[0](model, whole)["accuracy"][0] / len(test)
 
 
 @pytest.mark.slow

@@ -126,6 +126,8 @@ def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers():
 class _Scaled(nn.Module):
     """BatchNorm plus a constant buffer that a forward reads but never changes."""
 
+    scale: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
@@ -170,7 +172,7 @@ def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers():
 
 # A shard on the wire.
 
-def _bn_model() -> tuple[ModelSignature, Init, torch.Tensor, torch.Tensor]:
+def _bn_model() -> tuple[ModelSignature, Init, torch.Tensor, torch.Tensor | None]:
     """The blobs_bn task's model as a worker offers it: signature, INIT, flat parameters, flat buffers."""
     task = load_task(BN_TASK)
     sig, _, _ = check_task(task, seed=0)
@@ -292,8 +294,8 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     gen = torch.Generator().manual_seed(0)
     for _ in range(epochs * len(data) // batch):
         opt.zero_grad()
-        task.loss(model, task.collate_fn()([data[i] for i in torch.randint(0, len(data), (batch,), generator=gen)]))\
-            .backward()
+        batch_data = task.collate_fn()([data[i] for i in torch.randint(0, len(data), (batch,), generator=gen)])
+        task.loss_fn()(model, batch_data).backward()
         opt.step()
     return evaluate(task, model, task.eval_data(), torch.device("cpu"))["accuracy"]
 

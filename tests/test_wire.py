@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import pytest
@@ -251,9 +252,10 @@ def test_every_message_type_has_annotations_the_codec_takes():
         assert isinstance(decode_map(cls, _required_values(cls), cls.TYPE), cls)
 
 
-def _required_values(cls: type) -> dict:
+def _required_values(cls: type[Any]) -> dict[str, Any]:
     """A value for each required field of a message type (all of them are scalars, maps or STATUS)."""
-    samples = {"HELLO": {"role": "worker"}, "WELCOME": {"id": "w0", "config": {}, "shards": []},
+    samples: dict[str, dict[str, Any]] = {
+               "HELLO": {"role": "worker"}, "WELCOME": {"id": "w0", "config": {}, "shards": []},
                "ASSIGNMENT": {"assignment_id": 1}, "PARAMS": {"version": 1}, "PUSH": {"samples": 1},
                "PUSH_ACK": {"version": 1}, "EVAL": {"version": 1, "test_loss": 0.5, "test_acc": 0.9},
                "STATUS_REPLY": {"state": {"t": 0.0}}, "ERROR": {"code": "c", "text": "t"},
