@@ -99,7 +99,7 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="print the known findings too")
     show_all = parser.parse_args().all
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    debt = project["tool"]["dynabatch"]["lint-debt"]
+    debt = project["tool"].get("dynabatch", {}).get("lint-debt", {})
     failed = False
     for tool, finding in (("ruff", RUFF_FINDING), ("mypy", MYPY_FINDING)):
         if tool == "ruff":
@@ -113,7 +113,11 @@ def main() -> int:
         for line in new + (known if show_all else []):
             print(line)
         errors = sum(1 for line in new if ": note: " not in line)
-        failed |= errors > 0 or (code != 0 and not by_file)  # a tool that failed with nothing to show fails too
+        if code != 0 and not new and not by_file:
+            print(f"{tool}: exited {code} without a finding (what it said is above)")
+            failed = True
+            continue
+        failed |= errors > 0
         print(f"{tool}: {errors} new finding(s); {sum(by_file.values())} known in {len(by_file)} file(s) "
               f"([tool.dynabatch.lint-debt.{tool}] in pyproject.toml)")
     return 1 if failed else 0
