@@ -26,12 +26,12 @@ from typing import Any
 import torch
 import zmq
 
+from bench import convergence, ddp, plots, report, scale, transport
+from bench.convergence import Settings as ConvergenceSettings
+from bench.transport import Case
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.data import load_dataset
 from dynabatch.common.dataset_files import DatasetNotFound
-
-from bench import convergence, ddp, plots, report, scale, transport
-from bench.transport import Case
 
 PARTS = ("heterogeneous", "midrun", "transport", "ddp", "scale")
 PUBLISHED = Path("bench/RESULTS.md")
@@ -45,8 +45,8 @@ class Mode:
     """Everything a mode measures."""
 
     name: str
-    convergence: convergence.Settings
-    midrun: convergence.Settings
+    convergence: ConvergenceSettings
+    midrun: ConvergenceSettings
     transport_cases: tuple[Case, ...]
     transport: transport.Settings
     ddp: ddp.Settings
@@ -148,8 +148,9 @@ def write(results: dict[str, Any], out: Path, publish: bool) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    summary, details = __doc__.split("\n\n", 1)
+    p = argparse.ArgumentParser(prog="python -m bench", description=summary,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=details)
     p.add_argument("--quick", action="store_true", help="the short mode (under 10 minutes on 2 cores)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default: all)")
     p.add_argument("--configs", nargs="+", metavar="PROTOCOL+POLICY",

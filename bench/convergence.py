@@ -16,9 +16,10 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline, training_start
@@ -231,12 +232,12 @@ class ConfigStats:
         return asdict(self)
 
 
-def _mean(values: list[float | None]) -> float | None:
+def _mean(values: Sequence[float | None]) -> float | None:
     got = [v for v in values if v is not None]
     return statistics.fmean(got) if got else None
 
 
-def _sd(values: list[float | None]) -> float | None:
+def _sd(values: Sequence[float | None]) -> float | None:
     got = [v for v in values if v is not None]
     return statistics.stdev(got) if len(got) > 1 else None
 

@@ -20,9 +20,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from dynabatch.cluster.launcher import command_line
 from dynabatch.common.ports import free_port

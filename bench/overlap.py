@@ -30,13 +30,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import plots
+from bench.convergence import RunResult, Settings, parse_configs, run_one
 from dynabatch.cluster.report import read_timeline, training_start
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.messages import JobStatus
-
-from bench import plots
-from bench.convergence import RunResult, Settings, parse_configs, run_one
 
 VARIANTS: dict[str, tuple[str, ...]] = {  # each says --pipeline, whose default (auto) depends on the model
     "pull,push": ("--no-push-pull", "--pipeline", "off"),
@@ -131,7 +130,8 @@ def breakdown(timeline: list[JobStatus]) -> Breakdown:
         compute = b.compute_s_total - a.compute_s_total
         if wall <= 0 or steps <= 0 or compute <= 0:
             continue
-        per_step = {p: statistics.mean(getattr(s.workers[wid], f"{p}_s") for s in seen[1:]) for p in ("pull", "push", "wait")}
+        per_step = {p: statistics.mean(getattr(s.workers[wid], f"{p}_s") for s in seen[1:])
+                    for p in ("pull", "push", "wait")}
         phase = {"compute": compute, "data": b.data_s_total - a.data_s_total,
                  **{p: v * steps for p, v in per_step.items()}}
         phase["outside"] = max(0.0, wall - (b.step_s_total - a.step_s_total))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+matplotlib.use("Agg")  # before pyplot is imported (ruff allows the imports after this call)
+import matplotlib.pyplot as plt
 
-from bench.convergence import config_label  # noqa: E402
+from bench.convergence import config_label
 
 
 def save(fig: plt.Figure, axes: list[plt.Axes], title: str, path: Path) -> Path:
@@ -57,10 +58,10 @@ def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     for r, kw in styled(runs):
         if r["accuracy_curve"]:
-            t, acc = zip(*r["accuracy_curve"])
+            t, acc = zip(*r["accuracy_curve"], strict=True)
             ax1.plot(t, [100 * a for a in acc], **kw)
         if r["loss_curve"]:
-            t, loss = zip(*r["loss_curve"])
+            t, loss = zip(*r["loss_curve"], strict=True)
             ax2.plot(t, loss, **kw)
     accuracy_axis(ax1, "seconds of training", (60, 95))
     ax2.set_xlabel("seconds of training")
@@ -72,7 +73,7 @@ def curves(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
 def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     """Per-worker batch sizes against time for one run of each dynamic configuration given."""
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
-    for ax, r in zip(axes[0], runs):
+    for ax, r in zip(axes[0], runs, strict=True):
         if r["batches"]:
             t = [row[0] for row in r["batches"]]
             for w in range(1, len(r["batches"][0])):

@@ -50,7 +50,8 @@ def convergence_table(configs: list[dict[str, Any]]) -> str:
             f"| {c['label']} | {c['ok_runs']}/{c['runs']} | {times}{acc} | "
             f"{_f(c['final_train_loss'], '.3f')} | {_f(c['samples_per_s'], ',.0f')} | "
             f"{_f(c['fraction_of_compute'], '.0f', 100)}% / {_f(c['fraction_of_standalone'], '.0f', 100)}% | "
-            f"{_f(c['staleness_mean'], '.2f')} / {_f(c['staleness_p99'], '.1f')} | {_f(c['bytes_per_sample'], ',.0f')} |")
+            f"{_f(c['staleness_mean'], '.2f')} / {_f(c['staleness_p99'], '.1f')} | "
+            f"{_f(c['bytes_per_sample'], ',.0f')} |")
     return "\n".join(rows)
 
 
@@ -72,7 +73,8 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
             f"| {label} | {r['seed']} | {times}{100 * r['final_test_acc']:.2f}% | "
             f"{_f(r['final_train_loss'], '.3f')} | {_f(r['samples_per_s'], ',.0f')} | "
             f"{_f(r['fraction_of_compute'], '.0f', 100)}% / {_f(r['fraction_of_standalone'], '.0f', 100)}% | "
-            f"{_f(r['staleness_mean'], '.2f')} / {_f(r['staleness_p99'], '.0f')} | {_f(r['bytes_per_sample'], ',.0f')} |")
+            f"{_f(r['staleness_mean'], '.2f')} / {_f(r['staleness_p99'], '.0f')} | "
+            f"{_f(r['bytes_per_sample'], ',.0f')} |")
     return "\n".join(rows + ["", "</details>"])
 
 
@@ -176,8 +178,8 @@ def render(results: dict[str, Any], img: str) -> str:
             scale_table(results["scale"]), "",
             f"![scale]({img}scale.png)", "",
         ]
-    lines += ["## Reproduce", "", "```", "make bench            # full mode, this report", "make bench-quick      # under 10 minutes",
-              "python -m bench --help", "```", ""]
+    lines += ["## Reproduce", "", "```", "make bench            # full mode, this report",
+              "make bench-quick      # under 10 minutes", "python -m bench --help", "```", ""]
     return "\n".join(lines)
 
 

@@ -19,23 +19,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import zmq
 
+from bench.transport import QUIET
 from dynabatch.cluster.launcher import Launcher
+from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
-
-from bench.transport import QUIET
 
 PARAMS = 200_000  # a small model: the cost is per message and per update, not per byte
 CHUNK_BYTES = 64 << 10  # 13 chunks, so four shards each own some
@@ -118,11 +117,11 @@ def driver_main(argv: list[str]) -> None:
     while True:  # until SIGTERM, whose default action ends the process
         start = time.perf_counter()
         pulls = [w.clients.start_pull() for w in workers]
-        for w, pull in zip(workers, pulls):
+        for w, pull in zip(workers, pulls, strict=True):
             w.clients.wait(pull, REQUEST_TIMEOUT_S)
         pushes = [w.clients.start_push(w.grad, pull.result().chunk_versions, w.batch, 0.0)
-                  for w, pull in zip(workers, pulls)]
-        for w, push in zip(workers, pushes):
+                  for w, pull in zip(workers, pulls, strict=True)]
+        for w, push in zip(workers, pushes, strict=True):
             w.clients.wait(push, REQUEST_TIMEOUT_S)
         step_s = time.perf_counter() - start
         for w in workers:
@@ -171,8 +170,8 @@ def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> S
     dt = last.t - first.t
     updates = sum(s.updates for s in last.shards.values()) - sum(s.updates for s in first.shards.values())
     steps = sum(w.steps for w in last.workers.values()) - sum(w.steps for w in first.workers.values())
-    d = last.decision_s
-    return ScaleResult(workers, shards, updates / dt, steps / dt, d.mean, d.p99, d.count)
+    latency = last.decision_s
+    return ScaleResult(workers, shards, updates / dt, steps / dt, latency.mean, latency.p99, latency.count)
 
 
 def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) -> list[ScaleResult]:
@@ -190,7 +189,9 @@ def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) 
             results.append(r)
             progress(f"[scale] {n} workers, {s} shard(s): " + (
                 f"{r.updates_per_s:.0f} updates/s, decision {1e6 * r.decision_mean_s:.0f} us mean / "
-                f"{1e6 * r.decision_p99_s:.0f} us p99" if r.updates_per_s is not None else f"FAILED ({r.error})"))
+                f"{1e6 * r.decision_p99_s:.0f} us p99"
+                if r.updates_per_s is not None and r.decision_mean_s is not None and r.decision_p99_s is not None
+                else f"FAILED ({r.error})"))
     return results
 
 

@@ -16,11 +16,10 @@ import argparse
 import statistics
 from dataclasses import replace
 
-from dynabatch.common.data import load_dataset
-from dynabatch.common.protocols import protocol_spec
-
 from bench.simulate import PROFILES, SimResult, simulate
 from bench.simulate_study import Part, sim_config
+from dynabatch.common.data import load_dataset
+from dynabatch.common.protocols import protocol_spec
 
 PROFILE = "links16"
 

@@ -6,19 +6,15 @@
 - Validation: the real bench's cluster (4 workers at 1, 1, 2, 4; the CNN; B = 192)
   simulated, to set beside the real runs of bench/RESULTS.md section 1.
 
-The 16- and 64-worker runs train the MLP, not the CNN. Measured on the shared
-2-core machine, a simulated CNN step costs about 12 ms of CPU at 16 samples
-(600 to 1,800 samples per CPU second), the MLP's whole simulated step (scheduler
-and shard included) about 4 ms at 32 (about 8,000 samples per CPU second): the
-study's 70 runs fit in the machine's share only with the MLP. Both runs of a
-comparison train the same model, so what differs between protocols is what the
-question is about: staleness, the batch split and waiting.
+The 16- and 64-worker runs train the MLP, not the CNN: a simulated sample of the
+CNN costs several times the MLP's CPU, and the study's 70 runs fit in the
+machine's share only with the MLP (the figures: bench/RESULTS.md section 5).
+Both runs of a comparison train the same model, so what differs between
+protocols is what the question is about: staleness, the batch split and waiting.
 
 Hyperparameters at scale: lr 0.02, momentum 0, 32 samples per worker (B = 512
-and 2048). The 4-worker bench's lr 0.05 with momentum 0.5 diverged under asgd at
-16 workers (pushes about 14 versions stale), and a probe at lr 0.05 without
-momentum still oscillated; 0.02 was the first value tried that trained, and
-every protocol gets it.
+and 2048), the same for every protocol; the 4-worker bench's lr 0.05 with
+momentum 0.5 does not train at 16 workers (the probes: bench/RESULTS.md section 5).
 
     python -m bench.simulate --study quick   # churn16: a slowdown, a departure, two joins; about 30 s of CPU
     python -m bench.simulate --study full --jobs 2   # the validation, then 64 + 16 workers; an hour on 2 shared cores
@@ -32,13 +28,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from bench import verdicts
-from bench.parallel_runs import run_parallel
 from bench.convergence import config_label, mark_label
+from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
 
@@ -75,15 +72,15 @@ class Part:
     def marks(self) -> tuple[str, ...]:
         """The accuracies whose times are tabled; the first is the target time-to-target claims are judged at.
 
-        The CNN's are the real bench's 85% and 88%. The MLP's target is 80%: at 64 workers, with pushes about 45
-        versions stale, asgd+fixed took the whole 150 virtual s of a probe run to reach 83%.
+        The CNN's are the real bench's 85% and 88%. The MLP's target is 80%, below what asgd+fixed reaches by the end
+        of a 64-worker run (bench/RESULTS.md section 5).
         """
         return ("0.80", "0.85") if self.model == "mlp" else ("0.85", "0.88")
 
 
 VALIDATION = Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, SEEDS, 70.0, 3.0, 1000)
-"""As the real runs: 70 s, an evaluation every 3 s; on 1,000 test images, not 10,000 (a simulated CNN
-evaluation of 10,000 took 8.6 s of CPU, 24 of them more than the rest of a run)."""
+"""As the real runs: 70 s, an evaluation every 3 s; on 1,000 test images, not 10,000, whose evaluations would
+cost more CPU than the rest of a run (bench/RESULTS.md section 5)."""
 STUDIES: dict[str, tuple[Part, ...]] = {
     "quick": (Part("churn16", "churn16", 512, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 3.0, 0.5, 1000,
                    lr=0.02, momentum=0.0),),
@@ -195,7 +192,7 @@ def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     for r, kw in styled(runs, alpha=0.7, linewidth=1.1):
-        t, samples, acc = zip(*r["curve"])
+        t, samples, acc = zip(*r["curve"], strict=True)
         ax1.plot(t, [100 * a for a in acc], **kw)
         ax2.plot(samples, [100 * a for a in acc], **kw)
     for ax, xlabel in ((ax1, "virtual seconds"), (ax2, "samples")):
@@ -241,7 +238,8 @@ def plan_of(parts: tuple[Part, ...]) -> list[Run]:
     """Every run of `parts`, the costliest part (the CNN's, then the most workers') first, seed-major within it."""
     cost = {"cnn": 2, "mlp": 1}
     ordered = sorted(parts, key=lambda p: (-cost.get(p.model, 1), -len(PROFILES[p.profile]())))
-    return [(part, seed, protocol, policy) for part in ordered for seed in part.seeds for protocol, policy in part.configs]
+    return [(part, seed, protocol, policy)
+            for part in ordered for seed in part.seeds for protocol, policy in part.configs]
 
 
 def in_plan_order(part: Part, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

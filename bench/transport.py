@@ -31,21 +31,22 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 import zmq
 
 from dynabatch.cluster.launcher import Launcher
+from dynabatch.common.builtin_tasks import builtin_init
+from dynabatch.common.catalog import MODELS
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
-from dynabatch.common.catalog import MODELS
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
@@ -159,7 +160,8 @@ class DynabatchTarget:
             welcome = link.register(Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline,
                                     launcher.check_alive)
             if welcome is None:
-                raise TimeoutError(f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker")
+                raise TimeoutError(
+                    f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker")
             wait_for("a batch for the benchmark worker", lambda: _has_batch(link.conn), launcher)
         finally:
             link.close()
@@ -227,7 +229,8 @@ def serve_raw(update: bool) -> None:
     weight decay and rate, to parameters of its size, and a pull answers with those
     parameters (in place, a pull being sent may see a later step: a ceiling may cut that
     corner, a shard may not). What is left between this ceiling and dynabatch is
-    dynabatch's own cost (codec, chunks, validation, new tensors per step, bookkeeping). It prints its endpoint on stdout and runs until it is terminated.
+    dynabatch's own cost (codec, chunks, validation, new tensors per step, bookkeeping).
+    It prints its endpoint on stdout and runs until it is terminated.
     """
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -250,7 +253,7 @@ def serve_raw(update: bool) -> None:
             size = int.from_bytes(frame.buffer, "little")
             if update:
                 param, _ = state(size)
-                sock.send_multipart([identity, memoryview(param.numpy()).cast("B")], copy=False)
+                sock.send_multipart([identity, param.numpy().data.cast("B")], copy=False)
                 continue
             if len(payload) < size:
                 payload = bytearray(size)
@@ -271,9 +274,9 @@ class RawTarget:
     def __init__(self, ctx: zmq.Context, server: tuple[str, int], params: int) -> None:
         endpoint, pid = server
         self.step_bytes = 2 * params * BYTES_PER_PARAM
-        self.server_pids = (pid,)
+        self.server_pids: tuple[int, ...] = (pid,)
         self.request = (params * BYTES_PER_PARAM).to_bytes(RAW_PULL_REQUEST_BYTES, "little")
-        self.grad = memoryview(torch.full((params,), GRAD_VALUE).numpy()).cast("B")
+        self.grad = torch.full((params,), GRAD_VALUE).numpy().data.cast("B")
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
@@ -293,6 +296,7 @@ def start_raw_server(launcher: Launcher, update: bool) -> tuple[str, int]:
     mode = "update" if update else "plain"
     server = launcher.spawn(f"raw-server-{mode}", "raw-server", [sys.executable, __file__, "--serve-raw", mode],
                             pipe_stdout=True)
+    assert server.proc.stdout is not None  # pipe_stdout
     endpoint = server.proc.stdout.readline().decode().strip()
     if not endpoint:
         launcher.check_alive()
@@ -343,7 +347,7 @@ class SizeResult:
         return self.push_pull.mb_per_s / self.raw_sgd.mb_per_s if self.push_pull and self.raw_sgd else None
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SizeResult":
+    def from_dict(cls, d: dict) -> SizeResult:
         """Back from results.json (which also holds the derived ratios)."""
         fields = {k: v for k, v in d.items() if k not in ("ratio", "push_pull_ratio", "push_pull_sgd_ratio")}
         optional = {k: Side(**d[k]) if d.get(k) else None for k in ("push_pull", "raw_sgd")}
@@ -444,20 +448,25 @@ def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params:
         log(f"[{label}] profiling {steps} dynabatch push+pull steps")
         profiler = cProfile.Profile()
         start = time.perf_counter()
-        profiler.runcall(lambda: [dyn.push_pull_step() for _ in range(steps)])
+
+        def profiled() -> None:
+            for _ in range(steps):
+                dyn.push_pull_step()
+
+        profiler.runcall(profiled)
         elapsed = time.perf_counter() - start
     text = [f"# {label}: {steps} steps in {elapsed:.2f} s ({elapsed / steps * 1e3:.2f} ms/step, profiled)\n",
-            "## client (this process)\n", _top(pstats.Stats(profiler)),
-            "## shard (dynabatch ps)\n", _top(pstats.Stats(str(shard_prof)))]
+            "## client (this process)\n", _top(profiler),
+            "## shard (dynabatch ps)\n", _top(str(shard_prof))]
     path = out / f"profile-{label}.txt"
     path.write_text("\n".join(text))
     log(f"[{label}] profile written to {path}")
 
 
-def _top(stats: pstats.Stats, lines: int = 25) -> str:
+def _top(profile: cProfile.Profile | str, lines: int = 25) -> str:
+    """The `lines` functions of `profile` (a profiler, or the file one wrote) that took the most time themselves."""
     buf = io.StringIO()
-    stats.stream = buf
-    stats.sort_stats("tottime").print_stats(lines)
+    pstats.Stats(profile, stream=buf).sort_stats("tottime").print_stats(lines)
     return buf.getvalue()
 
 
@@ -471,7 +480,8 @@ def table(results: list[SizeResult]) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         fused = (f"{r.push_pull_ratio:.2f} | {_step(r.push_pull)}" if r.push_pull else "– | –")
-        sgd = (f"{_step(r.raw_sgd)} | {r.push_pull_sgd_ratio:.2f}" if r.push_pull_sgd_ratio is not None else "– | –")
+        sgd = (f"{_step(r.raw_sgd)} | {r.push_pull_sgd_ratio:.2f}"
+               if r.raw_sgd and r.push_pull_sgd_ratio is not None else "– | –")
         rows.append(f"| {r.size} | {r.params:,} | {r.chunk_bytes >> 10} KiB | {r.shards} | "
                     f"{r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
                     f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} | {fused} | {sgd} |")
@@ -480,7 +490,8 @@ def table(results: list[SizeResult]) -> str:
 
 def cpu_table(results: list[SizeResult]) -> str:
     """Where each target's step goes in CPU: a target that takes longer without more CPU is waiting."""
-    rows = ["| size | target | step | client CPU per step | server CPU per step | both |", "|---|---|---:|---:|---:|---:|"]
+    rows = ["| size | target | step | client CPU per step | server CPU per step | both |",
+            "|---|---|---:|---:|---:|---:|"]
     for r in results:
         sides = {"dynabatch": r.dynabatch, "push+pull": r.push_pull, "raw": r.raw, "raw+sgd": r.raw_sgd}
         for name, side in sides.items():

@@ -32,7 +32,6 @@ from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
 
-
 STEP_LRS = (0.005, 0.01, 0.02, 0.04)
 """Step sizes tried for a method that steps once per worker's gradient (B/n samples on average)."""
 ROUND_LRS = (0.05, 0.1, 0.2, 0.4)

@@ -2,8 +2,9 @@
 
 Every rule is written down before the numbers come in (a tolerance of one
 accuracy point, medians over seeds with a mark never reached counting as
-never, "sooner" only by more than the evaluation interval), so a verdict cannot be argued into agreement afterwards. A claim whose
-configurations were not run in this mode says so instead of guessing.
+never, "sooner" only by more than the evaluation interval), so a verdict cannot be
+argued into agreement afterwards. A claim whose configurations were not run in this
+mode says so instead of guessing.
 """
 
 from __future__ import annotations
@@ -94,10 +95,10 @@ def communication_claims(runs: list[dict[str, Any]], policy: str) -> list[Verdic
     if msd and local:
         sps_m, sps_l = _mean(msd, "samples_per_s"), _mean(local, "samples_per_s")
         acc_m, acc_l = _mean(msd, "final_test_acc"), _mean(local, "final_test_acc")
-        out += [Verdict(f"multi-step delay trains faster than local SGD by not waiting for the average ({policy} batches)",
-                        f"{sps_m:.0f} vs {sps_l:.0f} samples/s ({sps_m / sps_l:.2f}x)", sps_m > sps_l),
-                Verdict(f"multi-step delay keeps local SGD's accuracy at equal time (within {ACC_TOLERANCE:.0%} points)",
-                        f"{_pct(acc_m)} vs {_pct(acc_l)}", acc_m >= acc_l - ACC_TOLERANCE)]
+        faster = f"multi-step delay trains faster than local SGD by not waiting for the average ({policy} batches)"
+        as_good = f"multi-step delay keeps local SGD's accuracy at equal time (within {ACC_TOLERANCE:.0%} points)"
+        out += [Verdict(faster, f"{sps_m:.0f} vs {sps_l:.0f} samples/s ({sps_m / sps_l:.2f}x)", sps_m > sps_l),
+                Verdict(as_good, f"{_pct(acc_m)} vs {_pct(acc_l)}", acc_m >= acc_l - ACC_TOLERANCE)]
     else:
         out.append(Verdict("multi-step delay against local SGD", "configuration not run in this mode", None))
     return out

@@ -10,7 +10,7 @@ import faulthandler
 import importlib
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from dynabatch.common.atomic_file import storage_error
 
@@ -49,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     module = importlib.import_module(COMMANDS[args[0]][0])
     try:
-        return module.main(args[1:])
+        code: int = module.main(args[1:])
+        return code
     except OSError as exc:
         # A full or read-only disk: one line, and exit 2, so that `dynabatch run` does not restart a
         # process that would only fail again (cluster/restart_policy.py).

@@ -26,9 +26,9 @@ from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.model_signature import ModelSignature, signature, signature_from_fields
 from dynabatch.common.task_check import load_task
+from dynabatch.common.verified_files import read_verified
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
-from dynabatch.common.verified_files import read_verified
 
 
 class ExportError(ValueError):

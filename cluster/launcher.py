@@ -29,9 +29,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 from dynabatch.cluster.parent_death import die_with_parent
 from dynabatch.common.atomic_file import no_space_left, write_text_atomic
@@ -241,7 +242,7 @@ class Launcher:
         return self._again(child, f"{child.endpoint} was taken before it could bind; started on {endpoint}", cmd,
                            rebinds=child.rebinds + 1, endpoint=endpoint)
 
-    def _again(self, child: Child, why: str, cmd: list[str], **changes: object) -> Child:
+    def _again(self, child: Child, why: str, cmd: list[str], **changes: Any) -> Child:
         with open(child.log_path, "ab") as log_file:
             log_file.write(f"--- {why} ---\n".encode())
         start = _log_size(child.log_path)

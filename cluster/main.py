@@ -20,22 +20,22 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dynabatch.common.atomic_file import write_text_atomic
-from dynabatch.common.cli_support import load_curve_keys, setup_logging
-from dynabatch.common.config import JobConfig, check_flags_against_task
-from dynabatch.common.curve import CurveKeys, CurveOptions
-from dynabatch.common.catalog import BUILTIN_METRICS
-from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
-from dynabatch.task_error import TaskError
-from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
-from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
-from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress, format_rollback
-from dynabatch.cluster.restart_policy import CONFIG_ERROR_EXIT, after_exit
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
+from dynabatch.cluster.restart_policy import CONFIG_ERROR_EXIT, after_exit
+from dynabatch.common.atomic_file import write_text_atomic
+from dynabatch.common.catalog import BUILTIN_METRICS
+from dynabatch.common.cli_support import load_curve_keys, setup_logging
+from dynabatch.common.config import JobConfig, check_flags_against_task
+from dynabatch.common.curve import CurveKeys, CurveOptions
+from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
+from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
+from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
+from dynabatch.common.transport import Connection, RemoteError, open_context
+from dynabatch.task_error import TaskError
 
 log = logging.getLogger("dynabatch.run")
 

@@ -14,11 +14,11 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def metric_by_label(text: str, name: str, label: str) -> Counter:
-    """The samples named `name`, summed by the value of their `label`."""
-    out: Counter = Counter()
+def metric_by_label(text: str, name: str, label: str) -> Counter[str]:
+    """The samples of counter `name`, summed by the value of their `label`."""
+    out: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == name and label in s.labels:
-                out[s.labels[label]] += s.value
+                out[s.labels[label]] += int(s.value)  # a counter's samples are whole numbers
     return out

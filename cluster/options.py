@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.shared_options import ShardCheckpointOptions, TaskOptions, TrainingOptions, check_task_flag
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.task_spec import anchored_task_spec
-from dynabatch.cluster.metric_target import MetricTarget
 
 
 @dataclass

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common import staleness
 from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.wire import decode_map
-from dynabatch.cluster.metric_target import MetricTarget
 
 ACCURACY_MARKS = (0.85, 0.88)
 WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "samples")
@@ -55,7 +55,8 @@ def write_timeline(run_dir: Path, timeline: list[Snapshot]) -> None:
 
 
 def read_timeline(path: Path) -> list[JobStatus]:
-    """The statuses of a timeline.json that `write_timeline` wrote, checked as a STATUS reply is (ProtocolError if not)."""
+    """The statuses of a timeline.json that `write_timeline` wrote, checked as a STATUS reply is (ProtocolError
+    if not)."""
     entries = json.loads(path.read_text())
     if not isinstance(entries, list):
         raise ValueError(f"{path} does not hold a list of snapshots")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import partial
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,7 @@ def write_plots(run_dir: Path, timeline: list[JobStatus]) -> list[Path]:
         fig.tight_layout()
         paths.append(run_dir / name)
         try:  # a full disk leaves the previous plot, never half of one
-            write_atomic(paths[-1], lambda f: fig.savefig(f, format="png", dpi=100))
+            write_atomic(paths[-1], partial(fig.savefig, format="png", dpi=100))
         finally:
             plt.close(fig)
     return paths
@@ -110,7 +112,7 @@ def step_times(timeline: list[JobStatus], wid: str) -> tuple[list[float], list[f
     in between), at the later one's time; NaN where it took no step, so a gap is drawn, not a line."""
     seen = [s for s in timeline if wid in s.workers]
     t, step = [], []
-    for before, after in zip(seen, seen[1:]):
+    for before, after in pairwise(seen):
         a, b = before.workers[wid], after.workers[wid]
         steps = b.observed_steps - a.observed_steps
         t.append(after.t)
@@ -136,7 +138,7 @@ def _draw_evaluations(plt: Any, timeline: list[JobStatus], config: dict[str, Any
     loss_ax.plot([e.eval_t for e in evals], [NAN if e.test_loss is None else e.test_loss for e in evals], "o",
                  label="evaluation loss")
     loss_ax.set_ylabel("loss")
-    for ax, names in zip(axes[0][1:], groups):
+    for ax, names in zip(axes[0][1:], groups, strict=True):
         for name in names:
             ax.plot([e.eval_t for e in evals], [e.metrics.get(name, NAN) for e in evals], "o", label=name)
         ax.set_ylabel(names[0] if len(names) == 1 else "evaluation metrics in [0, 1]")

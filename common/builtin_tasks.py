@@ -15,15 +15,15 @@ from dynabatch.common.chunking import flat_params
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.messages import Init
-from dynabatch.common.models import build_model
 from dynabatch.common.model_signature import signature_fields
+from dynabatch.common.models import build_model
 from dynabatch.common.task_check import check_task
 from dynabatch.task import Task
 
 AUGMENT_SEED = 17
 
 
-class ImageSet(TorchDataset):
+class ImageSet(TorchDataset[tuple[torch.Tensor, torch.Tensor]]):
     """One split of a built-in image dataset as a map-style Dataset of (image, label) pairs."""
 
     def __init__(self, data: Dataset, train: bool) -> None:
@@ -39,7 +39,7 @@ class ImageSet(TorchDataset):
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Many samples in one tensor operation (normalised; training images augmented where the set is)."""
         x, y = make_batch(self.data, torch.as_tensor(indices, dtype=torch.int64), self.train, self.generator)
-        return list(zip(x.unbind(0), y.unbind(0)))
+        return list(zip(x.unbind(0), y.unbind(0), strict=True))
 
 
 def builtin_task(dataset: str, model: str, data_dir: str | None = None) -> Task:

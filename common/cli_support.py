@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dynabatch.common.config import MetricsOptions
 from dynabatch.common.curve import CurveKeyError, CurveKeys, CurveOptions
@@ -21,7 +22,7 @@ def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: 
     for cls in classes:
         add_flags(parser, cls)
     args = parser.parse_args(argv)
-    configs = [from_args(cls, args) for cls in classes]
+    configs: list[Any] = [from_args(cls, args) for cls in classes]
     try:
         for cfg in configs:
             if hasattr(cfg, "validate"):

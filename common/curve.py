@@ -36,9 +36,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import zmq
 import zmq.auth
@@ -56,14 +56,15 @@ CONNECTS_AS = {"ps": "shard", "worker": "worker", "evaluator": "evaluator", "run
 KEY_FILES = ("server.key", "server.key_secret") + tuple(f"{r}.key{s}" for r in CLIENT_ROLES for s in ("", "_secret"))
 KEYS_BY_ROLE: dict[str, tuple[str, ...]] = {
     "scheduler": ("server.key_secret", "shard.key", "worker.key", "evaluator.key"),  # binds only
-    "ps": ("server.key_secret", "worker.key", "evaluator.key", "shard.key_secret"),  # binds, and connects to the scheduler
+    # binds, and connects to the scheduler
+    "ps": ("server.key_secret", "worker.key", "evaluator.key", "shard.key_secret"),
     "worker": ("server.key", "worker.key_secret"),  # connects only
     "evaluator": ("server.key", "evaluator.key_secret"),  # `dynabatch worker --evaluator`: connects only
     "run": KEY_FILES,  # starts all of the above with the same folder
 }
 NAMED_KEY = re.compile(r"^(shard|worker|evaluator)-([A-Za-z0-9][A-Za-z0-9_.-]{0,62})\.key$")
 # Handshake failures a server counts as refused peers, by the reason label they get.
-REFUSALS = {
+REFUSALS: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # right server key, client key not admitted by ZAP
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # no CURVE, wrong server key, or not ZMTP at all
     # The peer hung up mid-handshake: a client without CURVE that saw the mismatch
@@ -149,7 +150,7 @@ def _read(path: Path, secret: bool) -> tuple[bytes, bytes | None]:
     return public, secret_key
 
 
-def secure_client(sock: zmq.Socket, keys: CurveKeys) -> None:
+def secure_client(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:
     """Make `sock` a CURVE client: it talks only to a server holding the server secret.
 
     Must run before the socket connects.
@@ -161,7 +162,7 @@ def secure_client(sock: zmq.Socket, keys: CurveKeys) -> None:
     sock.curve_secretkey = keys.client_secret
 
 
-def secure_server(sock: zmq.Socket, keys: CurveKeys) -> None:
+def secure_server(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:
     """Make `sock` a CURVE server (before it binds); who may connect is the ZAP handler's call."""
     if keys.server_secret is None:
         raise CurveKeyError("this process binds a socket but loaded no server.key_secret")
@@ -183,7 +184,7 @@ class AdmitClientKeys:
 class RoleAuthenticator(ThreadAuthenticator):
     """The ZAP handler, naming each admitted connection by its key's file (`worker`, `worker-gpu-a`)."""
 
-    def __init__(self, ctx: zmq.Context, admitted: dict[bytes, str]) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], admitted: dict[bytes, str]) -> None:
         super().__init__(ctx)
         self.admitted = admitted
 
@@ -191,7 +192,7 @@ class RoleAuthenticator(ThreadAuthenticator):
         return self.admitted[z85.encode(client_public_key)]
 
 
-def start_authenticator(ctx: zmq.Context, keys: CurveKeys) -> ThreadAuthenticator:
+def start_authenticator(ctx: zmq.Context[zmq.Socket[bytes]], keys: CurveKeys) -> ThreadAuthenticator:
     """The context's ZAP handler (a daemon thread): every CURVE server socket of `ctx` asks it."""
     auth = RoleAuthenticator(ctx, keys.admitted)
     auth.start()
@@ -199,7 +200,7 @@ def start_authenticator(ctx: zmq.Context, keys: CurveKeys) -> ThreadAuthenticato
     return auth
 
 
-def watch_refusals(sock: zmq.Socket, on_refused: Callable[[str], None]) -> threading.Thread:
+def watch_refusals(sock: zmq.Socket[bytes], on_refused: Callable[[str], None]) -> threading.Thread:
     """Call `on_refused(reason)` for every peer whose handshake with `sock` fails.
 
     Counting happens on the socket's monitor events rather than in the ZAP handler:

@@ -16,8 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from dynabatch.common.catalog import DATASETS
-from dynabatch.common.dataset_files import (CIFAR_FILES, IDX_FILES, check_images_and_labels, find_dataset, idx_content,
-                                            idx_file)
+from dynabatch.common.dataset_files import (
+    CIFAR_FILES,
+    IDX_FILES,
+    check_images_and_labels,
+    find_dataset,
+    idx_content,
+    idx_file,
+)
 
 _STATS = {
     "mnist": ((0.1307,), (0.3081,)),
@@ -102,6 +108,8 @@ def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
     """Load a whole dataset into memory; dataset_files.find_dataset says where its files are looked for."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     if name == "synthetic":
         tr_x, tr_y, te_x, te_y = _synthetic()
         pixels = tr_x.float() / 255

@@ -23,8 +23,9 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import cast
 
 MAX_OPEN = 256  # connections held at once
 MAX_REQUEST_BYTES = 8192
@@ -85,7 +86,7 @@ class SelectorHTTPServer:
             if key.fileobj is self._listener:
                 self._accept()
                 continue
-            conn = self._conns.get(key.fileobj)  # type: ignore[arg-type]
+            conn = self._conns.get(cast(socket.socket, key.fileobj))  # registered by _accept
             if conn is None:
                 continue
             if events & selectors.EVENT_READ and conn.reply is None:
@@ -147,6 +148,8 @@ class SelectorHTTPServer:
         self._write(conn)
 
     def _write(self, conn: _Conn) -> None:
+        if conn.reply is None:  # the request is not in yet
+            return
         try:
             sent = conn.sock.send(conn.reply)
         except (BlockingIOError, InterruptedError):

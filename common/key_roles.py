@@ -9,7 +9,7 @@ there is no key and the check passes: roles are then whatever peers claim.
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.wire import ProtocolError

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 

@@ -10,6 +10,7 @@ vector is the whole state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -93,7 +94,8 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(self.stem(x))
-        return self.head(x.mean(dim=(2, 3)))
+        logits: torch.Tensor = self.head(x.mean(dim=(2, 3)))
+        return logits
 
 
 class Flat(nn.Module):
@@ -123,7 +125,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     exactly as it was (layers initialise on the CPU, so no other device is involved).
     """
     base, size = model_size(name)
-    builders = {
+    builders: dict[str, Callable[[], nn.Module]] = {
         "mlp": lambda: _mlp(input_shape, num_classes),
         "cnn": lambda: _cnn(input_shape, num_classes),
         "resnet": lambda: ResNet(input_shape, num_classes, blocks_per_stage=3),  # ResNet-20

@@ -31,7 +31,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     if top - LOWEST < 1000:  # a system whose ephemeral range starts low: fall back to asking the kernel
         with socket.socket() as s:
             s.bind((host, 0))
-            return s.getsockname()[1]
+            return int(s.getsockname()[1])
     for _ in range(ATTEMPTS):
         port = random.randrange(LOWEST, top)
         with socket.socket() as s:

@@ -34,7 +34,7 @@ class ProtocolSettings:
     FLAGS: ClassVar[tuple[str, ...]] = ()  # the job's fields (flags) the settings' fields are built from, in order
 
     @classmethod
-    def from_job(cls, job: "JobConfig") -> "ProtocolSettings":
+    def from_job(cls, job: JobConfig) -> ProtocolSettings:
         """The settings from the job's flags (the flags keep their names; each belongs to one protocol)."""
         return cls(*(getattr(job, flag) for flag in cls.FLAGS))
 
@@ -144,7 +144,8 @@ class ProtocolSpec:
 SPECS: dict[str, ProtocolSpec] = {
     spec.name: spec
     for spec in (
-        ProtocolSpec("asgd", "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
+        ProtocolSpec("asgd",
+                     "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
@@ -183,7 +184,7 @@ def protocol_spec(name: str) -> ProtocolSpec:
         raise ValueError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)}") from None
 
 
-def protocol_settings(job: "JobConfig") -> ProtocolSettings:
+def protocol_settings(job: JobConfig) -> ProtocolSettings:
     """The job's protocol's own settings, from the job's flags."""
     return protocol_spec(job.protocol).settings.from_job(job)
 

@@ -19,8 +19,8 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import zmq
 
@@ -38,7 +38,7 @@ BYE_ATTEMPT_S = 1.0
 class SchedulerLink:
     """DEALER to the scheduler plus the registration and assignment protocol."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, job: str, name: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, job: str, name: str) -> None:
         self.conn = Connection(ctx, endpoint, job, name)
         self.instance = secrets.token_hex(8)  # makes a repeated HELLO of ours harmless (see Hello)
         self.assignment: Assignment | None = None

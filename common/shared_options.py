@@ -15,8 +15,8 @@ from dynabatch.common.config import JobName
 from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.metrics import ON_FINISH
-from dynabatch.task_error import TaskError
 from dynabatch.common.task_spec import split_task_spec
+from dynabatch.task_error import TaskError
 
 
 def check_task_flag(spec: str) -> None:

@@ -22,7 +22,7 @@ class Slowdown:
     phases: tuple[tuple[float, float], ...]
 
     @classmethod
-    def parse(cls, text: str) -> "Slowdown":
+    def parse(cls, text: str) -> Slowdown:
         """Parse a schedule; raises ValueError with the offending item."""
         phases: list[tuple[float, float]] = []
         for i, item in enumerate(text.split(",")):

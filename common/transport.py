@@ -17,13 +17,21 @@ import resource
 import secrets
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from dynabatch.common.curve import CurveKeys, key_role, secure_client, secure_server, start_authenticator, watch_refusals
+from dynabatch.common.curve import (
+    CurveKeys,
+    key_role,
+    secure_client,
+    secure_server,
+    start_authenticator,
+    watch_refusals,
+)
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.messages import Error
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode
@@ -53,17 +61,17 @@ class _Curve:
     authenticator: ThreadAuthenticator | None = None  # the context's ZAP handler, started with its first server socket
 
 
-_CURVE: weakref.WeakKeyDictionary[zmq.Context, _Curve] = weakref.WeakKeyDictionary()
+_CURVE: weakref.WeakKeyDictionary[zmq.Context[zmq.Socket[bytes]], _Curve] = weakref.WeakKeyDictionary()
 
 
-def open_context(curve: CurveKeys | None) -> zmq.Context:
+def open_context(curve: CurveKeys | None) -> zmq.Context[zmq.Socket[bytes]]:
     """The process's context; with keys, every socket it makes from now on uses CURVE.
 
     The process's descriptor limit is raised to its hard limit first: ZeroMQ takes one per accepted
     connection, and the process's own files (checkpoints, progress) must still open under a flood.
     """
     raise_descriptor_limit()
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     if curve is not None:
         use_curve(ctx, curve)
     return ctx
@@ -78,20 +86,21 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
-def use_curve(ctx: zmq.Context, keys: CurveKeys) -> None:
+def use_curve(ctx: zmq.Context[zmq.Socket[bytes]], keys: CurveKeys) -> None:
     """Secure every socket `ctx` makes from now on with `keys` (tests use it on their own contexts)."""
     _CURVE[ctx] = _Curve(keys)
 
 
-def _configure(sock: zmq.Socket) -> zmq.Socket:
+def _configure(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     return sock
 
 
 def bind_router(
-    ctx: zmq.Context, endpoint: str, on_refused: Callable[[str], None] | None = None, send_queue: int | None = None
-) -> tuple[zmq.Socket, str]:
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, on_refused: Callable[[str], None] | None = None,
+    send_queue: int | None = None,
+) -> tuple[zmq.Socket[bytes], str]:
     """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint.
 
     With CURVE on the context it admits only clients holding a client key of a role it serves;
@@ -119,7 +128,7 @@ def bind_router(
         sock.bind(endpoint)
     except zmq.ZMQError as exc:  # "Address already in use" (dynabatch run's launcher reads it), a foreign address
         sock.close(linger=0)
-        raise ConfigError(f"--bind {endpoint}: {zmq.strerror(exc.errno)}") from None
+        raise ConfigError(f"--bind {endpoint}: {exc.strerror}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
@@ -146,12 +155,12 @@ class Incoming:
 def _property(frame: zmq.Frame, name: str) -> str | None:
     """A ZeroMQ message property (ZAP "User-Id", "Peer-Address"); None where the connection has none."""
     try:
-        return frame.get(name)
+        return str(frame.get(name))
     except zmq.ZMQError:
         return None
 
 
-def recv_routed(sock: zmq.Socket, limits: WireLimits | None = None) -> Incoming:
+def recv_routed(sock: zmq.Socket[bytes], limits: WireLimits | None = None) -> Incoming:
     """Receive and validate one message from a ROUTER without raising on bad input (within `limits`, if given)."""
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
@@ -164,13 +173,13 @@ def recv_routed(sock: zmq.Socket, limits: WireLimits | None = None) -> Incoming:
 
 def reply_frames(
     body: Any, seq: int, job: str, sender: str, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()
-) -> list:
+) -> list[Any]:
     """A reply's frames, to follow the routing id on a ROUTER."""
     return encode(Message(body, list(chunks), list(tensors), job, sender, seq))
 
 
 def send_routed(
-    sock: zmq.Socket,
+    sock: zmq.Socket[bytes],
     identity: bytes,
     body: Any,
     seq: int,
@@ -188,7 +197,9 @@ def send_routed(
     return True
 
 
-def send_error(sock: zmq.Socket, incoming: Incoming, error: ProtocolError, job: str, sender: str) -> None:
+def send_error(
+    sock: zmq.Socket[bytes], incoming: Incoming, error: ProtocolError, job: str, sender: str,
+) -> None:
     """Answer a rejected message with ERROR, echoing its seq where it had one."""
     send_routed(sock, incoming.identity, error.to_error(), error.ref, job, sender)
 
@@ -202,7 +213,7 @@ class Connection:
     that one of their links dropped.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, job: str, sender: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, job: str, sender: str) -> None:
         self.endpoint = endpoint
         self.job = job
         self.sender = sender
@@ -217,11 +228,11 @@ class Connection:
         if curve is not None:
             secure_client(self.sock, curve.keys)
         self.sock.connect(endpoint)
-        self._drops: zmq.Socket | None = None
+        self._drops: zmq.Socket[bytes] | None = None
         self._last_seq = 0
         self.lost_through = 0  # requests up to this seq went out before the link last dropped (`watch_drops`)
 
-    def watch_drops(self) -> zmq.Socket:
+    def watch_drops(self) -> zmq.Socket[bytes]:
         """A socket that turns readable when this connection's link drops; `note_drops` then moves `lost_through`.
 
         ZeroMQ reconnects by itself, so a server that stopped or restarted is

@@ -17,8 +17,9 @@ for another job is not damage: the reader raises that as it is.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from dynabatch.common.atomic_file import previous_path, write_atomic
 

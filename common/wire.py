@@ -24,13 +24,15 @@ import sys
 import types
 import typing
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgpack
 
 if typing.TYPE_CHECKING:
     import torch
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 from dynabatch.common.error_codes import ErrorCode, sent_code
 from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
@@ -114,7 +116,7 @@ class Message:
 
     @property
     def type(self) -> str:
-        return self.body.TYPE
+        return cast(str, self.body.TYPE)
 
 
 def chunk_meta(chunk_id: int, tensor: torch.Tensor, version: int = 0) -> ChunkMeta:
@@ -159,7 +161,7 @@ def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
-    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+    return t.view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
 
 
 def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
@@ -211,7 +213,7 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
         raise ProtocolError(
             ErrorCode.FRAME_COUNT, f"{len(chunks)} chunks declared but {len(frames) - 1} tensor frames sent", ref
         )
-    tensors = [_frame_tensor(frame, meta, ref) for frame, meta in zip(frames[1:], chunks)]
+    tensors = [_frame_tensor(frame, meta, ref) for frame, meta in zip(frames[1:], chunks, strict=True)]
     return Message(body, chunks, tensors, envelope["job"], envelope["sender"], envelope["seq"])
 
 
@@ -335,7 +337,7 @@ def _schema(cls: type) -> _Schema:
     return schema
 
 
-def _decode_body(cls: type, envelope: Mapping[str, Any], ref: int) -> Any:
+def _decode_body(cls: type[Any], envelope: Mapping[str, Any], ref: int) -> Any:
     try:
         return _build(cls, envelope)
     except _BadValue as exc:
@@ -349,7 +351,7 @@ def decode_map(cls: type[T], data: Any, where: str) -> T:
     STATUS snapshots); `where` names the data in the ProtocolError.
     """
     try:
-        return _dataclass(cls)(data)
+        return cast(T, _dataclass(cls)(data))
     except _BadValue as exc:
         raise ProtocolError(ErrorCode.BAD_FIELD, exc.describe(where)) from None
 
@@ -370,7 +372,7 @@ def _build(cls: type, data: Mapping[str, Any]) -> Any:
     return cls(**values)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeIs[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -398,7 +400,7 @@ def _converter(hint: Any) -> _Convert:
     if origin is dict:
         key, item = typing.get_args(hint)
         return _dict_of(_converter(key), _type_name(key), _converter(item), name)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _dataclass(hint)
     raise TypeError(f"unsupported annotation {hint!r} in a message dataclass")
 
@@ -539,7 +541,7 @@ def check_finite(msg: Message) -> None:
     """
     import torch
 
-    for meta, tensor in zip(msg.chunks, msg.tensors):
+    for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
         if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
             continue
         if not bool(torch.isfinite(tensor).all()):

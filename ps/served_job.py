@@ -20,9 +20,8 @@ from prometheus_client import CollectorRegistry
 from dynabatch.common.chunking import Chunk, make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.messages import Welcome
-from dynabatch.common.protocols import protocol_settings
-from dynabatch.schedule import schedule_from_fields
 from dynabatch.common.model_signature import ModelSignature
+from dynabatch.common.protocols import protocol_settings
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.gradient_direction import GradientDirection
@@ -31,6 +30,7 @@ from dynabatch.ps.shard_metrics import ShardMetrics
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.step_size import StepSize
 from dynabatch.ps.update_rules import optimizer_spec
+from dynabatch.schedule import schedule_from_fields
 
 
 @dataclass

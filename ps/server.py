@@ -38,18 +38,18 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from dynabatch.common.chunking import BUFFERS_ID
-from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.curve import CurveKeys
+from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
+from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter
 from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite
 from dynabatch.ps.checkpoint import ForeignCheckpoint
-from dynabatch.ps.options import PsOptions
 from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment
+from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.param_guard import ParamGuard
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, UNMODELLED_BACKLOG, backlog_limit, wire_limits

@@ -21,15 +21,19 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dynabatch.common.chunking import Chunk
-from dynabatch.optim import OptimizerSpec
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, protocol_spec
 from dynabatch.common.wire import ProtocolError
+from dynabatch.optim import OptimizerSpec
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.protocol_rules import RULES, ShardRule
 from dynabatch.ps.step_size import StepSize
 from dynabatch.ps.update_rules import (
-    ChunkOptimizer, OuterOptimizer, chunk_optimizer, chunk_segments, decay_runs,
+    ChunkOptimizer,
+    OuterOptimizer,
+    chunk_optimizer,
+    chunk_segments,
+    decay_runs,
 )
 
 

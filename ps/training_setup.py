@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynabatch.common.messages import Init
-from dynabatch.schedule import schedule_from_fields
 from dynabatch.common.model_signature import ModelSignature, signature_fields, signature_from_fields
+from dynabatch.schedule import schedule_from_fields
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from dynabatch.common.config import JobConfig
-from dynabatch.optim import SGD, OptimizerSpec, optimizer_from_fields
 from dynabatch.common.protocols import OuterSettings
 from dynabatch.common.wire import ProtocolError
+from dynabatch.optim import SGD, OptimizerSpec, optimizer_from_fields
 
 Segment = tuple[int, int, float]  # [start, stop) and the weight decay of a run of parameters
 

@@ -20,7 +20,13 @@ from typing import Callable
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.messages import (
-    Assignment, EvalReport, Heartbeat, Hello, JobStatus, ShardStatus, Welcome,
+    Assignment,
+    EvalReport,
+    Heartbeat,
+    Hello,
+    JobStatus,
+    ShardStatus,
+    Welcome,
 )
 from dynabatch.common.protocols import ProtocolSpec, dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError

@@ -15,14 +15,21 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import (
-    Bye, ByeAck, DecisionLatency, EvalReport, Heartbeat, Hello, StatusReply, StatusRequest,
-)
 from dynabatch.common.curve import CurveKeys
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
+from dynabatch.common.messages import (
+    Bye,
+    ByeAck,
+    DecisionLatency,
+    EvalReport,
+    Heartbeat,
+    Hello,
+    StatusReply,
+    StatusRequest,
+)
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ProtocolError, WireLimits

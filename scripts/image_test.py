@@ -34,8 +34,9 @@ import threading
 import time
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from dynabatch.cluster.launcher import keys_per_role
 from dynabatch.cluster.metric_text import metric_sum
@@ -66,7 +67,9 @@ def recipe() -> str:
     """The Dockerfile block of k8s/README.md's "Your own model", verbatim."""
     text = (ROOT / "k8s" / "README.md").read_text()
     section = text[text.index(RECIPE_SECTION):]
-    return re.search(r"```dockerfile\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```dockerfile\n(.*?)```", section, re.S)
+    assert block is not None, f"k8s/README.md's {RECIPE_SECTION!r} has no dockerfile block"
+    return block.group(1)
 
 
 def library_wheel(folder: Path) -> Path:
@@ -177,7 +180,7 @@ def build_user_image(check: Check, work: Path) -> str:
     wheel = library_wheel(index)
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a: object) -> None:
+        def __init__(self, *a: Any) -> None:
             super().__init__(*a, directory=str(index))
 
         def log_message(self, *a: object) -> None:

@@ -13,9 +13,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import zmq
@@ -35,7 +36,8 @@ from dynabatch.worker.ps_client import ShardClients
 
 
 def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[Path, str]:
-    """`dynabatch run` to its end: (run folder, what it printed); a failure shows the run's output and the tail of every process's log.
+    """`dynabatch run` to its end: (run folder, what it printed); a failure shows the run's output and the tail
+    of every process's log.
 
     The run gets a deadline of its own, shorter than the test's, so that a job
     that hangs is stopped by `dynabatch run` and leaves its logs behind.
@@ -156,7 +158,7 @@ class Cluster:
     curve_dir: str = ""
 
     def __post_init__(self) -> None:
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         curve_dirs: dict[str, str] = {}
         if self.curve_dir:
             self.ctx = zmq.Context()
@@ -204,8 +206,9 @@ class Cluster:
                            for c in self.launcher.failed())
             raise AssertionError(f"{exc}{dead}") from None
 
-    def join_as_worker(self, standalone_sps: float = 1000.0,
-                       model: tuple[Init, torch.Tensor, torch.Tensor | None] | None = None) -> tuple[Connection, Welcome]:
+    def join_as_worker(
+        self, standalone_sps: float = 1000.0, model: tuple[Init, torch.Tensor, torch.Tensor | None] | None = None,
+    ) -> tuple[Connection, Welcome]:
         """Register a test client as a worker, as the worker does, offer the shards a model (INIT: the first
         initialises them), and heartbeat until it holds a batch. The model is the job's built-in one unless
         `model` gives (INIT, initial flat parameters, initial travelling buffers)."""
@@ -215,11 +218,15 @@ class Cluster:
                                 lambda: None)
         assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
         conn = link.conn
-        link.heartbeat(Heartbeat())  # alive from the WELCOME on, as a worker's pulse keeps it: a silent member is a ghost
+
+        def heartbeat() -> None:
+            link.heartbeat(Heartbeat())
+
+        heartbeat()  # alive from the WELCOME on, as a worker's pulse keeps it: a silent member is a ghost
         job = job_from_dict(welcome.config)
         init, flat, buffers = model or (*builtin_init(job), None)
         shards = ShardClients(self.ctx, welcome.shards, make_layout(flat.numel(), job.chunk_bytes, job.shards),
-                              job.job, welcome.id, lambda: link.heartbeat(Heartbeat()), job.heartbeat_s,
+                              job.job, welcome.id, heartbeat, job.heartbeat_s,
                               buffer_total=0 if buffers is None else buffers.numel())
         try:
             shards.init(init, flat, 30.0, buffers)

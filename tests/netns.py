@@ -33,9 +33,10 @@ import signal
 import subprocess
 import threading
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 PREFIX = "dbn"  # every namespace this module makes: dbn-<creator pid>-<token>-<host>
@@ -64,7 +65,7 @@ def unavailable() -> str | None:
     if missing:
         return f"{' and '.join(missing)} not installed (iproute2: scripts/system-deps.sh --test)"
     if os.geteuid() != 0:
-        return "network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); this runs as uid %d" % os.geteuid()
+        return f"network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); this runs as uid {os.geteuid()}"
     probe = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}-probe"
     try:
         _run("ip", "netns", "add", probe)

@@ -27,7 +27,8 @@ def descendants(pid: int) -> set[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None and st[0] != "Z":
             parents[int(entry.name)] = st[1]
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {p for p, pp in parents.items() if pp in frontier} - found
         found |= frontier

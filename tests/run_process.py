@@ -49,7 +49,7 @@ class RunProcess:
         finally:
             ctx.destroy(linger=0)
         self.children = descendants(self.proc.pid)
-        assert ROLES <= {_role(pid) for pid in self.children}, self.children
+        assert {_role(pid) for pid in self.children} >= ROLES, self.children
         return st.eval_version
 
     def end(self, timeout_s: float = 120) -> tuple[int, str, str]:

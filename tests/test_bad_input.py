@@ -7,19 +7,31 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck
+from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck, Welcome
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
-from harness import Cluster, free_port, metric_value, wait_for
+from harness import Cluster, Proc, free_port, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
 
 JOB = ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "30"]
 
 
+class ShardUnderFire(Cluster):
+    """The job, with what the fixture adds: the shard and scheduler processes, and a registered test worker's
+    connections to both."""
+
+    shard_port: int
+    shard_proc: Proc
+    sched_proc: Proc
+    worker_conn: Connection
+    welcome: Welcome
+    shard_conn: Connection
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("bad_input"), JOB)
+    c = ShardUnderFire(tmp_path_factory.mktemp("bad_input"), JOB)
     c.scheduler()
     c.shard_port = free_port()
     c.shard_proc = c.shard(0, c.shard_port)
@@ -40,17 +52,17 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def _pull(c: Cluster) -> Message:
+def _pull(c: ShardUnderFire) -> Message:
     return c.shard_conn.request(Pull(), timeout_s=5)
 
 
-def _good_push(c: Cluster, model: Message, fill: float = 0.0) -> list:
+def _good_push(c: ShardUnderFire, model: Message, fill: float = 0.0) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
     metas = [ChunkMeta(m.id, "float32", m.shape, m.version) for m in model.chunks]
     tensors = [torch.full(m.shape, fill) for m in model.chunks]
     return metas, tensors
 
 
-def _raw(c: Cluster, endpoint: str, frames: list[bytes], timeout_s: float = 5.0) -> Message | None:
+def _raw(c: ShardUnderFire, endpoint: str, frames: list[bytes], timeout_s: float = 5.0) -> Message | None:
     """Send raw frames on a fresh DEALER and return the decoded answer (None if none came)."""
     conn = c.client(endpoint)
     try:
@@ -73,9 +85,15 @@ def _env(**fields) -> bytes:
     return msgpack.packb(base)
 
 
-def _cases(c: Cluster, model: Message) -> dict[str, tuple[list[bytes], str]]:
+def _frames(body: Push, metas: list[ChunkMeta], tensors: list[torch.Tensor], sender: str,
+            job: str = "dynabatch") -> list[bytes]:
+    """A message as the bytes of its frames, sequence number 9."""
+    return [bytes(f) for f in encode(Message(body, metas, tensors, job, sender, 9))]
+
+
+def _cases(c: ShardUnderFire, model: Message) -> dict[str, tuple[list[bytes], str]]:
     metas, tensors = _good_push(c, model, 1.0)
-    good = [bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, "dynabatch", c.welcome.id, 9))]
+    good = _frames(Push(samples=8), metas, tensors, c.welcome.id)
     nan = [t.clone() for t in tensors]
     nan[0][0] = float("nan")
     inf = [t.clone() for t in tensors]
@@ -92,17 +110,14 @@ def _cases(c: Cluster, model: Message) -> dict[str, tuple[list[bytes], str]]:
         "future protocol version": ([_env(v=PROTOCOL_VERSION + 1, type="PULL")], "version"),
         "unknown type": ([_env(type="EXPLODE")], "unknown_type"),
         "wrong field type": ([_env(type="PUSH", samples="many")], "bad_field"),
-        "unknown chunk id": (
-            [bytes(f) for f in encode(Message(Push(samples=8), unknown, tensors, "dynabatch", sid, 9))], "unknown_chunk"),
-        "NaN gradient": ([bytes(f) for f in encode(Message(Push(samples=8), metas, nan, "dynabatch", sid, 9))], "non_finite"),
-        "Inf gradient": ([bytes(f) for f in encode(Message(Push(samples=8), metas, inf, "dynabatch", sid, 9))], "non_finite"),
-        "wrong shape": ([bytes(f) for f in encode(Message(
-            Push(samples=8), [ChunkMeta(metas[0].id, "float32", (3,), 0)], [torch.ones(3)], "dynabatch", sid, 9))],
-            "bad_shape"),
-        "unknown worker": ([bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, "dynabatch", "w999", 9))],
-                           "unknown_sender"),
-        "zero samples": ([bytes(f) for f in encode(Message(Push(samples=0), metas, tensors, "dynabatch", sid, 9))], "bad_field"),
-        "other job": ([bytes(f) for f in encode(Message(Push(samples=8), metas, tensors, "other", sid, 9))], "wrong_job"),
+        "unknown chunk id": (_frames(Push(samples=8), unknown, tensors, sid), "unknown_chunk"),
+        "NaN gradient": (_frames(Push(samples=8), metas, nan, sid), "non_finite"),
+        "Inf gradient": (_frames(Push(samples=8), metas, inf, sid), "non_finite"),
+        "wrong shape": (
+            _frames(Push(samples=8), [ChunkMeta(metas[0].id, "float32", (3,), 0)], [torch.ones(3)], sid), "bad_shape"),
+        "unknown worker": (_frames(Push(samples=8), metas, tensors, "w999"), "unknown_sender"),
+        "zero samples": (_frames(Push(samples=0), metas, tensors, sid), "bad_field"),
+        "other job": (_frames(Push(samples=8), metas, tensors, sid, job="other"), "wrong_job"),
         "wrong message for a shard": ([_env(type="HELLO", role="worker")], "unexpected_type"),
     }
 
@@ -120,7 +135,7 @@ def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluste
         assert c.shard_proc.alive(), f"the shard died on {what}"
     after = _pull(c)
     assert after.body.version == before.body.version
-    for a, b in zip(after.tensors, before.tensors):
+    for a, b in zip(after.tensors, before.tensors, strict=True):
         assert torch.equal(a, b)
     text = c.shard_proc.metrics()
     for code in {code for _, code in cases.values()}:
@@ -135,7 +150,7 @@ def test_a_good_push_after_the_garbage_is_applied(cluster):
     ack = c.shard_conn.request(Push(samples=8), 5, metas, tensors)
     assert isinstance(ack.body, PushAck) and ack.body.version == before.body.version + 1
     after = _pull(c)
-    assert any(not torch.equal(a, b) for a, b in zip(after.tensors, before.tensors))
+    assert any(not torch.equal(a, b) for a, b in zip(after.tensors, before.tensors, strict=True))
 
 
 def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster):
@@ -170,10 +185,11 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster)
     assert reply.body.batch > 0
 
 
-def _garbage_counted(c: Cluster) -> float:
+def _garbage_counted(c: ShardUnderFire) -> float:
     """Garbage the shard refused: unparsable, or (with more tensor frames than it has chunks) refused unparsed."""
     text = c.shard_proc.metrics()
-    return sum(metric_value(text, "dynabatch_bad_messages_total", role="ps", reason=r) for r in ("malformed", "bad_chunk"))
+    return sum(metric_value(text, "dynabatch_bad_messages_total", role="ps", reason=r)
+               for r in ("malformed", "bad_chunk"))
 
 
 def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster):
@@ -196,4 +212,4 @@ def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster):
     assert c.shard_proc.alive()
     model_after = _pull(c)  # it still serves, and the garbage changed nothing
     assert model_after.body.version == model_before.body.version
-    assert all(torch.equal(a, b) for a, b in zip(model_after.tensors, model_before.tensors))
+    assert all(torch.equal(a, b) for a, b in zip(model_after.tensors, model_before.tensors, strict=True))

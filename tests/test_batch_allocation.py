@@ -5,7 +5,13 @@ import pytest
 
 from dynabatch.common.protocols import SPECS
 from dynabatch.scheduler.batch_allocation import (
-    allocate, allocate_compute, allocate_round, allocation_for, bounds_note, fixed_allocation, needs_reassign,
+    allocate,
+    allocate_compute,
+    allocate_round,
+    allocation_for,
+    bounds_note,
+    fixed_allocation,
+    needs_reassign,
     round_samples_per_s,
 )
 from dynabatch.scheduler.speed_model import StepModel
@@ -25,7 +31,7 @@ def reference_shares(models: dict[str, StepModel], total: int, b_min: int, b_max
             lo = t
         else:
             hi = t
-    return dict(zip(models, np.clip((0.5 * (lo + hi) - a) / c, lower, upper).tolist()))
+    return dict(zip(models, np.clip((0.5 * (lo + hi) - a) / c, lower, upper).tolist(), strict=True))
 
 
 def test_proportional_speeds_give_proportional_batches() -> None:
@@ -207,6 +213,12 @@ def test_fixed_allocation_fills_equal_shares_around_capped_workers() -> None:
     assert fixed_allocation(["a", "b", "c"], 96, 8, 1024, caps={"a": 64}) == {"a": 32, "b": 32, "c": 32}
 
 
+def _equal_but_for_bounds(batches: dict[str, int], lower: dict[str, int], upper: dict[str, int], b_max: int) -> bool:
+    """Some level puts every batch at that level or one more, once clipped to the worker's bounds."""
+    return any(all(b in (np.clip(level, lower[w], upper[w]), np.clip(level + 1, lower[w], upper[w]))
+                   for w, b in batches.items()) for level in range(b_max + 1))
+
+
 def test_random_capped_allocations_keep_sum_and_bounds_and_match_reference() -> None:
     rng = random.Random(4321)
     for _ in range(500):
@@ -227,11 +239,7 @@ def test_random_capped_allocations_keep_sum_and_bounds_and_match_reference() -> 
             assert abs(dynamic[worker] - share) < 1 + 1e-6
         fixed = fixed_allocation(ids, total, b_min, b_max, caps)
 
-        def at_level(level: int) -> bool:
-            return all(fixed[w] in (np.clip(level, lower[w], upper[w]), np.clip(level + 1, lower[w], upper[w]))
-                       for w in ids)
-
-        assert any(at_level(level) for level in range(b_max + 1)), ("equal shares but for the bounds", fixed)
+        assert _equal_but_for_bounds(fixed, lower, upper, b_max), ("equal shares but for the bounds", fixed)
 
 
 def test_a_cap_below_one_is_refused() -> None:

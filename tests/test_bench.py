@@ -24,7 +24,8 @@ def _run(protocol: str, policy: str, seed: int, acc: float, loss: float, sps: fl
         samples_per_s=sps, fraction_of_standalone=frac / 2, sum_standalone=8000.0, fraction_of_compute=frac,
         sum_compute=4000.0, slowest_compute=400.0,
         staleness_mean=1.5, staleness_p99=4, bytes_per_sample=bps, train_s=60.0,
-        accuracy_curve=[(5.0, 0.7), (10.0, acc)], loss_curve=[(1.0, 1.0), (10.0, loss)], batches=[[0.0, 64, 64, 40, 24]],
+        accuracy_curve=[(5.0, 0.7), (10.0, acc)], loss_curve=[(1.0, 1.0), (10.0, loss)],
+        batches=[[0.0, 64, 64, 40, 24]],
     )
 
 
@@ -78,7 +79,8 @@ def test_a_mark_never_reached_counts_as_never_in_the_median():
 
 
 def test_verdicts_follow_the_figures():
-    by_claim = {v.claim: v for v in verdicts.paper_claims(_runs(), 3.0) + verdicts.targets(_runs(), {"speed_ratio": 0.75}, 3.0)}
+    claims = verdicts.paper_claims(_runs(), 3.0) + verdicts.targets(_runs(), {"speed_ratio": 0.75}, 3.0)
+    by_claim = {v.claim: v for v in claims}
     assert by_claim["DBS-SGD reaches a lower training loss than ASGD at equal time"].holds is True
     assert by_claim["DBS-SGD reaches 88% sooner than asgd+fixed (median over seeds)"].holds is True
     assert by_claim["DBS-SGD reaches 88% sooner than ssgd+fixed (median over seeds)"].measured.startswith("51 s vs not")
@@ -86,7 +88,8 @@ def test_verdicts_follow_the_figures():
     ddp = by_claim["synchronous steps at least 0.8x the speed of DDP/gloo"]
     assert ddp.holds is False and "missed by 0.05" in ddp.measured
     assert by_claim["multi-step delay moves fewer bytes per sample than SSGD (dynamic batches)"].holds is True
-    assert by_claim["multi-step delay trains faster than local SGD by not waiting for the average (dynamic batches)"].holds
+    faster = "multi-step delay trains faster than local SGD by not waiting for the average (dynamic batches)"
+    assert by_claim[faster].holds
 
 
 def test_a_missed_fraction_says_by_how_much():

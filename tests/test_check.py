@@ -11,8 +11,14 @@ import torch
 from torch import nn
 
 from dynabatch.cluster import check_command
-from dynabatch.cluster.dry_run import (COUNTER_POLICY, FIXED_BUFFER_POLICY, FROZEN_POLICY, TRAINED_BUFFER_POLICY, dry_run,
-                                       fit_line)
+from dynabatch.cluster.dry_run import (
+    COUNTER_POLICY,
+    FIXED_BUFFER_POLICY,
+    FROZEN_POLICY,
+    TRAINED_BUFFER_POLICY,
+    dry_run,
+    fit_line,
+)
 from dynabatch.common.config import JobConfig
 from dynabatch.task import Task
 from harness import child_env, command_line

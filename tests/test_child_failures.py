@@ -84,8 +84,8 @@ def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metri
         assert run._supervise(), "a start on a taken port is moved, not counted against --restarts 0"
         shard = ln.children[-1]
         assert shard.restarts == 0 and shard.rebinds == 1 and _port(shard.endpoint) != shard_port.getsockname()[1]
-        st = wait_for("the moved shard registered", lambda: (s := status_at(zmq.Context.instance(),
-                                                                             ln.scheduler_endpoint)) and s.shards and s, 60)
+        st = wait_for("the moved shard registered",
+                      lambda: (s := status_at(zmq.Context.instance(), ln.scheduler_endpoint)) and s.shards and s, 60)
         assert st.shards["0"].endpoint == shard.endpoint
         assert st.shards["0"].metrics_url == f"http://127.0.0.1:{shard.metrics_port}/metrics"
 
@@ -202,7 +202,8 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             targets = json.loads((tmp_path / "r" / "prometheus_targets.json").read_text())
             return [f"127.0.0.1:{port}"] in [t["targets"] for t in targets if t["labels"]["name"] == "worker1"]
 
-        wait_for("the targets file to list the restarted worker's new /metrics port", listed, STATUS_S + STATUS_TIMEOUT_S + bound_s)
+        wait_for("the targets file to list the restarted worker's new /metrics port", listed,
+                 STATUS_S + STATUS_TIMEOUT_S + bound_s)
     finally:
         interrupt(run)
         ctx.destroy(linger=0)

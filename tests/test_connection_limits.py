@@ -26,9 +26,9 @@ def test_a_server_socket_pings_its_peers_and_drops_those_that_never_answer():
 def test_a_process_raises_its_descriptor_limit_to_the_hard_limit_before_it_serves():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = min(256, hard)
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (%d, %d)); "
+    code = (f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard})); "
             "from dynabatch.common.transport import open_context; open_context(None); "
-            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])" % (low, hard))
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert int(out.stdout) == (hard if hard != resource.RLIM_INFINITY else low)
     assert soft <= hard

@@ -226,4 +226,5 @@ def test_dynabatch_run_with_curve_dir_finishes(tmp_path):
     run, _ = run_job(tmp_path, "r", "--curve-dir", str(keys), "--dataset", "synthetic", "--model", "mlp",
                      "--epochs", "0.5", "--workers", "1", "--slowdowns", "1", "--eval-interval-s", "1", timeout_s=240)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["finished"] and summary["final_eval"], "the evaluator's final report (sent just before it left) arrived"
+    assert summary["finished"] and summary["final_eval"], \
+        "the evaluator's final report (sent just before it left) arrived"

@@ -10,10 +10,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from dynabatch.common.catalog import DATASETS
 from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch, read_idx
 from dynabatch.common.dataset_files import DatasetNotFound
 from tools import need_fashion_mnist
+
 
 def idx_bytes(arr: np.ndarray) -> bytes:
     """Encode a uint8 array in the idx format: 0, 0, type 0x08, ndim, big-endian dims, data."""

@@ -35,11 +35,12 @@ Chunks = dict[int, tuple[int, torch.Tensor]]
 
 
 def _pull(conn: Connection, ids: set[int]) -> Chunks:
-    seq, got = conn.send(Pull()), {}
+    seq = conn.send(Pull())
+    got: Chunks = {}
     while set(got) != ids:
         msg = conn.recv(REPLY_S)
         assert msg is not None and msg.seq == seq, f"chunks {sorted(ids - set(got))} never came"
-        got.update({m.id: (m.version, t.clone()) for m, t in zip(msg.chunks, msg.tensors)})
+        got.update({m.id: (m.version, t.clone()) for m, t in zip(msg.chunks, msg.tensors, strict=True)})
     return got
 
 

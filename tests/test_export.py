@@ -26,9 +26,9 @@ from dynabatch.cluster.python_run import ACTIVE_ENV, task_spec
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.model_signature import signature_fields
 from dynabatch.common.task_check import check_task, load_task
+from dynabatch.common.weights import load_weights, read_state_dict
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
-from dynabatch.common.weights import load_weights, read_state_dict
 from harness import Cluster, child_env, command_line, run_job, wait_for
 from run_process import RunProcess
 

@@ -23,11 +23,12 @@ from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.verified_files import read_verified
-from tests.harness import Cluster, free_port, wait_for
+from harness import Cluster, free_port, wait_for
 
 EPOCHS = 3.0
 FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
-         "--global-batch", "96", "--shards", "2", "--chunk-bytes", "65536", "--epochs", str(EPOCHS), "--await-final-eval"]
+         "--global-batch", "96", "--shards", "2", "--chunk-bytes", "65536", "--epochs", str(EPOCHS),
+         "--await-final-eval"]
 VERSIONS_PER_CHECKPOINT = 50  # shard 1's checkpoint interval, in versions of the clean run: ten times the kill's lead
 
 
@@ -37,6 +38,7 @@ class Job:
     def __init__(self, tmp: Path, intervals: tuple[float, float]) -> None:
         self.c = Cluster(tmp, FLAGS)
         self.started = time.monotonic()
+        self.wall_s = 0.0  # from the start to the end of the job, once _final has seen it
         self.scheduler = self.c.scheduler("--state-dir", str(tmp / "state"))
         self.shards = [self.c.shard(i, free_port(), "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-interval-s",
                                     str(interval)) for i, interval in enumerate(intervals)]
@@ -101,7 +103,8 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
 
         # Shard 1, after an interval checkpoint: it comes back at that checkpoint's version.
         written = len(_versions_checkpointed(job.shards[1]))
-        fresh = wait_for("a fresh interval checkpoint of shard 1", lambda: _versions_checkpointed(job.shards[1])[written:])
+        fresh = wait_for("a fresh interval checkpoint of shard 1",
+                         lambda: _versions_checkpointed(job.shards[1])[written:])
         st = job.progress("shard 1 past that checkpoint", lambda s: s.shards["1"].version > max(fresh) + 5)
         job.shards[1], _ = job.kill_and_restart(job.shards[1])
         before = st.lost_versions

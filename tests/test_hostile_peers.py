@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Welcome
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.transport import Connection, RemoteError
 from harness import Cluster, metric_value
 
 pytestmark = pytest.mark.slow
@@ -20,11 +20,18 @@ MAX_WORKERS = 8
 HELLO_BURST = 24  # registrations from 127.0.0.1, where every member of this job comes from; barely refilled
 
 
+class VictimsJob(Cluster):
+    """The job, with the registered worker whose state the attacks must not change (set by the fixture)."""
+
+    victim: Connection
+    welcome: Welcome
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("hostile"), ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000",
-                                                     "--liveness-timeout-s", "60", "--max-workers", str(MAX_WORKERS),
-                                                     "--hello-burst", str(HELLO_BURST), "--hello-rate-per-s", "0.001"])
+    c = VictimsJob(tmp_path_factory.mktemp("hostile"), [
+        "--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "60",
+        "--max-workers", str(MAX_WORKERS), "--hello-burst", str(HELLO_BURST), "--hello-rate-per-s", "0.001"])
     c.scheduler()
     c.shard(0)
     c.victim, c.welcome = c.join_as_worker()
@@ -32,7 +39,7 @@ def job(tmp_path_factory):
     c.stop()
 
 
-def _refused(job: Cluster, sender: str, body: object, code: str) -> None:
+def _refused(job: VictimsJob, sender: str, body: object, code: str) -> None:
     """Send `body` in `sender`'s name from a connection of its own; it must be refused with `code`, and counted."""
     before = _count(job, code)
     attacker = job.client(sender=sender)
@@ -45,12 +52,13 @@ def _refused(job: Cluster, sender: str, body: object, code: str) -> None:
     assert _count(job, code) == before + 1
 
 
-def _count(job: Cluster, code: str) -> float:
+def _count(job: VictimsJob, code: str) -> float:
     return metric_value(job.procs[0].metrics(), "dynabatch_bad_messages_total", role="scheduler", reason=code)
 
 
-def _victim_state(job: Cluster) -> tuple[int, int]:
+def _victim_state(job: VictimsJob) -> tuple[int, int]:
     status = job.status()
+    assert status is not None, "the scheduler does not answer"
     victim = status.workers[job.welcome.id]
     return victim.samples, victim.steps
 

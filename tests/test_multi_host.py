@@ -17,8 +17,9 @@ import sys
 import time
 import urllib.parse
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,7 @@ def _wait(job: HostedJob, what: str, predicate: Any, timeout_s: float = 120) -> 
 def _value_or_zero(job: HostedJob, host: netns.Host, name: str, **labels: str) -> float:
     """A process's series, 0 while it does not serve /metrics yet (starting, or its link is down)."""
     try:
-        return job.value(host, name, **labels)
+        return job.value(host, name, 0, **labels)
     except OSError:
         return 0.0
 

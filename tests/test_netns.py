@@ -35,6 +35,7 @@ def _namespaces() -> set[str]:
 def _send(net: netns.Network, sender: netns.Host, receiver: netns.Host, size: int) -> float:
     """Seconds `sender` takes to push `size` bytes to `receiver` (the receiver counts them all)."""
     rx = subprocess.Popen(receiver.command([sys.executable, "-c", RECEIVER]), stdout=subprocess.PIPE, text=True)
+    assert rx.stdout is not None
     try:
         assert rx.stdout.readline().strip() == "ready"
         started = time.monotonic()
@@ -67,13 +68,12 @@ def test_hosts_reach_each_other_by_name_over_shaped_links_and_nothing_else():
 
 
 def test_everything_is_removed_even_when_the_test_fails():
-    with pytest.raises(RuntimeError, match="the test failed"):
-        with netns.Network() as net:
-            host = net.add_host("host-a")
-            sleeper = subprocess.Popen(host.command(["sleep", "600"]))
-            made = {net.bridge_ns, host.ns}
-            assert made <= _namespaces() and (netns.NETNS_ETC / host.ns / "hosts").exists()
-            raise RuntimeError("the test failed")
+    with pytest.raises(RuntimeError, match="the test failed"), netns.Network() as net:
+        host = net.add_host("host-a")
+        sleeper = subprocess.Popen(host.command(["sleep", "600"]))
+        made = {net.bridge_ns, host.ns}
+        assert made <= _namespaces() and (netns.NETNS_ETC / host.ns / "hosts").exists()
+        raise RuntimeError("the test failed")
     assert sleeper.wait(10) == -9, "what still ran inside is stopped"
     assert not made & _namespaces()
     assert not (netns.NETNS_ETC / host.ns).exists()

@@ -28,7 +28,7 @@ def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
         c.wait_status("the job to finish", lambda s: s.finished, timeout_s=120)
         assert exits.proc.wait(30) == 0
         for p in idle:
-            wait_for(f"{p.name} to idle", lambda: "idling until stopped" in p.log_text(), timeout_s=30)
+            wait_for(f"{p.name} to idle", lambda p=p: "idling until stopped" in p.log_text(), timeout_s=30)
         for p in idle:
             assert p.alive(), p.log_text()
             assert _healthz(p) == 200, p.name

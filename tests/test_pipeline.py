@@ -13,8 +13,8 @@ from dynabatch.common.chunking import flat_grads, load_flat, make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import load_dataset, make_batch
 from dynabatch.common.models import model_for_job
-from dynabatch.task import cross_entropy
 from dynabatch.common.transport import RemoteError
+from dynabatch.task import cross_entropy
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import ShardClients
 from harness import Cluster, wait_for

@@ -15,10 +15,18 @@ import torch
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import ConfigError, JobConfig
 from dynabatch.common.flags import add_flags, from_args
-from dynabatch.optim import SGD
 from dynabatch.common.protocols import (
-    DELTA, GRADIENT, PROTOCOLS, SPECS, OuterSettings, SoftsyncSettings, SspSettings, protocol_settings, protocol_spec,
+    DELTA,
+    GRADIENT,
+    PROTOCOLS,
+    SPECS,
+    OuterSettings,
+    SoftsyncSettings,
+    SspSettings,
+    protocol_settings,
+    protocol_spec,
 )
+from dynabatch.optim import SGD
 from dynabatch.ps.protocol_rules import RULES
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.worker.loops import LOOPS

@@ -7,7 +7,11 @@ import pytest
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.push_bounds import (
-    OVERLAP_SLACK, AssignedBatches, check_push_numbers, check_push_samples, max_push_samples,
+    OVERLAP_SLACK,
+    AssignedBatches,
+    check_push_numbers,
+    check_push_samples,
+    max_push_samples,
 )
 
 

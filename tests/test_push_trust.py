@@ -44,12 +44,13 @@ JOB = ["--dataset", "synthetic", "--model", "flat:4000", "--chunk-bytes", "8192"
 
 
 def _pull(conn: Connection, ids: set[int]) -> dict[int, tuple[int, torch.Tensor]]:
-    seq, got = conn.send(Pull()), {}
+    seq = conn.send(Pull())
+    got: dict[int, tuple[int, torch.Tensor]] = {}
     deadline = time.monotonic() + REPLY_S
     while set(got) != ids:
         msg = conn.recv(max(0.0, deadline - time.monotonic()))
         assert msg is not None and msg.seq == seq and isinstance(msg.body, Params), msg
-        got.update({m.id: (m.version, t.clone()) for m, t in zip(msg.chunks, msg.tensors)})
+        got.update({m.id: (m.version, t.clone()) for m, t in zip(msg.chunks, msg.tensors, strict=True)})
     return got
 
 

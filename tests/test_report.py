@@ -7,7 +7,14 @@ import json
 import pytest
 
 from dynabatch.cluster.metric_target import MetricTarget
-from dynabatch.cluster.report import Snapshot, read_timeline, summarize, time_to_accuracy, time_to_target, write_timeline
+from dynabatch.cluster.report import (
+    Snapshot,
+    read_timeline,
+    summarize,
+    time_to_accuracy,
+    time_to_target,
+    write_timeline,
+)
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat, Hello, JobStatus, ShardStatus, WorkerStatus
 from dynabatch.common.wire import ProtocolError
@@ -99,7 +106,8 @@ WORKER_KEYS = {
 
 def _scheduler_status() -> JobStatus:
     """A status as the scheduler builds it: a shard, a worker with a step and a decision behind it."""
-    state = JobState(JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000, now=0.0)
+    state = JobState(JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000,
+                     now=0.0)
     shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
     wid = state.hello(Hello(role="worker", name="a"), 0.0).id
     state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)  # live from its first report

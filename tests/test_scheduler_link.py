@@ -5,7 +5,7 @@ against a real scheduler process: one that starts after the link, answers, goes 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

@@ -19,7 +19,15 @@ import torch
 
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.messages import (
-    EvalReport, Heartbeat, Hello, PushAck, Pull, StatusReply, StatusRequest, Welcome, WorkerStatus,
+    EvalReport,
+    Heartbeat,
+    Hello,
+    Pull,
+    PushAck,
+    StatusReply,
+    StatusRequest,
+    Welcome,
+    WorkerStatus,
 )
 from dynabatch.common.transport import RemoteError
 from dynabatch.common.wire import chunk_meta

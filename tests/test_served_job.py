@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.messages import Welcome
-from dynabatch.schedule import schedule_fields, step
 from dynabatch.common.model_signature import signature_from_fields
 from dynabatch.ps.checkpoint import ForeignCheckpoint
 from dynabatch.ps.push_bounds import max_push_samples
 from dynabatch.ps.served_job import ServedJob
+from dynabatch.schedule import schedule_fields, step
 
 SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"], train_size=500)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dynabatch import optim as optim_spec
 from dynabatch.common.chunking import make_layout
+from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.protocols import OuterSettings, RingmasterSettings, SoftsyncSettings, SspSettings
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState, StaleGradient
-from dynabatch import optim as optim_spec
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.protocols import OuterSettings, RingmasterSettings, SoftsyncSettings, SspSettings
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96

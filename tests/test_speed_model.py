@@ -9,6 +9,13 @@ A = 0.02
 C = 0.001
 
 
+def _fitted(model: SpeedModel) -> StepModel:
+    """The model's fit, which these tests' data always allows."""
+    fit = model.fit()
+    assert fit is not None, "no fit from the observations"
+    return fit
+
+
 def noisy_seconds(rng: np.random.Generator, a: float, c: float, batch: int) -> float:
     return (a + c * batch) * (1.0 + 0.05 * rng.standard_normal())
 
@@ -22,7 +29,8 @@ def test_step_model_predictions() -> None:
         m.samples_per_s(0)
 
 
-@pytest.mark.parametrize("fixed, per_sample", [(-0.1, 0.001), (0.0, 0.0), (0.0, -1.0), (math.nan, 0.001), (0.0, math.inf)])
+@pytest.mark.parametrize("fixed, per_sample",
+                         [(-0.1, 0.001), (0.0, 0.0), (0.0, -1.0), (math.nan, 0.001), (0.0, math.inf)])
 def test_step_model_rejects_invalid_parameters(fixed: float, per_sample: float) -> None:
     with pytest.raises(ValueError):
         StepModel(fixed, per_sample)
@@ -51,7 +59,8 @@ def test_window_bounds_observations() -> None:
     assert model.observations == 4
 
 
-@pytest.mark.parametrize("batch, seconds", [(0, 0.1), (-3, 0.1), (2.5, 0.1), ("64", 0.1), (64, 0.0), (64, -0.1), (64, math.nan), (64, math.inf)])
+@pytest.mark.parametrize("batch, seconds", [(0, 0.1), (-3, 0.1), (2.5, 0.1), ("64", 0.1), (64, 0.0), (64, -0.1),
+                                            (64, math.nan), (64, math.inf)])
 def test_invalid_observation_raises_and_changes_nothing(batch: object, seconds: float) -> None:
     model = SpeedModel()
     model.observe(64, 0.1)
@@ -62,7 +71,8 @@ def test_invalid_observation_raises_and_changes_nothing(batch: object, seconds: 
     assert model.fit() == before
 
 
-@pytest.mark.parametrize("kwargs", [{"window": 0}, {"forgetting": 0.0}, {"forgetting": 1.5}, {"prior_samples_per_s": 0.0}, {"prior_samples_per_s": math.nan}])
+@pytest.mark.parametrize("kwargs", [{"window": 0}, {"forgetting": 0.0}, {"forgetting": 1.5},
+                                    {"prior_samples_per_s": 0.0}, {"prior_samples_per_s": math.nan}])
 def test_invalid_construction_raises(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SpeedModel(**kwargs)
@@ -73,7 +83,7 @@ def test_exact_data_recovers_intercept_and_slope() -> None:
     for i in range(10):
         batch = (32, 64, 128)[i % 3]
         model.observe(batch, A + C * batch)
-    fit = model.fit()
+    fit = _fitted(model)
     assert fit.fixed_s == pytest.approx(A, rel=1e-9)
     assert fit.per_sample_s == pytest.approx(C, rel=1e-9)
 
@@ -85,7 +95,7 @@ def test_noisy_data_recovers_intercept_and_slope(seed: int) -> None:
     for i in range(200):
         batch = (16, 256)[i % 2]
         model.observe(batch, noisy_seconds(rng, A, C, batch))
-    fit = model.fit()
+    fit = _fitted(model)
     assert fit.fixed_s == pytest.approx(A, rel=0.1)
     assert fit.per_sample_s == pytest.approx(C, rel=0.1)
 
@@ -96,10 +106,10 @@ def test_slowdown_shows_within_five_steps(seed: int) -> None:
     model = SpeedModel()
     for _ in range(16):
         model.observe(100, noisy_seconds(rng, A, C, 100))
-    assert model.fit().step_seconds(100) < 0.14
+    assert _fitted(model).step_seconds(100) < 0.14
     for _ in range(5):
         model.observe(100, noisy_seconds(rng, A, 2 * C, 100))
-    assert model.fit().step_seconds(100) == pytest.approx(A + 2 * C * 100, rel=0.2)
+    assert _fitted(model).step_seconds(100) == pytest.approx(A + 2 * C * 100, rel=0.2)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -113,7 +123,7 @@ def test_slowdown_after_batches_moved_is_not_taken_for_fixed_cost(seed: int) -> 
         model.observe(batch, noisy_seconds(rng, A, C, batch))
     for _ in range(20):
         model.observe(96, noisy_seconds(rng, A, 2 * C, 96))
-    fit = model.fit()
+    fit = _fitted(model)
     assert fit.fixed_s < 0.05
     assert fit.per_sample_s > 1.5 * C
 
@@ -125,7 +135,7 @@ def test_intercept_kept_when_batches_stop_varying() -> None:
         model.observe(batch, A + C * batch)
     for _ in range(40):
         model.observe(150, A + C * 150)
-    fit = model.fit()
+    fit = _fitted(model)
     assert fit.fixed_s == pytest.approx(A, rel=1e-9)
     assert fit.per_sample_s == pytest.approx(C, rel=1e-9)
 
@@ -139,7 +149,7 @@ def test_noisy_intercept_kept_when_batches_stop_varying(seed: int) -> None:
         model.observe(batch, noisy_seconds(rng, A, C, batch))
     for _ in range(40):
         model.observe(150, noisy_seconds(rng, A, C, 150))
-    fit = model.fit()
+    fit = _fitted(model)
     assert 0 < fit.fixed_s < 3 * A
     assert fit.step_seconds(150) == pytest.approx(A + C * 150, rel=0.1)
 
@@ -151,12 +161,12 @@ def test_kept_intercept_is_clamped_below_mean_step_time() -> None:
         model.observe(batch, A + C * batch)
     for _ in range(20):
         model.observe(100, 0.01)
-    fit = model.fit()
+    fit = _fitted(model)
     assert fit.fixed_s == pytest.approx(0.9 * 0.01)
     assert fit.step_seconds(100) == pytest.approx(0.01)
     for _ in range(20):
         model.observe(100, A + C * 100)
-    assert model.fit().fixed_s == pytest.approx(A)
+    assert _fitted(model).fixed_s == pytest.approx(A)
 
 
 def test_negative_intercept_is_clamped_to_zero() -> None:
@@ -164,7 +174,7 @@ def test_negative_intercept_is_clamped_to_zero() -> None:
     for i in range(10):
         batch = (50, 100, 150)[i % 3]
         model.observe(batch, -0.01 + C * batch)
-    fit = model.fit()
+    fit = _fitted(model)
     assert fit.fixed_s == 0.0
     assert fit.per_sample_s > 0
 
@@ -173,6 +183,6 @@ def test_decreasing_times_fall_back_to_proportional() -> None:
     model = SpeedModel(forgetting=1.0)
     for batch, seconds in [(50, 0.3), (100, 0.2), (150, 0.1)]:
         model.observe(batch, seconds)
-    fit = model.fit()
+    fit = _fitted(model)
     assert fit.fixed_s == 0.0
     assert fit.per_sample_s == pytest.approx(0.2 / 100)

@@ -20,8 +20,8 @@ from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.flags import ConfigError
-from dynabatch.optim import SGD, Adam, AdamW
 from dynabatch.common.task_check import check_task, load_task
+from dynabatch.optim import SGD, Adam, AdamW
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 from harness import Cluster, run_job, wait_for
@@ -96,11 +96,11 @@ def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) 
     for _ in range(int(epochs * len(data) / batch)):
         idx = torch.randint(0, len(data), (batch,), generator=g).tolist()
         opt.zero_grad()
-        task.loss(model, collate([data[i] for i in idx])).backward()
+        task.loss_fn()(model, collate([data[i] for i in idx])).backward()
         opt.step()
     with torch.no_grad():
         whole = collate([test[i] for i in range(len(test))])
-        return task.metrics[0](model, whole)["accuracy"][0] / len(test)
+        return task.metric_fns()[0](model, whole)["accuracy"][0] / len(test)
 
 
 @pytest.mark.slow
@@ -127,7 +127,8 @@ def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
                      "--global-batch", "64")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_metrics"]["accuracy"] >= 0.9, summary
-    assert "AdamW(name='adamw', lr=0.01, weight_decay=0.01, no_decay=('bias',)" in (run / "logs" / "ps0.log").read_text()
+    shard_log = (run / "logs" / "ps0.log").read_text()
+    assert "AdamW(name='adamw', lr=0.01, weight_decay=0.01, no_decay=('bias',)" in shard_log
 
 
 @pytest.mark.slow
@@ -147,7 +148,7 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
         assert c.status().train_size == 3000, "the scheduler counts epochs from the shards' signature"
         for attr, differs in (("wider", "parameter 0 is 0.weight [48, 16]"), ("shorter", "2000 samples here, 3000")):
             bad = c.worker(attr, "--task", f"{elsewhere / 'blobs_variants.py'}:{attr}")
-            assert wait_for(f"{attr} to exit", lambda: bad.proc.poll() is not None, 60) is not None
+            assert wait_for(f"{attr} to exit", lambda bad=bad: bad.proc.poll() is not None, 60) is not None
             assert bad.proc.returncode == 2 and differs in bad.log_text(), bad.log_text()
         assert good.alive() and shard.alive()
     finally:

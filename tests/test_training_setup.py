@@ -7,9 +7,9 @@ import pytest
 
 from dynabatch import optim as optim_spec
 from dynabatch.common.messages import Init
-from dynabatch.schedule import schedule_fields, warmup_cosine
 from dynabatch.common.model_signature import signature_fields, signature_from_fields
 from dynabatch.ps.training_setup import TrainingSetup
+from dynabatch.schedule import schedule_fields, warmup_cosine
 
 SIG = signature_from_fields(["w"], [[4, 3]], ["float32"], train_size=100)
 ADAM = optim_spec.Adam(lr=1e-3).to_wire()

@@ -19,13 +19,13 @@ from torch import nn
 
 from dynabatch.common.chunking import BUFFERS_ID, TravellingBuffers, flat_params, load_flat
 from dynabatch.common.messages import Init, Params, Pull, Push, PushAck
-from dynabatch.common.ports import free_port
 from dynabatch.common.model_signature import ModelSignature, ParamSpec, signature_fields, signature_from_fields
+from dynabatch.common.ports import free_port
 from dynabatch.common.task_check import check_task, load_task
-from dynabatch.task import Task
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta
 from dynabatch.ps.shared_buffers import SharedBuffers
+from dynabatch.task import Task
 from dynabatch.worker.evaluator import evaluate
 from harness import Cluster, checkpoint_state, run_job, wait_for
 
@@ -120,6 +120,8 @@ def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers():
 class _Scaled(nn.Module):
     """BatchNorm plus a constant buffer that a forward reads but never changes."""
 
+    scale: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
@@ -164,7 +166,7 @@ def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers():
 
 # A shard on the wire.
 
-def _bn_model() -> tuple[ModelSignature, Init, torch.Tensor, torch.Tensor]:
+def _bn_model() -> tuple[ModelSignature, Init, torch.Tensor, torch.Tensor | None]:
     """The blobs_bn task's model as a worker offers it: signature, INIT, flat parameters, flat buffers."""
     task = load_task(BN_TASK)
     sig, _, _ = check_task(task, seed=0)
@@ -176,7 +178,7 @@ def _pull(conn: Connection, buffers: bool = True) -> tuple[torch.Tensor, int, to
     """(parameters, their version, buffers or None) from a one-chunk shard."""
     reply = conn.request(Pull(buffers=buffers), 10)
     assert isinstance(reply.body, Params), reply.body
-    got = {meta.id: (meta, t.clone()) for meta, t in zip(reply.chunks, reply.tensors)}
+    got = {meta.id: (meta, t.clone()) for meta, t in zip(reply.chunks, reply.tensors, strict=True)}
     meta, params = got.pop(0)
     return params, meta.version, got.pop(BUFFERS_ID)[1] if BUFFERS_ID in got else None
 
@@ -286,8 +288,8 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     gen = torch.Generator().manual_seed(0)
     for _ in range(epochs * len(data) // batch):
         opt.zero_grad()
-        task.loss(model, task.collate_fn()([data[i] for i in torch.randint(0, len(data), (batch,), generator=gen)]))\
-            .backward()
+        batch_data = task.collate_fn()([data[i] for i in torch.randint(0, len(data), (batch,), generator=gen)])
+        task.loss_fn()(model, batch_data).backward()
         opt.step()
     return evaluate(task, model, task.eval_data(), torch.device("cpu"))["accuracy"]
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dynabatch.common.protocols import dbs_weight
-from dynabatch.ps.protocol_rules import SyncRound
 from dynabatch.optim import SGD
+from dynabatch.ps.protocol_rules import SyncRound
 from dynabatch.ps.update_rules import sgd_step_
 
 
@@ -14,7 +14,7 @@ def _torch_reference(w0, grads, cfg, scales):
     opt = torch.optim.SGD(
         [p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov
     )
-    for g, s in zip(grads, scales):
+    for g, s in zip(grads, scales, strict=True):
         for group in opt.param_groups:
             group["lr"] = cfg.lr * s
         p.grad = g.clone()
@@ -24,7 +24,7 @@ def _torch_reference(w0, grads, cfg, scales):
 
 def _ours(w0, grads, cfg, scales):
     w, buf = w0.clone(), torch.zeros_like(w0)
-    for g, s in zip(grads, scales):
+    for g, s in zip(grads, scales, strict=True):
         sgd_step_(w, g, buf, cfg, s)
     return w
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dynabatch.common.verified_files import DamagedFile, load_newest_good, previous_path, read_verified, write_verified
+from dynabatch.common.atomic_file import previous_path
+from dynabatch.common.verified_files import DamagedFile, load_newest_good, read_verified, write_verified
 from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_checkpoint
 
 META = {"job": "j", "shard": 0, "shards": 1, "chunk_bytes": 64}

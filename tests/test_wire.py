@@ -2,19 +2,37 @@
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any
 
 import msgpack
 import pytest
 import torch
 
 from dynabatch.common.messages import (
-    MESSAGE_TYPES, Decision, DecisionLatency, Heartbeat, Hello, JobStatus, Push, ShardStatus, StatusReply,
-    StatusRequest, WorkerStatus,
+    MESSAGE_TYPES,
+    Decision,
+    DecisionLatency,
+    Heartbeat,
+    Hello,
+    JobStatus,
+    Push,
+    ShardStatus,
+    StatusReply,
+    StatusRequest,
+    WorkerStatus,
 )
 from dynabatch.common.wire import (
-    PROTOCOL_VERSION, ChunkMeta, Message, ProtocolError, WireLimits, check_chunks, check_finite, chunk_meta, decode,
-    decode_map, encode,
+    PROTOCOL_VERSION,
+    ChunkMeta,
+    Message,
+    ProtocolError,
+    WireLimits,
+    check_chunks,
+    check_finite,
+    chunk_meta,
+    decode,
+    decode_map,
+    encode,
 )
 
 
@@ -37,7 +55,7 @@ def test_round_trip_keeps_fields_chunks_and_values():
     assert out.type == "PUSH" and out.job == "j" and out.sender == "w0" and out.seq == 7
     assert out.body == Push(samples=32, loss=0.5)
     assert [c.version for c in out.chunks] == [3, 3]
-    for a, b in zip(out.tensors, tensors):
+    for a, b in zip(out.tensors, tensors, strict=True):
         assert torch.equal(a, b)
 
 
@@ -215,7 +233,8 @@ def test_optional_fields_take_a_value_or_none():
         (lambda s: s["workers"].update(w0=[1, 2]), "STATUS_REPLY.state.workers.w0 must be a map (WorkerStatus)"),
         (lambda s: s["workers"].update({b"w9": {}}), "STATUS_REPLY.state.workers has key b'w9'; keys must be str"),
         (lambda s: s["shards"]["0"].pop("version"), "STATUS_REPLY.state.shards.0 lacks required field 'version'"),
-        (lambda s: s["decisions"][0]["batches"].update(w1=None), "STATUS_REPLY.state.decisions[0].batches.w1 must be int"),
+        (lambda s: s["decisions"][0]["batches"].update(w1=None),
+         "STATUS_REPLY.state.decisions[0].batches.w1 must be int"),
         (lambda s: s["decision_s"].update(count=True), "STATUS_REPLY.state.decision_s.count must be int"),
         (lambda s: s.pop("t"), "STATUS_REPLY.state lacks required field 't'"),
     ],
@@ -233,9 +252,10 @@ def test_every_message_type_has_annotations_the_codec_takes():
         assert isinstance(decode_map(cls, _required_values(cls), cls.TYPE), cls)
 
 
-def _required_values(cls: type) -> dict:
+def _required_values(cls: type[Any]) -> dict[str, Any]:
     """A value for each required field of a message type (all of them are scalars, maps or STATUS)."""
-    samples = {"HELLO": {"role": "worker"}, "WELCOME": {"id": "w0", "config": {}, "shards": []},
+    samples: dict[str, dict[str, Any]] = {
+               "HELLO": {"role": "worker"}, "WELCOME": {"id": "w0", "config": {}, "shards": []},
                "ASSIGNMENT": {"assignment_id": 1}, "PARAMS": {"version": 1}, "PUSH": {"samples": 1},
                "PUSH_ACK": {"version": 1}, "EVAL": {"version": 1, "test_loss": 0.5, "test_acc": 0.9},
                "STATUS_REPLY": {"state": {"t": 0.0}}, "ERROR": {"code": "c", "text": "t"},
@@ -247,11 +267,11 @@ def _required_values(cls: type) -> dict:
 def test_annotations_the_codec_cannot_check_are_refused_when_first_used():
     @dataclass
     class Either:
-        value: Union[int, str]
+        value: int | str
 
     @dataclass
     class Maybe:
-        value: Optional[int] = None
+        value: int | None = None
 
     assert decode_map(Maybe, {"value": None}, "maybe") == Maybe(None)
     with pytest.raises(TypeError, match="only X | None"):

@@ -20,8 +20,8 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.data import SampleOrder, load_dataset, make_batch
 from dynabatch.common.messages import Assignment
 from dynabatch.common.models import model_for_job
-from dynabatch.task import cross_entropy
 from dynabatch.common.transport import RemoteError
+from dynabatch.task import cross_entropy
 from dynabatch.worker.batch_source import BatchSource
 from dynabatch.worker.gradient_steps import GradientLoop, RoundLoop
 from dynabatch.worker.ps_client import ShardClients

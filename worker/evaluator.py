@@ -15,8 +15,8 @@ brings (joined.py: the job, the task, the model and the shards' clients).
 from __future__ import annotations
 
 import logging
-import time
 import math
+import time
 from typing import Any, Callable
 
 import torch
@@ -24,9 +24,9 @@ import torch
 from dynabatch.common.chunking import load_flat
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import EvalReport, Heartbeat
-from dynabatch.task import Task
 from dynabatch.common.task_check import build_data
 from dynabatch.common.transport import RemoteError
+from dynabatch.task import Task
 from dynabatch.worker.batch_source import batch_len, fetch, to_device
 from dynabatch.worker.joined import Joined
 from dynabatch.worker.options import WorkerOptions

@@ -19,13 +19,13 @@ from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.chunking import Layout, TravellingBuffers, flat_params, make_layout
 from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.messages import Init, Welcome
-from dynabatch.schedule import schedule_fields
 from dynabatch.common.model_signature import ModelSignature, signature_fields
 from dynabatch.common.task_check import check_task, load_task
-from dynabatch.task import Task
-from dynabatch.task_error import TaskError
 from dynabatch.common.transport import RemoteError
 from dynabatch.common.weights import load_weights, read_state_dict
+from dynabatch.schedule import schedule_fields
+from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
 

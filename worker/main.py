@@ -7,8 +7,8 @@ from typing import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
-from dynabatch.task_error import TaskError
 from dynabatch.common.flags import ConfigError
+from dynabatch.task_error import TaskError
 from dynabatch.worker.evaluator import Evaluator
 from dynabatch.worker.options import WorkerOptions, usable_device
 from dynabatch.worker.trainer import Worker

@@ -15,7 +15,6 @@ import signal
 import socket
 
 import torch
-
 from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import job_from_dict

@@ -21,11 +21,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dynabatch.common.chunking import travelling
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Assignment, Heartbeat
 from dynabatch.common.flags import ConfigError
+from dynabatch.common.messages import Assignment, Heartbeat
 from dynabatch.common.protocols import GRADIENT, protocol_spec
-from dynabatch.common.transport import RemoteError
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.common.transport import RemoteError
 from dynabatch.worker.batch_source import DatasetBatches, to_device, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
 from dynabatch.worker.joined import Joined

@@ -12,12 +12,11 @@ one, so the final accuracy within one point covers every attack as well.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Pull, Push
 from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
-
 from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
 
 HELLO_FLOOD = 2000

@@ -39,7 +39,8 @@ class JobView:
     evaluators: list[str]
     shard_hellos: list[Hello]  # each shard's registration, as the shard sent it
     chunks: list[list[ChunkMeta]]  # per shard, as a PULL returned them
-    captured: list[list[bytes]]  # real messages seen on the fuzzer's own connections (PARAMS, STATUS_REPLY, WELCOME ...)
+    # Real messages seen on the fuzzer's own connections (PARAMS, STATUS_REPLY, WELCOME ...).
+    captured: list[list[bytes]]
     heartbeats: dict[str, Heartbeat]  # each live worker's last reported numbers (from STATUS)
     init: Init  # the job's real model signature
     max_batch: int
@@ -201,7 +202,8 @@ def _impossible_heartbeat(rng: random.Random, max_batch: int) -> Heartbeat:
         ("batch", max_batch + 1), ("batch", -3), ("standalone_sps", 1e-9), ("standalone_sps", 1e12),
         ("steps", HUGE), ("samples", HUGE), ("samples", -1), ("steps", -1),
     ))
-    return dataclasses.replace(hb, **{field_name: value})
+    lie: dict[str, Any] = {field_name: value}
+    return dataclasses.replace(hb, **lie)
 
 
 def _wrong_values(hint: Any) -> list[Any]:

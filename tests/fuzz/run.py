@@ -27,9 +27,10 @@ import secrets
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import torch
 import zmq
@@ -39,15 +40,24 @@ from dynabatch.cluster.metric_text import metric_by_label, metric_sum
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.messages import (
-    Bye, Error, Heartbeat, Hello, JobStatus, Params, Pull, StatusRequest, Welcome,
+    Bye,
+    Error,
+    Heartbeat,
+    Hello,
+    JobStatus,
+    Params,
+    Pull,
+    StatusRequest,
+    Welcome,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
-from fuzz.attacks import ATTACKS, Attack, AttackResult, UNREAD_PULLS
+from fuzz.attacks import ATTACKS, UNREAD_PULLS, Attack, AttackResult
 from fuzz.messages import LIES, SCHEDULER, FuzzMessages, JobView
 from processes import rss_bytes
 
-JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed", "--chunk-bytes", "131072",
-       "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24", "--log-level", "WARNING")
+JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed",
+       "--chunk-bytes", "131072", "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24",
+       "--log-level", "WARNING")
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 STALL_S = 5.0  # a connection whose answers stop for this long has its unanswered messages written off
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
@@ -105,7 +115,7 @@ class Job:
         for i in range(settings.workers):
             self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING"])
         self.launcher.start_worker("evaluator", ["--log-level", "WARNING"], evaluator=True)
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
 
     def status(self) -> JobStatus | None:
         frames = request(self.ctx, self.launcher.scheduler_endpoint, StatusRequest(), 2.0)
@@ -131,26 +141,24 @@ class Job:
         self.launcher.stop_all()
 
 
-def request(ctx: zmq.Context, endpoint: str, body, timeout_s: float, sock: zmq.Socket | None = None,
-            sender: str = "fuzz", replies: int = 1) -> list[list[bytes]]:
+def request(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, body: Any, timeout_s: float,
+            sock: zmq.Socket[bytes] | None = None, sender: str = "fuzz", replies: int = 1) -> list[list[bytes]]:
     """Send `body` and return up to `replies` raw answers (the frames as they came: the fuzzer replays them)."""
-    own = sock is None
-    if own:
-        sock = dealer(ctx, endpoint)
+    conn = dealer(ctx, endpoint) if sock is None else sock
     try:
-        sock.send_multipart(encode(Message(body, [], [], "dynabatch", sender, 1)))
-        out = []
+        conn.send_multipart(encode(Message(body, [], [], "dynabatch", sender, 1)))
+        out: list[list[bytes]] = []
         deadline = time.monotonic() + timeout_s
-        while len(out) < replies and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-            out.append([bytes(f) for f in sock.recv_multipart()])
+        while len(out) < replies and conn.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            out.append([bytes(f) for f in conn.recv_multipart()])
             deadline = min(deadline, time.monotonic() + 1.0)  # the rest of a multi-part answer comes at once
         return out
     finally:
-        if own:
-            sock.close(linger=0)
+        if sock is None:
+            conn.close(linger=0)
 
 
-def dealer(ctx: zmq.Context, endpoint: str, reads: bool = True) -> zmq.Socket:
+def dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, reads: bool = True) -> zmq.Socket[bytes]:
     """A connection of its own; one that never `reads` takes one reply at most into its buffers."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -166,7 +174,9 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
     """What a peer can learn of the job: STATUS, what a PULL returns, and a registration of its own per connection."""
     endpoint = job.launcher.scheduler_endpoint
     captured = [request(job.ctx, endpoint, StatusRequest(), 5.0)[0]]
-    ghosts, ghost_evals, config = [], [], None
+    ghosts: list[str] = []
+    ghost_evals: list[str] = []
+    config: dict[str, Any] | None = None
     for i, sock in enumerate(sockets[SCHEDULER]):
         for role, into in (("worker", ghosts), ("evaluator", ghost_evals)):
             frames = request(job.ctx, endpoint, Hello(role=role, name=f"fuzz-{role}{i}", instance=f"fuzz-{role}{i}"),
@@ -176,6 +186,7 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
             into.append(welcome.id)
             config = welcome.config
             captured.append(frames)
+    assert config is not None, "the fuzzer has no member of its own"
     jobcfg = job_from_dict(config)
     chunks = []
     for s, (_, shard) in enumerate(sorted(status.shards.items())):
@@ -185,7 +196,8 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
         chunks.append(metas)
         captured.extend(answers[:2])
         assert params and isinstance(params[0].body, Params), f"shard {s} answered PULL with {params}"
-    hellos = [Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i)) for i, shard in sorted(status.shards.items())]
+    hellos = [Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i))
+              for i, shard in sorted(status.shards.items())]
     heartbeats = {wid: Heartbeat(steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s,
                                  standalone_sps=w.standalone_sps) for wid, w in status.workers.items()}
     return JobView("dynabatch", sorted(status.workers), ["eval0"], hellos, chunks, captured, heartbeats,
@@ -262,7 +274,7 @@ def finite_check(job: Job, status: JobStatus) -> list[str]:
             bad.append(f"shard {index}: no answer to the check's PULL")
         for frames in answers:
             msg = decode(frames)
-            for meta, tensor in zip(msg.chunks, msg.tensors):
+            for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
                 if not torch.isfinite(tensor).all():
                     bad.append(f"shard {index} chunk {meta.id}")
     return bad
@@ -332,8 +344,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
     report = FuzzReport()
     target = Job(log_dir, "fuzzed", settings)
     clean = Job(log_dir, "clean", settings) if settings.clean else None
-    ctx = zmq.Context.instance()
-    sockets: list[list[zmq.Socket]] = []
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sockets: list[list[zmq.Socket[bytes]]] = []
     try:
         status = target.wait("the fuzzed job to train", lambda s: len(s.workers) == settings.workers and all(
             w.steps > 2 for w in s.workers.values()) and len(s.shards) == settings.shards, 180)
@@ -376,7 +388,7 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         except OSError:  # a server's /metrics is gone: the job ended under the fuzz
             after, now = Counter(), None
         report.live_throughout = now is not None and not now.stopping
-        if not report.live_throughout:
+        if now is None or not report.live_throughout:
             progress("[fuzz] the job finished before the fuzz did: give it more --epochs")
             return report
         report.seconds = time.monotonic() - start
@@ -389,7 +401,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.unanswered_kinds = dict(fuzzer.unanswered_kinds())
         report.exited = [c.name for c in target.launcher.children if not c.alive()]
         report.non_finite = finite_check(target, now)
-        report.counted = {code: after[code] - counted_before[code] for code in after if after[code] > counted_before[code]}
+        report.counted = {code: after[code] - counted_before[code]
+                          for code in after if after[code] > counted_before[code]}
         for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's own members leave, as honest ones do
             for ghost in (view.ghost_workers[i], view.ghost_evaluators[i]):
                 request(ctx, "", Bye(), 2.0, sock, ghost)

@@ -22,8 +22,9 @@ class Unseeded(nn.Module):
 not_a_task = {"model": nn.Linear}
 unseeded = db.Task(model=Unseeded, train_data=data)
 empty = db.Task(model=lambda: nn.Linear(4, 2), train_data=lambda: torch.utils.data.TensorDataset(torch.zeros(0, 4)))
-vector_loss = db.Task(model=lambda: nn.Linear(4, 2), train_data=data,
-                      loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"))
+vector_loss = db.Task(
+    model=lambda: nn.Linear(4, 2), train_data=data,
+    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"))
 float64 = db.Task(model=lambda: nn.Linear(4, 2).double(), train_data=data)
 negative_lr = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.Adam(lr=-1e-3))
 lion = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.OptimizerSpec("lion", 1e-4))

@@ -1,9 +1,9 @@
 """The blobs task trained by AdamW on the shards, biases without weight decay (`no_decay`)."""
 
+from blobs import CLASSES, DIM, Blobs, accuracy, loss
 from torch import nn
 
 import dynabatch as db
-from blobs import CLASSES, DIM, Blobs, accuracy, loss
 
 task = db.Task(
     model=lambda: nn.Sequential(nn.Linear(DIM, 32), nn.ReLU(), nn.Linear(32, CLASSES)),

@@ -9,10 +9,10 @@ at all, its biases drown the features, and the model is at chance.
 
 import dataclasses
 
+from blobs import CLASSES, DIM, Blobs, accuracy, loss
 from torch import nn
 
 import dynabatch as db
-from blobs import CLASSES, DIM, Blobs, accuracy, loss
 
 SCALE = 1e-3
 

@@ -9,9 +9,9 @@ the optimizer, so the shards take the attacker's INIT and pushes as a worker's.
 """
 
 import torch
+from blobs import Blobs, accuracy, loss, make_model
 
 import dynabatch as db
-from blobs import Blobs, accuracy, loss, make_model
 
 NOISE_STD = 30.0  # per value; the model's ~700 parameters give a norm of about 800, the honest one about 1-2
 

@@ -12,10 +12,9 @@ not of time.
 import itertools
 from dataclasses import replace
 
+import blobs
 import torch
 from torch import nn
-
-import blobs
 
 SPIKE, SPIKE_AT, SPIKE_STEPS = 1e6, 40, 3
 _passes = itertools.count()
