@@ -47,6 +47,7 @@ from typing import Mapping
 
 import torch
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.wire import ProtocolError
 
 HISTORY = 16  # a worker's last norms of one chunk that its median is taken over
@@ -125,7 +126,8 @@ class GradientBounds:
         """Bound `worker`'s push of `samples` samples to chunks whose parameters are `params` (refusing it if the
         worker is quarantined); changes nothing. Clipped chunks are new tensors; the rest are the received ones."""
         if worker in self.quarantined:
-            raise ProtocolError("quarantined", f"{worker!r} was quarantined: its pushes kept {self.why[worker]}")
+            raise ProtocolError(ErrorCode.QUARANTINED,
+                                f"{worker!r} was quarantined: its pushes kept {self.why[worker]}")
         found = Assessment(worker, samples, dict(tensors), {}, [])
         if not self.on:
             return found

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import ProtocolSettings, RingmasterSettings, SoftsyncSettings, SspSettings, dbs_weight
 from dynabatch.common.wire import ProtocolError
 
@@ -293,7 +294,7 @@ class RoundRule(_RoundRule):
     def check(self, worker: str, chunk_ids: list[int]) -> None:
         again = [cid for cid in chunk_ids if worker in self.rounds[cid].parts]
         if again:
-            raise ProtocolError("bad_state", f"{worker} already pushed chunk {again[0]} in this round")
+            raise ProtocolError(ErrorCode.BAD_STATE, f"{worker} already pushed chunk {again[0]} in this round")
 
     def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
         self.rounds[cid].add(worker, tensor, samples)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from dynabatch.common.config import JobConfig
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire import ProtocolError
 
@@ -62,7 +63,8 @@ def check_push_samples(samples: int, worker: str, assigned: AssignedBatches) -> 
     """Refuse (`bad_field`) a PUSH claiming more samples than its sender's assigned batch covers."""
     limit = assigned.limit(worker)
     if samples > limit:
-        raise ProtocolError("bad_field", f"PUSH.samples {samples} exceeds {limit}, what {worker!r} was assigned "
+        raise ProtocolError(ErrorCode.BAD_FIELD,
+                            f"PUSH.samples {samples} exceeds {limit}, what {worker!r} was assigned "
                             f"(its batch, times {assigned.steps} step(s) for a delta protocol)")
 
 
@@ -70,11 +72,12 @@ def check_push_numbers(samples: int, base_versions: Mapping[int, int], chunk_ver
                        max_samples: int) -> None:
     """Refuse (`bad_field`, naming the field) a PUSH whose samples or chunk base versions cannot be true."""
     if samples <= 0:
-        raise ProtocolError("bad_field", f"PUSH.samples must be positive, got {samples}")
+        raise ProtocolError(ErrorCode.BAD_FIELD, f"PUSH.samples must be positive, got {samples}")
     if samples > max_samples:
-        raise ProtocolError("bad_field", f"PUSH.samples {samples} exceeds {max_samples}, the most one push of this "
+        raise ProtocolError(ErrorCode.BAD_FIELD,
+                            f"PUSH.samples {samples} exceeds {max_samples}, the most one push of this "
                             "job can carry (--max-batch, times --local-steps with slack for delta protocols)")
     for cid, base in base_versions.items():
         if base > chunk_versions[cid]:
-            raise ProtocolError("bad_field", f"PUSH.chunks[{cid}].version {base} is ahead of the shard's "
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"PUSH.chunks[{cid}].version {base} is ahead of the shard's "
                                 f"version {chunk_versions[cid]} of that chunk")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.wire import ProtocolError
 
 WINDOW = 1024  # seqs below the highest that are still told apart: more than one poll's batch of messages (64)
@@ -50,7 +51,8 @@ class ReplayGuard:
         if mark is None or seq > mark.high:
             return
         if seq <= max(mark.floor, mark.high - WINDOW) or seq in mark.recent:
-            raise ProtocolError("replay", f"PUSH seq {seq} from {sender!r} on this connection was taken already "
+            raise ProtocolError(ErrorCode.REPLAY,
+                                f"PUSH seq {seq} from {sender!r} on this connection was taken already "
                                 f"(or is older than what this shard remembers, {mark.high}); a retry is a new request")
 
     def take(self, sender: str, identity: bytes, seq: int, live: set[str]) -> None:

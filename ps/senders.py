@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.wire import ProtocolError
 
 
@@ -38,5 +39,6 @@ class SenderBindings:
             return
         held = self.bound.setdefault(worker, identity)
         if held != identity:
-            raise ProtocolError("bad_sender", f"{worker!r} speaks to this shard from another connection; a message "
+            raise ProtocolError(ErrorCode.BAD_SENDER,
+                                f"{worker!r} speaks to this shard from another connection; a message "
                                 "in its name from this one is refused")

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.curve import CurveKeys
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
@@ -343,7 +344,8 @@ class ShardServer:
         start = time.perf_counter()
         try:
             if msg.job != self.served.job.job:
-                raise ProtocolError("wrong_job", f"this shard serves job {self.served.job.job!r}, not {msg.job!r}",
+                raise ProtocolError(ErrorCode.WRONG_JOB,
+                                    f"this shard serves job {self.served.job.job!r}, not {msg.job!r}",
                                     msg.seq)
             if isinstance(msg.body, Push):
                 check_key_role(incoming.key_role, ("worker",), msg.type)
@@ -354,19 +356,20 @@ class ShardServer:
             if isinstance(msg.body, Init):
                 self._on_init(incoming)
             elif isinstance(msg.body, (Pull, Push)) and self.state is None:
-                raise ProtocolError("not_initialized", "no worker has sent this shard its model yet (INIT)", msg.seq)
+                raise ProtocolError(ErrorCode.NOT_INITIALIZED,
+                                    "no worker has sent this shard its model yet (INIT)", msg.seq)
             elif isinstance(msg.body, Pull):
                 self._on_pull(incoming)
             elif isinstance(msg.body, Push):
                 self._on_push(incoming)
             else:
-                raise ProtocolError("unexpected_type", f"a shard does not take {msg.type}", msg.seq)
+                raise ProtocolError(ErrorCode.UNEXPECTED_TYPE, f"a shard does not take {msg.type}", msg.seq)
         except ProtocolError as exc:
             exc.ref = msg.seq
             self._reject(incoming, exc)
         except Exception as exc:  # a bug must cost one message, never the shard
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
-            self._reject(incoming, ProtocolError("internal", f"{type(exc).__name__}: {exc}", msg.seq))
+            self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
         self.served.metrics.handle.labels(self.served.label, msg.type).observe(time.perf_counter() - start)
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
@@ -386,23 +389,25 @@ class ShardServer:
         try:
             setup = TrainingSetup.from_init(body)
         except ValueError as exc:
-            raise ProtocolError("bad_field", f"INIT: {exc}") from None
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"INIT: {exc}") from None
         optimizer_spec(self.served.job, body.optimizer)  # a malformed spec is refused before anything is built
         sig = setup.signature
         if self.state is not None:
             difference = self.setup.difference(setup)
             if difference is not None:
-                raise ProtocolError("signature", f"this model differs from the job's: {difference}")
+                raise ProtocolError(ErrorCode.SIGNATURE, f"this model differs from the job's: {difference}")
             self._reply(incoming.identity, InitAck(self.state.version), msg.seq)
             return
         mine = {c.id: c for c in self.served.chunks(sig)}
         holds_buffers = sig.buffer_total if self.served.index == 0 else 0
         buffers = self._take_buffers(msg, holds_buffers)
         if holds_buffers and buffers is None:
-            raise ProtocolError("bad_chunk", f"INIT lacks the model's {len(sig.buffers)} buffers (chunk {BUFFERS_ID})")
+            raise ProtocolError(ErrorCode.BAD_CHUNK,
+                                f"INIT lacks the model's {len(sig.buffers)} buffers (chunk {BUFFERS_ID})")
         check_chunks(msg, {c.id: c.length for c in mine.values()})
         if len(msg.chunks) != len(mine):
-            raise ProtocolError("bad_chunk", f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} chunks")
+            raise ProtocolError(ErrorCode.BAD_CHUNK,
+                                f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} chunks")
         check_finite(msg)
         flat = torch.zeros(sig.total)
         for meta, tensor in zip(msg.chunks, msg.tensors):
@@ -419,7 +424,8 @@ class ShardServer:
         msg = incoming.message
         body: Pull = msg.body
         if body.buffers and self.buffers is None:
-            raise ProtocolError("bad_field", "PULL.buffers: this shard holds no buffers (shard 0 holds a model's "
+            raise ProtocolError(ErrorCode.BAD_FIELD,
+                                "PULL.buffers: this shard holds no buffers (shard 0 holds a model's "
                                 "travelling buffers, if it has any)")
         self._serve_pull(incoming.identity, msg.seq, msg.sender, body.ids, body.min_version, body.buffers)
 
@@ -427,10 +433,12 @@ class ShardServer:
         """Refuse a pull while this connection's earlier answers wait unread, or one that would park while it
         already has its fill of parked pulls (`parks`)."""
         if self.outbox.full(identity):
-            raise ProtocolError("busy", f"{self.outbox.limit} answers to this connection wait unread; read them "
+            raise ProtocolError(ErrorCode.BUSY,
+                                f"{self.outbox.limit} answers to this connection wait unread; read them "
                                 "before asking again")
         if parks and sum(p.identity == identity for p in self.parked) >= MAX_PARKED_PER_PEER:
-            raise ProtocolError("busy", f"{MAX_PARKED_PER_PEER} pulls from this connection already wait; read their "
+            raise ProtocolError(ErrorCode.BUSY,
+                                f"{MAX_PARKED_PER_PEER} pulls from this connection already wait; read their "
                                 "answers before asking again")
 
     def _serve_pull(self, identity: bytes, seq: int, worker: str, ids: list[int], min_version: int,
@@ -465,7 +473,7 @@ class ShardServer:
         body: Push = msg.body
         buffers = self._take_buffers(msg, self.buffers.total if self.buffers is not None else 0)
         if not msg.chunks:
-            raise ProtocolError("bad_chunk", "PUSH carries no chunks")
+            raise ProtocolError(ErrorCode.BAD_CHUNK, "PUSH carries no chunks")
         check_chunks(msg, self.state.sizes)
         check_finite(msg)
         if body.then_pull:  # refused now, not once the push is applied

@@ -145,7 +145,7 @@ class ShardState:
         wanted = sorted(set(ids)) if ids else [c.id for c in self.chunks]
         unknown = [i for i in wanted if i not in self.params]
         if unknown:
-            raise ProtocolError("unknown_chunk", f"chunks {unknown[:5]} are not held here")
+            raise ProtocolError(ErrorCode.UNKNOWN_CHUNK, f"chunks {unknown[:5]} are not held here")
         return [(i, self.params[i], self.chunk_versions[i]) for i in wanted]
 
     @property
@@ -185,11 +185,12 @@ class ShardState:
         server can send chunk k back while chunk k+1 is being updated (`streams`).
         """
         if worker not in self.live:
-            raise ProtocolError("unknown_sender", f"{worker!r} is not a live worker of this job")
+            raise ProtocolError(ErrorCode.UNKNOWN_SENDER, f"{worker!r} is not a live worker of this job")
         if samples <= 0:
-            raise ProtocolError("bad_field", f"PUSH.samples must be positive, got {samples}")
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"PUSH.samples must be positive, got {samples}")
         if kind != self.kind:
-            raise ProtocolError("bad_field", f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
+            raise ProtocolError(ErrorCode.BAD_FIELD,
+                                f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
         self.rule.check(worker, list(tensors))
         staleness = {cid: max(0, self.chunk_versions[cid] - base_versions[cid]) for cid in tensors}
         limit = self.rule.max_delay()
@@ -224,7 +225,7 @@ class ShardState:
         stale = [cid for cid, v in base_versions.items()
                  if self.chunk_versions[cid] < v <= self.thrown_away.get(cid, -1)]
         if stale:
-            raise ProtocolError("rolled_back", f"PUSH of chunk {stale[0]} was computed on version "
+            raise ProtocolError(ErrorCode.ROLLED_BACK, f"PUSH of chunk {stale[0]} was computed on version "
                                 f"{base_versions[stale[0]]}, which the job rolled back; pull the model again")
 
     def set_membership(self, workers: set[str], allocated: int, idle: set[str] = frozenset()) -> list[int]:

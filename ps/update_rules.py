@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from dynabatch.common.config import JobConfig
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import OuterSettings
 from dynabatch.common.wire import ProtocolError
 from dynabatch.optim import SGD, OptimizerSpec, optimizer_from_fields
@@ -57,7 +58,7 @@ def optimizer_spec(job: JobConfig, fields: dict[str, Any]) -> OptimizerSpec:
     try:
         return optimizer_from_fields(fields)
     except ValueError as exc:
-        raise ProtocolError("bad_field", f"INIT: {exc}") from None
+        raise ProtocolError(ErrorCode.BAD_FIELD, f"INIT: {exc}") from None
 
 
 def decay_runs(params: Sequence[tuple[str, int]], spec: OptimizerSpec) -> list[Segment]:

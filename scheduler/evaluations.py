@@ -8,6 +8,7 @@ the first evaluation of a restored version replaces it.
 
 from __future__ import annotations
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.eval_bounds import eval_problem
 from dynabatch.common.messages import EvalReport
 from dynabatch.common.wire import ProtocolError
@@ -29,7 +30,7 @@ class Evaluations:
         """Refuse an evaluation whose figures cannot be, or of a version no shard can have reached yet."""
         problem = eval_problem(report)
         if problem:
-            raise ProtocolError("bad_field", problem)
+            raise ProtocolError(ErrorCode.BAD_FIELD, problem)
         check_eval_version(report, newest_possible_version)
 
     def keep(self, report: EvalReport, t: float, newest_shard_version: int, rollback_done: int,

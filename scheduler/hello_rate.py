@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.wire import ProtocolError
 
 MAX_SOURCES = 4096
@@ -43,7 +44,8 @@ class HelloRate:
         tokens = self.tokens(source, now)
         if tokens < 1.0:
             wait = (1.0 - tokens) / self.per_s
-            raise ProtocolError("hello_rate", f"{source or 'this source'} registered more than {self.burst:.0f} "
+            raise ProtocolError(ErrorCode.HELLO_RATE,
+                                f"{source or 'this source'} registered more than {self.burst:.0f} "
                                 f"members at once or {self.per_s:g} a second; retry in {wait:.1f} s")
         self._buckets.pop(source, None)
         self._buckets[source] = (tokens - 1.0, now)

@@ -19,6 +19,7 @@ from typing import Callable
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
     Assignment,
     EvalReport,
@@ -75,7 +76,7 @@ class JobState:
         if again is not None:
             return self._welcome(again)
         if (self.stopping and hello.role == "worker") or (self.finished and hello.role == "evaluator"):
-            raise ProtocolError("job_over", "the job has reached its target and is stopping")
+            raise ProtocolError(ErrorCode.JOB_OVER, "the job has reached its target and is stopping")
         member = self.roster.register(hello, now, connection, admit)
         self._latch()
         return self._welcome(member)
@@ -179,7 +180,7 @@ class JobState:
     def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:
         bad_counts = staleness.check(hb.staleness)
         if bad_counts:
-            raise ProtocolError("bad_field", f"HEARTBEAT.staleness: {bad_counts}")
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.staleness: {bad_counts}")
         new_steps = hb.steps - member.steps
         member.steps, member.samples = hb.steps, hb.samples
         measured = member.id in self.allocator.speeds
@@ -202,7 +203,8 @@ class JobState:
         and changes nothing."""
         member = self.roster.member(member_id, connection)
         if member.role != "evaluator":
-            raise ProtocolError("bad_sender", f"{member_id} is a {member.role}; only an evaluator reports evaluations")
+            raise ProtocolError(ErrorCode.BAD_SENDER,
+                                f"{member_id} is a {member.role}; only an evaluator reports evaluations")
         self.evaluations.check(report, self.progress.newest_possible_version)
         member.last_seen = now
         self.evaluations.keep(report, self.progress.t(now), self.roster.newest_shard_version(),

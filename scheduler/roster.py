@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from dynabatch.common.config import JobConfig
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello, WorkerStatus
 from dynabatch.common.wire import ProtocolError
 
@@ -121,13 +122,15 @@ class Roster:
     def check_hello(self, hello: Hello) -> None:
         """Refuse a HELLO whose fields cannot be, or from a process a shard quarantined."""
         if hello.role not in ("worker", "evaluator", "ps"):
-            raise ProtocolError("bad_field", f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
         if len(hello.instance) > MAX_INSTANCE_CHARS:
-            raise ProtocolError("bad_field", f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
         if hello.max_batch < 0:
-            raise ProtocolError("bad_field", f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
+            raise ProtocolError(ErrorCode.BAD_FIELD,
+                                f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
         if hello.instance in self.quarantined_instances:
-            raise ProtocolError("quarantined", "this process was quarantined by a shard (its pushes kept exceeding "
+            raise ProtocolError(ErrorCode.QUARANTINED,
+                                "this process was quarantined by a shard (its pushes kept exceeding "
                                 "the gradient bound or pointing against the other workers') and may not join again")
 
     def rebind(self, hello: Hello, now: float, connection: bytes) -> Member | None:
@@ -147,11 +150,12 @@ class Roster:
             member_id = f"ps{index}"
         else:
             if len(self.shards) < self.num_shards:
-                raise ProtocolError("not_ready", f"{len(self.shards)} of {self.num_shards} shards registered")
+                raise ProtocolError(ErrorCode.NOT_READY, f"{len(self.shards)} of {self.num_shards} shards registered")
             present = sum(1 for m in self.members.values() if m.role in ("worker", "evaluator") and not m.left)
             if present >= self.job.max_workers:
-                raise ProtocolError("full", f"the job admits at most {self.job.max_workers} workers and evaluators "
-                                            "(--max-workers)")
+                raise ProtocolError(ErrorCode.FULL,
+                                    f"the job admits at most {self.job.max_workers} workers and evaluators "
+                                    "(--max-workers)")
             prefix = "w" if hello.role == "worker" else "eval"
             member_id = f"{prefix}{self.next_id[hello.role]}"
             index = -1
@@ -170,16 +174,17 @@ class Roster:
 
     def _shard_slot(self, wanted: int) -> int:
         if wanted >= self.num_shards:
-            raise ProtocolError("bad_field", f"shard index {wanted} but the job has {self.num_shards} shards")
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"shard index {wanted} but the job has {self.num_shards} shards")
         if wanted >= 0:
             holder = self.shards.get(wanted)
             if holder is not None and not holder.left:
-                raise ProtocolError("slot_taken", f"shard slot {wanted} is held by a live shard; a restarted shard "
-                                                  "takes it once that one is declared dead")
+                raise ProtocolError(ErrorCode.SLOT_TAKEN,
+                                    f"shard slot {wanted} is held by a live shard; a restarted shard "
+                                    "takes it once that one is declared dead")
             return wanted  # a restarted shard takes its slot back
         free = [i for i in range(self.num_shards) if i not in self.shards]
         if not free:
-            raise ProtocolError("no_slot", f"all {self.num_shards} shard slots are taken")
+            raise ProtocolError(ErrorCode.NO_SLOT, f"all {self.num_shards} shard slots are taken")
         return free[0]
 
     def shard_endpoints(self) -> list[str]:
@@ -189,10 +194,11 @@ class Roster:
         """The live member `member_id`, if this message came over the connection it registered from."""
         member = self.members.get(member_id)
         if member is None or member.left:
-            raise ProtocolError("unknown_sender", f"{member_id!r} is not registered; send HELLO")
+            raise ProtocolError(ErrorCode.UNKNOWN_SENDER, f"{member_id!r} is not registered; send HELLO")
         if member.connection != connection:
-            raise ProtocolError("bad_sender", f"{member_id!r} registered from another connection; a message in its "
-                                              "name from this one is refused")
+            raise ProtocolError(ErrorCode.BAD_SENDER,
+                                f"{member_id!r} registered from another connection; a message in its "
+                                "name from this one is refused")
         return member
 
     def has_left(self, member_id: str) -> bool:

@@ -176,9 +176,9 @@ class SchedulerServer:
         now = time.monotonic()
         try:
             if msg.job != self.job.job:
-                raise ProtocolError("wrong_job", f"this scheduler runs job {self.job.job!r}, not {msg.job!r}")
+                raise ProtocolError(ErrorCode.WRONG_JOB, f"this scheduler runs job {self.job.job!r}, not {msg.job!r}")
             if msg.chunks:
-                raise ProtocolError("bad_chunk", f"{msg.type} to the scheduler carries no tensors")
+                raise ProtocolError(ErrorCode.BAD_CHUNK, f"{msg.type} to the scheduler carries no tensors")
             body = msg.body
             if isinstance(body, Hello):
                 if body.role in HELLO_KEY_ROLE:
@@ -204,13 +204,13 @@ class SchedulerServer:
                 status.decision_s = self._decision_latency()
                 reply = StatusReply(state=status)
             else:
-                raise ProtocolError("unexpected_type", f"the scheduler does not take {msg.type}")
+                raise ProtocolError(ErrorCode.UNEXPECTED_TYPE, f"the scheduler does not take {msg.type}")
         except ProtocolError as exc:
             exc.ref = msg.seq
             return self._reject(incoming, exc)
         except Exception as exc:  # a bug must cost one message, never the scheduler
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
-            return self._reject(incoming, ProtocolError("internal", f"{type(exc).__name__}: {exc}", msg.seq))
+            return self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
         send_routed(self.sock, incoming.identity, reply, msg.seq, self.job.job, "scheduler")
 
     def _decision_latency(self) -> DecisionLatency:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError
@@ -69,10 +70,11 @@ class HeartbeatKeeper:
         self.next_at = time.monotonic() + self.interval_s
         self.tick()
         if self.link.lost:
-            raise RemoteError("unknown_sender", "the scheduler has dropped this worker")
+            raise RemoteError(ErrorCode.UNKNOWN_SENDER, "the scheduler has dropped this worker")
         if self.rollbacks is not None and assignment is not None and assignment.rollbacks > self.rollbacks:
-            raise RemoteError("rolled_back", f"the job rolled back (rollback {assignment.rollbacks}); the model "
-                                             "this step waits for or computed on was thrown away")
+            raise RemoteError(ErrorCode.ROLLED_BACK,
+                              f"the job rolled back (rollback {assignment.rollbacks}); the model "
+                              "this step waits for or computed on was thrown away")
 
     def when_due(self) -> None:
         """Between progress reports, hear early whether the scheduler dropped this process (raises RemoteError).

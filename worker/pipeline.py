@@ -25,6 +25,7 @@ import torch
 
 from dynabatch.common import staleness
 from dynabatch.common.chunking import Layout, TravellingBuffers, travelling
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.ps_client import Pending, PendingPull, PendingPush, PullResult, ShardClients
 
@@ -113,7 +114,7 @@ class Pipeline:
             if not refused:
                 return
             if time.monotonic() >= deadline:
-                raise RemoteError("unknown_sender", "a shard does not know this worker")
+                raise RemoteError(ErrorCode.UNKNOWN_SENDER, "a shard does not know this worker")
             self.shards.before_resend([])
             for i in refused:
                 st.pushes[i] = self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"),

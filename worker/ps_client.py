@@ -191,7 +191,7 @@ class ShardClients:
         """
         refused = pending.refused
         if time.monotonic() >= deadline:
-            raise RemoteError("unknown_sender", f"shards {sorted(refused)} do not know this worker")
+            raise RemoteError(ErrorCode.UNKNOWN_SENDER, f"shards {sorted(refused)} do not know this worker")
         self.before_resend([p for p in fed if p is not pending])
         for s in refused:
             again = pending.resend
@@ -263,8 +263,9 @@ class ShardClients:
         conn = self.conns[shard]
         for pending in pendings:
             if 0 < pending.seqs[shard] <= conn.lost_through and not pending.done():
-                pending.refuse(shard, Error(code="shard_lost", text=f"the link to shard {shard} ({conn.endpoint}) "
-                                                                    "dropped before it answered: it stopped or restarted"))
+                pending.refuse(shard, Error(code=ErrorCode.SHARD_LOST,
+                                            text=f"the link to shard {shard} ({conn.endpoint}) "
+                                                 "dropped before it answered: it stopped or restarted"))
 
     def close(self) -> None:
         for conn in self.conns:
@@ -328,7 +329,8 @@ class PendingPull(Pending):
                 self._take_buffers(shard, meta, tensor)
                 continue
             if meta.id not in self.wanted or layout.chunks[meta.id].owner != shard or meta.id in self.versions:
-                raise RemoteError("bad_chunk", f"shard {shard} sent chunk {meta.id} unasked, not its own, or twice")
+                raise RemoteError(ErrorCode.BAD_CHUNK,
+                                  f"shard {shard} sent chunk {meta.id} unasked, not its own, or twice")
             chunk = layout.chunks[meta.id]
             self.client.flat[chunk.start : chunk.stop].copy_(tensor)
             self.client.moved_bytes += meta.nbytes
@@ -338,7 +340,8 @@ class PendingPull(Pending):
     def _take_buffers(self, shard: int, meta: ChunkMeta, tensor: torch.Tensor) -> None:
         target = self.client.buffers
         if not self.with_buffers or shard != 0 or self.buffers_in or target is None or meta.numel != target.numel():
-            raise RemoteError("bad_chunk", f"shard {shard} sent buffers unasked, twice, or of {meta.numel} values")
+            raise RemoteError(ErrorCode.BAD_CHUNK,
+                              f"shard {shard} sent buffers unasked, twice, or of {meta.numel} values")
         target.copy_(tensor)
         self.client.moved_bytes += meta.nbytes
         self.buffers_in = True
@@ -391,11 +394,11 @@ class PendingPush(Pending):
             self.answered_at = time.perf_counter()
         if isinstance(msg.body, Params):
             if self.pull is None:
-                raise RemoteError("bad_chunk", f"shard {shard} answered a push that is not a pull with chunks")
+                raise RemoteError(ErrorCode.BAD_CHUNK, f"shard {shard} answered a push that is not a pull with chunks")
             self.pull.take(shard, msg)
             return
         if not isinstance(msg.body, PushAck):
-            raise RemoteError("unexpected_type", f"shard {shard} answered a push with {msg.type}")
+            raise RemoteError(ErrorCode.UNEXPECTED_TYPE, f"shard {shard} answered a push with {msg.type}")
         self.acks[shard] = msg.body
         staleness.record(self.client.staleness, msg.body.staleness)
 
