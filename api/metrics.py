@@ -6,7 +6,8 @@ short one) add up to the exact mean over the evaluation set. `dynabatch.metrics`
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -37,8 +37,9 @@ import argparse
 import heapq
 import math
 import random
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generator, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F

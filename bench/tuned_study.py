@@ -24,9 +24,10 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate

@@ -10,7 +10,7 @@ bytes a worker moves per step. A task that cannot train exits 2 naming why.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from dynabatch.cluster.options import CheckOptions
 from dynabatch.common.config import JobConfig, check_flags_against_task

@@ -10,8 +10,8 @@ checkpoints, where the shards keep buffers). See cluster/export.py.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 

@@ -15,10 +15,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dynabatch.cluster.launcher import Launcher, shared_keys
 from dynabatch.cluster.metric_target import MetricTarget

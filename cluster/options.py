@@ -75,7 +75,7 @@ class RunOptions(TrainingOptions, ShardCheckpointOptions):
         except ValueError as exc:
             raise ConfigError(f"--target-metric: {exc}") from None
 
-    def anchored(self) -> "RunOptions":
+    def anchored(self) -> RunOptions:
         """These options with the task's file, --data-dir and --init as absolute paths: the run folder's
         config.json then names them from any folder (`dynabatch export RUN` run elsewhere), and so do the
         command lines of the processes it starts."""

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.catalog import DATASETS, FLAT_PARAMS, MODELS, model_size
 from dynabatch.common.flags import ConfigError, opt, validate_fields

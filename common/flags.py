@@ -18,8 +18,9 @@ import dataclasses
 import math
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import field
-from typing import Any, Mapping, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 ENV_PREFIX = "DYNABATCH_"
 

@@ -9,8 +9,9 @@ a peer is checked field by field (`signature_from_fields`) before anything is al
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,7 +63,7 @@ class ModelSignature:
     def buffer_names(self) -> tuple[str, ...]:
         return tuple(b.name for b in self.buffers)
 
-    def difference(self, other: "ModelSignature") -> str | None:
+    def difference(self, other: ModelSignature) -> str | None:
         """A sentence naming the first difference from `other`, or None if they match."""
         found = (_first_difference("parameter", "trainable parameters", self.params, other.params)
                  or _first_difference("buffer", "travelling buffers", self.buffers, other.buffers))

@@ -12,8 +12,9 @@ import importlib
 import importlib.util
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn

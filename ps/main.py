@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.flags import ConfigError

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import errno
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 

@@ -21,7 +21,7 @@ scheduler, which rolls the job back (scheduler/divergence.py).
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -38,7 +38,7 @@ class ShardRule:
     STREAMS: ClassVar[bool] = True
     widest_spread: int = 0  # bounded-staleness rules: the most clocks between live workers seen so far
 
-    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+    def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         self.shard = shard
         self.settings = settings
 
@@ -107,7 +107,7 @@ class StaleSynchronousRule(AsyncRule):
     STREAMS = False
     settings: SspSettings
 
-    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+    def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         super().__init__(shard, settings)
         self.clocks: dict[str, dict[int, int]] = {}
 
@@ -243,7 +243,7 @@ def softsync_needed(live_workers: int, n: int) -> int:
 class _RoundRule(ShardRule):
     """Rules whose chunks collect contributions in an open round, closed when complete or overdue."""
 
-    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+    def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         super().__init__(shard, settings)
         self.rounds: dict[int, SyncRound | SoftRound | SampleRound] = {c.id: self._new_round() for c in shard.chunks}
         self.started: dict[int, float] = {}
@@ -380,7 +380,7 @@ class RennalaRule(_RoundRule):
     STREAMS = False  # whether a pull is answered is decided once the whole push is in
     rounds: dict[int, SampleRound]
 
-    def __init__(self, shard: "ShardState", settings: ProtocolSettings) -> None:
+    def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         super().__init__(shard, settings)
         self.on_way: dict[str, tuple[int, int]] = {}  # worker -> (version its pull was answered at, samples)
         self.last_samples: dict[str, int] = {}

@@ -18,8 +18,8 @@ that does not exist yet.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode

@@ -53,7 +53,7 @@ class ServedJob:
     direction: GradientDirection
 
     @classmethod
-    def welcomed(cls, welcome: Welcome, registry: CollectorRegistry, checkpoint_dir: str) -> "ServedJob":
+    def welcomed(cls, welcome: Welcome, registry: CollectorRegistry, checkpoint_dir: str) -> ServedJob:
         """The job of `welcome`, its series on `registry`, its checkpoint in `checkpoint_dir` (empty: none)."""
         job = job_from_dict(welcome.config)
         index = welcome.shard_index

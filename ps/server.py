@@ -30,8 +30,8 @@ import math
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import zmq

@@ -15,8 +15,9 @@ and the job's progress through it), and is tested directly against plain torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -103,7 +104,7 @@ class ShardState:
         cls, chunks: Sequence[Chunk], flat: torch.Tensor, optimizer: OptimizerSpec, protocol: str,
         global_batch: int, settings: ProtocolSettings | None = None, params: Sequence[tuple[str, int]] = (),
         dbs_rule: str = "capped", step_size: StepSize | None = None, run_samples: float = 0.0,
-    ) -> "ShardState":
+    ) -> ShardState:
         """State at version 0 from the model's initial flat parameters.
 
         `params` are the model's parameters (name, size) in flat order, for the

@@ -52,7 +52,7 @@ class SharedBuffers:
     pending_samples: int = 0
 
     @classmethod
-    def initial(cls, specs: tuple[ParamSpec, ...], flat: torch.Tensor | None) -> "SharedBuffers":
+    def initial(cls, specs: tuple[ParamSpec, ...], flat: torch.Tensor | None) -> SharedBuffers:
         """The buffers at `flat` (the first worker's INIT); None: zeros, a checkpoint's values follow."""
         total = sum(math.prod(s.shape) for s in specs)
         values = torch.zeros(total) if flat is None else flat.detach().float().clone()

@@ -26,7 +26,7 @@ class TrainingSetup:
     schedule: dict[str, Any]
 
     @classmethod
-    def from_init(cls, body: Init) -> "TrainingSetup":
+    def from_init(cls, body: Init) -> TrainingSetup:
         """The set-up an INIT describes; ValueError naming what is malformed (the optimizer's fields are checked
         against the job by the caller, update_rules.optimizer_spec)."""
         sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size, body.buffer_names,
@@ -35,14 +35,14 @@ class TrainingSetup:
         return cls(sig, body.optimizer, body.schedule)
 
     @classmethod
-    def from_checkpoint(cls, saved: dict[str, Any]) -> "TrainingSetup":
+    def from_checkpoint(cls, saved: dict[str, Any]) -> TrainingSetup:
         """The set-up this shard wrote into its checkpoint (`checkpoint_fields`)."""
         return cls(signature_from_fields(**saved["signature"]), saved["optimizer"], saved["schedule"])
 
     def checkpoint_fields(self) -> dict[str, Any]:
         return {"signature": signature_fields(self.signature), "optimizer": self.optimizer, "schedule": self.schedule}
 
-    def difference(self, other: "TrainingSetup") -> str | None:
+    def difference(self, other: TrainingSetup) -> str | None:
         """A sentence naming the first way `other` (a later worker's) differs from this (the job's), or None."""
         return other.signature.difference(self.signature) or setup_difference(
             {"optimizer": self.optimizer, "schedule": self.schedule},

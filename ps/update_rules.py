@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 

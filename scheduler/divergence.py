@@ -22,8 +22,8 @@ the job (`settled`), and every worker's count starts again from them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dynabatch.common.messages import Heartbeat
 

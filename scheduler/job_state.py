@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict

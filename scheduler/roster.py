@@ -10,8 +10,8 @@ than its role and its own measured steps allow is found here (`silent`); the job
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode

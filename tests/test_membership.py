@@ -7,7 +7,7 @@ import math
 import re
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch

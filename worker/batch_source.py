@@ -12,7 +12,8 @@ loads them ahead in other processes.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

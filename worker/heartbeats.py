@@ -12,7 +12,7 @@ job rolled back.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat

@@ -9,8 +9,9 @@ that hold it (trainer.py, evaluator.py) never hold half of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import zmq
@@ -60,7 +61,7 @@ class Joined:
 
     @classmethod
     def welcomed(cls, welcome: Welcome, job: JobConfig, opts: WorkerOptions, ctx: zmq.Context,
-                 device: torch.device, idle: Callable[[], None]) -> "Joined":
+                 device: torch.device, idle: Callable[[], None]) -> Joined:
         """Load the task and build its model (`--init`'s weights, if given) for the job of `welcome`; `idle`
         runs while a shard request waits (the heartbeat)."""
         task = task_for(opts, job)

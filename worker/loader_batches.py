@@ -17,8 +17,8 @@ own process instead (batch_source.py).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader

@@ -18,8 +18,9 @@ first push to shard 0.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -104,7 +105,7 @@ class Pipeline:
         self._step = None
         return PipelineResult(float(loss.detach()), st.pull.result(), st.pull_wait, st.push_wait, st.trace)
 
-    def _settle(self, st: "_StepState") -> None:
+    def _settle(self, st: _StepState) -> None:
         """Wait for every acknowledgement; resend chunks a shard refused only because it did
         not know this worker yet (see ShardClients.push), and only those (`ShardClients.before_resend`)."""
         deadline = time.monotonic() + self.timeout_s

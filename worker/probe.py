@@ -8,7 +8,7 @@ must not drift from the worker it stands in for.
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 PROBE_BATCH = 64
 

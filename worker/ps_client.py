@@ -11,8 +11,8 @@ chunk entry: with every push, and in the answer to every full pull.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import zmq
@@ -71,7 +71,7 @@ class ShardClients:
         self.moved_bytes = 0
         self.staleness: list[int] = []
 
-    def start_pull(self, min_versions: list[int] | None = None, ids: list[int] | None = None) -> "PendingPull":
+    def start_pull(self, min_versions: list[int] | None = None, ids: list[int] | None = None) -> PendingPull:
         """Ask every shard for its chunks (or just `ids`); shards stream one PARAMS per chunk, front first.
 
         With `min_versions` a shard sends each chunk once it has reached that version.
@@ -91,7 +91,7 @@ class ShardClients:
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float,
         kind: str = "grad", ids: list[int] | None = None, buffers: torch.Tensor | None = None,
         then_pull: bool = False, min_versions: list[int] | None = None,
-    ) -> "PendingPush":
+    ) -> PendingPush:
         """Send `tensor`'s chunks (all, or `ids`) to their shards, tagged with the versions they came from;
         `buffers` (the worker's travelling buffers) go to shard 0, which must be sent chunks too.
 
@@ -150,7 +150,7 @@ class ShardClients:
 
     def push(
         self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
-        kind: str = "grad", buffers: torch.Tensor | None = None, beside: "PendingPull | None" = None,
+        kind: str = "grad", buffers: torch.Tensor | None = None, beside: PendingPull | None = None,
     ) -> list[PushAck]:
         """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged;
         `beside` (a pull sent earlier) is fed the replies that come meanwhile."""
@@ -171,7 +171,7 @@ class ShardClients:
         self.finish_push(pending, timeout_s)
         return pending.pull.result(), pending.answered_at - start
 
-    def finish_push(self, pending: "PendingPush", timeout_s: float, beside: "PendingPull | None" = None) -> list[PushAck]:
+    def finish_push(self, pending: PendingPush, timeout_s: float, beside: PendingPull | None = None) -> list[PushAck]:
         """Wait for `pending` (and its pull, if it has one), resending to shards that did not know this worker
         yet; replies to `beside` are taken too, not dropped."""
         deadline = time.monotonic() + timeout_s
@@ -182,7 +182,7 @@ class ShardClients:
                 return [pending.acks[s] for s in sorted(pending.acks)]
             self._resend_refused(pending, deadline, fed)
 
-    def _resend_refused(self, pending: "PendingPush", deadline: float, fed: list["Pending"]) -> None:
+    def _resend_refused(self, pending: PendingPush, deadline: float, fed: list[Pending]) -> None:
         """Resend to the shards that did not know this worker yet, and only to them.
 
         A new worker's first push can reach a shard before the scheduler's next
@@ -199,14 +199,14 @@ class ShardClients:
                                               pending.bodies[s], again.buffers if s == 0 else None)
         pending.refused = set()
 
-    def before_resend(self, others: list["Pending"]) -> None:
+    def before_resend(self, others: list[Pending]) -> None:
         """Pause for one heartbeat interval before resending what a shard refused as from an unknown sender,
         feeding `others` meanwhile, then heartbeat: `idle` raises once the scheduler has dropped this worker,
         which a shard that keeps refusing would otherwise hide until the request's deadline."""
         self.advance(others, self.idle_every_s)
         self.idle()
 
-    def wait(self, pendings: "Pending | list[Pending]", timeout_s: float, until: Callable[[], bool] | None = None) -> None:
+    def wait(self, pendings: Pending | list[Pending], timeout_s: float, until: Callable[[], bool] | None = None) -> None:
         """Feed replies to `pendings` until `until()` (default: all complete); TimeoutError past the timeout.
 
         Messages are taken one at a time, so waiting for the first chunk does not
@@ -227,7 +227,7 @@ class ShardClients:
                 next_idle = now + self.idle_every_s
             self.advance(pendings, min(deadline, next_idle) - now, until)
 
-    def advance(self, pendings: list["Pending"], timeout_s: float = 0.0, until: Callable[[], bool] | None = None) -> None:
+    def advance(self, pendings: list[Pending], timeout_s: float = 0.0, until: Callable[[], bool] | None = None) -> None:
         """Feed replies arriving within `timeout_s` to the requests they answer (and fail those a dropped
         link leaves unanswered)."""
         ready = dict(self.poller.poll(int(timeout_s * 1000)))
@@ -253,7 +253,7 @@ class ShardClients:
             if conn.lost_through:  # a send may have noted the drop: the requests before it are checked here
                 self._lost(s, pendings)
 
-    def _lost(self, shard: int, pendings: list["Pending"]) -> None:
+    def _lost(self, shard: int, pendings: list[Pending]) -> None:
         """What shard `shard` was asked before its link dropped and has not answered fails now, not at the timeout.
 
         The shard stopped or restarted, and a restarted one knows nothing of the

@@ -37,7 +37,7 @@ class Pulse:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pulse", daemon=True)
 
-    def start(self) -> "Pulse":
+    def start(self) -> Pulse:
         self._thread.start()
         return self
 
