@@ -128,7 +128,8 @@ def bind_router(
         sock.bind(endpoint)
     except zmq.ZMQError as exc:  # "Address already in use" (dynabatch run's launcher reads it), a foreign address
         sock.close(linger=0)
-        raise ConfigError(f"--bind {endpoint}: {exc.strerror}") from None
+        reason = zmq.strerror(exc.errno) if exc.errno is not None else exc.strerror  # strerror names the address
+        raise ConfigError(f"--bind {endpoint}: {reason}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
