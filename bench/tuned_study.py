@@ -17,6 +17,7 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned --jobs 2   # about three hours on 2 cores
     python -m bench.simulate --study tuned-256        # lognormal256 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned-unseen     # the default on log-normal clusters never tuned on
+    python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
 """
@@ -122,6 +123,8 @@ SEEDS = (0, 1, 2, 3, 4)
 CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ringmaster+dynamic", "rennala+dynamic",
               "LB-BSP (ssgd+dynamic)")
 """The methods the scale study compares: the default's candidates and the round protocol they must beat."""
+AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic")
+"""The methods run with 256 workers: the issue's (the default, asgd+fixed, rennala, ringmaster) and DBS-SGD."""
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
@@ -129,15 +132,14 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
         Profile("lognormal64", 2048, ALL, SEEDS),
         Profile("shifting32", 1024, ALL, SEEDS),
         Profile("churn32", 1024, ALL, SEEDS),
-        Profile("lognormal256", 8192, ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic"),
-                (0, 1, 2), lr_from="lognormal64"),
+        Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
     ),
     "tuned-scale": (
         Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
         Profile("lognormal64", 2048, CANDIDATES, (0, 1, 2), (100,)),
     ),
     "tuned-256": (
-        Profile("lognormal256", 8192, CANDIDATES, (0, 1, 2), lr_from="lognormal64"),
+        Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
     ),
     "tuned-unseen": tuple(Profile(name, 32 * len(nodes()), ("asgd+fixed",), (7, 8), lr_from="lognormal64")
                           for name, nodes in UNSEEN.items()),
@@ -237,17 +239,21 @@ def _record(run: Run, r: SimResult) -> dict[str, Any]:
     return out
 
 
-def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
-    """Tune every tuned profile, then run every profile's report seeds at the chosen step sizes."""
+def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> int:
+    """Tune every tuned profile, then run every profile's report seeds at the chosen step sizes; with `resume`,
+    keep the runs of an earlier, interrupted run of the same study in the folder and run only the rest."""
     out = Path(out_dir) / mode
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     profiles = STUDIES[mode]
     res = Results(profiles={p.profile: asdict(p) for p in profiles})
+    if resume and (out / "results.json").exists():
+        earlier = Results(**json.loads((out / "results.json").read_text()))
+        res.tuning, res.report, res.minutes = earlier.tuning, earlier.report, earlier.minutes
     log = lambda s: print(s, flush=True)  # noqa: E731
     tuning = [Run(p, m, lr, s, True) for p in profiles if not p.lr_from for m in p.methods
               for lr in p.lrs or METHODS[m].lrs for s in p.tune_seeds]
-    for run, r in run_all(tuning, jobs, log):
+    for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
         res.tuning.setdefault(run.profile.profile, []).append(_record(run, r))
         write(res, out, plots=False)
     for p in (p for p in profiles if not p.lr_from):
@@ -257,7 +263,7 @@ def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
     for p in profiles:
         chosen = res.chosen.setdefault(p.lr_from or p.profile, TUNED_LRS.get(p.lr_from, {}))
         report += [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
-    for run, r in run_all(report, jobs, log):
+    for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
         res.report.setdefault(run.profile.profile, []).append(_record(run, r))
         res.minutes[run.profile.profile] = (time.monotonic() - started) / 60
         write(res, out, plots=False)
@@ -265,6 +271,12 @@ def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
     print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
     print(f"default by measurement: {choose_default(res)}", flush=True)
     return 0
+
+
+def _done(res: Results, run: Run) -> bool:
+    """Whether `res` already holds `run` (a resumed study runs it again only if not)."""
+    runs = (res.tuning if run.tuning else res.report).get(run.profile.profile, [])
+    return any((r["method"], r["lr"], r["seed"]) == (run.method, run.lr, run.seed) for r in runs)
 
 
 def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]
