@@ -17,6 +17,7 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned --jobs 2   # about three hours on 2 cores
     python -m bench.simulate --study tuned-256        # lognormal256 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned-unseen     # the default on log-normal clusters never tuned on
+    python -m bench.simulate --study tuned-changing   # shifting32 and churn32 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
@@ -141,6 +142,8 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
     "tuned-256": (
         Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
     ),
+    "tuned-changing": tuple(Profile(name, 1024, ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed"),
+                                    (0, 1, 2), lr_from="lognormal64") for name in ("shifting32", "churn32")),
     "tuned-unseen": tuple(Profile(name, 32 * len(nodes()), ("asgd+fixed",), (7, 8), lr_from="lognormal64")
                           for name, nodes in UNSEEN.items()),
     "tuned-quick": (
@@ -331,8 +334,9 @@ def render(res: Results) -> str:
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
         for row in rows:
-            if not row["runs"]:
-                out.append(f"| {row['method']} | – | every step size diverged in tuning | | | | | | |")
+            if not row["runs"]:  # no step size to run at, or an interrupted study that had not run it yet
+                why = "every step size diverged in tuning" if row["lr"] is None else f"not run (lr {row['lr']:g})"
+                out.append(f"| {row['method']} | – | {why} | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
             ratio = (f"{row['time'] / base:.2f}x" if math.isfinite(row["time"]) and math.isfinite(base) else "–")

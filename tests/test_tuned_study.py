@@ -8,8 +8,10 @@ import math
 import pytest
 
 from bench.simulate import PROFILES
-from bench.tuned_study import (CLUSTERS, STUDIES, TUNED_LRS, Results, choose_default, choose_lr, diverged,
-                               median_time, unseen_lognormal)
+from dataclasses import asdict
+
+from bench.tuned_study import (CLUSTERS, STUDIES, TUNED_LRS, Profile, Results, Run, _done, choose_default, choose_lr,
+                               diverged, median_time, render, unseen_lognormal)
 
 
 def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, acc: float = 0.85) -> dict:
@@ -44,6 +46,20 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "safe"
     report["a"] = [r for r in report["a"] if r["method"] != "safe"]  # not run everywhere: not a candidate
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
+
+
+def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run():
+    profile = Profile("bench4", 128, ("asgd+fixed", "later", "unstable"), (0, 1))
+    held = {**_run("asgd+fixed", 0.01, 30.0), "seed": 0}
+    res = Results(report={"bench4": [held]}, profiles={"bench4": asdict(profile)},
+                  chosen={"bench4": {"asgd+fixed": 0.01, "later": 0.02, "unstable": None}})
+    assert _done(res, Run(profile, "asgd+fixed", 0.01, 0, tuning=False))
+    assert not _done(res, Run(profile, "asgd+fixed", 0.01, 1, tuning=False))
+    assert not _done(res, Run(profile, "asgd+fixed", 0.01, 0, tuning=True))  # a tuning run is another run
+    assert not _done(res, Run(profile, "asgd+fixed", 0.02, 0, tuning=False))
+    report = render(res)
+    assert "| asgd+fixed | 0.01 | 30 s | 1/1 | 0/1 |" in report, report
+    assert "| later | – | not run (lr 0.02) |" in report and "| unstable | – | every step size diverged" in report
 
 
 def test_every_study_profile_exists_and_the_untuned_ones_take_a_tuned_profiles_step_sizes():
