@@ -593,10 +593,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gradient-bound", type=float, default=JobConfig.gradient_bound,
                    help="the shards' --gradient-bound (0: off)")
     p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-scale",
+                                       "tuned-256", "tuned-unseen", "tuned-changing",
                                        "tuned-quick"),
                    help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
                         "method at its own tuned step size)")
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")
+    p.add_argument("--resume", action="store_true",
+                   help="tuned*: keep the runs already in the study's results.json and run only the rest")
     p.add_argument("--out", default="bench/results/simulate")
     return p.parse_args(argv)
 
@@ -605,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.study and args.study.startswith("tuned"):
         from bench import tuned_study
-        return tuned_study.run_study(args.study, args.out, args.jobs)
+        return tuned_study.run_study(args.study, args.out, args.jobs, args.resume)
     if args.study:
         from bench.simulate_study import run_study
         return run_study(args.study, args.out, args.jobs)

@@ -8,12 +8,17 @@ A step size whose run diverged in any tuning seed is never chosen; among the res
 the one with the best median time to the target wins, then the best mean accuracy.
 The 256-worker profile is not tuned: it takes each method's step size from the
 64-worker tuning, which is also the check that a choice was not fitted to the
-profile it was tuned on.
+profile it was tuned on. So do the unseen log-normal clusters (`unseen_lognormal`:
+sizes, spreads and speeds no tuning run saw), on which the default must never diverge.
 
 The default is then the method with the best median time to the target over every
 profile, among those that never diverged in any run (`choose_default`).
 
     python -m bench.simulate --study tuned --jobs 2   # about three hours on 2 cores
+    python -m bench.simulate --study tuned-256        # lognormal256 at the step sizes of TUNED_LRS
+    python -m bench.simulate --study tuned-unseen     # the default on log-normal clusters never tuned on
+    python -m bench.simulate --study tuned-changing   # shifting32 and churn32 at the step sizes of TUNED_LRS
+    python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
-from bench.simulate import PROFILES, SimConfig, SimResult, simulate
+from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
 from dynabatch.common.data import load_dataset
 
 STEP_LRS = (0.005, 0.01, 0.02, 0.04)
@@ -90,11 +96,36 @@ class Profile:
     dataset: str = "fashion-mnist"
 
 
+TUNED_LRS: dict[str, dict[str, float]] = {
+    "lognormal64": {"asgd+fixed": 0.01, "DBS-SGD (capped weight)": 0.005, "ringmaster+fixed": 0.02,
+                    "ringmaster+dynamic": 0.005, "rennala+dynamic": 0.2, "LB-BSP (ssgd+dynamic)": 0.4},
+}
+"""The step sizes the tuned-scale study of 2026-11-25 chose (bench/RESULTS.md section 9), for a study whose
+`lr_from` names a profile it does not tune itself."""
+
+
+def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[WorkerSpec, ...]]]:
+    """`count` log-normal clusters that no tuning saw: 12, 24 and 48 nodes in turn, a spread (sigma) drawn from
+    `seed` between 0.25 and 1.25 (the tuned profiles have 0.5 and 0.75), their speeds from seeds 1000 and up (the
+    tuned profiles' are 32 to 256). Named `lognormal{n}-s{sigma}-r{speeds' seed}`."""
+    rng = random.Random(seed)
+    out: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {}
+    for i in range(count):
+        n, sigma, speeds = (12, 24, 48)[i % 3], round(rng.uniform(0.25, 1.25), 2), 1000 + seed + i
+        out[f"lognormal{n}-s{sigma:g}-r{speeds}"] = lambda n=n, sigma=sigma, speeds=speeds: lognormal(n, sigma, speeds)
+    return out
+
+
+UNSEEN = unseen_lognormal(6, seed=0)
+CLUSTERS = {**PROFILES, **UNSEEN}
+"""Every cluster a study can name: bench/simulate.py's profiles and the unseen log-normal ones."""
 ALL = tuple(METHODS)
 SEEDS = (0, 1, 2, 3, 4)
 CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ringmaster+dynamic", "rennala+dynamic",
               "LB-BSP (ssgd+dynamic)")
 """The methods the scale study compares: the default's candidates and the round protocol they must beat."""
+AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic")
+"""The methods run with 256 workers: the issue's (the default, asgd+fixed, rennala, ringmaster) and DBS-SGD."""
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
@@ -102,13 +133,19 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
         Profile("lognormal64", 2048, ALL, SEEDS),
         Profile("shifting32", 1024, ALL, SEEDS),
         Profile("churn32", 1024, ALL, SEEDS),
-        Profile("lognormal256", 8192, ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic"),
-                (0, 1, 2), lr_from="lognormal64"),
+        Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
     ),
     "tuned-scale": (
         Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
         Profile("lognormal64", 2048, CANDIDATES, (0, 1, 2), (100,)),
     ),
+    "tuned-256": (
+        Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
+    ),
+    "tuned-changing": tuple(Profile(name, 1024, ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed"),
+                                    (0, 1, 2), lr_from="lognormal64") for name in ("shifting32", "churn32")),
+    "tuned-unseen": tuple(Profile(name, 32 * len(nodes()), ("asgd+fixed",), (7, 8), lr_from="lognormal64")
+                          for name, nodes in UNSEEN.items()),
     "tuned-quick": (
         Profile("bench4", 64, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (100,), budget_s=2.0, slower=1.0,
                 target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic", lrs=(0.02, 0.05)),
@@ -130,7 +167,7 @@ class Run:
 def sim_config(run: Run) -> SimConfig:
     """The run as the simulator takes it: the profile's nodes, times scaled by `slower`, the method's settings."""
     p, method = run.profile, METHODS[run.method]
-    base = SimConfig(method.protocol, method.policy, PROFILES[p.profile]())
+    base = SimConfig(method.protocol, method.policy, CLUSTERS[p.profile]())
     return SimConfig(method.protocol, method.policy, base.workers, seed=run.seed, budget_s=p.budget_s,
                      global_batch=p.global_batch, fixed_s=base.fixed_s * p.slower,
                      per_sample_s=base.per_sample_s * p.slower, comm_s=base.comm_s * p.slower, model=p.model,
@@ -205,27 +242,31 @@ def _record(run: Run, r: SimResult) -> dict[str, Any]:
     return out
 
 
-def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
-    """Tune every tuned profile, then run every profile's report seeds at the chosen step sizes."""
+def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> int:
+    """Tune every tuned profile, then run every profile's report seeds at the chosen step sizes; with `resume`,
+    keep the runs of an earlier, interrupted run of the same study in the folder and run only the rest."""
     out = Path(out_dir) / mode
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     profiles = STUDIES[mode]
     res = Results(profiles={p.profile: asdict(p) for p in profiles})
+    if resume and (out / "results.json").exists():
+        earlier = Results(**json.loads((out / "results.json").read_text()))
+        res.tuning, res.report, res.minutes = earlier.tuning, earlier.report, earlier.minutes
     log = lambda s: print(s, flush=True)  # noqa: E731
     tuning = [Run(p, m, lr, s, True) for p in profiles if not p.lr_from for m in p.methods
               for lr in p.lrs or METHODS[m].lrs for s in p.tune_seeds]
-    for run, r in run_all(tuning, jobs, log):
+    for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
         res.tuning.setdefault(run.profile.profile, []).append(_record(run, r))
         write(res, out, plots=False)
-    for p in profiles:
+    for p in (p for p in profiles if not p.lr_from):
         runs = res.tuning.get(p.profile, [])
         res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target) for m in p.methods}
     report = []
     for p in profiles:
-        chosen = res.chosen[p.lr_from or p.profile]
+        chosen = res.chosen.setdefault(p.lr_from or p.profile, TUNED_LRS.get(p.lr_from, {}))
         report += [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
-    for run, r in run_all(report, jobs, log):
+    for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
         res.report.setdefault(run.profile.profile, []).append(_record(run, r))
         res.minutes[run.profile.profile] = (time.monotonic() - started) / 60
         write(res, out, plots=False)
@@ -233,6 +274,12 @@ def run_study(mode: str, out_dir: str, jobs: int = 1) -> int:
     print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
     print(f"default by measurement: {choose_default(res)}", flush=True)
     return 0
+
+
+def _done(res: Results, run: Run) -> bool:
+    """Whether `res` already holds `run` (a resumed study runs it again only if not)."""
+    runs = (res.tuning if run.tuning else res.report).get(run.profile.profile, [])
+    return any((r["method"], r["lr"], r["seed"]) == (run.method, run.lr, run.seed) for r in runs)
 
 
 def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]
@@ -277,7 +324,7 @@ def render(res: Results) -> str:
         if not runs:
             continue
         chosen = res.chosen.get(p["lr_from"] or name, {})
-        n = len(PROFILES[p["profile"]]())
+        n = len(CLUSTERS[p["profile"]]())
         tuned = (f"step sizes from {p['lr_from']}" if p["lr_from"] else
                  f"each method's step size tuned over its grid on seeds {', '.join(map(str, p['tune_seeds']))}")
         out += [f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
@@ -287,8 +334,9 @@ def render(res: Results) -> str:
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
         for row in rows:
-            if not row["runs"]:
-                out.append(f"| {row['method']} | – | every step size diverged in tuning | | | | | | |")
+            if not row["runs"]:  # no step size to run at, or an interrupted study that had not run it yet
+                why = "every step size diverged in tuning" if row["lr"] is None else f"not run (lr {row['lr']:g})"
+                out.append(f"| {row['method']} | – | {why} | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
             ratio = (f"{row['time'] / base:.2f}x" if math.isfinite(row["time"]) and math.isfinite(base) else "–")

@@ -8,7 +8,10 @@ import math
 import pytest
 
 from bench.simulate import PROFILES
-from bench.tuned_study import STUDIES, Results, choose_default, choose_lr, diverged, median_time
+from dataclasses import asdict
+
+from bench.tuned_study import (CLUSTERS, STUDIES, TUNED_LRS, Profile, Results, Run, _done, choose_default, choose_lr,
+                               diverged, median_time, render, unseen_lognormal)
 
 
 def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, acc: float = 0.85) -> dict:
@@ -45,12 +48,37 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
 
 
+def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run():
+    profile = Profile("bench4", 128, ("asgd+fixed", "later", "unstable"), (0, 1))
+    held = {**_run("asgd+fixed", 0.01, 30.0), "seed": 0}
+    res = Results(report={"bench4": [held]}, profiles={"bench4": asdict(profile)},
+                  chosen={"bench4": {"asgd+fixed": 0.01, "later": 0.02, "unstable": None}})
+    assert _done(res, Run(profile, "asgd+fixed", 0.01, 0, tuning=False))
+    assert not _done(res, Run(profile, "asgd+fixed", 0.01, 1, tuning=False))
+    assert not _done(res, Run(profile, "asgd+fixed", 0.01, 0, tuning=True))  # a tuning run is another run
+    assert not _done(res, Run(profile, "asgd+fixed", 0.02, 0, tuning=False))
+    report = render(res)
+    assert "| asgd+fixed | 0.01 | 30 s | 1/1 | 0/1 |" in report, report
+    assert "| later | – | not run (lr 0.02) |" in report and "| unstable | – | every step size diverged" in report
+
+
 def test_every_study_profile_exists_and_the_untuned_ones_take_a_tuned_profiles_step_sizes():
     for profiles in STUDIES.values():
         names = {p.profile for p in profiles}
         for p in profiles:
-            assert p.profile in PROFILES
-            assert not p.lr_from or p.lr_from in names
+            assert p.profile in CLUSTERS
+            # tuned in the same study, or recorded from an earlier one for every method the profile runs
+            assert not p.lr_from or p.lr_from in names or set(p.methods) <= set(TUNED_LRS[p.lr_from])
+
+
+def test_the_unseen_clusters_are_log_normal_of_every_size_and_none_is_a_tuned_profile():
+    unseen = unseen_lognormal(6, seed=0)
+    assert unseen.keys() == unseen_lognormal(6, seed=0).keys() and not unseen.keys() & PROFILES.keys()
+    assert sorted(len(nodes()) for nodes in unseen.values()) == [12, 12, 24, 24, 48, 48]
+    for name, nodes in unseen.items():
+        sigma = float(name.split("-s")[1].split("-")[0])
+        speeds = [float(n.slowdown) for n in nodes()]
+        assert 0.25 <= sigma <= 1.25 and min(speeds) == 1.0 and len(set(speeds)) > len(speeds) // 2, name
 
 
 def test_a_profile_that_shifts_slows_each_node_four_times_for_one_spell_and_churn_adds_and_removes_nodes():
