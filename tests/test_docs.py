@@ -50,7 +50,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "dynabatch worker --scheduler tcp://A:5555": (PARSE, ""),
     # users.md
     "dynabatch check --task my_task.py:task --shards 2 --chunk-bytes 65536 --batches 16 64": (RUN, "shard 1:"),
-    "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --protocol ssgd --workers 3 "
+    "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --workers 3 "
     "--slowdowns 1 2 4 --epochs 5 --global-batch 256": (PARSE, ""),
     "dynabatch run --task examples/byte_gpt.py:task --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64":
         (PARSE, ""),
