@@ -28,6 +28,7 @@ from dynabatch.common.messages import EvalReport, Heartbeat
 from dynabatch.common.task_check import build_data
 from dynabatch.common.transport import RemoteError
 from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 from dynabatch.worker.batch_source import batch_len, fetch, to_device
 from dynabatch.worker.joined import Joined
 from dynabatch.worker.options import WorkerOptions
@@ -97,16 +98,19 @@ class Evaluator:
     def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
         self.opts = opts
         self.process = RoleProcess(opts, "evaluator", metrics_host, metrics_port, curve)
-        self.joined: Joined | None = None  # once the scheduler has welcomed this evaluator
+        self.joined: Joined  # set by run() once the scheduler has welcomed this evaluator, before it is used
         self.data: Any = None  # the task's evaluation set, loaded at joining
 
     def run(self) -> int:
         process = self.process
         try:
-            self.joined = process.join()
-            if self.joined is None:
+            joined = process.join()
+            if joined is None:
                 return 0
-            self.data = build_data(self.joined.task.eval_data, "eval_data")
+            self.joined = joined
+            if joined.task.eval_data is None:
+                raise TaskError("the task has no eval_data for the evaluator to evaluate on")
+            self.data = build_data(joined.task.eval_data, "eval_data")
             process.health.ready = True
             self._evaluate_until_stopped()
         finally:

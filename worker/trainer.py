@@ -84,14 +84,14 @@ def train_step(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.M
     batch's mean, and clipping applies to the accumulated gradient.
     """
     model.zero_grad(set_to_none=False)
-    total = None
+    shares = []
     for part, share in micro_batches(batch, micro_batch):
         loss = loss_fn(model, part)
         (loss if share == 1.0 else loss * share).backward()
-        total = loss.detach() * share if total is None else total + loss.detach() * share
+        shares.append(loss.detach() * share)
     if clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(travelling(model), clip_grad_norm)
-    return float(total)
+    return float(sum(shares))
 
 
 class Worker:
@@ -105,9 +105,11 @@ class Worker:
         self.started = time.monotonic()
         self.skipped = 0  # steps not pushed because their loss was not finite (HEARTBEAT.skipped)
         self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
-        self.joined: Joined | None = None  # once the scheduler has welcomed this worker
-        self.m: WorkerMetrics | None = None  # made at joining: labelled with the worker's id
-        self.batches: DatasetBatches | LoaderBatches | None = None  # this worker's order of the training set
+        # Set by run() once the scheduler has welcomed this worker, before anything that uses them runs: the job
+        # joined, the metrics (labelled with the worker's id) and this worker's order of the training set.
+        self.joined: Joined
+        self.m: WorkerMetrics
+        self.batches: DatasetBatches | LoaderBatches
         self.data_s = 0.0  # the current step's time spent taking its batch (its `data` phase)
 
     def step_context(self) -> StepContext:
@@ -186,10 +188,11 @@ class Worker:
     def run(self) -> int:
         process = self.process
         try:
-            self.joined = process.join()
-            if self.joined is None:
+            joined = process.join()
+            if joined is None:
                 return 0
-            self.m = WorkerMetrics(process.registry, self.joined.id)
+            self.joined = joined
+            self.m = WorkerMetrics(process.registry, joined.id)
             self._train()
         finally:
             process.leave()
