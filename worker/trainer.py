@@ -20,7 +20,6 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.chunking import travelling
-from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.messages import Assignment, Heartbeat
@@ -98,18 +97,21 @@ class Worker:
     """A training worker: steps its protocol's loop on the batches the scheduler assigns, as this node's emulated
     hardware would, and reports every step; the process around it is a RoleProcess, the job a Joined."""
 
-    def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
+    def __init__(self, opts: WorkerOptions, process: RoleProcess, joined: Joined) -> None:
         self.opts = opts
-        self.process = RoleProcess(opts, "worker", metrics_host, metrics_port, curve)
+        self.process = process
+        self.joined = joined
+        self.m = WorkerMetrics(process.registry, joined.id)
         self.slowdown = Slowdown.parse(opts.slowdown)
         self.started = time.monotonic()
         self.skipped = 0  # steps not pushed because their loss was not finite (HEARTBEAT.skipped)
         self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
-        # Set by run() once the scheduler has welcomed this worker, before anything that uses them runs: the job
-        # joined, the metrics (labelled with the worker's id) and this worker's order of the training set.
-        self.joined: Joined
-        self.m: WorkerMetrics
-        self.batches: DatasetBatches | LoaderBatches
+        self._check_micro_batching()
+        data, collate = joined.train_data, joined.task.collate_fn()
+        order = worker_order(len(data), joined.job.seed, joined.id)  # this worker's order of the training set
+        self.batches: DatasetBatches | LoaderBatches = (
+            LoaderBatches(data, order, collate, opts.loader_workers, joined.job.seed) if opts.loader_workers
+            else DatasetBatches(data, order, collate))
         self.data_s = 0.0  # the current step's time spent taking its batch (its `data` phase)
 
     def step_context(self) -> StepContext:
@@ -185,20 +187,6 @@ class Worker:
         return standalone_speed(batch, [self.timed_compute(self.next_batch(batch))[1]
                                         for _ in range(self.opts.probe_steps)])
 
-    def run(self) -> int:
-        process = self.process
-        try:
-            joined = process.join()
-            if joined is None:
-                return 0
-            self.joined = joined
-            self.m = WorkerMetrics(process.registry, joined.id)
-            self._train()
-        finally:
-            process.leave()
-        process.after_job()
-        return 0
-
     def next_batch(self, batch: int) -> Any:
         """The next `batch` samples of this worker's own shuffled order of the training set, on its device.
 
@@ -220,16 +208,9 @@ class Worker:
                               "accumulate passes; run this worker without --micro-batch, or the job with "
                               "--pipeline auto")
 
-    def _train(self) -> int:
-        self._check_micro_batching()
+    def train(self) -> int:
+        """Train until the job ends or the process is stopped (the protocol's loop, step after step)."""
         joined = self.joined
-        data, collate = joined.train_data, joined.task.collate_fn()
-        order = worker_order(len(data), joined.job.seed, joined.id)
-        if self.opts.loader_workers:
-            self.batches = LoaderBatches(data, order, collate, self.opts.loader_workers, joined.job.seed)
-        else:
-            self.batches = DatasetBatches(data, order, collate)
-        self.data_s = 0.0
         micro, loaders = self.opts.micro_batch, self.opts.loader_workers
         log.info("%s: %s, batches %s, %s", joined.id,
                  f"passes of at most {micro} samples" if micro else "one pass per batch",
