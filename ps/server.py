@@ -93,6 +93,13 @@ def priority(incoming: Incoming) -> int:
     return min(ids) if ids else 0
 
 
+def message_of(incoming: Incoming) -> Message:
+    """The message of an `incoming` whose error has been dealt with (one without an error always has one)."""
+    if incoming.message is None:
+        raise RuntimeError(f"no message to handle: {incoming.error}")
+    return incoming.message
+
+
 class ShardServer:
     """One shard's conversation: registers with the scheduler, dispatches what arrives on its sockets in order,
     replies, and keeps the model's checkpoint and rollbacks in step with what the scheduler says.
@@ -135,6 +142,34 @@ class ShardServer:
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
         torch.set_num_threads(opts.threads)
 
+    @property
+    def served_job(self) -> ServedJob:
+        """The job the scheduler welcomed this shard to; set before the loop starts."""
+        if self.served is None:
+            raise RuntimeError("this shard has not been welcomed to a job yet")
+        return self.served
+
+    @property
+    def model(self) -> ShardState:
+        """This shard's part of the model; only once the first INIT (or a checkpoint) has set it."""
+        if self.state is None:
+            raise RuntimeError("this shard holds no model yet (no INIT, no checkpoint)")
+        return self.state
+
+    @property
+    def training(self) -> TrainingSetup:
+        """The model, optimizer and schedule the first INIT named; set together with the model."""
+        if self.setup is None:
+            raise RuntimeError("this shard holds no model yet (no INIT, no checkpoint)")
+        return self.setup
+
+    @property
+    def held_buffers(self) -> SharedBuffers:
+        """The model's travelling buffers, on the shard that holds them (shard 0, once the model is here)."""
+        if self.buffers is None:
+            raise RuntimeError("this shard holds no travelling buffers")
+        return self.buffers
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -155,10 +190,10 @@ class ShardServer:
         finally:
             self._checkpoint()
             self.link.bye()
-            bounds = self.served.bounds
+            bounds = self.served_job.bounds
             log.info("the gradient bound (--gradient-bound %g) clipped %d pushes; %d workers quarantined; direction "
                      "scores: %s", bounds.factor, bounds.clipped, len(bounds.quarantined),
-                     self.served.direction.summary())
+                     self.served_job.direction.summary())
         if self.job_over and self.opts.on_finish == "idle":
             log.info("job finished; idling until stopped (--on-finish idle)")
             self.health.idle_until(lambda: self.stopping)
@@ -192,18 +227,18 @@ class ShardServer:
         saved = served.load_checkpoint()
         if saved is not None:
             self._create_state(TrainingSetup.from_checkpoint(saved), None)
-            self.state.restore(saved)
-            self._hold_buffers(self.setup.signature, None)
+            self.model.restore(saved)
+            self._hold_buffers(self.training.signature, None)
             if self.buffers is not None:
                 self.buffers.restore(saved.get("buffers", {}))
             self._bound_peers()
-            self.reported_version = self.state.version
+            self.reported_version = self.model.version
             self.replays.restore(saved.get("replay_marks", {}))
             self.rollbacks = int(saved.get("rollbacks", 0))
             self._judge_restored()
             log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
-                     "counts them back into the job", served.checkpoint_path, self.state.version,
-                     self.state.samples_seen)
+                     "counts them back into the job", served.checkpoint_path, self.model.version,
+                     self.model.samples_seen)
         else:
             log.info("shard %d of %d at %s: waiting for the first worker's model", served.index, served.job.shards,
                      self.advertise)
@@ -215,29 +250,29 @@ class ShardServer:
 
         `setup` is the first INIT's, already checked by `_on_init` (or written by this shard into its checkpoint).
         """
-        served, sig = self.served, setup.signature
+        served, sig = self.served_job, setup.signature
         self.state = served.new_state(sig, flat, setup.optimizer, setup.schedule)
         self.setup = setup
-        self._watch(self.guard.reset(self.state.params))
+        self._watch(self.guard.reset(self.model.params))
         last = self.last_assignment
         if last is not None:  # what the scheduler said before the model was here
-            self.state.follow_job(last.progress, last.lr_factor)
-            self.state.set_membership(set(last.live_workers), last.allocated, set(last.idle_workers))
+            self.model.follow_job(last.progress, last.lr_factor)
+            self.model.set_membership(set(last.live_workers), last.allocated, set(last.idle_workers))
         log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
-                 served.index, served.job.shards, self.advertise, len(self.state.chunks), sig.total,
-                 sum(c.length for c in self.state.chunks), served.job.protocol, self.state.optimizer)
+                 served.index, served.job.shards, self.advertise, len(self.model.chunks), sig.total,
+                 sum(c.length for c in self.model.chunks), served.job.protocol, self.model.optimizer)
 
     def _hold_buffers(self, sig: ModelSignature, flat: torch.Tensor | None) -> None:
         """Shard 0 holds all of the model's travelling buffers (they are small); the other shards none."""
         self.buffers = SharedBuffers.initial(sig.buffers, flat) if (
-            self.served.index == 0 and sig.buffers) else None
+            self.served_job.index == 0 and sig.buffers) else None
 
     def _bound_peers(self) -> None:
         """Now that the model's size is known: refuse larger messages unparsed, queue fewer replies per peer."""
-        sig = self.setup.signature
-        self.limits = wire_limits([c.length for c in self.state.chunks], self.buffers.total if self.buffers else 0,
+        sig = self.training.signature
+        self.limits = wire_limits([c.length for c in self.model.chunks], self.buffers.total if self.buffers else 0,
                                   len(sig.params), len(sig.buffers))
-        self.outbox.limit = backlog_limit(len(self.state.chunks))
+        self.outbox.limit = backlog_limit(len(self.model.chunks))
 
     def _take_buffers(self, msg: Message, total: int) -> torch.Tensor | None:
         """Remove the travelling buffers' entry (always the last) from `msg` and return it, checked; None if absent.
@@ -253,7 +288,7 @@ class ShardServer:
         return part.tensors[0]
 
     def _loop(self) -> None:
-        job = self.served.job
+        job = self.served_job.job
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.conn.sock, zmq.POLLIN)
@@ -275,12 +310,12 @@ class ShardServer:
             if now >= next_beat:
                 self._beat()
                 next_beat = now + job.heartbeat_s
-            overdue = self.state.overdue(now, job.round_timeout_s) if self.state is not None else []
+            overdue = self.model.overdue(now, job.round_timeout_s) if self.state is not None else []
             if overdue:
                 log.warning("%s rounds of %d chunks timed out; applying what arrived", job.protocol, len(overdue))
-                self._after_update([cid for cid in overdue if self.state.close_round(cid)])
+                self._after_update([cid for cid in overdue if self.model.close_round(cid)])
             self._expire_parked(now)
-            if self.served.checkpoint_path is not None and now >= next_ckpt:
+            if self.served_job.checkpoint_path is not None and now >= next_ckpt:
                 self._checkpoint()
                 next_ckpt = now + self.opts.checkpoint_interval_s
             self.health.tick()
@@ -292,10 +327,10 @@ class ShardServer:
         """
         state = self.state
         version = state.version if state is not None else 0
-        train_size = self.setup.signature.train_size if self.setup is not None else 0
+        train_size = self.training.signature.train_size if self.setup is not None else 0
         discarded = state.discarded if state is not None else 0
         samples = state.samples_seen if state is not None else 0
-        quarantined = sorted(self.served.bounds.quarantined & self.senders.live)  # the scheduler drops them
+        quarantined = sorted(self.served_job.bounds.quarantined & self.senders.live)  # the scheduler drops them
         self._on_assignment(self.link.heartbeat(Heartbeat(
             version=version, updates=version, samples=samples, membership=self.membership,
             train_size=train_size, discarded=discarded, quarantined=quarantined,
@@ -304,7 +339,7 @@ class ShardServer:
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
             log.warning("scheduler no longer knows this shard (restarted?); registering again")
-            self._register(self.served.index)
+            self._register(self.served_job.index)
             return
         if body is None:
             return
@@ -314,13 +349,13 @@ class ShardServer:
         if self.state is None:
             self.rollbacks = max(self.rollbacks, body.rollbacks)  # no model yet: nothing to go back from
         elif body.rollbacks > self.rollbacks:
-            self.state.follow_job(body.progress, body.lr_factor)  # the factor the restored model steps with
+            self.model.follow_job(body.progress, body.lr_factor)  # the factor the restored model steps with
             self._roll_back(body.rollbacks)
             # Report the drop in version before serving another push, so that the scheduler counts the updates
             # thrown away back into the job; the heartbeat's answer (the newest assignment) is handled in full.
             self._beat()
             return
-        served = self.served
+        served = self.served_job
         served.metrics.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
         served.assigned.update(body.batches)
@@ -329,8 +364,8 @@ class ShardServer:
         if self.buffers is not None:
             self.buffers.forget(set(body.live_workers))
         if self.state is not None:
-            self.state.follow_job(body.progress, body.lr_factor)
-            self._after_update(self.state.set_membership(set(body.live_workers), body.allocated,
+            self.model.follow_job(body.progress, body.lr_factor)
+            self._after_update(self.model.set_membership(set(body.live_workers), body.allocated,
                                                          set(body.idle_workers)))
             self._serve_parked()
         if body.stop:
@@ -340,12 +375,12 @@ class ShardServer:
     def _handle(self, incoming: Incoming) -> None:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
-        msg = incoming.message
+        msg = message_of(incoming)
         start = time.perf_counter()
         try:
-            if msg.job != self.served.job.job:
+            if msg.job != self.served_job.job.job:
                 raise ProtocolError(ErrorCode.WRONG_JOB,
-                                    f"this shard serves job {self.served.job.job!r}, not {msg.job!r}",
+                                    f"this shard serves job {self.served_job.job.job!r}, not {msg.job!r}",
                                     msg.seq)
             if isinstance(msg.body, Push):
                 check_key_role(incoming.key_role, ("worker",), msg.type)
@@ -370,36 +405,36 @@ class ShardServer:
         except Exception as exc:  # a bug must cost one message, never the shard
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
-        self.served.metrics.handle.labels(self.served.label, msg.type).observe(time.perf_counter() - start)
+        self.served_job.metrics.handle.labels(self.served_job.label, msg.type).observe(time.perf_counter() - start)
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
-        self.served.metrics.bad.labels("ps", error.code).inc()
+        self.served_job.metrics.bad.labels("ps", error.code).inc()
         self.refusals.refused(error.code, str(error))
         self._reply(incoming.identity, error.to_error(), error.ref)
 
     def _reply(self, identity: bytes, body: object, seq: int, metas: Sequence[ChunkMeta] = (),
                tensors: Sequence[torch.Tensor] = ()) -> None:
-        served = self.served
+        served = self.served_job
         self.outbox.send(identity, reply_frames(body, seq, served.job.job, f"ps{served.index}", metas, tensors))
 
     def _on_init(self, incoming: Incoming) -> None:
         """The first INIT sets the model; every later one must describe the same model."""
-        msg = incoming.message
+        msg = message_of(incoming)
         body: Init = msg.body
         try:
             setup = TrainingSetup.from_init(body)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"INIT: {exc}") from None
-        optimizer_spec(self.served.job, body.optimizer)  # a malformed spec is refused before anything is built
+        optimizer_spec(self.served_job.job, body.optimizer)  # a malformed spec is refused before anything is built
         sig = setup.signature
         if self.state is not None:
-            difference = self.setup.difference(setup)
+            difference = self.training.difference(setup)
             if difference is not None:
                 raise ProtocolError(ErrorCode.SIGNATURE, f"this model differs from the job's: {difference}")
-            self._reply(incoming.identity, InitAck(self.state.version), msg.seq)
+            self._reply(incoming.identity, InitAck(self.model.version), msg.seq)
             return
-        mine = {c.id: c for c in self.served.chunks(sig)}
-        holds_buffers = sig.buffer_total if self.served.index == 0 else 0
+        mine = {c.id: c for c in self.served_job.chunks(sig)}
+        holds_buffers = sig.buffer_total if self.served_job.index == 0 else 0
         buffers = self._take_buffers(msg, holds_buffers)
         if holds_buffers and buffers is None:
             raise ProtocolError(ErrorCode.BAD_CHUNK,
@@ -410,7 +445,7 @@ class ShardServer:
                                 f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} chunks")
         check_finite(msg)
         flat = torch.zeros(sig.total)
-        for meta, tensor in zip(msg.chunks, msg.tensors):
+        for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
             chunk = mine[meta.id]
             flat[chunk.start:chunk.stop] = tensor
         self._create_state(setup, flat)
@@ -421,7 +456,7 @@ class ShardServer:
         self._reply(incoming.identity, InitAck(0, initialized=True), msg.seq)
 
     def _on_pull(self, incoming: Incoming) -> None:
-        msg = incoming.message
+        msg = message_of(incoming)
         body: Pull = msg.body
         if body.buffers and self.buffers is None:
             raise ProtocolError(ErrorCode.BAD_FIELD,
@@ -444,78 +479,79 @@ class ShardServer:
     def _serve_pull(self, identity: bytes, seq: int, worker: str, ids: list[int], min_version: int,
                     buffers: bool) -> None:
         """Send the chunks (`ids`, or all) that are due now and park the rest (a PULL, or a PUSH's `then_pull`)."""
-        items = self.state.pull(ids)
+        items = self.model.pull(ids)
         due = [cid for cid, _, ver in items if ver >= min_version]
-        self._check_room(identity, len(due) < len(items) or self.state.pull_blocked(worker))
-        ready = due if self.state.admit_pull(worker) else []
+        self._check_room(identity, len(due) < len(items) or self.model.pull_blocked(worker))
+        ready = due if self.model.admit_pull(worker) else []
         waiting = [cid for cid, _, _ in items if cid not in ready]
-        self.served.metrics.pulls.inc()
+        self.served_job.metrics.pulls.inc()
         self._send_chunks(identity, seq, ready, worker if buffers else None)
         if waiting:
             self.parked.append(ParkedPull(identity, seq, worker, waiting, min_version,
-                                          time.monotonic() + self.served.job.round_timeout_s * 2,
+                                          time.monotonic() + self.served_job.job.round_timeout_s * 2,
                                           buffers and not ready))
 
     def _send_chunks(self, identity: bytes, seq: int, ids: list[int], buffers_to: str | None = None) -> None:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
         also carries the travelling buffers if they are due to worker `buffers_to` (read as they leave)."""
-        for cid, tensor, ver in self.state.pull(ids) if ids else []:
-            metas, tensors = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)], [self.state.lend(tensor)]
+        for cid, tensor, ver in self.model.pull(ids) if ids else []:
+            metas, tensors = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)], [self.model.lend(tensor)]
             if buffers_to is not None:
-                metas.append(ChunkMeta(BUFFERS_ID, "float32", (self.buffers.total,), self.state.version))
-                tensors.append(self.buffers.sent_to(buffers_to))
+                metas.append(ChunkMeta(BUFFERS_ID, "float32", (self.held_buffers.total,), self.model.version))
+                tensors.append(self.held_buffers.sent_to(buffers_to))
                 buffers_to = None
-            self._reply(identity, Params(version=self.state.version), seq, metas, tensors)
-            self.served.metrics.bytes_out.inc(sum(m.nbytes for m in metas))
+            self._reply(identity, Params(version=self.model.version), seq, metas, tensors)
+            self.served_job.metrics.bytes_out.inc(sum(m.nbytes for m in metas))
 
     def _on_push(self, incoming: Incoming) -> None:
-        msg = incoming.message
+        msg = message_of(incoming)
         body: Push = msg.body
         buffers = self._take_buffers(msg, self.buffers.total if self.buffers is not None else 0)
         if not msg.chunks:
             raise ProtocolError(ErrorCode.BAD_CHUNK, "PUSH carries no chunks")
-        check_chunks(msg, self.state.sizes)
+        check_chunks(msg, self.model.sizes)
         check_finite(msg)
         if body.then_pull:  # refused now, not once the push is applied
             self._check_room(incoming.identity, True)
-        tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors)}
+        tensors = {meta.id: t for meta, t in zip(msg.chunks, msg.tensors, strict=True)}
         base = {meta.id: meta.version for meta in msg.chunks}
-        served, m = self.served, self.served.metrics
-        self.state.check_base(base)  # before the numbers: a base a rollback threw away is not a lie (bad_field)
-        check_push_numbers(body.samples, base, self.state.chunk_versions, served.max_samples)
-        if msg.sender in self.state.live:  # one that is not is refused `unknown_sender` (it may just be joining)
+        served = self.served_job
+        m = served.metrics
+        self.model.check_base(base)  # before the numbers: a base a rollback threw away is not a lie (bad_field)
+        check_push_numbers(body.samples, base, self.model.chunk_versions, served.max_samples)
+        if msg.sender in self.model.live:  # one that is not is refused `unknown_sender` (it may just be joining)
             check_push_samples(body.samples, msg.sender, served.assigned)
         self.replays.check(msg.sender, incoming.identity, msg.seq)
         streamed: set[int] = set()
 
         def send_back(cid: int) -> None:
-            if self.state.chunk_versions[cid] >= body.pull_min_version:
+            if self.model.chunk_versions[cid] >= body.pull_min_version:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
-        found = served.bounds.assess(msg.sender, tensors, body.samples, self.state.params, self.state.live)
-        streams = body.then_pull and self.buffers is None and self.state.streams
+        found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live)
+        streams = body.then_pull and self.buffers is None and self.model.streams
         try:
-            outcome = self.state.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
+            outcome = self.model.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
                                       send_back if streams else None)
         except StaleGradient as exc:  # the protocol at work, not a bad message: counted apart, not logged
-            self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
+            self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
             m.discarded.inc()
             self._reply(incoming.identity, exc.to_error(), msg.seq)
             return
-        self.replays.take(msg.sender, incoming.identity, msg.seq, self.state.live)
+        self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
         self._count_bounds(found)
         if buffers is not None:  # only once the push is taken: a refused one leaves no trace
-            self.buffers.take(msg.sender, buffers, body.samples)
+            self.held_buffers.take(msg.sender, buffers, body.samples)
         m.staleness.observe(outcome.staleness)
-        m.clock_spread.set(self.state.clock_spread)
+        m.clock_spread.set(self.model.clock_spread)
         m.pushes.labels(served.label, msg.sender).inc()
         m.bytes_in.inc(sum(c.nbytes for c in msg.chunks) + (buffers.numel() * 4 if buffers is not None else 0))
         all_applied = len(outcome.applied) == len(tensors)
         self._reply(incoming.identity, PushAck(outcome.version, outcome.staleness, all_applied), msg.seq)
         self._after_update(outcome.applied)
         if body.then_pull:
-            rest = [c.id for c in self.state.chunks if c.id not in streamed]
+            rest = [c.id for c in self.model.chunks if c.id not in streamed]
             if rest:
                 self._serve_pull(incoming.identity, msg.seq, msg.sender, rest, body.pull_min_version,
                                  self.buffers is not None)
@@ -525,19 +561,19 @@ class ShardServer:
     def _count_bounds(self, found: Assessment) -> None:
         """Record a taken push's norms and direction; count a clipped one, and quarantine its worker if it keeps
         being clipped or keeps pointing against the other workers."""
-        served = self.served
+        served = self.served_job
         if found.clipped:
             served.metrics.clipped.labels(served.label, found.worker).inc()
-        if served.bounds.record(found, self.state.live):
+        if served.bounds.record(found, self.model.live):
             self._quarantined(found.worker, "norm", f"{QUARANTINE_AFTER} pushes in a row exceeded the gradient bound "
                               f"(--gradient-bound {served.bounds.factor:g})")
-        elif served.direction.record(found.worker, found.tensors, self.state.live):
+        elif served.direction.record(found.worker, found.tensors, self.model.live):
             served.bounds.quarantine(found.worker, "pointing against the other workers' gradients (--direction-check)")
             self._quarantined(found.worker, "direction", "its pushes point against most other workers' "
                               f"({served.direction.agreements(found.worker)}; --direction-check)")
 
     def _quarantined(self, worker: str, reason: str, why: str) -> None:
-        served = self.served
+        served = self.served_job
         served.metrics.quarantined.labels(served.label, reason).inc()
         log.warning("%s quarantined: %s; its further pushes are refused and the scheduler is told", worker, why)
         self._beat()
@@ -548,22 +584,22 @@ class ShardServer:
         if not applied:
             return
         for cid in applied:
-            problem = self.guard.updated(cid, self.state.params)
+            problem = self.guard.updated(cid, self.model.params)
         self._watch(problem)
         if self.buffers is not None:
             self.buffers.settle()  # once per update: the mean of the buffer changes pushed since the last
         before = self.reported_version
-        self.reported_version = self.state.version
-        self.served.metrics.updates.inc(self.reported_version - before)
-        self.served.metrics.version.set(self.reported_version)
+        self.reported_version = self.model.version
+        self.served_job.metrics.updates.inc(self.reported_version - before)
+        self.served_job.metrics.version.set(self.reported_version)
         self._serve_parked()
 
     def _serve_parked(self) -> None:
         """Send waiting pulls the chunks that are now due: at their version, and their worker let through."""
         for p in self.parked:
-            if not self.state.admit_pull(p.worker):
+            if not self.model.admit_pull(p.worker):
                 continue
-            due = [cid for cid in p.remaining if self.state.chunk_versions[cid] >= p.min_version]
+            due = [cid for cid in p.remaining if self.model.chunk_versions[cid] >= p.min_version]
             if due:
                 self._send_chunks(p.identity, p.seq, due, p.worker if p.buffers else None)
                 p.buffers = False
@@ -581,20 +617,20 @@ class ShardServer:
     def _watch(self, problem: str) -> None:
         """Export the guard's view; log when the model turns sick or healthy again."""
         norm, was_healthy, self.healthy = self.guard.norm, self.healthy, not problem
-        self.served.metrics.param_norm.set(norm)
-        self.served.metrics.model_healthy.set(1.0 if self.healthy else 0.0)
+        self.served_job.metrics.param_norm.set(norm)
+        self.served_job.metrics.model_healthy.set(1.0 if self.healthy else 0.0)
         if problem and was_healthy:
             log.error("model diverged at version %d: %s; no checkpoint is written until it is healthy again "
-                      "(the last good one is version %d), and the scheduler is told", self.state.version, problem,
+                      "(the last good one is version %d), and the scheduler is told", self.model.version, problem,
                       self.good_version)
         elif not problem and not was_healthy:
-            log.info("model healthy again at version %d (parameter norm %.3g)", self.state.version, norm)
+            log.info("model healthy again at version %d (parameter norm %.3g)", self.model.version, norm)
 
     def _judge_restored(self) -> None:
         """Judge a model just restored from its checkpoint, which becomes the last good one if it is healthy."""
-        self._watch(self.guard.reset(self.state.params))
+        self._watch(self.guard.reset(self.model.params))
         if not self.guard.problem:
-            self.good_version = self.state.version
+            self.good_version = self.model.version
 
     def _roll_back(self, number: int) -> None:
         """Restore the last good checkpoint (the scheduler's rollback `number`), once per number.
@@ -604,7 +640,7 @@ class ShardServer:
         on the diverged model are refused (their base version is ahead) and pull again.
         Pulls parked for versions the model no longer reaches get the restored chunks now.
         """
-        served = self.served
+        served = self.served_job
         self.rollbacks = number
         served.metrics.rollbacks.inc()
         try:
@@ -617,29 +653,29 @@ class ShardServer:
             log.error("rollback %d ordered, but this shard has no checkpoint to go back to (--checkpoint-dir); "
                       "the model stays as it is", number)
             return
-        before = self.state.version
-        self.state.roll_back(saved)
+        before = self.model.version
+        self.model.roll_back(saved)
         if self.buffers is not None:
             self.buffers.restore(saved.get("buffers", {}))
         self._judge_restored()
-        self.reported_version = self.state.version
+        self.reported_version = self.model.version
         served.metrics.version.set(self.reported_version)
         log.warning("rollback %d: restored version %d from %s (the model was at version %d); step size now x%g",
-                    number, self.state.version, served.checkpoint_path, before, self.state.step_size.job_factor)
+                    number, self.model.version, served.checkpoint_path, before, self.model.step_size.job_factor)
         self._expire_parked(math.inf)
 
     def _checkpoint(self) -> None:
-        served = self.served
+        served = self.served_job
         if served.checkpoint_path is None or self.state is None:
             return
         if self.guard.problem or self.hold_checkpoints:
             served.metrics.checkpoints_refused.inc()
-            log.warning("not checkpointing version %d: %s; the checkpoint at version %d stays", self.state.version,
+            log.warning("not checkpointing version %d: %s; the checkpoint at version %d stays", self.model.version,
                         self.guard.problem or "workers' losses are diverging", self.good_version)
             return
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
-        served.save_checkpoint({**self.state.snapshot(), **self.setup.checkpoint_fields(), "buffers": buffers,
+        served.save_checkpoint({**self.model.snapshot(), **self.training.checkpoint_fields(), "buffers": buffers,
                                 "replay_marks": self.replays.saved(), "rollbacks": self.rollbacks})
-        self.good_version = self.state.version
+        self.good_version = self.model.version
         served.metrics.checkpoints.inc()
-        log.info("checkpoint at version %d written to %s", self.state.version, served.checkpoint_path)
+        log.info("checkpoint at version %d written to %s", self.model.version, served.checkpoint_path)
