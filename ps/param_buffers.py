@@ -32,7 +32,7 @@ class ParamBuffers:
 
     def lend(self, tensor: torch.Tensor) -> memoryview:
         """`tensor`'s bytes (a contiguous CPU tensor) as a memoryview to send zero-copy, remembered as lent."""
-        view = memoryview(tensor.numpy()).cast("B")
+        view = tensor.numpy().data.cast("B")
         _, refs = self._loans.setdefault(id(tensor), (tensor, []))
         refs[:] = [r for r in refs if r() is not None]
         refs.append(weakref.ref(view))
@@ -59,7 +59,7 @@ class ParamBuffers:
             if len(free) < MAX_SPARES:
                 free.append(tensor)
         self._retired = still_lent
-        free = self._spares.get(like.numel())
-        if free and free[-1].dtype == like.dtype:
-            return free.pop()
+        spares = self._spares.get(like.numel())
+        if spares and spares[-1].dtype == like.dtype:
+            return spares.pop()
         return torch.empty_like(like)

@@ -14,7 +14,7 @@ push's chunks, so a refused push leaves no trace in any round.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -240,15 +240,18 @@ def softsync_needed(live_workers: int, n: int) -> int:
     return max(1, live_workers // max(1, n))
 
 
-class _RoundRule(ShardRule):
-    """Rules whose chunks collect contributions in an open round, closed when complete or overdue."""
+RoundT = TypeVar("RoundT", bound="SyncRound | SoftRound | SampleRound")
+
+
+class _RoundRule(ShardRule, Generic[RoundT]):
+    """Rules whose chunks collect contributions in an open round (a RoundT), closed when complete or overdue."""
 
     def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         super().__init__(shard, settings)
-        self.rounds: dict[int, SyncRound | SoftRound | SampleRound] = {c.id: self._new_round() for c in shard.chunks}
+        self.rounds: dict[int, RoundT] = {c.id: self._new_round() for c in shard.chunks}
         self.started: dict[int, float] = {}
 
-    def _new_round(self) -> SyncRound | SoftRound | SampleRound:
+    def _new_round(self) -> RoundT:
         raise NotImplementedError
 
     def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
@@ -281,12 +284,11 @@ class _RoundRule(ShardRule):
         return updated
 
 
-class RoundRule(_RoundRule):
+class RoundRule(_RoundRule[SyncRound]):
     """ssgd: each chunk's round waits for every live worker holding a batch, then applies the sample-weighted
     mean once."""
 
     NAME = "round"
-    rounds: dict[int, SyncRound]
 
     def _new_round(self) -> SyncRound:
         return SyncRound()
@@ -315,11 +317,10 @@ class OuterRule(RoundRule):
     NAME = "outer"
 
 
-class SoftsyncRule(_RoundRule):
+class SoftsyncRule(_RoundRule[SoftRound]):
     """n-softsync: an update per floor(workers/n) gradients from anyone, each damped by its staleness."""
 
     NAME = "softsync"
-    rounds: dict[int, SoftRound]
     settings: SoftsyncSettings
 
     def _new_round(self) -> SoftRound:
@@ -360,7 +361,7 @@ class SampleRound:
         return self.total.div_(self.samples)
 
 
-class RennalaRule(_RoundRule):
+class RennalaRule(_RoundRule[SampleRound]):
     """Rennala SGD (Tyurin & Richtarik, NeurIPS 2023): each chunk steps once the gradients pushed for its current
     version add up to at least B samples, from whoever delivered them (a fast worker several times); a gradient
     computed at an older version is discarded (`max_delay` 1: TOO_STALE, nothing changes) and its worker pulls
@@ -378,7 +379,6 @@ class RennalaRule(_RoundRule):
 
     NAME = "rennala"
     STREAMS = False  # whether a pull is answered is decided once the whole push is in
-    rounds: dict[int, SampleRound]
 
     def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         super().__init__(shard, settings)

@@ -413,7 +413,7 @@ class ShardServer:
         self._reply(incoming.identity, error.to_error(), error.ref)
 
     def _reply(self, identity: bytes, body: object, seq: int, metas: Sequence[ChunkMeta] = (),
-               tensors: Sequence[torch.Tensor] = ()) -> None:
+               tensors: Sequence[torch.Tensor | memoryview] = ()) -> None:
         served = self.served_job
         self.outbox.send(identity, reply_frames(body, seq, served.job.job, f"ps{served.index}", metas, tensors))
 
@@ -495,7 +495,8 @@ class ShardServer:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
         also carries the travelling buffers if they are due to worker `buffers_to` (read as they leave)."""
         for cid, tensor, ver in self.model.pull(ids) if ids else []:
-            metas, tensors = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)], [self.model.lend(tensor)]
+            metas = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)]
+            tensors: list[torch.Tensor | memoryview] = [self.model.lend(tensor)]  # a chunk lent zero-copy
             if buffers_to is not None:
                 metas.append(ChunkMeta(BUFFERS_ID, "float32", (self.held_buffers.total,), self.model.version))
                 tensors.append(self.held_buffers.sent_to(buffers_to))

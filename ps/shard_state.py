@@ -16,6 +16,7 @@ and the job's progress through it), and is tested directly against plain torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,7 +230,7 @@ class ShardState:
             raise ProtocolError(ErrorCode.ROLLED_BACK, f"PUSH of chunk {stale[0]} was computed on version "
                                 f"{base_versions[stale[0]]}, which the job rolled back; pull the model again")
 
-    def set_membership(self, workers: set[str], allocated: int, idle: set[str] = frozenset()) -> list[int]:
+    def set_membership(self, workers: set[str], allocated: int, idle: AbstractSet[str] = frozenset()) -> list[int]:
         """New membership from the scheduler: the live workers, how many hold a batch, and those left out
         with batch 0 (`idle`).
 
@@ -322,4 +323,6 @@ class ShardState:
 
     def _fresh_rule(self) -> ShardRule:
         """The protocol's rule with no round open."""
+        if self.settings is None:  # __post_init__ sets the protocol's defaults first
+            raise RuntimeError(f"{self.protocol}: no protocol settings")
         return RULES[self.spec.shard_rule](self, self.settings)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -44,7 +44,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import OuterSettings
 from dynabatch.common.wire import ProtocolError
-from dynabatch.optim import SGD, OptimizerSpec, optimizer_from_fields
+from dynabatch.optim import SGD, Adam, OptimizerSpec, optimizer_from_fields
 
 Segment = tuple[int, int, float]  # [start, stop) and the weight decay of a run of parameters
 
@@ -185,7 +185,9 @@ class ExactSGD(ChunkOptimizer):
         self.buf = saved["momentum"]
 
 
-TORCH_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+TORCH_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+}
 
 
 class TorchChunkOptimizer(ChunkOptimizer):
@@ -198,12 +200,12 @@ class TorchChunkOptimizer(ChunkOptimizer):
     B samples are in.
     """
 
-    def __init__(self, spec: OptimizerSpec, param: torch.Tensor, segments: list[Segment]) -> None:
+    def __init__(self, spec: Adam, param: torch.Tensor, segments: list[Segment]) -> None:
         self.spec = spec
         self.segments = segments
         self.views = [param[a:b] for a, b, _ in segments]
         groups: dict[float, list[torch.Tensor]] = {}
-        for view, (_, _, decay) in zip(self.views, segments):
+        for view, (_, _, decay) in zip(self.views, segments, strict=True):
             groups.setdefault(decay, []).append(view)
         self.optimizer = TORCH_OPTIMIZERS[spec.name](
             [{"params": views, "weight_decay": decay} for decay, views in groups.items()],
@@ -214,7 +216,7 @@ class TorchChunkOptimizer(ChunkOptimizer):
 
     def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
         new = param.clone()
-        for view, (a, b, _) in zip(self.views, self.segments):
+        for view, (a, b, _) in zip(self.views, self.segments, strict=True):
             view.data = new[a:b]
             view.grad = grad[a:b]
         for group in self.optimizer.param_groups:
@@ -268,4 +270,6 @@ def chunk_optimizer(spec: OptimizerSpec, param: torch.Tensor, segments: list[Seg
     """The optimizer `spec` names, over one chunk whose current parameters are `param`."""
     if isinstance(spec, SGD):
         return ExactSGD(spec, param.numel(), segments)
-    return TorchChunkOptimizer(spec, param, segments)
+    if isinstance(spec, Adam):
+        return TorchChunkOptimizer(spec, param, segments)
+    raise ValueError(f"no update rule for optimizer {spec.name!r}")
