@@ -89,9 +89,10 @@ class Allocator:
             return []
         if self.training_started_at is None:
             self.training_started_at = now
-        models = {wid: self.speeds[wid].fit() for wid in ready}
+        fits = {wid: self.speeds[wid].fit() for wid in ready}
+        models = {wid: model for wid, model in fits.items() if model is not None}  # those with a step model
         caps = {wid: cap for wid, cap in ready.items() if cap > 0}
-        if job.batch_policy == "fixed" or any(model is None for model in models.values()):
+        if job.batch_policy == "fixed" or len(models) < len(fits):
             proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
         else:
             proposed = allocation_for(self.spec)(models, job.global_batch, job.min_batch, job.max_batch, caps)
@@ -101,8 +102,7 @@ class Allocator:
             return []
         self.previous_allocation, self.allocation = self.allocation, proposed
         given = [wid for wid, b in proposed.items() if b > 0 and not self.previous_allocation.get(wid, 0)]
-        predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items()
-                     if models[wid] is not None and b > 0}
+        predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items() if wid in models and b > 0}
         notes = [reason, bounds_note(proposed, job.global_batch)]
         if 0 in proposed.values():
             notes.append("slowest left out: the round is faster without them (batch 0)")

@@ -50,9 +50,9 @@ def _infeasible(ids: Sequence[str], global_batch: int, lo: np.ndarray, hi: np.nd
     global batch, whose sum then differs (``bounds_note`` says so).
     """
     if global_batch <= int(lo.sum()):
-        return {w: int(b) for w, b in zip(ids, lo)}
+        return {w: int(b) for w, b in zip(ids, lo, strict=True)}
     if global_batch >= int(hi.sum()):
-        return {w: int(b) for w, b in zip(ids, hi)}
+        return {w: int(b) for w, b in zip(ids, hi, strict=True)}
     return None
 
 
@@ -80,7 +80,7 @@ def _largest_remainder(ids: Sequence[str], shares: np.ndarray, total: int) -> di
     missing = total - int(rounded.sum())
     order = np.argsort(-(shares - floors), kind="stable")
     rounded[order[:missing]] += 1
-    return {worker: int(x) for worker, x in zip(ids, rounded)}
+    return {worker: int(x) for worker, x in zip(ids, rounded, strict=True)}
 
 
 def allocate(
@@ -202,7 +202,7 @@ def fixed_allocation(
     growable = [i for i in range(len(ids)) if lo[i] <= low < hi[i]]
     for i in growable[:global_batch - int(batches.sum())]:
         batches[i] += 1
-    return {worker: int(b) for worker, b in zip(ids, batches)}
+    return {worker: int(b) for worker, b in zip(ids, batches, strict=True)}
 
 
 def needs_reassign(
@@ -262,7 +262,7 @@ def allocate_round(
     if not ids:
         return {}
     lo, _ = _worker_bounds(ids, b_min, b_max, caps)
-    lowest = dict(zip(ids, (int(b) for b in lo)))
+    lowest = dict(zip(ids, (int(b) for b in lo), strict=True))
     ranked = sorted(ids, key=lambda w: (-models[w].step_seconds(lowest[w]), w))
     everyone = allocate(models, global_batch, b_min, b_max, caps)
     best, best_rate = everyone, round_samples_per_s(models, everyone)

@@ -229,21 +229,22 @@ class JobState:
     def assignment_for(self, member: Member) -> Assignment:
         """What `member` should do now."""
         allocator, rollbacks = self.allocator, self.rollbacks
-        base = dict(assignment_id=allocator.assignment_id)
         if member.role == "ps":
             live = self.roster.live_workers
-            return Assignment(**base, live_workers=live, allocated=allocator.holding_batch,
-                              idle_workers=allocator.idle_workers(), membership=self.roster.membership,
+            return Assignment(assignment_id=allocator.assignment_id, live_workers=live,
+                              allocated=allocator.holding_batch, idle_workers=allocator.idle_workers(),
+                              membership=self.roster.membership,
                               stop=self.finished, batches=allocator.push_bounds(live),
                               progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
                               rollbacks=rollbacks.rollback_number, lr_factor=rollbacks.lr_factor,
                               hold_checkpoints=rollbacks.divergence.suspect)
         if member.role == "evaluator":
-            return Assignment(**base, stop=self.stopping and not self.roster.live_workers)
+            return Assignment(assignment_id=allocator.assignment_id,
+                              stop=self.stopping and not self.roster.live_workers)
         batch = allocator.batch_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, allocator.holding_batch, self.job.dbs_weight)
         return Assignment(
-            **base, batch=batch, lr_scale=scale * rollbacks.lr_factor,
+            assignment_id=allocator.assignment_id, batch=batch, lr_scale=scale * rollbacks.lr_factor,
             stop=self.stopping, local_steps=allocator.local_steps, rollbacks=rollbacks.rollback_done,
         )
 

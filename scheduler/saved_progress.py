@@ -111,13 +111,16 @@ def _parse(path: Path, payload: bytes) -> SavedProgress:
         data = json.loads(payload)
         if data.pop("format", None) != FORMAT:
             raise ValueError(f"not a format-{FORMAT} progress file")
-        saved = SavedProgress(**data)
-        saved.eval = EvalReport(**saved.eval) if saved.eval is not None else None
-        saved.shard_marks = {int(k): ShardMark(**v) for k, v in saved.shard_marks.items()}
-        saved.speeds = {k: SavedSpeed(float(v["standalone_sps"]), [(int(b), float(s)) for b, s in v["observations"]])
-                        for k, v in saved.speeds.items()}
+        evaluated, marks, speeds = data.pop("eval", None), data.pop("shard_marks", {}), data.pop("speeds", {})
+        saved = SavedProgress(
+            **data,
+            eval=EvalReport(**evaluated) if evaluated is not None else None,
+            shard_marks={int(k): ShardMark(**v) for k, v in marks.items()},
+            speeds={k: SavedSpeed(float(v["standalone_sps"]), [(int(b), float(s)) for b, s in v["observations"]])
+                    for k, v in speeds.items()},
+            rollbacks=[Rollback(**r) for r in data.pop("rollbacks", [])],
+        )
         saved.next_id = {str(k): int(v) for k, v in saved.next_id.items()}
-        saved.rollbacks = [Rollback(**r) for r in saved.rollbacks]
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
             if not isinstance(getattr(saved, name), int) or getattr(saved, name) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a count")

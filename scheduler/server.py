@@ -21,6 +21,7 @@ from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.messages import (
+    Assignment,
     Bye,
     ByeAck,
     DecisionLatency,
@@ -29,6 +30,7 @@ from dynabatch.common.messages import (
     Hello,
     StatusReply,
     StatusRequest,
+    Welcome,
 )
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
@@ -59,17 +61,24 @@ class SchedulerMetrics:
         self.bad = bad_messages_counter(registry)
         self.refused = auth_failures_counter(registry, "scheduler")
         self.live = Gauge("dynabatch_scheduler_live_workers", "Workers sending heartbeats.", registry=registry)
-        self.batch = Gauge("dynabatch_worker_batch_size", "Batch size assigned to each worker.", ["worker"], registry=registry)
-        self.sps = Gauge("dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"], registry=registry)
-        self.step = Gauge("dynabatch_worker_step_seconds", "Each worker's last step time by phase.", ["worker", "phase"], registry=registry)
-        self.epoch = Gauge("dynabatch_job_epoch", "Passes over the training set, counted from samples.", registry=registry)
+        self.batch = Gauge("dynabatch_worker_batch_size", "Batch size assigned to each worker.", ["worker"],
+                           registry=registry)
+        self.sps = Gauge("dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"],
+                         registry=registry)
+        self.step = Gauge("dynabatch_worker_step_seconds", "Each worker's last step time by phase.",
+                          ["worker", "phase"], registry=registry)
+        self.epoch = Gauge("dynabatch_job_epoch", "Passes over the training set, counted from samples.",
+                           registry=registry)
         self.samples = Gauge("dynabatch_job_samples", "Training samples processed by all workers.", registry=registry)
         self.loss = Gauge("dynabatch_job_train_loss", "Smoothed training loss reported by workers.", registry=registry)
-        self.test_acc = Gauge("dynabatch_job_test_accuracy", "Test accuracy of the latest evaluated model (0-1).", registry=registry)
+        self.test_acc = Gauge("dynabatch_job_test_accuracy", "Test accuracy of the latest evaluated model (0-1).",
+                              registry=registry)
         self.test_loss = Gauge("dynabatch_job_test_loss", "Test loss of the latest evaluated model.", registry=registry)
-        self.eval_metric = Gauge("dynabatch_eval_metric", "Each metric of the latest evaluation (the loss included), by name.",
+        self.eval_metric = Gauge("dynabatch_eval_metric",
+                                 "Each metric of the latest evaluation (the loss included), by name.",
                                  ["name"], registry=registry)
-        self.local_steps = Gauge("dynabatch_scheduler_local_steps", "Local steps H between syncs (local, msd).", registry=registry)
+        self.local_steps = Gauge("dynabatch_scheduler_local_steps", "Local steps H between syncs (local, msd).",
+                                 registry=registry)
         self.lost_samples = Gauge("dynabatch_job_lost_samples", "Samples whose updates shards lost in restarts, "
                                   "trained again.", registry=registry)
         self.lost_versions = Gauge("dynabatch_job_lost_versions", "Shard updates lost in restarts.", registry=registry)
@@ -78,8 +87,10 @@ class SchedulerMetrics:
                                  "after a divergence.", registry=registry)
         self.lr_factor = Gauge("dynabatch_job_lr_factor", "The job's step-size factor after its rollbacks (1: none).",
                                registry=registry)
-        self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry)
-        self.decide = Histogram("dynabatch_scheduler_decision_seconds", "Time to handle a heartbeat (model fit and allocation included).",
+        self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.",
+                                ["reason"], registry=registry)
+        self.decide = Histogram("dynabatch_scheduler_decision_seconds",
+                                "Time to handle a heartbeat (model fit and allocation included).",
                                 buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1), registry=registry)
 
 
@@ -107,7 +118,8 @@ class SchedulerServer:
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         self.m = SchedulerMetrics(self.registry)
         self.ctx = open_context(curve)
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, lambda reason: self.m.refused.labels("scheduler", reason).inc())
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind,
+                                               lambda reason: self.m.refused.labels("scheduler", reason).inc())
         self.hello_rate = HelloRate(opts.hello_rate_per_s, opts.hello_burst or 2 * job.max_workers + job.shards)
         self.stopping = False
         self.refusals = RateLimitedLog(log)
@@ -123,7 +135,8 @@ class SchedulerServer:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        ADDRESS_LOG.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint, self.metrics_server.url())
+        ADDRESS_LOG.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint,
+                         self.metrics_server.url())
         finished_at: float | None = None
         last_turn = time.monotonic()
         while not self.stopping:
@@ -173,7 +186,10 @@ class SchedulerServer:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
         msg = incoming.message
+        if msg is None:  # recv_routed gives a message or why there is none, never neither
+            raise RuntimeError("an incoming message with neither a message nor an error")
         now = time.monotonic()
+        reply: Welcome | Assignment | ByeAck | StatusReply
         try:
             if msg.job != self.job.job:
                 raise ProtocolError(ErrorCode.WRONG_JOB, f"this scheduler runs job {self.job.job!r}, not {msg.job!r}")
@@ -183,7 +199,8 @@ class SchedulerServer:
             if isinstance(body, Hello):
                 if body.role in HELLO_KEY_ROLE:
                     check_key_role(incoming.key_role, (HELLO_KEY_ROLE[body.role],), f"HELLO as {body.role}")
-                reply = self.state.hello(body, now, incoming.identity, lambda: self.hello_rate.spend(incoming.peer, now))
+                reply = self.state.hello(body, now, incoming.identity,
+                                         lambda: self.hello_rate.spend(incoming.peer, now))
                 log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
             elif isinstance(body, Heartbeat):
                 start = time.perf_counter()
