@@ -112,13 +112,14 @@ def _parse(path: Path, payload: bytes) -> SavedProgress:
         if data.pop("format", None) != FORMAT:
             raise ValueError(f"not a format-{FORMAT} progress file")
         evaluated, marks, speeds = data.pop("eval", None), data.pop("shard_marks", {}), data.pop("speeds", {})
+        rollbacks = data.pop("rollbacks", [])
         saved = SavedProgress(
             **data,
             eval=EvalReport(**evaluated) if evaluated is not None else None,
             shard_marks={int(k): ShardMark(**v) for k, v in marks.items()},
             speeds={k: SavedSpeed(float(v["standalone_sps"]), [(int(b), float(s)) for b, s in v["observations"]])
                     for k, v in speeds.items()},
-            rollbacks=[Rollback(**r) for r in data.pop("rollbacks", [])],
+            rollbacks=[Rollback(**r) for r in rollbacks],
         )
         saved.next_id = {str(k): int(v) for k, v in saved.next_id.items()}
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
