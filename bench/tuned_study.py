@@ -361,7 +361,7 @@ def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     colours = {m: cmap(i % 10) for i, m in enumerate(dict.fromkeys(r["method"] for r in runs))}
     labelled: set[str] = set()
     for r in runs:
-        t, _, acc = zip(*r["curve"])
+        t, _, acc = zip(*r["curve"], strict=True)
         label = f"{r['method']} (lr {r['lr']:g})"
         ax.plot(t, [100 * a for a in acc], color=colours[r["method"]], alpha=0.7, linewidth=1.1,
                 label=None if label in labelled else label)
