@@ -101,7 +101,8 @@ def test_the_public_api_names_only_the_launcher_and_only_for_lazy_names() -> Non
 
 
 def test_the_public_names_are_the_lazy_table() -> None:
-    """`__all__` is a literal (tools read it without importing): it names each lazily loaded name, once, and no other."""
+    """`__all__` is a literal (tools read it without importing): it names each lazily loaded name, once,
+    and no other."""
     import dynabatch
 
     assert sorted(dynabatch.__all__) == sorted(dynabatch._NAMES)
