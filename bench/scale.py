@@ -31,10 +31,11 @@ from dynabatch.cluster.launcher import Launcher
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.worker.ps_client import ShardClients
+from dynabatch.worker.ps_client import PendingPush, ShardClients
 
 PARAMS = 200_000  # a small model: the cost is per message and per update, not per byte
 CHUNK_BYTES = 64 << 10  # 13 chunks, so four shards each own some
@@ -90,6 +91,16 @@ class LightWorker:
             return
         self.last_hb = time.monotonic()
 
+    def pushed(self, push: PendingPush) -> None:
+        """Wait for `push`. One refused for carrying more than this worker's batch (the batch shrank as others
+        joined, after the heartbeat that told it) is a lost step, as for a real worker: ask for the batch now."""
+        try:
+            self.clients.wait(push, REQUEST_TIMEOUT_S)
+        except RemoteError as exc:
+            if exc.code != ErrorCode.BAD_FIELD:
+                raise
+            self.heartbeat()
+
     def record(self, step_s: float) -> None:
         hb = self.hb
         self.hb = Heartbeat(steps=hb.steps + 1, samples=hb.samples + self.batch, batch=self.batch, step_s=step_s,
@@ -113,7 +124,7 @@ def driver_main(argv: list[str]) -> None:
         while not w.batch:
             w.heartbeat()
         pulled = w.clients.pull(None, REQUEST_TIMEOUT_S)  # the first push resends itself until the shards know w
-        w.clients.push(w.grad, pulled.chunk_versions, w.batch, 0.0, REQUEST_TIMEOUT_S)
+        w.pushed(w.clients.start_push(w.grad, pulled.chunk_versions, w.batch, 0.0))
     while True:  # until SIGTERM, whose default action ends the process
         start = time.perf_counter()
         pulls = [w.clients.start_pull() for w in workers]
@@ -122,7 +133,7 @@ def driver_main(argv: list[str]) -> None:
         pushes = [w.clients.start_push(w.grad, pull.result().chunk_versions, w.batch, 0.0)
                   for w, pull in zip(workers, pulls, strict=True)]
         for w, push in zip(workers, pushes, strict=True):
-            w.clients.wait(push, REQUEST_TIMEOUT_S)
+            w.pushed(push)
         step_s = time.perf_counter() - start
         for w in workers:
             w.record(step_s)

@@ -72,7 +72,7 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0:
         raise ValueError("a line needs at least two distinct batch sizes")
-    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     return my - c * mx, c
 
 
@@ -135,7 +135,8 @@ def format_dry_run(run: DryRun, job: JobConfig, task_name: str) -> str:
         mine = layout.for_shard(shard)
         values = sum(c.length for c in mine)
         ids = ", ".join(str(c.id) for c in mine[:12]) + (", ..." if len(mine) > 12 else "")
-        lines.append(f"  shard {shard}: {len(mine)} chunk(s) [{ids}], {values:,} values, {values * FLOAT_BYTES:,} bytes")
+        lines.append(f"  shard {shard}: {len(mine)} chunk(s) [{ids}], {values:,} values, "
+                     f"{values * FLOAT_BYTES:,} bytes")
     for title, kept in (("frozen parameters", run.frozen), ("buffers", run.buffers)):
         lines.append(f"{title}: {len(kept) or 'none'}")
         lines += [f"  {k.name} {list(k.shape)}: {k.policy}" for k in kept]

@@ -201,7 +201,8 @@ class JobRun:
 
     def _execute(self) -> int:
         started = time.monotonic()
-        print(f"dynabatch run: {self.opts.workers} workers (slowdowns {' '.join(self.opts.slowdowns)}), {self.job.shards} shard(s), "
+        print(f"dynabatch run: {self.opts.workers} workers (slowdowns {' '.join(self.opts.slowdowns)}), "
+              f"{self.job.shards} shard(s), "
               f"{self.opts.task or f'{self.job.model} on {self.job.dataset}'}, "
               f"{self.job.protocol} + {self.job.batch_policy} batches, "
               f"{self.job.epochs:g} epochs\nrun folder: {self.run_dir}")
@@ -358,7 +359,8 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     ]
     for wid, w in summary["workers"].items():
         step, data = w["mean_step_s_after_warmup"], w["mean_data_s_after_warmup"]
-        lines.append(f"  {wid} {w['name']:<16} batch {w['final_batch']:>4}  step {1000 * step if step else float('nan'):7.1f} ms"
+        lines.append(f"  {wid} {w['name']:<16} batch {w['final_batch']:>4}"
+                     f"  step {1000 * step if step else float('nan'):7.1f} ms"
                      f" (data {1000 * data if data is not None else float('nan'):5.1f} ms)"
                      f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
                      f"  probed {w['standalone_samples_per_s']:7.0f} samples/s")

@@ -96,7 +96,8 @@ def settings(spec: str, workers: int, slowdowns: Sequence[float | str],
     names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RunOptions, JobConfig, CurveOptions)}
     unknown = sorted(set(flags) - set().union(*names.values()))
     if unknown:
-        raise ConfigError(f"db.run: no setting {', '.join(unknown)} (the flags of `dynabatch run --help`, with _ for -)")
+        raise ConfigError(f"db.run: no setting {', '.join(unknown)} "
+                          "(the flags of `dynabatch run --help`, with _ for -)")
     part = {cls: {k: v for k, v in flags.items() if k in names[cls]} for cls in names}
     opts = RunOptions(workers=workers, slowdowns=[str(s) for s in slowdowns], task=spec, **part[RunOptions]).anchored()
     job = settle(opts, job_from_dict(part[JobConfig]))

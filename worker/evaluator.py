@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from dynabatch.common.chunking import load_flat
-from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import EvalReport, Heartbeat
 from dynabatch.common.task_check import build_data
 from dynabatch.common.transport import RemoteError
 from dynabatch.task import Task
+from dynabatch.task_error import TaskError
 from dynabatch.worker.batch_source import batch_len, fetch, to_device
 from dynabatch.worker.joined import Joined
 from dynabatch.worker.options import WorkerOptions
@@ -94,25 +94,18 @@ class Evaluator:
     """An evaluator: now and then pulls the job's current model and reports its loss and metrics on the task's
     evaluation set, and once more, as final, when the job ends. It trains and pushes nothing."""
 
-    def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
+    def __init__(self, opts: WorkerOptions, process: RoleProcess, joined: Joined) -> None:
+        if joined.task.eval_data is None:
+            raise TaskError("the task has no eval_data for the evaluator to evaluate on")
         self.opts = opts
-        self.process = RoleProcess(opts, "evaluator", metrics_host, metrics_port, curve)
-        self.joined: Joined | None = None  # once the scheduler has welcomed this evaluator
-        self.data: Any = None  # the task's evaluation set, loaded at joining
+        self.process = process
+        self.joined = joined
+        self.data = build_data(joined.task.eval_data, "eval_data")  # the task's evaluation set
 
-    def run(self) -> int:
-        process = self.process
-        try:
-            self.joined = process.join()
-            if self.joined is None:
-                return 0
-            self.data = build_data(self.joined.task.eval_data, "eval_data")
-            process.health.ready = True
-            self._evaluate_until_stopped()
-        finally:
-            process.leave()
-        process.after_job()
-        return 0
+    def run(self) -> None:
+        """Evaluate now and then until the job ends, then once more as final."""
+        self.process.health.ready = True
+        self._evaluate_until_stopped()
 
     def _evaluate_until_stopped(self) -> None:
         process, link, job = self.process, self.process.link, self.joined.job

@@ -68,8 +68,10 @@ class GradientLoop(StepLoop):
         pulled, self.pulled = self.pulled, None
         if pulled is None:
             start = time.perf_counter()
-            pulled = self._take_ahead(c) if self.ahead is not None else c.shards.pull(self.min_versions,
-                                                                                      c.request_timeout_s)
+            if self.ahead is not None:
+                pulled = self._take_ahead(c, self.ahead)
+            else:
+                pulled = c.shards.pull(self.min_versions, c.request_timeout_s)
             self._add_pull_time(times, time.perf_counter() - start)
         self.last_versions = pulled.shard_versions
         if self._done(pulled.version):
@@ -100,9 +102,9 @@ class GradientLoop(StepLoop):
             times.push = time.perf_counter() - start
         return StepResult(times, assignment.batch, loss, pulled.version)
 
-    def _take_ahead(self, c: StepContext) -> PullResult:
+    def _take_ahead(self, c: StepContext, ahead: PendingPull) -> PullResult:
         """The prefetched pull, once every chunk of it has arrived (most did during the last compute)."""
-        ahead, self.ahead = self.ahead, None
+        self.ahead = None
         c.shards.wait([ahead] if self.unacked is None else [ahead, self.unacked], c.request_timeout_s,
                       until=ahead.done)
         return ahead.result()

@@ -63,15 +63,17 @@ class _LocalSteps(StepLoop):
         c.heartbeat_when_due()
         return loss, seconds
 
-    def _sync(self, timeout_s: float) -> float:
-        """Pull the global model (waiting for the round when one is open) and start from it; returns seconds."""
+    def _sync(self, timeout_s: float) -> tuple[torch.Tensor, float]:
+        """Pull the global model (waiting for the round when one is open) and start from it: (the pulled model,
+        now `base`, and the seconds it took)."""
         c = self.ctx
         start = time.perf_counter()
         pulled = c.shards.pull(self.min_versions, timeout_s)
         load_flat(c.model, pulled.flat)
         c.buffers.load(c.model, pulled.buffers)
-        self.base, self.base_versions, self.version = pulled.flat.clone(), pulled.chunk_versions, pulled.version
-        return time.perf_counter() - start
+        base = self.base = pulled.flat.clone()
+        self.base_versions, self.version = pulled.chunk_versions, pulled.version
+        return base, time.perf_counter() - start
 
     def after_failure(self, code: str) -> None:
         """Start over from the current global model; a delta lost in flight is simply not counted."""
@@ -88,7 +90,7 @@ class LocalRoundLoop(_LocalSteps):
     def step(self, assignment: Assignment) -> StepResult | None:
         c = self.ctx
         times = StepTimes()
-        times.wait = self._sync(c.request_timeout_s)
+        base, times.wait = self._sync(c.request_timeout_s)
         losses = []
         steps = max(1, assignment.local_steps)
         for _ in range(steps):
@@ -96,7 +98,7 @@ class LocalRoundLoop(_LocalSteps):
             times.compute += seconds
             losses.append(loss)
         start = time.perf_counter()
-        delta = self.base - flat_params(c.model)
+        delta = base - flat_params(c.model)
         acks = c.shards.push(delta, self.base_versions, assignment.batch * steps, _mean(losses),
                              c.request_timeout_s, kind="delta", buffers=c.buffers.read(c.model))
         times.push = time.perf_counter() - start
@@ -109,8 +111,9 @@ class MsdLoop(_LocalSteps):
     """`msd`: one local step at a time, looking after the delta in flight without ever blocking on it."""
 
     NAME = "msd"
-    anchor: torch.Tensor | None = None
-    in_flight: tuple[PendingPush, PendingPull | None] | None = None
+    # The delta in flight: its push, the pull of the average once the push is acknowledged, and the anchor (this
+    # worker's model when it pushed, which its progress since is measured from).
+    in_flight: tuple[PendingPush, PendingPull | None, torch.Tensor] | None = None
     sent_at: float = 0.0
     since_push: int = 0
     push_s: float = 0.0
@@ -119,11 +122,11 @@ class MsdLoop(_LocalSteps):
         c = self.ctx
         times = StepTimes()
         if self.base is None:
-            times.pull = self._sync(c.request_timeout_s)
+            _, times.pull = self._sync(c.request_timeout_s)
         loss, times.compute = self._local_step(assignment)
         self.since_push += 1
         if self.in_flight is not None:
-            self._advance(assignment)
+            self._advance(self.in_flight)
         if self.in_flight is None and self.since_push >= max(1, assignment.local_steps):
             start = time.perf_counter()
             self._push_delta(assignment, loss)
@@ -132,28 +135,31 @@ class MsdLoop(_LocalSteps):
 
     def _push_delta(self, assignment: Assignment, loss: float) -> None:
         c = self.ctx
-        self.anchor = flat_params(c.model)
-        push = c.shards.start_push(self.base - self.anchor, self.base_versions, assignment.batch * self.since_push,
+        base = self.base
+        assert base is not None  # step() syncs before its first local step
+        anchor = flat_params(c.model)
+        push = c.shards.start_push(base - anchor, self.base_versions, assignment.batch * self.since_push,
                                    loss, kind="delta", buffers=c.buffers.read(c.model))
-        self.in_flight = (push, None)
+        self.in_flight = (push, None, anchor)
         self.sent_at = time.perf_counter()
         self.since_push = 0
 
-    def _advance(self, assignment: Assignment) -> None:
-        """Take what has arrived; once the averaged model is in, correct onto it."""
+    def _advance(self, in_flight: tuple[PendingPush, PendingPull | None, torch.Tensor]) -> None:
+        """Take what has arrived for the delta `in_flight`; once the averaged model is in, correct onto it."""
         c = self.ctx
-        push, pull = self.in_flight
+        push, pull, anchor = in_flight
         if time.perf_counter() - self.sent_at > c.request_timeout_s:
             raise TimeoutError(f"the averaged model did not come back within {c.request_timeout_s:.0f}s")
         c.shards.advance([push] + ([pull] if pull else []))
         if pull is None and push.done():
             self.push_s = time.perf_counter() - self.sent_at
-            min_versions = [a.version if a.applied else a.version + 1 for a in (push.acks[s] for s in sorted(push.acks))]
+            acks = (push.acks[s] for s in sorted(push.acks))
+            min_versions = [a.version if a.applied else a.version + 1 for a in acks]
             pull = c.shards.start_pull(min_versions)
-            self.in_flight = (push, pull)
+            self.in_flight = (push, pull, anchor)
         if pull is not None and pull.done():
             result = pull.result()
-            progress = flat_params(c.model) - self.anchor
+            progress = flat_params(c.model) - anchor
             load_flat(c.model, result.flat + progress)
             self.base = result.flat.clone()
             self.base_versions, self.version = result.chunk_versions, result.version

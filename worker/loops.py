@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dynabatch.worker.gradient_steps import GradientLoop, RoundLoop, SampleRoundLoop
 from dynabatch.worker.local_steps import LocalRoundLoop, MsdLoop
-from dynabatch.worker.step_context import StepLoop
+from dynabatch.worker.step_context import StepContext, StepLoop
 
-LOOPS: dict[str, type[StepLoop]] = {
+# Each makes its loop from the worker's step context.
+LOOPS: dict[str, Callable[[StepContext], StepLoop]] = {
     loop.NAME: loop for loop in (GradientLoop, RoundLoop, SampleRoundLoop, LocalRoundLoop, MsdLoop)
 }

@@ -11,6 +11,7 @@ from dynabatch.common.flags import ConfigError
 from dynabatch.task_error import TaskError
 from dynabatch.worker.evaluator import Evaluator
 from dynabatch.worker.options import WorkerOptions, usable_device
+from dynabatch.worker.role_process import RoleProcess
 from dynabatch.worker.trainer import Worker
 
 
@@ -25,9 +26,12 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"dynabatch worker: error: {exc}", file=sys.stderr)
         return 2
-    cls = Evaluator if opts.evaluator else Worker
     try:
-        return cls(opts, metrics.metrics_host, metrics.metrics_port, keys).run()
+        process = RoleProcess(opts, "evaluator" if opts.evaluator else "worker", metrics.metrics_host,
+                              metrics.metrics_port, keys)
+        if opts.evaluator:
+            return process.serve(lambda joined: Evaluator(opts, process, joined).run())
+        return process.serve(lambda joined: Worker(opts, process, joined).train())
     except (DatasetNotFound, BadDatasetFile, TaskError, ConfigError) as exc:
         print(f"dynabatch worker: {exc}", file=sys.stderr)  # the line `dynabatch run` ends the run with
         return 2

@@ -94,7 +94,7 @@ class Pipeline:
         loss.backward()
         st.trace.backward_end = time.perf_counter()
         for cid in sorted(set(self.chunk_params) - st.pushed):
-            self._push_chunk(cid)
+            self._push_chunk(st, cid)
         start = time.perf_counter()
         self._settle(st)
         st.push_wait += time.perf_counter() - start
@@ -119,7 +119,7 @@ class Pipeline:
             self.shards.before_resend([])
             for i in refused:
                 st.pushes[i] = self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"),
-                                                      ids=[st.push_ids[i]], buffers=self._buffers_for(i))
+                                                      ids=[st.push_ids[i]], buffers=self._buffers_for(st, i))
 
     def _before_forward(self, name: str, own: list[int]):
         def hook(module: torch.nn.Module, args: object) -> None:
@@ -147,22 +147,24 @@ class Pipeline:
             st = self._step
             if st is None:
                 return
+            grad = p.grad
+            assert grad is not None  # a post-accumulate-grad hook runs once the gradient is in p.grad
             a, b = self.offsets[i]
-            self.grad_flat[a:b].copy_(p.grad.reshape(-1))
+            self.grad_flat[a:b].copy_(grad.reshape(-1))
             st.done_params.add(i)
             for cid in sorted(self.param_chunks[i]):
                 if cid not in st.pushed and self.chunk_params[cid] <= st.done_params:
-                    self._push_chunk(cid)
+                    self._push_chunk(st, cid)
         return hook
 
-    def _push_chunk(self, cid: int) -> None:
-        """Send one chunk's gradient, first waiting for acknowledgements if the credit is used up."""
-        st = self._step
+    def _push_chunk(self, st: _StepState, cid: int) -> None:
+        """Send one chunk's gradient of step `st`, first waiting for acknowledgements if the credit is used up."""
         chunk = self.layout.chunks[cid]
         nbytes = chunk.length * 4
         start = time.perf_counter()
+        credit = max(self.max_inflight, nbytes)
         self.shards.wait(st.pendings(), self.timeout_s,
-                         lambda: cid in st.pull.versions and st.inflight(self.layout) + nbytes <= max(self.max_inflight, nbytes))
+                         lambda: cid in st.pull.versions and st.inflight(self.layout) + nbytes <= credit)
         st.push_wait += time.perf_counter() - start
         for i in self.chunk_params[cid] - st.done_params:
             a, b = self.offsets[i]
@@ -170,14 +172,14 @@ class Pipeline:
         if self.buffers and st.buffer_push is None and chunk.owner == 0:
             st.buffer_push = len(st.pushes)
         st.pushes.append(self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"), ids=[cid],
-                                                buffers=self._buffers_for(len(st.pushes))))
+                                                buffers=self._buffers_for(st, len(st.pushes))))
         st.push_ids.append(cid)
         st.pushed.add(cid)
         st.trace.pushed_at[cid] = time.perf_counter()
 
-    def _buffers_for(self, push: int) -> torch.Tensor | None:
-        """The model's travelling buffers if push number `push` of this step is the one that carries them."""
-        return self.buffers.read(self.model) if push == self._step.buffer_push else None
+    def _buffers_for(self, st: _StepState, push: int) -> torch.Tensor | None:
+        """The model's travelling buffers if push number `push` of step `st` is the one that carries them."""
+        return self.buffers.read(self.model) if push == st.buffer_push else None
 
 
 @dataclass
@@ -208,4 +210,5 @@ class _StepState:
 
     def inflight(self, layout: Layout) -> int:
         """Bytes pushed and not yet acknowledged."""
-        return sum(layout.chunks[cid].length * 4 for cid, p in zip(self.push_ids, self.pushes) if not p.done())
+        pairs = zip(self.push_ids, self.pushes, strict=True)  # appended together, one id per push
+        return sum(layout.chunks[cid].length * 4 for cid, p in pairs if not p.done())

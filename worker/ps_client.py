@@ -123,7 +123,9 @@ class ShardClients:
         self.moved_bytes += sum(m.nbytes for m in metas)
         return self.conns[shard].send(body, metas, tensors)
 
-    def init(self, init: Init, flat: torch.Tensor, timeout_s: float, buffers: torch.Tensor | None = None) -> list[InitAck]:
+    def init(
+        self, init: Init, flat: torch.Tensor, timeout_s: float, buffers: torch.Tensor | None = None
+    ) -> list[InitAck]:
         """Offer this worker's model to every shard (each gets its chunks of `flat`, shard 0 also the
         travelling `buffers`), blocking for the answers.
 
@@ -168,8 +170,10 @@ class ShardClients:
         start = time.perf_counter()
         pending = self.start_push(tensor, chunk_versions, samples, loss, buffers=buffers, then_pull=True,
                                   min_versions=min_versions)
+        pull = pending.pull
+        assert pull is not None  # a push with then_pull has one
         self.finish_push(pending, timeout_s)
-        return pending.pull.result(), pending.answered_at - start
+        return pull.result(), pending.answered_at - start
 
     def finish_push(self, pending: PendingPush, timeout_s: float, beside: PendingPull | None = None) -> list[PushAck]:
         """Wait for `pending` (and its pull, if it has one), resending to shards that did not know this worker
@@ -206,7 +210,9 @@ class ShardClients:
         self.advance(others, self.idle_every_s)
         self.idle()
 
-    def wait(self, pendings: Pending | list[Pending], timeout_s: float, until: Callable[[], bool] | None = None) -> None:
+    def wait(
+        self, pendings: Pending | list[Pending], timeout_s: float, until: Callable[[], bool] | None = None
+    ) -> None:
         """Feed replies to `pendings` until `until()` (default: all complete); TimeoutError past the timeout.
 
         Messages are taken one at a time, so waiting for the first chunk does not
@@ -324,7 +330,7 @@ class PendingPull(Pending):
 
     def take(self, shard: int, msg: Message) -> None:
         layout = self.client.layout
-        for meta, tensor in zip(msg.chunks, msg.tensors):
+        for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
             if meta.id == BUFFERS_ID:
                 self._take_buffers(shard, meta, tensor)
                 continue
@@ -410,4 +416,4 @@ class PendingPush(Pending):
 
     def done(self) -> bool:
         acked = len(self.acks) + len(self.refused) == sum(1 for s in self.seqs if s != -1)
-        return acked and (self.pull is None or self.refused or self.pull.done())
+        return acked and (self.pull is None or bool(self.refused) or self.pull.done())

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -97,6 +98,19 @@ class RoleProcess:
             return False
         joined.rename(self.link.id)
         return True
+
+    def serve(self, work: Callable[[Joined], object]) -> int:
+        """Join the job, do `work` with what joining brought (train or evaluate), and leave however it ends;
+        the process's exit status (0: the job ended, or the process was stopped before it joined)."""
+        try:
+            joined = self.join()
+            if joined is None:
+                return 0
+            work(joined)
+        finally:
+            self.leave()
+        self.after_job()
+        return 0
 
     def leave(self) -> None:
         """Stop the pulse (the socket is the main thread's again), then BYE."""

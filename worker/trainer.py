@@ -20,7 +20,6 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.chunking import travelling
-from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.messages import Assignment, Heartbeat
@@ -84,30 +83,35 @@ def train_step(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.M
     batch's mean, and clipping applies to the accumulated gradient.
     """
     model.zero_grad(set_to_none=False)
-    total = None
+    shares = []
     for part, share in micro_batches(batch, micro_batch):
         loss = loss_fn(model, part)
         (loss if share == 1.0 else loss * share).backward()
-        total = loss.detach() * share if total is None else total + loss.detach() * share
+        shares.append(loss.detach() * share)
     if clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(travelling(model), clip_grad_norm)
-    return float(total)
+    return float(sum(shares))
 
 
 class Worker:
     """A training worker: steps its protocol's loop on the batches the scheduler assigns, as this node's emulated
     hardware would, and reports every step; the process around it is a RoleProcess, the job a Joined."""
 
-    def __init__(self, opts: WorkerOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None) -> None:
+    def __init__(self, opts: WorkerOptions, process: RoleProcess, joined: Joined) -> None:
         self.opts = opts
-        self.process = RoleProcess(opts, "worker", metrics_host, metrics_port, curve)
+        self.process = process
+        self.joined = joined
+        self.m = WorkerMetrics(process.registry, joined.id)
         self.slowdown = Slowdown.parse(opts.slowdown)
         self.started = time.monotonic()
         self.skipped = 0  # steps not pushed because their loss was not finite (HEARTBEAT.skipped)
         self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
-        self.joined: Joined | None = None  # once the scheduler has welcomed this worker
-        self.m: WorkerMetrics | None = None  # made at joining: labelled with the worker's id
-        self.batches: DatasetBatches | LoaderBatches | None = None  # this worker's order of the training set
+        self._check_micro_batching()
+        data, collate = joined.train_data, joined.task.collate_fn()
+        order = worker_order(len(data), joined.job.seed, joined.id)  # this worker's order of the training set
+        self.batches: DatasetBatches | LoaderBatches = (
+            LoaderBatches(data, order, collate, opts.loader_workers, joined.job.seed) if opts.loader_workers
+            else DatasetBatches(data, order, collate))
         self.data_s = 0.0  # the current step's time spent taking its batch (its `data` phase)
 
     def step_context(self) -> StepContext:
@@ -183,19 +187,6 @@ class Worker:
         return standalone_speed(batch, [self.timed_compute(self.next_batch(batch))[1]
                                         for _ in range(self.opts.probe_steps)])
 
-    def run(self) -> int:
-        process = self.process
-        try:
-            self.joined = process.join()
-            if self.joined is None:
-                return 0
-            self.m = WorkerMetrics(process.registry, self.joined.id)
-            self._train()
-        finally:
-            process.leave()
-        process.after_job()
-        return 0
-
     def next_batch(self, batch: int) -> Any:
         """The next `batch` samples of this worker's own shuffled order of the training set, on its device.
 
@@ -217,16 +208,9 @@ class Worker:
                               "accumulate passes; run this worker without --micro-batch, or the job with "
                               "--pipeline auto")
 
-    def _train(self) -> int:
-        self._check_micro_batching()
+    def train(self) -> int:
+        """Train until the job ends or the process is stopped (the protocol's loop, step after step)."""
         joined = self.joined
-        data, collate = joined.train_data, joined.task.collate_fn()
-        order = worker_order(len(data), joined.job.seed, joined.id)
-        if self.opts.loader_workers:
-            self.batches = LoaderBatches(data, order, collate, self.opts.loader_workers, joined.job.seed)
-        else:
-            self.batches = DatasetBatches(data, order, collate)
-        self.data_s = 0.0
         micro, loaders = self.opts.micro_batch, self.opts.loader_workers
         log.info("%s: %s, batches %s, %s", joined.id,
                  f"passes of at most {micro} samples" if micro else "one pass per batch",
