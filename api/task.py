@@ -60,7 +60,7 @@ class Task:
     def metric_fns(self) -> list[Metric]:
         if self.metrics is None:
             return [accuracy]
-        return list(self.metrics) if isinstance(self.metrics, (list, tuple)) else [self.metrics]
+        return list(self.metrics) if isinstance(self.metrics, Sequence) else [self.metrics]
 
     def build_model(self, seed: int) -> nn.Module:
         """The model at its initial parameters under `seed`, leaving the caller's RNG as it was."""

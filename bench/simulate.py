@@ -182,6 +182,7 @@ class SimResult:
 
 
 Wait = float | Callable[[], bool]  # what a worker yields: a virtual time to sleep until, or a condition
+Waiter = tuple[int, Callable[[], bool], Iterator[Wait]]  # a worker parked on a condition: (order, condition, worker)
 
 
 class Cluster:
@@ -214,7 +215,7 @@ class Cluster:
         self.now = 0.0
         self.seq = 0
         self.timed: list[tuple[float, int, Iterator[Wait]]] = []
-        self.waiting: list[tuple[int, Callable[[], bool], Iterator[Wait]]] = []
+        self.waiting: list[Waiter] = []
         self.transfers = 0
         self.discarded_samples = 0  # computed, pushed, and discarded as too stale
         self.counts: list[int] = []
@@ -247,7 +248,8 @@ class Cluster:
     def changed(self) -> None:
         """The shard or membership changed: resume every waiter whose condition now holds, in wait order."""
         while True:
-            ready, still = [], []
+            ready: list[Waiter] = []
+            still: list[Waiter] = []
             for w in self.waiting:
                 (ready if w[1]() else still).append(w)
             if not ready:
@@ -512,7 +514,7 @@ class Worker:
         yield c.now + self.comm_s
         model = self._own_model()
         load_flat(model, flat)
-        state = {"base": flat.clone(), "versions": versions, "version": version, "back": None}
+        state: dict[str, Any] = {"base": flat.clone(), "versions": versions, "version": version, "back": None}
         since_push, in_flight, anchor = 0, False, flat
         while not self.leaving():
             b, scale = self.batch, self._lr_scale()

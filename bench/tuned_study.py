@@ -32,6 +32,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[Work
     out: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {}
     for i in range(count):
         n, sigma, speeds = (12, 24, 48)[i % 3], round(rng.uniform(0.25, 1.25), 2), 1000 + seed + i
-        out[f"lognormal{n}-s{sigma:g}-r{speeds}"] = lambda n=n, sigma=sigma, speeds=speeds: lognormal(n, sigma, speeds)
+        out[f"lognormal{n}-s{sigma:g}-r{speeds}"] = partial(lognormal, n, sigma, speeds)
     return out
 
 
@@ -264,7 +265,8 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
         res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target) for m in p.methods}
     report = []
     for p in profiles:
-        chosen = res.chosen.setdefault(p.lr_from or p.profile, TUNED_LRS.get(p.lr_from, {}))
+        tuned: dict[str, float | None] = dict(TUNED_LRS.get(p.lr_from, {}))
+        chosen = res.chosen.setdefault(p.lr_from or p.profile, tuned)
         report += [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
     for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
         res.report.setdefault(run.profile.profile, []).append(_record(run, r))
@@ -361,7 +363,7 @@ def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     colours = {m: cmap(i % 10) for i, m in enumerate(dict.fromkeys(r["method"] for r in runs))}
     labelled: set[str] = set()
     for r in runs:
-        t, _, acc = zip(*r["curve"])
+        t, _, acc = zip(*r["curve"], strict=True)
         label = f"{r['method']} (lr {r['lr']:g})"
         ax.plot(t, [100 * a for a in acc], color=colours[r["method"]], alpha=0.7, linewidth=1.1,
                 label=None if label in labelled else label)

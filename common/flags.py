@@ -20,11 +20,14 @@ import os
 import typing
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "DYNABATCH_"
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 
 class ConfigError(ValueError):
@@ -131,7 +134,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str]
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
         env_name = ENV_PREFIX + f.name.upper()
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = _default(cls, f)
         if env_name in env:
             try:
                 default = _parse_value(kind, env[env_name])
@@ -147,6 +150,15 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str]
             group.add_argument(
                 flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
             )
+
+
+def _default(cls: type, f: dataclasses.Field[Any]) -> Any:
+    """A flag's value when neither the command line nor the environment sets it; every flag has one."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise TypeError(f"{cls.__name__}.{f.name} has no default: a flag needs one")
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:

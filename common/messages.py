@@ -371,8 +371,8 @@ class JobStatus:
     is the server's own figure,
     filled in as it answers STATUS. `samples` counts every sample trained;
     `lost_samples` those whose updates shards lost in restarts (`lost_versions`
-    updates), which the job trains again: `epoch` counts the samples the model holds. `dynabatch run` writes these snapshots, as
-    maps with the field names as keys, to the run folder's timeline.json.
+    updates), which the job trains again: `epoch` counts the samples the model holds.
+    `dynabatch run` writes these snapshots, as maps with the field names as keys, to the run folder's timeline.json.
     """
 
     t: float

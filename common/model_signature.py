@@ -78,7 +78,7 @@ def _count(specs: tuple[ParamSpec, ...]) -> int:
 
 def _first_difference(what: str, plural: str, mine: tuple[ParamSpec, ...],
                       theirs: tuple[ParamSpec, ...]) -> str | None:
-    for i, (a, b) in enumerate(zip(mine, theirs)):
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
         if a != b:
             return (f"{what} {i} is {a.name} {list(a.shape)} {a.dtype} here but "
                     f"{b.name} {list(b.shape)} {b.dtype} in the job")
@@ -155,7 +155,7 @@ def _specs(what: str, names: Sequence[str], shapes: Sequence[Sequence[int]], dty
         raise ValueError(f"{len(names)} {what} names, {len(shapes)} shapes and {len(dtypes)} dtypes: "
                          f"one of each per {what}")
     specs = []
-    for name, shape, dtype in zip(names, shapes, dtypes):
+    for name, shape, dtype in zip(names, shapes, dtypes, strict=True):
         if dtype not in allowed:
             raise ValueError(f"{what} {name}: dtype {dtype!r}; a {what} may be {', '.join(allowed)}")
         if len(shape) > 8 or any(d < 0 for d in shape):

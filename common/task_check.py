@@ -89,7 +89,7 @@ def check_task(task: Task, seed: int) -> CheckedTask:
     """
     first, second = task.build_model(seed), task.build_model(seed)
     sig = signature(first, 0)
-    for (name, a), (_, b) in zip(named_travelling(first), named_travelling(second)):
+    for (name, a), (_, b) in zip(named_travelling(first), named_travelling(second), strict=False):
         if not torch.equal(a, b):
             raise TaskError(f"two builds of the model differ in {name}: its construction uses randomness "
                             "that the job's seed does not control (seed it, or build it from torch's global RNG)")
@@ -106,7 +106,7 @@ def check_task(task: Task, seed: int) -> CheckedTask:
     if loss.grad_fn is None:
         raise TaskError("the loss has no gradient (no grad_fn): compute it from the model's output with torch "
                         "operations, not through .item(), .detach(), numpy or torch.no_grad()")
-    loss.backward()
+    torch.autograd.backward(loss)  # Tensor.backward is untyped in torch; this is the function it calls
     if task.optimizer is not None:
         try:
             optimizer_from_fields(task.optimizer.to_wire())  # what the shards will check, checked here first
@@ -165,7 +165,8 @@ def build_data(factory: Callable[[], Any], what: str) -> Any:
     try:
         size = len(data)
     except TypeError:
-        raise TaskError(f"{what}() gave a {type(data).__name__} without __len__: a map-style Dataset is needed")
+        raise TaskError(f"{what}() gave a {type(data).__name__} without __len__: a map-style Dataset is needed"
+                        ) from None
     if size == 0:
         raise TaskError(f"{what}() gave an empty dataset")
     return data

@@ -14,15 +14,12 @@ other work was changing when the tools came in). They are left out of what is pr
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
-
-# Python 3.11's (this script needs it); by name, as mypy checks this file as Python 3.10, which has no tomllib.
-tomllib = importlib.import_module("tomllib")
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE = ROOT / "build" / "typecheck"

@@ -11,19 +11,35 @@ from typing import Any
 
 import torch
 
+from dynabatch.optim import SGD, Adam, AdamW, OptimizerSpec
+from dynabatch.schedule import Schedule
 from dynabatch.task import Task
+
+
+def _spec(task: Task) -> OptimizerSpec:
+    if task.optimizer is None:
+        raise ValueError(f"task {task.name} names no optimizer: the plain-torch reference needs one")
+    return task.optimizer
+
+
+def _schedule(task: Task) -> Schedule:
+    if task.schedule is None:
+        raise ValueError(f"task {task.name} names no schedule: the plain-torch reference needs one")
+    return task.schedule
 
 
 def optimizer_for(task: Task, model: torch.nn.Module) -> torch.optim.Optimizer:
     """torch's own optimizer for the task's spec, with its `no_decay` parameters in a group without decay."""
-    spec = task.optimizer
+    spec = _spec(task)
     decay = [p for n, p in model.named_parameters() if not any(s in n for s in spec.no_decay)]
     rest = [p for n, p in model.named_parameters() if any(s in n for s in spec.no_decay)]
-    groups = [{"params": decay}, {"params": rest, "weight_decay": 0.0}]
-    if spec.name == "sgd":
+    groups: list[dict[str, Any]] = [{"params": decay}, {"params": rest, "weight_decay": 0.0}]
+    if isinstance(spec, SGD):
         return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov,
                                weight_decay=spec.weight_decay)
-    kind = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
+    if not isinstance(spec, Adam):
+        raise ValueError(f"optimizer {spec.name}: the plain-torch reference knows SGD, Adam and AdamW")
+    kind = torch.optim.AdamW if isinstance(spec, AdamW) else torch.optim.Adam
     return kind(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay)
 
 
@@ -45,10 +61,11 @@ def _train(task: Task, epochs: float, batch: int, seed: int) -> torch.nn.Module:
     steps = math.ceil(epochs * len(data) / batch)
     g = torch.Generator().manual_seed(seed)
     order: list[int] = []
+    lr, schedule = _spec(task).lr, _schedule(task)
     model.train()
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = task.optimizer.lr * task.schedule.factor(step / steps)
+            group["lr"] = lr * schedule.factor(step / steps)
         if len(order) < batch:
             order += torch.randperm(len(data), generator=g).tolist()
         idx, order = order[:batch], order[batch:]
@@ -62,6 +79,8 @@ def _train(task: Task, epochs: float, batch: int, seed: int) -> torch.nn.Module:
 
 def evaluate_alone(task: Task, model: torch.nn.Module, batch: int = 256) -> dict[str, float]:
     """Every metric of the task over its whole evaluation set, as sum over count."""
+    if task.eval_data is None:
+        raise ValueError(f"task {task.name} has no evaluation data to evaluate on")
     data, collate = task.eval_data(), task.collate_fn()
     sums: dict[str, list[float]] = {}
     model.eval()

@@ -70,7 +70,7 @@ def mentioning(text: str) -> set[int]:
 
 def rss_bytes(pid: int) -> int:
     """The resident memory of process `pid`, from /proc."""
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")

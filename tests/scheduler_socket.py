@@ -33,6 +33,8 @@ class SchedulerSocket:
             if not self.sock.poll(10):
                 continue
             msg = recv_routed(self.sock)
+            if msg.message is None:  # undecodable: this stand-in has nothing to answer it with
+                continue
             if isinstance(msg.message.body, Hello):
                 welcome = Welcome(id=f"w{self.welcomed}", config={}, shards=[])
                 send_routed(self.sock, msg.identity, welcome, msg.message.seq, "j", "scheduler")

@@ -49,6 +49,7 @@ def _run(tmp: Path, liar: str) -> tuple[float, float, str]:
         metrics = shard.metrics()
     finally:
         c.stop()
+    assert st.test_acc is not None and st.test_loss is not None, "a finished job has been evaluated"
     print(f"{liar}: accuracy {st.test_acc:.4f}, final loss {st.test_loss:.4g};",
           *[line for line in shard.log_since_start().splitlines() if "direction scores" in line])
     return st.test_acc, st.test_loss, metrics

@@ -39,12 +39,13 @@ POINT = 0.005  # half a percentage point
 
 def plain_torch_metrics(model: nn.Module, task: Task) -> dict[str, float]:
     """The blobs task's loss and accuracy over its whole evaluation set, in plain PyTorch."""
+    assert task.eval_data is not None
     test = task.eval_data()
     whole = task.collate_fn()([test[i] for i in range(len(test))])
     model.eval()
     with torch.no_grad():
-        correct, count = task.metrics[0](model, whole)["accuracy"]
-        return {"loss": float(task.loss(model, whole)), "accuracy": correct / count}
+        correct, count = task.metric_fns()[0](model, whole)["accuracy"]
+        return {"loss": float(task.loss_fn()(model, whole)), "accuracy": correct / count}
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The worker's heartbeat keeper (worker/heartbeats.py, `HeartbeatKeeper`) against a ROUTER socket in this process
-that answers as the scheduler does (scheduler_socket.py): a wait on shards ends early when the scheduler dropped the worker or the job
-rolled back, and only a training process (one that acted on a rollback) hears of rollbacks."""
+that answers as the scheduler does (scheduler_socket.py): a wait on shards ends early when the scheduler dropped
+the worker or the job rolled back, and only a training process (one that acted on a rollback) hears of rollbacks."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -241,11 +242,7 @@ def scheduler_job(objs: list[dict[str, Any]]) -> JobConfig:
 
 
 def pyproject() -> dict[str, Any]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-
-        return tomllib.loads((ROOT / "pyproject.toml").read_text())
-    pytest.skip("reading pyproject.toml needs Python 3.11's tomllib")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def flag_env_names(classes: tuple[type, ...]) -> set[str]:

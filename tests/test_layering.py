@@ -100,6 +100,14 @@ def test_the_public_api_names_only_the_launcher_and_only_for_lazy_names() -> Non
                 assert not named, f"api/{path.name} names {named} outside the lazy table"
 
 
+def test_the_public_names_are_the_lazy_table() -> None:
+    """`__all__` is a literal (tools read it without importing): it names each lazily loaded name, once,
+    and no other."""
+    import dynabatch
+
+    assert sorted(dynabatch.__all__) == sorted(dynabatch._NAMES)
+
+
 def test_what_a_task_file_imports_from_dynabatch_loads_no_role() -> None:
     public = ("Task", "TaskError", "optim", "schedule", "metrics")
     loaded = _outermost(_imported_by("import dynabatch as db\n" + "\n".join(f"db.{n}" for n in public)),

@@ -158,7 +158,7 @@ def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path):
 
         resumed = wait_for("the restarted shard to serve", pulled_again, 60)
         assert resumed.body.version == 5
-        for a, b in zip(resumed.tensors, saved.tensors):
+        for a, b in zip(resumed.tensors, saved.tensors, strict=True):
             assert torch.equal(a, b)
         ack = wait_for("the restarted shard to accept pushes",
                        lambda: _try_push(data, metas, grads), 30)
@@ -289,7 +289,8 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
     assert not timeouts, timeouts
     assert sorted(w["name"] for w in summary["workers"].values()) == ["worker0", "worker1"], "nobody had to rejoin"
     steps_s = [STEPS * w["final_batch"] / w["standalone_samples_per_s"] for w in summary["workers"].values()]
-    assert min(steps_s) > LIVENESS_S, f"a round's steps ({steps_s} s) must outlast the liveness timeout to test anything"
+    assert min(steps_s) > LIVENESS_S, \
+        f"a round's steps ({steps_s} s) must outlast the liveness timeout to test anything"
 
 
 def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_ghost_expires(tmp_path):

@@ -24,7 +24,11 @@ def _batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _grads(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    grads = []
+    for p in model.parameters():
+        assert p.grad is not None, "a backward pass gives every parameter a gradient"
+        grads.append(p.grad.reshape(-1))
+    return torch.cat(grads)
 
 
 @pytest.mark.parametrize("micro", [1, 7, 16, 49, 50, 64])

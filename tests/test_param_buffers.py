@@ -83,7 +83,7 @@ def test_memory_zeromq_has_sent_is_reused_not_allocated():
             del payload
             # pyzmq lets go of a sent frame from its own garbage-collector thread, which a loaded machine may
             # run late: the reuse is what is tested, not that thread's timing
-            wait_for("pyzmq to let go of the sent frame", lambda: not state.memory.lent(tensor), 30, 0.001)
+            wait_for("pyzmq to let go of the sent frame", lambda t=tensor: not state.memory.lent(t), 30, 0.001)
             _push(state)
             used.append(state.params[cid])
         distinct = len({id(t) for t in used})

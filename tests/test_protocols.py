@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dynabatch.common.chunking import make_layout
-from dynabatch.common.config import ConfigError, JobConfig
-from dynabatch.common.flags import add_flags, from_args
+from dynabatch.common.config import JobConfig
+from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.protocols import (
     DELTA,
     GRADIENT,

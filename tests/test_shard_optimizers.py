@@ -84,6 +84,7 @@ def _torch_optimizer(spec: optim.OptimizerSpec, model: nn.Module) -> torch.optim
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if isinstance(spec, optim.SGD):
         return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov)
+    assert isinstance(spec, optim.Adam), spec
     cls = torch.optim.AdamW if spec.name == "adamw" else torch.optim.Adam
     return cls(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps)
 
@@ -122,7 +123,7 @@ def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, proto
     model = _net()
     opt = _torch_optimizer(spec, model)
     factors = [1.0, 0.5, 1.0, 0.25, 0.8, 1.0]
-    for g, factor in zip(_grads(len(factors), _flat(model).numel()), factors):
+    for g, factor in zip(_grads(len(factors), _flat(model).numel()), factors, strict=True):
         for state in states:
             state.follow_job(0.0, factor)
         assert _push(states, "w0", g, B)

@@ -12,6 +12,7 @@ when nobody pushes, at its deadline.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -100,7 +101,7 @@ def _answers(conn: Connection, seq: int, ids: set[int], kinds: tuple[type, ...] 
         assert msg.seq == seq, f"an answer to request {msg.seq} while waiting for {seq}: {msg.body}"
         assert isinstance(msg.body, kinds), f"answered {msg.body}"
         bodies.append(msg.body)
-        for meta, tensor in zip(msg.chunks, msg.tensors):
+        for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
             assert meta.id not in got, f"chunk {meta.id} sent twice"
             got[meta.id] = (meta.version, tensor.clone())
     return bodies, got
@@ -293,11 +294,12 @@ def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushe
     _assert_same(_pull(ssgd.conn, ids), answered)
 
 
-def _refused_from(conn: Connection, shard: Shard, code: str, body: object, *chunks: object) -> str:
+def _refused_from(conn: Connection, shard: Shard, code: str, body: object, chunks: Sequence[ChunkMeta] = (),
+                  tensors: Sequence[torch.Tensor] = ()) -> str:
     """`body` sent on `conn` must be refused with `code` and counted; returns the refusal's text."""
     counted = shard.bad_messages(code)
     with pytest.raises(RemoteError) as refused:
-        conn.request(body, REPLY_S, *chunks)
+        conn.request(body, REPLY_S, chunks, tensors)
     assert refused.value.code == code, refused.value
     assert shard.bad_messages(code) == counted + 1
     return refused.value.text

@@ -183,7 +183,7 @@ def _local_sgd_reference(w0, deltas, samples, outer_lr, outer_momentum, rounds):
     p = torch.nn.Parameter(w0.clone())
     opt = torch.optim.SGD([p], lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
     for r in range(rounds):
-        p.grad = sum(s * d for s, d in zip(samples, deltas[r])) / sum(samples)
+        p.grad = sum(s * d for s, d in zip(samples, deltas[r], strict=True)) / sum(samples)
         opt.step()
     return p.detach()
 
@@ -212,7 +212,8 @@ def test_plain_averaging_lands_on_the_mean_of_the_local_models():
 
 
 def test_gradient_protocols_refuse_deltas_and_delta_protocols_refuse_gradients():
-    for protocol, wrong in (("asgd", "delta"), ("ssgd", "delta"), ("softsync", "delta"), ("local", "grad"), ("msd", "grad")):
+    for protocol, wrong in (("asgd", "delta"), ("ssgd", "delta"), ("softsync", "delta"), ("local", "grad"),
+                            ("msd", "grad")):
         state, w0 = _state(protocol)
         with pytest.raises(ProtocolError, match="kind"):
             state.push("w0", _split(state, torch.ones(1000)), {c.id: 0 for c in state.chunks}, 32, wrong, 0.0)
@@ -325,7 +326,8 @@ def test_the_schedules_factor_scales_every_update():
     torch.testing.assert_close(_flat(state), _reference(w0, [(g, 0.25)]))
 
 
-@pytest.mark.parametrize("total, chunk_bytes, shards", [(1000, 1 << 20, 2), (1000, 1 << 20, 3), (7, 4, 7), (10_000, 4096, 2)])
+@pytest.mark.parametrize("total, chunk_bytes, shards",
+                         [(1000, 1 << 20, 2), (1000, 1 << 20, 3), (7, 4, 7), (10_000, 4096, 2)])
 def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total, chunk_bytes, shards):
     """A model that fits one chunk is cut finer rather than leave a shard empty (it crashed on min() of nothing)."""
     layout = make_layout(total, chunk_bytes, shards)

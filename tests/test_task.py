@@ -88,6 +88,7 @@ def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path, att
 
 def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) -> float:
     """The same model, data and SGD trained in one process: the reference a distributed run must reach."""
+    assert isinstance(task.optimizer, SGD) and task.eval_data is not None
     model = task.build_model(seed)
     data, test = task.train_data(), task.eval_data()
     opt = torch.optim.SGD(model.parameters(), lr=task.optimizer.lr, momentum=task.optimizer.momentum)

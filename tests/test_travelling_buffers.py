@@ -24,6 +24,7 @@ from dynabatch.common.ports import free_port
 from dynabatch.common.task_check import check_task, load_task
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import ChunkMeta
+from dynabatch.optim import SGD
 from dynabatch.ps.shared_buffers import SharedBuffers
 from dynabatch.task import Task
 from dynabatch.worker.evaluator import evaluate
@@ -283,6 +284,7 @@ def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path):
 def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     """blobs_bn trained by plain torch in this process with the task's SGD: the reference."""
     task = load_task(BN_TASK)
+    assert isinstance(task.optimizer, SGD) and task.eval_data is not None
     model, data = task.build_model(0), task.train_data()
     opt = torch.optim.SGD(model.parameters(), lr=task.optimizer.lr, momentum=task.optimizer.momentum)
     gen = torch.Generator().manual_seed(0)

@@ -4,14 +4,26 @@ that diverged the default; the rest is decided by time to the target."""
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import pytest
 
 from bench.simulate import PROFILES
-from dataclasses import asdict
-
-from bench.tuned_study import (CLUSTERS, STUDIES, TUNED_LRS, Profile, Results, Run, _done, choose_default, choose_lr,
-                               diverged, median_time, render, unseen_lognormal)
+from bench.tuned_study import (
+    CLUSTERS,
+    STUDIES,
+    TUNED_LRS,
+    Profile,
+    Results,
+    Run,
+    _done,
+    choose_default,
+    choose_lr,
+    diverged,
+    median_time,
+    render,
+    unseen_lognormal,
+)
 
 
 def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, acc: float = 0.85) -> dict:
