@@ -173,10 +173,11 @@ def recv_routed(sock: zmq.Socket[bytes], limits: WireLimits | None = None) -> In
 
 
 def reply_frames(
-    body: Any, seq: int, job: str, sender: str, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()
+    body: Any, seq: int, job: str, sender: str, chunks: Sequence[ChunkMeta] = (),
+    tensors: Sequence[torch.Tensor | memoryview] = (),
 ) -> list[Any]:
-    """A reply's frames, to follow the routing id on a ROUTER."""
-    return encode(Message(body, list(chunks), list(tensors), job, sender, seq))
+    """A reply's frames, to follow the routing id on a ROUTER (`tensors` may be lent bytes: see `encode`)."""
+    return encode(Message(body, list(chunks), [], job, sender, seq), tensors)
 
 
 def send_routed(
@@ -187,7 +188,7 @@ def send_routed(
     job: str,
     sender: str,
     chunks: Sequence[ChunkMeta] = (),
-    tensors: Sequence[torch.Tensor] = (),
+    tensors: Sequence[torch.Tensor | memoryview] = (),
 ) -> bool:
     """Reply through a ROUTER; False (and nothing sent) if the peer is gone or full."""
     try:

@@ -127,11 +127,13 @@ def chunk_meta(chunk_id: int, tensor: torch.Tensor, version: int = 0) -> ChunkMe
     return ChunkMeta(chunk_id, name, tuple(tensor.shape), version)
 
 
-def encode(msg: Message) -> list[Any]:
-    """Frames for `msg`: the packed envelope, then one zero-copy buffer per tensor (a memoryview is taken
-    as the tensor's bytes, as a sender that tracks its loans to ZeroMQ lends them: ps/param_buffers.py)."""
-    if len(msg.chunks) != len(msg.tensors):
-        raise ValueError(f"{len(msg.chunks)} chunk entries for {len(msg.tensors)} tensors")
+def encode(msg: Message, tensors: Sequence[torch.Tensor | memoryview] | None = None) -> list[Any]:
+    """Frames for `msg`: the packed envelope, then one zero-copy buffer per tensor of `tensors` (default
+    `msg.tensors`; a memoryview is taken as the tensor's bytes, as a sender that tracks its loans to ZeroMQ
+    lends them: ps/param_buffers.py)."""
+    sent = msg.tensors if tensors is None else tensors
+    if len(msg.chunks) != len(sent):
+        raise ValueError(f"{len(msg.chunks)} chunk entries for {len(sent)} tensors")
     envelope: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "type": msg.body.TYPE,
@@ -148,7 +150,7 @@ def encode(msg: Message) -> list[Any]:
         value = getattr(msg.body, name)
         envelope[name] = _plain(value) if schema.nested else value
     frames: list[Any] = [msgpack.packb(envelope, use_bin_type=True)]
-    for tensor in msg.tensors:
+    for tensor in sent:
         frames.append(tensor if isinstance(tensor, memoryview) else _tensor_buffer(tensor))
     return frames
 
