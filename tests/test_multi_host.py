@@ -124,6 +124,17 @@ def _scraped_up(host: netns.Host, expected: set[str]) -> bool:
     return {t["labels"]["instance"] for t in active if t["health"] == "up"} == expected
 
 
+TRAINED = "dynabatch_worker_steps_total > 0"
+
+
+def _instances_with(host: netns.Host, query: str) -> set[str]:
+    """The instances of the series Prometheus on `host` returns for `query` (empty while it cannot answer)."""
+    try:
+        return {s["metric"]["instance"] for s in _prometheus(host, "/api/v1/query", query=query)["result"]}
+    except OSError:
+        return set()
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -151,8 +162,9 @@ def test_a_job_across_five_hosts_as_the_readme_starts_it(net, job, tmp_path):
     # Prometheus on its own host scrapes every process, each through its host's address.
     expected = {f"{h.name}:{METRICS_PORT}" for h in (a, b, c, d, e)}
     _wait(job, "Prometheus to scrape all five processes", lambda: _scraped_up(monitor, expected))
-    series = _prometheus(monitor, "/api/v1/query", query="dynabatch_worker_steps_total > 0")["result"]
-    assert {s["metric"]["instance"] for s in series} == {f"{h.name}:{METRICS_PORT}" for h in (c, d)}, series
+    # A target is up from its first scrape, which may predate its worker's first step: wait for a scrape after it.
+    training = {f"{h.name}:{METRICS_PORT}" for h in (c, d)}
+    _wait(job, "Prometheus to see both workers' steps", lambda: _instances_with(monitor, TRAINED) == training)
 
     # A worker on a host that did not exist when the job started joins it and gets a share.
     f = net.add_host("host-f")
