@@ -32,6 +32,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import zmq
@@ -100,6 +101,16 @@ def message_of(incoming: Incoming) -> Message:
     return incoming.message
 
 
+T = TypeVar("T")
+
+
+def _present(value: T | None, missing: str) -> T:
+    """`value`, which the shard's loop sets before any handler that reads it runs; RuntimeError(`missing`) if not."""
+    if value is None:
+        raise RuntimeError(missing)
+    return value
+
+
 class ShardServer:
     """One shard's conversation: registers with the scheduler, dispatches what arrives on its sockets in order,
     replies, and keeps the model's checkpoint and rollbacks in step with what the scheduler says.
@@ -145,30 +156,22 @@ class ShardServer:
     @property
     def served_job(self) -> ServedJob:
         """The job the scheduler welcomed this shard to; set before the loop starts."""
-        if self.served is None:
-            raise RuntimeError("this shard has not been welcomed to a job yet")
-        return self.served
+        return _present(self.served, "this shard has not been welcomed to a job yet")
 
     @property
     def model(self) -> ShardState:
         """This shard's part of the model; only once the first INIT (or a checkpoint) has set it."""
-        if self.state is None:
-            raise RuntimeError("this shard holds no model yet (no INIT, no checkpoint)")
-        return self.state
+        return _present(self.state, "this shard holds no model yet (no INIT, no checkpoint)")
 
     @property
     def training(self) -> TrainingSetup:
         """The model, optimizer and schedule the first INIT named; set together with the model."""
-        if self.setup is None:
-            raise RuntimeError("this shard holds no model yet (no INIT, no checkpoint)")
-        return self.setup
+        return _present(self.setup, "this shard holds no model yet (no INIT, no checkpoint)")
 
     @property
     def held_buffers(self) -> SharedBuffers:
         """The model's travelling buffers, on the shard that holds them (shard 0, once the model is here)."""
-        if self.buffers is None:
-            raise RuntimeError("this shard holds no travelling buffers")
-        return self.buffers
+        return _present(self.buffers, "this shard holds no travelling buffers")
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
