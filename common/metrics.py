@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from dynabatch.common.connection_caps import REASONS as CAP_REASONS
 from dynabatch.common.curve import REFUSALS
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.http_server import SelectorHTTPServer
@@ -129,5 +130,20 @@ def auth_failures_counter(registry: CollectorRegistry, role: str) -> Counter:
         registry=registry,
     )
     for reason in REFUSALS.values():
+        counter.labels(role, reason)
+    return counter
+
+
+def connections_refused_counter(registry: CollectorRegistry, role: str) -> Counter:
+    """Connections a server socket shut down as it accepted them, by the cap they broke (connection_caps.py);
+    every reason starts at 0 so a dashboard sees the series."""
+    counter = Counter(
+        "dynabatch_connections_refused",
+        "Connections shut down on arrival over a cap (total: the socket's connections, kept below the process's "
+        "descriptor limit; source: one source address's).",
+        ["role", "reason"],
+        registry=registry,
+    )
+    for reason in CAP_REASONS:
         counter.labels(role, reason)
     return counter

@@ -1,0 +1,112 @@
+"""A server socket's connections watched on a thread of their own: over a cap they are shut down; failed
+handshakes are reported.
+
+ZeroMQ has no cap on the connections a socket accepts, but its monitor reports
+each accepted connection with its descriptor. The watch reads the peer's address
+from a duplicate of that descriptor and counts it (connection_caps.py); one over
+a cap is shut down through the duplicate, so ZeroMQ reads end-of-file, drops the
+connection and closes its own descriptor, which nothing else ever touches. One
+monitor serves both concerns, as ZeroMQ gives a socket only one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from dynabatch.common.connection_caps import ConnectionCaps, ConnectionTally
+from dynabatch.common.curve import REFUSALS
+from dynabatch.common.log_limit import RateLimitedLog
+
+log = logging.getLogger("dynabatch.connections")
+
+
+def watch_connections(
+    sock: zmq.Socket[bytes], caps: ConnectionCaps, on_capped: Callable[[str], None] | None = None,
+    on_refused: Callable[[str], None] | None = None,
+) -> threading.Thread:
+    """Hold `sock`'s accepted connections within `caps`, calling `on_capped(reason)` for each one shut down, and
+    `on_refused(reason)` for each peer whose handshake fails (CURVE: curve.REFUSALS); ends when `sock` closes."""
+    events = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+    if on_refused is not None:
+        for event in REFUSALS:
+            events |= event
+    endpoint = f"inproc://connection-watch-{id(sock)}"
+    sock.monitor(endpoint, events)
+    monitor = sock.context.socket(zmq.PAIR)
+    # No event may be dropped, which ZeroMQ does at a full queue: a lost DISCONNECTED would hold a place under
+    # the caps forever. A flood queues at most one small event per connection it opens.
+    monitor.setsockopt(zmq.RCVHWM, 0)
+    monitor.setsockopt(zmq.LINGER, 0)
+    monitor.connect(endpoint)
+    watch = _Watch(ConnectionTally(caps), on_capped, on_refused)
+    thread = threading.Thread(target=watch.run, args=(monitor,), name="connection-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+class _Watch:
+    """What the watch thread does with each monitor event."""
+
+    def __init__(self, tally: ConnectionTally, on_capped: Callable[[str], None] | None,
+                 on_refused: Callable[[str], None] | None) -> None:
+        self.tally = tally
+        self.on_capped = on_capped
+        self.on_refused = on_refused
+        self.refusals = RateLimitedLog(log, what="connection")
+
+    def run(self, monitor: zmq.Socket[bytes]) -> None:
+        try:
+            while True:
+                try:
+                    event = recv_monitor_message(monitor)
+                except zmq.ZMQError:  # context terminated: the process is ending
+                    return
+                kind, fd = event["event"], event["value"]
+                if kind == zmq.EVENT_ACCEPTED:
+                    self.accepted(fd)
+                elif kind == zmq.EVENT_DISCONNECTED:
+                    self.tally.release(fd)
+                elif kind == zmq.EVENT_MONITOR_STOPPED:  # the socket closed
+                    return
+                elif self.on_refused is not None:
+                    self.on_refused(REFUSALS[kind])
+        finally:
+            monitor.close(linger=0)
+
+    def accepted(self, fd: int) -> None:
+        """Count connection `fd`, or shut it down over a cap. ZeroMQ's descriptor is only ever duplicated here: a
+        connection already gone (its descriptor closed, or reused for something that is no socket) is passed."""
+        try:
+            duplicate = os.dup(fd)
+        except OSError:
+            return
+        try:
+            peer = socket.socket(fileno=duplicate)
+        except OSError:
+            os.close(duplicate)
+            return
+        with peer:
+            try:
+                address = peer.getpeername()
+            except OSError:
+                return
+            source = address[0] if isinstance(address, tuple) else ""  # ipc:// peers have no address: one source
+            reason = self.tally.admit(fd, source)
+            if reason is None:
+                return
+            try:
+                peer.shutdown(socket.SHUT_RDWR)
+            except OSError:  # it hung up meanwhile
+                pass
+        if self.on_capped is not None:
+            self.on_capped(reason)
+        cap = self.tally.caps.total if reason == "total" else self.tally.caps.per_source
+        self.refusals.refused(reason, f"{source or 'a local peer'} over the {reason} cap of {cap} connections; "
+                              "closed")
