@@ -30,9 +30,10 @@ log = logging.getLogger("dynabatch.connections")
 def watch_connections(
     sock: zmq.Socket[bytes], caps: ConnectionCaps, on_capped: Callable[[str], None] | None = None,
     on_refused: Callable[[str], None] | None = None,
-) -> threading.Thread:
+) -> ConnectionWatch:
     """Hold `sock`'s accepted connections within `caps`, calling `on_capped(reason)` for each one shut down, and
-    `on_refused(reason)` for each peer whose handshake fails (CURVE: curve.REFUSALS); ends when `sock` closes."""
+    `on_refused(reason)` for each peer whose handshake fails (CURVE: curve.REFUSALS); its thread ends when `sock`
+    closes."""
     events = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
     if on_refused is not None:
         for event in REFUSALS:
@@ -45,14 +46,14 @@ def watch_connections(
     monitor.setsockopt(zmq.RCVHWM, 0)
     monitor.setsockopt(zmq.LINGER, 0)
     monitor.connect(endpoint)
-    watch = _Watch(ConnectionTally(caps), on_capped, on_refused)
-    thread = threading.Thread(target=watch.run, args=(monitor,), name="connection-watch", daemon=True)
-    thread.start()
-    return thread
+    watch = ConnectionWatch(ConnectionTally(caps), on_capped, on_refused)
+    watch.thread = threading.Thread(target=watch.run, args=(monitor,), name="connection-watch", daemon=True)
+    watch.thread.start()
+    return watch
 
 
-class _Watch:
-    """What the watch thread does with each monitor event."""
+class ConnectionWatch:
+    """What the watch thread does with each monitor event; `tally` holds the connections it admitted."""
 
     def __init__(self, tally: ConnectionTally, on_capped: Callable[[str], None] | None,
                  on_refused: Callable[[str], None] | None) -> None:
@@ -60,8 +61,10 @@ class _Watch:
         self.on_capped = on_capped
         self.on_refused = on_refused
         self.refusals = RateLimitedLog(log, what="connection")
+        self.thread: threading.Thread | None = None  # set by `watch_connections`, which starts it
 
     def run(self, monitor: zmq.Socket[bytes]) -> None:
+        """Take monitor events until the socket closes or the context ends, then close the monitor."""
         try:
             while True:
                 try:
