@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -27,15 +28,32 @@ from dynabatch.common.log_limit import RateLimitedLog
 log = logging.getLogger("dynabatch.connections")
 
 
+def _ignore(_: object) -> None:
+    pass
+
+
+@dataclass
+class ConnectionReports:
+    """Where a socket's watch reports, from its own thread: a connection shut down over a cap (by cap), a failed
+    handshake (by curve.REFUSALS reason), and the number of connections held after each change."""
+
+    capped: Callable[[str], None] = _ignore
+    refused: Callable[[str], None] = _ignore
+    held: Callable[[int], None] = _ignore
+
+
 def watch_connections(
-    sock: zmq.Socket[bytes], caps: ConnectionCaps, on_capped: Callable[[str], None] | None = None,
-    on_refused: Callable[[str], None] | None = None,
+    sock: zmq.Socket[bytes], caps: ConnectionCaps, reports: ConnectionReports, handshakes: bool = False,
 ) -> ConnectionWatch:
-    """Hold `sock`'s accepted connections within `caps`, calling `on_capped(reason)` for each one shut down, and
-    `on_refused(reason)` for each peer whose handshake fails (CURVE: curve.REFUSALS); its thread ends when `sock`
-    closes."""
+    """Hold `sock`'s accepted connections within `caps`, and report to `reports`; failed handshakes too with
+    `handshakes` (a socket with CURVE). Its thread ends when `sock` closes.
+
+    Handshake failures are seen here rather than in CURVE's ZAP handler, which is consulted only after a
+    client has proven it knows the server's public key: a client without CURVE or with the wrong server key
+    (the usual misconfigured or foreign peer) fails before ZAP and would never be counted there.
+    """
     events = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
-    if on_refused is not None:
+    if handshakes:
         for event in REFUSALS:
             events |= event
     endpoint = f"inproc://connection-watch-{id(sock)}"
@@ -46,7 +64,7 @@ def watch_connections(
     monitor.setsockopt(zmq.RCVHWM, 0)
     monitor.setsockopt(zmq.LINGER, 0)
     monitor.connect(endpoint)
-    watch = ConnectionWatch(ConnectionTally(caps), on_capped, on_refused)
+    watch = ConnectionWatch(ConnectionTally(caps), reports)
     watch.thread = threading.Thread(target=watch.run, args=(monitor,), name="connection-watch", daemon=True)
     watch.thread.start()
     return watch
@@ -55,11 +73,9 @@ def watch_connections(
 class ConnectionWatch:
     """What the watch thread does with each monitor event; `tally` holds the connections it admitted."""
 
-    def __init__(self, tally: ConnectionTally, on_capped: Callable[[str], None] | None,
-                 on_refused: Callable[[str], None] | None) -> None:
+    def __init__(self, tally: ConnectionTally, reports: ConnectionReports) -> None:
         self.tally = tally
-        self.on_capped = on_capped
-        self.on_refused = on_refused
+        self.reports = reports
         self.refusals = RateLimitedLog(log, what="connection")
         self.thread: threading.Thread | None = None  # set by `watch_connections`, which starts it
 
@@ -76,10 +92,11 @@ class ConnectionWatch:
                     self.accepted(fd)
                 elif kind == zmq.EVENT_DISCONNECTED:
                     self.tally.release(fd)
+                    self.reports.held(self.tally.held)
                 elif kind == zmq.EVENT_MONITOR_STOPPED:  # the socket closed
                     return
-                elif self.on_refused is not None:
-                    self.on_refused(REFUSALS[kind])
+                else:
+                    self.reports.refused(REFUSALS[kind])
         finally:
             monitor.close(linger=0)
 
@@ -103,13 +120,13 @@ class ConnectionWatch:
             source = address[0] if isinstance(address, tuple) else ""  # ipc:// peers have no address: one source
             reason = self.tally.admit(fd, source)
             if reason is None:
+                self.reports.held(self.tally.held)
                 return
             try:
                 peer.shutdown(socket.SHUT_RDWR)
             except OSError:  # it hung up meanwhile
                 pass
-        if self.on_capped is not None:
-            self.on_capped(reason)
+        self.reports.capped(reason)
         cap = self.tally.caps.total if reason == "total" else self.tally.caps.per_source
         self.refusals.refused(reason, f"{source or 'a local peer'} over the {reason} cap of {cap} connections; "
                               "closed")

@@ -17,7 +17,7 @@ import resource
 import secrets
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from dynabatch.common.connection_caps import ConnectionCaps
-from dynabatch.common.connection_watch import watch_connections
+from dynabatch.common.connection_watch import ConnectionReports, watch_connections
 from dynabatch.common.curve import (
     CurveKeys,
     key_role,
@@ -106,15 +106,15 @@ def _configure(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
 
 
 def bind_router(
-    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, on_refused: Callable[[str], None] | None = None,
-    send_queue: int | None = None, on_capped: Callable[[str], None] | None = None,
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, reports: ConnectionReports | None = None,
+    send_queue: int | None = None,
 ) -> tuple[zmq.Socket[bytes], str]:
     """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint.
 
-    It holds at most the connections the process's descriptor limit leaves room for (connection_caps.py);
-    `on_capped(reason)` is called for every connection it shuts down over a cap.
+    It holds at most the connections the process's descriptor limit leaves room for (connection_caps.py),
+    and tells `reports` of every connection it shuts down over a cap and how many it holds.
     With CURVE on the context it admits only clients holding a client key of a role it serves;
-    `on_refused(reason)` is called for every peer whose handshake fails. With `send_queue` ZeroMQ
+    `reports.refused(reason)` is called for every peer whose handshake fails. With `send_queue` ZeroMQ
     queues at most that many messages per peer and a send to a full queue raises zmq.Again
     (ROUTER_MANDATORY) rather than dropping the message: set before bind, as ZeroMQ copies the
     options into every connection it accepts (ps/outbox.py).
@@ -131,7 +131,7 @@ def bind_router(
             curve.authenticator = start_authenticator(ctx, curve.keys)
         secure_server(sock, curve.keys)
     caps = ConnectionCaps.for_descriptor_limit(descriptor_limit())
-    watch_connections(sock, caps, on_capped, on_refused if curve is not None else None)
+    watch_connections(sock, caps, reports or ConnectionReports(), handshakes=curve is not None)
     if endpoint.endswith(":0"):
         endpoint = endpoint[:-2] + ":*"
     try:

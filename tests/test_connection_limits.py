@@ -10,7 +10,7 @@ import sys
 import zmq
 
 from dynabatch.common.connection_caps import ConnectionCaps
-from dynabatch.common.connection_watch import watch_connections
+from dynabatch.common.connection_watch import ConnectionReports, watch_connections
 from dynabatch.common.transport import PEER_PING_IVL_MS, PEER_PING_TIMEOUT_MS, bind_router
 from fuzz.greeting_flood import close_flood, open_flood, shut_down_by_server
 from harness import wait_for
@@ -44,11 +44,12 @@ def test_a_socket_shuts_down_connections_over_its_caps_keeps_serving_its_peers_a
     caps = ConnectionCaps(total=40, per_source=30)
     ctx = zmq.Context()
     capped: list[str] = []
+    held: list[int] = []
     router = ctx.socket(zmq.ROUTER)
     peer = ctx.socket(zmq.DEALER)
     try:
         port = router.bind_to_random_port("tcp://127.0.0.1")
-        watch = watch_connections(router, caps, capped.append)
+        watch = watch_connections(router, caps, ConnectionReports(capped=capped.append, held=held.append))
         peer.connect(f"tcp://127.0.0.1:{port}")
         _round_trip(router, peer)
         assert watch.tally.held == 1
@@ -67,7 +68,8 @@ def test_a_socket_shuts_down_connections_over_its_caps_keeps_serving_its_peers_a
         again = open_flood("127.0.0.1", port, caps.per_source - 1)
         wait_for("a new flood to take them", lambda: watch.tally.held == caps.per_source)
         close_flood(again)
-        assert len(capped) == over
+        wait_for("the new flood's places to be given back", lambda: held[-1] == 1)
+        assert len(capped) == over and max(held) == caps.per_source and held[-1] == 1
         _round_trip(router, peer)
     finally:
         peer.close(linger=0)
