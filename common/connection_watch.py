@@ -17,6 +17,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -78,6 +79,7 @@ class ConnectionWatch:
         self.reports = reports
         self.refusals = RateLimitedLog(log, what="connection")
         self.thread: threading.Thread | None = None  # set by `watch_connections`, which starts it
+        self.failed = False  # an event has raised: the first is logged with its traceback, the rest rate-limited
 
     def run(self, monitor: zmq.Socket[bytes]) -> None:
         """Take monitor events until the socket closes or the context ends, then close the monitor."""
@@ -87,22 +89,36 @@ class ConnectionWatch:
                     event = recv_monitor_message(monitor)
                 except zmq.ZMQError:  # context terminated: the process is ending
                     return
-                kind, fd = event["event"], event["value"]
-                if kind == zmq.EVENT_ACCEPTED:
-                    self.accepted(fd)
-                elif kind == zmq.EVENT_DISCONNECTED:
-                    self.tally.release(fd)
-                    self.reports.held(self.tally.held)
-                elif kind == zmq.EVENT_MONITOR_STOPPED:  # the socket closed
+                if event["event"] == zmq.EVENT_MONITOR_STOPPED:  # the socket closed
                     return
-                else:
-                    self.reports.refused(REFUSALS[kind])
+                try:
+                    self.handle(event)
+                except Exception as exc:  # a bug must cost one event, never the caps of every later connection
+                    if self.failed:
+                        self.refusals.refused("internal", f"internal error handling monitor event {event}: {exc!r}")
+                    else:
+                        log.exception("internal error handling monitor event %s", event)
+                        self.failed = True
         finally:
             monitor.close(linger=0)
 
-    def accepted(self, fd: int) -> None:
-        """Count connection `fd`, or shut it down over a cap. ZeroMQ's descriptor is only ever duplicated here: a
-        connection already gone (its descriptor closed, or reused for something that is no socket) is passed."""
+    def handle(self, event: dict[str, Any]) -> None:
+        kind, fd = event["event"], event["value"]
+        if kind == zmq.EVENT_ACCEPTED:
+            self.accepted(fd, event["endpoint"])
+        elif kind == zmq.EVENT_DISCONNECTED:
+            self.tally.release(fd)
+            self.reports.held(self.tally.held)
+        else:
+            self.reports.refused(REFUSALS[kind])
+
+    def accepted(self, fd: int, listener: bytes) -> None:
+        """Count connection `fd`, accepted on `listener` (an endpoint), or shut it down over a cap.
+
+        ZeroMQ's descriptor is only ever duplicated here. A connection already gone
+        by now is passed: its descriptor closed, or reused for something that is no
+        connection to this socket's port (a file, a /metrics client).
+        """
         try:
             duplicate = os.dup(fd)
         except OSError:
@@ -114,8 +130,10 @@ class ConnectionWatch:
             return
         with peer:
             try:
-                address = peer.getpeername()
+                address, local = peer.getpeername(), peer.getsockname()
             except OSError:
+                return
+            if isinstance(local, tuple) and not listener.endswith(b":%d" % local[1]):
                 return
             source = address[0] if isinstance(address, tuple) else ""  # ipc:// peers have no address: one source
             reason = self.tally.admit(fd, source)
