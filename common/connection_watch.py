@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ def watch_connections(
     sock.monitor(endpoint, events)
     monitor = sock.context.socket(zmq.PAIR)
     # No event may be dropped, which ZeroMQ does at a full queue: a lost DISCONNECTED would hold a place under
-    # the caps forever. A flood queues at most one small event per connection it opens.
+    # the caps forever. A flood queues at most two small events per connection it opens.
     monitor.setsockopt(zmq.RCVHWM, 0)
     monitor.setsockopt(zmq.LINGER, 0)
     monitor.connect(endpoint)
@@ -102,7 +102,8 @@ class ConnectionWatch:
         finally:
             monitor.close(linger=0)
 
-    def handle(self, event: dict[str, Any]) -> None:
+    def handle(self, event: Mapping[str, Any]) -> None:
+        """One monitor event: a connection accepted or gone, or a failed handshake."""
         kind, fd = event["event"], event["value"]
         if kind == zmq.EVENT_ACCEPTED:
             self.accepted(fd, event["endpoint"])
