@@ -35,8 +35,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +43,6 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
 
 from dynabatch.common.flags import ConfigError, FlagParser, opt
 
@@ -198,35 +196,6 @@ def start_authenticator(ctx: zmq.Context[zmq.Socket[bytes]], keys: CurveKeys) ->
     auth.start()
     auth.configure_curve_callback("*", AdmitClientKeys(keys.admitted))
     return auth
-
-
-def watch_refusals(sock: zmq.Socket[bytes], on_refused: Callable[[str], None]) -> threading.Thread:
-    """Call `on_refused(reason)` for every peer whose handshake with `sock` fails.
-
-    Counting happens on the socket's monitor events rather than in the ZAP handler:
-    ZAP is consulted only after a client has proven it knows the server's public key,
-    so a client without CURVE or with the wrong server key (the usual misconfigured
-    or foreign peer) fails before ZAP and would never be counted there. The monitor
-    sees every failed handshake, whichever stage refused it.
-    """
-    mask = 0
-    for event in REFUSALS:
-        mask |= event
-    monitor = sock.get_monitor_socket(mask)
-
-    def run() -> None:
-        while True:
-            try:
-                event = recv_monitor_message(monitor)
-            except zmq.ZMQError:  # context terminated: the process is ending
-                return
-            reason = REFUSALS.get(event["event"])
-            if reason is not None:
-                on_refused(reason)
-
-    thread = threading.Thread(target=run, name="curve-monitor", daemon=True)
-    thread.start()
-    return thread
 
 
 def key_name(spec: str) -> str:

@@ -1,4 +1,4 @@
-"""Logging of refused messages, rate-limited: a flood of bad input must not become a flood of log lines.
+"""Logging of refusals (messages, connections), rate-limited: a flood of bad input must not become a flood of lines.
 
 The first few refusals in each interval are logged as they come; the rest are
 counted and summarised in one line when the interval ends (or with the next
@@ -18,8 +18,9 @@ INTERVAL_S = 10.0
 class RateLimitedLog:
     """At most LINES_PER_INTERVAL lines per INTERVAL_S, then a summary of what was left out, by code."""
 
-    def __init__(self, log: logging.Logger, lines: int = LINES_PER_INTERVAL, interval_s: float = INTERVAL_S) -> None:
-        self.log, self.lines, self.interval_s = log, lines, interval_s
+    def __init__(self, log: logging.Logger, lines: int = LINES_PER_INTERVAL, interval_s: float = INTERVAL_S,
+                 what: str = "message") -> None:
+        self.log, self.lines, self.interval_s, self.what = log, lines, interval_s, what
         self._start: float | None = None  # the interval starts with its first refusal
         self._logged = 0
         self._suppressed: Counter[str] = Counter()
@@ -33,7 +34,7 @@ class RateLimitedLog:
             self.flush(now)
         if self._logged < self.lines:
             self._logged += 1
-            self.log.warning("rejected a message: %s", text)
+            self.log.warning("rejected a %s: %s", self.what, text)
         else:
             self._suppressed[code] += 1
 
@@ -41,8 +42,8 @@ class RateLimitedLog:
         """Summarise what the interval left out, and start a new interval."""
         if self._suppressed:
             summary = ", ".join(f"{code} x{n}" for code, n in self._suppressed.most_common())
-            self.log.warning("rejected %d more messages in the last %.0fs (not logged one by one): %s",
-                             sum(self._suppressed.values()), self.interval_s, summary)
+            self.log.warning("rejected %d more %ss in the last %.0fs (not logged one by one): %s",
+                             sum(self._suppressed.values()), self.what, self.interval_s, summary)
         self._start = time.monotonic() if now is None else now
         self._logged = 0
         self._suppressed.clear()

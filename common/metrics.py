@@ -14,8 +14,10 @@ import re
 import time
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from dynabatch.common.connection_caps import REASONS as CAP_REASONS
+from dynabatch.common.connection_watch import ConnectionReports
 from dynabatch.common.curve import REFUSALS
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.http_server import SelectorHTTPServer
@@ -131,3 +133,22 @@ def auth_failures_counter(registry: CollectorRegistry, role: str) -> Counter:
     for reason in REFUSALS.values():
         counter.labels(role, reason)
     return counter
+
+
+def connection_reports(registry: CollectorRegistry, role: str) -> ConnectionReports:
+    """What a server socket's watch reports (connection_watch.py), as series every server role exports: peers
+    refused by CURVE, connections shut down over a cap (connection_caps.py) and connections held."""
+    auth = auth_failures_counter(registry, role)
+    capped = Counter(
+        "dynabatch_connections_refused",
+        "Connections shut down on arrival over a cap (total: the socket's connections, kept below the process's "
+        "descriptor limit; source: one source address's).",
+        ["role", "reason"],
+        registry=registry,
+    )
+    for reason in CAP_REASONS:
+        capped.labels(role, reason)
+    held = Gauge("dynabatch_connections", "Connections the server socket holds now.", ["role"], registry=registry)
+    held.labels(role).set(0)
+    return ConnectionReports(capped=lambda reason: capped.labels(role, reason).inc(),
+                             refused=lambda reason: auth.labels(role, reason).inc(), held=held.labels(role).set)

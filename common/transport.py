@@ -17,20 +17,21 @@ import resource
 import secrets
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from dynabatch.common.connection_caps import ConnectionCaps
+from dynabatch.common.connection_watch import ConnectionReports, watch_connections
 from dynabatch.common.curve import (
     CurveKeys,
     key_role,
     secure_client,
     secure_server,
     start_authenticator,
-    watch_refusals,
 )
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.messages import Error
@@ -68,7 +69,8 @@ def open_context(curve: CurveKeys | None) -> zmq.Context[zmq.Socket[bytes]]:
     """The process's context; with keys, every socket it makes from now on uses CURVE.
 
     The process's descriptor limit is raised to its hard limit first: ZeroMQ takes one per accepted
-    connection, and the process's own files (checkpoints, progress) must still open under a flood.
+    connection, and a server socket's caps (`bind_router`) leave the process's own files (checkpoints,
+    progress) a reserve below that limit.
     """
     raise_descriptor_limit()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -86,6 +88,12 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
+def descriptor_limit() -> int:
+    """The descriptors this process may hold open (its soft limit; 2**20 where it has none)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
 def use_curve(ctx: zmq.Context[zmq.Socket[bytes]], keys: CurveKeys) -> None:
     """Secure every socket `ctx` makes from now on with `keys` (tests use it on their own contexts)."""
     _CURVE[ctx] = _Curve(keys)
@@ -98,13 +106,15 @@ def _configure(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
 
 
 def bind_router(
-    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, on_refused: Callable[[str], None] | None = None,
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, reports: ConnectionReports | None = None,
     send_queue: int | None = None,
 ) -> tuple[zmq.Socket[bytes], str]:
     """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint.
 
+    It holds at most the connections the process's descriptor limit leaves room for (connection_caps.py),
+    and tells `reports` of every connection it shuts down over a cap and how many it holds.
     With CURVE on the context it admits only clients holding a client key of a role it serves;
-    `on_refused(reason)` is called for every peer whose handshake fails. With `send_queue` ZeroMQ
+    `reports.refused(reason)` is called for every peer whose handshake fails. With `send_queue` ZeroMQ
     queues at most that many messages per peer and a send to a full queue raises zmq.Again
     (ROUTER_MANDATORY) rather than dropping the message: set before bind, as ZeroMQ copies the
     options into every connection it accepts (ps/outbox.py).
@@ -120,8 +130,8 @@ def bind_router(
         if curve.authenticator is None:
             curve.authenticator = start_authenticator(ctx, curve.keys)
         secure_server(sock, curve.keys)
-        if on_refused is not None:
-            watch_refusals(sock, on_refused)
+    caps = ConnectionCaps.for_descriptor_limit(descriptor_limit())
+    watch_connections(sock, caps, reports or ConnectionReports(), handshakes=curve is not None)
     if endpoint.endswith(":0"):
         endpoint = endpoint[:-2] + ":*"
     try:

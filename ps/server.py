@@ -44,7 +44,7 @@ from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
-from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter
+from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports
 from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
@@ -124,10 +124,9 @@ class ShardServer:
         self.registry = CollectorRegistry()
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
-        self.refused = auth_failures_counter(self.registry, "ps")
         self.ctx = open_context(curve)
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind,
-                                               lambda reason: self.refused.labels("ps", reason).inc(), SEND_QUEUE)
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, connection_reports(self.registry, "ps"),
+                                               SEND_QUEUE)
         self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.name = opts.name or f"ps-{socket.gethostname()}"
         self.stopping = False

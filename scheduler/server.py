@@ -32,7 +32,7 @@ from dynabatch.common.messages import (
     StatusRequest,
     Welcome,
 )
-from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, auth_failures_counter, bad_messages_counter
+from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ProtocolError, WireLimits
 from dynabatch.scheduler.hello_rate import HelloRate
@@ -59,7 +59,6 @@ class SchedulerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.bad = bad_messages_counter(registry)
-        self.refused = auth_failures_counter(registry, "scheduler")
         self.live = Gauge("dynabatch_scheduler_live_workers", "Workers sending heartbeats.", registry=registry)
         self.batch = Gauge("dynabatch_worker_batch_size", "Batch size assigned to each worker.", ["worker"],
                            registry=registry)
@@ -118,8 +117,7 @@ class SchedulerServer:
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         self.m = SchedulerMetrics(self.registry)
         self.ctx = open_context(curve)
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind,
-                                               lambda reason: self.m.refused.labels("scheduler", reason).inc())
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, connection_reports(self.registry, "scheduler"))
         self.hello_rate = HelloRate(opts.hello_rate_per_s, opts.hello_burst or 2 * job.max_workers + job.shards)
         self.stopping = False
         self.refusals = RateLimitedLog(log)
