@@ -72,7 +72,7 @@ class RoundSettings(ProtocolSettings):
     Keyword-only, so that a protocol's own settings keep their positions before them.
     """
 
-    FLAGS = ("aggregation", "trim")
+    FLAGS: ClassVar[tuple[str, ...]] = ("aggregation", "trim")
     aggregation: str = field(default="mean", kw_only=True)
     trim: float = field(default=DEFAULT_TRIM, kw_only=True)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Cluster, metric_value
+from harness import finish_job, metric_value
 
 pytestmark = pytest.mark.slow
 
@@ -33,17 +33,9 @@ MARGIN = 0.02
 def _run(tmp: Path, aggregation: str, fourth: str) -> tuple[float, float, str]:
     """(final accuracy, final loss, the shard's /metrics) of the job with aggregation `aggregation` whose fourth
     worker runs task `fourth`."""
-    c = Cluster(tmp, [*JOB, "--aggregation", aggregation])
-    try:
-        c.scheduler()
-        shard = c.shard(0, None, "--on-finish", "idle")
-        for name, variant in (("a", "honest"), ("b", "honest"), ("c", "honest"), ("d", fourth)):
-            c.worker(name, "--task", f"{TASK}:{variant}")
-        c.worker("eval", "--evaluator", "--task", f"{TASK}:honest")
-        st = c.wait_status("the job to finish", lambda s: s.finished, 300)
-        metrics = shard.metrics()
-    finally:
-        c.stop()
+    st, metrics, _ = finish_job(tmp, [*JOB, "--aggregation", aggregation],
+                                [f"{TASK}:{variant}" for variant in ("honest", "honest", "honest", fourth)],
+                                f"{TASK}:honest")
     assert st.test_acc is not None and st.test_loss is not None, "a finished job has been evaluated"
     print(f"{aggregation}, fourth worker {fourth}: accuracy {st.test_acc:.4f}, final loss {st.test_loss:.4g}")
     return st.test_acc, st.test_loss, metrics
