@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.catalog import DATASETS, FLAT_PARAMS, MODELS, model_size
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.protocols import DBS_WEIGHTS, DELTA, PROTOCOLS, SPECS
+from dynabatch.common.protocols import AGGREGATIONS, DBS_WEIGHTS, DEFAULT_TRIM, DELTA, PROTOCOLS, SPECS
 
 if TYPE_CHECKING:
     from dynabatch.optim import OptimizerSpec
@@ -76,6 +76,15 @@ class JobConfig(JobName):
         "worker whose pushes keep pointing against them (a sign-flipped liar; ps/gradient_direction.py)",
         topic="security",
     )
+    aggregation: str = opt(
+        "mean", "protocols that close rounds (ssgd, softsync, rennala, local, msd): how shards combine a round's "
+        "pushes; mean: weighted by samples; trimmed-mean: per value, drop the --trim fraction of workers at each "
+        "end, average the rest by samples; median: per value, the middle worker's (Yin et al. 2018): one lying "
+        "worker in a round of 3 or more cannot drag either outside the honest workers' values (ps/aggregation.py)",
+        AGGREGATIONS, topic="security",
+    )
+    trim: float = opt(DEFAULT_TRIM, "--aggregation trimmed-mean: the fraction of a round's workers dropped at each "
+                      "end of every value, rounded up, below 0.5", above=0.0, topic="security")
     nesterov: bool = opt(False, "Nesterov momentum on the shards", topic="job")
     epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0,
                         topic="job")
@@ -169,6 +178,7 @@ class JobConfig(JobName):
             raise ConfigError("--push-behind needs --prefetch-pull (otherwise the next pull waits for the push anyway)")
         if self.prefetch_pull and self.pipeline == "on":
             raise ConfigError("--prefetch-pull and --pipeline on overlap the pull in two different ways: choose one")
+        SPECS[self.protocol].settings.check(self)
 
     def pipelines(self, chunks: int, micro_batch: int = 0, clips: bool = False) -> bool:
         """Whether a worker's gradient steps run pipelined, given its model's chunk count, its --micro-batch and

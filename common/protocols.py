@@ -17,8 +17,11 @@ This module imports nothing heavy: `dynabatch keys` and the job schema read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
+
+from dynabatch.common.flags import ConfigError
 
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
@@ -31,19 +34,63 @@ DELTA = "delta"
 class ProtocolSettings:
     """What a protocol's shard rule reads besides the shard itself; this base is a protocol with none."""
 
-    FLAGS: ClassVar[tuple[str, ...]] = ()  # the job's fields (flags) the settings' fields are built from, in order
+    # The job's fields (flags) the settings' fields are built from, one per field in `dataclasses.fields` order.
+    FLAGS: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_job(cls, job: JobConfig) -> ProtocolSettings:
         """The settings from the job's flags (the flags keep their names; each belongs to one protocol)."""
-        return cls(*(getattr(job, flag) for flag in cls.FLAGS))
+        return cls(**{f.name: getattr(job, flag) for f, flag in zip(dataclasses.fields(cls), cls.FLAGS, strict=True)})
+
+    @classmethod
+    def check(cls, job: JobConfig) -> None:
+        """Refuse (ConfigError, one line) what the job's flags ask of this protocol that it cannot do.
+
+        This base is a protocol that applies each push on its own and closes no rounds, so there is
+        nothing for `--aggregation` or `--trim` to combine: set, they would be ignored.
+        """
+        if job.aggregation != "mean" or job.trim != DEFAULT_TRIM:
+            flag = f"--aggregation {job.aggregation}" if job.aggregation != "mean" else f"--trim {job.trim:g}"
+            rounds = ", ".join(name for name, spec in SPECS.items() if spec.closes_rounds)
+            raise ConfigError(f"{flag}: protocol {job.protocol} applies each push on its own and closes no rounds "
+                              f"to aggregate (only {rounds} do)")
+
+
+AGGREGATIONS: tuple[str, ...] = ("mean", "trimmed-mean", "median")
+"""How a closed round's contributions become one update (`--aggregation`, ps/aggregation.py): the sample-weighted
+mean, or the coordinate-wise trimmed mean or median of Yin et al. (ICML 2018), which one Byzantine worker in a
+round of three or more cannot drag outside the honest workers' values."""
+DEFAULT_TRIM = 0.2
 
 
 @dataclass(frozen=True)
-class SoftsyncSettings(ProtocolSettings):
+class RoundSettings(ProtocolSettings):
+    """How a protocol that closes rounds combines a round's contributions: `aggregation` (AGGREGATIONS) and,
+    for the trimmed mean, the fraction `trim` of workers dropped at each end of every coordinate
+    (--aggregation, --trim).
+
+    Keyword-only, so that a protocol's own settings keep their positions before them.
+    """
+
+    FLAGS: ClassVar[tuple[str, ...]] = ("aggregation", "trim")
+    aggregation: str = field(default="mean", kw_only=True)
+    trim: float = field(default=DEFAULT_TRIM, kw_only=True)
+
+    @classmethod
+    def check(cls, job: JobConfig) -> None:
+        """A trim is a fraction of each end below one half (at least one value is kept), and only the trimmed
+        mean reads it."""
+        if not job.trim < 0.5:
+            raise ConfigError(f"--trim: {job.trim:g} must be below 0.5 (a fraction of the workers dropped at each end)")
+        if job.trim != DEFAULT_TRIM and job.aggregation != "trimmed-mean":
+            raise ConfigError(f"--trim {job.trim:g}: only --aggregation trimmed-mean reads it, not {job.aggregation}")
+
+
+@dataclass(frozen=True)
+class SoftsyncSettings(RoundSettings):
     """n-softsync's n: an update waits for floor(workers / n) gradients (--softsync-n)."""
 
-    FLAGS = ("softsync_n",)
+    FLAGS = (*RoundSettings.FLAGS, "softsync_n")
     n: int = 1
 
 
@@ -78,14 +125,15 @@ class RingmasterSettings(ProtocolSettings):
 
 
 @dataclass(frozen=True)
-class OuterSettings(ProtocolSettings):
-    """The outer optimizer of the delta protocols (local, msd): --outer-lr, --outer-momentum, --outer-nesterov.
+class OuterSettings(RoundSettings):
+    """The outer optimizer of the delta protocols (local, msd): --outer-lr, --outer-momentum, --outer-nesterov;
+    its input is the round's aggregated delta.
 
     lr 1 and momentum 0 is plain model averaging; DiLoCo uses lr 0.7 with
     Nesterov momentum 0.9.
     """
 
-    FLAGS = ("outer_lr", "outer_momentum", "outer_nesterov")
+    FLAGS = (*RoundSettings.FLAGS, "outer_lr", "outer_momentum", "outer_nesterov")
     lr: float = 1.0
     momentum: float = 0.0
     nesterov: bool = True
@@ -122,7 +170,8 @@ class ProtocolSpec:
       softsync) nobody waits and nothing is discarded for being slow, and batches
       follow each worker's compute speed instead (scheduler/batch_allocation.py,
       `allocate_compute`), so a slow link does not shrink a worker's batch.
-    - `settings`: the class of the protocol's own settings (`protocol_settings` builds them).
+    - `settings`: the class of the protocol's own settings (`protocol_settings` builds them); a protocol
+      that closes rounds has RoundSettings among them (`closes_rounds`).
     """
 
     name: str
@@ -140,6 +189,11 @@ class ProtocolSpec:
     equal_steps: bool = False
     settings: type[ProtocolSettings] = ProtocolSettings
 
+    @property
+    def closes_rounds(self) -> bool:
+        """Whether the shard combines several pushes into one update (a round), which `--aggregation` chooses how."""
+        return issubclass(self.settings, RoundSettings)
+
 
 SPECS: dict[str, ProtocolSpec] = {
     spec.name: spec
@@ -149,7 +203,7 @@ SPECS: dict[str, ProtocolSpec] = {
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
-                     ends_by_rounds=True, sized_rounds=True, equal_steps=True),
+                     ends_by_rounds=True, sized_rounds=True, equal_steps=True, settings=RoundSettings),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),
@@ -163,7 +217,7 @@ SPECS: dict[str, ProtocolSpec] = {
         ProtocolSpec("rennala", "Rennala SGD: one step per B samples of gradients computed at the current model, "
                      "from whoever delivers them; a gradient of an older model is discarded",
                      GRADIENT, shard_rule="rennala", worker_loop="sample_round", sized_rounds=True,
-                     equal_steps=True),
+                     equal_steps=True, settings=RoundSettings),
         ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
                      DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True,
                      equal_steps=True, settings=OuterSettings),

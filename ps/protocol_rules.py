@@ -9,6 +9,9 @@ an adaptive optimizer adds up to a batch of B before it steps.
 
 A rule is told about every push only after `check` has passed for all of the
 push's chunks, so a refused push leaves no trace in any round.
+
+A rule that closes rounds hands the closed round's contributions, one per worker,
+to the aggregation the protocol's settings name (aggregation.py, `--aggregation`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,16 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 import torch
 
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.protocols import ProtocolSettings, RingmasterSettings, SoftsyncSettings, SspSettings, dbs_weight
+from dynabatch.common.protocols import (
+    ProtocolSettings,
+    RingmasterSettings,
+    RoundSettings,
+    SoftsyncSettings,
+    SspSettings,
+    dbs_weight,
+)
 from dynabatch.common.wire import ProtocolError
+from dynabatch.ps.aggregation import Contribution, aggregate
 
 if TYPE_CHECKING:
     from dynabatch.ps.shard_state import ShardState
@@ -174,14 +185,14 @@ class RingmasterRule(ShardRule):
 
 @dataclass
 class SyncRound:
-    """One chunk's bulk-synchronous round: every live worker's contribution, averaged by samples.
+    """One chunk's bulk-synchronous round: every live worker's contribution, one each.
 
-    Contributions are kept per worker and summed in worker-id order when the
+    Contributions are kept per worker and handed over in worker-id order when the
     round closes, so the result does not depend on arrival order: the same job
     gives the same parameters bit for bit, with one shard or several.
     """
 
-    parts: dict[str, tuple[torch.Tensor, int]] = field(default_factory=dict)
+    parts: dict[str, Contribution] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.parts)
@@ -195,44 +206,42 @@ class SyncRound:
         """Every live worker has pushed (workers that left are not waited for)."""
         return bool(self.parts) and live <= self.parts.keys()
 
-    def mean(self) -> torch.Tensor:
-        """sum(b_i g_i) / sum(b_i), summed in worker-id order; never writes into a received tensor."""
-        total = sum(n for _, n in self.parts.values())
-        out: torch.Tensor | None = None
-        for worker in sorted(self.parts):
-            tensor, samples = self.parts[worker]
-            out = tensor.mul(samples / total) if out is None else out.add_(tensor, alpha=samples / total)
-        assert out is not None, "mean of an empty round"
-        return out
+    def contributions(self) -> list[Contribution]:
+        """Each worker's tensor as received and its samples, in worker-id order."""
+        return [self.parts[worker] for worker in sorted(self.parts)]
 
 
 @dataclass
-class SoftRound:
-    """n-softsync: gradients from any workers until enough have arrived.
+class PooledRound:
+    """A round open to pushes from anyone, a fast worker's several times (softsync, rennala).
 
-    Unlike SyncRound a fast worker may contribute twice; each gradient keeps the
-    staleness it had on arrival, for the lr / max(1, tau) scaling.
+    Each worker's pushes are pooled into its own sample-weighted sum, each scaled
+    as its rule says (softsync: by its staleness), so that the round hands over one
+    contribution per worker: a robust aggregation (aggregation.py) counts a worker,
+    not a push, and a fast liar cannot outvote the others by pushing more often.
+    The sample-weighted mean of the pooled contributions is the mean of the pushes.
     """
 
-    entries: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
+    sums: dict[str, Contribution] = field(default_factory=dict)  # worker -> (sum of b_j x_j, sum of b_j)
+    pushes: int = 0
+    samples: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.entries)
+        return self.pushes > 0
 
-    def add(self, tensor: torch.Tensor, samples: int, staleness: int) -> None:
-        self.entries.append((tensor, samples, staleness))
+    def add(self, worker: str, tensor: torch.Tensor, samples: int, scale: float = 1.0) -> None:
+        """Add scale * b * tensor to `worker`'s sum; never writes into a received tensor."""
+        if worker in self.sums:
+            total, pooled = self.sums[worker]
+            self.sums[worker] = (total.add_(tensor, alpha=samples * scale), pooled + samples)
+        else:
+            self.sums[worker] = (tensor.mul(samples * scale), samples)
+        self.pushes += 1
+        self.samples += samples
 
-    @property
-    def samples(self) -> int:
-        return sum(samples for _, samples, _ in self.entries)
-
-    def combined(self) -> torch.Tensor:
-        """sum(b_i g_i / max(1, tau_i)) / sum(b_i): the sample-weighted, staleness-damped mean."""
-        total = sum(samples for _, samples, _ in self.entries)
-        out = torch.zeros_like(self.entries[0][0])
-        for grad, samples, staleness in self.entries:
-            out.add_(grad, alpha=samples / max(1, staleness) / total)
-        return out
+    def contributions(self) -> list[Contribution]:
+        """Each worker's per-sample mean (its sum over its samples) and its samples, in worker-id order."""
+        return [(total.div(pooled), pooled) for total, pooled in (self.sums[w] for w in sorted(self.sums))]
 
 
 def softsync_needed(live_workers: int, n: int) -> int:
@@ -240,11 +249,14 @@ def softsync_needed(live_workers: int, n: int) -> int:
     return max(1, live_workers // max(1, n))
 
 
-RoundT = TypeVar("RoundT", bound="SyncRound | SoftRound | SampleRound")
+RoundT = TypeVar("RoundT", bound="SyncRound | PooledRound")
 
 
 class _RoundRule(ShardRule, Generic[RoundT]):
-    """Rules whose chunks collect contributions in an open round (a RoundT), closed when complete or overdue."""
+    """Rules whose chunks collect contributions in an open round (a RoundT), closed when complete or overdue;
+    a closed round's contributions are combined as the protocol's settings say (`--aggregation`)."""
+
+    settings: RoundSettings
 
     def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         super().__init__(shard, settings)
@@ -283,10 +295,14 @@ class _RoundRule(ShardRule, Generic[RoundT]):
         self.started.pop(cid, None)
         return updated
 
+    def _combined(self, cid: int) -> torch.Tensor:
+        """Chunk `cid`'s open round, aggregated (aggregation.py)."""
+        return aggregate(self.rounds[cid].contributions(), self.settings)
+
 
 class RoundRule(_RoundRule[SyncRound]):
-    """ssgd: each chunk's round waits for every live worker holding a batch, then applies the sample-weighted
-    mean once."""
+    """ssgd: each chunk's round waits for every live worker holding a batch, then applies their aggregate once
+    (by default the sample-weighted mean)."""
 
     NAME = "round"
 
@@ -305,68 +321,45 @@ class RoundRule(_RoundRule[SyncRound]):
         return self.rounds[cid].complete(self.shard.live - self.shard.idle)
 
     def _apply(self, cid: int) -> bool:
-        self.shard.apply_step(cid, self.rounds[cid].mean())
+        self.shard.apply_step(cid, self._combined(cid))
         return True
 
 
 class OuterRule(RoundRule):
-    """local and msd: each round averages the workers' parameter deltas by samples and applies
-    them with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum), which is
+    """local and msd: each round aggregates the workers' parameter deltas (by default their sample-weighted
+    mean) and applies it with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum), which is
     the chunks' optimizer under a delta protocol (shard_state.py)."""
 
     NAME = "outer"
 
 
-class SoftsyncRule(_RoundRule[SoftRound]):
-    """n-softsync: an update per floor(workers/n) gradients from anyone, each damped by its staleness."""
+class SoftsyncRule(_RoundRule[PooledRound]):
+    """n-softsync: an update per floor(workers/n) gradients from anyone, each damped by its staleness: by default
+    sum(b_i g_i / max(1, tau_i)) / sum(b_i), the sample-weighted, staleness-damped mean."""
 
     NAME = "softsync"
     settings: SoftsyncSettings
 
-    def _new_round(self) -> SoftRound:
-        return SoftRound()
+    def _new_round(self) -> PooledRound:
+        return PooledRound()
 
     def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
-        self.rounds[cid].add(tensor, samples, staleness)
+        self.rounds[cid].add(worker, tensor, samples, 1.0 / max(1, staleness))
 
     def _complete(self, cid: int) -> bool:
-        return len(self.rounds[cid].entries) >= softsync_needed(len(self.shard.live), self.settings.n)
+        return self.rounds[cid].pushes >= softsync_needed(len(self.shard.live), self.settings.n)
 
     def _apply(self, cid: int) -> bool:
-        round_ = self.rounds[cid]
-        return self.shard.apply_gradient(cid, round_.combined(), round_.samples, 1.0)
+        return self.shard.apply_gradient(cid, self._combined(cid), self.rounds[cid].samples, 1.0)
 
 
-@dataclass
-class SampleRound:
-    """Rennala's round of one chunk: sample-weighted gradients computed at its current version, from anyone.
-
-    A fast worker may contribute several; they are summed in arrival order.
-    """
-
-    total: torch.Tensor | None = None
-    samples: int = 0
-
-    def __bool__(self) -> bool:
-        return self.samples > 0
-
-    def add(self, grad: torch.Tensor, samples: int) -> None:
-        """Add b_i g_i; never writes into a received tensor."""
-        self.total = grad.mul(samples) if self.total is None else self.total.add_(grad, alpha=samples)
-        self.samples += samples
-
-    def mean(self) -> torch.Tensor:
-        """sum(b_i g_i) / sum(b_i)."""
-        assert self.total is not None, "mean of an empty round"
-        return self.total.div_(self.samples)
-
-
-class RennalaRule(_RoundRule[SampleRound]):
+class RennalaRule(_RoundRule[PooledRound]):
     """Rennala SGD (Tyurin & Richtarik, NeurIPS 2023): each chunk steps once the gradients pushed for its current
     version add up to at least B samples, from whoever delivered them (a fast worker several times); a gradient
     computed at an older version is discarded (`max_delay` 1: TOO_STALE, nothing changes) and its worker pulls
     the current model. A round waits on no worker in particular, so nobody's departure closes it; one that
-    stays short of B (its contributors left) closes at the round timeout with what arrived.
+    stays short of B (its contributors left) closes at the round timeout with what arrived. A worker's several
+    gradients in a round count as one contribution to its aggregate (PooledRound).
 
     No work is started that the round will not take: a worker's pull is held (parked, like ssp's) while the
     samples already in the round plus those on their way at this version (workers whose pull was answered
@@ -417,17 +410,17 @@ class RennalaRule(_RoundRule[SampleRound]):
     def max_delay(self) -> int:
         return 1
 
-    def _new_round(self) -> SampleRound:
-        return SampleRound()
+    def _new_round(self) -> PooledRound:
+        return PooledRound()
 
     def _add(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int) -> None:
-        self.rounds[cid].add(tensor, samples)
+        self.rounds[cid].add(worker, tensor, samples)
 
     def _complete(self, cid: int) -> bool:
         return self.rounds[cid].samples >= self.shard.global_batch
 
     def _apply(self, cid: int) -> bool:
-        self.shard.apply_step(cid, self.rounds[cid].mean())
+        self.shard.apply_step(cid, self._combined(cid))
         return True
 
 

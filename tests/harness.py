@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,3 +243,21 @@ class Cluster:
     def stop(self) -> None:
         self.launcher.stop_all()
 
+
+
+def finish_job(tmp: Path, job_flags: list[str], tasks: Sequence[str], evaluator_task: str,
+               timeout_s: float = 300) -> tuple[JobStatus, str, Proc]:
+    """A job of one shard, a worker per task of `tasks` (PATH:NAME, the workers named a, b, c...) and an evaluator
+    on `evaluator_task`, run to its end: (its last status, the shard's /metrics then, the shard's process, whose log
+    stays readable). How the Byzantine tests set liars among honest workers: each runs a task of its own."""
+    c = Cluster(tmp, job_flags)
+    try:
+        c.scheduler()
+        shard = c.shard(0, None, "--on-finish", "idle")
+        for i, task in enumerate(tasks):
+            c.worker(chr(ord("a") + i), "--task", task)
+        c.worker("eval", "--evaluator", "--task", evaluator_task)
+        status = c.wait_status("the job to finish", lambda s: s.finished, timeout_s)
+        return status, shard.metrics(), shard
+    finally:
+        c.stop()

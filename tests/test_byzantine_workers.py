@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Cluster, metric_value
+from harness import finish_job, metric_value
 
 pytestmark = pytest.mark.slow
 
@@ -38,17 +38,8 @@ MARGIN = 0.02
 def _run(tmp: Path, liar: str) -> tuple[float, float, str]:
     """(final accuracy, final loss, the shard's /metrics) of a job whose third worker runs task `liar`; prints the
     shard's closing line (each worker's direction score, and its lowest once it could be quarantined)."""
-    c = Cluster(tmp, JOB)
-    try:
-        c.scheduler()
-        shard = c.shard(0, None, "--on-finish", "idle")
-        for name, variant in (("a", "honest"), ("b", "honest"), ("c", liar)):
-            c.worker(name, "--task", f"{TASK}:{variant}")
-        c.worker("eval", "--evaluator", "--task", f"{TASK}:honest")
-        st = c.wait_status("the job to finish", lambda s: s.finished, 300)
-        metrics = shard.metrics()
-    finally:
-        c.stop()
+    st, metrics, shard = finish_job(tmp, JOB, [f"{TASK}:{variant}" for variant in ("honest", "honest", liar)],
+                                    f"{TASK}:honest")
     assert st.test_acc is not None and st.test_loss is not None, "a finished job has been evaluated"
     print(f"{liar}: accuracy {st.test_acc:.4f}, final loss {st.test_loss:.4g};",
           *[line for line in shard.log_since_start().splitlines() if "direction scores" in line])
