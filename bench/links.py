@@ -194,7 +194,7 @@ def table(results: list[dict]) -> str:
         rows = [[r["run"], r["policy"], "job", "", to_target, f"{r['samples_per_s']:.0f}", "100%", "", "", "", ""]]
         rows += [[r["run"], r["policy"], w["host"], w["rate"], "", f"{w['samples_per_s']:.0f}",
                   f"{100 * w['share']:.1f}%", f"{w['mean_batch']:.0f}", f"{w['last_batch']:.0f}",
-                  f"{w['steps_per_s']:.1f}", f"{w['standalone_sps']:.0f}"] for w in r["workers"]]
+                  f"{w['steps_per_s']:.2f}", f"{w['standalone_sps']:.0f}"] for w in r["workers"]]
         lines += [" ".join(f"| {cell}" if cell != "" else "|" for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -50,4 +50,4 @@ def test_the_table_gives_the_time_to_target_or_what_was_reached_instead():
     assert "| 1 | dynamic | job | | 73 | 1201 | 100% | | | | |" in text
     assert "| 2 | fixed | job | | not in 300 (reached 84.2%) | 1201 | 100% |" in text
     assert "| 1 | fixed | job | | | 900 | 100% |" in text
-    assert "| 1 | dynamic | slow-0 | 100mbit | | 301 | 25.1% | 87 | 88 | 3.9 | 410 |" in text
+    assert "| 1 | dynamic | slow-0 | 100mbit | | 301 | 25.1% | 87 | 88 | 3.91 | 410 |" in text
