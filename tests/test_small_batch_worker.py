@@ -6,7 +6,7 @@ gradient itself entered the shared momentum buffer at full weight, so every larg
 1-sample noise at full rate; and the gradient bound held every push to the chunk's parameter norm, which honest
 1-sample gradients exceed, so the worker was clipped push after push and, in the CNN job, quarantined. Here the
 MLP trains a quarter epoch (3 workers slowed 1x/2x/4x, the fastest at `--max-batch 1`) under the default protocol:
-before the fix it ended 12 points below its clean twin (67.6% against 79-80%); now within a point or two.
+before the fix it ended 8 to 10 points below its clean twin; now within the twin's own run-to-run spread.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.data]
 
 FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 JOB = ["--model", "mlp", "--epochs", "0.25", "--workers", "3", "--slowdowns", "1", "2", "4", "--eval-interval-s", "600"]
-# Accuracy after a fixed number of samples, not a time: the load changes the interleaving of the pushes, not
-# their number. The small worker's job measured 79.4% and 78.2% (gradient bound off) after the fix, 67.6% and
-# 64.9% before it, against a clean twin of 79-80%: three points is far from both.
-MARGIN = 0.03
+# Accuracy after a fixed number of samples, not a time; but the load changes the interleaving of the pushes, and
+# with it a quarter epoch's accuracy. Measured on the loaded 2-core machine: the clean twin 75.6%, 77.3%, 81.1%
+# (5.5 points from lowest to highest); the small worker's job after the fix 79.4%, 77.2%, 75.3% (3.9 below its twin at
+# worst), before it 67.6% and 67.7% (8.0 and 9.6 below its twins). Six points lies between the two.
+MARGIN = 0.06
 
 
 def _run(tmp: Path, name: str, *flags: str) -> tuple[dict, float, str]:
