@@ -1,5 +1,6 @@
 """The fuzz suite at CI size: a live job takes every attack issue 11 reported, then thousands of malformed and lying
-messages, and trains as if it had none.
+messages, Byzantine gradients and replayed pushes from a worker of the fuzzer's own among them, and trains as if it
+had none.
 
 `PYTHONPATH=tests python -m fuzz --messages 100000` runs the same at full size.
 """
@@ -11,6 +12,7 @@ import random
 import pytest
 
 from fuzz.attacks import ATTACKS
+from fuzz.byzantine import GRADIENTS, REPLAYS
 from fuzz.messages import CATEGORIES, LIES
 from fuzz.run import ACCURACY_POINTS, FuzzSettings, fuzz
 
@@ -39,6 +41,9 @@ def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_p
     assert not report.accepted, f"accepted: {report.accepted}"
     assert not report.unanswered_kinds, f"lies that got no refusal: {report.unanswered_kinds}"
     assert not report.non_finite, report.non_finite
+    assert set(report.byzantine) == {*GRADIENTS, *REPLAYS}, f"the worker's kinds answered: {report.byzantine}"
+    assert not report.byzantine_wrong, (report.byzantine_wrong, report.byzantine)
+    assert report.member_counted["pushes"] > 0, "every round waited for the fuzzer's worker: some of its pushes count"
     assert sum(report.refused.values()) >= 0.95 * MESSAGES, report.refused
     for code, n in report.refused.items():
         assert report.counted.get(code, 0) >= n, f"{code}: {n} refused but {report.counted.get(code, 0)} counted"
