@@ -440,9 +440,11 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         own.append(member_sock)
         for row, endpoint in zip(sockets[1:], endpoints[1:], strict=True):
             row.append(dealer(ctx, endpoint))  # column view.connections: the worker's own connection to each shard
+        began = time.monotonic()
         member = enlist(target, view, endpoints, member_sock, [row[-1] for row in sockets[1:]])
         report.member = member.id
-        progress(f"[fuzz] the fuzzer's worker {member.id} holds a batch of {member.batch}")
+        progress(f"[fuzz] the fuzzer's worker {member.id} holds a batch of {member.batch} "
+                 f"({time.monotonic() - began:.1f} s)")
         messages = FuzzMessages(view, random.Random(settings.seed), member)
         fuzzer = Fuzzer(sockets, settings.window, member)
         sent: Counter = Counter()
