@@ -19,10 +19,8 @@ of test accuracy of the clean one.
 The job is bulk-synchronous with fixed batches, so that its result depends on
 the data and not on timing: the fuzzed and the clean job then agree to a
 fraction of a point unless the fuzz changed what was trained. The fuzzer's
-worker joins into room the global batch leaves (HONEST_BATCH), so the honest
-workers' batches and data stay the clean job's; what it pushes does change the
-model, within the bound, while it is live: the point of margin says that what
-it could push did not matter.
+worker does change it, within the bound, while it is live (the fuzz's length):
+the point of margin says that what it could push did not matter.
 """
 
 from __future__ import annotations
@@ -65,12 +63,7 @@ from fuzz.byzantine import GRADIENTS, ByzantineMember, judge
 from fuzz.messages import BYZANTINE, LIES, SCHEDULER, FuzzMessages, JobView
 from processes import rss_bytes
 
-# Each honest worker is capped at HONEST_BATCH (its --max-batch) and the global batch leaves room for one more: the
-# fuzzer's worker takes that room when it joins, and the honest workers' batches, and so their data, stay the clean
-# job's (with 192 split three ways they became 64 each and the fuzzed job's data path left the clean one's).
-HONEST_BATCH = 96
 JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed",
-       "--global-batch", str(3 * HONEST_BATCH),
        "--chunk-bytes", "131072", "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24",
        "--log-level", "WARNING")
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
@@ -133,7 +126,7 @@ class Job:
         for i in range(settings.shards):
             self.launcher.start_shard(i, f"ps{i}", ["--log-level", "WARNING"])
         for i in range(settings.workers):
-            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING", "--max-batch", str(HONEST_BATCH)])
+            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING"])
         self.launcher.start_worker("evaluator", ["--log-level", "WARNING"], evaluator=True)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
 
