@@ -18,7 +18,10 @@ from fuzz.run import ACCURACY_POINTS, FuzzSettings, fuzz
 
 pytestmark = pytest.mark.slow
 
-MESSAGES = 2000
+# The worker's gradients cost more to build, send and check than the other kinds (at full size the fuzz sent 324 to 791
+# a second with them, 1,178 without): 1,500 instead of 2,000 keep the fuzz's own seconds about as they were; the
+# worker's enlistment adds about 3.5 s, within a job that outlasts the fuzz anyway.
+MESSAGES = 1500
 # The job must outlive the attacks, the fuzz and its checks on a machine running a second copy of the suite: with 12
 # it once finished first there (the 65,536-entry push alone took 14.6 s to build, send and refuse).
 EPOCHS = 20
@@ -44,7 +47,8 @@ def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_p
     assert set(report.byzantine) == {*GRADIENTS, *REPLAYS}, f"the worker's kinds answered: {report.byzantine}"
     assert not report.byzantine_wrong, (report.byzantine_wrong, report.byzantine)
     assert report.member_counted["pushes"] > 0, "every round waited for the fuzzer's worker: some of its pushes count"
-    assert sum(report.refused.values()) >= 0.95 * MESSAGES, report.refused
+    taken = sum(got.get("taken", 0) for got in report.byzantine.values())  # bounded, not refused
+    assert sum(report.refused.values()) + taken >= 0.95 * MESSAGES, report.refused
     for code, n in report.refused.items():
         assert report.counted.get(code, 0) >= n, f"{code}: {n} refused but {report.counted.get(code, 0)} counted"
     assert abs(report.fuzzed_acc - report.clean_acc) * 100 <= ACCURACY_POINTS, (report.fuzzed_acc, report.clean_acc)
