@@ -3,11 +3,14 @@
 Pure: `FuzzMessages.make` turns a random draw and a `JobView` (the job's real
 member ids, shard chunks and captured real messages) into the frames of one
 message, its target (the scheduler or a shard), the connection it must travel
-on, and its category. Half of the categories are malformed (random bytes,
-truncated real messages, fields of the wrong type) and half are well-formed
+on, and its category. Three of the categories are malformed (random bytes,
+truncated real messages, fields of the wrong type) and five are well-formed
 lies: another member's name, numbers out of bounds from the fuzzer's own
-registered ghosts, and replays of captured real messages. Every message is one
-the receiver must refuse: a reply other than ERROR is an accepted lie.
+registered ghosts, replays of captured real messages, and what the fuzzer's own
+live worker (fuzz/byzantine.py) can send: Byzantine gradients, and its own
+accepted PUSHes again. Every message but those gradients is one the receiver
+must refuse: a reply other than ERROR is an accepted lie; a Byzantine gradient
+may be taken, bounded (fuzz/run.py judges which).
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import msgpack
 
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Init, Pull, Push
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
+from fuzz.byzantine import GRADIENTS, REPLAYS, ByzantineMember
 
 SCHEDULER = 0  # target index; shard s is target s + 1
 MALFORMED = ("garbage", "truncated", "mistyped")
-LIES = ("wrong_sender", "out_of_bounds", "replay")
+BYZANTINE = ("byzantine", "push_replay")  # from the fuzzer's live worker, to the shards
+LIES = ("wrong_sender", "out_of_bounds", "replay", *BYZANTINE)
 CATEGORIES = MALFORMED + LIES
 HUGE = 2**62
 
@@ -49,6 +54,8 @@ class JobView:
     ghost_evaluators: list[str]
     connections: int  # per target
     max_workers: int  # the job's --max-workers
+    params: list[list[Any]] = field(default_factory=list)  # per shard, the chunks' values as the PULL returned them
+    lr: float = 0.0  # the job's --lr: a step's size, to tell a gradient from the model's movement
 
     @property
     def members(self) -> list[str]:
@@ -71,18 +78,36 @@ class FuzzMessages:
 
     view: JobView
     rng: random.Random
+    member: ByzantineMember
     seq: int = field(default=1_000_000)
 
     def make(self) -> FuzzMessage:
         category = self.rng.choice(CATEGORIES)
+        self.seq += 1
+        if category in BYZANTINE:
+            return self._from_member(category)
         target = self.rng.randrange(1 + len(self.view.chunks)) if self.rng.random() < 0.5 else SCHEDULER
         connection = self.rng.randrange(self.view.connections)
-        self.seq += 1
         body, chunks, tensors, sender = getattr(self, f"_{category}")(target, connection)
         if isinstance(body, list):  # raw frames already
             return FuzzMessage(target, connection, body, category, chunks or "bytes", sender)
         frames = [bytes(f) for f in encode(Message(body, chunks, tensors, self.view.job, sender, self.seq))]
         return FuzzMessage(target, connection, frames, category, body.TYPE, self.seq)
+
+    def _from_member(self, category: str) -> FuzzMessage:
+        """A Byzantine gradient from the member's own connection, or one of its taken PUSHes again, on that
+        connection or another; `kind` names the lie (fuzz/byzantine.py)."""
+        m = self.member
+        shard = self.rng.randrange(len(self.view.chunks))
+        taken = m.replay(shard, self.rng) if category == "push_replay" else None
+        if taken is not None:
+            kind = self.rng.choice(REPLAYS)
+            connection = m.connection if kind == "replay_own" else self.rng.randrange(self.view.connections)
+            return FuzzMessage(shard + 1, connection, list(taken[1]), category, kind, taken[0])
+        kind = self.rng.choice(GRADIENTS)  # nothing taken on that shard yet: a gradient instead
+        body, metas, tensors = m.push(kind, shard, self.rng)
+        frames = [bytes(f) for f in encode(Message(body, metas, tensors, self.view.job, m.id, self.seq))]
+        return FuzzMessage(shard + 1, m.connection, frames, "byzantine", kind, self.seq)
 
     # -- malformed ------------------------------------------------------------
 

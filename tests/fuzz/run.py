@@ -4,17 +4,23 @@ Starts a job (scheduler, shards, workers, evaluator on 127.0.0.1) and, beside it
 the same job untouched as the clean reference. Once the first trains, it learns
 what any peer can learn (STATUS, a PULL, a registration of its own), sends it
 every attack reported in issue 11 (fuzz/attacks.py: each must be refused
-with its code, or bounded), then sends the scheduler and every shard messages
-from fuzz/messages.py: half of them
-malformed, half well-formed lies. Afterwards it checks that no process exited,
-that every parameter on every shard is finite, that every message was refused
-(an answer other than ERROR is an accepted lie) and counted in
-`dynabatch_bad_messages_total`, and that the job finished within one point of
-test accuracy of the clean one.
+with its code, or bounded), then enlists a worker of its own in the job (it
+holds a batch, and every round waits for its push) and sends the scheduler and
+every shard messages from fuzz/messages.py: three eighths of them malformed,
+five eighths well-formed lies, two of those from its worker: Byzantine gradients
+and replays of its own taken PUSHes (fuzz/byzantine.py). Afterwards it checks
+that no process exited, that every parameter on every shard is finite, that
+every message was refused (an answer other than ERROR is an accepted lie) and
+counted in `dynabatch_bad_messages_total`, except the worker's gradients, which
+may be taken only bounded (clipped to the gradient bound when far beyond it)
+and counted by the shards as its pushes; that the job finished within one point
+of test accuracy of the clean one.
 
 The job is bulk-synchronous with fixed batches, so that its result depends on
 the data and not on timing: the fuzzed and the clean job then agree to a
-fraction of a point unless the fuzz changed what was trained.
+fraction of a point unless the fuzz changed what was trained. The fuzzer's
+worker does change it, within the bound, while it is live (the fuzz's length):
+the point of margin says that what it could push did not matter.
 """
 
 from __future__ import annotations
@@ -47,12 +53,14 @@ from dynabatch.common.messages import (
     JobStatus,
     Params,
     Pull,
+    PushAck,
     StatusRequest,
     Welcome,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 from fuzz.attacks import ATTACKS, UNREAD_PULLS, Attack, AttackResult
-from fuzz.messages import LIES, SCHEDULER, FuzzMessages, JobView
+from fuzz.byzantine import GRADIENTS, ByzantineMember, judge
+from fuzz.messages import BYZANTINE, LIES, SCHEDULER, FuzzMessages, JobView
 from processes import rss_bytes
 
 JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed",
@@ -61,6 +69,7 @@ JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batc
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 STALL_S = 5.0  # a connection whose answers stop for this long has its unanswered messages written off
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
+HEARTBEAT_S = 5.0  # the fuzzer's worker heartbeats this often, well within the job's --liveness-timeout-s
 
 
 @dataclass
@@ -90,13 +99,17 @@ class FuzzReport:
     exited: list[str] = field(default_factory=list)  # processes that died (or exited non-zero)
     non_finite: list[str] = field(default_factory=list)  # shard chunks holding NaN or Inf
     attacks: list[AttackResult] = field(default_factory=list)  # the reported attacks, sent before the fuzz
+    member: str = ""  # the fuzzer's own worker
+    byzantine: dict[str, dict[str, int]] = field(default_factory=dict)  # its messages' answers, by kind and outcome
+    member_counted: dict[str, Any] = field(default_factory=dict)  # what the shards counted of it
+    byzantine_wrong: list[str] = field(default_factory=list)  # its messages answered as they must not be
     fuzzed_acc: float | None = None
     clean_acc: float | None = None
 
     @property
     def ok(self) -> bool:
         return (self.live_throughout and not self.accepted and not self.unanswered_kinds and not self.exited
-                and all(a.ok for a in self.attacks)
+                and all(a.ok for a in self.attacks) and bool(self.byzantine) and not self.byzantine_wrong
                 and not self.non_finite
                 and self.fuzzed_acc is not None and self.clean_acc is not None
                 and abs(self.fuzzed_acc - self.clean_acc) * 100 <= ACCURACY_POINTS
@@ -188,21 +201,49 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
             captured.append(frames)
     assert config is not None, "the fuzzer has no member of its own"
     jobcfg = job_from_dict(config)
-    chunks = []
+    chunks, values = [], []
     for s, (_, shard) in enumerate(sorted(status.shards.items())):
-        answers = request(job.ctx, shard.endpoint, Pull(), 10.0, sockets[s + 1][0], "fuzz-reader", replies=1 << 16)
-        params = [decode(a) for a in answers[:1]]
-        metas = [ChunkMeta(c.id, c.dtype, c.shape, c.version) for m in map(decode, answers) for c in m.chunks]
+        metas, tensors, answers = pull_all(job, shard.endpoint, sockets[s + 1][0], "fuzz-reader")
         chunks.append(metas)
+        values.append(tensors)
         captured.extend(answers[:2])
-        assert params and isinstance(params[0].body, Params), f"shard {s} answered PULL with {params}"
     hellos = [Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i))
               for i, shard in sorted(status.shards.items())]
     heartbeats = {wid: Heartbeat(steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s,
                                  standalone_sps=w.standalone_sps) for wid, w in status.workers.items()}
     return JobView("dynabatch", sorted(status.workers), ["eval0"], hellos, chunks, captured, heartbeats,
                    builtin_init(jobcfg)[0], jobcfg.max_batch, max(s.version for s in status.shards.values()),
-                   ghosts, ghost_evals, len(sockets[SCHEDULER]), jobcfg.max_workers)
+                   ghosts, ghost_evals, len(sockets[SCHEDULER]), jobcfg.max_workers, values, jobcfg.lr)
+
+
+def pull_all(job: Job, endpoint: str, sock: zmq.Socket, sender: str) -> tuple[list[ChunkMeta], list[Any], list]:
+    """Every chunk of a shard as `sender` pulls it on `sock`: entries, values (copies) and the raw answers."""
+    answers = request(job.ctx, endpoint, Pull(), 10.0, sock, sender, replies=1 << 16)
+    decoded = [decode(a) for a in answers]
+    assert decoded and all(isinstance(m.body, Params) for m in decoded), f"{endpoint} answered PULL with {decoded}"
+    metas = [ChunkMeta(c.id, c.dtype, c.shape, c.version) for m in decoded for c in m.chunks]
+    return metas, [torch.as_tensor(t).clone() for m in decoded for t in m.tensors], answers
+
+
+def enlist(job: Job, view: JobView, endpoints: list[str], sock: zmq.Socket,
+           shard_socks: list[zmq.Socket]) -> ByzantineMember:
+    """Register the fuzzer's own worker on `sock` and report a speed, so that it is admitted with a batch; pull
+    the model on its own connections to the shards (`shard_socks`), which binds them to it, and measure the job's
+    descent direction from the model's movement since `view` pulled it: (before - now) / (lr x versions)."""
+    welcome = decode(request(job.ctx, "", Hello(role="worker", name="fuzz-byzantine", instance="fuzz-byzantine"),
+                             10.0, sock)[0]).body
+    assert isinstance(welcome, Welcome), f"the fuzzer's worker was not admitted: {welcome}"
+    request(job.ctx, "", Heartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
+    status = job.wait("the fuzzer's worker to hold a batch", lambda s: welcome.id in s.workers and
+                      s.workers[welcome.id].batch > 0, 60)
+    metas, gradient = [], []
+    for s, endpoint in enumerate(endpoints[1:]):
+        now_metas, now, _ = pull_all(job, endpoint, shard_socks[s], welcome.id)
+        metas.append(now_metas)
+        gradient.append([(before - after) / (view.lr * max(1, m.version - m0.version))
+                         for before, after, m, m0 in zip(view.params[s], now, now_metas, view.chunks[s], strict=True)])
+    return ByzantineMember(welcome.id, status.workers[welcome.id].batch, view.max_batch, view.connections, metas,
+                           gradient)
 
 
 def attack(job: Job, view: JobView, endpoints: list[str], sockets: list[list[zmq.Socket]], a: Attack,
@@ -260,6 +301,15 @@ def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list
     return result
 
 
+def member_counts(shards: list[Child], member: str) -> dict[str, Any]:
+    """What the shards counted of `member`: pushes taken, pushes clipped, and workers quarantined by reason."""
+    texts = [c.metrics() for c in shards]
+    return {"pushes": sum(metric_by_label(t, "dynabatch_ps_pushes_total", "worker")[member] for t in texts),
+            "clipped": sum(metric_by_label(t, "dynabatch_ps_clipped_pushes_total", "worker")[member] for t in texts),
+            "quarantined": dict(sum((metric_by_label(t, "dynabatch_ps_quarantined_workers_total", "reason")
+                                     for t in texts), Counter()))}
+
+
 def bad_message_counts(children: list[Child]) -> Counter:
     """Refusals counted by `children`, by code."""
     return sum((metric_by_label(c.metrics(), "dynabatch_bad_messages_total", "reason") for c in children), Counter())
@@ -281,9 +331,10 @@ def finite_check(job: Job, status: JobStatus) -> list[str]:
 
 
 class Fuzzer:
-    """Sends the messages with a bounded window per connection and tallies the answers."""
+    """Sends the messages with a bounded window per connection and tallies the answers; those to the fuzzer's
+    worker by kind, and the PUSHes a shard took from it into its pool of replays."""
 
-    def __init__(self, sockets: list[list[zmq.Socket]], window: int) -> None:
+    def __init__(self, sockets: list[list[zmq.Socket]], window: int, member: ByzantineMember) -> None:
         self.sockets = sockets
         self.window = window
         self.in_flight = {id(s): 0 for row in sockets for s in row}
@@ -296,6 +347,9 @@ class Fuzzer:
         self.accepted: list[str] = []
         self.kinds: dict[int, str] = {}
         self.written_off = 0
+        self.member = member
+        self.pushes: dict[int, tuple[str, int, list[bytes]]] = {}  # the worker's in flight: seq -> kind, shard, frames
+        self.byzantine: dict[str, Counter] = {}  # the worker's answered, by kind: "taken" or the refusal's code
 
     def send(self, target: int, connection: int, frames: list[bytes], seq: int, what: str) -> None:
         sock = self.sockets[target][connection]
@@ -304,7 +358,9 @@ class Fuzzer:
             if self.in_flight[id(sock)] >= self.window and time.monotonic() - self.last_answer[id(sock)] > STALL_S:
                 self.written_off += self.in_flight[id(sock)]
                 self.in_flight[id(sock)] = 0
-        if seq >= 0 and what.split()[0] in LIES:  # a lie is well-formed: its refusal names its seq
+        if what.split()[0] in BYZANTINE:
+            self.pushes[seq] = (what.split()[1], target - 1, frames)
+        elif seq >= 0 and what.split()[0] in LIES:  # a lie is well-formed: its refusal names its seq
             self.kinds[seq] = what
         sock.send_multipart(frames)
         self.in_flight[id(sock)] += 1
@@ -320,11 +376,28 @@ class Fuzzer:
                 except ProtocolError as exc:
                     self.accepted.append(f"an undecodable answer ({exc})")
                     continue
+                pushed = self.pushes.pop(msg.seq, None)
+                if pushed is not None:
+                    self._tally(pushed, msg)
+                    continue
                 what = self.kinds.pop(msg.seq, "an untracked message")
                 if isinstance(msg.body, Error):
                     self.refused[msg.body.code] += 1
                 else:
                     self.accepted.append(f"{msg.type} answering {what}")
+
+    def _tally(self, pushed: tuple[str, int, list[bytes]], msg: Message) -> None:
+        """The answer to one of the worker's messages: a refusal by its code, or taken (a gradient taken goes
+        into the pool of replays)."""
+        kind, shard, frames = pushed
+        if isinstance(msg.body, Error):
+            self.refused[msg.body.code] += 1
+            outcome = msg.body.code
+        else:
+            outcome = "taken" if isinstance(msg.body, PushAck) else msg.type
+        self.byzantine.setdefault(kind, Counter())[outcome] += 1
+        if outcome == "taken" and kind in GRADIENTS:
+            self.member.taken[shard].append((msg.seq, frames))
 
     def drain(self) -> None:
         """Collect answers until none is in flight, or none has come for STALL_S (a loaded machine answers late)."""
@@ -336,7 +409,7 @@ class Fuzzer:
 
     def unanswered_kinds(self) -> Counter:
         """The tracked messages no answer came for, by category and type (an EVAL taken is not answered)."""
-        return Counter(self.kinds.values())
+        return Counter(self.kinds.values()) + Counter(f"byzantine {kind}" for kind, _, _ in self.pushes.values())
 
 
 def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
@@ -346,6 +419,7 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
     clean = Job(log_dir, "clean", settings) if settings.clean else None
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sockets: list[list[zmq.Socket[bytes]]] = []
+    own: list[zmq.Socket[bytes]] = []  # the fuzzer's worker's connection to the scheduler
     try:
         status = target.wait("the fuzzed job to train", lambda s: len(s.workers) == settings.workers and all(
             w.steps > 2 for w in s.workers.values()) and len(s.shards) == settings.shards, 180)
@@ -362,21 +436,35 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
                      f"{r.refused}, {len(r.admitted)} admitted"
                      + (f", shard grew {r.grown_bytes / 1e6:.1f} MB (bound {r.bound_bytes / 1e6:.1f})" if not a.reads
                         else "") + (f"; WRONG: {sorted(set(r.wrong))}" if r.wrong else ""))
-        messages = FuzzMessages(view, random.Random(settings.seed))
-        fuzzer = Fuzzer(sockets, settings.window)
+        member_sock = dealer(ctx, endpoints[SCHEDULER])
+        own.append(member_sock)
+        for row, endpoint in zip(sockets[1:], endpoints[1:], strict=True):
+            row.append(dealer(ctx, endpoint))  # column view.connections: the worker's own connection to each shard
+        began = time.monotonic()
+        member = enlist(target, view, endpoints, member_sock, [row[-1] for row in sockets[1:]])
+        report.member = member.id
+        progress(f"[fuzz] the fuzzer's worker {member.id} holds a batch of {member.batch} "
+                 f"({time.monotonic() - began:.1f} s)")
+        messages = FuzzMessages(view, random.Random(settings.seed), member)
+        fuzzer = Fuzzer(sockets, settings.window, member)
         sent: Counter = Counter()
-        start = last_report = time.monotonic()
+        start = last_report = last_beat = time.monotonic()
         for n in range(1, settings.messages + 1):
             m = messages.make()
             fuzzer.send(m.target, m.connection, m.frames, m.seq, f"{m.category} {m.kind}")
             sent[m.category] += 1
             if n % 500 == 0:
                 fuzzer.collect(0)
+                if time.monotonic() - last_beat > HEARTBEAT_S:  # the worker stays live, as an honest one does
+                    last_beat = time.monotonic()
+                    request(ctx, "", Heartbeat(standalone_sps=1000.0), HEARTBEAT_S, member_sock, member.id)
                 if time.monotonic() - last_report > 5 or n == settings.messages:
                     last_report = time.monotonic()
                     refused = sum(fuzzer.refused.values())
+                    taken = sum(got["taken"] for got in fuzzer.byzantine.values())
                     progress(f"[fuzz] {n}/{settings.messages} sent, {n / (last_report - start):.0f} messages/s, "
-                             f"{refused} refused, {len(fuzzer.accepted)} accepted, {fuzzer.written_off} unanswered")
+                             f"{refused} refused, {len(fuzzer.accepted)} accepted, {fuzzer.written_off} unanswered, "
+                             f"{taken} of the worker's gradients taken")
                     dead = [c.name for c in target.launcher.children if not c.alive()]
                     if dead:
                         report.exited = dead
@@ -384,6 +472,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         fuzzer.drain()
         try:  # the counts first: a job near its end may outlast the checks after them, not these
             after = bad_message_counts(servers)
+            report.member_counted = member_counts(target.children("ps"), member.id)
+            request(ctx, "", Bye(), 2.0, member_sock, member.id)  # rounds wait for it no longer
             now = target.status()
         except OSError:  # a server's /metrics is gone: the job ended under the fuzz
             after, now = Counter(), None
@@ -399,11 +489,14 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.accepted = sorted(set(fuzzer.accepted))[:50]
         report.unanswered = fuzzer.unanswered()
         report.unanswered_kinds = dict(fuzzer.unanswered_kinds())
+        report.byzantine = {kind: dict(got) for kind, got in sorted(fuzzer.byzantine.items())}
+        report.byzantine_wrong = judge(report.byzantine, report.member_counted["pushes"],
+                                       report.member_counted["clipped"])
         report.exited = [c.name for c in target.launcher.children if not c.alive()]
         report.non_finite = finite_check(target, now)
         report.counted = {code: after[code] - counted_before[code]
                           for code in after if after[code] > counted_before[code]}
-        for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's own members leave, as honest ones do
+        for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's ghosts leave, as honest members do
             for ghost in (view.ghost_workers[i], view.ghost_evaluators[i]):
                 request(ctx, "", Bye(), 2.0, sock, ghost)
         report.fuzzed_acc = _final_accuracy(target, settings)
@@ -411,9 +504,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         if clean is not None:
             report.clean_acc = _final_accuracy(clean, settings)
     finally:
-        for row in sockets:
-            for s in row:
-                s.close(linger=0)
+        for s in [*own, *(s for row in sockets for s in row)]:
+            s.close(linger=0)
         target.stop()
         if clean is not None:
             clean.stop()
@@ -446,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(asdict(report), indent=2))
     print(f"{'OK' if report.ok else 'FAILED'}: {report.messages} messages in {report.seconds:.1f} s "
           f"({report.messages_per_s:.0f}/s); accuracy {report.fuzzed_acc} fuzzed vs {report.clean_acc} clean; "
+          f"the worker's messages {report.byzantine}, counted by the shards {report.member_counted}"
+          + (f", WRONG: {report.byzantine_wrong}" if report.byzantine_wrong else "") + "; "
           f"report in {out / 'fuzz.json'}")
     return 0 if report.ok else 1
 
