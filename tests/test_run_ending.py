@@ -1,6 +1,6 @@
 """However `dynabatch run` ends, its children end with it, and an interrupted run still reports.
 
-Each test starts a real run (scheduler, shard, two workers, evaluator), waits until the
+Each test starts a real run (scheduler, shard, worker, evaluator), waits until the
 evaluator has evaluated a trained model, ends the run one way, and checks the exit code,
 the console, the summary, that no process of the run is left and no temporary file.
 """
