@@ -14,15 +14,18 @@
 # that torch is the build it asked for. The CUDA build's runtime comes as nvidia-*
 # wheels and needs an NVIDIA driver >= 580 on the node (CUDA 13), nothing in the image.
 #
-# The base is pinned to bookworm: both stages must share one Python for the copied
-# virtualenv. Pin it by digest where a registry is reachable
-# (--build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...); without one,
-# scripts/image-base.sh makes a local Debian bookworm base under this name.
+# The base is the official python:3.11-slim-bookworm pinned by digest (its multi-arch
+# index, so one pin serves amd64 and arm64): a rebuilt tag cannot change the image
+# under the lock files. Both stages share it, so the copied virtualenv's interpreter
+# links resolve. To move to a newer base, replace the digest (`docker buildx
+# imagetools inspect python:3.11-slim-bookworm` prints the current one). Without a
+# registry, scripts/image-base.sh makes a Debian bookworm base locally and the build
+# uses it by name: PYTHON_IMAGE=localhost/dynabatch-base:bookworm make image.
 #
 # A TLS-intercepting proxy's CA certificate reaches pip as the build secret `pip_cert`
 # (--secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt); it is not kept in a layer.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:528257d48c1da0dcecc2e725d1ae34498d60c965f1241e39cd6a85a8859bdf84
 
 # ---------------------------------------------------------------- build stage
 FROM ${PYTHON_IMAGE} AS build

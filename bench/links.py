@@ -3,39 +3,51 @@
 Every process runs on a host of its own (network namespaces on one bridge, tests/netns.py),
 started with the README's commands (tests/hosted_job.py): the scheduler and the shard on
 `server` (1 Gbit), `--fast` workers behind `--fast-rate` links and `--slow` workers behind
-`--slow-rate` links, the CNN on Fashion-MNIST by default. Once every worker trains, the
-benchmark watches a window of `--window-s` seconds and reports, for the job and for each
-worker: samples/s, its share of the samples, its batch (mean of one reading a second, and
-the last), its measured compute-only speed, and its steps/s. Each policy runs in turn on
-the same hosts (`--policies dynamic fixed`), so their figures share the machine's noise.
+`--slow-rate` links, training the CNN on Fashion-MNIST by default, or a user Task
+(`--task FILE.py:ATTR`, with the environment knobs its file reads after an `@`, as
+bench/overlap.py takes them; e.g. `examples/resnet18_cifar10.py:task@RESNET_WIDTH=8`).
+
+Two modes. The window (default): once every worker trains, the benchmark watches
+`--window-s` seconds. The target (`--target ACC`): an evaluator on a host of its own
+(behind `--fast-rate`) evaluates every `--eval-interval-s`, and the benchmark runs from
+the job's first step until the scheduler reports a test accuracy of at least ACC, or
+`--time-limit-s` passes; it reports the time to target beside the rest. Either way, for the
+job and for each worker: samples/s, its share of the samples, its batch (mean of one reading
+a second, and the last), its measured compute-only speed, and its steps/s. Each policy runs
+in turn on fresh hosts (`--policies dynamic fixed`), `--runs` times, the order reversed
+every other run, so that the policies share the machine's noise.
 
 Needs root (network namespaces). Run from the repository root:
 
-    python -m bench.links [--fast 2] [--slow 1] [--model cnn] [--protocol asgd] [--policies dynamic fixed] \
-        [--window-s 40] [--out bench/results/links.json]
+    python -m bench.links [--fast 2] [--slow 1] [--model cnn | --task FILE.py:ATTR[@KEY=VALUE,...]] \
+        [--protocol asgd] [--policies dynamic fixed] [--runs 1] \
+        [--window-s 40 | --target 0.85 --time-limit-s 600] [--out bench/results/links.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.overlap import BUILTIN, Workload, parse_workload
 from dynabatch.cluster.metric_text import metric_sum
 from tests.hosted_job import HostedJob
-from tests.netns import Network, unavailable
+from tests.netns import Host, Network, unavailable
 
 START_TIMEOUT_S = 180.0  # every worker training, on a loaded machine
 
 
 @dataclass
 class WorkerFigures:
-    """One worker over the window."""
+    """One worker over the measured span."""
 
     host: str
     rate: str
@@ -47,77 +59,151 @@ class WorkerFigures:
     steps_per_s: float
 
 
+@dataclass
+class Watch:
+    """What was read from the workers' /metrics over the measured span: counters at its two ends, the batch
+    once a second, and (target mode) the first time since the job's first step at which the target was met."""
+
+    elapsed_s: float
+    start: dict[str, tuple[float, float]]  # by host: (samples, steps) trained so far
+    end: dict[str, tuple[float, float]]
+    batches: dict[str, list[float]]
+    time_to_target_s: float | None = None
+    accuracy: float | None = None  # the latest evaluation's, at the end of the span (target mode)
+    readings: list[tuple[float, float]] = field(default_factory=list)  # (s since first step, test accuracy)
+
+
+def first_reaching(readings: list[tuple[float, float]], target: float) -> float | None:
+    """The first time (s) at which a reading's accuracy is at least `target`; None if none is."""
+    return next((t for t, acc in readings if acc >= target), None)
+
+
+def figures(watch: Watch, hosts: list[tuple[str, str]], standalone: dict[str, float]) -> tuple[float,
+                                                                                              list[WorkerFigures]]:
+    """The job's samples/s and each worker's figures over `watch`'s span; `hosts` are (name, link rate)."""
+    trained = {name: watch.end[name][0] - watch.start[name][0] for name, _ in hosts}
+    total = sum(trained.values())
+    out = []
+    for name, rate in hosts:
+        seen = watch.batches[name]
+        out.append(WorkerFigures(
+            name, rate, trained[name] / watch.elapsed_s, trained[name] / total if total else 0.0,
+            sum(seen) / len(seen) if seen else 0.0, seen[-1] if seen else 0.0, standalone.get(name, 0.0),
+            (watch.end[name][1] - watch.start[name][1]) / watch.elapsed_s))
+    return total / watch.elapsed_s, out
+
+
 def _standalone(log: str) -> float:
     """The compute-only speed the worker measured at its start (its log says it)."""
     found = re.findall(r"standalone speed (\d+) samples/s", log)
     return float(found[-1]) if found else 0.0
 
 
-def run_policy(policy: str, args: argparse.Namespace, logs: Path) -> dict:
-    """One job under `policy`; its figures over the window."""
+def _wait(job: HostedJob, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `ready` once a second (a process not serving /metrics yet reads as not ready) while the job lives."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job.launcher.check_alive()
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout_s:.0f}s")
+        time.sleep(1.0)
+
+
+def _watch(job: HostedJob, server: Host, workers: list[Host], args: argparse.Namespace) -> Watch:
+    """Read the job until the window ends (window mode) or the target is met or the time limit passes."""
+
+    def counters() -> dict[str, tuple[float, float]]:
+        out = {}
+        for h in workers:
+            text = job.metrics(h)
+            out[h.name] = (metric_sum(text, "dynabatch_worker_samples_total"),
+                           metric_sum(text, "dynabatch_worker_steps_total"))
+        return out
+
+    if args.target is None:
+        _wait(job, lambda: all(steps > 0 for _, steps in counters().values()), START_TIMEOUT_S,
+              "not every worker trained")
+    else:  # from the job's first step: the min-workers gate makes it every worker's first step, within a second
+        _wait(job, lambda: any(steps > 0 for _, steps in counters().values()), START_TIMEOUT_S, "no worker trained")
+    start, t0 = counters(), time.monotonic()
+    batches: dict[str, list[float]] = {h.name: [] for h in workers}
+    readings: list[tuple[float, float]] = []
+    span_s = args.window_s if args.target is None else args.time_limit_s
+    while time.monotonic() - t0 < span_s:
+        for h in workers:
+            batches[h.name].append(job.value(h, "dynabatch_worker_current_batch_size"))
+        if args.target is not None:
+            readings.append((time.monotonic() - t0, job.value(server, "dynabatch_job_test_accuracy")))
+            if first_reaching(readings, args.target) is not None:
+                break
+        time.sleep(1.0)
+    end, elapsed = counters(), time.monotonic() - t0
+    job.launcher.check_alive()
+    if args.target is None:
+        return Watch(elapsed, start, end, batches)
+    return Watch(elapsed, start, end, batches, first_reaching(readings, args.target), readings[-1][1], readings)
+
+
+def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: Path) -> dict:
+    """One job under `policy` on fresh hosts; its figures over the window, or from its start to the target."""
+    model = ["--dataset", args.dataset, "--model", args.model] if not workload.task else []
+    task = ["--task", workload.task] if workload.task else []
     with Network() as net:
         server = net.add_host("server")
         workers = [net.add_host(f"fast-{i}", args.fast_rate) for i in range(args.fast)]
         workers += [net.add_host(f"slow-{i}", args.slow_rate) for i in range(args.slow)]
+        evaluator = net.add_host("eval", args.fast_rate) if args.target is not None else None
         job = HostedJob(net, logs / policy)
         try:
-            job.scheduler(server, "--dataset", args.dataset, "--model", args.model, "--protocol", args.protocol,
-                          "--batch-policy", policy, "--epochs", "1000", "--min-workers", str(len(workers)))
+            job.scheduler(server, *model, "--protocol", args.protocol, "--batch-policy", policy, "--epochs", "1000",
+                          "--min-workers", str(len(workers)), "--eval-interval-s", str(args.eval_interval_s))
             job.shard(server)
-            children = {h.name: job.worker(h) for h in workers}
-
-            def counters() -> dict[str, tuple[float, float]]:
-                out = {}
-                for h in workers:
-                    text = job.metrics(h)
-                    out[h.name] = (metric_sum(text, "dynabatch_worker_samples_total"),
-                                   metric_sum(text, "dynabatch_worker_steps_total"))
-                return out
-
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                job.launcher.check_alive()
-                try:
-                    if all(steps > 0 for _, steps in counters().values()):
-                        break
-                except OSError:
-                    pass  # a worker not serving /metrics yet
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not every worker trained within {START_TIMEOUT_S:.0f}s")
-                time.sleep(1.0)
-            start, t0 = counters(), time.monotonic()
-            batches: dict[str, list[float]] = {h.name: [] for h in workers}
-            while time.monotonic() - t0 < args.window_s:
-                for h in workers:
-                    batches[h.name].append(job.value(h, "dynabatch_worker_current_batch_size"))
-                time.sleep(1.0)
-            end, elapsed = counters(), time.monotonic() - t0
-            job.launcher.check_alive()
+            children = {h.name: job.worker(h, *task) for h in workers}
+            if evaluator is not None:
+                job.worker(evaluator, *task, evaluator=True)
+            watch = _watch(job, server, workers, args)
         finally:
             job.stop()
-    total = sum(end[h.name][0] - start[h.name][0] for h in workers)
-    figures = []
-    for h in workers:
-        samples = end[h.name][0] - start[h.name][0]
-        figures.append(WorkerFigures(
-            h.name, h.rate, samples / elapsed, samples / total if total else 0.0,
-            sum(batches[h.name]) / len(batches[h.name]), batches[h.name][-1],
-            _standalone(children[h.name].log_text()), (end[h.name][1] - start[h.name][1]) / elapsed))
-    return {"policy": policy, "window_s": elapsed, "samples_per_s": total / elapsed,
-            "workers": [asdict(f) for f in figures]}
+    standalone = {name: _standalone(child.log_text()) for name, child in children.items()}
+    samples_per_s, per_worker = figures(watch, [(h.name, h.rate) for h in workers], standalone)
+    out = {"policy": policy, "span_s": watch.elapsed_s, "samples_per_s": samples_per_s,
+           "workers": [asdict(f) for f in per_worker]}
+    if args.target is not None:
+        out |= {"target": args.target, "time_to_target_s": watch.time_to_target_s, "accuracy": watch.accuracy,
+                "readings": watch.readings}
+    return out
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| policy | worker | link | samples/s | share | mean batch | last batch | steps/s "
+    """One row for the job (with its time to target, in target mode) and one for each worker, per run."""
+    lines = ["| run | policy | worker | link | to target (s) | samples/s | share | mean batch | last batch | steps/s "
              "| standalone samples/s |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
-        lines.append(f"| {r['policy']} | job | | {r['samples_per_s']:.0f} | 100% | | | | |")
-        for w in r["workers"]:
-            lines.append(f"| {r['policy']} | {w['host']} | {w['rate']} | {w['samples_per_s']:.0f} | "
-                         f"{100 * w['share']:.1f}% | {w['mean_batch']:.0f} | {w['last_batch']:.0f} | "
-                         f"{w['steps_per_s']:.1f} | {w['standalone_sps']:.0f} |")
+        if "target" in r:
+            reached = r["time_to_target_s"]
+            to_target = (f"{reached:.0f}" if reached is not None
+                         else f"not in {r['span_s']:.0f} (reached {100 * r['accuracy']:.1f}%)")
+        else:
+            to_target = ""
+        rows = [[r["run"], r["policy"], "job", "", to_target, f"{r['samples_per_s']:.0f}", "100%", "", "", "", ""]]
+        rows += [[r["run"], r["policy"], w["host"], w["rate"], "", f"{w['samples_per_s']:.0f}",
+                  f"{100 * w['share']:.1f}%", f"{w['mean_batch']:.0f}", f"{w['last_batch']:.0f}",
+                  f"{w['steps_per_s']:.2f}", f"{w['standalone_sps']:.0f}"] for w in r["workers"]]
+        lines += [" ".join(f"| {cell}" if cell != "" else "|" for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def schedule(policies: list[str], runs: int) -> list[tuple[int, str]]:
+    """(run, policy) in the order run: each run has every policy, the order reversed every other run (ABBA),
+    so that a load drifting over the benchmark favours none."""
+    return [(run, policy) for run in range(1, runs + 1)
+            for policy in (policies if run % 2 else list(reversed(policies)))]
 
 
 def main(argv: list[str]) -> int:
@@ -126,19 +212,40 @@ def main(argv: list[str]) -> int:
     p.add_argument("--slow", type=int, default=1, help="workers behind --slow-rate links")
     p.add_argument("--fast-rate", default="1gbit")
     p.add_argument("--slow-rate", default="100mbit")
-    p.add_argument("--model", default="cnn")
+    trains = p.add_mutually_exclusive_group()
+    trains.add_argument("--model", default="cnn", help="a built-in model, on --dataset")
+    trains.add_argument("--task", default="", metavar="FILE.py:ATTR[@KEY=VALUE,...]",
+                        help="a user Task instead of --model, with the environment its file reads")
     p.add_argument("--dataset", default="fashion-mnist")
     p.add_argument("--protocol", default="asgd")
     p.add_argument("--policies", nargs="+", default=["dynamic", "fixed"], choices=["dynamic", "fixed"])
-    p.add_argument("--window-s", type=float, default=40.0)
+    p.add_argument("--runs", type=int, default=1, help="every policy this many times, the order reversed each run")
+    p.add_argument("--window-s", type=float, default=40.0, help="window mode: seconds watched once every worker "
+                   "trains")
+    p.add_argument("--target", type=float, default=None, metavar="ACC",
+                   help="target mode: run from the first step until the test accuracy is at least ACC (0-1)")
+    p.add_argument("--time-limit-s", type=float, default=600.0, help="target mode: give up after this long")
+    p.add_argument("--eval-interval-s", type=float, default=5.0, help="seconds between evaluations")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here too")
     args = p.parse_args(argv)
+    try:
+        workload = parse_workload(args.task) if args.task else Workload(BUILTIN)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.target is not None and not 0.0 < args.target <= 1.0:
+        p.error(f"--target {args.target}: an accuracy, above 0 and at most 1")
+    if args.runs < 1:
+        p.error(f"--runs {args.runs}: at least 1")
     reason = unavailable()
     if reason is not None:
         print(f"bench.links: {reason}", file=sys.stderr)
         return 2
+    os.environ.update(workload.env)  # the task file's knobs: every process the job starts inherits them
+    results = []
     with tempfile.TemporaryDirectory(prefix="bench-links-") as tmp:
-        results = [run_policy(policy, args, Path(tmp)) for policy in args.policies]
+        for run, policy in schedule(args.policies, args.runs):
+            results.append({"run": run} | run_policy(policy, args, workload, Path(tmp) / f"run{run}"))
+            print(table(results[-1:]).split("\n", 2)[2], file=sys.stderr, flush=True)
     print(table(results))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The Dockerfile's base image made locally, for machines that reach a Debian mirror but no
 # container registry: a minimal Debian bookworm with Python 3.11 (mmdebstrap), imported into
-# podman (or docker) under the name the Dockerfile's FROM uses, so `make image` finds it
-# without pulling. Where a registry is reachable, do not use this: pull the real
-# python:3.11-slim-bookworm and pin it by digest (BASE_IMAGE=python:3.11-slim-bookworm@sha256:...).
+# podman (or docker) as localhost/dynabatch-base:bookworm (BASE_IMAGE: another name). The
+# Dockerfile's default base is the official image pinned by digest, which a local image can
+# never match, so the build is told to use this one by name:
 #
 #   scripts/image-base.sh [ENGINE]      ENGINE: podman (default when installed) or docker
+#   PYTHON_IMAGE=localhost/dynabatch-base:bookworm make image
+#
+# Where a registry is reachable, do not use this: the build pulls the pinned official base.
 #
 # Needs root and: apt-get install -y mmdebstrap (podman: podman buildah uidmap fuse-overlayfs).
 # The result is Debian's python3 (3.11.2 in bookworm) under /usr/bin, which is what the
@@ -13,7 +16,7 @@
 # environment's interpreter links resolve.
 set -euo pipefail
 ENGINE="${1:-$(command -v podman >/dev/null && echo podman || echo docker)}"
-TAG="${BASE_IMAGE:-docker.io/library/python:3.11-slim-bookworm}"
+TAG="${BASE_IMAGE:-localhost/dynabatch-base:bookworm}"
 SUITE="${SUITE:-bookworm}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 if ! command -v mmdebstrap >/dev/null; then
@@ -34,3 +37,4 @@ mmdebstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certi
     --change 'CMD ["python3"]' \
     "$work/rootfs.tar" "$TAG"
 "$ENGINE" image inspect --format '{{.Id}}' "$TAG" | sed "s|^|image-base: $TAG is |"
+echo "image-base: build with it: PYTHON_IMAGE=$TAG make image"

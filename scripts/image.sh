@@ -6,9 +6,9 @@
 #
 # Environment:
 #   CONTAINER_ENGINE   docker or podman (default: podman if installed, else docker)
-#   PYTHON_IMAGE       the base (default: the Dockerfile's); pin it by digest where a registry
-#                      is reachable: python:3.11-slim-bookworm@sha256:...; without a registry,
-#                      scripts/image-base.sh makes a local one under the default name
+#   PYTHON_IMAGE       the base (default: the Dockerfile's, the official python:3.11-slim-bookworm
+#                      pinned by digest); without a registry, scripts/image-base.sh makes a local
+#                      one: PYTHON_IMAGE=localhost/dynabatch-base:bookworm
 #   TORCH_INDEX_URL    torch's index (default: PyTorch's CPU index for cpu, PyPI for cuda)
 #   TORCH_WHEELS       a folder holding the locked torch wheel, served to the build as its torch
 #                      index on 127.0.0.1, for a machine that cannot reach PyTorch's index
@@ -30,10 +30,19 @@ esac
 pip_index="${PIP_INDEX_URL:-$(pip_config global.index-url)}"
 pip_index="${pip_index:-https://pypi.org/simple}"
 cert="${PIP_CERT:-$(pip_config global.cert)}"
-args=(--build-arg "TORCH_VARIANT=$variant" --build-arg "PIP_INDEX_URL=$pip_index" --network host)
-[ -n "${PYTHON_IMAGE:-}" ] && args+=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE")
+base="${PYTHON_IMAGE:-$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)}"
+args=(--build-arg "TORCH_VARIANT=$variant" --build-arg "PIP_INDEX_URL=$pip_index" --build-arg "PYTHON_IMAGE=$base"
+      --network host)
 [ -n "$cert" ] && args+=(--secret "id=pip_cert,src=$cert")
-[ "$engine" = podman ] && args+=(--pull=never --format docker)  # the base is local or already pulled
+if [ "$engine" = podman ]; then
+    # podman builds from what is here, never pulling: the base is local or pulled before, by its digest.
+    if ! podman image exists "$base"; then
+        echo "image: the base $base is not here: podman pull $base; without a registry," \
+             "scripts/image-base.sh, then PYTHON_IMAGE=localhost/dynabatch-base:bookworm make image" >&2
+        exit 1
+    fi
+    args+=(--pull=never --format docker)
+fi
 server=""
 trap '[ -n "$server" ] && kill "$server"' EXIT
 if [ -n "${TORCH_WHEELS:-}" ]; then

@@ -838,7 +838,8 @@ def test_dockerfile_structure() -> None:
     assert len(froms) >= 2, "multi-stage: a build stage and a slim runtime stage"
     args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
     bases = {a.split()[0] for k, a in steps if k == "FROM"}
-    assert {args.get(b.strip("${}"), b) for b in bases} == {"python:3.11-slim-bookworm"}
+    (base,) = {args.get(b.strip("${}"), b) for b in bases}
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", base), f"{base}: the base by digest"
     final = steps[froms[-1]:]
     (user,) = [a for k, a in final if k == "USER"]
     ids = user.split(":")
@@ -856,6 +857,16 @@ def test_dockerfile_structure() -> None:
     assert "dataset-fashion-mnist" in runs and args.get("WITH_FASHION_MNIST") == "1"
     assert any(k == "COPY" and a.startswith("--from=") for k, a in final), "the runtime copies the built venv"
 
+
+
+def test_a_local_base_is_named_as_local_and_the_build_is_told_its_name() -> None:
+    """scripts/image-base.sh's homemade base cannot match the Dockerfile's digest, so it must not pose as the
+    official image: it gets a localhost/ name, and both the script and scripts/image.sh say to build with it."""
+    made = re.search(r'^TAG="\$\{BASE_IMAGE:-([^}]+)\}"$', (ROOT / "scripts" / "image-base.sh").read_text(), re.M)
+    assert made is not None and made.group(1).startswith("localhost/"), "image-base.sh's default name"
+    advice = f"PYTHON_IMAGE={made.group(1)} make image"
+    assert advice in (ROOT / "scripts" / "image.sh").read_text()
+    assert advice in (ROOT / "Dockerfile").read_text()
 
 @pytest.mark.parametrize("variant", ["cpu", "cuda"])
 def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
