@@ -42,8 +42,9 @@ def own_compute_seconds(hb: Heartbeat) -> float | None:
     A worker's `compute_s` is its forward and backward pass (with its node's emulated slowdown) and nothing it
     waits for: its batch is drawn before the timer starts (that time is `data_s`), a prefetched pull's chunks
     arrive beside it and are waited for in the pull's time, and a pipelined step counts its waits for chunks as
-    pull and push (only loading arrived chunks and sending gradient ones, both small, stay in its compute). Taking the samples is the worker's own, as in `own_step_seconds`: a starved loader makes every
-    sample cost more, so it stays in.
+    pull and push (only loading arrived chunks and sending gradient ones, both small, stay in its compute).
+    Taking the samples is the worker's own, as in `own_step_seconds`: a starved loader makes every sample cost
+    more, so it stays in.
     """
     return hb.compute_s + hb.data_s if hb.compute_s > 0 else None
 
