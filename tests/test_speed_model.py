@@ -194,7 +194,7 @@ def test_reported_compute_time_gives_the_compute_cost_from_the_first_step() -> N
     model = SpeedModel(prior_samples_per_s=1000.0)
     model.observe(64, 0.150 + 64e-4, compute_s=64e-4)
     assert _fitted(model).fixed_s == 0.0 and _fitted(model).per_sample_s > 20 * 1e-4
-    assert model.compute_fit().fixed_s == 0.0 and _compute(model) == pytest.approx(1e-4)
+    assert model.compute_fit() == StepModel(0.0, _compute(model)) and _compute(model) == pytest.approx(1e-4)
 
 
 def test_compute_cost_weighs_the_newest_steps_most() -> None:
