@@ -133,10 +133,10 @@ def _watch(job: HostedJob, server: Host, workers: list[Host], args: argparse.Nam
         return out
 
     if args.target is None:
-        _wait(job, lambda: all(steps > 0 for _, steps in counters().values()), START_TIMEOUT_S,
+        _wait(job, lambda: all(steps > 0 for _, steps, _ in counters().values()), START_TIMEOUT_S,
               "not every worker trained")
     else:  # from the job's first step: the min-workers gate makes it every worker's first step, within a second
-        _wait(job, lambda: any(steps > 0 for _, steps in counters().values()), START_TIMEOUT_S, "no worker trained")
+        _wait(job, lambda: any(steps > 0 for _, steps, _ in counters().values()), START_TIMEOUT_S, "no worker trained")
     start, t0 = counters(), time.monotonic()
     batches: dict[str, list[float]] = {h.name: [] for h in workers}
     readings: list[tuple[float, float]] = []
