@@ -44,9 +44,10 @@ def own_compute_seconds(hb: Heartbeat) -> float | None:
     arrive beside it and are waited for in the pull's time, and a pipelined step counts its waits for chunks as
     pull and push (only loading arrived chunks and sending gradient ones, both small, stay in its compute).
     Taking the samples is the worker's own, as in `own_step_seconds`: a starved loader makes every sample cost
-    more, so it stays in.
+    more, so it stays in. It is at most `own_step_seconds` (the phases sum to the step): a report that says
+    otherwise does not make its worker look slower than its whole step does.
     """
-    return hb.compute_s + hb.data_s if hb.compute_s > 0 else None
+    return min(hb.compute_s + hb.data_s, own_step_seconds(hb)) if hb.compute_s > 0 else None
 
 
 class Allocator:
