@@ -13,7 +13,9 @@ Two modes. The window (default): once every worker trains, the benchmark watches
 the job's first step until the scheduler reports a test accuracy of at least ACC, or
 `--time-limit-s` passes; it reports the time to target beside the rest. Either way, for the
 job and for each worker: samples/s, its share of the samples, its batch (mean of one reading
-a second, and the last), its measured compute-only speed, and its steps/s. Each policy runs
+a second, and the last), its measured compute-only speed at its start and in the job (its
+samples over the compute and data time it reported: what the compute split of asgd and
+softsync divides by), and its steps/s. Each policy runs
 in turn on fresh hosts (`--policies dynamic fixed`), `--runs` times, the order reversed
 every other run, so that the policies share the machine's noise.
 
@@ -57,6 +59,7 @@ class WorkerFigures:
     last_batch: float
     standalone_sps: float
     steps_per_s: float
+    compute_sps: float  # samples over the span's compute and data seconds (0: none reported)
 
 
 @dataclass
@@ -65,8 +68,8 @@ class Watch:
     once a second, and (target mode) the first time since the job's first step at which the target was met."""
 
     elapsed_s: float
-    start: dict[str, tuple[float, float]]  # by host: (samples, steps) trained so far
-    end: dict[str, tuple[float, float]]
+    start: dict[str, tuple[float, float, float]]  # by host: (samples, steps, compute and data seconds) so far
+    end: dict[str, tuple[float, float, float]]
     batches: dict[str, list[float]]
     time_to_target_s: float | None = None
     accuracy: float | None = None  # the latest evaluation's, at the end of the span (target mode)
@@ -86,10 +89,12 @@ def figures(watch: Watch, hosts: list[tuple[str, str]], standalone: dict[str, fl
     out = []
     for name, rate in hosts:
         seen = watch.batches[name]
+        computing = watch.end[name][2] - watch.start[name][2]
         out.append(WorkerFigures(
             name, rate, trained[name] / watch.elapsed_s, trained[name] / total if total else 0.0,
             sum(seen) / len(seen) if seen else 0.0, seen[-1] if seen else 0.0, standalone.get(name, 0.0),
-            (watch.end[name][1] - watch.start[name][1]) / watch.elapsed_s))
+            (watch.end[name][1] - watch.start[name][1]) / watch.elapsed_s,
+            trained[name] / computing if computing > 0 else 0.0))
     return total / watch.elapsed_s, out
 
 
@@ -117,19 +122,21 @@ def _wait(job: HostedJob, ready: Callable[[], bool], timeout_s: float, what: str
 def _watch(job: HostedJob, server: Host, workers: list[Host], args: argparse.Namespace) -> Watch:
     """Read the job until the window ends (window mode) or the target is met or the time limit passes."""
 
-    def counters() -> dict[str, tuple[float, float]]:
+    def counters() -> dict[str, tuple[float, float, float]]:
         out = {}
         for h in workers:
             text = job.metrics(h)
             out[h.name] = (metric_sum(text, "dynabatch_worker_samples_total"),
-                           metric_sum(text, "dynabatch_worker_steps_total"))
+                           metric_sum(text, "dynabatch_worker_steps_total"),
+                           sum(metric_sum(text, "dynabatch_worker_phase_seconds_sum", phase=phase)
+                               for phase in ("compute", "data")))
         return out
 
     if args.target is None:
-        _wait(job, lambda: all(steps > 0 for _, steps in counters().values()), START_TIMEOUT_S,
+        _wait(job, lambda: all(steps > 0 for _, steps, _ in counters().values()), START_TIMEOUT_S,
               "not every worker trained")
     else:  # from the job's first step: the min-workers gate makes it every worker's first step, within a second
-        _wait(job, lambda: any(steps > 0 for _, steps in counters().values()), START_TIMEOUT_S, "no worker trained")
+        _wait(job, lambda: any(steps > 0 for _, steps, _ in counters().values()), START_TIMEOUT_S, "no worker trained")
     start, t0 = counters(), time.monotonic()
     batches: dict[str, list[float]] = {h.name: [] for h in workers}
     readings: list[tuple[float, float]] = []
@@ -182,8 +189,8 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
 def table(results: list[dict]) -> str:
     """One row for the job (with its time to target, in target mode) and one for each worker, per run."""
     lines = ["| run | policy | worker | link | to target (s) | samples/s | share | mean batch | last batch | steps/s "
-             "| standalone samples/s |",
-             "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| standalone samples/s | compute samples/s |",
+             "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         if "target" in r:
             reached = r["time_to_target_s"]
@@ -191,10 +198,11 @@ def table(results: list[dict]) -> str:
                          else f"not in {r['span_s']:.0f} (reached {100 * r['accuracy']:.1f}%)")
         else:
             to_target = ""
-        rows = [[r["run"], r["policy"], "job", "", to_target, f"{r['samples_per_s']:.0f}", "100%", "", "", "", ""]]
+        rows = [[r["run"], r["policy"], "job", "", to_target, f"{r['samples_per_s']:.0f}", "100%", "", "", "", "", ""]]
         rows += [[r["run"], r["policy"], w["host"], w["rate"], "", f"{w['samples_per_s']:.0f}",
                   f"{100 * w['share']:.1f}%", f"{w['mean_batch']:.0f}", f"{w['last_batch']:.0f}",
-                  f"{w['steps_per_s']:.2f}", f"{w['standalone_sps']:.0f}"] for w in r["workers"]]
+                  f"{w['steps_per_s']:.2f}", f"{w['standalone_sps']:.0f}", f"{w['compute_sps']:.0f}"]
+                 for w in r["workers"]]
         lines += [" ".join(f"| {cell}" if cell != "" else "|" for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
-from dynabatch.scheduler.speed_model import SpeedModel
+from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
 DECISIONS_KEPT = 100
 MIN_OWN_STEP_S = 1e-6
@@ -33,6 +33,21 @@ def own_step_seconds(hb: Heartbeat) -> float:
     a smaller share.
     """
     return max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S)
+
+
+def own_compute_seconds(hb: Heartbeat) -> float | None:
+    """The part of a worker's step that grows with its batch and nothing else: computing and taking its samples
+    (`compute_s + data_s`); None when the worker reports no compute time (an older worker).
+
+    A worker's `compute_s` is its forward and backward pass (with its node's emulated slowdown) and nothing it
+    waits for: its batch is drawn before the timer starts (that time is `data_s`), a prefetched pull's chunks
+    arrive beside it and are waited for in the pull's time, and a pipelined step counts its waits for chunks as
+    pull and push (only loading arrived chunks and sending gradient ones, both small, stay in its compute).
+    Taking the samples is the worker's own, as in `own_step_seconds`: a starved loader makes every sample cost
+    more, so it stays in. It is at most `own_step_seconds` (the phases sum to the step): a report that says
+    otherwise does not make its worker look slower than its whole step does.
+    """
+    return min(hb.compute_s + hb.data_s, own_step_seconds(hb)) if hb.compute_s > 0 else None
 
 
 class Allocator:
@@ -67,8 +82,8 @@ class Allocator:
         self.speeds[worker] = model
 
     def observe(self, worker: str, hb: Heartbeat) -> None:
-        """Fit a step the worker reports into its speed model."""
-        self.speeds[worker].observe(hb.batch, own_step_seconds(hb))
+        """Fit a step the worker reports into its speed model, with the compute time it reports."""
+        self.speeds[worker].observe(hb.batch, own_step_seconds(hb), own_compute_seconds(hb))
 
     def forget(self, worker: str) -> None:
         """A worker that left: its speed model goes (a process that registers again gets a new id)."""
@@ -95,7 +110,8 @@ class Allocator:
         if job.batch_policy == "fixed" or len(models) < len(fits):
             proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
         else:
-            proposed = allocation_for(self.spec)(models, job.global_batch, job.min_batch, job.max_batch, caps)
+            proposed = allocation_for(self.spec)(self._split_models(models), job.global_batch, job.min_batch,
+                                                 job.max_batch, caps)
         if not force and not needs_reassign(self.allocation, proposed, job.reassign_threshold):
             return []
         if proposed == self.allocation:
@@ -108,6 +124,14 @@ class Allocator:
             notes.append("slowest left out: the round is faster without them (batch 0)")
         self._decide(Decision(t, "; ".join(n for n in notes if n), subject, dict(proposed), predicted))
         return given
+
+    def _split_models(self, models: dict[str, StepModel]) -> dict[str, StepModel]:
+        """What the dynamic split solves with: the step models where steps are to be equal, else each worker's
+        compute-only model (`allocate_compute` takes ``c_i`` alone, and the one the worker reports is known from
+        its first step, while the step fit's includes its transfers until it has identified ``a_i``)."""
+        if self.spec.equal_steps:
+            return models
+        return {wid: self.speeds[wid].compute_fit() or model for wid, model in models.items()}
 
     def adapt_local_steps(self, t: float, loss: float, workers: list[Heartbeat]) -> None:
         """AdaComm's H from the smoothed `loss`, bounded by the live workers' measured sync/compute ratio."""

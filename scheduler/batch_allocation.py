@@ -152,7 +152,9 @@ def allocate_compute(
     keep equal steps (so equal staleness), and a slow-link worker's step, hence the staleness of its gradients, is
     longer only by its own communication, ``(a_i + T_c) / (a_j + T_c)``; the split of most total samples/s (step
     times growing as ``sqrt(a_i)``) would make a slow link's step longer still against fast links with small
-    ``a_j``. Bounds and rounding as in ``allocate``.
+    ``a_j``. Bounds and rounding as in ``allocate``. The scheduler passes models whose ``c_i`` is the compute
+    time the worker reports per sample (``SpeedModel.compute_fit``): the step fit's ``c_i`` holds a slow link's
+    transfers until its batch has varied enough to identify ``a_i``.
     """
     compute_only = {w: StepModel(0.0, m.per_sample_s) for w, m in models.items()}
     return allocate(compute_only, global_batch, b_min, b_max, caps)

@@ -45,6 +45,14 @@ Keeps ``c`` at least a tenth of the mean per-sample time, so a noisy intercept
 never makes a worker look as if more samples cost nothing."""
 
 
+def _positive_seconds(name: str, value: float) -> float:
+    """``value`` as a float; ValueError unless it is finite and > 0."""
+    seconds = float(value)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return seconds
+
+
 @dataclass(frozen=True)
 class StepModel:
     """Fitted affine step time ``fixed_s + per_sample_s * batch``."""
@@ -89,6 +97,12 @@ class SpeedModel:
     exact, and the knowledge of the fixed cost, learnt when the batch last moved,
     is not lost. Before any ``a`` has been identified, ``a = 0`` (a proportional
     model).
+
+    The compute time a worker reports beside each step (``observe``'s ``compute_s``)
+    gives the per-sample compute cost directly (``compute_fit``), with no fit: a
+    worker whose step is mostly transfers has its compute cost known from its first
+    step, where ``c`` above includes the transfers until the batch has moved enough
+    for the fit to identify ``a``.
     """
 
     def __init__(
@@ -111,6 +125,7 @@ class SpeedModel:
                 f"prior_samples_per_s must be finite and > 0, got {prior_samples_per_s!r}"
             )
         self._window: deque[tuple[int, float]] = deque(maxlen=window)
+        self._compute: deque[tuple[int, float]] = deque(maxlen=window)  # (batch, compute seconds) where reported
         self._forgetting = forgetting
         self._prior = prior_samples_per_s
         self._fixed_s: float | None = None
@@ -125,8 +140,9 @@ class SpeedModel:
         """The (batch, seconds) steps in the window, oldest first: observing them again rebuilds this model."""
         return list(self._window)
 
-    def observe(self, batch: int, seconds: float) -> None:
-        """Record one step of ``batch`` samples that took ``seconds``.
+    def observe(self, batch: int, seconds: float, compute_s: float | None = None) -> None:
+        """Record one step of ``batch`` samples that took ``seconds``, ``compute_s`` of them computing
+        (None: the worker did not say).
 
         Raises ValueError for a batch that is not a positive integer or a time that
         is not finite and positive, rather than skipping it silently: the caller
@@ -139,10 +155,11 @@ class SpeedModel:
             raise ValueError(f"batch must be an integer, got {batch!r}") from None
         if b < 1:
             raise ValueError(f"batch must be >= 1, got {b}")
-        t = float(seconds)
-        if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"seconds must be finite and > 0, got {seconds!r}")
+        t = _positive_seconds("seconds", seconds)
+        compute = None if compute_s is None else _positive_seconds("compute_s", compute_s)
         self._window.append((b, t))
+        if compute is not None:
+            self._compute.append((b, compute))
         self._model = self._refit()
 
     def fit(self) -> StepModel | None:
@@ -152,6 +169,22 @@ class SpeedModel:
         if self._prior is not None:
             return StepModel(0.0, 1.0 / self._prior)
         return None
+
+    def compute_fit(self) -> StepModel | None:
+        """The compute-only model ``StepModel(0, c)``: ``c`` is the window's reported compute seconds per sample,
+        weighted as the step fit weighs its steps (the newest most), else ``fit()``'s ``c``; None without ``fit()``.
+
+        A ratio of sums, not a fit: it needs no spread of batch sizes, so it holds from the first step reported.
+        A fixed part of the compute itself (kernel launches) stays in ``c``, which makes ``1/c`` the worker's
+        compute throughput at the batches it ran. The step fit's ``c`` is the fallback for a worker that reports
+        no compute time (an older one), and for the steps restored from a saved job, which kept none.
+        """
+        step = self.fit()
+        if not self._compute:
+            return None if step is None else StepModel(0.0, step.per_sample_s)
+        data = np.asarray(self._compute, dtype=float)
+        w = self._forgetting ** np.arange(len(data) - 1, -1, -1, dtype=float)
+        return StepModel(0.0, float(w @ data[:, 1]) / float(w @ data[:, 0]))
 
     def _refit(self) -> StepModel:
         """Refit after each observation, so that an intercept identified while

@@ -8,7 +8,7 @@ import math
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat
 from dynabatch.common.protocols import protocol_spec
-from dynabatch.scheduler.allocator import DECISIONS_KEPT, Allocator, own_step_seconds
+from dynabatch.scheduler.allocator import DECISIONS_KEPT, Allocator, own_compute_seconds, own_step_seconds
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 
 
@@ -115,3 +115,42 @@ def test_speed_models_are_saved_by_process_and_restored_for_the_same_process():
     again.measure("w3", 1000.0, instance="proc-a")
     assert again.speeds["w3"].window() == [(32, 0.05)] and again.resumed_speeds == {}
     assert again.saved_speeds({}) == {}, "claimed: saved under the process's new id only"
+
+
+def _one_step_each(allocator: Allocator, transfers_s: dict[str, float], compute_s: dict[str, float]) -> dict[str, int]:
+    """Every worker measured at 1000 samples/s, its first batch handed out, then one step of it reported: its
+    transfers (`transfers_s`, pull and push) and its compute (`compute_s`, 0: not reported, an older worker)."""
+    ready = _measured(allocator, {wid: 1000.0 for wid in transfers_s})
+    allocator.reallocate(0.0, 0.0, "joined", "w0", ready, force=True)
+    for wid, transfers in transfers_s.items():
+        b, compute = allocator.allocation[wid], compute_s[wid]
+        allocator.observe(wid, Heartbeat(batch=b, step_s=transfers + b * 1e-3, compute_s=compute * b,
+                                         pull_s=transfers / 2, push_s=transfers / 2))
+    allocator.reallocate(1.0, 1.0, "speed update", "w2", ready)
+    return allocator.allocation
+
+
+def test_an_asynchronous_split_gives_a_slow_links_worker_its_compute_share_from_its_first_step():
+    """w2's steps are 150 ms of transfers and 32 ms of compute: at one batch size its step fit cannot separate
+    the two, so the split by the fit's c alone would give it a throughput share (about a sixth); the compute time
+    it reports gives it its compute share, a third, from the first step."""
+    allocator = _allocator(protocol="asgd", global_batch=96)
+    transfers = {"w0": 0.005, "w1": 0.005, "w2": 0.150}
+    assert _one_step_each(allocator, transfers, {w: 1e-3 for w in transfers}) == {"w0": 32, "w1": 32, "w2": 32}
+    assert allocator.speeds["w2"].fit().per_sample_s > 5e-3, "the step fit's c still holds the transfers"
+    old = _one_step_each(_allocator(protocol="asgd", global_batch=96), transfers, {"w0": 1e-3, "w1": 1e-3, "w2": 0})
+    assert old["w2"] < 16, "no compute time reported: the step fit's c, transfers included"
+
+
+def test_an_equal_step_split_still_equalizes_whole_steps():
+    """ssgd's rounds wait for the slowest: the slow link's worker gets a smaller batch, compute time or not."""
+    transfers = {"w0": 0.005, "w1": 0.005, "w2": 0.150}
+    with_compute = _one_step_each(_allocator(protocol="ssgd"), transfers, {w: 1e-3 for w in transfers})
+    without = _one_step_each(_allocator(protocol="ssgd"), transfers, {w: 0.0 for w in transfers})
+    assert with_compute == without and with_compute["w2"] < 16
+
+
+def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_reported():
+    assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.2, data_s=0.05, pull_s=0.25)) == 0.25
+    assert own_compute_seconds(Heartbeat(step_s=0.5, pull_s=0.5)) is None
+    assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, "no more than its own step"

@@ -186,3 +186,45 @@ def test_decreasing_times_fall_back_to_proportional() -> None:
     fit = _fitted(model)
     assert fit.fixed_s == 0.0
     assert fit.per_sample_s == pytest.approx(0.2 / 100)
+
+
+def test_reported_compute_time_gives_the_compute_cost_from_the_first_step() -> None:
+    """150 ms of transfers and 6.4 ms of compute: the step fit cannot tell them apart at one batch size (its ``c``
+    holds both), the reported compute time does at once."""
+    model = SpeedModel(prior_samples_per_s=1000.0)
+    model.observe(64, 0.150 + 64e-4, compute_s=64e-4)
+    assert _fitted(model).fixed_s == 0.0 and _fitted(model).per_sample_s > 20 * 1e-4
+    assert model.compute_fit() == StepModel(0.0, _compute(model)) and _compute(model) == pytest.approx(1e-4)
+
+
+def test_compute_cost_weighs_the_newest_steps_most() -> None:
+    model = SpeedModel(forgetting=0.5)
+    model.observe(32, 0.2, compute_s=32 * 2e-4)
+    model.observe(16, 0.2, compute_s=16 * 1e-4)
+    expected = (0.5 * 32 * 2e-4 + 16 * 1e-4) / (0.5 * 32 + 16)
+    assert _compute(model) == pytest.approx(expected)
+
+
+def test_compute_cost_without_reported_compute_time_is_the_step_fits() -> None:
+    assert SpeedModel().compute_fit() is None
+    assert SpeedModel(prior_samples_per_s=500.0).compute_fit() == StepModel(0.0, 1.0 / 500.0)
+    model = SpeedModel()
+    for batch in (16, 32, 48, 64):
+        model.observe(batch, 0.05 + 1e-3 * batch)
+    assert _fitted(model).fixed_s == pytest.approx(0.05)
+    assert _compute(model) == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("compute_s", [0.0, -1.0, math.nan, math.inf])
+def test_a_bad_compute_time_is_refused_and_changes_nothing(compute_s: float) -> None:
+    model = SpeedModel()
+    model.observe(8, 0.1, compute_s=0.01)
+    with pytest.raises(ValueError, match="compute_s"):
+        model.observe(8, 0.1, compute_s=compute_s)
+    assert model.observations == 1 and _compute(model) == pytest.approx(0.01 / 8)
+
+
+def _compute(model: SpeedModel) -> float:
+    fit = model.compute_fit()
+    assert fit is not None
+    return fit.per_sample_s
