@@ -16,9 +16,10 @@ may be taken only bounded (clipped to the gradient bound when far beyond it)
 and counted by the shards as its pushes; that the job finished within one point
 of test accuracy of the clean one.
 
-The job is bulk-synchronous with fixed batches, so that its result depends on
-the data and not on timing: the fuzzed and the clean job then agree to a
-fraction of a point unless the fuzz changed what was trained. The fuzzer's
+The job is bulk-synchronous with fixed batches (under `--aggregation median`, see
+JOB), so that its result depends on the data and not on timing: the fuzzed and
+the clean job then agree to a fraction of a point unless the fuzz changed what
+was trained. The fuzzer's
 worker does change it, within the bound, while it is live (the fuzz's length):
 the point of margin says that what it could push did not matter.
 """
@@ -64,9 +65,13 @@ from fuzz.byzantine import GRADIENTS, ByzantineMember, judge
 from fuzz.messages import BYZANTINE, LIES, SCHEDULER, FuzzMessages, JobView
 from processes import rss_bytes
 
-JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--batch-policy", "fixed",
-       "--chunk-bytes", "131072", "--await-final-eval", "--liveness-timeout-s", "30", "--max-workers", "24",
-       "--log-level", "WARNING")
+# The configuration docs/operators.md recommends for workers one does not trust, so that the fuzz holds it to account:
+# a round protocol under a robust aggregation, beside the gradient bound and direction check (on by default). With
+# its worker, the fuzzed job's rounds are medians of 3 where the liar is one, so each value stays between the two
+# honest workers'; the clean twin's rounds of 2 are their mean, as under --aggregation mean.
+JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--aggregation", "median",
+       "--batch-policy", "fixed", "--chunk-bytes", "131072", "--await-final-eval", "--liveness-timeout-s", "30",
+       "--max-workers", "24", "--log-level", "WARNING")
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 STALL_S = 5.0  # a connection whose answers stop for this long has its unanswered messages written off
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
