@@ -68,7 +68,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     # contributors.md
     "make bench-quick": (MAKE, "-m bench --quick"),
     "make bench": (MAKE, "-m bench --publish"),
-    "PYTHONPATH=tests python -m fuzz --messages 100000 --epochs 40": (PARSE, ""),
+    "PYTHONPATH=tests python -m fuzz --messages 100000 --epochs 80": (PARSE, ""),
 }
 
 # Runs a command's module with argparse stopped right after a successful parse: a flag the command does not
