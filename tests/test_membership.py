@@ -241,13 +241,11 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
         before = c.wait_status("both training at full speed", lambda s: _training(s, 2) and tired(s).steps > 3)
         share = tired(before).batch
         assert share > 96 // 4, "at equal speed the worker holds about half the batch"
-        # First the slowdown's start (after 12 s of its training, however long a loaded machine makes them), then
-        # a window of slowed steps for the speed model, each as long as the slowed step measured now.
-        slowed = c.wait_status("the worker's steps to slow down",
-                               lambda s: tired(s).step_s > 2 * tired(before).step_s,
-                               max(60.0, 12.0 + 8 * 50 * tired(before).step_s))
+        # The slowdown starts after 12 s of its training; then the speed model needs a window of slowed steps, each
+        # 8x the step measured so far on this machine now. (Its step time need not grow: under asgd the batch
+        # follows the compute time the worker reports from its first slowed step.)
         after = c.wait_status("the slowed worker's batch to shrink", lambda s: tired(s).batch < share * 0.6,
-                              max(60.0, 2 * 50 * tired(slowed).step_s))
+                              max(60.0, 12.0 + 8 * 50 * tired(before).step_s))
         assert sum(after.decisions[-1].batches.values()) == 96, "the steady worker's share takes the rest"
         assert any(d.reason == "speed update" for d in after.decisions)
     finally:
