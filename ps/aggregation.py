@@ -63,11 +63,11 @@ def trimmed_mean(parts: Sequence[Contribution], k: int) -> torch.Tensor:
 
     Ranks, not a sort: each pair of contributions is compared once, coordinate by coordinate, and a
     contribution's rank at a coordinate is how many lie below it there. That is n(n - 1)/2 passes over a chunk
-    and a few per contribution, and no n x chunk copy. On a 1 MiB chunk (one thread, the best of 7 on a loaded
-    CPU) the median took 3 ms of 4 workers, 106 ms of 16 and 1.0 s of 64, where torch's sort along the workers
-    took 45 ms, 388 ms and 1.1 s, and the mean 0.3, 0.9 and 6 ms: a robust rule is for few workers. Equal values are
-    ranked by the contributions' order, which is by samples first, so the values kept do not depend on the
-    order of `parts` (two equal in value and samples are interchangeable); their sum's rounding may.
+    and a few per contribution, and no n x chunk copy; for few workers it is faster than torch's sort along the
+    workers, and its cost grows as n^2, so a robust rule is for small rounds (the measured costs are in
+    docs/operators.md, "Robust aggregation for rounds"). Equal values are ranked by the contributions' order,
+    which is by samples first, so the values kept do not depend on the order of `parts` (two equal in value and
+    samples are interchangeable); their sum's rounding may.
     """
     if not 0 <= 2 * k < len(parts):
         raise ValueError(f"cannot drop {k} of {len(parts)} contributions at each end")
