@@ -118,11 +118,16 @@ class RunResult:
         return config_label(self.protocol, self.policy)
 
 
+def run_name(scenario: str, protocol: str, policy: str, seed: int) -> str:
+    """The name of one run's folder (and log) under the benchmark's output folder."""
+    return f"{scenario}-{protocol}-{policy}-s{seed}"
+
+
 def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Settings, out: Path,
             data_dir: str) -> RunResult:
     """One `dynabatch run`, its console output in `out/NAME.log`, its run folder in `out/NAME/`."""
     slowdowns = list(SCENARIOS[scenario](settings.budget_s))
-    name = f"{scenario}-{protocol}-{policy}-s{seed}"
+    name = run_name(scenario, protocol, policy, seed)
     cmd = command_line("run", ["--workers", str(len(slowdowns)), "--slowdowns", *slowdowns, "--protocol", protocol,
                                "--batch-policy", policy, "--seed", str(seed), "--epochs", "1000",
                                "--time-budget-s", str(settings.budget_s),

@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.convergence import RunResult, Settings, parse_configs, run_one
+from bench.convergence import RunResult, Settings, parse_configs, run_name, run_one
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "on": (),  # the defaults: --gradient-bound 4 and --direction-check
@@ -58,7 +58,7 @@ def run_variant(variant: str, protocol: str, policy: str, seed: int, budget_s: f
     settings = Settings(((protocol, policy),), (seed,), budget_s, flags=VARIANTS[variant])
     (out / variant).mkdir(parents=True, exist_ok=True)
     run = run_one("heterogeneous", protocol, policy, seed, settings, out / variant, data_dir)
-    run_dir = out / variant / f"heterogeneous-{protocol}-{policy}-s{seed}"
+    run_dir = out / variant / run_name("heterogeneous", protocol, policy, seed)
     summary = run_dir / "summary.json"
     updates = json.loads(summary.read_text()).get("updates") if summary.exists() else None
     clipped, quarantined = shard_closing(run_dir) if run_dir.exists() else (None, None)

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import plots
-from bench.convergence import RunResult, Settings, parse_configs, run_one
+from bench.convergence import RunResult, Settings, parse_configs, run_name, run_one
 from dynabatch.cluster.report import read_timeline, training_start
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, add_flags, from_args
@@ -161,7 +161,7 @@ def run_variant(variant: str, protocol: str, policy: str, seed: int, budget_s: f
     folder = out / workload.folder / variant.replace(",", "-").replace("+", "_")
     folder.mkdir(parents=True, exist_ok=True)
     result = run_one("heterogeneous", protocol, policy, seed, settings, folder, data_dir)
-    timeline = folder / f"heterogeneous-{protocol}-{policy}-s{seed}" / "timeline.json"
+    timeline = folder / run_name("heterogeneous", protocol, policy, seed) / "timeline.json"
     parts = breakdown(read_timeline(timeline)) if result.ok and timeline.exists() else None
     return VariantRun(variant, result, parts, workload.label)
 
