@@ -424,7 +424,12 @@ class Worker:
         """Until the scheduler gives this worker a batch (worker/trainer.py, _await_batch)."""
         c = self.c
         yield lambda: c.scheduler.allocator.allocation.get(self.wid, 0) > 0
-        self.batch = c.scheduler.assignment_for(c.scheduler.roster.members[self.wid]).batch
+        self.batch = self._assigned()
+
+    def _assigned(self) -> int:
+        """The batch the scheduler holds for this worker now: what the real worker's link hands it between steps,
+        a step that reported nothing included (worker/trainer.py)."""
+        return self.c.scheduler.assignment_for(self.c.scheduler.roster.members[self.wid]).batch
 
     def _await_round(self, min_version: int | None) -> Generator[Wait, None, None]:
         """A round's pull waits until the shard holds `min_version` (None: nothing to wait for)."""
@@ -452,8 +457,9 @@ class Worker:
             yield c.now + self.comm_s
             try:
                 c.push(flat_grads(c.model), versions, b, "grad", self.wid)
-            except StaleGradient:  # discarded (ringmaster, rennala): the real worker pulls again at once, unreported
+            except StaleGradient:  # discarded (ssgd, ringmaster, rennala): the real worker pulls again at once
                 c.discarded_samples += b
+                self.batch = self._assigned()
                 continue
             if c.spec.one_push_per_round:
                 min_version = version + 1

@@ -80,6 +80,11 @@ class ProtocolError(Exception):
         self.text = text
         self.ref = ref
 
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int]]:
+        """Pickled by its fields (the default passes the formatted message as `code` and fails to unpickle), so
+        that one raised in a process pool (bench/parallel_runs.py) reaches the caller as itself."""
+        return type(self), (self.code, self.text, self.ref)
+
     def to_error(self) -> Error:
         """The ERROR body that answers the offending message."""
         return Error(code=self.code, text=self.text)

@@ -302,9 +302,20 @@ class _RoundRule(ShardRule, Generic[RoundT]):
 
 class RoundRule(_RoundRule[SyncRound]):
     """ssgd: each chunk's round waits for every live worker holding a batch, then applies their aggregate once
-    (by default the sample-weighted mean)."""
+    (by default the sample-weighted mean).
+
+    A round's gradients are all computed at the round's model: one computed at an
+    older version (its worker was left out with batch 0, or late, while the round
+    closed without it) is discarded (`max_delay` 1: TOO_STALE, nothing changes)
+    and its worker pulls the current model, as rennala's are. Taken, it would
+    enter a later round at full weight, and its worker, whose next pull no longer
+    waits, would push into that round a second time.
+    """
 
     NAME = "round"
+
+    def max_delay(self) -> int | None:
+        return 1
 
     def _new_round(self) -> SyncRound:
         return SyncRound()
@@ -328,9 +339,14 @@ class RoundRule(_RoundRule[SyncRound]):
 class OuterRule(RoundRule):
     """local and msd: each round aggregates the workers' parameter deltas (by default their sample-weighted
     mean) and applies it with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum), which is
-    the chunks' optimizer under a delta protocol (shard_state.py)."""
+    the chunks' optimizer under a delta protocol (shard_state.py). A delta is never discarded for its age: it is
+    a worker's progress since its last push, whatever model that began from (msd corrects onto the averaged
+    model without waiting for it)."""
 
     NAME = "outer"
+
+    def max_delay(self) -> int | None:
+        return None
 
 
 class SoftsyncRule(_RoundRule[PooledRound]):

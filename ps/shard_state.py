@@ -40,11 +40,14 @@ from dynabatch.ps.update_rules import (
 
 
 class StaleGradient(ProtocolError):
-    """A gradient computed on too old a model, discarded by the protocol (ringmaster, rennala): nothing changed,
+    """A gradient computed on too old a model, discarded by the protocol (ssgd, ringmaster, rennala): nothing changed,
     and the worker pulls the current model and computes again."""
 
     def __init__(self, text: str) -> None:
         super().__init__(ErrorCode.TOO_STALE, text)
+
+    def __reduce__(self) -> tuple[type[StaleGradient], tuple[str]]:  # type: ignore[override]
+        return type(self), (self.text,)
 
 
 @dataclass

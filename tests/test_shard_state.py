@@ -449,3 +449,22 @@ def test_ssgd_rounds_do_not_wait_for_a_worker_left_out_with_batch_0():
     assert state.version == 1, "w2 has a batch again: the round waits for it"
     state.set_membership({"w0", "w1", "w2"}, allocated=2, idle={"w2"})
     assert state.version == 2, "left out again: the round closes without it"
+
+
+def test_ssgd_discards_a_gradient_of_a_round_that_closed_without_its_worker():
+    """w2 pulled version 0, was left out while it computed, and has a batch again when its gradient arrives: the
+    gradient belongs to a round that closed without it, so it is discarded (as the simulator found: taken, it
+    entered round 1 and w2's next push into round 1 was refused as a second one)."""
+    state, _ = _state("ssgd")
+    state.set_membership({"w0", "w1", "w2"}, allocated=2, idle={"w2"})
+    g = torch.ones(1000)
+    _push(state, "w0", g, 0, 32)
+    _push(state, "w1", g, 0, 32)
+    state.set_membership({"w0", "w1", "w2"}, allocated=3)
+    before = _flat(state).clone()
+    with pytest.raises(StaleGradient):
+        _push(state, "w2", g, 0, 32)
+    assert torch.equal(_flat(state), before) and state.version == 1 and state.discarded == 1
+    _push(state, "w0", g, 1, 32)
+    _push(state, "w1", g, 1, 32)
+    assert _push(state, "w2", g, 1, 32).applied and state.version == 2, "at the current model it counts"

@@ -276,3 +276,16 @@ def test_annotations_the_codec_cannot_check_are_refused_when_first_used():
     assert decode_map(Maybe, {"value": None}, "maybe") == Maybe(None)
     with pytest.raises(TypeError, match="only X | None"):
         decode_map(Either, {"value": 1}, "either")
+
+
+def test_a_protocol_error_survives_pickling_as_itself():
+    """A simulation in bench's process pool that raises one reaches the study as itself (it used to fail to unpickle
+    and break the pool, hiding the error)."""
+    import pickle
+
+    from dynabatch.ps.shard_state import StaleGradient
+
+    back = pickle.loads(pickle.dumps(ProtocolError("bad_state", "w3 already pushed chunk 0", 7)))
+    assert (type(back), back.code, back.text, back.ref) == (ProtocolError, "bad_state", "w3 already pushed chunk 0", 7)
+    stale = pickle.loads(pickle.dumps(StaleGradient("old")))
+    assert (type(stale), stale.code, stale.text) == (StaleGradient, "too_stale", "old")
