@@ -59,10 +59,6 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
     assert len(summary["workers"]) == 3
     for w in summary["workers"].values():
         assert w["final_batch"] > 0 and w["mean_step_s_after_warmup"] > 0 and w["standalone_samples_per_s"] > 0
-    # The probe must see the 4x node as the slowest. 1x against 2x is not asserted: contention on a loaded
-    # machine inflates a busy 1x node's steps by more than the 2x node's idle half (CI saw them swap).
-    probed = {w["name"]: w["standalone_samples_per_s"] for w in summary["workers"].values()}
-    assert min(probed, key=probed.get) == "worker2", probed
     rows = list(csv.DictReader((run / "timeline.csv").read_text().splitlines()))
     assert len(rows) > 10 and {"t", "worker", "batch", "samples_per_s"} <= rows[0].keys()
     timeline = json.loads((run / "timeline.json").read_text())
