@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dynabatch.common.messages import Push
@@ -35,9 +35,10 @@ MUST_REFUSE: dict[str, frozenset[str]] = {
     "replay_own": frozenset({"replay"}),
     "replay_other": frozenset({"bad_sender", "unknown_sender", "quarantined"}),
 }
-# What any of its pushes may get besides: ssgd takes one push per worker and round (`bad_state`), and a member the
-# shards quarantined, or the scheduler then dropped, is refused as such.
-ANY_PUSH = frozenset({"bad_state", "quarantined", "unknown_sender"})
+# What any of its pushes may get besides: ssgd takes one push per worker and round (`bad_state`) and discards one
+# computed before its round closed (`too_stale`: the member's base may be a round behind until it pulls again), and
+# a member the shards quarantined, or the scheduler then dropped, is refused as such.
+ANY_PUSH = frozenset({"bad_state", "too_stale", "quarantined", "unknown_sender"})
 NOISE_TIMES = 1e3  # the noise's norm, in true gradient norms
 
 
@@ -88,6 +89,11 @@ class ByzantineMember:
         else:
             raise ValueError(f"not a Byzantine gradient: {kind!r}")
         return Push(samples=samples), list(self.metas[shard]), [torch.as_tensor(t).contiguous() for t in tensors]
+
+    def pulled(self, shard: int, chunks: list[ChunkMeta]) -> None:
+        """`shard` answered the member's pull with `chunks`: its next pushes are based on their versions."""
+        now = {c.id: c.version for c in chunks}
+        self.metas[shard] = [replace(m, version=now.get(m.id, m.version)) for m in self.metas[shard]]
 
     def replay(self, shard: int, rng: random.Random) -> tuple[int, list[bytes]] | None:
         """One PUSH the shard took from it (its seq and frames, verbatim), each at most once (None: none yet)."""

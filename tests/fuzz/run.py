@@ -47,6 +47,7 @@ from dynabatch.cluster.launcher import Child, Launcher
 from dynabatch.cluster.metric_text import metric_by_label, metric_sum
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.config import job_from_dict
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
     Bye,
     Error,
@@ -75,6 +76,7 @@ JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--aggr
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 STALL_S = 5.0  # a connection whose answers stop for this long has its unanswered messages written off
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
+MEMBER_PULL_SEQ = 1 << 40  # the worker's own pulls are numbered from here, apart from the fuzzed messages' seqs
 HEARTBEAT_S = 5.0  # the fuzzer's worker heartbeats this often, well within the job's --liveness-timeout-s
 
 
@@ -363,6 +365,9 @@ class Fuzzer:
         self.member = member
         self.pushes: dict[int, tuple[str, int, list[bytes]]] = {}  # the worker's in flight: seq -> kind, shard, frames
         self.byzantine: dict[str, Counter] = {}  # the worker's answered, by kind: "taken" or the refusal's code
+        self.member_pulls: dict[int, int] = {}  # the worker's pulls: seq -> shard (a pull may take several answers)
+        self.pulling: set[int] = set()  # shards whose pull by the worker has not been answered yet
+        self.pull_seq = MEMBER_PULL_SEQ
 
     def send(self, target: int, connection: int, frames: list[bytes], seq: int, what: str) -> None:
         sock = self.sockets[target][connection]
@@ -382,12 +387,20 @@ class Fuzzer:
         for sock, _ in self.poller.poll(int(timeout_s * 1000)):
             while sock.poll(0):
                 frames = sock.recv_multipart()
-                self.in_flight[id(sock)] = max(0, self.in_flight[id(sock)] - 1)
                 self.last_answer[id(sock)] = time.monotonic()
                 try:
                     msg = decode(frames)
                 except ProtocolError as exc:
+                    msg = None
                     self.accepted.append(f"an undecodable answer ({exc})")
+                if msg is not None and msg.seq in self.member_pulls:  # outside the window: not counted in flight
+                    shard = self.member_pulls[msg.seq]
+                    self.pulling.discard(shard)
+                    if isinstance(msg.body, Params):
+                        self.member.pulled(shard, list(msg.chunks))
+                    continue
+                self.in_flight[id(sock)] = max(0, self.in_flight[id(sock)] - 1)
+                if msg is None:
                     continue
                 pushed = self.pushes.pop(msg.seq, None)
                 if pushed is not None:
@@ -404,13 +417,25 @@ class Fuzzer:
         into the pool of replays)."""
         kind, shard, frames = pushed
         if isinstance(msg.body, Error):
-            self.refused[msg.body.code] += 1
+            if msg.body.code != ErrorCode.TOO_STALE:  # a discarded gradient is no bad message: counted apart
+                self.refused[msg.body.code] += 1
             outcome = msg.body.code
         else:
             outcome = "taken" if isinstance(msg.body, PushAck) else msg.type
         self.byzantine.setdefault(kind, Counter())[outcome] += 1
         if outcome == "taken" and kind in GRADIENTS:
             self.member.taken[shard].append((msg.seq, frames))
+        elif outcome == "too_stale" and shard not in self.pulling:
+            self._pull(shard)
+
+    def _pull(self, shard: int) -> None:
+        """The worker pulls `shard`'s model again on its own connection, as an honest one does after a discarded
+        gradient, to learn the versions its next pushes are based on."""
+        self.pull_seq += 1
+        self.member_pulls[self.pull_seq] = shard
+        self.pulling.add(shard)
+        self.sockets[shard + 1][self.member.connection].send_multipart(
+            encode(Message(Pull(), [], [], "dynabatch", self.member.id, self.pull_seq)))
 
     def drain(self) -> None:
         """Collect answers until none is in flight, or none has come for STALL_S (a loaded machine answers late)."""
