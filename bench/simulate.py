@@ -48,10 +48,12 @@ from dynabatch.common import staleness
 from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
 from dynabatch.common.protocols import DELTA, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.update_rules import optimizer_spec
@@ -176,6 +178,7 @@ class SimResult:
     batches: dict[str, int]
     discarded_fraction: float = 0.0  # of the samples computed and pushed, those discarded as too stale
     clipped: int = 0  # pushes the gradient bound clipped
+    quarantined: int = 0  # workers the gradient bound quarantined
     # each worker's samples and last batch, by its instance "sim<i>", i its index in SimConfig.workers
     worker_samples: dict[str, int] = field(default_factory=dict)
     worker_batches: dict[str, int] = field(default_factory=dict)
@@ -218,6 +221,7 @@ class Cluster:
         self.waiting: list[Waiter] = []
         self.transfers = 0
         self.discarded_samples = 0  # computed, pushed, and discarded as too stale
+        self.quarantined = 0  # workers the gradient bound quarantined (a run whose gradients blew up)
         self.counts: list[int] = []
         gen = torch.Generator().manual_seed(cfg.seed)
         pick = torch.randperm(len(data.test_y), generator=gen)[: cfg.eval_size]
@@ -409,7 +413,13 @@ class Worker:
         loop = {"gradient": self.gradient_loop, "round": self.gradient_loop, "local": self.local_loop,
                 "msd": self.msd_loop, "sample_round": lambda: self.gradient_loop(held_is_wait=True),
                 }[c.spec.worker_loop]
-        yield from loop()
+        try:
+            yield from loop()
+        except ProtocolError as refused:
+            if refused.code != ErrorCode.QUARANTINED:
+                raise
+            # The real worker retries its refused steps (worker/trainer.py); none changes anything, so it stops here.
+            c.quarantined += 1
 
     def leaving(self) -> bool:
         if self.c.now < self.spec.leave_s:
@@ -583,6 +593,7 @@ def result_of(cluster: Cluster) -> SimResult:
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
         samples=samples, curve=cluster.curve, batches=dict(sched.allocator.allocation), clipped=cluster.clipped,
+        quarantined=cluster.quarantined,
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers})

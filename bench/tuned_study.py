@@ -178,9 +178,11 @@ def sim_config(run: Run) -> SimConfig:
 
 def diverged(r: dict[str, Any]) -> bool:
     """Whether a run blew up: its training loss not finite or far above the untrained model's (about 2.3 for
-    ten classes), or its model at the budget no better than chance."""
+    ten classes), its model at the budget no better than chance, or an honest worker quarantined by the gradient
+    bound (its gradients grew past it: the model was blowing up)."""
     loss = r["final_train_loss"]
-    return loss is None or not math.isfinite(loss) or loss > 10.0 or r["final_test_acc"] < 0.15
+    return (loss is None or not math.isfinite(loss) or loss > 10.0 or r["final_test_acc"] < 0.15
+            or r.get("quarantined", 0) > 0)
 
 
 def time_to(r: dict[str, Any], mark: str) -> float:

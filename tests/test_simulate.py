@@ -163,3 +163,10 @@ def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under
     assert compute_share > 2 * starved_share, (compute_share, starved_share)
     rounds, _ = run("ssgd")
     assert all(rounds.worker_batches[w] <= 8 for w in slow), rounds.worker_batches
+
+
+def test_a_run_whose_gradients_blow_up_counts_the_workers_quarantined_and_finishes(data):
+    """A step size far too large: the gradient bound quarantines workers, whose pushes the real shard then refuses
+    (the simulator once died on the first refusal, taking a whole study with it)."""
+    r = simulate(tiny("asgd", "fixed", PROFILES["bench4"](), budget_s=2.0, job={"lr": 50.0}), data)
+    assert r.quarantined > 0 and r.curve[-1][0] >= 2.0 - 0.2

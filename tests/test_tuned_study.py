@@ -32,11 +32,12 @@ def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, ac
             "samples_per_s": 1.0, "staleness_mean": 1.0}
 
 
-def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_chance():
+def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_chance_or_a_worker_quarantined():
     assert not diverged(_run("m", 0.1, 30.0))
     assert diverged(_run("m", 0.1, None, loss=None))
     assert diverged(_run("m", 0.1, None, loss=1e30))
     assert diverged(_run("m", 0.1, 30.0, acc=0.11))
+    assert diverged({**_run("m", 0.1, 30.0), "quarantined": 1}), "an honest worker quarantined: it was blowing up"
 
 
 def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
