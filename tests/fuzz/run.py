@@ -94,6 +94,10 @@ class FuzzSettings:
     # share of a busy machine each, they trained through many epochs while the attacks and the fuzz waited
     # for the CPU, so the jobs had to be long (and cost CPU) to outlive them.
     worker_nice: int = 5
+    # They also idle as long as they compute (`--slowdown`): a job twice as long in wall time for no more CPU, so
+    # that it outlives attacks a loaded machine slows (the 65,536-entry push took 65 s under two suites at once,
+    # and the job, 10 epochs, ended first).
+    worker_slowdown: float = 2.0
 
 
 @dataclass
@@ -129,6 +133,16 @@ class FuzzReport:
                 and all(self.counted.get(code, 0) >= n for code, n in self.refused.items()))
 
 
+def renice(pid: int, priority: int) -> None:
+    """Every thread of `pid` at `priority` (Linux's is per thread: a worker forked by the preloader has started
+    its threads by the time this runs, and they would keep the priority they were created with)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), priority)
+        except ProcessLookupError:
+            pass  # a thread that ended meanwhile
+
+
 class Job:
     """One job's processes; `name` prefixes their logs."""
 
@@ -139,10 +153,11 @@ class Job:
         for i in range(settings.shards):
             self.launcher.start_shard(i, f"ps{i}", ["--log-level", "WARNING"])
         for i in range(settings.workers):
-            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING"])
+            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING", "--slowdown",
+                                                      str(settings.worker_slowdown)])
         self.launcher.start_worker("evaluator", ["--log-level", "WARNING"], evaluator=True)
         for child in self.children("worker") + self.children("evaluator"):
-            os.setpriority(os.PRIO_PROCESS, child.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + settings.worker_nice)
+            renice(child.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + settings.worker_nice)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
 
     def status(self) -> JobStatus | None:
