@@ -28,7 +28,6 @@ import pstats
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -297,7 +296,7 @@ def start_raw_server(launcher: Launcher, update: bool) -> tuple[str, int]:
     mode = "update" if update else "plain"
     server = launcher.spawn(f"raw-server-{mode}", "raw-server", [sys.executable, __file__, "--serve-raw", mode],
                             pipe_stdout=True)
-    assert isinstance(server.proc, subprocess.Popen) and server.proc.stdout is not None  # pipe_stdout: started afresh
+    assert server.proc.stdout is not None  # pipe_stdout
     endpoint = server.proc.stdout.readline().decode().strip()
     if not endpoint:
         launcher.check_alive()
