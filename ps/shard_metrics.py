@@ -38,7 +38,7 @@ class ShardMetrics:
         self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too "
                                        "many unread.", ["shard"], registry=registry).labels(**labels)
         self.discarded = Counter("dynabatch_ps_discarded_gradients", "Pushes the protocol discarded as computed on "
-                                 "too old a model (ringmaster, rennala); their workers pulled again.", ["shard"],
+                                 "too old a model (ssgd, ringmaster, rennala); their workers pulled again.", ["shard"],
                                  registry=registry).labels(**labels)
         self.clipped = Counter("dynabatch_ps_clipped_pushes", "Pushes with a chunk clipped to the gradient bound, by "
                                "worker.", ["shard", "worker"], registry=registry)

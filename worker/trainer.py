@@ -68,7 +68,7 @@ class WorkerMetrics:
                                ["worker", "reason"], registry=registry)
         self.skipped.labels(worker, "non_finite_loss")
         self.discarded = Counter("dynabatch_worker_discarded_steps", "Steps whose gradient the shards discarded as "
-                                 "computed on too old a model (ringmaster, rennala).", ["worker"],
+                                 "computed on too old a model (ssgd, ringmaster, rennala).", ["worker"],
                                  registry=registry).labels(worker)
         self.worker = worker
 

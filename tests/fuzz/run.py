@@ -94,10 +94,6 @@ class FuzzSettings:
     # share of a busy machine each, they trained through many epochs while the attacks and the fuzz waited
     # for the CPU, so the jobs had to be long (and cost CPU) to outlive them.
     worker_nice: int = 5
-    # They also idle as long as they compute (`--slowdown`): a job twice as long in wall time for no more CPU, so
-    # that it outlives attacks a loaded machine slows (the 65,536-entry push took 65 s under two suites at once,
-    # and the job, 10 epochs, ended first).
-    worker_slowdown: float = 2.0
 
 
 @dataclass
@@ -153,8 +149,7 @@ class Job:
         for i in range(settings.shards):
             self.launcher.start_shard(i, f"ps{i}", ["--log-level", "WARNING"])
         for i in range(settings.workers):
-            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING", "--slowdown",
-                                                      str(settings.worker_slowdown)])
+            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING"])
         self.launcher.start_worker("evaluator", ["--log-level", "WARNING"], evaluator=True)
         for child in self.children("worker") + self.children("evaluator"):
             renice(child.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + settings.worker_nice)
