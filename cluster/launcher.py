@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from dynabatch.cluster.parent_death import die_with_parent
+from dynabatch.cluster.preloaded import ROLES as PRELOADED_ROLES
+from dynabatch.cluster.preloaded import SUPPORTED as PRELOADING
+from dynabatch.cluster.preloaded import ForkedProcess, Preloaded
 from dynabatch.common.atomic_file import no_space_left, write_text_atomic
 from dynabatch.common.curve import KEYS_BY_ROLE
 from dynabatch.common.metrics import announced_port
@@ -85,6 +88,9 @@ def _log_size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+Process = subprocess.Popen | ForkedProcess  # a child started afresh, or forked by the preloading process
+
+
 def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Popen:
     """`cmd` in a session of its own, its output (stderr only, with `pipe_stdout`) appended to `log_path`;
     it gets SIGTERM if this process dies (`die_with_parent`)."""
@@ -107,7 +113,7 @@ class Child:
 
     role: str
     name: str
-    proc: subprocess.Popen
+    proc: Process
     log_path: Path
     cmd: list[str] = field(default_factory=list)
     restarts: int = 0
@@ -183,7 +189,7 @@ class Child:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
 
-def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> None:
+def _wait_exit(proc: Process, timeout_s: float) -> None:
     """Return once `proc` has exited or `timeout_s` has passed."""
     try:
         proc.wait(timeout_s)
@@ -209,6 +215,15 @@ class Launcher:
     def __post_init__(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.scheduler_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.preloaded = Preloaded(self.log_dir / f"{self.prefix}preloader.log")
+
+    def _process(self, cmd: list[str], log_path: Path, pipe_stdout: bool) -> Process:
+        """A shard or worker (`dynabatch ps|worker` run by this interpreter) forked by the preloading process
+        (cluster/preloaded.py), sparing it torch's import; any other command started afresh."""
+        if (PRELOADING and not pipe_stdout and cmd[:3] == command_line("")[:3] and len(cmd) > 3
+                and cmd[3] in PRELOADED_ROLES):
+            return self.preloaded.spawn(cmd[3:], log_path, child_env())
+        return _popen(cmd, log_path, pipe_stdout)
 
     def spawn(self, name: str, role: str, cmd: list[str], pipe_stdout: bool = False, serves_metrics: bool = False,
               endpoint: str = "") -> Child:
@@ -216,8 +231,8 @@ class Launcher:
         name = self.prefix + name
         log_path = self.log_dir / f"{name}.log"
         start = _log_size(log_path)
-        child = Child(role, name, _popen(cmd, log_path, pipe_stdout), log_path, cmd, serves_metrics=serves_metrics,
-                      endpoint=endpoint, log_start=start)
+        child = Child(role, name, self._process(cmd, log_path, pipe_stdout), log_path, cmd,
+                      serves_metrics=serves_metrics, endpoint=endpoint, log_start=start)
         self.children.append(child)
         return child
 
@@ -246,8 +261,8 @@ class Launcher:
         with open(child.log_path, "ab") as log_file:
             log_file.write(f"--- {why} ---\n".encode())
         start = _log_size(child.log_path)
-        again = replace(child, proc=_popen(cmd, child.log_path, False), cmd=cmd, log_start=start, _metrics_port=None,
-                        **changes)
+        again = replace(child, proc=self._process(cmd, child.log_path, False), cmd=cmd, log_start=start,
+                        _metrics_port=None, **changes)
         self.children[self.children.index(child)] = again
         return again
 
@@ -330,12 +345,14 @@ class Launcher:
                     os.killpg(c.proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass  # already gone (a zombie not yet reaped holds its id: nothing else can have it)
+        self.preloaded.kill()
 
     def stop_all(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop every child, role by role in STOP_ORDER; other children (a benchmark's drivers) go first."""
         others = [role for role in dict.fromkeys(c.role for c in self.children) if role not in STOP_ORDER]
         for role in (*others, *STOP_ORDER):
             self.stop(role, timeout_s)
+        self.preloaded.close()
 
     def write_targets(self, job: str, path: Path) -> Path:
         """A Prometheus file_sd list of every child's /metrics announced so far, labelled by role and name.

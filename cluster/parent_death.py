@@ -37,16 +37,19 @@ def die_with_parent() -> Callable[[], None] | None:
     """A `preexec_fn` that makes the child get SIGTERM when this process ends (None where unsupported).
 
     The signal follows the thread that forks: call it from a thread that lives as long as
-    the children (the main thread of `dynabatch run`). A parent that died between the fork
-    and the prctl call is noticed by the child's parent id having changed.
+    the children (the main thread of `dynabatch run`).
     """
     if _PRCTL is None:
         return None
-    parent, prctl = os.getpid(), _PRCTL
+    parent = os.getpid()
+    return lambda: arm_parent_death(parent)
 
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
 
-    return arm
+def arm_parent_death(parent: int) -> None:
+    """In a child of `parent`: SIGTERM when it ends. A parent that died before this call (between the fork and
+    now) is noticed by the child's parent id having changed."""
+    if _PRCTL is None:
+        return
+    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -22,7 +22,7 @@ FOREVER = ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--wo
 
 def _role(pid: int) -> str:
     """The process's --name, or its dynabatch command (the scheduler has no name)."""
-    argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    argv = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").split()  # a forked role's is one string
     if "--name" in argv:
         return argv[argv.index("--name") + 1]
     return argv[argv.index("dynabatch.cli.main") + 1] if "dynabatch.cli.main" in argv else ""

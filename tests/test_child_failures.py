@@ -28,6 +28,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.metrics import announced_port
 from harness import free_port, interrupt, status_at, wait_for
+from processes import descendants
 
 STATUS_S = 0.2  # the run's loop period: how soon it can notice an exit
 STATUS_TIMEOUT_S = 2.0  # the run's STATUS request timeout, the longest one turn of its loop can block
@@ -140,18 +141,16 @@ def test_a_worker_that_exits_2_ends_the_run_at_once_with_its_one_line_reason(tmp
 
 
 def _children_of(pid: int, name: str) -> list[int]:
-    """Processes started by `pid` whose command line has `--name NAME`."""
+    """Processes below `pid` (its children, or the preloader's: cluster/preloaded.py) whose command line has
+    `--name NAME`."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for child in descendants(pid):
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").split()  # a forked role's: one
+        except OSError:
             continue
-        if ppid == pid and b"--name" in argv and argv[argv.index(b"--name") + 1] == name.encode():
-            found.append(int(entry.name))
+        if b"--name" in argv and argv[argv.index(b"--name") + 1] == name.encode():
+            found.append(child)
     return found
 
 
