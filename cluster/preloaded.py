@@ -45,21 +45,38 @@ START_WAIT_S = 120.0  # the preloader's own start (its imports) plus a fork, on 
 
 class ForkedProcess:
     """A child the preloader forked, seen from the launcher: `subprocess.Popen`'s pid, returncode, poll, wait,
-    send_signal and kill (its exit code comes from the preloader, which is its parent)."""
+    send_signal and kill. Its exit code comes from the preloader, which is its parent and reaps it at once, so
+    its pid may be another process's by the time the launcher hears of the exit: signals go through a pidfd
+    (Linux 5.3), which names this process and no other, never through the pid."""
 
     def __init__(self, pid: int, args: list[str], preloaded: Preloaded) -> None:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
         self._preloaded = preloaded
+        self._pidfd = _pidfd_of_child(pid, preloaded.pid)
+        if pid in preloaded.exited:  # it ended before this handle existed
+            self.exited(preloaded.exited.pop(pid))
+        else:
+            preloaded.forked[pid] = self
+
+    def exited(self, code: int) -> None:
+        """The preloader reported its exit (or lost it: `poll`)."""
+        self.returncode = code
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self._preloaded.collect(0.0)
-            self.returncode = self._preloaded.exited.get(self.pid)
-        if self.returncode is None and not self._preloaded.alive() and not _exists(self.pid):
-            self.returncode = -signal.SIGKILL  # its code was lost with the preloader (killed: a forced stop)
+        if self.returncode is None and self._preloaded.gone and not self._running():
+            self._preloaded.forked.pop(self.pid, None)
+            self.exited(-signal.SIGKILL)  # its code went with the preloader (killed: a forced stop)
         return self.returncode
+
+    def _running(self) -> bool:
+        return self._pidfd is not None and not select.select([self._pidfd], [], [], 0)[0]
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -72,9 +89,9 @@ class ForkedProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
+        if self.poll() is None and self._pidfd is not None:
             try:
-                os.kill(self.pid, sig)
+                signal.pidfd_send_signal(self._pidfd, sig)
             except ProcessLookupError:
                 pass  # it ended since: as Popen's, a signal to a finished process does nothing
 
@@ -85,16 +102,35 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+def _pidfd_of_child(pid: int, parent: int) -> int | None:
+    """A pidfd for `pid` if it is still `parent`'s child (None: it has exited, and its pid may be reused)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    try:
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        ppid = -1
+    if ppid != parent:
+        os.close(fd)
+        return None
+    return fd
+
+
 @dataclass
 class Preloaded:
     """The launcher's preloading process: started on the first `spawn`, ended by `close` (or with the launcher,
-    by the parent-death signal). `exited` holds the exit codes it reported, by pid."""
+    by the parent-death signal). Each exit it reports goes to the child's handle; a pid is freed only once its
+    exit was reported, so the reports, read in order, never confuse two children that had the same pid."""
 
     log_path: Path
-    exited: dict[int, int] = field(default_factory=dict)
+    forked: dict[int, ForkedProcess] = field(default_factory=dict)  # running children by pid
+    exited: dict[int, int] = field(default_factory=dict)  # exit codes of children that ended before their handle
     _proc: subprocess.Popen | None = None
     _lines: bytes = b""
     _started: int | None = None  # the pid of the last fork reported and not yet handed out
+    gone: bool = False  # the preloader ended and everything it reported was read
 
     def spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess:
         """Fork `dynabatch ARGV` (argv[0] is the command) with its output appended to `log_path`."""
@@ -117,7 +153,7 @@ class Preloaded:
 
     def _running(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            self._lines = b""
+            self._lines, self.gone = b"", False
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cluster.preloaded"],
                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -125,19 +161,24 @@ class Preloaded:
                                               preexec_fn=die_with_parent())
         return self._proc
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid if self._proc is not None else -1
+
     def collect(self, timeout_s: float) -> bool:
         """Read what the preloader reported within `timeout_s`: True if anything came."""
         proc = self._proc
         if proc is None or proc.stdout is None:
             return False
-        if proc.poll() is not None:  # gone: nothing more will come (a caller polling its children waits a little)
-            time.sleep(min(timeout_s, 0.02))
+        if self.gone:  # nothing more will come (a caller polling its children waits a little)
+            time.sleep(max(0.0, min(timeout_s, 0.02)))
             return False
         fd = proc.stdout.fileno()
         if not select.select([fd], [], [], max(0.0, timeout_s))[0]:
             return False
         data = os.read(fd, 65536)
-        if not data:  # the preloader is gone: its children got SIGTERM with it
+        if not data:  # the preloader is gone (its children got SIGTERM with it), all it reported read
+            self.gone = True
             proc.wait()
             return False
         self._lines += data
@@ -146,12 +187,11 @@ class Preloaded:
             kind, pid, *code = line.decode().split()
             if kind == "started":
                 self._started = int(pid)
+            elif (child := self.forked.pop(int(pid), None)) is not None:
+                child.exited(int(code[0]))
             else:
                 self.exited[int(pid)] = int(code[0])
         return True
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def _tail(self) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:]) if self.log_path.exists() else ""
@@ -174,16 +214,6 @@ class Preloaded:
                 os.kill(self._proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the preloading process -------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""The preloading process (cluster/preloaded.py): a forked role is the process a fresh interpreter would have been."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from dynabatch.cluster.launcher import child_env
+from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
+from harness import free_port, wait_for
+
+pytestmark = pytest.mark.skipif(not SUPPORTED, reason="the preloader forks on Linux only")
+
+
+def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    preloaded = Preloaded(tmp_path / "preloader.log")
+    log = tmp_path / "w.log"
+    # A worker whose scheduler never answers waits for it: a process that stays up until it is signalled.
+    argv = ["worker", "--scheduler", f"tcp://127.0.0.1:{free_port()}", "--name", "lonely"]
+    try:
+        child = preloaded.spawn(argv, log, child_env())
+        assert log.exists(), "the log is there when spawn returns, as a started process's is"
+        assert child.poll() is None
+        def cmdline() -> list[str]:
+            return Path(f"/proc/{child.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
+
+        # Set right after the fork: until then it shows the preloader's.
+        wait_for("its own command line", lambda: cmdline()[-6:] == ["dynabatch.cli.main", *argv], 30)
+        assert os.getsid(child.pid) == child.pid, "a session of its own, as start_new_session gives"
+        assert Path(f"/proc/{child.pid}/cwd").resolve() == tmp_path.resolve()
+        wait_for("the worker to log that it waits for its scheduler", lambda: "scheduler" in log.read_text(), 60)
+        child.send_signal(signal.SIGTERM)
+        code = child.wait(60)
+        assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), code
+        child.send_signal(signal.SIGTERM)  # a finished process: nothing happens, as with Popen
+
+        refused = preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "bad.log", child_env())
+        assert refused.wait(60) == 2, (tmp_path / "bad.log").read_text()
+        assert "dynabatch ps:" in (tmp_path / "bad.log").read_text(), "its one-line refusal, in its own log"
+    finally:
+        preloaded.close()
+    assert preloaded.gone or preloaded.pid == -1 or not Path(f"/proc/{preloaded.pid}").exists()
+
+
+def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
+    preloaded = Preloaded(tmp_path / "preloader.log")
+    argv = ["worker", "--scheduler", f"tcp://127.0.0.1:{free_port()}", "--name", "orphan"]
+    child = preloaded.spawn(argv, tmp_path / "w.log", child_env())
+    wait_for("the worker to start", lambda: "scheduler" in (tmp_path / "w.log").read_text(), 60)
+    preloaded.kill()
+    assert child.wait(60) is not None, "the parent-death signal ends it, and its handle sees that"
+    child.kill()  # its pid may be anyone's now: the pidfd keeps the signal from reaching them
