@@ -28,6 +28,7 @@ import pstats
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -296,7 +297,7 @@ def start_raw_server(launcher: Launcher, update: bool) -> tuple[str, int]:
     mode = "update" if update else "plain"
     server = launcher.spawn(f"raw-server-{mode}", "raw-server", [sys.executable, __file__, "--serve-raw", mode],
                             pipe_stdout=True)
-    assert server.proc.stdout is not None  # pipe_stdout
+    assert isinstance(server.proc, subprocess.Popen) and server.proc.stdout is not None  # pipe_stdout: started afresh
     endpoint = server.proc.stdout.readline().decode().strip()
     if not endpoint:
         launcher.check_alive()

@@ -295,9 +295,11 @@ class JobRun:
         for c in self.launcher.failed():
             if c.name in self.left_out:
                 continue
+            returncode = c.proc.returncode
+            assert returncode is not None  # failed() lists exited children
             action = after_exit(c.role, c.restarts, self.opts.restarts, self.launcher.movable(c),
-                                self._job_goes_on_without(), c.proc.returncode)
-            code = f"{c.name} exited with code {c.proc.returncode}"
+                                self._job_goes_on_without(), returncode)
+            code = f"{c.name} exited with code {returncode}"
             if action == "refused":
                 self.refused = f"{code}, not restarted: {c.reason()}"
                 print(self.refused, file=sys.stderr, flush=True)
