@@ -130,8 +130,8 @@ class FuzzReport:
 
 
 def renice(pid: int, priority: int) -> None:
-    """Every thread of `pid` at `priority` (Linux's is per thread: threads the worker started before this runs
-    would keep the priority they were created with)."""
+    """Every thread of `pid` at `priority` (Linux's is per thread: a worker forked by the preloader has started
+    its threads by the time this runs, and they would keep the priority they were created with)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             os.setpriority(os.PRIO_PROCESS, int(tid), priority)
