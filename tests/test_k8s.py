@@ -520,9 +520,13 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
             assert c[probe]["httpGet"]["path"] == path
             wait_for(f"scheduler {path}", functools.partial(answered_or_exited, path), timeout_s=60)
             assert status(path) == 200, log.read_text()
-        # The series the dashboard's job variable lists jobs from.
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            assert "dynabatch_job_epoch" in r.read().decode()
+        # The series the dashboard's job variable lists jobs from, once the scheduler's first export has run
+        # (under two suites at once a scrape right after /readyz once found the page still empty).
+        def metrics() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return r.read().decode()
+
+        wait_for("the scheduler's job series on /metrics", lambda: "dynabatch_job_epoch" in metrics(), 60)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
