@@ -53,6 +53,7 @@ class ForkedProcess:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
+        self.lost = False  # its preloader died and was replaced: its exit is known only by its pidfd
         self._preloaded = preloaded
         self._pidfd = _pidfd_of_child(pid, preloaded.pid)
         if pid in preloaded.exited:  # it ended before this handle existed
@@ -70,7 +71,7 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self._preloaded.collect(0.0)
-        if self.returncode is None and self._preloaded.gone and not self._running():
+        if self.returncode is None and (self.lost or self._preloaded.gone) and not self._running():
             self._preloaded.forked.pop(self.pid, None)
             self.exited(-signal.SIGKILL)  # its code went with the preloader (killed: a forced stop)
         return self.returncode
@@ -134,7 +135,7 @@ class Preloaded:
 
     def spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess:
         """Fork `dynabatch ARGV` (argv[0] is the command) with its output appended to `log_path`."""
-        proc = self._running()
+        proc = self._running(env)
         log_path.touch()  # there before the call returns, as a started process's log file is
         request = {"argv": argv, "log": str(log_path), "env": env, "cwd": os.getcwd()}
         assert proc.stdin is not None
@@ -151,14 +152,20 @@ class Preloaded:
         self._started = None
         return ForkedProcess(pid, argv, self)
 
-    def _running(self) -> subprocess.Popen:
+    def _running(self, env: dict[str, str]) -> subprocess.Popen:
+        """The preloading process, started (with the children's environment) if there is none or it ended; the
+        children of one that ended keep their handles, which then learn of their exit from their pidfds."""
         if self._proc is None or self._proc.poll() is not None:
+            while self._proc is not None and not self.gone:  # what it reported before it ended
+                self.collect(1.0)
+            for child in self.forked.values():
+                child.lost = True
+            self.forked.clear()
             self._lines, self.gone = b"", False
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cluster.preloaded"],
                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                              start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                              preexec_fn=die_with_parent())
+                                              start_new_session=True, env=env, preexec_fn=die_with_parent())
         return self._proc
 
     @property

@@ -52,5 +52,9 @@ def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
     child = preloaded.spawn(argv, tmp_path / "w.log", child_env())
     wait_for("the worker to start", lambda: "scheduler" in (tmp_path / "w.log").read_text(), 60)
     preloaded.kill()
+    # A restarted child comes from a new preloader; the old one's child still learns of its end (from its pidfd).
+    again = preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "bad.log", child_env())
     assert child.wait(60) is not None, "the parent-death signal ends it, and its handle sees that"
     child.kill()  # its pid may be anyone's now: the pidfd keeps the signal from reaching them
+    assert again.wait(60) == 2
+    preloaded.close()
