@@ -11,6 +11,7 @@ import pytest
 from dynabatch.cluster.launcher import child_env
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
 from harness import free_port, wait_for
+from processes import alive
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="the preloader forks on Linux only")
 
@@ -52,6 +53,7 @@ def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
     child = preloaded.spawn(argv, tmp_path / "w.log", child_env())
     wait_for("the worker to start", lambda: "scheduler" in (tmp_path / "w.log").read_text(), 60)
     preloaded.kill()
+    wait_for("the preloader to die", lambda: not alive({preloaded.pid}), 30)  # kill() does not wait
     # A restarted child comes from a new preloader; the old one's child still learns of its end (from its pidfd).
     again = preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "bad.log", child_env())
     assert child.wait(60) is not None, "the parent-death signal ends it, and its handle sees that"
