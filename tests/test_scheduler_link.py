@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, JobStatus, Welcome
-from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.scheduler_link import ASK_EVERY_S, SchedulerLink
 from harness import Cluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -115,6 +115,28 @@ def test_a_restarted_scheduler_that_answers_unknown_sender_makes_the_link_lost(t
         again = _register(link)
         assert not link.lost and link.id == again.id
         assert _workers(c) == {again.id}, f"registered anew (first as {first.id})"
+    finally:
+        link.close()
+        c.stop()
+
+
+def test_a_process_waiting_on_the_scheduler_asks_at_most_once_per_interval(tmp_path):
+    """An evaluator between evaluations or a worker awaiting its batch `ask`s in a loop: the scheduler answers
+    each heartbeat at once, and the loop used to send the next one as soon as the answer came (hundreds a
+    second). Counted by the scheduler itself (STATUS's decision count: the heartbeats it handled)."""
+    c = Cluster(tmp_path, JOB)
+    link = _link(c, "waiting")
+    try:
+        c.scheduler()
+        c.shard()
+        _register(link)
+        before = _status(c).decision_s.count
+        started = time.monotonic()
+        answers = [link.ask(Heartbeat()) for _ in range(40)]
+        took = time.monotonic() - started
+        handled = _status(c).decision_s.count - before
+        assert any(a is not None for a in answers), "the scheduler's assignment reached the waiting link"
+        assert 1 <= handled <= took / ASK_EVERY_S + 2, f"{handled} heartbeats in {took:.2f} s"
     finally:
         link.close()
         c.stop()

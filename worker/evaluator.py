@@ -135,8 +135,7 @@ class Evaluator:
             # answers the new pull as soon as it is back, and the job's curve has no hole of --eval-interval-s.
             deadline = time.monotonic() + (job.eval_interval_s if evaluated else job.heartbeat_s)
             while not process.stopping and time.monotonic() < deadline:
-                link.heartbeat(Heartbeat())
-                assignment = link.wait(min(job.heartbeat_s, max(0.0, deadline - time.monotonic())))
+                assignment = link.ask(Heartbeat())
                 process.health.tick()
                 if assignment is not None and assignment.stop:
                     break

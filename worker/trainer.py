@@ -294,8 +294,7 @@ class Worker:
         while not process.stopping:
             if process.link.lost:
                 return self._rejoin(hb)[1]
-            process.link.heartbeat(hb)
-            assignment = process.link.wait(self.joined.job.heartbeat_s)
+            assignment = process.link.ask(hb)
             if assignment is not None and (assignment.batch > 0 or assignment.stop):
                 return assignment
             process.health.tick()
