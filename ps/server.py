@@ -532,7 +532,8 @@ class ShardServer:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
-        found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live)
+        found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live,
+                                     self.model.share(body.samples))
         streams = body.then_pull and self.buffers is None and self.model.streams
         try:
             outcome = self.model.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
