@@ -532,7 +532,8 @@ class ShardServer:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
-        found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live)
+        found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live,
+                                     self.model.share(body.samples))
         held = served.direction.held(msg.sender, self.model.live - self.model.idle - served.bounds.quarantined)
         if held is not None:  # a start-up lead, not a bad message: counted apart, not logged
             self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
