@@ -295,7 +295,7 @@ class Cluster:
     def push(self, flat: torch.Tensor, versions: dict[int, int], samples: int, kind: str, wid: str) -> tuple[bool, int]:
         """One push of a gradient or delta; returns (applied now, the shard's version after it)."""
         found = self.bounds.assess(wid, {c.id: flat[c.start:c.stop] for c in self.shard.chunks}, samples,
-                                   self.shard.params, self.shard.live)
+                                   self.shard.params, self.shard.live, self.shard.share(samples))
         outcome = self.shard.push(wid, found.tensors, versions, samples, kind, self.now)
         self.bounds.record(found, self.shard.live)
         self.clipped += bool(found.clipped)

@@ -101,6 +101,10 @@ class ErrorCode(StrEnum):
     # A gradient computed on too old a model, discarded by the protocol (ssgd, ringmaster, rennala): nothing changed.
     # Not an error to the worker: counted as discarded, and it pulls and computes again at once, without waiting.
     TOO_STALE = "too_stale"
+    # A push from a worker the direction check cannot vouch for yet, too far ahead of the slowest other worker
+    # (ps/gradient_direction.py): nothing changed but its direction's score. Handled as TOO_STALE: the worker
+    # counts the step as discarded and pulls and computes again at once.
+    HELD = "held"
     # The receiver's handler failed (a bug): it costs that one message, logged with its traceback.
     INTERNAL = "internal"
 

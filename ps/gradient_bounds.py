@@ -18,7 +18,13 @@ gets that room, while a large batch is never held below the typical norm. The
 reference is trusted only once most live workers have pushed the chunk: before
 that (the job's first pushes, which may all come from a fast liar) and always
 besides, a chunk's norm may be at most `MAX_TO_PARAMS` times the chunk's own
-parameter norm, which an honest gradient (or delta) is far below. A chunk beyond
+parameter norm over sqrt(s), s = b / (B/n) at most 1 (the push's share of an even
+batch): an honest gradient (or delta) of an even batch is far below its parameters'
+norm, but one of 1 sample is not (its noise is sqrt(B/n) times larger: in the
+reference job, with B/n = 64, 1-sample norms of 8 to 36 against a parameter norm
+of 8, and the bound without sqrt(s) quarantined that honest `--max-batch 1` worker),
+and its step is weighted by s (update_rules.py), so its room grows by 1/sqrt(s)
+while the most it can move the chunk shrinks by sqrt(s). A chunk beyond
 its bound is scaled to it (clipped), not refused: an honest worker's rare outlier
 still counts, in direction.
 
@@ -35,7 +41,7 @@ The weight a push gets from its claimed samples is bounded by the sender's own
 assignment (push_bounds.py), and its step size by the clipped norm times that
 weight: the most a single push can move a chunk is lr x (its DBS weight) x factor x
 (the typical norm, or the typical normalised norm over sqrt(b) for a small batch),
-and never more than lr x (its DBS weight) x the chunk's own norm.
+and never more than lr x (its DBS weight) x the chunk's own norm over sqrt(s).
 """
 
 from __future__ import annotations
@@ -95,10 +101,10 @@ class _ChunkHistory:
         return 2 * sum(1 for w in self.by_worker if w in live) > len(live)
 
 
-def _params_bound(param: torch.Tensor) -> float:
-    """`MAX_TO_PARAMS` times the chunk's parameter norm (no bound for a chunk of zeros)."""
+def _params_bound(param: torch.Tensor, share: float) -> float:
+    """`MAX_TO_PARAMS` times the chunk's parameter norm over sqrt(share) (no bound for a chunk of zeros)."""
     norm = float(torch.linalg.vector_norm(param))
-    return MAX_TO_PARAMS * norm if norm > 0 else math.inf
+    return MAX_TO_PARAMS * norm / math.sqrt(share) if norm > 0 else math.inf
 
 
 def _median_low(values: list[float]) -> float:
@@ -122,9 +128,10 @@ class GradientBounds:
         return self.factor > 0
 
     def assess(self, worker: str, tensors: dict[int, torch.Tensor], samples: int, params: Mapping[int, torch.Tensor],
-               live: set[str]) -> Assessment:
-        """Bound `worker`'s push of `samples` samples to chunks whose parameters are `params` (refusing it if the
-        worker is quarantined); changes nothing. Clipped chunks are new tensors; the rest are the received ones."""
+               live: set[str], share: float) -> Assessment:
+        """Bound `worker`'s push of `samples` samples, `share` (in (0, 1]) of an even batch B/n, to chunks whose
+        parameters are `params` (refusing it if the worker is quarantined); changes nothing. Clipped chunks are
+        new tensors; the rest are the received ones."""
         if worker in self.quarantined:
             raise ProtocolError(ErrorCode.QUARANTINED,
                                 f"{worker!r} was quarantined: its pushes kept {self.why[worker]}")
@@ -133,7 +140,7 @@ class GradientBounds:
             return found
         for cid, tensor in tensors.items():
             norm = float(torch.linalg.vector_norm(tensor))
-            bound = min(self.bound(cid, samples, live), _params_bound(params[cid]))
+            bound = min(self.bound(cid, samples, live), _params_bound(params[cid], share))
             if norm > bound:
                 found.tensors[cid] = tensor * (bound / norm)
                 found.clipped.append(cid)

@@ -35,6 +35,23 @@ start with `--min-workers`), or liars as many as the honest workers. Chunks
 larger than `SKETCH` values are compared on a fixed random `SKETCH` of their
 coordinates (the same for every worker and across restarts), so memory and time
 per push stay small.
+
+Until the check can judge a worker it cannot stop it, and a liar that pushes far
+more often than the others (they are slow to start, or starved of a loaded
+machine's cores) climbed the loss for a hundred pushes and more before its
+agreements counted, against references the others' few pushes had left stale
+(bench/RESULTS.md 9g). So a worker the check cannot vouch for yet (its
+agreements do not count with `MIN_OTHERS` others, or it opposes most of them)
+may be at most `LEAD` taken pushes ahead of the slowest other worker that holds a
+batch: a push beyond that is held (`held`, nothing changes), but its direction is
+still scored, so that an honest fast worker is vouched for, and a liar judged, at
+the pace it pushes, not at the pace its pushes are taken. The check vouches for a
+worker once its agreements count with `MIN_OTHERS` others and are positive with
+most of them (bias-corrected: a liar's are negative from its first scored push,
+long before they reach `OPPOSED`); vouched workers run free for good, and with
+fewer than `MIN_OTHERS` others nothing is held (nothing could judge them). A liar
+that pushes honestly until it is vouched for, and lies after, is caught as before,
+by its agreements falling below `OPPOSED`, while the others push beside it.
 """
 
 from __future__ import annotations
@@ -50,6 +67,7 @@ WARM_PUSHES = 4  # a worker's pushes before its reference direction counts
 MIN_OTHERS = 2  # other workers a worker must have been compared with: with one, no majority tells a liar
 MIN_SCORED = 16  # a pair's scored pushes before its agreement counts
 OPPOSED = -0.2  # an agreement below this: the pair opposes (honest pairs measured down to -0.081)
+LEAD = 8  # taken pushes a worker not vouched for may be ahead of the slowest other worker holding a batch
 
 
 def _sketch_index(cid: int, length: int) -> torch.Tensor | None:
@@ -67,6 +85,12 @@ class _Pair:
     scored: int = 0
     lowest: float = float("inf")  # once it counts (how close an honest pair came to opposing)
 
+    @property
+    def mean(self) -> float:
+        """The agreement without its start's pull towards 0 (bias-corrected, as Adam's moments): the moving
+        average's weights over the cosines so far sum to 1 - (1 - AGREE_WEIGHT) ** scored."""
+        return self.agreement / (1 - (1 - AGREE_WEIGHT) ** self.scored) if self.scored else 0.0
+
     def add(self, cos: float) -> None:
         self.agreement += AGREE_WEIGHT * (cos - self.agreement)
         self.scored += 1
@@ -79,7 +103,9 @@ class _Worker:
     """One worker's reference direction per chunk (unit-norm moving averages), pushes, and agreements."""
 
     ref: dict[int, torch.Tensor] = field(default_factory=dict)
-    pushes: int = 0
+    pushes: int = 0  # scored, taken or held
+    taken: int = 0
+    vouched: bool = False  # once, for good: see `held`
     pairs: dict[str, _Pair] = field(default_factory=dict)  # by the other worker
 
 
@@ -91,14 +117,15 @@ class GradientDirection:
     workers: dict[str, _Worker] = field(default_factory=dict)
     index: dict[int, torch.Tensor | None] = field(default_factory=dict)
 
-    def record(self, worker: str, tensors: dict[int, torch.Tensor], live: set[str]) -> bool:
-        """Score a taken push of `worker` (chunk id -> gradient or delta) against each other live worker's
-        direction and fold it into `worker`'s own; True if the worker is to be quarantined (it opposes most
-        other workers, while most of them oppose no majority)."""
+    def record(self, worker: str, tensors: dict[int, torch.Tensor], live: set[str], taken: bool = True) -> bool:
+        """Score a push of `worker` (chunk id -> gradient or delta; `taken`, or held) against each other live
+        worker's direction and fold it into `worker`'s own; True if the worker is to be quarantined (it opposes
+        most other workers, while most of them oppose no majority)."""
         if not self.on:
             return False
         sketched = {cid: self._sketch(cid, t) for cid, t in tensors.items()}
         me = self.workers.setdefault(worker, _Worker())
+        me.taken += taken
         for name, other in self.workers.items():
             cos = _cosine(sketched, other.ref) if name != worker and name in live and other.pushes >= WARM_PUSHES \
                 else None
@@ -115,6 +142,20 @@ class GradientDirection:
         others = list(self._counted(worker, live))
         # Most others opposing a majority too: the model itself moved (a rollback, a restore), not a liar.
         return 2 * sum(self._opposes_most(name, live) for name in others) < len(others)
+
+    def held(self, worker: str, working: set[str]) -> str | None:
+        """Why a push of `worker` is held now (None: it may be taken): the check cannot vouch for it yet and it is
+        `LEAD` taken pushes ahead of the slowest of the other `working` workers (live, holding a batch)."""
+        others = working - {worker}
+        me = self.workers.get(worker)
+        if not self.on or len(others) < MIN_OTHERS or (me is not None and self._vouch(me, working)):
+            return None
+        taken = me.taken if me is not None else 0
+        slowest = min(self.workers[name].taken if name in self.workers else 0 for name in others)
+        if taken < slowest + LEAD:
+            return None
+        return (f"{worker!r} is {taken - slowest} pushes ahead of the slowest other worker before its direction "
+                f"could be judged (--direction-check): pull and push again")
 
     def agreements(self, worker: str) -> str:
         """`worker`'s agreement with each other worker (now, and the lowest once it counted)."""
@@ -139,6 +180,16 @@ class GradientDirection:
         me = self.workers.get(worker)
         return {} if me is None else {o: p.agreement for o, p in me.pairs.items()
                                       if o in live and p.scored >= MIN_SCORED}
+
+    @staticmethod
+    def _vouch(me: _Worker, working: set[str]) -> bool:
+        """Whether the check vouches for a worker: once its agreements count with MIN_OTHERS working others and,
+        bias-corrected, are positive with most of them. For good: an honest worker's agreements drift to 0 as
+        training ends and the gradient turns to noise, and pacing it then would cost the job its speed."""
+        if not me.vouched:
+            means = [p.mean for o, p in me.pairs.items() if o in working and p.scored >= MIN_SCORED]
+            me.vouched = len(means) >= MIN_OTHERS and 2 * sum(m > 0 for m in means) > len(means)
+        return me.vouched
 
     def _opposes_most(self, worker: str, live: set[str]) -> bool:
         counted = self._counted(worker, live)

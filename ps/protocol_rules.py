@@ -179,8 +179,7 @@ class RingmasterRule(ShardRule):
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
         shard = self.shard
-        weight = dbs_weight(samples, shard.global_batch, shard.allocated, "capped")
-        return shard.apply_gradient(cid, tensor, samples, weight * self.delay_factor(staleness))
+        return shard.apply_gradient(cid, tensor, samples, shard.share(samples) * self.delay_factor(staleness))
 
 
 @dataclass

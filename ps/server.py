@@ -532,7 +532,15 @@ class ShardServer:
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
-        found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live)
+        found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live,
+                                     self.model.share(body.samples))
+        held = served.direction.held(msg.sender, self.model.live - self.model.idle - served.bounds.quarantined)
+        if held is not None:  # a start-up lead, not a bad message: counted apart, not logged
+            self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
+            m.held.labels(served.label, msg.sender).inc()
+            self._count_bounds(found, taken=False)
+            self._reply(incoming.identity, ProtocolError(ErrorCode.HELD, held).to_error(), msg.seq)
+            return
         streams = body.then_pull and self.buffers is None and self.model.streams
         try:
             outcome = self.model.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
@@ -561,16 +569,17 @@ class ShardServer:
             else:
                 m.pulls.inc()
 
-    def _count_bounds(self, found: Assessment) -> None:
-        """Record a taken push's norms and direction; count a clipped one, and quarantine its worker if it keeps
-        being clipped or keeps pointing against the other workers."""
+    def _count_bounds(self, found: Assessment, taken: bool = True) -> None:
+        """Record a push's direction, and a taken one's norms; count a clipped one, and quarantine its worker if it
+        keeps being clipped or keeps pointing against the other workers. A held push was not taken: only its
+        direction counts."""
         served = self.served_job
-        if found.clipped:
+        if taken and found.clipped:
             served.metrics.clipped.labels(served.label, found.worker).inc()
-        if served.bounds.record(found, self.model.live):
+        if taken and served.bounds.record(found, self.model.live):
             self._quarantined(found.worker, "norm", f"{QUARANTINE_AFTER} pushes in a row exceeded the gradient bound "
                               f"(--gradient-bound {served.bounds.factor:g})")
-        elif served.direction.record(found.worker, found.tensors, self.model.live):
+        elif served.direction.record(found.worker, found.tensors, self.model.live, taken):
             served.bounds.quarantine(found.worker, "pointing against the other workers' gradients (--direction-check)")
             self._quarantined(found.worker, "direction", "its pushes point against most other workers' "
                               f"({served.direction.agreements(found.worker)}; --direction-check)")

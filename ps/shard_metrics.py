@@ -40,6 +40,9 @@ class ShardMetrics:
         self.discarded = Counter("dynabatch_ps_discarded_gradients", "Pushes the protocol discarded as computed on "
                                  "too old a model (ssgd, ringmaster, rennala); their workers pulled again.", ["shard"],
                                  registry=registry).labels(**labels)
+        self.held = Counter("dynabatch_ps_held_pushes", "Pushes held, by worker: it ran ahead of the slowest other "
+                            "worker before the direction check could vouch for it (--direction-check); nothing "
+                            "changed and it pulled again.", ["shard", "worker"], registry=registry)
         self.clipped = Counter("dynabatch_ps_clipped_pushes", "Pushes with a chunk clipped to the gradient bound, by "
                                "worker.", ["shard", "worker"], registry=registry)
         self.quarantined = Counter("dynabatch_ps_quarantined_workers", "Workers quarantined, by reason: norm (pushes "

@@ -24,7 +24,7 @@ import torch
 
 from dynabatch.common.chunking import Chunk
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, protocol_spec
+from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.optim import OptimizerSpec
 from dynabatch.ps.param_buffers import ParamBuffers
@@ -258,18 +258,23 @@ class ShardState:
         while the reply may still be read (param_buffers.py)."""
         return self.memory.lend(tensor)
 
+    def share(self, samples: int) -> float:
+        """A gradient of `samples` samples as a fraction of the even batch B/n, at most 1 (the capped DBS weight)."""
+        return dbs_weight(samples, self.global_batch, self.allocated, "capped")
+
     def apply_step(self, cid: int, tensor: torch.Tensor) -> None:
         """One step of chunk `cid`'s optimizer now: a synchronous round's mean gradient, or mean delta."""
         self._publish(cid, self.optim[cid].step(self._step_input(cid), tensor, self.lr_factor))
 
-    def apply_gradient(self, cid: int, grad: torch.Tensor, samples: int, lr_scale: float) -> bool:
+    def apply_gradient(self, cid: int, grad: torch.Tensor, samples: int, weight: float) -> bool:
         """An asynchronous gradient of `samples` samples; True if chunk `cid` was updated now.
 
-        SGD steps on it with its rate scaled by `lr_scale` (DBS-SGD's weight); an
-        adaptive optimizer steps once B samples' gradients are in (update_rules.py).
+        SGD steps on it weighted by `weight` (DBS-SGD's weight, which scales what the
+        gradient adds to the momentum buffer); an adaptive optimizer steps once B
+        samples' gradients are in (update_rules.py).
         """
         given = self._step_input(cid)
-        new = self.optim[cid].offer(given, grad, samples, self.global_batch, self.lr_factor, lr_scale)
+        new = self.optim[cid].offer(given, grad, samples, self.global_batch, self.lr_factor, weight)
         if new is None:
             if given is not self.params[cid]:
                 self.memory.retire(given)

@@ -26,8 +26,9 @@ state and is updated in place.
   (the job's global batch) are in, on the mean of all of them (no gradient is
   split, so a step may hold a little more than B). One Adam step thus means one
   batch of B however the workers' batches are split; SGD steps on every
-  gradient with DBS-SGD's weight b_i / (B/n) on its rate. Under ssgd a round
-  is one step of either.
+  gradient, weighted by DBS-SGD's b_i / (B/n): the weight scales what the
+  gradient adds to the momentum buffer, not the rate of the step that carries
+  the buffer (`sgd_step_`). Under ssgd a round is one step of either.
 - The delta protocols (local, msd) apply the outer optimizer (`OuterOptimizer`).
 """
 
@@ -90,27 +91,37 @@ def chunk_segments(runs: list[Segment], start: int, stop: int) -> list[Segment]:
 
 def sgd_step_(
     param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, cfg: SGD, lr_scale: float = 1.0,
-    segments: Sequence[Segment] = (),
+    segments: Sequence[Segment] = (), weight: float = 1.0,
 ) -> None:
     """One SGD step on `param` and its momentum buffer `buf`, both in place, by torch's fused kernel.
 
     One pass over memory where the same arithmetic in separate tensor operations takes five, and no new
     tensor (at 1M parameters a shard's step took 2.5 ms that way on the bench machine, 1 ms fused).
     `buf` starts as zeros, which makes the first step equal to torch's (momentum * 0 + d == d).
-    `lr_scale` carries per-gradient weights such as DBS-SGD's b_i / (B/n). `segments` (runs
-    [start, stop) of the chunk and their weight decay) replace the spec's weight decay where a chunk
-    holds parameters with and without decay; one kernel call per decay takes all of its runs.
+    `lr_scale` scales the rate of the whole step, momentum included (the schedule, the job's factor after
+    rollbacks), as a change of torch's lr would. `weight` is this gradient's own weight (DBS-SGD's
+    b_i / (B/n), a delay factor): buf = momentum * buf + weight * (grad + decay * param), so a gradient
+    of few samples adds its share to the buffer that every worker's next step carries. Scaling the rate
+    by it instead (as this function once did) let a 1-sample gradient into the buffer at full weight, to
+    be applied at full rate by the next worker's step: with one worker at `--max-batch 1` the reference job
+    (gradient bound off) ended at 68% instead of 84%, and at momentum 0.9 at 10% with |w| 1.6e3 (its clean
+    twin: 71%, |w| 131; bench/RESULTS.md section 9g). Without momentum the two are the same step; with
+    weight 1 it is the step this function always took, bit for bit. `segments` (runs [start, stop) of the
+    chunk and their weight decay) replace the spec's weight decay where a chunk holds parameters with and
+    without decay; one kernel call per decay takes all of its runs.
     """
+    if weight != 1.0:
+        grad = grad.mul(weight)  # a new tensor: a received gradient's frame is never written
     groups: dict[float, list[tuple[int, int]]] = {}
     for a, b, decay in segments:
         groups.setdefault(decay, []).append((a, b))
     if len(groups) <= 1:
         decay = next(iter(groups), cfg.weight_decay)
-        _fused_sgd([param], [grad], [buf], cfg, lr_scale, decay)
+        _fused_sgd([param], [grad], [buf], cfg, lr_scale, decay * weight)
         return
     for decay, runs in groups.items():
         _fused_sgd([param[a:b] for a, b in runs], [grad[a:b] for a, b in runs], [buf[a:b] for a, b in runs],
-                   cfg, lr_scale, decay)
+                   cfg, lr_scale, decay * weight)
 
 
 def _fused_sgd(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor], cfg: SGD,
@@ -134,20 +145,21 @@ class ChunkOptimizer(ABC):
     """One chunk's optimizer: `step` takes the chunk's parameters and a gradient and returns new parameters.
 
     `offer` is how asynchronous protocols hand it a gradient of `samples`
-    samples: it steps now (SGD, with `lr_scale`) or, for an adaptive optimizer,
+    samples and weight `weight`: it steps now (SGD) or, for an adaptive optimizer,
     when B samples have been offered (None until then).
     """
 
     in_place: ClassVar[bool] = False  # steps by writing `param`: the shard passes it memory no reply holds
 
     @abstractmethod
-    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
-        """The new parameters, one step from `param` with rate lr * lr_factor * lr_scale: `param` itself,
-        updated in place (`in_place`), or a new tensor, `param` left as it is."""
+    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, weight: float = 1.0) -> torch.Tensor:
+        """The new parameters, one step from `param` at rate lr * lr_factor on `grad` weighted by `weight` (SGD
+        weighs the gradient, the others scale their rate): `param` itself, updated in place (`in_place`), or
+        a new tensor, `param` left as it is."""
 
     def offer(self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float,
-              lr_scale: float) -> torch.Tensor | None:
-        return self.step(param, grad, lr_factor, lr_scale)
+              weight: float) -> torch.Tensor | None:
+        return self.step(param, grad, lr_factor, weight)
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -174,8 +186,8 @@ class ExactSGD(ChunkOptimizer):
         self.buf = torch.zeros(length)
         self.segments = segments
 
-    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
-        sgd_step_(param, grad, self.buf, self.spec, lr_scale * lr_factor, self.segments)
+    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, weight: float = 1.0) -> torch.Tensor:
+        sgd_step_(param, grad, self.buf, self.spec, lr_factor, self.segments, weight)
         return param
 
     def state_dict(self) -> dict[str, Any]:
@@ -214,21 +226,21 @@ class TorchChunkOptimizer(ChunkOptimizer):
         self.pending: torch.Tensor | None = None
         self.pending_samples = 0
 
-    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
+    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, weight: float = 1.0) -> torch.Tensor:
         new = param.clone()
         for view, (a, b, _) in zip(self.views, self.segments, strict=True):
             view.data = new[a:b]
             view.grad = grad[a:b]
         for group in self.optimizer.param_groups:
-            group["lr"] = self.spec.lr * lr_factor * lr_scale
+            group["lr"] = self.spec.lr * lr_factor * weight
         self.optimizer.step()
         for view in self.views:
             view.grad = None  # a received gradient's frame is not kept alive by the optimizer
         return new
 
     def offer(self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float,
-              lr_scale: float) -> torch.Tensor | None:
-        """Sum b_i g_i until at least B samples are in, then one step on their mean; `lr_scale` is SGD's alone."""
+              weight: float) -> torch.Tensor | None:
+        """Sum b_i g_i until at least B samples are in, then one step on their mean; `weight` is SGD's alone."""
         if self.pending is None and samples >= batch:
             return self.step(param, grad, lr_factor)
         self.pending = grad.mul(samples) if self.pending is None else self.pending.add_(grad, alpha=samples)
@@ -255,7 +267,7 @@ class OuterOptimizer(ChunkOptimizer):
         self.cfg = cfg
         self.buf = torch.zeros(length)
 
-    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, lr_scale: float = 1.0) -> torch.Tensor:
+    def step(self, param: torch.Tensor, grad: torch.Tensor, lr_factor: float, weight: float = 1.0) -> torch.Tensor:
         new, self.buf = outer_step(param, grad, self.buf, self.cfg)
         return new
 

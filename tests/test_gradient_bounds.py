@@ -16,7 +16,7 @@ PARAMS = {0: torch.full((100,), 100.0)}  # a norm of 1000: far above every hones
 
 def _push(bounds: GradientBounds, worker: str, norm: float, samples: int = 32, seed: int = 0):
     g = torch.randn(100, generator=torch.Generator().manual_seed(seed))
-    found = bounds.assess(worker, {0: g * (norm / float(g.norm()))}, samples, PARAMS, LIVE)
+    found = bounds.assess(worker, {0: g * (norm / float(g.norm()))}, samples, PARAMS, LIVE, 1.0)
     quarantined = bounds.record(found, LIVE)
     return found, quarantined
 
@@ -58,6 +58,22 @@ def test_a_push_of_fewer_samples_than_the_typical_batch_may_be_larger_as_its_noi
     assert found.clipped, "a larger batch gets no more room than the typical norm"
 
 
+def test_the_parameter_bound_gives_a_small_batch_the_room_its_noise_needs_and_no_more_step():
+    """A 1-sample gradient of an honest --max-batch 1 worker measured 8 to 36 against a parameter norm of 8 in the
+    reference job (B/n = 64): the bound is |p| / sqrt(share), and share * bound (what its weighted step may move
+    the chunk) shrinks as sqrt(share)."""
+    params = {0: torch.full((100,), 0.8)}  # norm 8
+    g = torch.randn(100, generator=torch.Generator().manual_seed(5))
+    one_sample = g * (36.0 / float(g.norm()))
+    for share, clipped in ((1.0, True), (1 / 64, False)):
+        found = GradientBounds(4.0).assess("w0", {0: one_sample}, 1, params, LIVE, share)
+        assert bool(found.clipped) == clipped, share
+    bounds = [(share, float(GradientBounds(4.0).assess("w0", {0: g * 1e6}, 1, params, LIVE, share).norms[0]))
+              for share in (1.0, 1 / 4, 1 / 64)]
+    assert [round(b, 3) for _, b in bounds] == [8 * MAX_TO_PARAMS * k for k in (1, 2, 8)]
+    assert [round(s * b, 3) for s, b in bounds] == [8 * MAX_TO_PARAMS * k for k in (1, 0.5, 0.125)]
+
+
 def test_workers_of_different_batches_each_have_the_room_their_noise_needs():
     bounds = GradientBounds(4.0)
     for i in range(2 * 16):  # a 16-sample worker's noise-dominated norm is sqrt(256 / 16) = 4 times a 256-sample one's
@@ -70,7 +86,7 @@ def test_before_most_workers_have_pushed_a_push_is_bounded_by_its_chunks_paramet
     bounds = GradientBounds(4.0)
     params = {0: torch.full((100,), 0.1)}  # norm 1
     g = torch.randn(100)
-    found = bounds.assess("bad", {0: g * (1e3 / float(g.norm()))}, 32, params, LIVE)  # the liar pushes first
+    found = bounds.assess("bad", {0: g * (1e3 / float(g.norm()))}, 32, params, LIVE, 1.0)  # the liar pushes first
     assert found.clipped and float(found.tensors[0].norm()) == pytest.approx(MAX_TO_PARAMS, rel=1e-4)
     bounds.record(found, LIVE)
     _push(bounds, "bad", 1e3)
@@ -87,7 +103,7 @@ def test_a_worker_far_beyond_the_bound_push_after_push_is_quarantined_and_then_r
     results = [_push(bounds, "bad", 50.0, seed=i)[1] for i in range(QUARANTINE_AFTER)]
     assert results == [False] * (QUARANTINE_AFTER - 1) + [True]
     with pytest.raises(ProtocolError) as refused:
-        bounds.assess("bad", {0: torch.ones(100)}, 32, PARAMS, LIVE)
+        bounds.assess("bad", {0: torch.ones(100)}, 32, PARAMS, LIVE, 1.0)
     assert refused.value.code == "quarantined"
     _push(bounds, "w0", 1.0)  # the others go on
 
@@ -123,6 +139,6 @@ def test_of_two_workers_neither_is_quarantined_as_no_majority_can_tell_which_one
     for i in range(4 * QUARANTINE_AFTER):  # the liar pushes tiny norms: the honest worker is far beyond the bound
         for w, norm in (("bad", 1e-3), ("w0", 1.0)):
             g = torch.randn(100, generator=torch.Generator().manual_seed(i))
-            found = bounds.assess(w, {0: g * (norm / float(g.norm()))}, 32, PARAMS, live)
+            found = bounds.assess(w, {0: g * (norm / float(g.norm()))}, 32, PARAMS, live, 1.0)
             assert not bounds.record(found, live)
     assert not bounds.quarantined

@@ -12,7 +12,7 @@ import torch
 
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.gradient_bounds import GradientBounds
-from dynabatch.ps.gradient_direction import MIN_SCORED, SKETCH, GradientDirection
+from dynabatch.ps.gradient_direction import LEAD, MIN_SCORED, SKETCH, WARM_PUSHES, GradientDirection
 
 SIZE = 1000
 
@@ -121,5 +121,58 @@ def test_a_worker_quarantined_for_its_direction_is_refused_saying_why():
     bounds = GradientBounds(4.0)
     bounds.quarantine("liar", "pointing against the other workers' gradients (--direction-check)")
     with pytest.raises(ProtocolError, match="quarantined.*pointing against the other workers'") as exc:
-        bounds.assess("liar", {0: torch.ones(3)}, 8, {0: torch.ones(3)}, {"liar"})
+        bounds.assess("liar", {0: torch.ones(3)}, 8, {0: torch.ones(3)}, {"liar"}, 1.0)
     assert exc.value.code == "quarantined"
+
+
+def _paced(check: GradientDirection, workers: Workers, rounds: int, pushes_per_round: dict[str, int]) -> dict:
+    """As the shard serves pushes: each is held (scored, not taken) while `check.held` says so, else taken.
+    Per round, each worker's taken pushes and whether it was held; the quarantined workers leave the live set."""
+    taken: dict[str, int] = dict.fromkeys(workers.noise, 0)
+    trace: dict = {"taken": [], "held": [], "quarantined": []}
+    for r in range(rounds):
+        held_now = set()
+        for worker, times in pushes_per_round.items():
+            for _ in range(times):
+                if worker not in workers.live:
+                    continue
+                hold = check.held(worker, workers.live) is not None
+                held_now |= {worker} if hold else set()
+                taken[worker] += not hold
+                if check.record(worker, workers.push(worker), workers.live, taken=not hold):
+                    trace["quarantined"].append((worker, r))
+                    workers.live.discard(worker)
+                    check.forget(workers.live)
+        trace["taken"].append(dict(taken))
+        trace["held"].append(held_now)
+    return trace
+
+
+def test_a_liar_pushing_ten_times_as_often_at_the_start_is_held_to_the_others_pace_until_it_is_caught():
+    # The job's start on a loaded machine: the honest workers get a push in for every ten of the liar's.
+    workers = Workers({"w0": 3.0, "w1": 3.0, "liar": 3.0}, liars=("liar",))
+    trace = _paced(GradientDirection(True), workers, 60, {"w0": 1, "w1": 1, "liar": 10})
+    assert [w for w, _ in trace["quarantined"]] == ["liar"], trace["quarantined"]
+    caught = trace["quarantined"][0][1]
+    for taken in trace["taken"]:
+        assert taken["liar"] <= min(taken["w0"], taken["w1"]) + LEAD + 10, taken
+    # Its held pushes are scored at the pace it pushes: judged within a few honest rounds of their warming up.
+    assert caught < WARM_PUSHES + MIN_SCORED, trace["quarantined"]
+    assert trace["taken"][-1]["liar"] <= caught + LEAD + 10
+
+
+def test_an_honest_worker_ten_times_faster_is_held_only_until_it_is_vouched_for_then_runs_free():
+    workers = Workers({"w0": 3.0, "w1": 3.0, "fast": 3.0})
+    trace = _paced(GradientDirection(True), workers, 40, {"w0": 1, "w1": 1, "fast": 10})
+    assert trace["quarantined"] == []
+    last_held = max(r for r, held in enumerate(trace["held"]) if "fast" in held)
+    assert last_held < WARM_PUSHES + 2 * MIN_SCORED / 10 + 2, last_held
+    assert not trace["held"][-1] and trace["taken"][-1]["fast"] > 8 * trace["taken"][-1]["w0"], trace["taken"][-1]
+    assert all("w0" not in held and "w1" not in held for held in trace["held"]), "the slow ones are never held"
+
+
+def test_nothing_is_held_where_nothing_could_judge_or_the_check_is_off():
+    two = Workers({"w0": 3.0, "fast": 3.0})
+    assert not any(_paced(GradientDirection(True), two, 10, {"w0": 1, "fast": 10})["held"])
+    three = Workers({"w0": 3.0, "w1": 3.0, "fast": 3.0})
+    assert not any(_paced(GradientDirection(False), three, 10, {"w0": 1, "w1": 1, "fast": 10})["held"])

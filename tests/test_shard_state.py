@@ -38,12 +38,14 @@ def _flat(state: ShardState) -> torch.Tensor:
     return torch.cat([state.params[c.id] for c in state.chunks])
 
 
-def _reference(w0: torch.Tensor, steps: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
+def _reference(w0: torch.Tensor, steps: list[tuple[torch.Tensor, float]], lr_factor: float = 1.0) -> torch.Tensor:
+    """torch's SGD over (gradient, weight) steps: a weight scales the gradient and its weight decay, which is
+    what it adds to the momentum buffer (ps/update_rules.py's sgd_step_); `lr_factor` scales the rate."""
     p = torch.nn.Parameter(w0.clone())
-    opt = torch.optim.SGD([p], lr=SGD.lr, momentum=SGD.momentum, weight_decay=SGD.weight_decay)
-    for g, scale in steps:
-        opt.param_groups[0]["lr"] = SGD.lr * scale
-        p.grad = g.clone()
+    opt = torch.optim.SGD([p], lr=SGD.lr * lr_factor, momentum=SGD.momentum)
+    for g, weight in steps:
+        opt.param_groups[0]["weight_decay"] = SGD.weight_decay * weight
+        p.grad = g * weight
         opt.step()
     return p.detach()
 
@@ -323,7 +325,7 @@ def test_the_schedules_factor_scales_every_update():
     state.follow_job(0.0, 0.25)  # the job's factor after rollbacks, on a constant schedule
     g = torch.randn(1000, generator=torch.Generator().manual_seed(9))
     _push(state, "w0", g, 0, B // 3)
-    torch.testing.assert_close(_flat(state), _reference(w0, [(g, 0.25)]))
+    torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)], lr_factor=0.25))
 
 
 @pytest.mark.parametrize("total, chunk_bytes, shards",

@@ -68,7 +68,8 @@ class WorkerMetrics:
                                ["worker", "reason"], registry=registry)
         self.skipped.labels(worker, "non_finite_loss")
         self.discarded = Counter("dynabatch_worker_discarded_steps", "Steps whose gradient the shards discarded as "
-                                 "computed on too old a model (ssgd, ringmaster, rennala).", ["worker"],
+                                 "computed on too old a model (ssgd, ringmaster, rennala), or held: ahead of the "
+                                 "other workers before the direction check could vouch for it.", ["worker"],
                                  registry=registry).labels(worker)
         self.worker = worker
 
@@ -250,7 +251,7 @@ class Worker:
                 joined.shards.staleness = counted
                 steps.after_failure(code)
                 self.batches.step_failed()
-                if code != ErrorCode.TOO_STALE:
+                if code not in (ErrorCode.TOO_STALE, ErrorCode.HELD):
                     self.m.errors.labels(joined.id, code).inc()
                     log.warning("%s: step failed (%s); retrying", joined.id, exc)
                     if link.lost:
@@ -258,7 +259,8 @@ class Worker:
                     else:
                         assignment = link.wait(joined.job.heartbeat_s) or assignment
                     continue
-                # The protocol discarded a gradient computed on an old model: no error, the next step pulls at once.
+                # The protocol discarded a gradient computed on an old model, or the shard held a push that ran
+                # ahead before its direction could be judged: no error, the next step pulls at once.
                 self.m.discarded.inc()
             else:
                 self.batches.step_succeeded()

@@ -37,8 +37,9 @@ MUST_REFUSE: dict[str, frozenset[str]] = {
 }
 # What any of its pushes may get besides: ssgd takes one push per worker and round (`bad_state`) and discards one
 # computed before its round closed (`too_stale`: the member's base may be a round behind until it pulls again), and
-# a member the shards quarantined, or the scheduler then dropped, is refused as such.
-ANY_PUSH = frozenset({"bad_state", "too_stale", "quarantined", "unknown_sender"})
+# a member the shards quarantined, or the scheduler then dropped, is refused as such; one that runs ahead of the
+# others before the direction check can vouch for it is held (`held`, and pulls again as after `too_stale`).
+ANY_PUSH = frozenset({"bad_state", "too_stale", "held", "quarantined", "unknown_sender"})
 NOISE_TIMES = 1e3  # the noise's norm, in true gradient norms
 
 

@@ -427,7 +427,7 @@ class Fuzzer:
         into the pool of replays)."""
         kind, shard, frames = pushed
         if isinstance(msg.body, Error):
-            if msg.body.code != ErrorCode.TOO_STALE:  # a discarded gradient is no bad message: counted apart
+            if msg.body.code not in (ErrorCode.TOO_STALE, ErrorCode.HELD):  # discarded or held: counted apart
                 self.refused[msg.body.code] += 1
             outcome = msg.body.code
         else:
@@ -435,7 +435,7 @@ class Fuzzer:
         self.byzantine.setdefault(kind, Counter())[outcome] += 1
         if outcome == "taken" and kind in GRADIENTS:
             self.member.taken[shard].append((msg.seq, frames))
-        elif outcome == "too_stale" and shard not in self.pulling:
+        elif outcome in ("too_stale", "held") and shard not in self.pulling:
             self._pull(shard)
 
     def _pull(self, shard: int) -> None:
