@@ -164,9 +164,10 @@ class GradientDirection:
                          if p.scored >= MIN_SCORED) if me is not None else ""
 
     def summary(self) -> str:
-        """Every worker's agreements, for the shard's closing line."""
-        return "; ".join(f"{name} {self.agreements(name)}" for name in sorted(self.workers)
-                         if self.agreements(name)) or "none scored"
+        """Every worker's agreements and held pushes, for the shard's closing line."""
+        return "; ".join(f"{name}{f' ({w.pushes - w.taken} pushes held)' if w.pushes > w.taken else ''} "
+                         f"{self.agreements(name)}".rstrip() for name, w in sorted(self.workers.items())
+                         if self.agreements(name) or w.pushes > w.taken) or "none scored"
 
     def forget(self, live: set[str]) -> None:
         """Workers that left: their directions go (they no longer count as anyone's reference); their

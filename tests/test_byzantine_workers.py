@@ -58,9 +58,9 @@ def twin(tmp_path_factory) -> float:
 # Without the direction check a flipped liar of honest size was quarantined in none of three runs of this job, and
 # flipped_large by the norm bound in two of three, only once its climb had made every gradient large; with both
 # on, whichever check sees it first quarantines it. The direction check needs 16 scored pushes against honest
-# workers that have pushed 4 times each: where the loaded machine starves the honest workers at the start, the
-# liar climbs until the norm bound catches it first (3 of 17 runs of `flipped` on a loaded machine, each ending at
-# its twin's accuracy; bench/RESULTS.md 9g).
+# workers that have pushed 4 times each; until it can vouch for a worker, that worker's pushes are held once it is
+# 8 taken pushes ahead of the slowest other, so a liar whose honest peers the loaded machine starves at the start
+# no longer climbs freely meanwhile (it took the model to a blow-up in some runs before; bench/RESULTS.md 9g).
 @pytest.mark.parametrize("liar, reasons", [("scaled", ["norm"]), ("noise", ["norm"]),
                                            ("flipped", ["direction", "norm"]),
                                            ("flipped_large", ["direction", "norm"])])

@@ -151,7 +151,8 @@ def _paced(check: GradientDirection, workers: Workers, rounds: int, pushes_per_r
 def test_a_liar_pushing_ten_times_as_often_at_the_start_is_held_to_the_others_pace_until_it_is_caught():
     # The job's start on a loaded machine: the honest workers get a push in for every ten of the liar's.
     workers = Workers({"w0": 3.0, "w1": 3.0, "liar": 3.0}, liars=("liar",))
-    trace = _paced(GradientDirection(True), workers, 60, {"w0": 1, "w1": 1, "liar": 10})
+    check = GradientDirection(True)
+    trace = _paced(check, workers, 60, {"w0": 1, "w1": 1, "liar": 10})
     assert [w for w, _ in trace["quarantined"]] == ["liar"], trace["quarantined"]
     caught = trace["quarantined"][0][1]
     for taken in trace["taken"]:
@@ -159,6 +160,8 @@ def test_a_liar_pushing_ten_times_as_often_at_the_start_is_held_to_the_others_pa
     # Its held pushes are scored at the pace it pushes: judged within a few honest rounds of their warming up.
     assert caught < WARM_PUSHES + MIN_SCORED, trace["quarantined"]
     assert trace["taken"][-1]["liar"] <= caught + LEAD + 10
+    held = check.workers["liar"].pushes - check.workers["liar"].taken
+    assert held > 0 and f"liar ({held} pushes held)" in check.summary(), check.summary()
 
 
 def test_an_honest_worker_ten_times_faster_is_held_only_until_it_is_vouched_for_then_runs_free():
