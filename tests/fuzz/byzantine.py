@@ -59,7 +59,8 @@ class ByzantineMember:
     connection: int  # its column in the fuzzer's sockets, to the scheduler and to every shard
     metas: list[list[ChunkMeta]]  # per shard, the chunks as it pulled them (their versions: its pushes' bases)
     gradient: list[list[Any]]  # per shard, per chunk: the measured descent direction (a torch tensor)
-    taken: list[list[tuple[int, list[bytes]]]] = field(default_factory=list)  # per shard: (seq, frames) acknowledged
+    # per shard: (seq, frames) acknowledged, and the replays of it still to send (REPLAYS, in order)
+    taken: list[list[tuple[int, list[bytes], list[str]]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.taken = [[] for _ in self.metas]
@@ -96,10 +97,23 @@ class ByzantineMember:
         now = {c.id: c.version for c in chunks}
         self.metas[shard] = [replace(m, version=now.get(m.id, m.version)) for m in self.metas[shard]]
 
-    def replay(self, shard: int, rng: random.Random) -> tuple[int, list[bytes]] | None:
-        """One PUSH the shard took from it (its seq and frames, verbatim), each at most once (None: none yet)."""
+    def took(self, shard: int, seq: int, frames: list[bytes]) -> None:
+        """`shard` acknowledged the PUSH `seq` (`frames`): it is replayed once as each kind of REPLAYS."""
+        self.taken[shard].append((seq, frames, list(REPLAYS)))
+
+    def replay(self, shard: int, rng: random.Random) -> tuple[int, list[bytes], str] | None:
+        """A PUSH the shard took from it (its seq and frames, verbatim) and the kind of replay to send it as:
+        each taken PUSH is replayed once as each kind (on its own connection, then on another), so that a fuzz in
+        which the shards took a single one of its pushes still tries both (None: none taken yet)."""
         pool = self.taken[shard]
-        return pool.pop(rng.randrange(len(pool))) if pool else None
+        if not pool:
+            return None
+        i = rng.randrange(len(pool))
+        seq, frames, kinds = pool[i]
+        kind = kinds.pop(0)
+        if not kinds:
+            pool.pop(i)
+        return seq, frames, kind
 
 
 def _noise(like: Any, norm: float, rng: random.Random) -> Any:

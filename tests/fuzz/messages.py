@@ -25,7 +25,7 @@ import msgpack
 
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Init, Pull, Push
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
-from fuzz.byzantine import GRADIENTS, REPLAYS, ByzantineMember
+from fuzz.byzantine import GRADIENTS, ByzantineMember
 
 SCHEDULER = 0  # target index; shard s is target s + 1
 MALFORMED = ("garbage", "truncated", "mistyped")
@@ -101,9 +101,10 @@ class FuzzMessages:
         shard = self.rng.randrange(len(self.view.chunks))
         taken = m.replay(shard, self.rng) if category == "push_replay" else None
         if taken is not None:
-            kind = self.rng.choice(REPLAYS)
-            connection = m.connection if kind == "replay_own" else self.rng.randrange(self.view.connections)
-            return FuzzMessage(shard + 1, connection, list(taken[1]), category, kind, taken[0])
+            seq, frames, kind = taken
+            connection = m.connection if kind == "replay_own" else \
+                self.rng.choice([c for c in range(self.view.connections) if c != m.connection])
+            return FuzzMessage(shard + 1, connection, list(frames), category, kind, seq)
         kind = self.rng.choice(GRADIENTS)  # nothing taken on that shard yet: a gradient instead
         body, metas, tensors = m.push(kind, shard, self.rng)
         frames = [bytes(f) for f in encode(Message(body, metas, tensors, self.view.job, m.id, self.seq))]

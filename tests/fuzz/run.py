@@ -373,7 +373,8 @@ class Fuzzer:
         self.kinds: dict[int, str] = {}
         self.written_off = 0
         self.member = member
-        self.pushes: dict[int, tuple[str, int, list[bytes]]] = {}  # the worker's in flight: seq -> kind, shard, frames
+        # the worker's in flight: (connection, seq) -> kind, shard, frames
+        self.pushes: dict[tuple[int, int], tuple[str, int, list[bytes]]] = {}
         self.byzantine: dict[str, Counter] = {}  # the worker's answered, by kind: "taken" or the refusal's code
         self.member_pulls: dict[int, int] = {}  # the worker's pulls: seq -> shard (a pull may take several answers)
         self.pulling: set[int] = set()  # shards whose pull by the worker has not been answered yet
@@ -386,8 +387,8 @@ class Fuzzer:
             if self.in_flight[id(sock)] >= self.window and time.monotonic() - self.last_answer[id(sock)] > STALL_S:
                 self.written_off += self.in_flight[id(sock)]
                 self.in_flight[id(sock)] = 0
-        if what.split()[0] in BYZANTINE:
-            self.pushes[seq] = (what.split()[1], target - 1, frames)
+        if what.split()[0] in BYZANTINE:  # by connection: a taken PUSH is replayed under its seq on two of them
+            self.pushes[(id(sock), seq)] = (what.split()[1], target - 1, frames)
         elif seq >= 0 and what.split()[0] in LIES:  # a lie is well-formed: its refusal names its seq
             self.kinds[seq] = what
         sock.send_multipart(frames)
@@ -412,7 +413,7 @@ class Fuzzer:
                 self.in_flight[id(sock)] = max(0, self.in_flight[id(sock)] - 1)
                 if msg is None:
                     continue
-                pushed = self.pushes.pop(msg.seq, None)
+                pushed = self.pushes.pop((id(sock), msg.seq), None)
                 if pushed is not None:
                     self._tally(pushed, msg)
                     continue
@@ -434,7 +435,7 @@ class Fuzzer:
             outcome = "taken" if isinstance(msg.body, PushAck) else msg.type
         self.byzantine.setdefault(kind, Counter())[outcome] += 1
         if outcome == "taken" and kind in GRADIENTS:
-            self.member.taken[shard].append((msg.seq, frames))
+            self.member.took(shard, msg.seq, frames)
         elif outcome in ("too_stale", "held") and shard not in self.pulling:
             self._pull(shard)
 
