@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from harness import checkpoint_state, run_job
+from tools import need_fashion_mnist
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 
-FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 JOB = ["--model", "mlp", "--epochs", "0.25", "--workers", "3", "--slowdowns", "1", "2", "4", "--eval-interval-s", "600"]
 # Accuracy after a fixed number of samples, not a time; but the load changes the interleaving of the pushes, and
 # with it a quarter epoch's accuracy. Measured on the loaded 2-core machine: the clean twin 75.6%, 77.3%, 81.1%
@@ -42,8 +42,8 @@ def _run(tmp: Path, name: str, *flags: str) -> tuple[dict, float, str]:
     return summary, norm, (run / "logs" / "ps0.log").read_text()
 
 
-@pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
 def test_a_worker_with_max_batch_1_trains_with_the_others_as_well_as_without_it(tmp_path):
+    need_fashion_mnist()
     clean, clean_norm, _ = _run(tmp_path, "clean")
     small, small_norm, shard_log = _run(tmp_path, "small", "--max-batches", "1", "0", "0")
     print(f"clean {clean['final_test_acc']:.4f} |w| {clean_norm:.3g}; --max-batch 1: {small['final_test_acc']:.4f} "
