@@ -1,0 +1,17 @@
+"""The suite's order: modules with end-to-end (`slow`) tests first, the quick ones after them.
+
+pytest-xdist (`--dist loadscope`) hands whole modules to its two test processes
+in collection order, alphabetical by file. A long module drawn late kept one
+process busy alone at the end: beside a second copy of the suite, the fuzz (over
+a minute) started at 97% and was the last test of the run. Started first, the
+long modules overlap each other, and the many quick modules fill the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module}
+    items.sort(key=lambda item: item.module is None or item.module.__name__ not in slow_modules)  # stable
