@@ -12,6 +12,10 @@ from __future__ import annotations
 import pytest
 
 
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module}
-    items.sort(key=lambda item: item.module is None or item.module.__name__ not in slow_modules)  # stable
+    slow_modules = {_module(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _module(item) not in slow_modules)  # stable: files in order within each part
