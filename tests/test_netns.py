@@ -32,6 +32,11 @@ def _namespaces() -> set[str]:
                                                        text=True).stdout.splitlines() if line.strip()}
 
 
+def _pids(ns: str) -> list[str]:
+    """The processes running inside namespace `ns`."""
+    return subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+
+
 def _send(net: netns.Network, sender: netns.Host, receiver: netns.Host, size: int) -> float:
     """Seconds `sender` takes to push `size` bytes to `receiver` (the receiver counts them all)."""
     rx = subprocess.Popen(receiver.command([sys.executable, "-c", RECEIVER]), stdout=subprocess.PIPE, text=True)
@@ -71,6 +76,12 @@ def test_everything_is_removed_even_when_the_test_fails():
     with pytest.raises(RuntimeError, match="the test failed"), netns.Network() as net:
         host = net.add_host("host-a")
         sleeper = subprocess.Popen(host.command(["sleep", "600"]))
+        # Inside before the failure: on a loaded machine the teardown once removed the namespace before
+        # `ip netns exec` had entered it (exit 255, nothing left running, but not the case this test is about).
+        deadline = time.monotonic() + 60
+        while not _pids(host.ns) and sleeper.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _pids(host.ns), "the sleeper runs inside the host's namespace"
         made = {net.bridge_ns, host.ns}
         assert made <= _namespaces() and (netns.NETNS_ETC / host.ns / "hosts").exists()
         raise RuntimeError("the test failed")
