@@ -29,14 +29,19 @@ def _role(pid: int) -> str:
 
 
 class RunProcess:
-    """`dynabatch run --out OUT --name r FLAGS`, its stdout piped, its stderr in a file."""
+    """`dynabatch run --out OUT --name r FLAGS`, its stdout and its stderr each in a file (readable as it runs)."""
 
     def __init__(self, out: Path, err_path: Path, flags: list[str], cwd: Path | None = None) -> None:
         self.dir, self.err_path = out / "r", err_path
-        with open(self.err_path, "wb") as err:
+        self.out_path = err_path.with_suffix(".out")
+        with open(self.err_path, "wb") as err, open(self.out_path, "wb") as printed:
             self.proc = subprocess.Popen(command_line("run", ["--out", str(out), "--name", "r", *flags]),
-                                         stdout=subprocess.PIPE, stderr=err, env=child_env(), text=True, cwd=cwd)
+                                         stdout=printed, stderr=err, env=child_env(), cwd=cwd)
         self.children: set[int] = set()
+
+    def printed(self) -> str:
+        """What the run has printed so far (its progress lines, then its summary)."""
+        return self.out_path.read_text()
 
     def trained_and_evaluated(self) -> int:
         """Wait until the evaluator has reported on a model past v0 and every role runs; that model's version."""
@@ -55,8 +60,8 @@ class RunProcess:
 
     def end(self, timeout_s: float = 120) -> tuple[int, str, str]:
         """(exit code, stdout, stderr) once the run has exited."""
-        out, _ = self.proc.communicate(timeout=timeout_s)
-        return self.proc.returncode, out, self.err_path.read_text()
+        self.proc.wait(timeout=timeout_s)
+        return self.proc.returncode, self.printed(), self.err_path.read_text()
 
     def leftovers(self, timeout_s: float = 60) -> set[int]:
         """The run's processes still alive `timeout_s` after it ended (waiting for them to go)."""
@@ -72,5 +77,5 @@ class RunProcess:
         """Whatever the test's outcome: the run and every process it started are gone."""
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+            self.proc.wait()
         kill_sessions(self.children)

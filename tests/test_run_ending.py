@@ -55,6 +55,8 @@ def test_one_signal_stops_the_run_in_order_and_reports_the_last_evaluated_model(
 
 def test_a_second_ctrl_c_kills_every_child_and_still_reports(run):
     run.trained_and_evaluated()
+    # Forced, the run reports what it had seen: under load its last STATUS can predate the evaluation the test saw.
+    wait_for("the run to show an evaluation", lambda: re.search(r"test \d+\.\d+%", run.printed()), 60)
     run.proc.send_signal(signal.SIGINT)
     wait_for("the run to begin stopping", lambda: "stopping" in run.err_path.read_text(), 30)
     run.proc.send_signal(signal.SIGINT)
