@@ -40,8 +40,7 @@ Until the check can judge a worker it cannot stop it, and a liar that pushes far
 more often than the others (they are slow to start, or starved of a loaded
 machine's cores) climbed the loss for a hundred pushes and more before its
 agreements counted, against references the others' few pushes had left stale
-(bench/RESULTS.md 9g). So a worker the check cannot vouch for yet (its
-agreements do not count with `MIN_OTHERS` others, or it opposes most of them)
+(bench/RESULTS.md 9g). So a worker the check cannot vouch for yet (below)
 may be at most `LEAD` taken pushes ahead of the slowest other worker that holds a
 batch: a push beyond that is held (`held`, nothing changes), but its direction is
 still scored, so that an honest fast worker is vouched for, and a liar judged, at
