@@ -211,18 +211,25 @@ def choose_lr(runs: list[dict[str, Any]], mark: str) -> float | None:
 _DATA: dict[str, Any] = {}
 
 
-def _simulate(run: Run) -> tuple[Run, SimResult]:
+Timed = tuple[SimResult, float]
+"""A run's result and the seconds of one core it took (what each part of a study costs)."""
+
+
+def _simulate(run: Run) -> tuple[Run, Timed]:
     if run.profile.dataset not in _DATA:
         _DATA[run.profile.dataset] = load_dataset(run.profile.dataset)
-    return run, simulate(sim_config(run), _DATA[run.profile.dataset])
+    started = time.monotonic()
+    r = simulate(sim_config(run), _DATA[run.profile.dataset])
+    return run, (r, time.monotonic() - started)
 
 
-def run_all(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Run, SimResult]]:
+def run_all(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Run, Timed]]:
     """Every run of `plan` in `jobs` processes, yielded as each finishes, with a progress line."""
     return run_parallel(_simulate, plan, jobs, _describe, log)
 
 
-def _describe(run: Run, r: SimResult) -> str:
+def _describe(run: Run, timed: Timed) -> str:
+    r = timed[0]
     return (f"{run.profile.profile}{' tuning' if run.tuning else ''} {run.method} lr {run.lr:g} seed {run.seed}: "
             f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, "
             f"{run.profile.target} at {time_to(asdict(r), run.profile.target):g} s")
@@ -236,12 +243,12 @@ class Results:
     report: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     chosen: dict[str, dict[str, float | None]] = field(default_factory=dict)
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
-    minutes: dict[str, float] = field(default_factory=dict)  # what each profile's runs cost, wall minutes
 
 
-def _record(run: Run, r: SimResult) -> dict[str, Any]:
+def _record(run: Run, timed: Timed) -> dict[str, Any]:
+    r, took = timed
     out = asdict(r)
-    out.update(method=run.method, lr=run.lr)
+    out.update(method=run.method, lr=run.lr, wall_s=took)
     return out
 
 
@@ -255,7 +262,7 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
     res = Results(profiles={p.profile: asdict(p) for p in profiles})
     if resume and (out / "results.json").exists():
         earlier = Results(**json.loads((out / "results.json").read_text()))
-        res.tuning, res.report, res.minutes = earlier.tuning, earlier.report, earlier.minutes
+        res.tuning, res.report = earlier.tuning, earlier.report
     log = lambda s: print(s, flush=True)  # noqa: E731
     tuning = [Run(p, m, lr, s, True) for p in profiles if not p.lr_from for m in p.methods
               for lr in p.lrs or METHODS[m].lrs for s in p.tune_seeds]
@@ -272,7 +279,6 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
         report += [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
     for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
         res.report.setdefault(run.profile.profile, []).append(_record(run, r))
-        res.minutes[run.profile.profile] = (time.monotonic() - started) / 60
         write(res, out, plots=False)
     write(res, out, plots=True)
     print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
@@ -347,13 +353,25 @@ def render(res: Results) -> str:
             out.append(f"| {row['method']} | {row['lr']:g} | {t} | {row['reached']}/{row['runs']} | "
                        f"{row['diverged']}/{row['runs']} | {100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | "
                        f"{row['sps']:,.0f} | {row['stale']:.1f} | {ratio} |")
-        minutes = res.minutes.get(name)
-        out += ["", f"![{name}](plots/tuned_{name}.png)", ""]
-        if minutes is not None:
-            out += [f"(report runs finished {minutes:.0f} minutes into the study)", ""]
-    out += [f"Default by measurement (best median time to target over the profiles, never diverged): "
+        out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
+    everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
+    out += [f"The whole study: {_minutes(everything)} of one core; `--jobs 2` takes about half that in wall time.",
+            "", f"Default by measurement (best median time to target over the profiles, never diverged): "
             f"**{choose_default(res)}**", ""]
     return "\n".join(out)
+
+
+def _minutes(runs: list[dict[str, Any]]) -> str:
+    timed = [r["wall_s"] for r in runs if "wall_s" in r]
+    missing = len(runs) - len(timed)
+    untimed = f" ({missing} runs from before runs were timed not counted)" if missing else ""
+    return f"{sum(timed) / 60:.0f} min{untimed}"
+
+
+def cost_line(tuning: list[dict[str, Any]], report: list[dict[str, Any]]) -> str:
+    """What a profile's runs cost, in minutes of one core: its tuning runs and its report runs apart."""
+    tuned = f"{len(tuning)} tuning runs took {_minutes(tuning)}; " if tuning else ""
+    return f"Cost: {tuned}{len(report)} report runs took {_minutes(report)} (one core's minutes)."
 
 
 def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
