@@ -77,8 +77,8 @@ def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_whi
 
 
 def test_the_cost_of_each_part_is_the_sum_of_its_runs_time_and_says_which_runs_were_not_timed():
-    tuning = [{**_run("m", 0.01, 30.0), "wall_s": s} for s in (60.0, 90.0, 30.0)]
-    report = [{**_run("m", 0.01, 30.0), "wall_s": 300.0}, _run("m", 0.01, 30.0)]
+    tuning = [{**_run("m", 0.01, 30.0), "cpu_s": s} for s in (60.0, 90.0, 30.0)]
+    report = [{**_run("m", 0.01, 30.0), "cpu_s": 300.0}, _run("m", 0.01, 30.0)]
     line = cost_line(tuning, report)
     assert line.startswith("Cost: 3 tuning runs took 3 min; 2 report runs took 5 min (1 runs from before"), line
     assert cost_line([], report[:1]) == "Cost: 1 report runs took 5 min (one core's minutes)."
