@@ -355,7 +355,7 @@ def render(res: Results) -> str:
                        f"{row['sps']:,.0f} | {row['stale']:.1f} | {ratio} |")
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
     everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
-    out += [f"The whole study: {_minutes(everything)} of one core; `--jobs 2` takes about half that in wall time.",
+    out += [f"The whole study: {_minutes(everything)} of CPU; `--jobs 2` takes about half that in wall time.",
             "", f"Default by measurement (best median time to target over the profiles, never diverged): "
             f"**{choose_default(res)}**", ""]
     return "\n".join(out)
@@ -363,15 +363,17 @@ def render(res: Results) -> str:
 
 def _minutes(runs: list[dict[str, Any]]) -> str:
     timed = [r["cpu_s"] for r in runs if "cpu_s" in r]
+    if not timed:
+        return "not timed"
     missing = len(runs) - len(timed)
     untimed = f" ({missing} runs from before runs were timed not counted)" if missing else ""
     return f"{sum(timed) / 60:.0f} min{untimed}"
 
 
 def cost_line(tuning: list[dict[str, Any]], report: list[dict[str, Any]]) -> str:
-    """What a profile's runs cost, in minutes of one core: its tuning runs and its report runs apart."""
-    tuned = f"{len(tuning)} tuning runs took {_minutes(tuning)}; " if tuning else ""
-    return f"Cost: {tuned}{len(report)} report runs took {_minutes(report)} (one core's minutes)."
+    """What a profile's runs cost, in CPU minutes: its tuning runs and its report runs apart."""
+    tuned = f"{len(tuning)} tuning runs, {_minutes(tuning)}; " if tuning else ""
+    return f"Cost (CPU minutes): {tuned}{len(report)} report runs, {_minutes(report)}."
 
 
 def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:

@@ -80,8 +80,8 @@ def test_the_cost_of_each_part_is_the_sum_of_its_runs_time_and_says_which_runs_w
     tuning = [{**_run("m", 0.01, 30.0), "cpu_s": s} for s in (60.0, 90.0, 30.0)]
     report = [{**_run("m", 0.01, 30.0), "cpu_s": 300.0}, _run("m", 0.01, 30.0)]
     line = cost_line(tuning, report)
-    assert line.startswith("Cost: 3 tuning runs took 3 min; 2 report runs took 5 min (1 runs from before"), line
-    assert cost_line([], report[:1]) == "Cost: 1 report runs took 5 min (one core's minutes)."
+    assert line.startswith("Cost (CPU minutes): 3 tuning runs, 3 min; 2 report runs, 5 min (1 runs from before"), line
+    assert cost_line([], report[1:]) == "Cost (CPU minutes): 1 report runs, not timed."
 
 
 def test_every_study_profile_exists_and_the_untuned_ones_take_a_tuned_profiles_step_sizes():
@@ -124,4 +124,4 @@ def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path, capsys):
     assert all(any(f"| {m} | {lr:g} |" in report for lr in quick.lrs) for m in quick.methods), report
     assert (tmp_path / "tuned-quick" / "tuned_bench4.png").stat().st_size > 10_000
     assert "default by measurement: " in capsys.readouterr().out
-    assert "Cost: 4 tuning runs took" in report and "The whole study: " in report
+    assert "Cost (CPU minutes): 4 tuning runs, " in report and "The whole study: " in report

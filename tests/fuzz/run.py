@@ -94,6 +94,9 @@ class FuzzSettings:
     # share of a busy machine each, they trained through many epochs while the attacks and the fuzz waited
     # for the CPU, so the jobs had to be long (and cost CPU) to outlive them.
     worker_nice: int = 5
+    # The jobs' workers idle this many times their compute (--slowdown), so that a job lasts as long as the fuzz
+    # needs in fewer epochs, at a fraction of the CPU; under load their compute, hence their idling, grows too.
+    slowdown: float = 1.0
 
 
 @dataclass
@@ -149,7 +152,7 @@ class Job:
         for i in range(settings.shards):
             self.launcher.start_shard(i, f"ps{i}", ["--log-level", "WARNING"])
         for i in range(settings.workers):
-            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING"])
+            self.launcher.start_worker(f"worker{i}", ["--log-level", "WARNING", "--slowdown", f"{settings.slowdown:g}"])
         self.launcher.start_worker("evaluator", ["--log-level", "WARNING"], evaluator=True)
         for child in self.children("worker") + self.children("evaluator"):
             renice(child.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + settings.worker_nice)
@@ -577,12 +580,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--epochs", type=float, default=defaults.epochs,
                         help="the job's length: long enough that it is still training when the last message goes")
+    parser.add_argument("--slowdown", type=float, default=defaults.slowdown,
+                        help="the jobs' workers idle this many times their compute (a longer job for the CPU)")
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--shards", type=int, default=defaults.shards)
     parser.add_argument("--no-clean", action="store_true", help="skip the clean reference job (no accuracy check)")
     parser.add_argument("--out", default="", help="folder for the logs and fuzz.json (default: a temporary one)")
     args = parser.parse_args(argv)
-    settings = FuzzSettings(args.messages, args.seed, args.epochs, args.workers, args.shards, clean=not args.no_clean)
+    settings = FuzzSettings(args.messages, args.seed, args.epochs, args.workers, args.shards, clean=not args.no_clean,
+                            slowdown=args.slowdown)
     out = Path(args.out or tempfile.mkdtemp(prefix="dynabatch-fuzz-"))
     out.mkdir(parents=True, exist_ok=True)
     report = fuzz(settings, out / "logs", lambda line: print(line, flush=True))
