@@ -127,7 +127,7 @@ def allocate(
         return float(np.clip((t - a) / c, lo, hi).sum())
 
     breaks = np.unique(np.concatenate([t_low, t_high]))
-    k = bisect.bisect_left(range(len(breaks)), True, key=lambda i: total(breaks[i]) >= global_batch)
+    k = bisect.bisect_left(range(len(breaks)), True, key=lambda i: total(float(breaks[i])) >= global_batch)
     mid = 0.5 * (breaks[k - 1] + breaks[k])
     at_min = t_low >= mid
     at_max = t_high <= mid
