@@ -36,7 +36,7 @@ from typing import TypeVar
 
 import torch
 import zmq
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.curve import CurveKeys
@@ -535,20 +535,17 @@ class ShardServer:
         found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live,
                                      self.model.share(body.samples))
         held = served.direction.held(msg.sender, self.model.live - self.model.idle - served.bounds.quarantined)
-        if held is not None:  # a start-up lead, not a bad message: counted apart, not logged
-            self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
-            m.held.labels(served.label, msg.sender).inc()
+        if held is not None:  # a start-up lead: only its direction counts
             self._count_bounds(found, taken=False)
-            self._reply(incoming.identity, ProtocolError(ErrorCode.HELD, held).to_error(), msg.seq)
+            self._protocol_refusal(incoming, msg, ProtocolError(ErrorCode.HELD, held),
+                                   m.held.labels(served.label, msg.sender))
             return
         streams = body.then_pull and self.buffers is None and self.model.streams
         try:
             outcome = self.model.push(msg.sender, found.tensors, base, body.samples, body.kind, time.monotonic(),
                                       send_back if streams else None)
-        except StaleGradient as exc:  # the protocol at work, not a bad message: counted apart, not logged
-            self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
-            m.discarded.inc()
-            self._reply(incoming.identity, exc.to_error(), msg.seq)
+        except StaleGradient as exc:
+            self._protocol_refusal(incoming, msg, exc, m.discarded)
             return
         self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
         self._count_bounds(found)
@@ -568,6 +565,14 @@ class ShardServer:
                                  self.buffers is not None)
             else:
                 m.pulls.inc()
+
+    def _protocol_refusal(self, incoming: Incoming, msg: Message, refusal: ProtocolError, counter: Counter) -> None:
+        """Refuse a push as the protocol at work (a gradient too stale, a start-up lead held), not as a bad message:
+        its seq is taken (a replay of it is refused as one), it is counted in `counter` apart from bad messages,
+        and not logged."""
+        self.replays.take(msg.sender, incoming.identity, msg.seq, self.model.live)
+        counter.inc()
+        self._reply(incoming.identity, refusal.to_error(), msg.seq)
 
     def _count_bounds(self, found: Assessment, taken: bool = True) -> None:
         """Record a push's direction, and a taken one's norms; count a clipped one, and quarantine its worker if it
