@@ -19,7 +19,7 @@ from harness import run_job
 
 pytestmark = pytest.mark.slow
 
-FLAGS = ("--dataset", "synthetic", "--model", "cnn", "--epochs", "0.5", "--workers", "2", "--slowdowns", "1", "4",
+FLAGS = ("--dataset", "synthetic", "--model", "mlp", "--epochs", "0.5", "--workers", "2", "--slowdowns", "1", "4",
          "--batch-policy", "fixed", "--protocol", "ssp")
 
 
