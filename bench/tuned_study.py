@@ -14,7 +14,7 @@ sizes, spreads and speeds no tuning run saw), on which the default must never di
 The default is then the method with the best median time to the target over every
 profile, among those that never diverged in any run (`choose_default`).
 
-    python -m bench.simulate --study tuned --jobs 2   # about three hours on 2 cores
+    python -m bench.simulate --study tuned --jobs 2   # about 75 minutes on 2 cores (125 of CPU)
     python -m bench.simulate --study tuned-256        # lognormal256 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned-unseen     # the default on log-normal clusters never tuned on
     python -m bench.simulate --study tuned-changing   # shifting32 and churn32 at the step sizes of TUNED_LRS
