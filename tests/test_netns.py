@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import wait_for
 from tests import netns
 from tools import missing
 
@@ -78,9 +79,7 @@ def test_everything_is_removed_even_when_the_test_fails():
         sleeper = subprocess.Popen(host.command(["sleep", "600"]))
         # Inside before the failure: on a loaded machine the teardown once removed the namespace before
         # `ip netns exec` had entered it (exit 255, nothing left running, but not the case this test is about).
-        deadline = time.monotonic() + 60
-        while not _pids(host.ns) and sleeper.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for("the sleeper to enter the namespace or exit", lambda: _pids(host.ns) or sleeper.poll() is not None, 60)
         assert _pids(host.ns), "the sleeper runs inside the host's namespace"
         made = {net.bridge_ns, host.ns}
         assert made <= _namespaces() and (netns.NETNS_ETC / host.ns / "hosts").exists()
