@@ -26,8 +26,8 @@ MESSAGES = 1500
 # speed it needed 20 epochs for that (under two suites the 65,536-entry push once took 65 to 76 s, and a 10-epoch
 # job ended first three times in three runs), most of the test's 62 s of CPU. Its workers now idle three times their
 # compute (--slowdown 4): the job lasts as long in 10 epochs for two thirds of the CPU, and under load their compute,
-# and with it their idling, stretches as the fuzzer's does. On a quiet machine the fuzz ended at epoch 3.5 to 4.7
-# of 8 (20 at full speed: 7.7 to 8.6).
+# and with it their idling, stretches as the fuzzer's does. Beside a 2-job simulation the fuzz ended at epoch 3.9 and
+# 5.2 of 10 (at full speed, alone: 7.7 to 8.6 of 20).
 EPOCHS = 10
 SLOWDOWN = 4.0
 
