@@ -284,7 +284,17 @@ class _RoundRule(ShardRule, Generic[RoundT]):
         return [cid for cid in self.rounds if self.rounds[cid] and self._complete(cid) and self.close(cid)]
 
     def overdue(self, now: float, timeout_s: float) -> list[int]:
-        return [cid for cid, started in self.started.items() if now - started > timeout_s]
+        """Every open round, once one has waited longer than `timeout_s`.
+
+        A step reaches a shard's chunks in several messages, so their rounds open moments apart. Timed out
+        one by one, a late push that arrived in between would join the current round on some chunks and the
+        next one on the others: the chunks would stay a round apart for the rest of the job, and every honest
+        worker's next pull (which waits for the shard's version, its slowest chunk) would come back before
+        its own push's round closed, push into that round again and be refused ("already pushed").
+        """
+        if not any(now - started > timeout_s for started in self.started.values()):
+            return []
+        return list(self.started)
 
     def close(self, cid: int) -> bool:
         if not self.rounds[cid]:

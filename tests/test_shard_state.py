@@ -100,6 +100,23 @@ def test_ssgd_round_timeout_applies_what_arrived():
     assert not state.overdue(100.0, 5.0)
 
 
+def test_an_ssgd_round_times_out_on_every_chunk_at_once_so_that_a_late_push_lands_in_one_round():
+    """The step's messages open the chunks' rounds moments apart; a push arriving while some had timed out and
+    others not would have joined two rounds, leaving the chunks a round apart for good."""
+    state, _ = _state("ssgd")
+    first, *rest = state.chunks
+    for worker in ("w0", "w1"):
+        g = _split(state, torch.ones(1000))
+        state.push(worker, {first.id: g[first.id]}, {first.id: 0}, 32, state.kind, 10.0)
+        state.push(worker, {c.id: g[c.id] for c in rest}, {c.id: 0 for c in rest}, 32, state.kind, 10.01)
+    assert state.overdue(15.005, 5.0) == [c.id for c in state.chunks]
+    assert all(state.close_round(cid) for cid in state.overdue(15.005, 5.0))
+    assert set(state.chunk_versions.values()) == {1} and state.version == 1
+    with pytest.raises(StaleGradient):  # the late worker's push, on the model of the round that closed
+        _push(state, "w2", torch.ones(1000), 0, 32, now=15.01)
+    assert set(state.chunk_versions.values()) == {1}
+
+
 def test_ssgd_refuses_a_second_push_in_one_round():
     state, _ = _state("ssgd")
     _push(state, "w0", torch.ones(1000), 0, 32)
