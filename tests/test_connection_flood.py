@@ -22,7 +22,7 @@ from dynabatch.cluster.launcher import Child, command_line
 from dynabatch.common.connection_caps import ConnectionCaps
 from dynabatch.common.messages import StatusRequest
 from dynabatch.common.transport import Connection
-from dynabatch.common.verified_files import read_verified
+from dynabatch.common.verified_files import load_newest_good
 from dynabatch.scheduler.saved_progress import progress_path
 from fuzz.greeting_flood import close_flood, descriptors, open_flood
 from harness import Cluster, free_port, metric_value, wait_for
@@ -53,7 +53,11 @@ def _samples(conn: Connection) -> int:
 
 
 def _saved_samples(progress: Path) -> int:
-    return json.loads(read_verified(progress))["samples"]
+    """The samples in the scheduler's newest progress file, read as a restart reads it: while it replaces the
+    file, only the previous copy is there for a moment."""
+    saved = load_newest_good(progress, lambda _copy, payload: json.loads(payload)["samples"], print)
+    assert saved is not None, f"no progress file at {progress}"
+    return saved
 
 
 def _count(child: Child, name: str, **labels: str) -> float:
