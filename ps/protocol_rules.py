@@ -69,7 +69,7 @@ class ShardRule:
         return []
 
     def overdue(self, now: float, timeout_s: float) -> list[int]:
-        """Chunks whose open round has waited longer than `timeout_s`."""
+        """Chunks whose open round is to close now, for having waited longer than `timeout_s`."""
         return []
 
     def close(self, cid: int) -> bool:

@@ -245,7 +245,8 @@ class ShardState:
         return self.rule.membership_changed()
 
     def overdue(self, now: float, timeout_s: float) -> list[int]:
-        """Chunks whose open round has waited longer than `timeout_s`."""
+        """Chunks whose open round is to close without the workers still missing: every open one, once one has waited
+        longer than `timeout_s` (protocol_rules.py: a step's chunks form one round)."""
         return self.rule.overdue(now, timeout_s)
 
     def close_round(self, cid: int) -> bool:

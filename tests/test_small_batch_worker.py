@@ -6,7 +6,7 @@ gradient itself entered the shared momentum buffer at full weight, so every larg
 1-sample noise at full rate; and the gradient bound held every push to the chunk's parameter norm, which honest
 1-sample gradients exceed, so the worker was clipped push after push and, in the CNN job, quarantined. Here the
 MLP trains half an epoch (3 workers slowed 1x/2x/4x, the fastest at `--max-batch 1`) under the default protocol:
-before the fix it ended 8 to 10 points below its clean twin; now within the twin's own run-to-run spread.
+before the fix it ended 2 to 10 points below its clean twin (MARGIN's figures); now within the twins' own spread.
 """
 
 from __future__ import annotations
