@@ -44,7 +44,11 @@ agreements counted, against references the others' few pushes had left stale
 may be at most `LEAD` taken pushes ahead of the slowest other worker that holds a
 batch: a push beyond that is held (`held`, nothing changes), but its direction is
 still scored, so that an honest fast worker is vouched for, and a liar judged, at
-the pace it pushes, not at the pace its pushes are taken. The check vouches for a
+the pace it pushes, not at the pace its pushes are taken. A worker that starts
+working later (a newcomer, or one back from batch 0) starts level with the
+slowest of the others, so that nobody is held back behind it; a protocol that
+takes one push per worker and round (ssgd, local, msd) holds nothing, as nobody
+can run ahead in it (the shard does not ask). The check vouches for a
 worker once its agreements count with `MIN_OTHERS` others and are positive with
 most of them (bias-corrected: a liar's are negative from its first scored push,
 long before they reach `OPPOSED`); vouched workers run free for good, and with
@@ -104,6 +108,7 @@ class _Worker:
     ref: dict[int, torch.Tensor] = field(default_factory=dict)
     pushes: int = 0  # scored, taken or held
     taken: int = 0
+    credit: int = 0  # taken pushes counted for it when it started working beside others (see `held`)
     vouched: bool = False  # once, for good: see `held`
     pairs: dict[str, _Pair] = field(default_factory=dict)  # by the other worker
 
@@ -115,6 +120,7 @@ class GradientDirection:
     on: bool
     workers: dict[str, _Worker] = field(default_factory=dict)
     index: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    working: set[str] = field(default_factory=set)  # as `held` was last told
 
     def record(self, worker: str, tensors: dict[int, torch.Tensor], live: set[str], taken: bool = True) -> bool:
         """Score a push of `worker` (chunk id -> gradient or delta; `taken`, or held) against each other live
@@ -145,16 +151,33 @@ class GradientDirection:
     def held(self, worker: str, working: set[str]) -> str | None:
         """Why a push of `worker` is held now (None: it may be taken): the check cannot vouch for it yet and it is
         `LEAD` taken pushes ahead of the slowest of the other `working` workers (live, holding a batch)."""
+        if not self.on:
+            return None
+        self._start_level(working)
         others = working - {worker}
         me = self.workers.get(worker)
-        if not self.on or len(others) < MIN_OTHERS or (me is not None and self._vouch(me, working)):
+        if len(others) < MIN_OTHERS or (me is not None and self._vouch(me, working)):
             return None
-        taken = me.taken if me is not None else 0
-        slowest = min(self.workers[name].taken if name in self.workers else 0 for name in others)
+        taken = me.taken + me.credit if me is not None else 0
+        slowest = min(self.workers[name].taken + self.workers[name].credit for name in others)
         if taken < slowest + LEAD:
             return None
         return (f"{worker!r} is {taken - slowest} pushes ahead of the slowest other worker before its direction "
                 f"could be judged (--direction-check): pull and push again")
+
+    def _start_level(self, working: set[str]) -> None:
+        """A worker that starts working (a newcomer, or one back from batch 0 or a restart) is
+        credited the taken pushes of the slowest of those already working, as ssp's clocks start a joining
+        worker: the lead that `held` bounds is over pushes made side by side. Counted from zero, a newcomer held
+        back every worker not vouched for yet until it caught up with them."""
+        started = working - self.working
+        if started:
+            before = working & self.working
+            level = min((self.workers[n].taken + self.workers[n].credit for n in before), default=0)
+            for name in started:
+                w = self.workers.setdefault(name, _Worker())
+                w.credit = max(w.credit, level - w.taken)
+        self.working = set(working)
 
     def agreements(self, worker: str) -> str:
         """`worker`'s agreement with each other worker (now, and the lowest once it counted)."""

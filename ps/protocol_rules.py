@@ -47,6 +47,9 @@ class ShardRule:
     # Whether a pushed chunk may be sent back (a push that is also a pull) as soon as it is taken: false where
     # whether the worker may pull at all is known only once its whole push is in (ssp's clocks).
     STREAMS: ClassVar[bool] = True
+    # Whether a worker's push enters a round that takes one from each worker: it cannot run ahead of the others, so
+    # the direction check's start-up hold (gradient_direction.py `held`) has nothing to bound.
+    ONE_PER_ROUND: ClassVar[bool] = False
     widest_spread: int = 0  # bounded-staleness rules: the most clocks between live workers seen so far
 
     def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
@@ -80,6 +83,10 @@ class ShardRule:
     def pull_blocked(self, worker: str) -> bool:
         """Whether `worker`'s pull must wait (a bounded-staleness protocol holds back a worker too far ahead)."""
         return False
+
+    def chunk_due(self, cid: int, worker: str) -> bool:
+        """Whether chunk `cid` may be sent to `worker`'s pull that waits for a version (beyond reaching it)."""
+        return True
 
     def admit_pull(self, worker: str) -> bool:
         """Whether `worker`'s pull is answered now; a rule may count an answered pull as a gradient on its way."""
@@ -322,9 +329,21 @@ class RoundRule(_RoundRule[SyncRound]):
     """
 
     NAME = "round"
+    ONE_PER_ROUND = True
 
     def max_delay(self) -> int | None:
         return 1
+
+    def chunk_due(self, cid: int, worker: str) -> bool:
+        """Not while the chunk's open round holds `worker`'s push: the pull waits for that round to close.
+
+        A worker's pull waits for a version of the whole shard, its least advanced chunk's. Once a chunk is a
+        round ahead of the others (a push taken on some chunks of a shard and refused on the others, such as a
+        start-up hold decided message by message), the shard's version is reached while the leading chunks'
+        rounds still hold the worker's push: sent at once, they came back at the version it had just pushed,
+        and the next push was refused "already pushed" on every step or two for the rest of the job.
+        """
+        return worker not in self.rounds[cid].parts
 
     def _new_round(self) -> SyncRound:
         return SyncRound()
@@ -353,6 +372,10 @@ class OuterRule(RoundRule):
     model without waiting for it)."""
 
     NAME = "outer"
+
+    def chunk_due(self, cid: int, worker: str) -> bool:
+        """Always: msd pulls while its delta's round is open, and corrects onto the averaged model later."""
+        return True
 
     def max_delay(self) -> int | None:
         return None

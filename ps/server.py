@@ -482,7 +482,7 @@ class ShardServer:
                     buffers: bool) -> None:
         """Send the chunks (`ids`, or all) that are due now and park the rest (a PULL, or a PUSH's `then_pull`)."""
         items = self.model.pull(ids)
-        due = [cid for cid, _, ver in items if ver >= min_version]
+        due = [cid for cid, _, _ in items if self.model.due(cid, worker, min_version)]
         self._check_room(identity, len(due) < len(items) or self.model.pull_blocked(worker))
         ready = due if self.model.admit_pull(worker) else []
         waiting = [cid for cid, _, _ in items if cid not in ready]
@@ -528,13 +528,14 @@ class ShardServer:
         streamed: set[int] = set()
 
         def send_back(cid: int) -> None:
-            if self.model.chunk_versions[cid] >= body.pull_min_version:
+            if self.model.due(cid, msg.sender, body.pull_min_version):
                 self._send_chunks(incoming.identity, msg.seq, [cid])
                 streamed.add(cid)
 
         found = served.bounds.assess(msg.sender, tensors, body.samples, self.model.params, self.model.live,
                                      self.model.share(body.samples))
-        held = served.direction.held(msg.sender, self.model.live - self.model.idle - served.bounds.quarantined)
+        held = None if self.model.one_per_round else \
+            served.direction.held(msg.sender, self.model.live - self.model.idle - served.bounds.quarantined)
         if held is not None:  # a start-up lead: only its direction counts
             self._count_bounds(found, taken=False)
             self._protocol_refusal(incoming, msg, ProtocolError(ErrorCode.HELD, held),
@@ -616,7 +617,7 @@ class ShardServer:
         for p in self.parked:
             if not self.model.admit_pull(p.worker):
                 continue
-            due = [cid for cid in p.remaining if self.model.chunk_versions[cid] >= p.min_version]
+            due = [cid for cid in p.remaining if self.model.due(cid, p.worker, p.min_version)]
             if due:
                 self._send_chunks(p.identity, p.seq, due, p.worker if p.buffers else None)
                 p.buffers = False

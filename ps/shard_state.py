@@ -173,6 +173,17 @@ class ShardState:
         the round has its samples on their way)."""
         return self.rule.pull_blocked(worker)
 
+    def due(self, cid: int, worker: str, min_version: int) -> bool:
+        """Whether chunk `cid` is due to `worker`'s pull that waits for `min_version`: it has reached that
+        version, and (a pull that waits at all) the protocol lets it go (ssgd: not while the chunk's open
+        round holds the worker's own push)."""
+        return self.chunk_versions[cid] >= min_version and (min_version == 0 or self.rule.chunk_due(cid, worker))
+
+    @property
+    def one_per_round(self) -> bool:
+        """Whether the protocol takes one push per worker and round, so that no worker can run ahead."""
+        return self.rule.ONE_PER_ROUND
+
     def admit_pull(self, worker: str) -> bool:
         """Whether `worker`'s pull is answered now (not `pull_blocked`); call it only when the answer is sent,
         as the protocol may count the worker as computing on the model it gets (rennala)."""

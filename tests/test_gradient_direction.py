@@ -174,6 +174,21 @@ def test_an_honest_worker_ten_times_faster_is_held_only_until_it_is_vouched_for_
     assert all("w0" not in held and "w1" not in held for held in trace["held"]), "the slow ones are never held"
 
 
+def test_a_newcomer_starts_level_with_the_slowest_and_holds_nobody_back():
+    # Two workers train (nothing held: with one other, nothing could judge them); a third joins 30 pushes later.
+    # Counted from zero, it held both back, unvouched as they were, until it caught up with them.
+    workers = Workers({"w0": 3.0, "w1": 3.0, "new": 3.0})
+    check = GradientDirection(True)
+    workers.live = {"w0", "w1"}
+    _paced(check, workers, 30, {"w0": 1, "w1": 1})
+    workers.live.add("new")
+    trace = _paced(check, workers, 5, {"w0": 1, "w1": 1, "new": 1})
+    assert not any(trace["held"]), trace["held"]
+    # It is held, as any unvouched worker, once it runs LEAD pushes ahead of the slowest of them.
+    fast = _paced(check, workers, 1, {"new": LEAD + 2})
+    assert fast["held"] == [{"new"}] and fast["taken"][-1]["new"] == LEAD, fast["taken"]
+
+
 def test_nothing_is_held_where_nothing_could_judge_or_the_check_is_off():
     two = Workers({"w0": 3.0, "fast": 3.0})
     assert not any(_paced(GradientDirection(True), two, 10, {"w0": 1, "fast": 10})["held"])

@@ -117,6 +117,28 @@ def test_an_ssgd_round_times_out_on_every_chunk_at_once_so_that_a_late_push_land
     assert set(state.chunk_versions.values()) == {1}
 
 
+def test_an_ssgd_pull_waiting_for_a_version_gets_no_chunk_whose_open_round_holds_its_own_push():
+    """Chunks a round apart (a push taken on some and refused on the others): the shard's version, its least
+    advanced chunk's, is reached while the leading chunk's round still holds the worker's push. Sent, that chunk
+    came back at the version just pushed, and the worker's next push was refused "already pushed"."""
+    state, _ = _state("ssgd")
+    state.set_membership({"w0", "w1"}, allocated=2)
+    lead, lag, *_ = state.chunks
+    g = _split(state, torch.ones(1000))
+    for worker in ("w0", "w1"):
+        state.push(worker, {lead.id: g[lead.id]}, {lead.id: 0}, 32, state.kind, 0.0)
+    assert state.chunk_versions[lead.id] == 1 and state.version == 0
+    state.push("w0", {lead.id: g[lead.id]}, {lead.id: 1}, 32, state.kind, 0.0)  # its next step, a round ahead
+    state.push("w0", {lag.id: g[lag.id]}, {lag.id: 0}, 32, state.kind, 0.0)
+    assert not state.due(lead.id, "w0", 1) and not state.due(lag.id, "w0", 1)
+    assert state.due(lead.id, "w1", 1), "its own push is not in that round"
+    assert state.due(lead.id, "w0", 0), "a pull that waits for no version gets what there is"
+    state.push("w1", {lag.id: g[lag.id]}, {lag.id: 0}, 32, state.kind, 0.0)
+    assert state.chunk_versions[lag.id] == 1 and state.due(lag.id, "w0", 1) and not state.due(lead.id, "w0", 1)
+    state.push("w1", {lead.id: g[lead.id]}, {lead.id: 1}, 32, state.kind, 0.0)
+    assert state.chunk_versions[lead.id] == 2 and state.due(lead.id, "w0", 1)
+
+
 def test_ssgd_refuses_a_second_push_in_one_round():
     state, _ = _state("ssgd")
     _push(state, "w0", torch.ones(1000), 0, 32)
