@@ -78,7 +78,8 @@ def _hello_flood(view: JobView) -> list[list[bytes]]:
 
 
 def flood_room(view: JobView) -> int:
-    """Members the job may still admit: --max-workers less every worker and evaluator registered."""
+    """Members the job may still admit, at most: --max-workers less every worker and evaluator registered when the
+    fuzzer learned the job (its own worker, enlisted since, takes one more place)."""
     return view.max_workers - len(view.workers) - len(view.evaluators) - len(view.ghost_workers) \
         - len(view.ghost_evaluators)
 
