@@ -86,6 +86,11 @@ STALL_S = 5.0  # a connection whose answers stop for this long has its unanswere
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
 MEMBER_PULL_SEQ = 1 << 40  # the worker's own pulls are numbered from here, apart from the fuzzed messages' seqs
 HEARTBEAT_S = 5.0  # the fuzzer's worker heartbeats this often, well within the job's --liveness-timeout-s
+# Every shard moves this many versions between the fuzzer's first pull and its worker's enlistment (after which rounds
+# wait for it): the worker learns the job's descent direction from that movement, and its lies are scaled from it.
+# A shard that has not moved gives a zero gradient, and "noise" of 1e3 times that norm is no lie: the likely cause of
+# one taken unclipped under two suites while only one shard had to have moved.
+MOVED_VERSIONS = 20
 
 
 @dataclass
@@ -280,8 +285,6 @@ def enlist(job: Job, view: JobView, endpoints: list[str], sock: zmq.Socket,
     request(job.ctx, "", Heartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
     status = job.wait("the fuzzer's worker to hold a batch", lambda s: welcome.id in s.workers and
                       s.workers[welcome.id].batch > 0, 60)
-    job.wait("the model to move since the fuzzer first pulled it",
-             lambda s: max(shard.version for shard in s.shards.values()) > view.version, 60)
     metas, gradient = [], []
     for s, endpoint in enumerate(endpoints[1:]):
         now_metas, now, _ = pull_all(job, endpoint, shard_socks[s], welcome.id, len(view.chunks[s]))
@@ -502,6 +505,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         endpoints = [target.launcher.scheduler_endpoint] + [s.endpoint for _, s in sorted(status.shards.items())]
         sockets = [[dealer(ctx, ep) for _ in range(settings.connections)] for ep in endpoints]
         view = learn(target, status, sockets)
+        target.wait("the model to move since the fuzzer pulled it", lambda s: min(
+            shard.version for shard in s.shards.values()) >= view.version + MOVED_VERSIONS, 120)
         member_sock = dealer(ctx, endpoints[SCHEDULER])
         own.append(member_sock)
         for row, endpoint in zip(sockets[1:], endpoints[1:], strict=True):
