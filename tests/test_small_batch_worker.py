@@ -5,8 +5,9 @@ shards scaled the rate of a step by the pushed gradient's DBS weight (1/64 for 1
 gradient itself entered the shared momentum buffer at full weight, so every large worker's next step applied the
 1-sample noise at full rate; and the gradient bound held every push to the chunk's parameter norm, which honest
 1-sample gradients exceed, so the worker was clipped push after push and, in the CNN job, quarantined. Here the
-MLP trains half an epoch (3 workers slowed 1x/2x/4x, the fastest at `--max-batch 1`) under the default protocol:
-before the fix it ended 2 to 10 points below its clean twin (MARGIN's figures); now within the twins' own spread.
+MLP trains an epoch under the default protocol with 3 workers slowed 1x/2x/4x, the fastest at `--max-batch 1`,
+beside the same job without it (the 2x and 4x workers): both split B = 192 between the large workers, 96 each, so
+they take the same steps and the small worker's pushes are all that differs.
 """
 
 from __future__ import annotations
@@ -24,18 +25,20 @@ from tools import need_fashion_mnist
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 
-JOB = ["--model", "mlp", "--epochs", "0.5", "--workers", "3", "--slowdowns", "1", "2", "4", "--eval-interval-s", "600"]
+JOB = ["--model", "mlp", "--epochs", "1", "--eval-interval-s", "600"]
+WITH_SMALL = ["--workers", "3", "--slowdowns", "1", "2", "4", "--max-batches", "1", "0", "0"]
+WITHOUT = ["--workers", "2", "--slowdowns", "2", "4"]
 # Accuracy after a fixed number of samples, not a time; but the load changes the interleaving of the pushes, and
-# with it the accuracy. After a quarter epoch, one job after the other, beside a second copy of the suite the small
-# worker's job once ended 6.1 points below its clean twin (77.6% and 83.7%). So the twins train half an epoch, side
-# by side under the same load. The small worker's job ended from 3.8 points below to 4.7 above its twin (twelve
-# pairs, alone and beside busy processes: the clean twin's own spread, 77.9 to 83.9%, is most of it); with the fix
-# reverted (1582552) 1.8 to 5.3 points below (six pairs), and one after the other 5.0 to 10.0 below (three runs).
-# Five points lies between.
-MARGIN = 0.05
+# with it the accuracy, so the twins run side by side under the same load. Against the clean 3-worker job (64
+# samples a step each, 1.7 times the steps) the small worker's job lost 6.1 points beside a second suite. Against
+# this twin, after an epoch, four jobs at once on 2 cores: from 1.1 points below to 0.7 above (six pairs); with the
+# fix reverted (1582552) from 9.5 below to 1.3 above (six pairs: 9.5, 9.1, 5.9, 2.8, 0.3 below, 1.3 above). Half an
+# epoch told them apart less well (4.5 below to 2.7 above, against 4.0 to 8.5 below). Three points: about three
+# times the fixed rule's worst, and half the reverted rule's pairs below it.
+MARGIN = 0.03
 
 
-def _run(tmp: Path, name: str, *flags: str) -> tuple[dict, float, str]:
+def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict, float, str]:
     """(summary, the final model's parameter norm, the shard's log) of a finished job."""
     run, _ = run_job(tmp, name, *JOB, *flags)
     summary = json.loads((run / "summary.json").read_text())
@@ -49,14 +52,15 @@ def _run(tmp: Path, name: str, *flags: str) -> tuple[dict, float, str]:
 def test_a_worker_with_max_batch_1_trains_with_the_others_as_well_as_without_it(tmp_path):
     need_fashion_mnist()
     with ThreadPoolExecutor(2) as jobs:  # side by side: whatever else the machine runs slows both alike
-        twin = jobs.submit(_run, tmp_path, "clean")
-        job = jobs.submit(_run, tmp_path, "small", "--max-batches", "1", "0", "0")
-        (clean, clean_norm, _), (small, small_norm, shard_log) = twin.result(), job.result()
-    print(f"clean {clean['final_test_acc']:.4f} |w| {clean_norm:.3g}; --max-batch 1: {small['final_test_acc']:.4f} "
-          f"|w| {small_norm:.3g};", *[line for line in shard_log.splitlines() if "direction scores" in line])
+        twin = jobs.submit(_run, tmp_path, "without", WITHOUT)
+        job = jobs.submit(_run, tmp_path, "small", WITH_SMALL)
+        (without, without_norm, _), (small, small_norm, shard_log) = twin.result(), job.result()
+    print(f"without it {without['final_test_acc']:.4f} |w| {without_norm:.3g}; with it (--max-batch 1) "
+          f"{small['final_test_acc']:.4f} |w| {small_norm:.3g};",
+          *[line for line in shard_log.splitlines() if "direction scores" in line])
     worker = next(w for w in small["workers"].values() if w["max_batch"] == 1)
     assert worker["final_batch"] == 1 and worker["samples"] > 0 and not worker["left_early"], worker
     assert "quarantined:" not in shard_log, "an honest worker of small batches is not a liar"
-    assert small_norm < 2 * clean_norm, f"|w| {small_norm:.3g} against the clean twin's {clean_norm:.3g}"
-    assert small["final_test_acc"] >= clean["final_test_acc"] - MARGIN, (small["final_test_acc"],
-                                                                          clean["final_test_acc"])
+    assert small_norm < 2 * without_norm, f"|w| {small_norm:.3g} against the twin's {without_norm:.3g}"
+    assert small["final_test_acc"] >= without["final_test_acc"] - MARGIN, (small["final_test_acc"],
+                                                                          without["final_test_acc"])
