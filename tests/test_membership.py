@@ -238,10 +238,13 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
         def tired(st: JobStatus) -> WorkerStatus:
             return next(w for w in st.workers.values() if w.name == "tired")
 
-        # A few steps in, well before the slowdown's 8 s of training even on a loaded machine.
-        before = c.wait_status("both training at full speed", lambda s: _training(s, 2) and tired(s).steps > 3)
+        # A few steps in, well before the slowdown's 8 s of training even on a loaded machine. At equal speed the
+        # worker holds about half the batch, but the first steps' times are noisy where a second suite competes for
+        # the cores: once its share was 26, 31, 26 and 20 of 96 within its first second, so the share is taken
+        # at a moment it is above a quarter, not at the first one.
+        before = c.wait_status("both training at full speed, the tired worker with over a quarter of the batch",
+                               lambda s: _training(s, 2) and tired(s).steps > 3 and tired(s).batch > 96 // 4)
         share = tired(before).batch
-        assert share > 96 // 4, "at equal speed the worker holds about half the batch"
         # The slowdown starts after 8 s of its training; then the speed model needs a window of slowed steps, each
         # 8x the step measured so far on this machine now. (Its step time need not grow: under asgd the batch
         # follows the compute time the worker reports from its first slowed step.)
