@@ -52,6 +52,7 @@ def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_p
     assert not report.non_finite, report.non_finite
     assert set(report.byzantine) == {*GRADIENTS, *REPLAYS}, f"the worker's kinds answered: {report.byzantine}"
     assert not report.byzantine_wrong, (report.byzantine_wrong, report.byzantine)
+    assert not report.honest_failed, f"steps of the job's own workers failed: {report.honest_failed}"
     assert report.member_counted["pushes"] > 0, "every round waited for the fuzzer's worker: some of its pushes count"
     taken = sum(got.get("taken", 0) for got in report.byzantine.values())  # bounded, not refused
     assert sum(report.refused.values()) + taken >= 0.95 * MESSAGES, report.refused

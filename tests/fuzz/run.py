@@ -130,6 +130,7 @@ class FuzzReport:
     byzantine: dict[str, dict[str, int]] = field(default_factory=dict)  # its messages' answers, by kind and outcome
     member_counted: dict[str, Any] = field(default_factory=dict)  # what the shards counted of it
     byzantine_wrong: list[str] = field(default_factory=list)  # its messages answered as they must not be
+    honest_failed: dict[str, int] = field(default_factory=dict)  # the job's own workers' failed steps, by worker
     fuzzed_acc: float | None = None
     clean_acc: float | None = None
 
@@ -137,6 +138,7 @@ class FuzzReport:
     def ok(self) -> bool:
         return (self.live_throughout and not self.accepted and not self.unanswered_kinds and not self.exited
                 and all(a.ok for a in self.attacks) and bool(self.byzantine) and not self.byzantine_wrong
+                and not self.honest_failed
                 and not self.non_finite
                 and self.fuzzed_acc is not None and self.clean_acc is not None
                 and abs(self.fuzzed_acc - self.clean_acc) * 100 <= ACCURACY_POINTS
@@ -355,6 +357,14 @@ def member_counts(shards: list[Child], member: str) -> dict[str, Any]:
             "clipped": sum(metric_by_label(t, "dynabatch_ps_clipped_pushes_total", "worker")[member] for t in texts),
             "quarantined": dict(sum((metric_by_label(t, "dynabatch_ps_quarantined_workers_total", "reason")
                                      for t in texts), Counter()))}
+
+
+def honest_failures(job: Job) -> dict[str, int]:
+    """The job's own workers' failed steps (each logs "step failed"), by worker: none of the fuzz's messages may cost
+    an honest worker a step. Before fe575da the fuzzer's worker, enlisting among two, had the direction check hold
+    the others back, and they failed one step in two to four, refused "already pushed", for the rest of the job."""
+    failed = {c.name: c.log_path.read_text(errors="replace").count("step failed (") for c in job.children("worker")}
+    return {name: n for name, n in failed.items() if n}
 
 
 def bad_message_counts(children: list[Child]) -> Counter:
@@ -584,6 +594,7 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
                 request(ctx, "", Bye(), 2.0, sock, ghost)
         report.fuzzed_acc = _final_accuracy(target, settings)
         report.exited += [c.name for c in target.launcher.children if c.proc.poll() not in (None, 0)]
+        report.honest_failed = honest_failures(target)
         if clean is not None:
             report.clean_acc = _final_accuracy(clean, settings)
     finally:
