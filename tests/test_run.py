@@ -38,7 +38,9 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"]
     assert summary["protocol"] == protocol and summary["batch_policy"] == policy
-    assert summary["final_test_acc"] > 0.60, summary  # learning (chance: 10%); softsync ended at 63% under 2 suites
+    # Learning (chance: 10%), not how well: beside a second suite softsync once ended at 63% and msd at 57.6% (alone,
+    # and beside four or eight CPU hogs, msd ended at 81 to 83%, three runs each).
+    assert summary["final_test_acc"] > 0.50, summary
     batches = [w["final_batch"] for w in summary["workers"].values()]
     if policy == "fixed":
         assert set(batches) == {96}, batches  # a worker that rejoined under load keeps its fixed batch too
