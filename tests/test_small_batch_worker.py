@@ -33,9 +33,11 @@ WITHOUT = ["--workers", "2", "--slowdowns", "2", "4"]
 # samples a step each, 1.7 times the steps) the small worker's job lost 6.1 points beside a second suite. Against
 # this twin, after an epoch, four jobs at once on 2 cores: from 1.1 points below to 0.7 above (six pairs); with the
 # fix reverted (1582552) from 9.5 below to 1.3 above (six pairs: 9.5, 9.1, 5.9, 2.8, 0.3 below, 1.3 above). Half an
-# epoch told them apart less well (4.5 below to 2.7 above, against 4.0 to 8.5 below). Three points: about three
-# times the fixed rule's worst, and half the reverted rule's pairs below it.
-MARGIN = 0.03
+# epoch told them apart less well (4.5 below to 2.7 above, against 4.0 to 8.5 below). Beside a second suite the
+# fixed rule once ended 5.6 points below (79.0% against 84.6%, the small worker's 1,928 samples 3% of the job's),
+# and 0.1 above in the other copy: so seven points, which the reverted rule's worst pairs (and its collapse to 68%
+# without the gradient bound) still exceed, not the one-point spread the twins show alone.
+MARGIN = 0.07
 
 
 def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict, float, str]:
