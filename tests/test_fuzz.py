@@ -48,8 +48,7 @@ def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_p
         assert attack.sent and (sum(attack.refused.values()) + len(attack.admitted) == attack.sent
                                 or attack.bound_bytes), attack
     assert not report.accepted, f"accepted: {report.accepted}"
-    assert not report.lost_answers, (f"lies that got no refusal: {report.unanswered_kinds}, beyond the "
-                                     f"{report.replies_dropped} replies the shards dropped and counted")
+    assert not report.unanswered_kinds, f"lies that got no refusal: {report.unanswered_kinds}"
     assert not report.non_finite, report.non_finite
     assert set(report.byzantine) == {*GRADIENTS, *REPLAYS}, f"the worker's kinds answered: {report.byzantine}"
     assert not report.byzantine_wrong, (report.byzantine_wrong, report.byzantine)

@@ -126,7 +126,6 @@ class FuzzReport:
     accepted: list[str] = field(default_factory=list)  # answers other than ERROR: accepted lies
     unanswered: int = 0
     unanswered_kinds: dict[str, int] = field(default_factory=dict)
-    replies_dropped: int = 0  # by the shards during the fuzz: the fuzzer had left too many of them unread
     live_throughout: bool = False  # the job had not finished when the last message went
     epoch_at_end: float = 0.0  # the job's epoch then: how much of its length the fuzz took
     exited: list[str] = field(default_factory=list)  # processes that died (or exited non-zero)
@@ -141,15 +140,8 @@ class FuzzReport:
     clean_acc: float | None = None
 
     @property
-    def lost_answers(self) -> int:
-        """Tracked messages left unanswered beyond the replies the shards dropped and counted: a shard drops what
-        a peer leaves unread past its backlog (ps/outbox.py), and under two suites the fuzzer, starved of CPU,
-        was such a peer (6 of its worker's pushes unanswered for 30 s while the job trained on)."""
-        return max(0, sum(self.unanswered_kinds.values()) - self.replies_dropped)
-
-    @property
     def ok(self) -> bool:
-        return (self.live_throughout and not self.accepted and not self.lost_answers and not self.exited
+        return (self.live_throughout and not self.accepted and not self.unanswered_kinds and not self.exited
                 and all(a.ok for a in self.attacks) and bool(self.byzantine) and not self.byzantine_wrong
                 and not self.honest_failed
                 and not self.non_finite
@@ -372,10 +364,6 @@ def member_counts(shards: list[Child], member: str) -> dict[str, Any]:
                                      for t in texts), Counter()))}
 
 
-def replies_dropped(shards: list[Child]) -> int:
-    return int(sum(metric_sum(c.metrics(), "dynabatch_ps_replies_dropped_total") for c in shards))
-
-
 def honest_failures(job: Job) -> dict[str, int]:
     """The job's own workers' failed steps (each logs "step failed"), by worker: none of the fuzz's messages may cost
     an honest worker a step. Before fe575da the fuzzer's worker, enlisting among two, had the direction check hold
@@ -545,7 +533,6 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         beat = Heartbeats(ctx, member_sock, member.id)
         servers = target.children("scheduler") + target.children("ps")
         counted_before = bad_message_counts(servers)
-        dropped_before = replies_dropped(target.children("ps"))
         for a in ATTACKS:
             began = time.monotonic()
             report.attacks.append(attack(target, view, endpoints, sockets, a))
@@ -580,11 +567,10 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         drained = time.monotonic()
         fuzzer.drain()
         progress(f"[fuzz] the last answers came {time.monotonic() - drained:.1f} s after the last message, "
-                 f"{fuzzer.unanswered()} unanswered")  # their shards' dropped replies are counted below
+                 f"{fuzzer.unanswered()} unanswered")
         try:  # the counts first: a job near its end may outlast the checks after them, not these
             after = bad_message_counts(servers)
             report.member_counted = member_counts(target.children("ps"), member.id)
-            report.replies_dropped = replies_dropped(target.children("ps")) - dropped_before
             request(ctx, "", Bye(), 2.0, member_sock, member.id)  # rounds wait for it no longer
             now = target.status()
         except OSError:  # a server's /metrics is gone: the job ended under the fuzz
