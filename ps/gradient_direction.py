@@ -112,6 +112,11 @@ class _Worker:
     vouched: bool = False  # once, for good: see `held`
     pairs: dict[str, _Pair] = field(default_factory=dict)  # by the other worker
 
+    @property
+    def count(self) -> int:
+        """Taken pushes as `held` compares them: its own and those credited when it started working."""
+        return self.taken + self.credit
+
 
 @dataclass
 class GradientDirection:
@@ -158,8 +163,8 @@ class GradientDirection:
         me = self.workers.get(worker)
         if len(others) < MIN_OTHERS or (me is not None and self._vouch(me, working)):
             return None
-        taken = me.taken + me.credit if me is not None else 0
-        slowest = min(self.workers[name].taken + self.workers[name].credit for name in others)
+        taken = me.count if me is not None else 0
+        slowest = min(self.workers[name].count for name in others)
         if taken < slowest + LEAD:
             return None
         return (f"{worker!r} is {taken - slowest} pushes ahead of the slowest other worker before its direction "
@@ -173,7 +178,7 @@ class GradientDirection:
         started = working - self.working
         if started:
             before = working & self.working
-            level = min((self.workers[n].taken + self.workers[n].credit for n in before), default=0)
+            level = min((self.workers[n].count for n in before), default=0)
             for name in started:
                 w = self.workers.setdefault(name, _Worker())
                 w.credit = max(w.credit, level - w.taken)
