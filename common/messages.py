@@ -120,8 +120,8 @@ class Assignment:
     learning-rate schedule stands. `idle_workers` are live workers the scheduler
     left out with batch 0 (a round protocol's slowest): no round waits for them.
     `batches` tells a shard each live worker's largest
-    batch (of the current allocation and the one before): a PUSH claiming more
-    samples than its sender's batch (times the steps a delta covers) is refused.
+    batch (its allocation's, or one it was handed and may still be stepping with):
+    a PUSH claiming more samples than that (times the steps a delta covers) is refused.
 
     After a divergence the scheduler numbers its rollbacks: a shard whose applied
     number is below `rollbacks` restores its last good checkpoint (once per number,

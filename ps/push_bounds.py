@@ -1,9 +1,10 @@
 """The numbers in a PUSH, bounded by what its sender was told.
 
 A worker's batch is what the scheduler assigned it: the shard learns every live
-worker's batch with the live set (Assignment.batches: the larger of its current
-and previous allocation, since a worker may still be stepping with the one before),
-keeps the larger of the last two it was told for the same reason, and the scheduler
+worker's batch with the live set (Assignment.batches: the larger of its allocation
+and every batch it was handed under an assignment it may still be stepping with),
+keeps the larger of the last two it was told (a push may arrive after the worker's
+report of the step that sent it), and the scheduler
 gives a worker a larger batch only once every shard has been told it. Whatever a
 worker was told never exceeds the job's --max-batch, and a `local` push sums
 exactly H <= --local-steps local steps. msd never waits for its previous delta:

@@ -19,6 +19,7 @@ from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
 DECISIONS_KEPT = 100
+HANDED_KEPT = 16  # assignments a worker may still step with that are remembered apart; older ones are folded in
 MIN_OWN_STEP_S = 1e-6
 
 
@@ -51,7 +52,7 @@ def own_compute_seconds(hb: Heartbeat) -> float | None:
 
 
 class Allocator:
-    """Allocation: the speed models, the batch split and the one before it, local steps, and every decision."""
+    """Allocation: the speed models, the batch split and the batches handed out, local steps, and every decision."""
 
     def __init__(self, job: JobConfig, spec: ProtocolSpec) -> None:
         self.job = job
@@ -59,8 +60,8 @@ class Allocator:
         self.speeds: dict[str, SpeedModel] = {}  # by worker id, from its first report of its standalone speed
         self.resumed_speeds: dict[str, SavedSpeed] = {}  # speed models of a saved job, by HELLO instance
         self.allocation: dict[str, int] = {}
-        self.previous_allocation: dict[str, int] = {}  # the one before: a worker may still step with it
         self.told: dict[int, dict[str, int]] = {}  # by shard slot: the push bounds (Assignment.batches) last sent
+        self.handed: dict[str, dict[int, int]] = {}  # by worker: the batch handed per assignment it may step with
         self.assignment_id = 0
         self.decisions: list[Decision] = []
         self.local_steps = job.local_steps
@@ -88,6 +89,23 @@ class Allocator:
     def forget(self, worker: str) -> None:
         """A worker that left: its speed model goes (a process that registers again gets a new id)."""
         self.speeds.pop(worker, None)
+        self.handed.pop(worker, None)
+
+    def hand(self, worker: str, batch: int) -> None:
+        """`worker` was just told `batch` under the current assignment: until it reports a step under a later
+        one, it may be stepping with it, so its pushes are bounded by it (`push_bounds`)."""
+        handed = self.handed.setdefault(worker, {})
+        handed[self.assignment_id] = max(batch, handed.get(self.assignment_id, 0))
+        if len(handed) > HANDED_KEPT:  # a worker that heartbeats but reports no step: fold the oldest into the next
+            oldest, following = sorted(handed)[:2]
+            handed[following] = max(handed.pop(oldest), handed[following])
+
+    def stepped(self, worker: str, assignment_id: int) -> None:
+        """`worker` reports a step made under `assignment_id`: it steps with no batch handed before that one (its
+        steps take assignments in order), so those no longer bound its pushes."""
+        handed = self.handed.get(worker, {})
+        for old in [i for i in handed if i < min(assignment_id, self.assignment_id)]:
+            del handed[old]
 
     def forget_shard(self, index: int) -> None:
         """A shard slot whose process left: what it was told goes with it (a new one is told afresh)."""
@@ -100,7 +118,7 @@ class Allocator:
         after holding none."""
         job = self.job
         if not ready or (not self.allocation and len(ready) < job.min_workers and not self.training_started):
-            self.previous_allocation, self.allocation = self.allocation, {}
+            self.allocation = {}
             return []
         if self.training_started_at is None:
             self.training_started_at = now
@@ -116,8 +134,8 @@ class Allocator:
             return []
         if proposed == self.allocation:
             return []
-        self.previous_allocation, self.allocation = self.allocation, proposed
-        given = [wid for wid, b in proposed.items() if b > 0 and not self.previous_allocation.get(wid, 0)]
+        previous, self.allocation = self.allocation, proposed
+        given = [wid for wid, b in proposed.items() if b > 0 and not previous.get(wid, 0)]
         predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items() if wid in models and b > 0}
         notes = [reason, bounds_note(proposed, job.global_batch)]
         if 0 in proposed.values():
@@ -162,10 +180,12 @@ class Allocator:
         return sorted(w for w, b in self.allocation.items() if b == 0)
 
     def push_bounds(self, live: list[str]) -> dict[str, int]:
-        """Each live worker's largest batch now, the previous allocation's or the current one's: a shard refuses a
-        PUSH of more samples (times the local steps a delta covers) than its sender's."""
-        return {w: max(self.previous_allocation.get(w, 0), self.allocation.get(w, 0))
-                for w in (self.previous_allocation.keys() | self.allocation.keys()) & set(live)}
+        """Each live worker's largest batch: its allocation's, or the largest it was handed under an assignment it
+        may still be stepping with. A shard refuses a PUSH of more samples (times the local steps a delta covers)
+        than its sender's, so the bound must cover every batch the sender can be using however many decisions
+        came since it last reported a step; and a shard that restarts learns it whole from this one answer."""
+        return {w: max(self.allocation.get(w, 0), *self.handed.get(w, {}).values(), 0)
+                for w in (self.handed.keys() | self.allocation.keys()) & set(live)}
 
     def tell(self, shard: int, batches: dict[str, int]) -> None:
         """The push bounds just sent to shard slot `shard`."""

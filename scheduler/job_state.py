@@ -175,6 +175,8 @@ class JobState:
         answer = self.assignment_for(member)
         if member.role == "ps":
             self.allocator.tell(member.shard_index, answer.batches)
+        elif member.role == "worker":
+            self.allocator.hand(member.id, answer.batch)
         return answer
 
     def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:
@@ -183,6 +185,8 @@ class JobState:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.staleness: {bad_counts}")
         new_steps = hb.steps - member.steps
         member.steps, member.samples = hb.steps, hb.samples
+        if new_steps > 0:
+            self.allocator.stepped(member.id, hb.assignment_id)
         measured = member.id in self.allocator.speeds
         if not measured and hb.standalone_sps > 0:
             member.standalone_sps = hb.standalone_sps

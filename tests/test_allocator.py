@@ -8,7 +8,7 @@ import math
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat
 from dynabatch.common.protocols import protocol_spec
-from dynabatch.scheduler.allocator import DECISIONS_KEPT, Allocator, own_compute_seconds, own_step_seconds
+from dynabatch.scheduler.allocator import DECISIONS_KEPT, HANDED_KEPT, Allocator, own_compute_seconds, own_step_seconds
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 
 
@@ -51,7 +51,7 @@ def test_no_split_before_min_workers_are_ready_and_a_reset_keeps_the_previous_on
     allocator.reallocate(1.0, 1.0, "joined", "w1", ready, force=True)
     assert allocator.allocation == {"w0": 48, "w1": 48}
     assert allocator.reallocate(2.0, 2.0, "left", "w0", {}, force=True) == []
-    assert allocator.allocation == {} and allocator.previous_allocation == {"w0": 48, "w1": 48}
+    assert allocator.allocation == {}
 
 
 def test_a_worker_holds_no_more_than_every_shard_was_told_it_may_push():
@@ -67,12 +67,37 @@ def test_a_worker_holds_no_more_than_every_shard_was_told_it_may_push():
     allocator.forget("w1")
     allocator.reallocate(1.0, 1.0, "left", "w1", {"w0": 0}, force=True)
     assert allocator.allocation == {"w0": 96}
-    assert allocator.push_bounds(["w0"]) == {"w0": 96}, "a live worker only; the larger of its two batches"
+    assert allocator.push_bounds(["w0"]) == {"w0": 96}, "a live worker only, by its new allocation"
     allocator.tell(0, allocator.push_bounds(["w0"]))
     assert allocator.batch_of("w0") == 48, "shard 1 still bounds it by 48"
     allocator.forget_shard(1)
     assert allocator.batch_of("w0") == 96, "a shard slot whose process left holds nobody back"
     assert allocator.batch_of("w9") == 0
+
+
+def test_a_workers_push_bound_keeps_every_batch_handed_since_its_last_reported_step_and_stays_small():
+    allocator = _allocator(batch_policy="fixed")
+    handed = []
+    for i in range(HANDED_KEPT + 5):  # w0's share alternates between 96 and 48, one decision each, no step reported
+        ready = _measured(allocator, {f"w{j}": 1000.0 for j in range(1 + i % 2)})
+        allocator.reallocate(float(i), float(i), "joined", "w0", ready, force=True)
+        allocator.hand("w0", allocator.batch_of("w0"))
+        handed.append(allocator.assignment_id)
+    assert len(allocator.handed["w0"]) == HANDED_KEPT
+    assert allocator.push_bounds(["w0", "w1"]) == {"w0": 96}, "w1 is out of the last allocation and was handed none"
+    allocator.stepped("w0", handed[-1])
+    assert allocator.push_bounds(["w0"]) == {"w0": 96}, "its last batch, 96, is still in use"
+    allocator.hand("w0", 0)
+    assert allocator.push_bounds(["w0"])["w0"] == 96, "a step under an assignment does not end it: a later one does"
+    ready = _measured(allocator, {"w0": 1000.0, "w1": 1000.0})
+    allocator.reallocate(99.0, 99.0, "joined", "w1", ready, force=True)
+    allocator.hand("w0", 48)
+    allocator.stepped("w0", allocator.assignment_id)
+    assert allocator.push_bounds(["w0", "w1"]) == {"w0": 48, "w1": 48}
+    allocator.stepped("w0", allocator.assignment_id + 5)
+    assert allocator.handed["w0"] == {allocator.assignment_id: 48}, "a step claimed under a future assignment is not"
+    allocator.forget("w0")
+    assert "w0" not in allocator.handed
 
 
 def test_decisions_are_bounded_and_each_is_an_assignment():

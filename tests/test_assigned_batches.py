@@ -67,7 +67,7 @@ def test_status_never_shows_a_batch_the_worker_does_not_hold():
 
     state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.4)  # measured, but no shard has applied it yet
     state.bye(a, 0.5)  # the only worker the shards know leaves: nobody is ready, the allocation is reset
-    assert state.allocator.allocation == {} and state.allocator.previous_allocation == {a: 96}
+    assert state.allocator.allocation == {}
     assert _status_batches_are_held(state, 0.5) == {b: 0}, "the reset leaves nobody a batch"
 
     _shards_answer(state, shards[:1], 0.6)  # shard 0 learns b; shard 1 has not yet
@@ -90,7 +90,9 @@ def test_status_never_shows_a_batch_the_worker_does_not_hold():
         _status_batches_are_held(state, t)
     assert state.expire(4.0) == [c]
     assert state.allocator.allocation == {b: 96}
-    assert _status_batches_are_held(state, 4.0) == {b: 96}, "the shards still bound b by its batch of before c"
+    assert _status_batches_are_held(state, 4.0) == {b: 48}, "the shards bound b by 48, all it was handed since c"
+    _shards_answer(state, shards, 4.1)
+    assert _status_batches_are_held(state, 4.1) == {b: 96}
     assert c not in state.status(4.0).workers and c in state.status(4.0).departed
 
 
@@ -114,3 +116,39 @@ def test_status_never_shows_a_batch_after_a_resume_before_the_shards_bound_it():
     assert _status_batches_are_held(again, 10.4) == {rejoined: 0}, "shard 0 has not been told its bound yet"
     _shards_answer(again, shards, 10.5)
     assert _status_batches_are_held(again, 10.5) == {rejoined: 96}
+
+
+def test_a_restarted_shard_bounds_a_worker_by_every_batch_it_may_still_be_stepping_with():
+    """Each decision shrinks a's share while it is in one long step with the batch it was handed first: a shard that
+    restarts then must still take that step's push, though two decisions came since (test_membership's
+    shard-restart failure: "PUSH.samples 58 exceeds 53")."""
+    state, shards = _two_shards(JobConfig(dataset="synthetic", global_batch=96))
+    a = state.hello(Hello(role="worker"), 0.0).id
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.1)
+    _shards_answer(state, shards, 0.2)
+    _shards_answer(state, shards, 0.3)
+    first = state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.4)
+    assert first.batch == 96, "a starts a step with the whole batch"
+    for t in (1.0, 2.0):  # two workers join, one decision each: a's share shrinks twice
+        joiner = state.hello(Hello(role="worker"), t).id
+        state.heartbeat(joiner, Heartbeat(standalone_sps=1000.0), t + 0.1)
+        _shards_answer(state, shards, t + 0.2)
+        _shards_answer(state, shards, t + 0.3)
+        state.heartbeat(a, Heartbeat(standalone_sps=1000.0), t + 0.4)  # a's pulse: it is handed the smaller share
+    assert state.allocator.allocation[a] == 32 and state.allocator.assignment_id >= first.assignment_id + 2
+
+    state.bye(shards[1], 2.9)
+    restarted = state.hello(Hello(role="ps", endpoint="tcp://s:1", shard_index=1, instance="ps-1-again"), 3.0).id
+    told = state.heartbeat(restarted, Heartbeat(membership=state.roster.membership), 3.1)
+    assert told.batches[a] == 96, "the restarted shard learns the batch a's step in flight was handed"
+
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=1, samples=96, batch=96, step_s=0.5,
+                                 assignment_id=first.assignment_id), 3.2)
+    assert _shards_answer_bounds(state, shards[0], 3.3)[a] == 96, "its step under the first assignment is reported"
+    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=2, samples=128, batch=32, step_s=0.2,
+                                 assignment_id=state.allocator.assignment_id), 3.4)
+    assert _shards_answer_bounds(state, shards[0], 3.5)[a] == 32, "a steps under the newest assignment: 96 is gone"
+
+
+def _shards_answer_bounds(state: JobState, shard: str, now: float) -> dict[str, int]:
+    return state.heartbeat(shard, Heartbeat(membership=state.roster.membership), now).batches

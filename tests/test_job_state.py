@@ -36,7 +36,8 @@ def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.
     # a dropped worker reports its last step's batch; a step is all compute unless told otherwise
     m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 1)
     hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=step_s,
-                   compute_s=step_s if compute_s is None else compute_s, standalone_sps=m.standalone_sps, loss=loss)
+                   compute_s=step_s if compute_s is None else compute_s, standalone_sps=m.standalone_sps, loss=loss,
+                   assignment_id=state.allocator.assignment_id)
     return state.heartbeat(wid, hb, now)
 
 
@@ -491,6 +492,8 @@ def test_status_never_reports_a_batch_the_worker_does_not_hold():
         agree(t * 0.1)
     state.bye(slow, 1.0)
     agree(1.0)
+    _shards_apply(state, 1.0)  # the shards are told fast's larger batch: now it holds it
+    agree(1.0)
     assert state.status(1.0).workers[fast].batch == 96
     again = _join(state, 1000.0, now=1.1)
     agree(1.1)
@@ -510,6 +513,7 @@ def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says
     assert state.allocator.allocation[slow] == 0 and state.assignment_for(state.roster.members[slow]).batch == 0
     assert sum(state.allocator.allocation[w] for w in fast) == 96
     assert "slowest left out" in state.allocator.decisions[-1].reason
+    _shards_apply(state, 1.2)  # the fast workers' larger batches are bounded by the shards: they hold them
     told = state.assignment_for(state.roster.shards[0])
     assert told.idle_workers == [slow] and told.allocated == 3 and slow in told.live_workers
     fast_batch = state.allocator.allocation[fast[0]]
