@@ -64,6 +64,7 @@ from dynabatch.common.messages import (
     Welcome,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
+from dynabatch.ps.peer_limits import backlog_limit
 from fuzz.attacks import ATTACKS, UNREAD_PULLS, Attack, AttackResult
 from fuzz.byzantine import GRADIENTS, ByzantineMember, judge
 from fuzz.messages import BYZANTINE, LIES, SCHEDULER, FuzzMessages, JobView
@@ -89,6 +90,7 @@ ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of
 STALL_S = 30.0
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
 MEMBER_PULL_SEQ = 1 << 40  # the worker's own pulls are numbered from here, apart from the fuzzed messages' seqs
+MEMBER_WINDOW = 16  # the worker's messages in flight on its own connection to a shard (`replies_fit`)
 HEARTBEAT_S = 5.0  # the fuzzer's worker heartbeats this often, well within the job's --liveness-timeout-s
 # Every shard moves this many versions between the fuzzer's first pull and its worker's enlistment (after which rounds
 # wait for it): the worker learns the job's descent direction from that movement, and its lies are scaled from it.
@@ -399,6 +401,17 @@ def finite_check(job: Job, status: JobStatus, view: JobView) -> list[str]:
     return bad
 
 
+def replies_fit(window: int, chunks: int) -> bool:
+    """Whether the answers the fuzzer's worker may leave unread on its connection to a shard of `chunks` chunks
+    (`window` messages in flight, and one pull's chunks) fit in the backlog that shard keeps for one connection
+    (ps/outbox.py), as an honest worker's always do. ZeroMQ's queue in front of it does not count: it refuses a
+    message while its reader's word that it sent the earlier ones is late, as on a busy machine. With 32 in flight
+    beside a second suite, a shard of 4 chunks dropped 6 answers to the worker's pushes after a backlog of 26
+    refusals and a pull's 4 chunks, though at most 36 of the worker's messages were unanswered: the fuzz took them for
+    lies left unanswered."""
+    return window + chunks <= backlog_limit(chunks)
+
+
 class Fuzzer:
     """Sends the messages with a bounded window per connection and tallies the answers; those to the fuzzer's
     worker by kind, and the PUSHes a shard took from it into its pool of replays."""
@@ -421,14 +434,16 @@ class Fuzzer:
         self.pushes: dict[tuple[int, int], tuple[str, int, list[bytes]]] = {}
         self.byzantine: dict[str, Counter] = {}  # the worker's answered, by kind: "taken" or the refusal's code
         self.member_pulls: dict[int, int] = {}  # the worker's pulls: seq -> shard (a pull may take several answers)
-        self.pulling: set[int] = set()  # shards whose pull by the worker has not been answered yet
+        # shards whose pull by the worker is not answered in full yet: the chunks still to come (`replies_fit`)
+        self.pulling: dict[int, int] = {}
         self.pull_seq = MEMBER_PULL_SEQ
 
     def send(self, target: int, connection: int, frames: list[bytes], seq: int, what: str) -> None:
         sock = self.sockets[target][connection]
-        while self.in_flight[id(sock)] >= self.window:
+        window = MEMBER_WINDOW if connection == self.member.connection else self.window
+        while self.in_flight[id(sock)] >= window:
             self.collect(0.05)
-            if self.in_flight[id(sock)] >= self.window and time.monotonic() - self.last_answer[id(sock)] > STALL_S:
+            if self.in_flight[id(sock)] >= window and time.monotonic() - self.last_answer[id(sock)] > STALL_S:
                 self.written_off += self.in_flight[id(sock)]
                 self.in_flight[id(sock)] = 0
         if what.split()[0] in BYZANTINE:  # by connection: a taken PUSH is replayed under its seq on two of them
@@ -450,9 +465,11 @@ class Fuzzer:
                     self.accepted.append(f"an undecodable answer ({exc})")
                 if msg is not None and msg.seq in self.member_pulls:  # outside the window: not counted in flight
                     shard = self.member_pulls[msg.seq]
-                    self.pulling.discard(shard)
                     if isinstance(msg.body, Params):
                         self.member.pulled(shard, list(msg.chunks))
+                        self.pulling[shard] = self.pulling.get(shard, 0) - len(msg.chunks)
+                    if not isinstance(msg.body, Params) or self.pulling[shard] <= 0:
+                        self.pulling.pop(shard, None)
                     continue
                 self.in_flight[id(sock)] = max(0, self.in_flight[id(sock)] - 1)
                 if msg is None:
@@ -488,7 +505,7 @@ class Fuzzer:
         gradient, to learn the versions its next pushes are based on."""
         self.pull_seq += 1
         self.member_pulls[self.pull_seq] = shard
-        self.pulling.add(shard)
+        self.pulling[shard] = len(self.member.metas[shard])
         self.sockets[shard + 1][self.member.connection].send_multipart(
             encode(Message(Pull(), [], [], "dynabatch", self.member.id, self.pull_seq)))
 
@@ -528,6 +545,8 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         began = time.monotonic()
         member = enlist(target, view, endpoints, member_sock, [row[-1] for row in sockets[1:]])
         report.member = member.id
+        assert all(replies_fit(MEMBER_WINDOW, len(metas)) for metas in member.metas), \
+            f"a window of {MEMBER_WINDOW} leaves the worker more answers unread than a shard keeps for one connection"
         progress(f"[fuzz] the fuzzer's worker {member.id} holds a batch of {member.batch}: every round waits for it "
                  f"from version {min(m.version for ms in member.metas for m in ms)} on "
                  f"({time.monotonic() - began:.1f} s)")
