@@ -175,7 +175,9 @@ def _try_push(conn, metas, grads):
 
 
 def test_workers_keep_training_through_a_shard_restart(tmp_path):
-    c = Cluster(tmp_path, QUICK + ["--epochs", "2"])  # the job cannot end while its only shard is down
+    # The job cannot end while its only shard is down, and no batch is handed out before both workers joined: under
+    # two suites one worker once joined 2 s after the other, which had trained all of 2 epochs alone by then.
+    c = Cluster(tmp_path, QUICK + ["--epochs", "10", "--min-workers", "2"])
     port = free_port()
     try:
         c.scheduler()
