@@ -41,6 +41,7 @@ class SchedulerLink:
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, job: str, name: str) -> None:
         self.conn = Connection(ctx, endpoint, job, name)
+        self.conn.watch_drops()  # a BYE gives up at once on a scheduler whose connection closed (`bye`)
         self.instance = secrets.token_hex(8)  # makes a repeated HELLO of ours harmless (see Hello)
         self.assignment: Assignment | None = None
         self.lost = False
@@ -143,7 +144,11 @@ class SchedulerLink:
                 log.warning("scheduler answered ERROR %s: %s", body.code, body.text)
 
     def bye(self, timeout_s: float = BYE_TIMEOUT_S) -> bool:
-        """Leave, and wait until the scheduler has taken everything sent so far; False if it never answered."""
+        """Leave, and wait until the scheduler has taken everything sent so far; False if it never answered.
+
+        A scheduler whose connection closed and did not come back within one attempt is gone (its process ended,
+        as when `dynabatch run` ends after the scheduler failed): nothing is left to wait for.
+        """
         if not self.id:
             return True  # never registered: the scheduler holds nothing of ours
         deadline = time.monotonic() + timeout_s
@@ -153,6 +158,12 @@ class SchedulerLink:
                     self.conn.request(Bye(), timeout_s=min(BYE_ATTEMPT_S, left))
                 return True
             except TimeoutError:
+                with self._lock:
+                    self.conn.note_drops()
+                if self.conn.down:
+                    log.warning("scheduler at %s is unreachable (its connection closed); leaving without its "
+                                "acknowledgement: its counts of this process may be short", self.conn.endpoint)
+                    return False
                 continue
             except RemoteError as exc:  # e.g. it had already dropped us: nothing left to deliver
                 log.info("scheduler answered BYE with %s: %s", exc.code, exc.text)

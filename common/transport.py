@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from dynabatch.common.connection_caps import ConnectionCaps
 from dynabatch.common.connection_watch import ConnectionReports, watch_connections
@@ -243,9 +244,11 @@ class Connection:
         self._drops: zmq.Socket[bytes] | None = None
         self._last_seq = 0
         self.lost_through = 0  # requests up to this seq went out before the link last dropped (`watch_drops`)
+        self.down = False  # the link dropped and has not connected again (known only once `watch_drops` is called)
 
     def watch_drops(self) -> zmq.Socket[bytes]:
-        """A socket that turns readable when this connection's link drops; `note_drops` then moves `lost_through`.
+        """A socket that turns readable when this connection's link drops or connects again; `note_drops` then
+        moves `lost_through` and sets `down`.
 
         ZeroMQ reconnects by itself, so a server that stopped or restarted is
         otherwise invisible to a client: a request it had taken is never answered,
@@ -254,14 +257,16 @@ class Connection:
         sent after the drop waits in ZeroMQ's queue for the server to come back.
         """
         if self._drops is None:
-            self._drops = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._drops = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         return self._drops
 
     def note_drops(self) -> None:
-        """Take the drops reported so far: every request sent before them is lost."""
+        """Take the link's events so far: a drop loses every request sent before it, and leaves the link `down`
+        until it connects again."""
         while self._drops is not None and self._drops.poll(0):
-            self._drops.recv_multipart()
-            self.lost_through = self._last_seq
+            self.down = recv_monitor_message(self._drops)["event"] == zmq.EVENT_DISCONNECTED
+            if self.down:
+                self.lost_through = self._last_seq
 
     def send(self, body: Any, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()) -> int:
         """Queue a message; returns its seq, or -1 if the send queue is full (peer gone)."""
