@@ -4,7 +4,10 @@ pytest-xdist (`--dist loadscope`) hands whole modules to its two test processes
 in collection order, alphabetical by file. A long module drawn late kept one
 process busy alone at the end: beside a second copy of the suite, the fuzz (over
 a minute) started at 97% and was the last test of the run. Started first, the
-long modules overlap each other, and the many quick modules fill the end.
+long modules overlap each other, and the many quick modules fill the end. This order
+holds only with `--no-loadscope-reorder` (pyproject.toml): pytest-xdist otherwise
+hands out the modules with the most tests first, and beside a second copy the
+single-test fuzz, sharding and ssp modules (50 s each there) were again the run's last.
 """
 
 from __future__ import annotations
