@@ -83,10 +83,9 @@ JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--aggr
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 # A connection whose answers stop for this long has its unanswered messages written off. Under two suites at once,
 # 5 s twice left a few of the fuzzer's worker's last pushes unanswered (of about ten such runs; none alone, nor in
-# five runs beside four CPU hogs). Every server had been silent for 5 s then. A later run under two suites left six
-# unanswered for the whole 30 s while the job trained on, so not every such case is a late answer; why is not known.
-# A lie never answered is still caught, only later; the progress line after the fuzz says how long the last answers
-# took.
+# five runs beside four CPU hogs). Runs that left them unanswered for the whole 30 s were shards dropping answers to
+# the worker's connection, which MEMBER_WINDOW now prevents (`replies_fit`). A lie never answered is still caught,
+# only later; the progress line after the fuzz says how long the last answers took.
 STALL_S = 30.0
 ATTACK_REPLY_S = 60.0  # a reported attack's refusal may take this long on a loaded machine (65,537 frames to read)
 MEMBER_PULL_SEQ = 1 << 40  # the worker's own pulls are numbered from here, apart from the fuzzed messages' seqs
