@@ -1,6 +1,7 @@
 """The worker's heartbeat keeper (worker/heartbeats.py, `HeartbeatKeeper`) against a ROUTER socket in this process
 that answers as the scheduler does (scheduler_socket.py): a wait on shards ends early when the scheduler dropped
-the worker or the job rolled back, and only a training process (one that acted on a rollback) hears of rollbacks."""
+the worker, the job rolled back or the process was told to stop, and only a training process (one that acted on a
+rollback) hears of rollbacks."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import zmq
 from dynabatch.common.messages import Assignment, Error, Heartbeat, Hello
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError
-from dynabatch.worker.heartbeats import HeartbeatKeeper
+from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
 from harness import wait_for
 from scheduler_socket import SchedulerSocket
 
@@ -26,7 +27,7 @@ def keeper():
     ticks: list[float] = []
     assert link.register(Hello(role="worker"), lambda: False, lambda: None) is not None
     try:
-        yield HeartbeatKeeper(link, lambda: ticks.append(time.monotonic())), scheduler, ticks
+        yield HeartbeatKeeper(link, lambda: ticks.append(time.monotonic()), lambda: False), scheduler, ticks
     finally:
         link.conn.sock.close(linger=0)
         scheduler.close()
@@ -73,3 +74,16 @@ def test_a_dropped_process_ends_its_wait_at_the_next_heartbeat_that_is_due(keepe
     with pytest.raises(RemoteError) as ended:
         beat.when_due()
     assert ended.value.code == "unknown_sender"
+
+
+def test_a_process_told_to_stop_ends_its_wait_without_another_heartbeat(keeper):
+    beat, scheduler, ticks = keeper
+    beat.send(Heartbeat())
+    _answered(beat, scheduler, 1)
+    beat.stopping = lambda: True
+    with pytest.raises(Stopping):
+        beat.repeat()
+    beat.next_at = 0.0
+    with pytest.raises(Stopping):
+        beat.when_due()
+    assert len(scheduler.got) == 1 and not ticks, "nothing sent once stopping"

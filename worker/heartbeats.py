@@ -5,8 +5,8 @@ times (`heartbeat_after`): the worker (trainer.py) and the virtual-time
 simulator (bench/simulate.py) both build their heartbeats there, so the
 scheduler's speed model is fed the same figures by both. Between steps, while
 it waits on shards or inside a long round, it repeats its last heartbeat
-(`HeartbeatKeeper`), and hears early that the scheduler dropped it or that the
-job rolled back.
+(`HeartbeatKeeper`), and hears early that the scheduler dropped it, that the
+job rolled back, or that the process was told to stop.
 """
 
 from __future__ import annotations
@@ -36,17 +36,28 @@ def heartbeat_after(
     )
 
 
+class Stopping(Exception):
+    """The process was told to stop (SIGTERM, Ctrl-C) while it waited on shards or computed a long round.
+
+    What it waited for no longer matters: a shard that is gone (the run's own shard
+    died of a full disk) would otherwise hold the process for a whole request
+    timeout, past `dynabatch run`'s or Kubernetes' grace period and into SIGKILL.
+    """
+
+
 class HeartbeatKeeper:
     """The last heartbeat this process sent, when the next is due, and the last rollback it acted on.
 
     `rollbacks` is None until the process trains (an evaluator never does): only
     then does a rollback end what it waits for. `interval_s` is the job's
-    heartbeat interval, known once the process has joined.
+    heartbeat interval, known once the process has joined. `stopping` says
+    whether the process was told to stop.
     """
 
-    def __init__(self, link: SchedulerLink, tick: Callable[[], None]) -> None:
+    def __init__(self, link: SchedulerLink, tick: Callable[[], None], stopping: Callable[[], bool]) -> None:
         self.link = link
         self.tick = tick  # the process's liveness (/healthz)
+        self.stopping = stopping
         self.interval_s = 0.5
         self.last = Heartbeat()
         self.next_at = 0.0
@@ -64,8 +75,11 @@ class HeartbeatKeeper:
         Raises RemoteError once the scheduler has dropped this process, so that a
         wait for shards that refuse it ends now and it registers again; and once
         the job has rolled back while it trains, so that a wait for a version the
-        shards threw away (a synchronous round's) ends now too.
+        shards threw away (a synchronous round's) ends now too. Raises Stopping,
+        before anything is sent, once the process was told to stop.
         """
+        if self.stopping():
+            raise Stopping("stopped while waiting for the shards or inside a round")
         assignment = self.link.heartbeat(self.last)
         self.next_at = time.monotonic() + self.interval_s
         self.tick()

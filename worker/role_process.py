@@ -24,7 +24,7 @@ from dynabatch.common.messages import Hello
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError, open_context
-from dynabatch.worker.heartbeats import HeartbeatKeeper
+from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
 from dynabatch.worker.joined import Joined
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.pulse import Pulse
@@ -50,7 +50,7 @@ class RoleProcess:
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         log.info("metrics on %s", self.metrics_server.url())
         self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
-        self.beat = HeartbeatKeeper(self.link, self.health.tick)
+        self.beat = HeartbeatKeeper(self.link, self.health.tick, lambda: self.stopping)
         self.stopping = False
         self.pulse: Pulse | None = None
         torch.set_num_threads(opts.threads)
@@ -107,6 +107,8 @@ class RoleProcess:
             if joined is None:
                 return 0
             work(joined)
+        except Stopping as exc:
+            log.info("%s %s", self.name, exc)
         finally:
             self.leave()
         self.after_job()
