@@ -302,7 +302,12 @@ def main() -> int:
 
     import dynabatch.cli.main
     import dynabatch.ps.main
+    import dynabatch.ps.server
+    import dynabatch.worker.device
+    import dynabatch.worker.evaluator
     import dynabatch.worker.main
+    import dynabatch.worker.role_process
+    import dynabatch.worker.trainer
 
     preloader = os.getpid()
     request = _serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -1,4 +1,8 @@
-"""`dynabatch ps`: one parameter-server shard."""
+"""`dynabatch ps`: one parameter-server shard.
+
+Its flags and keys are checked before the shard's code is imported: that code
+imports torch (about 1.5 s of CPU), and `--help` or a mistyped flag answers at once.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from collections.abc import Sequence
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.flags import ConfigError
 from dynabatch.ps.options import PsOptions
-from dynabatch.ps.server import ShardServer
 
 
 def main(argv: Sequence[str]) -> int:
@@ -17,6 +20,8 @@ def main(argv: Sequence[str]) -> int:
         [PsOptions, CurveOptions, MetricsOptions], argv,
     )
     keys = load_curve_keys("dynabatch ps", curve, "ps")
+    from dynabatch.ps.server import ShardServer
+
     try:
         server = ShardServer(opts, metrics.metrics_host, metrics.metrics_port, keys)
     except ConfigError as exc:  # a port taken

@@ -232,3 +232,16 @@ def test_dynabatch_run_checks_a_built_in_job_without_torch(tmp_path: Path) -> No
     loaded = _outermost(modules, HEAVY)
     assert not loaded, f"`dynabatch run` imported {loaded} to check a built-in job"
     assert len(list(tmp_path.glob("*/config.json"))) == 1, "the check passed and the run folder was made"
+
+
+@pytest.mark.parametrize("command", ["ps", "worker"])
+@pytest.mark.parametrize("flags", [["--help"], ["--scheduler", "tcp://127.0.0.1:5555", "--no-such-flag"]],
+                         ids=["help", "bad-flag"])
+def test_a_shard_or_worker_answers_help_and_refuses_a_flag_without_torch(command: str, flags: list[str]) -> None:
+    """What a user types wrong, or `--help`, is answered before the role's code loads torch (1.5 s of CPU)."""
+    modules = _imported_by("import contextlib, os\nfrom dynabatch.cli.main import main\n"
+                           "with open(os.devnull, 'w') as null, contextlib.redirect_stdout(null):\n"
+                           f"    try:\n        main({[command, *flags]!r})\n    except SystemExit:\n        pass")
+    assert f"dynabatch.{command}.main" in modules, "the command ran"
+    loaded = _outermost(modules, HEAVY)
+    assert not loaded, f"`dynabatch {command} {' '.join(flags)}` imported {loaded}"

@@ -1,4 +1,8 @@
-"""`dynabatch worker`: a training worker, or with --evaluator an evaluator."""
+"""`dynabatch worker`: a training worker, or with --evaluator an evaluator.
+
+Its flags and keys are checked before the training code is imported: that code
+imports torch (about 1.5 s of CPU), and `--help` or a mistyped flag answers at once.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,11 @@ import sys
 from collections.abc import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
+from dynabatch.common.curve import CurveKeys
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError
 from dynabatch.task_error import TaskError
-from dynabatch.worker.evaluator import Evaluator
-from dynabatch.worker.options import WorkerOptions, usable_device
-from dynabatch.worker.role_process import RoleProcess
-from dynabatch.worker.trainer import Worker
+from dynabatch.worker.options import WorkerOptions
 
 
 def main(argv: Sequence[str]) -> int:
@@ -21,6 +23,16 @@ def main(argv: Sequence[str]) -> int:
         [WorkerOptions, CurveOptions, MetricsOptions], argv,
     )
     keys = load_curve_keys("dynabatch worker", curve, "evaluator" if opts.evaluator else "worker")
+    return serve(opts, metrics, keys)
+
+
+def serve(opts: WorkerOptions, metrics: MetricsOptions, keys: CurveKeys | None) -> int:
+    """Train (or evaluate) until the job ends; exit 2 with one line for what the user must fix."""
+    from dynabatch.worker.device import usable_device
+    from dynabatch.worker.evaluator import Evaluator
+    from dynabatch.worker.role_process import RoleProcess
+    from dynabatch.worker.trainer import Worker
+
     try:
         usable_device(opts.device)
     except ConfigError as exc:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-
-import torch
 
 from dynabatch.common.flags import ConfigError, opt
 from dynabatch.common.shared_options import MemberOptions, TrainingOptions
 from dynabatch.common.slowdown import Slowdown
+
+# What torch.device accepts of cpu and cuda, read without importing torch (the flags are checked before it loads).
+DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
 
 
 @dataclass
@@ -33,25 +35,5 @@ class WorkerOptions(MemberOptions, TrainingOptions):
             Slowdown.parse(self.slowdown)
         except ValueError as exc:
             raise ConfigError(f"--slowdown: {exc}") from None
-        try:
-            kind = torch.device(self.device).type
-        except RuntimeError:
-            kind = ""
-        if kind not in ("cpu", "cuda"):
+        if not DEVICE.fullmatch(self.device):
             raise ConfigError(f"--device: {self.device!r} is not cpu, cuda or cuda:N")
-
-
-def usable_device(text: str) -> torch.device:
-    """The device named by --device if this machine has it; ConfigError otherwise.
-
-    Checked when the worker starts, not in `validate`, which must also accept a GPU
-    pool's settings on a machine without a GPU (the manifests' tests do that).
-    """
-    device = torch.device(text)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {text}: no CUDA device here (torch {torch.__version__}, "
-                              f"CUDA build {torch.version.cuda or 'none'}); use --device cpu or a CUDA build of torch")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here")
-    return device
