@@ -175,9 +175,10 @@ def _try_push(conn, metas, grads):
 
 
 def test_workers_keep_training_through_a_shard_restart(tmp_path):
-    # The job cannot end while its only shard is down, and no batch is handed out before both workers joined: under
-    # two suites one worker once joined 2 s after the other, which had trained all of 2 epochs alone by then.
-    c = Cluster(tmp_path, QUICK + ["--epochs", "10", "--min-workers", "2"])
+    # The job cannot end while its only shard is down, and no batch is handed out before both workers joined (under
+    # two suites one worker once joined 2 s after the other, which had trained all of 2 epochs alone by then): three
+    # epochs outlast the shard's stop, which follows the workers' first steps.
+    c = Cluster(tmp_path, QUICK + ["--epochs", "3", "--min-workers", "2"])
     port = free_port()
     try:
         c.scheduler()
