@@ -31,7 +31,8 @@ def test_a_worker_and_an_evaluator_waiting_on_a_stopped_shard_stop_on_sigterm(tm
         waiting = [c.worker("w"), c.worker("ev", "--evaluator")]
         c.wait_status("training and an evaluation", lambda s: s.workers and all(
             w.steps > 3 for w in s.workers.values()) and s.test_acc is not None)
-        shard.proc.send_signal(signal.SIGSTOP)  # the worker's next push or pull waits on it
+        # The worker's push or pull waits on the stopped shard, unless the signal finds it between two steps.
+        shard.proc.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         for p in waiting:
             p.proc.send_signal(signal.SIGTERM)
@@ -39,7 +40,6 @@ def test_a_worker_and_an_evaluator_waiting_on_a_stopped_shard_stop_on_sigterm(tm
             assert p.proc.wait(REQUEST_TIMEOUT_S) == 0, p.log_text()
             took = time.monotonic() - stopped_at
             assert took < REQUEST_TIMEOUT_S / 2, f"{p.name} took {took:.1f} s to stop: it waited out its request"
-        assert "stopped while waiting for the shards" in waiting[0].log_text()
     finally:
         if shard is not None:
             shard.proc.send_signal(signal.SIGCONT)
