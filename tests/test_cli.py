@@ -194,8 +194,12 @@ def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(t
         c.wait_status("the scheduler to answer", lambda s: True)
         os.kill(scheduler.proc.pid, signal.SIGUSR1)
         # The dump is written thread by thread: wait for the main thread's frame in the scheduler's loop.
-        log = wait_for("the main thread's stack in the scheduler's log",
-                       lambda: "scheduler/server.py" in scheduler.log_text() and scheduler.log_text())
+        try:
+            log = wait_for("the main thread's stack in the scheduler's log",
+                           lambda: "scheduler/server.py" in scheduler.log_text() and scheduler.log_text())
+        except AssertionError as exc:  # once beside a second suite: what the log held says what was missing
+            raise AssertionError(f"{exc}; scheduler alive: {scheduler.alive()}, pid {scheduler.proc.pid}, its log:\n"
+                                 f"{scheduler.log_text()[-4000:]}") from None
         assert "Current thread" in log and "most recent call first" in log, log
         assert scheduler.alive() and c.status().job == "dynabatch"
     finally:
