@@ -55,6 +55,7 @@ from dynabatch.common.protocols import DELTA, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.gradient_bounds import GradientBounds
+from dynabatch.ps.push_bounds import AssignedBatches, max_push_samples, push_steps
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
@@ -215,6 +216,7 @@ class Cluster:
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0, spec=spec)
         self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
+        self.assigned = AssignedBatches(push_steps(self.job), max_push_samples(self.job))  # server.py's push bounds
         self.now = 0.0
         self.seq = 0
         self.timed: list[tuple[float, int, Iterator[Wait]]] = []
@@ -278,8 +280,13 @@ class Cluster:
         return self.scheduler.assignment_for(self.scheduler.roster.members[wid]).batch
 
     def sync_shard(self) -> None:
+        """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
+        answer grows one (as server.py's: the scheduler hands a larger batch only once the shard reports it)."""
         ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.roster.membership,
-                                                       train_size=len(self.data.train_y)), self.now)
+                                                       train_size=len(self.data.train_y),
+                                                       batches=self.assigned.told), self.now)
+        if self.assigned.update(ps.batches):
+            return self.sync_shard()
         seen = (ps.membership, ps.allocated, tuple(ps.idle_workers))
         if seen != self.membership_seen:
             self.membership_seen = seen

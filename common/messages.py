@@ -76,6 +76,10 @@ class Heartbeat:
     in `good_version` the version of its last checkpoint of a healthy model (-1: none),
     and in `rollbacks` the number of the last rollback it applied (ASSIGNMENT's); a worker, the last rollback
     it acted on (it dropped the model it held, and reported the steps it had skipped before).
+
+    A shard echoes in `batches` the push bounds (ASSIGNMENT's `batches`) it applied (None: none yet). The scheduler
+    hands a worker a larger batch only once every shard reports it: told when the answer was sent, a shard busy
+    with a burst of pushes refused the first push of a worker whose answer came after its own.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -104,6 +108,7 @@ class Heartbeat:
     model_problem: str = ""
     good_version: int = -1
     rollbacks: int = 0
+    batches: dict[str, int] | None = None
 
 
 @dataclass

@@ -3,9 +3,10 @@
 A worker's batch is what the scheduler assigned it: the shard learns every live
 worker's batch with the live set (Assignment.batches: the larger of its allocation
 and every batch it was handed under an assignment it may still be stepping with),
-keeps the larger of the last two it was told (a push may arrive after the worker's
-report of the step that sent it), and the scheduler
-gives a worker a larger batch only once every shard has been told it. Whatever a
+keeps the larger of the last two different bounds it was told (a push may arrive after
+the worker's report of the step that sent it), and echoes the bounds it applied in
+its heartbeats: the scheduler gives a worker a larger batch only once every shard
+reports that it applied it, so no honest push can reach a shard before its bound. Whatever a
 worker was told never exceeds the job's --max-batch, and a `local` push sums
 exactly H <= --local-steps local steps. msd never waits for its previous delta:
 while that delta is slow to come back (its round waits on slower workers) the
@@ -44,20 +45,29 @@ def max_push_samples(job: JobConfig) -> int:
 
 @dataclass
 class AssignedBatches:
-    """Each live worker's batch as the scheduler last told this shard, and as it told it the time before."""
+    """Each live worker's batch as the scheduler last told this shard, and as it told it before that
+    (`told` None: no assignment applied yet, which the shard's heartbeat says: Heartbeat.batches)."""
 
     steps: int  # push_steps of the job
     job_max: int  # max_push_samples of the job
-    told: dict[str, int] = field(default_factory=dict)
+    told: dict[str, int] | None = None
     before: dict[str, int] = field(default_factory=dict)
 
-    def update(self, batches: Mapping[str, int]) -> None:
-        """The scheduler's latest bounds (Assignment.batches)."""
-        self.before, self.told = self.told, dict(batches)
+    def update(self, batches: Mapping[str, int]) -> bool:
+        """The scheduler's latest bounds (Assignment.batches); True if a worker's bound grew, which the scheduler
+        must hear before it hands that worker the larger batch. Every answer repeats the bounds: one that
+        repeats them changes nothing (else `before` would be forgotten a heartbeat later, whatever is in flight)."""
+        if self.told is not None and batches == self.told:
+            return False
+        told = self.told or {}
+        grew = any(b > told.get(w, 0) for w, b in batches.items())
+        self.before, self.told = told, dict(batches)
+        return grew
 
     def limit(self, worker: str) -> int:
         """The most samples a PUSH from `worker` may claim now (0: it holds no batch)."""
-        return min(self.job_max, max(self.told.get(worker, 0), self.before.get(worker, 0)) * self.steps)
+        told = self.told or {}
+        return min(self.job_max, max(told.get(worker, 0), self.before.get(worker, 0)) * self.steps)
 
 
 def check_push_samples(samples: int, worker: str, assigned: AssignedBatches) -> None:

@@ -132,6 +132,7 @@ class ShardServer:
         self.stopping = False
         self.refusals = RateLimitedLog(log)
         self.job_over = False
+        self.beat_due = False  # report now, not at the next heartbeat: the scheduler waits on it (push_bounds.py)
         self.parked: list[ParkedPull] = []
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
         self.replays = ReplayGuard()  # the PUSH seqs already taken, per sender and connection (replay_guard.py)
@@ -309,7 +310,7 @@ class ShardServer:
                 for incoming in sorted(pending, key=priority):
                     self._handle(incoming)
             now = time.monotonic()
-            if now >= next_beat:
+            if now >= next_beat or self.beat_due:
                 self._beat()
                 next_beat = now + job.heartbeat_s
             overdue = self.model.overdue(now, job.round_timeout_s) if self.state is not None else []
@@ -333,7 +334,8 @@ class ShardServer:
         discarded = state.discarded if state is not None else 0
         samples = state.samples_seen if state is not None else 0
         quarantined = sorted(self.served_job.bounds.quarantined & self.senders.live)  # the scheduler drops them
-        self._on_assignment(self.link.heartbeat(Heartbeat(
+        self.beat_due = False
+        self._on_assignment(self.link.heartbeat(Heartbeat(batches=self.served_job.assigned.told,
             version=version, updates=version, samples=samples, membership=self.membership,
             train_size=train_size, discarded=discarded, quarantined=quarantined,
             model_problem=self.guard.problem, good_version=self.good_version, rollbacks=self.rollbacks)))
@@ -360,7 +362,8 @@ class ShardServer:
         served = self.served_job
         served.metrics.live.set(len(body.live_workers))
         self.senders.set_live(set(body.live_workers))
-        served.assigned.update(body.batches)
+        if served.assigned.update(body.batches):
+            self.beat_due = True  # a worker waits for this shard to report its larger bound before it gets it
         served.bounds.forget(set(body.live_workers))
         served.direction.forget(set(body.live_workers))
         if self.buffers is not None:

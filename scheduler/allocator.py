@@ -60,7 +60,7 @@ class Allocator:
         self.speeds: dict[str, SpeedModel] = {}  # by worker id, from its first report of its standalone speed
         self.resumed_speeds: dict[str, SavedSpeed] = {}  # speed models of a saved job, by HELLO instance
         self.allocation: dict[str, int] = {}
-        self.told: dict[int, dict[str, int]] = {}  # by shard slot: the push bounds (Assignment.batches) last sent
+        self.told: dict[int, dict[str, int]] = {}  # by shard slot: the push bounds it last reported applied
         self.handed: dict[str, dict[int, int]] = {}  # by worker: the batch handed per assignment it may step with
         self.assignment_id = 0
         self.decisions: list[Decision] = []
@@ -188,13 +188,18 @@ class Allocator:
                 for w in (self.handed.keys() | self.allocation.keys()) & set(live)}
 
     def tell(self, shard: int, batches: dict[str, int]) -> None:
-        """The push bounds just sent to shard slot `shard`."""
+        """The push bounds shard slot `shard` reports it applied (Heartbeat.batches)."""
         self.told[shard] = batches
 
+    def answered(self, shard: int) -> None:
+        """Shard slot `shard` was sent an answer, with live workers it may apply at once: from now on it bounds
+        every worker's batch by the bounds it reports applied, none until it reports."""
+        self.told.setdefault(shard, {})
+
     def batch_of(self, worker: str) -> int:
-        """The batch `worker` holds: its allocation, or less while a live shard has not yet been told that it may
+        """The batch `worker` holds: its allocation, or less while a live shard has not yet reported that it may
         push that much (a worker is given a larger batch only once the shards bound its pushes by it). A shard
-        never answered yet is not waited on: it takes no push before it learns the live workers, and their bounds,
+        never answered is not waited on: it takes no push before it learns the live workers, and their bounds,
         in that same answer. The one owner of a worker's batch: its assignment, STATUS and the metrics read it."""
         return min([self.allocation.get(worker, 0), *(told.get(worker, 0) for told in self.told.values())])
 

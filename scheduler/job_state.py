@@ -157,12 +157,15 @@ class JobState:
             self._worker_heartbeat(member, hb, now)
             self.rollbacks.worker_report(member.id, member.last, hb)
         if member.role == "ps":
-            check_shard_heartbeat(hb, self.job.max_rollbacks)
+            check_shard_heartbeat(hb, self.job.max_rollbacks, self.job.max_batch)
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
         if member.role == "ps":
             self.progress.shard_report(member.shard_index, hb)
+            if hb.batches is not None:  # what it applied, of live workers only (a forged list holds no memory)
+                self.allocator.tell(member.shard_index,
+                                    {w: b for w, b in hb.batches.items() if w in self.roster.members})
             self._quarantine(hb.quarantined, member.id, now)
             self.rollbacks.shard_report(member.shard_index, prev, hb)
             waiting = [m.id for m in self._ready_workers(known_to_shards=False).values()
@@ -173,10 +176,10 @@ class JobState:
             self.end.fail(self.rollbacks.react(self.progress.t(now), self.progress.epoch))
         self._latch()
         answer = self.assignment_for(member)
-        if member.role == "ps":
-            self.allocator.tell(member.shard_index, answer.batches)
-        elif member.role == "worker":
+        if member.role == "worker":
             self.allocator.hand(member.id, answer.batch)
+        elif member.role == "ps":
+            self.allocator.answered(member.shard_index)
         return answer
 
     def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:

@@ -60,13 +60,18 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
                                          f"{hb.steps} steps on {num_shards} shard(s)")
 
 
-def check_shard_heartbeat(hb: Heartbeat, max_rollbacks: int) -> None:
+def check_shard_heartbeat(hb: Heartbeat, max_rollbacks: int, max_batch: int) -> None:
     """Refuse a shard heartbeat whose version, sample or discard count is negative (a drop is a restart, counted
-    as lost work: lost_work.py), or whose divergence fields cannot be true: more rollbacks applied than
-    the job allows, a checkpoint version below -1 (none), an account of its model longer than one line."""
+    as lost work: lost_work.py), whose echoed push bounds are not batches of this job, or whose divergence fields
+    cannot be true: more rollbacks applied than the job allows, a checkpoint version below -1 (none), an account
+    of its model longer than one line."""
     for name in ("version", "samples", "discarded"):
         if getattr(hb, name) < 0:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
+    wrong = sorted(w for w, b in (hb.batches or {}).items() if not 0 <= b <= max_batch)
+    if wrong:
+        raise ProtocolError(ErrorCode.BAD_FIELD,
+                            f"HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)")
     check_rollbacks(hb, max_rollbacks)
     if hb.good_version < -1:
         raise ProtocolError(ErrorCode.BAD_FIELD,

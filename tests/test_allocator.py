@@ -59,6 +59,8 @@ def test_a_worker_holds_no_more_than_every_shard_was_told_it_may_push():
     ready = _measured(allocator, {"w0": 1000.0, "w1": 1000.0})
     allocator.reallocate(0.0, 0.0, "joined", "w1", ready, force=True)
     assert allocator.batch_of("w0") == 48, "no shard answered yet: none is waited on"
+    allocator.answered(0)
+    assert allocator.batch_of("w0") == 0, "shard 0 was answered: it holds w0 back until it reports w0's bound"
     allocator.tell(0, allocator.push_bounds(["w0", "w1"]))
     allocator.tell(1, {})
     assert allocator.batch_of("w0") == 0, "shard 1 was told nothing of w0"

@@ -105,6 +105,8 @@ def _job(**kw) -> JobState:
     wid = state.hello(Hello(role="worker", instance="w"), 0.0).id
     state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)
     state.heartbeat(ps, Heartbeat(membership=state.roster.membership), 0.0)
+    state.heartbeat(ps, Heartbeat(membership=state.roster.membership,  # it applied w0's bound: w0 holds its batch
+                                  batches=state.assignment_for(state.roster.members[ps]).batches), 0.0)
     return state
 
 
@@ -121,8 +123,10 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
 
 def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
     known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
+    applied = state.assignment_for(state.roster.members["ps0"]).batches
     return state.heartbeat("ps0", Heartbeat(version=version, samples=version * 96, membership=state.roster.membership,
-                                            model_problem=problem, good_version=good, rollbacks=known), now)
+                                            model_problem=problem, good_version=good, rollbacks=known,
+                                            batches=applied), now)
 
 
 def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_max_rollbacks():

@@ -20,15 +20,17 @@ def _job(**kw) -> JobState:
 
 
 def _shards_apply(state: JobState, now: float) -> None:
-    """Every shard heartbeats having applied the current live worker set."""
+    """Every shard heartbeats having applied its current assignment: the live worker set and the push bounds."""
     for shard in list(state.roster.shards.values()):
-        state.heartbeat(shard.id, Heartbeat(membership=state.assignment_for(shard).membership), now)
+        answer = state.assignment_for(shard)
+        state.heartbeat(shard.id, Heartbeat(membership=answer.membership, batches=answer.batches), now)
 
 
 def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> str:
     wid = state.hello(Hello(role="worker", max_batch=max_batch), now).id
     state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)  # its first report makes it live
-    _shards_apply(state, now)  # and once every shard holds it, it gets its share
+    _shards_apply(state, now)  # once every shard holds it, it gets its share,
+    _shards_apply(state, now)  # which it holds once every shard reports the bound that lets it push that share
     return wid
 
 

@@ -37,16 +37,19 @@ def test_numbers_out_of_bounds_are_refused_naming_the_field(samples, bases, fiel
     assert refused.value.code == "bad_field" and field in refused.value.text
 
 
-def test_a_push_is_bounded_by_its_senders_batch_of_the_last_two_assignments_times_the_steps():
+def test_a_push_is_bounded_by_its_senders_batch_of_the_last_two_bounds_times_the_steps():
     assigned = AssignedBatches(steps=4, job_max=1024)
-    assigned.update({"w0": 32, "w1": 8})
+    assert assigned.told is None and assigned.limit("w0") == 0, "nothing applied yet: nothing to report or push"
+    assert assigned.update({"w0": 32, "w1": 8}), "a bound grew: the shard reports it at once"
     assert assigned.limit("w0") == 128 and assigned.limit("w1") == 32 and assigned.limit("w9") == 0
-    assigned.update({"w0": 16})
+    assert not assigned.update({"w0": 16}), "a smaller bound need not be reported before the next heartbeat"
     assert assigned.limit("w0") == 128, "a worker may still step with the batch it was told before"
     assert assigned.limit("w1") == 32
-    assigned.update({"w0": 16})
+    assert not assigned.update({"w0": 16}), "every answer repeats the bounds"
+    assert assigned.limit("w0") == 128, "a repeated answer does not forget what a push in flight may carry"
+    assigned.update({"w0": 8})
     assert assigned.limit("w0") == 64 and assigned.limit("w1") == 0
-    assigned.update({"w0": 1000})
+    assert assigned.update({"w0": 1000}) and assigned.told == {"w0": 1000}
     assert assigned.limit("w0") == 1024, "never beyond the job's own bound"
 
 
