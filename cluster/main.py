@@ -336,7 +336,7 @@ class JobRun:
         print(format_summary(summary, self.run_dir), flush=True)
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         write_timeline(self.run_dir, self.timeline)
-        if statuses:
+        if statuses and self.opts.plots:
             plot(self.run_dir, statuses)
 
 

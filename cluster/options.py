@@ -33,6 +33,8 @@ class RunOptions(TrainingOptions, ShardCheckpointOptions):
         [0], "per-worker largest batch, the memory of each machine (one, or one per worker; 0: none), e.g. 64 32 0",
         topic="cluster",
     )
+    plots: bool = opt(True, "write the run folder's PNG plots when the run ends (about a second of CPU; the timeline "
+                      "they are drawn from is written either way)", topic="observability")
     progress_s: float = opt(2.0, "seconds between progress lines", minimum=0.1, topic="observability")
     status_s: float = opt(0.5, "seconds between timeline samples", minimum=0.05, topic="observability")
     timeout_s: float = opt(3600.0, "abort the run after this long", minimum=1.0, topic="cluster")

@@ -165,7 +165,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             command_line("run", ["--out", str(tmp_path), "--name", "r", "--dataset", "synthetic", "--model", "mlp",
                                  "--epochs", "1000", "--workers", "2", "--slowdowns", "1", "--no-evaluator",
                                  "--protocol", "asgd", "--batch-policy", "fixed", "--status-s", str(STATUS_S),
-                                 "--timeout-s", "200"]),
+                                 "--timeout-s", "200", "--no-plots"]),
             stdout=subprocess.DEVNULL, stderr=err, env=child_env())
     logs = tmp_path / "r" / "logs"
     ctx = zmq.Context()

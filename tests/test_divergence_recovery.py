@@ -103,7 +103,8 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
 
 
 def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, Path]:
-    cmd = command_line("run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30), *flags])
+    cmd = command_line("run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30), "--no-plots",
+                               *flags])
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env()), out / name
 
 

@@ -234,25 +234,26 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
         c.worker("steady", "--slowdown", "1")
         # 8x: the emulation idles 7x the step's CPU time, and contention stretches only the wall time, so on a
         # machine running a second suite (wall = 3x CPU) the node is (3 + 7) / 3 = 3.3x slower, still well past
-        # the 0.6 below; 4x gave 2x there, and the share hovered at 0.7 of the equal-speed one. From 8 s of
-        # training: four steps take under a second even there (12 s cost both workers 4 s more of CNN steps).
-        c.worker("tired", "--slowdown", "1x,8x@8s")
+        # the 0.6 below; 4x gave 2x there, and the share hovered at 0.7 of the equal-speed one. From 4 s of
+        # training: four steps take under a second even there (each further second of full speed costs both
+        # workers a second of CNN steps).
+        c.worker("tired", "--slowdown", "1x,8x@4s")
 
         def tired(st: JobStatus) -> WorkerStatus:
             return next(w for w in st.workers.values() if w.name == "tired")
 
-        # A few steps in, well before the slowdown's 8 s of training even on a loaded machine. At equal speed the
+        # A few steps in, well before the slowdown's 4 s of training even on a loaded machine. At equal speed the
         # worker holds about half the batch, but the first steps' times are noisy where a second suite competes for
         # the cores: once its share was 26, 31, 26 and 20 of 96 within its first second, so the share is taken
         # at a moment it is above a quarter, not at the first one.
         before = c.wait_status("both training at full speed, the tired worker with over a quarter of the batch",
                                lambda s: _training(s, 2) and tired(s).steps > 3 and tired(s).batch > 96 // 4)
         share = tired(before).batch
-        # The slowdown starts after 8 s of its training; then the speed model needs a window of slowed steps, each
+        # The slowdown starts after 4 s of its training; then the speed model needs a window of slowed steps, each
         # 8x the step measured so far on this machine now. (Its step time need not grow: under asgd the batch
         # follows the compute time the worker reports from its first slowed step.)
         after = c.wait_status("the slowed worker's batch to shrink", lambda s: tired(s).batch < share * 0.6,
-                              max(60.0, 8.0 + 8 * 50 * tired(before).step_s))
+                              max(60.0, 4.0 + 8 * 50 * tired(before).step_s))
         assert sum(after.decisions[-1].batches.values()) == 96, "the steady worker's share takes the rest"
         assert any(d.reason == "speed update" for d in after.decisions)
     finally:

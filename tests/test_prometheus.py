@@ -89,7 +89,8 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
     run = subprocess.Popen(
         [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
          "--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--workers", str(WORKERS),
-         "--slowdowns", "1", "2", "--eval-interval-s", "2", "--checkpoint-interval-s", "3", "--job", JOB],
+         "--slowdowns", "1", "2", "--eval-interval-s", "2", "--checkpoint-interval-s", "3", "--job", JOB,
+         "--no-plots"],
         stdout=run_log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     prometheus = None
     try:

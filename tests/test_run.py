@@ -55,7 +55,7 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
     """One epoch of the MLP: what the folder holds does not depend on how long or what the job trained. The run
     takes about 7 s here; a sample every 0.2 s gives its timeline about 100 rows, where 10 are asked for."""
     run, printed = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "1",
-                           "--eval-interval-s", "3", "--status-s", "0.2")
+                           "--eval-interval-s", "3", "--status-s", "0.2", plots=True)
     assert "test accuracy" in printed and "epoch" in printed
     summary = json.loads((run / "summary.json").read_text())
     for key in ("final_test_acc", "final_test_loss", "wall_s", "samples_per_s", "workers"):
@@ -80,16 +80,17 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
 
 @pytest.mark.data
 def test_the_main_job_learns_fashion_mnist(tmp_path):
-    """The default job, shortened to one epoch: the CNN must be well on its way to 88%."""
+    """The default job, shortened to half an epoch: the CNN must be well on its way to 88%."""
     need_fashion_mnist()
-    run, _ = run_job(tmp_path, "r", "--epochs", "1", timeout_s=400)
+    run, _ = run_job(tmp_path, "r", "--epochs", "0.5", timeout_s=400)
     summary = json.loads((run / "summary.json").read_text())
     timeline = json.loads((run / "timeline.json").read_text())
     accuracies = [s["test_acc"] for s in timeline if s.get("test_acc") is not None]
-    assert max(accuracies) >= 0.78, accuracies
-    # Asynchronous SGD this early is noisy: after one epoch the final accuracy is 83% here (85-86% after 1.5),
-    # but one seen under a loaded CI machine dipped by 2.4 points between two evaluations.
-    assert summary["final_test_acc"] >= 0.75, summary
+    assert max(accuracies) >= 0.75, accuracies
+    # Asynchronous SGD this early is noisy: after half an epoch the final accuracy was 81.0 to 82.7% with three
+    # such jobs at once (83% after one epoch, 85-86% after 1.5), and one seen under a loaded CI machine dipped by
+    # 2.4 points between two evaluations.
+    assert summary["final_test_acc"] >= 0.72, summary
     assert summary["batch_policy"] == "fixed" and summary["protocol"] == "asgd", "the default chosen by measurement"
     assert [w["final_batch"] for w in summary["workers"].values()] == [64, 64, 64], "fixed: B/n for every worker"
 
@@ -113,3 +114,4 @@ def test_workers_with_their_own_largest_batch_micro_batches_and_loader_processes
     log = (run / "logs" / "worker0.log").read_text()
     assert "passes of at most 16 samples" in log and "loaded ahead by 2 processes" in log
     assert "data" in printed
+    assert not list(run.glob("*.png")) and (run / "timeline.json").exists(), "--no-plots draws none, keeps the data"
