@@ -110,7 +110,7 @@ class CheckOptions(TaskOptions):
     """`dynabatch check`'s settings: the task, data and threads a worker would have, and what to time."""
 
     batches: list[int] = opt([16, 64], "batch sizes to time a training step at (two or more)", topic="observability")
-    repeats: int = opt(5, "timed steps per batch size (the median is reported)", minimum=1, topic="observability")
+    repeats: int = opt(5, "timed steps per batch size (the fastest is reported)", minimum=1, topic="observability")
 
     def validate(self) -> None:
         TaskOptions.validate(self)
