@@ -23,6 +23,7 @@ class SchedulerSocket:
         self.sock.bind(self.endpoint)
         self.got: list[tuple[str, object]] = []
         self.answer: object | None = None
+        self.config: dict[str, object] = {}  # the job every WELCOME carries (a shard needs one)
         self.welcomed = 0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -36,7 +37,8 @@ class SchedulerSocket:
             if msg.message is None:  # undecodable: this stand-in has nothing to answer it with
                 continue
             if isinstance(msg.message.body, Hello):
-                welcome = Welcome(id=f"w{self.welcomed}", config={}, shards=[])
+                welcome = Welcome(id=f"w{self.welcomed}", config=self.config, shards=[],
+                                  shard_index=msg.message.body.shard_index)
                 send_routed(self.sock, msg.identity, welcome, msg.message.seq, "j", "scheduler")
                 self.welcomed += 1
                 continue
