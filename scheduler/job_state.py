@@ -163,7 +163,7 @@ class JobState:
         member.last = hb
         if member.role == "ps":
             self.progress.shard_report(member.shard_index, hb)
-            if hb.batches is not None:  # what it applied, of live workers only (a forged list holds no memory)
+            if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
                 self.allocator.tell(member.shard_index,
                                     {w: b for w, b in hb.batches.items() if w in self.roster.members})
             self._quarantine(hb.quarantined, member.id, now)
