@@ -8,6 +8,7 @@ operations, so feeding a worker costs far less than its forward pass.
 from __future__ import annotations
 
 import math
+import mmap
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ _STATS = {
     "mnist": ((0.1307,), (0.3081,)),
     "fashion-mnist": ((0.2860,), (0.3530,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "synthetic": ((0.4985,), (0.2919,)),  # of its training images, as the others'; computing it took 0.07 s a start
 }
 
 
@@ -57,7 +59,8 @@ def read_idx(path: Path) -> torch.Tensor:
     """Decode one uint8 idx file (plain or .gz) into a tensor of its declared shape; BadDatasetFile
     (dataset_files.idx_content) naming the file if it does not decode."""
     raw, dims, start = idx_content(path)
-    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=start, count=math.prod(dims))
+    buffer = raw if isinstance(raw, mmap.mmap) else bytearray(raw)  # a copy-on-write map is writable as it is
+    data = torch.frombuffer(buffer, dtype=torch.uint8, offset=start, count=math.prod(dims))
     return data.reshape(dims)
 
 
@@ -108,16 +111,12 @@ def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
     """Load a whole dataset into memory; dataset_files.find_dataset says where its files are looked for."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
     if name == "synthetic":
         tr_x, tr_y, te_x, te_y = _synthetic()
-        pixels = tr_x.float() / 255
-        mean, std = (pixels.mean().item(),), (pixels.std().item(),)
     else:
         folder = find_dataset(name, data_dir)
         tr_x, tr_y, te_x, te_y = _load_cifar(folder) if name == "cifar10" else _load_idx(folder)
-        mean, std = _STATS[name]
+    mean, std = _STATS[name]
     return Dataset(name, tr_x, tr_y, te_x, te_y, mean, std, num_classes=10,
                    augment=name == "cifar10")
 

@@ -7,13 +7,15 @@ process that never trains.
 
 from __future__ import annotations
 
-import gzip
 import math
+import mmap
 import os
 import tarfile
 import time
 import urllib.request
 from pathlib import Path
+
+from dynabatch.common.inflated_cache import inflated
 
 # Module constants rather than literals so that tests (and odd installs) can move them.
 SYSTEM_DIR = Path("/usr/share/datasets")
@@ -47,14 +49,15 @@ class BadDatasetFile(ValueError):
     """A dataset's file is there but does not decode: truncated, corrupt, or of another format."""
 
 
-def idx_content(path: Path) -> tuple[bytes, list[int], int]:
-    """The bytes of one uint8 idx file (plain or .gz), its declared dimensions and where its data starts.
+def idx_content(path: Path) -> tuple[bytes | mmap.mmap, list[int], int]:
+    """The bytes of one uint8 idx file (plain or .gz, inflated through the host's cache), its declared
+    dimensions and where its data starts.
 
     The header is checked against the file's length so that a truncated download
     fails here, naming the file, instead of surfacing later as a shape error.
     """
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        raw = inflated(path, CACHE_DIR / "inflated") if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
         raise BadDatasetFile(f"{path}: unreadable idx file ({e})") from e
     if len(raw) < 4 or raw[0:2] != b"\0\0" or raw[2] != 0x08:
