@@ -624,6 +624,7 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.honest_failed = honest_failures(target)
         if clean is not None:
             report.clean_acc = _final_accuracy(clean, settings)
+        progress(f"[fuzz] final accuracy {report.fuzzed_acc}, the clean twin's {report.clean_acc}")
     finally:
         for s in [*own, *(s for row in sockets for s in row)]:
             s.close(linger=0)
