@@ -99,10 +99,10 @@ def _synthetic(n_train: int = 12000, n_test: int = 2000) -> tuple[torch.Tensor, 
     padded = F.pad(templates.unsqueeze(1), (3, 3, 3, 3), mode="replicate").squeeze(1)
     n = n_train + n_test
     y = torch.randint(0, 10, (n,), generator=g)
-    rows = torch.randint(0, 7, (n, 1), generator=g) + torch.arange(28)
-    cols = torch.randint(0, 7, (n, 1), generator=g) + torch.arange(28)
-    x = padded[y[:, None, None], rows[:, :, None], cols[:, None, :]]
-    x = (x + 70 * torch.randn(n, 28, 28, generator=g)).round_().clamp_(0, 255)
+    rows = torch.randint(0, 7, (n,), generator=g)
+    cols = torch.randint(0, 7, (n,), generator=g)
+    shifted = padded.unfold(1, 28, 1).unfold(2, 28, 1)  # [10, 7, 7, 28, 28]: every shift of every template, a view
+    x = torch.randn(n, 28, 28, generator=g).mul_(70).add_(shifted[y, rows, cols]).round_().clamp_(0, 255)
     x = x.to(torch.uint8).unsqueeze(1)
     return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 
