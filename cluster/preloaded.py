@@ -152,6 +152,11 @@ class Preloaded:
         self._started = None
         return ForkedProcess(pid, argv, self)
 
+    def start(self, env: dict[str, str]) -> None:
+        """Start the preloading process now rather than at the first `spawn`: from the thread whose end its
+        parent-death signal follows (a fork from a short-lived thread would die with that thread)."""
+        self._running(env)
+
     def _running(self, env: dict[str, str]) -> subprocess.Popen:
         """The preloading process, started (with the children's environment) if there is none or it ended; the
         children of one that ended keep their handles, which then learn of their exit from their pidfds."""

@@ -8,10 +8,14 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +27,8 @@ import zmq
 
 from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line, keys_per_role
 from dynabatch.cluster.metric_text import metric_sum
+from dynabatch.cluster.preloaded import SUPPORTED as PRELOADING
+from dynabatch.cluster.preloaded import Preloaded
 from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
@@ -33,6 +39,25 @@ from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, use_curve
 from dynabatch.common.verified_files import read_verified
 from dynabatch.worker.ps_client import ShardClients
+
+_PRELOADER: list[Preloaded] = []  # this test process's, once started
+
+
+def shared_preloader() -> Preloaded | None:
+    """The preloading process (cluster/preloaded.py) every job this test process starts forks its shards and
+    workers from: torch's import, 2 s of CPU, once per test process instead of once per job (about 60 jobs,
+    two minutes of a suite's CPU). Started from the main thread, whose end its parent-death signal follows;
+    None in any other thread (a launcher there starts its own) and where there is no preloading."""
+    if not PRELOADING or threading.current_thread() is not threading.main_thread():
+        return None
+    if not _PRELOADER:
+        folder = Path(tempfile.mkdtemp(prefix="dynabatch-test-preloader-"))
+        preloaded = Preloaded(folder / "preloader.log")
+        preloaded.start(child_env())
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        atexit.register(preloaded.close)  # the handlers run last in, first out: this one first
+        _PRELOADER.append(preloaded)
+    return _PRELOADER[0]
 
 
 def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bool = False) -> tuple[Path, str]:
@@ -166,7 +191,7 @@ class Cluster:
             self.ctx = zmq.Context()
             use_curve(self.ctx, CurveKeys.load(self.curve_dir, "worker"))
             curve_dirs = keys_per_role(self.curve_dir, self.tmp)
-        self.launcher = Launcher(self.tmp, curve_dirs)
+        self.launcher = Launcher(self.tmp, curve_dirs, shared_preloader=shared_preloader())
 
     @property
     def scheduler_endpoint(self) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.cluster.launcher import child_env
+from dynabatch.cluster.launcher import Launcher, child_env
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
 from harness import free_port, wait_for
 from processes import alive
@@ -60,3 +60,28 @@ def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
     child.kill()  # its pid may be anyone's now: the pidfd keeps the signal from reaching them
     assert again.wait(60) == 2
     preloaded.close()
+
+
+def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_path):
+    """The tests' jobs share their test process's preloader (harness.shared_preloader): one launcher's stop ends its
+    own children, not the preloader nor another launcher's children; a launcher of its own ends its preloader."""
+    shared = Preloaded(tmp_path / "shared.log")
+    shared.start(child_env())
+    first, second = (Launcher(tmp_path / name, shared_preloader=shared) for name in ("first", "second"))
+    own = Launcher(tmp_path / "own")
+    try:
+        children = [launcher.start_worker("w") for launcher in (first, second, own)]  # no scheduler: they wait
+        for child in children:
+            wait_for(f"{child.log_path} to say it waits", lambda c=child: "scheduler" in c.log_text(), 60)
+        parents = [int(Path(f"/proc/{c.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for c in children]
+        assert parents[0] == parents[1] == shared.pid != parents[2] == own.preloaded.pid
+        first.stop_all()
+        assert children[0].proc.poll() is not None and children[1].proc.poll() is None
+        assert alive({shared.pid}), "a launcher does not end a preloader it was lent"
+        own.stop_all()
+        wait_for("a launcher's own preloader to end", lambda: not alive({parents[2]}), 30)
+    finally:
+        for launcher in (first, second, own):
+            launcher.stop_all()
+        shared.close()
+    assert not alive({shared.pid})
