@@ -84,12 +84,14 @@ def _one_bad_message(endpoint: str) -> None:
 
 
 def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
+    """The workers idle most of each step (--slowdowns 4 8): the queries need series, not speed, and the job
+    runs until every query has answered."""
     prometheus_bin = need_tool("prometheus", "apt-get install -y prometheus")
     run_log = (tmp_path / "run.log").open("wb")
     run = subprocess.Popen(
         [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
          "--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--workers", str(WORKERS),
-         "--slowdowns", "1", "2", "--eval-interval-s", "2", "--checkpoint-interval-s", "3", "--job", JOB,
+         "--slowdowns", "4", "8", "--eval-interval-s", "2", "--checkpoint-interval-s", "3", "--job", JOB,
          "--no-plots"],
         stdout=run_log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     prometheus = None
