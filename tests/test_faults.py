@@ -31,7 +31,10 @@ EPOCHS = 3.0
 FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
          "--global-batch", "96", "--shards", "2", "--chunk-bytes", "262144", "--epochs", str(EPOCHS),
          "--await-final-eval"]
-VERSIONS_PER_CHECKPOINT = 50  # shard 1's checkpoint interval, in versions of the clean run: ten times the kill's lead
+# Shard 1's checkpoint interval, in versions of the clean run: 30 times the kill's lead. The faulty job may run under
+# more load than its clean twin did: at 50, beside a second suite, shard 1 checkpointed again between the STATUS that
+# saw it 5 versions past its checkpoint and the kill, and no loss was left to count.
+VERSIONS_PER_CHECKPOINT = 150
 
 
 class Job:
