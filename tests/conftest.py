@@ -1,6 +1,6 @@
 """The suite's order: modules with end-to-end (`slow`) tests first, the quick ones after them.
 
-pytest-xdist (`--dist loadscope`) hands whole modules to its two test processes
+pytest-xdist (`--dist loadscope`) hands whole modules to its test processes
 in collection order, alphabetical by file. A long module drawn late kept one
 process busy alone at the end: beside a second copy of the suite, the fuzz (over
 a minute) started at 97% and was the last test of the run. Started first, the
