@@ -55,6 +55,12 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda f: f.write(text.encode()))
 
 
+def out_of_descriptors(exc: OSError) -> bool:
+    """The write failed for want of a file descriptor: for a server, a moment of a connection flood (ZeroMQ
+    accepts connections before its caps close the refused ones), not a broken disk; the next save may pass."""
+    return exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
 def no_space_left(path: Path) -> bool:
     """The file system holding `path` has no block left for an unprivileged writer."""
     try:

@@ -38,6 +38,7 @@ import torch
 import zmq
 from prometheus_client import CollectorRegistry, Counter
 
+from dynabatch.common.atomic_file import out_of_descriptors
 from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
@@ -695,8 +696,15 @@ class ShardServer:
                         self.guard.problem or "workers' losses are diverging", self.good_version)
             return
         buffers = self.buffers.named() if self.buffers is not None else {}  # {name: tensor}, as export reads them
-        served.save_checkpoint({**self.model.snapshot(), **self.training.checkpoint_fields(), "buffers": buffers,
-                                "replay_marks": self.replays.saved(), "rollbacks": self.rollbacks})
+        try:
+            served.save_checkpoint({**self.model.snapshot(), **self.training.checkpoint_fields(), "buffers": buffers,
+                                    "replay_marks": self.replays.saved(), "rollbacks": self.rollbacks})
+        except OSError as exc:
+            if not out_of_descriptors(exc):
+                raise
+            log.warning("checkpoint of version %d not written: %s; the one at version %d stays",
+                        self.model.version, exc.strerror, self.good_version)
+            return
         self.good_version = self.model.version
         served.metrics.checkpoints.inc()
         log.info("checkpoint at version %d written to %s", self.model.version, served.checkpoint_path)

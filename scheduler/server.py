@@ -14,6 +14,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dynabatch.common.atomic_file import out_of_descriptors
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
@@ -179,7 +180,14 @@ class SchedulerServer:
         new_eval = self.state.evaluations.eval is not self._saved_eval
         if self.progress_path is None or not (force or now >= self._next_save or new_eval):
             return
-        save_progress(self.progress_path, self.state.saved(now, read_clock()))
+        try:
+            save_progress(self.progress_path, self.state.saved(now, read_clock()))
+        except OSError as exc:
+            if not out_of_descriptors(exc):
+                raise
+            log.warning("progress not saved: %s; trying again in %.0f s", exc.strerror, SAVE_EVERY_S)
+            self._next_save = now + SAVE_EVERY_S
+            return
         self._saved_eval = self.state.evaluations.eval
         self._next_save = now + SAVE_EVERY_S
 
