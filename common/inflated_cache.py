@@ -16,13 +16,14 @@ as dataset_files is.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import mmap
 import os
 import sys
 import zlib
 from pathlib import Path
+
+from dynabatch.common.atomic_file import write_atomic
 
 
 def inflated(path: Path, cache: Path) -> bytes | mmap.mmap:
@@ -65,15 +66,10 @@ def _mapped(cached: Path, crc: int, size: int) -> mmap.mmap | None:
 
 
 def _store(cached: Path, raw: bytes) -> None:
-    """Write `raw` to `cached` whole or not at all (a private file renamed into place, as two processes on
-    one host may both be writing it)."""
-    part = cached.with_name(f"{cached.name}.{os.getpid()}.part")
+    """Write `raw` to `cached` whole or not at all (`write_atomic`: two processes on one host may both be
+    writing it); a cache that cannot be written is said once on stderr and left alone."""
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        part.write_bytes(raw)
-        part.replace(cached)
+        write_atomic(cached, lambda f: f.write(raw))
     except OSError as exc:
         print(f"dynabatch: not caching the inflated {cached.name} ({exc.strerror or exc}); "
               "each start inflates it again", file=sys.stderr)
-        with contextlib.suppress(OSError):
-            part.unlink(missing_ok=True)

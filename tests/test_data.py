@@ -156,7 +156,7 @@ def test_a_cache_that_cannot_be_written_costs_only_the_inflating(
     (no_default_dirs / "inflated").write_text("a file where the cache's folder would be")
     assert np.array_equal(read_idx(source).numpy(), arr)
     assert "not caching the inflated c-idx3-ubyte" in capsys.readouterr().err
-    assert not list(tmp_path.glob("**/*.part"))
+    assert not list(tmp_path.glob("**/*.tmp"))
 
 
 # ---------------------------------------------------------------- finding datasets
