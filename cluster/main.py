@@ -1,7 +1,8 @@
 """`dynabatch run`: a whole job on this machine, with live progress and a run folder.
 
 Its defaults are the main job: Fashion-MNIST, the CNN, three workers slowed
-down 1x, 2x and 4x, asgd with dynamic batches (DBS-SGD). With --curve-dir (keys
+down 1x, 2x and 4x, asgd with fixed batches (B/n each; --batch-policy dynamic
+makes it DBS-SGD). With --curve-dir (keys
 from `dynabatch keys`) every process, and this command's own link to the
 scheduler, uses those keys; the run makes no keys itself.
 """
@@ -27,6 +28,7 @@ from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.progress import format_progress, format_rollback
 from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 from dynabatch.cluster.restart_policy import CONFIG_ERROR_EXIT, after_exit
+from dynabatch.cluster.worker_labels import emulated, label
 from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
@@ -341,7 +343,8 @@ class JobRun:
 
 
 def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
-    """The end-of-run lines: accuracy, speed, and each worker's share."""
+    """The end-of-run lines: accuracy, speed, and each worker's share (by its name and slowdown, then the
+    scheduler's id for it, in summary.json's order)."""
     if "error" in summary:
         return f"no result: {summary['error']} (logs in {run_dir / 'logs'})"
     acc, metrics = summary["final_test_acc"], summary.get("final_metrics") or {}
@@ -359,9 +362,11 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",
     ]
+    show_slowdown = emulated(w["slowdown"] for w in summary["workers"].values())
     for wid, w in summary["workers"].items():
         step, data = w["mean_step_s_after_warmup"], w["mean_data_s_after_warmup"]
-        lines.append(f"  {wid} {w['name']:<16} batch {w['final_batch']:>4}"
+        name = label(w["name"], w["slowdown"], show_slowdown)
+        lines.append(f"  {name:<16} id {wid:<4} batch {w['final_batch']:>4}"
                      f"  step {1000 * step if step else float('nan'):7.1f} ms"
                      f" (data {1000 * data if data is not None else float('nan'):5.1f} ms)"
                      f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"

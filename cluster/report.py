@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from dynabatch.cluster.metric_target import MetricTarget
+from dynabatch.cluster.worker_labels import order_key
 from dynabatch.common import staleness
 from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.messages import JobStatus
 from dynabatch.common.wire import decode_map
 
 ACCURACY_MARKS = (0.85, 0.88)
-WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "samples")
+WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "samples",
+                  "name", "slowdown")
 
 
 @dataclass
@@ -49,7 +51,7 @@ def write_timeline(run_dir: Path, timeline: list[Snapshot]) -> None:
         head = [round(s.t, 3), s.epoch, s.samples, s.loss, s.test_acc, s.test_loss]
         if not s.workers:
             w.writerow(head + [""] * (1 + len(WORKER_COLUMNS)))
-        for wid, info in sorted(s.workers.items()):
+        for wid, info in sorted(s.workers.items(), key=lambda item: order_key(item[1].name, item[0])):
             w.writerow(head + [wid] + [getattr(info, c) for c in WORKER_COLUMNS])
     write_text_atomic(run_dir / "timeline.csv", table.getvalue())
 
@@ -65,7 +67,8 @@ def read_timeline(path: Path) -> list[JobStatus]:
 
 def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
               target: MetricTarget | None = None) -> dict[str, Any]:
-    """Final metrics, time to `target` and to the accuracy marks, throughput, and per-worker batch, step time and speed.
+    """Final metrics, time to `target` and to the accuracy marks, throughput, and per-worker batch, step time and speed
+    (the workers in cluster/worker_labels.py's order).
 
     Two yardsticks for throughput: the standalone speeds the workers probed at
     start-up, and their compute-only speeds during the run (samples over seconds
@@ -89,7 +92,8 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
     at_stop = (before_stop[-1] if before_stop else last).workers
     warm_t = start_t + warmup_fraction * (last.t - start_t)
     workers: dict[str, Any] = {}
-    for wid in sorted({w for s in timeline for w in s.workers}):
+    names = {wid: s.workers[wid].name for s in timeline for wid in s.workers}
+    for wid in sorted(names, key=lambda w: order_key(names[w], w)):
         seen = [s for s in timeline if wid in s.workers]
         first = next((s for s in seen if s.t >= warm_t), seen[0]).workers[wid]
         final = seen[-1].workers[wid]
@@ -101,6 +105,7 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         mean_data = (final.data_s_total - first.data_s_total) / steps if steps > 0 else None
         workers[wid] = {
             "name": final.name,
+            "slowdown": final.slowdown,
             "final_batch": settled.batch,
             "max_batch": final.max_batch,
             "mean_step_s_after_warmup": mean_step,

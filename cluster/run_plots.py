@@ -12,7 +12,7 @@ moment training began marked:
   each point with the model version it evaluated.
 - `workers.png`: per worker, its batch (with its upper bound), its samples/s and
   its mean step time between two snapshots. Dynamic batching works when the step
-  times meet; a worker's legend gives its name, slowdown and batch bound.
+  times meet; a worker's legend gives its name and slowdown as the console does, and its batch bound.
 
 The title names the run folder, the model (or task), the workers and the
 protocol, read from the run's config.json where there is one.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
@@ -31,8 +30,9 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from dynabatch.cluster.report import evaluations, training_start
+from dynabatch.cluster.worker_labels import emulated, label, order_key
 from dynabatch.common.atomic_file import write_atomic
-from dynabatch.common.messages import JobStatus
+from dynabatch.common.messages import JobStatus, WorkerStatus
 
 X_LABEL = "seconds since the job's scheduler started"
 NAN = float("nan")
@@ -76,18 +76,12 @@ def run_title(name: str, config: dict[str, Any], timeline: list[JobStatus]) -> s
     return f"{name}: {model}, {shape}, {last.protocol} + {last.batch_policy} batches"
 
 
-def worker_label(name: str, max_batch: int, config: dict[str, Any]) -> str:
-    """`worker1: slowdown 2, batch <= 64`: a worker started by `dynabatch run` as workerI has the I-th slowdown."""
-    run, job = config.get("run", {}), config.get("job", {})
-    parts = []
-    index = re.fullmatch(r"worker(\d+)", name)
-    slowdowns = run.get("slowdowns") or []
-    if index and slowdowns:
-        i = int(index.group(1))
-        parts.append(f"slowdown {slowdowns[0] if len(slowdowns) == 1 else slowdowns[min(i, len(slowdowns) - 1)]}")
-    bound = batch_bound(max_batch, job.get("max_batch", 0))
-    parts.append(f"batch <= {bound}" if bound else "no batch bound")
-    return f"{name}: {', '.join(parts)}"
+def legend_label(worker: WorkerStatus, show_slowdown: bool, job_max_batch: int) -> str:
+    """`worker1(2x): batch <= 64`: its name and slowdown as the console shows them (cluster/worker_labels.py),
+    and the largest batch it can get."""
+    bound = batch_bound(worker.max_batch, job_max_batch)
+    return f"{label(worker.name, worker.slowdown, show_slowdown)}: " + (f"batch <= {bound}" if bound
+                                                                       else "no batch bound")
 
 
 def batch_bound(own: int, job: int) -> int:
@@ -164,20 +158,21 @@ def _draw_workers(timeline: list[JobStatus], config: dict[str, Any]) -> Figure:
     fig = Figure(figsize=(16.5, 4.6))
     batch_ax, speed_ax, step_ax = fig.subplots(1, 3)
     job_bound = config.get("job", {}).get("max_batch", 0)
-    names = {wid: s.workers[wid].name for s in timeline for wid in s.workers}
-    for wid in sorted(names, key=lambda w: (names[w], w)):  # by name: worker0, worker1, ... in legend order
+    finals = {wid: s.workers[wid] for s in timeline for wid in s.workers}  # each worker as last seen
+    show_slowdown = emulated(w.slowdown for w in finals.values())
+    for wid in sorted(finals, key=lambda w: order_key(finals[w].name, w)):
         seen = [s for s in timeline if wid in s.workers]
-        final = seen[-1].workers[wid]
-        label = worker_label(final.name, final.max_batch, config)
+        final = finals[wid]
+        legend = legend_label(final, show_slowdown, job_bound)
         t = [s.t for s in seen]
-        line = batch_ax.step(t, [s.workers[wid].batch for s in seen], where="post", label=label)[0]
+        line = batch_ax.step(t, [s.workers[wid].batch for s in seen], where="post", label=legend)[0]
         bound = batch_bound(final.max_batch, 0)  # the job's bound, common to all, is drawn once below
         if bound:
             batch_ax.axhline(bound, color=line.get_color(), linestyle="--", linewidth=1)
         speed_ax.plot(t, [s.workers[wid].samples_per_s for s in seen], ".-", markersize=3, color=line.get_color(),
-                      label=label)
+                      label=legend)
         step_t, step_s = step_times(timeline, wid)
-        step_ax.plot(step_t, [1000 * s for s in step_s], ".-", markersize=4, color=line.get_color(), label=label)
+        step_ax.plot(step_t, [1000 * s for s in step_s], ".-", markersize=4, color=line.get_color(), label=legend)
     if job_bound and any(s.workers and max(w.batch for w in s.workers.values()) > job_bound / 2 for s in timeline):
         batch_ax.axhline(job_bound, color="grey", linestyle="--", linewidth=1, label=f"job's --max-batch {job_bound}")
     batch_ax.set_ylabel("batch size (dashed: its bound)")

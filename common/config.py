@@ -55,8 +55,9 @@ class JobConfig(JobName):
     shards: int = opt(1, "number of parameter-server shards", minimum=1, topic="cluster")
     max_workers: int = opt(256, "admit at most this many workers and evaluators at once (a flood of HELLOs "
                                 "cannot register thousands of members)", minimum=1, topic="security")
-    min_workers: int = opt(1, "hand out batches only once this many workers have joined (then keep going with fewer)",
-                           minimum=1, topic="cluster")
+    min_workers: int = opt(1, "hand out batches only once this many workers have joined (then keep going with "
+                           "fewer); dynabatch run raises 1 to its --workers, so that every worker starts on the same "
+                           "model", minimum=1, topic="cluster")
     global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1, topic="protocol")
     min_batch: int = opt(8, "smallest per-worker batch", minimum=1, topic="protocol")
     max_batch: int = opt(1024, "largest per-worker batch", minimum=1, topic="protocol")
@@ -145,8 +146,9 @@ class JobConfig(JobName):
     outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0,
                                 topic="protocol")
     outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum", topic="protocol")
-    round_timeout_s: float = opt(10.0, "ssgd: close a round without workers that have not pushed by then", minimum=0.1,
-                                 topic="protocol")
+    round_timeout_s: float = opt(10.0, "round protocols (ssgd, softsync, rennala, local, msd): close a round with what "
+                                 "arrived once it has waited this long for workers that have not pushed; a pull held "
+                                 "back (ssp, rennala) is answered after twice this", minimum=0.1, topic="protocol")
     eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1,
                                  topic="observability")
     await_final_eval: bool = opt(

@@ -22,7 +22,10 @@ class Hello:
     was slow, or HELLOs queued while the scheduler was down) gets the same WELCOME
     again instead of registering a ghost member that a round would wait for.
     `max_batch` is a worker's own largest batch (its memory, `--max-batch`; 0:
-    no limit of its own): the scheduler never assigns it more.
+    no limit of its own): the scheduler never assigns it more. `slowdown` is a
+    worker's emulated slowdown (`--slowdown`, common/slowdown.py's text; "": none
+    reported), which STATUS shows beside its name so that a reader can tell the
+    workers of an emulated cluster apart.
     """
 
     TYPE: ClassVar[str] = "HELLO"
@@ -34,6 +37,7 @@ class Hello:
     name: str = ""
     instance: str = ""
     max_batch: int = 0
+    slowdown: str = ""
 
 
 @dataclass
@@ -281,7 +285,8 @@ class WorkerStatus:
     The totals (`step_s_total` and `data_s_total` over `observed_steps`,
     `observed_samples` over `compute_s_total`) let a reader average over any
     stretch of the run from two snapshots, however often it sampled. `max_batch`
-    is the worker's own largest batch from its HELLO (0: none).
+    is the worker's own largest batch from its HELLO (0: none), `slowdown` its
+    emulated slowdown from its HELLO ("": none reported).
     """
 
     role: str = "worker"
@@ -310,6 +315,7 @@ class WorkerStatus:
     endpoint: str = ""
     data_s_total: float = 0.0
     max_batch: int = 0
+    slowdown: str = ""
 
 
 @dataclass

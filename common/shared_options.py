@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dynabatch.common.config import JobName
 from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import ConfigError, opt, validate_fields
+from dynabatch.common.member_name import name_problem
 from dynabatch.common.metrics import ON_FINISH
 from dynabatch.common.task_spec import split_task_spec
 from dynabatch.task_error import TaskError
@@ -70,6 +71,9 @@ class MemberOptions(JobName):
     def validate(self) -> None:
         validate_fields(self)
         check_endpoint("--scheduler", self.scheduler)
+        problem = name_problem(self.name)
+        if problem:
+            raise ConfigError(f"--name: {problem}")
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+MAX_SLOWDOWN_CHARS = 64  # a schedule's text as HELLO may carry it
 _ITEM = re.compile(r"^\s*(?P<factor>\d+(?:\.\d+)?)x?\s*(?:@\s*(?P<at>\d+(?:\.\d+)?)\s*s?)?\s*$")
 
 
@@ -41,6 +42,10 @@ class Slowdown:
         if phases[0][0] != 0.0:
             phases.insert(0, (0.0, 1.0))
         return cls(tuple(phases))
+
+    def label(self) -> str:
+        """The schedule as one short text, as STATUS and the console show it: `2x`, `1x,4x@60s`."""
+        return ",".join(f"{factor:g}x" + (f"@{at:g}s" if at else "") for at, factor in self.phases)
 
     def factor(self, elapsed_s: float) -> float:
         """The factor in force `elapsed_s` seconds after the worker started."""

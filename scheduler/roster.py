@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.member_name import name_problem
 from dynabatch.common.messages import Heartbeat, Hello, WorkerStatus
+from dynabatch.common.slowdown import MAX_SLOWDOWN_CHARS, Slowdown
 from dynabatch.common.wire import ProtocolError
 
 DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
@@ -58,6 +60,7 @@ class Member:
     connection: bytes = b""  # the ROUTER routing id of the connection that registered it
     instance: str = ""
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
+    slowdown: str = ""  # the worker's emulated slowdown (HELLO), as Slowdown.label writes it; "": none reported
 
     @property
     def progress_since(self) -> float:
@@ -84,7 +87,7 @@ class Member:
             step_s_total=self.step_s_total, observed_steps=self.observed_steps,
             compute_s_total=self.compute_s_total, observed_samples=self.observed_samples,
             version=hb.version, updates=hb.updates, endpoint=self.endpoint,
-            data_s_total=self.data_s_total, max_batch=self.max_batch,
+            data_s_total=self.data_s_total, max_batch=self.max_batch, slowdown=self.slowdown,
         )
 
 
@@ -106,6 +109,18 @@ def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: f
     return max(liveness_timeout_s, by_steps)
 
 
+def slowdown_label(text: str) -> str:
+    """HELLO.slowdown as STATUS shows it ("" stays ""); ProtocolError unless it is a slowdown schedule."""
+    if not text:
+        return ""
+    if len(text) > MAX_SLOWDOWN_CHARS:
+        raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.slowdown is longer than {MAX_SLOWDOWN_CHARS} characters")
+    try:
+        return Slowdown.parse(text).label()
+    except ValueError as exc:
+        raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.slowdown: {exc}") from None
+
+
 class Roster:
     """Membership: who is in the job, over which connection, since when, and which membership number it is at."""
 
@@ -125,6 +140,10 @@ class Roster:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
         if len(hello.instance) > MAX_INSTANCE_CHARS:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
+        problem = name_problem(hello.name)
+        if problem:
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.name: {problem}")
+        slowdown_label(hello.slowdown)
         if hello.max_batch < 0:
             raise ProtocolError(ErrorCode.BAD_FIELD,
                                 f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
@@ -164,7 +183,7 @@ class Roster:
             self.next_id[hello.role] += 1
         member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
                         endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance,
-                        max_batch=hello.max_batch)
+                        max_batch=hello.max_batch, slowdown=slowdown_label(hello.slowdown))
         self.members[member_id] = member
         if hello.instance:
             self.instances[hello.instance] = member_id

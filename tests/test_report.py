@@ -101,6 +101,7 @@ WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
     "push_s", "wait_s", "samples_per_s", "standalone_sps", "loss", "step_s_total", "observed_steps",
     "compute_s_total", "observed_samples", "version", "updates", "endpoint", "data_s", "data_s_total", "max_batch",
+    "slowdown",
 }
 
 
@@ -109,7 +110,7 @@ def _scheduler_status() -> JobStatus:
     state = JobState(JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000,
                      now=0.0)
     shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
-    wid = state.hello(Hello(role="worker", name="a"), 0.0).id
+    wid = state.hello(Hello(role="worker", name="a", slowdown="2"), 0.0).id
     state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
     state.heartbeat(shard, Heartbeat(membership=state.roster.membership), 0.0)  # every shard holds it: its share,
     state.heartbeat(shard, Heartbeat(membership=state.roster.membership,  # bounded by every shard: it holds it
@@ -126,6 +127,7 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
     assert entry["wall_t"] == 1.5
     (worker,) = entry["workers"].values()
     assert worker.keys() == WORKER_KEYS and worker["name"] == "a" and worker["batch"] == 96
+    assert worker["slowdown"] == "2x", "STATUS gives the slowdown the worker's HELLO reported"
     assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": "",
                                     "discarded": 0, "model_problem": "", "good_version": -1}
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}

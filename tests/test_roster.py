@@ -63,6 +63,23 @@ def test_hello_fields_that_cannot_be_are_refused():
     roster.check_hello(Hello(role="worker", instance="x" * 64, max_batch=8))
 
 
+@pytest.mark.parametrize("hello", [Hello(role="worker", name="n" * 129), Hello(role="worker", name="a\x1b[2Jb"),
+                                   Hello(role="worker", name=" padded"), Hello(role="worker", slowdown="fast"),
+                                   Hello(role="worker", slowdown="0.5x"),
+                                   Hello(role="worker", slowdown=",".join(f"2x@{i}s" for i in range(1, 20)))])
+def test_a_name_or_slowdown_that_stdout_or_status_could_not_show_is_refused(hello):
+    """Both reach every STATUS reply and the console's progress line: bounded, printable, a slowdown schedule."""
+    _refused("bad_field", lambda: _roster().check_hello(hello))
+
+
+def test_status_shows_each_workers_name_and_slowdown_as_the_scheduler_reads_it():
+    roster = _roster()
+    w = roster.register(Hello(role="worker", name="n" * 128, slowdown="4"), 0.0, b"", lambda: None)
+    plain = roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
+    assert (w.public(8).name, w.public(8).slowdown) == ("n" * 128, "4x")
+    assert (plain.public(8).name, plain.public(8).slowdown) == (plain.id, ""), "no slowdown reported: none shown"
+
+
 def test_a_member_is_bound_to_its_connection_and_a_process_rebinds_by_its_instance():
     roster = _roster()
     w = roster.register(Hello(role="worker", instance="proc-1"), 0.0, b"conn-1", lambda: None)

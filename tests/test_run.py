@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -76,6 +77,23 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
     assert (run / "checkpoints" / "shard-0.pt").exists()
     assert (run / "state" / "scheduler-dynabatch.json").exists(), "the scheduler saved the job's progress"
     assert (run / "logs" / "scheduler.log").exists()
+
+
+def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_given(tmp_path):
+    """The scheduler's ids number workers as they join (w0 need not be worker0); the progress line, the final
+    table, summary.json and STATUS name each by its name and slowdown, in the order of --slowdowns."""
+    run, printed = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "0.5",
+                           "--slowdowns", "2", "1", "4", "--progress-s", "0.1", "--status-s", "0.1")
+    given = ["worker0(2x)", "worker1(1x)", "worker2(4x)"]
+    listed = [re.findall(r"(\S+) b=\d+", line.split(" | ", 1)[1]) for line in printed.splitlines() if " | " in line]
+    assert given in listed, printed  # all three live between the last one's HELLO and the first one's BYE
+    assert all(names == [g for g in given if g in names] for names in listed), printed
+    assert [line.split()[0] for line in printed.splitlines() if " id w" in line] == given, printed
+    summary = json.loads((run / "summary.json").read_text())
+    assert [f"{w['name']}({w['slowdown']})" for w in summary["workers"].values()] == given
+    shown = {f"{w['name']}({w['slowdown']})" for snap in json.loads((run / "timeline.json").read_text())
+             for w in snap["workers"].values()}
+    assert shown == set(given), "every STATUS gives each worker the slowdown it was launched with"
 
 
 @pytest.mark.data

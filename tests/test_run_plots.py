@@ -6,7 +6,7 @@ import json
 import math
 
 from dynabatch.cluster.report import plot
-from dynabatch.cluster.run_plots import batch_bound, metric_axes, run_title, step_times, worker_label
+from dynabatch.cluster.run_plots import batch_bound, legend_label, metric_axes, run_title, step_times
 from dynabatch.common.messages import JobStatus, WorkerStatus
 
 CONFIG = {"run": {"slowdowns": ["1", "2", "4"], "task": ""}, "job": {"model": "cnn", "dataset": "fashion-mnist",
@@ -28,10 +28,11 @@ def test_the_title_names_the_run_the_model_the_workers_and_the_protocol():
     assert "my_task.py:task" in run_title("exp1", with_task, [_status(1.0, 0, 0.0)])
 
 
-def test_a_workers_legend_gives_its_slowdown_and_its_batch_bound():
-    assert worker_label("worker2", 0, CONFIG) == "worker2: slowdown 4, batch <= 1024"
-    assert worker_label("worker1", 64, CONFIG) == "worker1: slowdown 2, batch <= 64"
-    assert worker_label("gpu-a", 0, {}) == "gpu-a: no batch bound"  # started by hand: no slowdown known
+def test_a_workers_legend_gives_its_name_and_slowdown_as_the_console_does_and_its_batch_bound():
+    assert legend_label(WorkerStatus(name="worker2", slowdown="4x"), True, 1024) == "worker2(4x): batch <= 1024"
+    assert legend_label(WorkerStatus(name="worker1", slowdown="2x", max_batch=64), True, 1024) == \
+        "worker1(2x): batch <= 64"
+    assert legend_label(WorkerStatus(name="gpu-a", slowdown="1x"), False, 0) == "gpu-a: no batch bound"
     assert batch_bound(0, 0) == 0 and batch_bound(2048, 1024) == 1024
 
 

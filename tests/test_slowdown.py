@@ -23,3 +23,10 @@ def test_schedule_starting_later_is_normal_speed_before():
 def test_bad_schedules_are_refused_with_the_text(bad):
     with pytest.raises(ValueError, match="slowdown"):
         Slowdown.parse(bad)
+
+
+@pytest.mark.parametrize("text, label", [("1", "1x"), ("2.5x", "2.5x"), ("1x,4x@60s,1x@120s", "1x,4x@60s,1x@120s"),
+                                         ("3x@10s", "1x,3x@10s")])
+def test_the_label_is_the_schedule_as_parse_reads_it(text, label):
+    assert Slowdown.parse(text).label() == label
+    assert Slowdown.parse(label) == Slowdown.parse(text)

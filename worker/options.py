@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from dynabatch.common.flags import ConfigError, opt
 from dynabatch.common.shared_options import MemberOptions, TrainingOptions
-from dynabatch.common.slowdown import Slowdown
+from dynabatch.common.slowdown import MAX_SLOWDOWN_CHARS, Slowdown
 
 # What torch.device accepts of cpu and cuda, read without importing torch (the flags are checked before it loads).
 DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
@@ -32,8 +32,10 @@ class WorkerOptions(MemberOptions, TrainingOptions):
         MemberOptions.validate(self)
         TrainingOptions.validate(self)
         try:
-            Slowdown.parse(self.slowdown)
+            label = Slowdown.parse(self.slowdown).label()
         except ValueError as exc:
             raise ConfigError(f"--slowdown: {exc}") from None
+        if len(label) > MAX_SLOWDOWN_CHARS:  # the scheduler would refuse its HELLO
+            raise ConfigError(f"--slowdown: {label!r} is longer than {MAX_SLOWDOWN_CHARS} characters")
         if not DEVICE.fullmatch(self.device):
             raise ConfigError(f"--device: {self.device!r} is not cpu, cuda or cuda:N")

@@ -23,6 +23,7 @@ from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Hello
 from dynabatch.common.metrics import Health, MetricsServer
 from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.transport import RemoteError, open_context
 from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
 from dynabatch.worker.joined import Joined
@@ -80,8 +81,10 @@ class RoleProcess:
         return joined
 
     def _hello(self) -> Hello:
+        worker = self.role == "worker"
         return Hello(role=self.role, host=socket.gethostname(), metrics_url=self.metrics_server.url(),
-                     name=self.name, max_batch=self.opts.max_batch if self.role == "worker" else 0)
+                     name=self.name, max_batch=self.opts.max_batch if worker else 0,
+                     slowdown=Slowdown.parse(self.opts.slowdown).label() if worker else "")
 
     def register_again(self, joined: Joined) -> bool:
         """The scheduler forgot this process (it restarted, or dropped it): register anew, under a new id.
