@@ -2,9 +2,9 @@
 #
 # One image for every role: the command picks it (`dynabatch scheduler|ps|worker|run`).
 #
-#   CPU (default):  make image        (docker build -t dynabatch:0.1.0 .)
+#   CPU (default):  make image        (docker build -t localhost/dynabatch:0.1.0 .)
 #   GPU:            make image-gpu    (docker build --build-arg TORCH_VARIANT=cuda
-#                                       --build-arg TORCH_INDEX_URL=https://pypi.org/simple -t dynabatch:0.1.0-gpu .)
+#                                       --build-arg TORCH_INDEX_URL=https://pypi.org/simple -t localhost/dynabatch:0.1.0-gpu .)
 #
 # Every package comes from the lock files (lock/VARIANT/, made by scripts/lock-image.sh
 # from pyproject.toml and constraints-cpu.txt): exact versions, transitive ones included,
@@ -111,5 +111,5 @@ EXPOSE 5555 5600 9100
 # DYNABATCH_METRICS_PORT is set), and Kubernetes ignores HEALTHCHECK; its probes
 # call /healthz and /readyz on the metrics port instead.
 ENTRYPOINT ["dynabatch"]
-# `docker run --rm dynabatch:0.1.0` runs the whole demo job in one container.
+# `docker run --rm localhost/dynabatch:0.1.0` runs the whole demo job in one container.
 CMD ["run"]

@@ -72,9 +72,15 @@ simulate-quick: install
 # The container image (Dockerfile), with docker or podman: not part of `make test` (CI runs only the
 # suite). Each fails loudly if torch in the image is not the build it asked for. Settings (base
 # image by digest, torch's index, a local torch wheel folder, pip's CA) in scripts/image.sh; on a
-# machine without a registry for the base image, `scripts/image-base.sh` makes it first.
-IMAGE ?= dynabatch:0.1.0
-IMAGE_GPU ?= dynabatch:0.1.0-gpu
+# machine without a registry for the base image, `scripts/image-base.sh` makes it first
+# (docs/operators.md, "The image without a registry"). The names are fully qualified, as podman
+# stores them and as the Kubernetes manifests name them: containerd would read a bare
+# `dynabatch:0.1.0` as docker.io/library/dynabatch:0.1.0.
+IMAGE ?= localhost/dynabatch:0.1.0
+IMAGE_GPU ?= localhost/dynabatch:0.1.0-gpu
+ifdef CONTAINERS_CONF
+export CONTAINERS_CONF := $(abspath $(CONTAINERS_CONF))
+endif
 
 image:
 	bash scripts/image.sh cpu $(IMAGE)

@@ -10,17 +10,23 @@
 #                      pinned by digest); without a registry, scripts/image-base.sh makes a local
 #                      one: PYTHON_IMAGE=localhost/dynabatch-base:bookworm
 #   TORCH_INDEX_URL    torch's index (default: PyTorch's CPU index for cpu, PyPI for cuda)
-#   TORCH_WHEELS       a folder holding the locked torch wheel, served to the build as its torch
-#                      index on 127.0.0.1, for a machine that cannot reach PyTorch's index
+#   TORCH_WHEELS       a folder holding the locked torch wheel (lock/VARIANT/torch.txt's version), served
+#                      to the build as its torch index on 127.0.0.1, for a machine that cannot reach
+#                      PyTorch's index
+#   CONTAINERS_CONF    podman's settings; in a sandbox where podman's default runtime (crun) cannot start
+#                      a container, scripts/containers-sandbox.conf (needs Debian's runc); relative or not
+#
+# Without a registry, docs/operators.md ("The image without a registry") gives the steps in order; each
+# missing one stops this script with a line that names it (scripts/container-engine.sh).
 #   PIP_INDEX_URL      the index of everything else (default: pip's configured index, else PyPI)
 #   PIP_CERT           CA bundle pip must trust (a TLS-intercepting proxy's), passed as a build
 #                      secret; default: pip's configured `cert`, if any
 set -euo pipefail
+source "$(dirname "$0")/container-engine.sh"  # before cd: it resolves a relative CONTAINERS_CONF
 cd "$(dirname "$0")/.."
 variant="${1:?usage: scripts/image.sh cpu|cuda TAG}"
 tag="${2:?usage: scripts/image.sh cpu|cuda TAG}"
-engine="${CONTAINER_ENGINE:-$(command -v podman >/dev/null && echo podman || echo docker)}"
-command -v "$engine" >/dev/null || { echo "image: neither podman nor docker is installed" >&2; exit 1; }
+engine="${CONTAINER_ENGINE:-$(default_engine)}"
 pip_config() { python3 -m pip config get "$1" 2>/dev/null || true; }
 case "$variant" in
     cpu) torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" ;;
@@ -36,16 +42,24 @@ args=(--build-arg "TORCH_VARIANT=$variant" --build-arg "PIP_INDEX_URL=$pip_index
 [ -n "$cert" ] && args+=(--secret "id=pip_cert,src=$cert")
 if [ "$engine" = podman ]; then
     # podman builds from what is here, never pulling: the base is local or pulled before, by its digest.
-    if ! podman image exists "$base"; then
+    ready=0
+    engine_ready image podman "$base" || ready=$?
+    if [ "$ready" = 2 ]; then
         echo "image: the base $base is not here: podman pull $base; without a registry," \
              "scripts/image-base.sh, then PYTHON_IMAGE=localhost/dynabatch-base:bookworm make image" >&2
+    fi
+    [ "$ready" = 0 ] || exit 1
+    args+=(--pull=never --format docker)
+else
+    engine_ready image "$engine"  # docker pulls the base itself
+fi
+server="" index=""
+trap '[ -n "$server" ] && kill "$server"; [ -n "$index" ] && rm -rf "$index"' EXIT
+if [ -n "${TORCH_WHEELS:-}" ]; then
+    if ! compgen -G "$TORCH_WHEELS/torch-*.whl" >/dev/null; then
+        echo "image: TORCH_WHEELS=$TORCH_WHEELS holds no torch-*.whl (the version lock/$variant/torch.txt names)" >&2
         exit 1
     fi
-    args+=(--pull=never --format docker)
-fi
-server=""
-trap '[ -n "$server" ] && kill "$server"' EXIT
-if [ -n "${TORCH_WHEELS:-}" ]; then
     # A PEP 503 index of the folder's torch wheels on a free loopback port (the build shares the network).
     index="$(mktemp -d)"; mkdir -p "$index/simple/torch"
     for wheel in "$TORCH_WHEELS"/torch-*.whl; do

@@ -60,6 +60,16 @@ CHECKS: dict[str, tuple[str, str]] = {
     "dynabatch run --curve-dir keys/": (PARSE, ""),
     "dynabatch worker --scheduler tcp://SCHEDULER_HOST:5555 --curve-dir keys/ --threads 4": (PARSE, ""),
     "make image": (MAKE, "scripts/image.sh"),
+    "make image-test": (MAKE, "scripts/image_test.py"),
+    "apt-get install -y podman buildah uidmap fuse-overlayfs mmdebstrap runc":
+        (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
+    "export CONTAINERS_CONF=$PWD/scripts/containers-sandbox.conf":
+        (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
+    "scripts/image-base.sh": (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
+    "export PYTHON_IMAGE=localhost/dynabatch-base:bookworm":
+        (ELSEWHERE, "tests/test_k8s.py::test_a_local_base_is_named_as_local_and_the_build_is_told_its_name"),
+    "export TORCH_WHEELS=$HOME/wheels":
+        (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
     "kubectl create namespace dynabatch": (KUBECTL, "namespace/dynabatch"),
     "kubectl -n dynabatch create secret generic dynabatch-curve --from-file=keys/": (KUBECTL, "secret/dynabatch-curve"),
     "kubectl apply -k k8s/overlays/cpu-demo": (ELSEWHERE, "tests/test_k8s.py::test_renders"),

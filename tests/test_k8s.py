@@ -863,6 +863,70 @@ def test_dockerfile_structure() -> None:
 
 
 
+def test_the_manifests_run_the_images_make_image_builds_by_their_fully_qualified_names() -> None:
+    """podman stores `make image`'s tag as localhost/dynabatch:0.1.0, and a node's containerd would read a bare
+    `dynabatch:0.1.0` as docker.io/library/dynabatch:0.1.0: the Makefile, the manifests and the user's recipe
+    name the same fully qualified image, so an image loaded into kind (or pushed) is the one the pods ask for."""
+    makefile = (ROOT / "Makefile").read_text()
+    built = {var: re.search(rf"^{var} \?= (\S+)$", makefile, re.M) for var in ("IMAGE", "IMAGE_GPU")}
+    assert all(built.values()), built
+    cpu, gpu = (m.group(1) for m in built.values() if m)
+    assert cpu.startswith("localhost/") and gpu.startswith("localhost/"), (cpu, gpu)
+    objs = render("overlays/mixed")
+    assert main_container(named(objs, "Deployment", "worker-gpu"))["image"] == gpu
+    for target in ("overlays/cpu-demo", "overlays/mixed"):
+        images = {c["image"] for w in workloads(render(target)) if kn(w) != "Deployment/worker-gpu"
+                  for c in all_containers(w)}
+        assert images == {cpu}, (target, images)
+    assert f"FROM {cpu}\n" in (ROOT / "k8s" / "README.md").read_text(), "the user's worker image builds on it"
+
+
+IMAGE_STEPS = "### The image without a registry"
+
+
+def test_the_image_steps_name_what_the_scripts_need_in_order() -> None:
+    """docs/operators.md's one section for a machine without a registry: every package a script asks for is in
+    its apt-get line, the settings come before the scripts that read them, and the wheel is the locked one."""
+    text = (ROOT / "docs" / "operators.md").read_text()
+    section = text[text.index(IMAGE_STEPS):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None, f"{IMAGE_STEPS} has no sh block"
+    lines = block.group(1).splitlines()
+    steps = ("apt-get install", "export CONTAINERS_CONF=", "scripts/image-base.sh", "export PYTHON_IMAGE=",
+             "export TORCH_WHEELS=", "make image", "make image-test")
+    assert [next(i for i, line in enumerate(lines) if line.startswith(step)) for step in steps] == \
+        list(range(len(steps))), lines
+    installed = set(lines[0].split()[3:])
+    scripts = ROOT / "scripts"
+    asked = {pkg for name in ("image-base.sh", "container-engine.sh", "image.sh")
+             for install in re.findall(r"apt-get install -y ([a-z0-9 .+-]+)", (scripts / name).read_text())
+             for pkg in install.split()}
+    assert {"runc", "mmdebstrap", "podman"} <= asked <= installed, (asked, installed)
+    conf = lines[1].partition("=")[2].replace("$PWD/", "")
+    assert re.search(r'^runtime = "runc"$', (ROOT / conf).read_text(), re.M), "the sandbox settings run runc"
+    assert "TORCH_WHEELS" in (scripts / "image.sh").read_text()
+    locked = re.search(r"^torch==(\S+)", (ROOT / "lock" / "cpu" / "torch.txt").read_text(), re.M)
+    assert locked is not None and f"torch-{locked.group(1)}-cp311" in section, "the wheel the build installs"
+
+
+@pytest.mark.parametrize("conf, said", [("scripts/containers-sandbox.conf", "CONF=/"),
+                                        ("no/such.conf", "CONTAINERS_CONF=no/such.conf: no such file")])
+def test_the_engine_check_makes_the_containers_conf_absolute_or_names_it_missing(conf: str, said: str) -> None:
+    """podman's build steps read CONTAINERS_CONF from another directory: a relative one is made absolute
+    when scripts/container-engine.sh is sourced, and one that is not there stops the script naming it."""
+    done = subprocess.run(["bash", "-c", 'source scripts/container-engine.sh && echo "CONF=$CONTAINERS_CONF"'],
+                          cwd=ROOT, env={**os.environ, "CONTAINERS_CONF": conf}, capture_output=True, text=True)
+    assert said in done.stdout + done.stderr and (done.returncode == 0) == said.startswith("CONF="), done
+    if done.returncode == 0:
+        assert Path(done.stdout.strip().removeprefix("CONF=")) == ROOT / conf
+
+
+def test_the_engine_check_names_an_engine_that_is_not_installed() -> None:
+    done = subprocess.run(["bash", "-c", 'source scripts/container-engine.sh && engine_ready image no-such-engine'],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and "image: no-such-engine is not installed (apt-get install -y" in done.stderr, done
+
+
 def test_a_local_base_is_named_as_local_and_the_build_is_told_its_name() -> None:
     """scripts/image-base.sh's homemade base cannot match the Dockerfile's digest, so it must not pose as the
     official image: it gets a localhost/ name, and both the script and scripts/image.sh say to build with it."""
