@@ -87,7 +87,7 @@ def parse_workload(spec: str) -> Workload:
 
 def refusal(variant: str, protocol: str) -> str:
     """Why the job's config refuses `variant` under `protocol` ('' when it takes it): the config's own check."""
-    parser = argparse.ArgumentParser(allow_abbrev=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_flags(parser, JobConfig, env={})
     job = from_args(JobConfig, parser.parse_args(["--protocol", protocol, *VARIANTS[variant]]))
     try:

@@ -58,6 +58,7 @@ class Member:
     connection: bytes = b""  # the ROUTER routing id of the connection that registered it
     instance: str = ""
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
+    eval_s: float = 0.0  # an evaluator's evaluation time as its reports' arrivals measure it (progress_watch.py)
 
     @property
     def progress_since(self) -> float:
