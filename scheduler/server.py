@@ -357,8 +357,8 @@ class SchedulerServer:
             where = (f"--state-dir {self.opts.state_dir} holds no progress of job {self.job.job!r}"
                      if self.progress_path else "this scheduler was started without --state-dir")
             log.warning("the shards hold a model at version %d, so job %r was in progress, but %s: its epochs, "
-                        "samples and evaluation count from zero; to resume the job's count, stop this scheduler "
-                        "and start it with --state-dir set to the folder its previous run saved to", max(reported),
+                        "samples and evaluation count from zero here. A scheduler started with --state-dir DIR saves "
+                        "the job's progress there and, started again with the same DIR, resumes it", max(reported),
                         self.job.job, where)
 
     def _export_divergence(self) -> None:
