@@ -55,6 +55,7 @@ class SchedulerLink:
         self.instance = secrets.token_hex(8)  # makes a repeated HELLO of ours harmless (see Hello)
         self.assignment: Assignment | None = None
         self.lost = False
+        self.lost_at: float | None = None  # when an answer said the scheduler does not know us (`lost`)
         self.id = ""
         self._lock = threading.RLock()
         self._last: Heartbeat | None = None  # the last heartbeat sent by this registration
@@ -64,6 +65,7 @@ class SchedulerLink:
         """HELLO until WELCOME; None if asked to stop first. Raises RemoteError if refused for good."""
         hello = replace(hello, instance=self.instance)
         self.conn.sender = hello.name
+        self.lost_at = None  # the main thread has taken it up: it does not hang (worker/pulse.py)
         waited_for = ""
         while not should_stop():
             reason = "unexpected answer to HELLO"
@@ -82,7 +84,7 @@ class SchedulerLink:
                 if reply is not None and isinstance(reply.body, Welcome):
                     self.id = reply.body.id
                     self.conn.sender = self.id
-                    self.lost = False
+                    self.lost, self.lost_at = False, None
                     self._last, self._sent_at = None, 0.0  # a new member: the old counters are not its own
                     if self.contact is not None:
                         self.contact.heard(time.monotonic())
@@ -171,7 +173,8 @@ class SchedulerLink:
             self.assignment = body
         elif isinstance(body, Error):
             if body.code in (ErrorCode.UNKNOWN_SENDER, ErrorCode.BAD_SENDER):  # forgotten, or our connection replaced
-                self.lost = True
+                if not self.lost:
+                    self.lost, self.lost_at = True, time.monotonic()
             else:
                 log.warning("scheduler answered ERROR %s: %s", body.code, body.text)
 

@@ -70,7 +70,8 @@ class RoleProcess:
         self.link.conn.job = job.job
         self.beat.interval_s = job.heartbeat_s
         self.link.watch_contact(self.health, job.liveness_timeout_s)
-        self.pulse = Pulse(self.link, job.heartbeat_s).start()  # loading data and the model can take long
+        # Loading data and the model can take long; a main thread that hangs ends the process (pulse.py).
+        self.pulse = Pulse(self.link, job.heartbeat_s, job.join_timeout_s).start()
         joined = Joined.welcomed(welcome, job, self.opts, self.ctx, self.device, self.beat.repeat)
         initialized = joined.init_shards(self.opts.request_timeout_s)
         # The device is read off the model's parameters, not the flag: the log says where the model really is.
