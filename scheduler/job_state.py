@@ -99,6 +99,7 @@ class JobState:
         job, allocator = self.job, self.allocator
         dead = self.roster.silent(now)
         for m in dead:
+            log.warning("%s stopped sending heartbeats; dropped", m.id)
             self._drop(m, now, "heartbeat timeout")
         stuck = [m for m in self.roster.workers()
                  if allocator.training_started and allocator.batch_of(m.id) > 0
@@ -123,7 +124,7 @@ class JobState:
             if quiet <= allowed:
                 continue
             measured = f"its evaluations take {m.eval_s:.1f} s" if m.progress_at else "before its first evaluation"
-            why = (f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.0f} s (allowed {allowed:.0f} s, "
+            why = (f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.1f} s (allowed {allowed:.1f} s, "
                    f"{measured}) while its heartbeats went on")
             log.warning("%s: dropped; the job's end does not wait for it", why)
             self.end.evaluator_dropped(why)

@@ -176,8 +176,7 @@ class SchedulerServer:
                             now - last_turn)
                 self.state.roster.excuse(now - last_turn)
             last_turn = now
-            for member_id in self.state.expire(now):
-                log.warning("%s stopped sending heartbeats; dropped", member_id)
+            self.state.expire(now)
             if self.state.tick(now):
                 log.warning("no evaluator joined within %.0fs of the job's end; finishing without a final evaluation",
                             self.job.join_timeout_s)
@@ -186,11 +185,12 @@ class SchedulerServer:
                 next_export = now + EXPORT_EVERY_S
             self._save(now)
             self.health.tick()
-            if self.state.finished and self.opts.exit_on_finish:
-                finished_at = finished_at or now
-                shards_gone = not self.state.roster.shards
-                if shards_gone or now - finished_at > self.job.liveness_timeout_s:
+            if self.state.finished:
+                if finished_at is None:
+                    finished_at = now
                     self._log_finish()
+                shards_gone = not self.state.roster.shards
+                if self.opts.exit_on_finish and (shards_gone or now - finished_at > self.job.liveness_timeout_s):
                     break
 
     def _log_finish(self) -> None:
