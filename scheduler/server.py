@@ -155,10 +155,11 @@ class SchedulerServer:
             self._save(time.monotonic(), force=True)
             self.metrics_server.close()
         if self.stopped_by is not None:
-            log.warning("stopped by %s at epoch %.2f, the job %s; %s", self.stopped_by.name,
-                        self.state.progress.epoch, "finished" if self.state.finished else "not finished",
-                        f"its progress is saved in {self.progress_path}" if self.progress_path else
-                        "its progress is not saved (no --state-dir): a scheduler started again counts from zero")
+            finished = self.state.finished
+            log.log(logging.INFO if finished else logging.WARNING, "stopped by %s at epoch %.2f, the job %s; %s",
+                    self.stopped_by.name, self.state.progress.epoch, "finished" if finished else "not finished",
+                    f"its progress is saved in {self.progress_path}" if self.progress_path else
+                    "its progress is not saved (no --state-dir): a scheduler started again counts from zero")
         return 0
 
     def _serve(self) -> None:
@@ -177,9 +178,7 @@ class SchedulerServer:
                 self.state.roster.excuse(now - last_turn)
             last_turn = now
             self.state.expire(now)
-            if self.state.tick(now):
-                log.warning("no evaluator joined within %.0fs of the job's end; finishing without a final evaluation",
-                            self.job.join_timeout_s)
+            self.state.tick(now)  # a final evaluation given up is logged with the job's end (`_log_finish`)
             if now >= next_export:
                 self._export()
                 next_export = now + EXPORT_EVERY_S
