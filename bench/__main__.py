@@ -149,7 +149,7 @@ def write(results: dict[str, Any], out: Path, publish: bool) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     summary, details = __doc__.split("\n\n", 1)
-    p = argparse.ArgumentParser(prog="python -m bench", description=summary,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench", description=summary,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=details)
     p.add_argument("--quick", action="store_true", help="the short mode (under 10 minutes on 2 cores)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default: all)")

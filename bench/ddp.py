@@ -55,7 +55,7 @@ def rank_main(argv: list[str]) -> int:
     from dynabatch.common.data import SampleOrder, load_dataset, make_batch
     from dynabatch.common.models import model_for_job
 
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--init", required=True)

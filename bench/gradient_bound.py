@@ -83,7 +83,8 @@ HEADER = ("| configuration | defences | seed | test acc. at budget | time to 85%
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gradient_bound", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.gradient_bound", description=__doc__.split("\n\n")[0],
+                                 allow_abbrev=False)
     p.add_argument("--configs", nargs="+", default=["asgd+fixed"], metavar="PROTOCOL+POLICY")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--budget-s", type=float, default=60.0)

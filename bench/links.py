@@ -215,7 +215,7 @@ def schedule(policies: list[str], runs: int) -> list[tuple[int, str]]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--fast", type=int, default=2, help="workers behind --fast-rate links")
     p.add_argument("--slow", type=int, default=1, help="workers behind --slow-rate links")
     p.add_argument("--fast-rate", default="1gbit")

@@ -87,7 +87,7 @@ def parse_workload(spec: str) -> Workload:
 
 def refusal(variant: str, protocol: str) -> str:
     """Why the job's config refuses `variant` under `protocol` ('' when it takes it): the config's own check."""
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_flags(parser, JobConfig, env={})
     job = from_args(JobConfig, parser.parse_args(["--protocol", protocol, *VARIANTS[variant]]))
     try:
@@ -185,7 +185,7 @@ def table(runs: list[VariantRun]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", nargs="+", default=[BUILTIN], metavar="cnn|FILE.py:ATTR[@KEY=VALUE,...]")
     p.add_argument("--configs", nargs="+", default=["asgd+dynamic"], metavar="PROTOCOL+POLICY")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))

@@ -111,7 +111,7 @@ class LightWorker:
 
 def driver_main(argv: list[str]) -> None:
     """Run `--workers` light workers until SIGTERM."""
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--driver", action="store_true")
     p.add_argument("--scheduler", required=True)
     p.add_argument("--workers", type=int, required=True)

@@ -607,7 +607,8 @@ def result_of(cluster: Cluster) -> SimResult:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n\n")[0],
+                                 allow_abbrev=False)
     p.add_argument("--protocol", default="asgd")
     p.add_argument("--policy", default="dynamic")
     p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))

@@ -42,7 +42,8 @@ def label(equal_steps: bool | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.simulate_links", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.simulate_links", description=__doc__.split("\n\n")[0],
+                                 allow_abbrev=False)
     p.add_argument("--protocols", nargs="+", default=["asgd"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--budget-s", type=float, default=60.0, help="virtual seconds")

@@ -550,7 +550,7 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(s) for s in DEFAULT_SIZES],
                         metavar="N", help=f"parameter counts of the flat model, e.g. 0.1M 250k 25M "
                                           f"(default: {' '.join(DEFAULT_SIZES)})")

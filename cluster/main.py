@@ -357,6 +357,8 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
           if summary.get("rollbacks") else []),
         _interrupted_line(summary, figures) if summary.get("interrupted")
         else f"finished={summary['finished']}  {figures}",
+        *([f"final evaluation {summary['final_evaluation']}; the accuracy is the last evaluation's"]
+          if summary.get("final_evaluation") else []),
         *_target_lines(summary),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "

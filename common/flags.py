@@ -51,11 +51,14 @@ class FlagParser(argparse.ArgumentParser):
     environment variable).
 
     argparse's own error message starts with the whole usage, 43 lines for `dynabatch run`, which
-    pushed the one line that matters off the screen. Descriptions keep their line breaks.
+    pushed the one line that matters off the screen. Descriptions keep their line breaks. A prefix of a
+    flag is refused, not taken for it: `--epoch 1` would otherwise set `--epochs` without a word, and a
+    later flag sharing the prefix would silently change what an old command line means.
     """
 
     def __init__(self, prog: str, description: str | None = None) -> None:
-        super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                         allow_abbrev=False)
         self.positional_names: list[str] = []
         # Made in TOPICS' order, up front: `--help` shows a group only once it holds a flag.
         self.topic_groups = {topic: self.add_argument_group(title) for topic, title in TOPICS.items()}

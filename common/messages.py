@@ -409,6 +409,7 @@ class JobStatus:
     stopping: bool = False
     finished: bool = False
     final_eval: bool = False
+    final_eval_given_up: str = ""  # why a finished job has no final evaluation where one was awaited ("" if not)
     assignment_id: int = 0
     workers: dict[str, WorkerStatus] = field(default_factory=dict)
     departed: list[str] = field(default_factory=list)

@@ -3,7 +3,8 @@
 Each process owns a CollectorRegistry (not the global default) so that tests
 can run several roles in one interpreter and a role exports only its own
 series. Health is two questions: `/healthz` (is the main loop turning: used
-for liveness) and `/readyz` (has the process joined its job: readiness).
+for liveness) and `/readyz` (has the process joined its job, and does it still
+hear its scheduler: readiness).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ _ANNOUNCED = re.compile(re.escape(ANNOUNCEMENT) + r"http://\S+:(\d+)/metrics$", 
 
 
 class Health:
-    """Liveness from main-loop ticks, readiness set once a process has joined."""
+    """Liveness from main-loop ticks, readiness set once a process has joined and while it hears its scheduler."""
 
     def __init__(self) -> None:
         self._last_tick = time.monotonic()
         self.ready = False
+        self.scheduler_lost = False  # scheduler_contact.py
 
     def tick(self) -> None:
         self._last_tick = time.monotonic()
@@ -96,6 +98,8 @@ class MetricsServer:
             ok = self.health.alive()
             return (200, b"ok\n", text) if ok else (503, b"stalled\n", text)
         if path == "/readyz":
+            if self.health.scheduler_lost:
+                return 503, b"scheduler lost\n", text
             ok = self.health.ready
             return (200, b"ready\n", text) if ok else (503, b"not registered\n", text)
         return 404, b"not found\n", text
@@ -133,6 +137,21 @@ def auth_failures_counter(registry: CollectorRegistry, role: str) -> Counter:
     for reason in REFUSALS.values():
         counter.labels(role, reason)
     return counter
+
+
+def handshake_failures(registry: CollectorRegistry) -> Callable[[str], None]:
+    """The client side of `auth_failures_counter`: this process's handshakes with its scheduler that failed, by
+    curve.REFUSALS reason (a server that refuses a key says nothing: the handshake's failure is all a client sees)."""
+    counter = Counter(
+        "dynabatch_scheduler_handshake_failures",
+        "Handshakes with the scheduler that failed (CURVE keys that do not match its, or CURVE on one side only), "
+        "by reason as dynabatch_auth_failures_total's.",
+        ["reason"],
+        registry=registry,
+    )
+    for reason in REFUSALS.values():
+        counter.labels(reason)
+    return lambda reason: counter.labels(reason).inc()
 
 
 def connection_reports(registry: CollectorRegistry, role: str) -> ConnectionReports:

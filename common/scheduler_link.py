@@ -3,8 +3,10 @@
 Shared by shards, workers and evaluators. Registration retries until the
 scheduler is up and ready (it may start after us, or wait for its shards);
 heartbeats are fire-and-forget and the latest ASSIGNMENT wins. If the
-scheduler goes away the process keeps its last assignment; if it comes back
-without knowing us (restart), `lost` is set and the caller registers again.
+scheduler goes away the process keeps its last assignment, and says so
+(scheduler_contact.py); if it comes back without knowing us (restart), `lost`
+is set and the caller registers again. A scheduler that refuses our keys is
+told apart from an absent one by the handshake's failure (ZeroMQ's monitor).
 
 A worker's liveness thread (worker/pulse.py) sends on the same socket, which
 is why every use of it holds `_lock`: ZeroMQ sockets are not thread-safe, but
@@ -26,6 +28,8 @@ import zmq
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Assignment, Bye, Error, Heartbeat, Hello, Welcome
+from dynabatch.common.metrics import Health
+from dynabatch.common.scheduler_contact import SchedulerContact
 from dynabatch.common.transport import Connection, RemoteError
 
 log = logging.getLogger("dynabatch.link")
@@ -39,12 +43,19 @@ ASK_EVERY_S = 0.05  # between two heartbeats of a process that waits on the sche
 class SchedulerLink:
     """DEALER to the scheduler plus the registration and assignment protocol."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, job: str, name: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, job: str, name: str,
+                 handshake_failed: Callable[[str], None] = lambda reason: None) -> None:
+        """`handshake_failed` is told the reason of each failed handshake (metrics.handshake_failures)."""
         self.conn = Connection(ctx, endpoint, job, name)
-        self.conn.watch_drops()  # a BYE gives up at once on a scheduler whose connection closed (`bye`)
+        self.conn.handshake_failed = handshake_failed
+        # A BYE gives up at once on a scheduler whose connection closed (`bye`); the contact (`watch_contact`)
+        # hears of it; a refused key is told apart from an absent scheduler (`register`).
+        self.conn.watch_drops(handshakes=True)
+        self.contact: SchedulerContact | None = None
         self.instance = secrets.token_hex(8)  # makes a repeated HELLO of ours harmless (see Hello)
         self.assignment: Assignment | None = None
         self.lost = False
+        self.lost_at: float | None = None  # when an answer said the scheduler does not know us (`lost`)
         self.id = ""
         self._lock = threading.RLock()
         self._last: Heartbeat | None = None  # the last heartbeat sent by this registration
@@ -54,6 +65,7 @@ class SchedulerLink:
         """HELLO until WELCOME; None if asked to stop first. Raises RemoteError if refused for good."""
         hello = replace(hello, instance=self.instance)
         self.conn.sender = hello.name
+        self.lost_at = None  # the main thread has taken it up: it does not hang (worker/pulse.py)
         waited_for = ""
         while not should_stop():
             reason = "unexpected answer to HELLO"
@@ -62,7 +74,7 @@ class SchedulerLink:
                     reply = self.conn.request(hello, timeout_s=2.0)
                 except TimeoutError:
                     reply = None
-                    reason = f"no answer from the scheduler at {self.conn.endpoint}"
+                    reason = self._why_unanswered()
                 except RemoteError as exc:
                     if exc.code not in RETRYABLE:
                         raise
@@ -72,8 +84,10 @@ class SchedulerLink:
                 if reply is not None and isinstance(reply.body, Welcome):
                     self.id = reply.body.id
                     self.conn.sender = self.id
-                    self.lost = False
+                    self.lost, self.lost_at = False, None
                     self._last, self._sent_at = None, 0.0  # a new member: the old counters are not its own
+                    if self.contact is not None:
+                        self.contact.heard(time.monotonic())
                     return reply.body
             if reason != waited_for:
                 log.info("waiting: %s", reason)
@@ -81,12 +95,30 @@ class SchedulerLink:
             on_wait()
         return None
 
+    def _why_unanswered(self) -> str:
+        """Why a HELLO went unanswered: the handshake failed (keys), or no scheduler there (or not yet)."""
+        self.conn.note_drops()
+        if self.conn.refused:
+            return (f"the scheduler at {self.conn.endpoint} refuses this process's handshake ({self.conn.refused}): "
+                    "its CURVE keys do not match this process's (--curve-dir: a folder of another `dynabatch keys`, "
+                    "or CURVE on one side only)")
+        return f"no answer from the scheduler at {self.conn.endpoint}"
+
+    def watch_contact(self, health: Health, silence_s: float) -> None:
+        """From now on, say when the scheduler is lost and back (scheduler_contact.py); `silence_s` is the longest a
+        live scheduler leaves heartbeats unanswered."""
+        if self.contact is None:
+            self.contact = SchedulerContact(self.conn.endpoint, health, silence_s, time.monotonic())
+
     def heartbeat(self, hb: Heartbeat) -> Assignment | None:
         """Send `hb` (fire-and-forget); returns the newest assignment, as `poll`."""
         with self._lock:
             self.conn.send(hb)
             self._last, self._sent_at = hb, time.monotonic()
-            return self.poll()
+            assignment = self.poll()
+            if self.contact is not None:
+                self.contact.check(self._sent_at, self.conn.down)
+            return assignment
 
     def repeat_if_quiet(self, interval_s: float) -> bool:
         """Send the last heartbeat again (an empty one if none was sent yet) if none went for `interval_s`;
@@ -135,11 +167,14 @@ class SchedulerLink:
             return self.poll()
 
     def _take(self, body: object) -> None:
+        if self.contact is not None:
+            self.contact.heard(time.monotonic())
         if isinstance(body, Assignment):
             self.assignment = body
         elif isinstance(body, Error):
             if body.code in (ErrorCode.UNKNOWN_SENDER, ErrorCode.BAD_SENDER):  # forgotten, or our connection replaced
-                self.lost = True
+                if not self.lost:
+                    self.lost, self.lost_at = True, time.monotonic()
             else:
                 log.warning("scheduler answered ERROR %s: %s", body.code, body.text)
 

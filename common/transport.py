@@ -12,12 +12,14 @@ no code that opens a connection has to know about keys.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 import resource
 import secrets
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,7 @@ from zmq.utils.monitor import recv_monitor_message
 from dynabatch.common.connection_caps import ConnectionCaps
 from dynabatch.common.connection_watch import ConnectionReports, watch_connections
 from dynabatch.common.curve import (
+    REFUSALS,
     CurveKeys,
     key_role,
     secure_client,
@@ -245,10 +248,12 @@ class Connection:
         self._last_seq = 0
         self.lost_through = 0  # requests up to this seq went out before the link last dropped (`watch_drops`)
         self.down = False  # the link dropped and has not connected again (known only once `watch_drops` is called)
+        self.refused = ""  # why the last handshake failed (curve.REFUSALS), "" after one succeeded (`watch_drops`)
+        self.handshake_failed: Callable[[str], None] = lambda reason: None  # told each failure's reason
 
-    def watch_drops(self) -> zmq.Socket[bytes]:
+    def watch_drops(self, handshakes: bool = False) -> zmq.Socket[bytes]:
         """A socket that turns readable when this connection's link drops or connects again; `note_drops` then
-        moves `lost_through` and sets `down`.
+        moves `lost_through` and sets `down` (and with `handshakes`, `refused`, at the first call).
 
         ZeroMQ reconnects by itself, so a server that stopped or restarted is
         otherwise invisible to a client: a request it had taken is never answered,
@@ -257,16 +262,26 @@ class Connection:
         sent after the drop waits in ZeroMQ's queue for the server to come back.
         """
         if self._drops is None:
-            self._drops = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+            if handshakes:  # a connection that closes at once because the keys do not match, told apart
+                events |= zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, REFUSALS)
+            self._drops = self.sock.get_monitor_socket(events)
         return self._drops
 
     def note_drops(self) -> None:
         """Take the link's events so far: a drop loses every request sent before it, and leaves the link `down`
-        until it connects again."""
+        until it connects again; a failed handshake sets `refused` until one succeeds."""
         while self._drops is not None and self._drops.poll(0):
-            self.down = recv_monitor_message(self._drops)["event"] == zmq.EVENT_DISCONNECTED
-            if self.down:
-                self.lost_through = self._last_seq
+            event = recv_monitor_message(self._drops)["event"]
+            if event in REFUSALS:
+                self.refused = REFUSALS[event]
+                self.handshake_failed(self.refused)
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.refused = ""
+            else:
+                self.down = event == zmq.EVENT_DISCONNECTED
+                if self.down:
+                    self.lost_through = self._last_seq
 
     def send(self, body: Any, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()) -> int:
         """Queue a message; returns its seq, or -1 if the send queue is full (peer gone)."""

@@ -45,7 +45,7 @@ from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Params, Pull, Push, PushAck, Welcome
-from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports
+from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
@@ -151,7 +151,7 @@ class ShardServer:
         self.good_version = -1  # the version of the last checkpoint written (only a healthy model is)
         self.rollbacks = 0  # the number of the last rollback applied (the scheduler's count)
         self.hold_checkpoints = False  # the scheduler sees workers' losses diverging: keep the last checkpoint
-        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
+        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name, handshake_failures(self.registry))
         torch.set_num_threads(opts.threads)
 
     @property
@@ -228,6 +228,7 @@ class ShardServer:
         """Take the job the scheduler welcomed this shard to, and resume its checkpoint if there is one."""
         served = self.served = ServedJob.welcomed(welcome, self.registry, self.opts.checkpoint_dir)
         self.link.conn.job = served.job.job
+        self.link.watch_contact(self.health, served.job.liveness_timeout_s)
         saved = served.load_checkpoint()
         if saved is not None:
             self._create_state(TrainingSetup.from_checkpoint(saved), None)

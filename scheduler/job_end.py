@@ -35,6 +35,7 @@ class JobEnd:
         self.failed = ""  # why the job gave up; a failed job stops as a finished one does
         self.stopped_at: float | None = None
         self.gave_up_on_final_eval = False
+        self.dropped_evaluator = ""  # why the last evaluator dropped for making no progress was (`evaluator_dropped`)
 
     @property
     def stopping(self) -> bool:
@@ -113,6 +114,21 @@ class JobEnd:
             self.gave_up_on_final_eval = True
             return True
         return False
+
+    def evaluator_dropped(self, why: str) -> None:
+        """An evaluator was dropped for making no progress (`why`): a final evaluation it owed is given up."""
+        self.dropped_evaluator = why
+
+    def final_eval_given_up(self, finished: bool, final_eval: bool) -> str:
+        """Why a finished job has no final evaluation although one was awaited: an evaluator that made no progress
+        was dropped, or none joined in time; "" if it has one, was not done, failed, or awaited none."""
+        if not finished or final_eval or self.failed:
+            return ""
+        if self.dropped_evaluator:
+            return self.dropped_evaluator
+        if self.gave_up_on_final_eval:
+            return f"no evaluator joined within {self.job.join_timeout_s:.0f} s of the job's end"
+        return ""
 
     def finished(self, workers_live: bool, evaluators: bool, final_eval: bool) -> bool:
         """Target reached, every worker gone, and the final model evaluated (if anyone evaluates).

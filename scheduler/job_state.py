@@ -36,7 +36,7 @@ from dynabatch.scheduler.evaluations import Evaluations
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.outage_clock import ClockReading, outage_s
 from dynabatch.scheduler.progress import Progress
-from dynabatch.scheduler.progress_watch import stalled
+from dynabatch.scheduler.progress_watch import evaluation_allowed_s, measured_eval_s, stalled
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
 from dynabatch.scheduler.roster import Member, Roster, finite_or_none
@@ -94,11 +94,12 @@ class JobState:
         return True
 
     def expire(self, now: float) -> list[str]:
-        """Drop members whose heartbeats stopped, and workers holding a batch whose steps stopped
-        (progress_watch.py); returns their ids."""
+        """Drop members whose heartbeats stopped, workers holding a batch whose steps stopped and evaluators
+        whose evaluations stopped (progress_watch.py); returns their ids."""
         job, allocator = self.job, self.allocator
         dead = self.roster.silent(now)
         for m in dead:
+            log.warning("%s stopped sending heartbeats; dropped", m.id)
             self._drop(m, now, "heartbeat timeout")
         stuck = [m for m in self.roster.workers()
                  if allocator.training_started and allocator.batch_of(m.id) > 0
@@ -108,8 +109,28 @@ class JobState:
                         "from rounds and from the end of the job; it may register again", m.id, m.name,
                         allocator.batch_of(m.id), now - m.progress_since, m.last.step_s)
             self._drop(m, now, "no progress")
+        wedged = self._wedged_evaluators(now)
         self._latch()
-        return [m.id for m in dead + stuck]
+        return [m.id for m in dead + stuck + wedged]
+
+    def _wedged_evaluators(self, now: float) -> list[Member]:
+        """Drop live evaluators that reported no evaluation for longer than their own evaluations allow: the
+        job's end never waits on one for ever (job_end.py says why it gave its final evaluation up)."""
+        job = self.job
+        wedged = []
+        for m in self.roster.evaluators():
+            allowed = evaluation_allowed_s(m.eval_s, job.eval_interval_s, job.liveness_timeout_s, job.join_timeout_s)
+            quiet = now - (m.progress_at or m.joined)
+            if quiet <= allowed:
+                continue
+            measured = f"its evaluations take {m.eval_s:.1f} s" if m.progress_at else "before its first evaluation"
+            why = (f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.1f} s (allowed {allowed:.1f} s, "
+                   f"{measured}) while its heartbeats went on")
+            log.warning("%s: dropped; the job's end does not wait for it", why)
+            self.end.evaluator_dropped(why)
+            self._drop(m, now, "no progress")
+            wedged.append(m)
+        return wedged
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         if member.role == "ps" and self.roster.shards.get(member.shard_index) is member:
@@ -214,6 +235,9 @@ class JobState:
                                 f"{member_id} is a {member.role}; only an evaluator reports evaluations")
         self.evaluations.check(report, self.progress.newest_possible_version)
         member.last_seen = now
+        member.eval_s = measured_eval_s(member.eval_s, now - (member.progress_at or member.joined),
+                                        self.job.eval_interval_s, first=not member.progress_at)
+        member.progress_at = now
         self.evaluations.keep(report, self.progress.t(now), self.roster.newest_shard_version(),
                               self.rollbacks.rollback_done, self.stopping)
         self._latch()
@@ -316,6 +340,7 @@ class JobState:
             stopping=self.stopping,
             finished=self.finished,
             final_eval=self.evaluations.final_eval,
+            final_eval_given_up=self.end.final_eval_given_up(self.finished, self.evaluations.final_eval),
             assignment_id=allocator.assignment_id,
             workers={m.id: m.public(allocator.batch_of(m.id)) for m in self.roster.workers()},
             departed=sorted(m.id for m in self.roster.members.values() if m.role == "worker" and m.left),

@@ -5,7 +5,8 @@ loading blocks for ever, or whose main thread hangs in user code, stays live: un
 a round protocol every round then waits for it until the round timeout, and a job's
 end waits for its BYE, which never comes. A worker holding a batch that reports no
 new step (nor a skipped one) for longer than its own steps allow is dropped from
-rounds and from the end condition, with the reason logged.
+rounds and from the end condition, with the reason logged. An evaluator is judged
+the same way by its evaluations, since the job's end waits for its final one.
 """
 
 from __future__ import annotations
@@ -32,3 +33,36 @@ def stalled(last_progress: float, now: float, step_s: float, liveness_timeout_s:
     """Whether a worker whose steps last grew at `last_progress` (or that was last given a batch then) has made
     no progress for longer than `progress_allowed_s`."""
     return now - last_progress > progress_allowed_s(step_s, liveness_timeout_s, join_timeout_s)
+
+
+EVAL_ROUNDS = 3
+"""Of its own measured evaluations, how many an evaluator may take over one before it is judged wedged."""
+
+
+def evaluation_allowed_s(eval_s: float, eval_interval_s: float, liveness_timeout_s: float,
+                         join_timeout_s: float) -> float:
+    """Seconds an evaluator may go without reporting an evaluation.
+
+    Its heartbeat thread keeps it live while its main thread hangs (loading the test set, a user's metric), and a
+    job's end waits for its final evaluation: without this bound, for ever. Before its first evaluation is
+    measured (`eval_s` 0), the join timeout bounds loading the task, its data and its model, as for a worker's
+    first step; after it, its interval plus EVAL_ROUNDS of its own measured evaluation, at least
+    PROGRESS_FLOOR_FACTOR liveness timeouts (a shard restarting meanwhile) and at most the join timeout.
+    """
+    floor = PROGRESS_FLOOR_FACTOR * liveness_timeout_s
+    if eval_s <= 0:
+        return max(floor, join_timeout_s)
+    return eval_interval_s + max(floor, min(EVAL_ROUNDS * eval_s, join_timeout_s))
+
+
+def measured_eval_s(previous_s: float, since_last_s: float, eval_interval_s: float, first: bool) -> float:
+    """An evaluator's evaluation time, measured by the scheduler from when its reports arrive.
+
+    The first report comes `since_last_s` after its WELCOME: loading and one evaluation, an upper bound of an
+    evaluation. A later one comes an interval after the previous report plus the evaluation itself; one that came
+    sooner (a skipped evaluation retried, the final one called early) measures nothing and keeps `previous_s`.
+    """
+    if first:
+        return since_last_s
+    took = since_last_s - eval_interval_s
+    return took if took > 0 else previous_s

@@ -61,6 +61,7 @@ class Member:
     instance: str = ""
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
     slowdown: str = ""  # the worker's emulated slowdown (HELLO), as Slowdown.label writes it; "": none reported
+    eval_s: float = 0.0  # an evaluator's evaluation time as its reports' arrivals measure it (progress_watch.py)
 
     @property
     def progress_since(self) -> float:

@@ -40,6 +40,7 @@ from dynabatch.scheduler.hello_rate import HelloRate
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.scheduler.outage_clock import read_clock
+from dynabatch.scheduler.progress_log import ProgressLog
 from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
 
 log = logging.getLogger("dynabatch.scheduler")
@@ -115,6 +116,7 @@ class SchedulerServer:
                      saved.next_id.get("worker", 0))
         self._saved_eval = self.state.evaluations.eval
         self._next_save = 0.0
+        self._start_checked = saved is not None  # a fresh count is checked against the shards' first versions
         self.registry = CollectorRegistry()
         self.health = Health()
         self.health.ready = True
@@ -133,12 +135,34 @@ class SchedulerServer:
         self._metric_names_full = False
         self._rollbacks_seen = 0
         self._failure_logged = False
+        self.progress_log = ProgressLog(opts.log_every_s)
+        self.stopped_by: signal.Signals | None = None
 
     def run(self) -> int:
+        """Serve the job until it has finished (or a signal stops it); the end is logged, however it comes."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         ADDRESS_LOG.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint,
                          self.metrics_server.url())
+        try:
+            self._serve()
+        except Exception as exc:
+            log.critical("the scheduler failed at epoch %.2f: %s: %s", self.state.progress.epoch,
+                         type(exc).__name__, exc)
+            raise
+        finally:
+            self._export()
+            self._save(time.monotonic(), force=True)
+            self.metrics_server.close()
+        if self.stopped_by is not None:
+            finished = self.state.finished
+            log.log(logging.INFO if finished else logging.WARNING, "stopped by %s at epoch %.2f, the job %s; %s",
+                    self.stopped_by.name, self.state.progress.epoch, "finished" if finished else "not finished",
+                    f"its progress is saved in {self.progress_path}" if self.progress_path else
+                    "its progress is not saved (no --state-dir): a scheduler started again counts from zero")
+        return 0
+
+    def _serve(self) -> None:
         finished_at: float | None = None
         last_turn = next_export = time.monotonic()
         while not self.stopping:
@@ -153,27 +177,30 @@ class SchedulerServer:
                             now - last_turn)
                 self.state.roster.excuse(now - last_turn)
             last_turn = now
-            for member_id in self.state.expire(now):
-                log.warning("%s stopped sending heartbeats; dropped", member_id)
-            if self.state.tick(now):
-                log.warning("no evaluator joined within %.0fs of the job's end; finishing without a final evaluation",
-                            self.job.join_timeout_s)
+            self.state.expire(now)
+            self.state.tick(now)  # a final evaluation given up is logged with the job's end (`_log_finish`)
             if now >= next_export:
                 self._export()
                 next_export = now + EXPORT_EVERY_S
             self._save(now)
             self.health.tick()
-            if self.state.finished and self.opts.exit_on_finish:
-                finished_at = finished_at or now
+            if self.state.finished:
+                if finished_at is None:
+                    finished_at = now
+                    self._log_finish()
                 shards_gone = not self.state.roster.shards
-                if shards_gone or now - finished_at > self.job.liveness_timeout_s:
-                    log.info("job finished: epoch %.2f, test accuracy %s", self.state.progress.epoch,
-                             self.state.evaluations.eval.test_acc if self.state.evaluations.eval else "n/a")
+                if self.opts.exit_on_finish and (shards_gone or now - finished_at > self.job.liveness_timeout_s):
                     break
-        self._export()
-        self._save(time.monotonic(), force=True)
-        self.metrics_server.close()
-        return 0
+
+    def _log_finish(self) -> None:
+        """The job's end: its epoch, its accuracy (the last real evaluation's), and a final evaluation given up."""
+        s = self.state
+        ev = s.evaluations.eval
+        given_up = s.end.final_eval_given_up(s.finished, s.evaluations.final_eval)
+        if given_up:
+            log.warning("final evaluation given up: %s; the accuracy is the last evaluation's (%s)", given_up,
+                        f"model v{ev.version}" if ev else "none was reported")
+        log.info("job finished: epoch %.2f, test accuracy %s", s.progress.epoch, ev.test_acc if ev else "n/a")
 
     def _save(self, now: float, force: bool = False) -> None:
         """Write the job's progress every SAVE_EVERY_S and at each new evaluation (--state-dir)."""
@@ -193,6 +220,7 @@ class SchedulerServer:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stopping = True
+        self.stopped_by = signal.Signals(signum)
 
     def _handle(self, incoming: Incoming) -> None:
         if incoming.error is not None:
@@ -275,6 +303,7 @@ class SchedulerServer:
                         "%d samples lost, counted back into the job", lost.shard, lost.versions, lost.samples)
         s.progress.losses.clear()
         self.m.local_steps.set(s.allocator.local_steps)
+        self._check_fresh_start()
         self._export_divergence()
         if s.progress.loss == s.progress.loss:
             self.m.loss.set(s.progress.loss)
@@ -282,7 +311,15 @@ class SchedulerServer:
             self.m.test_acc.set(s.evaluations.eval.test_acc)
             self.m.test_loss.set(s.evaluations.eval.test_loss)
         if s.evaluations.eval is not self._eval_exported and s.evaluations.eval is not None:
-            self._export_eval_metrics(s.evaluations.eval)
+            ev = s.evaluations.eval
+            log.info("evaluation of model v%d at epoch %.2f: %s%s", ev.version, s.progress.epoch,
+                     ", ".join(f"{name} {value:.4f}" for name, value in ev.metrics.items()),
+                     " (final)" if ev.final else "")
+            self._export_eval_metrics(ev)
+        line = self.progress_log.line(time.monotonic(), s.progress.samples, s.progress.epoch, self.job.epochs,
+                                      len(workers), s.progress.loss)
+        if line:
+            log.info("%s", line)
         for gone in self._exported - set(workers):
             self.m.batch.remove(gone)
             self.m.sps.remove(gone)
@@ -302,6 +339,26 @@ class SchedulerServer:
             self.m.reassign.labels(d.reason).inc()
             log.info("decision (%s%s): batches %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
         self._decisions_seen = s.allocator.assignment_id
+
+    def _check_fresh_start(self) -> None:
+        """Say how to resume when shards hold a trained model while this scheduler counts the job from zero.
+
+        Shards resume from their checkpoints; the job's count of samples, epochs and its evaluation live in the
+        scheduler's progress file only. Started without it, the scheduler trains the job's epochs again on top of
+        the shards' model and refuses evaluations of versions its fresh count cannot explain.
+        """
+        s = self.state
+        reported = [m.last.version for m in s.roster.shards.values() if m.heartbeats]
+        if self._start_checked or not reported:
+            return
+        self._start_checked = True
+        if max(reported) > 0 and s.progress.samples == 0:
+            where = (f"--state-dir {self.opts.state_dir} holds no progress of job {self.job.job!r}"
+                     if self.progress_path else "this scheduler was started without --state-dir")
+            log.warning("the shards hold a model at version %d, so job %r was in progress, but %s: its epochs, "
+                        "samples and evaluation count from zero here. A scheduler started with --state-dir DIR saves "
+                        "the job's progress there and, started again with the same DIR, resumes it", max(reported),
+                        self.job.job, where)
 
     def _export_divergence(self) -> None:
         """Count and log each new rollback, and the job's failure once."""

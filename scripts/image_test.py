@@ -244,7 +244,7 @@ def build_user_image(check: Check, work: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--image", default=DEFAULT_IMAGE)
     p.add_argument("--engine", default=os.environ.get("CONTAINER_ENGINE") or
                    ("podman" if shutil.which("podman") else "docker"))

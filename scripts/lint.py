@@ -59,7 +59,7 @@ def run(command: list[str]) -> tuple[int, list[str]]:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0]).parse_args()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     failed = False
     code, lines = run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "."])

@@ -50,6 +50,9 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["export", "runs/some-run"], "--out: name the file to write"),
         (["check", "--batches", "16", "16"], "--batches 16 16: two or more different sizes"),
         (["nonsense"], "unknown command"),
+        (["run", "--epoch", "1"], "unrecognized arguments: --epoch 1"),
+        (["worker", "--evaluat"], "unrecognized arguments: --evaluat"),
+        (["scheduler", "--epoch", "1"], "unrecognized arguments: --epoch 1"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(args, needle):

@@ -8,7 +8,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
-from dynabatch.scheduler.progress_watch import progress_allowed_s
+from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
 
 
 def _job(**kw) -> JobState:
@@ -197,8 +197,7 @@ def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_fin
         state.hello(Hello(role="worker"), t)
 
 
-def _run_to_target(state: JobState, wid: str) -> float:
-    t = 0.0
+def _run_to_target(state: JobState, wid: str, t: float = 0.0) -> float:
     while not state.stopping:
         t += 0.1
         _step(state, wid, 0.05, t)
@@ -626,3 +625,42 @@ def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rol
     state.heartbeat(ps.id, restored, t + 0.4)
     state.heartbeat(ps.id, restored, t + 0.5)
     assert state.progress.epoch < 1.0 and not state.stopping, "the samples lost to the rollback are trained again"
+
+
+def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_dropped_and_the_end_gives_up():
+    """Liveness is not progress for an evaluator either: its heartbeat thread beats while its main thread hangs
+    (a metric, the test set's loading). Judged by its own measured evaluations, it is dropped after its interval
+    plus EVAL_ROUNDS of them (at least three liveness timeouts); the job, which awaited its final evaluation,
+    ends without it once the join timeout passes with no evaluator, keeping the last real evaluation."""
+    state = _job(await_final_eval=True, eval_interval_s=1.0, join_timeout_s=30.0)
+    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    for beat in (9.0, 18.0):  # past three liveness timeouts: loading the test set may take the join timeout
+        state.heartbeat(ev, Heartbeat(), beat)
+        _shards_apply(state, beat)
+        assert state.expire(beat) == [], "before its first evaluation it has the join timeout"
+    state.eval_report(ev, EvalReport(version=0, test_loss=2.3, test_acc=0.1), 20.0)
+    state.eval_report(ev, EvalReport(version=0, test_loss=2.2, test_acc=0.2), 21.5)  # 1 s apart plus 0.5 s
+    assert state.roster.members[ev].eval_s == pytest.approx(0.5)
+    allowed = evaluation_allowed_s(0.5, 1.0, 2.0, 30.0)
+    assert allowed == 1.0 + 3 * 2.0, "three evaluations of 0.5 s are less than the floor of three liveness timeouts"
+    t = _run_to_target(state, _join(state, 1000.0, now=21.5), 21.5)
+    assert t < 21.5 + allowed - 0.1
+    state.tick(t)
+    for now, dropped in ((21.5 + allowed - 0.1, []), (21.5 + allowed + 0.1, [ev])):
+        state.heartbeat(ev, Heartbeat(), now)  # the pulse goes on: liveness is not progress
+        _shards_apply(state, now)
+        assert state.expire(now) == dropped and not state.finished
+    assert state.tick(t + 31.0) and state.finished, "after the join timeout with no evaluator the job ends"
+    status = state.status(t + 31.0)
+    given_up = status.final_eval_given_up
+    assert given_up.startswith(f"evaluator {ev} (") and "reported no evaluation for" in given_up, given_up
+    assert status.test_acc == 0.2 and not status.final_eval, "the accuracy is the last real evaluation's"
+
+
+def test_a_job_without_an_evaluator_says_why_its_awaited_final_evaluation_was_given_up():
+    state = _job(await_final_eval=True, join_timeout_s=30.0)
+    t = _run_to_target(state, _join(state, 1000.0))
+    state.tick(t)
+    assert state.status(t).final_eval_given_up == "", "not yet given up"
+    state.tick(t + 31.0)
+    assert state.status(t + 31.0).final_eval_given_up == "no evaluator joined within 30 s of the job's end"

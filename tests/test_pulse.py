@@ -8,7 +8,8 @@ import time
 
 import zmq
 
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.messages import Error, Heartbeat, Hello
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.worker.pulse import Pulse
 from harness import wait_for
@@ -73,6 +74,30 @@ def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_s
         sent = len(router.got)
         time.sleep(5 * INTERVAL_S)  # a window to see nothing in, not a wait for something
         assert len(router.got) == sent, "stopped: it repeats nothing more"
+    finally:
+        link.close()
+        router.close()
+
+
+def test_the_pulse_ends_a_process_whose_main_thread_does_not_register_again_after_the_scheduler_forgot_it():
+    """The scheduler dropped it for making no progress (or restarted): a main thread that lives registers again;
+    one that has not within `wedged_after_s` hangs, and the pulse calls `on_wedged` (in a process: exit 1)."""
+    ctx = zmq.Context.instance()
+    router = SchedulerSocket(ctx)
+    link = SchedulerLink(ctx, router.endpoint, "j", "test")
+    wedged: list[float] = []
+    try:
+        _register(link)
+        link.heartbeat(Heartbeat())
+        pulse = Pulse(link, INTERVAL_S, 20 * INTERVAL_S, lambda: wedged.append(time.monotonic())).start()
+        router.answer = Error(code=ErrorCode.UNKNOWN_SENDER, text="the scheduler does not know w0")
+        wait_for("the pulse to hear it was forgotten", lambda: link.lost_at is not None, 10)
+        lost_at = link.lost_at
+        wait_for("the pulse to give the main thread up", lambda: wedged, 10)
+        assert wedged[0] - lost_at >= 20 * INTERVAL_S
+        pulse.stop()
+        _register(link)
+        assert link.lost_at is None and not link.lost, "registered again: nothing hangs"
     finally:
         link.close()
         router.close()

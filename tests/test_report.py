@@ -94,7 +94,8 @@ TIMELINE_KEYS = {
     "t", "job", "protocol", "batch_policy", "epoch", "target_epochs", "samples", "bytes", "staleness", "training_t",
     "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
     "eval_version", "eval_t",
-    "stopping", "finished", "final_eval", "assignment_id", "workers", "departed", "shards", "decisions",
+    "stopping", "finished", "final_eval", "final_eval_given_up", "assignment_id", "workers", "departed", "shards",
+    "decisions",
     "decision_s", "lost_samples", "lost_versions", "rollbacks", "lr_factor", "failed", "wall_t",
 }
 WORKER_KEYS = {

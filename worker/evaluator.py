@@ -137,8 +137,8 @@ class Evaluator:
             while not process.stopping and time.monotonic() < deadline:
                 assignment = link.ask(Heartbeat())
                 process.health.tick()
-                if assignment is not None and assignment.stop:
-                    break
+                if link.lost or (assignment is not None and assignment.stop):
+                    break  # forgotten: register again now, not an interval later (the pulse would take it for hung)
 
     def _evaluate_once(self, final: bool) -> EvalReport:
         joined = self.joined

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Hello
-from dynabatch.common.metrics import Health, MetricsServer
+from dynabatch.common.metrics import Health, MetricsServer, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.transport import RemoteError, open_context
@@ -50,7 +50,7 @@ class RoleProcess:
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         log.info("metrics on %s", self.metrics_server.url())
-        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name)
+        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name, handshake_failures(self.registry))
         self.beat = HeartbeatKeeper(self.link, self.health.tick, lambda: self.stopping)
         self.stopping = False
         self.pulse: Pulse | None = None
@@ -70,7 +70,9 @@ class RoleProcess:
         job = job_from_dict(welcome.config)
         self.link.conn.job = job.job
         self.beat.interval_s = job.heartbeat_s
-        self.pulse = Pulse(self.link, job.heartbeat_s).start()  # loading data and the model can take long
+        self.link.watch_contact(self.health, job.liveness_timeout_s)
+        # Loading data and the model can take long; a main thread that hangs ends the process (pulse.py).
+        self.pulse = Pulse(self.link, job.heartbeat_s, job.join_timeout_s).start()
         joined = Joined.welcomed(welcome, job, self.opts, self.ctx, self.device, self.beat.repeat)
         initialized = joined.init_shards(self.opts.request_timeout_s)
         # The device is read off the model's parameters, not the flag: the log says where the model really is.

@@ -656,7 +656,7 @@ def _final_accuracy(job: Job, settings: FuzzSettings) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m fuzz", description=__doc__.split("\n\n")[0])
     defaults = FuzzSettings()
     parser.add_argument("--messages", type=int, default=defaults.messages)
     parser.add_argument("--seed", type=int, default=defaults.seed)
