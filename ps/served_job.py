@@ -64,6 +64,11 @@ class ServedJob:
                    GradientDirection(job.direction_check))
 
     @property
+    def name(self) -> str:
+        """The job's name, which every message of it carries."""
+        return self.job.job
+
+    @property
     def label(self) -> str:
         """This shard's value of the `shard` label."""
         return str(self.index)

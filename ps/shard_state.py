@@ -193,17 +193,14 @@ class ShardState:
         self, worker: str, tensors: dict[int, torch.Tensor], base_versions: dict[int, int],
         samples: int, kind: str, now: float, on_taken: Callable[[int], None] | None = None,
     ) -> PushOutcome:
-        """Take one worker's gradient or delta chunks; the caller has validated ids, shapes, finiteness.
+        """Take one live worker's gradient or delta chunks of a positive number of samples; the caller has
+        admitted the push (push_admission.py: ids, shapes, finiteness, numbers, sender).
 
-        Everything is checked before anything changes, so a refused push leaves no trace; one the
+        The protocol's own checks come before anything changes, so a refused push leaves no trace; one the
         protocol discards as too stale (StaleGradient) leaves only its count in `discarded`.
         `on_taken(cid)` runs after each chunk is taken, in priority order, so that the
         server can send chunk k back while chunk k+1 is being updated (`streams`).
         """
-        if worker not in self.live:
-            raise ProtocolError(ErrorCode.UNKNOWN_SENDER, f"{worker!r} is not a live worker of this job")
-        if samples <= 0:
-            raise ProtocolError(ErrorCode.BAD_FIELD, f"PUSH.samples must be positive, got {samples}")
         if kind != self.kind:
             raise ProtocolError(ErrorCode.BAD_FIELD,
                                 f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
@@ -228,6 +225,12 @@ class ShardState:
             if self.run_samples:
                 self.step_size.advance(self.samples_seen / self.run_samples)
         return PushOutcome(applied, self.version, max(staleness.values(), default=0))
+
+    def check_live(self, worker: str) -> None:
+        """Refuse (`unknown_sender`) a push from a worker the scheduler has not told this shard is live: one that
+        is joining sends it again once the shard knows it (worker/ps_client.py)."""
+        if worker not in self.live:
+            raise ProtocolError(ErrorCode.UNKNOWN_SENDER, f"{worker!r} is not a live worker of this job")
 
     def follow_job(self, progress: float, job_factor: float) -> None:
         """The scheduler's word on the job: its progress (epoch / epochs; the schedule never moves back) and its
