@@ -14,6 +14,7 @@ buffers, is counted and exported, and lets the parked pulls have what is now due
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -21,7 +22,7 @@ import torch
 
 from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Params, Pull, Push, PushAck
+from dynabatch.common.messages import Assignment, Params, Pull, Push, PushAck
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
@@ -32,6 +33,7 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.served_job import ServedJob
 from dynabatch.ps.shard_state import StaleGradient
 
+log = logging.getLogger("dynabatch.ps")
 # Send a reply (body, chunk entries, tensor frames) to a connection, as the answer to its request `seq`.
 Reply = Callable[[bytes, object, int, Sequence[ChunkMeta], Sequence[torch.Tensor | memoryview]], None]
 
@@ -110,6 +112,24 @@ class ModelService:
         self.served.metrics.updates.inc(self.model.version - self.reported_version)
         self.export_version()
         self.serve_parked()
+
+    def follow(self, assignment: Assignment) -> None:
+        """The scheduler's word on the job: its progress and step-size factor, the live workers (rounds that waited
+        only on workers that left close now), and the travelling buffers sent to workers still there."""
+        live = set(assignment.live_workers)
+        if self.held.buffers is not None:
+            self.held.buffers.forget(live)
+        self.model.follow_job(assignment.progress, assignment.lr_factor)
+        self.after_update(self.model.set_membership(live, assignment.allocated, set(assignment.idle_workers)))
+        self.serve_parked()
+
+    def close_overdue(self, now: float) -> None:
+        """Close the rounds that waited longer than --round-timeout-s with what arrived."""
+        job = self.served.job
+        overdue = self.model.overdue(now, job.round_timeout_s)
+        if overdue:
+            log.warning("%s rounds of %d chunks timed out; applying what arrived", job.protocol, len(overdue))
+            self.after_update([cid for cid in overdue if self.model.close_round(cid)])
 
     def export_version(self) -> None:
         self.reported_version = self.model.version

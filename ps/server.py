@@ -102,7 +102,7 @@ class ShardServer:
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
         self.replays = ReplayGuard()  # the PUSH seqs already taken, per sender and connection (replay_guard.py)
         self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, self._reply_dropped)  # (ps/outbox.py)
-        self.membership = 0  # the scheduler's number of the live worker set in self.state
+        self.membership = 0  # the scheduler's number of the live worker set the model follows
         self.served: ServedJob | None = None  # the job, once the scheduler has welcomed this shard (served_job.py)
         self.kept: GoodCheckpoint | None = None  # checkpoints and rollbacks of the job's model (good_checkpoint.py)
         self.serving: ModelService | None = None  # once the first INIT or a checkpoint gave the model (held_model.py)
@@ -150,10 +150,7 @@ class ShardServer:
         finally:
             self.checkpoints.write(self.held)
             self.link.bye()
-            bounds = self.served_job.bounds
-            log.info("the gradient bound (--gradient-bound %g) clipped %d pushes; %d workers quarantined; direction "
-                     "scores: %s", bounds.factor, bounds.clipped, len(bounds.quarantined),
-                     self.served_job.direction.summary())
+            log.info("%s", self.served_job.defences_summary())
         if self.job_over and self.opts.on_finish == "idle":
             log.info("job finished; idling until stopped (--on-finish idle)")
             self.health.idle_until(lambda: self.stopping)
@@ -205,10 +202,8 @@ class ShardServer:
         self.serving = ModelService(served, held, self.checkpoints, self.replays, self.outbox, self._reply, self._beat)
         self.serving.export_version()
         self.checkpoints.health.judge_afresh(held.state, self.checkpoints.good_version)
-        last = self.last_assignment
-        if last is not None:
-            held.state.follow_job(last.progress, last.lr_factor)
-            held.state.set_membership(set(last.live_workers), last.allocated, set(last.idle_workers))
+        if self.last_assignment is not None:
+            self.serving.follow(self.last_assignment)
         self.outbox.limit = backlog_limit(len(held.state.chunks))  # fewer replies per peer once the model is known
         log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
                  served.index, served.job.shards, self.advertise, len(held.state.chunks), sig.total,
@@ -238,18 +233,10 @@ class ShardServer:
                 self._beat()
                 next_beat = now + job.heartbeat_s
             if self.serving is not None:
-                self._close_overdue(now)
+                self.serving.close_overdue(now)
                 self.serving.expire_parked(now)
             self.checkpoints.tick(now, self.held)
             self.health.tick()
-
-    def _close_overdue(self, now: float) -> None:
-        """Close the rounds that waited longer than --round-timeout-s with what arrived."""
-        job, model = self.served_job.job, self.service.model
-        overdue = model.overdue(now, job.round_timeout_s)
-        if overdue:
-            log.warning("%s rounds of %d chunks timed out; applying what arrived", job.protocol, len(overdue))
-            self.service.after_update([cid for cid in overdue if model.close_round(cid)])
 
     def _beat(self) -> None:
         """Report version and samples to the scheduler (a drop in them tells it this shard lost work).
@@ -289,20 +276,11 @@ class ShardServer:
             # thrown away back into the job; the heartbeat's answer (the newest assignment) is handled in full.
             self._beat()
             return
-        served = self.served_job
-        live = set(body.live_workers)
-        served.metrics.live.set(len(live))
-        self.senders.set_live(live)
-        if served.assigned.update(body.batches):
+        self.senders.set_live(set(body.live_workers))
+        if self.served_job.follow(body):
             self.beat_due = True  # a worker waits for this shard to report its larger bound before it gets it
-        served.bounds.forget(live)
-        served.direction.forget(live)
         if serving is not None:
-            if serving.held.buffers is not None:
-                serving.held.buffers.forget(live)
-            serving.model.follow_job(body.progress, body.lr_factor)
-            serving.after_update(serving.model.set_membership(live, body.allocated, set(body.idle_workers)))
-            serving.serve_parked()
+            serving.follow(body)
         if body.stop:
             log.info("job finished")
             self.job_over = True
