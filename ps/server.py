@@ -33,6 +33,7 @@ from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
+from dynabatch.common.member_ids import member_id
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Pull, Push, Welcome
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports
 from dynabatch.common.scheduler_link import SchedulerLink
@@ -327,7 +328,7 @@ class ShardServer:
     def _reply(self, identity: bytes, body: object, seq: int, metas: Sequence[ChunkMeta] = (),
                tensors: Sequence[torch.Tensor | memoryview] = ()) -> None:
         served = self.served_job
-        self.outbox.send(identity, reply_frames(body, seq, served.name, f"ps{served.index}", metas, tensors))
+        self.outbox.send(identity, reply_frames(body, seq, served.name, member_id("ps", served.index), metas, tensors))
 
     def _on_init(self, incoming: Incoming) -> None:
         """The first INIT sets the model; every later one must describe the same model."""
