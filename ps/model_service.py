@@ -28,10 +28,10 @@ from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.outbox import Outbox
 from dynabatch.ps.parked_pulls import ParkedPull, ParkedPulls
-from dynabatch.ps.push_admission import Held, PushAdmission, PushCase
+from dynabatch.ps.push_admission import PushAdmission, PushCase
 from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.served_job import ServedJob
-from dynabatch.ps.shard_state import StaleGradient
+from dynabatch.ps.shard_state import ProtocolRefusal
 
 log = logging.getLogger("dynabatch.ps")
 # Send a reply (body, chunk entries, tensor frames) to a connection, as the answer to its request `seq`.
@@ -77,7 +77,7 @@ class ModelService:
             self.admission.admit(case)
             outcome = model.push(msg.sender, case.assessed.tensors, case.base, body.samples, body.kind,
                                  time.monotonic(), send_back if streams else None)
-        except (Held, StaleGradient) as refusal:  # the protocol at work: counted apart from bad messages
+        except ProtocolRefusal as refusal:  # the protocol at work (held, too stale): counted apart from bad messages
             self.admission.refused(case, refusal)
             self.reply(identity, refusal.to_error(), msg.seq, (), ())
             return

@@ -36,21 +36,17 @@ from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment
 from dynabatch.ps.push_bounds import check_push_numbers, check_push_samples
 from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.served_job import ServedJob
-from dynabatch.ps.shard_state import ShardState, StaleGradient
+from dynabatch.ps.shard_state import ProtocolRefusal, ShardState
 from dynabatch.ps.shared_buffers import take_buffers
 
 log = logging.getLogger("dynabatch.ps")
 
 
-class Held(ProtocolError):
+class Held(ProtocolRefusal):
     """A push held by the direction check's start-up hold (gradient_direction.py): the protocol at work, not a
     bad message."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(ErrorCode.HELD, text)
-
-    def __reduce__(self) -> tuple[type[Held], tuple[str]]:  # type: ignore[override]
-        return type(self), (self.text,)
+    CODE = ErrorCode.HELD
 
 
 @dataclass
@@ -105,7 +101,7 @@ class PushAdmission:
         self.replays.take(case.sender, case.identity, case.msg.seq, case.model.live)
         self.record(case, taken=True)
 
-    def refused(self, case: PushCase, refusal: Held | StaleGradient) -> None:
+    def refused(self, case: PushCase, refusal: ProtocolRefusal) -> None:
         """The protocol refused the push at work (held, or too stale): its seq is kept (a replay of it is refused
         as one) and it is counted apart from bad messages."""
         self.replays.take(case.sender, case.identity, case.msg.seq, case.model.live)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,15 +39,24 @@ from dynabatch.ps.update_rules import (
 )
 
 
-class StaleGradient(ProtocolError):
+class ProtocolRefusal(ProtocolError):
+    """A push refused by the protocol at work, not as a bad message: its seq is kept and it is counted apart
+    (push_admission.py). Each kind has its own `CODE`."""
+
+    CODE: ClassVar[ErrorCode]
+
+    def __init__(self, text: str) -> None:
+        super().__init__(self.CODE, text)
+
+    def __reduce__(self) -> tuple[type[ProtocolRefusal], tuple[str]]:  # type: ignore[override]
+        return type(self), (self.text,)
+
+
+class StaleGradient(ProtocolRefusal):
     """A gradient computed on too old a model, discarded by the protocol (ssgd, ringmaster, rennala): nothing changed,
     and the worker pulls the current model and computes again."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(ErrorCode.TOO_STALE, text)
-
-    def __reduce__(self) -> tuple[type[StaleGradient], tuple[str]]:  # type: ignore[override]
-        return type(self), (self.text,)
+    CODE = ErrorCode.TOO_STALE
 
 
 @dataclass
