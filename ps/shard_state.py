@@ -6,7 +6,8 @@ round. That is what lets a worker push a chunk's gradient the moment backward
 has finished it, and lets a shard apply and serve chunks in priority order, one
 at a time.
 
-The server loop (server.py) decodes and validates messages, then calls
+The server loop (server.py) decodes messages, the checks of push_admission.py
+admit a push, and model_service.py (and held_model.py, good_checkpoint.py) call
 `pull`, `push`, `set_membership`, `overdue`, `close_round` and `roll_back` here.
 Everything that decides what the parameters become is in this file,
 protocol_rules.py, update_rules.py and step_size.py (the learning-rate schedule
