@@ -131,7 +131,9 @@ class GradientBounds:
                live: set[str], share: float) -> Assessment:
         """Bound `worker`'s push of `samples` samples, `share` (in (0, 1]) of an even batch B/n, to chunks whose
         parameters are `params`; changes nothing. Clipped chunks are new tensors; the rest are the received ones.
-        A quarantined worker's push is refused before (`check_not_quarantined`)."""
+        A quarantined worker's push is refused (`check_not_quarantined`, which the shard's admission runs before
+        it asks whether the sender is live; the simulator, bench/simulate.py, calls this alone)."""
+        self.check_not_quarantined(worker)
         found = Assessment(worker, samples, dict(tensors), {}, [])
         if not self.on:
             return found
