@@ -14,6 +14,7 @@ import torch
 
 FLOAT_BYTES = 4
 BUFFERS_ID = 1 << 32  # the chunk id of the travelling buffers: beyond any layout's ids (at most 2**31 values)
+BUFFERS_SHARD = 0  # the shard that holds a model's travelling buffers, whole (they are small)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class TravellingBuffers:
     """The buffers a training forward changes (BatchNorm's running statistics), by name, as one flat vector.
 
     They travel beside the parameters as one extra chunk entry (id `BUFFERS_ID`),
-    held whole by shard 0: a worker sends its buffers with each push, every pull
+    held whole by shard `BUFFERS_SHARD` (0): a worker sends its buffers with each push, every pull
     returns the shard's, and the worker loads them before its next step (how
     shard 0 averages them: ps/shared_buffers.py). With no names nothing is read
     or sent, so a model without such buffers pays nothing.

@@ -130,11 +130,10 @@ class GradientBounds:
     def assess(self, worker: str, tensors: dict[int, torch.Tensor], samples: int, params: Mapping[int, torch.Tensor],
                live: set[str], share: float) -> Assessment:
         """Bound `worker`'s push of `samples` samples, `share` (in (0, 1]) of an even batch B/n, to chunks whose
-        parameters are `params` (refusing it if the worker is quarantined); changes nothing. Clipped chunks are
-        new tensors; the rest are the received ones."""
-        if worker in self.quarantined:
-            raise ProtocolError(ErrorCode.QUARANTINED,
-                                f"{worker!r} was quarantined: its pushes kept {self.why[worker]}")
+        parameters are `params`; changes nothing. Clipped chunks are new tensors; the rest are the received ones.
+        A quarantined worker's push is refused (`check_not_quarantined`, which the shard's admission runs before
+        it asks whether the sender is live; the simulator, bench/simulate.py, calls this alone)."""
+        self.check_not_quarantined(worker)
         found = Assessment(worker, samples, dict(tensors), {}, [])
         if not self.on:
             return found
@@ -148,6 +147,12 @@ class GradientBounds:
                 norm = bound
             found.norms[cid] = norm
         return found
+
+    def check_not_quarantined(self, worker: str) -> None:
+        """Refuse (`quarantined`, saying why) a push from a worker this shard quarantined."""
+        if worker in self.quarantined:
+            raise ProtocolError(ErrorCode.QUARANTINED,
+                                f"{worker!r} was quarantined: its pushes kept {self.why[worker]}")
 
     def bound(self, cid: int, samples: int, live: set[str]) -> float:
         """Chunk `cid`'s largest norm for a push of `samples` samples by the workers' reference (inf while most

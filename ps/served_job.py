@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.chunking import Chunk, make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.messages import Welcome
+from dynabatch.common.messages import Assignment, Welcome
 from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.protocols import protocol_settings
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
@@ -64,9 +64,29 @@ class ServedJob:
                    GradientDirection(job.direction_check))
 
     @property
+    def name(self) -> str:
+        """The job's name, which every message of it carries."""
+        return self.job.job
+
+    @property
     def label(self) -> str:
         """This shard's value of the `shard` label."""
         return str(self.index)
+
+    def follow(self, assignment: Assignment) -> bool:
+        """The scheduler's latest live workers and their batches; True if a worker's bound grew, which the
+        scheduler must hear before it hands that worker the larger batch (push_bounds.py)."""
+        live = set(assignment.live_workers)
+        self.metrics.live.set(len(live))
+        self.bounds.forget(live)
+        self.direction.forget(live)
+        return self.assigned.update(assignment.batches)
+
+    def defences_summary(self) -> str:
+        """What the gradient bound and the direction check did in this job (the shard's closing line)."""
+        bounds = self.bounds
+        return (f"the gradient bound (--gradient-bound {bounds.factor:g}) clipped {bounds.clipped} pushes; "
+                f"{len(bounds.quarantined)} workers quarantined; direction scores: {self.direction.summary()}")
 
     @property
     def checkpoint_meta(self) -> dict[str, Any]:

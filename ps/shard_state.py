@@ -6,7 +6,8 @@ round. That is what lets a worker push a chunk's gradient the moment backward
 has finished it, and lets a shard apply and serve chunks in priority order, one
 at a time.
 
-The server loop (server.py) decodes and validates messages, then calls
+The server loop (server.py) decodes messages, the checks of push_admission.py
+admit a push, and model_service.py (and held_model.py, good_checkpoint.py) call
 `pull`, `push`, `set_membership`, `overdue`, `close_round` and `roll_back` here.
 Everything that decides what the parameters become is in this file,
 protocol_rules.py, update_rules.py and step_size.py (the learning-rate schedule
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,15 +40,24 @@ from dynabatch.ps.update_rules import (
 )
 
 
-class StaleGradient(ProtocolError):
+class ProtocolRefusal(ProtocolError):
+    """A push refused by the protocol at work, not as a bad message: its seq is kept and it is counted apart
+    (push_admission.py). Each kind has its own `CODE`."""
+
+    CODE: ClassVar[ErrorCode]
+
+    def __init__(self, text: str) -> None:
+        super().__init__(self.CODE, text)
+
+    def __reduce__(self) -> tuple[type[ProtocolRefusal], tuple[str]]:  # type: ignore[override]
+        return type(self), (self.text,)
+
+
+class StaleGradient(ProtocolRefusal):
     """A gradient computed on too old a model, discarded by the protocol (ssgd, ringmaster, rennala): nothing changed,
     and the worker pulls the current model and computes again."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(ErrorCode.TOO_STALE, text)
-
-    def __reduce__(self) -> tuple[type[StaleGradient], tuple[str]]:  # type: ignore[override]
-        return type(self), (self.text,)
+    CODE = ErrorCode.TOO_STALE
 
 
 @dataclass
@@ -193,17 +203,14 @@ class ShardState:
         self, worker: str, tensors: dict[int, torch.Tensor], base_versions: dict[int, int],
         samples: int, kind: str, now: float, on_taken: Callable[[int], None] | None = None,
     ) -> PushOutcome:
-        """Take one worker's gradient or delta chunks; the caller has validated ids, shapes, finiteness.
+        """Take one live worker's gradient or delta chunks of a positive number of samples; the caller has
+        admitted the push (push_admission.py: ids, shapes, finiteness, numbers, sender).
 
-        Everything is checked before anything changes, so a refused push leaves no trace; one the
+        The protocol's own checks come before anything changes, so a refused push leaves no trace; one the
         protocol discards as too stale (StaleGradient) leaves only its count in `discarded`.
         `on_taken(cid)` runs after each chunk is taken, in priority order, so that the
         server can send chunk k back while chunk k+1 is being updated (`streams`).
         """
-        if worker not in self.live:
-            raise ProtocolError(ErrorCode.UNKNOWN_SENDER, f"{worker!r} is not a live worker of this job")
-        if samples <= 0:
-            raise ProtocolError(ErrorCode.BAD_FIELD, f"PUSH.samples must be positive, got {samples}")
         if kind != self.kind:
             raise ProtocolError(ErrorCode.BAD_FIELD,
                                 f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
@@ -228,6 +235,12 @@ class ShardState:
             if self.run_samples:
                 self.step_size.advance(self.samples_seen / self.run_samples)
         return PushOutcome(applied, self.version, max(staleness.values(), default=0))
+
+    def check_live(self, worker: str) -> None:
+        """Refuse (`unknown_sender`) a push from a worker the scheduler has not told this shard is live: one that
+        is joining sends it again once the shard knows it (worker/ps_client.py)."""
+        if worker not in self.live:
+            raise ProtocolError(ErrorCode.UNKNOWN_SENDER, f"{worker!r} is not a live worker of this job")
 
     def follow_job(self, progress: float, job_factor: float) -> None:
         """The scheduler's word on the job: its progress (epoch / epochs; the schedule never moves back) and its

@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.model_signature import ParamSpec
+from dynabatch.common.wire import Message, check_chunks, check_finite
 
 
 @dataclass
@@ -107,3 +109,15 @@ class SharedBuffers:
         ):
             raise ValueError(f"checkpoint holds buffers {list(saved)}, this model {[s.name for s in self.specs]}")
         self.values = torch.cat([saved[s.name].reshape(-1).float() for s in self.specs])
+
+
+def take_buffers(msg: Message, total: int) -> torch.Tensor | None:
+    """Remove the travelling buffers' entry (always the last) from `msg` (an INIT or a PUSH) and return it,
+    checked; None if absent. With `total` 0 (this shard holds no buffers) the entry is left in place, where
+    check_chunks refuses it as a chunk not held here."""
+    if not total or not msg.chunks or msg.chunks[-1].id != BUFFERS_ID:
+        return None
+    part = Message(msg.body, [msg.chunks.pop()], [msg.tensors.pop()], seq=msg.seq)
+    check_chunks(part, {BUFFERS_ID: total})
+    check_finite(part)
+    return part.tensors[0]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.member_ids import member_id
 from dynabatch.common.member_name import name_problem
 from dynabatch.common.messages import Heartbeat, Hello, WorkerStatus
 from dynabatch.common.slowdown import MAX_SLOWDOWN_CHARS, Slowdown
@@ -167,7 +168,7 @@ class Roster:
         `admit` is called just before it is made, and may refuse it by raising."""
         if hello.role == "ps":
             index = self._shard_slot(hello.shard_index)
-            member_id = f"ps{index}"
+            new_id = member_id("ps", index)
         else:
             if len(self.shards) < self.num_shards:
                 raise ProtocolError(ErrorCode.NOT_READY, f"{len(self.shards)} of {self.num_shards} shards registered")
@@ -176,18 +177,17 @@ class Roster:
                 raise ProtocolError(ErrorCode.FULL,
                                     f"the job admits at most {self.job.max_workers} workers and evaluators "
                                     "(--max-workers)")
-            prefix = "w" if hello.role == "worker" else "eval"
-            member_id = f"{prefix}{self.next_id[hello.role]}"
+            new_id = member_id(hello.role, self.next_id[hello.role])
             index = -1
         admit()
         if hello.role != "ps":
             self.next_id[hello.role] += 1
-        member = Member(member_id, hello.role, hello.name or member_id, hello.host, hello.metrics_url, now, now,
+        member = Member(new_id, hello.role, hello.name or new_id, hello.host, hello.metrics_url, now, now,
                         endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance,
                         max_batch=hello.max_batch, slowdown=slowdown_label(hello.slowdown))
-        self.members[member_id] = member
+        self.members[new_id] = member
         if hello.instance:
-            self.instances[hello.instance] = member_id
+            self.instances[hello.instance] = new_id
         if hello.role == "ps":
             self.shards[index] = member
         return member

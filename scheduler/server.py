@@ -115,6 +115,7 @@ class SchedulerServer:
                      f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
                      saved.next_id.get("worker", 0))
         self._saved_eval = self.state.evaluations.eval
+        self._saved_lost_versions = self.state.progress.lost_versions
         self._next_save = 0.0
         self._start_checked = saved is not None  # a fresh count is checked against the shards' first versions
         self.registry = CollectorRegistry()
@@ -169,6 +170,7 @@ class SchedulerServer:
             if self.sock.poll(100):
                 for _ in range(256):
                     self._handle(recv_routed(self.sock, ENVELOPE_ONLY))
+                    self._save(time.monotonic())
                     if not self.sock.poll(0):
                         break
             now = time.monotonic()
@@ -203,9 +205,14 @@ class SchedulerServer:
         log.info("job finished: epoch %.2f, test accuracy %s", s.progress.epoch, ev.test_acc if ev else "n/a")
 
     def _save(self, now: float, force: bool = False) -> None:
-        """Write the job's progress every SAVE_EVERY_S and at each new evaluation (--state-dir)."""
-        new_eval = self.state.evaluations.eval is not self._saved_eval
-        if self.progress_path is None or not (force or now >= self._next_save or new_eval):
+        """Write the job's progress (--state-dir) every SAVE_EVERY_S, and before the next message is handled when it
+        learned what no process can tell a restarted scheduler: a new evaluation, or work a shard lost. A loss
+        left to the next save would die with a scheduler killed before it, and the restarted shard, training on
+        through the outage, would pass the saved version unseen: that work would never be trained again. A save
+        that finds no file descriptor is tried again at the next periodic one, news included."""
+        news = (self.state.evaluations.eval is not self._saved_eval
+                or self.state.progress.lost_versions != self._saved_lost_versions)
+        if self.progress_path is None or not (force or now >= self._next_save or news):
             return
         try:
             save_progress(self.progress_path, self.state.saved(now, read_clock()))
@@ -213,9 +220,8 @@ class SchedulerServer:
             if not out_of_descriptors(exc):
                 raise
             log.warning("progress not saved: %s; trying again in %.0f s", exc.strerror, SAVE_EVERY_S)
-            self._next_save = now + SAVE_EVERY_S
-            return
         self._saved_eval = self.state.evaluations.eval
+        self._saved_lost_versions = self.state.progress.lost_versions
         self._next_save = now + SAVE_EVERY_S
 
     def _on_signal(self, signum: int, _frame: object) -> None:

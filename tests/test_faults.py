@@ -22,7 +22,7 @@ from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import JobStatus
-from dynabatch.common.verified_files import read_verified
+from dynabatch.common.verified_files import DamagedFile, read_verified
 from harness import Cluster, free_port, wait_for
 
 EPOCHS = 3.0
@@ -68,6 +68,19 @@ class Job:
 
 def _versions_checkpointed(child: Child) -> list[int]:
     return [int(v) for v in re.findall(r"checkpoint at version (\d+) written", child.log_text())]
+
+
+def _epoch(saved: dict) -> float:
+    """The epoch a progress file of the scheduler holds (the samples the model holds, over the training set)."""
+    return (saved["samples"] - saved["lost_samples"]) / saved["train_size"]
+
+
+def _saved_epoch(path: Path) -> float:
+    """The epoch of the scheduler's progress file now (0 while it is being replaced: a rename at a time)."""
+    try:
+        return _epoch(json.loads(read_verified(path)))
+    except (OSError, DamagedFile):
+        return 0.0
 
 
 def _final(job: Job) -> JobStatus:
@@ -118,17 +131,18 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
 
         # The scheduler, mid-run: it resumes the job's progress from its last save, the outage counted as job time.
         st = job.progress("half the job", lambda s: s.epoch >= 0.5 * EPOCHS, 120)
+        progress_file = tmp_path / "state" / "scheduler-dynabatch.json"
+        wait_for("the scheduler to save its progress past shard 1's loss",
+                 lambda: _saved_epoch(progress_file) > earlier.epoch)
         killed = job.kill(job.scheduler)
-        saved = json.loads(read_verified(tmp_path / "state" / "scheduler-dynabatch.json"))
+        saved = json.loads(read_verified(progress_file))
         job.scheduler = job.c.launcher.restart(job.scheduler)
         resumed = job.progress("both workers training under the restarted scheduler",
                                lambda s: len(s.workers) == 2 and all(w.steps > 0 for w in s.workers.values()))
         scheduler_recovery_s = time.monotonic() - killed
         assert not set(resumed.workers) & set(st.workers), "a rejoining worker never gets an id known before"
         assert resumed.t >= st.t + scheduler_recovery_s * 0.5, "scheduler time goes on through the outage"
-        saved_epoch = (saved["samples"] - saved["lost_samples"]) / saved["train_size"]
-        assert saved_epoch > earlier.epoch, "the scheduler kept saving its progress"
-        assert resumed.epoch >= saved_epoch, "the epoch count goes on from the saved one"
+        assert resumed.epoch >= _epoch(saved), "the epoch count goes on from the saved one"
         assert resumed.lost_samples == st.lost_samples and resumed.eval_version is not None
 
         final = _final(job)

@@ -103,7 +103,7 @@ def test_a_worker_far_beyond_the_bound_push_after_push_is_quarantined_and_then_r
     results = [_push(bounds, "bad", 50.0, seed=i)[1] for i in range(QUARANTINE_AFTER)]
     assert results == [False] * (QUARANTINE_AFTER - 1) + [True]
     with pytest.raises(ProtocolError) as refused:
-        bounds.assess("bad", {0: torch.ones(100)}, 32, PARAMS, LIVE, 1.0)
+        bounds.check_not_quarantined("bad")
     assert refused.value.code == "quarantined"
     _push(bounds, "w0", 1.0)  # the others go on
 

@@ -121,7 +121,7 @@ def test_a_worker_quarantined_for_its_direction_is_refused_saying_why():
     bounds = GradientBounds(4.0)
     bounds.quarantine("liar", "pointing against the other workers' gradients (--direction-check)")
     with pytest.raises(ProtocolError, match="quarantined.*pointing against the other workers'") as exc:
-        bounds.assess("liar", {0: torch.ones(3)}, 8, {0: torch.ones(3)}, {"liar"}, 1.0)
+        bounds.check_not_quarantined("liar")
     assert exc.value.code == "quarantined"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,7 +16,6 @@ from harness import wait_for
 from tests import netns
 from tools import missing
 
-ROOT = Path(__file__).resolve().parents[1]
 RECEIVER = ("import socket; s = socket.socket(); s.bind(('0.0.0.0', 7000)); s.listen(); print('ready', flush=True); "
             "c, _ = s.accept(); n = 0\nwhile (d := c.recv(1 << 20)): n += len(d)\nprint(n)")
 SENDER = "import socket, sys; s = socket.create_connection(('host-a', 7000)); s.sendall(b'x' * int(sys.argv[1]))"
@@ -109,8 +109,18 @@ def test_without_root_it_says_why():
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:
         missing("no /usr/bin/python3 for an unprivileged probe")
-    probe = "import sys; sys.path.insert(0, sys.argv[1]); from tests import netns; print(netns.unavailable())"
-    done = subprocess.run([python, "-c", probe, str(ROOT)], capture_output=True, text=True, user=65534,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp"}, timeout=60)
+    # The checkout may sit where only root can enter (a clone under /root, or in a `mktemp -d` folder), so the
+    # probe's user gets its own copy of the module, in a folder of /tmp (which every user may enter), and imports
+    # nothing else.
+    readable = Path(tempfile.mkdtemp(prefix="netns-probe-", dir="/tmp"))
+    try:
+        readable.chmod(0o755)
+        shutil.copy(Path(netns.__file__), readable / "netns.py")
+        (readable / "netns.py").chmod(0o644)
+        probe = "import sys; sys.path.insert(0, sys.argv[1]); import netns; print(netns.unavailable())"
+        done = subprocess.run([python, "-c", probe, str(readable)], capture_output=True, text=True, user=65534,
+                              cwd=readable, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp"}, timeout=60)
+    finally:
+        shutil.rmtree(readable)
     assert done.returncode == 0, done.stderr
     assert "root" in done.stdout, done.stdout

@@ -26,6 +26,8 @@ def test_numbers_within_bounds_pass():
 
 
 @pytest.mark.parametrize("samples, bases, field", [
+    (0, {0: 3}, "PUSH.samples"),
+    (-8, {0: 3}, "PUSH.samples"),
     (65, {0: 3}, "PUSH.samples"),
     (2 ** 62, {0: 3}, "PUSH.samples"),
     (8, {0: 4}, "PUSH.chunks[0].version"),

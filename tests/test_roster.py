@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dynabatch.common.config import JobConfig
+from dynabatch.common.member_ids import member_number
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
@@ -149,3 +150,16 @@ def test_the_member_table_keeps_a_bounded_number_of_departed_members():
     roster.forget_departed()
     assert first.id not in roster.members and "first" not in roster.instances
     assert sum(1 for m in roster.members.values() if m.left) == DEPARTED_KEPT
+
+
+def test_the_ids_the_roster_gives_read_back_as_their_numbers():
+    """A worker seeds its order of the training set with the number in its id (worker/batch_source.py): the
+    number read back is the one the roster counted, for every role, and a string of another form is refused."""
+    roster = _roster(num_shards=2)
+    ids = [roster.register(Hello(role=role, instance=f"{role}-{i}"), 0.0, f"{role}{i}".encode(), lambda: None).id
+           for role in ("worker", "evaluator") for i in range(3)]
+    assert [member_number(i) for i in ids] == [0, 1, 2, 0, 1, 2]
+    assert [member_number(m.id) for m in roster.shards.values()] == [0, 1]
+    for other in ("w", "w-1", "x3", "w1 ", "3"):
+        with pytest.raises(ValueError):
+            member_number(other)

@@ -10,6 +10,7 @@ counted on /metrics, and changes nothing.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from pathlib import Path
@@ -29,8 +30,10 @@ from dynabatch.common.messages import (
     Welcome,
     WorkerStatus,
 )
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.transport import Connection, RemoteError
+from dynabatch.common.verified_files import read_verified
 from dynabatch.common.wire import chunk_meta
+from dynabatch.scheduler.saved_progress import progress_path
 from harness import Cluster, Proc, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
@@ -86,6 +89,36 @@ def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path
         assert _workers(c).keys() == {welcome.id, other.id}
     finally:
         c.stop()
+
+
+def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(tmp_path):
+    """A drop in a shard's version (a restart from an older checkpoint) is lost work to train again; the scheduler
+    writes the count to --state-dir before the next message, not at its once-a-second save, so a scheduler killed
+    right after answering resumes with it (its shards train on through the outage, past the saved version, and
+    would never be caught behind it again)."""
+    c = Cluster(tmp_path, JOB)
+    saved = progress_path(str(tmp_path / "state"), "dynabatch")
+    conn = c.client(sender="ps-test")
+    try:
+        c.scheduler("--state-dir", str(saved.parent))
+        hello = Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance=secrets.token_hex(8))
+        conn.sender = wait_for("the scheduler to welcome a shard", lambda: _welcome_or_none(conn, hello), 60).id
+        conn.request(Heartbeat(version=100, samples=4800), REPLY_S)
+        wait_for("the scheduler's first save", saved.exists, 30)
+        conn.request(Heartbeat(version=40, samples=1920), REPLY_S)  # the shard came back from an older checkpoint
+        st = c.status()
+        assert st is not None and st.lost_versions == 60, st
+        assert json.loads(read_verified(saved))["lost_versions"] == 60, "the loss was answered before it was saved"
+    finally:
+        conn.close()
+        c.stop()
+
+
+def _welcome_or_none(conn: Connection, hello: Hello) -> Welcome | None:
+    try:
+        return conn.request(hello, RETRY_S).body
+    except TimeoutError:  # not listening yet
+        return None
 
 
 def _refused_hello(c: Cluster, instance: str) -> RemoteError | None:

@@ -18,7 +18,7 @@ import torch
 import zmq
 
 from dynabatch.common import staleness
-from dynabatch.common.chunking import BUFFERS_ID, Chunk, Layout
+from dynabatch.common.chunking import BUFFERS_ID, BUFFERS_SHARD, Chunk, Layout
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Error, Init, InitAck, Params, Pull, Push, PushAck
 from dynabatch.common.transport import Connection, RemoteError
@@ -83,7 +83,7 @@ class ShardClients:
         for s, conn in enumerate(self.conns):
             mine = sorted(c.id for c in self.layout.for_shard(s) if c.id in wanted)
             body = Pull(ids=[] if ids is None else mine, min_version=min_versions[s] if min_versions else 0,
-                        buffers=with_buffers and s == 0)
+                        buffers=with_buffers and s == BUFFERS_SHARD)
             seqs.append(conn.send(body) if mine else -1)
         return PendingPull(self, seqs, wanted, with_buffers)
 
@@ -105,12 +105,12 @@ class ShardClients:
         seqs, bodies = [], []
         for s in range(len(self.conns)):
             chunks = [c for c in self.layout.for_shard(s) if c.id in wanted]
-            if not chunks and s == 0 and buffers is not None:
+            if not chunks and s == BUFFERS_SHARD and buffers is not None:
                 raise ValueError("travelling buffers go with a push to shard 0, and this push sends it nothing")
             bodies.append(Push(samples=samples, loss=loss, kind=kind, then_pull=then_pull,
                                pull_min_version=min_versions[s] if then_pull and min_versions else 0))
-            seqs.append(self._send_push(s, chunks, tensor, chunk_versions, bodies[s], buffers if s == 0 else None)
-                        if chunks else -1)
+            travelling = buffers if s == BUFFERS_SHARD else None
+            seqs.append(self._send_push(s, chunks, tensor, chunk_versions, bodies[s], travelling) if chunks else -1)
         pull = PendingPull(self, seqs, wanted, self.buffers is not None) if then_pull else None
         return PendingPush(self, seqs, bodies, pull, Resend(tensor, chunk_versions, buffers))
 
@@ -138,7 +138,7 @@ class ShardClients:
             chunks = self.layout.for_shard(s)
             metas = [ChunkMeta(c.id, "float32", (c.length,), 0) for c in chunks]
             tensors = [flat[c.start : c.stop] for c in chunks]
-            _append_buffers(metas, tensors, buffers if s == 0 else None)
+            _append_buffers(metas, tensors, buffers if s == BUFFERS_SHARD else None)
             seqs.append(conn.send(init, metas, tensors))
         pending = PendingInit(seqs)
         self.wait(pending, timeout_s)
@@ -200,7 +200,7 @@ class ShardClients:
         for s in refused:
             again = pending.resend
             pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), again.tensor, again.chunk_versions,
-                                              pending.bodies[s], again.buffers if s == 0 else None)
+                                              pending.bodies[s], again.buffers if s == BUFFERS_SHARD else None)
         pending.refused = set()
 
     def before_resend(self, others: list[Pending]) -> None:
@@ -345,7 +345,8 @@ class PendingPull(Pending):
 
     def _take_buffers(self, shard: int, meta: ChunkMeta, tensor: torch.Tensor) -> None:
         target = self.client.buffers
-        if not self.with_buffers or shard != 0 or self.buffers_in or target is None or meta.numel != target.numel():
+        if (not self.with_buffers or shard != BUFFERS_SHARD or self.buffers_in or target is None
+                or meta.numel != target.numel()):
             raise RemoteError(ErrorCode.BAD_CHUNK,
                               f"shard {shard} sent buffers unasked, twice, or of {meta.numel} values")
         target.copy_(tensor)

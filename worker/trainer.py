@@ -287,7 +287,7 @@ class Worker:
         self.process.link.heartbeat(beat.last)
         beat.rollbacks = number
         beat.last = replace(beat.last, rollbacks=number)
-        steps.after_failure("rollback")
+        steps.after_failure(ErrorCode.ROLLED_BACK)
         return beat.last
 
     def _await_batch(self, hb: Heartbeat) -> Assignment | None:
