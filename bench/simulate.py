@@ -24,9 +24,10 @@ time growing with load, and the shard learning a new membership only at its own
 heartbeat (every heartbeat_s; here at once).
 
 Each worker is a generator that yields either a virtual time to sleep until or
-a condition to wait for (a round to close, an ssp pull to be released), which
-keeps the worker side readable as the loop it mirrors (worker/gradient_steps.py,
-worker/local_steps.py).
+a condition to wait for (a round to close, an ssp pull to be released). Its steps
+are not written here: it runs its protocol's planner (worker/step_plans.py), the
+one the real worker's loop runs, and executes each action the planner orders
+(pull, compute, push, look after a delta in flight) in virtual time.
 
     python -m bench.simulate --protocol asgd --policy dynamic --profile tail16 --budget-s 20
 """

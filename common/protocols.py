@@ -7,8 +7,8 @@ loops and the simulator both run), and the scheduler what it decides from the
 flags below. Each flag is read where it matters by every role and tool that
 needs it, never restated (the shard rule's ONE_PER_ROUND is derived from
 `one_push_per_round`). Adding a protocol is one
-`ProtocolSpec` here, one shard rule, one worker loop (or the reuse of one), and
-their tests.
+`ProtocolSpec` here, one shard rule, one step planner and its worker loop (or the
+reuse of one), and their tests.
 
 A protocol's own settings (`ProtocolSettings`, one class per protocol that has
 any) are named by its spec and built from the job's flags by `protocol_settings`:
