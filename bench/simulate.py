@@ -361,6 +361,7 @@ class Worker:
         self.base_versions: dict[int, int] = {}
         self.version = 0
         self.anchor = torch.empty(0)
+        self.grads = torch.empty(0)  # a gradient step's gradient, taken when computed, until it is pushed
         self.back: tuple[torch.Tensor, dict[int, int], int] | None = None
 
     @property
@@ -516,6 +517,7 @@ class Worker:
                 yield c.now + record.compute
                 load_flat(c.model, self.base)
                 record.losses = [self.gradient(c.model, action.batch)]
+                self.grads = flat_grads(c.model)  # now: the model is every worker's, the next compute overwrites it
             else:
                 scale = self._lr_scale()
                 record.compute = sum(self.step_seconds(action.batch) for _ in range(action.steps))
@@ -530,7 +532,7 @@ class Worker:
             c.spawn(self._delta_in_flight(self.base - self.anchor, self.base_versions, action.samples), c.now)
             return None
         yield c.now + self.comm_s
-        pushed = flat_grads(c.model) if action.kind == GRADIENT else self.base - flat_params(self._own_model())
+        pushed = self.grads if action.kind == GRADIENT else self.base - flat_params(self._own_model())
         applied, after = c.push(pushed, self.base_versions, action.samples, action.kind, self.wid)
         return [Ack(applied, after)]
 
