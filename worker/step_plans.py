@@ -17,9 +17,9 @@ shard's rule reads as well.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import DELTA, GRADIENT, ProtocolSpec
@@ -121,9 +121,16 @@ def local_steps(orders: Orders) -> int:
 
 
 class StepPlan:
-    """One protocol's worker step; `finished` once the protocol ends this worker's training (ssgd's last round)."""
+    """One protocol's worker step; `NAME` is what a ProtocolSpec's `worker_loop` names; `finished` once the
+    protocol ends this worker's training (ssgd's last round)."""
 
+    NAME: ClassVar[str]
     finished: bool = False
+
+    @classmethod
+    def of(cls, spec: ProtocolSpec, rounds: int) -> StepPlan:
+        """The planner for `spec`, whose job ends after `rounds` if it ends by rounds; most read neither."""
+        return cls()
 
     def step(self, orders: Orders) -> Step:
         """The actions of one step under `orders`; returns whether it trained."""
@@ -149,10 +156,15 @@ class GradientPlan(StepPlan):
     waiting. `min_versions` is what the next pull waits for (None: nothing).
     """
 
+    NAME = "gradient"
     spec: ProtocolSpec
     rounds: int = 0
     min_versions: list[int] | None = None
     last_versions: list[int] | None = None
+
+    @classmethod
+    def of(cls, spec: ProtocolSpec, rounds: int) -> StepPlan:
+        return cls(spec, rounds)
 
     def pull_waits(self) -> bool:
         return self.min_versions is not None or self.spec.held_pull_waits
@@ -194,6 +206,7 @@ class LocalPlan(StepPlan):
     """local: sync onto the global model (waiting for the round the last delta went into), H local steps,
     push the delta."""
 
+    NAME = "local"
     min_versions: list[int] | None = None
 
     def pull_waits(self) -> bool:
@@ -218,6 +231,7 @@ class MsdPlan(StepPlan):
     """msd: one local step at a time; once H have been taken since the last push and no delta is in flight, push
     the delta without waiting; its round's model comes back through `Advance`, while the worker steps on."""
 
+    NAME = "msd"
     synced: bool = False
     in_flight: bool = False
     since_push: int = 0
@@ -246,12 +260,9 @@ class MsdPlan(StepPlan):
 
 def plan_for(spec: ProtocolSpec, rounds: int = 0) -> StepPlan:
     """The planner of `spec`'s worker loop; `rounds` ends a protocol that ends by rounds."""
-    return PLANS[spec.worker_loop](spec, rounds)
+    return PLANS[spec.worker_loop].of(spec, rounds)
 
 
-PLANS: dict[str, Callable[[ProtocolSpec, int], StepPlan]] = {
-    "gradient": GradientPlan,
-    "local": lambda spec, rounds: LocalPlan(),
-    "msd": lambda spec, rounds: MsdPlan(),
-}
-"""Each worker loop a ProtocolSpec's `worker_loop` names, and how its planner is made."""
+PLANS: dict[str, type[StepPlan]] = {plan.NAME: plan for plan in (GradientPlan, LocalPlan, MsdPlan)}
+"""The planners by the name a ProtocolSpec's `worker_loop` gives them (the worker's loop of the same name runs
+each)."""
