@@ -67,12 +67,8 @@ from dynabatch.worker.step_plans import (
     Action,
     Advance,
     Compute,
-    GradientPlan,
-    LocalPlan,
-    MsdPlan,
     Pull,
     Pulled,
-    StepPlan,
     plan_for,
     round_after,
     send,
@@ -363,6 +359,7 @@ class Worker:
         self.anchor = torch.empty(0)
         self.grads = torch.empty(0)  # a gradient step's gradient, taken when computed, until it is pushed
         self.back: tuple[torch.Tensor, dict[int, int], int] | None = None
+        self.sync_s = 0.0  # msd: the transfers of its last delta and its average (the real loop's `comm_s`)
 
     @property
     def comm_s(self) -> float:
@@ -492,7 +489,8 @@ class Worker:
                 plan.after_failure(ErrorCode.TOO_STALE)
                 self.batch = self._assigned()
                 continue
-            self.beat(self._result(plan, record), sync_s=2 * self.comm_s if isinstance(plan, MsdPlan) else 0.0)
+            loss = sum(record.losses) / len(record.losses)
+            self.beat(StepResult(record.times, record.batch, loss, self.version, record.steps), sync_s=self.sync_s)
 
     def _execute(self, action: Action, record: _StepRecord) -> Generator[Wait, None, object]:
         """One planned action in virtual time; returns its outcome for the planner."""
@@ -503,30 +501,33 @@ class Worker:
                 target = action.min_versions[0]
                 yield lambda: c.shard.version >= target
             yield lambda: c.shard.admit_pull(self.wid)  # answered now: a rule may count the worker as computing
-            record.answered = c.now
             self.base, self.base_versions, self.version = c.pull()
             yield c.now + self.comm_s
-            record.arrived = c.now
+            if action.waits:
+                record.times.wait += c.now - record.asked
+            else:
+                record.times.pull += c.now - record.asked
             if c.spec.push_kind == DELTA:
                 load_flat(self._own_model(), self.base)
             return Pulled([self.version], self.version)
         if isinstance(action, Compute):
             record.batch, record.steps = action.batch, action.steps
             if c.spec.push_kind == GRADIENT:
-                record.compute = self.step_seconds(action.batch)
-                yield c.now + record.compute
+                compute = self.step_seconds(action.batch)
+                yield c.now + compute
                 load_flat(c.model, self.base)
                 record.losses = [self.gradient(c.model, action.batch)]
                 self.grads = flat_grads(c.model)  # now: the model is every worker's, the next compute overwrites it
             else:
                 scale = self._lr_scale()
-                record.compute = sum(self.step_seconds(action.batch) for _ in range(action.steps))
-                yield c.now + record.compute
+                compute = sum(self.step_seconds(action.batch) for _ in range(action.steps))
+                yield c.now + compute
                 record.losses = [self._local_step(action.batch, scale) for _ in range(action.steps)]
+            record.times.compute += compute
             return True
         if isinstance(action, Advance):
             return self._correct()
-        record.push = self.comm_s
+        record.times.push += self.comm_s
         if action.in_flight:
             self.anchor = flat_params(self._own_model())
             c.spawn(self._delta_in_flight(self.base - self.anchor, self.base_versions, action.samples), c.now)
@@ -535,21 +536,6 @@ class Worker:
         pushed = self.grads if action.kind == GRADIENT else self.base - flat_params(self._own_model())
         applied, after = c.push(pushed, self.base_versions, action.samples, action.kind, self.wid)
         return [Ack(applied, after)]
-
-    def _result(self, plan: StepPlan, record: _StepRecord) -> StepResult:
-        """The step as the simulated worker reports it: a gradient step's round wait (and rennala's held pull)
-        counts as waiting and its transfers as pull and push; a local round's sync, transfer included, as
-        waiting; an msd step's compute and the push it started."""
-        if isinstance(plan, GradientPlan):
-            wait, in_round = record.answered - record.asked, plan.pull_waits()
-            times = StepTimes(pull=self.comm_s + (0.0 if in_round else wait), compute=record.compute,
-                              push=record.push, wait=wait if in_round else 0.0)
-            return StepResult(times, record.batch, record.losses[0], self.version)
-        if isinstance(plan, LocalPlan):
-            times = StepTimes(compute=record.compute, push=record.push, wait=record.arrived - record.asked)
-            return StepResult(times, record.batch, sum(record.losses) / record.steps, self.version, record.steps)
-        return StepResult(StepTimes(compute=record.compute, push=record.push), record.batch, record.losses[0],
-                          self.version)
 
     def _own_model(self) -> torch.nn.Module:
         if self.model is None:
@@ -586,28 +572,30 @@ class Worker:
                          samples: int) -> Generator[Wait, None, None]:
         """The push travels, the round closes when everyone has pushed, the average travels back."""
         c = self.c
+        sent = c.now
         yield c.now + self.comm_s
         if self.wid not in c.shard.live:
             return
         applied, after = c.push(delta, versions, samples, DELTA, self.wid)
         target = round_after([Ack(applied, after)])[0]
         yield lambda: c.shard.version >= target
+        pushed_s = c.now - sent
         back = c.pull()
         yield c.now + self.comm_s
         self.back = back
+        self.sync_s = pushed_s + self.comm_s  # transfers only: the wait for the round is not communication
 
 
 @dataclass
 class _StepRecord:
-    """What one simulated step did, in virtual seconds, for its report."""
+    """What one simulated step did, for its report: its times (virtual seconds) counted as the real worker's
+    loops count them (a pull's time, transfer included, is waiting where the plan says it waits), its batch,
+    local steps and losses."""
 
-    asked: float = 0.0  # the pull was asked for
-    answered: float = 0.0  # the shard answered it (after the round's wait)
-    arrived: float = 0.0  # its model had arrived
+    times: StepTimes = field(default_factory=StepTimes)
+    asked: float = 0.0  # when the pull was asked for
     batch: int = 0
     steps: int = 1
-    compute: float = 0.0
-    push: float = 0.0
     losses: list[float] = field(default_factory=list)
 
 

@@ -151,14 +151,17 @@ def _tree(path: Path) -> ast.Module:
 
 
 def test_the_simulator_runs_the_planners_and_plans_no_step_of_its_own():
-    """bench/simulate.py takes its plans from worker/step_plans.py, constructs no action, and neither it nor any
-    other file of bench/ or worker/ outside the planners reads what a planner reads of a protocol's spec."""
+    """bench/simulate.py takes its plans from worker/step_plans.py, constructs no action, names no planner class
+    (no step or report of its own per protocol), and neither it nor any other file of bench/ or worker/ outside
+    the planners reads what a planner reads of a protocol's spec."""
     sim = _tree(ROOT / "bench" / "simulate.py")
     imported = {alias.name for node in ast.walk(sim) if isinstance(node, ast.ImportFrom)
                 and node.module == "dynabatch.worker.step_plans" for alias in node.names}
     assert "plan_for" in imported
     built = {node.func.id for node in ast.walk(sim) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not built & ACTIONS, "the simulator executes actions, it does not plan them"
+    named = {node.id for node in ast.walk(sim) if isinstance(node, ast.Name)} | imported
+    assert not named & {plan.__name__ for plan in PLANS.values()}, "nor does it tell one protocol's plan from another"
     for path in sorted([*ROOT.glob("bench/*.py"), *ROOT.glob("worker/*.py")]):
         if path.name == "step_plans.py":
             continue
