@@ -282,13 +282,18 @@ class Cluster:
 
     # -- the scheduler and the shard --------------------------------------------------
 
-    def report(self, wid: str, hb: Heartbeat) -> int:
+    def report(self, wid: str, hb: Heartbeat) -> Told:
         """A worker's heartbeat; the shard then reports the membership it applies (as its heartbeat would).
-        Returns the worker's batch."""
+        Returns the scheduler's answer."""
         self.scheduler.heartbeat(wid, hb, self.now)
         self.sync_shard()
         self.changed()
-        return self.scheduler.assignment_for(self.scheduler.roster.members[wid]).batch
+        return self.told(wid)
+
+    def told(self, wid: str) -> Told:
+        """What the scheduler holds for worker `wid` now: what the real worker's link hands it."""
+        a = self.scheduler.assignment_for(self.scheduler.roster.members[wid])
+        return Told(a.batch, a.local_steps, a.lr_scale)
 
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
@@ -347,7 +352,7 @@ class Worker:
         self.source: BatchSource | None = None  # the worker's own data order, once it has an id
         self.hb = Heartbeat()
         self.wid = ""
-        self.batch = 0
+        self.told = Told()
         self.started = spec.join_s
         self.model: torch.nn.Module | None = None  # its own model (delta protocols)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -388,9 +393,9 @@ class Worker:
         return loss.item()
 
     def beat(self, result: StepResult, sync_s: float = 0.0) -> None:
-        """Report a step as the real worker does (worker/heartbeats.py), and take the new batch."""
+        """Report a step as the real worker does (worker/heartbeats.py), and take the answer for the next step."""
         self.hb = heartbeat_after(self.hb, result, sync_s=sync_s)
-        self.batch = self.c.report(self.wid, self.hb)
+        self.told = self.c.report(self.wid, self.hb)
 
     # -- joining and leaving ----------------------------------------------------------
 
@@ -431,8 +436,8 @@ class Worker:
         if self.spec.join_s > 0:
             yield c.now + probe_s
         self.hb = Heartbeat(standalone_sps=standalone)
-        self.batch = c.report(self.wid, self.hb)
-        if self.batch == 0:
+        self.told = c.report(self.wid, self.hb)
+        if self.told.batch == 0:
             # The real worker repeats its heartbeat until the answer holds a batch (worker/trainer.py,
             # _await_batch), so it learns the batch within a round trip of the scheduler deciding it.
             yield from self._await_batch()
@@ -458,17 +463,7 @@ class Worker:
         """Until the scheduler gives this worker a batch (worker/trainer.py, _await_batch)."""
         c = self.c
         yield lambda: c.scheduler.allocator.allocation.get(self.wid, 0) > 0
-        self.batch = self._assigned()
-
-    def _assigned(self) -> int:
-        """The batch the scheduler holds for this worker now: what the real worker's link hands it between steps,
-        a step that reported nothing included (worker/trainer.py)."""
-        return self.c.scheduler.assignment_for(self.c.scheduler.roster.members[self.wid]).batch
-
-    @property
-    def local_steps(self) -> int:
-        """H as the scheduler holds it now: the planner reads it as the assignment's (`Orders`)."""
-        return self.c.scheduler.allocator.local_steps
+        self.told = c.told(self.wid)
 
     def steps(self) -> Generator[Wait, None, None]:
         """Step after step until the node leaves, each as the protocol's planner orders it (worker/step_plans.py,
@@ -476,10 +471,10 @@ class Worker:
         c = self.c
         plan = plan_for(c.spec, c.job.rounds(len(c.data.train_y)))
         while not self.leaving():
-            if self.batch == 0:  # left out (batch 0): idle until the scheduler gives it a batch again
+            if self.told.batch == 0:  # left out (batch 0): idle until the scheduler gives it a batch again
                 yield from self._await_batch()
             record = _StepRecord()
-            step = plan.step(self)
+            step = plan.step(self.told)
             try:
                 action: Action | None = next(step)
                 while action is not None:
@@ -487,7 +482,7 @@ class Worker:
             except StaleGradient:  # discarded (ssgd, ringmaster, rennala): the real worker pulls again at once
                 c.discarded_samples += record.batch
                 plan.after_failure(ErrorCode.TOO_STALE)
-                self.batch = self._assigned()
+                self.told = c.told(self.wid)  # what the real worker's link hands it between steps
                 continue
             loss = sum(record.losses) / len(record.losses)
             self.beat(StepResult(record.times, record.batch, loss, self.version, record.steps), sync_s=self.sync_s)
@@ -519,7 +514,7 @@ class Worker:
                 record.losses = [self.gradient(c.model, action.batch)]
                 self.grads = flat_grads(c.model)  # now: the model is every worker's, the next compute overwrites it
             else:
-                scale = self._lr_scale()
+                scale = self.told.lr_scale
                 compute = sum(self.step_seconds(action.batch) for _ in range(action.steps))
                 yield c.now + compute
                 record.losses = [self._local_step(action.batch, scale) for _ in range(action.steps)]
@@ -554,9 +549,6 @@ class Worker:
         loss = self.gradient(model, b)
         self.optimizer.step()
         return loss
-
-    def _lr_scale(self) -> float:
-        return self.c.scheduler.assignment_for(self.c.scheduler.roster.members[self.wid]).lr_scale
 
     def _correct(self) -> bool:
         """msd: once the averaged model is back, move onto it with this worker's progress since it pushed."""
@@ -597,6 +589,16 @@ class _StepRecord:
     batch: int = 0
     steps: int = 1
     losses: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Told:
+    """The scheduler's last answer to a simulated worker, as the real worker's assignment carries it: the batch and
+    H its planner reads for a step (worker/step_plans.py `Orders`), and the local steps' learning-rate scale."""
+
+    batch: int = 0
+    local_steps: int = 1
+    lr_scale: float = 1.0
 
 
 @dataclass(frozen=True)
