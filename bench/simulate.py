@@ -64,6 +64,7 @@ from dynabatch.worker.batch_source import BatchSource, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
 from dynabatch.worker.probe import probe_batch, standalone_speed
 from dynabatch.worker.step_plans import (
+    Ack,
     Action,
     Advance,
     Compute,
@@ -600,13 +601,6 @@ class Told:
     local_steps: int = 1
     lr_scale: float = 1.0
 
-
-@dataclass(frozen=True)
-class Ack:
-    """A simulated shard's answer to a push (worker/step_plans.py `Acknowledged`)."""
-
-    applied: bool
-    version: int
 
 
 def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:

@@ -14,6 +14,7 @@ from dynabatch.ps.protocol_rules import RULES, one_per_round
 from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.step_plans import (
     PLANS,
+    Ack,
     Advance,
     Compute,
     GradientPlan,
@@ -38,12 +39,6 @@ PLANNER_FACTS = {"one_push_per_round", "held_pull_waits", "ends_by_rounds"}
 class Orders:
     batch: int = 32
     local_steps: int = 1
-
-
-@dataclass(frozen=True)
-class Ack:
-    applied: bool
-    version: int
 
 
 def run(step: Step, outcomes: list[object]) -> tuple[list[object], bool]:

@@ -47,6 +47,15 @@ class Acknowledged(Protocol):
 
 
 @dataclass(frozen=True)
+class Ack:
+    """An `Acknowledged` of the planner's own, for an executor whose shards answer with no message (the
+    simulator's)."""
+
+    applied: bool
+    version: int
+
+
+@dataclass(frozen=True)
 class Pull:
     """Fetch the model; shard s answers once it holds version `min_versions[s]` (None: whatever it holds).
     `waits`: the time it takes is waiting for other workers (a round), not this worker's own pulling.
