@@ -24,9 +24,10 @@ time growing with load, and the shard learning a new membership only at its own
 heartbeat (every heartbeat_s; here at once).
 
 Each worker is a generator that yields either a virtual time to sleep until or
-a condition to wait for (a round to close, an ssp pull to be released), which
-keeps the worker side readable as the loop it mirrors (worker/gradient_steps.py,
-worker/local_steps.py).
+a condition to wait for (a round to close, an ssp pull to be released). Its steps
+are not written here: it runs its protocol's planner (worker/step_plans.py), the
+one the real worker's loop runs, and executes each action the planner orders
+(pull, compute, push, look after a delta in flight) in virtual time.
 
     python -m bench.simulate --protocol asgd --policy dynamic --profile tail16 --budget-s 20
 """
@@ -51,7 +52,7 @@ from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_datase
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
-from dynabatch.common.protocols import DELTA, protocol_settings, protocol_spec
+from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.gradient_bounds import GradientBounds
@@ -62,6 +63,17 @@ from dynabatch.scheduler.job_state import JobState
 from dynabatch.worker.batch_source import BatchSource, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
 from dynabatch.worker.probe import probe_batch, standalone_speed
+from dynabatch.worker.step_plans import (
+    Ack,
+    Action,
+    Advance,
+    Compute,
+    Pull,
+    Pulled,
+    plan_for,
+    round_after,
+    send,
+)
 from dynabatch.worker.step_times import StepResult, StepTimes
 
 MARKS = ("0.80", "0.85", "0.88")
@@ -271,13 +283,18 @@ class Cluster:
 
     # -- the scheduler and the shard --------------------------------------------------
 
-    def report(self, wid: str, hb: Heartbeat) -> int:
+    def report(self, wid: str, hb: Heartbeat) -> Told:
         """A worker's heartbeat; the shard then reports the membership it applies (as its heartbeat would).
-        Returns the worker's batch."""
+        Returns the scheduler's answer."""
         self.scheduler.heartbeat(wid, hb, self.now)
         self.sync_shard()
         self.changed()
-        return self.scheduler.assignment_for(self.scheduler.roster.members[wid]).batch
+        return self.told(wid)
+
+    def told(self, wid: str) -> Told:
+        """What the scheduler holds for worker `wid` now: what the real worker's link hands it."""
+        a = self.scheduler.assignment_for(self.scheduler.roster.members[wid])
+        return Told(a.batch, a.local_steps, a.lr_scale)
 
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
@@ -336,10 +353,19 @@ class Worker:
         self.source: BatchSource | None = None  # the worker's own data order, once it has an id
         self.hb = Heartbeat()
         self.wid = ""
-        self.batch = 0
+        self.told = Told()
         self.started = spec.join_s
-        self.model: torch.nn.Module | None = None
+        self.model: torch.nn.Module | None = None  # its own model (delta protocols)
         self.optimizer: torch.optim.Optimizer | None = None
+        # The model its step started from (a gradient step's, or a delta's base), its chunks' versions and the
+        # model's; msd's anchor (its model when it pushed) and the averaged model back for it (parameters, versions).
+        self.base = torch.empty(0)
+        self.base_versions: dict[int, int] = {}
+        self.version = 0
+        self.anchor = torch.empty(0)
+        self.grads = torch.empty(0)  # a gradient step's gradient, taken when computed, until it is pushed
+        self.back: tuple[torch.Tensor, dict[int, int], int] | None = None
+        self.sync_s = 0.0  # msd: the transfers of its last delta and its average (the real loop's `comm_s`)
 
     @property
     def comm_s(self) -> float:
@@ -368,9 +394,9 @@ class Worker:
         return loss.item()
 
     def beat(self, result: StepResult, sync_s: float = 0.0) -> None:
-        """Report a step as the real worker does (worker/heartbeats.py), and take the new batch."""
+        """Report a step as the real worker does (worker/heartbeats.py), and take the answer for the next step."""
         self.hb = heartbeat_after(self.hb, result, sync_s=sync_s)
-        self.batch = self.c.report(self.wid, self.hb)
+        self.told = self.c.report(self.wid, self.hb)
 
     # -- joining and leaving ----------------------------------------------------------
 
@@ -411,17 +437,14 @@ class Worker:
         if self.spec.join_s > 0:
             yield c.now + probe_s
         self.hb = Heartbeat(standalone_sps=standalone)
-        self.batch = c.report(self.wid, self.hb)
-        if self.batch == 0:
+        self.told = c.report(self.wid, self.hb)
+        if self.told.batch == 0:
             # The real worker repeats its heartbeat until the answer holds a batch (worker/trainer.py,
             # _await_batch), so it learns the batch within a round trip of the scheduler deciding it.
             yield from self._await_batch()
         self.started = c.now  # slowdown schedules count from the first batch (worker/trainer.py, _train_steps)
-        loop = {"gradient": self.gradient_loop, "round": self.gradient_loop, "local": self.local_loop,
-                "msd": self.msd_loop, "sample_round": lambda: self.gradient_loop(held_is_wait=True),
-                }[c.spec.worker_loop]
         try:
-            yield from loop()
+            yield from self.steps()
         except ProtocolError as refused:
             if refused.code != ErrorCode.QUARANTINED:
                 raise
@@ -435,57 +458,80 @@ class Worker:
         self.c.sync_shard()
         return True
 
-    # -- the protocols' worker loops ----------------------------------------------------
+    # -- the protocol's steps, as the worker's own planner orders them ------------------------
 
     def _await_batch(self) -> Generator[Wait, None, None]:
         """Until the scheduler gives this worker a batch (worker/trainer.py, _await_batch)."""
         c = self.c
         yield lambda: c.scheduler.allocator.allocation.get(self.wid, 0) > 0
-        self.batch = self._assigned()
+        self.told = c.told(self.wid)
 
-    def _assigned(self) -> int:
-        """The batch the scheduler holds for this worker now: what the real worker's link hands it between steps,
-        a step that reported nothing included (worker/trainer.py)."""
-        return self.c.scheduler.assignment_for(self.c.scheduler.roster.members[self.wid]).batch
-
-    def _await_round(self, min_version: int | None) -> Generator[Wait, None, None]:
-        """A round's pull waits until the shard holds `min_version` (None: nothing to wait for)."""
-        if min_version is not None:
-            yield lambda: self.c.shard.version >= min_version
-
-    def gradient_loop(self, held_is_wait: bool = False) -> Generator[Wait, None, None]:
-        """asgd, softsync, ssp, ringmaster, rennala and ssgd: pull, compute, push; ssgd's next pull waits for the
-        round's version; a held pull counts as waiting where the worker's loop counts it so (rennala's)."""
+    def steps(self) -> Generator[Wait, None, None]:
+        """Step after step until the node leaves, each as the protocol's planner orders it (worker/step_plans.py,
+        the plan the real worker's loop runs), its actions executed in virtual time (`_execute`)."""
         c = self.c
-        min_version: int | None = None
+        plan = plan_for(c.spec, c.job.rounds(len(c.data.train_y)))
         while not self.leaving():
-            if self.batch == 0:  # left out (batch 0): idle until the scheduler gives it a batch again
+            if self.told.batch == 0:  # left out (batch 0): idle until the scheduler gives it a batch again
                 yield from self._await_batch()
-            asked = c.now
-            yield from self._await_round(min_version)
-            yield lambda: c.shard.admit_pull(self.wid)  # answered now: a rule may count the worker as computing
-            wait = c.now - asked
-            flat, versions, version = c.pull()
-            b = self.batch
-            compute = self.step_seconds(b)
-            yield c.now + self.comm_s + compute
-            load_flat(c.model, flat)
-            loss = self.gradient(c.model, b)
-            yield c.now + self.comm_s
+            record = _StepRecord()
+            step = plan.step(self.told)
             try:
-                c.push(flat_grads(c.model), versions, b, "grad", self.wid)
+                action: Action | None = next(step)
+                while action is not None:
+                    action = send(step, (yield from self._execute(action, record)))
             except StaleGradient:  # discarded (ssgd, ringmaster, rennala): the real worker pulls again at once
-                c.discarded_samples += b
-                self.batch = self._assigned()
+                c.discarded_samples += record.batch
+                plan.after_failure(ErrorCode.TOO_STALE)
+                self.told = c.told(self.wid)  # what the real worker's link hands it between steps
                 continue
-            if c.spec.one_push_per_round:
-                min_version = version + 1
-            # A round's wait (and rennala's held pull) is waiting on others; a held-back pull (ssp) is the pull's own
-            # time, as the real loop times it.
-            in_round = min_version is not None or held_is_wait
-            times = StepTimes(pull=self.comm_s + (0.0 if in_round else wait), compute=compute, push=self.comm_s,
-                              wait=wait if in_round else 0.0)
-            self.beat(StepResult(times, b, loss, version))
+            loss = sum(record.losses) / len(record.losses)
+            self.beat(StepResult(record.times, record.batch, loss, self.version, record.steps), sync_s=self.sync_s)
+
+    def _execute(self, action: Action, record: _StepRecord) -> Generator[Wait, None, object]:
+        """One planned action in virtual time; returns its outcome for the planner."""
+        c = self.c
+        if isinstance(action, Pull):
+            record.asked = c.now
+            if action.min_versions is not None:
+                target = action.min_versions[0]
+                yield lambda: c.shard.version >= target
+            yield lambda: c.shard.admit_pull(self.wid)  # answered now: a rule may count the worker as computing
+            self.base, self.base_versions, self.version = c.pull()
+            yield c.now + self.comm_s
+            if action.waits:
+                record.times.wait += c.now - record.asked
+            else:
+                record.times.pull += c.now - record.asked
+            if c.spec.push_kind == DELTA:
+                load_flat(self._own_model(), self.base)
+            return Pulled([self.version], self.version)
+        if isinstance(action, Compute):
+            record.batch, record.steps = action.batch, action.steps
+            if c.spec.push_kind == GRADIENT:
+                compute = self.step_seconds(action.batch)
+                yield c.now + compute
+                load_flat(c.model, self.base)
+                record.losses = [self.gradient(c.model, action.batch)]
+                self.grads = flat_grads(c.model)  # now: the model is every worker's, the next compute overwrites it
+            else:
+                scale = self.told.lr_scale
+                compute = sum(self.step_seconds(action.batch) for _ in range(action.steps))
+                yield c.now + compute
+                record.losses = [self._local_step(action.batch, scale) for _ in range(action.steps)]
+            record.times.compute += compute
+            return True
+        if isinstance(action, Advance):
+            return self._correct()
+        record.times.push += self.comm_s
+        if action.in_flight:
+            self.anchor = flat_params(self._own_model())
+            c.spawn(self._delta_in_flight(self.base - self.anchor, self.base_versions, action.samples), c.now)
+            return None
+        yield c.now + self.comm_s
+        pushed = self.grads if action.kind == GRADIENT else self.base - flat_params(self._own_model())
+        applied, after = c.push(pushed, self.base_versions, action.samples, action.kind, self.wid)
+        return [Ack(applied, after)]
 
     def _own_model(self) -> torch.nn.Module:
         if self.model is None:
@@ -505,70 +551,56 @@ class Worker:
         self.optimizer.step()
         return loss
 
-    def _lr_scale(self) -> float:
-        return self.c.scheduler.assignment_for(self.c.scheduler.roster.members[self.wid]).lr_scale
-
-    def local_loop(self) -> Generator[Wait, None, None]:
-        """local: sync (waiting for the round), H local steps, push the delta."""
-        c = self.c
-        min_version: int | None = None
-        while not self.leaving():
-            asked = c.now
-            yield from self._await_round(min_version)
-            flat, versions, version = c.pull()
-            yield c.now + self.comm_s
-            wait = c.now - asked
-            model = self._own_model()
-            load_flat(model, flat)
-            b, steps, scale = self.batch, max(1, c.scheduler.allocator.local_steps), self._lr_scale()
-            compute = sum(self.step_seconds(b) for _ in range(steps))
-            yield c.now + compute
-            losses = [self._local_step(b, scale) for _ in range(steps)]
-            yield c.now + self.comm_s
-            applied, after = c.push(flat - flat_params(model), versions, b * steps, DELTA, self.wid)
-            min_version = after if applied else after + 1
-            self.beat(StepResult(StepTimes(compute=compute, push=self.comm_s, wait=wait), b, sum(losses) / steps,
-                                 version, steps))
-
-    def msd_loop(self) -> Generator[Wait, None, None]:
-        """msd: step without waiting; one delta in flight; correct onto the average when it is back."""
-        c = self.c
-        flat, versions, version = c.pull()
-        yield c.now + self.comm_s
+    def _correct(self) -> bool:
+        """msd: once the averaged model is back, move onto it with this worker's progress since it pushed."""
+        if self.back is None:
+            return False
+        global_flat, self.base_versions, self.version = self.back
         model = self._own_model()
-        load_flat(model, flat)
-        state: dict[str, Any] = {"base": flat.clone(), "versions": versions, "version": version, "back": None}
-        since_push, in_flight, anchor = 0, False, flat
-        while not self.leaving():
-            b, scale = self.batch, self._lr_scale()
-            compute = self.step_seconds(b)
-            yield c.now + compute
-            loss = self._local_step(b, scale)
-            since_push += 1
-            if state["back"] is not None:
-                global_flat = state["back"]
-                load_flat(model, global_flat + (flat_params(model) - anchor))
-                state["base"], state["back"], in_flight = global_flat.clone(), None, False
-            pushed = 0.0
-            if not in_flight and since_push >= max(1, c.scheduler.allocator.local_steps):
-                anchor = flat_params(model)
-                c.spawn(self._delta_in_flight(state["base"] - anchor, state, b * since_push), c.now)
-                in_flight, since_push, pushed = True, 0, self.comm_s
-            self.beat(StepResult(StepTimes(compute=compute, push=pushed), b, loss, state["version"]),
-                      sync_s=2 * self.comm_s)
+        load_flat(model, global_flat + (flat_params(model) - self.anchor))
+        self.base, self.back = global_flat.clone(), None
+        return True
 
-    def _delta_in_flight(self, delta: torch.Tensor, state: dict[str, Any], samples: int) -> Generator[Wait, None, None]:
+    def _delta_in_flight(self, delta: torch.Tensor, versions: dict[int, int],
+                         samples: int) -> Generator[Wait, None, None]:
         """The push travels, the round closes when everyone has pushed, the average travels back."""
         c = self.c
+        sent = c.now
         yield c.now + self.comm_s
         if self.wid not in c.shard.live:
             return
-        applied, after = c.push(delta, state["versions"], samples, DELTA, self.wid)
-        target = after if applied else after + 1
+        applied, after = c.push(delta, versions, samples, DELTA, self.wid)
+        target = round_after([Ack(applied, after)])[0]
         yield lambda: c.shard.version >= target
-        flat, versions, version = c.pull()
+        pushed_s = c.now - sent
+        back = c.pull()
         yield c.now + self.comm_s
-        state["versions"], state["version"], state["back"] = versions, version, flat
+        self.back = back
+        self.sync_s = pushed_s + self.comm_s  # transfers only: the wait for the round is not communication
+
+
+@dataclass
+class _StepRecord:
+    """What one simulated step did, for its report: its times (virtual seconds) counted as the real worker's
+    loops count them (a pull's time, transfer included, is waiting where the plan says it waits), its batch,
+    local steps and losses."""
+
+    times: StepTimes = field(default_factory=StepTimes)
+    asked: float = 0.0  # when the pull was asked for
+    batch: int = 0
+    steps: int = 1
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Told:
+    """The scheduler's last answer to a simulated worker, as the real worker's assignment carries it: the batch and
+    H its planner reads for a step (worker/step_plans.py `Orders`), and the local steps' learning-rate scale."""
+
+    batch: int = 0
+    local_steps: int = 1
+    lr_scale: float = 1.0
+
 
 
 def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:

@@ -2,10 +2,13 @@
 
 A role looks its protocol up here and never compares the protocol's name: the
 shard takes its update rule from `shard_rule` (ps/protocol_rules.py), the worker
-its loop from `worker_loop` (worker/gradient_steps.py, worker/local_steps.py),
-and the scheduler what it decides from the flags below. Adding a protocol is one
-`ProtocolSpec` here, one shard rule, one worker loop (or the reuse of one), and
-their tests.
+its step planner from `worker_loop` (worker/step_plans.py, which the worker's
+loops and the simulator both run), and the scheduler what it decides from the
+flags below. Each flag is read where it matters by every role and tool that
+needs it, never restated (the shard rule's ONE_PER_ROUND is derived from
+`one_push_per_round`). Adding a protocol is one
+`ProtocolSpec` here, one shard rule, one step planner and its worker loop (or the
+reuse of one), and their tests.
 
 A protocol's own settings (`ProtocolSettings`, one class per protocol that has
 any) are named by its spec and built from the job's flags by `protocol_settings`:
@@ -145,9 +148,12 @@ class ProtocolSpec:
 
     - `push_kind`: what a worker pushes, gradients or parameter deltas.
     - `shard_rule`: the shard's rule class (`ShardRule.NAME` in ps/protocol_rules.py).
-    - `worker_loop`: the worker's loop class (`NAME` of a loop in worker/).
+    - `worker_loop`: the worker's step planner (a key of worker/step_plans.py `PLANS`): gradient, local or msd.
     - `one_push_per_round`: a worker may push each chunk once per round, and a
-      round waits on every live worker.
+      round waits on every live worker; a gradient worker's next pull waits for
+      the round its push went into.
+    - `held_pull_waits`: the shard holds a gradient worker's pull until the next
+      round's model (rennala), so that time is waiting for others, not pulling.
     - `local_steps`: workers take H local steps per push (the assignment's H).
     - `adaptive_local_steps`: the scheduler adapts H as the loss falls (AdaComm).
     - `ends_by_rounds`: the job ends once every shard has had epochs x N / B rounds,
@@ -180,6 +186,7 @@ class ProtocolSpec:
     shard_rule: str
     worker_loop: str
     one_push_per_round: bool = False
+    held_pull_waits: bool = False
     local_steps: bool = False
     adaptive_local_steps: bool = False
     ends_by_rounds: bool = False
@@ -202,7 +209,7 @@ SPECS: dict[str, ProtocolSpec] = {
                      "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
-                     GRADIENT, shard_rule="round", worker_loop="round", one_push_per_round=True,
+                     GRADIENT, shard_rule="round", worker_loop="gradient", one_push_per_round=True,
                      ends_by_rounds=True, sized_rounds=True, equal_steps=True, settings=RoundSettings),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
@@ -216,8 +223,8 @@ SPECS: dict[str, ProtocolSpec] = {
                      settings=RingmasterSettings),
         ProtocolSpec("rennala", "Rennala SGD: one step per B samples of gradients computed at the current model, "
                      "from whoever delivers them; a gradient of an older model is discarded",
-                     GRADIENT, shard_rule="rennala", worker_loop="sample_round", sized_rounds=True,
-                     equal_steps=True, settings=RoundSettings),
+                     GRADIENT, shard_rule="rennala", worker_loop="gradient", held_pull_waits=True,
+                     sized_rounds=True, equal_steps=True, settings=RoundSettings),
         ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
                      DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True,
                      equal_steps=True, settings=OuterSettings),

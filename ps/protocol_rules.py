@@ -23,6 +23,7 @@ import torch
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import (
+    SPECS,
     ProtocolSettings,
     RingmasterSettings,
     RoundSettings,
@@ -37,6 +38,15 @@ if TYPE_CHECKING:
     from dynabatch.ps.shard_state import ShardState
 
 
+def one_per_round(rule: str) -> bool:
+    """Whether the protocols whose shard rule is `rule` take one push per worker and round: their specs'
+    `one_push_per_round` (common/protocols.py), which must agree, as one rule serves them all."""
+    flags = {spec.one_push_per_round for spec in SPECS.values() if spec.shard_rule == rule}
+    if len(flags) > 1:
+        raise ValueError(f"the protocols of shard rule {rule!r} disagree on one_push_per_round")
+    return flags == {True}
+
+
 class ShardRule:
     """What a protocol does with pushed chunks; the default rule keeps no rounds.
 
@@ -48,9 +58,15 @@ class ShardRule:
     # whether the worker may pull at all is known only once its whole push is in (ssp's clocks).
     STREAMS: ClassVar[bool] = True
     # Whether a worker's push enters a round that takes one from each worker: it cannot run ahead of the others, so
-    # the direction check's start-up hold (gradient_direction.py `held`) has nothing to bound.
+    # the direction check's start-up hold (gradient_direction.py `held`) has nothing to bound. Derived from the
+    # specs that name the rule (`one_per_round`), whose flag the worker's step planner reads as well.
     ONE_PER_ROUND: ClassVar[bool] = False
     widest_spread: int = 0  # bounded-staleness rules: the most clocks between live workers seen so far
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if "NAME" in cls.__dict__:
+            cls.ONE_PER_ROUND = one_per_round(cls.NAME)
 
     def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
         self.shard = shard
@@ -329,7 +345,6 @@ class RoundRule(_RoundRule[SyncRound]):
     """
 
     NAME = "round"
-    ONE_PER_ROUND = True
 
     def max_delay(self) -> int | None:
         return 1

@@ -11,8 +11,6 @@ restored model.
 
 from __future__ import annotations
 
-import math
-
 from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.roster import Member
@@ -78,7 +76,7 @@ class JobEnd:
             return True
         if not self.spec.ends_by_rounds or len(shards) < self.num_shards or not train_size:
             return False
-        rounds = math.ceil(self.job.epochs * train_size / self.job.global_batch)
+        rounds = self.job.rounds(train_size)
         self.rounds_reached = all(shard.last.version >= rounds for shard in shards.values())
         return self.rounds_reached
 

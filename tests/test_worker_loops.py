@@ -23,7 +23,7 @@ from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import RemoteError
 from dynabatch.task import cross_entropy
 from dynabatch.worker.batch_source import BatchSource
-from dynabatch.worker.gradient_steps import GradientLoop, RoundLoop
+from dynabatch.worker.gradient_steps import GradientLoop
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.step_context import StepContext
 from harness import Cluster
@@ -149,7 +149,7 @@ def test_a_round_step_waits_for_the_round_it_pushed_into_and_stops_after_the_job
     c = _cluster(tmp_path, "ssgd", str(job.epochs))
     try:
         _shards, ctx = _worker(c, job)
-        loop = RoundLoop(ctx)
+        loop = GradientLoop(ctx)
         first = _step(loop, 64)
         assert first.version == 0 and loop.min_versions == [1]
         second = _step(loop, 64)
@@ -169,14 +169,14 @@ def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path):
     try:
         _shards0, ctx0 = _worker(c, job)
         shards1, ctx1 = _worker(c, job)
-        loop = RoundLoop(ctx0)
+        loop = GradientLoop(ctx0)
         assert _step(loop, 32).version == 0
         loop.after_failure("timeout")  # as if the push's acknowledgement had been lost
         with pytest.raises(RemoteError, match="bad_state"):
             _step(loop, 32)
         loop.after_failure("bad_state")
         assert loop.min_versions == [1]
-        other = _step(RoundLoop(ctx1), 32)
+        other = _step(GradientLoop(ctx1), 32)
         assert other.version == 0
         assert _step(loop, 32).version == 1, "the round closed with both"
     finally:

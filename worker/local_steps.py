@@ -1,7 +1,8 @@
 """Rounds of the delta protocols: local SGD (`local`) and multi-step delay (`msd`).
 
-Both take H local SGD steps and push the delta of their parameters (global
-minus local: a pseudo-gradient the shard averages by samples).
+Both run their planner's step (step_plans.py: `LocalPlan`, `MsdPlan`): H local
+SGD steps, then push the delta of their parameters (global minus local: a
+pseudo-gradient the shard averages by samples).
 
 `local` then waits for the averaged model and starts the next round from it.
 
@@ -29,6 +30,19 @@ from dynabatch.common.chunking import flat_params, load_flat, travelling
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.ps_client import PendingPull, PendingPush
 from dynabatch.worker.step_context import StepContext, StepLoop
+from dynabatch.worker.step_plans import (
+    Action,
+    Advance,
+    Compute,
+    LocalPlan,
+    MsdPlan,
+    Pull,
+    Pulled,
+    Push,
+    finish,
+    round_after,
+    send,
+)
 from dynabatch.worker.step_times import StepResult, StepTimes
 
 
@@ -41,7 +55,6 @@ class _LocalSteps(StepLoop):
     base: torch.Tensor | None = None
     base_versions: dict[int, int] = field(default_factory=dict)
     version: int = 0
-    min_versions: list[int] | None = None
 
     def _optimizer(self, assignment: Assignment) -> torch.optim.Optimizer:
         job = self.ctx.job
@@ -63,89 +76,102 @@ class _LocalSteps(StepLoop):
         c.heartbeat_when_due()
         return loss, seconds
 
-    def _sync(self, timeout_s: float) -> tuple[torch.Tensor, float]:
-        """Pull the global model (waiting for the round when one is open) and start from it: (the pulled model,
-        now `base`, and the seconds it took)."""
+    def _sync(self, pull: Action | None) -> tuple[Pulled, float]:
+        """Run the plan's `pull` of the global model (waiting for the round when one is open) and start from it:
+        (what it brought, the seconds it took)."""
+        assert isinstance(pull, Pull)
         c = self.ctx
         start = time.perf_counter()
-        pulled = c.shards.pull(self.min_versions, timeout_s)
+        pulled = c.shards.pull(pull.min_versions, c.request_timeout_s)
         load_flat(c.model, pulled.flat)
         c.buffers.load(c.model, pulled.buffers)
-        base = self.base = pulled.flat.clone()
+        self.base = pulled.flat.clone()
         self.base_versions, self.version = pulled.chunk_versions, pulled.version
-        return base, time.perf_counter() - start
+        return Pulled(pulled.shard_versions, pulled.version), time.perf_counter() - start
 
     def after_failure(self, code: str) -> None:
         """Start over from the current global model; a delta lost in flight is simply not counted."""
-        self.min_versions = None
+        self.plan.after_failure(code)
         self.base = None
 
 
 @dataclass
 class LocalRoundLoop(_LocalSteps):
-    """`local`: sync, H local steps, push the delta, and (next round) wait for the average."""
+    """`local`: sync, H local steps, push the delta, and (next round) wait for the average: `LocalPlan`'s step."""
 
     NAME = "local"
+    plan: LocalPlan = field(default_factory=LocalPlan)
 
     def step(self, assignment: Assignment) -> StepResult | None:
         c = self.ctx
         times = StepTimes()
-        base, times.wait = self._sync(c.request_timeout_s)
+        plan = self.plan.step(assignment)
+        pulled, times.wait = self._sync(next(plan))
+        compute = send(plan, pulled)
+        assert isinstance(compute, Compute) and self.base is not None
         losses = []
-        steps = max(1, assignment.local_steps)
-        for _ in range(steps):
+        for _ in range(compute.steps):
             loss, seconds = self._local_step(assignment)
             times.compute += seconds
             losses.append(loss)
+        push = send(plan, True)
+        assert isinstance(push, Push)
         start = time.perf_counter()
-        delta = base - flat_params(c.model)
-        acks = c.shards.push(delta, self.base_versions, assignment.batch * steps, _mean(losses),
-                             c.request_timeout_s, kind="delta", buffers=c.buffers.read(c.model))
+        delta = self.base - flat_params(c.model)
+        acks = c.shards.push(delta, self.base_versions, push.samples, _mean(losses),
+                             c.request_timeout_s, kind=push.kind, buffers=c.buffers.read(c.model))
         times.push = time.perf_counter() - start
-        self.min_versions = [a.version if a.applied else a.version + 1 for a in acks]
-        return StepResult(times, assignment.batch, _mean(losses), self.version, steps)
+        finish(plan, acks)
+        return StepResult(times, compute.batch, _mean(losses), self.version, compute.steps)
 
 
 @dataclass
 class MsdLoop(_LocalSteps):
-    """`msd`: one local step at a time, looking after the delta in flight without ever blocking on it."""
+    """`msd`: one local step at a time, looking after the delta in flight without ever blocking on it: `MsdPlan`'s
+    step."""
 
     NAME = "msd"
+    plan: MsdPlan = field(default_factory=MsdPlan)
     # The delta in flight: its push, the pull of the average once the push is acknowledged, and the anchor (this
     # worker's model when it pushed, which its progress since is measured from).
     in_flight: tuple[PendingPush, PendingPull | None, torch.Tensor] | None = None
     sent_at: float = 0.0
-    since_push: int = 0
     push_s: float = 0.0
 
     def step(self, assignment: Assignment) -> StepResult | None:
-        c = self.ctx
         times = StepTimes()
-        if self.base is None:
-            _, times.pull = self._sync(c.request_timeout_s)
+        plan = self.plan.step(assignment)
+        action: Action | None = next(plan)
+        if isinstance(action, Pull):
+            pulled, times.pull = self._sync(action)
+            action = send(plan, pulled)
+        assert isinstance(action, Compute)
         loss, times.compute = self._local_step(assignment)
-        self.since_push += 1
-        if self.in_flight is not None:
-            self._advance(self.in_flight)
-        if self.in_flight is None and self.since_push >= max(1, assignment.local_steps):
+        action = send(plan, True)
+        if isinstance(action, Advance):
+            assert self.in_flight is not None
+            action = send(plan, self._advance(self.in_flight))
+        if isinstance(action, Push):
             start = time.perf_counter()
-            self._push_delta(assignment, loss)
+            self._push_delta(action, loss)
             times.push = time.perf_counter() - start
+            action = send(plan, None)
+        assert action is None
         return StepResult(times, assignment.batch, loss, self.version)
 
-    def _push_delta(self, assignment: Assignment, loss: float) -> None:
+    def _push_delta(self, push: Push, loss: float) -> None:
         c = self.ctx
         base = self.base
         assert base is not None  # step() syncs before its first local step
         anchor = flat_params(c.model)
-        push = c.shards.start_push(base - anchor, self.base_versions, assignment.batch * self.since_push,
-                                   loss, kind="delta", buffers=c.buffers.read(c.model))
-        self.in_flight = (push, None, anchor)
+        pending = c.shards.start_push(base - anchor, self.base_versions, push.samples, loss, kind=push.kind,
+                                      buffers=c.buffers.read(c.model))
+        self.in_flight = (pending, None, anchor)
         self.sent_at = time.perf_counter()
-        self.since_push = 0
 
-    def _advance(self, in_flight: tuple[PendingPush, PendingPull | None, torch.Tensor]) -> None:
-        """Take what has arrived for the delta `in_flight`; once the averaged model is in, correct onto it."""
+    def _advance(self, in_flight: tuple[PendingPush, PendingPull | None, torch.Tensor]) -> bool:
+        """Take what has arrived for the delta `in_flight`; once the averaged model is in, correct onto it.
+        Returns whether it did."""
         c = self.ctx
         push, pull, anchor = in_flight
         if time.perf_counter() - self.sent_at > c.request_timeout_s:
@@ -153,21 +179,21 @@ class MsdLoop(_LocalSteps):
         c.shards.advance([push] + ([pull] if pull else []))
         if pull is None and push.done():
             self.push_s = time.perf_counter() - self.sent_at
-            acks = (push.acks[s] for s in sorted(push.acks))
-            min_versions = [a.version if a.applied else a.version + 1 for a in acks]
-            pull = c.shards.start_pull(min_versions)
+            pull = c.shards.start_pull(round_after(push.acks[s] for s in sorted(push.acks)))
             self.in_flight = (push, pull, anchor)
-        if pull is not None and pull.done():
-            result = pull.result()
-            progress = flat_params(c.model) - anchor
-            load_flat(c.model, result.flat + progress)
-            self.base = result.flat.clone()
-            self.base_versions, self.version = result.chunk_versions, result.version
-            arrivals = pull.arrived_at.values()
-            # Transfer time only: the time the pull sat parked waiting for other workers'
-            # deltas is the round, not communication, and must not raise H.
-            self.comm_s = self.push_s + max(arrivals) - min(arrivals)
-            self.in_flight = None
+        if pull is None or not pull.done():
+            return False
+        result = pull.result()
+        progress = flat_params(c.model) - anchor
+        load_flat(c.model, result.flat + progress)
+        self.base = result.flat.clone()
+        self.base_versions, self.version = result.chunk_versions, result.version
+        arrivals = pull.arrived_at.values()
+        # Transfer time only: the time the pull sat parked waiting for other workers'
+        # deltas is the round, not communication, and must not raise H.
+        self.comm_s = self.push_s + max(arrivals) - min(arrivals)
+        self.in_flight = None
+        return True
 
     def after_failure(self, code: str) -> None:
         super().after_failure(code)

@@ -4,8 +4,8 @@ The worker (trainer.py) owns the training: the data order, the slowdown
 emulation, the step's metrics and reports; its process (role_process.py) owns
 registration and heartbeats, and what joining brought (joined.py) the job,
 model and shards. A loop (gradient_steps.py,
-local_steps.py) owns one protocol's step: what to pull, compute and push, and
-when. It sees the worker only through a `StepContext`, so a reader and a type
+local_steps.py) runs one protocol's step as its planner (step_plans.py) orders
+it: what to pull, compute and push, and when. It sees the worker only through a `StepContext`, so a reader and a type
 checker can tell exactly what a step needs.
 """
 
@@ -21,6 +21,7 @@ from dynabatch.common.chunking import Layout, TravellingBuffers
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Assignment
 from dynabatch.worker.ps_client import ShardClients
+from dynabatch.worker.step_plans import StepPlan
 from dynabatch.worker.step_times import StepResult
 
 
@@ -61,16 +62,21 @@ class StepContext:
 
 
 class StepLoop:
-    """One protocol's worker loop; `NAME` is what a ProtocolSpec's `worker_loop` names.
+    """One protocol's worker loop: it executes its planner's actions (step_plans.py) against the shards; `NAME` is
+    what a ProtocolSpec's `worker_loop` names, the planner's key too.
 
-    `finished` is set when the protocol itself ends the worker's training (ssgd's
-    last round); `comm_s` is the communication time the scheduler's local-step
-    rule weighs (msd).
+    `finished` is the planner's: the protocol itself ended the worker's training
+    (ssgd's last round); `comm_s` is the communication time the scheduler's
+    local-step rule weighs (msd).
     """
 
     NAME: ClassVar[str]
-    finished: bool = False
+    plan: StepPlan
     comm_s: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.plan.finished
 
     def step(self, assignment: Assignment) -> StepResult | None:
         """One step (or round of local steps) under `assignment`; None if nothing was trained."""
