@@ -7,7 +7,8 @@ allocation, hysteresis, AdaComm's local-step rule) is fed the heartbeats a
 worker would send, the shard's `ShardState` (its protocol rule and optimizer)
 takes the pushes, and each gradient is a real gradient of the real model on the
 worker's own data order. What is simulated is only time: a worker's step takes
-``(a + c*b) * slowdown * noise`` virtual seconds, a transfer ``comm_s``. Events
+``(a + c*b) * slowdown * noise`` virtual seconds, a transfer ``comm_s`` (or, for a node with its own link,
+the model's bytes over it and through the shards' queue: bench/cluster_model.py). Events
 are processed in virtual-time order (ties by a sequence number), so staleness
 comes out exactly as a cluster of that shape would produce it, and a run is a
 function of its seed.
@@ -19,8 +20,8 @@ handed out before every starting worker has reported (`dynabatch run` sets
 min_workers to all of them), so the first split is the probes' guess, not yet the
 equal-time one. A worker learns its batch as soon as the scheduler decides it (the
 real one repeats its heartbeat until the answer holds one). Not simulated: CPU
-contention between workers beyond the step noise, the pipelined push, transfer
-time growing with load, and the shard learning a new membership only at its own
+contention between workers beyond the step noise, the pipelined push and transfer
+time growing with load where a node has no link of its own, and the shard learning a new membership only at its own
 heartbeat (every heartbeat_s; here at once).
 
 Each worker is a generator that yields either a virtual time to sleep until or
@@ -29,6 +30,8 @@ keeps the worker side readable as the loop it mirrors (worker/gradient_steps.py,
 worker/local_steps.py).
 
     python -m bench.simulate --protocol asgd --policy dynamic --profile tail16 --budget-s 20
+    python -m bench.simulate --profile-file bench/profiles/mixed_gpus16.json --protocol asgd --policy fixed \
+        --seed 0 --budget-s 20
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import argparse
 import heapq
 import math
 import random
+import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,6 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bench.cluster_model import Link, Network, Shards, StepCurve, StepPlan, chunks_of
 from dynabatch.common import staleness
 from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
 from dynabatch.common.config import JobConfig
@@ -51,7 +56,7 @@ from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_datase
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
-from dynabatch.common.protocols import DELTA, protocol_settings, protocol_spec
+from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.gradient_bounds import GradientBounds
@@ -70,12 +75,22 @@ MARKS = ("0.80", "0.85", "0.88")
 @dataclass(frozen=True)
 class WorkerSpec:
     """One simulated node: its slowdown schedule (common/slowdown.py syntax), its link (how many times the
-    cluster's `comm_s` its pull and its push each take: 10 is a link ten times slower), and when it is in the job."""
+    cluster's `comm_s` its pull and its push each take: 10 is a link ten times slower), and when it is in the job.
+
+    A node of a real cluster (bench/cluster_model.py, read from a profile file by bench/profile_file.py) has its
+    own step curve (`fixed_s`, `per_sample_s`; None: the cluster's `SimConfig` ones), its memory cap
+    (`max_batch`, the real worker's --max-batch; 0: none) and its own link (`link_mbit`, `latency_s`): with a
+    link, its transfers cost the model's bytes over it and wait at the shards' queue instead of `comm_s`."""
 
     slowdown: str = "1"
     join_s: float = 0.0
     leave_s: float = math.inf
     link: float = 1.0
+    fixed_s: float | None = None
+    per_sample_s: float | None = None
+    max_batch: int = 0
+    link_mbit: float = 0.0
+    latency_s: float = 0.0
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
@@ -156,6 +171,11 @@ class SimConfig:
     eval_size: int = 2000
     job: dict[str, Any] = field(default_factory=dict)  # other JobConfig fields (lr, local_steps, ...)
     equal_steps: bool | None = None  # the dynamic split's objective, forced to compare (None: the protocol's own)
+    # the transfers of workers with their own link (WorkerSpec.link_mbit): the model's bytes on the wire (0: the
+    # trained model's), the shards they are cut over and each shard's service rate (0: instant)
+    wire_bytes: float = 0.0
+    shards: int = 1
+    shard_mbit: float = 0.0
 
 
 @dataclass
@@ -210,6 +230,9 @@ class Cluster:
             layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
             protocol_settings(self.job), params, self.job.dbs_weight)
         self.model_bytes = 4 * flat.numel()
+        self.shard_queues = Shards(cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes)
+        pipelines = self.job.pipelines(chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes))
+        self.chunks = chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes) if pipelines else 1
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0
         spec = self.spec if cfg.equal_steps is None else replace(self.spec, equal_steps=cfg.equal_steps)
@@ -340,17 +363,40 @@ class Worker:
         self.started = spec.join_s
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        cfg = cluster.cfg
+        self.curve = StepCurve(cfg.fixed_s if spec.fixed_s is None else spec.fixed_s,
+                               cfg.per_sample_s if spec.per_sample_s is None else spec.per_sample_s)
+        gradient_chunks = cluster.chunks if cluster.spec.push_kind == GRADIENT else 1
+        self.net = (Network(Link(spec.link_mbit, spec.latency_s), cluster.shard_queues, gradient_chunks)
+                    if spec.link_mbit > 0 else None)
 
     @property
     def comm_s(self) -> float:
-        """One pull or one push over this node's link."""
-        return self.c.cfg.comm_s * self.spec.link
+        """One pull or one push over this node's link, with no queue at the shards."""
+        if self.net is None:
+            return self.c.cfg.comm_s * self.spec.link
+        return self.net.link.transfer_s(self.net.shards.model_bytes)
+
+    def pull_s(self) -> float:
+        """A pull issued now: `comm_s`, or the model's bytes over this node's link and through the shards' queue."""
+        return self.comm_s if self.net is None else self.net.pull_s(self.c.now)
+
+    def push_s(self) -> float:
+        """A push issued now, as `pull_s`."""
+        return self.comm_s if self.net is None else self.net.push_s(self.c.now)
+
+    def gradient_plan(self, compute: float) -> StepPlan:
+        """A gradient step starting now: its pull and push, overlapped with `compute` where the pipeline does."""
+        if self.net is None:
+            return StepPlan(self.comm_s, self.comm_s)
+        return self.net.gradient_step(self.c.now, compute)
 
     def step_seconds(self, batch: int) -> float:
         cfg = self.c.cfg
-        factor = self.slowdown.factor(self.c.now - self.started)
+        elapsed = self.c.now - self.started
         noise = max(0.2, 1.0 + cfg.noise * self.rng.gauss(0.0, 1.0))
-        return (cfg.fixed_s + cfg.per_sample_s * batch) * factor * noise
+        return ((self.curve.fixed_s + self.curve.per_sample_s * batch) * self.slowdown.factor(elapsed) * noise
+                + self.slowdown.fixed_s(elapsed))
 
     def next_batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next `b` samples of the real worker's own order (worker/batch_source.py); a simulated step never
@@ -387,7 +433,7 @@ class Worker:
         model's prior), so the first batches are not yet the equal-time ones.
         """
         cfg = self.c.cfg
-        batch = probe_batch(self.c.job.max_batch)
+        batch = probe_batch(self.c.job.max_batch, self.spec.max_batch)
         assert self.source is not None
         for _ in range(cfg.probe_steps + 1):  # the real probe trains on these samples; training starts after them
             self.source.take(batch)
@@ -405,7 +451,8 @@ class Worker:
         later spends its probe's time after `join_s`, before it is counted in n.
         """
         c = self.c
-        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}"), c.now).id
+        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}", max_batch=self.spec.max_batch),
+                                     c.now).id
         self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:
@@ -468,10 +515,11 @@ class Worker:
             flat, versions, version = c.pull()
             b = self.batch
             compute = self.step_seconds(b)
-            yield c.now + self.comm_s + compute
+            plan = self.gradient_plan(compute)
+            yield c.now + plan.exposed_pull_s + compute
             load_flat(c.model, flat)
             loss = self.gradient(c.model, b)
-            yield c.now + self.comm_s
+            yield c.now + plan.push_tail_s
             try:
                 c.push(flat_grads(c.model), versions, b, "grad", self.wid)
             except StaleGradient:  # discarded (ssgd, ringmaster, rennala): the real worker pulls again at once
@@ -483,8 +531,8 @@ class Worker:
             # A round's wait (and rennala's held pull) is waiting on others; a held-back pull (ssp) is the pull's own
             # time, as the real loop times it.
             in_round = min_version is not None or held_is_wait
-            times = StepTimes(pull=self.comm_s + (0.0 if in_round else wait), compute=compute, push=self.comm_s,
-                              wait=wait if in_round else 0.0)
+            times = StepTimes(pull=plan.exposed_pull_s + (0.0 if in_round else wait), compute=compute,
+                              push=plan.push_tail_s, wait=wait if in_round else 0.0)
             self.beat(StepResult(times, b, loss, version))
 
     def _own_model(self) -> torch.nn.Module:
@@ -516,7 +564,7 @@ class Worker:
             asked = c.now
             yield from self._await_round(min_version)
             flat, versions, version = c.pull()
-            yield c.now + self.comm_s
+            yield c.now + self.pull_s()
             wait = c.now - asked
             model = self._own_model()
             load_flat(model, flat)
@@ -524,17 +572,18 @@ class Worker:
             compute = sum(self.step_seconds(b) for _ in range(steps))
             yield c.now + compute
             losses = [self._local_step(b, scale) for _ in range(steps)]
-            yield c.now + self.comm_s
+            push = self.push_s()
+            yield c.now + push
             applied, after = c.push(flat - flat_params(model), versions, b * steps, DELTA, self.wid)
             min_version = after if applied else after + 1
-            self.beat(StepResult(StepTimes(compute=compute, push=self.comm_s, wait=wait), b, sum(losses) / steps,
+            self.beat(StepResult(StepTimes(compute=compute, push=push, wait=wait), b, sum(losses) / steps,
                                  version, steps))
 
     def msd_loop(self) -> Generator[Wait, None, None]:
         """msd: step without waiting; one delta in flight; correct onto the average when it is back."""
         c = self.c
         flat, versions, version = c.pull()
-        yield c.now + self.comm_s
+        yield c.now + self.pull_s()
         model = self._own_model()
         load_flat(model, flat)
         state: dict[str, Any] = {"base": flat.clone(), "versions": versions, "version": version, "back": None}
@@ -560,14 +609,14 @@ class Worker:
     def _delta_in_flight(self, delta: torch.Tensor, state: dict[str, Any], samples: int) -> Generator[Wait, None, None]:
         """The push travels, the round closes when everyone has pushed, the average travels back."""
         c = self.c
-        yield c.now + self.comm_s
+        yield c.now + self.push_s()
         if self.wid not in c.shard.live:
             return
         applied, after = c.push(delta, state["versions"], samples, DELTA, self.wid)
         target = after if applied else after + 1
         yield lambda: c.shard.version >= target
         flat, versions, version = c.pull()
-        yield c.now + self.comm_s
+        yield c.now + self.pull_s()
         state["versions"], state["version"], state["back"] = versions, version, flat
 
 
@@ -611,6 +660,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--protocol", default="asgd")
     p.add_argument("--policy", default="dynamic")
     p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))
+    p.add_argument("--profile-file", help="a cluster described in a JSON file (bench/profile_file.py), instead of "
+                                          "--profile")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
@@ -638,12 +689,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.study:
         from bench.simulate_study import run_study
         return run_study(args.study, args.out, args.jobs)
-    workers = PROFILES[args.profile]()
+    from bench.profile_file import ClusterProfile, ProfileError, read_profile
+    try:
+        profile = (read_profile(args.profile_file) if args.profile_file
+                   else ClusterProfile(args.profile, PROFILES[args.profile]()))
+    except ProfileError as exc:
+        print(f"python -m bench.simulate: {exc}", file=sys.stderr)
+        return 2
+    workers = profile.workers
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
-                    global_batch=args.global_batch or 16 * len(workers), model=args.model,
-                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound})
+                    global_batch=args.global_batch or profile.global_batch or 16 * len(workers), model=args.model,
+                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound},
+                    **profile.sim_settings())
     r = simulate(cfg)
-    print(f"{r.protocol}+{r.policy} on {args.profile} ({r.workers} workers), seed {r.seed}: "
+    print(f"{r.protocol}+{r.policy} on {profile.name} ({r.workers} workers), seed {r.seed}: "
           f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
           f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
           f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "
