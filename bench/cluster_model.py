@@ -11,14 +11,17 @@ A gradient step overlaps its transfers with compute as the worker's pipeline doe
 pull's chunks stream while the forward pass runs and the push's chunks leave while backward runs, so with k
 chunks two stages of a and c seconds take ``max(a, c) + min(a, c) / k`` instead of ``a + c``.
 
-A shard's request is queued when the worker issues it, at the time it will arrive (the step's plan is made when
-the step starts): the queue is first come first served in the order requests were issued, each served no
-earlier than its arrival.
+A push is booked at the shards when it arrives there (the simulator's worker waits for its link first), so
+pushes are served in arrival order. A pull is booked when it is issued, for its arrival a link latency later, so
+that the step's overlap can be known when the step starts; each request is served in the earliest free stretch
+of the shard's time at or after its arrival long enough for it, so a pull booked a latency early does not hold
+the shard idle for those that arrive before it.
 """
 
 from __future__ import annotations
 
 import math
+import bisect
 from dataclasses import dataclass, field
 
 FORWARD_SHARE = 1.0 / 3.0
@@ -59,21 +62,30 @@ def pipelined(a_s: float, c_s: float, chunks: int) -> float:
 
 @dataclass
 class ShardQueue:
-    """One shard as a server of `mbit` Mbit/s (0: instant), first come first served."""
+    """One shard as a server of `mbit` Mbit/s (0: instant): the stretches of time it is booked to serve."""
 
     mbit: float
-    free_at: float = 0.0
+    booked: list[tuple[float, float]] = field(default_factory=list)  # (start, end), in time order, disjoint
     busy_s: float = 0.0  # seconds spent serving, to judge its load
 
-    def serve(self, arrival_s: float, nbytes: float) -> float:
-        """Queue a request of `nbytes` arriving at `arrival_s`; returns when it has been served."""
+    def serve(self, arrival_s: float, nbytes: float, now: float | None = None) -> float:
+        """Book a request of `nbytes` arriving at `arrival_s` into the first free stretch after it; returns when it
+        has been served. `now` (default: the arrival) is the earliest any later request can arrive: stretches
+        over by then are forgotten."""
         if self.mbit <= 0:
             return arrival_s
         service = 8.0 * nbytes / (self.mbit * 1e6)
-        start = max(arrival_s, self.free_at)
-        self.free_at = start + service
+        horizon = arrival_s if now is None else now
+        while self.booked and self.booked[0][1] <= horizon:
+            self.booked.pop(0)
+        start = arrival_s
+        for s, e in self.booked:
+            if s >= start + service:
+                break
+            start = max(start, e)
+        bisect.insort(self.booked, (start, start + service))
         self.busy_s += service
-        return self.free_at
+        return start + service
 
 
 @dataclass
@@ -90,20 +102,11 @@ class Shards:
             raise ValueError(f"shards: {self.count} (at least 1)")
         self.queues = [ShardQueue(self.mbit) for _ in range(self.count)]
 
-    def serve(self, arrival_s: float) -> float:
-        """A whole model's worth of requests (a pull or a push to every shard) arriving at `arrival_s`; returns
-        when the last shard has served its part."""
+    def serve(self, arrival_s: float, now: float) -> float:
+        """A whole model's worth of requests (a pull or a push to every shard) arriving at `arrival_s`, booked at
+        `now`; returns when the last shard has served its part."""
         part = self.model_bytes / self.count
-        return max(q.serve(arrival_s, part) for q in self.queues)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """A gradient step's time: the pull's part not hidden by the forward pass, then compute, then the push's part
-    after backward has ended (the shards' service included)."""
-
-    exposed_pull_s: float
-    push_tail_s: float
+        return max(q.serve(arrival_s, part, now) for q in self.queues)
 
 
 @dataclass(frozen=True)
@@ -116,21 +119,23 @@ class Network:
 
     def pull_s(self, now: float) -> float:
         """A pull issued at `now`: the request crosses the link, the shards serve the model, it crosses back."""
-        served = self.shards.serve(now + self.link.latency_s)
+        served = self.shards.serve(now + self.link.latency_s, now)
         return served + self.link.transfer_s(self.shards.model_bytes) - now
 
-    def push_s(self, now: float) -> float:
-        """A push of the whole model's worth issued at `now`, until the last shard has served it."""
-        return self.shards.serve(now + self.link.transfer_s(self.shards.model_bytes)) - now
+    def exposed_pull_s(self, now: float, compute_s: float) -> float:
+        """The part of a gradient step's pull, issued at `now`, that the forward pass of `compute_s` does not hide."""
+        forward = FORWARD_SHARE * compute_s
+        return pipelined(self.pull_s(now), forward, self.chunks) - forward
 
-    def gradient_step(self, now: float, compute_s: float) -> StepPlan:
-        """Pull, forward, backward and push of one gradient step starting at `now`, overlapped chunk by chunk."""
-        pull = self.pull_s(now)
-        forward, backward = FORWARD_SHARE * compute_s, (1.0 - FORWARD_SHARE) * compute_s
-        exposed_pull = pipelined(pull, forward, self.chunks) - forward
-        gradient_at = now + exposed_pull + compute_s
-        link_tail = pipelined(backward, self.link.transfer_s(self.shards.model_bytes), self.chunks) - backward
-        return StepPlan(exposed_pull, self.shards.serve(gradient_at + link_tail) - gradient_at)
+    def push_link_s(self, compute_s: float = 0.0) -> float:
+        """How long a push crosses the link after the backward pass of a `compute_s` step has ended (0: a push that
+        leaves after its compute, as a delta does)."""
+        backward = (1.0 - FORWARD_SHARE) * compute_s
+        return pipelined(backward, self.link.transfer_s(self.shards.model_bytes), self.chunks) - backward
+
+    def served(self, arrival_s: float) -> float:
+        """When the shards have served a push that arrives (whole) at `arrival_s`, booked on arrival."""
+        return self.shards.serve(arrival_s, arrival_s)
 
 
 def chunks_of(model_bytes: float, chunk_bytes: int) -> int:

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.cluster_model import Link, Network, Shards, StepCurve, StepPlan, chunks_of
+from bench.cluster_model import Link, Network, Shards, StepCurve, chunks_of
 from dynabatch.common import staleness
 from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
 from dynabatch.common.config import JobConfig
@@ -381,15 +381,21 @@ class Worker:
         """A pull issued now: `comm_s`, or the model's bytes over this node's link and through the shards' queue."""
         return self.comm_s if self.net is None else self.net.pull_s(self.c.now)
 
-    def push_s(self) -> float:
-        """A push issued now, as `pull_s`."""
-        return self.comm_s if self.net is None else self.net.push_s(self.c.now)
+    def exposed_pull_s(self, compute: float) -> float:
+        """A gradient step's pull issued now, less what its forward pass hides where the pipeline overlaps them."""
+        return self.comm_s if self.net is None else self.net.exposed_pull_s(self.c.now, compute)
 
-    def gradient_plan(self, compute: float) -> StepPlan:
-        """A gradient step starting now: its pull and push, overlapped with `compute` where the pipeline does."""
+    def push(self, compute: float = 0.0) -> Generator[Wait, None, float]:
+        """A push leaving now: `comm_s`, or over this node's link (overlapped with the backward pass of a gradient
+        step of `compute` seconds) and then through the shards' queue. Returns its seconds."""
+        c = self.c
         if self.net is None:
-            return StepPlan(self.comm_s, self.comm_s)
-        return self.net.gradient_step(self.c.now, compute)
+            yield c.now + self.comm_s
+            return self.comm_s
+        start = c.now
+        yield c.now + self.net.push_link_s(compute)
+        yield self.net.served(c.now)
+        return c.now - start
 
     def step_seconds(self, batch: int) -> float:
         cfg = self.c.cfg
@@ -515,11 +521,11 @@ class Worker:
             flat, versions, version = c.pull()
             b = self.batch
             compute = self.step_seconds(b)
-            plan = self.gradient_plan(compute)
-            yield c.now + plan.exposed_pull_s + compute
+            pull = self.exposed_pull_s(compute)
+            yield c.now + pull + compute
             load_flat(c.model, flat)
             loss = self.gradient(c.model, b)
-            yield c.now + plan.push_tail_s
+            push = yield from self.push(compute)
             try:
                 c.push(flat_grads(c.model), versions, b, "grad", self.wid)
             except StaleGradient:  # discarded (ssgd, ringmaster, rennala): the real worker pulls again at once
@@ -531,8 +537,8 @@ class Worker:
             # A round's wait (and rennala's held pull) is waiting on others; a held-back pull (ssp) is the pull's own
             # time, as the real loop times it.
             in_round = min_version is not None or held_is_wait
-            times = StepTimes(pull=plan.exposed_pull_s + (0.0 if in_round else wait), compute=compute,
-                              push=plan.push_tail_s, wait=wait if in_round else 0.0)
+            times = StepTimes(pull=pull + (0.0 if in_round else wait), compute=compute, push=push,
+                              wait=wait if in_round else 0.0)
             self.beat(StepResult(times, b, loss, version))
 
     def _own_model(self) -> torch.nn.Module:
@@ -572,8 +578,7 @@ class Worker:
             compute = sum(self.step_seconds(b) for _ in range(steps))
             yield c.now + compute
             losses = [self._local_step(b, scale) for _ in range(steps)]
-            push = self.push_s()
-            yield c.now + push
+            push = yield from self.push()
             applied, after = c.push(flat - flat_params(model), versions, b * steps, DELTA, self.wid)
             min_version = after if applied else after + 1
             self.beat(StepResult(StepTimes(compute=compute, push=push, wait=wait), b, sum(losses) / steps,
@@ -609,7 +614,7 @@ class Worker:
     def _delta_in_flight(self, delta: torch.Tensor, state: dict[str, Any], samples: int) -> Generator[Wait, None, None]:
         """The push travels, the round closes when everyone has pushed, the average travels back."""
         c = self.c
-        yield c.now + self.push_s()
+        yield from self.push()
         if self.wid not in c.shard.live:
             return
         applied, after = c.push(delta, state["versions"], samples, DELTA, self.wid)
