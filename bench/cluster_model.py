@@ -20,8 +20,8 @@ the shard idle for those that arrive before it.
 
 from __future__ import annotations
 
-import math
 import bisect
+import math
 from dataclasses import dataclass, field
 
 FORWARD_SHARE = 1.0 / 3.0
