@@ -667,6 +667,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))
     p.add_argument("--profile-file", help="a cluster described in a JSON file (bench/profile_file.py), instead of "
                                           "--profile")
+    p.add_argument("--shards", type=int, default=0, help="with --profile-file: this many shards (default: the file's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
@@ -705,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
                     global_batch=args.global_batch or profile.global_batch or 16 * len(workers), model=args.model,
                     job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound},
-                    **profile.sim_settings())
+                    **{**profile.sim_settings(), **({"shards": args.shards} if args.shards else {})})
     r = simulate(cfg)
     print(f"{r.protocol}+{r.policy} on {profile.name} ({r.workers} workers), seed {r.seed}: "
           f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
