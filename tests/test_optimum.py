@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bench.reference_time import PER_WORKER_BATCHES, cluster_optimum, device_of
+from bench.simulate import WorkerSpec
 from dynabatch.common.optimum import (
     Device,
     NoiseScale,
@@ -58,3 +60,14 @@ def test_the_calibrated_optimum_weighs_each_batch_against_fixed_costs_and_caps()
 
 def test_a_single_machine_as_fast_as_the_cluster_needs_k_of_b_times_b_samples():
     assert single_machine_time(NoiseScale(100.0, 50.0), 150, speed=1000.0) == pytest.approx(100 * 200 / 1000)
+
+
+def test_a_simulated_clusters_t_star_takes_each_starting_workers_curve_slowdown_and_cap():
+    slowed = WorkerSpec("2:0.01", max_batch=64)  # the cluster's curve, twice as slow, 0.01 s more a step
+    own = WorkerSpec(fixed_s=0.1, per_sample_s=0.001, max_batch=200)
+    assert device_of(slowed, 0.004, 0.0005) == Device(0.004 * 2 + 0.01, 0.001, 64)
+    assert device_of(own, 0.004, 0.0005) == Device(0.1, 0.001, 200)
+    noise = NoiseScale(50.0, 500.0)
+    joiner = WorkerSpec("1", join_s=5.0)  # not in the cluster that starts
+    expected = calibrated_optimum(noise, [Device(0.018, 0.001, 64), Device(0.1, 0.001, 200)], PER_WORKER_BATCHES)
+    assert cluster_optimum([slowed, own, joiner], 0.004, 0.0005, noise) == expected
