@@ -85,3 +85,11 @@ def test_no_worker_is_given_more_than_its_memory_cap_and_the_global_batch_goes_t
     r = run("asgd", policy, fast + slow, data, budget_s=5.0, global_batch=128)
     assert r.worker_batches["sim0"] == r.worker_batches["sim1"] == 20
     assert sum(r.worker_batches.values()) == 128
+
+
+def test_a_fixed_part_in_the_slowdown_adds_its_seconds_to_every_simulated_step(data):
+    """`--slowdown F:A` as the real worker idles it: a step of the cluster's curve times F, plus A."""
+    worker = (WorkerSpec("2:0.1"),)
+    r = run("asgd", "fixed", worker, data, fixed_s=0.01, per_sample_s=0.001, comm_s=0.0)
+    step = (0.01 + 0.001 * 16) * 2 + 0.1
+    assert abs(r.samples - 16 * 20.0 / step) <= 16
