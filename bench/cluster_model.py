@@ -1,11 +1,11 @@
 """The cost model of a cluster the simulator runs: a worker's step curve, memory cap and link; the shards' queue.
 
-A worker's step of b samples takes ``fixed_s + per_sample_s * b`` seconds on its own device (a GPU's fixed cost
-is large and its per-sample cost small, a CPU's the other way round), at most `max_batch` samples (its memory).
-A transfer of n bytes over its link takes ``latency_s + 8 n / (mbit * 1e6)``. A shard is one server with a
-service rate: ZeroMQ delivers a message whole and the shard handles one message at a time, so a request waits
-for those before it (first come, first served) and then takes its bytes over the shard's rate. The model is cut
-evenly over the shards; a pull or push is done when the last shard has served its part.
+A worker's step of b samples takes ``fixed_s + per_sample_s * b`` seconds on its own device, at most `max_batch`
+samples (its memory): common/optimum.py's `Device`, which T* reads too. A transfer of n bytes over its link takes
+``latency_s + 8 n / (mbit * 1e6)``. A shard is one server with a service rate: ZeroMQ delivers a message whole and
+the shard handles one message at a time, so a request waits for those before it (first come, first served) and then
+takes its bytes over the shard's rate. The model is cut evenly over the shards; a pull or push is done when the
+last shard has served its part.
 
 A gradient step overlaps its transfers with compute as the worker's pipeline does (worker/pipeline.py): the
 pull's chunks stream while the forward pass runs and the push's chunks leave while backward runs, so with k
@@ -26,20 +26,6 @@ from dataclasses import dataclass, field
 
 FORWARD_SHARE = 1.0 / 3.0
 """The forward pass's share of a step's compute (backward costs about twice the forward)."""
-
-
-@dataclass(frozen=True)
-class StepCurve:
-    """A device's step time against its batch: a fixed cost per step plus a cost per sample."""
-
-    fixed_s: float
-    per_sample_s: float
-
-    def seconds(self, batch: int) -> float:
-        return self.fixed_s + self.per_sample_s * batch
-
-    def samples_per_s(self, batch: int) -> float:
-        return batch / self.seconds(batch)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,9 @@ PER_WORKER_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 def device_of(spec: WorkerSpec, fixed_s: float, per_sample_s: float) -> Device:
     """A simulated worker's step curve at its first slowdown, and its cap."""
-    factor = Slowdown.parse(spec.slowdown).factor(0.0)
-    fixed = (fixed_s if spec.fixed_s is None else spec.fixed_s) * factor
-    per_sample = (per_sample_s if spec.per_sample_s is None else spec.per_sample_s) * factor
-    return Device(fixed + Slowdown.parse(spec.slowdown).fixed_s(0.0), per_sample, spec.max_batch)
+    slowdown, own = Slowdown.parse(spec.slowdown), spec.device(fixed_s, per_sample_s)
+    factor = slowdown.factor(0.0)
+    return Device(own.fixed_s * factor + slowdown.fixed_s(0.0), own.per_sample_s * factor, own.max_batch)
 
 
 def cluster_optimum(workers: Sequence[WorkerSpec], fixed_s: float, per_sample_s: float,

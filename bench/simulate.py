@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.cluster_model import Link, Network, Shards, StepCurve, chunks_of
+from bench.cluster_model import Link, Network, Shards, chunks_of
 from dynabatch.common import staleness
 from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
 from dynabatch.common.config import JobConfig
@@ -56,6 +56,7 @@ from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_datase
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
+from dynabatch.common.optimum import Device
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire import ProtocolError
@@ -91,6 +92,11 @@ class WorkerSpec:
     max_batch: int = 0
     link_mbit: float = 0.0
     latency_s: float = 0.0
+
+    def device(self, fixed_s: float, per_sample_s: float) -> Device:
+        """This node's step curve and cap: its own curve, or the cluster's `fixed_s` and `per_sample_s`."""
+        return Device(fixed_s if self.fixed_s is None else self.fixed_s,
+                      per_sample_s if self.per_sample_s is None else self.per_sample_s, self.max_batch)
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
@@ -364,8 +370,7 @@ class Worker:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         cfg = cluster.cfg
-        self.curve = StepCurve(cfg.fixed_s if spec.fixed_s is None else spec.fixed_s,
-                               cfg.per_sample_s if spec.per_sample_s is None else spec.per_sample_s)
+        self.device = spec.device(cfg.fixed_s, cfg.per_sample_s)
         gradient_chunks = cluster.chunks if cluster.spec.push_kind == GRADIENT else 1
         self.net = (Network(Link(spec.link_mbit, spec.latency_s), cluster.shard_queues, gradient_chunks)
                     if spec.link_mbit > 0 else None)
@@ -401,7 +406,7 @@ class Worker:
         cfg = self.c.cfg
         elapsed = self.c.now - self.started
         noise = max(0.2, 1.0 + cfg.noise * self.rng.gauss(0.0, 1.0))
-        return ((self.curve.fixed_s + self.curve.per_sample_s * batch) * self.slowdown.factor(elapsed) * noise
+        return ((self.device.fixed_s + self.device.per_sample_s * batch) * self.slowdown.factor(elapsed) * noise
                 + self.slowdown.fixed_s(elapsed))
 
     def next_batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -439,7 +444,7 @@ class Worker:
         model's prior), so the first batches are not yet the equal-time ones.
         """
         cfg = self.c.cfg
-        batch = probe_batch(self.c.job.max_batch, self.spec.max_batch)
+        batch = probe_batch(self.c.job.max_batch, self.device.max_batch)
         assert self.source is not None
         for _ in range(cfg.probe_steps + 1):  # the real probe trains on these samples; training starts after them
             self.source.take(batch)
@@ -457,8 +462,8 @@ class Worker:
         later spends its probe's time after `join_s`, before it is counted in n.
         """
         c = self.c
-        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}", max_batch=self.spec.max_batch),
-                                     c.now).id
+        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}",
+                                           max_batch=self.device.max_batch), c.now).id
         self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:

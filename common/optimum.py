@@ -76,14 +76,19 @@ def optimal_time(noise: NoiseScale, speeds: Sequence[float], batch: int = 1) -> 
 
 @dataclass(frozen=True)
 class Device:
-    """A worker as T* sees it: its step of b samples takes fixed_s + per_sample_s b, at most max_batch (0: none)."""
+    """A worker's step curve and memory: a step of b samples takes fixed_s + per_sample_s b, at most max_batch
+    samples (0: none). A GPU's fixed cost is large against its per-sample cost, a CPU's small."""
 
     fixed_s: float
     per_sample_s: float
     max_batch: int = 0
 
+    def seconds(self, batch: int) -> float:
+        return self.fixed_s + self.per_sample_s * batch
+
     def speed(self, batch: int) -> float:
-        return batch / (self.fixed_s + self.per_sample_s * batch)
+        """Samples per second at `batch`."""
+        return batch / self.seconds(batch)
 
 
 def calibrated_optimum(noise: NoiseScale, devices: Sequence[Device], batches: Sequence[int]) -> Optimum:

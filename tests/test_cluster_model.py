@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cluster_model import Link, Network, ShardQueue, Shards, StepCurve, chunks_of, pipelined
+from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of, pipelined
 from bench.simulate import SimConfig, WorkerSpec, simulate
 from dynabatch.common.data import load_dataset
 
@@ -36,7 +36,7 @@ def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_first_
     assert ShardQueue(mbit=0.0).serve(3.0, 1e9) == 3.0  # no rate: served at once
     two = Shards(2, 80.0, 1e6)  # each shard serves half the model
     assert two.serve(0.0, 0.0) == pytest.approx(0.05) and two.serve(0.0, 0.0) == pytest.approx(0.1)
-    assert StepCurve(0.02, 0.001).seconds(30) == pytest.approx(0.05) and chunks_of(3 * 2**20 + 1, 2**20) == 4
+    assert chunks_of(3 * 2**20 + 1, 2**20) == 4
     assert pipelined(1.0, 0.3, 1) == pytest.approx(1.3) and pipelined(1.0, 0.3, 10) == pytest.approx(1.03)
 
 

@@ -49,6 +49,7 @@ def test_the_calibrated_optimum_weighs_each_batch_against_fixed_costs_and_caps()
     cap. K_min 10, B_noise 5000 (at B_noise 1000 the GPU alone would be faster: 1200 / 666.7 against 1400 / 766.7)."""
     noise = NoiseScale(10.0, 5000.0)
     gpu, cpu = Device(0.1, 0.001, max_batch=200), Device(0.0, 0.01)
+    assert gpu.seconds(200) == pytest.approx(0.3) and gpu.speed(1) == pytest.approx(1 / 0.101)
     best = calibrated_optimum(noise, [gpu, cpu], [1, 200, 400])
     assert (best.batch, best.workers) == (200, 2)
     assert best.time_s == pytest.approx(10 * (2 * 200 + 5000) / (200 / 0.3 + 100))
