@@ -15,7 +15,7 @@ from bench.simulate import WorkerSpec
 from dynabatch.common.optimum import Device, NoiseScale, Optimum, calibrated_optimum
 from dynabatch.common.slowdown import Slowdown
 
-STUDY_NOISE = NoiseScale(k_min=97.3, b_noise=66.4)
+STUDY_NOISE = NoiseScale(k_min=119.8, b_noise=40.2)
 """K(B) = K_min (1 + B_noise / B) for the study's model, data and target (bench/RESULTS.md section 10)."""
 STUDY_SETTING = ("mlp", "fashion-mnist", "0.80")
 """The model, data and target STUDY_NOISE was measured for: T* of any other setting is unknown."""
