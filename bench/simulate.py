@@ -7,7 +7,8 @@ allocation, hysteresis, AdaComm's local-step rule) is fed the heartbeats a
 worker would send, the shard's `ShardState` (its protocol rule and optimizer)
 takes the pushes, and each gradient is a real gradient of the real model on the
 worker's own data order. What is simulated is only time: a worker's step takes
-``(a + c*b) * slowdown * noise`` virtual seconds, a transfer ``comm_s``. Events
+``(a + c*b) * slowdown * noise`` virtual seconds, a transfer ``comm_s`` (or, for a node with its own link,
+the model's bytes over it and through the shards' queue: bench/cluster_model.py). Events
 are processed in virtual-time order (ties by a sequence number), so staleness
 comes out exactly as a cluster of that shape would produce it, and a run is a
 function of its seed.
@@ -19,8 +20,8 @@ handed out before every starting worker has reported (`dynabatch run` sets
 min_workers to all of them), so the first split is the probes' guess, not yet the
 equal-time one. A worker learns its batch as soon as the scheduler decides it (the
 real one repeats its heartbeat until the answer holds one). Not simulated: CPU
-contention between workers beyond the step noise, the pipelined push, transfer
-time growing with load, and the shard learning a new membership only at its own
+contention between workers beyond the step noise, the pipelined push and transfer
+time growing with load where a node has no link of its own, and the shard learning a new membership only at its own
 heartbeat (every heartbeat_s; here at once).
 
 Each worker is a generator that yields either a virtual time to sleep until or
@@ -30,6 +31,8 @@ one the real worker's loop runs, and executes each action the planner orders
 (pull, compute, push, look after a delta in flight) in virtual time.
 
     python -m bench.simulate --protocol asgd --policy dynamic --profile tail16 --budget-s 20
+    python -m bench.simulate --profile-file bench/profiles/mixed_gpus16.json --protocol asgd --policy fixed \
+        --seed 0 --budget-s 20
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import argparse
 import heapq
 import math
 import random
+import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +49,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bench.cluster_model import Link, Network, Shards, chunks_of
 from dynabatch.common import staleness
 from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
 from dynabatch.common.config import JobConfig
@@ -52,6 +57,7 @@ from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_datase
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.common.models import build_model
+from dynabatch.common.optimum import Device
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire import ProtocolError
@@ -82,12 +88,27 @@ MARKS = ("0.80", "0.85", "0.88")
 @dataclass(frozen=True)
 class WorkerSpec:
     """One simulated node: its slowdown schedule (common/slowdown.py syntax), its link (how many times the
-    cluster's `comm_s` its pull and its push each take: 10 is a link ten times slower), and when it is in the job."""
+    cluster's `comm_s` its pull and its push each take: 10 is a link ten times slower), and when it is in the job.
+
+    A node of a real cluster (bench/cluster_model.py, read from a profile file by bench/profile_file.py) has its
+    own step curve (`fixed_s`, `per_sample_s`; None: the cluster's `SimConfig` ones), its memory cap
+    (`max_batch`, the real worker's --max-batch; 0: none) and its own link (`link_mbit`, `latency_s`): with a
+    link, its transfers cost the model's bytes over it and wait at the shards' queue instead of `comm_s`."""
 
     slowdown: str = "1"
     join_s: float = 0.0
     leave_s: float = math.inf
     link: float = 1.0
+    fixed_s: float | None = None
+    per_sample_s: float | None = None
+    max_batch: int = 0
+    link_mbit: float = 0.0
+    latency_s: float = 0.0
+
+    def device(self, fixed_s: float, per_sample_s: float) -> Device:
+        """This node's step curve and cap: its own curve, or the cluster's `fixed_s` and `per_sample_s`."""
+        return Device(fixed_s if self.fixed_s is None else self.fixed_s,
+                      per_sample_s if self.per_sample_s is None else self.per_sample_s, self.max_batch)
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
@@ -168,6 +189,11 @@ class SimConfig:
     eval_size: int = 2000
     job: dict[str, Any] = field(default_factory=dict)  # other JobConfig fields (lr, local_steps, ...)
     equal_steps: bool | None = None  # the dynamic split's objective, forced to compare (None: the protocol's own)
+    # the transfers of workers with their own link (WorkerSpec.link_mbit): the model's bytes on the wire (0: the
+    # trained model's), the shards they are cut over and each shard's service rate (0: instant)
+    wire_bytes: float = 0.0
+    shards: int = 1
+    shard_mbit: float = 0.0
 
 
 @dataclass
@@ -222,6 +248,9 @@ class Cluster:
             layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
             protocol_settings(self.job), params, self.job.dbs_weight)
         self.model_bytes = 4 * flat.numel()
+        self.shard_queues = Shards(cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes)
+        pipelines = self.job.pipelines(chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes))
+        self.chunks = chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes) if pipelines else 1
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0
         spec = self.spec if cfg.equal_steps is None else replace(self.spec, equal_steps=cfg.equal_steps)
@@ -366,17 +395,45 @@ class Worker:
         self.grads = torch.empty(0)  # a gradient step's gradient, taken when computed, until it is pushed
         self.back: tuple[torch.Tensor, dict[int, int], int] | None = None
         self.sync_s = 0.0  # msd: the transfers of its last delta and its average (the real loop's `comm_s`)
+        cfg = cluster.cfg
+        self.device = spec.device(cfg.fixed_s, cfg.per_sample_s)
+        gradient_chunks = cluster.chunks if cluster.spec.push_kind == GRADIENT else 1
+        self.net = (Network(Link(spec.link_mbit, spec.latency_s), cluster.shard_queues, gradient_chunks)
+                    if spec.link_mbit > 0 else None)
 
     @property
     def comm_s(self) -> float:
-        """One pull or one push over this node's link."""
-        return self.c.cfg.comm_s * self.spec.link
+        """One pull or one push over this node's link, with no queue at the shards."""
+        if self.net is None:
+            return self.c.cfg.comm_s * self.spec.link
+        return self.net.link.transfer_s(self.net.shards.model_bytes)
+
+    def pull_s(self) -> float:
+        """A pull issued now: `comm_s`, or the model's bytes over this node's link and through the shards' queue."""
+        return self.comm_s if self.net is None else self.net.pull_s(self.c.now)
+
+    def exposed_pull_s(self, compute: float) -> float:
+        """A gradient step's pull issued now, less what its forward pass hides where the pipeline overlaps them."""
+        return self.comm_s if self.net is None else self.net.exposed_pull_s(self.c.now, compute)
+
+    def push(self, compute: float = 0.0) -> Generator[Wait, None, float]:
+        """A push leaving now: `comm_s`, or over this node's link (overlapped with the backward pass of a gradient
+        step of `compute` seconds) and then through the shards' queue. Returns its seconds."""
+        c = self.c
+        if self.net is None:
+            yield c.now + self.comm_s
+            return self.comm_s
+        start = c.now
+        yield c.now + self.net.push_link_s(compute)
+        yield self.net.served(c.now)
+        return c.now - start
 
     def step_seconds(self, batch: int) -> float:
         cfg = self.c.cfg
-        factor = self.slowdown.factor(self.c.now - self.started)
+        elapsed = self.c.now - self.started
         noise = max(0.2, 1.0 + cfg.noise * self.rng.gauss(0.0, 1.0))
-        return (cfg.fixed_s + cfg.per_sample_s * batch) * factor * noise
+        return ((self.device.fixed_s + self.device.per_sample_s * batch) * self.slowdown.factor(elapsed) * noise
+                + self.slowdown.fixed_s(elapsed))
 
     def next_batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next `b` samples of the real worker's own order (worker/batch_source.py); a simulated step never
@@ -413,7 +470,7 @@ class Worker:
         model's prior), so the first batches are not yet the equal-time ones.
         """
         cfg = self.c.cfg
-        batch = probe_batch(self.c.job.max_batch)
+        batch = probe_batch(self.c.job.max_batch, self.device.max_batch)
         assert self.source is not None
         for _ in range(cfg.probe_steps + 1):  # the real probe trains on these samples; training starts after them
             self.source.take(batch)
@@ -431,7 +488,8 @@ class Worker:
         later spends its probe's time after `join_s`, before it is counted in n.
         """
         c = self.c
-        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}"), c.now).id
+        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}",
+                                           max_batch=self.device.max_batch), c.now).id
         self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:
@@ -498,7 +556,11 @@ class Worker:
                 yield lambda: c.shard.version >= target
             yield lambda: c.shard.admit_pull(self.wid)  # answered now: a rule may count the worker as computing
             self.base, self.base_versions, self.version = c.pull()
-            yield c.now + self.comm_s
+            if c.spec.push_kind == GRADIENT:  # the pull overlaps the forward pass of the step it feeds
+                record.compute_s = self.step_seconds(self.told.batch)
+                yield c.now + self.exposed_pull_s(record.compute_s)
+            else:
+                yield c.now + self.pull_s()
             if action.waits:
                 record.times.wait += c.now - record.asked
             else:
@@ -509,7 +571,7 @@ class Worker:
         if isinstance(action, Compute):
             record.batch, record.steps = action.batch, action.steps
             if c.spec.push_kind == GRADIENT:
-                compute = self.step_seconds(action.batch)
+                compute = record.compute_s if action.batch == self.told.batch else self.step_seconds(action.batch)
                 yield c.now + compute
                 load_flat(c.model, self.base)
                 record.losses = [self.gradient(c.model, action.batch)]
@@ -520,15 +582,16 @@ class Worker:
                 yield c.now + compute
                 record.losses = [self._local_step(action.batch, scale) for _ in range(action.steps)]
             record.times.compute += compute
+            record.compute_s = compute
             return True
         if isinstance(action, Advance):
             return self._correct()
-        record.times.push += self.comm_s
         if action.in_flight:
+            record.times.push += self.comm_s
             self.anchor = flat_params(self._own_model())
             c.spawn(self._delta_in_flight(self.base - self.anchor, self.base_versions, action.samples), c.now)
             return None
-        yield c.now + self.comm_s
+        record.times.push += yield from self.push(record.compute_s if action.kind == GRADIENT else 0.0)
         pushed = self.grads if action.kind == GRADIENT else self.base - flat_params(self._own_model())
         applied, after = c.push(pushed, self.base_versions, action.samples, action.kind, self.wid)
         return [Ack(applied, after)]
@@ -566,7 +629,7 @@ class Worker:
         """The push travels, the round closes when everyone has pushed, the average travels back."""
         c = self.c
         sent = c.now
-        yield c.now + self.comm_s
+        yield from self.push()
         if self.wid not in c.shard.live:
             return
         applied, after = c.push(delta, versions, samples, DELTA, self.wid)
@@ -574,9 +637,10 @@ class Worker:
         yield lambda: c.shard.version >= target
         pushed_s = c.now - sent
         back = c.pull()
-        yield c.now + self.comm_s
+        pulled_s = self.pull_s()
+        yield c.now + pulled_s
         self.back = back
-        self.sync_s = pushed_s + self.comm_s  # transfers only: the wait for the round is not communication
+        self.sync_s = pushed_s + pulled_s  # transfers only: the wait for the round is not communication
 
 
 @dataclass
@@ -587,6 +651,7 @@ class _StepRecord:
 
     times: StepTimes = field(default_factory=StepTimes)
     asked: float = 0.0  # when the pull was asked for
+    compute_s: float = 0.0  # a gradient step's compute, drawn at its pull (the pull overlaps its forward pass)
     batch: int = 0
     steps: int = 1
     losses: list[float] = field(default_factory=list)
@@ -644,6 +709,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--protocol", default="asgd")
     p.add_argument("--policy", default="dynamic")
     p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))
+    p.add_argument("--profile-file", help="a cluster described in a JSON file (bench/profile_file.py), instead of "
+                                          "--profile")
+    p.add_argument("--shards", type=int, default=0, help="with --profile-file: this many shards (default: the file's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
@@ -671,12 +739,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.study:
         from bench.simulate_study import run_study
         return run_study(args.study, args.out, args.jobs)
-    workers = PROFILES[args.profile]()
+    from bench.profile_file import ClusterProfile, ProfileError, read_profile
+    try:
+        profile = (read_profile(args.profile_file) if args.profile_file
+                   else ClusterProfile(args.profile, PROFILES[args.profile]()))
+    except ProfileError as exc:
+        print(f"python -m bench.simulate: {exc}", file=sys.stderr)
+        return 2
+    workers = profile.workers
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
-                    global_batch=args.global_batch or 16 * len(workers), model=args.model,
-                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound})
+                    global_batch=args.global_batch or profile.global_batch or 16 * len(workers), model=args.model,
+                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound},
+                    **{**profile.sim_settings(), **({"shards": args.shards} if args.shards else {})})
     r = simulate(cfg)
-    print(f"{r.protocol}+{r.policy} on {args.profile} ({r.workers} workers), seed {r.seed}: "
+    print(f"{r.protocol}+{r.policy} on {profile.name} ({r.workers} workers), seed {r.seed}: "
           f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
           f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
           f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
+from bench.reference_time import STUDY_SETTING, cluster_optimum
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
 from dynabatch.common.data import load_dataset
 
@@ -326,8 +327,19 @@ def choose_default(res: Results) -> str | None:
     return min(stable, key=lambda m: statistics.median(stable[m])) if stable else None
 
 
+def reference_s(p: dict[str, Any]) -> float | None:
+    """T* of a profile's cluster in virtual seconds (bench/reference_time.py), where its setting is the one K(B) was
+    measured for."""
+    if (p["model"], p["dataset"], p["target"]) != STUDY_SETTING:
+        return None
+    base = SimConfig("asgd", "fixed", ())
+    return cluster_optimum(CLUSTERS[p["profile"]](), base.fixed_s * p["slower"],
+                           base.per_sample_s * p["slower"]).time_s
+
+
 def render(res: Results) -> str:
-    """Per profile: each method's tuned step size and figures, and each method's time against asgd+fixed's."""
+    """Per profile: each method's tuned step size and figures, and each method's time against asgd+fixed's and
+    against T*, the cluster's optimal time."""
     out = []
     for name, p in res.profiles.items():
         runs = res.report.get(name, [])
@@ -337,22 +349,26 @@ def render(res: Results) -> str:
         n = len(CLUSTERS[p["profile"]]())
         tuned = (f"step sizes from {p['lr_from']}" if p["lr_from"] else
                  f"each method's step size tuned over its grid on seeds {', '.join(map(str, p['tune_seeds']))}")
+        t_star = reference_s(p)
         out += [f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
-                f"seeds {', '.join(map(str, p['seeds']))}; {tuned}", "",
+                f"seeds {', '.join(map(str, p['seeds']))}; {tuned}"
+                + ("" if t_star is None else f"; T* = {t_star:.1f} s"), "",
                 f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged | test acc. at budget "
-                "| samples/s | staleness mean | time / asgd+fixed's |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "| samples/s | staleness mean | time / asgd+fixed's | time / T* |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
         for row in rows:
             if not row["runs"]:  # no step size to run at, or an interrupted study that had not run it yet
                 why = "every step size diverged in tuning" if row["lr"] is None else f"not run (lr {row['lr']:g})"
-                out.append(f"| {row['method']} | – | {why} | | | | | | |")
+                out.append(f"| {row['method']} | – | {why} | | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
             ratio = (f"{row['time'] / base:.2f}x" if math.isfinite(row["time"]) and math.isfinite(base) else "–")
+            to_star = f"{row['time'] / t_star:.2f}x" if t_star and math.isfinite(row["time"]) else "–"
             out.append(f"| {row['method']} | {row['lr']:g} | {t} | {row['reached']}/{row['runs']} | "
                        f"{row['diverged']}/{row['runs']} | {100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | "
-                       f"{row['sps']:,.0f} | {row['stale']:.1f} | {ratio} |")
+                       f"{row['sps']:,.0f} | {row['stale']:.1f} | {ratio} | {to_star} |")
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
     everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
     out += [f"The whole study: {_minutes(everything)} of CPU; `--jobs 2` takes about half that in wall time.",

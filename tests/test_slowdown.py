@@ -26,7 +26,22 @@ def test_bad_schedules_are_refused_with_the_text(bad):
 
 
 @pytest.mark.parametrize("text, label", [("1", "1x"), ("2.5x", "2.5x"), ("1x,4x@60s,1x@120s", "1x,4x@60s,1x@120s"),
-                                         ("3x@10s", "1x,3x@10s")])
+                                         ("3x@10s", "1x,3x@10s"), ("2:0.05", "2x:0.05s")])
 def test_the_label_is_the_schedule_as_parse_reads_it(text, label):
     assert Slowdown.parse(text).label() == label
     assert Slowdown.parse(label) == Slowdown.parse(text)
+
+
+def test_a_fixed_part_idles_its_seconds_after_every_step_beside_the_factor():
+    s = Slowdown.parse("2:0.05,3x:0.1s@60s")
+    assert s.factor(0) == 2.0 and s.fixed_s(0) == 0.05 and s.fixed_s(60) == 0.1
+    assert s.idle_s(0, 0.2) == pytest.approx(0.2 + 0.05)  # (2-1) x 0.2 CPU seconds + 0.05
+    assert s.idle_s(61, 0.2) == pytest.approx(0.4 + 0.1)
+    assert Slowdown.parse("1:0.02").idle_s(5, 1.0) == pytest.approx(0.02)
+    assert Slowdown.parse("4").idle_s(0, 0.1) == pytest.approx(0.3) and Slowdown.parse("4").fixed_s(0) == 0.0
+
+
+@pytest.mark.parametrize("bad", ["2:", "2:-1", ":0.1", "2:0.1:0.2"])
+def test_bad_fixed_parts_are_refused_with_the_text(bad):
+    with pytest.raises(ValueError, match="slowdown"):
+        Slowdown.parse(bad)

@@ -22,6 +22,7 @@ from bench.tuned_study import (
     cost_line,
     diverged,
     median_time,
+    reference_s,
     render,
     unseen_lognormal,
 )
@@ -73,6 +74,9 @@ def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_whi
     assert not _done(res, Run(profile, "asgd+fixed", 0.02, 0, tuning=False))
     report = render(res)
     assert "| asgd+fixed | 0.01 | 30 s | 1/1 | 0/1 |" in report, report
+    t_star = reference_s(asdict(profile))  # the MLP on Fashion-MNIST to 80%: the setting K(B) was measured for
+    assert t_star and f"T* = {t_star:.1f} s" in report and f"| 1.00x | {30.0 / t_star:.2f}x |" in report, report
+    assert reference_s({**asdict(profile), "dataset": "synthetic"}) is None
     assert "| later | – | not run (lr 0.02) |" in report and "| unstable | – | every step size diverged" in report
 
 

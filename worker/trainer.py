@@ -165,15 +165,14 @@ class Worker:
         beat.when_due()
 
     def idle_for_slowdown(self, cpu_s: float) -> float:
-        """Idle (F-1) x `cpu_s` for this node's slowdown factor F now; returns the seconds idled.
+        """Idle (F-1) x `cpu_s` plus the fixed part A for this node's slowdown F:A now; returns the seconds idled.
 
         The main thread is as silent while it idles as slower hardware would keep
         it computing; the pulse (pulse.py) keeps the worker alive meanwhile.
         """
-        factor = self.slowdown.factor(time.monotonic() - self.started)
-        if factor <= 1.0:
+        idle = self.slowdown.idle_s(time.monotonic() - self.started, cpu_s)
+        if idle <= 0.0:
             return 0.0
-        idle = (factor - 1.0) * cpu_s
         time.sleep(idle)
         return idle
 
