@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -88,14 +89,16 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
     before_stop = [s for s in timeline if not s.stopping]
     at_stop = (before_stop[-1] if before_stop else last).workers
     warm_t = start_t + warmup_fraction * (last.t - start_t)
+    # The batches the run settled on: those of the last snapshot before the job began stopping in which a worker
+    # held a batch. Past it the last batches are what the budget left, down to 0, while the shards confirm the
+    # end; and a worker that leaves first hands its share to the others for their last steps.
+    settled_at = next((s.t for s in reversed(before_stop) if any(w.batch for w in s.workers.values())), last.t)
     workers: dict[str, Any] = {}
     for wid in sorted({w for s in timeline for w in s.workers}):
         seen = [s for s in timeline if wid in s.workers]
         first = next((s for s in seen if s.t >= warm_t), seen[0]).workers[wid]
         final = seen[-1].workers[wid]
-        # The batch in force when the job began stopping: a worker that leaves first hands its
-        # share to the others for their last steps, which is not the split the run settled on.
-        settled = next((s for s in reversed(seen) if not s.stopping), seen[-1]).workers[wid]
+        settled = next((s for s in reversed(seen) if s.t <= settled_at), seen[-1]).workers[wid]
         steps = final.observed_steps - first.observed_steps
         mean_step = (final.step_s_total - first.step_s_total) / steps if steps > 0 else None
         mean_data = (final.data_s_total - first.data_s_total) / steps if steps > 0 else None
@@ -111,10 +114,12 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
             "samples": final.samples,
             "left_early": wid not in at_stop,
         }
-    # Throughput counts from the first batches to the snapshot where the job began stopping: start-up
-    # (standalone probes, waiting for every worker) and the final evaluation are not training.
+    # Throughput counts from the first batches to the first snapshot with the samples the job had when it began
+    # stopping: start-up (standalone probes, waiting for every worker), the shards' confirmation of the end
+    # (the workers idle once the budget is trained) and the final evaluation are not training.
     begin = training_start(timeline)
-    end = next((s for s in timeline if s.stopping), last)
+    stop = next((s for s in timeline if s.stopping), last)
+    end = next(s for s in timeline if s.samples >= stop.samples)
     train_s = max(1e-9, end.t - (start_t if begin is None else begin))
     samples_per_s = end.samples / train_s
     stale = staleness.stats(last.staleness)
@@ -134,6 +139,7 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "model_version": max([last.eval_version or 0, *(sh.version for sh in last.shards.values())]),
         "final_train_loss": last.loss,
         "epochs": last.epoch,
+        **epochs_trained(last),
         "samples": last.samples,
         "wall_s": wall_s,
         "train_s": train_s,
@@ -163,6 +169,16 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "lr_factor": last.lr_factor,
         "failed": last.failed or None,
     }
+
+
+def epochs_trained(last: JobStatus) -> dict[str, Any]:
+    """The epochs asked for and trained (counted from the samples the model holds), and the samples trained past
+    the epochs asked (negative: short of them, as a job stopped by its time budget or a failure ends)."""
+    if not last.train_size:
+        return {"epochs_requested": last.target_epochs, "epochs_trained": None, "overshoot_samples": None}
+    asked = math.ceil(last.target_epochs * last.train_size)
+    return {"epochs_requested": last.target_epochs, "epochs_trained": last.epoch,
+            "overshoot_samples": last.samples - last.lost_samples - asked}
 
 
 def discarded_pushes(timeline: list[JobStatus]) -> int:

@@ -135,6 +135,9 @@ class Assignment:
     `lr_factor` is the job's step-size factor after its rollbacks (halved at each);
     shards multiply their rate by it (workers get it inside `lr_scale`).
     `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
+    `allotted` is how many samples a worker may have trained in all, in its own count
+    (`Heartbeat.samples`; None: no limit): the job's epochs are handed out as such
+    allotments, and a worker takes no step beyond its own (common/allotment.py).
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -152,6 +155,7 @@ class Assignment:
     rollbacks: int = 0
     lr_factor: float = 1.0
     hold_checkpoints: bool = False
+    allotted: int | None = None
 
 
 @dataclass

@@ -66,6 +66,14 @@ class Progress:
         return self.kept_samples / self.train_size if self.train_size else 0.0
 
     @property
+    def budget(self) -> int | None:
+        """The samples the job is to train: its epochs of the training set, and the work shards lost counted back
+        (None until a shard has reported the training set's size)."""
+        if not self.train_size:
+            return None
+        return math.ceil(self.job.epochs * self.train_size) + self.lost_samples
+
+    @property
     def bytes(self) -> int:
         """Tensor bytes moved between workers and shards (both directions), from workers' counters."""
         return self.departed_bytes + sum(m.last.bytes for m in self.roster.workers())

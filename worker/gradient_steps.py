@@ -6,9 +6,8 @@ worker sees as waiting). `SampleRoundLoop` is rennala's: the same step, with a p
 the shard holds until the next round counted as waiting. `RoundLoop` is ssgd's: the
 same step, except that the pull asks each shard for the version the previous round
 produces, so the worker waits for the round to close (its `wait` time) before
-computing on the new model; and it stops by itself once the model has had all the job's rounds (each
-round is one global batch B), so no worker starts a round the others will not
-join.
+computing on the new model. Every loop stops when the scheduler says so: its
+allotment of the job's samples trained (common/allotment.py), a worker idles.
 
 With the job's `push_pull` (the default) a step's push also brings back the
 model the next step computes on (`ShardClients.push_pull`): the same model a
@@ -53,10 +52,6 @@ class GradientLoop(StepLoop):
     ahead: PendingPull | None = None  # the next step's pull, sent before this step's compute (prefetch_pull)
     unacked: PendingPush | None = None  # the last step's push, acknowledged during this step (push_behind)
 
-    def _done(self, version: int) -> bool:
-        """Whether the model at `version` ends this worker's training (never, unless the protocol has rounds)."""
-        return False
-
     def _next_round(self, pulled_versions: list[int]) -> None:
         """Set what the next pull waits for, given the shard versions this step computed on."""
 
@@ -74,8 +69,6 @@ class GradientLoop(StepLoop):
                 pulled = c.shards.pull(self.min_versions, c.request_timeout_s)
             self._add_pull_time(times, time.perf_counter() - start)
         self.last_versions = pulled.shard_versions
-        if self._done(pulled.version):
-            return None
         load_flat(c.model, pulled.flat)
         c.buffers.load(c.model, pulled.buffers)
         if c.job.prefetch_pull:
@@ -126,12 +119,6 @@ class GradientLoop(StepLoop):
         if self.pipeline is None:
             self.pipeline = Pipeline(c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s,
                                      c.loss_fn, c.buffers)
-        if self.last_versions is not None and self._done(min(self.min_versions or self.last_versions)):
-            # Leave only once the last round has closed: a worker that left while it was open would have the
-            # scheduler hand its batch to the others, and one that had not drawn its batch for that round yet
-            # would draw the larger one, making the last round more than B samples.
-            c.shards.pull(self.min_versions, c.request_timeout_s)
-            return None
         batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
         result = self.pipeline.step(batch, self.min_versions, assignment.batch)
@@ -157,12 +144,6 @@ class RoundLoop(GradientLoop):
     """ssgd: every step is one round; the next pull waits for the round this step's gradient went into."""
 
     NAME = "round"
-
-    def _done(self, version: int) -> bool:
-        """Has the model had epochs * train_size / B rounds?"""
-        job = self.ctx.job
-        self.finished = version >= math.ceil(job.epochs * self.ctx.train_size / job.global_batch)
-        return self.finished
 
     def _next_round(self, pulled_versions: list[int]) -> None:
         self.min_versions = [v + 1 for v in pulled_versions]

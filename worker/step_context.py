@@ -63,13 +63,10 @@ class StepContext:
 class StepLoop:
     """One protocol's worker loop; `NAME` is what a ProtocolSpec's `worker_loop` names.
 
-    `finished` is set when the protocol itself ends the worker's training (ssgd's
-    last round); `comm_s` is the communication time the scheduler's local-step
-    rule weighs (msd).
+    `comm_s` is the communication time the scheduler's local-step rule weighs (msd).
     """
 
     NAME: ClassVar[str]
-    finished: bool = False
     comm_s: float = 0.0
 
     def step(self, assignment: Assignment) -> StepResult | None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.chunking import travelling
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.flags import ConfigError
@@ -234,16 +235,17 @@ class Worker:
         assignment = self._await_batch(hb)
         beat.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
-        while assignment is not None and not assignment.stop and not self.process.stopping and not steps.finished:
+        while assignment is not None and not assignment.stop and not self.process.stopping:
             if assignment.rollbacks > beat.rollbacks:
                 hb = self._roll_back(steps, assignment.rollbacks)
-            if assignment.batch == 0:  # left out for now (its fixed cost alone exceeds a round): idle, no push
+            batch = self._batch(assignment, hb)
+            if batch == 0:  # left out for now (its fixed cost alone exceeds a round), or its allotment trained: idle
                 assignment = self._await_batch(hb)
                 continue
             self.data_s = 0.0
             counted = list(joined.shards.staleness)
             try:
-                result = steps.step(assignment)
+                result = steps.step(replace(assignment, batch=batch))
             except (TimeoutError, RemoteError) as exc:
                 code = exc.code if isinstance(exc, RemoteError) else ErrorCode.TIMEOUT
                 # A failed step is not counted, so neither are the pushes that live shards took from it: the
@@ -297,10 +299,17 @@ class Worker:
             if process.link.lost:
                 return self._rejoin(hb)[1]
             assignment = process.link.ask(hb)
-            if assignment is not None and (assignment.batch > 0 or assignment.stop):
+            if assignment is not None and (self._batch(assignment, hb) > 0 or assignment.stop):
                 return assignment
             process.health.tick()
         return None
+
+    def _batch(self, assignment: Assignment, hb: Heartbeat) -> int:
+        """The batch of the next step: the assigned one, the last sized to what this worker's allotment leaves after
+        the samples `hb` reports (common/allotment.py); 0: none."""
+        left = None if assignment.allotted is None else assignment.allotted - hb.samples
+        return allotted_batch(assignment.batch, left,
+                              protocol_spec(self.joined.job.protocol).report_steps(assignment.local_steps))
 
     def _record(self, prev: Heartbeat, result: StepResult, assignment_id: int, sync_s: float) -> Heartbeat:
         """Export a step's figures and report them to the scheduler; returns the heartbeat sent."""
