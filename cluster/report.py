@@ -89,10 +89,7 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
     before_stop = [s for s in timeline if not s.stopping]
     at_stop = (before_stop[-1] if before_stop else last).workers
     warm_t = start_t + warmup_fraction * (last.t - start_t)
-    # The batches the run settled on: those of the last snapshot before the job began stopping in which a worker
-    # held a batch. Past it the last batches are what the budget left, down to 0, while the shards confirm the
-    # end; and a worker that leaves first hands its share to the others for their last steps.
-    settled_at = next((s.t for s in reversed(before_stop) if any(w.batch for w in s.workers.values())), last.t)
+    settled_at = settled_time(before_stop, last.t)
     workers: dict[str, Any] = {}
     for wid in sorted({w for s in timeline for w in s.workers}):
         seen = [s for s in timeline if wid in s.workers]
@@ -169,6 +166,15 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "lr_factor": last.lr_factor,
         "failed": last.failed or None,
     }
+
+
+def settled_time(before_stop: list[JobStatus], last_t: float) -> float:
+    """When the batches the run settled on were last in force: the last snapshot before the job's budget was all
+    allotted (past it the last batches are what each worker's allotment leaves, down to 0, while the shards
+    confirm the end) and before the job began stopping (a worker that leaves first hands its share to the others
+    for their last steps); of a job too short for that, its last snapshot in which a worker held a batch."""
+    holding = [s for s in before_stop if any(w.batch for w in s.workers.values())]
+    return next((s.t for s in reversed(holding) if s.unallotted != 0), holding[-1].t if holding else last_t)
 
 
 def epochs_trained(last: JobStatus) -> dict[str, Any]:

@@ -381,6 +381,8 @@ class JobStatus:
     filled in as it answers STATUS. `samples` counts every sample trained;
     `lost_samples` those whose updates shards lost in restarts (`lost_versions`
     updates), which the job trains again: `epoch` counts the samples the model holds.
+    `unallotted` is what the job's budget (its epochs' samples) has yet to allot to workers (None: the budget is
+    not known yet); at 0 the last batches are sized to what each worker's allotment leaves.
     `dynabatch run` writes these snapshots, as maps with the field names as keys, to the run folder's timeline.json.
     """
 
@@ -418,6 +420,7 @@ class JobStatus:
     rollbacks: list[Rollback] = field(default_factory=list)
     lr_factor: float = 1.0
     failed: str = ""
+    unallotted: int | None = None
 
 
 @dataclass

@@ -336,6 +336,7 @@ class JobState:
             rollbacks=[replace(r, versions=dict(r.versions)) for r in rollbacks.rollbacks],
             lr_factor=rollbacks.lr_factor,
             failed=self.end.failed,
+            unallotted=allocator.unallotted,
         )
 
     # -- restart ------------------------------------------------------------------------
