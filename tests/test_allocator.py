@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
+from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat
 from dynabatch.common.protocols import protocol_spec
-from dynabatch.common.allotment import allotted_batch
 from dynabatch.scheduler.allocator import (
     ALLOT_AHEAD,
     DECISIONS_KEPT,

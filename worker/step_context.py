@@ -48,7 +48,6 @@ class StepContext:
     model: torch.nn.Module
     layout: Layout
     shards: ShardClients
-    train_size: int
     request_timeout_s: float
     next_batch: Callable[[int], Any]
     timed_compute: Callable[[Any], tuple[float, float]]

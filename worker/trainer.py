@@ -121,7 +121,7 @@ class Worker:
         joined = self.joined
         return StepContext(
             job=joined.job, model=joined.model, layout=joined.layout, shards=joined.shards,
-            train_size=joined.signature.train_size, request_timeout_s=self.opts.request_timeout_s,
+            request_timeout_s=self.opts.request_timeout_s,
             next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=joined.loss_fn,
             idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.process.beat.when_due,
             skip_step=self.skip_step, buffers=joined.buffers, pipelined=self._pipelined(),
