@@ -288,7 +288,10 @@ class _RoundRule(ShardRule, Generic[RoundT]):
         return self._complete(cid) and self.close(cid)
 
     def membership_changed(self) -> list[int]:
-        return [cid for cid in self.rounds if self.rounds[cid] and self._complete(cid) and self.close(cid)]
+        """Close the rounds now complete, and every open one once no live worker holds a batch: nobody is left to
+        add to it, as when the job's last samples, fewer than a round's, are trained and every worker idles."""
+        nobody = not (self.shard.live - self.shard.idle)
+        return [cid for cid in self.rounds if self.rounds[cid] and (nobody or self._complete(cid)) and self.close(cid)]
 
     def overdue(self, now: float, timeout_s: float) -> list[int]:
         """Every open round, once one has waited longer than `timeout_s`.
@@ -405,8 +408,9 @@ class RennalaRule(_RoundRule[PooledRound]):
     """Rennala SGD (Tyurin & Richtarik, NeurIPS 2023): each chunk steps once the gradients pushed for its current
     version add up to at least B samples, from whoever delivered them (a fast worker several times); a gradient
     computed at an older version is discarded (`max_delay` 1: TOO_STALE, nothing changes) and its worker pulls
-    the current model. A round waits on no worker in particular, so nobody's departure closes it; one that
-    stays short of B (its contributors left) closes at the round timeout with what arrived. A worker's several
+    the current model. A round waits on no worker in particular, so a departure closes it only once no live
+    worker holds a batch; one that stays short of B (its contributors left) closes at the round timeout with
+    what arrived. A worker's several
     gradients in a round count as one contribution to its aggregate (PooledRound).
 
     No work is started that the round will not take: a worker's pull is held (parked, like ssp's) while the

@@ -477,6 +477,21 @@ def test_rennala_round_closes_at_the_timeout_with_what_arrived():
     torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)]))
 
 
+@pytest.mark.parametrize("protocol", ["rennala", "softsync"])
+def test_a_pooled_round_closes_once_no_live_worker_holds_a_batch(protocol):
+    """The job's last samples, fewer than a round's: once every worker has trained its allotment (the scheduler
+    lists them idle) nobody can add to the round, and it is applied before the job's end, not left open."""
+    state, w0 = _state(protocol)
+    state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)  # softsync: 4 gradients a round
+    g = torch.ones(1000)
+    _push(state, "w0", g, 0, 32)
+    assert state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4, idle={"w0", "w1"}) == []
+    assert state.version == 0, "w2 and w3 may still push into it"
+    assert state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4, idle={"w0", "w1", "w2", "w3"})
+    assert state.version == 1
+    torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)]))
+
+
 def test_ssgd_rounds_do_not_wait_for_a_worker_left_out_with_batch_0():
     state, w0 = _state("ssgd")
     state.set_membership({"w0", "w1", "w2"}, allocated=2, idle={"w2"})
