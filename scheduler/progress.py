@@ -88,9 +88,10 @@ class Progress:
 
     @property
     def newest_possible_version(self) -> int:
-        """No shard can be past this version: every update takes a push of at least --min-batch samples,
-        and every worker may have one push on its way that its heartbeat has not counted yet."""
-        pushes = math.ceil(self.samples / self.job.min_batch) + len(self.roster.live_workers) + 1
+        """No shard can be past this version: every update takes a push of at least --min-batch samples but a
+        worker's last one, sized to what its allotment left, and every worker may have one push on its way that
+        its heartbeat has not counted yet."""
+        pushes = math.ceil(self.samples / self.job.min_batch) + 2 * len(self.roster.live_workers) + 1
         return max(self.roster.newest_shard_version(), pushes)
 
     def worker_left(self, member: Member) -> None:
