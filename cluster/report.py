@@ -89,19 +89,18 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
     before_stop = [s for s in timeline if not s.stopping]
     at_stop = (before_stop[-1] if before_stop else last).workers
     warm_t = start_t + warmup_fraction * (last.t - start_t)
-    settled_at = settled_time(before_stop, last.t)
     workers: dict[str, Any] = {}
     for wid in sorted({w for s in timeline for w in s.workers}):
         seen = [s for s in timeline if wid in s.workers]
         first = next((s for s in seen if s.t >= warm_t), seen[0]).workers[wid]
         final = seen[-1].workers[wid]
-        settled = next((s for s in reversed(seen) if s.t <= settled_at), seen[-1]).workers[wid]
+        settled = settled_batch(wid, seen)
         steps = final.observed_steps - first.observed_steps
         mean_step = (final.step_s_total - first.step_s_total) / steps if steps > 0 else None
         mean_data = (final.data_s_total - first.data_s_total) / steps if steps > 0 else None
         workers[wid] = {
             "name": final.name,
-            "final_batch": settled.batch,
+            "final_batch": settled,
             "max_batch": final.max_batch,
             "mean_step_s_after_warmup": mean_step,
             "mean_data_s_after_warmup": mean_data,
@@ -168,13 +167,15 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
     }
 
 
-def settled_time(before_stop: list[JobStatus], last_t: float) -> float:
-    """When the batches the run settled on were last in force: the last snapshot before the job's budget was all
-    allotted (past it the last batches are what each worker's allotment leaves, down to 0, while the shards
-    confirm the end) and before the job began stopping (a worker that leaves first hands its share to the others
-    for their last steps); of a job too short for that, its last snapshot in which a worker held a batch."""
-    holding = [s for s in before_stop if any(w.batch for w in s.workers.values())]
-    return next((s.t for s in reversed(holding) if s.unallotted != 0), holding[-1].t if holding else last_t)
+def settled_batch(wid: str, seen: list[JobStatus]) -> int:
+    """The batch the run settled on for worker `wid`, from the snapshots it is in before the job began stopping (a
+    worker that leaves first hands its share to the others for their last steps): the last before the job's budget
+    was all allotted (past it a batch is what the worker's allotment leaves, down to 0, while the shards confirm
+    the end); in a job allotted whole from its start, the last in which it held a batch."""
+    before = [s for s in seen if not s.stopping] or seen
+    allotting = [s for s in before if s.unallotted]
+    holding = [s for s in before if s.workers[wid].batch]
+    return (allotting or holding or before)[-1].workers[wid].batch
 
 
 def epochs_trained(last: JobStatus) -> dict[str, Any]:

@@ -72,6 +72,9 @@ def test_the_summary_states_the_epochs_asked_and_trained_and_the_batches_before_
     assert s["workers"]["w0"]["final_batch"] == 64
     assert (s["epochs_requested"], s["epochs_trained"], s["overshoot_samples"]) == (1.0, 1.0, 0)
     assert s["train_s"] == pytest.approx(8.0) and s["samples_per_s"] == pytest.approx(750.0)
+    whole = [_budgeted(1.0, 0, 0, None), _budgeted(4.0, 0, 64, 0), _budgeted(9.0, 4000, 64, 0),
+             _budgeted(12.0, 6000, 0, 0), _budgeted(14.0, 6000, 0, 0, True)]
+    assert summarize(whole, 15.0, 0.0)["workers"]["w0"]["final_batch"] == 64, "a job allotted whole from its start"
     short = summarize([*timeline[:3], replace(timeline[2], t=10.0, stopping=True, budget_spent=True)], 11.0, 0.0)
     assert short["overshoot_samples"] == -2000, "a job its time budget stopped is short of its epochs"
 
