@@ -73,7 +73,8 @@ class SchedulerLink:
                     self.id = reply.body.id
                     self.conn.sender = self.id
                     self.lost = False
-                    self._last, self._sent_at = None, 0.0  # a new member: the old counters are not its own
+                    self._last, self._sent_at = None, 0.0  # a new member: the old counters are not its own,
+                    self.assignment = None  # nor the old assignment (its allotment counts the old member's samples)
                     return reply.body
             if reason != waited_for:
                 log.info("waiting: %s", reason)

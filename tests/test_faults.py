@@ -70,6 +70,12 @@ def _versions_checkpointed(child: Child) -> list[int]:
     return [int(v) for v in re.findall(r"checkpoint at version (\d+) written", child.log_text())]
 
 
+def _saved_since(tmp: Path, now: JobStatus, earlier: JobStatus) -> bool:
+    """Whether the scheduler's saved progress holds the work lost by `now` and more samples than at `earlier`."""
+    saved = json.loads(read_verified(tmp / "state" / "scheduler-dynabatch.json"))
+    return saved["lost_samples"] == now.lost_samples and saved["samples"] > earlier.samples
+
+
 def _final(job: Job) -> JobStatus:
     st = job.progress("the job to finish", lambda s: s.finished, 120)
     job.wall_s = time.monotonic() - job.started
@@ -118,6 +124,9 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
 
         # The scheduler, mid-run: it resumes the job's progress from its last save, the outage counted as job time.
         st = job.progress("half the job", lambda s: s.epoch >= 0.5 * EPOCHS, 120)
+        # A save comes every second: one that holds shard 1's loss, and more samples than when it was counted, is
+        # awaited (the synthetic MLP trains that far in less than a second on an idle machine).
+        wait_for("a save of the progress since shard 1's loss", lambda: _saved_since(tmp_path, st, earlier))
         killed = job.kill(job.scheduler)
         saved = json.loads(read_verified(tmp_path / "state" / "scheduler-dynabatch.json"))
         job.scheduler = job.c.launcher.restart(job.scheduler)

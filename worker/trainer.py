@@ -232,7 +232,7 @@ class Worker:
         self.batches.step_succeeded()
         hb = beat.last = Heartbeat(standalone_sps=standalone)
         steps = LOOPS[protocol_spec(joined.job.protocol).worker_loop](self.step_context())
-        assignment = self._await_batch(hb)
+        hb, assignment = self._await_batch(hb)
         beat.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.process.stopping:
@@ -240,7 +240,7 @@ class Worker:
                 hb = self._roll_back(steps, assignment.rollbacks)
             batch = self._batch(assignment, hb)
             if batch == 0:  # left out for now (its fixed cost alone exceeds a round), or its allotment trained: idle
-                assignment = self._await_batch(hb)
+                hb, assignment = self._await_batch(hb)
                 continue
             self.data_s = 0.0
             counted = list(joined.shards.staleness)
@@ -292,17 +292,18 @@ class Worker:
         steps.after_failure("rollback")
         return beat.last
 
-    def _await_batch(self, hb: Heartbeat) -> Assignment | None:
-        """Heartbeat until the scheduler gives this worker a batch (or stops the job)."""
+    def _await_batch(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
+        """Heartbeat until the scheduler gives this worker a batch (or stops the job); returns the last heartbeat
+        (a fresh one if it registered again meanwhile: the new member's counters start from 0) and the assignment."""
         process = self.process
         while not process.stopping:
             if process.link.lost:
-                return self._rejoin(hb)[1]
+                return self._rejoin(hb)
             assignment = process.link.ask(hb)
             if assignment is not None and (self._batch(assignment, hb) > 0 or assignment.stop):
-                return assignment
+                return hb, assignment
             process.health.tick()
-        return None
+        return hb, None
 
     def _batch(self, assignment: Assignment, hb: Heartbeat) -> int:
         """The batch of the next step: the assigned one, the last sized to what this worker's allotment leaves after
@@ -336,4 +337,4 @@ class Worker:
         fresh = self.process.beat.last = Heartbeat(standalone_sps=hb.standalone_sps)
         self.joined.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
         self.skipped = 0  # and its skipped steps
-        return fresh, self._await_batch(fresh)
+        return self._await_batch(fresh)
