@@ -173,7 +173,7 @@ def settled_batch(wid: str, seen: list[JobStatus]) -> int:
     was all allotted (past it a batch is what the worker's allotment leaves, down to 0, while the shards confirm
     the end); in a job allotted whole from its start, the last in which it held a batch."""
     before = [s for s in seen if not s.stopping] or seen
-    allotting = [s for s in before if s.unallotted]
+    allotting = [s for s in before if s.unallotted and s.training_t is not None]
     holding = [s for s in before if s.workers[wid].batch]
     return (allotting or holding or before)[-1].workers[wid].batch
 
