@@ -114,7 +114,7 @@ class StaleSynchronousRule(AsyncRule):
     A worker's clock on this shard is the number of pushes of every chunk the
     shard holds that it has made (the least over the chunks, so a pipelined push
     of some chunks does not count as a step). A worker more than `staleness`
-    clocks ahead of the slowest live worker has its pulls held until the slowest
+    clocks ahead of the slowest live worker holding a batch has its pulls held until the slowest
     catches up, so no worker ever computes on a model missing more than
     `staleness` of another's steps. s = 0 is lock-step (ssgd's versions per step),
     a large s is asgd. A worker that joins starts at the slowest live clock, so it
@@ -139,12 +139,17 @@ class StaleSynchronousRule(AsyncRule):
         return min(self.clocks[worker].values(), default=0)
 
     def slowest(self) -> int:
-        return min((self.clock(w) for w in self.shard.live), default=0)
+        return min((self.clock(w) for w in self._stepping()), default=0)
 
     def spread(self) -> int:
-        """Clocks between the fastest and the slowest live worker."""
-        clocks = [self.clock(w) for w in self.shard.live]
+        """Clocks between the fastest and the slowest live worker holding a batch."""
+        clocks = [self.clock(w) for w in self._stepping()]
         return max(clocks) - min(clocks) if clocks else 0
+
+    def _stepping(self) -> set[str]:
+        """The live workers holding a batch: one left out with batch 0, or whose allotment of the job's samples is
+        trained, takes no step, and nobody waits for its clock."""
+        return (self.shard.live - self.shard.idle) & self.clocks.keys()
 
     def membership_changed(self) -> list[int]:
         live = self.shard.live

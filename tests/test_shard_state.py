@@ -349,6 +349,21 @@ def test_ssp_a_joining_worker_starts_at_the_slowest_clock_and_a_leaver_holds_nob
     assert not state.pull_blocked("w0"), "with the slower workers gone, w0 is the slowest"
 
 
+def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch():
+    """A worker left out with batch 0, or whose allotment of the job's samples is trained, takes no step: the
+    others' pulls do not wait for its clock, as they would for ever at the job's end; given a batch again, it
+    is the slowest once more."""
+    state = _ssp(0)
+    _push(state, "w0", torch.ones(1000), 0, 32)
+    assert state.pull_blocked("w0")
+    state.set_membership({"w0", "w1"}, allocated=1, idle={"w1"})
+    assert not state.pull_blocked("w0") and state.rule.spread() == 0
+    _push(state, "w0", torch.ones(1000), 1, 32)
+    assert not state.pull_blocked("w0")
+    state.set_membership({"w0", "w1"}, allocated=2)
+    assert state.pull_blocked("w0") and not state.pull_blocked("w1")
+
+
 def test_ssp_applies_gradients_exactly_as_asgd_does():
     ssp, asgd = _ssp(100), _state("asgd")[0]
     asgd.set_membership({"w0", "w1"}, allocated=2)
