@@ -528,7 +528,7 @@ class Worker:
         """Step after step until the node leaves, each as the protocol's planner orders it (worker/step_plans.py,
         the plan the real worker's loop runs), its actions executed in virtual time (`_execute`)."""
         c = self.c
-        plan = plan_for(c.spec, c.job.rounds(len(c.data.train_y)))
+        plan = plan_for(c.spec)
         while not self.leaving():
             if self.told.batch == 0:  # left out (batch 0): idle until the scheduler gives it a batch again
                 yield from self._await_batch()

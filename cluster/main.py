@@ -363,6 +363,7 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",
+        *_epochs_lines(summary),
     ]
     show_slowdown = emulated(w["slowdown"] for w in summary["workers"].values())
     for wid, w in summary["workers"].items():
@@ -377,6 +378,15 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")
     lines.append(f"run folder: {run_dir}")
     return "\n".join(lines)
+
+
+def _epochs_lines(summary: dict[str, Any]) -> list[str]:
+    """`trained 5.000 of the 5 epochs asked (8 samples past them)`: the job's budget against what it trained."""
+    trained, past = summary.get("epochs_trained"), summary.get("overshoot_samples")
+    if trained is None or past is None:
+        return []
+    beyond = f"{past} samples past them" if past >= 0 else f"{-past} samples short of them"
+    return [f"trained {trained:.3f} of the {summary['epochs_requested']:g} epochs asked ({beyond})"]
 
 
 def _interrupted_line(summary: dict[str, Any], figures: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -97,16 +98,14 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         seen = [s for s in timeline if wid in s.workers]
         first = next((s for s in seen if s.t >= warm_t), seen[0]).workers[wid]
         final = seen[-1].workers[wid]
-        # The batch in force when the job began stopping: a worker that leaves first hands its
-        # share to the others for their last steps, which is not the split the run settled on.
-        settled = next((s for s in reversed(seen) if not s.stopping), seen[-1]).workers[wid]
+        settled = settled_batch(wid, seen)
         steps = final.observed_steps - first.observed_steps
         mean_step = (final.step_s_total - first.step_s_total) / steps if steps > 0 else None
         mean_data = (final.data_s_total - first.data_s_total) / steps if steps > 0 else None
         workers[wid] = {
             "name": final.name,
             "slowdown": final.slowdown,
-            "final_batch": settled.batch,
+            "final_batch": settled,
             "max_batch": final.max_batch,
             "mean_step_s_after_warmup": mean_step,
             "mean_data_s_after_warmup": mean_data,
@@ -116,10 +115,12 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
             "samples": final.samples,
             "left_early": wid not in at_stop,
         }
-    # Throughput counts from the first batches to the snapshot where the job began stopping: start-up
-    # (standalone probes, waiting for every worker) and the final evaluation are not training.
+    # Throughput counts from the first batches to the first snapshot with the samples the job had when it began
+    # stopping: start-up (standalone probes, waiting for every worker), the shards' confirmation of the end
+    # (the workers idle once the budget is trained) and the final evaluation are not training.
     begin = training_start(timeline)
-    end = next((s for s in timeline if s.stopping), last)
+    stop = next((s for s in timeline if s.stopping), last)
+    end = next(s for s in timeline if s.samples >= stop.samples)
     train_s = max(1e-9, end.t - (start_t if begin is None else begin))
     samples_per_s = end.samples / train_s
     stale = staleness.stats(last.staleness)
@@ -139,6 +140,7 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "model_version": max([last.eval_version or 0, *(sh.version for sh in last.shards.values())]),
         "final_train_loss": last.loss,
         "epochs": last.epoch,
+        **epochs_trained(last),
         "samples": last.samples,
         "wall_s": wall_s,
         "train_s": train_s,
@@ -169,6 +171,27 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "lr_factor": last.lr_factor,
         "failed": last.failed or None,
     }
+
+
+def settled_batch(wid: str, seen: list[JobStatus]) -> int:
+    """The batch the run settled on for worker `wid`, from the snapshots it is in before the job began stopping (a
+    worker that leaves first hands its share to the others for their last steps): the last before the job's budget
+    was all allotted (past it a batch is what the worker's allotment leaves, down to 0, while the shards confirm
+    the end); in a job allotted whole from its start, the last in which it held a batch."""
+    before = [s for s in seen if not s.stopping] or seen
+    allotting = [s for s in before if s.unallotted and s.training_t is not None]
+    holding = [s for s in before if s.workers[wid].batch]
+    return (allotting or holding or before)[-1].workers[wid].batch
+
+
+def epochs_trained(last: JobStatus) -> dict[str, Any]:
+    """The epochs asked for and trained (counted from the samples the model holds), and the samples trained past
+    the epochs asked (negative: short of them, as a job stopped by its time budget or a failure ends)."""
+    if not last.train_size:
+        return {"epochs_requested": last.target_epochs, "epochs_trained": None, "overshoot_samples": None}
+    asked = math.ceil(last.target_epochs * last.train_size)
+    return {"epochs_requested": last.target_epochs, "epochs_trained": last.epoch,
+            "overshoot_samples": last.samples - last.lost_samples - asked}
 
 
 def discarded_pushes(timeline: list[JobStatus]) -> int:

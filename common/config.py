@@ -10,7 +10,6 @@ the loaders and builders, so reading or validating a job does not load torch.
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -182,11 +181,6 @@ class JobConfig(JobName):
         if self.prefetch_pull and self.pipeline == "on":
             raise ConfigError("--prefetch-pull and --pipeline on overlap the pull in two different ways: choose one")
         SPECS[self.protocol].settings.check(self)
-
-    def rounds(self, train_size: int) -> int:
-        """The rounds (one global batch each) that train `epochs` over `train_size` samples: where a protocol that
-        ends by rounds (ssgd) stops, for the scheduler and for each worker alike."""
-        return math.ceil(self.epochs * train_size / self.global_batch)
 
     def pipelines(self, chunks: int, micro_batch: int = 0, clips: bool = False) -> bool:
         """Whether a worker's gradient steps run pipelined, given its model's chunk count, its --micro-batch and

@@ -139,6 +139,9 @@ class Assignment:
     `lr_factor` is the job's step-size factor after its rollbacks (halved at each);
     shards multiply their rate by it (workers get it inside `lr_scale`).
     `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
+    `allotted` is how many samples a worker may have trained in all, in its own count
+    (`Heartbeat.samples`; None: no limit): the job's epochs are handed out as such
+    allotments, and a worker takes no step beyond its own (common/allotment.py).
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -156,6 +159,7 @@ class Assignment:
     rollbacks: int = 0
     lr_factor: float = 1.0
     hold_checkpoints: bool = False
+    allotted: int | None = None
 
 
 @dataclass
@@ -383,6 +387,8 @@ class JobStatus:
     filled in as it answers STATUS. `samples` counts every sample trained;
     `lost_samples` those whose updates shards lost in restarts (`lost_versions`
     updates), which the job trains again: `epoch` counts the samples the model holds.
+    `unallotted` is what the job's budget (its epochs' samples) has yet to allot to workers (None: the budget is
+    not known yet); at 0 the last batches are sized to what each worker's allotment leaves.
     `dynabatch run` writes these snapshots, as maps with the field names as keys, to the run folder's timeline.json.
     """
 
@@ -421,6 +427,7 @@ class JobStatus:
     rollbacks: list[Rollback] = field(default_factory=list)
     lr_factor: float = 1.0
     failed: str = ""
+    unallotted: int | None = None
 
 
 @dataclass

@@ -156,8 +156,6 @@ class ProtocolSpec:
       round's model (rennala), so that time is waiting for others, not pulling.
     - `local_steps`: workers take H local steps per push (the assignment's H).
     - `adaptive_local_steps`: the scheduler adapts H as the loss falls (AdaComm).
-    - `ends_by_rounds`: the job ends once every shard has had epochs x N / B rounds,
-      which is also when its workers stop by themselves.
     - `overlaps_rounds`: a worker keeps stepping while its delta is averaged, so one
       push may cover more than H local steps (msd).
     - `may_prefetch_pull`: a worker may send the next step's pull before this step's
@@ -189,7 +187,6 @@ class ProtocolSpec:
     held_pull_waits: bool = False
     local_steps: bool = False
     adaptive_local_steps: bool = False
-    ends_by_rounds: bool = False
     overlaps_rounds: bool = False
     may_prefetch_pull: bool = False
     sized_rounds: bool = False
@@ -201,6 +198,11 @@ class ProtocolSpec:
         """Whether the shard combines several pushes into one update (a round), which `--aggregation` chooses how."""
         return issubclass(self.settings, RoundSettings)
 
+    def report_steps(self, local_steps: int) -> int:
+        """The local steps one reported step covers, at the assignment's `local_steps`: a local round's H (its
+        worker reports the round at its end), 1 otherwise (msd reports each local step as it takes it)."""
+        return max(1, local_steps) if self.local_steps and not self.overlaps_rounds else 1
+
 
 SPECS: dict[str, ProtocolSpec] = {
     spec.name: spec
@@ -210,7 +212,7 @@ SPECS: dict[str, ProtocolSpec] = {
                      GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="gradient", one_push_per_round=True,
-                     ends_by_rounds=True, sized_rounds=True, equal_steps=True, settings=RoundSettings),
+                     sized_rounds=True, equal_steps=True, settings=RoundSettings),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),

@@ -85,7 +85,8 @@ class SchedulerLink:
                     self.id = reply.body.id
                     self.conn.sender = self.id
                     self.lost, self.lost_at = False, None
-                    self._last, self._sent_at = None, 0.0  # a new member: the old counters are not its own
+                    self._last, self._sent_at = None, 0.0  # a new member: the old counters are not its own,
+                    self.assignment = None  # nor the old assignment (its allotment counts the old member's samples)
                     if self.contact is not None:
                         self.contact.heard(time.monotonic())
                     return reply.body

@@ -130,7 +130,7 @@ class StaleSynchronousRule(AsyncRule):
     A worker's clock on this shard is the number of pushes of every chunk the
     shard holds that it has made (the least over the chunks, so a pipelined push
     of some chunks does not count as a step). A worker more than `staleness`
-    clocks ahead of the slowest live worker has its pulls held until the slowest
+    clocks ahead of the slowest live worker holding a batch has its pulls held until the slowest
     catches up, so no worker ever computes on a model missing more than
     `staleness` of another's steps. s = 0 is lock-step (ssgd's versions per step),
     a large s is asgd. A worker that joins starts at the slowest live clock, so it
@@ -155,12 +155,17 @@ class StaleSynchronousRule(AsyncRule):
         return min(self.clocks[worker].values(), default=0)
 
     def slowest(self) -> int:
-        return min((self.clock(w) for w in self.shard.live), default=0)
+        return min((self.clock(w) for w in self._stepping()), default=0)
 
     def spread(self) -> int:
-        """Clocks between the fastest and the slowest live worker."""
-        clocks = [self.clock(w) for w in self.shard.live]
+        """Clocks between the fastest and the slowest live worker holding a batch."""
+        clocks = [self.clock(w) for w in self._stepping()]
         return max(clocks) - min(clocks) if clocks else 0
+
+    def _stepping(self) -> set[str]:
+        """The live workers holding a batch: one left out with batch 0, or whose allotment of the job's samples is
+        trained, takes no step, and nobody waits for its clock."""
+        return (self.shard.live - self.shard.idle) & self.clocks.keys()
 
     def membership_changed(self) -> list[int]:
         live = self.shard.live
@@ -304,7 +309,10 @@ class _RoundRule(ShardRule, Generic[RoundT]):
         return self._complete(cid) and self.close(cid)
 
     def membership_changed(self) -> list[int]:
-        return [cid for cid in self.rounds if self.rounds[cid] and self._complete(cid) and self.close(cid)]
+        """Close the rounds now complete, and every open one once no live worker holds a batch: nobody is left to
+        add to it, as when the job's last samples, fewer than a round's, are trained and every worker idles."""
+        nobody = not (self.shard.live - self.shard.idle)
+        return [cid for cid in self.rounds if self.rounds[cid] and (nobody or self._complete(cid)) and self.close(cid)]
 
     def overdue(self, now: float, timeout_s: float) -> list[int]:
         """Every open round, once one has waited longer than `timeout_s`.
@@ -420,8 +428,9 @@ class RennalaRule(_RoundRule[PooledRound]):
     """Rennala SGD (Tyurin & Richtarik, NeurIPS 2023): each chunk steps once the gradients pushed for its current
     version add up to at least B samples, from whoever delivered them (a fast worker several times); a gradient
     computed at an older version is discarded (`max_delay` 1: TOO_STALE, nothing changes) and its worker pulls
-    the current model. A round waits on no worker in particular, so nobody's departure closes it; one that
-    stays short of B (its contributors left) closes at the round timeout with what arrived. A worker's several
+    the current model. A round waits on no worker in particular, so a departure closes it only once no live
+    worker holds a batch; one that stays short of B (its contributors left) closes at the round timeout with
+    what arrived. A worker's several
     gradients in a round count as one contribution to its aggregate (PooledRound).
 
     No work is started that the round will not take: a worker's pull is held (parked, like ssp's) while the

@@ -2,7 +2,9 @@
 
 The allocator is the one owner of a worker's batch (`batch_of`): its assignment,
 STATUS and the metrics all read it there, so none can show a batch the worker was
-not given. The pure solvers are in batch_allocation.py, speed_model.py and
+not given. It also allots the job's sample budget (`allot`): each worker may
+train up to its allotment and no more, so the job trains the epochs it was asked
+for, its last batches sized to what is left. The pure solvers are in batch_allocation.py, speed_model.py and
 local_steps.py; this class keeps their inputs and results between heartbeats.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Decision, Heartbeat
 from dynabatch.common.protocols import ProtocolSpec
@@ -21,6 +24,7 @@ from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 DECISIONS_KEPT = 100
 HANDED_KEPT = 16  # assignments a worker may still step with that are remembered apart; older ones are folded in
 MIN_OWN_STEP_S = 1e-6
+ALLOT_AHEAD = 4  # pushes a worker is allotted beyond the samples it reported, so it never waits for an answer
 
 
 def own_step_seconds(hb: Heartbeat) -> float:
@@ -68,6 +72,9 @@ class Allocator:
         self.local_steps_reason = "configured H"
         self.first_loss: float | None = None  # AdaComm's reference: the smoothed loss when it first was known
         self.training_started_at: float | None = None  # when the first batches were handed out
+        self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
+        self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
+        self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
 
     @property
     def training_started(self) -> bool:
@@ -90,6 +97,8 @@ class Allocator:
         """A worker that left: its speed model goes (a process that registers again gets a new id)."""
         self.speeds.pop(worker, None)
         self.handed.pop(worker, None)
+        self.allotted.pop(worker, None)
+        self.left.pop(worker, None)
 
     def hand(self, worker: str, batch: int) -> None:
         """`worker` was just told `batch` under the current assignment: until it reports a step under a later
@@ -110,6 +119,38 @@ class Allocator:
     def forget_shard(self, index: int) -> None:
         """A shard slot whose process left: what it was told goes with it (a new one is told afresh)."""
         self.told.pop(index, None)
+
+    def allot(self, worker: str, samples: dict[str, int], budget: int) -> None:
+        """Allot `worker` samples out of `budget`, the samples the job has yet to train beyond those of workers
+        that left; `samples` is every live worker's reported count.
+
+        A worker is allotted ALLOT_AHEAD pushes beyond what it reported, so that it never waits for an answer
+        while the budget lasts. Once what is unallotted no longer covers every worker's lead, it is split at once
+        among the workers holding a batch, in proportion to what each lacks (its batch, at equal lead): their
+        last batches are sized to what is left, and they finish together. An allotment never shrinks (a worker
+        may be stepping with it), except that of a worker left out with batch 0; what a worker that left, or was
+        left out, did not use goes back to the job.
+        """
+        have = {w: max(self.allotted.get(w, 0) if self.allocation.get(w, 0) else 0, n) for w, n in samples.items()}
+        unallotted = max(0, budget - sum(have.values()))
+        lacking = {w: max(0, n + ALLOT_AHEAD * self.push_samples(w) - have[w]) for w, n in samples.items()}
+        if unallotted >= sum(lacking.values()):
+            have[worker] = have.get(worker, 0) + lacking.get(worker, 0)
+        else:
+            for w, share in shares(unallotted, lacking).items():
+                have[w] += share
+        self.allotted = have
+        self.left = {w: have[w] - n for w, n in samples.items()}
+        self.unallotted = max(0, budget - sum(have.values()))
+
+    def _allotment_left(self, worker: str) -> int | None:
+        """What `worker` may still train once the whole budget is allotted (None before: its next answer allots it
+        its lead, whatever its allotment now)."""
+        return self.left.get(worker, 0) if self.unallotted == 0 else None
+
+    def push_samples(self, worker: str) -> int:
+        """The samples of one push of `worker` at its allocation: its batch times the local steps a push covers."""
+        return self.allocation.get(worker, 0) * (self.local_steps if self.spec.local_steps else 1)
 
     def reallocate(self, now: float, t: float, reason: str, subject: str, ready: dict[str, int],
                    force: bool = False) -> list[str]:
@@ -176,8 +217,14 @@ class Allocator:
         return sum(1 for b in self.allocation.values() if b > 0)
 
     def idle_workers(self) -> list[str]:
-        """Workers the allocation leaves out (batch 0)."""
-        return sorted(w for w, b in self.allocation.items() if b == 0)
+        """Workers the allocation leaves out (batch 0), and those that have trained their allotment: no round waits
+        for them."""
+        return sorted(w for w, b in self.allocation.items() if b == 0 or self._trained_allotment(w))
+
+    def _trained_allotment(self, worker: str) -> bool:
+        """Whether `worker` has trained all it may: the budget is allotted and its own allotment used up."""
+        left = self._allotment_left(worker)
+        return left is not None and left <= 0
 
     def push_bounds(self, live: list[str]) -> dict[str, int]:
         """Each live worker's largest batch: its allocation's, or the largest it was handed under an assignment it
@@ -200,8 +247,10 @@ class Allocator:
         """The batch `worker` holds: its allocation, or less while a live shard has not yet reported that it may
         push that much (a worker is given a larger batch only once the shards bound its pushes by it). A shard
         never answered is not waited on: it takes no push before it learns the live workers, and their bounds,
-        in that same answer. The one owner of a worker's batch: its assignment, STATUS and the metrics read it."""
-        return min([self.allocation.get(worker, 0), *(told.get(worker, 0) for told in self.told.values())])
+        in that same answer. Its last push is sized to what its allotment leaves (`allot`; 0 once it is used up).
+        The one owner of a worker's batch: its assignment, STATUS and the metrics read it."""
+        batch = min([self.allocation.get(worker, 0), *(told.get(worker, 0) for told in self.told.values())])
+        return allotted_batch(batch, self._allotment_left(worker), self.spec.report_steps(self.local_steps))
 
     def restore(self, saved: SavedProgress, training_started_at: float | None) -> None:
         """Go on from a saved job: when it started training (None: not yet), its decisions' count, its H, its first
@@ -219,3 +268,17 @@ class Allocator:
         speeds = {instance: SavedSpeed(sps, self.speeds[wid].window())
                   for instance, (wid, sps) in instances.items() if wid in self.speeds}
         return dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:])
+
+
+def shares(total: int, weights: dict[str, int]) -> dict[str, int]:
+    """`total` split in proportion to `weights` (floors, the remainder to the largest fractions), none above its
+    weight."""
+    whole = sum(weights.values())
+    if whole <= 0:
+        return {w: 0 for w in weights}
+    total = min(total, whole)
+    exact = {w: total * n / whole for w, n in weights.items()}
+    out = {w: math.floor(x) for w, x in exact.items()}
+    for w in sorted(exact, key=lambda k: out[k] - exact[k])[:total - sum(out.values())]:
+        out[w] += 1
+    return out

@@ -12,7 +12,6 @@ restored model.
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.roster import Member
 from dynabatch.scheduler.saved_progress import SavedProgress
 from dynabatch.scheduler.stall import StallWatch, stall_limit_s
@@ -21,13 +20,10 @@ from dynabatch.scheduler.stall import StallWatch, stall_limit_s
 class JobEnd:
     """The end of the job: the stop latch and what it waits for, the budget, a stall, a failure, the final eval."""
 
-    def __init__(self, job: JobConfig, spec: ProtocolSpec, num_shards: int) -> None:
+    def __init__(self, job: JobConfig) -> None:
         self.job = job
-        self.spec = spec
-        self.num_shards = num_shards
         self.stop_latched = False  # see `latch`
         self.trained_at_beats: dict[int, int] | None = None  # each shard's heartbeats when the epochs were reached
-        self.rounds_reached = False  # every shard has had a round protocol's rounds (sticky: see _rounds_done)
         self.budget_spent = False
         self.stall = StallWatch()
         self.failed = ""  # why the job gave up; a failed job stops as a finished one does
@@ -40,45 +36,26 @@ class JobEnd:
         """The job's end has begun: its target reached, its budget spent, or it failed (as last latched)."""
         return self.stop_latched
 
-    def latch(self, epoch: float, in_doubt: bool, shards: dict[int, Member], train_size: int) -> None:
+    def latch(self, epoch: float, in_doubt: bool, shards: dict[int, Member]) -> None:
         """Begin the job's end if its target is reached and confirmed, its budget spent, or it failed; once begun
         it stays begun. `in_doubt`: the model diverged and is not yet rolled back (rollbacks.py)."""
         if not self.stop_latched:
-            self.stop_latched = (self._trained_and_confirmed(epoch, in_doubt, shards, train_size)
+            self.stop_latched = (self._trained_and_confirmed(epoch, in_doubt, shards)
                                  or self.budget_spent or bool(self.failed))
 
-    def _trained_and_confirmed(self, epoch: float, in_doubt: bool, shards: dict[int, Member],
-                               train_size: int) -> bool:
-        """The job's epochs (or rounds) are reached, and every shard has since reported its model healthy.
+    def _trained_and_confirmed(self, epoch: float, in_doubt: bool, shards: dict[int, Member]) -> bool:
+        """The job's epochs are reached, and every shard has since reported its model healthy.
 
         Workers report the samples of pushes already applied, so a shard's heartbeat
         sent after the report that reached the epochs judges the model that holds
         them; the second heartbeat received after it surely was sent after it.
         """
-        if in_doubt or not (epoch >= self.job.epochs or self._rounds_done(shards, train_size)):
+        if in_doubt or epoch < self.job.epochs:
             self.trained_at_beats = None
             return False
         if self.trained_at_beats is None:
             self.trained_at_beats = {i: s.heartbeats for i, s in shards.items()}
         return all(s.heartbeats >= self.trained_at_beats.get(i, 0) + 2 for i, s in shards.items())
-
-    def _rounds_done(self, shards: dict[int, Member], train_size: int) -> bool:
-        """Workers of a round protocol (ssgd) stop by themselves once every shard has had the job's rounds;
-        so does the job.
-
-        Counting samples alone could leave the job one step short for ever if a
-        worker's step was lost in a retry, with every worker already gone. Once
-        reached it stays reached: the shards leave at the end, taking the versions
-        that showed it with them, and a job whose samples fell short would then
-        wait for ever for workers that had already stopped.
-        """
-        if self.rounds_reached:
-            return True
-        if not self.spec.ends_by_rounds or len(shards) < self.num_shards or not train_size:
-            return False
-        rounds = self.job.rounds(train_size)
-        self.rounds_reached = all(shard.last.version >= rounds for shard in shards.values())
-        return self.rounds_reached
 
     def check_budget(self, now: float, training_started_at: float | None) -> None:
         """Stop the job once `time_budget_s` has passed since the first batches were handed out."""

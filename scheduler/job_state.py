@@ -58,7 +58,7 @@ class JobState:
         self.progress = Progress(job, self.roster, train_size, time.monotonic() if now is None else now)
         self.rollbacks = Rollbacks(job, self.roster)
         self.evaluations = Evaluations()
-        self.end = JobEnd(job, self.spec, num_shards)
+        self.end = JobEnd(job)
 
     # -- membership -------------------------------------------------------------
 
@@ -251,6 +251,14 @@ class JobState:
                 if m.id in allocator.speeds
                 and (not known_to_shards or m.id in allocator.allocation or self.roster.known_to_shards(m))}
 
+    def _allot(self, member: Member) -> None:
+        """Allot `member` its share of the samples the job has yet to train (allocator.py), once the training set's
+        size is known."""
+        budget = self.progress.budget
+        if budget is not None:
+            self.allocator.allot(member.id, {m.id: m.samples for m in self.roster.workers()},
+                                 budget - self.progress.departed_samples)
+
     def _reallocate(self, now: float, reason: str, subject: str, force: bool = False) -> None:
         """Re-solve the batch split (allocator.py); a worker given a batch after holding none is judged from now."""
         ready = {wid: m.max_batch for wid, m in self._ready_workers(known_to_shards=True).items()}
@@ -258,7 +266,7 @@ class JobState:
             self.roster.members[wid].batch_given_at = now
 
     def assignment_for(self, member: Member) -> Assignment:
-        """What `member` should do now."""
+        """What `member` should do now; a worker is allotted its share of the samples left to train."""
         allocator, rollbacks = self.allocator, self.rollbacks
         if member.role == "ps":
             live = self.roster.live_workers
@@ -272,18 +280,20 @@ class JobState:
         if member.role == "evaluator":
             return Assignment(assignment_id=allocator.assignment_id,
                               stop=self.stopping and not self.roster.live_workers)
+        self._allot(member)
         batch = allocator.batch_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, allocator.holding_batch, self.job.dbs_weight)
         return Assignment(
             assignment_id=allocator.assignment_id, batch=batch, lr_scale=scale * rollbacks.lr_factor,
             stop=self.stopping, local_steps=allocator.local_steps, rollbacks=rollbacks.rollback_done,
+            allotted=allocator.allotted.get(member.id),
         )
 
     # -- the end of the job -------------------------------------------------------------
 
     def _latch(self) -> None:
         """Begin the job's end if it has come (job_end.py); called after every change of what it depends on."""
-        self.end.latch(self.progress.epoch, self.rollbacks.in_doubt, self.roster.shards, self.progress.train_size)
+        self.end.latch(self.progress.epoch, self.rollbacks.in_doubt, self.roster.shards)
 
     @property
     def stopping(self) -> bool:
@@ -351,6 +361,7 @@ class JobState:
             rollbacks=[replace(r, versions=dict(r.versions)) for r in rollbacks.rollbacks],
             lr_factor=rollbacks.lr_factor,
             failed=self.end.failed,
+            unallotted=allocator.unallotted,
         )
 
     # -- restart ------------------------------------------------------------------------

@@ -66,6 +66,14 @@ class Progress:
         return self.kept_samples / self.train_size if self.train_size else 0.0
 
     @property
+    def budget(self) -> int | None:
+        """The samples the job is to train: its epochs of the training set, and the work shards lost counted back
+        (None until a shard has reported the training set's size)."""
+        if not self.train_size:
+            return None
+        return math.ceil(self.job.epochs * self.train_size) + self.lost_samples
+
+    @property
     def bytes(self) -> int:
         """Tensor bytes moved between workers and shards (both directions), from workers' counters."""
         return self.departed_bytes + sum(m.last.bytes for m in self.roster.workers())
@@ -80,9 +88,10 @@ class Progress:
 
     @property
     def newest_possible_version(self) -> int:
-        """No shard can be past this version: every update takes a push of at least --min-batch samples,
-        and every worker may have one push on its way that its heartbeat has not counted yet."""
-        pushes = math.ceil(self.samples / self.job.min_batch) + len(self.roster.live_workers) + 1
+        """No shard can be past this version: every update takes a push of at least --min-batch samples but a
+        worker's last one, sized to what its allotment left, and every worker may have one push on its way that
+        its heartbeat has not counted yet."""
+        pushes = math.ceil(self.samples / self.job.min_batch) + 2 * len(self.roster.live_workers) + 1
         return max(self.roster.newest_shard_version(), pushes)
 
     def worker_left(self, member: Member) -> None:

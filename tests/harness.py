@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import json
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.messages import Heartbeat, Hello, Init, JobStatus, StatusRequest, Welcome
 from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
+from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, use_curve
 from dynabatch.common.verified_files import read_verified
@@ -77,6 +79,29 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bo
                         for log in sorted((run_dir / "logs").glob("*.log")))
         raise AssertionError(f"dynabatch run exited {done.returncode}\n{done.stdout}{done.stderr}{tails}")
     return run_dir, done.stdout
+
+
+def trained_its_epochs(run_dir: Path) -> dict[str, Any]:
+    """Check that the finished run in `run_dir` trained the epochs it was asked for, past them by at most one push
+    per worker (the largest batch the worker held, times the local steps a reported step covers), and reported its
+    figures: throughput against the workers' speeds, and no worker marked as having left that had not left before
+    the job began stopping. Returns its summary."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    assert summary["finished"] and not summary["failed"], summary
+    largest: dict[str, int] = {}
+    for snap in timeline:
+        for wid, w in snap["workers"].items():
+            largest[wid] = max(largest.get(wid, 0), w["batch"])
+    push = protocol_spec(summary["protocol"]).report_steps(max(s["local_steps"] for s in timeline))
+    bound = push * sum(largest.values())
+    assert summary["epochs_trained"] >= summary["epochs_requested"], summary
+    assert 0 <= summary["overshoot_samples"] <= bound, (summary["overshoot_samples"], bound)
+    departed = {wid for snap in timeline if not snap["stopping"] for wid in snap["departed"]}
+    left = {wid for wid, w in summary["workers"].items() if w["left_early"]}
+    assert left <= departed, f"{sorted(left - departed)} marked as having left early, which they had not"
+    assert summary["fraction_of_compute_speed"] > 0 and summary["fraction_of_standalone"] > 0, summary
+    return summary
 
 
 def checkpoint_state(path: Path) -> dict[str, Any]:

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import math
 
+from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat
 from dynabatch.common.protocols import protocol_spec
-from dynabatch.scheduler.allocator import DECISIONS_KEPT, HANDED_KEPT, Allocator, own_compute_seconds, own_step_seconds
+from dynabatch.scheduler.allocator import (
+    ALLOT_AHEAD,
+    DECISIONS_KEPT,
+    HANDED_KEPT,
+    Allocator,
+    own_compute_seconds,
+    own_step_seconds,
+    shares,
+)
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 
 
@@ -181,3 +190,68 @@ def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_r
     assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.2, data_s=0.05, pull_s=0.25)) == 0.25
     assert own_compute_seconds(Heartbeat(step_s=0.5, pull_s=0.5)) is None
     assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, "no more than its own step"
+
+
+def _fixed_pair(**kw) -> Allocator:
+    """w0 and w1 hold 48 each (fixed batches, B = 96)."""
+    allocator = _allocator(batch_policy="fixed", **kw)
+    allocator.reallocate(0.0, 0.0, "joined", "w1", _measured(allocator, {"w0": 1000.0, "w1": 1000.0}), force=True)
+    return allocator
+
+
+def test_each_worker_is_allotted_a_lead_of_pushes_while_the_budget_lasts():
+    allocator = _fixed_pair()
+    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=10_000)
+    assert allocator.allotted == {"w0": ALLOT_AHEAD * 48, "w1": 0}, "w1 is allotted at its own answer"
+    assert allocator.unallotted == 10_000 - ALLOT_AHEAD * 48 and allocator.batch_of("w0") == 48
+    allocator.allot("w1", {"w0": 0, "w1": 0}, budget=10_000)
+    allocator.allot("w0", {"w0": 96, "w1": 0}, budget=10_000)
+    assert allocator.allotted == {"w0": 96 + ALLOT_AHEAD * 48, "w1": ALLOT_AHEAD * 48}
+    assert allocator.batch_of("w1") == 48 and allocator.idle_workers() == []
+
+
+def test_the_last_of_the_budget_is_split_at_once_and_the_last_batches_are_what_is_left():
+    allocator = _fixed_pair()
+    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
+    assert allocator.allotted == {"w0": 150, "w1": 150} and allocator.unallotted == 0, (
+        "what no longer covers every lead is split at once, in proportion to what each lacks")
+    allocator.allot("w0", {"w0": 144, "w1": 48}, budget=300)
+    assert allocator.batch_of("w0") == 6 and allocator.batch_of("w1") == 48
+    allocator.allot("w0", {"w0": 150, "w1": 48}, budget=300)
+    assert allocator.batch_of("w0") == 0 and allocator.idle_workers() == ["w0"], "no round waits for it"
+    assert allocator.allotted["w0"] == 150, "an allotment never grows past the budget"
+
+
+def test_what_a_worker_that_left_or_was_left_out_did_not_train_goes_back_to_the_others():
+    allocator = _fixed_pair()
+    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
+    allocator.forget("w1")  # it left having trained nothing: the job's budget is still 300
+    allocator.allot("w0", {"w0": 150}, budget=300)
+    assert allocator.allotted == {"w0": 300} and allocator.batch_of("w0") == 48
+    allocator = _fixed_pair()
+    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
+    allocator.allocation = {"w0": 96, "w1": 0}  # w1 left out (a round protocol's slowest): it holds no batch
+    allocator.allot("w0", {"w0": 0, "w1": 20}, budget=300)
+    assert allocator.allotted == {"w0": 280, "w1": 20} and allocator.batch_of("w0") == 96
+
+
+def test_a_local_round_takes_its_last_samples_in_its_h_steps():
+    allocator = _allocator(batch_policy="fixed", protocol="local", local_steps=8)
+    allocator.reallocate(0.0, 0.0, "joined", "w0", _measured(allocator, {"w0": 1000.0}), force=True)
+    allocator.allot("w0", {"w0": 0}, budget=1000)
+    assert allocator.allotted == {"w0": 1000} and allocator.batch_of("w0") == 96, "a lead of pushes of H x b"
+    allocator.allot("w0", {"w0": 8 * 96}, budget=1000)
+    assert allocator.batch_of("w0") == 29, "232 left in 8 steps: 29 each, passing the budget by fewer than 8"
+
+
+def test_a_batch_is_what_the_allotment_leaves():
+    assert allotted_batch(48, None) == 48, "no budget known yet"
+    assert [allotted_batch(48, left) for left in (100, 48, 6, 0, -3)] == [48, 48, 6, 0, 0]
+    assert [allotted_batch(48, left, steps=8) for left in (1000, 100, 6)] == [48, 13, 1]
+
+
+def test_shares_are_proportional_whole_and_never_above_a_weight():
+    assert shares(5, {"a": 3, "b": 3}) in ({"a": 3, "b": 2}, {"a": 2, "b": 3})
+    assert shares(10, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
+    assert shares(7, {"a": 10, "b": 0, "c": 4}) == {"a": 5, "b": 0, "c": 2}
+    assert shares(3, {"a": 0}) == {"a": 0}

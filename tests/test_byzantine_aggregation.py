@@ -37,6 +37,8 @@ def _run(tmp: Path, aggregation: str, fourth: str) -> tuple[float, float, str]:
                                 [f"{TASK}:{variant}" for variant in ("honest", "honest", "honest", fourth)],
                                 f"{TASK}:honest")
     assert st.test_acc is not None and st.test_loss is not None, "a finished job has been evaluated"
+    past = st.samples - st.lost_samples - math.ceil(st.target_epochs * st.train_size)
+    assert 0 <= past <= 48, f"ssgd trains its epochs, past them by at most a batch per worker, not by {past}"
     print(f"{aggregation}, fourth worker {fourth}: accuracy {st.test_acc:.4f}, final loss {st.test_loss:.4g}")
     return st.test_acc, st.test_loss, metrics
 

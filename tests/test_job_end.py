@@ -1,11 +1,10 @@
 """The end of the job (scheduler/job_end.py) driven directly: the stop latch and its confirmation by the shards,
-rounds, the budget, a stall, and the final evaluation."""
+the budget, a stall, and the final evaluation."""
 
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat, Hello
-from dynabatch.common.protocols import protocol_spec
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -16,7 +15,7 @@ def _end(num_shards: int = 2, **kw) -> tuple[JobEnd, dict[int, Member]]:
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
         roster.register(Hello(role="ps"), 0.0, b"", lambda: None)
-    return JobEnd(job, protocol_spec(job.protocol), num_shards), roster.shards
+    return JobEnd(job), roster.shards
 
 
 def _beat(shards: dict[int, Member], version: int = 0) -> None:
@@ -30,15 +29,15 @@ def _after_beats(end: JobEnd, shards: dict[int, Member], beats: int, epoch: floa
     """Every shard heartbeats `beats` times (the job latching after each, as after every message); stopping?"""
     for _ in range(beats):
         _beat(shards)
-        end.latch(epoch, in_doubt=in_doubt, shards=shards, train_size=1000)
+        end.latch(epoch, in_doubt=in_doubt, shards=shards)
     return end.stopping
 
 
 def test_the_epochs_count_once_every_shard_has_since_reported_twice():
     end, shards = _end()
-    end.latch(0.5, in_doubt=False, shards=shards, train_size=1000)
+    end.latch(0.5, in_doubt=False, shards=shards)
     assert not end.stopping and end.trained_at_beats is None
-    end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
+    end.latch(1.0, in_doubt=False, shards=shards)
     assert not end.stopping and end.trained_at_beats == {0: 0, 1: 0}
     assert not _after_beats(end, shards, 1), "the first heartbeat received after may have been sent before"
     assert _after_beats(end, shards, 1)
@@ -48,26 +47,10 @@ def test_the_epochs_count_once_every_shard_has_since_reported_twice():
 
 def test_a_model_in_doubt_starts_the_confirmation_again():
     end, shards = _end()
-    end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
+    end.latch(1.0, in_doubt=False, shards=shards)
     assert not _after_beats(end, shards, 1, in_doubt=True) and end.trained_at_beats is None
     assert not _after_beats(end, shards, 2), "counted from when the doubt cleared"
     assert _after_beats(end, shards, 1)
-
-
-def test_a_round_protocol_ends_once_every_shard_had_its_rounds_and_that_stays_reached():
-    end, shards = _end(protocol="ssgd")
-    _beat(shards, version=9)
-    end.latch(0.9, in_doubt=False, shards=shards, train_size=1000)
-    assert not end.rounds_reached
-    _beat(shards, version=10)
-    end.latch(0.9, in_doubt=True, shards=shards, train_size=1000)
-    assert not end.rounds_reached, "not judged while the model is in doubt"
-    end.latch(0.9, in_doubt=False, shards=shards, train_size=1000)
-    assert end.rounds_reached
-    _beat(shards, version=2)
-    _beat(shards, version=2)
-    end.latch(0.9, in_doubt=False, shards=shards, train_size=1000)
-    assert end.stopping, "reached stays reached when the shards' versions are gone"
 
 
 def test_a_spent_budget_or_a_failure_stops_the_job():
@@ -77,7 +60,7 @@ def test_a_spent_budget_or_a_failure_stops_the_job():
     end.check_budget(109.0, training_started_at=100.0)
     assert not end.budget_spent
     end.check_budget(110.0, training_started_at=100.0)
-    end.latch(0.0, in_doubt=False, shards=shards, train_size=1000)
+    end.latch(0.0, in_doubt=False, shards=shards)
     assert end.budget_spent and end.stopping
 
     failing, shards = _end()
@@ -85,7 +68,7 @@ def test_a_spent_budget_or_a_failure_stops_the_job():
     assert not failing.failed
     failing.fail("diverged")
     failing.fail("later")
-    failing.latch(0.0, in_doubt=True, shards=shards, train_size=1000)
+    failing.latch(0.0, in_doubt=True, shards=shards)
     assert failing.failed == "diverged" and failing.stopping
 
 
@@ -102,7 +85,7 @@ def test_a_job_that_trains_nothing_for_longer_than_its_workers_steps_allow_fails
 def test_the_end_waits_for_workers_and_a_final_evaluation():
     end, shards = _end(await_final_eval=True)
     for _ in range(3):
-        end.latch(1.0, in_doubt=False, shards=shards, train_size=1000)
+        end.latch(1.0, in_doubt=False, shards=shards)
         _beat(shards)
     assert end.stopping
     assert not end.finished(workers_live=True, evaluators=False, final_eval=False)
@@ -119,5 +102,5 @@ def test_a_resumed_spent_budget_stops_the_job_at_the_next_latch():
     end, shards = _end()
     end.restore(SavedProgress(config={}, budget_spent=True))
     assert not end.stopping
-    end.latch(0.0, in_doubt=False, shards=shards, train_size=1000)
+    end.latch(0.0, in_doubt=False, shards=shards)
     assert end.stopping

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dynabatch.common.config import JobConfig
@@ -248,22 +250,27 @@ def test_a_repeated_bye_is_acknowledged_without_dropping_the_member_twice():
         state.bye("w99", 3.0)
 
 
-def test_ssgd_stops_once_every_shard_has_had_the_jobs_rounds_even_if_samples_fall_short():
-    state = _job(protocol="ssgd")  # 1000 samples, B = 96: 11 rounds
+def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number():
+    """Dynamic batches (LB-BSP) make rounds of fewer than B samples: the shards' versions reaching epochs x N / B
+    rounds do not end the job; its samples reaching the epochs do."""
+    state = _job(protocol="ssgd")  # 1000 samples, B = 96: 11 rounds of B
     wid = _join(state, 1000.0)
-    for t in range(1, 10):
+    for t in range(1, 11):
         _step(state, wid, 0.05, t)
-    state.heartbeat(state.roster.shards[0].id, Heartbeat(version=10, membership=state.roster.membership), 10.0)
-    assert not state.stopping
-    for t in (11.0, 11.1):
+    for t in (11.0, 11.1, 11.2):
         state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), t)
-        assert not state.stopping, "the shard has not yet judged the model of the last round healthy"
-    state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), 11.2)
-    assert state.progress.epoch < 1.0 and state.stopping, "the workers stop at the last round; so does the job"
-    state.bye(wid, 11.5)
+    assert state.progress.samples == 960 and not state.stopping
+    last = state.assignment_for(state.roster.members[wid])
+    assert last.batch == 40 and last.allotted == 1000, "its last batch is what is left"
+    m = state.roster.members[wid]
+    state.heartbeat(wid, replace(m.last, steps=m.steps + 1, samples=m.samples + 40, batch=40), 12.0)
+    assert state.progress.samples == 1000 and state.assignment_for(m).batch == 0
+    assert state.assignment_for(state.roster.shards[0]).idle_workers == [wid], "no round waits for it"
+    for beat in (12.1, 12.2):
+        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=12, membership=state.roster.membership), beat)
+    assert state.stopping
+    state.bye(wid, 12.5)
     assert state.finished
-    state.bye(state.roster.shards[0].id, 12.0)
-    assert state.stopping and state.finished, "the shard leaving at the end does not reopen a finished job"
 
 
 def test_backwards_or_non_finite_heartbeats_change_nothing():
@@ -480,7 +487,7 @@ def test_silence_while_the_scheduler_itself_stalled_is_excused():
 def test_status_never_reports_a_batch_the_worker_does_not_hold():
     """The allocation owns a worker's batch: through speed updates, a worker's departure and its return as a new
     member, STATUS and the worker's own assignment always show the same batch."""
-    state = _job(reassign_threshold=0.0)
+    state = _job(reassign_threshold=0.0, epochs=10.0)  # not at the end of its budget, where batches shrink
     fast, slow = _join(state, 3000.0), _join(state, 1000.0)
 
     def agree(now: float) -> None:
@@ -503,7 +510,7 @@ def test_status_never_reports_a_batch_the_worker_does_not_hold():
 
 @pytest.mark.parametrize("protocol", ["ssgd", "rennala"])
 def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says_why(protocol):
-    state = _job(protocol=protocol, global_batch=96, min_batch=8)
+    state = _job(protocol=protocol, global_batch=96, min_batch=8, epochs=10.0)  # budget left: idle means left out
     fast = [_join(state, 1000.0) for _ in range(3)]
     slow = _join(state, 1000.0)
     for t in range(1, 12):
@@ -522,7 +529,7 @@ def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says
 
 
 def test_asynchronous_protocols_never_leave_a_worker_out():
-    state = _job(protocol="asgd", global_batch=96, min_batch=8)
+    state = _job(protocol="asgd", global_batch=96, min_batch=8, epochs=10.0)
     fast = [_join(state, 1000.0) for _ in range(3)]
     slow = _join(state, 1000.0)
     for t in range(1, 12):

@@ -285,13 +285,15 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
     The liveness timeout is 10 of the slowest node's steps at a batch of 96, by this machine's CPU time for one
     (at least 3 s). A round is 48 steps at batches near 96 (115 and 77 of the global 192 at slowdowns 4 and 6),
     about 3.8 times the timeout on a quiet machine, and a loaded machine stretches the rounds' wall time, not
-    the timeout (a timeout from wall time, measured at a busy moment, once came out as long as a round). Half an
-    epoch gives each worker a few rounds. The check at the end fails the test if a round did not outlast the timeout.
+    the timeout (a timeout from wall time, measured at a busy moment, once came out as long as a round). The job's
+    epochs are one round of 48 steps of 96 for each worker (2 x 48 x 96 of 12,000 samples): a job trains the
+    epochs it is asked for, so half an epoch would be one round of 63. The check at the end fails the test if a
+    round did not outlast the timeout.
     """
     STEPS = 48
     LIVENESS_S = max(3.0, 10 * 6 * _cnn_step_s(96, clock=time.thread_time))
     run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "cnn", "--protocol", "local",
-                     "--local-steps", str(STEPS), "--workers", "2", "--slowdowns", "4", "6", "--epochs", "0.5",
+                     "--local-steps", str(STEPS), "--workers", "2", "--slowdowns", "4", "6", "--epochs", "0.768",
                      "--liveness-timeout-s", str(LIVENESS_S), "--heartbeat-s", "0.2", "--no-evaluator")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -54,6 +55,30 @@ def test_throughput_counts_from_the_first_batches_to_the_stop():
     assert s["final_test_acc"] == 0.87
 
 
+def _budgeted(t: float, samples: int, batch: int, unallotted: int | None, stopping: bool = False) -> JobStatus:
+    """A snapshot of a job of one epoch of 6,000 samples whose worker holds `batch`."""
+    snap = _snap(t, samples, None if unallotted is None else t - 4.0, stopping)
+    return replace(snap, epoch=samples / 6000, train_size=6000, target_epochs=1.0, unallotted=unallotted,
+                   workers={"w0": replace(snap.workers["w0"], batch=batch)})
+
+
+def test_the_summary_states_the_epochs_asked_and_trained_and_the_batches_before_the_last_ones():
+    """The last batches are what each worker's allotment leaves, down to 0 while the shards confirm the end: the
+    batch the run settled on is the one before its budget was all allotted, and its throughput counts until
+    the budget was trained, not until the shards confirmed it."""
+    timeline = [_budgeted(1.0, 0, 0, None), _budgeted(4.0, 0, 64, 6000), _budgeted(9.0, 4000, 64, 1000),
+                _budgeted(11.0, 5990, 10, 0), _budgeted(12.0, 6000, 0, 0), _budgeted(14.0, 6000, 0, 0, True)]
+    s = summarize(timeline, wall_s=15.0, warmup_fraction=0.0)
+    assert s["workers"]["w0"]["final_batch"] == 64
+    assert (s["epochs_requested"], s["epochs_trained"], s["overshoot_samples"]) == (1.0, 1.0, 0)
+    assert s["train_s"] == pytest.approx(8.0) and s["samples_per_s"] == pytest.approx(750.0)
+    whole = [_budgeted(1.0, 0, 0, None), _budgeted(4.0, 0, 64, 0), _budgeted(9.0, 4000, 64, 0),
+             _budgeted(12.0, 6000, 0, 0), _budgeted(14.0, 6000, 0, 0, True)]
+    assert summarize(whole, 15.0, 0.0)["workers"]["w0"]["final_batch"] == 64, "a job allotted whole from its start"
+    short = summarize([*timeline[:3], replace(timeline[2], t=10.0, stopping=True, budget_spent=True)], 11.0, 0.0)
+    assert short["overshoot_samples"] == -2000, "a job its time budget stopped is short of its epochs"
+
+
 def test_time_to_accuracy_is_none_before_training_starts():
     assert time_to_accuracy([_snap(1.0, 0, None, acc=0.9, eval_t=1.0)], (0.85,)) == {"0.85": None}
 
@@ -96,7 +121,7 @@ TIMELINE_KEYS = {
     "eval_version", "eval_t",
     "stopping", "finished", "final_eval", "final_eval_given_up", "assignment_id", "workers", "departed", "shards",
     "decisions",
-    "decision_s", "lost_samples", "lost_versions", "rollbacks", "lr_factor", "failed", "wall_t",
+    "decision_s", "lost_samples", "lost_versions", "rollbacks", "lr_factor", "failed", "unallotted", "wall_t",
 }
 WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",

@@ -115,6 +115,7 @@ def test_a_restarted_scheduler_that_answers_unknown_sender_makes_the_link_lost(t
         wait_for("the new scheduler to answer a heartbeat with unknown_sender", lambda: _lost(link), STARTUP_S)
         again = _register(link)
         assert not link.lost and link.id == again.id
+        assert link.poll() is None, "the first member's assignment (its allotment counts that member's samples) is gone"
         assert _workers(c) == {again.id}, f"registered anew (first as {first.id})"
     finally:
         link.close()

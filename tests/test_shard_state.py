@@ -348,6 +348,21 @@ def test_ssp_a_joining_worker_starts_at_the_slowest_clock_and_a_leaver_holds_nob
     assert not state.pull_blocked("w0"), "with the slower workers gone, w0 is the slowest"
 
 
+def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch():
+    """A worker left out with batch 0, or whose allotment of the job's samples is trained, takes no step: the
+    others' pulls do not wait for its clock, as they would for ever at the job's end; given a batch again, it
+    is the slowest once more."""
+    state = _ssp(0)
+    _push(state, "w0", torch.ones(1000), 0, 32)
+    assert state.pull_blocked("w0")
+    state.set_membership({"w0", "w1"}, allocated=1, idle={"w1"})
+    assert not state.pull_blocked("w0") and state.rule.spread() == 0
+    _push(state, "w0", torch.ones(1000), 1, 32)
+    assert not state.pull_blocked("w0")
+    state.set_membership({"w0", "w1"}, allocated=2)
+    assert state.pull_blocked("w0") and not state.pull_blocked("w1")
+
+
 def test_ssp_applies_gradients_exactly_as_asgd_does():
     ssp, asgd = _ssp(100), _state("asgd")[0]
     asgd.set_membership({"w0", "w1"}, allocated=2)
@@ -473,6 +488,21 @@ def test_rennala_round_closes_at_the_timeout_with_what_arrived():
     _push(state, "w0", g, 0, 32, now=10.0)
     assert not state.overdue(14.0, 5.0)
     assert all(state.close_round(cid) for cid in state.overdue(15.5, 5.0)) and state.version == 1
+    torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)]))
+
+
+@pytest.mark.parametrize("protocol", ["rennala", "softsync"])
+def test_a_pooled_round_closes_once_no_live_worker_holds_a_batch(protocol):
+    """The job's last samples, fewer than a round's: once every worker has trained its allotment (the scheduler
+    lists them idle) nobody can add to the round, and it is applied before the job's end, not left open."""
+    state, w0 = _state(protocol)
+    state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)  # softsync: 4 gradients a round
+    g = torch.ones(1000)
+    _push(state, "w0", g, 0, 32)
+    assert state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4, idle={"w0", "w1"}) == []
+    assert state.version == 0, "w2 and w3 may still push into it"
+    assert state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4, idle={"w0", "w1", "w2", "w3"})
+    assert state.version == 1
     torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)]))
 
 

@@ -56,21 +56,22 @@ def test_an_asynchronous_step_pulls_whatever_is_there_computes_and_pushes_its_ba
     plan = plan_for(SPECS["asgd"])
     actions, trained = run(plan.step(Orders(batch=24)), [Pulled([3, 5], 3), True, None])
     assert actions == [Pull(None, waits=False), Compute(24), Push(GRADIENT, 24)] and trained
-    assert isinstance(plan, GradientPlan) and plan.min_versions is None and not plan.finished
+    assert isinstance(plan, GradientPlan) and plan.min_versions is None
 
 
-def test_a_round_step_waits_next_for_its_rounds_versions_and_ends_after_the_jobs_rounds():
-    plan = plan_for(SPECS["ssgd"], rounds=4)
+def test_a_round_step_waits_next_for_its_rounds_versions_and_goes_on_while_the_scheduler_gives_it_batches():
+    plan = plan_for(SPECS["ssgd"])
     assert isinstance(plan, GradientPlan)
     actions, _ = run(plan.step(Orders()), [Pulled([2, 3], 2), True, None])
     assert actions[2] == Push(GRADIENT, 32, then_pull=[3, 4]), "a push may bring the next round's model back"
     assert next(plan.step(Orders())) == Pull([3, 4], waits=True)
-    actions, trained = run(plan.step(Orders()), [Pulled([4, 4], 4)])
-    assert actions == [Pull([3, 4], waits=True)] and not trained and plan.finished
+    actions, trained = run(plan.step(Orders()), [Pulled([3, 4], 3), True, None])
+    assert actions == [Pull([3, 4], waits=True), Compute(32), Push(GRADIENT, 32, then_pull=[4, 5])] and trained, \
+        "no round count ends it: the scheduler's allotment does (common/allotment.py)"
 
 
 def test_after_a_failure_a_round_step_waits_for_its_round_only_if_it_was_already_in_it():
-    plan = plan_for(SPECS["ssgd"], rounds=100)
+    plan = plan_for(SPECS["ssgd"])
     assert isinstance(plan, GradientPlan)
     run(plan.step(Orders()), [Pulled([7], 7), True, None])
     plan.after_failure("bad_state")
@@ -80,7 +81,7 @@ def test_after_a_failure_a_round_step_waits_for_its_round_only_if_it_was_already
 
 
 def test_a_step_whose_loss_is_not_finite_pushes_nothing_and_changes_no_round():
-    plan = plan_for(SPECS["ssgd"], rounds=100)
+    plan = plan_for(SPECS["ssgd"])
     assert isinstance(plan, GradientPlan)
     actions, trained = run(plan.step(Orders()), [Pulled([7], 7), False])
     assert actions == [Pull(None, waits=False), Compute(32)] and not trained and plan.min_versions is None
@@ -124,9 +125,9 @@ def test_msd_steps_on_pushes_every_h_steps_with_one_delta_in_flight_and_reads_h_
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name):
     spec = SPECS[name]
-    assert isinstance(plan_for(spec, rounds=1), StepPlan)
+    assert isinstance(plan_for(spec), StepPlan)
     assert set(PLANS) == set(LOOPS)
-    assert isinstance(plan_for(spec, rounds=1), {"gradient": GradientPlan, "local": LocalPlan,
+    assert isinstance(plan_for(spec), {"gradient": GradientPlan, "local": LocalPlan,
                                                  "msd": MsdPlan}[spec.worker_loop])
 
 

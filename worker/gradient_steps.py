@@ -5,9 +5,9 @@
 ssp pull back, which the worker sees as waiting), rennala (a pull the shard holds
 until the next round counts as waiting) and ssgd (the pull asks each shard for
 the version the previous round produces, so the worker waits for the round to
-close before computing on the new model, and it stops by itself once the model
-has had all the job's rounds, so no worker starts a round the others will not
-join).
+close before computing on the new model). Every loop stops when the scheduler
+says so: its allotment of the job's samples trained (common/allotment.py), a
+worker idles.
 
 With the job's `push_pull` (the default) a step's push also brings back the
 model the next step computes on (`ShardClients.push_pull`): the same model a
@@ -43,7 +43,7 @@ from dynabatch.worker.step_times import StepResult, StepTimes
 @dataclass
 class GradientLoop(StepLoop):
     """Gradient steps as the protocol's `GradientPlan` orders them (the planner holds what the next pull waits
-    for, `min_versions`, and whether the job's rounds are done)."""
+    for, `min_versions`)."""
 
     NAME = "gradient"
     ctx: StepContext
@@ -55,7 +55,7 @@ class GradientLoop(StepLoop):
 
     def __post_init__(self) -> None:
         job = self.ctx.job
-        self.plan = GradientPlan(protocol_spec(job.protocol), job.rounds(self.ctx.train_size))
+        self.plan = GradientPlan(protocol_spec(job.protocol))
 
     @property
     def min_versions(self) -> list[int] | None:
@@ -121,17 +121,11 @@ class GradientLoop(StepLoop):
 
     def _pipelined_step(self, assignment: Assignment) -> StepResult | None:
         """The plan's pull, compute and push overlapped chunk by chunk (pipeline.py): one operation, which asks
-        the planner what its parts would (what the pull waits for, whether the rounds are done)."""
+        the planner what its parts would (what the pull waits for)."""
         c, plan = self.ctx, self.plan
         if self.pipeline is None:
             self.pipeline = Pipeline(c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s,
                                      c.loss_fn, c.buffers)
-        if plan.last_versions is not None and plan.done(min(plan.min_versions or plan.last_versions)):
-            # Leave only once the last round has closed: a worker that left while it was open would have the
-            # scheduler hand its batch to the others, and one that had not drawn its batch for that round yet
-            # would draw the larger one, making the last round more than B samples.
-            c.shards.pull(plan.min_versions, c.request_timeout_s)
-            return None
         batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
         result = self.pipeline.step(batch, plan.min_versions, assignment.batch)

@@ -49,7 +49,6 @@ class StepContext:
     model: torch.nn.Module
     layout: Layout
     shards: ShardClients
-    train_size: int
     request_timeout_s: float
     next_batch: Callable[[int], Any]
     timed_compute: Callable[[Any], tuple[float, float]]
@@ -65,18 +64,12 @@ class StepLoop:
     """One protocol's worker loop: it executes its planner's actions (step_plans.py) against the shards; `NAME` is
     what a ProtocolSpec's `worker_loop` names, the planner's key too.
 
-    `finished` is the planner's: the protocol itself ended the worker's training
-    (ssgd's last round); `comm_s` is the communication time the scheduler's
-    local-step rule weighs (msd).
+    `comm_s` is the communication time the scheduler's local-step rule weighs (msd).
     """
 
     NAME: ClassVar[str]
     plan: StepPlan
     comm_s: float = 0.0
-
-    @property
-    def finished(self) -> bool:
-        return self.plan.finished
 
     def step(self, assignment: Assignment) -> StepResult | None:
         """One step (or round of local steps) under `assignment`; None if nothing was trained."""

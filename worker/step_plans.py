@@ -130,15 +130,14 @@ def local_steps(orders: Orders) -> int:
 
 
 class StepPlan:
-    """One protocol's worker step; `NAME` is what a ProtocolSpec's `worker_loop` names; `finished` once the
-    protocol ends this worker's training (ssgd's last round)."""
+    """One protocol's worker step; `NAME` is what a ProtocolSpec's `worker_loop` names. A worker's training ends
+    when the scheduler says so (its allotment of the job's samples trained), never by the plan."""
 
     NAME: ClassVar[str]
-    finished: bool = False
 
     @classmethod
-    def of(cls, spec: ProtocolSpec, rounds: int) -> StepPlan:
-        """The planner for `spec`, whose job ends after `rounds` if it ends by rounds; most read neither."""
+    def of(cls, spec: ProtocolSpec) -> StepPlan:
+        """The planner for `spec` (most plans do not read it)."""
         return cls()
 
     def step(self, orders: Orders) -> Step:
@@ -159,29 +158,22 @@ class GradientPlan(StepPlan):
     """Pull, one gradient, push: asgd, softsync, ssp, ringmaster, rennala, ssgd.
 
     Where the protocol takes one push per worker and round (ssgd), the next pull
-    waits for the version the round this step pushed into produces, and the
-    worker stops once the model has had the job's `rounds` (`ends_by_rounds`).
+    waits for the version the round this step pushed into produces.
     Where the shard holds a pull until the next round (rennala), that time is
     waiting. `min_versions` is what the next pull waits for (None: nothing).
     """
 
     NAME = "gradient"
     spec: ProtocolSpec
-    rounds: int = 0
     min_versions: list[int] | None = None
     last_versions: list[int] | None = None
 
     @classmethod
-    def of(cls, spec: ProtocolSpec, rounds: int) -> StepPlan:
-        return cls(spec, rounds)
+    def of(cls, spec: ProtocolSpec) -> StepPlan:
+        return cls(spec)
 
     def pull_waits(self) -> bool:
         return self.min_versions is not None or self.spec.held_pull_waits
-
-    def done(self, version: int) -> bool:
-        """Whether the model at `version` ends this worker's training (only a protocol that ends by rounds)."""
-        self.finished = self.spec.ends_by_rounds and version >= self.rounds
-        return self.finished
 
     def pulled(self, shard_versions: list[int]) -> None:
         """The step computed on these shard versions and will push: set what the next pull waits for."""
@@ -193,8 +185,6 @@ class GradientPlan(StepPlan):
         pulled = yield Pull(self.min_versions, self.pull_waits())
         assert isinstance(pulled, Pulled)
         self.last_versions = pulled.shard_versions
-        if self.done(pulled.version):
-            return False
         batch = orders.batch
         if not (yield Compute(batch)):
             return False
@@ -267,9 +257,9 @@ class MsdPlan(StepPlan):
         self.synced = self.in_flight = False
 
 
-def plan_for(spec: ProtocolSpec, rounds: int = 0) -> StepPlan:
-    """The planner of `spec`'s worker loop; `rounds` ends a protocol that ends by rounds."""
-    return PLANS[spec.worker_loop].of(spec, rounds)
+def plan_for(spec: ProtocolSpec) -> StepPlan:
+    """The planner of `spec`'s worker loop."""
+    return PLANS[spec.worker_loop].of(spec)
 
 
 PLANS: dict[str, type[StepPlan]] = {plan.NAME: plan for plan in (GradientPlan, LocalPlan, MsdPlan)}

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.chunking import travelling
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.flags import ConfigError
@@ -120,7 +121,7 @@ class Worker:
         joined = self.joined
         return StepContext(
             job=joined.job, model=joined.model, layout=joined.layout, shards=joined.shards,
-            train_size=joined.signature.train_size, request_timeout_s=self.opts.request_timeout_s,
+            request_timeout_s=self.opts.request_timeout_s,
             next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=joined.loss_fn,
             idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.process.beat.when_due,
             skip_step=self.skip_step, buffers=joined.buffers, pipelined=self._pipelined(),
@@ -230,19 +231,20 @@ class Worker:
         self.batches.step_succeeded()
         hb = beat.last = Heartbeat(standalone_sps=standalone)
         steps = LOOPS[protocol_spec(joined.job.protocol).worker_loop](self.step_context())
-        assignment = self._await_batch(hb)
+        hb, assignment = self._await_batch(hb)
         beat.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
-        while assignment is not None and not assignment.stop and not self.process.stopping and not steps.finished:
+        while assignment is not None and not assignment.stop and not self.process.stopping:
             if assignment.rollbacks > beat.rollbacks:
                 hb = self._roll_back(steps, assignment.rollbacks)
-            if assignment.batch == 0:  # left out for now (its fixed cost alone exceeds a round): idle, no push
-                assignment = self._await_batch(hb)
+            batch = self._batch(assignment, hb)
+            if batch == 0:  # left out for now (its fixed cost alone exceeds a round), or its allotment trained: idle
+                hb, assignment = self._await_batch(hb)
                 continue
             self.data_s = 0.0
             counted = list(joined.shards.staleness)
             try:
-                result = steps.step(assignment)
+                result = steps.step(replace(assignment, batch=batch))
             except (TimeoutError, RemoteError) as exc:
                 code = exc.code if isinstance(exc, RemoteError) else ErrorCode.TIMEOUT
                 # A failed step is not counted, so neither are the pushes that live shards took from it: the
@@ -289,17 +291,25 @@ class Worker:
         steps.after_failure(ErrorCode.ROLLED_BACK)
         return beat.last
 
-    def _await_batch(self, hb: Heartbeat) -> Assignment | None:
-        """Heartbeat until the scheduler gives this worker a batch (or stops the job)."""
+    def _await_batch(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
+        """Heartbeat until the scheduler gives this worker a batch (or stops the job); returns the last heartbeat
+        (a fresh one if it registered again meanwhile: the new member's counters start from 0) and the assignment."""
         process = self.process
         while not process.stopping:
             if process.link.lost:
-                return self._rejoin(hb)[1]
+                return self._rejoin(hb)
             assignment = process.link.ask(hb)
-            if assignment is not None and (assignment.batch > 0 or assignment.stop):
-                return assignment
+            if assignment is not None and (self._batch(assignment, hb) > 0 or assignment.stop):
+                return hb, assignment
             process.health.tick()
-        return None
+        return hb, None
+
+    def _batch(self, assignment: Assignment, hb: Heartbeat) -> int:
+        """The batch of the next step: the assigned one, the last sized to what this worker's allotment leaves after
+        the samples `hb` reports (common/allotment.py); 0: none."""
+        left = None if assignment.allotted is None else assignment.allotted - hb.samples
+        return allotted_batch(assignment.batch, left,
+                              protocol_spec(self.joined.job.protocol).report_steps(assignment.local_steps))
 
     def _record(self, prev: Heartbeat, result: StepResult, assignment_id: int, sync_s: float) -> Heartbeat:
         """Export a step's figures and report them to the scheduler; returns the heartbeat sent."""
@@ -326,4 +336,4 @@ class Worker:
         fresh = self.process.beat.last = Heartbeat(standalone_sps=hb.standalone_sps)
         self.joined.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
         self.skipped = 0  # and its skipped steps
-        return fresh, self._await_batch(fresh)
+        return self._await_batch(fresh)
