@@ -139,6 +139,12 @@ class Assignment:
     `lr_factor` is the job's step-size factor after its rollbacks (halved at each);
     shards multiply their rate by it (workers get it inside `lr_scale`).
     `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
+
+    The wire's schedule (scheduler/wire_schedule.py): a worker's pipelined backward batches `chunk_group` of a
+    shard's chunks into one PUSH and keeps at most `credit_bytes` unacknowledged (0: the job's one chunk and
+    `--max-inflight-bytes`); a shard serves the messages waiting in one poll, and its parked pulls, by
+    `serve_ranks` (worker -> rank, 0 first; absent: after every ranked one), then front of the model first.
+    Only the scheduler's answer carries ranks: nothing a worker sends can change its own.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -156,6 +162,9 @@ class Assignment:
     rollbacks: int = 0
     lr_factor: float = 1.0
     hold_checkpoints: bool = False
+    chunk_group: int = 0
+    credit_bytes: int = 0
+    serve_ranks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -286,7 +295,9 @@ class WorkerStatus:
     `observed_samples` over `compute_s_total`) let a reader average over any
     stretch of the run from two snapshots, however often it sampled. `max_batch`
     is the worker's own largest batch from its HELLO (0: none), `slowdown` its
-    emulated slowdown from its HELLO ("": none reported).
+    emulated slowdown from its HELLO ("": none reported). `chunk_group`, `credit_bytes` and `wire_reason` are
+    how it sends its gradient and why, `serve_rank` the order shards serve it in (-1: unranked), from
+    scheduler/wire_schedule.py.
     """
 
     role: str = "worker"
@@ -316,6 +327,10 @@ class WorkerStatus:
     data_s_total: float = 0.0
     max_batch: int = 0
     slowdown: str = ""
+    chunk_group: int = 1
+    credit_bytes: int = 0
+    wire_reason: str = ""
+    serve_rank: int = -1
 
 
 @dataclass

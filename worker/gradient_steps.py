@@ -134,7 +134,8 @@ class GradientLoop(StepLoop):
             return None
         batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
-        result = self.pipeline.step(batch, self.min_versions, assignment.batch)
+        result = self.pipeline.step(batch, self.min_versions, assignment.batch, assignment.chunk_group,
+                                    assignment.credit_bytes)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         times = StepTimes(push=result.push_wait_s)
         self._add_pull_time(times, result.pull_wait_s)
