@@ -345,8 +345,8 @@ class SchedulerServer:
             self.m.batch.labels(wid).set(s.allocator.batch_of(wid))
             self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
             plan = s.wire.plan_of(wid)
-            for name, value in zip(self.m.wire, (plan.group, plan.credit, ranks.get(wid, -1)), strict=True):
-                self.m.wire[name].labels(wid).set(value)
+            for name, shown in zip(self.m.wire, (plan.group, plan.credit, ranks.get(wid, -1)), strict=True):
+                self.m.wire[name].labels(wid).set(shown)
             for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
                                     strict=True):
                 self.m.step.labels(wid, phase).set(value)
