@@ -22,7 +22,7 @@ every other run, so that the policies share the machine's noise.
 Needs root (network namespaces). Run from the repository root:
 
     python -m bench.links [--fast 2] [--slow 1] [--model cnn | --task FILE.py:ATTR[@KEY=VALUE,...]] \
-        [--protocol asgd] [--policies dynamic fixed] [--chunk-schedules fixed scheduled] [--runs 1] \
+        [--protocol asgd] [--policies dynamic fixed] [--chunk-schedules fixed scheduled] [--chunk-bytes N] [--runs 1] \
         [--window-s 40 | --target 0.85 --time-limit-s 600] [--out bench/results/links.json]
 """
 
@@ -169,7 +169,7 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
         job = HostedJob(net, logs / policy)
         try:
             job.scheduler(server, *model, "--protocol", args.protocol, "--batch-policy", policy, "--epochs", "1000",
-                          "--chunk-schedule", chunks,
+                          "--chunk-schedule", chunks, "--chunk-bytes", str(args.chunk_bytes),
                           "--min-workers", str(len(workers)), "--eval-interval-s", str(args.eval_interval_s))
             job.shard(server)
             children = {h.name: job.worker(h, *task) for h in workers}
@@ -231,6 +231,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--policies", nargs="+", default=["dynamic", "fixed"], choices=["dynamic", "fixed"])
     p.add_argument("--chunk-schedules", nargs="+", default=["fixed"], choices=["fixed", "scheduled"],
                    help="every policy under each --chunk-schedule (the wire's schedule: scheduler/wire_schedule.py)")
+    p.add_argument("--chunk-bytes", type=int, default=1 << 20, help="the job's --chunk-bytes")
     p.add_argument("--runs", type=int, default=1, help="every policy this many times, the order reversed each run")
     p.add_argument("--window-s", type=float, default=40.0, help="window mode: seconds watched once every worker "
                    "trains")
