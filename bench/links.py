@@ -180,7 +180,8 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
             job.stop()
     standalone = {name: _standalone(child.log_text()) for name, child in children.items()}
     samples_per_s, per_worker = figures(watch, [(h.name, h.rate) for h in workers], standalone)
-    out = {"policy": policy if chunks == "fixed" else f"{policy}, {chunks} chunks", "span_s": watch.elapsed_s, "samples_per_s": samples_per_s,
+    label = policy if chunks == "fixed" else f"{policy}, {chunks} chunks"
+    out = {"policy": label, "span_s": watch.elapsed_s, "samples_per_s": samples_per_s,
            "workers": [asdict(f) for f in per_worker]}
     if args.target is not None:
         out |= {"target": args.target, "time_to_target_s": watch.time_to_target_s, "accuracy": watch.accuracy,
