@@ -69,10 +69,13 @@ class SchedulerMetrics:
                            registry=registry)
         self.sps = Gauge("dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"],
                          registry=registry)
-        self.wire = {name: Gauge(f"dynabatch_worker_{name}", text, ["worker"], registry=registry) for name, text in (
-            ("chunks_per_push", "Chunks each worker's pipelined backward batches into one push (the wire's schedule)."),
-            ("credit_bytes", "Gradient bytes each worker may keep pushed and unacknowledged (the wire's schedule)."),
-            ("serve_rank", "The order shards serve each worker in (0 first; -1: unranked, by chunk id alone)."))}
+        self.wire = {  # the wire's schedule (scheduler/wire_schedule.py), in the order plan, credit, rank
+            "group": Gauge("dynabatch_worker_chunks_per_push", "Chunks each worker's pipelined backward batches into "
+                           "one push (the wire's schedule).", ["worker"], registry=registry),
+            "credit": Gauge("dynabatch_worker_credit_bytes", "Gradient bytes each worker may keep pushed and "
+                            "unacknowledged (the wire's schedule).", ["worker"], registry=registry),
+            "rank": Gauge("dynabatch_worker_serve_rank", "The order shards serve each worker in (0 first; -1: "
+                          "unranked, by chunk id alone).", ["worker"], registry=registry)}
         self.step = Gauge("dynabatch_worker_step_seconds", "Each worker's last step time by phase.",
                           ["worker", "phase"], registry=registry)
         self.epoch = Gauge("dynabatch_job_epoch", "Passes over the training set, counted from samples.",
