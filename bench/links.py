@@ -169,7 +169,7 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
         job = HostedJob(net, logs / policy)
         try:
             job.scheduler(server, *model, "--protocol", args.protocol, "--batch-policy", policy, "--epochs", "1000",
-                          "--chunk-schedule", chunks, "--chunk-bytes", str(args.chunk_bytes),
+                          "--chunk-schedule", chunks, "--chunk-bytes", str(args.chunk_bytes), *args.job_flags.split(),
                           "--min-workers", str(len(workers)), "--eval-interval-s", str(args.eval_interval_s))
             job.shard(server)
             children = {h.name: job.worker(h, *task) for h in workers}
@@ -233,6 +233,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--chunk-schedules", nargs="+", default=["fixed"], choices=["fixed", "scheduled"],
                    help="every policy under each --chunk-schedule (the wire's schedule: scheduler/wire_schedule.py)")
     p.add_argument("--chunk-bytes", type=int, default=1 << 20, help="the job's --chunk-bytes")
+    p.add_argument("--job-flags", default="", metavar="'--FLAG VALUE ...'",
+                   help="more of the scheduler's job flags, e.g. '--no-direction-check'")
     p.add_argument("--runs", type=int, default=1, help="every policy this many times, the order reversed each run")
     p.add_argument("--window-s", type=float, default=40.0, help="window mode: seconds watched once every worker "
                    "trains")
