@@ -19,7 +19,11 @@ messages of m bytes exposes about (S / m) * overhead + m / rate; that is least a
 m = sqrt(overhead * rate * S). The credit is what the link can carry while the
 worker computes, plus a round trip's worth (its bandwidth-delay product), and at
 least two messages, so that one is on the wire while the next is being sent; more
-than the whole push buys nothing. Both are rounded to powers of two, and a plan
+than the whole push buys nothing. It is never below the job's `--max-inflight-bytes`:
+the round trip a credit must cover includes the shard's own service of each message,
+which no heartbeat measures, and credits below it cost samples/s on the shaped-link
+harness (bench/RESULTS.md, "The wire's schedule"). So the credit only grows, where a
+fast link meets a long compute. Both are rounded to powers of two, and a plan
 changes only once the same new plan has been proposed `STABLE_PROPOSALS` times in a
 row (hysteresis, as batch sizes change only past a threshold): one noisy step does
 not make a worker re-batch, while a link that stays slow is followed within a few
@@ -67,12 +71,13 @@ def _pow2_at_most(value: float, low: int, high: int) -> int:
     return max(low, min(high, 1 << int(math.floor(math.log2(value)))))
 
 
-def plan_for(sample: StepSample, chunk_bytes: int, chunks: int) -> WirePlan:
+def plan_for(sample: StepSample, chunk_bytes: int, chunks: int, least_credit: int) -> WirePlan:
     """The plan that minimises the exposed transfer of one step like `sample`, for a layout of `chunks` chunks
-    of about `chunk_bytes` each (`chunks` 0: unknown, no upper bound from the model)."""
+    of about `chunk_bytes` each (`chunks` 0: unknown, no upper bound from the model), with a credit of at least
+    `least_credit` (the job's `--max-inflight-bytes`)."""
     push_bytes = sample.moved_bytes / 2  # a step pulls the model and pushes its gradient: the same bytes each way
     if sample.transfer_s <= 0 or push_bytes <= 0:
-        return WirePlan(1, 0, "no transfer measured yet")
+        return WirePlan(1, least_credit, "no transfer measured yet")
     rate = sample.moved_bytes / sample.transfer_s
     best_message = math.sqrt(MESSAGE_OVERHEAD_S * rate * push_bytes)
     most = max(1, min(MAX_GROUP, chunks or MAX_GROUP))
@@ -80,7 +85,7 @@ def plan_for(sample: StepSample, chunk_bytes: int, chunks: int) -> WirePlan:
     message = group * chunk_bytes
     in_flight = rate * (sample.compute_s + 2 * MESSAGE_OVERHEAD_S)
     ceiling = max(2 * message, _pow2_at_most(push_bytes, 1, MAX_CREDIT_BYTES))
-    credit = _pow2_at_most(max(in_flight, 2 * message), 2 * message, ceiling)
+    credit = max(least_credit, _pow2_at_most(max(in_flight, 2 * message), 2 * message, ceiling))
     return WirePlan(group, credit, f"link {rate * 8 / 1e6:.0f} Mbit/s, compute {sample.compute_s * 1e3:.0f} ms: "
                     f"{group} chunk(s) per push, {credit >> 10} KiB in flight")
 

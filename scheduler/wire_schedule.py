@@ -43,7 +43,7 @@ class WireSchedule:
         self.times[worker] = WorkerTimes(own_step_seconds(hb), transfer)
         sample = StepSample(hb.compute_s, transfer, (hb.bytes - prev.bytes) // steps)
         proposals = self.proposals.setdefault(worker, [])
-        proposals.append(plan_for(sample, self.job.chunk_bytes, 0))
+        proposals.append(plan_for(sample, self.job.chunk_bytes, 0, self.job.max_inflight_bytes))
         del proposals[:-STABLE_PROPOSALS]
         plan = settle(self.plans.get(worker), proposals)
         if plan is not None:

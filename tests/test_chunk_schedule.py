@@ -20,6 +20,7 @@ MB = 1_000_000
 MODEL_BYTES = 40 * MB  # a step pulls the model and pushes its gradient: twice this
 CHUNK = 64 << 10
 GBIT, MBIT100 = 125 * MB, 12.5 * MB  # bytes/s
+LEAST_CREDIT = 1 << 20  # the job's --max-inflight-bytes
 
 
 def _step(rate: float, compute_s: float = 0.3) -> StepSample:
@@ -27,22 +28,25 @@ def _step(rate: float, compute_s: float = 0.3) -> StepSample:
     return StepSample(compute_s, 2 * MODEL_BYTES / rate, 2 * MODEL_BYTES)
 
 
-def test_a_slower_link_gets_smaller_pushes_and_less_in_flight():
-    fast, slow = plan_for(_step(GBIT), CHUNK, 0), plan_for(_step(MBIT100), CHUNK, 0)
+def test_a_slower_link_gets_smaller_pushes_and_less_in_flight_never_below_the_jobs_credit():
+    fast, slow = plan_for(_step(GBIT), CHUNK, 0, LEAST_CREDIT), plan_for(_step(MBIT100), CHUNK, 0, LEAST_CREDIT)
     assert fast.group > slow.group >= 1 and fast.credit > slow.credit >= 2 * slow.group * CHUNK, (fast, slow)
     assert "Mbit/s" in fast.reason
+    slowest = plan_for(_step(MBIT100 / 100), CHUNK, 0, LEAST_CREDIT)
+    assert slowest.group == 1 and slowest.credit == LEAST_CREDIT
 
 
 def test_a_plan_is_powers_of_two_within_the_push_and_the_layout():
-    plan = plan_for(StepSample(10.0, 0.01, 2 * MODEL_BYTES), CHUNK, 4)  # a very fast link, long compute
+    plan = plan_for(StepSample(10.0, 0.01, 2 * MODEL_BYTES), CHUNK, 4, LEAST_CREDIT)  # a very fast link, long compute
     assert plan.group == 4, "no more chunks per push than the layout has"
     assert plan.credit <= MODEL_BYTES and plan.credit & (plan.credit - 1) == 0
-    assert plan_for(StepSample(0.1, 0.0, 0), CHUNK, 0) == WirePlan(1, 0, "no transfer measured yet")
+    assert plan_for(StepSample(0.1, 0.0, 0), CHUNK, 0, LEAST_CREDIT) == WirePlan(1, LEAST_CREDIT,
+                                                                                   "no transfer measured yet")
 
 
 def test_one_odd_step_changes_nothing_and_a_lasting_change_is_followed():
-    current = plan_for(_step(GBIT), CHUNK, 0)
-    odd = plan_for(_step(MBIT100), CHUNK, 0)
+    current = plan_for(_step(GBIT), CHUNK, 0, LEAST_CREDIT)
+    odd = plan_for(_step(MBIT100), CHUNK, 0, LEAST_CREDIT)
     assert settle(current, [current, current, odd]) is None
     assert settle(current, [odd] * (STABLE_PROPOSALS - 1)) is None
     assert settle(current, [odd] * STABLE_PROPOSALS) == odd
@@ -71,7 +75,8 @@ def _plans(schedule: WireSchedule, beats: list[Heartbeat]) -> list[WirePlan]:
 
 
 def _schedule(mode: str, protocol: str = "asgd") -> WireSchedule:
-    job = JobConfig(dataset="synthetic", chunk_bytes=CHUNK, chunk_schedule=mode, protocol=protocol)
+    job = JobConfig(dataset="synthetic", chunk_bytes=CHUNK, chunk_schedule=mode, protocol=protocol,
+                    max_inflight_bytes=LEAST_CREDIT)
     return WireSchedule(job, protocol_spec(job.protocol))
 
 
