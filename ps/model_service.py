@@ -150,7 +150,7 @@ class ModelService:
         self.parked.serve(self.model, self.send_chunks, self.ranks)
 
     def expire_parked(self, now: float) -> None:
-        self.parked.expire(now, self.send_chunks)
+        self.parked.expire(now, self.send_chunks, self.ranks)
 
     def check_room(self, identity: bytes, parks: bool) -> None:
         """Refuse a pull while this connection's earlier answers wait unread, or one that would park while it

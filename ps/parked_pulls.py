@@ -66,10 +66,10 @@ class ParkedPulls:
                 p.remaining = [cid for cid in p.remaining if cid not in due]
         self.waiting = [p for p in self.waiting if p.remaining]
 
-    def expire(self, now: float, send: SendChunks) -> None:
-        """Send a parked pull past its deadline (every one, with `now` inf) the current chunks."""
+    def expire(self, now: float, send: SendChunks, ranks: Mapping[str, int]) -> None:
+        """Send a parked pull past its deadline (every one, with `now` inf) the current chunks, in rank order."""
         expired = [p for p in self.waiting if p.deadline <= now]
         if expired:
             self.waiting = [p for p in self.waiting if p.deadline > now]
-            for p in expired:
+            for p in sorted(expired, key=lambda p: rank_of(p.worker, ranks)):
                 send(p.identity, p.seq, p.remaining, p.worker if p.buffers else None)

@@ -21,7 +21,7 @@ import torch
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Heartbeat, Params, Pull, Push
+from dynabatch.common.messages import Error, Heartbeat, Params, Pull, Push
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import Connection
 from dynabatch.common.wire import ChunkMeta, Message, encode
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 REPLY_S = 10.0
 JOB = ["--dataset", "synthetic", "--model", "flat:10000", "--chunk-bytes", "8192", "--epochs", "1000",
-       "--liveness-timeout-s", "60", "--protocol", "asgd"]
+       "--liveness-timeout-s", "60", "--protocol", "asgd", "--no-direction-check"]
 CLAIM_SEQ = 1 << 20  # the claiming pull's own seq, far from the connection's counter
 
 
@@ -67,6 +67,7 @@ def _served_order(conn: Connection, seqs: dict[int, str], chunks: int) -> list[s
     while any(order.count(w) < chunks for w in seqs.values()):
         msg = conn.recv(REPLY_S)
         assert msg is not None, f"the parked pulls were not answered in full: {order}"
+        assert not isinstance(msg.body, Error), f"refused: {msg.body}"
         if isinstance(msg.body, Params) and msg.seq in seqs:
             order.append(seqs[msg.seq])
     return order
@@ -97,8 +98,9 @@ def test_a_shard_serves_the_ranked_workers_waiting_pull_first_whatever_a_worker_
             credit = shown["wired"].credit_bytes
             wait_for("the scheduler's gauge of the plan", lambda: metric_value(
                 scheduler.metrics(), "dynabatch_worker_credit_bytes", worker=wid["wired"]) == credit, 30)
-            wait_for("the shard to take the scheduler's ranks", lambda: metric_value(
-                shard.metrics(), "dynabatch_ps_serve_rank", worker=wid["wired"]) == 0, 30)
+            wait_for("the shard to take the scheduler's ranks", lambda: metric_value(  # an absent series reads 0
+                shard.metrics(), "dynabatch_ps_serve_rank", worker=wid["computing"]) == 1, 30)
+            assert metric_value(shard.metrics(), "dynabatch_ps_serve_rank", worker=wid["wired"]) == 0
         else:
             assert shown["wired"].serve_rank == -1 and shown["wired"].wire_reason == "fixed by the job's flags"
 
