@@ -3,7 +3,8 @@
 Membership (roster.py), the batch split with its speed models and local steps
 (allocator.py), progress in samples and epochs with lost work (progress.py),
 divergence and its rollbacks (rollbacks.py), the latest evaluation
-(evaluations.py) and the end of the job (job_end.py) each hold their own state.
+(evaluations.py), the end of the job (job_end.py) and the wire's schedule
+(wire_schedule.py) each hold their own state.
 `JobState` takes each decoded message and the clock, hands them to the parts in
 order, and answers; the server loop feeds it, tests drive it directly. Its
 `saved` and `resume` carry the parts over a restart of the scheduler
