@@ -22,7 +22,7 @@ every other run, so that the policies share the machine's noise.
 Needs root (network namespaces). Run from the repository root:
 
     python -m bench.links [--fast 2] [--slow 1] [--model cnn | --task FILE.py:ATTR[@KEY=VALUE,...]] \
-        [--protocol asgd] [--policies dynamic fixed] [--runs 1] \
+        [--protocol asgd] [--policies dynamic fixed] [--chunk-schedules fixed scheduled] [--chunk-bytes N] [--runs 1] \
         [--window-s 40 | --target 0.85 --time-limit-s 600] [--out bench/results/links.json]
 """
 
@@ -156,8 +156,9 @@ def _watch(job: HostedJob, server: Host, workers: list[Host], args: argparse.Nam
     return Watch(elapsed, start, end, batches, first_reaching(readings, args.target), readings[-1][1], readings)
 
 
-def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: Path) -> dict:
-    """One job under `policy` on fresh hosts; its figures over the window, or from its start to the target."""
+def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: Path, chunks: str = "fixed") -> dict:
+    """One job under batch `policy` and `--chunk-schedule chunks` on fresh hosts; its figures over the window,
+    or from its start to the target."""
     model = ["--dataset", args.dataset, "--model", args.model] if not workload.task else []
     task = ["--task", workload.task] if workload.task else []
     with Network() as net:
@@ -168,6 +169,7 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
         job = HostedJob(net, logs / policy)
         try:
             job.scheduler(server, *model, "--protocol", args.protocol, "--batch-policy", policy, "--epochs", "1000",
+                          "--chunk-schedule", chunks, "--chunk-bytes", str(args.chunk_bytes), *args.job_flags.split(),
                           "--min-workers", str(len(workers)), "--eval-interval-s", str(args.eval_interval_s))
             job.shard(server)
             children = {h.name: job.worker(h, *task) for h in workers}
@@ -178,7 +180,8 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
             job.stop()
     standalone = {name: _standalone(child.log_text()) for name, child in children.items()}
     samples_per_s, per_worker = figures(watch, [(h.name, h.rate) for h in workers], standalone)
-    out = {"policy": policy, "span_s": watch.elapsed_s, "samples_per_s": samples_per_s,
+    label = policy if chunks == "fixed" else f"{policy}, {chunks} chunks"
+    out = {"policy": label, "span_s": watch.elapsed_s, "samples_per_s": samples_per_s,
            "workers": [asdict(f) for f in per_worker]}
     if args.target is not None:
         out |= {"target": args.target, "time_to_target_s": watch.time_to_target_s, "accuracy": watch.accuracy,
@@ -227,6 +230,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dataset", default="fashion-mnist")
     p.add_argument("--protocol", default="asgd")
     p.add_argument("--policies", nargs="+", default=["dynamic", "fixed"], choices=["dynamic", "fixed"])
+    p.add_argument("--chunk-schedules", nargs="+", default=["fixed"], choices=["fixed", "scheduled"],
+                   help="every policy under each --chunk-schedule (the wire's schedule: scheduler/wire_schedule.py)")
+    p.add_argument("--chunk-bytes", type=int, default=1 << 20, help="the job's --chunk-bytes")
+    p.add_argument("--job-flags", default="", metavar="'--FLAG VALUE ...'",
+                   help="more of the scheduler's job flags, e.g. '--no-direction-check'")
     p.add_argument("--runs", type=int, default=1, help="every policy this many times, the order reversed each run")
     p.add_argument("--window-s", type=float, default=40.0, help="window mode: seconds watched once every worker "
                    "trains")
@@ -251,8 +259,11 @@ def main(argv: list[str]) -> int:
     os.environ.update(workload.env)  # the task file's knobs: every process the job starts inherits them
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-links-") as tmp:
-        for run, policy in schedule(args.policies, args.runs):
-            results.append({"run": run} | run_policy(policy, args, workload, Path(tmp) / f"run{run}"))
+        configs = [f"{policy}:{chunks}" for policy in args.policies for chunks in args.chunk_schedules]
+        for run, config in schedule(configs, args.runs):
+            policy, chunks = config.split(":")
+            logs = Path(tmp) / f"run{run}-{chunks}"
+            results.append({"run": run} | run_policy(policy, args, workload, logs, chunks))
             print(table(results[-1:]).split("\n", 2)[2], file=sys.stderr, flush=True)
     print(table(results))
     if args.out is not None:

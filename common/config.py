@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 BATCH_POLICIES = ("fixed", "dynamic")
 PIPELINE_MODES = ("auto", "on", "off")
+CHUNK_SCHEDULES = ("fixed", "scheduled")
 
 
 @dataclass
@@ -114,6 +115,12 @@ class JobConfig(JobName):
     max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged",
                                   minimum=1024, topic="protocol")
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024, topic="protocol")
+    chunk_schedule: str = opt(
+        "fixed", "fixed: one chunk per push within --max-inflight-bytes, shards serve by chunk id; scheduled: the "
+        "scheduler sets each worker's chunks per push and credit from its measured link and compute, and the "
+        "order shards serve workers in (the round's slowest first; asynchronous: the most transfer-bound first)",
+        CHUNK_SCHEDULES, topic="protocol",
+    )
     seed: int = opt(0, "seed for model init and data orders", topic="job")
     heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01, topic="cluster")
     liveness_timeout_s: float = opt(

@@ -142,6 +142,12 @@ class Assignment:
     `allotted` is how many samples a worker may have trained in all, in its own count
     (`Heartbeat.samples`; None: no limit): the job's epochs are handed out as such
     allotments, and a worker takes no step beyond its own (common/allotment.py).
+
+    The wire's schedule (scheduler/wire_schedule.py): a worker's pipelined backward batches `chunk_group` of a
+    shard's chunks into one PUSH and keeps at most `credit_bytes` unacknowledged (0: the job's one chunk and
+    `--max-inflight-bytes`); a shard serves the messages waiting in one poll, and its parked pulls, by
+    `serve_ranks` (worker -> rank, 0 first; absent: after every ranked one), then front of the model first.
+    Only the scheduler's answer carries ranks: nothing a worker sends can change its own.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -160,6 +166,9 @@ class Assignment:
     lr_factor: float = 1.0
     hold_checkpoints: bool = False
     allotted: int | None = None
+    chunk_group: int = 0
+    credit_bytes: int = 0
+    serve_ranks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -290,7 +299,9 @@ class WorkerStatus:
     `observed_samples` over `compute_s_total`) let a reader average over any
     stretch of the run from two snapshots, however often it sampled. `max_batch`
     is the worker's own largest batch from its HELLO (0: none), `slowdown` its
-    emulated slowdown from its HELLO ("": none reported).
+    emulated slowdown from its HELLO ("": none reported). `chunk_group`, `credit_bytes` and `wire_reason` are
+    how it sends its gradient and why, `serve_rank` the order shards serve it in (-1: unranked), from
+    scheduler/wire_schedule.py.
     """
 
     role: str = "worker"
@@ -320,6 +331,10 @@ class WorkerStatus:
     data_s_total: float = 0.0
     max_batch: int = 0
     slowdown: str = ""
+    chunk_group: int = 1
+    credit_bytes: int = 0
+    wire_reason: str = ""
+    serve_rank: int = -1
 
 
 @dataclass

@@ -51,6 +51,7 @@ class ModelService:
         self.outbox = outbox
         self.reply = reply
         self.parked = ParkedPulls()
+        self.ranks: dict[str, int] = {}  # the scheduler's serving rank of each worker (ps/serve_order.py)
         self.admission = PushAdmission(replays, lambda identity: self.check_room(identity, True), tell_scheduler)
         self.reported_version = self.model.version  # the model version last exported (dynabatch_ps_version)
 
@@ -117,11 +118,21 @@ class ModelService:
         """The scheduler's word on the job: its progress and step-size factor, the live workers (rounds that waited
         only on workers that left close now), and the travelling buffers sent to workers still there."""
         live = set(assignment.live_workers)
+        self._rank(dict(assignment.serve_ranks))
         if self.held.buffers is not None:
             self.held.buffers.forget(live)
         self.model.follow_job(assignment.progress, assignment.lr_factor)
         self.after_update(self.model.set_membership(live, assignment.allocated, set(assignment.idle_workers)))
         self.serve_parked()
+
+    def _rank(self, ranks: dict[str, int]) -> None:
+        """Serve workers in the scheduler's order from now on, and export it (a worker no longer ranked goes)."""
+        gauge, label = self.served.metrics.serve_rank, self.served.label
+        for gone in self.ranks.keys() - ranks.keys():
+            gauge.remove(label, gone)
+        for worker, rank in ranks.items():
+            gauge.labels(label, worker).set(rank)
+        self.ranks = ranks
 
     def close_overdue(self, now: float) -> None:
         """Close the rounds that waited longer than --round-timeout-s with what arrived."""
@@ -136,10 +147,10 @@ class ModelService:
         self.served.metrics.version.set(self.reported_version)
 
     def serve_parked(self) -> None:
-        self.parked.serve(self.model, self.send_chunks)
+        self.parked.serve(self.model, self.send_chunks, self.ranks)
 
     def expire_parked(self, now: float) -> None:
-        self.parked.expire(now, self.send_chunks)
+        self.parked.expire(now, self.send_chunks, self.ranks)
 
     def check_room(self, identity: bytes, parks: bool) -> None:
         """Refuse a pull while this connection's earlier answers wait unread, or one that would park while it

@@ -11,12 +11,13 @@ park at most `MAX_PARKED_PER_PEER` pulls (peer_limits.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER
+from dynabatch.ps.serve_order import rank_of
 from dynabatch.ps.shard_state import ShardState
 
 # Send chunks `ids` to a connection as the answer to its request `seq`; the travelling buffers go with the first
@@ -52,9 +53,10 @@ class ParkedPulls:
     def park(self, pull: ParkedPull) -> None:
         self.waiting.append(pull)
 
-    def serve(self, model: ShardState, send: SendChunks) -> None:
-        """Send waiting pulls the chunks that are now due: at their version, and their worker let through."""
-        for p in self.waiting:
+    def serve(self, model: ShardState, send: SendChunks, ranks: Mapping[str, int]) -> None:
+        """Send waiting pulls the chunks that are now due: at their version, and their worker let through; the
+        workers the scheduler ranks first are sent theirs first (ps/serve_order.py), oldest first within a rank."""
+        for p in sorted(self.waiting, key=lambda p: rank_of(p.worker, ranks)):
             if not model.admit_pull(p.worker):
                 continue
             due = [cid for cid in p.remaining if model.due(cid, p.worker, p.min_version)]
@@ -64,10 +66,10 @@ class ParkedPulls:
                 p.remaining = [cid for cid in p.remaining if cid not in due]
         self.waiting = [p for p in self.waiting if p.remaining]
 
-    def expire(self, now: float, send: SendChunks) -> None:
-        """Send a parked pull past its deadline (every one, with `now` inf) the current chunks."""
+    def expire(self, now: float, send: SendChunks, ranks: Mapping[str, int]) -> None:
+        """Send a parked pull past its deadline (every one, with `now` inf) the current chunks, in rank order."""
         expired = [p for p in self.waiting if p.deadline <= now]
         if expired:
             self.waiting = [p for p in self.waiting if p.deadline > now]
-            for p in expired:
+            for p in sorted(expired, key=lambda p: rank_of(p.worker, ranks)):
                 send(p.identity, p.seq, p.remaining, p.worker if p.buffers else None)

@@ -48,21 +48,11 @@ from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import UNMODELLED_BACKLOG, backlog_limit
 from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
+from dynabatch.ps.serve_order import serve_key
 from dynabatch.ps.served_job import ServedJob
 
 log = logging.getLogger("dynabatch.ps")
 MAX_BATCH_PER_POLL = 64
-
-
-def priority(incoming: Incoming) -> int:
-    """Lower is served first: the smallest chunk id a message touches (front of the model first)."""
-    msg = incoming.message
-    if msg is None:
-        return -1
-    if msg.chunks:
-        return min(c.id for c in msg.chunks)
-    ids = getattr(msg.body, "ids", None)
-    return min(ids) if ids else 0
 
 
 def message_of(incoming: Incoming) -> Message:
@@ -228,7 +218,8 @@ class ShardServer:
                 pending = [recv_routed(self.sock, limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
                     pending.append(recv_routed(self.sock, limits))
-                for incoming in sorted(pending, key=priority):
+                ranks = self.last_assignment.serve_ranks if self.last_assignment is not None else {}
+                for incoming in sorted(pending, key=lambda i: serve_key(i, ranks)):
                     self._handle(incoming)
             now = time.monotonic()
             if now >= next_beat or self.beat_due:

@@ -33,6 +33,9 @@ class ShardMetrics:
                                 registry=registry)
         self.live = Gauge("dynabatch_ps_live_workers", "Workers the shard counts as live.", ["shard"],
                           registry=registry).labels(**labels)
+        self.serve_rank = Gauge("dynabatch_ps_serve_rank", "The order this shard serves each worker's waiting "
+                                "messages in, as the scheduler ranked it (0 first; ps/serve_order.py).",
+                                ["shard", "worker"], registry=registry)
         self.checkpoints = Counter("dynabatch_ps_checkpoints", "Checkpoints written.", ["shard"],
                                    registry=registry).labels(**labels)
         self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too "

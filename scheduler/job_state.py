@@ -3,7 +3,8 @@
 Membership (roster.py), the batch split with its speed models and local steps
 (allocator.py), progress in samples and epochs with lost work (progress.py),
 divergence and its rollbacks (rollbacks.py), the latest evaluation
-(evaluations.py) and the end of the job (job_end.py) each hold their own state.
+(evaluations.py), the end of the job (job_end.py) and the wire's schedule
+(wire_schedule.py) each hold their own state.
 `JobState` takes each decoded message and the clock, hands them to the parts in
 order, and answers; the server loop feeds it, tests drive it directly. Its
 `saved` and `resume` carry the parts over a restart of the scheduler
@@ -41,6 +42,7 @@ from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heart
 from dynabatch.scheduler.rollbacks import Rollbacks
 from dynabatch.scheduler.roster import Member, Roster, finite_or_none
 from dynabatch.scheduler.saved_progress import SavedProgress
+from dynabatch.scheduler.wire_schedule import WireSchedule
 
 log = logging.getLogger("dynabatch.scheduler")
 
@@ -59,6 +61,7 @@ class JobState:
         self.rollbacks = Rollbacks(job, self.roster)
         self.evaluations = Evaluations()
         self.end = JobEnd(job)
+        self.wire = WireSchedule(job, self.spec)
 
     # -- membership -------------------------------------------------------------
 
@@ -140,6 +143,7 @@ class JobState:
         if member.role == "worker":
             self.rollbacks.forget(member.id)
             self.allocator.forget(member.id)
+            self.wire.forget(member.id)
         if member.id in self.allocator.allocation:
             self._reallocate(now, why, member.id, force=True)
         self.roster.forget_departed()
@@ -219,6 +223,9 @@ class JobState:
             self._reallocate(now, "joined", member.id, force=True)
         if new_steps > 0 and hb.batch > 0 and hb.step_s > 0 and measured:
             self.allocator.observe(member.id, hb)
+            plan = self.wire.observe(member.id, member.last, hb)
+            if plan is not None:
+                log.info("%s sends its gradient by a new plan: %s", member.id, plan.reason)
             member.count_steps(hb, new_steps)
             self.progress.observe_loss(hb.loss)
             self._reallocate(now, "speed update", member.id)
@@ -276,17 +283,18 @@ class JobState:
                               stop=self.finished, batches=allocator.push_bounds(live),
                               progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
                               rollbacks=rollbacks.rollback_number, lr_factor=rollbacks.lr_factor,
-                              hold_checkpoints=rollbacks.divergence.suspect)
+                              hold_checkpoints=rollbacks.divergence.suspect, serve_ranks=self.wire.ranks(live))
         if member.role == "evaluator":
             return Assignment(assignment_id=allocator.assignment_id,
                               stop=self.stopping and not self.roster.live_workers)
         self._allot(member)
-        batch = allocator.batch_of(member.id)
+        batch, plan = allocator.batch_of(member.id), self.wire.plan_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, allocator.holding_batch, self.job.dbs_weight)
         return Assignment(
             assignment_id=allocator.assignment_id, batch=batch, lr_scale=scale * rollbacks.lr_factor,
             stop=self.stopping, local_steps=allocator.local_steps, rollbacks=rollbacks.rollback_done,
             allotted=allocator.allotted.get(member.id),
+            chunk_group=plan.group, credit_bytes=plan.credit,
         )
 
     # -- the end of the job -------------------------------------------------------------
@@ -352,7 +360,8 @@ class JobState:
             final_eval=self.evaluations.final_eval,
             final_eval_given_up=self.end.final_eval_given_up(self.finished, self.evaluations.final_eval),
             assignment_id=allocator.assignment_id,
-            workers={m.id: m.public(allocator.batch_of(m.id)) for m in self.roster.workers()},
+            workers={m.id: self.wire.shown(m.id, m.public(allocator.batch_of(m.id)), self.roster.live_workers)
+                     for m in self.roster.workers()},
             departed=sorted(m.id for m in self.roster.members.values() if m.role == "worker" and m.left),
             shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url, m.last.discarded,
                                         m.last.model_problem, m.last.good_version)

@@ -69,6 +69,13 @@ class SchedulerMetrics:
                            registry=registry)
         self.sps = Gauge("dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"],
                          registry=registry)
+        self.wire = {  # the wire's schedule (scheduler/wire_schedule.py), in the order plan, credit, rank
+            "group": Gauge("dynabatch_worker_chunks_per_push", "Chunks each worker's pipelined backward batches into "
+                           "one push (the wire's schedule).", ["worker"], registry=registry),
+            "credit": Gauge("dynabatch_worker_credit_bytes", "Gradient bytes each worker may keep pushed and "
+                            "unacknowledged (the wire's schedule).", ["worker"], registry=registry),
+            "rank": Gauge("dynabatch_worker_serve_rank", "The order shards serve each worker in (0 first; -1: "
+                          "unranked, by chunk id alone).", ["worker"], registry=registry)}
         self.step = Gauge("dynabatch_worker_step_seconds", "Each worker's last step time by phase.",
                           ["worker", "phase"], registry=registry)
         self.epoch = Gauge("dynabatch_job_epoch", "Passes over the training set, counted from samples.",
@@ -329,14 +336,20 @@ class SchedulerServer:
         for gone in self._exported - set(workers):
             self.m.batch.remove(gone)
             self.m.sps.remove(gone)
+            for gauge in self.m.wire.values():
+                gauge.remove(gone)
             for phase in PHASES:
                 self.m.step.remove(gone, phase)
         self._exported = set(workers)
+        ranks = s.wire.ranks(workers)
         for wid in workers:
             m = s.roster.members[wid]
             hb = m.last
             self.m.batch.labels(wid).set(s.allocator.batch_of(wid))
             self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
+            plan = s.wire.plan_of(wid)
+            for name, shown in zip(self.m.wire, (plan.group, plan.credit, ranks.get(wid, -1)), strict=True):
+                self.m.wire[name].labels(wid).set(shown)
             for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
                                     strict=True):
                 self.m.step.labels(wid, phase).set(value)

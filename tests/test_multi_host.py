@@ -205,3 +205,28 @@ def test_a_shard_host_losing_its_link_for_ten_seconds_and_the_job_carrying_on(ne
     _wait(job, "the job's samples to count the steps", lambda: _value_or_zero(job, a, "dynabatch_job_samples") > 0)
     assert not job.launcher.failed(), _failure_report(job)
     assert all(child.alive() for child in job.launcher.children), "no process was restarted or lost"
+
+
+# The wire's schedule on a link that slows down and heals: a 2 MB model in 16 KiB chunks, which a link faster than
+# about 90 Mbit/s sends in pushes of at least four chunks and a 20 Mbit/s one chunk by chunk
+# (scheduler/chunk_schedule.py: pushes of sqrt(overhead x rate x push bytes)).
+WIRE_JOB = ["--dataset", "synthetic", "--model", "flat:500000", "--chunk-bytes", "16384", "--epochs", "1000",
+            "--chunk-schedule", "scheduled", "--pipeline", "on"]
+HEALTHY_GROUP = 4
+
+
+def test_the_wire_schedule_follows_a_link_that_slows_down_and_recovers_when_it_heals(net, job):
+    a, b, w = net.add_host("host-a"), net.add_host("host-b"), net.add_host("host-w")
+    job.scheduler(a, *WIRE_JOB)
+    job.shard(b)
+    job.worker(w)
+
+    def group() -> float:
+        return _value_or_zero(job, a, "dynabatch_worker_chunks_per_push")
+
+    _wait(job, f"pushes of {HEALTHY_GROUP} chunks or more on a 1 Gbit link", lambda: group() >= HEALTHY_GROUP)
+    net.set_rate(w, "20mbit")
+    _wait(job, "pushes of one chunk on a 20 Mbit link", lambda: group() == 1)
+    net.set_rate(w, "1gbit")
+    _wait(job, f"pushes of {HEALTHY_GROUP} chunks or more once the link healed", lambda: group() >= HEALTHY_GROUP)
+    assert not job.launcher.failed(), _failure_report(job)

@@ -54,7 +54,8 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         F.cross_entropy(reference(x), y).backward()
         grad = flat_grads(reference)
         counted = sum(shards.staleness)
-        result = Pipeline(model, layout, shards, 1 << 20, 10, cross_entropy).step((x, y), None, 64)
+        pipeline = Pipeline(model, layout, shards, 1 << 20, 10, cross_entropy)
+        result = pipeline.step((x, y), None, 64)
         assert sum(shards.staleness) - counted == 1, "one step on one shard is one update, however many chunks"
         trace = result.trace
         assert set(trace.pushed_at) == {ch.id for ch in layout.chunks}
@@ -65,5 +66,18 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         w1 = shards.pull(None, 10).flat
         # asgd, one live worker, B = 192: the shard applies lr * (64 * 1 / 192) * g (no momentum or decay).
         torch.testing.assert_close(w0 - w1, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
+
+        # As the scheduler may plan it (Assignment.chunk_group, credit_bytes): four final chunks per PUSH within
+        # a credit of two such pushes; the same gradient arrives, in a quarter of the messages, as one update.
+        w1 = w1.clone()
+        load_flat(reference, w1)
+        reference.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        grad = flat_grads(reference)
+        counted = sum(shards.staleness)
+        trace = pipeline.step((x, y), None, 64, group=4, credit=8 * CHUNK).trace
+        assert sum(shards.staleness) - counted == 1
+        assert len(set(trace.pushed_at.values())) == -(-len(layout.chunks) // 4), "not four chunks per push"
+        torch.testing.assert_close(w1 - shards.pull(None, 10).flat, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
     finally:
         c.stop()

@@ -128,7 +128,8 @@ class GradientLoop(StepLoop):
                                      c.loss_fn, c.buffers)
         batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
-        result = self.pipeline.step(batch, plan.min_versions, assignment.batch)
+        result = self.pipeline.step(batch, plan.min_versions, assignment.batch, assignment.chunk_group,
+                                    assignment.credit_bytes)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         times = StepTimes(push=result.push_wait_s)
         _add_pull_time(times, plan.pull_waits(), result.pull_wait_s)

@@ -7,7 +7,9 @@ chunks are still arriving. During backward, a hook on every parameter notes
 when its gradient is final; the moment every parameter overlapping a chunk is
 final, that chunk's gradient is pushed, while backward goes on with earlier
 layers. Bytes in flight are bounded: a push waits for acknowledgements when
-sending it would exceed the credit.
+sending it would exceed the credit. The scheduler may ask (Assignment.chunk_group,
+credit_bytes: scheduler/chunk_schedule.py) for several of a shard's final chunks
+in one PUSH and for another credit; the layout itself never changes.
 
 A model's travelling buffers (BatchNorm's running statistics) come with shard
 0's first chunk: the first module to run loads them all. Forward has finished
@@ -78,11 +80,14 @@ class Pipeline:
             p.register_post_accumulate_grad_hook(self._grad_ready(i))
         self._step: _StepState | None = None
 
-    def step(self, batch: Any, min_versions: list[int] | None, samples: int) -> PipelineResult:
-        """Pull, forward, backward and push for one batch, overlapped; returns when every push is acknowledged
-        (a batch whose loss is not finite: once the pull is in, with nothing pushed)."""
+    def step(self, batch: Any, min_versions: list[int] | None, samples: int, group: int = 1,
+             credit: int = 0) -> PipelineResult:
+        """Pull, forward, backward and push for one batch, overlapped, `group` final chunks of a shard per PUSH
+        within `credit` bytes unacknowledged (0: the credit the pipeline was made with); returns when every push
+        is acknowledged (a batch whose loss is not finite: once the pull is in, with nothing pushed)."""
         counted = list(self.shards.staleness)
-        st = self._step = _StepState(self.shards.start_pull(min_versions), samples)
+        st = self._step = _StepState(self.shards.start_pull(min_versions), samples, max(1, group),
+                                     credit or self.max_inflight)
         self.model.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
         if not bool(torch.isfinite(loss.detach())):
@@ -93,8 +98,10 @@ class Pipeline:
             return PipelineResult(float(loss.detach()), st.pull.result(), st.pull_wait, 0.0, st.trace)
         loss.backward()
         st.trace.backward_end = time.perf_counter()
-        for cid in sorted(set(self.chunk_params) - st.pushed):
-            self._push_chunk(st, cid)
+        for cid in sorted(set(self.chunk_params) - st.final):
+            self._chunk_final(st, cid, flush=False)
+        for shard in sorted(st.ready):
+            self._push_group(st, shard)
         start = time.perf_counter()
         self._settle(st)
         st.push_wait += time.perf_counter() - start
@@ -119,7 +126,7 @@ class Pipeline:
             self.shards.before_resend([])
             for i in refused:
                 st.pushes[i] = self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"),
-                                                      ids=[st.push_ids[i]], buffers=self._buffers_for(st, i))
+                                                      ids=st.push_ids[i], buffers=self._buffers_for(st, i))
 
     def _before_forward(self, name: str, own: list[int]):
         def hook(module: torch.nn.Module, args: object) -> None:
@@ -153,29 +160,40 @@ class Pipeline:
             self.grad_flat[a:b].copy_(grad.reshape(-1))
             st.done_params.add(i)
             for cid in sorted(self.param_chunks[i]):
-                if cid not in st.pushed and self.chunk_params[cid] <= st.done_params:
-                    self._push_chunk(st, cid)
+                if cid not in st.final and self.chunk_params[cid] <= st.done_params:
+                    self._chunk_final(st, cid)
         return hook
 
-    def _push_chunk(self, st: _StepState, cid: int) -> None:
-        """Send one chunk's gradient of step `st`, first waiting for acknowledgements if the credit is used up."""
-        chunk = self.layout.chunks[cid]
-        nbytes = chunk.length * 4
+    def _chunk_final(self, st: _StepState, cid: int, flush: bool = True) -> None:
+        """Chunk `cid`'s gradient is final: it waits with its shard's others until they make a group (`flush`)."""
+        st.final.add(cid)
+        owner = self.layout.chunks[cid].owner
+        st.ready.setdefault(owner, []).append(cid)
+        if flush and len(st.ready[owner]) >= st.group:
+            self._push_group(st, owner)
+
+    def _push_group(self, st: _StepState, shard: int) -> None:
+        """Send the final chunks waiting for `shard` in one PUSH, first waiting for acknowledgements if the
+        credit is used up (a group larger than the credit goes alone)."""
+        ids = st.ready.pop(shard)
+        nbytes = sum(self.layout.chunks[cid].length * 4 for cid in ids)
         start = time.perf_counter()
-        credit = max(self.max_inflight, nbytes)
+        credit = max(st.credit, nbytes)
         self.shards.wait(st.pendings(), self.timeout_s,
-                         lambda: cid in st.pull.versions and st.inflight(self.layout) + nbytes <= credit)
+                         lambda: all(cid in st.pull.versions for cid in ids)
+                         and st.inflight(self.layout) + nbytes <= credit)
         st.push_wait += time.perf_counter() - start
-        for i in self.chunk_params[cid] - st.done_params:
+        for i in set().union(*(self.chunk_params[cid] for cid in ids)) - st.done_params:
             a, b = self.offsets[i]
             self.grad_flat[a:b].zero_()
-        if self.buffers and st.buffer_push is None and chunk.owner == 0:
+        if self.buffers and st.buffer_push is None and shard == 0:
             st.buffer_push = len(st.pushes)
-        st.pushes.append(self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"), ids=[cid],
+        st.pushes.append(self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"), ids=ids,
                                                 buffers=self._buffers_for(st, len(st.pushes))))
-        st.push_ids.append(cid)
-        st.pushed.add(cid)
-        st.trace.pushed_at[cid] = time.perf_counter()
+        st.push_ids.append(ids)
+        now = time.perf_counter()
+        for cid in ids:
+            st.trace.pushed_at[cid] = now
 
     def _buffers_for(self, st: _StepState, push: int) -> torch.Tensor | None:
         """The model's travelling buffers if push number `push` of step `st` is the one that carries them."""
@@ -186,10 +204,13 @@ class Pipeline:
 class _StepState:
     pull: PendingPull
     samples: int
+    group: int = 1  # final chunks of one shard per PUSH
+    credit: int = 0  # gradient bytes that may be pushed and not yet acknowledged
     done_params: set[int] = field(default_factory=set)
-    pushed: set[int] = field(default_factory=set)
+    final: set[int] = field(default_factory=set)  # chunks whose gradient is final (pushed, or waiting in `ready`)
+    ready: dict[int, list[int]] = field(default_factory=dict)  # by shard: final chunks not yet pushed
     pushes: list[PendingPush] = field(default_factory=list)
-    push_ids: list[int] = field(default_factory=list)
+    push_ids: list[list[int]] = field(default_factory=list)
     pull_wait: float = 0.0
     push_wait: float = 0.0
     trace: StepTrace = field(default_factory=StepTrace)
@@ -210,5 +231,5 @@ class _StepState:
 
     def inflight(self, layout: Layout) -> int:
         """Bytes pushed and not yet acknowledged."""
-        pairs = zip(self.push_ids, self.pushes, strict=True)  # appended together, one id per push
-        return sum(layout.chunks[cid].length * 4 for cid, p in pairs if not p.done())
+        pairs = zip(self.push_ids, self.pushes, strict=True)  # appended together, one list of ids per push
+        return sum(layout.chunks[cid].length * 4 for ids, p in pairs if not p.done() for cid in ids)
