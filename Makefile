@@ -38,11 +38,11 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
-	$(PIP_INSTALL) -e '.[test]'
+	$(PIP_INSTALL) -e '.[test,peers]'
 	touch $@
 
 $(VENV)/.installed-lint: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
-	$(PIP_INSTALL) -e '.[test,lint]'
+	$(PIP_INSTALL) -e '.[test,peers,lint]'
 	touch $@
 
 run: install

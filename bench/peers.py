@@ -28,6 +28,7 @@ interrupted comparison goes on where it stopped, and one can be measured in part
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -64,12 +65,8 @@ class System:
 
     def unavailable(self) -> str:
         """Why this system cannot run here ("" if it can)."""
-        if self.kind != "hivemind":
-            return ""
-        try:
-            import hivemind  # noqa: F401
-        except ImportError as exc:
-            return f"hivemind is not installed ({exc}): pip install -e '.[peers]' -c constraints-cpu.txt"
+        if self.kind == "hivemind" and importlib.util.find_spec("hivemind") is None:
+            return "hivemind is not installed: pip install -e '.[peers]' -c constraints-cpu.txt"
         return ""
 
 
@@ -96,6 +93,7 @@ class Settings:
     tune_seeds: int = 2
     snapshot_s: float = 3.0
     eval_samples: int = 10_000  # the first N test images score every snapshot (a shorter run scores on fewer)
+    slowdowns: tuple[str, ...] = SLOWDOWNS  # the profile (tests idle their workers with larger ones)
     lrs: tuple[tuple[str, float], ...] = ()  # step sizes given, not tuned: (system key, lr)
 
     def report_seeds(self) -> list[int]:
@@ -135,36 +133,37 @@ class Run:
 # -- launching ----------------------------------------------------------------------------------------------------
 
 
-def launch(system: System, lr: float, seed: int, deadline: float, snapshot_s: float, folder: Path, data_dir: str
+def launch(system: System, lr: float, seed: int, deadline: float, settings: Settings, folder: Path, data_dir: str
            ) -> list[subprocess.Popen[bytes]]:
     """Start `system`'s processes (each in a process group of its own), logging into `folder`."""
     from dynabatch.cluster.launcher import command_line
 
     py = [sys.executable, "-m"]
     data = ["--data-dir", data_dir] if data_dir else []
+    slowdowns, snapshot_s = settings.slowdowns, settings.snapshot_s
 
     def peer_train(slowdowns: Sequence[str]) -> list[str]:
         return ["bench.peer_train", "--system", system.kind, "--slowdowns", *slowdowns,
-                "--batch", str(GLOBAL_BATCH // len(SLOWDOWNS)), "--lr", str(lr), "--seed", str(seed),
+                "--batch", str(GLOBAL_BATCH // len(slowdowns)), "--lr", str(lr), "--seed", str(seed),
                 "--deadline", f"{deadline:.3f}", "--snapshots", str(folder / "snapshots"),
                 "--snapshot-s", str(snapshot_s), *data]
 
     if system.kind == "dynabatch":
         budget = deadline - time.time()
-        cmds = [command_line("run", ["--workers", str(len(SLOWDOWNS)), "--slowdowns", *SLOWDOWNS, "--lr", str(lr),
+        cmds = [command_line("run", ["--workers", str(len(slowdowns)), "--slowdowns", *slowdowns, "--lr", str(lr),
                                      "--seed", str(seed), "--no-evaluator", "--epochs", "1000", "--time-budget-s",
                                      f"{budget:.0f}", "--checkpoint-interval-s", str(snapshot_s), "--out",
                                      str(folder), "--name", "run", "--progress-s", "30", "--no-plots",
                                      "--timeout-s", f"{budget + LAUNCH_SLACK_S:.0f}", *system.flags, *data])]
     elif system.kind == "ddp":
-        cmds = [[*py, "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(SLOWDOWNS)),
-                 "-m", *peer_train(SLOWDOWNS)]]
+        cmds = [[*py, "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(slowdowns)),
+                 "-m", *peer_train(slowdowns)]]
     elif system.kind == "alone":
-        cmds = [[*py, *peer_train(SLOWDOWNS[:1])]]
+        cmds = [[*py, *peer_train(slowdowns[:1])]]
     else:
-        cmds = [[*py, *peer_train(SLOWDOWNS), "--rank",
+        cmds = [[*py, *peer_train(slowdowns), "--rank",
                  str(r), "--peers-file", str(folder / "peers.txt"), "--target-batch", str(system.target_batch),
-                 *(["--local-updates"] if system.local_updates else [])] for r in range(len(SLOWDOWNS))]
+                 *(["--local-updates"] if system.local_updates else [])] for r in range(len(slowdowns))]
     procs = []
     for i, cmd in enumerate(cmds):
         with open(folder / f"process{i}.log", "wb") as log:
@@ -288,7 +287,7 @@ def run_one(system: System, lr: float, seed: int, settings: Settings, out: Path,
     launched = time.time()
     deadline = launched + settings.budget_s
     try:
-        procs = launch(system, lr, seed, deadline, settings.snapshot_s, folder, data_dir)
+        procs = launch(system, lr, seed, deadline, settings, folder, data_dir)
         checkpoint = folder / "run" / "checkpoints" / "shard-0.pt" if system.kind == "dynabatch" else None
         run.error = watch(procs, deadline, folder, checkpoint)
         if system.kind == "dynabatch":
@@ -335,7 +334,7 @@ def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
         median = _median_time(ok, mark)
         row[f"time_to_{mark}"] = None if math.isinf(median) else median
         row[f"reached_{mark}"] = sum(r.time_to.get(mark) is not None for r in ok)
-        samples = [r.samples_to[mark] for r in ok if r.samples_to.get(mark) is not None]
+        samples = [n for n in (r.samples_to.get(mark) for r in ok) if n is not None]
         row[f"samples_to_{mark}"] = statistics.median(samples) if samples else None
     accs = [r.acc_at_budget for r in ok if r.acc_at_budget is not None]
     row["acc_at_budget"] = statistics.fmean(accs) if accs else None
@@ -407,9 +406,12 @@ def ratios(reported: dict[str, list[Run]]) -> dict[str, list[float | None]]:
     for key, runs in reported.items():
         if key == "dynabatch":
             continue
-        out[key] = [(r.time_to["0.88"] / ours[r.seed]) if r.ok and r.time_to.get("0.88") and ours.get(r.seed)
-                    else None for r in runs]
+        out[key] = [_ratio(r.time_to.get("0.88") if r.ok else None, ours.get(r.seed)) for r in runs]
     return out
+
+
+def _ratio(theirs: float | None, ours: float | None) -> float | None:
+    return theirs / ours if theirs and ours else None
 
 
 # -- report -------------------------------------------------------------------------------------------------------
@@ -454,7 +456,8 @@ def tuning_table(results: dict[str, Any]) -> str:
 def render(results: dict[str, Any], img: str = "") -> str:
     """report.md: the settings, the table of reported rounds, the ratios, the tuning, what was skipped."""
     s = results["settings"]
-    parts = [f"Fashion-MNIST, the CNN, 4 workers slowed down {', '.join(SLOWDOWNS)}x, every system stopped "
+    parts = [f"Fashion-MNIST, the CNN, {len(s['slowdowns'])} workers slowed down {', '.join(s['slowdowns'])}x, "
+             "every system stopped "
              f"{s['budget_s']:.0f} s after its launch (start-up included), snapshots every {s['snapshot_s']:g} s "
              f"scored afterwards by one evaluation code on {s['eval_samples']:,} test images; {s['rounds']} "
              "round(s) interleaved (seeds "
