@@ -55,7 +55,8 @@ test: install-test
 lint: install-lint
 	$(PY) scripts/lint.py
 
-# The full benchmark (about 70 minutes) rewrites bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
+# The full benchmark (about 3.5 hours, 2 of them bench/peers.py's tuned comparison) rewrites
+# bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
 bench: install
 	$(PY) -m bench --publish $(ARGS)
 

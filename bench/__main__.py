@@ -2,7 +2,7 @@
 (DDP, hivemind, the fastest machine alone) each tuned.
 
     python -m bench --quick      # under 10 minutes on 2 cores
-    python -m bench              # the full run behind bench/RESULTS.md (about 70 minutes)
+    python -m bench              # the full run behind bench/RESULTS.md (about 3.5 hours, 2 of them the peers)
     python -m bench --publish    # ...and write bench/RESULTS.md and bench/plots/ from it
 
 Results go to DIR (default bench/results/MODE): results.json (everything
