@@ -15,6 +15,7 @@ shards). Step sizes are tuned as bench/tuned_study.py tunes them (its grids, tun
 
     python -m bench.peers_simulated                          # tail16, lognormal64, lognormal256
     python -m bench.peers_simulated --profiles tail16 --seeds 0 --tune-seeds 100 --jobs 2
+    python -m bench.peers_simulated --profiles lognormal64 --lr lognormal64:dynabatch=0.01 lognormal64:ddp=0.4
 """
 
 from __future__ import annotations
@@ -108,14 +109,18 @@ def _describe(run: SimRun, r: SimResult) -> str:
 
 
 def study(profiles: Sequence[str], seeds: Sequence[int], tune_seeds: Sequence[int], jobs: int,
-          log: Callable[[str], None]) -> dict[str, Any]:
-    """Tune each peer per profile (or take LR_FROM's choice), then run the report seeds; every run's figures."""
+          log: Callable[[str], None], given: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    """Tune each peer per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer), then
+    run the report seeds; every run's figures."""
+    given = given or {}
     chosen: dict[str, dict[str, float | None]] = {}
     tuning: dict[str, list[dict[str, Any]]] = {}
     report: dict[str, list[dict[str, Any]]] = {}
     ordered = sorted(profiles, key=lambda p: p in LR_FROM)  # a profile whose step sizes come from another: last
     for profile in ordered:
-        if profile in LR_FROM:
+        if profile in given:
+            chosen[profile] = dict(given[profile])
+        elif profile in LR_FROM:
             chosen[profile] = dict(chosen.get(LR_FROM[profile]) or {})
         else:
             plan = [SimRun(profile, k, lr, s, True) for k, peer in PEERS.items() for lr in peer.lrs
@@ -130,7 +135,7 @@ def study(profiles: Sequence[str], seeds: Sequence[int], tune_seeds: Sequence[in
         report[profile] = [{**asdict(r), "peer": run.peer, "lr": run.lr}
                            for run, r in run_parallel(_simulate, plan, jobs, _describe, log)]
     return {"profiles": list(ordered), "seeds": list(seeds), "tune_seeds": list(tune_seeds), "target": TARGET,
-            "budget_s": BUDGET_S, "chosen": chosen, "tuning": tuning, "report": report}
+            "budget_s": BUDGET_S, "chosen": chosen, "given": given, "tuning": tuning, "report": report}
 
 
 def rows(results: dict[str, Any], profile: str) -> list[dict[str, Any]]:
@@ -155,7 +160,8 @@ def render(results: dict[str, Any]) -> str:
     """One table per profile."""
     parts = []
     for profile in results["profiles"]:
-        tuned = (f"step sizes from {LR_FROM[profile]}" if profile in LR_FROM
+        tuned = ("step sizes given (--lr), not tuned here" if profile in results.get("given", {})
+                 else f"step sizes from {LR_FROM[profile]}" if profile in LR_FROM
                  else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}")
         parts += [f"#### {profile}: MLP, B = {PROFILE_BATCH[profile]}, {results['budget_s']:.0f} virtual s, "
                   f"seeds {', '.join(map(str, results['seeds']))}; {tuned}", "",
@@ -178,8 +184,22 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--tune-seeds", nargs="+", type=int, default=[100, 101])
     p.add_argument("--jobs", type=int, default=1, help="simulations side by side")
     p.add_argument("--out", type=Path, default=Path("bench/results/peers_simulated"))
+    p.add_argument("--lr", nargs="+", default=[], metavar="PROFILE:PEER=LR",
+                   help="run PEER on PROFILE at LR instead of tuning (every peer of a profile given so is not tuned)")
     args = p.parse_args(argv)
-    missing = [prof for prof in args.profiles if prof in LR_FROM and LR_FROM[prof] not in args.profiles]
+    given: dict[str, dict[str, float]] = {}
+    try:
+        for item in args.lr:
+            where, lr = item.split("=", 1)
+            profile, peer = where.split(":", 1)
+            if profile not in PROFILE_BATCH or peer not in PEERS:
+                raise ValueError(item)
+            given.setdefault(profile, {})[peer] = float(lr)
+    except ValueError:
+        p.error(f"--lr: expected PROFILE:PEER=LR with a profile of {', '.join(PROFILE_BATCH)} and a peer of "
+                f"{', '.join(PEERS)}, got {args.lr}")
+    missing = [prof for prof in args.profiles
+               if prof in LR_FROM and prof not in given and LR_FROM[prof] not in args.profiles]
     if missing:
         p.error(f"{', '.join(missing)} take(s) the step sizes of {', '.join(LR_FROM[m] for m in missing)}: "
                 "add it to --profiles")
@@ -187,7 +207,7 @@ def main(argv: Sequence[str]) -> int:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log)
+    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "report.md").write_text(render(results))
