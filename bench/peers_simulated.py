@@ -55,7 +55,8 @@ class Peer:
 PEERS: dict[str, Peer] = {p.key: p for p in (
     Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
     Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
-    Peer("alone", "fastest machine alone", "asgd", "fixed", 1, STEP_LRS),
+    # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
+    Peer("alone", "fastest machine alone", "asgd", "fixed", 1, (0.01, 0.02, 0.04, 0.08, 0.16)),
     Peer("fastest-quarter", "n/4 fastest, synchronous", "ssgd", "fixed", -4, ROUND_LRS),
 )}
 PROFILE_BATCH = {"tail16": 512, "lognormal64": 2048, "lognormal256": 8192}
@@ -118,17 +119,17 @@ def study(profiles: Sequence[str], seeds: Sequence[int], tune_seeds: Sequence[in
     report: dict[str, list[dict[str, Any]]] = {}
     ordered = sorted(profiles, key=lambda p: p in LR_FROM)  # a profile whose step sizes come from another: last
     for profile in ordered:
-        if profile in given:
-            chosen[profile] = dict(given[profile])
-        elif profile in LR_FROM:
+        mine = dict(given.get(profile, {}))
+        if profile in LR_FROM and profile not in given:
             chosen[profile] = dict(chosen.get(LR_FROM[profile]) or {})
         else:
-            plan = [SimRun(profile, k, lr, s, True) for k, peer in PEERS.items() for lr in peer.lrs
+            plan = [SimRun(profile, k, lr, s, True) for k, peer in PEERS.items() if k not in mine for lr in peer.lrs
                     for s in tune_seeds]
             done = [{**asdict(r), "peer": run.peer, "lr": run.lr}
                     for run, r in run_parallel(_simulate, plan, jobs, _describe, log)]
             tuning[profile] = done
-            chosen[profile] = {k: choose_lr([d for d in done if d["peer"] == k], TARGET) for k in PEERS}
+            chosen[profile] = {k: mine[k] if k in mine else choose_lr([d for d in done if d["peer"] == k], TARGET)
+                               for k in PEERS}
         log(f"[peers simulated] {profile}: step sizes {chosen[profile]}")
         plan = [SimRun(profile, k, lr, s, False) for k, lr in chosen[profile].items() if lr is not None
                 for s in seeds]
@@ -160,9 +161,10 @@ def render(results: dict[str, Any]) -> str:
     """One table per profile."""
     parts = []
     for profile in results["profiles"]:
-        tuned = ("step sizes given (--lr), not tuned here" if profile in results.get("given", {})
-                 else f"step sizes from {LR_FROM[profile]}" if profile in LR_FROM
-                 else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}")
+        given = results.get("given", {}).get(profile, {})
+        tuned = (f"step sizes from {LR_FROM[profile]}" if profile in LR_FROM and not given
+                 else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}"
+                 + (f", except {', '.join(f'{k} {v:g}' for k, v in given.items())} (given)" if given else ""))
         parts += [f"#### {profile}: MLP, B = {PROFILE_BATCH[profile]}, {results['budget_s']:.0f} virtual s, "
                   f"seeds {', '.join(map(str, results['seeds']))}; {tuned}", "",
                   f"| peer | nodes | global batch | lr | time to {float(results['target']):.0%} (median) | "
@@ -185,7 +187,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--jobs", type=int, default=1, help="simulations side by side")
     p.add_argument("--out", type=Path, default=Path("bench/results/peers_simulated"))
     p.add_argument("--lr", nargs="+", default=[], metavar="PROFILE:PEER=LR",
-                   help="run PEER on PROFILE at LR instead of tuning (every peer of a profile given so is not tuned)")
+                   help="run PEER on PROFILE at LR instead of tuning it there (the profile's other peers are tuned, "
+                        "or take LR_FROM's step sizes)")
     args = p.parse_args(argv)
     given: dict[str, dict[str, float]] = {}
     try:
