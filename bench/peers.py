@@ -77,9 +77,9 @@ SYSTEMS: dict[str, System] = {s.key: s for s in (
     System("alone", "fastest machine alone", "alone", (0.0125, 0.025, 0.05, 0.1, 0.2)),
     # hivemind's quickstart: target batch 10000, local updates, matchmaking 3 s, averaging timeout 10 s.
     System("hivemind-docs", "hivemind Optimizer (quickstart: target 10000, local updates)", "hivemind",
-           (0.0125, 0.025, 0.05, 0.1), target_batch=10000, local_updates=True),
+           (0.0125, 0.025, 0.05, 0.1, 0.2), target_batch=10000, local_updates=True),
     System("hivemind-b", f"hivemind Optimizer (target B = {GLOBAL_BATCH})", "hivemind",
-           (0.025, 0.05, 0.1, 0.2), target_batch=GLOBAL_BATCH),
+           (0.025, 0.05, 0.1, 0.2, 0.4), target_batch=GLOBAL_BATCH),
 )}
 
 
