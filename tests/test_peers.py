@@ -23,8 +23,8 @@ from tools import missing, need_fashion_mnist
 pytestmark = pytest.mark.slow
 
 # Every worker idles 7 times its CPU time: the four systems share two cores while they start. Their start (about
-# 13 processes importing torch at once) took up to 30 s beside a loaded machine (load average 16); 60 s leaves
-# each system time for snapshots after it.
+# 13 processes importing torch at once) is most of a short run beside a loaded machine: at 45 s the test failed
+# once in four runs at load average 16, so each system gets 60 s.
 IDLE = Settings(budget_s=60.0, snapshot_s=4.0, eval_samples=500, slowdowns=("8", "8", "8", "8"))
 
 
