@@ -38,11 +38,11 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
-	$(PIP_INSTALL) -e '.[test]'
+	$(PIP_INSTALL) -e '.[test,peers]'
 	touch $@
 
 $(VENV)/.installed-lint: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
-	$(PIP_INSTALL) -e '.[test,lint]'
+	$(PIP_INSTALL) -e '.[test,peers,lint]'
 	touch $@
 
 run: install
@@ -55,7 +55,8 @@ test: install-test
 lint: install-lint
 	$(PY) scripts/lint.py
 
-# The full benchmark (about 70 minutes) rewrites bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
+# The full benchmark (about 3.5 hours, 2 of them bench/peers.py's tuned comparison) rewrites
+# bench/RESULTS.md and bench/plots/; bench-quick takes under 10.
 bench: install
 	$(PY) -m bench --publish $(ARGS)
 

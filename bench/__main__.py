@@ -1,7 +1,8 @@
-"""dynabatch's benchmarks in one command: convergence, a mid-run slowdown, transport, DDP, scale.
+"""dynabatch's benchmarks in one command: convergence, a mid-run slowdown, transport, DDP, scale, and the peers
+(DDP, hivemind, the fastest machine alone) each tuned.
 
     python -m bench --quick      # under 10 minutes on 2 cores
-    python -m bench              # the full run behind bench/RESULTS.md (about 70 minutes)
+    python -m bench              # the full run behind bench/RESULTS.md (about 3.5 hours, 2 of them the peers)
     python -m bench --publish    # ...and write bench/RESULTS.md and bench/plots/ from it
 
 Results go to DIR (default bench/results/MODE): results.json (everything
@@ -26,14 +27,14 @@ from typing import Any
 import torch
 import zmq
 
-from bench import convergence, ddp, plots, report, scale, transport
+from bench import convergence, ddp, peers, plots, report, scale, transport
 from bench.convergence import Settings as ConvergenceSettings
 from bench.transport import Case
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.data import load_dataset
 from dynabatch.common.dataset_files import DatasetNotFound
 
-PARTS = ("heterogeneous", "midrun", "transport", "ddp", "scale")
+PARTS = ("heterogeneous", "midrun", "transport", "ddp", "scale", "peers")
 PUBLISHED = Path("bench/RESULTS.md")
 PUBLISHED_PLOTS = Path("bench/plots")
 M = 1_000_000
@@ -51,6 +52,7 @@ class Mode:
     transport: transport.Settings
     ddp: ddp.Settings
     scale: scale.Settings
+    peers: peers.Settings
 
 
 QUICK = Mode(
@@ -61,6 +63,7 @@ QUICK = Mode(
     transport.QUICK,
     ddp.Settings(workers=2, duration_s=12.0, rounds=1),
     scale.Settings(workers=(8, 16), shards=(1, 2), window_s=3.0),
+    peers.QUICK,
 )
 FULL = Mode(
     "full",
@@ -72,6 +75,7 @@ FULL = Mode(
     transport.Settings(rounds=4, block_bytes=300_000_000, warmup=2),
     ddp.Settings(workers=2, duration_s=25.0, rounds=2),
     scale.Settings(workers=(8, 16, 32), shards=(1, 2, 4), window_s=8.0),
+    peers.FULL,
 )
 
 
@@ -113,6 +117,10 @@ def run_parts(mode: Mode, parts: list[str], out: Path, data_dir: str) -> dict[st
         if "scale" in parts:
             progress(f"== scale: {mode.scale.workers} workers x {mode.scale.shards} shards")
             results["scale"] = scale.to_json(scale.run_all(mode.scale, Path(tmp), progress))
+    if "peers" in parts:
+        progress(f"== peers: {', '.join(mode.peers.systems)}, {mode.peers.rounds} round(s) of "
+                 f"{mode.peers.budget_s:.0f} s after tuning")
+        results["peers"] = peers.compare(mode.peers, out / "peers", data_dir, progress)
     return results
 
 
@@ -131,6 +139,8 @@ def draw(results: dict[str, Any], out: Path) -> None:
         plots.transport(results["transport"], out / "transport.png")
     if results.get("scale"):
         plots.scale(results["scale"], out / "scale.png")
+    if results.get("peers"):
+        peers.plot(results["peers"], out / "peers.png")
 
 
 def write(results: dict[str, Any], out: Path, publish: bool) -> None:
@@ -193,7 +203,7 @@ def main(argv: list[str]) -> int:
     if not Path("bench/__main__.py").exists():
         progress("run from the repository root: python -m bench")
         return 2
-    if {"heterogeneous", "midrun", "ddp"} & set(args.parts):
+    if {"heterogeneous", "midrun", "ddp", "peers"} & set(args.parts):
         try:
             load_dataset("fashion-mnist", args.data_dir or None)
         except DatasetNotFound as exc:

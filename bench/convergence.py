@@ -177,7 +177,9 @@ def fill(result: RunResult, summary: dict[str, Any], timeline: list[JobStatus]) 
     result.bytes_per_sample = summary["bytes_per_sample"]
     result.train_s = summary["train_s"]
     start = training_start(timeline) or 0.0
-    evals = {s.eval_t: s.test_acc for s in timeline if s.test_acc is not None and s.eval_t is not None}
+    # Each accuracy at the time its model existed (the evaluation arrives one evaluation later).
+    evals = {s.eval_t if s.eval_model_t is None else s.eval_model_t: s.test_acc
+             for s in timeline if s.test_acc is not None and s.eval_t is not None}
     result.accuracy_curve = [(t - start, acc) for t, acc in sorted(evals.items())]
     result.loss_curve = [(s.t - start, s.loss) for s in timeline if s.loss is not None and s.t >= start]
     result.batches = [[s.t - start] + [w.batch for w in sorted(s.workers.values(), key=lambda w: w.name)]

@@ -51,9 +51,8 @@ def rank_main(argv: list[str]) -> int:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from dynabatch.common.config import JobConfig
-    from dynabatch.common.data import SampleOrder, load_dataset, make_batch
-    from dynabatch.common.models import model_for_job
+    from bench.peer_train import setup, sgd
+    from dynabatch.common.data import make_batch
 
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--rank", type=int, required=True)
@@ -63,14 +62,10 @@ def rank_main(argv: list[str]) -> int:
     p.add_argument("--duration-s", type=float, default=20.0)
     p.add_argument("--data-dir", default="")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    s = setup(args.rank, 0, args.data_dir)  # the job's model and worker `rank`'s data order, one torch thread
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
-    job = JobConfig(model="cnn", dataset="fashion-mnist")
-    model = DistributedDataParallel(model_for_job(job))
-    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay)
-    data = load_dataset(job.dataset, args.data_dir or None)
-    order = SampleOrder(len(data.train_y), seed=args.rank)
-    gen = torch.Generator().manual_seed(args.rank)
+    model = DistributedDataParallel(s.model)
+    opt = sgd(model, s.job, s.job.lr)
     times: list[float] = []
     end = time.monotonic() + args.duration_s
     while True:
@@ -78,7 +73,7 @@ def rank_main(argv: list[str]) -> int:
         dist.all_reduce(stop)  # every rank takes the same number of steps
         if stop.item() > 0:
             break
-        x, y = make_batch(data, order.take(args.batch), True, gen)
+        x, y = make_batch(s.data, s.order.take(args.batch), True, s.generator)
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         F.cross_entropy(model(x), y).backward()

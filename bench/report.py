@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import transport
+from bench import peers, transport
 from bench.convergence import config_label, mark_label, time_marks
 from bench.verdicts import Verdict, paper_claims, targets
 
@@ -178,6 +178,9 @@ def render(results: dict[str, Any], img: str) -> str:
             scale_table(results["scale"]), "",
             f"![scale]({img}scale.png)", "",
         ]
+    if results.get("peers"):
+        lines += ["## Against what you would use instead: DDP, hivemind, the fastest machine alone", "",
+                  peers.render(results["peers"], img)]
     lines += ["## Reproduce", "", "```", "make bench            # full mode, this report",
               "make bench-quick      # under 10 minutes", "python -m bench --help", "```", ""]
     return "\n".join(lines)

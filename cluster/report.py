@@ -151,8 +151,10 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
         "staleness_mean": stale.mean,
         "staleness_p99": stale.p99,
         "time_to_accuracy_s": time_to_accuracy(timeline, ACCURACY_MARKS),
+        "time_to_accuracy_reported_s": time_to_accuracy(timeline, ACCURACY_MARKS, reported=True),
         "target_metric": str(target) if target else None,
         "time_to_target_s": time_to_target(timeline, target) if target else None,
+        "time_to_target_reported_s": time_to_target(timeline, target, reported=True) if target else None,
         "budget_spent": last.budget_spent,
         "decision_s": asdict(last.decision_s),
         "local_steps": last.local_steps,
@@ -210,17 +212,24 @@ def training_start(timeline: list[JobStatus]) -> float | None:
     return None if snap is None or snap.training_t is None else snap.t - snap.training_t
 
 
-def time_to_accuracy(timeline: list[JobStatus], marks: tuple[float, ...]) -> dict[str, float | None]:
-    """Seconds from the start of training to the first evaluation at or above each accuracy mark, by mark."""
-    return {f"{mark:g}": time_to_target(timeline, MetricTarget("accuracy", ">=", mark)) for mark in marks}
+def time_to_accuracy(timeline: list[JobStatus], marks: tuple[float, ...],
+                     reported: bool = False) -> dict[str, float | None]:
+    """Seconds from the start of training to the first evaluation at or above each accuracy mark, by mark
+    (`time_to_target`)."""
+    return {f"{mark:g}": time_to_target(timeline, MetricTarget("accuracy", ">=", mark), reported)
+            for mark in marks}
 
 
-def time_to_target(timeline: list[JobStatus], target: MetricTarget) -> float | None:
-    """Seconds from the first batches to the first evaluation that meets `target` (None if none did, or
-    if training never began; 0 if the model met it before training, as the evaluator's first look can)."""
+def time_to_target(timeline: list[JobStatus], target: MetricTarget, reported: bool = False) -> float | None:
+    """Seconds from the first batches to when the model of the first evaluation that meets `target` existed at
+    the shards, or (`reported`) to when that evaluation was reported, one evaluation later. None if none met it,
+    or if training never began; 0 if the model met it before training, as the evaluator's first look can."""
     start = training_start(timeline)
     hit = next((e for e in evaluations(timeline) if target.met(metric_value(e, target.name))), None)
-    return None if hit is None or hit.eval_t is None or start is None else max(0.0, hit.eval_t - start)
+    if hit is None or hit.eval_t is None or start is None:
+        return None
+    at = hit.eval_t if reported or hit.eval_model_t is None else hit.eval_model_t
+    return max(0.0, at - start)
 
 
 def metric_value(status: JobStatus, name: str) -> float | None:

@@ -426,7 +426,8 @@ class JobStatus:
     metrics: dict[str, float] = field(default_factory=dict)
     train_size: int = 0
     eval_version: int | None = None
-    eval_t: float | None = None
+    eval_t: float | None = None  # when the evaluation was reported
+    eval_model_t: float | None = None  # when the model it evaluated existed at the shards
     stopping: bool = False
     finished: bool = False
     final_eval: bool = False

@@ -22,6 +22,7 @@ class Evaluations:
     def __init__(self) -> None:
         self.eval: EvalReport | None = None
         self.eval_time = 0.0  # job time when the kept evaluation arrived
+        self.eval_model_time = 0.0  # job time when the model it evaluated existed (version_times.py)
         self.final_eval = False
         self.eval_rollbacks = 0  # the last rollback done when the evaluation kept was taken
 
@@ -34,14 +35,15 @@ class Evaluations:
         check_eval_version(report, newest_possible_version)
 
     def keep(self, report: EvalReport, t: float, newest_shard_version: int, rollback_done: int,
-             stopping: bool) -> None:
+             stopping: bool, model_t: float | None = None) -> None:
         """Keep `report` if it is the newest, the final one, or the first of a model restored by a rollback
-        (`rollback_done`, once every shard restored its checkpoint); `t` is the job's time."""
+        (`rollback_done`, once every shard restored its checkpoint); `t` is the job's time, `model_t` when the
+        model it evaluated existed (`t` when unknown)."""
         held = report.version <= newest_shard_version
         restored = held and self.eval_rollbacks < rollback_done
         if self.eval is None or report.version >= self.eval.version or report.final or restored:
             self.eval = report
-            self.eval_time = t
+            self.eval_time, self.eval_model_time = t, t if model_t is None else model_t
             if held:
                 self.eval_rollbacks = rollback_done
         if report.final and stopping:
@@ -50,4 +52,5 @@ class Evaluations:
     def restore(self, saved: SavedProgress) -> None:
         """A saved job's evaluation (its rollbacks all applied when it was saved)."""
         self.eval, self.eval_time, self.final_eval = saved.eval, saved.eval_time, saved.final_eval
+        self.eval_model_time = saved.eval_time if saved.eval_model_time is None else saved.eval_model_time
         self.eval_rollbacks = len(saved.rollbacks)

@@ -3,8 +3,8 @@
 Membership (roster.py), the batch split with its speed models and local steps
 (allocator.py), progress in samples and epochs with lost work (progress.py),
 divergence and its rollbacks (rollbacks.py), the latest evaluation
-(evaluations.py), the end of the job (job_end.py) and the wire's schedule
-(wire_schedule.py) each hold their own state.
+(evaluations.py), when each model version existed (version_times.py), the end
+of the job (job_end.py) and the wire's schedule (wire_schedule.py) each hold their own state.
 `JobState` takes each decoded message and the clock, hands them to the parts in
 order, and answers; the server loop feeds it, tests drive it directly. Its
 `saved` and `resume` carry the parts over a restart of the scheduler
@@ -42,6 +42,7 @@ from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heart
 from dynabatch.scheduler.rollbacks import Rollbacks
 from dynabatch.scheduler.roster import Member, Roster, finite_or_none
 from dynabatch.scheduler.saved_progress import SavedProgress
+from dynabatch.scheduler.version_times import VersionTimes
 from dynabatch.scheduler.wire_schedule import WireSchedule
 
 log = logging.getLogger("dynabatch.scheduler")
@@ -60,6 +61,7 @@ class JobState:
         self.progress = Progress(job, self.roster, train_size, time.monotonic() if now is None else now)
         self.rollbacks = Rollbacks(job, self.roster)
         self.evaluations = Evaluations()
+        self.version_times = VersionTimes()
         self.end = JobEnd(job)
         self.wire = WireSchedule(job, self.spec)
 
@@ -188,6 +190,7 @@ class JobState:
         member.last = hb
         if member.role == "ps":
             self.progress.shard_report(member.shard_index, hb)
+            self.version_times.observe(self.roster.model_version(), self.progress.t(now))
             if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
                 self.allocator.tell(member.shard_index,
                                     {w: b for w, b in hb.batches.items() if w in self.roster.members})
@@ -245,8 +248,9 @@ class JobState:
         member.eval_s = measured_eval_s(member.eval_s, now - (member.progress_at or member.joined),
                                         self.job.eval_interval_s, first=not member.progress_at)
         member.progress_at = now
-        self.evaluations.keep(report, self.progress.t(now), self.roster.newest_shard_version(),
-                              self.rollbacks.rollback_done, self.stopping)
+        t = self.progress.t(now)
+        self.evaluations.keep(report, t, self.roster.newest_shard_version(), self.rollbacks.rollback_done,
+                              self.stopping, model_t=self.version_times.time_of(report.version, t))
         self._latch()
 
     # -- allocation ------------------------------------------------------------------
@@ -355,6 +359,7 @@ class JobState:
             train_size=progress.train_size,
             eval_version=ev.version if ev else None,
             eval_t=self.evaluations.eval_time if ev else None,
+            eval_model_t=self.evaluations.eval_model_time if ev else None,
             stopping=self.stopping,
             finished=self.finished,
             final_eval=self.evaluations.final_eval,
@@ -389,7 +394,8 @@ class JobState:
             assignment_id=allocator.assignment_id, next_id=dict(self.roster.next_id),
             local_steps=allocator.local_steps, local_steps_reason=allocator.local_steps_reason,
             loss=finite_or_none(progress.loss), first_loss=allocator.first_loss, eval=evaluations.eval,
-            eval_time=evaluations.eval_time, final_eval=evaluations.final_eval, budget_spent=self.end.budget_spent,
+            eval_time=evaluations.eval_time, eval_model_time=evaluations.eval_model_time,
+            final_eval=evaluations.final_eval, budget_spent=self.end.budget_spent,
             shard_marks=dict(progress.shard_marks), speeds=allocator.saved_speeds(measured),
             rollbacks=list(self.rollbacks.rollbacks),
         )

@@ -285,3 +285,7 @@ class Roster:
     def newest_shard_version(self) -> int:
         """The newest model version any registered shard reported (0 before any did)."""
         return max((m.last.version for m in self.shards.values()), default=0)
+
+    def model_version(self) -> int:
+        """The model's version as a pull sees it: the least advanced registered shard's (0 before any reported)."""
+        return min((m.last.version for m in self.shards.values()), default=0)

@@ -67,6 +67,7 @@ class SavedProgress:
     first_loss: float | None = None
     eval: EvalReport | None = None
     eval_time: float = 0.0
+    eval_model_time: float | None = None  # None in a file saved before it was kept: eval_time stands for it
     final_eval: bool = False
     budget_spent: bool = False
     shard_marks: dict[int, ShardMark] = field(default_factory=dict)
@@ -125,11 +126,12 @@ def _parse(path: Path, payload: bytes) -> SavedProgress:
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
             if not isinstance(getattr(saved, name), int) or getattr(saved, name) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a count")
-        for name in ("saved_at", "saved_boot_s", "t", "training_s", "eval_time", "loss", "first_loss"):
+        for name in ("saved_at", "saved_boot_s", "t", "training_s", "eval_time", "eval_model_time", "loss",
+                     "first_loss"):
             value = getattr(saved, name)
             if not isinstance(value, (int, float, type(None))) or (value is not None and not math.isfinite(value)):
                 raise ValueError(f"{name} is {value!r}, not a finite number")
-        for name in ("t", "training_s", "eval_time"):
+        for name in ("t", "training_s", "eval_time", "eval_model_time"):
             if (getattr(saved, name) or 0.0) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, a negative time")
         if not isinstance(saved.config, dict) or not isinstance(saved.saved_boot_id, str):

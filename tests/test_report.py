@@ -118,7 +118,7 @@ def test_the_summary_names_its_target_and_keeps_the_accuracy_marks():
 TIMELINE_KEYS = {
     "t", "job", "protocol", "batch_policy", "epoch", "target_epochs", "samples", "bytes", "staleness", "training_t",
     "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
-    "eval_version", "eval_t",
+    "eval_version", "eval_t", "eval_model_t",
     "stopping", "finished", "final_eval", "final_eval_given_up", "assignment_id", "workers", "departed", "shards",
     "decisions",
     "decision_s", "lost_samples", "lost_versions", "rollbacks", "lr_factor", "failed", "unallotted", "wall_t",

@@ -1,0 +1,222 @@
+"""What the other machines buy: dynabatch's default against DDP, the fastest machine alone and the m fastest, simulated.
+
+Two cores cannot run 16, 64 or 256 real workers; bench/simulate.py runs them in virtual
+time with the real scheduler and shard code (its public entry point `simulate` only).
+What can be expressed there is compared, each at its own tuned step size:
+
+- dynabatch's default: asgd with fixed batches (B/n each) on every node;
+- DDP: bulk synchronous with equal batches (ssgd + fixed) on every node, global batch B;
+- the fastest machine alone, at a node's share B/n (one worker: plain SGD);
+- the m fastest synchronous (m = n/4), equal batches of B/n: a user who leaves the slow machines out.
+
+hivemind is not expressible (its matchmaking and averaging are not a protocol of the
+shards). Step sizes are tuned as bench/tuned_study.py tunes them (its grids, tuning seeds
+100, 101, its `choose_lr` and `diverged`); the 256-node profile takes the 64-node choice.
+
+    python -m bench.peers_simulated                          # tail16, lognormal64, lognormal256
+    python -m bench.peers_simulated --profiles tail16 --seeds 0 --tune-seeds 100 --jobs 2
+    python -m bench.peers_simulated --profiles lognormal64 --lr lognormal64:dynabatch=0.01 lognormal64:ddp=0.4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.parallel_runs import run_parallel
+from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, simulate
+from bench.tuned_study import ROUND_LRS, STEP_LRS, choose_lr, diverged, median_time, time_to
+from dynabatch.common.data import load_dataset
+from dynabatch.common.slowdown import Slowdown
+
+SLOWER = 10.0  # every node's step and transfer times, times this (as bench/tuned_study.py's profiles)
+BUDGET_S = 150.0
+TARGET = "0.80"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One way to use the cluster: a protocol and batch policy on some of its nodes, at some global batch."""
+
+    key: str
+    label: str
+    protocol: str
+    policy: str
+    share: int  # how many nodes it uses: 0 all, 1 the fastest, -4 the fastest quarter
+    lrs: tuple[float, ...]
+
+
+PEERS: dict[str, Peer] = {p.key: p for p in (
+    Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
+    Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
+    # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
+    Peer("alone", "fastest machine alone", "asgd", "fixed", 1, (0.01, 0.02, 0.04, 0.08, 0.16)),
+    Peer("fastest-quarter", "n/4 fastest, synchronous", "ssgd", "fixed", -4, ROUND_LRS),
+)}
+PROFILE_BATCH = {"tail16": 512, "lognormal64": 2048, "lognormal256": 8192}
+LR_FROM = {"lognormal256": "lognormal64"}  # not tuned: the step sizes chosen at 64 nodes
+
+
+def fastest(nodes: tuple[WorkerSpec, ...], m: int) -> tuple[WorkerSpec, ...]:
+    """The `m` fastest of `nodes` (least slowdown at the start)."""
+    return tuple(sorted(nodes, key=lambda w: Slowdown.parse(w.slowdown).factor(0.0))[:m])
+
+
+def nodes_of(peer: Peer, profile: str) -> tuple[tuple[WorkerSpec, ...], int]:
+    """The nodes `peer` uses on `profile` and its global batch (B/n per node)."""
+    nodes, batch = PROFILES[profile](), PROFILE_BATCH[profile]
+    used = nodes if peer.share == 0 else fastest(nodes, peer.share if peer.share > 0 else len(nodes) // -peer.share)
+    return used, batch // len(nodes) * len(used)
+
+
+@dataclass(frozen=True)
+class SimRun:
+    profile: str
+    peer: str
+    lr: float
+    seed: int
+    tuning: bool
+
+
+def config(run: SimRun) -> SimConfig:
+    """The simulator's configuration of `run` (times scaled by SLOWER, no momentum, as the tuned study)."""
+    peer, base = PEERS[run.peer], SimConfig("asgd", "fixed", ())
+    nodes, batch = nodes_of(peer, run.profile)
+    return SimConfig(peer.protocol, peer.policy, nodes, seed=run.seed, budget_s=BUDGET_S, global_batch=batch,
+                     fixed_s=base.fixed_s * SLOWER, per_sample_s=base.per_sample_s * SLOWER,
+                     comm_s=base.comm_s * SLOWER, eval_every_s=2.0, eval_size=1000,
+                     job={"lr": run.lr, "momentum": 0.0})
+
+
+_DATA: dict[str, Any] = {}
+
+
+def _simulate(run: SimRun) -> tuple[SimRun, SimResult]:
+    if "data" not in _DATA:
+        _DATA["data"] = load_dataset("fashion-mnist")
+    return run, simulate(config(run), _DATA["data"])
+
+
+def _describe(run: SimRun, r: SimResult) -> str:
+    return (f"{run.profile}{' tuning' if run.tuning else ''} {run.peer} lr {run.lr:g} seed {run.seed}: "
+            f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, {TARGET} at "
+            f"{time_to(asdict(r), TARGET):g} s")
+
+
+def study(profiles: Sequence[str], seeds: Sequence[int], tune_seeds: Sequence[int], jobs: int,
+          log: Callable[[str], None], given: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    """Tune each peer per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer), then
+    run the report seeds; every run's figures."""
+    given = given or {}
+    chosen: dict[str, dict[str, float | None]] = {}
+    tuning: dict[str, list[dict[str, Any]]] = {}
+    report: dict[str, list[dict[str, Any]]] = {}
+    ordered = sorted(profiles, key=lambda p: p in LR_FROM)  # a profile whose step sizes come from another: last
+    for profile in ordered:
+        mine = dict(given.get(profile, {}))
+        if profile in LR_FROM and profile not in given:
+            chosen[profile] = dict(chosen.get(LR_FROM[profile]) or {})
+        else:
+            plan = [SimRun(profile, k, lr, s, True) for k, peer in PEERS.items() if k not in mine for lr in peer.lrs
+                    for s in tune_seeds]
+            done = [{**asdict(r), "peer": run.peer, "lr": run.lr}
+                    for run, r in run_parallel(_simulate, plan, jobs, _describe, log)]
+            tuning[profile] = done
+            chosen[profile] = {k: mine[k] if k in mine else choose_lr([d for d in done if d["peer"] == k], TARGET)
+                               for k in PEERS}
+        log(f"[peers simulated] {profile}: step sizes {chosen[profile]}")
+        plan = [SimRun(profile, k, lr, s, False) for k, lr in chosen[profile].items() if lr is not None
+                for s in seeds]
+        report[profile] = [{**asdict(r), "peer": run.peer, "lr": run.lr}
+                           for run, r in run_parallel(_simulate, plan, jobs, _describe, log)]
+    return {"profiles": list(ordered), "seeds": list(seeds), "tune_seeds": list(tune_seeds), "target": TARGET,
+            "budget_s": BUDGET_S, "chosen": chosen, "given": given, "tuning": tuning, "report": report}
+
+
+def rows(results: dict[str, Any], profile: str) -> list[dict[str, Any]]:
+    """One row per peer on `profile`: nodes, batch, step size, median time to the target, accuracy, samples/s."""
+    out = []
+    for key, peer in PEERS.items():
+        runs = [r for r in results["report"].get(profile, []) if r["peer"] == key]
+        if not runs:
+            continue
+        nodes, batch = nodes_of(peer, profile)
+        t = median_time(runs, results["target"])
+        out.append({"peer": key, "label": peer.label, "nodes": len(nodes), "global_batch": batch,
+                    "lr": runs[0]["lr"], "time_to_target": None if t == float("inf") else t,
+                    "reached": sum(time_to(r, results["target"]) != float("inf") for r in runs), "runs": len(runs),
+                    "diverged": sum(diverged(r) for r in runs),
+                    "acc": statistics.fmean(r["final_test_acc"] for r in runs),
+                    "samples_per_s": statistics.fmean(r["samples_per_s"] for r in runs)})
+    return out
+
+
+def render(results: dict[str, Any]) -> str:
+    """One table per profile."""
+    parts = []
+    for profile in results["profiles"]:
+        given = results.get("given", {}).get(profile, {})
+        tuned = (f"step sizes from {LR_FROM[profile]}" if profile in LR_FROM and not given
+                 else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}"
+                 + (f", except {', '.join(f'{k} {v:g}' for k, v in given.items())} (given)" if given else ""))
+        parts += [f"#### {profile}: MLP, B = {PROFILE_BATCH[profile]}, {results['budget_s']:.0f} virtual s, "
+                  f"seeds {', '.join(map(str, results['seeds']))}; {tuned}", "",
+                  f"| peer | nodes | global batch | lr | time to {float(results['target']):.0%} (median) | "
+                  "reached | diverged | test acc. at budget | samples/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in rows(results, profile):
+            t = "–" if row["time_to_target"] is None else f"{row['time_to_target']:.0f} s"
+            parts.append(f"| {row['label']} | {row['nodes']} | {row['global_batch']} | {row['lr']:g} | {t} | "
+                         f"{row['reached']}/{row['runs']} | {row['diverged']}/{row['runs']} | "
+                         f"{100 * row['acc']:.2f}% | {row['samples_per_s']:,.0f} |")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.peers_simulated", description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--profiles", nargs="+", choices=list(PROFILE_BATCH), default=list(PROFILE_BATCH))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--tune-seeds", nargs="+", type=int, default=[100, 101])
+    p.add_argument("--jobs", type=int, default=1, help="simulations side by side")
+    p.add_argument("--out", type=Path, default=Path("bench/results/peers_simulated"))
+    p.add_argument("--lr", nargs="+", default=[], metavar="PROFILE:PEER=LR",
+                   help="run PEER on PROFILE at LR instead of tuning it there (the profile's other peers are tuned, "
+                        "or take LR_FROM's step sizes)")
+    args = p.parse_args(argv)
+    given: dict[str, dict[str, float]] = {}
+    try:
+        for item in args.lr:
+            where, lr = item.split("=", 1)
+            profile, peer = where.split(":", 1)
+            if profile not in PROFILE_BATCH or peer not in PEERS:
+                raise ValueError(item)
+            given.setdefault(profile, {})[peer] = float(lr)
+    except ValueError:
+        p.error(f"--lr: expected PROFILE:PEER=LR with a profile of {', '.join(PROFILE_BATCH)} and a peer of "
+                f"{', '.join(PEERS)}, got {args.lr}")
+    missing = [prof for prof in args.profiles
+               if prof in LR_FROM and prof not in given and LR_FROM[prof] not in args.profiles]
+    if missing:
+        p.error(f"{', '.join(missing)} take(s) the step sizes of {', '.join(LR_FROM[m] for m in missing)}: "
+                "add it to --profiles")
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "report.md").write_text(render(results))
+    log(f"report: {args.out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

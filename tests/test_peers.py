@@ -1,0 +1,87 @@
+"""The peers' runner (bench/peers.py): each system started as its docs start it, trained, snapshotted and scored.
+
+Real processes: `dynabatch run`, DDP under torchrun, the fastest machine alone and
+(with the `peers` extra, which `make test` installs) four hivemind peers, all at once
+and idled by large slowdowns (what is tested is that each starts, trains and is
+scored by the one evaluation code, not how fast). Then the pure parts: the tuning rule
+and the report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench import peers
+from bench.peers import SYSTEMS, Run, Scorer, Settings, choose_lr, run_one
+from tools import missing, need_fashion_mnist
+
+pytestmark = pytest.mark.slow
+
+# Every worker idles 7 times its CPU time: the four systems share two cores while they start. Their start (about
+# 13 processes importing torch at once) is most of a short run beside a loaded machine: at 45 s the test failed
+# once in four runs at load average 16, so each system gets 60 s.
+IDLE = Settings(budget_s=60.0, snapshot_s=4.0, eval_samples=500, slowdowns=("8", "8", "8", "8"))
+
+
+def _systems() -> list[str]:
+    keys = ["dynabatch", "ddp", "alone"]
+    if importlib.util.find_spec("hivemind") is None:
+        return keys  # the hivemind test below says why it is skipped (fails under CI, where the extra is installed)
+    return [*keys, "hivemind-b"]
+
+
+def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path):
+    need_fashion_mnist()
+    scorer = Scorer("", IDLE.eval_samples)
+    with ThreadPoolExecutor(4) as pool:
+        runs = dict(zip(_systems(), pool.map(lambda k: run_one(SYSTEMS[k], 0.05, 0, IDLE, tmp_path, "", scorer),
+                                             _systems()), strict=True))
+    for key, run in runs.items():
+        assert run.ok, (key, run.error)
+        times = [t for t, _, _ in run.curve]
+        assert len(run.curve) >= 2 and all(0 < t <= IDLE.budget_s for t in times), (key, run.curve)
+        assert run.curve[-1][1] > 0, f"{key}: its last snapshot holds trained samples"
+        assert run.curve[-1][2] > run.curve[0][2], f"{key}: the scored model learned ({run.curve})"
+        assert run.samples_per_s and run.samples_per_s > 0
+        assert not (tmp_path / f"{key}-lr0.05-s0" / "snapshots").exists(), "scored snapshots are not kept"
+
+
+def test_hivemind_is_installed_where_the_peers_test_runs():
+    if importlib.util.find_spec("hivemind") is None:
+        missing("hivemind is not installed (pip install -e '.[peers]' -c constraints-cpu.txt), so the peers test "
+                "ran without it")
+
+
+def _run(lr: float, t88: float | None, acc: float, ok: bool = True, diverged: bool = False) -> Run:
+    return Run("ddp", lr, 100, 40.0, ok=ok, time_to={"0.85": t88, "0.88": t88}, acc_at_budget=acc,
+               diverged=diverged, curve=[(1.0, 1, acc)])
+
+
+def test_the_tuned_step_size_never_diverged_and_reached_88_soonest():
+    runs = [_run(0.2, 5.0, 0.9, diverged=True), _run(0.1, 20.0, 0.89), _run(0.05, 12.0, 0.88),
+            _run(0.025, None, 0.87)]
+    assert choose_lr(runs) == 0.05
+    assert choose_lr([_run(0.1, None, 0.8), _run(0.05, None, 0.84)]) == 0.05, "then the best accuracy"
+    assert choose_lr([_run(0.1, 3.0, 0.9, ok=False)]) is None
+
+
+def test_the_report_names_every_system_its_step_size_and_the_ratio(tmp_path):
+    settings = replace(Settings(), rounds=1)
+    ours, theirs = _run(0.05, 10.0, 0.89), _run(0.1, 30.0, 0.88)
+    ours.system, ours.seed, theirs.seed = "dynabatch", 0, 0
+    results = {"settings": peers.asdict(settings), "tuned_lrs": {"dynabatch": 0.05, "ddp": 0.1}, "tuning": {},
+               "skipped": {"hivemind-b": "hivemind is not installed"},
+               "rows": [peers.aggregate("dynabatch", [ours]), peers.aggregate("ddp", [theirs])],
+               "ratios": peers.ratios({"dynabatch": [ours], "ddp": [theirs]}),
+               "runs": [peers.asdict(ours), peers.asdict(theirs)]}
+    assert results["ratios"] == {"ddp": [3.0]}
+    text = peers.render(results)
+    assert SYSTEMS["ddp"].label in text and "| 0.1 |" in text and "3.00" in text and "not installed" in text
+    peers.write(results, tmp_path)
+    assert (tmp_path / "peers.png").read_bytes()[:4] == b"\x89PNG"
+    assert Path(tmp_path / "report.md").read_text() == text
