@@ -22,7 +22,7 @@ from dynabatch.common.protocols import AGGREGATIONS, DBS_WEIGHTS, DEFAULT_TRIM, 
 if TYPE_CHECKING:
     from dynabatch.optim import OptimizerSpec
 
-BATCH_POLICIES = ("fixed", "dynamic")
+BATCH_POLICIES = ("fixed", "dynamic", "efficient")
 PIPELINE_MODES = ("auto", "on", "off")
 
 
@@ -44,7 +44,9 @@ class JobConfig(JobName):
     protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS, topic="protocol")
     batch_policy: str = opt(
         "fixed", "fixed: B/n per worker (the default: fastest to target with asgd at 16 and 64 simulated workers, "
-        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd)", BATCH_POLICIES,
+        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd); efficient: each "
+        "worker at least at the knee of its own step curve (its fixed cost, transfers included, at most a tenth of "
+        "its step) where B allows, the sum kept at B (scheduler/efficient_batches.py)", BATCH_POLICIES,
         topic="protocol",
     )
     dbs_weight: str = opt(

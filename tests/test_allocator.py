@@ -181,3 +181,12 @@ def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_r
     assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.2, data_s=0.05, pull_s=0.25)) == 0.25
     assert own_compute_seconds(Heartbeat(step_s=0.5, pull_s=0.5)) is None
     assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, "no more than its own step"
+
+
+def test_the_efficient_policy_amortises_a_slow_links_transfers_over_a_larger_batch_from_its_first_step():
+    """w2's steps carry 150 ms of transfers, the others' 5 ms, each computing 1 ms a sample: every knee is beyond
+    what B = 96 holds, so every worker gets the same fixed share of its step, w2 thirty times the others' batch
+    but for their lower bound (8): the transfers its heartbeat reports are its fixed cost from the first step."""
+    allocator = _allocator(protocol="asgd", global_batch=96, batch_policy="efficient")
+    transfers = {"w0": 0.005, "w1": 0.005, "w2": 0.150}
+    assert _one_step_each(allocator, transfers, {w: 1e-3 for w in transfers}) == {"w0": 8, "w1": 8, "w2": 80}
