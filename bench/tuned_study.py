@@ -20,6 +20,7 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned-changing   # shifting32 and churn32 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
+    python -m bench.simulate --study tuned-policies --jobs 2  # the efficient policy and the delay step
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
 """
 
@@ -70,6 +71,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("LB-BSP (ssgd+dynamic)", "ssgd", "dynamic", lrs=ROUND_LRS),
     Method("n-softsync", "softsync", "fixed", lrs=ROUND_LRS),
     Method("multi-step delay", "msd", "dynamic"),
+    Method("asgd+efficient", "asgd", "efficient", lrs=STEP_LRS[1:]),
+    Method("DBS-SGD (delay step)", "asgd", "dynamic", (("staleness_step", "delay"),), lrs=ROUND_LRS[1:]),
 )}
 """Every method the study can compare; a protocol added later adds its Method here."""
 
@@ -126,6 +129,10 @@ SEEDS = (0, 1, 2, 3, 4)
 CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ringmaster+dynamic", "rennala+dynamic",
               "LB-BSP (ssgd+dynamic)")
 """The methods the scale study compares: the default's candidates and the round protocol they must beat."""
+POLICIES = ("asgd+fixed", "asgd+efficient", "DBS-SGD (capped weight)", "DBS-SGD (delay step)")
+"""The methods the policies study compares: the default, the efficient policy, DBS-SGD and DBS-SGD with the
+delay-scaled step. They are tuned at 16 workers (tail16) and run at those step sizes on links16 and at 64 workers,
+which is the test of whether a step size carries over to four times the workers (the delay step's claim)."""
 AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic")
 """The methods run with 256 workers: the issue's (the default, asgd+fixed, rennala, ringmaster) and DBS-SGD."""
 STUDIES: dict[str, tuple[Profile, ...]] = {
@@ -140,6 +147,11 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
     "tuned-scale": (
         Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
         Profile("lognormal64", 2048, CANDIDATES, (0, 1, 2), (100,)),
+    ),
+    "tuned-policies": (
+        Profile("tail16", 512, POLICIES, (0, 1), (100,), budget_s=100.0),
+        Profile("links16", 512, POLICIES[:3], (0, 1), lr_from="tail16", budget_s=100.0),
+        Profile("lognormal64", 2048, POLICIES, (0, 1), lr_from="tail16", budget_s=100.0),
     ),
     "tuned-256": (
         Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),

@@ -17,12 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.catalog import DATASETS, FLAT_PARAMS, MODELS, model_size
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.protocols import AGGREGATIONS, DBS_WEIGHTS, DEFAULT_TRIM, DELTA, PROTOCOLS, SPECS
+from dynabatch.common.protocols import (
+    AGGREGATIONS,
+    DBS_WEIGHTS,
+    DEFAULT_TRIM,
+    DELTA,
+    PROTOCOLS,
+    SPECS,
+    STALENESS_STEPS,
+)
 
 if TYPE_CHECKING:
     from dynabatch.optim import OptimizerSpec
 
-BATCH_POLICIES = ("fixed", "dynamic")
+BATCH_POLICIES = ("fixed", "dynamic", "efficient")
 PIPELINE_MODES = ("auto", "on", "off")
 CHUNK_SCHEDULES = ("fixed", "scheduled")
 
@@ -45,13 +53,20 @@ class JobConfig(JobName):
     protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS, topic="protocol")
     batch_policy: str = opt(
         "fixed", "fixed: B/n per worker (the default: fastest to target with asgd at 16 and 64 simulated workers, "
-        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd)", BATCH_POLICIES,
+        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd); efficient: each "
+        "worker at least at the knee of its own step curve (its fixed cost, transfers included, at most a tenth of "
+        "its step) where B allows, the sum kept at B (scheduler/efficient_batches.py)", BATCH_POLICIES,
         topic="protocol",
     )
     dbs_weight: str = opt(
         "capped", "dynamic batches: how a gradient of b_i samples is weighted; capped: min(1, b_i/(B/n)), never "
         "amplifying one (stable at 64 simulated workers); paper: DBS-SGD's b_i/(B/n), which diverges there "
         "(bench/RESULTS.md section 5)", DBS_WEIGHTS, topic="protocol",
+    )
+    staleness_step: str = opt(
+        "constant", "asgd, ssp: how a gradient's step follows its staleness tau; constant: the same step whatever "
+        "tau; delay: lr / max(1, tau), so that the step per B samples stays about lr however many workers make "
+        "the gradients stale (ps/step_size.py)", STALENESS_STEPS, topic="protocol",
     )
     shards: int = opt(1, "number of parameter-server shards", minimum=1, topic="cluster")
     max_workers: int = opt(256, "admit at most this many workers and evaluators at once (a flood of HELLOs "

@@ -97,12 +97,26 @@ class SoftsyncSettings(RoundSettings):
     n: int = 1
 
 
-@dataclass(frozen=True)
-class SspSettings(ProtocolSettings):
-    """ssp's bound: a worker more than `staleness_bound` clocks ahead of the slowest has its pulls held
-    (--staleness)."""
+STALENESS_STEPS: tuple[str, ...] = ("constant", "delay")
+"""How an asynchronous gradient's step follows its staleness tau (`--staleness-step`, ps/step_size.py): `constant`
+takes the same step whatever tau; `delay` divides it by max(1, tau)."""
 
-    FLAGS = ("staleness",)
+
+@dataclass(frozen=True)
+class AsyncSettings(ProtocolSettings):
+    """asgd's step against staleness, `staleness_step` (STALENESS_STEPS, --staleness-step); keyword-only, so that a
+    protocol that extends it keeps its own settings' positions."""
+
+    FLAGS: ClassVar[tuple[str, ...]] = ("staleness_step",)
+    staleness_step: str = field(default="constant", kw_only=True)
+
+
+@dataclass(frozen=True)
+class SspSettings(AsyncSettings):
+    """ssp's bound: a worker more than `staleness_bound` clocks ahead of the slowest has its pulls held
+    (--staleness); its gradients are asgd's, so it takes asgd's step against staleness too."""
+
+    FLAGS = (*AsyncSettings.FLAGS, "staleness")
     staleness_bound: int = 3
 
 
@@ -209,7 +223,8 @@ SPECS: dict[str, ProtocolSpec] = {
     for spec in (
         ProtocolSpec("asgd",
                      "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
-                     GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True),
+                     GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True,
+                     settings=AsyncSettings),
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="gradient", one_push_per_round=True,
                      sized_rounds=True, equal_steps=True, settings=RoundSettings),

@@ -24,6 +24,7 @@ import torch
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import (
     SPECS,
+    AsyncSettings,
     ProtocolSettings,
     RingmasterSettings,
     RoundSettings,
@@ -33,6 +34,7 @@ from dynabatch.common.protocols import (
 )
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.aggregation import Contribution, aggregate
+from dynabatch.ps.step_size import staleness_step
 
 if TYPE_CHECKING:
     from dynabatch.ps.shard_state import ShardState
@@ -114,13 +116,15 @@ class ShardRule:
 
 class AsyncRule(ShardRule):
     """asgd (Downpour; DBS-SGD with dynamic batches): every gradient applied on arrival, weighted by its samples
-    (`--dbs-weight`: min(1, b_i/(B/n)) or the paper's b_i/(B/n))."""
+    (`--dbs-weight`: min(1, b_i/(B/n)) or the paper's b_i/(B/n)) and by its staleness (`--staleness-step`)."""
 
     NAME = "async"
+    settings: AsyncSettings
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
         shard = self.shard
         weight = dbs_weight(samples, shard.global_batch, shard.allocated, shard.dbs_rule)
+        weight *= staleness_step(self.settings.staleness_step, staleness)
         return shard.apply_gradient(cid, tensor, samples, weight)
 
 

@@ -17,6 +17,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Decision, Heartbeat
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
+from dynabatch.scheduler.efficient_batches import efficient_batches
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
@@ -168,6 +169,9 @@ class Allocator:
         caps = {wid: cap for wid, cap in ready.items() if cap > 0}
         if job.batch_policy == "fixed" or len(models) < len(fits):
             proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
+        elif job.batch_policy == "efficient":
+            overheads = {wid: self.speeds[wid].overhead_fit() or model for wid, model in models.items()}
+            proposed = efficient_batches(overheads, job.global_batch, job.min_batch, job.max_batch, caps)
         else:
             proposed = allocation_for(self.spec)(self._split_models(models), job.global_batch, job.min_batch,
                                                  job.max_batch, caps)

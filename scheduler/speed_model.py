@@ -126,6 +126,7 @@ class SpeedModel:
             )
         self._window: deque[tuple[int, float]] = deque(maxlen=window)
         self._compute: deque[tuple[int, float]] = deque(maxlen=window)  # (batch, compute seconds) where reported
+        self._overhead: deque[float] = deque(maxlen=window)  # seconds of each such step spent not computing
         self._forgetting = forgetting
         self._prior = prior_samples_per_s
         self._fixed_s: float | None = None
@@ -160,6 +161,7 @@ class SpeedModel:
         self._window.append((b, t))
         if compute is not None:
             self._compute.append((b, compute))
+            self._overhead.append(max(0.0, t - compute))
         self._model = self._refit()
 
     def fit(self) -> StepModel | None:
@@ -185,6 +187,23 @@ class SpeedModel:
         data = np.asarray(self._compute, dtype=float)
         w = self._forgetting ** np.arange(len(data) - 1, -1, -1, dtype=float)
         return StepModel(0.0, float(w @ data[:, 1]) / float(w @ data[:, 0]))
+
+    def overhead_fit(self) -> StepModel | None:
+        """A step model whose fixed part is known from the first step: ``a`` the steps' weighted mean time spent
+        not computing (pulls, pushes, what the worker reports besides compute), ``c`` the compute per sample
+        (``compute_fit``); ``fit()`` itself where its ``a`` is the larger, or where no compute time was reported.
+
+        Both pass through the window's steps, so they predict the current batch's step alike; they differ in how
+        much of it they call fixed. ``fit()`` separates it only once the batch has varied (a policy that keeps
+        each worker's batch never lets it), and it then also finds the compute's own fixed part (kernel launches)
+        that this model counts per sample; the larger ``a`` is the better-informed one.
+        """
+        step, compute = self.fit(), self.compute_fit()
+        if not self._overhead or step is None or compute is None:
+            return step
+        w = self._forgetting ** np.arange(len(self._overhead) - 1, -1, -1, dtype=float)
+        overhead = float(w @ np.asarray(self._overhead, dtype=float)) / float(w.sum())
+        return step if step.fixed_s >= overhead else StepModel(overhead, compute.per_sample_s)
 
     def _refit(self) -> StepModel:
         """Refit after each observation, so that an intercept identified while

@@ -255,3 +255,12 @@ def test_shares_are_proportional_whole_and_never_above_a_weight():
     assert shares(10, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
     assert shares(7, {"a": 10, "b": 0, "c": 4}) == {"a": 5, "b": 0, "c": 2}
     assert shares(3, {"a": 0}) == {"a": 0}
+
+
+def test_the_efficient_policy_amortises_a_slow_links_transfers_over_a_larger_batch_from_its_first_step():
+    """w2's steps carry 150 ms of transfers, the others' 5 ms, each computing 1 ms a sample: every knee is beyond
+    what B = 96 holds, so every worker gets the same fixed share of its step, w2 thirty times the others' batch
+    but for their lower bound (8): the transfers its heartbeat reports are its fixed cost from the first step."""
+    allocator = _allocator(protocol="asgd", global_batch=96, batch_policy="efficient")
+    transfers = {"w0": 0.005, "w1": 0.005, "w2": 0.150}
+    assert _one_step_each(allocator, transfers, {w: 1e-3 for w in transfers}) == {"w0": 8, "w1": 8, "w2": 80}

@@ -8,7 +8,13 @@ import torch
 from dynabatch import optim as optim_spec
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.protocols import OuterSettings, RingmasterSettings, SoftsyncSettings, SspSettings
+from dynabatch.common.protocols import (
+    AsyncSettings,
+    OuterSettings,
+    RingmasterSettings,
+    SoftsyncSettings,
+    SspSettings,
+)
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState, StaleGradient
@@ -361,6 +367,21 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch():
     assert not state.pull_blocked("w0")
     state.set_membership({"w0", "w1"}, allocated=2)
     assert state.pull_blocked("w0") and not state.pull_blocked("w1")
+
+
+@pytest.mark.parametrize("protocol, settings", [("asgd", AsyncSettings(staleness_step="delay")),
+                                                ("ssp", SspSettings(100, staleness_step="delay"))])
+def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol, settings):
+    """--staleness-step delay: gradients 0, 1 and 3 versions stale step at lr, lr and lr/3 (B/n samples each,
+    DBS weight 1)."""
+    state, w0 = _state(protocol, settings=settings)
+    gen = torch.Generator().manual_seed(10)
+    steps = []
+    for worker, base, tau in (("w0", 0, 0), ("w1", 0, 1), ("w2", 0, 2), ("w0", 0, 3)):
+        g = torch.randn(1000, generator=gen)
+        assert _push(state, worker, g, base, B // 3).staleness == tau
+        steps.append((g, 1.0 / max(1, tau)))
+    torch.testing.assert_close(_flat(state), _reference(w0, steps))
 
 
 def test_ssp_applies_gradients_exactly_as_asgd_does():

@@ -228,3 +228,25 @@ def _compute(model: SpeedModel) -> float:
     fit = model.compute_fit()
     assert fit is not None
     return fit.per_sample_s
+
+
+def test_the_overhead_fit_calls_the_time_spent_not_computing_fixed_from_the_first_step() -> None:
+    """150 ms of transfers beside 6.4 ms of compute at one batch size: the step fit calls it all per-sample, the
+    overhead fit calls the transfers fixed, and both predict the step at that batch."""
+    model = SpeedModel(prior_samples_per_s=1000.0)
+    assert model.overhead_fit() == model.fit(), "nothing reported yet: the prior"
+    model.observe(64, 0.150 + 64e-4, compute_s=64e-4)
+    fit = model.overhead_fit()
+    assert fit is not None and fit.fixed_s == pytest.approx(0.150) and fit.per_sample_s == pytest.approx(1e-4)
+    assert fit.step_seconds(64) == pytest.approx(_fitted(model).step_seconds(64))
+
+
+def test_the_overhead_fit_is_the_step_fit_once_that_finds_the_larger_fixed_cost() -> None:
+    """Batches that varied let the step fit find the compute's own fixed part (20 ms) beside 10 ms of transfers:
+    its fixed cost (30 ms) is the better informed, and without reported compute time it is the only one."""
+    model, older = SpeedModel(), SpeedModel()
+    for batch in (16, 32, 48, 64):
+        model.observe(batch, 0.010 + 0.020 + 1e-3 * batch, compute_s=0.020 + 1e-3 * batch)
+        older.observe(batch, 0.030 + 1e-3 * batch)
+    assert model.overhead_fit() == _fitted(model) and _fitted(model).fixed_s == pytest.approx(0.030)
+    assert older.overhead_fit() == _fitted(older)

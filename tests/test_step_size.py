@@ -11,7 +11,7 @@ from dynabatch import optim as optim_spec
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.step_size import StepSize
+from dynabatch.ps.step_size import StepSize, staleness_step
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False)
 B = 10
@@ -84,3 +84,12 @@ def test_a_rollback_restores_the_model_and_samples_keeps_the_progress_and_refuse
     state.check_base({cid: 1})  # the restored version is fine
     _push(state, 10)
     state.check_base({cid: 2})  # and so is a version reached again after the rollback
+
+
+def test_the_delay_step_divides_by_the_staleness_and_the_constant_one_does_not():
+    assert [staleness_step("delay", tau) for tau in (0, 1, 4, 63)] == [1.0, 1.0, 0.25, 1 / 63]
+    assert [staleness_step("constant", tau) for tau in (0, 1, 63)] == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="staleness"):
+        staleness_step("delay", -1)
+    with pytest.raises(ValueError, match="constant or delay"):
+        staleness_step("sqrt", 4)

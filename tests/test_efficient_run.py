@@ -1,0 +1,47 @@
+"""`dynabatch run --batch-policy efficient`: the batches a real job's STATUS reports are the efficient rule's
+(scheduler/efficient_batches.py) for the workers as their heartbeats measured them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dynabatch.scheduler.efficient_batches import efficient_batches, knee
+from dynabatch.scheduler.speed_model import StepModel
+from harness import run_job
+
+pytestmark = pytest.mark.slow
+
+B, CAPS = 96, {"worker0": 64, "worker1": 32, "worker2": 16}
+
+
+def _measured(worker: dict) -> StepModel:
+    """A worker's step as its last heartbeat reported it: what it spent besides computing and taking its samples
+    is fixed, the rest per sample (SpeedModel.overhead_fit's reading of one step)."""
+    compute = worker["compute_s"] + worker["data_s"]
+    return StepModel(max(0.0, worker["step_s"] - worker["wait_s"] - compute), compute / worker["batch"])
+
+
+def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path):
+    """Three workers capped at 64, 32 and 16 samples, B = 96, the MLP on synthetic data for a quarter epoch. A
+    step's fixed cost (its pull and push on loopback) is worth far more than 64 samples' compute here, so every
+    knee is above its worker's cap and B is below the caps' sum: the rule gives each worker the same fraction
+    of its cap, whatever the exact measured costs, and the timeline's STATUS reports say so once every worker
+    has reported a step."""
+    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "0.25",
+                     "--workers", "3", "--slowdowns", "1", "1", "2", "--max-batches", *map(str, CAPS.values()),
+                     "--batch-policy", "efficient", "--global-batch", str(B), "--status-s", "0.2",
+                     "--eval-interval-s", "600")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["batch_policy"] == "efficient"
+    timeline = json.loads((run / "timeline.json").read_text())
+    stepping = [s for s in timeline if len(s["workers"]) == 3 and all(w["steps"] > 1 for w in s["workers"].values())]
+    assert stepping, "no STATUS with every worker stepping"
+    last = {w["name"]: w for w in stepping[-1]["workers"].values()}
+    models = {name: _measured(w) for name, w in last.items()}
+    assert all(knee(models[name]) > cap for name, cap in CAPS.items()), models
+    expected = efficient_batches(models, B, 8, 1024, CAPS)
+    assert {name: w["batch"] for name, w in last.items()} == expected
+    assert expected == {"worker0": 55, "worker1": 27, "worker2": 14}, "each the same fraction of its cap"
+    assert {w["name"]: w["final_batch"] for w in summary["workers"].values()} == expected
