@@ -112,8 +112,9 @@ class CheckOptions(TaskOptions):
 
     batches: list[int] = opt([16, 64], "batch sizes to time a training step at (two or more)", topic="observability")
     repeats: int = opt(5, "timed steps per batch size (the fastest is reported)", minimum=1, topic="observability")
-    save_profile: str = opt("", "add this machine's fitted step curve (and --device-max-batch) as one worker group to a "
-                            "cluster file, made if absent, for `dynabatch plan --profile FILE`", topic="observability")
+    save_profile: str = opt("", "add this machine's fitted step curve (and --device-max-batch) as one worker group "
+                            "to a cluster file, made if absent, for `dynabatch plan --profile FILE`",
+                            topic="observability")
     link_mbit: float = opt(0.0, "with --save-profile: this machine's link to the shards in Mbit/s (check cannot "
                            "measure it)", minimum=0, topic="observability")
     device_max_batch: int = opt(0, "with --save-profile: the largest batch this machine's memory holds, as the "

@@ -46,6 +46,8 @@ def _report(name: str, cluster: Cluster, noise: NoiseScale, star: Optimum, ranke
     return {
         "cluster": name, "workers": len(cluster.nodes), "global_batch": cluster.global_batch,
         "model_bytes": cluster.model_bytes,
+        "nodes": [{"fixed_s": n.device.fixed_s, "per_sample_s": n.device.per_sample_s,
+                   "max_batch": n.device.max_batch, "link_mbit": n.link_mbit} for n in cluster.nodes],
         "noise_scale": {"k_min": noise.k_min, "b_noise": noise.b_noise},
         "optimum": {"time_s": star.time_s, "workers": star.workers, "batch": star.batch},
         "methods": [{"protocol": p.protocol, "policy": p.policy, "time_s": p.time_s,

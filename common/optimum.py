@@ -90,10 +90,10 @@ class Device:
     per_sample_s: float
     max_batch: int = 0
 
-    def seconds(self, batch: int) -> float:
+    def seconds(self, batch: float) -> float:
         return self.fixed_s + self.per_sample_s * batch
 
-    def speed(self, batch: int) -> float:
+    def speed(self, batch: float) -> float:
         """Samples per second at `batch`."""
         return batch / self.seconds(batch)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of
-from dynabatch.common.prediction import pipelined
 from bench.simulate import SimConfig, WorkerSpec, simulate
 from dynabatch.common.data import load_dataset
+from dynabatch.common.prediction import pipelined
 
 
 @pytest.fixture(scope="module")
