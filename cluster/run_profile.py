@@ -5,8 +5,9 @@ Every STATUS snapshot in timeline.json gives each worker's last step: its batch,
 and push seconds. A worker seen at two or more batch sizes gets the least-squares line a + c*b of its compute
 seconds; at one batch size (the fixed policy) the fixed cost cannot be told from the per-sample cost, and the
 whole step counts as per-sample (a note says so: such a worker's speed at other batches is a guess). The model's
-bytes are the job's bytes over twice its steps (a step pulls and pushes the model); a worker's link is those
-bytes over its median transfer seconds. What was not measured (a shard's service rate) is left out.
+bytes are the job's bytes over twice its steps (a step pulls and pushes the model; the evaluator's pulls are
+counted too, a few per run); a worker's link is those bytes over its median transfer seconds, which on one machine
+includes the contention of its processes. What was not measured (a shard's service rate) is left out.
 """
 
 from __future__ import annotations
