@@ -131,19 +131,16 @@ class CheckOptions(TaskOptions):
 
 @dataclass
 class PlanOptions:
-    """`dynabatch plan`'s settings: where the measured cluster is, the job it would run, and the task's K(B)."""
+    """`dynabatch plan`'s settings: where the measured cluster is and the task's K(B); the job it would run is the
+    job flags' (--global-batch where the cluster names none, --chunk-bytes where it is a file)."""
 
     profile: str = opt("", "a cluster file (the format of common/cluster_file.py; `dynabatch check --save-profile` "
                        "writes one), instead of a run folder", topic="job")
     json: bool = opt(False, "print the predictions and the choice as JSON", topic="observability")
     plot: str = opt("", "the plot's PNG file (default: plan.png in the run folder, or FILE.plan.png beside the "
                     "cluster file)", topic="observability")
-    global_batch: int = opt(192, "the global batch B where the cluster file or run names none", minimum=1,
-                            topic="protocol")
-    chunk_bytes: int = opt(1 << 20, "the chunk size the pipeline overlaps transfers by (a run folder's own "
-                           "where planning one)", minimum=1024, topic="protocol")
     k_min: float = opt(STUDY_NOISE.k_min, "K_min of the task's K(B) = K_min (1 + B_noise / B) (default: the "
-                       "study's MLP on Fashion-MNIST to 80%)", above=0, topic="job")
+                       "study's MLP on Fashion-MNIST to 80 percent accuracy)", above=0, topic="job")
     b_noise: float = opt(STUDY_NOISE.b_noise, "B_noise of the task's K(B)", minimum=0, topic="job")
 
     def validate(self) -> None:

@@ -19,6 +19,7 @@ from dynabatch.cluster.options import PlanOptions
 from dynabatch.cluster.run_profile import RunFolderError, read_run
 from dynabatch.common.auto_choice import Choice, choose
 from dynabatch.common.cluster_file import ClusterFileError, read_cluster
+from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.optimum import NoiseScale, Optimum
 from dynabatch.common.prediction import PROTOCOLS, Cluster, Prediction, cluster_of, optimum, predict_all
@@ -27,17 +28,17 @@ from dynabatch.common.protocols import PROTOCOLS as ALL_PROTOCOLS
 NOT_MODELLED = tuple(p for p in ALL_PROTOCOLS if p not in PROTOCOLS)
 
 
-def _measured(run_dir: Path | None, opts: PlanOptions) -> tuple[Cluster, str, tuple[str, ...], Path]:
+def _measured(run_dir: Path | None, opts: PlanOptions, job: JobConfig) -> tuple[Cluster, str, tuple[str, ...], Path]:
     """The cluster, its name, the reader's notes and the default plot path."""
     if opts.profile:
         file = read_cluster(opts.profile)
-        return (cluster_of(file, opts.global_batch, opts.chunk_bytes), file.name, (),
+        return (cluster_of(file, job.global_batch, job.chunk_bytes), file.name, (),
                 Path(opts.profile).with_suffix(".plan.png"))
     assert run_dir is not None
     run = read_run(run_dir)
     config = json.loads((run_dir / "config.json").read_text())
-    chunk_bytes = int(config["job"].get("chunk_bytes", opts.chunk_bytes))
-    return (cluster_of(run.cluster, opts.global_batch, chunk_bytes), run.cluster.name, run.notes,
+    chunk_bytes = int(config["job"].get("chunk_bytes", job.chunk_bytes))
+    return (cluster_of(run.cluster, job.global_batch, chunk_bytes), run.cluster.name, run.notes,
             run_dir / "plan.png")
 
 
@@ -82,17 +83,19 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("run_dir", metavar="RUN_FOLDER", type=Path, nargs="?",
                         help="a run folder written by dynabatch run (or --profile FILE.json)")
     add_flags(parser, PlanOptions)
+    add_flags(parser, JobConfig)
     args = parser.parse_args(argv)
-    opts = from_args(PlanOptions, args)
+    opts, job = from_args(PlanOptions, args), from_args(JobConfig, args)
     try:
         opts.validate()
+        job.validate()
         if (args.run_dir is None) == (not opts.profile):
             raise ConfigError("name one measured cluster: a RUN_FOLDER or --profile FILE.json")
     except ConfigError as exc:
         parser.error(str(exc))
     noise = NoiseScale(opts.k_min, opts.b_noise)
     try:
-        cluster, name, notes, plot = _measured(args.run_dir, opts)
+        cluster, name, notes, plot = _measured(args.run_dir, opts, job)
         star = optimum(cluster, noise)
     except (ClusterFileError, RunFolderError, ValueError) as exc:
         print(f"dynabatch plan: {exc}", file=sys.stderr)
