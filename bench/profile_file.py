@@ -15,18 +15,22 @@ ProfileError = ClusterFileError
 
 @dataclass(frozen=True)
 class ClusterProfile:
-    """What a profile file describes: the workers and the job's transfer settings (SimConfig's fields)."""
+    """A simulated cluster: its workers, and the file it was read from (None: a built-in profile), whose job fields
+    are SimConfig's transfer settings."""
 
     name: str
     workers: tuple[WorkerSpec, ...]
-    wire_bytes: float = 0.0
-    global_batch: int = 0
-    shards: int = 1
-    shard_mbit: float = 0.0
+    file: ClusterFile | None = None
+
+    @property
+    def global_batch(self) -> int:
+        return self.file.global_batch if self.file else 0
 
     def sim_settings(self) -> dict[str, Any]:
         """The SimConfig fields this profile sets (the global batch is the caller's: it has its own default)."""
-        return {"wire_bytes": self.wire_bytes, "shards": self.shards, "shard_mbit": self.shard_mbit}
+        if self.file is None:
+            return {}
+        return {"wire_bytes": self.file.model_bytes, "shards": self.file.shards, "shard_mbit": self.file.shard_mbit}
 
 
 def simulated(cluster: ClusterFile) -> ClusterProfile:
@@ -34,8 +38,7 @@ def simulated(cluster: ClusterFile) -> ClusterProfile:
     workers = tuple(WorkerSpec(g.slowdown, join_s=g.join_s, leave_s=g.leave_s, fixed_s=g.device.fixed_s,
                                per_sample_s=g.device.per_sample_s, max_batch=g.device.max_batch,
                                link_mbit=g.link_mbit, latency_s=g.latency_s) for g in cluster.workers())
-    return ClusterProfile(cluster.name, workers, cluster.model_bytes, cluster.global_batch, cluster.shards,
-                          cluster.shard_mbit)
+    return ClusterProfile(cluster.name, workers, cluster)
 
 
 def parse_profile(text: str, where: str = "profile") -> ClusterProfile:
