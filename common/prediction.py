@@ -18,10 +18,12 @@ The model, each part a stated assumption:
   the regime study (bench/tuned_study.py) is what calibrates it (STALENESS_WEIGHT scales the n - 1).
 - Shards with a service rate bound the workers' steps per second: each step moves the model in and out of them.
 
-Not modelled: speed shifts, joins and leaves (the cluster as it starts), local steps (local, msd), the protocols
-that discard or hold back slow work (ssp, ringmaster, rennala, softsync), divergence at a too-large step size,
-and T*'s own limit (it counts compute only). A prediction never falls below T* where the model's assumptions
-hold (tests/test_prediction.py checks it on every shipped profile).
+Not modelled: start-up (the steady state is predicted: a worker is measured by its first steps, and over a slow
+link a first step can outlast the whole job), speed shifts, joins and leaves (the cluster as it starts), local
+steps (local, msd), the protocols that discard or hold back slow work (ssp, ringmaster, rennala, softsync),
+divergence at a too-large step size, and T*'s own limit (it counts compute only). No prediction falls below T*
+on the shipped cluster files, the built-in profiles and random clusters (tests/test_prediction.py). Beside the
+simulator: bench/RESULTS.md 10e.
 
 Each policy is one entry of POLICIES and each protocol one entry of PROTOCOLS, so a new method is one function.
 """
