@@ -5,9 +5,10 @@ Every STATUS snapshot in timeline.json gives each worker's last step: its batch,
 and push seconds. A worker seen at two or more batch sizes gets the least-squares line a + c*b of its compute
 seconds; at one batch size (the fixed policy) the fixed cost cannot be told from the per-sample cost, and the
 whole step counts as per-sample (a note says so: such a worker's speed at other batches is a guess). The model's
-bytes are the job's bytes over twice its steps (a step pulls and pushes the model; the evaluator's pulls are
-counted too, a few per run); a worker's link is those bytes over its median transfer seconds, which on one machine
-includes the contention of its processes. What was not measured (a shard's service rate) is left out.
+bytes are the job's bytes over twice its steps and its evaluations (a step pulls and pushes the model, an
+evaluation pulls it; a pull in flight makes it a little high); a worker's link is those bytes over its median
+transfer seconds, which on one machine includes the contention of its processes. What was not measured (a
+shard's service rate) is left out.
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ def _worker(wid: str, timeline: list[JobStatus], model_bytes: float) -> tuple[Wo
     return WorkerGroup(1, Device(fixed, per_sample, seen[-1].max_batch), min(link, FASTEST_LINK_MBIT)), note
 
 
+def _model_bytes(timeline: list[JobStatus]) -> float | None:
+    """The model's bytes on the wire: a snapshot's bytes over its steps' pulls and pushes and its evaluations'
+    pulls, read before the job began stopping (a worker that has left no longer counts its steps in STATUS, while
+    its bytes stay counted). None if no worker stepped."""
+    counted = [s for s in timeline if not s.stopping and any(w.steps for w in s.workers.values())]
+    if not counted:
+        return None
+    snap = counted[-1]
+    evaluations = len({s.eval_version for s in timeline if s.eval_t is not None and s.t <= snap.t})
+    return snap.bytes / (2 * sum(w.steps for w in snap.workers.values()) + evaluations)
+
+
 def read_run(run_dir: Path) -> MeasuredCluster:
     """The cluster the run in `run_dir` measured (RunFolderError naming what is missing or unreadable)."""
     try:
@@ -71,12 +84,10 @@ def read_run(run_dir: Path) -> MeasuredCluster:
     job = config.get("job") if isinstance(config, dict) else None
     if not isinstance(job, dict) or not timeline:
         raise RunFolderError(f"{run_dir}: config.json has no job, or timeline.json no snapshot")
-    last = timeline[-1]
-    ids = sorted({wid for s in timeline for wid in s.workers})
-    total_steps = sum(max((s.workers[w].steps for s in timeline if w in s.workers), default=0) for w in ids)
-    if not ids or total_steps == 0:
+    model_bytes = _model_bytes(timeline)
+    if model_bytes is None:
         raise RunFolderError(f"{run_dir}: no worker took a step")
-    model_bytes = last.bytes / (2 * total_steps)
+    ids = sorted({wid for s in timeline for wid in s.workers})
     workers = [_worker(wid, timeline, model_bytes) for wid in ids]
     notes = [n for _, n in workers if n]
     notes.append("shards: their service rate was not measured; counted as serving at once")
