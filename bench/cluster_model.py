@@ -24,6 +24,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from dynabatch.common.prediction import pipelined
+
 FORWARD_SHARE = 1.0 / 3.0
 """The forward pass's share of a step's compute (backward costs about twice the forward)."""
 
@@ -38,12 +40,6 @@ class Link:
     def transfer_s(self, nbytes: float) -> float:
         """Seconds for `nbytes` to cross the link, latency included."""
         return self.latency_s + 8.0 * nbytes / (self.mbit * 1e6)
-
-
-def pipelined(a_s: float, c_s: float, chunks: int) -> float:
-    """Two stages of `a_s` and `c_s` seconds over `chunks` equal pieces: the second starts on a piece as soon as
-    the first has done it."""
-    return max(a_s, c_s) + min(a_s, c_s) / max(1, chunks)
 
 
 @dataclass

@@ -12,14 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bench.simulate import WorkerSpec
-from dynabatch.common.optimum import Device, NoiseScale, Optimum, calibrated_optimum
+from dynabatch.common.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, NoiseScale, Optimum, calibrated_optimum
 from dynabatch.common.slowdown import Slowdown
 
-STUDY_NOISE = NoiseScale(k_min=119.8, b_noise=40.2)
-"""K(B) = K_min (1 + B_noise / B) for the study's model, data and target (bench/RESULTS.md section 10)."""
 STUDY_SETTING = ("mlp", "fashion-mnist", "0.80")
 """The model, data and target STUDY_NOISE was measured for: T* of any other setting is unknown."""
-PER_WORKER_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def device_of(spec: WorkerSpec, fixed_s: float, per_sample_s: float) -> Device:

@@ -21,6 +21,7 @@ COMMANDS = {
     "worker": ("dynabatch.worker.main", "run a training worker (or --evaluator)"),
     "export": ("dynabatch.cluster.export_command", "write a run's trained model as a plain PyTorch state_dict"),
     "check": ("dynabatch.cluster.check_command", "dry-run a task offline: parameters, chunks, step time, bytes"),
+    "plan": ("dynabatch.cluster.plan_command", "predict each method's time to target on a measured cluster"),
     "keys": ("dynabatch.common.curve", "make the ZeroMQ CURVE keys that encrypt and authenticate a job"),
 }
 

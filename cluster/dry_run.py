@@ -12,7 +12,6 @@ clean measurement per batch size, so a least-squares line is all it needs.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import torch
 
 from dynabatch.common.chunking import FLOAT_BYTES, Layout, make_layout
 from dynabatch.common.config import JobConfig
+from dynabatch.common.line_fit import fit_line
 from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.task_check import check_task
 from dynabatch.task import Task
@@ -63,17 +63,6 @@ class DryRun:
     def bytes_per_step(self) -> int:
         """A worker's traffic per step: it pulls the flat vector and pushes a gradient of the same size."""
         return 2 * self.param_bytes
-
-
-def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (a, c) of y = a + c*x over at least two distinct x."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        raise ValueError("a line needs at least two distinct batch sizes")
-    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return my - c * mx, c
 
 
 def _batch(data: Any, size: int, collate: Any) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.flags import ConfigError, opt, validate_fields
+from dynabatch.common.optimum import STUDY_NOISE
 from dynabatch.common.shared_options import ShardCheckpointOptions, TaskOptions, TrainingOptions, check_task_flag
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.task_spec import anchored_task_spec
@@ -111,8 +112,36 @@ class CheckOptions(TaskOptions):
 
     batches: list[int] = opt([16, 64], "batch sizes to time a training step at (two or more)", topic="observability")
     repeats: int = opt(5, "timed steps per batch size (the fastest is reported)", minimum=1, topic="observability")
+    save_profile: str = opt("", "add this machine's fitted step curve (and --device-max-batch) as one worker group "
+                            "to a cluster file, made if absent, for `dynabatch plan --profile FILE`",
+                            topic="observability")
+    link_mbit: float = opt(0.0, "with --save-profile: this machine's link to the shards in Mbit/s (check cannot "
+                           "measure it)", minimum=0, topic="observability")
+    device_max_batch: int = opt(0, "with --save-profile: the largest batch this machine's memory holds, as the "
+                                "worker's own --max-batch (0: none known)", minimum=0, topic="observability")
 
     def validate(self) -> None:
         TaskOptions.validate(self)
+        if self.save_profile and self.link_mbit <= 0:
+            raise ConfigError("--save-profile needs --link-mbit: this machine's link to the shards, in Mbit/s "
+                              "(e.g. 1000 for 1 Gbit Ethernet)")
         if len(set(self.batches)) < 2 or min(self.batches) < 1:
             raise ConfigError(f"--batches {' '.join(map(str, self.batches))}: two or more different sizes, each >= 1")
+
+
+@dataclass
+class PlanOptions:
+    """`dynabatch plan`'s settings: where the measured cluster is and the task's K(B); the job it would run is the
+    job flags' (--global-batch where the cluster names none, --chunk-bytes where it is a file)."""
+
+    profile: str = opt("", "a cluster file (the format of common/cluster_file.py; `dynabatch check --save-profile` "
+                       "writes one), instead of a run folder", topic="job")
+    json: bool = opt(False, "print the predictions and the choice as JSON", topic="observability")
+    plot: str = opt("", "the plot's PNG file (default: plan.png in the run folder, or FILE.plan.png beside the "
+                    "cluster file)", topic="observability")
+    k_min: float = opt(STUDY_NOISE.k_min, "K_min of the task's K(B) = K_min (1 + B_noise / B) (default: the "
+                       "study's MLP on Fashion-MNIST to 80 percent accuracy)", above=0, topic="job")
+    b_noise: float = opt(STUDY_NOISE.b_noise, "B_noise of the task's K(B)", minimum=0, topic="job")
+
+    def validate(self) -> None:
+        validate_fields(self)

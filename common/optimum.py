@@ -50,6 +50,13 @@ def fit_steps_to_target(batches: Sequence[float], steps: Sequence[float]) -> Noi
     return NoiseScale(k_min, slope / k_min)
 
 
+STUDY_NOISE = NoiseScale(k_min=119.8, b_noise=40.2)
+"""K(B) for the study's model, data and target (the MLP on Fashion-MNIST to 80% test accuracy; bench/RESULTS.md
+section 10): the default of `dynabatch plan`, whose figures hold for another task only with that task's K(B)."""
+PER_WORKER_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""The per-worker batches T* is sought over."""
+
+
 @dataclass(frozen=True)
 class Optimum:
     """T* and what attains it: the m fastest workers, each giving `batch` samples to every step."""
@@ -83,10 +90,10 @@ class Device:
     per_sample_s: float
     max_batch: int = 0
 
-    def seconds(self, batch: int) -> float:
+    def seconds(self, batch: float) -> float:
         return self.fixed_s + self.per_sample_s * batch
 
-    def speed(self, batch: int) -> float:
+    def speed(self, batch: float) -> float:
         """Samples per second at `batch`."""
         return batch / self.seconds(batch)
 

@@ -17,9 +17,9 @@ from dynabatch.cluster.dry_run import (
     FROZEN_POLICY,
     TRAINED_BUFFER_POLICY,
     dry_run,
-    fit_line,
 )
 from dynabatch.common.config import JobConfig
+from dynabatch.common.line_fit import fit_line
 from dynabatch.task import Task
 from harness import child_env, command_line
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of, pipelined
+from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of
 from bench.simulate import SimConfig, WorkerSpec, simulate
 from dynabatch.common.data import load_dataset
+from dynabatch.common.prediction import pipelined
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ MAKE = "make -n"  # the target exists; the value: what its recipe must run
 KUBECTL = "kubectl --dry-run=client"  # kubectl builds the object without a cluster
 ELSEWHERE = "checked by another test"  # the value: FILE::TEST, which must exist
 LIVE = "needs a live cluster"  # watches a running Kubernetes job: nothing to check offline
+PLANNED = "tests/test_plan.py::test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_folder_plans"
 
 CHECKS: dict[str, tuple[str, str]] = {
     # README: quick start
@@ -50,6 +51,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "dynabatch worker --scheduler tcp://A:5555": (PARSE, ""),
     # users.md
     "dynabatch check --task my_task.py:task --shards 2 --chunk-bytes 65536 --batches 16 64": (RUN, "shard 1:"),
+    "dynabatch check --task my_task.py:task --batches 16 256 --save-profile cluster.json --link-mbit 1000 "
+    "--device-max-batch 512": (PARSE, ""),
+    "dynabatch plan --profile cluster.json": (ELSEWHERE, PLANNED),
+    "dynabatch plan runs/NAME --json": (ELSEWHERE, PLANNED),
     "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --workers 3 "
     "--slowdowns 1 2 4 --epochs 5 --global-batch 256": (PARSE, ""),
     "dynabatch run --task examples/byte_gpt.py:task --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64":

@@ -10,6 +10,7 @@ import pytest
 
 from bench.profile_file import ProfileError, parse_profile, read_profile
 from bench.simulate import main
+from dynabatch.common.cluster_file import add_group
 
 PROFILES = sorted(Path(__file__).resolve().parent.parent.joinpath("bench", "profiles").glob("*.json"))
 GOOD = {"workers": [{"count": 3, "fixed_s": 0.02, "per_sample_s": 0.001, "max_batch": 64, "link_mbit": 1000},
@@ -78,3 +79,19 @@ def test_the_simulator_runs_a_cluster_from_a_file_and_says_why_it_refuses_one(tm
     bad.write_text(json.dumps({"workers": [{"count": 2}]}))
     assert main(["--profile-file", str(bad), "--budget-s", "0.3"]) == 2
     assert "bad.json: workers[0]: missing fixed_s" in capsys.readouterr().err
+
+
+def test_probes_gather_into_one_file_and_a_bad_one_leaves_it_as_it_was(tmp_path):
+    path = tmp_path / "probes.json"
+    gpu = {"count": 1, "fixed_s": 0.02, "per_sample_s": 0.001, "max_batch": 64, "link_mbit": 1000}
+    add_group(path, gpu, {"model_bytes": 4e6, "global_batch": 256})
+    cluster = add_group(path, {**gpu, "max_batch": 0, "link_mbit": 100}, {"model_bytes": 9e9, "global_batch": 8})
+    assert [(g.device.max_batch, g.link_mbit) for g in cluster.groups] == [(64, 1000), (0, 100)]
+    assert (cluster.model_bytes, cluster.global_batch) == (4e6, 256), "the first probe's job fields stay"
+    before = path.read_text()
+    with pytest.raises(ProfileError, match="workers\\[2\\]: per_sample_s must be > 0"):
+        add_group(path, {**gpu, "per_sample_s": 0}, {})
+    path.with_name("junk.json").write_text("{workers")
+    with pytest.raises(ProfileError, match="junk.json: not JSON"):
+        add_group(path.with_name("junk.json"), gpu, {})
+    assert path.read_text() == before

@@ -1,0 +1,96 @@
+"""A cluster measured by `dynabatch run`: each worker's step curve, cap and link read from a run folder, in the
+cluster file's form (common/cluster_file.py), for `dynabatch plan RUN_FOLDER`.
+
+Every STATUS snapshot in timeline.json gives each worker's last step: its batch, its compute seconds and its pull
+and push seconds. A worker seen at two or more batch sizes gets the least-squares line a + c*b of its compute
+seconds; at one batch size (the fixed policy) the fixed cost cannot be told from the per-sample cost, and the
+whole step counts as per-sample (a note says so: such a worker's speed at other batches is a guess). The model's
+bytes are the job's bytes over twice its steps and its evaluations (a step pulls and pushes the model, an
+evaluation pulls it; a pull in flight makes it a little high); a worker's link is those bytes over its median
+transfer seconds, which on one machine includes the contention of its processes. What was not measured (a
+shard's service rate) is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynabatch.cluster.report import read_timeline
+from dynabatch.common.cluster_file import ClusterFile, WorkerGroup
+from dynabatch.common.line_fit import fit_line
+from dynabatch.common.messages import JobStatus
+from dynabatch.common.optimum import Device
+from dynabatch.common.wire import ProtocolError
+
+FASTEST_LINK_MBIT = 1e6
+"""The link of a worker whose transfers took no measurable time (loopback): 1 Tbit/s, nothing to count."""
+
+
+class RunFolderError(ValueError):
+    """A folder `dynabatch plan` cannot read a cluster from; the message names the file."""
+
+
+@dataclass(frozen=True)
+class MeasuredCluster:
+    """The cluster a run measured and what the reader had to assume, one note per assumption."""
+
+    cluster: ClusterFile
+    notes: tuple[str, ...]
+
+
+def _worker(wid: str, timeline: list[JobStatus], model_bytes: float) -> tuple[WorkerGroup, str | None]:
+    """One worker's group (count 1) from its distinct steps, and a note where its curve is a guess."""
+    steps = {s.workers[wid].steps: s.workers[wid] for s in timeline
+             if wid in s.workers and s.workers[wid].steps > 0 and s.workers[wid].batch > 0
+             and s.workers[wid].compute_s > 0}
+    if not steps:
+        raise RunFolderError(f"worker {wid} never reported a step")
+    seen = list(steps.values())
+    name = seen[-1].name or wid
+    points = [(float(w.batch), w.compute_s) for w in seen]
+    note = None
+    fixed, per_sample = (fit_line(points) if len({b for b, _ in points}) > 1 else (-1.0, 0.0))
+    if fixed < 0 or per_sample <= 0:
+        fixed, per_sample = 0.0, statistics.median(t / b for b, t in points)
+        note = (f"{name}: its step times do not resolve a fixed cost (batches seen: "
+                f"{', '.join(str(int(b)) for b in sorted({b for b, _ in points}))}): counted as per-sample")
+    transfer = statistics.median(w.pull_s + w.push_s for w in seen)
+    link = 2 * model_bytes * 8 / (transfer * 1e6) if transfer > 0 else FASTEST_LINK_MBIT
+    return WorkerGroup(1, Device(fixed, per_sample, seen[-1].max_batch), min(link, FASTEST_LINK_MBIT)), note
+
+
+def _model_bytes(timeline: list[JobStatus]) -> float | None:
+    """The model's bytes on the wire: a snapshot's bytes over its steps' pulls and pushes and its evaluations'
+    pulls, read before the job began stopping (a worker that has left no longer counts its steps in STATUS, while
+    its bytes stay counted). None if no worker stepped."""
+    counted = [s for s in timeline if not s.stopping and any(w.steps for w in s.workers.values())]
+    if not counted:
+        return None
+    snap = counted[-1]
+    evaluations = len({s.eval_version for s in timeline if s.eval_t is not None and s.t <= snap.t})
+    return snap.bytes / (2 * sum(w.steps for w in snap.workers.values()) + evaluations)
+
+
+def read_run(run_dir: Path) -> MeasuredCluster:
+    """The cluster the run in `run_dir` measured (RunFolderError naming what is missing or unreadable)."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        timeline = read_timeline(run_dir / "timeline.json")
+    except (OSError, ValueError, ProtocolError) as exc:
+        raise RunFolderError(f"{run_dir}: not a run folder written by dynabatch run ({exc})") from None
+    job = config.get("job") if isinstance(config, dict) else None
+    if not isinstance(job, dict) or not timeline:
+        raise RunFolderError(f"{run_dir}: config.json has no job, or timeline.json no snapshot")
+    model_bytes = _model_bytes(timeline)
+    if model_bytes is None:
+        raise RunFolderError(f"{run_dir}: no worker took a step")
+    ids = sorted({wid for s in timeline for wid in s.workers})
+    workers = [_worker(wid, timeline, model_bytes) for wid in ids]
+    notes = [n for _, n in workers if n]
+    notes.append("shards: their service rate was not measured; counted as serving at once")
+    cluster = ClusterFile(name=str(run_dir), groups=tuple(g for g, _ in workers), model_bytes=model_bytes,
+                          global_batch=int(job.get("global_batch", 0)), shards=int(job.get("shards", 1)))
+    return MeasuredCluster(cluster, tuple(notes))

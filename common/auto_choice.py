@@ -1,0 +1,52 @@
+"""`--protocol auto` / `--batch-policy auto`'s rule: the method the predictor (common/prediction.py) says reaches
+the target first on the measured cluster, with the reason in words, and kept while it stays close.
+
+A choice is revisited when the cluster changes (a join, a leave, a speed shift); HYSTERESIS keeps the running
+method unless another is predicted that much faster, so that measurement noise does not flip a job between
+methods. The protocol is fixed at a job's start (the shards take their rule from it), so only the policy can
+follow a revisit live (`choose` with `protocols` of the running one alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dynabatch.common.optimum import NoiseScale
+from dynabatch.common.prediction import PROTOCOLS, Cluster, Prediction, optimum, predict_all
+
+HYSTERESIS = 0.10
+"""A running method is replaced only by one predicted at least this fraction faster."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The method chosen, why, and the prediction it rests on."""
+
+    protocol: str
+    policy: str
+    reason: str
+    prediction: Prediction
+
+
+def _name(p: Prediction) -> str:
+    return f"{p.protocol} + {p.policy}"
+
+
+def choose(cluster: Cluster, noise: NoiseScale, current: tuple[str, str] | None = None,
+           protocols: Sequence[str] = tuple(PROTOCOLS)) -> Choice:
+    """The method among `protocols` (x every policy) predicted fastest to target on `cluster`; `current` (the
+    running protocol and policy) is kept unless the best is predicted HYSTERESIS faster."""
+    ranked = [p for p in predict_all(cluster, noise) if p.protocol in protocols]
+    if not ranked:
+        raise ValueError(f"choose: none of {list(protocols)} is modelled (modelled: {', '.join(PROTOCOLS)})")
+    best, star = ranked[0], optimum(cluster, noise).time_s
+    held = next((p for p in ranked if (p.protocol, p.policy) == current), None)
+    if held is not None and held.time_s <= best.time_s * (1 + HYSTERESIS):
+        return Choice(held.protocol, held.policy,
+                      f"keeping {_name(held)}: predicted {held.time_s:.3g} s ({held.time_s / star:.2f}x T*), within "
+                      f"{HYSTERESIS:.0%} of the fastest, {_name(best)} ({best.time_s:.3g} s)", held)
+    runner = f"; next {_name(ranked[1])}, {ranked[1].time_s / best.time_s:.2f}x slower" if len(ranked) > 1 else ""
+    return Choice(best.protocol, best.policy,
+                  f"{_name(best)}: predicted fastest to target, {best.time_s:.3g} s ({best.time_s / star:.2f}x T* = "
+                  f"{star:.3g} s) at {best.samples_per_s:,.0f} samples/s{runner}", best)

@@ -1,0 +1,99 @@
+"""`dynabatch plan`: a measured cluster (a cluster file, a run folder, machines' probes saved by `dynabatch check
+--save-profile`) in, each method's predicted time to target against T* and the chosen method out, with a plot;
+a cluster that cannot be read is refused with exit 2 and nothing written."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dynabatch.cluster.plan_command import main
+from dynabatch.common.prediction import POLICIES, PROTOCOLS
+from harness import child_env, command_line, run_job
+
+PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(tmp_path, capsys):
+    plot = tmp_path / "p.png"
+    assert main(["--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot)]) == 0
+    text = capsys.readouterr().out
+    assert "16 workers at the start" in text and "T* = " in text and "chosen: " in text
+    for protocol in PROTOCOLS:
+        for policy in POLICIES:
+            assert f"{protocol} + {policy}" in text
+    assert plot.read_bytes()[:8] == PNG
+    report = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot))
+    assert {"cluster", "workers", "global_batch", "optimum", "methods", "chosen", "not_modelled", "nodes",
+            "notes", "plot"} <= set(report)
+    assert report["workers"] == 16 and report["global_batch"] == 2048
+    times = [m["time_s"] for m in report["methods"]]
+    assert times == sorted(times) and len(times) == len(PROTOCOLS) * len(POLICIES)
+    assert all(m["ratio_to_optimum"] >= 1 for m in report["methods"])
+    best = report["methods"][0]
+    assert (report["chosen"]["protocol"], report["chosen"]["policy"]) == (best["protocol"], best["policy"])
+    assert "local" in report["not_modelled"] and "asgd" not in report["not_modelled"]
+    # K(B) is the task's: a larger B_noise makes every method need more samples
+    noisier = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot),
+                    "--b-noise", "400")
+    assert noisier["optimum"]["time_s"] > report["optimum"]["time_s"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{workers", "not JSON"),
+    ('{"workers": [{"count": 2}]}', "workers\\[0\\]: missing fixed_s"),
+    ('{"workers": [{"count": 1, "fixed_s": 0.1, "per_sample_s": 0.01, "link_mbit": 10}], "shard_rate": 1}',
+     "unknown field\\(s\\) shard_rate"),
+])
+def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(tmp_path, capsys, text, message):
+    bad, plot = tmp_path / "bad.json", tmp_path / "p.png"
+    bad.write_text(text)
+    assert main(["--profile", str(bad), "--plot", str(plot)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dynabatch plan: {bad}") and re.search(message, err), err
+    assert not plot.exists()
+    assert main([str(tmp_path), "--plot", str(plot)]) == 2  # a folder that holds no run
+    assert "not a run folder written by dynabatch run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # neither a run folder nor a file: the usage error's exit 2
+        main([])
+    assert exited.value.code == 2
+
+
+def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_folder_plans(tmp_path, capsys):
+    """Two probes of this machine as two workers (one with a memory cap), then a short real run of the MLP and
+    the plan of its folder: the model's bytes the run's traffic implies agree with those the probe counted."""
+    probes = tmp_path / "probes.json"
+    for link, cap in (("1000", "64"), ("100", "0")):
+        done = subprocess.run(command_line("check", ["--dataset", "synthetic", "--model", "mlp", "--batches", "16",
+                                                     "256", "--save-profile", str(probes), "--link-mbit", link,
+                                                     "--device-max-batch", cap]),
+                              capture_output=True, text=True, timeout=120, env=child_env())
+        assert done.returncode == 0, done.stderr
+    saved = json.loads(probes.read_text())
+    assert [(g["link_mbit"], g["max_batch"]) for g in saved["workers"]] == [(1000, 64), (100, 0)]
+    report = _plan(capsys, "--profile", str(probes))
+    assert report["workers"] == 2 and report["global_batch"] == 192
+    assert [n["max_batch"] for n in report["nodes"]] == [64, 0]
+    assert all(b <= 64 for m in report["methods"] for b in m["batches"][:1])
+    assert Path(report["plot"]) == probes.with_suffix(".plan.png") and probes.with_suffix(".plan.png").exists()
+
+    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "0.1", "--workers", "2",
+                     "--slowdowns", "1", "2", "--batch-policy", "dynamic", "--status-s", "0.1")
+    planned = _plan(capsys, str(run))
+    assert planned["workers"] == 2 and planned["global_batch"] == 192
+    assert all(m["ratio_to_optimum"] >= 1 for m in planned["methods"])
+    assert (run / "plan.png").read_bytes()[:8] == PNG
+    # the job's bytes over its steps' pulls and pushes and its evaluations' pulls: the model's, but for the pulls
+    # in flight (at most one per worker, against twice the tens of steps this run takes)
+    assert planned["model_bytes"] == pytest.approx(saved["model_bytes"], rel=0.1)
+    assert any("service rate was not measured" in n for n in planned["notes"])

@@ -1,0 +1,140 @@
+"""The predictor of a method's time to target (common/prediction.py) and `auto`'s choice by it
+(common/auto_choice.py): pure functions, checked directly on hand-built clusters, every shipped cluster file and
+the simulator's built-in profiles."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.reference_time import device_of
+from bench.simulate import PROFILES, SimConfig
+from dynabatch.common.auto_choice import HYSTERESIS, choose
+from dynabatch.common.cluster_file import read_cluster
+from dynabatch.common.optimum import STUDY_NOISE, Device
+from dynabatch.common.prediction import (
+    POLICIES,
+    PROTOCOLS,
+    Cluster,
+    Node,
+    cluster_of,
+    optimum,
+    predict,
+    predict_all,
+)
+
+FILES = sorted(Path(__file__).resolve().parent.parent.joinpath("bench", "profiles").glob("*.json"))
+GPU = Device(0.02, 0.0005)
+
+
+def _files() -> dict[str, Cluster]:
+    return {p.stem: cluster_of(read_cluster(p), 1024, 1 << 20) for p in FILES}
+
+
+def _builtin(name: str) -> Cluster:
+    """A simulator profile's starting workers at the simulator's default curve (transfers: its constant comm_s,
+    not a link, so none counted)."""
+    sim = SimConfig("asgd", "fixed", ())
+    nodes = tuple(Node(device_of(w, sim.fixed_s, sim.per_sample_s)) for w in PROFILES[name]() if w.join_s == 0)
+    return Cluster(nodes, sim.global_batch)
+
+
+def _random(seed: int) -> Cluster:
+    rng = random.Random(seed)
+    nodes = tuple(Node(Device(rng.uniform(0, 0.05), rng.uniform(1e-5, 1e-3), rng.choice([0, 16, 64, 256])),
+                       rng.choice([0, 10, 100, 1000, 10000]), rng.uniform(0, 0.001))
+                  for _ in range(rng.randint(1, 24)))
+    return Cluster(nodes, rng.choice([32, 192, 1024, 4096]), rng.uniform(1e4, 1e8), rng.randint(1, 30),
+                   rng.randint(1, 4), rng.choice([0, 1000, 10000]))
+
+
+def test_a_round_that_waits_for_a_10x_slow_worker_is_predicted_behind_asynchronous_steps():
+    cluster = Cluster((Node(GPU),) * 3 + (Node(Device(0.2, 0.005)),), 256)
+    ssgd, asgd = predict(cluster, STUDY_NOISE, "ssgd", "fixed"), predict(cluster, STUDY_NOISE, "asgd", "fixed")
+    assert ssgd.time_s > 2 * asgd.time_s
+    assert max(ssgd.step_s) == pytest.approx(0.2 + 0.005 * 64)
+    # sizing each worker's batch for equal steps takes most of the synchronous round's loss back
+    assert predict(cluster, STUDY_NOISE, "ssgd", "dynamic").time_s < 0.5 * ssgd.time_s
+
+
+def test_batches_respect_each_workers_cap_and_sum_to_the_global_batch():
+    cluster = Cluster((Node(Device(0.01, 0.001, 16)), Node(GPU), Node(GPU)), 200)
+    for protocol in PROTOCOLS:
+        for policy in POLICIES:
+            p = predict(cluster, STUDY_NOISE, protocol, policy)
+            assert p.batches[0] <= 16 + 1e-9, (protocol, policy, p.batches)
+            assert sum(p.batches) == pytest.approx(200, rel=1e-6)
+    assert predict(cluster, STUDY_NOISE, "asgd", "fixed").batches == pytest.approx((16, 92, 92))
+    starved = Cluster((Node(Device(0.01, 0.001, 8)),) * 2, 64)  # caps below B: every worker at its cap
+    assert predict(starved, STUDY_NOISE, "ssgd", "fixed").batches == (8, 8)
+
+
+def test_dynamic_batches_give_equal_steps_under_a_round_and_follow_speed_otherwise():
+    cluster = Cluster((Node(GPU), Node(Device(0.005, 0.002), link_mbit=1000)), 256, model_bytes=1e6, chunks=4)
+    sync = predict(cluster, STUDY_NOISE, "ssgd", "dynamic")
+    assert sync.step_s[0] == pytest.approx(sync.step_s[1], rel=1e-6) and min(sync.batches) > 0
+    # a worker whose transfers alone outlast the others' whole step gets no batch in a round
+    remote = replace(cluster, nodes=(Node(GPU), Node(Device(0.005, 0.002), link_mbit=10)))
+    assert predict(remote, STUDY_NOISE, "ssgd", "dynamic").batches == pytest.approx((256, 0))
+    speeds = [n.device.speed(128) for n in cluster.nodes]
+    asgd = predict(cluster, STUDY_NOISE, "asgd", "dynamic")
+    assert asgd.batches[0] / asgd.batches[1] == pytest.approx(speeds[0] / speeds[1], rel=1e-6)
+
+
+def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_busy_one():
+    base = Cluster((Node(GPU, 10000),) * 8, 512, model_bytes=4e7, chunks=10)
+    slow_link = replace(base, nodes=(Node(GPU, 1000),) + base.nodes[1:])
+    one_shard, four_shards = replace(base, shard_mbit=10000), replace(base, shard_mbit=10000, shards=4)
+    for protocol in PROTOCOLS:
+        for policy in POLICIES:
+            t = predict(base, STUDY_NOISE, protocol, policy).time_s
+            assert predict(slow_link, STUDY_NOISE, protocol, policy).time_s >= t
+            busy = predict(one_shard, STUDY_NOISE, protocol, policy).time_s
+            assert t <= predict(four_shards, STUDY_NOISE, protocol, policy).time_s <= busy
+    # 8 workers x 2 x 40 MB per step against one shard's 1.25 GB/s: 15.6 steps of 64 samples a second in all
+    assert predict(one_shard, STUDY_NOISE, "asgd", "fixed").samples_per_s == pytest.approx(1.25e9 / 8e7 * 64)
+
+
+@pytest.mark.parametrize("name, cluster", [*_files().items(), *((n, _builtin(n)) for n in PROFILES),
+                                           *((f"random{s}", _random(s)) for s in range(40))])
+def test_no_method_is_predicted_below_the_optimum(name, cluster):
+    star = optimum(cluster, STUDY_NOISE).time_s
+    for p in predict_all(cluster, STUDY_NOISE):
+        assert p.time_s >= star * (1 - 1e-9), (name, p.protocol, p.policy, p.time_s, star)
+
+
+@pytest.mark.parametrize("name, cluster", [*_files().items(), *((n, _builtin(n)) for n in PROFILES)])
+def test_auto_chooses_the_fastest_predicted_method_and_says_why(name, cluster):
+    choice = choose(cluster, STUDY_NOISE)
+    ranked = predict_all(cluster, STUDY_NOISE)
+    assert (choice.protocol, choice.policy) == (ranked[0].protocol, ranked[0].policy)
+    assert choice.reason.startswith(f"{choice.protocol} + {choice.policy}: predicted fastest") and "T*" in choice.reason
+
+
+def test_auto_keeps_the_running_method_unless_another_is_clearly_faster():
+    cluster = Cluster((Node(GPU),) * 3 + (Node(Device(0.2, 0.005)),), 256)
+    ranked = predict_all(cluster, STUDY_NOISE)
+    close = next(p for p in ranked[1:] if p.time_s <= ranked[0].time_s * (1 + HYSTERESIS))
+    kept = choose(cluster, STUDY_NOISE, current=(close.protocol, close.policy))
+    assert (kept.protocol, kept.policy) == (close.protocol, close.policy) and kept.reason.startswith("keeping")
+    far = ranked[-1]
+    assert far.time_s > ranked[0].time_s * (1 + HYSTERESIS)
+    moved = choose(cluster, STUDY_NOISE, current=(far.protocol, far.policy))
+    assert (moved.protocol, moved.policy) == (ranked[0].protocol, ranked[0].policy)
+    # a running job's protocol is fixed: only its policy may follow
+    only = choose(cluster, STUDY_NOISE, protocols=("ssgd",))
+    assert only.protocol == "ssgd"
+    with pytest.raises(ValueError, match="none of"):
+        choose(cluster, STUDY_NOISE, protocols=("local",))
+
+
+def test_a_cluster_without_workers_or_batch_and_an_unmodelled_method_are_refused():
+    with pytest.raises(ValueError, match="at least one worker"):
+        Cluster((), 64)
+    with pytest.raises(ValueError, match="global batch"):
+        Cluster((Node(GPU),), 0)
+    with pytest.raises(KeyError):
+        predict(Cluster((Node(GPU),), 64), STUDY_NOISE, "local", "fixed")
