@@ -131,6 +131,8 @@ class JobConfig(JobName):
         0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0,
         topic="protocol",
     )
+    sync_m: int = opt(0, "msync: a round applies the first m gradients computed at its model and discards the rest "
+                      "(0: every live worker's, as ssgd; at most --min-workers)", minimum=0, topic="protocol")
     softsync_n: int = opt(1, "softsync: update after floor(workers / n) gradients", minimum=1, topic="protocol")
     staleness: int = opt(
         3, "ssp: a worker's pull waits while it is more than this many steps ahead of the slowest live worker "

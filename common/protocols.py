@@ -98,6 +98,29 @@ class SoftsyncSettings(RoundSettings):
 
 
 @dataclass(frozen=True)
+class MsyncSettings(RoundSettings):
+    """m-synchronous SGD's m: a round takes the first m gradients computed at its model (--sync-m; 0: every live
+    worker's, which is ssgd's round)."""
+
+    FLAGS = (*RoundSettings.FLAGS, "sync_m")
+    m: int = 0
+
+    def needed(self, live_workers: int) -> int:
+        """The gradients a round takes: m, or every live worker where m is 0 or more than are live (at least 1)."""
+        return max(1, min(self.m or live_workers, live_workers))
+
+    @classmethod
+    def check(cls, job: JobConfig) -> None:
+        """m is at most the workers the job starts with (--min-workers; `dynabatch run`: --workers), so that its
+        first round can close with m gradients of m different workers."""
+        super().check(job)
+        if job.sync_m > job.min_workers:
+            raise ConfigError(f"--sync-m {job.sync_m}: a round takes the first m gradients of m different workers, "
+                              f"and the job starts with {job.min_workers} worker(s) (--min-workers; dynabatch run: "
+                              f"--workers): choose m between 1 and {job.min_workers}, or 0 for every live worker")
+
+
+@dataclass(frozen=True)
 class SspSettings(ProtocolSettings):
     """ssp's bound: a worker more than `staleness_bound` clocks ahead of the slowest has its pulls held
     (--staleness)."""
@@ -150,8 +173,8 @@ class ProtocolSpec:
     - `shard_rule`: the shard's rule class (`ShardRule.NAME` in ps/protocol_rules.py).
     - `worker_loop`: the worker's step planner (a key of worker/step_plans.py `PLANS`): gradient, local or msd.
     - `one_push_per_round`: a worker may push each chunk once per round, and a
-      round waits on every live worker; a gradient worker's next pull waits for
-      the round its push went into.
+      round waits on every live worker (msync: on the first m); a gradient
+      worker's next pull waits for the round its push went into.
     - `held_pull_waits`: the shard holds a gradient worker's pull until the next
       round's model (rennala), so that time is waiting for others, not pulling.
     - `local_steps`: workers take H local steps per push (the assignment's H).
@@ -169,6 +192,7 @@ class ProtocolSpec:
       cost alone exceeds the round gets none), though the round waits on no one.
     - `equal_steps`: a worker whose step is longer than the others' costs the job
       more than its own samples: a round waits for it (ssgd, local, msd, rennala),
+      msync drops its gradients once m others have arrived,
       ssp holds the others back once they are `--staleness` clocks ahead of it, and
       ringmaster discards its gradients, whose staleness reaches the live workers'
       number as soon as its step is longer than theirs. So the scheduler's dynamic
@@ -211,6 +235,10 @@ SPECS: dict[str, ProtocolSpec] = {
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="gradient", one_push_per_round=True,
                      ends_by_rounds=True, sized_rounds=True, equal_steps=True, settings=RoundSettings),
+        ProtocolSpec("msync", "m-synchronous SGD: each round applies the mean of the first --sync-m gradients "
+                     "computed at its model; the rest of the round are discarded",
+                     GRADIENT, shard_rule="msync", worker_loop="gradient", one_push_per_round=True,
+                     equal_steps=True, settings=MsyncSettings),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),

@@ -19,11 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
+import logging
+
 import torch
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import (
     SPECS,
+    MsyncSettings,
     ProtocolSettings,
     RingmasterSettings,
     RoundSettings,
@@ -36,6 +39,8 @@ from dynabatch.ps.aggregation import Contribution, aggregate
 
 if TYPE_CHECKING:
     from dynabatch.ps.shard_state import ShardState
+
+log = logging.getLogger("dynabatch.ps")
 
 
 def one_per_round(rule: str) -> bool:
@@ -379,6 +384,33 @@ class RoundRule(_RoundRule[SyncRound]):
         return True
 
 
+class MsyncRule(RoundRule):
+    """m-synchronous SGD (the m fastest of each round, as Tyurin and Richtarik 2023 name it): each chunk's round
+    applies the aggregate of the first m gradients computed at its model, one per worker (by default their
+    sample-weighted mean); a gradient arriving after the round closed was computed at an older version and is
+    discarded as ssgd's late ones are (`max_delay` 1: TOO_STALE, counted in `discarded`), and its worker pulls
+    the new model. m = 0 waits for every live worker, which is ssgd's round; an m above the live workers
+    (some left) is clamped to them, with a line in the shard's log.
+    """
+
+    NAME = "msync"
+    settings: MsyncSettings
+    clamped: bool = False
+
+    def _complete(self, cid: int) -> bool:
+        live = len(self.shard.live - self.shard.idle)
+        return len(self.rounds[cid].parts) >= self.settings.needed(live)
+
+    def membership_changed(self) -> list[int]:
+        live = len(self.shard.live - self.shard.idle)
+        clamped = 0 < live < self.settings.m
+        if clamped != self.clamped:
+            self.clamped = clamped
+            log.warning("msync: %s", f"--sync-m {self.settings.m} clamped to the {live} live worker(s)" if clamped
+                        else f"back to --sync-m {self.settings.m} ({live} live workers)")
+        return super().membership_changed()
+
+
 class OuterRule(RoundRule):
     """local and msd: each round aggregates the workers' parameter deltas (by default their sample-weighted
     mean) and applies it with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum), which is
@@ -488,6 +520,6 @@ class RennalaRule(_RoundRule[PooledRound]):
 
 
 RULES: dict[str, type[ShardRule]] = {
-    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RingmasterRule, RoundRule, OuterRule, SoftsyncRule,
-                                 RennalaRule)
+    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RingmasterRule, RoundRule, MsyncRule, OuterRule,
+                                 SoftsyncRule, RennalaRule)
 }
