@@ -395,6 +395,7 @@ class MsyncRule(RoundRule):
 
     NAME = "msync"
     settings: MsyncSettings
+    reached: bool = False  # m workers have been live (fewer before that is the job starting, not a clamp to say)
     clamped: bool = False
 
     def _complete(self, cid: int) -> bool:
@@ -403,7 +404,8 @@ class MsyncRule(RoundRule):
 
     def membership_changed(self) -> list[int]:
         live = len(self.shard.live - self.shard.idle)
-        clamped = 0 < live < self.settings.m
+        self.reached = self.reached or live >= self.settings.m
+        clamped = self.reached and 0 < live < self.settings.m
         if clamped != self.clamped:
             self.clamped = clamped
             log.warning("msync: %s", f"--sync-m {self.settings.m} clamped to the {live} live worker(s)" if clamped
