@@ -538,7 +538,7 @@ class Worker:
                 action: Action | None = next(step)
                 while action is not None:
                     action = send(step, (yield from self._execute(action, record)))
-            except StaleGradient:  # discarded (ssgd, ringmaster, rennala): the real worker pulls again at once
+            except StaleGradient:  # discarded (ssgd, msync, ringmaster, rennala): the real worker pulls again at once
                 c.discarded_samples += record.batch
                 plan.after_failure(ErrorCode.TOO_STALE)
                 self.told = c.told(self.wid)  # what the real worker's link hands it between steps

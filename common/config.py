@@ -79,7 +79,7 @@ class JobConfig(JobName):
         topic="security",
     )
     aggregation: str = opt(
-        "mean", "protocols that close rounds (ssgd, softsync, rennala, local, msd): how shards combine a round's "
+        "mean", "protocols that close rounds (ssgd, msync, softsync, rennala, local, msd): how shards combine a round's "
         "pushes; mean: weighted by samples; trimmed-mean: per value, drop the --trim fraction of workers at each "
         "end, average the rest by samples; median: per value, the middle worker's (Yin et al. 2018): one lying "
         "worker in a round of 3 or more cannot drag either outside the honest workers' values (ps/aggregation.py)",
@@ -149,9 +149,10 @@ class JobConfig(JobName):
     outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0,
                                 topic="protocol")
     outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum", topic="protocol")
-    round_timeout_s: float = opt(10.0, "round protocols (ssgd, softsync, rennala, local, msd): close a round with what "
-                                 "arrived once it has waited this long for workers that have not pushed; a pull held "
-                                 "back (ssp, rennala) is answered after twice this", minimum=0.1, topic="protocol")
+    round_timeout_s: float = opt(10.0, "round protocols (ssgd, msync, softsync, rennala, local, msd): close a round "
+                                 "with what arrived once it has waited this long for workers that have not pushed; a "
+                                 "pull held back (ssp, rennala) is answered after twice this", minimum=0.1,
+                                 topic="protocol")
     eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1,
                                  topic="observability")
     await_final_eval: bool = opt(

@@ -54,7 +54,7 @@ class ProtocolRefusal(ProtocolError):
 
 
 class StaleGradient(ProtocolRefusal):
-    """A gradient computed on too old a model, discarded by the protocol (ssgd, ringmaster, rennala): nothing changed,
+    """A gradient computed on too old a model, discarded by the protocol (ssgd, msync, ringmaster, rennala): nothing changed,
     and the worker pulls the current model and computes again."""
 
     CODE = ErrorCode.TOO_STALE
