@@ -750,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = profile.workers
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
                     global_batch=args.global_batch or profile.global_batch or 16 * len(workers), model=args.model,
-                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound, "sync_m": args.sync_m},
+                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound,
+                         "sync_m": args.sync_m},
                     **{**profile.sim_settings(), **({"shards": args.shards} if args.shards else {})})
     r = simulate(cfg)
     print(f"{r.protocol}+{r.policy} on {profile.name} ({r.workers} workers), seed {r.seed}: "

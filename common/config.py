@@ -79,9 +79,9 @@ class JobConfig(JobName):
         topic="security",
     )
     aggregation: str = opt(
-        "mean", "protocols that close rounds (ssgd, msync, softsync, rennala, local, msd): how shards combine a round's "
-        "pushes; mean: weighted by samples; trimmed-mean: per value, drop the --trim fraction of workers at each "
-        "end, average the rest by samples; median: per value, the middle worker's (Yin et al. 2018): one lying "
+        "mean", "protocols that close rounds (ssgd, msync, softsync, rennala, local, msd): how shards combine a "
+        "round's pushes; mean: weighted by samples; trimmed-mean: per value, drop the --trim fraction of workers at "
+        "each end, average the rest by samples; median: per value, the middle worker's (Yin et al. 2018): one lying "
         "worker in a round of 3 or more cannot drag either outside the honest workers' values (ps/aggregation.py)",
         AGGREGATIONS, topic="security",
     )
@@ -97,8 +97,8 @@ class JobConfig(JobName):
     pipeline: str = opt(
         "auto", "gradient protocols: overlap pulls with forward and pushes with backward, chunk by chunk; auto: on "
         "where the model has several chunks and nothing needs the whole gradient before the first push (not with "
-        "--prefetch-pull, a worker's --micro-batch, or a task that clips its gradient), measured in bench/RESULTS.md "
-        "3b", PIPELINE_MODES, topic="protocol",
+        "--prefetch-pull, a worker's --micro-batch, a task that clips its gradient, or msync), measured in "
+        "bench/RESULTS.md 3b", PIPELINE_MODES, topic="protocol",
     )
     push_pull: bool = opt(
         True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two",
@@ -182,6 +182,9 @@ class JobConfig(JobName):
                               f"worker's own last push (only {allowed} do)")
         if self.push_behind and not self.prefetch_pull:
             raise ConfigError("--push-behind needs --prefetch-pull (otherwise the next pull waits for the push anyway)")
+        if self.pipeline == "on" and SPECS[self.protocol].whole_pushes:
+            raise ConfigError(f"--pipeline on: protocol {self.protocol} takes a worker's gradient whole, not chunk by "
+                              "chunk")
         if self.prefetch_pull and self.pipeline == "on":
             raise ConfigError("--prefetch-pull and --pipeline on overlap the pull in two different ways: choose one")
         SPECS[self.protocol].settings.check(self)
@@ -201,7 +204,8 @@ class JobConfig(JobName):
         """
         if self.pipeline != "auto":
             return self.pipeline == "on"
-        return chunks >= 2 and not self.prefetch_pull and not micro_batch and not clips
+        return (not SPECS[self.protocol].whole_pushes and chunks >= 2 and not self.prefetch_pull and not micro_batch
+                and not clips)
 
 
 # The job's settings of the shards' SGD, used where the task names no optimizer (ps/update_rules.optimizer_spec).

@@ -200,6 +200,9 @@ class ProtocolSpec:
       softsync) nobody waits and nothing is discarded for being slow, and batches
       follow each worker's compute speed instead (scheduler/batch_allocation.py,
       `allocate_compute`), so a slow link does not shrink a worker's batch.
+    - `whole_pushes`: a shard judges a worker's gradient whole (msync's round takes the first m workers'
+      gradients of its model, and a worker's pull after a discarded one must not mix the rounds' chunks), so
+      the worker's step is not pipelined chunk by chunk (`--pipeline`).
     - `settings`: the class of the protocol's own settings (`protocol_settings` builds them); a protocol
       that closes rounds has RoundSettings among them (`closes_rounds`).
     """
@@ -218,6 +221,7 @@ class ProtocolSpec:
     may_prefetch_pull: bool = False
     sized_rounds: bool = False
     equal_steps: bool = False
+    whole_pushes: bool = False
     settings: type[ProtocolSettings] = ProtocolSettings
 
     @property
@@ -238,7 +242,7 @@ SPECS: dict[str, ProtocolSpec] = {
         ProtocolSpec("msync", "m-synchronous SGD: each round applies the mean of the first --sync-m gradients "
                      "computed at its model; the rest of the round are discarded",
                      GRADIENT, shard_rule="msync", worker_loop="gradient", one_push_per_round=True,
-                     equal_steps=True, settings=MsyncSettings),
+                     equal_steps=True, whole_pushes=True, settings=MsyncSettings),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),

@@ -176,6 +176,15 @@ def test_an_m_above_the_starting_workers_is_refused():
         JobConfig(protocol="msync", sync_m=4, min_workers=3).validate()
 
 
+def test_msync_takes_a_workers_gradient_whole_never_pipelined():
+    """Its round chooses workers by their first push: a step pushed chunk by chunk would be chosen on some chunks
+    and discarded on others, and the next pull would mix two rounds' chunks."""
+    assert not JobConfig(protocol="msync").pipelines(chunks=10)
+    assert JobConfig(protocol="ssgd").pipelines(chunks=10)
+    with pytest.raises(ConfigError, match="--pipeline on: protocol msync takes a worker's gradient whole"):
+        JobConfig(protocol="msync", pipeline="on").validate()
+
+
 def test_every_settings_flag_is_a_job_field_named_once():
     """Each flag is declared by one settings class; RoundSettings' are shared by inheritance, not named again."""
     classes = {cls for s in SPECS.values() for cls in s.settings.__mro__ if issubclass(cls, ProtocolSettings)}

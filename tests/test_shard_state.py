@@ -476,6 +476,37 @@ def test_msync_applies_the_first_m_of_a_round_and_discards_the_rest(caplog):
     assert "--sync-m 2 clamped to the 1 live worker(s)" in caplog.text
 
 
+def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk():
+    """A pipelined step pushes a shard's chunks in several messages: the first two workers to push any chunk of a
+    version are that round's on every chunk, and the third's push of that version is discarded even on a chunk
+    whose round is still open, so no gradient is taken on some chunks and discarded on others."""
+    state, _ = _state("msync", settings=MsyncSettings(2))
+    chunks = [c.id for c in state.chunks]
+    assert len(chunks) >= 2
+    g = _split(state, torch.ones(1000))
+
+    def push(worker: str, ids: list[int]):
+        return state.push(worker, {c: g[c] for c in ids}, {c: 0 for c in ids}, 32, state.kind, 0.0)
+
+    push("w0", chunks[:1])
+    push("w1", chunks[1:])
+    with pytest.raises(StaleGradient, match="whose round already has the gradients it takes"):
+        push("w2", chunks[:1])
+    assert state.version == 0 and state.discarded == 1
+    assert push("w1", chunks[:1]).applied == chunks[:1]
+    assert push("w0", chunks[1:]).applied == chunks[1:] and state.version == 1
+
+    def push_at_1(worker: str, ids: list[int]):
+        return state.push(worker, {c: g[c] for c in ids}, {c: 1 for c in ids}, 32, state.kind, 0.0)
+
+    push_at_1("w0", chunks[:1])
+    push_at_1("w1", chunks[1:])
+    state.set_membership({"w0", "w2"}, allocated=2)
+    push_at_1("w2", chunks[:1])  # w1, chosen, left: w2 takes its place
+    assert push_at_1("w0", chunks[1:]).applied == [] and push_at_1("w2", chunks[1:]).applied == chunks[1:]
+    assert state.version == 2
+
+
 def test_msync_m_0_waits_for_every_live_worker_as_ssgd():
     state, _ = _state("msync", settings=MsyncSettings(0))
     g = torch.ones(1000)
