@@ -538,7 +538,7 @@ class Worker:
                 action: Action | None = next(step)
                 while action is not None:
                     action = send(step, (yield from self._execute(action, record)))
-            except StaleGradient:  # discarded (ssgd, ringmaster, rennala): the real worker pulls again at once
+            except StaleGradient:  # discarded (ssgd, msync, ringmaster, rennala): the real worker pulls again at once
                 c.discarded_samples += record.batch
                 plan.after_failure(ErrorCode.TOO_STALE)
                 self.told = c.told(self.wid)  # what the real worker's link hands it between steps
@@ -717,6 +717,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
     p.add_argument("--model", default="mlp")
     p.add_argument("--lr", type=float, default=0.0, help="the job's --lr (default: JobConfig's)")
+    p.add_argument("--sync-m", type=int, default=0, help="the job's --sync-m (msync: the gradients a round takes)")
     p.add_argument("--gradient-bound", type=float, default=JobConfig.gradient_bound,
                    help="the shards' --gradient-bound (0: off)")
     p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-scale",
@@ -749,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = profile.workers
     cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
                     global_batch=args.global_batch or profile.global_batch or 16 * len(workers), model=args.model,
-                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound},
+                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound,
+                         "sync_m": args.sync_m},
                     **{**profile.sim_settings(), **({"shards": args.shards} if args.shards else {})})
     r = simulate(cfg)
     print(f"{r.protocol}+{r.policy} on {profile.name} ({r.workers} workers), seed {r.seed}: "

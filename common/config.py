@@ -94,9 +94,9 @@ class JobConfig(JobName):
         topic="security",
     )
     aggregation: str = opt(
-        "mean", "protocols that close rounds (ssgd, softsync, rennala, local, msd): how shards combine a round's "
-        "pushes; mean: weighted by samples; trimmed-mean: per value, drop the --trim fraction of workers at each "
-        "end, average the rest by samples; median: per value, the middle worker's (Yin et al. 2018): one lying "
+        "mean", "protocols that close rounds (ssgd, msync, softsync, rennala, local, msd): how shards combine a "
+        "round's pushes; mean: weighted by samples; trimmed-mean: per value, drop the --trim fraction of workers at "
+        "each end, average the rest by samples; median: per value, the middle worker's (Yin et al. 2018): one lying "
         "worker in a round of 3 or more cannot drag either outside the honest workers' values (ps/aggregation.py)",
         AGGREGATIONS, topic="security",
     )
@@ -112,8 +112,8 @@ class JobConfig(JobName):
     pipeline: str = opt(
         "auto", "gradient protocols: overlap pulls with forward and pushes with backward, chunk by chunk; auto: on "
         "where the model has several chunks and nothing needs the whole gradient before the first push (not with "
-        "--prefetch-pull, a worker's --micro-batch, or a task that clips its gradient), measured in bench/RESULTS.md "
-        "3b", PIPELINE_MODES, topic="protocol",
+        "--prefetch-pull, a worker's --micro-batch, a task that clips its gradient, or msync), measured in "
+        "bench/RESULTS.md 3b", PIPELINE_MODES, topic="protocol",
     )
     push_pull: bool = opt(
         True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two",
@@ -152,6 +152,8 @@ class JobConfig(JobName):
         0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0,
         topic="protocol",
     )
+    sync_m: int = opt(0, "msync: a round applies the first m gradients computed at its model and discards the rest "
+                      "(0: every live worker's, as ssgd; at most --min-workers)", minimum=0, topic="protocol")
     softsync_n: int = opt(1, "softsync: update after floor(workers / n) gradients", minimum=1, topic="protocol")
     staleness: int = opt(
         3, "ssp: a worker's pull waits while it is more than this many steps ahead of the slowest live worker "
@@ -168,9 +170,10 @@ class JobConfig(JobName):
     outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0,
                                 topic="protocol")
     outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum", topic="protocol")
-    round_timeout_s: float = opt(10.0, "round protocols (ssgd, softsync, rennala, local, msd): close a round with what "
-                                 "arrived once it has waited this long for workers that have not pushed; a pull held "
-                                 "back (ssp, rennala) is answered after twice this", minimum=0.1, topic="protocol")
+    round_timeout_s: float = opt(10.0, "round protocols (ssgd, msync, softsync, rennala, local, msd): close a round "
+                                 "with what arrived once it has waited this long for workers that have not pushed; a "
+                                 "pull held back (ssp, rennala) is answered after twice this", minimum=0.1,
+                                 topic="protocol")
     eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1,
                                  topic="observability")
     await_final_eval: bool = opt(
@@ -200,6 +203,9 @@ class JobConfig(JobName):
                               f"worker's own last push (only {allowed} do)")
         if self.push_behind and not self.prefetch_pull:
             raise ConfigError("--push-behind needs --prefetch-pull (otherwise the next pull waits for the push anyway)")
+        if self.pipeline == "on" and SPECS[self.protocol].whole_pushes:
+            raise ConfigError(f"--pipeline on: protocol {self.protocol} takes a worker's gradient whole, not chunk by "
+                              "chunk")
         if self.prefetch_pull and self.pipeline == "on":
             raise ConfigError("--prefetch-pull and --pipeline on overlap the pull in two different ways: choose one")
         SPECS[self.protocol].settings.check(self)
@@ -214,7 +220,8 @@ class JobConfig(JobName):
         """
         if self.pipeline != "auto":
             return self.pipeline == "on"
-        return chunks >= 2 and not self.prefetch_pull and not micro_batch and not clips
+        return (not SPECS[self.protocol].whole_pushes and chunks >= 2 and not self.prefetch_pull and not micro_batch
+                and not clips)
 
 
 # The job's settings of the shards' SGD, used where the task names no optimizer (ps/update_rules.optimizer_spec).

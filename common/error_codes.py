@@ -98,7 +98,8 @@ class ErrorCode(StrEnum):
     # A PUSH computed on a version the job rolled back; in a worker also raised locally when the scheduler
     # announces a rollback during a step. The worker pulls the model again.
     ROLLED_BACK = "rolled_back"
-    # A gradient computed on too old a model, discarded by the protocol (ssgd, ringmaster, rennala): nothing changed.
+    # A gradient computed on too old a model, discarded by the protocol (ssgd, msync, ringmaster, rennala): nothing
+    # changed.
     # Not an error to the worker: counted as discarded, and it pulls and computes again at once, without waiting.
     TOO_STALE = "too_stale"
     # A push from a worker the direction check cannot vouch for yet, too far ahead of the slowest other worker

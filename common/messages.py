@@ -70,7 +70,7 @@ class Heartbeat:
     task code to learn it. A shard's `version` and `samples` (pushed to it) come
     back from its checkpoint when it restarts, so a drop in them is the work it lost.
     A shard's `discarded` counts the pushes its protocol discarded as too stale
-    (ssgd, ringmaster, rennala) since it started.
+    (ssgd, msync, ringmaster, rennala) since it started.
     A shard lists in `quarantined` the workers whose pushes it refuses for exceeding
     the gradient bound again and again (ps/gradient_bounds.py): the scheduler drops them.
 
@@ -346,7 +346,7 @@ class ShardStatus:
     version: int
     updates: int
     metrics_url: str
-    discarded: int = 0  # pushes discarded as too stale (ssgd, ringmaster, rennala)
+    discarded: int = 0  # pushes discarded as too stale (ssgd, msync, ringmaster, rennala)
     model_problem: str = ""
     good_version: int = -1
 

@@ -97,6 +97,29 @@ class SoftsyncSettings(RoundSettings):
     n: int = 1
 
 
+@dataclass(frozen=True)
+class MsyncSettings(RoundSettings):
+    """m-synchronous SGD's m: a round takes the first m gradients computed at its model (--sync-m; 0: every live
+    worker's, which is ssgd's round)."""
+
+    FLAGS = (*RoundSettings.FLAGS, "sync_m")
+    m: int = 0
+
+    def needed(self, live_workers: int) -> int:
+        """The gradients a round takes: m, or every live worker where m is 0 or more than are live (at least 1)."""
+        return max(1, min(self.m or live_workers, live_workers))
+
+    @classmethod
+    def check(cls, job: JobConfig) -> None:
+        """m is at most the workers the job starts with (--min-workers; `dynabatch run`: --workers), so that its
+        first round can close with m gradients of m different workers."""
+        super().check(job)
+        if job.sync_m > job.min_workers:
+            raise ConfigError(f"--sync-m {job.sync_m}: a round takes the first m gradients of m different workers, "
+                              f"and the job starts with {job.min_workers} worker(s) (--min-workers; dynabatch run: "
+                              f"--workers): choose m between 1 and {job.min_workers}, or 0 for every live worker")
+
+
 STALENESS_STEPS: tuple[str, ...] = ("constant", "delay")
 """How an asynchronous gradient's step follows its staleness tau (`--staleness-step`, ps/step_size.py): `constant`
 takes the same step whatever tau; `delay` divides it by max(1, tau)."""
@@ -164,8 +187,8 @@ class ProtocolSpec:
     - `shard_rule`: the shard's rule class (`ShardRule.NAME` in ps/protocol_rules.py).
     - `worker_loop`: the worker's step planner (a key of worker/step_plans.py `PLANS`): gradient, local or msd.
     - `one_push_per_round`: a worker may push each chunk once per round, and a
-      round waits on every live worker; a gradient worker's next pull waits for
-      the round its push went into.
+      round waits on every live worker (msync: on the first m); a gradient
+      worker's next pull waits for the round its push went into.
     - `held_pull_waits`: the shard holds a gradient worker's pull until the next
       round's model (rennala), so that time is waiting for others, not pulling.
     - `local_steps`: workers take H local steps per push (the assignment's H).
@@ -181,6 +204,7 @@ class ProtocolSpec:
       cost alone exceeds the round gets none), though the round waits on no one.
     - `equal_steps`: a worker whose step is longer than the others' costs the job
       more than its own samples: a round waits for it (ssgd, local, msd, rennala),
+      msync drops its gradients once m others have arrived,
       ssp holds the others back once they are `--staleness` clocks ahead of it, and
       ringmaster discards its gradients, whose staleness reaches the live workers'
       number as soon as its step is longer than theirs. So the scheduler's dynamic
@@ -188,6 +212,9 @@ class ProtocolSpec:
       softsync) nobody waits and nothing is discarded for being slow, and batches
       follow each worker's compute speed instead (scheduler/batch_allocation.py,
       `allocate_compute`), so a slow link does not shrink a worker's batch.
+    - `whole_pushes`: a shard judges a worker's gradient whole (msync's round takes the first m workers'
+      gradients of its model, and a worker's pull after a discarded one must not mix the rounds' chunks), so
+      the worker's step is not pipelined chunk by chunk (`--pipeline`).
     - `settings`: the class of the protocol's own settings (`protocol_settings` builds them); a protocol
       that closes rounds has RoundSettings among them (`closes_rounds`).
     """
@@ -205,6 +232,7 @@ class ProtocolSpec:
     may_prefetch_pull: bool = False
     sized_rounds: bool = False
     equal_steps: bool = False
+    whole_pushes: bool = False
     settings: type[ProtocolSettings] = ProtocolSettings
 
     @property
@@ -228,6 +256,10 @@ SPECS: dict[str, ProtocolSpec] = {
         ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
                      GRADIENT, shard_rule="round", worker_loop="gradient", one_push_per_round=True,
                      sized_rounds=True, equal_steps=True, settings=RoundSettings),
+        ProtocolSpec("msync", "m-synchronous SGD: each round applies the mean of the first --sync-m gradients "
+                     "computed at its model; the rest of the round are discarded",
+                     GRADIENT, shard_rule="msync", worker_loop="gradient", one_push_per_round=True,
+                     equal_steps=True, whole_pushes=True, settings=MsyncSettings),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),

@@ -16,6 +16,7 @@ to the aggregation the protocol's settings name (aggregation.py, `--aggregation`
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
@@ -25,6 +26,7 @@ from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import (
     SPECS,
     AsyncSettings,
+    MsyncSettings,
     ProtocolSettings,
     RingmasterSettings,
     RoundSettings,
@@ -38,6 +40,8 @@ from dynabatch.ps.step_size import staleness_step
 
 if TYPE_CHECKING:
     from dynabatch.ps.shard_state import ShardState
+
+log = logging.getLogger("dynabatch.ps")
 
 
 def one_per_round(rule: str) -> bool:
@@ -112,6 +116,11 @@ class ShardRule:
 
     def pushed(self, worker: str, samples: int) -> None:
         """`worker` pushed a gradient of `samples` samples (taken or discarded)."""
+
+    def round_full(self, worker: str, base_versions: dict[int, int]) -> bool:
+        """Whether a gradient no older than `max_delay` allows is discarded all the same, its round having taken
+        all the workers it takes (msync); asked once the push passed every other check, so it may count it in."""
+        return False
 
 
 class AsyncRule(ShardRule):
@@ -391,6 +400,64 @@ class RoundRule(_RoundRule[SyncRound]):
         return True
 
 
+class MsyncRule(RoundRule):
+    """m-synchronous SGD (the m fastest of each round, as Tyurin and Richtarik 2023 name it): each round applies the
+    aggregate of the first m workers' gradients computed at its model (by default their sample-weighted mean);
+    the others of that round are discarded as ssgd's late ones are (TOO_STALE, counted in `discarded`), and
+    their workers pull the new model. m = 0 waits for every live worker, which is ssgd's round; an m above the
+    live workers (some left) is clamped to them, with a line in the shard's log. A chosen worker that leaves
+    takes its pushes out of the open rounds, so that its place goes to another on every chunk alike.
+
+    The m workers are chosen on the shard, not chunk by chunk: the first m whose push of a gradient computed at
+    version v arrives (any of its chunks) are the round's, and a later one's push of that version is discarded on
+    every chunk, even one whose round is still open. A pipelined step pushes a shard's chunks in several
+    messages; chosen per chunk, the rounds of different chunks took different workers, a worker's gradient was
+    taken on some chunks and discarded on others, and its next pull, no longer waiting, met its own push still
+    in an open round ("already pushed").
+    """
+
+    NAME = "msync"
+    settings: MsyncSettings
+    reached: bool = False  # m workers have been live (fewer before that is the job starting, not a clamp to say)
+    clamped: bool = False
+
+    def __init__(self, shard: ShardState, settings: ProtocolSettings) -> None:
+        super().__init__(shard, settings)
+        self.chosen: dict[int, set[str]] = {}  # the version a round's gradients were computed at -> its workers
+
+    def _needed(self) -> int:
+        return self.settings.needed(len(self.shard.live - self.shard.idle))
+
+    def round_full(self, worker: str, base_versions: dict[int, int]) -> bool:
+        oldest = min(self.shard.chunk_versions.values())
+        self.chosen = {v: workers for v, workers in self.chosen.items() if v >= oldest}
+        workers = self.chosen.setdefault(min(base_versions.values()), set())
+        if worker not in workers and len(workers) >= self._needed():
+            return True
+        workers.add(worker)
+        return False
+
+    def _complete(self, cid: int) -> bool:
+        return len(self.rounds[cid].parts) >= self._needed()
+
+    def membership_changed(self) -> list[int]:
+        active = self.shard.live - self.shard.idle
+        for workers in self.chosen.values():
+            workers &= active  # a chosen worker that left makes room for another, on every chunk
+        for cid, open_round in self.rounds.items():
+            for gone in open_round.parts.keys() - active:
+                del open_round.parts[gone]
+            if not open_round:
+                self.started.pop(cid, None)
+        self.reached = self.reached or len(active) >= self.settings.m
+        clamped = self.reached and 0 < len(active) < self.settings.m
+        if clamped != self.clamped:
+            self.clamped = clamped
+            log.warning("msync: %s", f"--sync-m {self.settings.m} clamped to the {len(active)} live worker(s)"
+                        if clamped else f"back to --sync-m {self.settings.m} ({len(active)} live workers)")
+        return super().membership_changed()
+
+
 class OuterRule(RoundRule):
     """local and msd: each round aggregates the workers' parameter deltas (by default their sample-weighted
     mean) and applies it with the outer optimizer (plain averaging, or DiLoCo's Nesterov momentum), which is
@@ -501,6 +568,6 @@ class RennalaRule(_RoundRule[PooledRound]):
 
 
 RULES: dict[str, type[ShardRule]] = {
-    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RingmasterRule, RoundRule, OuterRule, SoftsyncRule,
-                                 RennalaRule)
+    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RingmasterRule, RoundRule, MsyncRule, OuterRule,
+                                 SoftsyncRule, RennalaRule)
 }

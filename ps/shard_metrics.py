@@ -41,7 +41,8 @@ class ShardMetrics:
         self.replies_dropped = Counter("dynabatch_ps_replies_dropped", "Replies dropped: their peer had left too "
                                        "many unread.", ["shard"], registry=registry).labels(**labels)
         self.discarded = Counter("dynabatch_ps_discarded_gradients", "Pushes the protocol discarded as computed on "
-                                 "too old a model (ssgd, ringmaster, rennala); their workers pulled again.", ["shard"],
+                                 "too old a model (ssgd, msync, ringmaster, rennala); their workers pulled again.",
+                                 ["shard"],
                                  registry=registry).labels(**labels)
         self.held = Counter("dynabatch_ps_held_pushes", "Pushes held, by worker: it ran ahead of the slowest other "
                             "worker before the direction check could vouch for it (--direction-check); nothing "

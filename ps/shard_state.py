@@ -54,8 +54,8 @@ class ProtocolRefusal(ProtocolError):
 
 
 class StaleGradient(ProtocolRefusal):
-    """A gradient computed on too old a model, discarded by the protocol (ssgd, ringmaster, rennala): nothing changed,
-    and the worker pulls the current model and computes again."""
+    """A gradient computed on too old a model, discarded by the protocol (ssgd, msync, ringmaster, rennala): nothing
+    changed, and the worker pulls the current model and computes again."""
 
     CODE = ErrorCode.TOO_STALE
 
@@ -217,12 +217,14 @@ class ShardState:
         self.rule.check(worker, list(tensors))
         staleness = {cid: max(0, self.chunk_versions[cid] - base_versions[cid]) for cid in tensors}
         limit = self.rule.max_delay()
-        if limit is not None and max(staleness.values(), default=0) >= limit:
+        late = limit is not None and max(staleness.values(), default=0) >= limit
+        if late or self.rule.round_full(worker, base_versions):
             self.rule.pushed(worker, samples)
             self.discarded += 1
             self.discarded_samples += samples
-            raise StaleGradient(f"{self.protocol} discards a gradient {max(staleness.values())} versions stale "
-                                f"(the limit is {limit}); pull the current model")
+            why = (f"{max(staleness.values())} versions stale (the limit is {limit})" if late
+                   else "whose round already has the gradients it takes")
+            raise StaleGradient(f"{self.protocol} discards a gradient {why}; pull the current model")
         applied = []
         for cid in sorted(tensors):
             if self.rule.take(cid, worker, tensors[cid], samples, staleness[cid], now):

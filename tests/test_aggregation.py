@@ -179,8 +179,8 @@ def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs
 
 
 def test_the_round_protocols_are_those_that_close_rounds():
-    assert {name for name, spec in SPECS.items() if spec.closes_rounds} == {"ssgd", "softsync", "rennala", "local",
-                                                                              "msd"}
+    assert {name for name, spec in SPECS.items() if spec.closes_rounds} == {"ssgd", "msync", "softsync", "rennala",
+                                                                              "local", "msd"}
 
 
 @pytest.mark.parametrize("protocol", [name for name, spec in SPECS.items() if not spec.closes_rounds])

@@ -19,6 +19,7 @@ from dynabatch.common.protocols import (
     GRADIENT,
     PROTOCOLS,
     SPECS,
+    MsyncSettings,
     OuterSettings,
     ProtocolSettings,
     SoftsyncSettings,
@@ -95,10 +96,11 @@ def test_push_behind_needs_prefetch_pull():
 @pytest.mark.parametrize("name", PROTOCOLS)
 def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name):
     """The spec names its settings class; the flags (same names as ever) build it; the shard rule holds it."""
-    job = JobConfig(protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False)
+    job = JobConfig(protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False,
+                    sync_m=2)
     settings = protocol_settings(job)
     assert type(settings) is SPECS[name].settings
-    expected = {SoftsyncSettings: SoftsyncSettings(3), SspSettings: SspSettings(5),
+    expected = {SoftsyncSettings: SoftsyncSettings(3), SspSettings: SspSettings(5), MsyncSettings: MsyncSettings(2),
                 OuterSettings: OuterSettings(0.7, 0.9, False)}.get(type(settings), SPECS[name].settings())
     assert settings == expected
     state = ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), name, 8, settings)
@@ -145,6 +147,40 @@ def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path, protocol, pol
         assert slow["samples"] > 0, "the slow worker's gradients are not all discarded"
     worker_logs = "".join(log.read_text() for log in (run / "logs").glob("worker*.log"))
     assert "step failed" not in worker_logs, "a discarded gradient is not an error"
+
+
+@pytest.mark.slow
+def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_path):
+    """m = 2 of three workers, one 16x slower, fixed batches: every round closes on the two fast workers' gradients,
+    so the slow worker's, computed at a model rounds old by the time they arrive, are discarded (counted, not
+    errors); the job still ends at its epochs, counted from the samples taken. The slowdown emulates compute
+    alone, and the MLP's step is mostly transfers: at 4x (128 samples) the slow step was only about 1.5x the
+    others' under load and came in among the first two; at 16x it never did (0 of 35)."""
+    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "1", "--global-batch",
+                     "384", "--workers", "3", "--slowdowns", "1", "1", "16", "--protocol", "msync", "--sync-m", "2",
+                     "--batch-policy", "fixed", "--eval-interval-s", "600")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["protocol"] == "msync" and summary["epochs"] >= 1, summary
+    samples = {w["name"]: w["samples"] for w in summary["workers"].values()}
+    assert summary["discarded"] > 0, summary
+    assert samples["worker2"] <= 0.1 * min(samples["worker0"], samples["worker1"]), samples
+    worker_logs = "".join(log.read_text() for log in (run / "logs").glob("worker*.log"))
+    assert "step failed" not in worker_logs, "a discarded gradient is not an error"
+
+
+def test_an_m_above_the_starting_workers_is_refused():
+    JobConfig(protocol="msync", sync_m=3, min_workers=3).validate()
+    with pytest.raises(ConfigError, match="--sync-m 4: a round takes the first m gradients"):
+        JobConfig(protocol="msync", sync_m=4, min_workers=3).validate()
+
+
+def test_msync_takes_a_workers_gradient_whole_never_pipelined():
+    """Its round chooses workers by their first push: a step pushed chunk by chunk would be chosen on some chunks
+    and discarded on others, and the next pull would mix two rounds' chunks."""
+    assert not JobConfig(protocol="msync").pipelines(chunks=10)
+    assert JobConfig(protocol="ssgd").pipelines(chunks=10)
+    with pytest.raises(ConfigError, match="--pipeline on: protocol msync takes a worker's gradient whole"):
+        JobConfig(protocol="msync", pipeline="on").validate()
 
 
 def test_every_settings_flag_is_a_job_field_named_once():

@@ -49,6 +49,16 @@ def test_a_zero_that_means_nothing_is_refused(tmp_path, flag):
     assert refuse(tmp_path, [*BUILTIN, flag, "0"]) == f"dynabatch run: error: {flag}: 0.0 must be above 0"
 
 
+def test_an_m_above_the_workers_is_refused(tmp_path):
+    flags = [*BUILTIN, "--protocol", "msync", "--workers", "2", "--slowdowns", "1", "1"]
+    assert refuse(tmp_path, [*flags, "--sync-m", "3"]) == (
+        "dynabatch run: error: --sync-m 3: a round takes the first m gradients of m different workers, and the job "
+        "starts with 2 worker(s) (--min-workers; dynabatch run: --workers): choose m between 1 and 2, or 0 for every "
+        "live worker")
+    assert refuse(tmp_path, [*BUILTIN, "--protocol", "msync", "--sync-m", "-1"]) == (
+        "dynabatch run: error: --sync-m: -1 is below the minimum 0")
+
+
 def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNABATCH_EPOCHS", "nan")
     assert refuse(tmp_path, BUILTIN) == "dynabatch run: error: --epochs: nan is not a finite number"

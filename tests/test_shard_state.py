@@ -10,6 +10,7 @@ from dynabatch.common.chunking import make_layout
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import (
     AsyncSettings,
+    MsyncSettings,
     OuterSettings,
     RingmasterSettings,
     SoftsyncSettings,
@@ -475,6 +476,73 @@ def test_rennala_steps_once_b_samples_at_the_current_version_are_in_and_discards
     assert state.discarded == 1 and state.version == 1
     assert not _push(state, "w2", g[3], 1, 95).applied, "95 < B samples: no step yet"
     assert _push(state, "w0", g[0], 1, 1).applied and state.version == 2
+
+
+def test_msync_applies_the_first_m_of_a_round_and_discards_the_rest(caplog):
+    """m = 2 of three workers: each round steps once, on the sample-weighted mean of the first two gradients
+    computed at its model; the third, computed at the old model, is discarded and counted, and changes nothing."""
+    state, w0 = _state("msync", settings=MsyncSettings(2))
+    gen = torch.Generator().manual_seed(13)
+    g = [torch.randn(1000, generator=gen) for _ in range(5)]
+    assert not _push(state, "w2", g[0], 0, 32).applied
+    assert _unchanged(state, w0)
+    out = _push(state, "w0", g[1], 0, 64)
+    assert out.applied == [c.id for c in state.chunks] and state.version == 1, "the second gradient closes the round"
+    first = _reference(w0, [((32 * g[0] + 64 * g[1]) / 96, 1.0)])
+    torch.testing.assert_close(_flat(state), first)
+    with pytest.raises(StaleGradient):
+        _push(state, "w1", g[2], 0, 32)  # the round's third: computed at version 0, the model is at 1
+    torch.testing.assert_close(_flat(state), first)
+    assert (state.discarded, state.discarded_samples, state.version) == (1, 32, 1)
+    assert not _push(state, "w1", g[3], 1, 32).applied, "the late worker's next gradient enters the next round"
+    with pytest.raises(ProtocolError, match="already pushed"):
+        _push(state, "w1", g[3], 1, 32)
+    assert _push(state, "w2", g[4], 1, 32).applied and state.version == 2, "one version per round"
+    torch.testing.assert_close(_flat(state), _reference(w0, [((32 * g[0] + 64 * g[1]) / 96, 1.0),
+                                                              ((g[3] + g[4]) / 2, 1.0)]))
+    _push(state, "w0", g[0], 2, 32)
+    with caplog.at_level("WARNING", logger="dynabatch.ps"):
+        state.set_membership({"w0"}, allocated=1)
+    assert state.version == 3, "m clamped to the one live worker: its waiting gradient closes the round"
+    assert "--sync-m 2 clamped to the 1 live worker(s)" in caplog.text
+
+
+def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk():
+    """A pipelined step pushes a shard's chunks in several messages: the first two workers to push any chunk of a
+    version are that round's on every chunk, and the third's push of that version is discarded even on a chunk
+    whose round is still open, so no gradient is taken on some chunks and discarded on others."""
+    state, _ = _state("msync", settings=MsyncSettings(2))
+    chunks = [c.id for c in state.chunks]
+    assert len(chunks) >= 2
+    g = _split(state, torch.ones(1000))
+
+    def push(worker: str, ids: list[int]):
+        return state.push(worker, {c: g[c] for c in ids}, {c: 0 for c in ids}, 32, state.kind, 0.0)
+
+    push("w0", chunks[:1])
+    push("w1", chunks[1:])
+    with pytest.raises(StaleGradient, match="whose round already has the gradients it takes"):
+        push("w2", chunks[:1])
+    assert state.version == 0 and state.discarded == 1
+    assert push("w1", chunks[:1]).applied == chunks[:1]
+    assert push("w0", chunks[1:]).applied == chunks[1:] and state.version == 1
+
+    def push_at_1(worker: str, ids: list[int]):
+        return state.push(worker, {c: g[c] for c in ids}, {c: 1 for c in ids}, 32, state.kind, 0.0)
+
+    push_at_1("w0", chunks[:1])
+    push_at_1("w1", chunks[1:])
+    state.set_membership({"w0", "w2"}, allocated=2)
+    push_at_1("w2", chunks[:1])  # w1, chosen, left: w2 takes its place
+    assert push_at_1("w0", chunks[1:]).applied == [] and push_at_1("w2", chunks[1:]).applied == chunks[1:]
+    assert state.version == 2
+
+
+def test_msync_m_0_waits_for_every_live_worker_as_ssgd():
+    state, _ = _state("msync", settings=MsyncSettings(0))
+    g = torch.ones(1000)
+    assert not _push(state, "w0", g, 0, 32).applied and not _push(state, "w1", g, 0, 32).applied
+    assert _push(state, "w2", g, 0, 32).applied and state.version == 1
 
 
 def test_rennala_holds_a_pull_while_the_round_has_its_samples_on_their_way():

@@ -143,6 +143,18 @@ def test_ringmaster_discards_what_reaches_r_and_rennala_wastes_little(data):
     assert rennala.discarded_fraction < 0.1 and rennala.samples > 0
 
 
+@pytest.mark.parametrize("policy", ["fixed", "dynamic"])
+def test_msync_takes_the_first_m_of_each_round_and_drops_the_slow_workers(data, policy):
+    """bench4 (1, 1, 2, 4x), m = 2: every round closes on the two 1x workers' gradients; the slower workers' arrive
+    once it has closed and are discarded, under either policy (dynamic batches equalize steps only within the
+    batch bounds), and every gradient taken was computed at its round's model."""
+    r = simulate(tiny("msync", policy, PROFILES["bench4"](), budget_s=0.6, noise=0.0, job={"sync_m": 2}), data)
+    assert r.curve[-1][2] > r.curve[0][2]
+    assert r.worker_samples["sim0"] > 0 and r.worker_samples["sim1"] > 0
+    assert r.worker_samples["sim2"] == r.worker_samples["sim3"] == 0, r.worker_samples
+    assert r.discarded_fraction > 0.2 and r.staleness_counts == [r.staleness_counts[0]]
+
+
 def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under_ssgd(data):
     """links16's shape, small: equally fast nodes, two behind links 10x slower (a step's transfers 0.04 virtual s
     against 0.02 of compute at the equal share of 32). Under asgd the dynamic split keeps their batch at the

@@ -69,8 +69,8 @@ class WorkerMetrics:
                                ["worker", "reason"], registry=registry)
         self.skipped.labels(worker, "non_finite_loss")
         self.discarded = Counter("dynabatch_worker_discarded_steps", "Steps whose gradient the shards discarded as "
-                                 "computed on too old a model (ssgd, ringmaster, rennala), or held: ahead of the "
-                                 "other workers before the direction check could vouch for it.", ["worker"],
+                                 "computed on too old a model (ssgd, msync, ringmaster, rennala), or held: ahead of "
+                                 "the other workers before the direction check could vouch for it.", ["worker"],
                                  registry=registry).labels(worker)
         self.worker = worker
 
