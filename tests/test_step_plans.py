@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ACTIONS = {"Pull", "Compute", "Push", "Advance"}
 # What the planners read of a protocol's spec: nothing else in worker/ or bench/ may read it (the worker picks its
 # loop by the spec's `worker_loop`, the name of the planner that loop runs).
-PLANNER_FACTS = {"one_push_per_round", "held_pull_waits", "ends_by_rounds"}
+PLANNER_FACTS = {"one_push_per_round", "held_pull_waits"}
 
 
 @dataclass
