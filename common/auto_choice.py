@@ -37,7 +37,7 @@ def choose(cluster: Cluster, noise: NoiseScale, current: tuple[str, str] | None 
            protocols: Sequence[str] = tuple(PROTOCOLS)) -> Choice:
     """The method among `protocols` (x every policy) predicted fastest to target on `cluster`; `current` (the
     running protocol and policy) is kept unless the best is predicted HYSTERESIS faster."""
-    ranked = [p for p in predict_all(cluster, noise) if p.protocol in protocols]
+    ranked = predict_all(cluster, noise, protocols)
     if not ranked:
         raise ValueError(f"choose: none of {list(protocols)} is modelled (modelled: {', '.join(PROTOCOLS)})")
     best, star = ranked[0], optimum(cluster, noise).time_s

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from dynabatch.common.cluster_file import ClusterFile, WorkerGroup
 from dynabatch.common.optimum import PER_WORKER_BATCHES, Device, NoiseScale, Optimum, calibrated_optimum
+from dynabatch.common.protocols import SPECS, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 
 STALENESS_WEIGHT = 1.0
@@ -187,17 +188,21 @@ def _asynchronous(cluster: Cluster, noise: NoiseScale, batches: Sequence[float])
     return samples * slowed, mean * (1 + STALENESS_WEIGHT * (len(pairs) - 1))
 
 
-PROTOCOLS: dict[str, tuple[bool, Callable[[Cluster, NoiseScale, Sequence[float]], tuple[float, float]]]] = {
-    "ssgd": (True, _synchronous),
-    "asgd": (False, _asynchronous),
+RULES: dict[str, tuple[bool, Callable[[Cluster, NoiseScale, Sequence[float]], tuple[float, float]]]] = {
+    "round": (True, _synchronous),
+    "async": (False, _asynchronous),
 }
-"""Each modelled protocol: whether a round waits for the slowest worker, and its (samples/s, samples per update)."""
+"""Each modelled shard rule (ProtocolSpec.shard_rule): whether a round waits for the slowest worker, and its
+(samples/s, samples per update)."""
+
+PROTOCOLS: tuple[str, ...] = tuple(name for name, spec in SPECS.items() if spec.shard_rule in RULES)
+"""The protocols whose shard rule is modelled (ssgd's round, asgd's take on arrival)."""
 
 
 def predict(cluster: Cluster, noise: NoiseScale, protocol: str, policy: str) -> Prediction:
     """The time to target of `protocol` with batch `policy` on `cluster`: the samples K(b) b = K_min (b + B_noise)
     at the effective batch b of an update, over the samples per second. KeyError for a method not modelled."""
-    waits, throughput = PROTOCOLS[protocol]
+    waits, throughput = RULES[protocol_spec(protocol).shard_rule]
     batches = POLICIES[policy](cluster, waits)
     samples_per_s, effective = throughput(cluster, noise, batches)
     steps = tuple(cluster.step_s(n, b) if b > 0 else 0.0 for n, b in zip(cluster.nodes, batches, strict=True))
@@ -205,9 +210,10 @@ def predict(cluster: Cluster, noise: NoiseScale, protocol: str, policy: str) -> 
                       noise.samples(effective) / samples_per_s)
 
 
-def predict_all(cluster: Cluster, noise: NoiseScale) -> list[Prediction]:
-    """Every modelled protocol with every policy, fastest first."""
-    return sorted((predict(cluster, noise, p, q) for p in PROTOCOLS for q in POLICIES), key=lambda p: p.time_s)
+def predict_all(cluster: Cluster, noise: NoiseScale, protocols: Sequence[str] = PROTOCOLS) -> list[Prediction]:
+    """Each of `protocols` that is modelled, with every policy, fastest first."""
+    modelled = [p for p in protocols if p in PROTOCOLS]
+    return sorted((predict(cluster, noise, p, q) for p in modelled for q in POLICIES), key=lambda p: p.time_s)
 
 
 def optimum(cluster: Cluster, noise: NoiseScale) -> Optimum:
