@@ -131,14 +131,26 @@ class Allocator:
         last batches are sized to what is left, and they finish together. An allotment never shrinks (a worker
         may be stepping with it), except that of a worker left out with batch 0; what a worker that left, or was
         left out, did not use goes back to the job.
+
+        Where every round takes one push of every worker (ssgd, local, msd), the workers' reports lag one another
+        by up to a round: a lead counts from the most advanced report (in pushes), and the split hands out whole
+        pushes to the worker fewest pushes ahead (`levelled`), so that every worker ends at the same round and
+        no round past it trains one worker's remainder alone.
         """
         have = {w: max(self.allotted.get(w, 0) if self.allocation.get(w, 0) else 0, n) for w, n in samples.items()}
         unallotted = max(0, budget - sum(have.values()))
-        lacking = {w: max(0, n + ALLOT_AHEAD * self.push_samples(w) - have[w]) for w, n in samples.items()}
+        pushes = {w: self.push_samples(w) for w in samples}
+        reported = dict(samples)
+        if self.spec.one_push_per_round:
+            ahead = max((n / pushes[w] for w, n in samples.items() if pushes[w] > 0), default=0.0)
+            reported = {w: max(n, round(ahead * pushes[w])) for w, n in samples.items()}
+        lacking = {w: max(0, reported[w] + ALLOT_AHEAD * pushes[w] - have[w]) for w in samples}
         if unallotted >= sum(lacking.values()):
             have[worker] = have.get(worker, 0) + lacking.get(worker, 0)
         else:
-            for w, share in shares(unallotted, lacking).items():
+            split = (levelled(unallotted, {w: have[w] for w in lacking if lacking[w] > 0}, pushes)
+                     if self.spec.one_push_per_round else shares(unallotted, lacking))
+            for w, share in split.items():
                 have[w] += share
         self.allotted = have
         self.left = {w: have[w] - n for w, n in samples.items()}
@@ -272,6 +284,21 @@ class Allocator:
         speeds = {instance: SavedSpeed(sps, self.speeds[wid].window())
                   for instance, (wid, sps) in instances.items() if wid in self.speeds}
         return dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:])
+
+
+def levelled(total: int, have: dict[str, int], pushes: dict[str, int]) -> dict[str, int]:
+    """`total` handed out a push at a time (`pushes`: each worker's samples per push) to the worker whose
+    allotment `have` is fewest pushes long (ties by id), the last push cut to what is left: workers of equal
+    rounds end at the same round."""
+    out = {w: 0 for w in have}
+    pushing = sorted(w for w in have if pushes.get(w, 0) > 0)
+    left = total
+    while left > 0 and pushing:
+        w = min(pushing, key=lambda k: ((have[k] + out[k]) / pushes[k], k))
+        give = min(pushes[w], left)
+        out[w] += give
+        left -= give
+    return out
 
 
 def shares(total: int, weights: dict[str, int]) -> dict[str, int]:

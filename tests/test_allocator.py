@@ -14,6 +14,7 @@ from dynabatch.scheduler.allocator import (
     DECISIONS_KEPT,
     HANDED_KEPT,
     Allocator,
+    levelled,
     own_compute_seconds,
     own_step_seconds,
     shares,
@@ -264,3 +265,18 @@ def test_the_efficient_policy_amortises_a_slow_links_transfers_over_a_larger_bat
     allocator = _allocator(protocol="asgd", global_batch=96, batch_policy="efficient")
     transfers = {"w0": 0.005, "w1": 0.005, "w2": 0.150}
     assert _one_step_each(allocator, transfers, {w: 1e-3 for w in transfers}) == {"w0": 8, "w1": 8, "w2": 80}
+
+
+def test_round_workers_whose_reports_lag_a_round_are_allotted_to_the_same_last_round():
+    """ssgd, 48 each, a budget of 7,200 (75 rounds): the two workers' reports reach the scheduler a round apart in
+    turn, so each would take the last samples at its own answer and one would train a 76th round alone; counting
+    leads from the most advanced report and levelling the split in whole pushes ends both at round 75."""
+    allocator = _fixed_pair(protocol="ssgd")
+    for w0, w1 in ((0, 0), (3312, 3264), (3360, 3264), (3408, 3360), (3456, 3360), (3456, 3408), (3504, 3456),
+                   (3552, 3504), (3600, 3552), (3600, 3600)):
+        for worker in ("w0", "w1"):
+            allocator.allot(worker, {"w0": w0, "w1": w1}, budget=7200)
+            assert allocator.allotted[worker] <= 3600, (worker, w0, w1, allocator.allotted)
+    assert allocator.allotted == {"w0": 3600, "w1": 3600} and allocator.unallotted == 0
+    assert levelled(144, {"a": 3552, "b": 3504}, {"a": 48, "b": 48}) == {"a": 48, "b": 96}
+    assert levelled(30, {"a": 0, "b": 0}, {"a": 48, "b": 0}) == {"a": 30, "b": 0}, "the last push cut to what is left"

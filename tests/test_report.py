@@ -127,7 +127,7 @@ WORKER_KEYS = {
     "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
     "push_s", "wait_s", "samples_per_s", "standalone_sps", "loss", "step_s_total", "observed_steps",
     "compute_s_total", "observed_samples", "version", "updates", "endpoint", "data_s", "data_s_total", "max_batch",
-    "slowdown",
+    "slowdown", "chunk_group", "credit_bytes", "wire_reason", "serve_rank",
 }
 
 
