@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
+from bench.profile_file import ClusterProfile, read_profile
 from bench.reference_time import STUDY_SETTING, cluster_optimum
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
 from dynabatch.common.data import load_dataset
@@ -46,6 +47,9 @@ STEP_LRS = (0.005, 0.01, 0.02, 0.04)
 ROUND_LRS = (0.05, 0.1, 0.2, 0.4)
 """Step sizes tried for a method that steps once per B samples (a round): a step of n times the samples takes a
 larger rate (between the square root and linear scaling rules for n = 16 to 64)."""
+LOCAL_LRS = (0.02, 0.04, 0.08, 0.16)
+"""Step sizes tried for local SGD's local steps: staleness-free steps of B/n samples, whose best step size in
+sequential SGD is 0.16 at 32 and 128 samples (bench/RESULTS.md 10d)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("LB-BSP (ssgd+dynamic)", "ssgd", "dynamic", lrs=ROUND_LRS),
     Method("n-softsync", "softsync", "fixed", lrs=ROUND_LRS),
     Method("multi-step delay", "msd", "dynamic"),
+    Method("ssgd+fixed", "ssgd", "fixed", lrs=ROUND_LRS),
+    Method("rennala+fixed", "rennala", "fixed", lrs=ROUND_LRS),
+    Method("local+fixed", "local", "fixed", lrs=LOCAL_LRS),
+    Method("local+dynamic", "local", "dynamic", lrs=LOCAL_LRS),
 )}
 """Every method the study can compare; a protocol added later adds its Method here."""
 
@@ -96,6 +104,12 @@ class Profile:
     eval_size: int = 1000
     model: str = "mlp"
     dataset: str = "fashion-mnist"
+    largest_lrs: int = 0  # tune over only this many of the largest step sizes of each method's grid (0: all)
+
+    def grid(self, method: str) -> tuple[float, ...]:
+        """The step sizes `method` is tuned over on this profile."""
+        lrs = self.lrs or METHODS[method].lrs
+        return lrs[-self.largest_lrs:] if self.largest_lrs else lrs
 
 
 TUNED_LRS: dict[str, dict[str, float]] = {
@@ -119,8 +133,13 @@ def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[Work
 
 
 UNSEEN = unseen_lognormal(6, seed=0)
-CLUSTERS = {**PROFILES, **UNSEEN}
-"""Every cluster a study can name: bench/simulate.py's profiles and the unseen log-normal ones."""
+FILES: dict[str, ClusterProfile] = {path.stem: read_profile(path)
+                                    for path in sorted((Path(__file__).parent / "profiles").glob("*.json"))}
+"""The cluster files of bench/profiles/ by name (mixed GPU generations, CPU beside GPU, a shard-bound job, mixed
+links): each worker's own step curve, cap and link, and the job's shards (bench/profile_file.py)."""
+CLUSTERS: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
+    **PROFILES, **UNSEEN, **{name: partial(getattr, f, "workers") for name, f in FILES.items()}}
+"""Every cluster a study can name: bench/simulate.py's profiles, the unseen log-normal ones and the cluster files."""
 ALL = tuple(METHODS)
 SEEDS = (0, 1, 2, 3, 4)
 CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ringmaster+dynamic", "rennala+dynamic",
@@ -128,7 +147,26 @@ CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ring
 """The methods the scale study compares: the default's candidates and the round protocol they must beat."""
 AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic")
 """The methods run with 256 workers: the issue's (the default, asgd+fixed, rennala, ringmaster) and DBS-SGD."""
+REGIME_METHODS = ("asgd+fixed", "DBS-SGD (capped weight)", "ssgd+fixed", "LB-BSP (ssgd+dynamic)", "rennala+fixed",
+                  "rennala+dynamic", "local+fixed", "local+dynamic")
+"""The methods of the regime study: four protocols, each with one batch for every worker (fixed) and sized per
+worker (dynamic)."""
+REGIME_BUDGET_S = {"mixed_links16": 40.0, "cpu_gpu8": 40.0, "mixed_gpus16": 40.0, "ps_bound64": 60.0}
+"""Virtual seconds per run of each cluster file: about twice what asgd+fixed takes to 80% at an untuned step size
+(bench/RESULTS.md 10b and 11), the files' clocks being their devices' and links'."""
+
+
+def regimes(methods: tuple[str, ...], seeds: tuple[int, ...], tune_seeds: tuple[int, ...],
+            largest_lrs: int = 0) -> tuple[Profile, ...]:
+    """The regime study: every cluster file at its own global batch, in real seconds (`slower` 1), judged every
+    virtual second."""
+    return tuple(Profile(name, FILES[name].global_batch, methods, seeds, tune_seeds, budget_s=budget, slower=1.0,
+                         eval_every_s=1.0, largest_lrs=largest_lrs) for name, budget in REGIME_BUDGET_S.items())
+
+
 STUDIES: dict[str, tuple[Profile, ...]] = {
+    "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
+    "regimes-reduced": regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=3),
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
         Profile("tail16", 512, ALL, SEEDS),
@@ -170,11 +208,12 @@ def sim_config(run: Run) -> SimConfig:
     """The run as the simulator takes it: the profile's nodes, times scaled by `slower`, the method's settings."""
     p, method = run.profile, METHODS[run.method]
     base = SimConfig(method.protocol, method.policy, CLUSTERS[p.profile]())
+    transfers = FILES[p.profile].sim_settings() if p.profile in FILES else {}
     return SimConfig(method.protocol, method.policy, base.workers, seed=run.seed, budget_s=p.budget_s,
                      global_batch=p.global_batch, fixed_s=base.fixed_s * p.slower,
                      per_sample_s=base.per_sample_s * p.slower, comm_s=base.comm_s * p.slower, model=p.model,
                      eval_every_s=p.eval_every_s, eval_size=p.eval_size, dataset=p.dataset,
-                     job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)})
+                     job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)}, **transfers)
 
 
 def diverged(r: dict[str, Any]) -> bool:
@@ -265,22 +304,21 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
         earlier = Results(**json.loads((out / "results.json").read_text()))
         res.tuning, res.report = earlier.tuning, earlier.report
     log = lambda s: print(s, flush=True)  # noqa: E731
-    tuning = [Run(p, m, lr, s, True) for p in profiles if not p.lr_from for m in p.methods
-              for lr in p.lrs or METHODS[m].lrs for s in p.tune_seeds]
-    for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
-        res.tuning.setdefault(run.profile.profile, []).append(_record(run, r))
-        write(res, out, plots=False)
-    for p in (p for p in profiles if not p.lr_from):
-        runs = res.tuning.get(p.profile, [])
-        res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target) for m in p.methods}
-    report = []
-    for p in profiles:
-        tuned: dict[str, float | None] = dict(TUNED_LRS.get(p.lr_from, {}))
-        chosen = res.chosen.setdefault(p.lr_from or p.profile, tuned)
-        report += [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
-    for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
-        res.report.setdefault(run.profile.profile, []).append(_record(run, r))
-        write(res, out, plots=False)
+    for p in profiles:  # one profile at a time, so that a study stopped early has whole tables
+        tuning = [] if p.lr_from else [Run(p, m, lr, s, True) for m in p.methods for lr in p.grid(m)
+                                       for s in p.tune_seeds]
+        for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
+            res.tuning.setdefault(p.profile, []).append(_record(run, r))
+            write(res, out, plots=False)
+        if not p.lr_from:
+            runs = res.tuning.get(p.profile, [])
+            res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target)
+                                     for m in p.methods}
+        chosen = res.chosen.setdefault(p.lr_from or p.profile, dict(TUNED_LRS.get(p.lr_from, {})))
+        report = [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
+        for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
+            res.report.setdefault(p.profile, []).append(_record(run, r))
+            write(res, out, plots=False)
     write(res, out, plots=True)
     print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
     print(f"default by measurement: {choose_default(res)}", flush=True)
