@@ -20,6 +20,8 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned-changing   # shifting32 and churn32 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
+    python -m bench.simulate --study regimes --jobs 2  # the regime study: every cluster file of bench/profiles/
+    python -m bench.simulate --study regimes-reduced --jobs 2  # the same: 3 seeds, tuned on one, 3 step sizes
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
 """
 
@@ -151,9 +153,9 @@ REGIME_METHODS = ("asgd+fixed", "DBS-SGD (capped weight)", "ssgd+fixed", "LB-BSP
                   "rennala+dynamic", "local+fixed", "local+dynamic")
 """The methods of the regime study: four protocols, each with one batch for every worker (fixed) and sized per
 worker (dynamic)."""
-REGIME_BUDGET_S = {"mixed_links16": 40.0, "cpu_gpu8": 40.0, "mixed_gpus16": 40.0, "ps_bound64": 60.0}
-"""Virtual seconds per run of each cluster file: about twice what asgd+fixed takes to 80% at an untuned step size
-(bench/RESULTS.md 10b and 11), the files' clocks being their devices' and links'."""
+REGIME_BUDGET_S = {"mixed_gpus16": 40.0, "cpu_gpu8": 40.0, "mixed_links16": 60.0, "ps_bound64": 60.0}
+"""Virtual seconds per run of each cluster file (the files' clocks are their devices' and links'): beyond the time
+asgd+fixed takes to 80% at an untuned step size (bench/RESULTS.md 10b), most where links or a shard bound it."""
 
 
 def regimes(methods: tuple[str, ...], seeds: tuple[int, ...], tune_seeds: tuple[int, ...],
@@ -376,8 +378,8 @@ def reference_s(p: dict[str, Any]) -> float | None:
 
 
 def render(res: Results) -> str:
-    """Per profile: each method's tuned step size and figures, and each method's time against asgd+fixed's and
-    against T*, the cluster's optimal time."""
+    """Per profile: each method's tuned step size and figures, and each method's time against asgd+fixed's, the
+    best method's and T*, the cluster's optimal time."""
     out = []
     for name, p in res.profiles.items():
         runs = res.report.get(name, [])
@@ -391,28 +393,35 @@ def render(res: Results) -> str:
         out += [f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
                 f"seeds {', '.join(map(str, p['seeds']))}; {tuned}"
                 + ("" if t_star is None else f"; T* = {t_star:.1f} s"), "",
-                f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged | test acc. at budget "
-                "| samples/s | staleness mean | time / asgd+fixed's | time / T* |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged (runs) "
+                "| diverged in any seed | test acc. at budget | samples/s | staleness mean | time / asgd+fixed's "
+                "| time / best | time / T* |",
+                "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
+        best = min((r["time"] for r in rows if r["runs"]), default=math.inf)
         for row in rows:
             if not row["runs"]:  # no step size to run at, or an interrupted study that had not run it yet
                 why = "every step size diverged in tuning" if row["lr"] is None else f"not run (lr {row['lr']:g})"
-                out.append(f"| {row['method']} | – | {why} | | | | | | | |")
+                out.append(f"| {row['method']} | – | {why} | | | | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
-            ratio = (f"{row['time'] / base:.2f}x" if math.isfinite(row["time"]) and math.isfinite(base) else "–")
-            to_star = f"{row['time'] / t_star:.2f}x" if t_star and math.isfinite(row["time"]) else "–"
             out.append(f"| {row['method']} | {row['lr']:g} | {t} | {row['reached']}/{row['runs']} | "
-                       f"{row['diverged']}/{row['runs']} | {100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | "
-                       f"{row['sps']:,.0f} | {row['stale']:.1f} | {ratio} | {to_star} |")
+                       f"{row['diverged']}/{row['runs']} | {'yes' if row['diverged'] else 'no'} | "
+                       f"{100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | {row['sps']:,.0f} | "
+                       f"{row['stale']:.1f} | {_ratio(row['time'], base)} | {_ratio(row['time'], best)} | "
+                       f"{_ratio(row['time'], t_star or math.inf)} |")
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
     everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
     out += [f"The whole study: {_minutes(everything)} of CPU; `--jobs 2` takes about half that in wall time.",
             "", f"Default by measurement (best median time to target over the profiles, never diverged): "
             f"**{choose_default(res)}**", ""]
     return "\n".join(out)
+
+
+def _ratio(time_s: float, reference_s: float) -> str:
+    """`time_s` against `reference_s`, or a dash where either is not known (never reached, no reference)."""
+    return f"{time_s / reference_s:.2f}x" if math.isfinite(time_s) and math.isfinite(reference_s) else "–"
 
 
 def _minutes(runs: list[dict[str, Any]]) -> str:
