@@ -166,5 +166,6 @@ def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path, capsys):
     assert "each method's step size tuned over its grid on seeds 100" in report
     assert all(any(f"| {m} | {lr:g} |" in report for lr in quick.lrs) for m in quick.methods), report
     assert (tmp_path / "tuned-quick" / "tuned_bench4.png").stat().st_size > 10_000
+    assert "### mixed_gpus16: 16 workers" in report and (tmp_path / "tuned-quick" / "tuned_mixed_gpus16.png").exists()
     assert "default by measurement: " in capsys.readouterr().out
     assert "Cost (CPU minutes): 4 tuning runs, " in report and "The whole study: " in report
