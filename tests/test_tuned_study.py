@@ -115,7 +115,7 @@ def test_a_run_on_a_cluster_file_has_its_workers_curves_caps_links_and_the_jobs_
     assert {(w.fixed_s, w.per_sample_s, w.max_batch, w.link_mbit) for w in cfg.workers} == {
         (0.1185, 0.000804, 800, 25000), (0.1131, 0.00129, 600, 25000), (0.1656, 0.001667, 200, 25000),
         (0.0784, 0.004208, 200, 25000)}
-    assert profile.grid("asgd+fixed") == (0.02, 0.04) and profile.seeds == (0, 1, 2) and profile.budget_s == 30
+    assert profile.grid("asgd+fixed") == (0.02, 0.04) and profile.seeds == (0, 1, 2) and profile.budget_s == 60
     assert profile.tune_seeds == (100,) and not set(profile.tune_seeds) & set(profile.seeds)
 
 
