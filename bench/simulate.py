@@ -721,7 +721,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the shards' --gradient-bound (0: off)")
     p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-scale",
                                        "tuned-256", "tuned-unseen", "tuned-changing",
-                                       "tuned-quick", "regimes", "regimes-reduced"),
+                                       "tuned-quick", "tuned-recheck", "regimes", "regimes-reduced"),
                    help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
                         "method at its own tuned step size)")
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")

@@ -16,6 +16,7 @@ profile, among those that never diverged in any run (`choose_default`).
 
     python -m bench.simulate --study tuned --jobs 2   # about 75 minutes on 2 cores (125 of CPU)
     python -m bench.simulate --study tuned-256        # lognormal256 at the step sizes of TUNED_LRS
+    python -m bench.simulate --study tuned-recheck --jobs 2  # bench4 and tail16 as tuned-scale: 9h again, reduced
     python -m bench.simulate --study tuned-unseen     # the default on log-normal clusters never tuned on
     python -m bench.simulate --study tuned-changing   # shifting32 and churn32 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
@@ -182,6 +183,10 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
     "tuned-scale": (
         Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
         Profile("lognormal64", 2048, CANDIDATES, (0, 1, 2), (100,)),
+    ),
+    "tuned-recheck": (
+        Profile("bench4", 128, CANDIDATES, (0, 1, 2), (100,)),
+        Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
     ),
     "tuned-256": (
         Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
