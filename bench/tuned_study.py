@@ -229,11 +229,19 @@ def sim_config(run: Run) -> SimConfig:
 
 def diverged(r: dict[str, Any]) -> bool:
     """Whether a run blew up: its training loss not finite or far above the untrained model's (about 2.3 for
-    ten classes), its model at the budget no better than chance, or an honest worker quarantined by the gradient
-    bound (its gradients grew past it: the model was blowing up)."""
+    ten classes), its model at the budget no better than chance after it moved (`never_updated`: a model that no
+    update reached did not blow up, it never trained), or an honest worker quarantined by the gradient bound (its
+    gradients grew past it: the model was blowing up)."""
     loss = r["final_train_loss"]
-    return (loss is None or not math.isfinite(loss) or loss > 10.0 or r["final_test_acc"] < 0.15
-            or r.get("quarantined", 0) > 0)
+    if r.get("quarantined", 0) > 0 or (loss is not None and (not math.isfinite(loss) or loss > 10.0)):
+        return True
+    return not never_updated(r) and (loss is None or r["final_test_acc"] < 0.15)
+
+
+def never_updated(r: dict[str, Any]) -> bool:
+    """Whether the evaluated model stayed the untrained one to the budget: every evaluation gave the first one's
+    accuracy (a round that waits for a worker behind a slow link may not close within the budget)."""
+    return all(acc == r["curve"][0][2] for _, _, acc in r["curve"])
 
 
 def time_to(r: dict[str, Any], mark: str) -> float:

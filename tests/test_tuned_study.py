@@ -41,6 +41,10 @@ def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_c
     assert diverged(_run("m", 0.1, None, loss=1e30))
     assert diverged(_run("m", 0.1, 30.0, acc=0.11))
     assert diverged({**_run("m", 0.1, 30.0), "quarantined": 1}), "an honest worker quarantined: it was blowing up"
+    untouched = {**_run("m", 0.1, None, loss=2.3, acc=0.05), "curve": [(0.0, 0, 0.05), (30.0, 700, 0.05)]}
+    assert not diverged(untouched), "no update reached the model (a round never closed): it did not blow up"
+    assert not diverged({**untouched, "final_train_loss": None})
+    assert diverged({**untouched, "final_train_loss": math.inf}), "a worker's own loss blew up"
 
 
 def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
