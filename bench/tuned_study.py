@@ -352,7 +352,8 @@ def _done(res: Results, run: Run) -> bool:
 
 def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]
                 ) -> list[dict[str, Any]]:
-    """Per method of a profile: its step size, median time to the target, how many runs got there and diverged."""
+    """Per method of a profile: its step size (its runs', else the one chosen for it), median time to the target,
+    how many runs got there and diverged."""
     rows = []
     for m in p["methods"]:
         rs = [r for r in runs if r["method"] == m]
@@ -361,7 +362,7 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
             continue
         accs = [r["final_test_acc"] for r in rs]
         rows.append({
-            "method": m, "lr": chosen.get(m), "runs": len(rs), "time": median_time(rs, p["target"]),
+            "method": m, "lr": rs[0]["lr"], "runs": len(rs), "time": median_time(rs, p["target"]),
             "reached": sum(1 for r in rs if time_to(r, p["target"]) != math.inf),
             "diverged": sum(1 for r in rs if diverged(r)), "acc": statistics.fmean(accs),
             "acc_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,

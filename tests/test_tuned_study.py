@@ -83,6 +83,8 @@ def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_whi
     assert t_star and f"T* = {t_star:.1f} s" in report and f"| 1.00x | {30.0 / t_star:.2f}x |" in report, report
     assert reference_s({**asdict(profile), "dataset": "synthetic"}) is None
     assert "| later | – | not run (lr 0.02) |" in report and "| unstable | – | every step size diverged" in report
+    resumed = render(Results(report={"bench4": [held]}, profiles={"bench4": asdict(profile)}))
+    assert "| asgd+fixed | 0.01 | 30 s | 1/1 |" in resumed, "not tuned again yet: its runs' lr"
 
 
 def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_best_and_t_star():
