@@ -374,15 +374,20 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
 
 def choose_default(res: Results) -> str | None:
     """The method with the best median (over profiles) of its median time to the target, among the methods run on
-    every profile that never diverged in a report run (their step sizes never diverged in tuning: `choose_lr`)."""
+    every profile that never diverged in a report run (their step sizes never diverged in tuning: `choose_lr`);
+    where medians tie (as at "never", when the target was not reached on half the profiles), the one with the best
+    median accuracy at the budget, not the first listed."""
     times: dict[str, list[float]] = {}
+    accs: dict[str, list[float]] = {}
     for name, p in res.profiles.items():
         for row in method_rows(p, res.report.get(name, []), res.chosen.get(p["lr_from"] or name, {})):
             if row["runs"]:
                 times.setdefault(row["method"], []).append(row["time"])
+                accs.setdefault(row["method"], []).append(row["acc"])
     unstable = {r["method"] for runs in res.report.values() for r in runs if diverged(r)}
     stable = {m: ts for m, ts in times.items() if len(ts) == len(res.profiles) and m not in unstable}
-    return min(stable, key=lambda m: statistics.median(stable[m])) if stable else None
+    return (min(stable, key=lambda m: (statistics.median(stable[m]), -statistics.median(accs[m]))) if stable
+            else None)
 
 
 def reference_s(p: dict[str, Any]) -> float | None:

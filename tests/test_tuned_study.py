@@ -66,6 +66,10 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "safe"
     report["a"] = [r for r in report["a"] if r["method"] != "safe"]  # not run everywhere: not a candidate
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
+    never = {"a": [_run("first", 0.02, None, acc=0.7), _run("accurate", 0.02, None, acc=0.78)],
+             "b": [_run("first", 0.02, 30.0), _run("accurate", 0.02, 40.0)]}
+    tied = {name: {"methods": ["first", "accurate"], "target": "0.80", "lr_from": ""} for name in never}
+    assert choose_default(Results(report=never, profiles=tied)) == "accurate", "both medians never: the more accurate"
 
 
 def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run():
