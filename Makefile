@@ -63,12 +63,16 @@ bench: install
 bench-quick: install
 	$(PY) -m bench --quick $(ARGS)
 
-# The virtual-time simulator's study (bench/simulate_study.py): 16 and 64 simulated workers; quick: under 2 minutes.
+# The virtual-time simulator's studies: the papers' claims at 16 and 64 simulated workers (bench/simulate_study.py),
+# then every method at its tuned step size on the cluster files of bench/profiles/ (bench/tuned_study.py's regime
+# study); quick: a check of both, under 2 minutes.
 simulate: install
 	$(PY) -m bench.simulate --study full $(ARGS)
+	$(PY) -m bench.simulate --study regimes $(ARGS)
 
 simulate-quick: install
 	$(PY) -m bench.simulate --study quick $(ARGS)
+	$(PY) -m bench.simulate --study tuned-quick $(ARGS)
 
 # The container image (Dockerfile), with docker or podman: not part of `make test` (CI runs only the
 # suite). Each fails loudly if torch in the image is not the build it asked for. Settings (base

@@ -722,7 +722,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the shards' --gradient-bound (0: off)")
     p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-scale",
                                        "tuned-256", "tuned-unseen", "tuned-changing",
-                                       "tuned-quick", "tuned-policies"),
+                                       "tuned-quick", "tuned-policies", "tuned-recheck", "regimes", "regimes-reduced"),
                    help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
                         "method at its own tuned step size)")
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")
@@ -734,7 +734,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.study and args.study.startswith("tuned"):
+    if args.study and args.study.startswith(("tuned", "regimes")):
         from bench import tuned_study
         return tuned_study.run_study(args.study, args.out, args.jobs, args.resume)
     if args.study:

@@ -16,11 +16,14 @@ profile, among those that never diverged in any run (`choose_default`).
 
     python -m bench.simulate --study tuned --jobs 2   # about 75 minutes on 2 cores (125 of CPU)
     python -m bench.simulate --study tuned-256        # lognormal256 at the step sizes of TUNED_LRS
+    python -m bench.simulate --study tuned-recheck --jobs 2  # bench4 and tail16 as tuned-scale: 9h again, reduced
     python -m bench.simulate --study tuned-unseen     # the default on log-normal clusters never tuned on
     python -m bench.simulate --study tuned-changing   # shifting32 and churn32 at the step sizes of TUNED_LRS
     python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.simulate --study tuned-policies --jobs 2  # the efficient policy and the delay step
+    python -m bench.simulate --study regimes --jobs 2  # the regime study: every cluster file of bench/profiles/
+    python -m bench.simulate --study regimes-reduced --jobs 2  # the same: 3 seeds, tuned on one, 3 step sizes
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
 """
 
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
+from bench.profile_file import ClusterProfile, read_profile
 from bench.reference_time import STUDY_SETTING, cluster_optimum
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
 from dynabatch.common.data import load_dataset
@@ -47,6 +51,9 @@ STEP_LRS = (0.005, 0.01, 0.02, 0.04)
 ROUND_LRS = (0.05, 0.1, 0.2, 0.4)
 """Step sizes tried for a method that steps once per B samples (a round): a step of n times the samples takes a
 larger rate (between the square root and linear scaling rules for n = 16 to 64)."""
+LOCAL_LRS = (0.02, 0.04, 0.08, 0.16)
+"""Step sizes tried for local SGD's local steps: staleness-free steps of B/n samples, whose best step size in
+sequential SGD is 0.16 at 32 and 128 samples (bench/RESULTS.md 10d)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("multi-step delay", "msd", "dynamic"),
     Method("asgd+efficient", "asgd", "efficient", lrs=STEP_LRS[1:]),
     Method("DBS-SGD (delay step)", "asgd", "dynamic", (("staleness_step", "delay"),), lrs=ROUND_LRS[1:]),
+    Method("ssgd+fixed", "ssgd", "fixed", lrs=ROUND_LRS),
+    Method("rennala+fixed", "rennala", "fixed", lrs=ROUND_LRS),
+    Method("local+fixed", "local", "fixed", lrs=LOCAL_LRS),
+    Method("local+dynamic", "local", "dynamic", lrs=LOCAL_LRS),
 )}
 """Every method the study can compare; a protocol added later adds its Method here."""
 
@@ -99,6 +110,12 @@ class Profile:
     eval_size: int = 1000
     model: str = "mlp"
     dataset: str = "fashion-mnist"
+    largest_lrs: int = 0  # tune over only this many of the largest step sizes of each method's grid (0: all)
+
+    def grid(self, method: str) -> tuple[float, ...]:
+        """The step sizes `method` is tuned over on this profile."""
+        lrs = self.lrs or METHODS[method].lrs
+        return lrs[-self.largest_lrs:] if self.largest_lrs else lrs
 
 
 TUNED_LRS: dict[str, dict[str, float]] = {
@@ -122,8 +139,13 @@ def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[Work
 
 
 UNSEEN = unseen_lognormal(6, seed=0)
-CLUSTERS = {**PROFILES, **UNSEEN}
-"""Every cluster a study can name: bench/simulate.py's profiles and the unseen log-normal ones."""
+FILES: dict[str, ClusterProfile] = {path.stem: read_profile(path)
+                                    for path in sorted((Path(__file__).parent / "profiles").glob("*.json"))}
+"""The cluster files of bench/profiles/ by name (mixed GPU generations, CPU beside GPU, a shard-bound job, mixed
+links): each worker's own step curve, cap and link, and the job's shards (bench/profile_file.py)."""
+CLUSTERS: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
+    **PROFILES, **UNSEEN, **{name: partial(getattr, f, "workers") for name, f in FILES.items()}}
+"""Every cluster a study can name: bench/simulate.py's profiles, the unseen log-normal ones and the cluster files."""
 ALL = tuple(METHODS)
 SEEDS = (0, 1, 2, 3, 4)
 CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ringmaster+dynamic", "rennala+dynamic",
@@ -135,7 +157,28 @@ delay-scaled step. They are tuned at 16 workers (tail16) and run at those step s
 which is the test of whether a step size carries over to four times the workers (the delay step's claim)."""
 AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic")
 """The methods run with 256 workers: the issue's (the default, asgd+fixed, rennala, ringmaster) and DBS-SGD."""
+REGIME_METHODS = ("asgd+fixed", "DBS-SGD (capped weight)", "ssgd+fixed", "LB-BSP (ssgd+dynamic)", "rennala+fixed",
+                  "rennala+dynamic", "local+fixed", "local+dynamic")
+"""The methods of the regime study: four protocols, each with one batch for every worker (fixed) and sized per
+worker (dynamic)."""
+REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "cpu_gpu8": 40.0, "mixed_links16": 60.0, "ps_bound64": 60.0}
+"""Virtual seconds per run of each cluster file (the files' clocks are their devices' and links'): two to three times
+what asgd+fixed takes to 80% (bench/RESULTS.md 10b and 14: mixed_gpus16 needs 22 to 30 s, so 30 s cut most seeds
+off just before 80%)."""
+
+
+def regimes(methods: tuple[str, ...], seeds: tuple[int, ...], tune_seeds: tuple[int, ...],
+            largest_lrs: int = 0) -> tuple[Profile, ...]:
+    """The regime study: every cluster file at its own global batch for REGIME_BUDGET_S's virtual seconds, in real
+    seconds (`slower` 1), judged every virtual second."""
+    return tuple(Profile(name, FILES[name].global_batch, methods, seeds, tune_seeds, budget_s=budget, slower=1.0,
+                         eval_every_s=1.0, largest_lrs=largest_lrs) for name, budget in REGIME_BUDGET_S.items())
+
+
 STUDIES: dict[str, tuple[Profile, ...]] = {
+    "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
+    "regimes-reduced": regimes(tuple(m for m in REGIME_METHODS if METHODS[m].protocol != "rennala"), (0, 1, 2),
+                               (100,), largest_lrs=2),
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
         Profile("tail16", 512, ALL, SEEDS),
@@ -153,6 +196,10 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
         Profile("links16", 512, POLICIES[:3], (0, 1), lr_from="tail16", budget_s=100.0),
         Profile("lognormal64", 2048, POLICIES, (0, 1), lr_from="tail16", budget_s=100.0),
     ),
+    "tuned-recheck": (
+        Profile("bench4", 128, CANDIDATES, (0, 1, 2), (100,)),
+        Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
+    ),
     "tuned-256": (
         Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
     ),
@@ -163,6 +210,8 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
     "tuned-quick": (
         Profile("bench4", 64, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (100,), budget_s=2.0, slower=1.0,
                 target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic", lrs=(0.02, 0.05)),
+        Profile("mixed_gpus16", 512, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (100,), budget_s=1.0,
+                slower=1.0, target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic", lrs=(0.02, 0.05)),
     ),
 }
 
@@ -182,20 +231,29 @@ def sim_config(run: Run) -> SimConfig:
     """The run as the simulator takes it: the profile's nodes, times scaled by `slower`, the method's settings."""
     p, method = run.profile, METHODS[run.method]
     base = SimConfig(method.protocol, method.policy, CLUSTERS[p.profile]())
+    transfers = FILES[p.profile].sim_settings() if p.profile in FILES else {}
     return SimConfig(method.protocol, method.policy, base.workers, seed=run.seed, budget_s=p.budget_s,
                      global_batch=p.global_batch, fixed_s=base.fixed_s * p.slower,
                      per_sample_s=base.per_sample_s * p.slower, comm_s=base.comm_s * p.slower, model=p.model,
                      eval_every_s=p.eval_every_s, eval_size=p.eval_size, dataset=p.dataset,
-                     job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)})
+                     job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)}, **transfers)
 
 
 def diverged(r: dict[str, Any]) -> bool:
     """Whether a run blew up: its training loss not finite or far above the untrained model's (about 2.3 for
-    ten classes), its model at the budget no better than chance, or an honest worker quarantined by the gradient
-    bound (its gradients grew past it: the model was blowing up)."""
+    ten classes), its model at the budget no better than chance after it moved (`never_updated`: a model that no
+    update reached did not blow up, it never trained), or an honest worker quarantined by the gradient bound (its
+    gradients grew past it: the model was blowing up)."""
     loss = r["final_train_loss"]
-    return (loss is None or not math.isfinite(loss) or loss > 10.0 or r["final_test_acc"] < 0.15
-            or r.get("quarantined", 0) > 0)
+    if r.get("quarantined", 0) > 0 or (loss is not None and (not math.isfinite(loss) or loss > 10.0)):
+        return True
+    return not never_updated(r) and (loss is None or r["final_test_acc"] < 0.15)
+
+
+def never_updated(r: dict[str, Any]) -> bool:
+    """Whether the evaluated model stayed the untrained one to the budget: every evaluation gave the first one's
+    accuracy (a round that waits for a worker behind a slow link may not close within the budget)."""
+    return all(acc == r["curve"][0][2] for _, _, acc in r["curve"])
 
 
 def time_to(r: dict[str, Any], mark: str) -> float:
@@ -277,22 +335,21 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
         earlier = Results(**json.loads((out / "results.json").read_text()))
         res.tuning, res.report = earlier.tuning, earlier.report
     log = lambda s: print(s, flush=True)  # noqa: E731
-    tuning = [Run(p, m, lr, s, True) for p in profiles if not p.lr_from for m in p.methods
-              for lr in p.lrs or METHODS[m].lrs for s in p.tune_seeds]
-    for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
-        res.tuning.setdefault(run.profile.profile, []).append(_record(run, r))
-        write(res, out, plots=False)
-    for p in (p for p in profiles if not p.lr_from):
-        runs = res.tuning.get(p.profile, [])
-        res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target) for m in p.methods}
-    report = []
-    for p in profiles:
-        tuned: dict[str, float | None] = dict(TUNED_LRS.get(p.lr_from, {}))
-        chosen = res.chosen.setdefault(p.lr_from or p.profile, tuned)
-        report += [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
-    for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
-        res.report.setdefault(run.profile.profile, []).append(_record(run, r))
-        write(res, out, plots=False)
+    for p in profiles:  # one profile at a time, so that a study stopped early has whole tables
+        tuning = [] if p.lr_from else [Run(p, m, lr, s, True) for m in p.methods for lr in p.grid(m)
+                                       for s in p.tune_seeds]
+        for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
+            res.tuning.setdefault(p.profile, []).append(_record(run, r))
+            write(res, out, plots=False)
+        if not p.lr_from:
+            runs = res.tuning.get(p.profile, [])
+            res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target)
+                                     for m in p.methods}
+        chosen = res.chosen.setdefault(p.lr_from or p.profile, dict(TUNED_LRS.get(p.lr_from, {})))
+        report = [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
+        for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
+            res.report.setdefault(p.profile, []).append(_record(run, r))
+            write(res, out, plots=False)
     write(res, out, plots=True)
     print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
     print(f"default by measurement: {choose_default(res)}", flush=True)
@@ -307,7 +364,8 @@ def _done(res: Results, run: Run) -> bool:
 
 def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]
                 ) -> list[dict[str, Any]]:
-    """Per method of a profile: its step size, median time to the target, how many runs got there and diverged."""
+    """Per method of a profile: its step size (its runs', else the one chosen for it), median time to the target,
+    how many runs got there and diverged."""
     rows = []
     for m in p["methods"]:
         rs = [r for r in runs if r["method"] == m]
@@ -316,7 +374,7 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
             continue
         accs = [r["final_test_acc"] for r in rs]
         rows.append({
-            "method": m, "lr": chosen.get(m), "runs": len(rs), "time": median_time(rs, p["target"]),
+            "method": m, "lr": rs[0]["lr"], "runs": len(rs), "time": median_time(rs, p["target"]),
             "reached": sum(1 for r in rs if time_to(r, p["target"]) != math.inf),
             "diverged": sum(1 for r in rs if diverged(r)), "acc": statistics.fmean(accs),
             "acc_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
@@ -328,15 +386,20 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
 
 def choose_default(res: Results) -> str | None:
     """The method with the best median (over profiles) of its median time to the target, among the methods run on
-    every profile that never diverged in a report run (their step sizes never diverged in tuning: `choose_lr`)."""
+    every profile that never diverged in a report run (their step sizes never diverged in tuning: `choose_lr`);
+    where medians tie (as at "never", when the target was not reached on half the profiles), the one with the best
+    median accuracy at the budget, not the first listed."""
     times: dict[str, list[float]] = {}
+    accs: dict[str, list[float]] = {}
     for name, p in res.profiles.items():
         for row in method_rows(p, res.report.get(name, []), res.chosen.get(p["lr_from"] or name, {})):
             if row["runs"]:
                 times.setdefault(row["method"], []).append(row["time"])
+                accs.setdefault(row["method"], []).append(row["acc"])
     unstable = {r["method"] for runs in res.report.values() for r in runs if diverged(r)}
     stable = {m: ts for m, ts in times.items() if len(ts) == len(res.profiles) and m not in unstable}
-    return min(stable, key=lambda m: statistics.median(stable[m])) if stable else None
+    return (min(stable, key=lambda m: (statistics.median(stable[m]), -statistics.median(accs[m]))) if stable
+            else None)
 
 
 def reference_s(p: dict[str, Any]) -> float | None:
@@ -350,8 +413,8 @@ def reference_s(p: dict[str, Any]) -> float | None:
 
 
 def render(res: Results) -> str:
-    """Per profile: each method's tuned step size and figures, and each method's time against asgd+fixed's and
-    against T*, the cluster's optimal time."""
+    """Per profile: each method's tuned step size and figures, and each method's time against asgd+fixed's, the
+    best method's and T*, the cluster's optimal time."""
     out = []
     for name, p in res.profiles.items():
         runs = res.report.get(name, [])
@@ -365,28 +428,35 @@ def render(res: Results) -> str:
         out += [f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
                 f"seeds {', '.join(map(str, p['seeds']))}; {tuned}"
                 + ("" if t_star is None else f"; T* = {t_star:.1f} s"), "",
-                f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged | test acc. at budget "
-                "| samples/s | staleness mean | time / asgd+fixed's | time / T* |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged (runs) "
+                "| diverged in any seed | test acc. at budget | samples/s | staleness mean | time / asgd+fixed's "
+                "| time / best | time / T* |",
+                "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
+        best = min((r["time"] for r in rows if r["runs"]), default=math.inf)
         for row in rows:
             if not row["runs"]:  # no step size to run at, or an interrupted study that had not run it yet
                 why = "every step size diverged in tuning" if row["lr"] is None else f"not run (lr {row['lr']:g})"
-                out.append(f"| {row['method']} | – | {why} | | | | | | | |")
+                out.append(f"| {row['method']} | – | {why} | | | | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
-            ratio = (f"{row['time'] / base:.2f}x" if math.isfinite(row["time"]) and math.isfinite(base) else "–")
-            to_star = f"{row['time'] / t_star:.2f}x" if t_star and math.isfinite(row["time"]) else "–"
             out.append(f"| {row['method']} | {row['lr']:g} | {t} | {row['reached']}/{row['runs']} | "
-                       f"{row['diverged']}/{row['runs']} | {100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | "
-                       f"{row['sps']:,.0f} | {row['stale']:.1f} | {ratio} | {to_star} |")
+                       f"{row['diverged']}/{row['runs']} | {'yes' if row['diverged'] else 'no'} | "
+                       f"{100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | {row['sps']:,.0f} | "
+                       f"{row['stale']:.1f} | {_ratio(row['time'], base)} | {_ratio(row['time'], best)} | "
+                       f"{_ratio(row['time'], t_star or math.inf)} |")
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
     everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
     out += [f"The whole study: {_minutes(everything)} of CPU; `--jobs 2` takes about half that in wall time.",
             "", f"Default by measurement (best median time to target over the profiles, never diverged): "
             f"**{choose_default(res)}**", ""]
     return "\n".join(out)
+
+
+def _ratio(time_s: float, reference_s: float) -> str:
+    """`time_s` against `reference_s`, or a dash where either is not known (never reached, no reference)."""
+    return f"{time_s / reference_s:.2f}x" if math.isfinite(time_s) and math.isfinite(reference_s) else "–"
 
 
 def _minutes(runs: list[dict[str, Any]]) -> str:

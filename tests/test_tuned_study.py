@@ -24,6 +24,7 @@ from bench.tuned_study import (
     median_time,
     reference_s,
     render,
+    sim_config,
     unseen_lognormal,
 )
 
@@ -40,6 +41,10 @@ def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_c
     assert diverged(_run("m", 0.1, None, loss=1e30))
     assert diverged(_run("m", 0.1, 30.0, acc=0.11))
     assert diverged({**_run("m", 0.1, 30.0), "quarantined": 1}), "an honest worker quarantined: it was blowing up"
+    untouched = {**_run("m", 0.1, None, loss=2.3, acc=0.05), "curve": [(0.0, 0, 0.05), (30.0, 700, 0.05)]}
+    assert not diverged(untouched), "no update reached the model (a round never closed): it did not blow up"
+    assert not diverged({**untouched, "final_train_loss": None})
+    assert diverged({**untouched, "final_train_loss": math.inf}), "a worker's own loss blew up"
 
 
 def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
@@ -61,6 +66,10 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "safe"
     report["a"] = [r for r in report["a"] if r["method"] != "safe"]  # not run everywhere: not a candidate
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
+    never = {"a": [_run("first", 0.02, None, acc=0.7), _run("accurate", 0.02, None, acc=0.78)],
+             "b": [_run("first", 0.02, 30.0), _run("accurate", 0.02, 40.0)]}
+    tied = {name: {"methods": ["first", "accurate"], "target": "0.80", "lr_from": ""} for name in never}
+    assert choose_default(Results(report=never, profiles=tied)) == "accurate", "both medians never: the more accurate"
 
 
 def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run():
@@ -78,6 +87,46 @@ def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_whi
     assert t_star and f"T* = {t_star:.1f} s" in report and f"| 1.00x | {30.0 / t_star:.2f}x |" in report, report
     assert reference_s({**asdict(profile), "dataset": "synthetic"}) is None
     assert "| later | – | not run (lr 0.02) |" in report and "| unstable | – | every step size diverged" in report
+    resumed = render(Results(report={"bench4": [held]}, profiles={"bench4": asdict(profile)}))
+    assert "| asgd+fixed | 0.01 | 30 s | 1/1 |" in resumed, "not tuned again yet: its runs' lr"
+
+
+def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_best_and_t_star():
+    """T* from the file's own figures (each group's curve and cap), not through the study's plumbing."""
+    import json
+    from pathlib import Path
+
+    from bench.reference_time import PER_WORKER_BATCHES, STUDY_NOISE
+    from dynabatch.common.optimum import Device, calibrated_optimum
+
+    profile = next(p for p in STUDIES["regimes"] if p.profile == "mixed_gpus16")
+    groups = json.loads(Path("bench/profiles/mixed_gpus16.json").read_text())["workers"]
+    devices = [Device(g["fixed_s"], g["per_sample_s"], g["max_batch"]) for g in groups for _ in range(g["count"])]
+    t_star = calibrated_optimum(STUDY_NOISE, devices, PER_WORKER_BATCHES).time_s
+    times = {m: 30.0 + 5 * i for i, m in enumerate(profile.methods)}
+    runs = [{**_run(m, 0.01, t), "seed": 0} for m, t in times.items()]
+    runs.append({**_run("local+dynamic", 0.01, None, loss=math.nan), "seed": 1})
+    res = Results(report={"mixed_gpus16": runs}, profiles={"mixed_gpus16": asdict(profile)},
+                  chosen={"mixed_gpus16": dict.fromkeys(profile.methods, 0.01)})
+    report = render(res)
+    assert "16 workers, mlp, B = 2048" in report and f"T* = {t_star:.1f} s" in report, report
+    rows = {line.split(" | ")[0][2:]: line for line in report.splitlines() if line.startswith("| ")}
+    for m, t in times.items():
+        if m != "local+dynamic":
+            assert rows[m].endswith(f"| no | 85.00% ± 0.00 | 1 | 1.0 | {t / 30.0:.2f}x | {t / 30.0:.2f}x "
+                                    f"| {t / t_star:.2f}x |"), rows[m]
+    assert "| 1/2 | yes |" in rows["local+dynamic"], "one seed diverged: it diverged in some seed"
+
+
+def test_a_run_on_a_cluster_file_has_its_workers_curves_caps_links_and_the_jobs_shards():
+    profile = next(p for p in STUDIES["regimes-reduced"] if p.profile == "mixed_gpus16")
+    cfg = sim_config(Run(profile, "asgd+fixed", 0.02, 0, tuning=False))
+    assert (cfg.shards, cfg.shard_mbit, cfg.wire_bytes, cfg.global_batch) == (4, 25000, 102228128, 2048)
+    assert {(w.fixed_s, w.per_sample_s, w.max_batch, w.link_mbit) for w in cfg.workers} == {
+        (0.1185, 0.000804, 800, 25000), (0.1131, 0.00129, 600, 25000), (0.1656, 0.001667, 200, 25000),
+        (0.0784, 0.004208, 200, 25000)}
+    assert profile.grid("asgd+fixed") == (0.02, 0.04) and profile.seeds == (0, 1, 2) and profile.budget_s == 60
+    assert profile.tune_seeds == (100,) and not set(profile.tune_seeds) & set(profile.seeds)
 
 
 def test_the_cost_of_each_part_is_the_sum_of_its_runs_time_and_says_which_runs_were_not_timed():
@@ -127,5 +176,6 @@ def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path, capsys):
     assert "each method's step size tuned over its grid on seeds 100" in report
     assert all(any(f"| {m} | {lr:g} |" in report for lr in quick.lrs) for m in quick.methods), report
     assert (tmp_path / "tuned-quick" / "tuned_bench4.png").stat().st_size > 10_000
+    assert "### mixed_gpus16: 16 workers" in report and (tmp_path / "tuned-quick" / "tuned_mixed_gpus16.png").exists()
     assert "default by measurement: " in capsys.readouterr().out
     assert "Cost (CPU minutes): 4 tuning runs, " in report and "The whole study: " in report
