@@ -215,6 +215,8 @@ class ProtocolSpec:
     - `whole_pushes`: a shard judges a worker's gradient whole (msync's round takes the first m workers'
       gradients of its model, and a worker's pull after a discarded one must not mix the rounds' chunks), so
       the worker's step is not pipelined chunk by chunk (`--pipeline`).
+    - `first_pushes`: a round closes on the first pushes of its model (msync's m), dropping the rest, not on
+      every live worker's, so its workers do not move in lockstep (`lockstep`).
     - `settings`: the class of the protocol's own settings (`protocol_settings` builds them); a protocol
       that closes rounds has RoundSettings among them (`closes_rounds`).
     """
@@ -233,7 +235,14 @@ class ProtocolSpec:
     sized_rounds: bool = False
     equal_steps: bool = False
     whole_pushes: bool = False
+    first_pushes: bool = False
     settings: type[ProtocolSettings] = ProtocolSettings
+
+    @property
+    def lockstep(self) -> bool:
+        """Every round takes one push of every live worker (ssgd, local, msd): the workers move from round to
+        round together, so the job's last samples must end them at the same round."""
+        return self.one_push_per_round and not self.first_pushes
 
     @property
     def closes_rounds(self) -> bool:
@@ -259,7 +268,7 @@ SPECS: dict[str, ProtocolSpec] = {
         ProtocolSpec("msync", "m-synchronous SGD: each round applies the mean of the first --sync-m gradients "
                      "computed at its model; the rest of the round are discarded",
                      GRADIENT, shard_rule="msync", worker_loop="gradient", one_push_per_round=True,
-                     equal_steps=True, whole_pushes=True, settings=MsyncSettings),
+                     equal_steps=True, whole_pushes=True, first_pushes=True, settings=MsyncSettings),
         ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
                      GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
                      settings=SoftsyncSettings),

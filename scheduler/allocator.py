@@ -132,7 +132,7 @@ class Allocator:
         may be stepping with it), except that of a worker left out with batch 0; what a worker that left, or was
         left out, did not use goes back to the job.
 
-        Where every round takes one push of every worker (ssgd, local, msd), the workers' reports lag one another
+        Where every round takes one push of every worker (`lockstep`: ssgd, local, msd), the reports lag one another
         by up to a round: a lead counts from the most advanced report (in pushes), and the split hands out whole
         pushes to the worker fewest pushes ahead (`levelled`), so that every worker ends at the same round and
         no round past it trains one worker's remainder alone.
@@ -141,7 +141,7 @@ class Allocator:
         unallotted = max(0, budget - sum(have.values()))
         pushes = {w: self.push_samples(w) for w in samples}
         reported = dict(samples)
-        if self.spec.one_push_per_round:
+        if self.spec.lockstep:
             ahead = max((n / pushes[w] for w, n in samples.items() if pushes[w] > 0), default=0.0)
             reported = {w: max(n, round(ahead * pushes[w])) for w, n in samples.items()}
         lacking = {w: max(0, reported[w] + ALLOT_AHEAD * pushes[w] - have[w]) for w in samples}
@@ -149,7 +149,7 @@ class Allocator:
             have[worker] = have.get(worker, 0) + lacking.get(worker, 0)
         else:
             split = (levelled(unallotted, {w: have[w] for w in lacking if lacking[w] > 0}, pushes)
-                     if self.spec.one_push_per_round else shares(unallotted, lacking))
+                     if self.spec.lockstep else shares(unallotted, lacking))
             for w, share in split.items():
                 have[w] += share
         self.allotted = have
