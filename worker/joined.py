@@ -9,6 +9,7 @@ that hold it (trainer.py, evaluator.py) never hold half of it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import zmq
 from dynabatch.common.builtin_tasks import builtin_task
 from dynabatch.common.chunking import Layout, TravellingBuffers, flat_params, make_layout
 from dynabatch.common.config import JobConfig, check_flags_against_task
+from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import Init, Welcome
 from dynabatch.common.model_signature import ModelSignature, signature_fields
 from dynabatch.common.task_check import check_task, load_task
@@ -29,6 +31,8 @@ from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.ps_client import ShardClients
+
+log = logging.getLogger("dynabatch.worker")
 
 
 def task_for(opts: WorkerOptions, job: JobConfig) -> Task:
@@ -77,15 +81,21 @@ class Joined:
 
     def init_shards(self, timeout_s: float) -> bool:
         """Send the shards this model (INIT): the first to arrive sets it, the others are checked against it.
-        True if this process initialised any shard; TaskError if they refuse the model, optimizer or schedule."""
+        True if this process initialised any shard; TaskError if they refuse the model, optimizer or schedule.
+
+        A shard whose link dropped before it answered (it stopped or restarted) refused nothing: the offer is sent
+        again, as a failed step is, and waits in ZeroMQ's queue until the shard is back."""
         task = self.task
         init = Init(**signature_fields(self.signature), optimizer=task.optimizer.to_wire() if task.optimizer else {},
                     schedule=schedule_fields(task.schedule))
-        try:
-            acks = self.shards.init(init, flat_params(self.model), timeout_s, self.buffers.read(self.model))
-        except RemoteError as exc:
-            raise TaskError(f"the job's shards refused this worker's model: {exc.text}") from None
-        return any(a.initialized for a in acks)
+        while True:
+            try:
+                acks = self.shards.init(init, flat_params(self.model), timeout_s, self.buffers.read(self.model))
+                return any(a.initialized for a in acks)
+            except RemoteError as exc:
+                if exc.code != ErrorCode.SHARD_LOST:
+                    raise TaskError(f"the job's shards refused this worker's model: {exc.text}") from None
+                log.info("offering the model again: %s", exc.text)
 
     def rename(self, new_id: str) -> None:
         """The scheduler registered this process again under `new_id`: the shards hear from it under that."""
