@@ -164,7 +164,10 @@ def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_
     assert summary["finished"] and summary["protocol"] == "msync" and summary["epochs"] >= 1, summary
     samples = {w["name"]: w["samples"] for w in summary["workers"].values()}
     assert summary["discarded"] > 0, summary
-    assert samples["worker2"] <= 0.1 * min(samples["worker0"], samples["worker1"]), samples
+    # Rounds that waited for the 16x worker (ssgd's) would give the three the same samples; msync's take the fast
+    # two's and the slow one trains at its own pace, a fraction of theirs however much a loaded machine compresses
+    # its emulated slowdown (14% of theirs beside a second copy of the suite).
+    assert samples["worker2"] <= 0.5 * min(samples["worker0"], samples["worker1"]), samples
     worker_logs = "".join(log.read_text() for log in (run / "logs").glob("worker*.log"))
     assert "step failed" not in worker_logs, "a discarded gradient is not an error"
 
