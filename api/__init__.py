@@ -47,8 +47,7 @@ _NAMES = {
     "export": ("dynabatch.cluster.export", "trained_model"),
 }
 # A literal, as tools read it without running this file; tests/test_layering.py keeps it equal to _NAMES.
-__all__ = ["ExportError", "Run", "RunFailed", "Task", "TaskError", "export", "metrics", "optim", "run",
-           "schedule"]
+__all__ = ["ExportError", "Run", "RunFailed", "Task", "TaskError", "export", "metrics", "optim", "run", "schedule"]
 
 
 def __getattr__(name: str) -> Any:

@@ -81,8 +81,9 @@ def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
         raise ValueError(f"an optimizer spec is a map of fields, got {type(fields_).__name__}")
     name = fields_.get("name")
     if name not in SPECS:
-        raise ValueError(f"optimizer {name!r} is not applied by the shards "
-                         f"(they apply {', '.join(SUPPORTED_ON_SHARDS)})")
+        raise ValueError(
+            f"optimizer {name!r} is not applied by the shards (they apply {', '.join(SUPPORTED_ON_SHARDS)})"
+        )
     cls = SPECS[name]
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(fields_) - known)
@@ -109,7 +110,8 @@ def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
             values[key] = value
         elif key == "no_decay":
             if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
-                raise ValueError(f"optimizer {name}: no_decay must be a list of non-empty name substrings, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"optimizer {name}: no_decay must be a list of non-empty name substrings, got {value!r}"
+                )
             values[key] = tuple(value)
     return cls(**values)

@@ -66,8 +66,16 @@ SCHEDULES = ("constant", "warmup_cosine", "step")
 
 def schedule_fields(schedule: Schedule | None) -> dict[str, Any]:
     """A schedule as plain data for the wire (empty: constant)."""
-    return {} if schedule is None else {"name": schedule.name, "warmup": schedule.warmup,
-                                        "milestones": list(schedule.milestones), "gamma": schedule.gamma}
+    return (
+        {}
+        if schedule is None
+        else {
+            "name": schedule.name,
+            "warmup": schedule.warmup,
+            "milestones": list(schedule.milestones),
+            "gamma": schedule.gamma,
+        }
+    )
 
 
 def schedule_from_fields(fields: dict[str, Any]) -> Schedule:

@@ -69,9 +69,11 @@ FULL = Mode(
     "full",
     convergence.Settings(convergence.all_configs(), (0, 1, 2), 70.0),
     convergence.Settings(convergence.all_configs(), (0,), 70.0),
-    tuple([Case(n) for n in (M // 10, M, 5 * M, 10 * M, 25 * M)]
-          + [Case(n, c) for n in (M, 10 * M) for c in (MIB // 4, 4 * MIB)]
-          + [Case(10 * M, shards=s) for s in (2, 3, 4)]),
+    tuple(
+        [Case(n) for n in (M // 10, M, 5 * M, 10 * M, 25 * M)]
+        + [Case(n, c) for n in (M, 10 * M) for c in (MIB // 4, 4 * MIB)]
+        + [Case(10 * M, shards=s) for s in (2, 3, 4)]
+    ),
     transport.Settings(rounds=4, block_bytes=300_000_000, warmup=2),
     ddp.Settings(workers=2, duration_s=25.0, rounds=2),
     scale.Settings(workers=(8, 16, 32), shards=(1, 2, 4), window_s=8.0),
@@ -98,17 +100,22 @@ def run_parts(mode: Mode, parts: list[str], out: Path, data_dir: str) -> dict[st
     for scenario in ("heterogeneous", "midrun"):
         if scenario in parts:
             settings = mode.convergence if scenario == "heterogeneous" else mode.midrun
-            progress(f"== {scenario}: {len(settings.configs)} configurations x {len(settings.seeds)} seed(s), "
-                     f"{settings.budget_s:.0f} s each")
+            progress(
+                f"== {scenario}: {len(settings.configs)} configurations x {len(settings.seeds)} seed(s), "
+                f"{settings.budget_s:.0f} s each"
+            )
             runs = convergence.run_scenario(scenario, settings, out / "runs", data_dir, progress)
-            results[scenario] = {"runs": [asdict(r) for r in runs],
-                                 "configs": [c.to_dict() for c in convergence.aggregate(runs)]}
+            results[scenario] = {
+                "runs": [asdict(r) for r in runs],
+                "configs": [c.to_dict() for c in convergence.aggregate(runs)],
+            }
     with tempfile.TemporaryDirectory(prefix="dynabatch-bench-") as tmp:
         if "transport" in parts:
             progress(f"== transport: {len(mode.transport_cases)} cases")
             torch.set_num_threads(transport.CLIENT_THREADS)
-            rows = transport.compare(zmq.Context.instance(), Path(tmp), "flat", list(mode.transport_cases),
-                                     mode.transport)
+            rows = transport.compare(
+                zmq.Context.instance(), Path(tmp), "flat", list(mode.transport_cases), mode.transport
+            )
             results["transport"] = [{**asdict(r), "ratio": r.ratio} for r in rows]
         if "ddp" in parts:
             progress(f"== ddp: {mode.ddp.workers} workers, {mode.ddp.rounds} round(s)")
@@ -118,16 +125,20 @@ def run_parts(mode: Mode, parts: list[str], out: Path, data_dir: str) -> dict[st
             progress(f"== scale: {mode.scale.workers} workers x {mode.scale.shards} shards")
             results["scale"] = scale.to_json(scale.run_all(mode.scale, Path(tmp), progress))
     if "peers" in parts:
-        progress(f"== peers: {', '.join(mode.peers.systems)}, {mode.peers.rounds} round(s) of "
-                 f"{mode.peers.budget_s:.0f} s after tuning")
+        progress(
+            f"== peers: {', '.join(mode.peers.systems)}, {mode.peers.rounds} round(s) of "
+            f"{mode.peers.budget_s:.0f} s after tuning"
+        )
         results["peers"] = peers.compare(mode.peers, out / "peers", data_dir, progress)
     return results
 
 
 def draw(results: dict[str, Any], out: Path) -> None:
     """Every plot the report links to, from the results alone."""
-    titles = {"heterogeneous": "4 workers at slowdowns 1, 1, 2, 4 (every run)",
-              "midrun": "worker 0 at 1x, then 4x from a third of the budget, then 1x again"}
+    titles = {
+        "heterogeneous": "4 workers at slowdowns 1, 1, 2, 4 (every run)",
+        "midrun": "worker 0 at 1x, then 4x from a third of the budget, then 1x again",
+    }
     for scenario, title in titles.items():
         if scenario in results:
             plots.curves(results[scenario]["runs"], title, out / f"{scenario}.png")
@@ -159,25 +170,44 @@ def write(results: dict[str, Any], out: Path, publish: bool) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     summary, details = __doc__.split("\n\n", 1)
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench", description=summary,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=details)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="python -m bench",
+        description=summary,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=details,
+    )
     p.add_argument("--quick", action="store_true", help="the short mode (under 10 minutes on 2 cores)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default: all)")
-    p.add_argument("--configs", nargs="+", metavar="PROTOCOL+POLICY",
-                   help="measure only these heterogeneous configurations, e.g. ssp+fixed asgd+dynamic "
-                        "(default: the mode's; the mode's seeds and budget are kept)")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        metavar="PROTOCOL+POLICY",
+        help="measure only these heterogeneous configurations, e.g. ssp+fixed asgd+dynamic "
+        "(default: the mode's; the mode's seeds and budget are kept)",
+    )
     p.add_argument("--out", type=Path, help="results folder (default: bench/results/MODE)")
     p.add_argument("--data-dir", default="", help="folder with Fashion-MNIST (default: the standard places)")
     p.add_argument("--publish", action="store_true", help=f"also write {PUBLISHED} and {PUBLISHED_PLOTS}/")
-    p.add_argument("--target-metric", default="", metavar="METRIC>=VALUE",
-                   help="also time every convergence run to this target (e.g. loss<=0.4), next to 85%% and 88%%")
-    p.add_argument("--report-only", type=Path, metavar="DIR",
-                   help="re-render DIR/report.md and the plots from DIR/results.json without measuring")
+    p.add_argument(
+        "--target-metric",
+        default="",
+        metavar="METRIC>=VALUE",
+        help="also time every convergence run to this target (e.g. loss<=0.4), next to 85%% and 88%%",
+    )
+    p.add_argument(
+        "--report-only",
+        type=Path,
+        metavar="DIR",
+        help="re-render DIR/report.md and the plots from DIR/results.json without measuring",
+    )
     args = p.parse_args(argv)
     if args.configs is not None:
         if args.report_only or args.publish or "heterogeneous" not in args.parts:
-            p.error("--configs measures some of the heterogeneous configurations: it needs the heterogeneous part "
-                    f"and goes with neither --report-only nor --publish (which would rewrite all of {PUBLISHED})")
+            p.error(
+                "--configs measures some of the heterogeneous configurations: it needs the heterogeneous part "
+                f"and goes with neither --report-only nor --publish (which would rewrite all of {PUBLISHED})"
+            )
         try:
             args.configs = convergence.parse_configs(args.configs)
         except ValueError as exc:
@@ -198,8 +228,9 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             progress(f"python -m bench: --target-metric: {exc}")
             return 2
-        mode = replace(mode, convergence=replace(mode.convergence, target=target),
-                       midrun=replace(mode.midrun, target=target))
+        mode = replace(
+            mode, convergence=replace(mode.convergence, target=target), midrun=replace(mode.midrun, target=target)
+        )
     if not Path("bench/__main__.py").exists():
         progress("run from the repository root: python -m bench")
         return 2
@@ -216,9 +247,15 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.monotonic()
     measured = run_parts(mode, args.parts, out, args.data_dir)
-    results = {"mode": mode.name, "command": shlex.join(["python", "-m", "bench", *argv]), "started": started,
-               "wall_s": time.monotonic() - t0, "machine": transport.machine(),
-               "settings": {"convergence": asdict(mode.convergence), "midrun": asdict(mode.midrun)}, **measured}
+    results = {
+        "mode": mode.name,
+        "command": shlex.join(["python", "-m", "bench", *argv]),
+        "started": started,
+        "wall_s": time.monotonic() - t0,
+        "machine": transport.machine(),
+        "settings": {"convergence": asdict(mode.convergence), "midrun": asdict(mode.midrun)},
+        **measured,
+    }
     write(results, out, args.publish)
     return 0
 

@@ -27,8 +27,13 @@ from dynabatch.common.messages import JobStatus
 
 PROTOCOLS = ("ssgd", "asgd", "softsync", "ssp", "local", "msd")
 POLICIES = ("fixed", "dynamic")
-PAPER_NAMES = {("asgd", "dynamic"): "DBS-SGD", ("ssgd", "dynamic"): "LB-BSP",
-               ("softsync", "fixed"): "n-softsync", ("ssp", "fixed"): "SSP", ("msd", "dynamic"): "multi-step delay"}
+PAPER_NAMES = {
+    ("asgd", "dynamic"): "DBS-SGD",
+    ("ssgd", "dynamic"): "LB-BSP",
+    ("softsync", "fixed"): "n-softsync",
+    ("ssp", "fixed"): "SSP",
+    ("msd", "dynamic"): "multi-step delay",
+}
 SLOWDOWNS = ("1", "1", "2", "4")
 MARKS = ("0.85", "0.88")
 RUN_SLACK_S = 240.0  # start-up, the final evaluation and shutdown on a busy 2-core machine
@@ -123,16 +128,41 @@ def run_name(scenario: str, protocol: str, policy: str, seed: int) -> str:
     return f"{scenario}-{protocol}-{policy}-s{seed}"
 
 
-def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Settings, out: Path,
-            data_dir: str) -> RunResult:
+def run_one(
+    scenario: str, protocol: str, policy: str, seed: int, settings: Settings, out: Path, data_dir: str
+) -> RunResult:
     """One `dynabatch run`, its console output in `out/NAME.log`, its run folder in `out/NAME/`."""
     slowdowns = list(SCENARIOS[scenario](settings.budget_s))
     name = run_name(scenario, protocol, policy, seed)
-    cmd = command_line("run", ["--workers", str(len(slowdowns)), "--slowdowns", *slowdowns, "--protocol", protocol,
-                               "--batch-policy", policy, "--seed", str(seed), "--epochs", "1000",
-                               "--time-budget-s", str(settings.budget_s),
-                               "--eval-interval-s", str(settings.eval_interval_s), "--out", str(out), "--name", name,
-                               "--progress-s", "30", "--timeout-s", str(settings.budget_s + RUN_SLACK_S)])
+    cmd = command_line(
+        "run",
+        [
+            "--workers",
+            str(len(slowdowns)),
+            "--slowdowns",
+            *slowdowns,
+            "--protocol",
+            protocol,
+            "--batch-policy",
+            policy,
+            "--seed",
+            str(seed),
+            "--epochs",
+            "1000",
+            "--time-budget-s",
+            str(settings.budget_s),
+            "--eval-interval-s",
+            str(settings.eval_interval_s),
+            "--out",
+            str(out),
+            "--name",
+            name,
+            "--progress-s",
+            "30",
+            "--timeout-s",
+            str(settings.budget_s + RUN_SLACK_S),
+        ],
+    )
     if data_dir:
         cmd += ["--data-dir", data_dir]
     if settings.target:
@@ -141,8 +171,13 @@ def run_one(scenario: str, protocol: str, policy: str, seed: int, settings: Sett
     result = RunResult(scenario, protocol, policy, seed, slowdowns, ok=False)
     shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed
     with open(out / f"{name}.log", "wb") as log_file:
-        code = subprocess.call(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env={**os.environ, **dict(settings.env)})
+        code = subprocess.call(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **dict(settings.env)},
+        )
     summary_path, timeline_path = out / name / "summary.json", out / name / "timeline.json"
     if not summary_path.exists() or not timeline_path.exists():
         result.error = f"exit {code}, no summary (see {out / name}.log)"
@@ -178,16 +213,23 @@ def fill(result: RunResult, summary: dict[str, Any], timeline: list[JobStatus]) 
     result.train_s = summary["train_s"]
     start = training_start(timeline) or 0.0
     # Each accuracy at the time its model existed (the evaluation arrives one evaluation later).
-    evals = {s.eval_t if s.eval_model_t is None else s.eval_model_t: s.test_acc
-             for s in timeline if s.test_acc is not None and s.eval_t is not None}
+    evals = {
+        s.eval_t if s.eval_model_t is None else s.eval_model_t: s.test_acc
+        for s in timeline
+        if s.test_acc is not None and s.eval_t is not None
+    }
     result.accuracy_curve = [(t - start, acc) for t, acc in sorted(evals.items())]
     result.loss_curve = [(s.t - start, s.loss) for s in timeline if s.loss is not None and s.t >= start]
-    result.batches = [[s.t - start] + [w.batch for w in sorted(s.workers.values(), key=lambda w: w.name)]
-                      for s in timeline if s.workers and s.t >= start]  # worker0, worker1, ... as started
+    result.batches = [
+        [s.t - start] + [w.batch for w in sorted(s.workers.values(), key=lambda w: w.name)]
+        for s in timeline
+        if s.workers and s.t >= start
+    ]  # worker0, worker1, ... as started
 
 
-def run_scenario(scenario: str, settings: Settings, out: Path, data_dir: str,
-                 progress: Callable[[str], None]) -> list[RunResult]:
+def run_scenario(
+    scenario: str, settings: Settings, out: Path, data_dir: str, progress: Callable[[str], None]
+) -> list[RunResult]:
     """Every configuration under every seed, seed-major; a failed run is reported, not fatal."""
     out.mkdir(parents=True, exist_ok=True)
     plan = [(seed, p, b) for seed in settings.seeds for p, b in settings.configs]
@@ -198,19 +240,26 @@ def run_scenario(scenario: str, settings: Settings, out: Path, data_dir: str,
         results.append(r)
         elapsed = time.monotonic() - started
         eta = elapsed / i * (len(plan) - i)
-        progress(f"[{scenario} {i}/{len(plan)}] {r.label} seed {seed}: " + (describe(r) if r.ok or r.final_test_acc
-                 else f"FAILED ({r.error})") + f"  (elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)")
+        progress(
+            f"[{scenario} {i}/{len(plan)}] {r.label} seed {seed}: "
+            + (describe(r) if r.ok or r.final_test_acc else f"FAILED ({r.error})")
+            + f"  (elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left)"
+        )
     return results
 
 
 def describe(r: RunResult) -> str:
     """One progress line's worth of a run."""
     acc = f"{100 * r.final_test_acc:.2f}%" if r.final_test_acc is not None else "n/a"
-    times = ", ".join(f"{mark_label(m)} at {t:.0f}s" if t is not None else f"{mark_label(m)} not reached"
-                      for m, t in r.time_to.items())
-    return (f"{acc} at the budget ({times}); {r.samples_per_s or 0:.0f} samples/s = "
-            f"{100 * (r.fraction_of_compute or 0):.0f}% of the compute-only speed, "
-            f"{100 * (r.fraction_of_standalone or 0):.0f}% of the start-up probes")
+    times = ", ".join(
+        f"{mark_label(m)} at {t:.0f}s" if t is not None else f"{mark_label(m)} not reached"
+        for m, t in r.time_to.items()
+    )
+    return (
+        f"{acc} at the budget ({times}); {r.samples_per_s or 0:.0f} samples/s = "
+        f"{100 * (r.fraction_of_compute or 0):.0f}% of the compute-only speed, "
+        f"{100 * (r.fraction_of_standalone or 0):.0f}% of the start-up probes"
+    )
 
 
 @dataclass
@@ -260,23 +309,30 @@ def aggregate(results: list[RunResult]) -> list[ConfigStats]:
     for protocol, policy in order:
         runs = [r for r in results if (r.protocol, r.policy) == (protocol, policy)]
         good = [r for r in runs if r.final_test_acc is not None]
-        slowest = [len(r.slowdowns) * r.slowest_compute / r.sum_compute for r in good
-                   if r.slowest_compute and r.sum_compute]
-        stats.append(ConfigStats(
-            label=config_label(protocol, policy), protocol=protocol, policy=policy, runs=len(runs), ok_runs=len(good),
-            time_to={m: _mean([r.time_to.get(m) for r in good]) for m in marks},
-            reached={m: sum(1 for r in good if r.time_to.get(m) is not None) for m in marks},
-            final_test_acc=_mean([r.final_test_acc for r in good]),
-            final_test_acc_sd=_sd([r.final_test_acc for r in good]),
-            final_train_loss=_mean([r.final_train_loss for r in good]),
-            samples_per_s=_mean([r.samples_per_s for r in good]),
-            fraction_of_standalone=_mean([r.fraction_of_standalone for r in good]),
-            fraction_of_compute=_mean([r.fraction_of_compute for r in good]),
-            slowest_pace_fraction=_mean(slowest),
-            staleness_mean=_mean([r.staleness_mean for r in good]),
-            staleness_p99=_mean([r.staleness_p99 for r in good]),
-            bytes_per_sample=_mean([r.bytes_per_sample for r in good]),
-        ))
+        slowest = [
+            len(r.slowdowns) * r.slowest_compute / r.sum_compute for r in good if r.slowest_compute and r.sum_compute
+        ]
+        stats.append(
+            ConfigStats(
+                label=config_label(protocol, policy),
+                protocol=protocol,
+                policy=policy,
+                runs=len(runs),
+                ok_runs=len(good),
+                time_to={m: _mean([r.time_to.get(m) for r in good]) for m in marks},
+                reached={m: sum(1 for r in good if r.time_to.get(m) is not None) for m in marks},
+                final_test_acc=_mean([r.final_test_acc for r in good]),
+                final_test_acc_sd=_sd([r.final_test_acc for r in good]),
+                final_train_loss=_mean([r.final_train_loss for r in good]),
+                samples_per_s=_mean([r.samples_per_s for r in good]),
+                fraction_of_standalone=_mean([r.fraction_of_standalone for r in good]),
+                fraction_of_compute=_mean([r.fraction_of_compute for r in good]),
+                slowest_pace_fraction=_mean(slowest),
+                staleness_mean=_mean([r.staleness_mean for r in good]),
+                staleness_p99=_mean([r.staleness_p99 for r in good]),
+                bytes_per_sample=_mean([r.bytes_per_sample for r in good]),
+            )
+        )
     return stats
 
 

@@ -80,7 +80,7 @@ def rank_main(argv: list[str]) -> int:
         opt.step()
         times.append(time.perf_counter() - start)
     dist.destroy_process_group()
-    kept = times[int(WARMUP_FRACTION * len(times)):]
+    kept = times[int(WARMUP_FRACTION * len(times)) :]
     if args.rank == 0:
         print(json.dumps({"mean_step_s": statistics.fmean(kept), "steps": len(times)}))
     return 0
@@ -91,8 +91,21 @@ def ddp_step(settings: Settings, port: int, data_dir: str, log_dir: Path) -> flo
     batch = settings.global_batch // settings.workers
     procs = []
     for rank in range(settings.workers):
-        cmd = [sys.executable, "-m", "bench.ddp", "--rank", str(rank), "--world", str(settings.workers),
-               "--init", f"tcp://127.0.0.1:{port}", "--batch", str(batch), "--duration-s", str(settings.duration_s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.ddp",
+            "--rank",
+            str(rank),
+            "--world",
+            str(settings.workers),
+            "--init",
+            f"tcp://127.0.0.1:{port}",
+            "--batch",
+            str(batch),
+            "--duration-s",
+            str(settings.duration_s),
+        ]
         if data_dir:
             cmd += ["--data-dir", data_dir]
         with open(log_dir / f"ddp-rank{rank}.log", "ab") as err:
@@ -107,11 +120,34 @@ def ddp_step(settings: Settings, port: int, data_dir: str, log_dir: Path) -> flo
 
 def dynabatch_step(settings: Settings, out: Path, name: str, data_dir: str) -> float | None:
     """Mean step time of the workers of an ssgd + fixed `dynabatch run` (None if it failed)."""
-    cmd = command_line("run", ["--workers", str(settings.workers), "--slowdowns", "1", "--protocol", "ssgd",
-                               "--batch-policy", "fixed", "--global-batch", str(settings.global_batch),
-                               "--no-evaluator", "--epochs", "1000", "--time-budget-s", str(settings.duration_s),
-                               "--out", str(out), "--name", name, "--progress-s", "30",
-                               "--timeout-s", str(settings.duration_s + 180)])
+    cmd = command_line(
+        "run",
+        [
+            "--workers",
+            str(settings.workers),
+            "--slowdowns",
+            "1",
+            "--protocol",
+            "ssgd",
+            "--batch-policy",
+            "fixed",
+            "--global-batch",
+            str(settings.global_batch),
+            "--no-evaluator",
+            "--epochs",
+            "1000",
+            "--time-budget-s",
+            str(settings.duration_s),
+            "--out",
+            str(out),
+            "--name",
+            name,
+            "--progress-s",
+            "30",
+            "--timeout-s",
+            str(settings.duration_s + 180),
+        ],
+    )
     if data_dir:
         cmd += ["--data-dir", data_dir]
     shutil.rmtree(out / name, ignore_errors=True)  # a run left by an earlier benchmark is replaced, never resumed
@@ -120,8 +156,11 @@ def dynabatch_step(settings: Settings, out: Path, name: str, data_dir: str) -> f
     path = out / name / "summary.json"
     if not path.exists():
         return None
-    steps = [w["mean_step_s_after_warmup"] for w in json.loads(path.read_text()).get("workers", {}).values()
-             if w["mean_step_s_after_warmup"]]
+    steps = [
+        w["mean_step_s_after_warmup"]
+        for w in json.loads(path.read_text()).get("workers", {}).values()
+        if w["mean_step_s_after_warmup"]
+    ]
     return statistics.fmean(steps) if steps else None
 
 
@@ -133,8 +172,10 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
         dyn = dynabatch_step(settings, out, f"ssgd-round{r}", data_dir)
         ddp = ddp_step(settings, free_port(), data_dir, out)
         results.append(RoundResult(dyn, ddp))
-        progress(f"[ddp {r + 1}/{settings.rounds}] {settings.workers} workers: dynabatch ssgd step "
-                 f"{_ms(dyn)}, DDP/gloo step {_ms(ddp)}")
+        progress(
+            f"[ddp {r + 1}/{settings.rounds}] {settings.workers} workers: dynabatch ssgd step "
+            f"{_ms(dyn)}, DDP/gloo step {_ms(ddp)}"
+        )
     return results
 
 
@@ -143,9 +184,13 @@ def summary(settings: Settings, rounds: list[RoundResult]) -> dict[str, object]:
     dyn = [r.dynabatch_step_s for r in rounds if r.dynabatch_step_s]
     ddp = [r.ddp_step_s for r in rounds if r.ddp_step_s]
     ratio = statistics.fmean(ddp) / statistics.fmean(dyn) if dyn and ddp else None
-    return {"settings": asdict(settings), "rounds": [asdict(r) for r in rounds],
-            "dynabatch_step_s": statistics.fmean(dyn) if dyn else None,
-            "ddp_step_s": statistics.fmean(ddp) if ddp else None, "speed_ratio": ratio}
+    return {
+        "settings": asdict(settings),
+        "rounds": [asdict(r) for r in rounds],
+        "dynabatch_step_s": statistics.fmean(dyn) if dyn else None,
+        "ddp_step_s": statistics.fmean(ddp) if ddp else None,
+        "speed_ratio": ratio,
+    }
 
 
 def _ms(seconds: float | None) -> str:

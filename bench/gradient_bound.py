@@ -45,16 +45,20 @@ class VariantRun:
 
 def shard_closing(run_dir: Path) -> tuple[int | None, int | None]:
     """(pushes clipped, workers quarantined) from every shard's closing line in `run_dir`/logs, summed."""
-    found = [CLOSING.search(line) for log in sorted((run_dir / "logs").glob("ps*.log"))
-             for line in log.read_text(errors="replace").splitlines()]
+    found = [
+        CLOSING.search(line)
+        for log in sorted((run_dir / "logs").glob("ps*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+    ]
     hits = [m for m in found if m]
     if not hits:
         return None, None
     return sum(int(m[1]) for m in hits), sum(int(m[2]) for m in hits)
 
 
-def run_variant(variant: str, protocol: str, policy: str, seed: int, budget_s: float, out: Path,
-                data_dir: str) -> VariantRun:
+def run_variant(
+    variant: str, protocol: str, policy: str, seed: int, budget_s: float, out: Path, data_dir: str
+) -> VariantRun:
     settings = Settings(((protocol, policy),), (seed,), budget_s, flags=VARIANTS[variant])
     (out / variant).mkdir(parents=True, exist_ok=True)
     run = run_one("heterogeneous", protocol, policy, seed, settings, out / variant, data_dir)
@@ -74,17 +78,22 @@ def row(v: VariantRun) -> str:
 
     acc = f"{r.final_test_acc * 100:.2f}%" if r.final_test_acc is not None else "–"
     speed = f"{r.samples_per_s:,.0f}" if r.samples_per_s is not None else "–"
-    return (f"| {r.label} | {v.variant} | {r.seed} | {acc} | {when('0.85')} | {when('0.88')} | {speed} | "
-            f"{v.updates} | {v.clipped} | {v.quarantined} |" + ("" if r.ok else f" FAILED: {r.error}"))
+    return (
+        f"| {r.label} | {v.variant} | {r.seed} | {acc} | {when('0.85')} | {when('0.88')} | {speed} | "
+        f"{v.updates} | {v.clipped} | {v.quarantined} |" + ("" if r.ok else f" FAILED: {r.error}")
+    )
 
 
-HEADER = ("| configuration | defences | seed | test acc. at budget | time to 85% | time to 88% | samples/s | updates | "
-          "pushes clipped | quarantined |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = (
+    "| configuration | defences | seed | test acc. at budget | time to 85% | time to 88% | samples/s | updates | "
+    "pushes clipped | quarantined |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gradient_bound", description=__doc__.split("\n\n")[0],
-                                 allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.gradient_bound", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--configs", nargs="+", default=["asgd+fixed"], metavar="PROTOCOL+POLICY")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--budget-s", type=float, default=60.0)

@@ -81,8 +81,9 @@ def first_reaching(readings: list[tuple[float, float]], target: float) -> float 
     return next((t for t, acc in readings if acc >= target), None)
 
 
-def figures(watch: Watch, hosts: list[tuple[str, str]], standalone: dict[str, float]) -> tuple[float,
-                                                                                              list[WorkerFigures]]:
+def figures(
+    watch: Watch, hosts: list[tuple[str, str]], standalone: dict[str, float]
+) -> tuple[float, list[WorkerFigures]]:
     """The job's samples/s and each worker's figures over `watch`'s span; `hosts` are (name, link rate)."""
     trained = {name: watch.end[name][0] - watch.start[name][0] for name, _ in hosts}
     total = sum(trained.values())
@@ -90,11 +91,19 @@ def figures(watch: Watch, hosts: list[tuple[str, str]], standalone: dict[str, fl
     for name, rate in hosts:
         seen = watch.batches[name]
         computing = watch.end[name][2] - watch.start[name][2]
-        out.append(WorkerFigures(
-            name, rate, trained[name] / watch.elapsed_s, trained[name] / total if total else 0.0,
-            sum(seen) / len(seen) if seen else 0.0, seen[-1] if seen else 0.0, standalone.get(name, 0.0),
-            (watch.end[name][1] - watch.start[name][1]) / watch.elapsed_s,
-            trained[name] / computing if computing > 0 else 0.0))
+        out.append(
+            WorkerFigures(
+                name,
+                rate,
+                trained[name] / watch.elapsed_s,
+                trained[name] / total if total else 0.0,
+                sum(seen) / len(seen) if seen else 0.0,
+                seen[-1] if seen else 0.0,
+                standalone.get(name, 0.0),
+                (watch.end[name][1] - watch.start[name][1]) / watch.elapsed_s,
+                trained[name] / computing if computing > 0 else 0.0,
+            )
+        )
     return total / watch.elapsed_s, out
 
 
@@ -126,15 +135,22 @@ def _watch(job: HostedJob, server: Host, workers: list[Host], args: argparse.Nam
         out = {}
         for h in workers:
             text = job.metrics(h)
-            out[h.name] = (metric_sum(text, "dynabatch_worker_samples_total"),
-                           metric_sum(text, "dynabatch_worker_steps_total"),
-                           sum(metric_sum(text, "dynabatch_worker_phase_seconds_sum", phase=phase)
-                               for phase in ("compute", "data")))
+            out[h.name] = (
+                metric_sum(text, "dynabatch_worker_samples_total"),
+                metric_sum(text, "dynabatch_worker_steps_total"),
+                sum(
+                    metric_sum(text, "dynabatch_worker_phase_seconds_sum", phase=phase) for phase in ("compute", "data")
+                ),
+            )
         return out
 
     if args.target is None:
-        _wait(job, lambda: all(steps > 0 for _, steps, _ in counters().values()), START_TIMEOUT_S,
-              "not every worker trained")
+        _wait(
+            job,
+            lambda: all(steps > 0 for _, steps, _ in counters().values()),
+            START_TIMEOUT_S,
+            "not every worker trained",
+        )
     else:  # from the job's first step: the min-workers gate makes it every worker's first step, within a second
         _wait(job, lambda: any(steps > 0 for _, steps, _ in counters().values()), START_TIMEOUT_S, "no worker trained")
     start, t0 = counters(), time.monotonic()
@@ -168,9 +184,25 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
         evaluator = net.add_host("eval", args.fast_rate) if args.target is not None else None
         job = HostedJob(net, logs / policy)
         try:
-            job.scheduler(server, *model, "--protocol", args.protocol, "--batch-policy", policy, "--epochs", "1000",
-                          "--chunk-schedule", chunks, "--chunk-bytes", str(args.chunk_bytes), *args.job_flags.split(),
-                          "--min-workers", str(len(workers)), "--eval-interval-s", str(args.eval_interval_s))
+            job.scheduler(
+                server,
+                *model,
+                "--protocol",
+                args.protocol,
+                "--batch-policy",
+                policy,
+                "--epochs",
+                "1000",
+                "--chunk-schedule",
+                chunks,
+                "--chunk-bytes",
+                str(args.chunk_bytes),
+                *args.job_flags.split(),
+                "--min-workers",
+                str(len(workers)),
+                "--eval-interval-s",
+                str(args.eval_interval_s),
+            )
             job.shard(server)
             children = {h.name: job.worker(h, *task) for h in workers}
             if evaluator is not None:
@@ -181,31 +213,57 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
     standalone = {name: _standalone(child.log_text()) for name, child in children.items()}
     samples_per_s, per_worker = figures(watch, [(h.name, h.rate) for h in workers], standalone)
     label = policy if chunks == "fixed" else f"{policy}, {chunks} chunks"
-    out = {"policy": label, "span_s": watch.elapsed_s, "samples_per_s": samples_per_s,
-           "workers": [asdict(f) for f in per_worker]}
+    out = {
+        "policy": label,
+        "span_s": watch.elapsed_s,
+        "samples_per_s": samples_per_s,
+        "workers": [asdict(f) for f in per_worker],
+    }
     if args.target is not None:
-        out |= {"target": args.target, "time_to_target_s": watch.time_to_target_s, "accuracy": watch.accuracy,
-                "readings": watch.readings}
+        out |= {
+            "target": args.target,
+            "time_to_target_s": watch.time_to_target_s,
+            "accuracy": watch.accuracy,
+            "readings": watch.readings,
+        }
     return out
 
 
 def table(results: list[dict]) -> str:
     """One row for the job (with its time to target, in target mode) and one for each worker, per run."""
-    lines = ["| run | policy | worker | link | to target (s) | samples/s | share | mean batch | last batch | steps/s "
-             "| standalone samples/s | compute samples/s |",
-             "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| run | policy | worker | link | to target (s) | samples/s | share | mean batch | last batch | steps/s "
+        "| standalone samples/s | compute samples/s |",
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in results:
         if "target" in r:
             reached = r["time_to_target_s"]
-            to_target = (f"{reached:.0f}" if reached is not None
-                         else f"not in {r['span_s']:.0f} (reached {100 * r['accuracy']:.1f}%)")
+            to_target = (
+                f"{reached:.0f}"
+                if reached is not None
+                else f"not in {r['span_s']:.0f} (reached {100 * r['accuracy']:.1f}%)"
+            )
         else:
             to_target = ""
         rows = [[r["run"], r["policy"], "job", "", to_target, f"{r['samples_per_s']:.0f}", "100%", "", "", "", "", ""]]
-        rows += [[r["run"], r["policy"], w["host"], w["rate"], "", f"{w['samples_per_s']:.0f}",
-                  f"{100 * w['share']:.1f}%", f"{w['mean_batch']:.0f}", f"{w['last_batch']:.0f}",
-                  f"{w['steps_per_s']:.2f}", f"{w['standalone_sps']:.0f}", f"{w['compute_sps']:.0f}"]
-                 for w in r["workers"]]
+        rows += [
+            [
+                r["run"],
+                r["policy"],
+                w["host"],
+                w["rate"],
+                "",
+                f"{w['samples_per_s']:.0f}",
+                f"{100 * w['share']:.1f}%",
+                f"{w['mean_batch']:.0f}",
+                f"{w['last_batch']:.0f}",
+                f"{w['steps_per_s']:.2f}",
+                f"{w['standalone_sps']:.0f}",
+                f"{w['compute_sps']:.0f}",
+            ]
+            for w in r["workers"]
+        ]
         lines += [" ".join(f"| {cell}" if cell != "" else "|" for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -213,8 +271,9 @@ def table(results: list[dict]) -> str:
 def schedule(policies: list[str], runs: int) -> list[tuple[int, str]]:
     """(run, policy) in the order run: each run has every policy, the order reversed every other run (ABBA),
     so that a load drifting over the benchmark favours none."""
-    return [(run, policy) for run in range(1, runs + 1)
-            for policy in (policies if run % 2 else list(reversed(policies)))]
+    return [
+        (run, policy) for run in range(1, runs + 1) for policy in (policies if run % 2 else list(reversed(policies)))
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -225,21 +284,38 @@ def main(argv: list[str]) -> int:
     p.add_argument("--slow-rate", default="100mbit")
     trains = p.add_mutually_exclusive_group()
     trains.add_argument("--model", default="cnn", help="a built-in model, on --dataset")
-    trains.add_argument("--task", default="", metavar="FILE.py:ATTR[@KEY=VALUE,...]",
-                        help="a user Task instead of --model, with the environment its file reads")
+    trains.add_argument(
+        "--task",
+        default="",
+        metavar="FILE.py:ATTR[@KEY=VALUE,...]",
+        help="a user Task instead of --model, with the environment its file reads",
+    )
     p.add_argument("--dataset", default="fashion-mnist")
     p.add_argument("--protocol", default="asgd")
     p.add_argument("--policies", nargs="+", default=["dynamic", "fixed"], choices=["dynamic", "fixed"])
-    p.add_argument("--chunk-schedules", nargs="+", default=["fixed"], choices=["fixed", "scheduled"],
-                   help="every policy under each --chunk-schedule (the wire's schedule: scheduler/wire_schedule.py)")
+    p.add_argument(
+        "--chunk-schedules",
+        nargs="+",
+        default=["fixed"],
+        choices=["fixed", "scheduled"],
+        help="every policy under each --chunk-schedule (the wire's schedule: scheduler/wire_schedule.py)",
+    )
     p.add_argument("--chunk-bytes", type=int, default=1 << 20, help="the job's --chunk-bytes")
-    p.add_argument("--job-flags", default="", metavar="'--FLAG VALUE ...'",
-                   help="more of the scheduler's job flags, e.g. '--no-direction-check'")
+    p.add_argument(
+        "--job-flags",
+        default="",
+        metavar="'--FLAG VALUE ...'",
+        help="more of the scheduler's job flags, e.g. '--no-direction-check'",
+    )
     p.add_argument("--runs", type=int, default=1, help="every policy this many times, the order reversed each run")
-    p.add_argument("--window-s", type=float, default=40.0, help="window mode: seconds watched once every worker "
-                   "trains")
-    p.add_argument("--target", type=float, default=None, metavar="ACC",
-                   help="target mode: run from the first step until the test accuracy is at least ACC (0-1)")
+    p.add_argument("--window-s", type=float, default=40.0, help="window mode: seconds watched once every worker trains")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        metavar="ACC",
+        help="target mode: run from the first step until the test accuracy is at least ACC (0-1)",
+    )
     p.add_argument("--time-limit-s", type=float, default=600.0, help="target mode: give up after this long")
     p.add_argument("--eval-interval-s", type=float, default=5.0, help="seconds between evaluations")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here too")
@@ -268,8 +344,7 @@ def main(argv: list[str]) -> int:
     print(table(results))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)}, "results": results},
-                                       indent=2))
+        args.out.write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)}, "results": results}, indent=2))
     return 0
 
 

@@ -130,10 +130,14 @@ def breakdown(timeline: list[JobStatus]) -> Breakdown:
         compute = b.compute_s_total - a.compute_s_total
         if wall <= 0 or steps <= 0 or compute <= 0:
             continue
-        per_step = {p: statistics.mean(getattr(s.workers[wid], f"{p}_s") for s in seen[1:])
-                    for p in ("pull", "push", "wait")}
-        phase = {"compute": compute, "data": b.data_s_total - a.data_s_total,
-                 **{p: v * steps for p, v in per_step.items()}}
+        per_step = {
+            p: statistics.mean(getattr(s.workers[wid], f"{p}_s") for s in seen[1:]) for p in ("pull", "push", "wait")
+        }
+        phase = {
+            "compute": compute,
+            "data": b.data_s_total - a.data_s_total,
+            **{p: v * steps for p, v in per_step.items()},
+        }
         phase["outside"] = max(0.0, wall - (b.step_s_total - a.step_s_total))
         speed = (b.observed_samples - a.observed_samples) / compute
         shares.append((speed, {p: v / wall for p, v in phase.items()}))
@@ -151,13 +155,23 @@ class VariantRun:
     workload: str = BUILTIN
 
 
-def run_variant(variant: str, protocol: str, policy: str, seed: int, budget_s: float, out: Path,
-                data_dir: str, workload: Workload = Workload(BUILTIN), device: str = "",
-                run_flags: tuple[str, ...] = ()) -> VariantRun:
+def run_variant(
+    variant: str,
+    protocol: str,
+    policy: str,
+    seed: int,
+    budget_s: float,
+    out: Path,
+    data_dir: str,
+    workload: Workload = Workload(BUILTIN),
+    device: str = "",
+    run_flags: tuple[str, ...] = (),
+) -> VariantRun:
     env = workload.env + ((("DYNABATCH_DEVICE", device),) if device else ())
     task = ("--task", workload.task) if workload.task else ()
-    settings = Settings(((protocol, policy),), (seed,), budget_s, flags=(*VARIANTS[variant], *task, *run_flags),
-                        env=env)
+    settings = Settings(
+        ((protocol, policy),), (seed,), budget_s, flags=(*VARIANTS[variant], *task, *run_flags), env=env
+    )
     folder = out / workload.folder / variant.replace(",", "-").replace("+", "_")
     folder.mkdir(parents=True, exist_ok=True)
     result = run_one("heterogeneous", protocol, policy, seed, settings, folder, data_dir)
@@ -168,9 +182,12 @@ def run_variant(variant: str, protocol: str, policy: str, seed: int, budget_s: f
 
 def table(runs: list[VariantRun]) -> str:
     """One row per run: the fraction of compute-only speed, accuracy at the budget, and where the rest went."""
-    rows = ["| workload | configuration | variant | seed | samples/s | of compute-only | staleness mean | test acc | "
-            + " | ".join(PHASES[1:]) + " |",
-            "|---|---|---|---:|---:|---:|---:|---:|" + "---:|" * (len(PHASES) - 1)]
+    rows = [
+        "| workload | configuration | variant | seed | samples/s | of compute-only | staleness mean | test acc | "
+        + " | ".join(PHASES[1:])
+        + " |",
+        "|---|---|---|---:|---:|---:|---:|---:|" + "---:|" * (len(PHASES) - 1),
+    ]
     for v in runs:
         r, b = v.run, v.breakdown
         if not r.ok:
@@ -179,8 +196,10 @@ def table(runs: list[VariantRun]) -> str:
         parts = " | ".join(f"{100 * getattr(b, p):.1f}%" for p in PHASES[1:]) if b else " | ".join("–" * 5)
         acc = f"{100 * r.final_test_acc:.1f}%" if r.final_test_acc is not None else "–"
         stale = f"{r.staleness_mean:.2f}" if r.staleness_mean is not None else "–"  # None: no push was acknowledged
-        rows.append(f"| {v.workload} | {r.label} | {v.variant} | {r.seed} | {r.samples_per_s or 0:,.0f} | "
-                    f"{100 * (r.fraction_of_compute or 0):.1f}% | {stale} | {acc} | {parts} |")
+        rows.append(
+            f"| {v.workload} | {r.label} | {v.variant} | {r.seed} | {r.samples_per_s or 0:,.0f} | "
+            f"{100 * (r.fraction_of_compute or 0):.1f}% | {stale} | {acc} | {parts} |"
+        )
     return "\n".join(rows)
 
 
@@ -193,8 +212,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--data-dir", default="")
     p.add_argument("--device", default="", help="the workers' --device (cpu, cuda, cuda:N); default: theirs")
-    p.add_argument("--run-flags", default="", help="more `dynabatch run` flags for every run, one string "
-                   "(e.g. \"--threads 3 --global-batch 256\")")
+    p.add_argument(
+        "--run-flags",
+        default="",
+        help='more `dynabatch run` flags for every run, one string (e.g. "--threads 3 --global-batch 256")',
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     try:
@@ -210,19 +232,39 @@ def main(argv: list[str]) -> int:
                     if why := refusal(variant, protocol):
                         print(f"{workload.label} {protocol}+{policy} {variant}: skipped ({why})", file=sys.stderr)
                         continue
-                    v = run_variant(variant, protocol, policy, seed, args.budget_s, args.out, args.data_dir,
-                                    workload, args.device, tuple(shlex.split(args.run_flags)))
-                    print(f"{workload.label} {v.run.label} {variant} seed {seed}: "
-                          f"{100 * (v.run.fraction_of_compute or 0):.1f}% of compute-only", file=sys.stderr,
-                          flush=True)
+                    v = run_variant(
+                        variant,
+                        protocol,
+                        policy,
+                        seed,
+                        args.budget_s,
+                        args.out,
+                        args.data_dir,
+                        workload,
+                        args.device,
+                        tuple(shlex.split(args.run_flags)),
+                    )
+                    print(
+                        f"{workload.label} {v.run.label} {variant} seed {seed}: "
+                        f"{100 * (v.run.fraction_of_compute or 0):.1f}% of compute-only",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     runs.append(v)
     text = table(runs)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "bench.overlap", *argv])
     (args.out / "overlap.md").write_text(f"{text}\n\nCommand: `{command}`\n")
-    entries = [{"workload": v.workload, "variant": v.variant, "run": asdict(v.run),
-                "breakdown": asdict(v.breakdown) if v.breakdown else None} for v in runs]
+    entries = [
+        {
+            "workload": v.workload,
+            "variant": v.variant,
+            "run": asdict(v.run),
+            "breakdown": asdict(v.breakdown) if v.breakdown else None,
+        }
+        for v in runs
+    ]
     (args.out / "overlap.json").write_text(json.dumps(entries, indent=2) + "\n")
     plots.overlap(entries, args.out / "overlap.png")
     return 0

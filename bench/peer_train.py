@@ -58,14 +58,20 @@ def setup(rank: int, seed: int, data_dir: str) -> Setup:
     torch.set_num_threads(1)
     job = JobConfig(model="cnn", dataset="fashion-mnist", seed=seed)
     data = load_dataset(job.dataset, data_dir or None)
-    return Setup(job, model_for_job(job), data, worker_order(len(data.train_y), seed, f"w{rank}"),
-                 torch.Generator().manual_seed(seed * 7919 + rank))
+    return Setup(
+        job,
+        model_for_job(job),
+        data,
+        worker_order(len(data.train_y), seed, f"w{rank}"),
+        torch.Generator().manual_seed(seed * 7919 + rank),
+    )
 
 
 def sgd(model: torch.nn.Module, job: JobConfig, lr: float) -> torch.optim.SGD:
     """The shards' optimizer, as the job configures it, at step size `lr`."""
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=job.momentum, weight_decay=job.weight_decay,
-                           nesterov=job.nesterov)
+    return torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=job.momentum, weight_decay=job.weight_decay, nesterov=job.nesterov
+    )
 
 
 class Snapshots:
@@ -89,8 +95,9 @@ class Snapshots:
         self.count += 1
 
 
-def slowed_step(s: Setup, batch: int, slowdown: Slowdown, started: float,
-                backward: Callable[[torch.Tensor], None]) -> None:
+def slowed_step(
+    s: Setup, batch: int, slowdown: Slowdown, started: float, backward: Callable[[torch.Tensor], None]
+) -> None:
     """Forward and backward of one batch, then the emulated slowdown's idle (F-1 times their CPU time)."""
     x, y = make_batch(s.data, s.order.take(batch), True, s.generator)
     cpu = time.thread_time()
@@ -157,12 +164,20 @@ def train_hivemind(args: argparse.Namespace) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"peer {rank}: no {args.peers_file} from peer 0 in {PEERS_FILE_WAIT_S:.0f} s")
             time.sleep(0.1)
-        dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                           initial_peers=args.peers_file.read_text().split())
+        dht = hivemind.DHT(
+            start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=args.peers_file.read_text().split()
+        )
     opt: Any = hivemind.Optimizer(
-        dht=dht, run_id=f"peers-{args.peers_file.stem}", batch_size_per_step=args.batch,
-        target_batch_size=args.target_batch, optimizer=sgd(s.model, s.job, args.lr),
-        use_local_updates=args.local_updates, matchmaking_time=3.0, averaging_timeout=10.0, verbose=False)
+        dht=dht,
+        run_id=f"peers-{args.peers_file.stem}",
+        batch_size_per_step=args.batch,
+        target_batch_size=args.target_batch,
+        optimizer=sgd(s.model, s.job, args.lr),
+        use_local_updates=args.local_updates,
+        matchmaking_time=3.0,
+        averaging_timeout=10.0,
+        verbose=False,
+    )
     if rank > 0:
         opt.load_state_from_peers()
     slowdown, started = Slowdown.parse(args.slowdowns[rank]), time.monotonic()

@@ -70,17 +70,31 @@ class System:
         return ""
 
 
-SYSTEMS: dict[str, System] = {s.key: s for s in (
-    # The default is also the best configuration measured for this profile (bench/RESULTS.md sections 1 and 9).
-    System("dynabatch", "dynabatch default (asgd, fixed batches)", "dynabatch", (0.0125, 0.025, 0.05, 0.1)),
-    System("ddp", "PyTorch DDP (torchrun, gloo)", "ddp", (0.025, 0.05, 0.1, 0.2, 0.4)),
-    System("alone", "fastest machine alone", "alone", (0.0125, 0.025, 0.05, 0.1, 0.2)),
-    # hivemind's quickstart: target batch 10000, local updates, matchmaking 3 s, averaging timeout 10 s.
-    System("hivemind-docs", "hivemind Optimizer (quickstart: target 10000, local updates)", "hivemind",
-           (0.0125, 0.025, 0.05, 0.1, 0.2), target_batch=10000, local_updates=True),
-    System("hivemind-b", f"hivemind Optimizer (target B = {GLOBAL_BATCH})", "hivemind",
-           (0.025, 0.05, 0.1, 0.2, 0.4), target_batch=GLOBAL_BATCH),
-)}
+SYSTEMS: dict[str, System] = {
+    s.key: s
+    for s in (
+        # The default is also the best configuration measured for this profile (bench/RESULTS.md sections 1 and 9).
+        System("dynabatch", "dynabatch default (asgd, fixed batches)", "dynabatch", (0.0125, 0.025, 0.05, 0.1)),
+        System("ddp", "PyTorch DDP (torchrun, gloo)", "ddp", (0.025, 0.05, 0.1, 0.2, 0.4)),
+        System("alone", "fastest machine alone", "alone", (0.0125, 0.025, 0.05, 0.1, 0.2)),
+        # hivemind's quickstart: target batch 10000, local updates, matchmaking 3 s, averaging timeout 10 s.
+        System(
+            "hivemind-docs",
+            "hivemind Optimizer (quickstart: target 10000, local updates)",
+            "hivemind",
+            (0.0125, 0.025, 0.05, 0.1, 0.2),
+            target_batch=10000,
+            local_updates=True,
+        ),
+        System(
+            "hivemind-b",
+            f"hivemind Optimizer (target B = {GLOBAL_BATCH})",
+            "hivemind",
+            (0.025, 0.05, 0.1, 0.2, 0.4),
+            target_batch=GLOBAL_BATCH,
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -105,8 +119,15 @@ class Settings:
 
 FULL = Settings()
 # `make bench-quick`'s part: the machinery end to end in about 3 minutes, at step sizes given, not tuned.
-QUICK = Settings(systems=("dynabatch", "ddp"), budget_s=40.0, rounds=1, tune_seeds=1, snapshot_s=5.0,
-                 eval_samples=2000, lrs=(("dynabatch", 0.05), ("ddp", 0.1)))
+QUICK = Settings(
+    systems=("dynabatch", "ddp"),
+    budget_s=40.0,
+    rounds=1,
+    tune_seeds=1,
+    snapshot_s=5.0,
+    eval_samples=2000,
+    lrs=(("dynabatch", 0.05), ("ddp", 0.1)),
+)
 
 
 @dataclass
@@ -134,8 +155,9 @@ class Run:
 # -- launching ----------------------------------------------------------------------------------------------------
 
 
-def launch(system: System, lr: float, seed: int, deadline: float, settings: Settings, folder: Path, data_dir: str
-           ) -> list[subprocess.Popen[bytes]]:
+def launch(
+    system: System, lr: float, seed: int, deadline: float, settings: Settings, folder: Path, data_dir: str
+) -> list[subprocess.Popen[bytes]]:
     """Start `system`'s processes (each in a process group of its own), logging into `folder`."""
     from dynabatch.cluster.launcher import command_line
 
@@ -144,32 +166,99 @@ def launch(system: System, lr: float, seed: int, deadline: float, settings: Sett
     slowdowns, snapshot_s = settings.slowdowns, settings.snapshot_s
 
     def peer_train(slowdowns: Sequence[str]) -> list[str]:
-        return ["bench.peer_train", "--system", system.kind, "--slowdowns", *slowdowns,
-                "--batch", str(GLOBAL_BATCH // len(slowdowns)), "--lr", str(lr), "--seed", str(seed),
-                "--deadline", f"{deadline:.3f}", "--snapshots", str(folder / "snapshots"),
-                "--snapshot-s", str(snapshot_s), *data]
+        return [
+            "bench.peer_train",
+            "--system",
+            system.kind,
+            "--slowdowns",
+            *slowdowns,
+            "--batch",
+            str(GLOBAL_BATCH // len(slowdowns)),
+            "--lr",
+            str(lr),
+            "--seed",
+            str(seed),
+            "--deadline",
+            f"{deadline:.3f}",
+            "--snapshots",
+            str(folder / "snapshots"),
+            "--snapshot-s",
+            str(snapshot_s),
+            *data,
+        ]
 
     if system.kind == "dynabatch":
         budget = deadline - time.time()
-        cmds = [command_line("run", ["--workers", str(len(slowdowns)), "--slowdowns", *slowdowns, "--lr", str(lr),
-                                     "--seed", str(seed), "--no-evaluator", "--epochs", "1000", "--time-budget-s",
-                                     f"{budget:.0f}", "--checkpoint-interval-s", str(snapshot_s), "--out",
-                                     str(folder), "--name", "run", "--progress-s", "30", "--no-plots",
-                                     "--timeout-s", f"{budget + LAUNCH_SLACK_S:.0f}", *system.flags, *data])]
+        cmds = [
+            command_line(
+                "run",
+                [
+                    "--workers",
+                    str(len(slowdowns)),
+                    "--slowdowns",
+                    *slowdowns,
+                    "--lr",
+                    str(lr),
+                    "--seed",
+                    str(seed),
+                    "--no-evaluator",
+                    "--epochs",
+                    "1000",
+                    "--time-budget-s",
+                    f"{budget:.0f}",
+                    "--checkpoint-interval-s",
+                    str(snapshot_s),
+                    "--out",
+                    str(folder),
+                    "--name",
+                    "run",
+                    "--progress-s",
+                    "30",
+                    "--no-plots",
+                    "--timeout-s",
+                    f"{budget + LAUNCH_SLACK_S:.0f}",
+                    *system.flags,
+                    *data,
+                ],
+            )
+        ]
     elif system.kind == "ddp":
-        cmds = [[*py, "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(slowdowns)),
-                 "-m", *peer_train(slowdowns)]]
+        cmds = [
+            [
+                *py,
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(len(slowdowns)),
+                "-m",
+                *peer_train(slowdowns),
+            ]
+        ]
     elif system.kind == "alone":
         cmds = [[*py, *peer_train(slowdowns[:1])]]
     else:
-        cmds = [[*py, *peer_train(slowdowns), "--rank",
-                 str(r), "--peers-file", str(folder / "peers.txt"), "--target-batch", str(system.target_batch),
-                 *(["--local-updates"] if system.local_updates else [])] for r in range(len(slowdowns))]
+        cmds = [
+            [
+                *py,
+                *peer_train(slowdowns),
+                "--rank",
+                str(r),
+                "--peers-file",
+                str(folder / "peers.txt"),
+                "--target-batch",
+                str(system.target_batch),
+                *(["--local-updates"] if system.local_updates else []),
+            ]
+            for r in range(len(slowdowns))
+        ]
     procs = []
     for i, cmd in enumerate(cmds):
         with open(folder / f"process{i}.log", "wb") as log:
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                )
+            )
     return procs
 
 
@@ -218,8 +307,10 @@ def dynabatch_snapshots(folder: Path, data_dir: str) -> None:
     for i, path in enumerate(sorted((folder / "checkpoints").glob("*.pt"), key=lambda p: float(p.stem))):
         state = torch.load(io.BytesIO(read_verified(path)), map_location="cpu", weights_only=True)["state"]
         model = load_trained(task, record.job.seed, assemble([state], record.job.chunk_bytes))
-        torch.save({"state": model.state_dict(), "t": float(path.stem), "samples": int(state["samples_seen"])},
-                   snaps / f"{i:04d}.pt")
+        torch.save(
+            {"state": model.state_dict(), "t": float(path.stem), "samples": int(state["samples_seen"])},
+            snaps / f"{i:04d}.pt",
+        )
 
 
 # -- scoring ------------------------------------------------------------------------------------------------------
@@ -278,8 +369,7 @@ def score(run: Run, folder: Path, launched: float, scorer: Scorer) -> None:
             run.samples_per_s = (moving[-1][1] - moving[0][1]) / (moving[-1][0] - moving[0][0])
 
 
-def run_one(system: System, lr: float, seed: int, settings: Settings, out: Path, data_dir: str,
-            scorer: Scorer) -> Run:
+def run_one(system: System, lr: float, seed: int, settings: Settings, out: Path, data_dir: str, scorer: Scorer) -> Run:
     """Launch, watch and score one run of `system` in out/KEY-lrLR-sSEED/."""
     folder = out / f"{system.key}-lr{lr:g}-s{seed}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -321,16 +411,27 @@ def choose_lr(runs: list[Run]) -> float | None:
     usable = {lr: rs for lr, rs in by_lr.items() if all(r.ok and not r.diverged for r in rs)}
     if not usable:
         return None
-    return min(usable, key=lambda lr: (_median_time(usable[lr], "0.88"), _median_time(usable[lr], "0.85"),
-                                       -statistics.fmean(r.acc_at_budget or 0.0 for r in usable[lr])))
+    return min(
+        usable,
+        key=lambda lr: (
+            _median_time(usable[lr], "0.88"),
+            _median_time(usable[lr], "0.85"),
+            -statistics.fmean(r.acc_at_budget or 0.0 for r in usable[lr]),
+        ),
+    )
 
 
 def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
     """One system's reported runs in one row: median times (a mark never reached counting as never), how many
     reached it, mean accuracy at the deadline, samples/s and samples to each mark."""
     ok = [r for r in runs if r.ok]
-    row: dict[str, Any] = {"system": system, "label": SYSTEMS[system].label, "runs": len(runs), "ok": len(ok),
-                           "lr": runs[0].lr if runs else None}
+    row: dict[str, Any] = {
+        "system": system,
+        "label": SYSTEMS[system].label,
+        "runs": len(runs),
+        "ok": len(ok),
+        "lr": runs[0].lr if runs else None,
+    }
     for mark in (f"{m:g}" for m in MARKS):
         median = _median_time(ok, mark)
         row[f"time_to_{mark}"] = None if math.isinf(median) else median
@@ -371,10 +472,16 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
             done[key] = run_one(system, lr, seed, settings, out / "runs", data_dir, scorer)
             stored.write_text(json.dumps([asdict(r) for r in done.values()]))
             r = done[key]
-            progress(f"[peers {what}] {system.key} lr {lr:g} seed {seed}: "
-                     + (f"85% at {_secs(r.time_to.get('0.85'))}, 88% at {_secs(r.time_to.get('0.88'))}, "
-                        f"{_pct(r.acc_at_budget)} at {settings.budget_s:.0f} s, {_num(r.samples_per_s)} samples/s"
-                        if r.ok else f"failed: {r.error}") + f" ({time.monotonic() - t0:.0f} s)")
+            progress(
+                f"[peers {what}] {system.key} lr {lr:g} seed {seed}: "
+                + (
+                    f"85% at {_secs(r.time_to.get('0.85'))}, 88% at {_secs(r.time_to.get('0.88'))}, "
+                    f"{_pct(r.acc_at_budget)} at {settings.budget_s:.0f} s, {_num(r.samples_per_s)} samples/s"
+                    if r.ok
+                    else f"failed: {r.error}"
+                )
+                + f" ({time.monotonic() - t0:.0f} s)"
+            )
         return done[key]
 
     tuned: dict[str, float | None] = {}
@@ -389,14 +496,21 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
         progress(f"[peers tune] {system.key}: lr {tuned[system.key]}")
     reported: dict[str, list[Run]] = {s.key: [] for s in systems}
     for rnd, seed in enumerate(settings.report_seeds()):
-        order = systems[rnd % len(systems):] + systems[:rnd % len(systems)] if systems else []
+        order = systems[rnd % len(systems) :] + systems[: rnd % len(systems)] if systems else []
         for system in order:
             lr = tuned[system.key]
             if lr is not None:
                 reported[system.key].append(get(system, lr, seed, f"round {rnd + 1}/{settings.rounds}"))
     rows = [aggregate(k, runs) for k, runs in reported.items() if runs]
-    return {"settings": asdict(settings), "tuned_lrs": tuned, "tuning": tuning, "skipped": skipped, "rows": rows,
-            "ratios": ratios(reported), "runs": [asdict(r) for rs in reported.values() for r in rs]}
+    return {
+        "settings": asdict(settings),
+        "tuned_lrs": tuned,
+        "tuning": tuning,
+        "skipped": skipped,
+        "rows": rows,
+        "ratios": ratios(reported),
+        "runs": [asdict(r) for rs in reported.values() for r in rs],
+    }
 
 
 def ratios(reported: dict[str, list[Run]]) -> dict[str, list[float | None]]:
@@ -432,14 +546,18 @@ def _num(x: float | None) -> str:
 
 def table(results: dict[str, Any]) -> str:
     """The reported rounds, one row per system."""
-    lines = ["| system | lr (tuned) | runs | time to 85% | time to 88% | test acc. at deadline | samples/s | "
-             "samples to 88% |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| system | lr (tuned) | runs | time to 85% | time to 88% | test acc. at deadline | samples/s | "
+        "samples to 88% |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in results["rows"]:
         lines.append(
             f"| {row['label']} | {row['lr']:g} | {row['ok']}/{row['runs']} | {_secs(row['time_to_0.85'])} "
             f"({row['reached_0.85']}/{row['ok']}) | {_secs(row['time_to_0.88'])} ({row['reached_0.88']}/{row['ok']}) "
             f"| {_pct(row['acc_at_budget'])} ± {100 * row['acc_at_budget_sd']:.2f} | {_num(row['samples_per_s'])} "
-            f"| {_num(row['samples_to_0.88'])} |")
+            f"| {_num(row['samples_to_0.88'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -449,27 +567,38 @@ def tuning_table(results: dict[str, Any]) -> str:
     for key, rows in results["tuning"].items():
         for row in rows:
             chosen = " (chosen)" if row["lr"] == results["tuned_lrs"].get(key) else ""
-            lines.append(f"| {SYSTEMS[key].label} | {row['lr']:g}{chosen} | {_secs(row['time_to_0.85'])} | "
-                         f"{_secs(row['time_to_0.88'])} | {_pct(row['acc_at_budget'])} |")
+            lines.append(
+                f"| {SYSTEMS[key].label} | {row['lr']:g}{chosen} | {_secs(row['time_to_0.85'])} | "
+                f"{_secs(row['time_to_0.88'])} | {_pct(row['acc_at_budget'])} |"
+            )
     return "\n".join(lines)
 
 
 def render(results: dict[str, Any], img: str = "") -> str:
     """report.md: the settings, the table of reported rounds, the ratios, the tuning, what was skipped."""
     s = results["settings"]
-    parts = [f"Fashion-MNIST, the CNN, {len(s['slowdowns'])} workers slowed down {', '.join(s['slowdowns'])}x, "
-             "every system stopped "
-             f"{s['budget_s']:.0f} s after its launch (start-up included), snapshots every {s['snapshot_s']:g} s "
-             f"scored afterwards by one evaluation code on {s['eval_samples']:,} test images; {s['rounds']} "
-             "round(s) interleaved (seeds "
-             f"{', '.join(map(str, range(s['rounds'])))}), step sizes tuned on {s['tune_seeds']} seed(s) from 100. "
-             "Times are medians over rounds (a mark never reached counting as never), with how many reached it.",
-             "", table(results), ""]
+    parts = [
+        f"Fashion-MNIST, the CNN, {len(s['slowdowns'])} workers slowed down {', '.join(s['slowdowns'])}x, "
+        "every system stopped "
+        f"{s['budget_s']:.0f} s after its launch (start-up included), snapshots every {s['snapshot_s']:g} s "
+        f"scored afterwards by one evaluation code on {s['eval_samples']:,} test images; {s['rounds']} "
+        "round(s) interleaved (seeds "
+        f"{', '.join(map(str, range(s['rounds'])))}), step sizes tuned on {s['tune_seeds']} seed(s) from 100. "
+        "Times are medians over rounds (a mark never reached counting as never), with how many reached it.",
+        "",
+        table(results),
+        "",
+    ]
     if results["ratios"]:
-        parts.append("Time to 88% over dynabatch's, per round (above 1: dynabatch faster; – where either never "
-                     "reached it): " + "; ".join(
-                         f"{SYSTEMS[k].label}: " + ", ".join("–" if x is None else f"{x:.2f}" for x in v)
-                         for k, v in results["ratios"].items()) + ".")
+        parts.append(
+            "Time to 88% over dynabatch's, per round (above 1: dynabatch faster; – where either never "
+            "reached it): "
+            + "; ".join(
+                f"{SYSTEMS[k].label}: " + ", ".join("–" if x is None else f"{x:.2f}" for x in v)
+                for k, v in results["ratios"].items()
+            )
+            + "."
+        )
         parts.append("")
     for key, why in results["skipped"].items():
         parts.append(f"- {SYSTEMS[key].label}: skipped, {why}")
@@ -495,8 +624,14 @@ def plot(results: dict[str, Any], path: Path) -> Path:
         if r["curve"]:
             label = None if r["system"] in labelled else SYSTEMS[r["system"]].label
             labelled.add(r["system"])
-            ax.plot([p[0] for p in r["curve"]], [100 * p[2] for p in r["curve"]], color=cmap(keys.index(r["system"])),
-                    alpha=0.8, linewidth=1.2, label=label)
+            ax.plot(
+                [p[0] for p in r["curve"]],
+                [100 * p[2] for p in r["curve"]],
+                color=cmap(keys.index(r["system"])),
+                alpha=0.8,
+                linewidth=1.2,
+                label=label,
+            )
     accuracy_axis(ax, "seconds since launch", (60, 92))
     return save(fig, [ax], "4 workers at 1, 1, 2, 4x: each system at its tuned step size", path)
 
@@ -509,8 +644,12 @@ def write(results: dict[str, Any], out: Path) -> None:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     summary, details = (__doc__ or "").split("\n\n", 1)
-    p = argparse.ArgumentParser(prog="python -m bench.peers", description=summary, epilog=details,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.peers",
+        description=summary,
+        epilog=details,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(FULL.systems))
     p.add_argument("--budget-s", type=float, default=FULL.budget_s, help="seconds from each launch to its stop")
     p.add_argument("--rounds", type=int, default=FULL.rounds, help="reported rounds (seeds 0, 1, ...)")
@@ -537,9 +676,16 @@ def main(argv: Sequence[str]) -> int:
     if args.report_only:
         write(json.loads((args.report_only / "results.json").read_text()), args.report_only)
         return 0
-    settings = replace(FULL, systems=tuple(args.systems), budget_s=args.budget_s, rounds=args.rounds,
-                       tune_seeds=args.tune_seeds, snapshot_s=args.snapshot_s, eval_samples=args.eval_samples,
-                       lrs=args.lr)
+    settings = replace(
+        FULL,
+        systems=tuple(args.systems),
+        budget_s=args.budget_s,
+        rounds=args.rounds,
+        tune_seeds=args.tune_seeds,
+        snapshot_s=args.snapshot_s,
+        eval_samples=args.eval_samples,
+        lrs=args.lr,
+    )
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

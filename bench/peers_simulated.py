@@ -52,13 +52,16 @@ class Peer:
     lrs: tuple[float, ...]
 
 
-PEERS: dict[str, Peer] = {p.key: p for p in (
-    Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
-    Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
-    # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
-    Peer("alone", "fastest machine alone", "asgd", "fixed", 1, (0.01, 0.02, 0.04, 0.08, 0.16)),
-    Peer("fastest-quarter", "n/4 fastest, synchronous", "ssgd", "fixed", -4, ROUND_LRS),
-)}
+PEERS: dict[str, Peer] = {
+    p.key: p
+    for p in (
+        Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
+        Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
+        # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
+        Peer("alone", "fastest machine alone", "asgd", "fixed", 1, (0.01, 0.02, 0.04, 0.08, 0.16)),
+        Peer("fastest-quarter", "n/4 fastest, synchronous", "ssgd", "fixed", -4, ROUND_LRS),
+    )
+}
 PROFILE_BATCH = {"tail16": 512, "lognormal64": 2048, "lognormal256": 8192}
 LR_FROM = {"lognormal256": "lognormal64"}  # not tuned: the step sizes chosen at 64 nodes
 
@@ -88,10 +91,20 @@ def config(run: SimRun) -> SimConfig:
     """The simulator's configuration of `run` (times scaled by SLOWER, no momentum, as the tuned study)."""
     peer, base = PEERS[run.peer], SimConfig("asgd", "fixed", ())
     nodes, batch = nodes_of(peer, run.profile)
-    return SimConfig(peer.protocol, peer.policy, nodes, seed=run.seed, budget_s=BUDGET_S, global_batch=batch,
-                     fixed_s=base.fixed_s * SLOWER, per_sample_s=base.per_sample_s * SLOWER,
-                     comm_s=base.comm_s * SLOWER, eval_every_s=2.0, eval_size=1000,
-                     job={"lr": run.lr, "momentum": 0.0})
+    return SimConfig(
+        peer.protocol,
+        peer.policy,
+        nodes,
+        seed=run.seed,
+        budget_s=BUDGET_S,
+        global_batch=batch,
+        fixed_s=base.fixed_s * SLOWER,
+        per_sample_s=base.per_sample_s * SLOWER,
+        comm_s=base.comm_s * SLOWER,
+        eval_every_s=2.0,
+        eval_size=1000,
+        job={"lr": run.lr, "momentum": 0.0},
+    )
 
 
 _DATA: dict[str, Any] = {}
@@ -104,13 +117,21 @@ def _simulate(run: SimRun) -> tuple[SimRun, SimResult]:
 
 
 def _describe(run: SimRun, r: SimResult) -> str:
-    return (f"{run.profile}{' tuning' if run.tuning else ''} {run.peer} lr {run.lr:g} seed {run.seed}: "
-            f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, {TARGET} at "
-            f"{time_to(asdict(r), TARGET):g} s")
+    return (
+        f"{run.profile}{' tuning' if run.tuning else ''} {run.peer} lr {run.lr:g} seed {run.seed}: "
+        f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, {TARGET} at "
+        f"{time_to(asdict(r), TARGET):g} s"
+    )
 
 
-def study(profiles: Sequence[str], seeds: Sequence[int], tune_seeds: Sequence[int], jobs: int,
-          log: Callable[[str], None], given: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+def study(
+    profiles: Sequence[str],
+    seeds: Sequence[int],
+    tune_seeds: Sequence[int],
+    jobs: int,
+    log: Callable[[str], None],
+    given: dict[str, dict[str, float]] | None = None,
+) -> dict[str, Any]:
     """Tune each peer per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer), then
     run the report seeds; every run's figures."""
     given = given or {}
@@ -123,20 +144,38 @@ def study(profiles: Sequence[str], seeds: Sequence[int], tune_seeds: Sequence[in
         if profile in LR_FROM and profile not in given:
             chosen[profile] = dict(chosen.get(LR_FROM[profile]) or {})
         else:
-            plan = [SimRun(profile, k, lr, s, True) for k, peer in PEERS.items() if k not in mine for lr in peer.lrs
-                    for s in tune_seeds]
-            done = [{**asdict(r), "peer": run.peer, "lr": run.lr}
-                    for run, r in run_parallel(_simulate, plan, jobs, _describe, log)]
+            plan = [
+                SimRun(profile, k, lr, s, True)
+                for k, peer in PEERS.items()
+                if k not in mine
+                for lr in peer.lrs
+                for s in tune_seeds
+            ]
+            done = [
+                {**asdict(r), "peer": run.peer, "lr": run.lr}
+                for run, r in run_parallel(_simulate, plan, jobs, _describe, log)
+            ]
             tuning[profile] = done
-            chosen[profile] = {k: mine[k] if k in mine else choose_lr([d for d in done if d["peer"] == k], TARGET)
-                               for k in PEERS}
+            chosen[profile] = {
+                k: mine[k] if k in mine else choose_lr([d for d in done if d["peer"] == k], TARGET) for k in PEERS
+            }
         log(f"[peers simulated] {profile}: step sizes {chosen[profile]}")
-        plan = [SimRun(profile, k, lr, s, False) for k, lr in chosen[profile].items() if lr is not None
-                for s in seeds]
-        report[profile] = [{**asdict(r), "peer": run.peer, "lr": run.lr}
-                           for run, r in run_parallel(_simulate, plan, jobs, _describe, log)]
-    return {"profiles": list(ordered), "seeds": list(seeds), "tune_seeds": list(tune_seeds), "target": TARGET,
-            "budget_s": BUDGET_S, "chosen": chosen, "given": given, "tuning": tuning, "report": report}
+        plan = [SimRun(profile, k, lr, s, False) for k, lr in chosen[profile].items() if lr is not None for s in seeds]
+        report[profile] = [
+            {**asdict(r), "peer": run.peer, "lr": run.lr}
+            for run, r in run_parallel(_simulate, plan, jobs, _describe, log)
+        ]
+    return {
+        "profiles": list(ordered),
+        "seeds": list(seeds),
+        "tune_seeds": list(tune_seeds),
+        "target": TARGET,
+        "budget_s": BUDGET_S,
+        "chosen": chosen,
+        "given": given,
+        "tuning": tuning,
+        "report": report,
+    }
 
 
 def rows(results: dict[str, Any], profile: str) -> list[dict[str, Any]]:
@@ -148,12 +187,21 @@ def rows(results: dict[str, Any], profile: str) -> list[dict[str, Any]]:
             continue
         nodes, batch = nodes_of(peer, profile)
         t = median_time(runs, results["target"])
-        out.append({"peer": key, "label": peer.label, "nodes": len(nodes), "global_batch": batch,
-                    "lr": runs[0]["lr"], "time_to_target": None if t == float("inf") else t,
-                    "reached": sum(time_to(r, results["target"]) != float("inf") for r in runs), "runs": len(runs),
-                    "diverged": sum(diverged(r) for r in runs),
-                    "acc": statistics.fmean(r["final_test_acc"] for r in runs),
-                    "samples_per_s": statistics.fmean(r["samples_per_s"] for r in runs)})
+        out.append(
+            {
+                "peer": key,
+                "label": peer.label,
+                "nodes": len(nodes),
+                "global_batch": batch,
+                "lr": runs[0]["lr"],
+                "time_to_target": None if t == float("inf") else t,
+                "reached": sum(time_to(r, results["target"]) != float("inf") for r in runs),
+                "runs": len(runs),
+                "diverged": sum(diverged(r) for r in runs),
+                "acc": statistics.fmean(r["final_test_acc"] for r in runs),
+                "samples_per_s": statistics.fmean(r["samples_per_s"] for r in runs),
+            }
+        )
     return out
 
 
@@ -162,19 +210,27 @@ def render(results: dict[str, Any]) -> str:
     parts = []
     for profile in results["profiles"]:
         given = results.get("given", {}).get(profile, {})
-        tuned = (f"step sizes from {LR_FROM[profile]}" if profile in LR_FROM and not given
-                 else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}"
-                 + (f", except {', '.join(f'{k} {v:g}' for k, v in given.items())} (given)" if given else ""))
-        parts += [f"#### {profile}: MLP, B = {PROFILE_BATCH[profile]}, {results['budget_s']:.0f} virtual s, "
-                  f"seeds {', '.join(map(str, results['seeds']))}; {tuned}", "",
-                  f"| peer | nodes | global batch | lr | time to {float(results['target']):.0%} (median) | "
-                  "reached | diverged | test acc. at budget | samples/s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        tuned = (
+            f"step sizes from {LR_FROM[profile]}"
+            if profile in LR_FROM and not given
+            else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}"
+            + (f", except {', '.join(f'{k} {v:g}' for k, v in given.items())} (given)" if given else "")
+        )
+        parts += [
+            f"#### {profile}: MLP, B = {PROFILE_BATCH[profile]}, {results['budget_s']:.0f} virtual s, "
+            f"seeds {', '.join(map(str, results['seeds']))}; {tuned}",
+            "",
+            f"| peer | nodes | global batch | lr | time to {float(results['target']):.0%} (median) | "
+            "reached | diverged | test acc. at budget | samples/s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for row in rows(results, profile):
             t = "–" if row["time_to_target"] is None else f"{row['time_to_target']:.0f} s"
-            parts.append(f"| {row['label']} | {row['nodes']} | {row['global_batch']} | {row['lr']:g} | {t} | "
-                         f"{row['reached']}/{row['runs']} | {row['diverged']}/{row['runs']} | "
-                         f"{100 * row['acc']:.2f}% | {row['samples_per_s']:,.0f} |")
+            parts.append(
+                f"| {row['label']} | {row['nodes']} | {row['global_batch']} | {row['lr']:g} | {t} | "
+                f"{row['reached']}/{row['runs']} | {row['diverged']}/{row['runs']} | "
+                f"{100 * row['acc']:.2f}% | {row['samples_per_s']:,.0f} |"
+            )
         parts.append("")
     return "\n".join(parts)
 
@@ -186,9 +242,14 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--tune-seeds", nargs="+", type=int, default=[100, 101])
     p.add_argument("--jobs", type=int, default=1, help="simulations side by side")
     p.add_argument("--out", type=Path, default=Path("bench/results/peers_simulated"))
-    p.add_argument("--lr", nargs="+", default=[], metavar="PROFILE:PEER=LR",
-                   help="run PEER on PROFILE at LR instead of tuning it there (the profile's other peers are tuned, "
-                        "or take LR_FROM's step sizes)")
+    p.add_argument(
+        "--lr",
+        nargs="+",
+        default=[],
+        metavar="PROFILE:PEER=LR",
+        help="run PEER on PROFILE at LR instead of tuning it there (the profile's other peers are tuned, "
+        "or take LR_FROM's step sizes)",
+    )
     args = p.parse_args(argv)
     given: dict[str, dict[str, float]] = {}
     try:
@@ -199,13 +260,18 @@ def main(argv: Sequence[str]) -> int:
                 raise ValueError(item)
             given.setdefault(profile, {})[peer] = float(lr)
     except ValueError:
-        p.error(f"--lr: expected PROFILE:PEER=LR with a profile of {', '.join(PROFILE_BATCH)} and a peer of "
-                f"{', '.join(PEERS)}, got {args.lr}")
-    missing = [prof for prof in args.profiles
-               if prof in LR_FROM and prof not in given and LR_FROM[prof] not in args.profiles]
+        p.error(
+            f"--lr: expected PROFILE:PEER=LR with a profile of {', '.join(PROFILE_BATCH)} and a peer of "
+            f"{', '.join(PEERS)}, got {args.lr}"
+        )
+    missing = [
+        prof for prof in args.profiles if prof in LR_FROM and prof not in given and LR_FROM[prof] not in args.profiles
+    ]
     if missing:
-        p.error(f"{', '.join(missing)} take(s) the step sizes of {', '.join(LR_FROM[m] for m in missing)}: "
-                "add it to --profiles")
+        p.error(
+            f"{', '.join(missing)} take(s) the step sizes of {', '.join(LR_FROM[m] for m in missing)}: "
+            "add it to --profiles"
+        )
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

@@ -32,15 +32,23 @@ def _colors(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {label: cmap(i % 10) for i, label in enumerate(labels)}
 
 
-def styled(runs: list[dict[str, Any]], alpha: float = 0.8, linewidth: float = 1.2
-           ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def styled(
+    runs: list[dict[str, Any]], alpha: float = 0.8, linewidth: float = 1.2
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """Each run with its line's style: one colour per configuration, labelled on its first line only."""
     colors = _colors(runs)
     labelled: set[str] = set()
     for r in runs:
         label = config_label(r["protocol"], r["policy"])
-        yield r, {"color": colors[label], "alpha": alpha, "linewidth": linewidth,
-                  "label": None if label in labelled else label}
+        yield (
+            r,
+            {
+                "color": colors[label],
+                "alpha": alpha,
+                "linewidth": linewidth,
+                "label": None if label in labelled else label,
+            },
+        )
         labelled.add(label)
 
 
@@ -77,8 +85,12 @@ def batches(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
         if r["batches"]:
             t = [row[0] for row in r["batches"]]
             for w in range(1, len(r["batches"][0])):
-                ax.step(t, [row[w] if w < len(row) else float("nan") for row in r["batches"]], where="post",
-                        label=f"worker{w - 1} (slowdown {r['slowdowns'][w - 1]})")
+                ax.step(
+                    t,
+                    [row[w] if w < len(row) else float("nan") for row in r["batches"]],
+                    where="post",
+                    label=f"worker{w - 1} (slowdown {r['slowdowns'][w - 1]})",
+                )
         ax.set_title(config_label(r["protocol"], r["policy"]), fontsize=10)
         ax.set_xlabel("seconds of training")
         ax.set_ylabel("batch size")
@@ -92,8 +104,10 @@ def transport(results: list[dict[str, Any]], path: Path) -> Path:
     x = [r["params"] for r in rows]
     ax.plot(x, [r["dynabatch"]["mb_per_s"] for r in rows], "o-", label="dynabatch (scheduler + shard)")
     ax.plot(x, [r["raw"]["mb_per_s"] for r in rows], "s--", label="raw ZeroMQ (ceiling)")
-    for key, style, label in (("push_pull", "o-", "dynabatch, push+pull in one round trip"),
-                              ("raw_sgd", "s:", "raw ZeroMQ applying SGD (ceiling with the arithmetic)")):
+    for key, style, label in (
+        ("push_pull", "o-", "dynabatch, push+pull in one round trip"),
+        ("raw_sgd", "s:", "raw ZeroMQ applying SGD (ceiling with the arithmetic)"),
+    ):
         if all(r.get(key) for r in rows):
             ax.plot(x, [r[key]["mb_per_s"] for r in rows], style, label=label)
     ax.set_xscale("log")
@@ -106,8 +120,9 @@ def scale(results: list[dict[str, Any]], path: Path) -> Path:
     """Shard updates/s and decision latency against the number of light workers, one line per shard count."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for shards in sorted({r["shards"] for r in results}):
-        rows = sorted((r for r in results if r["shards"] == shards and r["updates_per_s"] is not None),
-                      key=lambda r: r["workers"])
+        rows = sorted(
+            (r for r in results if r["shards"] == shards and r["updates_per_s"] is not None), key=lambda r: r["workers"]
+        )
         w = [r["workers"] for r in rows]
         ax1.plot(w, [r["worker_steps_per_s"] for r in rows], "o-", label=f"{shards} shard(s)")
         ax2.plot(w, [1e3 * r["decision_p99_s"] for r in rows], "o-", label=f"{shards} shard(s)")
@@ -125,11 +140,18 @@ def overlap(entries: list[dict[str, Any]], path: Path) -> Path:
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(groups)), 4.5))
     for i, variant in enumerate(variants):
-        kept = {(e["workload"], e["run"]["protocol"]): e["run"]["fraction_of_compute"] for e in entries
-                if e["variant"] == variant and e["run"]["ok"]}
+        kept = {
+            (e["workload"], e["run"]["protocol"]): e["run"]["fraction_of_compute"]
+            for e in entries
+            if e["variant"] == variant and e["run"]["ok"]
+        }
         at = [g for g in range(len(groups)) if groups[g] in kept]
-        ax.bar([g + (i - (len(variants) - 1) / 2) * width for g in at], [100 * kept[groups[g]] for g in at], width,
-               label=variant)
+        ax.bar(
+            [g + (i - (len(variants) - 1) / 2) * width for g in at],
+            [100 * kept[groups[g]] for g in at],
+            width,
+            label=variant,
+        )
     ax.set_xticks(range(len(groups)), [f"{w}\n{p}".replace(" ", "\n") for w, p in groups], fontsize=7)
     ax.set_ylabel("% of compute-only speed")
     ax.set_ylim(50, 100)

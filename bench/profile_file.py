@@ -35,9 +35,19 @@ class ClusterProfile:
 
 def simulated(cluster: ClusterFile) -> ClusterProfile:
     """The simulator's view of a cluster file: one WorkerSpec per worker."""
-    workers = tuple(WorkerSpec(g.slowdown, join_s=g.join_s, leave_s=g.leave_s, fixed_s=g.device.fixed_s,
-                               per_sample_s=g.device.per_sample_s, max_batch=g.device.max_batch,
-                               link_mbit=g.link_mbit, latency_s=g.latency_s) for g in cluster.workers())
+    workers = tuple(
+        WorkerSpec(
+            g.slowdown,
+            join_s=g.join_s,
+            leave_s=g.leave_s,
+            fixed_s=g.device.fixed_s,
+            per_sample_s=g.device.per_sample_s,
+            max_batch=g.device.max_batch,
+            link_mbit=g.link_mbit,
+            latency_s=g.latency_s,
+        )
+        for g in cluster.workers()
+    )
     return ClusterProfile(cluster.name, workers, cluster)
 
 

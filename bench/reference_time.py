@@ -26,8 +26,9 @@ def device_of(spec: WorkerSpec, fixed_s: float, per_sample_s: float) -> Device:
     return Device(own.fixed_s * factor + slowdown.fixed_s(0.0), own.per_sample_s * factor, own.max_batch)
 
 
-def cluster_optimum(workers: Sequence[WorkerSpec], fixed_s: float, per_sample_s: float,
-                    noise: NoiseScale = STUDY_NOISE) -> Optimum:
+def cluster_optimum(
+    workers: Sequence[WorkerSpec], fixed_s: float, per_sample_s: float, noise: NoiseScale = STUDY_NOISE
+) -> Optimum:
     """T* of the workers that start, each at `fixed_s + per_sample_s * b` times its slowdown unless it has its own
     curve, over per-worker batches that are powers of two up to 1024."""
     starters = [device_of(w, fixed_s, per_sample_s) for w in workers if w.join_s == 0]

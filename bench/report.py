@@ -35,9 +35,11 @@ def _time_columns(marks: tuple[str, ...]) -> tuple[str, str]:
 def convergence_table(configs: list[dict[str, Any]]) -> str:
     marks = time_marks(c["time_to"] for c in configs)
     heads, aligns = _time_columns(marks)
-    rows = [f"| configuration | runs | {heads}test acc. at budget | train loss | samples/s | "
-            "of compute-only / probed speed | staleness mean / p99 | bytes/sample |",
-            f"|---|---:|{aligns}---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        f"| configuration | runs | {heads}test acc. at budget | train loss | samples/s | "
+        "of compute-only / probed speed | staleness mean / p99 | bytes/sample |",
+        f"|---|---:|{aligns}---:|---:|---:|---:|---:|---:|",
+    ]
     for c in configs:
         times = ""
         for mark in marks:
@@ -51,7 +53,8 @@ def convergence_table(configs: list[dict[str, Any]]) -> str:
             f"{_f(c['final_train_loss'], '.3f')} | {_f(c['samples_per_s'], ',.0f')} | "
             f"{_f(c['fraction_of_compute'], '.0f', 100)}% / {_f(c['fraction_of_standalone'], '.0f', 100)}% | "
             f"{_f(c['staleness_mean'], '.2f')} / {_f(c['staleness_p99'], '.1f')} | "
-            f"{_f(c['bytes_per_sample'], ',.0f')} |")
+            f"{_f(c['bytes_per_sample'], ',.0f')} |"
+        )
     return "\n".join(rows)
 
 
@@ -59,10 +62,13 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
     """Every run on its own line, inside a collapsed block (the table above is their means)."""
     marks = time_marks(r["time_to"] for r in runs)
     heads, aligns = _time_columns(marks)
-    rows = ["<details><summary>Every run</summary>", "",
-            f"| configuration | seed | {heads}test acc. | train loss | samples/s | "
-            "of compute-only / probed | staleness mean / p99 | bytes/sample |",
-            f"|---|---:|{aligns}---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "<details><summary>Every run</summary>",
+        "",
+        f"| configuration | seed | {heads}test acc. | train loss | samples/s | "
+        "of compute-only / probed | staleness mean / p99 | bytes/sample |",
+        f"|---|---:|{aligns}---:|---:|---:|---:|---:|---:|",
+    ]
     for r in runs:
         label = config_label(r["protocol"], r["policy"])
         if r["final_test_acc"] is None:
@@ -74,19 +80,24 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
             f"{_f(r['final_train_loss'], '.3f')} | {_f(r['samples_per_s'], ',.0f')} | "
             f"{_f(r['fraction_of_compute'], '.0f', 100)}% / {_f(r['fraction_of_standalone'], '.0f', 100)}% | "
             f"{_f(r['staleness_mean'], '.2f')} / {_f(r['staleness_p99'], '.0f')} | "
-            f"{_f(r['bytes_per_sample'], ',.0f')} |")
+            f"{_f(r['bytes_per_sample'], ',.0f')} |"
+        )
     return "\n".join(rows + ["", "</details>"])
 
 
 def scale_table(rows: list[dict[str, Any]]) -> str:
-    out = ["| light workers | shards | shard updates/s | model updates/s | decision mean | decision p99 |",
-           "|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| light workers | shards | shard updates/s | model updates/s | decision mean | decision p99 |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if r["updates_per_s"] is None:
             out.append(f"| {r['workers']} | {r['shards']} | failed: {r['error']} | | | |")
             continue
-        out.append(f"| {r['workers']} | {r['shards']} | {r['updates_per_s']:,.0f} | {r['worker_steps_per_s']:,.0f} | "
-                   f"{1e6 * r['decision_mean_s']:,.0f} µs | {1e6 * r['decision_p99_s']:,.0f} µs |")
+        out.append(
+            f"| {r['workers']} | {r['shards']} | {r['updates_per_s']:,.0f} | {r['worker_steps_per_s']:,.0f} | "
+            f"{1e6 * r['decision_mean_s']:,.0f} µs | {1e6 * r['decision_p99_s']:,.0f} µs |"
+        )
     return "\n".join(out)
 
 
@@ -98,91 +109,136 @@ def render(results: dict[str, Any], img: str) -> str:
     mid = results.get("midrun")
     ddp = results.get("ddp")
     lines = [
-        "# dynabatch benchmarks", "",
+        "# dynabatch benchmarks",
+        "",
         f"Mode **{results['mode']}**, run {results['started']} in {results['wall_s'] / 60:.1f} minutes on "
         f"{m['cpus']} CPUs ({m['platform']}, Python {m['python']}, torch {m['torch']}, libzmq {m['libzmq']}).",
-        f"Command: `{results['command']}` (from the repository root).", "",
+        f"Command: `{results['command']}` (from the repository root).",
+        "",
         "Everything runs on this one machine over 127.0.0.1: every process is real (scheduler, shards, workers, "
         "evaluator), and heterogeneity is emulated with `--slowdown` (a worker at F idles F-1 times the CPU time of "
         "each compute step). On 2 cores the workers also contend for CPU, which is part of what is measured: "
-        "every run measures its workers' own speeds itself (see section 1).", "",
-        "## Targets, as measured", "",
+        "every run measures its workers' own speeds itself (see section 1).",
+        "",
+        "## Targets, as measured",
+        "",
     ]
     runs = het["runs"] if het else []
     interval = s["convergence"]["eval_interval_s"]
     lines += [verdict_table(targets(runs, ddp, interval)), ""]
-    lines += ["## The papers' claims", "",
-              "DBS-SGD (performance-aware dynamic batch size SGD) against ASGD and n-softsync, LB-BSP against "
-              "synchronous SGD, and the multi-step delay parameter update against SSGD and local SGD, all from the "
-              "heterogeneous runs below at equal wall-clock time. Rules are fixed in `bench/verdicts.py`: means over "
-              "seeds, times as medians over seeds with a mark never reached counting as never, \"sooner\" only by more "
-              "than the evaluation interval, \"accuracy kept\" within one point, \"speed kept\" at 95%.", "",
-              verdict_table(paper_claims(runs, interval)), ""]
+    lines += [
+        "## The papers' claims",
+        "",
+        "DBS-SGD (performance-aware dynamic batch size SGD) against ASGD and n-softsync, LB-BSP against "
+        "synchronous SGD, and the multi-step delay parameter update against SSGD and local SGD, all from the "
+        "heterogeneous runs below at equal wall-clock time. Rules are fixed in `bench/verdicts.py`: means over "
+        'seeds, times as medians over seeds with a mark never reached counting as never, "sooner" only by more '
+        'than the evaluation interval, "accuracy kept" within one point, "speed kept" at 95%.',
+        "",
+        verdict_table(paper_claims(runs, interval)),
+        "",
+    ]
     if het:
         lines += [
-            "## 1. Convergence under heterogeneity", "",
+            "## 1. Convergence under heterogeneity",
+            "",
             f"Fashion-MNIST, the CNN (215,370 parameters), 4 workers with slowdowns 1, 1, 2, 4, one shard, global "
             f"batch 192, {s['convergence']['budget_s']:.0f} s of training per run (`--time-budget-s`), seeds "
             f"{', '.join(map(str, s['convergence']['seeds']))}, the model evaluated on the 10k test images every "
             f"{s['convergence']['eval_interval_s']:g} s. Times count from the first batches. Staleness is in shard "
-            "versions per update; bytes are tensor bytes both ways.", "",
+            "versions per update; bytes are tensor bytes both ways.",
+            "",
             "Samples/s is given as a fraction of two sums of the workers' own speeds, both measured in the same run. "
             "*Compute-only* is each worker's samples over its seconds of forward and backward (slowdown included) "
             "during training: what it does alone under the same CPU contention, so the fraction is the time the "
             "protocol does not spend communicating or waiting. *Probed* is the speed each worker measured at "
             "start-up, while the other processes were starting too; on 2 cores shared by 4 workers, a shard and "
-            "an evaluator these probes swing by 2x from run to run, so targets use the compute-only figure.", "",
-            convergence_table(het["configs"]), "", runs_table(het["runs"]), "",
-            f"![accuracy and loss against time]({img}heterogeneous.png)", "",
+            "an evaluator these probes swing by 2x from run to run, so targets use the compute-only figure.",
+            "",
+            convergence_table(het["configs"]),
+            "",
+            runs_table(het["runs"]),
+            "",
+            f"![accuracy and loss against time]({img}heterogeneous.png)",
+            "",
         ]
     if mid:
         lines += [
-            "## 2. A node that slows down mid-run", "",
+            "## 2. A node that slows down mid-run",
+            "",
             f"As above (seed {s['midrun']['seeds'][0]}), but worker 0 runs at 1x, then at 4x from a third of the "
             "budget, then at 1x again from two thirds. Dynamic batches re-measure speed and move its share away "
-            "and back; fixed batches cannot.", "",
-            convergence_table(mid["configs"]), "", runs_table(mid["runs"]), "",
-            f"![accuracy and loss against time]({img}midrun.png)", "",
-            f"![batch sizes against time]({img}midrun_batches.png)", "",
+            "and back; fixed batches cannot.",
+            "",
+            convergence_table(mid["configs"]),
+            "",
+            runs_table(mid["runs"]),
+            "",
+            f"![accuracy and loss against time]({img}midrun.png)",
+            "",
+            f"![batch sizes against time]({img}midrun_batches.png)",
+            "",
         ]
     if results.get("transport"):
         lines += [
-            "## 3. Transport", "",
+            "## 3. Transport",
+            "",
             "One pull of every parameter plus one push of a same-sized gradient per step against a real scheduler "
             "and shard(s), and against raw ZeroMQ (ROUTER/DEALER, one zero-copy buffer per message, no codec) in "
-            "alternating blocks within one run; medians per step, MB = 10^6 bytes of payload.", "",
-            transport.table([transport.SizeResult.from_dict(r) for r in results["transport"]]), "",
-            f"![transport throughput]({img}transport.png)", "",
+            "alternating blocks within one run; medians per step, MB = 10^6 bytes of payload.",
+            "",
+            transport.table([transport.SizeResult.from_dict(r) for r in results["transport"]]),
+            "",
+            f"![transport throughput]({img}transport.png)",
+            "",
         ]
     if ddp:
         st = ddp["settings"]
         lines += [
-            "### Synchronous training step against DDP", "",
+            "### Synchronous training step against DDP",
+            "",
             f"{st['workers']} homogeneous workers, the CNN on Fashion-MNIST, per-worker batch "
             f"{st['global_batch'] // st['workers']}, one torch thread each, {st['duration_s']:.0f} s per side, "
             f"{st['rounds']} alternating rounds. dynabatch: ssgd with fixed batches through one shard; DDP: "
-            "torch.distributed gloo all-reduce.", "",
-            "| round | dynabatch ssgd step | DDP/gloo step |", "|---:|---:|---:|",
+            "torch.distributed gloo all-reduce.",
+            "",
+            "| round | dynabatch ssgd step | DDP/gloo step |",
+            "|---:|---:|---:|",
         ]
         for i, r in enumerate(ddp["rounds"], 1):
             lines.append(f"| {i} | {_f(r['dynabatch_step_s'], '.1f', 1e3)} ms | {_f(r['ddp_step_s'], '.1f', 1e3)} ms |")
         lines += ["", f"Speed ratio (DDP step / dynabatch step): **{_f(ddp['speed_ratio'], '.2f')}**.", ""]
     if results.get("scale"):
         lines += [
-            "## 4. Scale", "",
+            "## 4. Scale",
+            "",
             "Light workers speak the whole protocol (heartbeats that drive the speed model and allocation, pulls and "
             "pushes of every chunk of a 200k-parameter model in 13 chunks) but compute nothing; several share a "
             "driver process. Updates are counted by the shards over a window once every worker trains; a model "
             "update is one worker push, a shard update its part on one shard. Decision latency is the scheduler's "
-            "time to handle a heartbeat (speed-model fit and allocation included).", "",
-            scale_table(results["scale"]), "",
-            f"![scale]({img}scale.png)", "",
+            "time to handle a heartbeat (speed-model fit and allocation included).",
+            "",
+            scale_table(results["scale"]),
+            "",
+            f"![scale]({img}scale.png)",
+            "",
         ]
     if results.get("peers"):
-        lines += ["## Against what you would use instead: DDP, hivemind, the fastest machine alone", "",
-                  peers.render(results["peers"], img)]
-    lines += ["## Reproduce", "", "```", "make bench            # full mode, this report",
-              "make bench-quick      # under 10 minutes", "python -m bench --help", "```", ""]
+        lines += [
+            "## Against what you would use instead: DDP, hivemind, the fastest machine alone",
+            "",
+            peers.render(results["peers"], img),
+        ]
+    lines += [
+        "## Reproduce",
+        "",
+        "```",
+        "make bench            # full mode, this report",
+        "make bench-quick      # under 10 minutes",
+        "python -m bench --help",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -76,8 +76,9 @@ class LightWorker:
         job = job_from_dict(welcome.config)
         init, flat = builtin_init(job)
         total = flat.numel()
-        self.clients = ShardClients(ctx, welcome.shards, make_layout(total, job.chunk_bytes, job.shards),
-                                    job.job, welcome.id)
+        self.clients = ShardClients(
+            ctx, welcome.shards, make_layout(total, job.chunk_bytes, job.shards), job.job, welcome.id
+        )
         self.clients.init(init, flat, 30.0)
         self.grad = torch.full((total,), GRAD_VALUE)
         self.hb = Heartbeat(standalone_sps=STANDALONE_SPS)
@@ -103,8 +104,16 @@ class LightWorker:
 
     def record(self, step_s: float) -> None:
         hb = self.hb
-        self.hb = Heartbeat(steps=hb.steps + 1, samples=hb.samples + self.batch, batch=self.batch, step_s=step_s,
-                            compute_s=0.0, pull_s=step_s / 2, push_s=step_s / 2, standalone_sps=STANDALONE_SPS)
+        self.hb = Heartbeat(
+            steps=hb.steps + 1,
+            samples=hb.samples + self.batch,
+            batch=self.batch,
+            step_s=step_s,
+            compute_s=0.0,
+            pull_s=step_s / 2,
+            push_s=step_s / 2,
+            standalone_sps=STANDALONE_SPS,
+        )
         if time.monotonic() - self.last_hb >= HEARTBEAT_EVERY_S:
             self.heartbeat()
 
@@ -130,8 +139,10 @@ def driver_main(argv: list[str]) -> None:
         pulls = [w.clients.start_pull() for w in workers]
         for w, pull in zip(workers, pulls, strict=True):
             w.clients.wait(pull, REQUEST_TIMEOUT_S)
-        pushes = [w.clients.start_push(w.grad, pull.result().chunk_versions, w.batch, 0.0)
-                  for w, pull in zip(workers, pulls, strict=True)]
+        pushes = [
+            w.clients.start_push(w.grad, pull.result().chunk_versions, w.batch, 0.0)
+            for w, pull in zip(workers, pulls, strict=True)
+        ]
         for w, push in zip(workers, pushes, strict=True):
             w.pushed(push)
         step_s = time.perf_counter() - start
@@ -149,17 +160,45 @@ def _status(conn: Connection) -> JobStatus | None:
 
 def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> ScaleResult:
     """Scheduler + `shards` shards + `workers` light workers; updates/s over `window_s` once all train."""
-    launcher.start_scheduler(["--model", f"flat:{PARAMS}", "--dataset", "synthetic", "--epochs", "1e9",
-                              "--chunk-bytes", str(CHUNK_BYTES), "--shards", str(shards),
-                              "--liveness-timeout-s", "60", *QUIET])
+    launcher.start_scheduler(
+        [
+            "--model",
+            f"flat:{PARAMS}",
+            "--dataset",
+            "synthetic",
+            "--epochs",
+            "1e9",
+            "--chunk-bytes",
+            str(CHUNK_BYTES),
+            "--shards",
+            str(shards),
+            "--liveness-timeout-s",
+            "60",
+            *QUIET,
+        ]
+    )
     for i in range(shards):
         launcher.start_shard(i, f"ps{i}", QUIET)
     scheduler = launcher.scheduler_endpoint
     drivers = min(DRIVERS_MAX, workers)
     for d in range(drivers):
         count = workers // drivers + (1 if d < workers % drivers else 0)
-        launcher.spawn(f"driver{d}", "driver", [sys.executable, "-m", "bench.scale", "--driver", "--scheduler",
-                                                scheduler, "--workers", str(count), "--prefix", f"d{d}"])
+        launcher.spawn(
+            f"driver{d}",
+            "driver",
+            [
+                sys.executable,
+                "-m",
+                "bench.scale",
+                "--driver",
+                "--scheduler",
+                scheduler,
+                "--workers",
+                str(count),
+                "--prefix",
+                f"d{d}",
+            ],
+        )
     conn = Connection(zmq.Context.instance(), scheduler, "dynabatch", "bench-scale")
     try:
         deadline = time.monotonic() + 120 + 5 * workers
@@ -198,11 +237,15 @@ def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) 
             finally:
                 launcher.stop_all()
             results.append(r)
-            progress(f"[scale] {n} workers, {s} shard(s): " + (
-                f"{r.updates_per_s:.0f} updates/s, decision {1e6 * r.decision_mean_s:.0f} us mean / "
-                f"{1e6 * r.decision_p99_s:.0f} us p99"
-                if r.updates_per_s is not None and r.decision_mean_s is not None and r.decision_p99_s is not None
-                else f"FAILED ({r.error})"))
+            progress(
+                f"[scale] {n} workers, {s} shard(s): "
+                + (
+                    f"{r.updates_per_s:.0f} updates/s, decision {1e6 * r.decision_mean_s:.0f} us mean / "
+                    f"{1e6 * r.decision_p99_s:.0f} us p99"
+                    if r.updates_per_s is not None and r.decision_mean_s is not None and r.decision_p99_s is not None
+                    else f"FAILED ({r.error})"
+                )
+            )
     return results
 
 

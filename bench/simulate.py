@@ -107,21 +107,26 @@ class WorkerSpec:
 
     def device(self, fixed_s: float, per_sample_s: float) -> Device:
         """This node's step curve and cap: its own curve, or the cluster's `fixed_s` and `per_sample_s`."""
-        return Device(fixed_s if self.fixed_s is None else self.fixed_s,
-                      per_sample_s if self.per_sample_s is None else self.per_sample_s, self.max_batch)
+        return Device(
+            fixed_s if self.fixed_s is None else self.fixed_s,
+            per_sample_s if self.per_sample_s is None else self.per_sample_s,
+            self.max_batch,
+        )
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
     "bench4": lambda: tuple(WorkerSpec(s) for s in ("1", "1", "2", "4")),
     "tail16": lambda: tuple(WorkerSpec("1") for _ in range(12)) + tuple(WorkerSpec("8") for _ in range(4)),
     "lognormal64": lambda: lognormal(64, sigma=0.75, seed=64),
-    "churn16": lambda: (tuple(WorkerSpec("1") for _ in range(10))
-                        + (WorkerSpec("1,6x@1s,1x@2s"), WorkerSpec("2"), WorkerSpec("4"))
-                        + (WorkerSpec("1", leave_s=1.5), WorkerSpec("1", join_s=1.0), WorkerSpec("2", join_s=2.0))),
-    "shifting32": lambda: shifting(lognormal(32, sigma=0.5, seed=32), factor=4.0, spell_s=(15.0, 45.0),
-                                   horizon_s=150.0, seed=33),
-    "churn32": lambda: churn(lognormal(32, sigma=0.5, seed=34), leaving=6, joining=6, window_s=(20.0, 120.0),
-                             seed=35),
+    "churn16": lambda: (
+        tuple(WorkerSpec("1") for _ in range(10))
+        + (WorkerSpec("1,6x@1s,1x@2s"), WorkerSpec("2"), WorkerSpec("4"))
+        + (WorkerSpec("1", leave_s=1.5), WorkerSpec("1", join_s=1.0), WorkerSpec("2", join_s=2.0))
+    ),
+    "shifting32": lambda: shifting(
+        lognormal(32, sigma=0.5, seed=32), factor=4.0, spell_s=(15.0, 45.0), horizon_s=150.0, seed=33
+    ),
+    "churn32": lambda: churn(lognormal(32, sigma=0.5, seed=34), leaving=6, joining=6, window_s=(20.0, 120.0), seed=35),
     "lognormal256": lambda: lognormal(256, sigma=0.75, seed=256),
     "links16": lambda: tuple(WorkerSpec("1") for _ in range(12)) + tuple(WorkerSpec("1", link=10.0) for _ in range(4)),
 }
@@ -142,8 +147,9 @@ def lognormal(n: int, sigma: float, seed: int) -> tuple[WorkerSpec, ...]:
     return tuple(WorkerSpec(f"{d / fastest:.2f}") for d in draws)
 
 
-def shifting(nodes: tuple[WorkerSpec, ...], factor: float, spell_s: tuple[float, float], horizon_s: float,
-             seed: int) -> tuple[WorkerSpec, ...]:
+def shifting(
+    nodes: tuple[WorkerSpec, ...], factor: float, spell_s: tuple[float, float], horizon_s: float, seed: int
+) -> tuple[WorkerSpec, ...]:
     """Each node `factor` times slower than itself for one spell of `spell_s` virtual seconds, at a random time
     before `horizon_s` (counted, like every slowdown schedule, from the node's first batch)."""
     rng = random.Random(seed)
@@ -156,8 +162,9 @@ def shifting(nodes: tuple[WorkerSpec, ...], factor: float, spell_s: tuple[float,
     return tuple(out)
 
 
-def churn(nodes: tuple[WorkerSpec, ...], leaving: int, joining: int, window_s: tuple[float, float],
-          seed: int) -> tuple[WorkerSpec, ...]:
+def churn(
+    nodes: tuple[WorkerSpec, ...], leaving: int, joining: int, window_s: tuple[float, float], seed: int
+) -> tuple[WorkerSpec, ...]:
     """`nodes`, of which `leaving` (chosen at random) leave at random times within `window_s`, and the same
     speeds again for `joining` more that join at random times within it."""
     rng = random.Random(seed)
@@ -236,17 +243,30 @@ class Cluster:
         torch.manual_seed(cfg.seed)
         self.rng = random.Random(cfg.seed)
         starters = sum(1 for w in cfg.workers if w.join_s == 0)  # as `dynabatch run` does: all start on the same model
-        self.job = JobConfig(protocol=cfg.protocol, batch_policy=cfg.policy, global_batch=cfg.global_batch,
-                             model=cfg.model, dataset=cfg.dataset, seed=cfg.seed,
-                             **{"epochs": 10_000, "min_workers": starters, **cfg.job})
+        self.job = JobConfig(
+            protocol=cfg.protocol,
+            batch_policy=cfg.policy,
+            global_batch=cfg.global_batch,
+            model=cfg.model,
+            dataset=cfg.dataset,
+            seed=cfg.seed,
+            **{"epochs": 10_000, "min_workers": starters, **cfg.job},
+        )
         self.spec = protocol_spec(cfg.protocol)
         self.model = build_model(cfg.model, input_shape(cfg.dataset), NUM_CLASSES, cfg.seed)
         flat = flat_params(self.model)
         layout = make_layout(flat.numel(), self.job.chunk_bytes, 1)
         params = [(name, p.numel()) for name, p in self.model.named_parameters()]
         self.shard = ShardState.initial(
-            layout.for_shard(0), flat, optimizer_spec(self.job, {}), cfg.protocol, cfg.global_batch,
-            protocol_settings(self.job), params, self.job.dbs_weight)
+            layout.for_shard(0),
+            flat,
+            optimizer_spec(self.job, {}),
+            cfg.protocol,
+            cfg.global_batch,
+            protocol_settings(self.job),
+            params,
+            self.job.dbs_weight,
+        )
         self.model_bytes = 4 * flat.numel()
         self.shard_queues = Shards(cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes)
         pipelines = self.job.pipelines(chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes))
@@ -328,9 +348,15 @@ class Cluster:
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
         answer grows one (as server.py's: the scheduler hands a larger batch only once the shard reports it)."""
-        ps = self.scheduler.heartbeat("ps0", Heartbeat(membership=self.scheduler.roster.membership,
-                                                       train_size=len(self.data.train_y),
-                                                       batches=self.assigned.told), self.now)
+        ps = self.scheduler.heartbeat(
+            "ps0",
+            Heartbeat(
+                membership=self.scheduler.roster.membership,
+                train_size=len(self.data.train_y),
+                batches=self.assigned.told,
+            ),
+            self.now,
+        )
         if self.assigned.update(ps.batches):
             return self.sync_shard()
         seen = (ps.membership, ps.allocated, tuple(ps.idle_workers))
@@ -347,8 +373,14 @@ class Cluster:
 
     def push(self, flat: torch.Tensor, versions: dict[int, int], samples: int, kind: str, wid: str) -> tuple[bool, int]:
         """One push of a gradient or delta; returns (applied now, the shard's version after it)."""
-        found = self.bounds.assess(wid, {c.id: flat[c.start:c.stop] for c in self.shard.chunks}, samples,
-                                   self.shard.params, self.shard.live, self.shard.share(samples))
+        found = self.bounds.assess(
+            wid,
+            {c.id: flat[c.start : c.stop] for c in self.shard.chunks},
+            samples,
+            self.shard.params,
+            self.shard.live,
+            self.shard.share(samples),
+        )
         outcome = self.shard.push(wid, found.tensors, versions, samples, kind, self.now)
         self.bounds.record(found, self.shard.live)
         self.clipped += bool(found.clipped)
@@ -398,8 +430,11 @@ class Worker:
         cfg = cluster.cfg
         self.device = spec.device(cfg.fixed_s, cfg.per_sample_s)
         gradient_chunks = cluster.chunks if cluster.spec.push_kind == GRADIENT else 1
-        self.net = (Network(Link(spec.link_mbit, spec.latency_s), cluster.shard_queues, gradient_chunks)
-                    if spec.link_mbit > 0 else None)
+        self.net = (
+            Network(Link(spec.link_mbit, spec.latency_s), cluster.shard_queues, gradient_chunks)
+            if spec.link_mbit > 0
+            else None
+        )
 
     @property
     def comm_s(self) -> float:
@@ -432,8 +467,9 @@ class Worker:
         cfg = self.c.cfg
         elapsed = self.c.now - self.started
         noise = max(0.2, 1.0 + cfg.noise * self.rng.gauss(0.0, 1.0))
-        return ((self.device.fixed_s + self.device.per_sample_s * batch) * self.slowdown.factor(elapsed) * noise
-                + self.slowdown.fixed_s(elapsed))
+        return (self.device.fixed_s + self.device.per_sample_s * batch) * self.slowdown.factor(
+            elapsed
+        ) * noise + self.slowdown.fixed_s(elapsed)
 
     def next_batch(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next `b` samples of the real worker's own order (worker/batch_source.py); a simulated step never
@@ -488,8 +524,9 @@ class Worker:
         later spends its probe's time after `join_s`, before it is counted in n.
         """
         c = self.c
-        self.wid = c.scheduler.hello(Hello(role="worker", instance=f"sim{self.index}",
-                                           max_batch=self.device.max_batch), c.now).id
+        self.wid = c.scheduler.hello(
+            Hello(role="worker", instance=f"sim{self.index}", max_batch=self.device.max_batch), c.now
+        ).id
         self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:
@@ -606,8 +643,9 @@ class Worker:
         job = self.c.job
         model = self._own_model()
         if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(travelling(model), lr=job.lr, momentum=job.momentum,
-                                             weight_decay=job.weight_decay)
+            self.optimizer = torch.optim.SGD(
+                travelling(model), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay
+            )
         for group in self.optimizer.param_groups:
             group["lr"] = job.lr * lr_scale
         loss = self.gradient(model, b)
@@ -624,8 +662,9 @@ class Worker:
         self.base, self.back = global_flat.clone(), None
         return True
 
-    def _delta_in_flight(self, delta: torch.Tensor, versions: dict[int, int],
-                         samples: int) -> Generator[Wait, None, None]:
+    def _delta_in_flight(
+        self, delta: torch.Tensor, versions: dict[int, int], samples: int
+    ) -> Generator[Wait, None, None]:
         """The push travels, the round closes when everyone has pushed, the average travels back."""
         c = self.c
         sent = c.now
@@ -667,7 +706,6 @@ class Told:
     lr_scale: float = 1.0
 
 
-
 def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
     """Run `cfg` to its virtual budget; deterministic for a given config (seed included)."""
     torch.set_num_threads(1)
@@ -691,26 +729,39 @@ def result_of(cluster: Cluster) -> SimResult:
     workers = [m for m in sched.roster.members.values() if m.role == "worker"]
     loss = sched.progress.loss
     return SimResult(
-        protocol=cfg.protocol, policy=cfg.policy, seed=cfg.seed, workers=len(cfg.workers), time_to=time_to,
-        final_test_acc=cluster.curve[-1][2], final_train_loss=None if math.isnan(loss) else loss,
+        protocol=cfg.protocol,
+        policy=cfg.policy,
+        seed=cfg.seed,
+        workers=len(cfg.workers),
+        time_to=time_to,
+        final_test_acc=cluster.curve[-1][2],
+        final_train_loss=None if math.isnan(loss) else loss,
         samples_per_s=samples / cfg.budget_s,
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
-        staleness_counts=list(cluster.counts), staleness_mean=stats.mean, staleness_p99=stats.p99,
-        samples=samples, curve=cluster.curve, batches=dict(sched.allocator.allocation), clipped=cluster.clipped,
+        staleness_counts=list(cluster.counts),
+        staleness_mean=stats.mean,
+        staleness_p99=stats.p99,
+        samples=samples,
+        curve=cluster.curve,
+        batches=dict(sched.allocator.allocation),
+        clipped=cluster.clipped,
         quarantined=cluster.quarantined,
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
         worker_samples={m.instance: m.samples for m in workers},
-        worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers})
+        worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n\n")[0],
-                                 allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.simulate", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--protocol", default="asgd")
     p.add_argument("--policy", default="dynamic")
     p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))
-    p.add_argument("--profile-file", help="a cluster described in a JSON file (bench/profile_file.py), instead of "
-                                          "--profile")
+    p.add_argument(
+        "--profile-file", help="a cluster described in a JSON file (bench/profile_file.py), instead of --profile"
+    )
     p.add_argument("--shards", type=int, default=0, help="with --profile-file: this many shards (default: the file's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
@@ -718,16 +769,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="mlp")
     p.add_argument("--lr", type=float, default=0.0, help="the job's --lr (default: JobConfig's)")
     p.add_argument("--sync-m", type=int, default=0, help="the job's --sync-m (msync: the gradients a round takes)")
-    p.add_argument("--gradient-bound", type=float, default=JobConfig.gradient_bound,
-                   help="the shards' --gradient-bound (0: off)")
-    p.add_argument("--study", choices=("quick", "paper", "validation", "full", "tuned", "tuned-scale",
-                                       "tuned-256", "tuned-unseen", "tuned-changing",
-                                       "tuned-quick", "tuned-policies", "tuned-recheck", "regimes", "regimes-reduced"),
-                   help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
-                        "method at its own tuned step size)")
+    p.add_argument(
+        "--gradient-bound", type=float, default=JobConfig.gradient_bound, help="the shards' --gradient-bound (0: off)"
+    )
+    p.add_argument(
+        "--study",
+        choices=(
+            "quick",
+            "paper",
+            "validation",
+            "full",
+            "tuned",
+            "tuned-scale",
+            "tuned-256",
+            "tuned-unseen",
+            "tuned-changing",
+            "tuned-quick",
+            "tuned-policies",
+            "tuned-recheck",
+            "regimes",
+            "regimes-reduced",
+        ),
+        help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
+        "method at its own tuned step size)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="processes for the study's runs (default 1)")
-    p.add_argument("--resume", action="store_true",
-                   help="tuned*: keep the runs already in the study's results.json and run only the rest")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="tuned*: keep the runs already in the study's results.json and run only the rest",
+    )
     p.add_argument("--out", default="bench/results/simulate")
     return p.parse_args(argv)
 
@@ -736,30 +807,44 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.study and args.study.startswith(("tuned", "regimes")):
         from bench import tuned_study
+
         return tuned_study.run_study(args.study, args.out, args.jobs, args.resume)
     if args.study:
         from bench.simulate_study import run_study
+
         return run_study(args.study, args.out, args.jobs)
     from bench.profile_file import ClusterProfile, ProfileError, read_profile
+
     try:
-        profile = (read_profile(args.profile_file) if args.profile_file
-                   else ClusterProfile(args.profile, PROFILES[args.profile]()))
+        profile = (
+            read_profile(args.profile_file)
+            if args.profile_file
+            else ClusterProfile(args.profile, PROFILES[args.profile]())
+        )
     except ProfileError as exc:
         print(f"python -m bench.simulate: {exc}", file=sys.stderr)
         return 2
     workers = profile.workers
-    cfg = SimConfig(args.protocol, args.policy, workers, seed=args.seed, budget_s=args.budget_s,
-                    global_batch=args.global_batch or profile.global_batch or 16 * len(workers), model=args.model,
-                    job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound,
-                         "sync_m": args.sync_m},
-                    **{**profile.sim_settings(), **({"shards": args.shards} if args.shards else {})})
+    cfg = SimConfig(
+        args.protocol,
+        args.policy,
+        workers,
+        seed=args.seed,
+        budget_s=args.budget_s,
+        global_batch=args.global_batch or profile.global_batch or 16 * len(workers),
+        model=args.model,
+        job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound, "sync_m": args.sync_m},
+        **{**profile.sim_settings(), **({"shards": args.shards} if args.shards else {})},
+    )
     r = simulate(cfg)
-    print(f"{r.protocol}+{r.policy} on {profile.name} ({r.workers} workers), seed {r.seed}: "
-          f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
-          f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
-          f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "
-          f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded, "
-          f"{r.clipped} pushes clipped")
+    print(
+        f"{r.protocol}+{r.policy} on {profile.name} ({r.workers} workers), seed {r.seed}: "
+        f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
+        f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
+        f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "
+        f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded, "
+        f"{r.clipped} pushes clipped"
+    )
     return 0
 
 

@@ -35,15 +35,25 @@ RUNS: tuple[tuple[str, str, str, int], ...] = (
 )
 """(protocol, batch policy, profile, seed): every worker loop, both policies, a static and a changing profile."""
 
-PROFILE_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"), ("ssgd", "dynamic"), ("local", "dynamic"),
-                   ("msd", "dynamic"))
+PROFILE_CONFIGS = (
+    ("asgd", "fixed"),
+    ("asgd", "dynamic"),
+    ("ssgd", "dynamic"),
+    ("local", "dynamic"),
+    ("msd", "dynamic"),
+)
 """What `--every-profile` runs on each built-in profile: short runs on synthetic data, seconds of CPU each."""
 
 
 def fingerprint(r: SimResult) -> str:
     """A hash of what a run decided: its curve, samples, staleness and batches."""
-    figures = {"curve": r.curve, "samples": r.samples, "staleness": r.staleness_counts, "batches": r.batches,
-               "worker_samples": r.worker_samples}
+    figures = {
+        "curve": r.curve,
+        "samples": r.samples,
+        "staleness": r.staleness_counts,
+        "batches": r.batches,
+        "worker_samples": r.worker_samples,
+    }
     return hashlib.sha256(json.dumps(figures, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -53,8 +63,11 @@ def _every_loop(budget_s: float) -> None:
         workers = PROFILES[profile]()
         cfg = SimConfig(protocol, policy, workers, seed=seed, budget_s=budget_s, global_batch=16 * len(workers))
         r = simulate(cfg, data)
-        print(f"{protocol:10} {policy:8} {profile:8} seed {seed}: {r.samples:6d} samples, "
-              f"acc {r.final_test_acc:.4f}, {fingerprint(r)}", flush=True)
+        print(
+            f"{protocol:10} {policy:8} {profile:8} seed {seed}: {r.samples:6d} samples, "
+            f"acc {r.final_test_acc:.4f}, {fingerprint(r)}",
+            flush=True,
+        )
 
 
 def _every_profile(budget_s: float, seed: int) -> None:
@@ -62,18 +75,32 @@ def _every_profile(budget_s: float, seed: int) -> None:
     for name in sorted(PROFILES):
         workers = PROFILES[name]()
         for protocol, policy in PROFILE_CONFIGS:
-            cfg = SimConfig(protocol, policy, workers, seed=seed, budget_s=budget_s, global_batch=16 * len(workers),
-                            dataset="synthetic", eval_every_s=0.1, eval_size=200)
+            cfg = SimConfig(
+                protocol,
+                policy,
+                workers,
+                seed=seed,
+                budget_s=budget_s,
+                global_batch=16 * len(workers),
+                dataset="synthetic",
+                eval_every_s=0.1,
+                eval_size=200,
+            )
             print(f"{name} {protocol}+{policy} {fingerprint(simulate(cfg, data))}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.simulate_hashes", allow_abbrev=False,
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--every-profile", action="store_true",
-                   help="five configurations on every built-in profile instead of the twelve runs")
-    p.add_argument("--budget-s", type=float, default=None,
-                   help="virtual seconds per run (default 3, or 0.3 with --every-profile)")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.simulate_hashes", allow_abbrev=False, description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--every-profile",
+        action="store_true",
+        help="five configurations on every built-in profile instead of the twelve runs",
+    )
+    p.add_argument(
+        "--budget-s", type=float, default=None, help="virtual seconds per run (default 3, or 0.3 with --every-profile)"
+    )
     p.add_argument("--seed", type=int, default=3, help="the seed of --every-profile's runs")
     args = p.parse_args(argv)
     if args.every_profile:

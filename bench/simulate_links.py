@@ -42,33 +42,55 @@ def label(equal_steps: bool | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.simulate_links", description=__doc__.split("\n\n")[0],
-                                 allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.simulate_links", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--protocols", nargs="+", default=["asgd"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--budget-s", type=float, default=60.0, help="virtual seconds")
     args = p.parse_args(argv)
-    part = Part(PROFILE, PROFILE, 512, "mlp", (), tuple(args.seeds), args.budget_s, 2.0, 1000, lr=0.02, momentum=0.0,
-                slower=10.0)
+    part = Part(
+        PROFILE,
+        PROFILE,
+        512,
+        "mlp",
+        (),
+        tuple(args.seeds),
+        args.budget_s,
+        2.0,
+        1000,
+        lr=0.02,
+        momentum=0.0,
+        slower=10.0,
+    )
     data = load_dataset(part.dataset)
-    print("| protocol | split | samples/s | to 80% (s) | to 85% (s) | final acc | slow links' share | "
-          "slow links' batch | staleness mean |")
+    print(
+        "| protocol | split | samples/s | to 80% (s) | to 85% (s) | final acc | slow links' share | "
+        "slow links' batch | staleness mean |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for protocol in args.protocols:
         own = protocol_spec(protocol).equal_steps
         for equal_steps in (None, not own, own):
             policy = "fixed" if equal_steps is None else "dynamic"
-            runs = [simulate(replace(sim_config(part, seed, protocol, policy), equal_steps=equal_steps), data)
-                    for seed in args.seeds]
+            runs = [
+                simulate(replace(sim_config(part, seed, protocol, policy), equal_steps=equal_steps), data)
+                for seed in args.seeds
+            ]
             shares = [slow_share(r) for r in runs]
             times = {m: [r.time_to[m] for r in runs] for m in ("0.80", "0.85")}
             shown = {m: "/".join("-" if t is None else f"{t:.0f}" for t in ts) for m, ts in times.items()}
             stale = [r.staleness_mean for r in runs if r.staleness_mean is not None]
-            print(f"| {protocol} | {label(equal_steps)}{' (its own)' if equal_steps == own else ''} | "
-                  f"{statistics.fmean(r.samples_per_s for r in runs):.0f} | {shown['0.80']} | {shown['0.85']} | "
-                  f"{100 * statistics.fmean(r.final_test_acc for r in runs):.1f}% | "
-                  f"{100 * statistics.fmean(s for s, _ in shares):.1f}% | {statistics.fmean(b for _, b in shares):.0f} "
-                  f"| {statistics.fmean(stale):.1f} |" if stale else "| - |", flush=True)
+            print(
+                f"| {protocol} | {label(equal_steps)}{' (its own)' if equal_steps == own else ''} | "
+                f"{statistics.fmean(r.samples_per_s for r in runs):.0f} | {shown['0.80']} | {shown['0.85']} | "
+                f"{100 * statistics.fmean(r.final_test_acc for r in runs):.1f}% | "
+                f"{100 * statistics.fmean(s for s, _ in shares):.1f}% | {statistics.fmean(b for _, b in shares):.0f} "
+                f"| {statistics.fmean(stale):.1f} |"
+                if stale
+                else "| - |",
+                flush=True,
+            )
     return 0
 
 

@@ -39,8 +39,15 @@ from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
 from dynabatch.common.data import load_dataset
 
-PAPER_CONFIGS = (("asgd", "fixed"), ("asgd", "dynamic"), ("softsync", "fixed"), ("ssgd", "fixed"),
-                 ("ssgd", "dynamic"), ("local", "dynamic"), ("msd", "dynamic"))
+PAPER_CONFIGS = (
+    ("asgd", "fixed"),
+    ("asgd", "dynamic"),
+    ("softsync", "fixed"),
+    ("ssgd", "fixed"),
+    ("ssgd", "dynamic"),
+    ("local", "dynamic"),
+    ("msd", "dynamic"),
+)
 SEEDS = (0, 1, 2, 3, 4)
 REAL_4_WORKERS = {
     "asgd+fixed": {"staleness": "2.78 / 8.3", "sps": 4470, "0.85": "21 s", "0.88": "44 s"},
@@ -82,13 +89,39 @@ VALIDATION = Part("validation4", "bench4", 192, "cnn", VALIDATION_CONFIGS, SEEDS
 """As the real runs: 70 s, an evaluation every 3 s; on 1,000 test images, not 10,000, whose evaluations would
 cost more CPU than the rest of a run (bench/RESULTS.md section 5)."""
 STUDIES: dict[str, tuple[Part, ...]] = {
-    "quick": (Part("churn16", "churn16", 512, "mlp", PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5], (0,), 3.0, 0.5, 1000,
-                   lr=0.02, momentum=0.0),),
+    "quick": (
+        Part(
+            "churn16",
+            "churn16",
+            512,
+            "mlp",
+            PAPER_CONFIGS[:2] + PAPER_CONFIGS[3:5],
+            (0,),
+            3.0,
+            0.5,
+            1000,
+            lr=0.02,
+            momentum=0.0,
+        ),
+    ),
     "paper": (
-        Part("tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 150.0, 2.0, 1000, lr=0.02, momentum=0.0,
-             slower=10.0),
-        Part("lognormal64", "lognormal64", 2048, "mlp", PAPER_CONFIGS, SEEDS, 150.0, 2.0, 1000, lr=0.02, momentum=0.0,
-             slower=10.0),
+        Part(
+            "tail16", "tail16", 512, "mlp", PAPER_CONFIGS, SEEDS, 150.0, 2.0, 1000, lr=0.02, momentum=0.0, slower=10.0
+        ),
+        Part(
+            "lognormal64",
+            "lognormal64",
+            2048,
+            "mlp",
+            PAPER_CONFIGS,
+            SEEDS,
+            150.0,
+            2.0,
+            1000,
+            lr=0.02,
+            momentum=0.0,
+            slower=10.0,
+        ),
     ),
     "validation": (VALIDATION,),
 }
@@ -99,10 +132,22 @@ def sim_config(part: Part, seed: int, protocol: str, policy: str) -> SimConfig:
     """The run of `part` for one configuration and seed, its node times scaled by `part.slower`."""
     workers = PROFILES[part.profile]()
     base = SimConfig(protocol, policy, workers)
-    return SimConfig(protocol, policy, workers, seed=seed, budget_s=part.budget_s, global_batch=part.global_batch,
-                     fixed_s=base.fixed_s * part.slower, per_sample_s=base.per_sample_s * part.slower,
-                     comm_s=base.comm_s * part.slower, model=part.model, eval_every_s=part.eval_every_s,
-                     eval_size=part.eval_size, job={"lr": part.lr, "momentum": part.momentum}, dataset=part.dataset)
+    return SimConfig(
+        protocol,
+        policy,
+        workers,
+        seed=seed,
+        budget_s=part.budget_s,
+        global_batch=part.global_batch,
+        fixed_s=base.fixed_s * part.slower,
+        per_sample_s=base.per_sample_s * part.slower,
+        comm_s=base.comm_s * part.slower,
+        model=part.model,
+        eval_every_s=part.eval_every_s,
+        eval_size=part.eval_size,
+        job={"lr": part.lr, "momentum": part.momentum},
+        dataset=part.dataset,
+    )
 
 
 Run = tuple[Part, int, str, str]
@@ -128,10 +173,12 @@ def run_plan(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator
 
 def _describe(run: Run, r: SimResult) -> str:
     part, seed, protocol, policy = run
-    return (f"{part.name} {config_label(protocol, policy)} seed {seed}: {100 * r.final_test_acc:.2f}%, "
-            f"{r.samples_per_s:.0f} samples/s, staleness mean "
-            f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
-            f"{mark_label(part.marks[0])} at {r.time_to.get(part.marks[0])}")
+    return (
+        f"{part.name} {config_label(protocol, policy)} seed {seed}: {100 * r.final_test_acc:.2f}%, "
+        f"{r.samples_per_s:.0f} samples/s, staleness mean "
+        f"{r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
+        f"{mark_label(part.marks[0])} at {r.time_to.get(part.marks[0])}"
+    )
 
 
 def config_rows(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -141,48 +188,65 @@ def config_rows(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> list[dict
     for protocol, policy in order:
         rs = [r for r in runs if (r["protocol"], r["policy"]) == (protocol, policy)]
         accs = [r["final_test_acc"] for r in rs]
-        rows.append({
-            "label": config_label(protocol, policy), "runs": len(rs),
-            "time_to": {m: verdicts.median_time_to(rs, m) for m in marks},
-            "reached": {m: sum(1 for r in rs if r["time_to"].get(m) is not None) for m in marks},
-            "acc": statistics.fmean(accs), "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
-            "loss": statistics.fmean(r["final_train_loss"] or float("nan") for r in rs),
-            "sps": statistics.fmean(r["samples_per_s"] for r in rs),
-            "stale_mean": statistics.fmean(r["staleness_mean"] or 0.0 for r in rs),
-            "stale_p99": statistics.fmean(r["staleness_p99"] or 0 for r in rs),
-            "bps": statistics.fmean(r["bytes_per_sample"] for r in rs),
-        })
+        rows.append(
+            {
+                "label": config_label(protocol, policy),
+                "runs": len(rs),
+                "time_to": {m: verdicts.median_time_to(rs, m) for m in marks},
+                "reached": {m: sum(1 for r in rs if r["time_to"].get(m) is not None) for m in marks},
+                "acc": statistics.fmean(accs),
+                "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
+                "loss": statistics.fmean(r["final_train_loss"] or float("nan") for r in rs),
+                "sps": statistics.fmean(r["samples_per_s"] for r in rs),
+                "stale_mean": statistics.fmean(r["staleness_mean"] or 0.0 for r in rs),
+                "stale_p99": statistics.fmean(r["staleness_p99"] or 0 for r in rs),
+                "bps": statistics.fmean(r["bytes_per_sample"] for r in rs),
+            }
+        )
     return rows
 
 
 def table(runs: list[dict[str, Any]], marks: tuple[str, ...]) -> str:
     times = " | ".join(f"time to {mark_label(m)} (median)" for m in marks)
-    out = [f"| configuration | runs | {times} | test acc. at budget | train loss | samples/s | staleness mean / p99 "
-           "| bytes/sample |", "|---|---:|" + "---:|" * len(marks) + "---:|---:|---:|---:|---:|"]
+    out = [
+        f"| configuration | runs | {times} | test acc. at budget | train loss | samples/s | staleness mean / p99 "
+        "| bytes/sample |",
+        "|---|---:|" + "---:|" * len(marks) + "---:|---:|---:|---:|---:|",
+    ]
     for row in config_rows(runs, marks):
-        t = " | ".join(("–" if v == float("inf") else f"{v:.0f} s") + f" ({row['reached'][m]}/{row['runs']})"
-                       for m, v in row["time_to"].items())
+        t = " | ".join(
+            ("–" if v == float("inf") else f"{v:.0f} s") + f" ({row['reached'][m]}/{row['runs']})"
+            for m, v in row["time_to"].items()
+        )
         sd = f" ± {100 * row['acc_sd']:.2f}" if row["acc_sd"] is not None else ""
-        out.append(f"| {row['label']} | {row['runs']} | {t} | {100 * row['acc']:.2f}%{sd} | "
-                   f"{verdicts.loss_text(row['loss'], 3)} | {row['sps']:,.0f} | "
-                   f"{row['stale_mean']:.2f} / {row['stale_p99']:.1f} | {row['bps']:,.0f} |")
+        out.append(
+            f"| {row['label']} | {row['runs']} | {t} | {100 * row['acc']:.2f}%{sd} | "
+            f"{verdicts.loss_text(row['loss'], 3)} | {row['sps']:,.0f} | "
+            f"{row['stale_mean']:.2f} / {row['stale_p99']:.1f} | {row['bps']:,.0f} |"
+        )
     return "\n".join(out)
 
 
 def validation_table(runs: list[dict[str, Any]]) -> str:
     """Staleness, speed and times to the marks of the simulated 4-worker bench beside the real runs'."""
-    out = ["| configuration | staleness mean / p99: simulated | real | samples/s: simulated | real "
-           "| time to 85%: simulated | real | time to 88%: simulated | real |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| configuration | staleness mean / p99: simulated | real | samples/s: simulated | real "
+        "| time to 85%: simulated | real | time to 88%: simulated | real |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in config_rows(runs, ("0.85", "0.88")):
         real = REAL_4_WORKERS.get(row["label"], {})
         sim_t = {m: "–" if t == float("inf") else f"{t:.0f} s" for m, t in row["time_to"].items()}
-        out.append(f"| {row['label']} | {row['stale_mean']:.2f} / {row['stale_p99']:.0f} | "
-                   f"{real.get('staleness', '–')} | {row['sps']:,.0f} | {real.get('sps', 0):,} | "
-                   f"{sim_t['0.85']} | {real.get('0.85', '–')} | {sim_t['0.88']} | {real.get('0.88', '–')} |")
+        out.append(
+            f"| {row['label']} | {row['stale_mean']:.2f} / {row['stale_p99']:.0f} | "
+            f"{real.get('staleness', '–')} | {row['sps']:,.0f} | {real.get('sps', 0):,} | "
+            f"{sim_t['0.85']} | {real.get('0.85', '–')} | {sim_t['0.88']} | {real.get('0.88', '–')} |"
+        )
     out += ["", "Simulated staleness counts (updates 0, 1, 2, ... versions stale):", ""]
-    out += [f"- {config_label(r['protocol'], r['policy'])}, seed {r['seed']}: "
-            f"{', '.join(map(str, r['staleness_counts']))}" for r in runs]
+    out += [
+        f"- {config_label(r['protocol'], r['policy'])}, seed {r['seed']}: {', '.join(map(str, r['staleness_counts']))}"
+        for r in runs
+    ]
     return "\n".join(out)
 
 
@@ -206,19 +270,37 @@ def render(parts: dict[str, tuple[Part, list[dict[str, Any]]]], img: str) -> str
     for name, (part, runs) in parts.items():
         n = len(PROFILES[part.profile]())
         if part.configs == VALIDATION_CONFIGS:
-            out += [f"### {name}: the real bench's 4 workers, simulated ({part.model}, B = {part.global_batch}, "
-                    f"{part.budget_s:g} virtual s)", "", validation_table(runs), ""]
+            out += [
+                f"### {name}: the real bench's 4 workers, simulated ({part.model}, B = {part.global_batch}, "
+                f"{part.budget_s:g} virtual s)",
+                "",
+                validation_table(runs),
+                "",
+            ]
             continue
-        out += [f"### {name}: {n} workers ({part.profile}), {part.model}, B = {part.global_batch}, "
-                f"{part.budget_s:g} virtual s, seeds {', '.join(map(str, part.seeds))}", "",
-                table(runs, part.marks), "",
-                f"![{name}]({img}/simulate_{name}.png)", ""]
+        out += [
+            f"### {name}: {n} workers ({part.profile}), {part.model}, B = {part.global_batch}, "
+            f"{part.budget_s:g} virtual s, seeds {', '.join(map(str, part.seeds))}",
+            "",
+            table(runs, part.marks),
+            "",
+            f"![{name}]({img}/simulate_{name}.png)",
+            "",
+        ]
         if part.configs == PAPER_CONFIGS:
             target = part.marks[0]
-            claims = [v for v in verdicts.paper_claims(runs, part.eval_every_s, target)
-                      + verdicts.time_to_target_claims(runs, part.eval_every_s, target) if v.holds is not None]
-            out += [f"Verdicts at {n} workers (rules of bench/verdicts.py; equal time is the virtual budget):", "",
-                    "| claim | measured | agrees |", "|---|---|---|"]
+            claims = [
+                v
+                for v in verdicts.paper_claims(runs, part.eval_every_s, target)
+                + verdicts.time_to_target_claims(runs, part.eval_every_s, target)
+                if v.holds is not None
+            ]
+            out += [
+                f"Verdicts at {n} workers (rules of bench/verdicts.py; equal time is the virtual budget):",
+                "",
+                "| claim | measured | agrees |",
+                "|---|---|---|",
+            ]
             out += [f"| {v.claim} | {v.measured} | **{v.word}** |" for v in claims] + [""]
     return "\n".join(out)
 
@@ -226,8 +308,16 @@ def render(parts: dict[str, tuple[Part, list[dict[str, Any]]]], img: str) -> str
 def write(results: dict[str, Any], out: Path, plots: bool) -> None:
     """results.json and report.md (and the plots) from whatever runs are in, so an interrupted study still reports."""
     (out / "results.json").write_text(json.dumps(results))
-    parts = {name: (Part(**{**v["part"], "configs": tuple(map(tuple, v["part"]["configs"])),
-                           "seeds": tuple(v["part"]["seeds"])}), v["runs"]) for name, v in results.items() if v["runs"]}
+    parts = {
+        name: (
+            Part(
+                **{**v["part"], "configs": tuple(map(tuple, v["part"]["configs"])), "seeds": tuple(v["part"]["seeds"])}
+            ),
+            v["runs"],
+        )
+        for name, v in results.items()
+        if v["runs"]
+    }
     (out / "report.md").write_text(render(parts, "plots"))
     if plots:
         for name, (_, runs) in parts.items():
@@ -238,8 +328,9 @@ def plan_of(parts: tuple[Part, ...]) -> list[Run]:
     """Every run of `parts`, the costliest part (the CNN's, then the most workers') first, seed-major within it."""
     cost = {"cnn": 2, "mlp": 1}
     ordered = sorted(parts, key=lambda p: (-cost.get(p.model, 1), -len(PROFILES[p.profile]())))
-    return [(part, seed, protocol, policy)
-            for part in ordered for seed in part.seeds for protocol, policy in part.configs]
+    return [
+        (part, seed, protocol, policy) for part in ordered for seed in part.seeds for protocol, policy in part.configs
+    ]
 
 
 def in_plan_order(part: Part, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -23,19 +23,35 @@ from dynabatch.common.optimum import fit_steps_to_target
 LRS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
 
 
-def sequential(batch: int, lr: float, seed: int, target: float, max_steps: int, every: int,
-               dataset: str) -> float | None:
+def sequential(
+    batch: int, lr: float, seed: int, target: float, max_steps: int, every: int, dataset: str
+) -> float | None:
     """Steps to `target` of one worker's sequential SGD at `batch` and `lr` (None: not within `max_steps`),
     judged every `every` steps."""
-    cfg = SimConfig("asgd", "fixed", (WorkerSpec(),), seed=seed, budget_s=float(max_steps), global_batch=batch,
-                    model="mlp", dataset=dataset, fixed_s=1.0, per_sample_s=0.0, noise=0.0, comm_s=0.0,
-                    eval_every_s=float(every), eval_size=1000, job={"lr": lr, "momentum": 0.0, "max_batch": batch})
+    cfg = SimConfig(
+        "asgd",
+        "fixed",
+        (WorkerSpec(),),
+        seed=seed,
+        budget_s=float(max_steps),
+        global_batch=batch,
+        model="mlp",
+        dataset=dataset,
+        fixed_s=1.0,
+        per_sample_s=0.0,
+        noise=0.0,
+        comm_s=0.0,
+        eval_every_s=float(every),
+        eval_size=1000,
+        job={"lr": lr, "momentum": 0.0, "max_batch": batch},
+    )
     r = simulate(cfg)
     return next((samples / batch for _, samples, acc in r.curve if acc >= target), None)
 
 
-def _run(item: tuple[int, float, int], target: float, max_steps: int, every: int,
-         dataset: str) -> tuple[tuple[int, float, int], float | None]:
+def _run(
+    item: tuple[int, float, int], target: float, max_steps: int, every: int, dataset: str
+) -> tuple[tuple[int, float, int], float | None]:
     batch, lr, seed = item
     return item, sequential(batch, lr, seed, target, max_steps, every, dataset)
 
@@ -54,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(b, lr, s) for b in args.batches for lr in args.lrs for s in args.seeds]
     run = partial(_run, target=args.target, max_steps=args.max_steps, every=args.every, dataset=args.dataset)
     steps: dict[tuple[int, float], list[float | None]] = {}
-    for (b, lr, _), k in run_parallel(run, plan, args.jobs, lambda item, r: f"B={item[0]} lr={item[1]}: {r}",
-                                      lambda line: print(line, flush=True)):
+    for (b, lr, _), k in run_parallel(
+        run, plan, args.jobs, lambda item, r: f"B={item[0]} lr={item[1]}: {r}", lambda line: print(line, flush=True)
+    ):
         steps.setdefault((b, lr), []).append(k)
     print("| B | best lr | steps to target (median over seeds) | other step sizes |")
     print("| --- | --- | --- | --- |")
@@ -74,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         print("fewer than two batch sizes reached the target: no fit")
         return 1
     fit = fit_steps_to_target(list(best), list(best.values()))
-    print(f"K(B) = {fit.k_min:.1f} (1 + {fit.b_noise:.1f} / B): " + ", ".join(
-        f"B={b}: fitted {fit.steps(b):.0f}, measured {k:.0f}" for b, k in best.items()))
+    print(
+        f"K(B) = {fit.k_min:.1f} (1 + {fit.b_noise:.1f} / B): "
+        + ", ".join(f"B={b}: fitted {fit.steps(b):.0f}, measured {k:.0f}" for b, k in best.items())
+    )
     return 0
 
 

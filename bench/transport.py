@@ -141,16 +141,37 @@ def wait_for(what: str, attempt: Callable[[], object], launcher: Launcher) -> ob
 
 def job_flags(model: str, params: int, chunk_bytes: int, shards: int = 1) -> list[str]:
     """A job that never ends by itself and never drops the benchmark's silent worker."""
-    return ["--model", f"flat:{params}" if model == "flat" else model, "--dataset", "synthetic", "--epochs", "1e9",
-            "--chunk-bytes", str(chunk_bytes), "--shards", str(shards), "--liveness-timeout-s", "3600",
-            "--join-timeout-s", "3600"]
+    return [
+        "--model",
+        f"flat:{params}" if model == "flat" else model,
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "1e9",
+        "--chunk-bytes",
+        str(chunk_bytes),
+        "--shards",
+        str(shards),
+        "--liveness-timeout-s",
+        "3600",
+        "--join-timeout-s",
+        "3600",
+    ]
 
 
 class DynabatchTarget:
     """A real scheduler and `shards` shards, and this process registered as a worker of their job."""
 
-    def __init__(self, ctx: zmq.Context, launcher: Launcher, model: str, params: int, chunk_bytes: int,
-                 shard_profile: Path | None = None, shards: int = 1) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        launcher: Launcher,
+        model: str,
+        params: int,
+        chunk_bytes: int,
+        shard_profile: Path | None = None,
+        shards: int = 1,
+    ) -> None:
         launcher.start_scheduler([*job_flags(model, params, chunk_bytes, shards), *QUIET])
         for i in range(shards):
             profile = ["-m", "cProfile", "-o", str(shard_profile)] if shard_profile and i == 0 else []
@@ -158,11 +179,13 @@ class DynabatchTarget:
         link = SchedulerLink(ctx, launcher.scheduler_endpoint, "dynabatch", "bench")
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            welcome = link.register(Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline,
-                                    launcher.check_alive)
+            welcome = link.register(
+                Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline, launcher.check_alive
+            )
             if welcome is None:
                 raise TimeoutError(
-                    f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker")
+                    f"timed out after {STARTUP_TIMEOUT_S:.0f}s waiting for the scheduler to admit a worker"
+                )
             wait_for("a batch for the benchmark worker", lambda: _has_batch(link.conn), launcher)
         finally:
             link.close()
@@ -295,8 +318,9 @@ class RawTarget:
 def start_raw_server(launcher: Launcher, update: bool) -> tuple[str, int]:
     """Run `serve_raw` in its own process (like a shard); its endpoint and process id."""
     mode = "update" if update else "plain"
-    server = launcher.spawn(f"raw-server-{mode}", "raw-server", [sys.executable, __file__, "--serve-raw", mode],
-                            pipe_stdout=True)
+    server = launcher.spawn(
+        f"raw-server-{mode}", "raw-server", [sys.executable, __file__, "--serve-raw", mode], pipe_stdout=True
+    )
     assert isinstance(server.proc, subprocess.Popen) and server.proc.stdout is not None  # pipe_stdout: started afresh
     endpoint = server.proc.stdout.readline().decode().strip()
     if not endpoint:
@@ -406,13 +430,23 @@ def interleave(targets: dict[str, Target], settings: Settings, label: str) -> di
 def summarize(measured: Measured, step_bytes: int) -> Side:
     """Medians, not means: a shared machine's stalls hit single steps, and must not set the result."""
     median = statistics.median(measured.times)
-    cpu = [statistics.median(ms) if not any(map(math.isnan, ms)) else None
-           for ms in (measured.client_cpu_ms, measured.server_cpu_ms)]
+    cpu = [
+        statistics.median(ms) if not any(map(math.isnan, ms)) else None
+        for ms in (measured.client_cpu_ms, measured.server_cpu_ms)
+    ]
     return Side(median, step_bytes / median / 1e6, 1 / median, len(measured.times), *cpu)
 
 
-def measure_size(ctx: zmq.Context, log_dir: Path, raw_servers: tuple[tuple[str, int], ...], model: str, params: int,
-                 chunk_bytes: int, settings: Settings, shards: int = 1) -> SizeResult:
+def measure_size(
+    ctx: zmq.Context,
+    log_dir: Path,
+    raw_servers: tuple[tuple[str, int], ...],
+    model: str,
+    params: int,
+    chunk_bytes: int,
+    settings: Settings,
+    shards: int = 1,
+) -> SizeResult:
     """Start a job of `params` parameters on `shards` shards and compare it with raw ZeroMQ, side by side."""
     label = f"{run_label(model, params)}-{chunk_bytes >> 10}K-S{shards}"
     log(f"[{label}] starting scheduler and {shards} shard(s)")
@@ -424,16 +458,25 @@ def measure_size(ctx: zmq.Context, log_dir: Path, raw_servers: tuple[tuple[str, 
         raw, raw_sgd = (RawTarget(ctx, server, dyn.params) for server in raw_servers)
         stack.callback(raw.close)
         stack.callback(raw_sgd.close)
-        times = interleave({"dynabatch": dyn, "push+pull": PushPullTarget(dyn), "raw": raw, "raw+sgd": raw_sgd},
-                           settings, label)
-    return SizeResult(size_label(dyn.params), dyn.params, dyn.step_bytes,
-                      summarize(times["dynabatch"], dyn.step_bytes), summarize(times["raw"], raw.step_bytes),
-                      chunk_bytes, shards, summarize(times["push+pull"], dyn.step_bytes),
-                      summarize(times["raw+sgd"], raw.step_bytes))
+        times = interleave(
+            {"dynabatch": dyn, "push+pull": PushPullTarget(dyn), "raw": raw, "raw+sgd": raw_sgd}, settings, label
+        )
+    return SizeResult(
+        size_label(dyn.params),
+        dyn.params,
+        dyn.step_bytes,
+        summarize(times["dynabatch"], dyn.step_bytes),
+        summarize(times["raw"], raw.step_bytes),
+        chunk_bytes,
+        shards,
+        summarize(times["push+pull"], dyn.step_bytes),
+        summarize(times["raw+sgd"], raw.step_bytes),
+    )
 
 
-def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int,
-                 settings: Settings) -> None:
+def profile_size(
+    ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int, settings: Settings
+) -> None:
     """Where a dynabatch push+pull step's time goes (as workers step by default): the client in-process and
     the shard, both under cProfile."""
     label = run_label(model, params)
@@ -456,9 +499,13 @@ def profile_size(ctx: zmq.Context, log_dir: Path, out: Path, model: str, params:
 
         profiler.runcall(profiled)
         elapsed = time.perf_counter() - start
-    text = [f"# {label}: {steps} steps in {elapsed:.2f} s ({elapsed / steps * 1e3:.2f} ms/step, profiled)\n",
-            "## client (this process)\n", _top(profiler),
-            "## shard (dynabatch ps)\n", _top(str(shard_prof))]
+    text = [
+        f"# {label}: {steps} steps in {elapsed:.2f} s ({elapsed / steps * 1e3:.2f} ms/step, profiled)\n",
+        "## client (this process)\n",
+        _top(profiler),
+        "## shard (dynabatch ps)\n",
+        _top(str(shard_prof)),
+    ]
     path = out / f"profile-{label}.txt"
     path.write_text("\n".join(text))
     log(f"[{label}] profile written to {path}")
@@ -476,30 +523,41 @@ def _top(profile: cProfile.Profile | str, lines: int = 25) -> str:
 
 def table(results: list[SizeResult]) -> str:
     """One row per size; a step is one pull plus one push, its time the median."""
-    rows = ["| size | params | chunk | shards | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step "
-            "| push+pull ratio | push+pull step | raw+sgd step | push+pull / raw+sgd |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| size | params | chunk | shards | dynabatch MB/s | raw ZeroMQ MB/s | ratio | dynabatch step | raw step "
+        "| push+pull ratio | push+pull step | raw+sgd step | push+pull / raw+sgd |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
-        fused = (f"{r.push_pull_ratio:.2f} | {_step(r.push_pull)}" if r.push_pull else "– | –")
-        sgd = (f"{_step(r.raw_sgd)} | {r.push_pull_sgd_ratio:.2f}"
-               if r.raw_sgd and r.push_pull_sgd_ratio is not None else "– | –")
-        rows.append(f"| {r.size} | {r.params:,} | {r.chunk_bytes >> 10} KiB | {r.shards} | "
-                    f"{r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
-                    f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} | {fused} | {sgd} |")
+        fused = f"{r.push_pull_ratio:.2f} | {_step(r.push_pull)}" if r.push_pull else "– | –"
+        sgd = (
+            f"{_step(r.raw_sgd)} | {r.push_pull_sgd_ratio:.2f}"
+            if r.raw_sgd and r.push_pull_sgd_ratio is not None
+            else "– | –"
+        )
+        rows.append(
+            f"| {r.size} | {r.params:,} | {r.chunk_bytes >> 10} KiB | {r.shards} | "
+            f"{r.dynabatch.mb_per_s:,.0f} | {r.raw.mb_per_s:,.0f} | "
+            f"{r.ratio:.2f} | {_step(r.dynabatch)} | {_step(r.raw)} | {fused} | {sgd} |"
+        )
     return "\n".join(rows)
 
 
 def cpu_table(results: list[SizeResult]) -> str:
     """Where each target's step goes in CPU: a target that takes longer without more CPU is waiting."""
-    rows = ["| size | target | step | client CPU per step | server CPU per step | both |",
-            "|---|---|---:|---:|---:|---:|"]
+    rows = [
+        "| size | target | step | client CPU per step | server CPU per step | both |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in results:
         sides = {"dynabatch": r.dynabatch, "push+pull": r.push_pull, "raw": r.raw, "raw+sgd": r.raw_sgd}
         for name, side in sides.items():
             if side is None or side.client_cpu_ms is None or side.server_cpu_ms is None:
                 continue
-            rows.append(f"| {r.size} | {name} | {side.median_s * 1e3:.2f} ms | {side.client_cpu_ms:.2f} ms | "
-                        f"{side.server_cpu_ms:.2f} ms | {side.client_cpu_ms + side.server_cpu_ms:.2f} ms |")
+            rows.append(
+                f"| {r.size} | {name} | {side.median_s * 1e3:.2f} ms | {side.client_cpu_ms:.2f} ms | "
+                f"{side.server_cpu_ms:.2f} ms | {side.client_cpu_ms + side.server_cpu_ms:.2f} ms |"
+            )
     return "\n".join(rows)
 
 
@@ -507,41 +565,73 @@ def _step(s: Side) -> str:
     return f"{s.median_s * 1e3:.2f} ms ({s.steps_per_s:,.0f}/s)"
 
 
-TUNING_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-              "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+TUNING_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_ARENA_MAX",
+)
 
 
 def machine() -> dict[str, object]:
     """What the numbers depend on besides the code: thread counts and allocator settings move them a lot."""
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "pyzmq": zmq.__version__,
-            "libzmq": zmq.zmq_version(), "env": {k: os.environ[k] for k in TUNING_ENV if k in os.environ}}
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "env": {k: os.environ[k] for k in TUNING_ENV if k in os.environ},
+    }
 
 
 def write_results(out: Path, results: list[SizeResult], settings: Settings, command: str) -> None:
     """transport.json for machines, transport.md for people; both say how they were made."""
     m = machine()
-    data = {"command": command, "machine": m, "settings": asdict(settings), "target_ratio": TARGET_RATIO,
-            "push_pull_target": PUSH_PULL_TARGET,
-            "results": [{**asdict(r), "ratio": r.ratio, "push_pull_ratio": r.push_pull_ratio,
-                         "push_pull_sgd_ratio": r.push_pull_sgd_ratio} for r in results]}
+    data = {
+        "command": command,
+        "machine": m,
+        "settings": asdict(settings),
+        "target_ratio": TARGET_RATIO,
+        "push_pull_target": PUSH_PULL_TARGET,
+        "results": [
+            {
+                **asdict(r),
+                "ratio": r.ratio,
+                "push_pull_ratio": r.push_pull_ratio,
+                "push_pull_sgd_ratio": r.push_pull_sgd_ratio,
+            }
+            for r in results
+        ],
+    }
     (out / "transport.json").write_text(json.dumps(data, indent=2) + "\n")
     md = [
-        "# dynabatch transport benchmark", "",
+        "# dynabatch transport benchmark",
+        "",
         "One pull of every parameter plus one push of a same-sized gradient per step, on 127.0.0.1.",
         "dynabatch: real `dynabatch scheduler` and `dynabatch ps` processes, the workers' `ShardClients`;",
         "raw ZeroMQ: ROUTER/DEALER, one zero-copy buffer per message, no codec (the ceiling);",
         "raw+sgd: the same, its server also checking each push finite and applying the shard's SGD step.",
         "Blocks of the two alternate; times are medians per step; MB = 10^6 bytes of payload.",
-        f"Targets: ratio >= {TARGET_RATIO:.2f}; push+pull ratio >= {PUSH_PULL_TARGET:.2f} from 1M parameters up.", "",
-        table(results), "",
+        f"Targets: ratio >= {TARGET_RATIO:.2f}; push+pull ratio >= {PUSH_PULL_TARGET:.2f} from 1M parameters up.",
+        "",
+        table(results),
+        "",
         "CPU per step, medians over blocks (user + system time of every thread, from /proc; the client is the",
-        "benchmark process, ZeroMQ's IO thread included):", "",
-        cpu_table(results), "",
+        "benchmark process, ZeroMQ's IO thread included):",
+        "",
+        cpu_table(results),
+        "",
         f"Machine: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, torch {m['torch']} "
         f"({m['torch_threads']} threads in the client), pyzmq {m['pyzmq']} (libzmq {m['libzmq']}); "
-        f"tuning environment: {m['env'] or 'none'}.", "",
-        f"Command: `{command}`", "",
+        f"tuning environment: {m['env'] or 'none'}.",
+        "",
+        f"Command: `{command}`",
+        "",
     ]
     (out / "transport.md").write_text("\n".join(md))
 
@@ -551,24 +641,50 @@ def write_results(out: Path, results: list[SizeResult], settings: Settings, comm
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(s) for s in DEFAULT_SIZES],
-                        metavar="N", help=f"parameter counts of the flat model, e.g. 0.1M 250k 25M "
-                                          f"(default: {' '.join(DEFAULT_SIZES)})")
-    parser.add_argument("--model", default="flat", choices=MODELS,
-                        help="job model (default: flat); the others have a fixed size and ignore --sizes")
-    parser.add_argument("--client-threads", type=int, default=CLIENT_THREADS, metavar="N",
-                        help="torch threads of the benchmark's worker side (default: a worker's default --threads; "
-                             "more threads make each received chunk's copy a parallel one, which on a busy 2-core "
-                             "machine costs milliseconds of OpenMP wake-ups)")
-    parser.add_argument("--chunk-bytes", type=int, default=JobConfig().chunk_bytes, metavar="B",
-                        help="the job's chunk size (default: dynabatch's default)")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=parse_size,
+        default=[parse_size(s) for s in DEFAULT_SIZES],
+        metavar="N",
+        help=f"parameter counts of the flat model, e.g. 0.1M 250k 25M (default: {' '.join(DEFAULT_SIZES)})",
+    )
+    parser.add_argument(
+        "--model",
+        default="flat",
+        choices=MODELS,
+        help="job model (default: flat); the others have a fixed size and ignore --sizes",
+    )
+    parser.add_argument(
+        "--client-threads",
+        type=int,
+        default=CLIENT_THREADS,
+        metavar="N",
+        help="torch threads of the benchmark's worker side (default: a worker's default --threads; "
+        "more threads make each received chunk's copy a parallel one, which on a busy 2-core "
+        "machine costs milliseconds of OpenMP wake-ups)",
+    )
+    parser.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=JobConfig().chunk_bytes,
+        metavar="B",
+        help="the job's chunk size (default: dynabatch's default)",
+    )
     parser.add_argument("--shards", type=int, default=1, metavar="S", help="parameter-server shards (default 1)")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
-                        help=f"folder for transport.json and transport.md (default: {DEFAULT_OUT})")
-    parser.add_argument("--profile", action="store_true",
-                        help="instead of comparing, profile the dynabatch side (client and shard) "
-                             "and write DIR/profile-SIZE.txt")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"folder for transport.json and transport.md (default: {DEFAULT_OUT})",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of comparing, profile the dynabatch side (client and shard) and write DIR/profile-SIZE.txt",
+    )
     parser.add_argument("--serve-raw", choices=("plain", "update"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -587,8 +703,7 @@ def compare(ctx: zmq.Context, log_dir: Path, model: str, cases: list[Case], sett
     launcher = Launcher(log_dir)
     try:
         servers = (start_raw_server(launcher, False), start_raw_server(launcher, True))
-        return [measure_size(ctx, log_dir, servers, model, c.params, c.chunk_bytes, settings, c.shards)
-                for c in cases]
+        return [measure_size(ctx, log_dir, servers, model, c.params, c.chunk_bytes, settings, c.shards) for c in cases]
     finally:
         launcher.stop_all()
 

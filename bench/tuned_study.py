@@ -68,23 +68,26 @@ class Method:
     lrs: tuple[float, ...] = STEP_LRS
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("asgd+fixed", "asgd", "fixed"),
-    Method("DBS-SGD (capped weight)", "asgd", "dynamic", (("dbs_weight", "capped"),)),
-    Method("DBS-SGD (paper weight)", "asgd", "dynamic", (("dbs_weight", "paper"),)),
-    Method("ringmaster+fixed", "ringmaster", "fixed"),
-    Method("ringmaster+dynamic", "ringmaster", "dynamic"),
-    Method("rennala+dynamic", "rennala", "dynamic", lrs=ROUND_LRS),
-    Method("LB-BSP (ssgd+dynamic)", "ssgd", "dynamic", lrs=ROUND_LRS),
-    Method("n-softsync", "softsync", "fixed", lrs=ROUND_LRS),
-    Method("multi-step delay", "msd", "dynamic"),
-    Method("asgd+efficient", "asgd", "efficient", lrs=STEP_LRS[1:]),
-    Method("DBS-SGD (delay step)", "asgd", "dynamic", (("staleness_step", "delay"),), lrs=ROUND_LRS[1:]),
-    Method("ssgd+fixed", "ssgd", "fixed", lrs=ROUND_LRS),
-    Method("rennala+fixed", "rennala", "fixed", lrs=ROUND_LRS),
-    Method("local+fixed", "local", "fixed", lrs=LOCAL_LRS),
-    Method("local+dynamic", "local", "dynamic", lrs=LOCAL_LRS),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("asgd+fixed", "asgd", "fixed"),
+        Method("DBS-SGD (capped weight)", "asgd", "dynamic", (("dbs_weight", "capped"),)),
+        Method("DBS-SGD (paper weight)", "asgd", "dynamic", (("dbs_weight", "paper"),)),
+        Method("ringmaster+fixed", "ringmaster", "fixed"),
+        Method("ringmaster+dynamic", "ringmaster", "dynamic"),
+        Method("rennala+dynamic", "rennala", "dynamic", lrs=ROUND_LRS),
+        Method("LB-BSP (ssgd+dynamic)", "ssgd", "dynamic", lrs=ROUND_LRS),
+        Method("n-softsync", "softsync", "fixed", lrs=ROUND_LRS),
+        Method("multi-step delay", "msd", "dynamic"),
+        Method("asgd+efficient", "asgd", "efficient", lrs=STEP_LRS[1:]),
+        Method("DBS-SGD (delay step)", "asgd", "dynamic", (("staleness_step", "delay"),), lrs=ROUND_LRS[1:]),
+        Method("ssgd+fixed", "ssgd", "fixed", lrs=ROUND_LRS),
+        Method("rennala+fixed", "rennala", "fixed", lrs=ROUND_LRS),
+        Method("local+fixed", "local", "fixed", lrs=LOCAL_LRS),
+        Method("local+dynamic", "local", "dynamic", lrs=LOCAL_LRS),
+    )
+}
 """Every method the study can compare; a protocol added later adds its Method here."""
 
 
@@ -115,12 +118,18 @@ class Profile:
     def grid(self, method: str) -> tuple[float, ...]:
         """The step sizes `method` is tuned over on this profile."""
         lrs = self.lrs or METHODS[method].lrs
-        return lrs[-self.largest_lrs:] if self.largest_lrs else lrs
+        return lrs[-self.largest_lrs :] if self.largest_lrs else lrs
 
 
 TUNED_LRS: dict[str, dict[str, float]] = {
-    "lognormal64": {"asgd+fixed": 0.01, "DBS-SGD (capped weight)": 0.005, "ringmaster+fixed": 0.02,
-                    "ringmaster+dynamic": 0.005, "rennala+dynamic": 0.2, "LB-BSP (ssgd+dynamic)": 0.4},
+    "lognormal64": {
+        "asgd+fixed": 0.01,
+        "DBS-SGD (capped weight)": 0.005,
+        "ringmaster+fixed": 0.02,
+        "ringmaster+dynamic": 0.005,
+        "rennala+dynamic": 0.2,
+        "LB-BSP (ssgd+dynamic)": 0.4,
+    },
 }
 """The step sizes the tuned-scale study of 2026-11-25 chose (bench/RESULTS.md section 9), for a study whose
 `lr_from` names a profile it does not tune itself."""
@@ -139,17 +148,27 @@ def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[Work
 
 
 UNSEEN = unseen_lognormal(6, seed=0)
-FILES: dict[str, ClusterProfile] = {path.stem: read_profile(path)
-                                    for path in sorted((Path(__file__).parent / "profiles").glob("*.json"))}
+FILES: dict[str, ClusterProfile] = {
+    path.stem: read_profile(path) for path in sorted((Path(__file__).parent / "profiles").glob("*.json"))
+}
 """The cluster files of bench/profiles/ by name (mixed GPU generations, CPU beside GPU, a shard-bound job, mixed
 links): each worker's own step curve, cap and link, and the job's shards (bench/profile_file.py)."""
 CLUSTERS: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
-    **PROFILES, **UNSEEN, **{name: partial(getattr, f, "workers") for name, f in FILES.items()}}
+    **PROFILES,
+    **UNSEEN,
+    **{name: partial(getattr, f, "workers") for name, f in FILES.items()},
+}
 """Every cluster a study can name: bench/simulate.py's profiles, the unseen log-normal ones and the cluster files."""
 ALL = tuple(METHODS)
 SEEDS = (0, 1, 2, 3, 4)
-CANDIDATES = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "ringmaster+dynamic", "rennala+dynamic",
-              "LB-BSP (ssgd+dynamic)")
+CANDIDATES = (
+    "asgd+fixed",
+    "DBS-SGD (capped weight)",
+    "ringmaster+fixed",
+    "ringmaster+dynamic",
+    "rennala+dynamic",
+    "LB-BSP (ssgd+dynamic)",
+)
 """The methods the scale study compares: the default's candidates and the round protocol they must beat."""
 POLICIES = ("asgd+fixed", "asgd+efficient", "DBS-SGD (capped weight)", "DBS-SGD (delay step)")
 """The methods the policies study compares: the default, the efficient policy, DBS-SGD and DBS-SGD with the
@@ -157,8 +176,16 @@ delay-scaled step. They are tuned at 16 workers (tail16) and run at those step s
 which is the test of whether a step size carries over to four times the workers (the delay step's claim)."""
 AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic")
 """The methods run with 256 workers: the issue's (the default, asgd+fixed, rennala, ringmaster) and DBS-SGD."""
-REGIME_METHODS = ("asgd+fixed", "DBS-SGD (capped weight)", "ssgd+fixed", "LB-BSP (ssgd+dynamic)", "rennala+fixed",
-                  "rennala+dynamic", "local+fixed", "local+dynamic")
+REGIME_METHODS = (
+    "asgd+fixed",
+    "DBS-SGD (capped weight)",
+    "ssgd+fixed",
+    "LB-BSP (ssgd+dynamic)",
+    "rennala+fixed",
+    "rennala+dynamic",
+    "local+fixed",
+    "local+dynamic",
+)
 """The methods of the regime study: four protocols, each with one batch for every worker (fixed) and sized per
 worker (dynamic)."""
 REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "cpu_gpu8": 40.0, "mixed_links16": 60.0, "ps_bound64": 60.0}
@@ -167,18 +194,32 @@ what asgd+fixed takes to 80% (bench/RESULTS.md 10b and 14: mixed_gpus16 needs 22
 off just before 80%)."""
 
 
-def regimes(methods: tuple[str, ...], seeds: tuple[int, ...], tune_seeds: tuple[int, ...],
-            largest_lrs: int = 0) -> tuple[Profile, ...]:
+def regimes(
+    methods: tuple[str, ...], seeds: tuple[int, ...], tune_seeds: tuple[int, ...], largest_lrs: int = 0
+) -> tuple[Profile, ...]:
     """The regime study: every cluster file at its own global batch for REGIME_BUDGET_S's virtual seconds, in real
     seconds (`slower` 1), judged every virtual second."""
-    return tuple(Profile(name, FILES[name].global_batch, methods, seeds, tune_seeds, budget_s=budget, slower=1.0,
-                         eval_every_s=1.0, largest_lrs=largest_lrs) for name, budget in REGIME_BUDGET_S.items())
+    return tuple(
+        Profile(
+            name,
+            FILES[name].global_batch,
+            methods,
+            seeds,
+            tune_seeds,
+            budget_s=budget,
+            slower=1.0,
+            eval_every_s=1.0,
+            largest_lrs=largest_lrs,
+        )
+        for name, budget in REGIME_BUDGET_S.items()
+    )
 
 
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
-    "regimes-reduced": regimes(tuple(m for m in REGIME_METHODS if METHODS[m].protocol != "rennala"), (0, 1, 2),
-                               (100,), largest_lrs=2),
+    "regimes-reduced": regimes(
+        tuple(m for m in REGIME_METHODS if METHODS[m].protocol != "rennala"), (0, 1, 2), (100,), largest_lrs=2
+    ),
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
         Profile("tail16", 512, ALL, SEEDS),
@@ -200,18 +241,46 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
         Profile("bench4", 128, CANDIDATES, (0, 1, 2), (100,)),
         Profile("tail16", 512, CANDIDATES, (0, 1, 2), (100,)),
     ),
-    "tuned-256": (
-        Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),
+    "tuned-256": (Profile("lognormal256", 8192, AT_256, (0, 1, 2), lr_from="lognormal64"),),
+    "tuned-changing": tuple(
+        Profile(
+            name, 1024, ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed"), (0, 1, 2), lr_from="lognormal64"
+        )
+        for name in ("shifting32", "churn32")
     ),
-    "tuned-changing": tuple(Profile(name, 1024, ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed"),
-                                    (0, 1, 2), lr_from="lognormal64") for name in ("shifting32", "churn32")),
-    "tuned-unseen": tuple(Profile(name, 32 * len(nodes()), ("asgd+fixed",), (7, 8), lr_from="lognormal64")
-                          for name, nodes in UNSEEN.items()),
+    "tuned-unseen": tuple(
+        Profile(name, 32 * len(nodes()), ("asgd+fixed",), (7, 8), lr_from="lognormal64")
+        for name, nodes in UNSEEN.items()
+    ),
     "tuned-quick": (
-        Profile("bench4", 64, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (100,), budget_s=2.0, slower=1.0,
-                target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic", lrs=(0.02, 0.05)),
-        Profile("mixed_gpus16", 512, ("asgd+fixed", "DBS-SGD (capped weight)"), (0,), (100,), budget_s=1.0,
-                slower=1.0, target="0.60", eval_every_s=0.5, eval_size=300, dataset="synthetic", lrs=(0.02, 0.05)),
+        Profile(
+            "bench4",
+            64,
+            ("asgd+fixed", "DBS-SGD (capped weight)"),
+            (0,),
+            (100,),
+            budget_s=2.0,
+            slower=1.0,
+            target="0.60",
+            eval_every_s=0.5,
+            eval_size=300,
+            dataset="synthetic",
+            lrs=(0.02, 0.05),
+        ),
+        Profile(
+            "mixed_gpus16",
+            512,
+            ("asgd+fixed", "DBS-SGD (capped weight)"),
+            (0,),
+            (100,),
+            budget_s=1.0,
+            slower=1.0,
+            target="0.60",
+            eval_every_s=0.5,
+            eval_size=300,
+            dataset="synthetic",
+            lrs=(0.02, 0.05),
+        ),
     ),
 }
 
@@ -232,11 +301,23 @@ def sim_config(run: Run) -> SimConfig:
     p, method = run.profile, METHODS[run.method]
     base = SimConfig(method.protocol, method.policy, CLUSTERS[p.profile]())
     transfers = FILES[p.profile].sim_settings() if p.profile in FILES else {}
-    return SimConfig(method.protocol, method.policy, base.workers, seed=run.seed, budget_s=p.budget_s,
-                     global_batch=p.global_batch, fixed_s=base.fixed_s * p.slower,
-                     per_sample_s=base.per_sample_s * p.slower, comm_s=base.comm_s * p.slower, model=p.model,
-                     eval_every_s=p.eval_every_s, eval_size=p.eval_size, dataset=p.dataset,
-                     job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)}, **transfers)
+    return SimConfig(
+        method.protocol,
+        method.policy,
+        base.workers,
+        seed=run.seed,
+        budget_s=p.budget_s,
+        global_batch=p.global_batch,
+        fixed_s=base.fixed_s * p.slower,
+        per_sample_s=base.per_sample_s * p.slower,
+        comm_s=base.comm_s * p.slower,
+        model=p.model,
+        eval_every_s=p.eval_every_s,
+        eval_size=p.eval_size,
+        dataset=p.dataset,
+        job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)},
+        **transfers,
+    )
 
 
 def diverged(r: dict[str, Any]) -> bool:
@@ -275,8 +356,10 @@ def choose_lr(runs: list[dict[str, Any]], mark: str) -> float | None:
     stable = {lr: rs for lr, rs in by_lr.items() if not any(diverged(r) for r in rs)}
     if not stable:
         return None
-    return min(stable, key=lambda lr: (median_time(stable[lr], mark),
-                                       -statistics.fmean(r["final_test_acc"] for r in stable[lr])))
+    return min(
+        stable,
+        key=lambda lr: (median_time(stable[lr], mark), -statistics.fmean(r["final_test_acc"] for r in stable[lr])),
+    )
 
 
 _DATA: dict[str, Any] = {}
@@ -301,9 +384,11 @@ def run_all(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[
 
 def _describe(run: Run, timed: Timed) -> str:
     r = timed[0]
-    return (f"{run.profile.profile}{' tuning' if run.tuning else ''} {run.method} lr {run.lr:g} seed {run.seed}: "
-            f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, "
-            f"{run.profile.target} at {time_to(asdict(r), run.profile.target):g} s")
+    return (
+        f"{run.profile.profile}{' tuning' if run.tuning else ''} {run.method} lr {run.lr:g} seed {run.seed}: "
+        f"{100 * r.final_test_acc:.2f}%, {r.samples_per_s:.0f} samples/s, "
+        f"{run.profile.target} at {time_to(asdict(r), run.profile.target):g} s"
+    )
 
 
 @dataclass
@@ -336,15 +421,15 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
         res.tuning, res.report = earlier.tuning, earlier.report
     log = lambda s: print(s, flush=True)  # noqa: E731
     for p in profiles:  # one profile at a time, so that a study stopped early has whole tables
-        tuning = [] if p.lr_from else [Run(p, m, lr, s, True) for m in p.methods for lr in p.grid(m)
-                                       for s in p.tune_seeds]
+        tuning = (
+            [] if p.lr_from else [Run(p, m, lr, s, True) for m in p.methods for lr in p.grid(m) for s in p.tune_seeds]
+        )
         for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
             res.tuning.setdefault(p.profile, []).append(_record(run, r))
             write(res, out, plots=False)
         if not p.lr_from:
             runs = res.tuning.get(p.profile, [])
-            res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target)
-                                     for m in p.methods}
+            res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target) for m in p.methods}
         chosen = res.chosen.setdefault(p.lr_from or p.profile, dict(TUNED_LRS.get(p.lr_from, {})))
         report = [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
         for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
@@ -362,8 +447,7 @@ def _done(res: Results, run: Run) -> bool:
     return any((r["method"], r["lr"], r["seed"]) == (run.method, run.lr, run.seed) for r in runs)
 
 
-def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]
-                ) -> list[dict[str, Any]]:
+def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]) -> list[dict[str, Any]]:
     """Per method of a profile: its step size (its runs', else the one chosen for it), median time to the target,
     how many runs got there and diverged."""
     rows = []
@@ -373,14 +457,20 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
             rows.append({"method": m, "lr": chosen.get(m), "runs": 0})
             continue
         accs = [r["final_test_acc"] for r in rs]
-        rows.append({
-            "method": m, "lr": rs[0]["lr"], "runs": len(rs), "time": median_time(rs, p["target"]),
-            "reached": sum(1 for r in rs if time_to(r, p["target"]) != math.inf),
-            "diverged": sum(1 for r in rs if diverged(r)), "acc": statistics.fmean(accs),
-            "acc_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-            "sps": statistics.fmean(r["samples_per_s"] for r in rs),
-            "stale": statistics.fmean(r["staleness_mean"] or 0.0 for r in rs),
-        })
+        rows.append(
+            {
+                "method": m,
+                "lr": rs[0]["lr"],
+                "runs": len(rs),
+                "time": median_time(rs, p["target"]),
+                "reached": sum(1 for r in rs if time_to(r, p["target"]) != math.inf),
+                "diverged": sum(1 for r in rs if diverged(r)),
+                "acc": statistics.fmean(accs),
+                "acc_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                "sps": statistics.fmean(r["samples_per_s"] for r in rs),
+                "stale": statistics.fmean(r["staleness_mean"] or 0.0 for r in rs),
+            }
+        )
     return rows
 
 
@@ -398,8 +488,7 @@ def choose_default(res: Results) -> str | None:
                 accs.setdefault(row["method"], []).append(row["acc"])
     unstable = {r["method"] for runs in res.report.values() for r in runs if diverged(r)}
     stable = {m: ts for m, ts in times.items() if len(ts) == len(res.profiles) and m not in unstable}
-    return (min(stable, key=lambda m: (statistics.median(stable[m]), -statistics.median(accs[m]))) if stable
-            else None)
+    return min(stable, key=lambda m: (statistics.median(stable[m]), -statistics.median(accs[m]))) if stable else None
 
 
 def reference_s(p: dict[str, Any]) -> float | None:
@@ -408,8 +497,7 @@ def reference_s(p: dict[str, Any]) -> float | None:
     if (p["model"], p["dataset"], p["target"]) != STUDY_SETTING:
         return None
     base = SimConfig("asgd", "fixed", ())
-    return cluster_optimum(CLUSTERS[p["profile"]](), base.fixed_s * p["slower"],
-                           base.per_sample_s * p["slower"]).time_s
+    return cluster_optimum(CLUSTERS[p["profile"]](), base.fixed_s * p["slower"], base.per_sample_s * p["slower"]).time_s
 
 
 def render(res: Results) -> str:
@@ -422,16 +510,21 @@ def render(res: Results) -> str:
             continue
         chosen = res.chosen.get(p["lr_from"] or name, {})
         n = len(CLUSTERS[p["profile"]]())
-        tuned = (f"step sizes from {p['lr_from']}" if p["lr_from"] else
-                 f"each method's step size tuned over its grid on seeds {', '.join(map(str, p['tune_seeds']))}")
+        tuned = (
+            f"step sizes from {p['lr_from']}"
+            if p["lr_from"]
+            else f"each method's step size tuned over its grid on seeds {', '.join(map(str, p['tune_seeds']))}"
+        )
         t_star = reference_s(p)
-        out += [f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
-                f"seeds {', '.join(map(str, p['seeds']))}; {tuned}"
-                + ("" if t_star is None else f"; T* = {t_star:.1f} s"), "",
-                f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged (runs) "
-                "| diverged in any seed | test acc. at budget | samples/s | staleness mean | time / asgd+fixed's "
-                "| time / best | time / T* |",
-                "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
+            f"seeds {', '.join(map(str, p['seeds']))}; {tuned}" + ("" if t_star is None else f"; T* = {t_star:.1f} s"),
+            "",
+            f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged (runs) "
+            "| diverged in any seed | test acc. at budget | samples/s | staleness mean | time / asgd+fixed's "
+            "| time / best | time / T* |",
+            "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
         best = min((r["time"] for r in rows if r["runs"]), default=math.inf)
@@ -441,16 +534,22 @@ def render(res: Results) -> str:
                 out.append(f"| {row['method']} | – | {why} | | | | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
-            out.append(f"| {row['method']} | {row['lr']:g} | {t} | {row['reached']}/{row['runs']} | "
-                       f"{row['diverged']}/{row['runs']} | {'yes' if row['diverged'] else 'no'} | "
-                       f"{100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | {row['sps']:,.0f} | "
-                       f"{row['stale']:.1f} | {_ratio(row['time'], base)} | {_ratio(row['time'], best)} | "
-                       f"{_ratio(row['time'], t_star or math.inf)} |")
+            out.append(
+                f"| {row['method']} | {row['lr']:g} | {t} | {row['reached']}/{row['runs']} | "
+                f"{row['diverged']}/{row['runs']} | {'yes' if row['diverged'] else 'no'} | "
+                f"{100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | {row['sps']:,.0f} | "
+                f"{row['stale']:.1f} | {_ratio(row['time'], base)} | {_ratio(row['time'], best)} | "
+                f"{_ratio(row['time'], t_star or math.inf)} |"
+            )
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
     everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
-    out += [f"The whole study: {_minutes(everything)} of CPU; `--jobs 2` takes about half that in wall time.",
-            "", f"Default by measurement (best median time to target over the profiles, never diverged): "
-            f"**{choose_default(res)}**", ""]
+    out += [
+        f"The whole study: {_minutes(everything)} of CPU; `--jobs 2` takes about half that in wall time.",
+        "",
+        f"Default by measurement (best median time to target over the profiles, never diverged): "
+        f"**{choose_default(res)}**",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -485,8 +584,14 @@ def plot(runs: list[dict[str, Any]], title: str, path: Path) -> Path:
     for r in runs:
         t, _, acc = zip(*r["curve"], strict=True)
         label = f"{r['method']} (lr {r['lr']:g})"
-        ax.plot(t, [100 * a for a in acc], color=colours[r["method"]], alpha=0.7, linewidth=1.1,
-                label=None if label in labelled else label)
+        ax.plot(
+            t,
+            [100 * a for a in acc],
+            color=colours[r["method"]],
+            alpha=0.7,
+            linewidth=1.1,
+            label=None if label in labelled else label,
+        )
         labelled.add(label)
     accuracy_axis(ax, "virtual seconds since the first batch", (10, 92))
     return save(fig, [ax], title, path)

@@ -61,8 +61,9 @@ def machine_curve(batches: tuple[int, int] = (16, 128), steps: int = 15) -> tupl
     per_sample = (medians[1] - medians[0]) / (batches[1] - batches[0])
     fixed = medians[0] - per_sample * batches[0]
     if per_sample <= 0 or fixed < 0:
-        raise RuntimeError(f"the step times {medians} at batches {batches} are not a fixed plus a per-sample cost: "
-                           "a busy machine?")
+        raise RuntimeError(
+            f"the step times {medians} at batches {batches} are not a fixed plus a per-sample cost: a busy machine?"
+        )
     return fixed, per_sample
 
 
@@ -84,20 +85,52 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[float]]:
     """One `dynabatch run` of `shape`: its summary, and each worker's mean transfer time (a pull or a push) after
     the first fifth of the run, by its index."""
     name = "real"
-    cmd = command_line("run", [
-        "--workers", str(len(shape.slowdowns)), "--slowdowns", *shape.slowdowns,
-        "--max-batches", *map(str, shape.max_batches), "--protocol", shape.protocol,
-        "--batch-policy", shape.policy, "--seed", str(shape.seed), "--model", MODEL, "--dataset", DATASET,
-        "--global-batch", str(shape.global_batch), "--lr", str(shape.lr), "--epochs", "1000",
-        "--time-budget-s", str(shape.budget_s), "--eval-interval-s", str(max(2.0, shape.budget_s / 4)),
-        "--out", str(out), "--name", name, "--no-plots", "--progress-s", "30",
-        "--timeout-s", str(shape.budget_s + 240)])
+    cmd = command_line(
+        "run",
+        [
+            "--workers",
+            str(len(shape.slowdowns)),
+            "--slowdowns",
+            *shape.slowdowns,
+            "--max-batches",
+            *map(str, shape.max_batches),
+            "--protocol",
+            shape.protocol,
+            "--batch-policy",
+            shape.policy,
+            "--seed",
+            str(shape.seed),
+            "--model",
+            MODEL,
+            "--dataset",
+            DATASET,
+            "--global-batch",
+            str(shape.global_batch),
+            "--lr",
+            str(shape.lr),
+            "--epochs",
+            "1000",
+            "--time-budget-s",
+            str(shape.budget_s),
+            "--eval-interval-s",
+            str(max(2.0, shape.budget_s / 4)),
+            "--out",
+            str(out),
+            "--name",
+            name,
+            "--no-plots",
+            "--progress-s",
+            "30",
+            "--timeout-s",
+            str(shape.budget_s + 240),
+        ],
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     summary_path = out / name / "summary.json"
     if done.returncode != 0 or not summary_path.exists():
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
-    settled = [w for s in timeline[len(timeline) // 5:] for w in s.workers.values() if w.steps]
+    settled = [w for s in timeline[len(timeline) // 5 :] for w in s.workers.values() if w.steps]
     comm = []
     for i in range(len(shape.slowdowns)):
         rows = [w for w in settled if w.name == f"worker{i}"]
@@ -108,24 +141,41 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[float]]:
 def simulated(shape: Shape, curve: tuple[float, float], comm_s: list[float]) -> SimResult:
     """`shape` in the simulator: each worker's transfer is its real one (`link` times the fastest's)."""
     base = max(1e-6, min(comm_s))
-    workers = tuple(WorkerSpec(s, max_batch=m, link=max(1e-6, c) / base)
-                    for s, m, c in zip(shape.slowdowns, shape.max_batches, comm_s, strict=True))
-    cfg = SimConfig(shape.protocol, shape.policy, workers, seed=shape.seed, budget_s=shape.budget_s,
-                    global_batch=shape.global_batch, model=MODEL, dataset=DATASET, fixed_s=curve[0],
-                    per_sample_s=curve[1], comm_s=base, eval_every_s=max(2.0, shape.budget_s / 4), eval_size=500,
-                    job={"lr": shape.lr})
+    workers = tuple(
+        WorkerSpec(s, max_batch=m, link=max(1e-6, c) / base)
+        for s, m, c in zip(shape.slowdowns, shape.max_batches, comm_s, strict=True)
+    )
+    cfg = SimConfig(
+        shape.protocol,
+        shape.policy,
+        workers,
+        seed=shape.seed,
+        budget_s=shape.budget_s,
+        global_batch=shape.global_batch,
+        model=MODEL,
+        dataset=DATASET,
+        fixed_s=curve[0],
+        per_sample_s=curve[1],
+        comm_s=base,
+        eval_every_s=max(2.0, shape.budget_s / 4),
+        eval_size=500,
+        job={"lr": shape.lr},
+    )
     return simulate(cfg)
 
 
 def compare(real: dict[str, Any], sim: SimResult) -> list[tuple[str, float | None, float | None, bool | None]]:
     """(figure, real, simulated, within tolerance) for samples/s, staleness and each worker's final batch; the
     real run's workers are named worker0.., the simulated ones sim0.., in the same order."""
+
     def row(name: str, r: float | None, s: float | None) -> tuple[str, float | None, float | None, bool | None]:
         ok = None if r is None or s is None else abs(s - r) <= TOLERANCE * max(abs(r), 1e-9)
         return name, r, s, ok
 
-    rows = [row("samples/s", real["samples_per_s"], sim.samples_per_s),
-            row("staleness mean", real["staleness_mean"], sim.staleness_mean)]
+    rows = [
+        row("samples/s", real["samples_per_s"], sim.samples_per_s),
+        row("staleness mean", real["staleness_mean"], sim.staleness_mean),
+    ]
     by_name = {w["name"]: w for w in real["workers"].values()}
     for i in range(len(sim.worker_batches)):
         w = by_name.get(f"worker{i}")
@@ -145,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="folder for the real run (default: a temporary one)")
     args = p.parse_args(argv)
     caps = args.max_batches * len(args.slowdowns) if len(args.max_batches) == 1 else args.max_batches
-    shape = Shape(tuple(args.slowdowns), tuple(caps), args.protocol, args.policy, args.global_batch, args.budget_s,
-                  args.seed)
+    shape = Shape(
+        tuple(args.slowdowns), tuple(caps), args.protocol, args.policy, args.global_batch, args.budget_s, args.seed
+    )
     curve = machine_curve()
     print(f"this machine's step (CPU, one thread): {1000 * curve[0]:.2f} ms + {1000 * curve[1]:.4f} ms per sample")
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     sim = simulated(shape, curve, comm)
     print(f"transfers from the real run (a pull or push, by worker): {', '.join(f'{1000 * c:.2f} ms' for c in comm)}")
     for w in sorted(real["workers"].values(), key=lambda w: w["name"]):
-        print(f"{w['name']}: real compute {w['compute_samples_per_s'] or 0:.0f} samples/s, "
-              f"mean step {1000 * (w['mean_step_s_after_warmup'] or 0):.1f} ms at batch {w['final_batch']}")
+        print(
+            f"{w['name']}: real compute {w['compute_samples_per_s'] or 0:.0f} samples/s, "
+            f"mean step {1000 * (w['mean_step_s_after_warmup'] or 0):.1f} ms at batch {w['final_batch']}"
+        )
     print("| figure | real | simulated | within 10% |")
     print("| --- | --- | --- | --- |")
     rows = compare(real, sim)

@@ -59,11 +59,20 @@ def main(argv: Sequence[str]) -> int:
 def save_profile(opts: CheckOptions, job: JobConfig, fixed_s: float, per_sample_s: float, model_bytes: int) -> int:
     """Add this machine as one worker group to the cluster file --save-profile names (exit 2 where it cannot)."""
     if per_sample_s <= 0:
-        print("dynabatch check: --save-profile: the per-sample cost was not resolved at these batch sizes (try "
-              "larger --batches); nothing written", file=sys.stderr)
+        print(
+            "dynabatch check: --save-profile: the per-sample cost was not resolved at these batch sizes (try "
+            "larger --batches); nothing written",
+            file=sys.stderr,
+        )
         return 2
-    group = {"count": 1, "fixed_s": max(0.0, fixed_s), "per_sample_s": per_sample_s,
-             "max_batch": opts.device_max_batch, "link_mbit": opts.link_mbit, "name": socket.gethostname()}
+    group = {
+        "count": 1,
+        "fixed_s": max(0.0, fixed_s),
+        "per_sample_s": per_sample_s,
+        "max_batch": opts.device_max_batch,
+        "link_mbit": opts.link_mbit,
+        "name": socket.gethostname(),
+    }
     try:
         cluster = add_group(opts.save_profile, group, {"model_bytes": model_bytes, "global_batch": job.global_batch})
     except (ClusterFileError, OSError) as exc:

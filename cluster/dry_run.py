@@ -28,10 +28,14 @@ from dynabatch.task import Task
 
 FROZEN_POLICY = "stays on each worker as built (or as --init loads it); never sent, never updated"
 FIXED_BUFFER_POLICY = "unchanged by training: rebuilt by the model factory in every process, never sent"
-TRAINED_BUFFER_POLICY = ("changed by a training step: travels with every push and pull, held and averaged by "
-                         "shard 0; the evaluator and an export use the shard's")
-COUNTER_POLICY = ("an integer counter a training step changes: each worker keeps its own, never sent; "
-                  "the evaluator and an export use the factory's")
+TRAINED_BUFFER_POLICY = (
+    "changed by a training step: travels with every push and pull, held and averaged by "
+    "shard 0; the evaluator and an export use the shard's"
+)
+COUNTER_POLICY = (
+    "an integer counter a training step changes: each worker keeps its own, never sent; "
+    "the evaluator and an export use the factory's"
+)
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,7 @@ def _batch(data: Any, size: int, collate: Any) -> Any:
     return collate([data[i % len(data)] for i in range(size)])
 
 
-def time_steps(task: Task, model: torch.nn.Module, data: Any, batches: Sequence[int],
-               repeats: int) -> dict[int, float]:
+def time_steps(task: Task, model: torch.nn.Module, data: Any, batches: Sequence[int], repeats: int) -> dict[int, float]:
     """The fastest of `repeats` forward + backward passes (what a worker's compute phase does) at each batch size.
 
     The fastest, not the median: on a busy machine most steps of a small model
@@ -101,14 +104,25 @@ def dry_run(task: Task, job: JobConfig, batches: Sequence[int] = (16, 64), repea
     fresh = dict(task.build_model(job.seed).named_buffers())
     step_s = time_steps(task, model, data, sorted(set(batches)), repeats)
     fixed_s, per_sample_s = fit_line(list(step_s.items()))
-    frozen = tuple(Kept(name, tuple(p.shape), FROZEN_POLICY)
-                   for name, p in model.named_parameters() if not p.requires_grad)
+    frozen = tuple(
+        Kept(name, tuple(p.shape), FROZEN_POLICY) for name, p in model.named_parameters() if not p.requires_grad
+    )
     travelling = set(sig.buffer_names)
-    buffers = tuple(Kept(name, tuple(b.shape), TRAINED_BUFFER_POLICY if name in travelling else
-                         FIXED_BUFFER_POLICY if torch.equal(b, fresh[name]) else COUNTER_POLICY)
-                    for name, b in model.named_buffers())
-    return DryRun(sig, make_layout(sig.total, job.chunk_bytes, job.shards), frozen, buffers, step_s,
-                  fixed_s, per_sample_s)
+    buffers = tuple(
+        Kept(
+            name,
+            tuple(b.shape),
+            TRAINED_BUFFER_POLICY
+            if name in travelling
+            else FIXED_BUFFER_POLICY
+            if torch.equal(b, fresh[name])
+            else COUNTER_POLICY,
+        )
+        for name, b in model.named_buffers()
+    )
+    return DryRun(
+        sig, make_layout(sig.total, job.chunk_bytes, job.shards), frozen, buffers, step_s, fixed_s, per_sample_s
+    )
 
 
 def format_dry_run(run: DryRun, job: JobConfig, task_name: str) -> str:
@@ -127,22 +141,30 @@ def format_dry_run(run: DryRun, job: JobConfig, task_name: str) -> str:
         mine = layout.for_shard(shard)
         values = sum(c.length for c in mine)
         ids = ", ".join(str(c.id) for c in mine[:12]) + (", ..." if len(mine) > 12 else "")
-        lines.append(f"  shard {shard}: {len(mine)} chunk(s) [{ids}], {values:,} values, "
-                     f"{values * FLOAT_BYTES:,} bytes")
+        lines.append(
+            f"  shard {shard}: {len(mine)} chunk(s) [{ids}], {values:,} values, {values * FLOAT_BYTES:,} bytes"
+        )
     for title, kept in (("frozen parameters", run.frozen), ("buffers", run.buffers)):
         lines.append(f"{title}: {len(kept) or 'none'}")
         lines += [f"  {k.name} {list(k.shape)}: {k.policy}" for k in kept]
-    lines.append("training step (forward + backward, fastest): "
-                 + ", ".join(f"batch {b}: {1000 * s:.2f} ms" for b, s in run.step_s.items()))
+    lines.append(
+        "training step (forward + backward, fastest): "
+        + ", ".join(f"batch {b}: {1000 * s:.2f} ms" for b, s in run.step_s.items())
+    )
     if run.per_sample_s > 0:
         at_global = run.fixed_s + run.per_sample_s * job.global_batch
-        lines.append(f"fitted step time t(b) = a + c*b: a = {1000 * run.fixed_s:.3f} ms, "
-                     f"c = {1e6 * run.per_sample_s:.2f} us/sample; the whole --global-batch {job.global_batch} "
-                     f"on one such worker: {1000 * at_global:.1f} ms ({job.global_batch / at_global:,.0f} samples/s)")
+        lines.append(
+            f"fitted step time t(b) = a + c*b: a = {1000 * run.fixed_s:.3f} ms, "
+            f"c = {1e6 * run.per_sample_s:.2f} us/sample; the whole --global-batch {job.global_batch} "
+            f"on one such worker: {1000 * at_global:.1f} ms ({job.global_batch / at_global:,.0f} samples/s)"
+        )
     else:
-        lines.append(f"fitted step time t(b) = a + c*b: a = {1000 * run.fixed_s:.3f} ms, c = "
-                     f"{1e6 * run.per_sample_s:.2f} us/sample: not resolved, fixed costs dominate at these batch "
-                     "sizes (try larger --batches)")
-    lines.append(f"bytes per step and worker: {run.bytes_per_step:,} (pull {run.param_bytes:,} + push "
-                 f"{run.param_bytes:,})")
+        lines.append(
+            f"fitted step time t(b) = a + c*b: a = {1000 * run.fixed_s:.3f} ms, c = "
+            f"{1e6 * run.per_sample_s:.2f} us/sample: not resolved, fixed costs dominate at these batch "
+            "sizes (try larger --batches)"
+        )
+    lines.append(
+        f"bytes per step and worker: {run.bytes_per_step:,} (pull {run.param_bytes:,} + push {run.param_bytes:,})"
+    )
     return "\n".join(lines)

@@ -83,8 +83,10 @@ def read_checkpoints(record: RunRecord) -> list[dict[str, Any]]:
     paths = [folder / f"shard-{i}.pt" for i in range(job.shards)]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
-        raise ExportError(f"{folder}: no checkpoint of {', '.join(missing)} (the job ran {job.shards} shard(s); "
-                          "each writes its checkpoint once the first worker has initialised it)")
+        raise ExportError(
+            f"{folder}: no checkpoint of {', '.join(missing)} (the job ran {job.shards} shard(s); "
+            "each writes its checkpoint once the first worker has initialised it)"
+        )
     states, first_sig = [], None
     for i, path in enumerate(paths):
         try:
@@ -119,11 +121,11 @@ def assemble(states: list[dict[str, Any]], chunk_bytes: int) -> TrainedState:
         tensor = states[chunk.owner].get("params", {}).get(chunk.id)
         if not isinstance(tensor, torch.Tensor) or tensor.numel() != chunk.length:
             raise ExportError(f"shard {chunk.owner}'s checkpoint lacks chunk {chunk.id} of {chunk.length} values")
-        flat[chunk.start:chunk.stop] = tensor.reshape(-1)
+        flat[chunk.start : chunk.stop] = tensor.reshape(-1)
     params, offset = {}, 0
     for p in sig.params:
         n = int(torch.Size(p.shape).numel())
-        params[p.name] = flat[offset:offset + n].view(p.shape)
+        params[p.name] = flat[offset : offset + n].view(p.shape)
         offset += n
     buffers: dict[str, torch.Tensor] = {}
     for state in states:
@@ -149,8 +151,10 @@ def load_trained(task: Task, seed: int, trained: TrainedState) -> torch.nn.Modul
             p.copy_(trained.params[name])
         for name, value in trained.buffers.items():
             if name not in own_buffers or own_buffers[name].shape != value.shape:
-                raise TaskError(f"the checkpoints hold buffer {name} {list(value.shape)}, which the task's model "
-                                "does not have at that shape")
+                raise TaskError(
+                    f"the checkpoints hold buffer {name} {list(value.shape)}, which the task's model "
+                    "does not have at that shape"
+                )
             own_buffers[name].copy_(value)
     return model
 

@@ -48,6 +48,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"dynabatch export: --out {out}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
         return 2
     trainable = sum(1 for p in model.parameters() if p.requires_grad)
-    print(f"wrote {out}: {len(state)} tensors ({trainable} trained parameters, "
-          f"{len(state) - trainable} frozen parameters and buffers) from {args.run_dir}")
+    print(
+        f"wrote {out}: {len(state)} tensors ({trainable} trained parameters, "
+        f"{len(state) - trainable} frozen parameters and buffers) from {args.run_dir}"
+    )
     return 0

@@ -95,9 +95,15 @@ def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Pope
     """`cmd` in a session of its own, its output (stderr only, with `pipe_stdout`) appended to `log_path`;
     it gets SIGTERM if this process dies (`die_with_parent`)."""
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE if pipe_stdout else log_file, stderr=log_file,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=child_env(),
-                                preexec_fn=die_with_parent())
+        return subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE if pipe_stdout else log_file,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=child_env(),
+            preexec_fn=die_with_parent(),
+        )
 
 
 @dataclass
@@ -143,8 +149,10 @@ class Child:
         deadline = time.monotonic() + METRICS_WAIT_S
         while (port := self.announced_metrics_port()) is None:
             if not self.alive():
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before serving /metrics; "
-                                   f"its log ends:\n{self.log_tail(40)}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} before serving /metrics; "
+                    f"its log ends:\n{self.log_tail(40)}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} announced no /metrics port in {METRICS_WAIT_S:.0f}s")
             _wait_exit(self.proc, POLL_S)
@@ -157,13 +165,21 @@ class Child:
 
     def listening(self) -> bool:
         """Its log since this start has the INFO line naming its endpoint that it writes once bound there."""
-        return bool(self.endpoint) and re.search(
-            rf"^\S+ INFO \S+: .*{re.escape(self.endpoint)}(?!\d)", self.log_since_start(), re.M) is not None
+        return (
+            bool(self.endpoint)
+            and re.search(rf"^\S+ INFO \S+: .*{re.escape(self.endpoint)}(?!\d)", self.log_since_start(), re.M)
+            is not None
+        )
 
     def port_taken(self) -> bool:
         """It exited at its first start, before it ever listened, because another process held its port."""
-        return (bool(self.endpoint) and self.restarts == 0 and self.proc.poll() not in (None, 0)
-                and ADDRESS_IN_USE in self.log_since_start() and not self.listening())
+        return (
+            bool(self.endpoint)
+            and self.restarts == 0
+            and self.proc.poll() not in (None, 0)
+            and ADDRESS_IN_USE in self.log_since_start()
+            and not self.listening()
+        )
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -180,7 +196,7 @@ class Child:
         text = self.log_since_start().rstrip()
         said = list(re.finditer(r"^dynabatch [a-z]+: ", text, re.M))
         if said:
-            return text[said[-1].start():]
+            return text[said[-1].start() :]
         if no_space_left(self.log_path):
             return f"no space left on device (its log {self.log_path} is on the full file system)"
         return (text.splitlines() or [""])[-1]
@@ -223,19 +239,39 @@ class Launcher:
     def _process(self, cmd: list[str], log_path: Path, pipe_stdout: bool) -> Process:
         """A shard or worker (`dynabatch ps|worker` run by this interpreter) forked by the preloading process
         (cluster/preloaded.py), sparing it torch's import; any other command started afresh."""
-        if (PRELOADING and not pipe_stdout and cmd[:3] == command_line("")[:3] and len(cmd) > 3
-                and cmd[3] in PRELOADED_ROLES):
+        if (
+            PRELOADING
+            and not pipe_stdout
+            and cmd[:3] == command_line("")[:3]
+            and len(cmd) > 3
+            and cmd[3] in PRELOADED_ROLES
+        ):
             return self.preloaded.spawn(cmd[3:], log_path, child_env())
         return _popen(cmd, log_path, pipe_stdout)
 
-    def spawn(self, name: str, role: str, cmd: list[str], pipe_stdout: bool = False, serves_metrics: bool = False,
-              endpoint: str = "") -> Child:
+    def spawn(
+        self,
+        name: str,
+        role: str,
+        cmd: list[str],
+        pipe_stdout: bool = False,
+        serves_metrics: bool = False,
+        endpoint: str = "",
+    ) -> Child:
         """Start any command with its output (stderr only, with `pipe_stdout`) in log_dir/PREFIX+NAME.log."""
         name = self.prefix + name
         log_path = self.log_dir / f"{name}.log"
         start = _log_size(log_path)
-        child = Child(role, name, self._process(cmd, log_path, pipe_stdout), log_path, cmd,
-                      serves_metrics=serves_metrics, endpoint=endpoint, log_start=start)
+        child = Child(
+            role,
+            name,
+            self._process(cmd, log_path, pipe_stdout),
+            log_path,
+            cmd,
+            serves_metrics=serves_metrics,
+            endpoint=endpoint,
+            log_start=start,
+        )
         self.children.append(child)
         return child
 
@@ -246,8 +282,12 @@ class Launcher:
         from its checkpoint; the scheduler on its endpoint resumes from its saved
         progress (--state-dir); a worker joins again as a new member.
         """
-        return self._again(child, f"exited with {child.proc.returncode}; restarted by the launcher", child.cmd,
-                           restarts=child.restarts + 1)
+        return self._again(
+            child,
+            f"exited with {child.proc.returncode}; restarted by the launcher",
+            child.cmd,
+            restarts=child.restarts + 1,
+        )
 
     def rebind(self, child: Child) -> Child:
         """Start `child` again on a fresh port, for a child whose port was taken before it could bind
@@ -257,24 +297,53 @@ class Launcher:
         cmd[cmd.index("--bind") + 1] = endpoint
         if child.endpoint == self.scheduler_endpoint:
             self.scheduler_endpoint = endpoint
-        return self._again(child, f"{child.endpoint} was taken before it could bind; started on {endpoint}", cmd,
-                           rebinds=child.rebinds + 1, endpoint=endpoint)
+        return self._again(
+            child,
+            f"{child.endpoint} was taken before it could bind; started on {endpoint}",
+            cmd,
+            rebinds=child.rebinds + 1,
+            endpoint=endpoint,
+        )
 
     def _again(self, child: Child, why: str, cmd: list[str], **changes: Any) -> Child:
         with open(child.log_path, "ab") as log_file:
             log_file.write(f"--- {why} ---\n".encode())
         start = _log_size(child.log_path)
-        again = replace(child, proc=self._process(cmd, child.log_path, False), cmd=cmd, log_start=start,
-                        _metrics_port=None, **changes)
+        again = replace(
+            child,
+            proc=self._process(cmd, child.log_path, False),
+            cmd=cmd,
+            log_start=start,
+            _metrics_port=None,
+            **changes,
+        )
         self.children[self.children.index(child)] = again
         return again
 
-    def start(self, command: str, name: str, flags: Sequence[str], role: str = "",
-              python_args: Sequence[str] = (), endpoint: str = "") -> Child:
+    def start(
+        self,
+        command: str,
+        name: str,
+        flags: Sequence[str],
+        role: str = "",
+        python_args: Sequence[str] = (),
+        endpoint: str = "",
+    ) -> Child:
         """Start `dynabatch COMMAND FLAGS` as ROLE (default: the command), serving /metrics on a free port
         it binds itself (port 0) and announces in its log."""
-        cmd = command_line(command, [*flags, "--metrics-host", "127.0.0.1", "--metrics-port", "0",
-                                     "--curve-dir", self.curve_dirs.get(role or command, "")], python_args)
+        cmd = command_line(
+            command,
+            [
+                *flags,
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                "0",
+                "--curve-dir",
+                self.curve_dirs.get(role or command, ""),
+            ],
+            python_args,
+        )
         return self.spawn(name, role or command, cmd, serves_metrics=True, endpoint=endpoint)
 
     def start_scheduler(self, flags: Sequence[str]) -> Child:
@@ -284,8 +353,12 @@ class Launcher:
         started after it is told this endpoint: one whose port was taken before it could bind
         is started on another, and `scheduler_endpoint` follows it, before anyone is told.
         """
-        child = self.start("scheduler", "scheduler", ["--bind", self.scheduler_endpoint, "--no-exit-on-finish",
-                                                      *flags], endpoint=self.scheduler_endpoint)
+        child = self.start(
+            "scheduler",
+            "scheduler",
+            ["--bind", self.scheduler_endpoint, "--no-exit-on-finish", *flags],
+            endpoint=self.scheduler_endpoint,
+        )
         deadline = time.monotonic() + BIND_WAIT_S
         while not child.listening() and time.monotonic() < deadline:
             if child.port_taken() and child.rebinds < BIND_ATTEMPTS:
@@ -295,18 +368,26 @@ class Launcher:
             _wait_exit(child.proc, POLL_S)
         return child
 
-    def start_shard(self, index: int, name: str, flags: Sequence[str] = (), port: int | None = None,
-                    python_args: Sequence[str] = ()) -> Child:
+    def start_shard(
+        self, index: int, name: str, flags: Sequence[str] = (), port: int | None = None, python_args: Sequence[str] = ()
+    ) -> Child:
         """Shard `index` bound to `port` (a free one by default: a restarted shard passes its old one)."""
         endpoint = f"tcp://127.0.0.1:{port or free_port()}"
-        return self.start("ps", name, ["--scheduler", self.scheduler_endpoint, "--bind", endpoint,
-                                       "--shard-index", str(index), *flags], python_args=python_args,
-                          endpoint=endpoint)
+        return self.start(
+            "ps",
+            name,
+            ["--scheduler", self.scheduler_endpoint, "--bind", endpoint, "--shard-index", str(index), *flags],
+            python_args=python_args,
+            endpoint=endpoint,
+        )
 
     def start_worker(self, name: str, flags: Sequence[str] = (), evaluator: bool = False) -> Child:
-        return self.start("worker", name, ["--scheduler", self.scheduler_endpoint, "--name", name, *flags,
-                                           *(["--evaluator"] if evaluator else [])],
-                          "evaluator" if evaluator else "worker")
+        return self.start(
+            "worker",
+            name,
+            ["--scheduler", self.scheduler_endpoint, "--name", name, *flags, *(["--evaluator"] if evaluator else [])],
+            "evaluator" if evaluator else "worker",
+        )
 
     def movable(self, child: Child) -> bool:
         """A shard whose port was taken at its first start may start on another (BIND_ATTEMPTS times): it
@@ -367,8 +448,11 @@ class Launcher:
         `job` is the job's name, as in Kubernetes, where the monitors take Prometheus'
         `job` label from the dynabatch.io/job pod label: the dashboard selects by it.
         """
-        targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"job": job, "role": c.role, "name": c.name}}
-                   for c in self.children if (port := c.announced_metrics_port())]
+        targets = [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"job": job, "role": c.role, "name": c.name}}
+            for c in self.children
+            if (port := c.announced_metrics_port())
+        ]
         text = json.dumps(targets, indent=2)
         if not path.exists() or path.read_text() != text:
             write_text_atomic(path, text)

@@ -102,6 +102,7 @@ def check_inputs(opts: RunOptions, job: JobConfig) -> None:
     from dynabatch.common.builtin_tasks import builtin_task
     from dynabatch.common.task_check import check_task, load_task
     from dynabatch.common.weights import load_weights, read_state_dict
+
     task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
     checked = check_task(task, job.seed)
     check_flags_against_task(job, task.optimizer)
@@ -116,8 +117,9 @@ def check_target(opts: RunOptions, metric_names: Sequence[str]) -> None:
     """--target-metric names one of `metric_names` (what the evaluations report); TaskError if not."""
     target = opts.target()
     if target is not None and target.name not in metric_names:
-        raise TaskError(f"--target-metric {target}: the evaluations report {', '.join(sorted(metric_names))}, "
-                        f"not {target.name}")
+        raise TaskError(
+            f"--target-metric {target}: the evaluations report {', '.join(sorted(metric_names))}, not {target.name}"
+        )
 
 
 def prepare(opts: RunOptions, job: JobConfig) -> Path:
@@ -139,8 +141,9 @@ def prepare(opts: RunOptions, job: JobConfig) -> Path:
     except OSError as exc:
         for folder in made:
             shutil.rmtree(folder, ignore_errors=True)
-        raise RunFolderError(f"--out {opts.out}: cannot write the run folder {run_dir}: "
-                             f"{exc.strerror or exc}") from None
+        raise RunFolderError(
+            f"--out {opts.out}: cannot write the run folder {run_dir}: {exc.strerror or exc}"
+        ) from None
     return run_dir
 
 
@@ -166,8 +169,15 @@ def main(argv: Sequence[str]) -> int:
 class JobRun:
     """One `dynabatch run`: start, follow, stop, report."""
 
-    def __init__(self, opts: RunOptions, job: JobConfig, job_flags: list[str], run_dir: Path, curve_dir: str,
-                 keys: CurveKeys | None) -> None:
+    def __init__(
+        self,
+        opts: RunOptions,
+        job: JobConfig,
+        job_flags: list[str],
+        run_dir: Path,
+        curve_dir: str,
+        keys: CurveKeys | None,
+    ) -> None:
         self.opts, self.job, self.job_flags, self.run_dir, self.keys = opts, job, job_flags, run_dir, keys
         self.launcher = Launcher(run_dir / "logs", shared_keys(curve_dir))
         self.timeline: list[Snapshot] = []
@@ -203,11 +213,13 @@ class JobRun:
 
     def _execute(self) -> int:
         started = time.monotonic()
-        print(f"dynabatch run: {self.opts.workers} workers (slowdowns {' '.join(self.opts.slowdowns)}), "
-              f"{self.job.shards} shard(s), "
-              f"{self.opts.task or f'{self.job.model} on {self.job.dataset}'}, "
-              f"{self.job.protocol} + {self.job.batch_policy} batches, "
-              f"{self.job.epochs:g} epochs\nrun folder: {self.run_dir}")
+        print(
+            f"dynabatch run: {self.opts.workers} workers (slowdowns {' '.join(self.opts.slowdowns)}), "
+            f"{self.job.shards} shard(s), "
+            f"{self.opts.task or f'{self.job.model} on {self.job.dataset}'}, "
+            f"{self.job.protocol} + {self.job.batch_policy} batches, "
+            f"{self.job.epochs:g} epochs\nrun folder: {self.run_dir}"
+        )
         ok = False
         try:
             self._start()
@@ -230,17 +242,37 @@ class JobRun:
         job = self.job.job
         ln.start_scheduler([*self.job_flags, "--state-dir", str(self.run_dir / "state")])
         for i in range(self.job.shards):
-            ln.start_shard(i, f"ps{i}", ["--job", job, "--checkpoint-dir", str(self.run_dir / "checkpoints"),
-                                         "--checkpoint-interval-s", str(self.opts.checkpoint_interval_s),
-                                         "--name", f"ps{i}"])
+            ln.start_shard(
+                i,
+                f"ps{i}",
+                [
+                    "--job",
+                    job,
+                    "--checkpoint-dir",
+                    str(self.run_dir / "checkpoints"),
+                    "--checkpoint-interval-s",
+                    str(self.opts.checkpoint_interval_s),
+                    "--name",
+                    f"ps{i}",
+                ],
+            )
         worker_flags = ["--job", job, "--threads", str(self.opts.threads)]
         trainer_flags = ["--micro-batch", str(self.opts.micro_batch), "--loader-workers", str(self.opts.loader_workers)]
         worker_flags += ["--data-dir", self.opts.data_dir] if self.opts.data_dir else []
         worker_flags += ["--task", self.opts.task] if self.opts.task else []
         worker_flags += ["--init", self.opts.init] if self.opts.init else []
         for i in range(self.opts.workers):
-            ln.start_worker(f"worker{i}", [*worker_flags, *trainer_flags, "--slowdown", self.opts.slowdown_of(i),
-                                           "--max-batch", str(self.opts.max_batch_of(i))])
+            ln.start_worker(
+                f"worker{i}",
+                [
+                    *worker_flags,
+                    *trainer_flags,
+                    "--slowdown",
+                    self.opts.slowdown_of(i),
+                    "--max-batch",
+                    str(self.opts.max_batch_of(i)),
+                ],
+            )
         if self.opts.evaluator:
             ln.start_worker("evaluator", [*worker_flags, "--slowdown", "1"], evaluator=True)
         ln.write_targets(job, self.targets_path)
@@ -299,20 +331,30 @@ class JobRun:
                 continue
             returncode = c.proc.returncode
             assert returncode is not None  # failed() lists exited children
-            action = after_exit(c.role, c.restarts, self.opts.restarts, self.launcher.movable(c),
-                                self._job_goes_on_without(), returncode)
+            action = after_exit(
+                c.role,
+                c.restarts,
+                self.opts.restarts,
+                self.launcher.movable(c),
+                self._job_goes_on_without(),
+                returncode,
+            )
             code = f"{c.name} exited with code {returncode}"
             if action == "refused":
                 self.refused = f"{code}, not restarted: {c.reason()}"
                 print(self.refused, file=sys.stderr, flush=True)
                 return False
             if action == "rebind":
-                print(f"{code}: {c.endpoint} was taken before it could bind; starting it on another port",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{code}: {c.endpoint} was taken before it could bind; starting it on another port",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.launcher.rebind(c)
             elif action == "restart":
-                print(f"{code}; starting it again ({c.restarts + 1} of {self.opts.restarts})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{code}; starting it again ({c.restarts + 1} of {self.opts.restarts})", file=sys.stderr, flush=True
+                )
                 self.launcher.restart(c)
             else:
                 spent = f"{code} after {c.restarts} restart(s) (--restarts {self.opts.restarts})"
@@ -349,16 +391,26 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         return f"no result: {summary['error']} (logs in {run_dir / 'logs'})"
     acc, metrics = summary["final_test_acc"], summary.get("final_metrics") or {}
     others = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "accuracy")
-    figures = (f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "") if acc is not None
-               else others or "no evaluation")
+    figures = (
+        f"test accuracy {100 * acc:.2f}%" + (f" ({others})" if others else "")
+        if acc is not None
+        else others or "no evaluation"
+    )
     lines = [
         *([f"FAILED: {summary['failed']}"] if summary.get("failed") else []),
-        *([f"rolled back {len(summary['rollbacks'])} time(s) after a divergence; step size x{summary['lr_factor']:g}"]
-          if summary.get("rollbacks") else []),
-        _interrupted_line(summary, figures) if summary.get("interrupted")
+        *(
+            [f"rolled back {len(summary['rollbacks'])} time(s) after a divergence; step size x{summary['lr_factor']:g}"]
+            if summary.get("rollbacks")
+            else []
+        ),
+        _interrupted_line(summary, figures)
+        if summary.get("interrupted")
         else f"finished={summary['finished']}  {figures}",
-        *([f"final evaluation {summary['final_evaluation']}; the accuracy is the last evaluation's"]
-          if summary.get("final_evaluation") else []),
+        *(
+            [f"final evaluation {summary['final_evaluation']}; the accuracy is the last evaluation's"]
+            if summary.get("final_evaluation")
+            else []
+        ),
         *_target_lines(summary),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
@@ -369,11 +421,13 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     for wid, w in summary["workers"].items():
         step, data = w["mean_step_s_after_warmup"], w["mean_data_s_after_warmup"]
         name = label(w["name"], w["slowdown"], show_slowdown)
-        lines.append(f"  {name:<16} id {wid:<4} batch {w['final_batch']:>4}"
-                     f"  step {1000 * step if step else float('nan'):7.1f} ms"
-                     f" (data {1000 * data if data is not None else float('nan'):5.1f} ms)"
-                     f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
-                     f"  probed {w['standalone_samples_per_s']:7.0f} samples/s")
+        lines.append(
+            f"  {name:<16} id {wid:<4} batch {w['final_batch']:>4}"
+            f"  step {1000 * step if step else float('nan'):7.1f} ms"
+            f" (data {1000 * data if data is not None else float('nan'):5.1f} ms)"
+            f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
+            f"  probed {w['standalone_samples_per_s']:7.0f} samples/s"
+        )
     if summary["step_time_spread"] is not None:
         lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")
     lines.append(f"run folder: {run_dir}")

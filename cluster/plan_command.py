@@ -32,45 +32,81 @@ def _measured(run_dir: Path | None, opts: PlanOptions, job: JobConfig) -> tuple[
     """The cluster, its name, the reader's notes and the default plot path."""
     if opts.profile:
         file = read_cluster(opts.profile)
-        return (cluster_of(file, job.global_batch, job.chunk_bytes), file.name, (),
-                Path(opts.profile).with_suffix(".plan.png"))
+        return (
+            cluster_of(file, job.global_batch, job.chunk_bytes),
+            file.name,
+            (),
+            Path(opts.profile).with_suffix(".plan.png"),
+        )
     assert run_dir is not None
     run = read_run(run_dir)
     config = json.loads((run_dir / "config.json").read_text())
     chunk_bytes = int(config["job"].get("chunk_bytes", job.chunk_bytes))
-    return (cluster_of(run.cluster, job.global_batch, chunk_bytes), run.cluster.name, run.notes,
-            run_dir / "plan.png")
+    return (cluster_of(run.cluster, job.global_batch, chunk_bytes), run.cluster.name, run.notes, run_dir / "plan.png")
 
 
-def _report(name: str, cluster: Cluster, noise: NoiseScale, star: Optimum, ranked: list[Prediction],
-            choice: Choice, notes: Sequence[str], plot: Path) -> dict[str, Any]:
+def _report(
+    name: str,
+    cluster: Cluster,
+    noise: NoiseScale,
+    star: Optimum,
+    ranked: list[Prediction],
+    choice: Choice,
+    notes: Sequence[str],
+    plot: Path,
+) -> dict[str, Any]:
     return {
-        "cluster": name, "workers": len(cluster.nodes), "global_batch": cluster.global_batch,
+        "cluster": name,
+        "workers": len(cluster.nodes),
+        "global_batch": cluster.global_batch,
         "model_bytes": cluster.model_bytes,
-        "nodes": [{"fixed_s": n.device.fixed_s, "per_sample_s": n.device.per_sample_s,
-                   "max_batch": n.device.max_batch, "link_mbit": n.link_mbit} for n in cluster.nodes],
+        "nodes": [
+            {
+                "fixed_s": n.device.fixed_s,
+                "per_sample_s": n.device.per_sample_s,
+                "max_batch": n.device.max_batch,
+                "link_mbit": n.link_mbit,
+            }
+            for n in cluster.nodes
+        ],
         "noise_scale": {"k_min": noise.k_min, "b_noise": noise.b_noise},
         "optimum": {"time_s": star.time_s, "workers": star.workers, "batch": star.batch},
-        "methods": [{"protocol": p.protocol, "policy": p.policy, "time_s": p.time_s,
-                     "ratio_to_optimum": p.time_s / star.time_s, "samples_per_s": p.samples_per_s,
-                     "effective_batch": p.effective_batch, "batches": list(p.batches)} for p in ranked],
+        "methods": [
+            {
+                "protocol": p.protocol,
+                "policy": p.policy,
+                "time_s": p.time_s,
+                "ratio_to_optimum": p.time_s / star.time_s,
+                "samples_per_s": p.samples_per_s,
+                "effective_batch": p.effective_batch,
+                "batches": list(p.batches),
+            }
+            for p in ranked
+        ],
         "chosen": {"protocol": choice.protocol, "policy": choice.policy, "reason": choice.reason},
-        "not_modelled": list(NOT_MODELLED), "notes": list(notes), "plot": str(plot),
+        "not_modelled": list(NOT_MODELLED),
+        "notes": list(notes),
+        "plot": str(plot),
     }
 
 
 def _text(report: dict[str, Any]) -> str:
     star, noise = report["optimum"], report["noise_scale"]
-    lines = [f"cluster: {report['cluster']}, {report['workers']} workers at the start, global batch "
-             f"{report['global_batch']}, model {report['model_bytes'] / 1e6:.3g} MB on the wire",
-             f"K(B) = {noise['k_min']:g} (1 + {noise['b_noise']:g} / B) steps to target (--k-min, --b-noise: "
-             "the default is the study's MLP on Fashion-MNIST to 80%; measure your task's with "
-             "bench/steps_to_target.py)",
-             f"T* = {star['time_s']:.3g} s (compute only: the {star['workers']} fastest workers, "
-             f"{star['batch']} samples each per step)",
-             f"{'method':<20} {'predicted s':>12} {'x T*':>7} {'samples/s':>11}"]
-    lines += [f"{m['protocol'] + ' + ' + m['policy']:<20} {m['time_s']:>12.3g} {m['ratio_to_optimum']:>7.2f} "
-              f"{m['samples_per_s']:>11,.0f}" for m in report["methods"]]
+    lines = [
+        f"cluster: {report['cluster']}, {report['workers']} workers at the start, global batch "
+        f"{report['global_batch']}, model {report['model_bytes'] / 1e6:.3g} MB on the wire",
+        f"K(B) = {noise['k_min']:g} (1 + {noise['b_noise']:g} / B) steps to target (--k-min, --b-noise: "
+        "the default is the study's MLP on Fashion-MNIST to 80%; measure your task's with "
+        "bench/steps_to_target.py)",
+        f"T* = {star['time_s']:.3g} s (compute only: the {star['workers']} fastest workers, "
+        f"{star['batch']} samples each per step)",
+        f"{'method':<20} {'predicted s':>12} {'x T*':>7} {'samples/s':>11}",
+    ]
+    lines += [
+        f"{m['protocol'] + ' + ' + m['policy']:<20} {m['time_s']:>12.3g} {m['ratio_to_optimum']:>7.2f} "
+        f"{m['samples_per_s']:>11,.0f}"
+        for m in report["methods"]
+    ]
     lines.append(f"chosen: {report['chosen']['reason']}")
     lines.append(f"not modelled: {', '.join(report['not_modelled'])} (common/prediction.py says why)")
     lines += [f"note: {n}" for n in report["notes"]]
@@ -80,8 +116,13 @@ def _text(report: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     parser = FlagParser("dynabatch plan", __doc__)
-    parser.add_argument("run_dir", metavar="RUN_FOLDER", type=Path, nargs="?",
-                        help="a run folder written by dynabatch run (or --profile FILE.json)")
+    parser.add_argument(
+        "run_dir",
+        metavar="RUN_FOLDER",
+        type=Path,
+        nargs="?",
+        help="a run folder written by dynabatch run (or --profile FILE.json)",
+    )
     add_flags(parser, PlanOptions)
     add_flags(parser, JobConfig)
     args = parser.parse_args(argv)

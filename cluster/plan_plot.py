@@ -12,16 +12,24 @@ from dynabatch.common.optimum import Optimum
 from dynabatch.common.prediction import Prediction
 
 
-def write_plan_plot(path: Path, title: str, predictions: Sequence[Prediction], star: Optimum,
-                    chosen: Prediction) -> None:
+def write_plan_plot(
+    path: Path, title: str, predictions: Sequence[Prediction], star: Optimum, chosen: Prediction
+) -> None:
     """Bars fastest first, the chosen method's filled; made without pyplot, as the run folder's plots are."""
     fig = Figure(figsize=(7, 0.5 * len(predictions) + 1.6))
     ax = fig.add_subplot()
     names = [f"{p.protocol} + {p.policy}" for p in predictions]
-    ax.barh(names, [p.time_s for p in predictions],
-            color=["tab:blue" if p == chosen else "lightsteelblue" for p in predictions])
-    ax.axvline(star.time_s, color="black", linestyle="--",
-               label=f"T* = {star.time_s:.3g} s ({star.workers} fastest workers, batch {star.batch} each)")
+    ax.barh(
+        names,
+        [p.time_s for p in predictions],
+        color=["tab:blue" if p == chosen else "lightsteelblue" for p in predictions],
+    )
+    ax.axvline(
+        star.time_s,
+        color="black",
+        linestyle="--",
+        label=f"T* = {star.time_s:.3g} s ({star.workers} fastest workers, batch {star.batch} each)",
+    )
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("predicted seconds to target (log scale)")

@@ -168,9 +168,15 @@ class Preloaded:
             self.forked.clear()
             self._lines, self.gone = b"", False
             with open(self.log_path, "ab") as log:
-                self._proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cluster.preloaded"],
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                              start_new_session=True, env=env, preexec_fn=die_with_parent())
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "dynabatch.cluster.preloaded"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                    env=env,
+                    preexec_fn=die_with_parent(),
+                )
         return self._proc
 
     @property

@@ -21,8 +21,10 @@ def format_progress(status: JobStatus, wall_t: float) -> str:
     else:
         test = "test   -  "
     head = f"[{wall_t:6.1f}s] epoch {status.epoch:.2f}/{status.target_epochs:g}  loss {loss}  {test}"
-    workers = "  ".join(f"{name} b={status.workers[wid].batch} {status.workers[wid].samples_per_s:.0f}/s"
-                        for wid, name in labelled(status.workers))
+    workers = "  ".join(
+        f"{name} b={status.workers[wid].batch} {status.workers[wid].samples_per_s:.0f}/s"
+        for wid, name in labelled(status.workers)
+    )
     tail = "  stopping" if status.stopping and not status.finished else ""
     return f"{head}  | {workers or 'waiting for workers'}{tail}"
 

@@ -84,20 +84,24 @@ def task_spec(task: Task | str) -> str:
                 if spec is not None:
                     found.append((module is script, spec))  # the defining module before the script importing it
     if not found:
-        raise TaskError("db.run: the task is not a module-level attribute of any imported file; the workers are "
-                        "separate processes that load it by name: define it at module level in a .py file "
-                        "(calling db.run under `if __name__ == \"__main__\":`), or pass 'file.py:attr'")
+        raise TaskError(
+            "db.run: the task is not a module-level attribute of any imported file; the workers are "
+            "separate processes that load it by name: define it at module level in a .py file "
+            "(calling db.run under `if __name__ == \"__main__\":`), or pass 'file.py:attr'"
+        )
     return min(found)[1]
 
 
-def settings(spec: str, workers: int, slowdowns: Sequence[float | str],
-             flags: dict[str, Any]) -> tuple[RunOptions, JobConfig, CurveOptions]:
+def settings(
+    spec: str, workers: int, slowdowns: Sequence[float | str], flags: dict[str, Any]
+) -> tuple[RunOptions, JobConfig, CurveOptions]:
     """`dynabatch run`'s settings from keyword arguments named as its flags (`global_batch=64`); ConfigError."""
     names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RunOptions, JobConfig, CurveOptions)}
     unknown = sorted(set(flags) - set().union(*names.values()))
     if unknown:
-        raise ConfigError(f"db.run: no setting {', '.join(unknown)} "
-                          "(the flags of `dynabatch run --help`, with _ for -)")
+        raise ConfigError(
+            f"db.run: no setting {', '.join(unknown)} (the flags of `dynabatch run --help`, with _ for -)"
+        )
     part = {cls: {k: v for k, v in flags.items() if k in names[cls]} for cls in names}
     opts = RunOptions(workers=workers, slowdowns=[str(s) for s in slowdowns], task=spec, **part[RunOptions]).anchored()
     job = settle(opts, job_from_dict(part[JobConfig]))
@@ -112,8 +116,10 @@ def run(task: Task | str, workers: int = 3, slowdowns: Sequence[float | str] = (
     RunFailed if the job does not finish.
     """
     if os.environ.get(ACTIVE_ENV):
-        raise TaskError("db.run was called while a job's process loaded the task: call it under "
-                        "`if __name__ == \"__main__\":` in the file that defines the task")
+        raise TaskError(
+            "db.run was called while a job's process loaded the task: call it under "
+            '`if __name__ == "__main__":` in the file that defines the task'
+        )
     spec = task_spec(task)
     opts, job, curve = settings(spec, workers, slowdowns, flags)
     keys = CurveKeys.load(curve.curve_dir, "run") if curve.curve_dir else None
@@ -126,6 +132,5 @@ def run(task: Task | str, workers: int = 3, slowdowns: Sequence[float | str] = (
     summary = json.loads((run_dir / "summary.json").read_text())
     if code != 0:
         why = summary.get("error") or summary.get("failed") or "see the logs"  # failed: it diverged, or stalled
-        raise RunFailed(f"the job did not finish ({why}; logs in "
-                        f"{run_dir / 'logs'})")
+        raise RunFailed(f"the job did not finish ({why}; logs in {run_dir / 'logs'})")
     return Run(run_dir, summary, trained_model(run_dir, task=task if isinstance(task, Task) else None))

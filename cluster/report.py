@@ -25,8 +25,19 @@ from dynabatch.common.messages import JobStatus
 from dynabatch.common.wire import decode_map
 
 ACCURACY_MARKS = (0.85, 0.88)
-WORKER_COLUMNS = ("batch", "samples_per_s", "step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "samples",
-                  "name", "slowdown")
+WORKER_COLUMNS = (
+    "batch",
+    "samples_per_s",
+    "step_s",
+    "compute_s",
+    "pull_s",
+    "push_s",
+    "wait_s",
+    "data_s",
+    "samples",
+    "name",
+    "slowdown",
+)
 
 
 @dataclass
@@ -66,8 +77,9 @@ def read_timeline(path: Path) -> list[JobStatus]:
     return [decode_map(JobStatus, entry, f"{path.name}[{i}]") for i, entry in enumerate(entries)]
 
 
-def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
-              target: MetricTarget | None = None) -> dict[str, Any]:
+def summarize(
+    timeline: list[JobStatus], wall_s: float, warmup_fraction: float, target: MetricTarget | None = None
+) -> dict[str, Any]:
     """Final metrics, time to `target` and to the accuracy marks, throughput, and per-worker batch, step time and speed
     (the workers in cluster/worker_labels.py's order).
 
@@ -124,8 +136,9 @@ def summarize(timeline: list[JobStatus], wall_s: float, warmup_fraction: float,
     train_s = max(1e-9, end.t - (start_t if begin is None else begin))
     samples_per_s = end.samples / train_s
     stale = staleness.stats(last.staleness)
-    step_means = [w["mean_step_s_after_warmup"] for w in workers.values()
-                  if w["mean_step_s_after_warmup"] and not w["left_early"]]
+    step_means = [
+        w["mean_step_s_after_warmup"] for w in workers.values() if w["mean_step_s_after_warmup"] and not w["left_early"]
+    ]
     standalone = sum(w["standalone_samples_per_s"] for w in workers.values() if not w["left_early"])
     compute = sum(w["compute_samples_per_s"] or 0.0 for w in workers.values() if not w["left_early"])
     return {
@@ -192,8 +205,11 @@ def epochs_trained(last: JobStatus) -> dict[str, Any]:
     if not last.train_size:
         return {"epochs_requested": last.target_epochs, "epochs_trained": None, "overshoot_samples": None}
     asked = math.ceil(last.target_epochs * last.train_size)
-    return {"epochs_requested": last.target_epochs, "epochs_trained": last.epoch,
-            "overshoot_samples": last.samples - last.lost_samples - asked}
+    return {
+        "epochs_requested": last.target_epochs,
+        "epochs_trained": last.epoch,
+        "overshoot_samples": last.samples - last.lost_samples - asked,
+    }
 
 
 def discarded_pushes(timeline: list[JobStatus]) -> int:
@@ -212,12 +228,12 @@ def training_start(timeline: list[JobStatus]) -> float | None:
     return None if snap is None or snap.training_t is None else snap.t - snap.training_t
 
 
-def time_to_accuracy(timeline: list[JobStatus], marks: tuple[float, ...],
-                     reported: bool = False) -> dict[str, float | None]:
+def time_to_accuracy(
+    timeline: list[JobStatus], marks: tuple[float, ...], reported: bool = False
+) -> dict[str, float | None]:
     """Seconds from the start of training to the first evaluation at or above each accuracy mark, by mark
     (`time_to_target`)."""
-    return {f"{mark:g}": time_to_target(timeline, MetricTarget("accuracy", ">=", mark), reported)
-            for mark in marks}
+    return {f"{mark:g}": time_to_target(timeline, MetricTarget("accuracy", ">=", mark), reported) for mark in marks}
 
 
 def time_to_target(timeline: list[JobStatus], target: MetricTarget, reported: bool = False) -> float | None:

@@ -18,8 +18,9 @@ Action = Literal["rebind", "restart", "leave_out", "fail", "refused"]
 CONFIG_ERROR_EXIT = 2  # what every dynabatch command exits with after its one-line reason
 
 
-def after_exit(role: str, restarts: int, limit: int, port_taken: bool, job_goes_on_without: bool,
-               returncode: int = 1) -> Action:
+def after_exit(
+    role: str, restarts: int, limit: int, port_taken: bool, job_goes_on_without: bool, returncode: int = 1
+) -> Action:
     """The action for a child of `role` that exited with an error after `restarts` restarts (of `limit`).
 
     `port_taken`: its fixed port was taken before it could bind at its first start, so

@@ -80,8 +80,9 @@ def legend_label(worker: WorkerStatus, show_slowdown: bool, job_max_batch: int) 
     """`worker1(2x): batch <= 64`: its name and slowdown as the console shows them (cluster/worker_labels.py),
     and the largest batch it can get."""
     bound = batch_bound(worker.max_batch, job_max_batch)
-    return f"{label(worker.name, worker.slowdown, show_slowdown)}: " + (f"batch <= {bound}" if bound
-                                                                       else "no batch bound")
+    return f"{label(worker.name, worker.slowdown, show_slowdown)}: " + (
+        f"batch <= {bound}" if bound else "no batch bound"
+    )
 
 
 def batch_bound(own: int, job: int) -> int:
@@ -126,10 +127,19 @@ def _draw_evaluations(timeline: list[JobStatus], config: dict[str, Any]) -> Figu
     fig = Figure(figsize=(5.5 * (1 + len(groups)), 4.2))
     axes = fig.subplots(1, 1 + len(groups), squeeze=False)
     loss_ax = axes[0][0]
-    loss_ax.plot([s.t for s in timeline], [NAN if s.loss is None else s.loss for s in timeline], ".-",
-                 markersize=3, label="train loss (smoothed)")
-    loss_ax.plot([e.eval_t for e in evals], [NAN if e.test_loss is None else e.test_loss for e in evals], "o",
-                 label="evaluation loss")
+    loss_ax.plot(
+        [s.t for s in timeline],
+        [NAN if s.loss is None else s.loss for s in timeline],
+        ".-",
+        markersize=3,
+        label="train loss (smoothed)",
+    )
+    loss_ax.plot(
+        [e.eval_t for e in evals],
+        [NAN if e.test_loss is None else e.test_loss for e in evals],
+        "o",
+        label="evaluation loss",
+    )
     loss_ax.set_ylabel("loss")
     for ax, names in zip(axes[0][1:], groups, strict=True):
         for name in names:
@@ -150,8 +160,9 @@ def _label_versions(ax: Any, evals: list[JobStatus], name: str) -> None:
     for e in evals:
         value = e.metrics.get(name, NAN)
         if e.eval_version is not None and e.eval_t is not None and math.isfinite(value):
-            ax.annotate(f"v{e.eval_version}", (e.eval_t, value), textcoords="offset points", xytext=(4, 4),
-                        fontsize="x-small")
+            ax.annotate(
+                f"v{e.eval_version}", (e.eval_t, value), textcoords="offset points", xytext=(4, 4), fontsize="x-small"
+            )
 
 
 def _draw_workers(timeline: list[JobStatus], config: dict[str, Any]) -> Figure:
@@ -169,8 +180,9 @@ def _draw_workers(timeline: list[JobStatus], config: dict[str, Any]) -> Figure:
         bound = batch_bound(final.max_batch, 0)  # the job's bound, common to all, is drawn once below
         if bound:
             batch_ax.axhline(bound, color=line.get_color(), linestyle="--", linewidth=1)
-        speed_ax.plot(t, [s.workers[wid].samples_per_s for s in seen], ".-", markersize=3, color=line.get_color(),
-                      label=legend)
+        speed_ax.plot(
+            t, [s.workers[wid].samples_per_s for s in seen], ".-", markersize=3, color=line.get_color(), label=legend
+        )
         step_t, step_s = step_times(timeline, wid)
         step_ax.plot(step_t, [1000 * s for s in step_s], ".-", markersize=4, color=line.get_color(), label=legend)
     if job_bound and any(s.workers and max(w.batch for w in s.workers.values()) > job_bound / 2 for s in timeline):

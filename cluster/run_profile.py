@@ -43,20 +43,24 @@ class MeasuredCluster:
 
 def _worker(wid: str, timeline: list[JobStatus], model_bytes: float) -> tuple[WorkerGroup, str | None]:
     """One worker's group (count 1) from its distinct steps, and a note where its curve is a guess."""
-    steps = {s.workers[wid].steps: s.workers[wid] for s in timeline
-             if wid in s.workers and s.workers[wid].steps > 0 and s.workers[wid].batch > 0
-             and s.workers[wid].compute_s > 0}
+    steps = {
+        s.workers[wid].steps: s.workers[wid]
+        for s in timeline
+        if wid in s.workers and s.workers[wid].steps > 0 and s.workers[wid].batch > 0 and s.workers[wid].compute_s > 0
+    }
     if not steps:
         raise RunFolderError(f"worker {wid} never reported a step")
     seen = list(steps.values())
     name = seen[-1].name or wid
     points = [(float(w.batch), w.compute_s) for w in seen]
     note = None
-    fixed, per_sample = (fit_line(points) if len({b for b, _ in points}) > 1 else (-1.0, 0.0))
+    fixed, per_sample = fit_line(points) if len({b for b, _ in points}) > 1 else (-1.0, 0.0)
     if fixed < 0 or per_sample <= 0:
         fixed, per_sample = 0.0, statistics.median(t / b for b, t in points)
-        note = (f"{name}: its step times do not resolve a fixed cost (batches seen: "
-                f"{', '.join(str(int(b)) for b in sorted({b for b, _ in points}))}): counted as per-sample")
+        note = (
+            f"{name}: its step times do not resolve a fixed cost (batches seen: "
+            f"{', '.join(str(int(b)) for b in sorted({b for b, _ in points}))}): counted as per-sample"
+        )
     transfer = statistics.median(w.pull_s + w.push_s for w in seen)
     link = 2 * model_bytes * 8 / (transfer * 1e6) if transfer > 0 else FASTEST_LINK_MBIT
     return WorkerGroup(1, Device(fixed, per_sample, seen[-1].max_batch), min(link, FASTEST_LINK_MBIT)), note
@@ -91,6 +95,11 @@ def read_run(run_dir: Path) -> MeasuredCluster:
     workers = [_worker(wid, timeline, model_bytes) for wid in ids]
     notes = [n for _, n in workers if n]
     notes.append("shards: their service rate was not measured; counted as serving at once")
-    cluster = ClusterFile(name=str(run_dir), groups=tuple(g for g, _ in workers), model_bytes=model_bytes,
-                          global_batch=int(job.get("global_batch", 0)), shards=int(job.get("shards", 1)))
+    cluster = ClusterFile(
+        name=str(run_dir),
+        groups=tuple(g for g, _ in workers),
+        model_bytes=model_bytes,
+        global_batch=int(job.get("global_batch", 0)),
+        shards=int(job.get("shards", 1)),
+    )
     return MeasuredCluster(cluster, tuple(notes))

@@ -41,5 +41,6 @@ def labelled(workers: Mapping[str, WorkerStatus]) -> list[tuple[str, str]]:
     show = emulated(w.slowdown for w in workers.values())
     names = [w.name for w in workers.values()]
     ordered = sorted(workers.items(), key=lambda item: order_key(item[1].name, item[0]))
-    return [(wid, label(w.name, w.slowdown, show) + (f"[{wid}]" if names.count(w.name) > 1 else ""))
-            for wid, w in ordered]
+    return [
+        (wid, label(w.name, w.slowdown, show) + (f"[{wid}]" if names.count(w.name) > 1 else "")) for wid, w in ordered
+    ]

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import IO
 
 # A write that fails for one of these fails again after a restart: the disk, not the process.
-STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-                  errno.EROFS: "read-only file system"}
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+}
 
 
 def previous_path(path: Path) -> Path:

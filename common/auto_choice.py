@@ -33,8 +33,12 @@ def _name(p: Prediction) -> str:
     return f"{p.protocol} + {p.policy}"
 
 
-def choose(cluster: Cluster, noise: NoiseScale, current: tuple[str, str] | None = None,
-           protocols: Sequence[str] = tuple(PROTOCOLS)) -> Choice:
+def choose(
+    cluster: Cluster,
+    noise: NoiseScale,
+    current: tuple[str, str] | None = None,
+    protocols: Sequence[str] = tuple(PROTOCOLS),
+) -> Choice:
     """The method among `protocols` (x every policy) predicted fastest to target on `cluster`; `current` (the
     running protocol and policy) is kept unless the best is predicted HYSTERESIS faster."""
     ranked = predict_all(cluster, noise, protocols)
@@ -43,10 +47,18 @@ def choose(cluster: Cluster, noise: NoiseScale, current: tuple[str, str] | None 
     best, star = ranked[0], optimum(cluster, noise).time_s
     held = next((p for p in ranked if (p.protocol, p.policy) == current), None)
     if held is not None and held.time_s <= best.time_s * (1 + HYSTERESIS):
-        return Choice(held.protocol, held.policy,
-                      f"keeping {_name(held)}: predicted {held.time_s:.3g} s ({held.time_s / star:.2f}x T*), within "
-                      f"{HYSTERESIS:.0%} of the fastest, {_name(best)} ({best.time_s:.3g} s)", held)
+        return Choice(
+            held.protocol,
+            held.policy,
+            f"keeping {_name(held)}: predicted {held.time_s:.3g} s ({held.time_s / star:.2f}x T*), within "
+            f"{HYSTERESIS:.0%} of the fastest, {_name(best)} ({best.time_s:.3g} s)",
+            held,
+        )
     runner = f"; next {_name(ranked[1])}, {ranked[1].time_s / best.time_s:.2f}x slower" if len(ranked) > 1 else ""
-    return Choice(best.protocol, best.policy,
-                  f"{_name(best)}: predicted fastest to target, {best.time_s:.3g} s ({best.time_s / star:.2f}x T* = "
-                  f"{star:.3g} s) at {best.samples_per_s:,.0f} samples/s{runner}", best)
+    return Choice(
+        best.protocol,
+        best.policy,
+        f"{_name(best)}: predicted fastest to target, {best.time_s:.3g} s ({best.time_s / star:.2f}x T* = "
+        f"{star:.3g} s) at {best.samples_per_s:,.0f} samples/s{runner}",
+        best,
+    )

@@ -57,8 +57,12 @@ def builtin_task(dataset: str, model: str, data_dir: str | None = None) -> Task:
         # seed, so a built-in model's initial parameters are what they always were for that seed.
         return build_model(model, shape, NUM_CLASSES, seed=torch.initial_seed())
 
-    return Task(model=make_model, train_data=lambda: ImageSet(data(), True),
-                eval_data=lambda: ImageSet(data(), False), name=f"{model} on {dataset}")
+    return Task(
+        model=make_model,
+        train_data=lambda: ImageSet(data(), True),
+        eval_data=lambda: ImageSet(data(), False),
+        name=f"{model} on {dataset}",
+    )
 
 
 def builtin_init(job: JobConfig, data_dir: str | None = None) -> tuple[Init, torch.Tensor]:

@@ -31,4 +31,6 @@ def model_size(name: str) -> tuple[str, int]:
     if not size.isdigit() or int(size) < FLAT_MIN_PARAMS:
         raise ValueError(f"{name!r}: flat:N takes a whole number of parameters N >= {FLAT_MIN_PARAMS}")
     return base, int(size)
+
+
 BUILTIN_METRICS = ("loss", "accuracy")  # what a built-in job's evaluations report (tests/test_task.py holds it)

@@ -17,8 +17,11 @@ def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: 
     """Parse `argv` into one validated instance per config class; bad values exit 2 naming the flag."""
     parser = FlagParser(prog, description)
     parser.topic_groups["observability"].add_argument(
-        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="what the log shows [default 'INFO']")
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="what the log shows [default 'INFO']",
+    )
     for cls in classes:
         add_flags(parser, cls)
     args = parser.parse_args(argv)
@@ -50,8 +53,10 @@ def load_curve_keys(prog: str, curve: CurveOptions, role: str) -> CurveKeys | No
 
 def setup_logging(level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, level), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+        level=getattr(logging, level),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
     )
     ADDRESS_LOG.setLevel(logging.INFO)
 

@@ -29,8 +29,18 @@ from dynabatch.common.optimum import Device
 from dynabatch.common.slowdown import Slowdown
 
 TEXT_KEYS = ("name", "source", "notes")
-GROUP_KEYS = ("count", "fixed_s", "per_sample_s", "max_batch", "link_mbit", "latency_s", "slowdown", "join_s",
-              "leave_s", *TEXT_KEYS)
+GROUP_KEYS = (
+    "count",
+    "fixed_s",
+    "per_sample_s",
+    "max_batch",
+    "link_mbit",
+    "latency_s",
+    "slowdown",
+    "join_s",
+    "leave_s",
+    *TEXT_KEYS,
+)
 JOB_KEYS = ("workers", "model_bytes", "global_batch", "shards", "shard_mbit", *TEXT_KEYS)
 REQUIRED = ("count", "fixed_s", "per_sample_s", "link_mbit")
 
@@ -97,14 +107,20 @@ def _group(where: str, g: Any) -> WorkerGroup:
         Slowdown.parse(slowdown)
     except ValueError as exc:
         raise ClusterFileError(f"{where}: {exc}") from None
-    device = Device(_number(where, "fixed_s", g["fixed_s"], 0.0),
-                    _number(where, "per_sample_s", g["per_sample_s"], 0.0, above=True),
-                    int(_number(where, "max_batch", g.get("max_batch", 0), 0, integer=True)))
+    device = Device(
+        _number(where, "fixed_s", g["fixed_s"], 0.0),
+        _number(where, "per_sample_s", g["per_sample_s"], 0.0, above=True),
+        int(_number(where, "max_batch", g.get("max_batch", 0), 0, integer=True)),
+    )
     return WorkerGroup(
-        count=int(_number(where, "count", g["count"], 1, integer=True)), device=device,
+        count=int(_number(where, "count", g["count"], 1, integer=True)),
+        device=device,
         link_mbit=_number(where, "link_mbit", g["link_mbit"], 0.0, above=True),
-        latency_s=_number(where, "latency_s", g.get("latency_s", 0.0), 0.0), slowdown=slowdown, join_s=join,
-        leave_s=math.inf if "leave_s" not in g else _number(where, "leave_s", g["leave_s"], join, above=True))
+        latency_s=_number(where, "latency_s", g.get("latency_s", 0.0), 0.0),
+        slowdown=slowdown,
+        join_s=join,
+        leave_s=math.inf if "leave_s" not in g else _number(where, "leave_s", g["leave_s"], join, above=True),
+    )
 
 
 def _document(text: str, where: str) -> dict[str, Any]:
@@ -113,7 +129,7 @@ def _document(text: str, where: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ClusterFileError(f"{where}: not JSON ({exc})") from None
     if not isinstance(doc, dict):
-        raise ClusterFileError(f"{where}: must be a JSON object with a \"workers\" list")
+        raise ClusterFileError(f'{where}: must be a JSON object with a "workers" list')
     return doc
 
 
@@ -123,7 +139,7 @@ def parse_cluster(text: str, where: str = "cluster file") -> ClusterFile:
     _unknown(where, doc, JOB_KEYS)
     groups = doc.get("workers")
     if not isinstance(groups, list) or not groups:
-        raise ClusterFileError(f"{where}: \"workers\" must be a non-empty list of worker groups")
+        raise ClusterFileError(f'{where}: "workers" must be a non-empty list of worker groups')
     for key in TEXT_KEYS:
         if key in doc and not isinstance(doc[key], str):
             raise ClusterFileError(f"{where}: {key} must be text")
@@ -131,11 +147,13 @@ def parse_cluster(text: str, where: str = "cluster file") -> ClusterFile:
     if not any(g.join_s == 0 for g in parsed):
         raise ClusterFileError(f"{where}: no worker starts at 0 (every group has a join_s)")
     return ClusterFile(
-        name=str(doc.get("name", where)), groups=parsed,
+        name=str(doc.get("name", where)),
+        groups=parsed,
         model_bytes=_number(where, "model_bytes", doc.get("model_bytes", 0), 0.0),
         global_batch=int(_number(where, "global_batch", doc.get("global_batch", 0), 0, integer=True)),
         shards=int(_number(where, "shards", doc.get("shards", 1), 1, integer=True)),
-        shard_mbit=_number(where, "shard_mbit", doc.get("shard_mbit", 0.0), 0.0))
+        shard_mbit=_number(where, "shard_mbit", doc.get("shard_mbit", 0.0), 0.0),
+    )
 
 
 def read_cluster(path: str | Path) -> ClusterFile:
@@ -159,7 +177,7 @@ def add_group(path: str | Path, group: dict[str, Any], job: dict[str, Any]) -> C
         except OSError as exc:
             raise ClusterFileError(f"{target}: cannot read ({exc.strerror})") from None
         if not isinstance(doc.get("workers"), list):
-            raise ClusterFileError(f"{target}: \"workers\" must be a list of worker groups")
+            raise ClusterFileError(f'{target}: "workers" must be a list of worker groups')
     doc["workers"] = [*doc["workers"], group]
     for key, value in job.items():
         doc.setdefault(key, value)

@@ -48,143 +48,223 @@ class JobConfig(JobName):
     """What is trained and how: set on the scheduler, sent to every process."""
 
     dataset: str = opt("fashion-mnist", "training data", DATASETS, topic="data")
-    model: str = opt("cnn", f"model architecture: {', '.join(MODELS)}; flat:N is one vector of N parameters "
-                     f"(flat alone: {FLAT_PARAMS}) for the transport benchmarks", topic="job")
+    model: str = opt(
+        "cnn",
+        f"model architecture: {', '.join(MODELS)}; flat:N is one vector of N parameters "
+        f"(flat alone: {FLAT_PARAMS}) for the transport benchmarks",
+        topic="job",
+    )
     protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS, topic="protocol")
     batch_policy: str = opt(
-        "fixed", "fixed: B/n per worker (the default: fastest to target with asgd at 16 and 64 simulated workers, "
+        "fixed",
+        "fixed: B/n per worker (the default: fastest to target with asgd at 16 and 64 simulated workers, "
         "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd); efficient: each "
         "worker at least at the knee of its own step curve (its fixed cost, transfers included, at most a tenth of "
-        "its step) where B allows, the sum kept at B (scheduler/efficient_batches.py)", BATCH_POLICIES,
+        "its step) where B allows, the sum kept at B (scheduler/efficient_batches.py)",
+        BATCH_POLICIES,
         topic="protocol",
     )
     dbs_weight: str = opt(
-        "capped", "dynamic batches: how a gradient of b_i samples is weighted; capped: min(1, b_i/(B/n)), never "
+        "capped",
+        "dynamic batches: how a gradient of b_i samples is weighted; capped: min(1, b_i/(B/n)), never "
         "amplifying one (stable at 64 simulated workers); paper: DBS-SGD's b_i/(B/n), which diverges there "
-        "(bench/RESULTS.md section 5)", DBS_WEIGHTS, topic="protocol",
+        "(bench/RESULTS.md section 5)",
+        DBS_WEIGHTS,
+        topic="protocol",
     )
     staleness_step: str = opt(
-        "constant", "asgd, ssp: how a gradient's step follows its staleness tau; constant: the same step whatever "
+        "constant",
+        "asgd, ssp: how a gradient's step follows its staleness tau; constant: the same step whatever "
         "tau; delay: lr / max(1, tau), so that the step per B samples stays about lr however many workers make "
-        "the gradients stale (ps/step_size.py)", STALENESS_STEPS, topic="protocol",
+        "the gradients stale (ps/step_size.py)",
+        STALENESS_STEPS,
+        topic="protocol",
     )
     shards: int = opt(1, "number of parameter-server shards", minimum=1, topic="cluster")
-    max_workers: int = opt(256, "admit at most this many workers and evaluators at once (a flood of HELLOs "
-                                "cannot register thousands of members)", minimum=1, topic="security")
-    min_workers: int = opt(1, "hand out batches only once this many workers have joined (then keep going with "
-                           "fewer); dynabatch run raises 1 to its --workers, so that every worker starts on the same "
-                           "model", minimum=1, topic="cluster")
+    max_workers: int = opt(
+        256,
+        "admit at most this many workers and evaluators at once (a flood of HELLOs "
+        "cannot register thousands of members)",
+        minimum=1,
+        topic="security",
+    )
+    min_workers: int = opt(
+        1,
+        "hand out batches only once this many workers have joined (then keep going with "
+        "fewer); dynabatch run raises 1 to its --workers, so that every worker starts on the same "
+        "model",
+        minimum=1,
+        topic="cluster",
+    )
     global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1, topic="protocol")
     min_batch: int = opt(8, "smallest per-worker batch", minimum=1, topic="protocol")
     max_batch: int = opt(1024, "largest per-worker batch", minimum=1, topic="protocol")
     lr: float = opt(0.05, "base learning rate for a global batch of B", above=0.0, topic="job")
     momentum: float = opt(
-        0.5, "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)", minimum=0.0,
+        0.5,
+        "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)",
+        minimum=0.0,
         topic="job",
     )
     weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0, topic="job")
     gradient_bound: float = opt(
-        4.0, "shards clip each pushed chunk's norm to this many times the workers' typical norm (the lower median of "
-        "each worker's recent median), and quarantine a worker clipped push after push; 0: off", minimum=0.0,
+        4.0,
+        "shards clip each pushed chunk's norm to this many times the workers' typical norm (the lower median of "
+        "each worker's recent median), and quarantine a worker clipped push after push; 0: off",
+        minimum=0.0,
         topic="security",
     )
     direction_check: bool = opt(
-        True, "shards score each push by its cosine with the other workers' recent gradients and quarantine a "
+        True,
+        "shards score each push by its cosine with the other workers' recent gradients and quarantine a "
         "worker whose pushes keep pointing against them (a sign-flipped liar; ps/gradient_direction.py)",
         topic="security",
     )
     aggregation: str = opt(
-        "mean", "protocols that close rounds (ssgd, msync, softsync, rennala, local, msd): how shards combine a "
+        "mean",
+        "protocols that close rounds (ssgd, msync, softsync, rennala, local, msd): how shards combine a "
         "round's pushes; mean: weighted by samples; trimmed-mean: per value, drop the --trim fraction of workers at "
         "each end, average the rest by samples; median: per value, the middle worker's (Yin et al. 2018): one lying "
         "worker in a round of 3 or more cannot drag either outside the honest workers' values (ps/aggregation.py)",
-        AGGREGATIONS, topic="security",
+        AGGREGATIONS,
+        topic="security",
     )
-    trim: float = opt(DEFAULT_TRIM, "--aggregation trimmed-mean: the fraction of a round's workers dropped at each "
-                      "end of every value, rounded up, below 0.5", above=0.0, topic="security")
+    trim: float = opt(
+        DEFAULT_TRIM,
+        "--aggregation trimmed-mean: the fraction of a round's workers dropped at each "
+        "end of every value, rounded up, below 0.5",
+        above=0.0,
+        topic="security",
+    )
     nesterov: bool = opt(False, "Nesterov momentum on the shards", topic="job")
-    epochs: float = opt(8.0, "stop after this many passes over the training set (counted from samples)", above=0.0,
-                        topic="job")
+    epochs: float = opt(
+        8.0, "stop after this many passes over the training set (counted from samples)", above=0.0, topic="job"
+    )
     time_budget_s: float = opt(
-        0.0, "also stop this many seconds after training began (0: no limit); benchmarks compare runs at equal time",
-        minimum=0.0, topic="job",
+        0.0,
+        "also stop this many seconds after training began (0: no limit); benchmarks compare runs at equal time",
+        minimum=0.0,
+        topic="job",
     )
     pipeline: str = opt(
-        "auto", "gradient protocols: overlap pulls with forward and pushes with backward, chunk by chunk; auto: on "
+        "auto",
+        "gradient protocols: overlap pulls with forward and pushes with backward, chunk by chunk; auto: on "
         "where the model has several chunks and nothing needs the whole gradient before the first push (not with "
         "--prefetch-pull, a worker's --micro-batch, a task that clips its gradient, or msync), measured in "
-        "bench/RESULTS.md 3b", PIPELINE_MODES, topic="protocol",
+        "bench/RESULTS.md 3b",
+        PIPELINE_MODES,
+        topic="protocol",
     )
     push_pull: bool = opt(
-        True, "gradient protocols: a push's answer carries the next step's model, one round trip instead of two",
+        True,
+        "gradient protocols: a push's answer carries the next step's model, one round trip instead of two",
         topic="protocol",
     )
     prefetch_pull: bool = opt(
-        False, "asgd, softsync: send the next step's pull before computing, so the model arrives during compute "
-        "(it then lacks the worker's own last gradient: more staleness)", topic="protocol",
+        False,
+        "asgd, softsync: send the next step's pull before computing, so the model arrives during compute "
+        "(it then lacks the worker's own last gradient: more staleness)",
+        topic="protocol",
     )
     push_behind: bool = opt(
-        False, "with --prefetch-pull: a push's acknowledgement is awaited only before the next push, so the worker "
-        "computes meanwhile (a push the shards refuse fails the step after it)", topic="protocol",
+        False,
+        "with --prefetch-pull: a push's acknowledgement is awaited only before the next push, so the worker "
+        "computes meanwhile (a push the shards refuse fails the step after it)",
+        topic="protocol",
     )
-    max_inflight_bytes: int = opt(8 << 20, "credit: gradient bytes a worker may have pushed but not yet acknowledged",
-                                  minimum=1024, topic="protocol")
+    max_inflight_bytes: int = opt(
+        8 << 20,
+        "credit: gradient bytes a worker may have pushed but not yet acknowledged",
+        minimum=1024,
+        topic="protocol",
+    )
     chunk_bytes: int = opt(1 << 20, "target size of a parameter chunk in bytes", minimum=1024, topic="protocol")
     chunk_schedule: str = opt(
-        "fixed", "fixed: one chunk per push within --max-inflight-bytes, shards serve by chunk id; scheduled: the "
+        "fixed",
+        "fixed: one chunk per push within --max-inflight-bytes, shards serve by chunk id; scheduled: the "
         "scheduler sets each worker's chunks per push and credit from its measured link and compute, and the "
         "order shards serve workers in (the round's slowest first; asynchronous: the most transfer-bound first)",
-        CHUNK_SCHEDULES, topic="protocol",
+        CHUNK_SCHEDULES,
+        topic="protocol",
     )
     seed: int = opt(0, "seed for model init and data orders", topic="job")
     heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01, topic="cluster")
     liveness_timeout_s: float = opt(
-        10.0, "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, if longer); "
+        10.0,
+        "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, if longer); "
         "a worker or evaluator that registered and never heartbeats is dropped after this long too",
-        minimum=0.1, topic="cluster",
+        minimum=0.1,
+        topic="cluster",
     )
     join_timeout_s: float = opt(
-        120.0, "the longest silence a worker's step times can buy; how long a shard may restore its checkpoint "
+        120.0,
+        "the longest silence a worker's step times can buy; how long a shard may restore its checkpoint "
         "before its first heartbeat, and a stopped job waits for an evaluator to join",
-        minimum=0.1, topic="cluster",
+        minimum=0.1,
+        topic="cluster",
     )
     reassign_threshold: float = opt(
-        0.1, "hysteresis: reassign only if some batch changes by more than this fraction", minimum=0.0,
+        0.1,
+        "hysteresis: reassign only if some batch changes by more than this fraction",
+        minimum=0.0,
         topic="protocol",
     )
-    sync_m: int = opt(0, "msync: a round applies the first m gradients computed at its model and discards the rest "
-                      "(0: every live worker's, as ssgd; at most --min-workers)", minimum=0, topic="protocol")
+    sync_m: int = opt(
+        0,
+        "msync: a round applies the first m gradients computed at its model and discards the rest "
+        "(0: every live worker's, as ssgd; at most --min-workers)",
+        minimum=0,
+        topic="protocol",
+    )
     softsync_n: int = opt(1, "softsync: update after floor(workers / n) gradients", minimum=1, topic="protocol")
     staleness: int = opt(
-        3, "ssp: a worker's pull waits while it is more than this many steps ahead of the slowest live worker "
-        "(0: lock-step like ssgd; large: asgd)", minimum=0, topic="protocol",
+        3,
+        "ssp: a worker's pull waits while it is more than this many steps ahead of the slowest live worker "
+        "(0: lock-step like ssgd; large: asgd)",
+        minimum=0,
+        topic="protocol",
     )
     max_delay: int = opt(
-        0, "ringmaster: discard a gradient this many or more versions stale (0: the number of live workers)",
-        minimum=0, topic="protocol",
+        0,
+        "ringmaster: discard a gradient this many or more versions stale (0: the number of live workers)",
+        minimum=0,
+        topic="protocol",
     )
-    local_steps: int = opt(8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1,
-                           topic="protocol")
-    outer_lr: float = opt(1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0,
-                          topic="protocol")
-    outer_momentum: float = opt(0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0,
-                                topic="protocol")
+    local_steps: int = opt(
+        8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1, topic="protocol"
+    )
+    outer_lr: float = opt(
+        1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0, topic="protocol"
+    )
+    outer_momentum: float = opt(
+        0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0, topic="protocol"
+    )
     outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum", topic="protocol")
-    round_timeout_s: float = opt(10.0, "round protocols (ssgd, msync, softsync, rennala, local, msd): close a round "
-                                 "with what arrived once it has waited this long for workers that have not pushed; a "
-                                 "pull held back (ssp, rennala) is answered after twice this", minimum=0.1,
-                                 topic="protocol")
-    eval_interval_s: float = opt(10.0, "seconds between evaluations of the current model", minimum=0.1,
-                                 topic="observability")
+    round_timeout_s: float = opt(
+        10.0,
+        "round protocols (ssgd, msync, softsync, rennala, local, msd): close a round "
+        "with what arrived once it has waited this long for workers that have not pushed; a "
+        "pull held back (ssp, rennala) is answered after twice this",
+        minimum=0.1,
+        topic="protocol",
+    )
+    eval_interval_s: float = opt(
+        10.0, "seconds between evaluations of the current model", minimum=0.1, topic="observability"
+    )
     await_final_eval: bool = opt(
-        False, "finish only once an evaluator has evaluated the final model; with none connected, wait up to "
-        "--join-timeout-s for one (dynabatch run sets it when it starts an evaluator)", topic="observability",
+        False,
+        "finish only once an evaluator has evaluated the final model; with none connected, wait up to "
+        "--join-timeout-s for one (dynabatch run sets it when it starts an evaluator)",
+        topic="observability",
     )
     speed_window: int = opt(16, "step-time observations kept per worker", minimum=2, topic="protocol")
     speed_forgetting: float = opt(0.85, "weight of an observation one step older (0-1)", minimum=0.0, topic="protocol")
     max_rollbacks: int = opt(
-        3, "a job whose loss or parameters blow up rolls back to its shards' last good checkpoints with half the "
-        "step size; after this many rollbacks a further divergence ends it with an error", minimum=0, topic="job",
+        3,
+        "a job whose loss or parameters blow up rolls back to its shards' last good checkpoints with half the "
+        "step size; after this many rollbacks a further divergence ends it with an error",
+        minimum=0,
+        topic="job",
     )
 
     def validate(self) -> None:
@@ -199,13 +279,16 @@ class JobConfig(JobName):
             raise ConfigError("--speed-forgetting must be in (0, 1]")
         if self.prefetch_pull and not SPECS[self.protocol].may_prefetch_pull:
             allowed = ", ".join(name for name, spec in SPECS.items() if spec.may_prefetch_pull)
-            raise ConfigError(f"--prefetch-pull: protocol {self.protocol} does not take a model pulled before the "
-                              f"worker's own last push (only {allowed} do)")
+            raise ConfigError(
+                f"--prefetch-pull: protocol {self.protocol} does not take a model pulled before the "
+                f"worker's own last push (only {allowed} do)"
+            )
         if self.push_behind and not self.prefetch_pull:
             raise ConfigError("--push-behind needs --prefetch-pull (otherwise the next pull waits for the push anyway)")
         if self.pipeline == "on" and SPECS[self.protocol].whole_pushes:
-            raise ConfigError(f"--pipeline on: protocol {self.protocol} takes a worker's gradient whole, not chunk by "
-                              "chunk")
+            raise ConfigError(
+                f"--pipeline on: protocol {self.protocol} takes a worker's gradient whole, not chunk by chunk"
+            )
         if self.prefetch_pull and self.pipeline == "on":
             raise ConfigError("--prefetch-pull and --pipeline on overlap the pull in two different ways: choose one")
         SPECS[self.protocol].settings.check(self)
@@ -220,8 +303,13 @@ class JobConfig(JobName):
         """
         if self.pipeline != "auto":
             return self.pipeline == "on"
-        return (not SPECS[self.protocol].whole_pushes and chunks >= 2 and not self.prefetch_pull and not micro_batch
-                and not clips)
+        return (
+            not SPECS[self.protocol].whole_pushes
+            and chunks >= 2
+            and not self.prefetch_pull
+            and not micro_batch
+            and not clips
+        )
 
 
 # The job's settings of the shards' SGD, used where the task names no optimizer (ps/update_rules.optimizer_spec).
@@ -244,22 +332,30 @@ def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None) ->
     if optimizer is None:
         return
     if SPECS[job.protocol].push_kind == DELTA:
-        raise ConfigError(f"--protocol {job.protocol}: workers step with SGD from --lr, --momentum and "
-                          f"--weight-decay and the shards apply the outer optimizer, so the task's optimizer "
-                          f"({optimizer.name}) would not be used; drop it from the task, or choose another protocol")
+        raise ConfigError(
+            f"--protocol {job.protocol}: workers step with SGD from --lr, --momentum and "
+            f"--weight-decay and the shards apply the outer optimizer, so the task's optimizer "
+            f"({optimizer.name}) would not be used; drop it from the task, or choose another protocol"
+        )
     defaults = {f.name: f.default for f in dataclasses.fields(JobConfig)}
     given = ["--" + name.replace("_", "-") for name in SGD_SETTINGS if getattr(job, name) != defaults[name]]
     if given:
-        raise ConfigError(f"{', '.join(given)}: the task names the shards' optimizer ({optimizer.name}, lr "
-                          f"{optimizer.lr:g}); change it in the task, or drop the flag")
+        raise ConfigError(
+            f"{', '.join(given)}: the task names the shards' optimizer ({optimizer.name}, lr "
+            f"{optimizer.lr:g}); change it in the task, or drop the flag"
+        )
 
 
 @dataclass
 class MetricsOptions:
     """Where a process serves /metrics and /healthz."""
 
-    metrics_host: str = opt("127.0.0.1", "address for the /metrics and /healthz HTTP server (0.0.0.0: every "
-                            "interface, for a Prometheus on another machine)", topic="observability")
+    metrics_host: str = opt(
+        "127.0.0.1",
+        "address for the /metrics and /healthz HTTP server (0.0.0.0: every "
+        "interface, for a Prometheus on another machine)",
+        topic="observability",
+    )
     metrics_port: int = opt(0, "port for /metrics and /healthz (0: any free port)", minimum=0, topic="observability")
 
 

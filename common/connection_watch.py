@@ -44,7 +44,10 @@ class ConnectionReports:
 
 
 def watch_connections(
-    sock: zmq.Socket[bytes], caps: ConnectionCaps, reports: ConnectionReports, handshakes: bool = False,
+    sock: zmq.Socket[bytes],
+    caps: ConnectionCaps,
+    reports: ConnectionReports,
+    handshakes: bool = False,
 ) -> ConnectionWatch:
     """Hold `sock`'s accepted connections within `caps`, and report to `reports`; failed handshakes too with
     `handshakes` (a socket with CURVE). Its thread ends when `sock` closes.
@@ -147,5 +150,4 @@ class ConnectionWatch:
                 pass
         self.reports.capped(reason)
         cap = self.tally.caps.total if reason == "total" else self.tally.caps.per_source
-        self.refusals.refused(reason, f"{source or 'a local peer'} over the {reason} cap of {cap} connections; "
-                              "closed")
+        self.refusals.refused(reason, f"{source or 'a local peer'} over the {reason} cap of {cap} connections; closed")

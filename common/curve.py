@@ -80,7 +80,8 @@ class CurveOptions:
     """Whether and with which keys this process encrypts and authenticates its sockets."""
 
     curve_dir: str = opt(
-        "", "folder with the ZeroMQ CURVE keys made by `dynabatch keys` (empty: no encryption, any peer admitted)",
+        "",
+        "folder with the ZeroMQ CURVE keys made by `dynabatch keys` (empty: no encryption, any peer admitted)",
         topic="security",
     )
 
@@ -203,8 +204,10 @@ def key_name(spec: str) -> str:
     role, _, name = spec.partition("=")
     stem = f"{role}-{name}"
     if not NAMED_KEY.match(stem + ".key"):
-        raise ValueError(f"--name {spec!r}: expected ROLE=NAME with ROLE one of {', '.join(CLIENT_ROLES)} and NAME "
-                         "of letters, digits, '.', '_' or '-'")
+        raise ValueError(
+            f"--name {spec!r}: expected ROLE=NAME with ROLE one of {', '.join(CLIENT_ROLES)} and NAME "
+            "of letters, digits, '.', '_' or '-'"
+        )
     return stem
 
 
@@ -216,8 +219,10 @@ def create_keys(out: Path, force: bool, names: Sequence[str] = ()) -> list[Path]
     paths = [out / f"{stem}.key{suffix}" for stem in stems for suffix in ("", "_secret")]
     existing = [p for p in paths if p.exists()]
     if existing and not force:
-        raise FileExistsError(f"{', '.join(map(str, existing))} already exist (--force replaces them, "
-                              "and every process must then get the new keys)")
+        raise FileExistsError(
+            f"{', '.join(map(str, existing))} already exist (--force replaces them, "
+            "and every process must then get the new keys)"
+        )
     for stem in stems:
         for p in (out / f"{stem}.key", out / f"{stem}.key_secret"):
             p.unlink(missing_ok=True)
@@ -231,11 +236,20 @@ def main(argv: Sequence[str]) -> int:
     """`dynabatch keys --out DIR [--name ROLE=NAME ...] [--force]`."""
     parser = FlagParser("dynabatch keys", "Make a job's ZeroMQ CURVE keys.")
     keys = parser.topic_groups["security"]
-    keys.add_argument("--out", required=True, help="folder to write server.key[_secret] and one "
-                      "ROLE.key[_secret] per client role (shard, worker, evaluator) into")
-    keys.add_argument("--name", action="append", default=[], metavar="ROLE=NAME",
-                      help="also a keypair of one machine, ROLE-NAME.key[_secret] (repeatable); give that machine "
-                           "its secret file as ROLE.key_secret")
+    keys.add_argument(
+        "--out",
+        required=True,
+        help="folder to write server.key[_secret] and one "
+        "ROLE.key[_secret] per client role (shard, worker, evaluator) into",
+    )
+    keys.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="ROLE=NAME",
+        help="also a keypair of one machine, ROLE-NAME.key[_secret] (repeatable); give that machine "
+        "its secret file as ROLE.key_secret",
+    )
     keys.add_argument("--force", action="store_true", help="replace keys that are already there")
     args = parser.parse_args(argv)
     out = Path(args.out)

@@ -65,8 +65,7 @@ def read_idx(path: Path) -> torch.Tensor:
 
 
 def _load_idx(folder: Path) -> tuple[torch.Tensor, ...]:
-    tr_x, tr_y, te_x, te_y = (read_idx(idx_file(folder, stem) or folder / stem)
-                              for stem in IDX_FILES)
+    tr_x, tr_y, te_x, te_y = (read_idx(idx_file(folder, stem) or folder / stem) for stem in IDX_FILES)
     for x, y, stem in ((tr_x, tr_y, "train"), (te_x, te_y, "t10k")):
         check_images_and_labels(folder, stem, list(x.shape), list(y.shape))
     return tr_x.unsqueeze(1), tr_y.long(), te_x.unsqueeze(1), te_y.long()
@@ -93,8 +92,9 @@ def _synthetic(n_train: int = 12000, n_test: int = 2000) -> tuple[torch.Tensor, 
     CNN needs a couple of epochs to pass 90 %), yet it is learnable and fixed-seeded.
     """
     g = torch.Generator().manual_seed(1234)
-    smooth = F.interpolate(torch.rand(11, 1, 7, 7, generator=g), size=(28, 28),
-                           mode="bicubic", align_corners=False).squeeze(1)
+    smooth = F.interpolate(
+        torch.rand(11, 1, 7, 7, generator=g), size=(28, 28), mode="bicubic", align_corners=False
+    ).squeeze(1)
     templates = 255 * (0.75 * smooth[0] + 0.25 * smooth[1:])  # [10, 28, 28]
     padded = F.pad(templates.unsqueeze(1), (3, 3, 3, 3), mode="replicate").squeeze(1)
     n = n_train + n_test
@@ -117,8 +117,7 @@ def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
         folder = find_dataset(name, data_dir)
         tr_x, tr_y, te_x, te_y = _load_cifar(folder) if name == "cifar10" else _load_idx(folder)
     mean, std = _STATS[name]
-    return Dataset(name, tr_x, tr_y, te_x, te_y, mean, std, num_classes=10,
-                   augment=name == "cifar10")
+    return Dataset(name, tr_x, tr_y, te_x, te_y, mean, std, num_classes=10, augment=name == "cifar10")
 
 
 def _random_crop_flip(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -137,8 +136,9 @@ def _random_crop_flip(x: torch.Tensor, generator: torch.Generator | None) -> tor
     return padded.gather(2, rows).gather(3, cols.view(n, 1, 1, w).expand(n, c, h, w))
 
 
-def make_batch(ds: Dataset, indices: torch.Tensor, train: bool,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(
+    ds: Dataset, indices: torch.Tensor, train: bool, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Slice samples from the train (or test) split into a normalized float32 batch.
 
     Only training batches of datasets with `augment` set are augmented (on uint8,
@@ -178,7 +178,7 @@ class SampleOrder:
                 self._perm = torch.randperm(self._n, generator=self._generator)
                 self._pos = 0
             k = min(count, self._n - self._pos)
-            parts.append(self._perm[self._pos:self._pos + k])
+            parts.append(self._perm[self._pos : self._pos + k])
             self._pos += k
             count -= k
         return torch.cat(parts)

@@ -23,8 +23,7 @@ CACHE_DIR = Path.home() / ".cache" / "dynabatch"
 DOWNLOAD_TIMEOUT_S = 5.0  # per connect and per read: a dead network fails fast
 _DOWNLOAD_DEADLINE_S = 600.0  # whole transfer: a trickling server must not hold us forever
 
-IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 # Folders that common tools (Debian, torchvision, hand unpacking) use under a root. The
 # first is ours: where the dataset lives under SYSTEM_DIR and CACHE_DIR.
@@ -65,11 +64,13 @@ def idx_content(path: Path) -> tuple[bytes | mmap.mmap, list[int], int]:
     ndim, start = raw[3], 4 + 4 * raw[3]
     if ndim == 0 or len(raw) < start:
         raise BadDatasetFile(f"{path}: idx header is truncated or has 0 dimensions")
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     count = math.prod(dims)
     if len(raw) - start != count:
-        raise BadDatasetFile(f"{path}: header declares {dims} = {count} bytes of data, "
-                             f"file holds {len(raw) - start}; truncated or corrupt")
+        raise BadDatasetFile(
+            f"{path}: header declares {dims} = {count} bytes of data, "
+            f"file holds {len(raw) - start}; truncated or corrupt"
+        )
     return raw, dims, start
 
 
@@ -151,8 +152,9 @@ def _download(name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for stem in IDX_FILES:
         if not idx_file(folder, stem):
-            _fetch(_URLS[name] + f"{stem}.gz", folder / f"{stem}.gz",
-                   min_bytes=4_000 if "labels" in stem else 1_000_000)
+            _fetch(
+                _URLS[name] + f"{stem}.gz", folder / f"{stem}.gz", min_bytes=4_000 if "labels" in stem else 1_000_000
+            )
     return folder
 
 
@@ -178,7 +180,11 @@ def find_dataset(name: str, data_dir: str | None) -> Path:
         fetch = f"download {', '.join(s + '.gz' for s in IDX_FILES)} from {_URLS[name]} into DIR"
     how = f"  {fetch},\n  then pass --data-dir DIR (or set DYNABATCH_DATA_DIR=DIR)"
     if name in _DEBIAN_PACKAGES:
-        how = (f"  apt-get install -y {_DEBIAN_PACKAGES[name]}   (Debian package; installs to "
-               f"{SYSTEM_DIR / _SUBDIRS[name][0]}, found there without flags)\nor\n{how}")
-    raise DatasetNotFound(f"dataset {name!r} is not on this machine, and downloading it from {_URLS[name]} into "
-                          f"{CACHE_DIR / _SUBDIRS[name][0]} failed: {failure}\nSearched:\n{where}\nTo get it:\n{how}")
+        how = (
+            f"  apt-get install -y {_DEBIAN_PACKAGES[name]}   (Debian package; installs to "
+            f"{SYSTEM_DIR / _SUBDIRS[name][0]}, found there without flags)\nor\n{how}"
+        )
+    raise DatasetNotFound(
+        f"dataset {name!r} is not on this machine, and downloading it from {_URLS[name]} into "
+        f"{CACHE_DIR / _SUBDIRS[name][0]} failed: {failure}\nSearched:\n{where}\nTo get it:\n{how}"
+    )

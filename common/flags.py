@@ -57,8 +57,9 @@ class FlagParser(argparse.ArgumentParser):
     """
 
     def __init__(self, prog: str, description: str | None = None) -> None:
-        super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                         allow_abbrev=False)
+        super().__init__(
+            prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+        )
         self.positional_names: list[str] = []
         # Made in TOPICS' order, up front: `--help` shows a group only once it holds a flag.
         self.topic_groups = {topic: self.add_argument_group(title) for topic, title in TOPICS.items()}
@@ -77,8 +78,15 @@ class FlagParser(argparse.ArgumentParser):
         self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n")
 
 
-def opt(default: Any, help: str, choices: tuple[Any, ...] | None = None, minimum: float | None = None,
-        above: float | None = None, *, topic: str) -> Any:
+def opt(
+    default: Any,
+    help: str,
+    choices: tuple[Any, ...] | None = None,
+    minimum: float | None = None,
+    above: float | None = None,
+    *,
+    topic: str,
+) -> Any:
     """A config field with its flag's help text, its `--help` topic (one of TOPICS) and validation bounds:
     at least `minimum`, or strictly more than `above` (for a setting whose zero means nothing: `--epochs 0`)."""
     if topic not in TOPICS:
@@ -150,9 +158,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str]
             (item,) = typing.get_args(kind)
             group.add_argument(flag, nargs="+", type=item, default=default, help=help_text)
         else:
-            group.add_argument(
-                flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text
-            )
+            group.add_argument(flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text)
 
 
 def _default(cls: type, f: dataclasses.Field[Any]) -> Any:

@@ -32,8 +32,14 @@ MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT_S = 2.0  # from accept to the end of the request's headers, however it trickles in
 REPLY_TIMEOUT_S = 5.0  # to take the whole answer
 TURN_S = 0.1  # how often deadlines are checked when nothing happens
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 Respond = Callable[[str], tuple[int, bytes, str]]  # path -> (status, body, content type)
 log = logging.getLogger("dynabatch.http")
@@ -140,8 +146,10 @@ class SelectorHTTPServer:
         return self.respond(parts[1].decode("latin-1").split("?", 1)[0])
 
     def _answer(self, conn: _Conn, status: int, body: bytes, ctype: str) -> None:
-        head = (f"HTTP/1.0 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+        head = (
+            f"HTTP/1.0 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode("latin-1")
         conn.reply = memoryview(head + body)
         conn.deadline = time.monotonic() + REPLY_TIMEOUT_S
         self._selector.modify(conn.sock, selectors.EVENT_WRITE)

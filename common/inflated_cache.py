@@ -71,5 +71,7 @@ def _store(cached: Path, raw: bytes) -> None:
     try:
         write_atomic(cached, lambda f: f.write(raw))
     except OSError as exc:
-        print(f"dynabatch: not caching the inflated {cached.name} ({exc.strerror or exc}); "
-              "each start inflates it again", file=sys.stderr)
+        print(
+            f"dynabatch: not caching the inflated {cached.name} ({exc.strerror or exc}); each start inflates it again",
+            file=sys.stderr,
+        )

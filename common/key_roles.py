@@ -21,5 +21,8 @@ def check_key_role(key_role: str | None, allowed: Collection[str], what: str) ->
     """Refuse (`bad_role`) `what` from a connection whose key is of none of the `allowed` roles."""
     if key_role is None or key_role in allowed:
         return
-    raise ProtocolError(ErrorCode.BAD_ROLE, f"{what} is taken only from a {' or '.join(sorted(allowed))} key; this "
-                        f"connection authenticated with a {key_role} key")
+    raise ProtocolError(
+        ErrorCode.BAD_ROLE,
+        f"{what} is taken only from a {' or '.join(sorted(allowed))} key; this "
+        f"connection authenticated with a {key_role} key",
+    )

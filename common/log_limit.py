@@ -18,8 +18,13 @@ INTERVAL_S = 10.0
 class RateLimitedLog:
     """At most LINES_PER_INTERVAL lines per INTERVAL_S, then a summary of what was left out, by code."""
 
-    def __init__(self, log: logging.Logger, lines: int = LINES_PER_INTERVAL, interval_s: float = INTERVAL_S,
-                 what: str = "message") -> None:
+    def __init__(
+        self,
+        log: logging.Logger,
+        lines: int = LINES_PER_INTERVAL,
+        interval_s: float = INTERVAL_S,
+        what: str = "message",
+    ) -> None:
         self.log, self.lines, self.interval_s, self.what = log, lines, interval_s, what
         self._start: float | None = None  # the interval starts with its first refusal
         self._logged = 0
@@ -42,8 +47,13 @@ class RateLimitedLog:
         """Summarise what the interval left out, and start a new interval."""
         if self._suppressed:
             summary = ", ".join(f"{code} x{n}" for code, n in self._suppressed.most_common())
-            self.log.warning("rejected %d more %ss in the last %.0fs (not logged one by one): %s",
-                             sum(self._suppressed.values()), self.what, self.interval_s, summary)
+            self.log.warning(
+                "rejected %d more %ss in the last %.0fs (not logged one by one): %s",
+                sum(self._suppressed.values()),
+                self.what,
+                self.interval_s,
+                summary,
+            )
         self._start = time.monotonic() if now is None else now
         self._logged = 0
         self._suppressed.clear()

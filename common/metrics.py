@@ -124,7 +124,6 @@ def bad_messages_counter(registry: CollectorRegistry) -> Counter:
     )
 
 
-
 def auth_failures_counter(registry: CollectorRegistry, role: str) -> Counter:
     """Peers refused by CURVE on a server socket; every reason starts at 0 so a dashboard sees the series."""
     counter = Counter(
@@ -169,5 +168,8 @@ def connection_reports(registry: CollectorRegistry, role: str) -> ConnectionRepo
         capped.labels(role, reason)
     held = Gauge("dynabatch_connections", "Connections the server socket holds now.", ["role"], registry=registry)
     held.labels(role).set(0)
-    return ConnectionReports(capped=lambda reason: capped.labels(role, reason).inc(),
-                             refused=lambda reason: auth.labels(role, reason).inc(), held=held.labels(role).set)
+    return ConnectionReports(
+        capped=lambda reason: capped.labels(role, reason).inc(),
+        refused=lambda reason: auth.labels(role, reason).inc(),
+        held=held.labels(role).set,
+    )

@@ -65,8 +65,9 @@ class ModelSignature:
 
     def difference(self, other: ModelSignature) -> str | None:
         """A sentence naming the first difference from `other`, or None if they match."""
-        found = (_first_difference("parameter", "trainable parameters", self.params, other.params)
-                 or _first_difference("buffer", "travelling buffers", self.buffers, other.buffers))
+        found = _first_difference("parameter", "trainable parameters", self.params, other.params) or _first_difference(
+            "buffer", "travelling buffers", self.buffers, other.buffers
+        )
         if found is None and self.train_size != other.train_size:
             found = f"the training set holds {self.train_size} samples here, {other.train_size} in the job"
         return found
@@ -76,12 +77,13 @@ def _count(specs: tuple[ParamSpec, ...]) -> int:
     return sum(math.prod(s.shape) for s in specs)
 
 
-def _first_difference(what: str, plural: str, mine: tuple[ParamSpec, ...],
-                      theirs: tuple[ParamSpec, ...]) -> str | None:
+def _first_difference(what: str, plural: str, mine: tuple[ParamSpec, ...], theirs: tuple[ParamSpec, ...]) -> str | None:
     for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
         if a != b:
-            return (f"{what} {i} is {a.name} {list(a.shape)} {a.dtype} here but "
-                    f"{b.name} {list(b.shape)} {b.dtype} in the job")
+            return (
+                f"{what} {i} is {a.name} {list(a.shape)} {a.dtype} here but "
+                f"{b.name} {list(b.shape)} {b.dtype} in the job"
+            )
     if len(mine) != len(theirs):
         extra = (mine if len(mine) > len(theirs) else theirs)[min(len(mine), len(theirs))]
         return f"{len(mine)} {plural} here, {len(theirs)} in the job (first unmatched: {extra.name})"
@@ -93,8 +95,10 @@ def signature(model: nn.Module, train_size: int, buffers: tuple[ParamSpec, ...] 
     params = []
     for name, p in named_travelling(model):
         if p.dtype not in TRAVELLING_DTYPES:
-            raise TaskError(f"parameter {name} is {p.dtype}; trainable parameters must be float32 "
-                            "(keep a lower precision for compute with autocast, not in the parameters)")
+            raise TaskError(
+                f"parameter {name} is {p.dtype}; trainable parameters must be float32 "
+                "(keep a lower precision for compute with autocast, not in the parameters)"
+            )
         params.append(ParamSpec(name, tuple(p.shape), _dtype_name(p.dtype)))
     if not params:
         raise TaskError("the model has no trainable parameters")
@@ -107,13 +111,15 @@ def running_buffers(model: nn.Module, before: dict[str, torch.Tensor]) -> tuple[
     These are the buffers that travel. Integer buffers that a forward changes
     (`num_batches_tracked`) are counters, not estimates: each process keeps its own.
     """
-    return tuple(ParamSpec(name, tuple(b.shape), _dtype_name(b.dtype)) for name, b in model.named_buffers()
-                 if b.is_floating_point() and (name not in before or not torch.equal(before[name], b)))
+    return tuple(
+        ParamSpec(name, tuple(b.shape), _dtype_name(b.dtype))
+        for name, b in model.named_buffers()
+        if b.is_floating_point() and (name not in before or not torch.equal(before[name], b))
+    )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
 
 
 MAX_TRAVELLING_VALUES = 1 << 31  # 8 GiB of float32: beyond it a shard refuses to allocate a model
@@ -121,15 +127,26 @@ MAX_TRAVELLING_VALUES = 1 << 31  # 8 GiB of float32: beyond it a shard refuses t
 
 def signature_fields(sig: ModelSignature) -> dict[str, Any]:
     """The signature as INIT's fields."""
-    return {"names": [p.name for p in sig.params], "shapes": [list(p.shape) for p in sig.params],
-            "dtypes": [p.dtype for p in sig.params], "train_size": sig.train_size,
-            "buffer_names": [b.name for b in sig.buffers], "buffer_shapes": [list(b.shape) for b in sig.buffers],
-            "buffer_dtypes": [b.dtype for b in sig.buffers]}
+    return {
+        "names": [p.name for p in sig.params],
+        "shapes": [list(p.shape) for p in sig.params],
+        "dtypes": [p.dtype for p in sig.params],
+        "train_size": sig.train_size,
+        "buffer_names": [b.name for b in sig.buffers],
+        "buffer_shapes": [list(b.shape) for b in sig.buffers],
+        "buffer_dtypes": [b.dtype for b in sig.buffers],
+    }
 
 
-def signature_from_fields(names: list[str], shapes: list[list[int]], dtypes: list[str], train_size: int,
-                          buffer_names: Sequence[str] = (), buffer_shapes: Sequence[Sequence[int]] = (),
-                          buffer_dtypes: Sequence[str] = ()) -> ModelSignature:
+def signature_from_fields(
+    names: list[str],
+    shapes: list[list[int]],
+    dtypes: list[str],
+    train_size: int,
+    buffer_names: Sequence[str] = (),
+    buffer_shapes: Sequence[Sequence[int]] = (),
+    buffer_dtypes: Sequence[str] = (),
+) -> ModelSignature:
     """A signature received from a peer; ValueError naming what is malformed or out of bounds.
 
     The buffer fields are optional: a signature without them (an older peer or
@@ -149,11 +166,13 @@ def signature_from_fields(names: list[str], shapes: list[list[int]], dtypes: lis
     return sig
 
 
-def _specs(what: str, names: Sequence[str], shapes: Sequence[Sequence[int]], dtypes: Sequence[str],
-           allowed: tuple[str, ...]) -> tuple[ParamSpec, ...]:
+def _specs(
+    what: str, names: Sequence[str], shapes: Sequence[Sequence[int]], dtypes: Sequence[str], allowed: tuple[str, ...]
+) -> tuple[ParamSpec, ...]:
     if not (len(names) == len(shapes) == len(dtypes)):
-        raise ValueError(f"{len(names)} {what} names, {len(shapes)} shapes and {len(dtypes)} dtypes: "
-                         f"one of each per {what}")
+        raise ValueError(
+            f"{len(names)} {what} names, {len(shapes)} shapes and {len(dtypes)} dtypes: one of each per {what}"
+        )
     specs = []
     for name, shape, dtype in zip(names, shapes, dtypes, strict=True):
         if dtype not in allowed:

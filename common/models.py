@@ -27,8 +27,10 @@ def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     c, h, w = input_shape
     return nn.Sequential(
         nn.Flatten(),
-        nn.Linear(c * h * w, 256), nn.ReLU(),
-        nn.Linear(256, 128), nn.ReLU(),
+        nn.Linear(c * h * w, 256),
+        nn.ReLU(),
+        nn.Linear(256, 128),
+        nn.ReLU(),
         nn.Linear(128, num_classes),
     )
 
@@ -37,10 +39,15 @@ def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Two 5x5 conv layers and two dense ones: past 90 % on Fashion-MNIST, cheap on a CPU."""
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 16, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(32 * (h // 4) * (w // 4), 128), nn.ReLU(),
+        nn.Linear(32 * (h // 4) * (w // 4), 128),
+        nn.ReLU(),
         nn.Linear(128, num_classes),
     )
 
@@ -63,7 +70,7 @@ class _Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.norm1(self.conv1(x)))
         out = self.norm2(self.conv2(out))
-        shortcut = x[:, :, ::self.stride, ::self.stride]
+        shortcut = x[:, :, :: self.stride, :: self.stride]
         if self.extra_channels:
             shortcut = nn.functional.pad(shortcut, (0, 0, 0, 0, 0, self.extra_channels))
         return torch.relu(out + shortcut)
@@ -79,11 +86,9 @@ class ResNet(nn.Module):
     batch size.
     """
 
-    def __init__(self, input_shape: tuple[int, int, int], num_classes: int,
-                 blocks_per_stage: int) -> None:
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int, blocks_per_stage: int) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(input_shape[0], 16, 3, padding=1, bias=False),
-                                  _norm(16), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(input_shape[0], 16, 3, padding=1, bias=False), _norm(16), nn.ReLU())
         blocks, c_in = [], 16
         for stage, width in enumerate((16, 32, 64)):
             for i in range(blocks_per_stage):

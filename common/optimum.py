@@ -45,8 +45,10 @@ def fit_steps_to_target(batches: Sequence[float], steps: Sequence[float]) -> Noi
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, steps, strict=True)) / sum((x - mx) ** 2 for x in xs)
     k_min = my - slope * mx
     if k_min <= 0 or slope < 0:
-        raise ValueError(f"fit_steps_to_target: steps {list(steps)} at batches {list(batches)} do not fall as "
-                         f"K_min (1 + B_noise / B) (K_min {k_min:.3g}, K_min B_noise {slope:.3g})")
+        raise ValueError(
+            f"fit_steps_to_target: steps {list(steps)} at batches {list(batches)} do not fall as "
+            f"K_min (1 + B_noise / B) (K_min {k_min:.3g}, K_min B_noise {slope:.3g})"
+        )
     return NoiseScale(k_min, slope / k_min)
 
 
@@ -101,8 +103,11 @@ class Device:
 def calibrated_optimum(noise: NoiseScale, devices: Sequence[Device], batches: Sequence[int]) -> Optimum:
     """T* over the per-worker batches `batches` (a worker's speed depends on its batch through its fixed cost):
     at each b the workers whose cap allows it, and the best of them all."""
-    found = [optimal_time(noise, [d.speed(b) for d in devices if not d.max_batch or b <= d.max_batch], b)
-             for b in batches if any(not d.max_batch or b <= d.max_batch for d in devices)]
+    found = [
+        optimal_time(noise, [d.speed(b) for d in devices if not d.max_batch or b <= d.max_batch], b)
+        for b in batches
+        if any(not d.max_batch or b <= d.max_batch for d in devices)
+    ]
     if not found:
         raise ValueError(f"calibrated_optimum: no worker can take any of the batches {list(batches)}")
     return min(found, key=lambda o: o.time_s)

@@ -100,8 +100,11 @@ def node_of(group: WorkerGroup) -> Node:
     """A file's worker as it starts: its curve times its slowdown at 0 (plus the slowdown's fixed part)."""
     slowdown = Slowdown.parse(group.slowdown)
     factor, own = slowdown.factor(0.0), group.device
-    return Node(Device(own.fixed_s * factor + slowdown.fixed_s(0.0), own.per_sample_s * factor, own.max_batch),
-                group.link_mbit, group.latency_s)
+    return Node(
+        Device(own.fixed_s * factor + slowdown.fixed_s(0.0), own.per_sample_s * factor, own.max_batch),
+        group.link_mbit,
+        group.latency_s,
+    )
 
 
 def cluster_of(file: ClusterFile, global_batch: int, chunk_bytes: int) -> Cluster:
@@ -109,8 +112,7 @@ def cluster_of(file: ClusterFile, global_batch: int, chunk_bytes: int) -> Cluste
     names one, else `global_batch`; the model cut into pieces of `chunk_bytes` for the pipeline."""
     nodes = tuple(node_of(g) for g in file.workers() if g.join_s == 0)
     chunks = max(1, round(file.model_bytes / chunk_bytes)) if chunk_bytes > 0 else 1
-    return Cluster(nodes, file.global_batch or global_batch, file.model_bytes, chunks, file.shards,
-                   file.shard_mbit)
+    return Cluster(nodes, file.global_batch or global_batch, file.model_bytes, chunks, file.shards, file.shard_mbit)
 
 
 @dataclass(frozen=True)
@@ -156,9 +158,13 @@ def dynamic_batches(cluster: Cluster, waits_for_slowest: bool) -> list[float]:
     each worker's compute speed (DBS-SGD), capped."""
     nodes = cluster.nodes
     if waits_for_slowest:
-        return _water_fill(cluster, lambda t: [
-            min(_cap(n), max(0.0, (cluster.compute_within(n, t) - n.device.fixed_s) / n.device.per_sample_s))
-            for n in nodes])
+        return _water_fill(
+            cluster,
+            lambda t: [
+                min(_cap(n), max(0.0, (cluster.compute_within(n, t) - n.device.fixed_s) / n.device.per_sample_s))
+                for n in nodes
+            ],
+        )
     share = cluster.global_batch / len(nodes)
     speeds = [n.device.speed(max(1, round(share))) for n in nodes]
     return _water_fill(cluster, lambda level: [min(_cap(n), level * s) for n, s in zip(nodes, speeds, strict=True)])
@@ -206,8 +212,9 @@ def predict(cluster: Cluster, noise: NoiseScale, protocol: str, policy: str) -> 
     batches = POLICIES[policy](cluster, waits)
     samples_per_s, effective = throughput(cluster, noise, batches)
     steps = tuple(cluster.step_s(n, b) if b > 0 else 0.0 for n, b in zip(cluster.nodes, batches, strict=True))
-    return Prediction(protocol, policy, tuple(batches), steps, samples_per_s, effective,
-                      noise.samples(effective) / samples_per_s)
+    return Prediction(
+        protocol, policy, tuple(batches), steps, samples_per_s, effective, noise.samples(effective) / samples_per_s
+    )
 
 
 def predict_all(cluster: Cluster, noise: NoiseScale, protocols: Sequence[str] = PROTOCOLS) -> list[Prediction]:

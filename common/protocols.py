@@ -55,8 +55,10 @@ class ProtocolSettings:
         if job.aggregation != "mean" or job.trim != DEFAULT_TRIM:
             flag = f"--aggregation {job.aggregation}" if job.aggregation != "mean" else f"--trim {job.trim:g}"
             rounds = ", ".join(name for name, spec in SPECS.items() if spec.closes_rounds)
-            raise ConfigError(f"{flag}: protocol {job.protocol} applies each push on its own and closes no rounds "
-                              f"to aggregate (only {rounds} do)")
+            raise ConfigError(
+                f"{flag}: protocol {job.protocol} applies each push on its own and closes no rounds "
+                f"to aggregate (only {rounds} do)"
+            )
 
 
 AGGREGATIONS: tuple[str, ...] = ("mean", "trimmed-mean", "median")
@@ -115,9 +117,11 @@ class MsyncSettings(RoundSettings):
         first round can close with m gradients of m different workers."""
         super().check(job)
         if job.sync_m > job.min_workers:
-            raise ConfigError(f"--sync-m {job.sync_m}: a round takes the first m gradients of m different workers, "
-                              f"and the job starts with {job.min_workers} worker(s) (--min-workers; dynabatch run: "
-                              f"--workers): choose m between 1 and {job.min_workers}, or 0 for every live worker")
+            raise ConfigError(
+                f"--sync-m {job.sync_m}: a round takes the first m gradients of m different workers, "
+                f"and the job starts with {job.min_workers} worker(s) (--min-workers; dynabatch run: "
+                f"--workers): choose m between 1 and {job.min_workers}, or 0 for every live worker"
+            )
 
 
 STALENESS_STEPS: tuple[str, ...] = ("constant", "delay")
@@ -258,38 +262,104 @@ class ProtocolSpec:
 SPECS: dict[str, ProtocolSpec] = {
     spec.name: spec
     for spec in (
-        ProtocolSpec("asgd",
-                     "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
-                     GRADIENT, shard_rule="async", worker_loop="gradient", may_prefetch_pull=True,
-                     settings=AsyncSettings),
-        ProtocolSpec("ssgd", "bulk synchronous: one sample-weighted mean per round of every live worker",
-                     GRADIENT, shard_rule="round", worker_loop="gradient", one_push_per_round=True,
-                     sized_rounds=True, equal_steps=True, settings=RoundSettings),
-        ProtocolSpec("msync", "m-synchronous SGD: each round applies the mean of the first --sync-m gradients "
-                     "computed at its model; the rest of the round are discarded",
-                     GRADIENT, shard_rule="msync", worker_loop="gradient", one_push_per_round=True,
-                     equal_steps=True, whole_pushes=True, first_pushes=True, settings=MsyncSettings),
-        ProtocolSpec("softsync", "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
-                     GRADIENT, shard_rule="softsync", worker_loop="gradient", may_prefetch_pull=True,
-                     settings=SoftsyncSettings),
-        ProtocolSpec("ssp", "stale-synchronous parallel: asynchronous, but no worker pulls more than "
-                     "--staleness clocks ahead of the slowest",
-                     GRADIENT, shard_rule="ssp", worker_loop="gradient", equal_steps=True, settings=SspSettings),
-        ProtocolSpec("ringmaster", "Ringmaster ASGD: asynchronous, a gradient --max-delay or more versions stale is "
-                     "discarded and its worker re-pulls; the others take a delay-adaptive step",
-                     GRADIENT, shard_rule="ringmaster", worker_loop="gradient", equal_steps=True,
-                     settings=RingmasterSettings),
-        ProtocolSpec("rennala", "Rennala SGD: one step per B samples of gradients computed at the current model, "
-                     "from whoever delivers them; a gradient of an older model is discarded",
-                     GRADIENT, shard_rule="rennala", worker_loop="gradient", held_pull_waits=True,
-                     sized_rounds=True, equal_steps=True, settings=RoundSettings),
-        ProtocolSpec("local", "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
-                     DELTA, shard_rule="outer", worker_loop="local", one_push_per_round=True, local_steps=True,
-                     equal_steps=True, settings=OuterSettings),
-        ProtocolSpec("msd", "multi-step delay: local SGD that never waits, corrects onto the averaged model, "
-                     "H adapted (AdaComm)",
-                     DELTA, shard_rule="outer", worker_loop="msd", one_push_per_round=True, local_steps=True,
-                     adaptive_local_steps=True, overlaps_rounds=True, equal_steps=True, settings=OuterSettings),
+        ProtocolSpec(
+            "asgd",
+            "asynchronous: every gradient applied on arrival (Downpour); with dynamic batches, DBS-SGD",
+            GRADIENT,
+            shard_rule="async",
+            worker_loop="gradient",
+            may_prefetch_pull=True,
+            settings=AsyncSettings,
+        ),
+        ProtocolSpec(
+            "ssgd",
+            "bulk synchronous: one sample-weighted mean per round of every live worker",
+            GRADIENT,
+            shard_rule="round",
+            worker_loop="gradient",
+            one_push_per_round=True,
+            sized_rounds=True,
+            equal_steps=True,
+            settings=RoundSettings,
+        ),
+        ProtocolSpec(
+            "msync",
+            "m-synchronous SGD: each round applies the mean of the first --sync-m gradients "
+            "computed at its model; the rest of the round are discarded",
+            GRADIENT,
+            shard_rule="msync",
+            worker_loop="gradient",
+            one_push_per_round=True,
+            equal_steps=True,
+            whole_pushes=True,
+            first_pushes=True,
+            settings=MsyncSettings,
+        ),
+        ProtocolSpec(
+            "softsync",
+            "n-softsync: the staleness-damped mean of floor(workers/n) gradients from anyone",
+            GRADIENT,
+            shard_rule="softsync",
+            worker_loop="gradient",
+            may_prefetch_pull=True,
+            settings=SoftsyncSettings,
+        ),
+        ProtocolSpec(
+            "ssp",
+            "stale-synchronous parallel: asynchronous, but no worker pulls more than "
+            "--staleness clocks ahead of the slowest",
+            GRADIENT,
+            shard_rule="ssp",
+            worker_loop="gradient",
+            equal_steps=True,
+            settings=SspSettings,
+        ),
+        ProtocolSpec(
+            "ringmaster",
+            "Ringmaster ASGD: asynchronous, a gradient --max-delay or more versions stale is "
+            "discarded and its worker re-pulls; the others take a delay-adaptive step",
+            GRADIENT,
+            shard_rule="ringmaster",
+            worker_loop="gradient",
+            equal_steps=True,
+            settings=RingmasterSettings,
+        ),
+        ProtocolSpec(
+            "rennala",
+            "Rennala SGD: one step per B samples of gradients computed at the current model, "
+            "from whoever delivers them; a gradient of an older model is discarded",
+            GRADIENT,
+            shard_rule="rennala",
+            worker_loop="gradient",
+            held_pull_waits=True,
+            sized_rounds=True,
+            equal_steps=True,
+            settings=RoundSettings,
+        ),
+        ProtocolSpec(
+            "local",
+            "local SGD: H local steps, then the sample-weighted mean delta via an outer optimizer",
+            DELTA,
+            shard_rule="outer",
+            worker_loop="local",
+            one_push_per_round=True,
+            local_steps=True,
+            equal_steps=True,
+            settings=OuterSettings,
+        ),
+        ProtocolSpec(
+            "msd",
+            "multi-step delay: local SGD that never waits, corrects onto the averaged model, H adapted (AdaComm)",
+            DELTA,
+            shard_rule="outer",
+            worker_loop="msd",
+            one_push_per_round=True,
+            local_steps=True,
+            adaptive_local_steps=True,
+            overlaps_rounds=True,
+            equal_steps=True,
+            settings=OuterSettings,
+        ),
     )
 }
 PROTOCOLS: tuple[str, ...] = tuple(SPECS)

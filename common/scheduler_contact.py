@@ -48,5 +48,9 @@ class SchedulerContact:
         else:
             return
         self.health.scheduler_lost = True
-        log.warning("lost the scheduler at %s (%s): going on with the last assignment, its work not counted, "
-                    "not ready on /readyz until the scheduler answers again", self.endpoint, self.lost_why)
+        log.warning(
+            "lost the scheduler at %s (%s): going on with the last assignment, its work not counted, "
+            "not ready on /readyz until the scheduler answers again",
+            self.endpoint,
+            self.lost_why,
+        )

@@ -43,8 +43,14 @@ ASK_EVERY_S = 0.05  # between two heartbeats of a process that waits on the sche
 class SchedulerLink:
     """DEALER to the scheduler plus the registration and assignment protocol."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, job: str, name: str,
-                 handshake_failed: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        job: str,
+        name: str,
+        handshake_failed: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         """`handshake_failed` is told the reason of each failed handshake (metrics.handshake_failures)."""
         self.conn = Connection(ctx, endpoint, job, name)
         self.conn.handshake_failed = handshake_failed
@@ -100,9 +106,11 @@ class SchedulerLink:
         """Why a HELLO went unanswered: the handshake failed (keys), or no scheduler there (or not yet)."""
         self.conn.note_drops()
         if self.conn.refused:
-            return (f"the scheduler at {self.conn.endpoint} refuses this process's handshake ({self.conn.refused}): "
-                    "its CURVE keys do not match this process's (--curve-dir: a folder of another `dynabatch keys`, "
-                    "or CURVE on one side only)")
+            return (
+                f"the scheduler at {self.conn.endpoint} refuses this process's handshake ({self.conn.refused}): "
+                "its CURVE keys do not match this process's (--curve-dir: a folder of another `dynabatch keys`, "
+                "or CURVE on one side only)"
+            )
         return f"no answer from the scheduler at {self.conn.endpoint}"
 
     def watch_contact(self, health: Health, silence_s: float) -> None:
@@ -197,15 +205,21 @@ class SchedulerLink:
                 with self._lock:
                     self.conn.note_drops()
                 if self.conn.down:
-                    log.warning("scheduler at %s is unreachable (its connection closed); leaving without its "
-                                "acknowledgement: its counts of this process may be short", self.conn.endpoint)
+                    log.warning(
+                        "scheduler at %s is unreachable (its connection closed); leaving without its "
+                        "acknowledgement: its counts of this process may be short",
+                        self.conn.endpoint,
+                    )
                     return False
                 continue
             except RemoteError as exc:  # e.g. it had already dropped us: nothing left to deliver
                 log.info("scheduler answered BYE with %s: %s", exc.code, exc.text)
                 return True
-        log.warning("scheduler at %s did not acknowledge BYE within %.0fs; its counts of this process may be short",
-                    self.conn.endpoint, timeout_s)
+        log.warning(
+            "scheduler at %s did not acknowledge BYE within %.0fs; its counts of this process may be short",
+            self.conn.endpoint,
+            timeout_s,
+        )
         return False
 
     def close(self) -> None:

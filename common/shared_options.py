@@ -33,10 +33,15 @@ def check_task_flag(spec: str) -> None:
 class TaskOptions:
     """What a worker trains and on how many threads: `dynabatch worker`, `run` and `check` take these alike."""
 
-    task: str = opt("", "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
-                    "(default: the job's --model on its --dataset)", topic="job")
-    data_dir: str = opt("", "folder with the built-in datasets' files (default: search the standard places)",
-                        topic="data")
+    task: str = opt(
+        "",
+        "what to train: FILE.py:ATTR or package.module:ATTR naming a dynabatch.Task "
+        "(default: the job's --model on its --dataset)",
+        topic="job",
+    )
+    data_dir: str = opt(
+        "", "folder with the built-in datasets' files (default: search the standard places)", topic="data"
+    )
     threads: int = opt(1, "torch threads of each worker's compute", minimum=1, topic="cluster")
 
     def validate(self) -> None:
@@ -48,14 +53,27 @@ class TaskOptions:
 class TrainingOptions(TaskOptions):
     """How each worker trains its task: `dynabatch worker`'s flags, which `dynabatch run` forwards to its workers."""
 
-    init: str = opt("", "start from these weights: a state_dict file (torch.save, dynabatch export) loaded into "
-                    "each worker's and the evaluator's model; the worker that initialises the shards sends them, "
-                    "and frozen parameters and buffers come from it on every worker", topic="job")
-    micro_batch: int = opt(0, "workers run an assigned batch as passes of at most this many samples, accumulating "
-                           "their gradients (0: one pass); not with the job's --pipeline on", minimum=0, topic="data")
-    loader_workers: int = opt(0, "processes loading batches ahead for each worker (a torch DataLoader whose batch "
-                              "sampler follows the assigned batch size); 0: load in the worker's own process",
-                              minimum=0, topic="data")
+    init: str = opt(
+        "",
+        "start from these weights: a state_dict file (torch.save, dynabatch export) loaded into "
+        "each worker's and the evaluator's model; the worker that initialises the shards sends them, "
+        "and frozen parameters and buffers come from it on every worker",
+        topic="job",
+    )
+    micro_batch: int = opt(
+        0,
+        "workers run an assigned batch as passes of at most this many samples, accumulating "
+        "their gradients (0: one pass); not with the job's --pipeline on",
+        minimum=0,
+        topic="data",
+    )
+    loader_workers: int = opt(
+        0,
+        "processes loading batches ahead for each worker (a torch DataLoader whose batch "
+        "sampler follows the assigned batch size); 0: load in the worker's own process",
+        minimum=0,
+        topic="data",
+    )
 
 
 @dataclass
@@ -63,10 +81,17 @@ class MemberOptions(JobName):
     """How a shard or a worker finds its job (its --job and scheduler) and what it does once the job ends."""
 
     scheduler: str = opt("tcp://127.0.0.1:5555", "scheduler control endpoint", topic="cluster")
-    name: str = opt("", "name in logs and dashboards (default: ps-HOSTNAME for a shard, HOSTNAME-PID for a worker)",
-                    topic="observability")
-    on_finish: str = opt("exit", "when the job ends: exit, or idle serving /healthz until stopped (Kubernetes)",
-                         ON_FINISH, topic="cluster")
+    name: str = opt(
+        "",
+        "name in logs and dashboards (default: ps-HOSTNAME for a shard, HOSTNAME-PID for a worker)",
+        topic="observability",
+    )
+    on_finish: str = opt(
+        "exit",
+        "when the job ends: exit, or idle serving /healthz until stopped (Kubernetes)",
+        ON_FINISH,
+        topic="cluster",
+    )
 
     def validate(self) -> None:
         validate_fields(self)

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 MAX_SLOWDOWN_CHARS = 64  # a schedule's text as HELLO may carry it
 _NUMBER = r"\d+(?:\.\d+)?"
-_ITEM = re.compile(rf"^\s*(?P<factor>{_NUMBER})x?\s*(?::\s*(?P<fixed>{_NUMBER})\s*s?)?\s*"
-                   rf"(?:@\s*(?P<at>{_NUMBER})\s*s?)?\s*$")
+_ITEM = re.compile(
+    rf"^\s*(?P<factor>{_NUMBER})x?\s*(?::\s*(?P<fixed>{_NUMBER})\s*s?)?\s*"
+    rf"(?:@\s*(?P<at>{_NUMBER})\s*s?)?\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,10 @@ class Slowdown:
 
     def label(self) -> str:
         """The schedule as one short text, as STATUS and the console show it: `2x`, `1x,4x@60s`, `2x:0.05s`."""
-        return ",".join(f"{factor:g}x" + (f":{fixed:g}s" if fixed else "") + (f"@{at:g}s" if at else "")
-                        for at, factor, fixed in self.phases)
+        return ",".join(
+            f"{factor:g}x" + (f":{fixed:g}s" if fixed else "") + (f"@{at:g}s" if at else "")
+            for at, factor, fixed in self.phases
+        )
 
     def _phase(self, elapsed_s: float) -> tuple[float, float, float]:
         current = self.phases[0]

@@ -91,8 +91,10 @@ def check_task(task: Task, seed: int) -> CheckedTask:
     sig = signature(first, 0)
     for (name, a), (_, b) in zip(named_travelling(first), named_travelling(second), strict=False):
         if not torch.equal(a, b):
-            raise TaskError(f"two builds of the model differ in {name}: its construction uses randomness "
-                            "that the job's seed does not control (seed it, or build it from torch's global RNG)")
+            raise TaskError(
+                f"two builds of the model differ in {name}: its construction uses randomness "
+                "that the job's seed does not control (seed it, or build it from torch's global RNG)"
+            )
     data = build_data(task.train_data, "train_data")
     evaluation = build_data(task.eval_data, "eval_data") if task.eval_data is not None else data
     batch = _user_call("collate", task.collate_fn(), [data[i] for i in range(min(2, len(data)))])
@@ -104,8 +106,10 @@ def check_task(task: Task, seed: int) -> CheckedTask:
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise TaskError(f"the loss must be a scalar float tensor (the batch mean), got {shape}")
     if loss.grad_fn is None:
-        raise TaskError("the loss has no gradient (no grad_fn): compute it from the model's output with torch "
-                        "operations, not through .item(), .detach(), numpy or torch.no_grad()")
+        raise TaskError(
+            "the loss has no gradient (no grad_fn): compute it from the model's output with torch "
+            "operations, not through .item(), .detach(), numpy or torch.no_grad()"
+        )
     torch.autograd.backward(loss)  # Tensor.backward is untyped in torch; this is the function it calls
     if task.optimizer is not None:
         try:
@@ -136,9 +140,12 @@ def check_metrics(task: Task, model: nn.Module, batch: Any) -> list[str]:
                 label = f"metric {getattr(metric, '__name__', type(metric).__name__)}"
                 result = _user_call(label, metric, model, batch)
                 if not isinstance(result, dict) or not all(
-                        isinstance(k, str) and _is_sum_and_count(v) for k, v in result.items()):
-                    raise TaskError(f"{label} returned {_describe(result)}; a metric returns "
-                                    "{name: (sum, count)}, e.g. {'accuracy': (correct, samples)}")
+                    isinstance(k, str) and _is_sum_and_count(v) for k, v in result.items()
+                ):
+                    raise TaskError(
+                        f"{label} returned {_describe(result)}; a metric returns "
+                        "{name: (sum, count)}, e.g. {'accuracy': (correct, samples)}"
+                    )
                 names += result
     finally:
         model.train()
@@ -146,8 +153,11 @@ def check_metrics(task: Task, model: nn.Module, batch: Any) -> list[str]:
 
 
 def _is_sum_and_count(value: Any) -> bool:
-    return isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in value)
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1) for v in value)
+    )
 
 
 def _describe(value: Any) -> str:
@@ -165,8 +175,9 @@ def build_data(factory: Callable[[], Any], what: str) -> Any:
     try:
         size = len(data)
     except TypeError:
-        raise TaskError(f"{what}() gave a {type(data).__name__} without __len__: a map-style Dataset is needed"
-                        ) from None
+        raise TaskError(
+            f"{what}() gave a {type(data).__name__} without __len__: a map-style Dataset is needed"
+        ) from None
     if size == 0:
         raise TaskError(f"{what}() gave an empty dataset")
     return data

@@ -110,7 +110,9 @@ def _configure(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
 
 
 def bind_router(
-    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, reports: ConnectionReports | None = None,
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    reports: ConnectionReports | None = None,
     send_queue: int | None = None,
 ) -> tuple[zmq.Socket[bytes], str]:
     """A ROUTER bound to `endpoint` (port 0 or '*' picks a free port); returns the real endpoint.
@@ -187,7 +189,11 @@ def recv_routed(sock: zmq.Socket[bytes], limits: WireLimits | None = None) -> In
 
 
 def reply_frames(
-    body: Any, seq: int, job: str, sender: str, chunks: Sequence[ChunkMeta] = (),
+    body: Any,
+    seq: int,
+    job: str,
+    sender: str,
+    chunks: Sequence[ChunkMeta] = (),
     tensors: Sequence[torch.Tensor | memoryview] = (),
 ) -> list[Any]:
     """A reply's frames, to follow the routing id on a ROUTER (`tensors` may be lent bytes: see `encode`)."""
@@ -206,15 +212,20 @@ def send_routed(
 ) -> bool:
     """Reply through a ROUTER; False (and nothing sent) if the peer is gone or full."""
     try:
-        sock.send_multipart([identity, *reply_frames(body, seq, job, sender, chunks, tensors)], copy=False,
-                            flags=zmq.NOBLOCK)
+        sock.send_multipart(
+            [identity, *reply_frames(body, seq, job, sender, chunks, tensors)], copy=False, flags=zmq.NOBLOCK
+        )
     except zmq.Again:
         return False
     return True
 
 
 def send_error(
-    sock: zmq.Socket[bytes], incoming: Incoming, error: ProtocolError, job: str, sender: str,
+    sock: zmq.Socket[bytes],
+    incoming: Incoming,
+    error: ProtocolError,
+    job: str,
+    sender: str,
 ) -> None:
     """Answer a rejected message with ERROR, echoing its seq where it had one."""
     send_routed(sock, incoming.identity, error.to_error(), error.ref, job, sender)

@@ -43,9 +43,10 @@ def read_verified(path: Path) -> bytes:
     head, _, payload = data.partition(b"\n")
     if not head.startswith(HEADER):
         raise DamagedFile(f"{path}: no checksum header (truncated, or not written by dynabatch)")
-    if hashlib.sha256(payload).hexdigest().encode() != head[len(HEADER):]:
-        raise DamagedFile(f"{path}: its content does not match its checksum ({len(payload)} bytes; truncated or "
-                          "altered)")
+    if hashlib.sha256(payload).hexdigest().encode() != head[len(HEADER) :]:
+        raise DamagedFile(
+            f"{path}: its content does not match its checksum ({len(payload)} bytes; truncated or altered)"
+        )
     return payload
 
 

@@ -27,8 +27,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise TaskError(f"--init {path}: not a torch state_dict file ({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in state.items()):
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
         raise TaskError(f"--init {path}: holds a {type(state).__name__}, not a state_dict ({{name: tensor}})")
     return state
 
@@ -43,10 +44,13 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
         if key not in state:
             raise TaskError(f"{source} has no {key} (the task's model has {key} {list(tensor.shape)})")
         if tuple(state[key].shape) != tuple(tensor.shape):
-            raise TaskError(f"{source}: {key} is {list(state[key].shape)} there but {list(tensor.shape)} "
-                            "in the task's model")
+            raise TaskError(
+                f"{source}: {key} is {list(state[key].shape)} there but {list(tensor.shape)} in the task's model"
+            )
     extra = [key for key in state if key not in own]
     if extra:
-        raise TaskError(f"{source} has {extra[0]}, which the task's model does not have"
-                        + (f" (and {len(extra) - 1} more such keys)" if len(extra) > 1 else ""))
+        raise TaskError(
+            f"{source} has {extra[0]}, which the task's model does not have"
+            + (f" (and {len(extra) - 1} more such keys)" if len(extra) > 1 else "")
+        )
     model.load_state_dict(state)

@@ -145,10 +145,7 @@ def encode(msg: Message, tensors: Sequence[torch.Tensor | memoryview] | None = N
         "job": msg.job,
         "sender": msg.sender,
         "seq": msg.seq,
-        "chunks": [
-            {"id": c.id, "dtype": c.dtype, "shape": list(c.shape), "version": c.version}
-            for c in msg.chunks
-        ],
+        "chunks": [{"id": c.id, "dtype": c.dtype, "shape": list(c.shape), "version": c.version} for c in msg.chunks],
     }
     schema = _schema(type(msg.body))
     for name, _, _ in schema.fields:
@@ -190,8 +187,9 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
         envelope = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_array_len=max_array, max_map_len=1 << 12)
     except ValueError as exc:
         if "max_array_len" in str(exc):
-            raise ProtocolError(ErrorCode.BAD_CHUNK,
-                                f"a list in the envelope is longer than {max_array} entries") from None
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK, f"a list in the envelope is longer than {max_array} entries"
+            ) from None
         raise ProtocolError(ErrorCode.MALFORMED, f"envelope is not msgpack: {type(exc).__name__}") from None
     except Exception as exc:  # msgpack raises a zoo of types for garbage
         raise ProtocolError(ErrorCode.MALFORMED, f"envelope is not msgpack: {type(exc).__name__}") from None
@@ -227,23 +225,27 @@ def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
 def _check_envelope_size(frames: Sequence[Any], limits: WireLimits) -> None:
     """Refuse an envelope larger than `limits` allow, before parsing it."""
     if _frame_size(frames[0]) > limits.max_envelope_bytes:
-        raise ProtocolError(ErrorCode.TOO_LARGE,
-                            f"an envelope of {_frame_size(frames[0])} bytes exceeds this receiver's "
-                            f"{limits.max_envelope_bytes}")
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"an envelope of {_frame_size(frames[0])} bytes exceeds this receiver's {limits.max_envelope_bytes}",
+        )
 
 
 def _check_frame_sizes(frames: Sequence[Any], limits: WireLimits, ref: int) -> None:
     """Refuse more tensor frames than the receiver's chunks, or one larger than its largest chunk
     (before any tensor is built)."""
     if len(frames) - 1 > limits.max_chunks:
-        raise ProtocolError(ErrorCode.BAD_CHUNK,
-                            f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}",
-                            ref)
+        raise ProtocolError(
+            ErrorCode.BAD_CHUNK, f"{len(frames) - 1} tensor frames exceed this receiver's {limits.max_chunks}", ref
+        )
     for i, frame in enumerate(frames[1:]):
         if _frame_size(frame) > limits.max_frame_bytes:
-            raise ProtocolError(ErrorCode.BAD_CHUNK, f"tensor frame {i} of {_frame_size(frame)} bytes exceeds this "
-                                f"receiver's largest chunk ({limits.max_frame_bytes} bytes): a model of another size",
-                                ref)
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK,
+                f"tensor frame {i} of {_frame_size(frame)} bytes exceeds this "
+                f"receiver's largest chunk ({limits.max_frame_bytes} bytes): a model of another size",
+                ref,
+            )
 
 
 def _frame_size(frame: Any) -> int:
@@ -283,8 +285,9 @@ def _decode_chunks(entries: list[Any], ref: int, max_chunks: int) -> list[ChunkM
         if not _is_int(cid) or cid < 0:
             raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk entry {i}: id must be a non-negative int", ref)
         if dtype not in DTYPE_SIZES:
-            raise ProtocolError(ErrorCode.BAD_CHUNK,
-                                f"chunk {cid}: dtype {dtype!r} not one of {sorted(DTYPE_SIZES)}", ref)
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK, f"chunk {cid}: dtype {dtype!r} not one of {sorted(DTYPE_SIZES)}", ref
+            )
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) or len(shape) > 8:
             raise ProtocolError(ErrorCode.BAD_CHUNK, f"chunk {cid}: shape must be a list of non-negative ints", ref)
         if math.prod(shape) > MAX_CHUNK_ELEMENTS:
@@ -337,8 +340,14 @@ def _schema(cls: type) -> _Schema:
         hints = typing.get_type_hints(cls)
         fields = dataclasses.fields(cls)
         schema = _SCHEMAS[cls] = _Schema(
-            tuple((f.name, _converter(hints[f.name]),
-                   f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING) for f in fields),
+            tuple(
+                (
+                    f.name,
+                    _converter(hints[f.name]),
+                    f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+                )
+                for f in fields
+            ),
             any(_holds_dataclass(hints[f.name]) for f in fields),
         )
     return schema

@@ -79,7 +79,7 @@ class ByteWindows(Dataset):
         if not 0 <= index < len(self):
             raise IndexError(index)
         start = index * self.context
-        window = self.bytes[start:start + self.context + 1].long()
+        window = self.bytes[start : start + self.context + 1].long()
         return window[:-1], window[1:]
 
 
@@ -125,8 +125,9 @@ class Block(nn.Module):
 class ByteGPT(nn.Module):
     """Logits [B, T, 256] for every position of a byte sequence [B, T], each from the bytes up to it."""
 
-    def __init__(self, width: int = WIDTH, layers: int = LAYERS, heads: int = HEADS, context: int = CONTEXT,
-                 tie: bool = TIE) -> None:
+    def __init__(
+        self, width: int = WIDTH, layers: int = LAYERS, heads: int = HEADS, context: int = CONTEXT, tie: bool = TIE
+    ) -> None:
         super().__init__()
         if width % heads:
             raise ValueError(f"GPT_WIDTH={width} is not a multiple of GPT_HEADS={heads}")
@@ -141,7 +142,7 @@ class ByteGPT(nn.Module):
             self.head.weight = self.tok_emb.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok_emb(idx) + self.pos_emb[:idx.shape[1]]
+        x = self.tok_emb(idx) + self.pos_emb[: idx.shape[1]]
         return self.head(self.norm_f(self.blocks(x)))
 
 

@@ -82,7 +82,7 @@ class ResNet18(nn.Module):
         self.bn1 = nn.BatchNorm2d(width)
         stages, c_in = [], width
         for i in range(4):
-            c_out = width * 2 ** i
+            c_out = width * 2**i
             stages.append(nn.Sequential(BasicBlock(c_in, c_out, 1 if i == 0 else 2), BasicBlock(c_out, c_out, 1)))
             c_in = c_out
         self.stages = nn.Sequential(*stages)
@@ -118,14 +118,16 @@ def synthetic_cifar(n_train: int = SYNTHETIC_TRAIN, seed: int = SYNTHETIC_SEED) 
     y = torch.randint(0, 10, (n,), generator=g)
     rows = torch.randint(0, 9, (n, 1), generator=g) + torch.arange(32)
     cols = torch.randint(0, 9, (n, 1), generator=g) + torch.arange(32)
-    x = templates[y[:, None, None, None], torch.arange(3)[None, :, None, None], rows[:, None, :, None],
-                  cols[:, None, None, :]]
+    x = templates[
+        y[:, None, None, None], torch.arange(3)[None, :, None, None], rows[:, None, :, None], cols[:, None, None, :]
+    ]
     x = (x + 60 * torch.randn(n, 3, 32, 32, generator=g)).round_().clamp_(0, 255).to(torch.uint8)
     pixels = x[:n_train].float().div(255)
     mean = tuple(pixels.mean(dim=(0, 2, 3)).tolist())
     std = tuple(pixels.std(dim=(0, 2, 3)).tolist())
-    return Dataset("cifar10-synthetic", x[:n_train], y[:n_train], x[n_train:], y[n_train:], mean, std,
-                   num_classes=10, augment=True)
+    return Dataset(
+        "cifar10-synthetic", x[:n_train], y[:n_train], x[n_train:], y[n_train:], mean, std, num_classes=10, augment=True
+    )
 
 
 _loaded: dict[str, Dataset] = {}

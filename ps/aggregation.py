@@ -80,8 +80,10 @@ def trimmed_mean(parts: Sequence[Contribution], k: int) -> torch.Tensor:
         below = values[b] < values[a]  # at a tie, the earlier contribution ranks lower
         ranks[a] += below
         ranks[b] += ~below
-    weights = [((rank >= k) & (rank < len(values) - k)).to(value.dtype).mul_(samples)
-               for rank, value, (_, samples) in zip(ranks, values, by_samples, strict=True)]
+    weights = [
+        ((rank >= k) & (rank < len(values) - k)).to(value.dtype).mul_(samples)
+        for rank, value, (_, samples) in zip(ranks, values, by_samples, strict=True)
+    ]
     kept_samples = functools.reduce(torch.add, weights)
     out = torch.zeros_like(values[0])
     for value, weight in zip(values, weights, strict=True):

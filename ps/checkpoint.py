@@ -39,8 +39,9 @@ def load_checkpoint(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
     try:
         return load_newest_good(path, lambda copy, payload: _parse(copy, payload, meta), log.error)
     except DamagedFile:
-        log.error("no good checkpoint at %s: starting without one; the first worker's model (INIT) takes its place",
-                  path)
+        log.error(
+            "no good checkpoint at %s: starting without one; the first worker's model (INIT) takes its place", path
+        )
         return None
 
 
@@ -80,8 +81,11 @@ class ForeignCheckpoint(ValueError):
     """
 
     def __init__(self, path: Path, saved: dict[str, Any], meta: dict[str, Any]) -> None:
-        differ = ", ".join(f"{k} {saved.get(k)!r} there, {meta.get(k)!r} here"
-                           for k in meta if saved.get(k) != meta.get(k))
-        super().__init__(f"{path} is a checkpoint of another job ({differ}): refusing to load or overwrite it; "
-                         f"for a job from scratch delete it (on Kubernetes, the shard's claim), else start this "
-                         f"shard in the job it belongs to")
+        differ = ", ".join(
+            f"{k} {saved.get(k)!r} there, {meta.get(k)!r} here" for k in meta if saved.get(k) != meta.get(k)
+        )
+        super().__init__(
+            f"{path} is a checkpoint of another job ({differ}): refusing to load or overwrite it; "
+            f"for a job from scratch delete it (on Kubernetes, the shard's claim), else start this "
+            f"shard in the job it belongs to"
+        )

@@ -70,17 +70,26 @@ class GoodCheckpoint:
         version = held.state.version
         if self.health.problem or self.hold:
             served.metrics.checkpoints_refused.inc()
-            log.warning("not checkpointing version %d: %s; the checkpoint at version %d stays", version,
-                        self.health.problem or "workers' losses are diverging", self.good_version)
+            log.warning(
+                "not checkpointing version %d: %s; the checkpoint at version %d stays",
+                version,
+                self.health.problem or "workers' losses are diverging",
+                self.good_version,
+            )
             return
         try:
-            served.save_checkpoint({**held.checkpoint_fields(), "replay_marks": self.replays.saved(),
-                                    "rollbacks": self.rollbacks})
+            served.save_checkpoint(
+                {**held.checkpoint_fields(), "replay_marks": self.replays.saved(), "rollbacks": self.rollbacks}
+            )
         except OSError as exc:
             if not out_of_descriptors(exc):
                 raise
-            log.warning("checkpoint of version %d not written: %s; the one at version %d stays",
-                        version, exc.strerror, self.good_version)
+            log.warning(
+                "checkpoint of version %d not written: %s; the one at version %d stays",
+                version,
+                exc.strerror,
+                self.good_version,
+            )
             return
         self.good_version = version
         served.metrics.checkpoints.inc()
@@ -98,16 +107,26 @@ class GoodCheckpoint:
         try:
             saved = served.load_checkpoint()
         except (OSError, ValueError, RuntimeError) as exc:
-            log.error("rollback %d ordered, but the checkpoint cannot be read: %s; the model stays as it is",
-                      number, exc)
+            log.error(
+                "rollback %d ordered, but the checkpoint cannot be read: %s; the model stays as it is", number, exc
+            )
             return False
         if saved is None:
-            log.error("rollback %d ordered, but this shard has no checkpoint to go back to (--checkpoint-dir); "
-                      "the model stays as it is", number)
+            log.error(
+                "rollback %d ordered, but this shard has no checkpoint to go back to (--checkpoint-dir); "
+                "the model stays as it is",
+                number,
+            )
             return False
         before = model.version
         held.roll_back(saved)
         self.judge_restored(model)
-        log.warning("rollback %d: restored version %d from %s (the model was at version %d); step size now x%g",
-                    number, model.version, served.checkpoint_path, before, model.step_size.job_factor)
+        log.warning(
+            "rollback %d: restored version %d from %s (the model was at version %d); step size now x%g",
+            number,
+            model.version,
+            served.checkpoint_path,
+            before,
+            model.step_size.job_factor,
+        )
         return True

@@ -93,8 +93,10 @@ class _ChunkHistory:
         if first or self.pushes % REFRESH == 0:
             for gone in [w for w in self.by_worker if w not in live and w != worker]:
                 del self.by_worker[gone], self.medians[gone]
-            self.reference = (_median_low([m for m, _ in self.medians.values()]),
-                              _median_low([m for _, m in self.medians.values()]))
+            self.reference = (
+                _median_low([m for m, _ in self.medians.values()]),
+                _median_low([m for _, m in self.medians.values()]),
+            )
 
     def trusted(self, live: set[str]) -> bool:
         """Whether most live workers have pushed this chunk, so that one liar cannot be the reference."""
@@ -127,8 +129,15 @@ class GradientBounds:
     def on(self) -> bool:
         return self.factor > 0
 
-    def assess(self, worker: str, tensors: dict[int, torch.Tensor], samples: int, params: Mapping[int, torch.Tensor],
-               live: set[str], share: float) -> Assessment:
+    def assess(
+        self,
+        worker: str,
+        tensors: dict[int, torch.Tensor],
+        samples: int,
+        params: Mapping[int, torch.Tensor],
+        live: set[str],
+        share: float,
+    ) -> Assessment:
         """Bound `worker`'s push of `samples` samples, `share` (in (0, 1]) of an even batch B/n, to chunks whose
         parameters are `params`; changes nothing. Clipped chunks are new tensors; the rest are the received ones.
         A quarantined worker's push is refused (`check_not_quarantined`, which the shard's admission runs before
@@ -151,8 +160,9 @@ class GradientBounds:
     def check_not_quarantined(self, worker: str) -> None:
         """Refuse (`quarantined`, saying why) a push from a worker this shard quarantined."""
         if worker in self.quarantined:
-            raise ProtocolError(ErrorCode.QUARANTINED,
-                                f"{worker!r} was quarantined: its pushes kept {self.why[worker]}")
+            raise ProtocolError(
+                ErrorCode.QUARANTINED, f"{worker!r} was quarantined: its pushes kept {self.why[worker]}"
+            )
 
     def bound(self, cid: int, samples: int, live: set[str]) -> float:
         """Chunk `cid`'s largest norm for a push of `samples` samples by the workers' reference (inf while most

@@ -137,8 +137,11 @@ class GradientDirection:
         me = self.workers.setdefault(worker, _Worker())
         me.taken += taken
         for name, other in self.workers.items():
-            cos = _cosine(sketched, other.ref) if name != worker and name in live and other.pushes >= WARM_PUSHES \
+            cos = (
+                _cosine(sketched, other.ref)
+                if name != worker and name in live and other.pushes >= WARM_PUSHES
                 else None
+            )
             if cos is not None:
                 me.pairs.setdefault(name, _Pair()).add(cos)
         for cid, s in sketched.items():
@@ -167,8 +170,10 @@ class GradientDirection:
         slowest = min(self.workers[name].count for name in others)
         if taken < slowest + LEAD:
             return None
-        return (f"{worker!r} is {taken - slowest} pushes ahead of the slowest other worker before its direction "
-                f"could be judged (--direction-check): pull and push again")
+        return (
+            f"{worker!r} is {taken - slowest} pushes ahead of the slowest other worker before its direction "
+            f"could be judged (--direction-check): pull and push again"
+        )
 
     def _start_level(self, working: set[str]) -> None:
         """A worker that starts working (a newcomer, or one back from batch 0 or a restart) is
@@ -187,14 +192,27 @@ class GradientDirection:
     def agreements(self, worker: str) -> str:
         """`worker`'s agreement with each other worker (now, and the lowest once it counted)."""
         me = self.workers.get(worker)
-        return ", ".join(f"with {o} {p.agreement:.3f} (lowest {p.lowest:.3f})" for o, p in sorted(me.pairs.items())
-                         if p.scored >= MIN_SCORED) if me is not None else ""
+        return (
+            ", ".join(
+                f"with {o} {p.agreement:.3f} (lowest {p.lowest:.3f})"
+                for o, p in sorted(me.pairs.items())
+                if p.scored >= MIN_SCORED
+            )
+            if me is not None
+            else ""
+        )
 
     def summary(self) -> str:
         """Every worker's agreements and held pushes, for the shard's closing line."""
-        return "; ".join(f"{name}{f' ({w.pushes - w.taken} pushes held)' if w.pushes > w.taken else ''} "
-                         f"{self.agreements(name)}".rstrip() for name, w in sorted(self.workers.items())
-                         if self.agreements(name) or w.pushes > w.taken) or "none scored"
+        return (
+            "; ".join(
+                f"{name}{f' ({w.pushes - w.taken} pushes held)' if w.pushes > w.taken else ''} "
+                f"{self.agreements(name)}".rstrip()
+                for name, w in sorted(self.workers.items())
+                if self.agreements(name) or w.pushes > w.taken
+            )
+            or "none scored"
+        )
 
     def forget(self, live: set[str]) -> None:
         """Workers that left: their directions go (they no longer count as anyone's reference); their
@@ -206,8 +224,9 @@ class GradientDirection:
     def _counted(self, worker: str, live: set[str]) -> dict[str, float]:
         """`worker`'s agreements that count: with live workers, over at least MIN_SCORED of its pushes."""
         me = self.workers.get(worker)
-        return {} if me is None else {o: p.agreement for o, p in me.pairs.items()
-                                      if o in live and p.scored >= MIN_SCORED}
+        return (
+            {} if me is None else {o: p.agreement for o, p in me.pairs.items() if o in live and p.scored >= MIN_SCORED}
+        )
 
     @staticmethod
     def _vouch(me: _Worker, working: set[str]) -> bool:

@@ -40,14 +40,16 @@ class HeldModel:
     limits: WireLimits
 
     @classmethod
-    def made(cls, served: ServedJob, setup: TrainingSetup, flat: torch.Tensor | None,
-             buffers: torch.Tensor | None) -> HeldModel:
+    def made(
+        cls, served: ServedJob, setup: TrainingSetup, flat: torch.Tensor | None, buffers: torch.Tensor | None
+    ) -> HeldModel:
         """The model `setup` describes at `flat` and `buffers` (None: zeros, a checkpoint's values follow)."""
         sig = setup.signature
         state = served.new_state(sig, flat, setup.optimizer, setup.schedule)
         held = SharedBuffers.initial(sig.buffers, buffers) if served.index == BUFFERS_SHARD and sig.buffers else None
-        limits = wire_limits([c.length for c in state.chunks], held.total if held else 0, len(sig.params),
-                             len(sig.buffers))
+        limits = wire_limits(
+            [c.length for c in state.chunks], held.total if held else 0, len(sig.params), len(sig.buffers)
+        )
         return cls(state, setup, held, limits)
 
     @classmethod
@@ -59,17 +61,19 @@ class HeldModel:
         holds_buffers = sig.buffer_total if served.index == BUFFERS_SHARD else 0
         buffers = take_buffers(msg, holds_buffers)
         if holds_buffers and buffers is None:
-            raise ProtocolError(ErrorCode.BAD_CHUNK,
-                                f"INIT lacks the model's {len(sig.buffers)} buffers (chunk {BUFFERS_ID})")
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK, f"INIT lacks the model's {len(sig.buffers)} buffers (chunk {BUFFERS_ID})"
+            )
         check_chunks(msg, {c.id: c.length for c in mine.values()})
         if len(msg.chunks) != len(mine):
-            raise ProtocolError(ErrorCode.BAD_CHUNK, f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} "
-                                "chunks")
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK, f"INIT carries {len(msg.chunks)} of this shard's {len(mine)} chunks"
+            )
         check_finite(msg)
         flat = torch.zeros(sig.total)
         for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
             chunk = mine[meta.id]
-            flat[chunk.start:chunk.stop] = tensor
+            flat[chunk.start : chunk.stop] = tensor
         return cls.made(served, setup, flat, buffers)
 
     @classmethod

@@ -16,8 +16,10 @@ from dynabatch.ps.options import PsOptions
 
 def main(argv: Sequence[str]) -> int:
     opts, curve, metrics = parse_role_args(
-        "dynabatch ps", "Serve a parameter-server shard; the job's settings come from the scheduler.",
-        [PsOptions, CurveOptions, MetricsOptions], argv,
+        "dynabatch ps",
+        "Serve a parameter-server shard; the job's settings come from the scheduler.",
+        [PsOptions, CurveOptions, MetricsOptions],
+        argv,
     )
     keys = load_curve_keys("dynabatch ps", curve, "ps")
     from dynabatch.ps.server import ShardServer

@@ -49,7 +49,12 @@ class ModelHealth:
         self.metrics.param_norm.set(norm)
         self.metrics.model_healthy.set(1.0 if self.healthy else 0.0)
         if problem and was_healthy:
-            log.error("model diverged at version %d: %s; no checkpoint is written until it is healthy again "
-                      "(the last good one is version %d), and the scheduler is told", version, problem, good_version)
+            log.error(
+                "model diverged at version %d: %s; no checkpoint is written until it is healthy again "
+                "(the last good one is version %d), and the scheduler is told",
+                version,
+                problem,
+                good_version,
+            )
         elif not problem and not was_healthy:
             log.info("model healthy again at version %d (parameter norm %.3g)", version, norm)

@@ -42,8 +42,16 @@ class ModelService:
     """Pulls and pushes on `held`, for the job `served`; replies go through `reply`, whose queue per connection is
     `outbox`'s; a worker quarantined by a push is told to the scheduler through `tell_scheduler`."""
 
-    def __init__(self, served: ServedJob, held: HeldModel, kept: GoodCheckpoint, replays: ReplayGuard,
-                 outbox: Outbox, reply: Reply, tell_scheduler: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        served: ServedJob,
+        held: HeldModel,
+        kept: GoodCheckpoint,
+        replays: ReplayGuard,
+        outbox: Outbox,
+        reply: Reply,
+        tell_scheduler: Callable[[], None],
+    ) -> None:
         self.served = served
         self.held = held
         self.model = held.state
@@ -58,8 +66,10 @@ class ModelService:
     def pull(self, msg: Message, identity: bytes) -> None:
         body: Pull = msg.body
         if body.buffers and self.held.buffers is None:
-            raise ProtocolError(ErrorCode.BAD_FIELD, "PULL.buffers: this shard holds no buffers (shard 0 holds a "
-                                "model's travelling buffers, if it has any)")
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                "PULL.buffers: this shard holds no buffers (shard 0 holds a model's travelling buffers, if it has any)",
+            )
         self._serve_pull(identity, msg.seq, msg.sender, body.ids, body.min_version, body.buffers)
 
     def push(self, msg: Message, identity: bytes) -> None:
@@ -76,8 +86,15 @@ class ModelService:
         streams = body.then_pull and held.buffers is None and model.streams
         try:
             self.admission.admit(case)
-            outcome = model.push(msg.sender, case.assessed.tensors, case.base, body.samples, body.kind,
-                                 time.monotonic(), send_back if streams else None)
+            outcome = model.push(
+                msg.sender,
+                case.assessed.tensors,
+                case.base,
+                body.samples,
+                body.kind,
+                time.monotonic(),
+                send_back if streams else None,
+            )
         except ProtocolRefusal as refusal:  # the protocol at work (held, too stale): counted apart from bad messages
             self.admission.refused(case, refusal)
             self.reply(identity, refusal.to_error(), msg.seq, (), ())
@@ -156,14 +173,16 @@ class ModelService:
         """Refuse a pull while this connection's earlier answers wait unread, or one that would park while it
         already has its fill of parked pulls (`parks`)."""
         if self.outbox.full(identity):
-            raise ProtocolError(ErrorCode.BUSY,
-                                f"{self.outbox.limit} answers to this connection wait unread; read them "
-                                "before asking again")
+            raise ProtocolError(
+                ErrorCode.BUSY,
+                f"{self.outbox.limit} answers to this connection wait unread; read them before asking again",
+            )
         if parks:
             self.parked.check_room(identity)
 
-    def _serve_pull(self, identity: bytes, seq: int, worker: str, ids: list[int], min_version: int,
-                    buffers: bool) -> None:
+    def _serve_pull(
+        self, identity: bytes, seq: int, worker: str, ids: list[int], min_version: int, buffers: bool
+    ) -> None:
         """Send the chunks (`ids`, or all) that are due now and park the rest (a PULL, or a PUSH's `then_pull`)."""
         model = self.model
         items = model.pull(ids)
@@ -174,9 +193,17 @@ class ModelService:
         self.served.metrics.pulls.inc()
         self.send_chunks(identity, seq, ready, worker if buffers else None)
         if waiting:
-            self.parked.park(ParkedPull(identity, seq, worker, waiting, min_version,
-                                        time.monotonic() + self.served.job.round_timeout_s * 2,
-                                        buffers and not ready))
+            self.parked.park(
+                ParkedPull(
+                    identity,
+                    seq,
+                    worker,
+                    waiting,
+                    min_version,
+                    time.monotonic() + self.served.job.round_timeout_s * 2,
+                    buffers and not ready,
+                )
+            )
 
     def send_chunks(self, identity: bytes, seq: int, ids: list[int], buffers_to: str | None = None) -> None:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first

@@ -65,8 +65,11 @@ class ParamGuard:
         if not math.isfinite(norm):
             bad = [cid for cid, n in self.norms.items() if not math.isfinite(n)]
             broken = [cid for cid in bad if not bool(torch.isfinite(params[cid]).all())]
-            self.problem = (f"parameters not finite (NaN or inf) in chunk(s) {broken[:5]}" if broken else
-                            f"parameter norm overflows float32 in chunk(s) {bad[:5]}")
+            self.problem = (
+                f"parameters not finite (NaN or inf) in chunk(s) {broken[:5]}"
+                if broken
+                else f"parameter norm overflows float32 in chunk(s) {bad[:5]}"
+            )
         elif math.isfinite(self.level) and norm > EXPLODE_FACTOR * max(self.level, self.floor):
             ref = max(self.level, self.floor)
             self.problem = f"parameter norm {norm:.3g} is {norm / ref:.3g}x its running level {ref:.3g}"

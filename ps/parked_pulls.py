@@ -47,8 +47,11 @@ class ParkedPulls:
     def check_room(self, identity: bytes) -> None:
         """Refuse (`busy`) a pull that would park while its connection already has its fill of parked pulls."""
         if sum(p.identity == identity for p in self.waiting) >= MAX_PARKED_PER_PEER:
-            raise ProtocolError(ErrorCode.BUSY, f"{MAX_PARKED_PER_PEER} pulls from this connection already wait; "
-                                "read their answers before asking again")
+            raise ProtocolError(
+                ErrorCode.BUSY,
+                f"{MAX_PARKED_PER_PEER} pulls from this connection already wait; "
+                "read their answers before asking again",
+            )
 
     def park(self, pull: ParkedPull) -> None:
         self.waiting.append(pull)

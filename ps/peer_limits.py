@@ -34,9 +34,12 @@ def wire_limits(chunk_lengths: list[int], buffer_total: int, params: int, buffer
     buffer values, on shard 0) of a model of `params` parameters and `buffers` buffers."""
     entries = len(chunk_lengths) + 1
     longest = max(entries, params, buffers)
-    return WireLimits(max_chunks=entries, max_frame_bytes=4 * max([*chunk_lengths, buffer_total]),
-                      max_envelope_bytes=ENVELOPE_BASE_BYTES + ENVELOPE_BYTES_PER_ENTRY * longest,
-                      max_array=max(MIN_ARRAY, longest))
+    return WireLimits(
+        max_chunks=entries,
+        max_frame_bytes=4 * max([*chunk_lengths, buffer_total]),
+        max_envelope_bytes=ENVELOPE_BASE_BYTES + ENVELOPE_BYTES_PER_ENTRY * longest,
+        max_array=max(MIN_ARRAY, longest),
+    )
 
 
 def backlog_limit(chunks: int) -> int:

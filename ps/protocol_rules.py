@@ -453,8 +453,12 @@ class MsyncRule(RoundRule):
         clamped = self.reached and 0 < len(active) < self.settings.m
         if clamped != self.clamped:
             self.clamped = clamped
-            log.warning("msync: %s", f"--sync-m {self.settings.m} clamped to the {len(active)} live worker(s)"
-                        if clamped else f"back to --sync-m {self.settings.m} ({len(active)} live workers)")
+            log.warning(
+                "msync: %s",
+                f"--sync-m {self.settings.m} clamped to the {len(active)} live worker(s)"
+                if clamped
+                else f"back to --sync-m {self.settings.m} ({len(active)} live workers)",
+            )
         return super().membership_changed()
 
 
@@ -568,6 +572,15 @@ class RennalaRule(_RoundRule[PooledRound]):
 
 
 RULES: dict[str, type[ShardRule]] = {
-    rule.NAME: rule for rule in (AsyncRule, StaleSynchronousRule, RingmasterRule, RoundRule, MsyncRule, OuterRule,
-                                 SoftsyncRule, RennalaRule)
+    rule.NAME: rule
+    for rule in (
+        AsyncRule,
+        StaleSynchronousRule,
+        RingmasterRule,
+        RoundRule,
+        MsyncRule,
+        OuterRule,
+        SoftsyncRule,
+        RennalaRule,
+    )
 }

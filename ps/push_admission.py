@@ -119,12 +119,22 @@ class PushAdmission:
         if taken and found.clipped:
             served.metrics.clipped.labels(served.label, found.worker).inc()
         if taken and served.bounds.record(found, live):
-            self._quarantined(served, found.worker, "norm", f"{QUARANTINE_AFTER} pushes in a row exceeded the gradient "
-                              f"bound (--gradient-bound {served.bounds.factor:g})")
+            self._quarantined(
+                served,
+                found.worker,
+                "norm",
+                f"{QUARANTINE_AFTER} pushes in a row exceeded the gradient "
+                f"bound (--gradient-bound {served.bounds.factor:g})",
+            )
         elif served.direction.record(found.worker, found.tensors, live, taken):
             served.bounds.quarantine(found.worker, "pointing against the other workers' gradients (--direction-check)")
-            self._quarantined(served, found.worker, "direction", "its pushes point against most other workers' "
-                              f"({served.direction.agreements(found.worker)}; --direction-check)")
+            self._quarantined(
+                served,
+                found.worker,
+                "direction",
+                "its pushes point against most other workers' "
+                f"({served.direction.agreements(found.worker)}; --direction-check)",
+            )
 
     def _quarantined(self, served: ServedJob, worker: str, reason: str, why: str) -> None:
         served.metrics.quarantined.labels(served.label, reason).inc()
@@ -178,8 +188,9 @@ def samples_within_batch(admission: PushAdmission, case: PushCase) -> None:
 def norms_bounded(admission: PushAdmission, case: PushCase) -> None:
     """Clip the chunks whose norms exceed the bound (changes nothing yet: the push may still be refused)."""
     model = case.model
-    case.found = case.served.bounds.assess(case.sender, case.tensors, case.body.samples, model.params,
-                                                model.live, model.share(case.body.samples))
+    case.found = case.served.bounds.assess(
+        case.sender, case.tensors, case.body.samples, model.params, model.live, model.share(case.body.samples)
+    )
 
 
 def direction_not_held(admission: PushAdmission, case: PushCase) -> None:

@@ -74,21 +74,29 @@ def check_push_samples(samples: int, worker: str, assigned: AssignedBatches) -> 
     """Refuse (`bad_field`) a PUSH claiming more samples than its sender's assigned batch covers."""
     limit = assigned.limit(worker)
     if samples > limit:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"PUSH.samples {samples} exceeds {limit}, what {worker!r} was assigned "
-                            f"(its batch, times {assigned.steps} step(s) for a delta protocol)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"PUSH.samples {samples} exceeds {limit}, what {worker!r} was assigned "
+            f"(its batch, times {assigned.steps} step(s) for a delta protocol)",
+        )
 
 
-def check_push_numbers(samples: int, base_versions: Mapping[int, int], chunk_versions: Mapping[int, int],
-                       max_samples: int) -> None:
+def check_push_numbers(
+    samples: int, base_versions: Mapping[int, int], chunk_versions: Mapping[int, int], max_samples: int
+) -> None:
     """Refuse (`bad_field`, naming the field) a PUSH whose samples or chunk base versions cannot be true."""
     if samples <= 0:
         raise ProtocolError(ErrorCode.BAD_FIELD, f"PUSH.samples must be positive, got {samples}")
     if samples > max_samples:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"PUSH.samples {samples} exceeds {max_samples}, the most one push of this "
-                            "job can carry (--max-batch, times --local-steps with slack for delta protocols)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"PUSH.samples {samples} exceeds {max_samples}, the most one push of this "
+            "job can carry (--max-batch, times --local-steps with slack for delta protocols)",
+        )
     for cid, base in base_versions.items():
         if base > chunk_versions[cid]:
-            raise ProtocolError(ErrorCode.BAD_FIELD, f"PUSH.chunks[{cid}].version {base} is ahead of the shard's "
-                                f"version {chunk_versions[cid]} of that chunk")
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"PUSH.chunks[{cid}].version {base} is ahead of the shard's "
+                f"version {chunk_versions[cid]} of that chunk",
+            )

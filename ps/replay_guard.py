@@ -51,9 +51,11 @@ class ReplayGuard:
         if mark is None or seq > mark.high:
             return
         if seq <= max(mark.floor, mark.high - WINDOW) or seq in mark.recent:
-            raise ProtocolError(ErrorCode.REPLAY,
-                                f"PUSH seq {seq} from {sender!r} on this connection was taken already "
-                                f"(or is older than what this shard remembers, {mark.high}); a retry is a new request")
+            raise ProtocolError(
+                ErrorCode.REPLAY,
+                f"PUSH seq {seq} from {sender!r} on this connection was taken already "
+                f"(or is older than what this shard remembers, {mark.high}); a retry is a new request",
+            )
 
     def take(self, sender: str, identity: bytes, seq: int, live: set[str]) -> None:
         """Remember that the PUSH `seq` was taken (after `check`, once the push is applied or queued)."""
@@ -80,5 +82,8 @@ class ReplayGuard:
 
     def restore(self, saved: dict[str, dict[str, int]]) -> None:
         """Marks from a checkpoint: every seq at or below them is refused."""
-        self.seen = {(sender, bytes.fromhex(ident)): _Seen(int(high), int(high)) for sender, marks in saved.items()
-                     for ident, high in marks.items()}
+        self.seen = {
+            (sender, bytes.fromhex(ident)): _Seen(int(high), int(high))
+            for sender, marks in saved.items()
+            for ident, high in marks.items()
+        }

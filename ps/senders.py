@@ -39,6 +39,8 @@ class SenderBindings:
             return
         held = self.bound.setdefault(worker, identity)
         if held != identity:
-            raise ProtocolError(ErrorCode.BAD_SENDER,
-                                f"{worker!r} speaks to this shard from another connection; a message "
-                                "in its name from this one is refused")
+            raise ProtocolError(
+                ErrorCode.BAD_SENDER,
+                f"{worker!r} speaks to this shard from another connection; a message "
+                "in its name from this one is refused",
+            )

@@ -58,10 +58,16 @@ class ServedJob:
         job = job_from_dict(welcome.config)
         index = welcome.shard_index
         max_samples = max_push_samples(job)
-        return cls(job, index, ShardMetrics(registry, str(index)),
-                   Path(checkpoint_dir) / f"shard-{index}.pt" if checkpoint_dir else None, max_samples,
-                   AssignedBatches(push_steps(job), max_samples), GradientBounds(job.gradient_bound),
-                   GradientDirection(job.direction_check))
+        return cls(
+            job,
+            index,
+            ShardMetrics(registry, str(index)),
+            Path(checkpoint_dir) / f"shard-{index}.pt" if checkpoint_dir else None,
+            max_samples,
+            AssignedBatches(push_steps(job), max_samples),
+            GradientBounds(job.gradient_bound),
+            GradientDirection(job.direction_check),
+        )
 
     @property
     def name(self) -> str:
@@ -85,8 +91,10 @@ class ServedJob:
     def defences_summary(self) -> str:
         """What the gradient bound and the direction check did in this job (the shard's closing line)."""
         bounds = self.bounds
-        return (f"the gradient bound (--gradient-bound {bounds.factor:g}) clipped {bounds.clipped} pushes; "
-                f"{len(bounds.quarantined)} workers quarantined; direction scores: {self.direction.summary()}")
+        return (
+            f"the gradient bound (--gradient-bound {bounds.factor:g}) clipped {bounds.clipped} pushes; "
+            f"{len(bounds.quarantined)} workers quarantined; direction scores: {self.direction.summary()}"
+        )
 
     @property
     def checkpoint_meta(self) -> dict[str, Any]:
@@ -108,14 +116,22 @@ class ServedJob:
         """This shard's chunks of the model described by `sig`."""
         return make_layout(sig.total, self.job.chunk_bytes, self.job.shards).for_shard(self.index)
 
-    def new_state(self, sig: ModelSignature, flat: torch.Tensor | None, optimizer: dict[str, Any],
-                  schedule: dict[str, Any]) -> ShardState:
+    def new_state(
+        self, sig: ModelSignature, flat: torch.Tensor | None, optimizer: dict[str, Any], schedule: dict[str, Any]
+    ) -> ShardState:
         """This shard's part of the model described by `sig`, at `flat` (None: zeros, a checkpoint follows),
         stepping with `optimizer` (an optimizer spec's fields; empty: the job's SGD flags) and `schedule` (a
         schedule's fields), both already checked by the caller or written by this shard into its checkpoint."""
         job = self.job
         return ShardState.initial(
-            self.chunks(sig), torch.zeros(sig.total) if flat is None else flat, optimizer_spec(job, optimizer),
-            job.protocol, job.global_batch, protocol_settings(job), [(p.name, math.prod(p.shape)) for p in sig.params],
-            job.dbs_weight, StepSize(schedule_from_fields(schedule)), sig.train_size * job.epochs,
+            self.chunks(sig),
+            torch.zeros(sig.total) if flat is None else flat,
+            optimizer_spec(job, optimizer),
+            job.protocol,
+            job.global_batch,
+            protocol_settings(job),
+            [(p.name, math.prod(p.shape)) for p in sig.params],
+            job.dbs_weight,
+            StepSize(schedule_from_fields(schedule)),
+            sig.train_size * job.epochs,
         )

@@ -82,8 +82,7 @@ class ShardServer:
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         self.ctx = open_context(curve)
-        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, connection_reports(self.registry, "ps"),
-                                               SEND_QUEUE)
+        self.sock, self.endpoint = bind_router(self.ctx, opts.bind, connection_reports(self.registry, "ps"), SEND_QUEUE)
         self.advertise = opts.advertise or self.endpoint.replace("0.0.0.0", socket.gethostname())
         self.name = opts.name or f"ps-{socket.gethostname()}"
         self.stopping = False
@@ -124,8 +123,12 @@ class ShardServer:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        ADDRESS_LOG.info("listening on %s (advertised to workers as %s), metrics on %s", self.endpoint, self.advertise,
-                 self.metrics_server.url())
+        ADDRESS_LOG.info(
+            "listening on %s (advertised to workers as %s), metrics on %s",
+            self.endpoint,
+            self.advertise,
+            self.metrics_server.url(),
+        )
         welcome = self._register(self.opts.shard_index)
         if welcome is None:
             return 1
@@ -160,8 +163,14 @@ class ShardServer:
     def _register(self, shard_index: int) -> Welcome | None:
         """Join the job (the scheduler may start after us, or restart)."""
         self.membership = 0  # a restarted scheduler numbers its worker sets afresh
-        hello = Hello(role="ps", host=socket.gethostname(), metrics_url=self.metrics_server.url(),
-                      endpoint=self.advertise, shard_index=shard_index, name=self.name)
+        hello = Hello(
+            role="ps",
+            host=socket.gethostname(),
+            metrics_url=self.metrics_server.url(),
+            endpoint=self.advertise,
+            shard_index=shard_index,
+            name=self.name,
+        )
         try:
             return self.link.register(hello, lambda: self.stopping, self.health.tick)
         except RemoteError as exc:
@@ -179,12 +188,20 @@ class ShardServer:
             held = HeldModel.from_checkpoint(served, saved)
             self._hold(held)
             kept.resume(held, saved)
-            log.info("resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
-                     "counts them back into the job", served.checkpoint_path, held.state.version,
-                     held.state.samples_seen)
+            log.info(
+                "resumed from %s at version %d (%d samples); updates after it are lost, and the scheduler "
+                "counts them back into the job",
+                served.checkpoint_path,
+                held.state.version,
+                held.state.samples_seen,
+            )
         else:
-            log.info("shard %d of %d at %s: waiting for the first worker's model", served.index, served.job.shards,
-                     self.advertise)
+            log.info(
+                "shard %d of %d at %s: waiting for the first worker's model",
+                served.index,
+                served.job.shards,
+                self.advertise,
+            )
             served.metrics.version.set(0)
         self.health.ready = True
 
@@ -197,9 +214,17 @@ class ShardServer:
         if self.last_assignment is not None:
             self.serving.follow(self.last_assignment)
         self.outbox.limit = backlog_limit(len(held.state.chunks))  # fewer replies per peer once the model is known
-        log.info("shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
-                 served.index, served.job.shards, self.advertise, len(held.state.chunks), sig.total,
-                 sum(c.length for c in held.state.chunks), served.job.protocol, held.state.optimizer)
+        log.info(
+            "shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
+            served.index,
+            served.job.shards,
+            self.advertise,
+            len(held.state.chunks),
+            sig.total,
+            sum(c.length for c in held.state.chunks),
+            served.job.protocol,
+            held.state.optimizer,
+        )
 
     def _loop(self) -> None:
         job = self.served_job.job
@@ -240,11 +265,23 @@ class ShardServer:
         version = held.state.version if held is not None else 0
         quarantined = sorted(self.served_job.bounds.quarantined & self.senders.live)  # the scheduler drops them
         self.beat_due = False
-        self._on_assignment(self.link.heartbeat(Heartbeat(batches=self.served_job.assigned.told,
-            version=version, updates=version, samples=held.state.samples_seen if held is not None else 0,
-            membership=self.membership, train_size=held.setup.signature.train_size if held is not None else 0,
-            discarded=held.state.discarded if held is not None else 0, quarantined=quarantined,
-            model_problem=kept.health.problem, good_version=kept.good_version, rollbacks=kept.rollbacks)))
+        self._on_assignment(
+            self.link.heartbeat(
+                Heartbeat(
+                    batches=self.served_job.assigned.told,
+                    version=version,
+                    updates=version,
+                    samples=held.state.samples_seen if held is not None else 0,
+                    membership=self.membership,
+                    train_size=held.setup.signature.train_size if held is not None else 0,
+                    discarded=held.state.discarded if held is not None else 0,
+                    quarantined=quarantined,
+                    model_problem=kept.health.problem,
+                    good_version=kept.good_version,
+                    rollbacks=kept.rollbacks,
+                )
+            )
+        )
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -285,8 +322,9 @@ class ShardServer:
         start = time.perf_counter()
         try:
             if msg.job != self.served_job.name:
-                raise ProtocolError(ErrorCode.WRONG_JOB, f"this shard serves job {self.served_job.name!r}, not "
-                                    f"{msg.job!r}", msg.seq)
+                raise ProtocolError(
+                    ErrorCode.WRONG_JOB, f"this shard serves job {self.served_job.name!r}, not {msg.job!r}", msg.seq
+                )
             if isinstance(msg.body, Push):
                 check_key_role(incoming.key_role, ("worker",), msg.type)
             elif isinstance(msg.body, (Init, Pull)):  # an evaluator checks its model (INIT) and reads it
@@ -296,8 +334,9 @@ class ShardServer:
             if isinstance(msg.body, Init):
                 self._on_init(incoming)
             elif isinstance(msg.body, (Pull, Push)) and self.held is None:
-                raise ProtocolError(ErrorCode.NOT_INITIALIZED,
-                                    "no worker has sent this shard its model yet (INIT)", msg.seq)
+                raise ProtocolError(
+                    ErrorCode.NOT_INITIALIZED, "no worker has sent this shard its model yet (INIT)", msg.seq
+                )
             elif isinstance(msg.body, Pull):
                 self.service.pull(msg, incoming.identity)
             elif isinstance(msg.body, Push):
@@ -317,8 +356,14 @@ class ShardServer:
         self.refusals.refused(error.code, str(error))
         self._reply(incoming.identity, error.to_error(), error.ref)
 
-    def _reply(self, identity: bytes, body: object, seq: int, metas: Sequence[ChunkMeta] = (),
-               tensors: Sequence[torch.Tensor | memoryview] = ()) -> None:
+    def _reply(
+        self,
+        identity: bytes,
+        body: object,
+        seq: int,
+        metas: Sequence[ChunkMeta] = (),
+        tensors: Sequence[torch.Tensor | memoryview] = (),
+    ) -> None:
         served = self.served_job
         self.outbox.send(identity, reply_frames(body, seq, served.name, member_id("ps", served.index), metas, tensors))
 

@@ -109,29 +109,49 @@ class ShardState:
         if self.settings is None:
             self.settings = self.spec.settings()
         if type(self.settings) is not self.spec.settings:
-            raise ValueError(f"protocol {self.protocol} takes {self.spec.settings.__name__}, "
-                             f"not {type(self.settings).__name__}")
+            raise ValueError(
+                f"protocol {self.protocol} takes {self.spec.settings.__name__}, not {type(self.settings).__name__}"
+            )
         self.rule = self._fresh_rule()
 
     @classmethod
     def initial(
-        cls, chunks: Sequence[Chunk], flat: torch.Tensor, optimizer: OptimizerSpec, protocol: str,
-        global_batch: int, settings: ProtocolSettings | None = None, params: Sequence[tuple[str, int]] = (),
-        dbs_rule: str = "capped", step_size: StepSize | None = None, run_samples: float = 0.0,
+        cls,
+        chunks: Sequence[Chunk],
+        flat: torch.Tensor,
+        optimizer: OptimizerSpec,
+        protocol: str,
+        global_batch: int,
+        settings: ProtocolSettings | None = None,
+        params: Sequence[tuple[str, int]] = (),
+        dbs_rule: str = "capped",
+        step_size: StepSize | None = None,
+        run_samples: float = 0.0,
     ) -> ShardState:
         """State at version 0 from the model's initial flat parameters.
 
         `params` are the model's parameters (name, size) in flat order, for the
         optimizer's `no_decay`; without them every value takes its weight decay.
         """
-        state = cls(sorted(chunks, key=lambda c: c.id), optimizer, protocol, global_batch, settings, dbs_rule=dbs_rule,
-                    step_size=step_size or StepSize(), run_samples=run_samples)
+        state = cls(
+            sorted(chunks, key=lambda c: c.id),
+            optimizer,
+            protocol,
+            global_batch,
+            settings,
+            dbs_rule=dbs_rule,
+            step_size=step_size or StepSize(),
+            run_samples=run_samples,
+        )
         runs = decay_runs(params or [("", flat.numel())], optimizer)
         for c in state.chunks:
             param = flat[c.start : c.stop].clone()
             state.params[c.id] = param
-            state.optim[c.id] = (OuterOptimizer(state.outer_settings, c.length) if state.kind == DELTA
-                                 else chunk_optimizer(optimizer, param, chunk_segments(runs, c.start, c.stop)))
+            state.optim[c.id] = (
+                OuterOptimizer(state.outer_settings, c.length)
+                if state.kind == DELTA
+                else chunk_optimizer(optimizer, param, chunk_segments(runs, c.start, c.stop))
+            )
             state.chunk_versions[c.id] = 0
         return state
 
@@ -200,8 +220,14 @@ class ShardState:
         return self.rule.admit_pull(worker)
 
     def push(
-        self, worker: str, tensors: dict[int, torch.Tensor], base_versions: dict[int, int],
-        samples: int, kind: str, now: float, on_taken: Callable[[int], None] | None = None,
+        self,
+        worker: str,
+        tensors: dict[int, torch.Tensor],
+        base_versions: dict[int, int],
+        samples: int,
+        kind: str,
+        now: float,
+        on_taken: Callable[[int], None] | None = None,
     ) -> PushOutcome:
         """Take one live worker's gradient or delta chunks of a positive number of samples; the caller has
         admitted the push (push_admission.py: ids, shapes, finiteness, numbers, sender).
@@ -212,8 +238,9 @@ class ShardState:
         server can send chunk k back while chunk k+1 is being updated (`streams`).
         """
         if kind != self.kind:
-            raise ProtocolError(ErrorCode.BAD_FIELD,
-                                f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}")
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD, f"protocol {self.protocol} takes PUSH.kind {self.kind!r}, not {kind!r}"
+            )
         self.rule.check(worker, list(tensors))
         staleness = {cid: max(0, self.chunk_versions[cid] - base_versions[cid]) for cid in tensors}
         limit = self.rule.max_delay()
@@ -222,8 +249,11 @@ class ShardState:
             self.rule.pushed(worker, samples)
             self.discarded += 1
             self.discarded_samples += samples
-            why = (f"{max(staleness.values())} versions stale (the limit is {limit})" if late
-                   else "whose round already has the gradients it takes")
+            why = (
+                f"{max(staleness.values())} versions stale (the limit is {limit})"
+                if late
+                else "whose round already has the gradients it takes"
+            )
             raise StaleGradient(f"{self.protocol} discards a gradient {why}; pull the current model")
         applied = []
         for cid in sorted(tensors):
@@ -253,11 +283,15 @@ class ShardState:
     def check_base(self, base_versions: dict[int, int]) -> None:
         """Refuse (`rolled_back`) a push computed on a version that a rollback threw away: an honest worker's
         step on the model before the rollback, not a lie about versions, and it should pull again."""
-        stale = [cid for cid, v in base_versions.items()
-                 if self.chunk_versions[cid] < v <= self.thrown_away.get(cid, -1)]
+        stale = [
+            cid for cid, v in base_versions.items() if self.chunk_versions[cid] < v <= self.thrown_away.get(cid, -1)
+        ]
         if stale:
-            raise ProtocolError(ErrorCode.ROLLED_BACK, f"PUSH of chunk {stale[0]} was computed on version "
-                                f"{base_versions[stale[0]]}, which the job rolled back; pull the model again")
+            raise ProtocolError(
+                ErrorCode.ROLLED_BACK,
+                f"PUSH of chunk {stale[0]} was computed on version "
+                f"{base_versions[stale[0]]}, which the job rolled back; pull the model again",
+            )
 
     def set_membership(self, workers: set[str], allocated: int, idle: AbstractSet[str] = frozenset()) -> list[int]:
         """New membership from the scheduler: the live workers, how many hold a batch, and those left out

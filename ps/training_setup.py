@@ -29,8 +29,15 @@ class TrainingSetup:
     def from_init(cls, body: Init) -> TrainingSetup:
         """The set-up an INIT describes; ValueError naming what is malformed (the optimizer's fields are checked
         against the job by the caller, update_rules.optimizer_spec)."""
-        sig = signature_from_fields(body.names, body.shapes, body.dtypes, body.train_size, body.buffer_names,
-                                    body.buffer_shapes, body.buffer_dtypes)
+        sig = signature_from_fields(
+            body.names,
+            body.shapes,
+            body.dtypes,
+            body.train_size,
+            body.buffer_names,
+            body.buffer_shapes,
+            body.buffer_dtypes,
+        )
         schedule_from_fields(body.schedule)
         return cls(sig, body.optimizer, body.schedule)
 
@@ -46,7 +53,8 @@ class TrainingSetup:
         """A sentence naming the first way `other` (a later worker's) differs from this (the job's), or None."""
         return other.signature.difference(self.signature) or setup_difference(
             {"optimizer": self.optimizer, "schedule": self.schedule},
-            {"optimizer": other.optimizer, "schedule": other.schedule})
+            {"optimizer": other.optimizer, "schedule": other.schedule},
+        )
 
 
 def setup_difference(job: dict[str, dict[str, Any]], worker: dict[str, dict[str, Any]]) -> str | None:
@@ -62,9 +70,12 @@ def setup_difference(job: dict[str, dict[str, Any]], worker: dict[str, dict[str,
         if not ours or not theirs:
             named, unnamed = ("the job's", "this worker's") if ours else ("this worker's", "the job's")
             which = ours or theirs
-            return (f"{part}: {named} task names {which.get('name', part)}, {unnamed} none (the job's flags)")
+            return f"{part}: {named} task names {which.get('name', part)}, {unnamed} none (the job's flags)"
         keys = sorted(set(ours) | set(theirs))
-        diffs = [f"{k} {ours.get(k)!r} (job) != {theirs.get(k)!r} (this worker)" for k in keys
-                 if ours.get(k) != theirs.get(k)]
+        diffs = [
+            f"{k} {ours.get(k)!r} (job) != {theirs.get(k)!r} (this worker)"
+            for k in keys
+            if ours.get(k) != theirs.get(k)
+        ]
         return f"{part}: " + ", ".join(diffs)
     return None

@@ -90,8 +90,13 @@ def chunk_segments(runs: list[Segment], start: int, stop: int) -> list[Segment]:
 
 
 def sgd_step_(
-    param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, cfg: SGD, lr_scale: float = 1.0,
-    segments: Sequence[Segment] = (), weight: float = 1.0,
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    buf: torch.Tensor,
+    cfg: SGD,
+    lr_scale: float = 1.0,
+    segments: Sequence[Segment] = (),
+    weight: float = 1.0,
 ) -> None:
     """One SGD step on `param` and its momentum buffer `buf`, both in place, by torch's fused kernel.
 
@@ -120,15 +125,36 @@ def sgd_step_(
         _fused_sgd([param], [grad], [buf], cfg, lr_scale, decay * weight)
         return
     for decay, runs in groups.items():
-        _fused_sgd([param[a:b] for a, b in runs], [grad[a:b] for a, b in runs], [buf[a:b] for a, b in runs],
-                   cfg, lr_scale, decay * weight)
+        _fused_sgd(
+            [param[a:b] for a, b in runs],
+            [grad[a:b] for a, b in runs],
+            [buf[a:b] for a, b in runs],
+            cfg,
+            lr_scale,
+            decay * weight,
+        )
 
 
-def _fused_sgd(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor], cfg: SGD,
-               lr_scale: float, decay: float) -> None:
-    torch._fused_sgd_(params, grads, bufs if cfg.momentum else [], weight_decay=decay, momentum=cfg.momentum,
-                      lr=cfg.lr * lr_scale, dampening=0.0, nesterov=cfg.nesterov, maximize=False,
-                      is_first_step=False)
+def _fused_sgd(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    bufs: list[torch.Tensor],
+    cfg: SGD,
+    lr_scale: float,
+    decay: float,
+) -> None:
+    torch._fused_sgd_(
+        params,
+        grads,
+        bufs if cfg.momentum else [],
+        weight_decay=decay,
+        momentum=cfg.momentum,
+        lr=cfg.lr * lr_scale,
+        dampening=0.0,
+        nesterov=cfg.nesterov,
+        maximize=False,
+        is_first_step=False,
+    )
 
 
 def outer_step(
@@ -157,8 +183,9 @@ class ChunkOptimizer(ABC):
         weighs the gradient, the others scale their rate): `param` itself, updated in place (`in_place`), or
         a new tensor, `param` left as it is."""
 
-    def offer(self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float,
-              weight: float) -> torch.Tensor | None:
+    def offer(
+        self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float, weight: float
+    ) -> torch.Tensor | None:
         return self.step(param, grad, lr_factor, weight)
 
     @abstractmethod
@@ -198,7 +225,8 @@ class ExactSGD(ChunkOptimizer):
 
 
 TORCH_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
 }
 
 
@@ -221,7 +249,9 @@ class TorchChunkOptimizer(ChunkOptimizer):
             groups.setdefault(decay, []).append(view)
         self.optimizer = TORCH_OPTIMIZERS[spec.name](
             [{"params": views, "weight_decay": decay} for decay, views in groups.items()],
-            lr=spec.lr, betas=spec.betas, eps=spec.eps,
+            lr=spec.lr,
+            betas=spec.betas,
+            eps=spec.eps,
         )
         self.pending: torch.Tensor | None = None
         self.pending_samples = 0
@@ -238,8 +268,9 @@ class TorchChunkOptimizer(ChunkOptimizer):
             view.grad = None  # a received gradient's frame is not kept alive by the optimizer
         return new
 
-    def offer(self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float,
-              weight: float) -> torch.Tensor | None:
+    def offer(
+        self, param: torch.Tensor, grad: torch.Tensor, samples: int, batch: int, lr_factor: float, weight: float
+    ) -> torch.Tensor | None:
         """Sum b_i g_i until at least B samples are in, then one step on their mean; `weight` is SGD's alone."""
         if self.pending is None and samples >= batch:
             return self.step(param, grad, lr_factor)

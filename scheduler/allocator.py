@@ -148,8 +148,11 @@ class Allocator:
         if unallotted >= sum(lacking.values()):
             have[worker] = have.get(worker, 0) + lacking.get(worker, 0)
         else:
-            split = (levelled(unallotted, {w: have[w] for w in lacking if lacking[w] > 0}, pushes)
-                     if self.spec.lockstep else shares(unallotted, lacking))
+            split = (
+                levelled(unallotted, {w: have[w] for w in lacking if lacking[w] > 0}, pushes)
+                if self.spec.lockstep
+                else shares(unallotted, lacking)
+            )
             for w, share in split.items():
                 have[w] += share
         self.allotted = have
@@ -165,8 +168,9 @@ class Allocator:
         """The samples of one push of `worker` at its allocation: its batch times the local steps a push covers."""
         return self.allocation.get(worker, 0) * (self.local_steps if self.spec.local_steps else 1)
 
-    def reallocate(self, now: float, t: float, reason: str, subject: str, ready: dict[str, int],
-                   force: bool = False) -> list[str]:
+    def reallocate(
+        self, now: float, t: float, reason: str, subject: str, ready: dict[str, int], force: bool = False
+    ) -> list[str]:
         """Re-solve the batch split among the `ready` workers (id -> its own largest batch, 0: none); `reason` is a
         bounded label, `subject` the worker behind it, `t` the job's time. Returns the workers now given a batch
         after holding none."""
@@ -185,8 +189,9 @@ class Allocator:
             overheads = {wid: self.speeds[wid].overhead_fit() or model for wid, model in models.items()}
             proposed = efficient_batches(overheads, job.global_batch, job.min_batch, job.max_batch, caps)
         else:
-            proposed = allocation_for(self.spec)(self._split_models(models), job.global_batch, job.min_batch,
-                                                 job.max_batch, caps)
+            proposed = allocation_for(self.spec)(
+                self._split_models(models), job.global_batch, job.min_batch, job.max_batch, caps
+            )
         if not force and not needs_reassign(self.allocation, proposed, job.reassign_threshold):
             return []
         if proposed == self.allocation:
@@ -218,8 +223,9 @@ class Allocator:
         decision = adacomm_steps(self.job.local_steps, self.local_steps, first, loss, sync_s, compute_s)
         if decision.steps != self.local_steps:
             self.local_steps, self.local_steps_reason = decision.steps, decision.reason
-            self._decide(Decision(t, "local steps", f"H={decision.steps}: {decision.reason}", dict(self.allocation),
-                                  {}))
+            self._decide(
+                Decision(t, "local steps", f"H={decision.steps}: {decision.reason}", dict(self.allocation), {})
+            )
 
     def _decide(self, decision: Decision) -> None:
         """Every decision is a new assignment; the newest DECISIONS_KEPT are kept for STATUS and the log."""
@@ -247,8 +253,10 @@ class Allocator:
         may still be stepping with. A shard refuses a PUSH of more samples (times the local steps a delta covers)
         than its sender's, so the bound must cover every batch the sender can be using however many decisions
         came since it last reported a step; and a shard that restarts learns it whole from this one answer."""
-        return {w: max(self.allocation.get(w, 0), *self.handed.get(w, {}).values(), 0)
-                for w in (self.handed.keys() | self.allocation.keys()) & set(live)}
+        return {
+            w: max(self.allocation.get(w, 0), *self.handed.get(w, {}).values(), 0)
+            for w in (self.handed.keys() | self.allocation.keys()) & set(live)
+        }
 
     def tell(self, shard: int, batches: dict[str, int]) -> None:
         """The push bounds shard slot `shard` reports it applied (Heartbeat.batches)."""
@@ -281,9 +289,12 @@ class Allocator:
     def saved_speeds(self, instances: dict[str, tuple[str, float]]) -> dict[str, SavedSpeed]:
         """The speed models to save, by HELLO instance (`instances`: instance -> (worker id, standalone speed)),
         those of a saved job not yet claimed included, at most --max-workers of them."""
-        speeds = {instance: SavedSpeed(sps, self.speeds[wid].window())
-                  for instance, (wid, sps) in instances.items() if wid in self.speeds}
-        return dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers:])
+        speeds = {
+            instance: SavedSpeed(sps, self.speeds[wid].window())
+            for instance, (wid, sps) in instances.items()
+            if wid in self.speeds
+        }
+        return dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers :])
 
 
 def levelled(total: int, have: dict[str, int], pushes: dict[str, int]) -> dict[str, int]:
@@ -310,6 +321,6 @@ def shares(total: int, weights: dict[str, int]) -> dict[str, int]:
     total = min(total, whole)
     exact = {w: total * n / whole for w, n in weights.items()}
     out = {w: math.floor(x) for w, x in exact.items()}
-    for w in sorted(exact, key=lambda k: out[k] - exact[k])[:total - sum(out.values())]:
+    for w in sorted(exact, key=lambda k: out[k] - exact[k])[: total - sum(out.values())]:
         out[w] += 1
     return out

@@ -58,7 +58,7 @@ def _infeasible(ids: Sequence[str], global_batch: int, lo: np.ndarray, hi: np.nd
 
 
 def bounds_note(batches: Mapping[str, int], global_batch: int) -> str:
-    """"" when ``batches`` sum to ``global_batch``; else a bounded label saying which bounds won.
+    """ "" when ``batches`` sum to ``global_batch``; else a bounded label saying which bounds won.
 
     It becomes part of a decision's reason (a Prometheus label), so it names no numbers;
     the decision's batches show the sum.
@@ -85,7 +85,10 @@ def _largest_remainder(ids: Sequence[str], shares: np.ndarray, total: int) -> di
 
 
 def allocate(
-    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int,
+    models: Mapping[str, StepModel],
+    global_batch: int,
+    b_min: int,
+    b_max: int,
     caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Batch sizes giving every worker the same predicted step time, summing to ``global_batch``.
@@ -139,7 +142,10 @@ def allocate(
 
 
 def allocate_compute(
-    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int,
+    models: Mapping[str, StepModel],
+    global_batch: int,
+    b_min: int,
+    b_max: int,
     caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Batch sizes proportional to each worker's compute speed ``1/c_i`` (the same compute time per step),
@@ -175,7 +181,10 @@ def allocation_for(spec: ProtocolSpec) -> Allocation:
 
 
 def fixed_allocation(
-    workers: Sequence[str], global_batch: int, b_min: int, b_max: int,
+    workers: Sequence[str],
+    global_batch: int,
+    b_min: int,
+    b_max: int,
     caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Equal shares ``B // n``, the remainder one each to the first workers by id.
@@ -204,14 +213,12 @@ def fixed_allocation(
             high = mid - 1
     batches = np.clip(low, lo, hi)
     growable = [i for i in range(len(ids)) if lo[i] <= low < hi[i]]
-    for i in growable[:global_batch - int(batches.sum())]:
+    for i in growable[: global_batch - int(batches.sum())]:
         batches[i] += 1
     return {worker: int(b) for worker, b in zip(ids, batches, strict=True)}
 
 
-def needs_reassign(
-    current: Mapping[str, int], proposed: Mapping[str, int], threshold: float
-) -> bool:
+def needs_reassign(current: Mapping[str, int], proposed: Mapping[str, int], threshold: float) -> bool:
     """Whether ``proposed`` differs enough from ``current`` to be sent to the workers.
 
     Hysteresis: every change of batch size costs something (a new shape to
@@ -226,8 +233,7 @@ def needs_reassign(
     if current.keys() != proposed.keys():
         return True
     return any(
-        abs(proposed[w] - old) > threshold * old if old > 0 else proposed[w] != old
-        for w, old in current.items()
+        abs(proposed[w] - old) > threshold * old if old > 0 else proposed[w] != old for w, old in current.items()
     )
 
 
@@ -245,7 +251,10 @@ def round_samples_per_s(models: Mapping[str, StepModel], batches: Mapping[str, i
 
 
 def allocate_round(
-    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int,
+    models: Mapping[str, StepModel],
+    global_batch: int,
+    b_min: int,
+    b_max: int,
     caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """``allocate`` for a round of B samples at one model version (ssgd's LB-BSP, rennala), where the round ends

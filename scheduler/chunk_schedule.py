@@ -86,8 +86,12 @@ def plan_for(sample: StepSample, chunk_bytes: int, chunks: int, least_credit: in
     in_flight = rate * (sample.compute_s + 2 * MESSAGE_OVERHEAD_S)
     ceiling = max(2 * message, _pow2_at_most(push_bytes, 1, MAX_CREDIT_BYTES))
     credit = max(least_credit, _pow2_at_most(max(in_flight, 2 * message), 2 * message, ceiling))
-    return WirePlan(group, credit, f"link {rate * 8 / 1e6:.0f} Mbit/s, compute {sample.compute_s * 1e3:.0f} ms: "
-                    f"{group} chunk(s) per push, {credit >> 10} KiB in flight")
+    return WirePlan(
+        group,
+        credit,
+        f"link {rate * 8 / 1e6:.0f} Mbit/s, compute {sample.compute_s * 1e3:.0f} ms: "
+        f"{group} chunk(s) per push, {credit >> 10} KiB in flight",
+    )
 
 
 def settle(current: WirePlan | None, proposals: list[WirePlan]) -> WirePlan | None:

@@ -36,7 +36,7 @@ LR_CUT = 0.5  # each rollback multiplies the job's step size by this
 
 def lr_factor(rollbacks: int) -> float:
     """The job's step-size factor after `rollbacks` rollbacks."""
-    return LR_CUT ** rollbacks
+    return LR_CUT**rollbacks
 
 
 @dataclass
@@ -120,8 +120,10 @@ class DivergenceWatch:
         if skipped >= STRIKES:
             track.trouble = f"{wid} skipped {skipped} steps in a row: their loss was not finite"
         elif track.strikes >= STRIKES:
-            track.trouble = (f"{wid}'s loss {hb.loss:.3g} was above {limit:.3g} ({LOSS_FACTOR:g}x the running "
-                             f"level) {track.strikes} times in a row")
+            track.trouble = (
+                f"{wid}'s loss {hb.loss:.3g} was above {limit:.3g} ({LOSS_FACTOR:g}x the running "
+                f"level) {track.strikes} times in a row"
+            )
         troubled = [t.trouble for t in self.workers.values() if t.trouble]
         if self._most(lambda t: bool(t.trouble)):
             also = f"; {len(troubled)} of {len(self.workers)} workers alike" if len(self.workers) > 1 else ""

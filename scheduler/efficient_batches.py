@@ -76,8 +76,12 @@ def _fill(shares: Callable[[float], np.ndarray], total: int, high: float) -> np.
 
 
 def efficient_batches(
-    models: Mapping[str, StepModel], global_batch: int, b_min: int, b_max: int,
-    caps: Mapping[str, int] | None = None, fixed_share: float = FIXED_SHARE,
+    models: Mapping[str, StepModel],
+    global_batch: int,
+    b_min: int,
+    b_max: int,
+    caps: Mapping[str, int] | None = None,
+    fixed_share: float = FIXED_SHARE,
 ) -> dict[str, int]:
     """Each worker's batch from its knee (`knee`), under its bounds, the batches summing to `global_batch`.
 

@@ -34,8 +34,15 @@ class Evaluations:
             raise ProtocolError(ErrorCode.BAD_FIELD, problem)
         check_eval_version(report, newest_possible_version)
 
-    def keep(self, report: EvalReport, t: float, newest_shard_version: int, rollback_done: int,
-             stopping: bool, model_t: float | None = None) -> None:
+    def keep(
+        self,
+        report: EvalReport,
+        t: float,
+        newest_shard_version: int,
+        rollback_done: int,
+        stopping: bool,
+        model_t: float | None = None,
+    ) -> None:
         """Keep `report` if it is the newest, the final one, or the first of a model restored by a rollback
         (`rollback_done`, once every shard restored its checkpoint); `t` is the job's time, `model_t` when the
         model it evaluated existed (`t` when unknown)."""

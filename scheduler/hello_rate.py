@@ -44,9 +44,11 @@ class HelloRate:
         tokens = self.tokens(source, now)
         if tokens < 1.0:
             wait = (1.0 - tokens) / self.per_s
-            raise ProtocolError(ErrorCode.HELLO_RATE,
-                                f"{source or 'this source'} registered more than {self.burst:.0f} "
-                                f"members at once or {self.per_s:g} a second; retry in {wait:.1f} s")
+            raise ProtocolError(
+                ErrorCode.HELLO_RATE,
+                f"{source or 'this source'} registered more than {self.burst:.0f} "
+                f"members at once or {self.per_s:g} a second; retry in {wait:.1f} s",
+            )
         self._buckets.pop(source, None)
         self._buckets[source] = (tokens - 1.0, now)
         if len(self._buckets) > self.max_sources:

@@ -40,8 +40,9 @@ class JobEnd:
         """Begin the job's end if its target is reached and confirmed, its budget spent, or it failed; once begun
         it stays begun. `in_doubt`: the model diverged and is not yet rolled back (rollbacks.py)."""
         if not self.stop_latched:
-            self.stop_latched = (self._trained_and_confirmed(epoch, in_doubt, shards)
-                                 or self.budget_spent or bool(self.failed))
+            self.stop_latched = (
+                self._trained_and_confirmed(epoch, in_doubt, shards) or self.budget_spent or bool(self.failed)
+            )
 
     def _trained_and_confirmed(self, epoch: float, in_doubt: bool, shards: dict[int, Member]) -> bool:
         """The job's epochs are reached, and every shard has since reported its model healthy.
@@ -69,9 +70,11 @@ class JobEnd:
         limit = stall_limit_s([m.last.step_s for m in workers], self.job.join_timeout_s)
         if training and still > limit:
             skipped = sum(m.last.skipped for m in workers)
-            self.failed = (f"no sample trained for {still:.0f} s (limit {limit:.0f} s: the join timeout, or 50 of the "
-                           f"slowest worker's steps) while {len(workers)} worker(s) were live"
-                           + (f"; they skipped {skipped} steps whose loss was not finite" if skipped else ""))
+            self.failed = (
+                f"no sample trained for {still:.0f} s (limit {limit:.0f} s: the join timeout, or 50 of the "
+                f"slowest worker's steps) while {len(workers)} worker(s) were live"
+                + (f"; they skipped {skipped} steps whose loss was not finite" if skipped else "")
+            )
 
     def fail(self, reason: str) -> None:
         """The job gives up (`reason` empty: it does not); the first reason stays."""
@@ -83,9 +86,14 @@ class JobEnd:
         `await_final_eval`, for up to `join_timeout_s` after it stopped)."""
         if self.stopping and self.stopped_at is None:
             self.stopped_at = now
-        if (self.job.await_final_eval and not self.gave_up_on_final_eval and not final_eval
-                and self.stopped_at is not None and not evaluators
-                and now - self.stopped_at > self.job.join_timeout_s):
+        if (
+            self.job.await_final_eval
+            and not self.gave_up_on_final_eval
+            and not final_eval
+            and self.stopped_at is not None
+            and not evaluators
+            and now - self.stopped_at > self.job.join_timeout_s
+        ):
             self.gave_up_on_final_eval = True
             return True
         return False

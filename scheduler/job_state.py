@@ -51,8 +51,14 @@ log = logging.getLogger("dynabatch.scheduler")
 class JobState:
     """The job: composes its parts, and orders what each message changes in them (no state of its own)."""
 
-    def __init__(self, job: JobConfig, num_shards: int, train_size: int = 0, now: float | None = None,
-                 spec: ProtocolSpec | None = None) -> None:
+    def __init__(
+        self,
+        job: JobConfig,
+        num_shards: int,
+        train_size: int = 0,
+        now: float | None = None,
+        spec: ProtocolSpec | None = None,
+    ) -> None:
         """`spec` replaces the protocol's own (bench/simulate.py tries variants of a protocol)."""
         self.job = job
         self.spec = spec or protocol_spec(job.protocol)
@@ -67,8 +73,9 @@ class JobState:
 
     # -- membership -------------------------------------------------------------
 
-    def hello(self, hello: Hello, now: float, connection: bytes = b"",
-              admit: Callable[[], None] = lambda: None) -> Welcome:
+    def hello(
+        self, hello: Hello, now: float, connection: bytes = b"", admit: Callable[[], None] = lambda: None
+    ) -> Welcome:
         """Admit a process; shards take a slot, workers wait until every shard is there.
 
         The member is bound to `connection` (the ROUTER routing id it registered from):
@@ -87,8 +94,9 @@ class JobState:
         return self._welcome(member)
 
     def _welcome(self, member: Member) -> Welcome:
-        return Welcome(id=member.id, config=to_dict(self.job), shards=self.roster.shard_endpoints(),
-                       shard_index=member.shard_index)
+        return Welcome(
+            id=member.id, config=to_dict(self.job), shards=self.roster.shard_endpoints(), shard_index=member.shard_index
+        )
 
     def bye(self, member_id: str, now: float, connection: bytes = b"") -> bool:
         """Drop a member that leaves; False if it had already gone (a BYE sent again because its ack was slow)."""
@@ -106,13 +114,23 @@ class JobState:
         for m in dead:
             log.warning("%s stopped sending heartbeats; dropped", m.id)
             self._drop(m, now, "heartbeat timeout")
-        stuck = [m for m in self.roster.workers()
-                 if allocator.training_started and allocator.batch_of(m.id) > 0
-                 and stalled(m.progress_since, now, m.last.step_s, job.liveness_timeout_s, job.join_timeout_s)]
+        stuck = [
+            m
+            for m in self.roster.workers()
+            if allocator.training_started
+            and allocator.batch_of(m.id) > 0
+            and stalled(m.progress_since, now, m.last.step_s, job.liveness_timeout_s, job.join_timeout_s)
+        ]
         for m in stuck:
-            log.warning("%s (%s) holds batch %d but finished no step for %.0f s (its steps take %.3f s): dropped "
-                        "from rounds and from the end of the job; it may register again", m.id, m.name,
-                        allocator.batch_of(m.id), now - m.progress_since, m.last.step_s)
+            log.warning(
+                "%s (%s) holds batch %d but finished no step for %.0f s (its steps take %.3f s): dropped "
+                "from rounds and from the end of the job; it may register again",
+                m.id,
+                m.name,
+                allocator.batch_of(m.id),
+                now - m.progress_since,
+                m.last.step_s,
+            )
             self._drop(m, now, "no progress")
         wedged = self._wedged_evaluators(now)
         self._latch()
@@ -129,8 +147,10 @@ class JobState:
             if quiet <= allowed:
                 continue
             measured = f"its evaluations take {m.eval_s:.1f} s" if m.progress_at else "before its first evaluation"
-            why = (f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.1f} s (allowed {allowed:.1f} s, "
-                   f"{measured}) while its heartbeats went on")
+            why = (
+                f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.1f} s (allowed {allowed:.1f} s, "
+                f"{measured}) while its heartbeats went on"
+            )
             log.warning("%s: dropped; the job's end does not wait for it", why)
             self.end.evaluator_dropped(why)
             self._drop(m, now, "no progress")
@@ -172,8 +192,9 @@ class JobState:
         if member.role == "worker":
             # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
             # they fit in the time since the counters last grew, not since the last heartbeat.
-            check_worker_heartbeat(member.last, hb, now - (member.progress_at or member.joined), self.job.max_batch,
-                                   self.roster.num_shards)
+            check_worker_heartbeat(
+                member.last, hb, now - (member.progress_at or member.joined), self.job.max_batch, self.roster.num_shards
+            )
             check_rollbacks(hb, self.job.max_rollbacks)
             if hb.steps != member.last.steps or hb.skipped != member.last.skipped or not member.progress_at:
                 member.progress_at = now
@@ -192,12 +213,16 @@ class JobState:
             self.progress.shard_report(member.shard_index, hb)
             self.version_times.observe(self.roster.model_version(), self.progress.t(now))
             if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
-                self.allocator.tell(member.shard_index,
-                                    {w: b for w, b in hb.batches.items() if w in self.roster.members})
+                self.allocator.tell(
+                    member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members}
+                )
             self._quarantine(hb.quarantined, member.id, now)
             self.rollbacks.shard_report(member.shard_index, prev, hb)
-            waiting = [m.id for m in self._ready_workers(known_to_shards=False).values()
-                       if m.id not in self.allocator.allocation]
+            waiting = [
+                m.id
+                for m in self._ready_workers(known_to_shards=False).values()
+                if m.id not in self.allocator.allocation
+            ]
             if waiting and self.roster.known_to_shards(self.roster.members[waiting[0]]):
                 self._reallocate(now, "joined", waiting[0], force=True)
         if not self.end.failed:
@@ -241,16 +266,27 @@ class JobState:
         and changes nothing."""
         member = self.roster.member(member_id, connection)
         if member.role != "evaluator":
-            raise ProtocolError(ErrorCode.BAD_SENDER,
-                                f"{member_id} is a {member.role}; only an evaluator reports evaluations")
+            raise ProtocolError(
+                ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; only an evaluator reports evaluations"
+            )
         self.evaluations.check(report, self.progress.newest_possible_version)
         member.last_seen = now
-        member.eval_s = measured_eval_s(member.eval_s, now - (member.progress_at or member.joined),
-                                        self.job.eval_interval_s, first=not member.progress_at)
+        member.eval_s = measured_eval_s(
+            member.eval_s,
+            now - (member.progress_at or member.joined),
+            self.job.eval_interval_s,
+            first=not member.progress_at,
+        )
         member.progress_at = now
         t = self.progress.t(now)
-        self.evaluations.keep(report, t, self.roster.newest_shard_version(), self.rollbacks.rollback_done,
-                              self.stopping, model_t=self.version_times.time_of(report.version, t))
+        self.evaluations.keep(
+            report,
+            t,
+            self.roster.newest_shard_version(),
+            self.rollbacks.rollback_done,
+            self.stopping,
+            model_t=self.version_times.time_of(report.version, t),
+        )
         self._latch()
 
     # -- allocation ------------------------------------------------------------------
@@ -258,17 +294,21 @@ class JobState:
     def _ready_workers(self, known_to_shards: bool) -> dict[str, Member]:
         """Workers that can take a batch: measured, and (for a first batch) known to every shard."""
         allocator = self.allocator
-        return {m.id: m for m in self.roster.workers()
-                if m.id in allocator.speeds
-                and (not known_to_shards or m.id in allocator.allocation or self.roster.known_to_shards(m))}
+        return {
+            m.id: m
+            for m in self.roster.workers()
+            if m.id in allocator.speeds
+            and (not known_to_shards or m.id in allocator.allocation or self.roster.known_to_shards(m))
+        }
 
     def _allot(self, member: Member) -> None:
         """Allot `member` its share of the samples the job has yet to train (allocator.py), once the training set's
         size is known."""
         budget = self.progress.budget
         if budget is not None:
-            self.allocator.allot(member.id, {m.id: m.samples for m in self.roster.workers()},
-                                 budget - self.progress.departed_samples)
+            self.allocator.allot(
+                member.id, {m.id: m.samples for m in self.roster.workers()}, budget - self.progress.departed_samples
+            )
 
     def _reallocate(self, now: float, reason: str, subject: str, force: bool = False) -> None:
         """Re-solve the batch split (allocator.py); a worker given a batch after holding none is judged from now."""
@@ -281,24 +321,37 @@ class JobState:
         allocator, rollbacks = self.allocator, self.rollbacks
         if member.role == "ps":
             live = self.roster.live_workers
-            return Assignment(assignment_id=allocator.assignment_id, live_workers=live,
-                              allocated=allocator.holding_batch, idle_workers=allocator.idle_workers(),
-                              membership=self.roster.membership,
-                              stop=self.finished, batches=allocator.push_bounds(live),
-                              progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
-                              rollbacks=rollbacks.rollback_number, lr_factor=rollbacks.lr_factor,
-                              hold_checkpoints=rollbacks.divergence.suspect, serve_ranks=self.wire.ranks(live))
+            return Assignment(
+                assignment_id=allocator.assignment_id,
+                live_workers=live,
+                allocated=allocator.holding_batch,
+                idle_workers=allocator.idle_workers(),
+                membership=self.roster.membership,
+                stop=self.finished,
+                batches=allocator.push_bounds(live),
+                progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
+                rollbacks=rollbacks.rollback_number,
+                lr_factor=rollbacks.lr_factor,
+                hold_checkpoints=rollbacks.divergence.suspect,
+                serve_ranks=self.wire.ranks(live),
+            )
         if member.role == "evaluator":
-            return Assignment(assignment_id=allocator.assignment_id,
-                              stop=self.stopping and not self.roster.live_workers)
+            return Assignment(
+                assignment_id=allocator.assignment_id, stop=self.stopping and not self.roster.live_workers
+            )
         self._allot(member)
         batch, plan = allocator.batch_of(member.id), self.wire.plan_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, allocator.holding_batch, self.job.dbs_weight)
         return Assignment(
-            assignment_id=allocator.assignment_id, batch=batch, lr_scale=scale * rollbacks.lr_factor,
-            stop=self.stopping, local_steps=allocator.local_steps, rollbacks=rollbacks.rollback_done,
+            assignment_id=allocator.assignment_id,
+            batch=batch,
+            lr_scale=scale * rollbacks.lr_factor,
+            stop=self.stopping,
+            local_steps=allocator.local_steps,
+            rollbacks=rollbacks.rollback_done,
             allotted=allocator.allotted.get(member.id),
-            chunk_group=plan.group, credit_bytes=plan.credit,
+            chunk_group=plan.group,
+            credit_bytes=plan.credit,
         )
 
     # -- the end of the job -------------------------------------------------------------
@@ -315,8 +368,9 @@ class JobState:
     @property
     def finished(self) -> bool:
         """Target reached, every worker gone, and the final model evaluated (if anyone evaluates)."""
-        return self.end.finished(bool(self.roster.live_workers), bool(self.roster.evaluators()),
-                                 self.evaluations.final_eval)
+        return self.end.finished(
+            bool(self.roster.live_workers), bool(self.roster.evaluators()), self.evaluations.final_eval
+        )
 
     def tick(self, now: float) -> bool:
         """The clock's part of the job's end: the time budget, a stall, and how long a final evaluation is awaited.
@@ -365,12 +419,23 @@ class JobState:
             final_eval=self.evaluations.final_eval,
             final_eval_given_up=self.end.final_eval_given_up(self.finished, self.evaluations.final_eval),
             assignment_id=allocator.assignment_id,
-            workers={m.id: self.wire.shown(m.id, m.public(allocator.batch_of(m.id)), self.roster.live_workers)
-                     for m in self.roster.workers()},
+            workers={
+                m.id: self.wire.shown(m.id, m.public(allocator.batch_of(m.id)), self.roster.live_workers)
+                for m in self.roster.workers()
+            },
             departed=sorted(m.id for m in self.roster.members.values() if m.role == "worker" and m.left),
-            shards={str(i): ShardStatus(m.endpoint, m.last.version, m.last.updates, m.metrics_url, m.last.discarded,
-                                        m.last.model_problem, m.last.good_version)
-                    for i, m in sorted(self.roster.shards.items())},
+            shards={
+                str(i): ShardStatus(
+                    m.endpoint,
+                    m.last.version,
+                    m.last.updates,
+                    m.metrics_url,
+                    m.last.discarded,
+                    m.last.model_problem,
+                    m.last.good_version,
+                )
+                for i, m in sorted(self.roster.shards.items())
+            },
             decisions=allocator.decisions[-10:],
             rollbacks=[replace(r, versions=dict(r.versions)) for r in rollbacks.rollbacks],
             lr_factor=rollbacks.lr_factor,
@@ -384,19 +449,35 @@ class JobState:
         """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is read_clock()."""
         progress, allocator, evaluations = self.progress, self.allocator, self.evaluations
         started = allocator.training_started_at
-        measured = {m.instance: (m.id, m.standalone_sps) for m in self.roster.members.values()
-                    if m.instance and not m.left and m.id in allocator.speeds}
+        measured = {
+            m.instance: (m.id, m.standalone_sps)
+            for m in self.roster.members.values()
+            if m.instance and not m.left and m.id in allocator.speeds
+        }
         return SavedProgress(
-            config=to_dict(self.job), saved_at=wall.wall, saved_boot_id=wall.boot_id, saved_boot_s=wall.boot_s,
-            t=progress.t(now), samples=progress.samples, lost_samples=progress.lost_samples,
-            lost_versions=progress.lost_versions, train_size=progress.train_size,
+            config=to_dict(self.job),
+            saved_at=wall.wall,
+            saved_boot_id=wall.boot_id,
+            saved_boot_s=wall.boot_s,
+            t=progress.t(now),
+            samples=progress.samples,
+            lost_samples=progress.lost_samples,
+            lost_versions=progress.lost_versions,
+            train_size=progress.train_size,
             training_s=None if started is None else now - started,
-            assignment_id=allocator.assignment_id, next_id=dict(self.roster.next_id),
-            local_steps=allocator.local_steps, local_steps_reason=allocator.local_steps_reason,
-            loss=finite_or_none(progress.loss), first_loss=allocator.first_loss, eval=evaluations.eval,
-            eval_time=evaluations.eval_time, eval_model_time=evaluations.eval_model_time,
-            final_eval=evaluations.final_eval, budget_spent=self.end.budget_spent,
-            shard_marks=dict(progress.shard_marks), speeds=allocator.saved_speeds(measured),
+            assignment_id=allocator.assignment_id,
+            next_id=dict(self.roster.next_id),
+            local_steps=allocator.local_steps,
+            local_steps_reason=allocator.local_steps_reason,
+            loss=finite_or_none(progress.loss),
+            first_loss=allocator.first_loss,
+            eval=evaluations.eval,
+            eval_time=evaluations.eval_time,
+            eval_model_time=evaluations.eval_model_time,
+            final_eval=evaluations.final_eval,
+            budget_spent=self.end.budget_spent,
+            shard_marks=dict(progress.shard_marks),
+            speeds=allocator.saved_speeds(measured),
             rollbacks=list(self.rollbacks.rollbacks),
         )
 
@@ -408,8 +489,11 @@ class JobState:
         the time budget are what the user waited, restarts included. The saved samples are checked against the
         shards' own counts once every shard has reported (progress.py).
         """
-        down = 0.0 if saved.saved_at is None else outage_s(
-            ClockReading(saved.saved_at, saved.saved_boot_id, saved.saved_boot_s), wall)
+        down = (
+            0.0
+            if saved.saved_at is None
+            else outage_s(ClockReading(saved.saved_at, saved.saved_boot_id, saved.saved_boot_s), wall)
+        )
         now -= down
         self.progress.restore(saved, now)
         self.allocator.restore(saved, None if saved.training_s is None else now - saved.training_s)

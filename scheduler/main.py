@@ -13,8 +13,10 @@ from dynabatch.scheduler.server import SchedulerServer
 
 def main(argv: Sequence[str]) -> int:
     opts, job, curve, metrics = parse_role_args(
-        "dynabatch scheduler", "Run a job's scheduler; shards and workers join it.",
-        [SchedulerOptions, JobConfig, CurveOptions, MetricsOptions], argv,
+        "dynabatch scheduler",
+        "Run a job's scheduler; shards and workers join it.",
+        [SchedulerOptions, JobConfig, CurveOptions, MetricsOptions],
+        argv,
     )
     keys = load_curve_keys("dynabatch scheduler", curve, "scheduler")
     try:

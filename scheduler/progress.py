@@ -136,8 +136,12 @@ class Progress:
         allowed = self.most_shard_samples + self.lost_samples + self.job.global_batch
         excess = min(self.samples - allowed, self.departed_samples)
         if excess > 0:
-            log.warning("the saved progress counts %d samples but the shards hold at most %d: counting %d fewer",
-                        self.samples, allowed, excess)
+            log.warning(
+                "the saved progress counts %d samples but the shards hold at most %d: counting %d fewer",
+                self.samples,
+                allowed,
+                excess,
+            )
             self.departed_samples -= excess
 
     def restore(self, saved: SavedProgress, now: float) -> None:

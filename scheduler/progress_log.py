@@ -25,5 +25,4 @@ class ProgressLog:
         rate = "" if self._at is None else f", {(samples - self._samples) / (now - self._at):.0f} samples/s"
         self._at, self._samples = now, samples
         shown_loss = f", loss {loss:.4f}" if math.isfinite(loss) else ""
-        return (f"epoch {epoch:.2f}/{target_epochs:g} ({samples} samples{rate}), {workers} worker(s) live"
-                f"{shown_loss}")
+        return f"epoch {epoch:.2f}/{target_epochs:g} ({samples} samples{rate}), {workers} worker(s) live{shown_loss}"

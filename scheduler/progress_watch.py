@@ -28,8 +28,7 @@ def progress_allowed_s(step_s: float, liveness_timeout_s: float, join_timeout_s:
     return max(floor, min(PROGRESS_STEPS * step_s, join_timeout_s))
 
 
-def stalled(last_progress: float, now: float, step_s: float, liveness_timeout_s: float,
-            join_timeout_s: float) -> bool:
+def stalled(last_progress: float, now: float, step_s: float, liveness_timeout_s: float, join_timeout_s: float) -> bool:
     """Whether a worker whose steps last grew at `last_progress` (or that was last given a batch then) has made
     no progress for longer than `progress_allowed_s`."""
     return now - last_progress > progress_allowed_s(step_s, liveness_timeout_s, join_timeout_s)
@@ -39,8 +38,9 @@ EVAL_ROUNDS = 3
 """Of its own measured evaluations, how many an evaluator may take over one before it is judged wedged."""
 
 
-def evaluation_allowed_s(eval_s: float, eval_interval_s: float, liveness_timeout_s: float,
-                         join_timeout_s: float) -> float:
+def evaluation_allowed_s(
+    eval_s: float, eval_interval_s: float, liveness_timeout_s: float, join_timeout_s: float
+) -> float:
     """Seconds an evaluator may go without reporting an evaluation.
 
     Its heartbeat thread keeps it live while its main thread hangs (loading the test set, a user's metric), and a

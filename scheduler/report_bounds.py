@@ -30,34 +30,49 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
     for name in TIMES:
         value = getattr(hb, name)
         if not math.isfinite(value) or not 0.0 <= value <= MAX_SECONDS:
-            raise ProtocolError(ErrorCode.BAD_FIELD,
-                                f"HEARTBEAT.{name} must be finite, in [0, {MAX_SECONDS:.0f}] s; got {value}")
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD, f"HEARTBEAT.{name} must be finite, in [0, {MAX_SECONDS:.0f}] s; got {value}"
+            )
     if hb.standalone_sps != 0.0 and not MIN_SPEED <= hb.standalone_sps <= MAX_SPEED:
-        raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.standalone_sps must be in [{MIN_SPEED}, {MAX_SPEED:.0e}] "
-                                         f"samples/s; got {hb.standalone_sps}")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"HEARTBEAT.standalone_sps must be in [{MIN_SPEED}, {MAX_SPEED:.0e}] samples/s; got {hb.standalone_sps}",
+        )
     if not 0 <= hb.batch <= max_batch:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"HEARTBEAT.batch {hb.batch} is outside [0, {max_batch}] (the job's --max-batch)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"HEARTBEAT.batch {hb.batch} is outside [0, {max_batch}] (the job's --max-batch)"
+        )
     for name in ("steps", "samples", "bytes", "skipped"):
         if getattr(hb, name) < getattr(prev, name):
-            raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.{name} went backwards ({getattr(prev, name)} -> "
-                                             f"{getattr(hb, name)}); the counters are cumulative")
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"HEARTBEAT.{name} went backwards ({getattr(prev, name)} -> "
+                f"{getattr(hb, name)}); the counters are cumulative",
+            )
     new_steps = hb.steps - prev.steps
     possible = math.floor(max(0.0, elapsed_s) / MIN_STEP_S) + 1
     if new_steps > possible:
-        raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.steps grew by {new_steps} in {elapsed_s:.3f} s "
-                                         f"(at most {possible} steps fit)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"HEARTBEAT.steps grew by {new_steps} in {elapsed_s:.3f} s (at most {possible} steps fit)",
+        )
     if hb.skipped - prev.skipped > possible:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"HEARTBEAT.skipped grew by {hb.skipped - prev.skipped} in {elapsed_s:.3f} s "
-                            f"(at most {possible} steps fit)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"HEARTBEAT.skipped grew by {hb.skipped - prev.skipped} in {elapsed_s:.3f} s "
+            f"(at most {possible} steps fit)",
+        )
     if hb.samples - prev.samples > new_steps * max_batch:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"HEARTBEAT.samples grew by {hb.samples - prev.samples} over {new_steps} "
-                            f"steps of at most {max_batch} samples")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"HEARTBEAT.samples grew by {hb.samples - prev.samples} over {new_steps} "
+            f"steps of at most {max_batch} samples",
+        )
     if sum(hb.staleness) > hb.steps * num_shards:
-        raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.staleness counts {sum(hb.staleness)} updates for "
-                                         f"{hb.steps} steps on {num_shards} shard(s)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"HEARTBEAT.staleness counts {sum(hb.staleness)} updates for {hb.steps} steps on {num_shards} shard(s)",
+        )
 
 
 def check_shard_heartbeat(hb: Heartbeat, max_rollbacks: int, max_batch: int) -> None:
@@ -70,27 +85,34 @@ def check_shard_heartbeat(hb: Heartbeat, max_rollbacks: int, max_batch: int) -> 
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
     wrong = sorted(w for w, b in (hb.batches or {}).items() if not 0 <= b <= max_batch)
     if wrong:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)"
+        )
     check_rollbacks(hb, max_rollbacks)
     if hb.good_version < -1:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"HEARTBEAT.good_version must be >= -1 (-1: none), got {hb.good_version}")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"HEARTBEAT.good_version must be >= -1 (-1: none), got {hb.good_version}"
+        )
     if len(hb.model_problem) > MAX_PROBLEM_CHARS:
-        raise ProtocolError(ErrorCode.BAD_FIELD,
-                            f"HEARTBEAT.model_problem is longer than {MAX_PROBLEM_CHARS} characters")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"HEARTBEAT.model_problem is longer than {MAX_PROBLEM_CHARS} characters"
+        )
 
 
 def check_rollbacks(hb: Heartbeat, max_rollbacks: int) -> None:
     """Refuse a heartbeat that acted on more rollbacks than the job allows (--max-rollbacks)."""
     if not 0 <= hb.rollbacks <= max_rollbacks:
-        raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.rollbacks {hb.rollbacks} is outside [0, {max_rollbacks}] "
-                                         "(--max-rollbacks)")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"HEARTBEAT.rollbacks {hb.rollbacks} is outside [0, {max_rollbacks}] (--max-rollbacks)"
+        )
 
 
 def check_eval_version(report: EvalReport, newest_possible_version: int) -> None:
     """Refuse an evaluation of a version no shard can have reached (its figures are checked by
     common/eval_bounds.py)."""
     if report.version > newest_possible_version:
-        raise ProtocolError(ErrorCode.BAD_FIELD, f"EVAL.version {report.version} is beyond any version the shards can "
-                                         f"have reached ({newest_possible_version})")
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"EVAL.version {report.version} is beyond any version the shards can "
+            f"have reached ({newest_possible_version})",
+        )

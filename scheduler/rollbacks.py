@@ -36,7 +36,8 @@ class Rollbacks:
     def settled(self) -> bool:
         """Has every shard applied the last rollback? Until then reports describe the model thrown away."""
         return len(self.roster.shards) == self.roster.num_shards and all(
-            shard.last.rollbacks >= self.rollback_number for shard in self.roster.shards.values())
+            shard.last.rollbacks >= self.rollback_number for shard in self.roster.shards.values()
+        )
 
     def settle(self) -> None:
         """Once every shard has applied the last rollback, workers are told to act on it (`rollback_done`).
@@ -51,8 +52,7 @@ class Rollbacks:
         """The job diverged and is not yet rolled back: a cause is known, a rollback is ordered that not every
         shard has applied, or a shard reports its parameters sick."""
         pending = self.rollback_number > self.rollback_done and not self.settled
-        return (bool(self.divergence.cause) or pending
-                or any(s.last.model_problem for s in self.roster.shards.values()))
+        return bool(self.divergence.cause) or pending or any(s.last.model_problem for s in self.roster.shards.values())
 
     def worker_report(self, worker: str, prev: Heartbeat, hb: Heartbeat) -> None:
         """A worker's report counts once it has dropped the model of before the last rollback, which it is told
@@ -82,12 +82,21 @@ class Rollbacks:
         if not cause:
             return ""
         if self.rollback_number >= self.job.max_rollbacks:
-            return (f"diverged at epoch {epoch:.2f} ({cause}) after {self.rollback_number} rollback(s) "
-                    f"(--max-rollbacks {self.job.max_rollbacks}); lower --lr or check the task")
+            return (
+                f"diverged at epoch {epoch:.2f} ({cause}) after {self.rollback_number} rollback(s) "
+                f"(--max-rollbacks {self.job.max_rollbacks}); lower --lr or check the task"
+            )
         self.rollback_number += 1
-        self.rollbacks.append(Rollback(self.rollback_number, t, epoch, cause,
-                                       {str(i): m.last.good_version for i, m in sorted(self.roster.shards.items())},
-                                       lr_factor(self.rollback_number)))
+        self.rollbacks.append(
+            Rollback(
+                self.rollback_number,
+                t,
+                epoch,
+                cause,
+                {str(i): m.last.good_version for i, m in sorted(self.roster.shards.items())},
+                lr_factor(self.rollback_number),
+            )
+        )
         self.divergence.rolled_back()
         return ""
 

@@ -81,15 +81,33 @@ class Member:
         """The member as STATUS shows it, holding `batch` (the allocator owns a worker's batch)."""
         hb = self.last
         return WorkerStatus(
-            role=self.role, name=self.name, host=self.host, metrics_url=self.metrics_url,
-            joined=self.joined, steps=self.steps, samples=self.samples, batch=batch,
-            step_s=hb.step_s, compute_s=hb.compute_s, pull_s=hb.pull_s, push_s=hb.push_s,
-            wait_s=hb.wait_s, data_s=hb.data_s, samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
-            standalone_sps=self.standalone_sps, loss=finite_or_none(hb.loss),
-            step_s_total=self.step_s_total, observed_steps=self.observed_steps,
-            compute_s_total=self.compute_s_total, observed_samples=self.observed_samples,
-            version=hb.version, updates=hb.updates, endpoint=self.endpoint,
-            data_s_total=self.data_s_total, max_batch=self.max_batch, slowdown=self.slowdown,
+            role=self.role,
+            name=self.name,
+            host=self.host,
+            metrics_url=self.metrics_url,
+            joined=self.joined,
+            steps=self.steps,
+            samples=self.samples,
+            batch=batch,
+            step_s=hb.step_s,
+            compute_s=hb.compute_s,
+            pull_s=hb.pull_s,
+            push_s=hb.push_s,
+            wait_s=hb.wait_s,
+            data_s=hb.data_s,
+            samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
+            standalone_sps=self.standalone_sps,
+            loss=finite_or_none(hb.loss),
+            step_s_total=self.step_s_total,
+            observed_steps=self.observed_steps,
+            compute_s_total=self.compute_s_total,
+            observed_samples=self.observed_samples,
+            version=hb.version,
+            updates=hb.updates,
+            endpoint=self.endpoint,
+            data_s_total=self.data_s_total,
+            max_batch=self.max_batch,
+            slowdown=self.slowdown,
         )
 
 
@@ -147,12 +165,15 @@ class Roster:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.name: {problem}")
         slowdown_label(hello.slowdown)
         if hello.max_batch < 0:
-            raise ProtocolError(ErrorCode.BAD_FIELD,
-                                f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}")
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD, f"HELLO.max_batch must be >= 0 (0: no limit), got {hello.max_batch}"
+            )
         if hello.instance in self.quarantined_instances:
-            raise ProtocolError(ErrorCode.QUARANTINED,
-                                "this process was quarantined by a shard (its pushes kept exceeding "
-                                "the gradient bound or pointing against the other workers') and may not join again")
+            raise ProtocolError(
+                ErrorCode.QUARANTINED,
+                "this process was quarantined by a shard (its pushes kept exceeding "
+                "the gradient bound or pointing against the other workers') and may not join again",
+            )
 
     def rebind(self, hello: Hello, now: float, connection: bytes) -> Member | None:
         """The live member this process (same `instance`, same role) already is, rebound to `connection`."""
@@ -174,17 +195,30 @@ class Roster:
                 raise ProtocolError(ErrorCode.NOT_READY, f"{len(self.shards)} of {self.num_shards} shards registered")
             present = sum(1 for m in self.members.values() if m.role in ("worker", "evaluator") and not m.left)
             if present >= self.job.max_workers:
-                raise ProtocolError(ErrorCode.FULL,
-                                    f"the job admits at most {self.job.max_workers} workers and evaluators "
-                                    "(--max-workers)")
+                raise ProtocolError(
+                    ErrorCode.FULL,
+                    f"the job admits at most {self.job.max_workers} workers and evaluators (--max-workers)",
+                )
             new_id = member_id(hello.role, self.next_id[hello.role])
             index = -1
         admit()
         if hello.role != "ps":
             self.next_id[hello.role] += 1
-        member = Member(new_id, hello.role, hello.name or new_id, hello.host, hello.metrics_url, now, now,
-                        endpoint=hello.endpoint, shard_index=index, connection=connection, instance=hello.instance,
-                        max_batch=hello.max_batch, slowdown=slowdown_label(hello.slowdown))
+        member = Member(
+            new_id,
+            hello.role,
+            hello.name or new_id,
+            hello.host,
+            hello.metrics_url,
+            now,
+            now,
+            endpoint=hello.endpoint,
+            shard_index=index,
+            connection=connection,
+            instance=hello.instance,
+            max_batch=hello.max_batch,
+            slowdown=slowdown_label(hello.slowdown),
+        )
         self.members[new_id] = member
         if hello.instance:
             self.instances[hello.instance] = new_id
@@ -198,9 +232,11 @@ class Roster:
         if wanted >= 0:
             holder = self.shards.get(wanted)
             if holder is not None and not holder.left:
-                raise ProtocolError(ErrorCode.SLOT_TAKEN,
-                                    f"shard slot {wanted} is held by a live shard; a restarted shard "
-                                    "takes it once that one is declared dead")
+                raise ProtocolError(
+                    ErrorCode.SLOT_TAKEN,
+                    f"shard slot {wanted} is held by a live shard; a restarted shard "
+                    "takes it once that one is declared dead",
+                )
             return wanted  # a restarted shard takes its slot back
         free = [i for i in range(self.num_shards) if i not in self.shards]
         if not free:
@@ -216,9 +252,10 @@ class Roster:
         if member is None or member.left:
             raise ProtocolError(ErrorCode.UNKNOWN_SENDER, f"{member_id!r} is not registered; send HELLO")
         if member.connection != connection:
-            raise ProtocolError(ErrorCode.BAD_SENDER,
-                                f"{member_id!r} registered from another connection; a message in its "
-                                "name from this one is refused")
+            raise ProtocolError(
+                ErrorCode.BAD_SENDER,
+                f"{member_id!r} registered from another connection; a message in its name from this one is refused",
+            )
         return member
 
     def has_left(self, member_id: str) -> bool:
@@ -234,8 +271,11 @@ class Roster:
     def silent(self, now: float) -> list[Member]:
         """Live members whose heartbeats stopped for longer than `silence_allowed`."""
         job = self.job
-        return [m for m in self.members.values()
-                if not m.left and now - m.last_seen > silence_allowed(m, job.liveness_timeout_s, job.join_timeout_s)]
+        return [
+            m
+            for m in self.members.values()
+            if not m.left and now - m.last_seen > silence_allowed(m, job.liveness_timeout_s, job.join_timeout_s)
+        ]
 
     def admit_worker(self, member: Member) -> None:
         """A worker's first report of its speed: from now on it is live, and every shard must learn it."""
@@ -260,7 +300,7 @@ class Roster:
     def forget_departed(self) -> None:
         """Keep the member table bounded: the oldest members that left go (their counts are already summed)."""
         gone = [m for m in self.members.values() if m.left]
-        for m in gone[:max(0, len(gone) - DEPARTED_KEPT)]:
+        for m in gone[: max(0, len(gone) - DEPARTED_KEPT)]:
             del self.members[m.id]
             if self.instances.get(m.instance) == m.id:
                 del self.instances[m.instance]

@@ -93,16 +93,19 @@ def load_progress(path: Path, config: dict[str, Any]) -> SavedProgress | None:
     try:
         saved = load_newest_good(path, _parse, log.error)
     except DamagedFile as exc:
-        raise ValueError(f"the scheduler's saved progress cannot be read ({exc}); remove {path} to start the job "
-                         "from zero") from None
+        raise ValueError(
+            f"the scheduler's saved progress cannot be read ({exc}); remove {path} to start the job from zero"
+        ) from None
     if saved is None:
         return None
     expected = json.loads(json.dumps(config))
     differ = sorted(k for k in expected.keys() | saved.config.keys() if expected.get(k) != saved.config.get(k))
     if differ:
         shown = ", ".join(f"{k}={saved.config.get(k)!r} (now {expected.get(k)!r})" for k in differ[:5])
-        raise ValueError(f"{path} holds the progress of another job: {shown}; start the scheduler with the same "
-                         "settings, or another --state-dir")
+        raise ValueError(
+            f"{path} holds the progress of another job: {shown}; start the scheduler with the same "
+            "settings, or another --state-dir"
+        )
     return saved
 
 
@@ -118,16 +121,26 @@ def _parse(path: Path, payload: bytes) -> SavedProgress:
             **data,
             eval=EvalReport(**evaluated) if evaluated is not None else None,
             shard_marks={int(k): ShardMark(**v) for k, v in marks.items()},
-            speeds={k: SavedSpeed(float(v["standalone_sps"]), [(int(b), float(s)) for b, s in v["observations"]])
-                    for k, v in speeds.items()},
+            speeds={
+                k: SavedSpeed(float(v["standalone_sps"]), [(int(b), float(s)) for b, s in v["observations"]])
+                for k, v in speeds.items()
+            },
             rollbacks=[Rollback(**r) for r in rollbacks],
         )
         saved.next_id = {str(k): int(v) for k, v in saved.next_id.items()}
         for name in ("samples", "lost_samples", "lost_versions", "train_size", "assignment_id", "local_steps"):
             if not isinstance(getattr(saved, name), int) or getattr(saved, name) < 0:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, not a count")
-        for name in ("saved_at", "saved_boot_s", "t", "training_s", "eval_time", "eval_model_time", "loss",
-                     "first_loss"):
+        for name in (
+            "saved_at",
+            "saved_boot_s",
+            "t",
+            "training_s",
+            "eval_time",
+            "eval_model_time",
+            "loss",
+            "first_loss",
+        ):
             value = getattr(saved, name)
             if not isinstance(value, (int, float, type(None))) or (value is not None and not math.isfinite(value)):
                 raise ValueError(f"{name} is {value!r}, not a finite number")

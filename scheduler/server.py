@@ -65,51 +65,88 @@ class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.bad = bad_messages_counter(registry)
         self.live = Gauge("dynabatch_scheduler_live_workers", "Workers sending heartbeats.", registry=registry)
-        self.batch = Gauge("dynabatch_worker_batch_size", "Batch size assigned to each worker.", ["worker"],
-                           registry=registry)
-        self.sps = Gauge("dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"],
-                         registry=registry)
+        self.batch = Gauge(
+            "dynabatch_worker_batch_size", "Batch size assigned to each worker.", ["worker"], registry=registry
+        )
+        self.sps = Gauge(
+            "dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"], registry=registry
+        )
         self.wire = {  # the wire's schedule (scheduler/wire_schedule.py), in the order plan, credit, rank
-            "group": Gauge("dynabatch_worker_chunks_per_push", "Chunks each worker's pipelined backward batches into "
-                           "one push (the wire's schedule).", ["worker"], registry=registry),
-            "credit": Gauge("dynabatch_worker_credit_bytes", "Gradient bytes each worker may keep pushed and "
-                            "unacknowledged (the wire's schedule).", ["worker"], registry=registry),
-            "rank": Gauge("dynabatch_worker_serve_rank", "The order shards serve each worker in (0 first; -1: "
-                          "unranked, by chunk id alone).", ["worker"], registry=registry)}
-        self.step = Gauge("dynabatch_worker_step_seconds", "Each worker's last step time by phase.",
-                          ["worker", "phase"], registry=registry)
-        self.epoch = Gauge("dynabatch_job_epoch", "Passes over the training set, counted from samples.",
-                           registry=registry)
+            "group": Gauge(
+                "dynabatch_worker_chunks_per_push",
+                "Chunks each worker's pipelined backward batches into one push (the wire's schedule).",
+                ["worker"],
+                registry=registry,
+            ),
+            "credit": Gauge(
+                "dynabatch_worker_credit_bytes",
+                "Gradient bytes each worker may keep pushed and unacknowledged (the wire's schedule).",
+                ["worker"],
+                registry=registry,
+            ),
+            "rank": Gauge(
+                "dynabatch_worker_serve_rank",
+                "The order shards serve each worker in (0 first; -1: unranked, by chunk id alone).",
+                ["worker"],
+                registry=registry,
+            ),
+        }
+        self.step = Gauge(
+            "dynabatch_worker_step_seconds",
+            "Each worker's last step time by phase.",
+            ["worker", "phase"],
+            registry=registry,
+        )
+        self.epoch = Gauge(
+            "dynabatch_job_epoch", "Passes over the training set, counted from samples.", registry=registry
+        )
         self.samples = Gauge("dynabatch_job_samples", "Training samples processed by all workers.", registry=registry)
         self.loss = Gauge("dynabatch_job_train_loss", "Smoothed training loss reported by workers.", registry=registry)
-        self.test_acc = Gauge("dynabatch_job_test_accuracy", "Test accuracy of the latest evaluated model (0-1).",
-                              registry=registry)
+        self.test_acc = Gauge(
+            "dynabatch_job_test_accuracy", "Test accuracy of the latest evaluated model (0-1).", registry=registry
+        )
         self.test_loss = Gauge("dynabatch_job_test_loss", "Test loss of the latest evaluated model.", registry=registry)
-        self.eval_metric = Gauge("dynabatch_eval_metric",
-                                 "Each metric of the latest evaluation (the loss included), by name.",
-                                 ["name"], registry=registry)
-        self.local_steps = Gauge("dynabatch_scheduler_local_steps", "Local steps H between syncs (local, msd).",
-                                 registry=registry)
-        self.lost_samples = Gauge("dynabatch_job_lost_samples", "Samples whose updates shards lost in restarts, "
-                                  "trained again.", registry=registry)
+        self.eval_metric = Gauge(
+            "dynabatch_eval_metric",
+            "Each metric of the latest evaluation (the loss included), by name.",
+            ["name"],
+            registry=registry,
+        )
+        self.local_steps = Gauge(
+            "dynabatch_scheduler_local_steps", "Local steps H between syncs (local, msd).", registry=registry
+        )
+        self.lost_samples = Gauge(
+            "dynabatch_job_lost_samples",
+            "Samples whose updates shards lost in restarts, trained again.",
+            registry=registry,
+        )
         self.lost_versions = Gauge("dynabatch_job_lost_versions", "Shard updates lost in restarts.", registry=registry)
         self.bytes = Gauge("dynabatch_job_bytes", "Tensor bytes moved between workers and shards.", registry=registry)
-        self.rollbacks = Counter("dynabatch_rollbacks", "Rollbacks of the job to its shards' last good checkpoints "
-                                 "after a divergence.", registry=registry)
-        self.lr_factor = Gauge("dynabatch_job_lr_factor", "The job's step-size factor after its rollbacks (1: none).",
-                               registry=registry)
-        self.reassign = Counter("dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.",
-                                ["reason"], registry=registry)
-        self.decide = Histogram("dynabatch_scheduler_decision_seconds",
-                                "Time to handle a heartbeat (model fit and allocation included).",
-                                buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1), registry=registry)
+        self.rollbacks = Counter(
+            "dynabatch_rollbacks",
+            "Rollbacks of the job to its shards' last good checkpoints after a divergence.",
+            registry=registry,
+        )
+        self.lr_factor = Gauge(
+            "dynabatch_job_lr_factor", "The job's step-size factor after its rollbacks (1: none).", registry=registry
+        )
+        self.reassign = Counter(
+            "dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry
+        )
+        self.decide = Histogram(
+            "dynabatch_scheduler_decision_seconds",
+            "Time to handle a heartbeat (model fit and allocation included).",
+            buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1),
+            registry=registry,
+        )
 
 
 class SchedulerServer:
     """Runs the control loop until the job has finished and its shards were told."""
 
-    def __init__(self, job: JobConfig, opts: SchedulerOptions, metrics_host: str, metrics_port: int,
-                 curve: CurveKeys | None) -> None:
+    def __init__(
+        self, job: JobConfig, opts: SchedulerOptions, metrics_host: str, metrics_port: int, curve: CurveKeys | None
+    ) -> None:
         self.job = job
         self.opts = opts
         self.state = JobState(job, job.shards)
@@ -117,10 +154,15 @@ class SchedulerServer:
         saved = load_progress(self.progress_path, to_dict(job)) if self.progress_path is not None else None
         if saved is not None:
             self.state.resume(saved, time.monotonic(), read_clock())
-            log.info("resumed job %r from %s: epoch %.2f (%d samples), %s, next worker id w%d",
-                     job.job, self.progress_path, self.state.progress.epoch, saved.samples,
-                     f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
-                     saved.next_id.get("worker", 0))
+            log.info(
+                "resumed job %r from %s: epoch %.2f (%d samples), %s, next worker id w%d",
+                job.job,
+                self.progress_path,
+                self.state.progress.epoch,
+                saved.samples,
+                f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
+                saved.next_id.get("worker", 0),
+            )
         self._saved_eval = self.state.evaluations.eval
         self._saved_lost_versions = self.state.progress.lost_versions
         self._next_save = 0.0
@@ -150,13 +192,15 @@ class SchedulerServer:
         """Serve the job until it has finished (or a signal stops it); the end is logged, however it comes."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        ADDRESS_LOG.info("scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint,
-                         self.metrics_server.url())
+        ADDRESS_LOG.info(
+            "scheduler for job %r at %s, metrics %s", self.job.job, self.endpoint, self.metrics_server.url()
+        )
         try:
             self._serve()
         except Exception as exc:
-            log.critical("the scheduler failed at epoch %.2f: %s: %s", self.state.progress.epoch,
-                         type(exc).__name__, exc)
+            log.critical(
+                "the scheduler failed at epoch %.2f: %s: %s", self.state.progress.epoch, type(exc).__name__, exc
+            )
             raise
         finally:
             self._export()
@@ -164,10 +208,16 @@ class SchedulerServer:
             self.metrics_server.close()
         if self.stopped_by is not None:
             finished = self.state.finished
-            log.log(logging.INFO if finished else logging.WARNING, "stopped by %s at epoch %.2f, the job %s; %s",
-                    self.stopped_by.name, self.state.progress.epoch, "finished" if finished else "not finished",
-                    f"its progress is saved in {self.progress_path}" if self.progress_path else
-                    "its progress is not saved (no --state-dir): a scheduler started again counts from zero")
+            log.log(
+                logging.INFO if finished else logging.WARNING,
+                "stopped by %s at epoch %.2f, the job %s; %s",
+                self.stopped_by.name,
+                self.state.progress.epoch,
+                "finished" if finished else "not finished",
+                f"its progress is saved in {self.progress_path}"
+                if self.progress_path
+                else "its progress is not saved (no --state-dir): a scheduler started again counts from zero",
+            )
         return 0
 
     def _serve(self) -> None:
@@ -182,8 +232,9 @@ class SchedulerServer:
                         break
             now = time.monotonic()
             if now - last_turn > STALL_S:
-                log.warning("the scheduler's loop stalled for %.1f s; members' silence in that time is excused",
-                            now - last_turn)
+                log.warning(
+                    "the scheduler's loop stalled for %.1f s; members' silence in that time is excused", now - last_turn
+                )
                 self.state.roster.excuse(now - last_turn)
             last_turn = now
             self.state.expire(now)
@@ -207,8 +258,11 @@ class SchedulerServer:
         ev = s.evaluations.eval
         given_up = s.end.final_eval_given_up(s.finished, s.evaluations.final_eval)
         if given_up:
-            log.warning("final evaluation given up: %s; the accuracy is the last evaluation's (%s)", given_up,
-                        f"model v{ev.version}" if ev else "none was reported")
+            log.warning(
+                "final evaluation given up: %s; the accuracy is the last evaluation's (%s)",
+                given_up,
+                f"model v{ev.version}" if ev else "none was reported",
+            )
         log.info("job finished: epoch %.2f, test accuracy %s", s.progress.epoch, ev.test_acc if ev else "n/a")
 
     def _save(self, now: float, force: bool = False) -> None:
@@ -217,8 +271,10 @@ class SchedulerServer:
         left to the next save would die with a scheduler killed before it, and the restarted shard, training on
         through the outage, would pass the saved version unseen: that work would never be trained again. A save
         that finds no file descriptor is tried again at the next periodic one, news included."""
-        news = (self.state.evaluations.eval is not self._saved_eval
-                or self.state.progress.lost_versions != self._saved_lost_versions)
+        news = (
+            self.state.evaluations.eval is not self._saved_eval
+            or self.state.progress.lost_versions != self._saved_lost_versions
+        )
         if self.progress_path is None or not (force or now >= self._next_save or news):
             return
         try:
@@ -252,8 +308,9 @@ class SchedulerServer:
             if isinstance(body, Hello):
                 if body.role in HELLO_KEY_ROLE:
                     check_key_role(incoming.key_role, (HELLO_KEY_ROLE[body.role],), f"HELLO as {body.role}")
-                reply = self.state.hello(body, now, incoming.identity,
-                                         lambda: self.hello_rate.spend(incoming.peer, now))
+                reply = self.state.hello(
+                    body, now, incoming.identity, lambda: self.hello_rate.spend(incoming.peer, now)
+                )
                 log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
             elif isinstance(body, Heartbeat):
                 start = time.perf_counter()
@@ -311,9 +368,14 @@ class SchedulerServer:
         self.m.lost_samples.set(s.progress.lost_samples)
         self.m.lost_versions.set(s.progress.lost_versions)
         for lost in s.progress.losses:
-            log.warning("ps%d came back %d versions behind its last report (restarted, or rolled back, to a "
-                        "checkpoint): "
-                        "%d samples lost, counted back into the job", lost.shard, lost.versions, lost.samples)
+            log.warning(
+                "ps%d came back %d versions behind its last report (restarted, or rolled back, to a "
+                "checkpoint): "
+                "%d samples lost, counted back into the job",
+                lost.shard,
+                lost.versions,
+                lost.samples,
+            )
         s.progress.losses.clear()
         self.m.local_steps.set(s.allocator.local_steps)
         self._check_fresh_start()
@@ -325,12 +387,17 @@ class SchedulerServer:
             self.m.test_loss.set(s.evaluations.eval.test_loss)
         if s.evaluations.eval is not self._eval_exported and s.evaluations.eval is not None:
             ev = s.evaluations.eval
-            log.info("evaluation of model v%d at epoch %.2f: %s%s", ev.version, s.progress.epoch,
-                     ", ".join(f"{name} {value:.4f}" for name, value in ev.metrics.items()),
-                     " (final)" if ev.final else "")
+            log.info(
+                "evaluation of model v%d at epoch %.2f: %s%s",
+                ev.version,
+                s.progress.epoch,
+                ", ".join(f"{name} {value:.4f}" for name, value in ev.metrics.items()),
+                " (final)" if ev.final else "",
+            )
             self._export_eval_metrics(ev)
-        line = self.progress_log.line(time.monotonic(), s.progress.samples, s.progress.epoch, self.job.epochs,
-                                      len(workers), s.progress.loss)
+        line = self.progress_log.line(
+            time.monotonic(), s.progress.samples, s.progress.epoch, self.job.epochs, len(workers), s.progress.loss
+        )
         if line:
             log.info("%s", line)
         for gone in self._exported - set(workers):
@@ -350,11 +417,12 @@ class SchedulerServer:
             plan = s.wire.plan_of(wid)
             for name, shown in zip(self.m.wire, (plan.group, plan.credit, ranks.get(wid, -1)), strict=True):
                 self.m.wire[name].labels(wid).set(shown)
-            for phase, value in zip(PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s),
-                                    strict=True):
+            for phase, value in zip(
+                PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s), strict=True
+            ):
                 self.m.step.labels(wid, phase).set(value)
         new = min(s.allocator.assignment_id - self._decisions_seen, len(s.allocator.decisions))
-        for d in s.allocator.decisions[len(s.allocator.decisions) - new:]:
+        for d in s.allocator.decisions[len(s.allocator.decisions) - new :]:
             self.m.reassign.labels(d.reason).inc()
             log.info("decision (%s%s): batches %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
         self._decisions_seen = s.allocator.assignment_id
@@ -372,20 +440,33 @@ class SchedulerServer:
             return
         self._start_checked = True
         if max(reported) > 0 and s.progress.samples == 0:
-            where = (f"--state-dir {self.opts.state_dir} holds no progress of job {self.job.job!r}"
-                     if self.progress_path else "this scheduler was started without --state-dir")
-            log.warning("the shards hold a model at version %d, so job %r was in progress, but %s: its epochs, "
-                        "samples and evaluation count from zero here. A scheduler started with --state-dir DIR saves "
-                        "the job's progress there and, started again with the same DIR, resumes it", max(reported),
-                        self.job.job, where)
+            where = (
+                f"--state-dir {self.opts.state_dir} holds no progress of job {self.job.job!r}"
+                if self.progress_path
+                else "this scheduler was started without --state-dir"
+            )
+            log.warning(
+                "the shards hold a model at version %d, so job %r was in progress, but %s: its epochs, "
+                "samples and evaluation count from zero here. A scheduler started with --state-dir DIR saves "
+                "the job's progress there and, started again with the same DIR, resumes it",
+                max(reported),
+                self.job.job,
+                where,
+            )
 
     def _export_divergence(self) -> None:
         """Count and log each new rollback, and the job's failure once."""
         s = self.state
-        for rb in s.rollbacks.rollbacks[self._rollbacks_seen:]:
+        for rb in s.rollbacks.rollbacks[self._rollbacks_seen :]:
             self.m.rollbacks.inc()
-            log.warning("rollback %d: the job diverged at epoch %.2f (%s); every shard goes back to its last good "
-                        "checkpoint, step size x%g", rb.number, rb.epoch, rb.cause, rb.lr_factor)
+            log.warning(
+                "rollback %d: the job diverged at epoch %.2f (%s); every shard goes back to its last good "
+                "checkpoint, step size x%g",
+                rb.number,
+                rb.epoch,
+                rb.cause,
+                rb.lr_factor,
+            )
         self._rollbacks_seen = len(s.rollbacks.rollbacks)
         self.m.lr_factor.set(s.rollbacks.lr_factor)
         if s.end.failed and not self._failure_logged:
@@ -407,8 +488,11 @@ class SchedulerServer:
                 self._metric_names.add(name)
             elif not self._metric_names_full:
                 self._metric_names_full = True
-                log.warning("dynabatch_eval_metric already holds %d metric names; %r and any further new name "
-                            "are not exported", MAX_EVAL_METRICS, name)
+                log.warning(
+                    "dynabatch_eval_metric already holds %d metric names; %r and any further new name are not exported",
+                    MAX_EVAL_METRICS,
+                    name,
+                )
         shown = self._eval_exported.metrics.keys() & self._metric_names if self._eval_exported else set()
         for name in shown - report.metrics.keys():
             self.m.eval_metric.remove(name)

@@ -30,8 +30,10 @@ class WorkerTimes:
 def serving_ranks(workers: dict[str, WorkerTimes], rounds: bool) -> dict[str, int]:
     """Worker id -> rank (0 first): the round's critical path first where `rounds`, else the most
     communication-bound first; ties by id, so that every shard orders them alike."""
+
     def key(wid: str) -> tuple[float, str]:
         t = workers[wid]
         share = t.own_s if rounds else (t.transfer_s / t.own_s if t.own_s > 0 else 0.0)
         return (-share, wid)
+
     return {wid: rank for rank, wid in enumerate(sorted(workers, key=key))}

@@ -118,12 +118,8 @@ class SpeedModel:
             raise ValueError(f"window must be >= 1, got {window!r}")
         if not 0 < forgetting <= 1:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
-        if prior_samples_per_s is not None and not (
-            math.isfinite(prior_samples_per_s) and prior_samples_per_s > 0
-        ):
-            raise ValueError(
-                f"prior_samples_per_s must be finite and > 0, got {prior_samples_per_s!r}"
-            )
+        if prior_samples_per_s is not None and not (math.isfinite(prior_samples_per_s) and prior_samples_per_s > 0):
+            raise ValueError(f"prior_samples_per_s must be finite and > 0, got {prior_samples_per_s!r}")
         self._window: deque[tuple[int, float]] = deque(maxlen=window)
         self._compute: deque[tuple[int, float]] = deque(maxlen=window)  # (batch, compute seconds) where reported
         self._overhead: deque[float] = deque(maxlen=window)  # seconds of each such step spent not computing
@@ -225,9 +221,7 @@ class SpeedModel:
         return StepModel(a, (mean_t - a) / mean_b)
 
     @staticmethod
-    def _wls_intercept(
-        b: np.ndarray, t: np.ndarray, w: np.ndarray, mean_b: float, mean_t: float
-    ) -> float | None:
+    def _wls_intercept(b: np.ndarray, t: np.ndarray, w: np.ndarray, mean_b: float, mean_t: float) -> float | None:
         """Weighted least-squares intercept, or None when the window does not identify it:
         too few points, batches too alike, a non-positive or non-finite slope, or an
         intercept too uncertain (see ``MAX_INTERCEPT_STDERR``)."""

@@ -68,5 +68,10 @@ class WireSchedule:
     def shown(self, worker: str, status: WorkerStatus, live: list[str]) -> WorkerStatus:
         """`status` with `worker`'s plan and rank (-1: none) as STATUS shows them."""
         plan = self.plan_of(worker)
-        return replace(status, chunk_group=plan.group, credit_bytes=plan.credit, wire_reason=plan.reason,
-                       serve_rank=self.ranks(live).get(worker, -1))
+        return replace(
+            status,
+            chunk_group=plan.group,
+            credit_bytes=plan.credit,
+            wire_reason=plan.reason,
+            serve_rank=self.ranks(live).get(worker, -1),
+        )

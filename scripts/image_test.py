@@ -76,7 +76,7 @@ def free_port() -> int:
 def recipe() -> str:
     """The Dockerfile block of k8s/README.md's "Your own model", verbatim."""
     text = (ROOT / "k8s" / "README.md").read_text()
-    section = text[text.index(RECIPE_SECTION):]
+    section = text[text.index(RECIPE_SECTION) :]
     block = re.search(r"```dockerfile\n(.*?)```", section, re.S)
     assert block is not None, f"k8s/README.md's {RECIPE_SECTION!r} has no dockerfile block"
     return block.group(1)
@@ -86,11 +86,19 @@ def library_wheel(folder: Path) -> Path:
     """A minimal pure-Python wheel of the user's library, so the recipe's `pip install` has something real to write."""
     name, version = USER_LIBRARY, "1.0"
     dist = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": b'MARK = "installed"\n',
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: image_test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
-                     f"{len(data)}\n" for path, data in files.items()) + f"{dist}/RECORD,,\n"
+    files = {
+        f"{name}/__init__.py": b'MARK = "installed"\n',
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: image_test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = (
+        "".join(
+            f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+            f"{len(data)}\n"
+            for path, data in files.items()
+        )
+        + f"{dist}/RECORD,,\n"
+    )
     wheel = folder / name / f"{name}-{version}-py3-none-any.whl"
     wheel.parent.mkdir(parents=True)
     with zipfile.ZipFile(wheel, "w") as z:
@@ -111,17 +119,38 @@ class Check:
     def run(self, *args: str, check: bool = True) -> str:
         done = subprocess.run([self.engine, *args], capture_output=True, text=True, timeout=900)
         if check and done.returncode != 0:
-            raise RuntimeError(f"{self.engine} {' '.join(args[:3])} ... exited {done.returncode}:\n"
-                               f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            raise RuntimeError(
+                f"{self.engine} {' '.join(args[:3])} ... exited {done.returncode}:\n"
+                f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
         return done.stdout
 
     def start(self, name: str, args: list[str], mounts: dict[str, str], image: str = "") -> str:
         """A detached container NAME of IMAGE running `dynabatch ARGS`, as the Kubernetes manifests run it."""
         container = f"{self.prefix}-{name}"
         volumes = [f"--volume={src}:{dst}" for src, dst in mounts.items()]
-        self.run("run", "--detach", "--name", container, "--network", "host", "--read-only",
-                 "--tmpfs", "/tmp:rw,size=512m", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                 "--env", "HOME=/tmp", "--env", "MPLCONFIGDIR=/tmp/matplotlib", *volumes, image or self.image, *args)
+        self.run(
+            "run",
+            "--detach",
+            "--name",
+            container,
+            "--network",
+            "host",
+            "--read-only",
+            "--tmpfs",
+            "/tmp:rw,size=512m",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--env",
+            "HOME=/tmp",
+            "--env",
+            "MPLCONFIGDIR=/tmp/matplotlib",
+            *volumes,
+            image or self.image,
+            *args,
+        )
         self.containers.append(container)
         return container
 
@@ -136,8 +165,10 @@ class Check:
         self.containers.remove(container)
 
     def report(self) -> str:
-        return "".join(f"\n--- {c} ---\n" + "\n".join(self.logs(c.removeprefix(self.prefix + "-")).splitlines()[-20:])
-                       for c in self.containers)
+        return "".join(
+            f"\n--- {c} ---\n" + "\n".join(self.logs(c.removeprefix(self.prefix + "-")).splitlines()[-20:])
+            for c in self.containers
+        )
 
     def wait(self, what: str, predicate: Callable[[], object], timeout_s: float = WAIT_S) -> object:
         deadline = time.monotonic() + timeout_s
@@ -180,9 +211,18 @@ def accuracy(status: JobStatus) -> str:
 
 def engine_ready(engine: str, image: str) -> str | None:
     """Why `engine` cannot run IMAGE's containers here (scripts/container-engine.sh's one line), or None."""
-    done = subprocess.run(["bash", "-c", 'source "$0" && engine_ready image-test "$1" "$2"',
-                           str(ROOT / "scripts" / "container-engine.sh"), engine, image],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source "$0" && engine_ready image-test "$1" "$2"',
+            str(ROOT / "scripts" / "container-engine.sh"),
+            engine,
+            image,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode == 0:
         return None
     if done.returncode == 2:
@@ -199,8 +239,9 @@ def writable_by_the_image_user(folder: Path) -> str:
 def role_keys(work: Path) -> dict[str, str]:
     """`dynabatch keys`, then a folder per role holding only its files, readable by the image's user."""
     keys = work / "keys"
-    subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(keys)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(keys)], check=True, capture_output=True
+    )
     folders = keys_per_role(str(keys), work)
     for folder in folders.values():
         for path in [Path(folder), *Path(folder).iterdir()]:
@@ -228,8 +269,8 @@ def build_user_image(check: Check, work: Path) -> str:
         (index / USER_LIBRARY / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
         (context / "my_task.py").write_text(USER_TASK)
         (context / "requirements.txt").write_text(
-            f"--index-url http://127.0.0.1:{server.server_address[1]}/\n--trusted-host 127.0.0.1\n"
-            f"{USER_LIBRARY}==1.0\n")
+            f"--index-url http://127.0.0.1:{server.server_address[1]}/\n--trusted-host 127.0.0.1\n{USER_LIBRARY}==1.0\n"
+        )
         dockerfile = recipe().replace(f"FROM {DEFAULT_IMAGE}", f"FROM {check.image}")
         (context / "Dockerfile").write_text(dockerfile)
         tag = f"localhost/{check.prefix}-user:test"
@@ -246,8 +287,9 @@ def build_user_image(check: Check, work: Path) -> str:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--image", default=DEFAULT_IMAGE)
-    p.add_argument("--engine", default=os.environ.get("CONTAINER_ENGINE") or
-                   ("podman" if shutil.which("podman") else "docker"))
+    p.add_argument(
+        "--engine", default=os.environ.get("CONTAINER_ENGINE") or ("podman" if shutil.which("podman") else "docker")
+    )
     args = p.parse_args(argv)
     if os.environ.get("CONTAINERS_CONF"):  # podman reads it from other directories too
         os.environ["CONTAINERS_CONF"] = str(Path(os.environ["CONTAINERS_CONF"]).resolve())
@@ -274,47 +316,87 @@ def main(argv: list[str]) -> int:
                 return ["--curve-dir", CURVE_DIR, "--metrics-host", "127.0.0.1", "--metrics-port", str(ports[name])]
 
             def start_scheduler() -> None:
-                check.start("scheduler", ["scheduler", "--bind", scheduler_endpoint, "--state-dir",
-                                          "/var/lib/dynabatch/state", *JOB, *flags("scheduler")],
-                            {keys["scheduler"]: f"{CURVE_DIR}:ro", state: "/var/lib/dynabatch/state"})
+                check.start(
+                    "scheduler",
+                    [
+                        "scheduler",
+                        "--bind",
+                        scheduler_endpoint,
+                        "--state-dir",
+                        "/var/lib/dynabatch/state",
+                        *JOB,
+                        *flags("scheduler"),
+                    ],
+                    {keys["scheduler"]: f"{CURVE_DIR}:ro", state: "/var/lib/dynabatch/state"},
+                )
 
             start_scheduler()
-            check.start("ps", ["ps", "--scheduler", scheduler_endpoint, "--bind", f"tcp://127.0.0.1:{data}",
-                               "--checkpoint-dir", "/var/lib/dynabatch/checkpoints", *flags("ps")],
-                        {keys["ps"]: f"{CURVE_DIR}:ro", checkpoints: "/var/lib/dynabatch/checkpoints"})
+            check.start(
+                "ps",
+                [
+                    "ps",
+                    "--scheduler",
+                    scheduler_endpoint,
+                    "--bind",
+                    f"tcp://127.0.0.1:{data}",
+                    "--checkpoint-dir",
+                    "/var/lib/dynabatch/checkpoints",
+                    *flags("ps"),
+                ],
+                {keys["ps"]: f"{CURVE_DIR}:ro", checkpoints: "/var/lib/dynabatch/checkpoints"},
+            )
             for name in ("worker-1", "worker-2"):
-                check.start(name, ["worker", "--scheduler", scheduler_endpoint, "--name", name, *flags(name)],
-                            {keys["worker"]: f"{CURVE_DIR}:ro"})
-            check.start("evaluator", ["worker", "--evaluator", "--scheduler", scheduler_endpoint,
-                                      *flags("evaluator")], {keys["evaluator"]: f"{CURVE_DIR}:ro"})
+                check.start(
+                    name,
+                    ["worker", "--scheduler", scheduler_endpoint, "--name", name, *flags(name)],
+                    {keys["worker"]: f"{CURVE_DIR}:ro"},
+                )
+            check.start(
+                "evaluator",
+                ["worker", "--evaluator", "--scheduler", scheduler_endpoint, *flags("evaluator")],
+                {keys["evaluator"]: f"{CURVE_DIR}:ro"},
+            )
 
             # 1. The job trains.
-            check.wait("both workers to train", lambda: all(metric(ports[w], "dynabatch_worker_steps_total") > 0
-                                                             for w in ("worker-1", "worker-2")))
-            check.wait("an accuracy above chance", lambda: metric(ports["scheduler"], "dynabatch_job_test_accuracy")
-                       > 0.5)
+            check.wait(
+                "both workers to train",
+                lambda: all(metric(ports[w], "dynabatch_worker_steps_total") > 0 for w in ("worker-1", "worker-2")),
+            )
+            check.wait(
+                "an accuracy above chance", lambda: metric(ports["scheduler"], "dynabatch_job_test_accuracy") > 0.5
+            )
             print(f"image-test: the job trains ({time.monotonic() - started:.0f}s)", flush=True)
 
             # 2. A user's worker image, built with the documented recipe, joins the running job.
             user_image = build_user_image(check, work)
-            check.start("user", ["worker", "--scheduler", scheduler_endpoint, "--name", "user", *flags("user")],
-                        {keys["worker"]: f"{CURVE_DIR}:ro"}, image=user_image)
+            check.start(
+                "user",
+                ["worker", "--scheduler", scheduler_endpoint, "--name", "user", *flags("user")],
+                {keys["worker"]: f"{CURVE_DIR}:ro"},
+                image=user_image,
+            )
             check.wait("the user's worker to train", lambda: metric(ports["user"], "dynabatch_worker_steps_total") > 0)
-            check.wait("three live workers",
-                       lambda: metric(ports["scheduler"], "dynabatch_scheduler_live_workers") == 3)
+            check.wait(
+                "three live workers", lambda: metric(ports["scheduler"], "dynabatch_scheduler_live_workers") == 3
+            )
             print(f"image-test: the user's image joins ({time.monotonic() - started:.0f}s)", flush=True)
 
             # 3. The scheduler's container, killed and started again on its state volume, resumes the job.
             status = Connection(ctx, scheduler_endpoint, "dynabatch", "image-test")
             first = check.wait("STATUS", lambda: job_status(status))
             assert isinstance(first, JobStatus)
-            before = check.wait("two save intervals of training", lambda: (s := job_status(status))
-                                and s.t - first.t >= 2 * SAVE_EVERY_S and s)
+            before = check.wait(
+                "two save intervals of training",
+                lambda: (s := job_status(status)) and s.t - first.t >= 2 * SAVE_EVERY_S and s,
+            )
             assert isinstance(before, JobStatus)
             rate = (before.samples - first.samples) / max(1e-9, before.t - first.t)
             check.kill("scheduler")
-            print(f"image-test: scheduler killed at {before.samples} samples ({rate:.0f}/s); job accuracy "
-                  f"{accuracy(before)}", flush=True)
+            print(
+                f"image-test: scheduler killed at {before.samples} samples ({rate:.0f}/s); job accuracy "
+                f"{accuracy(before)}",
+                flush=True,
+            )
             start_scheduler()
             check.wait("the restarted scheduler to resume the job", lambda: "resumed job" in check.logs("scheduler"))
             resumed = check.wait("the resumed scheduler's STATUS", lambda: job_status(status))
@@ -322,19 +404,27 @@ def main(argv: list[str]) -> int:
             # Its saved progress, not zero: at most the samples of one save interval (a save may run one
             # interval late on a loaded machine) are lost and trained again.
             lost_at_most = rate * 2 * SAVE_EVERY_S
-            assert resumed.samples >= before.samples - lost_at_most, \
-                f"resumed at {resumed.samples} samples, {before.samples} before the kill, " \
+            assert resumed.samples >= before.samples - lost_at_most, (
+                f"resumed at {resumed.samples} samples, {before.samples} before the kill, "
                 f"more than {lost_at_most:.0f} lost{check.report()}"
-            check.wait("the job to go on past where it stood",
-                       lambda: metric(ports["scheduler"], "dynabatch_job_samples") > before.samples)
-            after = check.wait("an evaluation after the restart",
-                               lambda: (s := job_status(status)) and (s.eval_version or 0) > (resumed.eval_version or 0)
-                               and s)
-            assert isinstance(after, JobStatus) and after.test_acc is not None and after.test_acc > 0.5, \
+            )
+            check.wait(
+                "the job to go on past where it stood",
+                lambda: metric(ports["scheduler"], "dynabatch_job_samples") > before.samples,
+            )
+            after = check.wait(
+                "an evaluation after the restart",
+                lambda: (s := job_status(status)) and (s.eval_version or 0) > (resumed.eval_version or 0) and s,
+            )
+            assert isinstance(after, JobStatus) and after.test_acc is not None and after.test_acc > 0.5, (
                 f"after the restart: {accuracy(after) if isinstance(after, JobStatus) else after}{check.report()}"
-            print(f"image-test: the restarted scheduler resumes at {resumed.samples} of {before.samples} samples "
-                  f"(at most {lost_at_most:.0f} may be lost); job accuracy {accuracy(after)} "
-                  f"({time.monotonic() - started:.0f}s)", flush=True)
+            )
+            print(
+                f"image-test: the restarted scheduler resumes at {resumed.samples} of {before.samples} samples "
+                f"(at most {lost_at_most:.0f} may be lost); job accuracy {accuracy(after)} "
+                f"({time.monotonic() - started:.0f}s)",
+                flush=True,
+            )
         finally:
             check.close()
             if ctx is not None:

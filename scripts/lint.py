@@ -1,4 +1,5 @@
-"""`make lint`: ruff, then mypy, with the settings in pyproject.toml; exits non-zero on any finding.
+"""`make lint`: ruff's checks, ruff's formatter (checked, not applied), then mypy, with the settings in
+pyproject.toml; exits non-zero on any finding. `ruff format .` applies the formatter.
 
 mypy: pyproject.toml maps folders to packages (api/ is `dynabatch`, common/ is `dynabatch.common`, ...), and the
 editable install resolves that mapping with an import hook, which mypy does not run. So the package is laid out as
@@ -64,6 +65,11 @@ def main() -> int:
     failed = False
     code, lines = run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "."])
     print(*lines, sep="\n")
+    failed |= code != 0
+    code, lines = run([sys.executable, "-m", "ruff", "format", "--check", "."])
+    if code != 0:
+        print(*lines, sep="\n")
+        print("run `.venv/bin/ruff format .` to format these files")
     failed |= code != 0
     dirs = package_dirs(project)
     top = lay_out_tree(dirs)

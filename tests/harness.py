@@ -70,13 +70,26 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bo
     that hangs is stopped by `dynabatch run` and leaves its logs behind. It draws
     no plots unless asked: a second of CPU each, in about 25 tests that read none.
     """
-    cmd = command_line("run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30),
-                               *([] if plots else ["--no-plots"]), *flags])
+    cmd = command_line(
+        "run",
+        [
+            "--out",
+            str(out),
+            "--name",
+            name,
+            "--timeout-s",
+            str(timeout_s - 30),
+            *([] if plots else ["--no-plots"]),
+            *flags,
+        ],
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env())
     run_dir = out / name
     if done.returncode != 0:
-        tails = "".join(f"\n--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-                        for log in sorted((run_dir / "logs").glob("*.log")))
+        tails = "".join(
+            f"\n--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+            for log in sorted((run_dir / "logs").glob("*.log"))
+        )
         raise AssertionError(f"dynabatch run exited {done.returncode}\n{done.stdout}{done.stderr}{tails}")
     return run_dir, done.stdout
 
@@ -247,6 +260,7 @@ class Cluster:
     def wait_status(self, what: str, predicate: Callable[[JobStatus], bool], timeout_s: float = 60.0) -> JobStatus:
         """Poll STATUS until `predicate`; a timeout names every process that exited with an error, with its
         log's tail (a test may kill one on purpose, so an exit alone does not end the wait)."""
+
         def check() -> JobStatus | None:
             st = self.status()
             return st if st is not None and predicate(st) else None
@@ -254,20 +268,25 @@ class Cluster:
         try:
             return wait_for(what, check, timeout_s, every_s=0.2)
         except AssertionError as exc:
-            dead = "".join(f"\n--- {c.name} exited with {c.proc.returncode}; its log ends:\n{c.log_tail(25)}"
-                           for c in self.launcher.failed())
+            dead = "".join(
+                f"\n--- {c.name} exited with {c.proc.returncode}; its log ends:\n{c.log_tail(25)}"
+                for c in self.launcher.failed()
+            )
             raise AssertionError(f"{exc}{dead}") from None
 
     def join_as_worker(
-        self, standalone_sps: float = 1000.0, model: tuple[Init, torch.Tensor, torch.Tensor | None] | None = None,
+        self,
+        standalone_sps: float = 1000.0,
+        model: tuple[Init, torch.Tensor, torch.Tensor | None] | None = None,
     ) -> tuple[Connection, Welcome]:
         """Register a test client as a worker, as the worker does, offer the shards a model (INIT: the first
         initialises them), and heartbeat until it holds a batch. The model is the job's built-in one unless
         `model` gives (INIT, initial flat parameters, initial travelling buffers)."""
         link = SchedulerLink(self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker")
         deadline = time.monotonic() + 30
-        welcome = link.register(Hello(role="worker", name="test-worker"), lambda: time.monotonic() > deadline,
-                                lambda: None)
+        welcome = link.register(
+            Hello(role="worker", name="test-worker"), lambda: time.monotonic() > deadline, lambda: None
+        )
         assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
         conn = link.conn
 
@@ -277,9 +296,16 @@ class Cluster:
         heartbeat()  # alive from the WELCOME on, as a worker's pulse keeps it: a silent member is a ghost
         job = job_from_dict(welcome.config)
         init, flat, buffers = model or (*builtin_init(job), None)
-        shards = ShardClients(self.ctx, welcome.shards, make_layout(flat.numel(), job.chunk_bytes, job.shards),
-                              job.job, welcome.id, heartbeat, job.heartbeat_s,
-                              buffer_total=0 if buffers is None else buffers.numel())
+        shards = ShardClients(
+            self.ctx,
+            welcome.shards,
+            make_layout(flat.numel(), job.chunk_bytes, job.shards),
+            job.job,
+            welcome.id,
+            heartbeat,
+            job.heartbeat_s,
+            buffer_total=0 if buffers is None else buffers.numel(),
+        )
         try:
             shards.init(init, flat, 30.0, buffers)
         finally:
@@ -296,9 +322,9 @@ class Cluster:
         self.launcher.stop_all()
 
 
-
-def finish_job(tmp: Path, job_flags: list[str], tasks: Sequence[str], evaluator_task: str,
-               timeout_s: float = 300) -> tuple[JobStatus, str, Proc]:
+def finish_job(
+    tmp: Path, job_flags: list[str], tasks: Sequence[str], evaluator_task: str, timeout_s: float = 300
+) -> tuple[JobStatus, str, Proc]:
     """A job of one shard, a worker per task of `tasks` (PATH:NAME, the workers named a, b, c...) and an evaluator
     on `evaluator_task`, run to its end: (its last status, the shard's /metrics then, the shard's process, whose log
     stays readable). How the Byzantine tests set liars among honest workers: each runs a task of its own."""

@@ -50,8 +50,9 @@ class HostedJob:
         curve = ["--curve-dir", self.keys[role]] if self.keys else []
         ports = self.metrics_ports.setdefault(host.name, [])
         ports.append(METRICS_PORT + len(ports))
-        cmd = host.command(dynabatch_command([*argv, *curve, "--metrics-host", "0.0.0.0",
-                                              "--metrics-port", str(ports[-1])]))
+        cmd = host.command(
+            dynabatch_command([*argv, *curve, "--metrics-host", "0.0.0.0", "--metrics-port", str(ports[-1])])
+        )
         return self.launcher.spawn(name, role, cmd, serves_metrics=True)
 
     @property
@@ -62,21 +63,37 @@ class HostedJob:
     def scheduler(self, host: Host, *job_flags: str) -> Child:
         """`dynabatch scheduler --bind tcp://0.0.0.0:5555 JOB_FLAGS` on `host`: the job is configured here only."""
         self.scheduler_host = host
-        return self._start(host, "scheduler", "scheduler",
-                           ["scheduler", "--bind", f"tcp://0.0.0.0:{SCHEDULER_PORT}", *job_flags])
+        return self._start(
+            host, "scheduler", "scheduler", ["scheduler", "--bind", f"tcp://0.0.0.0:{SCHEDULER_PORT}", *job_flags]
+        )
 
     def shard(self, host: Host, *flags: str) -> Child:
         """`dynabatch ps --scheduler tcp://A:5555 --bind tcp://0.0.0.0:5600 --advertise tcp://HOST:5600` on `host`."""
-        return self._start(host, f"ps-{host.name}", "ps",
-                           ["ps", "--scheduler", self.scheduler_endpoint, "--bind", f"tcp://0.0.0.0:{SHARD_PORT}",
-                            "--advertise", f"tcp://{host.name}:{SHARD_PORT}", *flags])
+        return self._start(
+            host,
+            f"ps-{host.name}",
+            "ps",
+            [
+                "ps",
+                "--scheduler",
+                self.scheduler_endpoint,
+                "--bind",
+                f"tcp://0.0.0.0:{SHARD_PORT}",
+                "--advertise",
+                f"tcp://{host.name}:{SHARD_PORT}",
+                *flags,
+            ],
+        )
 
     def worker(self, host: Host, *flags: str, evaluator: bool = False) -> Child:
         """`dynabatch worker --scheduler tcp://A:5555` (with `--evaluator`) on `host` (its default name: HOST-PID)."""
         role = "evaluator" if evaluator else "worker"
-        return self._start(host, f"{role}-{host.name}", role,
-                           ["worker", "--scheduler", self.scheduler_endpoint, *flags,
-                            *(["--evaluator"] if evaluator else [])])
+        return self._start(
+            host,
+            f"{role}-{host.name}",
+            role,
+            ["worker", "--scheduler", self.scheduler_endpoint, *flags, *(["--evaluator"] if evaluator else [])],
+        )
 
     def metrics(self, host: Host, nth: int = 0) -> str:
         """The /metrics page of the `nth` dynabatch process started on `host`, read from that host."""

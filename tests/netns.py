@@ -210,8 +210,21 @@ class Network:
         address = str(SUBNET[index + 1])
         host = Host(name, f"{self.run}-{name}", address, f"p{index}", rate)
         self._add_namespace(host.ns)
-        _run("ip", "link", "add", "eth0", "netns", host.ns, "type", "veth", "peer", "name", host.port,
-             "netns", self.bridge_ns)
+        _run(
+            "ip",
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            host.ns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            host.port,
+            "netns",
+            self.bridge_ns,
+        )
         _run("ip", "-n", host.ns, "addr", "add", f"{address}/{SUBNET.prefixlen}", "dev", "eth0")
         _run("ip", "-n", host.ns, "link", "set", "eth0", "up")
         _run("ip", "-n", self.bridge_ns, "link", "set", host.port, "master", "br0", "up")
@@ -222,8 +235,25 @@ class Network:
 
     def _shape(self, host: Host, verb: str) -> None:
         for ns, dev in ((host.ns, "eth0"), (self.bridge_ns, host.port)):
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", dev, "root", "tbf", "rate", host.rate,
-                 "burst", BURST, "latency", LATENCY)
+            _run(
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "tc",
+                "qdisc",
+                verb,
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                host.rate,
+                "burst",
+                BURST,
+                "latency",
+                LATENCY,
+            )
 
     def set_rate(self, host: Host, rate: str) -> None:
         """Reshape `host`'s link to `rate` each way."""

@@ -35,8 +35,9 @@ def optimizer_for(task: Task, model: torch.nn.Module) -> torch.optim.Optimizer:
     rest = [p for n, p in model.named_parameters() if any(s in n for s in spec.no_decay)]
     groups: list[dict[str, Any]] = [{"params": decay}, {"params": rest, "weight_decay": 0.0}]
     if isinstance(spec, SGD):
-        return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov,
-                               weight_decay=spec.weight_decay)
+        return torch.optim.SGD(
+            groups, lr=spec.lr, momentum=spec.momentum, nesterov=spec.nesterov, weight_decay=spec.weight_decay
+        )
     if not isinstance(spec, Adam):
         raise ValueError(f"optimizer {spec.name}: the plain-torch reference knows SGD, Adam and AdamW")
     kind = torch.optim.AdamW if isinstance(spec, AdamW) else torch.optim.Adam

@@ -16,8 +16,24 @@ from processes import alive, descendants, kill_sessions
 ROLES = {"scheduler", "ps0", "worker0", "evaluator"}
 # Trains for ever (synthetic data, a small MLP, a worker and the evaluator: a process of every role the run starts,
 # each of which costs 2 s of CPU to start), sampled and evaluated often.
-FOREVER = ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--workers", "1", "--slowdowns", "1",
-           "--eval-interval-s", "0.5", "--status-s", "0.2", "--timeout-s", "250"]
+FOREVER = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "mlp",
+    "--epochs",
+    "1000",
+    "--workers",
+    "1",
+    "--slowdowns",
+    "1",
+    "--eval-interval-s",
+    "0.5",
+    "--status-s",
+    "0.2",
+    "--timeout-s",
+    "250",
+]
 
 
 def _role(pid: int) -> str:
@@ -35,8 +51,13 @@ class RunProcess:
         self.dir, self.err_path = out / "r", err_path
         self.out_path = err_path.with_suffix(".out")
         with open(self.err_path, "wb") as err, open(self.out_path, "wb") as printed:
-            self.proc = subprocess.Popen(command_line("run", ["--out", str(out), "--name", "r", *flags]),
-                                         stdout=printed, stderr=err, env=child_env(), cwd=cwd)
+            self.proc = subprocess.Popen(
+                command_line("run", ["--out", str(out), "--name", "r", *flags]),
+                stdout=printed,
+                stderr=err,
+                env=child_env(),
+                cwd=cwd,
+            )
         self.children: set[int] = set()
 
     def printed(self) -> str:
@@ -46,12 +67,18 @@ class RunProcess:
     def trained_and_evaluated(self) -> int:
         """Wait until the evaluator has reported on a model past v0 and every role runs; that model's version."""
         log = self.dir / "logs" / "scheduler.log"
-        found = wait_for("the scheduler's endpoint", lambda: log.exists() and re.search(
-            r"at (tcp://[0-9.]+:\d+)", log.read_text()), 60)
+        found = wait_for(
+            "the scheduler's endpoint",
+            lambda: log.exists() and re.search(r"at (tcp://[0-9.]+:\d+)", log.read_text()),
+            60,
+        )
         ctx = zmq.Context()
         try:
-            st = wait_for("an evaluation of a trained model", lambda: (s := status_at(ctx, found.group(1))) and (
-                s.eval_version or 0) > 0 and s, 120)
+            st = wait_for(
+                "an evaluation of a trained model",
+                lambda: (s := status_at(ctx, found.group(1))) and (s.eval_version or 0) > 0 and s,
+                120,
+            )
         finally:
             ctx.destroy(linger=0)
         self.children = descendants(self.proc.pid)

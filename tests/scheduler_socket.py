@@ -37,8 +37,9 @@ class SchedulerSocket:
             if msg.message is None:  # undecodable: this stand-in has nothing to answer it with
                 continue
             if isinstance(msg.message.body, Hello):
-                welcome = Welcome(id=f"w{self.welcomed}", config=self.config, shards=[],
-                                  shard_index=msg.message.body.shard_index)
+                welcome = Welcome(
+                    id=f"w{self.welcomed}", config=self.config, shards=[], shard_index=msg.message.body.shard_index
+                )
                 send_routed(self.sock, msg.identity, welcome, msg.message.seq, "j", "scheduler")
                 self.welcomed += 1
                 continue

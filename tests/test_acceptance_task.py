@@ -26,8 +26,25 @@ EPOCHS, BATCH = 4, 128
 
 def test_a_users_batchnorm_adamw_task_matches_plain_torch_and_exports_what_it_reported(tmp_path):
     need_fashion_mnist()
-    run, _ = run_job(tmp_path, "r", "--task", SPEC, "--workers", "3", "--slowdowns", "1", "2", "4",
-                     "--epochs", str(EPOCHS), "--global-batch", str(BATCH), "--eval-interval-s", "3", timeout_s=400)
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--task",
+        SPEC,
+        "--workers",
+        "3",
+        "--slowdowns",
+        "1",
+        "2",
+        "4",
+        "--epochs",
+        str(EPOCHS),
+        "--global-batch",
+        str(BATCH),
+        "--eval-interval-s",
+        "3",
+        timeout_s=400,
+    )
     summary = json.loads((run / "summary.json").read_text())
     reported = summary["final_metrics"]
     assert summary["finished"] and summary["final_eval"] and {"accuracy", "top2", "loss"} <= reported.keys()
@@ -36,8 +53,12 @@ def test_a_users_batchnorm_adamw_task_matches_plain_torch_and_exports_what_it_re
     assert reported["accuracy"] >= reference - 0.03, (reported, reference)
 
     out = tmp_path / "model.pt"
-    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "export", str(run), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", "export", str(run), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     model = task.model()
     model.load_state_dict(torch.load(out))

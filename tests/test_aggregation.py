@@ -36,7 +36,8 @@ def _honest(n: int, size: int = 200, seed: int = 0) -> list[tuple[torch.Tensor, 
 @pytest.mark.parametrize("honest", [2, 3, 4, 7])
 @pytest.mark.parametrize("settings", ROBUST, ids=lambda s: s.aggregation)
 def test_one_wild_contribution_moves_the_mean_arbitrarily_and_the_robust_rules_only_within_the_honest_values(
-        honest, settings):
+    honest, settings
+):
     parts = _honest(honest)
     values = torch.stack([t for t, _ in parts])
     low, high = values.min(dim=0).values, values.max(dim=0).values
@@ -101,8 +102,20 @@ def test_the_trimmed_mean_drops_by_worker_per_coordinate_and_weighs_the_kept_by_
         trimmed_mean(parts[:4], 2)
 
 
-@pytest.mark.parametrize("workers, trim, k", [(2, 0.2, 0), (3, 0.2, 1), (4, 0.2, 1), (5, 0.2, 1), (6, 0.2, 2),
-                                              (10, 0.3, 3), (10, 0.49, 4), (5, 0.49, 2), (20, 0.05, 1)])
+@pytest.mark.parametrize(
+    "workers, trim, k",
+    [
+        (2, 0.2, 0),
+        (3, 0.2, 1),
+        (4, 0.2, 1),
+        (5, 0.2, 1),
+        (6, 0.2, 2),
+        (10, 0.3, 3),
+        (10, 0.49, 4),
+        (5, 0.49, 2),
+        (20, 0.05, 1),
+    ],
+)
 def test_the_trim_is_rounded_up_to_whole_workers_and_keeps_at_least_one(workers, trim, k):
     assert trimmed_count(workers, trim) == k
 
@@ -158,8 +171,9 @@ def test_a_fast_liar_pushing_twice_into_a_softsync_round_is_one_worker_of_its_me
 
 def test_local_sgds_outer_rule_takes_the_median_of_the_deltas():
     honest, low, high = _honest_and_liar()
-    state = ShardState.initial(make_layout(64, 1024, 1).chunks, torch.zeros(64), SGD, "local", B,
-                               OuterSettings(aggregation="median"))
+    state = ShardState.initial(
+        make_layout(64, 1024, 1).chunks, torch.zeros(64), SGD, "local", B, OuterSettings(aggregation="median")
+    )
     state.set_membership({"a", "b", "c", "liar"}, allocated=4)
     for worker, delta, samples in [*honest, ("liar", torch.full((64,), -1e6), 12)]:
         state.push(worker, {0: delta}, {0: 0}, samples, state.kind, 0.0)
@@ -168,6 +182,7 @@ def test_local_sgds_outer_rule_takes_the_median_of_the_deltas():
 
 
 # The flags: owned by the round protocols' settings, carried to the shard in the job, refused elsewhere.
+
 
 @pytest.mark.parametrize("protocol", [name for name, spec in SPECS.items() if spec.closes_rounds])
 def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs_description(protocol):
@@ -179,8 +194,14 @@ def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs
 
 
 def test_the_round_protocols_are_those_that_close_rounds():
-    assert {name for name, spec in SPECS.items() if spec.closes_rounds} == {"ssgd", "msync", "softsync", "rennala",
-                                                                              "local", "msd"}
+    assert {name for name, spec in SPECS.items() if spec.closes_rounds} == {
+        "ssgd",
+        "msync",
+        "softsync",
+        "rennala",
+        "local",
+        "msd",
+    }
 
 
 @pytest.mark.parametrize("protocol", [name for name, spec in SPECS.items() if not spec.closes_rounds])
@@ -192,9 +213,17 @@ def test_a_protocol_without_rounds_refuses_a_robust_aggregation_or_a_trim(protoc
     JobConfig(protocol=protocol, aggregation="mean").validate()
 
 
-@pytest.mark.parametrize("trim, needle", [(0.5, "must be below 0.5"), (0.7, "must be below 0.5"),
-                                          (0.0, "must be above 0"), (-0.1, "must be above 0"),
-                                          (math.nan, "not a finite number"), (math.inf, "not a finite number")])
+@pytest.mark.parametrize(
+    "trim, needle",
+    [
+        (0.5, "must be below 0.5"),
+        (0.7, "must be below 0.5"),
+        (0.0, "must be above 0"),
+        (-0.1, "must be above 0"),
+        (math.nan, "not a finite number"),
+        (math.inf, "not a finite number"),
+    ],
+)
 def test_a_trim_outside_0_to_one_half_is_refused(trim, needle):
     with pytest.raises(ConfigError, match=f"--trim: .*{needle}"):
         JobConfig(protocol="ssgd", aggregation="trimmed-mean", trim=trim).validate()
@@ -205,13 +234,21 @@ def test_a_trim_without_the_trimmed_mean_is_refused_as_unread():
         JobConfig(protocol="ssgd", aggregation="median", trim=0.1).validate()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["run", "--protocol", "asgd", "--aggregation", "median"], "--aggregation median: protocol asgd"),
-    (["scheduler", "--protocol", "ssgd", "--aggregation", "trimmed-mean", "--trim", "nan"], "--trim: nan"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--protocol", "asgd", "--aggregation", "median"], "--aggregation median: protocol asgd"),
+        (["scheduler", "--protocol", "ssgd", "--aggregation", "trimmed-mean", "--trim", "nan"], "--trim: nan"),
+    ],
+)
 def test_the_command_line_refuses_it_in_one_line_with_exit_2(args, needle):
-    out = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", *args], capture_output=True, text=True,
-                         timeout=60, env=dict(os.environ))
+    out = subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) <= 2, out.stderr  # the short usage line, then the error

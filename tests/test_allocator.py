@@ -145,8 +145,10 @@ def test_speed_models_are_saved_by_process_and_restored_for_the_same_process():
     assert saved == {"proc-a": SavedSpeed(1000.0, [(32, 0.05)])}, "a worker without a model saves none"
 
     again = _allocator(max_workers=2)
-    again.restore(SavedProgress(config={}, assignment_id=7, local_steps=3, local_steps_reason="r", first_loss=2.0,
-                                speeds=saved), training_started_at=None)
+    again.restore(
+        SavedProgress(config={}, assignment_id=7, local_steps=3, local_steps_reason="r", first_loss=2.0, speeds=saved),
+        training_started_at=None,
+    )
     assert (again.assignment_id, again.local_steps, again.first_loss) == (7, 3, 2.0)
     assert not again.training_started
     again.measure("w3", 1000.0, instance="proc-a")
@@ -161,8 +163,12 @@ def _one_step_each(allocator: Allocator, transfers_s: dict[str, float], compute_
     allocator.reallocate(0.0, 0.0, "joined", "w0", ready, force=True)
     for wid, transfers in transfers_s.items():
         b, compute = allocator.allocation[wid], compute_s[wid]
-        allocator.observe(wid, Heartbeat(batch=b, step_s=transfers + b * 1e-3, compute_s=compute * b,
-                                         pull_s=transfers / 2, push_s=transfers / 2))
+        allocator.observe(
+            wid,
+            Heartbeat(
+                batch=b, step_s=transfers + b * 1e-3, compute_s=compute * b, pull_s=transfers / 2, push_s=transfers / 2
+            ),
+        )
     allocator.reallocate(1.0, 1.0, "speed update", "w2", ready)
     return allocator.allocation
 
@@ -215,7 +221,8 @@ def test_the_last_of_the_budget_is_split_at_once_and_the_last_batches_are_what_i
     allocator = _fixed_pair()
     allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
     assert allocator.allotted == {"w0": 150, "w1": 150} and allocator.unallotted == 0, (
-        "what no longer covers every lead is split at once, in proportion to what each lacks")
+        "what no longer covers every lead is split at once, in proportion to what each lacks"
+    )
     allocator.allot("w0", {"w0": 144, "w1": 48}, budget=300)
     assert allocator.batch_of("w0") == 6 and allocator.batch_of("w1") == 48
     allocator.allot("w0", {"w0": 150, "w1": 48}, budget=300)
@@ -272,8 +279,18 @@ def test_round_workers_whose_reports_lag_a_round_are_allotted_to_the_same_last_r
     turn, so each would take the last samples at its own answer and one would train a 76th round alone; counting
     leads from the most advanced report and levelling the split in whole pushes ends both at round 75."""
     allocator = _fixed_pair(protocol="ssgd")
-    for w0, w1 in ((0, 0), (3312, 3264), (3360, 3264), (3408, 3360), (3456, 3360), (3456, 3408), (3504, 3456),
-                   (3552, 3504), (3600, 3552), (3600, 3600)):
+    for w0, w1 in (
+        (0, 0),
+        (3312, 3264),
+        (3360, 3264),
+        (3408, 3360),
+        (3456, 3360),
+        (3456, 3408),
+        (3504, 3456),
+        (3552, 3504),
+        (3600, 3552),
+        (3600, 3600),
+    ):
         for worker in ("w0", "w1"):
             allocator.allot(worker, {"w0": w0, "w1": w1}, budget=7200)
             assert allocator.allotted[worker] <= 3600, (worker, w0, w1, allocator.allotted)

@@ -76,8 +76,10 @@ class Shards:
 
 def _two_shards(cfg: JobConfig, now: float = 0.0) -> tuple[JobState, Shards]:
     state = JobState(cfg, num_shards=2, train_size=1000, now=now)
-    shards = [state.hello(Hello(role="ps", endpoint=f"tcp://s:{i}", shard_index=i, instance=f"ps-{i}"), now).id
-              for i in range(2)]
+    shards = [
+        state.hello(Hello(role="ps", endpoint=f"tcp://s:{i}", shard_index=i, instance=f"ps-{i}"), now).id
+        for i in range(2)
+    ]
     return state, Shards(state, shards)
 
 
@@ -188,11 +190,24 @@ def test_a_restarted_shard_bounds_a_worker_by_every_batch_it_may_still_be_steppi
     state.heartbeat(restarted, Heartbeat(membership=told.membership, batches=told.batches), 3.15)
     assert state.assignment_for(state.roster.members[a]).batch == 32
 
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=1, samples=96, batch=96, step_s=0.5,
-                                 assignment_id=first.assignment_id), 3.2)
+    state.heartbeat(
+        a,
+        Heartbeat(standalone_sps=1000.0, steps=1, samples=96, batch=96, step_s=0.5, assignment_id=first.assignment_id),
+        3.2,
+    )
     assert _bounds_sent(state, shards.ids[0], 3.3)[a] == 96, "its step under the first assignment is reported"
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=2, samples=128, batch=32, step_s=0.2,
-                                 assignment_id=state.allocator.assignment_id), 3.4)
+    state.heartbeat(
+        a,
+        Heartbeat(
+            standalone_sps=1000.0,
+            steps=2,
+            samples=128,
+            batch=32,
+            step_s=0.2,
+            assignment_id=state.allocator.assignment_id,
+        ),
+        3.4,
+    )
     assert _bounds_sent(state, shards.ids[0], 3.5)[a] == 32, "a steps under the newest assignment: 96 is gone"
 
 

@@ -85,8 +85,9 @@ def _env(**fields) -> bytes:
     return msgpack.packb(base)
 
 
-def _frames(body: Push, metas: list[ChunkMeta], tensors: list[torch.Tensor], sender: str,
-            job: str = "dynabatch") -> list[bytes]:
+def _frames(
+    body: Push, metas: list[ChunkMeta], tensors: list[torch.Tensor], sender: str, job: str = "dynabatch"
+) -> list[bytes]:
     """A message as the bytes of its frames, sequence number 9."""
     return [bytes(f) for f in encode(Message(body, metas, tensors, job, sender, 9))]
 
@@ -114,7 +115,9 @@ def _cases(c: ShardUnderFire, model: Message) -> dict[str, tuple[list[bytes], st
         "NaN gradient": (_frames(Push(samples=8), metas, nan, sid), "non_finite"),
         "Inf gradient": (_frames(Push(samples=8), metas, inf, sid), "non_finite"),
         "wrong shape": (
-            _frames(Push(samples=8), [ChunkMeta(metas[0].id, "float32", (3,), 0)], [torch.ones(3)], sid), "bad_shape"),
+            _frames(Push(samples=8), [ChunkMeta(metas[0].id, "float32", (3,), 0)], [torch.ones(3)], sid),
+            "bad_shape",
+        ),
         "unknown worker": (_frames(Push(samples=8), metas, tensors, "w999"), "unknown_sender"),
         "zero samples": (_frames(Push(samples=0), metas, tensors, sid), "bad_field"),
         "other job": (_frames(Push(samples=8), metas, tensors, sid, job="other"), "wrong_job"),
@@ -140,7 +143,8 @@ def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluste
     text = c.shard_proc.metrics()
     for code in {code for _, code in cases.values()}:
         assert metric_value(text, "dynabatch_bad_messages_total", role="ps", reason=code) > metric_value(
-            bad_before, "dynabatch_bad_messages_total", role="ps", reason=code), code
+            bad_before, "dynabatch_bad_messages_total", role="ps", reason=code
+        ), code
 
 
 def test_a_good_push_after_the_garbage_is_applied(cluster):
@@ -188,8 +192,9 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster)
 def _garbage_counted(c: ShardUnderFire) -> float:
     """Garbage the shard refused: unparsable, or (with more tensor frames than it has chunks) refused unparsed."""
     text = c.shard_proc.metrics()
-    return sum(metric_value(text, "dynabatch_bad_messages_total", role="ps", reason=r)
-               for r in ("malformed", "bad_chunk"))
+    return sum(
+        metric_value(text, "dynabatch_bad_messages_total", role="ps", reason=r) for r in ("malformed", "bad_chunk")
+    )
 
 
 def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster):

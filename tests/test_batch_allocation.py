@@ -17,8 +17,9 @@ from dynabatch.scheduler.batch_allocation import (
 from dynabatch.scheduler.speed_model import StepModel
 
 
-def reference_shares(models: dict[str, StepModel], total: int, b_min: int, b_max: int,
-                     caps: dict[str, int] | None = None) -> dict[str, float]:
+def reference_shares(
+    models: dict[str, StepModel], total: int, b_min: int, b_max: int, caps: dict[str, int] | None = None
+) -> dict[str, float]:
     """Real-valued equal-step-time shares by bisection on T, independent of the implementation."""
     a = np.array([m.fixed_s for m in models.values()])
     c = np.array([m.per_sample_s for m in models.values()])
@@ -97,8 +98,7 @@ def test_random_allocations_keep_sum_bounds_and_match_reference() -> None:
     for _ in range(500):
         n = rng.randint(1, 12)
         models = {
-            f"w{i:02d}": StepModel(rng.choice([0.0, rng.uniform(0, 0.2)]), rng.uniform(1e-5, 1e-2))
-            for i in range(n)
+            f"w{i:02d}": StepModel(rng.choice([0.0, rng.uniform(0, 0.2)]), rng.uniform(1e-5, 1e-2)) for i in range(n)
         }
         b_min = rng.randint(1, 32)
         b_max = rng.randint(b_min, 512)
@@ -215,8 +215,13 @@ def test_fixed_allocation_fills_equal_shares_around_capped_workers() -> None:
 
 def _equal_but_for_bounds(batches: dict[str, int], lower: dict[str, int], upper: dict[str, int], b_max: int) -> bool:
     """Some level puts every batch at that level or one more, once clipped to the worker's bounds."""
-    return any(all(b in (np.clip(level, lower[w], upper[w]), np.clip(level + 1, lower[w], upper[w]))
-                   for w, b in batches.items()) for level in range(b_max + 1))
+    return any(
+        all(
+            b in (np.clip(level, lower[w], upper[w]), np.clip(level + 1, lower[w], upper[w]))
+            for w, b in batches.items()
+        )
+        for level in range(b_max + 1)
+    )
 
 
 def test_random_capped_allocations_keep_sum_and_bounds_and_match_reference() -> None:

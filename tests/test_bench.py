@@ -16,15 +16,39 @@ from bench import convergence, report, verdicts
 from bench.convergence import RunResult
 
 
-def _run(protocol: str, policy: str, seed: int, acc: float, loss: float, sps: float, t88: float | None,
-         bps: float = 1000.0, frac: float = 0.8) -> RunResult:
+def _run(
+    protocol: str,
+    policy: str,
+    seed: int,
+    acc: float,
+    loss: float,
+    sps: float,
+    t88: float | None,
+    bps: float = 1000.0,
+    frac: float = 0.8,
+) -> RunResult:
     return RunResult(
-        "heterogeneous", protocol, policy, seed, ["1", "1", "2", "4"], ok=True,
-        time_to={"0.85": 10.0 if acc >= 0.85 else None, "0.88": t88}, final_test_acc=acc, final_train_loss=loss,
-        samples_per_s=sps, fraction_of_standalone=frac / 2, sum_standalone=8000.0, fraction_of_compute=frac,
-        sum_compute=4000.0, slowest_compute=400.0,
-        staleness_mean=1.5, staleness_p99=4, bytes_per_sample=bps, train_s=60.0,
-        accuracy_curve=[(5.0, 0.7), (10.0, acc)], loss_curve=[(1.0, 1.0), (10.0, loss)],
+        "heterogeneous",
+        protocol,
+        policy,
+        seed,
+        ["1", "1", "2", "4"],
+        ok=True,
+        time_to={"0.85": 10.0 if acc >= 0.85 else None, "0.88": t88},
+        final_test_acc=acc,
+        final_train_loss=loss,
+        samples_per_s=sps,
+        fraction_of_standalone=frac / 2,
+        sum_standalone=8000.0,
+        fraction_of_compute=frac,
+        sum_compute=4000.0,
+        slowest_compute=400.0,
+        staleness_mean=1.5,
+        staleness_p99=4,
+        bytes_per_sample=bps,
+        train_s=60.0,
+        accuracy_curve=[(5.0, 0.7), (10.0, acc)],
+        loss_curve=[(1.0, 1.0), (10.0, loss)],
         batches=[[0.0, 64, 64, 40, 24]],
     )
 
@@ -56,11 +80,23 @@ def test_aggregate_means_over_seeds_and_counts_marks_reached():
 
 def test_a_target_metric_is_one_more_time_to_column_after_the_accuracy_marks():
     runs = [_run("asgd", "dynamic", s, 0.88, 0.3, 1000.0, 40.0) for s in range(2)]
-    summary = {"time_to_accuracy_s": {"0.85": 10.0, "0.88": 40.0}, "target_metric": "loss<=0.4",
-               "time_to_target_s": 30.0, "final_test_acc": 0.88, "final_train_loss": 0.3, "samples_per_s": 1000.0,
-               "fraction_of_standalone": 0.4, "sum_standalone_samples_per_s": 8000.0, "fraction_of_compute_speed": 0.8,
-               "sum_compute_samples_per_s": 4000.0, "workers": {}, "staleness_mean": 1.0, "staleness_p99": 2,
-               "bytes_per_sample": 1000.0, "train_s": 60.0}
+    summary = {
+        "time_to_accuracy_s": {"0.85": 10.0, "0.88": 40.0},
+        "target_metric": "loss<=0.4",
+        "time_to_target_s": 30.0,
+        "final_test_acc": 0.88,
+        "final_train_loss": 0.3,
+        "samples_per_s": 1000.0,
+        "fraction_of_standalone": 0.4,
+        "sum_standalone_samples_per_s": 8000.0,
+        "fraction_of_compute_speed": 0.8,
+        "sum_compute_samples_per_s": 4000.0,
+        "workers": {},
+        "staleness_mean": 1.0,
+        "staleness_p99": 2,
+        "bytes_per_sample": 1000.0,
+        "train_s": 60.0,
+    }
     convergence.fill(runs[0], summary, [])
     assert runs[0].time_to == {"0.85": 10.0, "0.88": 40.0, "loss<=0.4": 30.0}
     assert "loss<=0.4 at 30s" in convergence.describe(runs[0])
@@ -109,20 +145,47 @@ def test_configurations_not_run_are_reported_as_not_measured():
 def test_the_report_has_every_section_and_links_its_plots():
     runs = _runs()
     results = {
-        "mode": "quick", "command": "python -m bench --quick", "started": "now", "wall_s": 60.0,
+        "mode": "quick",
+        "command": "python -m bench --quick",
+        "started": "now",
+        "wall_s": 60.0,
         "machine": {"cpus": 2, "platform": "linux", "python": "3.11", "torch": "2", "libzmq": "4"},
-        "settings": {"convergence": {"budget_s": 60.0, "seeds": [0, 1, 2], "eval_interval_s": 3.0},
-                     "midrun": {"budget_s": 60.0, "seeds": [0], "eval_interval_s": 3.0}},
-        "heterogeneous": {"runs": runs, "configs": [c.to_dict() for c in convergence.aggregate(
-            [RunResult(**{k: v for k, v in r.items()}) for r in runs])]},
-        "ddp": {"settings": {"workers": 2, "global_batch": 192, "duration_s": 10.0, "rounds": 1},
-                "rounds": [{"dynabatch_step_s": 0.03, "ddp_step_s": 0.033}], "speed_ratio": 1.1},
-        "scale": [{"workers": 8, "shards": 1, "updates_per_s": 400.0, "worker_steps_per_s": 400.0,
-                   "decision_mean_s": 4e-4, "decision_p99_s": 2e-3, "decisions": 100, "error": ""}],
+        "settings": {
+            "convergence": {"budget_s": 60.0, "seeds": [0, 1, 2], "eval_interval_s": 3.0},
+            "midrun": {"budget_s": 60.0, "seeds": [0], "eval_interval_s": 3.0},
+        },
+        "heterogeneous": {
+            "runs": runs,
+            "configs": [
+                c.to_dict() for c in convergence.aggregate([RunResult(**{k: v for k, v in r.items()}) for r in runs])
+            ],
+        },
+        "ddp": {
+            "settings": {"workers": 2, "global_batch": 192, "duration_s": 10.0, "rounds": 1},
+            "rounds": [{"dynabatch_step_s": 0.03, "ddp_step_s": 0.033}],
+            "speed_ratio": 1.1,
+        },
+        "scale": [
+            {
+                "workers": 8,
+                "shards": 1,
+                "updates_per_s": 400.0,
+                "worker_steps_per_s": 400.0,
+                "decision_mean_s": 4e-4,
+                "decision_p99_s": 2e-3,
+                "decisions": 100,
+                "error": "",
+            }
+        ],
     }
     text = report.render(results, "plots/")
-    for heading in ("## Targets, as measured", "## The papers' claims", "## 1. Convergence under heterogeneity",
-                    "### Synchronous training step against DDP", "## 4. Scale"):
+    for heading in (
+        "## Targets, as measured",
+        "## The papers' claims",
+        "## 1. Convergence under heterogeneity",
+        "### Synchronous training step against DDP",
+        "## 4. Scale",
+    ):
         assert heading in text
     assert "](plots/heterogeneous.png)" in text and "](plots/scale.png)" in text
     assert "| asgd+dynamic (DBS-SGD) | 3/3 | 10 s (3/3) | 51 s (3/3) | 88.50%" in text
@@ -131,8 +194,10 @@ def test_the_report_has_every_section_and_links_its_plots():
 
 
 def test_a_lead_shorter_than_the_evaluation_interval_is_a_tie():
-    runs = [_run("asgd", "dynamic", 0, 0.89, 0.3, 3000.0, 40.1).__dict__,
-            _run("asgd", "fixed", 0, 0.89, 0.3, 3000.0, 42.0).__dict__]
+    runs = [
+        _run("asgd", "dynamic", 0, 0.89, 0.3, 3000.0, 40.1).__dict__,
+        _run("asgd", "fixed", 0, 0.89, 0.3, 3000.0, 42.0).__dict__,
+    ]
     (v,) = [v for v in verdicts.targets(runs, None, 3.0) if "sooner than asgd" in v.claim]
     assert v.holds is False and "a tie" in v.measured
 
@@ -142,18 +207,23 @@ def test_configs_chooses_the_heterogeneous_configurations_and_keeps_the_mode_s_s
     assert args.configs == (("ssp", "fixed"), ("asgd", "dynamic"))  # in the order given, once each
     mode = bench_cli.with_configs(bench_cli.FULL, args.configs)
     assert mode.convergence.configs == (("ssp", "fixed"), ("asgd", "dynamic"))
-    assert (mode.convergence.seeds, mode.convergence.budget_s) == (bench_cli.FULL.convergence.seeds,
-                                                                    bench_cli.FULL.convergence.budget_s)
+    assert (mode.convergence.seeds, mode.convergence.budget_s) == (
+        bench_cli.FULL.convergence.seeds,
+        bench_cli.FULL.convergence.budget_s,
+    )
     assert mode.midrun == bench_cli.FULL.midrun
     assert bench_cli.parse_args([]).configs is None
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--configs", "ssp+fixed", "spp+dynamic"], "unknown configuration(s) spp+dynamic; choose from ssgd+fixed"),
-    (["--configs", "ssp"], "unknown configuration(s) ssp;"),
-    (["--parts", "transport", "--configs", "ssp+fixed"], "needs the heterogeneous part"),
-    (["--publish", "--configs", "ssp+fixed"], "--publish"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--configs", "ssp+fixed", "spp+dynamic"], "unknown configuration(s) spp+dynamic; choose from ssgd+fixed"),
+        (["--configs", "ssp"], "unknown configuration(s) ssp;"),
+        (["--parts", "transport", "--configs", "ssp+fixed"], "needs the heterogeneous part"),
+        (["--publish", "--configs", "ssp+fixed"], "--publish"),
+    ],
+)
 def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(argv, says, capsys):
     with pytest.raises(SystemExit) as exc:
         bench_cli.parse_args(argv)
@@ -162,12 +232,16 @@ def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(argv, says, c
 
 def test_publishing_keeps_the_sections_measured_by_other_commands_in_place():
     mark = report.KEEP_MARK
-    previous = ("# title\n\n## 1. A\nold a\n## 1b. Later\n" + mark + "\nssp figures\n## 2. B\nold b\n"
-                "## 5. Gone\nold\n## 6. Sim\n" + mark + "\nsim figures\n## Reproduce\nmake bench\n")
+    previous = (
+        "# title\n\n## 1. A\nold a\n## 1b. Later\n" + mark + "\nssp figures\n## 2. B\nold b\n"
+        "## 5. Gone\nold\n## 6. Sim\n" + mark + "\nsim figures\n## Reproduce\nmake bench\n"
+    )
     fresh = "# title\n\n## 1. A\nnew a\n## 2. B\nnew b\n## Reproduce\nmake bench\n"
     merged = report.carry_over(previous, fresh)
-    assert merged == ("# title\n\n## 1. A\nnew a\n## 1b. Later\n" + mark + "\nssp figures\n## 2. B\nnew b\n"
-                      "## 6. Sim\n" + mark + "\nsim figures\n## Reproduce\nmake bench\n")
+    assert merged == (
+        "# title\n\n## 1. A\nnew a\n## 1b. Later\n" + mark + "\nssp figures\n## 2. B\nnew b\n"
+        "## 6. Sim\n" + mark + "\nsim figures\n## Reproduce\nmake bench\n"
+    )
     assert report.carry_over(fresh, fresh) == fresh, "nothing marked, nothing added"
 
 
@@ -180,7 +254,8 @@ def test_time_to_target_claims_are_judged_at_the_mark_asked_for():
     at_85 = {v.claim: v for v in verdicts.time_to_target_claims(_runs(), 3.0, "0.85")}
     assert at_85["DBS-SGD reaches 85% sooner than ASGD (median over seeds)"].holds is False
     without_msd = [r for r in _runs() if r["protocol"] != "msd"]
-    assert all(v.holds is None for v in verdicts.time_to_target_claims(without_msd, 3.0, "0.85")
-               if "multi-step" in v.claim)
+    assert all(
+        v.holds is None for v in verdicts.time_to_target_claims(without_msd, 3.0, "0.85") if "multi-step" in v.claim
+    )
     (lb_bsp,) = [v for v in verdicts.paper_claims(_runs(), 3.0, "0.88") if "LB-BSP reaches" in v.claim]
     assert lb_bsp.claim.startswith("LB-BSP reaches 88% sooner") and lb_bsp.holds is True

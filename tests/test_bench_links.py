@@ -8,15 +8,24 @@ from bench.links import Watch, figures, first_reaching, schedule, table
 
 
 def test_each_worker_gets_its_samples_per_second_share_batch_and_steps_over_the_span():
-    watch = Watch(elapsed_s=10.0, start={"fast-0": (100.0, 5.0, 1.0), "slow-0": (50.0, 2.0, 0.5)},
-                  end={"fast-0": (700.0, 35.0, 2.5), "slow-0": (450.0, 6.0, 0.5)},
-                  batches={"fast-0": [16.0, 24.0, 20.0], "slow-0": [96.0, 104.0]})
+    watch = Watch(
+        elapsed_s=10.0,
+        start={"fast-0": (100.0, 5.0, 1.0), "slow-0": (50.0, 2.0, 0.5)},
+        end={"fast-0": (700.0, 35.0, 2.5), "slow-0": (450.0, 6.0, 0.5)},
+        batches={"fast-0": [16.0, 24.0, 20.0], "slow-0": [96.0, 104.0]},
+    )
     job, (fast, slow) = figures(watch, [("fast-0", "1gbit"), ("slow-0", "100mbit")], {"slow-0": 410.0})
     assert job == pytest.approx(100.0)  # 600 + 400 samples in 10 s
-    assert (fast.samples_per_s, fast.share, fast.mean_batch, fast.last_batch, fast.steps_per_s) == \
-        pytest.approx((60.0, 0.6, 20.0, 20.0, 3.0))
-    assert (slow.host, slow.rate, slow.share, slow.mean_batch, slow.standalone_sps) == \
-        ("slow-0", "100mbit", pytest.approx(0.4), pytest.approx(100.0), 410.0)
+    assert (fast.samples_per_s, fast.share, fast.mean_batch, fast.last_batch, fast.steps_per_s) == pytest.approx(
+        (60.0, 0.6, 20.0, 20.0, 3.0)
+    )
+    assert (slow.host, slow.rate, slow.share, slow.mean_batch, slow.standalone_sps) == (
+        "slow-0",
+        "100mbit",
+        pytest.approx(0.4),
+        pytest.approx(100.0),
+        410.0,
+    )
     assert fast.standalone_sps == 0.0, "a worker whose log never said its speed"
     assert fast.compute_sps == pytest.approx(400.0), "600 samples in 1.5 s of compute and data"
     assert slow.compute_sps == 0.0, "no compute time reported over the span"
@@ -37,15 +46,38 @@ def test_the_time_to_target_is_the_first_reading_at_or_above_it():
 
 
 def test_policies_alternate_their_order_run_by_run():
-    assert schedule(["dynamic", "fixed"], 3) == [(1, "dynamic"), (1, "fixed"), (2, "fixed"), (2, "dynamic"),
-                                                 (3, "dynamic"), (3, "fixed")]
+    assert schedule(["dynamic", "fixed"], 3) == [
+        (1, "dynamic"),
+        (1, "fixed"),
+        (2, "fixed"),
+        (2, "dynamic"),
+        (3, "dynamic"),
+        (3, "fixed"),
+    ]
 
 
 def test_the_table_gives_the_time_to_target_or_what_was_reached_instead():
-    worker = {"host": "slow-0", "rate": "100mbit", "samples_per_s": 301.4, "share": 0.251, "mean_batch": 87.4,
-              "last_batch": 88.0, "steps_per_s": 3.91, "standalone_sps": 410.0, "compute_sps": 395.2}
-    reached = {"run": 1, "policy": "dynamic", "span_s": 73.2, "samples_per_s": 1201.0, "workers": [worker],
-               "target": 0.85, "time_to_target_s": 73.2, "accuracy": 0.853}
+    worker = {
+        "host": "slow-0",
+        "rate": "100mbit",
+        "samples_per_s": 301.4,
+        "share": 0.251,
+        "mean_batch": 87.4,
+        "last_batch": 88.0,
+        "steps_per_s": 3.91,
+        "standalone_sps": 410.0,
+        "compute_sps": 395.2,
+    }
+    reached = {
+        "run": 1,
+        "policy": "dynamic",
+        "span_s": 73.2,
+        "samples_per_s": 1201.0,
+        "workers": [worker],
+        "target": 0.85,
+        "time_to_target_s": 73.2,
+        "accuracy": 0.853,
+    }
     missed = reached | {"run": 2, "policy": "fixed", "span_s": 300.4, "time_to_target_s": None, "accuracy": 0.842}
     window = {"run": 1, "policy": "fixed", "span_s": 40.0, "samples_per_s": 900.0, "workers": [worker]}
     text = table([reached, missed, window])

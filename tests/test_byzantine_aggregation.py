@@ -22,9 +22,24 @@ pytestmark = pytest.mark.slow
 
 TASK = Path(__file__).resolve().parent / "tasks" / "byzantine.py"
 # Fixed batches of 12 per worker; training starts once all four have joined, so the liar never trains alone.
-JOB = ["--protocol", "ssgd", "--epochs", "2", "--global-batch", "48", "--eval-interval-s", "600",
-       "--await-final-eval", "--liveness-timeout-s", "30", "--min-workers", "4", "--gradient-bound", "0",
-       "--no-direction-check"]
+JOB = [
+    "--protocol",
+    "ssgd",
+    "--epochs",
+    "2",
+    "--global-batch",
+    "48",
+    "--eval-interval-s",
+    "600",
+    "--await-final-eval",
+    "--liveness-timeout-s",
+    "30",
+    "--min-workers",
+    "4",
+    "--gradient-bound",
+    "0",
+    "--no-direction-check",
+]
 # The blobs task's clean jobs reach 1.000 (1000 test samples: one point is 10 of them); tests/test_byzantine_workers.py
 # leaves the same two points for a loaded machine.
 MARGIN = 0.02
@@ -33,9 +48,12 @@ MARGIN = 0.02
 def _run(tmp: Path, aggregation: str, fourth: str) -> tuple[float, float, str]:
     """(final accuracy, final loss, the shard's /metrics) of the job with aggregation `aggregation` whose fourth
     worker runs task `fourth`."""
-    st, metrics, _ = finish_job(tmp, [*JOB, "--aggregation", aggregation],
-                                [f"{TASK}:{variant}" for variant in ("honest", "honest", "honest", fourth)],
-                                f"{TASK}:honest")
+    st, metrics, _ = finish_job(
+        tmp,
+        [*JOB, "--aggregation", aggregation],
+        [f"{TASK}:{variant}" for variant in ("honest", "honest", "honest", fourth)],
+        f"{TASK}:honest",
+    )
     assert st.test_acc is not None and st.test_loss is not None, "a finished job has been evaluated"
     past = st.samples - st.lost_samples - math.ceil(st.target_epochs * st.train_size)
     assert 0 <= past <= 48, f"ssgd trains its epochs, past them by at most a batch per worker, not by {past}"
@@ -61,5 +79,6 @@ def test_a_liar_among_four_ssgd_workers_moves_a_robust_aggregate_by_no_more_than
     assert metric_value(metrics, "dynabatch_ps_model_healthy", shard="0") == 1
     assert "dynabatch_ps_rollbacks_total" in metrics
     assert metric_value(metrics, "dynabatch_ps_rollbacks_total", shard="0") == 0, "the model blew up on the way"
-    assert metric_value(metrics, "dynabatch_ps_quarantined_workers_total", shard="0") == 0, \
+    assert metric_value(metrics, "dynabatch_ps_quarantined_workers_total", shard="0") == 0, (
         "with the other defences off, the aggregation alone is judged"
+    )

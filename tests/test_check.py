@@ -28,15 +28,38 @@ TASKS = Path(__file__).resolve().parent / "tasks"
 
 @pytest.mark.slow
 def test_check_lists_the_parameters_and_layout_and_fits_a_positive_per_sample_cost():
-    done = subprocess.run(command_line("check", ["--task", f"{TASKS / 'blobs.py'}:task", "--batches", "16", "1024",
-                                                 "--repeats", "7", "--shards", "2", "--chunk-bytes", "1024"]),
-                          capture_output=True, text=True, timeout=120, env=child_env())
+    done = subprocess.run(
+        command_line(
+            "check",
+            [
+                "--task",
+                f"{TASKS / 'blobs.py'}:task",
+                "--batches",
+                "16",
+                "1024",
+                "--repeats",
+                "7",
+                "--shards",
+                "2",
+                "--chunk-bytes",
+                "1024",
+            ],
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "same initial parameters: yes" in out and "training set: 3000 samples" in out
     rows = re.findall(r"^  (\S+)\s+(\[[\d, ]*\])\s+([\d,]+)$", out, re.M)
-    assert rows == [("0.weight", "[32, 16]", "512"), ("0.bias", "[32]", "32"), ("2.weight", "[4, 32]", "128"),
-                    ("2.bias", "[4]", "4")], out
+    assert rows == [
+        ("0.weight", "[32, 16]", "512"),
+        ("0.bias", "[32]", "32"),
+        ("2.weight", "[4, 32]", "128"),
+        ("2.bias", "[4]", "4"),
+    ], out
     assert "676 values, 2,704 bytes" in out and "3 chunk(s)" in out
     assert "shard 0: 2 chunk(s) [0, 2]" in out and "shard 1: 1 chunk(s) [1]" in out
     assert "frozen parameters: none" in out and "buffers: none" in out
@@ -57,8 +80,12 @@ def test_check_gives_frozen_parameters_and_buffers_their_policy():
     assert [p.name for p in report.signature.params] == ["1.weight", "1.bias", "2.weight", "2.bias"]
     assert [(k.name, k.policy) for k in report.frozen] == [("0.weight", FROZEN_POLICY), ("0.bias", FROZEN_POLICY)]
     policies = {k.name: k.policy for k in report.buffers}
-    assert policies == {"scale": FIXED_BUFFER_POLICY, "1.running_mean": TRAINED_BUFFER_POLICY,
-                        "1.running_var": TRAINED_BUFFER_POLICY, "1.num_batches_tracked": COUNTER_POLICY}
+    assert policies == {
+        "scale": FIXED_BUFFER_POLICY,
+        "1.running_mean": TRAINED_BUFFER_POLICY,
+        "1.running_var": TRAINED_BUFFER_POLICY,
+        "1.num_batches_tracked": COUNTER_POLICY,
+    }
     assert report.bytes_per_step == 2 * 4 * (3 + 3 + 6 + 2) and set(report.step_s) == {4, 8}
 
 

@@ -34,17 +34,21 @@ STATUS_S = 0.2  # the run's loop period: how soon it can notice an exit
 STATUS_TIMEOUT_S = 2.0  # the run's STATUS request timeout, the longest one turn of its loop can block
 
 
-@pytest.mark.parametrize("role, restarts, port_taken, goes_on, action", [
-    ("ps", 0, True, False, "rebind"),
-    ("worker", 1, False, True, "restart"),
-    ("scheduler", 2, False, True, "restart"),
-    ("worker", 3, False, True, "leave_out"),
-    ("worker", 3, False, False, "fail"),
-    ("evaluator", 3, False, True, "fail"),
-    ("ps", 3, False, True, "fail"),
-])
-def test_after_exit_restarts_a_bounded_number_of_times_then_leaves_out_only_a_worker(role, restarts, port_taken,
-                                                                                    goes_on, action):
+@pytest.mark.parametrize(
+    "role, restarts, port_taken, goes_on, action",
+    [
+        ("ps", 0, True, False, "rebind"),
+        ("worker", 1, False, True, "restart"),
+        ("scheduler", 2, False, True, "restart"),
+        ("worker", 3, False, True, "leave_out"),
+        ("worker", 3, False, False, "fail"),
+        ("evaluator", 3, False, True, "fail"),
+        ("ps", 3, False, True, "fail"),
+    ],
+)
+def test_after_exit_restarts_a_bounded_number_of_times_then_leaves_out_only_a_worker(
+    role, restarts, port_taken, goes_on, action
+):
     assert after_exit(role, restarts, 3, port_taken, goes_on) == action
 
 
@@ -85,8 +89,11 @@ def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metri
         assert run._supervise(), "a start on a taken port is moved, not counted against --restarts 0"
         shard = ln.children[-1]
         assert shard.restarts == 0 and shard.rebinds == 1 and _port(shard.endpoint) != shard_port.getsockname()[1]
-        st = wait_for("the moved shard registered",
-                      lambda: (s := status_at(zmq.Context.instance(), ln.scheduler_endpoint)) and s.shards and s, 60)
+        st = wait_for(
+            "the moved shard registered",
+            lambda: (s := status_at(zmq.Context.instance(), ln.scheduler_endpoint)) and s.shards and s,
+            60,
+        )
         assert st.shards["0"].endpoint == shard.endpoint
         assert st.shards["0"].metrics_url == f"http://127.0.0.1:{shard.metrics_port}/metrics"
 
@@ -94,7 +101,9 @@ def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metri
             assert "dynabatch_bad_messages_total" in child.metrics(), child.name
         targets = json.loads(ln.write_targets("dynabatch", tmp_path / "targets.json").read_text())
         assert {t["labels"]["name"]: t["targets"] for t in targets} == {
-            "scheduler": [f"127.0.0.1:{scheduler.metrics_port}"], "ps0": [f"127.0.0.1:{shard.metrics_port}"]}
+            "scheduler": [f"127.0.0.1:{scheduler.metrics_port}"],
+            "ps0": [f"127.0.0.1:{shard.metrics_port}"],
+        }
         shard_port.close()
     finally:
         taken.close()
@@ -127,15 +136,18 @@ def test_a_worker_that_keeps_dying_at_start_fails_the_run_with_its_log_once_rest
 def test_a_worker_that_exits_2_ends_the_run_at_once_with_its_one_line_reason(tmp_path, capsys):
     """A configuration error found only by the worker: no restart (--restarts 3), exit 2, the line it said."""
     run = JobRun(RunOptions(restarts=3), JobConfig(), [], tmp_path, "", None)
-    say = ("import sys; print('INFO loading', file=sys.stderr); "
-           "print('dynabatch worker: a/train-images: truncated', file=sys.stderr); sys.exit(2)")
+    say = (
+        "import sys; print('INFO loading', file=sys.stderr); "
+        "print('dynabatch worker: a/train-images: truncated', file=sys.stderr); sys.exit(2)"
+    )
     run.launcher.spawn("worker0", "worker", [sys.executable, "-c", say])
     try:
         wait_for("worker0 to exit", lambda: run.launcher.failed("worker"), 30)
         assert not run._supervise(), "the run ends at once"
         assert run.launcher.children[0].restarts == 0 and run.refused
         assert capsys.readouterr().err == (
-            "worker0 exited with code 2, not restarted: dynabatch worker: a/train-images: truncated\n")
+            "worker0 exited with code 2, not restarted: dynabatch worker: a/train-images: truncated\n"
+        )
     finally:
         run.launcher.stop_all()
 
@@ -162,23 +174,60 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
     err_path = tmp_path / "run.err"
     with open(err_path, "wb") as err:
         run = subprocess.Popen(
-            command_line("run", ["--out", str(tmp_path), "--name", "r", "--dataset", "synthetic", "--model", "mlp",
-                                 "--epochs", "1000", "--workers", "2", "--slowdowns", "1", "--no-evaluator",
-                                 "--protocol", "asgd", "--batch-policy", "fixed", "--status-s", str(STATUS_S),
-                                 "--timeout-s", "200", "--no-plots"]),
-            stdout=subprocess.DEVNULL, stderr=err, env=child_env())
+            command_line(
+                "run",
+                [
+                    "--out",
+                    str(tmp_path),
+                    "--name",
+                    "r",
+                    "--dataset",
+                    "synthetic",
+                    "--model",
+                    "mlp",
+                    "--epochs",
+                    "1000",
+                    "--workers",
+                    "2",
+                    "--slowdowns",
+                    "1",
+                    "--no-evaluator",
+                    "--protocol",
+                    "asgd",
+                    "--batch-policy",
+                    "fixed",
+                    "--status-s",
+                    str(STATUS_S),
+                    "--timeout-s",
+                    "200",
+                    "--no-plots",
+                ],
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=child_env(),
+        )
     logs = tmp_path / "r" / "logs"
     ctx = zmq.Context()
     try:
-        found = wait_for("the scheduler's endpoint", lambda: (logs / "scheduler.log").exists() and re.search(
-            r"at (tcp://[0-9.]+:\d+)", (logs / "scheduler.log").read_text()), 60)
+        found = wait_for(
+            "the scheduler's endpoint",
+            lambda: (
+                (logs / "scheduler.log").exists()
+                and re.search(r"at (tcp://[0-9.]+:\d+)", (logs / "scheduler.log").read_text())
+            ),
+            60,
+        )
         endpoint = found.group(1)
 
         def training(st: JobStatus | None, names: set[str]) -> bool:
             return st is not None and names <= {w.name for w in st.workers.values() if w.steps > 0}
 
-        st = wait_for("both workers training", lambda: (s := status_at(ctx, endpoint)) and training(
-            s, {"worker0", "worker1"}) and s, 120)
+        st = wait_for(
+            "both workers training",
+            lambda: (s := status_at(ctx, endpoint)) and training(s, {"worker0", "worker1"}) and s,
+            120,
+        )
         startup_s = time.monotonic() - started
         step_s = max(w.step_s for w in st.workers.values())
         before = {wid for wid, w in st.workers.items() if w.name == "worker1"}
@@ -187,10 +236,18 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
         killed = time.monotonic()
 
         bound_s = 2 * startup_s + 10 * step_s + STATUS_S + STATUS_TIMEOUT_S
-        wait_for("worker1 training again under a new id", lambda: (s := status_at(ctx, endpoint)) and any(
-            w.name == "worker1" and w.steps > 0 and wid not in before for wid, w in s.workers.items()), bound_s)
-        print(f"\nstart {startup_s:.1f}s, step {1000 * step_s:.0f} ms; kill to training again "
-              f"{time.monotonic() - killed:.1f}s (bound {bound_s:.1f}s)")
+        wait_for(
+            "worker1 training again under a new id",
+            lambda: (
+                (s := status_at(ctx, endpoint))
+                and any(w.name == "worker1" and w.steps > 0 and wid not in before for wid, w in s.workers.items())
+            ),
+            bound_s,
+        )
+        print(
+            f"\nstart {startup_s:.1f}s, step {1000 * step_s:.0f} ms; kill to training again "
+            f"{time.monotonic() - killed:.1f}s (bound {bound_s:.1f}s)"
+        )
         assert "worker1 exited with code -9; starting it again (1 of 3)" in err_path.read_text()
 
         worker1_log = (logs / "worker1.log").read_text()
@@ -201,8 +258,11 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             targets = json.loads((tmp_path / "r" / "prometheus_targets.json").read_text())
             return [f"127.0.0.1:{port}"] in [t["targets"] for t in targets if t["labels"]["name"] == "worker1"]
 
-        wait_for("the targets file to list the restarted worker's new /metrics port", listed,
-                 STATUS_S + STATUS_TIMEOUT_S + bound_s)
+        wait_for(
+            "the targets file to list the restarted worker's new /metrics port",
+            listed,
+            STATUS_S + STATUS_TIMEOUT_S + bound_s,
+        )
     finally:
         interrupt(run)
         ctx.destroy(linger=0)

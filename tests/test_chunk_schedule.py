@@ -40,8 +40,9 @@ def test_a_plan_is_powers_of_two_within_the_push_and_the_layout():
     plan = plan_for(StepSample(10.0, 0.01, 2 * MODEL_BYTES), CHUNK, 4, LEAST_CREDIT)  # a very fast link, long compute
     assert plan.group == 4, "no more chunks per push than the layout has"
     assert plan.credit <= MODEL_BYTES and plan.credit & (plan.credit - 1) == 0
-    assert plan_for(StepSample(0.1, 0.0, 0), CHUNK, 0, LEAST_CREDIT) == WirePlan(1, LEAST_CREDIT,
-                                                                                   "no transfer measured yet")
+    assert plan_for(StepSample(0.1, 0.0, 0), CHUNK, 0, LEAST_CREDIT) == WirePlan(
+        1, LEAST_CREDIT, "no transfer measured yet"
+    )
 
 
 def test_one_odd_step_changes_nothing_and_a_lasting_change_is_followed():
@@ -59,8 +60,18 @@ def _heartbeats(rates: list[float], compute_s: float = 0.3) -> list[Heartbeat]:
     for steps, rate in enumerate(rates, 1):
         moved += 2 * MODEL_BYTES
         transfer = 2 * MODEL_BYTES / rate
-        beats.append(Heartbeat(steps=steps, samples=32 * steps, batch=32, step_s=compute_s + transfer,
-                               compute_s=compute_s, pull_s=transfer / 2, push_s=transfer / 2, bytes=moved))
+        beats.append(
+            Heartbeat(
+                steps=steps,
+                samples=32 * steps,
+                batch=32,
+                step_s=compute_s + transfer,
+                compute_s=compute_s,
+                pull_s=transfer / 2,
+                push_s=transfer / 2,
+                bytes=moved,
+            )
+        )
     return beats
 
 
@@ -75,8 +86,9 @@ def _plans(schedule: WireSchedule, beats: list[Heartbeat]) -> list[WirePlan]:
 
 
 def _schedule(mode: str, protocol: str = "asgd") -> WireSchedule:
-    job = JobConfig(dataset="synthetic", chunk_bytes=CHUNK, chunk_schedule=mode, protocol=protocol,
-                    max_inflight_bytes=LEAST_CREDIT)
+    job = JobConfig(
+        dataset="synthetic", chunk_bytes=CHUNK, chunk_schedule=mode, protocol=protocol, max_inflight_bytes=LEAST_CREDIT
+    )
     return WireSchedule(job, protocol_spec(job.protocol))
 
 
@@ -101,8 +113,11 @@ def test_fixed_hands_out_the_jobs_own_flags_whatever_the_link():
 
 
 def test_a_round_serves_its_slowest_worker_first_and_asynchronous_the_most_transfer_bound():
-    times = {"w0": WorkerTimes(own_s=1.0, transfer_s=0.1), "w1": WorkerTimes(own_s=0.5, transfer_s=0.4),
-             "w2": WorkerTimes(own_s=2.0, transfer_s=0.5)}
+    times = {
+        "w0": WorkerTimes(own_s=1.0, transfer_s=0.1),
+        "w1": WorkerTimes(own_s=0.5, transfer_s=0.4),
+        "w2": WorkerTimes(own_s=2.0, transfer_s=0.5),
+    }
     assert serving_ranks(times, rounds=True) == {"w2": 0, "w0": 1, "w1": 2}
     assert serving_ranks(times, rounds=False) == {"w1": 0, "w2": 1, "w0": 2}
     tied = {"w1": WorkerTimes(1.0, 0.5), "w0": WorkerTimes(1.0, 0.5)}
@@ -113,10 +128,12 @@ def test_a_round_serves_its_slowest_worker_first_and_asynchronous_the_most_trans
 def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol, first):
     """ssgd closes rounds (the slowest own step first); asgd does not (the most transfer-bound first)."""
     schedule = _schedule("scheduled", protocol)
-    schedule.observe("slow", Heartbeat(), Heartbeat(steps=1, batch=8, step_s=2.0, compute_s=1.8, pull_s=0.1,
-                                                    push_s=0.1, bytes=MB))
-    schedule.observe("wired", Heartbeat(), Heartbeat(steps=1, batch=8, step_s=1.0, compute_s=0.2, pull_s=0.4,
-                                                     push_s=0.4, bytes=MB))
+    schedule.observe(
+        "slow", Heartbeat(), Heartbeat(steps=1, batch=8, step_s=2.0, compute_s=1.8, pull_s=0.1, push_s=0.1, bytes=MB)
+    )
+    schedule.observe(
+        "wired", Heartbeat(), Heartbeat(steps=1, batch=8, step_s=1.0, compute_s=0.2, pull_s=0.4, push_s=0.4, bytes=MB)
+    )
     assert schedule.ranks(["slow", "wired"])[first] == 0
     schedule.forget(first)
     assert first not in schedule.ranks(["slow", "wired"])
@@ -128,10 +145,20 @@ def _pull_from(sender: str, ids: list[int]) -> Incoming:
 
 def test_a_shard_orders_one_polls_messages_by_rank_then_front_of_the_model():
     ranks = {"w1": 0, "w0": 1}
-    waiting = [_pull_from("w0", [0]), _pull_from("w2", [0]), _pull_from("w1", [5]), _pull_from("w1", [2]),
-               Incoming(b"c", None, None)]
+    waiting = [
+        _pull_from("w0", [0]),
+        _pull_from("w2", [0]),
+        _pull_from("w1", [5]),
+        _pull_from("w1", [2]),
+        Incoming(b"c", None, None),
+    ]
     order = sorted(waiting, key=lambda i: serve_key(i, ranks))
     assert [(i.message.sender, i.message.body.ids) if i.message else None for i in order] == [
-        None, ("w1", [2]), ("w1", [5]), ("w0", [0]), ("w2", [0])]
+        None,
+        ("w1", [2]),
+        ("w1", [5]),
+        ("w0", [0]),
+        ("w2", [0]),
+    ]
     chunked = Incoming(b"c", Message(Pull(), [ChunkMeta(7, "float32", (1,), 0)], [], "dynabatch", "w0", 1), None)
     assert serve_key(chunked, {}) == (0, 7), "unranked: every worker alike, front of the model first"

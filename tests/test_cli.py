@@ -24,8 +24,13 @@ from harness import Cluster, wait_for
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dynabatch.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize(
@@ -145,8 +150,11 @@ def test_help_lists_each_flag_once_under_the_topic_its_field_names(command):
     rows = [(heading, flag) for heading, flag in help_topics(out.stdout) if flag != "--help"]
     flags = [flag for _, flag in rows]
     assert len(flags) == len(set(flags)), f"a flag listed twice: {sorted(f for f in flags if flags.count(f) > 1)}"
-    expected = {"--" + f.name.replace("_", "-"): f.metadata["topic"]
-                for cls in FLAG_CLASSES[command] for f in dataclasses.fields(cls)}
+    expected = {
+        "--" + f.name.replace("_", "-"): f.metadata["topic"]
+        for cls in FLAG_CLASSES[command]
+        for f in dataclasses.fields(cls)
+    }
     if command != "run":
         expected["--log-level"] = "observability"
     assert dict((flag, heading) for heading, flag in rows) == expected
@@ -156,9 +164,15 @@ def test_help_lists_each_flag_once_under_the_topic_its_field_names(command):
         assert headings == list(TOPICS), headings
 
 
-OPTION_MODULES = ("dynabatch.common.config", "dynabatch.common.shared_options", "dynabatch.common.curve",
-                  "dynabatch.cluster.options", "dynabatch.ps.options", "dynabatch.scheduler.options",
-                  "dynabatch.worker.options")
+OPTION_MODULES = (
+    "dynabatch.common.config",
+    "dynabatch.common.shared_options",
+    "dynabatch.common.curve",
+    "dynabatch.cluster.options",
+    "dynabatch.ps.options",
+    "dynabatch.scheduler.options",
+    "dynabatch.worker.options",
+)
 # Flags two option modules define with different meanings (each command has only one of them).
 HOMONYMS = {
     "bind": "the scheduler's control endpoint; a shard's data endpoint",
@@ -198,11 +212,15 @@ def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(t
         os.kill(scheduler.proc.pid, signal.SIGUSR1)
         # The dump is written thread by thread: wait for the main thread's frame in the scheduler's loop.
         try:
-            log = wait_for("the main thread's stack in the scheduler's log",
-                           lambda: "scheduler/server.py" in scheduler.log_text() and scheduler.log_text())
+            log = wait_for(
+                "the main thread's stack in the scheduler's log",
+                lambda: "scheduler/server.py" in scheduler.log_text() and scheduler.log_text(),
+            )
         except AssertionError as exc:  # once beside a second suite: what the log held says what was missing
-            raise AssertionError(f"{exc}; scheduler alive: {scheduler.alive()}, pid {scheduler.proc.pid}, its log:\n"
-                                 f"{scheduler.log_text()[-4000:]}") from None
+            raise AssertionError(
+                f"{exc}; scheduler alive: {scheduler.alive()}, pid {scheduler.proc.pid}, its log:\n"
+                f"{scheduler.log_text()[-4000:]}"
+            ) from None
         assert "Current thread" in log and "most recent call first" in log, log
         assert scheduler.alive() and c.status().job == "dynabatch"
     finally:

@@ -21,8 +21,9 @@ def node(count: int, **kw) -> tuple[WorkerSpec, ...]:
 
 def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data, **kw):
     """A noiseless run whose only evaluation is at the end (the runs here count samples, not accuracy)."""
-    base = dict(budget_s=20.0, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=1e9, eval_size=50,
-                noise=0.0)
+    base = dict(
+        budget_s=20.0, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=1e9, eval_size=50, noise=0.0
+    )
     return simulate(SimConfig(protocol, policy, workers, **{**base, **kw}), data)
 
 
@@ -32,8 +33,12 @@ def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_first_
     assert [q.serve(0.0, 1e6), q.serve(0.05, 1e6), q.serve(1.0, 1e6)] == pytest.approx([0.1, 0.2, 1.1])
     # booked early for a later arrival, a request leaves the time before it to those that arrive sooner
     q = ShardQueue(mbit=80.0)
-    assert [q.serve(0.5, 1e6, now=0.0), q.serve(0.0, 1e6, now=0.0), q.serve(0.35, 1e6, now=0.0),
-            q.serve(0.45, 1e6, now=0.0)] == pytest.approx([0.6, 0.1, 0.45, 0.7])
+    assert [
+        q.serve(0.5, 1e6, now=0.0),
+        q.serve(0.0, 1e6, now=0.0),
+        q.serve(0.35, 1e6, now=0.0),
+        q.serve(0.45, 1e6, now=0.0),
+    ] == pytest.approx([0.6, 0.1, 0.45, 0.7])
     assert ShardQueue(mbit=0.0).serve(3.0, 1e9) == 3.0  # no rate: served at once
     two = Shards(2, 80.0, 1e6)  # each shard serves half the model
     assert two.serve(0.0, 0.0) == pytest.approx(0.05) and two.serve(0.0, 0.0) == pytest.approx(0.1)
@@ -61,8 +66,11 @@ def test_a_workers_samples_follow_its_own_curve_and_the_models_bytes_over_its_li
         step = transfer + compute + transfer
     else:
         k, forward, backward = 8, compute / 3, 2 * compute / 3
-        step = (max(transfer, forward) + min(transfer, forward) / k - forward) + compute + (
-            max(backward, transfer) + min(backward, transfer) / k - backward)
+        step = (
+            (max(transfer, forward) + min(transfer, forward) / k - forward)
+            + compute
+            + (max(backward, transfer) + min(backward, transfer) / k - backward)
+        )
     assert abs(r.samples - 16 * 20.0 / step) <= 16  # within the step the budget cuts
 
 

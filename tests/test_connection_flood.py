@@ -40,8 +40,12 @@ JOB = ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--livene
 
 def _limited(c: Cluster, command: str, flags: list[str], endpoint: str) -> Child:
     """`dynabatch COMMAND FLAGS` under a descriptor limit of LIMIT, started as the launcher starts its children."""
-    cmd = [need_tool("prlimit", "Debian: util-linux"), f"--nofile={LIMIT}:{LIMIT}", "--",
-           *command_line(command, [*flags, "--metrics-host", "127.0.0.1", "--metrics-port", "0"])]
+    cmd = [
+        need_tool("prlimit", "Debian: util-linux"),
+        f"--nofile={LIMIT}:{LIMIT}",
+        "--",
+        *command_line(command, [*flags, "--metrics-host", "127.0.0.1", "--metrics-port", "0"]),
+    ]
     child = c.launcher.spawn(command, command, cmd, serves_metrics=True, endpoint=endpoint)
     wait_for(f"the {command} to listen", lambda: child.listening() or not child.alive())
     assert child.alive(), child.log_tail()
@@ -68,12 +72,30 @@ def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_write
     c = Cluster(tmp_path, JOB)
     try:
         state = tmp_path / "state"
-        scheduler = _limited(c, "scheduler", ["--bind", c.scheduler_endpoint, "--no-exit-on-finish",
-                                              "--state-dir", str(state), *JOB], c.scheduler_endpoint)
+        scheduler = _limited(
+            c,
+            "scheduler",
+            ["--bind", c.scheduler_endpoint, "--no-exit-on-finish", "--state-dir", str(state), *JOB],
+            c.scheduler_endpoint,
+        )
         shard_endpoint = f"tcp://127.0.0.1:{free_port()}"
-        shard = _limited(c, "ps", ["--scheduler", c.scheduler_endpoint, "--bind", shard_endpoint, "--shard-index", "0",
-                                   "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "0.5"],
-                         shard_endpoint)
+        shard = _limited(
+            c,
+            "ps",
+            [
+                "--scheduler",
+                c.scheduler_endpoint,
+                "--bind",
+                shard_endpoint,
+                "--shard-index",
+                "0",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--checkpoint-interval-s",
+                "0.5",
+            ],
+            shard_endpoint,
+        )
         c.worker("w0")
         member = c.client()  # connected before the flood, as every member of the job is
         wait_for("the worker to train", lambda: _samples(member) > 0)
@@ -82,34 +104,46 @@ def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_write
         before = {role: descriptors(s.proc.pid) for role, s in servers.items()}
         progress = progress_path(str(state), "dynabatch")
         samples, checkpoints = _samples(member), _count(shard, "dynabatch_ps_checkpoints_total", shard="0")
-        floods = {role: open_flood("127.0.0.1", int(s.endpoint.rpartition(":")[2]), FLOOD)
-                  for role, s in servers.items()}
+        floods = {
+            role: open_flood("127.0.0.1", int(s.endpoint.rpartition(":")[2]), FLOOD) for role, s in servers.items()
+        }
         try:
             for role, server in servers.items():
+
                 def decided(role: str = role, server: Child = server) -> bool:
                     text = server.metrics()
                     refused = metric_value(text, "dynabatch_connections_refused_total", role=role)
                     return metric_value(text, "dynabatch_connections", role=role) + refused == held[role] + FLOOD
+
                 wait_for(f"the {role} to admit or refuse every connection of the flood", decided)
                 assert _count(server, "dynabatch_connections", role=role) == CAPS.total
                 refused = _count(server, "dynabatch_connections_refused_total", role=role)
                 assert refused == held[role] + FLOOD - CAPS.total
-                wait_for(f"the {role}'s descriptors to settle within its cap",
-                         lambda pid=server.proc.pid, role=role: descriptors(pid)
-                         <= before[role] + CAPS.total - held[role] + PASSING)
+                wait_for(
+                    f"the {role}'s descriptors to settle within its cap",
+                    lambda pid=server.proc.pid, role=role: (
+                        descriptors(pid) <= before[role] + CAPS.total - held[role] + PASSING
+                    ),
+                )
             wait_for("the job to train on", lambda: _samples(member) > samples)
             saved = _saved_samples(progress)
             wait_for("the scheduler to write its progress", lambda: _saved_samples(progress) > saved)
-            wait_for("the shard to write a checkpoint",
-                     lambda: _count(shard, "dynabatch_ps_checkpoints_total", shard="0") > checkpoints)
+            wait_for(
+                "the shard to write a checkpoint",
+                lambda: _count(shard, "dynabatch_ps_checkpoints_total", shard="0") > checkpoints,
+            )
         finally:
             for flood in floods.values():
                 close_flood(flood)
         for role, server in servers.items():
-            wait_for(f"the {role} to give the flood's places back",
-                     lambda server=server, role=role: _count(server, "dynabatch_connections", role=role) == held[role])
-            wait_for(f"the {role}'s descriptors to come back",
-                     lambda pid=server.proc.pid, role=role: descriptors(pid) <= before[role] + PASSING)
+            wait_for(
+                f"the {role} to give the flood's places back",
+                lambda server=server, role=role: _count(server, "dynabatch_connections", role=role) == held[role],
+            )
+            wait_for(
+                f"the {role}'s descriptors to come back",
+                lambda pid=server.proc.pid, role=role: descriptors(pid) <= before[role] + PASSING,
+            )
             assert server.alive() and "Too many open files" not in server.log_text()
         wait_for("the job to train after the flood", lambda: _samples(member) > samples)
         member.close()
@@ -123,11 +157,11 @@ def test_a_job_of_several_workers_from_one_address_is_never_refused_a_connection
         scheduler, shard = c.scheduler(), c.shard(0)
         for name in ("w0", "w1", "w2"):
             c.worker(name)
-        c.wait_status("three workers to train",
-                      lambda st: len(st.workers) == 3 and all(w.steps > 0 for w in st.workers.values()))
+        c.wait_status(
+            "three workers to train", lambda st: len(st.workers) == 3 and all(w.steps > 0 for w in st.workers.values())
+        )
         for role, server in (("scheduler", scheduler), ("ps", shard)):
             assert _count(server, "dynabatch_connections_refused_total", role=role) == 0
             assert _count(server, "dynabatch_connections", role=role) >= 3
     finally:
         c.stop()
-

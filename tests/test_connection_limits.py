@@ -31,9 +31,11 @@ def test_a_server_socket_pings_its_peers_and_drops_those_that_never_answer():
 def test_a_process_raises_its_descriptor_limit_to_the_hard_limit_before_it_serves():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = min(256, hard)
-    code = (f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard})); "
-            "from dynabatch.common.transport import open_context; open_context(None); "
-            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    code = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard})); "
+        "from dynabatch.common.transport import open_context; open_context(None); "
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert int(out.stdout) == (hard if hard != resource.RLIM_INFINITY else low)
     assert soft <= hard
@@ -56,8 +58,9 @@ def test_a_socket_shuts_down_connections_over_its_caps_keeps_serving_its_peers_a
         wait_for("the watch to count the peer", lambda: watch.tally.held == 1)
         flood = open_flood("127.0.0.1", port, 3 * caps.per_source)
         try:
-            wait_for("every flood connection admitted or shut down",
-                     lambda: watch.tally.held + len(capped) == 1 + len(flood))
+            wait_for(
+                "every flood connection admitted or shut down", lambda: watch.tally.held + len(capped) == 1 + len(flood)
+            )
             # The peer holds one of 127.0.0.1's places: every flood connection past the rest is shut down.
             over = len(flood) - (caps.per_source - 1)
             assert watch.tally.held == caps.per_source and capped == ["source"] * over

@@ -19,8 +19,12 @@ from harness import Cluster, free_port, metric_value, run_job, wait_for
 
 
 def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_keys_writes_a_server_and_one_client_keypair_per_role_and_never_overwrites_silently(tmp_path):
@@ -35,8 +39,11 @@ def test_keys_writes_a_server_and_one_client_keypair_per_role_and_never_overwrit
     clients = {role: CurveKeys.load(str(out), role) for role in ("worker", "evaluator")}
     assert server.server_secret and server.client_secret is None and not clients["worker"].admitted
     assert len({ps.client_public, *(c.client_public for c in clients.values()), server.server_public}) == 4
-    assert server.admitted == {ps.client_public: "shard", clients["worker"].client_public: "worker",
-                               clients["evaluator"].client_public: "evaluator"}
+    assert server.admitted == {
+        ps.client_public: "shard",
+        clients["worker"].client_public: "worker",
+        clients["evaluator"].client_public: "evaluator",
+    }
     assert ps.admitted == {k: v for k, v in server.admitted.items() if v != "shard"}, "a shard serves no shard"
 
     before = {name: (out / name).read_bytes() for name in KEY_FILES}
@@ -75,14 +82,25 @@ def test_every_missing_key_file_of_a_role_is_named(tmp_path):
                 CurveKeys.load(str(folder), role)
 
 
-@pytest.mark.parametrize("role, missing", [("scheduler", "shard.key"), ("ps", "shard.key_secret"),
-                                           ("worker", "server.key"), ("evaluator", "evaluator.key_secret")])
+@pytest.mark.parametrize(
+    "role, missing",
+    [
+        ("scheduler", "shard.key"),
+        ("ps", "shard.key_secret"),
+        ("worker", "server.key"),
+        ("evaluator", "evaluator.key_secret"),
+    ],
+)
 def test_a_missing_key_file_exits_2_naming_it(tmp_path, role, missing):
     create_keys(tmp_path, force=False)
     (tmp_path / missing).unlink()
     command = ["worker", "--evaluator"] if role == "evaluator" else [role]
-    out = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", *command, "--curve-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", *command, "--curve-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert str(tmp_path / missing) in out.stderr and "Traceback" not in out.stderr
 
@@ -96,17 +114,21 @@ def test_each_role_loads_from_only_its_own_key_files(tmp_path, role):
         (tmp_path / "mine" / name).write_bytes((tmp_path / "all" / name).read_bytes())
     keys = CurveKeys.load(str(tmp_path / "mine"), role)
     assert (keys.server_secret is not None) == ("server.key_secret" in KEYS_BY_ROLE[role])
-    assert (keys.client_secret is not None) == any(n.endswith(".key_secret") and n != "server.key_secret"
-                                                   for n in KEYS_BY_ROLE[role])
+    assert (keys.client_secret is not None) == any(
+        n.endswith(".key_secret") and n != "server.key_secret" for n in KEYS_BY_ROLE[role]
+    )
     for client in ("worker", "evaluator"):
         assert "server.key_secret" not in KEYS_BY_ROLE[client], "a worker node must not be able to pose as a server"
-        assert [n for n in KEYS_BY_ROLE[client] if n.endswith("_secret")] == [f"{client}.key_secret"], \
+        assert [n for n in KEYS_BY_ROLE[client] if n.endswith("_secret")] == [f"{client}.key_secret"], (
             "nor as another role"
+        )
 
 
 def _refused(text: str, role: str) -> dict[str, float]:
-    return {reason: metric_value(text, "dynabatch_auth_failures_total", role=role, reason=reason)
-            for reason in ("auth", "protocol", "other")}
+    return {
+        reason: metric_value(text, "dynabatch_auth_failures_total", role=role, reason=reason)
+        for reason in ("auth", "protocol", "other")
+    }
 
 
 def _wait_refused(proc, role: str, reasons: tuple[str, ...]) -> None:
@@ -126,17 +148,21 @@ def _wait_refused(proc, role: str, reasons: tuple[str, ...]) -> None:
 def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
     keys = tmp_path / "keys"
     assert _keys(keys).returncode == 0
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--eval-interval-s", "1"],
-                curve_dir=str(keys))
+    c = Cluster(
+        tmp_path,
+        ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--eval-interval-s", "1"],
+        curve_dir=str(keys),
+    )
     try:
         scheduler = c.scheduler()
         shard_port = free_port()
         shard = c.shard(0, shard_port)
         c.worker("a")
         c.worker("ev", "--evaluator")
-        before = c.wait_status("encrypted training and an evaluation",
-                               lambda s: s.workers and all(w.steps > 3 for w in s.workers.values())
-                               and s.test_acc is not None)
+        before = c.wait_status(
+            "encrypted training and an evaluation",
+            lambda s: s.workers and all(w.steps > 3 for w in s.workers.values()) and s.test_acc is not None,
+        )
         assert _refused(scheduler.metrics(), "scheduler") == {"auth": 0, "protocol": 0, "other": 0}
         bad_before = metric_value(scheduler.metrics(), "dynabatch_bad_messages_total")
 
@@ -146,8 +172,10 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
         other = CurveKeys.load(str(tmp_path / "other"), "worker")
         wrong_ctx, plain_ctx = zmq.Context(), zmq.Context()
         use_curve(wrong_ctx, CurveKeys(intruder.server_public, other.client_public, other.client_secret, None))
-        targets = [(scheduler, "scheduler", c.scheduler_endpoint, Hello(role="worker", name="intruder")),
-                   (shard, "ps", f"tcp://127.0.0.1:{shard_port}", Pull(ids=[0]))]
+        targets = [
+            (scheduler, "scheduler", c.scheduler_endpoint, Hello(role="worker", name="intruder")),
+            (shard, "ps", f"tcp://127.0.0.1:{shard_port}", Pull(ids=[0])),
+        ]
         try:
             for proc, role, endpoint, body in targets:
                 # Each refusal is counted by the server's socket monitor, a thread of its own: wait for it.
@@ -167,8 +195,9 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
         after = c.wait_status("training to go on", lambda s: s.samples > before.samples + 1000)
         assert after.workers.keys() == before.workers.keys(), "no intruder joined"
         assert all(w.name != "intruder" for w in after.workers.values())
-        assert metric_value(scheduler.metrics(), "dynabatch_bad_messages_total") == bad_before, \
+        assert metric_value(scheduler.metrics(), "dynabatch_bad_messages_total") == bad_before, (
             "refused peers never reach the message handler"
+        )
         _each_key_sends_only_what_its_role_may(c, keys, scheduler, shard, f"tcp://127.0.0.1:{shard_port}")
         assert all(p.alive() for p in c.procs)
     finally:
@@ -182,12 +211,14 @@ def _each_key_sends_only_what_its_role_may(c: Cluster, keys: Path, scheduler, sh
     for role in ("worker", "evaluator", "ps"):
         contexts[role] = zmq.Context()
         use_curve(contexts[role], CurveKeys.load(str(keys), role))
-    cases = [("worker", c.scheduler_endpoint, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0)),
-             ("worker", c.scheduler_endpoint, Hello(role="evaluator", name="fake-evaluator")),
-             ("evaluator", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
-             ("ps", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
-             ("worker", c.scheduler_endpoint, EvalReport(version=1, test_loss=0.1, test_acc=0.99)),
-             ("evaluator", shard_endpoint, Push(samples=1))]
+    cases = [
+        ("worker", c.scheduler_endpoint, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0)),
+        ("worker", c.scheduler_endpoint, Hello(role="evaluator", name="fake-evaluator")),
+        ("evaluator", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
+        ("ps", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
+        ("worker", c.scheduler_endpoint, EvalReport(version=1, test_loss=0.1, test_acc=0.99)),
+        ("evaluator", shard_endpoint, Push(samples=1)),
+    ]
     try:
         for role, endpoint, body in cases:
             conn = Connection(contexts[role], endpoint, "dynabatch", "w0")
@@ -217,14 +248,31 @@ def _each_key_sends_only_what_its_role_may(c: Cluster, keys: Path, scheduler, sh
             ctx.destroy(linger=0)
 
 
-
 @pytest.mark.slow
 def test_dynabatch_run_with_curve_dir_finishes(tmp_path):
     """`dynabatch run --curve-dir`: every child and the run's own STATUS link use the keys."""
     keys = tmp_path / "keys"
     assert _keys(keys).returncode == 0
-    run, _ = run_job(tmp_path, "r", "--curve-dir", str(keys), "--dataset", "synthetic", "--model", "mlp",
-                     "--epochs", "0.5", "--workers", "1", "--slowdowns", "1", "--eval-interval-s", "1", timeout_s=240)
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--curve-dir",
+        str(keys),
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "0.5",
+        "--workers",
+        "1",
+        "--slowdowns",
+        "1",
+        "--eval-interval-s",
+        "1",
+        timeout_s=240,
+    )
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["finished"] and summary["final_eval"], \
+    assert summary["finished"] and summary["final_eval"], (
         "the evaluator's final report (sent just before it left) arrived"
+    )

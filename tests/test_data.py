@@ -42,8 +42,9 @@ def write_idx(path: Path, arr: np.ndarray, compresslevel: int = 9) -> Path:
     return path
 
 
-def write_fake_mnist(folder: Path, n_train: int = 50, n_test: int = 20, gz: bool = True,
-                     compresslevel: int = 9, seed: int = 0) -> dict[str, np.ndarray]:
+def write_fake_mnist(
+    folder: Path, n_train: int = 50, n_test: int = 20, gz: bool = True, compresslevel: int = 9, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Four idx files of random images and labels, as MNIST-like datasets ship them."""
     rng = np.random.default_rng(seed)
     arrays = {
@@ -87,6 +88,7 @@ def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 # ---------------------------------------------------------------- idx files
 
+
 @pytest.mark.parametrize("name", ["a-idx3-ubyte", "a-idx3-ubyte.gz"])
 def test_read_idx_round_trips(tmp_path: Path, name: str) -> None:
     arr = np.random.default_rng(1).integers(0, 256, (7, 5, 3), dtype=np.uint8)
@@ -115,7 +117,8 @@ def test_read_idx_rejects_corrupt_file_naming_it(tmp_path: Path, damage: str) ->
 
 
 def test_a_gzipped_idx_file_is_inflated_once_and_then_read_from_the_cache(
-        tmp_path: Path, no_default_dirs: Path) -> None:
+    tmp_path: Path, no_default_dirs: Path
+) -> None:
     arr = np.random.default_rng(2).integers(0, 256, (50, 28, 28), dtype=np.uint8)
     source = write_idx(tmp_path / "a-idx3-ubyte.gz", arr)
     first = read_idx(source)
@@ -131,7 +134,8 @@ def test_a_gzipped_idx_file_is_inflated_once_and_then_read_from_the_cache(
 
 @pytest.mark.parametrize("damage", ["flipped", "short", "gone"])
 def test_a_damaged_or_missing_cache_entry_is_inflated_again_from_the_source(
-        tmp_path: Path, no_default_dirs: Path, damage: str) -> None:
+    tmp_path: Path, no_default_dirs: Path, damage: str
+) -> None:
     arr = np.random.default_rng(3).integers(0, 256, (20, 28, 28), dtype=np.uint8)
     source = write_idx(tmp_path / "b-idx3-ubyte.gz", arr)
     read_idx(source)
@@ -149,7 +153,8 @@ def test_a_damaged_or_missing_cache_entry_is_inflated_again_from_the_source(
 
 
 def test_a_cache_that_cannot_be_written_costs_only_the_inflating(
-        tmp_path: Path, no_default_dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, no_default_dirs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     arr = np.random.default_rng(4).integers(0, 256, (20, 28, 28), dtype=np.uint8)
     source = write_idx(tmp_path / "c-idx3-ubyte.gz", arr)
     no_default_dirs.mkdir()
@@ -161,9 +166,9 @@ def test_a_cache_that_cannot_be_written_costs_only_the_inflating(
 
 # ---------------------------------------------------------------- finding datasets
 
+
 @pytest.mark.parametrize("sub", ["", "fashion-mnist", "FashionMNIST/raw"])
-def test_finds_fashion_mnist_under_data_dir(tmp_path: Path, no_default_dirs: Path,
-                                            sub: str) -> None:
+def test_finds_fashion_mnist_under_data_dir(tmp_path: Path, no_default_dirs: Path, sub: str) -> None:
     arrays = write_fake_mnist(tmp_path / "d" / sub, gz=sub != "")
     ds = load_dataset("fashion-mnist", str(tmp_path / "d"))
     assert ds.train_x.shape == (50, 1, 28, 28) and ds.test_x.shape == (20, 1, 28, 28)
@@ -174,16 +179,14 @@ def test_finds_fashion_mnist_under_data_dir(tmp_path: Path, no_default_dirs: Pat
     assert ds.input_shape == (1, 28, 28)
 
 
-def test_finds_mnist_through_env_var(tmp_path: Path, no_default_dirs: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finds_mnist_through_env_var(tmp_path: Path, no_default_dirs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_fake_mnist(tmp_path / "env" / "MNIST" / "raw")
     monkeypatch.setenv("DYNABATCH_DATA_DIR", str(tmp_path / "env"))
     ds = load_dataset("mnist", None)
     assert ds.name == "mnist" and ds.mean == (0.1307,) and len(ds.train_y) == 50
 
 
-def test_mismatched_image_and_label_counts_are_an_error(tmp_path: Path,
-                                                        no_default_dirs: Path) -> None:
+def test_mismatched_image_and_label_counts_are_an_error(tmp_path: Path, no_default_dirs: Path) -> None:
     write_fake_mnist(tmp_path)
     write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.zeros(19, dtype=np.uint8))
     with pytest.raises(ValueError, match="t10k"):
@@ -191,7 +194,8 @@ def test_mismatched_image_and_label_counts_are_an_error(tmp_path: Path,
 
 
 def test_missing_dataset_says_how_to_get_it_and_fails_fast(
-        tmp_path: Path, no_default_dirs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, no_default_dirs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with socket.socket() as s:  # a port nobody listens on: the download is refused at once
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -202,31 +206,37 @@ def test_missing_dataset_says_how_to_get_it_and_fails_fast(
         load_dataset("fashion-mnist", str(tmp_path / "nothing-here"))
     assert time.monotonic() - start < 5
     message = str(info.value)
-    assert message.startswith(f"dataset 'fashion-mnist' is not on this machine, and downloading it from "
-                              f"http://127.0.0.1:{port}/ into {no_default_dirs / 'fashion-mnist'} failed: ")
+    assert message.startswith(
+        f"dataset 'fashion-mnist' is not on this machine, and downloading it from "
+        f"http://127.0.0.1:{port}/ into {no_default_dirs / 'fashion-mnist'} failed: "
+    )
     assert "apt-get install -y dataset-fashion-mnist" in message
     assert "--data-dir DIR" in message
-    for searched in (tmp_path / "nothing-here", tmp_path / "system" / "fashion-mnist",
-                     no_default_dirs / "fashion-mnist"):
+    for searched in (
+        tmp_path / "nothing-here",
+        tmp_path / "system" / "fashion-mnist",
+        no_default_dirs / "fashion-mnist",
+    ):
         assert f"  {searched}\n" in message
     assert isinstance(info.value, FileNotFoundError)
     assert not list(no_default_dirs.rglob("*.gz*")), "a failed download left files behind"
 
 
-def test_downloads_into_cache_then_loads(no_default_dirs: Path, http_dir: tuple[Path, str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_downloads_into_cache_then_loads(
+    no_default_dirs: Path, http_dir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder, url = http_dir
     # Stored (level 0) gzip so the files pass the downloader's minimum-size check.
     arrays = write_fake_mnist(folder, n_train=5000, n_test=5000, compresslevel=0)
     monkeypatch.setitem(dataset_files._URLS, "mnist", url)
     ds = load_dataset("mnist")
-    assert sorted(p.name for p in (no_default_dirs / "mnist").iterdir()) == sorted(
-        f"{stem}.gz" for stem in arrays)
+    assert sorted(p.name for p in (no_default_dirs / "mnist").iterdir()) == sorted(f"{stem}.gz" for stem in arrays)
     assert np.array_equal(ds.test_x[:, 0].numpy(), arrays["t10k-images-idx3-ubyte"])
 
 
-def test_download_of_a_too_small_file_is_rejected(no_default_dirs: Path, http_dir: tuple[Path, str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_of_a_too_small_file_is_rejected(
+    no_default_dirs: Path, http_dir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder, url = http_dir
     write_fake_mnist(folder)  # a few KB: far below what a real images file weighs
     monkeypatch.setitem(dataset_files._URLS, "mnist", url)
@@ -278,6 +288,7 @@ def test_real_fashion_mnist(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---------------------------------------------------------------- synthetic
 
+
 def test_synthetic_is_deterministic_with_expected_shapes() -> None:
     a, b = load_dataset("synthetic"), load_dataset("synthetic")
     assert a.train_x.shape == (12000, 1, 28, 28) and a.test_x.shape == (2000, 1, 28, 28)
@@ -306,14 +317,14 @@ print(hashlib.sha256(ds.train_x.numpy().tobytes() + ds.test_y.numpy().tobytes())
 
 
 def test_synthetic_is_the_same_in_another_process() -> None:
-    out = subprocess.run([sys.executable, "-c", SYNTHETIC_DIGEST], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", SYNTHETIC_DIGEST], capture_output=True, text=True, check=True)
     ds = load_dataset("synthetic")
     here = hashlib.sha256(ds.train_x.numpy().tobytes() + ds.test_y.numpy().tobytes()).hexdigest()
     assert out.stdout.strip() == here
 
 
 # ---------------------------------------------------------------- batches
+
 
 def test_make_batch_normalizes_train_and_test() -> None:
     ds = load_dataset("synthetic")
@@ -345,9 +356,15 @@ def test_augmentation_is_a_padded_crop_and_flip_of_each_sample() -> None:
     padded = torch.nn.functional.pad(ds.train_x.float() / 255, (4, 4, 4, 4))
     flips = 0
     for i in range(16):
-        matches = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (False, True)
-                   if torch.allclose(raw[i], (lambda c: c.flip(2) if f else c)(
-                       padded[i, :, dy:dy + 8, dx:dx + 8]), atol=1e-5)]
+        matches = [
+            (dy, dx, f)
+            for dy in range(9)
+            for dx in range(9)
+            for f in (False, True)
+            if torch.allclose(
+                raw[i], (lambda c: c.flip(2) if f else c)(padded[i, :, dy : dy + 8, dx : dx + 8]), atol=1e-5
+            )
+        ]
         assert matches, f"sample {i} is not a crop of its padded original"
         flips += matches[0][2]
     assert 0 < flips < 16
@@ -361,6 +378,7 @@ def test_datasets_without_augmentation_are_not_augmented() -> None:
 
 
 # ---------------------------------------------------------------- sample order
+
 
 def test_sample_order_covers_every_index_once_per_pass() -> None:
     n, order = 100, SampleOrder(100, seed=5)
@@ -379,4 +397,3 @@ def test_sample_order_depends_on_seed_only() -> None:
     assert order.take(0).shape == (0,) and order.take(25).shape == (25,)
     with pytest.raises(ValueError):
         SampleOrder(0, 0)
-

@@ -36,8 +36,9 @@ def _nvidia_files_open(pid: int) -> set[str]:
 
 
 def _worker(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "worker", *flags],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", "worker", *flags], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has a CUDA device")
@@ -77,9 +78,15 @@ def test_worker_and_evaluator_compute_on_the_device(tmp_path, device):
         c.shard()
         worker = c.worker("a", "--device", device)
         evaluator = c.worker("ev", "--evaluator", "--device", device)
-        c.wait_status("training and an evaluation on the device",
-                      lambda s: s.workers and all(w.steps > 5 for w in s.workers.values())
-                      and s.test_acc is not None and s.loss is not None)
+        c.wait_status(
+            "training and an evaluation on the device",
+            lambda s: (
+                s.workers
+                and all(w.steps > 5 for w in s.workers.values())
+                and s.test_acc is not None
+                and s.loss is not None
+            ),
+        )
         expected = torch.empty(0, device=device).device  # `cuda` -> cuda:0, the device a model moves to
         for p in (worker, evaluator):
             assert f"parameters on {expected}" in p.log_text(), p.log_text()[-2000:]

@@ -43,7 +43,7 @@ def test_steps_skipped_in_a_row_are_a_divergence_and_skips_between_good_steps_ar
 
 def test_a_loss_far_above_its_running_level_in_a_row_is_a_divergence_and_a_spike_is_not():
     watch = DivergenceWatch()
-    falling = [(1, 0, 2.0 * 0.97 ** i) for i in range(100)]
+    falling = [(1, 0, 2.0 * 0.97**i) for i in range(100)]
     spike = [(1, 0, 3 * LOSS_FACTOR)]
     _feed(watch, falling + spike + falling[50:] + spike * (STRIKES - 1) + falling[90:])
     assert watch.cause == "", "a loss that comes back down is noise"
@@ -98,15 +98,22 @@ def test_reports_on_a_model_being_thrown_away_count_for_nothing():
 
 
 def _job(**kw) -> JobState:
-    cfg = JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0,
-                       "liveness_timeout_s": 2.0, **kw})
+    cfg = JobConfig(
+        **{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw}
+    )
     state = JobState(cfg, num_shards=1, train_size=100_000, now=0.0)
     ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.0).id
     wid = state.hello(Hello(role="worker", instance="w"), 0.0).id
     state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)
     state.heartbeat(ps, Heartbeat(membership=state.roster.membership), 0.0)
-    state.heartbeat(ps, Heartbeat(membership=state.roster.membership,  # it applied w0's bound: w0 holds its batch
-                                  batches=state.assignment_for(state.roster.members[ps]).batches), 0.0)
+    state.heartbeat(
+        ps,
+        Heartbeat(
+            membership=state.roster.membership,  # it applied w0's bound: w0 holds its batch
+            batches=state.assignment_for(state.roster.members[ps]).batches,
+        ),
+        0.0,
+    )
     return state
 
 
@@ -116,17 +123,39 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
     m, batch = state.roster.members["w0"], state.allocator.batch_of("w0")
     new = 0 if skipped else 1
     acted = state.assignment_for(m).rollbacks if rollbacks is None else rollbacks
-    state.heartbeat("w0", Heartbeat(steps=m.steps + new, samples=m.samples + batch * new, batch=batch,
-                                    step_s=STEP_S, compute_s=STEP_S, standalone_sps=m.standalone_sps, loss=loss,
-                                    skipped=m.last.skipped + skipped, rollbacks=acted), now)
+    state.heartbeat(
+        "w0",
+        Heartbeat(
+            steps=m.steps + new,
+            samples=m.samples + batch * new,
+            batch=batch,
+            step_s=STEP_S,
+            compute_s=STEP_S,
+            standalone_sps=m.standalone_sps,
+            loss=loss,
+            skipped=m.last.skipped + skipped,
+            rollbacks=acted,
+        ),
+        now,
+    )
 
 
 def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
     known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
     applied = state.assignment_for(state.roster.members["ps0"]).batches
-    return state.heartbeat("ps0", Heartbeat(version=version, samples=version * 96, membership=state.roster.membership,
-                                            model_problem=problem, good_version=good, rollbacks=known,
-                                            batches=applied), now)
+    return state.heartbeat(
+        "ps0",
+        Heartbeat(
+            version=version,
+            samples=version * 96,
+            membership=state.roster.membership,
+            model_problem=problem,
+            good_version=good,
+            rollbacks=known,
+            batches=applied,
+        ),
+        now,
+    )
 
 
 def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_max_rollbacks():
@@ -143,7 +172,8 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     assert state.assignment_for(state.roster.members["w0"]).lr_scale == pytest.approx(worker_scale / 2)
     st = state.status(0.3)
     assert [(r.number, r.cause, r.versions, r.lr_factor) for r in st.rollbacks] == [
-        (1, "ps0: parameters not finite", {"0": 3}, 0.5)]
+        (1, "ps0: parameters not finite", {"0": 3}, 0.5)
+    ]
     assert st.lr_factor == 0.5 and not st.failed and not st.stopping
 
     _step(state, 0.31, loss=math.nan, skipped=5)  # computed on the model being thrown away

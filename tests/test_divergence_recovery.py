@@ -28,8 +28,22 @@ REPLY_S = 10.0
 # A small flat model in several chunks; the test itself is the only worker, so nothing moves the model but it.
 # The gradient bound (--gradient-bound) would clip the huge pushes that blow the model up here: these tests are
 # about what happens once a model has blown up, so they run without it.
-JOB = ["--dataset", "synthetic", "--model", "flat:10000", "--chunk-bytes", "8192",
-       "--epochs", "1000", "--liveness-timeout-s", "60", "--max-rollbacks", "1", "--gradient-bound", "0"]
+JOB = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "flat:10000",
+    "--chunk-bytes",
+    "8192",
+    "--epochs",
+    "1000",
+    "--liveness-timeout-s",
+    "60",
+    "--max-rollbacks",
+    "1",
+    "--gradient-bound",
+    "0",
+]
 
 Chunks = dict[int, tuple[int, torch.Tensor]]
 
@@ -62,14 +76,15 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
         conn = c.client(welcome.shards[0], sender=welcome.id)
 
         _push(conn, _pull(conn, ids), 0.5)
-        c.wait_status("a checkpoint of the healthy model at version 1",
-                      lambda s: s.shards["0"].good_version == 1)
+        c.wait_status("a checkpoint of the healthy model at version 1", lambda s: s.shards["0"].good_version == 1)
         good = _pull(conn, ids)
         assert {ver for ver, _ in good.values()} == {1}
 
         _push(conn, good, 1e4)  # finite, and within the push's bounds: the model's norm jumps a thousandfold
-        st = c.wait_status("the rollback to version 1", lambda s: s.rollbacks and s.shards["0"].version == 1
-                           and not s.shards["0"].model_problem)
+        st = c.wait_status(
+            "the rollback to version 1",
+            lambda s: s.rollbacks and s.shards["0"].version == 1 and not s.shards["0"].model_problem,
+        )
         rollback = st.rollbacks[0]
         assert rollback.cause.startswith("ps0: parameter norm") and "running level" in rollback.cause, rollback
         assert (rollback.number, rollback.versions, rollback.lr_factor, st.lr_factor) == (1, {"0": 1}, 0.5, 0.5)
@@ -83,9 +98,17 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
                 conn.request(Push(samples=8), REPLY_S, metas, [torch.zeros_like(t) for _, t in restored.values()])
             assert refused.value.code == code, refused.value
         # The scheduler copies its state into the series every EXPORT_EVERY_S: its STATUS above may be newer.
-        wait_for("the scheduler's series to count the rollback", lambda: (
-            metric_value(scheduler.metrics(), "dynabatch_rollbacks_total"),
-            metric_value(scheduler.metrics(), "dynabatch_job_lr_factor")) == (1, 0.5), 30)
+        wait_for(
+            "the scheduler's series to count the rollback",
+            lambda: (
+                (
+                    metric_value(scheduler.metrics(), "dynabatch_rollbacks_total"),
+                    metric_value(scheduler.metrics(), "dynabatch_job_lr_factor"),
+                )
+                == (1, 0.5)
+            ),
+            30,
+        )
         assert metric_value(shard.metrics(), "dynabatch_ps_rollbacks_total", shard="0") == 1
         assert metric_value(shard.metrics(), "dynabatch_ps_model_healthy", shard="0") == 1
 
@@ -93,8 +116,10 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
         st = c.wait_status("the job to fail", lambda s: bool(s.failed))
         assert "ps0: parameter norm overflows" in st.failed and "--max-rollbacks 1" in st.failed, st.failed
         assert st.stopping and len(st.rollbacks) == 1
-        wait_for("the shard to refuse a checkpoint of the wrecked model",
-                 lambda: metric_value(shard.metrics(), "dynabatch_ps_checkpoints_refused_total", shard="0") >= 1)
+        wait_for(
+            "the shard to refuse a checkpoint of the wrecked model",
+            lambda: metric_value(shard.metrics(), "dynabatch_ps_checkpoints_refused_total", shard="0") >= 1,
+        )
         st = c.status()
         assert st.shards["0"].model_problem and st.shards["0"].good_version == 1, st.shards["0"]
         assert metric_value(shard.metrics(), "dynabatch_ps_model_healthy", shard="0") == 0
@@ -103,8 +128,9 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
 
 
 def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, Path]:
-    cmd = command_line("run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30), "--no-plots",
-                               *flags])
+    cmd = command_line(
+        "run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30), "--no-plots", *flags]
+    )
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env()), out / name
 
 
@@ -113,9 +139,30 @@ def test_a_job_that_keeps_diverging_rolls_back_halving_its_step_then_ends_with_a
     """`--lr 1e4` blows the MLP up at every step size the rollbacks try. Cut into four chunks, its asgd steps
     run pipelined (a NaN loss pushes nothing); ssgd's pulls wait for rounds the rollback takes away. No evaluator:
     the workers' losses and the shard's guard tell the divergence, and an evaluator was a sixth of the test's CPU."""
-    done, run = _run(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "2", "--workers", "2",
-                     "--slowdowns", "1", "2", "--lr", "1e4", "--checkpoint-interval-s", "1", "--protocol", protocol,
-                     "--chunk-bytes", "262144", "--no-evaluator")
+    done, run = _run(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "2",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--lr",
+        "1e4",
+        "--checkpoint-interval-s",
+        "1",
+        "--protocol",
+        protocol,
+        "--chunk-bytes",
+        "262144",
+        "--no-evaluator",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("diverged at epoch")]
     assert [line.rsplit(", ", 1)[1] for line in lines] == ["lr x0.5", "lr x0.25", "lr x0.125"], done.stderr
@@ -133,9 +180,27 @@ def test_a_job_that_diverges_once_from_a_transient_cause_rolls_back_and_finishes
     """Each worker's loss is a million times too large for three steps (tests/tasks/spike.py): the job rolls
     back past them (once per worker at most), trains on at a smaller step, and learns. Without the gradient bound,
     which would clip the spike's pushes before they blow the model up."""
-    done, run = _run(tmp_path, "r", "--task", f"{TASKS / 'spike.py'}:task", "--workers", "2", "--gradient-bound", "0",
-                     "--slowdowns", "1", "1", "--epochs", "3", "--global-batch", "96",
-                     "--checkpoint-interval-s", "0.3", "--eval-interval-s", "600")
+    done, run = _run(
+        tmp_path,
+        "r",
+        "--task",
+        f"{TASKS / 'spike.py'}:task",
+        "--workers",
+        "2",
+        "--gradient-bound",
+        "0",
+        "--slowdowns",
+        "1",
+        "1",
+        "--epochs",
+        "3",
+        "--global-batch",
+        "96",
+        "--checkpoint-interval-s",
+        "0.3",
+        "--eval-interval-s",
+        "600",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["failed"] is None and summary["finished"] and summary["final_eval"]
@@ -150,8 +215,21 @@ def test_a_job_that_diverges_once_from_a_transient_cause_rolls_back_and_finishes
 def test_a_job_that_trains_nothing_ends_with_an_error_instead_of_running_on(tmp_path):
     """The shard is frozen: every worker's step fails while its heartbeat keeps it live. The job fails once
     no sample was trained for its bound (here the join timeout, 3 s: more than 50 of the workers' steps)."""
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--join-timeout-s", "3",
-                           "--liveness-timeout-s", "60"])
+    c = Cluster(
+        tmp_path,
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1000",
+            "--join-timeout-s",
+            "3",
+            "--liveness-timeout-s",
+            "60",
+        ],
+    )
     try:
         c.scheduler()
         shard = c.shard(0)

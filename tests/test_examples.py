@@ -39,22 +39,31 @@ def tiny_env(tmp_path, monkeypatch):
     def apply(sizes: dict[str, str]) -> None:
         for key, value in sizes.items():
             monkeypatch.setenv(key, value)
+
     return apply
 
 
 def check(spec: str) -> str:
-    done = subprocess.run(command_line("check", ["--task", spec, "--batches", "8", "16", "--repeats", "1"]),
-                          capture_output=True, text=True, timeout=60, env=child_env())
+    done = subprocess.run(
+        command_line("check", ["--task", spec, "--batches", "8", "16", "--repeats", "1"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
 def loaded_modules(spec: str) -> str:
     """The modules a process holds after building the task's model and data, one per line."""
-    code = ("import sys; from dynabatch.common.task_check import load_task; t = load_task(sys.argv[1]); t.model(); "
-            "t.train_data()[0]; print(*sorted(sys.modules), sep='\\n')")
-    done = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, timeout=60,
-                          env=child_env())
+    code = (
+        "import sys; from dynabatch.common.task_check import load_task; t = load_task(sys.argv[1]); t.model(); "
+        "t.train_data()[0]; print(*sorted(sys.modules), sep='\\n')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, spec], capture_output=True, text=True, timeout=60, env=child_env()
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -69,9 +78,27 @@ def final_metrics(tmp_path: Path, spec: str, *flags: str) -> dict[str, float]:
     The byte GPT's run takes 31 s alone and ran past 120 s under two suites at load 10; 200 s still leaves the
     example's check (60 s at most) inside the test's 300 s.
     """
-    run, _ = run_job(tmp_path, "r", "--task", spec, "--workers", "2", "--slowdowns", "1", "1", "--epochs", str(EPOCHS),
-                     "--global-batch", str(BATCH), "--batch-policy", "fixed", "--eval-interval-s", "2", *flags,
-                     timeout_s=200)
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--task",
+        spec,
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "1",
+        "--epochs",
+        str(EPOCHS),
+        "--global-batch",
+        str(BATCH),
+        "--batch-policy",
+        "fixed",
+        "--eval-interval-s",
+        "2",
+        *flags,
+        timeout_s=200,
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"], summary
     return summary["final_metrics"]

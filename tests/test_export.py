@@ -55,9 +55,19 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> db.Run:
         patch.syspath_prepend(str(TASKS))
         import blobs
 
-        return db.run(blobs.task, workers=2, slowdowns=[1, 2], epochs=10, global_batch=64, eval_interval_s=2,
-                      shards=2, chunk_bytes=1024, out=str(tmp_path_factory.mktemp("runs")), name="trained",
-                      timeout_s=240)
+        return db.run(
+            blobs.task,
+            workers=2,
+            slowdowns=[1, 2],
+            epochs=10,
+            global_batch=64,
+            eval_interval_s=2,
+            shards=2,
+            chunk_bytes=1024,
+            out=str(tmp_path_factory.mktemp("runs")),
+            name="trained",
+            timeout_s=240,
+        )
 
 
 def export(run_dir: Path, out: Path, *extra: str) -> int:
@@ -69,7 +79,9 @@ def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained
     task = load_task(BLOBS)
     assert trained.summary["finished"] and trained.summary["final_eval"], trained.summary
     assert trained.dir.name == "trained" and sorted(p.name for p in (trained.dir / "checkpoints").glob("*.pt")) == [
-        "shard-0.pt", "shard-1.pt"]
+        "shard-0.pt",
+        "shard-1.pt",
+    ]
     ours, reported = plain_torch_metrics(trained.model, task), trained.summary["final_metrics"]
     assert abs(ours["accuracy"] - reported["accuracy"]) <= POINT, (ours, reported)
     untrained = plain_torch_metrics(task.build_model(0), task)["accuracy"]
@@ -79,8 +91,13 @@ def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained
 @pytest.mark.slow
 def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported_metrics(trained, tmp_path):
     out = tmp_path / "exported" / "model.pt"
-    done = subprocess.run(command_line("export", [str(trained.dir), "--out", str(out)]), capture_output=True,
-                          text=True, timeout=120, env=child_env())
+    done = subprocess.run(
+        command_line("export", [str(trained.dir), "--out", str(out)]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
     assert done.returncode == 0, done.stderr
     task = load_task(BLOBS)
     model = task.model()  # a user's own model, built without dynabatch
@@ -144,8 +161,14 @@ def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_
     task = _batchnorm_task()
     sig, _, _ = check_task(task, seed=5)
     flat = torch.arange(sig.total, dtype=torch.float32)
-    states = [{"signature": signature_fields(sig), "params": {0: flat}, "chunk_versions": {0: 7},
-               "buffers": {"1.running_mean": torch.tensor([1.0, 2.0, 3.0])}}]
+    states = [
+        {
+            "signature": signature_fields(sig),
+            "params": {0: flat},
+            "chunk_versions": {0: 7},
+            "buffers": {"1.running_mean": torch.tensor([1.0, 2.0, 3.0])},
+        }
+    ]
     model = load_trained(task, 5, assemble(states, chunk_bytes=1 << 20))
     fresh = task.build_model(5)
     assert torch.equal(model[0].weight.flatten(), flat[:12]) and torch.equal(model[1].bias, flat[18:21])
@@ -153,8 +176,7 @@ def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_
     assert torch.equal(model[1].running_var, fresh[1].running_var)  # the others are the factory's
     assert torch.equal(model[2].weight, fresh[2].weight) and torch.equal(model.scale, fresh.scale)
     with pytest.raises(TaskError, match=r"buffer 1.running_avg \[3\], which the task's model does not have"):
-        load_trained(task, 5, TrainedState(sig, assemble(states, 1 << 20).params,
-                                           {"1.running_avg": torch.zeros(3)}))
+        load_trained(task, 5, TrainedState(sig, assemble(states, 1 << 20).params, {"1.running_avg": torch.zeros(3)}))
 
 
 def test_weights_that_do_not_fit_the_model_are_refused_naming_the_key(tmp_path):
@@ -191,8 +213,23 @@ def test_init_starts_a_run_from_exported_weights(trained, tmp_path):
     exported = plain_torch_metrics(model, task)["accuracy"]
     untrained = plain_torch_metrics(task.build_model(0), task)["accuracy"]
     assert exported - untrained > 0.5, "the test needs weights far from the initial model's"
-    run, _ = run_job(tmp_path, "warm", "--task", BLOBS, "--workers", "2", "--slowdowns", "1", "2",
-                     "--epochs", "0.05", "--global-batch", "64", "--init", str(tmp_path / "model.pt"))
+    run, _ = run_job(
+        tmp_path,
+        "warm",
+        "--task",
+        BLOBS,
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--epochs",
+        "0.05",
+        "--global-batch",
+        "64",
+        "--init",
+        str(tmp_path / "model.pt"),
+    )
     first = _first_evaluation(run)
     assert abs(first["metrics"]["accuracy"] - exported) <= POINT, (first["eval_version"], first["metrics"], exported)
 
@@ -200,9 +237,15 @@ def test_init_starts_a_run_from_exported_weights(trained, tmp_path):
 @pytest.mark.slow
 def test_run_refuses_init_weights_of_another_model_before_starting_anything(tmp_path):
     torch.save(load_task(f"{TASKS / 'blobs_variants.py'}:wider").model().state_dict(), tmp_path / "wider.pt")
-    done = subprocess.run(command_line("run", ["--out", str(tmp_path), "--name", "r", "--task", BLOBS,
-                                               "--init", str(tmp_path / "wider.pt")]),
-                          capture_output=True, text=True, timeout=120, env=child_env())
+    done = subprocess.run(
+        command_line(
+            "run", ["--out", str(tmp_path), "--name", "r", "--task", BLOBS, "--init", str(tmp_path / "wider.pt")]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
     assert done.returncode == 2, done.stderr
     assert "0.weight is [48, 16] there but [32, 16] in the task's model" in done.stderr
     assert not (tmp_path / "r").exists(), "nothing may be started or written"
@@ -217,8 +260,7 @@ def test_a_worker_refuses_init_weights_of_another_model(tmp_path):
         c.shard(0)
         bad = c.worker("bad", "--task", BLOBS, "--init", str(tmp_path / "wider.pt"))
         assert wait_for("the worker to exit", lambda: bad.proc.poll() is not None, 60) is not None
-        assert bad.proc.returncode == 2 and "0.weight is [48, 16] there but [32, 16]" in bad.log_text(), \
-            bad.log_text()
+        assert bad.proc.returncode == 2 and "0.weight is [48, 16] there but [32, 16]" in bad.log_text(), bad.log_text()
     finally:
         c.stop()
 
@@ -238,9 +280,9 @@ def test_db_run_names_a_task_by_the_file_that_defines_it(tmp_path):
         "import dynabatch as db\nfrom blobs import Blobs, make_model, task as imported\n"
         "from dynabatch.cluster.python_run import task_spec\n"
         "task = db.Task(model=make_model, train_data=lambda: Blobs(10, seed=1))\n"
-        "print(task_spec(task))\nprint(task_spec(imported))\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env=child_env())
+        "print(task_spec(task))\nprint(task_spec(imported))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=child_env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [f"{script.resolve()}:task", f"{(TASKS / 'blobs.py').resolve()}:task"]
 
@@ -254,19 +296,32 @@ def test_db_run_refuses_unknown_settings_and_a_nested_call(monkeypatch):
 
 
 def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_path):
-    done = subprocess.run(command_line("export", [str(tmp_path / "no-run"), "--out", str(tmp_path)]),
-                          capture_output=True, text=True, timeout=60, env=child_env())
-    assert (done.returncode, done.stderr) == (2, "usage: dynabatch export RUN_DIR [flags]   (--help lists them)\n"
-                                                 f"dynabatch export: error: --out {tmp_path} is a folder: name the "
-                                                 f"file to write, e.g. --out {tmp_path / 'model.pt'}\n")
+    done = subprocess.run(
+        command_line("export", [str(tmp_path / "no-run"), "--out", str(tmp_path)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        "usage: dynabatch export RUN_DIR [flags]   (--help lists them)\n"
+        f"dynabatch export: error: --out {tmp_path} is a folder: name the "
+        f"file to write, e.g. --out {tmp_path / 'model.pt'}\n",
+    )
 
 
 @pytest.mark.slow
 def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained, tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
     out = tmp_path / "a-file" / "model.pt"
-    done = subprocess.run(command_line("export", [str(trained.dir), "--out", str(out)]), capture_output=True,
-                          text=True, timeout=120, env=child_env())
+    done = subprocess.run(
+        command_line("export", [str(trained.dir), "--out", str(out)]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
     assert (done.returncode, done.stderr) == (2, f"dynabatch export: --out {out}: cannot write it: File exists\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
@@ -274,9 +329,24 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained
 @pytest.mark.slow
 def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_path):
     """The run folder names its task by absolute path: export needs neither the run's folder nor its --task."""
-    run = RunProcess(tmp_path / "runs", tmp_path / "run.err",
-                     ["--task", "tasks/blobs.py:task", "--workers", "1", "--slowdowns", "1", "--no-evaluator",
-                      "--epochs", "1000", "--timeout-s", "200"], cwd=TASKS.parent)
+    run = RunProcess(
+        tmp_path / "runs",
+        tmp_path / "run.err",
+        [
+            "--task",
+            "tasks/blobs.py:task",
+            "--workers",
+            "1",
+            "--slowdowns",
+            "1",
+            "--no-evaluator",
+            "--epochs",
+            "1000",
+            "--timeout-s",
+            "200",
+        ],
+        cwd=TASKS.parent,
+    )
     try:
         wait_for("the shard's first checkpoint", lambda: (run.dir / "checkpoints" / "shard-0.pt").exists(), 120)
         run.proc.send_signal(signal.SIGINT)
@@ -286,8 +356,14 @@ def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_pa
     assert json.loads((run.dir / "config.json").read_text())["run"]["task"] == f"{TASKS / 'blobs.py'}:task"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    done = subprocess.run(command_line("export", [str(run.dir), "--out", "model.pt"]), capture_output=True,
-                          text=True, timeout=120, env=child_env(), cwd=elsewhere)
+    done = subprocess.run(
+        command_line("export", [str(run.dir), "--out", "model.pt"]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+        cwd=elsewhere,
+    )
     assert done.returncode == 0, done.stderr
     model = load_task(BLOBS).build_model(0)
     model.load_state_dict(torch.load(elsewhere / "model.pt", weights_only=True))

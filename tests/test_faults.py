@@ -28,9 +28,25 @@ from harness import Cluster, free_port, wait_for
 EPOCHS = 3.0
 # Each shard's half of the MLP (470 KB) travels in two chunks of at most 256 KB: a restarted shard serves a model of
 # several chunks. (In 64 KB chunks, eight each, the two jobs cost 46 s of CPU instead of 29, with the same accuracy.)
-FLAGS = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
-         "--global-batch", "96", "--shards", "2", "--chunk-bytes", "262144", "--epochs", str(EPOCHS),
-         "--await-final-eval"]
+FLAGS = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "mlp",
+    "--liveness-timeout-s",
+    "2",
+    "--heartbeat-s",
+    "0.2",
+    "--global-batch",
+    "96",
+    "--shards",
+    "2",
+    "--chunk-bytes",
+    "262144",
+    "--epochs",
+    str(EPOCHS),
+    "--await-final-eval",
+]
 # Shard 1's checkpoint interval, in versions of the clean run: 30 times the kill's lead. The faulty job may run under
 # more load than its clean twin did: at 50, beside a second suite, shard 1 checkpointed again between the STATUS that
 # saw it 5 versions past its checkpoint and the kill, and no loss was left to count.
@@ -45,8 +61,12 @@ class Job:
         self.started = time.monotonic()
         self.wall_s = 0.0  # from the start to the end of the job, once _final has seen it
         self.scheduler = self.c.scheduler("--state-dir", str(tmp / "state"))
-        self.shards = [self.c.shard(i, free_port(), "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-interval-s",
-                                    str(interval)) for i, interval in enumerate(intervals)]
+        self.shards = [
+            self.c.shard(
+                i, free_port(), "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-interval-s", str(interval)
+            )
+            for i, interval in enumerate(intervals)
+        ]
         self.processes = [self.c.worker(name) for name in ("a", "b")]  # on the default request timeout, 30 s
         self.processes.append(self.c.launcher.start_worker("eval", [], evaluator=True))
 
@@ -121,8 +141,9 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
 
         # Shard 1, after an interval checkpoint: it comes back at that checkpoint's version.
         written = len(_versions_checkpointed(job.shards[1]))
-        fresh = wait_for("a fresh interval checkpoint of shard 1",
-                         lambda: _versions_checkpointed(job.shards[1])[written:])
+        fresh = wait_for(
+            "a fresh interval checkpoint of shard 1", lambda: _versions_checkpointed(job.shards[1])[written:]
+        )
         st = job.progress("shard 1 past that checkpoint", lambda s: s.shards["1"].version > max(fresh) + 5)
         job.shards[1], _ = job.kill_and_restart(job.shards[1])
         before = st.lost_versions
@@ -132,13 +153,17 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         # The scheduler, mid-run: it resumes the job's progress from its last save, the outage counted as job time.
         st = job.progress("half the job", lambda s: s.epoch >= 0.5 * EPOCHS, 120)
         progress_file = tmp_path / "state" / "scheduler-dynabatch.json"
-        wait_for("the scheduler to save its progress past shard 1's loss",
-                 lambda: _saved_epoch(progress_file) > earlier.epoch)
+        wait_for(
+            "the scheduler to save its progress past shard 1's loss",
+            lambda: _saved_epoch(progress_file) > earlier.epoch,
+        )
         killed = job.kill(job.scheduler)
         saved = json.loads(read_verified(progress_file))
         job.scheduler = job.c.launcher.restart(job.scheduler)
-        resumed = job.progress("both workers training under the restarted scheduler",
-                               lambda s: len(s.workers) == 2 and all(w.steps > 0 for w in s.workers.values()))
+        resumed = job.progress(
+            "both workers training under the restarted scheduler",
+            lambda s: len(s.workers) == 2 and all(w.steps > 0 for w in s.workers.values()),
+        )
         scheduler_recovery_s = time.monotonic() - killed
         assert not set(resumed.workers) & set(st.workers), "a rejoining worker never gets an id known before"
         assert resumed.t >= st.t + scheduler_recovery_s * 0.5, "scheduler time goes on through the outage"
@@ -157,9 +182,11 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         # Recovery may cost at most one point; asgd's order of updates moves either run by about one point, so
         # the faulty one also came out 1.1 points ahead of its clean twin once (two suites on 2 cores).
         assert final.test_acc >= baseline.test_acc - 0.01, (final.test_acc, baseline.test_acc)
-        print(f"\nclean {clean_s:.1f}s acc {baseline.test_acc:.4f}; faulty {job.wall_s:.1f}s acc {final.test_acc:.4f}; "
-              f"lost {final.lost_versions} versions, {final.lost_samples} samples made up; recovery: shard "
-              f"{shard_recovery_s:.1f}s, scheduler {scheduler_recovery_s:.1f}s")
+        print(
+            f"\nclean {clean_s:.1f}s acc {baseline.test_acc:.4f}; faulty {job.wall_s:.1f}s acc {final.test_acc:.4f}; "
+            f"lost {final.lost_versions} versions, {final.lost_samples} samples made up; recovery: shard "
+            f"{shard_recovery_s:.1f}s, scheduler {scheduler_recovery_s:.1f}s"
+        )
     finally:
         job.c.stop()
 

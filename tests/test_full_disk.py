@@ -27,11 +27,11 @@ def _tmpfs(mount: Path, options: str) -> Iterator[Path]:
     """A tmpfs mounted at `mount` with `options`, unmounted (lazily, should something still hold it) whatever
     the test did."""
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True,
-                          text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode != 0:
-        missing(f"mounting a tmpfs for the full-disk tests failed ({done.stderr.strip() or done.returncode}; "
-                "it needs root)")
+        missing(
+            f"mounting a tmpfs for the full-disk tests failed ({done.stderr.strip() or done.returncode}; it needs root)"
+        )
     try:
         yield mount
     finally:
@@ -78,19 +78,33 @@ def test_an_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temporary_one
 
 def test_a_run_folder_on_a_full_disk_is_refused_before_start_and_none_is_left(small_disk):
     fill(small_disk)
-    done = subprocess.run(command_line("run", ["--out", str(small_disk), "--name", "r", *FOREVER]),
-                          capture_output=True, text=True, timeout=60, env=child_env())
+    done = subprocess.run(
+        command_line("run", ["--out", str(small_disk), "--name", "r", *FOREVER]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
     assert done.returncode == 2, done.stderr
-    assert done.stderr == (f"dynabatch run: --out {small_disk}: cannot write the run folder {small_disk / 'r'}: "
-                           "No space left on device\n")
+    assert done.stderr == (
+        f"dynabatch run: --out {small_disk}: cannot write the run folder {small_disk / 'r'}: No space left on device\n"
+    )
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
 def test_a_run_folder_on_a_read_only_disk_is_refused_before_start(read_only_disk):
-    done = subprocess.run(command_line("run", ["--out", str(read_only_disk / "runs"), "--name", "r", *FOREVER]),
-                          capture_output=True, text=True, timeout=60, env=child_env())
-    assert (done.returncode, done.stderr) == (2, f"dynabatch run: --out {read_only_disk / 'runs'}: cannot write the "
-                                                 f"run folder {read_only_disk / 'runs' / 'r'}: Read-only file system\n")
+    done = subprocess.run(
+        command_line("run", ["--out", str(read_only_disk / "runs"), "--name", "r", *FOREVER]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"dynabatch run: --out {read_only_disk / 'runs'}: cannot write the "
+        f"run folder {read_only_disk / 'runs' / 'r'}: Read-only file system\n",
+    )
     assert not any(read_only_disk.iterdir())
 
 
@@ -104,9 +118,13 @@ def test_a_disk_that_fills_while_the_job_trains_ends_the_run_with_one_line_and_n
         assert rc == 2, err
         assert "Traceback" not in err, err
         said = [line for line in err.splitlines() if FULL.search(line)]
-        assert said and all(re.fullmatch(
-            r"(\w+ exited with code 2, not restarted: (dynabatch \w+: )?|dynabatch run: )no space left on device.*",
-            line) for line in said), err
+        assert said and all(
+            re.fullmatch(
+                r"(\w+ exited with code 2, not restarted: (dynabatch \w+: )?|dynabatch run: )no space left on device.*",
+                line,
+            )
+            for line in said
+        ), err
         assert "starting it again" not in err, "a full disk is not a crash: no restart"
         assert not run.leftovers(0), "every child was stopped before the run exited"
         assert not run.temporary_files()

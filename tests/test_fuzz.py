@@ -36,19 +36,24 @@ SLOWDOWN = 4.0
 
 def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
     seed = random.randrange(1 << 16)
-    print(f"fuzz seed {seed}: `PYTHONPATH=tests python -m fuzz --messages {MESSAGES} --epochs {EPOCHS} "
-          f"--slowdown {SLOWDOWN:g} --seed {seed}` replays it")
+    print(
+        f"fuzz seed {seed}: `PYTHONPATH=tests python -m fuzz --messages {MESSAGES} --epochs {EPOCHS} "
+        f"--slowdown {SLOWDOWN:g} --seed {seed}` replays it"
+    )
     report = fuzz(FuzzSettings(messages=MESSAGES, epochs=EPOCHS, seed=seed, slowdown=SLOWDOWN), tmp_path, print)
-    assert report.live_throughout, (f"the job ended before the fuzz did (at epoch {report.epoch_at_end} of "
-                                    f"{EPOCHS}): the messages did not meet a live job")
+    assert report.live_throughout, (
+        f"the job ended before the fuzz did (at epoch {report.epoch_at_end} of "
+        f"{EPOCHS}): the messages did not meet a live job"
+    )
     assert report.messages == MESSAGES and set(report.sent) == set(CATEGORIES)
     assert sum(report.sent[c] for c in LIES) >= 0.4 * MESSAGES, "about half of them are well-formed lies"
     assert not report.exited, f"processes exited: {report.exited}"
     assert [a.name for a in report.attacks] == [a.name for a in ATTACKS]
     for attack in report.attacks:
         assert attack.ok, attack
-        assert attack.sent and (sum(attack.refused.values()) + len(attack.admitted) == attack.sent
-                                or attack.bound_bytes), attack
+        assert attack.sent and (
+            sum(attack.refused.values()) + len(attack.admitted) == attack.sent or attack.bound_bytes
+        ), attack
     assert not report.accepted, f"accepted: {report.accepted}"
     assert not report.unanswered_kinds, f"lies that got no refusal: {report.unanswered_kinds}"
     assert not report.non_finite, report.non_finite

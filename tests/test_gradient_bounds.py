@@ -68,8 +68,10 @@ def test_the_parameter_bound_gives_a_small_batch_the_room_its_noise_needs_and_no
     for share, clipped in ((1.0, True), (1 / 64, False)):
         found = GradientBounds(4.0).assess("w0", {0: one_sample}, 1, params, LIVE, share)
         assert bool(found.clipped) == clipped, share
-    bounds = [(share, float(GradientBounds(4.0).assess("w0", {0: g * 1e6}, 1, params, LIVE, share).norms[0]))
-              for share in (1.0, 1 / 4, 1 / 64)]
+    bounds = [
+        (share, float(GradientBounds(4.0).assess("w0", {0: g * 1e6}, 1, params, LIVE, share).norms[0]))
+        for share in (1.0, 1 / 4, 1 / 64)
+    ]
     assert [round(b, 3) for _, b in bounds] == [8 * MAX_TO_PARAMS * k for k in (1, 2, 8)]
     assert [round(s * b, 3) for s, b in bounds] == [8 * MAX_TO_PARAMS * k for k in (1, 0.5, 0.125)]
 
@@ -98,8 +100,9 @@ def test_before_most_workers_have_pushed_a_push_is_bounded_by_its_chunks_paramet
 def test_a_worker_far_beyond_the_bound_push_after_push_is_quarantined_and_then_refused():
     bounds = GradientBounds(4.0)
     _honest_history(bounds)
-    assert not any(_push(bounds, "bad", 6.0, seed=i)[1] for i in range(3 * QUARANTINE_AFTER)), \
+    assert not any(_push(bounds, "bad", 6.0, seed=i)[1] for i in range(3 * QUARANTINE_AFTER)), (
         "clipped, but within twice the bound: not quarantined"
+    )
     results = [_push(bounds, "bad", 50.0, seed=i)[1] for i in range(QUARANTINE_AFTER)]
     assert results == [False] * (QUARANTINE_AFTER - 1) + [True]
     with pytest.raises(ProtocolError) as refused:

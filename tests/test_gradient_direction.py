@@ -31,8 +31,13 @@ class Workers:
         return {0: -g if worker in self.liars else g}
 
 
-def _rounds(check: GradientDirection, workers: Workers, rounds: int, pushes_per_round: dict[str, int] | None = None,
-            signal: float = 1.0) -> list[tuple[str, int]]:
+def _rounds(
+    check: GradientDirection,
+    workers: Workers,
+    rounds: int,
+    pushes_per_round: dict[str, int] | None = None,
+    signal: float = 1.0,
+) -> list[tuple[str, int]]:
     """Push `rounds` rounds (each worker `pushes_per_round[w]` times, default once); the (worker, round) of each
     quarantine, which takes the worker out of the live set as the scheduler would."""
     found = []
@@ -103,8 +108,9 @@ def test_a_chunk_larger_than_the_sketch_is_compared_on_fixed_coordinates_and_its
     assert [w for w, _ in _rounds(check, workers, 200)] == ["liar"]
     again = GradientDirection(True)
     again.record("w0", workers.push("w0"), workers.live)
-    assert check.index[0].numel() == SKETCH and torch.equal(again.index[0], check.index[0]), \
+    assert check.index[0].numel() == SKETCH and torch.equal(again.index[0], check.index[0]), (
         "the same coordinates on every shard start"
+    )
 
 
 def test_a_worker_that_left_is_no_ones_reference_and_off_records_nothing():

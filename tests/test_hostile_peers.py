@@ -29,9 +29,25 @@ class VictimsJob(Cluster):
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    c = VictimsJob(tmp_path_factory.mktemp("hostile"), [
-        "--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "60",
-        "--max-workers", str(MAX_WORKERS), "--hello-burst", str(HELLO_BURST), "--hello-rate-per-s", "0.001"])
+    c = VictimsJob(
+        tmp_path_factory.mktemp("hostile"),
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1000",
+            "--liveness-timeout-s",
+            "60",
+            "--max-workers",
+            str(MAX_WORKERS),
+            "--hello-burst",
+            str(HELLO_BURST),
+            "--hello-rate-per-s",
+            "0.001",
+        ],
+    )
     c.scheduler()
     c.shard(0)
     c.victim, c.welcome = c.join_as_worker()
@@ -65,8 +81,12 @@ def _victim_state(job: VictimsJob) -> tuple[int, int]:
 
 def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job):
     before = _victim_state(job)
-    _refused(job, job.welcome.id, Heartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
-             "bad_sender")
+    _refused(
+        job,
+        job.welcome.id,
+        Heartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
+        "bad_sender",
+    )
     _refused(job, job.welcome.id, Bye(), "bad_sender")
     assert job.welcome.id in job.status().workers and _victim_state(job) == before
 
@@ -74,9 +94,11 @@ def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is
 def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job):
     victim = job.victim
     epoch = job.status().epoch
-    for hb, field in ((Heartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
-                      (Heartbeat(standalone_sps=5e-324), "standalone_sps"),
-                      (Heartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s")):
+    for hb, field in (
+        (Heartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
+        (Heartbeat(standalone_sps=5e-324), "standalone_sps"),
+        (Heartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s"),
+    ):
         with pytest.raises(RemoteError, match=f"HEARTBEAT.{field}") as refused:
             victim.request(hb, timeout_s=10)
         assert refused.value.code == "bad_field"
@@ -99,15 +121,17 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
 def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job):
     evaluator = job.client(sender="evaluator")
     try:
-        evaluator.sender = evaluator.request(Hello(role="evaluator", name="boaster", instance="boaster"),
-                                             timeout_s=10).body.id
+        evaluator.sender = evaluator.request(
+            Hello(role="evaluator", name="boaster", instance="boaster"), timeout_s=10
+        ).body.id
         nan, inf = float("nan"), float("inf")
-        for report, field in ((EvalReport(version=0, test_loss=0.1, test_acc=7.0), "test_acc"),
-                              (EvalReport(version=0, test_loss=0.1, test_acc=-1.0), "test_acc"),
-                              (EvalReport(version=0, test_loss=nan, test_acc=0.5), "test_loss"),
-                              (EvalReport(version=0, test_loss=0.1, test_acc=inf), "test_acc"),
-                              (EvalReport(version=0, test_loss=0.1, test_acc=0.5, metrics={"loss": nan}),
-                               "metrics\\['loss'\\]")):
+        for report, field in (
+            (EvalReport(version=0, test_loss=0.1, test_acc=7.0), "test_acc"),
+            (EvalReport(version=0, test_loss=0.1, test_acc=-1.0), "test_acc"),
+            (EvalReport(version=0, test_loss=nan, test_acc=0.5), "test_loss"),
+            (EvalReport(version=0, test_loss=0.1, test_acc=inf), "test_acc"),
+            (EvalReport(version=0, test_loss=0.1, test_acc=0.5, metrics={"loss": nan}), "metrics\\['loss'\\]"),
+        ):
             before = _count(job, "bad_field")
             with pytest.raises(RemoteError, match=f"EVAL.{field}") as refused:
                 evaluator.request(report, timeout_s=10)
@@ -132,8 +156,9 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
     assignment = job.victim.request(Heartbeat(standalone_sps=1000.0), timeout_s=10).body
     assert assignment.lr_scale == 1.0, "n counts the workers holding a batch, never the ghosts"
     shard = job.procs[1]
-    assert metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, \
+    assert metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, (
         "the shards (whose rounds wait on every live worker) are never told of a member that never reported"
+    )
     for ghost in ghosts:  # the ghosts leave, so that the job is not full for the tests after this one
         flood.sender = ghost
         flood.request(Bye(), timeout_s=10)
@@ -141,8 +166,12 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
 
 
 def test_a_second_shard_cannot_take_a_live_shards_slot(job):
-    _refused(job, "impostor", Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
-             "slot_taken")
+    _refused(
+        job,
+        "impostor",
+        Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
+        "slot_taken",
+    )
     assert job.status().shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
 
 

@@ -24,8 +24,9 @@ def _beat(shards: dict[int, Member], version: int = 0) -> None:
         shard.last = Heartbeat(version=version)
 
 
-def _after_beats(end: JobEnd, shards: dict[int, Member], beats: int, epoch: float = 1.0,
-                 in_doubt: bool = False) -> bool:
+def _after_beats(
+    end: JobEnd, shards: dict[int, Member], beats: int, epoch: float = 1.0, in_doubt: bool = False
+) -> bool:
     """Every shard heartbeats `beats` times (the job latching after each, as after every message); stopping?"""
     for _ in range(beats):
         _beat(shards)
@@ -42,7 +43,8 @@ def test_the_epochs_count_once_every_shard_has_since_reported_twice():
     assert not _after_beats(end, shards, 1), "the first heartbeat received after may have been sent before"
     assert _after_beats(end, shards, 1)
     assert _after_beats(end, shards, 1, epoch=0.2, in_doubt=True), (
-        "a latch: work lost after the workers were told to stop is not waited for")
+        "a latch: work lost after the workers were told to stop is not waited for"
+    )
 
 
 def test_a_model_in_doubt_starts_the_confirmation_again():

@@ -14,8 +14,17 @@ from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_al
 
 
 def _job(**kw) -> JobState:
-    cfg = JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0,
-                       "liveness_timeout_s": 2.0, "batch_policy": "dynamic", **kw})  # the allocation is what is tested
+    cfg = JobConfig(
+        **{
+            "dataset": "synthetic",
+            "model": "mlp",
+            "global_batch": 96,
+            "epochs": 1.0,
+            "liveness_timeout_s": 2.0,
+            "batch_policy": "dynamic",
+            **kw,
+        }
+    )  # the allocation is what is tested
     state = JobState(cfg, num_shards=1, train_size=1000, now=0.0)
     state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0)
     return state
@@ -39,9 +48,16 @@ def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> 
 def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0, compute_s: float | None = None):
     # a dropped worker reports its last step's batch; a step is all compute unless told otherwise
     m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 1)
-    hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=step_s,
-                   compute_s=step_s if compute_s is None else compute_s, standalone_sps=m.standalone_sps, loss=loss,
-                   assignment_id=state.allocator.assignment_id)
+    hb = Heartbeat(
+        steps=m.steps + 1,
+        samples=m.samples + batch,
+        batch=batch,
+        step_s=step_s,
+        compute_s=step_s if compute_s is None else compute_s,
+        standalone_sps=m.standalone_sps,
+        loss=loss,
+        assignment_id=state.allocator.assignment_id,
+    )
     return state.heartbeat(wid, hb, now)
 
 
@@ -102,8 +118,9 @@ def test_a_repeated_hello_of_one_process_registers_it_once():
     state.bye(first.id, 0.3)
     rejoined = state.hello(Hello(role="worker", name="a", instance="abc"), 0.4)
     assert rejoined.id not in (first.id, other.id), "a member that left registers anew"
-    assert state.hello(Hello(role="worker"), 0.5).id != state.hello(Hello(role="worker"), 0.5).id, \
+    assert state.hello(Hello(role="worker"), 0.5).id != state.hello(Hello(role="worker"), 0.5).id, (
         "without an instance every HELLO is a new process"
+    )
     with pytest.raises(ProtocolError, match="bad_field"):
         state.hello(Hello(role="worker", instance="x" * 65), 0.6)
 
@@ -168,8 +185,12 @@ def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_aliv
 
 
 def test_a_shard_restoring_its_checkpoint_before_its_first_heartbeat_gets_the_join_timeout():
-    state = JobState(JobConfig(dataset="synthetic", liveness_timeout_s=2.0, join_timeout_s=60.0), num_shards=1,
-                     train_size=1000, now=0.0)
+    state = JobState(
+        JobConfig(dataset="synthetic", liveness_timeout_s=2.0, join_timeout_s=60.0),
+        num_shards=1,
+        train_size=1000,
+        now=0.0,
+    )
     shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
     assert state.expire(59.0) == [] and state.expire(61.0) == [shard]
 
@@ -278,8 +299,11 @@ def test_backwards_or_non_finite_heartbeats_change_nothing():
     a = _join(state, 1000.0)
     _step(state, a, 0.05, 1.0)
     before = (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen)
-    for hb in (Heartbeat(steps=0, samples=0), Heartbeat(steps=5, samples=500, step_s=float("inf")),
-               Heartbeat(steps=5, samples=500, standalone_sps=-1.0)):
+    for hb in (
+        Heartbeat(steps=0, samples=0),
+        Heartbeat(steps=5, samples=500, step_s=float("inf")),
+        Heartbeat(steps=5, samples=500, standalone_sps=-1.0),
+    ):
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat(a, hb, 2.0)
     assert (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen) == before
@@ -331,8 +355,16 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
         for wid in (fast, slow):
             m = state.roster.members[wid]
             batch = state.allocator.allocation[wid]
-            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=round_s,
-                           compute_s=own[wid], wait_s=round_s - own[wid], standalone_sps=1000.0, loss=1.0)
+            hb = Heartbeat(
+                steps=m.steps + 1,
+                samples=m.samples + batch,
+                batch=batch,
+                step_s=round_s,
+                compute_s=own[wid],
+                wait_s=round_s - own[wid],
+                standalone_sps=1000.0,
+                loss=1.0,
+            )
             state.heartbeat(wid, hb, t * 0.1)
     assert state.allocator.allocation[fast] > 3 * state.allocator.allocation[slow]
 
@@ -352,17 +384,32 @@ def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_be
     assert state.expire(5.6) == [slow]
 
 
-@pytest.mark.parametrize("report, field", [
-    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={f"m{i}": 0.5 for i in range(33)}), "EVAL.metrics: 33"),
-    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"": 0.5}), "EVAL.metrics: metric name ''"),
-    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"x" * 65: 0.5}), "EVAL.metrics: metric name"),
-    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"bad\nname": 0.5}), "must be printable"),
-    (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"loss": float("inf")}), "EVAL.metrics['loss']"),
-    (EvalReport(version=1, test_loss=float("-inf"), test_acc=0.9), "EVAL.test_loss"),
-    (EvalReport(version=1, test_loss=0.5, test_acc=float("inf")), "EVAL.test_acc"),
-    (EvalReport(version=-1, test_loss=0.5, test_acc=0.9), "EVAL.version"),
-], ids=["too many names", "empty name", "long name", "unprintable name", "infinite metric", "infinite test loss",
-        "infinite test accuracy", "negative version"])
+@pytest.mark.parametrize(
+    "report, field",
+    [
+        (
+            EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={f"m{i}": 0.5 for i in range(33)}),
+            "EVAL.metrics: 33",
+        ),
+        (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"": 0.5}), "EVAL.metrics: metric name ''"),
+        (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"x" * 65: 0.5}), "EVAL.metrics: metric name"),
+        (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"bad\nname": 0.5}), "must be printable"),
+        (EvalReport(version=1, test_loss=0.5, test_acc=0.9, metrics={"loss": float("inf")}), "EVAL.metrics['loss']"),
+        (EvalReport(version=1, test_loss=float("-inf"), test_acc=0.9), "EVAL.test_loss"),
+        (EvalReport(version=1, test_loss=0.5, test_acc=float("inf")), "EVAL.test_acc"),
+        (EvalReport(version=-1, test_loss=0.5, test_acc=0.9), "EVAL.version"),
+    ],
+    ids=[
+        "too many names",
+        "empty name",
+        "long name",
+        "unprintable name",
+        "infinite metric",
+        "infinite test loss",
+        "infinite test accuracy",
+        "negative version",
+    ],
+)
 def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(report, field):
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
@@ -390,8 +437,10 @@ def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(v
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
     state.eval_report(ev, good, 1.0)
-    for bad in (EvalReport(version=1, test_loss=value, test_acc=0.8, metrics={"loss": value, "accuracy": 0.8}),
-                EvalReport(version=1, test_loss=0.6, test_acc=value, metrics={"loss": 0.6, "accuracy": value})):
+    for bad in (
+        EvalReport(version=1, test_loss=value, test_acc=0.8, metrics={"loss": value, "accuracy": 0.8}),
+        EvalReport(version=1, test_loss=0.6, test_acc=value, metrics={"loss": 0.6, "accuracy": value}),
+    ):
         with pytest.raises(ProtocolError, match="bad_field: EVAL.* is not a finite number"):
             state.eval_report(ev, bad, 2.0)
     assert state.evaluations.eval is good and state.roster.members[ev].last_seen == 1.0
@@ -442,8 +491,16 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
             compute = 0.005 + 0.0005 * state.allocator.allocation[wid]
             data = 0.0005 * state.allocator.allocation[wid] if wid == starved else 0.0
             batch = state.allocator.allocation[wid]
-            hb = Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=compute + data,
-                           compute_s=compute, data_s=data, standalone_sps=1000.0, loss=1.0)
+            hb = Heartbeat(
+                steps=m.steps + 1,
+                samples=m.samples + batch,
+                batch=batch,
+                step_s=compute + data,
+                compute_s=compute,
+                data_s=data,
+                standalone_sps=1000.0,
+                loss=1.0,
+            )
             state.heartbeat(wid, hb, t * 0.1)
     assert state.allocator.allocation[fed] > 1.5 * state.allocator.allocation[starved]
     status = state.status(4.0).workers[starved]
@@ -464,8 +521,9 @@ def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken()
     for now in (2.0, 4.0, 5.99):
         state.heartbeat(wid, before, now)
     m, batch = state.roster.members[wid], state.allocator.allocation[wid]
-    round_end = Heartbeat(steps=128, samples=128 * batch, batch=batch, step_s=6.0, compute_s=6.0,
-                          standalone_sps=100.0, loss=1.0)
+    round_end = Heartbeat(
+        steps=128, samples=128 * batch, batch=batch, step_s=6.0, compute_s=6.0, standalone_sps=100.0, loss=1.0
+    )
     state.heartbeat(wid, round_end, 6.0)
     assert state.roster.members[wid].steps == 128
     with pytest.raises(ProtocolError, match="HEARTBEAT.steps grew by 1000"):
@@ -622,8 +680,9 @@ def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rol
     wid = _join(state, 1000.0)
     t = _to_epochs(state, wid)
     ps = state.roster.shards[0]
-    sick = Heartbeat(version=20, samples=state.progress.samples, membership=state.roster.membership,
-                     model_problem="norm 1e9")
+    sick = Heartbeat(
+        version=20, samples=state.progress.samples, membership=state.roster.membership, model_problem="norm 1e9"
+    )
     for dt in (0.1, 0.2, 0.3):
         state.heartbeat(ps.id, sick, t + dt)
         assert not state.stopping, "the model that reached the epochs is not healthy"

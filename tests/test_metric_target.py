@@ -17,53 +17,81 @@ from harness import run_job
 TASKS = Path(__file__).parent / "tasks"
 
 
-@pytest.mark.parametrize("text, parsed", [
-    ("accuracy>=0.9", MetricTarget("accuracy", ">=", 0.9)),
-    ("loss<=0.3", MetricTarget("loss", "<=", 0.3)),
-    (" top-5 acc >= 95e-2 ", MetricTarget("top-5 acc", ">=", 0.95)),
-    ("loss<=-1", MetricTarget("loss", "<=", -1.0)),
-])
+@pytest.mark.parametrize(
+    "text, parsed",
+    [
+        ("accuracy>=0.9", MetricTarget("accuracy", ">=", 0.9)),
+        ("loss<=0.3", MetricTarget("loss", "<=", 0.3)),
+        (" top-5 acc >= 95e-2 ", MetricTarget("top-5 acc", ">=", 0.95)),
+        ("loss<=-1", MetricTarget("loss", "<=", -1.0)),
+    ],
+)
 def test_a_target_names_any_metric_a_direction_and_a_value(text, parsed):
     assert MetricTarget.parse(text) == parsed
     assert MetricTarget.parse(str(parsed)) == parsed
 
 
-@pytest.mark.parametrize("text, why", [
-    ("accuracy>0.9", "is not METRIC>=VALUE"),
-    ("accuracy=0.9", "is not METRIC>=VALUE"),
-    ("accuracy", "is not METRIC>=VALUE"),
-    (">=0.9", "1 to 64 characters"),
-    ("accuracy>=high", "'high' is not a number"),
-    ("accuracy>=>=0.9", "'>=0.9' is not a number"),
-    ("loss<=nan", "must be finite"),
-    ("loss<=inf", "must be finite"),
-    ("x" * 65 + ">=1", "1 to 64 characters"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("accuracy>0.9", "is not METRIC>=VALUE"),
+        ("accuracy=0.9", "is not METRIC>=VALUE"),
+        ("accuracy", "is not METRIC>=VALUE"),
+        (">=0.9", "1 to 64 characters"),
+        ("accuracy>=high", "'high' is not a number"),
+        ("accuracy>=>=0.9", "'>=0.9' is not a number"),
+        ("loss<=nan", "must be finite"),
+        ("loss<=inf", "must be finite"),
+        ("x" * 65 + ">=1", "1 to 64 characters"),
+    ],
+)
 def test_a_malformed_target_is_refused_naming_the_flag(text, why):
     with pytest.raises(ConfigError, match="--target-metric") as refused:
         RunOptions(target_metric=text).validate()
     assert why in str(refused.value)
 
 
-@pytest.mark.parametrize("target, value, met", [
-    ("accuracy>=0.9", 0.9, True), ("accuracy>=0.9", 0.89, False), ("loss<=0.3", 0.3, True),
-    ("loss<=0.3", 0.31, False), ("loss<=0.3", math.nan, False), ("loss<=0.3", None, False),
-])
+@pytest.mark.parametrize(
+    "target, value, met",
+    [
+        ("accuracy>=0.9", 0.9, True),
+        ("accuracy>=0.9", 0.89, False),
+        ("loss<=0.3", 0.3, True),
+        ("loss<=0.3", 0.31, False),
+        ("loss<=0.3", math.nan, False),
+        ("loss<=0.3", None, False),
+    ],
+)
 def test_a_target_is_met_at_its_value_in_its_direction_and_never_by_a_missing_one(target, value, met):
     assert MetricTarget.parse(target).met(value) is met
 
 
 def _summary(**kw) -> dict:
-    return {"finished": True, "final_test_acc": 0.91, "final_metrics": {"accuracy": 0.91, "loss": 0.3}, "wall_s": 10.0,
-            "epochs": 1.0, "samples_per_s": 100.0, "fraction_of_compute_speed": 0.5, "fraction_of_standalone": 0.5,
-            "workers": {}, "step_time_spread": None, "target_metric": None, "time_to_target_s": None, **kw}
+    return {
+        "finished": True,
+        "final_test_acc": 0.91,
+        "final_metrics": {"accuracy": 0.91, "loss": 0.3},
+        "wall_s": 10.0,
+        "epochs": 1.0,
+        "samples_per_s": 100.0,
+        "fraction_of_compute_speed": 0.5,
+        "fraction_of_standalone": 0.5,
+        "workers": {},
+        "step_time_spread": None,
+        "target_metric": None,
+        "time_to_target_s": None,
+        **kw,
+    }
 
 
-@pytest.mark.parametrize("target, seconds, line", [
-    ("accuracy>=0.9", 12.34, "time to accuracy>=0.9: 12.3 s of training"),
-    ("accuracy>=0.95", None, "accuracy>=0.95 not reached\n"),
-    ("recall>=0.5", None, "recall>=0.5 not reached: the evaluations report accuracy, loss, not recall"),
-])
+@pytest.mark.parametrize(
+    "target, seconds, line",
+    [
+        ("accuracy>=0.9", 12.34, "time to accuracy>=0.9: 12.3 s of training"),
+        ("accuracy>=0.95", None, "accuracy>=0.95 not reached\n"),
+        ("recall>=0.5", None, "recall>=0.5 not reached: the evaluations report accuracy, loss, not recall"),
+    ],
+)
 def test_the_end_of_run_lines_give_the_time_to_target_or_why_there_is_none(target, seconds, line):
     text = format_summary(_summary(target_metric=target, time_to_target_s=seconds), Path("runs/r"))
     assert line in text
@@ -73,9 +101,25 @@ def test_the_end_of_run_lines_give_the_time_to_target_or_why_there_is_none(targe
 
 @pytest.mark.slow
 def test_a_run_reports_the_time_to_its_target_on_a_metric_of_the_users_task(tmp_path):
-    run, printed = run_job(tmp_path, "r", "--task", f"{TASKS / 'blobs.py'}:task", "--workers", "2",
-                           "--slowdowns", "1", "1", "--epochs", "3", "--global-batch", "64", "--eval-interval-s", "1",
-                           "--target-metric", "top2>=0.9")
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--task",
+        f"{TASKS / 'blobs.py'}:task",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "1",
+        "--epochs",
+        "3",
+        "--global-batch",
+        "64",
+        "--eval-interval-s",
+        "1",
+        "--target-metric",
+        "top2>=0.9",
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["target_metric"] == "top2>=0.9" and summary["final_metrics"]["top2"] >= 0.9, summary
     seconds = summary["time_to_target_s"]

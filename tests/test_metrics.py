@@ -26,16 +26,19 @@ def _status(port: int, path: str) -> int:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """A training job with an evaluator: scheduler, shard, worker, evaluator (in that order in `procs`)."""
-    c = Cluster(tmp_path_factory.mktemp("metrics"),
-                ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--eval-interval-s", "1"])
+    c = Cluster(
+        tmp_path_factory.mktemp("metrics"),
+        ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--eval-interval-s", "1"],
+    )
     try:
         c.scheduler()
         c.shard()
         c.worker("a")
         c.worker("ev", "--evaluator")
-        c.wait_status("training and one evaluation",
-                      lambda s: s.workers and all(w.steps > 3 for w in s.workers.values())
-                      and s.test_acc is not None)
+        c.wait_status(
+            "training and one evaluation",
+            lambda s: s.workers and all(w.steps > 3 for w in s.workers.values()) and s.test_acc is not None,
+        )
         yield c
     finally:
         c.stop()
@@ -57,9 +60,11 @@ def test_every_process_serves_lint_clean_metrics_and_health(live):
 
     def scheduler_series() -> bool:  # copied from its state every EXPORT_EVERY_S: STATUS may be newer
         scheduler = live.procs[0].metrics()
-        return (metric_value(scheduler, "dynabatch_scheduler_live_workers") == 1
-                and metric_value(scheduler, "dynabatch_job_test_accuracy") > 0
-                and metric_value(scheduler, "dynabatch_worker_step_seconds", phase="data") > 0)
+        return (
+            metric_value(scheduler, "dynabatch_scheduler_live_workers") == 1
+            and metric_value(scheduler, "dynabatch_job_test_accuracy") > 0
+            and metric_value(scheduler, "dynabatch_worker_step_seconds", phase="data") > 0
+        )
 
     wait_for("the scheduler's series: one live worker, its step times, an evaluation", scheduler_series, 30)
 
@@ -67,12 +72,17 @@ def test_every_process_serves_lint_clean_metrics_and_health(live):
 def test_the_scheduler_exports_every_metric_of_the_latest_evaluation_by_name(live):
     """The built-in task reports accuracy and the loss; both series agree with the accuracy and loss gauges
     (a scrape may fall between the gauges' updates, hence waiting for one that holds all of them)."""
+
     def agreeing_scrape() -> dict[str, float] | None:
         text = live.procs[0].metrics()
-        series = {name: float(value) for name, value in
-                  re.findall(r'^dynabatch_eval_metric\{name="([^"]*)"\} (\S+)$', text, re.M)}
+        series = {
+            name: float(value)
+            for name, value in re.findall(r'^dynabatch_eval_metric\{name="([^"]*)"\} (\S+)$', text, re.M)
+        }
         same = series.keys() == {"accuracy", "loss"} and (series["accuracy"], series["loss"]) == (
-            metric_value(text, "dynabatch_job_test_accuracy"), metric_value(text, "dynabatch_job_test_loss"))
+            metric_value(text, "dynabatch_job_test_accuracy"),
+            metric_value(text, "dynabatch_job_test_loss"),
+        )
         return series if same else None
 
     series = wait_for("dynabatch_eval_metric for accuracy and loss", agreeing_scrape, timeout_s=30)

@@ -57,17 +57,22 @@ def test_passes_cover_the_batch_in_order_with_shares_summing_to_one():
     parts = list(micro_batches(x, 4))
     assert [p.tolist() for p, _ in parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert [s for _, s in parts] == [0.4, 0.4, 0.2]
-    (whole, share), = micro_batches(x, 0)
+    ((whole, share),) = micro_batches(x, 0)
     assert whole is x and share == 1.0
-    (whole, share), = micro_batches(x, 10)
+    ((whole, share),) = micro_batches(x, 10)
     assert whole is x and share == 1.0
 
 
 def test_every_per_sample_value_of_a_collated_batch_is_sliced_and_nothing_else():
     Pair = namedtuple("Pair", "x y")
     n = 6
-    batch = {"pair": Pair(torch.zeros(n, 3), torch.arange(n)), "text": [f"s{i}" for i in range(n)],
-             "shared": torch.ones(2, 2), "scale": 0.5, "ids": (torch.arange(n),)}
+    batch = {
+        "pair": Pair(torch.zeros(n, 3), torch.arange(n)),
+        "text": [f"s{i}" for i in range(n)],
+        "shared": torch.ones(2, 2),
+        "scale": 0.5,
+        "ids": (torch.arange(n),),
+    }
     part = slice_batch(batch, 2, 5, n)
     assert isinstance(part["pair"], Pair) and part["pair"].x.shape == (3, 3) and part["pair"].y.tolist() == [2, 3, 4]
     assert part["text"] == ["s2", "s3", "s4"]

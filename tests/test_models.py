@@ -24,8 +24,6 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-
-
 @pytest.fixture
 def threads() -> Iterator[None]:
     """Train on one thread, then restore the thread count: the suite runs two test processes on two
@@ -36,8 +34,7 @@ def threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("name,shape",
-                         list(SHAPES.items()) + [("cnn", (3, 32, 32)), ("mlp", (3, 30, 30))])
+@pytest.mark.parametrize("name,shape", list(SHAPES.items()) + [("cnn", (3, 32, 32)), ("mlp", (3, 30, 30))])
 def test_forward_gives_one_logit_per_class(name: str, shape: tuple[int, int, int]) -> None:
     model = build_model(name, shape, num_classes=7)
     out = model(torch.randn(5, *shape))
@@ -66,10 +63,16 @@ for name, shape in eval(sys.argv[1]):
 
 
 def test_parameters_are_the_same_in_another_process() -> None:
-    out = subprocess.run([sys.executable, "-c", PARAMETER_DIGESTS, repr(list(SHAPES.items()))],
-                         capture_output=True, text=True, check=True)
-    here = [hashlib.sha256(flat(build_model(name, shape, 10, seed=5)).numpy().tobytes()).hexdigest()
-            for name, shape in SHAPES.items()]
+    out = subprocess.run(
+        [sys.executable, "-c", PARAMETER_DIGESTS, repr(list(SHAPES.items()))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    here = [
+        hashlib.sha256(flat(build_model(name, shape, 10, seed=5)).numpy().tobytes()).hexdigest()
+        for name, shape in SHAPES.items()
+    ]
     assert out.stdout.split() == here
 
 
@@ -105,12 +108,15 @@ def test_unknown_model_lists_the_valid_ones() -> None:
         build_model("vgg", (1, 28, 28), 10)
 
 
-@pytest.mark.parametrize("name, error", [
-    ("flat:many", "flat:N takes a whole number of parameters N >= 10"),
-    ("flat:9", "flat:N takes a whole number of parameters N >= 10"),
-    ("flat:", "flat:N takes a whole number"),
-    ("cnn:100", "only the flat model takes a size"),
-])
+@pytest.mark.parametrize(
+    "name, error",
+    [
+        ("flat:many", "flat:N takes a whole number of parameters N >= 10"),
+        ("flat:9", "flat:N takes a whole number of parameters N >= 10"),
+        ("flat:", "flat:N takes a whole number"),
+        ("cnn:100", "only the flat model takes a size"),
+    ],
+)
 def test_a_model_size_only_the_flat_model_takes_and_only_as_a_count(name, error) -> None:
     """The flat model's size is part of its name: the job's --model alone says what every worker builds."""
     with pytest.raises(ConfigError, match=f"^--model: '{name}': {error}"):

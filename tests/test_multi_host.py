@@ -58,8 +58,9 @@ def net() -> Iterator[netns.Network]:
 def keys(tmp_path: Path) -> str:
     """The job's CURVE keys, as `dynabatch keys` makes them (HostedJob hands each role only its own files)."""
     folder = tmp_path / "keys"
-    subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(folder)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(folder)], check=True, capture_output=True
+    )
     return str(folder)
 
 
@@ -73,8 +74,10 @@ def job(net: netns.Network, tmp_path: Path, keys: str) -> Iterator[HostedJob]:
 
 
 def _failure_report(job: HostedJob) -> str:
-    return "".join(f"\n--- {c.name} exited with {c.proc.returncode}; its log ends:\n{c.log_tail(25)}"
-                   for c in job.launcher.failed())
+    return "".join(
+        f"\n--- {c.name} exited with {c.proc.returncode}; its log ends:\n{c.log_tail(25)}"
+        for c in job.launcher.failed()
+    )
 
 
 def _wait(job: HostedJob, what: str, predicate: Any, timeout_s: float = 120) -> Any:
@@ -99,14 +102,32 @@ def _value_or_zero(job: HostedJob, host: netns.Host, name: str, **labels: str) -
 def _start_prometheus(job: HostedJob, host: netns.Host, targets: list[netns.Host], tmp_path: Path) -> None:
     prometheus = need_tool("prometheus", "apt-get install -y prometheus")
     config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
-        "scrape_configs": [{"job_name": "dynabatch", "scrape_timeout": "2s", "static_configs": [
-            {"targets": [f"{t.name}:{METRICS_PORT}" for t in targets]}]}],
-    }))
-    job.launcher.spawn("prometheus", "prometheus", host.command([
-        prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"]))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+                "scrape_configs": [
+                    {
+                        "job_name": "dynabatch",
+                        "scrape_timeout": "2s",
+                        "static_configs": [{"targets": [f"{t.name}:{METRICS_PORT}" for t in targets]}],
+                    }
+                ],
+            }
+        )
+    )
+    job.launcher.spawn(
+        "prometheus",
+        "prometheus",
+        host.command(
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
+            ]
+        ),
+    )
 
 
 def _prometheus(host: netns.Host, path: str, **params: str) -> Any:
@@ -151,10 +172,16 @@ def test_a_job_across_five_hosts_as_the_readme_starts_it(net, job, tmp_path):
     _start_prometheus(job, monitor, [a, b, c, d, e], tmp_path)
 
     # The job trains: both workers take steps, and the evaluator's accuracy of the shared model rises.
-    _wait(job, "both workers to train across the bridge",
-          lambda: all(_value_or_zero(job, h, "dynabatch_worker_steps_total") > 0 for h in (c, d)))
-    _wait(job, "the evaluator to report an accuracy above chance",
-          lambda: _value_or_zero(job, a, "dynabatch_job_test_accuracy") > 0.5)
+    _wait(
+        job,
+        "both workers to train across the bridge",
+        lambda: all(_value_or_zero(job, h, "dynabatch_worker_steps_total") > 0 for h in (c, d)),
+    )
+    _wait(
+        job,
+        "the evaluator to report an accuracy above chance",
+        lambda: _value_or_zero(job, a, "dynabatch_job_test_accuracy") > 0.5,
+    )
     # The shard listens on every interface and workers reach it by the name it advertised.
     shard_log = shard.log_text()
     assert "tcp://0.0.0.0:5600" in shard_log and "tcp://host-b:5600" in shard_log, shard_log
@@ -169,8 +196,7 @@ def test_a_job_across_five_hosts_as_the_readme_starts_it(net, job, tmp_path):
     # A worker on a host that did not exist when the job started joins it and gets a share.
     f = net.add_host("host-f")
     job.worker(f)
-    _wait(job, "the new host's worker to train",
-          lambda: _value_or_zero(job, f, "dynabatch_worker_samples_total") > 0)
+    _wait(job, "the new host's worker to train", lambda: _value_or_zero(job, f, "dynabatch_worker_samples_total") > 0)
     _wait(job, "three live workers", lambda: _value_or_zero(job, a, "dynabatch_scheduler_live_workers") == 3)
     assert not job.launcher.failed(), _failure_report(job)
     assert all(w.alive() for w in workers.values())
@@ -210,8 +236,20 @@ def test_a_shard_host_losing_its_link_for_ten_seconds_and_the_job_carrying_on(ne
 # The wire's schedule on a link that slows down and heals: a 2 MB model in 16 KiB chunks, which a link faster than
 # about 90 Mbit/s sends in pushes of at least four chunks and a 20 Mbit/s one chunk by chunk
 # (scheduler/chunk_schedule.py: pushes of sqrt(overhead x rate x push bytes)).
-WIRE_JOB = ["--dataset", "synthetic", "--model", "flat:500000", "--chunk-bytes", "16384", "--epochs", "1000",
-            "--chunk-schedule", "scheduled", "--pipeline", "on"]
+WIRE_JOB = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "flat:500000",
+    "--chunk-bytes",
+    "16384",
+    "--epochs",
+    "1000",
+    "--chunk-schedule",
+    "scheduled",
+    "--pipeline",
+    "on",
+]
 HEALTHY_GROUP = 4
 
 

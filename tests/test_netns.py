@@ -16,8 +16,10 @@ from harness import wait_for
 from tests import netns
 from tools import missing
 
-RECEIVER = ("import socket; s = socket.socket(); s.bind(('0.0.0.0', 7000)); s.listen(); print('ready', flush=True); "
-            "c, _ = s.accept(); n = 0\nwhile (d := c.recv(1 << 20)): n += len(d)\nprint(n)")
+RECEIVER = (
+    "import socket; s = socket.socket(); s.bind(('0.0.0.0', 7000)); s.listen(); print('ready', flush=True); "
+    "c, _ = s.accept(); n = 0\nwhile (d := c.recv(1 << 20)): n += len(d)\nprint(n)"
+)
 SENDER = "import socket, sys; s = socket.create_connection(('host-a', 7000)); s.sendall(b'x' * int(sys.argv[1]))"
 
 
@@ -29,8 +31,11 @@ def namespaces_possible() -> None:
 
 
 def _namespaces() -> set[str]:
-    return {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                       text=True).stdout.splitlines() if line.strip()}
+    return {
+        line.split()[0]
+        for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+        if line.strip()
+    }
 
 
 def _pids(ns: str) -> list[str]:
@@ -57,16 +62,20 @@ def test_hosts_reach_each_other_by_name_over_shaped_links_and_nothing_else():
     with netns.Network() as net:
         a, b = net.add_host("host-a"), net.add_host("host-b", "100mbit")
         assert a.address == "198.18.0.1" and b.address == "198.18.0.2"
-        named = subprocess.run(b.command([sys.executable, "-c", "import socket; print(socket.gethostname())"]),
-                               capture_output=True, text=True)
+        named = subprocess.run(
+            b.command([sys.executable, "-c", "import socket; print(socket.gethostname())"]),
+            capture_output=True,
+            text=True,
+        )
         assert named.stdout.strip() == "host-b", named.stderr
         routes = subprocess.run(b.command(["ip", "route"]), capture_output=True, text=True).stdout.strip()
         assert routes.splitlines() == [f"198.18.0.0/15 dev eth0 proto kernel scope link src {b.address}"], routes
         outside = subprocess.run(b.command(["ip", "route", "get", "1.1.1.1"]), capture_output=True, text=True)
         assert outside.returncode != 0 and "unreachable" in outside.stderr, "no route out of a host"
         for ns, dev in ((b.ns, "eth0"), (net.bridge_ns, b.port)):
-            qdisc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev],
-                                   capture_output=True, text=True).stdout
+            qdisc = subprocess.run(
+                ["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev], capture_output=True, text=True
+            ).stdout
             assert "tbf" in qdisc and "rate 100Mbit" in qdisc, f"{ns} {dev}: {qdisc}"
         # 4 MB through a 100 Mbit link take at least 0.32 s (load only adds to that); unshaped, a few ms.
         size = 4_000_000
@@ -118,8 +127,15 @@ def test_without_root_it_says_why():
         shutil.copy(Path(netns.__file__), readable / "netns.py")
         (readable / "netns.py").chmod(0o644)
         probe = "import sys; sys.path.insert(0, sys.argv[1]); import netns; print(netns.unavailable())"
-        done = subprocess.run([python, "-c", probe, str(readable)], capture_output=True, text=True, user=65534,
-                              cwd=readable, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp"}, timeout=60)
+        done = subprocess.run(
+            [python, "-c", probe, str(readable)],
+            capture_output=True,
+            text=True,
+            user=65534,
+            cwd=readable,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp"},
+            timeout=60,
+        )
     finally:
         shutil.rmtree(readable)
     assert done.returncode == 0, done.stderr

@@ -18,12 +18,17 @@ def _healthz(p: Proc) -> int:
 
 
 def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "2", "--eval-interval-s", "1",
-                           "--min-workers", "2"])
+    c = Cluster(
+        tmp_path,
+        ["--dataset", "synthetic", "--model", "mlp", "--epochs", "2", "--eval-interval-s", "1", "--min-workers", "2"],
+    )
     try:
         c.scheduler()
-        idle = [c.shard(0, None, "--on-finish", "idle"), c.worker("a", "--on-finish", "idle"),
-                c.worker("ev", "--evaluator", "--on-finish", "idle")]
+        idle = [
+            c.shard(0, None, "--on-finish", "idle"),
+            c.worker("a", "--on-finish", "idle"),
+            c.worker("ev", "--evaluator", "--on-finish", "idle"),
+        ]
         exits = c.worker("b")  # the default: exit with the job
         c.wait_status("the job to finish", lambda s: s.finished, timeout_s=120)
         assert exits.proc.wait(30) == 0

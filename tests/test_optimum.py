@@ -23,12 +23,15 @@ def test_the_fit_recovers_k_min_and_b_noise_from_steps_at_three_batches():
     assert fit.samples(128) == pytest.approx(1000 * 128)
 
 
-@pytest.mark.parametrize("batches, steps, message", [
-    ([64], [100], "two or more"),
-    ([64, 64], [100, 90], "two or more"),
-    ([32, 128], [100, 300], "do not fall"),  # more steps at a larger batch
-    ([32, 0], [100, 50], "positive"),
-])
+@pytest.mark.parametrize(
+    "batches, steps, message",
+    [
+        ([64], [100], "two or more"),
+        ([64, 64], [100, 90], "two or more"),
+        ([32, 128], [100, 300], "do not fall"),  # more steps at a larger batch
+        ([32, 0], [100, 50], "positive"),
+    ],
+)
 def test_a_fit_that_cannot_be_the_model_is_refused(batches, steps, message):
     with pytest.raises(ValueError, match=message):
         fit_steps_to_target(batches, steps)

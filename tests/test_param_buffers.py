@@ -52,7 +52,7 @@ def test_a_step_writes_in_place_only_parameters_no_reply_holds():
     before = state.params[cid]
     _push(state)
     assert state.params[cid] is before, "parameters no reply holds are stepped where they are"
-    (_, tensor, _), = state.pull([cid])
+    ((_, tensor, _),) = state.pull([cid])
     frame = state.lend(tensor)
     sent = bytes(frame)
     _push(state)
@@ -76,7 +76,7 @@ def test_memory_zeromq_has_sent_is_reused_not_allocated():
         identity = router.recv_multipart()[0]
         used: list[torch.Tensor] = []  # every tensor that held the chunk, kept so that their ids stay distinct
         for _ in range(20):
-            (_, tensor, _), = state.pull([cid])
+            ((_, tensor, _),) = state.pull([cid])
             router.send_multipart([identity, state.lend(tensor)], copy=False)
             payload = dealer.recv(copy=False)
             assert torch.equal(torch.frombuffer(bytearray(payload.bytes), dtype=torch.float32), tensor)

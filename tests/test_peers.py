@@ -39,8 +39,13 @@ def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path):
     need_fashion_mnist()
     scorer = Scorer("", IDLE.eval_samples)
     with ThreadPoolExecutor(4) as pool:
-        runs = dict(zip(_systems(), pool.map(lambda k: run_one(SYSTEMS[k], 0.05, 0, IDLE, tmp_path, "", scorer),
-                                             _systems()), strict=True))
+        runs = dict(
+            zip(
+                _systems(),
+                pool.map(lambda k: run_one(SYSTEMS[k], 0.05, 0, IDLE, tmp_path, "", scorer), _systems()),
+                strict=True,
+            )
+        )
     for key, run in runs.items():
         assert run.ok, (key, run.error)
         times = [t for t, _, _ in run.curve]
@@ -53,18 +58,28 @@ def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path):
 
 def test_hivemind_is_installed_where_the_peers_test_runs():
     if importlib.util.find_spec("hivemind") is None:
-        missing("hivemind is not installed (pip install -e '.[peers]' -c constraints-cpu.txt), so the peers test "
-                "ran without it")
+        missing(
+            "hivemind is not installed (pip install -e '.[peers]' -c constraints-cpu.txt), so the peers test "
+            "ran without it"
+        )
 
 
 def _run(lr: float, t88: float | None, acc: float, ok: bool = True, diverged: bool = False) -> Run:
-    return Run("ddp", lr, 100, 40.0, ok=ok, time_to={"0.85": t88, "0.88": t88}, acc_at_budget=acc,
-               diverged=diverged, curve=[(1.0, 1, acc)])
+    return Run(
+        "ddp",
+        lr,
+        100,
+        40.0,
+        ok=ok,
+        time_to={"0.85": t88, "0.88": t88},
+        acc_at_budget=acc,
+        diverged=diverged,
+        curve=[(1.0, 1, acc)],
+    )
 
 
 def test_the_tuned_step_size_never_diverged_and_reached_88_soonest():
-    runs = [_run(0.2, 5.0, 0.9, diverged=True), _run(0.1, 20.0, 0.89), _run(0.05, 12.0, 0.88),
-            _run(0.025, None, 0.87)]
+    runs = [_run(0.2, 5.0, 0.9, diverged=True), _run(0.1, 20.0, 0.89), _run(0.05, 12.0, 0.88), _run(0.025, None, 0.87)]
     assert choose_lr(runs) == 0.05
     assert choose_lr([_run(0.1, None, 0.8), _run(0.05, None, 0.84)]) == 0.05, "then the best accuracy"
     assert choose_lr([_run(0.1, 3.0, 0.9, ok=False)]) is None
@@ -74,11 +89,15 @@ def test_the_report_names_every_system_its_step_size_and_the_ratio(tmp_path):
     settings = replace(Settings(), rounds=1)
     ours, theirs = _run(0.05, 10.0, 0.89), _run(0.1, 30.0, 0.88)
     ours.system, ours.seed, theirs.seed = "dynabatch", 0, 0
-    results = {"settings": peers.asdict(settings), "tuned_lrs": {"dynabatch": 0.05, "ddp": 0.1}, "tuning": {},
-               "skipped": {"hivemind-b": "hivemind is not installed"},
-               "rows": [peers.aggregate("dynabatch", [ours]), peers.aggregate("ddp", [theirs])],
-               "ratios": peers.ratios({"dynabatch": [ours], "ddp": [theirs]}),
-               "runs": [peers.asdict(ours), peers.asdict(theirs)]}
+    results = {
+        "settings": peers.asdict(settings),
+        "tuned_lrs": {"dynabatch": 0.05, "ddp": 0.1},
+        "tuning": {},
+        "skipped": {"hivemind-b": "hivemind is not installed"},
+        "rows": [peers.aggregate("dynabatch", [ours]), peers.aggregate("ddp", [theirs])],
+        "ratios": peers.ratios({"dynabatch": [ours], "ddp": [theirs]}),
+        "runs": [peers.asdict(ours), peers.asdict(theirs)],
+    }
     assert results["ratios"] == {"ddp": [3.0]}
     text = peers.render(results)
     assert SYSTEMS["ddp"].label in text and "| 0.1 |" in text and "3.00" in text and "not installed" in text

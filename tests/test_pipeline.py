@@ -25,8 +25,24 @@ CHUNK = 20_000
 
 
 def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
-    flags = ["--dataset", "synthetic", "--model", "cnn", "--chunk-bytes", str(CHUNK), "--liveness-timeout-s", "60",
-             "--weight-decay", "0", "--momentum", "0", "--lr", "0.05", "--global-batch", "192"]
+    flags = [
+        "--dataset",
+        "synthetic",
+        "--model",
+        "cnn",
+        "--chunk-bytes",
+        str(CHUNK),
+        "--liveness-timeout-s",
+        "60",
+        "--weight-decay",
+        "0",
+        "--momentum",
+        "0",
+        "--lr",
+        "0.05",
+        "--global-batch",
+        "192",
+    ]
     c = Cluster(tmp_path, flags)
     try:
         c.scheduler()

@@ -34,8 +34,18 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
             assert f"{protocol} + {policy}" in text
     assert plot.read_bytes()[:8] == PNG
     report = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot))
-    assert {"cluster", "workers", "global_batch", "optimum", "methods", "chosen", "not_modelled", "nodes",
-            "notes", "plot"} <= set(report)
+    assert {
+        "cluster",
+        "workers",
+        "global_batch",
+        "optimum",
+        "methods",
+        "chosen",
+        "not_modelled",
+        "nodes",
+        "notes",
+        "plot",
+    } <= set(report)
     assert report["workers"] == 16 and report["global_batch"] == 2048
     times = [m["time_s"] for m in report["methods"]]
     assert times == sorted(times) and len(times) == len(PROTOCOLS) * len(POLICIES)
@@ -44,17 +54,21 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
     assert (report["chosen"]["protocol"], report["chosen"]["policy"]) == (best["protocol"], best["policy"])
     assert "local" in report["not_modelled"] and "asgd" not in report["not_modelled"]
     # K(B) is the task's: a larger B_noise makes every method need more samples
-    noisier = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot),
-                    "--b-noise", "400")
+    noisier = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot), "--b-noise", "400")
     assert noisier["optimum"]["time_s"] > report["optimum"]["time_s"]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{workers", "not JSON"),
-    ('{"workers": [{"count": 2}]}', "workers\\[0\\]: missing fixed_s"),
-    ('{"workers": [{"count": 1, "fixed_s": 0.1, "per_sample_s": 0.01, "link_mbit": 10}], "shard_rate": 1}',
-     "unknown field\\(s\\) shard_rate"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{workers", "not JSON"),
+        ('{"workers": [{"count": 2}]}', "workers\\[0\\]: missing fixed_s"),
+        (
+            '{"workers": [{"count": 1, "fixed_s": 0.1, "per_sample_s": 0.01, "link_mbit": 10}], "shard_rate": 1}',
+            "unknown field\\(s\\) shard_rate",
+        ),
+    ],
+)
 def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(tmp_path, capsys, text, message):
     bad, plot = tmp_path / "bad.json", tmp_path / "p.png"
     bad.write_text(text)
@@ -74,10 +88,30 @@ def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_fo
     the plan of its folder: the model's bytes the run's traffic implies agree with those the probe counted."""
     probes = tmp_path / "probes.json"
     for link, cap in (("1000", "64"), ("100", "0")):
-        done = subprocess.run(command_line("check", ["--dataset", "synthetic", "--model", "mlp", "--batches", "16",
-                                                     "256", "--save-profile", str(probes), "--link-mbit", link,
-                                                     "--device-max-batch", cap]),
-                              capture_output=True, text=True, timeout=120, env=child_env())
+        done = subprocess.run(
+            command_line(
+                "check",
+                [
+                    "--dataset",
+                    "synthetic",
+                    "--model",
+                    "mlp",
+                    "--batches",
+                    "16",
+                    "256",
+                    "--save-profile",
+                    str(probes),
+                    "--link-mbit",
+                    link,
+                    "--device-max-batch",
+                    cap,
+                ],
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=child_env(),
+        )
         assert done.returncode == 0, done.stderr
     saved = json.loads(probes.read_text())
     assert [(g["link_mbit"], g["max_batch"]) for g in saved["workers"]] == [(1000, 64), (100, 0)]
@@ -87,8 +121,25 @@ def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_fo
     assert all(b <= 64 for m in report["methods"] for b in m["batches"][:1])
     assert Path(report["plot"]) == probes.with_suffix(".plan.png") and probes.with_suffix(".plan.png").exists()
 
-    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "1", "--workers", "2",
-                     "--slowdowns", "1", "2", "--batch-policy", "dynamic", "--status-s", "0.1")
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--batch-policy",
+        "dynamic",
+        "--status-s",
+        "0.1",
+    )
     planned = _plan(capsys, str(run))
     assert planned["workers"] == 2 and planned["global_batch"] == 192
     assert all(m["ratio_to_optimum"] >= 1 for m in planned["methods"])

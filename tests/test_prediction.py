@@ -44,11 +44,22 @@ def _builtin(name: str) -> Cluster:
 
 def _random(seed: int) -> Cluster:
     rng = random.Random(seed)
-    nodes = tuple(Node(Device(rng.uniform(0, 0.05), rng.uniform(1e-5, 1e-3), rng.choice([0, 16, 64, 256])),
-                       rng.choice([0, 10, 100, 1000, 10000]), rng.uniform(0, 0.001))
-                  for _ in range(rng.randint(1, 24)))
-    return Cluster(nodes, rng.choice([32, 192, 1024, 4096]), rng.uniform(1e4, 1e8), rng.randint(1, 30),
-                   rng.randint(1, 4), rng.choice([0, 1000, 10000]))
+    nodes = tuple(
+        Node(
+            Device(rng.uniform(0, 0.05), rng.uniform(1e-5, 1e-3), rng.choice([0, 16, 64, 256])),
+            rng.choice([0, 10, 100, 1000, 10000]),
+            rng.uniform(0, 0.001),
+        )
+        for _ in range(rng.randint(1, 24))
+    )
+    return Cluster(
+        nodes,
+        rng.choice([32, 192, 1024, 4096]),
+        rng.uniform(1e4, 1e8),
+        rng.randint(1, 30),
+        rng.randint(1, 4),
+        rng.choice([0, 1000, 10000]),
+    )
 
 
 def test_a_round_that_waits_for_a_10x_slow_worker_is_predicted_behind_asynchronous_steps():
@@ -98,8 +109,10 @@ def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_bus
     assert predict(one_shard, STUDY_NOISE, "asgd", "fixed").samples_per_s == pytest.approx(1.25e9 / 8e7 * 64)
 
 
-@pytest.mark.parametrize("name, cluster", [*_files().items(), *((n, _builtin(n)) for n in PROFILES),
-                                           *((f"random{s}", _random(s)) for s in range(40))])
+@pytest.mark.parametrize(
+    "name, cluster",
+    [*_files().items(), *((n, _builtin(n)) for n in PROFILES), *((f"random{s}", _random(s)) for s in range(40))],
+)
 def test_no_method_is_predicted_below_the_optimum(name, cluster):
     star = optimum(cluster, STUDY_NOISE).time_s
     for p in predict_all(cluster, STUDY_NOISE):

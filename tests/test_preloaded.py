@@ -26,6 +26,7 @@ def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_co
         child = preloaded.spawn(argv, log, child_env())
         assert log.exists(), "the log is there when spawn returns, as a started process's is"
         assert child.poll() is None
+
         def cmdline() -> list[str]:
             return Path(f"/proc/{child.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
 

@@ -13,10 +13,28 @@ from bench.simulate import main
 from dynabatch.common.cluster_file import add_group
 
 PROFILES = sorted(Path(__file__).resolve().parent.parent.joinpath("bench", "profiles").glob("*.json"))
-GOOD = {"workers": [{"count": 3, "fixed_s": 0.02, "per_sample_s": 0.001, "max_batch": 64, "link_mbit": 1000},
-                    {"count": 1, "fixed_s": 0.002, "per_sample_s": 0.004, "link_mbit": 10, "latency_s": 0.01,
-                     "join_s": 2.0, "leave_s": 5.0, "slowdown": "1,2x@1s", "source": "a CPU"}],
-        "model_bytes": 4e6, "global_batch": 256, "shards": 2, "shard_mbit": 5000, "name": "four", "notes": "n"}
+GOOD = {
+    "workers": [
+        {"count": 3, "fixed_s": 0.02, "per_sample_s": 0.001, "max_batch": 64, "link_mbit": 1000},
+        {
+            "count": 1,
+            "fixed_s": 0.002,
+            "per_sample_s": 0.004,
+            "link_mbit": 10,
+            "latency_s": 0.01,
+            "join_s": 2.0,
+            "leave_s": 5.0,
+            "slowdown": "1,2x@1s",
+            "source": "a CPU",
+        },
+    ],
+    "model_bytes": 4e6,
+    "global_batch": 256,
+    "shards": 2,
+    "shard_mbit": 5000,
+    "name": "four",
+    "notes": "n",
+}
 
 
 def test_a_good_file_gives_each_group_its_curve_cap_link_and_times():
@@ -29,23 +47,26 @@ def test_a_good_file_gives_each_group_its_curve_cap_link_and_times():
     assert (cpu.max_batch, cpu.latency_s, cpu.join_s, cpu.leave_s, cpu.slowdown) == (0, 0.01, 2.0, 5.0, "1,2x@1s")
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.pop("workers"), "\"workers\" must be a non-empty list"),
-    (lambda d: d.update(workers=[]), "non-empty list"),
-    (lambda d: d.update(shard_rate=3), "unknown field\\(s\\) shard_rate"),
-    (lambda d: d["workers"][0].update(per_sample=1), "workers\\[0\\]: unknown field\\(s\\) per_sample"),
-    (lambda d: d["workers"][1].pop("link_mbit"), "workers\\[1\\]: missing link_mbit"),
-    (lambda d: d["workers"][0].update(count=0), "count must be >= 1"),
-    (lambda d: d["workers"][0].update(count=2.5), "count must be an integer"),
-    (lambda d: d["workers"][0].update(per_sample_s=0), "per_sample_s must be > 0"),
-    (lambda d: d["workers"][0].update(fixed_s="fast"), "fixed_s must be a number"),
-    (lambda d: d["workers"][0].update(link_mbit=float("nan")), "link_mbit must be a number"),
-    (lambda d: d["workers"][1].update(leave_s=1.0), "leave_s must be > 2"),
-    (lambda d: d["workers"][1].update(slowdown="0.5"), "below 1"),
-    (lambda d: d.update(shards=0), "shards must be >= 1"),
-    (lambda d: d.update(name=3), "name must be text"),
-    (lambda d: d["workers"][0].update(join_s=1.0), "no worker starts at 0"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.pop("workers"), '"workers" must be a non-empty list'),
+        (lambda d: d.update(workers=[]), "non-empty list"),
+        (lambda d: d.update(shard_rate=3), "unknown field\\(s\\) shard_rate"),
+        (lambda d: d["workers"][0].update(per_sample=1), "workers\\[0\\]: unknown field\\(s\\) per_sample"),
+        (lambda d: d["workers"][1].pop("link_mbit"), "workers\\[1\\]: missing link_mbit"),
+        (lambda d: d["workers"][0].update(count=0), "count must be >= 1"),
+        (lambda d: d["workers"][0].update(count=2.5), "count must be an integer"),
+        (lambda d: d["workers"][0].update(per_sample_s=0), "per_sample_s must be > 0"),
+        (lambda d: d["workers"][0].update(fixed_s="fast"), "fixed_s must be a number"),
+        (lambda d: d["workers"][0].update(link_mbit=float("nan")), "link_mbit must be a number"),
+        (lambda d: d["workers"][1].update(leave_s=1.0), "leave_s must be > 2"),
+        (lambda d: d["workers"][1].update(slowdown="0.5"), "below 1"),
+        (lambda d: d.update(shards=0), "shards must be >= 1"),
+        (lambda d: d.update(name=3), "name must be text"),
+        (lambda d: d["workers"][0].update(join_s=1.0), "no worker starts at 0"),
+    ],
+)
 def test_a_bad_file_is_refused_naming_the_field(change, message):
     doc = json.loads(json.dumps(GOOD))
     change(doc)
@@ -70,10 +91,33 @@ def test_every_shipped_profile_reads_and_cites_its_source(path):
 
 def test_the_simulator_runs_a_cluster_from_a_file_and_says_why_it_refuses_one(tmp_path, capsys):
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"workers": [{"count": 2, "fixed_s": 0.01, "per_sample_s": 0.001, "max_batch": 32,
-                                             "link_mbit": 1000}], "model_bytes": 1e5}))
-    assert main(["--profile-file", str(good), "--protocol", "asgd", "--policy", "fixed", "--seed", "1",
-                 "--budget-s", "0.3", "--model", "mlp"]) == 0
+    good.write_text(
+        json.dumps(
+            {
+                "workers": [{"count": 2, "fixed_s": 0.01, "per_sample_s": 0.001, "max_batch": 32, "link_mbit": 1000}],
+                "model_bytes": 1e5,
+            }
+        )
+    )
+    assert (
+        main(
+            [
+                "--profile-file",
+                str(good),
+                "--protocol",
+                "asgd",
+                "--policy",
+                "fixed",
+                "--seed",
+                "1",
+                "--budget-s",
+                "0.3",
+                "--model",
+                "mlp",
+            ]
+        )
+        == 0
+    )
     assert "good.json (2 workers), seed 1" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"workers": [{"count": 2}]}))

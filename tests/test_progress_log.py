@@ -13,8 +13,10 @@ def test_a_progress_line_is_due_every_interval_once_training_began_and_gives_the
     assert plog.line(0.0, 0, 0.0, 2.0, 3, math.nan) == "", "nothing trained yet: no line"
     assert plog.line(1.0, 500, 0.05, 2.0, 3, math.nan) == "epoch 0.05/2 (500 samples), 3 worker(s) live"
     assert plog.line(10.9, 5000, 0.5, 2.0, 3, 0.5) == "", "not due before the interval"
-    assert plog.line(11.0, 5500, 0.55, 2.0, 2, 0.25) == \
-        "epoch 0.55/2 (5500 samples, 500 samples/s), 2 worker(s) live, loss 0.2500"
+    assert (
+        plog.line(11.0, 5500, 0.55, 2.0, 2, 0.25)
+        == "epoch 0.55/2 (5500 samples, 500 samples/s), 2 worker(s) live, loss 0.2500"
+    )
 
 
 def test_no_progress_lines_with_an_interval_of_zero():

@@ -89,11 +89,38 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
     prometheus_bin = need_tool("prometheus", "apt-get install -y prometheus")
     run_log = (tmp_path / "run.log").open("wb")
     run = subprocess.Popen(
-        [sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
-         "--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--workers", str(WORKERS),
-         "--slowdowns", "4", "8", "--eval-interval-s", "2", "--checkpoint-interval-s", "3", "--job", JOB,
-         "--no-plots"],
-        stdout=run_log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "dynabatch.cli.main",
+            "run",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "r",
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1000",
+            "--workers",
+            str(WORKERS),
+            "--slowdowns",
+            "4",
+            "8",
+            "--eval-interval-s",
+            "2",
+            "--checkpoint-interval-s",
+            "3",
+            "--job",
+            JOB,
+            "--no-plots",
+        ],
+        stdout=run_log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     prometheus = None
     try:
         targets = tmp_path / "r" / "prometheus_targets.json"
@@ -101,16 +128,31 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
         listed = json.loads(targets.read_text())
         assert {t["labels"]["job"] for t in listed} == {JOB}, "Prometheus' job label is the job's name"
         config = tmp_path / "prometheus.yml"
-        config.write_text(json.dumps({  # JSON is YAML
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "dynabatch-local", "scrape_timeout": "1s",
-                                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
-        }))
+        config.write_text(
+            json.dumps(
+                {  # JSON is YAML
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "scrape_configs": [
+                        {
+                            "job_name": "dynabatch-local",
+                            "scrape_timeout": "1s",
+                            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
+                        }
+                    ],
+                }
+            )
+        )
         port = free_port()
         prometheus = subprocess.Popen(
-            [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"))
+            [
+                prometheus_bin,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "prometheus.log").open("wb"),
+        )
         wait_for("every process's /metrics to be scraped and up", lambda: _targets_up(port), timeout_s=60)
 
         def training_workers() -> set[str]:
@@ -123,8 +165,14 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
 
         # The dashboard's variables, as Grafana lists them.
         assert JOB in _get(port, "/api/v1/label/job/values", **{"match[]": "dynabatch_job_epoch"})
-        assert set(_get(port, "/api/v1/label/worker/values",
-                        **{"match[]": f'dynabatch_worker_step_seconds{{job=~"{JOB}"}}'})) == workers
+        assert (
+            set(
+                _get(
+                    port, "/api/v1/label/worker/values", **{"match[]": f'dynabatch_worker_step_seconds{{job=~"{JOB}"}}'}
+                )
+            )
+            == workers
+        )
 
         queries = dashboard_queries()
         assert len(queries) > 20
@@ -161,6 +209,9 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
 
 def _scheduler_endpoint(log: Path) -> str:
     """The scheduler's control endpoint, from its first log line."""
-    text = wait_for("the scheduler's endpoint in its log",
-                    lambda: re.search(r"at (tcp://[0-9.]+:\d+)", log.read_text(errors="replace")), timeout_s=30)
+    text = wait_for(
+        "the scheduler's endpoint in its log",
+        lambda: re.search(r"at (tcp://[0-9.]+:\d+)", log.read_text(errors="replace")),
+        timeout_s=30,
+    )
     return text.group(1)

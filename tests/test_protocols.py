@@ -97,30 +97,39 @@ def test_push_behind_needs_prefetch_pull():
 @pytest.mark.parametrize("name", PROTOCOLS)
 def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name):
     """The spec names its settings class; the flags (same names as ever) build it; the shard rule holds it."""
-    job = JobConfig(protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False,
-                    sync_m=2)
+    job = JobConfig(
+        protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False, sync_m=2
+    )
     settings = protocol_settings(job)
     assert type(settings) is SPECS[name].settings
-    expected = {SoftsyncSettings: SoftsyncSettings(3), SspSettings: SspSettings(5), MsyncSettings: MsyncSettings(2),
-                OuterSettings: OuterSettings(0.7, 0.9, False)}.get(type(settings), SPECS[name].settings())
+    expected = {
+        SoftsyncSettings: SoftsyncSettings(3),
+        SspSettings: SspSettings(5),
+        MsyncSettings: MsyncSettings(2),
+        OuterSettings: OuterSettings(0.7, 0.9, False),
+    }.get(type(settings), SPECS[name].settings())
     assert settings == expected
     state = ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), name, 8, settings)
     assert state.rule.settings is settings
-    assert not [f for f in ("outer", "softsync_n", "staleness_bound") if hasattr(state, f)], \
+    assert not [f for f in ("outer", "softsync_n", "staleness_bound") if hasattr(state, f)], (
         "a protocol's settings live in its settings object, not on the shard"
+    )
 
 
 def test_a_shard_refuses_another_protocols_settings():
     with pytest.raises(ValueError, match="protocol softsync takes SoftsyncSettings, not SspSettings"):
-        ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), "softsync", 8,
-                           SspSettings(2))
+        ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), "softsync", 8, SspSettings(2))
 
 
 def test_the_protocol_flags_keep_their_names():
     parser = argparse.ArgumentParser()
     add_flags(parser, JobConfig, env={})
-    job = from_args(JobConfig, parser.parse_args(["--protocol", "ssp", "--staleness", "7", "--softsync-n", "2",
-                                                  "--outer-lr", "0.5", "--no-outer-nesterov"]))
+    job = from_args(
+        JobConfig,
+        parser.parse_args(
+            ["--protocol", "ssp", "--staleness", "7", "--softsync-n", "2", "--outer-lr", "0.5", "--no-outer-nesterov"]
+        ),
+    )
     assert protocol_settings(job) == SspSettings(7)
     assert OuterSettings.from_job(job) == OuterSettings(0.5, 0.0, False)
     assert SoftsyncSettings.from_job(job) == SoftsyncSettings(2)
@@ -137,8 +146,26 @@ def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path, protocol, pol
     """As tests/test_run.py's pairs (the MLP for a quarter epoch, the final model evaluated), with three workers,
     one 4x slower. Under ringmaster with fixed batches (R = 3 live workers) the slow worker's gradients are
     about 2 x 4 = 8 versions stale, so some are discarded: counted, and its worker goes on without backing off."""
-    run, _ = run_job(tmp_path, "r", "--model", "mlp", "--epochs", "0.25", "--workers", "3", "--slowdowns", "1", "1",
-                     "4", "--protocol", protocol, "--batch-policy", policy, "--eval-interval-s", "600")
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--model",
+        "mlp",
+        "--epochs",
+        "0.25",
+        "--workers",
+        "3",
+        "--slowdowns",
+        "1",
+        "1",
+        "4",
+        "--protocol",
+        protocol,
+        "--batch-policy",
+        policy,
+        "--eval-interval-s",
+        "600",
+    )
     summary = trained_its_epochs(run)
     assert summary["final_eval"] and summary["protocol"] == protocol
     assert summary["final_test_acc"] > 0.60, summary
@@ -157,9 +184,32 @@ def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_
     errors); the job still ends at its epochs, counted from the samples taken. The slowdown emulates compute
     alone, and the MLP's step is mostly transfers: at 4x (128 samples) the slow step was only about 1.5x the
     others' under load and came in among the first two; at 16x it never did (0 of 35)."""
-    run, _ = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "1", "--global-batch",
-                     "384", "--workers", "3", "--slowdowns", "1", "1", "16", "--protocol", "msync", "--sync-m", "2",
-                     "--batch-policy", "fixed", "--eval-interval-s", "600")
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--global-batch",
+        "384",
+        "--workers",
+        "3",
+        "--slowdowns",
+        "1",
+        "1",
+        "16",
+        "--protocol",
+        "msync",
+        "--sync-m",
+        "2",
+        "--batch-policy",
+        "fixed",
+        "--eval-interval-s",
+        "600",
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["protocol"] == "msync" and summary["epochs"] >= 1, summary
     samples = {w["name"]: w["samples"] for w in summary["workers"].values()}

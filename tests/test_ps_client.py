@@ -27,8 +27,21 @@ def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for
     # A restarted shard takes its slot once the scheduler has declared the dead one gone, after the liveness
     # timeout: short, but not so short that this test client, which heartbeats only while it waits on the shard
     # (a worker has a thread for that), is dropped while it registers on a machine running two suites (2 s was).
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "8",
-                           "--heartbeat-s", "0.2"])
+    c = Cluster(
+        tmp_path,
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1000",
+            "--liveness-timeout-s",
+            "8",
+            "--heartbeat-s",
+            "0.2",
+        ],
+    )
     port, ckpt = free_port(), ("--checkpoint-dir", str(tmp_path / "ckpt"))
     try:
         c.scheduler()
@@ -37,8 +50,15 @@ def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for
         job = job_from_dict(welcome.config)
         total = sum(p.numel() for p in model_for_job(job).parameters())
         # While a request waits, the clients heartbeat (as a worker's do), so the scheduler keeps this worker.
-        shards = ShardClients(zmq.Context.instance(), welcome.shards, make_layout(total, job.chunk_bytes, job.shards),
-                              job.job, welcome.id, lambda: conn.send(Heartbeat()), job.heartbeat_s)
+        shards = ShardClients(
+            zmq.Context.instance(),
+            welcome.shards,
+            make_layout(total, job.chunk_bytes, job.shards),
+            job.job,
+            welcome.id,
+            lambda: conn.send(Heartbeat()),
+            job.heartbeat_s,
+        )
         try:
             assert shards.pull(None, TIMEOUT_S).version == 0
 

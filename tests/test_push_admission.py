@@ -28,8 +28,9 @@ def _shard(tmp_path) -> tuple[ServedJob, ShardState, PushAdmission, list[str]]:
     """Shard 0 of one, serving live workers w0 and w1 with a batch of BATCH each; the list records the workers
     the scheduler was told were quarantined."""
     config = replace(JobConfig(), job="j", shards=1, chunk_bytes=1024, protocol="asgd", global_batch=2 * BATCH)
-    served = ServedJob.welcomed(Welcome(id="ps0", config=to_dict(config), shards=[], shard_index=0),
-                                CollectorRegistry(), str(tmp_path))
+    served = ServedJob.welcomed(
+        Welcome(id="ps0", config=to_dict(config), shards=[], shard_index=0), CollectorRegistry(), str(tmp_path)
+    )
     state = served.new_state(SIG, torch.ones(SIG.total), {}, {})
     state.set_membership({"w0", "w1"}, allocated=2)
     served.assigned.update({"w0": BATCH, "w1": BATCH})
@@ -37,19 +38,30 @@ def _shard(tmp_path) -> tuple[ServedJob, ShardState, PushAdmission, list[str]]:
     return served, state, PushAdmission(ReplayGuard(), lambda identity: None, lambda: told.append("told")), told
 
 
-def _case(served: ServedJob, state: ShardState, sender: str, scale: float = 1e-3, samples: int = BATCH,
-          seq: int = 1) -> PushCase:
+def _case(
+    served: ServedJob, state: ShardState, sender: str, scale: float = 1e-3, samples: int = BATCH, seq: int = 1
+) -> PushCase:
     metas = [ChunkMeta(c.id, "float32", (c.length,), 0) for c in state.chunks]
     tensors = [torch.full((c.length,), scale) for c in state.chunks]
-    return PushCase(Message(Push(samples=samples), metas, tensors, "j", sender, seq), b"conn-" + sender.encode(),
-                    served, state, 0)
+    return PushCase(
+        Message(Push(samples=samples), metas, tensors, "j", sender, seq), b"conn-" + sender.encode(), served, state, 0
+    )
 
 
 def test_the_steps_check_the_message_then_its_claims_then_its_sender_and_only_then_assess_the_gradient():
     names = [step.__name__ for step in STEPS]
-    assert names == ["well_formed", "room_to_answer", "base_not_rolled_back", "numbers_possible", "not_replayed",
-                     "sender_not_quarantined", "sender_live", "samples_within_batch", "norms_bounded",
-                     "direction_not_held"]
+    assert names == [
+        "well_formed",
+        "room_to_answer",
+        "base_not_rolled_back",
+        "numbers_possible",
+        "not_replayed",
+        "sender_not_quarantined",
+        "sender_live",
+        "samples_within_batch",
+        "norms_bounded",
+        "direction_not_held",
+    ]
     assert all(getattr(push_admission, name) is step for name, step in zip(names, STEPS, strict=True))
 
 

@@ -15,8 +15,7 @@ from dynabatch.ps.push_bounds import (
 )
 
 
-@pytest.mark.parametrize("protocol, steps", [("asgd", 1), ("ssgd", 1), ("local", 8),
-                                             ("msd", 8 * OVERLAP_SLACK)])
+@pytest.mark.parametrize("protocol, steps", [("asgd", 1), ("ssgd", 1), ("local", 8), ("msd", 8 * OVERLAP_SLACK)])
 def test_the_most_samples_is_max_batch_times_the_steps_one_push_can_cover(protocol, steps):
     assert max_push_samples(JobConfig(protocol=protocol, max_batch=64, local_steps=8)) == 64 * steps
 
@@ -25,14 +24,17 @@ def test_numbers_within_bounds_pass():
     check_push_numbers(64, {0: 3, 1: 5}, {0: 3, 1: 7}, 64)
 
 
-@pytest.mark.parametrize("samples, bases, field", [
-    (0, {0: 3}, "PUSH.samples"),
-    (-8, {0: 3}, "PUSH.samples"),
-    (65, {0: 3}, "PUSH.samples"),
-    (2 ** 62, {0: 3}, "PUSH.samples"),
-    (8, {0: 4}, "PUSH.chunks[0].version"),
-    (8, {0: 3, 1: 2 ** 62}, "PUSH.chunks[1].version"),
-])
+@pytest.mark.parametrize(
+    "samples, bases, field",
+    [
+        (0, {0: 3}, "PUSH.samples"),
+        (-8, {0: 3}, "PUSH.samples"),
+        (65, {0: 3}, "PUSH.samples"),
+        (2**62, {0: 3}, "PUSH.samples"),
+        (8, {0: 4}, "PUSH.chunks[0].version"),
+        (8, {0: 3, 1: 2**62}, "PUSH.chunks[1].version"),
+    ],
+)
 def test_numbers_out_of_bounds_are_refused_naming_the_field(samples, bases, field):
     with pytest.raises(ProtocolError) as refused:
         check_push_numbers(samples, bases, {0: 3, 1: 7}, 64)

@@ -39,8 +39,18 @@ from harness import Cluster, metric_value, wait_for
 pytestmark = pytest.mark.slow
 
 REPLY_S = 10.0
-JOB = ["--dataset", "synthetic", "--model", "flat:4000", "--chunk-bytes", "8192",
-       "--epochs", "1000", "--liveness-timeout-s", "60"]
+JOB = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "flat:4000",
+    "--chunk-bytes",
+    "8192",
+    "--epochs",
+    "1000",
+    "--liveness-timeout-s",
+    "60",
+]
 
 
 def _pull(conn: Connection, ids: set[int]) -> dict[int, tuple[int, torch.Tensor]]:
@@ -121,9 +131,14 @@ def _stop_and_restart(c: Cluster, shard: Child, scheduler_conn: Connection) -> C
         shard.proc.send_signal(signal.SIGTERM)
         assert shard.proc.wait(timeout=60) == 0
     shard = c.launcher.restart(shard)
-    wait_for("the restarted shard to count the worker live", lambda: scheduler_conn.request(
-        Heartbeat(standalone_sps=1000.0), timeout_s=2.0) and metric_value(
-        shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, 60)
+    wait_for(
+        "the restarted shard to count the worker live",
+        lambda: (
+            scheduler_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=2.0)
+            and metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1
+        ),
+        60,
+    )
     return shard
 
 

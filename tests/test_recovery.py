@@ -18,8 +18,9 @@ from dynabatch.scheduler.saved_progress import load_progress, progress_path, sav
 
 
 def _job(**kw) -> JobConfig:
-    return JobConfig(**{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0,
-                        "liveness_timeout_s": 2.0, **kw})
+    return JobConfig(
+        **{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw}
+    )
 
 
 def _running(job: JobConfig, now: float = 0.0) -> tuple[JobState, str, str]:
@@ -35,8 +36,19 @@ def _running(job: JobConfig, now: float = 0.0) -> tuple[JobState, str, str]:
 def _steps(state: JobState, wid: str, n: int, now: float) -> None:
     m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 0)
     for i in range(n):
-        state.heartbeat(wid, Heartbeat(steps=m.steps + 1, samples=m.samples + batch, batch=batch, step_s=0.01,
-                                       compute_s=0.01, standalone_sps=m.standalone_sps, loss=1.0), now + i * 0.01)
+        state.heartbeat(
+            wid,
+            Heartbeat(
+                steps=m.steps + 1,
+                samples=m.samples + batch,
+                batch=batch,
+                step_s=0.01,
+                compute_s=0.01,
+                standalone_sps=m.standalone_sps,
+                loss=1.0,
+            ),
+            now + i * 0.01,
+        )
 
 
 def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_trained():

@@ -22,16 +22,44 @@ from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 
 
-def _snap(t: float, samples: int, training_t: float | None, stopping: bool = False, acc: float | None = None,
-          eval_t: float | None = None, staleness: list[int] | None = None,
-          metrics: dict[str, float] | None = None) -> JobStatus:
-    worker = WorkerStatus(name="worker0", batch=64, standalone_sps=1000.0, samples=samples,
-                          observed_steps=samples // 64, step_s_total=samples / 64 * 0.05,
-                          observed_samples=samples, compute_s_total=samples / 1250,
-                          data_s_total=samples // 64 * 0.01, max_batch=128)
-    return JobStatus(t=t, epoch=samples / 60000, samples=samples, loss=0.5, test_acc=acc, test_loss=0.4,
-                     eval_t=eval_t, training_t=training_t, stopping=stopping, finished=stopping,
-                     bytes=samples * 100, staleness=staleness or [], workers={"w0": worker}, metrics=metrics or {})
+def _snap(
+    t: float,
+    samples: int,
+    training_t: float | None,
+    stopping: bool = False,
+    acc: float | None = None,
+    eval_t: float | None = None,
+    staleness: list[int] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> JobStatus:
+    worker = WorkerStatus(
+        name="worker0",
+        batch=64,
+        standalone_sps=1000.0,
+        samples=samples,
+        observed_steps=samples // 64,
+        step_s_total=samples / 64 * 0.05,
+        observed_samples=samples,
+        compute_s_total=samples / 1250,
+        data_s_total=samples // 64 * 0.01,
+        max_batch=128,
+    )
+    return JobStatus(
+        t=t,
+        epoch=samples / 60000,
+        samples=samples,
+        loss=0.5,
+        test_acc=acc,
+        test_loss=0.4,
+        eval_t=eval_t,
+        training_t=training_t,
+        stopping=stopping,
+        finished=stopping,
+        bytes=samples * 100,
+        staleness=staleness or [],
+        workers={"w0": worker},
+        metrics=metrics or {},
+    )
 
 
 def test_throughput_counts_from_the_first_batches_to_the_stop():
@@ -58,22 +86,39 @@ def test_throughput_counts_from_the_first_batches_to_the_stop():
 def _budgeted(t: float, samples: int, batch: int, unallotted: int | None, stopping: bool = False) -> JobStatus:
     """A snapshot of a job of one epoch of 6,000 samples whose worker holds `batch`."""
     snap = _snap(t, samples, None if unallotted is None else t - 4.0, stopping)
-    return replace(snap, epoch=samples / 6000, train_size=6000, target_epochs=1.0, unallotted=unallotted,
-                   workers={"w0": replace(snap.workers["w0"], batch=batch)})
+    return replace(
+        snap,
+        epoch=samples / 6000,
+        train_size=6000,
+        target_epochs=1.0,
+        unallotted=unallotted,
+        workers={"w0": replace(snap.workers["w0"], batch=batch)},
+    )
 
 
 def test_the_summary_states_the_epochs_asked_and_trained_and_the_batches_before_the_last_ones():
     """The last batches are what each worker's allotment leaves, down to 0 while the shards confirm the end: the
     batch the run settled on is the one before its budget was all allotted, and its throughput counts until
     the budget was trained, not until the shards confirmed it."""
-    timeline = [_budgeted(1.0, 0, 0, None), _budgeted(4.0, 0, 64, 6000), _budgeted(9.0, 4000, 64, 1000),
-                _budgeted(11.0, 5990, 10, 0), _budgeted(12.0, 6000, 0, 0), _budgeted(14.0, 6000, 0, 0, True)]
+    timeline = [
+        _budgeted(1.0, 0, 0, None),
+        _budgeted(4.0, 0, 64, 6000),
+        _budgeted(9.0, 4000, 64, 1000),
+        _budgeted(11.0, 5990, 10, 0),
+        _budgeted(12.0, 6000, 0, 0),
+        _budgeted(14.0, 6000, 0, 0, True),
+    ]
     s = summarize(timeline, wall_s=15.0, warmup_fraction=0.0)
     assert s["workers"]["w0"]["final_batch"] == 64
     assert (s["epochs_requested"], s["epochs_trained"], s["overshoot_samples"]) == (1.0, 1.0, 0)
     assert s["train_s"] == pytest.approx(8.0) and s["samples_per_s"] == pytest.approx(750.0)
-    whole = [_budgeted(1.0, 0, 0, None), _budgeted(4.0, 0, 64, 0), _budgeted(9.0, 4000, 64, 0),
-             _budgeted(12.0, 6000, 0, 0), _budgeted(14.0, 6000, 0, 0, True)]
+    whole = [
+        _budgeted(1.0, 0, 0, None),
+        _budgeted(4.0, 0, 64, 0),
+        _budgeted(9.0, 4000, 64, 0),
+        _budgeted(12.0, 6000, 0, 0),
+        _budgeted(14.0, 6000, 0, 0, True),
+    ]
     assert summarize(whole, 15.0, 0.0)["workers"]["w0"]["final_batch"] == 64, "a job allotted whole from its start"
     short = summarize([*timeline[:3], replace(timeline[2], t=10.0, stopping=True, budget_spent=True)], 11.0, 0.0)
     assert short["overshoot_samples"] == -2000, "a job its time budget stopped is short of its epochs"
@@ -85,8 +130,11 @@ def test_time_to_accuracy_is_none_before_training_starts():
 
 def _metric_timeline() -> list[JobStatus]:
     """Training from t=4; evaluations at 1 (before it), 8.5, 13 and 19.5 s (each repeated by later snapshots)."""
-    evals = [(8.5, {"loss": 0.9, "top2": 0.7}), (13.0, {"loss": 0.4, "top2": 0.95}),
-             (19.5, {"loss": 0.25, "top2": float("nan")})]
+    evals = [
+        (8.5, {"loss": 0.9, "top2": 0.7}),
+        (13.0, {"loss": 0.4, "top2": 0.95}),
+        (19.5, {"loss": 0.25, "top2": float("nan")}),
+    ]
     before = {"loss": 2.0, "top2": 0.5}  # the evaluator's first look, at the initial model
     timeline = [_snap(1.0, 0, None, eval_t=1.0, metrics=before), _snap(4.0, 0, 0.0, eval_t=1.0, metrics=before)]
     for i, (eval_t, metrics) in enumerate(evals):
@@ -95,11 +143,27 @@ def _metric_timeline() -> list[JobStatus]:
     return timeline
 
 
-@pytest.mark.parametrize("target, seconds", [
-    ("top2>=0.9", 9.0), ("top2>=0.99", None), ("loss<=0.5", 9.0), ("loss<=0.3", 15.5), ("loss<=0.1", None),
-    ("recall>=0.1", None), ("top2>=0.5", 0.0),
-], ids=["higher is better", "never met", "lower is better", "met by the last", "never low enough",
-        "a metric no evaluation reports", "met before the first batches"])
+@pytest.mark.parametrize(
+    "target, seconds",
+    [
+        ("top2>=0.9", 9.0),
+        ("top2>=0.99", None),
+        ("loss<=0.5", 9.0),
+        ("loss<=0.3", 15.5),
+        ("loss<=0.1", None),
+        ("recall>=0.1", None),
+        ("top2>=0.5", 0.0),
+    ],
+    ids=[
+        "higher is better",
+        "never met",
+        "lower is better",
+        "met by the last",
+        "never low enough",
+        "a metric no evaluation reports",
+        "met before the first batches",
+    ],
+)
 def test_time_to_target_counts_from_the_first_batches_to_the_first_evaluation_meeting_it(target, seconds):
     got = time_to_target(_metric_timeline(), MetricTarget.parse(target))
     assert got == (None if seconds is None else pytest.approx(seconds))
@@ -116,31 +180,97 @@ def test_the_summary_names_its_target_and_keeps_the_accuracy_marks():
 
 # timeline.json's keys as the benchmarks and other tools read them: a change here changes the run folder's format.
 TIMELINE_KEYS = {
-    "t", "job", "protocol", "batch_policy", "epoch", "target_epochs", "samples", "bytes", "staleness", "training_t",
-    "budget_spent", "local_steps", "local_steps_reason", "loss", "test_acc", "test_loss", "metrics", "train_size",
-    "eval_version", "eval_t", "eval_model_t",
-    "stopping", "finished", "final_eval", "final_eval_given_up", "assignment_id", "workers", "departed", "shards",
+    "t",
+    "job",
+    "protocol",
+    "batch_policy",
+    "epoch",
+    "target_epochs",
+    "samples",
+    "bytes",
+    "staleness",
+    "training_t",
+    "budget_spent",
+    "local_steps",
+    "local_steps_reason",
+    "loss",
+    "test_acc",
+    "test_loss",
+    "metrics",
+    "train_size",
+    "eval_version",
+    "eval_t",
+    "eval_model_t",
+    "stopping",
+    "finished",
+    "final_eval",
+    "final_eval_given_up",
+    "assignment_id",
+    "workers",
+    "departed",
+    "shards",
     "decisions",
-    "decision_s", "lost_samples", "lost_versions", "rollbacks", "lr_factor", "failed", "unallotted", "wall_t",
+    "decision_s",
+    "lost_samples",
+    "lost_versions",
+    "rollbacks",
+    "lr_factor",
+    "failed",
+    "unallotted",
+    "wall_t",
 }
 WORKER_KEYS = {
-    "role", "name", "host", "metrics_url", "joined", "steps", "samples", "batch", "step_s", "compute_s", "pull_s",
-    "push_s", "wait_s", "samples_per_s", "standalone_sps", "loss", "step_s_total", "observed_steps",
-    "compute_s_total", "observed_samples", "version", "updates", "endpoint", "data_s", "data_s_total", "max_batch",
-    "slowdown", "chunk_group", "credit_bytes", "wire_reason", "serve_rank",
+    "role",
+    "name",
+    "host",
+    "metrics_url",
+    "joined",
+    "steps",
+    "samples",
+    "batch",
+    "step_s",
+    "compute_s",
+    "pull_s",
+    "push_s",
+    "wait_s",
+    "samples_per_s",
+    "standalone_sps",
+    "loss",
+    "step_s_total",
+    "observed_steps",
+    "compute_s_total",
+    "observed_samples",
+    "version",
+    "updates",
+    "endpoint",
+    "data_s",
+    "data_s_total",
+    "max_batch",
+    "slowdown",
+    "chunk_group",
+    "credit_bytes",
+    "wire_reason",
+    "serve_rank",
 }
 
 
 def _scheduler_status() -> JobStatus:
     """A status as the scheduler builds it: a shard, a worker with a step and a decision behind it."""
-    state = JobState(JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000,
-                     now=0.0)
+    state = JobState(
+        JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000, now=0.0
+    )
     shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
     wid = state.hello(Hello(role="worker", name="a", slowdown="2"), 0.0).id
     state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
     state.heartbeat(shard, Heartbeat(membership=state.roster.membership), 0.0)  # every shard holds it: its share,
-    state.heartbeat(shard, Heartbeat(membership=state.roster.membership,  # bounded by every shard: it holds it
-                                     batches=state.assignment_for(state.roster.members[shard]).batches), 0.0)
+    state.heartbeat(
+        shard,
+        Heartbeat(
+            membership=state.roster.membership,  # bounded by every shard: it holds it
+            batches=state.assignment_for(state.roster.members[shard]).batches,
+        ),
+        0.0,
+    )
     state.heartbeat(wid, Heartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
     return state.status(1.0)
 
@@ -154,8 +284,15 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
     (worker,) = entry["workers"].values()
     assert worker.keys() == WORKER_KEYS and worker["name"] == "a" and worker["batch"] == 96
     assert worker["slowdown"] == "2x", "STATUS gives the slowdown the worker's HELLO reported"
-    assert entry["shards"]["0"] == {"endpoint": "tcp://ps:1", "version": 0, "updates": 0, "metrics_url": "",
-                                    "discarded": 0, "model_problem": "", "good_version": -1}
+    assert entry["shards"]["0"] == {
+        "endpoint": "tcp://ps:1",
+        "version": 0,
+        "updates": 0,
+        "metrics_url": "",
+        "discarded": 0,
+        "model_problem": "",
+        "good_version": -1,
+    }
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
     assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}
     assert read_timeline(tmp_path / "timeline.json") == [status]
@@ -171,11 +308,16 @@ def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path):
 
 def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left():
     """Shards leave STATUS at the end of a job, and a restarted shard counts afresh from 0."""
+
     def with_shards(t: float, **discarded: int) -> JobStatus:
         snap = _snap(t, 640 * int(t + 1), training_t=t)
         snap.shards = {slot.lstrip("s"): ShardStatus("tcp://ps", 1, 1, "", n) for slot, n in discarded.items()}
         return snap
 
-    timeline = [with_shards(0.0, s0=0, s1=0), with_shards(1.0, s0=5, s1=2), with_shards(2.0, s0=1, s1=3),
-                with_shards(3.0)]
+    timeline = [
+        with_shards(0.0, s0=0, s1=0),
+        with_shards(1.0, s0=5, s1=2),
+        with_shards(2.0, s0=1, s1=3),
+        with_shards(3.0),
+    ]
     assert summarize(timeline, wall_s=4.0, warmup_fraction=0.0)["discarded"] == 5 + 3

@@ -37,32 +37,48 @@ def refused(command: str, flags: list[str]) -> str:
 
 def test_a_scheduler_whose_port_is_taken_says_so_in_one_line(taken):
     assert refused("scheduler", ["--bind", f"tcp://127.0.0.1:{taken}"]) == (
-        f"dynabatch scheduler: --bind tcp://127.0.0.1:{taken}: Address already in use")
+        f"dynabatch scheduler: --bind tcp://127.0.0.1:{taken}: Address already in use"
+    )
 
 
 def test_a_shard_whose_port_is_taken_says_so_in_one_line(taken):
     assert refused("ps", ["--bind", f"tcp://127.0.0.1:{taken}"]) == (
-        f"dynabatch ps: --bind tcp://127.0.0.1:{taken}: Address already in use")
+        f"dynabatch ps: --bind tcp://127.0.0.1:{taken}: Address already in use"
+    )
 
 
 @pytest.mark.parametrize("command", ["scheduler", "ps"])
 def test_a_taken_metrics_port_is_one_line(taken, command):
     assert refused(command, ["--bind", "tcp://127.0.0.1:0", "--metrics-port", str(taken)]) == (
-        f"dynabatch {command}: --metrics-host 127.0.0.1 --metrics-port {taken}: Address already in use")
+        f"dynabatch {command}: --metrics-host 127.0.0.1 --metrics-port {taken}: Address already in use"
+    )
 
 
-@pytest.mark.parametrize("command, flag", [("scheduler", "--bind"), ("ps", "--bind"), ("ps", "--scheduler"),
-                                           ("worker", "--scheduler")])
+@pytest.mark.parametrize(
+    "command, flag", [("scheduler", "--bind"), ("ps", "--bind"), ("ps", "--scheduler"), ("worker", "--scheduler")]
+)
 def test_an_endpoint_without_its_scheme_is_refused_as_a_flag(command, flag):
     assert refused(command, [flag, "127.0.0.1:5555"]) == (
-        f"dynabatch {command}: error: {flag} 127.0.0.1:5555: expected tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555")
+        f"dynabatch {command}: error: {flag} 127.0.0.1:5555: expected tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"
+    )
 
 
-@pytest.mark.parametrize("endpoint, ok", [
-    ("tcp://127.0.0.1:5555", True), ("tcp://0.0.0.0:0", True), ("tcp://[::1]:5555", True), ("tcp://ps-0.ps:5600", True),
-    ("tcp://*:5555", True), ("tcp://127.0.0.1:*", True), ("127.0.0.1:5555", False), ("tcp://127.0.0.1", False),
-    ("tcp://127.0.0.1:70000", False), ("udp://127.0.0.1:5555", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "endpoint, ok",
+    [
+        ("tcp://127.0.0.1:5555", True),
+        ("tcp://0.0.0.0:0", True),
+        ("tcp://[::1]:5555", True),
+        ("tcp://ps-0.ps:5600", True),
+        ("tcp://*:5555", True),
+        ("tcp://127.0.0.1:*", True),
+        ("127.0.0.1:5555", False),
+        ("tcp://127.0.0.1", False),
+        ("tcp://127.0.0.1:70000", False),
+        ("udp://127.0.0.1:5555", False),
+        ("", False),
+    ],
+)
 def test_an_endpoint_is_tcp_host_and_port(endpoint, ok):
     if ok:
         check_endpoint("--bind", endpoint)

@@ -12,8 +12,9 @@ from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
 
 
 def _roster(num_shards: int = 1, **kw) -> Roster:
-    roster = Roster(JobConfig(**{"dataset": "synthetic", "liveness_timeout_s": 2.0, "join_timeout_s": 30.0, **kw}),
-                    num_shards)
+    roster = Roster(
+        JobConfig(**{"dataset": "synthetic", "liveness_timeout_s": 2.0, "join_timeout_s": 30.0, **kw}), num_shards
+    )
     for _ in range(num_shards):
         roster.register(Hello(role="ps", endpoint="tcp://ps:1"), 0.0, b"ps", lambda: None)
     return roster
@@ -64,10 +65,17 @@ def test_hello_fields_that_cannot_be_are_refused():
     roster.check_hello(Hello(role="worker", instance="x" * 64, max_batch=8))
 
 
-@pytest.mark.parametrize("hello", [Hello(role="worker", name="n" * 129), Hello(role="worker", name="a\x1b[2Jb"),
-                                   Hello(role="worker", name=" padded"), Hello(role="worker", slowdown="fast"),
-                                   Hello(role="worker", slowdown="0.5x"),
-                                   Hello(role="worker", slowdown=",".join(f"2x@{i}s" for i in range(1, 20)))])
+@pytest.mark.parametrize(
+    "hello",
+    [
+        Hello(role="worker", name="n" * 129),
+        Hello(role="worker", name="a\x1b[2Jb"),
+        Hello(role="worker", name=" padded"),
+        Hello(role="worker", slowdown="fast"),
+        Hello(role="worker", slowdown="0.5x"),
+        Hello(role="worker", slowdown=",".join(f"2x@{i}s" for i in range(1, 20))),
+    ],
+)
 def test_a_name_or_slowdown_that_stdout_or_status_could_not_show_is_refused(hello):
     """Both reach every STATUS reply and the console's progress line: bounded, printable, a slowdown schedule."""
     _refused("bad_field", lambda: _roster().check_hello(hello))
@@ -156,8 +164,11 @@ def test_the_ids_the_roster_gives_read_back_as_their_numbers():
     """A worker seeds its order of the training set with the number in its id (worker/batch_source.py): the
     number read back is the one the roster counted, for every role, and a string of another form is refused."""
     roster = _roster(num_shards=2)
-    ids = [roster.register(Hello(role=role, instance=f"{role}-{i}"), 0.0, f"{role}{i}".encode(), lambda: None).id
-           for role in ("worker", "evaluator") for i in range(3)]
+    ids = [
+        roster.register(Hello(role=role, instance=f"{role}-{i}"), 0.0, f"{role}{i}".encode(), lambda: None).id
+        for role in ("worker", "evaluator")
+        for i in range(3)
+    ]
     assert [member_number(i) for i in ids] == [0, 1, 2, 0, 1, 2]
     assert [member_number(m.id) for m in roster.shards.values()] == [0, 1]
     for other in ("w", "w-1", "x3", "w1 ", "3"):

@@ -37,8 +37,25 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
     reported (harness.trained_its_epochs): LB-BSP once ended at 1.78 of 2 epochs with every worker marked as
     having left early and no throughput figures."""
     need_fashion_mnist()
-    run, _ = run_job(tmp_path, "r", "--model", "mlp", "--epochs", "0.25", "--workers", "2", "--slowdowns", "1", "2",
-                     "--protocol", protocol, "--batch-policy", policy, "--eval-interval-s", "600")
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--model",
+        "mlp",
+        "--epochs",
+        "0.25",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--protocol",
+        protocol,
+        "--batch-policy",
+        policy,
+        "--eval-interval-s",
+        "600",
+    )
     summary = trained_its_epochs(run)
     assert summary["final_eval"]
     assert summary["protocol"] == protocol and summary["batch_policy"] == policy
@@ -58,8 +75,21 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
 def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
     """One epoch of the MLP: what the folder holds does not depend on how long or what the job trained. The run
     takes about 7 s here; a sample every 0.2 s gives its timeline about 100 rows, where 10 are asked for."""
-    run, printed = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "1",
-                           "--eval-interval-s", "3", "--status-s", "0.2", plots=True)
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--eval-interval-s",
+        "3",
+        "--status-s",
+        "0.2",
+        plots=True,
+    )
     assert "test accuracy" in printed and "epoch" in printed
     summary = json.loads((run / "summary.json").read_text())
     for key in ("final_test_acc", "final_test_loss", "wall_s", "samples_per_s", "workers"):
@@ -85,8 +115,24 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
 def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_given(tmp_path):
     """The scheduler's ids number workers as they join (w0 need not be worker0); the progress line, the final
     table, summary.json and STATUS name each by its name and slowdown, in the order of --slowdowns."""
-    run, printed = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "0.5",
-                           "--slowdowns", "2", "1", "4", "--progress-s", "0.1", "--status-s", "0.1")
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "0.5",
+        "--slowdowns",
+        "2",
+        "1",
+        "4",
+        "--progress-s",
+        "0.1",
+        "--status-s",
+        "0.1",
+    )
     given = ["worker0(2x)", "worker1(1x)", "worker2(4x)"]
     listed = [re.findall(r"(\S+) b=\d+", line.split(" | ", 1)[1]) for line in printed.splitlines() if " | " in line]
     assert given in listed, printed  # all three live between the last one's HELLO and the first one's BYE
@@ -94,8 +140,11 @@ def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_
     assert [line.split()[0] for line in printed.splitlines() if " id w" in line] == given, printed
     summary = json.loads((run / "summary.json").read_text())
     assert [f"{w['name']}({w['slowdown']})" for w in summary["workers"].values()] == given
-    shown = {f"{w['name']}({w['slowdown']})" for snap in json.loads((run / "timeline.json").read_text())
-             for w in snap["workers"].values()}
+    shown = {
+        f"{w['name']}({w['slowdown']})"
+        for snap in json.loads((run / "timeline.json").read_text())
+        for w in snap["workers"].values()
+    }
     assert shown == set(given), "every STATUS gives each worker the slowdown it was launched with"
 
 
@@ -118,9 +167,26 @@ def test_the_main_job_learns_fashion_mnist(tmp_path):
 
 def test_workers_with_their_own_largest_batch_micro_batches_and_loader_processes_train(tmp_path):
     """The fastest worker holds at most 40 samples; every worker runs passes of 16 and loads ahead in 2 processes."""
-    run, printed = run_job(tmp_path, "r", "--dataset", "synthetic", "--model", "mlp", "--epochs", "2",
-                           "--max-batches", "40", "0", "0", "--micro-batch", "16", "--loader-workers", "2",
-                           "--eval-interval-s", "3")
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "2",
+        "--max-batches",
+        "40",
+        "0",
+        "0",
+        "--micro-batch",
+        "16",
+        "--loader-workers",
+        "2",
+        "--eval-interval-s",
+        "3",
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"], summary
     assert summary["final_test_acc"] > 0.8, summary

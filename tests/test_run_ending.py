@@ -33,8 +33,12 @@ def _interrupted_summary(run: RunProcess, out: str, evaluated: int) -> None:
     assert summary["interrupted"] and not summary["finished"]
     assert summary["final_eval_version"] >= evaluated and summary["model_version"] >= summary["final_eval_version"]
     assert summary["final_test_acc"] is not None
-    line = re.search(r"^interrupted at model v(\d+) \(epoch [\d.]+\); last evaluation, of model v(\d+) at [\d.]+ s: "
-                     r"test accuracy ([\d.]+)%", out, re.M)
+    line = re.search(
+        r"^interrupted at model v(\d+) \(epoch [\d.]+\); last evaluation, of model v(\d+) at [\d.]+ s: "
+        r"test accuracy ([\d.]+)%",
+        out,
+        re.M,
+    )
     assert line, out
     assert int(line.group(2)) == summary["final_eval_version"]
     assert float(line.group(3)) == pytest.approx(100 * summary["final_test_acc"], abs=0.006)

@@ -24,8 +24,13 @@ USAGE = "usage: dynabatch run [flags]   (--help lists them)"
 def refuse(tmp_path: Path, flags: list[str], timeout_s: float = 120) -> str:
     """Run `dynabatch run --out TMP/out --name r FLAGS`; its error line, once every check has passed."""
     out = tmp_path / "out"
-    done = subprocess.run(command_line("run", ["--out", str(out), "--name", "r", *flags]), capture_output=True,
-                          text=True, timeout=timeout_s, env=child_env())
+    done = subprocess.run(
+        command_line("run", ["--out", str(out), "--name", "r", *flags]),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=child_env(),
+    )
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     lines = done.stderr.splitlines()
     assert len(lines) == 1 or lines[:-1] == [USAGE], done.stderr
@@ -35,13 +40,24 @@ def refuse(tmp_path: Path, flags: list[str], timeout_s: float = 120) -> str:
     return lines[-1]
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("--epochs", "nan"), ("--epochs", "inf"), ("--lr", "nan"), ("--lr", "-inf"), ("--timeout-s", "inf"),
-    ("--eval-interval-s", "nan"), ("--momentum", "nan"), ("--time-budget-s", "inf"), ("--warmup-fraction", "nan"),
-])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--epochs", "nan"),
+        ("--epochs", "inf"),
+        ("--lr", "nan"),
+        ("--lr", "-inf"),
+        ("--timeout-s", "inf"),
+        ("--eval-interval-s", "nan"),
+        ("--momentum", "nan"),
+        ("--time-budget-s", "inf"),
+        ("--warmup-fraction", "nan"),
+    ],
+)
 def test_a_number_that_is_not_finite_is_refused(tmp_path, flag, value):
     assert refuse(tmp_path, [*BUILTIN, f"{flag}={value}"]) == (
-        f"dynabatch run: error: {flag}: {float(value)} is not a finite number")
+        f"dynabatch run: error: {flag}: {float(value)} is not a finite number"
+    )
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--lr", "--outer-lr"])
@@ -54,9 +70,11 @@ def test_an_m_above_the_workers_is_refused(tmp_path):
     assert refuse(tmp_path, [*flags, "--sync-m", "3"]) == (
         "dynabatch run: error: --sync-m 3: a round takes the first m gradients of m different workers, and the job "
         "starts with 2 worker(s) (--min-workers; dynabatch run: --workers): choose m between 1 and 2, or 0 for every "
-        "live worker")
+        "live worker"
+    )
     assert refuse(tmp_path, [*BUILTIN, "--protocol", "msync", "--sync-m", "-1"]) == (
-        "dynabatch run: error: --sync-m: -1 is below the minimum 0")
+        "dynabatch run: error: --sync-m: -1 is below the minimum 0"
+    )
 
 
 def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path, monkeypatch):
@@ -66,23 +84,28 @@ def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path, monkeyp
 
 def test_a_bad_flag_gets_one_line_of_usage_before_its_reason(tmp_path):
     assert refuse(tmp_path, ["--workers", "many"]) == (
-        "dynabatch run: error: argument --workers: invalid int value: 'many'")
+        "dynabatch run: error: argument --workers: invalid int value: 'many'"
+    )
     assert refuse(tmp_path, ["--no-such-flag"]) == "dynabatch run: error: unrecognized arguments: --no-such-flag"
 
 
 def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_path):
     assert refuse(tmp_path, ["--task", "mytask.py"]) == (
-        "dynabatch run: error: --task 'mytask.py': expected FILE.py:ATTR or package.module:ATTR")
-    probe = ("import sys\nfrom dynabatch.cluster.main import main\ntry:\n    main(['--task', 'mytask.py'])\n"
-             "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)")
+        "dynabatch run: error: --task 'mytask.py': expected FILE.py:ATTR or package.module:ATTR"
+    )
+    probe = (
+        "import sys\nfrom dynabatch.cluster.main import main\ntry:\n    main(['--task', 'mytask.py'])\n"
+        "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=child_env())
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("command", ["run", "check", "export", "scheduler", "ps", "worker"])
 def test_help_gives_each_flag_its_default_once(command):
-    done = subprocess.run(command_line(command, ["--help"]), capture_output=True, text=True, timeout=60,
-                          env=child_env())
+    done = subprocess.run(
+        command_line(command, ["--help"]), capture_output=True, text=True, timeout=60, env=child_env()
+    )
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     flags = set(re.findall(r"^  (--[a-z-]+)", done.stdout, re.M)) - {"--help"}
@@ -95,50 +118,76 @@ BAD = TASKS / "bad.py"
 
 
 @pytest.mark.slow  # each case imports torch twice (run, then check)
-@pytest.mark.parametrize("attr, line", [
-    ("empty_eval", "eval_data() gave an empty dataset"),
-    ("float_metric", "metric <lambda> returned a float; a metric returns {name: (sum, count)}, "
-                     "e.g. {'accuracy': (correct, samples)}"),
-    ("no_grad_loss", "the loss has no gradient (no grad_fn): compute it from the model's output with torch "
-                     "operations, not through .item(), .detach(), numpy or torch.no_grad()"),
-    ("no_eval", "the task has no eval_data for the evaluator: give it one, or pass --no-evaluator"),
-])
+@pytest.mark.parametrize(
+    "attr, line",
+    [
+        ("empty_eval", "eval_data() gave an empty dataset"),
+        (
+            "float_metric",
+            "metric <lambda> returned a float; a metric returns {name: (sum, count)}, "
+            "e.g. {'accuracy': (correct, samples)}",
+        ),
+        (
+            "no_grad_loss",
+            "the loss has no gradient (no grad_fn): compute it from the model's output with torch "
+            "operations, not through .item(), .detach(), numpy or torch.no_grad()",
+        ),
+        ("no_eval", "the task has no eval_data for the evaluator: give it one, or pass --no-evaluator"),
+    ],
+)
 def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path, attr, line):
     assert refuse(tmp_path, ["--task", f"{BAD}:{attr}"]) == f"dynabatch run: {line}"
     if attr != "no_eval":  # check has no evaluator to start
-        done = subprocess.run(command_line("check", ["--task", f"{BAD}:{attr}"]), capture_output=True, text=True,
-                              timeout=120, env=child_env())
+        done = subprocess.run(
+            command_line("check", ["--task", f"{BAD}:{attr}"]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=child_env(),
+        )
         assert (done.returncode, done.stderr) == (2, f"dynabatch check: {line}\n")
 
 
 @pytest.mark.slow  # a task's check imports torch
 def test_a_target_metric_the_evaluations_do_not_report_is_refused(tmp_path):
     assert refuse(tmp_path, [*BUILTIN, "--target-metric", "bleu>=0.9"]) == (
-        "dynabatch run: --target-metric bleu>=0.9: the evaluations report accuracy, loss, not bleu")
+        "dynabatch run: --target-metric bleu>=0.9: the evaluations report accuracy, loss, not bleu"
+    )
     assert refuse(tmp_path, ["--task", f"{TASKS / 'blobs.py'}:task", "--target-metric", "bleu>=0.9"]).startswith(
-        "dynabatch run: --target-metric bleu>=0.9: the evaluations report ")
+        "dynabatch run: --target-metric bleu>=0.9: the evaluations report "
+    )
 
 
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "/abs"])
 def test_a_run_name_that_leaves_out_is_refused(tmp_path, name):
     assert refuse(tmp_path, [*BUILTIN, "--name", name]) == (
-        f"dynabatch run: error: --name {name}: the run folder's name inside --out, without / or ..")
+        f"dynabatch run: error: --name {name}: the run folder's name inside --out, without / or .."
+    )
     assert not (tmp_path.parent / "escape").exists()
 
 
 def test_an_out_that_cannot_hold_a_folder_is_refused(tmp_path):
     (tmp_path / "out").write_text("a file")
-    done = subprocess.run(command_line("run", ["--out", str(tmp_path / "out"), "--name", "r", *BUILTIN]),
-                          capture_output=True, text=True, timeout=60, env=child_env())
-    assert (done.returncode, done.stderr) == (2, f"dynabatch run: --out {tmp_path / 'out'}: cannot write the run "
-                                                 f"folder {tmp_path / 'out' / 'r'}: Not a directory\n")
+    done = subprocess.run(
+        command_line("run", ["--out", str(tmp_path / "out"), "--name", "r", *BUILTIN]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"dynabatch run: --out {tmp_path / 'out'}: cannot write the run "
+        f"folder {tmp_path / 'out' / 'r'}: Not a directory\n",
+    )
     assert (tmp_path / "out").read_text() == "a file" and not mentioning(str(tmp_path))
 
 
 def test_a_data_dir_that_is_not_there_is_an_error_not_a_fallback(tmp_path):
     missing = tmp_path / "no-such-folder"
     assert refuse(tmp_path, ["--dataset", "fashion-mnist", "--data-dir", str(missing)]) == (
-        f"dynabatch run: --data-dir {missing}: no such folder")
+        f"dynabatch run: --data-dir {missing}: no such folder"
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
@@ -150,7 +199,11 @@ def test_damaged_idx_files_in_the_data_dir_are_refused_before_start(tmp_path, da
     images = folder / "train-images-idx3-ubyte"
     raw = images.read_bytes()
     images.write_bytes(raw[:-100] if damage == "truncated" else b"\x01\x02" + raw[2:])
-    expected = ("header declares [50, 28, 28] = 39200 bytes of data, file holds 39100; truncated or corrupt"
-                if damage == "truncated" else "not a uint8 idx file (bad magic number 01020803)")
+    expected = (
+        "header declares [50, 28, 28] = 39200 bytes of data, file holds 39100; truncated or corrupt"
+        if damage == "truncated"
+        else "not a uint8 idx file (bad magic number 01020803)"
+    )
     assert refuse(tmp_path, ["--dataset", "fashion-mnist", "--data-dir", str(folder)]) == (
-        f"dynabatch run: {images}: {expected}")
+        f"dynabatch run: {images}: {expected}"
+    )

@@ -18,8 +18,7 @@ pytestmark = pytest.mark.slow
 STARTUP_S = 60.0  # processes start slowly on a busy two-core machine
 BYE_S = 1.0  # a short BYE timeout, so that giving up is quick to see
 BYE_SLACK_S = 1.0  # what giving up may take beyond its timeout (one attempt's last wait)
-JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000",
-       "--liveness-timeout-s", "60"]
+JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000", "--liveness-timeout-s", "60"]
 
 
 def _link(c: Cluster, name: str) -> SchedulerLink:
@@ -92,8 +91,9 @@ def test_bye_is_acknowledged_by_a_live_scheduler_and_given_up_quickly_without_on
         scheduler.proc.wait()
         started = time.monotonic()
         assert staying.bye() is False
-        assert time.monotonic() - started < BYE_ATTEMPT_S + BYE_SLACK_S, \
+        assert time.monotonic() - started < BYE_ATTEMPT_S + BYE_SLACK_S, (
             f"its connection closed: one attempt, not the whole {BYE_TIMEOUT_S:g} s"
+        )
         assert _link(c, "never-registered").bye(BYE_S) is True, "nothing to take leave of"
     finally:
         leaving.close()

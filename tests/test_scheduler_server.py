@@ -40,8 +40,7 @@ pytestmark = pytest.mark.slow
 
 REPLY_S = 10.0  # a reply on a busy two-core machine
 RETRY_S = 2.0  # one try while waiting for a process to start
-JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000",
-       "--liveness-timeout-s", "60"]
+JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000", "--liveness-timeout-s", "60"]
 
 
 def _workers(c: Cluster) -> dict[str, WorkerStatus]:
@@ -139,12 +138,16 @@ def _welcomed(c: Cluster, instance: str) -> Welcome | None:
         return None
 
 
-@pytest.mark.parametrize("sender, job, body, code", [
-    ("w999", "dynabatch", Heartbeat(), "unknown_sender"),
-    ("test", "other-job", StatusRequest(), "wrong_job"),
-    ("test", "dynabatch", Pull(), "unexpected_type"),
-    ("test", "dynabatch", PushAck(version=1), "unexpected_type"),
-], ids=["heartbeat from a stranger", "another job", "a shard's request", "a shard's answer"])
+@pytest.mark.parametrize(
+    "sender, job, body, code",
+    [
+        ("w999", "dynabatch", Heartbeat(), "unknown_sender"),
+        ("test", "other-job", StatusRequest(), "wrong_job"),
+        ("test", "dynabatch", Pull(), "unexpected_type"),
+        ("test", "dynabatch", PushAck(version=1), "unexpected_type"),
+    ],
+    ids=["heartbeat from a stranger", "another job", "a shard's request", "a shard's answer"],
+)
 def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, sender, job, body, code):
     c = cluster
     wait_for("the scheduler to answer STATUS", c.status, 60)
@@ -176,8 +179,10 @@ def test_status_answers_with_the_registered_workers(cluster):
 
 def _eval_series(scheduler: Proc) -> dict[str, float]:
     """dynabatch_eval_metric's series on the scheduler's /metrics, by name."""
-    return {name: float(value) for name, value in
-            re.findall(r'^dynabatch_eval_metric\{name="([^"]*)"\} (\S+)$', scheduler.metrics(), re.M)}
+    return {
+        name: float(value)
+        for name, value in re.findall(r'^dynabatch_eval_metric\{name="([^"]*)"\} (\S+)$', scheduler.metrics(), re.M)
+    }
 
 
 def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster):

@@ -23,20 +23,24 @@ def test_step_multiplies_by_gamma_at_each_milestone():
     assert db.schedule.constant().factor(0.3) == 1.0
 
 
-@pytest.mark.parametrize("schedule", [None, db.schedule.constant(), db.schedule.warmup_cosine(0.1),
-                                      db.schedule.step([0.3, 0.6], 0.5)])
+@pytest.mark.parametrize(
+    "schedule", [None, db.schedule.constant(), db.schedule.warmup_cosine(0.1), db.schedule.step([0.3, 0.6], 0.5)]
+)
 def test_a_schedule_survives_the_wire(schedule):
     back = schedule_from_fields(schedule_fields(schedule))
     assert back == (schedule or db.schedule.constant())
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"name": "exponential"}, "not one of"),
-    ({"name": "step", "milestones": [0.6, 0.3]}, "ascending"),
-    ({"name": "warmup_cosine", "warmup": 1.5}, "fraction"),
-    ({"name": "constant", "gamma": "x"}, "schedule fields"),
-    ({"name": "constant", "extra": 1}, "unknown fields"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"name": "exponential"}, "not one of"),
+        ({"name": "step", "milestones": [0.6, 0.3]}, "ascending"),
+        ({"name": "warmup_cosine", "warmup": 1.5}, "fraction"),
+        ({"name": "constant", "gamma": "x"}, "schedule fields"),
+        ({"name": "constant", "extra": 1}, "unknown fields"),
+    ],
+)
 def test_a_malformed_schedule_from_a_peer_is_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):
         schedule_from_fields(fields)

@@ -30,15 +30,37 @@ from harness import Cluster, metric_value, wait_for
 pytestmark = pytest.mark.slow
 
 REPLY_S = 10.0
-JOB = ["--dataset", "synthetic", "--model", "flat:10000", "--chunk-bytes", "8192", "--epochs", "1000",
-       "--liveness-timeout-s", "60", "--protocol", "asgd", "--no-direction-check"]
+JOB = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "flat:10000",
+    "--chunk-bytes",
+    "8192",
+    "--epochs",
+    "1000",
+    "--liveness-timeout-s",
+    "60",
+    "--protocol",
+    "asgd",
+    "--no-direction-check",
+]
 CLAIM_SEQ = 1 << 20  # the claiming pull's own seq, far from the connection's counter
 
 
 def _step(transfer_s: float) -> Heartbeat:
     """One step's report of a 1 s step spending `transfer_s` of it moving 80 kB."""
-    return Heartbeat(steps=1, samples=8, batch=8, step_s=1.0, compute_s=1.0 - transfer_s, pull_s=transfer_s / 2,
-                     push_s=transfer_s / 2, bytes=80_000, standalone_sps=1000.0)
+    return Heartbeat(
+        steps=1,
+        samples=8,
+        batch=8,
+        step_s=1.0,
+        compute_s=1.0 - transfer_s,
+        pull_s=transfer_s / 2,
+        push_s=transfer_s / 2,
+        bytes=80_000,
+        standalone_sps=1000.0,
+    )
 
 
 def _send_claiming(conn: Connection, body: Pull) -> int:
@@ -87,8 +109,9 @@ def test_a_shard_serves_the_ranked_workers_waiting_pull_first_whatever_a_worker_
             conn, _ = links[name]
             conn.request(_step(transfer_s), REPLY_S)
         wid = {name: wid for name, (_, wid) in links.items()}
-        status = c.wait_status("both workers' steps reported",
-                               lambda s: all(s.workers[w].steps == 1 for w in wid.values()))
+        status = c.wait_status(
+            "both workers' steps reported", lambda s: all(s.workers[w].steps == 1 for w in wid.values())
+        )
         shown = {name: status.workers[w] for name, w in wid.items()}
         job = job_from_dict(welcome.config)
         if schedule == "scheduled":
@@ -96,10 +119,23 @@ def test_a_shard_serves_the_ranked_workers_waiting_pull_first_whatever_a_worker_
             assert "Mbit/s" in shown["wired"].wire_reason, shown["wired"]
             assert shown["wired"].credit_bytes == job.max_inflight_bytes, "a 1 Mbit link gets no more than the job's"
             credit = shown["wired"].credit_bytes
-            wait_for("the scheduler's gauge of the plan", lambda: metric_value(
-                scheduler.metrics(), "dynabatch_worker_credit_bytes", worker=wid["wired"]) == credit, 30)
-            wait_for("the shard to take the scheduler's ranks", lambda: metric_value(  # an absent series reads 0
-                shard.metrics(), "dynabatch_ps_serve_rank", worker=wid["computing"]) == 1, 30)
+            wait_for(
+                "the scheduler's gauge of the plan",
+                lambda: (
+                    metric_value(scheduler.metrics(), "dynabatch_worker_credit_bytes", worker=wid["wired"]) == credit
+                ),
+                30,
+            )
+            wait_for(
+                "the shard to take the scheduler's ranks",
+                lambda: (
+                    metric_value(  # an absent series reads 0
+                        shard.metrics(), "dynabatch_ps_serve_rank", worker=wid["computing"]
+                    )
+                    == 1
+                ),
+                30,
+            )
             assert metric_value(shard.metrics(), "dynabatch_ps_serve_rank", worker=wid["wired"]) == 0
         else:
             assert shown["wired"].serve_rank == -1 and shown["wired"].wire_reason == "fixed by the job's flags"

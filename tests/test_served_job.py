@@ -22,8 +22,9 @@ SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"]
 
 def _served(tmp_path, index: int = 1, **job) -> ServedJob:
     config = replace(JobConfig(), job="j", shards=2, chunk_bytes=1024, protocol="asgd", epochs=2.0, **job)
-    return ServedJob.welcomed(Welcome(id="ps1", config=to_dict(config), shards=[], shard_index=index),
-                              CollectorRegistry(), str(tmp_path))
+    return ServedJob.welcomed(
+        Welcome(id="ps1", config=to_dict(config), shards=[], shard_index=index), CollectorRegistry(), str(tmp_path)
+    )
 
 
 def test_the_welcome_fixes_the_index_label_checkpoint_file_and_push_bounds(tmp_path):
@@ -31,8 +32,9 @@ def test_the_welcome_fixes_the_index_label_checkpoint_file_and_push_bounds(tmp_p
     assert (served.index, served.label, served.checkpoint_path) == (1, "1", tmp_path / "shard-1.pt")
     assert served.max_samples == max_push_samples(served.job) == 64
     assert served.checkpoint_meta == {"job": "j", "shard": 1, "shards": 2, "chunk_bytes": 1024}
-    assert not ServedJob.welcomed(Welcome(id="ps0", config=to_dict(served.job), shards=[], shard_index=0),
-                                  CollectorRegistry(), "").checkpoint_path  # no --checkpoint-dir: none kept
+    assert not ServedJob.welcomed(
+        Welcome(id="ps0", config=to_dict(served.job), shards=[], shard_index=0), CollectorRegistry(), ""
+    ).checkpoint_path  # no --checkpoint-dir: none kept
 
 
 def test_the_state_it_builds_holds_this_shards_chunks_and_steps_with_the_inits_schedule(tmp_path):
@@ -42,7 +44,7 @@ def test_the_state_it_builds_holds_this_shards_chunks_and_steps_with_the_inits_s
     flat = torch.arange(SIG.total, dtype=torch.float32)
     state = served.new_state(SIG, flat, {}, schedule_fields(step([0.5], gamma=0.1)))
     assert [c.id for c in state.chunks] == [c.id for c in mine]
-    assert torch.equal(state.params[mine[0].id], flat[mine[0].start:mine[0].stop])
+    assert torch.equal(state.params[mine[0].id], flat[mine[0].start : mine[0].stop])
     assert state.run_samples == SIG.train_size * 2.0  # the training set, twice: where the schedule's 0.5 falls
     state.follow_job(0.6, 1.0)
     assert state.lr_factor == pytest.approx(0.1)
@@ -54,7 +56,10 @@ def test_its_checkpoint_is_read_back_and_another_jobs_is_refused(tmp_path):
     assert served.load_checkpoint() is None  # none written yet
     served.save_checkpoint({"params": {}, "marker": 7})
     assert served.load_checkpoint()["marker"] == 7
-    other = ServedJob.welcomed(Welcome(id="ps1", config=to_dict(replace(served.job, job="other")), shards=[],
-                                       shard_index=1), CollectorRegistry(), str(tmp_path))
+    other = ServedJob.welcomed(
+        Welcome(id="ps1", config=to_dict(replace(served.job, job="other")), shards=[], shard_index=1),
+        CollectorRegistry(),
+        str(tmp_path),
+    )
     with pytest.raises(ForeignCheckpoint):
         other.load_checkpoint()

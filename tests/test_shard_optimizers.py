@@ -47,8 +47,13 @@ def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _shards(spec: optim.OptimizerSpec, protocol: str, workers: int = 1, shards: int = 2,
-            settings: ProtocolSettings | None = None) -> list[ShardState]:
+def _shards(
+    spec: optim.OptimizerSpec,
+    protocol: str,
+    workers: int = 1,
+    shards: int = 2,
+    settings: ProtocolSettings | None = None,
+) -> list[ShardState]:
     """The model's chunks held by `shards` shards (chunks of 256 values: about a dozen), `workers` live."""
     model = _net()
     flat = _flat(model)
@@ -65,7 +70,7 @@ def _push(states: list[ShardState], worker: str, g: torch.Tensor, samples: int) 
     """Every chunk of gradient `g` to its shard; True if every chunk was updated now."""
     applied = []
     for state in states:
-        chunks = {c.id: g[c.start:c.stop] for c in state.chunks}
+        chunks = {c.id: g[c.start : c.stop] for c in state.chunks}
         out = state.push(worker, chunks, {cid: state.chunk_versions[cid] for cid in chunks}, samples, "grad", 0.0)
         applied.append(len(out.applied) == len(chunks))
     assert len(set(applied)) == 1, "every chunk steps together"
@@ -92,7 +97,7 @@ def _torch_optimizer(spec: optim.OptimizerSpec, model: nn.Module) -> torch.optim
 def _reference_step(model: nn.Module, opt: torch.optim.Optimizer, g: torch.Tensor, lr: float) -> None:
     offset = 0
     for p in model.parameters():
-        p.grad = g[offset:offset + p.numel()].reshape(p.shape).clone()
+        p.grad = g[offset : offset + p.numel()].reshape(p.shape).clone()
         offset += p.numel()
     for group in opt.param_groups:
         group["lr"] = lr
@@ -216,21 +221,24 @@ def test_a_restored_shard_takes_the_same_next_step_as_the_uninterrupted_one(tmp_
 JOB = JobConfig()
 
 
-@pytest.mark.parametrize("fields, names", [
-    ({"name": "lion", "lr": 0.01}, "'lion' is not applied"),
-    ({"name": "adamw", "lr": -0.01}, "lr must be a finite non-negative number"),
-    ({"name": "adam", "lr": "fast"}, "lr must be"),
-    ({"name": "adam", "lr": True}, "lr must be"),
-    ({"name": "adamw", "lr": 1e-3, "betas": [0.9, 1.0]}, "betas must lie in [0, 1)"),
-    ({"name": "adamw", "lr": 1e-3, "betas": [-0.1, 0.9]}, "betas must be"),
-    ({"name": "adamw", "lr": 1e-3, "betas": [0.9]}, "betas must be two numbers"),
-    ({"name": "adam", "lr": 1e-3, "eps": 0.0}, "eps must be positive"),
-    ({"name": "adam", "lr": 1e-3, "weight_decay": float("nan")}, "weight_decay must be"),
-    ({"name": "adam", "lr": 1e-3, "momentum": 0.9}, "unknown fields ['momentum']"),
-    ({"name": "sgd", "lr": 0.1, "nesterov": "yes"}, "nesterov must be true or false"),
-    ({"name": "sgd", "lr": 0.1, "no_decay": "bias"}, "no_decay must be a list"),
-    (["sgd", 0.1], "a map of fields"),
-])
+@pytest.mark.parametrize(
+    "fields, names",
+    [
+        ({"name": "lion", "lr": 0.01}, "'lion' is not applied"),
+        ({"name": "adamw", "lr": -0.01}, "lr must be a finite non-negative number"),
+        ({"name": "adam", "lr": "fast"}, "lr must be"),
+        ({"name": "adam", "lr": True}, "lr must be"),
+        ({"name": "adamw", "lr": 1e-3, "betas": [0.9, 1.0]}, "betas must lie in [0, 1)"),
+        ({"name": "adamw", "lr": 1e-3, "betas": [-0.1, 0.9]}, "betas must be"),
+        ({"name": "adamw", "lr": 1e-3, "betas": [0.9]}, "betas must be two numbers"),
+        ({"name": "adam", "lr": 1e-3, "eps": 0.0}, "eps must be positive"),
+        ({"name": "adam", "lr": 1e-3, "weight_decay": float("nan")}, "weight_decay must be"),
+        ({"name": "adam", "lr": 1e-3, "momentum": 0.9}, "unknown fields ['momentum']"),
+        ({"name": "sgd", "lr": 0.1, "nesterov": "yes"}, "nesterov must be true or false"),
+        ({"name": "sgd", "lr": 0.1, "no_decay": "bias"}, "no_decay must be a list"),
+        (["sgd", 0.1], "a map of fields"),
+    ],
+)
 def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields, names):
     with pytest.raises(ProtocolError, match="bad_field") as refused:
         optimizer_spec(JOB, fields)
@@ -240,5 +248,6 @@ def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields, names)
 def test_the_wire_form_of_every_spec_is_accepted_back_and_no_spec_means_the_jobs_sgd():
     for spec in (*SPECS, optim.SGD(), optim.Adam(), optim.AdamW()):
         assert optimizer_spec(JOB, spec.to_wire()) == spec
-    assert optimizer_spec(JOB, {}) == optim.SGD(lr=JOB.lr, momentum=JOB.momentum, weight_decay=JOB.weight_decay,
-                                                nesterov=JOB.nesterov)
+    assert optimizer_spec(JOB, {}) == optim.SGD(
+        lr=JOB.lr, momentum=JOB.momentum, weight_decay=JOB.weight_decay, nesterov=JOB.nesterov
+    )

@@ -28,15 +28,31 @@ def test_a_shard_reports_the_bounds_it_applied_and_at_once_when_one_grew(tmp_pat
     router.config = to_dict(JobConfig(job="j", dataset="synthetic", model="mlp", heartbeat_s=HEARTBEAT_S))
     router.answer = Assignment(assignment_id=1, live_workers=["w9"], batches={"w9": 32}, membership=1)
     log = (tmp_path / "ps.log").open("wb")
-    shard = subprocess.Popen(command_line("ps", ["--scheduler", router.endpoint, "--job", "j", "--shard-index", "0",
-                                                 "--bind", f"tcp://127.0.0.1:{free_port()}"]),
-                             stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    shard = subprocess.Popen(
+        command_line(
+            "ps",
+            [
+                "--scheduler",
+                router.endpoint,
+                "--job",
+                "j",
+                "--shard-index",
+                "0",
+                "--bind",
+                f"tcp://127.0.0.1:{free_port()}",
+            ],
+        ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+    )
     try:
         first = wait_for("the shard's first heartbeat", lambda: _heartbeats(router), 120)[0]
         answered = time.monotonic()
         assert first.batches is None, "it applied no answer yet"
-        second = wait_for("the shard's report of the bound it applied", lambda: _heartbeats(router)[1:],
-                          HEARTBEAT_S / 2)[0]
+        second = wait_for(
+            "the shard's report of the bound it applied", lambda: _heartbeats(router)[1:], HEARTBEAT_S / 2
+        )[0]
         assert time.monotonic() - answered < HEARTBEAT_S / 2
         assert second.batches == {"w9": 32} and second.membership == 1
     finally:

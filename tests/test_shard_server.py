@@ -37,8 +37,18 @@ pytestmark = pytest.mark.slow
 ROUND_TIMEOUT_S = 1.0  # the ssgd job's --round-timeout-s: how long a parked pull may wait on a round
 REPLY_S = 10.0  # a reply on a busy two-core machine
 # A small flat model cut into several chunks, so that "every chunk" means more than one.
-JOB = ["--dataset", "synthetic", "--model", "flat:10000", "--chunk-bytes", "8192",
-       "--epochs", "1000", "--liveness-timeout-s", "60"]
+JOB = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "flat:10000",
+    "--chunk-bytes",
+    "8192",
+    "--epochs",
+    "1000",
+    "--liveness-timeout-s",
+    "60",
+]
 
 Chunks = dict[int, tuple[int, torch.Tensor]]  # chunk id -> (version, values)
 
@@ -81,14 +91,21 @@ def shard(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ssgd(tmp_path_factory):
-    s = _start(tmp_path_factory.mktemp("shard_server_ssgd"), "--protocol", "ssgd",
-               "--round-timeout-s", str(ROUND_TIMEOUT_S))
+    s = _start(
+        tmp_path_factory.mktemp("shard_server_ssgd"), "--protocol", "ssgd", "--round-timeout-s", str(ROUND_TIMEOUT_S)
+    )
     yield s
     s.cluster.stop()
 
 
-def _answers(conn: Connection, seq: int, ids: set[int], kinds: tuple[type, ...] = (Params,),
-             until: type | None = None, timeout_s: float = REPLY_S) -> tuple[list[object], Chunks]:
+def _answers(
+    conn: Connection,
+    seq: int,
+    ids: set[int],
+    kinds: tuple[type, ...] = (Params,),
+    until: type | None = None,
+    timeout_s: float = REPLY_S,
+) -> tuple[list[object], Chunks]:
     """The answers to request `seq` until every chunk of `ids` has come (and one of type `until`): their bodies
     in the order they came, and the chunks they carried. An answer to another request, or of another kind
     than `kinds`, fails the test."""
@@ -159,12 +176,16 @@ def _nan(chunks: Chunks) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
     return metas, tensors
 
 
-@pytest.mark.parametrize("make, sender, code", [
-    (_unknown_chunk, "", "unknown_chunk"),
-    (_short_chunk, "", "bad_shape"),
-    (_nan, "", "non_finite"),
-    (lambda chunks: _gradient(chunks, 0.5), "w999", "unknown_sender"),
-], ids=["wrong chunk id", "wrong length", "NaN", "unknown sender"])
+@pytest.mark.parametrize(
+    "make, sender, code",
+    [
+        (_unknown_chunk, "", "unknown_chunk"),
+        (_short_chunk, "", "bad_shape"),
+        (_nan, "", "non_finite"),
+        (lambda chunks: _gradient(chunks, 0.5), "w999", "unknown_sender"),
+    ],
+    ids=["wrong chunk id", "wrong length", "NaN", "unknown sender"],
+)
 def test_a_refused_push_is_answered_counted_and_changes_nothing(shard, make, sender, code):
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
@@ -207,10 +228,13 @@ def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothi
     _assert_same(_pull(shard.conn, ids), before)
 
 
-@pytest.mark.parametrize("part, value, named", [
-    ("optimizer", {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8}, "adam"),
-    ("schedule", {"name": "step", "warmup": 0.0, "milestones": [0.5], "gamma": 0.1}, "step"),
-])
+@pytest.mark.parametrize(
+    "part, value, named",
+    [
+        ("optimizer", {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8}, "adam"),
+        ("schedule", {"name": "step", "warmup": 0.0, "milestones": [0.5], "gamma": 0.1}, "step"),
+    ],
+)
 def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_naming_it(shard, part, value, named):
     """The job's optimizer and schedule are part of its signature: a worker whose task names others would train
     as if its own applied; the shards step with the first worker's."""
@@ -294,8 +318,14 @@ def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushe
     _assert_same(_pull(ssgd.conn, ids), answered)
 
 
-def _refused_from(conn: Connection, shard: Shard, code: str, body: object, chunks: Sequence[ChunkMeta] = (),
-                  tensors: Sequence[torch.Tensor] = ()) -> str:
+def _refused_from(
+    conn: Connection,
+    shard: Shard,
+    code: str,
+    body: object,
+    chunks: Sequence[ChunkMeta] = (),
+    tensors: Sequence[torch.Tensor] = (),
+) -> str:
     """`body` sent on `conn` must be refused with `code` and counted; returns the refusal's text."""
     counted = shard.bad_messages(code)
     with pytest.raises(RemoteError) as refused:
@@ -310,7 +340,7 @@ def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_chang
     before = _pull(shard.conn, ids)  # the worker's own connection speaks for it (bound by now)
     impostor = shard.client(shard.worker_id)
     try:
-        _refused_from(impostor, shard, "bad_sender", Push(samples=2 ** 62), *_gradient(before, 1e6))
+        _refused_from(impostor, shard, "bad_sender", Push(samples=2**62), *_gradient(before, 1e6))
         _refused_from(impostor, shard, "bad_sender", Pull())
     finally:
         impostor.close()
@@ -366,8 +396,9 @@ ROUNDS = 50
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    s = _start(tmp_path_factory.mktemp("shard_server_big"), "--model", f"flat:{BIG_PARAMS}", "--chunk-bytes",
-               str(1 << 20))
+    s = _start(
+        tmp_path_factory.mktemp("shard_server_big"), "--model", f"flat:{BIG_PARAMS}", "--chunk-bytes", str(1 << 20)
+    )
     yield s
     s.cluster.stop()
 

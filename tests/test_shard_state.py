@@ -259,8 +259,13 @@ def test_plain_averaging_lands_on_the_mean_of_the_local_models():
 
 
 def test_gradient_protocols_refuse_deltas_and_delta_protocols_refuse_gradients():
-    for protocol, wrong in (("asgd", "delta"), ("ssgd", "delta"), ("softsync", "delta"), ("local", "grad"),
-                            ("msd", "grad")):
+    for protocol, wrong in (
+        ("asgd", "delta"),
+        ("ssgd", "delta"),
+        ("softsync", "delta"),
+        ("local", "grad"),
+        ("msd", "grad"),
+    ):
         state, w0 = _state(protocol)
         with pytest.raises(ProtocolError, match="kind"):
             state.push("w0", _split(state, torch.ones(1000)), {c.id: 0 for c in state.chunks}, 32, wrong, 0.0)
@@ -273,7 +278,7 @@ def test_chunks_are_applied_one_by_one_as_they_arrive():
     g = torch.ones(1000)
     first = state.chunks[0]
     for w in ("w0", "w1", "w2"):
-        out = state.push(w, {first.id: g[first.start:first.stop]}, {first.id: 0}, 10, "grad", 0.0)
+        out = state.push(w, {first.id: g[first.start : first.stop]}, {first.id: 0}, 10, "grad", 0.0)
     assert out.applied == [first.id]
     assert state.chunk_versions[first.id] == 1 and state.version == 0
     assert all(state.chunk_versions[c.id] == 0 for c in state.chunks[1:])
@@ -370,8 +375,10 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch():
     assert state.pull_blocked("w0") and not state.pull_blocked("w1")
 
 
-@pytest.mark.parametrize("protocol, settings", [("asgd", AsyncSettings(staleness_step="delay")),
-                                                ("ssp", SspSettings(100, staleness_step="delay"))])
+@pytest.mark.parametrize(
+    "protocol, settings",
+    [("asgd", AsyncSettings(staleness_step="delay")), ("ssp", SspSettings(100, staleness_step="delay"))],
+)
 def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol, settings):
     """--staleness-step delay: gradients 0, 1 and 3 versions stale step at lr, lr and lr/3 (B/n samples each,
     DBS weight 1)."""
@@ -403,8 +410,9 @@ def test_the_schedules_factor_scales_every_update():
     torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)], lr_factor=0.25))
 
 
-@pytest.mark.parametrize("total, chunk_bytes, shards",
-                         [(1000, 1 << 20, 2), (1000, 1 << 20, 3), (7, 4, 7), (10_000, 4096, 2)])
+@pytest.mark.parametrize(
+    "total, chunk_bytes, shards", [(1000, 1 << 20, 2), (1000, 1 << 20, 3), (7, 4, 7), (10_000, 4096, 2)]
+)
 def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total, chunk_bytes, shards):
     """A model that fits one chunk is cut finer rather than leave a shard empty (it crashed on min() of nothing)."""
     layout = make_layout(total, chunk_bytes, shards)
@@ -454,8 +462,9 @@ def test_ringmaster_r_defaults_to_the_live_workers_and_scales_the_step_by_its_de
     expected = _reference(w0, [(g[0], 1.0), (g[1], 1.0), (g[2], 1.0), (g[3], 2 / 3), (g[0], 0.5)])
     torch.testing.assert_close(_flat(state), expected)
     _push(state, "w1", g[1], 5, 4 * B)
-    torch.testing.assert_close(_flat(state), _reference(w0, [(g[0], 1.0), (g[1], 1.0), (g[2], 1.0), (g[3], 2 / 3),
-                                                              (g[0], 0.5), (g[1], 1.0)]))
+    torch.testing.assert_close(
+        _flat(state), _reference(w0, [(g[0], 1.0), (g[1], 1.0), (g[2], 1.0), (g[3], 2 / 3), (g[0], 0.5), (g[1], 1.0)])
+    )
 
 
 def test_rennala_steps_once_b_samples_at_the_current_version_are_in_and_discards_older_ones():
@@ -498,8 +507,9 @@ def test_msync_applies_the_first_m_of_a_round_and_discards_the_rest(caplog):
     with pytest.raises(ProtocolError, match="already pushed"):
         _push(state, "w1", g[3], 1, 32)
     assert _push(state, "w2", g[4], 1, 32).applied and state.version == 2, "one version per round"
-    torch.testing.assert_close(_flat(state), _reference(w0, [((32 * g[0] + 64 * g[1]) / 96, 1.0),
-                                                              ((g[3] + g[4]) / 2, 1.0)]))
+    torch.testing.assert_close(
+        _flat(state), _reference(w0, [((32 * g[0] + 64 * g[1]) / 96, 1.0), ((g[3] + g[4]) / 2, 1.0)])
+    )
     _push(state, "w0", g[0], 2, 32)
     with caplog.at_level("WARNING", logger="dynabatch.ps"):
         state.set_membership({"w0"}, allocated=1)

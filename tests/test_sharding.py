@@ -17,10 +17,32 @@ EPOCHS, BATCH, TRAIN = 0.6, 96, 12000  # 75 whole rounds: equality to float tole
 
 
 def _train(tmp_path: Path, shards: int) -> tuple[torch.Tensor, list[int]]:
-    run_dir, _ = run_job(tmp_path, f"s{shards}", "--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd",
-                         "--batch-policy", "fixed", "--workers", "2", "--slowdowns", "1", "2", "--no-evaluator",
-                         "--epochs", str(EPOCHS), "--global-batch", str(BATCH), "--chunk-bytes", "131072",
-                         "--shards", str(shards))
+    run_dir, _ = run_job(
+        tmp_path,
+        f"s{shards}",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--protocol",
+        "ssgd",
+        "--batch-policy",
+        "fixed",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--no-evaluator",
+        "--epochs",
+        str(EPOCHS),
+        "--global-batch",
+        str(BATCH),
+        "--chunk-bytes",
+        "131072",
+        "--shards",
+        str(shards),
+    )
     samples = json.loads((run_dir / "summary.json").read_text())["samples"]
     assert samples == EPOCHS * TRAIN, f"{samples} samples: every round must be one global batch, the last one too"
     chunks: dict[int, torch.Tensor] = {}

@@ -43,8 +43,13 @@ def test_asgd_staleness_is_workers_minus_one(data):
 
 
 def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed(data):
-    workers = (WorkerSpec("1"), WorkerSpec("1"), WorkerSpec("4"), WorkerSpec("1", leave_s=0.3),
-               WorkerSpec("1", join_s=0.2))
+    workers = (
+        WorkerSpec("1"),
+        WorkerSpec("1"),
+        WorkerSpec("4"),
+        WorkerSpec("1", leave_s=0.3),
+        WorkerSpec("1", join_s=0.2),
+    )
     r = simulate(tiny("ssgd", "dynamic", workers, budget_s=0.8), data)
     assert r.staleness_counts == [r.staleness_counts[0]]  # synchronous: never stale
     assert set(r.batches) == {"w0", "w1", "w2", "w4"}  # w3 left, w4 joined
@@ -90,8 +95,9 @@ def test_other_protocols_train(data, protocol):
 @pytest.mark.slow
 def test_a_study_run_in_parallel_processes_gives_each_run_exactly_as_run_alone():
     """Runs finish in any order side by side, but each stays a function of its seed."""
-    part = Part("tiny", "bench4", 64, "mlp", (("asgd", "dynamic"), ("ssgd", "fixed")), (0,), 0.2, 0.1, 100,
-                dataset="synthetic")
+    part = Part(
+        "tiny", "bench4", 64, "mlp", (("asgd", "dynamic"), ("ssgd", "fixed")), (0,), 0.2, 0.1, 100, dataset="synthetic"
+    )
     plan = [(part, 0, protocol, policy) for protocol, policy in part.configs]
     lines: list[str] = []
     alone = {(r.protocol, r.policy): r for _, r in run_plan(plan, 1, lines.append)}

@@ -25,8 +25,16 @@ def test_bad_schedules_are_refused_with_the_text(bad):
         Slowdown.parse(bad)
 
 
-@pytest.mark.parametrize("text, label", [("1", "1x"), ("2.5x", "2.5x"), ("1x,4x@60s,1x@120s", "1x,4x@60s,1x@120s"),
-                                         ("3x@10s", "1x,3x@10s"), ("2:0.05", "2x:0.05s")])
+@pytest.mark.parametrize(
+    "text, label",
+    [
+        ("1", "1x"),
+        ("2.5x", "2.5x"),
+        ("1x,4x@60s,1x@120s", "1x,4x@60s,1x@120s"),
+        ("3x@10s", "1x,3x@10s"),
+        ("2:0.05", "2x:0.05s"),
+    ],
+)
 def test_the_label_is_the_schedule_as_parse_reads_it(text, label):
     assert Slowdown.parse(text).label() == label
     assert Slowdown.parse(label) == Slowdown.parse(text)

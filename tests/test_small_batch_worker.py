@@ -57,12 +57,16 @@ def test_a_worker_with_max_batch_1_trains_with_the_others_as_well_as_without_it(
         twin = jobs.submit(_run, tmp_path, "without", WITHOUT)
         job = jobs.submit(_run, tmp_path, "small", WITH_SMALL)
         (without, without_norm, _), (small, small_norm, shard_log) = twin.result(), job.result()
-    print(f"without it {without['final_test_acc']:.4f} |w| {without_norm:.3g}; with it (--max-batch 1) "
-          f"{small['final_test_acc']:.4f} |w| {small_norm:.3g};",
-          *[line for line in shard_log.splitlines() if "direction scores" in line])
+    print(
+        f"without it {without['final_test_acc']:.4f} |w| {without_norm:.3g}; with it (--max-batch 1) "
+        f"{small['final_test_acc']:.4f} |w| {small_norm:.3g};",
+        *[line for line in shard_log.splitlines() if "direction scores" in line],
+    )
     worker = next(w for w in small["workers"].values() if w["max_batch"] == 1)
     assert worker["final_batch"] == 1 and worker["samples"] > 0 and not worker["left_early"], worker
     assert "quarantined:" not in shard_log, "an honest worker of small batches is not a liar"
     assert small_norm < 2 * without_norm, f"|w| {small_norm:.3g} against the twin's {without_norm:.3g}"
-    assert small["final_test_acc"] >= without["final_test_acc"] - MARGIN, (small["final_test_acc"],
-                                                                          without["final_test_acc"])
+    assert small["final_test_acc"] >= without["final_test_acc"] - MARGIN, (
+        small["final_test_acc"],
+        without["final_test_acc"],
+    )

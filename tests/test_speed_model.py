@@ -29,8 +29,9 @@ def test_step_model_predictions() -> None:
         m.samples_per_s(0)
 
 
-@pytest.mark.parametrize("fixed, per_sample",
-                         [(-0.1, 0.001), (0.0, 0.0), (0.0, -1.0), (math.nan, 0.001), (0.0, math.inf)])
+@pytest.mark.parametrize(
+    "fixed, per_sample", [(-0.1, 0.001), (0.0, 0.0), (0.0, -1.0), (math.nan, 0.001), (0.0, math.inf)]
+)
 def test_step_model_rejects_invalid_parameters(fixed: float, per_sample: float) -> None:
     with pytest.raises(ValueError):
         StepModel(fixed, per_sample)
@@ -59,8 +60,10 @@ def test_window_bounds_observations() -> None:
     assert model.observations == 4
 
 
-@pytest.mark.parametrize("batch, seconds", [(0, 0.1), (-3, 0.1), (2.5, 0.1), ("64", 0.1), (64, 0.0), (64, -0.1),
-                                            (64, math.nan), (64, math.inf)])
+@pytest.mark.parametrize(
+    "batch, seconds",
+    [(0, 0.1), (-3, 0.1), (2.5, 0.1), ("64", 0.1), (64, 0.0), (64, -0.1), (64, math.nan), (64, math.inf)],
+)
 def test_invalid_observation_raises_and_changes_nothing(batch: object, seconds: float) -> None:
     model = SpeedModel()
     model.observe(64, 0.1)
@@ -71,8 +74,16 @@ def test_invalid_observation_raises_and_changes_nothing(batch: object, seconds: 
     assert model.fit() == before
 
 
-@pytest.mark.parametrize("kwargs", [{"window": 0}, {"forgetting": 0.0}, {"forgetting": 1.5},
-                                    {"prior_samples_per_s": 0.0}, {"prior_samples_per_s": math.nan}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"window": 0},
+        {"forgetting": 0.0},
+        {"forgetting": 1.5},
+        {"prior_samples_per_s": 0.0},
+        {"prior_samples_per_s": math.nan},
+    ],
+)
 def test_invalid_construction_raises(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SpeedModel(**kwargs)

@@ -19,8 +19,23 @@ from harness import run_job
 
 pytestmark = pytest.mark.slow
 
-FLAGS = ("--dataset", "synthetic", "--model", "mlp", "--epochs", "0.5", "--workers", "2", "--slowdowns", "1", "4",
-         "--batch-policy", "fixed", "--protocol", "ssp")
+FLAGS = (
+    "--dataset",
+    "synthetic",
+    "--model",
+    "mlp",
+    "--epochs",
+    "0.5",
+    "--workers",
+    "2",
+    "--slowdowns",
+    "1",
+    "4",
+    "--batch-policy",
+    "fixed",
+    "--protocol",
+    "ssp",
+)
 
 
 def _staleness(tmp_path, bound: int) -> tuple[staleness.StalenessStats, list[int]]:

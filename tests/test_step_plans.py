@@ -66,8 +66,9 @@ def test_a_round_step_waits_next_for_its_rounds_versions_and_goes_on_while_the_s
     assert actions[2] == Push(GRADIENT, 32, then_pull=[3, 4]), "a push may bring the next round's model back"
     assert next(plan.step(Orders())) == Pull([3, 4], waits=True)
     actions, trained = run(plan.step(Orders()), [Pulled([3, 4], 3), True, None])
-    assert actions == [Pull([3, 4], waits=True), Compute(32), Push(GRADIENT, 32, then_pull=[4, 5])] and trained, \
+    assert actions == [Pull([3, 4], waits=True), Compute(32), Push(GRADIENT, 32, then_pull=[4, 5])] and trained, (
         "no round count ends it: the scheduler's allotment does (common/allotment.py)"
+    )
 
 
 def test_after_a_failure_a_round_step_waits_for_its_round_only_if_it_was_already_in_it():
@@ -93,8 +94,9 @@ def test_rennalas_held_pull_is_waiting_though_it_names_no_version():
 
 def test_a_local_round_takes_h_steps_pushes_their_samples_and_next_waits_for_the_rounds_it_entered():
     plan = plan_for(SPECS["local"])
-    actions, trained = run(plan.step(Orders(batch=16, local_steps=4)), [Pulled([0, 0], 0), True,
-                                                                        [Ack(True, 5), Ack(False, 7)]])
+    actions, trained = run(
+        plan.step(Orders(batch=16, local_steps=4)), [Pulled([0, 0], 0), True, [Ack(True, 5), Ack(False, 7)]]
+    )
     assert actions == [Pull(None, waits=True), Compute(16, steps=4), Push(DELTA, 64)] and trained
     assert next(plan.step(Orders(local_steps=0))) == Pull([5, 8], waits=True), "applied: 5; still open: 7 + 1"
     plan.after_failure("timeout")
@@ -127,8 +129,7 @@ def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name):
     spec = SPECS[name]
     assert isinstance(plan_for(spec), StepPlan)
     assert set(PLANS) == set(LOOPS)
-    assert isinstance(plan_for(spec), {"gradient": GradientPlan, "local": LocalPlan,
-                                                 "msd": MsdPlan}[spec.worker_loop])
+    assert isinstance(plan_for(spec), {"gradient": GradientPlan, "local": LocalPlan, "msd": MsdPlan}[spec.worker_loop])
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -151,8 +152,12 @@ def test_the_simulator_runs_the_planners_and_plans_no_step_of_its_own():
     (no step or report of its own per protocol), and neither it nor any other file of bench/ or worker/ outside
     the planners reads what a planner reads of a protocol's spec."""
     sim = _tree(ROOT / "bench" / "simulate.py")
-    imported = {alias.name for node in ast.walk(sim) if isinstance(node, ast.ImportFrom)
-                and node.module == "dynabatch.worker.step_plans" for alias in node.names}
+    imported = {
+        alias.name
+        for node in ast.walk(sim)
+        if isinstance(node, ast.ImportFrom) and node.module == "dynabatch.worker.step_plans"
+        for alias in node.names
+    }
     assert "plan_for" in imported
     built = {node.func.id for node in ast.walk(sim) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not built & ACTIONS, "the simulator executes actions, it does not plan them"

@@ -22,15 +22,30 @@ REQUEST_TIMEOUT_S = WorkerOptions().request_timeout_s  # what a wait on the stop
 
 
 def test_a_worker_and_an_evaluator_waiting_on_a_stopped_shard_stop_on_sigterm(tmp_path):
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--eval-interval-s", "0.5",
-                           "--heartbeat-s", "0.2"])
+    c = Cluster(
+        tmp_path,
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1000",
+            "--eval-interval-s",
+            "0.5",
+            "--heartbeat-s",
+            "0.2",
+        ],
+    )
     shard = None
     try:
         c.scheduler()
         shard = c.shard()
         waiting = [c.worker("w"), c.worker("ev", "--evaluator")]
-        c.wait_status("training and an evaluation", lambda s: s.workers and all(
-            w.steps > 3 for w in s.workers.values()) and s.test_acc is not None)
+        c.wait_status(
+            "training and an evaluation",
+            lambda s: s.workers and all(w.steps > 3 for w in s.workers.values()) and s.test_acc is not None,
+        )
         # The worker's push or pull waits on the stopped shard, unless the signal finds it between two steps.
         shard.proc.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()

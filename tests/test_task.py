@@ -29,30 +29,36 @@ from harness import Cluster, run_job, wait_for
 TASKS = Path(__file__).resolve().parent / "tasks"
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("tests/tasks/nowhere.py:task", "no file"),
-    ("tests/tasks/broken_import.py:task", "No module named 'this_module_does_not_exist'"),
-    ("tests/tasks/bad.py:missing", "has no attribute 'missing'"),
-    ("tests/tasks/bad.py:not_a_task", "is a dict, not a dynabatch.Task"),
-    ("tests.tasks.bad", "expected FILE.py:ATTR"),
-    ("no_such_package.module:task", "No module named 'no_such_package'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("tests/tasks/nowhere.py:task", "no file"),
+        ("tests/tasks/broken_import.py:task", "No module named 'this_module_does_not_exist'"),
+        ("tests/tasks/bad.py:missing", "has no attribute 'missing'"),
+        ("tests/tasks/bad.py:not_a_task", "is a dict, not a dynabatch.Task"),
+        ("tests.tasks.bad", "expected FILE.py:ATTR"),
+        ("no_such_package.module:task", "No module named 'no_such_package'"),
+    ],
+)
 def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
     with pytest.raises(TaskError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_task(spec)
 
 
-@pytest.mark.parametrize("attr, message", [
-    ("unseeded", "two builds of the model differ in weight"),
-    ("empty", "empty dataset"),
-    ("empty_eval", "eval_data() gave an empty dataset"),
-    ("float_metric", "metric <lambda> returned a float; a metric returns {name: (sum, count)}"),
-    ("no_grad_loss", "the loss has no gradient (no grad_fn)"),
-    ("vector_loss", "scalar"),
-    ("float64", "parameter weight is torch.float64"),
-    ("negative_lr", "optimizer adam: lr must be a finite non-negative number, got -0.001"),
-    ("lion", "optimizer 'lion' is not applied by the shards"),
-])
+@pytest.mark.parametrize(
+    "attr, message",
+    [
+        ("unseeded", "two builds of the model differ in weight"),
+        ("empty", "empty dataset"),
+        ("empty_eval", "eval_data() gave an empty dataset"),
+        ("float_metric", "metric <lambda> returned a float; a metric returns {name: (sum, count)}"),
+        ("no_grad_loss", "the loss has no gradient (no grad_fn)"),
+        ("vector_loss", "scalar"),
+        ("float64", "parameter weight is torch.float64"),
+        ("negative_lr", "optimizer adam: lr must be a finite non-negative number, got -0.001"),
+        ("lion", "optimizer 'lion' is not applied by the shards"),
+    ],
+)
 def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message):
     with pytest.raises(TaskError, match=re.escape(message)):
         check_task(load_task(f"tests/tasks/bad.py:{attr}"), seed=0)
@@ -79,8 +85,23 @@ def test_frozen_parameters_do_not_travel():
 @pytest.mark.slow
 @pytest.mark.parametrize(("attr", "why"), [("unseeded", "differ"), ("vector_loss", "scalar")])
 def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path, attr, why):
-    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
-                           "--task", f"tests/tasks/bad.py:{attr}"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dynabatch.cli.main",
+            "run",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "r",
+            "--task",
+            f"tests/tasks/bad.py:{attr}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert "dynabatch run:" in done.stderr and why in done.stderr, done.stderr
     assert not (tmp_path / "r").exists(), "nothing may be started or written"
@@ -106,8 +127,23 @@ def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) 
 
 @pytest.mark.slow
 def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_plain_torch(tmp_path):
-    run, printed = run_job(tmp_path, "r", "--task", f"{TASKS / 'blobs.py'}:task", "--workers", "2",
-                           "--slowdowns", "1", "2", "--epochs", "3", "--global-batch", "64", "--eval-interval-s", "2")
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--task",
+        f"{TASKS / 'blobs.py'}:task",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--epochs",
+        "3",
+        "--global-batch",
+        "64",
+        "--eval-interval-s",
+        "2",
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"], summary
     metrics = summary["final_metrics"]
@@ -124,8 +160,21 @@ def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
     (one step per B accumulated samples); the start-up check now takes it."""
     spec = f"{TASKS / 'blobs_adamw.py'}:task"
     check_task(load_task(spec), seed=0)
-    run, _ = run_job(tmp_path, "r", "--task", spec, "--workers", "2", "--slowdowns", "1", "2", "--epochs", "1",
-                     "--global-batch", "64")
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--task",
+        spec,
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--epochs",
+        "1",
+        "--global-batch",
+        "64",
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_metrics"]["accuracy"] >= 0.9, summary
     shard_log = (run / "logs" / "ps0.log").read_text()
@@ -160,25 +209,39 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
 def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_path):
     """blobs' warm-up starts at factor 0; one worker trains one epoch in about a second, less than the
     scheduler's progress reports take to arrive: the shards' own sample count must move the schedule."""
-    run, _ = run_job(tmp_path, "r", "--task", f"{TASKS / 'blobs.py'}:task", "--workers", "1", "--slowdowns", "1",
-                     "--epochs", "1")
+    run, _ = run_job(
+        tmp_path, "r", "--task", f"{TASKS / 'blobs.py'}:task", "--workers", "1", "--slowdowns", "1", "--epochs", "1"
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_metrics"]["accuracy"] > 0.6, summary["final_metrics"]  # chance is 0.25
 
 
-@pytest.mark.parametrize("job, optimizer, error", [
-    (JobConfig(), SGD(lr=0.1), None),
-    (JobConfig(lr=0.5, momentum=0.9), None, None),  # no optimizer in the task: the flags are the shards' SGD
-    (JobConfig(lr=0.5), SGD(lr=0.1), "--lr: the task names the shards' optimizer (sgd, lr 0.1); change it in the "
-                                     "task, or drop the flag"),
-    (JobConfig(momentum=0.9, nesterov=True, epochs=2), Adam(), "--momentum, --nesterov: the task names the shards' "
-                                                              "optimizer (adam, lr 0.001)"),
-    (JobConfig(weight_decay=0.0), AdamW(), "--weight-decay: the task names"),
-    (JobConfig(protocol="local"), None, None),
-    (JobConfig(protocol="msd"), SGD(lr=0.1), "--protocol msd: workers step with SGD from --lr, --momentum and "
-                                             "--weight-decay and the shards apply the outer optimizer, so the task's "
-                                             "optimizer (sgd) would not be used"),
-])
+@pytest.mark.parametrize(
+    "job, optimizer, error",
+    [
+        (JobConfig(), SGD(lr=0.1), None),
+        (JobConfig(lr=0.5, momentum=0.9), None, None),  # no optimizer in the task: the flags are the shards' SGD
+        (
+            JobConfig(lr=0.5),
+            SGD(lr=0.1),
+            "--lr: the task names the shards' optimizer (sgd, lr 0.1); change it in the task, or drop the flag",
+        ),
+        (
+            JobConfig(momentum=0.9, nesterov=True, epochs=2),
+            Adam(),
+            "--momentum, --nesterov: the task names the shards' optimizer (adam, lr 0.001)",
+        ),
+        (JobConfig(weight_decay=0.0), AdamW(), "--weight-decay: the task names"),
+        (JobConfig(protocol="local"), None, None),
+        (
+            JobConfig(protocol="msd"),
+            SGD(lr=0.1),
+            "--protocol msd: workers step with SGD from --lr, --momentum and "
+            "--weight-decay and the shards apply the outer optimizer, so the task's "
+            "optimizer (sgd) would not be used",
+        ),
+    ],
+)
 def test_the_flags_against_task_rule(job, optimizer, error):
     """One rule, decided from the job and the task alone (what a worker has), for every entry point."""
     if error is None:
@@ -193,14 +256,46 @@ def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not
     """`dynabatch run` refuses before anything starts (the flag may come from the environment too), and
     `dynabatch check` applies the same rule."""
     monkeypatch.setenv("DYNABATCH_MOMENTUM", "0.9")
-    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "run", "--out", str(tmp_path), "--name", "r",
-                           "--task", f"{TASKS / 'blobs.py'}:task", "--lr", "0.5"],
-                          capture_output=True, text=True, timeout=120)
-    assert (done.returncode, done.stderr) == (2, "dynabatch run: --lr, --momentum: the task names the shards' "
-                                                 "optimizer (sgd, lr 0.1); change it in the task, or drop the flag\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dynabatch.cli.main",
+            "run",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "r",
+            "--task",
+            f"{TASKS / 'blobs.py'}:task",
+            "--lr",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        "dynabatch run: --lr, --momentum: the task names the shards' "
+        "optimizer (sgd, lr 0.1); change it in the task, or drop the flag\n",
+    )
     assert not (tmp_path / "r").exists()
-    done = subprocess.run([sys.executable, "-m", "dynabatch.cli.main", "check", "--task", f"{TASKS / 'blobs.py'}:task",
-                           "--protocol", "local"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dynabatch.cli.main",
+            "check",
+            "--task",
+            f"{TASKS / 'blobs.py'}:task",
+            "--protocol",
+            "local",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (done.returncode, done.stderr.split(":")[:2]) == (2, ["dynabatch check", " --protocol local"]), done.stderr
 
 
@@ -215,8 +310,10 @@ def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(t
         worker = c.worker("w", "--task", f"{TASKS / 'blobs.py'}:task")
         wait_for("the worker to exit", lambda: worker.proc.poll() is not None, 120)
         assert worker.proc.returncode == 2, worker.log_text()
-        assert worker.reason() == ("dynabatch worker: --lr: the task names the shards' optimizer (sgd, lr 0.1); "
-                                   "change it in the task, or drop the flag"), worker.log_text()
+        assert worker.reason() == (
+            "dynabatch worker: --lr: the task names the shards' optimizer (sgd, lr 0.1); "
+            "change it in the task, or drop the flag"
+        ), worker.log_text()
     finally:
         c.stop()
 

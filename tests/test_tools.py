@@ -38,9 +38,24 @@ def _pytest_outcome(tmp_path: Path, ci: str | None) -> str:
     if ci is not None:
         env["CI"] = ci
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rsf", "--rootdir", str(tmp_path),
-                          str(tmp_path / "test_needs.py")],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-rsf",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_needs.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
     return out.stdout
 
 

@@ -28,15 +28,27 @@ def test_an_init_and_a_checkpoint_give_the_same_setup():
 WARMUP = schedule_fields(warmup_cosine(0.2))
 
 
-@pytest.mark.parametrize("job, later, named", [
-    (_init(), _init(signature_from_fields(["w"], [[4, 4]], ["float32"], train_size=100)), "w"),
-    (_init(optimizer=ADAM), _init(optimizer=optim_spec.Adam(lr=1e-2).to_wire()),
-     "optimizer: lr 0.001 (job) != 0.01 (this worker)"),
-    (_init(optimizer=ADAM), _init(optimizer=ADAM, schedule=WARMUP),
-     "schedule: this worker's task names warmup_cosine, the job's none"),
-    (_init(schedule=WARMUP), _init(schedule=schedule_fields(warmup_cosine(0.1))),
-     "schedule: warmup 0.2 (job) != 0.1 (this worker)"),
-])
+@pytest.mark.parametrize(
+    "job, later, named",
+    [
+        (_init(), _init(signature_from_fields(["w"], [[4, 4]], ["float32"], train_size=100)), "w"),
+        (
+            _init(optimizer=ADAM),
+            _init(optimizer=optim_spec.Adam(lr=1e-2).to_wire()),
+            "optimizer: lr 0.001 (job) != 0.01 (this worker)",
+        ),
+        (
+            _init(optimizer=ADAM),
+            _init(optimizer=ADAM, schedule=WARMUP),
+            "schedule: this worker's task names warmup_cosine, the job's none",
+        ),
+        (
+            _init(schedule=WARMUP),
+            _init(schedule=schedule_fields(warmup_cosine(0.1))),
+            "schedule: warmup 0.2 (job) != 0.1 (this worker)",
+        ),
+    ],
+)
 def test_a_later_workers_setup_that_differs_is_refused_naming_the_difference(job, later, named):
     found = TrainingSetup.from_init(job).difference(TrainingSetup.from_init(later))
     assert found is not None and named in found, found

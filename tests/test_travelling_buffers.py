@@ -43,6 +43,7 @@ def _bn_net() -> nn.Module:
 
 # The shard's rule, directly.
 
+
 def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch():
     reference, worker = _bn_net(), _bn_net()
     buffers = TravellingBuffers(NAMES)
@@ -118,6 +119,7 @@ def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers():
 
 # The signature.
 
+
 class _Scaled(nn.Module):
     """BatchNorm plus a constant buffer that a forward reads but never changes."""
 
@@ -135,8 +137,10 @@ class _Scaled(nn.Module):
 def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_only_those():
     data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
     sig, _, _ = check_task(Task(model=_Scaled, train_data=lambda: data), seed=0)
-    assert sig.buffers == (ParamSpec("net.1.running_mean", (3,), "float32"),
-                           ParamSpec("net.1.running_var", (3,), "float32"))
+    assert sig.buffers == (
+        ParamSpec("net.1.running_mean", (3,), "float32"),
+        ParamSpec("net.1.running_var", (3,), "float32"),
+    )
     assert "net.1.num_batches_tracked" not in sig.buffer_names and "scale" not in sig.buffer_names
     plain, _, _ = check_task(load_task(f"{TASKS / 'blobs.py'}:task"), seed=0)
     assert plain.buffers == () and plain.buffer_total == 0
@@ -146,10 +150,12 @@ def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer():
     sig, _, _ = check_task(load_task(BN_TASK), seed=0)
     assert sig.buffer_names == NAMES and sig.buffer_total == 64
     narrower = replace(sig, buffers=(sig.buffers[0], ParamSpec("1.running_var", (16,), "float32")))
-    assert sig.difference(narrower) == ("buffer 1 is 1.running_var [32] float32 here but "
-                                        "1.running_var [16] float32 in the job")
-    assert sig.difference(replace(sig, buffers=())) == ("2 travelling buffers here, 0 in the job "
-                                                        "(first unmatched: 1.running_mean)")
+    assert sig.difference(narrower) == (
+        "buffer 1 is 1.running_var [32] float32 here but 1.running_var [16] float32 in the job"
+    )
+    assert sig.difference(replace(sig, buffers=())) == (
+        "2 travelling buffers here, 0 in the job (first unmatched: 1.running_mean)"
+    )
     assert sig.difference(sig) is None
 
 
@@ -166,6 +172,7 @@ def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers():
 
 
 # A shard on the wire.
+
 
 def _bn_model() -> tuple[ModelSignature, Init, torch.Tensor, torch.Tensor | None]:
     """The blobs_bn task's model as a worker offers it: signature, INIT, flat parameters, flat buffers."""
@@ -184,8 +191,9 @@ def _pull(conn: Connection, buffers: bool = True) -> tuple[torch.Tensor, int, to
     return params, meta.version, got.pop(BUFFERS_ID)[1] if BUFFERS_ID in got else None
 
 
-def _push(conn: Connection, params: torch.Tensor, version: int, buffers: torch.Tensor | None,
-          samples: int = 32) -> PushAck:
+def _push(
+    conn: Connection, params: torch.Tensor, version: int, buffers: torch.Tensor | None, samples: int = 32
+) -> PushAck:
     metas = [ChunkMeta(0, "float32", (params.numel(),), version)]
     tensors = [torch.zeros_like(params)]
     if buffers is not None:
@@ -222,10 +230,14 @@ def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bad, code", [
-    (lambda b: b[:10], "bad_shape"),
-    (lambda b: torch.full_like(b, math.nan), "non_finite"),
-], ids=["wrong length", "NaN"])
+@pytest.mark.parametrize(
+    "bad, code",
+    [
+        (lambda b: b[:10], "bad_shape"),
+        (lambda b: torch.full_like(b, math.nan), "non_finite"),
+    ],
+    ids=["wrong length", "NaN"],
+)
 def test_a_bad_buffer_entry_is_refused_and_changes_nothing(bn_shard, bad, code):
     conn, _, _ = bn_shard
     params, version, held = _pull(conn)
@@ -281,6 +293,7 @@ def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path):
 
 # End to end.
 
+
 def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     """blobs_bn trained by plain torch in this process with the task's SGD: the reference."""
     task = load_task(BN_TASK)
@@ -297,15 +310,33 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [
-    ["--task", BN_TASK, "--protocol", "asgd"],
-    # local's workers step with the job's SGD (the task's optimizer would be refused): the task's settings as flags
-    ["--task", BN_TASK.replace(":task", ":job_sgd"), "--protocol", "local", "--lr", "0.1", "--momentum", "0.5"],
-    ["--task", BN_TASK, "--protocol", "ssgd", "--pipeline", "on"],
-], ids=["asgd", "local", "ssgd-pipelined"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--task", BN_TASK, "--protocol", "asgd"],
+        # local's workers step with the job's SGD (the task's optimizer would be refused): the task's settings as flags
+        ["--task", BN_TASK.replace(":task", ":job_sgd"), "--protocol", "local", "--lr", "0.1", "--momentum", "0.5"],
+        ["--task", BN_TASK, "--protocol", "ssgd", "--pipeline", "on"],
+    ],
+    ids=["asgd", "local", "ssgd-pipelined"],
+)
 def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(tmp_path, flags):
-    run, _ = run_job(tmp_path, "r", "--workers", "2", "--slowdowns", "1", "2", "--epochs", "3",
-                     "--global-batch", "64", "--eval-interval-s", "2", *flags)
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "2",
+        "--epochs",
+        "3",
+        "--global-batch",
+        "64",
+        "--eval-interval-s",
+        "2",
+        *flags,
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"], summary
     reported = summary["final_metrics"]["accuracy"]

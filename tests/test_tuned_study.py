@@ -31,8 +31,15 @@ from bench.tuned_study import (
 
 def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, acc: float = 0.85) -> dict:
     curve = [(0.0, 0, 0.1)] + ([(reached_at, 100, 0.81)] if reached_at is not None else []) + [(150.0, 200, acc)]
-    return {"method": method, "lr": lr, "curve": curve, "final_train_loss": loss, "final_test_acc": acc,
-            "samples_per_s": 1.0, "staleness_mean": 1.0}
+    return {
+        "method": method,
+        "lr": lr,
+        "curve": curve,
+        "final_train_loss": loss,
+        "final_test_acc": acc,
+        "samples_per_s": 1.0,
+        "staleness_mean": 1.0,
+    }
 
 
 def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_chance_or_a_worker_quarantined():
@@ -48,9 +55,14 @@ def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_c
 
 
 def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
-    runs = [_run("m", 0.04, 10.0), _run("m", 0.04, None, loss=math.nan),  # fastest, but one seed blew up
-            _run("m", 0.02, 30.0), _run("m", 0.02, 40.0),
-            _run("m", 0.01, 60.0), _run("m", 0.01, 50.0)]
+    runs = [
+        _run("m", 0.04, 10.0),
+        _run("m", 0.04, None, loss=math.nan),  # fastest, but one seed blew up
+        _run("m", 0.02, 30.0),
+        _run("m", 0.02, 40.0),
+        _run("m", 0.01, 60.0),
+        _run("m", 0.01, 50.0),
+    ]
     assert choose_lr(runs, "0.80") == 0.02
     assert median_time(runs[2:4], "0.80") == 35.0
     assert choose_lr([_run("m", 0.04, None, loss=math.nan)], "0.80") is None
@@ -60,14 +72,18 @@ def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
 
 def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
     profiles = {name: {"methods": ["safe", "fast", "slow"], "target": "0.80", "lr_from": ""} for name in ("a", "b")}
-    report = {"a": [_run("safe", 0.02, 30.0), _run("fast", 0.04, 10.0), _run("slow", 0.01, 90.0)],
-              "b": [_run("safe", 0.02, 40.0), _run("fast", 0.04, None, loss=math.inf), _run("slow", 0.01, 80.0)]}
+    report = {
+        "a": [_run("safe", 0.02, 30.0), _run("fast", 0.04, 10.0), _run("slow", 0.01, 90.0)],
+        "b": [_run("safe", 0.02, 40.0), _run("fast", 0.04, None, loss=math.inf), _run("slow", 0.01, 80.0)],
+    }
     chosen = {name: {"safe": 0.02, "fast": 0.04, "slow": 0.01} for name in profiles}
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "safe"
     report["a"] = [r for r in report["a"] if r["method"] != "safe"]  # not run everywhere: not a candidate
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
-    never = {"a": [_run("first", 0.02, None, acc=0.7), _run("accurate", 0.02, None, acc=0.78)],
-             "b": [_run("first", 0.02, 30.0), _run("accurate", 0.02, 40.0)]}
+    never = {
+        "a": [_run("first", 0.02, None, acc=0.7), _run("accurate", 0.02, None, acc=0.78)],
+        "b": [_run("first", 0.02, 30.0), _run("accurate", 0.02, 40.0)],
+    }
     tied = {name: {"methods": ["first", "accurate"], "target": "0.80", "lr_from": ""} for name in never}
     assert choose_default(Results(report=never, profiles=tied)) == "accurate", "both medians never: the more accurate"
 
@@ -75,8 +91,11 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
 def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run():
     profile = Profile("bench4", 128, ("asgd+fixed", "later", "unstable"), (0, 1))
     held = {**_run("asgd+fixed", 0.01, 30.0), "seed": 0}
-    res = Results(report={"bench4": [held]}, profiles={"bench4": asdict(profile)},
-                  chosen={"bench4": {"asgd+fixed": 0.01, "later": 0.02, "unstable": None}})
+    res = Results(
+        report={"bench4": [held]},
+        profiles={"bench4": asdict(profile)},
+        chosen={"bench4": {"asgd+fixed": 0.01, "later": 0.02, "unstable": None}},
+    )
     assert _done(res, Run(profile, "asgd+fixed", 0.01, 0, tuning=False))
     assert not _done(res, Run(profile, "asgd+fixed", 0.01, 1, tuning=False))
     assert not _done(res, Run(profile, "asgd+fixed", 0.01, 0, tuning=True))  # a tuning run is another run
@@ -106,15 +125,19 @@ def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_bes
     times = {m: 30.0 + 5 * i for i, m in enumerate(profile.methods)}
     runs = [{**_run(m, 0.01, t), "seed": 0} for m, t in times.items()]
     runs.append({**_run("local+dynamic", 0.01, None, loss=math.nan), "seed": 1})
-    res = Results(report={"mixed_gpus16": runs}, profiles={"mixed_gpus16": asdict(profile)},
-                  chosen={"mixed_gpus16": dict.fromkeys(profile.methods, 0.01)})
+    res = Results(
+        report={"mixed_gpus16": runs},
+        profiles={"mixed_gpus16": asdict(profile)},
+        chosen={"mixed_gpus16": dict.fromkeys(profile.methods, 0.01)},
+    )
     report = render(res)
     assert "16 workers, mlp, B = 2048" in report and f"T* = {t_star:.1f} s" in report, report
     rows = {line.split(" | ")[0][2:]: line for line in report.splitlines() if line.startswith("| ")}
     for m, t in times.items():
         if m != "local+dynamic":
-            assert rows[m].endswith(f"| no | 85.00% ± 0.00 | 1 | 1.0 | {t / 30.0:.2f}x | {t / 30.0:.2f}x "
-                                    f"| {t / t_star:.2f}x |"), rows[m]
+            assert rows[m].endswith(
+                f"| no | 85.00% ± 0.00 | 1 | 1.0 | {t / 30.0:.2f}x | {t / 30.0:.2f}x | {t / t_star:.2f}x |"
+            ), rows[m]
     assert "| 1/2 | yes |" in rows["local+dynamic"], "one seed diverged: it diverged in some seed"
 
 
@@ -123,8 +146,11 @@ def test_a_run_on_a_cluster_file_has_its_workers_curves_caps_links_and_the_jobs_
     cfg = sim_config(Run(profile, "asgd+fixed", 0.02, 0, tuning=False))
     assert (cfg.shards, cfg.shard_mbit, cfg.wire_bytes, cfg.global_batch) == (4, 25000, 102228128, 2048)
     assert {(w.fixed_s, w.per_sample_s, w.max_batch, w.link_mbit) for w in cfg.workers} == {
-        (0.1185, 0.000804, 800, 25000), (0.1131, 0.00129, 600, 25000), (0.1656, 0.001667, 200, 25000),
-        (0.0784, 0.004208, 200, 25000)}
+        (0.1185, 0.000804, 800, 25000),
+        (0.1131, 0.00129, 600, 25000),
+        (0.1656, 0.001667, 200, 25000),
+        (0.0784, 0.004208, 200, 25000),
+    }
     assert profile.grid("asgd+fixed") == (0.02, 0.04) and profile.seeds == (0, 1, 2) and profile.budget_s == 60
     assert profile.tune_seeds == (100,) and not set(profile.tune_seeds) & set(profile.seeds)
 

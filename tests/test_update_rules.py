@@ -12,9 +12,7 @@ from dynabatch.ps.update_rules import sgd_step_
 
 def _torch_reference(w0, grads, cfg, scales):
     p = torch.nn.Parameter(w0.clone())
-    opt = torch.optim.SGD(
-        [p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov
-    )
+    opt = torch.optim.SGD([p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     for g, s in zip(grads, scales, strict=True):
         for group in opt.param_groups:
             group["lr"] = cfg.lr * s

@@ -26,8 +26,11 @@ def test_a_written_file_reads_back_and_the_one_it_replaced_is_kept(tmp_path):
     assert not list(tmp_path.glob(".*tmp")), "no temporary file is left behind"
 
 
-@pytest.mark.parametrize("damage", [lambda b: b[:-3], lambda b: b[:-1] + bytes([b[-1] ^ 1]), lambda b: b"junk"],
-                         ids=["truncated", "a flipped bit", "not ours"])
+@pytest.mark.parametrize(
+    "damage",
+    [lambda b: b[:-3], lambda b: b[:-1] + bytes([b[-1] ^ 1]), lambda b: b"junk"],
+    ids=["truncated", "a flipped bit", "not ours"],
+)
 def test_a_damaged_copy_is_refused_with_one_line_and_the_previous_one_is_read(tmp_path, damage):
     path = tmp_path / "f"
     write_verified(path, b"good payload")
@@ -41,8 +44,11 @@ def test_a_damaged_copy_is_refused_with_one_line_and_the_previous_one_is_read(tm
 
 
 def _state(value: float) -> dict:
-    return {"params": {0: torch.full((4,), value)}, "optimizer_state": {0: {"buf": torch.zeros(4)}},
-            "chunk_versions": {0: int(value)}}
+    return {
+        "params": {0: torch.full((4,), value)},
+        "optimizer_state": {0: {"buf": torch.zeros(4)}},
+        "chunk_versions": {0: int(value)},
+    }
 
 
 def test_a_checkpoint_with_a_non_finite_value_is_refused_and_the_previous_one_resumed(tmp_path):

@@ -67,9 +67,23 @@ def test_time_to_accuracy_is_when_the_evaluated_model_existed_not_when_its_slow_
     """The evaluator idles EVAL_IDLE_S in every evaluation (tests/tasks/blobs_slow_eval.py): the hit's model
     existed at the shards before the evaluator pulled it, and the scheduler learned so within a heartbeat
     (0.5 s), so the reported time is later by at least half the idle."""
-    run, _ = run_job(tmp_path, "r", "--task", f"{TASKS / 'blobs_slow_eval.py'}:task", "--workers", "2",
-                     "--slowdowns", "1", "--epochs", "40", "--eval-interval-s", "0.1", "--status-s", "0.2",
-                     timeout_s=240)
+    run, _ = run_job(
+        tmp_path,
+        "r",
+        "--task",
+        f"{TASKS / 'blobs_slow_eval.py'}:task",
+        "--workers",
+        "2",
+        "--slowdowns",
+        "1",
+        "--epochs",
+        "40",
+        "--eval-interval-s",
+        "0.1",
+        "--status-s",
+        "0.2",
+        timeout_s=240,
+    )
     summary = json.loads((run / "summary.json").read_text())
     timeline = read_timeline(run / "timeline.json")
     start = training_start(timeline)
@@ -79,7 +93,8 @@ def test_time_to_accuracy_is_when_the_evaluated_model_existed_not_when_its_slow_
     assert summary["time_to_accuracy_reported_s"]["0.85"] == pytest.approx(hit.eval_t - start)
     assert hit.eval_t - hit.eval_model_t >= EVAL_IDLE_S / 2, (hit.eval_t, hit.eval_model_t)
     before = [s for s in timeline if s.t < hit.eval_model_t and _model_version(s) is not None]
-    assert before and all(_model_version(s) < hit.eval_version for s in before), \
+    assert before and all(_model_version(s) < hit.eval_version for s in before), (
         "no snapshot before the model's time shows the shards at its version"
+    )
     after = [s for s in timeline if hit.eval_model_t <= s.t and _model_version(s) is not None]
     assert after and _model_version(after[0]) >= hit.eval_version

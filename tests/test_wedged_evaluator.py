@@ -25,16 +25,38 @@ INTERVAL_S, LIVENESS_S, JOIN_S, RESTARTS = 0.5, 1.0, 3.0, 3
 
 def test_a_wedged_evaluator_is_dropped_restarted_and_the_job_ends_without_its_final_evaluation(tmp_path):
     # Training goes on past the first evaluator's drop and its restart; an idled worker keeps its CPU low.
-    run, out = run_job(tmp_path, "r", "--task", SPEC, "--workers", "1", "--slowdowns", "10", "--epochs", "1000",
-                       "--time-budget-s", "8", "--eval-interval-s", str(INTERVAL_S), "--heartbeat-s", "0.2",
-                       "--liveness-timeout-s", str(LIVENESS_S), "--join-timeout-s", str(JOIN_S),
-                       "--restarts", str(RESTARTS), timeout_s=150)
+    run, out = run_job(
+        tmp_path,
+        "r",
+        "--task",
+        SPEC,
+        "--workers",
+        "1",
+        "--slowdowns",
+        "10",
+        "--epochs",
+        "1000",
+        "--time-budget-s",
+        "8",
+        "--eval-interval-s",
+        str(INTERVAL_S),
+        "--heartbeat-s",
+        "0.2",
+        "--liveness-timeout-s",
+        str(LIVENESS_S),
+        "--join-timeout-s",
+        str(JOIN_S),
+        "--restarts",
+        str(RESTARTS),
+        timeout_s=150,
+    )
     summary = json.loads((run / "summary.json").read_text())
     given_up = summary["final_evaluation"] or ""
     assert summary["finished"] and not summary["final_eval"], summary
     assert given_up.startswith("given up: evaluator ") and "reported no evaluation for" in given_up, given_up
-    assert summary["final_test_acc"] is not None and summary["final_eval_version"] is not None, \
+    assert summary["final_test_acc"] is not None and summary["final_eval_version"] is not None, (
         "the accuracy is the last real evaluation's"
+    )
     assert f"final evaluation {given_up}" in out
 
     evaluator_log = (run / "logs" / "evaluator.log").read_text()

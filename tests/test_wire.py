@@ -67,8 +67,7 @@ def test_encode_does_not_copy_tensor_memory():
 
 
 def test_optional_fields_take_defaults_and_ints_become_floats():
-    env = {"v": PROTOCOL_VERSION, "type": "HEARTBEAT", "job": "j", "sender": "w0", "seq": 1, "chunks": [],
-           "step_s": 1}
+    env = {"v": PROTOCOL_VERSION, "type": "HEARTBEAT", "job": "j", "sender": "w0", "seq": 1, "chunks": [], "step_s": 1}
     out = decode([msgpack.packb(env)])
     assert out.body.step_s == 1.0 and isinstance(out.body.step_s, float)
     assert out.body.samples == 0 and math.isnan(out.body.loss)
@@ -87,10 +86,22 @@ def test_optional_fields_take_defaults_and_ints_become_floats():
         ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "chunks": []})], "bad_field"),
         ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []})], "bad_field"),
         ([msgpack.packb({"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "bad_field"),
-        ([msgpack.packb({"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": [],
-                         "samples": True})], "bad_field"),
-        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": [],
-                         "ids": [1, "x"]})], "bad_field"),
+        (
+            [
+                msgpack.packb(
+                    {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": [], "samples": True}
+                )
+            ],
+            "bad_field",
+        ),
+        (
+            [
+                msgpack.packb(
+                    {"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": [], "ids": [1, "x"]}
+                )
+            ],
+            "bad_field",
+        ),
     ],
 )
 def test_malformed_envelopes_are_refused_with_a_code(frames, code):
@@ -193,11 +204,24 @@ def test_bodies_without_fields_and_with_lists_round_trip():
 
 def _status() -> JobStatus:
     return JobStatus(
-        t=12.5, job="j", protocol="asgd", batch_policy="dynamic", epoch=1.5, target_epochs=8.0, samples=18000,
-        staleness=[3, 1], training_t=10.0, loss=0.7, test_acc=None, eval_version=None,
-        workers={"w0": WorkerStatus(name="worker0", batch=64, step_s=0.05, loss=None, observed_steps=10),
-                 "w1": WorkerStatus(name="worker1", batch=32, step_s=0.05, loss=0.69)},
-        departed=["w2"], shards={"0": ShardStatus("tcp://ps:1", 40, 40, "http://ps:9")},
+        t=12.5,
+        job="j",
+        protocol="asgd",
+        batch_policy="dynamic",
+        epoch=1.5,
+        target_epochs=8.0,
+        samples=18000,
+        staleness=[3, 1],
+        training_t=10.0,
+        loss=0.7,
+        test_acc=None,
+        eval_version=None,
+        workers={
+            "w0": WorkerStatus(name="worker0", batch=64, step_s=0.05, loss=None, observed_steps=10),
+            "w1": WorkerStatus(name="worker1", batch=32, step_s=0.05, loss=0.69),
+        },
+        departed=["w2"],
+        shards={"0": ShardStatus("tcp://ps:1", 40, 40, "http://ps:9")},
         decisions=[Decision(2.0, "joined", "w1", {"w0": 64, "w1": 32}, {"w0": 0.05, "w1": 0.05})],
         decision_s=DecisionLatency(5, 1e-4, 3e-4),
     )
@@ -233,8 +257,10 @@ def test_optional_fields_take_a_value_or_none():
         (lambda s: s["workers"].update(w0=[1, 2]), "STATUS_REPLY.state.workers.w0 must be a map (WorkerStatus)"),
         (lambda s: s["workers"].update({b"w9": {}}), "STATUS_REPLY.state.workers has key b'w9'; keys must be str"),
         (lambda s: s["shards"]["0"].pop("version"), "STATUS_REPLY.state.shards.0 lacks required field 'version'"),
-        (lambda s: s["decisions"][0]["batches"].update(w1=None),
-         "STATUS_REPLY.state.decisions[0].batches.w1 must be int"),
+        (
+            lambda s: s["decisions"][0]["batches"].update(w1=None),
+            "STATUS_REPLY.state.decisions[0].batches.w1 must be int",
+        ),
         (lambda s: s["decision_s"].update(count=True), "STATUS_REPLY.state.decision_s.count must be int"),
         (lambda s: s.pop("t"), "STATUS_REPLY.state lacks required field 't'"),
     ],
@@ -255,12 +281,18 @@ def test_every_message_type_has_annotations_the_codec_takes():
 def _required_values(cls: type[Any]) -> dict[str, Any]:
     """A value for each required field of a message type (all of them are scalars, maps or STATUS)."""
     samples: dict[str, dict[str, Any]] = {
-               "HELLO": {"role": "worker"}, "WELCOME": {"id": "w0", "config": {}, "shards": []},
-               "ASSIGNMENT": {"assignment_id": 1}, "PARAMS": {"version": 1}, "PUSH": {"samples": 1},
-               "PUSH_ACK": {"version": 1}, "EVAL": {"version": 1, "test_loss": 0.5, "test_acc": 0.9},
-               "STATUS_REPLY": {"state": {"t": 0.0}}, "ERROR": {"code": "c", "text": "t"},
-               "INIT": {"names": ["w"], "shapes": [[2]], "dtypes": ["float32"], "train_size": 1},
-               "INIT_ACK": {"version": 0}}
+        "HELLO": {"role": "worker"},
+        "WELCOME": {"id": "w0", "config": {}, "shards": []},
+        "ASSIGNMENT": {"assignment_id": 1},
+        "PARAMS": {"version": 1},
+        "PUSH": {"samples": 1},
+        "PUSH_ACK": {"version": 1},
+        "EVAL": {"version": 1, "test_loss": 0.5, "test_acc": 0.9},
+        "STATUS_REPLY": {"state": {"t": 0.0}},
+        "ERROR": {"code": "c", "text": "t"},
+        "INIT": {"names": ["w"], "shapes": [[2]], "dtypes": ["float32"], "train_size": 1},
+        "INIT_ACK": {"version": 0},
+    }
     return samples.get(cls.TYPE, {})
 
 

@@ -16,24 +16,35 @@ def _workers(*named: tuple[str, str, str]) -> dict[str, WorkerStatus]:
 
 
 def test_workers_are_listed_by_name_in_launch_order_whatever_order_they_joined_in():
-    workers = _workers(("w0", "worker2", "4x"), ("w1", "worker10", "1x"), ("w2", "worker0", "2x"),
-                       ("w3", "worker1", "1x"))
-    assert labelled(workers) == [("w2", "worker0(2x)"), ("w3", "worker1(1x)"), ("w0", "worker2(4x)"),
-                                 ("w1", "worker10(1x)")]
+    workers = _workers(
+        ("w0", "worker2", "4x"), ("w1", "worker10", "1x"), ("w2", "worker0", "2x"), ("w3", "worker1", "1x")
+    )
+    assert labelled(workers) == [
+        ("w2", "worker0(2x)"),
+        ("w3", "worker1(1x)"),
+        ("w0", "worker2(4x)"),
+        ("w1", "worker10(1x)"),
+    ]
 
 
 def test_slowdowns_are_left_out_where_nothing_is_emulated_and_a_shared_name_gets_its_id():
     assert labelled(_workers(("w0", "gpu-b", "1x"), ("w1", "gpu-a", ""))) == [("w1", "gpu-a"), ("w0", "gpu-b")]
-    assert labelled(_workers(("w4", "worker0", "1x"), ("w0", "worker0", "2x"))) == [("w0", "worker0(2x)[w0]"),
-                                                                                  ("w4", "worker0(1x)[w4]")]
+    assert labelled(_workers(("w4", "worker0", "1x"), ("w0", "worker0", "2x"))) == [
+        ("w0", "worker0(2x)[w0]"),
+        ("w4", "worker0(1x)[w4]"),
+    ]
     assert not emulated(["1x", ""]) and emulated(["1x", "1x,4x@60s"])
     assert label("worker1", "", True) == "worker1", "a worker that reported no slowdown"
     assert order_key("worker0", "w9") < order_key("worker0", "w10") < order_key("worker1", "w0")
 
 
 def test_the_progress_line_names_each_worker_with_its_slowdown_in_launch_order():
-    status = JobStatus(t=3.0, epoch=0.5, target_epochs=1.0,
-                       workers=_workers(("w0", "worker1", "2x"), ("w1", "worker2", "4x"), ("w2", "worker0", "1x")))
+    status = JobStatus(
+        t=3.0,
+        epoch=0.5,
+        target_epochs=1.0,
+        workers=_workers(("w0", "worker1", "2x"), ("w1", "worker2", "4x"), ("w2", "worker0", "1x")),
+    )
     line = format_progress(status, 4.0)
     assert line.endswith("| worker0(1x) b=64 0/s  worker1(2x) b=64 0/s  worker2(4x) b=64 0/s"), line
 

@@ -63,15 +63,39 @@ def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Modul
         loss.backward()
         return float(loss.detach()), time.perf_counter() - start
 
-    return StepContext(job=job, model=model, layout=layout, shards=shards, request_timeout_s=TIMEOUT_S,
-                       next_batch=lambda b: make_batch(data, source.take(b), True), timed_compute=compute,
-                       loss_fn=cross_entropy, idle_for_slowdown=lambda cpu_s: 0.0, heartbeat_when_due=lambda: None,
-                       skip_step=lambda loss: None)
+    return StepContext(
+        job=job,
+        model=model,
+        layout=layout,
+        shards=shards,
+        request_timeout_s=TIMEOUT_S,
+        next_batch=lambda b: make_batch(data, source.take(b), True),
+        timed_compute=compute,
+        loss_fn=cross_entropy,
+        idle_for_slowdown=lambda cpu_s: 0.0,
+        heartbeat_when_due=lambda: None,
+        skip_step=lambda loss: None,
+    )
 
 
 def _cluster(tmp_path, protocol: str, epochs: str = "1000") -> Cluster:
-    c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--protocol", protocol, "--epochs", epochs,
-                           "--liveness-timeout-s", "60", "--round-timeout-s", "60"])
+    c = Cluster(
+        tmp_path,
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--protocol",
+            protocol,
+            "--epochs",
+            epochs,
+            "--liveness-timeout-s",
+            "60",
+            "--round-timeout-s",
+            "60",
+        ],
+    )
     c.scheduler()
     c.shard(0)
     return c
@@ -131,8 +155,9 @@ def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_
         behind = GradientLoop(ctx)
         assert _step(behind, 32).version == 4 and behind.unacked is not None
         first = behind.unacked
-        assert _step(behind, 32).version == 4 and first.done() and behind.unacked is not first, \
+        assert _step(behind, 32).version == 4 and first.done() and behind.unacked is not first, (
             "the first push was acknowledged before the second left"
+        )
         shards.finish_push(behind.unacked, TIMEOUT_S)
         assert shards.pull(None, TIMEOUT_S).version == 6
     finally:

@@ -16,8 +16,10 @@ def usable_device(text: str) -> torch.device:
     device = torch.device(text)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {text}: no CUDA device here (torch {torch.__version__}, "
-                              f"CUDA build {torch.version.cuda or 'none'}); use --device cpu or a CUDA build of torch")
+            raise ConfigError(
+                f"--device {text}: no CUDA device here (torch {torch.__version__}, "
+                f"CUDA build {torch.version.cuda or 'none'}); use --device cpu or a CUDA build of torch"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here")
     return device

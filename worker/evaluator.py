@@ -60,8 +60,9 @@ class OneForwardPerBatch(torch.nn.Module):
 
 
 @torch.no_grad()
-def evaluate(task: Task, model: torch.nn.Module, data: Any, device: torch.device,
-             between: Callable[[], None] = lambda: None) -> dict[str, float]:
+def evaluate(
+    task: Task, model: torch.nn.Module, data: Any, device: torch.device, between: Callable[[], None] = lambda: None
+) -> dict[str, float]:
     """The task's loss and metrics over the whole evaluation set, by name; `between` runs after each batch.
 
     The loss is the sample-weighted mean of the task's (batch-mean) loss; each metric
@@ -121,14 +122,21 @@ class Evaluator:
                 report = None
             evaluated = report is not None
             if report is not None and not math.isfinite(report.test_loss):  # the scheduler refuses it (eval_bounds)
-                log.warning("model v%d: its loss is %s (diverged?); not reported%s", report.version,
-                            report.test_loss, ", and no final evaluation" if final else "")
+                log.warning(
+                    "model v%d: its loss is %s (diverged?); not reported%s",
+                    report.version,
+                    report.test_loss,
+                    ", and no final evaluation" if final else "",
+                )
                 report = None
             if report is not None:
                 link.send(report)
-                log.info("model v%d: %s%s", report.version,
-                         ", ".join(f"{name} {value:.4f}" for name, value in report.metrics.items()),
-                         " (final)" if final else "")
+                log.info(
+                    "model v%d: %s%s",
+                    report.version,
+                    ", ".join(f"{name} {value:.4f}" for name, value in report.metrics.items()),
+                    " (final)" if final else "",
+                )
             if final and evaluated:
                 return
             # A skipped evaluation is tried again after a heartbeat, not a whole interval: a shard that restarted
@@ -147,5 +155,10 @@ class Evaluator:
         joined.buffers.load(joined.model, pulled.buffers)  # the job's running statistics, not the factory's
         metrics = evaluate(joined.task, joined.model, self.data, self.process.device, self.process.beat.when_due)
         finite = {name: value for name, value in metrics.items() if math.isfinite(value)}  # refused otherwise
-        return EvalReport(version=pulled.version, test_loss=metrics["loss"], test_acc=finite.get("accuracy", math.nan),
-                          final=final, metrics=finite)
+        return EvalReport(
+            version=pulled.version,
+            test_loss=metrics["loss"],
+            test_acc=finite.get("accuracy", math.nan),
+            final=final,
+            metrics=finite,
+        )

@@ -97,8 +97,9 @@ class GradientLoop(StepLoop):
         assert isinstance(push, Push)
         acks = None
         if c.job.push_pull and not c.job.prefetch_pull:
-            self.pulled, times.push = c.shards.push_pull(grads, versions, push.samples, loss, c.request_timeout_s,
-                                                         push.then_pull, buffers)
+            self.pulled, times.push = c.shards.push_pull(
+                grads, versions, push.samples, loss, c.request_timeout_s, push.then_pull, buffers
+            )
             _add_pull_time(times, self.plan.pull_waits(), time.perf_counter() - start - times.push)
         elif c.job.push_behind:
             if self.unacked is not None:
@@ -106,8 +107,9 @@ class GradientLoop(StepLoop):
             self.unacked = c.shards.start_push(grads, versions, push.samples, loss, buffers=buffers)
             times.push = time.perf_counter() - start
         else:
-            acks = c.shards.push(grads, versions, push.samples, loss, c.request_timeout_s, buffers=buffers,
-                                 beside=self.ahead)
+            acks = c.shards.push(
+                grads, versions, push.samples, loss, c.request_timeout_s, buffers=buffers, beside=self.ahead
+            )
             times.push = time.perf_counter() - start
         finish(plan, acks)
         return StepResult(times, compute.batch, loss, pulled.version)
@@ -115,8 +117,7 @@ class GradientLoop(StepLoop):
     def _take_ahead(self, c: StepContext, ahead: PendingPull) -> PullResult:
         """The prefetched pull, once every chunk of it has arrived (most did during the last compute)."""
         self.ahead = None
-        c.shards.wait([ahead] if self.unacked is None else [ahead, self.unacked], c.request_timeout_s,
-                      until=ahead.done)
+        c.shards.wait([ahead] if self.unacked is None else [ahead, self.unacked], c.request_timeout_s, until=ahead.done)
         return ahead.result()
 
     def _pipelined_step(self, assignment: Assignment) -> StepResult | None:
@@ -124,12 +125,14 @@ class GradientLoop(StepLoop):
         the planner what its parts would (what the pull waits for)."""
         c, plan = self.ctx, self.plan
         if self.pipeline is None:
-            self.pipeline = Pipeline(c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s,
-                                     c.loss_fn, c.buffers)
+            self.pipeline = Pipeline(
+                c.model, c.layout, c.shards, c.job.max_inflight_bytes, c.request_timeout_s, c.loss_fn, c.buffers
+            )
         batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
-        result = self.pipeline.step(batch, plan.min_versions, assignment.batch, assignment.chunk_group,
-                                    assignment.credit_bytes)
+        result = self.pipeline.step(
+            batch, plan.min_versions, assignment.batch, assignment.chunk_group, assignment.credit_bytes
+        )
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         times = StepTimes(push=result.push_wait_s)
         _add_pull_time(times, plan.pull_waits(), result.pull_wait_s)

@@ -22,17 +22,37 @@ from dynabatch.worker.step_times import StepResult
 
 
 def heartbeat_after(
-    prev: Heartbeat, result: StepResult, *, sync_s: float = 0.0, moved_bytes: int = 0,
-    staleness: list[int] | None = None, assignment_id: int = 0, skipped: int = 0, rollbacks: int = 0,
+    prev: Heartbeat,
+    result: StepResult,
+    *,
+    sync_s: float = 0.0,
+    moved_bytes: int = 0,
+    staleness: list[int] | None = None,
+    assignment_id: int = 0,
+    skipped: int = 0,
+    rollbacks: int = 0,
 ) -> Heartbeat:
     """`prev`'s counters plus `result`; phase times per local step (a round of H steps reports H)."""
     times, steps = result.times, result.steps
     return Heartbeat(
-        steps=prev.steps + steps, samples=prev.samples + result.batch * steps, batch=result.batch,
-        step_s=times.total / steps, compute_s=times.compute / steps, pull_s=times.pull / steps,
-        push_s=times.push / steps, wait_s=times.wait / steps, data_s=times.data / steps, sync_s=sync_s,
-        bytes=moved_bytes, loss=result.loss, staleness=list(staleness or []), version=result.version,
-        standalone_sps=prev.standalone_sps, assignment_id=assignment_id, skipped=skipped, rollbacks=rollbacks,
+        steps=prev.steps + steps,
+        samples=prev.samples + result.batch * steps,
+        batch=result.batch,
+        step_s=times.total / steps,
+        compute_s=times.compute / steps,
+        pull_s=times.pull / steps,
+        push_s=times.push / steps,
+        wait_s=times.wait / steps,
+        data_s=times.data / steps,
+        sync_s=sync_s,
+        bytes=moved_bytes,
+        loss=result.loss,
+        staleness=list(staleness or []),
+        version=result.version,
+        standalone_sps=prev.standalone_sps,
+        assignment_id=assignment_id,
+        skipped=skipped,
+        rollbacks=rollbacks,
     )
 
 
@@ -86,9 +106,11 @@ class HeartbeatKeeper:
         if self.link.lost:
             raise RemoteError(ErrorCode.UNKNOWN_SENDER, "the scheduler has dropped this worker")
         if self.rollbacks is not None and assignment is not None and assignment.rollbacks > self.rollbacks:
-            raise RemoteError(ErrorCode.ROLLED_BACK,
-                              f"the job rolled back (rollback {assignment.rollbacks}); the model "
-                              "this step waits for or computed on was thrown away")
+            raise RemoteError(
+                ErrorCode.ROLLED_BACK,
+                f"the job rolled back (rollback {assignment.rollbacks}); the model "
+                "this step waits for or computed on was thrown away",
+            )
 
     def when_due(self) -> None:
         """Between progress reports, hear early whether the scheduler dropped this process (raises RemoteError).

@@ -64,8 +64,15 @@ class Joined:
     shards: ShardClients
 
     @classmethod
-    def welcomed(cls, welcome: Welcome, job: JobConfig, opts: WorkerOptions, ctx: zmq.Context,
-                 device: torch.device, idle: Callable[[], None]) -> Joined:
+    def welcomed(
+        cls,
+        welcome: Welcome,
+        job: JobConfig,
+        opts: WorkerOptions,
+        ctx: zmq.Context,
+        device: torch.device,
+        idle: Callable[[], None],
+    ) -> Joined:
         """Load the task and build its model (`--init`'s weights, if given) for the job of `welcome`; `idle`
         runs while a shard request waits (the heartbeat)."""
         task = task_for(opts, job)
@@ -74,10 +81,19 @@ class Joined:
         if opts.init:
             load_weights(model, read_state_dict(opts.init), f"--init {opts.init}")
         layout = make_layout(sig.total, job.chunk_bytes, job.shards)
-        shards = ShardClients(ctx, welcome.shards, layout, job.job, welcome.id, idle, job.heartbeat_s,
-                              sig.buffer_total)
-        return cls(welcome.id, job, task, sig, train_data, task.loss_fn(), model, layout,
-                   TravellingBuffers(sig.buffer_names), shards)
+        shards = ShardClients(ctx, welcome.shards, layout, job.job, welcome.id, idle, job.heartbeat_s, sig.buffer_total)
+        return cls(
+            welcome.id,
+            job,
+            task,
+            sig,
+            train_data,
+            task.loss_fn(),
+            model,
+            layout,
+            TravellingBuffers(sig.buffer_names),
+            shards,
+        )
 
     def init_shards(self, timeout_s: float) -> bool:
         """Send the shards this model (INIT): the first to arrive sets it, the others are checked against it.
@@ -86,8 +102,11 @@ class Joined:
         A shard whose link dropped before it answered (it stopped or restarted) refused nothing: the offer is sent
         again, as a failed step is, and waits in ZeroMQ's queue until the shard is back."""
         task = self.task
-        init = Init(**signature_fields(self.signature), optimizer=task.optimizer.to_wire() if task.optimizer else {},
-                    schedule=schedule_fields(task.schedule))
+        init = Init(
+            **signature_fields(self.signature),
+            optimizer=task.optimizer.to_wire() if task.optimizer else {},
+            schedule=schedule_fields(task.schedule),
+        )
         while True:
             try:
                 acks = self.shards.init(init, flat_params(self.model), timeout_s, self.buffers.read(self.model))

@@ -65,13 +65,19 @@ class LoaderBatches:
     failed step's samples go back to the sampler.
     """
 
-    def __init__(self, dataset: Any, order: SampleOrder, collate: Callable[[list[Any]], Any], workers: int,
-                 seed: int) -> None:
+    def __init__(
+        self, dataset: Any, order: SampleOrder, collate: Callable[[list[Any]], Any], workers: int, seed: int
+    ) -> None:
         if workers < 1:
             raise ValueError(f"a DataLoader needs at least one worker process, got {workers}")
         self.sampler = AssignedBatchSampler(order, 1)
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=workers, collate_fn=collate,
-                                 generator=torch.Generator().manual_seed(seed))
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            collate_fn=collate,
+            generator=torch.Generator().manual_seed(seed),
+        )
         self._batches: Iterator[Any] | None = None
         self.replay: list[tuple[list[int], Any]] = []
         self.taken: list[tuple[list[int], Any]] = []

@@ -59,8 +59,9 @@ class _LocalSteps(StepLoop):
     def _optimizer(self, assignment: Assignment) -> torch.optim.Optimizer:
         job = self.ctx.job
         if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(travelling(self.ctx.model), lr=job.lr,
-                                             momentum=job.momentum, weight_decay=job.weight_decay)
+            self.optimizer = torch.optim.SGD(
+                travelling(self.ctx.model), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay
+            )
         for group in self.optimizer.param_groups:
             group["lr"] = job.lr * assignment.lr_scale
         return self.optimizer
@@ -118,8 +119,15 @@ class LocalRoundLoop(_LocalSteps):
         assert isinstance(push, Push)
         start = time.perf_counter()
         delta = self.base - flat_params(c.model)
-        acks = c.shards.push(delta, self.base_versions, push.samples, _mean(losses),
-                             c.request_timeout_s, kind=push.kind, buffers=c.buffers.read(c.model))
+        acks = c.shards.push(
+            delta,
+            self.base_versions,
+            push.samples,
+            _mean(losses),
+            c.request_timeout_s,
+            kind=push.kind,
+            buffers=c.buffers.read(c.model),
+        )
         times.push = time.perf_counter() - start
         finish(plan, acks)
         return StepResult(times, compute.batch, _mean(losses), self.version, compute.steps)
@@ -164,8 +172,9 @@ class MsdLoop(_LocalSteps):
         base = self.base
         assert base is not None  # step() syncs before its first local step
         anchor = flat_params(c.model)
-        pending = c.shards.start_push(base - anchor, self.base_versions, push.samples, loss, kind=push.kind,
-                                      buffers=c.buffers.read(c.model))
+        pending = c.shards.start_push(
+            base - anchor, self.base_versions, push.samples, loss, kind=push.kind, buffers=c.buffers.read(c.model)
+        )
         self.in_flight = (pending, None, anchor)
         self.sent_at = time.perf_counter()
 

@@ -19,8 +19,10 @@ from dynabatch.worker.options import WorkerOptions
 
 def main(argv: Sequence[str]) -> int:
     opts, curve, metrics = parse_role_args(
-        "dynabatch worker", "Join a running job as a training worker (or --evaluator).",
-        [WorkerOptions, CurveOptions, MetricsOptions], argv,
+        "dynabatch worker",
+        "Join a running job as a training worker (or --evaluator).",
+        [WorkerOptions, CurveOptions, MetricsOptions],
+        argv,
     )
     keys = load_curve_keys("dynabatch worker", curve, "evaluator" if opts.evaluator else "worker")
     return serve(opts, metrics, keys)
@@ -39,8 +41,9 @@ def serve(opts: WorkerOptions, metrics: MetricsOptions, keys: CurveKeys | None) 
         print(f"dynabatch worker: error: {exc}", file=sys.stderr)
         return 2
     try:
-        process = RoleProcess(opts, "evaluator" if opts.evaluator else "worker", metrics.metrics_host,
-                              metrics.metrics_port, keys)
+        process = RoleProcess(
+            opts, "evaluator" if opts.evaluator else "worker", metrics.metrics_host, metrics.metrics_port, keys
+        )
         if opts.evaluator:
             return process.serve(lambda joined: Evaluator(opts, process, joined).run())
         return process.serve(lambda joined: Worker(opts, process, joined).train())

@@ -55,9 +55,16 @@ class PipelineResult:
 class Pipeline:
     """Hooks a model so that its forward waits per layer and its backward pushes per chunk."""
 
-    def __init__(self, model: torch.nn.Module, layout: Layout, shards: ShardClients, max_inflight_bytes: int,
-                 timeout_s: float, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-                 buffers: TravellingBuffers = TravellingBuffers()) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layout: Layout,
+        shards: ShardClients,
+        max_inflight_bytes: int,
+        timeout_s: float,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        buffers: TravellingBuffers = TravellingBuffers(),
+    ) -> None:
         self.model, self.layout, self.shards, self.loss_fn, self.buffers = model, layout, shards, loss_fn, buffers
         self.max_inflight = max_inflight_bytes
         self.timeout_s = timeout_s
@@ -80,14 +87,16 @@ class Pipeline:
             p.register_post_accumulate_grad_hook(self._grad_ready(i))
         self._step: _StepState | None = None
 
-    def step(self, batch: Any, min_versions: list[int] | None, samples: int, group: int = 1,
-             credit: int = 0) -> PipelineResult:
+    def step(
+        self, batch: Any, min_versions: list[int] | None, samples: int, group: int = 1, credit: int = 0
+    ) -> PipelineResult:
         """Pull, forward, backward and push for one batch, overlapped, `group` final chunks of a shard per PUSH
         within `credit` bytes unacknowledged (0: the credit the pipeline was made with); returns when every push
         is acknowledged (a batch whose loss is not finite: once the pull is in, with nothing pushed)."""
         counted = list(self.shards.staleness)
-        st = self._step = _StepState(self.shards.start_pull(min_versions), samples, max(1, group),
-                                     credit or self.max_inflight)
+        st = self._step = _StepState(
+            self.shards.start_pull(min_versions), samples, max(1, group), credit or self.max_inflight
+        )
         self.model.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
         if not bool(torch.isfinite(loss.detach())):
@@ -125,8 +134,14 @@ class Pipeline:
                 raise RemoteError(ErrorCode.UNKNOWN_SENDER, "a shard does not know this worker")
             self.shards.before_resend([])
             for i in refused:
-                st.pushes[i] = self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"),
-                                                      ids=st.push_ids[i], buffers=self._buffers_for(st, i))
+                st.pushes[i] = self.shards.start_push(
+                    self.grad_flat,
+                    st.pull.versions,
+                    st.samples,
+                    float("nan"),
+                    ids=st.push_ids[i],
+                    buffers=self._buffers_for(st, i),
+                )
 
     def _before_forward(self, name: str, own: list[int]):
         def hook(module: torch.nn.Module, args: object) -> None:
@@ -135,8 +150,11 @@ class Pipeline:
                 return
             needed = set().union(*(self.param_chunks[i] for i in own))
             start = time.perf_counter()
-            self.shards.wait(st.pendings(), self.timeout_s,
-                             lambda: st.pull.has(needed) and st.pull.buffers_in == st.pull.with_buffers)
+            self.shards.wait(
+                st.pendings(),
+                self.timeout_s,
+                lambda: st.pull.has(needed) and st.pull.buffers_in == st.pull.with_buffers,
+            )
             st.pull_wait += time.perf_counter() - start
             if st.pull.with_buffers and not st.buffers_loaded:
                 self.buffers.load(self.model, self.shards.buffers)
@@ -147,6 +165,7 @@ class Pipeline:
                     a, b = self.offsets[i]
                     self.params[i].copy_(flat[a:b].view_as(self.params[i]))
             st.trace.forward_start.setdefault(name, time.perf_counter())
+
         return hook
 
     def _grad_ready(self, i: int):
@@ -162,6 +181,7 @@ class Pipeline:
             for cid in sorted(self.param_chunks[i]):
                 if cid not in st.final and self.chunk_params[cid] <= st.done_params:
                     self._chunk_final(st, cid)
+
         return hook
 
     def _chunk_final(self, st: _StepState, cid: int, flush: bool = True) -> None:
@@ -179,17 +199,27 @@ class Pipeline:
         nbytes = sum(self.layout.chunks[cid].length * 4 for cid in ids)
         start = time.perf_counter()
         credit = max(st.credit, nbytes)
-        self.shards.wait(st.pendings(), self.timeout_s,
-                         lambda: all(cid in st.pull.versions for cid in ids)
-                         and st.inflight(self.layout) + nbytes <= credit)
+        self.shards.wait(
+            st.pendings(),
+            self.timeout_s,
+            lambda: all(cid in st.pull.versions for cid in ids) and st.inflight(self.layout) + nbytes <= credit,
+        )
         st.push_wait += time.perf_counter() - start
         for i in set().union(*(self.chunk_params[cid] for cid in ids)) - st.done_params:
             a, b = self.offsets[i]
             self.grad_flat[a:b].zero_()
         if self.buffers and st.buffer_push is None and shard == 0:
             st.buffer_push = len(st.pushes)
-        st.pushes.append(self.shards.start_push(self.grad_flat, st.pull.versions, st.samples, float("nan"), ids=ids,
-                                                buffers=self._buffers_for(st, len(st.pushes))))
+        st.pushes.append(
+            self.shards.start_push(
+                self.grad_flat,
+                st.pull.versions,
+                st.samples,
+                float("nan"),
+                ids=ids,
+                buffers=self._buffers_for(st, len(st.pushes)),
+            )
+        )
         st.push_ids.append(ids)
         now = time.perf_counter()
         for cid in ids:

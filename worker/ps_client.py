@@ -50,8 +50,15 @@ class ShardClients:
     """One DEALER per shard, with scatter/gather requests."""
 
     def __init__(
-        self, ctx: zmq.Context, endpoints: list[str], layout: Layout, job: str, sender: str,
-        idle: Callable[[], None] = lambda: None, idle_every_s: float = 0.5, buffer_total: int = 0,
+        self,
+        ctx: zmq.Context,
+        endpoints: list[str],
+        layout: Layout,
+        job: str,
+        sender: str,
+        idle: Callable[[], None] = lambda: None,
+        idle_every_s: float = 0.5,
+        buffer_total: int = 0,
     ) -> None:
         """`idle` runs every `idle_every_s` while a request waits (the worker heartbeats there,
         so a slow or restarting shard does not make the scheduler think the worker died);
@@ -82,15 +89,25 @@ class ShardClients:
         seqs = []
         for s, conn in enumerate(self.conns):
             mine = sorted(c.id for c in self.layout.for_shard(s) if c.id in wanted)
-            body = Pull(ids=[] if ids is None else mine, min_version=min_versions[s] if min_versions else 0,
-                        buffers=with_buffers and s == BUFFERS_SHARD)
+            body = Pull(
+                ids=[] if ids is None else mine,
+                min_version=min_versions[s] if min_versions else 0,
+                buffers=with_buffers and s == BUFFERS_SHARD,
+            )
             seqs.append(conn.send(body) if mine else -1)
         return PendingPull(self, seqs, wanted, with_buffers)
 
     def start_push(
-        self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float,
-        kind: str = "grad", ids: list[int] | None = None, buffers: torch.Tensor | None = None,
-        then_pull: bool = False, min_versions: list[int] | None = None,
+        self,
+        tensor: torch.Tensor,
+        chunk_versions: dict[int, int],
+        samples: int,
+        loss: float,
+        kind: str = "grad",
+        ids: list[int] | None = None,
+        buffers: torch.Tensor | None = None,
+        then_pull: bool = False,
+        min_versions: list[int] | None = None,
     ) -> PendingPush:
         """Send `tensor`'s chunks (all, or `ids`) to their shards, tagged with the versions they came from;
         `buffers` (the worker's travelling buffers) go to shard 0, which must be sent chunks too.
@@ -107,15 +124,29 @@ class ShardClients:
             chunks = [c for c in self.layout.for_shard(s) if c.id in wanted]
             if not chunks and s == BUFFERS_SHARD and buffers is not None:
                 raise ValueError("travelling buffers go with a push to shard 0, and this push sends it nothing")
-            bodies.append(Push(samples=samples, loss=loss, kind=kind, then_pull=then_pull,
-                               pull_min_version=min_versions[s] if then_pull and min_versions else 0))
+            bodies.append(
+                Push(
+                    samples=samples,
+                    loss=loss,
+                    kind=kind,
+                    then_pull=then_pull,
+                    pull_min_version=min_versions[s] if then_pull and min_versions else 0,
+                )
+            )
             travelling = buffers if s == BUFFERS_SHARD else None
             seqs.append(self._send_push(s, chunks, tensor, chunk_versions, bodies[s], travelling) if chunks else -1)
         pull = PendingPull(self, seqs, wanted, self.buffers is not None) if then_pull else None
         return PendingPush(self, seqs, bodies, pull, Resend(tensor, chunk_versions, buffers))
 
-    def _send_push(self, shard: int, chunks: list[Chunk], tensor: torch.Tensor, chunk_versions: dict[int, int],
-                   body: Push, buffers: torch.Tensor | None) -> int:
+    def _send_push(
+        self,
+        shard: int,
+        chunks: list[Chunk],
+        tensor: torch.Tensor,
+        chunk_versions: dict[int, int],
+        body: Push,
+        buffers: torch.Tensor | None,
+    ) -> int:
         """One PUSH of `chunks` of `tensor` (and `buffers`, as the last entry) to `shard`; returns its seq."""
         metas = [ChunkMeta(c.id, "float32", (c.length,), chunk_versions[c.id]) for c in chunks]
         tensors = [tensor[c.start : c.stop] for c in chunks]
@@ -151,25 +182,40 @@ class ShardClients:
         return pending.result()
 
     def push(
-        self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
-        kind: str = "grad", buffers: torch.Tensor | None = None, beside: PendingPull | None = None,
+        self,
+        tensor: torch.Tensor,
+        chunk_versions: dict[int, int],
+        samples: int,
+        loss: float,
+        timeout_s: float,
+        kind: str = "grad",
+        buffers: torch.Tensor | None = None,
+        beside: PendingPull | None = None,
     ) -> list[PushAck]:
         """Every chunk of `tensor` (and `buffers` to shard 0), blocking until every shard has acknowledged;
         `beside` (a pull sent earlier) is fed the replies that come meanwhile."""
-        return self.finish_push(self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers),
-                                timeout_s, beside)
+        return self.finish_push(
+            self.start_push(tensor, chunk_versions, samples, loss, kind, buffers=buffers), timeout_s, beside
+        )
 
     def push_pull(
-        self, tensor: torch.Tensor, chunk_versions: dict[int, int], samples: int, loss: float, timeout_s: float,
-        min_versions: list[int] | None = None, buffers: torch.Tensor | None = None,
+        self,
+        tensor: torch.Tensor,
+        chunk_versions: dict[int, int],
+        samples: int,
+        loss: float,
+        timeout_s: float,
+        min_versions: list[int] | None = None,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[PullResult, float]:
         """`push`, and the model after it in the same round trip: (the pull, seconds until every shard answered).
 
         The pulled model lands in the client's receive buffer, like `pull`'s.
         """
         start = time.perf_counter()
-        pending = self.start_push(tensor, chunk_versions, samples, loss, buffers=buffers, then_pull=True,
-                                  min_versions=min_versions)
+        pending = self.start_push(
+            tensor, chunk_versions, samples, loss, buffers=buffers, then_pull=True, min_versions=min_versions
+        )
         pull = pending.pull
         assert pull is not None  # a push with then_pull has one
         self.finish_push(pending, timeout_s)
@@ -199,8 +245,14 @@ class ShardClients:
         self.before_resend([p for p in fed if p is not pending])
         for s in refused:
             again = pending.resend
-            pending.seqs[s] = self._send_push(s, self.layout.for_shard(s), again.tensor, again.chunk_versions,
-                                              pending.bodies[s], again.buffers if s == BUFFERS_SHARD else None)
+            pending.seqs[s] = self._send_push(
+                s,
+                self.layout.for_shard(s),
+                again.tensor,
+                again.chunk_versions,
+                pending.bodies[s],
+                again.buffers if s == BUFFERS_SHARD else None,
+            )
         pending.refused = set()
 
     def before_resend(self, others: list[Pending]) -> None:
@@ -269,9 +321,14 @@ class ShardClients:
         conn = self.conns[shard]
         for pending in pendings:
             if 0 < pending.seqs[shard] <= conn.lost_through and not pending.done():
-                pending.refuse(shard, Error(code=ErrorCode.SHARD_LOST,
-                                            text=f"the link to shard {shard} ({conn.endpoint}) "
-                                                 "dropped before it answered: it stopped or restarted"))
+                pending.refuse(
+                    shard,
+                    Error(
+                        code=ErrorCode.SHARD_LOST,
+                        text=f"the link to shard {shard} ({conn.endpoint}) "
+                        "dropped before it answered: it stopped or restarted",
+                    ),
+                )
 
     def close(self) -> None:
         for conn in self.conns:
@@ -335,8 +392,9 @@ class PendingPull(Pending):
                 self._take_buffers(shard, meta, tensor)
                 continue
             if meta.id not in self.wanted or layout.chunks[meta.id].owner != shard or meta.id in self.versions:
-                raise RemoteError(ErrorCode.BAD_CHUNK,
-                                  f"shard {shard} sent chunk {meta.id} unasked, not its own, or twice")
+                raise RemoteError(
+                    ErrorCode.BAD_CHUNK, f"shard {shard} sent chunk {meta.id} unasked, not its own, or twice"
+                )
             chunk = layout.chunks[meta.id]
             self.client.flat[chunk.start : chunk.stop].copy_(tensor)
             self.client.moved_bytes += meta.nbytes
@@ -345,10 +403,16 @@ class PendingPull(Pending):
 
     def _take_buffers(self, shard: int, meta: ChunkMeta, tensor: torch.Tensor) -> None:
         target = self.client.buffers
-        if (not self.with_buffers or shard != BUFFERS_SHARD or self.buffers_in or target is None
-                or meta.numel != target.numel()):
-            raise RemoteError(ErrorCode.BAD_CHUNK,
-                              f"shard {shard} sent buffers unasked, twice, or of {meta.numel} values")
+        if (
+            not self.with_buffers
+            or shard != BUFFERS_SHARD
+            or self.buffers_in
+            or target is None
+            or meta.numel != target.numel()
+        ):
+            raise RemoteError(
+                ErrorCode.BAD_CHUNK, f"shard {shard} sent buffers unasked, twice, or of {meta.numel} values"
+            )
         target.copy_(tensor)
         self.client.moved_bytes += meta.nbytes
         self.buffers_in = True
@@ -361,10 +425,13 @@ class PendingPull(Pending):
 
     def result(self) -> PullResult:
         layout = self.client.layout
-        shard_versions = [min((self.versions[c.id] for c in layout.for_shard(s) if c.id in self.versions), default=0)
-                          for s in range(layout.num_shards)]
-        return PullResult(self.client.flat, dict(self.versions), shard_versions,
-                          self.client.buffers if self.with_buffers else None)
+        shard_versions = [
+            min((self.versions[c.id] for c in layout.for_shard(s) if c.id in self.versions), default=0)
+            for s in range(layout.num_shards)
+        ]
+        return PullResult(
+            self.client.flat, dict(self.versions), shard_versions, self.client.buffers if self.with_buffers else None
+        )
 
 
 @dataclass
@@ -383,8 +450,9 @@ class PendingPush(Pending):
     `answered_at` is when the last shard to answer first did (its acknowledgement or its first chunk):
     the end of the push's own trip, the rest being the pull's."""
 
-    def __init__(self, client: ShardClients, seqs: list[int], bodies: list[Push], pull: PendingPull | None,
-                 resend: Resend) -> None:
+    def __init__(
+        self, client: ShardClients, seqs: list[int], bodies: list[Push], pull: PendingPull | None, resend: Resend
+    ) -> None:
         self.client = client
         self.seqs = seqs
         self.bodies = bodies

@@ -53,8 +53,13 @@ class Pulse:
     `on_wedged` once the scheduler has forgotten the process for `wedged_after_s` without the main thread
     registering again."""
 
-    def __init__(self, link: SchedulerLink, interval_s: float, wedged_after_s: float = float("inf"),
-                 on_wedged: Callable[[], None] = exit_wedged) -> None:
+    def __init__(
+        self,
+        link: SchedulerLink,
+        interval_s: float,
+        wedged_after_s: float = float("inf"),
+        on_wedged: Callable[[], None] = exit_wedged,
+    ) -> None:
         self.link = link
         self.interval_s = interval_s
         self.wedged_after_s = wedged_after_s
@@ -81,8 +86,11 @@ class Pulse:
                 return
             lost_at = self.link.lost_at
             if lost_at is not None and time.monotonic() - lost_at > self.wedged_after_s:
-                log.error("the scheduler dropped this process %.0f s ago and its main thread has not registered "
-                          "again: it hangs (`kill -USR1 PID` would have written its stack); exiting with an error, "
-                          "to be started afresh", time.monotonic() - lost_at)
+                log.error(
+                    "the scheduler dropped this process %.0f s ago and its main thread has not registered "
+                    "again: it hangs (`kill -USR1 PID` would have written its stack); exiting with an error, "
+                    "to be started afresh",
+                    time.monotonic() - lost_at,
+                )
                 self.on_wedged()
                 return

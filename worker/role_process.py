@@ -39,8 +39,9 @@ class RoleProcess:
     `role` is "worker" or "evaluator", as the scheduler and the shards' key checks know it.
     """
 
-    def __init__(self, opts: WorkerOptions, role: str, metrics_host: str, metrics_port: int,
-                 curve: CurveKeys | None) -> None:
+    def __init__(
+        self, opts: WorkerOptions, role: str, metrics_host: str, metrics_port: int, curve: CurveKeys | None
+    ) -> None:
         self.opts = opts
         self.role = role
         self.name = opts.name or f"{socket.gethostname()}-{os.getpid()}"
@@ -76,17 +77,32 @@ class RoleProcess:
         joined = Joined.welcomed(welcome, job, self.opts, self.ctx, self.device, self.beat.repeat)
         initialized = joined.init_shards(self.opts.request_timeout_s)
         # The device is read off the model's parameters, not the flag: the log says where the model really is.
-        log.info("%s joined job %r as %s: %s, %d parameters, %d training samples, %d shard(s)%s, slowdown %s, "
-                 "parameters on %s", self.name, job.job, joined.id, joined.task.name, joined.signature.total,
-                 joined.signature.train_size, len(welcome.shards), " (initialised them)" if initialized else "",
-                 self.opts.slowdown, next(joined.model.parameters()).device)
+        log.info(
+            "%s joined job %r as %s: %s, %d parameters, %d training samples, %d shard(s)%s, slowdown %s, "
+            "parameters on %s",
+            self.name,
+            job.job,
+            joined.id,
+            joined.task.name,
+            joined.signature.total,
+            joined.signature.train_size,
+            len(welcome.shards),
+            " (initialised them)" if initialized else "",
+            self.opts.slowdown,
+            next(joined.model.parameters()).device,
+        )
         return joined
 
     def _hello(self) -> Hello:
         worker = self.role == "worker"
-        return Hello(role=self.role, host=socket.gethostname(), metrics_url=self.metrics_server.url(),
-                     name=self.name, max_batch=self.opts.max_batch if worker else 0,
-                     slowdown=Slowdown.parse(self.opts.slowdown).label() if worker else "")
+        return Hello(
+            role=self.role,
+            host=socket.gethostname(),
+            metrics_url=self.metrics_server.url(),
+            name=self.name,
+            max_batch=self.opts.max_batch if worker else 0,
+            slowdown=Slowdown.parse(self.opts.slowdown).label() if worker else "",
+        )
 
     def register_again(self, joined: Joined) -> bool:
         """The scheduler forgot this process (it restarted, or dropped it): register anew, under a new id.

@@ -49,34 +49,63 @@ class WorkerMetrics:
     """The trainer's series, on its process's registry, labelled with its id at joining."""
 
     def __init__(self, registry: CollectorRegistry, worker: str) -> None:
-        self.phase = Histogram("dynabatch_worker_phase_seconds", "Time per step phase.", ["worker", "phase"],
-                               buckets=STEP_BUCKETS, registry=registry)
-        self.steps = Counter("dynabatch_worker_steps", "Training steps completed.", ["worker"],
-                             registry=registry).labels(worker)
-        self.samples = Counter("dynabatch_worker_samples", "Training samples processed.", ["worker"],
-                               registry=registry).labels(worker)
-        self.batch = Gauge("dynabatch_worker_current_batch_size", "Batch size in use.", ["worker"],
-                           registry=registry).labels(worker)
-        self.loss = Gauge("dynabatch_worker_train_loss", "Training loss of the last step.", ["worker"],
-                          registry=registry).labels(worker)
-        self.standalone = Gauge("dynabatch_worker_standalone_samples_per_second",
-                                "Speed measured alone before joining (slowdown included).", ["worker"],
-                                registry=registry).labels(worker)
-        self.errors = Counter("dynabatch_worker_request_errors", "Shard requests that failed and were retried.",
-                              ["worker", "code"], registry=registry)
+        self.phase = Histogram(
+            "dynabatch_worker_phase_seconds",
+            "Time per step phase.",
+            ["worker", "phase"],
+            buckets=STEP_BUCKETS,
+            registry=registry,
+        )
+        self.steps = Counter(
+            "dynabatch_worker_steps", "Training steps completed.", ["worker"], registry=registry
+        ).labels(worker)
+        self.samples = Counter(
+            "dynabatch_worker_samples", "Training samples processed.", ["worker"], registry=registry
+        ).labels(worker)
+        self.batch = Gauge(
+            "dynabatch_worker_current_batch_size", "Batch size in use.", ["worker"], registry=registry
+        ).labels(worker)
+        self.loss = Gauge(
+            "dynabatch_worker_train_loss", "Training loss of the last step.", ["worker"], registry=registry
+        ).labels(worker)
+        self.standalone = Gauge(
+            "dynabatch_worker_standalone_samples_per_second",
+            "Speed measured alone before joining (slowdown included).",
+            ["worker"],
+            registry=registry,
+        ).labels(worker)
+        self.errors = Counter(
+            "dynabatch_worker_request_errors",
+            "Shard requests that failed and were retried.",
+            ["worker", "code"],
+            registry=registry,
+        )
         self.errors.labels(worker, "timeout")  # exported at 0 from the start: a dashboard shows 0, not "No data"
-        self.skipped = Counter("dynabatch_worker_skipped_steps", "Steps whose gradient was not pushed, by reason.",
-                               ["worker", "reason"], registry=registry)
+        self.skipped = Counter(
+            "dynabatch_worker_skipped_steps",
+            "Steps whose gradient was not pushed, by reason.",
+            ["worker", "reason"],
+            registry=registry,
+        )
         self.skipped.labels(worker, "non_finite_loss")
-        self.discarded = Counter("dynabatch_worker_discarded_steps", "Steps whose gradient the shards discarded as "
-                                 "computed on too old a model (ssgd, msync, ringmaster, rennala), or held: ahead of "
-                                 "the other workers before the direction check could vouch for it.", ["worker"],
-                                 registry=registry).labels(worker)
+        self.discarded = Counter(
+            "dynabatch_worker_discarded_steps",
+            "Steps whose gradient the shards discarded as "
+            "computed on too old a model (ssgd, msync, ringmaster, rennala), or held: ahead of "
+            "the other workers before the direction check could vouch for it.",
+            ["worker"],
+            registry=registry,
+        ).labels(worker)
         self.worker = worker
 
 
-def train_step(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-               clip_grad_norm: float | None = None, micro_batch: int = 0) -> float:
+def train_step(
+    model: torch.nn.Module,
+    batch: Any,
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+    clip_grad_norm: float | None = None,
+    micro_batch: int = 0,
+) -> float:
     """Forward and backward over `batch`; leaves the (clipped) gradients on the parameters, returns the loss.
 
     With `micro_batch` M > 0 a larger batch runs as passes of at most M samples
@@ -112,27 +141,37 @@ class Worker:
         data, collate = joined.train_data, joined.task.collate_fn()
         order = worker_order(len(data), joined.job.seed, joined.id)  # this worker's order of the training set
         self.batches: DatasetBatches | LoaderBatches = (
-            LoaderBatches(data, order, collate, opts.loader_workers, joined.job.seed) if opts.loader_workers
-            else DatasetBatches(data, order, collate))
+            LoaderBatches(data, order, collate, opts.loader_workers, joined.job.seed)
+            if opts.loader_workers
+            else DatasetBatches(data, order, collate)
+        )
         self.data_s = 0.0  # the current step's time spent taking its batch (its `data` phase)
 
     def step_context(self) -> StepContext:
         """What this worker's protocol loop may use (see step_context.py)."""
         joined = self.joined
         return StepContext(
-            job=joined.job, model=joined.model, layout=joined.layout, shards=joined.shards,
+            job=joined.job,
+            model=joined.model,
+            layout=joined.layout,
+            shards=joined.shards,
             request_timeout_s=self.opts.request_timeout_s,
-            next_batch=self.next_batch, timed_compute=self.timed_compute, loss_fn=joined.loss_fn,
-            idle_for_slowdown=self.idle_for_slowdown, heartbeat_when_due=self.process.beat.when_due,
-            skip_step=self.skip_step, buffers=joined.buffers, pipelined=self._pipelined(),
+            next_batch=self.next_batch,
+            timed_compute=self.timed_compute,
+            loss_fn=joined.loss_fn,
+            idle_for_slowdown=self.idle_for_slowdown,
+            heartbeat_when_due=self.process.beat.when_due,
+            skip_step=self.skip_step,
+            buffers=joined.buffers,
+            pipelined=self._pipelined(),
         )
 
     def _pipelined(self) -> bool:
         """Whether this worker's gradient steps overlap pull, compute and push (JobConfig.pipelines)."""
         joined = self.joined
-        return (protocol_spec(joined.job.protocol).push_kind == GRADIENT
-                and joined.job.pipelines(len(joined.layout.chunks), self.opts.micro_batch,
-                                         joined.task.clip_grad_norm is not None))
+        return protocol_spec(joined.job.protocol).push_kind == GRADIENT and joined.job.pipelines(
+            len(joined.layout.chunks), self.opts.micro_batch, joined.task.clip_grad_norm is not None
+        )
 
     def timed_compute(self, batch: Any) -> tuple[float, float]:
         """Run one training step as this node's emulated hardware would: (loss, seconds).
@@ -159,8 +198,13 @@ class Worker:
         self.skipped += 1
         self.m.skipped.labels(self.joined.id, "non_finite_loss").inc()
         if self.skipped_in_a_row % SKIP_LOG_EVERY == 0:
-            log.error("%s: loss is %s; not pushing this step's gradient (%d skipped in a row; the scheduler rolls "
-                      "the job back if its model diverged)", self.joined.id, loss, self.skipped_in_a_row + 1)
+            log.error(
+                "%s: loss is %s; not pushing this step's gradient (%d skipped in a row; the scheduler rolls "
+                "the job back if its model diverged)",
+                self.joined.id,
+                loss,
+                self.skipped_in_a_row + 1,
+            )
         self.skipped_in_a_row += 1
         beat.last = replace(beat.last, skipped=self.skipped, loss=loss)
         beat.when_due()
@@ -185,8 +229,9 @@ class Worker:
         """
         batch = probe_batch(self.joined.job.max_batch, self.opts.max_batch)
         train_step(self.joined.model, self.next_batch(batch), self.joined.loss_fn, micro_batch=self.opts.micro_batch)
-        return standalone_speed(batch, [self.timed_compute(self.next_batch(batch))[1]
-                                        for _ in range(self.opts.probe_steps)])
+        return standalone_speed(
+            batch, [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
+        )
 
     def next_batch(self, batch: int) -> Any:
         """The next `batch` samples of this worker's own shuffled order of the training set, on its device.
@@ -199,25 +244,30 @@ class Worker:
         out = to_device(self.batches.take(batch), self.process.device)
         self.data_s += time.perf_counter() - start
         return out
+
     def _check_micro_batching(self) -> None:
         """The pipelined step cannot accumulate passes: its backward pushes each chunk as soon as it is final."""
         job = self.joined.job
         pipelined = job.pipeline == "on" and protocol_spec(job.protocol).push_kind == GRADIENT
         if self.opts.micro_batch and pipelined:
-            raise ConfigError(f"--micro-batch {self.opts.micro_batch}: job {job.job!r} runs with --pipeline on, "
-                              "whose backward pushes each chunk's gradient as soon as it is final, so it cannot "
-                              "accumulate passes; run this worker without --micro-batch, or the job with "
-                              "--pipeline auto")
+            raise ConfigError(
+                f"--micro-batch {self.opts.micro_batch}: job {job.job!r} runs with --pipeline on, "
+                "whose backward pushes each chunk's gradient as soon as it is final, so it cannot "
+                "accumulate passes; run this worker without --micro-batch, or the job with "
+                "--pipeline auto"
+            )
 
     def train(self) -> int:
         """Train until the job ends or the process is stopped (the protocol's loop, step after step)."""
         joined = self.joined
         micro, loaders = self.opts.micro_batch, self.opts.loader_workers
-        log.info("%s: %s, batches %s, %s", joined.id,
-                 f"passes of at most {micro} samples" if micro else "one pass per batch",
-                 f"loaded ahead by {loaders} processes" if loaders else "loaded in-process",
-                 f"steps pipelined over {len(joined.layout.chunks)} chunks" if self._pipelined()
-                 else "steps not pipelined")
+        log.info(
+            "%s: %s, batches %s, %s",
+            joined.id,
+            f"passes of at most {micro} samples" if micro else "one pass per batch",
+            f"loaded ahead by {loaders} processes" if loaders else "loaded in-process",
+            f"steps pipelined over {len(joined.layout.chunks)} chunks" if self._pipelined() else "steps not pipelined",
+        )
         try:
             return self._train_steps()
         finally:
@@ -267,8 +317,12 @@ class Worker:
                 self.batches.step_succeeded()
                 if result is not None:
                     self.skipped_in_a_row = 0
-                    hb = self._record(hb, replace(result, times=replace(result.times, data=self.data_s)),
-                                      assignment.assignment_id, steps.comm_s)
+                    hb = self._record(
+                        hb,
+                        replace(result, times=replace(result.times, data=self.data_s)),
+                        assignment.assignment_id,
+                        steps.comm_s,
+                    )
             if link.lost:
                 hb, assignment = self._rejoin(hb)
             else:
@@ -308,8 +362,9 @@ class Worker:
         """The batch of the next step: the assigned one, the last sized to what this worker's allotment leaves after
         the samples `hb` reports (common/allotment.py); 0: none."""
         left = None if assignment.allotted is None else assignment.allotted - hb.samples
-        return allotted_batch(assignment.batch, left,
-                              protocol_spec(self.joined.job.protocol).report_steps(assignment.local_steps))
+        return allotted_batch(
+            assignment.batch, left, protocol_spec(self.joined.job.protocol).report_steps(assignment.local_steps)
+        )
 
     def _record(self, prev: Heartbeat, result: StepResult, assignment_id: int, sync_s: float) -> Heartbeat:
         """Export a step's figures and report them to the scheduler; returns the heartbeat sent."""
@@ -323,9 +378,16 @@ class Worker:
         self.m.loss.set(result.loss)
         process.health.ready = True
         process.health.tick()
-        hb = heartbeat_after(prev, result, sync_s=sync_s, moved_bytes=joined.shards.moved_bytes,
-                             staleness=joined.shards.staleness, assignment_id=assignment_id,
-                             skipped=self.skipped, rollbacks=process.beat.rollbacks or 0)
+        hb = heartbeat_after(
+            prev,
+            result,
+            sync_s=sync_s,
+            moved_bytes=joined.shards.moved_bytes,
+            staleness=joined.shards.staleness,
+            assignment_id=assignment_id,
+            skipped=self.skipped,
+            rollbacks=process.beat.rollbacks or 0,
+        )
         process.beat.send(hb)
         return hb
 

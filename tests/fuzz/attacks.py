@@ -73,20 +73,33 @@ def _push_as_another_worker(view: JobView) -> list[list[bytes]]:
 
 
 def _hello_flood(view: JobView) -> list[list[bytes]]:
-    return [_frames(view, Hello(role="worker", name=f"flood{i}", instance=f"flood{i}"), "flood", i + 1)
-            for i in range(HELLO_FLOOD)]
+    return [
+        _frames(view, Hello(role="worker", name=f"flood{i}", instance=f"flood{i}"), "flood", i + 1)
+        for i in range(HELLO_FLOOD)
+    ]
 
 
 def flood_room(view: JobView) -> int:
     """Members the job may still admit, at most: --max-workers less every worker and evaluator registered when the
     fuzzer learned the job (its own worker, enlisted since, takes one more place)."""
-    return view.max_workers - len(view.workers) - len(view.evaluators) - len(view.ghost_workers) \
+    return (
+        view.max_workers
+        - len(view.workers)
+        - len(view.evaluators)
+        - len(view.ghost_workers)
         - len(view.ghost_evaluators)
+    )
 
 
 def _heartbeat_of_1e12_samples(view: JobView) -> list[list[bytes]]:
-    return [_frames(view, Heartbeat(steps=1, samples=10**12, batch=1, step_s=0.1, standalone_sps=1000.0),
-                    view.ghost_workers[0], 1)]
+    return [
+        _frames(
+            view,
+            Heartbeat(steps=1, samples=10**12, batch=1, step_s=0.1, standalone_sps=1000.0),
+            view.ghost_workers[0],
+            1,
+        )
+    ]
 
 
 LYING_EVAL = EvalReport(version=HUGE, test_loss=0.01, test_acc=0.999)
@@ -105,8 +118,9 @@ def _speed_of_5e_324(view: JobView) -> list[list[bytes]]:
 
 
 def _hello_as_shard_0(view: JobView) -> list[list[bytes]]:
-    return [_frames(view, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
-                    "impostor", 1)]
+    return [
+        _frames(view, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"), "impostor", 1)
+    ]
 
 
 def _byes_in_other_names(view: JobView) -> list[list[bytes]]:
@@ -119,8 +133,9 @@ def _many_large_frames(view: JobView, body) -> list[list[bytes]]:
 
     tensor = torch.zeros(LARGE_FRAME_BYTES // 4)
     metas = [ChunkMeta(view.chunks[0][0].id, "float32", tuple(tensor.shape), 0)] * LARGE_FRAMES
-    return [_frames(view, body, view.ghost_workers[0], i + 1, metas, [tensor] * LARGE_FRAMES)
-            for i in range(LARGE_MESSAGES)]
+    return [
+        _frames(view, body, view.ghost_workers[0], i + 1, metas, [tensor] * LARGE_FRAMES) for i in range(LARGE_MESSAGES)
+    ]
 
 
 def _65536_empty_chunk_entries(view: JobView) -> list[list[bytes]]:
@@ -138,19 +153,38 @@ SHARD_0 = SCHEDULER + 1
 ATTACKS = (
     Attack("push in another worker's name, samples 2**62", SHARD_0, frozenset({"bad_sender"}), _push_as_another_worker),
     Attack(f"{HELLO_FLOOD} HELLOs", SCHEDULER, frozenset({"full", "hello_rate"}), _hello_flood, flood_room),
-    Attack("heartbeat of 10**12 samples", SCHEDULER, frozenset({"bad_field"}), _heartbeat_of_1e12_samples,
-           as_ghost=True),
-    Attack("eval of version 2**62, accuracy 0.999, as the evaluator", SCHEDULER, frozenset({"bad_field"}),
-           _eval_of_version_2e62, as_ghost=True),
-    Attack("eval of version 2**62, accuracy 0.999, in a worker's name", SCHEDULER, frozenset({"bad_sender"}),
-           _eval_in_a_workers_name),
+    Attack(
+        "heartbeat of 10**12 samples", SCHEDULER, frozenset({"bad_field"}), _heartbeat_of_1e12_samples, as_ghost=True
+    ),
+    Attack(
+        "eval of version 2**62, accuracy 0.999, as the evaluator",
+        SCHEDULER,
+        frozenset({"bad_field"}),
+        _eval_of_version_2e62,
+        as_ghost=True,
+    ),
+    Attack(
+        "eval of version 2**62, accuracy 0.999, in a worker's name",
+        SCHEDULER,
+        frozenset({"bad_sender"}),
+        _eval_in_a_workers_name,
+    ),
     Attack("standalone speed of 5e-324", SCHEDULER, frozenset({"bad_field"}), _speed_of_5e_324, as_ghost=True),
     Attack("hello as shard 0 from another endpoint", SCHEDULER, frozenset({"slot_taken"}), _hello_as_shard_0),
     Attack("byes in other members' names", SCHEDULER, frozenset({"bad_sender"}), _byes_in_other_names),
-    Attack("messages of many large frames to a shard", SHARD_0, SIZE_REFUSALS,
-           lambda view: _many_large_frames(view, Push(samples=1))),
-    Attack("messages of many large frames to the scheduler", SCHEDULER, SIZE_REFUSALS,
-           lambda view: _many_large_frames(view, Heartbeat()), as_ghost=True),
+    Attack(
+        "messages of many large frames to a shard",
+        SHARD_0,
+        SIZE_REFUSALS,
+        lambda view: _many_large_frames(view, Push(samples=1)),
+    ),
+    Attack(
+        "messages of many large frames to the scheduler",
+        SCHEDULER,
+        SIZE_REFUSALS,
+        lambda view: _many_large_frames(view, Heartbeat()),
+        as_ghost=True,
+    ),
     Attack("a push of 65,536 empty chunk entries", SHARD_0, SIZE_REFUSALS, _65536_empty_chunk_entries),
     Attack(f"{UNREAD_PULLS} pulls never read", SHARD_0, frozenset(), _pulls_never_read, reads=False),
 )

@@ -76,8 +76,9 @@ def rss_mb(pid: int) -> float:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.greeting_flood", description=__doc__.split("\n\n")[0],
-                                      allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m fuzz.greeting_flood", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("--to", required=True, help="the server's endpoint, tcp://HOST:PORT")
     parser.add_argument("--connections", type=int, default=20_000)
     parser.add_argument("--pid", type=int, required=True, help="the server's process id (its /proc is read)")

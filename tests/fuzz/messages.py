@@ -102,8 +102,11 @@ class FuzzMessages:
         taken = m.replay(shard, self.rng) if category == "push_replay" else None
         if taken is not None:
             seq, frames, kind = taken
-            connection = m.connection if kind == "replay_own" else \
-                self.rng.choice([c for c in range(self.view.connections) if c != m.connection])
+            connection = (
+                m.connection
+                if kind == "replay_own"
+                else self.rng.choice([c for c in range(self.view.connections) if c != m.connection])
+            )
             return FuzzMessage(shard + 1, connection, list(frames), category, kind, seq)
         kind = self.rng.choice(GRADIENTS)  # nothing taken on that shard yet: a gradient instead
         body, metas, tensors = m.push(kind, shard, self.rng)
@@ -147,10 +150,15 @@ class FuzzMessages:
         elif choice == len(names) + 2:
             envelope["seq"] = self.rng.choice(("1", 1.5, None, [1]))
         else:
-            envelope["chunks"] = self.rng.choice(([{"id": "x"}], "chunks", [{"id": 0, "dtype": "complex64",
-                                                                            "shape": [1], "version": 0}]))
-        return [msgpack.packb(envelope), *(bytes(memoryview(t.numpy()).cast("B")) for t in tensors)], body.TYPE, \
-            None, self.seq
+            envelope["chunks"] = self.rng.choice(
+                ([{"id": "x"}], "chunks", [{"id": 0, "dtype": "complex64", "shape": [1], "version": 0}])
+            )
+        return (
+            [msgpack.packb(envelope), *(bytes(memoryview(t.numpy()).cast("B")) for t in tensors)],
+            body.TYPE,
+            None,
+            self.seq,
+        )
 
     # -- well-formed lies -------------------------------------------------------
 
@@ -159,8 +167,13 @@ class FuzzMessages:
         v = self.view
         victim = self.rng.choice(v.members)
         if target == SCHEDULER:
-            body = self.rng.choice((v.heartbeats.get(victim) or Heartbeat(steps=1, samples=1, batch=1, step_s=0.1),
-                                    Bye(), EvalReport(version=v.version, test_loss=0.01, test_acc=0.999)))
+            body = self.rng.choice(
+                (
+                    v.heartbeats.get(victim) or Heartbeat(steps=1, samples=1, batch=1, step_s=0.1),
+                    Bye(),
+                    EvalReport(version=v.version, test_loss=0.01, test_acc=0.999),
+                )
+            )
             return body, [], [], victim
         chunks = v.chunks[target - 1]
         kind = self.rng.randrange(3)
@@ -178,14 +191,17 @@ class FuzzMessages:
         if target == SCHEDULER:
             if self.rng.random() < 0.25:  # NaN is an evaluator's honest mark for a diverged model: not a lie
                 report = EvalReport(version=0, test_loss=0.1, test_acc=0.5)
-                report = self.rng.choice((
-                    dataclasses.replace(report, version=v.version + HUGE // 2),
-                    dataclasses.replace(report, version=-1),
-                    dataclasses.replace(report, test_acc=float("inf")),
-                    dataclasses.replace(report, test_loss=float("-inf")),
-                    dataclasses.replace(report, metrics={"x": float("inf")}),
-                    dataclasses.replace(report, metrics={f"m{i}": 0.5 for i in range(33)}),
-                    dataclasses.replace(report, metrics={self.rng.choice(("", "x" * 65, " pad", "a\nb")): 0.5})))
+                report = self.rng.choice(
+                    (
+                        dataclasses.replace(report, version=v.version + HUGE // 2),
+                        dataclasses.replace(report, version=-1),
+                        dataclasses.replace(report, test_acc=float("inf")),
+                        dataclasses.replace(report, test_loss=float("-inf")),
+                        dataclasses.replace(report, metrics={"x": float("inf")}),
+                        dataclasses.replace(report, metrics={f"m{i}": 0.5 for i in range(33)}),
+                        dataclasses.replace(report, metrics={self.rng.choice(("", "x" * 65, " pad", "a\nb")): 0.5}),
+                    )
+                )
                 return report, [], [], v.ghost_evaluators[connection]
             return _impossible_heartbeat(self.rng, v.max_batch), [], [], v.ghost_workers[connection]
         chunks = v.chunks[target - 1]
@@ -223,11 +239,22 @@ def zero_chunks(chunks: list[ChunkMeta]) -> tuple[list[ChunkMeta], list[Any]]:
 def _impossible_heartbeat(rng: random.Random, max_batch: int) -> Heartbeat:
     """A heartbeat with sane numbers but one field that cannot be true."""
     hb = Heartbeat(steps=1, samples=1, batch=1, step_s=0.1, compute_s=0.05, standalone_sps=1000.0)
-    field_name, value = rng.choice((
-        ("step_s", float("nan")), ("step_s", float("inf")), ("compute_s", -1.0), ("wait_s", 1e9),
-        ("batch", max_batch + 1), ("batch", -3), ("standalone_sps", 1e-9), ("standalone_sps", 1e12),
-        ("steps", HUGE), ("samples", HUGE), ("samples", -1), ("steps", -1),
-    ))
+    field_name, value = rng.choice(
+        (
+            ("step_s", float("nan")),
+            ("step_s", float("inf")),
+            ("compute_s", -1.0),
+            ("wait_s", 1e9),
+            ("batch", max_batch + 1),
+            ("batch", -3),
+            ("standalone_sps", 1e-9),
+            ("standalone_sps", 1e12),
+            ("steps", HUGE),
+            ("samples", HUGE),
+            ("samples", -1),
+            ("steps", -1),
+        )
+    )
     lie: dict[str, Any] = {field_name: value}
     return dataclasses.replace(hb, **lie)
 
@@ -240,7 +267,12 @@ def _wrong_values(hint: Any) -> list[Any]:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
     base = origin or hint
-    wrong = {int: ["many", 1.5, [1], {"a": 1}, True], float: ["fast", [1.0], {"a": 1}, True],
-             str: [5, [1], {"a": 1}, 1.5], bool: ["yes", 5, [1]], list: ["abc", 5, {"a": 1}],
-             dict: ["abc", 5, [1]]}.get(base, ["abc", 5])
+    wrong = {
+        int: ["many", 1.5, [1], {"a": 1}, True],
+        float: ["fast", [1.0], {"a": 1}, True],
+        str: [5, [1], {"a": 1}, 1.5],
+        bool: ["yes", 5, [1]],
+        list: ["abc", 5, {"a": 1}],
+        dict: ["abc", 5, [1]],
+    }.get(base, ["abc", 5])
     return wrong if optional else [*wrong, None]

@@ -78,9 +78,29 @@ from processes import rss_bytes
 # Rounds do not time out (--round-timeout-s): from its enlistment to its BYE they wait for the fuzzer's worker, which
 # heartbeats but pushes only lies, most of them refused, so that the job cannot end under the fuzz. Under the default
 # 10 s, a fuzz slowed by load would time the rounds out and the job would run on (and end) without it.
-JOB = ("--dataset", "synthetic", "--model", "mlp", "--protocol", "ssgd", "--aggregation", "median",
-       "--batch-policy", "fixed", "--chunk-bytes", "131072", "--await-final-eval", "--liveness-timeout-s", "30",
-       "--round-timeout-s", "3600", "--max-workers", "24", "--log-level", "WARNING")
+JOB = (
+    "--dataset",
+    "synthetic",
+    "--model",
+    "mlp",
+    "--protocol",
+    "ssgd",
+    "--aggregation",
+    "median",
+    "--batch-policy",
+    "fixed",
+    "--chunk-bytes",
+    "131072",
+    "--await-final-eval",
+    "--liveness-timeout-s",
+    "30",
+    "--round-timeout-s",
+    "3600",
+    "--max-workers",
+    "24",
+    "--log-level",
+    "WARNING",
+)
 ACCURACY_POINTS = 1.0  # the fuzzed job's accuracy is within this many points of the clean one's
 # A connection whose answers stop for this long has its unanswered messages written off. Under two suites at once,
 # 5 s twice left a few of the fuzzer's worker's last pushes unanswered (of about ten such runs; none alone, nor in
@@ -144,13 +164,21 @@ class FuzzReport:
 
     @property
     def ok(self) -> bool:
-        return (self.live_throughout and not self.accepted and not self.unanswered_kinds and not self.exited
-                and all(a.ok for a in self.attacks) and bool(self.byzantine) and not self.byzantine_wrong
-                and not self.honest_failed
-                and not self.non_finite
-                and self.fuzzed_acc is not None and self.clean_acc is not None
-                and abs(self.fuzzed_acc - self.clean_acc) * 100 <= ACCURACY_POINTS
-                and all(self.counted.get(code, 0) >= n for code, n in self.refused.items()))
+        return (
+            self.live_throughout
+            and not self.accepted
+            and not self.unanswered_kinds
+            and not self.exited
+            and all(a.ok for a in self.attacks)
+            and bool(self.byzantine)
+            and not self.byzantine_wrong
+            and not self.honest_failed
+            and not self.non_finite
+            and self.fuzzed_acc is not None
+            and self.clean_acc is not None
+            and abs(self.fuzzed_acc - self.clean_acc) * 100 <= ACCURACY_POINTS
+            and all(self.counted.get(code, 0) >= n for code, n in self.refused.items())
+        )
 
 
 def renice(pid: int, priority: int) -> None:
@@ -188,8 +216,9 @@ class Job:
         while time.monotonic() < deadline:
             failed = [c for c in self.launcher.children if c.proc.poll() not in (None, 0)]
             if failed:
-                raise RuntimeError(f"{failed[0].name} exited with {failed[0].proc.returncode}; its log ends:\n"
-                                   f"{failed[0].log_tail(40)}")
+                raise RuntimeError(
+                    f"{failed[0].name} exited with {failed[0].proc.returncode}; its log ends:\n{failed[0].log_tail(40)}"
+                )
             status = self.status()
             if status is not None and predicate(status):
                 return status
@@ -203,8 +232,15 @@ class Job:
         self.launcher.stop_all()
 
 
-def request(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, body: Any, timeout_s: float,
-            sock: zmq.Socket[bytes] | None = None, sender: str = "fuzz", entries: int = 0) -> list[list[bytes]]:
+def request(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    body: Any,
+    timeout_s: float,
+    sock: zmq.Socket[bytes] | None = None,
+    sender: str = "fuzz",
+    entries: int = 0,
+) -> list[list[bytes]]:
     """Send `body` and return its raw answers (the frames as they came: the fuzzer replays them): one, or for a
     PULL as many as carry its `entries` chunk entries (or as came within `timeout_s`)."""
     conn = dealer(ctx, endpoint) if sock is None else sock
@@ -244,8 +280,9 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
     config: dict[str, Any] | None = None
     for i, sock in enumerate(sockets[SCHEDULER]):
         for role, into in (("worker", ghosts), ("evaluator", ghost_evals)):
-            frames = request(job.ctx, endpoint, Hello(role=role, name=f"fuzz-{role}{i}", instance=f"fuzz-{role}{i}"),
-                             10.0, sock)[0]
+            frames = request(
+                job.ctx, endpoint, Hello(role=role, name=f"fuzz-{role}{i}", instance=f"fuzz-{role}{i}"), 10.0, sock
+            )[0]
             welcome = decode(frames).body
             assert isinstance(welcome, Welcome), f"the fuzzer's own {role} was not admitted: {welcome}"
             into.append(welcome.id)
@@ -257,22 +294,44 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
     layout = make_layout(flat.numel(), jobcfg.chunk_bytes, jobcfg.shards)
     chunks, values = [], []
     for s, (_, shard) in enumerate(sorted(status.shards.items())):
-        metas, tensors, answers = pull_all(job, shard.endpoint, sockets[s + 1][0], "fuzz-reader",
-                                           len(layout.for_shard(s)))
+        metas, tensors, answers = pull_all(
+            job, shard.endpoint, sockets[s + 1][0], "fuzz-reader", len(layout.for_shard(s))
+        )
         chunks.append(metas)
         values.append(tensors)
         captured.extend(answers[:2])
-    hellos = [Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i))
-              for i, shard in sorted(status.shards.items())]
-    heartbeats = {wid: Heartbeat(steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s,
-                                 standalone_sps=w.standalone_sps) for wid, w in status.workers.items()}
-    return JobView("dynabatch", sorted(status.workers), ["eval0"], hellos, chunks, captured, heartbeats,
-                   init, jobcfg.max_batch, max(s.version for s in status.shards.values()),
-                   ghosts, ghost_evals, len(sockets[SCHEDULER]), jobcfg.max_workers, values, jobcfg.lr)
+    hellos = [
+        Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i)) for i, shard in sorted(status.shards.items())
+    ]
+    heartbeats = {
+        wid: Heartbeat(
+            steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s, standalone_sps=w.standalone_sps
+        )
+        for wid, w in status.workers.items()
+    }
+    return JobView(
+        "dynabatch",
+        sorted(status.workers),
+        ["eval0"],
+        hellos,
+        chunks,
+        captured,
+        heartbeats,
+        init,
+        jobcfg.max_batch,
+        max(s.version for s in status.shards.values()),
+        ghosts,
+        ghost_evals,
+        len(sockets[SCHEDULER]),
+        jobcfg.max_workers,
+        values,
+        jobcfg.lr,
+    )
 
 
-def pull_all(job: Job, endpoint: str, sock: zmq.Socket, sender: str,
-             entries: int) -> tuple[list[ChunkMeta], list[Any], list]:
+def pull_all(
+    job: Job, endpoint: str, sock: zmq.Socket, sender: str, entries: int
+) -> tuple[list[ChunkMeta], list[Any], list]:
     """Every chunk of a shard (`entries` of them) as `sender` pulls it on `sock`: entries, values (copies) and the
     raw answers."""
     answers = pull_answers(job.ctx, endpoint, sock, sender, entries)
@@ -282,29 +341,38 @@ def pull_all(job: Job, endpoint: str, sock: zmq.Socket, sender: str,
     return metas, [torch.as_tensor(t).clone() for m in decoded for t in m.tensors], answers
 
 
-def enlist(job: Job, view: JobView, endpoints: list[str], sock: zmq.Socket,
-           shard_socks: list[zmq.Socket]) -> ByzantineMember:
+def enlist(
+    job: Job, view: JobView, endpoints: list[str], sock: zmq.Socket, shard_socks: list[zmq.Socket]
+) -> ByzantineMember:
     """Register the fuzzer's own worker on `sock` and report a speed, so that it is admitted with a batch; pull
     the model on its own connections to the shards (`shard_socks`), which binds them to it, and measure the job's
     descent direction from the model's movement since `view` pulled it: (before - now) / (lr x versions)."""
-    welcome = decode(request(job.ctx, "", Hello(role="worker", name="fuzz-byzantine", instance="fuzz-byzantine"),
-                             10.0, sock)[0]).body
+    welcome = decode(
+        request(job.ctx, "", Hello(role="worker", name="fuzz-byzantine", instance="fuzz-byzantine"), 10.0, sock)[0]
+    ).body
     assert isinstance(welcome, Welcome), f"the fuzzer's worker was not admitted: {welcome}"
     request(job.ctx, "", Heartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
-    status = job.wait("the fuzzer's worker to hold a batch", lambda s: welcome.id in s.workers and
-                      s.workers[welcome.id].batch > 0, 60)
+    status = job.wait(
+        "the fuzzer's worker to hold a batch", lambda s: welcome.id in s.workers and s.workers[welcome.id].batch > 0, 60
+    )
     metas, gradient = [], []
     for s, endpoint in enumerate(endpoints[1:]):
         now_metas, now, _ = pull_all(job, endpoint, shard_socks[s], welcome.id, len(view.chunks[s]))
         metas.append(now_metas)
-        gradient.append([(before - after) / (view.lr * max(1, m.version - m0.version))
-                         for before, after, m, m0 in zip(view.params[s], now, now_metas, view.chunks[s], strict=True)])
-    return ByzantineMember(welcome.id, status.workers[welcome.id].batch, view.max_batch, view.connections, metas,
-                           gradient)
+        gradient.append(
+            [
+                (before - after) / (view.lr * max(1, m.version - m0.version))
+                for before, after, m, m0 in zip(view.params[s], now, now_metas, view.chunks[s], strict=True)
+            ]
+        )
+    return ByzantineMember(
+        welcome.id, status.workers[welcome.id].batch, view.max_batch, view.connections, metas, gradient
+    )
 
 
-def attack(job: Job, view: JobView, endpoints: list[str], sockets: list[list[zmq.Socket]], a: Attack,
-           window: int = 32) -> AttackResult:
+def attack(
+    job: Job, view: JobView, endpoints: list[str], sockets: list[list[zmq.Socket]], a: Attack, window: int = 32
+) -> AttackResult:
     """Send attack `a` (see Attack for the connection it takes); the result says what came back, or how the
     target grew."""
     result = AttackResult(a.name)
@@ -339,10 +407,12 @@ def attack(job: Job, view: JobView, endpoints: list[str], sockets: list[list[zmq
     return result
 
 
-def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list[list[bytes]],
-            result: AttackResult) -> AttackResult:
+def _unread(
+    job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list[list[bytes]], result: AttackResult
+) -> AttackResult:
     """Pulls nobody reads: the shard must drop their replies, not hold them. Bound: a tenth of holding them all."""
     shard = job.children("ps")[a.target - 1]
+
     def handled() -> tuple[float, float]:  # answered, and refused once the connection's unread answers filled up
         return metric_sum(shard.metrics(), "dynabatch_ps_pulls_total"), bad_message_counts([shard])["busy"]
 
@@ -361,10 +431,13 @@ def _unread(job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list
 def member_counts(shards: list[Child], member: str) -> dict[str, Any]:
     """What the shards counted of `member`: pushes taken, pushes clipped, and workers quarantined by reason."""
     texts = [c.metrics() for c in shards]
-    return {"pushes": sum(metric_by_label(t, "dynabatch_ps_pushes_total", "worker")[member] for t in texts),
-            "clipped": sum(metric_by_label(t, "dynabatch_ps_clipped_pushes_total", "worker")[member] for t in texts),
-            "quarantined": dict(sum((metric_by_label(t, "dynabatch_ps_quarantined_workers_total", "reason")
-                                     for t in texts), Counter()))}
+    return {
+        "pushes": sum(metric_by_label(t, "dynabatch_ps_pushes_total", "worker")[member] for t in texts),
+        "clipped": sum(metric_by_label(t, "dynabatch_ps_clipped_pushes_total", "worker")[member] for t in texts),
+        "quarantined": dict(
+            sum((metric_by_label(t, "dynabatch_ps_quarantined_workers_total", "reason") for t in texts), Counter())
+        ),
+    }
 
 
 def honest_failures(job: Job) -> dict[str, int]:
@@ -380,8 +453,9 @@ def bad_message_counts(children: list[Child]) -> Counter:
     return sum((metric_by_label(c.metrics(), "dynabatch_bad_messages_total", "reason") for c in children), Counter())
 
 
-def pull_answers(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, sock: zmq.Socket[bytes] | None, sender: str,
-                 entries: int) -> list[list[bytes]]:
+def pull_answers(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, sock: zmq.Socket[bytes] | None, sender: str, entries: int
+) -> list[list[bytes]]:
     """A PULL's raw answers, until they carry the shard's `entries` chunks."""
     return request(ctx, endpoint, Pull(), 10.0, sock, sender, entries)
 
@@ -507,7 +581,8 @@ class Fuzzer:
         self.member_pulls[self.pull_seq] = shard
         self.pulling[shard] = len(self.member.metas[shard])
         self.sockets[shard + 1][self.member.connection].send_multipart(
-            encode(Message(Pull(), [], [], "dynabatch", self.member.id, self.pull_seq)))
+            encode(Message(Pull(), [], [], "dynabatch", self.member.id, self.pull_seq))
+        )
 
     def drain(self) -> None:
         """Collect answers until none is in flight, or none has come for STALL_S (a loaded machine answers late)."""
@@ -531,13 +606,23 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
     sockets: list[list[zmq.Socket[bytes]]] = []
     own: list[zmq.Socket[bytes]] = []  # the fuzzer's worker's connection to the scheduler
     try:
-        status = target.wait("the fuzzed job to train", lambda s: len(s.workers) == settings.workers and all(
-            w.steps > 2 for w in s.workers.values()) and len(s.shards) == settings.shards, 180)
+        status = target.wait(
+            "the fuzzed job to train",
+            lambda s: (
+                len(s.workers) == settings.workers
+                and all(w.steps > 2 for w in s.workers.values())
+                and len(s.shards) == settings.shards
+            ),
+            180,
+        )
         endpoints = [target.launcher.scheduler_endpoint] + [s.endpoint for _, s in sorted(status.shards.items())]
         sockets = [[dealer(ctx, ep) for _ in range(settings.connections)] for ep in endpoints]
         view = learn(target, status, sockets)
-        target.wait("the model to move since the fuzzer pulled it", lambda s: min(
-            shard.version for shard in s.shards.values()) >= view.version + MOVED_VERSIONS, 120)
+        target.wait(
+            "the model to move since the fuzzer pulled it",
+            lambda s: min(shard.version for shard in s.shards.values()) >= view.version + MOVED_VERSIONS,
+            120,
+        )
         member_sock = dealer(ctx, endpoints[SCHEDULER])
         own.append(member_sock)
         for row, endpoint in zip(sockets[1:], endpoints[1:], strict=True):
@@ -545,11 +630,14 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         began = time.monotonic()
         member = enlist(target, view, endpoints, member_sock, [row[-1] for row in sockets[1:]])
         report.member = member.id
-        assert all(replies_fit(MEMBER_WINDOW, len(metas)) for metas in member.metas), \
+        assert all(replies_fit(MEMBER_WINDOW, len(metas)) for metas in member.metas), (
             f"a window of {MEMBER_WINDOW} leaves the worker more answers unread than a shard keeps for one connection"
-        progress(f"[fuzz] the fuzzer's worker {member.id} holds a batch of {member.batch}: every round waits for it "
-                 f"from version {min(m.version for ms in member.metas for m in ms)} on "
-                 f"({time.monotonic() - began:.1f} s)")
+        )
+        progress(
+            f"[fuzz] the fuzzer's worker {member.id} holds a batch of {member.batch}: every round waits for it "
+            f"from version {min(m.version for ms in member.metas for m in ms)} on "
+            f"({time.monotonic() - began:.1f} s)"
+        )
         beat = Heartbeats(ctx, member_sock, member.id)
         servers = target.children("scheduler") + target.children("ps")
         counted_before = bad_message_counts(servers)
@@ -558,10 +646,16 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
             report.attacks.append(attack(target, view, endpoints, sockets, a))
             beat.due()
             r = report.attacks[-1]
-            progress(f"[fuzz] attack {a.name!r} ({time.monotonic() - began:.1f} s): {r.sent} sent, refused "
-                     f"{r.refused}, {len(r.admitted)} admitted"
-                     + (f", shard grew {r.grown_bytes / 1e6:.1f} MB (bound {r.bound_bytes / 1e6:.1f})" if not a.reads
-                        else "") + (f"; WRONG: {sorted(set(r.wrong))}" if r.wrong else ""))
+            progress(
+                f"[fuzz] attack {a.name!r} ({time.monotonic() - began:.1f} s): {r.sent} sent, refused "
+                f"{r.refused}, {len(r.admitted)} admitted"
+                + (
+                    f", shard grew {r.grown_bytes / 1e6:.1f} MB (bound {r.bound_bytes / 1e6:.1f})"
+                    if not a.reads
+                    else ""
+                )
+                + (f"; WRONG: {sorted(set(r.wrong))}" if r.wrong else "")
+            )
         messages = FuzzMessages(view, random.Random(settings.seed), member)
         fuzzer = Fuzzer(sockets, settings.window, member)
         sent: Counter = Counter()
@@ -577,17 +671,21 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
                     last_report = time.monotonic()
                     refused = sum(fuzzer.refused.values())
                     taken = sum(got["taken"] for got in fuzzer.byzantine.values())
-                    progress(f"[fuzz] {n}/{settings.messages} sent, {n / (last_report - start):.0f} messages/s, "
-                             f"{refused} refused, {len(fuzzer.accepted)} accepted, {fuzzer.written_off} unanswered, "
-                             f"{taken} of the worker's gradients taken")
+                    progress(
+                        f"[fuzz] {n}/{settings.messages} sent, {n / (last_report - start):.0f} messages/s, "
+                        f"{refused} refused, {len(fuzzer.accepted)} accepted, {fuzzer.written_off} unanswered, "
+                        f"{taken} of the worker's gradients taken"
+                    )
                     dead = [c.name for c in target.launcher.children if not c.alive()]
                     if dead:
                         report.exited = dead
                         break
         drained = time.monotonic()
         fuzzer.drain()
-        progress(f"[fuzz] the last answers came {time.monotonic() - drained:.1f} s after the last message, "
-                 f"{fuzzer.unanswered()} unanswered")
+        progress(
+            f"[fuzz] the last answers came {time.monotonic() - drained:.1f} s after the last message, "
+            f"{fuzzer.unanswered()} unanswered"
+        )
         try:  # the counts first: a job near its end may outlast the checks after them, not these
             after = bad_message_counts(servers)
             report.member_counted = member_counts(target.children("ps"), member.id)
@@ -611,12 +709,14 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
         report.unanswered = fuzzer.unanswered()
         report.unanswered_kinds = dict(fuzzer.unanswered_kinds())
         report.byzantine = {kind: dict(got) for kind, got in sorted(fuzzer.byzantine.items())}
-        report.byzantine_wrong = judge(report.byzantine, report.member_counted["pushes"],
-                                       report.member_counted["clipped"])
+        report.byzantine_wrong = judge(
+            report.byzantine, report.member_counted["pushes"], report.member_counted["clipped"]
+        )
         report.exited = [c.name for c in target.launcher.children if not c.alive()]
         report.non_finite = finite_check(target, now, view)
-        report.counted = {code: after[code] - counted_before[code]
-                          for code in after if after[code] > counted_before[code]}
+        report.counted = {
+            code: after[code] - counted_before[code] for code in after if after[code] > counted_before[code]
+        }
         for i, sock in enumerate(sockets[SCHEDULER]):  # the fuzzer's ghosts leave, as honest members do
             for ghost in (view.ghost_workers[i], view.ghost_evaluators[i]):
                 request(ctx, "", Bye(), 2.0, sock, ghost)
@@ -650,8 +750,9 @@ class Heartbeats:
 
 
 def _final_accuracy(job: Job, settings: FuzzSettings) -> float | None:
-    status = job.wait("the job to finish with a final evaluation", lambda s: s.finished and s.final_eval,
-                      120 + 60 * settings.epochs)
+    status = job.wait(
+        "the job to finish with a final evaluation", lambda s: s.finished and s.final_eval, 120 + 60 * settings.epochs
+    )
     return status.test_acc
 
 
@@ -660,26 +761,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = FuzzSettings()
     parser.add_argument("--messages", type=int, default=defaults.messages)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--epochs", type=float, default=defaults.epochs,
-                        help="the job's length: long enough that it is still training when the last message goes")
-    parser.add_argument("--slowdown", type=float, default=defaults.slowdown,
-                        help="the jobs' workers idle this many times their compute (a longer job for the CPU)")
+    parser.add_argument(
+        "--epochs",
+        type=float,
+        default=defaults.epochs,
+        help="the job's length: long enough that it is still training when the last message goes",
+    )
+    parser.add_argument(
+        "--slowdown",
+        type=float,
+        default=defaults.slowdown,
+        help="the jobs' workers idle this many times their compute (a longer job for the CPU)",
+    )
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--shards", type=int, default=defaults.shards)
     parser.add_argument("--no-clean", action="store_true", help="skip the clean reference job (no accuracy check)")
     parser.add_argument("--out", default="", help="folder for the logs and fuzz.json (default: a temporary one)")
     args = parser.parse_args(argv)
-    settings = FuzzSettings(args.messages, args.seed, args.epochs, args.workers, args.shards, clean=not args.no_clean,
-                            slowdown=args.slowdown)
+    settings = FuzzSettings(
+        args.messages,
+        args.seed,
+        args.epochs,
+        args.workers,
+        args.shards,
+        clean=not args.no_clean,
+        slowdown=args.slowdown,
+    )
     out = Path(args.out or tempfile.mkdtemp(prefix="dynabatch-fuzz-"))
     out.mkdir(parents=True, exist_ok=True)
     report = fuzz(settings, out / "logs", lambda line: print(line, flush=True))
     (out / "fuzz.json").write_text(json.dumps(asdict(report), indent=2))
     print(json.dumps(asdict(report), indent=2))
-    print(f"{'OK' if report.ok else 'FAILED'}: {report.messages} messages in {report.seconds:.1f} s "
-          f"({report.messages_per_s:.0f}/s); accuracy {report.fuzzed_acc} fuzzed vs {report.clean_acc} clean; "
-          f"the worker's messages {report.byzantine}, counted by the shards {report.member_counted}"
-          + (f", WRONG: {report.byzantine_wrong}" if report.byzantine_wrong else "") + "; "
-          f"report in {out / 'fuzz.json'}")
+    print(
+        f"{'OK' if report.ok else 'FAILED'}: {report.messages} messages in {report.seconds:.1f} s "
+        f"({report.messages_per_s:.0f}/s); accuracy {report.fuzzed_acc} fuzzed vs {report.clean_acc} clean; "
+        f"the worker's messages {report.byzantine}, counted by the shards {report.member_counted}"
+        + (f", WRONG: {report.byzantine_wrong}" if report.byzantine_wrong else "")
+        + "; "
+        f"report in {out / 'fuzz.json'}"
+    )
     return 0 if report.ok else 1
-

@@ -25,15 +25,23 @@ not_a_task = {"model": nn.Linear}
 unseeded = db.Task(model=Unseeded, train_data=data)
 empty = db.Task(model=lambda: nn.Linear(4, 2), train_data=lambda: torch.utils.data.TensorDataset(torch.zeros(0, 4)))
 vector_loss = db.Task(
-    model=lambda: nn.Linear(4, 2), train_data=data,
-    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"))
+    model=lambda: nn.Linear(4, 2),
+    train_data=data,
+    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"),
+)
 float64 = db.Task(model=lambda: nn.Linear(4, 2).double(), train_data=data)
 negative_lr = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.Adam(lr=-1e-3))
 lion = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.OptimizerSpec("lion", 1e-4))
-empty_eval = db.Task(model=lambda: nn.Linear(4, 2), train_data=data,
-                     eval_data=lambda: torch.utils.data.TensorDataset(torch.zeros(0, 4), torch.zeros(0)))
-float_metric = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, eval_data=data,
-                       metrics=lambda model, batch: 0.5)
-no_grad_loss = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, eval_data=data,
-                       loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).detach())
+empty_eval = db.Task(
+    model=lambda: nn.Linear(4, 2),
+    train_data=data,
+    eval_data=lambda: torch.utils.data.TensorDataset(torch.zeros(0, 4), torch.zeros(0)),
+)
+float_metric = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, eval_data=data, metrics=lambda model, batch: 0.5)
+no_grad_loss = db.Task(
+    model=lambda: nn.Linear(4, 2),
+    train_data=data,
+    eval_data=data,
+    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).detach(),
+)
 no_eval = db.Task(model=lambda: nn.Linear(4, 2), train_data=data)

@@ -17,8 +17,14 @@ NOISE_STD = 30.0  # per value; the model's ~700 parameters give a norm of about 
 
 
 def _task(lossfn) -> db.Task:
-    return db.Task(model=make_model, train_data=lambda: Blobs(3000, seed=1), eval_data=lambda: Blobs(1000, seed=2),
-                   loss=lossfn, metrics=[accuracy], optimizer=db.optim.SGD(lr=0.1, momentum=0.5))
+    return db.Task(
+        model=make_model,
+        train_data=lambda: Blobs(3000, seed=1),
+        eval_data=lambda: Blobs(1000, seed=2),
+        loss=lossfn,
+        metrics=[accuracy],
+        optimizer=db.optim.SGD(lr=0.1, momentum=0.5),
+    )
 
 
 def _noise(model, batch):

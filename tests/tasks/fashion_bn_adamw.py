@@ -19,7 +19,7 @@ TRAIN, TEST = 6000, 2000
 
 def _idx(name: str) -> torch.Tensor:
     raw = gzip.decompress((FOLDER / f"{name}.gz").read_bytes())
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(raw[3])]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(raw[3])]
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=4 + 4 * raw[3]).reshape(dims)
 
 
