@@ -282,6 +282,7 @@ class JobRun:
         conn = Connection(open_context(self.keys), self.launcher.scheduler_endpoint, self.job.job, "dynabatch-run")
         next_progress = 0.0
         rollbacks_shown = 0
+        auto_shown = ""
         try:
             while not self.interrupted:
                 if not self._supervise():
@@ -301,6 +302,9 @@ class JobRun:
                     if status.failed:
                         print(f"job failed: {status.failed}", file=sys.stderr, flush=True)
                         return False
+                    if status.auto_reason != auto_shown:
+                        print(f"batch policy {status.auto_policy}: {status.auto_reason}", flush=True)
+                        auto_shown = status.auto_reason
                     if now >= next_progress or status.finished:
                         print(format_progress(status, now - started), flush=True)
                         next_progress = now + self.opts.progress_s

@@ -46,7 +46,7 @@ def choose(
         raise ValueError(f"choose: none of {list(protocols)} is modelled (modelled: {', '.join(PROTOCOLS)})")
     best, star = ranked[0], optimum(cluster, noise).time_s
     held = next((p for p in ranked if (p.protocol, p.policy) == current), None)
-    if held is not None and held.time_s <= best.time_s * (1 + HYSTERESIS):
+    if held is not None and held is not best and held.time_s <= best.time_s * (1 + HYSTERESIS):
         return Choice(
             held.protocol,
             held.policy,

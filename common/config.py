@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.catalog import DATASETS, FLAT_PARAMS, MODELS, model_size
 from dynabatch.common.flags import ConfigError, opt, validate_fields
+from dynabatch.common.prediction import PROTOCOLS as MODELLED
 from dynabatch.common.protocols import (
     AGGREGATIONS,
     DBS_WEIGHTS,
@@ -30,7 +31,7 @@ from dynabatch.common.protocols import (
 if TYPE_CHECKING:
     from dynabatch.optim import OptimizerSpec
 
-BATCH_POLICIES = ("fixed", "dynamic", "efficient")
+BATCH_POLICIES = ("auto", "fixed", "dynamic", "efficient")
 PIPELINE_MODES = ("auto", "on", "off")
 CHUNK_SCHEDULES = ("fixed", "scheduled")
 
@@ -57,8 +58,11 @@ class JobConfig(JobName):
     protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS, topic="protocol")
     batch_policy: str = opt(
         "fixed",
-        "fixed: B/n per worker (the default: fastest to target with asgd at 16 and 64 simulated workers, "
-        "bench/RESULTS.md section 9); dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd); efficient: each "
+        "auto: fixed or dynamic, whichever common/prediction.py predicts reaches the target first on the "
+        f"workers' measured step curves and caps ({', '.join(MODELLED)}; other protocols run fixed), chosen once "
+        "every worker has reported a step and again when one joins, leaves or changes speed: no one policy was "
+        "within 1.05x of the best in every regime of bench/RESULTS.md section 14; fixed: B/n per worker; "
+        "dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd); efficient: each "
         "worker at least at the knee of its own step curve (its fixed cost, transfers included, at most a tenth of "
         "its step) where B allows, the sum kept at B (scheduler/efficient_batches.py)",
         BATCH_POLICIES,

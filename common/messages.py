@@ -404,6 +404,7 @@ class JobStatus:
     updates), which the job trains again: `epoch` counts the samples the model holds.
     `unallotted` is what the job's budget (its epochs' samples) has yet to allot to workers (None: the budget is
     not known yet); at 0 the last batches are sized to what each worker's allotment leaves.
+    `auto_policy` is the policy `--batch-policy auto` runs now and `auto_reason` why ("" under another policy).
     `dynabatch run` writes these snapshots, as maps with the field names as keys, to the run folder's timeline.json.
     """
 
@@ -444,6 +445,8 @@ class JobStatus:
     lr_factor: float = 1.0
     failed: str = ""
     unallotted: int | None = None
+    auto_policy: str = ""
+    auto_reason: str = ""
 
 
 @dataclass

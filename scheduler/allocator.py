@@ -16,6 +16,7 @@ from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Decision, Heartbeat
 from dynabatch.common.protocols import ProtocolSpec
+from dynabatch.scheduler.auto_policy import AUTO, AutoPolicy
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches
 from dynabatch.scheduler.local_steps import adacomm_steps
@@ -76,6 +77,7 @@ class Allocator:
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
         self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
+        self.auto = AutoPolicy(spec, job.global_batch) if job.batch_policy == AUTO else None
 
     @property
     def training_started(self) -> bool:
@@ -183,9 +185,14 @@ class Allocator:
         fits = {wid: self.speeds[wid].fit() for wid in ready}
         models = {wid: model for wid, model in fits.items() if model is not None}  # those with a step model
         caps = {wid: cap for wid, cap in ready.items() if cap > 0}
-        if job.batch_policy == "fixed" or len(models) < len(fits):
+        policy = job.batch_policy
+        if self.auto is not None:
+            if self._revisit_auto(ready):
+                force, reason = True, f"{reason}; auto chose {self.auto.policy}"
+            policy = self.auto.policy
+        if policy == "fixed" or len(models) < len(fits):
             proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
-        elif job.batch_policy == "efficient":
+        elif policy == "efficient":
             overheads = {wid: self.speeds[wid].overhead_fit() or model for wid, model in models.items()}
             proposed = efficient_batches(overheads, job.global_batch, job.min_batch, job.max_batch, caps)
         else:
@@ -204,6 +211,15 @@ class Allocator:
             notes.append("slowest left out: the round is faster without them (batch 0)")
         self._decide(Decision(t, "; ".join(n for n in notes if n), subject, dict(proposed), predicted))
         return given
+
+    def _revisit_auto(self, ready: dict[str, int]) -> bool:
+        """Let auto choose again from the `ready` workers that have reported a step (auto_policy.py); True when
+        its policy changed."""
+        assert self.auto is not None
+        measured = [wid for wid in ready if self.speeds[wid].observations]
+        models = {wid: model for wid in measured if (model := self.speeds[wid].overhead_fit()) is not None}
+        caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
+        return self.auto.revisit(models, caps, len(ready) - len(models))
 
     def _split_models(self, models: dict[str, StepModel]) -> dict[str, StepModel]:
         """What the dynamic split solves with: the step models where steps are to be equal, else each worker's

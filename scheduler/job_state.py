@@ -441,6 +441,8 @@ class JobState:
             lr_factor=rollbacks.lr_factor,
             failed=self.end.failed,
             unallotted=allocator.unallotted,
+            auto_policy=allocator.auto.policy if allocator.auto else "",
+            auto_reason=allocator.auto.reason if allocator.auto else "",
         )
 
     # -- restart ------------------------------------------------------------------------

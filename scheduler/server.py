@@ -34,6 +34,7 @@ from dynabatch.common.messages import (
     Welcome,
 )
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
+from dynabatch.common.prediction import POLICIES
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.wire import ProtocolError, WireLimits
 from dynabatch.scheduler.hello_rate import HelloRate
@@ -133,6 +134,12 @@ class SchedulerMetrics:
         self.reassign = Counter(
             "dynabatch_scheduler_reassignments", "Batch allocation changes, by reason.", ["reason"], registry=registry
         )
+        self.auto_policy = Gauge(
+            "dynabatch_scheduler_auto_batch_policy",
+            "--batch-policy auto: 1 for the batch policy it runs now, 0 for the others (the reason is in STATUS).",
+            ["policy"],
+            registry=registry,
+        )
         self.decide = Histogram(
             "dynabatch_scheduler_decision_seconds",
             "Time to handle a heartbeat (model fit and allocation included).",
@@ -178,6 +185,7 @@ class SchedulerServer:
         self.stopping = False
         self.refusals = RateLimitedLog(log)
         self._decisions_seen = 0
+        self._auto_reason = ""
         self.decision_times: deque[float] = deque(maxlen=DECISION_TIMES_KEPT)
         self._exported: set[str] = set()
         self._eval_exported: EvalReport | None = None
@@ -426,6 +434,18 @@ class SchedulerServer:
             self.m.reassign.labels(d.reason).inc()
             log.info("decision (%s%s): batches %s", d.reason, f" {d.subject}" if d.subject else "", d.batches)
         self._decisions_seen = s.allocator.assignment_id
+        self._export_auto()
+
+    def _export_auto(self) -> None:
+        """`--batch-policy auto`: the policy it runs into its gauge, and each new reason to the log."""
+        auto = self.state.allocator.auto
+        if auto is None:
+            return
+        for policy in POLICIES:
+            self.m.auto_policy.labels(policy).set(1.0 if policy == auto.policy else 0.0)
+        if auto.reason != self._auto_reason:
+            log.info("batch policy %s: %s", auto.policy, auto.reason)
+            self._auto_reason = auto.reason
 
     def _check_fresh_start(self) -> None:
         """Say how to resume when shards hold a trained model while this scheduler counts the job from zero.

@@ -217,6 +217,8 @@ TIMELINE_KEYS = {
     "lr_factor",
     "failed",
     "unallotted",
+    "auto_policy",
+    "auto_reason",
     "wall_t",
 }
 WORKER_KEYS = {
