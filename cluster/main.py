@@ -302,9 +302,9 @@ class JobRun:
                     if status.failed:
                         print(f"job failed: {status.failed}", file=sys.stderr, flush=True)
                         return False
-                    if status.auto_reason != auto_shown:
-                        print(f"batch policy {status.auto_policy}: {status.auto_reason}", flush=True)
-                        auto_shown = status.auto_reason
+                    if status.auto_reason.split(":")[0] != auto_shown:  # a new choice, not new figures
+                        print(f"batch policy auto runs {status.auto_policy}: {status.auto_reason}", flush=True)
+                        auto_shown = status.auto_reason.split(":")[0]
                     if now >= next_progress or status.finished:
                         print(format_progress(status, now - started), flush=True)
                         next_progress = now + self.opts.progress_s
@@ -416,6 +416,11 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
             else []
         ),
         *_target_lines(summary),
+        *(
+            [f"batch policy auto ran {summary['auto_policy']} last: {summary['auto_reason']}"]
+            if summary.get("auto_policy")
+            else []
+        ),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",

@@ -16,7 +16,7 @@ from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Decision, Heartbeat
 from dynabatch.common.protocols import ProtocolSpec
-from dynabatch.scheduler.auto_policy import AUTO, AutoPolicy
+from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches
 from dynabatch.scheduler.local_steps import adacomm_steps
@@ -213,10 +213,11 @@ class Allocator:
         return given
 
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
-        """Let auto choose again from the `ready` workers that have reported a step (auto_policy.py); True when
-        its policy changed."""
+        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (auto_policy.py);
+        True when its policy changed."""
         assert self.auto is not None
-        measured = [wid for wid in ready if self.speeds[wid].observations]
+        steps = min(MEASURED_STEPS, self.job.speed_window)
+        measured = [wid for wid in ready if self.speeds[wid].observations >= steps]
         models = {wid: model for wid in measured if (model := self.speeds[wid].overhead_fit()) is not None}
         caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
         return self.auto.revisit(models, caps, len(ready) - len(models))

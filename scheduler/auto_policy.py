@@ -5,7 +5,7 @@ regime: which policy wins depends on the cluster (per-worker sizing wins for rou
 loses for asgd there), so the scheduler chooses it by the predictor's rule (common/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
-Until every ready worker has reported a step, auto splits as `fixed` does (a worker's prior speed is its
+Until every ready worker has reported MEASURED_STEPS steps, auto splits as `fixed` does (a worker's prior speed is its
 start-up probe, not a step); a worker that joins later is measured under the policy last chosen. Then it builds
 the predictor's cluster from each worker's fitted step model (its transfers are in the fixed cost, so no link is
 added) and its cap, and chooses; the choice is revisited when the cluster changes: a worker joins or leaves, or a
@@ -31,6 +31,10 @@ from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.speed_model import StepModel
 
 AUTO = "auto"
+MEASURED_STEPS = 8
+"""Steps a worker must have reported to count as measured: its first ones carry its start-up (lazy
+initialisation, caches, the other processes starting beside it), and with the speed model's forgetting of 0.85
+the eighth step weighs three times the first."""
 SHIFT = 0.25
 """How far (a fraction) a worker's predicted step at its share must move since the last choice for auto to choose
 again: a speed shift, not the step-to-step noise of a loaded machine."""
@@ -54,10 +58,9 @@ class AutoPolicy:
         self.modelled = spec.shard_rule in RULES
         self.policy = "fixed"
         self.reason = (
-            "auto: fixed until every worker has reported a step"
+            f"fixed until every worker has reported {MEASURED_STEPS} steps"
             if self.modelled
-            else f"auto: fixed, as protocol {spec.name} is not modelled by the predictor (it models "
-            f"{', '.join(MODELLED)})"
+            else f"fixed, as protocol {spec.name} is not modelled by the predictor (it models {', '.join(MODELLED)})"
         )
         self.choices = 0  # how many times auto has chosen (kept or changed) from measurements
         self._basis: dict[str, float] = {}  # each worker's predicted step at its share when auto last chose
@@ -71,8 +74,8 @@ class AutoPolicy:
         if waiting or not models:
             kept = "fixed" if self.choices == 0 else f"{self.policy} as last chosen"
             self.reason = (
-                f"auto: {kept} until every worker has reported a step ({len(models)} of {len(models) + waiting} "
-                "measured)"
+                f"{kept} until every worker has reported {MEASURED_STEPS} steps ({len(models)} of "
+                f"{len(models) + waiting} measured)"
             )
             return False
         share = max(1, self.global_batch // len(models))
@@ -88,7 +91,7 @@ class AutoPolicy:
         )
         self.choices += 1
         previous, self.policy = self.policy, choice.policy
-        self.reason = f"auto: {choice.reason} ({len(models)} workers measured)"
+        self.reason = f"{choice.reason} (measured workers: {len(models)})"
         return self.policy != previous
 
     def _changed(self, steps: Mapping[str, float]) -> bool:

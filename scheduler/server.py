@@ -437,15 +437,15 @@ class SchedulerServer:
         self._export_auto()
 
     def _export_auto(self) -> None:
-        """`--batch-policy auto`: the policy it runs into its gauge, and each new reason to the log."""
+        """`--batch-policy auto`: the policy it runs into its gauge, and each new choice with its reason to the log."""
         auto = self.state.allocator.auto
         if auto is None:
             return
         for policy in POLICIES:
             self.m.auto_policy.labels(policy).set(1.0 if policy == auto.policy else 0.0)
-        if auto.reason != self._auto_reason:
-            log.info("batch policy %s: %s", auto.policy, auto.reason)
-            self._auto_reason = auto.reason
+        if auto.reason.split(":")[0] != self._auto_reason:  # a new choice, not the figures of the same one
+            log.info("batch policy auto runs %s: %s", auto.policy, auto.reason)
+            self._auto_reason = auto.reason.split(":")[0]
 
     def _check_fresh_start(self) -> None:
         """Say how to resume when shards hold a trained model while this scheduler counts the job from zero.

@@ -15,7 +15,7 @@ from dynabatch.common.optimum import STUDY_NOISE
 from dynabatch.common.prediction import cluster_of, fixed_batches
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.scheduler.allocator import Allocator
-from dynabatch.scheduler.auto_policy import SHIFT, AutoPolicy, measured_cluster
+from dynabatch.scheduler.auto_policy import MEASURED_STEPS, SHIFT, AutoPolicy, measured_cluster
 from dynabatch.scheduler.batch_allocation import allocate_round, fixed_allocation
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -65,8 +65,10 @@ def test_auto_chooses_the_studys_policy_on_each_regimes_cluster_file(profile, pr
     assert auto.policy == STUDY_CHOICE[profile, protocol], auto.reason
     assert changed == (auto.policy != "fixed"), "auto ran fixed while it measured"
     expected = choose(measured_cluster(models, caps, global_batch), STUDY_NOISE, (protocol, "fixed"), (protocol,))
-    assert auto.reason.startswith(f"auto: {expected.reason}"), auto.reason
-    assert f"{protocol} + " in auto.reason and "T*" in auto.reason and f"{len(models)} workers measured" in auto.reason
+    assert auto.reason.startswith(expected.reason), auto.reason
+    assert (
+        f"{protocol} + " in auto.reason and "T*" in auto.reason and f"(measured workers: {len(models)})" in auto.reason
+    )
 
 
 def test_a_protocol_the_predictor_does_not_model_runs_fixed_and_says_why():
@@ -88,27 +90,29 @@ def _join(allocator: Allocator, workers: list[str]) -> dict[str, int]:
     return ready
 
 
-def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: float, fixed_s: float = 0.005) -> None:
-    """`wid` reports a step at the batch it holds: `fixed_s` of it spent outside compute, the rest computing."""
-    batch = allocator.allocation[wid] or 1
-    compute = per_sample_s * batch
-    allocator.observe(wid, Heartbeat(batch=batch, step_s=fixed_s + compute, compute_s=compute))
-    allocator.reallocate(1.0, 1.0, "speed update", wid, ready)
+def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: float, steps: int = 1) -> None:
+    """`wid` reports `steps` steps at the batch it holds, 5 ms of each spent outside compute."""
+    for _ in range(steps):
+        batch = allocator.allocation[wid] or 1
+        compute = per_sample_s * batch
+        allocator.observe(wid, Heartbeat(batch=batch, step_s=0.005 + compute, compute_s=compute))
+        allocator.reallocate(1.0, 1.0, "speed update", wid, ready)
 
 
 def test_auto_splits_as_fixed_until_every_worker_reported_a_step_then_by_the_chosen_policy():
-    """ssgd, a worker four times slower: fixed while one worker has not stepped, then LB-BSP's split."""
+    """ssgd, a worker four times slower: fixed while one worker has not reported its first steps, then LB-BSP's split."""
     allocator = _allocator(protocol="ssgd")
     ready = _join(allocator, ["w0", "w1", "w2"])
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
-    _step(allocator, ready, "w0", 0.001)
-    _step(allocator, ready, "w1", 0.001)
+    _step(allocator, ready, "w0", 0.001, MEASURED_STEPS)
+    _step(allocator, ready, "w1", 0.001, MEASURED_STEPS)
+    _step(allocator, ready, "w2", 0.004, MEASURED_STEPS - 1)
     assert allocator.auto is not None and allocator.auto.policy == "fixed"
     assert "2 of 3 measured" in allocator.auto.reason
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
     _step(allocator, ready, "w2", 0.004)
     assert allocator.auto.policy == "dynamic", allocator.auto.reason
-    assert allocator.auto.reason.startswith("auto: ssgd + dynamic: predicted fastest"), allocator.auto.reason
+    assert allocator.auto.reason.startswith("ssgd + dynamic: predicted fastest"), allocator.auto.reason
     assert "auto chose dynamic" in allocator.decisions[-1].reason
     models = {w: allocator.speeds[w].fit() for w in ready}
     assert allocator.allocation == allocate_round(models, 96, 8, 1024, {}), "the split is the chosen policy's"
@@ -120,10 +124,10 @@ def test_equal_workers_keep_the_fixed_split_and_noise_is_no_reason_to_choose_aga
         allocator = _allocator(protocol=protocol)
         ready = _join(allocator, ["w0", "w1", "w2"])
         for wid in ready:
-            _step(allocator, ready, wid, 0.001)
+            _step(allocator, ready, wid, 0.001, MEASURED_STEPS)
         auto = allocator.auto
         assert auto is not None and auto.policy == "fixed" and auto.choices == 1
-        kept = (f"auto: keeping {protocol} + fixed", f"auto: {protocol} + fixed: predicted fastest")
+        kept = (f"keeping {protocol} + fixed", f"{protocol} + fixed: predicted fastest")
         assert auto.reason.startswith(kept), auto.reason
         assert allocator.allocation == fixed_allocation(sorted(ready), 96, 8, 1024)
         _step(allocator, ready, "w1", 0.001 * (1 + SHIFT / 2))
@@ -136,7 +140,7 @@ def test_a_speed_shift_a_join_and_a_leave_make_auto_choose_again():
     allocator = _allocator(protocol="ssgd")
     ready = _join(allocator, ["w0", "w1", "w2"])
     for wid in ready:
-        _step(allocator, ready, wid, 0.001)
+        _step(allocator, ready, wid, 0.001, MEASURED_STEPS)
     auto = allocator.auto
     assert auto is not None and auto.policy == "fixed"
     for _ in range(8):  # the forgetting window follows the shift within a few steps
@@ -152,5 +156,5 @@ def test_a_speed_shift_a_join_and_a_leave_make_auto_choose_again():
     ready["w3"] = 0
     allocator.reallocate(3.0, 3.0, "joined", "w3", ready, force=True)
     assert auto.choices == 3 and "2 of 3 measured" in auto.reason, "a worker that joined is measured first"
-    _step(allocator, ready, "w3", 0.001)
-    assert auto.choices == 4 and "3 workers measured" in auto.reason
+    _step(allocator, ready, "w3", 0.001, MEASURED_STEPS)
+    assert auto.choices == 4 and "(measured workers: 3)" in auto.reason

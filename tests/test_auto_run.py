@@ -1,0 +1,71 @@
+"""`dynabatch run --batch-policy auto` on an emulated mixed-device cluster: STATUS names the policy auto runs and
+why, and the split follows it (fixed while the workers are measured, then the chosen policy's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import run_job
+
+pytestmark = pytest.mark.slow
+
+B = 96
+
+
+def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(tmp_path):
+    """ssgd, two workers at full speed and one four times slower with 20 ms more per step (a device with a fixed
+    cost, `--slowdowns F:A`): a round waits for its slowest worker, so the predictor says equal step times (LB-BSP)
+    reach the target first, and auto chooses `dynamic` once every worker has reported its first steps."""
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--workers",
+        "3",
+        "--slowdowns",
+        "1",
+        "1",
+        "4:0.02",
+        "--protocol",
+        "ssgd",
+        "--batch-policy",
+        "auto",
+        "--global-batch",
+        str(B),
+        "--status-s",
+        "0.2",
+        "--eval-interval-s",
+        "600",
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["batch_policy"] == "auto" and summary["auto_policy"] == "dynamic"
+    assert "batch policy auto runs dynamic: ssgd + dynamic: predicted fastest to target" in printed, printed
+    timeline = json.loads((run / "timeline.json").read_text())
+
+    def batches(status: dict) -> dict[str, int]:
+        return {w["name"]: w["batch"] for w in status["workers"].values()}
+
+    measuring = [s for s in timeline if s["auto_policy"] == "fixed" and len(s["workers"]) == 3]
+    assert all(s["auto_reason"].startswith("fixed until every worker has reported") for s in measuring), measuring
+    handed = [set(batches(s).values()) for s in measuring if any(batches(s).values())]
+    assert handed and all(shares == {B // 3} for shares in handed), f"fixed while measuring: {handed}"
+    chosen = [s for s in timeline if s["auto_policy"] == "dynamic" and s["unallotted"] and len(s["workers"]) == 3]
+    assert chosen, [(s["auto_policy"], s["auto_reason"]) for s in timeline]
+    assert all(s["auto_reason"].startswith(("ssgd + dynamic: predicted", "keeping ssgd + dynamic")) for s in chosen)
+    # LB-BSP's split, in the decisions from auto's choice on (a STATUS's batches lag them until the shards bound
+    # the pushes by them): the batches sum to B and the slow device gets less than either fast one, or none.
+    last = chosen[-1]
+    names = {wid: w["name"] for wid, w in last["workers"].items()}
+    decisions = {(d["t"], d["reason"]): d for status in chosen for d in status["decisions"]}
+    switch = min(t for t, reason in decisions if "auto chose dynamic" in reason)
+    split = [{names[w]: b for w, b in d["batches"].items()} for (t, _), d in sorted(decisions.items()) if t >= switch]
+    assert all(sum(b.values()) == B for b in split), split
+    assert all(b["worker2"] < min(b["worker0"], b["worker1"]) for b in split), split
+    assert all(w["batch"] <= split[-1][w["name"]] for w in last["workers"].values()), "STATUS shows the split's"
