@@ -60,8 +60,8 @@ class JobConfig(JobName):
         "fixed",
         "auto: fixed or dynamic, whichever common/prediction.py predicts reaches the target first on the "
         f"workers' measured step curves and caps ({', '.join(MODELLED)}; other protocols run fixed), chosen once "
-        "every worker has reported its first steps and again when one joins, leaves or changes speed: no one policy was "
-        "within 1.05x of the best in every regime of bench/RESULTS.md section 14; fixed: B/n per worker; "
+        "every worker has reported its first steps and again when one joins, leaves or changes speed: no one "
+        "policy was within 1.05x of the best in every regime of bench/RESULTS.md section 14; fixed: B/n per worker; "
         "dynamic: sized by measured speed (DBS-SGD; LB-BSP under ssgd); efficient: each "
         "worker at least at the knee of its own step curve (its fixed cost, transfers included, at most a tenth of "
         "its step) where B allows, the sum kept at B (scheduler/efficient_batches.py)",

@@ -100,7 +100,8 @@ def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: f
 
 
 def test_auto_splits_as_fixed_until_every_worker_reported_a_step_then_by_the_chosen_policy():
-    """ssgd, a worker four times slower: fixed while one worker has not reported its first steps, then LB-BSP's split."""
+    """ssgd, a worker four times slower: fixed while one worker has not reported its first steps, then LB-BSP's
+    split."""
     allocator = _allocator(protocol="ssgd")
     ready = _join(allocator, ["w0", "w1", "w2"])
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
