@@ -84,9 +84,16 @@ def midrun_slowdown(budget_s: float) -> tuple[str, ...]:
     return (f"1x,4x@{third:.0f}s,1x@{2 * third:.0f}s",) + SLOWDOWNS[1:]
 
 
+def mixed_devices(_budget_s: float) -> tuple[str, ...]:
+    """Two accelerator-like workers (full speed and 30 ms more per step: a large fixed cost) and two CPU-like ones
+    (a quarter of the speed, no fixed part): where per-worker sizing is said to pay (issue 37)."""
+    return ("1:0.03", "1:0.03", "4", "4")
+
+
 SCENARIOS: dict[str, Callable[[float], tuple[str, ...]]] = {
     "heterogeneous": heterogeneous,
     "midrun": midrun_slowdown,
+    "mixed_devices": mixed_devices,
 }
 
 

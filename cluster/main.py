@@ -1,8 +1,8 @@
 """`dynabatch run`: a whole job on this machine, with live progress and a run folder.
 
 Its defaults are the main job: Fashion-MNIST, the CNN, three workers slowed
-down 1x, 2x and 4x, asgd with fixed batches (B/n each; --batch-policy dynamic
-makes it DBS-SGD). With --curve-dir (keys
+down 1x, 2x and 4x, asgd with the batch policy auto, which keeps fixed batches (B/n each) there
+(--batch-policy dynamic makes it DBS-SGD). With --curve-dir (keys
 from `dynabatch keys`) every process, and this command's own link to the
 scheduler, uses those keys; the run makes no keys itself.
 """

@@ -57,8 +57,8 @@ class JobConfig(JobName):
     )
     protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS, topic="protocol")
     batch_policy: str = opt(
-        "fixed",
-        "auto: fixed or dynamic, whichever common/prediction.py predicts reaches the target first on the "
+        "auto",
+        "auto (the default): fixed or dynamic, whichever common/prediction.py predicts reaches the target first on the "
         f"workers' measured step curves and caps ({', '.join(MODELLED)}; other protocols run fixed), chosen once "
         "every worker has reported its first steps and again when one joins, leaves or changes speed: no one "
         "policy was within 1.05x of the best in every regime of bench/RESULTS.md section 14; fixed: B/n per worker; "
