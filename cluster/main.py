@@ -30,6 +30,7 @@ from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 from dynabatch.cluster.restart_policy import CONFIG_ERROR_EXIT, after_exit
 from dynabatch.cluster.worker_labels import emulated, label
 from dynabatch.common.atomic_file import write_text_atomic
+from dynabatch.common.auto_protocol import resolved
 from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import JobConfig, check_flags_against_task
@@ -52,9 +53,11 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, lis
     args = parser.parse_args(argv)
     opts, curve = from_args(RunOptions, args).anchored(), from_args(CurveOptions, args)
     try:
-        job = settle(opts, from_args(JobConfig, args))
+        job, chosen = resolved(settle(opts, from_args(JobConfig, args)))
     except ConfigError as exc:
         parser.error(str(exc))
+    if chosen:
+        print(f"dynabatch run: protocol auto chose {chosen}", flush=True)
     return opts, job, curve, job_flags(job)
 
 

@@ -36,6 +36,7 @@ import torch
 from dynabatch.cluster.export import trained_model
 from dynabatch.cluster.main import JobRun, job_flags, prepare, settle
 from dynabatch.cluster.options import RunOptions
+from dynabatch.common.auto_protocol import resolved
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.flags import ConfigError
@@ -104,7 +105,7 @@ def settings(
         )
     part = {cls: {k: v for k, v in flags.items() if k in names[cls]} for cls in names}
     opts = RunOptions(workers=workers, slowdowns=[str(s) for s in slowdowns], task=spec, **part[RunOptions]).anchored()
-    job = settle(opts, job_from_dict(part[JobConfig]))
+    job, _ = resolved(settle(opts, job_from_dict(part[JobConfig], allow_auto=True)))
     return opts, job, CurveOptions(**part[CurveOptions])
 
 

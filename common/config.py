@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from dynabatch.optim import OptimizerSpec
 
 BATCH_POLICIES = ("auto", "fixed", "dynamic", "efficient")
+AUTO_PROTOCOL = "auto"
+PROTOCOL_HELP = (
+    f"parameter-server update protocol; {AUTO_PROTOCOL}: the one of {', '.join(MODELLED)} that common/prediction.py "
+    "predicts reaches the target first on the cluster --cluster-profile describes, chosen before the shards start "
+    "(they take their rule from it)"
+)
 PIPELINE_MODES = ("auto", "on", "off")
 CHUNK_SCHEDULES = ("fixed", "scheduled")
 
@@ -55,7 +61,13 @@ class JobConfig(JobName):
         f"(flat alone: {FLAT_PARAMS}) for the transport benchmarks",
         topic="job",
     )
-    protocol: str = opt("asgd", "parameter-server update protocol", PROTOCOLS, topic="protocol")
+    protocol: str = opt("asgd", PROTOCOL_HELP, (*PROTOCOLS, AUTO_PROTOCOL), topic="protocol")
+    cluster_profile: str = opt(
+        "",
+        f"--protocol {AUTO_PROTOCOL}: a cluster file (common/cluster_file.py's format, as `dynabatch plan --profile` "
+        "reads and `dynabatch check --save-profile` writes) describing the workers the job will have",
+        topic="protocol",
+    )
     batch_policy: str = opt(
         "auto",
         "auto (the default): fixed or dynamic, whichever common/prediction.py predicts reaches the target first on the "
@@ -281,6 +293,14 @@ class JobConfig(JobName):
             raise ConfigError(f"--min-batch {self.min_batch} is larger than --max-batch {self.max_batch}")
         if not 0.0 < self.speed_forgetting <= 1.0:
             raise ConfigError("--speed-forgetting must be in (0, 1]")
+        if SPECS.get(self.protocol) is None:  # auto, which the scheduler's command resolves (common/auto_protocol.py)
+            if not self.cluster_profile:
+                raise ConfigError(
+                    f"--protocol {AUTO_PROTOCOL}: give --cluster-profile FILE.json (the workers the job will have: "
+                    "`dynabatch check --save-profile` on each machine writes one); the protocol must be known "
+                    "before the shards start"
+                )
+            return
         if self.prefetch_pull and not SPECS[self.protocol].may_prefetch_pull:
             allowed = ", ".join(name for name, spec in SPECS.items() if spec.may_prefetch_pull)
             raise ConfigError(
@@ -335,7 +355,8 @@ def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None) ->
     """
     if optimizer is None:
         return
-    if SPECS[job.protocol].push_kind == DELTA:
+    spec = SPECS.get(job.protocol)  # None: auto, which chooses no delta protocol
+    if spec is not None and spec.push_kind == DELTA:
         raise ConfigError(
             f"--protocol {job.protocol}: workers step with SGD from --lr, --momentum and "
             f"--weight-decay and the shards apply the outer optimizer, so the task's optimizer "
@@ -368,8 +389,9 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def job_from_dict(data: Mapping[str, Any]) -> JobConfig:
-    """Rebuild and validate a JobConfig received on the wire; unknown keys are ignored."""
+def job_from_dict(data: Mapping[str, Any], allow_auto: bool = False) -> JobConfig:
+    """Rebuild and validate a JobConfig received on the wire; unknown keys are ignored. A `--protocol auto` the
+    scheduler's command did not resolve is refused unless `allow_auto` (a command that resolves it next)."""
     hints = typing.get_type_hints(JobConfig)
     values = {}
     for f in dataclasses.fields(JobConfig):
@@ -383,4 +405,8 @@ def job_from_dict(data: Mapping[str, Any]) -> JobConfig:
             values[f.name] = value
     cfg = JobConfig(**values)
     cfg.validate()
+    if not allow_auto and SPECS.get(cfg.protocol) is None:
+        raise ConfigError(
+            f"job setting protocol={cfg.protocol!r}: the scheduler's command resolves it before it serves"
+        )
     return cfg

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 
+from dynabatch.common.auto_protocol import resolved
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.config import JobConfig
+from dynabatch.common.flags import ConfigError
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.scheduler.server import SchedulerServer
 
@@ -18,6 +21,13 @@ def main(argv: Sequence[str]) -> int:
         [SchedulerOptions, JobConfig, CurveOptions, MetricsOptions],
         argv,
     )
+    try:
+        job, chosen = resolved(job)
+    except ConfigError as exc:
+        print(f"dynabatch scheduler: {exc}", file=sys.stderr)
+        return 2
+    if chosen:
+        logging.getLogger("dynabatch.scheduler").info("protocol auto chose %s", chosen)
     keys = load_curve_keys("dynabatch scheduler", curve, "scheduler")
     try:
         server = SchedulerServer(job, opts, metrics.metrics_host, metrics.metrics_port, keys)

@@ -55,6 +55,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "--device-max-batch 512": (PARSE, ""),
     "dynabatch plan --profile cluster.json": (ELSEWHERE, PLANNED),
     "dynabatch plan runs/NAME --json": (ELSEWHERE, PLANNED),
+    "dynabatch run --protocol auto --cluster-profile cluster.json": (
+        ELSEWHERE,
+        "tests/test_auto_protocol.py::test_a_real_run_trains_with_the_protocol_auto_chose",
+    ),
     "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --workers 3 "
     "--slowdowns 1 2 4 --epochs 5 --global-batch 256": (PARSE, ""),
     "dynabatch run --task examples/byte_gpt.py:task --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64": (

@@ -1,0 +1,87 @@
+"""`--protocol auto --cluster-profile FILE` (common/auto_protocol.py): the protocol chosen from a cluster file before
+the shards start, refused without one (on the command line too: tests/test_cli.py), never sent unresolved; and a
+real `dynabatch run` that trains with it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dynabatch.common.auto_choice import choose
+from dynabatch.common.auto_protocol import resolved
+from dynabatch.common.cluster_file import read_cluster
+from dynabatch.common.config import JobConfig, job_from_dict, to_dict
+from dynabatch.common.flags import ConfigError
+from dynabatch.common.optimum import STUDY_NOISE
+from dynabatch.common.prediction import cluster_of
+from harness import run_job
+
+PROFILES = sorted((Path(__file__).resolve().parents[1] / "bench" / "profiles").glob("*.json"))
+# Two fast workers and one twenty times slower per sample: rounds sized per worker (LB-BSP) are predicted fastest.
+MIXED = {
+    "workers": [
+        {"count": 2, "fixed_s": 0.002, "per_sample_s": 0.0001, "link_mbit": 10000},
+        {"count": 1, "fixed_s": 0.002, "per_sample_s": 0.002, "link_mbit": 10000},
+    ],
+    "model_bytes": 500000,
+}
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_the_protocol_is_the_predictors_choice_on_the_file_at_the_jobs_batch(path):
+    job = JobConfig(protocol="auto", cluster_profile=str(path), global_batch=512, batch_policy="fixed")
+    chosen, why = resolved(job)
+    cluster = replace(cluster_of(read_cluster(path), 512, job.chunk_bytes), global_batch=512)
+    expected = choose(cluster, STUDY_NOISE)
+    assert chosen.protocol == expected.protocol and chosen.batch_policy == "fixed", why
+    assert why.startswith(f"{expected.protocol} ({expected.reason}") and str(path) in why
+    assert resolved(chosen) == (chosen, ""), "a given protocol is left alone"
+
+
+def test_auto_needs_a_readable_cluster_file_and_is_never_sent_unresolved(tmp_path):
+    with pytest.raises(ConfigError, match="--protocol auto: give --cluster-profile FILE.json"):
+        JobConfig(protocol="auto").validate()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"workers": []}')
+    with pytest.raises(ConfigError, match="--cluster-profile: .*bad.json"):
+        resolved(JobConfig(protocol="auto", cluster_profile=str(bad)))
+    unresolved = to_dict(JobConfig(protocol="auto", cluster_profile=str(bad)))
+    with pytest.raises(ConfigError, match="protocol='auto': the scheduler's command resolves it"):
+        job_from_dict(unresolved)
+    assert job_from_dict(unresolved, allow_auto=True).protocol == "auto"
+
+
+@pytest.mark.slow
+def test_a_real_run_trains_with_the_protocol_auto_chose(tmp_path):
+    profile = tmp_path / "cluster.json"
+    profile.write_text(json.dumps(MIXED))
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "0.5",
+        "--workers",
+        "3",
+        "--slowdowns",
+        "1",
+        "1",
+        "4",
+        "--global-batch",
+        "96",
+        "--protocol",
+        "auto",
+        "--cluster-profile",
+        str(profile),
+        "--eval-interval-s",
+        "600",
+    )
+    assert "dynabatch run: protocol auto chose ssgd (ssgd + dynamic: predicted fastest" in printed, printed
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["protocol"] == "ssgd" and summary["batch_policy"] == "auto", summary
