@@ -15,8 +15,9 @@ B = 96
 
 
 def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(tmp_path):
-    """ssgd, two workers at full speed and one four times slower with 20 ms more per step (a device with a fixed
-    cost, `--slowdowns F:A`): a round waits for its slowest worker, so the predictor says equal step times (LB-BSP)
+    """ssgd, two workers at full speed and one four times slower with 100 ms more per step (a device with a fixed
+    cost, `--slowdowns F:A`; slow beyond what contention on a loaded machine does to the others' steps): a round
+    waits for its slowest worker, so the predictor says equal step times (LB-BSP)
     reach the target first, and auto chooses `dynamic` once every worker has reported its first steps."""
     run, printed = run_job(
         tmp_path,
@@ -32,7 +33,7 @@ def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(t
         "--slowdowns",
         "1",
         "1",
-        "4:0.02",
+        "4:0.1",
         "--protocol",
         "ssgd",
         "--batch-policy",
@@ -60,12 +61,14 @@ def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(t
     assert chosen, [(s["auto_policy"], s["auto_reason"]) for s in timeline]
     assert all(s["auto_reason"].startswith(("ssgd + dynamic: predicted", "keeping ssgd + dynamic")) for s in chosen)
     # LB-BSP's split, in the decisions from auto's choice on (a STATUS's batches lag them until the shards bound
-    # the pushes by them): the batches sum to B and the slow device gets less than either fast one, or none.
+    # the pushes by them): the batches sum to B and the slow device gets no more than either fast one and less than
+    # the larger (LB-BSP may leave out the slowest workers together, a fast one with it).
     last = chosen[-1]
     names = {wid: w["name"] for wid, w in last["workers"].items()}
     decisions = {(d["t"], d["reason"]): d for status in chosen for d in status["decisions"]}
     switch = min(t for t, reason in decisions if "auto chose dynamic" in reason)
     split = [{names[w]: b for w, b in d["batches"].items()} for (t, _), d in sorted(decisions.items()) if t >= switch]
     assert all(sum(b.values()) == B for b in split), split
-    assert all(b["worker2"] < min(b["worker0"], b["worker1"]) for b in split), split
+    fast = [(b["worker0"], b["worker1"]) for b in split]
+    assert all(b["worker2"] <= min(f) and b["worker2"] < max(f) for b, f in zip(split, fast, strict=True)), split
     assert all(w["batch"] <= split[-1][w["name"]] for w in last["workers"].values()), "STATUS shows the split's"
