@@ -5,13 +5,13 @@ regime: which policy wins depends on the cluster (per-worker sizing wins for rou
 loses for asgd there), so the scheduler chooses it by the predictor's rule (common/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
-Until every ready worker has reported MEASURED_STEPS steps, auto splits as `fixed` does (a worker's prior speed is its
-start-up probe, not a step); a worker that joins later is measured under the policy last chosen. Then it builds
-the predictor's cluster from each worker's fitted step model (its transfers are in the fixed cost, so no link is
-added) and its cap, and chooses; the choice is revisited when the cluster changes: a worker joins or leaves, or a
-worker's predicted step at its share moves by SHIFT since the last choice. `choose` keeps the running policy
-unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the predictor does not model
-runs `fixed` and says so.
+Until every ready worker has reported MEASURED_STEPS steps, auto splits as `fixed` does (a worker's prior speed
+is its start-up probe, not a step); a worker that joins later is measured under the policy last chosen. Then it
+builds the predictor's cluster from each worker's fitted step model (its transfers are in the fixed cost, so no
+link is added) and its cap, and chooses; the choice is revisited when the cluster changes: a worker joins or
+leaves, or a worker's predicted step at its share moves by SHIFT since the last choice. `choose` keeps the running
+policy unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the predictor does not
+model runs `fixed` and says so.
 
 The step models come from `SpeedModel.overhead_fit`: under a fixed split a worker's batch never varies, so the
 step fit cannot tell a device's fixed compute cost from its per-sample cost; what it can see from the first step
