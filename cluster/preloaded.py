@@ -128,7 +128,7 @@ class Preloaded:
     log_path: Path
     forked: dict[int, ForkedProcess] = field(default_factory=dict)  # running children by pid
     exited: dict[int, int] = field(default_factory=dict)  # exit codes of children that ended before their handle
-    _proc: subprocess.Popen | None = None
+    _proc: subprocess.Popen[bytes] | None = None
     _lines: bytes = b""
     _started: int | None = None  # the pid of the last fork reported and not yet handed out
     gone: bool = False  # the preloader ended and everything it reported was read
@@ -157,7 +157,7 @@ class Preloaded:
         parent-death signal follows (a fork from a short-lived thread would die with that thread)."""
         self._running(env)
 
-    def _running(self, env: dict[str, str]) -> subprocess.Popen:
+    def _running(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         """The preloading process, started (with the children's environment) if there is none or it ended; the
         children of one that ended keep their handles, which then learn of their exit from their pidfds."""
         if self._proc is None or self._proc.poll() is not None:
