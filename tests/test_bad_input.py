@@ -30,7 +30,7 @@ class ShardUnderFire(Cluster):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory: pytest.TempPathFactory):
     c = ShardUnderFire(tmp_path_factory.mktemp("bad_input"), JOB)
     c.scheduler()
     c.shard_port = free_port()
@@ -125,7 +125,7 @@ def _cases(c: ShardUnderFire, model: Message) -> dict[str, tuple[list[bytes], st
     }
 
 
-def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluster):
+def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluster) -> None:
     c = cluster
     before = _pull(c)
     cases = _cases(c, before)
@@ -147,7 +147,7 @@ def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluste
         ), code
 
 
-def test_a_good_push_after_the_garbage_is_applied(cluster):
+def test_a_good_push_after_the_garbage_is_applied(cluster) -> None:
     c = cluster
     before = _pull(c)
     metas, tensors = _good_push(c, before, 0.5)
@@ -157,7 +157,7 @@ def test_a_good_push_after_the_garbage_is_applied(cluster):
     assert any(not torch.equal(a, b) for a, b in zip(after.tensors, before.tensors, strict=True))
 
 
-def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster):
+def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster) -> None:
     c = cluster
     status_before = c.status()
     frames_and_codes = [

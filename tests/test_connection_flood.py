@@ -68,7 +68,7 @@ def _count(child: Child, name: str, **labels: str) -> float:
     return metric_value(child.metrics(), name, **labels)
 
 
-def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_writes_on(tmp_path):
+def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_writes_on(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     try:
         state = tmp_path / "state"
@@ -151,7 +151,7 @@ def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_write
         c.stop()
 
 
-def test_a_job_of_several_workers_from_one_address_is_never_refused_a_connection(tmp_path):
+def test_a_job_of_several_workers_from_one_address_is_never_refused_a_connection(tmp_path: Path) -> None:
     c = Cluster(tmp_path, [*JOB, "--min-workers", "3"])
     try:
         scheduler, shard = c.scheduler(), c.shard(0)

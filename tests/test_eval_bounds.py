@@ -35,12 +35,12 @@ from dynabatch.worker.evaluator import evaluate
         (EvalReport(version=1, test_loss=0.3, test_acc=0.9, metrics={"accuracy": 0.5}), "EVAL.test_acc"),
     ],
 )
-def test_figures_out_of_their_range_are_named(report, field):
+def test_figures_out_of_their_range_are_named(report, field) -> None:
     problem = eval_problem(report)
     assert problem is not None and problem.startswith(field), problem
 
 
-def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accuracy_pass():
+def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accuracy_pass() -> None:
     assert (
         eval_problem(
             EvalReport(

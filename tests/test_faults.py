@@ -110,7 +110,7 @@ def _final(job: Job) -> JobStatus:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory) -> tuple[JobStatus, float, float]:
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStatus, float, float]:
     """The same job without faults: the accuracy and duration to compare with, and the seconds per version
     of shard 1 (from the checkpoint it writes as the job ends: a finished job's STATUS lists no shards)."""
     job = Job(tmp_path_factory.mktemp("clean"), (30.0, 30.0))
@@ -123,7 +123,7 @@ def clean(tmp_path_factory) -> tuple[JobStatus, float, float]:
 
 
 @pytest.mark.slow
-def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_path, clean):
+def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_path: Path, clean) -> None:
     baseline, clean_s, version_s = clean
     # Shard 0 never writes an interval checkpoint. Shard 1 writes one every VERSIONS_PER_CHECKPOINT versions'
     # time, as measured in the clean run: the kill, a few versions after a checkpoint, must land before the next.
@@ -191,7 +191,9 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         job.c.stop()
 
 
-def test_dynabatch_run_restarts_an_exited_server_a_bounded_number_of_times(tmp_path, capsys):
+def test_dynabatch_run_restarts_an_exited_server_a_bounded_number_of_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = JobRun(RunOptions(restarts=2), JobConfig(), [], tmp_path, "", None)
     run.launcher.spawn("ps0", "ps", [sys.executable, "-c", "import sys; sys.exit(3)"])
     run.launcher.spawn("worker0", "worker", [sys.executable, "-c", "pass"])

@@ -8,6 +8,7 @@ had none.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,7 @@ EPOCHS = 10
 SLOWDOWN = 4.0
 
 
-def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
+def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path: Path) -> None:
     seed = random.randrange(1 << 16)
     print(
         f"fuzz seed {seed}: `PYTHONPATH=tests python -m fuzz --messages {MESSAGES} --epochs {EPOCHS} "

@@ -28,7 +28,7 @@ class VictimsJob(Cluster):
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def job(tmp_path_factory: pytest.TempPathFactory):
     c = VictimsJob(
         tmp_path_factory.mktemp("hostile"),
         [
@@ -79,7 +79,7 @@ def _victim_state(job: VictimsJob) -> tuple[int, int]:
     return victim.samples, victim.steps
 
 
-def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job):
+def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job) -> None:
     before = _victim_state(job)
     _refused(
         job,
@@ -91,7 +91,7 @@ def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is
     assert job.welcome.id in job.status().workers and _victim_state(job) == before
 
 
-def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job):
+def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job) -> None:
     victim = job.victim
     epoch = job.status().epoch
     for hb, field in (
@@ -105,7 +105,7 @@ def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job):
     assert job.status().epoch == epoch and job.procs[0].alive()
 
 
-def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exist(job):
+def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exist(job) -> None:
     _refused(job, job.welcome.id, EvalReport(version=1, test_loss=0.1, test_acc=0.999), "bad_sender")
     evaluator = job.client(sender="evaluator")
     try:
@@ -118,7 +118,7 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
     assert job.status().test_acc is None, "no evaluation was taken"
 
 
-def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job):
+def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job) -> None:
     evaluator = job.client(sender="evaluator")
     try:
         evaluator.sender = evaluator.request(
@@ -142,7 +142,7 @@ def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_a
     assert job.status().test_acc is None, "no evaluation was taken"
 
 
-def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job):
+def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job) -> None:
     flood = job.client(sender="flood")
     ghosts, full = [], 0
     for i in range(3 * MAX_WORKERS):
@@ -165,7 +165,7 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
     flood.close()
 
 
-def test_a_second_shard_cannot_take_a_live_shards_slot(job):
+def test_a_second_shard_cannot_take_a_live_shards_slot(job) -> None:
     _refused(
         job,
         "impostor",
@@ -175,7 +175,7 @@ def test_a_second_shard_cannot_take_a_live_shards_slot(job):
     assert job.status().shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
 
 
-def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_never_does(job):
+def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_never_does(job) -> None:
     """HELLO + BYE from one address until its bucket is empty: refused `hello_rate` (counted), nothing changes,
     while a HELLO repeated by a registered process (a re-join) is still welcomed."""
     churn = job.client(sender="churn")

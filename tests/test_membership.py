@@ -8,6 +8,7 @@ import re
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def _training(st: JobStatus, n: int) -> bool:
     return len(st.workers) == n and all(w.batch > 0 and w.steps > 3 for w in st.workers.values())
 
 
-def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path):
+def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path: Path) -> None:
     # Six epochs last several times the drop (a 2 s liveness timeout, a few steps in) even under two suites.
     c = Cluster(tmp_path, QUICK + ["--epochs", "6"])
     try:
@@ -66,7 +67,7 @@ def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path
         c.stop()
 
 
-def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
+def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path: Path) -> None:
     """A process that exits right after BYE_ACK has had its last heartbeat counted (ssgd workers stop by themselves).
 
     The test's worker has no pulse thread, so its liveness timeout is long: under two suites at once its model's
@@ -94,7 +95,7 @@ def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
         c.stop()
 
 
-def test_hellos_that_arrive_together_register_one_worker(tmp_path):
+def test_hellos_that_arrive_together_register_one_worker(tmp_path: Path) -> None:
     """As when a worker retried HELLO while the scheduler was starting: one member, not ghosts a round waits for."""
     c = Cluster(tmp_path, QUICK + ["--epochs", "1000"])
     try:
@@ -117,7 +118,7 @@ def test_hellos_that_arrive_together_register_one_worker(tmp_path):
         c.stop()
 
 
-def test_a_worker_that_joins_a_running_job_gets_a_share(tmp_path):
+def test_a_worker_that_joins_a_running_job_gets_a_share(tmp_path: Path) -> None:
     # The CNN, so that compute dominates a step and the speed model's split is stable.
     c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--model", "cnn"])
     try:
@@ -143,7 +144,7 @@ def test_a_worker_that_joins_a_running_job_gets_a_share(tmp_path):
         c.stop()
 
 
-def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path):
+def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path: Path) -> None:
     c = Cluster(
         tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--liveness-timeout-s", "30"]
     )
@@ -190,7 +191,7 @@ def _try_push(conn, metas, grads):
         return None
 
 
-def test_workers_keep_training_through_a_shard_restart(tmp_path):
+def test_workers_keep_training_through_a_shard_restart(tmp_path: Path) -> None:
     # The job cannot end while its only shard is down, and no batch is handed out before both workers joined (under
     # two suites one worker once joined 2 s after the other, which had trained all of 2 epochs alone by then): three
     # epochs outlast the shard's stop, which follows the workers' first steps.
@@ -218,7 +219,9 @@ def test_workers_keep_training_through_a_shard_restart(tmp_path):
         c.stop()
 
 
-def test_an_evaluation_skipped_for_a_shard_that_did_not_answer_is_tried_again_within_a_heartbeat(tmp_path):
+def test_an_evaluation_skipped_for_a_shard_that_did_not_answer_is_tried_again_within_a_heartbeat(
+    tmp_path: Path,
+) -> None:
     """The evaluator's second pull times out on a stopped shard; once the shard goes on, the evaluation comes at
     once, not a whole evaluation interval later: within half of it, which only a missing retry takes."""
     eval_interval_s = 20
@@ -260,7 +263,7 @@ def test_an_evaluation_skipped_for_a_shard_that_did_not_answer_is_tried_again_wi
         c.stop()
 
 
-def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path):
+def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path: Path) -> None:
     c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--model", "cnn"])
     try:
         c.scheduler()
@@ -317,7 +320,7 @@ def _cnn_step_s(batch: int, clock: Callable[[], float] = time.perf_counter) -> f
         torch.set_num_threads(before)
 
 
-def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
+def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path: Path) -> None:
     """A round of H local steps is longer than the liveness timeout, and nobody is dropped: workers heartbeat from
     a thread whatever their main thread does (worker/pulse.py), not once per round.
 
@@ -366,7 +369,7 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path):
     )
 
 
-def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_ghost_expires(tmp_path):
+def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_ghost_expires(tmp_path: Path) -> None:
     """An honest worker whose main thread is silent for longer than the liveness timeout, while it probes its
     speed and in its first step (which the scheduler cannot yet excuse by a step time it measured), stays the
     one live member and its samples count; a HELLO never followed by a heartbeat

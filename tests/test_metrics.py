@@ -24,7 +24,7 @@ def _status(port: int, path: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def live(tmp_path_factory: pytest.TempPathFactory):
     """A training job with an evaluator: scheduler, shard, worker, evaluator (in that order in `procs`)."""
     c = Cluster(
         tmp_path_factory.mktemp("metrics"),

@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from dynabatch.common.http_server import MAX_OPEN, REQUEST_TIMEOUT_S
@@ -60,7 +61,7 @@ def _slowloris(port: int, stop: threading.Event) -> None:
                 continue
 
 
-def test_probes_answer_within_their_timeout_while_idle_and_slowloris_connections_are_open():
+def test_probes_answer_within_their_timeout_while_idle_and_slowloris_connections_are_open() -> None:
     server = MetricsServer(CollectorRegistry(), Health(), "127.0.0.1", 0)
     stop = threading.Event()
     idle: list[socket.socket] = []
@@ -88,7 +89,7 @@ def test_probes_answer_within_their_timeout_while_idle_and_slowloris_connections
     server.close()
 
 
-def test_a_connection_that_never_finishes_its_request_is_closed_after_the_request_timeout():
+def test_a_connection_that_never_finishes_its_request_is_closed_after_the_request_timeout() -> None:
     server = MetricsServer(CollectorRegistry(), Health(), "127.0.0.1", 0)
     try:
         sock = socket.create_connection(("127.0.0.1", server.port))
@@ -117,7 +118,7 @@ class _HeldCollector:
         return iter(())
 
 
-def test_a_scraper_that_hangs_up_before_its_answer_leaves_no_traceback(capsys):
+def test_a_scraper_that_hangs_up_before_its_answer_leaves_no_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     """Prometheus closes a scrape past its timeout (a slow link): the server neither logs a traceback nor stops."""
     registry = CollectorRegistry()
     held = _HeldCollector()

@@ -159,7 +159,7 @@ def _instances_with(host: netns.Host, query: str) -> set[str]:
 # ---------------------------------------------------------------- tests
 
 
-def test_a_job_across_five_hosts_as_the_readme_starts_it(net, job, tmp_path):
+def test_a_job_across_five_hosts_as_the_readme_starts_it(net, job, tmp_path: Path) -> None:
     """Scheduler on host-a, a shard on host-b, workers on host-c (behind 100 Mbit) and host-d, the evaluator on
     host-e, Prometheus on a sixth host scraping all five; then a worker on a new host joins the running job."""
     a, b = net.add_host("host-a"), net.add_host("host-b")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ def _healthz(p: Proc) -> int:
         return r.status
 
 
-def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
+def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path: Path) -> None:
     c = Cluster(
         tmp_path,
         ["--dataset", "synthetic", "--model", "mlp", "--epochs", "2", "--eval-interval-s", "1", "--min-workers", "2"],

@@ -4,6 +4,8 @@ first gradient chunk before backward ends."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.slow
 CHUNK = 20_000
 
 
-def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
+def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -> None:
     flags = [
         "--dataset",
         "synthetic",

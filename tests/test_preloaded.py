@@ -16,7 +16,9 @@ from processes import alive
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="the preloader forks on Linux only")
 
 
-def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_code(tmp_path, monkeypatch):
+def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     preloaded = Preloaded(tmp_path / "preloader.log")
     log = tmp_path / "w.log"
@@ -48,7 +50,7 @@ def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_co
     assert preloaded.gone or preloaded.pid == -1 or not Path(f"/proc/{preloaded.pid}").exists()
 
 
-def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
+def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path: Path) -> None:
     preloaded = Preloaded(tmp_path / "preloader.log")
     argv = ["worker", "--scheduler", f"tcp://127.0.0.1:{free_port()}", "--name", "orphan"]
     child = preloaded.spawn(argv, tmp_path / "w.log", child_env())
@@ -63,7 +65,7 @@ def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
     preloaded.close()
 
 
-def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_path):
+def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_path: Path) -> None:
     """The tests' jobs share their test process's preloader (harness.shared_preloader): one launcher's stop ends its
     own children, not the preloader nor another launcher's children; a launcher of its own ends its preloader."""
     shared = Preloaded(tmp_path / "shared.log")

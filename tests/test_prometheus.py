@@ -83,7 +83,7 @@ def _one_bad_message(endpoint: str) -> None:
         ctx.destroy(linger=0)
 
 
-def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
+def test_every_dashboard_query_returns_series_for_every_worker(tmp_path: Path) -> None:
     """The workers idle most of each step (--slowdowns 4 8): the queries need series, not speed, and the job
     runs until every query has answered."""
     prometheus_bin = need_tool("prometheus", "apt-get install -y prometheus")

@@ -31,7 +31,7 @@ def _register(link: SchedulerLink) -> None:
     assert link.register(Hello(role="worker"), lambda: False, lambda: None) is not None
 
 
-def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registration():
+def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registration() -> None:
     ctx = zmq.Context.instance()
     router = SchedulerSocket(ctx)
     link = SchedulerLink(ctx, router.endpoint, "j", "test")
@@ -57,7 +57,7 @@ def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registra
         router.close()
 
 
-def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_stops():
+def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_stops() -> None:
     ctx = zmq.Context.instance()
     router = SchedulerSocket(ctx)
     link = SchedulerLink(ctx, router.endpoint, "j", "test")
@@ -79,7 +79,7 @@ def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_s
         router.close()
 
 
-def test_the_pulse_ends_a_process_whose_main_thread_does_not_register_again_after_the_scheduler_forgot_it():
+def test_the_pulse_ends_a_process_whose_main_thread_does_not_register_again_after_the_scheduler_forgot_it() -> None:
     """The scheduler dropped it for making no progress (or restarted): a main thread that lives registers again;
     one that has not within `wedged_after_s` hangs, and the pulse calls `on_wedged` (in a process: exit 1)."""
     ctx = zmq.Context.instance()

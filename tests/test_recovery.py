@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -51,14 +52,14 @@ def _steps(state: JobState, wid: str, n: int, now: float) -> None:
         )
 
 
-def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_trained():
+def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_trained() -> None:
     assert lost_work(0, ShardMark(10, 960), 10, 960, 5000) is None
     assert lost_work(0, ShardMark(10, 960), 12, 1100, 5000) is None, "a shard moving on lost nothing"
     assert lost_work(1, ShardMark(10, 960), 4, 384, 5000) == LostWork(1, 6, 576)
     assert lost_work(0, ShardMark(10, 960), 0, 0, 500) == LostWork(0, 10, 500), "capped at what can be counted back"
 
 
-def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
+def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again() -> None:
     state, ps, wid = _running(_job(epochs=1.0))
     _steps(state, wid, 5, 0.1)  # 480 samples
     state.heartbeat(ps, Heartbeat(version=5, samples=480, membership=state.roster.membership), 0.2)
@@ -79,14 +80,14 @@ def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
     assert (st.lost_samples, st.lost_versions, st.samples) == (288, 3, 1344)
 
 
-def test_a_shard_reporting_a_negative_count_is_refused():
+def test_a_shard_reporting_a_negative_count_is_refused() -> None:
     state, ps, _ = _running(_job())
     with pytest.raises(ProtocolError, match="HEARTBEAT.samples"):
         state.heartbeat(ps, Heartbeat(samples=-1), 0.1)
     assert state.progress.lost_samples == 0
 
 
-def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_marks(tmp_path):
+def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_marks(tmp_path: Path) -> None:
     job = _job(epochs=2.0)
     state, ps, wid = _running(job)
     _steps(state, wid, 6, 0.1)
@@ -116,7 +117,9 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     assert again.progress.lost_samples == 384, "a restart while the scheduler was down is still caught"
 
 
-def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back_to_the_previous(tmp_path):
+def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back_to_the_previous(
+    tmp_path: Path,
+) -> None:
     job = _job()
     path = progress_path(str(tmp_path), job.job)
     assert load_progress(path, to_dict(job)) is None
@@ -141,7 +144,7 @@ def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back
     assert math.isnan(JobState(job, 1).progress.loss), "nothing was resumed"
 
 
-def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path):
+def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path: Path) -> None:
     job = _job()
     path = progress_path(str(tmp_path), job.job)
     state, _, _ = _running(job)
@@ -154,7 +157,7 @@ def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path)
         assert load_progress(path, to_dict(job)).t == 1.0, bad
 
 
-def test_an_outage_is_timed_by_the_boot_clock_on_the_same_boot_and_a_wall_clock_jump_is_bounded():
+def test_an_outage_is_timed_by_the_boot_clock_on_the_same_boot_and_a_wall_clock_jump_is_bounded() -> None:
     saved = ClockReading(1000.0, "boot-a", 50.0)
     assert outage_s(saved, ClockReading(1000.0 + 1e6, "boot-a", 53.0)) == 3.0, "the wall clock jumped; boot did not"
     assert outage_s(saved, ClockReading(1003.0, "boot-b", 1.0)) == 3.0, "another machine: the wall clock"
@@ -162,7 +165,7 @@ def test_an_outage_is_timed_by_the_boot_clock_on_the_same_boot_and_a_wall_clock_
     assert outage_s(saved, ClockReading(0.0)) == 0.0, "a clock set back counts no outage"
 
 
-def test_a_budget_is_not_spent_by_a_clock_jump_across_a_restart(tmp_path):
+def test_a_budget_is_not_spent_by_a_clock_jump_across_a_restart(tmp_path: Path) -> None:
     job = _job(epochs=100.0, time_budget_s=3600.0)
     state, _, _ = _running(job)
     path = progress_path(str(tmp_path), job.job)
@@ -173,7 +176,7 @@ def test_a_budget_is_not_spent_by_a_clock_jump_across_a_restart(tmp_path):
     assert not again.end.budget_spent and again.status(0.0).t == pytest.approx(10.0 + MAX_UNTIMED_OUTAGE_S)
 
 
-def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path):
+def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path: Path) -> None:
     job = _job(epochs=100.0)
     state, ps, wid = _running(job)
     _steps(state, wid, 5, 0.1)  # 480 samples

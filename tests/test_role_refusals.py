@@ -35,20 +35,20 @@ def refused(command: str, flags: list[str]) -> str:
     return done.stderr.splitlines()[-1]
 
 
-def test_a_scheduler_whose_port_is_taken_says_so_in_one_line(taken):
+def test_a_scheduler_whose_port_is_taken_says_so_in_one_line(taken) -> None:
     assert refused("scheduler", ["--bind", f"tcp://127.0.0.1:{taken}"]) == (
         f"dynabatch scheduler: --bind tcp://127.0.0.1:{taken}: Address already in use"
     )
 
 
-def test_a_shard_whose_port_is_taken_says_so_in_one_line(taken):
+def test_a_shard_whose_port_is_taken_says_so_in_one_line(taken) -> None:
     assert refused("ps", ["--bind", f"tcp://127.0.0.1:{taken}"]) == (
         f"dynabatch ps: --bind tcp://127.0.0.1:{taken}: Address already in use"
     )
 
 
 @pytest.mark.parametrize("command", ["scheduler", "ps"])
-def test_a_taken_metrics_port_is_one_line(taken, command):
+def test_a_taken_metrics_port_is_one_line(taken, command) -> None:
     assert refused(command, ["--bind", "tcp://127.0.0.1:0", "--metrics-port", str(taken)]) == (
         f"dynabatch {command}: --metrics-host 127.0.0.1 --metrics-port {taken}: Address already in use"
     )
@@ -57,7 +57,7 @@ def test_a_taken_metrics_port_is_one_line(taken, command):
 @pytest.mark.parametrize(
     "command, flag", [("scheduler", "--bind"), ("ps", "--bind"), ("ps", "--scheduler"), ("worker", "--scheduler")]
 )
-def test_an_endpoint_without_its_scheme_is_refused_as_a_flag(command, flag):
+def test_an_endpoint_without_its_scheme_is_refused_as_a_flag(command, flag) -> None:
     assert refused(command, [flag, "127.0.0.1:5555"]) == (
         f"dynabatch {command}: error: {flag} 127.0.0.1:5555: expected tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"
     )
@@ -79,7 +79,7 @@ def test_an_endpoint_without_its_scheme_is_refused_as_a_flag(command, flag):
         ("", False),
     ],
 )
-def test_an_endpoint_is_tcp_host_and_port(endpoint, ok):
+def test_an_endpoint_is_tcp_host_and_port(endpoint, ok) -> None:
     if ok:
         check_endpoint("--bind", endpoint)
     else:

@@ -63,7 +63,7 @@ def _hello(c: Cluster, instance: str, timeout_s: float = REPLY_S) -> Welcome:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory: pytest.TempPathFactory):
     c = Cluster(tmp_path_factory.mktemp("scheduler_server"), JOB)
     c.sched = c.scheduler()
     c.shard()
@@ -71,7 +71,7 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path):
+def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     try:
         scheduler = c.scheduler()
@@ -90,7 +90,7 @@ def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path
         c.stop()
 
 
-def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(tmp_path):
+def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(tmp_path: Path) -> None:
     """A drop in a shard's version (a restart from an older checkpoint) is lost work to train again; the scheduler
     writes the count to --state-dir before the next message, not at its once-a-second save, so a scheduler killed
     right after answering resumes with it (its shards train on through the outage, past the saved version, and
@@ -148,7 +148,7 @@ def _welcomed(c: Cluster, instance: str) -> Welcome | None:
     ],
     ids=["heartbeat from a stranger", "another job", "a shard's request", "a shard's answer"],
 )
-def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, sender, job, body, code):
+def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, sender, job, body, code) -> None:
     c = cluster
     wait_for("the scheduler to answer STATUS", c.status, 60)
     workers = _workers(c)
@@ -165,7 +165,7 @@ def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, send
     assert _workers(c) == workers
 
 
-def test_status_answers_with_the_registered_workers(cluster):
+def test_status_answers_with_the_registered_workers(cluster) -> None:
     c = cluster
     worker, welcome = c.join_as_worker()
     asking = c.client()
@@ -185,7 +185,7 @@ def _eval_series(scheduler: Proc) -> dict[str, float]:
     }
 
 
-def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster):
+def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster) -> None:
     """The series holds the latest evaluation's metrics only; past MAX_EVAL_METRICS names in all, a new name is
     dropped with one warning, and an EVAL beyond the bounds is refused and counted."""
     c = cluster
@@ -214,7 +214,7 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
         conn.close()
 
 
-def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(cluster):
+def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(cluster) -> None:
     """Nothing sent to the scheduler carries a tensor: frames are refused (`bad_chunk`) right after the
     envelope, never turned into tensors, so a flood of frames costs a length check and torch stays unloaded."""
     c = cluster

@@ -51,7 +51,7 @@ def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict, float, str]:
     return summary, norm, (run / "logs" / "ps0.log").read_text()
 
 
-def test_a_worker_with_max_batch_1_trains_with_the_others_as_well_as_without_it(tmp_path):
+def test_a_worker_with_max_batch_1_trains_with_the_others_as_well_as_without_it(tmp_path: Path) -> None:
     need_fashion_mnist()
     with ThreadPoolExecutor(2) as jobs:  # side by side: whatever else the machine runs slows both alike
         twin = jobs.submit(_run, tmp_path, "without", WITHOUT)

@@ -40,7 +40,7 @@ TASKS = Path(__file__).resolve().parent / "tasks"
         ("no_such_package.module:task", "No module named 'no_such_package'"),
     ],
 )
-def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
+def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message) -> None:
     with pytest.raises(TaskError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_task(spec)
 
@@ -59,12 +59,12 @@ def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
         ("lion", "optimizer 'lion' is not applied by the shards"),
     ],
 )
-def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message):
+def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message) -> None:
     with pytest.raises(TaskError, match=re.escape(message)):
         check_task(load_task(f"tests/tasks/bad.py:{attr}"), seed=0)
 
 
-def test_the_check_gives_the_signature_of_the_trainable_parameters_and_the_data_length():
+def test_the_check_gives_the_signature_of_the_trainable_parameters_and_the_data_length() -> None:
     task = load_task(str(TASKS / "blobs.py") + ":task")
     sig, data, _ = check_task(task, seed=3)
     assert [p.name for p in sig.params] == ["0.weight", "0.bias", "2.weight", "2.bias"]
@@ -84,7 +84,7 @@ def test_frozen_parameters_do_not_travel():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("attr", "why"), [("unseeded", "differ"), ("vector_loss", "scalar")])
-def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path, attr, why):
+def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path: Path, attr, why) -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -126,7 +126,7 @@ def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) 
 
 
 @pytest.mark.slow
-def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_plain_torch(tmp_path):
+def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_plain_torch(tmp_path: Path) -> None:
     run, printed = run_job(
         tmp_path,
         "r",
@@ -155,7 +155,7 @@ def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_p
 
 
 @pytest.mark.slow
-def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
+def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path: Path) -> None:
     """AdamW with biases left undecayed, applied by the shards under asgd with dynamic batches
     (one step per B accumulated samples); the start-up check now takes it."""
     spec = f"{TASKS / 'blobs_adamw.py'}:task"
@@ -182,7 +182,7 @@ def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
 
 
 @pytest.mark.slow
-def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_different_model(tmp_path):
+def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_different_model(tmp_path: Path) -> None:
     """The task file lives only where the workers are told; a worker with another model or
     another training set is refused by the shards, naming what differs, and exits 2."""
     elsewhere = tmp_path / "user_code"
@@ -206,7 +206,7 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
 
 
 @pytest.mark.slow
-def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_path):
+def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_path: Path) -> None:
     """blobs' warm-up starts at factor 0; one worker trains one epoch in about a second, less than the
     scheduler's progress reports take to arrive: the shards' own sample count must move the schedule."""
     run, _ = run_job(
@@ -242,7 +242,7 @@ def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_pat
         ),
     ],
 )
-def test_the_flags_against_task_rule(job, optimizer, error):
+def test_the_flags_against_task_rule(job, optimizer, error) -> None:
     """One rule, decided from the job and the task alone (what a worker has), for every entry point."""
     if error is None:
         check_flags_against_task(job, optimizer)
@@ -252,7 +252,9 @@ def test_the_flags_against_task_rule(job, optimizer, error):
         assert str(caught.value).startswith(error) and "\n" not in str(caught.value), str(caught.value)
 
 
-def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(tmp_path, monkeypatch):
+def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`dynabatch run` refuses before anything starts (the flag may come from the environment too), and
     `dynabatch check` applies the same rule."""
     monkeypatch.setenv("DYNABATCH_MOMENTUM", "0.9")
@@ -300,7 +302,7 @@ def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not
 
 
 @pytest.mark.slow  # a scheduler, a shard and a worker that loads torch and the task
-def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(tmp_path):
+def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(tmp_path: Path) -> None:
     """A scheduler started by hand has no task: the worker that loads it applies the rule to the job it was
     sent, and exits 2 with the one line, as `dynabatch run` would have refused."""
     c = Cluster(tmp_path, ["--lr", "0.5", "--epochs", "1000", "--liveness-timeout-s", "30"])
@@ -318,6 +320,6 @@ def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(t
         c.stop()
 
 
-def test_a_built_in_job_reports_the_metrics_its_run_checks_targets_against():
+def test_a_built_in_job_reports_the_metrics_its_run_checks_targets_against() -> None:
     task = builtin_task("synthetic", "mlp")
     assert set(check_task(task, seed=0).metric_names) == set(BUILTIN_METRICS)

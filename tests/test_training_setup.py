@@ -19,7 +19,7 @@ def _init(sig=SIG, optimizer=None, schedule=None) -> Init:
     return Init(**signature_fields(sig), optimizer=optimizer or {}, schedule=schedule or {})
 
 
-def test_an_init_and_a_checkpoint_give_the_same_setup():
+def test_an_init_and_a_checkpoint_give_the_same_setup() -> None:
     setup = TrainingSetup.from_init(_init(optimizer=ADAM, schedule=schedule_fields(warmup_cosine(0.1))))
     assert TrainingSetup.from_checkpoint({"other": 1, **setup.checkpoint_fields()}) == setup
     assert setup.difference(setup) is None
@@ -49,11 +49,11 @@ WARMUP = schedule_fields(warmup_cosine(0.2))
         ),
     ],
 )
-def test_a_later_workers_setup_that_differs_is_refused_naming_the_difference(job, later, named):
+def test_a_later_workers_setup_that_differs_is_refused_naming_the_difference(job, later, named) -> None:
     found = TrainingSetup.from_init(job).difference(TrainingSetup.from_init(later))
     assert found is not None and named in found, found
 
 
-def test_a_malformed_schedule_is_refused_by_name():
+def test_a_malformed_schedule_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="not one of"):
         TrainingSetup.from_init(_init(schedule={"name": "sawtooth"}))

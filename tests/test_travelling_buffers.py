@@ -44,7 +44,7 @@ def _bn_net() -> nn.Module:
 # The shard's rule, directly.
 
 
-def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch():
+def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch() -> None:
     reference, worker = _bn_net(), _bn_net()
     buffers = TravellingBuffers(NAMES)
     shared = SharedBuffers.initial(SPECS, buffers.read(worker))
@@ -61,7 +61,7 @@ def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch
     assert not torch.equal(shared.named()[NAMES[0]], torch.zeros(5)), "the statistics did move"
 
 
-def test_an_update_applies_the_sample_weighted_mean_of_the_changes_pushed_since_the_last():
+def test_an_update_applies_the_sample_weighted_mean_of_the_changes_pushed_since_the_last() -> None:
     shared = SharedBuffers.initial(SPECS, torch.zeros(10))
     base = shared.sent_to("w0")
     shared.sent_to("w1")
@@ -73,7 +73,7 @@ def test_an_update_applies_the_sample_weighted_mean_of_the_changes_pushed_since_
     assert not shared.settle(), "an update with no buffers pushed since the last moves nothing"
 
 
-def test_a_stale_worker_adds_its_own_change_instead_of_pulling_the_estimate_back():
+def test_a_stale_worker_adds_its_own_change_instead_of_pulling_the_estimate_back() -> None:
     shared = SharedBuffers.initial(SPECS, torch.zeros(10))
     stale = shared.sent_to("slow")
     for _ in range(3):
@@ -84,7 +84,7 @@ def test_a_stale_worker_adds_its_own_change_instead_of_pulling_the_estimate_back
     torch.testing.assert_close(shared.values, torch.full((10,), 3.5))
 
 
-def test_a_worker_the_shard_sent_nothing_counts_from_the_current_buffers_and_leavers_are_forgotten():
+def test_a_worker_the_shard_sent_nothing_counts_from_the_current_buffers_and_leavers_are_forgotten() -> None:
     shared = SharedBuffers.initial(SPECS, torch.ones(10))
     shared.take("w9", torch.full((10,), 3.0), 8)  # e.g. the shard restarted since w9's pull
     shared.settle()
@@ -95,7 +95,7 @@ def test_a_worker_the_shard_sent_nothing_counts_from_the_current_buffers_and_lea
     assert set(shared.sent) == {"w0"}
 
 
-def test_buffers_being_sent_are_never_written_over():
+def test_buffers_being_sent_are_never_written_over() -> None:
     shared = SharedBuffers.initial(SPECS, torch.zeros(10))
     sending = shared.sent_to("w0")
     shared.take("w0", sending + 1.0, 8)
@@ -103,7 +103,7 @@ def test_buffers_being_sent_are_never_written_over():
     assert torch.equal(sending, torch.zeros(10)) and torch.equal(shared.values, torch.ones(10))
 
 
-def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers():
+def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers() -> None:
     shared = SharedBuffers.initial(SPECS, torch.arange(10.0))
     named = shared.named()
     assert list(named) == list(NAMES) and all(t.shape == (5,) for t in named.values())
@@ -134,7 +134,7 @@ class _Scaled(nn.Module):
         return self.net(x * self.scale)
 
 
-def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_only_those():
+def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_only_those() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
     sig, _, _ = check_task(Task(model=_Scaled, train_data=lambda: data), seed=0)
     assert sig.buffers == (
@@ -146,7 +146,7 @@ def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_onl
     assert plain.buffers == () and plain.buffer_total == 0
 
 
-def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer():
+def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer() -> None:
     sig, _, _ = check_task(load_task(BN_TASK), seed=0)
     assert sig.buffer_names == NAMES and sig.buffer_total == 64
     narrower = replace(sig, buffers=(sig.buffers[0], ParamSpec("1.running_var", (16,), "float32")))
@@ -159,7 +159,7 @@ def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer():
     assert sig.difference(sig) is None
 
 
-def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers():
+def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers() -> None:
     sig, _, _ = check_task(load_task(BN_TASK), seed=0)
     fields = signature_fields(sig)
     assert signature_from_fields(**fields) == sig
@@ -203,7 +203,7 @@ def _push(
 
 
 @pytest.fixture(scope="module")
-def bn_shard(tmp_path_factory):
+def bn_shard(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("bn_shard")
     c = Cluster(tmp, ["--epochs", "1000", "--liveness-timeout-s", "60", "--global-batch", "64"])
     try:
@@ -217,7 +217,7 @@ def bn_shard(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard):
+def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard) -> None:
     conn, _, initial = bn_shard
     params, version, held = _pull(conn)
     assert held is not None and held.numel() == 64
@@ -238,7 +238,7 @@ def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard):
     ],
     ids=["wrong length", "NaN"],
 )
-def test_a_bad_buffer_entry_is_refused_and_changes_nothing(bn_shard, bad, code):
+def test_a_bad_buffer_entry_is_refused_and_changes_nothing(bn_shard, bad, code) -> None:
     conn, _, _ = bn_shard
     params, version, held = _pull(conn)
     with pytest.raises(RemoteError) as refused:
@@ -249,7 +249,7 @@ def test_a_bad_buffer_entry_is_refused_and_changes_nothing(bn_shard, bad, code):
 
 
 @pytest.mark.slow
-def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_checkpoint_keeps_them(bn_shard):
+def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_checkpoint_keeps_them(bn_shard) -> None:
     conn, ckpt, initial = bn_shard
     sig, init, _, _ = _bn_model()
     other = Init(**signature_fields(replace(sig, buffers=(sig.buffers[0], replace(sig.buffers[1], shape=(16,))))))
@@ -263,7 +263,7 @@ def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_chec
 
 
 @pytest.mark.slow
-def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path):
+def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path: Path) -> None:
     c = Cluster(tmp_path, ["--epochs", "1000", "--liveness-timeout-s", "60"])
     port = free_port()
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600"]
@@ -320,7 +320,7 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     ],
     ids=["asgd", "local", "ssgd-pipelined"],
 )
-def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(tmp_path, flags):
+def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(tmp_path: Path, flags) -> None:
     run, _ = run_job(
         tmp_path,
         "r",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ def _read(path):
     return load_newest_good(path, lambda _copy, payload: payload, warnings.append), warnings
 
 
-def test_a_written_file_reads_back_and_the_one_it_replaced_is_kept(tmp_path):
+def test_a_written_file_reads_back_and_the_one_it_replaced_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "f"
     assert _read(path) == (None, [])
     write_verified(path, b"one")
@@ -31,7 +33,7 @@ def test_a_written_file_reads_back_and_the_one_it_replaced_is_kept(tmp_path):
     [lambda b: b[:-3], lambda b: b[:-1] + bytes([b[-1] ^ 1]), lambda b: b"junk"],
     ids=["truncated", "a flipped bit", "not ours"],
 )
-def test_a_damaged_copy_is_refused_with_one_line_and_the_previous_one_is_read(tmp_path, damage):
+def test_a_damaged_copy_is_refused_with_one_line_and_the_previous_one_is_read(tmp_path: Path, damage) -> None:
     path = tmp_path / "f"
     write_verified(path, b"good payload")
     write_verified(path, b"newer payload")
@@ -51,7 +53,7 @@ def _state(value: float) -> dict:
     }
 
 
-def test_a_checkpoint_with_a_non_finite_value_is_refused_and_the_previous_one_resumed(tmp_path):
+def test_a_checkpoint_with_a_non_finite_value_is_refused_and_the_previous_one_resumed(tmp_path: Path) -> None:
     path = tmp_path / "shard-0.pt"
     save_checkpoint(path, META, _state(1.0))
     bad = _state(2.0)
@@ -60,7 +62,7 @@ def test_a_checkpoint_with_a_non_finite_value_is_refused_and_the_previous_one_re
     assert load_checkpoint(path, META)["chunk_versions"] == {0: 1}
 
 
-def test_no_good_checkpoint_starts_the_shard_without_one_and_another_jobs_is_an_error(tmp_path):
+def test_no_good_checkpoint_starts_the_shard_without_one_and_another_jobs_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "shard-0.pt"
     save_checkpoint(path, META, _state(1.0))
     with pytest.raises(ForeignCheckpoint, match="is a checkpoint of another job"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ from harness import Cluster
 TIMEOUT_S = 30.0
 
 
-def test_a_failed_steps_samples_are_replayed_in_order_and_a_successful_steps_never():
+def test_a_failed_steps_samples_are_replayed_in_order_and_a_successful_steps_never() -> None:
     source = BatchSource(SampleOrder(100, seed=1))
     first, second = source.take(8), source.take(8)
     source.step_failed()
@@ -42,7 +43,7 @@ def test_a_failed_steps_samples_are_replayed_in_order_and_a_successful_steps_nev
     assert not torch.equal(fresh, first) and not torch.equal(fresh, second)
 
 
-def test_a_replay_of_another_batch_size_is_dropped_for_fresh_samples():
+def test_a_replay_of_another_batch_size_is_dropped_for_fresh_samples() -> None:
     """The assignment changed while the step failed: the order moves on instead of mixing sizes."""
     source = BatchSource(SampleOrder(100, seed=2))
     lost = source.take(8)
@@ -78,7 +79,7 @@ def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Modul
     )
 
 
-def _cluster(tmp_path, protocol: str, epochs: str = "1000") -> Cluster:
+def _cluster(tmp_path: Path, protocol: str, epochs: str = "1000") -> Cluster:
     c = Cluster(
         tmp_path,
         [
@@ -119,7 +120,7 @@ def _step(loop, batch: int):
 
 
 @pytest.mark.slow
-def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_one_update(tmp_path):
+def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_one_update(tmp_path: Path) -> None:
     """Three workers of one job, one per way of stepping (tests of ssgd cover the plain push). push_pull (the
     default): the push's answer is the model the next step computes on, the one a pull would get. prefetch_pull: the
     next pull leaves before compute, so the second step's model lacks the first step's own gradient; with
@@ -165,7 +166,7 @@ def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_
 
 
 @pytest.mark.slow
-def test_a_round_step_waits_for_the_round_it_pushed_into(tmp_path):
+def test_a_round_step_waits_for_the_round_it_pushed_into(tmp_path: Path) -> None:
     """ssgd with one worker: every push closes a round, and the next pull asks for the version it made. The loop
     does not count rounds to end: the scheduler's allotment of the job's samples does (scheduler/allocator.py)."""
     job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd", global_batch=64)
@@ -182,7 +183,7 @@ def test_a_round_step_waits_for_the_round_it_pushed_into(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path):
+def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path: Path) -> None:
     """A push resent after a timeout that had in fact arrived is refused (`bad_state`); the loop then
     waits for the round it is already in instead of pushing into it again. (Without push_pull: this test
     drives both workers from one thread, and a push that also pulls would wait for the other's push.)"""
