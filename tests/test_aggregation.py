@@ -36,7 +36,7 @@ def _honest(n: int, size: int = 200, seed: int = 0) -> list[tuple[torch.Tensor, 
 @pytest.mark.parametrize("honest", [2, 3, 4, 7])
 @pytest.mark.parametrize("settings", ROBUST, ids=lambda s: s.aggregation)
 def test_one_wild_contribution_moves_the_mean_arbitrarily_and_the_robust_rules_only_within_the_honest_values(
-    honest, settings
+    honest: int, settings
 ) -> None:
     parts = _honest(honest)
     values = torch.stack([t for t, _ in parts])
@@ -52,7 +52,7 @@ def test_one_wild_contribution_moves_the_mean_arbitrarily_and_the_robust_rules_o
 
 @pytest.mark.parametrize("settings", [MEAN, *ROBUST], ids=lambda s: s.aggregation)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
-def test_identical_contributions_give_the_mean_whatever_their_samples(settings, n) -> None:
+def test_identical_contributions_give_the_mean_whatever_their_samples(settings, n: int) -> None:
     x = torch.randn(300, generator=torch.Generator().manual_seed(n))
     parts = [(x.clone(), 5 + 11 * i) for i in range(n)]
     torch.testing.assert_close(aggregate(parts, settings), weighted_mean(parts))
@@ -116,7 +116,7 @@ def test_the_trimmed_mean_drops_by_worker_per_coordinate_and_weighs_the_kept_by_
         (20, 0.05, 1),
     ],
 )
-def test_the_trim_is_rounded_up_to_whole_workers_and_keeps_at_least_one(workers, trim, k) -> None:
+def test_the_trim_is_rounded_up_to_whole_workers_and_keeps_at_least_one(workers: int, trim: float, k: int) -> None:
     assert trimmed_count(workers, trim) == k
 
 
@@ -149,7 +149,7 @@ def _honest_and_liar() -> tuple[list[tuple[str, torch.Tensor, int]], torch.Tenso
 
 
 @pytest.mark.parametrize("protocol", ["ssgd", "rennala"])
-def test_a_round_of_ssgd_or_rennala_with_a_liar_applies_an_update_within_the_honest_values(protocol) -> None:
+def test_a_round_of_ssgd_or_rennala_with_a_liar_applies_an_update_within_the_honest_values(protocol: str) -> None:
     honest, low, high = _honest_and_liar()
     pushes = [*honest, ("liar", torch.full((64,), 1e6), 12)]
     assert _step(_shard(protocol, MEAN), pushes).min() > 1e5, "the mean takes the liar's step"
@@ -185,7 +185,7 @@ def test_local_sgds_outer_rule_takes_the_median_of_the_deltas() -> None:
 
 
 @pytest.mark.parametrize("protocol", [name for name, spec in SPECS.items() if spec.closes_rounds])
-def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs_description(protocol) -> None:
+def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs_description(protocol: str) -> None:
     job = JobConfig(protocol=protocol, aggregation="trimmed-mean", trim=0.3)
     job.validate()
     settings = protocol_settings(job_from_dict(to_dict(job)))  # as WELCOME carries the job to a shard
@@ -205,7 +205,7 @@ def test_the_round_protocols_are_those_that_close_rounds() -> None:
 
 
 @pytest.mark.parametrize("protocol", [name for name, spec in SPECS.items() if not spec.closes_rounds])
-def test_a_protocol_without_rounds_refuses_a_robust_aggregation_or_a_trim(protocol) -> None:
+def test_a_protocol_without_rounds_refuses_a_robust_aggregation_or_a_trim(protocol: str) -> None:
     with pytest.raises(ConfigError, match=f"--aggregation median: protocol {protocol} .* closes no rounds"):
         JobConfig(protocol=protocol, aggregation="median").validate()
     with pytest.raises(ConfigError, match=f"--trim 0.3: protocol {protocol}"):
@@ -224,7 +224,7 @@ def test_a_protocol_without_rounds_refuses_a_robust_aggregation_or_a_trim(protoc
         (math.inf, "not a finite number"),
     ],
 )
-def test_a_trim_outside_0_to_one_half_is_refused(trim, needle) -> None:
+def test_a_trim_outside_0_to_one_half_is_refused(trim: float, needle: str) -> None:
     with pytest.raises(ConfigError, match=f"--trim: .*{needle}"):
         JobConfig(protocol="ssgd", aggregation="trimmed-mean", trim=trim).validate()
 
@@ -241,7 +241,7 @@ def test_a_trim_without_the_trimmed_mean_is_refused_as_unread() -> None:
         (["scheduler", "--protocol", "ssgd", "--aggregation", "trimmed-mean", "--trim", "nan"], "--trim: nan"),
     ],
 )
-def test_the_command_line_refuses_it_in_one_line_with_exit_2(args, needle) -> None:
+def test_the_command_line_refuses_it_in_one_line_with_exit_2(args: list[str], needle: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", *args],
         capture_output=True,

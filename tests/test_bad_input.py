@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import msgpack
 import pytest
 import torch
@@ -30,7 +32,7 @@ class ShardUnderFire(Cluster):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardUnderFire]:
     c = ShardUnderFire(tmp_path_factory.mktemp("bad_input"), JOB)
     c.scheduler()
     c.shard_port = free_port()
@@ -125,7 +127,7 @@ def _cases(c: ShardUnderFire, model: Message) -> dict[str, tuple[list[bytes], st
     }
 
 
-def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluster) -> None:
+def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluster: ShardUnderFire) -> None:
     c = cluster
     before = _pull(c)
     cases = _cases(c, before)
@@ -147,7 +149,7 @@ def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluste
         ), code
 
 
-def test_a_good_push_after_the_garbage_is_applied(cluster) -> None:
+def test_a_good_push_after_the_garbage_is_applied(cluster: ShardUnderFire) -> None:
     c = cluster
     before = _pull(c)
     metas, tensors = _good_push(c, before, 0.5)
@@ -157,7 +159,7 @@ def test_a_good_push_after_the_garbage_is_applied(cluster) -> None:
     assert any(not torch.equal(a, b) for a, b in zip(after.tensors, before.tensors, strict=True))
 
 
-def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster) -> None:
+def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster: ShardUnderFire) -> None:
     c = cluster
     status_before = c.status()
     frames_and_codes = [
@@ -197,7 +199,7 @@ def _garbage_counted(c: ShardUnderFire) -> float:
     )
 
 
-def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster):
+def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster: ShardUnderFire):
     c = cluster
     model_before = _pull(c)
     before = _garbage_counted(c)

@@ -225,7 +225,7 @@ def test_configs_chooses_the_heterogeneous_configurations_and_keeps_the_mode_s_s
     ],
 )
 def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(
-    argv, says, capsys: pytest.CaptureFixture[str]
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         bench_cli.parse_args(argv)

@@ -21,7 +21,7 @@ def test_a_task_entry_carries_its_environment_knobs_and_a_label_naming_them() ->
 
 
 @pytest.mark.parametrize("spec", ["resnet", "examples/resnet18_cifar10.py:task@RESNET_WIDTH", "x.py:t@=3"])
-def test_a_malformed_task_entry_is_refused_naming_it(spec) -> None:
+def test_a_malformed_task_entry_is_refused_naming_it(spec: str) -> None:
     with pytest.raises(ValueError, match="is not KEY=VALUE|a workload is"):
         parse_workload(spec)
 

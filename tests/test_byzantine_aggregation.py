@@ -70,7 +70,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> float:
 
 
 def test_a_liar_among_four_ssgd_workers_moves_a_robust_aggregate_by_no_more_than_two_points(
-    tmp_path: Path, twin
+    tmp_path: Path, twin: float
 ) -> None:
     # Of four workers, `--aggregation trimmed-mean` at its default trim keeps the same middle two as the median
     # (tests/test_aggregation.py: trimmed_count(4, 0.2) == 1), so one job holds both rules to account.

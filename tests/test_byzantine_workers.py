@@ -87,7 +87,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> float:
     ],
 )
 def test_a_lying_worker_is_quarantined_and_the_job_ends_within_a_point_of_its_clean_twin(
-    tmp_path: Path, twin, liar, reasons
+    tmp_path: Path, twin: float, liar: str, reasons: list[str]
 ) -> None:
     acc, loss, metrics = _run(tmp_path, liar)
     assert math.isfinite(loss), f"{liar}: the final model's loss is {loss}"

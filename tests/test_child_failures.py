@@ -47,13 +47,13 @@ STATUS_TIMEOUT_S = 2.0  # the run's STATUS request timeout, the longest one turn
     ],
 )
 def test_after_exit_restarts_a_bounded_number_of_times_then_leaves_out_only_a_worker(
-    role, restarts, port_taken, goes_on, action
+    role: str, restarts: int, port_taken: bool, goes_on: bool, action: str
 ) -> None:
     assert after_exit(role, restarts, 3, port_taken, goes_on) == action
 
 
 @pytest.mark.parametrize("role", ["worker", "evaluator", "ps", "scheduler"])
-def test_a_process_that_exits_2_is_never_restarted_whatever_its_role(role) -> None:
+def test_a_process_that_exits_2_is_never_restarted_whatever_its_role(role: str) -> None:
     assert after_exit(role, 0, 3, False, True, returncode=2) == "refused"
     assert after_exit(role, 0, 3, False, True, returncode=1) == "restart"
 

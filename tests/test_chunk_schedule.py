@@ -125,7 +125,7 @@ def test_a_round_serves_its_slowest_worker_first_and_asynchronous_the_most_trans
 
 
 @pytest.mark.parametrize(("protocol", "first"), [("ssgd", "slow"), ("asgd", "wired")])
-def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol, first) -> None:
+def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol: str, first: str) -> None:
     """ssgd closes rounds (the slowest own step first); asgd does not (the most transfer-bound first)."""
     schedule = _schedule("scheduled", protocol)
     schedule.observe(

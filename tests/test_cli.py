@@ -61,7 +61,7 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["scheduler", "--epoch", "1"], "unrecognized arguments: --epoch 1"),
     ],
 )
-def test_bad_flags_exit_2_naming_the_flag(args, needle) -> None:
+def test_bad_flags_exit_2_naming_the_flag(args: list[str], needle: str) -> None:
     out = _run(*args)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr
@@ -116,7 +116,7 @@ def test_help_lists_every_command_on_a_line_of_its_own() -> None:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_each_commands_help_is_its_own(command) -> None:
+def test_each_commands_help_is_its_own(command: str) -> None:
     out = _run(command, "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: dynabatch {command} "), out.stdout[:200]
@@ -144,7 +144,7 @@ def help_topics(text: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("command", FLAG_CLASSES)
-def test_help_lists_each_flag_once_under_the_topic_its_field_names(command) -> None:
+def test_help_lists_each_flag_once_under_the_topic_its_field_names(command: str) -> None:
     """The topic comes from the flag's own definition (its opt() metadata); the headings follow TOPICS' order."""
     out = _run(command, "--help")
     assert out.returncode == 0, out.stderr

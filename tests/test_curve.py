@@ -91,7 +91,7 @@ def test_every_missing_key_file_of_a_role_is_named(tmp_path: Path) -> None:
         ("evaluator", "evaluator.key_secret"),
     ],
 )
-def test_a_missing_key_file_exits_2_naming_it(tmp_path: Path, role, missing) -> None:
+def test_a_missing_key_file_exits_2_naming_it(tmp_path: Path, role: str, missing: str) -> None:
     create_keys(tmp_path, force=False)
     (tmp_path / missing).unlink()
     command = ["worker", "--evaluator"] if role == "evaluator" else [role]
@@ -106,7 +106,7 @@ def test_a_missing_key_file_exits_2_naming_it(tmp_path: Path, role, missing) -> 
 
 
 @pytest.mark.parametrize("role", sorted(KEYS_BY_ROLE))
-def test_each_role_loads_from_only_its_own_key_files(tmp_path: Path, role) -> None:
+def test_each_role_loads_from_only_its_own_key_files(tmp_path: Path, role: str) -> None:
     """What the manifests mount per pod is enough, and no secret a role does not use is read."""
     create_keys(tmp_path / "all", force=False)
     (tmp_path / "mine").mkdir()

@@ -138,7 +138,7 @@ def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[sub
 
 @pytest.mark.parametrize("protocol", ["asgd", "ssgd"])
 def test_a_job_that_keeps_diverging_rolls_back_halving_its_step_then_ends_with_an_error(
-    tmp_path: Path, protocol
+    tmp_path: Path, protocol: str
 ) -> None:
     """`--lr 1e4` blows the MLP up at every step size the rollbacks try. Cut into four chunks, its asgd steps
     run pipelined (a NaN loss pushes nothing); ssgd's pulls wait for rounds the rollback takes away. No evaluator:

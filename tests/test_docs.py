@@ -223,7 +223,7 @@ def test_help_commands_run_as_pasted(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == PARSE))
-def test_the_flags_of_each_long_or_multi_machine_command_parse(command) -> None:
+def test_the_flags_of_each_long_or_multi_machine_command_parse(command: str) -> None:
     env, argv = env_and_argv(command)
     if argv[0] == "dynabatch":
         module = "dynabatch.cli.main"
@@ -242,7 +242,7 @@ def test_the_flags_of_each_long_or_multi_machine_command_parse(command) -> None:
 
 
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == MAKE))
-def test_each_make_target_exists_and_runs_what_the_docs_say(command) -> None:
+def test_each_make_target_exists_and_runs_what_the_docs_say(command: str) -> None:
     target = shlex.split(command)[1]
     done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -250,7 +250,7 @@ def test_each_make_target_exists_and_runs_what_the_docs_say(command) -> None:
 
 
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == ELSEWHERE))
-def test_commands_checked_elsewhere_name_a_test_that_exists(command) -> None:
+def test_commands_checked_elsewhere_name_a_test_that_exists(command: str) -> None:
     path, name = CHECKS[command][1].split("::")
     assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M), f"{command}: {path} has no {name}"
 

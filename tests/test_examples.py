@@ -10,6 +10,7 @@ import json
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ GPT_MARGIN_BITS = 0.5
 
 
 @pytest.fixture
-def tiny_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def tiny_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], None]:
     """Set an example's size for this test's child processes (which inherit the environment); no CIFAR-10 files."""
     empty = tmp_path / "no-data"
     empty.mkdir()
@@ -105,7 +106,9 @@ def final_metrics(tmp_path: Path, spec: str, *flags: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_the_resnet_example_checks_and_trains_on_synthetic_images(tmp_path: Path, tiny_env) -> None:
+def test_the_resnet_example_checks_and_trains_on_synthetic_images(
+    tmp_path: Path, tiny_env: Callable[[dict[str, str]], None]
+) -> None:
     """Under the default protocol (asgd), at width 4 on 600 synthetic images, two epochs gave 41 to 73 % in 9
     runs on a loaded machine, chance being 10 %. The recipe's lr is 0.05: at 0.1, where each worker's step is
     twice a synchronous one, one run in four ended at chance (the test then forced `--protocol ssgd`).
@@ -123,7 +126,9 @@ def test_the_resnet_example_checks_and_trains_on_synthetic_images(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_the_byte_gpt_example_checks_and_beats_a_threshold_from_a_single_process_run(tmp_path: Path, tiny_env) -> None:
+def test_the_byte_gpt_example_checks_and_beats_a_threshold_from_a_single_process_run(
+    tmp_path: Path, tiny_env: Callable[[dict[str, str]], None]
+) -> None:
     """Bits per byte after the tiny distributed run must be within 0.5 of a single-process run of the same task.
 
     The single-process reference is computed here (tests/plain_torch.py: the

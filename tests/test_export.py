@@ -75,7 +75,7 @@ def export(run_dir: Path, out: Path, *extra: str) -> int:
 
 
 @pytest.mark.slow
-def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained) -> None:
+def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained: db.Run) -> None:
     task = load_task(BLOBS)
     assert trained.summary["finished"] and trained.summary["final_eval"], trained.summary
     assert trained.dir.name == "trained" and sorted(p.name for p in (trained.dir / "checkpoints").glob("*.pt")) == [
@@ -90,7 +90,7 @@ def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained
 
 @pytest.mark.slow
 def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported_metrics(
-    trained, tmp_path: Path
+    trained: db.Run, tmp_path: Path
 ) -> None:
     out = tmp_path / "exported" / "model.pt"
     done = subprocess.run(
@@ -112,7 +112,7 @@ def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported
 
 
 @pytest.mark.slow
-def test_db_export_gives_the_model_db_run_returned(trained) -> None:
+def test_db_export_gives_the_model_db_run_returned(trained: db.Run) -> None:
     model = db.export(str(trained.dir))  # a folder's name as a user types it; the task is the one the run recorded
     ours, theirs = model.state_dict(), trained.model.state_dict()
     assert list(ours) == list(theirs)
@@ -131,7 +131,9 @@ def test_export_refuses_a_folder_that_holds_no_run(tmp_path: Path, capsys: pytes
 
 
 @pytest.mark.slow
-def test_export_names_a_missing_shard_checkpoint(trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_names_a_missing_shard_checkpoint(
+    trained: db.Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     partial = tmp_path / "partial"
     (partial / "checkpoints").mkdir(parents=True)
     shutil.copy(trained.dir / "config.json", partial / "config.json")
@@ -143,7 +145,7 @@ def test_export_names_a_missing_shard_checkpoint(trained, tmp_path: Path, capsys
 
 @pytest.mark.slow
 def test_export_refuses_a_task_whose_model_is_not_the_runs(
-    trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: db.Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert export(trained.dir, tmp_path / "model.pt", "--task", f"{TASKS / 'blobs_variants.py'}:wider") == 2
     assert "parameter 0 is 0.weight [48, 16] float32 here but 0.weight [32, 16]" in capsys.readouterr().err
@@ -209,7 +211,7 @@ def _first_evaluation(run_dir: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_init_starts_a_run_from_exported_weights(trained, tmp_path: Path) -> None:
+def test_init_starts_a_run_from_exported_weights(trained: db.Run, tmp_path: Path) -> None:
     assert export(trained.dir, tmp_path / "model.pt") == 0
     task = load_task(BLOBS)
     model = task.model()
@@ -316,7 +318,7 @@ def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_pa
 
 
 @pytest.mark.slow
-def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained, tmp_path: Path) -> None:
+def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained: db.Run, tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a folder")
     out = tmp_path / "a-file" / "model.pt"
     done = subprocess.run(

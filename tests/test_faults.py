@@ -123,7 +123,9 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStatus, float, f
 
 
 @pytest.mark.slow
-def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_path: Path, clean) -> None:
+def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(
+    tmp_path: Path, clean: tuple[JobStatus, float, float]
+) -> None:
     baseline, clean_s, version_s = clean
     # Shard 0 never writes an interval checkpoint. Shard 1 writes one every VERSIONS_PER_CHECKPOINT versions'
     # time, as measured in the clean run: the kill, a few versions after a checkpoint, must land before the next.

@@ -8,6 +8,8 @@ every number against what is physically possible.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Welcome
@@ -28,7 +30,7 @@ class VictimsJob(Cluster):
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory):
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VictimsJob]:
     c = VictimsJob(
         tmp_path_factory.mktemp("hostile"),
         [
@@ -79,7 +81,7 @@ def _victim_state(job: VictimsJob) -> tuple[int, int]:
     return victim.samples, victim.steps
 
 
-def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job) -> None:
+def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job: VictimsJob) -> None:
     before = _victim_state(job)
     _refused(
         job,
@@ -91,7 +93,7 @@ def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is
     assert job.welcome.id in job.status().workers and _victim_state(job) == before
 
 
-def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job) -> None:
+def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job: VictimsJob) -> None:
     victim = job.victim
     epoch = job.status().epoch
     for hb, field in (
@@ -105,7 +107,7 @@ def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job) -> N
     assert job.status().epoch == epoch and job.procs[0].alive()
 
 
-def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exist(job) -> None:
+def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exist(job: VictimsJob) -> None:
     _refused(job, job.welcome.id, EvalReport(version=1, test_loss=0.1, test_acc=0.999), "bad_sender")
     evaluator = job.client(sender="evaluator")
     try:
@@ -118,7 +120,7 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
     assert job.status().test_acc is None, "no evaluation was taken"
 
 
-def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job) -> None:
+def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job: VictimsJob) -> None:
     evaluator = job.client(sender="evaluator")
     try:
         evaluator.sender = evaluator.request(
@@ -142,7 +144,7 @@ def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_a
     assert job.status().test_acc is None, "no evaluation was taken"
 
 
-def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job) -> None:
+def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job: VictimsJob) -> None:
     flood = job.client(sender="flood")
     ghosts, full = [], 0
     for i in range(3 * MAX_WORKERS):
@@ -165,7 +167,7 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
     flood.close()
 
 
-def test_a_second_shard_cannot_take_a_live_shards_slot(job) -> None:
+def test_a_second_shard_cannot_take_a_live_shards_slot(job: VictimsJob) -> None:
     _refused(
         job,
         "impostor",
@@ -175,7 +177,7 @@ def test_a_second_shard_cannot_take_a_live_shards_slot(job) -> None:
     assert job.status().shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
 
 
-def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_never_does(job) -> None:
+def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_never_does(job: VictimsJob) -> None:
     """HELLO + BYE from one address until its bucket is empty: refused `hello_rate` (counted), nothing changes,
     while a HELLO repeated by a registered process (a re-join) is still welcomed."""
     churn = job.client(sender="churn")

@@ -410,7 +410,7 @@ def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_be
         "negative version",
     ],
 )
-def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(report, field) -> None:
+def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(report, field: str) -> None:
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
@@ -432,7 +432,7 @@ def test_an_evaluation_at_the_bounds_is_kept() -> None:
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(value) -> None:
+def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(value: float) -> None:
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
@@ -447,7 +447,7 @@ def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(v
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])
-def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_global_batch(policy) -> None:
+def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_global_batch(policy: str) -> None:
     state = _job(batch_policy=policy, reassign_threshold=0.0)
     small, big, other = _join(state, 3000.0, max_batch=16), _join(state, 1000.0), _join(state, 1000.0)
     assert state.allocator.allocation[small] == 16 and sum(state.allocator.allocation.values()) == 96
@@ -567,7 +567,7 @@ def test_status_never_reports_a_batch_the_worker_does_not_hold() -> None:
 
 
 @pytest.mark.parametrize("protocol", ["ssgd", "rennala"])
-def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says_why(protocol) -> None:
+def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says_why(protocol: str) -> None:
     state = _job(protocol=protocol, global_batch=96, min_batch=8, epochs=10.0)  # budget left: idle means left out
     fast = [_join(state, 1000.0) for _ in range(3)]
     slow = _join(state, 1000.0)
@@ -598,7 +598,7 @@ def test_asynchronous_protocols_never_leave_a_worker_out() -> None:
 
 
 @pytest.mark.parametrize("protocol", ["asgd", "softsync", "ssgd"])
-def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protocol) -> None:
+def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protocol: str) -> None:
     """Three workers computing 1,000 samples/s, two behind links whose transfers add 10 ms to each step, one behind
     a link that adds 150 ms (the heartbeats report the compute part apart, as a worker's do). asgd and softsync
     give the slow link the compute share (96 / 3) from its first step and keep it; ssgd, whose rounds would wait

@@ -33,7 +33,7 @@ def _grads(model: torch.nn.Module) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("micro", [1, 7, 16, 49, 50, 64])
-def test_accumulated_passes_give_the_full_batch_gradient_and_loss(micro) -> None:
+def test_accumulated_passes_give_the_full_batch_gradient_and_loss(micro: int) -> None:
     model, batch = _model(), _batch(50)
     full_loss = train_step(model, batch, cross_entropy)
     full = _grads(model).clone()

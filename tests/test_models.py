@@ -117,7 +117,7 @@ def test_unknown_model_lists_the_valid_ones() -> None:
         ("cnn:100", "only the flat model takes a size"),
     ],
 )
-def test_a_model_size_only_the_flat_model_takes_and_only_as_a_count(name, error) -> None:
+def test_a_model_size_only_the_flat_model_takes_and_only_as_a_count(name: str, error: str) -> None:
     """The flat model's size is part of its name: the job's --model alone says what every worker builds."""
     with pytest.raises(ConfigError, match=f"^--model: '{name}': {error}"):
         JobConfig(model=name).validate()

@@ -32,7 +32,7 @@ def test_the_fit_recovers_k_min_and_b_noise_from_steps_at_three_batches() -> Non
         ([32, 0], [100, 50], "positive"),
     ],
 )
-def test_a_fit_that_cannot_be_the_model_is_refused(batches, steps, message) -> None:
+def test_a_fit_that_cannot_be_the_model_is_refused(batches: list[int], steps: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         fit_steps_to_target(batches, steps)
 

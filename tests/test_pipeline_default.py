@@ -16,7 +16,7 @@ def test_auto_pipelines_a_model_of_several_chunks_only() -> None:
 
 
 @pytest.mark.parametrize("why", ["prefetch", "micro_batch", "clips"])
-def test_auto_leaves_the_pipeline_off_where_the_whole_gradient_is_needed_first(why) -> None:
+def test_auto_leaves_the_pipeline_off_where_the_whole_gradient_is_needed_first(why: str) -> None:
     job = JobConfig(prefetch_pull=why == "prefetch")
     job.validate()
     assert not job.pipelines(chunks=8, micro_batch=16 if why == "micro_batch" else 0, clips=why == "clips")

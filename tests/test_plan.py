@@ -72,7 +72,7 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
     ],
 )
 def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text, message
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
 ) -> None:
     bad, plot = tmp_path / "bad.json", tmp_path / "p.png"
     bad.write_text(text)

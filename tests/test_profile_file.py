@@ -67,7 +67,7 @@ def test_a_good_file_gives_each_group_its_curve_cap_link_and_times() -> None:
         (lambda d: d["workers"][0].update(join_s=1.0), "no worker starts at 0"),
     ],
 )
-def test_a_bad_file_is_refused_naming_the_field(change, message) -> None:
+def test_a_bad_file_is_refused_naming_the_field(change, message: str) -> None:
     doc = json.loads(json.dumps(GOOD))
     change(doc)
     with pytest.raises(ProfileError, match=message):

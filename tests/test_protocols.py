@@ -142,7 +142,7 @@ FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 @pytest.mark.data
 @pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
 @pytest.mark.parametrize("protocol, policy", [("ringmaster", "fixed"), ("rennala", "dynamic")])
-def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path: Path, protocol, policy) -> None:
+def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path: Path, protocol: str, policy: str) -> None:
     """As tests/test_run.py's pairs (the MLP for a quarter epoch, the final model evaluated), with three workers,
     one 4x slower. Under ringmaster with fixed batches (R = 3 live workers) the slow worker's gradients are
     about 2 x 4 = 8 versions stale, so some are discarded: counted, and its worker goes on without backing off."""

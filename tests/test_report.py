@@ -165,7 +165,9 @@ def _metric_timeline() -> list[JobStatus]:
         "met before the first batches",
     ],
 )
-def test_time_to_target_counts_from_the_first_batches_to_the_first_evaluation_meeting_it(target, seconds) -> None:
+def test_time_to_target_counts_from_the_first_batches_to_the_first_evaluation_meeting_it(
+    target: str, seconds: float | None
+) -> None:
     got = time_to_target(_metric_timeline(), MetricTarget.parse(target))
     assert got == (None if seconds is None else pytest.approx(seconds))
 

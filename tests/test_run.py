@@ -30,7 +30,7 @@ PAIRS = [("dynamic", "ssgd"), ("fixed", "softsync"), ("dynamic", "ssp"), ("dynam
 @pytest.mark.data
 @pytest.mark.parametrize("policy, protocol", PAIRS, ids=[f"{p}-{q}" for p, q in PAIRS])
 def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnist(
-    tmp_path: Path, protocol, policy
+    tmp_path: Path, protocol: str, policy: str
 ) -> None:
     """A quick setting (the MLP for a quarter epoch, two workers 1x and 2x, the final model evaluated);
     full runs are the benchmarks' job, and the default job's CNN is test_the_main_job_learns_fashion_mnist's.

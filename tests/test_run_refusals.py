@@ -54,14 +54,14 @@ def refuse(tmp_path: Path, flags: list[str], timeout_s: float = 120) -> str:
         ("--warmup-fraction", "nan"),
     ],
 )
-def test_a_number_that_is_not_finite_is_refused(tmp_path: Path, flag, value) -> None:
+def test_a_number_that_is_not_finite_is_refused(tmp_path: Path, flag: str, value: str) -> None:
     assert refuse(tmp_path, [*BUILTIN, f"{flag}={value}"]) == (
         f"dynabatch run: error: {flag}: {float(value)} is not a finite number"
     )
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--lr", "--outer-lr"])
-def test_a_zero_that_means_nothing_is_refused(tmp_path: Path, flag) -> None:
+def test_a_zero_that_means_nothing_is_refused(tmp_path: Path, flag: str) -> None:
     assert refuse(tmp_path, [*BUILTIN, flag, "0"]) == f"dynabatch run: error: {flag}: 0.0 must be above 0"
 
 
@@ -102,7 +102,7 @@ def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_pat
 
 
 @pytest.mark.parametrize("command", ["run", "check", "export", "scheduler", "ps", "worker"])
-def test_help_gives_each_flag_its_default_once(command) -> None:
+def test_help_gives_each_flag_its_default_once(command: str) -> None:
     done = subprocess.run(
         command_line(command, ["--help"]), capture_output=True, text=True, timeout=60, env=child_env()
     )
@@ -135,7 +135,7 @@ BAD = TASKS / "bad.py"
         ("no_eval", "the task has no eval_data for the evaluator: give it one, or pass --no-evaluator"),
     ],
 )
-def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path: Path, attr, line) -> None:
+def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path: Path, attr: str, line: str) -> None:
     assert refuse(tmp_path, ["--task", f"{BAD}:{attr}"]) == f"dynabatch run: {line}"
     if attr != "no_eval":  # check has no evaluator to start
         done = subprocess.run(
@@ -159,7 +159,7 @@ def test_a_target_metric_the_evaluations_do_not_report_is_refused(tmp_path: Path
 
 
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "/abs"])
-def test_a_run_name_that_leaves_out_is_refused(tmp_path: Path, name) -> None:
+def test_a_run_name_that_leaves_out_is_refused(tmp_path: Path, name: str) -> None:
     assert refuse(tmp_path, [*BUILTIN, "--name", name]) == (
         f"dynabatch run: error: --name {name}: the run folder's name inside --out, without / or .."
     )
@@ -191,7 +191,7 @@ def test_a_data_dir_that_is_not_there_is_an_error_not_a_fallback(tmp_path: Path)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
-def test_damaged_idx_files_in_the_data_dir_are_refused_before_start(tmp_path: Path, damage) -> None:
+def test_damaged_idx_files_in_the_data_dir_are_refused_before_start(tmp_path: Path, damage: str) -> None:
     from test_data import write_fake_mnist
 
     folder = tmp_path / "data"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,15 @@ def _hello(c: Cluster, instance: str, timeout_s: float = REPLY_S) -> Welcome:
         conn.close()
 
 
+class SchedulerJob(Cluster):
+    """The job, with its scheduler's process (set by the fixture)."""
+
+    sched: Proc
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = Cluster(tmp_path_factory.mktemp("scheduler_server"), JOB)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchedulerJob]:
+    c = SchedulerJob(tmp_path_factory.mktemp("scheduler_server"), JOB)
     c.sched = c.scheduler()
     c.shard()
     yield c
@@ -148,7 +155,9 @@ def _welcomed(c: Cluster, instance: str) -> Welcome | None:
     ],
     ids=["heartbeat from a stranger", "another job", "a shard's request", "a shard's answer"],
 )
-def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, sender, job, body, code) -> None:
+def test_a_refused_message_is_answered_counted_and_changes_nothing(
+    cluster: SchedulerJob, sender: str, job: str, body, code: str
+) -> None:
     c = cluster
     wait_for("the scheduler to answer STATUS", c.status, 60)
     workers = _workers(c)
@@ -165,7 +174,7 @@ def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, send
     assert _workers(c) == workers
 
 
-def test_status_answers_with_the_registered_workers(cluster) -> None:
+def test_status_answers_with_the_registered_workers(cluster: SchedulerJob) -> None:
     c = cluster
     worker, welcome = c.join_as_worker()
     asking = c.client()
@@ -185,7 +194,7 @@ def _eval_series(scheduler: Proc) -> dict[str, float]:
     }
 
 
-def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster) -> None:
+def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster: SchedulerJob) -> None:
     """The series holds the latest evaluation's metrics only; past MAX_EVAL_METRICS names in all, a new name is
     dropped with one warning, and an EVAL beyond the bounds is refused and counted."""
     c = cluster
@@ -214,7 +223,9 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
         conn.close()
 
 
-def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(cluster) -> None:
+def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(
+    cluster: SchedulerJob,
+) -> None:
     """Nothing sent to the scheduler carries a tensor: frames are refused (`bad_chunk`) right after the
     envelope, never turned into tensors, so a flood of frames costs a length check and torch stays unloaded."""
     c = cluster

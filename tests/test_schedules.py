@@ -41,6 +41,6 @@ def test_a_schedule_survives_the_wire(schedule) -> None:
         ({"name": "constant", "extra": 1}, "unknown fields"),
     ],
 )
-def test_a_malformed_schedule_from_a_peer_is_refused_by_name(fields, message) -> None:
+def test_a_malformed_schedule_from_a_peer_is_refused_by_name(fields, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         schedule_from_fields(fields)

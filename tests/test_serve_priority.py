@@ -99,7 +99,7 @@ def _served_order(conn: Connection, seqs: dict[int, str], chunks: int) -> list[s
 
 @pytest.mark.parametrize("schedule", ["scheduled", "fixed"])
 def test_a_shard_serves_the_ranked_workers_waiting_pull_first_whatever_a_worker_claims(
-    tmp_path: Path, schedule
+    tmp_path: Path, schedule: str
 ) -> None:
     c = Cluster(tmp_path, [*JOB, "--chunk-schedule", schedule])
     try:

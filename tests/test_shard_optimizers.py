@@ -123,7 +123,7 @@ def test_groups_follow_no_decay_across_chunk_boundaries() -> None:
 
 @pytest.mark.parametrize("protocol", GRADIENT_PROTOCOLS)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, protocol) -> None:
+def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, protocol: str) -> None:
     """Each push of B samples is one step of torch's own optimizer with the task's groups, and the
     schedule's factor scales the rate of each; two shards hold the chunks between them."""
     states = _shards(spec, protocol)
@@ -141,7 +141,9 @@ def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, proto
 
 @pytest.mark.parametrize("protocol", ["asgd", "ssp"])
 @pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: s.name)
-def test_adaptive_optimizers_under_asynchrony_step_once_per_b_samples_on_their_weighted_mean(spec, protocol) -> None:
+def test_adaptive_optimizers_under_asynchrony_step_once_per_b_samples_on_their_weighted_mean(
+    spec, protocol: str
+) -> None:
     states = _shards(spec, protocol, workers=3)
     model = _net()
     w0 = _flat(model)
@@ -241,7 +243,7 @@ JOB = JobConfig()
         (["sgd", 0.1], "a map of fields"),
     ],
 )
-def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields, names) -> None:
+def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields, names: str) -> None:
     with pytest.raises(ProtocolError, match="bad_field") as refused:
         optimizer_spec(JOB, fields)
     assert names in refused.value.text, refused.value.text

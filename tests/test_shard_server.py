@@ -12,7 +12,7 @@ when nobody pushes, at its deadline.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,14 +84,14 @@ def _start(tmp_path: Path, *flags: str) -> Shard:
 
 
 @pytest.fixture(scope="module")
-def shard(tmp_path_factory: pytest.TempPathFactory):
+def shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
     s = _start(tmp_path_factory.mktemp("shard_server"))
     yield s
     s.cluster.stop()
 
 
 @pytest.fixture(scope="module")
-def ssgd(tmp_path_factory: pytest.TempPathFactory):
+def ssgd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
     s = _start(
         tmp_path_factory.mktemp("shard_server_ssgd"), "--protocol", "ssgd", "--round-timeout-s", str(ROUND_TIMEOUT_S)
     )
@@ -148,7 +148,7 @@ def _assert_same(after: Chunks, before: Chunks) -> None:
         assert torch.equal(values, before[cid][1]), f"chunk {cid} changed"
 
 
-def test_a_pull_returns_every_chunk_with_its_version(shard) -> None:
+def test_a_pull_returns_every_chunk_with_its_version(shard: Shard) -> None:
     ids = set(shard.sizes)
     assert len(ids) > 1
     chunks = _pull(shard.conn, ids)
@@ -187,7 +187,7 @@ def _nan(chunks: Chunks) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
     ],
     ids=["wrong chunk id", "wrong length", "NaN", "unknown sender"],
 )
-def test_a_refused_push_is_answered_counted_and_changes_nothing(shard, make, sender, code) -> None:
+def test_a_refused_push_is_answered_counted_and_changes_nothing(shard: Shard, make, sender: str, code: str) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     counted = shard.bad_messages(code)
@@ -203,7 +203,7 @@ def test_a_refused_push_is_answered_counted_and_changes_nothing(shard, make, sen
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard) -> None:
+def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     counted = shard.bad_messages("frame_length")
@@ -216,7 +216,7 @@ def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard) ->
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothing(shard) -> None:
+def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothing(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     counted = shard.bad_messages("bad_field")
@@ -237,7 +237,7 @@ def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothi
     ],
 )
 def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_naming_it(
-    shard, part, value, named
+    shard: Shard, part: str, value, named: str
 ) -> None:
     """The job's optimizer and schedule are part of its signature: a worker whose task names others would train
     as if its own applied; the shards step with the first worker's."""
@@ -252,7 +252,7 @@ def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_n
     assert shard.conn.request(same, REPLY_S).body.version == max(v for v, _ in before.values())
 
 
-def test_a_good_push_from_the_registered_worker_is_applied(shard) -> None:
+def test_a_good_push_from_the_registered_worker_is_applied(shard: Shard) -> None:
     """What the refusals are measured against: the same push, well formed, does change the model."""
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
@@ -271,7 +271,7 @@ def _push_pull(conn: Connection, pulled: Chunks) -> tuple[list[object], Chunks]:
 
 @pytest.mark.parametrize("fixture", ["shard", "ssgd"])
 def test_a_push_that_is_also_a_pull_sends_each_chunk_back_as_it_is_applied(
-    request: pytest.FixtureRequest, fixture
+    request: pytest.FixtureRequest, fixture: str
 ) -> None:
     """Chunk k leaves while chunk k+1 is updated, so every chunk comes before the acknowledgement, which
     reports the whole push; each is the model after this push (ssgd: the only worker closes the round)."""
@@ -300,7 +300,7 @@ def _park(conn: Connection, ids: set[int]) -> tuple[int, int, float]:
     return seq, version, sent
 
 
-def test_a_parked_pull_is_answered_when_its_round_closes(ssgd) -> None:
+def test_a_parked_pull_is_answered_when_its_round_closes(ssgd: Shard) -> None:
     """On the worker's own connection (the only one the shard takes in its name): the push's
     acknowledgement comes first, then the parked pull's chunks."""
     ids = set(ssgd.sizes)
@@ -313,7 +313,7 @@ def test_a_parked_pull_is_answered_when_its_round_closes(ssgd) -> None:
     _assert_same(_pull(ssgd.conn, ids), answered)
 
 
-def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushes(ssgd) -> None:
+def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushes(ssgd: Shard) -> None:
     ids = set(ssgd.sizes)
     seq, version, sent = _park(ssgd.conn, ids)
     answered = _collect(ssgd.conn, seq, ids, 2 * ROUND_TIMEOUT_S + REPLY_S)
@@ -340,7 +340,7 @@ def _refused_from(
     return refused.value.text
 
 
-def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_changes_nothing(shard) -> None:
+def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_changes_nothing(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)  # the worker's own connection speaks for it (bound by now)
     impostor = shard.client(shard.worker_id)
@@ -352,7 +352,7 @@ def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_chang
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_push_with_numbers_its_worker_cannot_have_is_refused_naming_the_field(shard) -> None:
+def test_a_push_with_numbers_its_worker_cannot_have_is_refused_naming_the_field(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     too_many = max_push_samples(shard.job) + 1
@@ -365,7 +365,7 @@ def test_a_push_with_numbers_its_worker_cannot_have_is_refused_naming_the_field(
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_message_of_more_chunk_entries_than_the_model_has_is_refused_before_it_is_parsed(shard) -> None:
+def test_a_message_of_more_chunk_entries_than_the_model_has_is_refused_before_it_is_parsed(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     """Its 65,536 entries make a 2 MB envelope: refused on its size alone, which bounds the cost of a refusal."""
@@ -379,7 +379,7 @@ def test_a_message_of_more_chunk_entries_than_the_model_has_is_refused_before_it
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_connection_may_park_only_so_many_pulls(ssgd) -> None:
+def test_a_connection_may_park_only_so_many_pulls(ssgd: Shard) -> None:
     ids = set(ssgd.sizes)
     version = max(ver for ver, _ in _pull(ssgd.conn, ids).values())
     counted = ssgd.bad_messages("busy")
@@ -400,7 +400,7 @@ ROUNDS = 50
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory: pytest.TempPathFactory):
+def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
     s = _start(
         tmp_path_factory.mktemp("shard_server_big"), "--model", f"flat:{BIG_PARAMS}", "--chunk-bytes", str(1 << 20)
     )
@@ -408,7 +408,7 @@ def big(tmp_path_factory: pytest.TempPathFactory):
     s.cluster.stop()
 
 
-def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big) -> None:
+def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big: Shard) -> None:
     """Every round a peer that never reads asks for the whole model, and the worker's push makes a new
     version of it: queued unread, each answer would pin that version in the shard's memory."""
     ids = set(big.sizes)

@@ -60,7 +60,7 @@ def _reference(w0: torch.Tensor, steps: list[tuple[torch.Tensor, float]], lr_fac
 
 
 @pytest.mark.parametrize("rule, weight", [("paper", lambda b: b * 3 / B), ("capped", lambda b: min(1.0, b * 3 / B))])
-def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule, weight) -> None:
+def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule: str, weight) -> None:
     state, w0 = _state("asgd", dbs_rule=rule)
     gen = torch.Generator().manual_seed(0)
     pushes = [("w0", 64), ("w1", 22), ("w2", 10), ("w0", 64), ("w2", 10)]  # B = 96: w0's weight is 2 or 1
@@ -239,7 +239,7 @@ def _local_sgd_reference(w0, deltas, samples, outer_lr, outer_momentum, rounds):
 
 @pytest.mark.parametrize("protocol", ["local", "msd"])
 @pytest.mark.parametrize("outer", [OuterSettings(1.0, 0.0), OuterSettings(0.7, 0.9, True)])
-def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(protocol, outer) -> None:
+def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(protocol: str, outer) -> None:
     state, w0 = _state(protocol, settings=outer)
     gen = torch.Generator().manual_seed(6)
     samples = [120, 50, 22]
@@ -381,7 +381,7 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch() -> None:
     "protocol, settings",
     [("asgd", AsyncSettings(staleness_step="delay")), ("ssp", SspSettings(100, staleness_step="delay"))],
 )
-def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol, settings) -> None:
+def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol: str, settings) -> None:
     """--staleness-step delay: gradients 0, 1 and 3 versions stale step at lr, lr and lr/3 (B/n samples each,
     DBS weight 1)."""
     state, w0 = _state(protocol, settings=settings)
@@ -415,7 +415,7 @@ def test_the_schedules_factor_scales_every_update() -> None:
 @pytest.mark.parametrize(
     "total, chunk_bytes, shards", [(1000, 1 << 20, 2), (1000, 1 << 20, 3), (7, 4, 7), (10_000, 4096, 2)]
 )
-def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total, chunk_bytes, shards) -> None:
+def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total: int, chunk_bytes: int, shards: int) -> None:
     """A model that fits one chunk is cut finer rather than leave a shard empty (it crashed on min() of nothing)."""
     layout = make_layout(total, chunk_bytes, shards)
     assert sum(c.length for c in layout.chunks) == total and all(c.length * 4 <= chunk_bytes for c in layout.chunks)
@@ -593,7 +593,7 @@ def test_rennala_round_closes_at_the_timeout_with_what_arrived() -> None:
 
 
 @pytest.mark.parametrize("protocol", ["rennala", "softsync"])
-def test_a_pooled_round_closes_once_no_live_worker_holds_a_batch(protocol) -> None:
+def test_a_pooled_round_closes_once_no_live_worker_holds_a_batch(protocol: str) -> None:
     """The job's last samples, fewer than a round's: once every worker has trained its allotment (the scheduler
     lists them idle) nobody can add to the round, and it is applied before the job's end, not left open."""
     state, w0 = _state(protocol)

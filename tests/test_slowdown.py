@@ -20,7 +20,7 @@ def test_schedule_starting_later_is_normal_speed_before() -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "fast", "0.5", "2x,3x", "2x@10s,3x@5s", "2x@-1s", "1x,,2x@3s"])
-def test_bad_schedules_are_refused_with_the_text(bad) -> None:
+def test_bad_schedules_are_refused_with_the_text(bad: str) -> None:
     with pytest.raises(ValueError, match="slowdown"):
         Slowdown.parse(bad)
 
@@ -35,7 +35,7 @@ def test_bad_schedules_are_refused_with_the_text(bad) -> None:
         ("2:0.05", "2x:0.05s"),
     ],
 )
-def test_the_label_is_the_schedule_as_parse_reads_it(text, label) -> None:
+def test_the_label_is_the_schedule_as_parse_reads_it(text: str, label: str) -> None:
     assert Slowdown.parse(text).label() == label
     assert Slowdown.parse(label) == Slowdown.parse(text)
 
@@ -50,6 +50,6 @@ def test_a_fixed_part_idles_its_seconds_after_every_step_beside_the_factor() -> 
 
 
 @pytest.mark.parametrize("bad", ["2:", "2:-1", ":0.1", "2:0.1:0.2"])
-def test_bad_fixed_parts_are_refused_with_the_text(bad) -> None:
+def test_bad_fixed_parts_are_refused_with_the_text(bad: str) -> None:
     with pytest.raises(ValueError, match="slowdown"):
         Slowdown.parse(bad)

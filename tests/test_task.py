@@ -40,7 +40,7 @@ TASKS = Path(__file__).resolve().parent / "tasks"
         ("no_such_package.module:task", "No module named 'no_such_package'"),
     ],
 )
-def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message) -> None:
+def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec: str, message: str) -> None:
     with pytest.raises(TaskError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_task(spec)
 
@@ -59,7 +59,7 @@ def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message) ->
         ("lion", "optimizer 'lion' is not applied by the shards"),
     ],
 )
-def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message) -> None:
+def test_a_task_that_cannot_train_fails_its_start_up_check(attr: str, message: str) -> None:
     with pytest.raises(TaskError, match=re.escape(message)):
         check_task(load_task(f"tests/tasks/bad.py:{attr}"), seed=0)
 
@@ -84,7 +84,7 @@ def test_frozen_parameters_do_not_travel():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("attr", "why"), [("unseeded", "differ"), ("vector_loss", "scalar")])
-def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path: Path, attr, why) -> None:
+def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path: Path, attr: str, why: str) -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -242,7 +242,7 @@ def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_pat
         ),
     ],
 )
-def test_the_flags_against_task_rule(job, optimizer, error) -> None:
+def test_the_flags_against_task_rule(job, optimizer, error: str | None) -> None:
     """One rule, decided from the job and the task alone (what a worker has), for every entry point."""
     if error is None:
         check_flags_against_task(job, optimizer)

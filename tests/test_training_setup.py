@@ -49,7 +49,7 @@ WARMUP = schedule_fields(warmup_cosine(0.2))
         ),
     ],
 )
-def test_a_later_workers_setup_that_differs_is_refused_naming_the_difference(job, later, named) -> None:
+def test_a_later_workers_setup_that_differs_is_refused_naming_the_difference(job, later, named: str) -> None:
     found = TrainingSetup.from_init(job).difference(TrainingSetup.from_init(later))
     assert found is not None and named in found, found
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -203,7 +204,7 @@ def _push(
 
 
 @pytest.fixture(scope="module")
-def bn_shard(tmp_path_factory: pytest.TempPathFactory):
+def bn_shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Connection, Path, torch.Tensor | None]]:
     tmp = tmp_path_factory.mktemp("bn_shard")
     c = Cluster(tmp, ["--epochs", "1000", "--liveness-timeout-s", "60", "--global-batch", "64"])
     try:
@@ -217,7 +218,9 @@ def bn_shard(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.slow
-def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard) -> None:
+def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(
+    bn_shard: tuple[Connection, Path, torch.Tensor | None],
+) -> None:
     conn, _, initial = bn_shard
     params, version, held = _pull(conn)
     assert held is not None and held.numel() == 64
@@ -238,7 +241,9 @@ def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard) -> No
     ],
     ids=["wrong length", "NaN"],
 )
-def test_a_bad_buffer_entry_is_refused_and_changes_nothing(bn_shard, bad, code) -> None:
+def test_a_bad_buffer_entry_is_refused_and_changes_nothing(
+    bn_shard: tuple[Connection, Path, torch.Tensor | None], bad, code: str
+) -> None:
     conn, _, _ = bn_shard
     params, version, held = _pull(conn)
     with pytest.raises(RemoteError) as refused:
@@ -249,7 +254,9 @@ def test_a_bad_buffer_entry_is_refused_and_changes_nothing(bn_shard, bad, code) 
 
 
 @pytest.mark.slow
-def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_checkpoint_keeps_them(bn_shard) -> None:
+def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_checkpoint_keeps_them(
+    bn_shard: tuple[Connection, Path, torch.Tensor | None],
+) -> None:
     conn, ckpt, initial = bn_shard
     sig, init, _, _ = _bn_model()
     other = Init(**signature_fields(replace(sig, buffers=(sig.buffers[0], replace(sig.buffers[1], shape=(16,))))))

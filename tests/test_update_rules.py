@@ -75,7 +75,7 @@ def test_weight_one_is_the_unweighted_step_bit_for_bit() -> None:
 
 
 @pytest.mark.parametrize("momentum", [0.5, 0.9])
-def test_a_small_gradient_moves_the_model_by_its_share_whoever_steps_next(momentum) -> None:
+def test_a_small_gradient_moves_the_model_by_its_share_whoever_steps_next(momentum: float) -> None:
     """The --max-batch 1 divergence (bench/RESULTS.md 9g): a gradient of weight w = b_i / (B/n) must move
     the parameters by lr * w / (1 - momentum) times itself in all, however many full-weight steps of other
     workers follow it. Scaling the rate instead kept the gradient in the buffer at full weight, and each

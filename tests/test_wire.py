@@ -104,7 +104,7 @@ def test_optional_fields_take_defaults_and_ints_become_floats() -> None:
         ),
     ],
 )
-def test_malformed_envelopes_are_refused_with_a_code(frames, code) -> None:
+def test_malformed_envelopes_are_refused_with_a_code(frames, code: str) -> None:
     with pytest.raises(ProtocolError) as info:
         decode(frames)
     assert info.value.code == code
@@ -187,7 +187,7 @@ def test_check_chunks_refuses_unknown_duplicate_and_resized_chunks() -> None:
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_check_finite_refuses_nan_and_inf(bad) -> None:
+def test_check_finite_refuses_nan_and_inf(bad: float) -> None:
     t = torch.ones(100)
     t[57] = bad
     msg = decode([bytes(f) for f in encode(_push([torch.ones(3), t]))])
@@ -265,7 +265,7 @@ def test_optional_fields_take_a_value_or_none() -> None:
         (lambda s: s.pop("t"), "STATUS_REPLY.state lacks required field 't'"),
     ],
 )
-def test_a_bad_nested_value_is_refused_naming_its_path(change, text) -> None:
+def test_a_bad_nested_value_is_refused_naming_its_path(change, text: str) -> None:
     env = _status_envelope()
     change(env["state"])
     with pytest.raises(ProtocolError) as info:
