@@ -199,7 +199,7 @@ def _garbage_counted(c: ShardUnderFire) -> float:
     )
 
 
-def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster: ShardUnderFire):
+def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster: ShardUnderFire) -> None:
     c = cluster
     model_before = _pull(c)
     before = _garbage_counted(c)

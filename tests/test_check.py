@@ -68,7 +68,7 @@ def test_check_lists_the_parameters_and_layout_and_fits_a_positive_per_sample_co
     assert "bytes per step and worker: 5,408 (pull 2,704 + push 2,704)" in out
 
 
-def test_check_gives_frozen_parameters_and_buffers_their_policy():
+def test_check_gives_frozen_parameters_and_buffers_their_policy() -> None:
     def model() -> nn.Module:
         m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
         m[0].requires_grad_(False)

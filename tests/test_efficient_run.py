@@ -24,7 +24,7 @@ def _measured(worker: dict) -> StepModel:
     return StepModel(max(0.0, worker["step_s"] - worker["wait_s"] - compute), compute / worker["batch"])
 
 
-def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path: Path):
+def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path: Path) -> None:
     """Three workers capped at 64, 32 and 16 samples, B = 96, the MLP on synthetic data for an epoch. A
     step's fixed cost (its pull and push on loopback) is worth far more than 64 samples' compute here, so every
     knee is above its worker's cap and B is below the caps' sum: the rule gives each worker the same fraction

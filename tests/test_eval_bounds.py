@@ -57,7 +57,7 @@ def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accurac
     )
 
 
-def test_an_evaluators_metric_that_counted_nothing_is_left_out_so_its_report_is_in_bounds():
+def test_an_evaluators_metric_that_counted_nothing_is_left_out_so_its_report_is_in_bounds() -> None:
     def never(model, batch):  # e.g. a precision when no sample is predicted positive
         return {"never": (0.0, 0.0)}
 

@@ -45,7 +45,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.stop()
 
 
-def test_every_process_serves_lint_clean_metrics_and_health(live: Cluster):
+def test_every_process_serves_lint_clean_metrics_and_health(live: Cluster) -> None:
     promtool = need_tool("promtool", "apt-get install -y prometheus (ships promtool)")
     for p in live.procs:
         text = p.metrics()
@@ -70,7 +70,7 @@ def test_every_process_serves_lint_clean_metrics_and_health(live: Cluster):
     wait_for("the scheduler's series: one live worker, its step times, an evaluation", scheduler_series, 30)
 
 
-def test_the_scheduler_exports_every_metric_of_the_latest_evaluation_by_name(live: Cluster):
+def test_the_scheduler_exports_every_metric_of_the_latest_evaluation_by_name(live: Cluster) -> None:
     """The built-in task reports accuracy and the loss; both series agree with the accuracy and loss gauges
     (a scrape may fall between the gauges' updates, hence waiting for one that holds all of them)."""
 

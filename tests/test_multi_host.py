@@ -206,7 +206,9 @@ OUTAGE_S = 10.0
 STEPS = 20  # worker steps that show training going on (a few seconds of this job's MLP)
 
 
-def test_a_shard_host_losing_its_link_for_ten_seconds_and_the_job_carrying_on(net: netns.Network, job: HostedJob):
+def test_a_shard_host_losing_its_link_for_ten_seconds_and_the_job_carrying_on(
+    net: netns.Network, job: HostedJob
+) -> None:
     a, b, c = net.add_host("host-a"), net.add_host("host-b"), net.add_host("host-c")
     job.scheduler(a, *JOB)
     job.shard(b)
@@ -255,7 +257,7 @@ HEALTHY_GROUP = 4
 
 def test_the_wire_schedule_follows_a_link_that_slows_down_and_recovers_when_it_heals(
     net: netns.Network, job: HostedJob
-):
+) -> None:
     a, b, w = net.add_host("host-a"), net.add_host("host-b"), net.add_host("host-w")
     job.scheduler(a, *WIRE_JOB)
     job.shard(b)

@@ -309,7 +309,7 @@ def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path: Pat
         read_timeline(tmp_path / "timeline.json")
 
 
-def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left():
+def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left() -> None:
     """Shards leave STATUS at the end of a job, and a restarted shard counts afresh from 0."""
 
     def with_shards(t: float, **discarded: int) -> JobStatus:

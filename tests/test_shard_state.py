@@ -519,7 +519,7 @@ def test_msync_applies_the_first_m_of_a_round_and_discards_the_rest(caplog: pyte
     assert "--sync-m 2 clamped to the 1 live worker(s)" in caplog.text
 
 
-def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk():
+def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk() -> None:
     """A pipelined step pushes a shard's chunks in several messages: the first two workers to push any chunk of a
     version are that round's on every chunk, and the third's push of that version is discarded even on a chunk
     whose round is still open, so no gradient is taken on some chunks and discarded on others."""

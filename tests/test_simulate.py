@@ -57,7 +57,7 @@ def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed
     assert r.curve[-1][1] > r.curve[len(r.curve) // 2][1]  # rounds went on after the departure
 
 
-def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_counts(data: Dataset):
+def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_counts(data: Dataset) -> None:
     """As the real start: each worker's probe errs by its own start-up contention, deterministically per
     seed, so equal workers get unequal first batches; a worker that joins later is given a batch only
     after its probe's steps have passed."""
@@ -161,7 +161,7 @@ def test_msync_takes_the_first_m_of_each_round_and_drops_the_slow_workers(data: 
     assert r.discarded_fraction > 0.2 and r.staleness_counts == [r.staleness_counts[0]]
 
 
-def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under_ssgd(data: Dataset):
+def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under_ssgd(data: Dataset) -> None:
     """links16's shape, small: equally fast nodes, two behind links 10x slower (a step's transfers 0.04 virtual s
     against 0.02 of compute at the equal share of 32). Under asgd the dynamic split keeps their batch at the
     compute share (the probes' noise, up to about 30% (sd 0.14), and hysteresis move it) and they train far more

@@ -71,7 +71,7 @@ def test_the_check_gives_the_signature_of_the_trainable_parameters_and_the_data_
     assert sig.train_size == len(data) == 3000 and sig.total == 16 * 32 + 32 + 32 * 4 + 4
 
 
-def test_frozen_parameters_do_not_travel():
+def test_frozen_parameters_do_not_travel() -> None:
     def model() -> torch.nn.Module:
         m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         m[0].requires_grad_(False)
@@ -118,7 +118,7 @@ def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) 
     for _ in range(int(epochs * len(data) / batch)):
         idx = torch.randint(0, len(data), (batch,), generator=g).tolist()
         opt.zero_grad()
-        task.loss_fn()(model, collate([data[i] for i in idx])).backward()
+        torch.autograd.backward(task.loss_fn()(model, collate([data[i] for i in idx])))
         opt.step()
     with torch.no_grad():
         whole = collate([test[i] for i in range(len(test))])

@@ -311,7 +311,7 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     for _ in range(epochs * len(data) // batch):
         opt.zero_grad()
         batch_data = task.collate_fn()([data[i] for i in torch.randint(0, len(data), (batch,), generator=gen)])
-        task.loss_fn()(model, batch_data).backward()
+        torch.autograd.backward(task.loss_fn()(model, batch_data))
         opt.step()
     return evaluate(task, model, task.eval_data(), torch.device("cpu"))["accuracy"]
 

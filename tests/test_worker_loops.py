@@ -61,7 +61,7 @@ def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Modul
         start = time.perf_counter()
         model.zero_grad(set_to_none=False)
         loss = cross_entropy(model, batch)
-        loss.backward()
+        torch.autograd.backward(loss)
         return float(loss.detach()), time.perf_counter() - start
 
     return StepContext(
