@@ -223,6 +223,8 @@ def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(t
                 f"{scheduler.log_text()[-4000:]}"
             ) from None
         assert "Current thread" in log and "most recent call first" in log, log
-        assert scheduler.alive() and c.status().job == "dynabatch"
+        status = c.status()
+        assert status is not None
+        assert scheduler.alive() and status.job == "dynabatch"
     finally:
         c.stop()

@@ -177,10 +177,11 @@ def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_
     ]
     model = load_trained(task, 5, assemble(states, chunk_bytes=1 << 20))
     fresh = task.build_model(5)
-    assert torch.equal(model[0].weight.flatten(), flat[:12]) and torch.equal(model[1].bias, flat[18:21])
-    assert torch.equal(model[1].running_mean, torch.tensor([1.0, 2.0, 3.0]))  # the checkpoint's buffer wins
-    assert torch.equal(model[1].running_var, fresh[1].running_var)  # the others are the factory's
-    assert torch.equal(model[2].weight, fresh[2].weight) and torch.equal(model.scale, fresh.scale)
+    got, factory = model.state_dict(), fresh.state_dict()
+    assert torch.equal(got["0.weight"].flatten(), flat[:12]) and torch.equal(got["1.bias"], flat[18:21])
+    assert torch.equal(got["1.running_mean"], torch.tensor([1.0, 2.0, 3.0]))  # the checkpoint's buffer wins
+    assert torch.equal(got["1.running_var"], factory["1.running_var"])  # the others are the factory's
+    assert torch.equal(got["2.weight"], factory["2.weight"]) and torch.equal(got["scale"], factory["scale"])
     with pytest.raises(TaskError, match=r"buffer 1.running_avg \[3\], which the task's model does not have"):
         load_trained(task, 5, TrainedState(sig, assemble(states, 1 << 20).params, {"1.running_avg": torch.zeros(3)}))
 
@@ -202,7 +203,7 @@ def test_weights_that_do_not_fit_the_model_are_refused_naming_the_key(tmp_path: 
         read_state_dict(tmp_path / "nowhere.pt")
     loaded = _batchnorm_task().model()
     load_weights(loaded, {k: v + 1 for k, v in state.items()}, "--init w.pt")
-    assert torch.equal(loaded[2].weight, state["2.weight"] + 1), "frozen parameters load too"
+    assert torch.equal(loaded.state_dict()["2.weight"], state["2.weight"] + 1), "frozen parameters load too"
 
 
 def _first_evaluation(run_dir: Path) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -20,13 +22,15 @@ from dynabatch.common.protocols import (
 )
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
-from dynabatch.ps.shard_state import ShardState, StaleGradient
+from dynabatch.ps.protocol_rules import StaleSynchronousRule
+from dynabatch.ps.shard_state import PushOutcome, ShardState, StaleGradient
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96
+T = TypeVar("T")
 
 
-def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw) -> tuple[ShardState, torch.Tensor]:
+def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw: Any) -> tuple[ShardState, torch.Tensor]:
     flat = torch.randn(total, generator=torch.Generator().manual_seed(3))
     layout = make_layout(total, chunk_bytes, 1)
     state = ShardState.initial(layout.chunks, flat, SGD, protocol, B, **kw)
@@ -34,7 +38,7 @@ def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw) -> t
     return state, flat
 
 
-def _push(state: ShardState, worker: str, g: torch.Tensor, base: int, samples: int, now: float = 0.0):
+def _push(state: ShardState, worker: str, g: torch.Tensor, base: int, samples: int, now: float = 0.0) -> PushOutcome:
     chunks = _split(state, g)
     return state.push(worker, chunks, {cid: base for cid in chunks}, samples, state.kind, now)
 
@@ -60,7 +64,7 @@ def _reference(w0: torch.Tensor, steps: list[tuple[torch.Tensor, float]], lr_fac
 
 
 @pytest.mark.parametrize("rule, weight", [("paper", lambda b: b * 3 / B), ("capped", lambda b: min(1.0, b * 3 / B))])
-def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule: str, weight) -> None:
+def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule: str, weight: Callable[[int], float]) -> None:
     state, w0 = _state("asgd", dbs_rule=rule)
     gen = torch.Generator().manual_seed(0)
     pushes = [("w0", 64), ("w1", 22), ("w2", 10), ("w0", 64), ("w2", 10)]  # B = 96: w0's weight is 2 or 1
@@ -86,6 +90,7 @@ def test_ssgd_waits_for_every_live_worker_then_applies_the_sample_weighted_mean(
     out = _push(state, "w2", grads["w2"], 0, 10, 0.2)
     assert len(out.applied) == len(state.chunks) and out.version == 1
     mean = sum(samples[w] * grads[w] for w in grads) / sum(samples.values())
+    assert isinstance(mean, torch.Tensor)
     torch.testing.assert_close(_flat(state), _reference(w0, [(mean, 1.0)]))
 
 
@@ -183,7 +188,9 @@ def test_checkpoint_round_trip_restores_version_parameters_and_momentum(tmp_path
     save_checkpoint(path, meta, state.snapshot())
     assert [p.name for p in tmp_path.iterdir()] == ["shard-0.pt"], "no temporary file may be left behind"
     fresh, _ = _state("asgd")
-    fresh.restore(load_checkpoint(path, meta))
+    saved = load_checkpoint(path, meta)
+    assert saved is not None
+    fresh.restore(saved)
     assert fresh.version == 3
     for c in state.chunks:
         assert torch.equal(fresh.params[c.id], state.params[c.id])
@@ -227,19 +234,30 @@ def test_two_softsync_updates_when_n_halves_the_wait() -> None:
     torch.testing.assert_close(_flat(state), _reference(w0, steps))
 
 
-def _local_sgd_reference(w0, deltas, samples, outer_lr, outer_momentum, rounds):
+def _local_sgd_reference(
+    w0: torch.Tensor,
+    deltas: list[list[torch.Tensor]],
+    samples: list[int],
+    outer_lr: float,
+    outer_momentum: float,
+    rounds: int,
+) -> torch.Tensor:
     """Plain torch: the outer optimizer of local SGD / DiLoCo is SGD on the averaged delta."""
     p = torch.nn.Parameter(w0.clone())
     opt = torch.optim.SGD([p], lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
     for r in range(rounds):
-        p.grad = sum(s * d for s, d in zip(samples, deltas[r], strict=True)) / sum(samples)
+        mean = sum(s * d for s, d in zip(samples, deltas[r], strict=True)) / sum(samples)
+        assert isinstance(mean, torch.Tensor)
+        p.grad = mean
         opt.step()
     return p.detach()
 
 
 @pytest.mark.parametrize("protocol", ["local", "msd"])
 @pytest.mark.parametrize("outer", [OuterSettings(1.0, 0.0), OuterSettings(0.7, 0.9, True)])
-def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(protocol: str, outer) -> None:
+def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(
+    protocol: str, outer: OuterSettings
+) -> None:
     state, w0 = _state(protocol, settings=outer)
     gen = torch.Generator().manual_seed(6)
     samples = [120, 50, 22]
@@ -313,9 +331,9 @@ def test_ssp_with_bound_zero_holds_a_worker_one_step_ahead_until_the_slowest_cat
     assert state.rule.widest_spread == 1
 
 
-def _push_watching(state: ShardState, worker: str, watch) -> list:
+def _push_watching(state: ShardState, worker: str, watch: Callable[[int], T]) -> list[T]:
     """Push ones from `worker`, calling `watch()` after each chunk is taken; what it returned, in order."""
-    seen = []
+    seen: list[T] = []
     chunks = _split(state, torch.ones(1000))
     state.push(worker, chunks, {cid: 0 for cid in chunks}, 32, state.kind, 0.0, lambda cid: seen.append(watch(cid)))
     return seen
@@ -370,6 +388,7 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch() -> None:
     _push(state, "w0", torch.ones(1000), 0, 32)
     assert state.pull_blocked("w0")
     state.set_membership({"w0", "w1"}, allocated=1, idle={"w1"})
+    assert isinstance(state.rule, StaleSynchronousRule)
     assert not state.pull_blocked("w0") and state.rule.spread() == 0
     _push(state, "w0", torch.ones(1000), 1, 32)
     assert not state.pull_blocked("w0")
@@ -381,7 +400,9 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch() -> None:
     "protocol, settings",
     [("asgd", AsyncSettings(staleness_step="delay")), ("ssp", SspSettings(100, staleness_step="delay"))],
 )
-def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol: str, settings) -> None:
+def test_the_delay_step_divides_each_gradients_step_by_its_staleness(
+    protocol: str, settings: AsyncSettings | SspSettings
+) -> None:
     """--staleness-step delay: gradients 0, 1 and 3 versions stale step at lr, lr and lr/3 (B/n samples each,
     DBS weight 1)."""
     state, w0 = _state(protocol, settings=settings)
@@ -443,7 +464,7 @@ def test_ringmaster_discards_a_gradient_whose_delay_reaches_r_and_changes_nothin
     momentum = {cid: opt.state_dict()["momentum"].clone() for cid, opt in state.optim.items()}
     with pytest.raises(StaleGradient) as refused:
         _push(state, "w2", g, 0, 32)  # computed at version 0, the shard is at 2: delay 2 = R
-    assert refused.value.code == ErrorCode.TOO_STALE == "too_stale"
+    assert refused.value.code == ErrorCode.TOO_STALE and ErrorCode.TOO_STALE.value == "too_stale"
     assert state.version == 2 and torch.equal(_flat(state), before)
     assert all(torch.equal(opt.state_dict()["momentum"], momentum[cid]) for cid, opt in state.optim.items())
     assert (state.discarded, state.discarded_samples) == (1, 32)
@@ -528,7 +549,7 @@ def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk() -> N
     assert len(chunks) >= 2
     g = _split(state, torch.ones(1000))
 
-    def push(worker: str, ids: list[int]):
+    def push(worker: str, ids: list[int]) -> PushOutcome:
         return state.push(worker, {c: g[c] for c in ids}, {c: 0 for c in ids}, 32, state.kind, 0.0)
 
     push("w0", chunks[:1])
@@ -539,7 +560,7 @@ def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk() -> N
     assert push("w1", chunks[:1]).applied == chunks[:1]
     assert push("w0", chunks[1:]).applied == chunks[1:] and state.version == 1
 
-    def push_at_1(worker: str, ids: list[int]):
+    def push_at_1(worker: str, ids: list[int]) -> PushOutcome:
         return state.push(worker, {c: g[c] for c in ids}, {c: 1 for c in ids}, 32, state.kind, 0.0)
 
     push_at_1("w0", chunks[:1])

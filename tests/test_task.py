@@ -195,7 +195,9 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
         shard = c.shard(0)
         good = c.worker("good", "--task", f"{elsewhere / 'blobs.py'}:task")
         c.wait_status("the user's task to train", lambda s: any(w.steps > 3 for w in s.workers.values()))
-        assert c.status().train_size == 3000, "the scheduler counts epochs from the shards' signature"
+        status = c.status()
+        assert status is not None
+        assert status.train_size == 3000, "the scheduler counts epochs from the shards' signature"
         for attr, differs in (("wider", "parameter 0 is 0.weight [48, 16]"), ("shorter", "2000 samples here, 3000")):
             bad = c.worker(attr, "--task", f"{elsewhere / 'blobs_variants.py'}:{attr}")
             assert wait_for(f"{attr} to exit", lambda bad=bad: bad.proc.poll() is not None, 60) is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,7 +55,9 @@ def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch
         reference(x)
         buffers.load(worker, shared.sent_to("w0"))  # a pull
         worker(x)
-        shared.take("w0", buffers.read(worker), 16)  # a push
+        pushed = buffers.read(worker)
+        assert pushed is not None
+        shared.take("w0", pushed, 16)  # a push
         assert shared.settle()  # asgd: the push was an update
     for name, value in shared.named().items():
         torch.testing.assert_close(value, reference.get_buffer(name), rtol=0, atol=1e-6)
@@ -110,7 +112,7 @@ def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers() ->
     assert list(named) == list(NAMES) and all(t.shape == (5,) for t in named.values())
     net = _bn_net()
     net.load_state_dict({**net.state_dict(), **named})
-    assert torch.equal(net[1].running_var, torch.arange(5.0, 10.0))
+    assert torch.equal(net.state_dict()["1.running_var"], torch.arange(5.0, 10.0))
     restored = SharedBuffers.initial(SPECS, None)
     restored.restore(named)
     assert torch.equal(restored.values, shared.values)
@@ -132,7 +134,8 @@ class _Scaled(nn.Module):
         self.register_buffer("scale", torch.full((4,), 2.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x * self.scale)
+        out: torch.Tensor = self.net(x * self.scale)
+        return out
 
 
 def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_only_those() -> None:
@@ -200,7 +203,9 @@ def _push(
     if buffers is not None:
         metas.append(ChunkMeta(BUFFERS_ID, "float32", (buffers.numel(),), 0))
         tensors.append(buffers)
-    return conn.request(Push(samples=samples), 10, metas, tensors).body
+    ack = conn.request(Push(samples=samples), 10, metas, tensors).body
+    assert isinstance(ack, PushAck), ack
+    return ack
 
 
 @pytest.fixture(scope="module")
@@ -242,14 +247,16 @@ def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(
     ids=["wrong length", "NaN"],
 )
 def test_a_bad_buffer_entry_is_refused_and_changes_nothing(
-    bn_shard: tuple[Connection, Path, torch.Tensor | None], bad, code: str
+    bn_shard: tuple[Connection, Path, torch.Tensor | None], bad: Callable[[torch.Tensor], torch.Tensor], code: str
 ) -> None:
     conn, _, _ = bn_shard
     params, version, held = _pull(conn)
+    assert held is not None
     with pytest.raises(RemoteError) as refused:
         _push(conn, params, version, bad(held))
     assert refused.value.code == code
     params_after, version_after, held_after = _pull(conn)
+    assert held_after is not None
     assert version_after == version and torch.equal(params_after, params) and torch.equal(held_after, held)
 
 
@@ -281,6 +288,7 @@ def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path: Path) ->
         _, welcome = c.join_as_worker(model=(init, flat, buffers))
         conn = c.client(welcome.shards[0], sender=welcome.id)
         params, version, held = _pull(conn)
+        assert held is not None
         _push(conn, params, version, held + 2.0)
         _, _, before = _pull(conn)
         shard.proc.send_signal(signal.SIGTERM)
@@ -327,7 +335,9 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     ],
     ids=["asgd", "local", "ssgd-pipelined"],
 )
-def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(tmp_path: Path, flags) -> None:
+def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(
+    tmp_path: Path, flags: list[str]
+) -> None:
     run, _ = run_job(
         tmp_path,
         "r",
@@ -357,6 +367,7 @@ def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(t
     for model in (with_job_statistics, factory_fresh):
         load_flat(model, trained)
     with_job_statistics.load_state_dict({**with_job_statistics.state_dict(), **state["buffers"]})
+    assert task.eval_data is not None
     cpu, test = torch.device("cpu"), task.eval_data()
     assert evaluate(task, with_job_statistics, test, cpu)["accuracy"] == pytest.approx(reported, abs=0.005)
     fresh = evaluate(task, factory_fresh, test, cpu)["accuracy"]

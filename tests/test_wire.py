@@ -1,6 +1,7 @@
 """The wire codec: round trips, zero-copy, and every kind of malformed input."""
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,16 +37,17 @@ from dynabatch.common.wire import (
 )
 
 
-def _push(tensors, seq=7):
+def _push(tensors: list[torch.Tensor], seq: int = 7) -> Message:
     metas = [chunk_meta(i, t, version=3) for i, t in enumerate(tensors)]
     return Message(Push(samples=32, loss=0.5), metas, tensors, job="j", sender="w0", seq=seq)
 
 
-def _env(frames):
-    return msgpack.unpackb(frames[0])
+def _env(frames: Sequence[Any]) -> dict[str, Any]:
+    env: dict[str, Any] = msgpack.unpackb(frames[0])
+    return env
 
 
-def _reframe(env, tensors):
+def _reframe(env: dict[str, Any], tensors: Sequence[Any]) -> list[Any]:
     return [msgpack.packb(env), *tensors]
 
 
@@ -104,7 +106,7 @@ def test_optional_fields_take_defaults_and_ints_become_floats() -> None:
         ),
     ],
 )
-def test_malformed_envelopes_are_refused_with_a_code(frames, code: str) -> None:
+def test_malformed_envelopes_are_refused_with_a_code(frames: list[Any], code: str) -> None:
     with pytest.raises(ProtocolError) as info:
         decode(frames)
     assert info.value.code == code
@@ -123,7 +125,7 @@ def test_wrong_frame_count_and_length_are_refused() -> None:
 LIMITS = WireLimits(max_chunks=3, max_frame_bytes=40, max_envelope_bytes=1000, max_array=16)
 
 
-def _limited(frames) -> str:
+def _limited(frames: list[Any]) -> str:
     """The code `decode` refuses `frames` with under LIMITS."""
     with pytest.raises(ProtocolError) as info:
         decode(frames, LIMITS)
@@ -166,7 +168,7 @@ def test_messages_beyond_a_receivers_limits_are_refused_before_they_are_parsed()
         "not a map",
     ],
 )
-def test_bad_chunk_entries_are_refused(chunk) -> None:
+def test_bad_chunk_entries_are_refused(chunk: object) -> None:
     env = {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "samples": 1, "chunks": [chunk]}
     with pytest.raises(ProtocolError) as info:
         decode([msgpack.packb(env), b"\x00" * 4])
@@ -227,7 +229,7 @@ def _status() -> JobStatus:
     )
 
 
-def _status_envelope() -> dict:
+def _status_envelope() -> dict[str, Any]:
     return _env(encode(Message(StatusReply(state=_status()), job="j", sender="scheduler", seq=4)))
 
 
@@ -265,7 +267,7 @@ def test_optional_fields_take_a_value_or_none() -> None:
         (lambda s: s.pop("t"), "STATUS_REPLY.state lacks required field 't'"),
     ],
 )
-def test_a_bad_nested_value_is_refused_naming_its_path(change, text: str) -> None:
+def test_a_bad_nested_value_is_refused_naming_its_path(change: Callable[[dict[str, Any]], object], text: str) -> None:
     env = _status_envelope()
     change(env["state"])
     with pytest.raises(ProtocolError) as info:
@@ -274,8 +276,8 @@ def test_a_bad_nested_value_is_refused_naming_its_path(change, text: str) -> Non
 
 
 def test_every_message_type_has_annotations_the_codec_takes() -> None:
-    for cls in MESSAGE_TYPES.values():
-        assert isinstance(decode_map(cls, _required_values(cls), cls.TYPE), cls)
+    for name, cls in MESSAGE_TYPES.items():
+        assert isinstance(decode_map(cls, _required_values(cls), name), cls)
 
 
 def _required_values(cls: type[Any]) -> dict[str, Any]:
