@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 import zmq
@@ -125,7 +125,9 @@ def checkpoint_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def wait_for(what: str, predicate: Callable[[], T | None], timeout_s: float = 60.0, every_s: float = 0.1) -> T:
+def wait_for(
+    what: str, predicate: Callable[[], T | None | Literal[False]], timeout_s: float = 60.0, every_s: float = 0.1
+) -> T:
     """Poll `predicate` until it returns something truthy; fail the test with `what` on timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

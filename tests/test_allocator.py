@@ -4,6 +4,7 @@ local steps, and what a restart keeps."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
@@ -22,7 +23,7 @@ from dynabatch.scheduler.allocator import (
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 
 
-def _allocator(**kw) -> Allocator:
+def _allocator(**kw: Any) -> Allocator:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "batch_policy": "dynamic", **kw})
     return Allocator(job, protocol_spec(job.protocol))
 
@@ -199,7 +200,7 @@ def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_r
     assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, "no more than its own step"
 
 
-def _fixed_pair(**kw) -> Allocator:
+def _fixed_pair(**kw: Any) -> Allocator:
     """w0 and w1 hold 48 each (fixed batches, B = 96)."""
     allocator = _allocator(batch_policy="fixed", **kw)
     allocator.reallocate(0.0, 0.0, "joined", "w1", _measured(allocator, {"w0": 1000.0, "w1": 1000.0}), force=True)

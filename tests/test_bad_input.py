@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 import pytest
@@ -81,7 +82,7 @@ def _raw_on(conn: Connection, frames: list[bytes], timeout_s: float = 5.0) -> Me
     return conn.recv(timeout_s)
 
 
-def _env(**fields) -> bytes:
+def _env(**fields: Any) -> bytes:
     base = {"v": PROTOCOL_VERSION, "job": "dynabatch", "sender": "w0", "seq": 5, "chunks": []}
     base.update(fields)
     return msgpack.packb(base)

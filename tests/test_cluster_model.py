@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of
@@ -15,11 +17,11 @@ def data() -> Dataset:
     return load_dataset("synthetic")
 
 
-def node(count: int, **kw) -> tuple[WorkerSpec, ...]:
+def node(count: int, **kw: Any) -> tuple[WorkerSpec, ...]:
     return (WorkerSpec(**kw),) * count
 
 
-def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data, **kw):
+def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data, **kw: Any):
     """A noiseless run whose only evaluation is at the end (the runs here count samples, not accuracy)."""
     base = dict(
         budget_s=20.0, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=1e9, eval_size=50, noise=0.0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
@@ -98,7 +99,7 @@ def test_reports_on_a_model_being_thrown_away_count_for_nothing() -> None:
     assert watch.cause == "" and not watch.suspect
 
 
-def _job(**kw) -> JobState:
+def _job(**kw: Any) -> JobState:
     cfg = JobConfig(
         **{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw}
     )
@@ -141,7 +142,9 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
     )
 
 
-def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
+def _shard(
+    state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None
+) -> Assignment:
     known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
     applied = state.assignment_for(state.roster.members["ps0"]).batches
     return state.heartbeat(
@@ -191,11 +194,17 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     _step(state, 0.41)
     assert state.rollbacks.rollback_number == 1 and not state.rollbacks.divergence.suspect
     state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.43)  # a late look at v5
-    assert state.evaluations.eval.test_acc == 0.1, "an evaluation of the model thrown away is not the restored one's"
+    assert state.evaluations.eval is not None and state.evaluations.eval.test_acc == 0.1, (
+        "an evaluation of the model thrown away is not the restored one's"
+    )
     state.eval_report(evaluator, EvalReport(version=4, test_loss=0.5, test_acc=0.8), 0.44)
-    assert state.evaluations.eval.version == 4, "the restored model's evaluation replaces the diverged one's"
+    assert state.evaluations.eval is not None and state.evaluations.eval.version == 4, (
+        "the restored model's evaluation replaces the diverged one's"
+    )
     state.eval_report(evaluator, EvalReport(version=3, test_loss=0.5, test_acc=0.8), 0.45)
-    assert state.evaluations.eval.version == 4, "and older ones are ignored again"
+    assert state.evaluations.eval is not None and state.evaluations.eval.version == 4, (
+        "and older ones are ignored again"
+    )
 
     _shard(state, 0.5, version=4, good=3, problem="parameter norm 1e9 is 1e6x its running level")
     assert state.rollbacks.rollback_number == 2 and state.rollbacks.lr_factor == 0.25
@@ -242,7 +251,9 @@ def test_rollbacks_and_the_smaller_step_survive_a_scheduler_restart(tmp_path: Pa
     path = progress_path(str(tmp_path), state.job.job)
     save_progress(path, state.saved(1.0, wall=ClockReading(100.0)))
     again = JobState(state.job, num_shards=1, now=0.0)
-    again.resume(load_progress(path, to_dict(state.job)), 0.0, wall=ClockReading(101.0))
+    saved = load_progress(path, to_dict(state.job))
+    assert saved is not None
+    again.resume(saved, 0.0, wall=ClockReading(101.0))
     assert again.rollbacks.rollback_number == 1 and again.rollbacks.lr_factor == 0.5
     assert again.status(0.0).rollbacks == state.status(1.0).rollbacks
 

@@ -3,6 +3,8 @@ the budget, a stall, and the final evaluation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.scheduler.job_end import JobEnd
@@ -10,7 +12,7 @@ from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
 
 
-def _end(num_shards: int = 2, **kw) -> tuple[JobEnd, dict[int, Member]]:
+def _end(num_shards: int = 2, **kw: Any) -> tuple[JobEnd, dict[int, Member]]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 100, "epochs": 1.0, "join_timeout_s": 30.0, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):

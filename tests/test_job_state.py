@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
 
 
-def _job(**kw) -> JobState:
+def _job(**kw: Any) -> JobState:
     cfg = JobConfig(
         **{
             "dataset": "synthetic",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +69,7 @@ def test_a_target_is_met_at_its_value_in_its_direction_and_never_by_a_missing_on
     assert MetricTarget.parse(target).met(value) is met
 
 
-def _summary(**kw) -> dict:
+def _summary(**kw: Any) -> dict:
     return {
         "finished": True,
         "final_test_acc": 0.91,

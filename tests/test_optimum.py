@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.reference_time import PER_WORKER_BATCHES, cluster_optimum, device_of
+from bench.reference_time import cluster_optimum, device_of
 from bench.simulate import WorkerSpec
 from dynabatch.common.optimum import (
+    PER_WORKER_BATCHES,
     Device,
     NoiseScale,
     calibrated_optimum,

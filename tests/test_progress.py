@@ -4,6 +4,7 @@ and a resumed count checked against the shards."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
 
 
-def _progress(num_shards: int = 1, **kw) -> tuple[Progress, Roster]:
+def _progress(num_shards: int = 1, **kw: Any) -> tuple[Progress, Roster]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "min_batch": 8, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):

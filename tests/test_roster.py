@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dynabatch.common.config import JobConfig
@@ -11,7 +13,7 @@ from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
 
 
-def _roster(num_shards: int = 1, **kw) -> Roster:
+def _roster(num_shards: int = 1, **kw: Any) -> Roster:
     roster = Roster(
         JobConfig(**{"dataset": "synthetic", "liveness_timeout_s": 2.0, "join_timeout_s": 30.0, **kw}), num_shards
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from dynabatch.schedule import schedule_fields, step
 SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"], train_size=500)
 
 
-def _served(tmp_path: Path, index: int = 1, **job) -> ServedJob:
+def _served(tmp_path: Path, index: int = 1, **job: Any) -> ServedJob:
     config = replace(JobConfig(), job="j", shards=2, chunk_bytes=1024, protocol="asgd", epochs=2.0, **job)
     return ServedJob.welcomed(
         Welcome(id="ps1", config=to_dict(config), shards=[], shard_index=index), CollectorRegistry(), str(tmp_path)

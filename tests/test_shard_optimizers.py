@@ -4,6 +4,7 @@ one step per B samples for adaptive optimizers under asynchronous protocols, che
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,7 +124,7 @@ def test_groups_follow_no_decay_across_chunk_boundaries() -> None:
 
 @pytest.mark.parametrize("protocol", GRADIENT_PROTOCOLS)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, protocol: str) -> None:
+def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec: optim.OptimizerSpec, protocol: str) -> None:
     """Each push of B samples is one step of torch's own optimizer with the task's groups, and the
     schedule's factor scales the rate of each; two shards hold the chunks between them."""
     states = _shards(spec, protocol)
@@ -142,7 +143,7 @@ def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, proto
 @pytest.mark.parametrize("protocol", ["asgd", "ssp"])
 @pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: s.name)
 def test_adaptive_optimizers_under_asynchrony_step_once_per_b_samples_on_their_weighted_mean(
-    spec, protocol: str
+    spec: optim.OptimizerSpec, protocol: str
 ) -> None:
     states = _shards(spec, protocol, workers=3)
     model = _net()
@@ -200,12 +201,16 @@ def test_softsync_rounds_count_their_samples_towards_b() -> None:
     assert not _push(states, "w1", g[1], 48), "a round of 96 samples closes, but B is 192"
     assert not _push(states, "w2", g[2], 48)
     assert _push(states, "w3", g[3], 48)
-    _reference_step(model, opt, sum(g) / 4, spec.lr)
+    mean = sum(g) / 4
+    assert isinstance(mean, torch.Tensor)
+    _reference_step(model, opt, mean, spec.lr)
     torch.testing.assert_close(_params(states), _flat(model), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_a_restored_shard_takes_the_same_next_step_as_the_uninterrupted_one(tmp_path: Path, spec) -> None:
+def test_a_restored_shard_takes_the_same_next_step_as_the_uninterrupted_one(
+    tmp_path: Path, spec: optim.OptimizerSpec
+) -> None:
     """The checkpoint holds the optimizer's state and the samples still waiting for a step."""
     [state] = _shards(spec, "asgd", workers=2, shards=1)
     grads = _grads(6, _flat(_net()).numel(), seed=5)
@@ -215,7 +220,9 @@ def test_a_restored_shard_takes_the_same_next_step_as_the_uninterrupted_one(tmp_
     meta = {"job": "j", "shard": 0}
     save_checkpoint(tmp_path / "shard-0.pt", meta, state.snapshot())
     [fresh] = _shards(spec, "asgd", workers=2, shards=1)
-    fresh.restore(load_checkpoint(tmp_path / "shard-0.pt", meta))
+    saved = load_checkpoint(tmp_path / "shard-0.pt", meta)
+    assert saved is not None
+    fresh.restore(saved)
     for i, g in enumerate(grads[3:]):
         assert _push([state], f"w{i % 2}", g, 96) == _push([fresh], f"w{i % 2}", g, 96)
     assert fresh.version == state.version
@@ -243,7 +250,7 @@ JOB = JobConfig()
         (["sgd", 0.1], "a map of fields"),
     ],
 )
-def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields, names: str) -> None:
+def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields: Any, names: str) -> None:  # as a peer sends
     with pytest.raises(ProtocolError, match="bad_field") as refused:
         optimizer_spec(JOB, fields)
     assert names in refused.value.text, refused.value.text

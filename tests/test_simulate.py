@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ def data() -> Dataset:
     return load_dataset("synthetic")
 
 
-def tiny(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], **kw) -> SimConfig:
+def tiny(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], **kw: Any) -> SimConfig:
     base = dict(budget_s=0.4, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=0.2, eval_size=200)
     return SimConfig(protocol, policy, workers, **{**base, **kw})
 
@@ -63,7 +65,7 @@ def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_c
     after its probe's steps have passed."""
     equal = (WorkerSpec("1"),) * 4 + (WorkerSpec("1", join_s=0.2),)
 
-    def start(**kw) -> tuple[Cluster, list[Worker]]:
+    def start(**kw: Any) -> tuple[Cluster, list[Worker]]:
         cluster = Cluster(tiny("asgd", "dynamic", equal, **kw), data)
         workers = [Worker(cluster, i, spec) for i, spec in enumerate(equal)]
         for w in workers:

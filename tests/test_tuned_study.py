@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,9 @@ from bench.tuned_study import (
 )
 
 
-def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, acc: float = 0.85) -> dict:
+def _run(
+    method: str, lr: float, reached_at: float | None, loss: float | None = 0.5, acc: float = 0.85
+) -> dict[str, Any]:
     curve = [(0.0, 0, 0.1)] + ([(reached_at, 100, 0.81)] if reached_at is not None else []) + [(150.0, 200, acc)]
     return {
         "method": method,
@@ -77,7 +80,7 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile() 
         "a": [_run("safe", 0.02, 30.0), _run("fast", 0.04, 10.0), _run("slow", 0.01, 90.0)],
         "b": [_run("safe", 0.02, 40.0), _run("fast", 0.04, None, loss=math.inf), _run("slow", 0.01, 80.0)],
     }
-    chosen = {name: {"safe": 0.02, "fast": 0.04, "slow": 0.01} for name in profiles}
+    chosen: dict[str, dict[str, float | None]] = {name: {"safe": 0.02, "fast": 0.04, "slow": 0.01} for name in profiles}
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "safe"
     report["a"] = [r for r in report["a"] if r["method"] != "safe"]  # not run everywhere: not a candidate
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
@@ -116,8 +119,7 @@ def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_bes
     import json
     from pathlib import Path
 
-    from bench.reference_time import PER_WORKER_BATCHES, STUDY_NOISE
-    from dynabatch.common.optimum import Device, calibrated_optimum
+    from dynabatch.common.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
 
     profile = next(p for p in STUDIES["regimes"] if p.profile == "mixed_gpus16")
     groups = json.loads(Path("bench/profiles/mixed_gpus16.json").read_text())["workers"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.chunking import make_layout
+from dynabatch.common.chunking import Layout, make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import SampleOrder, load_dataset, make_batch
 from dynabatch.common.messages import Assignment
@@ -26,7 +26,8 @@ from dynabatch.task import cross_entropy
 from dynabatch.worker.batch_source import BatchSource
 from dynabatch.worker.gradient_steps import GradientLoop
 from dynabatch.worker.ps_client import ShardClients
-from dynabatch.worker.step_context import StepContext
+from dynabatch.worker.step_context import StepContext, StepLoop
+from dynabatch.worker.step_times import StepResult
 from harness import Cluster
 
 TIMEOUT_S = 30.0
@@ -53,7 +54,7 @@ def test_a_replay_of_another_batch_size_is_dropped_for_fresh_samples() -> None:
     assert source.replay == []
 
 
-def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Module) -> StepContext:
+def _context(job: JobConfig, shards: ShardClients, layout: Layout, model: torch.nn.Module) -> StepContext:
     data = load_dataset("synthetic")
     source = BatchSource(SampleOrder(len(data.train_y), seed=0))
 
@@ -115,8 +116,10 @@ def _worker(c: Cluster, job: JobConfig) -> tuple[ShardClients, StepContext]:
     return shards, _context(job, shards, layout, model)
 
 
-def _step(loop, batch: int):
-    return loop.step(Assignment(assignment_id=1, batch=batch))
+def _step(loop: StepLoop, batch: int) -> StepResult:
+    result = loop.step(Assignment(assignment_id=1, batch=batch))
+    assert result is not None, "a step was taken"
+    return result
 
 
 @pytest.mark.slow
@@ -133,13 +136,14 @@ def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_
         loop = GradientLoop(ctx)
         result = _step(loop, 32)
         assert result.batch == 32 and result.steps == 1 and result.version == 0
+        assert loop.pulled is not None
         brought = loop.pulled.flat.clone()
         after = shards.pull(None, TIMEOUT_S)
         assert after.version == 1 and not torch.equal(after.flat, before)
         assert loop.min_versions is None, "an asynchronous step never waits for a version"
         assert torch.equal(brought, after.flat) and loop.pulled.version == 1
         assert _step(loop, 32).version == 1, "the second step computes on the model its push brought back"
-        assert loop.pulled.version == 2
+        assert loop.pulled is not None and loop.pulled.version == 2
         loop.after_failure("timeout")
         assert loop.pulled is None, "after a failure the next step pulls afresh"
 
