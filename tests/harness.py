@@ -154,7 +154,7 @@ def status_at(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> JobStatus |
     return reply.body.state if isinstance(reply.body, StatusReply) else None
 
 
-def interrupt(run: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
+def interrupt(run: subprocess.Popen[str] | subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     """Ctrl-C a `dynabatch run` and wait for it; if it outlasts `timeout_s`, kill it with everything it started.
 
     `dynabatch run` starts its children in process groups of their own, so killing the

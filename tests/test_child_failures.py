@@ -93,7 +93,7 @@ def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metri
         assert shard.restarts == 0 and shard.rebinds == 1 and _port(shard.endpoint) != shard_port.getsockname()[1]
         st = wait_for(
             "the moved shard registered",
-            lambda: (s := status_at(zmq.Context.instance(), ln.scheduler_endpoint)) and s.shards and s,
+            lambda: s if (s := status_at(zmq.Context.instance(), ln.scheduler_endpoint)) and s.shards else None,
             60,
         )
         assert st.shards["0"].endpoint == shard.endpoint

@@ -13,7 +13,9 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,7 +72,7 @@ class Job:
         self.processes = [self.c.worker(name) for name in ("a", "b")]  # on the default request timeout, 30 s
         self.processes.append(self.c.launcher.start_worker("eval", [], evaluator=True))
 
-    def progress(self, what: str, predicate, timeout_s: float = 90) -> JobStatus:
+    def progress(self, what: str, predicate: Callable[[JobStatus], object], timeout_s: float = 90) -> JobStatus:
         return self.c.wait_status(what, predicate, timeout_s)
 
     @staticmethod
@@ -90,9 +92,10 @@ def _versions_checkpointed(child: Child) -> list[int]:
     return [int(v) for v in re.findall(r"checkpoint at version (\d+) written", child.log_text())]
 
 
-def _epoch(saved: dict) -> float:
+def _epoch(saved: dict[str, Any]) -> float:
     """The epoch a progress file of the scheduler holds (the samples the model holds, over the training set)."""
-    return (saved["samples"] - saved["lost_samples"]) / saved["train_size"]
+    epoch: float = (saved["samples"] - saved["lost_samples"]) / saved["train_size"]
+    return epoch
 
 
 def _saved_epoch(path: Path) -> float:
@@ -183,6 +186,7 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(
         assert final.lost_samples > 0
         # Recovery may cost at most one point; asgd's order of updates moves either run by about one point, so
         # the faulty one also came out 1.1 points ahead of its clean twin once (two suites on 2 cores).
+        assert final.test_acc is not None and baseline.test_acc is not None
         assert final.test_acc >= baseline.test_acc - 0.01, (final.test_acc, baseline.test_acc)
         print(
             f"\nclean {clean_s:.1f}s acc {baseline.test_acc:.4f}; faulty {job.wall_s:.1f}s acc {final.test_acc:.4f}; "

@@ -7,6 +7,8 @@ honest workers agree only on average, as real ones do.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -108,9 +110,9 @@ def test_a_chunk_larger_than_the_sketch_is_compared_on_fixed_coordinates_and_its
     assert [w for w, _ in _rounds(check, workers, 200)] == ["liar"]
     again = GradientDirection(True)
     again.record("w0", workers.push("w0"), workers.live)
-    assert check.index[0].numel() == SKETCH and torch.equal(again.index[0], check.index[0]), (
-        "the same coordinates on every shard start"
-    )
+    index, index_again = check.index[0], again.index[0]
+    assert index is not None and index_again is not None
+    assert index.numel() == SKETCH and torch.equal(index_again, index), "the same coordinates on every shard start"
 
 
 def test_a_worker_that_left_is_no_ones_reference_and_off_records_nothing() -> None:
@@ -131,11 +133,13 @@ def test_a_worker_quarantined_for_its_direction_is_refused_saying_why() -> None:
     assert exc.value.code == "quarantined"
 
 
-def _paced(check: GradientDirection, workers: Workers, rounds: int, pushes_per_round: dict[str, int]) -> dict:
+def _paced(
+    check: GradientDirection, workers: Workers, rounds: int, pushes_per_round: dict[str, int]
+) -> dict[str, list[Any]]:
     """As the shard serves pushes: each is held (scored, not taken) while `check.held` says so, else taken.
     Per round, each worker's taken pushes and whether it was held; the quarantined workers leave the live set."""
     taken: dict[str, int] = dict.fromkeys(workers.noise, 0)
-    trace: dict = {"taken": [], "held": [], "quarantined": []}
+    trace: dict[str, list[Any]] = {"taken": [], "held": [], "quarantined": []}
     for r in range(rounds):
         held_now = set()
         for worker, times in pushes_per_round.items():

@@ -34,7 +34,11 @@ def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path: Path) -> N
         c.wait_status("the job to finish", lambda s: s.finished, timeout_s=120)
         assert exits.proc.wait(30) == 0
         for p in idle:
-            wait_for(f"{p.name} to idle", lambda p=p: "idling until stopped" in p.log_text(), timeout_s=30)
+
+            def idling(p: Proc = p) -> bool:
+                return "idling until stopped" in p.log_text()
+
+            wait_for(f"{p.name} to idle", idling, timeout_s=30)
         for p in idle:
             assert p.alive(), p.log_text()
             assert _healthz(p) == 200, p.name

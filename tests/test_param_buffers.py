@@ -81,9 +81,13 @@ def test_memory_zeromq_has_sent_is_reused_not_allocated() -> None:
             payload = dealer.recv(copy=False)
             assert torch.equal(torch.frombuffer(bytearray(payload.bytes), dtype=torch.float32), tensor)
             del payload
+
             # pyzmq lets go of a sent frame from its own garbage-collector thread, which a loaded machine may
             # run late: the reuse is what is tested, not that thread's timing
-            wait_for("pyzmq to let go of the sent frame", lambda t=tensor: not state.memory.lent(t), 30, 0.001)
+            def let_go(t: torch.Tensor = tensor) -> bool:
+                return not state.memory.lent(t)
+
+            wait_for("pyzmq to let go of the sent frame", let_go, 30, 0.001)
             _push(state)
             used.append(state.params[cid])
         distinct = len({id(t) for t in used})

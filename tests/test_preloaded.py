@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.cluster.launcher import Launcher, child_env
+from dynabatch.cluster.launcher import Child, Launcher, child_env
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
 from harness import free_port, wait_for
 from processes import alive
@@ -75,7 +75,11 @@ def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_
     try:
         children = [launcher.start_worker("w") for launcher in (first, second, own)]  # no scheduler: they wait
         for child in children:
-            wait_for(f"{child.log_path} to say it waits", lambda c=child: "scheduler" in c.log_text(), 60)
+
+            def waits(c: Child = child) -> bool:
+                return "scheduler" in c.log_text()
+
+            wait_for(f"{child.log_path} to say it waits", waits, 60)
         parents = [int(Path(f"/proc/{c.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for c in children]
         assert parents[0] == parents[1] == shared.pid != parents[2] == own.preloaded.pid
         first.stop_all()

@@ -74,7 +74,11 @@ def test_a_scheduler_stopped_mid_job_is_logged_by_everyone_and_unready_until_it_
         # The connection's close is seen at the next heartbeat: the reason is the close, not the silence allowed.
         lost = LOST.format(c.scheduler_endpoint)
         for child in others:
-            wait_for(f"{child.name} to log the lost scheduler", lambda child=child: lost in child.log_text())
+
+            def logged(child: Child = child) -> bool:
+                return lost in child.log_text()
+
+            wait_for(f"{child.name} to log the lost scheduler", logged)
             assert _readyz(child) == (503, "scheduler lost\n")
 
         scheduler = c.launcher.restart(scheduler)  # without --state-dir: it counts from zero

@@ -215,7 +215,11 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
         for mark, extra in ((2.0, "extra"), (3.0, "another")):  # version 1 again: no shard is past it in this job
             metrics = {"m00": mark, extra: 1.0}
             conn.send(EvalReport(version=1, test_loss=0.5, test_acc=0.5, metrics=metrics))
-            wait_for(f"the evaluation marked {mark}", lambda m=mark: _eval_series(c.sched).get("m00") == m, 30)
+
+            def marked(m: float = mark) -> bool:
+                return _eval_series(c.sched).get("m00") == m
+
+            wait_for(f"the evaluation marked {mark}", marked, 30)
             assert _eval_series(c.sched) == {"m00": mark}, "only the latest evaluation's admitted names"
         assert c.sched.log_text().count("dynabatch_eval_metric already holds") == 1
         assert "'extra'" in c.sched.log_text()

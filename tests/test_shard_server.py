@@ -12,7 +12,7 @@ when nobody pushes, at its deadline.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +187,9 @@ def _nan(chunks: Chunks) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
     ],
     ids=["wrong chunk id", "wrong length", "NaN", "unknown sender"],
 )
-def test_a_refused_push_is_answered_counted_and_changes_nothing(shard: Shard, make, sender: str, code: str) -> None:
+def test_a_refused_push_is_answered_counted_and_changes_nothing(
+    shard: Shard, make: Callable[[Chunks], tuple[list[ChunkMeta], list[torch.Tensor]]], sender: str, code: str
+) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     counted = shard.bad_messages(code)
@@ -237,7 +239,7 @@ def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothi
     ],
 )
 def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_naming_it(
-    shard: Shard, part: str, value, named: str
+    shard: Shard, part: str, value: dict[str, object], named: str
 ) -> None:
     """The job's optimizer and schedule are part of its signature: a worker whose task names others would train
     as if its own applied; the shards step with the first worker's."""
@@ -280,7 +282,8 @@ def test_a_push_that_is_also_a_pull_sends_each_chunk_back_as_it_is_applied(
     before = _pull(s.conn, ids)
     bodies, got = _push_pull(s.conn, before)
     assert len(ids) > 1 and [type(b) for b in bodies] == [Params] * len(ids) + [PushAck], bodies
-    assert bodies[-1].applied and bodies[-1].version == max(ver for ver, _ in before.values()) + 1
+    ack = bodies[-1]
+    assert isinstance(ack, PushAck) and ack.applied and ack.version == max(ver for ver, _ in before.values()) + 1
     assert {cid: ver for cid, (ver, _) in got.items()} == {cid: ver + 1 for cid, (ver, _) in before.items()}
     _assert_same(_pull(s.conn, ids), got)
 
@@ -412,7 +415,7 @@ def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big: Shard)
     """Every round a peer that never reads asks for the whole model, and the worker's push makes a new
     version of it: queued unread, each answer would pin that version in the shard's memory."""
     ids = set(big.sizes)
-    reader = zmq.Context.instance().socket(zmq.DEALER)
+    reader: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     reader.setsockopt(zmq.RCVHWM, 1)
     reader.setsockopt(zmq.RCVBUF, 4096)
     reader.setsockopt(zmq.LINGER, 0)

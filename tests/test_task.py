@@ -24,7 +24,7 @@ from dynabatch.common.task_check import check_task, load_task
 from dynabatch.optim import SGD, Adam, AdamW
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
-from harness import Cluster, run_job, wait_for
+from harness import Cluster, Proc, run_job, wait_for
 
 TASKS = Path(__file__).resolve().parent / "tasks"
 
@@ -200,7 +200,11 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
         assert status.train_size == 3000, "the scheduler counts epochs from the shards' signature"
         for attr, differs in (("wider", "parameter 0 is 0.weight [48, 16]"), ("shorter", "2000 samples here, 3000")):
             bad = c.worker(attr, "--task", f"{elsewhere / 'blobs_variants.py'}:{attr}")
-            assert wait_for(f"{attr} to exit", lambda bad=bad: bad.proc.poll() is not None, 60) is not None
+
+            def exited(bad: Proc = bad) -> bool:
+                return bad.proc.poll() is not None
+
+            assert wait_for(f"{attr} to exit", exited, 60) is not None
             assert bad.proc.returncode == 2 and differs in bad.log_text(), bad.log_text()
         assert good.alive() and shard.alive()
     finally:

@@ -10,7 +10,7 @@ from dynabatch.ps.protocol_rules import SyncRound
 from dynabatch.ps.update_rules import sgd_step_
 
 
-def _torch_reference(w0, grads, cfg, scales):
+def _torch_reference(w0: torch.Tensor, grads: list[torch.Tensor], cfg: SGD, scales: list[float]) -> torch.Tensor:
     p = torch.nn.Parameter(w0.clone())
     opt = torch.optim.SGD([p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     for g, s in zip(grads, scales, strict=True):
@@ -21,7 +21,7 @@ def _torch_reference(w0, grads, cfg, scales):
     return p.detach()
 
 
-def _ours(w0, grads, cfg, scales):
+def _ours(w0: torch.Tensor, grads: list[torch.Tensor], cfg: SGD, scales: list[float]) -> torch.Tensor:
     w, buf = w0.clone(), torch.zeros_like(w0)
     for g, s in zip(grads, scales, strict=True):
         sgd_step_(w, g, buf, cfg, s)
