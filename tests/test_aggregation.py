@@ -36,7 +36,7 @@ def _honest(n: int, size: int = 200, seed: int = 0) -> list[tuple[torch.Tensor, 
 @pytest.mark.parametrize("honest", [2, 3, 4, 7])
 @pytest.mark.parametrize("settings", ROBUST, ids=lambda s: s.aggregation)
 def test_one_wild_contribution_moves_the_mean_arbitrarily_and_the_robust_rules_only_within_the_honest_values(
-    honest: int, settings
+    honest: int, settings: RoundSettings
 ) -> None:
     parts = _honest(honest)
     values = torch.stack([t for t, _ in parts])
@@ -52,7 +52,7 @@ def test_one_wild_contribution_moves_the_mean_arbitrarily_and_the_robust_rules_o
 
 @pytest.mark.parametrize("settings", [MEAN, *ROBUST], ids=lambda s: s.aggregation)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
-def test_identical_contributions_give_the_mean_whatever_their_samples(settings, n: int) -> None:
+def test_identical_contributions_give_the_mean_whatever_their_samples(settings: RoundSettings, n: int) -> None:
     x = torch.randn(300, generator=torch.Generator().manual_seed(n))
     parts = [(x.clone(), 5 + 11 * i) for i in range(n)]
     torch.testing.assert_close(aggregate(parts, settings), weighted_mean(parts))
@@ -60,7 +60,7 @@ def test_identical_contributions_give_the_mean_whatever_their_samples(settings, 
 
 
 @pytest.mark.parametrize("settings", ROBUST, ids=lambda s: s.aggregation)
-def test_the_order_of_the_contributions_changes_nothing_even_among_ties(settings) -> None:
+def test_the_order_of_the_contributions_changes_nothing_even_among_ties(settings: RoundSettings) -> None:
     """Values drawn from a few integers, so coordinates tie, with unequal samples that a tie must not reorder:
     the values kept are the same in every order, so the result is the same up to its sum's rounding."""
     gen = torch.Generator().manual_seed(4)
@@ -71,7 +71,7 @@ def test_the_order_of_the_contributions_changes_nothing_even_among_ties(settings
 
 
 @pytest.mark.parametrize("settings", [MEAN, *ROBUST], ids=lambda s: s.aggregation)
-def test_finite_contributions_never_give_nan_or_inf(settings) -> None:
+def test_finite_contributions_never_give_nan_or_inf(settings: RoundSettings) -> None:
     big = torch.finfo(torch.float32).max
     extremes = torch.tensor([big, -big, 0.0, -0.0, 1e-45, big / 3])
     for picks in itertools.product(range(len(extremes)), repeat=3):

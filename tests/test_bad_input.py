@@ -85,7 +85,8 @@ def _raw_on(conn: Connection, frames: list[bytes], timeout_s: float = 5.0) -> Me
 def _env(**fields: Any) -> bytes:
     base = {"v": PROTOCOL_VERSION, "job": "dynabatch", "sender": "w0", "seq": 5, "chunks": []}
     base.update(fields)
-    return msgpack.packb(base)
+    packed: bytes = msgpack.packb(base)
+    return packed
 
 
 def _frames(
@@ -184,6 +185,7 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster:
         assert reply.body.code == code, f"expected {code}, got {reply.body.code}: {reply.body.text}"
         assert c.sched_proc.alive()
     status_after = c.status()
+    assert status_before is not None and status_after is not None
     assert status_after.workers.keys() == status_before.workers.keys()
     assert status_after.samples == status_before.samples
     text = c.sched_proc.metrics()

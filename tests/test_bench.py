@@ -8,6 +8,7 @@ verdicts, including the cases where a target is missed or a mark never reached.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def _run(
     )
 
 
-def _runs() -> list[dict]:
+def _runs() -> list[dict[str, Any]]:
     rs = []
     for seed in (0, 1, 2):
         rs += [
@@ -74,8 +75,8 @@ def test_aggregate_means_over_seeds_and_counts_marks_reached() -> None:
     assert stats.runs == stats.ok_runs == 3
     assert stats.reached == {"0.85": 3, "0.88": 2}
     assert stats.time_to["0.88"] == 41.5
-    assert math.isclose(stats.final_test_acc, 0.88)
-    assert math.isclose(stats.slowest_pace_fraction, 4 * 400.0 / 4000.0)
+    assert stats.final_test_acc is not None and math.isclose(stats.final_test_acc, 0.88)
+    assert stats.slowest_pace_fraction is not None and math.isclose(stats.slowest_pace_fraction, 4 * 400.0 / 4000.0)
 
 
 def test_a_target_metric_is_one_more_time_to_column_after_the_accuracy_marks() -> None:

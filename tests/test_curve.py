@@ -15,10 +15,10 @@ import zmq
 from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeyError, CurveKeys, create_keys, key_name, key_role
 from dynabatch.common.messages import EvalReport, Hello, Pull, Push
 from dynabatch.common.transport import Connection, RemoteError, use_curve
-from harness import Cluster, free_port, metric_value, run_job, wait_for
+from harness import Cluster, Proc, free_port, metric_value, run_job, wait_for
 
 
-def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(out), *extra],
         capture_output=True,
@@ -131,7 +131,7 @@ def _refused(text: str, role: str) -> dict[str, float]:
     }
 
 
-def _wait_refused(proc, role: str, reasons: tuple[str, ...]) -> None:
+def _wait_refused(proc: Proc, role: str, reasons: tuple[str, ...]) -> None:
     counts: dict[str, float] = {}
 
     def counted() -> bool:
@@ -204,7 +204,9 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path: Path)
         c.stop()
 
 
-def _each_key_sends_only_what_its_role_may(c: Cluster, keys: Path, scheduler, shard, shard_endpoint: str) -> None:
+def _each_key_sends_only_what_its_role_may(
+    c: Cluster, keys: Path, scheduler: Proc, shard: Proc, shard_endpoint: str
+) -> None:
     """A worker key cannot register a shard or report an evaluation, an evaluator key cannot push, and a shard
     key is not even admitted by a shard: refused as `bad_role` (counted) or in the handshake."""
     contexts = {}

@@ -35,7 +35,7 @@ from dynabatch.worker.evaluator import evaluate
         (EvalReport(version=1, test_loss=0.3, test_acc=0.9, metrics={"accuracy": 0.5}), "EVAL.test_acc"),
     ],
 )
-def test_figures_out_of_their_range_are_named(report, field: str) -> None:
+def test_figures_out_of_their_range_are_named(report: EvalReport, field: str) -> None:
     problem = eval_problem(report)
     assert problem is not None and problem.startswith(field), problem
 

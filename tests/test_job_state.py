@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
@@ -46,7 +46,9 @@ def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> 
     return wid
 
 
-def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0, compute_s: float | None = None):
+def _step(
+    state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0, compute_s: float | None = None
+) -> Assignment:
     # a dropped worker reports its last step's batch; a step is all compute unless told otherwise
     m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 1)
     hb = Heartbeat(
@@ -279,8 +281,8 @@ def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number() -> No
     wid = _join(state, 1000.0)
     for t in range(1, 11):
         _step(state, wid, 0.05, t)
-    for t in (11.0, 11.1, 11.2):
-        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), t)
+    for at in (11.0, 11.1, 11.2):
+        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), at)
     assert state.progress.samples == 960 and not state.stopping
     last = state.assignment_for(state.roster.members[wid])
     assert last.batch == 40 and last.allotted == 1000, "its last batch is what is left"
@@ -411,7 +413,9 @@ def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_be
         "negative version",
     ],
 )
-def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(report, field: str) -> None:
+def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(
+    report: EvalReport, field: str
+) -> None:
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})

@@ -27,7 +27,7 @@ TASKS = Path(__file__).parent / "tasks"
         ("loss<=-1", MetricTarget("loss", "<=", -1.0)),
     ],
 )
-def test_a_target_names_any_metric_a_direction_and_a_value(text: str, parsed) -> None:
+def test_a_target_names_any_metric_a_direction_and_a_value(text: str, parsed: MetricTarget) -> None:
     assert MetricTarget.parse(text) == parsed
     assert MetricTarget.parse(str(parsed)) == parsed
 
@@ -46,7 +46,7 @@ def test_a_target_names_any_metric_a_direction_and_a_value(text: str, parsed) ->
         ("x" * 65 + ">=1", "1 to 64 characters"),
     ],
 )
-def test_a_malformed_target_is_refused_naming_the_flag(text, why: str) -> None:
+def test_a_malformed_target_is_refused_naming_the_flag(text: str, why: str) -> None:
     with pytest.raises(ConfigError, match="--target-metric") as refused:
         RunOptions(target_metric=text).validate()
     assert why in str(refused.value)
@@ -69,7 +69,7 @@ def test_a_target_is_met_at_its_value_in_its_direction_and_never_by_a_missing_on
     assert MetricTarget.parse(target).met(value) is met
 
 
-def _summary(**kw: Any) -> dict:
+def _summary(**kw: Any) -> dict[str, Any]:
     return {
         "finished": True,
         "final_test_acc": 0.91,

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
-def test_every_spec_names_a_shard_rule_and_a_worker_loop_that_exist(name) -> None:
+def test_every_spec_names_a_shard_rule_and_a_worker_loop_that_exist(name: str) -> None:
     spec = protocol_spec(name)
     assert spec.shard_rule in RULES and spec.worker_loop in LOOPS
     assert spec.push_kind in (GRADIENT, DELTA)
@@ -76,7 +76,7 @@ def test_no_role_compares_a_protocols_name() -> None:
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
-def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name) -> None:
+def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name: str) -> None:
     """A pull before the worker's own push adds staleness: only protocols that take it may be asked for it."""
     job = JobConfig(protocol=name, prefetch_pull=True)
     if SPECS[name].may_prefetch_pull:
@@ -95,7 +95,7 @@ def test_push_behind_needs_prefetch_pull() -> None:
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
-def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name) -> None:
+def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name: str) -> None:
     """The spec names its settings class; the flags (same names as ever) build it; the shard rule holds it."""
     job = JobConfig(
         protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False, sync_m=2

@@ -35,7 +35,7 @@ from dynabatch.common.models import model_for_job
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection
 from dynabatch.common.wire import ChunkMeta, Message, encode
-from harness import Cluster, metric_value, wait_for
+from harness import Cluster, Proc, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -73,11 +73,11 @@ def _answer(conn: Connection, seq: int) -> object:
     raise AssertionError(f"no answer to request {seq}")
 
 
-def _replays(shard) -> float:
+def _replays(shard: Proc) -> float:
     return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="replay")
 
 
-def _bad_fields(shard) -> float:
+def _bad_fields(shard: Proc) -> float:
     return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="bad_field")
 
 
@@ -110,7 +110,7 @@ def test_a_push_of_more_samples_than_its_sender_was_assigned_is_refused_and_chan
         c.stop()
 
 
-def _total(welcome) -> int:
+def _total(welcome: Welcome) -> int:
     return sum(p.numel() for p in model_for_job(job_from_dict(welcome.config)).parameters())
 
 

@@ -58,7 +58,9 @@ def _refusals(scheduler: Proc, code: str) -> float:
 def _hello(c: Cluster, instance: str, timeout_s: float = REPLY_S) -> Welcome:
     conn = c.client(sender="hello-test")
     try:
-        return conn.request(Hello(role="worker", name="hello-test", instance=instance), timeout_s).body
+        welcome = conn.request(Hello(role="worker", name="hello-test", instance=instance), timeout_s).body
+        assert isinstance(welcome, Welcome), welcome
+        return welcome
     finally:
         conn.close()
 
@@ -122,9 +124,11 @@ def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(t
 
 def _welcome_or_none(conn: Connection, hello: Hello) -> Welcome | None:
     try:
-        return conn.request(hello, RETRY_S).body
+        welcome = conn.request(hello, RETRY_S).body
     except TimeoutError:  # not listening yet
         return None
+    assert isinstance(welcome, Welcome), welcome
+    return welcome
 
 
 def _refused_hello(c: Cluster, instance: str) -> RemoteError | None:
@@ -156,7 +160,7 @@ def _welcomed(c: Cluster, instance: str) -> Welcome | None:
     ids=["heartbeat from a stranger", "another job", "a shard's request", "a shard's answer"],
 )
 def test_a_refused_message_is_answered_counted_and_changes_nothing(
-    cluster: SchedulerJob, sender: str, job: str, body, code: str
+    cluster: SchedulerJob, sender: str, job: str, body: object, code: str
 ) -> None:
     c = cluster
     wait_for("the scheduler to answer STATUS", c.status, 60)

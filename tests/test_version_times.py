@@ -91,12 +91,13 @@ def test_time_to_accuracy_is_when_the_evaluated_model_existed_not_when_its_slow_
     start = training_start(timeline)
     hit = next(e for e in evaluations(timeline) if (e.test_acc or 0.0) >= 0.85)
     assert hit.eval_model_t is not None and hit.eval_t is not None and hit.eval_version is not None
+    assert start is not None
     assert summary["time_to_accuracy_s"]["0.85"] == pytest.approx(max(0.0, hit.eval_model_t - start))
     assert summary["time_to_accuracy_reported_s"]["0.85"] == pytest.approx(hit.eval_t - start)
     assert hit.eval_t - hit.eval_model_t >= EVAL_IDLE_S / 2, (hit.eval_t, hit.eval_model_t)
-    before = [s for s in timeline if s.t < hit.eval_model_t and _model_version(s) is not None]
-    assert before and all(_model_version(s) < hit.eval_version for s in before), (
+    before = [v for s in timeline if s.t < hit.eval_model_t if (v := _model_version(s)) is not None]
+    assert before and all(v < hit.eval_version for v in before), (
         "no snapshot before the model's time shows the shards at its version"
     )
-    after = [s for s in timeline if hit.eval_model_t <= s.t and _model_version(s) is not None]
-    assert after and _model_version(after[0]) >= hit.eval_version
+    after = [v for s in timeline if hit.eval_model_t <= s.t if (v := _model_version(s)) is not None]
+    assert after and after[0] >= hit.eval_version
