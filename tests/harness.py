@@ -101,7 +101,7 @@ def trained_its_epochs(run_dir: Path) -> dict[str, Any]:
     per worker (the largest batch the worker held, times the local steps a reported step covers), and reported its
     figures: throughput against the workers' speeds, and no worker marked as having left that had not left before
     the job began stopping. Returns its summary."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     timeline = json.loads((run_dir / "timeline.json").read_text())
     assert summary["finished"] and not summary["failed"], summary
     largest: dict[str, int] = {}

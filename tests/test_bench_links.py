@@ -19,13 +19,8 @@ def test_each_worker_gets_its_samples_per_second_share_batch_and_steps_over_the_
     assert (fast.samples_per_s, fast.share, fast.mean_batch, fast.last_batch, fast.steps_per_s) == pytest.approx(
         (60.0, 0.6, 20.0, 20.0, 3.0)
     )
-    assert (slow.host, slow.rate, slow.share, slow.mean_batch, slow.standalone_sps) == (
-        "slow-0",
-        "100mbit",
-        pytest.approx(0.4),
-        pytest.approx(100.0),
-        410.0,
-    )
+    assert (slow.host, slow.rate, slow.standalone_sps) == ("slow-0", "100mbit", 410.0)
+    assert (slow.share, slow.mean_batch) == pytest.approx((0.4, 100.0))
     assert fast.standalone_sps == 0.0, "a worker whose log never said its speed"
     assert fast.compute_sps == pytest.approx(400.0), "600 samples in 1.5 s of compute and data"
     assert slow.compute_sps == 0.0, "no compute time reported over the span"

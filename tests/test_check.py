@@ -63,7 +63,9 @@ def test_check_lists_the_parameters_and_layout_and_fits_a_positive_per_sample_co
     assert "676 values, 2,704 bytes" in out and "3 chunk(s)" in out
     assert "shard 0: 2 chunk(s) [0, 2]" in out and "shard 1: 1 chunk(s) [1]" in out
     assert "frozen parameters: none" in out and "buffers: none" in out
-    per_sample_us = float(re.search(r"c = (-?[\d.]+) us/sample", out).group(1))
+    fit = re.search(r"c = (-?[\d.]+) us/sample", out)
+    assert fit is not None, out
+    per_sample_us = float(fit.group(1))
     assert per_sample_us > 0, out
     assert "bytes per step and worker: 5,408 (pull 2,704 + push 2,704)" in out
 

@@ -24,7 +24,7 @@ from dynabatch.worker.options import WorkerOptions
 from harness import Cluster, wait_for
 
 
-def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", *args],
         capture_output=True,

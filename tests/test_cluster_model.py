@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of
-from bench.simulate import SimConfig, WorkerSpec, simulate
+from bench.simulate import SimConfig, SimResult, WorkerSpec, simulate
 from dynabatch.common.data import Dataset, load_dataset
 from dynabatch.common.prediction import pipelined
 
@@ -21,7 +21,7 @@ def node(count: int, **kw: Any) -> tuple[WorkerSpec, ...]:
     return (WorkerSpec(**kw),) * count
 
 
-def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data, **kw: Any):
+def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data: Dataset, **kw: Any) -> SimResult:
     """A noiseless run whose only evaluation is at the end (the runs here count samples, not accuracy)."""
     base = dict(
         budget_s=20.0, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=1e9, eval_size=50, noise=0.0

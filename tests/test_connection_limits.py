@@ -84,7 +84,7 @@ def test_a_socket_shuts_down_connections_over_its_caps_keeps_serving_its_peers_a
     assert not watch.thread.is_alive(), "the watch ends with its socket"
 
 
-def _round_trip(router: zmq.Socket, peer: zmq.Socket) -> None:
+def _round_trip(router: zmq.Socket[bytes], peer: zmq.Socket[bytes]) -> None:
     peer.send(b"ping")
     assert router.poll(10_000), "the router never got the peer's message"
     identity, body = router.recv_multipart()

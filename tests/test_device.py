@@ -35,7 +35,7 @@ def _nvidia_files_open(pid: int) -> set[str]:
     return found
 
 
-def _worker(*flags: str) -> subprocess.CompletedProcess:
+def _worker(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", "worker", *flags], capture_output=True, text=True, timeout=120
     )

@@ -122,14 +122,15 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
             "the shard to refuse a checkpoint of the wrecked model",
             lambda: metric_value(shard.metrics(), "dynabatch_ps_checkpoints_refused_total", shard="0") >= 1,
         )
-        st = c.status()
-        assert st.shards["0"].model_problem and st.shards["0"].good_version == 1, st.shards["0"]
+        after = c.status()
+        assert after is not None
+        assert after.shards["0"].model_problem and after.shards["0"].good_version == 1, after.shards["0"]
         assert metric_value(shard.metrics(), "dynabatch_ps_model_healthy", shard="0") == 0
     finally:
         c.stop()
 
 
-def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[subprocess.CompletedProcess[str], Path]:
     cmd = command_line(
         "run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30), "--no-plots", *flags]
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 B, CAPS = 96, {"worker0": 64, "worker1": 32, "worker2": 16}
 
 
-def _measured(worker: dict) -> StepModel:
+def _measured(worker: dict[str, Any]) -> StepModel:
     """A worker's step as its last heartbeat reported it: what it spent besides computing and taking its samples
     is fixed, the rest per sample (SpeedModel.overhead_fit's reading of one step)."""
     compute = worker["compute_s"] + worker["data_s"]
@@ -70,7 +71,7 @@ def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path: Path) -> None:
     )
     expected = {"worker0": 55, "worker1": 27, "worker2": 14}  # each the same fraction of its cap
 
-    def batches(status: dict) -> dict[str, int]:
+    def batches(status: dict[str, Any]) -> dict[str, int]:
         return {w["name"]: w["batch"] for w in status["workers"].values()}
 
     # A STATUS shows a worker's last step, which its allotment may have cut short near the budget's end, or which

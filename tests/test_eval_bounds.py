@@ -58,8 +58,8 @@ def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accurac
 
 
 def test_an_evaluators_metric_that_counted_nothing_is_left_out_so_its_report_is_in_bounds() -> None:
-    def never(model, batch):  # e.g. a precision when no sample is predicted positive
-        return {"never": (0.0, 0.0)}
+    def never(model: torch.nn.Module, batch: object) -> dict[str, tuple[float, float]]:
+        return {"never": (0.0, 0.0)}  # e.g. a precision when no sample is predicted positive
 
     data = torch.utils.data.TensorDataset(torch.randn(40, 2), torch.randint(0, 2, (40,)))
     task = db.Task(model=lambda: torch.nn.Linear(2, 2), train_data=lambda: data, metrics=[db.metrics.accuracy, never])

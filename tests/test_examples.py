@@ -102,7 +102,8 @@ def final_metrics(tmp_path: Path, spec: str, *flags: str) -> dict[str, float]:
     )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"], summary
-    return summary["final_metrics"]
+    metrics: dict[str, float] = summary["final_metrics"]
+    return metrics
 
 
 @pytest.mark.slow
@@ -170,6 +171,7 @@ def test_the_resnet_example_reads_cifar10_python_batches_under_the_data_dir(
         (folder / name).write_bytes(pickle.dumps({b"data": data, b"labels": labels[name]}))
     monkeypatch.setenv("DYNABATCH_DATA_DIR", str(tmp_path))
     task = load_task(RESNET)
+    assert task.eval_data is not None
     train, test = task.train_data(), task.eval_data()
     assert (len(train), len(test)) == (20, 3)
     assert [int(test[i][1]) for i in range(3)] == labels["test_batch"]

@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from dynabatch.common.wire import ProtocolError
-from dynabatch.ps.gradient_bounds import MAX_TO_PARAMS, QUARANTINE_AFTER, GradientBounds
+from dynabatch.ps.gradient_bounds import MAX_TO_PARAMS, QUARANTINE_AFTER, Assessment, GradientBounds
 
 LIVE = {"w0", "w1", "w2", "bad"}
 PARAMS = {0: torch.full((100,), 100.0)}  # a norm of 1000: far above every honest push here
 
 
-def _push(bounds: GradientBounds, worker: str, norm: float, samples: int = 32, seed: int = 0):
+def _push(
+    bounds: GradientBounds, worker: str, norm: float, samples: int = 32, seed: int = 0
+) -> tuple[Assessment, bool]:
     g = torch.randn(100, generator=torch.Generator().manual_seed(seed))
     found = bounds.assess(worker, {0: g * (norm / float(g.norm()))}, samples, PARAMS, LIVE, 1.0)
     quarantined = bounds.record(found, LIVE)

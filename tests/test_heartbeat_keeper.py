@@ -21,7 +21,7 @@ from scheduler_socket import SchedulerSocket
 
 @pytest.fixture
 def keeper() -> Iterator[tuple[HeartbeatKeeper, SchedulerSocket, list[float]]]:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     scheduler = SchedulerSocket(ctx)
     scheduler.answer = Assignment(assignment_id=1)
     link = SchedulerLink(ctx, scheduler.endpoint, "j", "test")

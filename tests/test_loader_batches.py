@@ -11,7 +11,7 @@ from dynabatch.worker.loader_batches import LoaderBatches
 N = 5000
 
 
-class Numbers(torch.utils.data.Dataset):
+class Numbers(torch.utils.data.Dataset[int]):
     """Sample i is the number i: a batch shows which samples it holds."""
 
     def __len__(self) -> int:

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 def _status(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status
+            code: int = r.status
+            return code
     except urllib.error.HTTPError as exc:
         return exc.code
 

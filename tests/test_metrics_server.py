@@ -18,9 +18,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 from dynabatch.common.http_server import MAX_OPEN, REQUEST_TIMEOUT_S
 from dynabatch.common.metrics import Health, MetricsServer
@@ -34,7 +36,8 @@ FAILURE_THRESHOLD = 3  # Kubernetes' default: probes in a row that fail before i
 def _probe(port: int, path: str = "/healthz") -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=PROBE_TIMEOUT_S) as reply:
         reply.read()
-        return reply.status
+        code: int = reply.status
+    return code
 
 
 def _probe_in_time(port: int) -> int | None:
@@ -112,7 +115,7 @@ class _HeldCollector:
         self.release = threading.Event()
         self.collected = threading.Event()
 
-    def collect(self):  # prometheus_client's collector protocol
+    def collect(self) -> Iterator[Metric]:  # prometheus_client's collector protocol
         self.release.wait(10)
         self.collected.set()
         return iter(())

@@ -132,7 +132,7 @@ def test_cnn_learns_synthetic(threads: None) -> None:
 
     def accuracy() -> float:
         with torch.no_grad():
-            return (model(test_x).argmax(1) == test_y).float().mean().item()
+            return float((model(test_x).argmax(1) == test_y).float().mean())
 
     assert accuracy() < 0.3, "synthetic data should not be solved by an untrained model"
     order, gen = SampleOrder(len(ds.train_y), seed=0), torch.Generator().manual_seed(0)

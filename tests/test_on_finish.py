@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 def _healthz(p: Proc) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{p.metrics_port}/healthz", timeout=5) as r:
-        return r.status
+        code: int = r.status
+    return code
 
 
 def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in
             outbox.flush()
             router.poll(outbox.poll_ms)  # as the shard's loop waits between flushes
         assert outbox.poll_ms == IDLE_POLL_MS, "a peer that reads nothing must not keep the loop spinning"
-        received = []
+        received: list[int] = []
         deadline = time.monotonic() + 60
         while len(received) + len(dropped) < SENT and time.monotonic() < deadline:
             outbox.flush()

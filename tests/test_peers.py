@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -90,13 +90,13 @@ def test_the_report_names_every_system_its_step_size_and_the_ratio(tmp_path: Pat
     ours, theirs = _run(0.05, 10.0, 0.89), _run(0.1, 30.0, 0.88)
     ours.system, ours.seed, theirs.seed = "dynabatch", 0, 0
     results = {
-        "settings": peers.asdict(settings),
+        "settings": asdict(settings),
         "tuned_lrs": {"dynabatch": 0.05, "ddp": 0.1},
         "tuning": {},
         "skipped": {"hivemind-b": "hivemind is not installed"},
         "rows": [peers.aggregate("dynabatch", [ours]), peers.aggregate("ddp", [theirs])],
         "ratios": peers.ratios({"dynabatch": [ours], "ddp": [theirs]}),
-        "runs": [peers.asdict(ours), peers.asdict(theirs)],
+        "runs": [asdict(ours), asdict(theirs)],
     }
     assert results["ratios"] == {"ddp": [3.0]}
     text = peers.render(results)

@@ -79,7 +79,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
         assert set(trace.pushed_at) == {ch.id for ch in layout.chunks}
         assert min(trace.forward_start.values()) < max(trace.arrived_at.values()), "forward waited for the whole model"
         assert min(trace.pushed_at.values()) < trace.backward_end, "no gradient chunk left before backward ended"
-        first_layer = min(trace.forward_start, key=trace.forward_start.get)
+        first_layer = min(trace.forward_start, key=trace.forward_start.__getitem__)
         assert first_layer == "0", "the input layer computes first"
         w1 = shards.pull(None, 10).flat
         # asgd, one live worker, B = 192: the shard applies lr * (64 * 1 / 192) * g (no momentum or decay).

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,9 +20,10 @@ PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     assert main([*args, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return plan
 
 
 def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(

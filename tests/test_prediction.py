@@ -113,14 +113,14 @@ def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_bus
     "name, cluster",
     [*_files().items(), *((n, _builtin(n)) for n in PROFILES), *((f"random{s}", _random(s)) for s in range(40))],
 )
-def test_no_method_is_predicted_below_the_optimum(name, cluster) -> None:
+def test_no_method_is_predicted_below_the_optimum(name: str, cluster: Cluster) -> None:
     star = optimum(cluster, STUDY_NOISE).time_s
     for p in predict_all(cluster, STUDY_NOISE):
         assert p.time_s >= star * (1 - 1e-9), (name, p.protocol, p.policy, p.time_s, star)
 
 
 @pytest.mark.parametrize("name, cluster", [*_files().items(), *((n, _builtin(n)) for n in PROFILES)])
-def test_auto_chooses_the_fastest_predicted_method_and_says_why(name, cluster) -> None:
+def test_auto_chooses_the_fastest_predicted_method_and_says_why(name: str, cluster: Cluster) -> None:
     choice = choose(cluster, STUDY_NOISE)
     ranked = predict_all(cluster, STUDY_NOISE)
     assert (choice.protocol, choice.policy) == (ranked[0].protocol, ranked[0].policy)

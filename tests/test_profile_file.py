@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,7 +69,7 @@ def test_a_good_file_gives_each_group_its_curve_cap_link_and_times() -> None:
         (lambda d: d["workers"][0].update(join_s=1.0), "no worker starts at 0"),
     ],
 )
-def test_a_bad_file_is_refused_naming_the_field(change, message: str) -> None:
+def test_a_bad_file_is_refused_naming_the_field(change: Callable[[dict[str, Any]], object], message: str) -> None:
     doc = json.loads(json.dumps(GOOD))
     change(doc)
     with pytest.raises(ProfileError, match=message):
@@ -84,7 +86,7 @@ def test_not_json_or_not_an_object_or_no_file_is_refused(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
-def test_every_shipped_profile_reads_and_cites_its_source(path) -> None:
+def test_every_shipped_profile_reads_and_cites_its_source(path: Path) -> None:
     p = read_profile(path)
     assert p.workers and "source" in json.loads(path.read_text())
 

@@ -60,7 +60,8 @@ def _get(port: int, path: str, **params: str) -> Any:
 
 
 def _query(port: int, expr: str) -> list[dict[str, Any]]:
-    return _get(port, "/api/v1/query", query=expr)["result"]
+    result: list[dict[str, Any]] = _get(port, "/api/v1/query", query=expr)["result"]
+    return result
 
 
 def _targets_up(port: int) -> bool:

@@ -50,14 +50,18 @@ def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for
         conn, welcome = c.join_as_worker()
         job = job_from_dict(welcome.config)
         total = sum(p.numel() for p in model_for_job(job).parameters())
+
         # While a request waits, the clients heartbeat (as a worker's do), so the scheduler keeps this worker.
+        def heartbeat() -> None:
+            conn.send(Heartbeat())
+
         shards = ShardClients(
             zmq.Context.instance(),
             welcome.shards,
             make_layout(total, job.chunk_bytes, job.shards),
             job.job,
             welcome.id,
-            lambda: conn.send(Heartbeat()),
+            heartbeat,
             job.heartbeat_s,
         )
         try:

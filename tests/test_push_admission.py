@@ -87,7 +87,9 @@ def test_a_quarantined_worker_that_left_is_still_told_it_was_quarantined(tmp_pat
 
 
 @pytest.mark.parametrize("samples, code", [(0, "bad_field"), (-3, "bad_field"), (BATCH + 1, "bad_field")])
-def test_a_push_claiming_impossible_samples_is_refused_and_changes_nothing(tmp_path: Path, samples, code: str) -> None:
+def test_a_push_claiming_impossible_samples_is_refused_and_changes_nothing(
+    tmp_path: Path, samples: int, code: str
+) -> None:
     served, state, admission, _ = _shard(tmp_path)
     before = {cid: t.clone() for cid, t in state.params.items()}
     with pytest.raises(ProtocolError) as refused:

@@ -16,7 +16,7 @@ from dynabatch.ps.push_bounds import (
 
 
 @pytest.mark.parametrize("protocol, steps", [("asgd", 1), ("ssgd", 1), ("local", 8), ("msd", 8 * OVERLAP_SLACK)])
-def test_the_most_samples_is_max_batch_times_the_steps_one_push_can_cover(protocol: str, steps) -> None:
+def test_the_most_samples_is_max_batch_times_the_steps_one_push_can_cover(protocol: str, steps: int) -> None:
     assert max_push_samples(JobConfig(protocol=protocol, max_batch=64, local_steps=8)) == 64 * steps
 
 
@@ -35,7 +35,7 @@ def test_numbers_within_bounds_pass() -> None:
         (8, {0: 3, 1: 2**62}, "PUSH.chunks[1].version"),
     ],
 )
-def test_numbers_out_of_bounds_are_refused_naming_the_field(samples: int, bases, field: str) -> None:
+def test_numbers_out_of_bounds_are_refused_naming_the_field(samples: int, bases: dict[int, int], field: str) -> None:
     with pytest.raises(ProtocolError) as refused:
         check_push_numbers(samples, bases, {0: 3, 1: 7}, 64)
     assert refused.value.code == "bad_field" and field in refused.value.text

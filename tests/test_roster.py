@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ def _roster(num_shards: int = 1, **kw: Any) -> Roster:
     return roster
 
 
-def _refused(code: str, call) -> None:
+def _refused(code: str, call: Callable[[], object]) -> None:
     with pytest.raises(ProtocolError) as err:
         call()
     assert err.value.code == code, err.value
@@ -78,7 +79,7 @@ def test_hello_fields_that_cannot_be_are_refused() -> None:
         Hello(role="worker", slowdown=",".join(f"2x@{i}s" for i in range(1, 20))),
     ],
 )
-def test_a_name_or_slowdown_that_stdout_or_status_could_not_show_is_refused(hello) -> None:
+def test_a_name_or_slowdown_that_stdout_or_status_could_not_show_is_refused(hello: Hello) -> None:
     """Both reach every STATUS reply and the console's progress line: bounded, printable, a slowdown schedule."""
     _refused("bad_field", lambda: _roster().check_hello(hello))
 

@@ -47,7 +47,9 @@ def _interrupted_summary(run: RunProcess, out: str, evaluated: int) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_one_signal_stops_the_run_in_order_and_reports_the_last_evaluated_model(run: RunProcess, sig) -> None:
+def test_one_signal_stops_the_run_in_order_and_reports_the_last_evaluated_model(
+    run: RunProcess, sig: signal.Signals
+) -> None:
     evaluated = run.trained_and_evaluated()
     run.proc.send_signal(sig)
     rc, out, err = run.end()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from dynabatch.cluster.report import plot
 from dynabatch.cluster.run_plots import batch_bound, legend_label, metric_axes, run_title, step_times
 from dynabatch.common.messages import JobStatus, WorkerStatus
 
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "run": {"slowdowns": ["1", "2", "4"], "task": ""},
     "job": {"model": "cnn", "dataset": "fashion-mnist", "max_batch": 1024},
 }

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 import dynabatch as db
-from dynabatch.schedule import schedule_fields, schedule_from_fields
+from dynabatch.schedule import Schedule, schedule_fields, schedule_from_fields
 
 
 def test_warmup_cosine_rises_linearly_then_decays_to_zero() -> None:
@@ -26,7 +27,7 @@ def test_step_multiplies_by_gamma_at_each_milestone() -> None:
 @pytest.mark.parametrize(
     "schedule", [None, db.schedule.constant(), db.schedule.warmup_cosine(0.1), db.schedule.step([0.3, 0.6], 0.5)]
 )
-def test_a_schedule_survives_the_wire(schedule) -> None:
+def test_a_schedule_survives_the_wire(schedule: Schedule | None) -> None:
     back = schedule_from_fields(schedule_fields(schedule))
     assert back == (schedule or db.schedule.constant())
 
@@ -41,6 +42,6 @@ def test_a_schedule_survives_the_wire(schedule) -> None:
         ({"name": "constant", "extra": 1}, "unknown fields"),
     ],
 )
-def test_a_malformed_schedule_from_a_peer_is_refused_by_name(fields, message: str) -> None:
+def test_a_malformed_schedule_from_a_peer_is_refused_by_name(fields: Any, message: str) -> None:  # as a peer sends
     with pytest.raises(ValueError, match=message):
         schedule_from_fields(fields)

@@ -57,7 +57,8 @@ def test_its_checkpoint_is_read_back_and_another_jobs_is_refused(tmp_path: Path)
     served = _served(tmp_path)
     assert served.load_checkpoint() is None  # none written yet
     served.save_checkpoint({"params": {}, "marker": 7})
-    assert served.load_checkpoint()["marker"] == 7
+    saved = served.load_checkpoint()
+    assert saved is not None and saved["marker"] == 7
     other = ServedJob.welcomed(
         Welcome(id="ps1", config=to_dict(replace(served.job, job="other")), shards=[], shard_index=1),
         CollectorRegistry(),

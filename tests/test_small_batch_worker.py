@@ -16,6 +16,7 @@ import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ WITHOUT = ["--workers", "2", "--slowdowns", "2", "4"]
 MARGIN = 0.07
 
 
-def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict, float, str]:
+def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict[str, Any], float, str]:
     """(summary, the final model's parameter norm, the shard's log) of a finished job."""
     run, _ = run_job(tmp, name, *JOB, *flags)
     summary = json.loads((run / "summary.json").read_text())

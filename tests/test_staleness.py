@@ -37,5 +37,6 @@ def test_mean_and_p99_are_exact() -> None:
 
 def test_check_names_the_problem() -> None:
     assert staleness.check([1, 2]) is None
-    assert "negative" in staleness.check([1, -2])
-    assert "bins" in staleness.check([0] * (STALENESS_BINS + 1))
+    negative, too_long = staleness.check([1, -2]), staleness.check([0] * (STALENESS_BINS + 1))
+    assert negative is not None and "negative" in negative
+    assert too_long is not None and "bins" in too_long

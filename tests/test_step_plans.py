@@ -125,7 +125,7 @@ def test_msd_steps_on_pushes_every_h_steps_with_one_delta_in_flight_and_reads_h_
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name) -> None:
+def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name: str) -> None:
     spec = SPECS[name]
     assert isinstance(plan_for(spec), StepPlan)
     assert set(PLANS) == set(LOOPS)
@@ -133,7 +133,7 @@ def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name) -> Non
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_the_shards_one_push_per_round_is_the_specs(name) -> None:
+def test_the_shards_one_push_per_round_is_the_specs(name: str) -> None:
     assert SPECS[name].one_push_per_round == RULES[SPECS[name].shard_rule].ONE_PER_ROUND
 
 

@@ -21,7 +21,7 @@ from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.task_check import check_task, load_task
-from dynabatch.optim import SGD, Adam, AdamW
+from dynabatch.optim import SGD, Adam, AdamW, OptimizerSpec
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 from harness import Cluster, Proc, run_job, wait_for
@@ -248,7 +248,7 @@ def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_pat
         ),
     ],
 )
-def test_the_flags_against_task_rule(job, optimizer, error: str | None) -> None:
+def test_the_flags_against_task_rule(job: JobConfig, optimizer: OptimizerSpec | None, error: str | None) -> None:
     """One rule, decided from the job and the task alone (what a worker has), for every entry point."""
     if error is None:
         check_flags_against_task(job, optimizer)

@@ -33,7 +33,7 @@ def _task(lossfn: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]) 
 def _noise(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """A loss whose gradient is noise: the honest loss' value with each parameter's gradient replaced."""
     honest = loss(model, batch)
-    lie = sum((p * torch.randn_like(p) * NOISE_STD).sum() for p in model.parameters())
+    lie = sum(((p * torch.randn_like(p) * NOISE_STD).sum() for p in model.parameters()), torch.zeros(()))
     return honest.detach() + lie - lie.detach()
 
 
