@@ -3,10 +3,10 @@
 The shard's ROUTER has a small fixed send high-water mark (`SEND_QUEUE`), set
 before it binds, and ROUTER_MANDATORY, so a send to a full queue raises instead
 of vanishing. ZeroMQ copies a socket's options into each connection it accepts,
-so only options set before bind reach them all; setting the mark again after
-bind (to size it to the model) crashed libzmq's IO thread when it raced with a
-closing connection. So the mark stays small and fixed, and what does not fit
-waits here per peer, flushed as the peer reads.
+so only options set before bind reach them all, and setting the mark again after
+bind (to size it to the model) can crash libzmq's IO thread when it races with a
+closing connection. So the mark stays small and fixed, and what does not fit waits
+here per peer, flushed as the peer reads.
 
 An honest worker reads everything it asks for, so its replies only pass through
 here during a burst (a pull of many chunks). A peer that does not read fills
