@@ -78,10 +78,9 @@ def time_steps(task: Task, model: torch.nn.Module, data: Any, batches: Sequence[
     """The fastest of `repeats` forward + backward passes (what a worker's compute phase does) at each batch size.
 
     The fastest, not the median: on a busy machine most steps of a small model
-    were preempted (a median of 4.7 ms at batch 16 against 0.5 ms at 1024 fitted
-    a negative cost per sample), and what the step costs is what it takes when
-    nothing else runs. The sizes take turns; one untimed round first warms up the
-    allocator and the kernels.
+    are preempted, and medians can fit a negative cost per sample (bench/RESULTS.md
+    15); what the step costs is what it takes when nothing else runs. The sizes
+    take turns; one untimed round first warms up the allocator and the kernels.
     """
     loss_fn, collate = task.loss_fn(), task.collate_fn()
     ready = {b: _batch(data, b, collate) for b in batches}

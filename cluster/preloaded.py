@@ -1,9 +1,9 @@
 """Shards and workers forked from an interpreter that has already imported torch.
 
-Importing torch costs each process about 1.5 s of CPU before it does anything
-(the shard's and the worker's start, measured on a 2-core machine), so a job of
-one shard, three workers and an evaluator spent about 7 s of CPU starting: more
-than a short job trains, and on a busy laptop seconds before the first step. The
+Importing torch costs each process seconds of CPU before it does anything
+(bench/RESULTS.md 15), and a job of one shard, three workers and an evaluator
+would pay it five times: more than a short job trains, and on a busy laptop
+seconds before the first step. The
 launcher therefore starts one preloading process per job (`Preloaded`), which
 imports torch and the roles' code once and then forks a child per request; the
 child becomes `dynabatch ps ...` or `dynabatch worker ...` exactly as a fresh
