@@ -76,7 +76,7 @@ def rank_main(argv: list[str]) -> int:
         x, y = make_batch(s.data, s.order.take(args.batch), True, s.generator)
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        F.cross_entropy(model(x), y).backward()
+        torch.autograd.backward(F.cross_entropy(model(x), y))  # Tensor.backward is untyped in torch
         opt.step()
         times.append(time.perf_counter() - start)
     dist.destroy_process_group()
@@ -115,7 +115,8 @@ def ddp_step(settings: Settings, port: int, data_dir: str, log_dir: Path) -> flo
         proc.wait(timeout=60)
     if any(p.returncode != 0 for p in procs) or not out.strip():
         return None
-    return json.loads(out.decode().strip().splitlines()[-1])["mean_step_s"]
+    mean_step_s: float = json.loads(out.decode().strip().splitlines()[-1])["mean_step_s"]
+    return mean_step_s
 
 
 def dynabatch_step(settings: Settings, out: Path, name: str, data_dir: str) -> float | None:

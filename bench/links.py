@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.overlap import BUILTIN, Workload, parse_workload
 from dynabatch.cluster.metric_text import metric_sum
@@ -172,7 +173,9 @@ def _watch(job: HostedJob, server: Host, workers: list[Host], args: argparse.Nam
     return Watch(elapsed, start, end, batches, first_reaching(readings, args.target), readings[-1][1], readings)
 
 
-def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: Path, chunks: str = "fixed") -> dict:
+def run_policy(
+    policy: str, args: argparse.Namespace, workload: Workload, logs: Path, chunks: str = "fixed"
+) -> dict[str, Any]:
     """One job under batch `policy` and `--chunk-schedule chunks` on fresh hosts; its figures over the window,
     or from its start to the target."""
     model = ["--dataset", args.dataset, "--model", args.model] if not workload.task else []
@@ -229,7 +232,7 @@ def run_policy(policy: str, args: argparse.Namespace, workload: Workload, logs: 
     return out
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict[str, Any]]) -> str:
     """One row for the job (with its time to target, in target mode) and one for each worker, per run."""
     lines = [
         "| run | policy | worker | link | to target (s) | samples/s | share | mean batch | last batch | steps/s "

@@ -126,7 +126,7 @@ def train_ddp(args: argparse.Namespace) -> None:
             break
         snaps.maybe(s.model, steps * args.batch * world)
         opt.zero_grad(set_to_none=False)
-        slowed_step(s, args.batch, slowdown, started, lambda loss: loss.backward())
+        slowed_step(s, args.batch, slowdown, started, lambda loss: torch.autograd.backward(loss))
         opt.step()
         steps += 1
     snaps.maybe(s.model, steps * args.batch * world, force=True)
@@ -142,7 +142,7 @@ def train_alone(args: argparse.Namespace) -> None:
     while time.time() < args.deadline:
         snaps.maybe(s.model, steps * args.batch)
         opt.zero_grad(set_to_none=False)
-        slowed_step(s, args.batch, slowdown, started, lambda loss: loss.backward())
+        slowed_step(s, args.batch, slowdown, started, lambda loss: torch.autograd.backward(loss))
         opt.step()
         steps += 1
     snaps.maybe(s.model, steps * args.batch, force=True)
@@ -185,7 +185,7 @@ def train_hivemind(args: argparse.Namespace) -> None:
     while time.time() < args.deadline:
         snaps.maybe(s.model, opt.local_epoch * args.target_batch)
         opt.zero_grad()
-        slowed_step(s, args.batch, slowdown, started, lambda loss: loss.backward())
+        slowed_step(s, args.batch, slowdown, started, lambda loss: torch.autograd.backward(loss))
         opt.step()
     snaps.maybe(s.model, opt.local_epoch * args.target_batch, force=True)
     opt.shutdown()

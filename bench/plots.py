@@ -7,14 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 matplotlib.use("Agg")  # before pyplot is imported (ruff allows the imports after this call)
 import matplotlib.pyplot as plt
 
 from bench.convergence import config_label
 
+# pyplot is exported with the Agg backend chosen: the studies draw with it (bench/simulate_study.py, tuned_study.py).
+__all__ = ["accuracy_axis", "batches", "curves", "overlap", "plt", "save", "scale", "styled", "transport"]
 
-def save(fig: plt.Figure, axes: list[plt.Axes], title: str, path: Path) -> Path:
+
+def save(fig: Figure, axes: list[Axes], title: str, path: Path) -> Path:
     """Grid and legend on every axis, the title, and the PNG."""
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -52,7 +57,7 @@ def styled(
         labelled.add(label)
 
 
-def accuracy_axis(ax: plt.Axes, xlabel: str, ylim: tuple[float, float]) -> None:
+def accuracy_axis(ax: Axes, xlabel: str, ylim: tuple[float, float]) -> None:
     """Test accuracy in percent, with the benchmark's targets (85% and 88%) as dotted lines."""
     for mark in (85, 88):
         ax.axhline(mark, color="grey", linestyle=":", linewidth=0.8)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import zmq
@@ -68,7 +69,7 @@ class ScaleResult:
 class LightWorker:
     """One registered worker that pulls and pushes but does not compute."""
 
-    def __init__(self, ctx: zmq.Context, scheduler: str, name: str) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], scheduler: str, name: str) -> None:
         link = SchedulerLink(ctx, scheduler, "dynabatch", name)
         welcome = link.register(Hello(role="worker", name=name), lambda: False, lambda: None)
         assert welcome is not None, "registration only ends with a WELCOME when nothing asks it to stop"
@@ -249,7 +250,7 @@ def run_all(settings: Settings, log_dir: Path, progress: Callable[[str], None]) 
     return results
 
 
-def to_json(results: list[ScaleResult]) -> list[dict]:
+def to_json(results: list[ScaleResult]) -> list[dict[str, Any]]:
     return [asdict(r) for r in results]
 
 

@@ -483,7 +483,7 @@ class Worker:
         x, y = self.next_batch(b)
         model.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        torch.autograd.backward(loss)  # Tensor.backward is untyped in torch; this is the function it calls
         return loss.item()
 
     def beat(self, result: StepResult, sync_s: float = 0.0) -> None:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import zmq
@@ -164,7 +164,7 @@ class DynabatchTarget:
 
     def __init__(
         self,
-        ctx: zmq.Context,
+        ctx: zmq.Context[zmq.Socket[bytes]],
         launcher: Launcher,
         model: str,
         params: int,
@@ -237,7 +237,8 @@ class PushPullTarget:
 
 def _has_batch(conn: Connection) -> bool:
     try:
-        return conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=2.0).body.batch > 0
+        batch: int = conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=2.0).body.batch
+        return batch > 0
     except TimeoutError:
         return False
 
@@ -295,7 +296,7 @@ def serve_raw(update: bool) -> None:
 class RawTarget:
     """A DEALER doing the same pull+push as a worker with one buffer per message, no codec."""
 
-    def __init__(self, ctx: zmq.Context, server: tuple[str, int], params: int) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], server: tuple[str, int], params: int) -> None:
         endpoint, pid = server
         self.step_bytes = 2 * params * BYTES_PER_PARAM
         self.server_pids: tuple[int, ...] = (pid,)
@@ -372,7 +373,7 @@ class SizeResult:
         return self.push_pull.mb_per_s / self.raw_sgd.mb_per_s if self.push_pull and self.raw_sgd else None
 
     @classmethod
-    def from_dict(cls, d: dict) -> SizeResult:
+    def from_dict(cls, d: dict[str, Any]) -> SizeResult:
         """Back from results.json (which also holds the derived ratios)."""
         fields = {k: v for k, v in d.items() if k not in ("ratio", "push_pull_ratio", "push_pull_sgd_ratio")}
         optional = {k: Side(**d[k]) if d.get(k) else None for k in ("push_pull", "raw_sgd")}
@@ -438,7 +439,7 @@ def summarize(measured: Measured, step_bytes: int) -> Side:
 
 
 def measure_size(
-    ctx: zmq.Context,
+    ctx: zmq.Context[zmq.Socket[bytes]],
     log_dir: Path,
     raw_servers: tuple[tuple[str, int], ...],
     model: str,
@@ -475,7 +476,13 @@ def measure_size(
 
 
 def profile_size(
-    ctx: zmq.Context, log_dir: Path, out: Path, model: str, params: int, chunk_bytes: int, settings: Settings
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    log_dir: Path,
+    out: Path,
+    model: str,
+    params: int,
+    chunk_bytes: int,
+    settings: Settings,
 ) -> None:
     """Where a dynabatch push+pull step's time goes (as workers step by default): the client in-process and
     the shard, both under cProfile."""
@@ -698,7 +705,9 @@ class Case:
     shards: int = 1
 
 
-def compare(ctx: zmq.Context, log_dir: Path, model: str, cases: list[Case], settings: Settings) -> list[SizeResult]:
+def compare(
+    ctx: zmq.Context[zmq.Socket[bytes]], log_dir: Path, model: str, cases: list[Case], settings: Settings
+) -> list[SizeResult]:
     """Every case against the two raw servers (plain, and applying SGD), which live for the whole run."""
     launcher = Launcher(log_dir)
     try:

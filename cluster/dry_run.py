@@ -78,10 +78,9 @@ def time_steps(task: Task, model: torch.nn.Module, data: Any, batches: Sequence[
     """The fastest of `repeats` forward + backward passes (what a worker's compute phase does) at each batch size.
 
     The fastest, not the median: on a busy machine most steps of a small model
-    were preempted (a median of 4.7 ms at batch 16 against 0.5 ms at 1024 fitted
-    a negative cost per sample), and what the step costs is what it takes when
-    nothing else runs. The sizes take turns; one untimed round first warms up the
-    allocator and the kernels.
+    are preempted, and medians can fit a negative cost per sample (bench/RESULTS.md
+    15); what the step costs is what it takes when nothing else runs. The sizes
+    take turns; one untimed round first warms up the allocator and the kernels.
     """
     loss_fn, collate = task.loss_fn(), task.collate_fn()
     ready = {b: _batch(data, b, collate) for b in batches}
@@ -91,7 +90,7 @@ def time_steps(task: Task, model: torch.nn.Module, data: Any, batches: Sequence[
         for b in batches:
             start = time.perf_counter()
             model.zero_grad(set_to_none=False)
-            loss_fn(model, ready[b]).backward()
+            torch.autograd.backward(loss_fn(model, ready[b]))  # Tensor.backward is untyped in torch
             if round_:
                 times[b].append(time.perf_counter() - start)
     return {b: min(t) for b, t in times.items()}

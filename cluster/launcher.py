@@ -88,10 +88,10 @@ def _log_size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-Process = subprocess.Popen | ForkedProcess  # a child started afresh, or forked by the preloading process
+Process = subprocess.Popen[bytes] | ForkedProcess  # a child started afresh, or forked by the preloading process
 
 
-def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Popen:
+def _popen(cmd: list[str], log_path: Path, pipe_stdout: bool) -> subprocess.Popen[bytes]:
     """`cmd` in a session of its own, its output (stderr only, with `pipe_stdout`) appended to `log_path`;
     it gets SIGTERM if this process dies (`die_with_parent`)."""
     with open(log_path, "ab") as log_file:
@@ -161,7 +161,8 @@ class Child:
     def metrics(self, timeout_s: float = 5.0) -> str:
         """Its /metrics page, as Prometheus would scrape it."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout_s) as r:
-            return r.read().decode()
+            page: bytes = r.read()
+        return page.decode()
 
     def listening(self) -> bool:
         """Its log since this start has the INFO line naming its endpoint that it writes once bound there."""

@@ -91,7 +91,7 @@ def check_inputs(opts: RunOptions, job: JobConfig) -> None:
 
     A built-in job needs only its dataset's files (found, and their headers decoded): its models
     are ours and tested, and building one would import torch into a process that never trains
-    (2.6 s of every run's start here). A user's task, or weights to start from, are checked in full
+    (seconds of every run's start). A user's task, or weights to start from, are checked in full
     (model, training and evaluation data, loss and its gradient, metrics; the weights against the
     model), and so are the job's flags against it (`check_flags_against_task`, the rule every worker
     applies too). --target-metric must name a metric the evaluations will report.

@@ -1,9 +1,9 @@
 """Shards and workers forked from an interpreter that has already imported torch.
 
-Importing torch costs each process about 1.5 s of CPU before it does anything
-(the shard's and the worker's start, measured on a 2-core machine), so a job of
-one shard, three workers and an evaluator spent about 7 s of CPU starting: more
-than a short job trains, and on a busy laptop seconds before the first step. The
+Importing torch costs each process seconds of CPU before it does anything
+(bench/RESULTS.md 16), and a job of one shard, three workers and an evaluator
+would pay it five times: more than a short job trains, and on a busy laptop
+seconds before the first step. The
 launcher therefore starts one preloading process per job (`Preloaded`), which
 imports torch and the roles' code once and then forks a child per request; the
 child becomes `dynabatch ps ...` or `dynabatch worker ...` exactly as a fresh
@@ -128,7 +128,7 @@ class Preloaded:
     log_path: Path
     forked: dict[int, ForkedProcess] = field(default_factory=dict)  # running children by pid
     exited: dict[int, int] = field(default_factory=dict)  # exit codes of children that ended before their handle
-    _proc: subprocess.Popen | None = None
+    _proc: subprocess.Popen[bytes] | None = None
     _lines: bytes = b""
     _started: int | None = None  # the pid of the last fork reported and not yet handed out
     gone: bool = False  # the preloader ended and everything it reported was read
@@ -157,7 +157,7 @@ class Preloaded:
         parent-death signal follows (a fork from a short-lived thread would die with that thread)."""
         self._running(env)
 
-    def _running(self, env: dict[str, str]) -> subprocess.Popen:
+    def _running(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         """The preloading process, started (with the children's environment) if there is none or it ended; the
         children of one that ended keep their handles, which then learn of their exit from their pidfds."""
         if self._proc is None or self._proc.poll() is not None:

@@ -42,8 +42,8 @@ MAX_VERSION_LABELS = 12  # beyond this many evaluations the labels would cover t
 def write_plots(run_dir: Path, timeline: list[JobStatus]) -> list[Path]:
     """Write loss_accuracy.png and workers.png into `run_dir`; returns their paths.
 
-    Figures are made without pyplot (its import alone cost every run 0.2 s of CPU, and it keeps global state a
-    figure needs no part of): a bare `Figure` renders PNG through Agg."""
+    Figures are made without pyplot (its import alone would cost every run CPU time, bench/RESULTS.md 16, and it
+    keeps global state a figure needs no part of): a bare `Figure` renders PNG through Agg."""
     config = _config(run_dir)
     title = run_title(run_dir.name, config, timeline)
     paths = []

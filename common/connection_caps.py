@@ -1,9 +1,9 @@
 """How many connections a server socket holds, in total and from one source address, and who is turned away.
 
 ZeroMQ accepts every TCP connection that reaches a bound socket and spends a
-descriptor (and about 20 KB) on each, with no cap of its own: about 20,000
-connections that complete ZeroMQ's greeting once took the scheduler to its
-descriptor limit, and it died of "Too many open files" writing its progress file.
+descriptor (and about 20 KB) on each, with no cap of its own: a flood of
+connections that complete ZeroMQ's greeting would take a server to its
+descriptor limit, and it would die of "Too many open files" at its next file write.
 The caps here keep a server's connections below its descriptor limit by a
 reserve its own files (checkpoints, progress, logs), its /metrics server and its
 libraries need, and keep one source address from taking all of what is left.

@@ -1,7 +1,7 @@
 """Where a built-in dataset's files are: found on disk, or fetched once into the cache.
 
 Kept free of torch so that `dynabatch run` can check a built-in job's data
-before it starts anything, without paying torch's import (2.6 s here) in a
+before it starts anything, without paying torch's import (seconds of CPU) in a
 process that never trains.
 """
 

@@ -1,14 +1,14 @@
 """Gzip'd dataset files inflated once per host, then mapped by every process that reads them.
 
 Every worker and evaluator of a job reads its dataset at start, and `dynabatch run`
-checks it first: inflating Fashion-MNIST's 26 MB of gzip costs each of them about
-0.25 s of CPU (a quarter of a small job's worker), and each kept its own 55 MB
-copy. The first reader on a host writes the inflated bytes to the cache
+checks it first: inflating Fashion-MNIST's gzip would cost each of them a share of a
+small job's CPU, and each would keep its own inflated copy (bench/RESULTS.md 16).
+The first reader on a host writes the inflated bytes to the cache
 (dataset_files.CACHE_DIR/inflated); later readers map that file (copy-on-write pages that
 the kernel shares between the processes until one writes to them).
 
 A cached file is believed only when its length and CRC-32 are the ones its source
-declares in its gzip trailer (checking costs 13 ms for 47 MB); one that is not is
+declares in its gzip trailer (a check far cheaper than inflating); one that is not is
 inflated again from the source and replaced. A cache that cannot be written (a
 read-only home, a full disk) costs the inflating, nothing more. Kept free of torch,
 as dataset_files is.

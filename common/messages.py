@@ -82,8 +82,9 @@ class Heartbeat:
     it acted on (it dropped the model it held, and reported the steps it had skipped before).
 
     A shard echoes in `batches` the push bounds (ASSIGNMENT's `batches`) it applied (None: none yet). The scheduler
-    hands a worker a larger batch only once every shard reports it: told when the answer was sent, a shard busy
-    with a burst of pushes refused the first push of a worker whose answer came after its own.
+    hands a worker a larger batch only once every shard reports it, so that no shard refuses the first push of that
+    batch for having taken its own bound after the worker took its answer (as a shard busy with a burst of pushes
+    may).
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"

@@ -137,7 +137,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
         "flat": lambda: Flat(size, num_classes),
     }
     with torch.random.fork_rng(devices=[]):
-        torch.random.default_generator.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         return builders[base]()
 
 

@@ -45,8 +45,8 @@ MAX_CHUNK_ELEMENTS = 1 << 30
 assert sys.byteorder == "little", "dynabatch's wire format is little-endian"
 
 # Bytes per element of every dtype that travels. By name, so that a role that only
-# routes envelopes (the scheduler) checks them without importing torch (2 s of CPU
-# and 200 MB per process); torch is imported where a tensor is made or read.
+# routes envelopes (the scheduler) checks them without importing torch (seconds of
+# CPU and hundreds of MB per process); torch is imported where a tensor is made or read.
 DTYPE_SIZES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
 
 T = TypeVar("T")

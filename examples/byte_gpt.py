@@ -65,7 +65,7 @@ def stdlib_text(limit: int = TEXT_BYTES) -> bytes:
     return text
 
 
-class ByteWindows(Dataset):
+class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Non-overlapping windows of a byte string: (context [T], next bytes [T]) as int64."""
 
     def __init__(self, text: bytes, context: int = CONTEXT) -> None:
@@ -106,7 +106,8 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(out.transpose(1, 2).reshape(b, t, c))
+        projected: torch.Tensor = self.proj(out.transpose(1, 2).reshape(b, t, c))
+        return projected
 
 
 class Block(nn.Module):
@@ -119,7 +120,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class ByteGPT(nn.Module):
@@ -143,7 +145,8 @@ class ByteGPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok_emb(idx) + self.pos_emb[: idx.shape[1]]
-        return self.head(self.norm_f(self.blocks(x)))
+        logits: torch.Tensor = self.head(self.norm_f(self.blocks(x)))
+        return logits
 
 
 def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -56,7 +56,8 @@ class Shortcut(nn.Module):
         self.bn = nn.BatchNorm2d(c_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.conv(x))
+        out: torch.Tensor = self.bn(self.conv(x))
+        return out
 
 
 class BasicBlock(nn.Module):
@@ -90,7 +91,8 @@ class ResNet18(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.stages(F.relu(self.bn1(self.conv1(x))))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+        logits: torch.Tensor = self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+        return logits
 
 
 def cifar_folder() -> Path | None:

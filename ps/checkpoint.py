@@ -50,7 +50,7 @@ def _parse(path: Path, payload: bytes, meta: dict[str, Any]) -> dict[str, Any]:
         saved = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # a payload that passed its checksum but does not load was written wrong
         raise DamagedFile(f"{path}: does not load ({type(exc).__name__}: {exc})") from None
-    if not isinstance(saved, dict) or "meta" not in saved or "state" not in saved:
+    if not isinstance(saved, dict) or "meta" not in saved or not isinstance(saved.get("state"), dict):
         raise DamagedFile(f"{path}: not a shard checkpoint")
     if saved.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {saved.get('format')!r}, expected {FORMAT}")
@@ -59,7 +59,8 @@ def _parse(path: Path, payload: bytes, meta: dict[str, Any]) -> dict[str, Any]:
     bad = _non_finite(saved["state"])
     if bad:
         raise DamagedFile(f"{path}: {bad} non-finite values (a model that had diverged, or a damaged file)")
-    return saved["state"]
+    state: dict[str, Any] = saved["state"]
+    return state
 
 
 def _non_finite(value: Any) -> int:

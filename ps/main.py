@@ -1,7 +1,7 @@
 """`dynabatch ps`: one parameter-server shard.
 
 Its flags and keys are checked before the shard's code is imported: that code
-imports torch (about 1.5 s of CPU), and `--help` or a mistyped flag answers at once.
+imports torch (seconds of CPU), and `--help` or a mistyped flag answers at once.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 The shard's ROUTER has a small fixed send high-water mark (`SEND_QUEUE`), set
 before it binds, and ROUTER_MANDATORY, so a send to a full queue raises instead
 of vanishing. ZeroMQ copies a socket's options into each connection it accepts,
-so only options set before bind reach them all; setting the mark again after
-bind (to size it to the model) crashed libzmq's IO thread when it raced with a
-closing connection. So the mark stays small and fixed, and what does not fit
-waits here per peer, flushed as the peer reads.
+so only options set before bind reach them all, and setting the mark again after
+bind (to size it to the model) can crash libzmq's IO thread when it races with a
+closing connection. So the mark stays small and fixed, and what does not fit waits
+here per peer, flushed as the peer reads.
 
 An honest worker reads everything it asks for, so its replies only pass through
 here during a burst (a pull of many chunks). A peer that does not read fills
@@ -31,15 +31,15 @@ SPIN_FLUSHES = 16  # flushes 1 ms apart that may send nothing before the loop ba
 class Outbox:
     """A ROUTER's sends, with a bounded per-peer backlog behind ZeroMQ's queue."""
 
-    def __init__(self, sock: zmq.Socket, limit: int, on_drop: Callable[[], None]) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], limit: int, on_drop: Callable[[], None]) -> None:
         """`sock` is bound with SNDHWM `SEND_QUEUE` and ROUTER_MANDATORY; `on_drop` counts each dropped reply."""
         self.sock = sock
         self.limit = limit
         self.on_drop = on_drop
-        self.backlog: dict[bytes, deque[list]] = {}
+        self.backlog: dict[bytes, deque[list[bytes | memoryview]]] = {}
         self._stalled = 0  # flushes in a row that sent nothing
 
-    def send(self, identity: bytes, frames: list) -> None:
+    def send(self, identity: bytes, frames: list[bytes | memoryview]) -> None:
         """Send `frames` (after the routing id) to `identity` now, or after what already waits for it."""
         waiting = self.backlog.get(identity)
         if waiting is not None:
@@ -76,7 +76,7 @@ class Outbox:
             return IDLE_POLL_MS
         return min(IDLE_POLL_MS, 1 << min(max(0, self._stalled - SPIN_FLUSHES), 6))
 
-    def _try(self, identity: bytes, frames: list) -> bool:
+    def _try(self, identity: bytes, frames: list[bytes | memoryview]) -> bool:
         """Send if `identity`'s queue has room; True also when the peer is gone (the reply has nowhere to go)."""
         try:
             self.sock.send_multipart([identity, *frames], copy=False, flags=zmq.NOBLOCK)

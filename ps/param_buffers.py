@@ -26,7 +26,7 @@ class ParamBuffers:
     """Lends tensors' memory to replies and hands out spares that no reply holds."""
 
     def __init__(self) -> None:
-        self._loans: dict[int, tuple[torch.Tensor, list[weakref.ref]]] = {}  # by id(tensor): it, its frames
+        self._loans: dict[int, tuple[torch.Tensor, list[weakref.ref[memoryview]]]] = {}  # by id(tensor): it, its frames
         self._retired: list[torch.Tensor] = []  # no longer a chunk's parameters; perhaps still lent
         self._spares: dict[int, list[torch.Tensor]] = {}  # by numel: free to write
 

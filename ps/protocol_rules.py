@@ -202,10 +202,9 @@ class RingmasterRule(ShardRule):
     Koloskova, Stich, Jaggi, NeurIPS 2022, and Mishchenko et al., NeurIPS 2022), tau_C = R / 2, the delay of
     a worker of the cluster's average speed being about R - 1 = n - 1 under the default R = n; and its samples
     weigh as in DBS-SGD but never above 1 (b_i / (B/n), capped), so a large batch is not amplified while stale.
-    Chosen with the simulator (bench/simulate.py, lognormal64, fixed batches, lr 0.02, seed 0): this rule and
-    Ringmaster's own constant step (R alone) both reached 80% at 54 virtual s (asgd: 86 s) and ended at 83.3%
-    and 84.0%; the delay-adaptive step is kept as the one whose step shrinks where a larger R or rate would
-    otherwise let stale gradients in at full size.
+    The delay-adaptive step rather than Ringmaster's own constant one (R alone): the two trained alike on the
+    simulator (bench/RESULTS.md 16), and this one shrinks the step where a larger R or rate would otherwise let
+    stale gradients in at full size.
     """
 
     NAME = "ringmaster"
@@ -376,8 +375,8 @@ class RoundRule(_RoundRule[SyncRound]):
         A worker's pull waits for a version of the whole shard, its least advanced chunk's. Once a chunk is a
         round ahead of the others (a push taken on some chunks of a shard and refused on the others, such as a
         start-up hold decided message by message), the shard's version is reached while the leading chunks'
-        rounds still hold the worker's push: sent at once, they came back at the version it had just pushed,
-        and the next push was refused "already pushed" on every step or two for the rest of the job.
+        rounds still hold the worker's push: sent at once, they would come back at the version it had just
+        pushed, and its next push would be refused "already pushed", every step or two for the rest of the job.
         """
         return worker not in self.rounds[cid].parts
 
@@ -411,9 +410,9 @@ class MsyncRule(RoundRule):
     The m workers are chosen on the shard, not chunk by chunk: the first m whose push of a gradient computed at
     version v arrives (any of its chunks) are the round's, and a later one's push of that version is discarded on
     every chunk, even one whose round is still open. A pipelined step pushes a shard's chunks in several
-    messages; chosen per chunk, the rounds of different chunks took different workers, a worker's gradient was
-    taken on some chunks and discarded on others, and its next pull, no longer waiting, met its own push still
-    in an open round ("already pushed").
+    messages; chosen per chunk, the rounds of different chunks would take different workers, a worker's gradient
+    would be taken on some chunks and discarded on others, and its next pull, no longer waiting, would meet its
+    own push still in an open round ("already pushed").
     """
 
     NAME = "msync"
@@ -511,10 +510,9 @@ class RennalaRule(_RoundRule[PooledRound]):
     No work is started that the round will not take: a worker's pull is held (parked, like ssp's) while the
     samples already in the round plus those on their way at this version (workers whose pull was answered
     at it and who have not pushed since, each counted at its last push's samples) reach B; it is answered
-    with the next version. Without that hold a worker that pushed early computed again on the model the
-    round was about to replace, and the simulator discarded 47% of the samples pushed (tail16, dynamic
-    batches, lr 0.02, seed 0, 40 virtual s); with it 4.5%, and with the scheduler also leaving out the
-    workers that hold up every round (batch 0, scheduler/batch_allocation.py) 0.15% over 150 s, seeds 0-1.
+    with the next version. Without that hold a worker that pushed early would compute again on the model the
+    round is about to replace, and its gradient would be discarded as too stale: work started for nothing
+    (bench/RESULTS.md 16 has the share of pushed samples discarded with and without the hold).
     """
 
     NAME = "rennala"

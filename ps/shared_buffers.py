@@ -18,10 +18,9 @@ process, each the average of the workers' steps. (Under local and msd a step is
 a worker's H local steps, so the statistics describe the workers' models before
 the round's averaging; an msd worker keeps its own statistics when it corrects
 onto the averaged model, worker/local_steps.py.) Two simpler rules fail under
-asynchrony, measured on tests/tasks/blobs_bn.py with two asgd workers (26% to 87%
-evaluation accuracy against 100% here): blending B toward b by samples / global
-batch drags B back toward the stale estimate b was computed from, and moves it
-once per global batch while asgd moves the parameters n times.
+asynchrony (bench/RESULTS.md 16): blending B toward b by samples / global batch
+drags B back toward the stale estimate b was computed from, and moves it once
+per global batch while asgd moves the parameters n times.
 
 Buffers are not gradients: no optimizer and no protocol rule sees them. A push's
 buffers are taken only once the push itself has been (a refused push leaves no

@@ -101,19 +101,17 @@ def sgd_step_(
     """One SGD step on `param` and its momentum buffer `buf`, both in place, by torch's fused kernel.
 
     One pass over memory where the same arithmetic in separate tensor operations takes five, and no new
-    tensor (at 1M parameters a shard's step took 2.5 ms that way on the bench machine, 1 ms fused).
+    tensor (bench/RESULTS.md 16).
     `buf` starts as zeros, which makes the first step equal to torch's (momentum * 0 + d == d).
     `lr_scale` scales the rate of the whole step, momentum included (the schedule, the job's factor after
     rollbacks), as a change of torch's lr would. `weight` is this gradient's own weight (DBS-SGD's
     b_i / (B/n), a delay factor): buf = momentum * buf + weight * (grad + decay * param), so a gradient
     of few samples adds its share to the buffer that every worker's next step carries. Scaling the rate
-    by it instead (as this function once did) let a 1-sample gradient into the buffer at full weight, to
-    be applied at full rate by the next worker's step: with one worker at `--max-batch 1` the reference job
-    (gradient bound off) ended at 68% instead of 84%, and at momentum 0.9 at 10% with |w| 1.6e3 (its clean
-    twin: 71%, |w| 131; bench/RESULTS.md section 9g). Without momentum the two are the same step; with
-    weight 1 it is the step this function always took, bit for bit. `segments` (runs [start, stop) of the
-    chunk and their weight decay) replace the spec's weight decay where a chunk holds parameters with and
-    without decay; one kernel call per decay takes all of its runs.
+    by it instead would let a 1-sample gradient into the buffer at full weight, to be applied at full rate
+    by the next worker's step (bench/RESULTS.md 9g: what that costs a job with one worker at `--max-batch 1`).
+    Without momentum the two are the same step; with weight 1 the weight changes nothing, bit for bit.
+    `segments` (runs [start, stop) of the chunk and their weight decay) replace the spec's weight decay where a
+    chunk holds parameters with and without decay; one kernel call per decay takes all of its runs.
     """
     if weight != 1.0:
         grad = grad.mul(weight)  # a new tensor: a received gradient's frame is never written
@@ -200,10 +198,8 @@ class ChunkOptimizer(ABC):
 class ExactSGD(ChunkOptimizer):
     """SGD by `sgd_step_`, not torch.optim.SGD: the same arithmetic (tests/test_update_rules.py proves them
     equal), without torch's per-call overhead, which would land on every pushed gradient of every chunk
-    (under asgd SGD steps once per push, not once per B samples). Measured side by side with
-    `python bench/transport.py --sizes 1M 10M --quick` (two alternating runs of each, three rounds a run,
-    on a shared 2-core machine), the median pull+push step with torch.optim.SGD took 1.5x (1M parameters) and
-    1.7x (10M) as long as with this class's first, out-of-place version.
+    (under asgd SGD steps once per push, not once per B samples; bench/RESULTS.md 16 has the step with each,
+    measured side by side).
     """
 
     in_place = True

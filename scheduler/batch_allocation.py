@@ -104,7 +104,7 @@ def allocate(
     ``sum clip((T - a_i)/c_i, lo_i, hi_i)`` is continuous and
     nondecreasing in ``T`` and linear between the ``T`` at which some worker
     reaches a bound, so the segment containing ``B`` is found (by bisection: a scan
-    costs O(n^2), 70 ms a round at 256 workers) and solved exactly.
+    costs O(n^2) a round, bench/RESULTS.md 9b) and solved exactly.
     The shares are then rounded by largest remainder, keeping the sum exact.
 
     When ``B`` is outside the sum of the lower bounds and the sum of the upper

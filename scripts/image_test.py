@@ -46,7 +46,7 @@ from typing import Any
 from dynabatch.cluster.launcher import keys_per_role
 from dynabatch.cluster.metric_text import metric_sum
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import JobStatus, StatusRequest
+from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
 from dynabatch.common.transport import Connection, RemoteError, open_context
 from dynabatch.scheduler.server import SAVE_EVERY_S
 
@@ -70,7 +70,7 @@ task = builtin_task("fashion-mnist", "mlp")
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def recipe() -> str:
@@ -198,9 +198,10 @@ def metric(port: int, name: str) -> float:
 def job_status(conn: Connection) -> JobStatus | None:
     """The scheduler's STATUS, or None while it does not answer."""
     try:
-        return conn.request(StatusRequest(), timeout_s=2.0).body.state
+        reply = conn.request(StatusRequest(), timeout_s=2.0)
     except (TimeoutError, RemoteError):
         return None
+    return reply.body.state if isinstance(reply.body, StatusReply) else None
 
 
 def accuracy(status: JobStatus) -> str:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE = ROOT / "build" / "typecheck"
@@ -23,7 +24,7 @@ TOP = "dynabatch"
 OTHER_PATHS = ("bench", "examples", "scripts", "tests")
 
 
-def package_dirs(project: dict) -> dict[str, Path]:
+def package_dirs(project: dict[str, Any]) -> dict[str, Path]:
     """Each package of the install and its folder, as [tool.setuptools.package-dir] declares them."""
     return {name: ROOT / folder for name, folder in project["tool"]["setuptools"]["package-dir"].items()}
 

@@ -21,12 +21,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import torch
 import zmq
 
-from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line, keys_per_role
+from dynabatch.cluster.launcher import Child, Launcher, keys_per_role
+from dynabatch.cluster.launcher import child_env as child_env  # the tests take it from here
+from dynabatch.cluster.launcher import command_line as command_line  # the tests take it from here
 from dynabatch.cluster.metric_text import metric_sum
 from dynabatch.cluster.preloaded import SUPPORTED as PRELOADING
 from dynabatch.cluster.preloaded import Preloaded
@@ -34,8 +36,8 @@ from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Heartbeat, Hello, Init, JobStatus, StatusRequest, Welcome
-from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
+from dynabatch.common.messages import Heartbeat, Hello, Init, JobStatus, StatusReply, StatusRequest, Welcome
+from dynabatch.common.ports import free_port as free_port  # the tests take it from here
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, use_curve
@@ -99,7 +101,7 @@ def trained_its_epochs(run_dir: Path) -> dict[str, Any]:
     per worker (the largest batch the worker held, times the local steps a reported step covers), and reported its
     figures: throughput against the workers' speeds, and no worker marked as having left that had not left before
     the job began stopping. Returns its summary."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     timeline = json.loads((run_dir / "timeline.json").read_text())
     assert summary["finished"] and not summary["failed"], summary
     largest: dict[str, int] = {}
@@ -119,10 +121,13 @@ def trained_its_epochs(run_dir: Path) -> dict[str, Any]:
 
 def checkpoint_state(path: Path) -> dict[str, Any]:
     """The state a shard checkpoint at `path` holds (its checksum checked), as the shard would resume it."""
-    return torch.load(io.BytesIO(read_verified(path)), weights_only=True)["state"]
+    state: dict[str, Any] = torch.load(io.BytesIO(read_verified(path)), weights_only=True)["state"]
+    return state
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1) -> Any:
+def wait_for(
+    what: str, predicate: Callable[[], T | None | Literal[False]], timeout_s: float = 60.0, every_s: float = 0.1
+) -> T:
     """Poll `predicate` until it returns something truthy; fail the test with `what` on timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -134,20 +139,22 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout_s: float = 60.0, e
 
 
 Proc = Child  # a started process, as the tests call it
+T = TypeVar("T")
 
 
-def status_at(ctx: zmq.Context, endpoint: str) -> JobStatus | None:
+def status_at(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> JobStatus | None:
     """The scheduler's STATUS at `endpoint`, or None if it does not answer within 2 s."""
     conn = Connection(ctx, endpoint, "dynabatch", "test")
     try:
-        return conn.request(StatusRequest(), timeout_s=2.0).body.state
+        reply = conn.request(StatusRequest(), timeout_s=2.0)
     except TimeoutError:
         return None
     finally:
         conn.close()
+    return reply.body.state if isinstance(reply.body, StatusReply) else None
 
 
-def interrupt(run: subprocess.Popen, timeout_s: float = 60.0) -> None:
+def interrupt(run: subprocess.Popen[str] | subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     """Ctrl-C a `dynabatch run` and wait for it; if it outlasts `timeout_s`, kill it with everything it started.
 
     `dynabatch run` starts its children in process groups of their own, so killing the
@@ -257,7 +264,7 @@ class Cluster:
     def status(self) -> JobStatus | None:
         return status_at(self.ctx, self.scheduler_endpoint)
 
-    def wait_status(self, what: str, predicate: Callable[[JobStatus], bool], timeout_s: float = 60.0) -> JobStatus:
+    def wait_status(self, what: str, predicate: Callable[[JobStatus], object], timeout_s: float = 60.0) -> JobStatus:
         """Poll STATUS until `predicate`; a timeout names every process that exited with an error, with its
         log's tail (a test may kill one on purpose, so an exit alone does not end the wait)."""
 
@@ -312,8 +319,8 @@ class Cluster:
             shards.close()
 
         def has_batch() -> bool:
-            reply = conn.request(Heartbeat(standalone_sps=standalone_sps), timeout_s=2.0)
-            return reply.body.batch > 0
+            batch: int = conn.request(Heartbeat(standalone_sps=standalone_sps), timeout_s=2.0).body.batch
+            return batch > 0
 
         wait_for("a batch for the test worker", has_batch, 30)
         return conn, welcome

@@ -168,7 +168,8 @@ class Host:
 
         def fetch() -> bytes:
             with urllib.request.urlopen(url, timeout=timeout_s) as r:
-                return r.read()
+                page: bytes = r.read()
+            return page
 
         return in_namespace(self.ns, fetch)
 

@@ -71,7 +71,7 @@ def _train(task: Task, epochs: float, batch: int, seed: int) -> torch.nn.Module:
             order += torch.randperm(len(data), generator=g).tolist()
         idx, order = order[:batch], order[batch:]
         opt.zero_grad()
-        loss_fn(model, collate([data[i] for i in idx])).backward()
+        torch.autograd.backward(loss_fn(model, collate([data[i] for i in idx])))  # Tensor.backward is untyped
         if task.clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), task.clip_grad_norm)
         opt.step()

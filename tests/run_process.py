@@ -83,6 +83,7 @@ class RunProcess:
             ctx.destroy(linger=0)
         self.children = descendants(self.proc.pid)
         assert {_role(pid) for pid in self.children} >= ROLES, self.children
+        assert st.eval_version is not None
         return st.eval_version
 
     def end(self, timeout_s: float = 120) -> tuple[int, str, str]:

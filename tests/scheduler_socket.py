@@ -17,7 +17,7 @@ class SchedulerSocket:
     """A ROUTER, on a thread of its own, that welcomes every HELLO as member `w<n>`, keeps every other message it
     gets as (sender, body), and answers each with `answer` if one is set (an Assignment, or an Error)."""
 
-    def __init__(self, ctx: zmq.Context) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.sock.bind(self.endpoint)

@@ -24,7 +24,7 @@ SPEC = f"{Path(__file__).resolve().parent / 'tasks' / 'fashion_bn_adamw.py'}:tas
 EPOCHS, BATCH = 4, 128
 
 
-def test_a_users_batchnorm_adamw_task_matches_plain_torch_and_exports_what_it_reported(tmp_path):
+def test_a_users_batchnorm_adamw_task_matches_plain_torch_and_exports_what_it_reported(tmp_path: Path) -> None:
     need_fashion_mnist()
     run, _ = run_job(
         tmp_path,

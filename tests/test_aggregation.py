@@ -36,8 +36,8 @@ def _honest(n: int, size: int = 200, seed: int = 0) -> list[tuple[torch.Tensor, 
 @pytest.mark.parametrize("honest", [2, 3, 4, 7])
 @pytest.mark.parametrize("settings", ROBUST, ids=lambda s: s.aggregation)
 def test_one_wild_contribution_moves_the_mean_arbitrarily_and_the_robust_rules_only_within_the_honest_values(
-    honest, settings
-):
+    honest: int, settings: RoundSettings
+) -> None:
     parts = _honest(honest)
     values = torch.stack([t for t, _ in parts])
     low, high = values.min(dim=0).values, values.max(dim=0).values
@@ -52,7 +52,7 @@ def test_one_wild_contribution_moves_the_mean_arbitrarily_and_the_robust_rules_o
 
 @pytest.mark.parametrize("settings", [MEAN, *ROBUST], ids=lambda s: s.aggregation)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
-def test_identical_contributions_give_the_mean_whatever_their_samples(settings, n):
+def test_identical_contributions_give_the_mean_whatever_their_samples(settings: RoundSettings, n: int) -> None:
     x = torch.randn(300, generator=torch.Generator().manual_seed(n))
     parts = [(x.clone(), 5 + 11 * i) for i in range(n)]
     torch.testing.assert_close(aggregate(parts, settings), weighted_mean(parts))
@@ -60,7 +60,7 @@ def test_identical_contributions_give_the_mean_whatever_their_samples(settings, 
 
 
 @pytest.mark.parametrize("settings", ROBUST, ids=lambda s: s.aggregation)
-def test_the_order_of_the_contributions_changes_nothing_even_among_ties(settings):
+def test_the_order_of_the_contributions_changes_nothing_even_among_ties(settings: RoundSettings) -> None:
     """Values drawn from a few integers, so coordinates tie, with unequal samples that a tie must not reorder:
     the values kept are the same in every order, so the result is the same up to its sum's rounding."""
     gen = torch.Generator().manual_seed(4)
@@ -71,7 +71,7 @@ def test_the_order_of_the_contributions_changes_nothing_even_among_ties(settings
 
 
 @pytest.mark.parametrize("settings", [MEAN, *ROBUST], ids=lambda s: s.aggregation)
-def test_finite_contributions_never_give_nan_or_inf(settings):
+def test_finite_contributions_never_give_nan_or_inf(settings: RoundSettings) -> None:
     big = torch.finfo(torch.float32).max
     extremes = torch.tensor([big, -big, 0.0, -0.0, 1e-45, big / 3])
     for picks in itertools.product(range(len(extremes)), repeat=3):
@@ -79,7 +79,7 @@ def test_finite_contributions_never_give_nan_or_inf(settings):
         assert torch.isfinite(aggregate(parts, settings)).all(), [p[0] for p in parts]
 
 
-def test_the_median_of_fewer_than_three_is_the_mean_and_of_an_even_count_the_weighted_mean_of_the_middle_two():
+def test_the_median_of_fewer_than_three_is_the_mean_and_of_an_even_count_the_weighted_mean_of_the_middle_two() -> None:
     parts = _honest(2)
     assert torch.equal(aggregate(parts[:1], MEDIAN), weighted_mean(parts[:1]))
     assert torch.equal(aggregate(parts, MEDIAN), weighted_mean(parts))
@@ -89,7 +89,7 @@ def test_the_median_of_fewer_than_three_is_the_mean_and_of_an_even_count_the_wei
     torch.testing.assert_close(aggregate(five, MEDIAN), torch.tensor([1.0]), msg="the middle worker, whatever b")
 
 
-def test_the_trimmed_mean_drops_by_worker_per_coordinate_and_weighs_the_kept_by_samples():
+def test_the_trimmed_mean_drops_by_worker_per_coordinate_and_weighs_the_kept_by_samples() -> None:
     """Against a reference computed coordinate by coordinate in plain Python."""
     parts = _honest(7, size=50, seed=3)
     k = 2
@@ -116,7 +116,7 @@ def test_the_trimmed_mean_drops_by_worker_per_coordinate_and_weighs_the_kept_by_
         (20, 0.05, 1),
     ],
 )
-def test_the_trim_is_rounded_up_to_whole_workers_and_keeps_at_least_one(workers, trim, k):
+def test_the_trim_is_rounded_up_to_whole_workers_and_keeps_at_least_one(workers: int, trim: float, k: int) -> None:
     assert trimmed_count(workers, trim) == k
 
 
@@ -149,7 +149,7 @@ def _honest_and_liar() -> tuple[list[tuple[str, torch.Tensor, int]], torch.Tenso
 
 
 @pytest.mark.parametrize("protocol", ["ssgd", "rennala"])
-def test_a_round_of_ssgd_or_rennala_with_a_liar_applies_an_update_within_the_honest_values(protocol):
+def test_a_round_of_ssgd_or_rennala_with_a_liar_applies_an_update_within_the_honest_values(protocol: str) -> None:
     honest, low, high = _honest_and_liar()
     pushes = [*honest, ("liar", torch.full((64,), 1e6), 12)]
     assert _step(_shard(protocol, MEAN), pushes).min() > 1e5, "the mean takes the liar's step"
@@ -157,7 +157,7 @@ def test_a_round_of_ssgd_or_rennala_with_a_liar_applies_an_update_within_the_hon
     assert torch.all(update >= low - 1e-5) and torch.all(update <= high + 1e-5)
 
 
-def test_a_fast_liar_pushing_twice_into_a_softsync_round_is_one_worker_of_its_median():
+def test_a_fast_liar_pushing_twice_into_a_softsync_round_is_one_worker_of_its_median() -> None:
     """c = floor(4 / 1) = 4 pushes close the round: two of them the liar's. Pooled per worker, the median is of
     three honest values and one wild one; counted per push it would be the liar's."""
     honest, low, high = _honest_and_liar()
@@ -169,7 +169,7 @@ def test_a_fast_liar_pushing_twice_into_a_softsync_round_is_one_worker_of_its_me
     assert torch.all(update >= pair.min(dim=0).values - 1e-5) and torch.all(update <= pair.max(dim=0).values + 1e-5)
 
 
-def test_local_sgds_outer_rule_takes_the_median_of_the_deltas():
+def test_local_sgds_outer_rule_takes_the_median_of_the_deltas() -> None:
     honest, low, high = _honest_and_liar()
     state = ShardState.initial(
         make_layout(64, 1024, 1).chunks, torch.zeros(64), SGD, "local", B, OuterSettings(aggregation="median")
@@ -185,7 +185,7 @@ def test_local_sgds_outer_rule_takes_the_median_of_the_deltas():
 
 
 @pytest.mark.parametrize("protocol", [name for name, spec in SPECS.items() if spec.closes_rounds])
-def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs_description(protocol):
+def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs_description(protocol: str) -> None:
     job = JobConfig(protocol=protocol, aggregation="trimmed-mean", trim=0.3)
     job.validate()
     settings = protocol_settings(job_from_dict(to_dict(job)))  # as WELCOME carries the job to a shard
@@ -193,7 +193,7 @@ def test_the_aggregation_reaches_every_round_protocols_settings_through_the_jobs
     assert (settings.aggregation, settings.trim) == ("trimmed-mean", 0.3)
 
 
-def test_the_round_protocols_are_those_that_close_rounds():
+def test_the_round_protocols_are_those_that_close_rounds() -> None:
     assert {name for name, spec in SPECS.items() if spec.closes_rounds} == {
         "ssgd",
         "msync",
@@ -205,7 +205,7 @@ def test_the_round_protocols_are_those_that_close_rounds():
 
 
 @pytest.mark.parametrize("protocol", [name for name, spec in SPECS.items() if not spec.closes_rounds])
-def test_a_protocol_without_rounds_refuses_a_robust_aggregation_or_a_trim(protocol):
+def test_a_protocol_without_rounds_refuses_a_robust_aggregation_or_a_trim(protocol: str) -> None:
     with pytest.raises(ConfigError, match=f"--aggregation median: protocol {protocol} .* closes no rounds"):
         JobConfig(protocol=protocol, aggregation="median").validate()
     with pytest.raises(ConfigError, match=f"--trim 0.3: protocol {protocol}"):
@@ -224,12 +224,12 @@ def test_a_protocol_without_rounds_refuses_a_robust_aggregation_or_a_trim(protoc
         (math.inf, "not a finite number"),
     ],
 )
-def test_a_trim_outside_0_to_one_half_is_refused(trim, needle):
+def test_a_trim_outside_0_to_one_half_is_refused(trim: float, needle: str) -> None:
     with pytest.raises(ConfigError, match=f"--trim: .*{needle}"):
         JobConfig(protocol="ssgd", aggregation="trimmed-mean", trim=trim).validate()
 
 
-def test_a_trim_without_the_trimmed_mean_is_refused_as_unread():
+def test_a_trim_without_the_trimmed_mean_is_refused_as_unread() -> None:
     with pytest.raises(ConfigError, match="--trim 0.1: only --aggregation trimmed-mean reads it, not median"):
         JobConfig(protocol="ssgd", aggregation="median", trim=0.1).validate()
 
@@ -241,7 +241,7 @@ def test_a_trim_without_the_trimmed_mean_is_refused_as_unread():
         (["scheduler", "--protocol", "ssgd", "--aggregation", "trimmed-mean", "--trim", "nan"], "--trim: nan"),
     ],
 )
-def test_the_command_line_refuses_it_in_one_line_with_exit_2(args, needle):
+def test_the_command_line_refuses_it_in_one_line_with_exit_2(args: list[str], needle: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", *args],
         capture_output=True,

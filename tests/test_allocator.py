@@ -4,6 +4,7 @@ local steps, and what a restart keeps."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
@@ -22,7 +23,7 @@ from dynabatch.scheduler.allocator import (
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 
 
-def _allocator(**kw) -> Allocator:
+def _allocator(**kw: Any) -> Allocator:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "batch_policy": "dynamic", **kw})
     return Allocator(job, protocol_spec(job.protocol))
 
@@ -33,7 +34,7 @@ def _measured(allocator: Allocator, speeds: dict[str, float]) -> dict[str, int]:
     return {wid: 0 for wid in speeds}
 
 
-def test_the_split_follows_standalone_speeds_and_says_who_was_given_a_batch():
+def test_the_split_follows_standalone_speeds_and_says_who_was_given_a_batch() -> None:
     allocator = _allocator()
     ready = _measured(allocator, {"w0": 3000.0, "w1": 1000.0})
     assert allocator.reallocate(5.0, 2.0, "joined", "w1", ready, force=True) == ["w0", "w1"]
@@ -44,7 +45,7 @@ def test_the_split_follows_standalone_speeds_and_says_who_was_given_a_batch():
     assert allocator.assignment_id == 1 and allocator.training_started_at == 5.0
 
 
-def test_a_workers_own_largest_batch_caps_its_share():
+def test_a_workers_own_largest_batch_caps_its_share() -> None:
     allocator = _allocator()
     ready = _measured(allocator, {"w0": 3000.0, "w1": 1000.0})
     ready["w0"] = 40
@@ -52,7 +53,7 @@ def test_a_workers_own_largest_batch_caps_its_share():
     assert allocator.allocation["w0"] <= 40 and sum(allocator.allocation.values()) == 96
 
 
-def test_no_split_before_min_workers_are_ready_and_a_reset_keeps_the_previous_one():
+def test_no_split_before_min_workers_are_ready_and_a_reset_keeps_the_previous_one() -> None:
     allocator = _allocator(min_workers=2)
     ready = _measured(allocator, {"w0": 1000.0})
     assert allocator.reallocate(0.0, 0.0, "joined", "w0", ready, force=True) == []
@@ -64,7 +65,7 @@ def test_no_split_before_min_workers_are_ready_and_a_reset_keeps_the_previous_on
     assert allocator.allocation == {}
 
 
-def test_a_worker_holds_no_more_than_every_shard_was_told_it_may_push():
+def test_a_worker_holds_no_more_than_every_shard_was_told_it_may_push() -> None:
     allocator = _allocator()
     ready = _measured(allocator, {"w0": 1000.0, "w1": 1000.0})
     allocator.reallocate(0.0, 0.0, "joined", "w1", ready, force=True)
@@ -87,7 +88,7 @@ def test_a_worker_holds_no_more_than_every_shard_was_told_it_may_push():
     assert allocator.batch_of("w9") == 0
 
 
-def test_a_workers_push_bound_keeps_every_batch_handed_since_its_last_reported_step_and_stays_small():
+def test_a_workers_push_bound_keeps_every_batch_handed_since_its_last_reported_step_and_stays_small() -> None:
     allocator = _allocator(batch_policy="fixed")
     handed = []
     for i in range(HANDED_KEPT + 5):  # w0's share alternates between 96 and 48, one decision each, no step reported
@@ -112,7 +113,7 @@ def test_a_workers_push_bound_keeps_every_batch_handed_since_its_last_reported_s
     assert "w0" not in allocator.handed
 
 
-def test_decisions_are_bounded_and_each_is_an_assignment():
+def test_decisions_are_bounded_and_each_is_an_assignment() -> None:
     allocator = _allocator(batch_policy="fixed")
     for i in range(DECISIONS_KEPT + 5):
         ready = _measured(allocator, {f"w{j}": 1000.0 for j in range(1 + i % 2)})
@@ -120,12 +121,12 @@ def test_decisions_are_bounded_and_each_is_an_assignment():
     assert allocator.assignment_id == DECISIONS_KEPT + 5 and len(allocator.decisions) == DECISIONS_KEPT
 
 
-def test_a_steps_wait_for_others_is_not_the_workers_own_time():
+def test_a_steps_wait_for_others_is_not_the_workers_own_time() -> None:
     assert own_step_seconds(Heartbeat(step_s=0.5, wait_s=0.3, data_s=0.1)) == 0.2
     assert own_step_seconds(Heartbeat(step_s=0.5, wait_s=0.6)) > 0
 
 
-def test_adacomm_shrinks_h_as_the_loss_falls_from_the_first_one_it_saw():
+def test_adacomm_shrinks_h_as_the_loss_falls_from_the_first_one_it_saw() -> None:
     allocator = _allocator(protocol="msd", local_steps=8)
     workers = [Heartbeat(sync_s=0.0, compute_s=0.1)]
     allocator.adapt_local_steps(1.0, math.nan, workers)
@@ -137,7 +138,7 @@ def test_adacomm_shrinks_h_as_the_loss_falls_from_the_first_one_it_saw():
     assert allocator.decisions[-1].reason == "local steps" and allocator.decisions[-1].subject.startswith("H=4")
 
 
-def test_speed_models_are_saved_by_process_and_restored_for_the_same_process():
+def test_speed_models_are_saved_by_process_and_restored_for_the_same_process() -> None:
     allocator = _allocator(max_workers=2)
     allocator.measure("w0", 1000.0, instance="proc-a")
     allocator.observe("w0", Heartbeat(batch=32, step_s=0.05))
@@ -173,19 +174,20 @@ def _one_step_each(allocator: Allocator, transfers_s: dict[str, float], compute_
     return allocator.allocation
 
 
-def test_an_asynchronous_split_gives_a_slow_links_worker_its_compute_share_from_its_first_step():
+def test_an_asynchronous_split_gives_a_slow_links_worker_its_compute_share_from_its_first_step() -> None:
     """w2's steps are 150 ms of transfers and 32 ms of compute: at one batch size its step fit cannot separate
     the two, so the split by the fit's c alone would give it a throughput share (about a sixth); the compute time
     it reports gives it its compute share, a third, from the first step."""
     allocator = _allocator(protocol="asgd", global_batch=96)
     transfers = {"w0": 0.005, "w1": 0.005, "w2": 0.150}
     assert _one_step_each(allocator, transfers, {w: 1e-3 for w in transfers}) == {"w0": 32, "w1": 32, "w2": 32}
-    assert allocator.speeds["w2"].fit().per_sample_s > 5e-3, "the step fit's c still holds the transfers"
+    fit = allocator.speeds["w2"].fit()
+    assert fit is not None and fit.per_sample_s > 5e-3, "the step fit's c still holds the transfers"
     old = _one_step_each(_allocator(protocol="asgd", global_batch=96), transfers, {"w0": 1e-3, "w1": 1e-3, "w2": 0})
     assert old["w2"] < 16, "no compute time reported: the step fit's c, transfers included"
 
 
-def test_an_equal_step_split_still_equalizes_whole_steps():
+def test_an_equal_step_split_still_equalizes_whole_steps() -> None:
     """ssgd's rounds wait for the slowest: the slow link's worker gets a smaller batch, compute time or not."""
     transfers = {"w0": 0.005, "w1": 0.005, "w2": 0.150}
     with_compute = _one_step_each(_allocator(protocol="ssgd"), transfers, {w: 1e-3 for w in transfers})
@@ -193,20 +195,20 @@ def test_an_equal_step_split_still_equalizes_whole_steps():
     assert with_compute == without and with_compute["w2"] < 16
 
 
-def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_reported():
+def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_reported() -> None:
     assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.2, data_s=0.05, pull_s=0.25)) == 0.25
     assert own_compute_seconds(Heartbeat(step_s=0.5, pull_s=0.5)) is None
     assert own_compute_seconds(Heartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, "no more than its own step"
 
 
-def _fixed_pair(**kw) -> Allocator:
+def _fixed_pair(**kw: Any) -> Allocator:
     """w0 and w1 hold 48 each (fixed batches, B = 96)."""
     allocator = _allocator(batch_policy="fixed", **kw)
     allocator.reallocate(0.0, 0.0, "joined", "w1", _measured(allocator, {"w0": 1000.0, "w1": 1000.0}), force=True)
     return allocator
 
 
-def test_each_worker_is_allotted_a_lead_of_pushes_while_the_budget_lasts():
+def test_each_worker_is_allotted_a_lead_of_pushes_while_the_budget_lasts() -> None:
     allocator = _fixed_pair()
     allocator.allot("w0", {"w0": 0, "w1": 0}, budget=10_000)
     assert allocator.allotted == {"w0": ALLOT_AHEAD * 48, "w1": 0}, "w1 is allotted at its own answer"
@@ -217,7 +219,7 @@ def test_each_worker_is_allotted_a_lead_of_pushes_while_the_budget_lasts():
     assert allocator.batch_of("w1") == 48 and allocator.idle_workers() == []
 
 
-def test_the_last_of_the_budget_is_split_at_once_and_the_last_batches_are_what_is_left():
+def test_the_last_of_the_budget_is_split_at_once_and_the_last_batches_are_what_is_left() -> None:
     allocator = _fixed_pair()
     allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
     assert allocator.allotted == {"w0": 150, "w1": 150} and allocator.unallotted == 0, (
@@ -230,7 +232,7 @@ def test_the_last_of_the_budget_is_split_at_once_and_the_last_batches_are_what_i
     assert allocator.allotted["w0"] == 150, "an allotment never grows past the budget"
 
 
-def test_what_a_worker_that_left_or_was_left_out_did_not_train_goes_back_to_the_others():
+def test_what_a_worker_that_left_or_was_left_out_did_not_train_goes_back_to_the_others() -> None:
     allocator = _fixed_pair()
     allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
     allocator.forget("w1")  # it left having trained nothing: the job's budget is still 300
@@ -243,7 +245,7 @@ def test_what_a_worker_that_left_or_was_left_out_did_not_train_goes_back_to_the_
     assert allocator.allotted == {"w0": 280, "w1": 20} and allocator.batch_of("w0") == 96
 
 
-def test_a_local_round_takes_its_last_samples_in_its_h_steps():
+def test_a_local_round_takes_its_last_samples_in_its_h_steps() -> None:
     allocator = _allocator(batch_policy="fixed", protocol="local", local_steps=8)
     allocator.reallocate(0.0, 0.0, "joined", "w0", _measured(allocator, {"w0": 1000.0}), force=True)
     allocator.allot("w0", {"w0": 0}, budget=1000)
@@ -252,20 +254,20 @@ def test_a_local_round_takes_its_last_samples_in_its_h_steps():
     assert allocator.batch_of("w0") == 29, "232 left in 8 steps: 29 each, passing the budget by fewer than 8"
 
 
-def test_a_batch_is_what_the_allotment_leaves():
+def test_a_batch_is_what_the_allotment_leaves() -> None:
     assert allotted_batch(48, None) == 48, "no budget known yet"
     assert [allotted_batch(48, left) for left in (100, 48, 6, 0, -3)] == [48, 48, 6, 0, 0]
     assert [allotted_batch(48, left, steps=8) for left in (1000, 100, 6)] == [48, 13, 1]
 
 
-def test_shares_are_proportional_whole_and_never_above_a_weight():
+def test_shares_are_proportional_whole_and_never_above_a_weight() -> None:
     assert shares(5, {"a": 3, "b": 3}) in ({"a": 3, "b": 2}, {"a": 2, "b": 3})
     assert shares(10, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
     assert shares(7, {"a": 10, "b": 0, "c": 4}) == {"a": 5, "b": 0, "c": 2}
     assert shares(3, {"a": 0}) == {"a": 0}
 
 
-def test_the_efficient_policy_amortises_a_slow_links_transfers_over_a_larger_batch_from_its_first_step():
+def test_the_efficient_policy_amortises_a_slow_links_transfers_over_a_larger_batch_from_its_first_step() -> None:
     """w2's steps carry 150 ms of transfers, the others' 5 ms, each computing 1 ms a sample: every knee is beyond
     what B = 96 holds, so every worker gets the same fixed share of its step, w2 thirty times the others' batch
     but for their lower bound (8): the transfers its heartbeat reports are its fixed cost from the first step."""
@@ -274,7 +276,7 @@ def test_the_efficient_policy_amortises_a_slow_links_transfers_over_a_larger_bat
     assert _one_step_each(allocator, transfers, {w: 1e-3 for w in transfers}) == {"w0": 8, "w1": 8, "w2": 80}
 
 
-def test_round_workers_whose_reports_lag_a_round_are_allotted_to_the_same_last_round():
+def test_round_workers_whose_reports_lag_a_round_are_allotted_to_the_same_last_round() -> None:
     """ssgd, 48 each, a budget of 7,200 (75 rounds): the two workers' reports reach the scheduler a round apart in
     turn, so each would take the last samples at its own answer and one would train a 76th round alone; counting
     leads from the most advanced report and levelling the split in whole pushes ends both at round 75."""

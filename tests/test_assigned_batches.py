@@ -14,7 +14,7 @@ from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.outage_clock import ClockReading
 
 
-def test_a_worker_gets_a_larger_batch_only_once_every_shard_reports_it_bounds_its_pushes_by_it():
+def test_a_worker_gets_a_larger_batch_only_once_every_shard_reports_it_bounds_its_pushes_by_it() -> None:
     """Counted as told when the answer was sent, a shard busy with a burst of pushes read its answer after the fast
     worker's first push of the larger batch, and refused an honest push (test_membership, beside a second suite)."""
     state = JobState(JobConfig(dataset="synthetic", global_batch=96), num_shards=2, train_size=1000, now=0.0)
@@ -83,7 +83,7 @@ def _two_shards(cfg: JobConfig, now: float = 0.0) -> tuple[JobState, Shards]:
     return state, Shards(state, shards)
 
 
-def test_status_never_shows_a_batch_the_worker_does_not_hold():
+def test_status_never_shows_a_batch_the_worker_does_not_hold() -> None:
     """Not after a reset of the allocation, nor once a worker dropped, nor while shards learn a larger batch."""
     state, shards = _two_shards(JobConfig(dataset="synthetic", global_batch=96, liveness_timeout_s=2.0))
     a = state.hello(Hello(role="worker"), 0.0).id
@@ -137,7 +137,7 @@ def test_status_never_shows_a_batch_the_worker_does_not_hold():
     assert c not in state.status(4.0).workers and c in state.status(4.0).departed
 
 
-def test_status_never_shows_a_batch_after_a_resume_before_the_shards_bound_it():
+def test_status_never_shows_a_batch_after_a_resume_before_the_shards_bound_it() -> None:
     cfg = JobConfig(dataset="synthetic", global_batch=96)
     state, shards = _two_shards(cfg)
     a = state.hello(Hello(role="worker", instance="w-a"), 0.0).id
@@ -163,7 +163,7 @@ def test_status_never_shows_a_batch_after_a_resume_before_the_shards_bound_it():
     assert _status_batches_are_held(again, 10.7) == {rejoined: 96}
 
 
-def test_a_restarted_shard_bounds_a_worker_by_every_batch_it_may_still_be_stepping_with():
+def test_a_restarted_shard_bounds_a_worker_by_every_batch_it_may_still_be_stepping_with() -> None:
     """Each decision shrinks a's share while it is in one long step with the batch it was handed first: a shard that
     restarts then must still take that step's push, though two decisions came since (test_membership's
     shard-restart failure: "PUSH.samples 58 exceeds 53")."""

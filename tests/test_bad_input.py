@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import msgpack
 import pytest
 import torch
@@ -30,7 +33,7 @@ class ShardUnderFire(Cluster):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardUnderFire]:
     c = ShardUnderFire(tmp_path_factory.mktemp("bad_input"), JOB)
     c.scheduler()
     c.shard_port = free_port()
@@ -79,10 +82,11 @@ def _raw_on(conn: Connection, frames: list[bytes], timeout_s: float = 5.0) -> Me
     return conn.recv(timeout_s)
 
 
-def _env(**fields) -> bytes:
+def _env(**fields: Any) -> bytes:
     base = {"v": PROTOCOL_VERSION, "job": "dynabatch", "sender": "w0", "seq": 5, "chunks": []}
     base.update(fields)
-    return msgpack.packb(base)
+    packed: bytes = msgpack.packb(base)
+    return packed
 
 
 def _frames(
@@ -125,7 +129,7 @@ def _cases(c: ShardUnderFire, model: Message) -> dict[str, tuple[list[bytes], st
     }
 
 
-def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluster):
+def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluster: ShardUnderFire) -> None:
     c = cluster
     before = _pull(c)
     cases = _cases(c, before)
@@ -147,7 +151,7 @@ def test_every_bad_message_to_the_shard_gets_an_error_and_changes_nothing(cluste
         ), code
 
 
-def test_a_good_push_after_the_garbage_is_applied(cluster):
+def test_a_good_push_after_the_garbage_is_applied(cluster: ShardUnderFire) -> None:
     c = cluster
     before = _pull(c)
     metas, tensors = _good_push(c, before, 0.5)
@@ -157,7 +161,7 @@ def test_a_good_push_after_the_garbage_is_applied(cluster):
     assert any(not torch.equal(a, b) for a, b in zip(after.tensors, before.tensors, strict=True))
 
 
-def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster):
+def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster: ShardUnderFire) -> None:
     c = cluster
     status_before = c.status()
     frames_and_codes = [
@@ -181,6 +185,7 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster)
         assert reply.body.code == code, f"expected {code}, got {reply.body.code}: {reply.body.text}"
         assert c.sched_proc.alive()
     status_after = c.status()
+    assert status_before is not None and status_after is not None
     assert status_after.workers.keys() == status_before.workers.keys()
     assert status_after.samples == status_before.samples
     text = c.sched_proc.metrics()
@@ -197,7 +202,7 @@ def _garbage_counted(c: ShardUnderFire) -> float:
     )
 
 
-def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster):
+def test_a_flood_of_garbage_is_counted_and_does_not_stop_the_shard(cluster: ShardUnderFire) -> None:
     c = cluster
     model_before = _pull(c)
     before = _garbage_counted(c)

@@ -8,6 +8,7 @@ verdicts, including the cases where a target is missed or a mark never reached.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def _run(
     )
 
 
-def _runs() -> list[dict]:
+def _runs() -> list[dict[str, Any]]:
     rs = []
     for seed in (0, 1, 2):
         rs += [
@@ -68,17 +69,17 @@ def _runs() -> list[dict]:
     return [r.__dict__ for r in rs]
 
 
-def test_aggregate_means_over_seeds_and_counts_marks_reached():
+def test_aggregate_means_over_seeds_and_counts_marks_reached() -> None:
     runs = [_run("asgd", "fixed", s, 0.87 + 0.01 * s, 0.3, 1000.0, None if s == 0 else 40.0 + s) for s in range(3)]
     (stats,) = convergence.aggregate(runs)
     assert stats.runs == stats.ok_runs == 3
     assert stats.reached == {"0.85": 3, "0.88": 2}
     assert stats.time_to["0.88"] == 41.5
-    assert math.isclose(stats.final_test_acc, 0.88)
-    assert math.isclose(stats.slowest_pace_fraction, 4 * 400.0 / 4000.0)
+    assert stats.final_test_acc is not None and math.isclose(stats.final_test_acc, 0.88)
+    assert stats.slowest_pace_fraction is not None and math.isclose(stats.slowest_pace_fraction, 4 * 400.0 / 4000.0)
 
 
-def test_a_target_metric_is_one_more_time_to_column_after_the_accuracy_marks():
+def test_a_target_metric_is_one_more_time_to_column_after_the_accuracy_marks() -> None:
     runs = [_run("asgd", "dynamic", s, 0.88, 0.3, 1000.0, 40.0) for s in range(2)]
     summary = {
         "time_to_accuracy_s": {"0.85": 10.0, "0.88": 40.0},
@@ -109,12 +110,12 @@ def test_a_target_metric_is_one_more_time_to_column_after_the_accuracy_marks():
     assert "| 10 s | 40 s | 30 s | 88.00%" in every and "| 10 s | 40 s | – | 88.00%" in every
 
 
-def test_a_mark_never_reached_counts_as_never_in_the_median():
+def test_a_mark_never_reached_counts_as_never_in_the_median() -> None:
     runs = [r for r in _runs() if r["protocol"] == "asgd" and r["policy"] == "fixed"]
     assert math.isinf(verdicts.median_time_to(runs, "0.88"))  # reached by one seed of three
 
 
-def test_verdicts_follow_the_figures():
+def test_verdicts_follow_the_figures() -> None:
     claims = verdicts.paper_claims(_runs(), 3.0) + verdicts.targets(_runs(), {"speed_ratio": 0.75}, 3.0)
     by_claim = {v.claim: v for v in claims}
     assert by_claim["DBS-SGD reaches a lower training loss than ASGD at equal time"].holds is True
@@ -128,21 +129,21 @@ def test_verdicts_follow_the_figures():
     assert by_claim[faster].holds
 
 
-def test_a_missed_fraction_says_by_how_much():
+def test_a_missed_fraction_says_by_how_much() -> None:
     runs = [r for r in _runs() if r["protocol"] != "asgd" or r["policy"] != "dynamic"]
     runs += [_run("asgd", "dynamic", 0, 0.88, 0.3, 3000.0, 50.0, frac=0.55).__dict__]
     (frac,) = [v for v in verdicts.targets(runs, None, 3.0) if "standalone" in v.claim and "DBS" in v.claim]
     assert frac.holds is False and "missed by 35 points" in frac.measured
 
 
-def test_configurations_not_run_are_reported_as_not_measured():
+def test_configurations_not_run_are_reported_as_not_measured() -> None:
     only = [r for r in _runs() if r["protocol"] == "asgd"]
     claims = verdicts.paper_claims(only, 3.0)
     assert any(v.holds is None and "n-softsync" in v.claim for v in claims)
     assert all(v.holds is not None for v in claims if "ASGD" in v.claim)
 
 
-def test_the_report_has_every_section_and_links_its_plots():
+def test_the_report_has_every_section_and_links_its_plots() -> None:
     runs = _runs()
     results = {
         "mode": "quick",
@@ -193,7 +194,7 @@ def test_the_report_has_every_section_and_links_its_plots():
     assert "| asgd+fixed | 1 | 10 s | – | 87.50%" in text  # every run, a mark not reached shown as such
 
 
-def test_a_lead_shorter_than_the_evaluation_interval_is_a_tie():
+def test_a_lead_shorter_than_the_evaluation_interval_is_a_tie() -> None:
     runs = [
         _run("asgd", "dynamic", 0, 0.89, 0.3, 3000.0, 40.1).__dict__,
         _run("asgd", "fixed", 0, 0.89, 0.3, 3000.0, 42.0).__dict__,
@@ -202,7 +203,7 @@ def test_a_lead_shorter_than_the_evaluation_interval_is_a_tie():
     assert v.holds is False and "a tie" in v.measured
 
 
-def test_configs_chooses_the_heterogeneous_configurations_and_keeps_the_mode_s_seeds_and_budget():
+def test_configs_chooses_the_heterogeneous_configurations_and_keeps_the_mode_s_seeds_and_budget() -> None:
     args = bench_cli.parse_args(["--parts", "heterogeneous", "--configs", "ssp+fixed", "asgd+dynamic", "ssp+fixed"])
     assert args.configs == (("ssp", "fixed"), ("asgd", "dynamic"))  # in the order given, once each
     mode = bench_cli.with_configs(bench_cli.FULL, args.configs)
@@ -224,13 +225,15 @@ def test_configs_chooses_the_heterogeneous_configurations_and_keeps_the_mode_s_s
         (["--publish", "--configs", "ssp+fixed"], "--publish"),
     ],
 )
-def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(argv, says, capsys):
+def test_configs_refuses_what_it_cannot_measure_with_a_clear_error(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         bench_cli.parse_args(argv)
     assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
-def test_publishing_keeps_the_sections_measured_by_other_commands_in_place():
+def test_publishing_keeps_the_sections_measured_by_other_commands_in_place() -> None:
     mark = report.KEEP_MARK
     previous = (
         "# title\n\n## 1. A\nold a\n## 1b. Later\n" + mark + "\nssp figures\n## 2. B\nold b\n"
@@ -245,7 +248,7 @@ def test_publishing_keeps_the_sections_measured_by_other_commands_in_place():
     assert report.carry_over(fresh, fresh) == fresh, "nothing marked, nothing added"
 
 
-def test_time_to_target_claims_are_judged_at_the_mark_asked_for():
+def test_time_to_target_claims_are_judged_at_the_mark_asked_for() -> None:
     """DBS-SGD reaches 88% in 50-52 s, asgd+fixed in 70 s on one seed of three (median: never); at 85% both
     read 10 s, a tie; where msd was not run its claims are not measured rather than guessed."""
     at_88 = {v.claim: v for v in verdicts.time_to_target_claims(_runs(), 3.0, "0.88")}

@@ -7,7 +7,7 @@ import pytest
 from bench.links import Watch, figures, first_reaching, schedule, table
 
 
-def test_each_worker_gets_its_samples_per_second_share_batch_and_steps_over_the_span():
+def test_each_worker_gets_its_samples_per_second_share_batch_and_steps_over_the_span() -> None:
     watch = Watch(
         elapsed_s=10.0,
         start={"fast-0": (100.0, 5.0, 1.0), "slow-0": (50.0, 2.0, 0.5)},
@@ -19,25 +19,20 @@ def test_each_worker_gets_its_samples_per_second_share_batch_and_steps_over_the_
     assert (fast.samples_per_s, fast.share, fast.mean_batch, fast.last_batch, fast.steps_per_s) == pytest.approx(
         (60.0, 0.6, 20.0, 20.0, 3.0)
     )
-    assert (slow.host, slow.rate, slow.share, slow.mean_batch, slow.standalone_sps) == (
-        "slow-0",
-        "100mbit",
-        pytest.approx(0.4),
-        pytest.approx(100.0),
-        410.0,
-    )
+    assert (slow.host, slow.rate, slow.standalone_sps) == ("slow-0", "100mbit", 410.0)
+    assert (slow.share, slow.mean_batch) == pytest.approx((0.4, 100.0))
     assert fast.standalone_sps == 0.0, "a worker whose log never said its speed"
     assert fast.compute_sps == pytest.approx(400.0), "600 samples in 1.5 s of compute and data"
     assert slow.compute_sps == 0.0, "no compute time reported over the span"
 
 
-def test_a_span_in_which_nothing_trained_has_no_shares_rather_than_a_division_by_zero():
+def test_a_span_in_which_nothing_trained_has_no_shares_rather_than_a_division_by_zero() -> None:
     watch = Watch(5.0, {"w": (10.0, 1.0, 0.0)}, {"w": (10.0, 1.0, 0.0)}, {"w": []})
     job, (w,) = figures(watch, [("w", "1gbit")], {})
     assert (job, w.share, w.mean_batch, w.last_batch) == (0.0, 0.0, 0.0, 0.0)
 
 
-def test_the_time_to_target_is_the_first_reading_at_or_above_it():
+def test_the_time_to_target_is_the_first_reading_at_or_above_it() -> None:
     readings = [(1.0, 0.0), (6.0, 0.62), (11.0, 0.86), (16.0, 0.84), (21.0, 0.9)]
     assert first_reaching(readings, 0.85) == 11.0
     assert first_reaching(readings, 0.86) == 11.0
@@ -45,7 +40,7 @@ def test_the_time_to_target_is_the_first_reading_at_or_above_it():
     assert first_reaching([], 0.5) is None
 
 
-def test_policies_alternate_their_order_run_by_run():
+def test_policies_alternate_their_order_run_by_run() -> None:
     assert schedule(["dynamic", "fixed"], 3) == [
         (1, "dynamic"),
         (1, "fixed"),
@@ -56,7 +51,7 @@ def test_policies_alternate_their_order_run_by_run():
     ]
 
 
-def test_the_table_gives_the_time_to_target_or_what_was_reached_instead():
+def test_the_table_gives_the_time_to_target_or_what_was_reached_instead() -> None:
     worker = {
         "host": "slow-0",
         "rate": "100mbit",

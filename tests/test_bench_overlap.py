@@ -8,7 +8,7 @@ from bench.convergence import RunResult
 from bench.overlap import BUILTIN, Breakdown, VariantRun, Workload, parse_workload, refusal, table
 
 
-def test_a_task_entry_carries_its_environment_knobs_and_a_label_naming_them():
+def test_a_task_entry_carries_its_environment_knobs_and_a_label_naming_them() -> None:
     w = parse_workload("examples/resnet18_cifar10.py:task@RESNET_WIDTH=16,RESNET_SYNTHETIC=2000")
     assert w == Workload(
         "resnet18_cifar10 RESNET_WIDTH=16 RESNET_SYNTHETIC=2000",
@@ -21,18 +21,18 @@ def test_a_task_entry_carries_its_environment_knobs_and_a_label_naming_them():
 
 
 @pytest.mark.parametrize("spec", ["resnet", "examples/resnet18_cifar10.py:task@RESNET_WIDTH", "x.py:t@=3"])
-def test_a_malformed_task_entry_is_refused_naming_it(spec):
+def test_a_malformed_task_entry_is_refused_naming_it(spec: str) -> None:
     with pytest.raises(ValueError, match="is not KEY=VALUE|a workload is"):
         parse_workload(spec)
 
 
-def test_the_config_decides_which_variants_a_protocol_takes():
+def test_the_config_decides_which_variants_a_protocol_takes() -> None:
     assert refusal("pipeline", "ssgd") == ""
     assert refusal("prefetch+behind", "softsync") == ""
     assert "--prefetch-pull: protocol ssgd" in refusal("prefetch+behind", "ssgd")
 
 
-def test_the_table_names_the_workload_and_the_accuracy_and_reports_a_failed_run():
+def test_the_table_names_the_workload_and_the_accuracy_and_reports_a_failed_run() -> None:
     ok = RunResult(
         "heterogeneous",
         "asgd",

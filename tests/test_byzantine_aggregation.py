@@ -62,14 +62,16 @@ def _run(tmp: Path, aggregation: str, fourth: str) -> tuple[float, float, str]:
 
 
 @pytest.fixture(scope="module")
-def twin(tmp_path_factory) -> float:
+def twin(tmp_path_factory: pytest.TempPathFactory) -> float:
     """The clean twin: four honest workers under the default sample-weighted mean."""
     acc, loss, _ = _run(tmp_path_factory.mktemp("twin"), "mean", "honest")
     assert acc > 0.8 and math.isfinite(loss)
     return acc
 
 
-def test_a_liar_among_four_ssgd_workers_moves_a_robust_aggregate_by_no_more_than_two_points(tmp_path, twin):
+def test_a_liar_among_four_ssgd_workers_moves_a_robust_aggregate_by_no_more_than_two_points(
+    tmp_path: Path, twin: float
+) -> None:
     # Of four workers, `--aggregation trimmed-mean` at its default trim keeps the same middle two as the median
     # (tests/test_aggregation.py: trimmed_count(4, 0.2) == 1), so one job holds both rules to account.
     acc, loss, metrics = _run(tmp_path, "median", "scaled")

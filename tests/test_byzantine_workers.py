@@ -63,7 +63,7 @@ def _run(tmp: Path, liar: str) -> tuple[float, float, str]:
 
 
 @pytest.fixture(scope="module")
-def twin(tmp_path_factory) -> float:
+def twin(tmp_path_factory: pytest.TempPathFactory) -> float:
     acc, loss, metrics = _run(tmp_path_factory.mktemp("twin"), "honest")
     assert acc > 0.8 and math.isfinite(loss)
     assert metric_value(metrics, "dynabatch_ps_quarantined_workers_total", shard="0") == 0, "an honest worker"
@@ -86,7 +86,9 @@ def twin(tmp_path_factory) -> float:
         ("flipped_large", ["direction", "norm"]),
     ],
 )
-def test_a_lying_worker_is_quarantined_and_the_job_ends_within_a_point_of_its_clean_twin(tmp_path, twin, liar, reasons):
+def test_a_lying_worker_is_quarantined_and_the_job_ends_within_a_point_of_its_clean_twin(
+    tmp_path: Path, twin: float, liar: str, reasons: list[str]
+) -> None:
     acc, loss, metrics = _run(tmp_path, liar)
     assert math.isfinite(loss), f"{liar}: the final model's loss is {loss}"
     assert acc >= twin - MARGIN, f"{liar}: {acc:.3f} against the clean twin's {twin:.3f}"

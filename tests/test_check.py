@@ -27,7 +27,7 @@ TASKS = Path(__file__).resolve().parent / "tasks"
 
 
 @pytest.mark.slow
-def test_check_lists_the_parameters_and_layout_and_fits_a_positive_per_sample_cost():
+def test_check_lists_the_parameters_and_layout_and_fits_a_positive_per_sample_cost() -> None:
     done = subprocess.run(
         command_line(
             "check",
@@ -63,12 +63,14 @@ def test_check_lists_the_parameters_and_layout_and_fits_a_positive_per_sample_co
     assert "676 values, 2,704 bytes" in out and "3 chunk(s)" in out
     assert "shard 0: 2 chunk(s) [0, 2]" in out and "shard 1: 1 chunk(s) [1]" in out
     assert "frozen parameters: none" in out and "buffers: none" in out
-    per_sample_us = float(re.search(r"c = (-?[\d.]+) us/sample", out).group(1))
+    fit = re.search(r"c = (-?[\d.]+) us/sample", out)
+    assert fit is not None, out
+    per_sample_us = float(fit.group(1))
     assert per_sample_us > 0, out
     assert "bytes per step and worker: 5,408 (pull 2,704 + push 2,704)" in out
 
 
-def test_check_gives_frozen_parameters_and_buffers_their_policy():
+def test_check_gives_frozen_parameters_and_buffers_their_policy() -> None:
     def model() -> nn.Module:
         m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
         m[0].requires_grad_(False)
@@ -89,12 +91,12 @@ def test_check_gives_frozen_parameters_and_buffers_their_policy():
     assert report.bytes_per_step == 2 * 4 * (3 + 3 + 6 + 2) and set(report.step_s) == {4, 8}
 
 
-def test_check_refuses_a_bad_task_with_exit_2(capsys):
+def test_check_refuses_a_bad_task_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert check_command.main(["--task", f"{TASKS / 'bad.py'}:unseeded"]) == 2
     assert "dynabatch check: two builds of the model differ in weight" in capsys.readouterr().err
 
 
-def test_a_line_fit_recovers_fixed_and_per_sample_cost():
+def test_a_line_fit_recovers_fixed_and_per_sample_cost() -> None:
     a, c = fit_line([(16, 0.002 + 16e-4), (64, 0.002 + 64e-4), (256, 0.002 + 256e-4)])
     assert a == pytest.approx(0.002) and c == pytest.approx(1e-4)
     with pytest.raises(ValueError, match="two distinct"):

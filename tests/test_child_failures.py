@@ -47,13 +47,13 @@ STATUS_TIMEOUT_S = 2.0  # the run's STATUS request timeout, the longest one turn
     ],
 )
 def test_after_exit_restarts_a_bounded_number_of_times_then_leaves_out_only_a_worker(
-    role, restarts, port_taken, goes_on, action
-):
+    role: str, restarts: int, port_taken: bool, goes_on: bool, action: str
+) -> None:
     assert after_exit(role, restarts, 3, port_taken, goes_on) == action
 
 
 @pytest.mark.parametrize("role", ["worker", "evaluator", "ps", "scheduler"])
-def test_a_process_that_exits_2_is_never_restarted_whatever_its_role(role):
+def test_a_process_that_exits_2_is_never_restarted_whatever_its_role(role: str) -> None:
     assert after_exit(role, 0, 3, False, True, returncode=2) == "refused"
     assert after_exit(role, 0, 3, False, True, returncode=1) == "restart"
 
@@ -71,7 +71,9 @@ def _port(endpoint: str) -> int:
 
 
 @pytest.mark.slow
-def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metrics_ports_are_announced(tmp_path):
+def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metrics_ports_are_announced(
+    tmp_path: Path,
+) -> None:
     run = JobRun(RunOptions(restarts=0), JobConfig(), [], tmp_path, "", None)
     ln = run.launcher
     taken = _occupied()
@@ -91,7 +93,7 @@ def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metri
         assert shard.restarts == 0 and shard.rebinds == 1 and _port(shard.endpoint) != shard_port.getsockname()[1]
         st = wait_for(
             "the moved shard registered",
-            lambda: (s := status_at(zmq.Context.instance(), ln.scheduler_endpoint)) and s.shards and s,
+            lambda: s if (s := status_at(zmq.Context.instance(), ln.scheduler_endpoint)) and s.shards else None,
             60,
         )
         assert st.shards["0"].endpoint == shard.endpoint
@@ -110,7 +112,9 @@ def test_a_scheduler_and_a_shard_whose_ports_are_taken_start_on_others_and_metri
         ln.stop_all()
 
 
-def test_a_worker_that_keeps_dying_at_start_fails_the_run_with_its_log_once_restarts_are_spent(tmp_path, capsys):
+def test_a_worker_that_keeps_dying_at_start_fails_the_run_with_its_log_once_restarts_are_spent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Before the job trains, the others wait for it (--min-workers 2): the run ends instead of waiting."""
     run = JobRun(RunOptions(restarts=1), JobConfig(min_workers=2), [], tmp_path, "", None)
     run.launcher.spawn("worker0", "worker", [sys.executable, "-c", "import time; time.sleep(60)"])
@@ -133,7 +137,9 @@ def test_a_worker_that_keeps_dying_at_start_fails_the_run_with_its_log_once_rest
         run.launcher.stop_all()
 
 
-def test_a_worker_that_exits_2_ends_the_run_at_once_with_its_one_line_reason(tmp_path, capsys):
+def test_a_worker_that_exits_2_ends_the_run_at_once_with_its_one_line_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A configuration error found only by the worker: no restart (--restarts 3), exit 2, the line it said."""
     run = JobRun(RunOptions(restarts=3), JobConfig(), [], tmp_path, "", None)
     say = (
@@ -167,7 +173,7 @@ def _children_of(pid: int, name: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_follow_it(tmp_path):
+def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_follow_it(tmp_path: Path) -> None:
     """A fixed-batch job, as the one that hung: the killed worker must train again within twice the time the
     run took to get both workers training, plus a few of their steps and one turn of the run's loop."""
     started = time.monotonic()

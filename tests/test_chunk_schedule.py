@@ -28,7 +28,7 @@ def _step(rate: float, compute_s: float = 0.3) -> StepSample:
     return StepSample(compute_s, 2 * MODEL_BYTES / rate, 2 * MODEL_BYTES)
 
 
-def test_a_slower_link_gets_smaller_pushes_and_less_in_flight_never_below_the_jobs_credit():
+def test_a_slower_link_gets_smaller_pushes_and_less_in_flight_never_below_the_jobs_credit() -> None:
     fast, slow = plan_for(_step(GBIT), CHUNK, 0, LEAST_CREDIT), plan_for(_step(MBIT100), CHUNK, 0, LEAST_CREDIT)
     assert fast.group > slow.group >= 1 and fast.credit > slow.credit >= 2 * slow.group * CHUNK, (fast, slow)
     assert "Mbit/s" in fast.reason
@@ -36,7 +36,7 @@ def test_a_slower_link_gets_smaller_pushes_and_less_in_flight_never_below_the_jo
     assert slowest.group == 1 and slowest.credit == LEAST_CREDIT
 
 
-def test_a_plan_is_powers_of_two_within_the_push_and_the_layout():
+def test_a_plan_is_powers_of_two_within_the_push_and_the_layout() -> None:
     plan = plan_for(StepSample(10.0, 0.01, 2 * MODEL_BYTES), CHUNK, 4, LEAST_CREDIT)  # a very fast link, long compute
     assert plan.group == 4, "no more chunks per push than the layout has"
     assert plan.credit <= MODEL_BYTES and plan.credit & (plan.credit - 1) == 0
@@ -45,7 +45,7 @@ def test_a_plan_is_powers_of_two_within_the_push_and_the_layout():
     )
 
 
-def test_one_odd_step_changes_nothing_and_a_lasting_change_is_followed():
+def test_one_odd_step_changes_nothing_and_a_lasting_change_is_followed() -> None:
     current = plan_for(_step(GBIT), CHUNK, 0, LEAST_CREDIT)
     odd = plan_for(_step(MBIT100), CHUNK, 0, LEAST_CREDIT)
     assert settle(current, [current, current, odd]) is None
@@ -92,7 +92,7 @@ def _schedule(mode: str, protocol: str = "asgd") -> WireSchedule:
     return WireSchedule(job, protocol_spec(job.protocol))
 
 
-def test_the_plan_follows_a_link_that_slows_down_and_recovers_when_it_heals():
+def test_the_plan_follows_a_link_that_slows_down_and_recovers_when_it_heals() -> None:
     """1 Gbit for 6 steps, 100 Mbit for 6, 1 Gbit again: the plan follows each lasting change after
     STABLE_PROPOSALS steps, and comes back to the first one."""
     plans = _plans(_schedule("scheduled"), _heartbeats([GBIT] * 6 + [MBIT100] * 6 + [GBIT] * 6))
@@ -104,7 +104,7 @@ def test_the_plan_follows_a_link_that_slows_down_and_recovers_when_it_heals():
     assert len({(p.group, p.credit) for p in plans}) == 2, "no plan between the two links"
 
 
-def test_fixed_hands_out_the_jobs_own_flags_whatever_the_link():
+def test_fixed_hands_out_the_jobs_own_flags_whatever_the_link() -> None:
     schedule = _schedule("fixed")
     plans = _plans(schedule, _heartbeats([GBIT] * 3 + [MBIT100] * 3))
     job = schedule.job
@@ -112,7 +112,7 @@ def test_fixed_hands_out_the_jobs_own_flags_whatever_the_link():
     assert schedule.ranks(["w0"]) == {}
 
 
-def test_a_round_serves_its_slowest_worker_first_and_asynchronous_the_most_transfer_bound():
+def test_a_round_serves_its_slowest_worker_first_and_asynchronous_the_most_transfer_bound() -> None:
     times = {
         "w0": WorkerTimes(own_s=1.0, transfer_s=0.1),
         "w1": WorkerTimes(own_s=0.5, transfer_s=0.4),
@@ -125,7 +125,7 @@ def test_a_round_serves_its_slowest_worker_first_and_asynchronous_the_most_trans
 
 
 @pytest.mark.parametrize(("protocol", "first"), [("ssgd", "slow"), ("asgd", "wired")])
-def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol, first):
+def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol: str, first: str) -> None:
     """ssgd closes rounds (the slowest own step first); asgd does not (the most transfer-bound first)."""
     schedule = _schedule("scheduled", protocol)
     schedule.observe(
@@ -143,7 +143,7 @@ def _pull_from(sender: str, ids: list[int]) -> Incoming:
     return Incoming(b"c", Message(Pull(ids=ids), [], [], "dynabatch", sender, 1), None)
 
 
-def test_a_shard_orders_one_polls_messages_by_rank_then_front_of_the_model():
+def test_a_shard_orders_one_polls_messages_by_rank_then_front_of_the_model() -> None:
     ranks = {"w1": 0, "w0": 1}
     waiting = [
         _pull_from("w0", [0]),

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ from dynabatch.worker.options import WorkerOptions
 from harness import Cluster, wait_for
 
 
-def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", *args],
         capture_output=True,
@@ -62,18 +63,18 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["scheduler", "--epoch", "1"], "unrecognized arguments: --epoch 1"),
     ],
 )
-def test_bad_flags_exit_2_naming_the_flag(args, needle):
+def test_bad_flags_exit_2_naming_the_flag(args: list[str], needle: str) -> None:
     out = _run(*args)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr
 
 
-def test_bad_environment_defaults_name_the_variable():
+def test_bad_environment_defaults_name_the_variable() -> None:
     out = _run("scheduler", env={"DYNABATCH_LR": "fast"})
     assert out.returncode == 2 and "DYNABATCH_LR" in out.stderr
 
 
-def test_environment_supplies_defaults_and_flags_override_it():
+def test_environment_supplies_defaults_and_flags_override_it() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -84,7 +85,7 @@ def test_environment_supplies_defaults_and_flags_override_it():
     assert job.global_batch == 64 and job.nesterov is False
 
 
-def test_missing_data_says_how_to_get_it(tmp_path):
+def test_missing_data_says_how_to_get_it(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "DYNABATCH_DATA_DIR": str(tmp_path)}
     out = _run("run", "--dataset", "cifar10", "--model", "resnet", "--out", str(tmp_path / "runs"), env=env)
     assert out.returncode == 2
@@ -92,7 +93,7 @@ def test_missing_data_says_how_to_get_it(tmp_path):
     assert not (tmp_path / "runs").exists(), "nothing may be started or written for a run that cannot work"
 
 
-def test_a_run_folder_that_holds_a_run_is_never_reused(tmp_path):
+def test_a_run_folder_that_holds_a_run_is_never_reused(tmp_path: Path) -> None:
     """Its shards would silently resume from the old checkpoints."""
     old = tmp_path / "runs" / "exp1"
     (old / "checkpoints").mkdir(parents=True)
@@ -106,7 +107,7 @@ def test_a_run_folder_that_holds_a_run_is_never_reused(tmp_path):
 COMMANDS = ("run", "scheduler", "ps", "worker", "export", "check", "plan", "keys")
 
 
-def test_help_lists_every_command_on_a_line_of_its_own():
+def test_help_lists_every_command_on_a_line_of_its_own() -> None:
     """Each command is a row of the command table, matched as a whole word at the row's start ("run" alone, not
     the "run" inside "dry-run")."""
     out = _run("--help")
@@ -117,7 +118,7 @@ def test_help_lists_every_command_on_a_line_of_its_own():
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_each_commands_help_is_its_own(command):
+def test_each_commands_help_is_its_own(command: str) -> None:
     out = _run(command, "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: dynabatch {command} "), out.stdout[:200]
@@ -145,7 +146,7 @@ def help_topics(text: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("command", FLAG_CLASSES)
-def test_help_lists_each_flag_once_under_the_topic_its_field_names(command):
+def test_help_lists_each_flag_once_under_the_topic_its_field_names(command: str) -> None:
     """The topic comes from the flag's own definition (its opt() metadata); the headings follow TOPICS' order."""
     out = _run(command, "--help")
     assert out.returncode == 0, out.stderr
@@ -186,7 +187,7 @@ HOMONYMS = {
 }
 
 
-def test_no_flag_is_defined_in_two_option_modules():
+def test_no_flag_is_defined_in_two_option_modules() -> None:
     """A flag that one command forwards to another (run to its workers and shards), or that two roles take
     alike (ps and worker join a job the same way), has one definition that both inherit."""
     owners: dict[str, set[str]] = defaultdict(set)
@@ -205,7 +206,7 @@ def test_no_flag_is_defined_in_two_option_modules():
     assert all(ps[name] is worker[name] for name in ("job", "scheduler", "on_finish"))
 
 
-def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(tmp_path):
+def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(tmp_path: Path) -> None:
     """How a process that stopped answering is read without stopping it."""
     c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp"])
     try:
@@ -224,6 +225,8 @@ def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(t
                 f"{scheduler.log_text()[-4000:]}"
             ) from None
         assert "Current thread" in log and "most recent call first" in log, log
-        assert scheduler.alive() and c.status().job == "dynabatch"
+        status = c.status()
+        assert status is not None
+        assert scheduler.alive() and status.job == "dynabatch"
     finally:
         c.stop()

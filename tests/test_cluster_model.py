@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of
-from bench.simulate import SimConfig, WorkerSpec, simulate
-from dynabatch.common.data import load_dataset
+from bench.simulate import SimConfig, SimResult, WorkerSpec, simulate
+from dynabatch.common.data import Dataset, load_dataset
 from dynabatch.common.prediction import pipelined
 
 
 @pytest.fixture(scope="module")
-def data():
+def data() -> Dataset:
     return load_dataset("synthetic")
 
 
-def node(count: int, **kw) -> tuple[WorkerSpec, ...]:
+def node(count: int, **kw: Any) -> tuple[WorkerSpec, ...]:
     return (WorkerSpec(**kw),) * count
 
 
-def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data, **kw):
+def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data: Dataset, **kw: Any) -> SimResult:
     """A noiseless run whose only evaluation is at the end (the runs here count samples, not accuracy)."""
     base = dict(
         budget_s=20.0, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=1e9, eval_size=50, noise=0.0
@@ -27,7 +29,7 @@ def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data, **kw)
     return simulate(SimConfig(protocol, policy, workers, **{**base, **kw}), data)
 
 
-def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_first_come_first_served():
+def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_first_come_first_served() -> None:
     assert Link(8.0, latency_s=0.01).transfer_s(1e6) == pytest.approx(1.01)  # 8 Mbit over 8 Mbit/s
     q = ShardQueue(mbit=80.0)  # 1 MB in 0.1 s
     assert [q.serve(0.0, 1e6), q.serve(0.05, 1e6), q.serve(1.0, 1e6)] == pytest.approx([0.1, 0.2, 1.1])
@@ -46,7 +48,7 @@ def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_first_
     assert pipelined(1.0, 0.3, 1) == pytest.approx(1.3) and pipelined(1.0, 0.3, 10) == pytest.approx(1.03)
 
 
-def test_a_gradient_step_overlaps_the_pull_with_forward_and_the_push_with_backward():
+def test_a_gradient_step_overlaps_the_pull_with_forward_and_the_push_with_backward() -> None:
     net = Network(Link(8.0), Shards(1, 0.0, 1e6), chunks=4)  # 1 s each way; a step of 0.6 s: forward 0.2, backward 0.4
     assert net.exposed_pull_s(0.0, 0.6) == pytest.approx(1.0 + 0.2 / 4 - 0.2)
     assert net.push_link_s(0.6) == pytest.approx(1.0 + 0.4 / 4 - 0.4) and net.push_link_s() == pytest.approx(1.0)
@@ -55,7 +57,9 @@ def test_a_gradient_step_overlaps_the_pull_with_forward_and_the_push_with_backwa
 
 
 @pytest.mark.parametrize("pipeline, wire_bytes", [("off", 1e6), ("auto", 8e6)])
-def test_a_workers_samples_follow_its_own_curve_and_the_models_bytes_over_its_link(data, pipeline, wire_bytes):
+def test_a_workers_samples_follow_its_own_curve_and_the_models_bytes_over_its_link(
+    data: Dataset, pipeline: str, wire_bytes: float
+) -> None:
     """One worker, its step 0.1 + 0.01 b s, pulling and pushing the model over its link: the samples it trains
     in the budget are the budget over the step's formula (serial, or overlapped over 8 chunks)."""
     link_mbit = 8.0 * wire_bytes / 1e6  # one second each way
@@ -74,7 +78,7 @@ def test_a_workers_samples_follow_its_own_curve_and_the_models_bytes_over_its_li
     assert abs(r.samples - 16 * 20.0 / step) <= 16  # within the step the budget cuts
 
 
-def test_many_workers_pushing_a_large_model_queue_at_the_shard_and_more_shards_serve_them_faster(data):
+def test_many_workers_pushing_a_large_model_queue_at_the_shard_and_more_shards_serve_them_faster(data: Dataset) -> None:
     """Eight fast workers on fast links, a 1 MB model and shards of 80 Mbit/s: every step is a pull and a push
     the shards must serve (0.1 s each for one shard), so the job trains 5 steps/s whatever the workers could do,
     and four shards (a quarter of the model each) serve four times as many. The budget cuts at most one step of
@@ -86,7 +90,9 @@ def test_many_workers_pushing_a_large_model_queue_at_the_shard_and_more_shards_s
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])
-def test_no_worker_is_given_more_than_its_memory_cap_and_the_global_batch_goes_to_the_others(data, policy):
+def test_no_worker_is_given_more_than_its_memory_cap_and_the_global_batch_goes_to_the_others(
+    data: Dataset, policy: str
+) -> None:
     """Two fast workers capped at 20 samples beside two slow ones: the dynamic split would give the fast ones
     about 50 each and the fixed one 32; the cap holds and the rest of B = 128 goes to the uncapped."""
     fast = node(2, fixed_s=0.01, per_sample_s=0.0005, max_batch=20, link_mbit=10_000.0)
@@ -96,7 +102,7 @@ def test_no_worker_is_given_more_than_its_memory_cap_and_the_global_batch_goes_t
     assert sum(r.worker_batches.values()) == 128
 
 
-def test_a_fixed_part_in_the_slowdown_adds_its_seconds_to_every_simulated_step(data):
+def test_a_fixed_part_in_the_slowdown_adds_its_seconds_to_every_simulated_step(data: Dataset) -> None:
     """`--slowdown F:A` as the real worker idles it: a step of the cluster's curve times F, plus A."""
     worker = (WorkerSpec("2:0.1"),)
     r = run("asgd", "fixed", worker, data, fixed_s=0.01, per_sample_s=0.001, comm_s=0.0)

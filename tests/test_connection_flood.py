@@ -20,7 +20,7 @@ import pytest
 
 from dynabatch.cluster.launcher import Child, command_line
 from dynabatch.common.connection_caps import ConnectionCaps
-from dynabatch.common.messages import StatusRequest
+from dynabatch.common.messages import StatusReply, StatusRequest
 from dynabatch.common.transport import Connection
 from dynabatch.common.verified_files import load_newest_good
 from dynabatch.scheduler.saved_progress import progress_path
@@ -53,13 +53,15 @@ def _limited(c: Cluster, command: str, flags: list[str], endpoint: str) -> Child
 
 
 def _samples(conn: Connection) -> int:
-    return conn.request(StatusRequest(), timeout_s=30).body.state.samples
+    reply = conn.request(StatusRequest(), timeout_s=30).body
+    assert isinstance(reply, StatusReply), reply
+    return reply.state.samples
 
 
 def _saved_samples(progress: Path) -> int:
     """The samples in the scheduler's newest progress file, read as a restart reads it: while it replaces the
     file, only the previous copy is there for a moment."""
-    saved = load_newest_good(progress, lambda _copy, payload: json.loads(payload)["samples"], print)
+    saved: int | None = load_newest_good(progress, lambda _copy, payload: json.loads(payload)["samples"], print)
     assert saved is not None, f"no progress file at {progress}"
     return saved
 
@@ -68,7 +70,7 @@ def _count(child: Child, name: str, **labels: str) -> float:
     return metric_value(child.metrics(), name, **labels)
 
 
-def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_writes_on(tmp_path):
+def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_writes_on(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     try:
         state = tmp_path / "state"
@@ -119,12 +121,11 @@ def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_write
                 assert _count(server, "dynabatch_connections", role=role) == CAPS.total
                 refused = _count(server, "dynabatch_connections_refused_total", role=role)
                 assert refused == held[role] + FLOOD - CAPS.total
-                wait_for(
-                    f"the {role}'s descriptors to settle within its cap",
-                    lambda pid=server.proc.pid, role=role: (
-                        descriptors(pid) <= before[role] + CAPS.total - held[role] + PASSING
-                    ),
-                )
+
+                def settled(pid: int = server.proc.pid, role: str = role) -> bool:
+                    return descriptors(pid) <= before[role] + CAPS.total - held[role] + PASSING
+
+                wait_for(f"the {role}'s descriptors to settle within its cap", settled)
             wait_for("the job to train on", lambda: _samples(member) > samples)
             saved = _saved_samples(progress)
             wait_for("the scheduler to write its progress", lambda: _saved_samples(progress) > saved)
@@ -136,14 +137,15 @@ def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_write
             for flood in floods.values():
                 close_flood(flood)
         for role, server in servers.items():
-            wait_for(
-                f"the {role} to give the flood's places back",
-                lambda server=server, role=role: _count(server, "dynabatch_connections", role=role) == held[role],
-            )
-            wait_for(
-                f"the {role}'s descriptors to come back",
-                lambda pid=server.proc.pid, role=role: descriptors(pid) <= before[role] + PASSING,
-            )
+
+            def given_back(server: Child = server, role: str = role) -> bool:
+                return _count(server, "dynabatch_connections", role=role) == held[role]
+
+            def closed(pid: int = server.proc.pid, role: str = role) -> bool:
+                return descriptors(pid) <= before[role] + PASSING
+
+            wait_for(f"the {role} to give the flood's places back", given_back)
+            wait_for(f"the {role}'s descriptors to come back", closed)
             assert server.alive() and "Too many open files" not in server.log_text()
         wait_for("the job to train after the flood", lambda: _samples(member) > samples)
         member.close()
@@ -151,7 +153,7 @@ def test_a_flood_of_connections_is_held_to_the_caps_and_the_job_trains_and_write
         c.stop()
 
 
-def test_a_job_of_several_workers_from_one_address_is_never_refused_a_connection(tmp_path):
+def test_a_job_of_several_workers_from_one_address_is_never_refused_a_connection(tmp_path: Path) -> None:
     c = Cluster(tmp_path, [*JOB, "--min-workers", "3"])
     try:
         scheduler, shard = c.scheduler(), c.shard(0)

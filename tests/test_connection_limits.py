@@ -16,7 +16,7 @@ from fuzz.greeting_flood import close_flood, open_flood, shut_down_by_server
 from harness import wait_for
 
 
-def test_a_server_socket_pings_its_peers_and_drops_those_that_never_answer():
+def test_a_server_socket_pings_its_peers_and_drops_those_that_never_answer() -> None:
     ctx = zmq.Context()
     try:
         sock, endpoint = bind_router(ctx, "tcp://127.0.0.1:0")
@@ -28,7 +28,7 @@ def test_a_server_socket_pings_its_peers_and_drops_those_that_never_answer():
         ctx.term()
 
 
-def test_a_process_raises_its_descriptor_limit_to_the_hard_limit_before_it_serves():
+def test_a_process_raises_its_descriptor_limit_to_the_hard_limit_before_it_serves() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = min(256, hard)
     code = (
@@ -41,7 +41,7 @@ def test_a_process_raises_its_descriptor_limit_to_the_hard_limit_before_it_serve
     assert soft <= hard
 
 
-def test_a_socket_shuts_down_connections_over_its_caps_keeps_serving_its_peers_and_takes_new_ones_later():
+def test_a_socket_shuts_down_connections_over_its_caps_keeps_serving_its_peers_and_takes_new_ones_later() -> None:
     """A real ROUTER and real TCP connections that complete ZeroMQ's handshake, under caps of a few dozen."""
     caps = ConnectionCaps(total=40, per_source=30)
     ctx = zmq.Context()
@@ -84,7 +84,7 @@ def test_a_socket_shuts_down_connections_over_its_caps_keeps_serving_its_peers_a
     assert not watch.thread.is_alive(), "the watch ends with its socket"
 
 
-def _round_trip(router: zmq.Socket, peer: zmq.Socket) -> None:
+def _round_trip(router: zmq.Socket[bytes], peer: zmq.Socket[bytes]) -> None:
     peer.send(b"ping")
     assert router.poll(10_000), "the router never got the peer's message"
     identity, body = router.recv_multipart()

@@ -15,10 +15,10 @@ import zmq
 from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeyError, CurveKeys, create_keys, key_name, key_role
 from dynabatch.common.messages import EvalReport, Hello, Pull, Push
 from dynabatch.common.transport import Connection, RemoteError, use_curve
-from harness import Cluster, free_port, metric_value, run_job, wait_for
+from harness import Cluster, Proc, free_port, metric_value, run_job, wait_for
 
 
-def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(out), *extra],
         capture_output=True,
@@ -27,7 +27,7 @@ def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_keys_writes_a_server_and_one_client_keypair_per_role_and_never_overwrites_silently(tmp_path):
+def test_keys_writes_a_server_and_one_client_keypair_per_role_and_never_overwrites_silently(tmp_path: Path) -> None:
     out = tmp_path / "keys"
     made = _keys(out)
     assert made.returncode == 0, made.stderr
@@ -56,7 +56,7 @@ def test_keys_writes_a_server_and_one_client_keypair_per_role_and_never_overwrit
     assert all((out / name).read_bytes() != before[name] for name in KEY_FILES)
 
 
-def test_a_key_per_machine_is_admitted_under_its_role_and_names_must_be_role_eq_name(tmp_path):
+def test_a_key_per_machine_is_admitted_under_its_role_and_names_must_be_role_eq_name(tmp_path: Path) -> None:
     assert _keys(tmp_path, "--name", "worker=gpu-a", "--name", "evaluator=e1").returncode == 0
     server = CurveKeys.load(str(tmp_path), "scheduler")
     names = sorted(server.admitted.values())
@@ -69,7 +69,7 @@ def test_a_key_per_machine_is_admitted_under_its_role_and_names_must_be_role_eq_
     assert key_name("worker=gpu-a") == "worker-gpu-a"
 
 
-def test_every_missing_key_file_of_a_role_is_named(tmp_path):
+def test_every_missing_key_file_of_a_role_is_named(tmp_path: Path) -> None:
     create_keys(tmp_path / "all", force=False)
     for role, files in KEYS_BY_ROLE.items():
         for missing in files:
@@ -91,7 +91,7 @@ def test_every_missing_key_file_of_a_role_is_named(tmp_path):
         ("evaluator", "evaluator.key_secret"),
     ],
 )
-def test_a_missing_key_file_exits_2_naming_it(tmp_path, role, missing):
+def test_a_missing_key_file_exits_2_naming_it(tmp_path: Path, role: str, missing: str) -> None:
     create_keys(tmp_path, force=False)
     (tmp_path / missing).unlink()
     command = ["worker", "--evaluator"] if role == "evaluator" else [role]
@@ -106,7 +106,7 @@ def test_a_missing_key_file_exits_2_naming_it(tmp_path, role, missing):
 
 
 @pytest.mark.parametrize("role", sorted(KEYS_BY_ROLE))
-def test_each_role_loads_from_only_its_own_key_files(tmp_path, role):
+def test_each_role_loads_from_only_its_own_key_files(tmp_path: Path, role: str) -> None:
     """What the manifests mount per pod is enough, and no secret a role does not use is read."""
     create_keys(tmp_path / "all", force=False)
     (tmp_path / "mine").mkdir()
@@ -131,7 +131,7 @@ def _refused(text: str, role: str) -> dict[str, float]:
     }
 
 
-def _wait_refused(proc, role: str, reasons: tuple[str, ...]) -> None:
+def _wait_refused(proc: Proc, role: str, reasons: tuple[str, ...]) -> None:
     counts: dict[str, float] = {}
 
     def counted() -> bool:
@@ -145,7 +145,7 @@ def _wait_refused(proc, role: str, reasons: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
-def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
+def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     assert _keys(keys).returncode == 0
     c = Cluster(
@@ -204,7 +204,9 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path):
         c.stop()
 
 
-def _each_key_sends_only_what_its_role_may(c: Cluster, keys: Path, scheduler, shard, shard_endpoint: str) -> None:
+def _each_key_sends_only_what_its_role_may(
+    c: Cluster, keys: Path, scheduler: Proc, shard: Proc, shard_endpoint: str
+) -> None:
     """A worker key cannot register a shard or report an evaluation, an evaluator key cannot push, and a shard
     key is not even admitted by a shard: refused as `bad_role` (counted) or in the handshake."""
     contexts = {}
@@ -249,7 +251,7 @@ def _each_key_sends_only_what_its_role_may(c: Cluster, keys: Path, scheduler, sh
 
 
 @pytest.mark.slow
-def test_dynabatch_run_with_curve_dir_finishes(tmp_path):
+def test_dynabatch_run_with_curve_dir_finishes(tmp_path: Path) -> None:
     """`dynabatch run --curve-dir`: every child and the run's own STATUS link use the keys."""
     keys = tmp_path / "keys"
     assert _keys(keys).returncode == 0

@@ -35,7 +35,7 @@ def _nvidia_files_open(pid: int) -> set[str]:
     return found
 
 
-def _worker(*flags: str) -> subprocess.CompletedProcess:
+def _worker(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dynabatch.cli.main", "worker", *flags], capture_output=True, text=True, timeout=120
     )
@@ -43,14 +43,14 @@ def _worker(*flags: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has a CUDA device")
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
-def test_cuda_without_a_gpu_exits_2_at_startup(device):
+def test_cuda_without_a_gpu_exits_2_at_startup(device: str) -> None:
     out = _worker("--device", device, "--scheduler", "tcp://127.0.0.1:9")
     assert out.returncode == 2
     assert f"--device {device}: no CUDA device here" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA")
-def test_a_cuda_index_this_machine_lacks_exits_2_at_startup():
+def test_a_cuda_index_this_machine_lacks_exits_2_at_startup() -> None:
     device = f"cuda:{torch.cuda.device_count()}"
     out = _worker("--device", device, "--scheduler", "tcp://127.0.0.1:9")
     assert out.returncode == 2
@@ -59,7 +59,7 @@ def test_a_cuda_index_this_machine_lacks_exits_2_at_startup():
 
 
 @pytest.mark.parametrize("device", ["tpu", "gpu", "cuda:x"])
-def test_an_unknown_device_exits_2_naming_the_flag(device):
+def test_an_unknown_device_exits_2_naming_the_flag(device: str) -> None:
     out = _worker("--device", device)
     assert out.returncode == 2
     assert "--device" in out.stderr and "is not cpu, cuda or cuda:N" in out.stderr
@@ -67,7 +67,7 @@ def test_an_unknown_device_exits_2_naming_the_flag(device):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_CUDA, reason="no CUDA"))])
-def test_worker_and_evaluator_compute_on_the_device(tmp_path, device):
+def test_worker_and_evaluator_compute_on_the_device(tmp_path: Path, device: str) -> None:
     """Both train or evaluate, with their model's parameters where `--device` says (each logs the device its
     parameters are on, read off the model), and hold a GPU exactly when told to: a worker whose model is not on
     the device fails on any host, and on a GPU host so does a `cpu` worker that computed on the GPU anyway, or a

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
@@ -31,7 +33,7 @@ def _feed(watch: DivergenceWatch, reports: list[tuple[int, int, float]], settled
         prev = hb
 
 
-def test_steps_skipped_in_a_row_are_a_divergence_and_skips_between_good_steps_are_not():
+def test_steps_skipped_in_a_row_are_a_divergence_and_skips_between_good_steps_are_not() -> None:
     watch = DivergenceWatch()
     _feed(watch, [(1, 0, 2.0), (0, 1, math.nan), (1, 0, 1.9), (0, 1, math.nan), (1, 0, 1.8)] * 5)
     assert watch.cause == "" and not watch.suspect
@@ -41,7 +43,7 @@ def test_steps_skipped_in_a_row_are_a_divergence_and_skips_between_good_steps_ar
     assert "skipped 3 steps in a row" in watch.cause, watch.cause
 
 
-def test_a_loss_far_above_its_running_level_in_a_row_is_a_divergence_and_a_spike_is_not():
+def test_a_loss_far_above_its_running_level_in_a_row_is_a_divergence_and_a_spike_is_not() -> None:
     watch = DivergenceWatch()
     falling = [(1, 0, 2.0 * 0.97**i) for i in range(100)]
     spike = [(1, 0, 3 * LOSS_FACTOR)]
@@ -52,13 +54,13 @@ def test_a_loss_far_above_its_running_level_in_a_row_is_a_divergence_and_a_spike
     assert "above" in watch.cause and "3 times in a row" in watch.cause, watch.cause
 
 
-def test_a_local_round_whose_every_step_was_skipped_is_a_divergence():
+def test_a_local_round_whose_every_step_was_skipped_is_a_divergence() -> None:
     watch = DivergenceWatch()
     _feed(watch, [(8, 0, 2.0), (8, 8, math.nan)])
     assert "skipped 8 steps" in watch.cause
 
 
-def test_one_worker_alone_cannot_roll_the_job_back_nor_hold_its_checkpoints():
+def test_one_worker_alone_cannot_roll_the_job_back_nor_hold_its_checkpoints() -> None:
     """A diverged model fails every worker; one worker's skips (a bad machine, a lying peer) are not enough, nor
     can its tiny losses pull the job's level down under the honest workers' losses."""
     watch = DivergenceWatch()
@@ -85,7 +87,7 @@ def test_one_worker_alone_cannot_roll_the_job_back_nor_hold_its_checkpoints():
     assert "skipped" in watch.cause and "2 of 3 workers alike" in watch.cause, watch.cause
 
 
-def test_reports_on_a_model_being_thrown_away_count_for_nothing():
+def test_reports_on_a_model_being_thrown_away_count_for_nothing() -> None:
     watch = DivergenceWatch()
     _feed(watch, [(1, 0, 2.0)] + [(0, 1, math.nan)] * 10, settled=False)
     assert watch.cause == ""
@@ -97,7 +99,7 @@ def test_reports_on_a_model_being_thrown_away_count_for_nothing():
     assert watch.cause == "" and not watch.suspect
 
 
-def _job(**kw) -> JobState:
+def _job(**kw: Any) -> JobState:
     cfg = JobConfig(
         **{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw}
     )
@@ -140,7 +142,9 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
     )
 
 
-def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
+def _shard(
+    state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None
+) -> Assignment:
     known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
     applied = state.assignment_for(state.roster.members["ps0"]).batches
     return state.heartbeat(
@@ -158,7 +162,7 @@ def _shard(state: JobState, now: float, version: int, good: int, problem: str = 
     )
 
 
-def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_max_rollbacks():
+def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_max_rollbacks() -> None:
     state = _job(max_rollbacks=2)
     for i in range(5):
         _step(state, 0.1 + i * 0.01)
@@ -190,11 +194,17 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     _step(state, 0.41)
     assert state.rollbacks.rollback_number == 1 and not state.rollbacks.divergence.suspect
     state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.43)  # a late look at v5
-    assert state.evaluations.eval.test_acc == 0.1, "an evaluation of the model thrown away is not the restored one's"
+    assert state.evaluations.eval is not None and state.evaluations.eval.test_acc == 0.1, (
+        "an evaluation of the model thrown away is not the restored one's"
+    )
     state.eval_report(evaluator, EvalReport(version=4, test_loss=0.5, test_acc=0.8), 0.44)
-    assert state.evaluations.eval.version == 4, "the restored model's evaluation replaces the diverged one's"
+    assert state.evaluations.eval is not None and state.evaluations.eval.version == 4, (
+        "the restored model's evaluation replaces the diverged one's"
+    )
     state.eval_report(evaluator, EvalReport(version=3, test_loss=0.5, test_acc=0.8), 0.45)
-    assert state.evaluations.eval.version == 4, "and older ones are ignored again"
+    assert state.evaluations.eval is not None and state.evaluations.eval.version == 4, (
+        "and older ones are ignored again"
+    )
 
     _shard(state, 0.5, version=4, good=3, problem="parameter norm 1e9 is 1e6x its running level")
     assert state.rollbacks.rollback_number == 2 and state.rollbacks.lr_factor == 0.25
@@ -209,7 +219,7 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     assert state.finished, "a failed job ends once its workers left, without waiting for a final evaluation"
 
 
-def test_shards_keep_their_last_checkpoint_while_the_workers_skip_steps():
+def test_shards_keep_their_last_checkpoint_while_the_workers_skip_steps() -> None:
     state = _job()
     _step(state, 0.1)
     assert not _shard(state, 0.2, version=1, good=1).hold_checkpoints
@@ -219,7 +229,7 @@ def test_shards_keep_their_last_checkpoint_while_the_workers_skip_steps():
     assert not _shard(state, 0.6, version=2, good=1).hold_checkpoints
 
 
-def test_a_shard_reporting_impossible_divergence_fields_is_refused():
+def test_a_shard_reporting_impossible_divergence_fields_is_refused() -> None:
     state = _job(max_rollbacks=2)
     for bad in (Heartbeat(rollbacks=3), Heartbeat(good_version=-2), Heartbeat(model_problem="x" * 1000)):
         with pytest.raises(ProtocolError, match="bad_field"):
@@ -227,33 +237,35 @@ def test_a_shard_reporting_impossible_divergence_fields_is_refused():
     assert state.rollbacks.rollback_number == 0
 
 
-def test_a_worker_whose_skipped_count_goes_backwards_is_refused():
+def test_a_worker_whose_skipped_count_goes_backwards_is_refused() -> None:
     state = _job()
     _step(state, 0.1, loss=math.nan, skipped=2)
     with pytest.raises(ProtocolError, match="skipped went backwards"):
         state.heartbeat("w0", Heartbeat(standalone_sps=1000.0, skipped=1), 0.2)
 
 
-def test_rollbacks_and_the_smaller_step_survive_a_scheduler_restart(tmp_path):
+def test_rollbacks_and_the_smaller_step_survive_a_scheduler_restart(tmp_path: Path) -> None:
     state = _job()
     _step(state, 0.1)
     _shard(state, 0.2, version=1, good=1, problem="parameters not finite")
     path = progress_path(str(tmp_path), state.job.job)
     save_progress(path, state.saved(1.0, wall=ClockReading(100.0)))
     again = JobState(state.job, num_shards=1, now=0.0)
-    again.resume(load_progress(path, to_dict(state.job)), 0.0, wall=ClockReading(101.0))
+    saved = load_progress(path, to_dict(state.job))
+    assert saved is not None
+    again.resume(saved, 0.0, wall=ClockReading(101.0))
     assert again.rollbacks.rollback_number == 1 and again.rollbacks.lr_factor == 0.5
     assert again.status(0.0).rollbacks == state.status(1.0).rollbacks
 
 
-def test_a_fresh_scheduler_learns_a_later_rollback_from_its_shards():
+def test_a_fresh_scheduler_learns_a_later_rollback_from_its_shards() -> None:
     """Without saved progress, a shard that applied rollback 2 must not be ordered to roll back to "1" again."""
     state = _job()
     _shard(state, 0.1, version=1, good=1, rollbacks=2)
     assert state.rollbacks.rollback_number == 2 and state.rollbacks.lr_factor == lr_factor(2)
 
 
-def test_a_job_that_trains_nothing_for_longer_than_its_steps_allow_fails():
+def test_a_job_that_trains_nothing_for_longer_than_its_steps_allow_fails() -> None:
     state = _job(join_timeout_s=5.0)
     state.tick(0.0)
     assert not state.end.failed, "not training yet"
@@ -268,7 +280,7 @@ def test_a_job_that_trains_nothing_for_longer_than_its_steps_allow_fails():
     assert state.stopping
 
 
-def test_the_stall_limit_follows_the_slowest_workers_steps_and_is_never_below_the_floor():
+def test_the_stall_limit_follows_the_slowest_workers_steps_and_is_never_below_the_floor() -> None:
     assert stall_limit_s([], 120.0) == 120.0
     assert stall_limit_s([0.01, 0.05], 1.0) == pytest.approx(STALL_STEPS * 0.05)
     assert stall_limit_s([0.01, 10.0], 120.0) == pytest.approx(STALL_STEPS * 10.0)

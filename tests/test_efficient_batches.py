@@ -19,7 +19,7 @@ def _fixed_share(model: StepModel, batch: int) -> float:
     return model.fixed_s / model.step_seconds(batch)
 
 
-def test_the_knee_is_where_the_fixed_cost_falls_to_its_share_of_the_step():
+def test_the_knee_is_where_the_fixed_cost_falls_to_its_share_of_the_step() -> None:
     assert knee(FAST_GPU) == pytest.approx(900.0)
     assert _fixed_share(FAST_GPU, 900) == pytest.approx(FIXED_SHARE)
     assert FAST_GPU.samples_per_s(900) == pytest.approx((1 - FIXED_SHARE) / FAST_GPU.per_sample_s)
@@ -31,7 +31,7 @@ def test_the_knee_is_where_the_fixed_cost_falls_to_its_share_of_the_step():
             knee(FAST_GPU, bad)
 
 
-def test_when_b_holds_every_knee_each_worker_gets_at_least_its_knee_and_the_rest_equal_compute_time():
+def test_when_b_holds_every_knee_each_worker_gets_at_least_its_knee_and_the_rest_equal_compute_time() -> None:
     models = {"fast": FAST_GPU, "slow": SLOW_GPU, "link": SLOW_LINK}
     batches = efficient_batches(models, 2100, 8, 4096)
     assert sum(batches.values()) == 2100
@@ -42,7 +42,7 @@ def test_when_b_holds_every_knee_each_worker_gets_at_least_its_knee_and_the_rest
     assert batches["fast"] * FAST_GPU.per_sample_s == pytest.approx(batches["slow"] * SLOW_GPU.per_sample_s, rel=0.02)
 
 
-def test_when_b_cannot_hold_the_knees_every_worker_gets_the_same_fixed_share_of_its_step():
+def test_when_b_cannot_hold_the_knees_every_worker_gets_the_same_fixed_share_of_its_step() -> None:
     models = {"fast": FAST_GPU, "slow": SLOW_GPU, "link": SLOW_LINK}
     batches = efficient_batches(models, 600, 1, 4096)
     assert sum(batches.values()) == 600
@@ -54,7 +54,7 @@ def test_when_b_cannot_hold_the_knees_every_worker_gets_the_same_fixed_share_of_
     assert rate > 1.1 * sum(m.samples_per_s(equal[w]) for w, m in models.items()), "beats equal shares"
 
 
-def test_a_slow_link_is_amortised_over_a_larger_batch():
+def test_a_slow_link_is_amortised_over_a_larger_batch() -> None:
     """Two workers that compute alike, one behind a link that adds 40 ms of transfers to every step: its fixed
     cost is five times the other's, and so is its batch, within B."""
     near, far = StepModel(0.010, 0.001), SLOW_LINK
@@ -63,14 +63,14 @@ def test_a_slow_link_is_amortised_over_a_larger_batch():
     assert _fixed_share(far, batches["far"]) == pytest.approx(_fixed_share(near, batches["near"]))
 
 
-def test_a_cap_holds_its_worker_and_the_others_take_the_rest():
+def test_a_cap_holds_its_worker_and_the_others_take_the_rest() -> None:
     models = {"fast": FAST_GPU, "slow": SLOW_GPU}
     capped = efficient_batches(models, 600, 8, 4096, caps={"fast": 256})
     assert capped == {"fast": 256, "slow": 344}
     assert efficient_batches(models, 600, 8, 300) == {"fast": 300, "slow": 300}, "the job's --max-batch too"
 
 
-def test_bounds_that_cannot_hold_b_win_and_nothing_is_an_error():
+def test_bounds_that_cannot_hold_b_win_and_nothing_is_an_error() -> None:
     models = {"fast": FAST_GPU, "slow": SLOW_GPU}
     assert efficient_batches(models, 4, 8, 64) == {"fast": 8, "slow": 8}
     assert efficient_batches(models, 1000, 8, 64) == {"fast": 64, "slow": 64}
@@ -79,7 +79,7 @@ def test_bounds_that_cannot_hold_b_win_and_nothing_is_an_error():
         efficient_batches(models, 100, 8, 4)
 
 
-def test_random_clusters_keep_the_sum_the_bounds_and_the_knees():
+def test_random_clusters_keep_the_sum_the_bounds_and_the_knees() -> None:
     rng = random.Random(7)
     for _ in range(300):
         n = rng.randint(1, 12)

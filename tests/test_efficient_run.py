@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,14 +18,14 @@ pytestmark = pytest.mark.slow
 B, CAPS = 96, {"worker0": 64, "worker1": 32, "worker2": 16}
 
 
-def _measured(worker: dict) -> StepModel:
+def _measured(worker: dict[str, Any]) -> StepModel:
     """A worker's step as its last heartbeat reported it: what it spent besides computing and taking its samples
     is fixed, the rest per sample (SpeedModel.overhead_fit's reading of one step)."""
     compute = worker["compute_s"] + worker["data_s"]
     return StepModel(max(0.0, worker["step_s"] - worker["wait_s"] - compute), compute / worker["batch"])
 
 
-def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path):
+def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path: Path) -> None:
     """Three workers capped at 64, 32 and 16 samples, B = 96, the MLP on synthetic data for an epoch. A
     step's fixed cost (its pull and push on loopback) is worth far more than 64 samples' compute here, so every
     knee is above its worker's cap and B is below the caps' sum: the rule gives each worker the same fraction
@@ -69,7 +71,7 @@ def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path):
     )
     expected = {"worker0": 55, "worker1": 27, "worker2": 14}  # each the same fraction of its cap
 
-    def batches(status: dict) -> dict[str, int]:
+    def batches(status: dict[str, Any]) -> dict[str, int]:
         return {w["name"]: w["batch"] for w in status["workers"].values()}
 
     # A STATUS shows a worker's last step, which its allotment may have cut short near the budget's end, or which

@@ -35,12 +35,12 @@ from dynabatch.worker.evaluator import evaluate
         (EvalReport(version=1, test_loss=0.3, test_acc=0.9, metrics={"accuracy": 0.5}), "EVAL.test_acc"),
     ],
 )
-def test_figures_out_of_their_range_are_named(report, field):
+def test_figures_out_of_their_range_are_named(report: EvalReport, field: str) -> None:
     problem = eval_problem(report)
     assert problem is not None and problem.startswith(field), problem
 
 
-def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accuracy_pass():
+def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accuracy_pass() -> None:
     assert (
         eval_problem(
             EvalReport(
@@ -57,9 +57,9 @@ def test_fractions_in_range_other_metrics_of_any_size_and_a_task_without_accurac
     )
 
 
-def test_an_evaluators_metric_that_counted_nothing_is_left_out_so_its_report_is_in_bounds():
-    def never(model, batch):  # e.g. a precision when no sample is predicted positive
-        return {"never": (0.0, 0.0)}
+def test_an_evaluators_metric_that_counted_nothing_is_left_out_so_its_report_is_in_bounds() -> None:
+    def never(model: torch.nn.Module, batch: object) -> dict[str, tuple[float, float]]:
+        return {"never": (0.0, 0.0)}  # e.g. a precision when no sample is predicted positive
 
     data = torch.utils.data.TensorDataset(torch.randn(40, 2), torch.randint(0, 2, (40,)))
     task = db.Task(model=lambda: torch.nn.Linear(2, 2), train_data=lambda: data, metrics=[db.metrics.accuracy, never])

@@ -10,6 +10,7 @@ import json
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ GPT_MARGIN_BITS = 0.5
 
 
 @pytest.fixture
-def tiny_env(tmp_path, monkeypatch):
+def tiny_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], None]:
     """Set an example's size for this test's child processes (which inherit the environment); no CIFAR-10 files."""
     empty = tmp_path / "no-data"
     empty.mkdir()
@@ -101,11 +102,14 @@ def final_metrics(tmp_path: Path, spec: str, *flags: str) -> dict[str, float]:
     )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["final_eval"], summary
-    return summary["final_metrics"]
+    metrics: dict[str, float] = summary["final_metrics"]
+    return metrics
 
 
 @pytest.mark.slow
-def test_the_resnet_example_checks_and_trains_on_synthetic_images(tmp_path, tiny_env):
+def test_the_resnet_example_checks_and_trains_on_synthetic_images(
+    tmp_path: Path, tiny_env: Callable[[dict[str, str]], None]
+) -> None:
     """Under the default protocol (asgd), at width 4 on 600 synthetic images, two epochs gave 41 to 73 % in 9
     runs on a loaded machine, chance being 10 %. The recipe's lr is 0.05: at 0.1, where each worker's step is
     twice a synchronous one, one run in four ended at chance (the test then forced `--protocol ssgd`).
@@ -123,7 +127,9 @@ def test_the_resnet_example_checks_and_trains_on_synthetic_images(tmp_path, tiny
 
 
 @pytest.mark.slow
-def test_the_byte_gpt_example_checks_and_beats_a_threshold_from_a_single_process_run(tmp_path, tiny_env):
+def test_the_byte_gpt_example_checks_and_beats_a_threshold_from_a_single_process_run(
+    tmp_path: Path, tiny_env: Callable[[dict[str, str]], None]
+) -> None:
     """Bits per byte after the tiny distributed run must be within 0.5 of a single-process run of the same task.
 
     The single-process reference is computed here (tests/plain_torch.py: the
@@ -148,7 +154,9 @@ def test_the_byte_gpt_example_checks_and_beats_a_threshold_from_a_single_process
     assert metrics["bits_per_byte"] <= reference + GPT_MARGIN_BITS, (metrics, reference)
 
 
-def test_the_resnet_example_reads_cifar10_python_batches_under_the_data_dir(tmp_path, monkeypatch):
+def test_the_resnet_example_reads_cifar10_python_batches_under_the_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the six python batches in $DYNABATCH_DATA_DIR/cifar-10-batches-py the task trains on them, not on
     synthetic images: sizes and labels are the files'."""
     folder = tmp_path / "cifar-10-batches-py"
@@ -163,6 +171,7 @@ def test_the_resnet_example_reads_cifar10_python_batches_under_the_data_dir(tmp_
         (folder / name).write_bytes(pickle.dumps({b"data": data, b"labels": labels[name]}))
     monkeypatch.setenv("DYNABATCH_DATA_DIR", str(tmp_path))
     task = load_task(RESNET)
+    assert task.eval_data is not None
     train, test = task.train_data(), task.eval_data()
     assert (len(train), len(test)) == (20, 3)
     assert [int(test[i][1]) for i in range(3)] == labels["test_batch"]

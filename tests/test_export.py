@@ -75,7 +75,7 @@ def export(run_dir: Path, out: Path, *extra: str) -> int:
 
 
 @pytest.mark.slow
-def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained):
+def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained: db.Run) -> None:
     task = load_task(BLOBS)
     assert trained.summary["finished"] and trained.summary["final_eval"], trained.summary
     assert trained.dir.name == "trained" and sorted(p.name for p in (trained.dir / "checkpoints").glob("*.pt")) == [
@@ -89,7 +89,9 @@ def test_db_run_returns_the_run_folder_its_summary_and_the_trained_model(trained
 
 
 @pytest.mark.slow
-def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported_metrics(trained, tmp_path):
+def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported_metrics(
+    trained: db.Run, tmp_path: Path
+) -> None:
     out = tmp_path / "exported" / "model.pt"
     done = subprocess.run(
         command_line("export", [str(trained.dir), "--out", str(out)]),
@@ -110,26 +112,28 @@ def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported
 
 
 @pytest.mark.slow
-def test_db_export_gives_the_model_db_run_returned(trained):
+def test_db_export_gives_the_model_db_run_returned(trained: db.Run) -> None:
     model = db.export(str(trained.dir))  # a folder's name as a user types it; the task is the one the run recorded
     ours, theirs = model.state_dict(), trained.model.state_dict()
     assert list(ours) == list(theirs)
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)
 
 
-def test_db_export_refuses_a_folder_that_holds_no_run(tmp_path):
+def test_db_export_refuses_a_folder_that_holds_no_run(tmp_path: Path) -> None:
     with pytest.raises(db.ExportError, match="holds no run"):
         db.export(tmp_path)
 
 
-def test_export_refuses_a_folder_that_holds_no_run(tmp_path, capsys):
+def test_export_refuses_a_folder_that_holds_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert export(tmp_path, tmp_path / "model.pt") == 2
     assert "holds no run (no config.json" in capsys.readouterr().err
     assert not (tmp_path / "model.pt").exists()
 
 
 @pytest.mark.slow
-def test_export_names_a_missing_shard_checkpoint(trained, tmp_path, capsys):
+def test_export_names_a_missing_shard_checkpoint(
+    trained: db.Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     partial = tmp_path / "partial"
     (partial / "checkpoints").mkdir(parents=True)
     shutil.copy(trained.dir / "config.json", partial / "config.json")
@@ -140,7 +144,9 @@ def test_export_names_a_missing_shard_checkpoint(trained, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_export_refuses_a_task_whose_model_is_not_the_runs(trained, tmp_path, capsys):
+def test_export_refuses_a_task_whose_model_is_not_the_runs(
+    trained: db.Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert export(trained.dir, tmp_path / "model.pt", "--task", f"{TASKS / 'blobs_variants.py'}:wider") == 2
     assert "parameter 0 is 0.weight [48, 16] float32 here but 0.weight [32, 16]" in capsys.readouterr().err
     assert not (tmp_path / "model.pt").exists()
@@ -157,7 +163,7 @@ def _batchnorm_task() -> Task:
     return Task(model=model, train_data=lambda: data)
 
 
-def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_factorys_frozen_state():
+def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_factorys_frozen_state() -> None:
     task = _batchnorm_task()
     sig, _, _ = check_task(task, seed=5)
     flat = torch.arange(sig.total, dtype=torch.float32)
@@ -171,15 +177,16 @@ def test_assembling_takes_the_shards_parameters_the_checkpoints_buffers_and_the_
     ]
     model = load_trained(task, 5, assemble(states, chunk_bytes=1 << 20))
     fresh = task.build_model(5)
-    assert torch.equal(model[0].weight.flatten(), flat[:12]) and torch.equal(model[1].bias, flat[18:21])
-    assert torch.equal(model[1].running_mean, torch.tensor([1.0, 2.0, 3.0]))  # the checkpoint's buffer wins
-    assert torch.equal(model[1].running_var, fresh[1].running_var)  # the others are the factory's
-    assert torch.equal(model[2].weight, fresh[2].weight) and torch.equal(model.scale, fresh.scale)
+    got, factory = model.state_dict(), fresh.state_dict()
+    assert torch.equal(got["0.weight"].flatten(), flat[:12]) and torch.equal(got["1.bias"], flat[18:21])
+    assert torch.equal(got["1.running_mean"], torch.tensor([1.0, 2.0, 3.0]))  # the checkpoint's buffer wins
+    assert torch.equal(got["1.running_var"], factory["1.running_var"])  # the others are the factory's
+    assert torch.equal(got["2.weight"], factory["2.weight"]) and torch.equal(got["scale"], factory["scale"])
     with pytest.raises(TaskError, match=r"buffer 1.running_avg \[3\], which the task's model does not have"):
         load_trained(task, 5, TrainedState(sig, assemble(states, 1 << 20).params, {"1.running_avg": torch.zeros(3)}))
 
 
-def test_weights_that_do_not_fit_the_model_are_refused_naming_the_key(tmp_path):
+def test_weights_that_do_not_fit_the_model_are_refused_naming_the_key(tmp_path: Path) -> None:
     model = _batchnorm_task().model()
     state = model.state_dict()
     for broken, message in (
@@ -196,7 +203,7 @@ def test_weights_that_do_not_fit_the_model_are_refused_naming_the_key(tmp_path):
         read_state_dict(tmp_path / "nowhere.pt")
     loaded = _batchnorm_task().model()
     load_weights(loaded, {k: v + 1 for k, v in state.items()}, "--init w.pt")
-    assert torch.equal(loaded[2].weight, state["2.weight"] + 1), "frozen parameters load too"
+    assert torch.equal(loaded.state_dict()["2.weight"], state["2.weight"] + 1), "frozen parameters load too"
 
 
 def _first_evaluation(run_dir: Path) -> dict[str, Any]:
@@ -205,7 +212,7 @@ def _first_evaluation(run_dir: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_init_starts_a_run_from_exported_weights(trained, tmp_path):
+def test_init_starts_a_run_from_exported_weights(trained: db.Run, tmp_path: Path) -> None:
     assert export(trained.dir, tmp_path / "model.pt") == 0
     task = load_task(BLOBS)
     model = task.model()
@@ -235,7 +242,7 @@ def test_init_starts_a_run_from_exported_weights(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_run_refuses_init_weights_of_another_model_before_starting_anything(tmp_path):
+def test_run_refuses_init_weights_of_another_model_before_starting_anything(tmp_path: Path) -> None:
     torch.save(load_task(f"{TASKS / 'blobs_variants.py'}:wider").model().state_dict(), tmp_path / "wider.pt")
     done = subprocess.run(
         command_line(
@@ -252,7 +259,7 @@ def test_run_refuses_init_weights_of_another_model_before_starting_anything(tmp_
 
 
 @pytest.mark.slow
-def test_a_worker_refuses_init_weights_of_another_model(tmp_path):
+def test_a_worker_refuses_init_weights_of_another_model(tmp_path: Path) -> None:
     torch.save(load_task(f"{TASKS / 'blobs_variants.py'}:wider").model().state_dict(), tmp_path / "wider.pt")
     c = Cluster(tmp_path, ["--epochs", "1000"])
     try:
@@ -265,14 +272,14 @@ def test_a_worker_refuses_init_weights_of_another_model(tmp_path):
         c.stop()
 
 
-def test_db_run_refuses_a_task_it_cannot_name():
+def test_db_run_refuses_a_task_it_cannot_name() -> None:
     local = Task(model=lambda: nn.Linear(2, 2), train_data=lambda: [0])
     with pytest.raises(TaskError, match="define it at module level"):
         task_spec(local)
     assert task_spec("pkg.module:task") == "pkg.module:task"
 
 
-def test_db_run_names_a_task_by_the_file_that_defines_it(tmp_path):
+def test_db_run_names_a_task_by_the_file_that_defines_it(tmp_path: Path) -> None:
     """A task of the script being run is named by the script's path; an imported one by its own module's file."""
     script = tmp_path / "train.py"
     script.write_text(
@@ -287,7 +294,7 @@ def test_db_run_names_a_task_by_the_file_that_defines_it(tmp_path):
     assert done.stdout.split() == [f"{script.resolve()}:task", f"{(TASKS / 'blobs.py').resolve()}:task"]
 
 
-def test_db_run_refuses_unknown_settings_and_a_nested_call(monkeypatch):
+def test_db_run_refuses_unknown_settings_and_a_nested_call(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="no setting epoch "):
         db.run(BLOBS, epoch=3)
     monkeypatch.setenv(ACTIVE_ENV, "1")
@@ -295,7 +302,7 @@ def test_db_run_refuses_unknown_settings_and_a_nested_call(monkeypatch):
         db.run(BLOBS)
 
 
-def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_path):
+def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_path: Path) -> None:
     done = subprocess.run(
         command_line("export", [str(tmp_path / "no-run"), "--out", str(tmp_path)]),
         capture_output=True,
@@ -312,7 +319,7 @@ def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_pa
 
 
 @pytest.mark.slow
-def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained, tmp_path):
+def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained: db.Run, tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a folder")
     out = tmp_path / "a-file" / "model.pt"
     done = subprocess.run(
@@ -327,7 +334,7 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained
 
 
 @pytest.mark.slow
-def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_path):
+def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_path: Path) -> None:
     """The run folder names its task by absolute path: export needs neither the run's folder nor its --task."""
     run = RunProcess(
         tmp_path / "runs",

@@ -13,7 +13,9 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,7 +72,7 @@ class Job:
         self.processes = [self.c.worker(name) for name in ("a", "b")]  # on the default request timeout, 30 s
         self.processes.append(self.c.launcher.start_worker("eval", [], evaluator=True))
 
-    def progress(self, what: str, predicate, timeout_s: float = 90) -> JobStatus:
+    def progress(self, what: str, predicate: Callable[[JobStatus], object], timeout_s: float = 90) -> JobStatus:
         return self.c.wait_status(what, predicate, timeout_s)
 
     @staticmethod
@@ -90,9 +92,10 @@ def _versions_checkpointed(child: Child) -> list[int]:
     return [int(v) for v in re.findall(r"checkpoint at version (\d+) written", child.log_text())]
 
 
-def _epoch(saved: dict) -> float:
+def _epoch(saved: dict[str, Any]) -> float:
     """The epoch a progress file of the scheduler holds (the samples the model holds, over the training set)."""
-    return (saved["samples"] - saved["lost_samples"]) / saved["train_size"]
+    epoch: float = (saved["samples"] - saved["lost_samples"]) / saved["train_size"]
+    return epoch
 
 
 def _saved_epoch(path: Path) -> float:
@@ -110,7 +113,7 @@ def _final(job: Job) -> JobStatus:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory) -> tuple[JobStatus, float, float]:
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStatus, float, float]:
     """The same job without faults: the accuracy and duration to compare with, and the seconds per version
     of shard 1 (from the checkpoint it writes as the job ends: a finished job's STATUS lists no shards)."""
     job = Job(tmp_path_factory.mktemp("clean"), (30.0, 30.0))
@@ -123,7 +126,9 @@ def clean(tmp_path_factory) -> tuple[JobStatus, float, float]:
 
 
 @pytest.mark.slow
-def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_path, clean):
+def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(
+    tmp_path: Path, clean: tuple[JobStatus, float, float]
+) -> None:
     baseline, clean_s, version_s = clean
     # Shard 0 never writes an interval checkpoint. Shard 1 writes one every VERSIONS_PER_CHECKPOINT versions'
     # time, as measured in the clean run: the kill, a few versions after a checkpoint, must land before the next.
@@ -181,6 +186,7 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         assert final.lost_samples > 0
         # Recovery may cost at most one point; asgd's order of updates moves either run by about one point, so
         # the faulty one also came out 1.1 points ahead of its clean twin once (two suites on 2 cores).
+        assert final.test_acc is not None and baseline.test_acc is not None
         assert final.test_acc >= baseline.test_acc - 0.01, (final.test_acc, baseline.test_acc)
         print(
             f"\nclean {clean_s:.1f}s acc {baseline.test_acc:.4f}; faulty {job.wall_s:.1f}s acc {final.test_acc:.4f}; "
@@ -191,7 +197,9 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         job.c.stop()
 
 
-def test_dynabatch_run_restarts_an_exited_server_a_bounded_number_of_times(tmp_path, capsys):
+def test_dynabatch_run_restarts_an_exited_server_a_bounded_number_of_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = JobRun(RunOptions(restarts=2), JobConfig(), [], tmp_path, "", None)
     run.launcher.spawn("ps0", "ps", [sys.executable, "-c", "import sys; sys.exit(3)"])
     run.launcher.spawn("worker0", "worker", [sys.executable, "-c", "pass"])

@@ -7,13 +7,15 @@ not end in a traceback.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from dynabatch.ps.checkpoint import save_checkpoint
 from harness import Cluster
 
 
-def test_a_shard_refuses_another_jobs_checkpoint_with_one_line(tmp_path):
+def test_a_shard_refuses_another_jobs_checkpoint_with_one_line(tmp_path: Path) -> None:
     ckpt_dir = tmp_path / "checkpoints"
     theirs = {"job": "last-weeks-job", "shard": 0, "shards": 1, "chunk_bytes": 1 << 20}
     save_checkpoint(ckpt_dir / "shard-0.pt", theirs, {"params": {0: torch.ones(4)}})

@@ -39,12 +39,12 @@ def _tmpfs(mount: Path, options: str) -> Iterator[Path]:
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     yield from _tmpfs(tmp_path / "disk", "size=16m")  # a running job keeps two checkpoints (a .prev) and a temp
 
 
 @pytest.fixture
-def read_only_disk(tmp_path):
+def read_only_disk(tmp_path: Path) -> Iterator[Path]:
     yield from _tmpfs(tmp_path / "ro", "size=1m,ro")
 
 
@@ -65,7 +65,7 @@ def fill(disk: Path) -> None:
                 pass
 
 
-def test_an_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temporary_one(small_disk):
+def test_an_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temporary_one(small_disk: Path) -> None:
     path = small_disk / "state.json"
     write_text_atomic(path, "old")
     fill(small_disk)
@@ -76,7 +76,7 @@ def test_an_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temporary_one
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "state.json"]
 
 
-def test_a_run_folder_on_a_full_disk_is_refused_before_start_and_none_is_left(small_disk):
+def test_a_run_folder_on_a_full_disk_is_refused_before_start_and_none_is_left(small_disk: Path) -> None:
     fill(small_disk)
     done = subprocess.run(
         command_line("run", ["--out", str(small_disk), "--name", "r", *FOREVER]),
@@ -92,7 +92,7 @@ def test_a_run_folder_on_a_full_disk_is_refused_before_start_and_none_is_left(sm
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
-def test_a_run_folder_on_a_read_only_disk_is_refused_before_start(read_only_disk):
+def test_a_run_folder_on_a_read_only_disk_is_refused_before_start(read_only_disk: Path) -> None:
     done = subprocess.run(
         command_line("run", ["--out", str(read_only_disk / "runs"), "--name", "r", *FOREVER]),
         capture_output=True,
@@ -109,7 +109,9 @@ def test_a_run_folder_on_a_read_only_disk_is_refused_before_start(read_only_disk
 
 
 @pytest.mark.slow
-def test_a_disk_that_fills_while_the_job_trains_ends_the_run_with_one_line_and_nothing_left(small_disk, tmp_path):
+def test_a_disk_that_fills_while_the_job_trains_ends_the_run_with_one_line_and_nothing_left(
+    small_disk: Path, tmp_path: Path
+) -> None:
     run = RunProcess(small_disk, tmp_path / "run.err", [*FOREVER, "--checkpoint-interval-s", "0.5"])
     try:
         run.trained_and_evaluated()

@@ -8,6 +8,7 @@ had none.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,7 @@ EPOCHS = 10
 SLOWDOWN = 4.0
 
 
-def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path):
+def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_path: Path) -> None:
     seed = random.randrange(1 << 16)
     print(
         f"fuzz seed {seed}: `PYTHONPATH=tests python -m fuzz --messages {MESSAGES} --epochs {EPOCHS} "
@@ -65,4 +66,5 @@ def test_a_live_job_refuses_every_fuzzed_message_and_trains_as_a_clean_one(tmp_p
     assert sum(report.refused.values()) + taken >= 0.95 * MESSAGES, report.refused
     for code, n in report.refused.items():
         assert report.counted.get(code, 0) >= n, f"{code}: {n} refused but {report.counted.get(code, 0)} counted"
+    assert report.fuzzed_acc is not None and report.clean_acc is not None
     assert abs(report.fuzzed_acc - report.clean_acc) * 100 <= ACCURACY_POINTS, (report.fuzzed_acc, report.clean_acc)

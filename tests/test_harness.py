@@ -31,8 +31,9 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def test_interrupt_kills_the_process_groups_of_a_run_that_outlasts_it():
+def test_interrupt_kills_the_process_groups_of_a_run_that_outlasts_it() -> None:
     run = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert run.stdout is not None
     child = int(run.stdout.readline())
     assert _running(child)
     interrupt(run, timeout_s=1.0)  # both ignore Ctrl-C, so the second's deadline passes

@@ -6,6 +6,7 @@ rollback) hears of rollbacks."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -19,8 +20,8 @@ from scheduler_socket import SchedulerSocket
 
 
 @pytest.fixture
-def keeper():
-    ctx = zmq.Context.instance()
+def keeper() -> Iterator[tuple[HeartbeatKeeper, SchedulerSocket, list[float]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     scheduler = SchedulerSocket(ctx)
     scheduler.answer = Assignment(assignment_id=1)
     link = SchedulerLink(ctx, scheduler.endpoint, "j", "test")
@@ -39,7 +40,9 @@ def _answered(keeper: HeartbeatKeeper, scheduler: SchedulerSocket, beats: int) -
     wait_for("the answer", lambda: keeper.link.wait(0.05) is not None or keeper.link.lost, 10)
 
 
-def test_it_repeats_the_last_heartbeat_and_is_due_again_an_interval_later(keeper):
+def test_it_repeats_the_last_heartbeat_and_is_due_again_an_interval_later(
+    keeper: tuple[HeartbeatKeeper, SchedulerSocket, list[float]],
+) -> None:
     beat, scheduler, ticks = keeper
     beat.interval_s = 60.0
     report = Heartbeat(steps=2, samples=64, batch=32)
@@ -51,7 +54,9 @@ def test_it_repeats_the_last_heartbeat_and_is_due_again_an_interval_later(keeper
     assert beat.next_at > time.monotonic() + 50
 
 
-def test_a_rollback_ends_a_wait_only_once_the_process_trains(keeper):
+def test_a_rollback_ends_a_wait_only_once_the_process_trains(
+    keeper: tuple[HeartbeatKeeper, SchedulerSocket, list[float]],
+) -> None:
     beat, scheduler, _ = keeper
     scheduler.answer = Assignment(assignment_id=1, rollbacks=1)
     beat.send(Heartbeat())
@@ -65,7 +70,9 @@ def test_a_rollback_ends_a_wait_only_once_the_process_trains(keeper):
     assert ended.value.code == "rolled_back"
 
 
-def test_a_dropped_process_ends_its_wait_at_the_next_heartbeat_that_is_due(keeper):
+def test_a_dropped_process_ends_its_wait_at_the_next_heartbeat_that_is_due(
+    keeper: tuple[HeartbeatKeeper, SchedulerSocket, list[float]],
+) -> None:
     beat, scheduler, _ = keeper
     scheduler.answer = Error("unknown_sender", "who are you")
     beat.send(Heartbeat())
@@ -76,7 +83,9 @@ def test_a_dropped_process_ends_its_wait_at_the_next_heartbeat_that_is_due(keepe
     assert ended.value.code == "unknown_sender"
 
 
-def test_a_process_told_to_stop_ends_its_wait_without_another_heartbeat(keeper):
+def test_a_process_told_to_stop_ends_its_wait_without_another_heartbeat(
+    keeper: tuple[HeartbeatKeeper, SchedulerSocket, list[float]],
+) -> None:
     beat, scheduler, ticks = keeper
     beat.send(Heartbeat())
     _answered(beat, scheduler, 1)

@@ -19,7 +19,7 @@ def _spend_all(rate: HelloRate, source: str, now: float) -> int:
         spent += 1
 
 
-def test_a_source_gets_its_burst_at_once_then_per_s_and_others_are_untouched():
+def test_a_source_gets_its_burst_at_once_then_per_s_and_others_are_untouched() -> None:
     rate = HelloRate(per_s=2.0, burst=5)
     assert _spend_all(rate, "10.0.0.1", 100.0) == 5
     assert _spend_all(rate, "10.0.0.2", 100.0) == 5, "each source has a bucket of its own"
@@ -28,7 +28,7 @@ def test_a_source_gets_its_burst_at_once_then_per_s_and_others_are_untouched():
     assert _spend_all(rate, "10.0.0.1", 1000.0) == 5, "it refills to the burst, never beyond"
 
 
-def test_a_refused_registration_spends_nothing():
+def test_a_refused_registration_spends_nothing() -> None:
     rate = HelloRate(per_s=1.0, burst=1)
     rate.spend("a", 0.0)
     for t in (0.1, 0.2, 0.3):
@@ -37,7 +37,7 @@ def test_a_refused_registration_spends_nothing():
     rate.spend("a", 1.0)
 
 
-def test_the_source_table_is_bounded_forgetting_refilled_sources_first():
+def test_the_source_table_is_bounded_forgetting_refilled_sources_first() -> None:
     rate = HelloRate(per_s=1.0, burst=3, max_sources=4)
     for i in range(4):
         rate.spend(f"idle{i}", 0.0)

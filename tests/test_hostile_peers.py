@@ -8,6 +8,8 @@ every number against what is physically possible.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Welcome
@@ -28,7 +30,7 @@ class VictimsJob(Cluster):
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VictimsJob]:
     c = VictimsJob(
         tmp_path_factory.mktemp("hostile"),
         [
@@ -79,7 +81,7 @@ def _victim_state(job: VictimsJob) -> tuple[int, int]:
     return victim.samples, victim.steps
 
 
-def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job):
+def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is_untouched(job: VictimsJob) -> None:
     before = _victim_state(job)
     _refused(
         job,
@@ -88,12 +90,16 @@ def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is
         "bad_sender",
     )
     _refused(job, job.welcome.id, Bye(), "bad_sender")
-    assert job.welcome.id in job.status().workers and _victim_state(job) == before
+    status = job.status()
+    assert status is not None
+    assert job.welcome.id in status.workers and _victim_state(job) == before
 
 
-def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job):
+def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job: VictimsJob) -> None:
     victim = job.victim
-    epoch = job.status().epoch
+    status = job.status()
+    assert status is not None
+    epoch = status.epoch
     for hb, field in (
         (Heartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
         (Heartbeat(standalone_sps=5e-324), "standalone_sps"),
@@ -102,10 +108,12 @@ def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job):
         with pytest.raises(RemoteError, match=f"HEARTBEAT.{field}") as refused:
             victim.request(hb, timeout_s=10)
         assert refused.value.code == "bad_field"
-    assert job.status().epoch == epoch and job.procs[0].alive()
+    status = job.status()
+    assert status is not None
+    assert status.epoch == epoch and job.procs[0].alive()
 
 
-def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exist(job):
+def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exist(job: VictimsJob) -> None:
     _refused(job, job.welcome.id, EvalReport(version=1, test_loss=0.1, test_acc=0.999), "bad_sender")
     evaluator = job.client(sender="evaluator")
     try:
@@ -115,10 +123,12 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
             evaluator.request(EvalReport(version=2**62, test_loss=0.1, test_acc=0.999), timeout_s=10)
     finally:
         evaluator.close()
-    assert job.status().test_acc is None, "no evaluation was taken"
+    status = job.status()
+    assert status is not None
+    assert status.test_acc is None, "no evaluation was taken"
 
 
-def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job):
+def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_and_never_shown(job: VictimsJob) -> None:
     evaluator = job.client(sender="evaluator")
     try:
         evaluator.sender = evaluator.request(
@@ -139,10 +149,12 @@ def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_a
         evaluator.request(Bye(), timeout_s=10)
     finally:
         evaluator.close()
-    assert job.status().test_acc is None, "no evaluation was taken"
+    status = job.status()
+    assert status is not None
+    assert status.test_acc is None, "no evaluation was taken"
 
 
-def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job):
+def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(job: VictimsJob) -> None:
     flood = job.client(sender="flood")
     ghosts, full = [], 0
     for i in range(3 * MAX_WORKERS):
@@ -165,21 +177,25 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
     flood.close()
 
 
-def test_a_second_shard_cannot_take_a_live_shards_slot(job):
+def test_a_second_shard_cannot_take_a_live_shards_slot(job: VictimsJob) -> None:
     _refused(
         job,
         "impostor",
         Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
         "slot_taken",
     )
-    assert job.status().shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
+    status = job.status()
+    assert status is not None
+    assert status.shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
 
 
-def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_never_does(job):
+def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_never_does(job: VictimsJob) -> None:
     """HELLO + BYE from one address until its bucket is empty: refused `hello_rate` (counted), nothing changes,
     while a HELLO repeated by a registered process (a re-join) is still welcomed."""
     churn = job.client(sender="churn")
-    before = job.status().workers.keys()
+    status = job.status()
+    assert status is not None
+    before = status.workers.keys()
     try:
         for i in range(HELLO_BURST + 1):
             try:
@@ -194,7 +210,9 @@ def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_nev
         assert 0 < i < HELLO_BURST, "the earlier members of this job (all from 127.0.0.1) spent part of the burst"
     finally:
         churn.close()
-    assert _count(job, "hello_rate") == 1 and job.status().workers.keys() == before
+    status = job.status()
+    assert status is not None
+    assert _count(job, "hello_rate") == 1 and status.workers.keys() == before
     rejoin = job.client(sender="liar")
     try:
         again = rejoin.request(Hello(role="evaluator", name="liar", instance="liar"), timeout_s=10).body

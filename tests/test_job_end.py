@@ -3,6 +3,8 @@ the budget, a stall, and the final evaluation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dynabatch.common.config import JobConfig
 from dynabatch.common.messages import Heartbeat, Hello
 from dynabatch.scheduler.job_end import JobEnd
@@ -10,7 +12,7 @@ from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
 
 
-def _end(num_shards: int = 2, **kw) -> tuple[JobEnd, dict[int, Member]]:
+def _end(num_shards: int = 2, **kw: Any) -> tuple[JobEnd, dict[int, Member]]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 100, "epochs": 1.0, "join_timeout_s": 30.0, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
@@ -34,7 +36,7 @@ def _after_beats(
     return end.stopping
 
 
-def test_the_epochs_count_once_every_shard_has_since_reported_twice():
+def test_the_epochs_count_once_every_shard_has_since_reported_twice() -> None:
     end, shards = _end()
     end.latch(0.5, in_doubt=False, shards=shards)
     assert not end.stopping and end.trained_at_beats is None
@@ -47,7 +49,7 @@ def test_the_epochs_count_once_every_shard_has_since_reported_twice():
     )
 
 
-def test_a_model_in_doubt_starts_the_confirmation_again():
+def test_a_model_in_doubt_starts_the_confirmation_again() -> None:
     end, shards = _end()
     end.latch(1.0, in_doubt=False, shards=shards)
     assert not _after_beats(end, shards, 1, in_doubt=True) and end.trained_at_beats is None
@@ -55,7 +57,7 @@ def test_a_model_in_doubt_starts_the_confirmation_again():
     assert _after_beats(end, shards, 1)
 
 
-def test_a_spent_budget_or_a_failure_stops_the_job():
+def test_a_spent_budget_or_a_failure_stops_the_job() -> None:
     end, shards = _end(time_budget_s=10.0)
     end.check_budget(100.0, training_started_at=None)
     assert not end.budget_spent, "not training yet"
@@ -74,7 +76,7 @@ def test_a_spent_budget_or_a_failure_stops_the_job():
     assert failing.failed == "diverged" and failing.stopping
 
 
-def test_a_job_that_trains_nothing_for_longer_than_its_workers_steps_allow_fails():
+def test_a_job_that_trains_nothing_for_longer_than_its_workers_steps_allow_fails() -> None:
     end, _ = _end(join_timeout_s=5.0)
     worker = Member("w0", "worker", "w0", "", "", 0.0, 0.0, last=Heartbeat(step_s=0.01, skipped=4))
     end.check_stall(0.0, 100, [worker], training_started=True)
@@ -84,7 +86,7 @@ def test_a_job_that_trains_nothing_for_longer_than_its_workers_steps_allow_fails
     assert "no sample trained for 5 s" in end.failed and "skipped 4 steps" in end.failed
 
 
-def test_the_end_waits_for_workers_and_a_final_evaluation():
+def test_the_end_waits_for_workers_and_a_final_evaluation() -> None:
     end, shards = _end(await_final_eval=True)
     for _ in range(3):
         end.latch(1.0, in_doubt=False, shards=shards)
@@ -100,7 +102,7 @@ def test_the_end_waits_for_workers_and_a_final_evaluation():
     assert end.finished(workers_live=False, evaluators=False, final_eval=False)
 
 
-def test_a_resumed_spent_budget_stops_the_job_at_the_next_latch():
+def test_a_resumed_spent_budget_stops_the_job_at_the_next_latch() -> None:
     end, shards = _end()
     end.restore(SavedProgress(config={}, budget_spent=True))
     assert not end.stopping

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
 
 
-def _job(**kw) -> JobState:
+def _job(**kw: Any) -> JobState:
     cfg = JobConfig(
         **{
             "dataset": "synthetic",
@@ -45,7 +46,9 @@ def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> 
     return wid
 
 
-def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0, compute_s: float | None = None):
+def _step(
+    state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0, compute_s: float | None = None
+) -> Assignment:
     # a dropped worker reports its last step's batch; a step is all compute unless told otherwise
     m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 1)
     hb = Heartbeat(
@@ -61,7 +64,7 @@ def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.
     return state.heartbeat(wid, hb, now)
 
 
-def test_workers_wait_for_every_shard():
+def test_workers_wait_for_every_shard() -> None:
     state = JobState(JobConfig(dataset="synthetic"), num_shards=2, train_size=1000, now=0.0)
     state.hello(Hello(role="ps", endpoint="tcp://a:1"), 0.0)
     with pytest.raises(ProtocolError, match="not_ready"):
@@ -73,7 +76,7 @@ def test_workers_wait_for_every_shard():
         state.hello(Hello(role="ps"), 0.0)
 
 
-def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
+def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it() -> None:
     """Else a shard could close an ssgd round without a worker whose push is on its way."""
     state = JobState(JobConfig(dataset="synthetic", global_batch=96), num_shards=2, train_size=1000, now=0.0)
     ps0 = state.hello(Hello(role="ps", endpoint="tcp://a:1"), 0.0).id
@@ -103,7 +106,7 @@ def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
     assert set(state.allocator.allocation) == {a, b} and sum(state.allocator.allocation.values()) == 96
 
 
-def test_a_repeated_hello_of_one_process_registers_it_once():
+def test_a_repeated_hello_of_one_process_registers_it_once() -> None:
     """HELLOs queue in ZeroMQ while the scheduler is down, and arrive together when it comes up."""
     state = _job()
     first = state.hello(Hello(role="worker", name="a", instance="abc"), 0.0)
@@ -125,7 +128,7 @@ def test_a_repeated_hello_of_one_process_registers_it_once():
         state.hello(Hello(role="worker", instance="x" * 65), 0.6)
 
 
-def test_first_split_follows_standalone_speed_then_measured_step_times():
+def test_first_split_follows_standalone_speed_then_measured_step_times() -> None:
     state = _job()
     fast, slow = _join(state, 3000.0), _join(state, 1000.0)
     assert state.allocator.allocation == {fast: 72, slow: 24}
@@ -140,7 +143,7 @@ def test_first_split_follows_standalone_speed_then_measured_step_times():
     assert any(d.reason == "speed update" for d in state.allocator.decisions)
 
 
-def test_hysteresis_keeps_the_split_when_speeds_barely_move():
+def test_hysteresis_keeps_the_split_when_speeds_barely_move() -> None:
     state = _job(reassign_threshold=0.2)
     a, b = _join(state, 1000.0), _join(state, 1000.0)
     before = state.allocator.assignment_id
@@ -150,7 +153,7 @@ def test_hysteresis_keeps_the_split_when_speeds_barely_move():
     assert state.allocator.assignment_id == before
 
 
-def test_silent_workers_are_dropped_and_their_share_moves():
+def test_silent_workers_are_dropped_and_their_share_moves() -> None:
     state = _job()
     a, b = _join(state, 1000.0), _join(state, 1000.0)
     _step(state, a, 0.05, 1.0)
@@ -164,7 +167,7 @@ def test_silent_workers_are_dropped_and_their_share_moves():
         _step(state, b, 0.05, 4.0)
 
 
-def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_alive_but_not_in_n():
+def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_alive_but_not_in_n() -> None:
     """Workers heartbeat from their WELCOME on (worker/pulse.py): silence from the start is a ghost, while
     heartbeats without a measured speed keep a loading worker alive without making rounds wait for it."""
     state = _job(join_timeout_s=60.0)  # liveness 2 s
@@ -184,7 +187,7 @@ def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_aliv
     assert loading not in state.expire(32.9) and loading in state.expire(33.1)
 
 
-def test_a_shard_restoring_its_checkpoint_before_its_first_heartbeat_gets_the_join_timeout():
+def test_a_shard_restoring_its_checkpoint_before_its_first_heartbeat_gets_the_join_timeout() -> None:
     state = JobState(
         JobConfig(dataset="synthetic", liveness_timeout_s=2.0, join_timeout_s=60.0),
         num_shards=1,
@@ -195,7 +198,7 @@ def test_a_shard_restoring_its_checkpoint_before_its_first_heartbeat_gets_the_jo
     assert state.expire(59.0) == [] and state.expire(61.0) == [shard]
 
 
-def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_final_eval():
+def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_final_eval() -> None:
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     a, b = _join(state, 1000.0), _join(state, 1000.0)
@@ -229,7 +232,7 @@ def _run_to_target(state: JobState, wid: str, t: float = 0.0) -> float:
     return t
 
 
-def test_a_job_awaiting_its_final_evaluation_admits_a_late_evaluator_and_waits_for_its_report():
+def test_a_job_awaiting_its_final_evaluation_admits_a_late_evaluator_and_waits_for_its_report() -> None:
     state = _job(await_final_eval=True, join_timeout_s=30.0)
     t = _run_to_target(state, _join(state, 1000.0))
     state.tick(t + 5.0)
@@ -244,7 +247,7 @@ def test_a_job_awaiting_its_final_evaluation_admits_a_late_evaluator_and_waits_f
         state.hello(Hello(role="evaluator"), t + 8.0)
 
 
-def test_a_job_awaiting_its_final_evaluation_gives_up_after_the_join_timeout():
+def test_a_job_awaiting_its_final_evaluation_gives_up_after_the_join_timeout() -> None:
     state = _job(await_final_eval=True, join_timeout_s=30.0)
     t = _run_to_target(state, _join(state, 1000.0))
     assert state.tick(t) is False
@@ -253,13 +256,13 @@ def test_a_job_awaiting_its_final_evaluation_gives_up_after_the_join_timeout():
     assert state.tick(t + 32.0) is False, "the give-up is reported once"
 
 
-def test_without_await_final_eval_a_job_with_no_evaluator_finishes_when_workers_are_gone():
+def test_without_await_final_eval_a_job_with_no_evaluator_finishes_when_workers_are_gone() -> None:
     state = _job()
     _run_to_target(state, _join(state, 1000.0))
     assert state.finished and not state.evaluations.final_eval
 
 
-def test_a_repeated_bye_is_acknowledged_without_dropping_the_member_twice():
+def test_a_repeated_bye_is_acknowledged_without_dropping_the_member_twice() -> None:
     state = _job()
     a, b = _join(state, 1000.0), _join(state, 1000.0)
     _step(state, a, 0.05, 1.0)
@@ -271,15 +274,15 @@ def test_a_repeated_bye_is_acknowledged_without_dropping_the_member_twice():
         state.bye("w99", 3.0)
 
 
-def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number():
+def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number() -> None:
     """Dynamic batches (LB-BSP) make rounds of fewer than B samples: the shards' versions reaching epochs x N / B
     rounds do not end the job; its samples reaching the epochs do."""
     state = _job(protocol="ssgd")  # 1000 samples, B = 96: 11 rounds of B
     wid = _join(state, 1000.0)
     for t in range(1, 11):
         _step(state, wid, 0.05, t)
-    for t in (11.0, 11.1, 11.2):
-        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), t)
+    for at in (11.0, 11.1, 11.2):
+        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), at)
     assert state.progress.samples == 960 and not state.stopping
     last = state.assignment_for(state.roster.members[wid])
     assert last.batch == 40 and last.allotted == 1000, "its last batch is what is left"
@@ -294,7 +297,7 @@ def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number():
     assert state.finished
 
 
-def test_backwards_or_non_finite_heartbeats_change_nothing():
+def test_backwards_or_non_finite_heartbeats_change_nothing() -> None:
     state = _job()
     a = _join(state, 1000.0)
     _step(state, a, 0.05, 1.0)
@@ -309,7 +312,7 @@ def test_backwards_or_non_finite_heartbeats_change_nothing():
     assert (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen) == before
 
 
-def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
+def test_the_time_budget_stops_the_job_counted_from_the_first_batches() -> None:
     state = _job(epochs=100.0, time_budget_s=5.0)
     state.heartbeat(state.hello(Hello(role="worker"), 0.0).id, Heartbeat(), 0.0)
     assert not state.stopping  # no batches handed out yet: the clock has not started
@@ -323,7 +326,7 @@ def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
     assert state.assignment_for(state.roster.members[wid]).stop is True
 
 
-def test_staleness_counts_sum_over_workers_including_departed_ones():
+def test_staleness_counts_sum_over_workers_including_departed_ones() -> None:
     state = _job()
     a, b = _join(state, 1000.0), _join(state, 1000.0)
     state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=4, staleness=[3, 1]), 0.1)
@@ -334,7 +337,7 @@ def test_staleness_counts_sum_over_workers_including_departed_ones():
     assert state.status(0.3).staleness == [4, 3, 5]
 
 
-def test_bad_staleness_counts_are_refused_and_change_nothing():
+def test_bad_staleness_counts_are_refused_and_change_nothing() -> None:
     state = _job()
     wid = _join(state, 1000.0)
     for counts in ([-1], [0] * 65):
@@ -343,7 +346,7 @@ def test_bad_staleness_counts_are_refused_and_change_nothing():
     assert state.status(0.1).staleness == []
 
 
-def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
+def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness() -> None:
     """ssgd: everyone's step lasts as long as the slowest's; only the own part tells speeds apart."""
     state = _job(protocol="ssgd", reassign_threshold=0.0)
     fast, slow = _join(state, 1000.0), _join(state, 1000.0)
@@ -369,7 +372,7 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
     assert state.allocator.allocation[fast] > 3 * state.allocator.allocation[slow]
 
 
-def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_being_slow():
+def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_being_slow() -> None:
     """Liveness 2 s, but this worker's steps take 1.5 s: three steps (4.5 s) of silence are allowed."""
     state = _job()
     slow, fast = _join(state, 100.0), _join(state, 100.0)
@@ -410,7 +413,9 @@ def test_a_worker_whose_steps_outlast_the_liveness_timeout_is_not_dropped_for_be
         "negative version",
     ],
 )
-def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(report, field):
+def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_nothing(
+    report: EvalReport, field: str
+) -> None:
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
@@ -422,7 +427,7 @@ def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_not
     assert state.status(2.0).metrics == {"loss": 0.7, "accuracy": 0.8}
 
 
-def test_an_evaluation_at_the_bounds_is_kept():
+def test_an_evaluation_at_the_bounds_is_kept() -> None:
     """At most 32 metrics of 64-character names; NaN test_acc is a task's mark for "no accuracy metric"."""
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
@@ -432,7 +437,7 @@ def test_an_evaluation_at_the_bounds_is_kept():
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(value):
+def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(value: float) -> None:
     state = _job()
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
@@ -447,7 +452,7 @@ def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(v
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])
-def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_global_batch(policy):
+def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_global_batch(policy: str) -> None:
     state = _job(batch_policy=policy, reassign_threshold=0.0)
     small, big, other = _join(state, 3000.0, max_batch=16), _join(state, 1000.0), _join(state, 1000.0)
     assert state.allocator.allocation[small] == 16 and sum(state.allocator.allocation.values()) == 96
@@ -462,7 +467,7 @@ def test_a_workers_own_largest_batch_bounds_its_share_and_the_others_keep_the_gl
     assert "bounds" not in state.allocator.decisions[-1].reason
 
 
-def test_bounds_that_cannot_hold_the_global_batch_give_each_worker_its_bound_and_say_so_in_the_decision():
+def test_bounds_that_cannot_hold_the_global_batch_give_each_worker_its_bound_and_say_so_in_the_decision() -> None:
     state = _job(reassign_threshold=0.0)
     a = _join(state, 1000.0, max_batch=32)
     assert state.allocator.allocation == {a: 32}
@@ -473,7 +478,7 @@ def test_bounds_that_cannot_hold_the_global_batch_give_each_worker_its_bound_and
     assert state.allocator.allocation == {a: 32, b: 40, c: 24} and state.allocator.decisions[-1].reason == "joined"
 
 
-def test_a_negative_max_batch_in_hello_is_refused_and_registers_nothing():
+def test_a_negative_max_batch_in_hello_is_refused_and_registers_nothing() -> None:
     state = _job()
     members = dict(state.roster.members)
     with pytest.raises(ProtocolError, match="bad_field.*max_batch|max_batch"):
@@ -481,7 +486,7 @@ def test_a_negative_max_batch_in_hello_is_refused_and_registers_nothing():
     assert state.roster.members == members
 
 
-def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
+def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower() -> None:
     """A starved loader slows a machine down like a slow GPU: its share shrinks; the wait is reported."""
     state = _job(reassign_threshold=0.0)
     fed, starved = _join(state, 1000.0), _join(state, 1000.0)
@@ -511,7 +516,7 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
         state.heartbeat(fed, Heartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
 
 
-def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken():
+def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken() -> None:
     """128 local steps reported 10 ms after a heartbeat that repeated the old counters: they were taken over the
     6 s since the counters last grew, so they fit (the bound used the time since the last heartbeat, and refused
     every round's report)."""
@@ -530,7 +535,7 @@ def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken()
         state.heartbeat(wid, Heartbeat(steps=1128, samples=m.samples, batch=batch, standalone_sps=100.0), 6.01)
 
 
-def test_silence_while_the_scheduler_itself_stalled_is_excused():
+def test_silence_while_the_scheduler_itself_stalled_is_excused() -> None:
     """A 3 s stall of the scheduler's own loop (a slow fsync, a paused VM) must not drop workers that
     heartbeat all along; silence beyond it still does."""
     state = _job()
@@ -542,7 +547,7 @@ def test_silence_while_the_scheduler_itself_stalled_is_excused():
     assert state.expire(6.1) == [wid]
 
 
-def test_status_never_reports_a_batch_the_worker_does_not_hold():
+def test_status_never_reports_a_batch_the_worker_does_not_hold() -> None:
     """The allocation owns a worker's batch: through speed updates, a worker's departure and its return as a new
     member, STATUS and the worker's own assignment always show the same batch."""
     state = _job(reassign_threshold=0.0, epochs=10.0)  # not at the end of its budget, where batches shrink
@@ -567,7 +572,7 @@ def test_status_never_reports_a_batch_the_worker_does_not_hold():
 
 
 @pytest.mark.parametrize("protocol", ["ssgd", "rennala"])
-def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says_why(protocol):
+def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says_why(protocol: str) -> None:
     state = _job(protocol=protocol, global_batch=96, min_batch=8, epochs=10.0)  # budget left: idle means left out
     fast = [_join(state, 1000.0) for _ in range(3)]
     slow = _join(state, 1000.0)
@@ -586,7 +591,7 @@ def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says
     assert state.assignment_for(state.roster.members[fast[0]]).lr_scale == pytest.approx(min(1.0, fast_batch * 3 / 96))
 
 
-def test_asynchronous_protocols_never_leave_a_worker_out():
+def test_asynchronous_protocols_never_leave_a_worker_out() -> None:
     state = _job(protocol="asgd", global_batch=96, min_batch=8, epochs=10.0)
     fast = [_join(state, 1000.0) for _ in range(3)]
     slow = _join(state, 1000.0)
@@ -598,7 +603,7 @@ def test_asynchronous_protocols_never_leave_a_worker_out():
 
 
 @pytest.mark.parametrize("protocol", ["asgd", "softsync", "ssgd"])
-def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protocol):
+def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protocol: str) -> None:
     """Three workers computing 1,000 samples/s, two behind links whose transfers add 10 ms to each step, one behind
     a link that adds 150 ms (the heartbeats report the compute part apart, as a worker's do). asgd and softsync
     give the slow link the compute share (96 / 3) from its first step and keep it; ssgd, whose rounds would wait
@@ -622,7 +627,7 @@ def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protoco
         assert held == [32] * 20, held
 
 
-def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_rounds_and_the_end():
+def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_rounds_and_the_end() -> None:
     """Liveness is not progress: w1's heartbeat thread beats on (its last counters repeated) while its data
     loading hangs; after PROGRESS_STEPS of its own steps (at least three liveness timeouts) it is dropped and its
     share goes to w0, which kept stepping; a worker that merely waits for its first batch is not judged."""
@@ -662,7 +667,7 @@ def _to_epochs(state: JobState, wid: str, t: float = 0.0) -> float:
     return t
 
 
-def test_the_job_ends_only_once_every_shard_has_reported_after_its_epochs_were_reached():
+def test_the_job_ends_only_once_every_shard_has_reported_after_its_epochs_were_reached() -> None:
     """Workers report samples whose pushes shards already applied: a shard's second heartbeat after that was sent
     after them and judges the model that holds them."""
     state = _job()
@@ -674,7 +679,7 @@ def test_the_job_ends_only_once_every_shard_has_reported_after_its_epochs_were_r
     assert state.stopping
 
 
-def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rolls_back_instead_of_ending():
+def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rolls_back_instead_of_ending() -> None:
     """Else the job would end at the model the rollback restores, without training the samples it threw away."""
     state = _job(max_rollbacks=2)
     wid = _join(state, 1000.0)
@@ -693,7 +698,7 @@ def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rol
     assert state.progress.epoch < 1.0 and not state.stopping, "the samples lost to the rollback are trained again"
 
 
-def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_dropped_and_the_end_gives_up():
+def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_dropped_and_the_end_gives_up() -> None:
     """Liveness is not progress for an evaluator either: its heartbeat thread beats while its main thread hangs
     (a metric, the test set's loading). Judged by its own measured evaluations, it is dropped after its interval
     plus EVAL_ROUNDS of them (at least three liveness timeouts); the job, which awaited its final evaluation,
@@ -723,7 +728,7 @@ def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_drop
     assert status.test_acc == 0.2 and not status.final_eval, "the accuracy is the last real evaluation's"
 
 
-def test_a_job_without_an_evaluator_says_why_its_awaited_final_evaluation_was_given_up():
+def test_a_job_without_an_evaluator_says_why_its_awaited_final_evaluation_was_given_up() -> None:
     state = _job(await_final_eval=True, join_timeout_s=30.0)
     t = _run_to_target(state, _join(state, 1000.0))
     state.tick(t)

@@ -116,30 +116,36 @@ def kn(obj: dict[str, Any]) -> str:
 
 
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    return workload["spec"]["template"]["spec"]
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
 
 
 def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
-    return workload["spec"]["template"]["metadata"].get("labels", {})
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"].get("labels", {})
+    return labels
 
 
 def all_containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
     spec = pod_spec(workload)
-    return spec.get("initContainers", []) + spec["containers"]
+    containers: list[dict[str, Any]] = spec.get("initContainers", []) + spec["containers"]
+    return containers
 
 
 def main_container(workload: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod_spec(workload)["containers"] if c.get("args")]
+    running: list[dict[str, Any]] = [c for c in pod_spec(workload)["containers"] if c.get("args")]
+    (container,) = running
     return container
 
 
 def role(container: dict[str, Any]) -> str:
     """The dynabatch command a container runs (its first argument)."""
-    return container["args"][0]
+    command: str = container["args"][0]
+    return command
 
 
 def env_list(container: dict[str, Any]) -> list[dict[str, Any]]:
-    return container.get("env", [])
+    env: list[dict[str, Any]] = container.get("env", [])
+    return env
 
 
 def env_values(container: dict[str, Any]) -> dict[str, str]:
@@ -239,7 +245,8 @@ def process_settings(objs: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any
 
 def scheduler_job(objs: list[dict[str, Any]]) -> JobConfig:
     (configs,) = [c for w, c in process_settings(objs) if JobConfig in c]
-    return configs[JobConfig]
+    job: JobConfig = configs[JobConfig]
+    return job
 
 
 def pyproject() -> dict[str, Any]:
@@ -353,7 +360,10 @@ SLOWEST_START_S = 45
 
 def probe_window_s(probe: dict[str, Any]) -> int:
     """How long a probe tolerates failure before the kubelet acts: its delay plus failures x period."""
-    return probe.get("initialDelaySeconds", 0) + probe.get("failureThreshold", 3) * probe.get("periodSeconds", 10)
+    window_s: int = probe.get("initialDelaySeconds", 0) + probe.get("failureThreshold", 3) * probe.get(
+        "periodSeconds", 10
+    )
+    return window_s
 
 
 def test_startup_probe_outlasts_a_slow_start(objects: list[dict[str, Any]]) -> None:
@@ -533,7 +543,8 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
         def status(path: str) -> int | None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
-                    return r.status
+                    code: int = r.status
+                    return code
             except (OSError, urllib.error.HTTPError):
                 return None
 
@@ -549,7 +560,8 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
         # (under two suites at once a scrape right after /readyz once found the page still empty).
         def metrics() -> str:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                return r.read().decode()
+                page: bytes = r.read()
+            return page.decode()
 
         wait_for("the scheduler's job series on /metrics", lambda: "dynabatch_job_epoch" in metrics(), 60)
     finally:
@@ -778,7 +790,8 @@ def test_the_operators_guide_lists_every_metric_the_code_exports() -> None:
 
 @functools.cache
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
+    board: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return board
 
 
 def panels() -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from dynabatch.worker.loader_batches import LoaderBatches
 N = 5000
 
 
-class Numbers(torch.utils.data.Dataset):
+class Numbers(torch.utils.data.Dataset[int]):
     """Sample i is the number i: a batch shows which samples it holds."""
 
     def __len__(self) -> int:
@@ -30,7 +30,7 @@ def _drawn(count: int) -> list[int]:
     return SampleOrder(N, seed=3).take(count).tolist()
 
 
-def test_two_loader_workers_follow_a_batch_size_change_without_losing_or_repeating_samples():
+def test_two_loader_workers_follow_a_batch_size_change_without_losing_or_repeating_samples() -> None:
     source = LoaderBatches(Numbers(), SampleOrder(N, seed=3), default_collate, workers=2, seed=0)
     try:
         asked = [32, 32, 32, 48, 48, 48, 48, 48, 48, 16, 16, 16, 16, 16, 16, 32]
@@ -49,7 +49,7 @@ def test_two_loader_workers_follow_a_batch_size_change_without_losing_or_repeati
         source.close()
 
 
-def test_a_failed_step_gets_the_same_batch_again_or_its_samples_go_back_to_the_sampler():
+def test_a_failed_step_gets_the_same_batch_again_or_its_samples_go_back_to_the_sampler() -> None:
     source = LoaderBatches(Numbers(), SampleOrder(N, seed=3), default_collate, workers=2, seed=0)
     try:
         first = source.take(20)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from dynabatch.common.log_limit import RateLimitedLog
 
 
-def test_a_flood_of_refusals_logs_a_few_lines_and_one_summary_per_interval(caplog):
+def test_a_flood_of_refusals_logs_a_few_lines_and_one_summary_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     limited = RateLimitedLog(logging.getLogger("test.refusals"), lines=3, interval_s=10.0)
     with caplog.at_level(logging.WARNING, logger="test.refusals"):
         for i in range(5000):

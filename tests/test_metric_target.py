@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ TASKS = Path(__file__).parent / "tasks"
         ("loss<=-1", MetricTarget("loss", "<=", -1.0)),
     ],
 )
-def test_a_target_names_any_metric_a_direction_and_a_value(text, parsed):
+def test_a_target_names_any_metric_a_direction_and_a_value(text: str, parsed: MetricTarget) -> None:
     assert MetricTarget.parse(text) == parsed
     assert MetricTarget.parse(str(parsed)) == parsed
 
@@ -45,7 +46,7 @@ def test_a_target_names_any_metric_a_direction_and_a_value(text, parsed):
         ("x" * 65 + ">=1", "1 to 64 characters"),
     ],
 )
-def test_a_malformed_target_is_refused_naming_the_flag(text, why):
+def test_a_malformed_target_is_refused_naming_the_flag(text: str, why: str) -> None:
     with pytest.raises(ConfigError, match="--target-metric") as refused:
         RunOptions(target_metric=text).validate()
     assert why in str(refused.value)
@@ -62,11 +63,13 @@ def test_a_malformed_target_is_refused_naming_the_flag(text, why):
         ("loss<=0.3", None, False),
     ],
 )
-def test_a_target_is_met_at_its_value_in_its_direction_and_never_by_a_missing_one(target, value, met):
+def test_a_target_is_met_at_its_value_in_its_direction_and_never_by_a_missing_one(
+    target: str, value: float | None, met: bool
+) -> None:
     assert MetricTarget.parse(target).met(value) is met
 
 
-def _summary(**kw) -> dict:
+def _summary(**kw: Any) -> dict[str, Any]:
     return {
         "finished": True,
         "final_test_acc": 0.91,
@@ -92,7 +95,9 @@ def _summary(**kw) -> dict:
         ("recall>=0.5", None, "recall>=0.5 not reached: the evaluations report accuracy, loss, not recall"),
     ],
 )
-def test_the_end_of_run_lines_give_the_time_to_target_or_why_there_is_none(target, seconds, line):
+def test_the_end_of_run_lines_give_the_time_to_target_or_why_there_is_none(
+    target: str, seconds: float | None, line: str
+) -> None:
     text = format_summary(_summary(target_metric=target, time_to_target_s=seconds), Path("runs/r"))
     assert line in text
     untargeted = format_summary(_summary(), Path("runs/r"))
@@ -100,7 +105,7 @@ def test_the_end_of_run_lines_give_the_time_to_target_or_why_there_is_none(targe
 
 
 @pytest.mark.slow
-def test_a_run_reports_the_time_to_its_target_on_a_metric_of_the_users_task(tmp_path):
+def test_a_run_reports_the_time_to_its_target_on_a_metric_of_the_users_task(tmp_path: Path) -> None:
     run, printed = run_job(
         tmp_path,
         "r",

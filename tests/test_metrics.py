@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,13 +19,14 @@ pytestmark = pytest.mark.slow
 def _status(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status
+            code: int = r.status
+            return code
     except urllib.error.HTTPError as exc:
         return exc.code
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A training job with an evaluator: scheduler, shard, worker, evaluator (in that order in `procs`)."""
     c = Cluster(
         tmp_path_factory.mktemp("metrics"),
@@ -44,7 +46,7 @@ def live(tmp_path_factory):
         c.stop()
 
 
-def test_every_process_serves_lint_clean_metrics_and_health(live):
+def test_every_process_serves_lint_clean_metrics_and_health(live: Cluster) -> None:
     promtool = need_tool("promtool", "apt-get install -y prometheus (ships promtool)")
     for p in live.procs:
         text = p.metrics()
@@ -69,7 +71,7 @@ def test_every_process_serves_lint_clean_metrics_and_health(live):
     wait_for("the scheduler's series: one live worker, its step times, an evaluation", scheduler_series, 30)
 
 
-def test_the_scheduler_exports_every_metric_of_the_latest_evaluation_by_name(live):
+def test_the_scheduler_exports_every_metric_of_the_latest_evaluation_by_name(live: Cluster) -> None:
     """The built-in task reports accuracy and the loss; both series agree with the accuracy and loss gauges
     (a scrape may fall between the gauges' updates, hence waiting for one that holds all of them)."""
 

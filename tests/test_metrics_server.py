@@ -18,8 +18,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
+import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 from dynabatch.common.http_server import MAX_OPEN, REQUEST_TIMEOUT_S
 from dynabatch.common.metrics import Health, MetricsServer
@@ -33,7 +36,8 @@ FAILURE_THRESHOLD = 3  # Kubernetes' default: probes in a row that fail before i
 def _probe(port: int, path: str = "/healthz") -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=PROBE_TIMEOUT_S) as reply:
         reply.read()
-        return reply.status
+        code: int = reply.status
+    return code
 
 
 def _probe_in_time(port: int) -> int | None:
@@ -60,7 +64,7 @@ def _slowloris(port: int, stop: threading.Event) -> None:
                 continue
 
 
-def test_probes_answer_within_their_timeout_while_idle_and_slowloris_connections_are_open():
+def test_probes_answer_within_their_timeout_while_idle_and_slowloris_connections_are_open() -> None:
     server = MetricsServer(CollectorRegistry(), Health(), "127.0.0.1", 0)
     stop = threading.Event()
     idle: list[socket.socket] = []
@@ -88,7 +92,7 @@ def test_probes_answer_within_their_timeout_while_idle_and_slowloris_connections
     server.close()
 
 
-def test_a_connection_that_never_finishes_its_request_is_closed_after_the_request_timeout():
+def test_a_connection_that_never_finishes_its_request_is_closed_after_the_request_timeout() -> None:
     server = MetricsServer(CollectorRegistry(), Health(), "127.0.0.1", 0)
     try:
         sock = socket.create_connection(("127.0.0.1", server.port))
@@ -111,13 +115,13 @@ class _HeldCollector:
         self.release = threading.Event()
         self.collected = threading.Event()
 
-    def collect(self):  # prometheus_client's collector protocol
+    def collect(self) -> Iterator[Metric]:  # prometheus_client's collector protocol
         self.release.wait(10)
         self.collected.set()
         return iter(())
 
 
-def test_a_scraper_that_hangs_up_before_its_answer_leaves_no_traceback(capsys):
+def test_a_scraper_that_hangs_up_before_its_answer_leaves_no_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     """Prometheus closes a scrape past its timeout (a slow link): the server neither logs a traceback nor stops."""
     registry = CollectorRegistry()
     held = _HeldCollector()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ def _grads(model: torch.nn.Module) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("micro", [1, 7, 16, 49, 50, 64])
-def test_accumulated_passes_give_the_full_batch_gradient_and_loss(micro):
+def test_accumulated_passes_give_the_full_batch_gradient_and_loss(micro: int) -> None:
     model, batch = _model(), _batch(50)
     full_loss = train_step(model, batch, cross_entropy)
     full = _grads(model).clone()
@@ -43,7 +44,7 @@ def test_accumulated_passes_give_the_full_batch_gradient_and_loss(micro):
     assert full.abs().max() > 1e-3, "the gradient compared is not trivially zero"
 
 
-def test_clipping_applies_to_the_accumulated_gradient():
+def test_clipping_applies_to_the_accumulated_gradient() -> None:
     model, batch = _model(), _batch(50)
     train_step(model, batch, cross_entropy, clip_grad_norm=0.01)
     clipped = _grads(model).clone()
@@ -52,7 +53,7 @@ def test_clipping_applies_to_the_accumulated_gradient():
     assert torch.allclose(_grads(model), clipped, atol=1e-7, rtol=0)
 
 
-def test_passes_cover_the_batch_in_order_with_shares_summing_to_one():
+def test_passes_cover_the_batch_in_order_with_shares_summing_to_one() -> None:
     x = torch.arange(10)
     parts = list(micro_batches(x, 4))
     assert [p.tolist() for p, _ in parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
@@ -63,7 +64,7 @@ def test_passes_cover_the_batch_in_order_with_shares_summing_to_one():
     assert whole is x and share == 1.0
 
 
-def test_every_per_sample_value_of_a_collated_batch_is_sliced_and_nothing_else():
+def test_every_per_sample_value_of_a_collated_batch_is_sliced_and_nothing_else() -> None:
     Pair = namedtuple("Pair", "x y")
     n = 6
     batch = {
@@ -81,7 +82,7 @@ def test_every_per_sample_value_of_a_collated_batch_is_sliced_and_nothing_else()
 
 
 @pytest.mark.slow
-def test_a_micro_batching_worker_is_refused_by_a_pipelined_job_and_exits_2(tmp_path):
+def test_a_micro_batching_worker_is_refused_by_a_pipelined_job_and_exits_2(tmp_path: Path) -> None:
     """The pipelined step pushes each chunk's gradient during backward: it cannot accumulate passes."""
     c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp", "--pipeline", "on", "--epochs", "1000"])
     try:

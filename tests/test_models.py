@@ -39,7 +39,7 @@ def test_forward_gives_one_logit_per_class(name: str, shape: tuple[int, int, int
     model = build_model(name, shape, num_classes=7)
     out = model(torch.randn(5, *shape))
     assert out.shape == (5, 7) and out.dtype == torch.float32
-    out.sum().backward()
+    torch.autograd.backward(out.sum())
     assert all(p.grad is not None for p in model.parameters())
 
 
@@ -117,7 +117,7 @@ def test_unknown_model_lists_the_valid_ones() -> None:
         ("cnn:100", "only the flat model takes a size"),
     ],
 )
-def test_a_model_size_only_the_flat_model_takes_and_only_as_a_count(name, error) -> None:
+def test_a_model_size_only_the_flat_model_takes_and_only_as_a_count(name: str, error: str) -> None:
     """The flat model's size is part of its name: the job's --model alone says what every worker builds."""
     with pytest.raises(ConfigError, match=f"^--model: '{name}': {error}"):
         JobConfig(model=name).validate()
@@ -132,13 +132,13 @@ def test_cnn_learns_synthetic(threads: None) -> None:
 
     def accuracy() -> float:
         with torch.no_grad():
-            return (model(test_x).argmax(1) == test_y).float().mean().item()
+            return float((model(test_x).argmax(1) == test_y).float().mean())
 
     assert accuracy() < 0.3, "synthetic data should not be solved by an untrained model"
     order, gen = SampleOrder(len(ds.train_y), seed=0), torch.Generator().manual_seed(0)
     for _ in range(150):  # seeded: 0.92 after 150 steps
         x, y = make_batch(ds, order.take(64), train=True, generator=gen)
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        torch.autograd.backward(F.cross_entropy(model(x), y))
         opt.step()
     assert accuracy() > 0.85

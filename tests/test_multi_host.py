@@ -159,7 +159,7 @@ def _instances_with(host: netns.Host, query: str) -> set[str]:
 # ---------------------------------------------------------------- tests
 
 
-def test_a_job_across_five_hosts_as_the_readme_starts_it(net, job, tmp_path):
+def test_a_job_across_five_hosts_as_the_readme_starts_it(net: netns.Network, job: HostedJob, tmp_path: Path) -> None:
     """Scheduler on host-a, a shard on host-b, workers on host-c (behind 100 Mbit) and host-d, the evaluator on
     host-e, Prometheus on a sixth host scraping all five; then a worker on a new host joins the running job."""
     a, b = net.add_host("host-a"), net.add_host("host-b")
@@ -206,7 +206,9 @@ OUTAGE_S = 10.0
 STEPS = 20  # worker steps that show training going on (a few seconds of this job's MLP)
 
 
-def test_a_shard_host_losing_its_link_for_ten_seconds_and_the_job_carrying_on(net, job):
+def test_a_shard_host_losing_its_link_for_ten_seconds_and_the_job_carrying_on(
+    net: netns.Network, job: HostedJob
+) -> None:
     a, b, c = net.add_host("host-a"), net.add_host("host-b"), net.add_host("host-c")
     job.scheduler(a, *JOB)
     job.shard(b)
@@ -253,7 +255,9 @@ WIRE_JOB = [
 HEALTHY_GROUP = 4
 
 
-def test_the_wire_schedule_follows_a_link_that_slows_down_and_recovers_when_it_heals(net, job):
+def test_the_wire_schedule_follows_a_link_that_slows_down_and_recovers_when_it_heals(
+    net: netns.Network, job: HostedJob
+) -> None:
     a, b, w = net.add_host("host-a"), net.add_host("host-b"), net.add_host("host-w")
     job.scheduler(a, *WIRE_JOB)
     job.shard(b)

@@ -58,7 +58,7 @@ def _send(net: netns.Network, sender: netns.Host, receiver: netns.Host, size: in
         rx.wait()
 
 
-def test_hosts_reach_each_other_by_name_over_shaped_links_and_nothing_else():
+def test_hosts_reach_each_other_by_name_over_shaped_links_and_nothing_else() -> None:
     with netns.Network() as net:
         a, b = net.add_host("host-a"), net.add_host("host-b", "100mbit")
         assert a.address == "198.18.0.1" and b.address == "198.18.0.2"
@@ -82,7 +82,7 @@ def test_hosts_reach_each_other_by_name_over_shaped_links_and_nothing_else():
         assert _send(net, b, a, size) >= 0.9 * size * 8 / 100e6
 
 
-def test_everything_is_removed_even_when_the_test_fails():
+def test_everything_is_removed_even_when_the_test_fails() -> None:
     with pytest.raises(RuntimeError, match="the test failed"), netns.Network() as net:
         host = net.add_host("host-a")
         sleeper = subprocess.Popen(host.command(["sleep", "600"]))
@@ -98,7 +98,7 @@ def test_everything_is_removed_even_when_the_test_fails():
     assert not (netns.NETNS_ETC / host.ns).exists()
 
 
-def test_the_sweep_removes_only_the_namespaces_of_runs_that_died():
+def test_the_sweep_removes_only_the_namespaces_of_runs_that_died() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     stale = f"{netns.PREFIX}-{gone.pid}-abcdef-host-a"
@@ -113,7 +113,7 @@ def test_the_sweep_removes_only_the_namespaces_of_runs_that_died():
         subprocess.run(["ip", "netns", "del", stale], capture_output=True)
 
 
-def test_without_root_it_says_why():
+def test_without_root_it_says_why() -> None:
     # The system's interpreter (this one may live under root's home); tests/netns.py needs nothing but the stdlib.
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:

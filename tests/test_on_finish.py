@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +15,11 @@ pytestmark = pytest.mark.slow
 
 def _healthz(p: Proc) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{p.metrics_port}/healthz", timeout=5) as r:
-        return r.status
+        code: int = r.status
+    return code
 
 
-def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
+def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path: Path) -> None:
     c = Cluster(
         tmp_path,
         ["--dataset", "synthetic", "--model", "mlp", "--epochs", "2", "--eval-interval-s", "1", "--min-workers", "2"],
@@ -33,7 +35,11 @@ def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path):
         c.wait_status("the job to finish", lambda s: s.finished, timeout_s=120)
         assert exits.proc.wait(30) == 0
         for p in idle:
-            wait_for(f"{p.name} to idle", lambda p=p: "idling until stopped" in p.log_text(), timeout_s=30)
+
+            def idling(p: Proc = p) -> bool:
+                return "idling until stopped" in p.log_text()
+
+            wait_for(f"{p.name} to idle", idling, timeout_s=30)
         for p in idle:
             assert p.alive(), p.log_text()
             assert _healthz(p) == 200, p.name

@@ -15,7 +15,7 @@ SENT = 200  # 50 MB: more than the kernel's socket buffers hold
 LIMIT = 20
 
 
-def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in_order():
+def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in_order() -> None:
     ctx = zmq.Context()
     router, endpoint = bind_router(ctx, "tcp://127.0.0.1:0", send_queue=SEND_QUEUE)
     reader = ctx.socket(zmq.DEALER)
@@ -36,7 +36,7 @@ def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in
             outbox.flush()
             router.poll(outbox.poll_ms)  # as the shard's loop waits between flushes
         assert outbox.poll_ms == IDLE_POLL_MS, "a peer that reads nothing must not keep the loop spinning"
-        received = []
+        received: list[int] = []
         deadline = time.monotonic() + 60
         while len(received) + len(dropped) < SENT and time.monotonic() < deadline:
             outbox.flush()
@@ -54,7 +54,7 @@ def test_replies_wait_for_a_peer_that_does_not_read_up_to_a_bound_then_arrive_in
         ctx.term()
 
 
-def test_replies_to_a_peer_that_left_are_discarded_not_kept():
+def test_replies_to_a_peer_that_left_are_discarded_not_kept() -> None:
     ctx = zmq.Context()
     router, endpoint = bind_router(ctx, "tcp://127.0.0.1:0", send_queue=SEND_QUEUE)
     try:

@@ -13,7 +13,7 @@ from dynabatch.ps.shard_state import ShardState
 from harness import wait_for
 
 
-def test_a_lent_tensor_becomes_a_spare_only_once_its_frames_are_gone():
+def test_a_lent_tensor_becomes_a_spare_only_once_its_frames_are_gone() -> None:
     memory = ParamBuffers()
     old = torch.ones(8)
     frame = memory.lend(old)
@@ -26,7 +26,7 @@ def test_a_lent_tensor_becomes_a_spare_only_once_its_frames_are_gone():
     assert {id(memory.spare(old)), id(memory.spare(old))} == {id(old), id(spare)}, "free memory was not reused"
 
 
-def test_a_spare_has_the_size_asked_for():
+def test_a_spare_has_the_size_asked_for() -> None:
     memory = ParamBuffers()
     memory.retire(torch.ones(8))
     assert memory.spare(torch.ones(4)).numel() == 4
@@ -46,7 +46,7 @@ def _push(state: ShardState) -> None:
     state.push("w0", grads, dict(state.chunk_versions), 32, "grad", 0.0)
 
 
-def test_a_step_writes_in_place_only_parameters_no_reply_holds():
+def test_a_step_writes_in_place_only_parameters_no_reply_holds() -> None:
     state = _shard()
     cid = state.chunks[0].id
     before = state.params[cid]
@@ -61,7 +61,7 @@ def test_a_step_writes_in_place_only_parameters_no_reply_holds():
     assert state.params[cid] is not tensor
 
 
-def test_memory_zeromq_has_sent_is_reused_not_allocated():
+def test_memory_zeromq_has_sent_is_reused_not_allocated() -> None:
     """Over a real socket: once the peer has the reply, pyzmq lets go and the next steps reuse that memory
     (a step while pyzmq still holds it takes a spare: test_a_step_writes_in_place_only_parameters_no_reply_holds)."""
     state = _shard(1 << 15)  # 128 KiB: above pyzmq's copy threshold, so the frame is the shard's own memory
@@ -81,9 +81,13 @@ def test_memory_zeromq_has_sent_is_reused_not_allocated():
             payload = dealer.recv(copy=False)
             assert torch.equal(torch.frombuffer(bytearray(payload.bytes), dtype=torch.float32), tensor)
             del payload
+
             # pyzmq lets go of a sent frame from its own garbage-collector thread, which a loaded machine may
             # run late: the reuse is what is tested, not that thread's timing
-            wait_for("pyzmq to let go of the sent frame", lambda t=tensor: not state.memory.lent(t), 30, 0.001)
+            def let_go(t: torch.Tensor = tensor) -> bool:
+                return not state.memory.lent(t)
+
+            wait_for("pyzmq to let go of the sent frame", let_go, 30, 0.001)
             _push(state)
             used.append(state.params[cid])
         distinct = len({id(t) for t in used})

@@ -14,7 +14,7 @@ def _model(seed: int = 0) -> dict[int, torch.Tensor]:
     return {0: torch.randn(1000, generator=g) * 0.05, 1: torch.randn(500, generator=g) * 0.05}
 
 
-def test_a_model_that_trains_slowly_stays_healthy_and_its_level_follows_it():
+def test_a_model_that_trains_slowly_stays_healthy_and_its_level_follows_it() -> None:
     params = _model()
     guard = ParamGuard()
     assert guard.reset(params) == ""
@@ -26,7 +26,7 @@ def test_a_model_that_trains_slowly_stays_healthy_and_its_level_follows_it():
     assert guard.level > 5 * start, "the running level follows honest growth"
 
 
-def test_a_non_finite_parameter_is_named_with_its_chunk():
+def test_a_non_finite_parameter_is_named_with_its_chunk() -> None:
     params = _model()
     guard = ParamGuard()
     guard.reset(params)
@@ -40,7 +40,7 @@ def test_a_non_finite_parameter_is_named_with_its_chunk():
     assert "overflows" in guard.updated(1, params)
 
 
-def test_a_jump_far_above_the_running_level_is_a_blow_up_and_healthy_again_once_it_is_gone():
+def test_a_jump_far_above_the_running_level_is_a_blow_up_and_healthy_again_once_it_is_gone() -> None:
     params = _model()
     guard = ParamGuard()
     guard.reset(params)
@@ -53,7 +53,7 @@ def test_a_jump_far_above_the_running_level_is_a_blow_up_and_healthy_again_once_
     assert guard.updated(0, params) == ""
 
 
-def test_a_restored_model_is_judged_afresh():
+def test_a_restored_model_is_judged_afresh() -> None:
     guard = ParamGuard()
     broken = _model()
     broken[0] = broken[0].clone()
@@ -62,7 +62,7 @@ def test_a_restored_model_is_judged_afresh():
     assert guard.reset(_model(1)) == "" and guard.problem == ""
 
 
-def test_a_model_that_starts_at_zero_may_grow_to_the_floor():
+def test_a_model_that_starts_at_zero_may_grow_to_the_floor() -> None:
     params = {0: torch.zeros(10_000)}
     guard = ParamGuard()
     assert guard.reset(params) == ""

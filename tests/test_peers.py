@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ def _systems() -> list[str]:
     return [*keys, "hivemind-b"]
 
 
-def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path):
+def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path: Path) -> None:
     need_fashion_mnist()
     scorer = Scorer("", IDLE.eval_samples)
     with ThreadPoolExecutor(4) as pool:
@@ -56,7 +56,7 @@ def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path):
         assert not (tmp_path / f"{key}-lr0.05-s0" / "snapshots").exists(), "scored snapshots are not kept"
 
 
-def test_hivemind_is_installed_where_the_peers_test_runs():
+def test_hivemind_is_installed_where_the_peers_test_runs() -> None:
     if importlib.util.find_spec("hivemind") is None:
         missing(
             "hivemind is not installed (pip install -e '.[peers]' -c constraints-cpu.txt), so the peers test "
@@ -78,25 +78,25 @@ def _run(lr: float, t88: float | None, acc: float, ok: bool = True, diverged: bo
     )
 
 
-def test_the_tuned_step_size_never_diverged_and_reached_88_soonest():
+def test_the_tuned_step_size_never_diverged_and_reached_88_soonest() -> None:
     runs = [_run(0.2, 5.0, 0.9, diverged=True), _run(0.1, 20.0, 0.89), _run(0.05, 12.0, 0.88), _run(0.025, None, 0.87)]
     assert choose_lr(runs) == 0.05
     assert choose_lr([_run(0.1, None, 0.8), _run(0.05, None, 0.84)]) == 0.05, "then the best accuracy"
     assert choose_lr([_run(0.1, 3.0, 0.9, ok=False)]) is None
 
 
-def test_the_report_names_every_system_its_step_size_and_the_ratio(tmp_path):
+def test_the_report_names_every_system_its_step_size_and_the_ratio(tmp_path: Path) -> None:
     settings = replace(Settings(), rounds=1)
     ours, theirs = _run(0.05, 10.0, 0.89), _run(0.1, 30.0, 0.88)
     ours.system, ours.seed, theirs.seed = "dynabatch", 0, 0
     results = {
-        "settings": peers.asdict(settings),
+        "settings": asdict(settings),
         "tuned_lrs": {"dynabatch": 0.05, "ddp": 0.1},
         "tuning": {},
         "skipped": {"hivemind-b": "hivemind is not installed"},
         "rows": [peers.aggregate("dynabatch", [ours]), peers.aggregate("ddp", [theirs])],
         "ratios": peers.ratios({"dynabatch": [ours], "ddp": [theirs]}),
-        "runs": [peers.asdict(ours), peers.asdict(theirs)],
+        "runs": [asdict(ours), asdict(theirs)],
     }
     assert results["ratios"] == {"ddp": [3.0]}
     text = peers.render(results)

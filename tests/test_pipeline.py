@@ -4,6 +4,8 @@ first gradient chunk before backward ends."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.slow
 CHUNK = 20_000
 
 
-def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
+def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -> None:
     flags = [
         "--dataset",
         "synthetic",
@@ -67,7 +69,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         w0 = shards.pull(None, 10).flat.clone()
         reference = model_for_job(job)
         load_flat(reference, w0)
-        F.cross_entropy(reference(x), y).backward()
+        torch.autograd.backward(F.cross_entropy(reference(x), y))
         grad = flat_grads(reference)
         counted = sum(shards.staleness)
         pipeline = Pipeline(model, layout, shards, 1 << 20, 10, cross_entropy)
@@ -77,7 +79,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         assert set(trace.pushed_at) == {ch.id for ch in layout.chunks}
         assert min(trace.forward_start.values()) < max(trace.arrived_at.values()), "forward waited for the whole model"
         assert min(trace.pushed_at.values()) < trace.backward_end, "no gradient chunk left before backward ended"
-        first_layer = min(trace.forward_start, key=trace.forward_start.get)
+        first_layer = min(trace.forward_start, key=trace.forward_start.__getitem__)
         assert first_layer == "0", "the input layer computes first"
         w1 = shards.pull(None, 10).flat
         # asgd, one live worker, B = 192: the shard applies lr * (64 * 1 / 192) * g (no momentum or decay).
@@ -88,7 +90,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path):
         w1 = w1.clone()
         load_flat(reference, w1)
         reference.zero_grad()
-        F.cross_entropy(reference(x), y).backward()
+        torch.autograd.backward(F.cross_entropy(reference(x), y))
         grad = flat_grads(reference)
         counted = sum(shards.staleness)
         trace = pipeline.step((x, y), None, 64, group=4, credit=8 * CHUNK).trace

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,12 +20,15 @@ PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     assert main([*args, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return plan
 
 
-def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(tmp_path, capsys):
+def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     plot = tmp_path / "p.png"
     assert main(["--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot)]) == 0
     text = capsys.readouterr().out
@@ -69,7 +73,9 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
         ),
     ],
 )
-def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(tmp_path, capsys, text, message):
+def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
     bad, plot = tmp_path / "bad.json", tmp_path / "p.png"
     bad.write_text(text)
     assert main(["--profile", str(bad), "--plot", str(plot)]) == 2
@@ -83,7 +89,9 @@ def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(
     assert exited.value.code == 2
 
 
-def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_folder_plans(tmp_path, capsys):
+def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_folder_plans(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Two probes of this machine as two workers (one with a memory cap), then a short real run of the MLP and
     the plan of its folder: the model's bytes the run's traffic implies agree with those the probe counted."""
     probes = tmp_path / "probes.json"

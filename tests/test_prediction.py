@@ -62,7 +62,7 @@ def _random(seed: int) -> Cluster:
     )
 
 
-def test_a_round_that_waits_for_a_10x_slow_worker_is_predicted_behind_asynchronous_steps():
+def test_a_round_that_waits_for_a_10x_slow_worker_is_predicted_behind_asynchronous_steps() -> None:
     cluster = Cluster((Node(GPU),) * 3 + (Node(Device(0.2, 0.005)),), 256)
     ssgd, asgd = predict(cluster, STUDY_NOISE, "ssgd", "fixed"), predict(cluster, STUDY_NOISE, "asgd", "fixed")
     assert ssgd.time_s > 2 * asgd.time_s
@@ -71,7 +71,7 @@ def test_a_round_that_waits_for_a_10x_slow_worker_is_predicted_behind_asynchrono
     assert predict(cluster, STUDY_NOISE, "ssgd", "dynamic").time_s < 0.5 * ssgd.time_s
 
 
-def test_batches_respect_each_workers_cap_and_sum_to_the_global_batch():
+def test_batches_respect_each_workers_cap_and_sum_to_the_global_batch() -> None:
     cluster = Cluster((Node(Device(0.01, 0.001, 16)), Node(GPU), Node(GPU)), 200)
     for protocol in PROTOCOLS:
         for policy in POLICIES:
@@ -83,7 +83,7 @@ def test_batches_respect_each_workers_cap_and_sum_to_the_global_batch():
     assert predict(starved, STUDY_NOISE, "ssgd", "fixed").batches == (8, 8)
 
 
-def test_dynamic_batches_give_equal_steps_under_a_round_and_follow_speed_otherwise():
+def test_dynamic_batches_give_equal_steps_under_a_round_and_follow_speed_otherwise() -> None:
     cluster = Cluster((Node(GPU), Node(Device(0.005, 0.002), link_mbit=1000)), 256, model_bytes=1e6, chunks=4)
     sync = predict(cluster, STUDY_NOISE, "ssgd", "dynamic")
     assert sync.step_s[0] == pytest.approx(sync.step_s[1], rel=1e-6) and min(sync.batches) > 0
@@ -95,7 +95,7 @@ def test_dynamic_batches_give_equal_steps_under_a_round_and_follow_speed_otherwi
     assert asgd.batches[0] / asgd.batches[1] == pytest.approx(speeds[0] / speeds[1], rel=1e-6)
 
 
-def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_busy_one():
+def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_busy_one() -> None:
     base = Cluster((Node(GPU, 10000),) * 8, 512, model_bytes=4e7, chunks=10)
     slow_link = replace(base, nodes=(Node(GPU, 1000),) + base.nodes[1:])
     one_shard, four_shards = replace(base, shard_mbit=10000), replace(base, shard_mbit=10000, shards=4)
@@ -113,21 +113,21 @@ def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_bus
     "name, cluster",
     [*_files().items(), *((n, _builtin(n)) for n in PROFILES), *((f"random{s}", _random(s)) for s in range(40))],
 )
-def test_no_method_is_predicted_below_the_optimum(name, cluster):
+def test_no_method_is_predicted_below_the_optimum(name: str, cluster: Cluster) -> None:
     star = optimum(cluster, STUDY_NOISE).time_s
     for p in predict_all(cluster, STUDY_NOISE):
         assert p.time_s >= star * (1 - 1e-9), (name, p.protocol, p.policy, p.time_s, star)
 
 
 @pytest.mark.parametrize("name, cluster", [*_files().items(), *((n, _builtin(n)) for n in PROFILES)])
-def test_auto_chooses_the_fastest_predicted_method_and_says_why(name, cluster):
+def test_auto_chooses_the_fastest_predicted_method_and_says_why(name: str, cluster: Cluster) -> None:
     choice = choose(cluster, STUDY_NOISE)
     ranked = predict_all(cluster, STUDY_NOISE)
     assert (choice.protocol, choice.policy) == (ranked[0].protocol, ranked[0].policy)
     assert choice.reason.startswith(f"{choice.protocol} + {choice.policy}: predicted fastest") and "T*" in choice.reason
 
 
-def test_auto_keeps_the_running_method_unless_another_is_clearly_faster():
+def test_auto_keeps_the_running_method_unless_another_is_clearly_faster() -> None:
     cluster = Cluster((Node(GPU),) * 3 + (Node(Device(0.2, 0.005)),), 256)
     ranked = predict_all(cluster, STUDY_NOISE)
     close = next(p for p in ranked[1:] if p.time_s <= ranked[0].time_s * (1 + HYSTERESIS))
@@ -144,7 +144,7 @@ def test_auto_keeps_the_running_method_unless_another_is_clearly_faster():
         choose(cluster, STUDY_NOISE, protocols=("local",))
 
 
-def test_a_cluster_without_workers_or_batch_and_an_unmodelled_method_are_refused():
+def test_a_cluster_without_workers_or_batch_and_an_unmodelled_method_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one worker"):
         Cluster((), 64)
     with pytest.raises(ValueError, match="global batch"):

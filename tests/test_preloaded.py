@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.cluster.launcher import Launcher, child_env
+from dynabatch.cluster.launcher import Child, Launcher, child_env
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
 from harness import free_port, wait_for
 from processes import alive
@@ -16,7 +16,9 @@ from processes import alive
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="the preloader forks on Linux only")
 
 
-def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_code(tmp_path, monkeypatch):
+def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     preloaded = Preloaded(tmp_path / "preloader.log")
     log = tmp_path / "w.log"
@@ -48,7 +50,7 @@ def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_co
     assert preloaded.gone or preloaded.pid == -1 or not Path(f"/proc/{preloaded.pid}").exists()
 
 
-def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
+def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path: Path) -> None:
     preloaded = Preloaded(tmp_path / "preloader.log")
     argv = ["worker", "--scheduler", f"tcp://127.0.0.1:{free_port()}", "--name", "orphan"]
     child = preloaded.spawn(argv, tmp_path / "w.log", child_env())
@@ -63,7 +65,7 @@ def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path):
     preloaded.close()
 
 
-def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_path):
+def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_path: Path) -> None:
     """The tests' jobs share their test process's preloader (harness.shared_preloader): one launcher's stop ends its
     own children, not the preloader nor another launcher's children; a launcher of its own ends its preloader."""
     shared = Preloaded(tmp_path / "shared.log")
@@ -73,7 +75,11 @@ def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_
     try:
         children = [launcher.start_worker("w") for launcher in (first, second, own)]  # no scheduler: they wait
         for child in children:
-            wait_for(f"{child.log_path} to say it waits", lambda c=child: "scheduler" in c.log_text(), 60)
+
+            def waits(c: Child = child) -> bool:
+                return "scheduler" in c.log_text()
+
+            wait_for(f"{child.log_path} to say it waits", waits, 60)
         parents = [int(Path(f"/proc/{c.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for c in children]
         assert parents[0] == parents[1] == shared.pid != parents[2] == own.preloaded.pid
         first.stop_all()

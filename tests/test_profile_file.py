@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +39,7 @@ GOOD = {
 }
 
 
-def test_a_good_file_gives_each_group_its_curve_cap_link_and_times():
+def test_a_good_file_gives_each_group_its_curve_cap_link_and_times() -> None:
     p = parse_profile(json.dumps(GOOD))
     assert p.name == "four" and len(p.workers) == 4 and p.global_batch == 256
     assert p.sim_settings() == {"wire_bytes": 4e6, "shards": 2, "shard_mbit": 5000.0}
@@ -67,14 +69,14 @@ def test_a_good_file_gives_each_group_its_curve_cap_link_and_times():
         (lambda d: d["workers"][0].update(join_s=1.0), "no worker starts at 0"),
     ],
 )
-def test_a_bad_file_is_refused_naming_the_field(change, message):
+def test_a_bad_file_is_refused_naming_the_field(change: Callable[[dict[str, Any]], object], message: str) -> None:
     doc = json.loads(json.dumps(GOOD))
     change(doc)
     with pytest.raises(ProfileError, match=message):
         parse_profile(json.dumps(doc), "c.json")
 
 
-def test_not_json_or_not_an_object_or_no_file_is_refused(tmp_path):
+def test_not_json_or_not_an_object_or_no_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="c.json: not JSON"):
         parse_profile("{workers", "c.json")
     with pytest.raises(ProfileError, match="must be a JSON object"):
@@ -84,12 +86,14 @@ def test_not_json_or_not_an_object_or_no_file_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
-def test_every_shipped_profile_reads_and_cites_its_source(path):
+def test_every_shipped_profile_reads_and_cites_its_source(path: Path) -> None:
     p = read_profile(path)
     assert p.workers and "source" in json.loads(path.read_text())
 
 
-def test_the_simulator_runs_a_cluster_from_a_file_and_says_why_it_refuses_one(tmp_path, capsys):
+def test_the_simulator_runs_a_cluster_from_a_file_and_says_why_it_refuses_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = tmp_path / "good.json"
     good.write_text(
         json.dumps(
@@ -125,7 +129,7 @@ def test_the_simulator_runs_a_cluster_from_a_file_and_says_why_it_refuses_one(tm
     assert "bad.json: workers[0]: missing fixed_s" in capsys.readouterr().err
 
 
-def test_probes_gather_into_one_file_and_a_bad_one_leaves_it_as_it_was(tmp_path):
+def test_probes_gather_into_one_file_and_a_bad_one_leaves_it_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "probes.json"
     gpu = {"count": 1, "fixed_s": 0.02, "per_sample_s": 0.001, "max_batch": 64, "link_mbit": 1000}
     add_group(path, gpu, {"model_bytes": 4e6, "global_batch": 256})

@@ -4,6 +4,7 @@ and a resumed count checked against the shards."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
 
 
-def _progress(num_shards: int = 1, **kw) -> tuple[Progress, Roster]:
+def _progress(num_shards: int = 1, **kw: Any) -> tuple[Progress, Roster]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "min_batch": 8, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
@@ -30,7 +31,7 @@ def _worker(roster: Roster, samples: int, bytes_: int = 0, staleness: list[int] 
     return member
 
 
-def test_samples_count_live_workers_and_those_that_left():
+def test_samples_count_live_workers_and_those_that_left() -> None:
     progress, roster = _progress()
     a = _worker(roster, 480, bytes_=100, staleness=[5])
     _worker(roster, 96, bytes_=10, staleness=[0, 1])
@@ -43,7 +44,7 @@ def test_samples_count_live_workers_and_those_that_left():
     assert progress.t(12.5) == 2.5
 
 
-def test_a_shard_back_from_an_older_checkpoint_counts_its_lost_samples_back():
+def test_a_shard_back_from_an_older_checkpoint_counts_its_lost_samples_back() -> None:
     progress, roster = _progress()
     _worker(roster, 480)
     progress.shard_report(0, Heartbeat(version=5, samples=480, train_size=2000))
@@ -56,7 +57,7 @@ def test_a_shard_back_from_an_older_checkpoint_counts_its_lost_samples_back():
     assert progress.train_size == 2000, "a training set size that cannot be is ignored"
 
 
-def test_the_loss_is_smoothed_over_finite_reports():
+def test_the_loss_is_smoothed_over_finite_reports() -> None:
     progress, _ = _progress()
     progress.observe_loss(math.inf)
     assert math.isnan(progress.loss)
@@ -65,7 +66,7 @@ def test_the_loss_is_smoothed_over_finite_reports():
     assert progress.loss == pytest.approx(LOSS_SMOOTHING * 2.0 + (1 - LOSS_SMOOTHING) * 1.0)
 
 
-def test_no_shard_can_be_past_what_the_samples_allow():
+def test_no_shard_can_be_past_what_the_samples_allow() -> None:
     progress, roster = _progress()
     _worker(roster, 80)
     assert progress.newest_possible_version == 80 // 8 + 2 + 1, "a push on its way, a last one below --min-batch"
@@ -73,7 +74,7 @@ def test_no_shard_can_be_past_what_the_samples_allow():
     assert progress.newest_possible_version == 50
 
 
-def test_a_resumed_count_beyond_what_the_shards_hold_is_cut_back_once_every_shard_reported():
+def test_a_resumed_count_beyond_what_the_shards_hold_is_cut_back_once_every_shard_reported() -> None:
     progress, roster = _progress(num_shards=2)
     progress.restore(SavedProgress(config={}, t=7.0, samples=4800, lost_samples=0, train_size=1000), now=20.0)
     assert progress.started == 13.0 and progress.samples == 4800

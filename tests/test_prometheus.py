@@ -60,7 +60,8 @@ def _get(port: int, path: str, **params: str) -> Any:
 
 
 def _query(port: int, expr: str) -> list[dict[str, Any]]:
-    return _get(port, "/api/v1/query", query=expr)["result"]
+    result: list[dict[str, Any]] = _get(port, "/api/v1/query", query=expr)["result"]
+    return result
 
 
 def _targets_up(port: int) -> bool:
@@ -83,7 +84,7 @@ def _one_bad_message(endpoint: str) -> None:
         ctx.destroy(linger=0)
 
 
-def test_every_dashboard_query_returns_series_for_every_worker(tmp_path):
+def test_every_dashboard_query_returns_series_for_every_worker(tmp_path: Path) -> None:
     """The workers idle most of each step (--slowdowns 4 8): the queries need series, not speed, and the job
     runs until every query has answered."""
     prometheus_bin = need_tool("prometheus", "apt-get install -y prometheus")

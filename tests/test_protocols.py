@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
-def test_every_spec_names_a_shard_rule_and_a_worker_loop_that_exist(name):
+def test_every_spec_names_a_shard_rule_and_a_worker_loop_that_exist(name: str) -> None:
     spec = protocol_spec(name)
     assert spec.shard_rule in RULES and spec.worker_loop in LOOPS
     assert spec.push_kind in (GRADIENT, DELTA)
@@ -46,19 +46,19 @@ def test_every_spec_names_a_shard_rule_and_a_worker_loop_that_exist(name):
     JobConfig(protocol=name).validate()
 
 
-def test_every_rule_and_loop_serves_some_protocol():
+def test_every_rule_and_loop_serves_some_protocol() -> None:
     assert {s.shard_rule for s in SPECS.values()} == set(RULES)
     assert {s.worker_loop for s in SPECS.values()} == set(LOOPS)
 
 
-def test_an_unknown_protocol_is_refused_by_name():
+def test_an_unknown_protocol_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="unknown protocol 'bsp'.*asgd"):
         protocol_spec("bsp")
     with pytest.raises(ConfigError, match="--protocol"):
         JobConfig(protocol="bsp").validate()
 
 
-def test_no_role_compares_a_protocols_name():
+def test_no_role_compares_a_protocols_name() -> None:
     """`protocol ==`, `protocol in (...)` or a protocol's name as a string literal outside the table
     (a rule's or loop's `NAME`, which the table refers to, and the flag's default excepted)."""
     names = "|".join(PROTOCOLS)
@@ -76,7 +76,7 @@ def test_no_role_compares_a_protocols_name():
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
-def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name):
+def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name: str) -> None:
     """A pull before the worker's own push adds staleness: only protocols that take it may be asked for it."""
     job = JobConfig(protocol=name, prefetch_pull=True)
     if SPECS[name].may_prefetch_pull:
@@ -88,14 +88,14 @@ def test_prefetch_pull_is_taken_only_where_the_spec_allows_it(name):
             job.validate()
 
 
-def test_push_behind_needs_prefetch_pull():
+def test_push_behind_needs_prefetch_pull() -> None:
     with pytest.raises(ConfigError, match="--push-behind needs --prefetch-pull"):
         JobConfig(protocol="asgd", push_behind=True).validate()
     JobConfig(protocol="asgd", push_behind=True, prefetch_pull=True).validate()
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
-def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name):
+def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name: str) -> None:
     """The spec names its settings class; the flags (same names as ever) build it; the shard rule holds it."""
     job = JobConfig(
         protocol=name, softsync_n=3, staleness=5, outer_lr=0.7, outer_momentum=0.9, outer_nesterov=False, sync_m=2
@@ -116,12 +116,12 @@ def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name
     )
 
 
-def test_a_shard_refuses_another_protocols_settings():
+def test_a_shard_refuses_another_protocols_settings() -> None:
     with pytest.raises(ValueError, match="protocol softsync takes SoftsyncSettings, not SspSettings"):
         ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), "softsync", 8, SspSettings(2))
 
 
-def test_the_protocol_flags_keep_their_names():
+def test_the_protocol_flags_keep_their_names() -> None:
     parser = argparse.ArgumentParser()
     add_flags(parser, JobConfig, env={})
     job = from_args(
@@ -142,7 +142,7 @@ FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 @pytest.mark.data
 @pytest.mark.skipif(not FASHION.exists(), reason="apt-get install -y dataset-fashion-mnist")
 @pytest.mark.parametrize("protocol, policy", [("ringmaster", "fixed"), ("rennala", "dynamic")])
-def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path, protocol, policy):
+def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path: Path, protocol: str, policy: str) -> None:
     """As tests/test_run.py's pairs (the MLP for a quarter epoch, the final model evaluated), with three workers,
     one 4x slower. Under ringmaster with fixed batches (R = 3 live workers) the slow worker's gradients are
     about 2 x 4 = 8 versions stale, so some are discarded: counted, and its worker goes on without backing off."""
@@ -178,7 +178,7 @@ def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path, protocol, pol
 
 
 @pytest.mark.slow
-def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_path):
+def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_path: Path) -> None:
     """m = 2 of three workers, one 16x slower, fixed batches: every round closes on the two fast workers' gradients,
     so the slow worker's, computed at a model rounds old by the time they arrive, are discarded (counted, not
     errors); the job still ends at its epochs, counted from the samples taken. The slowdown emulates compute
@@ -222,13 +222,13 @@ def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_
     assert "step failed" not in worker_logs, "a discarded gradient is not an error"
 
 
-def test_an_m_above_the_starting_workers_is_refused():
+def test_an_m_above_the_starting_workers_is_refused() -> None:
     JobConfig(protocol="msync", sync_m=3, min_workers=3).validate()
     with pytest.raises(ConfigError, match="--sync-m 4: a round takes the first m gradients"):
         JobConfig(protocol="msync", sync_m=4, min_workers=3).validate()
 
 
-def test_msync_takes_a_workers_gradient_whole_never_pipelined():
+def test_msync_takes_a_workers_gradient_whole_never_pipelined() -> None:
     """Its round chooses workers by their first push: a step pushed chunk by chunk would be chosen on some chunks
     and discarded on others, and the next pull would mix two rounds' chunks."""
     assert not JobConfig(protocol="msync").pipelines(chunks=10)
@@ -237,7 +237,7 @@ def test_msync_takes_a_workers_gradient_whole_never_pipelined():
         JobConfig(protocol="msync", pipeline="on").validate()
 
 
-def test_every_settings_flag_is_a_job_field_named_once():
+def test_every_settings_flag_is_a_job_field_named_once() -> None:
     """Each flag is declared by one settings class; RoundSettings' are shared by inheritance, not named again."""
     classes = {cls for s in SPECS.values() for cls in s.settings.__mro__ if issubclass(cls, ProtocolSettings)}
     inherited = {cls: getattr(cls.__mro__[1], "FLAGS", ()) for cls in classes}

@@ -8,6 +8,7 @@ answer can no longer come. Real processes, killed with SIGKILL.
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 import zmq
@@ -23,7 +24,7 @@ from harness import Cluster, free_port, wait_for
 TIMEOUT_S = 60.0  # a shard_lost answer comes at once; waiting this long would be the failure
 
 
-def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for_its_return(tmp_path):
+def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for_its_return(tmp_path: Path) -> None:
     # A restarted shard takes its slot once the scheduler has declared the dead one gone, after the liveness
     # timeout: short, but not so short that this test client, which heartbeats only while it waits on the shard
     # (a worker has a thread for that), is dropped while it registers on a machine running two suites (2 s was).
@@ -49,14 +50,18 @@ def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for
         conn, welcome = c.join_as_worker()
         job = job_from_dict(welcome.config)
         total = sum(p.numel() for p in model_for_job(job).parameters())
+
         # While a request waits, the clients heartbeat (as a worker's do), so the scheduler keeps this worker.
+        def heartbeat() -> None:
+            conn.send(Heartbeat())
+
         shards = ShardClients(
             zmq.Context.instance(),
             welcome.shards,
             make_layout(total, job.chunk_bytes, job.shards),
             job.job,
             welcome.id,
-            lambda: conn.send(Heartbeat()),
+            heartbeat,
             job.heartbeat_s,
         )
         try:

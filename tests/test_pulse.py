@@ -31,8 +31,8 @@ def _register(link: SchedulerLink) -> None:
     assert link.register(Hello(role="worker"), lambda: False, lambda: None) is not None
 
 
-def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registration():
-    ctx = zmq.Context.instance()
+def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registration() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     router = SchedulerSocket(ctx)
     link = SchedulerLink(ctx, router.endpoint, "j", "test")
     try:
@@ -57,8 +57,8 @@ def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registra
         router.close()
 
 
-def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_stops():
-    ctx = zmq.Context.instance()
+def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_stops() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     router = SchedulerSocket(ctx)
     link = SchedulerLink(ctx, router.endpoint, "j", "test")
     try:
@@ -70,7 +70,11 @@ def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_s
         pulse.stop()
         assert set(_seen(router)) == set(_seen_as([("w0", report)]))
         link.heartbeat(Heartbeat(steps=2, samples=64, batch=32, step_s=0.5, standalone_sps=100.0))
-        wait_for("the main thread's next heartbeat", lambda: router.got[-1][1].steps == 2, 10)
+        wait_for(
+            "the main thread's next heartbeat",
+            lambda: isinstance(beat := router.got[-1][1], Heartbeat) and beat.steps == 2,
+            10,
+        )
         sent = len(router.got)
         time.sleep(5 * INTERVAL_S)  # a window to see nothing in, not a wait for something
         assert len(router.got) == sent, "stopped: it repeats nothing more"
@@ -79,10 +83,10 @@ def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_s
         router.close()
 
 
-def test_the_pulse_ends_a_process_whose_main_thread_does_not_register_again_after_the_scheduler_forgot_it():
+def test_the_pulse_ends_a_process_whose_main_thread_does_not_register_again_after_the_scheduler_forgot_it() -> None:
     """The scheduler dropped it for making no progress (or restarted): a main thread that lives registers again;
     one that has not within `wedged_after_s` hangs, and the pulse calls `on_wedged` (in a process: exit 1)."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     router = SchedulerSocket(ctx)
     link = SchedulerLink(ctx, router.endpoint, "j", "test")
     wedged: list[float] = []
@@ -93,6 +97,7 @@ def test_the_pulse_ends_a_process_whose_main_thread_does_not_register_again_afte
         router.answer = Error(code=ErrorCode.UNKNOWN_SENDER, text="the scheduler does not know w0")
         wait_for("the pulse to hear it was forgotten", lambda: link.lost_at is not None, 10)
         lost_at = link.lost_at
+        assert lost_at is not None
         wait_for("the pulse to give the main thread up", lambda: wedged, 10)
         assert wedged[0] - lost_at >= 20 * INTERVAL_S
         pulse.stop()

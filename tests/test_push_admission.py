@@ -5,6 +5,7 @@ push changes nothing."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"]
 BATCH = 32
 
 
-def _shard(tmp_path) -> tuple[ServedJob, ShardState, PushAdmission, list[str]]:
+def _shard(tmp_path: Path) -> tuple[ServedJob, ShardState, PushAdmission, list[str]]:
     """Shard 0 of one, serving live workers w0 and w1 with a batch of BATCH each; the list records the workers
     the scheduler was told were quarantined."""
     config = replace(JobConfig(), job="j", shards=1, chunk_bytes=1024, protocol="asgd", global_batch=2 * BATCH)
@@ -48,7 +49,7 @@ def _case(
     )
 
 
-def test_the_steps_check_the_message_then_its_claims_then_its_sender_and_only_then_assess_the_gradient():
+def test_the_steps_check_the_message_then_its_claims_then_its_sender_and_only_then_assess_the_gradient() -> None:
     names = [step.__name__ for step in STEPS]
     assert names == [
         "well_formed",
@@ -65,7 +66,7 @@ def test_the_steps_check_the_message_then_its_claims_then_its_sender_and_only_th
     assert all(getattr(push_admission, name) is step for name, step in zip(names, STEPS, strict=True))
 
 
-def test_a_push_from_a_worker_that_is_not_live_is_refused_before_its_gradient_is_assessed(tmp_path):
+def test_a_push_from_a_worker_that_is_not_live_is_refused_before_its_gradient_is_assessed(tmp_path: Path) -> None:
     served, state, admission, _ = _shard(tmp_path)
     case = _case(served, state, "w9", scale=1e6)
     with pytest.raises(ProtocolError) as refused:
@@ -74,7 +75,7 @@ def test_a_push_from_a_worker_that_is_not_live_is_refused_before_its_gradient_is
     assert case.found is None, "the gradient bounds never saw it"
 
 
-def test_a_quarantined_worker_that_left_is_still_told_it_was_quarantined(tmp_path):
+def test_a_quarantined_worker_that_left_is_still_told_it_was_quarantined(tmp_path: Path) -> None:
     """A worker the scheduler dropped for its pushes hears why (`quarantined`), not `unknown_sender`, which it
     would take for a join not yet known and send again."""
     served, state, admission, _ = _shard(tmp_path)
@@ -86,7 +87,9 @@ def test_a_quarantined_worker_that_left_is_still_told_it_was_quarantined(tmp_pat
 
 
 @pytest.mark.parametrize("samples, code", [(0, "bad_field"), (-3, "bad_field"), (BATCH + 1, "bad_field")])
-def test_a_push_claiming_impossible_samples_is_refused_and_changes_nothing(tmp_path, samples, code):
+def test_a_push_claiming_impossible_samples_is_refused_and_changes_nothing(
+    tmp_path: Path, samples: int, code: str
+) -> None:
     served, state, admission, _ = _shard(tmp_path)
     before = {cid: t.clone() for cid, t in state.params.items()}
     with pytest.raises(ProtocolError) as refused:
@@ -95,7 +98,7 @@ def test_a_push_claiming_impossible_samples_is_refused_and_changes_nothing(tmp_p
     assert all(torch.equal(state.params[cid], t) for cid, t in before.items()) and state.version == 0
 
 
-def test_a_taken_push_is_not_taken_twice_and_its_norms_are_recorded(tmp_path):
+def test_a_taken_push_is_not_taken_twice_and_its_norms_are_recorded(tmp_path: Path) -> None:
     served, state, admission, told = _shard(tmp_path)
     case = _case(served, state, "w0")
     admission.admit(case)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ from dynabatch.common.models import model_for_job
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection
 from dynabatch.common.wire import ChunkMeta, Message, encode
-from harness import Cluster, metric_value, wait_for
+from harness import Cluster, Proc, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -72,11 +73,11 @@ def _answer(conn: Connection, seq: int) -> object:
     raise AssertionError(f"no answer to request {seq}")
 
 
-def _replays(shard) -> float:
+def _replays(shard: Proc) -> float:
     return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="replay")
 
 
-def _bad_fields(shard) -> float:
+def _bad_fields(shard: Proc) -> float:
     return metric_value(shard.metrics(), "dynabatch_bad_messages_total", role="ps", reason="bad_field")
 
 
@@ -85,7 +86,7 @@ def _gradient(chunks: dict[int, tuple[int, torch.Tensor]], fill: float) -> tuple
     return metas, [torch.full_like(t, fill) for _, t in chunks.values()]
 
 
-def test_a_push_of_more_samples_than_its_sender_was_assigned_is_refused_and_changes_nothing(tmp_path):
+def test_a_push_of_more_samples_than_its_sender_was_assigned_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     c = Cluster(tmp_path, [*JOB, "--global-batch", "32", "--max-batch", "1024"])
     try:
         c.scheduler()
@@ -109,11 +110,11 @@ def test_a_push_of_more_samples_than_its_sender_was_assigned_is_refused_and_chan
         c.stop()
 
 
-def _total(welcome) -> int:
+def _total(welcome: Welcome) -> int:
     return sum(p.numel() for p in model_for_job(job_from_dict(welcome.config)).parameters())
 
 
-def _checkpointing_shard(c: Cluster, tmp_path) -> tuple[Child, Connection, Welcome, Connection, set[int]]:
+def _checkpointing_shard(c: Cluster, tmp_path: Path) -> tuple[Child, Connection, Welcome, Connection, set[int]]:
     """A scheduler and a checkpointing shard on a fixed port, this test as their worker: (the shard, the worker's
     scheduler connection, its WELCOME, its connection to the shard, the shard's chunk ids)."""
     c.scheduler()
@@ -142,7 +143,7 @@ def _stop_and_restart(c: Cluster, shard: Child, scheduler_conn: Connection) -> C
     return shard
 
 
-def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_restart(tmp_path):
+def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_restart(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     try:
         shard, scheduler_conn, welcome, conn, ids = _checkpointing_shard(c, tmp_path)
@@ -177,7 +178,7 @@ def test_a_replayed_push_is_refused_counted_and_changes_nothing_also_after_a_res
         c.stop()
 
 
-def test_a_damaged_newest_checkpoint_is_refused_and_the_shard_resumes_the_previous_one(tmp_path):
+def test_a_damaged_newest_checkpoint_is_refused_and_the_shard_resumes_the_previous_one(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     try:
         shard, scheduler_conn, _, conn, ids = _checkpointing_shard(c, tmp_path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,7 @@ from dynabatch.scheduler.outage_clock import MAX_UNTIMED_OUTAGE_S, ClockReading,
 from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
 
 
-def _job(**kw) -> JobConfig:
+def _job(**kw: Any) -> JobConfig:
     return JobConfig(
         **{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw}
     )
@@ -51,14 +53,14 @@ def _steps(state: JobState, wid: str, n: int, now: float) -> None:
         )
 
 
-def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_trained():
+def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_trained() -> None:
     assert lost_work(0, ShardMark(10, 960), 10, 960, 5000) is None
     assert lost_work(0, ShardMark(10, 960), 12, 1100, 5000) is None, "a shard moving on lost nothing"
     assert lost_work(1, ShardMark(10, 960), 4, 384, 5000) == LostWork(1, 6, 576)
     assert lost_work(0, ShardMark(10, 960), 0, 0, 500) == LostWork(0, 10, 500), "capped at what can be counted back"
 
 
-def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
+def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again() -> None:
     state, ps, wid = _running(_job(epochs=1.0))
     _steps(state, wid, 5, 0.1)  # 480 samples
     state.heartbeat(ps, Heartbeat(version=5, samples=480, membership=state.roster.membership), 0.2)
@@ -79,14 +81,14 @@ def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
     assert (st.lost_samples, st.lost_versions, st.samples) == (288, 3, 1344)
 
 
-def test_a_shard_reporting_a_negative_count_is_refused():
+def test_a_shard_reporting_a_negative_count_is_refused() -> None:
     state, ps, _ = _running(_job())
     with pytest.raises(ProtocolError, match="HEARTBEAT.samples"):
         state.heartbeat(ps, Heartbeat(samples=-1), 0.1)
     assert state.progress.lost_samples == 0
 
 
-def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_marks(tmp_path):
+def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_marks(tmp_path: Path) -> None:
     job = _job(epochs=2.0)
     state, ps, wid = _running(job)
     _steps(state, wid, 6, 0.1)
@@ -98,10 +100,15 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     assert not list(tmp_path.glob(".*tmp")), "no temporary file is left behind"
 
     again = JobState(job, num_shards=1, now=100.0)
-    again.resume(load_progress(path, to_dict(job)), 100.0, wall=ClockReading(5003.0))
+    saved = load_progress(path, to_dict(job))
+    assert saved is not None
+    again.resume(saved, 100.0, wall=ClockReading(5003.0))
     progress = again.progress
-    assert (progress.samples, progress.train_size, progress.epoch) == (576, 1000, pytest.approx(0.576))
-    assert again.evaluations.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), "the outage counts"
+    assert (progress.samples, progress.train_size) == (576, 1000) and progress.epoch == pytest.approx(0.576)
+    kept = again.evaluations.eval
+    assert kept is not None and kept.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), (
+        "the outage counts"
+    )
     ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
     again.heartbeat(ps_again, Heartbeat(version=6, samples=576), 100.1)
     assert again.progress.lost_samples == 0, "a shard that kept its state lost nothing"
@@ -116,7 +123,9 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     assert again.progress.lost_samples == 384, "a restart while the scheduler was down is still caught"
 
 
-def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back_to_the_previous(tmp_path):
+def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back_to_the_previous(
+    tmp_path: Path,
+) -> None:
     job = _job()
     path = progress_path(str(tmp_path), job.job)
     assert load_progress(path, to_dict(job)) is None
@@ -126,13 +135,16 @@ def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back
         load_progress(path, to_dict(_job(epochs=3.0)))
     _steps(state, wid, 3, 0.1)
     save_progress(path, state.saved(2.0, wall=ClockReading(0.0)))
-    assert load_progress(path, to_dict(job)).samples == 288
+    saved = load_progress(path, to_dict(job))
+    assert saved is not None and saved.samples == 288
     header, _, payload = path.read_bytes().partition(b"\n")
     data = json.loads(payload)
     path.write_bytes(header + b"\n" + json.dumps({**data, "samples": data["samples"] * 10}).encode())
-    assert load_progress(path, to_dict(job)).samples == 0, "an edited copy fails its checksum: the previous is read"
+    saved = load_progress(path, to_dict(job))
+    assert saved is not None and saved.samples == 0, "an edited copy fails its checksum: the previous is read"
     path.write_bytes(path.read_bytes()[:40])
-    assert load_progress(path, to_dict(job)).samples == 0, "so is a truncated one"
+    saved = load_progress(path, to_dict(job))
+    assert saved is not None and saved.samples == 0, "so is a truncated one"
     previous = path.with_name(path.name + ".prev")
     header, _, payload = previous.read_bytes().partition(b"\n")
     previous.write_bytes(header + b"\n" + payload.replace(b'"t": 1.0', b'"t": NaN'))
@@ -141,7 +153,7 @@ def test_saved_progress_of_another_job_is_an_error_and_a_damaged_copy_falls_back
     assert math.isnan(JobState(job, 1).progress.loss), "nothing was resumed"
 
 
-def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path):
+def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path: Path) -> None:
     job = _job()
     path = progress_path(str(tmp_path), job.job)
     state, _, _ = _running(job)
@@ -151,10 +163,11 @@ def test_a_copy_with_a_good_checksum_but_impossible_figures_is_refused(tmp_path)
     for bad in ({"samples": -5}, {"t": float("inf")}, {"training_s": -1.0}):
         save_progress(path, state.saved(1.0, wall=ClockReading(0.0)))  # the previous copy is good
         write_verified(path, json.dumps({**data, **bad}).encode())
-        assert load_progress(path, to_dict(job)).t == 1.0, bad
+        saved = load_progress(path, to_dict(job))
+        assert saved is not None and saved.t == 1.0, bad
 
 
-def test_an_outage_is_timed_by_the_boot_clock_on_the_same_boot_and_a_wall_clock_jump_is_bounded():
+def test_an_outage_is_timed_by_the_boot_clock_on_the_same_boot_and_a_wall_clock_jump_is_bounded() -> None:
     saved = ClockReading(1000.0, "boot-a", 50.0)
     assert outage_s(saved, ClockReading(1000.0 + 1e6, "boot-a", 53.0)) == 3.0, "the wall clock jumped; boot did not"
     assert outage_s(saved, ClockReading(1003.0, "boot-b", 1.0)) == 3.0, "another machine: the wall clock"
@@ -162,18 +175,20 @@ def test_an_outage_is_timed_by_the_boot_clock_on_the_same_boot_and_a_wall_clock_
     assert outage_s(saved, ClockReading(0.0)) == 0.0, "a clock set back counts no outage"
 
 
-def test_a_budget_is_not_spent_by_a_clock_jump_across_a_restart(tmp_path):
+def test_a_budget_is_not_spent_by_a_clock_jump_across_a_restart(tmp_path: Path) -> None:
     job = _job(epochs=100.0, time_budget_s=3600.0)
     state, _, _ = _running(job)
     path = progress_path(str(tmp_path), job.job)
     save_progress(path, state.saved(10.0, wall=ClockReading(1000.0)))
     again = JobState(job, num_shards=1, now=0.0)
-    again.resume(load_progress(path, to_dict(job)), 0.0, wall=ClockReading(1000.0 + 1e6))
+    saved = load_progress(path, to_dict(job))
+    assert saved is not None
+    again.resume(saved, 0.0, wall=ClockReading(1000.0 + 1e6))
     again.tick(0.0)
     assert not again.end.budget_spent and again.status(0.0).t == pytest.approx(10.0 + MAX_UNTIMED_OUTAGE_S)
 
 
-def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path):
+def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path: Path) -> None:
     job = _job(epochs=100.0)
     state, ps, wid = _running(job)
     _steps(state, wid, 5, 0.1)  # 480 samples

@@ -21,7 +21,7 @@ def _refused(guard: ReplayGuard, seq: int, sender: str = "w0", identity: bytes =
     assert refused.value.code == "replay"
 
 
-def test_a_seq_is_taken_once_and_a_higher_one_always():
+def test_a_seq_is_taken_once_and_a_higher_one_always() -> None:
     guard = ReplayGuard()
     _take(guard, 5)
     _refused(guard, 5)
@@ -30,7 +30,7 @@ def test_a_seq_is_taken_once_and_a_higher_one_always():
     _refused(guard, 5)
 
 
-def test_seqs_taken_out_of_order_within_the_window_are_each_taken_once():
+def test_seqs_taken_out_of_order_within_the_window_are_each_taken_once() -> None:
     guard = ReplayGuard()
     for seq in (10, 7, 12, 8):  # one poll's messages, handled front of the model first
         _take(guard, seq)
@@ -40,7 +40,7 @@ def test_seqs_taken_out_of_order_within_the_window_are_each_taken_once():
     _refused(guard, 12 - WINDOW)
 
 
-def test_the_window_is_per_sender_and_per_connection():
+def test_the_window_is_per_sender_and_per_connection() -> None:
     guard = ReplayGuard()
     _take(guard, 50)
     _take(guard, 1, identity=B)  # the same worker id from a new process (a new connection) starts at 1
@@ -48,7 +48,7 @@ def test_the_window_is_per_sender_and_per_connection():
     _refused(guard, 50)
 
 
-def test_a_restored_guard_refuses_everything_at_or_below_its_saved_marks():
+def test_a_restored_guard_refuses_everything_at_or_below_its_saved_marks() -> None:
     guard = ReplayGuard()
     for seq in (3, 4, 6):
         _take(guard, seq)
@@ -59,7 +59,7 @@ def test_a_restored_guard_refuses_everything_at_or_below_its_saved_marks():
     _take(again, 7)
 
 
-def test_connections_of_workers_no_longer_live_are_forgotten_beyond_the_cap():
+def test_connections_of_workers_no_longer_live_are_forgotten_beyond_the_cap() -> None:
     guard = ReplayGuard()
     for i in range(MAX_KEYS + 10):
         guard.take(f"gone{i}", A, 1, {"w0"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -62,7 +63,7 @@ def _snap(
     )
 
 
-def test_throughput_counts_from_the_first_batches_to_the_stop():
+def test_throughput_counts_from_the_first_batches_to_the_stop() -> None:
     timeline = [
         _snap(1.0, 0, None),  # registered, probing its speed: not training yet
         _snap(4.0, 0, 0.0),
@@ -96,7 +97,7 @@ def _budgeted(t: float, samples: int, batch: int, unallotted: int | None, stoppi
     )
 
 
-def test_the_summary_states_the_epochs_asked_and_trained_and_the_batches_before_the_last_ones():
+def test_the_summary_states_the_epochs_asked_and_trained_and_the_batches_before_the_last_ones() -> None:
     """The last batches are what each worker's allotment leaves, down to 0 while the shards confirm the end: the
     batch the run settled on is the one before its budget was all allotted, and its throughput counts until
     the budget was trained, not until the shards confirmed it."""
@@ -124,7 +125,7 @@ def test_the_summary_states_the_epochs_asked_and_trained_and_the_batches_before_
     assert short["overshoot_samples"] == -2000, "a job its time budget stopped is short of its epochs"
 
 
-def test_time_to_accuracy_is_none_before_training_starts():
+def test_time_to_accuracy_is_none_before_training_starts() -> None:
     assert time_to_accuracy([_snap(1.0, 0, None, acc=0.9, eval_t=1.0)], (0.85,)) == {"0.85": None}
 
 
@@ -164,12 +165,14 @@ def _metric_timeline() -> list[JobStatus]:
         "met before the first batches",
     ],
 )
-def test_time_to_target_counts_from_the_first_batches_to_the_first_evaluation_meeting_it(target, seconds):
+def test_time_to_target_counts_from_the_first_batches_to_the_first_evaluation_meeting_it(
+    target: str, seconds: float | None
+) -> None:
     got = time_to_target(_metric_timeline(), MetricTarget.parse(target))
     assert got == (None if seconds is None else pytest.approx(seconds))
 
 
-def test_the_summary_names_its_target_and_keeps_the_accuracy_marks():
+def test_the_summary_names_its_target_and_keeps_the_accuracy_marks() -> None:
     timeline = _metric_timeline()
     s = summarize(timeline, wall_s=22.0, warmup_fraction=0.0, target=MetricTarget.parse("loss <= 0.5"))
     assert s["target_metric"] == "loss<=0.5" and s["time_to_target_s"] == pytest.approx(9.0)
@@ -277,7 +280,7 @@ def _scheduler_status() -> JobStatus:
     return state.status(1.0)
 
 
-def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
+def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path: Path) -> None:
     status = _scheduler_status()
     write_timeline(tmp_path, [Snapshot(status, 1.5)])
     (entry,) = json.loads((tmp_path / "timeline.json").read_text())
@@ -300,7 +303,7 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
     assert read_timeline(tmp_path / "timeline.json") == [status]
 
 
-def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path):
+def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path: Path) -> None:
     entry = Snapshot(_scheduler_status(), 1.5).to_json()
     next(iter(entry["workers"].values()))["batch"] = "many"
     (tmp_path / "timeline.json").write_text(json.dumps([entry]))
@@ -308,7 +311,7 @@ def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path):
         read_timeline(tmp_path / "timeline.json")
 
 
-def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left():
+def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left() -> None:
     """Shards leave STATUS at the end of a job, and a restarted shard counts afresh from 0."""
 
     def with_shards(t: float, **discarded: int) -> JobStatus:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,12 +19,12 @@ from harness import child_env, command_line, free_port
 
 
 @pytest.fixture
-def taken():
+def taken() -> Iterator[int]:
     """A port another process listens on."""
     s = socket.socket()
     s.bind(("127.0.0.1", free_port()))
     s.listen()
-    yield s.getsockname()[1]
+    yield int(s.getsockname()[1])
     s.close()
 
 
@@ -35,20 +36,20 @@ def refused(command: str, flags: list[str]) -> str:
     return done.stderr.splitlines()[-1]
 
 
-def test_a_scheduler_whose_port_is_taken_says_so_in_one_line(taken):
+def test_a_scheduler_whose_port_is_taken_says_so_in_one_line(taken: int) -> None:
     assert refused("scheduler", ["--bind", f"tcp://127.0.0.1:{taken}"]) == (
         f"dynabatch scheduler: --bind tcp://127.0.0.1:{taken}: Address already in use"
     )
 
 
-def test_a_shard_whose_port_is_taken_says_so_in_one_line(taken):
+def test_a_shard_whose_port_is_taken_says_so_in_one_line(taken: int) -> None:
     assert refused("ps", ["--bind", f"tcp://127.0.0.1:{taken}"]) == (
         f"dynabatch ps: --bind tcp://127.0.0.1:{taken}: Address already in use"
     )
 
 
 @pytest.mark.parametrize("command", ["scheduler", "ps"])
-def test_a_taken_metrics_port_is_one_line(taken, command):
+def test_a_taken_metrics_port_is_one_line(taken: int, command: str) -> None:
     assert refused(command, ["--bind", "tcp://127.0.0.1:0", "--metrics-port", str(taken)]) == (
         f"dynabatch {command}: --metrics-host 127.0.0.1 --metrics-port {taken}: Address already in use"
     )
@@ -57,7 +58,7 @@ def test_a_taken_metrics_port_is_one_line(taken, command):
 @pytest.mark.parametrize(
     "command, flag", [("scheduler", "--bind"), ("ps", "--bind"), ("ps", "--scheduler"), ("worker", "--scheduler")]
 )
-def test_an_endpoint_without_its_scheme_is_refused_as_a_flag(command, flag):
+def test_an_endpoint_without_its_scheme_is_refused_as_a_flag(command: str, flag: str) -> None:
     assert refused(command, [flag, "127.0.0.1:5555"]) == (
         f"dynabatch {command}: error: {flag} 127.0.0.1:5555: expected tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"
     )
@@ -79,7 +80,7 @@ def test_an_endpoint_without_its_scheme_is_refused_as_a_flag(command, flag):
         ("", False),
     ],
 )
-def test_an_endpoint_is_tcp_host_and_port(endpoint, ok):
+def test_an_endpoint_is_tcp_host_and_port(endpoint: str, ok: bool) -> None:
     if ok:
         check_endpoint("--bind", endpoint)
     else:

@@ -24,7 +24,7 @@ def _report(rollbacks: Rollbacks, roster: Roster, index: int, hb: Heartbeat) -> 
     rollbacks.shard_report(index, prev, hb)
 
 
-def test_a_sick_shard_rolls_the_job_back_and_workers_act_once_every_shard_restored():
+def test_a_sick_shard_rolls_the_job_back_and_workers_act_once_every_shard_restored() -> None:
     rollbacks, roster = _rollbacks()
     _report(rollbacks, roster, 0, Heartbeat(version=9, good_version=6, model_problem="norm 1e9"))
     assert rollbacks.divergence.cause and rollbacks.in_doubt
@@ -41,7 +41,7 @@ def test_a_sick_shard_rolls_the_job_back_and_workers_act_once_every_shard_restor
     assert rollbacks.rollbacks[-1].versions == {"0": 6, "1": 4} and rollbacks.rollbacks[-1].done
 
 
-def test_settled_only_reads_and_settle_moves_what_workers_are_told():
+def test_settled_only_reads_and_settle_moves_what_workers_are_told() -> None:
     rollbacks, roster = _rollbacks()
     rollbacks.rollback_number = 1
     for shard in roster.shards.values():
@@ -51,7 +51,7 @@ def test_settled_only_reads_and_settle_moves_what_workers_are_told():
     assert rollbacks.rollback_done == 1
 
 
-def test_the_job_gives_up_after_max_rollbacks():
+def test_the_job_gives_up_after_max_rollbacks() -> None:
     rollbacks, roster = _rollbacks(num_shards=1, max_rollbacks=1)
     for _ in range(2):
         _report(rollbacks, roster, 0, Heartbeat(model_problem="nan", rollbacks=rollbacks.rollback_number))
@@ -63,13 +63,13 @@ def test_the_job_gives_up_after_max_rollbacks():
     assert rollbacks.rollback_number == 1
 
 
-def test_a_shard_that_knows_a_later_rollback_than_a_fresh_scheduler_is_believed():
+def test_a_shard_that_knows_a_later_rollback_than_a_fresh_scheduler_is_believed() -> None:
     rollbacks, roster = _rollbacks(num_shards=1)
     _report(rollbacks, roster, 0, Heartbeat(rollbacks=2))
     assert rollbacks.rollback_number == rollbacks.rollback_done == 2 and rollbacks.lr_factor == 0.25
 
 
-def test_worker_reports_count_only_once_the_rollback_is_settled():
+def test_worker_reports_count_only_once_the_rollback_is_settled() -> None:
     rollbacks, roster = _rollbacks(num_shards=1)
     rollbacks.rollback_number = 1  # ordered; the shard has not applied it
     prev = Heartbeat()
@@ -86,7 +86,7 @@ def test_worker_reports_count_only_once_the_rollback_is_settled():
     assert "w0" not in rollbacks.divergence.workers
 
 
-def test_a_resumed_job_keeps_its_rollbacks_all_applied():
+def test_a_resumed_job_keeps_its_rollbacks_all_applied() -> None:
     rollbacks, roster = _rollbacks(num_shards=1)
     _report(rollbacks, roster, 0, Heartbeat(model_problem="nan"))
     rollbacks.react(1.0, 0.1)

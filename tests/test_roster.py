@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from dynabatch.common.config import JobConfig
@@ -11,7 +14,7 @@ from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
 
 
-def _roster(num_shards: int = 1, **kw) -> Roster:
+def _roster(num_shards: int = 1, **kw: Any) -> Roster:
     roster = Roster(
         JobConfig(**{"dataset": "synthetic", "liveness_timeout_s": 2.0, "join_timeout_s": 30.0, **kw}), num_shards
     )
@@ -20,13 +23,13 @@ def _roster(num_shards: int = 1, **kw) -> Roster:
     return roster
 
 
-def _refused(code: str, call) -> None:
+def _refused(code: str, call: Callable[[], object]) -> None:
     with pytest.raises(ProtocolError) as err:
         call()
     assert err.value.code == code, err.value
 
 
-def test_shards_take_slots_and_workers_wait_for_all_of_them():
+def test_shards_take_slots_and_workers_wait_for_all_of_them() -> None:
     roster = Roster(JobConfig(dataset="synthetic"), 2)
     assert roster.register(Hello(role="ps", shard_index=1, endpoint="tcp://b:1"), 0.0, b"", lambda: None).id == "ps1"
     _refused("not_ready", lambda: roster.register(Hello(role="worker"), 0.0, b"", lambda: None))
@@ -39,7 +42,7 @@ def test_shards_take_slots_and_workers_wait_for_all_of_them():
     assert roster.register(Hello(role="evaluator"), 0.0, b"", lambda: None).id == "eval0"
 
 
-def test_a_refused_admission_makes_no_member_and_uses_no_id():
+def test_a_refused_admission_makes_no_member_and_uses_no_id() -> None:
     roster = _roster()
 
     def refuse() -> None:
@@ -50,14 +53,14 @@ def test_a_refused_admission_makes_no_member_and_uses_no_id():
     assert roster.register(Hello(role="worker"), 0.0, b"w", lambda: None).id == "w0"
 
 
-def test_the_job_admits_at_most_max_workers():
+def test_the_job_admits_at_most_max_workers() -> None:
     roster = _roster(max_workers=2)
     roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
     roster.register(Hello(role="evaluator"), 0.0, b"", lambda: None)
     _refused("full", lambda: roster.register(Hello(role="worker"), 0.0, b"", lambda: None))
 
 
-def test_hello_fields_that_cannot_be_are_refused():
+def test_hello_fields_that_cannot_be_are_refused() -> None:
     roster = _roster()
     _refused("bad_field", lambda: roster.check_hello(Hello(role="boss")))
     _refused("bad_field", lambda: roster.check_hello(Hello(role="worker", instance="x" * 65)))
@@ -76,12 +79,12 @@ def test_hello_fields_that_cannot_be_are_refused():
         Hello(role="worker", slowdown=",".join(f"2x@{i}s" for i in range(1, 20))),
     ],
 )
-def test_a_name_or_slowdown_that_stdout_or_status_could_not_show_is_refused(hello):
+def test_a_name_or_slowdown_that_stdout_or_status_could_not_show_is_refused(hello: Hello) -> None:
     """Both reach every STATUS reply and the console's progress line: bounded, printable, a slowdown schedule."""
     _refused("bad_field", lambda: _roster().check_hello(hello))
 
 
-def test_status_shows_each_workers_name_and_slowdown_as_the_scheduler_reads_it():
+def test_status_shows_each_workers_name_and_slowdown_as_the_scheduler_reads_it() -> None:
     roster = _roster()
     w = roster.register(Hello(role="worker", name="n" * 128, slowdown="4"), 0.0, b"", lambda: None)
     plain = roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
@@ -89,7 +92,7 @@ def test_status_shows_each_workers_name_and_slowdown_as_the_scheduler_reads_it()
     assert (plain.public(8).name, plain.public(8).slowdown) == (plain.id, ""), "no slowdown reported: none shown"
 
 
-def test_a_member_is_bound_to_its_connection_and_a_process_rebinds_by_its_instance():
+def test_a_member_is_bound_to_its_connection_and_a_process_rebinds_by_its_instance() -> None:
     roster = _roster()
     w = roster.register(Hello(role="worker", instance="proc-1"), 0.0, b"conn-1", lambda: None)
     assert roster.member(w.id, b"conn-1") is w
@@ -103,7 +106,7 @@ def test_a_member_is_bound_to_its_connection_and_a_process_rebinds_by_its_instan
     assert roster.has_left(w.id) and not roster.has_left("w9")
 
 
-def test_only_a_live_worker_that_reported_its_speed_changes_the_membership():
+def test_only_a_live_worker_that_reported_its_speed_changes_the_membership() -> None:
     roster = _roster()
     loading = roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
     assert roster.live_workers == [] and roster.membership == 0
@@ -117,7 +120,7 @@ def test_only_a_live_worker_that_reported_its_speed_changes_the_membership():
     assert roster.leave(ready) is True and roster.membership == 2 and roster.live_workers == []
 
 
-def test_a_shard_that_leaves_frees_its_slot():
+def test_a_shard_that_leaves_frees_its_slot() -> None:
     roster = _roster()
     shard = roster.shards[0]
     assert roster.leave(shard) is False
@@ -125,7 +128,7 @@ def test_a_shard_that_leaves_frees_its_slot():
     assert roster.register(Hello(role="ps", shard_index=0), 1.0, b"", lambda: None).id == "ps0"
 
 
-def test_silence_follows_the_role_and_the_members_own_steps():
+def test_silence_follows_the_role_and_the_members_own_steps() -> None:
     roster = _roster()
     shard, worker = roster.shards[0], roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
     assert silence_allowed(shard, 2.0, 30.0) == 30.0, "a shard restores its checkpoint before its first heartbeat"
@@ -140,7 +143,7 @@ def test_silence_follows_the_role_and_the_members_own_steps():
     assert roster.silent(2.5) == [], "the scheduler's own stall is nobody's silence"
 
 
-def test_a_quarantined_process_may_not_join_again():
+def test_a_quarantined_process_may_not_join_again() -> None:
     roster = _roster()
     w = roster.register(Hello(role="worker", instance="liar"), 0.0, b"", lambda: None)
     roster.quarantine(w)
@@ -149,7 +152,7 @@ def test_a_quarantined_process_may_not_join_again():
     roster.check_hello(Hello(role="worker", instance="honest"))
 
 
-def test_the_member_table_keeps_a_bounded_number_of_departed_members():
+def test_the_member_table_keeps_a_bounded_number_of_departed_members() -> None:
     roster = _roster(max_workers=DEPARTED_KEPT + 10)
     first = roster.register(Hello(role="worker", instance="first"), 0.0, b"", lambda: None)
     roster.leave(first)
@@ -160,7 +163,7 @@ def test_the_member_table_keeps_a_bounded_number_of_departed_members():
     assert sum(1 for m in roster.members.values() if m.left) == DEPARTED_KEPT
 
 
-def test_the_ids_the_roster_gives_read_back_as_their_numbers():
+def test_the_ids_the_roster_gives_read_back_as_their_numbers() -> None:
     """A worker seeds its order of the training set with the number in its id (worker/batch_source.py): the
     number read back is the one the roster counted, for every role, and a string of another form is refused."""
     roster = _roster(num_shards=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +29,9 @@ PAIRS = [("dynamic", "ssgd"), ("fixed", "softsync"), ("dynamic", "ssp"), ("dynam
 
 @pytest.mark.data
 @pytest.mark.parametrize("policy, protocol", PAIRS, ids=[f"{p}-{q}" for p, q in PAIRS])
-def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnist(tmp_path, protocol, policy):
+def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnist(
+    tmp_path: Path, protocol: str, policy: str
+) -> None:
     """A quick setting (the MLP for a quarter epoch, two workers 1x and 2x, the final model evaluated);
     full runs are the benchmarks' job, and the default job's CNN is test_the_main_job_learns_fashion_mnist's.
     The MLP travels as much as the CNN (235k parameters against 215k) for far less compute: one run here took
@@ -72,7 +75,7 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
         assert summary["bytes_per_sample"] == pytest.approx(per_step, rel=0.1)
 
 
-def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
+def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path: Path) -> None:
     """One epoch of the MLP: what the folder holds does not depend on how long or what the job trained. The run
     takes about 7 s here; a sample every 0.2 s gives its timeline about 100 rows, where 10 are asked for."""
     run, printed = run_job(
@@ -112,7 +115,7 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path):
     assert (run / "logs" / "scheduler.log").exists()
 
 
-def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_given(tmp_path):
+def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_given(tmp_path: Path) -> None:
     """The scheduler's ids number workers as they join (w0 need not be worker0); the progress line, the final
     table, summary.json and STATUS name each by its name and slowdown, in the order of --slowdowns."""
     run, printed = run_job(
@@ -149,7 +152,7 @@ def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_
 
 
 @pytest.mark.data
-def test_the_main_job_learns_fashion_mnist(tmp_path):
+def test_the_main_job_learns_fashion_mnist(tmp_path: Path) -> None:
     """The default job, shortened to half an epoch: the CNN must be well on its way to 88%."""
     need_fashion_mnist()
     run, _ = run_job(tmp_path, "r", "--epochs", "0.5", timeout_s=400)
@@ -166,7 +169,7 @@ def test_the_main_job_learns_fashion_mnist(tmp_path):
     assert [w["final_batch"] for w in summary["workers"].values()] == [64, 64, 64], "fixed: B/n for every worker"
 
 
-def test_workers_with_their_own_largest_batch_micro_batches_and_loader_processes_train(tmp_path):
+def test_workers_with_their_own_largest_batch_micro_batches_and_loader_processes_train(tmp_path: Path) -> None:
     """The fastest worker holds at most 40 samples; every worker runs passes of 16 and loads ahead in 2 processes."""
     run, printed = run_job(
         tmp_path,

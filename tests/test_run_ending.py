@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def run(tmp_path):
+def run(tmp_path: Path) -> Iterator[RunProcess]:
     r = RunProcess(tmp_path, tmp_path / "run.err", FOREVER)
     yield r
     r.close()
@@ -45,7 +47,9 @@ def _interrupted_summary(run: RunProcess, out: str, evaluated: int) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_one_signal_stops_the_run_in_order_and_reports_the_last_evaluated_model(run, sig):
+def test_one_signal_stops_the_run_in_order_and_reports_the_last_evaluated_model(
+    run: RunProcess, sig: signal.Signals
+) -> None:
     evaluated = run.trained_and_evaluated()
     run.proc.send_signal(sig)
     rc, out, err = run.end()
@@ -57,7 +61,7 @@ def test_one_signal_stops_the_run_in_order_and_reports_the_last_evaluated_model(
     assert not run.temporary_files()
 
 
-def test_a_second_ctrl_c_kills_every_child_and_still_reports(run):
+def test_a_second_ctrl_c_kills_every_child_and_still_reports(run: RunProcess) -> None:
     run.trained_and_evaluated()
     # Forced, the run reports what it had seen: under load its last STATUS can predate the evaluation the test saw.
     wait_for("the run to show an evaluation", lambda: re.search(r"test \d+\.\d+%", run.printed()), 60)
@@ -74,7 +78,7 @@ def test_a_second_ctrl_c_kills_every_child_and_still_reports(run):
     _interrupted_summary(run, out, 0)
 
 
-def test_children_of_a_run_killed_outright_end_with_it(run):
+def test_children_of_a_run_killed_outright_end_with_it(run: RunProcess) -> None:
     run.trained_and_evaluated()
     run.proc.kill()
     rc, _, _ = run.end()

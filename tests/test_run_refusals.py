@@ -54,18 +54,18 @@ def refuse(tmp_path: Path, flags: list[str], timeout_s: float = 120) -> str:
         ("--warmup-fraction", "nan"),
     ],
 )
-def test_a_number_that_is_not_finite_is_refused(tmp_path, flag, value):
+def test_a_number_that_is_not_finite_is_refused(tmp_path: Path, flag: str, value: str) -> None:
     assert refuse(tmp_path, [*BUILTIN, f"{flag}={value}"]) == (
         f"dynabatch run: error: {flag}: {float(value)} is not a finite number"
     )
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--lr", "--outer-lr"])
-def test_a_zero_that_means_nothing_is_refused(tmp_path, flag):
+def test_a_zero_that_means_nothing_is_refused(tmp_path: Path, flag: str) -> None:
     assert refuse(tmp_path, [*BUILTIN, flag, "0"]) == f"dynabatch run: error: {flag}: 0.0 must be above 0"
 
 
-def test_an_m_above_the_workers_is_refused(tmp_path):
+def test_an_m_above_the_workers_is_refused(tmp_path: Path) -> None:
     flags = [*BUILTIN, "--protocol", "msync", "--workers", "2", "--slowdowns", "1", "1"]
     assert refuse(tmp_path, [*flags, "--sync-m", "3"]) == (
         "dynabatch run: error: --sync-m 3: a round takes the first m gradients of m different workers, and the job "
@@ -77,19 +77,19 @@ def test_an_m_above_the_workers_is_refused(tmp_path):
     )
 
 
-def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path, monkeypatch):
+def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DYNABATCH_EPOCHS", "nan")
     assert refuse(tmp_path, BUILTIN) == "dynabatch run: error: --epochs: nan is not a finite number"
 
 
-def test_a_bad_flag_gets_one_line_of_usage_before_its_reason(tmp_path):
+def test_a_bad_flag_gets_one_line_of_usage_before_its_reason(tmp_path: Path) -> None:
     assert refuse(tmp_path, ["--workers", "many"]) == (
         "dynabatch run: error: argument --workers: invalid int value: 'many'"
     )
     assert refuse(tmp_path, ["--no-such-flag"]) == "dynabatch run: error: unrecognized arguments: --no-such-flag"
 
 
-def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_path):
+def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
     assert refuse(tmp_path, ["--task", "mytask.py"]) == (
         "dynabatch run: error: --task 'mytask.py': expected FILE.py:ATTR or package.module:ATTR"
     )
@@ -102,7 +102,7 @@ def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_pat
 
 
 @pytest.mark.parametrize("command", ["run", "check", "export", "scheduler", "ps", "worker"])
-def test_help_gives_each_flag_its_default_once(command):
+def test_help_gives_each_flag_its_default_once(command: str) -> None:
     done = subprocess.run(
         command_line(command, ["--help"]), capture_output=True, text=True, timeout=60, env=child_env()
     )
@@ -135,7 +135,7 @@ BAD = TASKS / "bad.py"
         ("no_eval", "the task has no eval_data for the evaluator: give it one, or pass --no-evaluator"),
     ],
 )
-def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path, attr, line):
+def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path: Path, attr: str, line: str) -> None:
     assert refuse(tmp_path, ["--task", f"{BAD}:{attr}"]) == f"dynabatch run: {line}"
     if attr != "no_eval":  # check has no evaluator to start
         done = subprocess.run(
@@ -149,7 +149,7 @@ def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path, at
 
 
 @pytest.mark.slow  # a task's check imports torch
-def test_a_target_metric_the_evaluations_do_not_report_is_refused(tmp_path):
+def test_a_target_metric_the_evaluations_do_not_report_is_refused(tmp_path: Path) -> None:
     assert refuse(tmp_path, [*BUILTIN, "--target-metric", "bleu>=0.9"]) == (
         "dynabatch run: --target-metric bleu>=0.9: the evaluations report accuracy, loss, not bleu"
     )
@@ -159,14 +159,14 @@ def test_a_target_metric_the_evaluations_do_not_report_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "..", "/abs"])
-def test_a_run_name_that_leaves_out_is_refused(tmp_path, name):
+def test_a_run_name_that_leaves_out_is_refused(tmp_path: Path, name: str) -> None:
     assert refuse(tmp_path, [*BUILTIN, "--name", name]) == (
         f"dynabatch run: error: --name {name}: the run folder's name inside --out, without / or .."
     )
     assert not (tmp_path.parent / "escape").exists()
 
 
-def test_an_out_that_cannot_hold_a_folder_is_refused(tmp_path):
+def test_an_out_that_cannot_hold_a_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "out").write_text("a file")
     done = subprocess.run(
         command_line("run", ["--out", str(tmp_path / "out"), "--name", "r", *BUILTIN]),
@@ -183,7 +183,7 @@ def test_an_out_that_cannot_hold_a_folder_is_refused(tmp_path):
     assert (tmp_path / "out").read_text() == "a file" and not mentioning(str(tmp_path))
 
 
-def test_a_data_dir_that_is_not_there_is_an_error_not_a_fallback(tmp_path):
+def test_a_data_dir_that_is_not_there_is_an_error_not_a_fallback(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-folder"
     assert refuse(tmp_path, ["--dataset", "fashion-mnist", "--data-dir", str(missing)]) == (
         f"dynabatch run: --data-dir {missing}: no such folder"
@@ -191,7 +191,7 @@ def test_a_data_dir_that_is_not_there_is_an_error_not_a_fallback(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
-def test_damaged_idx_files_in_the_data_dir_are_refused_before_start(tmp_path, damage):
+def test_damaged_idx_files_in_the_data_dir_are_refused_before_start(tmp_path: Path, damage: str) -> None:
     from test_data import write_fake_mnist
 
     folder = tmp_path / "data"

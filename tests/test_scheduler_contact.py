@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from dynabatch.common.metrics import Health
 from dynabatch.common.scheduler_contact import SchedulerContact
 
 
-def test_a_silent_scheduler_is_lost_after_the_silence_allowed_and_back_at_its_next_answer(caplog):
+def test_a_silent_scheduler_is_lost_after_the_silence_allowed_and_back_at_its_next_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     health = Health()
     contact = SchedulerContact("tcp://s:5555", health, silence_s=2.0, now=0.0)
     with caplog.at_level(logging.INFO, logger="dynabatch.link"):
@@ -23,7 +27,7 @@ def test_a_silent_scheduler_is_lost_after_the_silence_allowed_and_back_at_its_ne
         assert not health.scheduler_lost and "answers again (lost: no answer for 2.1 s)" in caplog.records[-1].message
 
 
-def test_a_closed_connection_is_a_lost_scheduler_at_once():
+def test_a_closed_connection_is_a_lost_scheduler_at_once() -> None:
     health = Health()
     contact = SchedulerContact("tcp://s:5555", health, silence_s=10.0, now=0.0)
     contact.heard(1.0)

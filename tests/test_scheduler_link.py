@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,7 @@ def _departed(c: Cluster) -> set[str]:
     return set(_status(c).departed)
 
 
-def test_register_retries_until_a_scheduler_starts_and_registers_once(tmp_path):
+def test_register_retries_until_a_scheduler_starts_and_registers_once(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     link = _link(c, "early")
     waits: list[float] = []
@@ -77,7 +78,7 @@ def test_register_retries_until_a_scheduler_starts_and_registers_once(tmp_path):
         c.stop()
 
 
-def test_bye_is_acknowledged_by_a_live_scheduler_and_given_up_quickly_without_one(tmp_path):
+def test_bye_is_acknowledged_by_a_live_scheduler_and_given_up_quickly_without_one(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     leaving, staying = _link(c, "leaving"), _link(c, "staying")
     try:
@@ -101,7 +102,7 @@ def test_bye_is_acknowledged_by_a_live_scheduler_and_given_up_quickly_without_on
         c.stop()
 
 
-def test_a_restarted_scheduler_that_answers_unknown_sender_makes_the_link_lost(tmp_path):
+def test_a_restarted_scheduler_that_answers_unknown_sender_makes_the_link_lost(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     link = _link(c, "survivor")
     try:
@@ -122,7 +123,7 @@ def test_a_restarted_scheduler_that_answers_unknown_sender_makes_the_link_lost(t
         c.stop()
 
 
-def test_a_process_waiting_on_the_scheduler_asks_at_most_once_per_interval(tmp_path):
+def test_a_process_waiting_on_the_scheduler_asks_at_most_once_per_interval(tmp_path: Path) -> None:
     """An evaluator between evaluations or a worker awaiting its batch `ask`s in a loop: the scheduler answers
     each heartbeat at once, and the loop used to send the next one as soon as the answer came (hundreds a
     second). Counted by the scheduler itself (STATUS's decision count: the heartbeats it handled)."""

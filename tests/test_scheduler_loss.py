@@ -7,6 +7,7 @@ import re
 import signal
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from dynabatch.cluster.launcher import Child, keys_per_role
 from dynabatch.common.curve import create_keys
@@ -38,7 +39,7 @@ def _readyz(child: Child) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def test_a_scheduler_stopped_mid_job_is_logged_by_everyone_and_unready_until_it_returns(tmp_path):
+def test_a_scheduler_stopped_mid_job_is_logged_by_everyone_and_unready_until_it_returns(tmp_path: Path) -> None:
     c = Cluster(tmp_path, FLAGS)
     try:
         scheduler = c.scheduler("--log-every-s", "0.5")
@@ -73,7 +74,11 @@ def test_a_scheduler_stopped_mid_job_is_logged_by_everyone_and_unready_until_it_
         # The connection's close is seen at the next heartbeat: the reason is the close, not the silence allowed.
         lost = LOST.format(c.scheduler_endpoint)
         for child in others:
-            wait_for(f"{child.name} to log the lost scheduler", lambda child=child: lost in child.log_text())
+
+            def logged(child: Child = child) -> bool:
+                return lost in child.log_text()
+
+            wait_for(f"{child.name} to log the lost scheduler", logged)
             assert _readyz(child) == (503, "scheduler lost\n")
 
         scheduler = c.launcher.restart(scheduler)  # without --state-dir: it counts from zero
@@ -93,7 +98,7 @@ def test_a_scheduler_stopped_mid_job_is_logged_by_everyone_and_unready_until_it_
         c.stop()
 
 
-def test_a_worker_whose_keys_the_scheduler_refuses_says_so_and_counts_it(tmp_path):
+def test_a_worker_whose_keys_the_scheduler_refuses_says_so_and_counts_it(tmp_path: Path) -> None:
     """Keys of another `dynabatch keys`: the handshake fails at once, which the worker's one waiting line names
     (a scheduler that is not there gets "no answer"), and its /metrics counts."""
     create_keys(tmp_path / "job", force=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,21 +58,29 @@ def _refusals(scheduler: Proc, code: str) -> float:
 def _hello(c: Cluster, instance: str, timeout_s: float = REPLY_S) -> Welcome:
     conn = c.client(sender="hello-test")
     try:
-        return conn.request(Hello(role="worker", name="hello-test", instance=instance), timeout_s).body
+        welcome = conn.request(Hello(role="worker", name="hello-test", instance=instance), timeout_s).body
+        assert isinstance(welcome, Welcome), welcome
+        return welcome
     finally:
         conn.close()
 
 
+class SchedulerJob(Cluster):
+    """The job, with its scheduler's process (set by the fixture)."""
+
+    sched: Proc
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("scheduler_server"), JOB)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchedulerJob]:
+    c = SchedulerJob(tmp_path_factory.mktemp("scheduler_server"), JOB)
     c.sched = c.scheduler()
     c.shard()
     yield c
     c.stop()
 
 
-def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path):
+def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path: Path) -> None:
     c = Cluster(tmp_path, JOB)
     try:
         scheduler = c.scheduler()
@@ -90,7 +99,7 @@ def test_hello_is_refused_until_every_shard_is_there_then_welcomed_once(tmp_path
         c.stop()
 
 
-def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(tmp_path):
+def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(tmp_path: Path) -> None:
     """A drop in a shard's version (a restart from an older checkpoint) is lost work to train again; the scheduler
     writes the count to --state-dir before the next message, not at its once-a-second save, so a scheduler killed
     right after answering resumes with it (its shards train on through the outage, past the saved version, and
@@ -115,9 +124,11 @@ def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(t
 
 def _welcome_or_none(conn: Connection, hello: Hello) -> Welcome | None:
     try:
-        return conn.request(hello, RETRY_S).body
+        welcome = conn.request(hello, RETRY_S).body
     except TimeoutError:  # not listening yet
         return None
+    assert isinstance(welcome, Welcome), welcome
+    return welcome
 
 
 def _refused_hello(c: Cluster, instance: str) -> RemoteError | None:
@@ -148,7 +159,9 @@ def _welcomed(c: Cluster, instance: str) -> Welcome | None:
     ],
     ids=["heartbeat from a stranger", "another job", "a shard's request", "a shard's answer"],
 )
-def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, sender, job, body, code):
+def test_a_refused_message_is_answered_counted_and_changes_nothing(
+    cluster: SchedulerJob, sender: str, job: str, body: object, code: str
+) -> None:
     c = cluster
     wait_for("the scheduler to answer STATUS", c.status, 60)
     workers = _workers(c)
@@ -165,7 +178,7 @@ def test_a_refused_message_is_answered_counted_and_changes_nothing(cluster, send
     assert _workers(c) == workers
 
 
-def test_status_answers_with_the_registered_workers(cluster):
+def test_status_answers_with_the_registered_workers(cluster: SchedulerJob) -> None:
     c = cluster
     worker, welcome = c.join_as_worker()
     asking = c.client()
@@ -185,7 +198,7 @@ def _eval_series(scheduler: Proc) -> dict[str, float]:
     }
 
 
-def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster):
+def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole_job(cluster: SchedulerJob) -> None:
     """The series holds the latest evaluation's metrics only; past MAX_EVAL_METRICS names in all, a new name is
     dropped with one warning, and an EVAL beyond the bounds is refused and counted."""
     c = cluster
@@ -206,7 +219,11 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
         for mark, extra in ((2.0, "extra"), (3.0, "another")):  # version 1 again: no shard is past it in this job
             metrics = {"m00": mark, extra: 1.0}
             conn.send(EvalReport(version=1, test_loss=0.5, test_acc=0.5, metrics=metrics))
-            wait_for(f"the evaluation marked {mark}", lambda m=mark: _eval_series(c.sched).get("m00") == m, 30)
+
+            def marked(m: float = mark) -> bool:
+                return _eval_series(c.sched).get("m00") == m
+
+            wait_for(f"the evaluation marked {mark}", marked, 30)
             assert _eval_series(c.sched) == {"m00": mark}, "only the latest evaluation's admitted names"
         assert c.sched.log_text().count("dynabatch_eval_metric already holds") == 1
         assert "'extra'" in c.sched.log_text()
@@ -214,7 +231,9 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
         conn.close()
 
 
-def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(cluster):
+def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_never_loads_torch(
+    cluster: SchedulerJob,
+) -> None:
     """Nothing sent to the scheduler carries a tensor: frames are refused (`bad_chunk`) right after the
     envelope, never turned into tensors, so a flood of frames costs a length check and torch stays unloaded."""
     c = cluster

@@ -16,7 +16,7 @@ def _refused(bindings: SenderBindings, worker: str, identity: bytes) -> None:
     assert refused.value.code == "bad_sender"
 
 
-def test_the_first_connection_of_a_live_worker_holds_its_name():
+def test_the_first_connection_of_a_live_worker_holds_its_name() -> None:
     bindings = SenderBindings()
     bindings.set_live({"w0", "w1"})
     bindings.check("w0", A)
@@ -26,7 +26,7 @@ def test_the_first_connection_of_a_live_worker_holds_its_name():
     _refused(bindings, "w1", A)
 
 
-def test_a_name_that_is_not_live_binds_nothing():
+def test_a_name_that_is_not_live_binds_nothing() -> None:
     bindings = SenderBindings()
     bindings.set_live({"w0"})
     bindings.check("evaluator", A)
@@ -34,7 +34,7 @@ def test_a_name_that_is_not_live_binds_nothing():
     assert bindings.bound == {}
 
 
-def test_a_worker_that_leaves_the_live_set_is_forgotten_and_binds_afresh():
+def test_a_worker_that_leaves_the_live_set_is_forgotten_and_binds_afresh() -> None:
     bindings = SenderBindings()
     bindings.set_live({"w0", "w1"})
     bindings.check("w0", A)

@@ -15,6 +15,8 @@ under `--chunk-schedule scheduled` the wired worker's chunks all come first, und
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgpack
 import pytest
 import torch
@@ -96,7 +98,9 @@ def _served_order(conn: Connection, seqs: dict[int, str], chunks: int) -> list[s
 
 
 @pytest.mark.parametrize("schedule", ["scheduled", "fixed"])
-def test_a_shard_serves_the_ranked_workers_waiting_pull_first_whatever_a_worker_claims(tmp_path, schedule):
+def test_a_shard_serves_the_ranked_workers_waiting_pull_first_whatever_a_worker_claims(
+    tmp_path: Path, schedule: str
+) -> None:
     c = Cluster(tmp_path, [*JOB, "--chunk-schedule", schedule])
     try:
         scheduler = c.scheduler()

@@ -4,6 +4,8 @@ push bounds, and the state it builds for a model, directly, without sockets."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,14 +22,14 @@ from dynabatch.schedule import schedule_fields, step
 SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"], train_size=500)
 
 
-def _served(tmp_path, index: int = 1, **job) -> ServedJob:
+def _served(tmp_path: Path, index: int = 1, **job: Any) -> ServedJob:
     config = replace(JobConfig(), job="j", shards=2, chunk_bytes=1024, protocol="asgd", epochs=2.0, **job)
     return ServedJob.welcomed(
         Welcome(id="ps1", config=to_dict(config), shards=[], shard_index=index), CollectorRegistry(), str(tmp_path)
     )
 
 
-def test_the_welcome_fixes_the_index_label_checkpoint_file_and_push_bounds(tmp_path):
+def test_the_welcome_fixes_the_index_label_checkpoint_file_and_push_bounds(tmp_path: Path) -> None:
     served = _served(tmp_path, max_batch=64)
     assert (served.index, served.label, served.checkpoint_path) == (1, "1", tmp_path / "shard-1.pt")
     assert served.max_samples == max_push_samples(served.job) == 64
@@ -37,7 +39,7 @@ def test_the_welcome_fixes_the_index_label_checkpoint_file_and_push_bounds(tmp_p
     ).checkpoint_path  # no --checkpoint-dir: none kept
 
 
-def test_the_state_it_builds_holds_this_shards_chunks_and_steps_with_the_inits_schedule(tmp_path):
+def test_the_state_it_builds_holds_this_shards_chunks_and_steps_with_the_inits_schedule(tmp_path: Path) -> None:
     served = _served(tmp_path)
     mine = served.chunks(SIG)
     assert mine and all(c.owner == 1 for c in mine)
@@ -51,11 +53,12 @@ def test_the_state_it_builds_holds_this_shards_chunks_and_steps_with_the_inits_s
     assert all(torch.equal(t, torch.zeros_like(t)) for t in served.new_state(SIG, None, {}, {}).params.values())
 
 
-def test_its_checkpoint_is_read_back_and_another_jobs_is_refused(tmp_path):
+def test_its_checkpoint_is_read_back_and_another_jobs_is_refused(tmp_path: Path) -> None:
     served = _served(tmp_path)
     assert served.load_checkpoint() is None  # none written yet
     served.save_checkpoint({"params": {}, "marker": 7})
-    assert served.load_checkpoint()["marker"] == 7
+    saved = served.load_checkpoint()
+    assert saved is not None and saved["marker"] == 7
     other = ServedJob.welcomed(
         Welcome(id="ps1", config=to_dict(replace(served.job, job="other")), shards=[], shard_index=1),
         CollectorRegistry(),

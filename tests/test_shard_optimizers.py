@@ -3,6 +3,9 @@ one step per B samples for adaptive optimizers under asynchronous protocols, che
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -109,7 +112,7 @@ def _grads(n: int, total: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(total, generator=gen) for _ in range(n)]
 
 
-def test_groups_follow_no_decay_across_chunk_boundaries():
+def test_groups_follow_no_decay_across_chunk_boundaries() -> None:
     spec = optim.AdamW(weight_decay=0.1, no_decay=NO_DECAY)
     runs = decay_runs(_named_sizes(_net()), spec)
     # fc1.weight | fc1.bias norm.weight norm.bias (merged: one decay) | fc2.weight | fc2.bias
@@ -121,7 +124,7 @@ def test_groups_follow_no_decay_across_chunk_boundaries():
 
 @pytest.mark.parametrize("protocol", GRADIENT_PROTOCOLS)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, protocol):
+def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec: optim.OptimizerSpec, protocol: str) -> None:
     """Each push of B samples is one step of torch's own optimizer with the task's groups, and the
     schedule's factor scales the rate of each; two shards hold the chunks between them."""
     states = _shards(spec, protocol)
@@ -139,7 +142,9 @@ def test_one_worker_pushing_batches_of_b_equals_single_process_torch(spec, proto
 
 @pytest.mark.parametrize("protocol", ["asgd", "ssp"])
 @pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: s.name)
-def test_adaptive_optimizers_under_asynchrony_step_once_per_b_samples_on_their_weighted_mean(spec, protocol):
+def test_adaptive_optimizers_under_asynchrony_step_once_per_b_samples_on_their_weighted_mean(
+    spec: optim.OptimizerSpec, protocol: str
+) -> None:
     states = _shards(spec, protocol, workers=3)
     model = _net()
     w0 = _flat(model)
@@ -161,7 +166,7 @@ def test_adaptive_optimizers_under_asynchrony_step_once_per_b_samples_on_their_w
     torch.testing.assert_close(_params(states), _flat(model), rtol=0, atol=1e-6)
 
 
-def test_a_step_that_overshoots_b_takes_the_mean_of_every_sample_in_it():
+def test_a_step_that_overshoots_b_takes_the_mean_of_every_sample_in_it() -> None:
     spec = SPECS[0]
     states = _shards(spec, "asgd", workers=2)
     model = _net()
@@ -173,7 +178,7 @@ def test_a_step_that_overshoots_b_takes_the_mean_of_every_sample_in_it():
     torch.testing.assert_close(_params(states), _flat(model), rtol=0, atol=1e-6)
 
 
-def test_under_ssgd_a_round_of_unequal_batches_is_one_adaptive_step():
+def test_under_ssgd_a_round_of_unequal_batches_is_one_adaptive_step() -> None:
     spec = SPECS[0]
     states = _shards(spec, "ssgd", workers=2)
     model = _net()
@@ -185,7 +190,7 @@ def test_under_ssgd_a_round_of_unequal_batches_is_one_adaptive_step():
     torch.testing.assert_close(_params(states), _flat(model), rtol=0, atol=1e-6)
 
 
-def test_softsync_rounds_count_their_samples_towards_b():
+def test_softsync_rounds_count_their_samples_towards_b() -> None:
     """2-softsync with four workers closes a round per two gradients; an adaptive step waits for B samples."""
     spec = SPECS[0]
     states = _shards(spec, "softsync", workers=4, settings=SoftsyncSettings(2))
@@ -196,12 +201,16 @@ def test_softsync_rounds_count_their_samples_towards_b():
     assert not _push(states, "w1", g[1], 48), "a round of 96 samples closes, but B is 192"
     assert not _push(states, "w2", g[2], 48)
     assert _push(states, "w3", g[3], 48)
-    _reference_step(model, opt, sum(g) / 4, spec.lr)
+    mean = sum(g) / 4
+    assert isinstance(mean, torch.Tensor)
+    _reference_step(model, opt, mean, spec.lr)
     torch.testing.assert_close(_params(states), _flat(model), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_a_restored_shard_takes_the_same_next_step_as_the_uninterrupted_one(tmp_path, spec):
+def test_a_restored_shard_takes_the_same_next_step_as_the_uninterrupted_one(
+    tmp_path: Path, spec: optim.OptimizerSpec
+) -> None:
     """The checkpoint holds the optimizer's state and the samples still waiting for a step."""
     [state] = _shards(spec, "asgd", workers=2, shards=1)
     grads = _grads(6, _flat(_net()).numel(), seed=5)
@@ -211,7 +220,9 @@ def test_a_restored_shard_takes_the_same_next_step_as_the_uninterrupted_one(tmp_
     meta = {"job": "j", "shard": 0}
     save_checkpoint(tmp_path / "shard-0.pt", meta, state.snapshot())
     [fresh] = _shards(spec, "asgd", workers=2, shards=1)
-    fresh.restore(load_checkpoint(tmp_path / "shard-0.pt", meta))
+    saved = load_checkpoint(tmp_path / "shard-0.pt", meta)
+    assert saved is not None
+    fresh.restore(saved)
     for i, g in enumerate(grads[3:]):
         assert _push([state], f"w{i % 2}", g, 96) == _push([fresh], f"w{i % 2}", g, 96)
     assert fresh.version == state.version
@@ -239,13 +250,13 @@ JOB = JobConfig()
         (["sgd", 0.1], "a map of fields"),
     ],
 )
-def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields, names):
+def test_a_malformed_spec_from_a_peer_is_refused_naming_the_field(fields: Any, names: str) -> None:  # as a peer sends
     with pytest.raises(ProtocolError, match="bad_field") as refused:
         optimizer_spec(JOB, fields)
     assert names in refused.value.text, refused.value.text
 
 
-def test_the_wire_form_of_every_spec_is_accepted_back_and_no_spec_means_the_jobs_sgd():
+def test_the_wire_form_of_every_spec_is_accepted_back_and_no_spec_means_the_jobs_sgd() -> None:
     for spec in (*SPECS, optim.SGD(), optim.Adam(), optim.AdamW()):
         assert optimizer_spec(JOB, spec.to_wire()) == spec
     assert optimizer_spec(JOB, {}) == optim.SGD(

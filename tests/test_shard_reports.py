@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import zmq
 
@@ -23,7 +24,7 @@ def _heartbeats(router: SchedulerSocket) -> list[Heartbeat]:
     return [body for _, body in list(router.got) if isinstance(body, Heartbeat)]
 
 
-def test_a_shard_reports_the_bounds_it_applied_and_at_once_when_one_grew(tmp_path):
+def test_a_shard_reports_the_bounds_it_applied_and_at_once_when_one_grew(tmp_path: Path) -> None:
     router = SchedulerSocket(zmq.Context.instance())
     router.config = to_dict(JobConfig(job="j", dataset="synthetic", model="mlp", heartbeat_s=HEARTBEAT_S))
     router.answer = Assignment(assignment_id=1, live_workers=["w9"], batches={"w9": 32}, membership=1)

@@ -12,8 +12,9 @@ when nobody pushes, at its deadline.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,7 +72,7 @@ class Shard:
         return metric_value(self.proc.metrics(), "dynabatch_bad_messages_total", role="ps", reason=reason)
 
 
-def _start(tmp_path, *flags: str) -> Shard:
+def _start(tmp_path: Path, *flags: str) -> Shard:
     c = Cluster(tmp_path, [*JOB, *flags])
     c.scheduler()
     proc = c.shard()
@@ -83,14 +84,14 @@ def _start(tmp_path, *flags: str) -> Shard:
 
 
 @pytest.fixture(scope="module")
-def shard(tmp_path_factory):
+def shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
     s = _start(tmp_path_factory.mktemp("shard_server"))
     yield s
     s.cluster.stop()
 
 
 @pytest.fixture(scope="module")
-def ssgd(tmp_path_factory):
+def ssgd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
     s = _start(
         tmp_path_factory.mktemp("shard_server_ssgd"), "--protocol", "ssgd", "--round-timeout-s", str(ROUND_TIMEOUT_S)
     )
@@ -147,7 +148,7 @@ def _assert_same(after: Chunks, before: Chunks) -> None:
         assert torch.equal(values, before[cid][1]), f"chunk {cid} changed"
 
 
-def test_a_pull_returns_every_chunk_with_its_version(shard):
+def test_a_pull_returns_every_chunk_with_its_version(shard: Shard) -> None:
     ids = set(shard.sizes)
     assert len(ids) > 1
     chunks = _pull(shard.conn, ids)
@@ -186,7 +187,9 @@ def _nan(chunks: Chunks) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
     ],
     ids=["wrong chunk id", "wrong length", "NaN", "unknown sender"],
 )
-def test_a_refused_push_is_answered_counted_and_changes_nothing(shard, make, sender, code):
+def test_a_refused_push_is_answered_counted_and_changes_nothing(
+    shard: Shard, make: Callable[[Chunks], tuple[list[ChunkMeta], list[torch.Tensor]]], sender: str, code: str
+) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     counted = shard.bad_messages(code)
@@ -202,7 +205,7 @@ def test_a_refused_push_is_answered_counted_and_changes_nothing(shard, make, sen
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard):
+def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     counted = shard.bad_messages("frame_length")
@@ -215,7 +218,7 @@ def test_a_frame_shorter_than_its_chunk_is_refused_and_changes_nothing(shard):
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothing(shard):
+def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothing(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     counted = shard.bad_messages("bad_field")
@@ -235,7 +238,9 @@ def test_an_init_with_a_malformed_optimizer_is_refused_counted_and_changes_nothi
         ("schedule", {"name": "step", "warmup": 0.0, "milestones": [0.5], "gamma": 0.1}, "step"),
     ],
 )
-def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_naming_it(shard, part, value, named):
+def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_naming_it(
+    shard: Shard, part: str, value: dict[str, object], named: str
+) -> None:
     """The job's optimizer and schedule are part of its signature: a worker whose task names others would train
     as if its own applied; the shards step with the first worker's."""
     ids = set(shard.sizes)
@@ -249,7 +254,7 @@ def test_an_init_naming_another_optimizer_or_schedule_than_the_jobs_is_refused_n
     assert shard.conn.request(same, REPLY_S).body.version == max(v for v, _ in before.values())
 
 
-def test_a_good_push_from_the_registered_worker_is_applied(shard):
+def test_a_good_push_from_the_registered_worker_is_applied(shard: Shard) -> None:
     """What the refusals are measured against: the same push, well formed, does change the model."""
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
@@ -267,7 +272,9 @@ def _push_pull(conn: Connection, pulled: Chunks) -> tuple[list[object], Chunks]:
 
 
 @pytest.mark.parametrize("fixture", ["shard", "ssgd"])
-def test_a_push_that_is_also_a_pull_sends_each_chunk_back_as_it_is_applied(request, fixture):
+def test_a_push_that_is_also_a_pull_sends_each_chunk_back_as_it_is_applied(
+    request: pytest.FixtureRequest, fixture: str
+) -> None:
     """Chunk k leaves while chunk k+1 is updated, so every chunk comes before the acknowledgement, which
     reports the whole push; each is the model after this push (ssgd: the only worker closes the round)."""
     s: Shard = request.getfixturevalue(fixture)
@@ -275,7 +282,8 @@ def test_a_push_that_is_also_a_pull_sends_each_chunk_back_as_it_is_applied(reque
     before = _pull(s.conn, ids)
     bodies, got = _push_pull(s.conn, before)
     assert len(ids) > 1 and [type(b) for b in bodies] == [Params] * len(ids) + [PushAck], bodies
-    assert bodies[-1].applied and bodies[-1].version == max(ver for ver, _ in before.values()) + 1
+    ack = bodies[-1]
+    assert isinstance(ack, PushAck) and ack.applied and ack.version == max(ver for ver, _ in before.values()) + 1
     assert {cid: ver for cid, (ver, _) in got.items()} == {cid: ver + 1 for cid, (ver, _) in before.items()}
     _assert_same(_pull(s.conn, ids), got)
 
@@ -295,7 +303,7 @@ def _park(conn: Connection, ids: set[int]) -> tuple[int, int, float]:
     return seq, version, sent
 
 
-def test_a_parked_pull_is_answered_when_its_round_closes(ssgd):
+def test_a_parked_pull_is_answered_when_its_round_closes(ssgd: Shard) -> None:
     """On the worker's own connection (the only one the shard takes in its name): the push's
     acknowledgement comes first, then the parked pull's chunks."""
     ids = set(ssgd.sizes)
@@ -308,7 +316,7 @@ def test_a_parked_pull_is_answered_when_its_round_closes(ssgd):
     _assert_same(_pull(ssgd.conn, ids), answered)
 
 
-def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushes(ssgd):
+def test_a_parked_pull_gets_the_current_chunks_at_its_deadline_when_nobody_pushes(ssgd: Shard) -> None:
     ids = set(ssgd.sizes)
     seq, version, sent = _park(ssgd.conn, ids)
     answered = _collect(ssgd.conn, seq, ids, 2 * ROUND_TIMEOUT_S + REPLY_S)
@@ -335,7 +343,7 @@ def _refused_from(
     return refused.value.text
 
 
-def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_changes_nothing(shard):
+def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_changes_nothing(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)  # the worker's own connection speaks for it (bound by now)
     impostor = shard.client(shard.worker_id)
@@ -347,7 +355,7 @@ def test_a_push_in_the_workers_name_from_another_connection_is_refused_and_chang
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_push_with_numbers_its_worker_cannot_have_is_refused_naming_the_field(shard):
+def test_a_push_with_numbers_its_worker_cannot_have_is_refused_naming_the_field(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     too_many = max_push_samples(shard.job) + 1
@@ -360,7 +368,7 @@ def test_a_push_with_numbers_its_worker_cannot_have_is_refused_naming_the_field(
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_message_of_more_chunk_entries_than_the_model_has_is_refused_before_it_is_parsed(shard):
+def test_a_message_of_more_chunk_entries_than_the_model_has_is_refused_before_it_is_parsed(shard: Shard) -> None:
     ids = set(shard.sizes)
     before = _pull(shard.conn, ids)
     """Its 65,536 entries make a 2 MB envelope: refused on its size alone, which bounds the cost of a refusal."""
@@ -374,7 +382,7 @@ def test_a_message_of_more_chunk_entries_than_the_model_has_is_refused_before_it
     _assert_same(_pull(shard.conn, ids), before)
 
 
-def test_a_connection_may_park_only_so_many_pulls(ssgd):
+def test_a_connection_may_park_only_so_many_pulls(ssgd: Shard) -> None:
     ids = set(ssgd.sizes)
     version = max(ver for ver, _ in _pull(ssgd.conn, ids).values())
     counted = ssgd.bad_messages("busy")
@@ -395,7 +403,7 @@ ROUNDS = 50
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory):
+def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
     s = _start(
         tmp_path_factory.mktemp("shard_server_big"), "--model", f"flat:{BIG_PARAMS}", "--chunk-bytes", str(1 << 20)
     )
@@ -403,11 +411,11 @@ def big(tmp_path_factory):
     s.cluster.stop()
 
 
-def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big):
+def test_pulls_never_read_do_not_grow_the_shard_and_it_keeps_serving(big: Shard) -> None:
     """Every round a peer that never reads asks for the whole model, and the worker's push makes a new
     version of it: queued unread, each answer would pin that version in the shard's memory."""
     ids = set(big.sizes)
-    reader = zmq.Context.instance().socket(zmq.DEALER)
+    reader: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     reader.setsockopt(zmq.RCVHWM, 1)
     reader.setsockopt(zmq.RCVBUF, 4096)
     reader.setsockopt(zmq.LINGER, 0)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
 import pytest
 import torch
 
@@ -18,13 +22,15 @@ from dynabatch.common.protocols import (
 )
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
-from dynabatch.ps.shard_state import ShardState, StaleGradient
+from dynabatch.ps.protocol_rules import StaleSynchronousRule
+from dynabatch.ps.shard_state import PushOutcome, ShardState, StaleGradient
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=False)
 B = 96
+T = TypeVar("T")
 
 
-def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw) -> tuple[ShardState, torch.Tensor]:
+def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw: Any) -> tuple[ShardState, torch.Tensor]:
     flat = torch.randn(total, generator=torch.Generator().manual_seed(3))
     layout = make_layout(total, chunk_bytes, 1)
     state = ShardState.initial(layout.chunks, flat, SGD, protocol, B, **kw)
@@ -32,7 +38,7 @@ def _state(protocol: str, total: int = 1000, chunk_bytes: int = 1024, **kw) -> t
     return state, flat
 
 
-def _push(state: ShardState, worker: str, g: torch.Tensor, base: int, samples: int, now: float = 0.0):
+def _push(state: ShardState, worker: str, g: torch.Tensor, base: int, samples: int, now: float = 0.0) -> PushOutcome:
     chunks = _split(state, g)
     return state.push(worker, chunks, {cid: base for cid in chunks}, samples, state.kind, now)
 
@@ -58,7 +64,7 @@ def _reference(w0: torch.Tensor, steps: list[tuple[torch.Tensor, float]], lr_fac
 
 
 @pytest.mark.parametrize("rule, weight", [("paper", lambda b: b * 3 / B), ("capped", lambda b: min(1.0, b * 3 / B))])
-def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule, weight):
+def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule: str, weight: Callable[[int], float]) -> None:
     state, w0 = _state("asgd", dbs_rule=rule)
     gen = torch.Generator().manual_seed(0)
     pushes = [("w0", 64), ("w1", 22), ("w2", 10), ("w0", 64), ("w2", 10)]  # B = 96: w0's weight is 2 or 1
@@ -73,7 +79,7 @@ def test_asgd_applies_each_gradient_on_arrival_weighted_by_its_batch(rule, weigh
     assert set(state.chunk_versions.values()) == {5}
 
 
-def test_ssgd_waits_for_every_live_worker_then_applies_the_sample_weighted_mean():
+def test_ssgd_waits_for_every_live_worker_then_applies_the_sample_weighted_mean() -> None:
     state, w0 = _state("ssgd")
     gen = torch.Generator().manual_seed(1)
     grads = {w: torch.randn(1000, generator=gen) for w in ("w0", "w1", "w2")}
@@ -84,10 +90,11 @@ def test_ssgd_waits_for_every_live_worker_then_applies_the_sample_weighted_mean(
     out = _push(state, "w2", grads["w2"], 0, 10, 0.2)
     assert len(out.applied) == len(state.chunks) and out.version == 1
     mean = sum(samples[w] * grads[w] for w in grads) / sum(samples.values())
+    assert isinstance(mean, torch.Tensor)
     torch.testing.assert_close(_flat(state), _reference(w0, [(mean, 1.0)]))
 
 
-def test_ssgd_round_closes_when_the_missing_worker_leaves():
+def test_ssgd_round_closes_when_the_missing_worker_leaves() -> None:
     state, w0 = _state("ssgd")
     g = torch.ones(1000)
     _push(state, "w0", g, 0, 32)
@@ -98,7 +105,7 @@ def test_ssgd_round_closes_when_the_missing_worker_leaves():
     torch.testing.assert_close(_flat(state), _reference(w0, [(1.5 * g, 1.0)]))
 
 
-def test_ssgd_round_timeout_applies_what_arrived():
+def test_ssgd_round_timeout_applies_what_arrived() -> None:
     state, w0 = _state("ssgd")
     _push(state, "w0", torch.ones(1000), 0, 32, now=10.0)
     assert not state.overdue(14.0, 5.0)
@@ -107,7 +114,7 @@ def test_ssgd_round_timeout_applies_what_arrived():
     assert not state.overdue(100.0, 5.0)
 
 
-def test_an_ssgd_round_times_out_on_every_chunk_at_once_so_that_a_late_push_lands_in_one_round():
+def test_an_ssgd_round_times_out_on_every_chunk_at_once_so_that_a_late_push_lands_in_one_round() -> None:
     """The step's messages open the chunks' rounds moments apart; a push arriving while some had timed out and
     others not would have joined two rounds, leaving the chunks a round apart for good."""
     state, _ = _state("ssgd")
@@ -124,7 +131,7 @@ def test_an_ssgd_round_times_out_on_every_chunk_at_once_so_that_a_late_push_land
     assert set(state.chunk_versions.values()) == {1}
 
 
-def test_an_ssgd_pull_waiting_for_a_version_gets_no_chunk_whose_open_round_holds_its_own_push():
+def test_an_ssgd_pull_waiting_for_a_version_gets_no_chunk_whose_open_round_holds_its_own_push() -> None:
     """Chunks a round apart (a push taken on some and refused on the others): the shard's version, its least
     advanced chunk's, is reached while the leading chunk's round still holds the worker's push. Sent, that chunk
     came back at the version just pushed, and the worker's next push was refused "already pushed"."""
@@ -146,14 +153,14 @@ def test_an_ssgd_pull_waiting_for_a_version_gets_no_chunk_whose_open_round_holds
     assert state.chunk_versions[lead.id] == 2 and state.due(lead.id, "w0", 1)
 
 
-def test_ssgd_refuses_a_second_push_in_one_round():
+def test_ssgd_refuses_a_second_push_in_one_round() -> None:
     state, _ = _state("ssgd")
     _push(state, "w0", torch.ones(1000), 0, 32)
     with pytest.raises(ProtocolError, match="bad_state"):
         _push(state, "w0", torch.ones(1000), 0, 32)
 
 
-def test_unknown_workers_and_pushes_of_another_kind_change_nothing():
+def test_unknown_workers_and_pushes_of_another_kind_change_nothing() -> None:
     state, w0 = _state("asgd")
     with pytest.raises(ProtocolError, match="unknown_sender"):
         state.check_live("w9")
@@ -163,7 +170,7 @@ def test_unknown_workers_and_pushes_of_another_kind_change_nothing():
     assert state.version == 0 and torch.equal(_flat(state), w0)
 
 
-def test_pull_gives_all_chunks_in_priority_order_or_refuses_unknown_ids():
+def test_pull_gives_all_chunks_in_priority_order_or_refuses_unknown_ids() -> None:
     state, w0 = _state("asgd")
     items = state.pull([])
     assert [cid for cid, _, _ in items] == sorted(c.id for c in state.chunks)
@@ -172,7 +179,7 @@ def test_pull_gives_all_chunks_in_priority_order_or_refuses_unknown_ids():
         state.pull([999])
 
 
-def test_checkpoint_round_trip_restores_version_parameters_and_momentum(tmp_path):
+def test_checkpoint_round_trip_restores_version_parameters_and_momentum(tmp_path: Path) -> None:
     state, _ = _state("asgd")
     for i in range(3):
         _push(state, "w0", torch.full((1000,), float(i + 1)), i, 32)
@@ -181,7 +188,9 @@ def test_checkpoint_round_trip_restores_version_parameters_and_momentum(tmp_path
     save_checkpoint(path, meta, state.snapshot())
     assert [p.name for p in tmp_path.iterdir()] == ["shard-0.pt"], "no temporary file may be left behind"
     fresh, _ = _state("asgd")
-    fresh.restore(load_checkpoint(path, meta))
+    saved = load_checkpoint(path, meta)
+    assert saved is not None
+    fresh.restore(saved)
     assert fresh.version == 3
     for c in state.chunks:
         assert torch.equal(fresh.params[c.id], state.params[c.id])
@@ -191,14 +200,14 @@ def test_checkpoint_round_trip_restores_version_parameters_and_momentum(tmp_path
     assert load_checkpoint(tmp_path / "absent.pt", meta) is None
 
 
-def test_restore_refuses_a_checkpoint_of_another_layout(tmp_path):
+def test_restore_refuses_a_checkpoint_of_another_layout(tmp_path: Path) -> None:
     state, _ = _state("asgd", total=1000)
     other, _ = _state("asgd", total=500)
     with pytest.raises(ValueError, match="different chunks"):
         other.restore(state.snapshot())
 
 
-def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones():
+def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones() -> None:
     state, w0 = _state("softsync", settings=SoftsyncSettings(1))
     gen = torch.Generator().manual_seed(4)
     g = [torch.randn(1000, generator=gen) for _ in range(3)]
@@ -212,7 +221,7 @@ def test_softsync_waits_for_floor_workers_over_n_gradients_and_damps_stale_ones(
     torch.testing.assert_close(_flat(state), _reference(w0, [(combined, 1.0)]))
 
 
-def test_two_softsync_updates_when_n_halves_the_wait():
+def test_two_softsync_updates_when_n_halves_the_wait() -> None:
     state, w0 = _state("softsync", settings=SoftsyncSettings(2))
     state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)
     gen = torch.Generator().manual_seed(5)
@@ -225,19 +234,30 @@ def test_two_softsync_updates_when_n_halves_the_wait():
     torch.testing.assert_close(_flat(state), _reference(w0, steps))
 
 
-def _local_sgd_reference(w0, deltas, samples, outer_lr, outer_momentum, rounds):
+def _local_sgd_reference(
+    w0: torch.Tensor,
+    deltas: list[list[torch.Tensor]],
+    samples: list[int],
+    outer_lr: float,
+    outer_momentum: float,
+    rounds: int,
+) -> torch.Tensor:
     """Plain torch: the outer optimizer of local SGD / DiLoCo is SGD on the averaged delta."""
     p = torch.nn.Parameter(w0.clone())
     opt = torch.optim.SGD([p], lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
     for r in range(rounds):
-        p.grad = sum(s * d for s, d in zip(samples, deltas[r], strict=True)) / sum(samples)
+        mean = sum(s * d for s, d in zip(samples, deltas[r], strict=True)) / sum(samples)
+        assert isinstance(mean, torch.Tensor)
+        p.grad = mean
         opt.step()
     return p.detach()
 
 
 @pytest.mark.parametrize("protocol", ["local", "msd"])
 @pytest.mark.parametrize("outer", [OuterSettings(1.0, 0.0), OuterSettings(0.7, 0.9, True)])
-def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(protocol, outer):
+def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer(
+    protocol: str, outer: OuterSettings
+) -> None:
     state, w0 = _state(protocol, settings=outer)
     gen = torch.Generator().manual_seed(6)
     samples = [120, 50, 22]
@@ -250,7 +270,7 @@ def test_delta_protocols_average_deltas_by_samples_and_apply_the_outer_optimizer
     torch.testing.assert_close(_flat(state), _local_sgd_reference(w0, deltas, samples, outer.lr, outer.momentum, 3))
 
 
-def test_plain_averaging_lands_on_the_mean_of_the_local_models():
+def test_plain_averaging_lands_on_the_mean_of_the_local_models() -> None:
     state, w0 = _state("local")
     locals_ = [w0 + 0.1 * i for i in range(3)]
     for i, w in enumerate(locals_):
@@ -258,7 +278,7 @@ def test_plain_averaging_lands_on_the_mean_of_the_local_models():
     torch.testing.assert_close(_flat(state), sum(locals_) / 3)
 
 
-def test_gradient_protocols_refuse_deltas_and_delta_protocols_refuse_gradients():
+def test_gradient_protocols_refuse_deltas_and_delta_protocols_refuse_gradients() -> None:
     for protocol, wrong in (
         ("asgd", "delta"),
         ("ssgd", "delta"),
@@ -272,7 +292,7 @@ def test_gradient_protocols_refuse_deltas_and_delta_protocols_refuse_gradients()
         assert torch.equal(_flat(state), w0)
 
 
-def test_chunks_are_applied_one_by_one_as_they_arrive():
+def test_chunks_are_applied_one_by_one_as_they_arrive() -> None:
     state, w0 = _state("ssgd", chunk_bytes=400)
     assert len(state.chunks) >= 3
     g = torch.ones(1000)
@@ -284,7 +304,7 @@ def test_chunks_are_applied_one_by_one_as_they_arrive():
     assert all(state.chunk_versions[c.id] == 0 for c in state.chunks[1:])
 
 
-def test_asgd_weighs_by_the_workers_holding_a_batch_not_by_those_still_joining():
+def test_asgd_weighs_by_the_workers_holding_a_batch_not_by_those_still_joining() -> None:
     """DBS-SGD's n is the scheduler's allocation: a joining worker (live, no batch yet) changes no weight."""
     state, w0 = _state("asgd")
     state.set_membership({"w0", "w1", "w2", "w3"}, allocated=3)
@@ -299,7 +319,7 @@ def _ssp(staleness_bound: int) -> ShardState:
     return state
 
 
-def test_ssp_with_bound_zero_holds_a_worker_one_step_ahead_until_the_slowest_catches_up():
+def test_ssp_with_bound_zero_holds_a_worker_one_step_ahead_until_the_slowest_catches_up() -> None:
     state = _ssp(0)
     g = torch.ones(1000)
     assert not state.pull_blocked("w0") and not state.pull_blocked("w1")
@@ -311,15 +331,15 @@ def test_ssp_with_bound_zero_holds_a_worker_one_step_ahead_until_the_slowest_cat
     assert state.rule.widest_spread == 1
 
 
-def _push_watching(state: ShardState, worker: str, watch) -> list:
+def _push_watching(state: ShardState, worker: str, watch: Callable[[int], T]) -> list[T]:
     """Push ones from `worker`, calling `watch()` after each chunk is taken; what it returned, in order."""
-    seen = []
+    seen: list[T] = []
     chunks = _split(state, torch.ones(1000))
     state.push(worker, chunks, {cid: 0 for cid in chunks}, 32, state.kind, 0.0, lambda cid: seen.append(watch(cid)))
     return seen
 
 
-def test_a_push_reports_each_chunk_once_it_is_applied_and_before_the_next_is():
+def test_a_push_reports_each_chunk_once_it_is_applied_and_before_the_next_is() -> None:
     """What lets the shard send chunk k back while it updates chunk k+1."""
     state, _ = _state("asgd")
     seen = _push_watching(state, "w0", lambda cid: (cid, dict(state.chunk_versions)))
@@ -330,14 +350,14 @@ def test_a_push_reports_each_chunk_once_it_is_applied_and_before_the_next_is():
     assert state.streams
 
 
-def test_ssp_does_not_stream_because_only_the_whole_push_decides_whether_its_worker_may_pull():
+def test_ssp_does_not_stream_because_only_the_whole_push_decides_whether_its_worker_may_pull() -> None:
     state = _ssp(0)
     blocked = _push_watching(state, "w0", lambda cid: state.pull_blocked("w0"))
     assert blocked[-1] and not any(blocked[:-1]), "sent chunk by chunk, all but the last would escape the bound"
     assert not state.streams
 
 
-def test_ssp_bound_s_lets_a_worker_run_s_steps_ahead_and_no_more():
+def test_ssp_bound_s_lets_a_worker_run_s_steps_ahead_and_no_more() -> None:
     state = _ssp(3)
     for step in range(4):
         assert not state.pull_blocked("w0"), f"{step} steps ahead is within the bound"
@@ -347,7 +367,7 @@ def test_ssp_bound_s_lets_a_worker_run_s_steps_ahead_and_no_more():
     assert not state.pull_blocked("w0")
 
 
-def test_ssp_a_joining_worker_starts_at_the_slowest_clock_and_a_leaver_holds_nobody_back():
+def test_ssp_a_joining_worker_starts_at_the_slowest_clock_and_a_leaver_holds_nobody_back() -> None:
     state = _ssp(0)
     for w in ("w0", "w1", "w0"):
         _push(state, w, torch.ones(1000), 0, 32)
@@ -360,7 +380,7 @@ def test_ssp_a_joining_worker_starts_at_the_slowest_clock_and_a_leaver_holds_nob
     assert not state.pull_blocked("w0"), "with the slower workers gone, w0 is the slowest"
 
 
-def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch():
+def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch() -> None:
     """A worker left out with batch 0, or whose allotment of the job's samples is trained, takes no step: the
     others' pulls do not wait for its clock, as they would for ever at the job's end; given a batch again, it
     is the slowest once more."""
@@ -368,6 +388,7 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch():
     _push(state, "w0", torch.ones(1000), 0, 32)
     assert state.pull_blocked("w0")
     state.set_membership({"w0", "w1"}, allocated=1, idle={"w1"})
+    assert isinstance(state.rule, StaleSynchronousRule)
     assert not state.pull_blocked("w0") and state.rule.spread() == 0
     _push(state, "w0", torch.ones(1000), 1, 32)
     assert not state.pull_blocked("w0")
@@ -379,7 +400,9 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch():
     "protocol, settings",
     [("asgd", AsyncSettings(staleness_step="delay")), ("ssp", SspSettings(100, staleness_step="delay"))],
 )
-def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol, settings):
+def test_the_delay_step_divides_each_gradients_step_by_its_staleness(
+    protocol: str, settings: AsyncSettings | SspSettings
+) -> None:
     """--staleness-step delay: gradients 0, 1 and 3 versions stale step at lr, lr and lr/3 (B/n samples each,
     DBS weight 1)."""
     state, w0 = _state(protocol, settings=settings)
@@ -392,7 +415,7 @@ def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol, s
     torch.testing.assert_close(_flat(state), _reference(w0, steps))
 
 
-def test_ssp_applies_gradients_exactly_as_asgd_does():
+def test_ssp_applies_gradients_exactly_as_asgd_does() -> None:
     ssp, asgd = _ssp(100), _state("asgd")[0]
     asgd.set_membership({"w0", "w1"}, allocated=2)
     gen = torch.Generator().manual_seed(8)
@@ -402,7 +425,7 @@ def test_ssp_applies_gradients_exactly_as_asgd_does():
     assert torch.equal(_flat(ssp), _flat(asgd))
 
 
-def test_the_schedules_factor_scales_every_update():
+def test_the_schedules_factor_scales_every_update() -> None:
     state, w0 = _state("asgd")
     state.follow_job(0.0, 0.25)  # the job's factor after rollbacks, on a constant schedule
     g = torch.randn(1000, generator=torch.Generator().manual_seed(9))
@@ -413,7 +436,7 @@ def test_the_schedules_factor_scales_every_update():
 @pytest.mark.parametrize(
     "total, chunk_bytes, shards", [(1000, 1 << 20, 2), (1000, 1 << 20, 3), (7, 4, 7), (10_000, 4096, 2)]
 )
-def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total, chunk_bytes, shards):
+def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total: int, chunk_bytes: int, shards: int) -> None:
     """A model that fits one chunk is cut finer rather than leave a shard empty (it crashed on min() of nothing)."""
     layout = make_layout(total, chunk_bytes, shards)
     assert sum(c.length for c in layout.chunks) == total and all(c.length * 4 <= chunk_bytes for c in layout.chunks)
@@ -423,7 +446,7 @@ def test_every_shard_holds_part_of_the_model_and_each_has_a_version(total, chunk
         assert state.sizes and state.version == 0
 
 
-def test_a_model_smaller_than_its_shard_count_is_refused():
+def test_a_model_smaller_than_its_shard_count_is_refused() -> None:
     with pytest.raises(ValueError, match="3 parameters cannot be spread over 4 shards"):
         make_layout(3, 1 << 20, 4)
 
@@ -432,7 +455,7 @@ def _unchanged(state: ShardState, w0: torch.Tensor, version: int = 0) -> bool:
     return state.version == version and torch.equal(_flat(state), w0)
 
 
-def test_ringmaster_discards_a_gradient_whose_delay_reaches_r_and_changes_nothing():
+def test_ringmaster_discards_a_gradient_whose_delay_reaches_r_and_changes_nothing() -> None:
     state, _ = _state("ringmaster", settings=RingmasterSettings(max_delay=2))
     g = torch.ones(1000)
     _push(state, "w0", g, 0, 32)
@@ -441,14 +464,14 @@ def test_ringmaster_discards_a_gradient_whose_delay_reaches_r_and_changes_nothin
     momentum = {cid: opt.state_dict()["momentum"].clone() for cid, opt in state.optim.items()}
     with pytest.raises(StaleGradient) as refused:
         _push(state, "w2", g, 0, 32)  # computed at version 0, the shard is at 2: delay 2 = R
-    assert refused.value.code == ErrorCode.TOO_STALE == "too_stale"
+    assert refused.value.code == ErrorCode.TOO_STALE and ErrorCode.TOO_STALE.value == "too_stale"
     assert state.version == 2 and torch.equal(_flat(state), before)
     assert all(torch.equal(opt.state_dict()["momentum"], momentum[cid]) for cid, opt in state.optim.items())
     assert (state.discarded, state.discarded_samples) == (1, 32)
     assert _push(state, "w2", g, 1, 32).applied, "delay 1 < R is taken"
 
 
-def test_ringmaster_r_defaults_to_the_live_workers_and_scales_the_step_by_its_delay():
+def test_ringmaster_r_defaults_to_the_live_workers_and_scales_the_step_by_its_delay() -> None:
     state, w0 = _state("ringmaster")
     assert state.rule.max_delay() == 3, "three live workers"
     state.set_membership({"w0", "w1", "w2", "w3"}, allocated=4)
@@ -467,7 +490,7 @@ def test_ringmaster_r_defaults_to_the_live_workers_and_scales_the_step_by_its_de
     )
 
 
-def test_rennala_steps_once_b_samples_at_the_current_version_are_in_and_discards_older_ones():
+def test_rennala_steps_once_b_samples_at_the_current_version_are_in_and_discards_older_ones() -> None:
     state, w0 = _state("rennala")
     gen = torch.Generator().manual_seed(12)
     g = [torch.randn(1000, generator=gen) for _ in range(4)]
@@ -487,7 +510,7 @@ def test_rennala_steps_once_b_samples_at_the_current_version_are_in_and_discards
     assert _push(state, "w0", g[0], 1, 1).applied and state.version == 2
 
 
-def test_msync_applies_the_first_m_of_a_round_and_discards_the_rest(caplog):
+def test_msync_applies_the_first_m_of_a_round_and_discards_the_rest(caplog: pytest.LogCaptureFixture) -> None:
     """m = 2 of three workers: each round steps once, on the sample-weighted mean of the first two gradients
     computed at its model; the third, computed at the old model, is discarded and counted, and changes nothing."""
     state, w0 = _state("msync", settings=MsyncSettings(2))
@@ -517,7 +540,7 @@ def test_msync_applies_the_first_m_of_a_round_and_discards_the_rest(caplog):
     assert "--sync-m 2 clamped to the 1 live worker(s)" in caplog.text
 
 
-def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk():
+def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk() -> None:
     """A pipelined step pushes a shard's chunks in several messages: the first two workers to push any chunk of a
     version are that round's on every chunk, and the third's push of that version is discarded even on a chunk
     whose round is still open, so no gradient is taken on some chunks and discarded on others."""
@@ -526,7 +549,7 @@ def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk():
     assert len(chunks) >= 2
     g = _split(state, torch.ones(1000))
 
-    def push(worker: str, ids: list[int]):
+    def push(worker: str, ids: list[int]) -> PushOutcome:
         return state.push(worker, {c: g[c] for c in ids}, {c: 0 for c in ids}, 32, state.kind, 0.0)
 
     push("w0", chunks[:1])
@@ -537,7 +560,7 @@ def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk():
     assert push("w1", chunks[:1]).applied == chunks[:1]
     assert push("w0", chunks[1:]).applied == chunks[1:] and state.version == 1
 
-    def push_at_1(worker: str, ids: list[int]):
+    def push_at_1(worker: str, ids: list[int]) -> PushOutcome:
         return state.push(worker, {c: g[c] for c in ids}, {c: 1 for c in ids}, 32, state.kind, 0.0)
 
     push_at_1("w0", chunks[:1])
@@ -548,14 +571,14 @@ def test_msync_chooses_a_rounds_m_workers_on_the_shard_not_chunk_by_chunk():
     assert state.version == 2
 
 
-def test_msync_m_0_waits_for_every_live_worker_as_ssgd():
+def test_msync_m_0_waits_for_every_live_worker_as_ssgd() -> None:
     state, _ = _state("msync", settings=MsyncSettings(0))
     g = torch.ones(1000)
     assert not _push(state, "w0", g, 0, 32).applied and not _push(state, "w1", g, 0, 32).applied
     assert _push(state, "w2", g, 0, 32).applied and state.version == 1
 
 
-def test_rennala_holds_a_pull_while_the_round_has_its_samples_on_their_way():
+def test_rennala_holds_a_pull_while_the_round_has_its_samples_on_their_way() -> None:
     state, _ = _state("rennala")
     g = torch.ones(1000)
     for w in ("w0", "w1", "w2"):  # each pulls (its batch not known yet) and pushes once: they count from then on
@@ -569,7 +592,7 @@ def test_rennala_holds_a_pull_while_the_round_has_its_samples_on_their_way():
     assert state.version == 1 and state.admit_pull("w1"), "the round closed: the held pull gets the new model"
 
 
-def test_rennala_forgets_a_worker_on_its_way_once_it_leaves_or_is_left_out():
+def test_rennala_forgets_a_worker_on_its_way_once_it_leaves_or_is_left_out() -> None:
     state, _ = _state("rennala")
     g = torch.ones(1000)
     _push(state, "w0", g, 0, 90)
@@ -581,7 +604,7 @@ def test_rennala_forgets_a_worker_on_its_way_once_it_leaves_or_is_left_out():
     assert state.admit_pull("w1")
 
 
-def test_rennala_round_closes_at_the_timeout_with_what_arrived():
+def test_rennala_round_closes_at_the_timeout_with_what_arrived() -> None:
     state, w0 = _state("rennala")
     g = torch.ones(1000)
     _push(state, "w0", g, 0, 32, now=10.0)
@@ -591,7 +614,7 @@ def test_rennala_round_closes_at_the_timeout_with_what_arrived():
 
 
 @pytest.mark.parametrize("protocol", ["rennala", "softsync"])
-def test_a_pooled_round_closes_once_no_live_worker_holds_a_batch(protocol):
+def test_a_pooled_round_closes_once_no_live_worker_holds_a_batch(protocol: str) -> None:
     """The job's last samples, fewer than a round's: once every worker has trained its allotment (the scheduler
     lists them idle) nobody can add to the round, and it is applied before the job's end, not left open."""
     state, w0 = _state(protocol)
@@ -605,7 +628,7 @@ def test_a_pooled_round_closes_once_no_live_worker_holds_a_batch(protocol):
     torch.testing.assert_close(_flat(state), _reference(w0, [(g, 1.0)]))
 
 
-def test_ssgd_rounds_do_not_wait_for_a_worker_left_out_with_batch_0():
+def test_ssgd_rounds_do_not_wait_for_a_worker_left_out_with_batch_0() -> None:
     state, w0 = _state("ssgd")
     state.set_membership({"w0", "w1", "w2"}, allocated=2, idle={"w2"})
     g = torch.ones(1000)
@@ -620,7 +643,7 @@ def test_ssgd_rounds_do_not_wait_for_a_worker_left_out_with_batch_0():
     assert state.version == 2, "left out again: the round closes without it"
 
 
-def test_ssgd_discards_a_gradient_of_a_round_that_closed_without_its_worker():
+def test_ssgd_discards_a_gradient_of_a_round_that_closed_without_its_worker() -> None:
     """w2 pulled version 0, was left out while it computed, and has a batch again when its gradient arrives: the
     gradient belongs to a round that closed without it, so it is discarded (as the simulator found: taken, it
     entered round 1 and w2's next push into round 1 was refused as a second one)."""

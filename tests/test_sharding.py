@@ -54,7 +54,7 @@ def _train(tmp_path: Path, shards: int) -> tuple[torch.Tensor, list[int]]:
     return torch.cat([chunks[cid] for cid in sorted(chunks)]), versions
 
 
-def test_two_shards_give_the_same_model_as_one(tmp_path):
+def test_two_shards_give_the_same_model_as_one(tmp_path: Path) -> None:
     one, v1 = _train(tmp_path, 1)
     two, v2 = _train(tmp_path, 2)
     rounds = math.ceil(EPOCHS * TRAIN / BATCH)

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from bench.simulate import PROFILES, Cluster, SimConfig, Worker, WorkerSpec, simulate
+from bench.simulate import PROFILES, Cluster, SimConfig, SimResult, Worker, WorkerSpec, simulate
 from bench.simulate_study import Part, run_plan
-from dynabatch.common.data import load_dataset
+from dynabatch.common.data import Dataset, load_dataset
 from dynabatch.worker.batch_source import worker_order
 from dynabatch.worker.probe import probe_batch
 
 
 @pytest.fixture(scope="module")
-def data():
+def data() -> Dataset:
     return load_dataset("synthetic")
 
 
-def tiny(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], **kw) -> SimConfig:
+def tiny(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], **kw: Any) -> SimConfig:
     base = dict(budget_s=0.4, global_batch=16 * len(workers), dataset="synthetic", eval_every_s=0.2, eval_size=200)
     return SimConfig(protocol, policy, workers, **{**base, **kw})
 
 
-def test_same_seed_same_run_other_seed_other_run(data):
+def test_same_seed_same_run_other_seed_other_run(data: Dataset) -> None:
     cfg = tiny("asgd", "dynamic", PROFILES["bench4"]())
     a, b = simulate(cfg, data), simulate(cfg, data)
     assert a.curve == b.curve and a.staleness_counts == b.staleness_counts and a.samples == b.samples
@@ -30,7 +32,7 @@ def test_same_seed_same_run_other_seed_other_run(data):
     assert other.curve != a.curve
 
 
-def test_asgd_staleness_is_workers_minus_one(data):
+def test_asgd_staleness_is_workers_minus_one(data: Dataset) -> None:
     """Between two pushes of one worker every other worker pushes once per its own period, so a push is
     on average n-1 versions stale whatever the speeds: exactly n-1 for equal ones once every worker has
     its batch (the scheduler hands the first one out before the others have reported, as the real one does)."""
@@ -39,10 +41,12 @@ def test_asgd_staleness_is_workers_minus_one(data):
     assert counts[3] >= 0.9 * sum(counts)
     skewed = simulate(tiny("asgd", "fixed", PROFILES["bench4"](), noise=0.0, budget_s=0.6), data)
     assert skewed.staleness_mean == pytest.approx(3.0, abs=0.15)
-    assert skewed.staleness_p99 > 3  # the 4x worker's pushes are about 12 versions stale
+    assert (
+        skewed.staleness_p99 is not None and skewed.staleness_p99 > 3
+    )  # the 4x worker's pushes are about 12 versions stale
 
 
-def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed(data):
+def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed(data: Dataset) -> None:
     workers = (
         WorkerSpec("1"),
         WorkerSpec("1"),
@@ -57,13 +61,13 @@ def test_ssgd_dynamic_survives_a_departure_and_a_join_and_sizes_batches_to_speed
     assert r.curve[-1][1] > r.curve[len(r.curve) // 2][1]  # rounds went on after the departure
 
 
-def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_counts(data):
+def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_counts(data: Dataset) -> None:
     """As the real start: each worker's probe errs by its own start-up contention, deterministically per
     seed, so equal workers get unequal first batches; a worker that joins later is given a batch only
     after its probe's steps have passed."""
     equal = (WorkerSpec("1"),) * 4 + (WorkerSpec("1", join_s=0.2),)
 
-    def start(**kw) -> tuple[Cluster, list[Worker]]:
+    def start(**kw: Any) -> tuple[Cluster, list[Worker]]:
         cluster = Cluster(tiny("asgd", "dynamic", equal, **kw), data)
         workers = [Worker(cluster, i, spec) for i, spec in enumerate(equal)]
         for w in workers:
@@ -87,13 +91,13 @@ def test_the_first_split_comes_from_noisy_probes_and_a_joiner_probes_before_it_c
 
 
 @pytest.mark.parametrize("protocol", ["local", "msd", "softsync"])
-def test_other_protocols_train(data, protocol):
+def test_other_protocols_train(data: Dataset, protocol: str) -> None:
     r = simulate(tiny(protocol, "dynamic", PROFILES["bench4"](), budget_s=0.6, eval_every_s=0.3), data)
     assert r.samples > 0 and r.curve[-1][2] > r.curve[0][2]
 
 
 @pytest.mark.slow
-def test_a_study_run_in_parallel_processes_gives_each_run_exactly_as_run_alone():
+def test_a_study_run_in_parallel_processes_gives_each_run_exactly_as_run_alone() -> None:
     """Runs finish in any order side by side, but each stays a function of its seed."""
     part = Part(
         "tiny", "bench4", 64, "mlp", (("asgd", "dynamic"), ("ssgd", "fixed")), (0,), 0.2, 0.1, 100, dataset="synthetic"
@@ -108,7 +112,7 @@ def test_a_study_run_in_parallel_processes_gives_each_run_exactly_as_run_alone()
         assert (other.curve, other.staleness_counts, other.samples) == (r.curve, r.staleness_counts, r.samples)
 
 
-def test_a_simulated_worker_trains_on_the_real_workers_data_order_after_its_probe(data):
+def test_a_simulated_worker_trains_on_the_real_workers_data_order_after_its_probe(data: Dataset) -> None:
     """The simulator draws through the worker's own order (worker/batch_source.py) and probe batch
     (worker/probe.py): after a run, each simulated worker's order stands exactly where a real worker's would after
     its probe and the samples it reported. Another seed or worker id would stand elsewhere."""
@@ -129,7 +133,7 @@ def test_a_simulated_worker_trains_on_the_real_workers_data_order_after_its_prob
         assert not torch.equal(other.take(64), real.take(64))
 
 
-def test_round_protocols_leave_out_the_workers_that_hold_up_every_round_and_run_faster(data):
+def test_round_protocols_leave_out_the_workers_that_hold_up_every_round_and_run_faster(data: Dataset) -> None:
     """tail16's shape (12 nodes at 1x, 4 at 8x), small: LB-BSP and rennala give the 8x nodes batch 0 (their
     step at the smallest batch is about 2.5x the round), and the 1x nodes are not held up by them."""
     workers = tuple(WorkerSpec("1") for _ in range(6)) + tuple(WorkerSpec("8") for _ in range(2))
@@ -140,7 +144,7 @@ def test_round_protocols_leave_out_the_workers_that_hold_up_every_round_and_run_
         assert r.staleness_counts == [r.staleness_counts[0]], "every gradient taken was computed at the round's model"
 
 
-def test_ringmaster_discards_what_reaches_r_and_rennala_wastes_little(data):
+def test_ringmaster_discards_what_reaches_r_and_rennala_wastes_little(data: Dataset) -> None:
     workers = PROFILES["bench4"]()  # 1, 1, 2, 4x: under fixed batches the 4x worker's pushes are ~12 versions stale
     ring = simulate(tiny("ringmaster", "fixed", workers, budget_s=0.6, noise=0.0), data)
     assert 0 < ring.discarded_fraction < 0.5
@@ -150,7 +154,7 @@ def test_ringmaster_discards_what_reaches_r_and_rennala_wastes_little(data):
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])
-def test_msync_takes_the_first_m_of_each_round_and_drops_the_slow_workers(data, policy):
+def test_msync_takes_the_first_m_of_each_round_and_drops_the_slow_workers(data: Dataset, policy: str) -> None:
     """bench4 (1, 1, 2, 4x), m = 2: every round closes on the two 1x workers' gradients; the slower workers' arrive
     once it has closed and are discarded, under either policy (dynamic batches equalize steps only within the
     batch bounds), and every gradient taken was computed at its round's model."""
@@ -161,7 +165,7 @@ def test_msync_takes_the_first_m_of_each_round_and_drops_the_slow_workers(data, 
     assert r.discarded_fraction > 0.2 and r.staleness_counts == [r.staleness_counts[0]]
 
 
-def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under_ssgd(data):
+def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under_ssgd(data: Dataset) -> None:
     """links16's shape, small: equally fast nodes, two behind links 10x slower (a step's transfers 0.04 virtual s
     against 0.02 of compute at the equal share of 32). Under asgd the dynamic split keeps their batch at the
     compute share (the probes' noise, up to about 30% (sd 0.14), and hysteresis move it) and they train far more
@@ -170,7 +174,7 @@ def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under
     workers = tuple(WorkerSpec("1") for _ in range(6)) + tuple(WorkerSpec("1", link=10.0) for _ in range(2))
     slow = ("sim6", "sim7")
 
-    def run(protocol: str, equal_steps: bool | None = None):
+    def run(protocol: str, equal_steps: bool | None = None) -> tuple[SimResult, float]:
         r = simulate(tiny(protocol, "dynamic", workers, budget_s=1.0, global_batch=256, equal_steps=equal_steps), data)
         return r, sum(r.worker_samples[w] for w in slow) / sum(r.worker_samples.values())
 
@@ -183,7 +187,7 @@ def test_a_slow_link_keeps_its_compute_share_under_asgd_and_the_equal_step_under
     assert all(rounds.worker_batches[w] <= 8 for w in slow), rounds.worker_batches
 
 
-def test_a_run_whose_gradients_blow_up_counts_the_workers_quarantined_and_finishes(data):
+def test_a_run_whose_gradients_blow_up_counts_the_workers_quarantined_and_finishes(data: Dataset) -> None:
     """A step size far too large: the gradient bound quarantines a worker whose pushes run far out while most
     others' do not (ps/gradient_bounds.py), and the real shard then refuses its pushes (the simulator once died on
     the first refusal, taking a whole study with it). At 300 one of bench4's workers is (at 200 to 500 alike)."""

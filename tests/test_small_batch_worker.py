@@ -16,6 +16,7 @@ import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ WITHOUT = ["--workers", "2", "--slowdowns", "2", "4"]
 MARGIN = 0.07
 
 
-def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict, float, str]:
+def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict[str, Any], float, str]:
     """(summary, the final model's parameter norm, the shard's log) of a finished job."""
     run, _ = run_job(tmp, name, *JOB, *flags)
     summary = json.loads((run / "summary.json").read_text())
@@ -51,7 +52,7 @@ def _run(tmp: Path, name: str, flags: list[str]) -> tuple[dict, float, str]:
     return summary, norm, (run / "logs" / "ps0.log").read_text()
 
 
-def test_a_worker_with_max_batch_1_trains_with_the_others_as_well_as_without_it(tmp_path):
+def test_a_worker_with_max_batch_1_trains_with_the_others_as_well_as_without_it(tmp_path: Path) -> None:
     need_fashion_mnist()
     with ThreadPoolExecutor(2) as jobs:  # side by side: whatever else the machine runs slows both alike
         twin = jobs.submit(_run, tmp_path, "without", WITHOUT)

@@ -1,4 +1,5 @@
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def test_invalid_observation_raises_and_changes_nothing(batch: object, seconds: 
         {"prior_samples_per_s": math.nan},
     ],
 )
-def test_invalid_construction_raises(kwargs: dict) -> None:
+def test_invalid_construction_raises(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         SpeedModel(**kwargs)
 

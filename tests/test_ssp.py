@@ -11,6 +11,7 @@ ssp learns is checked with the other protocols in test_run.py.)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,7 @@ FLAGS = (
 )
 
 
-def _staleness(tmp_path, bound: int) -> tuple[staleness.StalenessStats, list[int]]:
+def _staleness(tmp_path: Path, bound: int) -> tuple[staleness.StalenessStats, list[int]]:
     """The run's staleness statistics and its counts by staleness (index k: updates k versions stale)."""
     run, _ = run_job(tmp_path, f"s{bound}", *FLAGS, "--staleness", str(bound))
     summary = json.loads((run / "summary.json").read_text())
@@ -49,9 +50,9 @@ def _staleness(tmp_path, bound: int) -> tuple[staleness.StalenessStats, list[int
     return staleness.stats(counts), counts
 
 
-def test_ssp_bound_zero_keeps_every_update_within_one_version_and_a_loose_bound_is_asgd(tmp_path):
+def test_ssp_bound_zero_keeps_every_update_within_one_version_and_a_loose_bound_is_asgd(tmp_path: Path) -> None:
     tight, tight_counts = _staleness(tmp_path, 0)
     assert tight.updates > 0 and len(tight_counts) <= 2, f"s=0 allows staleness 1 at most: {tight_counts}"
     loose, loose_counts = _staleness(tmp_path, 10_000)
     assert len(loose_counts) > 2, f"the 4x worker's gradients should be several versions stale: {loose_counts}"
-    assert loose.mean > tight.mean
+    assert loose.mean is not None and tight.mean is not None and loose.mean > tight.mean

@@ -52,14 +52,14 @@ def run(step: Step, outcomes: list[object]) -> tuple[list[object], bool]:
     raise AssertionError(f"the step planned more than {len(actions)} actions: {actions}")
 
 
-def test_an_asynchronous_step_pulls_whatever_is_there_computes_and_pushes_its_batch():
+def test_an_asynchronous_step_pulls_whatever_is_there_computes_and_pushes_its_batch() -> None:
     plan = plan_for(SPECS["asgd"])
     actions, trained = run(plan.step(Orders(batch=24)), [Pulled([3, 5], 3), True, None])
     assert actions == [Pull(None, waits=False), Compute(24), Push(GRADIENT, 24)] and trained
     assert isinstance(plan, GradientPlan) and plan.min_versions is None
 
 
-def test_a_round_step_waits_next_for_its_rounds_versions_and_goes_on_while_the_scheduler_gives_it_batches():
+def test_a_round_step_waits_next_for_its_rounds_versions_and_goes_on_while_the_scheduler_gives_it_batches() -> None:
     plan = plan_for(SPECS["ssgd"])
     assert isinstance(plan, GradientPlan)
     actions, _ = run(plan.step(Orders()), [Pulled([2, 3], 2), True, None])
@@ -71,7 +71,7 @@ def test_a_round_step_waits_next_for_its_rounds_versions_and_goes_on_while_the_s
     )
 
 
-def test_after_a_failure_a_round_step_waits_for_its_round_only_if_it_was_already_in_it():
+def test_after_a_failure_a_round_step_waits_for_its_round_only_if_it_was_already_in_it() -> None:
     plan = plan_for(SPECS["ssgd"])
     assert isinstance(plan, GradientPlan)
     run(plan.step(Orders()), [Pulled([7], 7), True, None])
@@ -81,18 +81,18 @@ def test_after_a_failure_a_round_step_waits_for_its_round_only_if_it_was_already
     assert plan.min_versions is None
 
 
-def test_a_step_whose_loss_is_not_finite_pushes_nothing_and_changes_no_round():
+def test_a_step_whose_loss_is_not_finite_pushes_nothing_and_changes_no_round() -> None:
     plan = plan_for(SPECS["ssgd"])
     assert isinstance(plan, GradientPlan)
     actions, trained = run(plan.step(Orders()), [Pulled([7], 7), False])
     assert actions == [Pull(None, waits=False), Compute(32)] and not trained and plan.min_versions is None
 
 
-def test_rennalas_held_pull_is_waiting_though_it_names_no_version():
+def test_rennalas_held_pull_is_waiting_though_it_names_no_version() -> None:
     assert next(plan_for(SPECS["rennala"]).step(Orders())) == Pull(None, waits=True)
 
 
-def test_a_local_round_takes_h_steps_pushes_their_samples_and_next_waits_for_the_rounds_it_entered():
+def test_a_local_round_takes_h_steps_pushes_their_samples_and_next_waits_for_the_rounds_it_entered() -> None:
     plan = plan_for(SPECS["local"])
     actions, trained = run(
         plan.step(Orders(batch=16, local_steps=4)), [Pulled([0, 0], 0), True, [Ack(True, 5), Ack(False, 7)]]
@@ -103,7 +103,7 @@ def test_a_local_round_takes_h_steps_pushes_their_samples_and_next_waits_for_the
     assert next(plan.step(Orders())) == Pull(None, waits=True)
 
 
-def test_msd_steps_on_pushes_every_h_steps_with_one_delta_in_flight_and_reads_h_when_it_decides():
+def test_msd_steps_on_pushes_every_h_steps_with_one_delta_in_flight_and_reads_h_when_it_decides() -> None:
     plan = plan_for(SPECS["msd"])
     orders = Orders(batch=8, local_steps=2)
     actions, _ = run(plan.step(orders), [Pulled([0], 0), True])
@@ -125,7 +125,7 @@ def test_msd_steps_on_pushes_every_h_steps_with_one_delta_in_flight_and_reads_h_
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name):
+def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name: str) -> None:
     spec = SPECS[name]
     assert isinstance(plan_for(spec), StepPlan)
     assert set(PLANS) == set(LOOPS)
@@ -133,11 +133,11 @@ def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name):
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_the_shards_one_push_per_round_is_the_specs(name):
+def test_the_shards_one_push_per_round_is_the_specs(name: str) -> None:
     assert SPECS[name].one_push_per_round == RULES[SPECS[name].shard_rule].ONE_PER_ROUND
 
 
-def test_specs_that_share_a_shard_rule_must_agree_on_one_push_per_round(monkeypatch):
+def test_specs_that_share_a_shard_rule_must_agree_on_one_push_per_round(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(SPECS, "ssgd2", replace(SPECS["ssgd"], name="ssgd2", one_push_per_round=False))
     with pytest.raises(ValueError, match="disagree"):
         one_per_round("round")
@@ -147,7 +147,7 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def test_the_simulator_runs_the_planners_and_plans_no_step_of_its_own():
+def test_the_simulator_runs_the_planners_and_plans_no_step_of_its_own() -> None:
     """bench/simulate.py takes its plans from worker/step_plans.py, constructs no action, names no planner class
     (no step or report of its own per protocol), and neither it nor any other file of bench/ or worker/ outside
     the planners reads what a planner reads of a protocol's spec."""

@@ -17,7 +17,7 @@ SGD = optim_spec.SGD(lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False)
 B = 10
 
 
-def test_the_factor_is_the_schedule_at_the_progress_times_the_jobs_factor():
+def test_the_factor_is_the_schedule_at_the_progress_times_the_jobs_factor() -> None:
     size = StepSize(db.schedule.warmup_cosine(warmup=0.5))
     assert size.factor == 0.0  # a warm-up starts at nothing
     size.advance(0.25)
@@ -25,7 +25,7 @@ def test_the_factor_is_the_schedule_at_the_progress_times_the_jobs_factor():
     assert size.factor == pytest.approx(0.5 * 0.5)
 
 
-def test_progress_never_moves_back_and_stops_at_the_end():
+def test_progress_never_moves_back_and_stops_at_the_end() -> None:
     size = StepSize(db.schedule.step([0.5], gamma=0.1))
     size.advance(0.6)
     size.advance(0.2)  # a late or restarted report of the job's progress
@@ -47,7 +47,7 @@ def _push(state: ShardState, samples: int, ids: list[int] | None = None) -> None
     state.push("w0", chunks, {cid: state.chunk_versions[cid] for cid in chunks}, samples, state.kind, 0.0)
 
 
-def test_samples_pushed_move_the_schedule_each_step_counted_once_and_the_scheduler_moves_it_further():
+def test_samples_pushed_move_the_schedule_each_step_counted_once_and_the_scheduler_moves_it_further() -> None:
     state = _state(chunk_bytes=16)  # two chunks of 4
     assert len(state.chunks) == 2
     _push(state, 10)
@@ -60,13 +60,15 @@ def test_samples_pushed_move_the_schedule_each_step_counted_once_and_the_schedul
     assert state.step_size.progress == pytest.approx(0.5)  # 20 of 100 samples here: behind the scheduler's figure
 
 
-def test_the_first_update_steps_at_the_schedules_value_not_at_full_rate():
+def test_the_first_update_steps_at_the_schedules_value_not_at_full_rate() -> None:
     state = _state()
     _push(state, 10)  # progress 0 when it is applied: a warm-up's first step moves nothing
     assert torch.equal(state.params[state.chunks[0].id], torch.zeros(8))
 
 
-def test_a_rollback_restores_the_model_and_samples_keeps_the_progress_and_refuses_pushes_on_thrown_away_versions():
+def test_a_rollback_restores_the_model_and_samples_keeps_the_progress_and_refuses_pushes_on_thrown_away_versions() -> (
+    None
+):
     state = _state()
     _push(state, 10)
     saved = state.snapshot()
@@ -86,7 +88,7 @@ def test_a_rollback_restores_the_model_and_samples_keeps_the_progress_and_refuse
     state.check_base({cid: 2})  # and so is a version reached again after the rollback
 
 
-def test_the_delay_step_divides_by_the_staleness_and_the_constant_one_does_not():
+def test_the_delay_step_divides_by_the_staleness_and_the_constant_one_does_not() -> None:
     assert [staleness_step("delay", tau) for tau in (0, 1, 4, 63)] == [1.0, 1.0, 0.25, 1 / 63]
     assert [staleness_step("constant", tau) for tau in (0, 1, 63)] == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="staleness"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 REQUEST_TIMEOUT_S = WorkerOptions().request_timeout_s  # what a wait on the stopped shard would last
 
 
-def test_a_worker_and_an_evaluator_waiting_on_a_stopped_shard_stop_on_sigterm(tmp_path):
+def test_a_worker_and_an_evaluator_waiting_on_a_stopped_shard_stop_on_sigterm(tmp_path: Path) -> None:
     c = Cluster(
         tmp_path,
         [

@@ -21,10 +21,10 @@ from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.task_check import check_task, load_task
-from dynabatch.optim import SGD, Adam, AdamW
+from dynabatch.optim import SGD, Adam, AdamW, OptimizerSpec
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
-from harness import Cluster, run_job, wait_for
+from harness import Cluster, Proc, run_job, wait_for
 
 TASKS = Path(__file__).resolve().parent / "tasks"
 
@@ -40,7 +40,7 @@ TASKS = Path(__file__).resolve().parent / "tasks"
         ("no_such_package.module:task", "No module named 'no_such_package'"),
     ],
 )
-def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
+def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec: str, message: str) -> None:
     with pytest.raises(TaskError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_task(spec)
 
@@ -59,19 +59,19 @@ def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec, message):
         ("lion", "optimizer 'lion' is not applied by the shards"),
     ],
 )
-def test_a_task_that_cannot_train_fails_its_start_up_check(attr, message):
+def test_a_task_that_cannot_train_fails_its_start_up_check(attr: str, message: str) -> None:
     with pytest.raises(TaskError, match=re.escape(message)):
         check_task(load_task(f"tests/tasks/bad.py:{attr}"), seed=0)
 
 
-def test_the_check_gives_the_signature_of_the_trainable_parameters_and_the_data_length():
+def test_the_check_gives_the_signature_of_the_trainable_parameters_and_the_data_length() -> None:
     task = load_task(str(TASKS / "blobs.py") + ":task")
     sig, data, _ = check_task(task, seed=3)
     assert [p.name for p in sig.params] == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert sig.train_size == len(data) == 3000 and sig.total == 16 * 32 + 32 + 32 * 4 + 4
 
 
-def test_frozen_parameters_do_not_travel():
+def test_frozen_parameters_do_not_travel() -> None:
     def model() -> torch.nn.Module:
         m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         m[0].requires_grad_(False)
@@ -84,7 +84,7 @@ def test_frozen_parameters_do_not_travel():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("attr", "why"), [("unseeded", "differ"), ("vector_loss", "scalar")])
-def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path, attr, why):
+def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path: Path, attr: str, why: str) -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -118,7 +118,7 @@ def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) 
     for _ in range(int(epochs * len(data) / batch)):
         idx = torch.randint(0, len(data), (batch,), generator=g).tolist()
         opt.zero_grad()
-        task.loss_fn()(model, collate([data[i] for i in idx])).backward()
+        torch.autograd.backward(task.loss_fn()(model, collate([data[i] for i in idx])))
         opt.step()
     with torch.no_grad():
         whole = collate([test[i] for i in range(len(test))])
@@ -126,7 +126,7 @@ def _plain_torch_accuracy(task: Task, epochs: float, batch: int, seed: int = 0) 
 
 
 @pytest.mark.slow
-def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_plain_torch(tmp_path):
+def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_plain_torch(tmp_path: Path) -> None:
     run, printed = run_job(
         tmp_path,
         "r",
@@ -155,7 +155,7 @@ def test_a_user_task_trains_with_its_own_loss_metrics_and_schedule_and_matches_p
 
 
 @pytest.mark.slow
-def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
+def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path: Path) -> None:
     """AdamW with biases left undecayed, applied by the shards under asgd with dynamic batches
     (one step per B accumulated samples); the start-up check now takes it."""
     spec = f"{TASKS / 'blobs_adamw.py'}:task"
@@ -182,7 +182,7 @@ def test_a_task_with_adamw_is_trained_by_the_shards(tmp_path):
 
 
 @pytest.mark.slow
-def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_different_model(tmp_path):
+def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_different_model(tmp_path: Path) -> None:
     """The task file lives only where the workers are told; a worker with another model or
     another training set is refused by the shards, naming what differs, and exits 2."""
     elsewhere = tmp_path / "user_code"
@@ -195,10 +195,16 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
         shard = c.shard(0)
         good = c.worker("good", "--task", f"{elsewhere / 'blobs.py'}:task")
         c.wait_status("the user's task to train", lambda s: any(w.steps > 3 for w in s.workers.values()))
-        assert c.status().train_size == 3000, "the scheduler counts epochs from the shards' signature"
+        status = c.status()
+        assert status is not None
+        assert status.train_size == 3000, "the scheduler counts epochs from the shards' signature"
         for attr, differs in (("wider", "parameter 0 is 0.weight [48, 16]"), ("shorter", "2000 samples here, 3000")):
             bad = c.worker(attr, "--task", f"{elsewhere / 'blobs_variants.py'}:{attr}")
-            assert wait_for(f"{attr} to exit", lambda bad=bad: bad.proc.poll() is not None, 60) is not None
+
+            def exited(bad: Proc = bad) -> bool:
+                return bad.proc.poll() is not None
+
+            assert wait_for(f"{attr} to exit", exited, 60) is not None
             assert bad.proc.returncode == 2 and differs in bad.log_text(), bad.log_text()
         assert good.alive() and shard.alive()
     finally:
@@ -206,7 +212,7 @@ def test_shards_and_the_scheduler_serve_a_task_they_never_see_and_refuse_a_diffe
 
 
 @pytest.mark.slow
-def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_path):
+def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_path: Path) -> None:
     """blobs' warm-up starts at factor 0; one worker trains one epoch in about a second, less than the
     scheduler's progress reports take to arrive: the shards' own sample count must move the schedule."""
     run, _ = run_job(
@@ -242,7 +248,7 @@ def test_a_job_shorter_than_a_heartbeat_still_moves_through_its_schedule(tmp_pat
         ),
     ],
 )
-def test_the_flags_against_task_rule(job, optimizer, error):
+def test_the_flags_against_task_rule(job: JobConfig, optimizer: OptimizerSpec | None, error: str | None) -> None:
     """One rule, decided from the job and the task alone (what a worker has), for every entry point."""
     if error is None:
         check_flags_against_task(job, optimizer)
@@ -252,7 +258,9 @@ def test_the_flags_against_task_rule(job, optimizer, error):
         assert str(caught.value).startswith(error) and "\n" not in str(caught.value), str(caught.value)
 
 
-def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(tmp_path, monkeypatch):
+def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`dynabatch run` refuses before anything starts (the flag may come from the environment too), and
     `dynabatch check` applies the same rule."""
     monkeypatch.setenv("DYNABATCH_MOMENTUM", "0.9")
@@ -300,7 +308,7 @@ def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not
 
 
 @pytest.mark.slow  # a scheduler, a shard and a worker that loads torch and the task
-def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(tmp_path):
+def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(tmp_path: Path) -> None:
     """A scheduler started by hand has no task: the worker that loads it applies the rule to the job it was
     sent, and exits 2 with the one line, as `dynabatch run` would have refused."""
     c = Cluster(tmp_path, ["--lr", "0.5", "--epochs", "1000", "--liveness-timeout-s", "30"])
@@ -318,6 +326,6 @@ def test_a_hand_started_schedulers_optimizer_flags_meet_the_task_in_the_worker(t
         c.stop()
 
 
-def test_a_built_in_job_reports_the_metrics_its_run_checks_targets_against():
+def test_a_built_in_job_reports_the_metrics_its_run_checks_targets_against() -> None:
     task = builtin_task("synthetic", "mlp")
     assert set(check_task(task, seed=0).metric_names) == set(BUILTIN_METRICS)

@@ -3,11 +3,13 @@ worker's set-up compared with it, the first difference named."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dynabatch import optim as optim_spec
 from dynabatch.common.messages import Init
-from dynabatch.common.model_signature import signature_fields, signature_from_fields
+from dynabatch.common.model_signature import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.ps.training_setup import TrainingSetup
 from dynabatch.schedule import schedule_fields, warmup_cosine
 
@@ -15,11 +17,13 @@ SIG = signature_from_fields(["w"], [[4, 3]], ["float32"], train_size=100)
 ADAM = optim_spec.Adam(lr=1e-3).to_wire()
 
 
-def _init(sig=SIG, optimizer=None, schedule=None) -> Init:
+def _init(
+    sig: ModelSignature = SIG, optimizer: dict[str, Any] | None = None, schedule: dict[str, Any] | None = None
+) -> Init:
     return Init(**signature_fields(sig), optimizer=optimizer or {}, schedule=schedule or {})
 
 
-def test_an_init_and_a_checkpoint_give_the_same_setup():
+def test_an_init_and_a_checkpoint_give_the_same_setup() -> None:
     setup = TrainingSetup.from_init(_init(optimizer=ADAM, schedule=schedule_fields(warmup_cosine(0.1))))
     assert TrainingSetup.from_checkpoint({"other": 1, **setup.checkpoint_fields()}) == setup
     assert setup.difference(setup) is None
@@ -49,11 +53,13 @@ WARMUP = schedule_fields(warmup_cosine(0.2))
         ),
     ],
 )
-def test_a_later_workers_setup_that_differs_is_refused_naming_the_difference(job, later, named):
+def test_a_later_workers_setup_that_differs_is_refused_naming_the_difference(
+    job: Init, later: Init, named: str
+) -> None:
     found = TrainingSetup.from_init(job).difference(TrainingSetup.from_init(later))
     assert found is not None and named in found, found
 
 
-def test_a_malformed_schedule_is_refused_by_name():
+def test_a_malformed_schedule_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="not one of"):
         TrainingSetup.from_init(_init(schedule={"name": "sawtooth"}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def _bn_net() -> nn.Module:
 # The shard's rule, directly.
 
 
-def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch():
+def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch() -> None:
     reference, worker = _bn_net(), _bn_net()
     buffers = TravellingBuffers(NAMES)
     shared = SharedBuffers.initial(SPECS, buffers.read(worker))
@@ -54,14 +55,16 @@ def test_one_worker_keeps_exactly_the_running_statistics_of_single_process_torch
         reference(x)
         buffers.load(worker, shared.sent_to("w0"))  # a pull
         worker(x)
-        shared.take("w0", buffers.read(worker), 16)  # a push
+        pushed = buffers.read(worker)
+        assert pushed is not None
+        shared.take("w0", pushed, 16)  # a push
         assert shared.settle()  # asgd: the push was an update
     for name, value in shared.named().items():
         torch.testing.assert_close(value, reference.get_buffer(name), rtol=0, atol=1e-6)
     assert not torch.equal(shared.named()[NAMES[0]], torch.zeros(5)), "the statistics did move"
 
 
-def test_an_update_applies_the_sample_weighted_mean_of_the_changes_pushed_since_the_last():
+def test_an_update_applies_the_sample_weighted_mean_of_the_changes_pushed_since_the_last() -> None:
     shared = SharedBuffers.initial(SPECS, torch.zeros(10))
     base = shared.sent_to("w0")
     shared.sent_to("w1")
@@ -73,7 +76,7 @@ def test_an_update_applies_the_sample_weighted_mean_of_the_changes_pushed_since_
     assert not shared.settle(), "an update with no buffers pushed since the last moves nothing"
 
 
-def test_a_stale_worker_adds_its_own_change_instead_of_pulling_the_estimate_back():
+def test_a_stale_worker_adds_its_own_change_instead_of_pulling_the_estimate_back() -> None:
     shared = SharedBuffers.initial(SPECS, torch.zeros(10))
     stale = shared.sent_to("slow")
     for _ in range(3):
@@ -84,7 +87,7 @@ def test_a_stale_worker_adds_its_own_change_instead_of_pulling_the_estimate_back
     torch.testing.assert_close(shared.values, torch.full((10,), 3.5))
 
 
-def test_a_worker_the_shard_sent_nothing_counts_from_the_current_buffers_and_leavers_are_forgotten():
+def test_a_worker_the_shard_sent_nothing_counts_from_the_current_buffers_and_leavers_are_forgotten() -> None:
     shared = SharedBuffers.initial(SPECS, torch.ones(10))
     shared.take("w9", torch.full((10,), 3.0), 8)  # e.g. the shard restarted since w9's pull
     shared.settle()
@@ -95,7 +98,7 @@ def test_a_worker_the_shard_sent_nothing_counts_from_the_current_buffers_and_lea
     assert set(shared.sent) == {"w0"}
 
 
-def test_buffers_being_sent_are_never_written_over():
+def test_buffers_being_sent_are_never_written_over() -> None:
     shared = SharedBuffers.initial(SPECS, torch.zeros(10))
     sending = shared.sent_to("w0")
     shared.take("w0", sending + 1.0, 8)
@@ -103,13 +106,13 @@ def test_buffers_being_sent_are_never_written_over():
     assert torch.equal(sending, torch.zeros(10)) and torch.equal(shared.values, torch.ones(10))
 
 
-def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers():
+def test_the_checkpoint_form_is_a_state_dict_part_and_refuses_other_buffers() -> None:
     shared = SharedBuffers.initial(SPECS, torch.arange(10.0))
     named = shared.named()
     assert list(named) == list(NAMES) and all(t.shape == (5,) for t in named.values())
     net = _bn_net()
     net.load_state_dict({**net.state_dict(), **named})
-    assert torch.equal(net[1].running_var, torch.arange(5.0, 10.0))
+    assert torch.equal(net.state_dict()["1.running_var"], torch.arange(5.0, 10.0))
     restored = SharedBuffers.initial(SPECS, None)
     restored.restore(named)
     assert torch.equal(restored.values, shared.values)
@@ -131,10 +134,11 @@ class _Scaled(nn.Module):
         self.register_buffer("scale", torch.full((4,), 2.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x * self.scale)
+        out: torch.Tensor = self.net(x * self.scale)
+        return out
 
 
-def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_only_those():
+def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_only_those() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
     sig, _, _ = check_task(Task(model=_Scaled, train_data=lambda: data), seed=0)
     assert sig.buffers == (
@@ -146,7 +150,7 @@ def test_the_check_finds_the_floating_buffers_a_training_forward_changes_and_onl
     assert plain.buffers == () and plain.buffer_total == 0
 
 
-def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer():
+def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer() -> None:
     sig, _, _ = check_task(load_task(BN_TASK), seed=0)
     assert sig.buffer_names == NAMES and sig.buffer_total == 64
     narrower = replace(sig, buffers=(sig.buffers[0], ParamSpec("1.running_var", (16,), "float32")))
@@ -159,7 +163,7 @@ def test_a_signature_whose_buffers_differ_names_the_first_differing_buffer():
     assert sig.difference(sig) is None
 
 
-def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers():
+def test_buffers_travel_in_inits_fields_which_stay_optional_for_older_peers() -> None:
     sig, _, _ = check_task(load_task(BN_TASK), seed=0)
     fields = signature_fields(sig)
     assert signature_from_fields(**fields) == sig
@@ -199,11 +203,13 @@ def _push(
     if buffers is not None:
         metas.append(ChunkMeta(BUFFERS_ID, "float32", (buffers.numel(),), 0))
         tensors.append(buffers)
-    return conn.request(Push(samples=samples), 10, metas, tensors).body
+    ack = conn.request(Push(samples=samples), 10, metas, tensors).body
+    assert isinstance(ack, PushAck), ack
+    return ack
 
 
 @pytest.fixture(scope="module")
-def bn_shard(tmp_path_factory):
+def bn_shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Connection, Path, torch.Tensor | None]]:
     tmp = tmp_path_factory.mktemp("bn_shard")
     c = Cluster(tmp, ["--epochs", "1000", "--liveness-timeout-s", "60", "--global-batch", "64"])
     try:
@@ -217,7 +223,9 @@ def bn_shard(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard):
+def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(
+    bn_shard: tuple[Connection, Path, torch.Tensor | None],
+) -> None:
     conn, _, initial = bn_shard
     params, version, held = _pull(conn)
     assert held is not None and held.numel() == 64
@@ -238,18 +246,24 @@ def test_a_pull_that_asks_gets_the_buffers_and_a_push_moves_them(bn_shard):
     ],
     ids=["wrong length", "NaN"],
 )
-def test_a_bad_buffer_entry_is_refused_and_changes_nothing(bn_shard, bad, code):
+def test_a_bad_buffer_entry_is_refused_and_changes_nothing(
+    bn_shard: tuple[Connection, Path, torch.Tensor | None], bad: Callable[[torch.Tensor], torch.Tensor], code: str
+) -> None:
     conn, _, _ = bn_shard
     params, version, held = _pull(conn)
+    assert held is not None
     with pytest.raises(RemoteError) as refused:
         _push(conn, params, version, bad(held))
     assert refused.value.code == code
     params_after, version_after, held_after = _pull(conn)
+    assert held_after is not None
     assert version_after == version and torch.equal(params_after, params) and torch.equal(held_after, held)
 
 
 @pytest.mark.slow
-def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_checkpoint_keeps_them(bn_shard):
+def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_checkpoint_keeps_them(
+    bn_shard: tuple[Connection, Path, torch.Tensor | None],
+) -> None:
     conn, ckpt, initial = bn_shard
     sig, init, _, _ = _bn_model()
     other = Init(**signature_fields(replace(sig, buffers=(sig.buffers[0], replace(sig.buffers[1], shape=(16,))))))
@@ -263,7 +277,7 @@ def test_a_worker_whose_buffers_differ_is_refused_naming_the_buffer_and_the_chec
 
 
 @pytest.mark.slow
-def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path):
+def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path: Path) -> None:
     c = Cluster(tmp_path, ["--epochs", "1000", "--liveness-timeout-s", "60"])
     port = free_port()
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval-s", "3600"]
@@ -274,6 +288,7 @@ def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path):
         _, welcome = c.join_as_worker(model=(init, flat, buffers))
         conn = c.client(welcome.shards[0], sender=welcome.id)
         params, version, held = _pull(conn)
+        assert held is not None
         _push(conn, params, version, held + 2.0)
         _, _, before = _pull(conn)
         shard.proc.send_signal(signal.SIGTERM)
@@ -304,7 +319,7 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     for _ in range(epochs * len(data) // batch):
         opt.zero_grad()
         batch_data = task.collate_fn()([data[i] for i in torch.randint(0, len(data), (batch,), generator=gen)])
-        task.loss_fn()(model, batch_data).backward()
+        torch.autograd.backward(task.loss_fn()(model, batch_data))
         opt.step()
     return evaluate(task, model, task.eval_data(), torch.device("cpu"))["accuracy"]
 
@@ -320,7 +335,9 @@ def _trained_accuracy_in_one_process(epochs: int, batch: int) -> float:
     ],
     ids=["asgd", "local", "ssgd-pipelined"],
 )
-def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(tmp_path, flags):
+def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(
+    tmp_path: Path, flags: list[str]
+) -> None:
     run, _ = run_job(
         tmp_path,
         "r",
@@ -350,6 +367,7 @@ def test_a_batchnorm_model_evaluates_with_the_jobs_statistics_not_the_factorys(t
     for model in (with_job_statistics, factory_fresh):
         load_flat(model, trained)
     with_job_statistics.load_state_dict({**with_job_statistics.state_dict(), **state["buffers"]})
+    assert task.eval_data is not None
     cpu, test = torch.device("cpu"), task.eval_data()
     assert evaluate(task, with_job_statistics, test, cpu)["accuracy"] == pytest.approx(reported, abs=0.005)
     fresh = evaluate(task, factory_fresh, test, cpu)["accuracy"]

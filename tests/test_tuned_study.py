@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +31,9 @@ from bench.tuned_study import (
 )
 
 
-def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, acc: float = 0.85) -> dict:
+def _run(
+    method: str, lr: float, reached_at: float | None, loss: float | None = 0.5, acc: float = 0.85
+) -> dict[str, Any]:
     curve = [(0.0, 0, 0.1)] + ([(reached_at, 100, 0.81)] if reached_at is not None else []) + [(150.0, 200, acc)]
     return {
         "method": method,
@@ -42,7 +46,7 @@ def _run(method: str, lr: float, reached_at: float | None, loss: float = 0.5, ac
     }
 
 
-def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_chance_or_a_worker_quarantined():
+def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_chance_or_a_worker_quarantined() -> None:
     assert not diverged(_run("m", 0.1, 30.0))
     assert diverged(_run("m", 0.1, None, loss=None))
     assert diverged(_run("m", 0.1, None, loss=1e30))
@@ -54,7 +58,7 @@ def test_a_run_diverged_when_its_loss_is_not_finite_or_huge_or_its_model_is_at_c
     assert diverged({**untouched, "final_train_loss": math.inf}), "a worker's own loss blew up"
 
 
-def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
+def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest() -> None:
     runs = [
         _run("m", 0.04, 10.0),
         _run("m", 0.04, None, loss=math.nan),  # fastest, but one seed blew up
@@ -70,13 +74,13 @@ def test_the_step_size_chosen_never_diverged_and_reaches_the_target_soonest():
     assert choose_lr(ties, "0.80") == 0.01  # neither gets there: the more accurate
 
 
-def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
+def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile() -> None:
     profiles = {name: {"methods": ["safe", "fast", "slow"], "target": "0.80", "lr_from": ""} for name in ("a", "b")}
     report = {
         "a": [_run("safe", 0.02, 30.0), _run("fast", 0.04, 10.0), _run("slow", 0.01, 90.0)],
         "b": [_run("safe", 0.02, 40.0), _run("fast", 0.04, None, loss=math.inf), _run("slow", 0.01, 80.0)],
     }
-    chosen = {name: {"safe": 0.02, "fast": 0.04, "slow": 0.01} for name in profiles}
+    chosen: dict[str, dict[str, float | None]] = {name: {"safe": 0.02, "fast": 0.04, "slow": 0.01} for name in profiles}
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "safe"
     report["a"] = [r for r in report["a"] if r["method"] != "safe"]  # not run everywhere: not a candidate
     assert choose_default(Results(report=report, chosen=chosen, profiles=profiles)) == "slow"
@@ -88,7 +92,7 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile():
     assert choose_default(Results(report=never, profiles=tied)) == "accurate", "both medians never: the more accurate"
 
 
-def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run():
+def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run() -> None:
     profile = Profile("bench4", 128, ("asgd+fixed", "later", "unstable"), (0, 1))
     held = {**_run("asgd+fixed", 0.01, 30.0), "seed": 0}
     res = Results(
@@ -110,13 +114,12 @@ def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_whi
     assert "| asgd+fixed | 0.01 | 30 s | 1/1 |" in resumed, "not tuned again yet: its runs' lr"
 
 
-def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_best_and_t_star():
+def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_best_and_t_star() -> None:
     """T* from the file's own figures (each group's curve and cap), not through the study's plumbing."""
     import json
     from pathlib import Path
 
-    from bench.reference_time import PER_WORKER_BATCHES, STUDY_NOISE
-    from dynabatch.common.optimum import Device, calibrated_optimum
+    from dynabatch.common.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
 
     profile = next(p for p in STUDIES["regimes"] if p.profile == "mixed_gpus16")
     groups = json.loads(Path("bench/profiles/mixed_gpus16.json").read_text())["workers"]
@@ -141,7 +144,7 @@ def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_bes
     assert "| 1/2 | yes |" in rows["local+dynamic"], "one seed diverged: it diverged in some seed"
 
 
-def test_a_run_on_a_cluster_file_has_its_workers_curves_caps_links_and_the_jobs_shards():
+def test_a_run_on_a_cluster_file_has_its_workers_curves_caps_links_and_the_jobs_shards() -> None:
     profile = next(p for p in STUDIES["regimes-reduced"] if p.profile == "mixed_gpus16")
     cfg = sim_config(Run(profile, "asgd+fixed", 0.02, 0, tuning=False))
     assert (cfg.shards, cfg.shard_mbit, cfg.wire_bytes, cfg.global_batch) == (4, 25000, 102228128, 2048)
@@ -155,7 +158,7 @@ def test_a_run_on_a_cluster_file_has_its_workers_curves_caps_links_and_the_jobs_
     assert profile.tune_seeds == (100,) and not set(profile.tune_seeds) & set(profile.seeds)
 
 
-def test_the_cost_of_each_part_is_the_sum_of_its_runs_time_and_says_which_runs_were_not_timed():
+def test_the_cost_of_each_part_is_the_sum_of_its_runs_time_and_says_which_runs_were_not_timed() -> None:
     tuning = [{**_run("m", 0.01, 30.0), "cpu_s": s} for s in (60.0, 90.0, 30.0)]
     report = [{**_run("m", 0.01, 30.0), "cpu_s": 300.0}, _run("m", 0.01, 30.0)]
     line = cost_line(tuning, report)
@@ -163,7 +166,7 @@ def test_the_cost_of_each_part_is_the_sum_of_its_runs_time_and_says_which_runs_w
     assert cost_line([], report[1:]) == "Cost (CPU minutes): 1 report runs, not timed."
 
 
-def test_every_study_profile_exists_and_the_untuned_ones_take_a_tuned_profiles_step_sizes():
+def test_every_study_profile_exists_and_the_untuned_ones_take_a_tuned_profiles_step_sizes() -> None:
     for profiles in STUDIES.values():
         names = {p.profile for p in profiles}
         for p in profiles:
@@ -172,7 +175,7 @@ def test_every_study_profile_exists_and_the_untuned_ones_take_a_tuned_profiles_s
             assert not p.lr_from or p.lr_from in names or set(p.methods) <= set(TUNED_LRS[p.lr_from])
 
 
-def test_the_unseen_clusters_are_log_normal_of_every_size_and_none_is_a_tuned_profile():
+def test_the_unseen_clusters_are_log_normal_of_every_size_and_none_is_a_tuned_profile() -> None:
     unseen = unseen_lognormal(6, seed=0)
     assert unseen.keys() == unseen_lognormal(6, seed=0).keys() and not unseen.keys() & PROFILES.keys()
     assert sorted(len(nodes()) for nodes in unseen.values()) == [12, 12, 24, 24, 48, 48]
@@ -182,7 +185,7 @@ def test_the_unseen_clusters_are_log_normal_of_every_size_and_none_is_a_tuned_pr
         assert 0.25 <= sigma <= 1.25 and min(speeds) == 1.0 and len(set(speeds)) > len(speeds) // 2, name
 
 
-def test_a_profile_that_shifts_slows_each_node_four_times_for_one_spell_and_churn_adds_and_removes_nodes():
+def test_a_profile_that_shifts_slows_each_node_four_times_for_one_spell_and_churn_adds_and_removes_nodes() -> None:
     from dynabatch.common.slowdown import Slowdown
 
     for node in PROFILES["shifting32"]():
@@ -193,7 +196,7 @@ def test_a_profile_that_shifts_slows_each_node_four_times_for_one_spell_and_chur
 
 
 @pytest.mark.slow
-def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path, capsys):
+def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.tuned_study import run_study
 
     assert run_study("tuned-quick", str(tmp_path), jobs=1) == 0

@@ -10,7 +10,7 @@ from dynabatch.ps.protocol_rules import SyncRound
 from dynabatch.ps.update_rules import sgd_step_
 
 
-def _torch_reference(w0, grads, cfg, scales):
+def _torch_reference(w0: torch.Tensor, grads: list[torch.Tensor], cfg: SGD, scales: list[float]) -> torch.Tensor:
     p = torch.nn.Parameter(w0.clone())
     opt = torch.optim.SGD([p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     for g, s in zip(grads, scales, strict=True):
@@ -21,14 +21,14 @@ def _torch_reference(w0, grads, cfg, scales):
     return p.detach()
 
 
-def _ours(w0, grads, cfg, scales):
+def _ours(w0: torch.Tensor, grads: list[torch.Tensor], cfg: SGD, scales: list[float]) -> torch.Tensor:
     w, buf = w0.clone(), torch.zeros_like(w0)
     for g, s in zip(grads, scales, strict=True):
         sgd_step_(w, g, buf, cfg, s)
     return w
 
 
-def test_sgd_matches_torch_for_every_option():
+def test_sgd_matches_torch_for_every_option() -> None:
     gen = torch.Generator().manual_seed(0)
     w0 = torch.randn(1000, generator=gen)
     grads = [torch.randn(1000, generator=gen) for _ in range(20)]
@@ -42,7 +42,7 @@ def test_sgd_matches_torch_for_every_option():
         torch.testing.assert_close(_ours(w0, grads, cfg, scales), _torch_reference(w0, grads, cfg, scales))
 
 
-def test_a_gradients_weight_scales_what_it_adds_to_momentum_as_torch_would_on_a_weighted_gradient():
+def test_a_gradients_weight_scales_what_it_adds_to_momentum_as_torch_would_on_a_weighted_gradient() -> None:
     """weight w is torch's step on w * grad with weight decay w * decay; rate and momentum untouched."""
     gen = torch.Generator().manual_seed(2)
     w0 = torch.randn(500, generator=gen)
@@ -62,7 +62,7 @@ def test_a_gradients_weight_scales_what_it_adds_to_momentum_as_torch_would_on_a_
         torch.testing.assert_close(w, p.detach())
 
 
-def test_weight_one_is_the_unweighted_step_bit_for_bit():
+def test_weight_one_is_the_unweighted_step_bit_for_bit() -> None:
     """b_i = B/n (every fixed-policy job without a capped worker): the same parameters and buffer as before."""
     gen = torch.Generator().manual_seed(3)
     w0, g = torch.randn(300, generator=gen), torch.randn(300, generator=gen)
@@ -75,7 +75,7 @@ def test_weight_one_is_the_unweighted_step_bit_for_bit():
 
 
 @pytest.mark.parametrize("momentum", [0.5, 0.9])
-def test_a_small_gradient_moves_the_model_by_its_share_whoever_steps_next(momentum):
+def test_a_small_gradient_moves_the_model_by_its_share_whoever_steps_next(momentum: float) -> None:
     """The --max-batch 1 divergence (bench/RESULTS.md 9g): a gradient of weight w = b_i / (B/n) must move
     the parameters by lr * w / (1 - momentum) times itself in all, however many full-weight steps of other
     workers follow it. Scaling the rate instead kept the gradient in the buffer at full weight, and each
@@ -90,7 +90,7 @@ def test_a_small_gradient_moves_the_model_by_its_share_whoever_steps_next(moment
     torch.testing.assert_close(w, -g * cfg.lr * weight / (1 - momentum))
 
 
-def test_runs_of_different_weight_decay_step_as_separate_tensors_would():
+def test_runs_of_different_weight_decay_step_as_separate_tensors_would() -> None:
     """A chunk holding parameters with and without decay: each run steps as if it were a tensor of its own."""
     gen = torch.Generator().manual_seed(1)
     w0, g = torch.randn(100, generator=gen), torch.randn(100, generator=gen)
@@ -104,13 +104,13 @@ def test_runs_of_different_weight_decay_step_as_separate_tensors_would():
         torch.testing.assert_close(w[a:b], _ours(w0[a:b], [g[a:b]] * 3, part, [1.0] * 3))
 
 
-def test_dbs_weight_is_one_for_even_split_and_proportional_otherwise():
+def test_dbs_weight_is_one_for_even_split_and_proportional_otherwise() -> None:
     assert dbs_weight(64, 192, 3, "paper") == 1.0
     assert dbs_weight(128, 192, 3, "paper") == 2.0
     assert dbs_weight(32, 192, 3, "paper") == 0.5
 
 
-def test_the_capped_dbs_weight_weighs_by_samples_and_never_amplifies():
+def test_the_capped_dbs_weight_weighs_by_samples_and_never_amplifies() -> None:
     assert dbs_weight(64, 192, 3) == dbs_weight(64, 192, 3, "capped") == 1.0
     assert dbs_weight(128, 192, 3) == 1.0
     assert dbs_weight(32, 192, 3) == 0.5
@@ -118,7 +118,7 @@ def test_the_capped_dbs_weight_weighs_by_samples_and_never_amplifies():
         dbs_weight(32, 192, 3, "big")
 
 
-def test_sync_round_is_the_sample_weighted_mean():
+def test_sync_round_is_the_sample_weighted_mean() -> None:
     gen = torch.Generator().manual_seed(1)
     g1, g2 = torch.randn(50, generator=gen), torch.randn(50, generator=gen)
     g1_before = g1.clone()
@@ -132,7 +132,7 @@ def test_sync_round_is_the_sample_weighted_mean():
     assert torch.equal(g1, g1_before), "the round must not accumulate into a received tensor"
 
 
-def test_sync_round_refuses_a_second_push_from_one_worker():
+def test_sync_round_refuses_a_second_push_from_one_worker() -> None:
     r = SyncRound()
     r.add("w0", torch.ones(3), 1)
     try:

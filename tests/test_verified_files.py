@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
@@ -12,12 +16,12 @@ from dynabatch.ps.checkpoint import ForeignCheckpoint, load_checkpoint, save_che
 META = {"job": "j", "shard": 0, "shards": 1, "chunk_bytes": 64}
 
 
-def _read(path):
+def _read(path: Path) -> tuple[bytes | None, list[str]]:
     warnings: list[str] = []
     return load_newest_good(path, lambda _copy, payload: payload, warnings.append), warnings
 
 
-def test_a_written_file_reads_back_and_the_one_it_replaced_is_kept(tmp_path):
+def test_a_written_file_reads_back_and_the_one_it_replaced_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "f"
     assert _read(path) == (None, [])
     write_verified(path, b"one")
@@ -31,7 +35,9 @@ def test_a_written_file_reads_back_and_the_one_it_replaced_is_kept(tmp_path):
     [lambda b: b[:-3], lambda b: b[:-1] + bytes([b[-1] ^ 1]), lambda b: b"junk"],
     ids=["truncated", "a flipped bit", "not ours"],
 )
-def test_a_damaged_copy_is_refused_with_one_line_and_the_previous_one_is_read(tmp_path, damage):
+def test_a_damaged_copy_is_refused_with_one_line_and_the_previous_one_is_read(
+    tmp_path: Path, damage: Callable[[bytes], bytes]
+) -> None:
     path = tmp_path / "f"
     write_verified(path, b"good payload")
     write_verified(path, b"newer payload")
@@ -43,7 +49,7 @@ def test_a_damaged_copy_is_refused_with_one_line_and_the_previous_one_is_read(tm
         _read(path)
 
 
-def _state(value: float) -> dict:
+def _state(value: float) -> dict[str, Any]:
     return {
         "params": {0: torch.full((4,), value)},
         "optimizer_state": {0: {"buf": torch.zeros(4)}},
@@ -51,16 +57,17 @@ def _state(value: float) -> dict:
     }
 
 
-def test_a_checkpoint_with_a_non_finite_value_is_refused_and_the_previous_one_resumed(tmp_path):
+def test_a_checkpoint_with_a_non_finite_value_is_refused_and_the_previous_one_resumed(tmp_path: Path) -> None:
     path = tmp_path / "shard-0.pt"
     save_checkpoint(path, META, _state(1.0))
     bad = _state(2.0)
     bad["optimizer_state"][0]["buf"][1] = float("nan")
     save_checkpoint(path, META, bad)
-    assert load_checkpoint(path, META)["chunk_versions"] == {0: 1}
+    resumed = load_checkpoint(path, META)
+    assert resumed is not None and resumed["chunk_versions"] == {0: 1}
 
 
-def test_no_good_checkpoint_starts_the_shard_without_one_and_another_jobs_is_an_error(tmp_path):
+def test_no_good_checkpoint_starts_the_shard_without_one_and_another_jobs_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "shard-0.pt"
     save_checkpoint(path, META, _state(1.0))
     with pytest.raises(ForeignCheckpoint, match="is a checkpoint of another job"):

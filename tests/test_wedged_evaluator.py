@@ -23,7 +23,7 @@ SPEC = f"{Path(__file__).resolve().parent / 'tasks' / 'wedged_eval.py'}:task"
 INTERVAL_S, LIVENESS_S, JOIN_S, RESTARTS = 0.5, 1.0, 3.0, 3
 
 
-def test_a_wedged_evaluator_is_dropped_restarted_and_the_job_ends_without_its_final_evaluation(tmp_path):
+def test_a_wedged_evaluator_is_dropped_restarted_and_the_job_ends_without_its_final_evaluation(tmp_path: Path) -> None:
     # Training goes on past the first evaluator's drop and its restart; an idled worker keeps its CPU low.
     run, out = run_job(
         tmp_path,

@@ -1,6 +1,7 @@
 """The wire codec: round trips, zero-copy, and every kind of malformed input."""
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,20 +37,21 @@ from dynabatch.common.wire import (
 )
 
 
-def _push(tensors, seq=7):
+def _push(tensors: list[torch.Tensor], seq: int = 7) -> Message:
     metas = [chunk_meta(i, t, version=3) for i, t in enumerate(tensors)]
     return Message(Push(samples=32, loss=0.5), metas, tensors, job="j", sender="w0", seq=seq)
 
 
-def _env(frames):
-    return msgpack.unpackb(frames[0])
+def _env(frames: Sequence[Any]) -> dict[str, Any]:
+    env: dict[str, Any] = msgpack.unpackb(frames[0])
+    return env
 
 
-def _reframe(env, tensors):
+def _reframe(env: dict[str, Any], tensors: Sequence[Any]) -> list[Any]:
     return [msgpack.packb(env), *tensors]
 
 
-def test_round_trip_keeps_fields_chunks_and_values():
+def test_round_trip_keeps_fields_chunks_and_values() -> None:
     tensors = [torch.randn(100), torch.randn(3, 4)]
     out = decode([bytes(f) for f in encode(_push(tensors))])
     assert out.type == "PUSH" and out.job == "j" and out.sender == "w0" and out.seq == 7
@@ -59,14 +61,14 @@ def test_round_trip_keeps_fields_chunks_and_values():
         assert torch.equal(a, b)
 
 
-def test_encode_does_not_copy_tensor_memory():
+def test_encode_does_not_copy_tensor_memory() -> None:
     t = torch.arange(1000, dtype=torch.float32)
     frame = encode(_push([t]))[1]
     t[0] = 42.0
     assert torch.frombuffer(frame, dtype=torch.float32)[0] == 42.0
 
 
-def test_optional_fields_take_defaults_and_ints_become_floats():
+def test_optional_fields_take_defaults_and_ints_become_floats() -> None:
     env = {"v": PROTOCOL_VERSION, "type": "HEARTBEAT", "job": "j", "sender": "w0", "seq": 1, "chunks": [], "step_s": 1}
     out = decode([msgpack.packb(env)])
     assert out.body.step_s == 1.0 and isinstance(out.body.step_s, float)
@@ -104,13 +106,13 @@ def test_optional_fields_take_defaults_and_ints_become_floats():
         ),
     ],
 )
-def test_malformed_envelopes_are_refused_with_a_code(frames, code):
+def test_malformed_envelopes_are_refused_with_a_code(frames: list[Any], code: str) -> None:
     with pytest.raises(ProtocolError) as info:
         decode(frames)
     assert info.value.code == code
 
 
-def test_wrong_frame_count_and_length_are_refused():
+def test_wrong_frame_count_and_length_are_refused() -> None:
     frames = [bytes(f) for f in encode(_push([torch.ones(10), torch.ones(5)]))]
     with pytest.raises(ProtocolError, match="frame_count"):
         decode(frames[:-1])
@@ -123,19 +125,19 @@ def test_wrong_frame_count_and_length_are_refused():
 LIMITS = WireLimits(max_chunks=3, max_frame_bytes=40, max_envelope_bytes=1000, max_array=16)
 
 
-def _limited(frames) -> str:
+def _limited(frames: list[Any]) -> str:
     """The code `decode` refuses `frames` with under LIMITS."""
     with pytest.raises(ProtocolError) as info:
         decode(frames, LIMITS)
     return info.value.code
 
 
-def test_a_message_within_limits_decodes_as_without_them():
+def test_a_message_within_limits_decodes_as_without_them() -> None:
     frames = encode(_push([torch.ones(10), torch.ones(5), torch.ones(1)]))
     assert decode(frames, LIMITS).chunks == decode(frames).chunks
 
 
-def test_messages_beyond_a_receivers_limits_are_refused_before_they_are_parsed():
+def test_messages_beyond_a_receivers_limits_are_refused_before_they_are_parsed() -> None:
     env = _env(encode(_push([])))
     env["ids"] = list(range(17))
     fine_without = [
@@ -166,7 +168,7 @@ def test_messages_beyond_a_receivers_limits_are_refused_before_they_are_parsed()
         "not a map",
     ],
 )
-def test_bad_chunk_entries_are_refused(chunk):
+def test_bad_chunk_entries_are_refused(chunk: object) -> None:
     env = {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "samples": 1, "chunks": [chunk]}
     with pytest.raises(ProtocolError) as info:
         decode([msgpack.packb(env), b"\x00" * 4])
@@ -174,7 +176,7 @@ def test_bad_chunk_entries_are_refused(chunk):
     assert info.value.ref == 1
 
 
-def test_check_chunks_refuses_unknown_duplicate_and_resized_chunks():
+def test_check_chunks_refuses_unknown_duplicate_and_resized_chunks() -> None:
     msg = decode([bytes(f) for f in encode(_push([torch.ones(4)]))])
     check_chunks(msg, {0: 4})
     with pytest.raises(ProtocolError, match="unknown_chunk"):
@@ -187,7 +189,7 @@ def test_check_chunks_refuses_unknown_duplicate_and_resized_chunks():
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_check_finite_refuses_nan_and_inf(bad):
+def test_check_finite_refuses_nan_and_inf(bad: float) -> None:
     t = torch.ones(100)
     t[57] = bad
     msg = decode([bytes(f) for f in encode(_push([torch.ones(3), t]))])
@@ -196,7 +198,7 @@ def test_check_finite_refuses_nan_and_inf(bad):
     assert info.value.code == "non_finite" and "chunk 1" in info.value.text
 
 
-def test_bodies_without_fields_and_with_lists_round_trip():
+def test_bodies_without_fields_and_with_lists_round_trip() -> None:
     for body in (StatusRequest(), Hello(role="worker", name="n"), Heartbeat(steps=3, loss=1.5)):
         out = decode([bytes(f) for f in encode(Message(body, job="j", sender="s", seq=1))])
         assert out.body == body
@@ -227,11 +229,11 @@ def _status() -> JobStatus:
     )
 
 
-def _status_envelope() -> dict:
+def _status_envelope() -> dict[str, Any]:
     return _env(encode(Message(StatusReply(state=_status()), job="j", sender="scheduler", seq=4)))
 
 
-def test_status_reply_round_trips_nested_fields_and_none():
+def test_status_reply_round_trips_nested_fields_and_none() -> None:
     frames = encode(Message(StatusReply(state=_status()), job="j", sender="scheduler", seq=4))
     assert _env(frames)["state"]["workers"]["w0"]["batch"] == 64, "nested dataclasses travel as maps"
     out = decode([bytes(f) for f in frames])
@@ -240,7 +242,7 @@ def test_status_reply_round_trips_nested_fields_and_none():
     assert out.body.state.test_acc is None and out.body.state.workers["w0"].loss is None
 
 
-def test_optional_fields_take_a_value_or_none():
+def test_optional_fields_take_a_value_or_none() -> None:
     env = _status_envelope()
     env["state"]["test_acc"], env["state"]["eval_version"] = 1, 7
     out = decode([msgpack.packb(env)])
@@ -265,7 +267,7 @@ def test_optional_fields_take_a_value_or_none():
         (lambda s: s.pop("t"), "STATUS_REPLY.state lacks required field 't'"),
     ],
 )
-def test_a_bad_nested_value_is_refused_naming_its_path(change, text):
+def test_a_bad_nested_value_is_refused_naming_its_path(change: Callable[[dict[str, Any]], object], text: str) -> None:
     env = _status_envelope()
     change(env["state"])
     with pytest.raises(ProtocolError) as info:
@@ -273,9 +275,9 @@ def test_a_bad_nested_value_is_refused_naming_its_path(change, text):
     assert info.value.code == "bad_field" and info.value.text == text and info.value.ref == 4
 
 
-def test_every_message_type_has_annotations_the_codec_takes():
-    for cls in MESSAGE_TYPES.values():
-        assert isinstance(decode_map(cls, _required_values(cls), cls.TYPE), cls)
+def test_every_message_type_has_annotations_the_codec_takes() -> None:
+    for name, cls in MESSAGE_TYPES.items():
+        assert isinstance(decode_map(cls, _required_values(cls), name), cls)
 
 
 def _required_values(cls: type[Any]) -> dict[str, Any]:
@@ -296,7 +298,7 @@ def _required_values(cls: type[Any]) -> dict[str, Any]:
     return samples.get(cls.TYPE, {})
 
 
-def test_annotations_the_codec_cannot_check_are_refused_when_first_used():
+def test_annotations_the_codec_cannot_check_are_refused_when_first_used() -> None:
     @dataclass
     class Either:
         value: int | str
@@ -310,7 +312,7 @@ def test_annotations_the_codec_cannot_check_are_refused_when_first_used():
         decode_map(Either, {"value": 1}, "either")
 
 
-def test_a_protocol_error_survives_pickling_as_itself():
+def test_a_protocol_error_survives_pickling_as_itself() -> None:
     """A simulation in bench's process pool that raises one reaches the study as itself (it used to fail to unpickle
     and break the pool, hiding the error)."""
     import pickle

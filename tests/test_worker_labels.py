@@ -15,7 +15,7 @@ def _workers(*named: tuple[str, str, str]) -> dict[str, WorkerStatus]:
     return {wid: WorkerStatus(name=name, slowdown=slowdown, batch=64) for wid, name, slowdown in named}
 
 
-def test_workers_are_listed_by_name_in_launch_order_whatever_order_they_joined_in():
+def test_workers_are_listed_by_name_in_launch_order_whatever_order_they_joined_in() -> None:
     workers = _workers(
         ("w0", "worker2", "4x"), ("w1", "worker10", "1x"), ("w2", "worker0", "2x"), ("w3", "worker1", "1x")
     )
@@ -27,7 +27,7 @@ def test_workers_are_listed_by_name_in_launch_order_whatever_order_they_joined_i
     ]
 
 
-def test_slowdowns_are_left_out_where_nothing_is_emulated_and_a_shared_name_gets_its_id():
+def test_slowdowns_are_left_out_where_nothing_is_emulated_and_a_shared_name_gets_its_id() -> None:
     assert labelled(_workers(("w0", "gpu-b", "1x"), ("w1", "gpu-a", ""))) == [("w1", "gpu-a"), ("w0", "gpu-b")]
     assert labelled(_workers(("w4", "worker0", "1x"), ("w0", "worker0", "2x"))) == [
         ("w0", "worker0(2x)[w0]"),
@@ -38,7 +38,7 @@ def test_slowdowns_are_left_out_where_nothing_is_emulated_and_a_shared_name_gets
     assert order_key("worker0", "w9") < order_key("worker0", "w10") < order_key("worker1", "w0")
 
 
-def test_the_progress_line_names_each_worker_with_its_slowdown_in_launch_order():
+def test_the_progress_line_names_each_worker_with_its_slowdown_in_launch_order() -> None:
     status = JobStatus(
         t=3.0,
         epoch=0.5,
@@ -49,7 +49,7 @@ def test_the_progress_line_names_each_worker_with_its_slowdown_in_launch_order()
     assert line.endswith("| worker0(1x) b=64 0/s  worker1(2x) b=64 0/s  worker2(4x) b=64 0/s"), line
 
 
-def test_summary_json_and_the_final_table_keep_the_same_order_and_give_the_slowdowns():
+def test_summary_json_and_the_final_table_keep_the_same_order_and_give_the_slowdowns() -> None:
     timeline = [JobStatus(t=t, workers=_workers(("w0", "worker1", "2x"), ("w1", "worker0", "1x"))) for t in (1.0, 2.0)]
     summary = summarize(timeline, wall_s=3.0, warmup_fraction=0.0)
     assert [(w["name"], w["slowdown"]) for w in summary["workers"].values()] == [("worker0", "1x"), ("worker1", "2x")]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 import zmq
 
-from dynabatch.common.chunking import make_layout
+from dynabatch.common.chunking import Layout, make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import SampleOrder, load_dataset, make_batch
 from dynabatch.common.messages import Assignment
@@ -25,13 +26,14 @@ from dynabatch.task import cross_entropy
 from dynabatch.worker.batch_source import BatchSource
 from dynabatch.worker.gradient_steps import GradientLoop
 from dynabatch.worker.ps_client import ShardClients
-from dynabatch.worker.step_context import StepContext
+from dynabatch.worker.step_context import StepContext, StepLoop
+from dynabatch.worker.step_times import StepResult
 from harness import Cluster
 
 TIMEOUT_S = 30.0
 
 
-def test_a_failed_steps_samples_are_replayed_in_order_and_a_successful_steps_never():
+def test_a_failed_steps_samples_are_replayed_in_order_and_a_successful_steps_never() -> None:
     source = BatchSource(SampleOrder(100, seed=1))
     first, second = source.take(8), source.take(8)
     source.step_failed()
@@ -42,7 +44,7 @@ def test_a_failed_steps_samples_are_replayed_in_order_and_a_successful_steps_nev
     assert not torch.equal(fresh, first) and not torch.equal(fresh, second)
 
 
-def test_a_replay_of_another_batch_size_is_dropped_for_fresh_samples():
+def test_a_replay_of_another_batch_size_is_dropped_for_fresh_samples() -> None:
     """The assignment changed while the step failed: the order moves on instead of mixing sizes."""
     source = BatchSource(SampleOrder(100, seed=2))
     lost = source.take(8)
@@ -52,7 +54,7 @@ def test_a_replay_of_another_batch_size_is_dropped_for_fresh_samples():
     assert source.replay == []
 
 
-def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Module) -> StepContext:
+def _context(job: JobConfig, shards: ShardClients, layout: Layout, model: torch.nn.Module) -> StepContext:
     data = load_dataset("synthetic")
     source = BatchSource(SampleOrder(len(data.train_y), seed=0))
 
@@ -60,7 +62,7 @@ def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Modul
         start = time.perf_counter()
         model.zero_grad(set_to_none=False)
         loss = cross_entropy(model, batch)
-        loss.backward()
+        torch.autograd.backward(loss)
         return float(loss.detach()), time.perf_counter() - start
 
     return StepContext(
@@ -78,7 +80,7 @@ def _context(job: JobConfig, shards: ShardClients, layout, model: torch.nn.Modul
     )
 
 
-def _cluster(tmp_path, protocol: str, epochs: str = "1000") -> Cluster:
+def _cluster(tmp_path: Path, protocol: str, epochs: str = "1000") -> Cluster:
     c = Cluster(
         tmp_path,
         [
@@ -114,12 +116,14 @@ def _worker(c: Cluster, job: JobConfig) -> tuple[ShardClients, StepContext]:
     return shards, _context(job, shards, layout, model)
 
 
-def _step(loop, batch: int):
-    return loop.step(Assignment(assignment_id=1, batch=batch))
+def _step(loop: StepLoop, batch: int) -> StepResult:
+    result = loop.step(Assignment(assignment_id=1, batch=batch))
+    assert result is not None, "a step was taken"
+    return result
 
 
 @pytest.mark.slow
-def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_one_update(tmp_path):
+def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_one_update(tmp_path: Path) -> None:
     """Three workers of one job, one per way of stepping (tests of ssgd cover the plain push). push_pull (the
     default): the push's answer is the model the next step computes on, the one a pull would get. prefetch_pull: the
     next pull leaves before compute, so the second step's model lacks the first step's own gradient; with
@@ -132,13 +136,14 @@ def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_
         loop = GradientLoop(ctx)
         result = _step(loop, 32)
         assert result.batch == 32 and result.steps == 1 and result.version == 0
+        assert loop.pulled is not None
         brought = loop.pulled.flat.clone()
         after = shards.pull(None, TIMEOUT_S)
         assert after.version == 1 and not torch.equal(after.flat, before)
         assert loop.min_versions is None, "an asynchronous step never waits for a version"
         assert torch.equal(brought, after.flat) and loop.pulled.version == 1
         assert _step(loop, 32).version == 1, "the second step computes on the model its push brought back"
-        assert loop.pulled.version == 2
+        assert loop.pulled is not None and loop.pulled.version == 2
         loop.after_failure("timeout")
         assert loop.pulled is None, "after a failure the next step pulls afresh"
 
@@ -165,7 +170,7 @@ def test_gradient_steps_with_push_pull_prefetching_and_pushing_behind_each_push_
 
 
 @pytest.mark.slow
-def test_a_round_step_waits_for_the_round_it_pushed_into(tmp_path):
+def test_a_round_step_waits_for_the_round_it_pushed_into(tmp_path: Path) -> None:
     """ssgd with one worker: every push closes a round, and the next pull asks for the version it made. The loop
     does not count rounds to end: the scheduler's allotment of the job's samples does (scheduler/allocator.py)."""
     job = JobConfig(dataset="synthetic", model="mlp", protocol="ssgd", global_batch=64)
@@ -182,7 +187,7 @@ def test_a_round_step_waits_for_the_round_it_pushed_into(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path):
+def test_a_round_step_refused_as_a_second_push_waits_for_that_round(tmp_path: Path) -> None:
     """A push resent after a timeout that had in fact arrived is refused (`bad_state`); the loop then
     waits for the round it is already in instead of pushing into it again. (Without push_pull: this test
     drives both workers from one thread, and a push that also pulls would wait for the other's push.)"""

@@ -69,7 +69,7 @@ class Joined:
         welcome: Welcome,
         job: JobConfig,
         opts: WorkerOptions,
-        ctx: zmq.Context,
+        ctx: zmq.Context[zmq.Socket[bytes]],
         device: torch.device,
         idle: Callable[[], None],
     ) -> Joined:

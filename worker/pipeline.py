@@ -84,7 +84,7 @@ class Pipeline:
             if own or name in buffer_owners:
                 module.register_forward_pre_hook(self._before_forward(name, own))
         for i, p in enumerate(self.params):
-            p.register_post_accumulate_grad_hook(self._grad_ready(i))
+            p.register_post_accumulate_grad_hook(self._grad_ready(i))  # type: ignore[no-untyped-call]  # untyped in torch
         self._step: _StepState | None = None
 
     def step(
@@ -105,7 +105,7 @@ class Pipeline:
             self.shards.wait([st.pull], self.timeout_s, st.pull.done)
             self._step = None
             return PipelineResult(float(loss.detach()), st.pull.result(), st.pull_wait, 0.0, st.trace)
-        loss.backward()
+        torch.autograd.backward(loss)  # Tensor.backward is untyped in torch; this is the function it calls
         st.trace.backward_end = time.perf_counter()
         for cid in sorted(set(self.chunk_params) - st.final):
             self._chunk_final(st, cid, flush=False)
@@ -143,7 +143,7 @@ class Pipeline:
                     buffers=self._buffers_for(st, i),
                 )
 
-    def _before_forward(self, name: str, own: list[int]):
+    def _before_forward(self, name: str, own: list[int]) -> Callable[[torch.nn.Module, object], None]:
         def hook(module: torch.nn.Module, args: object) -> None:
             st = self._step
             if st is None:
@@ -168,7 +168,7 @@ class Pipeline:
 
         return hook
 
-    def _grad_ready(self, i: int):
+    def _grad_ready(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(p: torch.Tensor) -> None:
             st = self._step
             if st is None:

@@ -51,7 +51,7 @@ class ShardClients:
 
     def __init__(
         self,
-        ctx: zmq.Context,
+        ctx: zmq.Context[zmq.Socket[bytes]],
         endpoints: list[str],
         layout: Layout,
         job: str,

@@ -4,8 +4,8 @@ Between its WELCOME and its BYE a worker is silent whenever its main thread
 computes: loading the data and building the model, the first step (a new batch
 shape's kernels), any step of a big model on a slow CPU. Heartbeats sent from the
 main thread between steps cannot cover a single call that outlasts the liveness
-timeout, so an honest but slow worker was dropped from n, its pushes refused,
-and it registered again under a new id. This thread repeats the last heartbeat
+timeout, and an honest but slow worker would be dropped from n, its pushes refused,
+and registered again under a new id. This thread repeats the last heartbeat
 whenever none went for one heartbeat interval, so the scheduler can expire a
 member that registered and never heartbeats within its liveness timeout, and
 still never drop a process that is alive.

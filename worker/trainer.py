@@ -117,7 +117,7 @@ def train_step(
     shares = []
     for part, share in micro_batches(batch, micro_batch):
         loss = loss_fn(model, part)
-        (loss if share == 1.0 else loss * share).backward()
+        torch.autograd.backward(loss if share == 1.0 else loss * share)  # Tensor.backward is untyped in torch
         shares.append(loss.detach() * share)
     if clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(travelling(model), clip_grad_norm)

@@ -12,12 +12,16 @@ one, so the final accuracy within one point covers every attack as well.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Pull, Push
 from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
 from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
+
+if TYPE_CHECKING:
+    import torch
 
 HELLO_FLOOD = 2000
 LARGE_FRAMES = 16  # frames of LARGE_FRAME_BYTES in each of LARGE_MESSAGES messages, to each target
@@ -63,7 +67,14 @@ class AttackResult:
         return not self.wrong and self.grown_bytes <= self.bound_bytes
 
 
-def _frames(view: JobView, body, sender: str, seq: int, metas=(), tensors=()) -> list[bytes]:
+def _frames(
+    view: JobView,
+    body: object,
+    sender: str,
+    seq: int,
+    metas: Sequence[ChunkMeta] = (),
+    tensors: Sequence[torch.Tensor] = (),
+) -> list[bytes]:
     return [bytes(f) for f in encode(Message(body, list(metas), list(tensors), view.job, sender, seq))]
 
 
@@ -127,7 +138,7 @@ def _byes_in_other_names(view: JobView) -> list[list[bytes]]:
     return [_frames(view, Bye(), member, i + 1) for i, member in enumerate([*view.workers, *view.evaluators])]
 
 
-def _many_large_frames(view: JobView, body) -> list[list[bytes]]:
+def _many_large_frames(view: JobView, body: object) -> list[list[bytes]]:
     """`body` with LARGE_FRAMES frames of a chunk's id, each LARGE_FRAME_BYTES long, LARGE_MESSAGES times."""
     import torch
 

@@ -62,6 +62,12 @@ class JobView:
         return [*self.workers, *self.evaluators, *(f"ps{i}" for i in range(len(self.shard_hellos)))]
 
 
+# A drawn message: a body in someone's name (its chunk entries, tensors and sender), or raw frames already (the
+# type they claim, "" if none, and their seq, -1 where none is readable).
+Lie = tuple[Hello | Heartbeat | Bye | EvalReport | Pull | Push | Init, list[ChunkMeta], list[Any], str]
+Drawn = Lie | tuple[list[bytes], str, None, int]
+
+
 @dataclass
 class FuzzMessage:
     target: int
@@ -115,13 +121,13 @@ class FuzzMessages:
 
     # -- malformed ------------------------------------------------------------
 
-    def _garbage(self, target: int, connection: int) -> tuple:
+    def _garbage(self, target: int, connection: int) -> Drawn:
         frames = [self.rng.randbytes(self.rng.choice((0, 1, 7, 64, 500))) for _ in range(self.rng.randint(1, 4))]
         if self.rng.random() < 0.3:  # a msgpack map that is no envelope
             frames[0] = msgpack.packb({self.rng.choice(("v", "type", 7, b"x")): self.rng.randbytes(4)})
         return frames, "", None, -1
 
-    def _truncated(self, target: int, connection: int) -> tuple:
+    def _truncated(self, target: int, connection: int) -> Drawn:
         body, chunks, tensors, sender = self._wrong_sender(target, connection)
         frames = [bytes(f) for f in encode(Message(body, chunks, tensors, self.view.job, sender, self.seq))]
         cut = self.rng.randrange(3)
@@ -135,7 +141,7 @@ class FuzzMessages:
             frames[i] = frames[i][: self.rng.randrange(max(1, len(frames[i])))]
         return frames, body.TYPE, None, self.seq
 
-    def _mistyped(self, target: int, connection: int) -> tuple:
+    def _mistyped(self, target: int, connection: int) -> Drawn:
         body, chunks, tensors, sender = self._wrong_sender(target, connection)
         envelope = msgpack.unpackb(encode(Message(body, chunks, tensors, self.view.job, sender, self.seq))[0])
         hints = typing.get_type_hints(type(body))
@@ -162,7 +168,7 @@ class FuzzMessages:
 
     # -- well-formed lies -------------------------------------------------------
 
-    def _wrong_sender(self, target: int, connection: int) -> tuple:
+    def _wrong_sender(self, target: int, connection: int) -> Lie:
         """A message in a real member's name, from a connection that is not theirs."""
         v = self.view
         victim = self.rng.choice(v.members)
@@ -185,7 +191,7 @@ class FuzzMessages:
         metas, tensors = zero_chunks(chunks)
         return Push(samples=self.rng.randint(1, v.max_batch)), metas, tensors, victim
 
-    def _out_of_bounds(self, target: int, connection: int) -> tuple:
+    def _out_of_bounds(self, target: int, connection: int) -> Lie:
         """From the fuzzer's own ghost, or to a shard, numbers no honest peer can send."""
         v = self.view
         if target == SCHEDULER:
@@ -218,7 +224,7 @@ class FuzzMessages:
             return Pull(ids=[self.rng.choice((-1, HUGE, 10**6))], min_version=self.rng.choice((0, -5))), [], [], sender
         return Push(samples=1), metas, tensors, sender
 
-    def _replay(self, target: int, connection: int) -> tuple:
+    def _replay(self, target: int, connection: int) -> Drawn:
         """A real message again: what the fuzzer captured, or what a member sent at registration."""
         v = self.view
         if self.rng.random() < 0.5:

@@ -37,7 +37,7 @@ import secrets
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,7 @@ class Job:
         frames = request(self.ctx, self.launcher.scheduler_endpoint, StatusRequest(), 2.0)
         return decode(frames[0]).body.state if frames else None
 
-    def wait(self, what: str, predicate, timeout_s: float) -> JobStatus:
+    def wait(self, what: str, predicate: Callable[[JobStatus], object], timeout_s: float) -> JobStatus:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             failed = [c for c in self.launcher.children if c.proc.poll() not in (None, 0)]
@@ -271,7 +271,7 @@ def dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, reads: bool = Tru
     return sock
 
 
-def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobView:
+def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket[bytes]]]) -> JobView:
     """What a peer can learn of the job: STATUS, what a PULL returns, and a registration of its own per connection."""
     endpoint = job.launcher.scheduler_endpoint
     captured = [request(job.ctx, endpoint, StatusRequest(), 5.0)[0]]
@@ -330,8 +330,8 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
 
 
 def pull_all(
-    job: Job, endpoint: str, sock: zmq.Socket, sender: str, entries: int
-) -> tuple[list[ChunkMeta], list[Any], list]:
+    job: Job, endpoint: str, sock: zmq.Socket[bytes], sender: str, entries: int
+) -> tuple[list[ChunkMeta], list[Any], list[list[bytes]]]:
     """Every chunk of a shard (`entries` of them) as `sender` pulls it on `sock`: entries, values (copies) and the
     raw answers."""
     answers = pull_answers(job.ctx, endpoint, sock, sender, entries)
@@ -342,7 +342,7 @@ def pull_all(
 
 
 def enlist(
-    job: Job, view: JobView, endpoints: list[str], sock: zmq.Socket, shard_socks: list[zmq.Socket]
+    job: Job, view: JobView, endpoints: list[str], sock: zmq.Socket[bytes], shard_socks: list[zmq.Socket[bytes]]
 ) -> ByzantineMember:
     """Register the fuzzer's own worker on `sock` and report a speed, so that it is admitted with a batch; pull
     the model on its own connections to the shards (`shard_socks`), which binds them to it, and measure the job's
@@ -371,7 +371,7 @@ def enlist(
 
 
 def attack(
-    job: Job, view: JobView, endpoints: list[str], sockets: list[list[zmq.Socket]], a: Attack, window: int = 32
+    job: Job, view: JobView, endpoints: list[str], sockets: list[list[zmq.Socket[bytes]]], a: Attack, window: int = 32
 ) -> AttackResult:
     """Send attack `a` (see Attack for the connection it takes); the result says what came back, or how the
     target grew."""
@@ -408,7 +408,7 @@ def attack(
 
 
 def _unread(
-    job: Job, view: JobView, a: Attack, sock: zmq.Socket, messages: list[list[bytes]], result: AttackResult
+    job: Job, view: JobView, a: Attack, sock: zmq.Socket[bytes], messages: list[list[bytes]], result: AttackResult
 ) -> AttackResult:
     """Pulls nobody reads: the shard must drop their replies, not hold them. Bound: a tenth of holding them all."""
     shard = job.children("ps")[a.target - 1]
@@ -448,7 +448,7 @@ def honest_failures(job: Job) -> dict[str, int]:
     return {name: n for name, n in failed.items() if n}
 
 
-def bad_message_counts(children: list[Child]) -> Counter:
+def bad_message_counts(children: list[Child]) -> Counter[str]:
     """Refusals counted by `children`, by code."""
     return sum((metric_by_label(c.metrics(), "dynabatch_bad_messages_total", "reason") for c in children), Counter())
 
@@ -490,7 +490,7 @@ class Fuzzer:
     """Sends the messages with a bounded window per connection and tallies the answers; those to the fuzzer's
     worker by kind, and the PUSHes a shard took from it into its pool of replays."""
 
-    def __init__(self, sockets: list[list[zmq.Socket]], window: int, member: ByzantineMember) -> None:
+    def __init__(self, sockets: list[list[zmq.Socket[bytes]]], window: int, member: ByzantineMember) -> None:
         self.sockets = sockets
         self.window = window
         self.in_flight = {id(s): 0 for row in sockets for s in row}
@@ -499,14 +499,14 @@ class Fuzzer:
         for row in sockets:
             for s in row:
                 self.poller.register(s, zmq.POLLIN)
-        self.refused: Counter = Counter()
+        self.refused: Counter[str] = Counter()
         self.accepted: list[str] = []
         self.kinds: dict[int, str] = {}
         self.written_off = 0
         self.member = member
         # the worker's in flight: (connection, seq) -> kind, shard, frames
         self.pushes: dict[tuple[int, int], tuple[str, int, list[bytes]]] = {}
-        self.byzantine: dict[str, Counter] = {}  # the worker's answered, by kind: "taken" or the refusal's code
+        self.byzantine: dict[str, Counter[str]] = {}  # the worker's answered, by kind: "taken" or the refusal's code
         self.member_pulls: dict[int, int] = {}  # the worker's pulls: seq -> shard (a pull may take several answers)
         # shards whose pull by the worker is not answered in full yet: the chunks still to come (`replies_fit`)
         self.pulling: dict[int, int] = {}
@@ -592,12 +592,12 @@ class Fuzzer:
     def unanswered(self) -> int:
         return self.written_off + sum(self.in_flight.values())
 
-    def unanswered_kinds(self) -> Counter:
+    def unanswered_kinds(self) -> Counter[str]:
         """The tracked messages no answer came for, by category and type (an EVAL taken is not answered)."""
         return Counter(self.kinds.values()) + Counter(f"byzantine {kind}" for kind, _, _ in self.pushes.values())
 
 
-def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
+def fuzz(settings: FuzzSettings, log_dir: Path, progress: Callable[[str], None] = print) -> FuzzReport:
     """Run the fuzzed job (and the clean one beside it) to their ends; the report says what happened."""
     report = FuzzReport()
     target = Job(log_dir, "fuzzed", settings)
@@ -658,7 +658,7 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress=print) -> FuzzReport:
             )
         messages = FuzzMessages(view, random.Random(settings.seed), member)
         fuzzer = Fuzzer(sockets, settings.window, member)
-        sent: Counter = Counter()
+        sent: Counter[str] = Counter()
         start = last_report = time.monotonic()
         for n in range(1, settings.messages + 1):
             m = messages.make()

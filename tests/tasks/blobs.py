@@ -13,7 +13,7 @@ import dynabatch as db
 CLASSES, DIM = 4, 16
 
 
-class Blobs(torch.utils.data.Dataset):
+class Blobs(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __init__(self, n: int, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
         centers = torch.randn(CLASSES, DIM, generator=torch.Generator().manual_seed(0)) * 2.0
@@ -23,7 +23,7 @@ class Blobs(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.y)
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"features": self.x[i], "label": self.y[i]}
 
 
@@ -31,16 +31,16 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(DIM, 32), nn.ReLU(), nn.Linear(32, CLASSES))
 
 
-def loss(model: nn.Module, batch: dict) -> torch.Tensor:
+def loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return nn.functional.cross_entropy(model(batch["features"]), batch["label"])
 
 
-def top2(model: nn.Module, batch: dict) -> dict:
+def top2(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
     hits = (model(batch["features"]).topk(2, dim=-1).indices == batch["label"][:, None]).any(dim=-1)
     return {"top2": (float(hits.sum()), float(len(hits)))}
 
 
-def accuracy(model: nn.Module, batch: dict) -> dict:
+def accuracy(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
     correct = (model(batch["features"]).argmax(-1) == batch["label"]).sum()
     return {"accuracy": (float(correct), float(len(batch["label"])))}
 

@@ -8,15 +8,18 @@ within the norm bound. They share the model, its signature and
 the optimizer, so the shards take the attacker's INIT and pushes as a worker's.
 """
 
+from collections.abc import Callable
+
 import torch
 from blobs import Blobs, accuracy, loss, make_model
+from torch import nn
 
 import dynabatch as db
 
 NOISE_STD = 30.0  # per value; the model's ~700 parameters give a norm of about 800, the honest one about 1-2
 
 
-def _task(lossfn) -> db.Task:
+def _task(lossfn: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]) -> db.Task:
     return db.Task(
         model=make_model,
         train_data=lambda: Blobs(3000, seed=1),
@@ -27,10 +30,10 @@ def _task(lossfn) -> db.Task:
     )
 
 
-def _noise(model, batch):
+def _noise(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """A loss whose gradient is noise: the honest loss' value with each parameter's gradient replaced."""
     honest = loss(model, batch)
-    lie = sum((p * torch.randn_like(p) * NOISE_STD).sum() for p in model.parameters())
+    lie = sum(((p * torch.randn_like(p) * NOISE_STD).sum() for p in model.parameters()), torch.zeros(()))
     return honest.detach() + lie - lie.detach()
 
 

@@ -23,7 +23,7 @@ def _idx(name: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=4 + 4 * raw[3]).reshape(dims)
 
 
-class Subset(torch.utils.data.Dataset):
+class Subset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """The first `n` images of a split, as flat float vectors in [0, 1]."""
 
     def __init__(self, split: str, n: int) -> None:
@@ -41,7 +41,7 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(784, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def top2(model: nn.Module, batch) -> dict:
+def top2(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, tuple[float, float]]:
     x, y = batch
     hits = (model(x).topk(2, dim=-1).indices == y[:, None]).any(dim=-1)
     return {"top2": (float(hits.sum()), float(len(y)))}

@@ -20,7 +20,7 @@ SPIKE, SPIKE_AT, SPIKE_STEPS = 1e6, 40, 3
 _passes = itertools.count()
 
 
-def loss(model: nn.Module, batch: dict) -> torch.Tensor:
+def loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     value = nn.functional.cross_entropy(model(batch["features"]), batch["label"])
     if model.training and SPIKE_AT <= next(_passes) < SPIKE_AT + SPIKE_STEPS:
         return value * SPIKE

@@ -10,6 +10,7 @@ import threading
 from dataclasses import replace
 
 import blobs
+import torch
 
 HANG_AFTER = 1.5  # passes over the set: the first evaluation is whole, the second hangs midway
 
@@ -19,7 +20,7 @@ class HangsOnSecondPass(blobs.Blobs):
         super().__init__(1000, seed=2)
         self.reads = 0
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         self.reads += 1
         if self.reads > HANG_AFTER * len(self):
             threading.Event().wait()  # for ever
