@@ -31,7 +31,7 @@ MIXED = {
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
-def test_the_protocol_is_the_predictors_choice_on_the_file_at_the_jobs_batch(path):
+def test_the_protocol_is_the_predictors_choice_on_the_file_at_the_jobs_batch(path: Path) -> None:
     job = JobConfig(protocol="auto", cluster_profile=str(path), global_batch=512, batch_policy="fixed")
     chosen, why = resolved(job)
     cluster = replace(cluster_of(read_cluster(path), 512, job.chunk_bytes), global_batch=512)
@@ -41,7 +41,7 @@ def test_the_protocol_is_the_predictors_choice_on_the_file_at_the_jobs_batch(pat
     assert resolved(chosen) == (chosen, ""), "a given protocol is left alone"
 
 
-def test_auto_needs_a_readable_cluster_file_and_is_never_sent_unresolved(tmp_path):
+def test_auto_needs_a_readable_cluster_file_and_is_never_sent_unresolved(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--protocol auto: give --cluster-profile FILE.json"):
         JobConfig(protocol="auto").validate()
     bad = tmp_path / "bad.json"
@@ -55,7 +55,7 @@ def test_auto_needs_a_readable_cluster_file_and_is_never_sent_unresolved(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_real_run_trains_with_the_protocol_auto_chose(tmp_path):
+def test_a_real_run_trains_with_the_protocol_auto_chose(tmp_path: Path) -> None:
     profile = tmp_path / "cluster.json"
     profile.write_text(json.dumps(MIXED))
     run, printed = run_job(

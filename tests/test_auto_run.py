@@ -4,6 +4,8 @@ why, and the split follows it (fixed while the workers are measured, then the ch
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +16,7 @@ pytestmark = pytest.mark.slow
 B = 96
 
 
-def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(tmp_path):
+def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(tmp_path: Path) -> None:
     """ssgd, two workers at full speed and one four times slower with 100 ms more per step (a device with a fixed
     cost, `--slowdowns F:A`; slow beyond what contention on a loaded machine does to the others' steps): a round
     waits for its slowest worker, so the predictor says equal step times (LB-BSP)
@@ -50,7 +52,7 @@ def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(t
     assert "batch policy auto runs dynamic: ssgd + dynamic: predicted fastest to target" in printed, printed
     timeline = json.loads((run / "timeline.json").read_text())
 
-    def batches(status: dict) -> dict[str, int]:
+    def batches(status: dict[str, Any]) -> dict[str, int]:
         return {w["name"]: w["batch"] for w in status["workers"].values()}
 
     measuring = [s for s in timeline if s["auto_policy"] == "fixed" and len(s["workers"]) == 3]
