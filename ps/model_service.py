@@ -15,6 +15,7 @@ buffers, is counted and exported, and lets the parked pulls have what is now due
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -141,6 +142,14 @@ class ModelService:
         self.model.follow_job(assignment.progress, assignment.lr_factor)
         self.after_update(self.model.set_membership(live, assignment.allocated, set(assignment.idle_workers)))
         self.serve_parked()
+
+    def roll_back(self, assignment: Assignment) -> None:
+        """The scheduler's rollback `assignment.rollbacks`: the last good checkpoint restored (good_checkpoint.py)
+        steps with the job's factor after it; pulls parked for the versions gone are answered with what is held."""
+        self.model.follow_job(assignment.progress, assignment.lr_factor)
+        if self.kept.roll_back(assignment.rollbacks, self.held):
+            self.export_version()
+            self.expire_parked(math.inf)
 
     def _rank(self, ranks: dict[str, int]) -> None:
         """Serve workers in the scheduler's order from now on, and export it (a worker no longer ranked goes)."""

@@ -12,13 +12,13 @@ worker's name only from the connection that first spoke for it (senders.py);
 pulls and pushes on the model, model_service.py (whether a PUSH is taken: the
 checks of push_admission.py, in the order its `STEPS` declare; pulls that wait for
 their chunks: parked_pulls.py); what a peer may cost, peer_limits.py and outbox.py;
-checkpoints, the model's health and rollbacks, good_checkpoint.py and model_health.py.
+checkpoints, the model's health and rollbacks, good_checkpoint.py and model_health.py; what the
+shard reports to the scheduler, shard_report.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import socket
 import time
@@ -31,10 +31,9 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.key_roles import check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.member_ids import member_id
-from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Pull, Push, Welcome
+from dynabatch.common.messages import Assignment, Init, InitAck, Pull, Push, Welcome
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
@@ -50,6 +49,7 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.ps.served_job import ServedJob
+from dynabatch.ps.shard_report import shard_heartbeat, shard_hello
 
 log = logging.getLogger("dynabatch.ps")
 MAX_BATCH_PER_POLL = 64
@@ -163,14 +163,7 @@ class ShardServer:
     def _register(self, shard_index: int) -> Welcome | None:
         """Join the job (the scheduler may start after us, or restart)."""
         self.membership = 0  # a restarted scheduler numbers its worker sets afresh
-        hello = Hello(
-            role="ps",
-            host=socket.gethostname(),
-            metrics_url=self.metrics_server.url(),
-            endpoint=self.advertise,
-            shard_index=shard_index,
-            name=self.name,
-        )
+        hello = shard_hello(shard_index, self.name, self.advertise, self.metrics_server.url())
         try:
             return self.link.register(hello, lambda: self.stopping, self.health.tick)
         except RemoteError as exc:
@@ -261,27 +254,9 @@ class ShardServer:
 
         The answer to an earlier heartbeat may be taken here rather than by the loop's poll.
         """
-        held, kept = self.held, self.checkpoints
-        version = held.state.version if held is not None else 0
-        quarantined = sorted(self.served_job.bounds.quarantined & self.senders.live)  # the scheduler drops them
         self.beat_due = False
-        self._on_assignment(
-            self.link.heartbeat(
-                Heartbeat(
-                    batches=self.served_job.assigned.told,
-                    version=version,
-                    updates=version,
-                    samples=held.state.samples_seen if held is not None else 0,
-                    membership=self.membership,
-                    train_size=held.setup.signature.train_size if held is not None else 0,
-                    discarded=held.state.discarded if held is not None else 0,
-                    quarantined=quarantined,
-                    model_problem=kept.health.problem,
-                    good_version=kept.good_version,
-                    rollbacks=kept.rollbacks,
-                )
-            )
-        )
+        report = shard_heartbeat(self.served_job, self.checkpoints, self.held, self.membership, self.senders.live)
+        self._on_assignment(self.link.heartbeat(report))
 
     def _on_assignment(self, body: Assignment | None) -> None:
         if self.link.lost:
@@ -290,18 +265,11 @@ class ShardServer:
             return
         if body is None:
             return
-        kept = self.checkpoints
         self.last_assignment = body
         self.membership = body.membership
-        kept.hold = body.hold_checkpoints
         serving = self.serving
-        if serving is None:
-            kept.rollbacks = max(kept.rollbacks, body.rollbacks)  # no model yet: nothing to go back from
-        elif body.rollbacks > kept.rollbacks:
-            serving.model.follow_job(body.progress, body.lr_factor)  # the factor the restored model steps with
-            if kept.roll_back(body.rollbacks, serving.held):
-                serving.export_version()
-                serving.expire_parked(math.inf)  # the versions they wait for are gone
+        if self.checkpoints.rollback_due(body, holds_model=serving is not None):
+            self.service.roll_back(body)
             # Report the drop in version before serving another push, so that the scheduler counts the updates
             # thrown away back into the job; the heartbeat's answer (the newest assignment) is handled in full.
             self._beat()
@@ -325,12 +293,7 @@ class ShardServer:
                 raise ProtocolError(
                     ErrorCode.WRONG_JOB, f"this shard serves job {self.served_job.name!r}, not {msg.job!r}", msg.seq
                 )
-            if isinstance(msg.body, Push):
-                check_key_role(incoming.key_role, ("worker",), msg.type)
-            elif isinstance(msg.body, (Init, Pull)):  # an evaluator checks its model (INIT) and reads it
-                check_key_role(incoming.key_role, ("worker", "evaluator"), msg.type)
-            if isinstance(msg.body, (Init, Pull, Push)):
-                self.senders.check(msg.sender, incoming.identity)
+            self.senders.check_message(msg, incoming.identity, incoming.key_role)
             if isinstance(msg.body, Init):
                 self._on_init(incoming)
             elif isinstance(msg.body, (Pull, Push)) and self.held is None:

@@ -8,7 +8,7 @@ of the job (job_end.py) and the wire's schedule (wire_schedule.py) each hold the
 `JobState` takes each decoded message and the clock, hands them to the parts in
 order, and answers; the server loop feeds it, tests drive it directly. Its
 `saved` and `resume` carry the parts over a restart of the scheduler
-(saved_progress.py).
+(job_restart.py; the file, saved_progress.py).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.allocator import Allocator
 from dynabatch.scheduler.evaluations import Evaluations
 from dynabatch.scheduler.job_end import JobEnd
-from dynabatch.scheduler.outage_clock import ClockReading, outage_s
+from dynabatch.scheduler.job_restart import resume_job, saved_job
+from dynabatch.scheduler.outage_clock import ClockReading
 from dynabatch.scheduler.progress import Progress
-from dynabatch.scheduler.progress_watch import evaluation_allowed_s, measured_eval_s, stalled
+from dynabatch.scheduler.progress_watch import measured_eval_s, stuck_workers, wedged_evaluators
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
 from dynabatch.scheduler.roster import Member, Roster, finite_or_none
@@ -109,53 +110,22 @@ class JobState:
     def expire(self, now: float) -> list[str]:
         """Drop members whose heartbeats stopped, workers holding a batch whose steps stopped and evaluators
         whose evaluations stopped (progress_watch.py); returns their ids."""
-        job, allocator = self.job, self.allocator
         dead = self.roster.silent(now)
         for m in dead:
             log.warning("%s stopped sending heartbeats; dropped", m.id)
             self._drop(m, now, "heartbeat timeout")
-        stuck = [
-            m
-            for m in self.roster.workers()
-            if allocator.training_started
-            and allocator.batch_of(m.id) > 0
-            and stalled(m.progress_since, now, m.last.step_s, job.liveness_timeout_s, job.join_timeout_s)
-        ]
-        for m in stuck:
-            log.warning(
-                "%s (%s) holds batch %d but finished no step for %.0f s (its steps take %.3f s): dropped "
-                "from rounds and from the end of the job; it may register again",
-                m.id,
-                m.name,
-                allocator.batch_of(m.id),
-                now - m.progress_since,
-                m.last.step_s,
-            )
+        started = self.allocator.training_started
+        stuck = stuck_workers(self.roster.workers(), self.allocator.batch_of, now, self.job) if started else []
+        for m, why in stuck:
+            log.warning("%s: dropped from rounds and from the end of the job; it may register again", why)
             self._drop(m, now, "no progress")
-        wedged = self._wedged_evaluators(now)
-        self._latch()
-        return [m.id for m in dead + stuck + wedged]
-
-    def _wedged_evaluators(self, now: float) -> list[Member]:
-        """Drop live evaluators that reported no evaluation for longer than their own evaluations allow: the
-        job's end never waits on one for ever (job_end.py says why it gave its final evaluation up)."""
-        job = self.job
-        wedged = []
-        for m in self.roster.evaluators():
-            allowed = evaluation_allowed_s(m.eval_s, job.eval_interval_s, job.liveness_timeout_s, job.join_timeout_s)
-            quiet = now - (m.progress_at or m.joined)
-            if quiet <= allowed:
-                continue
-            measured = f"its evaluations take {m.eval_s:.1f} s" if m.progress_at else "before its first evaluation"
-            why = (
-                f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.1f} s (allowed {allowed:.1f} s, "
-                f"{measured}) while its heartbeats went on"
-            )
+        wedged = wedged_evaluators(self.roster.evaluators(), now, self.job)
+        for m, why in wedged:
             log.warning("%s: dropped; the job's end does not wait for it", why)
             self.end.evaluator_dropped(why)
             self._drop(m, now, "no progress")
-            wedged.append(m)
-        return wedged
+        self._latch()
+        return [m.id for m in dead] + [m.id for m, _ in stuck + wedged]
 
     def _drop(self, member: Member, now: float, why: str) -> None:
         if member.role == "ps" and self.roster.shards.get(member.shard_index) is member:
@@ -446,59 +416,11 @@ class JobState:
     # -- restart ------------------------------------------------------------------------
 
     def saved(self, now: float, wall: ClockReading) -> SavedProgress:
-        """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is read_clock()."""
-        progress, allocator, evaluations = self.progress, self.allocator, self.evaluations
-        started = allocator.training_started_at
-        measured = {
-            m.instance: (m.id, m.standalone_sps)
-            for m in self.roster.members.values()
-            if m.instance and not m.left and m.id in allocator.speeds
-        }
-        return SavedProgress(
-            config=to_dict(self.job),
-            saved_at=wall.wall,
-            saved_boot_id=wall.boot_id,
-            saved_boot_s=wall.boot_s,
-            t=progress.t(now),
-            samples=progress.samples,
-            lost_samples=progress.lost_samples,
-            lost_versions=progress.lost_versions,
-            train_size=progress.train_size,
-            training_s=None if started is None else now - started,
-            assignment_id=allocator.assignment_id,
-            next_id=dict(self.roster.next_id),
-            local_steps=allocator.local_steps,
-            local_steps_reason=allocator.local_steps_reason,
-            loss=finite_or_none(progress.loss),
-            first_loss=allocator.first_loss,
-            eval=evaluations.eval,
-            eval_time=evaluations.eval_time,
-            eval_model_time=evaluations.eval_model_time,
-            final_eval=evaluations.final_eval,
-            budget_spent=self.end.budget_spent,
-            shard_marks=dict(progress.shard_marks),
-            speeds=allocator.saved_speeds(measured),
-            rollbacks=list(self.rollbacks.rollbacks),
-        )
+        """What a restarted scheduler needs to go on with this job (job_restart.py); `wall` is read_clock()."""
+        return saved_job(self, now, wall)
 
     def resume(self, saved: SavedProgress, now: float, wall: ClockReading) -> None:
-        """Go on from `saved`: its samples count as trained by workers that left, every process registers anew.
-
-        The job's clock goes on through the outage (from the save to `wall`, read_clock(): never negative, and
-        bounded where a wall clock that may have jumped is all there is; outage_clock.py): time to accuracy and
-        the time budget are what the user waited, restarts included. The saved samples are checked against the
-        shards' own counts once every shard has reported (progress.py).
-        """
-        down = (
-            0.0
-            if saved.saved_at is None
-            else outage_s(ClockReading(saved.saved_at, saved.saved_boot_id, saved.saved_boot_s), wall)
-        )
-        now -= down
-        self.progress.restore(saved, now)
-        self.allocator.restore(saved, None if saved.training_s is None else now - saved.training_s)
-        self.roster.next_id.update(saved.next_id)
-        self.evaluations.restore(saved)
-        self.rollbacks.restore(saved)
-        self.end.restore(saved)
+        """Go on from `saved` (job_restart.py): its samples count as trained by workers that left, every process
+        registers anew, and the job's clock goes on through the outage."""
+        resume_job(self, saved, now, wall)
         self._latch()
