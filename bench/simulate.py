@@ -55,7 +55,7 @@ from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_l
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.models import build_model
 from dynabatch.common.optimum import Device
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
@@ -332,7 +332,7 @@ class Cluster:
 
     # -- the scheduler and the shard --------------------------------------------------
 
-    def report(self, wid: str, hb: Heartbeat) -> Told:
+    def report(self, wid: str, hb: WorkerHeartbeat) -> Told:
         """A worker's heartbeat; the shard then reports the membership it applies (as its heartbeat would).
         Returns the scheduler's answer."""
         self.scheduler.heartbeat(wid, hb, self.now)
@@ -348,9 +348,9 @@ class Cluster:
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
         answer grows one (as server.py's: the scheduler hands a larger batch only once the shard reports it)."""
-        ps = self.scheduler.heartbeat(
+        ps = self.scheduler.shard_heartbeat(
             "ps0",
-            Heartbeat(
+            ShardHeartbeat(
                 membership=self.scheduler.roster.membership,
                 train_size=len(self.data.train_y),
                 batches=self.assigned.told,
@@ -412,7 +412,7 @@ class Worker:
         self.slowdown = Slowdown.parse(spec.slowdown)
         self.rng = random.Random(cluster.cfg.seed * 1000 + index)
         self.source: BatchSource | None = None  # the worker's own data order, once it has an id
-        self.hb = Heartbeat()
+        self.hb = WorkerHeartbeat()
         self.wid = ""
         self.told = Told()
         self.started = spec.join_s
@@ -531,7 +531,7 @@ class Worker:
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:
             yield c.now + probe_s
-        self.hb = Heartbeat(standalone_sps=standalone)
+        self.hb = WorkerHeartbeat(standalone_sps=standalone)
         self.told = c.report(self.wid, self.hb)
         if self.told.batch == 0:
             # The real worker repeats its heartbeat until the answer holds a batch (worker/trainer.py,

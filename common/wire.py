@@ -37,7 +37,11 @@ if typing.TYPE_CHECKING:
 from dynabatch.common.error_codes import ErrorCode, sent_code
 from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+SCHEMA_FINGERPRINT = "0"
+"""The digest of the message dataclasses' fields that PROTOCOL_VERSION speaks: a change of the wire's schema is a
+change of the protocol, and tests/test_wire_schema.py fails until the version is raised and the new digest
+recorded here."""
 MAX_CHUNKS = 1 << 16
 MAX_CHUNK_ELEMENTS = 1 << 30
 

@@ -23,7 +23,7 @@ import torch
 
 from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Assignment, Params, Pull, Push, PushAck
+from dynabatch.common.messages import ShardAssignment, Params, Pull, Push, PushAck
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
@@ -132,7 +132,7 @@ class ModelService:
         self.export_version()
         self.serve_parked()
 
-    def follow(self, assignment: Assignment) -> None:
+    def follow(self, assignment: ShardAssignment) -> None:
         """The scheduler's word on the job: its progress and step-size factor, the live workers (rounds that waited
         only on workers that left close now), and the travelling buffers sent to workers still there."""
         live = set(assignment.live_workers)
@@ -143,7 +143,7 @@ class ModelService:
         self.after_update(self.model.set_membership(live, assignment.allocated, set(assignment.idle_workers)))
         self.serve_parked()
 
-    def roll_back(self, assignment: Assignment) -> None:
+    def roll_back(self, assignment: ShardAssignment) -> None:
         """The scheduler's rollback `assignment.rollbacks`: the last good checkpoint restored (good_checkpoint.py)
         steps with the job's factor after it; pulls parked for the versions gone are answered with what is held."""
         self.model.follow_job(assignment.progress, assignment.lr_factor)

@@ -33,7 +33,7 @@ from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.member_ids import member_id
-from dynabatch.common.messages import Assignment, Init, InitAck, Pull, Push, Welcome
+from dynabatch.common.messages import Init, InitAck, Pull, Push, ShardAssignment, ShardHeartbeat, Welcome
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
@@ -96,8 +96,11 @@ class ShardServer:
         self.served: ServedJob | None = None  # the job, once the scheduler has welcomed this shard (served_job.py)
         self.kept: GoodCheckpoint | None = None  # checkpoints and rollbacks of the job's model (good_checkpoint.py)
         self.serving: ModelService | None = None  # once the first INIT or a checkpoint gave the model (held_model.py)
-        self.last_assignment: Assignment | None = None
-        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name, handshake_failures(self.registry))
+        self.last_assignment: ShardAssignment | None = None
+        failed = handshake_failures(self.registry)
+        self.link = SchedulerLink(
+            self.ctx, opts.scheduler, opts.job, self.name, ShardHeartbeat, ShardAssignment, failed
+        )
         torch.set_num_threads(opts.threads)
 
     @property
@@ -112,8 +115,10 @@ class ShardServer:
 
     @property
     def service(self) -> ModelService:
-        """Pulls and pushes on the model; only once the first INIT (or a checkpoint) has set it."""
-        return _present(self.serving, "this shard holds no model yet (no INIT, no checkpoint)")
+        """Pulls and pushes on the model; a PULL or PUSH before the first INIT (or a checkpoint) set it is refused."""
+        if self.serving is None:
+            raise ProtocolError(ErrorCode.NOT_INITIALIZED, "no worker has sent this shard its model yet (INIT)")
+        return self.serving
 
     @property
     def held(self) -> HeldModel | None:
@@ -258,7 +263,7 @@ class ShardServer:
         report = shard_heartbeat(self.served_job, self.checkpoints, self.held, self.membership, self.senders.live)
         self._on_assignment(self.link.heartbeat(report))
 
-    def _on_assignment(self, body: Assignment | None) -> None:
+    def _on_assignment(self, body: ShardAssignment | None) -> None:
         if self.link.lost:
             log.warning("scheduler no longer knows this shard (restarted?); registering again")
             self._register(self.served_job.index)
@@ -296,10 +301,6 @@ class ShardServer:
             self.senders.check_message(msg, incoming.identity, incoming.key_role)
             if isinstance(msg.body, Init):
                 self._on_init(incoming)
-            elif isinstance(msg.body, (Pull, Push)) and self.held is None:
-                raise ProtocolError(
-                    ErrorCode.NOT_INITIALIZED, "no worker has sent this shard its model yet (INIT)", msg.seq
-                )
             elif isinstance(msg.body, Pull):
                 self.service.pull(msg, incoming.identity)
             elif isinstance(msg.body, Push):

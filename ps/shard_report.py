@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import ShardHeartbeat, Hello
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.served_job import ServedJob
@@ -32,14 +32,12 @@ def shard_hello(shard_index: int, name: str, endpoint: str, metrics_url: str) ->
 
 def shard_heartbeat(
     served: ServedJob, kept: GoodCheckpoint, held: HeldModel | None, membership: int, live: set[str]
-) -> Heartbeat:
+) -> ShardHeartbeat:
     """The shard's report: `held` is its model (None: none yet), `membership` the number of the worker set it
     applied, `live` that set's workers (those of them it quarantined are reported for the scheduler to drop)."""
-    version = held.state.version if held is not None else 0
-    return Heartbeat(
+    return ShardHeartbeat(
         batches=served.assigned.told,
-        version=version,
-        updates=version,
+        version=held.state.version if held is not None else 0,
         samples=held.state.samples_seen if held is not None else 0,
         membership=membership,
         train_size=held.setup.signature.train_size if held is not None else 0,

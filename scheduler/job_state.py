@@ -22,13 +22,15 @@ from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
-    Assignment,
     EvalReport,
-    Heartbeat,
     Hello,
     JobStatus,
+    ShardAssignment,
+    ShardHeartbeat,
     ShardStatus,
     Welcome,
+    WorkerAssignment,
+    WorkerHeartbeat,
 )
 from dynabatch.common.protocols import ProtocolSpec, dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
@@ -154,10 +156,9 @@ class JobState:
 
     # -- heartbeats ------------------------------------------------------------------
 
-    def heartbeat(self, member_id: str, hb: Heartbeat, now: float, connection: bytes = b"") -> Assignment:
-        """Record a heartbeat and answer with the member's current assignment."""
-        member = self.roster.member(member_id, connection)
-        prev = member.last
+    def heartbeat(self, member_id: str, hb: WorkerHeartbeat, now: float, connection: bytes = b"") -> WorkerAssignment:
+        """Record a worker's or an evaluator's heartbeat and answer with its current assignment."""
+        member = self._reporting(member_id, connection, shard=False)
         self.end.check_budget(now, self.allocator.training_started_at)
         if member.role == "worker":
             # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
@@ -174,38 +175,56 @@ class JobState:
                 self.roster.admit_worker(member)
             self._worker_heartbeat(member, hb, now)
             self.rollbacks.worker_report(member.id, member.last, hb)
-        if member.role == "ps":
-            check_shard_heartbeat(hb, self.job.max_rollbacks, self.job.max_batch)
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
-        if member.role == "ps":
-            self.progress.shard_report(member.shard_index, hb)
-            self.version_times.observe(self.roster.model_version(), self.progress.t(now))
-            if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
-                self.allocator.tell(
-                    member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members}
-                )
-            self._quarantine(hb.quarantined, member.id, now)
-            self.rollbacks.shard_report(member.shard_index, prev, hb)
-            waiting = [
-                m.id
-                for m in self._ready_workers(known_to_shards=False).values()
-                if m.id not in self.allocator.allocation
-            ]
-            if waiting and self.roster.known_to_shards(self.roster.members[waiting[0]]):
-                self._reallocate(now, "joined", waiting[0], force=True)
-        if not self.end.failed:
-            self.end.fail(self.rollbacks.react(self.progress.t(now), self.progress.epoch))
-        self._latch()
+        self._judge_divergence(now)
         answer = self.assignment_for(member)
         if member.role == "worker":
             self.allocator.hand(member.id, answer.batch)
-        elif member.role == "ps":
-            self.allocator.answered(member.shard_index)
         return answer
 
-    def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:
+    def shard_heartbeat(self, member_id: str, hb: ShardHeartbeat, now: float, connection: bytes = b"") -> ShardAssignment:
+        """Record a shard's heartbeat and answer with what it must know of the job."""
+        member = self._reporting(member_id, connection, shard=True)
+        prev = member.shard_last
+        self.end.check_budget(now, self.allocator.training_started_at)
+        check_shard_heartbeat(hb, self.job.max_rollbacks, self.job.max_batch)
+        member.last_seen = now
+        member.heartbeats += 1
+        member.shard_last = hb
+        self.progress.shard_report(member.shard_index, hb)
+        self.version_times.observe(self.roster.model_version(), self.progress.t(now))
+        if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
+            self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})
+        self._quarantine(hb.quarantined, member.id, now)
+        self.rollbacks.shard_report(member.shard_index, prev, hb)
+        waiting = [
+            m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocator.allocation
+        ]
+        if waiting and self.roster.known_to_shards(self.roster.members[waiting[0]]):
+            self._reallocate(now, "joined", waiting[0], force=True)
+        self._judge_divergence(now)
+        answer = self.shard_assignment()
+        self.allocator.answered(member.shard_index)
+        return answer
+
+    def _reporting(self, member_id: str, connection: bytes, shard: bool) -> Member:
+        """The member a heartbeat names (from the connection that registered it: roster.py), if it reports with
+        its role's kind: a shard with SHARD_HEARTBEAT, a worker or evaluator with HEARTBEAT."""
+        member = self.roster.member(member_id, connection)
+        if (member.role == "ps") != shard:
+            kind = ShardHeartbeat.TYPE if member.role == "ps" else WorkerHeartbeat.TYPE
+            raise ProtocolError(ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; it reports with {kind}")
+        return member
+
+    def _judge_divergence(self, now: float) -> None:
+        """After a report: fail the job if its rollbacks are spent (rollbacks.py), and latch its end if it came."""
+        if not self.end.failed:
+            self.end.fail(self.rollbacks.react(self.progress.t(now), self.progress.epoch))
+        self._latch()
+
+    def _worker_heartbeat(self, member: Member, hb: WorkerHeartbeat, now: float) -> None:
         bad_counts = staleness.check(hb.staleness)
         if bad_counts:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.staleness: {bad_counts}")
@@ -286,33 +305,35 @@ class JobState:
         for wid in self.allocator.reallocate(now, self.progress.t(now), reason, subject, ready, force):
             self.roster.members[wid].batch_given_at = now
 
-    def assignment_for(self, member: Member) -> Assignment:
-        """What `member` should do now; a worker is allotted its share of the samples left to train."""
+    def shard_assignment(self) -> ShardAssignment:
+        """What every shard must know of the job now: its live workers and their push bounds, rollbacks, the stop."""
+        allocator, rollbacks, live = self.allocator, self.rollbacks, self.roster.live_workers
+        return ShardAssignment(
+            live_workers=live,
+            allocated=allocator.holding_batch,
+            idle_workers=allocator.idle_workers(),
+            membership=self.roster.membership,
+            stop=self.finished,
+            batches=allocator.push_bounds(live),
+            progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
+            rollbacks=rollbacks.rollback_number,
+            lr_factor=rollbacks.lr_factor,
+            hold_checkpoints=rollbacks.divergence.suspect,
+            serve_ranks=self.wire.ranks(live),
+        )
+
+    def assignment_for(self, member: Member) -> WorkerAssignment:
+        """What worker or evaluator `member` should do now; a worker is allotted its share of the samples left to
+        train."""
         allocator, rollbacks = self.allocator, self.rollbacks
-        if member.role == "ps":
-            live = self.roster.live_workers
-            return Assignment(
-                assignment_id=allocator.assignment_id,
-                live_workers=live,
-                allocated=allocator.holding_batch,
-                idle_workers=allocator.idle_workers(),
-                membership=self.roster.membership,
-                stop=self.finished,
-                batches=allocator.push_bounds(live),
-                progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
-                rollbacks=rollbacks.rollback_number,
-                lr_factor=rollbacks.lr_factor,
-                hold_checkpoints=rollbacks.divergence.suspect,
-                serve_ranks=self.wire.ranks(live),
-            )
         if member.role == "evaluator":
-            return Assignment(
+            return WorkerAssignment(
                 assignment_id=allocator.assignment_id, stop=self.stopping and not self.roster.live_workers
             )
         self._allot(member)
         batch, plan = allocator.batch_of(member.id), self.wire.plan_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, allocator.holding_batch, self.job.dbs_weight)
-        return Assignment(
+        return WorkerAssignment(
             assignment_id=allocator.assignment_id,
             batch=batch,
             lr_scale=scale * rollbacks.lr_factor,

@@ -17,7 +17,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.member_ids import member_id
 from dynabatch.common.member_name import name_problem
-from dynabatch.common.messages import Heartbeat, Hello, WorkerStatus
+from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat, WorkerStatus
 from dynabatch.common.slowdown import MAX_SLOWDOWN_CHARS, Slowdown
 from dynabatch.common.wire import ProtocolError
 
@@ -49,7 +49,8 @@ class Member:
     standalone_sps: float = 0.0
     steps: int = 0
     samples: int = 0
-    last: Heartbeat = field(default_factory=Heartbeat)
+    last: WorkerHeartbeat = field(default_factory=WorkerHeartbeat)  # a worker's or evaluator's last report
+    shard_last: ShardHeartbeat = field(default_factory=ShardHeartbeat)  # a shard's last report
     step_s_total: float = 0.0
     data_s_total: float = 0.0
     observed_steps: int = 0
@@ -69,7 +70,7 @@ class Member:
         """When its progress is judged from: its last new step, or the batch it was given after holding none."""
         return max(self.progress_at, self.batch_given_at)
 
-    def count_steps(self, hb: Heartbeat, new_steps: int) -> None:
+    def count_steps(self, hb: WorkerHeartbeat, new_steps: int) -> None:
         """Add `new_steps` steps of the length `hb` reports to the member's totals (STATUS shows their means)."""
         self.step_s_total += hb.step_s * new_steps
         self.data_s_total += hb.data_s * new_steps
@@ -103,7 +104,6 @@ class Member:
             compute_s_total=self.compute_s_total,
             observed_samples=self.observed_samples,
             version=hb.version,
-            updates=hb.updates,
             endpoint=self.endpoint,
             data_s_total=self.data_s_total,
             max_batch=self.max_batch,
@@ -320,12 +320,12 @@ class Roster:
 
     def known_to_shards(self, worker: Member) -> bool:
         """Has every shard applied a live worker set that holds `worker`?"""
-        return all(shard.last.membership >= worker.admitted_in for shard in self.shards.values())
+        return all(shard.shard_last.membership >= worker.admitted_in for shard in self.shards.values())
 
     def newest_shard_version(self) -> int:
         """The newest model version any registered shard reported (0 before any did)."""
-        return max((m.last.version for m in self.shards.values()), default=0)
+        return max((m.shard_last.version for m in self.shards.values()), default=0)
 
     def model_version(self) -> int:
         """The model's version as a pull sees it: the least advanced registered shard's (0 before any reported)."""
-        return min((m.last.version for m in self.shards.values()), default=0)
+        return min((m.shard_last.version for m in self.shards.values()), default=0)

@@ -22,16 +22,18 @@ from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.messages import (
-    Assignment,
     Bye,
     ByeAck,
     DecisionLatency,
     EvalReport,
-    Heartbeat,
     Hello,
+    ShardAssignment,
+    ShardHeartbeat,
     StatusReply,
     StatusRequest,
     Welcome,
+    WorkerAssignment,
+    WorkerHeartbeat,
 )
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
@@ -298,7 +300,7 @@ class SchedulerServer:
         if msg is None:  # recv_routed gives a message or why there is none, never neither
             raise RuntimeError("an incoming message with neither a message nor an error")
         now = time.monotonic()
-        reply: Welcome | Assignment | ByeAck | StatusReply
+        reply: Welcome | WorkerAssignment | ShardAssignment | ByeAck | StatusReply
         try:
             if msg.job != self.job.job:
                 raise ProtocolError(ErrorCode.WRONG_JOB, f"this scheduler runs job {self.job.job!r}, not {msg.job!r}")
@@ -312,9 +314,12 @@ class SchedulerServer:
                     body, now, incoming.identity, lambda: self.hello_rate.spend(incoming.peer, now)
                 )
                 log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
-            elif isinstance(body, Heartbeat):
+            elif isinstance(body, (WorkerHeartbeat, ShardHeartbeat)):
                 start = time.perf_counter()
-                reply = self.state.heartbeat(msg.sender, body, now, incoming.identity)
+                if isinstance(body, ShardHeartbeat):
+                    reply = self.state.shard_heartbeat(msg.sender, body, now, incoming.identity)
+                else:
+                    reply = self.state.heartbeat(msg.sender, body, now, incoming.identity)
                 took = time.perf_counter() - start
                 self.m.decide.observe(took)
                 self.decision_times.append(took)
@@ -435,7 +440,7 @@ class SchedulerServer:
         the shards' model and refuses evaluations of versions its fresh count cannot explain.
         """
         s = self.state
-        reported = [m.last.version for m in s.roster.shards.values() if m.heartbeats]
+        reported = [m.shard_last.version for m in s.roster.shards.values() if m.heartbeats]
         if self._start_checked or not reported:
             return
         self._start_checked = True

@@ -7,7 +7,7 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck, Welcome
+from dynabatch.common.messages import Error, WorkerHeartbeat, Pull, Push, PushAck, Welcome
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
 from harness import Cluster, Proc, free_port, metric_value, wait_for
@@ -185,7 +185,7 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster)
     assert status_after.samples == status_before.samples
     text = c.sched_proc.metrics()
     assert metric_value(text, "dynabatch_bad_messages_total", role="scheduler", reason="malformed") >= 2
-    reply = c.worker_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=5)
+    reply = c.worker_conn.request(WorkerHeartbeat(standalone_sps=1000.0), timeout_s=5)
     assert reply.body.batch > 0
 
 

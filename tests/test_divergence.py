@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import EvalReport, Hello, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
@@ -18,13 +18,13 @@ from dynabatch.scheduler.stall import STALL_STEPS, StallWatch, stall_limit_s
 STEP_S = 0.01
 
 
-def _hb(prev: Heartbeat, steps: int = 0, skipped: int = 0, loss: float = 1.0) -> Heartbeat:
-    return Heartbeat(steps=prev.steps + steps, skipped=prev.skipped + skipped, loss=loss)
+def _hb(prev: WorkerHeartbeat, steps: int = 0, skipped: int = 0, loss: float = 1.0) -> WorkerHeartbeat:
+    return WorkerHeartbeat(steps=prev.steps + steps, skipped=prev.skipped + skipped, loss=loss)
 
 
 def _feed(watch: DivergenceWatch, reports: list[tuple[int, int, float]], settled: bool = True) -> None:
     """Worker w0 reports (new steps, new skipped steps, loss) in turn."""
-    prev = Heartbeat()
+    prev = WorkerHeartbeat()
     for steps, skipped, loss in reports:
         hb = _hb(prev, steps, skipped, loss)
         watch.worker("w0", prev, hb, settled)
@@ -62,7 +62,7 @@ def test_one_worker_alone_cannot_roll_the_job_back_nor_hold_its_checkpoints():
     """A diverged model fails every worker; one worker's skips (a bad machine, a lying peer) are not enough, nor
     can its tiny losses pull the job's level down under the honest workers' losses."""
     watch = DivergenceWatch()
-    prev = {w: Heartbeat() for w in ("w0", "w1", "w2")}
+    prev = {w: WorkerHeartbeat() for w in ("w0", "w1", "w2")}
 
     def report(wid: str, steps: int, skipped: int, loss: float) -> None:
         hb = _hb(prev[wid], steps, skipped, loss)
@@ -89,9 +89,9 @@ def test_reports_on_a_model_being_thrown_away_count_for_nothing():
     watch = DivergenceWatch()
     _feed(watch, [(1, 0, 2.0)] + [(0, 1, math.nan)] * 10, settled=False)
     assert watch.cause == ""
-    watch.shard(0, Heartbeat(model_problem="parameters not finite"), settled=False)
+    watch.shard(0, ShardHeartbeat(model_problem="parameters not finite"), settled=False)
     assert watch.cause == ""
-    watch.shard(0, Heartbeat(model_problem="parameters not finite"), settled=True)
+    watch.shard(0, ShardHeartbeat(model_problem="parameters not finite"), settled=True)
     assert watch.cause == "ps0: parameters not finite"
     watch.rolled_back()
     assert watch.cause == "" and not watch.suspect
@@ -104,11 +104,11 @@ def _job(**kw) -> JobState:
     state = JobState(cfg, num_shards=1, train_size=100_000, now=0.0)
     ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.0).id
     wid = state.hello(Hello(role="worker", instance="w"), 0.0).id
-    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)
-    state.heartbeat(ps, Heartbeat(membership=state.roster.membership), 0.0)
+    state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), 0.0)
+    state.shard_heartbeat(ps, ShardHeartbeat(membership=state.roster.membership), 0.0)
     state.heartbeat(
         ps,
-        Heartbeat(
+        WorkerHeartbeat(
             membership=state.roster.membership,  # it applied w0's bound: w0 holds its batch
             batches=state.assignment_for(state.roster.members[ps]).batches,
         ),
@@ -125,7 +125,7 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
     acted = state.assignment_for(m).rollbacks if rollbacks is None else rollbacks
     state.heartbeat(
         "w0",
-        Heartbeat(
+        WorkerHeartbeat(
             steps=m.steps + new,
             samples=m.samples + batch * new,
             batch=batch,
@@ -145,7 +145,7 @@ def _shard(state: JobState, now: float, version: int, good: int, problem: str = 
     applied = state.assignment_for(state.roster.members["ps0"]).batches
     return state.heartbeat(
         "ps0",
-        Heartbeat(
+        WorkerHeartbeat(
             version=version,
             samples=version * 96,
             membership=state.roster.membership,
@@ -221,7 +221,7 @@ def test_shards_keep_their_last_checkpoint_while_the_workers_skip_steps():
 
 def test_a_shard_reporting_impossible_divergence_fields_is_refused():
     state = _job(max_rollbacks=2)
-    for bad in (Heartbeat(rollbacks=3), Heartbeat(good_version=-2), Heartbeat(model_problem="x" * 1000)):
+    for bad in (ShardHeartbeat(rollbacks=3), ShardHeartbeat(good_version=-2), ShardHeartbeat(model_problem="x" * 1000)):
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat("ps0", bad, 0.1)
     assert state.rollbacks.rollback_number == 0
@@ -231,7 +231,7 @@ def test_a_worker_whose_skipped_count_goes_backwards_is_refused():
     state = _job()
     _step(state, 0.1, loss=math.nan, skipped=2)
     with pytest.raises(ProtocolError, match="skipped went backwards"):
-        state.heartbeat("w0", Heartbeat(standalone_sps=1000.0, skipped=1), 0.2)
+        state.heartbeat("w0", WorkerHeartbeat(standalone_sps=1000.0, skipped=1), 0.2)
 
 
 def test_rollbacks_and_the_smaller_step_survive_a_scheduler_restart(tmp_path):

@@ -10,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from dynabatch.common.messages import Assignment, Error, Heartbeat, Hello
+from dynabatch.common.messages import WorkerAssignment, Error, WorkerHeartbeat, Hello
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
@@ -22,8 +22,8 @@ from scheduler_socket import SchedulerSocket
 def keeper():
     ctx = zmq.Context.instance()
     scheduler = SchedulerSocket(ctx)
-    scheduler.answer = Assignment(assignment_id=1)
-    link = SchedulerLink(ctx, scheduler.endpoint, "j", "test")
+    scheduler.answer = WorkerAssignment(assignment_id=1)
+    link = SchedulerLink(ctx, scheduler.endpoint, "j", "test", WorkerHeartbeat, WorkerAssignment)
     ticks: list[float] = []
     assert link.register(Hello(role="worker"), lambda: False, lambda: None) is not None
     try:
@@ -42,7 +42,7 @@ def _answered(keeper: HeartbeatKeeper, scheduler: SchedulerSocket, beats: int) -
 def test_it_repeats_the_last_heartbeat_and_is_due_again_an_interval_later(keeper):
     beat, scheduler, ticks = keeper
     beat.interval_s = 60.0
-    report = Heartbeat(steps=2, samples=64, batch=32)
+    report = WorkerHeartbeat(steps=2, samples=64, batch=32)
     beat.send(report)
     beat.when_due()  # sent just now: nothing
     beat.repeat()
@@ -53,8 +53,8 @@ def test_it_repeats_the_last_heartbeat_and_is_due_again_an_interval_later(keeper
 
 def test_a_rollback_ends_a_wait_only_once_the_process_trains(keeper):
     beat, scheduler, _ = keeper
-    scheduler.answer = Assignment(assignment_id=1, rollbacks=1)
-    beat.send(Heartbeat())
+    scheduler.answer = WorkerAssignment(assignment_id=1, rollbacks=1)
+    beat.send(WorkerHeartbeat())
     _answered(beat, scheduler, 1)
     beat.repeat()  # an evaluator (rollbacks None) hears nothing of rollbacks
     beat.rollbacks = 1
@@ -68,7 +68,7 @@ def test_a_rollback_ends_a_wait_only_once_the_process_trains(keeper):
 def test_a_dropped_process_ends_its_wait_at_the_next_heartbeat_that_is_due(keeper):
     beat, scheduler, _ = keeper
     scheduler.answer = Error("unknown_sender", "who are you")
-    beat.send(Heartbeat())
+    beat.send(WorkerHeartbeat())
     _answered(beat, scheduler, 1)
     beat.next_at = 0.0
     with pytest.raises(RemoteError) as ended:
@@ -78,7 +78,7 @@ def test_a_dropped_process_ends_its_wait_at_the_next_heartbeat_that_is_due(keepe
 
 def test_a_process_told_to_stop_ends_its_wait_without_another_heartbeat(keeper):
     beat, scheduler, ticks = keeper
-    beat.send(Heartbeat())
+    beat.send(WorkerHeartbeat())
     _answered(beat, scheduler, 1)
     beat.stopping = lambda: True
     with pytest.raises(Stopping):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Welcome
+from dynabatch.common.messages import Bye, EvalReport, WorkerHeartbeat, Hello, Welcome
 from dynabatch.common.transport import Connection, RemoteError
 from harness import Cluster, metric_value
 
@@ -84,7 +84,7 @@ def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is
     _refused(
         job,
         job.welcome.id,
-        Heartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
+        WorkerHeartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
         "bad_sender",
     )
     _refused(job, job.welcome.id, Bye(), "bad_sender")
@@ -95,9 +95,9 @@ def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job):
     victim = job.victim
     epoch = job.status().epoch
     for hb, field in (
-        (Heartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
-        (Heartbeat(standalone_sps=5e-324), "standalone_sps"),
-        (Heartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s"),
+        (WorkerHeartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
+        (WorkerHeartbeat(standalone_sps=5e-324), "standalone_sps"),
+        (WorkerHeartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s"),
     ):
         with pytest.raises(RemoteError, match=f"HEARTBEAT.{field}") as refused:
             victim.request(hb, timeout_s=10)
@@ -153,7 +153,7 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
             assert exc.code == "full", exc
             full += 1
     assert len(ghosts) <= MAX_WORKERS and full >= 2 * MAX_WORKERS
-    assignment = job.victim.request(Heartbeat(standalone_sps=1000.0), timeout_s=10).body
+    assignment = job.victim.request(WorkerHeartbeat(standalone_sps=1000.0), timeout_s=10).body
     assert assignment.lr_scale == 1.0, "n counts the workers holding a batch, never the ghosts"
     shard = job.procs[1]
     assert metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, (

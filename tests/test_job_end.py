@@ -4,7 +4,7 @@ the budget, a stall, and the final evaluation."""
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -21,7 +21,7 @@ def _end(num_shards: int = 2, **kw) -> tuple[JobEnd, dict[int, Member]]:
 def _beat(shards: dict[int, Member], version: int = 0) -> None:
     for shard in shards.values():
         shard.heartbeats += 1
-        shard.last = Heartbeat(version=version)
+        shard.shard_last = ShardHeartbeat(version=version)
 
 
 def _after_beats(
@@ -76,7 +76,7 @@ def test_a_spent_budget_or_a_failure_stops_the_job():
 
 def test_a_job_that_trains_nothing_for_longer_than_its_workers_steps_allow_fails():
     end, _ = _end(join_timeout_s=5.0)
-    worker = Member("w0", "worker", "w0", "", "", 0.0, 0.0, last=Heartbeat(step_s=0.01, skipped=4))
+    worker = Member("w0", "worker", "w0", "", "", 0.0, 0.0, last=WorkerHeartbeat(step_s=0.01, skipped=4))
     end.check_stall(0.0, 100, [worker], training_started=True)
     end.check_stall(4.9, 100, [worker], training_started=True)
     assert not end.failed

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import EvalReport, Hello, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
@@ -34,12 +34,12 @@ def _shards_apply(state: JobState, now: float) -> None:
     """Every shard heartbeats having applied its current assignment: the live worker set and the push bounds."""
     for shard in list(state.roster.shards.values()):
         answer = state.assignment_for(shard)
-        state.heartbeat(shard.id, Heartbeat(membership=answer.membership, batches=answer.batches), now)
+        state.shard_heartbeat(shard.id, ShardHeartbeat(membership=answer.membership, batches=answer.batches), now)
 
 
 def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> str:
     wid = state.hello(Hello(role="worker", max_batch=max_batch), now).id
-    state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)  # its first report makes it live
+    state.heartbeat(wid, WorkerHeartbeat(standalone_sps=sps), now)  # its first report makes it live
     _shards_apply(state, now)  # once every shard holds it, it gets its share,
     _shards_apply(state, now)  # which it holds once every shard reports the bound that lets it push that share
     return wid
@@ -48,7 +48,7 @@ def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> 
 def _step(state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0, compute_s: float | None = None):
     # a dropped worker reports its last step's batch; a step is all compute unless told otherwise
     m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 1)
-    hb = Heartbeat(
+    hb = WorkerHeartbeat(
         steps=m.steps + 1,
         samples=m.samples + batch,
         batch=batch,
@@ -79,27 +79,27 @@ def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it():
     ps0 = state.hello(Hello(role="ps", endpoint="tcp://a:1"), 0.0).id
     ps1 = state.hello(Hello(role="ps", endpoint="tcp://b:1"), 0.0).id
     a = state.hello(Hello(role="worker"), 0.0).id
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.1)
+    state.heartbeat(a, WorkerHeartbeat(standalone_sps=1000.0), 0.1)
     assert state.allocator.allocation == {} and state.assignment_for(state.roster.members[a]).batch == 0
-    told = state.heartbeat(ps0, Heartbeat(), 0.2)
+    told = state.heartbeat(ps0, WorkerHeartbeat(), 0.2)
     assert told.live_workers == [a] and told.membership == state.roster.membership
-    state.heartbeat(ps0, Heartbeat(membership=told.membership), 0.3)
+    state.shard_heartbeat(ps0, ShardHeartbeat(membership=told.membership), 0.3)
     assert state.allocator.allocation == {}, "shard 1 has not applied it yet"
-    state.heartbeat(ps1, Heartbeat(membership=told.membership), 0.4)
+    state.shard_heartbeat(ps1, ShardHeartbeat(membership=told.membership), 0.4)
     assert state.allocator.allocation == {a: 96}, "the shard's heartbeat hands out the batch"
     assert state.allocator.decisions[-1].reason == "joined" and state.allocator.decisions[-1].subject == a
 
     b = state.hello(Hello(role="worker"), 0.5).id
-    state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.6)
+    state.heartbeat(b, WorkerHeartbeat(standalone_sps=1000.0), 0.6)
     assert state.allocator.allocation == {a: 96}, "the running worker keeps its batch while b waits"
     with pytest.raises(ProtocolError, match="slot_taken"):
         state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.65)
     state.bye(ps1, 0.66)  # the old shard is gone: its slot is free for the restarted one
     restarted = state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.7).id
-    state.heartbeat(restarted, Heartbeat(), 0.8)
-    state.heartbeat(ps0, Heartbeat(membership=state.roster.membership), 0.9)
+    state.heartbeat(restarted, WorkerHeartbeat(), 0.8)
+    state.shard_heartbeat(ps0, ShardHeartbeat(membership=state.roster.membership), 0.9)
     assert state.allocator.allocation == {a: 96}, "a restarted shard that has applied nothing yet holds back only b"
-    state.heartbeat(restarted, Heartbeat(membership=state.roster.membership), 1.0)
+    state.shard_heartbeat(restarted, ShardHeartbeat(membership=state.roster.membership), 1.0)
     assert set(state.allocator.allocation) == {a, b} and sum(state.allocator.allocation.values()) == 96
 
 
@@ -110,7 +110,7 @@ def test_a_repeated_hello_of_one_process_registers_it_once():
     again = state.hello(Hello(role="worker", name="a", instance="abc"), 0.1)
     assert again.id == first.id and [m.id for m in state.roster.members.values() if m.role == "worker"] == [first.id]
     assert state.roster.live_workers == [], "registered but silent: not counted in n"
-    state.heartbeat(first.id, Heartbeat(standalone_sps=100.0), 0.15)
+    state.heartbeat(first.id, WorkerHeartbeat(standalone_sps=100.0), 0.15)
     assert state.roster.live_workers == [first.id]
     membership = state.roster.membership
     other = state.hello(Hello(role="worker", name="b", instance="xyz"), 0.2)
@@ -173,12 +173,12 @@ def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_aliv
     loading = state.hello(Hello(role="worker"), 0.0).id
     membership = state.roster.membership
     for t in range(1, 31):
-        state.heartbeat(loading, Heartbeat(), float(t))
+        state.heartbeat(loading, WorkerHeartbeat(), float(t))
         expired = state.expire(float(t))
         assert expired == ([] if t < 3 else [ghost, silent_evaluator] if t == 3 else []), (t, expired)
         assert state.roster.live_workers == [] and state.roster.membership == membership
         assert state.allocator.allocation == {}
-    state.heartbeat(loading, Heartbeat(standalone_sps=100.0), 31.0)
+    state.heartbeat(loading, WorkerHeartbeat(standalone_sps=100.0), 31.0)
     assert state.roster.live_workers == [loading], "ready: it is counted in n"
     assert state.roster.membership == membership + 1
     assert loading not in state.expire(32.9) and loading in state.expire(33.1)
@@ -279,7 +279,7 @@ def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number():
     for t in range(1, 11):
         _step(state, wid, 0.05, t)
     for t in (11.0, 11.1, 11.2):
-        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), t)
+        state.shard_heartbeat(state.roster.shards[0].id, ShardHeartbeat(version=11, membership=state.roster.membership), t)
     assert state.progress.samples == 960 and not state.stopping
     last = state.assignment_for(state.roster.members[wid])
     assert last.batch == 40 and last.allotted == 1000, "its last batch is what is left"
@@ -288,7 +288,7 @@ def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number():
     assert state.progress.samples == 1000 and state.assignment_for(m).batch == 0
     assert state.assignment_for(state.roster.shards[0]).idle_workers == [wid], "no round waits for it"
     for beat in (12.1, 12.2):
-        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=12, membership=state.roster.membership), beat)
+        state.shard_heartbeat(state.roster.shards[0].id, ShardHeartbeat(version=12, membership=state.roster.membership), beat)
     assert state.stopping
     state.bye(wid, 12.5)
     assert state.finished
@@ -300,9 +300,9 @@ def test_backwards_or_non_finite_heartbeats_change_nothing():
     _step(state, a, 0.05, 1.0)
     before = (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen)
     for hb in (
-        Heartbeat(steps=0, samples=0),
-        Heartbeat(steps=5, samples=500, step_s=float("inf")),
-        Heartbeat(steps=5, samples=500, standalone_sps=-1.0),
+        WorkerHeartbeat(steps=0, samples=0),
+        WorkerHeartbeat(steps=5, samples=500, step_s=float("inf")),
+        WorkerHeartbeat(steps=5, samples=500, standalone_sps=-1.0),
     ):
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat(a, hb, 2.0)
@@ -311,7 +311,7 @@ def test_backwards_or_non_finite_heartbeats_change_nothing():
 
 def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
     state = _job(epochs=100.0, time_budget_s=5.0)
-    state.heartbeat(state.hello(Hello(role="worker"), 0.0).id, Heartbeat(), 0.0)
+    state.heartbeat(state.hello(Hello(role="worker"), 0.0).id, WorkerHeartbeat(), 0.0)
     assert not state.stopping  # no batches handed out yet: the clock has not started
     wid = _join(state, 1000.0, now=2.0)
     assert state.status(2.0).training_t == 0.0
@@ -326,11 +326,11 @@ def test_the_time_budget_stops_the_job_counted_from_the_first_batches():
 def test_staleness_counts_sum_over_workers_including_departed_ones():
     state = _job()
     a, b = _join(state, 1000.0), _join(state, 1000.0)
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=4, staleness=[3, 1]), 0.1)
-    state.heartbeat(b, Heartbeat(standalone_sps=1000.0, steps=7, staleness=[0, 2, 5]), 0.1)
+    state.heartbeat(a, WorkerHeartbeat(standalone_sps=1000.0, steps=4, staleness=[3, 1]), 0.1)
+    state.heartbeat(b, WorkerHeartbeat(standalone_sps=1000.0, steps=7, staleness=[0, 2, 5]), 0.1)
     assert state.status(0.1).staleness == [3, 3, 5]
     state.bye(b, 0.2)
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=5, staleness=[4, 1]), 0.3)
+    state.heartbeat(a, WorkerHeartbeat(standalone_sps=1000.0, steps=5, staleness=[4, 1]), 0.3)
     assert state.status(0.3).staleness == [4, 3, 5]
 
 
@@ -339,7 +339,7 @@ def test_bad_staleness_counts_are_refused_and_change_nothing():
     wid = _join(state, 1000.0)
     for counts in ([-1], [0] * 65):
         with pytest.raises(ProtocolError, match="bad_field"):
-            state.heartbeat(wid, Heartbeat(standalone_sps=1000.0, staleness=counts), 0.1)
+            state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0, staleness=counts), 0.1)
     assert state.status(0.1).staleness == []
 
 
@@ -355,7 +355,7 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness():
         for wid in (fast, slow):
             m = state.roster.members[wid]
             batch = state.allocator.allocation[wid]
-            hb = Heartbeat(
+            hb = WorkerHeartbeat(
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
@@ -491,7 +491,7 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
             compute = 0.005 + 0.0005 * state.allocator.allocation[wid]
             data = 0.0005 * state.allocator.allocation[wid] if wid == starved else 0.0
             batch = state.allocator.allocation[wid]
-            hb = Heartbeat(
+            hb = WorkerHeartbeat(
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
@@ -508,7 +508,7 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower():
     assert status.data_s_total > 0 and state.status(4.0).workers[fed].data_s_total == 0.0
     with pytest.raises(ProtocolError, match="bad_field"):
         m = state.roster.members[fed]
-        state.heartbeat(fed, Heartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
+        state.heartbeat(fed, WorkerHeartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
 
 
 def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken():
@@ -521,13 +521,13 @@ def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken()
     for now in (2.0, 4.0, 5.99):
         state.heartbeat(wid, before, now)
     m, batch = state.roster.members[wid], state.allocator.allocation[wid]
-    round_end = Heartbeat(
+    round_end = WorkerHeartbeat(
         steps=128, samples=128 * batch, batch=batch, step_s=6.0, compute_s=6.0, standalone_sps=100.0, loss=1.0
     )
     state.heartbeat(wid, round_end, 6.0)
     assert state.roster.members[wid].steps == 128
     with pytest.raises(ProtocolError, match="HEARTBEAT.steps grew by 1000"):
-        state.heartbeat(wid, Heartbeat(steps=1128, samples=m.samples, batch=batch, standalone_sps=100.0), 6.01)
+        state.heartbeat(wid, WorkerHeartbeat(steps=1128, samples=m.samples, batch=batch, standalone_sps=100.0), 6.01)
 
 
 def test_silence_while_the_scheduler_itself_stalled_is_excused():
@@ -680,14 +680,14 @@ def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rol
     wid = _join(state, 1000.0)
     t = _to_epochs(state, wid)
     ps = state.roster.shards[0]
-    sick = Heartbeat(
+    sick = WorkerHeartbeat(
         version=20, samples=state.progress.samples, membership=state.roster.membership, model_problem="norm 1e9"
     )
     for dt in (0.1, 0.2, 0.3):
         state.heartbeat(ps.id, sick, t + dt)
         assert not state.stopping, "the model that reached the epochs is not healthy"
     assert state.rollbacks.rollback_number == 1
-    restored = Heartbeat(version=4, samples=384, membership=state.roster.membership, rollbacks=1)
+    restored = ShardHeartbeat(version=4, samples=384, membership=state.roster.membership, rollbacks=1)
     state.heartbeat(ps.id, restored, t + 0.4)
     state.heartbeat(ps.id, restored, t + 0.5)
     assert state.progress.epoch < 1.0 and not state.stopping, "the samples lost to the rollback are trained again"
@@ -701,7 +701,7 @@ def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_drop
     state = _job(await_final_eval=True, eval_interval_s=1.0, join_timeout_s=30.0)
     ev = state.hello(Hello(role="evaluator"), 0.0).id
     for beat in (9.0, 18.0):  # past three liveness timeouts: loading the test set may take the join timeout
-        state.heartbeat(ev, Heartbeat(), beat)
+        state.heartbeat(ev, WorkerHeartbeat(), beat)
         _shards_apply(state, beat)
         assert state.expire(beat) == [], "before its first evaluation it has the join timeout"
     state.eval_report(ev, EvalReport(version=0, test_loss=2.3, test_acc=0.1), 20.0)
@@ -713,7 +713,7 @@ def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_drop
     assert t < 21.5 + allowed - 0.1
     state.tick(t)
     for now, dropped in ((21.5 + allowed - 0.1, []), (21.5 + allowed + 0.1, [ev])):
-        state.heartbeat(ev, Heartbeat(), now)  # the pulse goes on: liveness is not progress
+        state.heartbeat(ev, WorkerHeartbeat(), now)  # the pulse goes on: liveness is not progress
         _shards_apply(state, now)
         assert state.expire(now) == dropped and not state.finished
     assert state.tick(t + 31.0) and state.finished, "after the join timeout with no evaluator the job ends"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Hello, JobStatus, Pull, Push, Welcome, WorkerStatus
+from dynabatch.common.messages import Bye, ByeAck, WorkerHeartbeat, Hello, JobStatus, Pull, Push, Welcome, WorkerStatus
 from dynabatch.common.models import build_model
 from dynabatch.common.wire import ChunkMeta
 from harness import Cluster, free_port, run_job, wait_for
@@ -79,7 +79,7 @@ def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
         batch = c.status().workers[welcome.id].batch
         assert (
             conn.send(
-                Heartbeat(steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0)
+                WorkerHeartbeat(steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0)
             )
             > 0
         )

@@ -14,7 +14,7 @@ import zmq
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Heartbeat
+from dynabatch.common.messages import WorkerHeartbeat
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.ps_client import ShardClients
@@ -56,7 +56,7 @@ def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for
             make_layout(total, job.chunk_bytes, job.shards),
             job.job,
             welcome.id,
-            lambda: conn.send(Heartbeat()),
+            lambda: conn.send(WorkerHeartbeat()),
             job.heartbeat_s,
         )
         try:

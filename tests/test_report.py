@@ -17,7 +17,7 @@ from dynabatch.cluster.report import (
     write_timeline,
 )
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Hello, JobStatus, ShardStatus, WorkerStatus
+from dynabatch.common.messages import Hello, JobStatus, ShardHeartbeat, ShardStatus, WorkerHeartbeat, WorkerStatus
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 
@@ -261,17 +261,17 @@ def _scheduler_status() -> JobStatus:
     )
     shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
     wid = state.hello(Hello(role="worker", name="a", slowdown="2"), 0.0).id
-    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
-    state.heartbeat(shard, Heartbeat(membership=state.roster.membership), 0.0)  # every shard holds it: its share,
+    state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
+    state.shard_heartbeat(shard, ShardHeartbeat(membership=state.roster.membership), 0.0)  # every shard holds it: its share,
     state.heartbeat(
         shard,
-        Heartbeat(
+        WorkerHeartbeat(
             membership=state.roster.membership,  # bounded by every shard: it holds it
             batches=state.assignment_for(state.roster.members[shard]).batches,
         ),
         0.0,
     )
-    state.heartbeat(wid, Heartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
+    state.heartbeat(wid, WorkerHeartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
     return state.status(1.0)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.member_ids import member_number
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
 
@@ -112,7 +112,7 @@ def test_only_a_live_worker_that_reported_its_speed_changes_the_membership():
     roster.admit_worker(ready)
     assert roster.live_workers == [ready.id] and ready.admitted_in == roster.membership == 1
     assert not roster.known_to_shards(ready)
-    roster.shards[0].last = Heartbeat(membership=1)
+    roster.shards[0].shard_last = ShardHeartbeat(membership=1)
     assert roster.known_to_shards(ready)
     assert roster.leave(ready) is True and roster.membership == 2 and roster.live_workers == []
 
@@ -130,11 +130,11 @@ def test_silence_follows_the_role_and_the_members_own_steps():
     shard, worker = roster.shards[0], roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
     assert silence_allowed(shard, 2.0, 30.0) == 30.0, "a shard restores its checkpoint before its first heartbeat"
     assert silence_allowed(worker, 2.0, 30.0) == 2.0
-    worker.last = Heartbeat(step_s=5.0)
+    worker.last = WorkerHeartbeat(step_s=5.0)
     assert silence_allowed(worker, 2.0, 30.0) == 15.0, "three of its own steps"
-    worker.last = Heartbeat(step_s=100.0)
+    worker.last = WorkerHeartbeat(step_s=100.0)
     assert silence_allowed(worker, 2.0, 30.0) == 30.0, "capped by the join timeout"
-    worker.last = Heartbeat()
+    worker.last = WorkerHeartbeat()
     assert roster.silent(2.5) == [worker]
     roster.excuse(1.0)
     assert roster.silent(2.5) == [], "the scheduler's own stall is nobody's silence"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dynabatch.common.messages import Assignment, Heartbeat, Hello, JobStatus, Welcome
+from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat, Hello, JobStatus, Welcome
 from dynabatch.common.scheduler_link import ASK_EVERY_S, BYE_ATTEMPT_S, BYE_TIMEOUT_S, SchedulerLink
 from harness import Cluster, wait_for
 
@@ -22,7 +22,7 @@ JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000", "--
 
 
 def _link(c: Cluster, name: str) -> SchedulerLink:
-    return SchedulerLink(c.ctx, c.scheduler_endpoint, "dynabatch", name)
+    return SchedulerLink(c.ctx, c.scheduler_endpoint, "dynabatch", name, WorkerHeartbeat, WorkerAssignment)
 
 
 def _register(link: SchedulerLink, on_wait: Callable[[], None] = lambda: None) -> Welcome:
@@ -33,9 +33,9 @@ def _register(link: SchedulerLink, on_wait: Callable[[], None] = lambda: None) -
     return welcome
 
 
-def _beat(link: SchedulerLink) -> Assignment | None:
+def _beat(link: SchedulerLink) -> WorkerAssignment | None:
     """One heartbeat, and the link's assignment once an answer has come (or a second has passed)."""
-    link.heartbeat(Heartbeat())
+    link.heartbeat(WorkerHeartbeat())
     return link.wait(1.0)
 
 
@@ -134,7 +134,7 @@ def test_a_process_waiting_on_the_scheduler_asks_at_most_once_per_interval(tmp_p
         _register(link)
         before = _status(c).decision_s.count
         started = time.monotonic()
-        answers = [link.ask(Heartbeat()) for _ in range(40)]
+        answers = [link.ask(WorkerHeartbeat()) for _ in range(40)]
         took = time.monotonic() - started
         handled = _status(c).decision_s.count - before
         assert any(a is not None for a in answers), "the scheduler's assignment reached the waiting link"

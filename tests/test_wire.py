@@ -12,7 +12,7 @@ from dynabatch.common.messages import (
     MESSAGE_TYPES,
     Decision,
     DecisionLatency,
-    Heartbeat,
+    WorkerHeartbeat,
     Hello,
     JobStatus,
     Push,
@@ -77,19 +77,19 @@ def test_optional_fields_take_defaults_and_ints_become_floats():
     "frames, code",
     [
         ([b"\xc1\xff\x00garbage"], "malformed"),
-        ([msgpack.packb({"v": 1, "type": "PULL"})[:-3]], "malformed"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL"})[:-3]], "malformed"),
         ([msgpack.packb([1, 2, 3])], "malformed"),
         ([], "malformed"),
         ([msgpack.packb({"v": 0, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
         ([msgpack.packb({"v": 99, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
-        ([msgpack.packb({"v": 1, "type": "NOPE", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "unknown_type"),
-        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "chunks": []})], "bad_field"),
-        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []})], "bad_field"),
-        ([msgpack.packb({"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "bad_field"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "NOPE", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "unknown_type"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "chunks": []})], "bad_field"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []})], "bad_field"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "bad_field"),
         (
             [
                 msgpack.packb(
-                    {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": [], "samples": True}
+                    {"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": [], "samples": True}
                 )
             ],
             "bad_field",
@@ -97,7 +97,7 @@ def test_optional_fields_take_defaults_and_ints_become_floats():
         (
             [
                 msgpack.packb(
-                    {"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": [], "ids": [1, "x"]}
+                    {"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": [], "ids": [1, "x"]}
                 )
             ],
             "bad_field",
@@ -167,7 +167,7 @@ def test_messages_beyond_a_receivers_limits_are_refused_before_they_are_parsed()
     ],
 )
 def test_bad_chunk_entries_are_refused(chunk):
-    env = {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "samples": 1, "chunks": [chunk]}
+    env = {"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "samples": 1, "chunks": [chunk]}
     with pytest.raises(ProtocolError) as info:
         decode([msgpack.packb(env), b"\x00" * 4])
     assert info.value.code == "bad_chunk"
@@ -197,7 +197,7 @@ def test_check_finite_refuses_nan_and_inf(bad):
 
 
 def test_bodies_without_fields_and_with_lists_round_trip():
-    for body in (StatusRequest(), Hello(role="worker", name="n"), Heartbeat(steps=3, loss=1.5)):
+    for body in (StatusRequest(), Hello(role="worker", name="n"), WorkerHeartbeat(steps=3, loss=1.5)):
         out = decode([bytes(f) for f in encode(Message(body, job="j", sender="s", seq=1))])
         assert out.body == body
 

@@ -18,7 +18,7 @@ import zmq
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import SampleOrder, load_dataset, make_batch
-from dynabatch.common.messages import Assignment
+from dynabatch.common.messages import WorkerAssignment
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import RemoteError
 from dynabatch.task import cross_entropy
@@ -115,7 +115,7 @@ def _worker(c: Cluster, job: JobConfig) -> tuple[ShardClients, StepContext]:
 
 
 def _step(loop, batch: int):
-    return loop.step(Assignment(assignment_id=1, batch=batch))
+    return loop.step(WorkerAssignment(assignment_id=1, batch=batch))
 
 
 @pytest.mark.slow

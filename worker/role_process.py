@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Hello
+from dynabatch.common.messages import Hello, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.metrics import Health, MetricsServer, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.slowdown import Slowdown
@@ -51,7 +51,10 @@ class RoleProcess:
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         log.info("metrics on %s", self.metrics_server.url())
-        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name, handshake_failures(self.registry))
+        failed = handshake_failures(self.registry)
+        self.link = SchedulerLink(
+            self.ctx, opts.scheduler, opts.job, self.name, WorkerHeartbeat, WorkerAssignment, failed
+        )
         self.beat = HeartbeatKeeper(self.link, self.health.tick, lambda: self.stopping)
         self.stopping = False
         self.pulse: Pulse | None = None

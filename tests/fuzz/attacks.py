@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Pull, Push
+from dynabatch.common.messages import Bye, EvalReport, WorkerHeartbeat, Hello, Pull, Push
 from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
 from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
 
@@ -95,7 +95,7 @@ def _heartbeat_of_1e12_samples(view: JobView) -> list[list[bytes]]:
     return [
         _frames(
             view,
-            Heartbeat(steps=1, samples=10**12, batch=1, step_s=0.1, standalone_sps=1000.0),
+            WorkerHeartbeat(steps=1, samples=10**12, batch=1, step_s=0.1, standalone_sps=1000.0),
             view.ghost_workers[0],
             1,
         )
@@ -114,7 +114,7 @@ def _eval_in_a_workers_name(view: JobView) -> list[list[bytes]]:
 
 
 def _speed_of_5e_324(view: JobView) -> list[list[bytes]]:
-    return [_frames(view, Heartbeat(standalone_sps=5e-324), view.ghost_workers[0], 1)]
+    return [_frames(view, WorkerHeartbeat(standalone_sps=5e-324), view.ghost_workers[0], 1)]
 
 
 def _hello_as_shard_0(view: JobView) -> list[list[bytes]]:
@@ -182,7 +182,7 @@ ATTACKS = (
         "messages of many large frames to the scheduler",
         SCHEDULER,
         SIZE_REFUSALS,
-        lambda view: _many_large_frames(view, Heartbeat()),
+        lambda view: _many_large_frames(view, WorkerHeartbeat()),
         as_ghost=True,
     ),
     Attack("a push of 65,536 empty chunk entries", SHARD_0, SIZE_REFUSALS, _65536_empty_chunk_entries),

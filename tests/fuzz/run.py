@@ -54,7 +54,7 @@ from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
     Bye,
     Error,
-    Heartbeat,
+    WorkerHeartbeat,
     Hello,
     JobStatus,
     Params,
@@ -304,7 +304,7 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
         Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i)) for i, shard in sorted(status.shards.items())
     ]
     heartbeats = {
-        wid: Heartbeat(
+        wid: WorkerHeartbeat(
             steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s, standalone_sps=w.standalone_sps
         )
         for wid, w in status.workers.items()
@@ -351,7 +351,7 @@ def enlist(
         request(job.ctx, "", Hello(role="worker", name="fuzz-byzantine", instance="fuzz-byzantine"), 10.0, sock)[0]
     ).body
     assert isinstance(welcome, Welcome), f"the fuzzer's worker was not admitted: {welcome}"
-    request(job.ctx, "", Heartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
+    request(job.ctx, "", WorkerHeartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
     status = job.wait(
         "the fuzzer's worker to hold a batch", lambda s: welcome.id in s.workers and s.workers[welcome.id].batch > 0, 60
     )
@@ -746,7 +746,7 @@ class Heartbeats:
     def due(self) -> None:
         if time.monotonic() - self.last > HEARTBEAT_S:
             self.last = time.monotonic()
-            request(self.ctx, "", Heartbeat(standalone_sps=1000.0), HEARTBEAT_S, self.sock, self.member)
+            request(self.ctx, "", WorkerHeartbeat(standalone_sps=1000.0), HEARTBEAT_S, self.sock, self.member)
 
 
 def _final_accuracy(job: Job, settings: FuzzSettings) -> float | None:
