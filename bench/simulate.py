@@ -55,7 +55,7 @@ from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_l
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.models import build_model
 from dynabatch.common.optimum import Device
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
@@ -275,7 +275,7 @@ class Cluster:
         self.clipped = 0
         spec = self.spec if cfg.equal_steps is None else replace(self.spec, equal_steps=cfg.equal_steps)
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0, spec=spec)
-        self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
+        self.scheduler.hello(Hello(role=Role.SHARD, instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
         self.assigned = AssignedBatches(push_steps(self.job), max_push_samples(self.job))  # server.py's push bounds
         self.now = 0.0
@@ -525,7 +525,7 @@ class Worker:
         """
         c = self.c
         self.wid = c.scheduler.hello(
-            Hello(role="worker", instance=f"sim{self.index}", max_batch=self.device.max_batch), c.now
+            Hello(role=Role.WORKER, instance=f"sim{self.index}", max_batch=self.device.max_batch), c.now
         ).id
         self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
         standalone, probe_s = self.probe()
@@ -726,7 +726,7 @@ def result_of(cluster: Cluster) -> SimResult:
     samples = sched.progress.samples
     stats = staleness.stats(cluster.counts)
     time_to = {m: next((t for t, _, acc in cluster.curve if acc >= float(m)), None) for m in MARKS}
-    workers = [m for m in sched.roster.members.values() if m.role == "worker"]
+    workers = [m for m in sched.roster.members.values() if m.role == Role.WORKER]
     loss = sched.progress.loss
     return SimResult(
         protocol=cfg.protocol,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 
-PREFIXES = {"worker": "w", "evaluator": "eval", "ps": "ps"}
+from dynabatch.common.messages import Role
+
+PREFIXES = {Role.WORKER: "w", Role.EVALUATOR: "eval", Role.SHARD: "ps"}
 _ID = re.compile(rf"^(?:{'|'.join(map(re.escape, PREFIXES.values()))})(\d+)$")
 
 
-def member_id(role: str, number: int) -> str:
+def member_id(role: Role, number: int) -> str:
     """The id of the `number`-th member of `role` to register (a shard's number is its index)."""
     return f"{PREFIXES[role]}{number}"
 

@@ -9,9 +9,17 @@ so a newer sender may add fields without breaking an older receiver.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
-ROLES = ("worker", "evaluator", "ps")
+
+class Role(StrEnum):
+    """What a process registers as (HELLO.role): its id (common/member_ids.py), the heartbeat it sends and the
+    assignment it gets follow from it. A shard's role is named as its command is (`dynabatch ps`)."""
+
+    WORKER = "worker"
+    EVALUATOR = "evaluator"
+    SHARD = "ps"
 
 
 @dataclass
@@ -29,7 +37,7 @@ class Hello:
     """
 
     TYPE: ClassVar[str] = "HELLO"
-    role: str
+    role: Role
     host: str = ""
     metrics_url: str = ""
     endpoint: str = ""

@@ -64,8 +64,8 @@ class ModelService:
         self.admission = PushAdmission(replays, lambda identity: self.check_room(identity, True), tell_scheduler)
         self.reported_version = self.model.version  # the model version last exported (dynabatch_ps_version)
 
-    def pull(self, msg: Message, identity: bytes) -> None:
-        body: Pull = msg.body
+    def pull(self, msg: Message[Pull], identity: bytes) -> None:
+        body = msg.body
         if body.buffers and self.held.buffers is None:
             raise ProtocolError(
                 ErrorCode.BAD_FIELD,
@@ -73,9 +73,9 @@ class ModelService:
             )
         self._serve_pull(identity, msg.seq, msg.sender, body.ids, body.min_version, body.buffers)
 
-    def push(self, msg: Message, identity: bytes) -> None:
+    def push(self, msg: Message[Push], identity: bytes) -> None:
         held, model = self.held, self.model
-        body: Push = msg.body
+        body = msg.body
         case = PushCase(msg, identity, self.served, model, held.buffer_total)
         streamed: set[int] = set()
 

@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import zmq
@@ -31,9 +31,10 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.handlers import Handlers
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.member_ids import member_id
-from dynabatch.common.messages import Init, InitAck, Pull, Push, ShardAssignment, ShardHeartbeat, Welcome
+from dynabatch.common.messages import Init, InitAck, Pull, Push, Role, ShardAssignment, ShardHeartbeat, Welcome
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
@@ -55,7 +56,7 @@ log = logging.getLogger("dynabatch.ps")
 MAX_BATCH_PER_POLL = 64
 
 
-def message_of(incoming: Incoming) -> Message:
+def message_of(incoming: Incoming) -> Message[Any]:
     """The message of an `incoming` whose error has been dealt with (one without an error always has one)."""
     if incoming.message is None:
         raise RuntimeError(f"no message to handle: {incoming.error}")
@@ -98,6 +99,10 @@ class ShardServer:
         self.serving: ModelService | None = None  # once the first INIT or a checkpoint gave the model (held_model.py)
         self.last_assignment: ShardAssignment | None = None
         failed = handshake_failures(self.registry)
+        self.handlers = Handlers[bytes]("a shard")  # by message type, called with the sender's connection
+        self.handlers.on(Init, self._on_init)
+        self.handlers.on(Pull, lambda msg, identity: self.service.pull(msg, identity))
+        self.handlers.on(Push, lambda msg, identity: self.service.push(msg, identity))
         self.link = SchedulerLink(
             self.ctx, opts.scheduler, opts.job, self.name, ShardHeartbeat, ShardAssignment, failed
         )
@@ -299,14 +304,7 @@ class ShardServer:
                     ErrorCode.WRONG_JOB, f"this shard serves job {self.served_job.name!r}, not {msg.job!r}", msg.seq
                 )
             self.senders.check_message(msg, incoming.identity, incoming.key_role)
-            if isinstance(msg.body, Init):
-                self._on_init(incoming)
-            elif isinstance(msg.body, Pull):
-                self.service.pull(msg, incoming.identity)
-            elif isinstance(msg.body, Push):
-                self.service.push(msg, incoming.identity)
-            else:
-                raise ProtocolError(ErrorCode.UNEXPECTED_TYPE, f"a shard does not take {msg.type}", msg.seq)
+            self.handlers.handle(msg, incoming.identity)
         except ProtocolError as exc:
             exc.ref = msg.seq
             self._reject(incoming, exc)
@@ -329,19 +327,18 @@ class ShardServer:
         tensors: Sequence[torch.Tensor | memoryview] = (),
     ) -> None:
         served = self.served_job
-        self.outbox.send(identity, reply_frames(body, seq, served.name, member_id("ps", served.index), metas, tensors))
+        self.outbox.send(identity, reply_frames(body, seq, served.name, member_id(Role.SHARD, served.index), metas, tensors))
 
-    def _on_init(self, incoming: Incoming) -> None:
+    def _on_init(self, msg: Message[Init], identity: bytes) -> None:
         """The first INIT sets the model; every later one must describe the same model."""
-        msg = message_of(incoming)
         setup = init_setup(self.served_job.job, msg.body)
         if self.held is not None:
             difference = self.held.setup.difference(setup)
             if difference is not None:
                 raise ProtocolError(ErrorCode.SIGNATURE, f"this model differs from the job's: {difference}")
-            self._reply(incoming.identity, InitAck(self.held.state.version), msg.seq)
+            self._reply(identity, InitAck(self.held.state.version), msg.seq)
             return
         self._hold(HeldModel.from_init(self.served_job, setup, msg))
         self.checkpoints.write(self.held)  # a shard killed before its first interval checkpoint resumes this model
         log.info("initialised by %s: %d parameters", msg.sender, setup.signature.total)
-        self._reply(incoming.identity, InitAck(0, initialized=True), msg.seq)
+        self._reply(identity, InitAck(0, initialized=True), msg.seq)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 
-from dynabatch.common.messages import ShardHeartbeat, Hello
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.served_job import ServedJob
@@ -21,7 +21,7 @@ from dynabatch.ps.served_job import ServedJob
 def shard_hello(shard_index: int, name: str, endpoint: str, metrics_url: str) -> Hello:
     """The HELLO of shard `shard_index`, which workers reach at `endpoint`."""
     return Hello(
-        role="ps",
+        role=Role.SHARD,
         host=socket.gethostname(),
         metrics_url=metrics_url,
         endpoint=endpoint,

@@ -25,6 +25,7 @@ from dynabatch.common.messages import (
     EvalReport,
     Hello,
     JobStatus,
+    Role,
     ShardAssignment,
     ShardHeartbeat,
     ShardStatus,
@@ -90,7 +91,7 @@ class JobState:
         again = self.roster.rebind(hello, now, connection)
         if again is not None:
             return self._welcome(again)
-        if (self.stopping and hello.role == "worker") or (self.finished and hello.role == "evaluator"):
+        if (self.stopping and hello.role == Role.WORKER) or (self.finished and hello.role == Role.EVALUATOR):
             raise ProtocolError(ErrorCode.JOB_OVER, "the job has reached its target and is stopping")
         member = self.roster.register(hello, now, connection, admit)
         self._latch()
@@ -130,11 +131,11 @@ class JobState:
         return [m.id for m in dead] + [m.id for m, _ in stuck + wedged]
 
     def _drop(self, member: Member, now: float, why: str) -> None:
-        if member.role == "ps" and self.roster.shards.get(member.shard_index) is member:
+        if member.role == Role.SHARD and self.roster.shards.get(member.shard_index) is member:
             self.allocator.forget_shard(member.shard_index)
         if self.roster.leave(member):
             self.progress.worker_left(member)
-        if member.role == "worker":
+        if member.role == Role.WORKER:
             self.rollbacks.forget(member.id)
             self.allocator.forget(member.id)
             self.wire.forget(member.id)
@@ -148,7 +149,7 @@ class JobState:
         refused)."""
         for wid in workers:
             member = self.roster.members.get(wid)
-            if member is None or member.left or member.role != "worker":
+            if member is None or member.left or member.role != Role.WORKER:
                 continue
             log.warning("%s quarantined by %s (its log says why); dropped", wid, shard)
             self.roster.quarantine(member)
@@ -160,7 +161,7 @@ class JobState:
         """Record a worker's or an evaluator's heartbeat and answer with its current assignment."""
         member = self._reporting(member_id, connection, shard=False)
         self.end.check_budget(now, self.allocator.training_started_at)
-        if member.role == "worker":
+        if member.role == Role.WORKER:
             # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
             # they fit in the time since the counters last grew, not since the last heartbeat.
             check_worker_heartbeat(
@@ -180,7 +181,7 @@ class JobState:
         member.last = hb
         self._judge_divergence(now)
         answer = self.assignment_for(member)
-        if member.role == "worker":
+        if member.role == Role.WORKER:
             self.allocator.hand(member.id, answer.batch)
         return answer
 
@@ -213,8 +214,8 @@ class JobState:
         """The member a heartbeat names (from the connection that registered it: roster.py), if it reports with
         its role's kind: a shard with SHARD_HEARTBEAT, a worker or evaluator with HEARTBEAT."""
         member = self.roster.member(member_id, connection)
-        if (member.role == "ps") != shard:
-            kind = ShardHeartbeat.TYPE if member.role == "ps" else WorkerHeartbeat.TYPE
+        if (member.role == Role.SHARD) != shard:
+            kind = ShardHeartbeat.TYPE if member.role == Role.SHARD else WorkerHeartbeat.TYPE
             raise ProtocolError(ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; it reports with {kind}")
         return member
 
@@ -254,7 +255,7 @@ class JobState:
         """Keep the newest evaluation (evaluations.py). Only an evaluator reports one; anything else is refused
         and changes nothing."""
         member = self.roster.member(member_id, connection)
-        if member.role != "evaluator":
+        if member.role != Role.EVALUATOR:
             raise ProtocolError(
                 ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; only an evaluator reports evaluations"
             )
@@ -326,7 +327,7 @@ class JobState:
         """What worker or evaluator `member` should do now; a worker is allotted its share of the samples left to
         train."""
         allocator, rollbacks = self.allocator, self.rollbacks
-        if member.role == "evaluator":
+        if member.role == Role.EVALUATOR:
             return WorkerAssignment(
                 assignment_id=allocator.assignment_id, stop=self.stopping and not self.roster.live_workers
             )
@@ -414,7 +415,7 @@ class JobState:
                 m.id: self.wire.shown(m.id, m.public(allocator.batch_of(m.id)), self.roster.live_workers)
                 for m in self.roster.workers()
             },
-            departed=sorted(m.id for m in self.roster.members.values() if m.role == "worker" and m.left),
+            departed=sorted(m.id for m in self.roster.members.values() if m.role == Role.WORKER and m.left),
             shards={
                 str(i): ShardStatus(
                     m.endpoint,

@@ -17,7 +17,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.member_ids import member_id
 from dynabatch.common.member_name import name_problem
-from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat, WorkerStatus
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat, WorkerStatus
 from dynabatch.common.slowdown import MAX_SLOWDOWN_CHARS, Slowdown
 from dynabatch.common.wire import ProtocolError
 
@@ -36,7 +36,7 @@ class Member:
     """One registered process and what its heartbeats told us (its batch is the allocator's: allocator.py)."""
 
     id: str
-    role: str
+    role: Role
     name: str
     host: str
     metrics_url: str
@@ -123,7 +123,7 @@ def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: f
     can buy unlimited silence): a worker whose process is paused or starved for a
     few of its steps is not dropped.
     """
-    if member.heartbeats == 0 and member.role == "ps":
+    if member.heartbeats == 0 and member.role == Role.SHARD:
         return max(liveness_timeout_s, join_timeout_s)
     by_steps = min(LIVENESS_STEPS * member.last.step_s, join_timeout_s)
     return max(liveness_timeout_s, by_steps)
@@ -152,12 +152,10 @@ class Roster:
         self.quarantined_instances: set[str] = set()  # processes a shard quarantined: never admitted again
         self.shards: dict[int, Member] = {}
         self.membership = 0  # grows whenever the live worker set changes; shards report the one they applied
-        self.next_id = {"worker": 0, "evaluator": 0}
+        self.next_id = {Role.WORKER.value: 0, Role.EVALUATOR.value: 0}
 
     def check_hello(self, hello: Hello) -> None:
         """Refuse a HELLO whose fields cannot be, or from a process a shard quarantined."""
-        if hello.role not in ("worker", "evaluator", "ps"):
-            raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
         if len(hello.instance) > MAX_INSTANCE_CHARS:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
         problem = name_problem(hello.name)
@@ -187,13 +185,13 @@ class Roster:
     def register(self, hello: Hello, now: float, connection: bytes, admit: Callable[[], None]) -> Member:
         """A new member: a shard takes a slot, workers and evaluators wait until every shard is there.
         `admit` is called just before it is made, and may refuse it by raising."""
-        if hello.role == "ps":
+        if hello.role == Role.SHARD:
             index = self._shard_slot(hello.shard_index)
-            new_id = member_id("ps", index)
+            new_id = member_id(Role.SHARD, index)
         else:
             if len(self.shards) < self.num_shards:
                 raise ProtocolError(ErrorCode.NOT_READY, f"{len(self.shards)} of {self.num_shards} shards registered")
-            present = sum(1 for m in self.members.values() if m.role in ("worker", "evaluator") and not m.left)
+            present = sum(1 for m in self.members.values() if m.role != Role.SHARD and not m.left)
             if present >= self.job.max_workers:
                 raise ProtocolError(
                     ErrorCode.FULL,
@@ -202,7 +200,7 @@ class Roster:
             new_id = member_id(hello.role, self.next_id[hello.role])
             index = -1
         admit()
-        if hello.role != "ps":
+        if hello.role != Role.SHARD:
             self.next_id[hello.role] += 1
         member = Member(
             new_id,
@@ -222,7 +220,7 @@ class Roster:
         self.members[new_id] = member
         if hello.instance:
             self.instances[hello.instance] = new_id
-        if hello.role == "ps":
+        if hello.role == Role.SHARD:
             self.shards[index] = member
         return member
 
@@ -285,9 +283,9 @@ class Roster:
     def leave(self, member: Member) -> bool:
         """Mark `member` gone; True if it was a live worker, whose departure changes the live worker set."""
         member.left = True
-        if member.role == "ps" and self.shards.get(member.shard_index) is member:
+        if member.role == Role.SHARD and self.shards.get(member.shard_index) is member:
             del self.shards[member.shard_index]
-        counted = member.role == "worker" and bool(member.admitted_in)
+        counted = member.role == Role.WORKER and bool(member.admitted_in)
         if counted:
             self.membership += 1
         return counted
@@ -307,7 +305,7 @@ class Roster:
 
     def workers(self) -> list[Member]:
         """Workers that have not left, counted in n or not yet."""
-        return [m for m in self.members.values() if m.role == "worker" and not m.left]
+        return [m for m in self.members.values() if m.role == Role.WORKER and not m.left]
 
     @property
     def live_workers(self) -> list[str]:
@@ -316,7 +314,7 @@ class Roster:
         return sorted(m.id for m in self.workers() if m.admitted_in)
 
     def evaluators(self) -> list[Member]:
-        return [m for m in self.members.values() if m.role == "evaluator" and not m.left]
+        return [m for m in self.members.values() if m.role == Role.EVALUATOR and not m.left]
 
     def known_to_shards(self, worker: Member) -> bool:
         """Has every shard applied a live worker set that holds `worker`?"""

@@ -27,6 +27,7 @@ from dynabatch.common.messages import (
     DecisionLatency,
     EvalReport,
     Hello,
+    Role,
     ShardAssignment,
     ShardHeartbeat,
     StatusReply,
@@ -163,7 +164,7 @@ class SchedulerServer:
                 self.state.progress.epoch,
                 saved.samples,
                 f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
-                saved.next_id.get("worker", 0),
+                saved.next_id.get(Role.WORKER, 0),
             )
         self._saved_eval = self.state.evaluations.eval
         self._saved_lost_versions = self.state.progress.lost_versions

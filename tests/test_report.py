@@ -311,7 +311,7 @@ def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left
 
     def with_shards(t: float, **discarded: int) -> JobStatus:
         snap = _snap(t, 640 * int(t + 1), training_t=t)
-        snap.shards = {slot.lstrip("s"): ShardStatus("tcp://ps", 1, 1, "", n) for slot, n in discarded.items()}
+        snap.shards = {slot.lstrip("s"): ShardStatus("tcp://ps", 1, "", n) for slot, n in discarded.items()}
         return snap
 
     timeline = [

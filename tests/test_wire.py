@@ -16,6 +16,7 @@ from dynabatch.common.messages import (
     Hello,
     JobStatus,
     Push,
+    Role,
     ShardStatus,
     StatusReply,
     StatusRequest,
@@ -221,7 +222,7 @@ def _status() -> JobStatus:
             "w1": WorkerStatus(name="worker1", batch=32, step_s=0.05, loss=0.69),
         },
         departed=["w2"],
-        shards={"0": ShardStatus("tcp://ps:1", 40, 40, "http://ps:9")},
+        shards={"0": ShardStatus("tcp://ps:1", 40, "http://ps:9")},
         decisions=[Decision(2.0, "joined", "w1", {"w0": 64, "w1": 32}, {"w0": 0.05, "w1": 0.05})],
         decision_s=DecisionLatency(5, 1e-4, 3e-4),
     )
@@ -321,3 +322,12 @@ def test_a_protocol_error_survives_pickling_as_itself():
     assert (type(back), back.code, back.text, back.ref) == (ProtocolError, "bad_state", "w3 already pushed chunk 0", 7)
     stale = pickle.loads(pickle.dumps(StaleGradient("old")))
     assert (type(stale), stale.code, stale.text) == (StaleGradient, "too_stale", "old")
+
+
+def test_a_hello_of_a_role_that_does_not_exist_is_refused_naming_the_roles():
+    env = {"v": PROTOCOL_VERSION, "type": "HELLO", "job": "j", "sender": "", "seq": 1, "chunks": [], "role": "boss"}
+    with pytest.raises(ProtocolError, match="HELLO.role must be one of worker, evaluator, ps") as info:
+        decode([msgpack.packb(env)])
+    assert info.value.code == "bad_field"
+    env["role"] = "ps"
+    assert decode([msgpack.packb(env)]).body.role is Role.SHARD

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Hello, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.metrics import Health, MetricsServer, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.slowdown import Slowdown
@@ -36,11 +36,11 @@ log = logging.getLogger("dynabatch.worker")
 class RoleProcess:
     """One worker or evaluator process's plumbing: sockets, metrics, signals, registration and heartbeats.
 
-    `role` is "worker" or "evaluator", as the scheduler and the shards' key checks know it.
+    `role` is a worker's or an evaluator's, as the scheduler and the shards' key checks know it.
     """
 
     def __init__(
-        self, opts: WorkerOptions, role: str, metrics_host: str, metrics_port: int, curve: CurveKeys | None
+        self, opts: WorkerOptions, role: Role, metrics_host: str, metrics_port: int, curve: CurveKeys | None
     ) -> None:
         self.opts = opts
         self.role = role
@@ -97,7 +97,7 @@ class RoleProcess:
         return joined
 
     def _hello(self) -> Hello:
-        worker = self.role == "worker"
+        worker = self.role == Role.WORKER
         return Hello(
             role=self.role,
             host=socket.gethostname(),
