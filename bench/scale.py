@@ -32,7 +32,15 @@ from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Hello, JobStatus, StatusReply, StatusRequest, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.messages import (
+    Hello,
+    JobStatus,
+    Role,
+    StatusReply,
+    StatusRequest,
+    WorkerAssignment,
+    WorkerHeartbeat,
+)
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import PendingPush, ShardClients
@@ -70,7 +78,7 @@ class LightWorker:
 
     def __init__(self, ctx: zmq.Context, scheduler: str, name: str) -> None:
         link = SchedulerLink(ctx, scheduler, "dynabatch", name, WorkerHeartbeat, WorkerAssignment)
-        welcome = link.register(Hello(role="worker", name=name), lambda: False, lambda: None)
+        welcome = link.register(Hello(role=Role.WORKER, name=name), lambda: False, lambda: None)
         assert welcome is not None, "registration only ends with a WELCOME when nothing asks it to stop"
         self.control = link.conn
         job = job_from_dict(welcome.config)

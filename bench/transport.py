@@ -47,7 +47,7 @@ from dynabatch.common.catalog import MODELS
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Hello, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
@@ -180,7 +180,7 @@ class DynabatchTarget:
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             welcome = link.register(
-                Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline, launcher.check_alive
+                Hello(role=Role.WORKER, name="bench"), lambda: time.monotonic() > deadline, launcher.check_alive
             )
             if welcome is None:
                 raise TimeoutError(

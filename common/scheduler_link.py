@@ -69,8 +69,8 @@ class SchedulerLink(Generic[Report, Answer]):
         handshake_failed: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """`handshake_failed` is told the reason of each failed handshake (metrics.handshake_failures)."""
-        self.report = report
-        self.answer = answer
+        self.report: type[Report] = report
+        self.answer: type[Answer] = answer
         self.conn = Connection(ctx, endpoint, job, name)
         self.conn.handshake_failed = handshake_failed
         # A BYE gives up at once on a scheduler whose connection closed (`bye`); the contact (`watch_contact`)
@@ -243,4 +243,3 @@ class SchedulerLink(Generic[Report, Answer]):
 
     def close(self) -> None:
         self.conn.close()
-

@@ -23,7 +23,7 @@ import torch
 
 from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import ShardAssignment, Params, Pull, Push, PushAck
+from dynabatch.common.messages import Params, Pull, Push, PushAck, ShardAssignment
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel

@@ -327,7 +327,9 @@ class ShardServer:
         tensors: Sequence[torch.Tensor | memoryview] = (),
     ) -> None:
         served = self.served_job
-        self.outbox.send(identity, reply_frames(body, seq, served.name, member_id(Role.SHARD, served.index), metas, tensors))
+        self.outbox.send(
+            identity, reply_frames(body, seq, served.name, member_id(Role.SHARD, served.index), metas, tensors)
+        )
 
     def _on_init(self, msg: Message[Init], identity: bytes) -> None:
         """The first INIT sets the model; every later one must describe the same model."""

@@ -185,7 +185,9 @@ class JobState:
             self.allocator.hand(member.id, answer.batch)
         return answer
 
-    def shard_heartbeat(self, member_id: str, hb: ShardHeartbeat, now: float, connection: bytes = b"") -> ShardAssignment:
+    def shard_heartbeat(
+        self, member_id: str, hb: ShardHeartbeat, now: float, connection: bytes = b""
+    ) -> ShardAssignment:
         """Record a shard's heartbeat and answer with what it must know of the job."""
         member = self._reporting(member_id, connection, shard=True)
         prev = member.shard_last
@@ -419,12 +421,11 @@ class JobState:
             shards={
                 str(i): ShardStatus(
                     m.endpoint,
-                    m.last.version,
-                    m.last.updates,
+                    m.shard_last.version,
                     m.metrics_url,
-                    m.last.discarded,
-                    m.last.model_problem,
-                    m.last.good_version,
+                    m.shard_last.discarded,
+                    m.shard_last.model_problem,
+                    m.shard_last.good_version,
                 )
                 for i, m in sorted(self.roster.shards.items())
             },

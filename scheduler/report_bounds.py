@@ -25,7 +25,9 @@ MAX_PROBLEM_CHARS = 300  # a shard's account of what is wrong with its model (ps
 TIMES = ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "sync_s")
 
 
-def check_worker_heartbeat(prev: WorkerHeartbeat, hb: WorkerHeartbeat, elapsed_s: float, max_batch: int, num_shards: int) -> None:
+def check_worker_heartbeat(
+    prev: WorkerHeartbeat, hb: WorkerHeartbeat, elapsed_s: float, max_batch: int, num_shards: int
+) -> None:
     """Refuse a worker heartbeat that claims more than it can have done since `prev` (its last accepted one)."""
     for name in TIMES:
         value = getattr(hb, name)

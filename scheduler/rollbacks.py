@@ -52,7 +52,11 @@ class Rollbacks:
         """The job diverged and is not yet rolled back: a cause is known, a rollback is ordered that not every
         shard has applied, or a shard reports its parameters sick."""
         pending = self.rollback_number > self.rollback_done and not self.settled
-        return bool(self.divergence.cause) or pending or any(s.shard_last.model_problem for s in self.roster.shards.values())
+        return (
+            bool(self.divergence.cause)
+            or pending
+            or any(s.shard_last.model_problem for s in self.roster.shards.values())
+        )
 
     def worker_report(self, worker: str, prev: WorkerHeartbeat, hb: WorkerHeartbeat) -> None:
         """A worker's report counts once it has dropped the model of before the last rollback, which it is told

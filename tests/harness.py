@@ -34,7 +34,16 @@ from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Hello, Init, JobStatus, StatusRequest, Welcome, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.messages import (
+    Hello,
+    Init,
+    JobStatus,
+    Role,
+    StatusRequest,
+    Welcome,
+    WorkerAssignment,
+    WorkerHeartbeat,
+)
 from dynabatch.common.ports import free_port  # noqa: F401  (the tests take it from here)
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
@@ -282,10 +291,12 @@ class Cluster:
         """Register a test client as a worker, as the worker does, offer the shards a model (INIT: the first
         initialises them), and heartbeat until it holds a batch. The model is the job's built-in one unless
         `model` gives (INIT, initial flat parameters, initial travelling buffers)."""
-        link = SchedulerLink(self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker", WorkerHeartbeat, WorkerAssignment)
+        link = SchedulerLink(
+            self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker", WorkerHeartbeat, WorkerAssignment
+        )
         deadline = time.monotonic() + 30
         welcome = link.register(
-            Hello(role="worker", name="test-worker"), lambda: time.monotonic() > deadline, lambda: None
+            Hello(role=Role.WORKER, name="test-worker"), lambda: time.monotonic() > deadline, lambda: None
         )
         assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
         conn = link.conn

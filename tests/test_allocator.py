@@ -196,7 +196,9 @@ def test_an_equal_step_split_still_equalizes_whole_steps():
 def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_reported():
     assert own_compute_seconds(WorkerHeartbeat(step_s=0.5, compute_s=0.2, data_s=0.05, pull_s=0.25)) == 0.25
     assert own_compute_seconds(WorkerHeartbeat(step_s=0.5, pull_s=0.5)) is None
-    assert own_compute_seconds(WorkerHeartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, "no more than its own step"
+    assert own_compute_seconds(WorkerHeartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, (
+        "no more than its own step"
+    )
 
 
 def _fixed_pair(**kw) -> Allocator:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.messages import Error, WorkerHeartbeat, Pull, Push, PushAck, Welcome
+from dynabatch.common.messages import Error, Pull, Push, PushAck, Welcome, WorkerHeartbeat
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
 from harness import Cluster, Proc, free_port, metric_value, wait_for

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import WorkerHeartbeat, Pull
+from dynabatch.common.messages import Pull, WorkerHeartbeat
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.transport import Incoming
 from dynabatch.common.wire import ChunkMeta, Message
@@ -129,10 +129,14 @@ def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol, fi
     """ssgd closes rounds (the slowest own step first); asgd does not (the most transfer-bound first)."""
     schedule = _schedule("scheduled", protocol)
     schedule.observe(
-        "slow", WorkerHeartbeat(), WorkerHeartbeat(steps=1, batch=8, step_s=2.0, compute_s=1.8, pull_s=0.1, push_s=0.1, bytes=MB)
+        "slow",
+        WorkerHeartbeat(),
+        WorkerHeartbeat(steps=1, batch=8, step_s=2.0, compute_s=1.8, pull_s=0.1, push_s=0.1, bytes=MB),
     )
     schedule.observe(
-        "wired", WorkerHeartbeat(), WorkerHeartbeat(steps=1, batch=8, step_s=1.0, compute_s=0.2, pull_s=0.4, push_s=0.4, bytes=MB)
+        "wired",
+        WorkerHeartbeat(),
+        WorkerHeartbeat(steps=1, batch=8, step_s=1.0, compute_s=0.2, pull_s=0.4, push_s=0.4, bytes=MB),
     )
     assert schedule.ranks(["slow", "wired"])[first] == 0
     schedule.forget(first)

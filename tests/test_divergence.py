@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Hello, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
@@ -102,15 +102,15 @@ def _job(**kw) -> JobState:
         **{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw}
     )
     state = JobState(cfg, num_shards=1, train_size=100_000, now=0.0)
-    ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.0).id
-    wid = state.hello(Hello(role="worker", instance="w"), 0.0).id
+    ps = state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), 0.0).id
+    wid = state.hello(Hello(role=Role.WORKER, instance="w"), 0.0).id
     state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), 0.0)
     state.shard_heartbeat(ps, ShardHeartbeat(membership=state.roster.membership), 0.0)
-    state.heartbeat(
+    state.shard_heartbeat(
         ps,
-        WorkerHeartbeat(
+        ShardHeartbeat(
             membership=state.roster.membership,  # it applied w0's bound: w0 holds its batch
-            batches=state.assignment_for(state.roster.members[ps]).batches,
+            batches=state.shard_assignment().batches,
         ),
         0.0,
     )
@@ -142,10 +142,10 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
 
 def _shard(state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None):
     known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
-    applied = state.assignment_for(state.roster.members["ps0"]).batches
-    return state.heartbeat(
+    applied = state.shard_assignment().batches
+    return state.shard_heartbeat(
         "ps0",
-        WorkerHeartbeat(
+        ShardHeartbeat(
             version=version,
             samples=version * 96,
             membership=state.roster.membership,
@@ -163,7 +163,7 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     for i in range(5):
         _step(state, 0.1 + i * 0.01)
     _shard(state, 0.2, version=5, good=3)
-    evaluator = state.hello(Hello(role="evaluator"), 0.2).id
+    evaluator = state.hello(Hello(role=Role.EVALUATOR), 0.2).id
     state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.25)
     worker_scale = state.assignment_for(state.roster.members["w0"]).lr_scale
     told = _shard(state, 0.3, version=6, good=3, problem="parameters not finite", rollbacks=0)
@@ -223,7 +223,7 @@ def test_a_shard_reporting_impossible_divergence_fields_is_refused():
     state = _job(max_rollbacks=2)
     for bad in (ShardHeartbeat(rollbacks=3), ShardHeartbeat(good_version=-2), ShardHeartbeat(model_problem="x" * 1000)):
         with pytest.raises(ProtocolError, match="bad_field"):
-            state.heartbeat("ps0", bad, 0.1)
+            state.shard_heartbeat("ps0", bad, 0.1)
     assert state.rollbacks.rollback_number == 0
 
 

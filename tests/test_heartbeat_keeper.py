@@ -10,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from dynabatch.common.messages import WorkerAssignment, Error, WorkerHeartbeat, Hello
+from dynabatch.common.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
@@ -25,7 +25,7 @@ def keeper():
     scheduler.answer = WorkerAssignment(assignment_id=1)
     link = SchedulerLink(ctx, scheduler.endpoint, "j", "test", WorkerHeartbeat, WorkerAssignment)
     ticks: list[float] = []
-    assert link.register(Hello(role="worker"), lambda: False, lambda: None) is not None
+    assert link.register(Hello(role=Role.WORKER), lambda: False, lambda: None) is not None
     try:
         yield HeartbeatKeeper(link, lambda: ticks.append(time.monotonic()), lambda: False), scheduler, ticks
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.messages import Bye, EvalReport, WorkerHeartbeat, Hello, Welcome
+from dynabatch.common.messages import Bye, EvalReport, Hello, Role, Welcome, WorkerHeartbeat
 from dynabatch.common.transport import Connection, RemoteError
 from harness import Cluster, metric_value
 
@@ -109,7 +109,7 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
     _refused(job, job.welcome.id, EvalReport(version=1, test_loss=0.1, test_acc=0.999), "bad_sender")
     evaluator = job.client(sender="evaluator")
     try:
-        welcome = evaluator.request(Hello(role="evaluator", name="liar", instance="liar"), timeout_s=10).body
+        welcome = evaluator.request(Hello(role=Role.EVALUATOR, name="liar", instance="liar"), timeout_s=10).body
         evaluator.sender = welcome.id
         with pytest.raises(RemoteError, match="EVAL.version"):
             evaluator.request(EvalReport(version=2**62, test_loss=0.1, test_acc=0.999), timeout_s=10)
@@ -122,7 +122,7 @@ def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_a
     evaluator = job.client(sender="evaluator")
     try:
         evaluator.sender = evaluator.request(
-            Hello(role="evaluator", name="boaster", instance="boaster"), timeout_s=10
+            Hello(role=Role.EVALUATOR, name="boaster", instance="boaster"), timeout_s=10
         ).body.id
         nan, inf = float("nan"), float("inf")
         for report, field in (
@@ -147,7 +147,7 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
     ghosts, full = [], 0
     for i in range(3 * MAX_WORKERS):
         try:
-            reply = flood.request(Hello(role="worker", name=f"ghost{i}", instance=f"ghost{i}"), timeout_s=10)
+            reply = flood.request(Hello(role=Role.WORKER, name=f"ghost{i}", instance=f"ghost{i}"), timeout_s=10)
             ghosts.append(reply.body.id)
         except RemoteError as exc:
             assert exc.code == "full", exc
@@ -169,7 +169,7 @@ def test_a_second_shard_cannot_take_a_live_shards_slot(job):
     _refused(
         job,
         "impostor",
-        Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
+        Hello(role=Role.SHARD, endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
         "slot_taken",
     )
     assert job.status().shards["0"].endpoint == job.welcome.shards[0], "workers that join are sent the real shard"
@@ -183,7 +183,9 @@ def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_nev
     try:
         for i in range(HELLO_BURST + 1):
             try:
-                welcome = churn.request(Hello(role="worker", name=f"churn{i}", instance=f"churn{i}"), timeout_s=10).body
+                welcome = churn.request(
+                    Hello(role=Role.WORKER, name=f"churn{i}", instance=f"churn{i}"), timeout_s=10
+                ).body
             except RemoteError as exc:
                 assert exc.code == "hello_rate", exc
                 break
@@ -197,7 +199,7 @@ def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_nev
     assert _count(job, "hello_rate") == 1 and job.status().workers.keys() == before
     rejoin = job.client(sender="liar")
     try:
-        again = rejoin.request(Hello(role="evaluator", name="liar", instance="liar"), timeout_s=10).body
+        again = rejoin.request(Hello(role=Role.EVALUATOR, name="liar", instance="liar"), timeout_s=10).body
         assert isinstance(again, Welcome) and again.id.startswith("eval")
     finally:
         rejoin.close()

@@ -4,7 +4,7 @@ the budget, a stall, and the final evaluation."""
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -14,7 +14,7 @@ def _end(num_shards: int = 2, **kw) -> tuple[JobEnd, dict[int, Member]]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 100, "epochs": 1.0, "join_timeout_s": 30.0, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
-        roster.register(Hello(role="ps"), 0.0, b"", lambda: None)
+        roster.register(Hello(role=Role.SHARD), 0.0, b"", lambda: None)
     return JobEnd(job), roster.shards
 
 

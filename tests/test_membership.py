@@ -12,7 +12,18 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dynabatch.common.messages import Bye, ByeAck, WorkerHeartbeat, Hello, JobStatus, Pull, Push, Welcome, WorkerStatus
+from dynabatch.common.messages import (
+    Bye,
+    ByeAck,
+    Hello,
+    JobStatus,
+    Pull,
+    Push,
+    Role,
+    Welcome,
+    WorkerHeartbeat,
+    WorkerStatus,
+)
 from dynabatch.common.models import build_model
 from dynabatch.common.wire import ChunkMeta
 from harness import Cluster, free_port, run_job, wait_for
@@ -79,7 +90,9 @@ def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path):
         batch = c.status().workers[welcome.id].batch
         assert (
             conn.send(
-                WorkerHeartbeat(steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0)
+                WorkerHeartbeat(
+                    steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0
+                )
             )
             > 0
         )
@@ -102,7 +115,7 @@ def test_hellos_that_arrive_together_register_one_worker(tmp_path):
         c.shard()
         c.wait_status("the shard registered", lambda s: len(s.shards) == 1)
         conn = c.client(sender="eager")
-        seqs = [conn.send(Hello(role="worker", name="eager", instance="0123abcd")) for _ in range(3)]
+        seqs = [conn.send(Hello(role=Role.WORKER, name="eager", instance="0123abcd")) for _ in range(3)]
         replies = {}
         while len(replies) < len(seqs):
             msg = conn.recv(10.0)
@@ -403,7 +416,7 @@ def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_gh
         c.wait_status("the shard registered", lambda s: len(s.shards) == 1)
         c.worker("slow", "--slowdown", str(factor), "--probe-steps", "1")
         conn = c.client(sender="ghost")
-        ghost = conn.request(Hello(role="worker", name="ghost", instance="feedc0de"), timeout_s=10.0).body.id
+        ghost = conn.request(Hello(role=Role.WORKER, name="ghost", instance="feedc0de"), timeout_s=10.0).body.id
         c.wait_status("the ghost to be dropped", lambda s: ghost in s.departed, 10 * LIVENESS_S)
         st = c.wait_status(
             "the slow worker's first step",

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.progress import LOSS_SMOOTHING, Progress
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -18,12 +18,12 @@ def _progress(num_shards: int = 1, **kw) -> tuple[Progress, Roster]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "min_batch": 8, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
-        roster.register(Hello(role="ps"), 0.0, b"", lambda: None)
+        roster.register(Hello(role=Role.SHARD), 0.0, b"", lambda: None)
     return Progress(job, roster, train_size=1000, started=10.0), roster
 
 
 def _worker(roster: Roster, samples: int, bytes_: int = 0, staleness: list[int] | None = None) -> Member:
-    member = roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
+    member = roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None)
     roster.admit_worker(member)
     member.samples = samples
     member.last = WorkerHeartbeat(samples=samples, bytes=bytes_, staleness=staleness or [])

@@ -9,7 +9,7 @@ import time
 import zmq
 
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Error, Hello, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.worker.pulse import Pulse
 from harness import wait_for
@@ -28,7 +28,7 @@ def _seen(router: SchedulerSocket) -> list[str]:
 
 
 def _register(link: SchedulerLink) -> None:
-    assert link.register(Hello(role="worker"), lambda: False, lambda: None) is not None
+    assert link.register(Hello(role=Role.WORKER), lambda: False, lambda: None) is not None
 
 
 def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registration():

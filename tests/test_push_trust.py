@@ -29,7 +29,7 @@ import torch
 from dynabatch.cluster.launcher import Child
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Error, Params, Pull, Push, PushAck, Welcome, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.messages import Error, Params, Pull, Push, PushAck, Welcome, WorkerHeartbeat
 from dynabatch.common.models import model_for_job
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection

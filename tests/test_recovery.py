@@ -8,7 +8,7 @@ import math
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Hello, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.verified_files import write_verified
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
@@ -26,8 +26,8 @@ def _job(**kw) -> JobConfig:
 def _running(job: JobConfig, now: float = 0.0) -> tuple[JobState, str, str]:
     """A job with one shard and one worker holding the whole batch."""
     state = JobState(job, num_shards=1, train_size=1000, now=now)
-    ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), now).id
-    wid = state.hello(Hello(role="worker", instance="w-a"), now).id
+    ps = state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), now).id
+    wid = state.hello(Hello(role=Role.WORKER, instance="w-a"), now).id
     state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), now)
     state.shard_heartbeat(ps, ShardHeartbeat(membership=state.roster.membership), now)
     return state, ps, wid
@@ -82,7 +82,7 @@ def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again():
 def test_a_shard_reporting_a_negative_count_is_refused():
     state, ps, _ = _running(_job())
     with pytest.raises(ProtocolError, match="HEARTBEAT.samples"):
-        state.heartbeat(ps, WorkerHeartbeat(samples=-1), 0.1)
+        state.shard_heartbeat(ps, ShardHeartbeat(samples=-1), 0.1)
     assert state.progress.lost_samples == 0
 
 
@@ -91,7 +91,7 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     state, ps, wid = _running(job)
     _steps(state, wid, 6, 0.1)
     state.shard_heartbeat(ps, ShardHeartbeat(version=6, samples=576, membership=state.roster.membership), 0.2)
-    evaluator = state.hello(Hello(role="evaluator", instance="e"), 0.2).id
+    evaluator = state.hello(Hello(role=Role.EVALUATOR, instance="e"), 0.2).id
     state.eval_report(evaluator, EvalReport(version=6, test_loss=0.5, test_acc=0.8), 0.3)
     path = progress_path(str(tmp_path), job.job)
     save_progress(path, state.saved(10.0, wall=ClockReading(5000.0)))
@@ -102,10 +102,10 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     progress = again.progress
     assert (progress.samples, progress.train_size, progress.epoch) == (576, 1000, pytest.approx(0.576))
     assert again.evaluations.eval.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), "the outage counts"
-    ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
+    ps_again = again.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), 100.0).id
     again.shard_heartbeat(ps_again, ShardHeartbeat(version=6, samples=576), 100.1)
     assert again.progress.lost_samples == 0, "a shard that kept its state lost nothing"
-    rejoined = again.hello(Hello(role="worker", instance="w-a"), 100.2).id
+    rejoined = again.hello(Hello(role=Role.WORKER, instance="w-a"), 100.2).id
     assert rejoined not in (wid, evaluator) and rejoined == "w1", "ids go on from the saved counter"
     again.heartbeat(rejoined, WorkerHeartbeat(standalone_sps=1000.0), 100.3)
     assert again.allocator.speeds[rejoined].window() == state.allocator.speeds[wid].window()
@@ -182,6 +182,6 @@ def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path):
     again = JobState(job, num_shards=1, now=0.0)
     again.resume(saved, 0.0, wall=ClockReading(0.0))
     assert again.progress.samples == 4800
-    ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.1).id
+    ps_again = again.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), 0.1).id
     again.shard_heartbeat(ps_again, ShardHeartbeat(version=5, samples=480), 0.2)
     assert again.progress.samples == 480 + job.global_batch, "the shard's count (and one batch in flight) bounds it"

@@ -17,7 +17,7 @@ from dynabatch.cluster.report import (
     write_timeline,
 )
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, JobStatus, ShardHeartbeat, ShardStatus, WorkerHeartbeat, WorkerStatus
+from dynabatch.common.messages import Hello, JobStatus, Role, ShardHeartbeat, ShardStatus, WorkerHeartbeat, WorkerStatus
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 
@@ -241,7 +241,6 @@ WORKER_KEYS = {
     "compute_s_total",
     "observed_samples",
     "version",
-    "updates",
     "endpoint",
     "data_s",
     "data_s_total",
@@ -259,15 +258,16 @@ def _scheduler_status() -> JobStatus:
     state = JobState(
         JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000, now=0.0
     )
-    shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
-    wid = state.hello(Hello(role="worker", name="a", slowdown="2"), 0.0).id
+    shard = state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1"), 0.0).id
+    wid = state.hello(Hello(role=Role.WORKER, name="a", slowdown="2"), 0.0).id
     state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
-    state.shard_heartbeat(shard, ShardHeartbeat(membership=state.roster.membership), 0.0)  # every shard holds it: its share,
-    state.heartbeat(
+    # every shard holds it: its share,
+    state.shard_heartbeat(shard, ShardHeartbeat(membership=state.roster.membership), 0.0)
+    state.shard_heartbeat(
         shard,
-        WorkerHeartbeat(
+        ShardHeartbeat(
             membership=state.roster.membership,  # bounded by every shard: it holds it
-            batches=state.assignment_for(state.roster.members[shard]).batches,
+            batches=state.shard_assignment().batches,
         ),
         0.0,
     )
@@ -287,7 +287,6 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path):
     assert entry["shards"]["0"] == {
         "endpoint": "tcp://ps:1",
         "version": 0,
-        "updates": 0,
         "metrics_url": "",
         "discarded": 0,
         "model_problem": "",

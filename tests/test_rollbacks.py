@@ -4,7 +4,7 @@ and when the model is in doubt."""
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
 from dynabatch.scheduler.roster import Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -14,13 +14,13 @@ def _rollbacks(num_shards: int = 2, max_rollbacks: int = 2) -> tuple[Rollbacks, 
     job = JobConfig(dataset="synthetic", max_rollbacks=max_rollbacks)
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
-        roster.register(Hello(role="ps"), 0.0, b"", lambda: None)
+        roster.register(Hello(role=Role.SHARD), 0.0, b"", lambda: None)
     return Rollbacks(job, roster), roster
 
 
-def _report(rollbacks: Rollbacks, roster: Roster, index: int, hb: WorkerHeartbeat) -> None:
+def _report(rollbacks: Rollbacks, roster: Roster, index: int, hb: ShardHeartbeat) -> None:
     """A shard's heartbeat as the job takes it: recorded, then read."""
-    prev, roster.shards[index].last = roster.shards[index].last, hb
+    prev, roster.shards[index].shard_last = roster.shards[index].shard_last, hb
     rollbacks.shard_report(index, prev, hb)
 
 
@@ -45,7 +45,7 @@ def test_settled_only_reads_and_settle_moves_what_workers_are_told():
     rollbacks, roster = _rollbacks()
     rollbacks.rollback_number = 1
     for shard in roster.shards.values():
-        shard.last = WorkerHeartbeat(rollbacks=1)
+        shard.shard_last = ShardHeartbeat(rollbacks=1)
     assert rollbacks.settled and rollbacks.rollback_done == 0, "reading it changes nothing"
     rollbacks.settle()
     assert rollbacks.rollback_done == 1
@@ -56,7 +56,7 @@ def test_the_job_gives_up_after_max_rollbacks():
     for _ in range(2):
         _report(rollbacks, roster, 0, ShardHeartbeat(model_problem="nan", rollbacks=rollbacks.rollback_number))
     assert rollbacks.react(1.0, 0.2) == "" and rollbacks.rollback_number == 1
-    _report(rollbacks, roster, 0, WorkerHeartbeat(rollbacks=1))
+    _report(rollbacks, roster, 0, ShardHeartbeat(rollbacks=1))
     _report(rollbacks, roster, 0, ShardHeartbeat(model_problem="nan", rollbacks=1))
     failure = rollbacks.react(2.0, 0.3)
     assert "after 1 rollback(s)" in failure and "--max-rollbacks 1" in failure
@@ -65,7 +65,7 @@ def test_the_job_gives_up_after_max_rollbacks():
 
 def test_a_shard_that_knows_a_later_rollback_than_a_fresh_scheduler_is_believed():
     rollbacks, roster = _rollbacks(num_shards=1)
-    _report(rollbacks, roster, 0, WorkerHeartbeat(rollbacks=2))
+    _report(rollbacks, roster, 0, ShardHeartbeat(rollbacks=2))
     assert rollbacks.rollback_number == rollbacks.rollback_done == 2 and rollbacks.lr_factor == 0.25
 
 
@@ -78,7 +78,7 @@ def test_worker_reports_count_only_once_the_rollback_is_settled():
         rollbacks.worker_report("w0", prev, hb)
         prev = hb
     assert not rollbacks.divergence.cause, "skipped steps of the model thrown away do not count"
-    _report(rollbacks, roster, 0, WorkerHeartbeat(rollbacks=1))
+    _report(rollbacks, roster, 0, ShardHeartbeat(rollbacks=1))
     hb = WorkerHeartbeat(steps=1, skipped=9, rollbacks=1)
     rollbacks.worker_report("w0", prev, hb)
     assert "w0 skipped 3 steps" in rollbacks.divergence.cause

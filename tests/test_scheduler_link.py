@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat, Hello, JobStatus, Welcome
+from dynabatch.common.messages import Hello, JobStatus, Role, Welcome, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import ASK_EVERY_S, BYE_ATTEMPT_S, BYE_TIMEOUT_S, SchedulerLink
 from harness import Cluster, wait_for
 
@@ -28,7 +28,9 @@ def _link(c: Cluster, name: str) -> SchedulerLink:
 def _register(link: SchedulerLink, on_wait: Callable[[], None] = lambda: None) -> Welcome:
     """Register as a worker, giving up (and failing) after STARTUP_S."""
     deadline = time.monotonic() + STARTUP_S
-    welcome = link.register(Hello(role="worker", name=link.conn.sender), lambda: time.monotonic() > deadline, on_wait)
+    welcome = link.register(
+        Hello(role=Role.WORKER, name=link.conn.sender), lambda: time.monotonic() > deadline, on_wait
+    )
     assert welcome is not None, f"no WELCOME within {STARTUP_S:.0f}s"
     return welcome
 

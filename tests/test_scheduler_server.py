@@ -24,6 +24,7 @@ from dynabatch.common.messages import (
     Hello,
     Pull,
     PushAck,
+    Role,
     ShardHeartbeat,
     StatusReply,
     StatusRequest,
@@ -58,7 +59,7 @@ def _refusals(scheduler: Proc, code: str) -> float:
 def _hello(c: Cluster, instance: str, timeout_s: float = REPLY_S) -> Welcome:
     conn = c.client(sender="hello-test")
     try:
-        return conn.request(Hello(role="worker", name="hello-test", instance=instance), timeout_s).body
+        return conn.request(Hello(role=Role.WORKER, name="hello-test", instance=instance), timeout_s).body
     finally:
         conn.close()
 
@@ -101,7 +102,7 @@ def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(t
     conn = c.client(sender="ps-test")
     try:
         c.scheduler("--state-dir", str(saved.parent))
-        hello = Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance=secrets.token_hex(8))
+        hello = Hello(role=Role.SHARD, endpoint="tcp://127.0.0.1:1", shard_index=0, instance=secrets.token_hex(8))
         conn.sender = wait_for("the scheduler to welcome a shard", lambda: _welcome_or_none(conn, hello), 60).id
         conn.request(ShardHeartbeat(version=100, samples=4800), REPLY_S)
         wait_for("the scheduler's first save", saved.exists, 30)
@@ -193,7 +194,9 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
     wait_for("the scheduler to answer STATUS", c.status, 60)
     conn = c.client(sender="eval-test")  # a member speaks from the connection it registered from
     try:
-        welcome = conn.request(Hello(role="evaluator", name="eval-test", instance=secrets.token_hex(8)), REPLY_S).body
+        welcome = conn.request(
+            Hello(role=Role.EVALUATOR, name="eval-test", instance=secrets.token_hex(8)), REPLY_S
+        ).body
         conn.sender = welcome.id
         counted = _refusals(c.sched, "bad_field")
         too_many = {f"n{i}": 0.5 for i in range(MAX_EVAL_METRICS + 1)}

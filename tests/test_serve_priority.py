@@ -21,7 +21,7 @@ import torch
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Error, WorkerHeartbeat, Params, Pull, Push
+from dynabatch.common.messages import Error, Params, Pull, Push, WorkerHeartbeat
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import Connection
 from dynabatch.common.wire import ChunkMeta, Message, encode

@@ -1,7 +1,7 @@
 """A real shard against a stand-in scheduler (scheduler_socket.py): it reports in its heartbeats the push bounds it
-applied (ShardHeartbeat.batches), and at once when an answer grew one, not a heartbeat later. The scheduler hands a worker
-a larger batch only once every shard reports it (ps/push_bounds.py), so a report that waited would hold the worker's
-larger batch back for a heartbeat interval."""
+applied (ShardHeartbeat.batches), and at once when an answer grew one, not a heartbeat later. The scheduler hands a
+worker a larger batch only once every shard reports it (ps/push_bounds.py), so a report that waited would hold the
+worker's larger batch back for a heartbeat interval."""
 
 from __future__ import annotations
 

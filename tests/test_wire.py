@@ -12,7 +12,6 @@ from dynabatch.common.messages import (
     MESSAGE_TYPES,
     Decision,
     DecisionLatency,
-    WorkerHeartbeat,
     Hello,
     JobStatus,
     Push,
@@ -20,6 +19,7 @@ from dynabatch.common.messages import (
     ShardStatus,
     StatusReply,
     StatusRequest,
+    WorkerHeartbeat,
     WorkerStatus,
 )
 from dynabatch.common.wire import (
@@ -83,14 +83,38 @@ def test_optional_fields_take_defaults_and_ints_become_floats():
         ([], "malformed"),
         ([msgpack.packb({"v": 0, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
         ([msgpack.packb({"v": 99, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
-        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "NOPE", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "unknown_type"),
-        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "chunks": []})], "bad_field"),
-        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []})], "bad_field"),
-        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "bad_field"),
+        (
+            [msgpack.packb({"v": PROTOCOL_VERSION, "type": "NOPE", "job": "j", "sender": "w", "seq": 1, "chunks": []})],
+            "unknown_type",
+        ),
+        (
+            [msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "chunks": []})],
+            "bad_field",
+        ),
         (
             [
                 msgpack.packb(
-                    {"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": [], "samples": True}
+                    {"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []}
+                )
+            ],
+            "bad_field",
+        ),
+        (
+            [msgpack.packb({"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})],
+            "bad_field",
+        ),
+        (
+            [
+                msgpack.packb(
+                    {
+                        "v": PROTOCOL_VERSION,
+                        "type": "PUSH",
+                        "job": "j",
+                        "sender": "w",
+                        "seq": 1,
+                        "chunks": [],
+                        "samples": True,
+                    }
                 )
             ],
             "bad_field",
@@ -98,7 +122,15 @@ def test_optional_fields_take_defaults_and_ints_become_floats():
         (
             [
                 msgpack.packb(
-                    {"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": [], "ids": [1, "x"]}
+                    {
+                        "v": PROTOCOL_VERSION,
+                        "type": "PULL",
+                        "job": "j",
+                        "sender": "w",
+                        "seq": 1,
+                        "chunks": [],
+                        "ids": [1, "x"],
+                    }
                 )
             ],
             "bad_field",
@@ -198,7 +230,7 @@ def test_check_finite_refuses_nan_and_inf(bad):
 
 
 def test_bodies_without_fields_and_with_lists_round_trip():
-    for body in (StatusRequest(), Hello(role="worker", name="n"), WorkerHeartbeat(steps=3, loss=1.5)):
+    for body in (StatusRequest(), Hello(role=Role.WORKER, name="n"), WorkerHeartbeat(steps=3, loss=1.5)):
         out = decode([bytes(f) for f in encode(Message(body, job="j", sender="s", seq=1))])
         assert out.body == body
 

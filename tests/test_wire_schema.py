@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import typing
+from collections.abc import Mapping
 
 from dynabatch.common.messages import MESSAGE_TYPES, WorkerHeartbeat
 from dynabatch.common.wire import PROTOCOL_VERSION, SCHEMA_FINGERPRINT
@@ -28,11 +29,11 @@ def _default(f: dataclasses.Field[object]) -> str:
     if f.default is not dataclasses.MISSING:
         return repr(f.default)
     if f.default_factory is not dataclasses.MISSING:
-        return f"{f.default_factory.__name__}()"
+        return f"{getattr(f.default_factory, '__name__', f.default_factory)}()"
     return "required"
 
 
-def schema_lines(types: dict[str, type]) -> list[str]:
+def schema_lines(types: Mapping[str, type]) -> list[str]:
     """One line per field of every message type and every dataclass inside one: the type's wire name (or, for a
     nested one, its class name), the field's name, annotation and default."""
     lines: list[str] = []
@@ -50,7 +51,7 @@ def schema_lines(types: dict[str, type]) -> list[str]:
     return lines
 
 
-def fingerprint(types: dict[str, type]) -> str:
+def fingerprint(types: Mapping[str, type]) -> str:
     return hashlib.sha256("\n".join(schema_lines(types)).encode()).hexdigest()[:16]
 
 

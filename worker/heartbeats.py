@@ -74,7 +74,12 @@ class HeartbeatKeeper:
     whether the process was told to stop.
     """
 
-    def __init__(self, link: SchedulerLink[WorkerHeartbeat, WorkerAssignment], tick: Callable[[], None], stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        link: SchedulerLink[WorkerHeartbeat, WorkerAssignment],
+        tick: Callable[[], None],
+        stopping: Callable[[], bool],
+    ) -> None:
         self.link = link
         self.tick = tick  # the process's liveness (/healthz)
         self.stopping = stopping

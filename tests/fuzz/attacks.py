@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dynabatch.common.messages import Bye, EvalReport, WorkerHeartbeat, Hello, Pull, Push
+from dynabatch.common.messages import Bye, EvalReport, Hello, Pull, Push, Role, WorkerHeartbeat
 from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
 from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
 
@@ -74,7 +74,7 @@ def _push_as_another_worker(view: JobView) -> list[list[bytes]]:
 
 def _hello_flood(view: JobView) -> list[list[bytes]]:
     return [
-        _frames(view, Hello(role="worker", name=f"flood{i}", instance=f"flood{i}"), "flood", i + 1)
+        _frames(view, Hello(role=Role.WORKER, name=f"flood{i}", instance=f"flood{i}"), "flood", i + 1)
         for i in range(HELLO_FLOOD)
     ]
 
@@ -119,7 +119,12 @@ def _speed_of_5e_324(view: JobView) -> list[list[bytes]]:
 
 def _hello_as_shard_0(view: JobView) -> list[list[bytes]]:
     return [
-        _frames(view, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"), "impostor", 1)
+        _frames(
+            view,
+            Hello(role=Role.SHARD, endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
+            "impostor",
+            1,
+        )
     ]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from dynabatch.common.messages import Bye, EvalReport, WorkerHeartbeat, Hello, Init, Pull, Push
+from dynabatch.common.messages import Bye, EvalReport, Hello, Init, Pull, Push, WorkerHeartbeat
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
 from fuzz.byzantine import GRADIENTS, ByzantineMember
 

@@ -54,14 +54,15 @@ from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
     Bye,
     Error,
-    WorkerHeartbeat,
     Hello,
     JobStatus,
     Params,
     Pull,
     PushAck,
+    Role,
     StatusRequest,
     Welcome,
+    WorkerHeartbeat,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 from dynabatch.ps.peer_limits import backlog_limit
@@ -279,7 +280,7 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
     ghost_evals: list[str] = []
     config: dict[str, Any] | None = None
     for i, sock in enumerate(sockets[SCHEDULER]):
-        for role, into in (("worker", ghosts), ("evaluator", ghost_evals)):
+        for role, into in ((Role.WORKER, ghosts), (Role.EVALUATOR, ghost_evals)):
             frames = request(
                 job.ctx, endpoint, Hello(role=role, name=f"fuzz-{role}{i}", instance=f"fuzz-{role}{i}"), 10.0, sock
             )[0]
@@ -301,7 +302,8 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket]]) -> JobVi
         values.append(tensors)
         captured.extend(answers[:2])
     hellos = [
-        Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i)) for i, shard in sorted(status.shards.items())
+        Hello(role=Role.SHARD, endpoint=shard.endpoint, shard_index=int(i))
+        for i, shard in sorted(status.shards.items())
     ]
     heartbeats = {
         wid: WorkerHeartbeat(
@@ -348,7 +350,7 @@ def enlist(
     the model on its own connections to the shards (`shard_socks`), which binds them to it, and measure the job's
     descent direction from the model's movement since `view` pulled it: (before - now) / (lr x versions)."""
     welcome = decode(
-        request(job.ctx, "", Hello(role="worker", name="fuzz-byzantine", instance="fuzz-byzantine"), 10.0, sock)[0]
+        request(job.ctx, "", Hello(role=Role.WORKER, name="fuzz-byzantine", instance="fuzz-byzantine"), 10.0, sock)[0]
     ).body
     assert isinstance(welcome, Welcome), f"the fuzzer's worker was not admitted: {welcome}"
     request(job.ctx, "", WorkerHeartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
