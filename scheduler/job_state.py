@@ -99,7 +99,11 @@ class JobState:
 
     def _welcome(self, member: Member) -> Welcome:
         return Welcome(
-            id=member.id, config=to_dict(self.job), shards=self.roster.shard_endpoints(), shard_index=member.shard_index
+            id=member.id,
+            config=to_dict(self.job),
+            shards=self.roster.shard_endpoints(),
+            shard_index=member.shard_index,
+            number=member.number,
         )
 
     def bye(self, member_id: str, now: float, connection: bytes = b"") -> bool:

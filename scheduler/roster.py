@@ -46,6 +46,7 @@ class Member:
     progress_at: float = 0.0  # when its counters last grew: the steps a report adds were taken since then
     batch_given_at: float = 0.0  # when it was last given a batch after holding none (progress is judged from then)
     shard_index: int = -1
+    number: int = 0  # among its role's members, as its id counts it (member_ids.py)
     standalone_sps: float = 0.0
     steps: int = 0
     samples: int = 0
@@ -186,8 +187,7 @@ class Roster:
         """A new member: a shard takes a slot, workers and evaluators wait until every shard is there.
         `admit` is called just before it is made, and may refuse it by raising."""
         if hello.role == Role.SHARD:
-            index = self._shard_slot(hello.shard_index)
-            new_id = member_id(Role.SHARD, index)
+            index = number = self._shard_slot(hello.shard_index)
         else:
             if len(self.shards) < self.num_shards:
                 raise ProtocolError(ErrorCode.NOT_READY, f"{len(self.shards)} of {self.num_shards} shards registered")
@@ -197,8 +197,8 @@ class Roster:
                     ErrorCode.FULL,
                     f"the job admits at most {self.job.max_workers} workers and evaluators (--max-workers)",
                 )
-            new_id = member_id(hello.role, self.next_id[hello.role])
-            index = -1
+            index, number = -1, self.next_id[hello.role]
+        new_id = member_id(hello.role, number)
         admit()
         if hello.role != Role.SHARD:
             self.next_id[hello.role] += 1
@@ -212,6 +212,7 @@ class Roster:
             now,
             endpoint=hello.endpoint,
             shard_index=index,
+            number=number,
             connection=connection,
             instance=hello.instance,
             max_batch=hello.max_batch,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.member_ids import member_number
 from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
@@ -161,17 +160,21 @@ def test_the_member_table_keeps_a_bounded_number_of_departed_members():
     assert sum(1 for m in roster.members.values() if m.left) == DEPARTED_KEPT
 
 
-def test_the_ids_the_roster_gives_read_back_as_their_numbers():
-    """A worker seeds its order of the training set with the number in its id (worker/batch_source.py): the
-    number read back is the one the roster counted, for every role, and a string of another form is refused."""
+def test_each_member_is_numbered_among_its_roles_members_as_its_id_counts_it():
+    """A worker seeds its order of the training set with its number (Welcome.number, worker/batch_source.py),
+    which the roster counts per role, as the id it gives (a shard's is its index)."""
     roster = _roster(num_shards=2)
-    ids = [
-        roster.register(Hello(role=role, instance=f"{role}-{i}"), 0.0, f"{role}{i}".encode(), lambda: None).id
-        for role in ("worker", "evaluator")
+    members = [
+        roster.register(Hello(role=role, instance=f"{role}-{i}"), 0.0, f"{role}{i}".encode(), lambda: None)
+        for role in (Role.WORKER, Role.EVALUATOR)
         for i in range(3)
     ]
-    assert [member_number(i) for i in ids] == [0, 1, 2, 0, 1, 2]
-    assert [member_number(m.id) for m in roster.shards.values()] == [0, 1]
-    for other in ("w", "w-1", "x3", "w1 ", "3"):
-        with pytest.raises(ValueError):
-            member_number(other)
+    assert [(m.id, m.number) for m in members] == [
+        ("w0", 0),
+        ("w1", 1),
+        ("w2", 2),
+        ("eval0", 0),
+        ("eval1", 1),
+        ("eval2", 2),
+    ]
+    assert [(m.id, m.number) for m in roster.shards.values()] == [("ps0", 0), ("ps1", 1)]

@@ -139,7 +139,7 @@ class Worker:
         self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
         self._check_micro_batching()
         data, collate = joined.train_data, joined.task.collate_fn()
-        order = worker_order(len(data), joined.job.seed, joined.id)  # this worker's order of the training set
+        order = worker_order(len(data), joined.job.seed, joined.number)  # this worker's order of the training set
         self.batches: DatasetBatches | LoaderBatches = (
             LoaderBatches(data, order, collate, opts.loader_workers, joined.job.seed)
             if opts.loader_workers
