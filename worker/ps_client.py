@@ -366,6 +366,8 @@ class PendingInit(Pending):
         self.acks: dict[int, InitAck] = {}
 
     def take(self, shard: int, msg: Message) -> None:
+        if not isinstance(msg.body, InitAck):
+            raise RemoteError(ErrorCode.UNEXPECTED_TYPE, f"shard {shard} answered an INIT with {msg.type}")
         self.acks[shard] = msg.body
 
     def done(self) -> bool:
