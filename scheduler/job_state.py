@@ -8,7 +8,8 @@ of the job (job_end.py) and the wire's schedule (wire_schedule.py) each hold the
 `JobState` takes each decoded message and the clock, hands them to the parts in
 order, and answers; the server loop feeds it, tests drive it directly. Its
 `saved` and `resume` carry the parts over a restart of the scheduler
-(job_restart.py; the file, saved_progress.py).
+(job_restart.py; the file, saved_progress.py), and its `status` reads them
+all as STATUS (job_status.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
@@ -28,7 +28,6 @@ from dynabatch.common.messages import (
     Role,
     ShardAssignment,
     ShardHeartbeat,
-    ShardStatus,
     Welcome,
     WorkerAssignment,
     WorkerHeartbeat,
@@ -39,12 +38,13 @@ from dynabatch.scheduler.allocator import Allocator
 from dynabatch.scheduler.evaluations import Evaluations
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.job_restart import resume_job, saved_job
+from dynabatch.scheduler.job_status import job_status
 from dynabatch.scheduler.outage_clock import ClockReading
 from dynabatch.scheduler.progress import Progress
 from dynabatch.scheduler.progress_watch import measured_eval_s, stuck_workers, wedged_evaluators
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
-from dynabatch.scheduler.roster import Member, Roster, finite_or_none
+from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
 from dynabatch.scheduler.version_times import VersionTimes
 from dynabatch.scheduler.wire_schedule import WireSchedule
@@ -385,60 +385,8 @@ class JobState:
     # -- reporting ------------------------------------------------------------------
 
     def status(self, now: float) -> JobStatus:
-        """The job as `dynabatch run` and operators see it (the server adds its decision latency)."""
-        ev, progress, allocator, rollbacks = self.evaluations.eval, self.progress, self.allocator, self.rollbacks
-        started = allocator.training_started_at
-        return JobStatus(
-            t=progress.t(now),
-            job=self.job.job,
-            protocol=self.job.protocol,
-            batch_policy=self.job.batch_policy,
-            epoch=progress.epoch,
-            target_epochs=self.job.epochs,
-            samples=progress.samples,
-            lost_samples=progress.lost_samples,
-            lost_versions=progress.lost_versions,
-            bytes=progress.bytes,
-            staleness=progress.staleness_counts,
-            training_t=None if started is None else now - started,
-            budget_spent=self.end.budget_spent,
-            local_steps=allocator.local_steps,
-            local_steps_reason=allocator.local_steps_reason,
-            loss=finite_or_none(progress.loss),
-            test_acc=finite_or_none(ev.test_acc) if ev else None,
-            test_loss=ev.test_loss if ev else None,
-            metrics=dict(ev.metrics) if ev else {},
-            train_size=progress.train_size,
-            eval_version=ev.version if ev else None,
-            eval_t=self.evaluations.eval_time if ev else None,
-            eval_model_t=self.evaluations.eval_model_time if ev else None,
-            stopping=self.stopping,
-            finished=self.finished,
-            final_eval=self.evaluations.final_eval,
-            final_eval_given_up=self.end.final_eval_given_up(self.finished, self.evaluations.final_eval),
-            assignment_id=allocator.assignment_id,
-            workers={
-                m.id: self.wire.shown(m.id, m.public(allocator.batch_of(m.id)), self.roster.live_workers)
-                for m in self.roster.workers()
-            },
-            departed=sorted(m.id for m in self.roster.members.values() if m.role == Role.WORKER and m.left),
-            shards={
-                str(i): ShardStatus(
-                    m.endpoint,
-                    m.shard_last.version,
-                    m.metrics_url,
-                    m.shard_last.discarded,
-                    m.shard_last.model_problem,
-                    m.shard_last.good_version,
-                )
-                for i, m in sorted(self.roster.shards.items())
-            },
-            decisions=allocator.decisions[-10:],
-            rollbacks=[replace(r, versions=dict(r.versions)) for r in rollbacks.rollbacks],
-            lr_factor=rollbacks.lr_factor,
-            failed=self.end.failed,
-            unallotted=allocator.unallotted,
-        )
+        """The job as `dynabatch run` and operators see it (job_status.py; the server adds its decision latency)."""
+        return job_status(self, now)
 
     # -- restart ------------------------------------------------------------------------
 
