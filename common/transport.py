@@ -165,6 +165,14 @@ class Incoming:
     frame: zmq.Frame | None = None
 
     @property
+    def decoded(self) -> Message[Any]:
+        """The message, once its `error` has been dealt with (`recv_routed` gives a message or why there is none,
+        never neither)."""
+        if self.message is None:
+            raise RuntimeError(f"no message to handle: {self.error}")
+        return self.message
+
+    @property
     def peer(self) -> str:
         return (_property(self.frame, "Peer-Address") if self.frame is not None else None) or ""
 

@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import zmq
@@ -54,13 +54,6 @@ from dynabatch.ps.shard_report import shard_heartbeat, shard_hello
 
 log = logging.getLogger("dynabatch.ps")
 MAX_BATCH_PER_POLL = 64
-
-
-def message_of(incoming: Incoming) -> Message[Any]:
-    """The message of an `incoming` whose error has been dealt with (one without an error always has one)."""
-    if incoming.message is None:
-        raise RuntimeError(f"no message to handle: {incoming.error}")
-    return incoming.message
 
 
 T = TypeVar("T")
@@ -296,7 +289,7 @@ class ShardServer:
     def _handle(self, incoming: Incoming) -> None:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
-        msg = message_of(incoming)
+        msg = incoming.decoded
         start = time.perf_counter()
         try:
             if msg.job != self.served_job.name:

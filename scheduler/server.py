@@ -297,9 +297,7 @@ class SchedulerServer:
     def _handle(self, incoming: Incoming) -> None:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
-        msg = incoming.message
-        if msg is None:  # recv_routed gives a message or why there is none, never neither
-            raise RuntimeError("an incoming message with neither a message nor an error")
+        msg = incoming.decoded
         now = time.monotonic()
         reply: Welcome | WorkerAssignment | ShardAssignment | ByeAck | StatusReply
         try:
