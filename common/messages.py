@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 
 class Role(StrEnum):
@@ -213,6 +213,11 @@ class ShardAssignment:
     lr_factor: float = 1.0
     hold_checkpoints: bool = False
     serve_ranks: dict[str, int] = field(default_factory=dict)
+
+
+Report = TypeVar("Report", WorkerHeartbeat, ShardHeartbeat)
+"""A heartbeat, of a worker (or evaluator) or of a shard: each role's is answered by its own `Answer`."""
+Answer = TypeVar("Answer", WorkerAssignment, ShardAssignment)
 
 
 @dataclass

@@ -23,20 +23,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Generic, TypeVar
+from typing import Generic
 
 import zmq
 
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
+    Answer,
     Bye,
     Error,
     Hello,
-    ShardAssignment,
-    ShardHeartbeat,
+    Report,
     Welcome,
-    WorkerAssignment,
-    WorkerHeartbeat,
 )
 from dynabatch.common.metrics import Health
 from dynabatch.common.scheduler_contact import SchedulerContact
@@ -48,9 +46,6 @@ RETRYABLE = (ErrorCode.NOT_READY, ErrorCode.SLOT_TAKEN, ErrorCode.HELLO_RATE)
 BYE_TIMEOUT_S = 5.0  # a scheduler that is gone must not hold up a process's exit for long
 BYE_ATTEMPT_S = 1.0
 ASK_EVERY_S = 0.05  # between two heartbeats of a process that waits on the scheduler (`ask`)
-
-Report = TypeVar("Report", WorkerHeartbeat, ShardHeartbeat)
-Answer = TypeVar("Answer", WorkerAssignment, ShardAssignment)
 
 
 class SchedulerLink(Generic[Report, Answer]):

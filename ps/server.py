@@ -92,7 +92,7 @@ class ShardServer:
         self.serving: ModelService | None = None  # once the first INIT or a checkpoint gave the model (held_model.py)
         self.last_assignment: ShardAssignment | None = None
         failed = handshake_failures(self.registry)
-        self.handlers = Handlers[bytes]("a shard")  # by message type, called with the sender's connection
+        self.handlers = Handlers[bytes, None]("a shard")  # by message type, called with the sender's connection
         self.handlers.on(Init, self._on_init)
         self.handlers.on(Pull, lambda msg, identity: self.service.pull(msg, identity))
         self.handlers.on(Push, lambda msg, identity: self.service.push(msg, identity))
