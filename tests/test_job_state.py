@@ -734,3 +734,18 @@ def test_a_job_without_an_evaluator_says_why_its_awaited_final_evaluation_was_gi
     assert state.status(t).final_eval_given_up == "", "not yet given up"
     state.tick(t + 31.0)
     assert state.status(t + 31.0).final_eval_given_up == "no evaluator joined within 30 s of the job's end"
+
+
+def test_a_heartbeat_of_the_other_roles_kind_is_refused_and_changes_nothing():
+    """A worker reports with HEARTBEAT and a shard with SHARD_HEARTBEAT: the other kind in a member's name is
+    refused (`bad_sender`) before anything of it is taken."""
+    state = _job()
+    wid = _join(state, 1000.0)
+    worker, shard = state.roster.members[wid], state.roster.shards[0]
+    before = (worker.heartbeats, worker.last, shard.heartbeats, shard.shard_last, state.roster.membership)
+    with pytest.raises(ProtocolError, match=f"bad_sender: {wid} is a worker; it reports with HEARTBEAT"):
+        state.shard_heartbeat(wid, ShardHeartbeat(version=5, samples=480, quarantined=[wid]), 1.0)
+    with pytest.raises(ProtocolError, match=f"bad_sender: {shard.id} is a ps; it reports with SHARD_HEARTBEAT"):
+        state.heartbeat(shard.id, WorkerHeartbeat(steps=1, samples=32, batch=32, step_s=0.1), 1.0)
+    assert (worker.heartbeats, worker.last, shard.heartbeats, shard.shard_last, state.roster.membership) == before
+    assert wid in state.roster.live_workers
