@@ -10,7 +10,7 @@ the job's only worker and talks to the shard with a raw Connection.
   starts again on the same port, and the replay is still refused: the restarted
   shard remembers the seq from its checkpoint. A new push (what an honest worker's
   retry is) is still taken.
-- WorkerAssignment: a PUSH claiming more samples than the batch the scheduler assigned
+- Assignment: a PUSH claiming more samples than the batch the scheduler assigned
   its sender (though within the job's --max-batch) is refused `bad_field`.
 - Checkpoints: after a push (the checkpoint right after INIT becomes the previous
   copy when the shard checkpoints again at SIGTERM), bits are flipped in the newest
