@@ -62,7 +62,7 @@ def setup(rank: int, seed: int, data_dir: str) -> Setup:
         job,
         model_for_job(job),
         data,
-        worker_order(len(data.train_y), seed, f"w{rank}"),
+        worker_order(len(data.train_y), seed, rank),
         torch.Generator().manual_seed(seed * 7919 + rank),
     )
 

@@ -33,7 +33,15 @@ from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Heartbeat, Hello, JobStatus, StatusReply, StatusRequest
+from dynabatch.common.messages import (
+    Hello,
+    JobStatus,
+    Role,
+    StatusReply,
+    StatusRequest,
+    WorkerAssignment,
+    WorkerHeartbeat,
+)
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import PendingPush, ShardClients
@@ -70,8 +78,8 @@ class LightWorker:
     """One registered worker that pulls and pushes but does not compute."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], scheduler: str, name: str) -> None:
-        link = SchedulerLink(ctx, scheduler, "dynabatch", name)
-        welcome = link.register(Hello(role="worker", name=name), lambda: False, lambda: None)
+        link = SchedulerLink(ctx, scheduler, "dynabatch", name, WorkerHeartbeat, WorkerAssignment)
+        welcome = link.register(Hello(role=Role.WORKER, name=name), lambda: False, lambda: None)
         assert welcome is not None, "registration only ends with a WELCOME when nothing asks it to stop"
         self.control = link.conn
         job = job_from_dict(welcome.config)
@@ -82,7 +90,7 @@ class LightWorker:
         )
         self.clients.init(init, flat, 30.0)
         self.grad = torch.full((total,), GRAD_VALUE)
-        self.hb = Heartbeat(standalone_sps=STANDALONE_SPS)
+        self.hb = WorkerHeartbeat(standalone_sps=STANDALONE_SPS)
         self.batch = 0
         self.last_hb = 0.0
 
@@ -105,7 +113,7 @@ class LightWorker:
 
     def record(self, step_s: float) -> None:
         hb = self.hb
-        self.hb = Heartbeat(
+        self.hb = WorkerHeartbeat(
             steps=hb.steps + 1,
             samples=hb.samples + self.batch,
             batch=self.batch,
@@ -219,7 +227,7 @@ def measure(workers: int, shards: int, window_s: float, launcher: Launcher) -> S
     if last is None:
         return ScaleResult(workers, shards, None, None, None, None, 0, "no status at the end of the window")
     dt = last.t - first.t
-    updates = sum(s.updates for s in last.shards.values()) - sum(s.updates for s in first.shards.values())
+    updates = sum(s.version for s in last.shards.values()) - sum(s.version for s in first.shards.values())
     steps = sum(w.steps for w in last.workers.values()) - sum(w.steps for w in first.workers.values())
     latency = last.decision_s
     return ScaleResult(workers, shards, updates / dt, steps / dt, latency.mean, latency.p99, latency.count)

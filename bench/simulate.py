@@ -55,7 +55,7 @@ from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_l
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.models import build_model
 from dynabatch.common.optimum import Device
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
@@ -275,7 +275,7 @@ class Cluster:
         self.clipped = 0
         spec = self.spec if cfg.equal_steps is None else replace(self.spec, equal_steps=cfg.equal_steps)
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0, spec=spec)
-        self.scheduler.hello(Hello(role="ps", instance="ps"), 0.0)
+        self.scheduler.hello(Hello(role=Role.SHARD, instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
         self.assigned = AssignedBatches(push_steps(self.job), max_push_samples(self.job))  # server.py's push bounds
         self.now = 0.0
@@ -332,7 +332,7 @@ class Cluster:
 
     # -- the scheduler and the shard --------------------------------------------------
 
-    def report(self, wid: str, hb: Heartbeat) -> Told:
+    def report(self, wid: str, hb: WorkerHeartbeat) -> Told:
         """A worker's heartbeat; the shard then reports the membership it applies (as its heartbeat would).
         Returns the scheduler's answer."""
         self.scheduler.heartbeat(wid, hb, self.now)
@@ -348,9 +348,9 @@ class Cluster:
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
         answer grows one (as server.py's: the scheduler hands a larger batch only once the shard reports it)."""
-        ps = self.scheduler.heartbeat(
+        ps = self.scheduler.shard_heartbeat(
             "ps0",
-            Heartbeat(
+            ShardHeartbeat(
                 membership=self.scheduler.roster.membership,
                 train_size=len(self.data.train_y),
                 batches=self.assigned.told,
@@ -412,8 +412,9 @@ class Worker:
         self.slowdown = Slowdown.parse(spec.slowdown)
         self.rng = random.Random(cluster.cfg.seed * 1000 + index)
         self.source: BatchSource | None = None  # the worker's own data order, once it has an id
-        self.hb = Heartbeat()
+        self.hb = WorkerHeartbeat()
         self.wid = ""
+        self.number = 0  # among the workers, as the scheduler numbered it (Welcome.number)
         self.told = Told()
         self.started = spec.join_s
         self.model: torch.nn.Module | None = None  # its own model (delta protocols)
@@ -524,14 +525,15 @@ class Worker:
         later spends its probe's time after `join_s`, before it is counted in n.
         """
         c = self.c
-        self.wid = c.scheduler.hello(
-            Hello(role="worker", instance=f"sim{self.index}", max_batch=self.device.max_batch), c.now
-        ).id
-        self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.wid))
+        welcome = c.scheduler.hello(
+            Hello(role=Role.WORKER, instance=f"sim{self.index}", max_batch=self.device.max_batch), c.now
+        )
+        self.wid, self.number = welcome.id, welcome.number
+        self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.number))
         standalone, probe_s = self.probe()
         if self.spec.join_s > 0:
             yield c.now + probe_s
-        self.hb = Heartbeat(standalone_sps=standalone)
+        self.hb = WorkerHeartbeat(standalone_sps=standalone)
         self.told = c.report(self.wid, self.hb)
         if self.told.batch == 0:
             # The real worker repeats its heartbeat until the answer holds a batch (worker/trainer.py,
@@ -726,7 +728,7 @@ def result_of(cluster: Cluster) -> SimResult:
     samples = sched.progress.samples
     stats = staleness.stats(cluster.counts)
     time_to = {m: next((t for t, _, acc in cluster.curve if acc >= float(m)), None) for m in MARKS}
-    workers = [m for m in sched.roster.members.values() if m.role == "worker"]
+    workers = [m for m in sched.roster.members.values() if m.role == Role.WORKER]
     loss = sched.progress.loss
     return SimResult(
         protocol=cfg.protocol,

@@ -47,7 +47,7 @@ from dynabatch.common.catalog import MODELS
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import ShardClients
@@ -176,11 +176,11 @@ class DynabatchTarget:
         for i in range(shards):
             profile = ["-m", "cProfile", "-o", str(shard_profile)] if shard_profile and i == 0 else []
             launcher.start_shard(i, f"ps{i}", QUIET, python_args=profile)
-        link = SchedulerLink(ctx, launcher.scheduler_endpoint, "dynabatch", "bench")
+        link = SchedulerLink(ctx, launcher.scheduler_endpoint, "dynabatch", "bench", WorkerHeartbeat, WorkerAssignment)
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             welcome = link.register(
-                Hello(role="worker", name="bench"), lambda: time.monotonic() > deadline, launcher.check_alive
+                Hello(role=Role.WORKER, name="bench"), lambda: time.monotonic() > deadline, launcher.check_alive
             )
             if welcome is None:
                 raise TimeoutError(
@@ -237,7 +237,7 @@ class PushPullTarget:
 
 def _has_batch(conn: Connection) -> bool:
     try:
-        batch: int = conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=2.0).body.batch
+        batch: int = conn.request(WorkerHeartbeat(standalone_sps=1000.0), timeout_s=2.0).body.batch
         return batch > 0
     except TimeoutError:
         return False

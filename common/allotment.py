@@ -1,8 +1,8 @@
 """The job's sample budget, as a worker's batch sees it: a push takes no more than the worker has left.
 
 The scheduler allots each worker a number of samples (in the worker's own
-count, `Heartbeat.samples`) that it may have trained in all
-(`Assignment.allotted`), and allots no more than the job's epochs of the
+count, `WorkerHeartbeat.samples`) that it may have trained in all
+(`WorkerAssignment.allotted`), and allots no more than the job's epochs of the
 training set. A worker that reaches its allotment takes no step until it is
 given more, so a job ends within what it was asked for whatever the lag
 between a worker's steps and the scheduler's answers; the last push of a

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from dynabatch.common.error_codes import ErrorCode
+from dynabatch.common.messages import Role
 from dynabatch.common.wire import ProtocolError
 
-HELLO_KEY_ROLE = {"ps": "shard", "worker": "worker", "evaluator": "evaluator"}  # HELLO.role -> the key it needs
+HELLO_KEY_ROLE = {Role.SHARD: "shard", Role.WORKER: "worker", Role.EVALUATOR: "evaluator"}  # the key each role needs
 
 
 def check_key_role(key_role: str | None, allowed: Collection[str], what: str) -> None:

@@ -9,9 +9,17 @@ so a newer sender may add fields without breaking an older receiver.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from enum import StrEnum
+from typing import Any, ClassVar, TypeVar
 
-ROLES = ("worker", "evaluator", "ps")
+
+class Role(StrEnum):
+    """What a process registers as (HELLO.role): its id (common/member_ids.py), the heartbeat it sends and the
+    assignment it gets follow from it. A shard's role is named as its command is (`dynabatch ps`)."""
+
+    WORKER = "worker"
+    EVALUATOR = "evaluator"
+    SHARD = "ps"
 
 
 @dataclass
@@ -29,7 +37,7 @@ class Hello:
     """
 
     TYPE: ClassVar[str] = "HELLO"
-    role: str
+    role: Role
     host: str = ""
     metrics_url: str = ""
     endpoint: str = ""
@@ -42,18 +50,24 @@ class Hello:
 
 @dataclass
 class Welcome:
-    """The scheduler's answer to HELLO: who you are and the job you are in."""
+    """The scheduler's answer to HELLO: who you are and the job you are in.
+
+    `number` counts the members of the sender's role as they registered (a shard's is its
+    `shard_index`): a worker seeds its own order of the training set with it
+    (worker/batch_source.py), so no process reads it back out of `id`.
+    """
 
     TYPE: ClassVar[str] = "WELCOME"
     id: str
     config: dict[str, Any]
     shards: list[str]
     shard_index: int = -1
+    number: int = 0
 
 
 @dataclass
-class Heartbeat:
-    """Liveness plus what a process did since it started (cumulative counters).
+class WorkerHeartbeat:
+    """A worker's (or an evaluator's) liveness plus what it did since it registered (cumulative counters).
 
     Cumulative rather than per-interval so that a lost heartbeat loses no
     samples: the scheduler takes differences itself. `staleness[k]` counts the
@@ -63,28 +77,13 @@ class Heartbeat:
     over its H steps, so `step_s - wait_s` is always one step of the worker's own
     work, which is what the scheduler's speed model fits. `data_s` is time spent
     waiting for the step's samples (loading, collating, copying to the device),
-    part of the worker's own work. A shard reports in
-    `membership` the number of the live worker set it has applied (ASSIGNMENT's),
-    and in `train_size` the length of the training set in the model signature the
-    workers initialised it with: the scheduler counts epochs from it, and runs no
-    task code to learn it. A shard's `version` and `samples` (pushed to it) come
-    back from its checkpoint when it restarts, so a drop in them is the work it lost.
-    A shard's `discarded` counts the pushes its protocol discarded as too stale
-    (ssgd, msync, ringmaster, rennala) since it started.
-    A shard lists in `quarantined` the workers whose pushes it refuses for exceeding
-    the gradient bound again and again (ps/gradient_bounds.py): the scheduler drops them.
+    part of the worker's own work. `version` is the model version its last step
+    computed on, `assignment_id` the assignment it stepped under.
 
     Divergence (scheduler/divergence.py): a worker counts in `skipped` the steps it
-    did not push because their loss was not finite. A shard reports in `model_problem`
-    what its parameter guard sees wrong with its model (empty: nothing; ps/param_guard.py),
-    in `good_version` the version of its last checkpoint of a healthy model (-1: none),
-    and in `rollbacks` the number of the last rollback it applied (ASSIGNMENT's); a worker, the last rollback
-    it acted on (it dropped the model it held, and reported the steps it had skipped before).
-
-    A shard echoes in `batches` the push bounds (ASSIGNMENT's `batches`) it applied (None: none yet). The scheduler
-    hands a worker a larger batch only once every shard reports it, so that no shard refuses the first push of that
-    batch for having taken its own bound after the worker took its answer (as a shard busy with a burst of pushes
-    may).
+    did not push because their loss was not finite, and reports in `rollbacks` the
+    last rollback it acted on (it dropped the model it held, and reported the steps
+    it had skipped before).
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -103,13 +102,42 @@ class Heartbeat:
     version: int = 0
     standalone_sps: float = 0.0
     assignment_id: int = 0
-    updates: int = 0
     staleness: list[int] = field(default_factory=list)
+    skipped: int = 0
+    rollbacks: int = 0
+
+
+@dataclass
+class ShardHeartbeat:
+    """A shard's liveness plus what only it knows of the model (cumulative since it started, or its checkpoint).
+
+    `version` and `samples` (pushed to it) come back from its checkpoint when it
+    restarts, so a drop in them is the work it lost. `membership` is the number of
+    the live worker set it has applied (SHARD_ASSIGNMENT's), and `train_size` the
+    length of the training set in the model signature the workers initialised it
+    with: the scheduler counts epochs from it, and runs no task code to learn it.
+    `discarded` counts the pushes its protocol discarded as too stale (ssgd,
+    msync, ringmaster, rennala) since it started. `quarantined` lists the workers
+    whose pushes it refuses for exceeding the gradient bound again and again
+    (ps/gradient_bounds.py): the scheduler drops them.
+
+    Divergence (scheduler/divergence.py): `model_problem` is what its parameter guard
+    sees wrong with its model (empty: nothing; ps/param_guard.py), `good_version` the
+    version of its last checkpoint of a healthy model (-1: none), and `rollbacks` the
+    number of the last rollback it applied (SHARD_ASSIGNMENT's).
+
+    `batches` echoes the push bounds (SHARD_ASSIGNMENT's `batches`) it applied (None: none yet). The scheduler
+    hands a worker a larger batch only once every shard reports it: told when the answer was sent, a shard busy
+    with a burst of pushes refused the first push of a worker whose answer came after its own.
+    """
+
+    TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
+    version: int = 0
+    samples: int = 0
     membership: int = 0
     train_size: int = 0
     discarded: int = 0
     quarantined: list[str] = field(default_factory=list)
-    skipped: int = 0
     model_problem: str = ""
     good_version: int = -1
     rollbacks: int = 0
@@ -117,11 +145,40 @@ class Heartbeat:
 
 
 @dataclass
-class Assignment:
-    """What the scheduler wants a worker (or shard) to do next.
+class WorkerAssignment:
+    """What the scheduler wants a worker (or an evaluator: only `stop`) to do next.
 
-    A worker keeps its last assignment when the scheduler is unreachable. A shard
-    gets the live workers, numbered by `membership` (it goes up with every join
+    A worker keeps its last assignment when the scheduler is unreachable. `lr_scale`
+    scales its learning rate (DBS-SGD's weight times the job's step-size factor after
+    its rollbacks, common/protocols.py). After a divergence the scheduler numbers its
+    rollbacks: a worker is given the number in `rollbacks` once every shard has applied
+    it, and then drops the model it holds and pulls again. `allotted` is how many
+    samples a worker may have trained in all, in its own count (`WorkerHeartbeat.samples`;
+    None: no limit): the job's epochs are handed out as such allotments, and a worker
+    takes no step beyond its own (common/allotment.py).
+
+    The wire's schedule (scheduler/wire_schedule.py): a worker's pipelined backward batches `chunk_group` of a
+    shard's chunks into one PUSH and keeps at most `credit_bytes` unacknowledged (0: the job's one chunk and
+    `--max-inflight-bytes`).
+    """
+
+    TYPE: ClassVar[str] = "ASSIGNMENT"
+    assignment_id: int
+    batch: int = 0
+    lr_scale: float = 1.0
+    local_steps: int = 1
+    stop: bool = False
+    rollbacks: int = 0
+    allotted: int | None = None
+    chunk_group: int = 0
+    credit_bytes: int = 0
+
+
+@dataclass
+class ShardAssignment:
+    """What the scheduler tells a shard of the job: its live workers, their bounds, rollbacks, the stop.
+
+    A shard gets the live workers, numbered by `membership` (it goes up with every join
     and departure): a new worker gets its first batch only once every shard has
     reported applying a set that holds it, so no synchronous round can close
     without a worker whose gradient is already on its way. `allocated` tells a
@@ -135,27 +192,16 @@ class Assignment:
 
     After a divergence the scheduler numbers its rollbacks: a shard whose applied
     number is below `rollbacks` restores its last good checkpoint (once per number,
-    so a repeated answer changes nothing); a worker is given the number once every
-    shard has applied it, and then drops the model it holds and pulls again.
-    `lr_factor` is the job's step-size factor after its rollbacks (halved at each);
-    shards multiply their rate by it (workers get it inside `lr_scale`).
+    so a repeated answer changes nothing). `lr_factor` is the job's step-size factor
+    after its rollbacks (halved at each); shards multiply their rate by it.
     `hold_checkpoints` asks shards not to checkpoint while workers' losses look diverged.
-    `allotted` is how many samples a worker may have trained in all, in its own count
-    (`Heartbeat.samples`; None: no limit): the job's epochs are handed out as such
-    allotments, and a worker takes no step beyond its own (common/allotment.py).
 
-    The wire's schedule (scheduler/wire_schedule.py): a worker's pipelined backward batches `chunk_group` of a
-    shard's chunks into one PUSH and keeps at most `credit_bytes` unacknowledged (0: the job's one chunk and
-    `--max-inflight-bytes`); a shard serves the messages waiting in one poll, and its parked pulls, by
-    `serve_ranks` (worker -> rank, 0 first; absent: after every ranked one), then front of the model first.
-    Only the scheduler's answer carries ranks: nothing a worker sends can change its own.
+    A shard serves the messages waiting in one poll, and its parked pulls, by `serve_ranks` (worker -> rank, 0
+    first; absent: after every ranked one; scheduler/wire_schedule.py), then front of the model first. Only the
+    scheduler's answer carries ranks: nothing a worker sends can change its own.
     """
 
-    TYPE: ClassVar[str] = "ASSIGNMENT"
-    assignment_id: int
-    batch: int = 0
-    lr_scale: float = 1.0
-    local_steps: int = 1
+    TYPE: ClassVar[str] = "SHARD_ASSIGNMENT"
     stop: bool = False
     live_workers: list[str] = field(default_factory=list)
     allocated: int = 0
@@ -166,10 +212,12 @@ class Assignment:
     rollbacks: int = 0
     lr_factor: float = 1.0
     hold_checkpoints: bool = False
-    allotted: int | None = None
-    chunk_group: int = 0
-    credit_bytes: int = 0
     serve_ranks: dict[str, int] = field(default_factory=dict)
+
+
+Report = TypeVar("Report", WorkerHeartbeat, ShardHeartbeat)
+"""A heartbeat, of a worker (or evaluator) or of a shard: each role's is answered by its own `Answer`."""
+Answer = TypeVar("Answer", WorkerAssignment, ShardAssignment)
 
 
 @dataclass
@@ -327,7 +375,6 @@ class WorkerStatus:
     compute_s_total: float = 0.0
     observed_samples: int = 0
     version: int = 0
-    updates: int = 0
     endpoint: str = ""
     data_s_total: float = 0.0
     max_batch: int = 0
@@ -345,7 +392,6 @@ class ShardStatus:
 
     endpoint: str
     version: int
-    updates: int
     metrics_url: str
     discarded: int = 0  # pushes discarded as too stale (ssgd, msync, ringmaster, rennala)
     model_problem: str = ""
@@ -492,8 +538,10 @@ MESSAGE_TYPES: dict[str, type] = {
     for cls in (
         Hello,
         Welcome,
-        Heartbeat,
-        Assignment,
+        WorkerHeartbeat,
+        ShardHeartbeat,
+        WorkerAssignment,
+        ShardAssignment,
         Init,
         InitAck,
         Pull,

@@ -23,11 +23,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Generic
 
 import zmq
 
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Assignment, Bye, Error, Heartbeat, Hello, Welcome
+from dynabatch.common.messages import (
+    Answer,
+    Bye,
+    Error,
+    Hello,
+    Report,
+    Welcome,
+)
 from dynabatch.common.metrics import Health
 from dynabatch.common.scheduler_contact import SchedulerContact
 from dynabatch.common.transport import Connection, RemoteError
@@ -40,8 +48,10 @@ BYE_ATTEMPT_S = 1.0
 ASK_EVERY_S = 0.05  # between two heartbeats of a process that waits on the scheduler (`ask`)
 
 
-class SchedulerLink:
-    """DEALER to the scheduler plus the registration and assignment protocol."""
+class SchedulerLink(Generic[Report, Answer]):
+    """DEALER to the scheduler plus the registration and assignment protocol, for a role that heartbeats with
+    `Report` and is answered with `Answer`: a worker's or evaluator's (WorkerHeartbeat, WorkerAssignment) or a
+    shard's (ShardHeartbeat, ShardAssignment)."""
 
     def __init__(
         self,
@@ -49,9 +59,13 @@ class SchedulerLink:
         endpoint: str,
         job: str,
         name: str,
+        report: type[Report],
+        answer: type[Answer],
         handshake_failed: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """`handshake_failed` is told the reason of each failed handshake (metrics.handshake_failures)."""
+        self.report: type[Report] = report
+        self.answer: type[Answer] = answer
         self.conn = Connection(ctx, endpoint, job, name)
         self.conn.handshake_failed = handshake_failed
         # A BYE gives up at once on a scheduler whose connection closed (`bye`); the contact (`watch_contact`)
@@ -59,12 +73,12 @@ class SchedulerLink:
         self.conn.watch_drops(handshakes=True)
         self.contact: SchedulerContact | None = None
         self.instance = secrets.token_hex(8)  # makes a repeated HELLO of ours harmless (see Hello)
-        self.assignment: Assignment | None = None
+        self.assignment: Answer | None = None
         self.lost = False
         self.lost_at: float | None = None  # when an answer said the scheduler does not know us (`lost`)
         self.id = ""
         self._lock = threading.RLock()
-        self._last: Heartbeat | None = None  # the last heartbeat sent by this registration
+        self._last: Report | None = None  # the last heartbeat sent by this registration
         self._sent_at = 0.0
 
     def register(self, hello: Hello, should_stop: Callable[[], bool], on_wait: Callable[[], None]) -> Welcome | None:
@@ -119,7 +133,7 @@ class SchedulerLink:
         if self.contact is None:
             self.contact = SchedulerContact(self.conn.endpoint, health, silence_s, time.monotonic())
 
-    def heartbeat(self, hb: Heartbeat) -> Assignment | None:
+    def heartbeat(self, hb: Report) -> Answer | None:
         """Send `hb` (fire-and-forget); returns the newest assignment, as `poll`."""
         with self._lock:
             self.conn.send(hb)
@@ -140,10 +154,10 @@ class SchedulerLink:
         with self._lock:
             if not self.id or self.lost or time.monotonic() - self._sent_at < interval_s:
                 return False
-            self.heartbeat(self._last or Heartbeat())
+            self.heartbeat(self._last or self.report())
             return True
 
-    def ask(self, hb: Heartbeat) -> Assignment | None:
+    def ask(self, hb: Report) -> Answer | None:
         """For a process that waits on the scheduler (for a batch, for the job's stop): heartbeat `hb` unless one
         went less than ASK_EVERY_S ago, then take answers until the next is due; returns the newest assignment.
 
@@ -160,14 +174,14 @@ class SchedulerLink:
         with self._lock:
             self.conn.send(body)
 
-    def poll(self) -> Assignment | None:
+    def poll(self) -> Answer | None:
         """Take every waiting answer; returns the newest assignment (or the last one kept)."""
         with self._lock:
             for msg in self.conn.drain():
                 self._take(msg.body)
             return self.assignment
 
-    def wait(self, timeout_s: float) -> Assignment | None:
+    def wait(self, timeout_s: float) -> Answer | None:
         """Block up to `timeout_s` for the next answer, then take all waiting ones."""
         with self._lock:
             msg = self.conn.recv(timeout_s)
@@ -178,7 +192,7 @@ class SchedulerLink:
     def _take(self, body: object) -> None:
         if self.contact is not None:
             self.contact.heard(time.monotonic())
-        if isinstance(body, Assignment):
+        if isinstance(body, self.answer):
             self.assignment = body
         elif isinstance(body, Error):
             if body.code in (ErrorCode.UNKNOWN_SENDER, ErrorCode.BAD_SENDER):  # forgotten, or our connection replaced

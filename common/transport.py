@@ -159,10 +159,18 @@ class Incoming:
     """
 
     identity: bytes
-    message: Message | None
+    message: Message[Any] | None
     error: ProtocolError | None
     key_role: str | None = None
     frame: zmq.Frame | None = None
+
+    @property
+    def decoded(self) -> Message[Any]:
+        """The message, once its `error` has been dealt with (`recv_routed` gives a message or why there is none,
+        never neither)."""
+        if self.message is None:
+            raise RuntimeError(f"no message to handle: {self.error}")
+        return self.message
 
     @property
     def peer(self) -> str:
@@ -306,7 +314,7 @@ class Connection:
         self._last_seq = seq
         return seq
 
-    def recv(self, timeout_s: float) -> Message | None:
+    def recv(self, timeout_s: float) -> Message[Any] | None:
         """The next valid message within the timeout; invalid ones are skipped."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -323,7 +331,7 @@ class Connection:
         timeout_s: float,
         chunks: Sequence[ChunkMeta] = (),
         tensors: Sequence[torch.Tensor] = (),
-    ) -> Message:
+    ) -> Message[Any]:
         """Send and wait for the matching reply; raises TimeoutError or RemoteError."""
         seq = self.send(body, chunks, tensors)
         if seq < 0:
@@ -339,7 +347,7 @@ class Connection:
                 raise RemoteError(reply.body.code, reply.body.text)
             return reply
 
-    def drain(self) -> list[Message]:
+    def drain(self) -> list[Message[Any]]:
         """Every valid message waiting now, oldest first."""
         out = []
         while self.sock.poll(0):

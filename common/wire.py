@@ -8,8 +8,8 @@ the codec.
 
 `decode` validates everything it can without knowing the receiver's state
 (types, frame count and lengths, dtypes); a body's fields are checked against
-its dataclass's annotations, nested dataclasses, `X | None`, lists and maps of
-them included, and a bad value is refused naming its path
+its dataclass's annotations, nested dataclasses, string enums, `X | None`, lists and
+maps of them included, and a bad value is refused naming its path
 (`STATUS_REPLY.state.workers.w0.batch must be int`). The receiver then checks what only it
 knows (chunk ids it owns, finiteness where the protocol needs it) with
 `check_chunks` and `check_finite`. Every failure is a `ProtocolError` with a
@@ -19,6 +19,7 @@ stable code, so the roles can answer ERROR and count it by reason.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import sys
 import types
@@ -26,7 +27,7 @@ import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import msgpack
 
@@ -37,7 +38,11 @@ if typing.TYPE_CHECKING:
 from dynabatch.common.error_codes import ErrorCode, sent_code
 from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+SCHEMA_FINGERPRINT = "57c40cba885427bf"
+"""The digest of the message dataclasses' fields that PROTOCOL_VERSION speaks: a change of the wire's schema is a
+change of the protocol, and tests/test_wire_schema.py fails until the version is raised and the new digest
+recorded here."""
 MAX_CHUNKS = 1 << 16
 MAX_CHUNK_ELEMENTS = 1 << 30
 
@@ -108,11 +113,21 @@ class ChunkMeta:
         return self.numel * DTYPE_SIZES[self.dtype]
 
 
-@dataclass
-class Message:
-    """A decoded (or to-be-sent) message: envelope fields, typed body, tensors."""
+class Body(Protocol):
+    """A message body: one of common/messages.py's dataclasses, named on the wire by its TYPE."""
 
-    body: Any
+    TYPE: ClassVar[str]
+
+
+B = TypeVar("B", bound=Body)
+
+
+@dataclass
+class Message(Generic[B]):
+    """A decoded (or to-be-sent) message: envelope fields, its body (of type `B`: decode gives `Message[Any]`,
+    which a receiver's handler table narrows by the body's class, common/handlers.py), tensors."""
+
+    body: B
     chunks: list[ChunkMeta] = field(default_factory=list)
     tensors: list[torch.Tensor] = field(default_factory=list)
     job: str = ""
@@ -121,7 +136,7 @@ class Message:
 
     @property
     def type(self) -> str:
-        return cast(str, self.body.TYPE)
+        return self.body.TYPE
 
 
 def chunk_meta(chunk_id: int, tensor: torch.Tensor, version: int = 0) -> ChunkMeta:
@@ -132,7 +147,7 @@ def chunk_meta(chunk_id: int, tensor: torch.Tensor, version: int = 0) -> ChunkMe
     return ChunkMeta(chunk_id, name, tuple(tensor.shape), version)
 
 
-def encode(msg: Message, tensors: Sequence[torch.Tensor | memoryview] | None = None) -> list[Any]:
+def encode(msg: Message[Any], tensors: Sequence[torch.Tensor | memoryview] | None = None) -> list[Any]:
     """Frames for `msg`: the packed envelope, then one zero-copy buffer per tensor of `tensors` (default
     `msg.tensors`; a memoryview is taken as the tensor's bytes, as a sender that tracks its loans to ZeroMQ
     lends them: ps/param_buffers.py)."""
@@ -168,7 +183,7 @@ def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
     return t.view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
 
 
-def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message:
+def decode(frames: Sequence[Any], limits: WireLimits | None = None) -> Message[Any]:
     """Parse and validate frames into a Message, or raise ProtocolError.
 
     `frames` are bytes or zmq.Frame objects (as from `recv_multipart(copy=False)`).
@@ -418,6 +433,8 @@ def _converter(hint: Any) -> _Convert:
         return _dict_of(_converter(key), _type_name(key), _converter(item), name)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _dataclass(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.StrEnum):
+        return _member_of(hint)
     raise TypeError(f"unsupported annotation {hint!r} in a message dataclass")
 
 
@@ -500,6 +517,18 @@ def _dict_of(key: _Convert, key_name: str, item: _Convert, name: str) -> _Conver
     return convert
 
 
+def _member_of(cls: type[enum.StrEnum]) -> _Convert:
+    """A string enum travels as its value; any other string is refused naming the values it may take."""
+    values = [member.value for member in cls]
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, str) and value in values:
+            return cls(value)
+        raise _BadValue(f"must be one of {', '.join(values)}")
+
+    return convert
+
+
 def _dataclass(cls: type) -> _Convert:
     def convert(value: Any) -> Any:
         if not isinstance(value, dict):
@@ -528,7 +557,7 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def check_chunks(msg: Message, known: Mapping[int, int], dtype: str = "float32") -> None:
+def check_chunks(msg: Message[Any], known: Mapping[int, int], dtype: str = "float32") -> None:
     """Reject chunks this receiver does not own, of the wrong dtype, or of the wrong size.
 
     `known` maps each chunk id the receiver holds to its number of elements.
@@ -548,7 +577,7 @@ def check_chunks(msg: Message, known: Mapping[int, int], dtype: str = "float32")
             )
 
 
-def check_finite(msg: Message) -> None:
+def check_finite(msg: Message[Any]) -> None:
     """Reject NaN or Inf anywhere in the tensors.
 
     A finite sum proves every element finite (NaN and Inf propagate through a sum),

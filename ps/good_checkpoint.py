@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dynabatch.common.atomic_file import out_of_descriptors
+from dynabatch.common.messages import ShardAssignment
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.model_health import ModelHealth
 from dynabatch.ps.replay_guard import ReplayGuard
@@ -40,6 +41,16 @@ class GoodCheckpoint:
         self.rollbacks = 0
         self.hold = False  # the scheduler sees workers' losses diverging: keep the last checkpoint
         self.next_at = time.monotonic() + interval_s
+
+    def rollback_due(self, assignment: ShardAssignment, holds_model: bool) -> bool:
+        """Take the scheduler's word on checkpoints (hold them while workers' losses look diverged); True if it
+        orders a rollback this shard has not applied yet. Without a model (`holds_model` False) there is nothing
+        to go back from: the number counts as applied."""
+        self.hold = assignment.hold_checkpoints
+        if not holds_model:
+            self.rollbacks = max(self.rollbacks, assignment.rollbacks)
+            return False
+        return assignment.rollbacks > self.rollbacks
 
     def resume(self, held: HeldModel, saved: dict[str, Any]) -> None:
         """Go on from this shard's checkpoint `saved`, already loaded into `held`."""

@@ -53,7 +53,7 @@ class HeldModel:
         return cls(state, setup, held, limits)
 
     @classmethod
-    def from_init(cls, served: ServedJob, setup: TrainingSetup, msg: Message) -> HeldModel:
+    def from_init(cls, served: ServedJob, setup: TrainingSetup, msg: Message[Init]) -> HeldModel:
         """The model the first INIT `msg` (of set-up `setup`, see `init_setup`) carries; ProtocolError naming what
         is missing or malformed, before anything is made."""
         sig = setup.signature

@@ -15,6 +15,7 @@ buffers, is counted and exported, and lets the parked pulls have what is now due
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -22,7 +23,7 @@ import torch
 
 from dynabatch.common.chunking import BUFFERS_ID
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Assignment, Params, Pull, Push, PushAck
+from dynabatch.common.messages import Params, Pull, Push, PushAck, ShardAssignment
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
@@ -63,8 +64,8 @@ class ModelService:
         self.admission = PushAdmission(replays, lambda identity: self.check_room(identity, True), tell_scheduler)
         self.reported_version = self.model.version  # the model version last exported (dynabatch_ps_version)
 
-    def pull(self, msg: Message, identity: bytes) -> None:
-        body: Pull = msg.body
+    def pull(self, msg: Message[Pull], identity: bytes) -> None:
+        body = msg.body
         if body.buffers and self.held.buffers is None:
             raise ProtocolError(
                 ErrorCode.BAD_FIELD,
@@ -72,9 +73,9 @@ class ModelService:
             )
         self._serve_pull(identity, msg.seq, msg.sender, body.ids, body.min_version, body.buffers)
 
-    def push(self, msg: Message, identity: bytes) -> None:
+    def push(self, msg: Message[Push], identity: bytes) -> None:
         held, model = self.held, self.model
-        body: Push = msg.body
+        body = msg.body
         case = PushCase(msg, identity, self.served, model, held.buffer_total)
         streamed: set[int] = set()
 
@@ -131,7 +132,7 @@ class ModelService:
         self.export_version()
         self.serve_parked()
 
-    def follow(self, assignment: Assignment) -> None:
+    def follow(self, assignment: ShardAssignment) -> None:
         """The scheduler's word on the job: its progress and step-size factor, the live workers (rounds that waited
         only on workers that left close now), and the travelling buffers sent to workers still there."""
         live = set(assignment.live_workers)
@@ -141,6 +142,14 @@ class ModelService:
         self.model.follow_job(assignment.progress, assignment.lr_factor)
         self.after_update(self.model.set_membership(live, assignment.allocated, set(assignment.idle_workers)))
         self.serve_parked()
+
+    def roll_back(self, assignment: ShardAssignment) -> None:
+        """The scheduler's rollback `assignment.rollbacks`: the last good checkpoint restored (good_checkpoint.py)
+        steps with the job's factor after it; pulls parked for the versions gone are answered with what is held."""
+        self.model.follow_job(assignment.progress, assignment.lr_factor)
+        if self.kept.roll_back(assignment.rollbacks, self.held):
+            self.export_version()
+            self.expire_parked(math.inf)
 
     def _rank(self, ranks: dict[str, int]) -> None:
         """Serve workers in the scheduler's order from now on, and export it (a worker no longer ranked goes)."""

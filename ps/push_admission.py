@@ -55,7 +55,7 @@ class PushCase:
     would update, and what the checks found (its tensors by chunk id, their base versions, its travelling
     buffers, its bounded norms)."""
 
-    msg: Message
+    msg: Message[Push]
     identity: bytes
     served: ServedJob
     model: ShardState
@@ -67,8 +67,7 @@ class PushCase:
 
     @property
     def body(self) -> Push:
-        body: Push = self.msg.body
-        return body
+        return self.msg.body
 
     @property
     def sender(self) -> str:

@@ -1,7 +1,7 @@
 """The numbers in a PUSH, bounded by what its sender was told.
 
 A worker's batch is what the scheduler assigned it: the shard learns every live
-worker's batch with the live set (Assignment.batches: the larger of its allocation
+worker's batch with the live set (ShardAssignment.batches: the larger of its allocation
 and every batch it was handed under an assignment it may still be stepping with),
 keeps the larger of the last two different bounds it was told (a push may arrive after
 the worker's report of the step that sent it), and echoes the bounds it applied in
@@ -46,7 +46,7 @@ def max_push_samples(job: JobConfig) -> int:
 @dataclass
 class AssignedBatches:
     """Each live worker's batch as the scheduler last told this shard, and as it told it before that
-    (`told` None: no assignment applied yet, which the shard's heartbeat says: Heartbeat.batches)."""
+    (`told` None: no assignment applied yet, which the shard's heartbeat says: ShardHeartbeat.batches)."""
 
     steps: int  # push_steps of the job
     job_max: int  # max_push_samples of the job
@@ -54,7 +54,7 @@ class AssignedBatches:
     before: dict[str, int] = field(default_factory=dict)
 
     def update(self, batches: Mapping[str, int]) -> bool:
-        """The scheduler's latest bounds (Assignment.batches); True if a worker's bound grew, which the scheduler
+        """The scheduler's latest bounds (ShardAssignment.batches); True if a worker's bound grew, which the scheduler
         must hear before it hands that worker the larger batch. Every answer repeats the bounds: one that
         repeats them changes nothing (else `before` would be forgotten a heartbeat later, whatever is in flight)."""
         if self.told is not None and batches == self.told:

@@ -16,9 +16,19 @@ shard refuses its pushes anyway (`unknown_sender`) and its pulls only read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.key_roles import check_key_role
+from dynabatch.common.messages import Init, Pull, Push
+from dynabatch.common.wire import Message, ProtocolError
+
+KEY_ROLES: dict[str, tuple[str, ...]] = {
+    Push.TYPE: ("worker",),
+    Init.TYPE: ("worker", "evaluator"),  # an evaluator checks its model and reads it
+    Pull.TYPE: ("worker", "evaluator"),
+}
+"""The roles of the keys (under CURVE) each message a shard takes from a peer may come from."""
 
 
 @dataclass
@@ -32,6 +42,14 @@ class SenderBindings:
         """The scheduler's live set: bindings of workers that left it are forgotten."""
         self.live = set(workers)
         self.bound = {w: ident for w, ident in self.bound.items() if w in self.live}
+
+    def check_message(self, msg: Message[Any], identity: bytes, key_role: str | None) -> None:
+        """Refuse a message a shard takes from peers (KEY_ROLES) from a key of another role, or in a live worker's
+        name from another connection than the one that first spoke for it."""
+        allowed = KEY_ROLES.get(msg.type)
+        if allowed is not None:
+            check_key_role(key_role, allowed, msg.type)
+            self.check(msg.sender, identity)
 
     def check(self, worker: str, identity: bytes) -> None:
         """Accept (binding on first use) or refuse a message in `worker`'s name from connection `identity`."""

@@ -2,7 +2,7 @@
 
 The scheduler ranks the live workers (scheduler/serving_priority.py: a round's
 slowest first, otherwise the most transfer-bound first) and tells every shard in
-its answer (`Assignment.serve_ranks`). That answer is the only source: a rank
+its answer (`ShardAssignment.serve_ranks`). That answer is the only source: a rank
 written into a worker's own PULL or PUSH is not a field of those messages, so
 decoding drops it, and nothing a worker sends moves it ahead of another. A worker
 the scheduler did not rank (none are ranked under `--chunk-schedule fixed`) comes

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.chunking import Chunk, make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.messages import Assignment, Welcome
+from dynabatch.common.messages import ShardAssignment, Welcome
 from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.protocols import protocol_settings
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
@@ -79,7 +79,7 @@ class ServedJob:
         """This shard's value of the `shard` label."""
         return str(self.index)
 
-    def follow(self, assignment: Assignment) -> bool:
+    def follow(self, assignment: ShardAssignment) -> bool:
         """The scheduler's latest live workers and their batches; True if a worker's bound grew, which the
         scheduler must hear before it hands that worker the larger batch (push_bounds.py)."""
         live = set(assignment.live_workers)

@@ -12,13 +12,13 @@ worker's name only from the connection that first spoke for it (senders.py);
 pulls and pushes on the model, model_service.py (whether a PUSH is taken: the
 checks of push_admission.py, in the order its `STEPS` declare; pulls that wait for
 their chunks: parked_pulls.py); what a peer may cost, peer_limits.py and outbox.py;
-checkpoints, the model's health and rollbacks, good_checkpoint.py and model_health.py.
+checkpoints, the model's health and rollbacks, good_checkpoint.py and model_health.py; what the
+shard reports to the scheduler, shard_report.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import socket
 import time
@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.key_roles import check_key_role
+from dynabatch.common.handlers import Handlers
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.member_ids import member_id
-from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Pull, Push, Welcome
+from dynabatch.common.messages import Init, InitAck, Pull, Push, Role, ShardAssignment, ShardHeartbeat, Welcome
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
@@ -50,16 +50,10 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.ps.served_job import ServedJob
+from dynabatch.ps.shard_report import shard_heartbeat, shard_hello
 
 log = logging.getLogger("dynabatch.ps")
 MAX_BATCH_PER_POLL = 64
-
-
-def message_of(incoming: Incoming) -> Message:
-    """The message of an `incoming` whose error has been dealt with (one without an error always has one)."""
-    if incoming.message is None:
-        raise RuntimeError(f"no message to handle: {incoming.error}")
-    return incoming.message
 
 
 T = TypeVar("T")
@@ -96,8 +90,15 @@ class ShardServer:
         self.served: ServedJob | None = None  # the job, once the scheduler has welcomed this shard (served_job.py)
         self.kept: GoodCheckpoint | None = None  # checkpoints and rollbacks of the job's model (good_checkpoint.py)
         self.serving: ModelService | None = None  # once the first INIT or a checkpoint gave the model (held_model.py)
-        self.last_assignment: Assignment | None = None
-        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name, handshake_failures(self.registry))
+        self.last_assignment: ShardAssignment | None = None
+        failed = handshake_failures(self.registry)
+        self.handlers = Handlers[bytes, None]("a shard")  # by message type, called with the sender's connection
+        self.handlers.on(Init, self._on_init)
+        self.handlers.on(Pull, lambda msg, identity: self.service.pull(msg, identity))
+        self.handlers.on(Push, lambda msg, identity: self.service.push(msg, identity))
+        self.link = SchedulerLink(
+            self.ctx, opts.scheduler, opts.job, self.name, ShardHeartbeat, ShardAssignment, failed
+        )
         torch.set_num_threads(opts.threads)
 
     @property
@@ -112,8 +113,10 @@ class ShardServer:
 
     @property
     def service(self) -> ModelService:
-        """Pulls and pushes on the model; only once the first INIT (or a checkpoint) has set it."""
-        return _present(self.serving, "this shard holds no model yet (no INIT, no checkpoint)")
+        """Pulls and pushes on the model; a PULL or PUSH before the first INIT (or a checkpoint) set it is refused."""
+        if self.serving is None:
+            raise ProtocolError(ErrorCode.NOT_INITIALIZED, "no worker has sent this shard its model yet (INIT)")
+        return self.serving
 
     @property
     def held(self) -> HeldModel | None:
@@ -163,14 +166,7 @@ class ShardServer:
     def _register(self, shard_index: int) -> Welcome | None:
         """Join the job (the scheduler may start after us, or restart)."""
         self.membership = 0  # a restarted scheduler numbers its worker sets afresh
-        hello = Hello(
-            role="ps",
-            host=socket.gethostname(),
-            metrics_url=self.metrics_server.url(),
-            endpoint=self.advertise,
-            shard_index=shard_index,
-            name=self.name,
-        )
+        hello = shard_hello(shard_index, self.name, self.advertise, self.metrics_server.url())
         try:
             return self.link.register(hello, lambda: self.stopping, self.health.tick)
         except RemoteError as exc:
@@ -261,47 +257,22 @@ class ShardServer:
 
         The answer to an earlier heartbeat may be taken here rather than by the loop's poll.
         """
-        held, kept = self.held, self.checkpoints
-        version = held.state.version if held is not None else 0
-        quarantined = sorted(self.served_job.bounds.quarantined & self.senders.live)  # the scheduler drops them
         self.beat_due = False
-        self._on_assignment(
-            self.link.heartbeat(
-                Heartbeat(
-                    batches=self.served_job.assigned.told,
-                    version=version,
-                    updates=version,
-                    samples=held.state.samples_seen if held is not None else 0,
-                    membership=self.membership,
-                    train_size=held.setup.signature.train_size if held is not None else 0,
-                    discarded=held.state.discarded if held is not None else 0,
-                    quarantined=quarantined,
-                    model_problem=kept.health.problem,
-                    good_version=kept.good_version,
-                    rollbacks=kept.rollbacks,
-                )
-            )
-        )
+        report = shard_heartbeat(self.served_job, self.checkpoints, self.held, self.membership, self.senders.live)
+        self._on_assignment(self.link.heartbeat(report))
 
-    def _on_assignment(self, body: Assignment | None) -> None:
+    def _on_assignment(self, body: ShardAssignment | None) -> None:
         if self.link.lost:
             log.warning("scheduler no longer knows this shard (restarted?); registering again")
             self._register(self.served_job.index)
             return
         if body is None:
             return
-        kept = self.checkpoints
         self.last_assignment = body
         self.membership = body.membership
-        kept.hold = body.hold_checkpoints
         serving = self.serving
-        if serving is None:
-            kept.rollbacks = max(kept.rollbacks, body.rollbacks)  # no model yet: nothing to go back from
-        elif body.rollbacks > kept.rollbacks:
-            serving.model.follow_job(body.progress, body.lr_factor)  # the factor the restored model steps with
-            if kept.roll_back(body.rollbacks, serving.held):
-                serving.export_version()
-                serving.expire_parked(math.inf)  # the versions they wait for are gone
+        if self.checkpoints.rollback_due(body, holds_model=serving is not None):
+            self.service.roll_back(body)
             # Report the drop in version before serving another push, so that the scheduler counts the updates
             # thrown away back into the job; the heartbeat's answer (the newest assignment) is handled in full.
             self._beat()
@@ -318,31 +289,15 @@ class ShardServer:
     def _handle(self, incoming: Incoming) -> None:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
-        msg = message_of(incoming)
+        msg = incoming.decoded
         start = time.perf_counter()
         try:
             if msg.job != self.served_job.name:
                 raise ProtocolError(
                     ErrorCode.WRONG_JOB, f"this shard serves job {self.served_job.name!r}, not {msg.job!r}", msg.seq
                 )
-            if isinstance(msg.body, Push):
-                check_key_role(incoming.key_role, ("worker",), msg.type)
-            elif isinstance(msg.body, (Init, Pull)):  # an evaluator checks its model (INIT) and reads it
-                check_key_role(incoming.key_role, ("worker", "evaluator"), msg.type)
-            if isinstance(msg.body, (Init, Pull, Push)):
-                self.senders.check(msg.sender, incoming.identity)
-            if isinstance(msg.body, Init):
-                self._on_init(incoming)
-            elif isinstance(msg.body, (Pull, Push)) and self.held is None:
-                raise ProtocolError(
-                    ErrorCode.NOT_INITIALIZED, "no worker has sent this shard its model yet (INIT)", msg.seq
-                )
-            elif isinstance(msg.body, Pull):
-                self.service.pull(msg, incoming.identity)
-            elif isinstance(msg.body, Push):
-                self.service.push(msg, incoming.identity)
-            else:
-                raise ProtocolError(ErrorCode.UNEXPECTED_TYPE, f"a shard does not take {msg.type}", msg.seq)
+            self.senders.check_message(msg, incoming.identity, incoming.key_role)
+            self.handlers.handle(msg, incoming.identity)
         except ProtocolError as exc:
             exc.ref = msg.seq
             self._reject(incoming, exc)
@@ -365,19 +320,20 @@ class ShardServer:
         tensors: Sequence[torch.Tensor | memoryview] = (),
     ) -> None:
         served = self.served_job
-        self.outbox.send(identity, reply_frames(body, seq, served.name, member_id("ps", served.index), metas, tensors))
+        self.outbox.send(
+            identity, reply_frames(body, seq, served.name, member_id(Role.SHARD, served.index), metas, tensors)
+        )
 
-    def _on_init(self, incoming: Incoming) -> None:
+    def _on_init(self, msg: Message[Init], identity: bytes) -> None:
         """The first INIT sets the model; every later one must describe the same model."""
-        msg = message_of(incoming)
         setup = init_setup(self.served_job.job, msg.body)
         if self.held is not None:
             difference = self.held.setup.difference(setup)
             if difference is not None:
                 raise ProtocolError(ErrorCode.SIGNATURE, f"this model differs from the job's: {difference}")
-            self._reply(incoming.identity, InitAck(self.held.state.version), msg.seq)
+            self._reply(identity, InitAck(self.held.state.version), msg.seq)
             return
         self._hold(HeldModel.from_init(self.served_job, setup, msg))
         self.checkpoints.write(self.held)  # a shard killed before its first interval checkpoint resumes this model
         log.info("initialised by %s: %d parameters", msg.sender, setup.signature.total)
-        self._reply(incoming.identity, InitAck(0, initialized=True), msg.seq)
+        self._reply(identity, InitAck(0, initialized=True), msg.seq)

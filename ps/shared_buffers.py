@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -110,7 +111,7 @@ class SharedBuffers:
         self.values = torch.cat([saved[s.name].reshape(-1).float() for s in self.specs])
 
 
-def take_buffers(msg: Message, total: int) -> torch.Tensor | None:
+def take_buffers(msg: Message[Any], total: int) -> torch.Tensor | None:
     """Remove the travelling buffers' entry (always the last) from `msg` (an INIT or a PUSH) and return it,
     checked; None if absent. With `total` 0 (this shard holds no buffers) the entry is left in place, where
     check_chunks refuses it as a chunk not held here."""

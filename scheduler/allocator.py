@@ -14,7 +14,7 @@ import math
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Decision, Heartbeat
+from dynabatch.common.messages import Decision, WorkerHeartbeat
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
@@ -29,7 +29,7 @@ MIN_OWN_STEP_S = 1e-6
 ALLOT_AHEAD = 4  # pushes a worker is allotted beyond the samples it reported, so it never waits for an answer
 
 
-def own_step_seconds(hb: Heartbeat) -> float:
+def own_step_seconds(hb: WorkerHeartbeat) -> float:
     """The part of a worker's step its speed model fits: everything but waiting for other workers.
 
     Waiting for others (an ssgd round, a local average) says nothing about the
@@ -42,7 +42,7 @@ def own_step_seconds(hb: Heartbeat) -> float:
     return max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S)
 
 
-def own_compute_seconds(hb: Heartbeat) -> float | None:
+def own_compute_seconds(hb: WorkerHeartbeat) -> float | None:
     """The part of a worker's step that grows with its batch and nothing else: computing and taking its samples
     (`compute_s + data_s`); None when the worker reports no compute time (an older worker).
 
@@ -92,7 +92,7 @@ class Allocator:
             model.observe(batch, seconds)
         self.speeds[worker] = model
 
-    def observe(self, worker: str, hb: Heartbeat) -> None:
+    def observe(self, worker: str, hb: WorkerHeartbeat) -> None:
         """Fit a step the worker reports into its speed model, with the compute time it reports."""
         self.speeds[worker].observe(hb.batch, own_step_seconds(hb), own_compute_seconds(hb))
 
@@ -230,7 +230,7 @@ class Allocator:
             return models
         return {wid: self.speeds[wid].compute_fit() or model for wid, model in models.items()}
 
-    def adapt_local_steps(self, t: float, loss: float, workers: list[Heartbeat]) -> None:
+    def adapt_local_steps(self, t: float, loss: float, workers: list[WorkerHeartbeat]) -> None:
         """AdaComm's H from the smoothed `loss`, bounded by the live workers' measured sync/compute ratio."""
         if self.first_loss is None and math.isfinite(loss):
             self.first_loss = loss
@@ -276,7 +276,7 @@ class Allocator:
         }
 
     def tell(self, shard: int, batches: dict[str, int]) -> None:
-        """The push bounds shard slot `shard` reports it applied (Heartbeat.batches)."""
+        """The push bounds shard slot `shard` reports it applied (ShardHeartbeat.batches)."""
         self.told[shard] = batches
 
     def answered(self, shard: int) -> None:

@@ -3,8 +3,8 @@
 A model that blows up shows it in three ways, and the scheduler hears all of them:
 
 - a shard's parameter guard finds its parameters non-finite or far above their
-  running norm (ps/param_guard.py; `Heartbeat.model_problem`);
-- most workers' losses are not finite, so they skip their steps (`Heartbeat.skipped`
+  running norm (ps/param_guard.py; `ShardHeartbeat.model_problem`);
+- most workers' losses are not finite, so they skip their steps (`WorkerHeartbeat.skipped`
   counts them): `STRIKES` skipped in a row;
 - most workers' losses are far above the job's running level: more than
   `LOSS_FACTOR` times it in `STRIKES` progress reports in a row. A worker's level
@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dynabatch.common.messages import Heartbeat
+from dynabatch.common.messages import ShardHeartbeat, WorkerHeartbeat
 
 LOSS_FACTOR = 10.0  # a loss this many times the job's running level is a blow-up, not noise
 FLOOR_FRACTION = 0.1  # the level is taken as at least this fraction of the first level seen
@@ -96,7 +96,7 @@ class DivergenceWatch:
         checkpoint rather than write this model."""
         return bool(self.cause) or self._most(lambda t: t.uneasy)
 
-    def worker(self, wid: str, prev: Heartbeat, hb: Heartbeat, settled: bool) -> None:
+    def worker(self, wid: str, prev: WorkerHeartbeat, hb: WorkerHeartbeat, settled: bool) -> None:
         """Take worker `wid`'s heartbeat `hb` (its previous one was `prev`)."""
         if hb.steps == prev.steps and hb.skipped == prev.skipped:
             return  # a repeat (the pulse), or a report of nothing new
@@ -129,7 +129,7 @@ class DivergenceWatch:
             also = f"; {len(troubled)} of {len(self.workers)} workers alike" if len(self.workers) > 1 else ""
             self._trip(track.trouble + also if track.trouble else troubled[0] + also)
 
-    def shard(self, index: int, hb: Heartbeat, settled: bool) -> None:
+    def shard(self, index: int, hb: ShardHeartbeat, settled: bool) -> None:
         """Take shard `index`'s heartbeat: a problem with its parameters is a divergence."""
         if settled and hb.model_problem:
             self._trip(f"ps{index}: {hb.model_problem}")

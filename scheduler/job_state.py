@@ -8,7 +8,8 @@ of the job (job_end.py) and the wire's schedule (wire_schedule.py) each hold the
 `JobState` takes each decoded message and the clock, hands them to the parts in
 order, and answers; the server loop feeds it, tests drive it directly. Its
 `saved` and `resume` carry the parts over a restart of the scheduler
-(saved_progress.py).
+(job_restart.py; the file, saved_progress.py), and its `status` reads them
+all as STATUS (job_status.py).
 """
 
 from __future__ import annotations
@@ -16,31 +17,34 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
-    Assignment,
     EvalReport,
-    Heartbeat,
     Hello,
     JobStatus,
-    ShardStatus,
+    Role,
+    ShardAssignment,
+    ShardHeartbeat,
     Welcome,
+    WorkerAssignment,
+    WorkerHeartbeat,
 )
 from dynabatch.common.protocols import ProtocolSpec, dbs_weight, protocol_spec
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.allocator import Allocator
 from dynabatch.scheduler.evaluations import Evaluations
 from dynabatch.scheduler.job_end import JobEnd
-from dynabatch.scheduler.outage_clock import ClockReading, outage_s
+from dynabatch.scheduler.job_restart import resume_job, saved_job
+from dynabatch.scheduler.job_status import job_status
+from dynabatch.scheduler.outage_clock import ClockReading
 from dynabatch.scheduler.progress import Progress
-from dynabatch.scheduler.progress_watch import evaluation_allowed_s, measured_eval_s, stalled
+from dynabatch.scheduler.progress_watch import measured_eval_s, stuck_workers, wedged_evaluators
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
-from dynabatch.scheduler.roster import Member, Roster, finite_or_none
+from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
 from dynabatch.scheduler.version_times import VersionTimes
 from dynabatch.scheduler.wire_schedule import WireSchedule
@@ -87,7 +91,7 @@ class JobState:
         again = self.roster.rebind(hello, now, connection)
         if again is not None:
             return self._welcome(again)
-        if (self.stopping and hello.role == "worker") or (self.finished and hello.role == "evaluator"):
+        if (self.stopping and hello.role == Role.WORKER) or (self.finished and hello.role == Role.EVALUATOR):
             raise ProtocolError(ErrorCode.JOB_OVER, "the job has reached its target and is stopping")
         member = self.roster.register(hello, now, connection, admit)
         self._latch()
@@ -95,7 +99,11 @@ class JobState:
 
     def _welcome(self, member: Member) -> Welcome:
         return Welcome(
-            id=member.id, config=to_dict(self.job), shards=self.roster.shard_endpoints(), shard_index=member.shard_index
+            id=member.id,
+            config=to_dict(self.job),
+            shards=self.roster.shard_endpoints(),
+            shard_index=member.shard_index,
+            number=member.number,
         )
 
     def bye(self, member_id: str, now: float, connection: bytes = b"") -> bool:
@@ -109,60 +117,29 @@ class JobState:
     def expire(self, now: float) -> list[str]:
         """Drop members whose heartbeats stopped, workers holding a batch whose steps stopped and evaluators
         whose evaluations stopped (progress_watch.py); returns their ids."""
-        job, allocator = self.job, self.allocator
         dead = self.roster.silent(now)
         for m in dead:
             log.warning("%s stopped sending heartbeats; dropped", m.id)
             self._drop(m, now, "heartbeat timeout")
-        stuck = [
-            m
-            for m in self.roster.workers()
-            if allocator.training_started
-            and allocator.batch_of(m.id) > 0
-            and stalled(m.progress_since, now, m.last.step_s, job.liveness_timeout_s, job.join_timeout_s)
-        ]
-        for m in stuck:
-            log.warning(
-                "%s (%s) holds batch %d but finished no step for %.0f s (its steps take %.3f s): dropped "
-                "from rounds and from the end of the job; it may register again",
-                m.id,
-                m.name,
-                allocator.batch_of(m.id),
-                now - m.progress_since,
-                m.last.step_s,
-            )
+        started = self.allocator.training_started
+        stuck = stuck_workers(self.roster.workers(), self.allocator.batch_of, now, self.job) if started else []
+        for m, why in stuck:
+            log.warning("%s: dropped from rounds and from the end of the job; it may register again", why)
             self._drop(m, now, "no progress")
-        wedged = self._wedged_evaluators(now)
-        self._latch()
-        return [m.id for m in dead + stuck + wedged]
-
-    def _wedged_evaluators(self, now: float) -> list[Member]:
-        """Drop live evaluators that reported no evaluation for longer than their own evaluations allow: the
-        job's end never waits on one for ever (job_end.py says why it gave its final evaluation up)."""
-        job = self.job
-        wedged = []
-        for m in self.roster.evaluators():
-            allowed = evaluation_allowed_s(m.eval_s, job.eval_interval_s, job.liveness_timeout_s, job.join_timeout_s)
-            quiet = now - (m.progress_at or m.joined)
-            if quiet <= allowed:
-                continue
-            measured = f"its evaluations take {m.eval_s:.1f} s" if m.progress_at else "before its first evaluation"
-            why = (
-                f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.1f} s (allowed {allowed:.1f} s, "
-                f"{measured}) while its heartbeats went on"
-            )
+        wedged = wedged_evaluators(self.roster.evaluators(), now, self.job)
+        for m, why in wedged:
             log.warning("%s: dropped; the job's end does not wait for it", why)
             self.end.evaluator_dropped(why)
             self._drop(m, now, "no progress")
-            wedged.append(m)
-        return wedged
+        self._latch()
+        return [m.id for m in dead] + [m.id for m, _ in stuck + wedged]
 
     def _drop(self, member: Member, now: float, why: str) -> None:
-        if member.role == "ps" and self.roster.shards.get(member.shard_index) is member:
+        if member.role == Role.SHARD and self.roster.shards.get(member.shard_index) is member:
             self.allocator.forget_shard(member.shard_index)
         if self.roster.leave(member):
             self.progress.worker_left(member)
-        if member.role == "worker":
+        if member.role == Role.WORKER:
             self.rollbacks.forget(member.id)
             self.allocator.forget(member.id)
             self.wire.forget(member.id)
@@ -176,7 +153,7 @@ class JobState:
         refused)."""
         for wid in workers:
             member = self.roster.members.get(wid)
-            if member is None or member.left or member.role != "worker":
+            if member is None or member.left or member.role != Role.WORKER:
                 continue
             log.warning("%s quarantined by %s (its log says why); dropped", wid, shard)
             self.roster.quarantine(member)
@@ -184,12 +161,11 @@ class JobState:
 
     # -- heartbeats ------------------------------------------------------------------
 
-    def heartbeat(self, member_id: str, hb: Heartbeat, now: float, connection: bytes = b"") -> Assignment:
-        """Record a heartbeat and answer with the member's current assignment."""
-        member = self.roster.member(member_id, connection)
-        prev = member.last
+    def heartbeat(self, member_id: str, hb: WorkerHeartbeat, now: float, connection: bytes = b"") -> WorkerAssignment:
+        """Record a worker's or an evaluator's heartbeat and answer with its current assignment."""
+        member = self._reporting(member_id, connection, shard=False)
         self.end.check_budget(now, self.allocator.training_started_at)
-        if member.role == "worker":
+        if member.role == Role.WORKER:
             # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
             # they fit in the time since the counters last grew, not since the last heartbeat.
             check_worker_heartbeat(
@@ -204,38 +180,58 @@ class JobState:
                 self.roster.admit_worker(member)
             self._worker_heartbeat(member, hb, now)
             self.rollbacks.worker_report(member.id, member.last, hb)
-        if member.role == "ps":
-            check_shard_heartbeat(hb, self.job.max_rollbacks, self.job.max_batch)
         member.last_seen = now
         member.heartbeats += 1
         member.last = hb
-        if member.role == "ps":
-            self.progress.shard_report(member.shard_index, hb)
-            self.version_times.observe(self.roster.model_version(), self.progress.t(now))
-            if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
-                self.allocator.tell(
-                    member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members}
-                )
-            self._quarantine(hb.quarantined, member.id, now)
-            self.rollbacks.shard_report(member.shard_index, prev, hb)
-            waiting = [
-                m.id
-                for m in self._ready_workers(known_to_shards=False).values()
-                if m.id not in self.allocator.allocation
-            ]
-            if waiting and self.roster.known_to_shards(self.roster.members[waiting[0]]):
-                self._reallocate(now, "joined", waiting[0], force=True)
+        self._judge_divergence(now)
+        answer = self.assignment_for(member)
+        if member.role == Role.WORKER:
+            self.allocator.hand(member.id, answer.batch)
+        return answer
+
+    def shard_heartbeat(
+        self, member_id: str, hb: ShardHeartbeat, now: float, connection: bytes = b""
+    ) -> ShardAssignment:
+        """Record a shard's heartbeat and answer with what it must know of the job."""
+        member = self._reporting(member_id, connection, shard=True)
+        prev = member.shard_last
+        self.end.check_budget(now, self.allocator.training_started_at)
+        check_shard_heartbeat(hb, self.job.max_rollbacks, self.job.max_batch)
+        member.last_seen = now
+        member.heartbeats += 1
+        member.shard_last = hb
+        self.progress.shard_report(member.shard_index, hb)
+        self.version_times.observe(self.roster.model_version(), self.progress.t(now))
+        if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
+            self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})
+        self._quarantine(hb.quarantined, member.id, now)
+        self.rollbacks.shard_report(member.shard_index, prev, hb)
+        waiting = [
+            m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocator.allocation
+        ]
+        if waiting and self.roster.known_to_shards(self.roster.members[waiting[0]]):
+            self._reallocate(now, "joined", waiting[0], force=True)
+        self._judge_divergence(now)
+        answer = self.shard_assignment()
+        self.allocator.answered(member.shard_index)
+        return answer
+
+    def _reporting(self, member_id: str, connection: bytes, shard: bool) -> Member:
+        """The member a heartbeat names (from the connection that registered it: roster.py), if it reports with
+        its role's kind: a shard with SHARD_HEARTBEAT, a worker or evaluator with HEARTBEAT."""
+        member = self.roster.member(member_id, connection)
+        if (member.role == Role.SHARD) != shard:
+            kind = ShardHeartbeat.TYPE if member.role == Role.SHARD else WorkerHeartbeat.TYPE
+            raise ProtocolError(ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; it reports with {kind}")
+        return member
+
+    def _judge_divergence(self, now: float) -> None:
+        """After a report: fail the job if its rollbacks are spent (rollbacks.py), and latch its end if it came."""
         if not self.end.failed:
             self.end.fail(self.rollbacks.react(self.progress.t(now), self.progress.epoch))
         self._latch()
-        answer = self.assignment_for(member)
-        if member.role == "worker":
-            self.allocator.hand(member.id, answer.batch)
-        elif member.role == "ps":
-            self.allocator.answered(member.shard_index)
-        return answer
 
-    def _worker_heartbeat(self, member: Member, hb: Heartbeat, now: float) -> None:
+    def _worker_heartbeat(self, member: Member, hb: WorkerHeartbeat, now: float) -> None:
         bad_counts = staleness.check(hb.staleness)
         if bad_counts:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.staleness: {bad_counts}")
@@ -265,7 +261,7 @@ class JobState:
         """Keep the newest evaluation (evaluations.py). Only an evaluator reports one; anything else is refused
         and changes nothing."""
         member = self.roster.member(member_id, connection)
-        if member.role != "evaluator":
+        if member.role != Role.EVALUATOR:
             raise ProtocolError(
                 ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; only an evaluator reports evaluations"
             )
@@ -316,33 +312,35 @@ class JobState:
         for wid in self.allocator.reallocate(now, self.progress.t(now), reason, subject, ready, force):
             self.roster.members[wid].batch_given_at = now
 
-    def assignment_for(self, member: Member) -> Assignment:
-        """What `member` should do now; a worker is allotted its share of the samples left to train."""
+    def shard_assignment(self) -> ShardAssignment:
+        """What every shard must know of the job now: its live workers and their push bounds, rollbacks, the stop."""
+        allocator, rollbacks, live = self.allocator, self.rollbacks, self.roster.live_workers
+        return ShardAssignment(
+            live_workers=live,
+            allocated=allocator.holding_batch,
+            idle_workers=allocator.idle_workers(),
+            membership=self.roster.membership,
+            stop=self.finished,
+            batches=allocator.push_bounds(live),
+            progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
+            rollbacks=rollbacks.rollback_number,
+            lr_factor=rollbacks.lr_factor,
+            hold_checkpoints=rollbacks.divergence.suspect,
+            serve_ranks=self.wire.ranks(live),
+        )
+
+    def assignment_for(self, member: Member) -> WorkerAssignment:
+        """What worker or evaluator `member` should do now; a worker is allotted its share of the samples left to
+        train."""
         allocator, rollbacks = self.allocator, self.rollbacks
-        if member.role == "ps":
-            live = self.roster.live_workers
-            return Assignment(
-                assignment_id=allocator.assignment_id,
-                live_workers=live,
-                allocated=allocator.holding_batch,
-                idle_workers=allocator.idle_workers(),
-                membership=self.roster.membership,
-                stop=self.finished,
-                batches=allocator.push_bounds(live),
-                progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
-                rollbacks=rollbacks.rollback_number,
-                lr_factor=rollbacks.lr_factor,
-                hold_checkpoints=rollbacks.divergence.suspect,
-                serve_ranks=self.wire.ranks(live),
-            )
-        if member.role == "evaluator":
-            return Assignment(
+        if member.role == Role.EVALUATOR:
+            return WorkerAssignment(
                 assignment_id=allocator.assignment_id, stop=self.stopping and not self.roster.live_workers
             )
         self._allot(member)
         batch, plan = allocator.batch_of(member.id), self.wire.plan_of(member.id)
         scale = dbs_weight(batch, self.job.global_batch, allocator.holding_batch, self.job.dbs_weight)
-        return Assignment(
+        return WorkerAssignment(
             assignment_id=allocator.assignment_id,
             batch=batch,
             lr_scale=scale * rollbacks.lr_factor,
@@ -387,120 +385,17 @@ class JobState:
     # -- reporting ------------------------------------------------------------------
 
     def status(self, now: float) -> JobStatus:
-        """The job as `dynabatch run` and operators see it (the server adds its decision latency)."""
-        ev, progress, allocator, rollbacks = self.evaluations.eval, self.progress, self.allocator, self.rollbacks
-        started = allocator.training_started_at
-        return JobStatus(
-            t=progress.t(now),
-            job=self.job.job,
-            protocol=self.job.protocol,
-            batch_policy=self.job.batch_policy,
-            epoch=progress.epoch,
-            target_epochs=self.job.epochs,
-            samples=progress.samples,
-            lost_samples=progress.lost_samples,
-            lost_versions=progress.lost_versions,
-            bytes=progress.bytes,
-            staleness=progress.staleness_counts,
-            training_t=None if started is None else now - started,
-            budget_spent=self.end.budget_spent,
-            local_steps=allocator.local_steps,
-            local_steps_reason=allocator.local_steps_reason,
-            loss=finite_or_none(progress.loss),
-            test_acc=finite_or_none(ev.test_acc) if ev else None,
-            test_loss=ev.test_loss if ev else None,
-            metrics=dict(ev.metrics) if ev else {},
-            train_size=progress.train_size,
-            eval_version=ev.version if ev else None,
-            eval_t=self.evaluations.eval_time if ev else None,
-            eval_model_t=self.evaluations.eval_model_time if ev else None,
-            stopping=self.stopping,
-            finished=self.finished,
-            final_eval=self.evaluations.final_eval,
-            final_eval_given_up=self.end.final_eval_given_up(self.finished, self.evaluations.final_eval),
-            assignment_id=allocator.assignment_id,
-            workers={
-                m.id: self.wire.shown(m.id, m.public(allocator.batch_of(m.id)), self.roster.live_workers)
-                for m in self.roster.workers()
-            },
-            departed=sorted(m.id for m in self.roster.members.values() if m.role == "worker" and m.left),
-            shards={
-                str(i): ShardStatus(
-                    m.endpoint,
-                    m.last.version,
-                    m.last.updates,
-                    m.metrics_url,
-                    m.last.discarded,
-                    m.last.model_problem,
-                    m.last.good_version,
-                )
-                for i, m in sorted(self.roster.shards.items())
-            },
-            decisions=allocator.decisions[-10:],
-            rollbacks=[replace(r, versions=dict(r.versions)) for r in rollbacks.rollbacks],
-            lr_factor=rollbacks.lr_factor,
-            failed=self.end.failed,
-            unallotted=allocator.unallotted,
-            auto_policy=allocator.auto.policy if allocator.auto else "",
-            auto_reason=allocator.auto.reason if allocator.auto else "",
-        )
+        """The job as `dynabatch run` and operators see it (job_status.py; the server adds its decision latency)."""
+        return job_status(self, now)
 
     # -- restart ------------------------------------------------------------------------
 
     def saved(self, now: float, wall: ClockReading) -> SavedProgress:
-        """What a restarted scheduler needs to go on with this job (saved_progress.py); `wall` is read_clock()."""
-        progress, allocator, evaluations = self.progress, self.allocator, self.evaluations
-        started = allocator.training_started_at
-        measured = {
-            m.instance: (m.id, m.standalone_sps)
-            for m in self.roster.members.values()
-            if m.instance and not m.left and m.id in allocator.speeds
-        }
-        return SavedProgress(
-            config=to_dict(self.job),
-            saved_at=wall.wall,
-            saved_boot_id=wall.boot_id,
-            saved_boot_s=wall.boot_s,
-            t=progress.t(now),
-            samples=progress.samples,
-            lost_samples=progress.lost_samples,
-            lost_versions=progress.lost_versions,
-            train_size=progress.train_size,
-            training_s=None if started is None else now - started,
-            assignment_id=allocator.assignment_id,
-            next_id=dict(self.roster.next_id),
-            local_steps=allocator.local_steps,
-            local_steps_reason=allocator.local_steps_reason,
-            loss=finite_or_none(progress.loss),
-            first_loss=allocator.first_loss,
-            eval=evaluations.eval,
-            eval_time=evaluations.eval_time,
-            eval_model_time=evaluations.eval_model_time,
-            final_eval=evaluations.final_eval,
-            budget_spent=self.end.budget_spent,
-            shard_marks=dict(progress.shard_marks),
-            speeds=allocator.saved_speeds(measured),
-            rollbacks=list(self.rollbacks.rollbacks),
-        )
+        """What a restarted scheduler needs to go on with this job (job_restart.py); `wall` is read_clock()."""
+        return saved_job(self, now, wall)
 
     def resume(self, saved: SavedProgress, now: float, wall: ClockReading) -> None:
-        """Go on from `saved`: its samples count as trained by workers that left, every process registers anew.
-
-        The job's clock goes on through the outage (from the save to `wall`, read_clock(): never negative, and
-        bounded where a wall clock that may have jumped is all there is; outage_clock.py): time to accuracy and
-        the time budget are what the user waited, restarts included. The saved samples are checked against the
-        shards' own counts once every shard has reported (progress.py).
-        """
-        down = (
-            0.0
-            if saved.saved_at is None
-            else outage_s(ClockReading(saved.saved_at, saved.saved_boot_id, saved.saved_boot_s), wall)
-        )
-        now -= down
-        self.progress.restore(saved, now)
-        self.allocator.restore(saved, None if saved.training_s is None else now - saved.training_s)
-        self.roster.next_id.update(saved.next_id)
-        self.evaluations.restore(saved)
-        self.rollbacks.restore(saved)
-        self.end.restore(saved)
+        """Go on from `saved` (job_restart.py): its samples count as trained by workers that left, every process
+        registers anew, and the job's clock goes on through the outage."""
+        resume_job(self, saved, now, wall)
         self._latch()

@@ -14,7 +14,7 @@ import math
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat
+from dynabatch.common.messages import ShardHeartbeat
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -105,14 +105,14 @@ class Progress:
         if math.isfinite(loss):
             self.loss = loss if math.isnan(self.loss) else LOSS_SMOOTHING * self.loss + (1 - LOSS_SMOOTHING) * loss
 
-    def shard_report(self, index: int, hb: Heartbeat) -> None:
+    def shard_report(self, index: int, hb: ShardHeartbeat) -> None:
         """What a shard's heartbeat says about progress: the training set's size, its version and samples."""
         if 0 < hb.train_size <= MAX_TRAIN_SIZE:
             self.train_size = hb.train_size
         self._shard_progress(index, hb)
         self._check_resumed(index, hb.samples)
 
-    def _shard_progress(self, index: int, hb: Heartbeat) -> None:
+    def _shard_progress(self, index: int, hb: ShardHeartbeat) -> None:
         """Follow a shard slot's version; a drop is a restart that lost work, counted back into the job."""
         mark = self.shard_marks.get(index, ShardMark())
         lost = lost_work(index, mark, hb.version, hb.samples, self.kept_samples)

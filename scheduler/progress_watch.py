@@ -11,6 +11,11 @@ the same way by its evaluations, since the job's end waits for its final one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
+from dynabatch.common.config import JobConfig
+from dynabatch.scheduler.roster import Member
+
 PROGRESS_STEPS = 20
 """Of its own measured steps, how many a worker holding a batch may go without finishing one."""
 PROGRESS_FLOOR_FACTOR = 3.0
@@ -66,3 +71,41 @@ def measured_eval_s(previous_s: float, since_last_s: float, eval_interval_s: flo
         return since_last_s
     took = since_last_s - eval_interval_s
     return took if took > 0 else previous_s
+
+
+def stuck_workers(
+    workers: Iterable[Member], batch_of: Callable[[str], int], now: float, job: JobConfig
+) -> list[tuple[Member, str]]:
+    """The workers holding a batch (`batch_of`) that finished no step for longer than `stalled` allows, each
+    with why."""
+    return [
+        (
+            m,
+            f"{m.id} ({m.name}) holds batch {batch_of(m.id)} but finished no step for {now - m.progress_since:.0f} s "
+            f"(its steps take {m.last.step_s:.3f} s)",
+        )
+        for m in workers
+        if batch_of(m.id) > 0
+        and stalled(m.progress_since, now, m.last.step_s, job.liveness_timeout_s, job.join_timeout_s)
+    ]
+
+
+def wedged_evaluators(evaluators: Iterable[Member], now: float, job: JobConfig) -> list[tuple[Member, str]]:
+    """The evaluators that reported no evaluation for longer than their own evaluations allow
+    (`evaluation_allowed_s`) while their heartbeats went on, each with why: the job's end never waits on one for
+    ever."""
+    wedged = []
+    for m in evaluators:
+        allowed = evaluation_allowed_s(m.eval_s, job.eval_interval_s, job.liveness_timeout_s, job.join_timeout_s)
+        quiet = now - (m.progress_at or m.joined)
+        if quiet <= allowed:
+            continue
+        measured = f"its evaluations take {m.eval_s:.1f} s" if m.progress_at else "before its first evaluation"
+        wedged.append(
+            (
+                m,
+                f"evaluator {m.id} ({m.name}) reported no evaluation for {quiet:.1f} s (allowed {allowed:.1f} s, "
+                f"{measured}) while its heartbeats went on",
+            )
+        )
+    return wedged

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import EvalReport, Heartbeat
+from dynabatch.common.messages import EvalReport, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 
 MIN_STEP_S = 1e-4  # no training step, of any model on any machine, takes less
@@ -25,7 +25,9 @@ MAX_PROBLEM_CHARS = 300  # a shard's account of what is wrong with its model (ps
 TIMES = ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "sync_s")
 
 
-def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max_batch: int, num_shards: int) -> None:
+def check_worker_heartbeat(
+    prev: WorkerHeartbeat, hb: WorkerHeartbeat, elapsed_s: float, max_batch: int, num_shards: int
+) -> None:
     """Refuse a worker heartbeat that claims more than it can have done since `prev` (its last accepted one)."""
     for name in TIMES:
         value = getattr(hb, name)
@@ -75,35 +77,35 @@ def check_worker_heartbeat(prev: Heartbeat, hb: Heartbeat, elapsed_s: float, max
         )
 
 
-def check_shard_heartbeat(hb: Heartbeat, max_rollbacks: int, max_batch: int) -> None:
+def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int) -> None:
     """Refuse a shard heartbeat whose version, sample or discard count is negative (a drop is a restart, counted
     as lost work: lost_work.py), whose echoed push bounds are not batches of this job, or whose divergence fields
     cannot be true: more rollbacks applied than the job allows, a checkpoint version below -1 (none), an account
     of its model longer than one line."""
     for name in ("version", "samples", "discarded"):
         if getattr(hb, name) < 0:
-            raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
     wrong = sorted(w for w, b in (hb.batches or {}).items() if not 0 <= b <= max_batch)
     if wrong:
         raise ProtocolError(
-            ErrorCode.BAD_FIELD, f"HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)"
+            ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)"
         )
     check_rollbacks(hb, max_rollbacks)
     if hb.good_version < -1:
         raise ProtocolError(
-            ErrorCode.BAD_FIELD, f"HEARTBEAT.good_version must be >= -1 (-1: none), got {hb.good_version}"
+            ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.good_version must be >= -1 (-1: none), got {hb.good_version}"
         )
     if len(hb.model_problem) > MAX_PROBLEM_CHARS:
         raise ProtocolError(
-            ErrorCode.BAD_FIELD, f"HEARTBEAT.model_problem is longer than {MAX_PROBLEM_CHARS} characters"
+            ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.model_problem is longer than {MAX_PROBLEM_CHARS} characters"
         )
 
 
-def check_rollbacks(hb: Heartbeat, max_rollbacks: int) -> None:
+def check_rollbacks(hb: WorkerHeartbeat | ShardHeartbeat, max_rollbacks: int) -> None:
     """Refuse a heartbeat that acted on more rollbacks than the job allows (--max-rollbacks)."""
     if not 0 <= hb.rollbacks <= max_rollbacks:
         raise ProtocolError(
-            ErrorCode.BAD_FIELD, f"HEARTBEAT.rollbacks {hb.rollbacks} is outside [0, {max_rollbacks}] (--max-rollbacks)"
+            ErrorCode.BAD_FIELD, f"{hb.TYPE}.rollbacks {hb.rollbacks} is outside [0, {max_rollbacks}] (--max-rollbacks)"
         )
 
 

@@ -10,7 +10,7 @@ thrown away.
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Rollback
+from dynabatch.common.messages import Rollback, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.divergence import DivergenceWatch, lr_factor
 from dynabatch.scheduler.roster import Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -36,7 +36,7 @@ class Rollbacks:
     def settled(self) -> bool:
         """Has every shard applied the last rollback? Until then reports describe the model thrown away."""
         return len(self.roster.shards) == self.roster.num_shards and all(
-            shard.last.rollbacks >= self.rollback_number for shard in self.roster.shards.values()
+            shard.shard_last.rollbacks >= self.rollback_number for shard in self.roster.shards.values()
         )
 
     def settle(self) -> None:
@@ -52,14 +52,18 @@ class Rollbacks:
         """The job diverged and is not yet rolled back: a cause is known, a rollback is ordered that not every
         shard has applied, or a shard reports its parameters sick."""
         pending = self.rollback_number > self.rollback_done and not self.settled
-        return bool(self.divergence.cause) or pending or any(s.last.model_problem for s in self.roster.shards.values())
+        return (
+            bool(self.divergence.cause)
+            or pending
+            or any(s.shard_last.model_problem for s in self.roster.shards.values())
+        )
 
-    def worker_report(self, worker: str, prev: Heartbeat, hb: Heartbeat) -> None:
+    def worker_report(self, worker: str, prev: WorkerHeartbeat, hb: WorkerHeartbeat) -> None:
         """A worker's report counts once it has dropped the model of before the last rollback, which it is told
         to do only once every shard has restored its checkpoint (`rollback_done`)."""
         self.divergence.worker(worker, prev, hb, hb.rollbacks >= self.rollback_number and self.settled)
 
-    def shard_report(self, index: int, prev: Heartbeat, hb: Heartbeat) -> None:
+    def shard_report(self, index: int, prev: ShardHeartbeat, hb: ShardHeartbeat) -> None:
         """A shard's heartbeat (`prev` its previous one): the rollbacks it knows of, the version it restored, and
         whether its parameters are sick."""
         self.rollback_number = max(self.rollback_number, hb.rollbacks)
@@ -67,7 +71,7 @@ class Rollbacks:
         self._shard_rolled_back(index, prev, hb)
         self.divergence.shard(index, hb, self.settled)
 
-    def _shard_rolled_back(self, index: int, prev: Heartbeat, hb: Heartbeat) -> None:
+    def _shard_rolled_back(self, index: int, prev: ShardHeartbeat, hb: ShardHeartbeat) -> None:
         """Record the version a shard restored: its first report after the rollback, sent before it took a push."""
         last = self.rollbacks[-1] if self.rollbacks else None
         if last is None or last.done or not prev.rollbacks < last.number <= hb.rollbacks:
@@ -93,7 +97,7 @@ class Rollbacks:
                 t,
                 epoch,
                 cause,
-                {str(i): m.last.good_version for i, m in sorted(self.roster.shards.items())},
+                {str(i): m.shard_last.good_version for i, m in sorted(self.roster.shards.items())},
                 lr_factor(self.rollback_number),
             )
         )

@@ -17,7 +17,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.member_ids import member_id
 from dynabatch.common.member_name import name_problem
-from dynabatch.common.messages import Heartbeat, Hello, WorkerStatus
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat, WorkerStatus
 from dynabatch.common.slowdown import MAX_SLOWDOWN_CHARS, Slowdown
 from dynabatch.common.wire import ProtocolError
 
@@ -36,7 +36,7 @@ class Member:
     """One registered process and what its heartbeats told us (its batch is the allocator's: allocator.py)."""
 
     id: str
-    role: str
+    role: Role
     name: str
     host: str
     metrics_url: str
@@ -46,10 +46,12 @@ class Member:
     progress_at: float = 0.0  # when its counters last grew: the steps a report adds were taken since then
     batch_given_at: float = 0.0  # when it was last given a batch after holding none (progress is judged from then)
     shard_index: int = -1
+    number: int = 0  # among its role's members, as its id counts it (member_ids.py)
     standalone_sps: float = 0.0
     steps: int = 0
     samples: int = 0
-    last: Heartbeat = field(default_factory=Heartbeat)
+    last: WorkerHeartbeat = field(default_factory=WorkerHeartbeat)  # a worker's or evaluator's last report
+    shard_last: ShardHeartbeat = field(default_factory=ShardHeartbeat)  # a shard's last report
     step_s_total: float = 0.0
     data_s_total: float = 0.0
     observed_steps: int = 0
@@ -69,7 +71,7 @@ class Member:
         """When its progress is judged from: its last new step, or the batch it was given after holding none."""
         return max(self.progress_at, self.batch_given_at)
 
-    def count_steps(self, hb: Heartbeat, new_steps: int) -> None:
+    def count_steps(self, hb: WorkerHeartbeat, new_steps: int) -> None:
         """Add `new_steps` steps of the length `hb` reports to the member's totals (STATUS shows their means)."""
         self.step_s_total += hb.step_s * new_steps
         self.data_s_total += hb.data_s * new_steps
@@ -103,7 +105,6 @@ class Member:
             compute_s_total=self.compute_s_total,
             observed_samples=self.observed_samples,
             version=hb.version,
-            updates=hb.updates,
             endpoint=self.endpoint,
             data_s_total=self.data_s_total,
             max_batch=self.max_batch,
@@ -123,7 +124,7 @@ def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: f
     can buy unlimited silence): a worker whose process is paused or starved for a
     few of its steps is not dropped.
     """
-    if member.heartbeats == 0 and member.role == "ps":
+    if member.heartbeats == 0 and member.role == Role.SHARD:
         return max(liveness_timeout_s, join_timeout_s)
     by_steps = min(LIVENESS_STEPS * member.last.step_s, join_timeout_s)
     return max(liveness_timeout_s, by_steps)
@@ -152,12 +153,10 @@ class Roster:
         self.quarantined_instances: set[str] = set()  # processes a shard quarantined: never admitted again
         self.shards: dict[int, Member] = {}
         self.membership = 0  # grows whenever the live worker set changes; shards report the one they applied
-        self.next_id = {"worker": 0, "evaluator": 0}
+        self.next_id = {Role.WORKER.value: 0, Role.EVALUATOR.value: 0}
 
     def check_hello(self, hello: Hello) -> None:
         """Refuse a HELLO whose fields cannot be, or from a process a shard quarantined."""
-        if hello.role not in ("worker", "evaluator", "ps"):
-            raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.role {hello.role!r} is not worker, evaluator or ps")
         if len(hello.instance) > MAX_INSTANCE_CHARS:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HELLO.instance is longer than {MAX_INSTANCE_CHARS} characters")
         problem = name_problem(hello.name)
@@ -187,22 +186,21 @@ class Roster:
     def register(self, hello: Hello, now: float, connection: bytes, admit: Callable[[], None]) -> Member:
         """A new member: a shard takes a slot, workers and evaluators wait until every shard is there.
         `admit` is called just before it is made, and may refuse it by raising."""
-        if hello.role == "ps":
-            index = self._shard_slot(hello.shard_index)
-            new_id = member_id("ps", index)
+        if hello.role == Role.SHARD:
+            index = number = self._shard_slot(hello.shard_index)
         else:
             if len(self.shards) < self.num_shards:
                 raise ProtocolError(ErrorCode.NOT_READY, f"{len(self.shards)} of {self.num_shards} shards registered")
-            present = sum(1 for m in self.members.values() if m.role in ("worker", "evaluator") and not m.left)
+            present = sum(1 for m in self.members.values() if m.role != Role.SHARD and not m.left)
             if present >= self.job.max_workers:
                 raise ProtocolError(
                     ErrorCode.FULL,
                     f"the job admits at most {self.job.max_workers} workers and evaluators (--max-workers)",
                 )
-            new_id = member_id(hello.role, self.next_id[hello.role])
-            index = -1
+            index, number = -1, self.next_id[hello.role]
+        new_id = member_id(hello.role, number)
         admit()
-        if hello.role != "ps":
+        if hello.role != Role.SHARD:
             self.next_id[hello.role] += 1
         member = Member(
             new_id,
@@ -214,6 +212,7 @@ class Roster:
             now,
             endpoint=hello.endpoint,
             shard_index=index,
+            number=number,
             connection=connection,
             instance=hello.instance,
             max_batch=hello.max_batch,
@@ -222,7 +221,7 @@ class Roster:
         self.members[new_id] = member
         if hello.instance:
             self.instances[hello.instance] = new_id
-        if hello.role == "ps":
+        if hello.role == Role.SHARD:
             self.shards[index] = member
         return member
 
@@ -285,9 +284,9 @@ class Roster:
     def leave(self, member: Member) -> bool:
         """Mark `member` gone; True if it was a live worker, whose departure changes the live worker set."""
         member.left = True
-        if member.role == "ps" and self.shards.get(member.shard_index) is member:
+        if member.role == Role.SHARD and self.shards.get(member.shard_index) is member:
             del self.shards[member.shard_index]
-        counted = member.role == "worker" and bool(member.admitted_in)
+        counted = member.role == Role.WORKER and bool(member.admitted_in)
         if counted:
             self.membership += 1
         return counted
@@ -307,7 +306,7 @@ class Roster:
 
     def workers(self) -> list[Member]:
         """Workers that have not left, counted in n or not yet."""
-        return [m for m in self.members.values() if m.role == "worker" and not m.left]
+        return [m for m in self.members.values() if m.role == Role.WORKER and not m.left]
 
     @property
     def live_workers(self) -> list[str]:
@@ -316,16 +315,16 @@ class Roster:
         return sorted(m.id for m in self.workers() if m.admitted_in)
 
     def evaluators(self) -> list[Member]:
-        return [m for m in self.members.values() if m.role == "evaluator" and not m.left]
+        return [m for m in self.members.values() if m.role == Role.EVALUATOR and not m.left]
 
     def known_to_shards(self, worker: Member) -> bool:
         """Has every shard applied a live worker set that holds `worker`?"""
-        return all(shard.last.membership >= worker.admitted_in for shard in self.shards.values())
+        return all(shard.shard_last.membership >= worker.admitted_in for shard in self.shards.values())
 
     def newest_shard_version(self) -> int:
         """The newest model version any registered shard reported (0 before any did)."""
-        return max((m.last.version for m in self.shards.values()), default=0)
+        return max((m.shard_last.version for m in self.shards.values()), default=0)
 
     def model_version(self) -> int:
         """The model's version as a pull sees it: the least advanced registered shard's (0 before any reported)."""
-        return min((m.last.version for m in self.shards.values()), default=0)
+        return min((m.shard_last.version for m in self.shards.values()), default=0)

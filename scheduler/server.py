@@ -11,6 +11,7 @@ import logging
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -19,24 +20,30 @@ from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
+from dynabatch.common.handlers import Handlers
 from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.messages import (
-    Assignment,
+    Answer,
     Bye,
     ByeAck,
     DecisionLatency,
     EvalReport,
-    Heartbeat,
     Hello,
+    Report,
+    Role,
+    ShardAssignment,
+    ShardHeartbeat,
     StatusReply,
     StatusRequest,
     Welcome,
+    WorkerAssignment,
+    WorkerHeartbeat,
 )
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
 from dynabatch.common.prediction import POLICIES
 from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
-from dynabatch.common.wire import ProtocolError, WireLimits
+from dynabatch.common.wire import Message, ProtocolError, WireLimits
 from dynabatch.scheduler.hello_rate import HelloRate
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
@@ -45,6 +52,7 @@ from dynabatch.scheduler.progress_log import ProgressLog
 from dynabatch.scheduler.saved_progress import load_progress, progress_path, save_progress
 
 log = logging.getLogger("dynabatch.scheduler")
+Reply = Welcome | WorkerAssignment | ShardAssignment | ByeAck | StatusReply | None
 PHASES = ("step", "compute", "pull", "push", "wait", "data")
 DECISION_TIMES_KEPT = 4096
 # Nothing sent to the scheduler carries a tensor, and its largest message (an EVAL
@@ -168,7 +176,7 @@ class SchedulerServer:
                 self.state.progress.epoch,
                 saved.samples,
                 f"evaluated at version {saved.eval.version}" if saved.eval else "no evaluation yet",
-                saved.next_id.get("worker", 0),
+                saved.next_id.get(Role.WORKER, 0),
             )
         self._saved_eval = self.state.evaluations.eval
         self._saved_lost_versions = self.state.progress.lost_versions
@@ -195,6 +203,13 @@ class SchedulerServer:
         self._failure_logged = False
         self.progress_log = ProgressLog(opts.log_every_s)
         self.stopped_by: signal.Signals | None = None
+        self.handlers = Handlers[Incoming, Reply]("the scheduler")  # by message type, with where it came from
+        self.handlers.on(Hello, self._on_hello)
+        self.handlers.on(WorkerHeartbeat, lambda msg, incoming: self._decided(self.state.heartbeat, msg, incoming))
+        self.handlers.on(ShardHeartbeat, lambda msg, incoming: self._decided(self.state.shard_heartbeat, msg, incoming))
+        self.handlers.on(EvalReport, self._on_eval)
+        self.handlers.on(Bye, self._on_bye)
+        self.handlers.on(StatusRequest, self._on_status)
 
     def run(self) -> int:
         """Serve the job until it has finished (or a signal stops it); the end is logged, however it comes."""
@@ -302,51 +317,54 @@ class SchedulerServer:
     def _handle(self, incoming: Incoming) -> None:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
-        msg = incoming.message
-        if msg is None:  # recv_routed gives a message or why there is none, never neither
-            raise RuntimeError("an incoming message with neither a message nor an error")
-        now = time.monotonic()
-        reply: Welcome | Assignment | ByeAck | StatusReply
+        msg = incoming.decoded
         try:
             if msg.job != self.job.job:
                 raise ProtocolError(ErrorCode.WRONG_JOB, f"this scheduler runs job {self.job.job!r}, not {msg.job!r}")
             if msg.chunks:
                 raise ProtocolError(ErrorCode.BAD_CHUNK, f"{msg.type} to the scheduler carries no tensors")
-            body = msg.body
-            if isinstance(body, Hello):
-                if body.role in HELLO_KEY_ROLE:
-                    check_key_role(incoming.key_role, (HELLO_KEY_ROLE[body.role],), f"HELLO as {body.role}")
-                reply = self.state.hello(
-                    body, now, incoming.identity, lambda: self.hello_rate.spend(incoming.peer, now)
-                )
-                log.info("%s joined as %s (%s, %s)", body.name or body.host, reply.id, body.role, body.host)
-            elif isinstance(body, Heartbeat):
-                start = time.perf_counter()
-                reply = self.state.heartbeat(msg.sender, body, now, incoming.identity)
-                took = time.perf_counter() - start
-                self.m.decide.observe(took)
-                self.decision_times.append(took)
-            elif isinstance(body, EvalReport):
-                check_key_role(incoming.key_role, ("evaluator",), "EVAL")
-                self.state.eval_report(msg.sender, body, now, incoming.identity)
-                return
-            elif isinstance(body, Bye):
-                if self.state.bye(msg.sender, now, incoming.identity):
-                    log.info("%s left", msg.sender)
-                reply = ByeAck()
-            elif isinstance(body, StatusRequest):
-                status = self.state.status(now)
-                status.decision_s = self._decision_latency()
-                reply = StatusReply(state=status)
-            else:
-                raise ProtocolError(ErrorCode.UNEXPECTED_TYPE, f"the scheduler does not take {msg.type}")
+            reply = self.handlers.handle(msg, incoming)
         except ProtocolError as exc:
             exc.ref = msg.seq
             return self._reject(incoming, exc)
         except Exception as exc:  # a bug must cost one message, never the scheduler
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             return self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
-        send_routed(self.sock, incoming.identity, reply, msg.seq, self.job.job, "scheduler")
+        if reply is not None:
+            send_routed(self.sock, incoming.identity, reply, msg.seq, self.job.job, "scheduler")
+
+    def _on_hello(self, msg: Message[Hello], incoming: Incoming) -> Welcome:
+        body, now = msg.body, time.monotonic()
+        if body.role in HELLO_KEY_ROLE:
+            check_key_role(incoming.key_role, (HELLO_KEY_ROLE[body.role],), f"HELLO as {body.role}")
+        welcome = self.state.hello(body, now, incoming.identity, lambda: self.hello_rate.spend(incoming.peer, now))
+        log.info("%s joined as %s (%s, %s)", body.name or body.host, welcome.id, body.role, body.host)
+        return welcome
+
+    def _decided(
+        self, decide: Callable[[str, Report, float, bytes], Answer], msg: Message[Report], incoming: Incoming
+    ) -> Answer:
+        """A heartbeat's answer from `decide` (JobState.heartbeat or shard_heartbeat), its time measured."""
+        start = time.perf_counter()
+        answer = decide(msg.sender, msg.body, time.monotonic(), incoming.identity)
+        took = time.perf_counter() - start
+        self.m.decide.observe(took)
+        self.decision_times.append(took)
+        return answer
+
+    def _on_eval(self, msg: Message[EvalReport], incoming: Incoming) -> None:
+        check_key_role(incoming.key_role, ("evaluator",), "EVAL")
+        self.state.eval_report(msg.sender, msg.body, time.monotonic(), incoming.identity)
+
+    def _on_bye(self, msg: Message[Bye], incoming: Incoming) -> ByeAck:
+        if self.state.bye(msg.sender, time.monotonic(), incoming.identity):
+            log.info("%s left", msg.sender)
+        return ByeAck()
+
+    def _on_status(self, _msg: Message[StatusRequest], _incoming: Incoming) -> StatusReply:
+        status = self.state.status(time.monotonic())
+        status.decision_s = self._decision_latency()
+        return StatusReply(state=status)
 
     def _decision_latency(self) -> DecisionLatency:
         """Mean and p99 seconds to handle a heartbeat, over the last DECISION_TIMES_KEPT of them.
@@ -455,7 +473,7 @@ class SchedulerServer:
         the shards' model and refuses evaluations of versions its fresh count cannot explain.
         """
         s = self.state
-        reported = [m.last.version for m in s.roster.shards.values() if m.heartbeats]
+        reported = [m.shard_last.version for m in s.roster.shards.values() if m.heartbeats]
         if self._start_checked or not reported:
             return
         self._start_checked = True

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, WorkerStatus
+from dynabatch.common.messages import WorkerHeartbeat, WorkerStatus
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.allocator import own_step_seconds
 from dynabatch.scheduler.chunk_schedule import STABLE_PROPOSALS, StepSample, WirePlan, plan_for, settle
@@ -34,7 +34,7 @@ class WireSchedule:
     def scheduled(self) -> bool:
         return self.job.chunk_schedule == "scheduled"
 
-    def observe(self, worker: str, prev: Heartbeat, hb: Heartbeat) -> WirePlan | None:
+    def observe(self, worker: str, prev: WorkerHeartbeat, hb: WorkerHeartbeat) -> WirePlan | None:
         """A step `worker` reported (`hb`, after `prev`); returns its new plan when this step changed it."""
         steps = hb.steps - prev.steps
         if not self.scheduled or steps <= 0 or hb.bytes < prev.bytes:

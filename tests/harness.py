@@ -36,7 +36,17 @@ from dynabatch.common.builtin_tasks import builtin_init
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Heartbeat, Hello, Init, JobStatus, StatusReply, StatusRequest, Welcome
+from dynabatch.common.messages import (
+    Hello,
+    Init,
+    JobStatus,
+    Role,
+    StatusReply,
+    StatusRequest,
+    Welcome,
+    WorkerAssignment,
+    WorkerHeartbeat,
+)
 from dynabatch.common.ports import free_port as free_port  # the tests take it from here
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
@@ -289,16 +299,18 @@ class Cluster:
         """Register a test client as a worker, as the worker does, offer the shards a model (INIT: the first
         initialises them), and heartbeat until it holds a batch. The model is the job's built-in one unless
         `model` gives (INIT, initial flat parameters, initial travelling buffers)."""
-        link = SchedulerLink(self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker")
+        link = SchedulerLink(
+            self.ctx, self.scheduler_endpoint, "dynabatch", "test-worker", WorkerHeartbeat, WorkerAssignment
+        )
         deadline = time.monotonic() + 30
         welcome = link.register(
-            Hello(role="worker", name="test-worker"), lambda: time.monotonic() > deadline, lambda: None
+            Hello(role=Role.WORKER, name="test-worker"), lambda: time.monotonic() > deadline, lambda: None
         )
         assert welcome is not None, "timed out after 30s waiting for the scheduler to welcome a worker"
         conn = link.conn
 
         def heartbeat() -> None:
-            link.heartbeat(Heartbeat())
+            link.heartbeat(WorkerHeartbeat())
 
         heartbeat()  # alive from the WELCOME on, as a worker's pulse keeps it: a silent member is a ghost
         job = job_from_dict(welcome.config)
@@ -319,7 +331,7 @@ class Cluster:
             shards.close()
 
         def has_batch() -> bool:
-            batch: int = conn.request(Heartbeat(standalone_sps=standalone_sps), timeout_s=2.0).body.batch
+            batch: int = conn.request(WorkerHeartbeat(standalone_sps=standalone_sps), timeout_s=2.0).body.batch
             return batch > 0
 
         wait_for("a batch for the test worker", has_batch, 30)

@@ -15,7 +15,7 @@ from harness import free_port
 
 class SchedulerSocket:
     """A ROUTER, on a thread of its own, that welcomes every HELLO as member `w<n>`, keeps every other message it
-    gets as (sender, body), and answers each with `answer` if one is set (an Assignment, or an Error)."""
+    gets as (sender, body), and answers each with `answer` if one is set (an assignment, or an Error)."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
         self.sock = ctx.socket(zmq.ROUTER)

@@ -11,7 +11,7 @@ import pytest
 from dynabatch.common.auto_choice import choose
 from dynabatch.common.cluster_file import read_cluster
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat
+from dynabatch.common.messages import WorkerHeartbeat
 from dynabatch.common.optimum import STUDY_NOISE
 from dynabatch.common.prediction import cluster_of, fixed_batches
 from dynabatch.common.protocols import protocol_spec
@@ -96,7 +96,7 @@ def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: f
     for _ in range(steps):
         batch = allocator.allocation[wid] or 1
         compute = per_sample_s * batch
-        allocator.observe(wid, Heartbeat(batch=batch, step_s=0.005 + compute, compute_s=compute))
+        allocator.observe(wid, WorkerHeartbeat(batch=batch, step_s=0.005 + compute, compute_s=compute))
         allocator.reallocate(1.0, 1.0, "speed update", wid, ready)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.messages import Error, Heartbeat, Pull, Push, PushAck, Welcome
+from dynabatch.common.messages import Error, Pull, Push, PushAck, Welcome, WorkerHeartbeat
 from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
 from harness import Cluster, Proc, free_port, metric_value, wait_for
@@ -55,17 +55,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardUnderFire
     c.stop()
 
 
-def _pull(c: ShardUnderFire) -> Message:
+def _pull(c: ShardUnderFire) -> Message[Any]:
     return c.shard_conn.request(Pull(), timeout_s=5)
 
 
-def _good_push(c: ShardUnderFire, model: Message, fill: float = 0.0) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
+def _good_push(c: ShardUnderFire, model: Message[Any], fill: float = 0.0) -> tuple[list[ChunkMeta], list[torch.Tensor]]:
     metas = [ChunkMeta(m.id, "float32", m.shape, m.version) for m in model.chunks]
     tensors = [torch.full(m.shape, fill) for m in model.chunks]
     return metas, tensors
 
 
-def _raw(c: ShardUnderFire, endpoint: str, frames: list[bytes], timeout_s: float = 5.0) -> Message | None:
+def _raw(c: ShardUnderFire, endpoint: str, frames: list[bytes], timeout_s: float = 5.0) -> Message[Any] | None:
     """Send raw frames on a fresh DEALER and return the decoded answer (None if none came)."""
     conn = c.client(endpoint)
     try:
@@ -75,7 +75,7 @@ def _raw(c: ShardUnderFire, endpoint: str, frames: list[bytes], timeout_s: float
         conn.close()
 
 
-def _raw_on(conn: Connection, frames: list[bytes], timeout_s: float = 5.0) -> Message | None:
+def _raw_on(conn: Connection, frames: list[bytes], timeout_s: float = 5.0) -> Message[Any] | None:
     """Send raw frames on `conn` (the test worker's own connection: the shard refuses its name from any other)
     and return the decoded answer (None if none came)."""
     conn.sock.send_multipart(frames)
@@ -96,7 +96,7 @@ def _frames(
     return [bytes(f) for f in encode(Message(body, metas, tensors, job, sender, 9))]
 
 
-def _cases(c: ShardUnderFire, model: Message) -> dict[str, tuple[list[bytes], str]]:
+def _cases(c: ShardUnderFire, model: Message[Any]) -> dict[str, tuple[list[bytes], str]]:
     metas, tensors = _good_push(c, model, 1.0)
     good = _frames(Push(samples=8), metas, tensors, c.welcome.id)
     nan = [t.clone() for t in tensors]
@@ -190,7 +190,7 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster:
     assert status_after.samples == status_before.samples
     text = c.sched_proc.metrics()
     assert metric_value(text, "dynabatch_bad_messages_total", role="scheduler", reason="malformed") >= 2
-    reply = c.worker_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=5)
+    reply = c.worker_conn.request(WorkerHeartbeat(standalone_sps=1000.0), timeout_s=5)
     assert reply.body.batch > 0
 
 

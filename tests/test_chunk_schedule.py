@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Pull
+from dynabatch.common.messages import Pull, WorkerHeartbeat
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.transport import Incoming
 from dynabatch.common.wire import ChunkMeta, Message
@@ -54,14 +54,14 @@ def test_one_odd_step_changes_nothing_and_a_lasting_change_is_followed() -> None
     assert settle(None, [odd]) == odd, "a worker's first plan is taken at once"
 
 
-def _heartbeats(rates: list[float], compute_s: float = 0.3) -> list[Heartbeat]:
+def _heartbeats(rates: list[float], compute_s: float = 0.3) -> list[WorkerHeartbeat]:
     """A worker's heartbeats after each step on links of `rates` (cumulative counters, as a worker sends them)."""
     beats, moved = [], 0
     for steps, rate in enumerate(rates, 1):
         moved += 2 * MODEL_BYTES
         transfer = 2 * MODEL_BYTES / rate
         beats.append(
-            Heartbeat(
+            WorkerHeartbeat(
                 steps=steps,
                 samples=32 * steps,
                 batch=32,
@@ -75,9 +75,9 @@ def _heartbeats(rates: list[float], compute_s: float = 0.3) -> list[Heartbeat]:
     return beats
 
 
-def _plans(schedule: WireSchedule, beats: list[Heartbeat]) -> list[WirePlan]:
+def _plans(schedule: WireSchedule, beats: list[WorkerHeartbeat]) -> list[WirePlan]:
     """The plan handed out after each heartbeat."""
-    plans, prev = [], Heartbeat()
+    plans, prev = [], WorkerHeartbeat()
     for hb in beats:
         schedule.observe("w0", prev, hb)
         plans.append(schedule.plan_of("w0"))
@@ -129,10 +129,14 @@ def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol: st
     """ssgd closes rounds (the slowest own step first); asgd does not (the most transfer-bound first)."""
     schedule = _schedule("scheduled", protocol)
     schedule.observe(
-        "slow", Heartbeat(), Heartbeat(steps=1, batch=8, step_s=2.0, compute_s=1.8, pull_s=0.1, push_s=0.1, bytes=MB)
+        "slow",
+        WorkerHeartbeat(),
+        WorkerHeartbeat(steps=1, batch=8, step_s=2.0, compute_s=1.8, pull_s=0.1, push_s=0.1, bytes=MB),
     )
     schedule.observe(
-        "wired", Heartbeat(), Heartbeat(steps=1, batch=8, step_s=1.0, compute_s=0.2, pull_s=0.4, push_s=0.4, bytes=MB)
+        "wired",
+        WorkerHeartbeat(),
+        WorkerHeartbeat(steps=1, batch=8, step_s=1.0, compute_s=0.2, pull_s=0.4, push_s=0.4, bytes=MB),
     )
     assert schedule.ranks(["slow", "wired"])[first] == 0
     schedule.forget(first)

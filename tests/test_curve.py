@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeyError, CurveKeys, create_keys, key_name, key_role
-from dynabatch.common.messages import EvalReport, Hello, Pull, Push
+from dynabatch.common.messages import EvalReport, Hello, Pull, Push, Role
 from dynabatch.common.transport import Connection, RemoteError, use_curve
 from harness import Cluster, Proc, free_port, metric_value, run_job, wait_for
 
@@ -173,7 +173,7 @@ def test_job_trains_with_curve_and_refuses_peers_without_the_key(tmp_path: Path)
         wrong_ctx, plain_ctx = zmq.Context(), zmq.Context()
         use_curve(wrong_ctx, CurveKeys(intruder.server_public, other.client_public, other.client_secret, None))
         targets = [
-            (scheduler, "scheduler", c.scheduler_endpoint, Hello(role="worker", name="intruder")),
+            (scheduler, "scheduler", c.scheduler_endpoint, Hello(role=Role.WORKER, name="intruder")),
             (shard, "ps", f"tcp://127.0.0.1:{shard_port}", Pull(ids=[0])),
         ]
         try:
@@ -214,10 +214,10 @@ def _each_key_sends_only_what_its_role_may(
         contexts[role] = zmq.Context()
         use_curve(contexts[role], CurveKeys.load(str(keys), role))
     cases = [
-        ("worker", c.scheduler_endpoint, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0)),
-        ("worker", c.scheduler_endpoint, Hello(role="evaluator", name="fake-evaluator")),
-        ("evaluator", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
-        ("ps", c.scheduler_endpoint, Hello(role="worker", name="fake-worker")),
+        ("worker", c.scheduler_endpoint, Hello(role=Role.SHARD, endpoint="tcp://127.0.0.1:1", shard_index=0)),
+        ("worker", c.scheduler_endpoint, Hello(role=Role.EVALUATOR, name="fake-evaluator")),
+        ("evaluator", c.scheduler_endpoint, Hello(role=Role.WORKER, name="fake-worker")),
+        ("ps", c.scheduler_endpoint, Hello(role=Role.WORKER, name="fake-worker")),
         ("worker", c.scheduler_endpoint, EvalReport(version=1, test_loss=0.1, test_acc=0.99)),
         ("evaluator", shard_endpoint, Push(samples=1)),
     ]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import EvalReport, Hello, Role, ShardAssignment, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
@@ -20,13 +20,13 @@ from dynabatch.scheduler.stall import STALL_STEPS, StallWatch, stall_limit_s
 STEP_S = 0.01
 
 
-def _hb(prev: Heartbeat, steps: int = 0, skipped: int = 0, loss: float = 1.0) -> Heartbeat:
-    return Heartbeat(steps=prev.steps + steps, skipped=prev.skipped + skipped, loss=loss)
+def _hb(prev: WorkerHeartbeat, steps: int = 0, skipped: int = 0, loss: float = 1.0) -> WorkerHeartbeat:
+    return WorkerHeartbeat(steps=prev.steps + steps, skipped=prev.skipped + skipped, loss=loss)
 
 
 def _feed(watch: DivergenceWatch, reports: list[tuple[int, int, float]], settled: bool = True) -> None:
     """Worker w0 reports (new steps, new skipped steps, loss) in turn."""
-    prev = Heartbeat()
+    prev = WorkerHeartbeat()
     for steps, skipped, loss in reports:
         hb = _hb(prev, steps, skipped, loss)
         watch.worker("w0", prev, hb, settled)
@@ -64,7 +64,7 @@ def test_one_worker_alone_cannot_roll_the_job_back_nor_hold_its_checkpoints() ->
     """A diverged model fails every worker; one worker's skips (a bad machine, a lying peer) are not enough, nor
     can its tiny losses pull the job's level down under the honest workers' losses."""
     watch = DivergenceWatch()
-    prev = {w: Heartbeat() for w in ("w0", "w1", "w2")}
+    prev = {w: WorkerHeartbeat() for w in ("w0", "w1", "w2")}
 
     def report(wid: str, steps: int, skipped: int, loss: float) -> None:
         hb = _hb(prev[wid], steps, skipped, loss)
@@ -91,9 +91,9 @@ def test_reports_on_a_model_being_thrown_away_count_for_nothing() -> None:
     watch = DivergenceWatch()
     _feed(watch, [(1, 0, 2.0)] + [(0, 1, math.nan)] * 10, settled=False)
     assert watch.cause == ""
-    watch.shard(0, Heartbeat(model_problem="parameters not finite"), settled=False)
+    watch.shard(0, ShardHeartbeat(model_problem="parameters not finite"), settled=False)
     assert watch.cause == ""
-    watch.shard(0, Heartbeat(model_problem="parameters not finite"), settled=True)
+    watch.shard(0, ShardHeartbeat(model_problem="parameters not finite"), settled=True)
     assert watch.cause == "ps0: parameters not finite"
     watch.rolled_back()
     assert watch.cause == "" and not watch.suspect
@@ -104,15 +104,15 @@ def _job(**kw: Any) -> JobState:
         **{"dataset": "synthetic", "model": "mlp", "global_batch": 96, "epochs": 1.0, "liveness_timeout_s": 2.0, **kw}
     )
     state = JobState(cfg, num_shards=1, train_size=100_000, now=0.0)
-    ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.0).id
-    wid = state.hello(Hello(role="worker", instance="w"), 0.0).id
-    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)
-    state.heartbeat(ps, Heartbeat(membership=state.roster.membership), 0.0)
-    state.heartbeat(
+    ps = state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), 0.0).id
+    wid = state.hello(Hello(role=Role.WORKER, instance="w"), 0.0).id
+    state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), 0.0)
+    state.shard_heartbeat(ps, ShardHeartbeat(membership=state.roster.membership), 0.0)
+    state.shard_heartbeat(
         ps,
-        Heartbeat(
+        ShardHeartbeat(
             membership=state.roster.membership,  # it applied w0's bound: w0 holds its batch
-            batches=state.assignment_for(state.roster.members[ps]).batches,
+            batches=state.shard_assignment().batches,
         ),
         0.0,
     )
@@ -127,7 +127,7 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
     acted = state.assignment_for(m).rollbacks if rollbacks is None else rollbacks
     state.heartbeat(
         "w0",
-        Heartbeat(
+        WorkerHeartbeat(
             steps=m.steps + new,
             samples=m.samples + batch * new,
             batch=batch,
@@ -144,12 +144,12 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
 
 def _shard(
     state: JobState, now: float, version: int, good: int, problem: str = "", rollbacks: int | None = None
-) -> Assignment:
+) -> ShardAssignment:
     known = state.rollbacks.rollback_number if rollbacks is None else rollbacks
-    applied = state.assignment_for(state.roster.members["ps0"]).batches
-    return state.heartbeat(
+    applied = state.shard_assignment().batches
+    return state.shard_heartbeat(
         "ps0",
-        Heartbeat(
+        ShardHeartbeat(
             version=version,
             samples=version * 96,
             membership=state.roster.membership,
@@ -167,7 +167,7 @@ def test_a_diverged_job_rolls_back_with_half_the_step_size_and_gives_up_after_ma
     for i in range(5):
         _step(state, 0.1 + i * 0.01)
     _shard(state, 0.2, version=5, good=3)
-    evaluator = state.hello(Hello(role="evaluator"), 0.2).id
+    evaluator = state.hello(Hello(role=Role.EVALUATOR), 0.2).id
     state.eval_report(evaluator, EvalReport(version=5, test_loss=2.3, test_acc=0.1), 0.25)
     worker_scale = state.assignment_for(state.roster.members["w0"]).lr_scale
     told = _shard(state, 0.3, version=6, good=3, problem="parameters not finite", rollbacks=0)
@@ -231,9 +231,9 @@ def test_shards_keep_their_last_checkpoint_while_the_workers_skip_steps() -> Non
 
 def test_a_shard_reporting_impossible_divergence_fields_is_refused() -> None:
     state = _job(max_rollbacks=2)
-    for bad in (Heartbeat(rollbacks=3), Heartbeat(good_version=-2), Heartbeat(model_problem="x" * 1000)):
+    for bad in (ShardHeartbeat(rollbacks=3), ShardHeartbeat(good_version=-2), ShardHeartbeat(model_problem="x" * 1000)):
         with pytest.raises(ProtocolError, match="bad_field"):
-            state.heartbeat("ps0", bad, 0.1)
+            state.shard_heartbeat("ps0", bad, 0.1)
     assert state.rollbacks.rollback_number == 0
 
 
@@ -241,7 +241,7 @@ def test_a_worker_whose_skipped_count_goes_backwards_is_refused() -> None:
     state = _job()
     _step(state, 0.1, loss=math.nan, skipped=2)
     with pytest.raises(ProtocolError, match="skipped went backwards"):
-        state.heartbeat("w0", Heartbeat(standalone_sps=1000.0, skipped=1), 0.2)
+        state.heartbeat("w0", WorkerHeartbeat(standalone_sps=1000.0, skipped=1), 0.2)
 
 
 def test_rollbacks_and_the_smaller_step_survive_a_scheduler_restart(tmp_path: Path) -> None:

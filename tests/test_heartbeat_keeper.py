@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from dynabatch.common.messages import Assignment, Error, Heartbeat, Hello
+from dynabatch.common.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
@@ -23,10 +23,10 @@ from scheduler_socket import SchedulerSocket
 def keeper() -> Iterator[tuple[HeartbeatKeeper, SchedulerSocket, list[float]]]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     scheduler = SchedulerSocket(ctx)
-    scheduler.answer = Assignment(assignment_id=1)
-    link = SchedulerLink(ctx, scheduler.endpoint, "j", "test")
+    scheduler.answer = WorkerAssignment(assignment_id=1)
+    link = SchedulerLink(ctx, scheduler.endpoint, "j", "test", WorkerHeartbeat, WorkerAssignment)
     ticks: list[float] = []
-    assert link.register(Hello(role="worker"), lambda: False, lambda: None) is not None
+    assert link.register(Hello(role=Role.WORKER), lambda: False, lambda: None) is not None
     try:
         yield HeartbeatKeeper(link, lambda: ticks.append(time.monotonic()), lambda: False), scheduler, ticks
     finally:
@@ -45,7 +45,7 @@ def test_it_repeats_the_last_heartbeat_and_is_due_again_an_interval_later(
 ) -> None:
     beat, scheduler, ticks = keeper
     beat.interval_s = 60.0
-    report = Heartbeat(steps=2, samples=64, batch=32)
+    report = WorkerHeartbeat(steps=2, samples=64, batch=32)
     beat.send(report)
     beat.when_due()  # sent just now: nothing
     beat.repeat()
@@ -58,8 +58,8 @@ def test_a_rollback_ends_a_wait_only_once_the_process_trains(
     keeper: tuple[HeartbeatKeeper, SchedulerSocket, list[float]],
 ) -> None:
     beat, scheduler, _ = keeper
-    scheduler.answer = Assignment(assignment_id=1, rollbacks=1)
-    beat.send(Heartbeat())
+    scheduler.answer = WorkerAssignment(assignment_id=1, rollbacks=1)
+    beat.send(WorkerHeartbeat())
     _answered(beat, scheduler, 1)
     beat.repeat()  # an evaluator (rollbacks None) hears nothing of rollbacks
     beat.rollbacks = 1
@@ -75,7 +75,7 @@ def test_a_dropped_process_ends_its_wait_at_the_next_heartbeat_that_is_due(
 ) -> None:
     beat, scheduler, _ = keeper
     scheduler.answer = Error("unknown_sender", "who are you")
-    beat.send(Heartbeat())
+    beat.send(WorkerHeartbeat())
     _answered(beat, scheduler, 1)
     beat.next_at = 0.0
     with pytest.raises(RemoteError) as ended:
@@ -87,7 +87,7 @@ def test_a_process_told_to_stop_ends_its_wait_without_another_heartbeat(
     keeper: tuple[HeartbeatKeeper, SchedulerSocket, list[float]],
 ) -> None:
     beat, scheduler, ticks = keeper
-    beat.send(Heartbeat())
+    beat.send(WorkerHeartbeat())
     _answered(beat, scheduler, 1)
     beat.stopping = lambda: True
     with pytest.raises(Stopping):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Welcome
+from dynabatch.common.messages import Bye, EvalReport, Hello, Role, Welcome, WorkerHeartbeat
 from dynabatch.common.transport import Connection, RemoteError
 from harness import Cluster, metric_value
 
@@ -86,7 +86,7 @@ def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is
     _refused(
         job,
         job.welcome.id,
-        Heartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
+        WorkerHeartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
         "bad_sender",
     )
     _refused(job, job.welcome.id, Bye(), "bad_sender")
@@ -101,9 +101,9 @@ def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job: Vict
     assert status is not None
     epoch = status.epoch
     for hb, field in (
-        (Heartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
-        (Heartbeat(standalone_sps=5e-324), "standalone_sps"),
-        (Heartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s"),
+        (WorkerHeartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
+        (WorkerHeartbeat(standalone_sps=5e-324), "standalone_sps"),
+        (WorkerHeartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s"),
     ):
         with pytest.raises(RemoteError, match=f"HEARTBEAT.{field}") as refused:
             victim.request(hb, timeout_s=10)
@@ -117,7 +117,7 @@ def test_only_an_evaluator_reports_evaluations_and_only_of_versions_that_can_exi
     _refused(job, job.welcome.id, EvalReport(version=1, test_loss=0.1, test_acc=0.999), "bad_sender")
     evaluator = job.client(sender="evaluator")
     try:
-        welcome = evaluator.request(Hello(role="evaluator", name="liar", instance="liar"), timeout_s=10).body
+        welcome = evaluator.request(Hello(role=Role.EVALUATOR, name="liar", instance="liar"), timeout_s=10).body
         evaluator.sender = welcome.id
         with pytest.raises(RemoteError, match="EVAL.version"):
             evaluator.request(EvalReport(version=2**62, test_loss=0.1, test_acc=0.999), timeout_s=10)
@@ -132,7 +132,7 @@ def test_an_evaluation_outside_what_a_fraction_can_be_or_not_finite_is_refused_a
     evaluator = job.client(sender="evaluator")
     try:
         evaluator.sender = evaluator.request(
-            Hello(role="evaluator", name="boaster", instance="boaster"), timeout_s=10
+            Hello(role=Role.EVALUATOR, name="boaster", instance="boaster"), timeout_s=10
         ).body.id
         nan, inf = float("nan"), float("inf")
         for report, field in (
@@ -159,13 +159,13 @@ def test_a_flood_of_hellos_registers_at_most_max_workers_and_counts_none_in_n(jo
     ghosts, full = [], 0
     for i in range(3 * MAX_WORKERS):
         try:
-            reply = flood.request(Hello(role="worker", name=f"ghost{i}", instance=f"ghost{i}"), timeout_s=10)
+            reply = flood.request(Hello(role=Role.WORKER, name=f"ghost{i}", instance=f"ghost{i}"), timeout_s=10)
             ghosts.append(reply.body.id)
         except RemoteError as exc:
             assert exc.code == "full", exc
             full += 1
     assert len(ghosts) <= MAX_WORKERS and full >= 2 * MAX_WORKERS
-    assignment = job.victim.request(Heartbeat(standalone_sps=1000.0), timeout_s=10).body
+    assignment = job.victim.request(WorkerHeartbeat(standalone_sps=1000.0), timeout_s=10).body
     assert assignment.lr_scale == 1.0, "n counts the workers holding a batch, never the ghosts"
     shard = job.procs[1]
     assert metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1, (
@@ -181,7 +181,7 @@ def test_a_second_shard_cannot_take_a_live_shards_slot(job: VictimsJob) -> None:
     _refused(
         job,
         "impostor",
-        Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
+        Hello(role=Role.SHARD, endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
         "slot_taken",
     )
     status = job.status()
@@ -199,7 +199,9 @@ def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_nev
     try:
         for i in range(HELLO_BURST + 1):
             try:
-                welcome = churn.request(Hello(role="worker", name=f"churn{i}", instance=f"churn{i}"), timeout_s=10).body
+                welcome = churn.request(
+                    Hello(role=Role.WORKER, name=f"churn{i}", instance=f"churn{i}"), timeout_s=10
+                ).body
             except RemoteError as exc:
                 assert exc.code == "hello_rate", exc
                 break
@@ -215,7 +217,7 @@ def test_one_source_churning_registrations_meets_the_hello_rate_and_a_rejoin_nev
     assert _count(job, "hello_rate") == 1 and status.workers.keys() == before
     rejoin = job.client(sender="liar")
     try:
-        again = rejoin.request(Hello(role="evaluator", name="liar", instance="liar"), timeout_s=10).body
+        again = rejoin.request(Hello(role=Role.EVALUATOR, name="liar", instance="liar"), timeout_s=10).body
         assert isinstance(again, Welcome) and again.id.startswith("eval")
     finally:
         rejoin.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -16,14 +16,14 @@ def _end(num_shards: int = 2, **kw: Any) -> tuple[JobEnd, dict[int, Member]]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 100, "epochs": 1.0, "join_timeout_s": 30.0, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
-        roster.register(Hello(role="ps"), 0.0, b"", lambda: None)
+        roster.register(Hello(role=Role.SHARD), 0.0, b"", lambda: None)
     return JobEnd(job), roster.shards
 
 
 def _beat(shards: dict[int, Member], version: int = 0) -> None:
     for shard in shards.values():
         shard.heartbeats += 1
-        shard.last = Heartbeat(version=version)
+        shard.shard_last = ShardHeartbeat(version=version)
 
 
 def _after_beats(
@@ -78,7 +78,7 @@ def test_a_spent_budget_or_a_failure_stops_the_job() -> None:
 
 def test_a_job_that_trains_nothing_for_longer_than_its_workers_steps_allow_fails() -> None:
     end, _ = _end(join_timeout_s=5.0)
-    worker = Member("w0", "worker", "w0", "", "", 0.0, 0.0, last=Heartbeat(step_s=0.01, skipped=4))
+    worker = Member("w0", Role.WORKER, "w0", "", "", 0.0, 0.0, last=WorkerHeartbeat(step_s=0.01, skipped=4))
     end.check_stall(0.0, 100, [worker], training_started=True)
     end.check_stall(4.9, 100, [worker], training_started=True)
     assert not end.failed

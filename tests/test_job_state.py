@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Assignment, EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
@@ -27,20 +27,20 @@ def _job(**kw: Any) -> JobState:
         }
     )  # the allocation is what is tested
     state = JobState(cfg, num_shards=1, train_size=1000, now=0.0)
-    state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0)
+    state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1"), 0.0)
     return state
 
 
 def _shards_apply(state: JobState, now: float) -> None:
     """Every shard heartbeats having applied its current assignment: the live worker set and the push bounds."""
     for shard in list(state.roster.shards.values()):
-        answer = state.assignment_for(shard)
-        state.heartbeat(shard.id, Heartbeat(membership=answer.membership, batches=answer.batches), now)
+        answer = state.shard_assignment()
+        state.shard_heartbeat(shard.id, ShardHeartbeat(membership=answer.membership, batches=answer.batches), now)
 
 
 def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> str:
-    wid = state.hello(Hello(role="worker", max_batch=max_batch), now).id
-    state.heartbeat(wid, Heartbeat(standalone_sps=sps), now)  # its first report makes it live
+    wid = state.hello(Hello(role=Role.WORKER, max_batch=max_batch), now).id
+    state.heartbeat(wid, WorkerHeartbeat(standalone_sps=sps), now)  # its first report makes it live
     _shards_apply(state, now)  # once every shard holds it, it gets its share,
     _shards_apply(state, now)  # which it holds once every shard reports the bound that lets it push that share
     return wid
@@ -48,10 +48,10 @@ def _join(state: JobState, sps: float, now: float = 0.0, max_batch: int = 0) -> 
 
 def _step(
     state: JobState, wid: str, step_s: float, now: float, loss: float = 1.0, compute_s: float | None = None
-) -> Assignment:
+) -> WorkerAssignment:
     # a dropped worker reports its last step's batch; a step is all compute unless told otherwise
     m, batch = state.roster.members[wid], state.allocator.allocation.get(wid, 1)
-    hb = Heartbeat(
+    hb = WorkerHeartbeat(
         steps=m.steps + 1,
         samples=m.samples + batch,
         batch=batch,
@@ -66,66 +66,66 @@ def _step(
 
 def test_workers_wait_for_every_shard() -> None:
     state = JobState(JobConfig(dataset="synthetic"), num_shards=2, train_size=1000, now=0.0)
-    state.hello(Hello(role="ps", endpoint="tcp://a:1"), 0.0)
+    state.hello(Hello(role=Role.SHARD, endpoint="tcp://a:1"), 0.0)
     with pytest.raises(ProtocolError, match="not_ready"):
-        state.hello(Hello(role="worker"), 0.0)
-    state.hello(Hello(role="ps", endpoint="tcp://b:1"), 0.0)
-    welcome = state.hello(Hello(role="worker"), 0.0)
+        state.hello(Hello(role=Role.WORKER), 0.0)
+    state.hello(Hello(role=Role.SHARD, endpoint="tcp://b:1"), 0.0)
+    welcome = state.hello(Hello(role=Role.WORKER), 0.0)
     assert welcome.shards == ["tcp://a:1", "tcp://b:1"]
     with pytest.raises(ProtocolError, match="no_slot"):
-        state.hello(Hello(role="ps"), 0.0)
+        state.hello(Hello(role=Role.SHARD), 0.0)
 
 
 def test_a_new_worker_gets_its_first_batch_only_once_every_shard_knows_it() -> None:
     """Else a shard could close an ssgd round without a worker whose push is on its way."""
     state = JobState(JobConfig(dataset="synthetic", global_batch=96), num_shards=2, train_size=1000, now=0.0)
-    ps0 = state.hello(Hello(role="ps", endpoint="tcp://a:1"), 0.0).id
-    ps1 = state.hello(Hello(role="ps", endpoint="tcp://b:1"), 0.0).id
-    a = state.hello(Hello(role="worker"), 0.0).id
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0), 0.1)
+    ps0 = state.hello(Hello(role=Role.SHARD, endpoint="tcp://a:1"), 0.0).id
+    ps1 = state.hello(Hello(role=Role.SHARD, endpoint="tcp://b:1"), 0.0).id
+    a = state.hello(Hello(role=Role.WORKER), 0.0).id
+    state.heartbeat(a, WorkerHeartbeat(standalone_sps=1000.0), 0.1)
     assert state.allocator.allocation == {} and state.assignment_for(state.roster.members[a]).batch == 0
-    told = state.heartbeat(ps0, Heartbeat(), 0.2)
+    told = state.shard_heartbeat(ps0, ShardHeartbeat(), 0.2)
     assert told.live_workers == [a] and told.membership == state.roster.membership
-    state.heartbeat(ps0, Heartbeat(membership=told.membership), 0.3)
+    state.shard_heartbeat(ps0, ShardHeartbeat(membership=told.membership), 0.3)
     assert state.allocator.allocation == {}, "shard 1 has not applied it yet"
-    state.heartbeat(ps1, Heartbeat(membership=told.membership), 0.4)
+    state.shard_heartbeat(ps1, ShardHeartbeat(membership=told.membership), 0.4)
     assert state.allocator.allocation == {a: 96}, "the shard's heartbeat hands out the batch"
     assert state.allocator.decisions[-1].reason == "joined" and state.allocator.decisions[-1].subject == a
 
-    b = state.hello(Hello(role="worker"), 0.5).id
-    state.heartbeat(b, Heartbeat(standalone_sps=1000.0), 0.6)
+    b = state.hello(Hello(role=Role.WORKER), 0.5).id
+    state.heartbeat(b, WorkerHeartbeat(standalone_sps=1000.0), 0.6)
     assert state.allocator.allocation == {a: 96}, "the running worker keeps its batch while b waits"
     with pytest.raises(ProtocolError, match="slot_taken"):
-        state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.65)
+        state.hello(Hello(role=Role.SHARD, endpoint="tcp://b:2", shard_index=1), 0.65)
     state.bye(ps1, 0.66)  # the old shard is gone: its slot is free for the restarted one
-    restarted = state.hello(Hello(role="ps", endpoint="tcp://b:2", shard_index=1), 0.7).id
-    state.heartbeat(restarted, Heartbeat(), 0.8)
-    state.heartbeat(ps0, Heartbeat(membership=state.roster.membership), 0.9)
+    restarted = state.hello(Hello(role=Role.SHARD, endpoint="tcp://b:2", shard_index=1), 0.7).id
+    state.shard_heartbeat(restarted, ShardHeartbeat(), 0.8)
+    state.shard_heartbeat(ps0, ShardHeartbeat(membership=state.roster.membership), 0.9)
     assert state.allocator.allocation == {a: 96}, "a restarted shard that has applied nothing yet holds back only b"
-    state.heartbeat(restarted, Heartbeat(membership=state.roster.membership), 1.0)
+    state.shard_heartbeat(restarted, ShardHeartbeat(membership=state.roster.membership), 1.0)
     assert set(state.allocator.allocation) == {a, b} and sum(state.allocator.allocation.values()) == 96
 
 
 def test_a_repeated_hello_of_one_process_registers_it_once() -> None:
     """HELLOs queue in ZeroMQ while the scheduler is down, and arrive together when it comes up."""
     state = _job()
-    first = state.hello(Hello(role="worker", name="a", instance="abc"), 0.0)
-    again = state.hello(Hello(role="worker", name="a", instance="abc"), 0.1)
+    first = state.hello(Hello(role=Role.WORKER, name="a", instance="abc"), 0.0)
+    again = state.hello(Hello(role=Role.WORKER, name="a", instance="abc"), 0.1)
     assert again.id == first.id and [m.id for m in state.roster.members.values() if m.role == "worker"] == [first.id]
     assert state.roster.live_workers == [], "registered but silent: not counted in n"
-    state.heartbeat(first.id, Heartbeat(standalone_sps=100.0), 0.15)
+    state.heartbeat(first.id, WorkerHeartbeat(standalone_sps=100.0), 0.15)
     assert state.roster.live_workers == [first.id]
     membership = state.roster.membership
-    other = state.hello(Hello(role="worker", name="b", instance="xyz"), 0.2)
+    other = state.hello(Hello(role=Role.WORKER, name="b", instance="xyz"), 0.2)
     assert other.id != first.id and state.roster.membership == membership, "a worker joins the live set when it reports"
     state.bye(first.id, 0.3)
-    rejoined = state.hello(Hello(role="worker", name="a", instance="abc"), 0.4)
+    rejoined = state.hello(Hello(role=Role.WORKER, name="a", instance="abc"), 0.4)
     assert rejoined.id not in (first.id, other.id), "a member that left registers anew"
-    assert state.hello(Hello(role="worker"), 0.5).id != state.hello(Hello(role="worker"), 0.5).id, (
+    assert state.hello(Hello(role=Role.WORKER), 0.5).id != state.hello(Hello(role=Role.WORKER), 0.5).id, (
         "without an instance every HELLO is a new process"
     )
     with pytest.raises(ProtocolError, match="bad_field"):
-        state.hello(Hello(role="worker", instance="x" * 65), 0.6)
+        state.hello(Hello(role=Role.WORKER, instance="x" * 65), 0.6)
 
 
 def test_first_split_follows_standalone_speed_then_measured_step_times() -> None:
@@ -171,17 +171,17 @@ def test_a_ghost_expires_after_the_liveness_timeout_and_a_loading_worker_is_aliv
     """Workers heartbeat from their WELCOME on (worker/pulse.py): silence from the start is a ghost, while
     heartbeats without a measured speed keep a loading worker alive without making rounds wait for it."""
     state = _job(join_timeout_s=60.0)  # liveness 2 s
-    ghost = state.hello(Hello(role="worker"), 0.0).id
-    silent_evaluator = state.hello(Hello(role="evaluator"), 0.0).id
-    loading = state.hello(Hello(role="worker"), 0.0).id
+    ghost = state.hello(Hello(role=Role.WORKER), 0.0).id
+    silent_evaluator = state.hello(Hello(role=Role.EVALUATOR), 0.0).id
+    loading = state.hello(Hello(role=Role.WORKER), 0.0).id
     membership = state.roster.membership
     for t in range(1, 31):
-        state.heartbeat(loading, Heartbeat(), float(t))
+        state.heartbeat(loading, WorkerHeartbeat(), float(t))
         expired = state.expire(float(t))
         assert expired == ([] if t < 3 else [ghost, silent_evaluator] if t == 3 else []), (t, expired)
         assert state.roster.live_workers == [] and state.roster.membership == membership
         assert state.allocator.allocation == {}
-    state.heartbeat(loading, Heartbeat(standalone_sps=100.0), 31.0)
+    state.heartbeat(loading, WorkerHeartbeat(standalone_sps=100.0), 31.0)
     assert state.roster.live_workers == [loading], "ready: it is counted in n"
     assert state.roster.membership == membership + 1
     assert loading not in state.expire(32.9) and loading in state.expire(33.1)
@@ -194,13 +194,13 @@ def test_a_shard_restoring_its_checkpoint_before_its_first_heartbeat_gets_the_jo
         train_size=1000,
         now=0.0,
     )
-    shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
+    shard = state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1"), 0.0).id
     assert state.expire(59.0) == [] and state.expire(61.0) == [shard]
 
 
 def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_final_eval() -> None:
     state = _job()
-    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    ev = state.hello(Hello(role=Role.EVALUATOR), 0.0).id
     a, b = _join(state, 1000.0), _join(state, 1000.0)
     t = 0.0
     while not state.stopping:
@@ -218,9 +218,9 @@ def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_fin
     assert state.assignment_for(state.roster.members[ev]).stop and not state.finished
     state.eval_report(ev, EvalReport(version=7, test_loss=0.3, test_acc=0.9, final=True), t)
     assert state.finished
-    assert state.assignment_for(state.roster.shards[0]).stop
+    assert state.shard_assignment().stop
     with pytest.raises(ProtocolError, match="job_over"):
-        state.hello(Hello(role="worker"), t)
+        state.hello(Hello(role=Role.WORKER), t)
 
 
 def _run_to_target(state: JobState, wid: str, t: float = 0.0) -> float:
@@ -238,13 +238,13 @@ def test_a_job_awaiting_its_final_evaluation_admits_a_late_evaluator_and_waits_f
     state.tick(t + 5.0)
     assert not state.finished, "no evaluator has joined yet: the final model is not evaluated"
     with pytest.raises(ProtocolError, match="job_over"):
-        state.hello(Hello(role="worker"), t + 5.0)
-    ev = state.hello(Hello(role="evaluator"), t + 6.0).id
+        state.hello(Hello(role=Role.WORKER), t + 5.0)
+    ev = state.hello(Hello(role=Role.EVALUATOR), t + 6.0).id
     assert state.assignment_for(state.roster.members[ev]).stop, "it evaluates the final model at once"
     state.eval_report(ev, EvalReport(version=9, test_loss=0.3, test_acc=0.9, final=True), t + 7.0)
     assert state.finished and state.evaluations.final_eval
     with pytest.raises(ProtocolError, match="job_over"):
-        state.hello(Hello(role="evaluator"), t + 8.0)
+        state.hello(Hello(role=Role.EVALUATOR), t + 8.0)
 
 
 def test_a_job_awaiting_its_final_evaluation_gives_up_after_the_join_timeout() -> None:
@@ -282,16 +282,20 @@ def test_ssgd_ends_by_the_samples_its_rounds_trained_not_by_their_number() -> No
     for t in range(1, 11):
         _step(state, wid, 0.05, t)
     for at in (11.0, 11.1, 11.2):
-        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=11, membership=state.roster.membership), at)
+        state.shard_heartbeat(
+            state.roster.shards[0].id, ShardHeartbeat(version=11, membership=state.roster.membership), at
+        )
     assert state.progress.samples == 960 and not state.stopping
     last = state.assignment_for(state.roster.members[wid])
     assert last.batch == 40 and last.allotted == 1000, "its last batch is what is left"
     m = state.roster.members[wid]
     state.heartbeat(wid, replace(m.last, steps=m.steps + 1, samples=m.samples + 40, batch=40), 12.0)
     assert state.progress.samples == 1000 and state.assignment_for(m).batch == 0
-    assert state.assignment_for(state.roster.shards[0]).idle_workers == [wid], "no round waits for it"
+    assert state.shard_assignment().idle_workers == [wid], "no round waits for it"
     for beat in (12.1, 12.2):
-        state.heartbeat(state.roster.shards[0].id, Heartbeat(version=12, membership=state.roster.membership), beat)
+        state.shard_heartbeat(
+            state.roster.shards[0].id, ShardHeartbeat(version=12, membership=state.roster.membership), beat
+        )
     assert state.stopping
     state.bye(wid, 12.5)
     assert state.finished
@@ -303,9 +307,9 @@ def test_backwards_or_non_finite_heartbeats_change_nothing() -> None:
     _step(state, a, 0.05, 1.0)
     before = (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen)
     for hb in (
-        Heartbeat(steps=0, samples=0),
-        Heartbeat(steps=5, samples=500, step_s=float("inf")),
-        Heartbeat(steps=5, samples=500, standalone_sps=-1.0),
+        WorkerHeartbeat(steps=0, samples=0),
+        WorkerHeartbeat(steps=5, samples=500, step_s=float("inf")),
+        WorkerHeartbeat(steps=5, samples=500, standalone_sps=-1.0),
     ):
         with pytest.raises(ProtocolError, match="bad_field"):
             state.heartbeat(a, hb, 2.0)
@@ -314,7 +318,7 @@ def test_backwards_or_non_finite_heartbeats_change_nothing() -> None:
 
 def test_the_time_budget_stops_the_job_counted_from_the_first_batches() -> None:
     state = _job(epochs=100.0, time_budget_s=5.0)
-    state.heartbeat(state.hello(Hello(role="worker"), 0.0).id, Heartbeat(), 0.0)
+    state.heartbeat(state.hello(Hello(role=Role.WORKER), 0.0).id, WorkerHeartbeat(), 0.0)
     assert not state.stopping  # no batches handed out yet: the clock has not started
     wid = _join(state, 1000.0, now=2.0)
     assert state.status(2.0).training_t == 0.0
@@ -329,11 +333,11 @@ def test_the_time_budget_stops_the_job_counted_from_the_first_batches() -> None:
 def test_staleness_counts_sum_over_workers_including_departed_ones() -> None:
     state = _job()
     a, b = _join(state, 1000.0), _join(state, 1000.0)
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=4, staleness=[3, 1]), 0.1)
-    state.heartbeat(b, Heartbeat(standalone_sps=1000.0, steps=7, staleness=[0, 2, 5]), 0.1)
+    state.heartbeat(a, WorkerHeartbeat(standalone_sps=1000.0, steps=4, staleness=[3, 1]), 0.1)
+    state.heartbeat(b, WorkerHeartbeat(standalone_sps=1000.0, steps=7, staleness=[0, 2, 5]), 0.1)
     assert state.status(0.1).staleness == [3, 3, 5]
     state.bye(b, 0.2)
-    state.heartbeat(a, Heartbeat(standalone_sps=1000.0, steps=5, staleness=[4, 1]), 0.3)
+    state.heartbeat(a, WorkerHeartbeat(standalone_sps=1000.0, steps=5, staleness=[4, 1]), 0.3)
     assert state.status(0.3).staleness == [4, 3, 5]
 
 
@@ -342,7 +346,7 @@ def test_bad_staleness_counts_are_refused_and_change_nothing() -> None:
     wid = _join(state, 1000.0)
     for counts in ([-1], [0] * 65):
         with pytest.raises(ProtocolError, match="bad_field"):
-            state.heartbeat(wid, Heartbeat(standalone_sps=1000.0, staleness=counts), 0.1)
+            state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0, staleness=counts), 0.1)
     assert state.status(0.1).staleness == []
 
 
@@ -358,7 +362,7 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness() -> None:
         for wid in (fast, slow):
             m = state.roster.members[wid]
             batch = state.allocator.allocation[wid]
-            hb = Heartbeat(
+            hb = WorkerHeartbeat(
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
@@ -417,7 +421,7 @@ def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_not
     report: EvalReport, field: str
 ) -> None:
     state = _job()
-    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    ev = state.hello(Hello(role=Role.EVALUATOR), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
     state.eval_report(ev, good, 1.0)
     with pytest.raises(ProtocolError, match="bad_field") as refused:
@@ -430,7 +434,7 @@ def test_an_evaluation_out_of_bounds_is_refused_naming_the_field_and_changes_not
 def test_an_evaluation_at_the_bounds_is_kept() -> None:
     """At most 32 metrics of 64-character names; NaN test_acc is a task's mark for "no accuracy metric"."""
     state = _job()
-    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    ev = state.hello(Hello(role=Role.EVALUATOR), 0.0).id
     metrics = {f"m{i:02d}" + "x" * 61: float(i) for i in range(31)} | {"loss": 0.5}
     state.eval_report(ev, EvalReport(version=1, test_loss=0.5, test_acc=float("nan"), metrics=metrics), 1.0)
     assert state.status(1.0).metrics.keys() == metrics.keys() and state.status(1.0).eval_version == 1
@@ -439,7 +443,7 @@ def test_an_evaluation_at_the_bounds_is_kept() -> None:
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_an_evaluation_with_a_non_finite_figure_is_refused_and_changes_nothing(value: float) -> None:
     state = _job()
-    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    ev = state.hello(Hello(role=Role.EVALUATOR), 0.0).id
     good = EvalReport(version=0, test_loss=0.7, test_acc=0.8, metrics={"loss": 0.7, "accuracy": 0.8})
     state.eval_report(ev, good, 1.0)
     for bad in (
@@ -482,7 +486,7 @@ def test_a_negative_max_batch_in_hello_is_refused_and_registers_nothing() -> Non
     state = _job()
     members = dict(state.roster.members)
     with pytest.raises(ProtocolError, match="bad_field.*max_batch|max_batch"):
-        state.hello(Hello(role="worker", max_batch=-1), 0.0)
+        state.hello(Hello(role=Role.WORKER, max_batch=-1), 0.0)
     assert state.roster.members == members
 
 
@@ -496,7 +500,7 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower() -> 
             compute = 0.005 + 0.0005 * state.allocator.allocation[wid]
             data = 0.0005 * state.allocator.allocation[wid] if wid == starved else 0.0
             batch = state.allocator.allocation[wid]
-            hb = Heartbeat(
+            hb = WorkerHeartbeat(
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
@@ -513,7 +517,7 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower() -> 
     assert status.data_s_total > 0 and state.status(4.0).workers[fed].data_s_total == 0.0
     with pytest.raises(ProtocolError, match="bad_field"):
         m = state.roster.members[fed]
-        state.heartbeat(fed, Heartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
+        state.heartbeat(fed, WorkerHeartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
 
 
 def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken() -> None:
@@ -526,13 +530,13 @@ def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken()
     for now in (2.0, 4.0, 5.99):
         state.heartbeat(wid, before, now)
     m, batch = state.roster.members[wid], state.allocator.allocation[wid]
-    round_end = Heartbeat(
+    round_end = WorkerHeartbeat(
         steps=128, samples=128 * batch, batch=batch, step_s=6.0, compute_s=6.0, standalone_sps=100.0, loss=1.0
     )
     state.heartbeat(wid, round_end, 6.0)
     assert state.roster.members[wid].steps == 128
     with pytest.raises(ProtocolError, match="HEARTBEAT.steps grew by 1000"):
-        state.heartbeat(wid, Heartbeat(steps=1128, samples=m.samples, batch=batch, standalone_sps=100.0), 6.01)
+        state.heartbeat(wid, WorkerHeartbeat(steps=1128, samples=m.samples, batch=batch, standalone_sps=100.0), 6.01)
 
 
 def test_silence_while_the_scheduler_itself_stalled_is_excused() -> None:
@@ -585,7 +589,7 @@ def test_a_round_protocol_leaves_out_a_worker_that_holds_up_every_round_and_says
     assert sum(state.allocator.allocation[w] for w in fast) == 96
     assert "slowest left out" in state.allocator.decisions[-1].reason
     _shards_apply(state, 1.2)  # the fast workers' larger batches are bounded by the shards: they hold them
-    told = state.assignment_for(state.roster.shards[0])
+    told = state.shard_assignment()
     assert told.idle_workers == [slow] and told.allocated == 3 and slow in told.live_workers
     fast_batch = state.allocator.allocation[fast[0]]
     assert state.assignment_for(state.roster.members[fast[0]]).lr_scale == pytest.approx(min(1.0, fast_batch * 3 / 96))
@@ -599,7 +603,7 @@ def test_asynchronous_protocols_never_leave_a_worker_out() -> None:
         for w in fast:
             _step(state, w, 0.004 + state.allocator.allocation.get(w, 0) * 0.0005, t * 0.1)
         _step(state, slow, 0.400 + state.allocator.allocation.get(slow, 0) * 0.004, t * 0.1)
-    assert state.allocator.allocation[slow] >= 8 and not state.assignment_for(state.roster.shards[0]).idle_workers
+    assert state.allocator.allocation[slow] >= 8 and not state.shard_assignment().idle_workers
 
 
 @pytest.mark.parametrize("protocol", ["asgd", "softsync", "ssgd"])
@@ -685,16 +689,16 @@ def test_a_job_whose_epochs_are_reached_while_a_shard_reports_its_model_sick_rol
     wid = _join(state, 1000.0)
     t = _to_epochs(state, wid)
     ps = state.roster.shards[0]
-    sick = Heartbeat(
+    sick = ShardHeartbeat(
         version=20, samples=state.progress.samples, membership=state.roster.membership, model_problem="norm 1e9"
     )
     for dt in (0.1, 0.2, 0.3):
-        state.heartbeat(ps.id, sick, t + dt)
+        state.shard_heartbeat(ps.id, sick, t + dt)
         assert not state.stopping, "the model that reached the epochs is not healthy"
     assert state.rollbacks.rollback_number == 1
-    restored = Heartbeat(version=4, samples=384, membership=state.roster.membership, rollbacks=1)
-    state.heartbeat(ps.id, restored, t + 0.4)
-    state.heartbeat(ps.id, restored, t + 0.5)
+    restored = ShardHeartbeat(version=4, samples=384, membership=state.roster.membership, rollbacks=1)
+    state.shard_heartbeat(ps.id, restored, t + 0.4)
+    state.shard_heartbeat(ps.id, restored, t + 0.5)
     assert state.progress.epoch < 1.0 and not state.stopping, "the samples lost to the rollback are trained again"
 
 
@@ -704,9 +708,9 @@ def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_drop
     plus EVAL_ROUNDS of them (at least three liveness timeouts); the job, which awaited its final evaluation,
     ends without it once the join timeout passes with no evaluator, keeping the last real evaluation."""
     state = _job(await_final_eval=True, eval_interval_s=1.0, join_timeout_s=30.0)
-    ev = state.hello(Hello(role="evaluator"), 0.0).id
+    ev = state.hello(Hello(role=Role.EVALUATOR), 0.0).id
     for beat in (9.0, 18.0):  # past three liveness timeouts: loading the test set may take the join timeout
-        state.heartbeat(ev, Heartbeat(), beat)
+        state.heartbeat(ev, WorkerHeartbeat(), beat)
         _shards_apply(state, beat)
         assert state.expire(beat) == [], "before its first evaluation it has the join timeout"
     state.eval_report(ev, EvalReport(version=0, test_loss=2.3, test_acc=0.1), 20.0)
@@ -718,7 +722,7 @@ def test_an_evaluator_whose_evaluations_stop_while_its_heartbeat_goes_on_is_drop
     assert t < 21.5 + allowed - 0.1
     state.tick(t)
     for now, dropped in ((21.5 + allowed - 0.1, []), (21.5 + allowed + 0.1, [ev])):
-        state.heartbeat(ev, Heartbeat(), now)  # the pulse goes on: liveness is not progress
+        state.heartbeat(ev, WorkerHeartbeat(), now)  # the pulse goes on: liveness is not progress
         _shards_apply(state, now)
         assert state.expire(now) == dropped and not state.finished
     assert state.tick(t + 31.0) and state.finished, "after the join timeout with no evaluator the job ends"
@@ -735,3 +739,18 @@ def test_a_job_without_an_evaluator_says_why_its_awaited_final_evaluation_was_gi
     assert state.status(t).final_eval_given_up == "", "not yet given up"
     state.tick(t + 31.0)
     assert state.status(t + 31.0).final_eval_given_up == "no evaluator joined within 30 s of the job's end"
+
+
+def test_a_heartbeat_of_the_other_roles_kind_is_refused_and_changes_nothing() -> None:
+    """A worker reports with HEARTBEAT and a shard with SHARD_HEARTBEAT: the other kind in a member's name is
+    refused (`bad_sender`) before anything of it is taken."""
+    state = _job()
+    wid = _join(state, 1000.0)
+    worker, shard = state.roster.members[wid], state.roster.shards[0]
+    before = (worker.heartbeats, worker.last, shard.heartbeats, shard.shard_last, state.roster.membership)
+    with pytest.raises(ProtocolError, match=f"bad_sender: {wid} is a worker; it reports with HEARTBEAT"):
+        state.shard_heartbeat(wid, ShardHeartbeat(version=5, samples=480, quarantined=[wid]), 1.0)
+    with pytest.raises(ProtocolError, match=f"bad_sender: {shard.id} is a ps; it reports with SHARD_HEARTBEAT"):
+        state.heartbeat(shard.id, WorkerHeartbeat(steps=1, samples=32, batch=32, step_s=0.1), 1.0)
+    assert (worker.heartbeats, worker.last, shard.heartbeats, shard.shard_last, state.roster.membership) == before
+    assert wid in state.roster.live_workers

@@ -9,11 +9,23 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from dynabatch.common.messages import Bye, ByeAck, Heartbeat, Hello, JobStatus, Pull, Push, Welcome, WorkerStatus
+from dynabatch.common.messages import (
+    Bye,
+    ByeAck,
+    Hello,
+    JobStatus,
+    Pull,
+    Push,
+    Role,
+    Welcome,
+    WorkerHeartbeat,
+    WorkerStatus,
+)
 from dynabatch.common.models import build_model
 from dynabatch.common.transport import Connection
 from dynabatch.common.wire import ChunkMeta, Message
@@ -83,7 +95,9 @@ def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path: Path) -> 
         batch = joined.workers[welcome.id].batch
         assert (
             conn.send(
-                Heartbeat(steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0)
+                WorkerHeartbeat(
+                    steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0
+                )
             )
             > 0
         )
@@ -108,7 +122,7 @@ def test_hellos_that_arrive_together_register_one_worker(tmp_path: Path) -> None
         c.shard()
         c.wait_status("the shard registered", lambda s: len(s.shards) == 1)
         conn = c.client(sender="eager")
-        seqs = [conn.send(Hello(role="worker", name="eager", instance="0123abcd")) for _ in range(3)]
+        seqs = [conn.send(Hello(role=Role.WORKER, name="eager", instance="0123abcd")) for _ in range(3)]
         replies: dict[int, object] = {}
         while len(replies) < len(seqs):
             msg = conn.recv(10.0)
@@ -174,7 +188,7 @@ def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path: Path) -
         assert (ckpt / "shard-0.pt").exists()
         c.shard(0, port, "--checkpoint-dir", str(ckpt))
 
-        def pulled_again() -> Message | None:
+        def pulled_again() -> Message[Any] | None:
             try:
                 return data.request(Pull(), 2)
             except TimeoutError:
@@ -190,7 +204,7 @@ def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path: Path) -
         c.stop()
 
 
-def _try_push(conn: Connection, metas: list[ChunkMeta], grads: list[torch.Tensor]) -> Message | None:
+def _try_push(conn: Connection, metas: list[ChunkMeta], grads: list[torch.Tensor]) -> Message[Any] | None:
     try:
         return conn.request(Push(samples=32), 2, metas, grads)
     except Exception:
@@ -412,7 +426,7 @@ def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_gh
         c.wait_status("the shard registered", lambda s: len(s.shards) == 1)
         c.worker("slow", "--slowdown", str(factor), "--probe-steps", "1")
         conn = c.client(sender="ghost")
-        ghost = conn.request(Hello(role="worker", name="ghost", instance="feedc0de"), timeout_s=10.0).body.id
+        ghost = conn.request(Hello(role=Role.WORKER, name="ghost", instance="feedc0de"), timeout_s=10.0).body.id
         c.wait_status("the ghost to be dropped", lambda s: ghost in s.departed, 10 * LIVENESS_S)
         st = c.wait_status(
             "the slow worker's first step",

@@ -85,7 +85,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
         # asgd, one live worker, B = 192: the shard applies lr * (64 * 1 / 192) * g (no momentum or decay).
         torch.testing.assert_close(w0 - w1, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
 
-        # As the scheduler may plan it (Assignment.chunk_group, credit_bytes): four final chunks per PUSH within
+        # As the scheduler may plan it (WorkerAssignment.chunk_group, credit_bytes): four final chunks per PUSH within
         # a credit of two such pushes; the same gradient arrives, in a quarter of the messages, as one update.
         w1 = w1.clone()
         load_flat(reference, w1)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Hello
+from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.progress import LOSS_SMOOTHING, Progress
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -19,15 +19,15 @@ def _progress(num_shards: int = 1, **kw: Any) -> tuple[Progress, Roster]:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "min_batch": 8, **kw})
     roster = Roster(job, num_shards)
     for _ in range(num_shards):
-        roster.register(Hello(role="ps"), 0.0, b"", lambda: None)
+        roster.register(Hello(role=Role.SHARD), 0.0, b"", lambda: None)
     return Progress(job, roster, train_size=1000, started=10.0), roster
 
 
 def _worker(roster: Roster, samples: int, bytes_: int = 0, staleness: list[int] | None = None) -> Member:
-    member = roster.register(Hello(role="worker"), 0.0, b"", lambda: None)
+    member = roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None)
     roster.admit_worker(member)
     member.samples = samples
-    member.last = Heartbeat(samples=samples, bytes=bytes_, staleness=staleness or [])
+    member.last = WorkerHeartbeat(samples=samples, bytes=bytes_, staleness=staleness or [])
     return member
 
 
@@ -47,13 +47,13 @@ def test_samples_count_live_workers_and_those_that_left() -> None:
 def test_a_shard_back_from_an_older_checkpoint_counts_its_lost_samples_back() -> None:
     progress, roster = _progress()
     _worker(roster, 480)
-    progress.shard_report(0, Heartbeat(version=5, samples=480, train_size=2000))
+    progress.shard_report(0, ShardHeartbeat(version=5, samples=480, train_size=2000))
     assert progress.train_size == 2000 and progress.lost_samples == 0
-    progress.shard_report(0, Heartbeat(version=2, samples=192))
+    progress.shard_report(0, ShardHeartbeat(version=2, samples=192))
     assert (progress.lost_versions, progress.lost_samples) == (3, 288)
     assert [(lost.shard, lost.versions, lost.samples) for lost in progress.losses] == [(0, 3, 288)]
     assert progress.kept_samples == 192 and progress.epoch == pytest.approx(192 / 2000)
-    progress.shard_report(0, Heartbeat(version=2, samples=192, train_size=1 << 41))
+    progress.shard_report(0, ShardHeartbeat(version=2, samples=192, train_size=1 << 41))
     assert progress.train_size == 2000, "a training set size that cannot be is ignored"
 
 
@@ -70,7 +70,7 @@ def test_no_shard_can_be_past_what_the_samples_allow() -> None:
     progress, roster = _progress()
     _worker(roster, 80)
     assert progress.newest_possible_version == 80 // 8 + 2 + 1, "a push on its way, a last one below --min-batch"
-    roster.shards[0].last = Heartbeat(version=50)
+    roster.shards[0].shard_last = ShardHeartbeat(version=50)
     assert progress.newest_possible_version == 50
 
 
@@ -78,9 +78,9 @@ def test_a_resumed_count_beyond_what_the_shards_hold_is_cut_back_once_every_shar
     progress, roster = _progress(num_shards=2)
     progress.restore(SavedProgress(config={}, t=7.0, samples=4800, lost_samples=0, train_size=1000), now=20.0)
     assert progress.started == 13.0 and progress.samples == 4800
-    progress.shard_report(0, Heartbeat(version=5, samples=480))
+    progress.shard_report(0, ShardHeartbeat(version=5, samples=480))
     assert progress.samples == 4800, "shard 1 has not reported yet"
-    progress.shard_report(1, Heartbeat(version=4, samples=400))
+    progress.shard_report(1, ShardHeartbeat(version=4, samples=400))
     assert progress.samples == 480 + 96, "the most any shard holds, and one global batch in flight"
-    progress.shard_report(1, Heartbeat(version=4, samples=0))
+    progress.shard_report(1, ShardHeartbeat(version=4, samples=0))
     assert progress.samples == 576, "checked once"

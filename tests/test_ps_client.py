@@ -15,7 +15,7 @@ import zmq
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Heartbeat
+from dynabatch.common.messages import WorkerHeartbeat
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.ps_client import ShardClients
@@ -53,7 +53,7 @@ def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for
 
         # While a request waits, the clients heartbeat (as a worker's do), so the scheduler keeps this worker.
         def heartbeat() -> None:
-            conn.send(Heartbeat())
+            conn.send(WorkerHeartbeat())
 
         shards = ShardClients(
             zmq.Context.instance(),

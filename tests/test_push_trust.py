@@ -30,7 +30,7 @@ import torch
 from dynabatch.cluster.launcher import Child
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Error, Heartbeat, Params, Pull, Push, PushAck, Welcome
+from dynabatch.common.messages import Error, Params, Pull, Push, PushAck, Welcome, WorkerHeartbeat
 from dynabatch.common.models import model_for_job
 from dynabatch.common.ports import free_port
 from dynabatch.common.transport import Connection
@@ -92,7 +92,7 @@ def test_a_push_of_more_samples_than_its_sender_was_assigned_is_refused_and_chan
         c.scheduler()
         shard = c.shard(0)
         scheduler_conn, welcome = c.join_as_worker()
-        batch = scheduler_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=REPLY_S).body.batch
+        batch = scheduler_conn.request(WorkerHeartbeat(standalone_sps=1000.0), timeout_s=REPLY_S).body.batch
         assert 0 < batch <= 32
         conn = c.client(welcome.shards[0], sender=welcome.id)
         ids = set(make_layout(_total(welcome), 8192, 1).sizes(0))
@@ -135,7 +135,7 @@ def _stop_and_restart(c: Cluster, shard: Child, scheduler_conn: Connection) -> C
     wait_for(
         "the restarted shard to count the worker live",
         lambda: (
-            scheduler_conn.request(Heartbeat(standalone_sps=1000.0), timeout_s=2.0)
+            scheduler_conn.request(WorkerHeartbeat(standalone_sps=1000.0), timeout_s=2.0)
             and metric_value(shard.metrics(), "dynabatch_ps_live_workers", shard="0") == 1
         ),
         60,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Heartbeat, Hello
+from dynabatch.common.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.verified_files import write_verified
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
@@ -28,10 +28,10 @@ def _job(**kw: Any) -> JobConfig:
 def _running(job: JobConfig, now: float = 0.0) -> tuple[JobState, str, str]:
     """A job with one shard and one worker holding the whole batch."""
     state = JobState(job, num_shards=1, train_size=1000, now=now)
-    ps = state.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), now).id
-    wid = state.hello(Hello(role="worker", instance="w-a"), now).id
-    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), now)
-    state.heartbeat(ps, Heartbeat(membership=state.roster.membership), now)
+    ps = state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), now).id
+    wid = state.hello(Hello(role=Role.WORKER, instance="w-a"), now).id
+    state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), now)
+    state.shard_heartbeat(ps, ShardHeartbeat(membership=state.roster.membership), now)
     return state, ps, wid
 
 
@@ -40,7 +40,7 @@ def _steps(state: JobState, wid: str, n: int, now: float) -> None:
     for i in range(n):
         state.heartbeat(
             wid,
-            Heartbeat(
+            WorkerHeartbeat(
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
@@ -63,9 +63,9 @@ def test_lost_work_is_the_drop_in_version_and_samples_and_never_more_than_was_tr
 def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again() -> None:
     state, ps, wid = _running(_job(epochs=1.0))
     _steps(state, wid, 5, 0.1)  # 480 samples
-    state.heartbeat(ps, Heartbeat(version=5, samples=480, membership=state.roster.membership), 0.2)
+    state.shard_heartbeat(ps, ShardHeartbeat(version=5, samples=480, membership=state.roster.membership), 0.2)
     assert state.progress.epoch == pytest.approx(0.48)
-    state.heartbeat(ps, Heartbeat(version=2, samples=192, membership=state.roster.membership), 0.3)
+    state.shard_heartbeat(ps, ShardHeartbeat(version=2, samples=192, membership=state.roster.membership), 0.3)
     assert (state.progress.lost_versions, state.progress.lost_samples) == (3, 288)
     assert [(lost.shard, lost.versions, lost.samples) for lost in state.progress.losses] == [(0, 3, 288)]
     assert state.progress.samples == 480
@@ -75,7 +75,7 @@ def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again() -> 
     _steps(state, wid, 1, 0.6)
     for t in (0.61, 0.62):  # the shard reports on the model that holds the job's epoch
         assert not state.stopping
-        state.heartbeat(ps, Heartbeat(version=15, samples=1056, membership=state.roster.membership), t)
+        state.shard_heartbeat(ps, ShardHeartbeat(version=15, samples=1056, membership=state.roster.membership), t)
     assert state.stopping
     st = state.status(0.7)
     assert (st.lost_samples, st.lost_versions, st.samples) == (288, 3, 1344)
@@ -84,7 +84,7 @@ def test_a_shard_that_comes_back_behind_has_its_lost_samples_trained_again() -> 
 def test_a_shard_reporting_a_negative_count_is_refused() -> None:
     state, ps, _ = _running(_job())
     with pytest.raises(ProtocolError, match="HEARTBEAT.samples"):
-        state.heartbeat(ps, Heartbeat(samples=-1), 0.1)
+        state.shard_heartbeat(ps, ShardHeartbeat(samples=-1), 0.1)
     assert state.progress.lost_samples == 0
 
 
@@ -92,8 +92,8 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     job = _job(epochs=2.0)
     state, ps, wid = _running(job)
     _steps(state, wid, 6, 0.1)
-    state.heartbeat(ps, Heartbeat(version=6, samples=576, membership=state.roster.membership), 0.2)
-    evaluator = state.hello(Hello(role="evaluator", instance="e"), 0.2).id
+    state.shard_heartbeat(ps, ShardHeartbeat(version=6, samples=576, membership=state.roster.membership), 0.2)
+    evaluator = state.hello(Hello(role=Role.EVALUATOR, instance="e"), 0.2).id
     state.eval_report(evaluator, EvalReport(version=6, test_loss=0.5, test_acc=0.8), 0.3)
     path = progress_path(str(tmp_path), job.job)
     save_progress(path, state.saved(10.0, wall=ClockReading(5000.0)))
@@ -109,17 +109,17 @@ def test_a_resumed_job_keeps_its_samples_evaluation_ids_speed_models_and_shard_m
     assert kept is not None and kept.test_acc == 0.8 and again.status(100.0).t == pytest.approx(13.0), (
         "the outage counts"
     )
-    ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 100.0).id
-    again.heartbeat(ps_again, Heartbeat(version=6, samples=576), 100.1)
+    ps_again = again.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), 100.0).id
+    again.shard_heartbeat(ps_again, ShardHeartbeat(version=6, samples=576), 100.1)
     assert again.progress.lost_samples == 0, "a shard that kept its state lost nothing"
-    rejoined = again.hello(Hello(role="worker", instance="w-a"), 100.2).id
+    rejoined = again.hello(Hello(role=Role.WORKER, instance="w-a"), 100.2).id
     assert rejoined not in (wid, evaluator) and rejoined == "w1", "ids go on from the saved counter"
-    again.heartbeat(rejoined, Heartbeat(standalone_sps=1000.0), 100.3)
+    again.heartbeat(rejoined, WorkerHeartbeat(standalone_sps=1000.0), 100.3)
     assert again.allocator.speeds[rejoined].window() == state.allocator.speeds[wid].window()
     _steps(again, rejoined, 1, 100.4)
     new = again.allocator.allocation.get(rejoined, 0)
     assert again.progress.samples == 576 + new, "the rejoined worker counts only its new samples"
-    again.heartbeat(ps_again, Heartbeat(version=2, samples=192), 100.5)
+    again.shard_heartbeat(ps_again, ShardHeartbeat(version=2, samples=192), 100.5)
     assert again.progress.lost_samples == 384, "a restart while the scheduler was down is still caught"
 
 
@@ -197,6 +197,6 @@ def test_resumed_samples_beyond_what_the_shards_hold_are_cut_back(tmp_path: Path
     again = JobState(job, num_shards=1, now=0.0)
     again.resume(saved, 0.0, wall=ClockReading(0.0))
     assert again.progress.samples == 4800
-    ps_again = again.hello(Hello(role="ps", endpoint="tcp://ps:1", shard_index=0), 0.1).id
-    again.heartbeat(ps_again, Heartbeat(version=5, samples=480), 0.2)
+    ps_again = again.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1", shard_index=0), 0.1).id
+    again.shard_heartbeat(ps_again, ShardHeartbeat(version=5, samples=480), 0.2)
     assert again.progress.samples == 480 + job.global_batch, "the shard's count (and one batch in flight) bounds it"

@@ -18,7 +18,7 @@ from dynabatch.cluster.report import (
     write_timeline,
 )
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Heartbeat, Hello, JobStatus, ShardStatus, WorkerStatus
+from dynabatch.common.messages import Hello, JobStatus, Role, ShardHeartbeat, ShardStatus, WorkerHeartbeat, WorkerStatus
 from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.job_state import JobState
 
@@ -246,7 +246,6 @@ WORKER_KEYS = {
     "compute_s_total",
     "observed_samples",
     "version",
-    "updates",
     "endpoint",
     "data_s",
     "data_s_total",
@@ -264,19 +263,20 @@ def _scheduler_status() -> JobStatus:
     state = JobState(
         JobConfig(dataset="synthetic", model="mlp", global_batch=96), num_shards=1, train_size=1000, now=0.0
     )
-    shard = state.hello(Hello(role="ps", endpoint="tcp://ps:1"), 0.0).id
-    wid = state.hello(Hello(role="worker", name="a", slowdown="2"), 0.0).id
-    state.heartbeat(wid, Heartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
-    state.heartbeat(shard, Heartbeat(membership=state.roster.membership), 0.0)  # every shard holds it: its share,
-    state.heartbeat(
+    shard = state.hello(Hello(role=Role.SHARD, endpoint="tcp://ps:1"), 0.0).id
+    wid = state.hello(Hello(role=Role.WORKER, name="a", slowdown="2"), 0.0).id
+    state.heartbeat(wid, WorkerHeartbeat(standalone_sps=1000.0), 0.0)  # live from its first report
+    # every shard holds it: its share,
+    state.shard_heartbeat(shard, ShardHeartbeat(membership=state.roster.membership), 0.0)
+    state.shard_heartbeat(
         shard,
-        Heartbeat(
+        ShardHeartbeat(
             membership=state.roster.membership,  # bounded by every shard: it holds it
-            batches=state.assignment_for(state.roster.members[shard]).batches,
+            batches=state.shard_assignment().batches,
         ),
         0.0,
     )
-    state.heartbeat(wid, Heartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
+    state.heartbeat(wid, WorkerHeartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
     return state.status(1.0)
 
 
@@ -292,7 +292,6 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path: Path) -> None:
     assert entry["shards"]["0"] == {
         "endpoint": "tcp://ps:1",
         "version": 0,
-        "updates": 0,
         "metrics_url": "",
         "discarded": 0,
         "model_problem": "",
@@ -316,7 +315,7 @@ def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left
 
     def with_shards(t: float, **discarded: int) -> JobStatus:
         snap = _snap(t, 640 * int(t + 1), training_t=t)
-        snap.shards = {slot.lstrip("s"): ShardStatus("tcp://ps", 1, 1, "", n) for slot, n in discarded.items()}
+        snap.shards = {slot.lstrip("s"): ShardStatus("tcp://ps", 1, "", n) for slot, n in discarded.items()}
         return snap
 
     timeline = [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.common.messages import Assignment, Heartbeat, Hello, JobStatus, Welcome
+from dynabatch.common.messages import Hello, JobStatus, Role, Welcome, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import ASK_EVERY_S, BYE_ATTEMPT_S, BYE_TIMEOUT_S, SchedulerLink
 from harness import Cluster, wait_for
 
@@ -22,25 +22,29 @@ BYE_SLACK_S = 1.0  # what giving up may take beyond its timeout (one attempt's l
 JOB = ["--dataset", "synthetic", "--model", "flat:1000", "--epochs", "1000", "--liveness-timeout-s", "60"]
 
 
-def _link(c: Cluster, name: str) -> SchedulerLink:
-    return SchedulerLink(c.ctx, c.scheduler_endpoint, "dynabatch", name)
+def _link(c: Cluster, name: str) -> SchedulerLink[WorkerHeartbeat, WorkerAssignment]:
+    return SchedulerLink(c.ctx, c.scheduler_endpoint, "dynabatch", name, WorkerHeartbeat, WorkerAssignment)
 
 
-def _register(link: SchedulerLink, on_wait: Callable[[], None] = lambda: None) -> Welcome:
+def _register(
+    link: SchedulerLink[WorkerHeartbeat, WorkerAssignment], on_wait: Callable[[], None] = lambda: None
+) -> Welcome:
     """Register as a worker, giving up (and failing) after STARTUP_S."""
     deadline = time.monotonic() + STARTUP_S
-    welcome = link.register(Hello(role="worker", name=link.conn.sender), lambda: time.monotonic() > deadline, on_wait)
+    welcome = link.register(
+        Hello(role=Role.WORKER, name=link.conn.sender), lambda: time.monotonic() > deadline, on_wait
+    )
     assert welcome is not None, f"no WELCOME within {STARTUP_S:.0f}s"
     return welcome
 
 
-def _beat(link: SchedulerLink) -> Assignment | None:
+def _beat(link: SchedulerLink[WorkerHeartbeat, WorkerAssignment]) -> WorkerAssignment | None:
     """One heartbeat, and the link's assignment once an answer has come (or a second has passed)."""
-    link.heartbeat(Heartbeat())
+    link.heartbeat(WorkerHeartbeat())
     return link.wait(1.0)
 
 
-def _lost(link: SchedulerLink) -> bool:
+def _lost(link: SchedulerLink[WorkerHeartbeat, WorkerAssignment]) -> bool:
     _beat(link)
     return link.lost
 
@@ -135,7 +139,7 @@ def test_a_process_waiting_on_the_scheduler_asks_at_most_once_per_interval(tmp_p
         _register(link)
         before = _status(c).decision_s.count
         started = time.monotonic()
-        answers = [link.ask(Heartbeat()) for _ in range(40)]
+        answers = [link.ask(WorkerHeartbeat()) for _ in range(40)]
         took = time.monotonic() - started
         handled = _status(c).decision_s.count - before
         assert any(a is not None for a in answers), "the scheduler's assignment reached the waiting link"

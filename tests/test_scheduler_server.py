@@ -22,13 +22,15 @@ import torch
 from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.messages import (
     EvalReport,
-    Heartbeat,
     Hello,
     Pull,
     PushAck,
+    Role,
+    ShardHeartbeat,
     StatusReply,
     StatusRequest,
     Welcome,
+    WorkerHeartbeat,
     WorkerStatus,
 )
 from dynabatch.common.transport import Connection, RemoteError
@@ -58,7 +60,7 @@ def _refusals(scheduler: Proc, code: str) -> float:
 def _hello(c: Cluster, instance: str, timeout_s: float = REPLY_S) -> Welcome:
     conn = c.client(sender="hello-test")
     try:
-        welcome = conn.request(Hello(role="worker", name="hello-test", instance=instance), timeout_s).body
+        welcome = conn.request(Hello(role=Role.WORKER, name="hello-test", instance=instance), timeout_s).body
         assert isinstance(welcome, Welcome), welcome
         return welcome
     finally:
@@ -109,11 +111,11 @@ def test_work_a_shard_lost_is_saved_before_the_scheduler_answers_anything_else(t
     conn = c.client(sender="ps-test")
     try:
         c.scheduler("--state-dir", str(saved.parent))
-        hello = Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance=secrets.token_hex(8))
+        hello = Hello(role=Role.SHARD, endpoint="tcp://127.0.0.1:1", shard_index=0, instance=secrets.token_hex(8))
         conn.sender = wait_for("the scheduler to welcome a shard", lambda: _welcome_or_none(conn, hello), 60).id
-        conn.request(Heartbeat(version=100, samples=4800), REPLY_S)
+        conn.request(ShardHeartbeat(version=100, samples=4800), REPLY_S)
         wait_for("the scheduler's first save", saved.exists, 30)
-        conn.request(Heartbeat(version=40, samples=1920), REPLY_S)  # the shard came back from an older checkpoint
+        conn.request(ShardHeartbeat(version=40, samples=1920), REPLY_S)  # the shard came back from an older checkpoint
         st = c.status()
         assert st is not None and st.lost_versions == 60, st
         assert json.loads(read_verified(saved))["lost_versions"] == 60, "the loss was answered before it was saved"
@@ -152,7 +154,7 @@ def _welcomed(c: Cluster, instance: str) -> Welcome | None:
 @pytest.mark.parametrize(
     "sender, job, body, code",
     [
-        ("w999", "dynabatch", Heartbeat(), "unknown_sender"),
+        ("w999", "dynabatch", WorkerHeartbeat(), "unknown_sender"),
         ("test", "other-job", StatusRequest(), "wrong_job"),
         ("test", "dynabatch", Pull(), "unexpected_type"),
         ("test", "dynabatch", PushAck(version=1), "unexpected_type"),
@@ -205,7 +207,9 @@ def test_eval_metrics_are_exported_by_name_with_their_names_capped_for_the_whole
     wait_for("the scheduler to answer STATUS", c.status, 60)
     conn = c.client(sender="eval-test")  # a member speaks from the connection it registered from
     try:
-        welcome = conn.request(Hello(role="evaluator", name="eval-test", instance=secrets.token_hex(8)), REPLY_S).body
+        welcome = conn.request(
+            Hello(role=Role.EVALUATOR, name="eval-test", instance=secrets.token_hex(8)), REPLY_S
+        ).body
         conn.sender = welcome.id
         counted = _refusals(c.sched, "bad_field")
         too_many = {f"n{i}": 0.5 for i in range(MAX_EVAL_METRICS + 1)}
@@ -243,7 +247,7 @@ def test_a_message_with_tensor_frames_is_refused_unparsed_and_the_scheduler_neve
     try:
         chunk = torch.ones(1 << 16)
         with pytest.raises(RemoteError) as refused:
-            conn.request(Heartbeat(), REPLY_S, chunks=[chunk_meta(0, chunk)], tensors=[chunk])
+            conn.request(WorkerHeartbeat(), REPLY_S, chunks=[chunk_meta(0, chunk)], tensors=[chunk])
     finally:
         conn.close()
     assert refused.value.code == "bad_chunk", refused.value

@@ -23,7 +23,7 @@ import torch
 
 from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Error, Heartbeat, Params, Pull, Push
+from dynabatch.common.messages import Error, Params, Pull, Push, WorkerHeartbeat
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import Connection
 from dynabatch.common.wire import ChunkMeta, Message, encode
@@ -50,9 +50,9 @@ JOB = [
 CLAIM_SEQ = 1 << 20  # the claiming pull's own seq, far from the connection's counter
 
 
-def _step(transfer_s: float) -> Heartbeat:
+def _step(transfer_s: float) -> WorkerHeartbeat:
     """One step's report of a 1 s step spending `transfer_s` of it moving 80 kB."""
-    return Heartbeat(
+    return WorkerHeartbeat(
         steps=1,
         samples=8,
         batch=8,

@@ -125,10 +125,10 @@ def test_a_simulated_worker_trains_on_the_real_workers_data_order_after_its_prob
     n = len(data.train_y)
     for w in workers:
         assert w.hb.samples > 0
-        real = worker_order(n, cluster.job.seed, w.wid)
+        real = worker_order(n, cluster.job.seed, w.number)
         real.take(probed + w.hb.samples)
         assert w.source is not None and torch.equal(w.source.order.take(64), real.take(64))
-        other = worker_order(n, cluster.job.seed + 1, w.wid)
+        other = worker_order(n, cluster.job.seed + 1, w.number)
         other.take(probed + w.hb.samples)
         assert not torch.equal(other.take(64), real.take(64))
 

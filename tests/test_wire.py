@@ -13,13 +13,14 @@ from dynabatch.common.messages import (
     MESSAGE_TYPES,
     Decision,
     DecisionLatency,
-    Heartbeat,
     Hello,
     JobStatus,
     Push,
+    Role,
     ShardStatus,
     StatusReply,
     StatusRequest,
+    WorkerHeartbeat,
     WorkerStatus,
 )
 from dynabatch.common.wire import (
@@ -37,7 +38,7 @@ from dynabatch.common.wire import (
 )
 
 
-def _push(tensors: list[torch.Tensor], seq: int = 7) -> Message:
+def _push(tensors: list[torch.Tensor], seq: int = 7) -> Message[Any]:
     metas = [chunk_meta(i, t, version=3) for i, t in enumerate(tensors)]
     return Message(Push(samples=32, loss=0.5), metas, tensors, job="j", sender="w0", seq=seq)
 
@@ -79,19 +80,43 @@ def test_optional_fields_take_defaults_and_ints_become_floats() -> None:
     "frames, code",
     [
         ([b"\xc1\xff\x00garbage"], "malformed"),
-        ([msgpack.packb({"v": 1, "type": "PULL"})[:-3]], "malformed"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL"})[:-3]], "malformed"),
         ([msgpack.packb([1, 2, 3])], "malformed"),
         ([], "malformed"),
         ([msgpack.packb({"v": 0, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
         ([msgpack.packb({"v": 99, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "version"),
-        ([msgpack.packb({"v": 1, "type": "NOPE", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "unknown_type"),
-        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "chunks": []})], "bad_field"),
-        ([msgpack.packb({"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []})], "bad_field"),
-        ([msgpack.packb({"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})], "bad_field"),
+        (
+            [msgpack.packb({"v": PROTOCOL_VERSION, "type": "NOPE", "job": "j", "sender": "w", "seq": 1, "chunks": []})],
+            "unknown_type",
+        ),
+        (
+            [msgpack.packb({"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "chunks": []})],
+            "bad_field",
+        ),
         (
             [
                 msgpack.packb(
-                    {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": [], "samples": True}
+                    {"v": PROTOCOL_VERSION, "type": "PULL", "job": "j", "sender": "w", "seq": "1", "chunks": []}
+                )
+            ],
+            "bad_field",
+        ),
+        (
+            [msgpack.packb({"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "chunks": []})],
+            "bad_field",
+        ),
+        (
+            [
+                msgpack.packb(
+                    {
+                        "v": PROTOCOL_VERSION,
+                        "type": "PUSH",
+                        "job": "j",
+                        "sender": "w",
+                        "seq": 1,
+                        "chunks": [],
+                        "samples": True,
+                    }
                 )
             ],
             "bad_field",
@@ -99,7 +124,15 @@ def test_optional_fields_take_defaults_and_ints_become_floats() -> None:
         (
             [
                 msgpack.packb(
-                    {"v": 1, "type": "PULL", "job": "j", "sender": "w", "seq": 1, "chunks": [], "ids": [1, "x"]}
+                    {
+                        "v": PROTOCOL_VERSION,
+                        "type": "PULL",
+                        "job": "j",
+                        "sender": "w",
+                        "seq": 1,
+                        "chunks": [],
+                        "ids": [1, "x"],
+                    }
                 )
             ],
             "bad_field",
@@ -169,7 +202,7 @@ def test_messages_beyond_a_receivers_limits_are_refused_before_they_are_parsed()
     ],
 )
 def test_bad_chunk_entries_are_refused(chunk: object) -> None:
-    env = {"v": 1, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "samples": 1, "chunks": [chunk]}
+    env = {"v": PROTOCOL_VERSION, "type": "PUSH", "job": "j", "sender": "w", "seq": 1, "samples": 1, "chunks": [chunk]}
     with pytest.raises(ProtocolError) as info:
         decode([msgpack.packb(env), b"\x00" * 4])
     assert info.value.code == "bad_chunk"
@@ -199,7 +232,7 @@ def test_check_finite_refuses_nan_and_inf(bad: float) -> None:
 
 
 def test_bodies_without_fields_and_with_lists_round_trip() -> None:
-    for body in (StatusRequest(), Hello(role="worker", name="n"), Heartbeat(steps=3, loss=1.5)):
+    for body in (StatusRequest(), Hello(role=Role.WORKER, name="n"), WorkerHeartbeat(steps=3, loss=1.5)):
         out = decode([bytes(f) for f in encode(Message(body, job="j", sender="s", seq=1))])
         assert out.body == body
 
@@ -223,7 +256,7 @@ def _status() -> JobStatus:
             "w1": WorkerStatus(name="worker1", batch=32, step_s=0.05, loss=0.69),
         },
         departed=["w2"],
-        shards={"0": ShardStatus("tcp://ps:1", 40, 40, "http://ps:9")},
+        shards={"0": ShardStatus("tcp://ps:1", 40, "http://ps:9")},
         decisions=[Decision(2.0, "joined", "w1", {"w0": 64, "w1": 32}, {"w0": 0.05, "w1": 0.05})],
         decision_s=DecisionLatency(5, 1e-4, 3e-4),
     )
@@ -323,3 +356,12 @@ def test_a_protocol_error_survives_pickling_as_itself() -> None:
     assert (type(back), back.code, back.text, back.ref) == (ProtocolError, "bad_state", "w3 already pushed chunk 0", 7)
     stale = pickle.loads(pickle.dumps(StaleGradient("old")))
     assert (type(stale), stale.code, stale.text) == (StaleGradient, "too_stale", "old")
+
+
+def test_a_hello_of_a_role_that_does_not_exist_is_refused_naming_the_roles() -> None:
+    env = {"v": PROTOCOL_VERSION, "type": "HELLO", "job": "j", "sender": "", "seq": 1, "chunks": [], "role": "boss"}
+    with pytest.raises(ProtocolError, match="HELLO.role must be one of worker, evaluator, ps") as info:
+        decode([msgpack.packb(env)])
+    assert info.value.code == "bad_field"
+    env["role"] = "ps"
+    assert decode([msgpack.packb(env)]).body.role is Role.SHARD

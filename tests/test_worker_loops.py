@@ -19,7 +19,7 @@ import zmq
 from dynabatch.common.chunking import Layout, make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.data import SampleOrder, load_dataset, make_batch
-from dynabatch.common.messages import Assignment
+from dynabatch.common.messages import WorkerAssignment
 from dynabatch.common.models import model_for_job
 from dynabatch.common.transport import RemoteError
 from dynabatch.task import cross_entropy
@@ -117,7 +117,7 @@ def _worker(c: Cluster, job: JobConfig) -> tuple[ShardClients, StepContext]:
 
 
 def _step(loop: StepLoop, batch: int) -> StepResult:
-    result = loop.step(Assignment(assignment_id=1, batch=batch))
+    result = loop.step(WorkerAssignment(assignment_id=1, batch=batch))
     assert result is not None, "a step was taken"
     return result
 

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from dynabatch.common.data import SampleOrder
-from dynabatch.common.member_ids import member_number
 
 
-def worker_order(train_size: int, job_seed: int, worker_id: str) -> SampleOrder:
-    """Worker `worker_id`'s own shuffled order of the training set: seeded by the job and the worker, so a
-    worker's samples are the same in every run of a job (and in the simulator, bench/simulate.py)."""
-    return SampleOrder(train_size, seed=job_seed * 7919 + member_number(worker_id))
+def worker_order(train_size: int, job_seed: int, number: int) -> SampleOrder:
+    """The own shuffled order of the training set of the job's `number`-th worker (`Welcome.number`): seeded by
+    the job and the worker, so a worker's samples are the same in every run of a job (and in the simulator,
+    bench/simulate.py)."""
+    return SampleOrder(train_size, seed=job_seed * 7919 + number)
 
 
 class BatchSource:

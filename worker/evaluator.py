@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from dynabatch.common.chunking import load_flat
-from dynabatch.common.messages import EvalReport, Heartbeat
+from dynabatch.common.messages import EvalReport, WorkerHeartbeat
 from dynabatch.common.task_check import build_data
 from dynabatch.common.transport import RemoteError
 from dynabatch.task import Task
@@ -143,7 +143,7 @@ class Evaluator:
             # answers the new pull as soon as it is back, and the job's curve has no hole of --eval-interval-s.
             deadline = time.monotonic() + (job.eval_interval_s if evaluated else job.heartbeat_s)
             while not process.stopping and time.monotonic() < deadline:
-                assignment = link.ask(Heartbeat())
+                assignment = link.ask(WorkerHeartbeat())
                 process.health.tick()
                 if link.lost or (assignment is not None and assignment.stop):
                     break  # forgotten: register again now, not an interval later (the pulse would take it for hung)

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from dynabatch.common.chunking import flat_grads, load_flat
-from dynabatch.common.messages import Assignment
+from dynabatch.common.messages import WorkerAssignment
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
@@ -62,7 +62,7 @@ class GradientLoop(StepLoop):
         """What the next pull waits for (None: whatever the shards hold)."""
         return self.plan.min_versions
 
-    def step(self, assignment: Assignment) -> StepResult | None:
+    def step(self, assignment: WorkerAssignment) -> StepResult | None:
         c = self.ctx
         if c.pipelined:
             return self._pipelined_step(assignment)
@@ -120,7 +120,7 @@ class GradientLoop(StepLoop):
         c.shards.wait([ahead] if self.unacked is None else [ahead, self.unacked], c.request_timeout_s, until=ahead.done)
         return ahead.result()
 
-    def _pipelined_step(self, assignment: Assignment) -> StepResult | None:
+    def _pipelined_step(self, assignment: WorkerAssignment) -> StepResult | None:
         """The plan's pull, compute and push overlapped chunk by chunk (pipeline.py): one operation, which asks
         the planner what its parts would (what the pull waits for)."""
         c, plan = self.ctx, self.plan

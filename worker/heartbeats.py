@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable
 
 from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Heartbeat
+from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import RemoteError
 from dynabatch.worker.step_times import StepResult
 
 
 def heartbeat_after(
-    prev: Heartbeat,
+    prev: WorkerHeartbeat,
     result: StepResult,
     *,
     sync_s: float = 0.0,
@@ -31,10 +31,10 @@ def heartbeat_after(
     assignment_id: int = 0,
     skipped: int = 0,
     rollbacks: int = 0,
-) -> Heartbeat:
+) -> WorkerHeartbeat:
     """`prev`'s counters plus `result`; phase times per local step (a round of H steps reports H)."""
     times, steps = result.times, result.steps
-    return Heartbeat(
+    return WorkerHeartbeat(
         steps=prev.steps + steps,
         samples=prev.samples + result.batch * steps,
         batch=result.batch,
@@ -74,16 +74,21 @@ class HeartbeatKeeper:
     whether the process was told to stop.
     """
 
-    def __init__(self, link: SchedulerLink, tick: Callable[[], None], stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        link: SchedulerLink[WorkerHeartbeat, WorkerAssignment],
+        tick: Callable[[], None],
+        stopping: Callable[[], bool],
+    ) -> None:
         self.link = link
         self.tick = tick  # the process's liveness (/healthz)
         self.stopping = stopping
         self.interval_s = 0.5
-        self.last = Heartbeat()
+        self.last = WorkerHeartbeat()
         self.next_at = 0.0
         self.rollbacks: int | None = None
 
-    def send(self, hb: Heartbeat) -> None:
+    def send(self, hb: WorkerHeartbeat) -> None:
         """Report `hb` now; the next report is due an interval from now."""
         self.link.heartbeat(hb)
         self.last = hb

@@ -49,10 +49,11 @@ class Joined:
     and its layout and travelling buffers, and the shards' clients.
 
     `id` is the scheduler's name for this process; it changes when the process
-    registers again (`rename`).
+    registers again (`rename`). `number` is its first registration's (Welcome.number).
     """
 
     id: str
+    number: int
     job: JobConfig
     task: Task
     signature: ModelSignature
@@ -84,6 +85,7 @@ class Joined:
         shards = ShardClients(ctx, welcome.shards, layout, job.job, welcome.id, idle, job.heartbeat_s, sig.buffer_total)
         return cls(
             welcome.id,
+            welcome.number,
             job,
             task,
             sig,

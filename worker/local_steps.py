@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dynabatch.common.chunking import flat_params, load_flat, travelling
-from dynabatch.common.messages import Assignment
+from dynabatch.common.messages import WorkerAssignment
 from dynabatch.worker.ps_client import PendingPull, PendingPush
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_plans import (
@@ -56,7 +56,7 @@ class _LocalSteps(StepLoop):
     base_versions: dict[int, int] = field(default_factory=dict)
     version: int = 0
 
-    def _optimizer(self, assignment: Assignment) -> torch.optim.Optimizer:
+    def _optimizer(self, assignment: WorkerAssignment) -> torch.optim.Optimizer:
         job = self.ctx.job
         if self.optimizer is None:
             self.optimizer = torch.optim.SGD(
@@ -66,7 +66,7 @@ class _LocalSteps(StepLoop):
             group["lr"] = job.lr * assignment.lr_scale
         return self.optimizer
 
-    def _local_step(self, assignment: Assignment) -> tuple[float, float]:
+    def _local_step(self, assignment: WorkerAssignment) -> tuple[float, float]:
         """One SGD step on this worker's own copy of the model: (loss, emulated seconds)."""
         c = self.ctx
         loss, seconds = c.timed_compute(c.next_batch(assignment.batch))
@@ -103,7 +103,7 @@ class LocalRoundLoop(_LocalSteps):
     NAME = "local"
     plan: LocalPlan = field(default_factory=LocalPlan)
 
-    def step(self, assignment: Assignment) -> StepResult | None:
+    def step(self, assignment: WorkerAssignment) -> StepResult | None:
         c = self.ctx
         times = StepTimes()
         plan = self.plan.step(assignment)
@@ -146,7 +146,7 @@ class MsdLoop(_LocalSteps):
     sent_at: float = 0.0
     push_s: float = 0.0
 
-    def step(self, assignment: Assignment) -> StepResult | None:
+    def step(self, assignment: WorkerAssignment) -> StepResult | None:
         times = StepTimes()
         plan = self.plan.step(assignment)
         action: Action | None = next(plan)

@@ -13,6 +13,7 @@ from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curv
 from dynabatch.common.curve import CurveKeys
 from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError
+from dynabatch.common.messages import Role
 from dynabatch.task_error import TaskError
 from dynabatch.worker.options import WorkerOptions
 
@@ -42,7 +43,7 @@ def serve(opts: WorkerOptions, metrics: MetricsOptions, keys: CurveKeys | None) 
         return 2
     try:
         process = RoleProcess(
-            opts, "evaluator" if opts.evaluator else "worker", metrics.metrics_host, metrics.metrics_port, keys
+            opts, Role.EVALUATOR if opts.evaluator else Role.WORKER, metrics.metrics_host, metrics.metrics_port, keys
         )
         if opts.evaluator:
             return process.serve(lambda joined: Evaluator(opts, process, joined).run())

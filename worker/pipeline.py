@@ -7,7 +7,7 @@ chunks are still arriving. During backward, a hook on every parameter notes
 when its gradient is final; the moment every parameter overlapping a chunk is
 final, that chunk's gradient is pushed, while backward goes on with earlier
 layers. Bytes in flight are bounded: a push waits for acknowledgements when
-sending it would exceed the credit. The scheduler may ask (Assignment.chunk_group,
+sending it would exceed the credit. The scheduler may ask (WorkerAssignment.chunk_group,
 credit_bytes: scheduler/chunk_schedule.py) for several of a shard's final chunks
 in one PUSH and for another credit; the layout itself never changes.
 

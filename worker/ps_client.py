@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import zmq
@@ -347,7 +348,7 @@ class Pending:
 
     seqs: list[int]
 
-    def take(self, shard: int, msg: Message) -> None:
+    def take(self, shard: int, msg: Message[Any]) -> None:
         raise NotImplementedError
 
     def refuse(self, shard: int, error: Error) -> None:
@@ -365,7 +366,9 @@ class PendingInit(Pending):
         self.seqs = seqs
         self.acks: dict[int, InitAck] = {}
 
-    def take(self, shard: int, msg: Message) -> None:
+    def take(self, shard: int, msg: Message[Any]) -> None:
+        if not isinstance(msg.body, InitAck):
+            raise RemoteError(ErrorCode.UNEXPECTED_TYPE, f"shard {shard} answered an INIT with {msg.type}")
         self.acks[shard] = msg.body
 
     def done(self) -> bool:
@@ -385,7 +388,7 @@ class PendingPull(Pending):
         self.versions: dict[int, int] = {}
         self.arrived_at: dict[int, float] = {}
 
-    def take(self, shard: int, msg: Message) -> None:
+    def take(self, shard: int, msg: Message[Any]) -> None:
         layout = self.client.layout
         for meta, tensor in zip(msg.chunks, msg.tensors, strict=True):
             if meta.id == BUFFERS_ID:
@@ -463,7 +466,7 @@ class PendingPush(Pending):
         self.answered: set[int] = set()
         self.answered_at = 0.0
 
-    def take(self, shard: int, msg: Message) -> None:
+    def take(self, shard: int, msg: Message[Any]) -> None:
         if shard not in self.answered:
             self.answered.add(shard)
             self.answered_at = time.perf_counter()

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import zmq
 
+from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.scheduler_link import SchedulerLink
 
 log = logging.getLogger("dynabatch.worker")
@@ -55,7 +56,7 @@ class Pulse:
 
     def __init__(
         self,
-        link: SchedulerLink,
+        link: SchedulerLink[WorkerHeartbeat, WorkerAssignment],
         interval_s: float,
         wedged_after_s: float = float("inf"),
         on_wedged: Callable[[], None] = exit_wedged,

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Hello
+from dynabatch.common.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.metrics import Health, MetricsServer, handshake_failures
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.slowdown import Slowdown
@@ -36,11 +36,11 @@ log = logging.getLogger("dynabatch.worker")
 class RoleProcess:
     """One worker or evaluator process's plumbing: sockets, metrics, signals, registration and heartbeats.
 
-    `role` is "worker" or "evaluator", as the scheduler and the shards' key checks know it.
+    `role` is a worker's or an evaluator's, as the scheduler and the shards' key checks know it.
     """
 
     def __init__(
-        self, opts: WorkerOptions, role: str, metrics_host: str, metrics_port: int, curve: CurveKeys | None
+        self, opts: WorkerOptions, role: Role, metrics_host: str, metrics_port: int, curve: CurveKeys | None
     ) -> None:
         self.opts = opts
         self.role = role
@@ -51,7 +51,10 @@ class RoleProcess:
         self.health = Health()
         self.metrics_server = MetricsServer(self.registry, self.health, metrics_host, metrics_port)
         log.info("metrics on %s", self.metrics_server.url())
-        self.link = SchedulerLink(self.ctx, opts.scheduler, opts.job, self.name, handshake_failures(self.registry))
+        failed = handshake_failures(self.registry)
+        self.link = SchedulerLink(
+            self.ctx, opts.scheduler, opts.job, self.name, WorkerHeartbeat, WorkerAssignment, failed
+        )
         self.beat = HeartbeatKeeper(self.link, self.health.tick, lambda: self.stopping)
         self.stopping = False
         self.pulse: Pulse | None = None
@@ -94,7 +97,7 @@ class RoleProcess:
         return joined
 
     def _hello(self) -> Hello:
-        worker = self.role == "worker"
+        worker = self.role == Role.WORKER
         return Hello(
             role=self.role,
             host=socket.gethostname(),

@@ -19,7 +19,7 @@ import torch
 
 from dynabatch.common.chunking import Layout, TravellingBuffers
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Assignment
+from dynabatch.common.messages import WorkerAssignment
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.step_plans import StepPlan
 from dynabatch.worker.step_times import StepResult
@@ -71,7 +71,7 @@ class StepLoop:
     plan: StepPlan
     comm_s: float = 0.0
 
-    def step(self, assignment: Assignment) -> StepResult | None:
+    def step(self, assignment: WorkerAssignment) -> StepResult | None:
         """One step (or round of local steps) under `assignment`; None if nothing was trained."""
         raise NotImplementedError
 

@@ -23,7 +23,7 @@ from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.chunking import travelling
 from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.messages import Assignment, Heartbeat
+from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.transport import RemoteError
@@ -139,7 +139,7 @@ class Worker:
         self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
         self._check_micro_batching()
         data, collate = joined.train_data, joined.task.collate_fn()
-        order = worker_order(len(data), joined.job.seed, joined.id)  # this worker's order of the training set
+        order = worker_order(len(data), joined.job.seed, joined.number)  # this worker's order of the training set
         self.batches: DatasetBatches | LoaderBatches = (
             LoaderBatches(data, order, collate, opts.loader_workers, joined.job.seed)
             if opts.loader_workers
@@ -248,8 +248,7 @@ class Worker:
     def _check_micro_batching(self) -> None:
         """The pipelined step cannot accumulate passes: its backward pushes each chunk as soon as it is final."""
         job = self.joined.job
-        pipelined = job.pipeline == "on" and protocol_spec(job.protocol).push_kind == GRADIENT
-        if self.opts.micro_batch and pipelined:
+        if self.opts.micro_batch and self._pipelined():  # only --pipeline on pipelines beside micro-batches
             raise ConfigError(
                 f"--micro-batch {self.opts.micro_batch}: job {job.job!r} runs with --pipeline on, "
                 "whose backward pushes each chunk's gradient as soon as it is final, so it cannot "
@@ -279,7 +278,7 @@ class Worker:
         self.m.standalone.set(standalone)
         log.info("%s standalone speed %.0f samples/s", joined.id, standalone)
         self.batches.step_succeeded()
-        hb = beat.last = Heartbeat(standalone_sps=standalone)
+        hb = beat.last = WorkerHeartbeat(standalone_sps=standalone)
         steps = LOOPS[protocol_spec(joined.job.protocol).worker_loop](self.step_context())
         hb, assignment = self._await_batch(hb)
         beat.rollbacks = assignment.rollbacks if assignment is not None else 0
@@ -330,7 +329,7 @@ class Worker:
         log.info("%s stopping after %d steps, %d samples", joined.id, hb.steps, hb.samples)
         return 0
 
-    def _roll_back(self, steps: StepLoop, number: int) -> Heartbeat:
+    def _roll_back(self, steps: StepLoop, number: int) -> WorkerHeartbeat:
         """The shards went back to their last good checkpoint (rollback `number`): the model this worker holds is
         the one thrown away, and the versions it waits for may never come again, so it pulls afresh.
 
@@ -345,8 +344,8 @@ class Worker:
         steps.after_failure(ErrorCode.ROLLED_BACK)
         return beat.last
 
-    def _await_batch(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
-        """Heartbeat until the scheduler gives this worker a batch (or stops the job); returns the last heartbeat
+    def _await_batch(self, hb: WorkerHeartbeat) -> tuple[WorkerHeartbeat, WorkerAssignment | None]:
+        """WorkerHeartbeat until the scheduler gives this worker a batch (or stops the job); returns the last heartbeat
         (a fresh one if it registered again meanwhile: the new member's counters start from 0) and the assignment."""
         process = self.process
         while not process.stopping:
@@ -358,7 +357,7 @@ class Worker:
             process.health.tick()
         return hb, None
 
-    def _batch(self, assignment: Assignment, hb: Heartbeat) -> int:
+    def _batch(self, assignment: WorkerAssignment, hb: WorkerHeartbeat) -> int:
         """The batch of the next step: the assigned one, the last sized to what this worker's allotment leaves after
         the samples `hb` reports (common/allotment.py); 0: none."""
         left = None if assignment.allotted is None else assignment.allotted - hb.samples
@@ -366,7 +365,7 @@ class Worker:
             assignment.batch, left, protocol_spec(self.joined.job.protocol).report_steps(assignment.local_steps)
         )
 
-    def _record(self, prev: Heartbeat, result: StepResult, assignment_id: int, sync_s: float) -> Heartbeat:
+    def _record(self, prev: WorkerHeartbeat, result: StepResult, assignment_id: int, sync_s: float) -> WorkerHeartbeat:
         """Export a step's figures and report them to the scheduler; returns the heartbeat sent."""
         times, joined, process = result.times, self.joined, self.process
         for phase in PHASES:
@@ -391,11 +390,11 @@ class Worker:
         process.beat.send(hb)
         return hb
 
-    def _rejoin(self, hb: Heartbeat) -> tuple[Heartbeat, Assignment | None]:
+    def _rejoin(self, hb: WorkerHeartbeat) -> tuple[WorkerHeartbeat, WorkerAssignment | None]:
         """The scheduler forgot this worker (it restarted, or dropped it): register again, then await a batch."""
         if not self.process.register_again(self.joined):
             return hb, None
-        fresh = self.process.beat.last = Heartbeat(standalone_sps=hb.standalone_sps)
+        fresh = self.process.beat.last = WorkerHeartbeat(standalone_sps=hb.standalone_sps)
         self.joined.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
         self.skipped = 0  # and its skipped steps
         return self._await_batch(fresh)

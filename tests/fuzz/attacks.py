@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Pull, Push
+from dynabatch.common.messages import Bye, EvalReport, Hello, Pull, Push, Role, WorkerHeartbeat
 from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
 from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
 
@@ -85,7 +85,7 @@ def _push_as_another_worker(view: JobView) -> list[list[bytes]]:
 
 def _hello_flood(view: JobView) -> list[list[bytes]]:
     return [
-        _frames(view, Hello(role="worker", name=f"flood{i}", instance=f"flood{i}"), "flood", i + 1)
+        _frames(view, Hello(role=Role.WORKER, name=f"flood{i}", instance=f"flood{i}"), "flood", i + 1)
         for i in range(HELLO_FLOOD)
     ]
 
@@ -106,7 +106,7 @@ def _heartbeat_of_1e12_samples(view: JobView) -> list[list[bytes]]:
     return [
         _frames(
             view,
-            Heartbeat(steps=1, samples=10**12, batch=1, step_s=0.1, standalone_sps=1000.0),
+            WorkerHeartbeat(steps=1, samples=10**12, batch=1, step_s=0.1, standalone_sps=1000.0),
             view.ghost_workers[0],
             1,
         )
@@ -125,12 +125,17 @@ def _eval_in_a_workers_name(view: JobView) -> list[list[bytes]]:
 
 
 def _speed_of_5e_324(view: JobView) -> list[list[bytes]]:
-    return [_frames(view, Heartbeat(standalone_sps=5e-324), view.ghost_workers[0], 1)]
+    return [_frames(view, WorkerHeartbeat(standalone_sps=5e-324), view.ghost_workers[0], 1)]
 
 
 def _hello_as_shard_0(view: JobView) -> list[list[bytes]]:
     return [
-        _frames(view, Hello(role="ps", endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"), "impostor", 1)
+        _frames(
+            view,
+            Hello(role=Role.SHARD, endpoint="tcp://127.0.0.1:1", shard_index=0, instance="impostor"),
+            "impostor",
+            1,
+        )
     ]
 
 
@@ -193,7 +198,7 @@ ATTACKS = (
         "messages of many large frames to the scheduler",
         SCHEDULER,
         SIZE_REFUSALS,
-        lambda view: _many_large_frames(view, Heartbeat()),
+        lambda view: _many_large_frames(view, WorkerHeartbeat()),
         as_ghost=True,
     ),
     Attack("a push of 65,536 empty chunk entries", SHARD_0, SIZE_REFUSALS, _65536_empty_chunk_entries),

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from dynabatch.common.messages import Bye, EvalReport, Heartbeat, Hello, Init, Pull, Push
+from dynabatch.common.messages import Bye, EvalReport, Hello, Init, Pull, Push, WorkerHeartbeat
 from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
 from fuzz.byzantine import GRADIENTS, ByzantineMember
 
@@ -46,7 +46,7 @@ class JobView:
     chunks: list[list[ChunkMeta]]  # per shard, as a PULL returned them
     # Real messages seen on the fuzzer's own connections (PARAMS, STATUS_REPLY, WELCOME ...).
     captured: list[list[bytes]]
-    heartbeats: dict[str, Heartbeat]  # each live worker's last reported numbers (from STATUS)
+    heartbeats: dict[str, WorkerHeartbeat]  # each live worker's last reported numbers (from STATUS)
     init: Init  # the job's real model signature
     max_batch: int
     version: int  # the newest model version the shards hold
@@ -64,7 +64,7 @@ class JobView:
 
 # A drawn message: a body in someone's name (its chunk entries, tensors and sender), or raw frames already (the
 # type they claim, "" if none, and their seq, -1 where none is readable).
-Lie = tuple[Hello | Heartbeat | Bye | EvalReport | Pull | Push | Init, list[ChunkMeta], list[Any], str]
+Lie = tuple[Hello | WorkerHeartbeat | Bye | EvalReport | Pull | Push | Init, list[ChunkMeta], list[Any], str]
 Drawn = Lie | tuple[list[bytes], str, None, int]
 
 
@@ -175,7 +175,7 @@ class FuzzMessages:
         if target == SCHEDULER:
             body = self.rng.choice(
                 (
-                    v.heartbeats.get(victim) or Heartbeat(steps=1, samples=1, batch=1, step_s=0.1),
+                    v.heartbeats.get(victim) or WorkerHeartbeat(steps=1, samples=1, batch=1, step_s=0.1),
                     Bye(),
                     EvalReport(version=v.version, test_loss=0.01, test_acc=0.999),
                 )
@@ -242,9 +242,9 @@ def zero_chunks(chunks: list[ChunkMeta]) -> tuple[list[ChunkMeta], list[Any]]:
     return list(chunks), [torch.zeros(c.shape) for c in chunks]
 
 
-def _impossible_heartbeat(rng: random.Random, max_batch: int) -> Heartbeat:
+def _impossible_heartbeat(rng: random.Random, max_batch: int) -> WorkerHeartbeat:
     """A heartbeat with sane numbers but one field that cannot be true."""
-    hb = Heartbeat(steps=1, samples=1, batch=1, step_s=0.1, compute_s=0.05, standalone_sps=1000.0)
+    hb = WorkerHeartbeat(steps=1, samples=1, batch=1, step_s=0.1, compute_s=0.05, standalone_sps=1000.0)
     field_name, value = rng.choice(
         (
             ("step_s", float("nan")),

@@ -54,14 +54,15 @@ from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.messages import (
     Bye,
     Error,
-    Heartbeat,
     Hello,
     JobStatus,
     Params,
     Pull,
     PushAck,
+    Role,
     StatusRequest,
     Welcome,
+    WorkerHeartbeat,
 )
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 from dynabatch.ps.peer_limits import backlog_limit
@@ -279,7 +280,7 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket[bytes]]]) -
     ghost_evals: list[str] = []
     config: dict[str, Any] | None = None
     for i, sock in enumerate(sockets[SCHEDULER]):
-        for role, into in (("worker", ghosts), ("evaluator", ghost_evals)):
+        for role, into in ((Role.WORKER, ghosts), (Role.EVALUATOR, ghost_evals)):
             frames = request(
                 job.ctx, endpoint, Hello(role=role, name=f"fuzz-{role}{i}", instance=f"fuzz-{role}{i}"), 10.0, sock
             )[0]
@@ -301,10 +302,11 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket[bytes]]]) -
         values.append(tensors)
         captured.extend(answers[:2])
     hellos = [
-        Hello(role="ps", endpoint=shard.endpoint, shard_index=int(i)) for i, shard in sorted(status.shards.items())
+        Hello(role=Role.SHARD, endpoint=shard.endpoint, shard_index=int(i))
+        for i, shard in sorted(status.shards.items())
     ]
     heartbeats = {
-        wid: Heartbeat(
+        wid: WorkerHeartbeat(
             steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s, standalone_sps=w.standalone_sps
         )
         for wid, w in status.workers.items()
@@ -348,10 +350,10 @@ def enlist(
     the model on its own connections to the shards (`shard_socks`), which binds them to it, and measure the job's
     descent direction from the model's movement since `view` pulled it: (before - now) / (lr x versions)."""
     welcome = decode(
-        request(job.ctx, "", Hello(role="worker", name="fuzz-byzantine", instance="fuzz-byzantine"), 10.0, sock)[0]
+        request(job.ctx, "", Hello(role=Role.WORKER, name="fuzz-byzantine", instance="fuzz-byzantine"), 10.0, sock)[0]
     ).body
     assert isinstance(welcome, Welcome), f"the fuzzer's worker was not admitted: {welcome}"
-    request(job.ctx, "", Heartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
+    request(job.ctx, "", WorkerHeartbeat(standalone_sps=1000.0), 10.0, sock, welcome.id)
     status = job.wait(
         "the fuzzer's worker to hold a batch", lambda s: welcome.id in s.workers and s.workers[welcome.id].batch > 0, 60
     )
@@ -558,7 +560,7 @@ class Fuzzer:
                 else:
                     self.accepted.append(f"{msg.type} answering {what}")
 
-    def _tally(self, pushed: tuple[str, int, list[bytes]], msg: Message) -> None:
+    def _tally(self, pushed: tuple[str, int, list[bytes]], msg: Message[Any]) -> None:
         """The answer to one of the worker's messages: a refusal by its code, or taken (a gradient taken goes
         into the pool of replays)."""
         kind, shard, frames = pushed
@@ -746,7 +748,7 @@ class Heartbeats:
     def due(self) -> None:
         if time.monotonic() - self.last > HEARTBEAT_S:
             self.last = time.monotonic()
-            request(self.ctx, "", Heartbeat(standalone_sps=1000.0), HEARTBEAT_S, self.sock, self.member)
+            request(self.ctx, "", WorkerHeartbeat(standalone_sps=1000.0), HEARTBEAT_S, self.sock, self.member)
 
 
 def _final_accuracy(job: Job, settings: FuzzSettings) -> float | None:
