@@ -16,7 +16,8 @@ pieces two stages of a and c seconds take ``max(a, c) + min(a, c) / k`` instead 
 costing a fixed `MESSAGE_OVERHEAD_S` (scheduler/chunk_schedule.py's, the figure the scheduler plans with) beside
 its bytes over the link, and at most `credit` bytes unacknowledged (`Assignment.credit_bytes`): past its first
 credit's worth, a credit smaller than the link's bandwidth-delay product (a round trip, the shard's service of one
-message included) slows the push to credit over round trip. Fewer, larger messages cost less overhead and overlap less with backward.
+message included) slows the push to credit over round trip. Fewer, larger messages cost less overhead and
+overlap less with backward.
 
 A request reaches a shard a link latency after the worker sends it: a pull's at once, a push's once its bytes
 have crossed the worker's link.

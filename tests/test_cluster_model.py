@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of
+from bench.cluster_model import Link, Network, Request, ShardQueue, Shards, chunks_of
 from bench.simulate import SimConfig, WorkerSpec, simulate
 from dynabatch.common.data import load_dataset
 from dynabatch.common.prediction import pipelined
@@ -30,7 +30,8 @@ def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data, **kw)
 def _served_in_order(shards: Shards, count: int) -> list[tuple[float, int]]:
     """Drive shard 0's process as the simulator's event loop would, over requests already waiting: (when each
     was served, its rank) in the order served."""
-    clock, out = [0.0], []
+    clock = [0.0]
+    out: list[tuple[float, Request]] = []
     waiting = [r for _, _, r in shards.queues[0].waiting]
     server = shards.queues[0].serving(lambda: clock[0], lambda: None)
     while len(out) < count:
