@@ -36,7 +36,6 @@ from dynabatch.common.log_limit import RateLimitedLog
 from dynabatch.common.member_ids import member_id
 from dynabatch.common.messages import Assignment, Heartbeat, Hello, Init, InitAck, Pull, Push, Welcome
 from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
-from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.scheduler_link import SchedulerLink
 from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
 from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
@@ -245,8 +244,6 @@ class ShardServer:
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
                     pending.append(recv_routed(self.sock, limits))
                 ranks = self.last_assignment.serve_ranks if self.last_assignment is not None else {}
-                rounds = protocol_spec(self.served_job.job.protocol).closes_rounds  # the egress by rank (outbox.py)
-                self.outbox.rank_by(self.senders.by_connection(ranks) if rounds else {})
                 for incoming in sorted(pending, key=lambda i: serve_key(i, ranks)):
                     self._handle(incoming)
             now = time.monotonic()
