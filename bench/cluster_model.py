@@ -3,28 +3,38 @@
 A worker's step of b samples takes ``fixed_s + per_sample_s * b`` seconds on its own device, at most `max_batch`
 samples (its memory): common/optimum.py's `Device`, which T* reads too. A transfer of n bytes over its link takes
 ``latency_s + 8 n / (mbit * 1e6)``. A shard is one server with a service rate: ZeroMQ delivers a message whole and
-the shard handles one message at a time, so a request waits for those before it (first come, first served) and then
-takes its bytes over the shard's rate. The model is cut evenly over the shards; a pull or push is done when the
-last shard has served its part.
+the shard handles one message at a time, so requests wait at it, and it serves the waiting one first that the
+scheduler ranks first (`Assignment.serve_ranks`, ps/serve_order.py's `rank_of`: none under `--chunk-schedule
+fixed`), then the one that came first (a worker's requests are served in the order it made them, the front of
+the model first within each), taking its bytes over the shard's rate. The model is cut evenly over the shards; a
+pull or push is done when the last shard has served its part.
 
 A gradient step overlaps its transfers with compute as the worker's pipeline does (worker/pipeline.py): the
 pull's chunks stream while the forward pass runs and the push's chunks leave while backward runs, so with k
-chunks two stages of a and c seconds take ``max(a, c) + min(a, c) / k`` instead of ``a + c``.
+pieces two stages of a and c seconds take ``max(a, c) + min(a, c) / k`` instead of ``a + c``. A push goes as
+``ceil(chunks / group)`` messages to each shard (the scheduler's `Assignment.chunk_group`, 1 under `fixed`), each
+costing a fixed `MESSAGE_OVERHEAD_S` (scheduler/chunk_schedule.py's, the figure the scheduler plans with) beside
+its bytes over the link, and at most `credit` bytes unacknowledged (`Assignment.credit_bytes`): past its first
+credit's worth, a credit smaller than the link's bandwidth-delay product (a round trip, the shard's service of one
+message included) slows the push to credit over round trip. Fewer, larger messages cost less overhead and
+overlap less with backward.
 
-A push is booked at the shards when it arrives there (the simulator's worker waits for its link first), so
-pushes are served in arrival order. A pull is booked when it is issued, for its arrival a link latency later, so
-that the step's overlap can be known when the step starts; each request is served in the earliest free stretch
-of the shard's time at or after its arrival long enough for it, so a pull booked a latency early does not hold
-the shard idle for those that arrive before it.
+A request reaches a shard a link latency after the worker sends it: a pull's at once, a push's once its bytes
+have crossed the worker's link.
 """
 
 from __future__ import annotations
 
-import bisect
+import heapq
+import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from dynabatch.common.prediction import pipelined
+from dynabatch.scheduler.chunk_schedule import MESSAGE_OVERHEAD_S
+
+Wait = float | Callable[[], bool]  # what a process of the simulator's event loop yields: a time, or a condition
 
 FORWARD_SHARE = 1.0 / 3.0
 """The forward pass's share of a step's compute (backward costs about twice the forward)."""
@@ -43,31 +53,40 @@ class Link:
 
 
 @dataclass
+class Request:
+    """One worker's request at one shard: its bytes and its place in the queue (rank, then order of arrival)."""
+
+    nbytes: float
+    rank: int
+    order: int
+    done: bool = False
+
+
+@dataclass
 class ShardQueue:
-    """One shard as a server of `mbit` Mbit/s (0: instant): the stretches of time it is booked to serve."""
+    """One shard as a server of `mbit` Mbit/s (0: instant): the requests waiting for it, best first."""
 
     mbit: float
-    booked: list[tuple[float, float]] = field(default_factory=list)  # (start, end), in time order, disjoint
+    waiting: list[tuple[int, int, Request]] = field(default_factory=list)  # a heap by (rank, order)
     busy_s: float = 0.0  # seconds spent serving, to judge its load
 
-    def serve(self, arrival_s: float, nbytes: float, now: float | None = None) -> float:
-        """Book a request of `nbytes` arriving at `arrival_s` into the first free stretch after it; returns when it
-        has been served. `now` (default: the arrival) is the earliest any later request can arrive: stretches
-        over by then are forgotten."""
-        if self.mbit <= 0:
-            return arrival_s
-        service = 8.0 * nbytes / (self.mbit * 1e6)
-        horizon = arrival_s if now is None else now
-        while self.booked and self.booked[0][1] <= horizon:
-            self.booked.pop(0)
-        start = arrival_s
-        for s, e in self.booked:
-            if s >= start + service:
-                break
-            start = max(start, e)
-        bisect.insort(self.booked, (start, start + service))
-        self.busy_s += service
-        return start + service
+    def service_s(self, nbytes: float) -> float:
+        """Seconds the shard takes to serve `nbytes`."""
+        return 8.0 * nbytes / (self.mbit * 1e6) if self.mbit > 0 else 0.0
+
+    def serving(self, clock: Callable[[], float], served: Callable[[], None]) -> Iterator[Wait]:
+        """The shard at work, as a process of the simulator's event loop: whenever requests wait, it serves the
+        best-ranked, then the earliest, and tells `served` (the workers waiting on it look again). Requests that
+        arrive at the same instant are all in the queue before it chooses."""
+        while True:
+            yield lambda: bool(self.waiting)
+            yield clock()
+            request = heapq.heappop(self.waiting)[2]
+            service = self.service_s(request.nbytes)
+            self.busy_s += service
+            yield clock() + service
+            request.done = True
+            served()
 
 
 @dataclass
@@ -78,46 +97,62 @@ class Shards:
     mbit: float
     model_bytes: float
     queues: list[ShardQueue] = field(default_factory=list)
+    arrivals: Iterator[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError(f"shards: {self.count} (at least 1)")
         self.queues = [ShardQueue(self.mbit) for _ in range(self.count)]
 
-    def serve(self, arrival_s: float, now: float) -> float:
-        """A whole model's worth of requests (a pull or a push to every shard) arriving at `arrival_s`, booked at
-        `now`; returns when the last shard has served its part."""
-        part = self.model_bytes / self.count
-        return max(q.serve(arrival_s, part, now) for q in self.queues)
+    def request(self, rank: int) -> list[Request]:
+        """A whole model's worth of requests (a pull or a push to every shard) arriving now from a worker of
+        serving rank `rank`; each is `done` once its shard has served it."""
+        order = next(self.arrivals)
+        requests = [Request(self.model_bytes / self.count, rank, order) for _ in self.queues]
+        for q, r in zip(self.queues, requests, strict=True):
+            heapq.heappush(q.waiting, (rank, order, r))
+        return requests
 
 
 @dataclass(frozen=True)
 class Network:
-    """A worker's link to the shards, and the chunks a step's transfers are cut into (1: no overlap)."""
+    """A worker's link to the shards, the chunks a step's transfers are cut into (1: no overlap), and what each
+    message costs beside its bytes."""
 
     link: Link
     shards: Shards
     chunks: int = 1
+    message_s: float = MESSAGE_OVERHEAD_S
 
-    def pull_s(self, now: float) -> float:
-        """A pull issued at `now`: the request crosses the link, the shards serve the model, it crosses back."""
-        served = self.shards.serve(now + self.link.latency_s, now)
-        return served + self.link.transfer_s(self.shards.model_bytes) - now
+    def pull_s(self, served_s: float) -> float:
+        """A pull whose request took `served_s` to reach the shards and be served: that, and the model back."""
+        return served_s + self.link.transfer_s(self.shards.model_bytes)
 
-    def exposed_pull_s(self, now: float, compute_s: float) -> float:
-        """The part of a gradient step's pull, issued at `now`, that the forward pass of `compute_s` does not hide."""
+    def exposed_pull_s(self, pull_s: float, compute_s: float) -> float:
+        """The part of a gradient step's pull of `pull_s` that the forward pass of `compute_s` does not hide."""
         forward = FORWARD_SHARE * compute_s
-        return pipelined(self.pull_s(now), forward, self.chunks) - forward
+        return pipelined(pull_s, forward, self.chunks) - forward
 
-    def push_link_s(self, compute_s: float = 0.0) -> float:
+    def push_messages(self, group: int = 1) -> int:
+        """The messages a push takes: `group` of a shard's chunks in each."""
+        per_shard = math.ceil(self.chunks / self.shards.count)
+        return self.shards.count * math.ceil(per_shard / max(1, group))
+
+    def push_link_s(self, compute_s: float = 0.0, group: int = 1, credit: int = 0) -> float:
         """How long a push crosses the link after the backward pass of a `compute_s` step has ended (0: a push that
-        leaves after its compute, as a delta does)."""
+        leaves after its compute, as a delta does), in messages of `group` chunks with `credit` bytes in flight
+        (0: no bound)."""
+        messages, nbytes = self.push_messages(group), self.shards.model_bytes
+        rate = self.link.mbit * 1e6 / 8.0
+        first = nbytes if credit <= 0 else min(nbytes, credit)  # what may leave before the first acknowledgement
+        after = rate
+        if first < nbytes:
+            one = nbytes / messages
+            round_trip = 2 * self.link.latency_s + self.shards.queues[0].service_s(one) + one / rate
+            after = min(rate, credit / round_trip)
+        wire = self.link.latency_s + messages * self.message_s + first / rate + (nbytes - first) / after
         backward = (1.0 - FORWARD_SHARE) * compute_s
-        return pipelined(backward, self.link.transfer_s(self.shards.model_bytes), self.chunks) - backward
-
-    def served(self, arrival_s: float) -> float:
-        """When the shards have served a push that arrives (whole) at `arrival_s`, booked on arrival."""
-        return self.shards.serve(arrival_s, arrival_s)
+        return pipelined(backward, wire, messages) - backward
 
 
 def chunks_of(model_bytes: float, chunk_bytes: int) -> int:

@@ -22,7 +22,8 @@ every other run, so that the policies share the machine's noise.
 Needs root (network namespaces). Run from the repository root:
 
     python -m bench.links [--fast 2] [--slow 1] [--model cnn | --task FILE.py:ATTR[@KEY=VALUE,...]] \
-        [--protocol asgd] [--policies dynamic fixed] [--chunk-schedules fixed scheduled] [--chunk-bytes N] [--runs 1] \
+        [--protocol asgd] [--policies dynamic fixed] [--chunk-schedules fixed scheduled] [--chunk-bytes N] \
+        [--slow-worker-flags '--slowdown 1:1'] [--runs 1] \
         [--window-s 40 | --target 0.85 --time-limit-s 600] [--out bench/results/links.json]
 """
 
@@ -207,7 +208,8 @@ def run_policy(
                 str(args.eval_interval_s),
             )
             job.shard(server)
-            children = {h.name: job.worker(h, *task) for h in workers}
+            slow = args.slow_worker_flags.split()
+            children = {h.name: job.worker(h, *task, *(slow if h.name.startswith("slow") else [])) for h in workers}
             if evaluator is not None:
                 job.worker(evaluator, *task, evaluator=True)
             watch = _watch(job, server, workers, args)
@@ -309,6 +311,12 @@ def main(argv: list[str]) -> int:
         default="",
         metavar="'--FLAG VALUE ...'",
         help="more of the scheduler's job flags, e.g. '--no-direction-check'",
+    )
+    p.add_argument(
+        "--slow-worker-flags",
+        default="",
+        metavar="'--FLAG VALUE ...'",
+        help="more flags for the --slow hosts' workers, e.g. '--slowdown 1:1' (a second of compute more per step)",
     )
     p.add_argument("--runs", type=int, default=1, help="every policy this many times, the order reversed each run")
     p.add_argument("--window-s", type=float, default=40.0, help="window mode: seconds watched once every worker trains")

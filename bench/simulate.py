@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.cluster_model import Link, Network, Shards, chunks_of
+from bench.cluster_model import Link, Network, Shards, Wait, chunks_of
 from dynabatch.common import staleness
 from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
 from dynabatch.common.config import JobConfig
@@ -63,6 +63,7 @@ from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire import ProtocolError
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.push_bounds import AssignedBatches, max_push_samples, push_steps
+from dynabatch.ps.serve_order import rank_of
 from dynabatch.ps.shard_state import ShardState, StaleGradient
 from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
@@ -228,9 +229,10 @@ class SimResult:
     # each worker's samples and last batch, by its instance "sim<i>", i its index in SimConfig.workers
     worker_samples: dict[str, int] = field(default_factory=dict)
     worker_batches: dict[str, int] = field(default_factory=dict)
+    # each worker's wire plan at the end (chunks per push, bytes in flight: scheduler/wire_schedule.py), by instance
+    worker_wire: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-Wait = float | Callable[[], bool]  # what a worker yields: a virtual time to sleep until, or a condition
 Waiter = tuple[int, Callable[[], bool], Iterator[Wait]]  # a worker parked on a condition: (order, condition, worker)
 
 
@@ -277,6 +279,7 @@ class Cluster:
         self.scheduler = JobState(self.job, num_shards=1, train_size=len(data.train_y), now=0.0, spec=spec)
         self.scheduler.hello(Hello(role=Role.SHARD, instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
+        self.serve_ranks: dict[str, int] = {}  # the shard's serving ranks of workers, from its last assignment
         self.assigned = AssignedBatches(push_steps(self.job), max_push_samples(self.job))  # server.py's push bounds
         self.now = 0.0
         self.seq = 0
@@ -343,7 +346,7 @@ class Cluster:
     def told(self, wid: str) -> Told:
         """What the scheduler holds for worker `wid` now: what the real worker's link hands it."""
         a = self.scheduler.assignment_for(self.scheduler.roster.members[wid])
-        return Told(a.batch, a.local_steps, a.lr_scale)
+        return Told(a.batch, a.local_steps, a.lr_scale, a.chunk_group, a.credit_bytes)
 
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
@@ -359,6 +362,7 @@ class Cluster:
         )
         if self.assigned.update(ps.batches):
             return self.sync_shard()
+        self.serve_ranks = ps.serve_ranks
         seen = (ps.membership, ps.allocated, tuple(ps.idle_workers))
         if seen != self.membership_seen:
             self.membership_seen = seen
@@ -428,6 +432,7 @@ class Worker:
         self.grads = torch.empty(0)  # a gradient step's gradient, taken when computed, until it is pushed
         self.back: tuple[torch.Tensor, dict[int, int], int] | None = None
         self.sync_s = 0.0  # msd: the transfers of its last delta and its average (the real loop's `comm_s`)
+        self.moved = 0.0  # bytes its transfers moved over its own link, as the real worker reports them (0: none)
         cfg = cluster.cfg
         self.device = spec.device(cfg.fixed_s, cfg.per_sample_s)
         gradient_chunks = cluster.chunks if cluster.spec.push_kind == GRADIENT else 1
@@ -444,25 +449,41 @@ class Worker:
             return self.c.cfg.comm_s * self.spec.link
         return self.net.link.transfer_s(self.net.shards.model_bytes)
 
-    def pull_s(self) -> float:
-        """A pull issued now: `comm_s`, or the model's bytes over this node's link and through the shards' queue."""
-        return self.comm_s if self.net is None else self.net.pull_s(self.c.now)
-
-    def exposed_pull_s(self, compute: float) -> float:
-        """A gradient step's pull issued now, less what its forward pass hides where the pipeline overlaps them."""
-        return self.comm_s if self.net is None else self.net.exposed_pull_s(self.c.now, compute)
+    def pull(self, compute: float | None = None) -> Generator[Wait, None, None]:
+        """A pull issued now: `comm_s`, or the request over this node's link, its wait and service at the shards
+        (by rank, bench/cluster_model.py) and the model back; of a gradient step's pull, only what the forward pass
+        of its `compute` seconds does not hide, where the pipeline overlaps them."""
+        c = self.c
+        if self.net is None:
+            yield c.now + self.comm_s
+            return
+        start = c.now
+        yield from self._served(start + self.net.link.latency_s)
+        pull = self.net.pull_s(c.now - start)
+        yield max(c.now, start + (pull if compute is None else self.net.exposed_pull_s(pull, compute)))
+        self.moved += self.net.shards.model_bytes
 
     def push(self, compute: float = 0.0) -> Generator[Wait, None, float]:
         """A push leaving now: `comm_s`, or over this node's link (overlapped with the backward pass of a gradient
-        step of `compute` seconds) and then through the shards' queue. Returns its seconds."""
+        step of `compute` seconds, in the messages and credit its assignment gives) and then through the shards'
+        queue. Returns its seconds."""
         c = self.c
         if self.net is None:
             yield c.now + self.comm_s
             return self.comm_s
         start = c.now
-        yield c.now + self.net.push_link_s(compute)
-        yield self.net.served(c.now)
+        yield from self._served(c.now + self.net.push_link_s(compute, self.told.chunk_group, self.told.credit_bytes))
+        self.moved += self.net.shards.model_bytes
         return c.now - start
+
+    def _served(self, arrival: float) -> Generator[Wait, None, None]:
+        """Until the shards have served a request of this worker that reaches them at `arrival`."""
+        assert self.net is not None
+        c = self.c
+        yield arrival
+        requests = self.net.shards.request(rank_of(self.wid, c.serve_ranks))
+        c.changed()
+        yield lambda: all(r.done for r in requests)
 
     def step_seconds(self, batch: int) -> float:
         cfg = self.c.cfg
@@ -489,7 +510,7 @@ class Worker:
 
     def beat(self, result: StepResult, sync_s: float = 0.0) -> None:
         """Report a step as the real worker does (worker/heartbeats.py), and take the answer for the next step."""
-        self.hb = heartbeat_after(self.hb, result, sync_s=sync_s)
+        self.hb = heartbeat_after(self.hb, result, sync_s=sync_s, moved_bytes=int(self.moved))
         self.told = self.c.report(self.wid, self.hb)
 
     # -- joining and leaving ----------------------------------------------------------
@@ -597,9 +618,9 @@ class Worker:
             self.base, self.base_versions, self.version = c.pull()
             if c.spec.push_kind == GRADIENT:  # the pull overlaps the forward pass of the step it feeds
                 record.compute_s = self.step_seconds(self.told.batch)
-                yield c.now + self.exposed_pull_s(record.compute_s)
+                yield from self.pull(record.compute_s)
             else:
-                yield c.now + self.pull_s()
+                yield from self.pull()
             if action.waits:
                 record.times.wait += c.now - record.asked
             else:
@@ -678,8 +699,9 @@ class Worker:
         yield lambda: c.shard.version >= target
         pushed_s = c.now - sent
         back = c.pull()
-        pulled_s = self.pull_s()
-        yield c.now + pulled_s
+        asked = c.now
+        yield from self.pull()
+        pulled_s = c.now - asked
         self.back = back
         self.sync_s = pushed_s + pulled_s  # transfers only: the wait for the round is not communication
 
@@ -701,11 +723,14 @@ class _StepRecord:
 @dataclass(frozen=True)
 class Told:
     """The scheduler's last answer to a simulated worker, as the real worker's assignment carries it: the batch and
-    H its planner reads for a step (worker/step_plans.py `Orders`), and the local steps' learning-rate scale."""
+    H its planner reads for a step (worker/step_plans.py `Orders`), the local steps' learning-rate scale, and how its
+    push leaves (scheduler/wire_schedule.py)."""
 
     batch: int = 0
     local_steps: int = 1
     lr_scale: float = 1.0
+    chunk_group: int = 1  # the wire's schedule: chunks per push, and bytes in flight (0: no bound)
+    credit_bytes: int = 0
 
 
 def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
@@ -716,6 +741,9 @@ def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
     workers = [Worker(cluster, i, spec) for i, spec in enumerate(cfg.workers)]
     for w in workers:
         cluster.spawn(w.live(), w.spec.join_s)
+    if any(w.net is not None for w in workers):
+        for q in cluster.shard_queues.queues:
+            cluster.spawn(q.serving(lambda: cluster.now, cluster.changed), 0.0)
     cluster.spawn(cluster.evaluator(), 0.0)
     cluster.run(cfg.budget_s)
     cluster.now = cfg.budget_s
@@ -751,6 +779,7 @@ def result_of(cluster: Cluster) -> SimResult:
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
+        worker_wire={m.instance: (sched.wire.plan_of(m.id).group, sched.wire.plan_of(m.id).credit) for m in workers},
     )
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.cluster_model import Link, Network, ShardQueue, Shards, chunks_of
+from bench.cluster_model import Link, Network, Request, ShardQueue, Shards, chunks_of
 from bench.simulate import SimConfig, SimResult, WorkerSpec, simulate
 from dynabatch.common.data import Dataset, load_dataset
 from dynabatch.common.prediction import pipelined
@@ -29,31 +29,62 @@ def run(protocol: str, policy: str, workers: tuple[WorkerSpec, ...], data: Datas
     return simulate(SimConfig(protocol, policy, workers, **{**base, **kw}), data)
 
 
-def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_first_come_first_served() -> None:
+def _served_in_order(shards: Shards, count: int) -> list[tuple[float, int]]:
+    """Drive shard 0's process as the simulator's event loop would, over requests already waiting: (when each
+    was served, its rank) in the order served."""
+    clock = [0.0]
+    out: list[tuple[float, Request]] = []
+    waiting = [r for _, _, r in shards.queues[0].waiting]
+    server = shards.queues[0].serving(lambda: clock[0], lambda: None)
+    while len(out) < count:
+        what = next(server)
+        out += [(clock[0], r) for r in waiting if r.done and all(r is not o for _, o in out)]
+        if callable(what):
+            assert what() or len(out) == count, "the shard idles while requests wait"
+            continue
+        clock[0] = what
+    return [(t, r.rank) for t, r in out]
+
+
+def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_the_best_ranked_then_the_earliest() -> None:
     assert Link(8.0, latency_s=0.01).transfer_s(1e6) == pytest.approx(1.01)  # 8 Mbit over 8 Mbit/s
-    q = ShardQueue(mbit=80.0)  # 1 MB in 0.1 s
-    assert [q.serve(0.0, 1e6), q.serve(0.05, 1e6), q.serve(1.0, 1e6)] == pytest.approx([0.1, 0.2, 1.1])
-    # booked early for a later arrival, a request leaves the time before it to those that arrive sooner
-    q = ShardQueue(mbit=80.0)
-    assert [
-        q.serve(0.5, 1e6, now=0.0),
-        q.serve(0.0, 1e6, now=0.0),
-        q.serve(0.35, 1e6, now=0.0),
-        q.serve(0.45, 1e6, now=0.0),
-    ] == pytest.approx([0.6, 0.1, 0.45, 0.7])
-    assert ShardQueue(mbit=0.0).serve(3.0, 1e9) == 3.0  # no rate: served at once
+    shards = Shards(1, 80.0, 1e6)  # 1 MB in 0.1 s
+    first, ranked, second = shards.request(rank=2), shards.request(rank=0), shards.request(rank=2)
+    order = _served_in_order(shards, 3)
+    assert [t for t, _ in order] == pytest.approx([0.1, 0.2, 0.3])
+    assert [rank for _, rank in order] == [0, 2, 2]
+    assert ranked[0].done and first[0].done and second[0].done
+    assert ShardQueue(mbit=0.0).service_s(1e9) == 0.0  # no rate: served at once
     two = Shards(2, 80.0, 1e6)  # each shard serves half the model
-    assert two.serve(0.0, 0.0) == pytest.approx(0.05) and two.serve(0.0, 0.0) == pytest.approx(0.1)
+    assert two.request(0)[0].nbytes == 5e5 and two.queues[1].service_s(5e5) == pytest.approx(0.05)
     assert chunks_of(3 * 2**20 + 1, 2**20) == 4
     assert pipelined(1.0, 0.3, 1) == pytest.approx(1.3) and pipelined(1.0, 0.3, 10) == pytest.approx(1.03)
 
 
 def test_a_gradient_step_overlaps_the_pull_with_forward_and_the_push_with_backward() -> None:
-    net = Network(Link(8.0), Shards(1, 0.0, 1e6), chunks=4)  # 1 s each way; a step of 0.6 s: forward 0.2, backward 0.4
-    assert net.exposed_pull_s(0.0, 0.6) == pytest.approx(1.0 + 0.2 / 4 - 0.2)
+    net = Network(Link(8.0), Shards(1, 0.0, 1e6), chunks=4, message_s=0.0)  # 1 s each way; forward 0.2, backward 0.4
+    assert net.exposed_pull_s(net.pull_s(0.0), 0.6) == pytest.approx(1.0 + 0.2 / 4 - 0.2)
     assert net.push_link_s(0.6) == pytest.approx(1.0 + 0.4 / 4 - 0.4) and net.push_link_s() == pytest.approx(1.0)
-    serial = Network(Link(8.0), Shards(1, 0.0, 1e6), chunks=1)
-    assert (serial.exposed_pull_s(0.0, 0.6), serial.push_link_s(0.6)) == pytest.approx((1.0, 1.0))
+    serial = Network(Link(8.0), Shards(1, 0.0, 1e6), chunks=1, message_s=0.0)
+    assert (serial.exposed_pull_s(serial.pull_s(0.0), 0.6), serial.push_link_s(0.6)) == pytest.approx((1.0, 1.0))
+
+
+def test_a_push_costs_its_messages_and_its_bytes_overlapped_with_backward_and_bounded_by_its_credit() -> None:
+    """ceil(chunks / group) messages of 0.01 s each beside the bytes; fewer messages overlap less with backward;
+    past its first credit's worth, a credit under the bandwidth-delay product makes the link as slow as credit
+    over round trip."""
+    net = Network(Link(8.0), Shards(1, 0.0, 1e6), chunks=4, message_s=0.01)
+    assert net.push_messages(1) == 4 and net.push_messages(3) == 2 and net.push_messages(8) == 1
+    assert net.push_link_s() == pytest.approx(1.0 + 4 * 0.01)
+    assert net.push_link_s(group=4) == pytest.approx(1.0 + 0.01)
+    assert net.push_link_s(0.6) == pytest.approx(1.04 + 0.4 / 4 - 0.4)
+    assert net.push_link_s(0.6, group=4) == pytest.approx(1.01)
+    two = Network(Link(8.0), Shards(2, 0.0, 1e6), chunks=4, message_s=0.01)  # two of a shard's chunks per push
+    assert two.push_messages(1) == 4 and two.push_messages(2) == 2
+    far = Network(Link(8.0, latency_s=0.05), Shards(1, 0.0, 1e6), chunks=4, message_s=0.01)
+    round_trip = 2 * 0.05 + 0.25  # a message of 250 kB takes 0.25 s at 1 MB/s
+    assert far.push_link_s(credit=100_000) == pytest.approx(0.05 + 0.04 + 0.1 + 900_000 / (100_000 / round_trip))
+    assert far.push_link_s(credit=10**9) == pytest.approx(far.push_link_s())
 
 
 @pytest.mark.parametrize("pipeline, wire_bytes", [("off", 1e6), ("auto", 8e6)])
@@ -108,3 +139,33 @@ def test_a_fixed_part_in_the_slowdown_adds_its_seconds_to_every_simulated_step(d
     r = run("asgd", "fixed", worker, data, fixed_s=0.01, per_sample_s=0.001, comm_s=0.0)
     step = (0.01 + 0.001 * 16) * 2 + 0.1
     assert abs(r.samples - 16 * 20.0 / step) <= 16
+
+
+def test_a_scheduled_round_serves_its_critical_worker_first_at_a_busy_shard_and_its_plan_follows_its_link(
+    data: Dataset,
+) -> None:
+    """ssgd, fixed batches, one shard that takes 0.5 s per pull or push: a worker computing 1 s beside one
+    computing 0.1 s that asks first. Served in arrival order the slow one's pull waits for the fast one's and a
+    round takes 2.5 s (pulls 0.5 + 0.5, its compute 1, its push behind the fast one's 0.5); ranked, the slow
+    one (the round's longest own step) is served first and a round takes 2.1 s. The simulated heartbeats report
+    the bytes each step moved, from which the scheduler plans each worker's pushes (`fixed`: one chunk each)."""
+    fast = WorkerSpec(fixed_s=0.1, per_sample_s=0.0, link_mbit=100_000.0)
+    slow = WorkerSpec(fixed_s=1.0, per_sample_s=0.0, link_mbit=100_000.0)
+    rounds = {}
+    for schedule in ("fixed", "scheduled"):
+        r = run(
+            "ssgd",
+            "fixed",
+            (fast, slow),
+            data,
+            budget_s=60.0,
+            wire_bytes=1e6,
+            shard_mbit=16.0,
+            job={"chunk_schedule": schedule, "pipeline": "off", "chunk_bytes": 4096},
+        )
+        rounds[schedule] = r.samples / 32
+        groups = {group for group, _ in r.worker_wire.values()}
+        # about 2 MB/s measured: pushes of sqrt(overhead x rate x 1 MB) = 20 kB, four chunks of 4 KiB
+        assert groups == ({1} if schedule == "fixed" else {4}), r.worker_wire
+    assert abs(rounds["fixed"] - 60.0 / 2.5) <= 1.5
+    assert abs(rounds["scheduled"] - 60.0 / 2.1) <= 1.5
