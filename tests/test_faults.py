@@ -13,7 +13,6 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,15 +90,18 @@ class Job:
         child.proc.terminate()
         assert child.proc.wait(60) == 0, child.log_tail(25)
 
-    def shard_version(self, index: int) -> Callable[[JobStatus], int]:
-        """A STATUS's version of shard `index`; a STATUS of a finished job (which lists no shards) fails the test
-        at once: every fault must land while the job trains."""
 
-        def version(s: JobStatus) -> int:
-            assert not s.finished, f"the job finished before the test was done with shard {index}"
-            return s.shards[str(index)].version if str(index) in s.shards else -1
+def _training(s: JobStatus) -> JobStatus:
+    """`s`, a STATUS of the job while it trains; one of a finished job (which lists no shards or workers) fails the
+    test at once: every fault must land mid-run."""
+    assert not s.finished, "the job finished before the test was done with its faults"
+    return s
 
-        return version
+
+def _version(s: JobStatus, shard: int) -> int:
+    """Shard `shard`'s version in the STATUS of a job that trains (-1 while its slot is empty: a restart)."""
+    held = _training(s).shards.get(str(shard))
+    return -1 if held is None else held.version
 
 
 def _versions_checkpointed(child: Child) -> list[int]:
@@ -157,8 +159,9 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         stopped_at = _versions_checkpointed(job.shards[1])[-1]
         assert stopped_at > 0, "shard 1 checkpointed its trained model as it stopped"
         job.shards[1] = job.c.launcher.restart(job.shards[1])
-        version1 = job.shard_version(1)
-        st = job.progress("shard 1 past the checkpoint it stopped with", lambda s: version1(s) > stopped_at + KILL_LEAD)
+        st = job.progress(
+            "shard 1 past the checkpoint it stopped with", lambda s: _version(s, 1) > stopped_at + KILL_LEAD
+        )
         assert re.search(f"resumed from .* at version {stopped_at} ", job.shards[1].log_since_start())
         assert st.lost_versions == before, "a shard stopped with SIGTERM loses no work"
         job.shards[1], _ = job.kill_and_restart(job.shards[1])
@@ -167,7 +170,7 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(tmp_p
         assert KILL_LEAD < earlier.lost_versions - before <= earlier.shards["1"].version + earlier.lost_versions
 
         # The scheduler, mid-run: it resumes the job's progress from its last save, the outage counted as job time.
-        st = job.progress("half the job", lambda s: s.epoch >= 0.5 * EPOCHS, 120)
+        st = job.progress("half the job", lambda s: _training(s).epoch >= 0.5 * EPOCHS, 120)
         progress_file = tmp_path / "state" / "scheduler-dynabatch.json"
         wait_for(
             "the scheduler to save its progress past shard 1's loss",
