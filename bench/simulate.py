@@ -789,6 +789,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "tuned-recheck",
             "regimes",
             "regimes-reduced",
+            "regimes-drawn",
         ),
         help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
         "method at its own tuned step size)",
