@@ -2,6 +2,10 @@
 cluster alone, against the best method the simulator found there (issue 37: within 1.1x of the best in every
 regime and never diverging; within 1.2x on clusters no tuning saw).
 
+Two picks: `choose` over every modelled protocol and policy (what `--protocol auto` would run), and the default
+job's (`--protocol asgd`, `--batch-policy auto`: the policy chosen for asgd, starting from fixed, which it keeps
+unless another is predicted HYSTERESIS faster).
+
 `choose` sees only what a running scheduler could measure (each worker's curve, cap and link, the shards, the
 model's bytes: `cluster_of` of the cluster file) and the study's K(B); it never sees a simulated run. It ranks the
 methods the predictor models (common/prediction.py `PROTOCOLS` x `POLICIES`), so a method it cannot choose (local
@@ -26,6 +30,8 @@ AUTO_METHODS: dict[tuple[str, str], str] = {
     ("ssgd", "dynamic"): "LB-BSP (ssgd+dynamic)",
 }
 """The study's method for each (protocol, policy) the predictor models (dbs_weight capped is the job's default)."""
+DEFAULT = ("asgd", "fixed")
+"""The default job's protocol and the batch policy auto starts it with."""
 BUDGET_PER_PREDICTED = 3.0
 """A drawn cluster's budget: this many times the fastest predicted time (between BUDGET_S's bounds), so that a
 method the predictor ranks first has room to be as far off as it may be."""
@@ -42,6 +48,11 @@ def auto_choice(file: ClusterFile) -> Choice:
     return choose(predictor_cluster(file), STUDY_NOISE)
 
 
+def default_choice(file: ClusterFile) -> Choice:
+    """The default job's batch policy: asgd's, chosen from fixed (the split auto starts with)."""
+    return choose(predictor_cluster(file), STUDY_NOISE, current=DEFAULT, protocols=(DEFAULT[0],))
+
+
 def budget_s(file: ClusterFile) -> float:
     """Virtual seconds for a drawn cluster's runs (BUDGET_PER_PREDICTED times the fastest prediction, bounded)."""
     fastest = predict_all(predictor_cluster(file), STUDY_NOISE)[0].time_s
@@ -52,10 +63,11 @@ def budget_s(file: ClusterFile) -> float:
 def evidence_row(name: str, file: ClusterFile, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """auto's pick on one cluster against the study's rows there (bench/tuned_study.py `method_rows`): its median
     time and divergences, the best method overall and the best of those auto chooses from."""
-    choice = auto_choice(file)
+    choice, default = auto_choice(file), default_choice(file)
     ran = {r["method"]: r for r in rows if r.get("runs")}
     picked = AUTO_METHODS[(choice.protocol, choice.policy)]
     mine = ran.get(picked)
+    kept = AUTO_METHODS[(default.protocol, default.policy)]
 
     def best(names: list[str]) -> dict[str, Any] | None:
         return min((ran[m] for m in names), key=lambda r: (r["time"], -r["acc"]), default=None)
@@ -68,6 +80,8 @@ def evidence_row(name: str, file: ClusterFile, rows: list[dict[str, Any]]) -> di
         "time": mine["time"] if mine else math.inf,
         "runs": mine["runs"] if mine else 0,
         "diverged": mine["diverged"] if mine else 0,
+        "default": kept,
+        "default_row": ran.get(kept),
         "best": overall,
         "best_modelled": modelled,
     }
@@ -88,16 +102,21 @@ def render_evidence(rows: list[dict[str, Any]]) -> list[str]:
     the methods auto chooses from."""
     out = [
         "| cluster | auto's pick (predicted) | its time to target (median) | diverged (runs) | best method (time) "
-        "| auto / best | best auto can pick (time) | auto / that |",
-        "|---|---|---:|---:|---|---:|---|---:|",
+        "| auto / best | best auto can pick (time) | auto / that | the default (asgd + auto policy) | default / best "
+        "| default diverged |",
+        "|---|---|---:|---:|---|---:|---|---:|---|---:|---:|",
     ]
     for r in rows:
-        best, modelled = r["best"], r["best_modelled"]
+        best, modelled, default = r["best"], r["best_modelled"], r["default_row"]
+        d_time = default["time"] if default else math.inf
         out.append(
             f"| {r['cluster']} | {r['choice']} ({r['predicted_s']:.3g} s) | {_time(r['time'])} | "
-            f"{r['diverged']}/{r['runs']} | {best['method'] + ' (' + _time(best['time']) + ')' if best else '–'} | "
-            f"{_vs(r['time'], best)} | "
-            f"{modelled['method'] + ' (' + _time(modelled['time']) + ')' if modelled else '–'} | "
-            f"{_vs(r['time'], modelled)} |"
+            f"{r['diverged']}/{r['runs']} | {_named(best)} | {_vs(r['time'], best)} | {_named(modelled)} | "
+            f"{_vs(r['time'], modelled)} | {r['default']} ({_time(d_time)}) | {_vs(d_time, best)} | "
+            f"{default['diverged'] if default else 0}/{default['runs'] if default else 0} |"
         )
     return out
+
+
+def _named(row: dict[str, Any] | None) -> str:
+    return f"{row['method']} ({_time(row['time'])})" if row else "–"

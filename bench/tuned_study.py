@@ -211,7 +211,7 @@ REGIME_METHODS = (
 (dynamic: DBS-SGD, LB-BSP), the efficient policy (each worker at its own knee), DBS-SGD with the delay-scaled step,
 m-synchronous SGD, Ringmaster, Rennala and local SGD sized per worker (the fastest in the reduced study's two
 shard-bound regimes, bench/RESULTS.md 14)."""
-REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "cpu_gpu8": 60.0, "mixed_links16": 150.0, "ps_bound64": 240.0}
+REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "mixed_links16": 150.0, "ps_bound64": 240.0, "cpu_gpu8": 60.0}
 """Virtual seconds per run of each cluster file (the files' clocks are their devices' and links'): two to three times
 what the fastest method takes to 80% where one did (bench/RESULTS.md 14: mixed_gpus16 31 s, cpu_gpu8 17 s), and
 where none did in 60 s, long enough for the asynchronous methods at their 60 s samples/s (745 on ps_bound64, 662 on
