@@ -278,3 +278,19 @@ def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick
     line = render_evidence([row])[-1]
     assert line.startswith(f"| mixed_gpus16 | {picked} (") and "| 2.20x |" in line and "| 1.10x |" in line, line
     assert line.endswith(f"| {default} (–) | – | 1/2 |"), "a seed diverged: never reached in the median"
+
+
+def test_a_tuning_run_ends_at_its_target_and_a_report_run_runs_to_the_budget():
+    from bench.simulate import simulate
+    from dynabatch.common.data import load_dataset
+
+    quick = STUDIES["tuned-quick"][0]
+    data = load_dataset(quick.dataset)
+    tuning = simulate(sim_config(Run(quick, "asgd+fixed", 0.05, 100, tuning=True)), data)
+    report = simulate(sim_config(Run(quick, "asgd+fixed", 0.05, 100, tuning=False)), data)
+    reached_at = next(t for t, _, acc in report.curve if acc >= float(quick.target))
+    assert tuning.curve == [point for point in report.curve if point[0] <= reached_at], (
+        "the same run, cut at its target"
+    )
+    assert report.curve[-1][0] == quick.budget_s > reached_at
+    assert tuning.samples_per_s == tuning.samples / reached_at
