@@ -137,6 +137,7 @@ TUNED_LRS: dict[str, dict[str, float]] = {
         "DBS-SGD (capped weight)": 0.02,
         "ssgd+fixed": 0.2,
         "LB-BSP (ssgd+dynamic)": 0.2,
+        "local+dynamic": 0.08,
     },
     "lognormal64": {
         "asgd+fixed": 0.01,
@@ -148,8 +149,9 @@ TUNED_LRS: dict[str, dict[str, float]] = {
     },
 }
 """The step sizes the tuned-scale study of 2026-11-25 chose (bench/RESULTS.md section 9) and, under "regimes", the
-smallest each of auto's methods chose over the four cluster files in the reduced regime study (section 14), for a
-study whose `lr_from` names a profile it does not tune itself."""
+smallest each of auto's methods and local SGD (the fastest where the shards bound the job) chose over the four
+cluster files in the reduced regime study (section 14), for a study whose `lr_from` names a profile it does not
+tune itself."""
 
 
 def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[WorkerSpec, ...]]]:
@@ -290,7 +292,7 @@ def msync_m(profile: str) -> int:
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
     "regimes-reduced": regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4),
-    "regimes-drawn": drawn(tuple(AUTO_METHODS.values()), (0,), lr_from="regimes"),
+    "regimes-drawn": drawn((*AUTO_METHODS.values(), "local+dynamic"), (0,), lr_from="regimes"),
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
         Profile("tail16", 512, ALL, SEEDS),
