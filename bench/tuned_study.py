@@ -38,7 +38,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -291,7 +291,10 @@ def msync_m(profile: str) -> int:
 
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
-    "regimes-reduced": regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4),
+    "regimes-reduced": tuple(
+        p if p.profile == "mixed_gpus16" else replace(p, seeds=(0, 1))
+        for p in regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4)
+    ),
     "regimes-drawn": drawn((*AUTO_METHODS.values(), "local+dynamic"), (0,), lr_from="regimes"),
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from dynabatch.common.cluster_file import ClusterFile, WorkerGroup
 from dynabatch.common.optimum import PER_WORKER_BATCHES, Device, NoiseScale, Optimum, calibrated_optimum
-from dynabatch.common.protocols import SPECS, protocol_spec
+from dynabatch.common.protocols import SPECS, dbs_weight, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 
 STALENESS_WEIGHT = 1.0
@@ -91,9 +91,15 @@ class Cluster:
 
     def max_steps_per_s(self) -> float:
         """The shards' bound on the workers' steps: each moves the model in and out of them."""
+        service = self.push_service_s()
+        return float("inf") if service == 0 else 1 / (2 * service)
+
+    def push_service_s(self) -> float:
+        """How long the shards take to serve one push (or pull): each its part of the model at its rate, the shards
+        in parallel; 0 where they serve at once."""
         if self.shard_mbit <= 0 or self.model_bytes <= 0:
-            return float("inf")
-        return self.shards * self.shard_mbit * 1e6 / 8 / (2 * self.model_bytes)
+            return 0.0
+        return self.model_bytes / self.shards * 8 / (self.shard_mbit * 1e6)
 
 
 def node_of(group: WorkerGroup) -> Node:
@@ -174,24 +180,39 @@ POLICIES: dict[str, Callable[[Cluster, bool], list[float]]] = {"fixed": fixed_ba
 
 
 def _synchronous(cluster: Cluster, noise: NoiseScale, batches: Sequence[float]) -> tuple[float, float]:
-    """Rounds of B samples, each as long as the slowest worker's step: (samples/s, samples per update)."""
+    """Rounds of B samples, each closing when the shards have taken the last push: (samples/s, samples per update).
+
+    A round's pushes reach the shards as its workers finish, and the shards serve them one after another, so
+    workers that finish together (equal steps: LB-BSP) wait for each other's pushes; the pulls that start the
+    next round are hidden by the forward pass (the pipeline) and only bound the round through the shards' rate."""
     busy = [b for b in batches if b > 0]
-    round_s = max(cluster.step_s(n, b) for n, b in zip(cluster.nodes, batches, strict=True) if b > 0)
-    round_s = max(round_s, len(busy) / cluster.max_steps_per_s())
+    closed, service = 0.0, cluster.push_service_s()
+    for end in sorted(cluster.step_s(n, b) for n, b in zip(cluster.nodes, batches, strict=True) if b > 0):
+        closed = max(closed, end) + service
+    round_s = max(closed, len(busy) / cluster.max_steps_per_s())
     total = sum(busy)
     return total / round_s, total
 
 
 def _asynchronous(cluster: Cluster, noise: NoiseScale, batches: Sequence[float]) -> tuple[float, float]:
     """Every worker at its own pace, the updates bounded by the shards; an update worth n times the mean samples
-    an update carries, n the workers in flight (STALENESS_WEIGHT scales the n - 1 others)."""
+    an update carries, n the workers in flight (STALENESS_WEIGHT scales the n - 1 others).
+
+    The shard weighs a gradient of b samples min(1, b / (B/n)) (the job's capped DBS weight), so an update of a
+    batch below B/n moves the model that fraction of one while it takes a whole update's place (its transfers,
+    its share of the shards): the updates to target count weighted, and the effective batch returned is the one
+    whose samples to target, K_min (batch + B_noise), the samples per second reach when they do."""
     pairs = [(n, b) for n, b in zip(cluster.nodes, batches, strict=True) if b > 0]
     rates = [1.0 / cluster.step_s(n, b) for n, b in pairs]
     updates = sum(rates)
+    weighted = sum(
+        r * dbs_weight(round(b), cluster.global_batch, len(pairs)) for r, (_, b) in zip(rates, pairs, strict=True)
+    )
     samples = sum(r * b for r, (_, b) in zip(rates, pairs, strict=True))
     slowed = min(1.0, cluster.max_steps_per_s() / updates)
     mean = samples / updates
-    return samples * slowed, mean * (1 + STALENESS_WEIGHT * (len(pairs) - 1))
+    stale = mean * (1 + STALENESS_WEIGHT * (len(pairs) - 1))
+    return samples * slowed, (stale + noise.b_noise) * updates / weighted - noise.b_noise
 
 
 RULES: dict[str, tuple[bool, Callable[[Cluster, NoiseScale, Sequence[float]], tuple[float, float]]]] = {
