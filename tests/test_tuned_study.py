@@ -260,11 +260,12 @@ def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick
     from bench.auto_evidence import AUTO_METHODS, auto_choice, default_choice, evidence_row, render_evidence
     from bench.tuned_study import FILES, method_rows
 
-    file = FILES["mixed_gpus16"].file
+    file = FILES["mixed_links16"].file
     assert file is not None
     picked = AUTO_METHODS[(auto_choice(file).protocol, auto_choice(file).policy)]
     default = AUTO_METHODS[(default_choice(file).protocol, default_choice(file).policy)]
     assert default_choice(file).protocol == "asgd", "the default job's protocol is asgd: auto picks its policy"
+    assert picked != default, "a round protocol leaves the 10 Mbit workers out; the default cannot"
     times = {m: 40.0 + i for i, m in enumerate(AUTO_METHODS.values())}
     times[picked], times[default] = 44.0, 48.0
     runner = next(m for m in AUTO_METHODS.values() if m not in (picked, default))
@@ -272,11 +273,11 @@ def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick
     runs = [{**_run(m, 0.02, t), "seed": 0} for m, t in times.items()]
     runs += [{**_run("local+dynamic", 0.1, 20.0), "seed": 0}, {**_run(default, 0.02, None, math.nan, 0.5), "seed": 1}]
     p = {"methods": [*times, "local+dynamic"], "target": "0.80"}
-    row = evidence_row("mixed_gpus16", file, method_rows(p, runs, {}))
+    row = evidence_row("mixed_links16", file, method_rows(p, runs, {}))
     assert row["choice"] == picked and row["time"] == 44.0 and row["default"] == default
     assert row["best"]["method"] == "local+dynamic" and row["best_modelled"]["method"] == runner
     line = render_evidence([row])[-1]
-    assert line.startswith(f"| mixed_gpus16 | {picked} (") and "| 2.20x |" in line and "| 1.10x |" in line, line
+    assert line.startswith(f"| mixed_links16 | {picked} (") and "| 2.20x |" in line and "| 1.10x |" in line, line
     assert line.endswith(f"| {default} (–) | – | 1/2 |"), "a seed diverged: never reached in the median"
 
 
