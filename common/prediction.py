@@ -16,7 +16,8 @@ The model, each part a stated assumption:
   an update carries), so the samples to target are K_min (n b + B_noise). That is the staleness penalty this
   model states and cannot check: how much a stale gradient is worth depends on the step size and the task, and
   the regime study (bench/tuned_study.py) is what calibrates it (STALENESS_WEIGHT scales the n - 1).
-- Shards with a service rate bound the workers' steps per second: each step moves the model in and out of them.
+- Shards with a service rate bound the workers' steps per second: each step moves the model in and out of them;
+  a round's pushes queue at them as its workers finish (bench/RESULTS.md 16).
 
 Not modelled: start-up (the steady state is predicted: a worker is measured by its first steps, and over a slow
 link a first step can outlast the whole job), speed shifts, joins and leaves (the cluster as it starts), local
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 from dynabatch.common.cluster_file import ClusterFile, WorkerGroup
 from dynabatch.common.optimum import PER_WORKER_BATCHES, Device, NoiseScale, Optimum, calibrated_optimum
-from dynabatch.common.protocols import SPECS, dbs_weight, protocol_spec
+from dynabatch.common.protocols import SPECS, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 
 STALENESS_WEIGHT = 1.0
@@ -196,23 +197,14 @@ def _synchronous(cluster: Cluster, noise: NoiseScale, batches: Sequence[float]) 
 
 def _asynchronous(cluster: Cluster, noise: NoiseScale, batches: Sequence[float]) -> tuple[float, float]:
     """Every worker at its own pace, the updates bounded by the shards; an update worth n times the mean samples
-    an update carries, n the workers in flight (STALENESS_WEIGHT scales the n - 1 others).
-
-    The shard weighs a gradient of b samples min(1, b / (B/n)) (the job's capped DBS weight), so an update of a
-    batch below B/n moves the model that fraction of one while it takes a whole update's place (its transfers,
-    its share of the shards): the updates to target count weighted, and the effective batch returned is the one
-    whose samples to target, K_min (batch + B_noise), the samples per second reach when they do."""
+    an update carries, n the workers in flight (STALENESS_WEIGHT scales the n - 1 others)."""
     pairs = [(n, b) for n, b in zip(cluster.nodes, batches, strict=True) if b > 0]
     rates = [1.0 / cluster.step_s(n, b) for n, b in pairs]
     updates = sum(rates)
-    weighted = sum(
-        r * dbs_weight(round(b), cluster.global_batch, len(pairs)) for r, (_, b) in zip(rates, pairs, strict=True)
-    )
     samples = sum(r * b for r, (_, b) in zip(rates, pairs, strict=True))
     slowed = min(1.0, cluster.max_steps_per_s() / updates)
     mean = samples / updates
-    stale = mean * (1 + STALENESS_WEIGHT * (len(pairs) - 1))
-    return samples * slowed, (stale + noise.b_noise) * updates / weighted - noise.b_noise
+    return samples * slowed, mean * (1 + STALENESS_WEIGHT * (len(pairs) - 1))
 
 
 RULES: dict[str, tuple[bool, Callable[[Cluster, NoiseScale, Sequence[float]], tuple[float, float]]]] = {

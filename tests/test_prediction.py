@@ -153,23 +153,6 @@ def test_a_cluster_without_workers_or_batch_and_an_unmodelled_method_are_refused
         predict(Cluster((Node(GPU),), 64), STUDY_NOISE, "local", "fixed")
 
 
-def test_an_asynchronous_update_below_the_even_share_counts_as_the_fraction_the_shard_weighs_it():
-    """cpu_gpu8's shape: GPUs and CPUs 38x apart on one busy shard. Sized by speed (DBS-SGD), the CPUs' batches are
-    a tenth of B/n: the shard weighs their gradients a tenth, yet each takes a whole update's place at the shard,
-    so the job is predicted slower than with B/n each (simulated: bench/RESULTS.md 16); with equal weights (the
-    fixed split) the time is K_min (n x mean + B_noise) samples at the samples per second, as before."""
-    cpu = Device(0.005, 0.01)
-    gpus_and_cpus = Cluster(
-        (Node(Device(0.0398, 0.00026), 10000),) * 4 + (Node(cpu, 10000),) * 4, 1024, 44.7e6, 43, 1, 10000
-    )
-    fixed, dynamic = (predict(gpus_and_cpus, STUDY_NOISE, "asgd", p) for p in ("fixed", "dynamic"))
-    assert min(dynamic.batches) < 0.2 * 1024 / 8 and dynamic.samples_per_s > fixed.samples_per_s
-    assert dynamic.time_s > 1.4 * fixed.time_s
-    assert fixed.effective_batch == pytest.approx(8 * 128) and fixed.time_s == pytest.approx(
-        STUDY_NOISE.samples(8 * 128) / fixed.samples_per_s
-    )
-
-
 def test_a_rounds_pushes_queue_at_the_shard_when_its_workers_finish_together():
     """n equal workers sized for equal steps finish together: the round closes once the shard has served all n
     pushes, one after another; workers that finish apart (fixed batches on unequal devices) queue less."""
