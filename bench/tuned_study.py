@@ -309,7 +309,7 @@ def msync_m(profile: str) -> int:
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
     "regimes-reduced": tuple(
-        p if p.profile == "mixed_gpus16" else replace(p, seeds=(0,), tune_seeds=(), lr_from="mixed_gpus16")
+        p if p.profile == "mixed_gpus16" else replace(p, tune_seeds=(), lr_from="mixed_gpus16")
         for p in regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4)
     ),
     "regimes-drawn": drawn((*AUTO_METHODS.values(), "local+dynamic"), (0,), lr_from="regimes"),
