@@ -202,6 +202,7 @@ class SimConfig:
     wire_bytes: float = 0.0
     shards: int = 1
     shard_mbit: float = 0.0
+    stop_at: float = 0.0  # end the run at its first evaluation at or above this test accuracy (0: at the budget)
 
 
 @dataclass
@@ -329,7 +330,7 @@ class Cluster:
                 self._resume(gen)
 
     def run(self, until: float) -> None:
-        while self.timed and self.timed[0][0] < until:
+        while self.timed and self.timed[0][0] < until and not self.reached():
             self.now, _, gen = heapq.heappop(self.timed)
             self._resume(gen)
 
@@ -392,6 +393,10 @@ class Cluster:
         staleness.record(self.counts, outcome.staleness)
         self.changed()
         return bool(outcome.applied), outcome.version
+
+    def reached(self) -> bool:
+        """Whether the run has reached its `stop_at` accuracy (a tuning run needs no more than its time to it)."""
+        return bool(self.cfg.stop_at and self.curve and self.curve[-1][2] >= self.cfg.stop_at)
 
     def evaluate(self) -> None:
         """Test accuracy of the shard's model now, on the run's fixed test subset."""
@@ -746,8 +751,9 @@ def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
             cluster.spawn(q.serving(lambda: cluster.now, cluster.changed), 0.0)
     cluster.spawn(cluster.evaluator(), 0.0)
     cluster.run(cfg.budget_s)
-    cluster.now = cfg.budget_s
-    cluster.evaluate()  # the model at the budget
+    if not cluster.reached():
+        cluster.now = cfg.budget_s
+        cluster.evaluate()  # the model at the budget
     return result_of(cluster)
 
 
@@ -766,7 +772,7 @@ def result_of(cluster: Cluster) -> SimResult:
         time_to=time_to,
         final_test_acc=cluster.curve[-1][2],
         final_train_loss=None if math.isnan(loss) else loss,
-        samples_per_s=samples / cfg.budget_s,
+        samples_per_s=samples / (cluster.now or cfg.budget_s),  # a run stopped at its target: its own time
         bytes_per_sample=cluster.transfers * cluster.model_bytes / max(1, samples),
         staleness_counts=list(cluster.counts),
         staleness_mean=stats.mean,
@@ -820,6 +826,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "tuned-recheck",
             "regimes",
             "regimes-reduced",
+            "regimes-drawn",
         ),
         help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "
         "method at its own tuned step size)",

@@ -3,7 +3,9 @@
 A comparison at one shared learning rate favours whichever method that rate suits
 (section 5's lr 0.02 was chosen for asgd). Here each method's step size is chosen
 from a grid on tuning seeds (100, 101, ...), then the method is run on the report
-seeds (0, 1, ...) at that step size, so no reported run is the one it was tuned on.
+seeds (0, 1, ...) at that step size, so no reported run is the one it was tuned on. A tuning run ends when it
+reaches the target (its time to it is all the choice needs); a report run always runs to the budget, so a method
+that diverges after reaching the target is seen there.
 A step size whose run diverged in any tuning seed is never chosen; among the rest
 the one with the best median time to the target wins, then the best mean accuracy.
 The 256-worker profile is not tuned: it takes each method's step size from the
@@ -23,7 +25,8 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.simulate --study tuned-policies --jobs 2  # the efficient policy and the delay step
     python -m bench.simulate --study regimes --jobs 2  # the regime study: every cluster file of bench/profiles/
-    python -m bench.simulate --study regimes-reduced --jobs 2  # the same: 3 seeds, tuned on one, 3 step sizes
+    python -m bench.simulate --study regimes-reduced --jobs 2  # the same: 3 seeds, tuned on one, 2 step sizes
+    python -m bench.simulate --study regimes-drawn --jobs 2  # auto's methods on 10 drawn clusters no tuning saw
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
 """
 
@@ -35,16 +38,19 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.auto_evidence import AUTO_METHODS, budget_s, evidence_row, render_evidence
+from bench.drawn_clusters import draw_clusters
 from bench.parallel_runs import run_parallel
-from bench.profile_file import ClusterProfile, read_profile
-from bench.reference_time import STUDY_SETTING, cluster_optimum
+from bench.profile_file import ClusterProfile, read_profile, simulated
+from bench.reference_time import STUDY_SETTING, cluster_optimum, device_of
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
 from dynabatch.common.data import load_dataset
+from dynabatch.common.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
 
 STEP_LRS = (0.005, 0.01, 0.02, 0.04)
 """Step sizes tried for a method that steps once per worker's gradient (B/n samples on average)."""
@@ -86,9 +92,11 @@ METHODS: dict[str, Method] = {
         Method("rennala+fixed", "rennala", "fixed", lrs=ROUND_LRS),
         Method("local+fixed", "local", "fixed", lrs=LOCAL_LRS),
         Method("local+dynamic", "local", "dynamic", lrs=LOCAL_LRS),
+        Method("msync+fixed", "msync", "fixed", lrs=ROUND_LRS),
     )
 }
-"""Every method the study can compare; a protocol added later adds its Method here."""
+"""Every method the study can compare; a protocol added later adds its Method here. msync's m is the cluster's own
+(`msync_m`), set where the run is configured."""
 
 
 @dataclass(frozen=True)
@@ -114,14 +122,23 @@ class Profile:
     model: str = "mlp"
     dataset: str = "fashion-mnist"
     largest_lrs: int = 0  # tune over only this many of the largest step sizes of each method's grid (0: all)
+    extend_lrs: bool = False  # tune over each grid and twice its largest step size too
 
     def grid(self, method: str) -> tuple[float, ...]:
         """The step sizes `method` is tuned over on this profile."""
         lrs = self.lrs or METHODS[method].lrs
+        lrs = (*lrs, 2 * lrs[-1]) if self.extend_lrs else lrs
         return lrs[-self.largest_lrs :] if self.largest_lrs else lrs
 
 
 TUNED_LRS: dict[str, dict[str, float]] = {
+    "regimes": {
+        "asgd+fixed": 0.02,
+        "DBS-SGD (capped weight)": 0.02,
+        "ssgd+fixed": 0.2,
+        "LB-BSP (ssgd+dynamic)": 0.2,
+        "local+dynamic": 0.08,
+    },
     "lognormal64": {
         "asgd+fixed": 0.01,
         "DBS-SGD (capped weight)": 0.005,
@@ -131,8 +148,10 @@ TUNED_LRS: dict[str, dict[str, float]] = {
         "LB-BSP (ssgd+dynamic)": 0.4,
     },
 }
-"""The step sizes the tuned-scale study of 2026-11-25 chose (bench/RESULTS.md section 9), for a study whose
-`lr_from` names a profile it does not tune itself."""
+"""The step sizes the tuned-scale study of 2026-11-25 chose (bench/RESULTS.md section 9) and, under "regimes", the
+smallest each of auto's methods and local SGD (the fastest where the shards bound the job) chose over the four
+cluster files in the reduced regime study (section 14), for a study whose `lr_from` names a profile it does not
+tune itself."""
 
 
 def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[WorkerSpec, ...]]]:
@@ -153,12 +172,16 @@ FILES: dict[str, ClusterProfile] = {
 }
 """The cluster files of bench/profiles/ by name (mixed GPU generations, CPU beside GPU, a shard-bound job, mixed
 links): each worker's own step curve, cap and link, and the job's shards (bench/profile_file.py)."""
+DRAWN: dict[str, ClusterProfile] = {c.name: simulated(c) for c in draw_clusters(10)}
+"""Mixed clusters no tuning saw (bench/drawn_clusters.py): the out-of-sample check of `auto`."""
+CLUSTER_FILES = {**FILES, **DRAWN}
 CLUSTERS: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
     **PROFILES,
     **UNSEEN,
-    **{name: partial(getattr, f, "workers") for name, f in FILES.items()},
+    **{name: partial(getattr, f, "workers") for name, f in CLUSTER_FILES.items()},
 }
-"""Every cluster a study can name: bench/simulate.py's profiles, the unseen log-normal ones and the cluster files."""
+"""Every cluster a study can name: bench/simulate.py's profiles, the unseen log-normal ones, the cluster files and
+the drawn clusters."""
 ALL = tuple(METHODS)
 SEEDS = (0, 1, 2, 3, 4)
 CANDIDATES = (
@@ -179,26 +202,37 @@ AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+
 REGIME_METHODS = (
     "asgd+fixed",
     "DBS-SGD (capped weight)",
+    "DBS-SGD (delay step)",
+    "asgd+efficient",
+    "ringmaster+fixed",
     "ssgd+fixed",
     "LB-BSP (ssgd+dynamic)",
-    "rennala+fixed",
+    "msync+fixed",
     "rennala+dynamic",
-    "local+fixed",
     "local+dynamic",
 )
-"""The methods of the regime study: four protocols, each with one batch for every worker (fixed) and sized per
-worker (dynamic)."""
-REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "cpu_gpu8": 40.0, "mixed_links16": 60.0, "ps_bound64": 60.0}
+"""The methods of the regime study: asgd and ssgd with one batch for every worker (fixed) and sized per worker
+(dynamic: DBS-SGD, LB-BSP), the efficient policy (each worker at its own knee), DBS-SGD with the delay-scaled step,
+m-synchronous SGD, Ringmaster, Rennala and local SGD sized per worker (the fastest in the reduced study's two
+shard-bound regimes, bench/RESULTS.md 14)."""
+REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "mixed_links16": 150.0, "ps_bound64": 180.0, "cpu_gpu8": 60.0}
 """Virtual seconds per run of each cluster file (the files' clocks are their devices' and links'): two to three times
-what asgd+fixed takes to 80% (bench/RESULTS.md 10b and 14: mixed_gpus16 needs 22 to 30 s, so 30 s cut most seeds
-off just before 80%)."""
+what the fastest method takes to 80% where one did (bench/RESULTS.md 14: mixed_gpus16 31 s, cpu_gpu8 17 s), and
+where none did in 60 s, long enough for the asynchronous methods at their 60 s samples/s (745 on ps_bound64, 662 on
+mixed_links16) to train about what they need on the 64-worker lognormal64 (110,000 samples, section 9h). Each is
+judged 60 times a run (every 1 to 3 virtual s)."""
 
 
 def regimes(
-    methods: tuple[str, ...], seeds: tuple[int, ...], tune_seeds: tuple[int, ...], largest_lrs: int = 0
+    methods: tuple[str, ...],
+    seeds: tuple[int, ...],
+    tune_seeds: tuple[int, ...],
+    largest_lrs: int = 0,
+    extend_lrs: bool = True,
 ) -> tuple[Profile, ...]:
     """The regime study: every cluster file at its own global batch for REGIME_BUDGET_S's virtual seconds, in real
-    seconds (`slower` 1), judged every virtual second."""
+    seconds (`slower` 1), judged 60 times a run; each method's grid extended by twice its largest step size (the
+    first reduced study chose the largest of several grids), and cut to its `largest_lrs` largest where set."""
     return tuple(
         Profile(
             name,
@@ -208,18 +242,77 @@ def regimes(
             tune_seeds,
             budget_s=budget,
             slower=1.0,
-            eval_every_s=1.0,
+            eval_every_s=budget / 60,
             largest_lrs=largest_lrs,
+            extend_lrs=extend_lrs,
         )
         for name, budget in REGIME_BUDGET_S.items()
     )
 
 
+DRAWN_BUDGET_S = {
+    "drawn0": 41.0,
+    "drawn1": 128.0,
+    "drawn2": 150.0,
+    "drawn3": 51.0,
+    "drawn4": 150.0,
+    "drawn5": 108.0,
+    "drawn6": 85.0,
+    "drawn7": 127.0,
+    "drawn8": 150.0,
+    "drawn9": 51.0,
+}
+"""The budgets the drawn clusters ran at (bench/RESULTS.md 17): `auto_evidence.budget_s` of the predictor before its
+rounds queued their pushes (commit a7efc7d), kept so that the study runs again as it ran; a cluster not listed
+takes `budget_s` of the predictor as it is."""
+
+
+def drawn(methods: tuple[str, ...], seeds: tuple[int, ...], lr_from: str) -> tuple[Profile, ...]:
+    """The drawn clusters (DRAWN), each at its own global batch for DRAWN_BUDGET_S's virtual seconds, at the step
+    sizes tuned on `lr_from` (no tuning on a drawn cluster: that is what makes it unseen)."""
+    out = []
+    for name, cluster in DRAWN.items():
+        assert cluster.file is not None
+        budget = DRAWN_BUDGET_S.get(name) or budget_s(cluster.file)
+        out.append(
+            Profile(
+                name,
+                cluster.global_batch,
+                methods,
+                seeds,
+                (),
+                lr_from=lr_from,
+                budget_s=budget,
+                slower=1.0,
+                eval_every_s=budget / 60,
+            )
+        )
+    return tuple(out)
+
+
+def msync_m(profile: str) -> int:
+    """The m of m-synchronous SGD on a cluster: the m of its T* (Tyurin and Richtarik's fastest m workers) with each
+    worker's transfers counted in its fixed cost (msync pushes whole, never pipelined), so that a worker behind a
+    slow link is left out as a slow device is."""
+    base, files = SimConfig("asgd", "fixed", ()), CLUSTER_FILES.get(profile)
+    wire = files.file.model_bytes if files and files.file else 0.0
+    devices = []
+    for w in CLUSTERS[profile]():
+        if w.join_s:
+            continue
+        d = device_of(w, base.fixed_s, base.per_sample_s)
+        transfer = 2 * (w.latency_s + wire * 8 / (w.link_mbit * 1e6)) if w.link_mbit else 0.0
+        devices.append(Device(d.fixed_s + transfer, d.per_sample_s, d.max_batch))
+    return calibrated_optimum(STUDY_NOISE, devices, PER_WORKER_BATCHES).workers
+
+
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
-    "regimes-reduced": regimes(
-        tuple(m for m in REGIME_METHODS if METHODS[m].protocol != "rennala"), (0, 1, 2), (100,), largest_lrs=2
+    "regimes-reduced": tuple(
+        p if p.profile == "mixed_gpus16" else replace(p, tune_seeds=(), lr_from="mixed_gpus16")
+        for p in regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4)
     ),
+    "regimes-drawn": drawn((*AUTO_METHODS.values(), "local+dynamic"), (0,), lr_from="regimes"),
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
         Profile("tail16", 512, ALL, SEEDS),
@@ -300,7 +393,8 @@ def sim_config(run: Run) -> SimConfig:
     """The run as the simulator takes it: the profile's nodes, times scaled by `slower`, the method's settings."""
     p, method = run.profile, METHODS[run.method]
     base = SimConfig(method.protocol, method.policy, CLUSTERS[p.profile]())
-    transfers = FILES[p.profile].sim_settings() if p.profile in FILES else {}
+    transfers = CLUSTER_FILES[p.profile].sim_settings() if p.profile in CLUSTER_FILES else {}
+    own = {"sync_m": msync_m(p.profile)} if method.protocol == "msync" else {}
     return SimConfig(
         method.protocol,
         method.policy,
@@ -315,7 +409,8 @@ def sim_config(run: Run) -> SimConfig:
         eval_every_s=p.eval_every_s,
         eval_size=p.eval_size,
         dataset=p.dataset,
-        job={"lr": run.lr, "momentum": 0.0, **dict(method.settings)},
+        job={"lr": run.lr, "momentum": 0.0, **dict(method.settings), **own},
+        stop_at=float(p.target) if run.tuning else 0.0,
         **transfers,
     )
 
@@ -429,7 +524,10 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
             write(res, out, plots=False)
         if not p.lr_from:
             runs = res.tuning.get(p.profile, [])
-            res.chosen[p.profile] = {m: choose_lr([r for r in runs if r["method"] == m], p.target) for m in p.methods}
+            res.chosen[p.profile] = {
+                m: choose_lr([r for r in runs if r["method"] == m and r["lr"] in p.grid(m)], p.target)
+                for m in p.methods
+            }
         chosen = res.chosen.setdefault(p.lr_from or p.profile, dict(TUNED_LRS.get(p.lr_from, {})))
         report = [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
         for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
@@ -516,9 +614,16 @@ def render(res: Results) -> str:
             else f"each method's step size tuned over its grid on seeds {', '.join(map(str, p['tune_seeds']))}"
         )
         t_star = reference_s(p)
+        m = (
+            f"; msync's m = {msync_m(name)}"
+            if any(x in METHODS and METHODS[x].protocol == "msync" for x in p["methods"])
+            else ""
+        )
         out += [
             f"### {name}: {n} workers, {p['model']}, B = {p['global_batch']}, {p['budget_s']:g} virtual s, "
-            f"seeds {', '.join(map(str, p['seeds']))}; {tuned}" + ("" if t_star is None else f"; T* = {t_star:.1f} s"),
+            f"seeds {', '.join(map(str, p['seeds']))}; {tuned}"
+            + ("" if t_star is None else f"; T* = {t_star:.1f} s")
+            + m,
             "",
             f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged (runs) "
             "| diverged in any seed | test acc. at budget | samples/s | staleness mean | time / asgd+fixed's "
@@ -542,6 +647,14 @@ def render(res: Results) -> str:
                 f"{_ratio(row['time'], t_star or math.inf)} |"
             )
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
+    evidence = [
+        evidence_row(name, file, method_rows(p, res.report[name], res.chosen.get(p["lr_from"] or name, {})))
+        for name, p in res.profiles.items()
+        if res.report.get(name) and (file := CLUSTER_FILES[name].file if name in CLUSTER_FILES else None)
+    ]
+    if evidence:
+        out += ["### auto's pick on each cluster file (common/auto_choice.py `choose`)", "", *render_evidence(evidence)]
+        out.append("")
     everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
     out += [
         f"The whole study: {_minutes(everything)} of CPU; `--jobs 2` takes about half that in wall time.",

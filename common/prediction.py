@@ -16,7 +16,8 @@ The model, each part a stated assumption:
   an update carries), so the samples to target are K_min (n b + B_noise). That is the staleness penalty this
   model states and cannot check: how much a stale gradient is worth depends on the step size and the task, and
   the regime study (bench/tuned_study.py) is what calibrates it (STALENESS_WEIGHT scales the n - 1).
-- Shards with a service rate bound the workers' steps per second: each step moves the model in and out of them.
+- Shards with a service rate bound the workers' steps per second: each step moves the model in and out of them;
+  a round's pushes queue at them as its workers finish (bench/RESULTS.md 17).
 
 Not modelled: start-up (the steady state is predicted: a worker is measured by its first steps, and over a slow
 link a first step can outlast the whole job), speed shifts, joins and leaves (the cluster as it starts), local
@@ -91,9 +92,15 @@ class Cluster:
 
     def max_steps_per_s(self) -> float:
         """The shards' bound on the workers' steps: each moves the model in and out of them."""
+        service = self.push_service_s()
+        return float("inf") if service == 0 else 1 / (2 * service)
+
+    def push_service_s(self) -> float:
+        """How long the shards take to serve one push (or pull): each its part of the model at its rate, the shards
+        in parallel; 0 where they serve at once."""
         if self.shard_mbit <= 0 or self.model_bytes <= 0:
-            return float("inf")
-        return self.shards * self.shard_mbit * 1e6 / 8 / (2 * self.model_bytes)
+            return 0.0
+        return self.model_bytes / self.shards * 8 / (self.shard_mbit * 1e6)
 
 
 def node_of(group: WorkerGroup) -> Node:
@@ -174,10 +181,16 @@ POLICIES: dict[str, Callable[[Cluster, bool], list[float]]] = {"fixed": fixed_ba
 
 
 def _synchronous(cluster: Cluster, noise: NoiseScale, batches: Sequence[float]) -> tuple[float, float]:
-    """Rounds of B samples, each as long as the slowest worker's step: (samples/s, samples per update)."""
+    """Rounds of B samples, each closing when the shards have taken the last push: (samples/s, samples per update).
+
+    A round's pushes reach the shards as its workers finish, and the shards serve them one after another, so
+    workers that finish together (equal steps: LB-BSP) wait for each other's pushes; the pulls that start the
+    next round are hidden by the forward pass (the pipeline) and only bound the round through the shards' rate."""
     busy = [b for b in batches if b > 0]
-    round_s = max(cluster.step_s(n, b) for n, b in zip(cluster.nodes, batches, strict=True) if b > 0)
-    round_s = max(round_s, len(busy) / cluster.max_steps_per_s())
+    closed, service = 0.0, cluster.push_service_s()
+    for end in sorted(cluster.step_s(n, b) for n, b in zip(cluster.nodes, batches, strict=True) if b > 0):
+        closed = max(closed, end) + service
+    round_s = max(closed, len(busy) / cluster.max_steps_per_s())
     total = sum(busy)
     return total / round_s, total
 

@@ -151,3 +151,19 @@ def test_a_cluster_without_workers_or_batch_and_an_unmodelled_method_are_refused
         Cluster((Node(GPU),), 0)
     with pytest.raises(KeyError):
         predict(Cluster((Node(GPU),), 64), STUDY_NOISE, "local", "fixed")
+
+
+def test_a_rounds_pushes_queue_at_the_shard_when_its_workers_finish_together() -> None:
+    """n equal workers sized for equal steps finish together: the round closes once the shard has served all n
+    pushes, one after another; workers that finish apart (fixed batches on unequal devices) queue less."""
+    slow_gpu = Device(0.1, 0.002)
+    equal = Cluster((Node(slow_gpu, 10000),) * 8, 512, 4e7, 40, 4, 10000)
+    service = 4e7 / 4 * 8 / 1e10
+    lb_bsp = predict(equal, STUDY_NOISE, "ssgd", "dynamic")
+    assert 512 / lb_bsp.samples_per_s == pytest.approx(max(lb_bsp.step_s) + 8 * service)
+    unequal = replace(equal, nodes=(Node(slow_gpu, 10000),) * 4 + (Node(Device(0.1, 0.006), 10000),) * 4)
+    fixed = predict(unequal, STUDY_NOISE, "ssgd", "fixed")
+    assert 512 / fixed.samples_per_s == pytest.approx(max(fixed.step_s) + 4 * service), "only the slow four queue"
+    assert predict(replace(equal, shard_mbit=0), STUDY_NOISE, "ssgd", "dynamic").samples_per_s == pytest.approx(
+        512 / max(lb_bsp.step_s)
+    ), "shards that serve at once add nothing"

@@ -154,7 +154,9 @@ def test_a_run_on_a_cluster_file_has_its_workers_curves_caps_links_and_the_jobs_
         (0.1656, 0.001667, 200, 25000),
         (0.0784, 0.004208, 200, 25000),
     }
-    assert profile.grid("asgd+fixed") == (0.02, 0.04) and profile.seeds == (0, 1, 2) and profile.budget_s == 60
+    assert (
+        profile.grid("asgd+fixed") == (0.01, 0.02, 0.04, 0.08) and profile.seeds == (0, 1, 2) and profile.budget_s == 60
+    )
     assert profile.tune_seeds == (100,) and not set(profile.tune_seeds) & set(profile.seeds)
 
 
@@ -208,3 +210,91 @@ def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path: Path, capsy
     assert "### mixed_gpus16: 16 workers" in report and (tmp_path / "tuned-quick" / "tuned_mixed_gpus16.png").exists()
     assert "default by measurement: " in capsys.readouterr().out
     assert "Cost (CPU minutes): 4 tuning runs, " in report and "The whole study: " in report
+
+
+def test_the_regime_study_runs_the_issues_methods_each_over_a_grid_of_at_least_four_on_seeds_apart() -> None:
+    from bench.tuned_study import METHODS, REGIME_METHODS
+
+    protocols = {(METHODS[m].protocol, METHODS[m].policy) for m in REGIME_METHODS}
+    assert {("ringmaster", "fixed"), ("rennala", "dynamic"), ("msync", "fixed"), ("asgd", "efficient")} <= protocols
+    assert {("asgd", "fixed"), ("asgd", "dynamic"), ("ssgd", "fixed"), ("ssgd", "dynamic")} <= protocols
+    assert ("staleness_step", "delay") in METHODS["DBS-SGD (delay step)"].settings
+    for p in STUDIES["regimes"]:
+        assert p.seeds == (0, 1, 2, 3, 4) and not set(p.tune_seeds) & set(p.seeds)
+        for m in p.methods:
+            grid = p.grid(m)
+            assert len(grid) >= 4 and grid[-1] == 2 * METHODS[m].lrs[-1], (m, grid)
+
+
+def test_msync_takes_the_clusters_fastest_m_with_transfers_counted_so_a_slow_link_is_left_out() -> None:
+    from bench.reference_time import cluster_optimum
+    from bench.tuned_study import msync_m
+
+    links = next(p for p in STUDIES["regimes"] if p.profile == "mixed_links16")
+    m = msync_m("mixed_links16")
+    assert 1 <= m <= 12, "the four workers behind 10 Mbit/s (a 72 s step) are never among the fastest"
+    assert sim_config(Run(links, "msync+fixed", 0.2, 0, tuning=False)).job["sync_m"] == m
+    assert "sync_m" not in sim_config(Run(links, "asgd+fixed", 0.02, 0, tuning=False)).job
+    base = sim_config(Run(Profile("tail16", 512, ("msync+fixed",), (0,)), "msync+fixed", 0.2, 0, False))
+    assert msync_m("tail16") == cluster_optimum(PROFILES["tail16"](), base.fixed_s, base.per_sample_s).workers
+
+
+def test_the_drawn_clusters_are_mixed_unseen_and_their_caps_hold_the_global_batch() -> None:
+    from bench.drawn_clusters import DRAW_SEED, draw_clusters
+    from bench.tuned_study import DRAWN, FILES
+
+    clusters = draw_clusters(12)
+    assert clusters == draw_clusters(12) and clusters != draw_clusters(12, DRAW_SEED + 1)
+    assert len(DRAWN) >= 10 and not DRAWN.keys() & (FILES.keys() | PROFILES.keys())
+    assert DRAW_SEED not in {100, 101, 0, 1, 2, 3, 4}
+    for c in clusters:
+        n = sum(g.count for g in c.groups)
+        assert 4 <= n <= 32 and 1 <= c.shards <= 4 and c.global_batch % n == 0 and c.model_bytes > 0
+        caps = [g.device.max_batch for g in c.groups]
+        assert 0 in caps or sum(g.count * g.device.max_batch for g in c.groups) >= c.global_batch
+    assert len({g.link_mbit for c in clusters for g in c.groups}) >= 4, "links of every class"
+    assert any(g.device.max_batch for c in clusters for g in c.groups), "some caps"
+    assert len({c.shards for c in clusters}) >= 3
+    for p in STUDIES["regimes-drawn"]:
+        assert p.lr_from == "regimes" and not p.tune_seeds and 30 <= p.budget_s <= 300
+
+
+def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick() -> None:
+    from bench.auto_evidence import AUTO_METHODS, auto_choice, default_choice, evidence_row, render_evidence
+    from bench.tuned_study import FILES, method_rows
+
+    file = FILES["mixed_links16"].file
+    assert file is not None
+    picked = AUTO_METHODS[(auto_choice(file).protocol, auto_choice(file).policy)]
+    default = AUTO_METHODS[(default_choice(file).protocol, default_choice(file).policy)]
+    assert default_choice(file).protocol == "asgd", "the default job's protocol is asgd: auto picks its policy"
+    assert picked != default, "a round protocol leaves the 10 Mbit workers out; the default cannot"
+    times = {m: 40.0 + i for i, m in enumerate(AUTO_METHODS.values())}
+    times[picked], times[default] = 44.0, 48.0
+    runner = next(m for m in AUTO_METHODS.values() if m not in (picked, default))
+    times[runner] = 40.0
+    runs = [{**_run(m, 0.02, t), "seed": 0} for m, t in times.items()]
+    runs += [{**_run("local+dynamic", 0.1, 20.0), "seed": 0}, {**_run(default, 0.02, None, math.nan, 0.5), "seed": 1}]
+    p = {"methods": [*times, "local+dynamic"], "target": "0.80"}
+    row = evidence_row("mixed_links16", file, method_rows(p, runs, {}))
+    assert row["choice"] == picked and row["time"] == 44.0 and row["default"] == default
+    assert row["best"]["method"] == "local+dynamic" and row["best_modelled"]["method"] == runner
+    line = render_evidence([row])[-1]
+    assert line.startswith(f"| mixed_links16 | {picked} (") and "| 2.20x |" in line and "| 1.10x |" in line, line
+    assert line.endswith(f"| {default} (–) | – | 1/2 |"), "a seed diverged: never reached in the median"
+
+
+def test_a_tuning_run_ends_at_its_target_and_a_report_run_runs_to_the_budget() -> None:
+    from bench.simulate import simulate
+    from dynabatch.common.data import load_dataset
+
+    quick = STUDIES["tuned-quick"][0]
+    data = load_dataset(quick.dataset)
+    tuning = simulate(sim_config(Run(quick, "asgd+fixed", 0.05, 100, tuning=True)), data)
+    report = simulate(sim_config(Run(quick, "asgd+fixed", 0.05, 100, tuning=False)), data)
+    reached_at = next(t for t, _, acc in report.curve if acc >= float(quick.target))
+    assert tuning.curve == [point for point in report.curve if point[0] <= reached_at], (
+        "the same run, cut at its target"
+    )
+    assert report.curve[-1][0] == quick.budget_s > reached_at
+    assert tuning.samples_per_s == tuning.samples / reached_at
