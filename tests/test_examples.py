@@ -45,11 +45,12 @@ def tiny_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[
 
 
 def check(spec: str) -> str:
+    """`dynabatch check` on the example; bounded by the suite's per-test timeout, not a wall-clock guess (a check of
+    the GPT example took over 60 s at a load average of 20 on two cores)."""
     done = subprocess.run(
         command_line("check", ["--task", spec, "--batches", "8", "16", "--repeats", "1"]),
         capture_output=True,
         text=True,
-        timeout=60,
         env=child_env(),
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -62,9 +63,7 @@ def loaded_modules(spec: str) -> str:
         "import sys; from dynabatch.common.task_check import load_task; t = load_task(sys.argv[1]); t.model(); "
         "t.train_data()[0]; print(*sorted(sys.modules), sep='\\n')"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, spec], capture_output=True, text=True, timeout=60, env=child_env()
-    )
+    done = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=child_env())
     assert done.returncode == 0, done.stderr
     return done.stdout
 
