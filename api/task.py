@@ -2,10 +2,10 @@
 
 Only workers and evaluators run a task's code. Shards are a generic parameter
 store that the first worker initialises with the model's signature and initial
-parameters (common/model_signature.py); the scheduler learns the training set's
+parameters (common/wire/model_signature.py); the scheduler learns the training set's
 length from the workers. The built-in models and datasets are tasks like any other
-(common/builtin_tasks.py). How a task is loaded by `--task` and checked before any
-process starts is common/task_check.py's.
+(common/tasks/builtin_tasks.py). How a task is loaded by `--task` and checked before any
+process starts is common/tasks/task_check.py's.
 """
 
 from __future__ import annotations

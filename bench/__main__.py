@@ -31,8 +31,8 @@ from bench import convergence, ddp, peers, plots, report, scale, transport
 from bench.convergence import Settings as ConvergenceSettings
 from bench.transport import Case
 from dynabatch.cluster.metric_target import MetricTarget
-from dynabatch.common.data import load_dataset
-from dynabatch.common.dataset_files import DatasetNotFound
+from dynabatch.common.tasks.data import load_dataset
+from dynabatch.common.tasks.dataset_files import DatasetNotFound
 
 PARTS = ("heterogeneous", "midrun", "transport", "ddp", "scale", "peers")
 PUBLISHED = Path("bench/RESULTS.md")

@@ -1,15 +1,15 @@
-"""The evidence for `auto`: on each cluster the study ran, the method common/auto_choice.py `choose` picks from the
-cluster alone, against the best method the simulator found there (issue 37: within 1.1x of the best in every
-regime and never diverging; within 1.2x on clusters no tuning saw).
+"""The evidence for `auto`: on each cluster the study ran, the method common/planning/auto_choice.py `choose` picks
+from the cluster alone, against the best method the simulator found there (issue 37: within 1.1x of the best in
+every regime and never diverging; within 1.2x on clusters no tuning saw).
 
 Two picks: `choose` over every modelled protocol and policy (what `--protocol auto` would run), and the default
 job's (`--protocol asgd`, `--batch-policy auto`: the policy chosen for asgd, starting from fixed, which it keeps
 unless another is predicted HYSTERESIS faster).
 
 `choose` sees only what a running scheduler could measure (each worker's curve, cap and link, the shards, the
-model's bytes: `cluster_of` of the cluster file) and the study's K(B); it never sees a simulated run. It ranks the
-methods the predictor models (common/prediction.py `PROTOCOLS` x `POLICIES`), so a method it cannot choose (local
-SGD, msync, ringmaster, rennala) counts against it only in the "best overall" column.
+model's bytes: `cluster_of` of the cluster file) and the study's K(B); it never sees a simulated run. It ranks
+the methods the predictor models (common/planning/prediction.py `PROTOCOLS` x `POLICIES`), so a method it cannot
+choose (local SGD, msync, ringmaster, rennala) counts against it only in the "best overall" column.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dynabatch.common.auto_choice import Choice, choose
-from dynabatch.common.cluster_file import ClusterFile
 from dynabatch.common.config import JobConfig
-from dynabatch.common.optimum import STUDY_NOISE
-from dynabatch.common.prediction import Cluster, cluster_of, predict_all
+from dynabatch.common.planning.auto_choice import Choice, choose
+from dynabatch.common.planning.cluster_file import ClusterFile
+from dynabatch.common.planning.optimum import STUDY_NOISE
+from dynabatch.common.planning.prediction import Cluster, cluster_of, predict_all
 
 AUTO_METHODS: dict[tuple[str, str], str] = {
     ("asgd", "fixed"): "asgd+fixed",

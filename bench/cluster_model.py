@@ -1,13 +1,13 @@
 """The cost model of a cluster the simulator runs: a worker's step curve, memory cap and link; the shards' queue.
 
 A worker's step of b samples takes ``fixed_s + per_sample_s * b`` seconds on its own device, at most `max_batch`
-samples (its memory): common/optimum.py's `Device`, which T* reads too. A transfer of n bytes over its link takes
-``latency_s + 8 n / (mbit * 1e6)``. A shard is one server with a service rate: ZeroMQ delivers a message whole and
-the shard handles one message at a time, so requests wait at it, and it serves the waiting one first that the
+samples (its memory): common/planning/optimum.py's `Device`, which T* reads too. A transfer of n bytes over its link
+takes ``latency_s + 8 n / (mbit * 1e6)``. A shard is one server with a service rate: ZeroMQ delivers a message whole
+and the shard handles one message at a time, so requests wait at it, and it serves the waiting one first that the
 scheduler ranks first (`Assignment.serve_ranks`, ps/serve_order.py's `rank_of`: none under `--chunk-schedule
-fixed`), then the one that came first (a worker's requests are served in the order it made them, the front of
-the model first within each), taking its bytes over the shard's rate. The model is cut evenly over the shards; a
-pull or push is done when the last shard has served its part.
+fixed`), then the one that came first (a worker's requests are served in the order it made them, the front of the
+model first within each), taking its bytes over the shard's rate. The model is cut evenly over the shards; a pull or
+push is done when the last shard has served its part.
 
 A gradient step overlaps its transfers with compute as the worker's pipeline does (worker/pipeline.py): the
 pull's chunks stream while the forward pass runs and the push's chunks leave while backward runs, so with k
@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from dynabatch.common.prediction import pipelined
+from dynabatch.common.planning.prediction import pipelined
 from dynabatch.scheduler.chunk_schedule import MESSAGE_OVERHEAD_S
 
 Wait = float | Callable[[], bool]  # what a process of the simulator's event loop yields: a time, or a condition
@@ -156,5 +156,5 @@ class Network:
 
 
 def chunks_of(model_bytes: float, chunk_bytes: int) -> int:
-    """How many chunks a model of `model_bytes` is cut into (common/chunking.py's cut, by bytes)."""
+    """How many chunks a model of `model_bytes` is cut into (common/wire/chunking.py's cut, by bytes)."""
     return max(1, math.ceil(model_bytes / chunk_bytes))

@@ -23,7 +23,7 @@ from typing import Any
 
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline, training_start
-from dynabatch.common.messages import JobStatus
+from dynabatch.common.wire.messages import JobStatus
 
 PROTOCOLS = ("ssgd", "asgd", "softsync", "ssp", "local", "msd")
 POLICIES = ("fixed", "dynamic")

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dynabatch.cluster.launcher import command_line
-from dynabatch.common.ports import free_port
+from dynabatch.cluster.ports import free_port
 
 WARMUP_FRACTION = 0.2  # as `dynabatch run`'s summary, the first fifth of the steps is left out
 
@@ -52,7 +52,7 @@ def rank_main(argv: list[str]) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     from bench.peer_train import setup, sgd
-    from dynabatch.common.data import make_batch
+    from dynabatch.common.tasks.data import make_batch
 
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--rank", type=int, required=True)

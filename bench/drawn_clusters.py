@@ -5,7 +5,7 @@ there could be fitted to them. These clusters are drawn afresh from a seed no tu
 every regime at once: device curves of GPU and CPU classes (fixed and per-sample costs drawn across the ranges of
 the published curves the files cite), memory caps, links from 10 Mbit/s to 25 Gbit/s, one to four shards with
 their own service rate, a model of 4 to 100 MB on the wire and a global batch of 16 to 128 samples per worker.
-Each is a `ClusterFile` (common/cluster_file.py), so the simulator and the predictor read the same cluster.
+Each is a `ClusterFile` (common/planning/cluster_file.py), so the simulator and the predictor read the same cluster.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import math
 import random
 from dataclasses import replace
 
-from dynabatch.common.cluster_file import ClusterFile, WorkerGroup
-from dynabatch.common.optimum import Device
+from dynabatch.common.planning.cluster_file import ClusterFile, WorkerGroup
+from dynabatch.common.planning.optimum import Device
 
 DRAW_SEED = 2029
 """The seed the study's unseen clusters are drawn from: no tuning seed (100, 101), report seed (0 to 4) or profile

@@ -35,7 +35,7 @@ from bench.convergence import RunResult, Settings, parse_configs, run_name, run_
 from dynabatch.cluster.report import read_timeline, training_start
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, add_flags, from_args
-from dynabatch.common.messages import JobStatus
+from dynabatch.common.wire.messages import JobStatus
 
 VARIANTS: dict[str, tuple[str, ...]] = {  # each says --pipeline, whose default (auto) depends on the model
     "pull,push": ("--no-push-pull", "--pipeline", "off"),

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch
-from dynabatch.common.models import model_for_job
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.common.tasks.data import Dataset, SampleOrder, load_dataset, make_batch
+from dynabatch.common.tasks.models import model_for_job
 from dynabatch.worker.batch_source import worker_order
 
 SYSTEMS = ("ddp", "alone", "hivemind")

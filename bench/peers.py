@@ -297,7 +297,7 @@ def dynabatch_snapshots(folder: Path, data_dir: str) -> None:
     import torch
 
     from dynabatch.cluster.export import assemble, load_trained, read_run
-    from dynabatch.common.builtin_tasks import builtin_task
+    from dynabatch.common.tasks.builtin_tasks import builtin_task
     from dynabatch.common.verified_files import read_verified
 
     record = read_run(folder / "run")
@@ -321,7 +321,7 @@ class Scorer:
     system."""
 
     def __init__(self, data_dir: str, samples: int) -> None:
-        from dynabatch.common.data import load_dataset
+        from dynabatch.common.tasks.data import load_dataset
 
         self.data = load_dataset("fashion-mnist", data_dir or None)
         self.samples = min(samples, len(self.data.test_y))
@@ -330,8 +330,8 @@ class Scorer:
         import torch
 
         from dynabatch.common.config import JobConfig
-        from dynabatch.common.data import make_batch
-        from dynabatch.common.models import model_for_job
+        from dynabatch.common.tasks.data import make_batch
+        from dynabatch.common.tasks.models import model_for_job
 
         model = model_for_job(JobConfig(model="cnn", dataset="fashion-mnist", seed=seed))
         model.load_state_dict(state)

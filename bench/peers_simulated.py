@@ -32,8 +32,8 @@ from typing import Any
 from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, simulate
 from bench.tuned_study import ROUND_LRS, STEP_LRS, choose_lr, diverged, median_time, time_to
-from dynabatch.common.data import load_dataset
 from dynabatch.common.slowdown import Slowdown
+from dynabatch.common.tasks.data import load_dataset
 
 SLOWER = 10.0  # every node's step and transfer times, times this (as bench/tuned_study.py's profiles)
 BUDGET_S = 150.0

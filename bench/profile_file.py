@@ -1,4 +1,4 @@
-"""A cluster file (common/cluster_file.py owns the format) as the simulator's workers and settings
+"""A cluster file (common/planning/cluster_file.py owns the format) as the simulator's workers and settings
 (`python -m bench.simulate --profile-file FILE.json`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.simulate import WorkerSpec
-from dynabatch.common.cluster_file import ClusterFile, ClusterFileError, parse_cluster, read_cluster
+from dynabatch.common.planning.cluster_file import ClusterFile, ClusterFileError, parse_cluster, read_cluster
 
 ProfileError = ClusterFileError
 

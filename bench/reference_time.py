@@ -1,4 +1,5 @@
-"""T* of a simulated cluster: how fast the study's training could reach its target there at best (common/optimum.py).
+"""T* of a simulated cluster: how fast the study's training could reach its target there at best
+(common/planning/optimum.py).
 
 The calibration is the study's own: K(B) of staleness-free sequential SGD with the MLP on Fashion-MNIST to 80%
 test accuracy, momentum 0, each B at its best step size (bench/steps_to_target.py; bench/RESULTS.md section 10
@@ -12,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bench.simulate import WorkerSpec
-from dynabatch.common.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, NoiseScale, Optimum, calibrated_optimum
+from dynabatch.common.planning.optimum import (
+    PER_WORKER_BATCHES,
+    STUDY_NOISE,
+    Device,
+    NoiseScale,
+    Optimum,
+    calibrated_optimum,
+)
 from dynabatch.common.slowdown import Slowdown
 
 STUDY_SETTING = ("mlp", "fashion-mnist", "0.80")

@@ -29,11 +29,13 @@ import zmq
 
 from bench.transport import QUIET
 from dynabatch.cluster.launcher import Launcher
-from dynabatch.common.builtin_tasks import builtin_init
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import (
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.tasks.builtin_tasks import builtin_init
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.messages import (
     Hello,
     JobStatus,
     Role,
@@ -42,8 +44,6 @@ from dynabatch.common.messages import (
     WorkerAssignment,
     WorkerHeartbeat,
 )
-from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import Connection, RemoteError
 from dynabatch.worker.ps_client import PendingPush, ShardClients
 
 PARAMS = 200_000  # a small model: the cost is per message and per update, not per byte

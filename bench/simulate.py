@@ -51,16 +51,16 @@ import torch.nn.functional as F
 
 from bench.cluster_model import Link, Network, Shards, Wait, chunks_of
 from dynabatch.common import staleness
-from dynabatch.common.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
-from dynabatch.common.models import build_model
-from dynabatch.common.optimum import Device
+from dynabatch.common.planning.optimum import Device
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.tasks.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
+from dynabatch.common.tasks.models import build_model
+from dynabatch.common.wire.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.push_bounds import AssignedBatches, max_push_samples, push_steps
 from dynabatch.ps.serve_order import rank_of

@@ -17,7 +17,7 @@ import hashlib
 import json
 
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
-from dynabatch.common.data import load_dataset
+from dynabatch.common.tasks.data import load_dataset
 
 RUNS: tuple[tuple[str, str, str, int], ...] = (
     ("asgd", "dynamic", "bench4", 1),

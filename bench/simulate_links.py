@@ -18,8 +18,8 @@ from dataclasses import replace
 
 from bench.simulate import PROFILES, SimResult, simulate
 from bench.simulate_study import Part, sim_config
-from dynabatch.common.data import load_dataset
 from dynabatch.common.protocols import protocol_spec
+from dynabatch.common.tasks.data import load_dataset
 
 PROFILE = "links16"
 

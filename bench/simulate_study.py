@@ -37,7 +37,7 @@ from bench import verdicts
 from bench.convergence import config_label, mark_label
 from bench.parallel_runs import run_parallel
 from bench.simulate import PROFILES, SimConfig, SimResult, simulate
-from dynabatch.common.data import load_dataset
+from dynabatch.common.tasks.data import load_dataset
 
 PAPER_CONFIGS = (
     ("asgd", "fixed"),

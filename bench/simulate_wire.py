@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.profile_file import read_profile
 from bench.simulate import SimConfig, SimResult, simulate
-from dynabatch.common.data import load_dataset
+from dynabatch.common.tasks.data import load_dataset
 
 SCHEDULES = ("fixed", "scheduled")
 LRS = {"asgd": 0.02, "ssgd": 0.4}  # the regime study's tuned step sizes on these files (bench/RESULTS.md 14)

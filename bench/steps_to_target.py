@@ -5,7 +5,7 @@ every step is computed on the model the last one produced (staleness 0) and virt
 real shard's optimizer on the study's model and data (bench/tuned_study.py: the MLP on Fashion-MNIST, momentum
 0, target 80% on 1000 test samples). Each B gets its own step size, the grid's best median over the seeds (a rate
 whose run missed the target in any seed is not chosen). The steps at the batches are then fitted as
-K(B) = K_min (1 + B_noise / B) (common/optimum.py), the calibration of the optimal time T*.
+K(B) = K_min (1 + B_noise / B) (common/planning/optimum.py), the calibration of the optimal time T*.
 
     python -m bench.steps_to_target --jobs 2   # B = 32, 128, 512; 6 step sizes; 2 seeds
 """
@@ -18,7 +18,7 @@ from functools import partial
 
 from bench.parallel_runs import run_parallel
 from bench.simulate import SimConfig, WorkerSpec, simulate
-from dynabatch.common.optimum import fit_steps_to_target
+from dynabatch.common.planning.optimum import fit_steps_to_target
 
 LRS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
 

@@ -42,14 +42,14 @@ import torch
 import zmq
 
 from dynabatch.cluster.launcher import Launcher
-from dynabatch.common.builtin_tasks import builtin_init
-from dynabatch.common.catalog import MODELS
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import Connection, RemoteError
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.tasks.builtin_tasks import builtin_init
+from dynabatch.common.tasks.catalog import MODELS
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.worker.ps_client import ShardClients
 
 DEFAULT_SIZES = ("1M", "10M")

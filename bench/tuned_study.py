@@ -49,8 +49,8 @@ from bench.parallel_runs import run_parallel
 from bench.profile_file import ClusterProfile, read_profile, simulated
 from bench.reference_time import STUDY_SETTING, cluster_optimum, device_of
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
-from dynabatch.common.data import load_dataset
-from dynabatch.common.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
+from dynabatch.common.planning.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
+from dynabatch.common.tasks.data import load_dataset
 
 STEP_LRS = (0.005, 0.01, 0.02, 0.04)
 """Step sizes tried for a method that steps once per worker's gradient (B/n samples on average)."""
@@ -653,7 +653,11 @@ def render(res: Results) -> str:
         if res.report.get(name) and (file := CLUSTER_FILES[name].file if name in CLUSTER_FILES else None)
     ]
     if evidence:
-        out += ["### auto's pick on each cluster file (common/auto_choice.py `choose`)", "", *render_evidence(evidence)]
+        out += [
+            "### auto's pick on each cluster file (common/planning/auto_choice.py `choose`)",
+            "",
+            *render_evidence(evidence),
+        ]
         out.append("")
     everything = [r for runs in (*res.tuning.values(), *res.report.values()) for r in runs]
     out += [

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from bench.simulate import SimConfig, SimResult, WorkerSpec, simulate
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline
-from dynabatch.common.data import NUM_CLASSES, input_shape, load_dataset, make_batch
-from dynabatch.common.models import build_model
+from dynabatch.common.tasks.data import NUM_CLASSES, input_shape, load_dataset, make_batch
+from dynabatch.common.tasks.models import build_model
 
 DATASET, MODEL = "synthetic", "mlp"
 TOLERANCE = 0.10

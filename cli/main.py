@@ -22,7 +22,7 @@ COMMANDS = {
     "export": ("dynabatch.cluster.export_command", "write a run's trained model as a plain PyTorch state_dict"),
     "check": ("dynabatch.cluster.check_command", "dry-run a task offline: parameters, chunks, step time, bytes"),
     "plan": ("dynabatch.cluster.plan_command", "predict each method's time to target on a measured cluster"),
-    "keys": ("dynabatch.common.curve", "make the ZeroMQ CURVE keys that encrypt and authenticate a job"),
+    "keys": ("dynabatch.common.net.curve", "make the ZeroMQ CURVE keys that encrypt and authenticate a job"),
 }
 
 

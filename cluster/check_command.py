@@ -6,7 +6,7 @@ trainable parameters, their bytes and the chunk layout for --chunk-bytes and
 training step at two or more batch sizes, fits t(b) = a + c*b and prints the
 bytes a worker moves per step. A task that cannot train exits 2 naming why.
 `--save-profile FILE.json` adds this machine's fitted curve as one worker group to a
-cluster file (common/cluster_file.py), so that several machines' probes gather into
+cluster file (common/planning/cluster_file.py), so that several machines' probes gather into
 one file for `dynabatch plan --profile FILE.json`.
 """
 
@@ -17,10 +17,10 @@ import sys
 from collections.abc import Sequence
 
 from dynabatch.cluster.options import CheckOptions
-from dynabatch.common.cluster_file import ClusterFileError, add_group
 from dynabatch.common.config import JobConfig, check_flags_against_task
-from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
+from dynabatch.common.planning.cluster_file import ClusterFileError, add_group
+from dynabatch.common.tasks.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.task_error import TaskError
 
 
@@ -39,8 +39,8 @@ def main(argv: Sequence[str]) -> int:
     import torch
 
     from dynabatch.cluster.dry_run import dry_run, format_dry_run
-    from dynabatch.common.builtin_tasks import builtin_task
-    from dynabatch.common.task_check import load_task
+    from dynabatch.common.tasks.builtin_tasks import builtin_task
+    from dynabatch.common.tasks.task_check import load_task
 
     torch.set_num_threads(opts.threads)
     try:

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from dynabatch.common.chunking import FLOAT_BYTES, Layout, make_layout
 from dynabatch.common.config import JobConfig
-from dynabatch.common.line_fit import fit_line
-from dynabatch.common.model_signature import ModelSignature
-from dynabatch.common.task_check import check_task
+from dynabatch.common.planning.line_fit import fit_line
+from dynabatch.common.tasks.task_check import check_task
+from dynabatch.common.wire.chunking import FLOAT_BYTES, Layout, make_layout
+from dynabatch.common.wire.model_signature import ModelSignature
 from dynabatch.task import Task
 
 FROZEN_POLICY = "stays on each worker as built (or as --init loads it); never sent, never updated"

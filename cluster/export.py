@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from dynabatch.common.builtin_tasks import builtin_task
-from dynabatch.common.chunking import make_layout, named_travelling
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.model_signature import ModelSignature, signature, signature_from_fields
-from dynabatch.common.task_check import load_task
+from dynabatch.common.tasks.builtin_tasks import builtin_task
+from dynabatch.common.tasks.task_check import load_task
 from dynabatch.common.verified_files import read_verified
+from dynabatch.common.wire.chunking import make_layout, named_travelling
+from dynabatch.common.wire.model_signature import ModelSignature, signature, signature_from_fields
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 

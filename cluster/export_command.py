@@ -18,8 +18,8 @@ import torch
 from dynabatch.cluster.export import ExportError, trained_model
 from dynabatch.cluster.options import ExportOptions
 from dynabatch.common.atomic_file import write_atomic
-from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
+from dynabatch.common.tasks.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.task_error import TaskError
 
 

@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from dynabatch.cluster.parent_death import die_with_parent
+from dynabatch.cluster.ports import free_port
 from dynabatch.cluster.preloaded import ROLES as PRELOADED_ROLES
 from dynabatch.cluster.preloaded import SUPPORTED as PRELOADING
 from dynabatch.cluster.preloaded import ForkedProcess, Preloaded
 from dynabatch.common.atomic_file import no_space_left, write_text_atomic
-from dynabatch.common.curve import KEYS_BY_ROLE
-from dynabatch.common.metrics import announced_port
-from dynabatch.common.ports import free_port
+from dynabatch.common.net.curve import KEYS_BY_ROLE
+from dynabatch.common.net.metrics import announced_port
 
 STOP_ORDER = ("worker", "evaluator", "ps", "scheduler")
 KEY_ROLES = ("scheduler", "ps", "worker", "evaluator")  # each reads its own key files

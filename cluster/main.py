@@ -30,15 +30,15 @@ from dynabatch.cluster.report import Snapshot, plot, summarize, write_timeline
 from dynabatch.cluster.restart_policy import CONFIG_ERROR_EXIT, after_exit
 from dynabatch.cluster.worker_labels import emulated, label
 from dynabatch.common.atomic_file import write_text_atomic
-from dynabatch.common.auto_protocol import resolved
-from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.cli_support import load_curve_keys, setup_logging
 from dynabatch.common.config import JobConfig, check_flags_against_task
-from dynabatch.common.curve import CurveKeys, CurveOptions
-from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
-from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
-from dynabatch.common.transport import Connection, RemoteError, open_context
+from dynabatch.common.net.curve import CurveKeys, CurveOptions
+from dynabatch.common.net.transport import Connection, RemoteError, open_context
+from dynabatch.common.planning.auto_protocol import resolved
+from dynabatch.common.tasks.catalog import BUILTIN_METRICS
+from dynabatch.common.tasks.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
+from dynabatch.common.wire.messages import JobStatus, StatusReply, StatusRequest
 from dynabatch.task_error import TaskError
 
 log = logging.getLogger("dynabatch.run")
@@ -102,9 +102,9 @@ def check_inputs(opts: RunOptions, job: JobConfig) -> None:
         check_target(opts, BUILTIN_METRICS)
         return
     # Imported here rather than at the top: they bring in torch.
-    from dynabatch.common.builtin_tasks import builtin_task
-    from dynabatch.common.task_check import check_task, load_task
-    from dynabatch.common.weights import load_weights, read_state_dict
+    from dynabatch.common.tasks.builtin_tasks import builtin_task
+    from dynabatch.common.tasks.task_check import check_task, load_task
+    from dynabatch.common.tasks.weights import load_weights, read_state_dict
 
     task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
     checked = check_task(task, job.seed)

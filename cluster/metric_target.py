@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from dynabatch.common.eval_bounds import metric_name_problem
+from dynabatch.common.wire.eval_bounds import metric_name_problem
 
 _FORM = re.compile(r"^(?P<name>.*?)(?P<op>>=|<=)(?P<value>.*)$")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.optimum import STUDY_NOISE
+from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.shared_options import ShardCheckpointOptions, TaskOptions, TrainingOptions, check_task_flag
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.common.task_spec import anchored_task_spec
+from dynabatch.common.tasks.task_spec import anchored_task_spec
 
 
 @dataclass
@@ -173,7 +173,7 @@ class PlanOptions:
 
     profile: str = opt(
         "",
-        "a cluster file (the format of common/cluster_file.py; `dynabatch check --save-profile` "
+        "a cluster file (the format of common/planning/cluster_file.py; `dynabatch check --save-profile` "
         "writes one), instead of a run folder",
         topic="job",
     )

@@ -3,7 +3,7 @@ measured cluster against T*, the method `auto` would choose and why, and a plot.
 
 The cluster comes from a run folder (each worker's steps as `dynabatch run` measured them, cluster/run_profile.py)
 or from a cluster file (`dynabatch check --save-profile` writes one per machine probed). The predictions are
-common/prediction.py's model, whose limits its docstring states: they rank methods, they are not measurements.
+common/planning/prediction.py's model, whose limits its docstring states: they rank methods, they are not measurements.
 A cluster that cannot be read exits 2 naming why.
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 
 from dynabatch.cluster.options import PlanOptions
 from dynabatch.cluster.run_profile import RunFolderError, read_run
-from dynabatch.common.auto_choice import Choice, choose
-from dynabatch.common.cluster_file import ClusterFileError, read_cluster
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
-from dynabatch.common.optimum import NoiseScale, Optimum
-from dynabatch.common.prediction import PROTOCOLS, Cluster, Prediction, cluster_of, optimum, predict_all
+from dynabatch.common.planning.auto_choice import Choice, choose
+from dynabatch.common.planning.cluster_file import ClusterFileError, read_cluster
+from dynabatch.common.planning.optimum import NoiseScale, Optimum
+from dynabatch.common.planning.prediction import PROTOCOLS, Cluster, Prediction, cluster_of, optimum, predict_all
 from dynabatch.common.protocols import PROTOCOLS as ALL_PROTOCOLS
 
 NOT_MODELLED = tuple(p for p in ALL_PROTOCOLS if p not in PROTOCOLS)
@@ -108,7 +108,7 @@ def _text(report: dict[str, Any]) -> str:
         for m in report["methods"]
     ]
     lines.append(f"chosen: {report['chosen']['reason']}")
-    lines.append(f"not modelled: {', '.join(report['not_modelled'])} (common/prediction.py says why)")
+    lines.append(f"not modelled: {', '.join(report['not_modelled'])} (common/planning/prediction.py says why)")
     lines += [f"note: {n}" for n in report["notes"]]
     lines.append(f"plot: {report['plot']}")
     return "\n".join(lines)

@@ -8,8 +8,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from dynabatch.common.atomic_file import write_atomic
-from dynabatch.common.optimum import Optimum
-from dynabatch.common.prediction import Prediction
+from dynabatch.common.planning.optimum import Optimum
+from dynabatch.common.planning.prediction import Prediction
 
 
 def write_plan_plot(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dynabatch.cluster.worker_labels import labelled
-from dynabatch.common.messages import JobStatus, Rollback
+from dynabatch.common.wire.messages import JobStatus, Rollback
 
 
 def format_progress(status: JobStatus, wall_t: float) -> str:

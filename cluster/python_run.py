@@ -36,10 +36,10 @@ import torch
 from dynabatch.cluster.export import trained_model
 from dynabatch.cluster.main import JobRun, job_flags, prepare, settle
 from dynabatch.cluster.options import RunOptions
-from dynabatch.common.auto_protocol import resolved
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.curve import CurveKeys, CurveOptions
 from dynabatch.common.flags import ConfigError
+from dynabatch.common.net.curve import CurveKeys, CurveOptions
+from dynabatch.common.planning.auto_protocol import resolved
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 

@@ -21,8 +21,8 @@ from dynabatch.cluster.metric_target import MetricTarget
 from dynabatch.cluster.worker_labels import order_key
 from dynabatch.common import staleness
 from dynabatch.common.atomic_file import write_text_atomic
-from dynabatch.common.messages import JobStatus
-from dynabatch.common.wire import decode_map
+from dynabatch.common.wire.frames import decode_map
+from dynabatch.common.wire.messages import JobStatus
 
 ACCURACY_MARKS = (0.85, 0.88)
 WORKER_COLUMNS = (

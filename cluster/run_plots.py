@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from dynabatch.cluster.report import evaluations, training_start
 from dynabatch.cluster.worker_labels import emulated, label, order_key
 from dynabatch.common.atomic_file import write_atomic
-from dynabatch.common.messages import JobStatus, WorkerStatus
+from dynabatch.common.wire.messages import JobStatus, WorkerStatus
 
 X_LABEL = "seconds since the job's scheduler started"
 NAN = float("nan")

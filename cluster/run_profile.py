@@ -1,5 +1,5 @@
 """A cluster measured by `dynabatch run`: each worker's step curve, cap and link read from a run folder, in the
-cluster file's form (common/cluster_file.py), for `dynabatch plan RUN_FOLDER`.
+cluster file's form (common/planning/cluster_file.py), for `dynabatch plan RUN_FOLDER`.
 
 Every STATUS snapshot in timeline.json gives each worker's last step: its batch, its compute seconds and its pull
 and push seconds. A worker seen at two or more batch sizes gets the least-squares line a + c*b of its compute
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynabatch.cluster.report import read_timeline
-from dynabatch.common.cluster_file import ClusterFile, WorkerGroup
-from dynabatch.common.line_fit import fit_line
-from dynabatch.common.messages import JobStatus
-from dynabatch.common.optimum import Device
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.planning.cluster_file import ClusterFile, WorkerGroup
+from dynabatch.common.planning.line_fit import fit_line
+from dynabatch.common.planning.optimum import Device
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import JobStatus
 
 FASTEST_LINK_MBIT = 1e6
 """The link of a worker whose transfers took no measurable time (loopback): 1 Tbit/s, nothing to count."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from dynabatch.common.messages import WorkerStatus
+from dynabatch.common.wire.messages import WorkerStatus
 
 
 def order_key(name: str, wid: str) -> tuple[list[int | str], list[int | str]]:

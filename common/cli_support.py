@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dynabatch.common.config import MetricsOptions
-from dynabatch.common.curve import CurveKeyError, CurveKeys, CurveOptions
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
-from dynabatch.common.metrics import ADDRESS_LOG
+from dynabatch.common.net.curve import CurveKeyError, CurveKeys, CurveOptions
+from dynabatch.common.net.metrics import ADDRESS_LOG
 
 
 def parse_role_args(prog: str, description: str, classes: Sequence[type], argv: Sequence[str]) -> list[Any]:

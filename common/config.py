@@ -3,7 +3,7 @@
 Each field is a flag (common/flags.py). The job's settings live with the scheduler
 only: workers and shards receive them in WELCOME, so a job is configured in one place.
 
-The schema names its dataset and model choices from common/catalog.py, not from
+The schema names its dataset and model choices from common/tasks/catalog.py, not from
 the loaders and builders, so reading or validating a job does not load torch.
 """
 
@@ -15,9 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dynabatch.common.catalog import DATASETS, FLAT_PARAMS, MODELS, model_size
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.prediction import PROTOCOLS as MODELLED
+from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
 from dynabatch.common.protocols import (
     AGGREGATIONS,
     DBS_WEIGHTS,
@@ -27,6 +26,7 @@ from dynabatch.common.protocols import (
     SPECS,
     STALENESS_STEPS,
 )
+from dynabatch.common.tasks.catalog import DATASETS, FLAT_PARAMS, MODELS, model_size
 
 if TYPE_CHECKING:
     from dynabatch.optim import OptimizerSpec
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 BATCH_POLICIES = ("auto", "fixed", "dynamic", "efficient")
 AUTO_PROTOCOL = "auto"
 PROTOCOL_HELP = (
-    f"parameter-server update protocol; {AUTO_PROTOCOL}: the one of {', '.join(MODELLED)} that common/prediction.py "
+    f"parameter-server update protocol; {AUTO_PROTOCOL}: the one of {', '.join(MODELLED)} that "
+    "common/planning/prediction.py "
     "predicts reaches the target first on the cluster --cluster-profile describes, chosen before the shards start "
     "(they take their rule from it)"
 )
@@ -64,13 +65,15 @@ class JobConfig(JobName):
     protocol: str = opt("asgd", PROTOCOL_HELP, (*PROTOCOLS, AUTO_PROTOCOL), topic="protocol")
     cluster_profile: str = opt(
         "",
-        f"--protocol {AUTO_PROTOCOL}: a cluster file (common/cluster_file.py's format, as `dynabatch plan --profile` "
+        f"--protocol {AUTO_PROTOCOL}: a cluster file (common/planning/cluster_file.py's format, "
+        "as `dynabatch plan --profile` "
         "reads and `dynabatch check --save-profile` writes) describing the workers the job will have",
         topic="protocol",
     )
     batch_policy: str = opt(
         "auto",
-        "auto (the default): fixed or dynamic, whichever common/prediction.py predicts reaches the target first on the "
+        "auto (the default): fixed or dynamic, whichever common/planning/prediction.py predicts reaches the target "
+        "first on the "
         f"workers' measured step curves and caps ({', '.join(MODELLED)}; other protocols run fixed), chosen once "
         "every worker has reported its first steps and again when one joins, leaves or changes speed: no one "
         "policy was within 1.05x of the best in every regime of bench/RESULTS.md section 14; fixed: B/n per worker; "
@@ -293,7 +296,9 @@ class JobConfig(JobName):
             raise ConfigError(f"--min-batch {self.min_batch} is larger than --max-batch {self.max_batch}")
         if not 0.0 < self.speed_forgetting <= 1.0:
             raise ConfigError("--speed-forgetting must be in (0, 1]")
-        if SPECS.get(self.protocol) is None:  # auto, which the scheduler's command resolves (common/auto_protocol.py)
+        if (
+            SPECS.get(self.protocol) is None
+        ):  # auto, which the scheduler's command resolves (common/planning/auto_protocol.py)
             if not self.cluster_profile:
                 raise ConfigError(
                     f"--protocol {AUTO_PROTOCOL}: give --cluster-profile FILE.json (the workers the job will have: "

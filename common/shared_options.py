@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynabatch.common.config import JobName
-from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import ConfigError, opt, validate_fields
-from dynabatch.common.member_name import name_problem
-from dynabatch.common.metrics import ON_FINISH
-from dynabatch.common.task_spec import split_task_spec
+from dynabatch.common.net.endpoint import check_endpoint
+from dynabatch.common.net.metrics import ON_FINISH
+from dynabatch.common.tasks.task_spec import split_task_spec
+from dynabatch.common.wire.member_name import name_problem
 from dynabatch.task_error import TaskError
 
 

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dynabatch as db
-from dynabatch.common.builtin_tasks import ImageSet
-from dynabatch.common.data import Dataset, load_dataset
+from dynabatch.common.tasks.builtin_tasks import ImageSet
+from dynabatch.common.tasks.data import Dataset, load_dataset
 
 WIDTH = int(os.environ.get("RESNET_WIDTH", "64"))
 SYNTHETIC_TRAIN = int(os.environ.get("RESNET_SYNTHETIC", "10000"))

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dynabatch.common.atomic_file import out_of_descriptors
-from dynabatch.common.messages import ShardAssignment
+from dynabatch.common.wire.messages import ShardAssignment
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.model_health import ModelHealth
 from dynabatch.ps.replay_guard import ReplayGuard

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 
 HISTORY = 16  # a worker's last norms of one chunk that its median is taken over
 REFRESH = 4  # pushes of a chunk between two computations of its reference

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from dynabatch.common.chunking import BUFFERS_ID, BUFFERS_SHARD
 from dynabatch.common.config import JobConfig
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Init
-from dynabatch.common.wire import Message, ProtocolError, WireLimits, check_chunks, check_finite
+from dynabatch.common.wire.chunking import BUFFERS_ID, BUFFERS_SHARD
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import Message, ProtocolError, WireLimits, check_chunks, check_finite
+from dynabatch.common.wire.messages import Init
 from dynabatch.ps.peer_limits import wire_limits
 from dynabatch.ps.served_job import ServedJob
 from dynabatch.ps.shard_state import ShardState

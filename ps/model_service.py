@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dynabatch.common.chunking import BUFFERS_ID
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Params, Pull, Push, PushAck, ShardAssignment
-from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.chunking import BUFFERS_ID
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.messages import Params, Pull, Push, PushAck, ShardAssignment
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.outbox import Outbox

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import opt
+from dynabatch.common.net.endpoint import check_endpoint
 from dynabatch.common.shared_options import MemberOptions, ShardCheckpointOptions
 
 

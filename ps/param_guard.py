@@ -1,6 +1,6 @@
 """A shard's watch over its own parameters: is the model it holds still a model?
 
-Pushed gradients are checked for finiteness on arrival (common/wire.py), but a
+Pushed gradients are checked for finiteness on arrival (common/wire/frames.py), but a
 model can blow up from finite gradients (a step size too large, a gradient that
 is finite but huge): its parameters grow without bound, overflow, and turn NaN.
 Every worker then computes a NaN loss and skips its step, and a shard that did

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER
 from dynabatch.ps.serve_order import rank_of
 from dynabatch.ps.shard_state import ShardState

@@ -20,7 +20,7 @@ in the shard's memory.
 
 from __future__ import annotations
 
-from dynabatch.common.wire import WireLimits
+from dynabatch.common.wire.frames import WireLimits
 
 MAX_PARKED_PER_PEER = 4
 ENVELOPE_BASE_BYTES = 64 << 10  # envelope keys, a body's scalars, an optimizer's and a schedule's specs

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import torch
 
-from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import (
     SPECS,
     AsyncSettings,
@@ -34,7 +33,8 @@ from dynabatch.common.protocols import (
     SspSettings,
     dbs_weight,
 )
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.aggregation import Contribution, aggregate
 from dynabatch.ps.step_size import staleness_step
 

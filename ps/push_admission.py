@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Push
-from dynabatch.common.wire import Message, ProtocolError, check_chunks, check_finite
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import Message, ProtocolError, check_chunks, check_finite
+from dynabatch.common.wire.messages import Push
 from dynabatch.ps.gradient_bounds import QUARANTINE_AFTER, Assessment
 from dynabatch.ps.push_bounds import check_push_numbers, check_push_samples
 from dynabatch.ps.replay_guard import ReplayGuard

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import protocol_spec
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 
 OVERLAP_SLACK = 16  # a push of a protocol that steps on while its delta is averaged may cover this many rounds
 

@@ -1,7 +1,7 @@
 """Each PUSH is taken once: a per-connection sequence window, kept across shard restarts.
 
 A worker's connection to a shard numbers every request it sends (the envelope's
-`seq`, common/transport.py's Connection), and ZeroMQ keeps their order on one
+`seq`, common/net/transport.py's Connection), and ZeroMQ keeps their order on one
 connection; a retry (after `shard_lost`, or after a refusal) is a new request with
 a new, higher seq. So a PUSH whose seq this shard has already taken from the same
 sender on the same connection, or one older than anything it remembers, is a
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 
 WINDOW = 1024  # seqs below the highest that are still told apart: more than one poll's batch of messages (64)
 MAX_KEYS = 4096  # connections remembered; beyond it those of workers no longer live are forgotten, oldest first

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.key_roles import check_key_role
-from dynabatch.common.messages import Init, Pull, Push
-from dynabatch.common.wire import Message, ProtocolError
+from dynabatch.common.net.key_roles import check_key_role
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import Message, ProtocolError
+from dynabatch.common.wire.messages import Init, Pull, Push
 
 KEY_ROLES: dict[str, tuple[str, ...]] = {
     Push.TYPE: ("worker",),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dynabatch.common.transport import Incoming
+from dynabatch.common.net.transport import Incoming
 
 
 def front_chunk(incoming: Incoming) -> int:

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from dynabatch.common.chunking import Chunk, make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.messages import ShardAssignment, Welcome
-from dynabatch.common.model_signature import ModelSignature
 from dynabatch.common.protocols import protocol_settings
+from dynabatch.common.wire.chunking import Chunk, make_layout
+from dynabatch.common.wire.messages import ShardAssignment, Welcome
+from dynabatch.common.wire.model_signature import ModelSignature
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.gradient_direction import GradientDirection

@@ -29,16 +29,16 @@ import torch
 import zmq
 from prometheus_client import CollectorRegistry
 
-from dynabatch.common.curve import CurveKeys
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.handlers import Handlers
-from dynabatch.common.log_limit import RateLimitedLog
-from dynabatch.common.member_ids import member_id
-from dynabatch.common.messages import Init, InitAck, Pull, Push, Role, ShardAssignment, ShardHeartbeat, Welcome
-from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
-from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
-from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
+from dynabatch.common.net.curve import CurveKeys
+from dynabatch.common.net.log_limit import RateLimitedLog
+from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.net.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.handlers import Handlers
+from dynabatch.common.wire.member_ids import member_id
+from dynabatch.common.wire.messages import Init, InitAck, Pull, Push, Role, ShardAssignment, ShardHeartbeat, Welcome
 from dynabatch.ps.checkpoint import ForeignCheckpoint
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel, init_setup

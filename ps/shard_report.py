@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 
-from dynabatch.common.messages import Hello, Role, ShardHeartbeat
+from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.served_job import ServedJob

@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from dynabatch.common.chunking import Chunk
-from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, dbs_weight, protocol_spec
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.chunking import Chunk
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.optim import OptimizerSpec
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.protocol_rules import RULES, ShardRule

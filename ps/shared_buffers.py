@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from dynabatch.common.chunking import BUFFERS_ID
-from dynabatch.common.model_signature import ParamSpec
-from dynabatch.common.wire import Message, check_chunks, check_finite
+from dynabatch.common.wire.chunking import BUFFERS_ID
+from dynabatch.common.wire.frames import Message, check_chunks, check_finite
+from dynabatch.common.wire.model_signature import ParamSpec
 
 
 @dataclass

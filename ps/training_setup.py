@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dynabatch.common.messages import Init
-from dynabatch.common.model_signature import ModelSignature, signature_fields, signature_from_fields
+from dynabatch.common.wire.messages import Init
+from dynabatch.common.wire.model_signature import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.schedule import schedule_from_fields
 
 

@@ -42,9 +42,9 @@ from typing import Any, ClassVar
 import torch
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import OuterSettings
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.optim import SGD, Adam, OptimizerSpec, optimizer_from_fields
 
 Segment = tuple[int, int, float]  # [start, stop) and the weight decay of a run of parameters

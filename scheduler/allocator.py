@@ -14,8 +14,8 @@ import math
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Decision, WorkerHeartbeat
 from dynabatch.common.protocols import ProtocolSpec
+from dynabatch.common.wire.messages import Decision, WorkerHeartbeat
 from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches

@@ -2,7 +2,7 @@
 
 The regime study (bench/RESULTS.md sections 11 and 14) found no configuration within 1.05x of the best in every
 regime: which policy wins depends on the cluster (per-worker sizing wins for round protocols on mixed devices,
-loses for asgd there), so the scheduler chooses it by the predictor's rule (common/auto_choice.py `choose`),
+loses for asgd there), so the scheduler chooses it by the predictor's rule (common/planning/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
 Until every ready worker has reported MEASURED_STEPS steps, auto splits as `fixed` does (a worker's prior speed
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dynabatch.common.auto_choice import choose
-from dynabatch.common.optimum import STUDY_NOISE, Device
-from dynabatch.common.prediction import PROTOCOLS as MODELLED
-from dynabatch.common.prediction import RULES, Cluster, Node
+from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.optimum import STUDY_NOISE, Device
+from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
+from dynabatch.common.planning.prediction import RULES, Cluster, Node
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.speed_model import StepModel
 

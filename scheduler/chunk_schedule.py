@@ -1,6 +1,6 @@
 """How a worker's gradient leaves it: chunks per message and bytes in flight, from the times its steps report.
 
-The chunk layout is fixed when the shards are initialised (common/chunking.py): every
+The chunk layout is fixed when the shards are initialised (common/wire/chunking.py): every
 process derives the same ids from `--chunk-bytes`, the shards validate against them
 and checkpoints are cut by them, so a worker cannot cut its own. What a worker can
 change without the shards agreeing to anything is how it sends those chunks: how many

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dynabatch.common.messages import ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.messages import ShardHeartbeat, WorkerHeartbeat
 
 LOSS_FACTOR = 10.0  # a loss this many times the job's running level is a blow-up, not noise
 FLOOR_FRACTION = 0.1  # the level is taken as at least this fraction of the first level seen

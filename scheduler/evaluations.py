@@ -1,17 +1,17 @@
 """The model's latest evaluation, and whether the final model has been evaluated.
 
 Only an evaluator reports one, of a version the shards can have reached, within
-common/eval_bounds.py; anything else is refused and changes nothing. After a
+common/wire/eval_bounds.py; anything else is refused and changes nothing. After a
 rollback the model's version is lower than the evaluation's of the diverged model:
 the first evaluation of a restored version replaces it.
 """
 
 from __future__ import annotations
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.eval_bounds import eval_problem
-from dynabatch.common.messages import EvalReport
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.eval_bounds import eval_problem
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import EvalReport
 from dynabatch.scheduler.report_bounds import check_eval_version
 from dynabatch.scheduler.saved_progress import SavedProgress
 

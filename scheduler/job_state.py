@@ -20,8 +20,10 @@ from collections.abc import Callable
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import (
+from dynabatch.common.protocols import ProtocolSpec, dbs_weight, protocol_spec
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import (
     EvalReport,
     Hello,
     JobStatus,
@@ -32,8 +34,6 @@ from dynabatch.common.messages import (
     WorkerAssignment,
     WorkerHeartbeat,
 )
-from dynabatch.common.protocols import ProtocolSpec, dbs_weight, protocol_spec
-from dynabatch.common.wire import ProtocolError
 from dynabatch.scheduler.allocator import Allocator
 from dynabatch.scheduler.evaluations import Evaluations
 from dynabatch.scheduler.job_end import JobEnd

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from dynabatch.common.messages import JobStatus, Role, ShardStatus
+from dynabatch.common.wire.messages import JobStatus, Role, ShardStatus
 from dynabatch.scheduler.roster import finite_or_none
 
 if TYPE_CHECKING:

@@ -6,10 +6,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dynabatch.common.auto_protocol import resolved
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError
+from dynabatch.common.planning.auto_protocol import resolved
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.scheduler.server import SchedulerServer
 

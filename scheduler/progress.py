@@ -14,7 +14,7 @@ import math
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import ShardHeartbeat
+from dynabatch.common.wire.messages import ShardHeartbeat
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress

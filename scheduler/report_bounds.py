@@ -6,16 +6,16 @@ most the job's largest batch; speeds and times are finite and within physical
 bounds; an evaluation is of a model version the shards can have reached. A value
 out of bounds is refused with a code naming the field, before anything changes,
 so the sender's earlier contributions stay as they were. (An evaluation's metric
-names and values are bounded by common/eval_bounds.py.)
+names and values are bounded by common/wire/eval_bounds.py.)
 """
 
 from __future__ import annotations
 
 import math
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import EvalReport, ShardHeartbeat, WorkerHeartbeat
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import EvalReport, ShardHeartbeat, WorkerHeartbeat
 
 MIN_STEP_S = 1e-4  # no training step, of any model on any machine, takes less
 MAX_SECONDS = 86_400.0  # a step (or a phase of one) longer than a day is a lie or a hung process
@@ -111,7 +111,7 @@ def check_rollbacks(hb: WorkerHeartbeat | ShardHeartbeat, max_rollbacks: int) ->
 
 def check_eval_version(report: EvalReport, newest_possible_version: int) -> None:
     """Refuse an evaluation of a version no shard can have reached (its figures are checked by
-    common/eval_bounds.py)."""
+    common/wire/eval_bounds.py)."""
     if report.version > newest_possible_version:
         raise ProtocolError(
             ErrorCode.BAD_FIELD,

@@ -10,7 +10,7 @@ thrown away.
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Rollback, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.messages import Rollback, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.divergence import DivergenceWatch, lr_factor
 from dynabatch.scheduler.roster import Roster
 from dynabatch.scheduler.saved_progress import SavedProgress

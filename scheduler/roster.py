@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.member_ids import member_id
-from dynabatch.common.member_name import name_problem
-from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat, WorkerStatus
 from dynabatch.common.slowdown import MAX_SLOWDOWN_CHARS, Slowdown
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.member_ids import member_id
+from dynabatch.common.wire.member_name import name_problem
+from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat, WorkerStatus
 
 DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
 MAX_INSTANCE_CHARS = 64

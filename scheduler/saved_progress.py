@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynabatch.common.messages import EvalReport, Rollback
 from dynabatch.common.verified_files import DamagedFile, load_newest_good, write_verified
+from dynabatch.common.wire.messages import EvalReport, Rollback
 from dynabatch.scheduler.lost_work import ShardMark
 
 FORMAT = 1

@@ -17,13 +17,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.atomic_file import out_of_descriptors
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.curve import CurveKeys
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
-from dynabatch.common.handlers import Handlers
-from dynabatch.common.key_roles import HELLO_KEY_ROLE, check_key_role
-from dynabatch.common.log_limit import RateLimitedLog
-from dynabatch.common.messages import (
+from dynabatch.common.net.curve import CurveKeys
+from dynabatch.common.net.key_roles import HELLO_KEY_ROLE, check_key_role
+from dynabatch.common.net.log_limit import RateLimitedLog
+from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
+from dynabatch.common.net.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
+from dynabatch.common.planning.prediction import POLICIES
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.eval_bounds import MAX_EVAL_METRICS
+from dynabatch.common.wire.frames import Message, ProtocolError, WireLimits
+from dynabatch.common.wire.handlers import Handlers
+from dynabatch.common.wire.messages import (
     Answer,
     Bye,
     ByeAck,
@@ -40,10 +44,6 @@ from dynabatch.common.messages import (
     WorkerAssignment,
     WorkerHeartbeat,
 )
-from dynabatch.common.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
-from dynabatch.common.prediction import POLICIES
-from dynabatch.common.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
-from dynabatch.common.wire import Message, ProtocolError, WireLimits
 from dynabatch.scheduler.hello_rate import HelloRate
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions

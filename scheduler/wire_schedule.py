@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import WorkerHeartbeat, WorkerStatus
 from dynabatch.common.protocols import ProtocolSpec
+from dynabatch.common.wire.messages import WorkerHeartbeat, WorkerStatus
 from dynabatch.scheduler.allocator import own_step_seconds
 from dynabatch.scheduler.chunk_schedule import STABLE_PROPOSALS, StepSample, WirePlan, plan_for, settle
 from dynabatch.scheduler.serving_priority import WorkerTimes, serving_ranks

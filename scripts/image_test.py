@@ -45,9 +45,9 @@ from typing import Any
 
 from dynabatch.cluster.launcher import keys_per_role
 from dynabatch.cluster.metric_text import metric_sum
-from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import JobStatus, StatusReply, StatusRequest
-from dynabatch.common.transport import Connection, RemoteError, open_context
+from dynabatch.common.net.curve import CurveKeys
+from dynabatch.common.net.transport import Connection, RemoteError, open_context
+from dynabatch.common.wire.messages import JobStatus, StatusReply, StatusRequest
 from dynabatch.scheduler.server import SAVE_EVERY_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ WAIT_S = 240.0  # a container's start (torch import, data) on a loaded machine
 USER_LIBRARY = "usertasklib"
 USER_TASK = f'''"""A user's task: the job's own model, with a library that only the user's image has."""
 import {USER_LIBRARY}
-from dynabatch.common.builtin_tasks import builtin_task
+from dynabatch.common.tasks.builtin_tasks import builtin_task
 
 assert {USER_LIBRARY}.MARK == "installed"
 task = builtin_task("fashion-mnist", "mlp")

@@ -4,8 +4,8 @@ pyproject.toml; exits non-zero on any finding. `ruff format .` applies the forma
 mypy: pyproject.toml maps folders to packages (api/ is `dynabatch`, common/ is `dynabatch.common`, ...), and the
 editable install resolves that mapping with an import hook, which mypy does not run. So the package is laid out as
 it is installed, in build/typecheck/dynabatch/, with links to the real folders and files, and mypy is pointed at it
-and at bench/, examples/, scripts/ and tests/; its findings are printed with the real paths (common/wire.py, not the
-link's).
+and at bench/, examples/, scripts/ and tests/; its findings are printed with the real paths
+(common/wire/frames.py, not the link's).
 """
 
 from __future__ import annotations

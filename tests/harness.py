@@ -30,13 +30,18 @@ from dynabatch.cluster.launcher import Child, Launcher, keys_per_role
 from dynabatch.cluster.launcher import child_env as child_env  # the tests take it from here
 from dynabatch.cluster.launcher import command_line as command_line  # the tests take it from here
 from dynabatch.cluster.metric_text import metric_sum
+from dynabatch.cluster.ports import free_port as free_port  # the tests take it from here
 from dynabatch.cluster.preloaded import SUPPORTED as PRELOADING
 from dynabatch.cluster.preloaded import Preloaded
-from dynabatch.common.builtin_tasks import builtin_init
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import (
+from dynabatch.common.net.curve import CurveKeys
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.net.transport import Connection, use_curve
+from dynabatch.common.protocols import protocol_spec
+from dynabatch.common.tasks.builtin_tasks import builtin_init
+from dynabatch.common.verified_files import read_verified
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.messages import (
     Hello,
     Init,
     JobStatus,
@@ -47,11 +52,6 @@ from dynabatch.common.messages import (
     WorkerAssignment,
     WorkerHeartbeat,
 )
-from dynabatch.common.ports import free_port as free_port  # the tests take it from here
-from dynabatch.common.protocols import protocol_spec
-from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import Connection, use_curve
-from dynabatch.common.verified_files import read_verified
 from dynabatch.worker.ps_client import ShardClients
 
 _PRELOADER: list[Preloaded] = []  # this test process's, once started

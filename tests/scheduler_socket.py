@@ -8,8 +8,8 @@ import threading
 
 import zmq
 
-from dynabatch.common.messages import Hello, Welcome
-from dynabatch.common.transport import recv_routed, send_routed
+from dynabatch.common.net.transport import recv_routed, send_routed
+from dynabatch.common.wire.messages import Hello, Welcome
 from harness import free_port
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynabatch.common.task_check import load_task
+from dynabatch.common.tasks.task_check import load_task
 from harness import run_job
 from plain_torch import evaluate_alone, train_alone
 from tools import need_fashion_mnist

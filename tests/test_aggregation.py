@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from dynabatch import optim as optim_spec
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict, to_dict
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.protocols import SPECS, OuterSettings, RoundSettings, SoftsyncSettings, protocol_settings
+from dynabatch.common.wire.chunking import make_layout
 from dynabatch.ps.aggregation import aggregate, trimmed_count, trimmed_mean, weighted_mean
 from dynabatch.ps.shard_state import ShardState
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import WorkerHeartbeat
 from dynabatch.common.protocols import protocol_spec
+from dynabatch.common.wire.messages import WorkerHeartbeat
 from dynabatch.scheduler.allocator import (
     ALLOT_AHEAD,
     DECISIONS_KEPT,

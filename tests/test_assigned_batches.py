@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, Role, ShardAssignment, ShardHeartbeat, WorkerHeartbeat
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import Hello, Role, ShardAssignment, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.outage_clock import ClockReading
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from dynabatch.common.auto_choice import choose
-from dynabatch.common.cluster_file import read_cluster
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import WorkerHeartbeat
-from dynabatch.common.optimum import STUDY_NOISE
-from dynabatch.common.prediction import cluster_of, fixed_batches
+from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.cluster_file import read_cluster
+from dynabatch.common.planning.optimum import STUDY_NOISE
+from dynabatch.common.planning.prediction import cluster_of, fixed_batches
 from dynabatch.common.protocols import protocol_spec
+from dynabatch.common.wire.messages import WorkerHeartbeat
 from dynabatch.scheduler.allocator import Allocator
 from dynabatch.scheduler.auto_policy import MEASURED_STEPS, SHIFT, AutoPolicy, measured_cluster
 from dynabatch.scheduler.batch_allocation import allocate_round, fixed_allocation

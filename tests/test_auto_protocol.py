@@ -1,6 +1,6 @@
-"""`--protocol auto --cluster-profile FILE` (common/auto_protocol.py): the protocol chosen from a cluster file before
-the shards start, refused without one (on the command line too: tests/test_cli.py), never sent unresolved; and a
-real `dynabatch run` that trains with it."""
+"""`--protocol auto --cluster-profile FILE` (common/planning/auto_protocol.py): the protocol chosen from a cluster
+file before the shards start, refused without one (on the command line too: tests/test_cli.py), never sent
+unresolved; and a real `dynabatch run` that trains with it."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.common.auto_choice import choose
-from dynabatch.common.auto_protocol import resolved
-from dynabatch.common.cluster_file import read_cluster
 from dynabatch.common.config import JobConfig, job_from_dict, to_dict
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.optimum import STUDY_NOISE
-from dynabatch.common.prediction import cluster_of
+from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.auto_protocol import resolved
+from dynabatch.common.planning.cluster_file import read_cluster
+from dynabatch.common.planning.optimum import STUDY_NOISE
+from dynabatch.common.planning.prediction import cluster_of
 from harness import run_job
 
 PROFILES = sorted((Path(__file__).resolve().parents[1] / "bench" / "profiles").glob("*.json"))

@@ -10,9 +10,9 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.messages import Error, Pull, Push, PushAck, Welcome, WorkerHeartbeat
-from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.wire.frames import PROTOCOL_VERSION, ChunkMeta, Message, encode
+from dynabatch.common.wire.messages import Error, Pull, Push, PushAck, Welcome, WorkerHeartbeat
 from harness import Cluster, Proc, free_port, metric_value, wait_for
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from dynabatch.cluster.dry_run import (
     dry_run,
 )
 from dynabatch.common.config import JobConfig
-from dynabatch.common.line_fit import fit_line
+from dynabatch.common.planning.line_fit import fit_line
 from dynabatch.task import Task
 from harness import child_env, command_line
 

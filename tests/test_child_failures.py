@@ -25,8 +25,8 @@ from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.restart_policy import after_exit
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import JobStatus
-from dynabatch.common.metrics import announced_port
+from dynabatch.common.net.metrics import announced_port
+from dynabatch.common.wire.messages import JobStatus
 from harness import free_port, interrupt, status_at, wait_for
 from processes import descendants
 

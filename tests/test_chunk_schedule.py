@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Pull, WorkerHeartbeat
+from dynabatch.common.net.transport import Incoming
 from dynabatch.common.protocols import protocol_spec
-from dynabatch.common.transport import Incoming
-from dynabatch.common.wire import ChunkMeta, Message
+from dynabatch.common.wire.frames import ChunkMeta, Message
+from dynabatch.common.wire.messages import Pull, WorkerHeartbeat
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.scheduler.chunk_schedule import STABLE_PROPOSALS, StepSample, WirePlan, plan_for, settle
 from dynabatch.scheduler.serving_priority import WorkerTimes, serving_ranks

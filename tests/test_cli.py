@@ -16,8 +16,8 @@ import pytest
 
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig, MetricsOptions
-from dynabatch.common.curve import CurveOptions
 from dynabatch.common.flags import TOPICS, add_flags, from_args
+from dynabatch.common.net.curve import CurveOptions
 from dynabatch.ps.options import PsOptions
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.worker.options import WorkerOptions
@@ -170,7 +170,7 @@ def test_help_lists_each_flag_once_under_the_topic_its_field_names(command: str)
 OPTION_MODULES = (
     "dynabatch.common.config",
     "dynabatch.common.shared_options",
-    "dynabatch.common.curve",
+    "dynabatch.common.net.curve",
     "dynabatch.cluster.options",
     "dynabatch.ps.options",
     "dynabatch.scheduler.options",

@@ -8,8 +8,8 @@ import pytest
 
 from bench.cluster_model import Link, Network, Request, ShardQueue, Shards, chunks_of
 from bench.simulate import SimConfig, SimResult, WorkerSpec, simulate
-from dynabatch.common.data import Dataset, load_dataset
-from dynabatch.common.prediction import pipelined
+from dynabatch.common.planning.prediction import pipelined
+from dynabatch.common.tasks.data import Dataset, load_dataset
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dynabatch.common.connection_caps import PER_SOURCE, RESERVE, ConnectionCaps, ConnectionTally
+from dynabatch.common.net.connection_caps import PER_SOURCE, RESERVE, ConnectionCaps, ConnectionTally
 
 
 def test_the_caps_keep_a_reserve_of_descriptors_below_the_limit() -> None:

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from dynabatch.cluster.launcher import Child, command_line
-from dynabatch.common.connection_caps import ConnectionCaps
-from dynabatch.common.messages import StatusReply, StatusRequest
-from dynabatch.common.transport import Connection
+from dynabatch.common.net.connection_caps import ConnectionCaps
+from dynabatch.common.net.transport import Connection
 from dynabatch.common.verified_files import load_newest_good
+from dynabatch.common.wire.messages import StatusReply, StatusRequest
 from dynabatch.scheduler.saved_progress import progress_path
 from fuzz.greeting_flood import close_flood, descriptors, open_flood
 from harness import Cluster, free_port, metric_value, wait_for

@@ -9,9 +9,9 @@ import sys
 
 import zmq
 
-from dynabatch.common.connection_caps import ConnectionCaps
-from dynabatch.common.connection_watch import ConnectionReports, watch_connections
-from dynabatch.common.transport import PEER_PING_IVL_MS, PEER_PING_TIMEOUT_MS, bind_router
+from dynabatch.common.net.connection_caps import ConnectionCaps
+from dynabatch.common.net.connection_watch import ConnectionReports, watch_connections
+from dynabatch.common.net.transport import PEER_PING_IVL_MS, PEER_PING_TIMEOUT_MS, bind_router
 from fuzz.greeting_flood import close_flood, open_flood, shut_down_by_server
 from harness import wait_for
 
@@ -33,7 +33,7 @@ def test_a_process_raises_its_descriptor_limit_to_the_hard_limit_before_it_serve
     low = min(256, hard)
     code = (
         f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard})); "
-        "from dynabatch.common.transport import open_context; open_context(None); "
+        "from dynabatch.common.net.transport import open_context; open_context(None); "
         "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -12,9 +12,17 @@ from pathlib import Path
 import pytest
 import zmq
 
-from dynabatch.common.curve import KEY_FILES, KEYS_BY_ROLE, CurveKeyError, CurveKeys, create_keys, key_name, key_role
-from dynabatch.common.messages import EvalReport, Hello, Pull, Push, Role
-from dynabatch.common.transport import Connection, RemoteError, use_curve
+from dynabatch.common.net.curve import (
+    KEY_FILES,
+    KEYS_BY_ROLE,
+    CurveKeyError,
+    CurveKeys,
+    create_keys,
+    key_name,
+    key_role,
+)
+from dynabatch.common.net.transport import Connection, RemoteError, use_curve
+from dynabatch.common.wire.messages import EvalReport, Hello, Pull, Push, Role
 from harness import Cluster, Proc, free_port, metric_value, run_job, wait_for
 
 

@@ -1,4 +1,4 @@
-"""Tests for dynabatch.common.data: file formats, search and download, batches, sample order."""
+"""Tests for dynabatch.common.tasks.data: file formats, search and download, batches, sample order."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
-from dynabatch.common import data, dataset_files
-from dynabatch.common.catalog import DATASETS
-from dynabatch.common.data import Dataset, SampleOrder, load_dataset, make_batch, read_idx
-from dynabatch.common.dataset_files import DatasetNotFound
+from dynabatch.common.tasks import data, dataset_files
+from dynabatch.common.tasks.catalog import DATASETS
+from dynabatch.common.tasks.data import Dataset, SampleOrder, load_dataset, make_batch, read_idx
+from dynabatch.common.tasks.dataset_files import DatasetNotFound
 from tools import need_fashion_mnist
 
 
@@ -251,7 +251,7 @@ def test_unknown_dataset_lists_the_valid_ones() -> None:
 
 
 def test_every_dataset_a_job_can_name_has_a_spec() -> None:
-    """The job schema offers common/catalog.py's names; each must be one the loader knows."""
+    """The job schema offers common/tasks/catalog.py's names; each must be one the loader knows."""
     assert set(data.INPUT_SHAPES) == set(DATASETS)
 
 
@@ -310,7 +310,7 @@ def test_synthetic_states_the_mean_and_spread_of_its_training_images() -> None:
 
 SYNTHETIC_DIGEST = """
 import hashlib
-from dynabatch.common.data import load_dataset
+from dynabatch.common.tasks.data import load_dataset
 ds = load_dataset("synthetic")
 print(hashlib.sha256(ds.train_x.numpy().tobytes() + ds.test_y.numpy().tobytes()).hexdigest())
 """

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Hello, Role, ShardAssignment, ShardHeartbeat, WorkerHeartbeat
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import EvalReport, Hello, Role, ShardAssignment, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.outage_clock import ClockReading

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from dynabatch.cluster.launcher import child_env, command_line
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Pull, Push, PushAck
-from dynabatch.common.models import model_for_job
-from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.common.wire import ChunkMeta
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.tasks.models import model_for_job
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.frames import ChunkMeta
+from dynabatch.common.wire.messages import Pull, Push, PushAck
 from harness import Cluster, metric_value, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The reasons of ERROR are one enum (common/error_codes.py): every code raised in the tree is a member, every
+"""The reasons of ERROR are one enum (common/wire/error_codes.py): every code raised in the tree is a member, every
 member says when it is sent, ProtocolError takes nothing else, and receivers branch on members, not strings."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.common.error_codes import LOCAL_ONLY, ErrorCode
-from dynabatch.common.messages import Error
-from dynabatch.common.scheduler_link import RETRYABLE
-from dynabatch.common.wire import Message, ProtocolError, decode, encode
+from dynabatch.common.net.scheduler_link import RETRYABLE
+from dynabatch.common.wire.error_codes import LOCAL_ONLY, ErrorCode
+from dynabatch.common.wire.frames import Message, ProtocolError, decode, encode
+from dynabatch.common.wire.messages import Error
 
 REPO = Path(__file__).resolve().parents[1]
 CODE_FOLDERS = ("api", "common", "ps", "worker", "scheduler", "cluster", "cli", "bench")
@@ -93,7 +93,7 @@ def test_no_branch_compares_a_code_with_a_string() -> None:
 
 
 def test_each_member_is_documented_and_unique() -> None:
-    source = (REPO / "common" / "error_codes.py").read_text().splitlines()
+    source = (REPO / "common" / "wire" / "error_codes.py").read_text().splitlines()
     undocumented = []
     for member in ErrorCode:
         line = next(i for i, text in enumerate(source) if text.strip() == f'{member.name} = "{member.value}"')

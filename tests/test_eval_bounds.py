@@ -1,4 +1,4 @@
-"""common/eval_bounds.py: an evaluation's accuracy-like figures are fractions, every figure finite (test_acc NaN
+"""common/wire/eval_bounds.py: an evaluation's accuracy-like figures are fractions, every figure finite (test_acc NaN
 only where the task computes no accuracy)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import dynabatch as db
-from dynabatch.common.eval_bounds import eval_problem
-from dynabatch.common.messages import EvalReport
+from dynabatch.common.wire.eval_bounds import eval_problem
+from dynabatch.common.wire.messages import EvalReport
 from dynabatch.worker.evaluator import evaluate
 
 

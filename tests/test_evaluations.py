@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.messages import EvalReport
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import EvalReport
 from dynabatch.scheduler.evaluations import Evaluations
 from dynabatch.scheduler.saved_progress import SavedProgress
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynabatch.common.task_check import load_task
+from dynabatch.common.tasks.task_check import load_task
 from harness import child_env, command_line, run_job
 from plain_torch import evaluate_alone, train_alone
 
@@ -60,7 +60,7 @@ def check(spec: str) -> str:
 def loaded_modules(spec: str) -> str:
     """The modules a process holds after building the task's model and data, one per line."""
     code = (
-        "import sys; from dynabatch.common.task_check import load_task; t = load_task(sys.argv[1]); t.model(); "
+        "import sys; from dynabatch.common.tasks.task_check import load_task; t = load_task(sys.argv[1]); t.model(); "
         "t.train_data()[0]; print(*sorted(sys.modules), sep='\\n')"
     )
     done = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=child_env())

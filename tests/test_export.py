@@ -24,9 +24,9 @@ from dynabatch.cluster import export_command
 from dynabatch.cluster.export import TrainedState, assemble, load_trained
 from dynabatch.cluster.python_run import ACTIVE_ENV, task_spec
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.model_signature import signature_fields
-from dynabatch.common.task_check import check_task, load_task
-from dynabatch.common.weights import load_weights, read_state_dict
+from dynabatch.common.tasks.task_check import check_task, load_task
+from dynabatch.common.tasks.weights import load_weights, read_state_dict
+from dynabatch.common.wire.model_signature import signature_fields
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 from harness import Cluster, child_env, command_line, run_job, wait_for

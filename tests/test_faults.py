@@ -23,8 +23,8 @@ from dynabatch.cluster.launcher import Child
 from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import JobStatus
 from dynabatch.common.verified_files import DamagedFile, read_verified
+from dynabatch.common.wire.messages import JobStatus
 from harness import Cluster, free_port, wait_for
 
 EPOCHS = 3.0

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.gradient_bounds import MAX_TO_PARAMS, QUARANTINE_AFTER, Assessment, GradientBounds
 
 LIVE = {"w0", "w1", "w2", "bad"}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.gradient_direction import LEAD, MIN_SCORED, SKETCH, WARM_PUSHES, GradientDirection
 

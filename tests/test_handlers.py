@@ -1,13 +1,13 @@
-"""A receiver's handler table (common/handlers.py): each message goes to its type's handler, with its context, and
+"""A receiver's handler table (common/wire/handlers.py): each message goes to its type's handler, with its context, and
 the handler's answer comes back; a type without a handler is refused, naming the receiver, and calls nothing."""
 
 from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.handlers import Handlers
-from dynabatch.common.messages import Bye, Pull, Push
-from dynabatch.common.wire import Message, ProtocolError
+from dynabatch.common.wire.frames import Message, ProtocolError
+from dynabatch.common.wire.handlers import Handlers
+from dynabatch.common.wire.messages import Bye, Pull, Push
 
 
 def test_each_message_reaches_its_types_handler_and_its_answer_comes_back() -> None:

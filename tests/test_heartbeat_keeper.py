@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from dynabatch.common.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.wire.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
 from harness import wait_for
 from scheduler_socket import SchedulerSocket

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.scheduler.hello_rate import HelloRate
 
 

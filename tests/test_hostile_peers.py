@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dynabatch.common.messages import Bye, EvalReport, Hello, Role, Welcome, WorkerHeartbeat
-from dynabatch.common.transport import Connection, RemoteError
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.wire.messages import Bye, EvalReport, Hello, Role, Welcome, WorkerHeartbeat
 from harness import Cluster, metric_value
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerAssignment, WorkerHeartbeat
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
 

@@ -46,8 +46,8 @@ need_module("yaml", "PyYAML reads the rendered manifests; test extra")
 import yaml  # noqa: E402
 
 from dynabatch.common.config import JobConfig, MetricsOptions  # noqa: E402
-from dynabatch.common.curve import KEYS_BY_ROLE, CurveOptions  # noqa: E402
 from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args, validate_fields  # noqa: E402
+from dynabatch.common.net.curve import KEYS_BY_ROLE, CurveOptions  # noqa: E402
 from dynabatch.ps.options import PsOptions  # noqa: E402
 from dynabatch.scheduler.options import SchedulerOptions  # noqa: E402
 from dynabatch.worker.options import WorkerOptions  # noqa: E402

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.common.curve import KEY_FILES
-from dynabatch.common.dataset_files import IDX_FILES
+from dynabatch.common.net.curve import KEY_FILES
+from dynabatch.common.tasks.dataset_files import IDX_FILES
 
 # CPU time of a whole `dynabatch keys` run: about 0.1 s here; importing torch alone takes 2 s.
 KEYS_CPU_BUDGET_S = 0.5
 # "import time:  self [us] | cumulative | name", the name indented two spaces per level.
 IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)$")
-HEAVY = ("torch", "dynabatch.common.data", "dynabatch.common.models")
+HEAVY = ("torch", "dynabatch.common.tasks.data", "dynabatch.common.tasks.models")
 ROLES = ("dynabatch.ps", "dynabatch.worker", "dynabatch.scheduler", "dynabatch.cluster")
 REPO = Path(__file__).resolve().parents[1]
 # Each folder and the package it installs as (pyproject.toml's package-dir).
@@ -213,7 +213,9 @@ def test_job_schema_loads_no_torch_nor_the_data_and_model_registries() -> None:
     assert not loaded, f"dynabatch.common.config imported {loaded}"
 
 
-@pytest.mark.parametrize("module", ["dynabatch.common.curve", "dynabatch.common.transport", "dynabatch.common.wire"])
+@pytest.mark.parametrize(
+    "module", ["dynabatch.common.net.curve", "dynabatch.common.net.transport", "dynabatch.common.wire.frames"]
+)
 def test_keys_and_transport_do_not_depend_on_the_job_schema(module: str) -> None:
     modules = _imported_by(f"import {module}")
     assert "dynabatch.common.config" not in modules

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import default_collate
 
-from dynabatch.common.data import SampleOrder
+from dynabatch.common.tasks.data import SampleOrder
 from dynabatch.worker.loader_batches import LoaderBatches
 
 N = 5000

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from dynabatch.common.log_limit import RateLimitedLog
+from dynabatch.common.net.log_limit import RateLimitedLog
 
 
 def test_a_flood_of_refusals_logs_a_few_lines_and_one_summary_per_interval(caplog: pytest.LogCaptureFixture) -> None:

@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from dynabatch.common.messages import (
+from dynabatch.common.net.transport import Connection
+from dynabatch.common.tasks.models import build_model
+from dynabatch.common.wire.frames import ChunkMeta, Message
+from dynabatch.common.wire.messages import (
     Bye,
     ByeAck,
     Hello,
@@ -26,9 +29,6 @@ from dynabatch.common.messages import (
     WorkerHeartbeat,
     WorkerStatus,
 )
-from dynabatch.common.models import build_model
-from dynabatch.common.transport import Connection
-from dynabatch.common.wire import ChunkMeta, Message
 from harness import Cluster, free_port, run_job, wait_for
 
 pytestmark = pytest.mark.slow

@@ -24,8 +24,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
-from dynabatch.common.http_server import MAX_OPEN, REQUEST_TIMEOUT_S
-from dynabatch.common.metrics import Health, MetricsServer
+from dynabatch.common.net.http_server import MAX_OPEN, REQUEST_TIMEOUT_S
+from dynabatch.common.net.metrics import Health, MetricsServer
 from harness import wait_for
 
 IDLE, SLOW, PROBES = 500, 24, 20

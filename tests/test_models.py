@@ -1,4 +1,4 @@
-"""Tests for dynabatch.common.models: shapes, determinism, no buffers, and that the cnn learns."""
+"""Tests for dynabatch.common.tasks.models: shapes, determinism, no buffers, and that the cnn learns."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dynabatch.common.catalog import MODELS
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import SampleOrder, load_dataset, make_batch
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.models import build_model
+from dynabatch.common.tasks.catalog import MODELS
+from dynabatch.common.tasks.data import SampleOrder, load_dataset, make_batch
+from dynabatch.common.tasks.models import build_model
 
 SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "resnet": (3, 32, 32)}
 
@@ -54,7 +54,7 @@ def test_same_seed_same_parameters_and_global_rng_untouched(name: str) -> None:
 
 PARAMETER_DIGESTS = """
 import hashlib, sys, torch
-from dynabatch.common.models import build_model
+from dynabatch.common.tasks.models import build_model
 for name, shape in eval(sys.argv[1]):
     model = build_model(name, shape, 10, seed=5)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

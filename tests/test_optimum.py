@@ -1,4 +1,4 @@
-"""The optimum every method is judged against (common/optimum.py): its formulas on figures worked by hand."""
+"""The optimum every method is judged against (common/planning/optimum.py): its formulas on figures worked by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from bench.reference_time import cluster_optimum, device_of
 from bench.simulate import WorkerSpec
-from dynabatch.common.optimum import (
+from dynabatch.common.planning.optimum import (
     PER_WORKER_BATCHES,
     Device,
     NoiseScale,

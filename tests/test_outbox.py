@@ -7,7 +7,7 @@ import time
 
 import zmq
 
-from dynabatch.common.transport import bind_router
+from dynabatch.common.net.transport import bind_router
 from dynabatch.ps.outbox import IDLE_POLL_MS, SEND_QUEUE, Outbox
 
 FRAME = b"x" * (256 << 10)

@@ -7,7 +7,7 @@ import torch
 import zmq
 
 from dynabatch import optim as optim_spec
-from dynabatch.common.chunking import make_layout
+from dynabatch.common.wire.chunking import make_layout
 from dynabatch.ps.param_buffers import ParamBuffers
 from dynabatch.ps.shard_state import ShardState
 from harness import wait_for

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 import zmq
 
-from dynabatch.common.chunking import flat_grads, load_flat, make_layout
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import load_dataset, make_batch
-from dynabatch.common.models import model_for_job
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.tasks.data import load_dataset, make_batch
+from dynabatch.common.tasks.models import model_for_job
+from dynabatch.common.wire.chunking import flat_grads, load_flat, make_layout
 from dynabatch.task import cross_entropy
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import ShardClients

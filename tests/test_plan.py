@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dynabatch.cluster.plan_command import main
-from dynabatch.common.prediction import POLICIES, PROTOCOLS
+from dynabatch.common.planning.prediction import POLICIES, PROTOCOLS
 from harness import child_env, command_line, run_job
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"

@@ -1,6 +1,6 @@
-"""The predictor of a method's time to target (common/prediction.py) and `auto`'s choice by it
-(common/auto_choice.py): pure functions, checked directly on hand-built clusters, every shipped cluster file and
-the simulator's built-in profiles."""
+"""The predictor of a method's time to target (common/planning/prediction.py) and `auto`'s choice by it
+(common/planning/auto_choice.py): pure functions, checked directly on hand-built clusters, every shipped cluster file
+and the simulator's built-in profiles."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from bench.reference_time import device_of
 from bench.simulate import PROFILES, SimConfig
-from dynabatch.common.auto_choice import HYSTERESIS, choose
-from dynabatch.common.cluster_file import read_cluster
-from dynabatch.common.optimum import STUDY_NOISE, Device
-from dynabatch.common.prediction import (
+from dynabatch.common.planning.auto_choice import HYSTERESIS, choose
+from dynabatch.common.planning.cluster_file import read_cluster
+from dynabatch.common.planning.optimum import STUDY_NOISE, Device
+from dynabatch.common.planning.prediction import (
     POLICIES,
     PROTOCOLS,
     Cluster,

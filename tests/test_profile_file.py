@@ -12,7 +12,7 @@ import pytest
 
 from bench.profile_file import ProfileError, parse_profile, read_profile
 from bench.simulate import main
-from dynabatch.common.cluster_file import add_group
+from dynabatch.common.planning.cluster_file import add_group
 
 PROFILES = sorted(Path(__file__).resolve().parent.parent.joinpath("bench", "profiles").glob("*.json"))
 GOOD = {

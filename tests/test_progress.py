@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.progress import LOSS_SMOOTHING, Progress
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError, add_flags, from_args
 from dynabatch.common.protocols import (
@@ -28,6 +27,7 @@ from dynabatch.common.protocols import (
     protocol_settings,
     protocol_spec,
 )
+from dynabatch.common.wire.chunking import make_layout
 from dynabatch.optim import SGD
 from dynabatch.ps.protocol_rules import RULES
 from dynabatch.ps.shard_state import ShardState

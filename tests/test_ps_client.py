@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import WorkerHeartbeat
-from dynabatch.common.models import model_for_job
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.tasks.models import model_for_job
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.messages import WorkerHeartbeat
 from dynabatch.worker.ps_client import ShardClients
 from harness import Cluster, free_port, wait_for
 

@@ -8,9 +8,9 @@ import time
 
 import zmq
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.worker.pulse import Pulse
 from harness import wait_for
 from scheduler_socket import SchedulerSocket

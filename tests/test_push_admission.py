@@ -12,9 +12,9 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import Push, Welcome
-from dynabatch.common.model_signature import signature_from_fields
-from dynabatch.common.wire import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.messages import Push, Welcome
+from dynabatch.common.wire.model_signature import signature_from_fields
 from dynabatch.ps import push_admission
 from dynabatch.ps.push_admission import STEPS, PushAdmission, PushCase
 from dynabatch.ps.replay_guard import ReplayGuard

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.push_bounds import (
     OVERLAP_SLACK,
     AssignedBatches,

@@ -28,13 +28,13 @@ import pytest
 import torch
 
 from dynabatch.cluster.launcher import Child
-from dynabatch.common.chunking import make_layout
+from dynabatch.cluster.ports import free_port
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.messages import Error, Params, Pull, Push, PushAck, Welcome, WorkerHeartbeat
-from dynabatch.common.models import model_for_job
-from dynabatch.common.ports import free_port
-from dynabatch.common.transport import Connection
-from dynabatch.common.wire import ChunkMeta, Message, encode
+from dynabatch.common.net.transport import Connection
+from dynabatch.common.tasks.models import model_for_job
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.frames import ChunkMeta, Message, encode
+from dynabatch.common.wire.messages import Error, Params, Pull, Push, PushAck, Welcome, WorkerHeartbeat
 from harness import Cluster, Proc, metric_value, wait_for
 
 pytestmark = pytest.mark.slow

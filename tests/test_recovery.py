@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.verified_files import write_verified
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.outage_clock import MAX_UNTIMED_OUTAGE_S, ClockReading, outage_s

@@ -18,8 +18,16 @@ from dynabatch.cluster.report import (
     write_timeline,
 )
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, JobStatus, Role, ShardHeartbeat, ShardStatus, WorkerHeartbeat, WorkerStatus
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import (
+    Hello,
+    JobStatus,
+    Role,
+    ShardHeartbeat,
+    ShardStatus,
+    WorkerHeartbeat,
+    WorkerStatus,
+)
 from dynabatch.scheduler.job_state import JobState
 
 

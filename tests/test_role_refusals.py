@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dynabatch.common.endpoint import check_endpoint
 from dynabatch.common.flags import ConfigError
+from dynabatch.common.net.endpoint import check_endpoint
 from harness import child_env, command_line, free_port
 
 

@@ -4,7 +4,7 @@ and when the model is in doubt."""
 from __future__ import annotations
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
 from dynabatch.scheduler.roster import Roster
 from dynabatch.scheduler.saved_progress import SavedProgress

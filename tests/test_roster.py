@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
 
 

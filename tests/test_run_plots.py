@@ -9,7 +9,7 @@ from typing import Any
 
 from dynabatch.cluster.report import plot
 from dynabatch.cluster.run_plots import batch_bound, legend_label, metric_axes, run_title, step_times
-from dynabatch.common.messages import JobStatus, WorkerStatus
+from dynabatch.common.wire.messages import JobStatus, WorkerStatus
 
 CONFIG: dict[str, Any] = {
     "run": {"slowdowns": ["1", "2", "4"], "task": ""},

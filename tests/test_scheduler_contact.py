@@ -1,4 +1,4 @@
-"""Whether a process hears its scheduler (common/scheduler_contact.py): a closed connection at once, a silent
+"""Whether a process hears its scheduler (common/net/scheduler_contact.py): a closed connection at once, a silent
 scheduler after the silence allowed; /readyz follows, and an answer brings the process back."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from dynabatch.common.metrics import Health
-from dynabatch.common.scheduler_contact import SchedulerContact
+from dynabatch.common.net.metrics import Health
+from dynabatch.common.net.scheduler_contact import SchedulerContact
 
 
 def test_a_silent_scheduler_is_lost_after_the_silence_allowed_and_back_at_its_next_answer(

@@ -1,4 +1,4 @@
-"""`SchedulerLink` (common/scheduler_link.py), the registration every shard, worker and evaluator runs,
+"""`SchedulerLink` (common/net/scheduler_link.py), the registration every shard, worker and evaluator runs,
 against a real scheduler process: one that starts after the link, answers, goes away or restarts.
 """
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dynabatch.common.messages import Hello, JobStatus, Role, Welcome, WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.scheduler_link import ASK_EVERY_S, BYE_ATTEMPT_S, BYE_TIMEOUT_S, SchedulerLink
+from dynabatch.common.net.scheduler_link import ASK_EVERY_S, BYE_ATTEMPT_S, BYE_TIMEOUT_S, SchedulerLink
+from dynabatch.common.wire.messages import Hello, JobStatus, Role, Welcome, WorkerAssignment, WorkerHeartbeat
 from harness import Cluster, wait_for
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from dynabatch.cluster.launcher import Child, keys_per_role
-from dynabatch.common.curve import create_keys
+from dynabatch.common.net.curve import create_keys
 from harness import Cluster, metric_value, wait_for
 
 # One shard, one worker idled by a slowdown (speed is not what is tested), an evaluator every second.

@@ -2,7 +2,7 @@
 
 A real scheduler (and, where workers must be admitted, a real shard) runs as a
 process; the test speaks to it with a raw `Connection` and the messages of
-common/messages.py: HELLO is answered WELCOME once the job can take workers,
+common/wire/messages.py: HELLO is answered WELCOME once the job can take workers,
 STATUS is answered, and a message from a stranger, for another job or of a type
 the scheduler does not take is answered ERROR with the code naming its fault,
 counted on /metrics, and changes nothing.
@@ -19,8 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynabatch.common.eval_bounds import MAX_EVAL_METRICS
-from dynabatch.common.messages import (
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.verified_files import read_verified
+from dynabatch.common.wire.eval_bounds import MAX_EVAL_METRICS
+from dynabatch.common.wire.frames import chunk_meta
+from dynabatch.common.wire.messages import (
     EvalReport,
     Hello,
     Pull,
@@ -33,9 +36,6 @@ from dynabatch.common.messages import (
     WorkerHeartbeat,
     WorkerStatus,
 )
-from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.common.verified_files import read_verified
-from dynabatch.common.wire import chunk_meta
 from dynabatch.scheduler.saved_progress import progress_path
 from harness import Cluster, Proc, metric_value, wait_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.senders import SenderBindings
 
 A, B = b"conn-a", b"conn-b"

@@ -12,8 +12,8 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import Welcome
-from dynabatch.common.model_signature import signature_from_fields
+from dynabatch.common.wire.messages import Welcome
+from dynabatch.common.wire.model_signature import signature_from_fields
 from dynabatch.ps.checkpoint import ForeignCheckpoint
 from dynabatch.ps.push_bounds import max_push_samples
 from dynabatch.ps.served_job import ServedJob

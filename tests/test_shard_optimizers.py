@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from dynabatch import optim
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import ProtocolSettings, SoftsyncSettings
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.update_rules import chunk_segments, decay_runs, optimizer_spec

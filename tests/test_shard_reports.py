@@ -13,7 +13,7 @@ import zmq
 
 from dynabatch.cluster.launcher import child_env, command_line
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.messages import ShardAssignment, ShardHeartbeat
+from dynabatch.common.wire.messages import ShardAssignment, ShardHeartbeat
 from harness import free_port, kill_tree, wait_for
 from scheduler_socket import SchedulerSocket
 

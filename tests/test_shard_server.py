@@ -2,7 +2,7 @@
 
 A real scheduler and one real shard run as processes; this test registers as a
 worker (`Cluster.join_as_worker`) and talks to the shard with a raw `Connection`
-and the messages of common/messages.py only, so what is checked here holds
+and the messages of common/wire/messages.py only, so what is checked here holds
 whatever the shard's update rules become: pulls answer every chunk with its
 version, a refused push is answered with the code that names its fault, counted,
 and changes nothing, and a parked pull is answered when its round closes or,
@@ -20,13 +20,13 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.builtin_tasks import builtin_init
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.messages import Error, Params, Pull, Push, PushAck
-from dynabatch.common.models import model_for_job
-from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.tasks.builtin_tasks import builtin_init
+from dynabatch.common.tasks.models import model_for_job
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.frames import MAX_CHUNKS, ChunkMeta, Message, encode
+from dynabatch.common.wire.messages import Error, Params, Pull, Push, PushAck
 from dynabatch.ps.outbox import SEND_QUEUE
 from dynabatch.ps.peer_limits import MAX_PARKED_PER_PEER, backlog_limit
 from dynabatch.ps.push_bounds import max_push_samples

@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from dynabatch import optim as optim_spec
-from dynabatch.common.chunking import make_layout
-from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import (
     AsyncSettings,
     MsyncSettings,
@@ -20,7 +18,9 @@ from dynabatch.common.protocols import (
     SoftsyncSettings,
     SspSettings,
 )
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.protocol_rules import StaleSynchronousRule
 from dynabatch.ps.shard_state import PushOutcome, ShardState, StaleGradient

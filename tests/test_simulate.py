@@ -9,7 +9,7 @@ import torch
 
 from bench.simulate import PROFILES, Cluster, SimConfig, SimResult, Worker, WorkerSpec, simulate
 from bench.simulate_study import Part, run_plan
-from dynabatch.common.data import Dataset, load_dataset
+from dynabatch.common.tasks.data import Dataset, load_dataset
 from dynabatch.worker.batch_source import worker_order
 from dynabatch.worker.probe import probe_batch
 

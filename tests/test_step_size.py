@@ -8,8 +8,8 @@ import torch
 
 import dynabatch as db
 from dynabatch import optim as optim_spec
-from dynabatch.common.chunking import make_layout
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.step_size import StepSize, staleness_step
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dynabatch.common.builtin_tasks import builtin_task
-from dynabatch.common.catalog import BUILTIN_METRICS
 from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.task_check import check_task, load_task
+from dynabatch.common.tasks.builtin_tasks import builtin_task
+from dynabatch.common.tasks.catalog import BUILTIN_METRICS
+from dynabatch.common.tasks.task_check import check_task, load_task
 from dynabatch.optim import SGD, Adam, AdamW, OptimizerSpec
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError

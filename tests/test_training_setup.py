@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from dynabatch import optim as optim_spec
-from dynabatch.common.messages import Init
-from dynabatch.common.model_signature import ModelSignature, signature_fields, signature_from_fields
+from dynabatch.common.wire.messages import Init
+from dynabatch.common.wire.model_signature import ModelSignature, signature_fields, signature_from_fields
 from dynabatch.ps.training_setup import TrainingSetup
 from dynabatch.schedule import schedule_fields, warmup_cosine
 

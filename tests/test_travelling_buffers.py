@@ -18,13 +18,13 @@ import pytest
 import torch
 from torch import nn
 
-from dynabatch.common.chunking import BUFFERS_ID, TravellingBuffers, flat_params, load_flat
-from dynabatch.common.messages import Init, Params, Pull, Push, PushAck
-from dynabatch.common.model_signature import ModelSignature, ParamSpec, signature_fields, signature_from_fields
-from dynabatch.common.ports import free_port
-from dynabatch.common.task_check import check_task, load_task
-from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.common.wire import ChunkMeta
+from dynabatch.cluster.ports import free_port
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.tasks.task_check import check_task, load_task
+from dynabatch.common.wire.chunking import BUFFERS_ID, TravellingBuffers, flat_params, load_flat
+from dynabatch.common.wire.frames import ChunkMeta
+from dynabatch.common.wire.messages import Init, Params, Pull, Push, PushAck
+from dynabatch.common.wire.model_signature import ModelSignature, ParamSpec, signature_fields, signature_from_fields
 from dynabatch.optim import SGD
 from dynabatch.ps.shared_buffers import SharedBuffers
 from dynabatch.task import Task

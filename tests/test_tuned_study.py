@@ -119,7 +119,7 @@ def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_bes
     import json
     from pathlib import Path
 
-    from dynabatch.common.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
+    from dynabatch.common.planning.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
 
     profile = next(p for p in STUDIES["regimes"] if p.profile == "mixed_gpus16")
     groups = json.loads(Path("bench/profiles/mixed_gpus16.json").read_text())["workers"]
@@ -286,7 +286,7 @@ def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick
 
 def test_a_tuning_run_ends_at_its_target_and_a_report_run_runs_to_the_budget() -> None:
     from bench.simulate import simulate
-    from dynabatch.common.data import load_dataset
+    from dynabatch.common.tasks.data import load_dataset
 
     quick = STUDIES["tuned-quick"][0]
     data = load_dataset(quick.dataset)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dynabatch.cluster.report import evaluations, read_timeline, summarize, training_start
-from dynabatch.common.messages import JobStatus
+from dynabatch.common.wire.messages import JobStatus
 from dynabatch.scheduler.version_times import MAX_KEPT, VersionTimes
 from harness import run_job
 from test_report import _snap

@@ -9,7 +9,20 @@ import msgpack
 import pytest
 import torch
 
-from dynabatch.common.messages import (
+from dynabatch.common.wire.frames import (
+    PROTOCOL_VERSION,
+    ChunkMeta,
+    Message,
+    ProtocolError,
+    WireLimits,
+    check_chunks,
+    check_finite,
+    chunk_meta,
+    decode,
+    decode_map,
+    encode,
+)
+from dynabatch.common.wire.messages import (
     MESSAGE_TYPES,
     Decision,
     DecisionLatency,
@@ -22,19 +35,6 @@ from dynabatch.common.messages import (
     StatusRequest,
     WorkerHeartbeat,
     WorkerStatus,
-)
-from dynabatch.common.wire import (
-    PROTOCOL_VERSION,
-    ChunkMeta,
-    Message,
-    ProtocolError,
-    WireLimits,
-    check_chunks,
-    check_finite,
-    chunk_meta,
-    decode,
-    decode_map,
-    encode,
 )
 
 

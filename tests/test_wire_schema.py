@@ -1,9 +1,9 @@
 """A change of the wire's schema is a change of the protocol.
 
-The message dataclasses of common/messages.py are the schema: a field added,
+The message dataclasses of common/wire/messages.py are the schema: a field added,
 removed, renamed, retyped or given another default changes what a peer of the
 other version sends or understands. So the schema's digest is recorded beside
-PROTOCOL_VERSION (common/wire.py's SCHEMA_FINGERPRINT), and a change to it fails
+PROTOCOL_VERSION (common/wire/frames.py's SCHEMA_FINGERPRINT), and a change to it fails
 here until the version is raised and the new digest recorded.
 """
 
@@ -14,8 +14,8 @@ import hashlib
 import typing
 from collections.abc import Mapping
 
-from dynabatch.common.messages import MESSAGE_TYPES, WorkerHeartbeat
-from dynabatch.common.wire import PROTOCOL_VERSION, SCHEMA_FINGERPRINT
+from dynabatch.common.wire.frames import PROTOCOL_VERSION, SCHEMA_FINGERPRINT
+from dynabatch.common.wire.messages import MESSAGE_TYPES, WorkerHeartbeat
 
 
 def _dataclasses_in(hint: object) -> list[type]:
@@ -60,7 +60,7 @@ def test_the_schema_is_the_one_its_protocol_version_recorded() -> None:
     assert now == SCHEMA_FINGERPRINT, (
         f"the message dataclasses' fields changed (digest {now}; protocol version {PROTOCOL_VERSION} recorded "
         f"{SCHEMA_FINGERPRINT}): a change of the wire's schema is a change of the protocol. Raise PROTOCOL_VERSION "
-        f'in common/wire.py and record SCHEMA_FINGERPRINT = "{now}" beside it'
+        f'in common/wire/frames.py and record SCHEMA_FINGERPRINT = "{now}" beside it'
     )
 
 

@@ -8,7 +8,7 @@ from dynabatch.cluster.main import format_summary
 from dynabatch.cluster.progress import format_progress
 from dynabatch.cluster.report import summarize
 from dynabatch.cluster.worker_labels import emulated, label, labelled, order_key
-from dynabatch.common.messages import JobStatus, WorkerStatus
+from dynabatch.common.wire.messages import JobStatus, WorkerStatus
 
 
 def _workers(*named: tuple[str, str, str]) -> dict[str, WorkerStatus]:

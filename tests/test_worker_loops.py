@@ -16,12 +16,12 @@ import pytest
 import torch
 import zmq
 
-from dynabatch.common.chunking import Layout, make_layout
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import SampleOrder, load_dataset, make_batch
-from dynabatch.common.messages import WorkerAssignment
-from dynabatch.common.models import model_for_job
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.tasks.data import SampleOrder, load_dataset, make_batch
+from dynabatch.common.tasks.models import model_for_job
+from dynabatch.common.wire.chunking import Layout, make_layout
+from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.task import cross_entropy
 from dynabatch.worker.batch_source import BatchSource
 from dynabatch.worker.gradient_steps import GradientLoop

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dynabatch.common.data import SampleOrder
+from dynabatch.common.tasks.data import SampleOrder
 
 
 def worker_order(train_size: int, job_seed: int, number: int) -> SampleOrder:

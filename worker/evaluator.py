@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from dynabatch.common.chunking import load_flat
-from dynabatch.common.messages import EvalReport, WorkerHeartbeat
-from dynabatch.common.task_check import build_data
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.tasks.task_check import build_data
+from dynabatch.common.wire.chunking import load_flat
+from dynabatch.common.wire.messages import EvalReport, WorkerHeartbeat
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 from dynabatch.worker.batch_source import batch_len, fetch, to_device

@@ -30,9 +30,9 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from dynabatch.common.chunking import flat_grads, load_flat
-from dynabatch.common.messages import WorkerAssignment
 from dynabatch.common.protocols import protocol_spec
+from dynabatch.common.wire.chunking import flat_grads, load_flat
+from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop

@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.scheduler_link import SchedulerLink
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
 from dynabatch.worker.step_times import StepResult
 
 

@@ -17,15 +17,15 @@ from typing import Any
 import torch
 import zmq
 
-from dynabatch.common.builtin_tasks import builtin_task
-from dynabatch.common.chunking import Layout, TravellingBuffers, flat_params, make_layout
 from dynabatch.common.config import JobConfig, check_flags_against_task
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Init, Welcome
-from dynabatch.common.model_signature import ModelSignature, signature_fields
-from dynabatch.common.task_check import check_task, load_task
-from dynabatch.common.transport import RemoteError
-from dynabatch.common.weights import load_weights, read_state_dict
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.tasks.builtin_tasks import builtin_task
+from dynabatch.common.tasks.task_check import check_task, load_task
+from dynabatch.common.tasks.weights import load_weights, read_state_dict
+from dynabatch.common.wire.chunking import Layout, TravellingBuffers, flat_params, make_layout
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.messages import Init, Welcome
+from dynabatch.common.wire.model_signature import ModelSignature, signature_fields
 from dynabatch.schedule import schedule_fields
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError

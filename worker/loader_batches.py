@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from dynabatch.common.data import SampleOrder
+from dynabatch.common.tasks.data import SampleOrder
 
 
 class AssignedBatchSampler:

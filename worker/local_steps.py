@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dynabatch.common.chunking import flat_params, load_flat, travelling
-from dynabatch.common.messages import WorkerAssignment
+from dynabatch.common.wire.chunking import flat_params, load_flat, travelling
+from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.worker.ps_client import PendingPull, PendingPush
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_plans import (

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 
 from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curve_keys, parse_role_args
-from dynabatch.common.curve import CurveKeys
-from dynabatch.common.dataset_files import BadDatasetFile, DatasetNotFound
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.messages import Role
+from dynabatch.common.net.curve import CurveKeys
+from dynabatch.common.tasks.dataset_files import BadDatasetFile, DatasetNotFound
+from dynabatch.common.wire.messages import Role
 from dynabatch.task_error import TaskError
 from dynabatch.worker.options import WorkerOptions
 

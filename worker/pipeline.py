@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from dynabatch.common import staleness
-from dynabatch.common.chunking import Layout, TravellingBuffers, travelling
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.wire.chunking import Layout, TravellingBuffers, travelling
+from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.worker.ps_client import Pending, PendingPull, PendingPush, PullResult, ShardClients
 
 

@@ -4,7 +4,7 @@ Requests go to every shard at once and the replies are collected as they come,
 so S shards cost one round trip, not S. Gradients travel as views of the flat
 gradient vector (no copies); received chunks are copied once, into the flat
 parameter vector. A model's travelling buffers (BatchNorm's running statistics,
-common/chunking.py's TravellingBuffers) ride along with shard 0 as one more
+common/wire/chunking.py's TravellingBuffers) ride along with shard 0 as one more
 chunk entry: with every push, and in the answer to every full pull.
 """
 
@@ -19,11 +19,11 @@ import torch
 import zmq
 
 from dynabatch.common import staleness
-from dynabatch.common.chunking import BUFFERS_ID, BUFFERS_SHARD, Chunk, Layout
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Error, Init, InitAck, Params, Pull, Push, PushAck
-from dynabatch.common.transport import Connection, RemoteError
-from dynabatch.common.wire import ChunkMeta, Message
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.wire.chunking import BUFFERS_ID, BUFFERS_SHARD, Chunk, Layout
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ChunkMeta, Message
+from dynabatch.common.wire.messages import Error, Init, InitAck, Params, Pull, Push, PushAck
 
 
 @dataclass

@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 import zmq
 
-from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
 
 log = logging.getLogger("dynabatch.worker")
 WEDGED_EXIT = 1  # an error: `dynabatch run` restarts the process (cluster/restart_policy.py)

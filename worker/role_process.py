@@ -19,12 +19,12 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.curve import CurveKeys
-from dynabatch.common.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
-from dynabatch.common.metrics import Health, MetricsServer, handshake_failures
-from dynabatch.common.scheduler_link import SchedulerLink
+from dynabatch.common.net.curve import CurveKeys
+from dynabatch.common.net.metrics import Health, MetricsServer, handshake_failures
+from dynabatch.common.net.scheduler_link import SchedulerLink
+from dynabatch.common.net.transport import RemoteError, open_context
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.common.transport import RemoteError, open_context
+from dynabatch.common.wire.messages import Hello, Role, WorkerAssignment, WorkerHeartbeat
 from dynabatch.worker.heartbeats import HeartbeatKeeper, Stopping
 from dynabatch.worker.joined import Joined
 from dynabatch.worker.options import WorkerOptions

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from dynabatch.common.chunking import Layout, TravellingBuffers
 from dynabatch.common.config import JobConfig
-from dynabatch.common.messages import WorkerAssignment
+from dynabatch.common.wire.chunking import Layout, TravellingBuffers
+from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.step_plans import StepPlan
 from dynabatch.worker.step_times import StepResult

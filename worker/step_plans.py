@@ -21,8 +21,8 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.protocols import DELTA, GRADIENT, ProtocolSpec
+from dynabatch.common.wire.error_codes import ErrorCode
 
 
 class Orders(Protocol):

@@ -20,13 +20,13 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.allotment import allotted_batch
-from dynabatch.common.chunking import travelling
-from dynabatch.common.error_codes import ErrorCode
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.messages import WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.net.transport import RemoteError
 from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.slowdown import Slowdown
-from dynabatch.common.transport import RemoteError
+from dynabatch.common.wire.chunking import travelling
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
 from dynabatch.worker.batch_source import DatasetBatches, to_device, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
 from dynabatch.worker.joined import Joined

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dynabatch.common.messages import Bye, EvalReport, Hello, Pull, Push, Role, WorkerHeartbeat
-from dynabatch.common.wire import MAX_CHUNKS, ChunkMeta, Message, encode
+from dynabatch.common.wire.frames import MAX_CHUNKS, ChunkMeta, Message, encode
+from dynabatch.common.wire.messages import Bye, EvalReport, Hello, Pull, Push, Role, WorkerHeartbeat
 from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dynabatch.common.messages import Push
-from dynabatch.common.wire import ChunkMeta
+from dynabatch.common.wire.frames import ChunkMeta
+from dynabatch.common.wire.messages import Push
 
 GRADIENTS = ("scaled_1e3", "scaled_1e6", "flipped", "noise", "non_finite", "over_claimed", "one_sample")
 REPLAYS = ("replay_own", "replay_other")

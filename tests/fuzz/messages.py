@@ -23,8 +23,8 @@ from typing import Any
 
 import msgpack
 
-from dynabatch.common.messages import Bye, EvalReport, Hello, Init, Pull, Push, WorkerHeartbeat
-from dynabatch.common.wire import PROTOCOL_VERSION, ChunkMeta, Message, encode
+from dynabatch.common.wire.frames import PROTOCOL_VERSION, ChunkMeta, Message, encode
+from dynabatch.common.wire.messages import Bye, EvalReport, Hello, Init, Pull, Push, WorkerHeartbeat
 from fuzz.byzantine import GRADIENTS, ByzantineMember
 
 SCHEDULER = 0  # target index; shard s is target s + 1

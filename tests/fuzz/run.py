@@ -47,11 +47,12 @@ import zmq
 
 from dynabatch.cluster.launcher import Child, Launcher
 from dynabatch.cluster.metric_text import metric_by_label, metric_sum
-from dynabatch.common.builtin_tasks import builtin_init
-from dynabatch.common.chunking import make_layout
 from dynabatch.common.config import job_from_dict
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import (
+from dynabatch.common.tasks.builtin_tasks import builtin_init
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError, decode, encode
+from dynabatch.common.wire.messages import (
     Bye,
     Error,
     Hello,
@@ -64,7 +65,6 @@ from dynabatch.common.messages import (
     Welcome,
     WorkerHeartbeat,
 )
-from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, decode, encode
 from dynabatch.ps.peer_limits import backlog_limit
 from fuzz.attacks import ATTACKS, UNREAD_PULLS, Attack, AttackResult
 from fuzz.byzantine import GRADIENTS, ByzantineMember, judge

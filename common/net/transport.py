@@ -27,9 +27,10 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
-from dynabatch.common.connection_caps import ConnectionCaps
-from dynabatch.common.connection_watch import ConnectionReports, watch_connections
-from dynabatch.common.curve import (
+from dynabatch.common.flags import ConfigError
+from dynabatch.common.net.connection_caps import ConnectionCaps
+from dynabatch.common.net.connection_watch import ConnectionReports, watch_connections
+from dynabatch.common.net.curve import (
     REFUSALS,
     CurveKeys,
     key_role,
@@ -37,9 +38,8 @@ from dynabatch.common.curve import (
     secure_server,
     start_authenticator,
 )
-from dynabatch.common.flags import ConfigError
-from dynabatch.common.messages import Error
-from dynabatch.common.wire import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode
+from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError, WireLimits, decode, encode
+from dynabatch.common.wire.messages import Error
 
 if TYPE_CHECKING:
     import torch

@@ -7,7 +7,7 @@ of the training set with (worker/batch_source.py).
 
 from __future__ import annotations
 
-from dynabatch.common.messages import Role
+from dynabatch.common.wire.messages import Role
 
 PREFIXES = {Role.WORKER: "w", Role.EVALUATOR: "eval", Role.SHARD: "ps"}
 

@@ -27,8 +27,11 @@ from typing import Generic
 
 import zmq
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import (
+from dynabatch.common.net.metrics import Health
+from dynabatch.common.net.scheduler_contact import SchedulerContact
+from dynabatch.common.net.transport import Connection, RemoteError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.messages import (
     Answer,
     Bye,
     Error,
@@ -36,9 +39,6 @@ from dynabatch.common.messages import (
     Report,
     Welcome,
 )
-from dynabatch.common.metrics import Health
-from dynabatch.common.scheduler_contact import SchedulerContact
-from dynabatch.common.transport import Connection, RemoteError
 
 log = logging.getLogger("dynabatch.link")
 # The job is not up yet; a restarted shard's old self is not yet dead; this machine registered many members at once.

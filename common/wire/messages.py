@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 
 class Role(StrEnum):
-    """What a process registers as (HELLO.role): its id (common/member_ids.py), the heartbeat it sends and the
+    """What a process registers as (HELLO.role): its id (common/wire/member_ids.py), the heartbeat it sends and the
     assignment it gets follow from it. A shard's role is named as its command is (`dynabatch ps`)."""
 
     WORKER = "worker"
@@ -230,9 +230,9 @@ class Init:
     differing parameter named. `names`, `shapes` and `dtypes` list the trainable
     parameters in order; `buffer_names`, `buffer_shapes` and `buffer_dtypes` the
     buffers a training forward changes (BatchNorm's running statistics), which
-    shard 0 holds and averages (common/model_signature.py's ModelSignature; absent: none travel),
+    shard 0 holds and averages (common/wire/model_signature.py's ModelSignature; absent: none travel),
     and shard 0's INIT carries their initial values as one more chunk entry
-    (`BUFFERS_ID`, common/chunking.py). `optimizer` and `schedule` are plain-data specs
+    (`BUFFERS_ID`, common/wire/chunking.py). `optimizer` and `schedule` are plain-data specs
     (api/optim.py, api/schedule.py; empty: the job's SGD flags, constant).
     """
 
@@ -322,7 +322,7 @@ class EvalReport:
     """An evaluator's result on one model version: the loss, and every metric of its task by name.
 
     `test_acc` is the `accuracy` metric (NaN when the task does not compute one); every other value is finite
-    (common/eval_bounds.py).
+    (common/wire/eval_bounds.py).
     """
 
     TYPE: ClassVar[str] = "EVAL"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from dynabatch.common.metrics import Health
+from dynabatch.common.net.metrics import Health
 
 log = logging.getLogger("dynabatch.link")
 

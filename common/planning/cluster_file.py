@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dynabatch.common.atomic_file import write_text_atomic
-from dynabatch.common.optimum import Device
+from dynabatch.common.planning.optimum import Device
 from dynabatch.common.slowdown import Slowdown
 
 TEXT_KEYS = ("name", "source", "notes")

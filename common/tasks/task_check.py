@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from dynabatch.common.chunking import named_travelling
-from dynabatch.common.model_signature import ModelSignature, running_buffers, signature
-from dynabatch.common.task_spec import names_a_file, split_task_spec
+from dynabatch.common.tasks.task_spec import names_a_file, split_task_spec
+from dynabatch.common.wire.chunking import named_travelling
+from dynabatch.common.wire.model_signature import ModelSignature, running_buffers, signature
 from dynabatch.optim import optimizer_from_fields
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError

@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
-from dynabatch.common.chunking import flat_params
 from dynabatch.common.config import JobConfig
-from dynabatch.common.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
-from dynabatch.common.messages import Init
-from dynabatch.common.model_signature import signature_fields
-from dynabatch.common.models import build_model
-from dynabatch.common.task_check import check_task
+from dynabatch.common.tasks.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
+from dynabatch.common.tasks.models import build_model
+from dynabatch.common.tasks.task_check import check_task
+from dynabatch.common.wire.chunking import flat_params
+from dynabatch.common.wire.messages import Init
+from dynabatch.common.wire.model_signature import signature_fields
 from dynabatch.task import Task
 
 AUGMENT_SEED = 17

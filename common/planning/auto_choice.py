@@ -1,5 +1,5 @@
-"""`--protocol auto` / `--batch-policy auto`'s rule: the method the predictor (common/prediction.py) says reaches
-the target first on the measured cluster, with the reason in words, and kept while it stays close.
+"""`--protocol auto` / `--batch-policy auto`'s rule: the method the predictor (common/planning/prediction.py) says
+reaches the target first on the measured cluster, with the reason in words, and kept while it stays close.
 
 A choice is revisited when the cluster changes (a join, a leave, a speed shift); HYSTERESIS keeps the running
 method unless another is predicted that much faster, so that measurement noise does not flip a job between
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dynabatch.common.optimum import NoiseScale
-from dynabatch.common.prediction import PROTOCOLS, Cluster, Prediction, optimum, predict_all
+from dynabatch.common.planning.optimum import NoiseScale
+from dynabatch.common.planning.prediction import PROTOCOLS, Cluster, Prediction, optimum, predict_all
 
 HYSTERESIS = 0.10
 """A running method is replaced only by one predicted at least this fraction faster."""

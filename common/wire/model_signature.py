@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dynabatch.common.chunking import named_travelling
+from dynabatch.common.wire.chunking import named_travelling
 from dynabatch.task_error import TaskError
 
 TRAVELLING_DTYPES = (torch.float32,)

@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from dynabatch.common.inflated_cache import inflated
+from dynabatch.common.tasks.inflated_cache import inflated
 
 # Module constants rather than literals so that tests (and odd installs) can move them.
 SYSTEM_DIR = Path("/usr/share/datasets")

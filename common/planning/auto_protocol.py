@@ -2,23 +2,24 @@
 
 The shards take their update rule from the protocol when they start, so unlike the batch policy (scheduler/
 auto_policy.py) the protocol cannot follow the workers as the scheduler measures them: it is chosen from a
-description of the cluster given up front (`--cluster-profile FILE.json`, the format of common/cluster_file.py, as
-`dynabatch plan --profile` reads it and `dynabatch check --save-profile` writes it), by the rule `dynabatch plan`
-prints (common/auto_choice.py `choose` over the protocols the predictor models), at the job's global batch and
-chunk size. The command that starts the scheduler resolves it (`dynabatch run`, `dynabatch scheduler`); a job
-with `auto` unresolved never reaches a shard or a worker (`job_from_dict` refuses it).
+description of the cluster given up front (`--cluster-profile FILE.json`, the format of
+common/planning/cluster_file.py, as `dynabatch plan --profile` reads it and `dynabatch check --save-profile`
+writes it), by the rule `dynabatch plan` prints (common/planning/auto_choice.py `choose` over the protocols the
+predictor models), at the job's global batch and chunk size. The command that starts the scheduler resolves it
+(`dynabatch run`, `dynabatch scheduler`); a job with `auto` unresolved never reaches a shard or a worker
+(`job_from_dict` refuses it).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from dynabatch.common.auto_choice import choose
-from dynabatch.common.cluster_file import ClusterFileError, read_cluster
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.optimum import STUDY_NOISE
-from dynabatch.common.prediction import cluster_of
+from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.cluster_file import ClusterFileError, read_cluster
+from dynabatch.common.planning.optimum import STUDY_NOISE
+from dynabatch.common.planning.prediction import cluster_of
 from dynabatch.common.protocols import SPECS
 
 

@@ -22,9 +22,9 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from dynabatch.common.connection_caps import ConnectionCaps, ConnectionTally
-from dynabatch.common.curve import REFUSALS
-from dynabatch.common.log_limit import RateLimitedLog
+from dynabatch.common.net.connection_caps import ConnectionCaps, ConnectionTally
+from dynabatch.common.net.curve import REFUSALS
+from dynabatch.common.net.log_limit import RateLimitedLog
 
 log = logging.getLogger("dynabatch.connections")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dynabatch.common.catalog import DATASETS
-from dynabatch.common.dataset_files import (
+from dynabatch.common.tasks.catalog import DATASETS
+from dynabatch.common.tasks.dataset_files import (
     CIFAR_FILES,
     IDX_FILES,
     check_images_and_labels,

@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the job's schema (common/config.py) validates these choices,
 and `dynabatch keys` or a flag error must not wait seconds for torch to load. The
-loaders (common/data.py) and builders (common/models.py) implement exactly these
+loaders (common/tasks/data.py) and builders (common/tasks/models.py) implement exactly these
 names; tests/test_data.py and tests/test_models.py hold them to it.
 """
 

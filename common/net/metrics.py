@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from dynabatch.common.connection_caps import REASONS as CAP_REASONS
-from dynabatch.common.connection_watch import ConnectionReports
-from dynabatch.common.curve import REFUSALS
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.http_server import SelectorHTTPServer
+from dynabatch.common.net.connection_caps import REASONS as CAP_REASONS
+from dynabatch.common.net.connection_watch import ConnectionReports
+from dynabatch.common.net.curve import REFUSALS
+from dynabatch.common.net.http_server import SelectorHTTPServer
 
 # Where a process listens (its sockets, its /metrics): logged at any --log-level (`setup_logging`), since a
 # launcher reads it to find the process and a user needs it to reach it.

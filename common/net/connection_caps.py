@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynabatch.common.http_server import MAX_OPEN
+from dynabatch.common.net.http_server import MAX_OPEN
 
 # Descriptors kept out of the connection cap: the /metrics server's connections (MAX_OPEN) and as many again for
 # the process's own files, ZeroMQ's internal descriptors (a mailbox per socket, its poller), its client

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 
-from dynabatch.common.messages import EvalReport
+from dynabatch.common.wire.messages import EvalReport
 
 MAX_EVAL_METRICS = 32
 MAX_METRIC_NAME_CHARS = 64

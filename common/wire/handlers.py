@@ -1,6 +1,6 @@
 """A receiver's table of handlers by message type, each typed by the body it takes.
 
-A role's loop decodes a message (common/wire.py gives `Message[Any]`) and hands it
+A role's loop decodes a message (common/wire/frames.py gives `Message[Any]`) and hands it
 to the handler registered for its body's class, which answers with a reply body
 (or None); a message of any other type is refused (`unexpected_type`). A handler is
 registered with its body's class, so it takes a `Message[Pull]`, not a message whose
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.wire import B, Message, ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import B, Message, ProtocolError
 
 Context = TypeVar("Context")
 Reply = TypeVar("Reply")

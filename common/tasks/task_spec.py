@@ -1,6 +1,6 @@
 """The syntax of `--task`: FILE.py:ATTR or package.module:ATTR, checked without importing anything.
 
-Kept apart from common/task_check.py (which imports torch) so that a malformed spec is
+Kept apart from common/tasks/task_check.py (which imports torch) so that a malformed spec is
 refused at once, as a flag, before a command pays torch's import.
 """
 

@@ -3,7 +3,7 @@
 A code is a stable label: it travels in ERROR (as its plain string; an ErrorCode is
 a str), it names the `dynabatch_bad_messages_total` and `dynabatch_worker_errors_total`
 series, and the receiver of an ERROR branches on it. Each member says when it is sent
-and what its receiver does. `ProtocolError` (common/wire.py) takes only these codes;
+and what its receiver does. `ProtocolError` (common/wire/frames.py) takes only these codes;
 an ERROR that arrives may carry any string (`RemoteError.code`), which matches no
 member and is handled as a failed request.
 
@@ -22,7 +22,7 @@ from enum import StrEnum
 class ErrorCode(StrEnum):
     """The reason an ERROR gives (see the module's docstring for what a receiver does by default)."""
 
-    # -- The envelope and its frames (common/wire.py): a peer with a bug, or not a dynabatch peer at all.
+    # -- The envelope and its frames (common/wire/frames.py): a peer with a bug, or not a dynabatch peer at all.
     # Frame 0 is empty, not msgpack, or not a map.
     MALFORMED = "malformed"
     # The envelope's protocol version is not this process's: mixed dynabatch versions in one job.
@@ -126,7 +126,7 @@ def sent_code(code: str) -> ErrorCode:
     try:
         member = ErrorCode(code)
     except ValueError:
-        raise ValueError(f"{code!r} is not an ErrorCode (common/error_codes.py)") from None
+        raise ValueError(f"{code!r} is not an ErrorCode (common/wire/error_codes.py)") from None
     if member in LOCAL_ONLY:
         raise ValueError(f"{code!r} labels a worker's own failure and is never sent in an ERROR")
     return member

@@ -1,9 +1,9 @@
 """A method's time to target on a measured cluster, predicted without running it: what `dynabatch plan` prints and
-what `--protocol auto` / `--batch-policy auto` would choose by (common/auto_choice.py).
+what `--protocol auto` / `--batch-policy auto` would choose by (common/planning/auto_choice.py).
 
 The model, each part a stated assumption:
 
-- A worker's step computes b samples in `fixed_s + per_sample_s * b` (common/optimum.py's Device), at most its
+- A worker's step computes b samples in `fixed_s + per_sample_s * b` (common/planning/optimum.py's Device), at most its
   cap, and moves the model twice (pull, push) over its link: 2 (latency + bytes / bandwidth), overlapped with the
   compute over the model's chunks as the pipeline does (`pipelined`).
 - The batch policy gives each worker its batch (POLICIES): `fixed` B/n each, a capped worker held at its cap and
@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dynabatch.common.cluster_file import ClusterFile, WorkerGroup
-from dynabatch.common.optimum import PER_WORKER_BATCHES, Device, NoiseScale, Optimum, calibrated_optimum
+from dynabatch.common.planning.cluster_file import ClusterFile, WorkerGroup
+from dynabatch.common.planning.optimum import PER_WORKER_BATCHES, Device, NoiseScale, Optimum, calibrated_optimum
 from dynabatch.common.protocols import SPECS, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 

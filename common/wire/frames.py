@@ -35,8 +35,8 @@ if typing.TYPE_CHECKING:
     import torch
     from typing_extensions import TypeIs  # typing's own from Python 3.13
 
-from dynabatch.common.error_codes import ErrorCode, sent_code
-from dynabatch.common.messages import MESSAGE_TYPES, Error, Init
+from dynabatch.common.wire.error_codes import ErrorCode, sent_code
+from dynabatch.common.wire.messages import MESSAGE_TYPES, Error, Init
 
 PROTOCOL_VERSION = 2
 SCHEMA_FINGERPRINT = "57c40cba885427bf"
@@ -76,7 +76,7 @@ class WireLimits:
 
 
 class ProtocolError(Exception):
-    """A received message that must be rejected; `code` is one of common/error_codes.py's reasons (a plain
+    """A received message that must be rejected; `code` is one of common/wire/error_codes.py's reasons (a plain
     string that is one is taken too, and any other refused with ValueError: a bug at the raise site)."""
 
     def __init__(self, code: ErrorCode | str, text: str, ref: int = -1) -> None:
@@ -114,7 +114,7 @@ class ChunkMeta:
 
 
 class Body(Protocol):
-    """A message body: one of common/messages.py's dataclasses, named on the wire by its TYPE."""
+    """A message body: one of common/wire/messages.py's dataclasses, named on the wire by its TYPE."""
 
     TYPE: ClassVar[str]
 
@@ -125,7 +125,7 @@ B = TypeVar("B", bound=Body)
 @dataclass
 class Message(Generic[B]):
     """A decoded (or to-be-sent) message: envelope fields, its body (of type `B`: decode gives `Message[Any]`,
-    which a receiver's handler table narrows by the body's class, common/handlers.py), tensors."""
+    which a receiver's handler table narrows by the body's class, common/wire/handlers.py), tensors."""
 
     body: B
     chunks: list[ChunkMeta] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """What each client role's CURVE key may send: a worker key cannot register a shard or report an evaluation.
 
-Under CURVE every connection authenticated with one role's key (common/curve.py
+Under CURVE every connection authenticated with one role's key (common/net/curve.py
 names it as the connection's ZAP user id). A server checks that role before it
 reads a message's fields, so a stolen worker key (the most widely spread secret
 of a job: every worker machine holds it) can train, and no more. Without CURVE
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from dynabatch.common.error_codes import ErrorCode
-from dynabatch.common.messages import Role
-from dynabatch.common.wire import ProtocolError
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import Role
 
 HELLO_KEY_ROLE = {Role.SHARD: "shard", Role.WORKER: "worker", Role.EVALUATOR: "evaluator"}  # the key each role needs
 

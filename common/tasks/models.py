@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from dynabatch.common.catalog import model_size
-from dynabatch.common.data import NUM_CLASSES, input_shape
+from dynabatch.common.tasks.catalog import model_size
+from dynabatch.common.tasks.data import NUM_CLASSES, input_shape
 
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
@@ -124,7 +124,7 @@ class Flat(nn.Module):
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0) -> nn.Module:
     """Build a model whose initial parameters depend only on (name, input_shape, num_classes, seed);
-    `name` is one of MODELS, or flat:N (common/catalog.py); ValueError for another.
+    `name` is one of MODELS, or flat:N (common/tasks/catalog.py); ValueError for another.
 
     The CPU generator is seeded inside fork_rng, so the caller's RNG state is left
     exactly as it was (layers initialise on the CPU, so no other device is involved).

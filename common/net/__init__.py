@@ -1,0 +1,1 @@
+"""Networking every role shares: ZeroMQ sockets, CURVE keys, connection caps, the scheduler link, /metrics."""

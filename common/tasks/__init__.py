@@ -1,0 +1,1 @@
+"""The built-in tasks and their data: models, datasets, their files, and the loading of a user's task."""
