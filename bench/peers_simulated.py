@@ -5,6 +5,8 @@ time with the real scheduler and shard code (its public entry point `simulate` o
 What can be expressed there is compared, each at its own tuned step size:
 
 - dynabatch's default: asgd with fixed batches (B/n each) on every node;
+- dynabatch with ringmaster and fixed batches, the best measured on tail16 after the push fix
+  (bench/RESULTS.md 14b): dynabatch's best here is the faster of the two;
 - DDP: bulk synchronous with equal batches (ssgd + fixed) on every node, global batch B;
 - the fastest machine alone, at a node's share B/n (one worker: plain SGD);
 - the m fastest synchronous (m = n/4), equal batches of B/n: a user who leaves the slow machines out.
@@ -16,6 +18,9 @@ shards). Step sizes are tuned as bench/tuned_study.py tunes them (its grids, tun
     python -m bench.peers_simulated                          # tail16, lognormal64, lognormal256
     python -m bench.peers_simulated --profiles tail16 --seeds 0 --tune-seeds 100 --jobs 2
     python -m bench.peers_simulated --profiles lognormal64 --lr lognormal64:dynabatch=0.01 lognormal64:ddp=0.4
+
+Every finished simulation is appended to OUT/runs.jsonl and not run again: an interrupted
+comparison goes on where it stopped (a run is a function of its settings and seed).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ PEERS: dict[str, Peer] = {
     p.key: p
     for p in (
         Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
+        Peer("ringmaster", "dynabatch ringmaster+fixed", "ringmaster", "fixed", 0, STEP_LRS),
         Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
         # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
         Peer("alone", "fastest machine alone", "asgd", "fixed", 1, (0.01, 0.02, 0.04, 0.08, 0.16)),
@@ -110,6 +116,37 @@ def config(run: SimRun) -> SimConfig:
 _DATA: dict[str, Any] = {}
 
 
+class Done:
+    """Finished simulations, kept in a JSON-lines file (one per line: the run and its figures), so that a
+    comparison interrupted part-way does not run them again."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.runs: dict[str, dict[str, Any]] = {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    item = json.loads(line)
+                    self.runs[self._key(SimRun(**item["run"]))] = item["result"]
+
+    @staticmethod
+    def _key(run: SimRun) -> str:
+        return json.dumps(asdict(run), sort_keys=True)
+
+    def run(self, plan: list[SimRun], jobs: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """Every run of `plan`'s figures (with its peer and step size), simulating those not done yet."""
+        todo = [r for r in plan if self._key(r) not in self.runs]
+        if len(todo) < len(plan):
+            log(f"[peers simulated] {len(plan) - len(todo)} of {len(plan)} runs already done")
+        for run, r in run_parallel(_simulate, todo, jobs, _describe, log):
+            result = {**asdict(r), "peer": run.peer, "lr": run.lr}
+            self.runs[self._key(run)] = result
+            if self.path is not None:
+                with self.path.open("a") as f:
+                    f.write(json.dumps({"run": asdict(run), "result": result}) + "\n")
+        return [self.runs[self._key(r)] for r in plan]
+
+
 def _simulate(run: SimRun) -> tuple[SimRun, SimResult]:
     if "data" not in _DATA:
         _DATA["data"] = load_dataset("fashion-mnist")
@@ -131,10 +168,12 @@ def study(
     jobs: int,
     log: Callable[[str], None],
     given: dict[str, dict[str, float]] | None = None,
+    done: Done | None = None,
 ) -> dict[str, Any]:
     """Tune each peer per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer), then
-    run the report seeds; every run's figures."""
+    run the report seeds; every run's figures (those in `done` are not run again)."""
     given = given or {}
+    done = done or Done(None)
     chosen: dict[str, dict[str, float | None]] = {}
     tuning: dict[str, list[dict[str, Any]]] = {}
     report: dict[str, list[dict[str, Any]]] = {}
@@ -151,20 +190,14 @@ def study(
                 for lr in peer.lrs
                 for s in tune_seeds
             ]
-            done = [
-                {**asdict(r), "peer": run.peer, "lr": run.lr}
-                for run, r in run_parallel(_simulate, plan, jobs, _describe, log)
-            ]
-            tuning[profile] = done
+            tuned = done.run(plan, jobs, log)
+            tuning[profile] = tuned
             chosen[profile] = {
-                k: mine[k] if k in mine else choose_lr([d for d in done if d["peer"] == k], TARGET) for k in PEERS
+                k: mine[k] if k in mine else choose_lr([d for d in tuned if d["peer"] == k], TARGET) for k in PEERS
             }
         log(f"[peers simulated] {profile}: step sizes {chosen[profile]}")
         plan = [SimRun(profile, k, lr, s, False) for k, lr in chosen[profile].items() if lr is not None for s in seeds]
-        report[profile] = [
-            {**asdict(r), "peer": run.peer, "lr": run.lr}
-            for run, r in run_parallel(_simulate, plan, jobs, _describe, log)
-        ]
+        report[profile] = done.run(plan, jobs, log)
     return {
         "profiles": list(ordered),
         "seeds": list(seeds),
@@ -276,8 +309,8 @@ def main(argv: Sequence[str]) -> int:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given)
     args.out.mkdir(parents=True, exist_ok=True)
+    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given, Done(args.out / "runs.jsonl"))
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "report.md").write_text(render(results))
     log(f"report: {args.out / 'report.md'}")
