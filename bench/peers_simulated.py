@@ -116,9 +116,13 @@ def config(run: SimRun) -> SimConfig:
 _DATA: dict[str, Any] = {}
 
 
+_DATA: dict[str, Any] = {}
+
+
 class Done:
     """Finished simulations, kept in a JSON-lines file (one per line: the run and its figures), so that a
-    comparison interrupted part-way does not run them again."""
+    comparison interrupted part-way does not run them again. A run is known by its simulator configuration: runs
+    of equal configurations (a reported run of a tuning run's step size and seed) are simulated once."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -131,20 +135,20 @@ class Done:
 
     @staticmethod
     def _key(run: SimRun) -> str:
-        return json.dumps(asdict(run), sort_keys=True)
+        return json.dumps(asdict(config(run)), sort_keys=True, default=str)
 
     def run(self, plan: list[SimRun], jobs: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
         """Every run of `plan`'s figures (with its peer and step size), simulating those not done yet."""
-        todo = [r for r in plan if self._key(r) not in self.runs]
+        todo = list({self._key(r): r for r in plan if self._key(r) not in self.runs}.values())
         if len(todo) < len(plan):
-            log(f"[peers simulated] {len(plan) - len(todo)} of {len(plan)} runs already done")
+            log(f"[peers simulated] {len(plan) - len(todo)} of {len(plan)} runs done already or the same as another")
         for run, r in run_parallel(_simulate, todo, jobs, _describe, log):
-            result = {**asdict(r), "peer": run.peer, "lr": run.lr}
+            result = {**asdict(r), "lr": run.lr}
             self.runs[self._key(run)] = result
             if self.path is not None:
                 with self.path.open("a") as f:
                     f.write(json.dumps({"run": asdict(run), "result": result}) + "\n")
-        return [self.runs[self._key(r)] for r in plan]
+        return [{**self.runs[self._key(r)], "peer": r.peer} for r in plan]
 
 
 def _simulate(run: SimRun) -> tuple[SimRun, SimResult]:

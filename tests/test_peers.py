@@ -123,8 +123,13 @@ def test_a_simulated_comparison_resumes_from_the_runs_it_finished(tmp_path):
 
     path = tmp_path / "runs.jsonl"
     kept = SimRun("tail16", "ddp", 0.1, 0, False)
-    result = {"final_test_acc": 0.81, "peer": "ddp", "lr": 0.1}
+    same = SimRun("tail16", "alone", 0.16, 0, True), SimRun("tail16", "alone", 0.16, 0, False)
+    result = {"final_test_acc": 0.81, "lr": 0.1}
     path.write_text(json.dumps({"run": asdict(kept), "result": result}) + "\n\n")
+    path.write_text(path.read_text() + json.dumps({"run": asdict(same[0]), "result": result}) + "\n")
     log: list[str] = []
-    assert Done(path).run([kept], 1, log.append) == [result], "a finished run is read back, not simulated again"
-    assert log == ["[peers simulated] 1 of 1 runs already done"]
+    got = Done(path).run([kept, same[1]], 1, log.append)
+    assert got == [{**result, "peer": "ddp"}, {**result, "peer": "alone"}], "finished runs are read back"
+    assert log == ["[peers simulated] 2 of 2 runs done already or the same as another"], (
+        "a reported run of the configuration a tuning run had is that run"
+    )
