@@ -173,9 +173,10 @@ def study(
     log: Callable[[str], None],
     given: dict[str, dict[str, float]] | None = None,
     done: Done | None = None,
+    peers: Sequence[str] = tuple(PEERS),
 ) -> dict[str, Any]:
-    """Tune each peer per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer), then
-    run the report seeds; every run's figures (those in `done` are not run again)."""
+    """Tune each of `peers` per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer),
+    then run the report seeds; every run's figures (those in `done` are not run again)."""
     given = given or {}
     done = done or Done(None)
     chosen: dict[str, dict[str, float | None]] = {}
@@ -185,22 +186,27 @@ def study(
     for profile in ordered:
         mine = dict(given.get(profile, {}))
         if profile in LR_FROM and profile not in given:
-            chosen[profile] = dict(chosen.get(LR_FROM[profile]) or {})
+            chosen[profile] = {k: v for k, v in (chosen.get(LR_FROM[profile]) or {}).items() if k in peers}
         else:
             plan = [
                 SimRun(profile, k, lr, s, True)
-                for k, peer in PEERS.items()
+                for k in peers
                 if k not in mine
-                for lr in peer.lrs
+                for lr in PEERS[k].lrs
                 for s in tune_seeds
             ]
             tuned = done.run(plan, jobs, log)
             tuning[profile] = tuned
             chosen[profile] = {
-                k: mine[k] if k in mine else choose_lr([d for d in tuned if d["peer"] == k], TARGET) for k in PEERS
+                k: mine[k] if k in mine else choose_lr([d for d in tuned if d["peer"] == k], TARGET) for k in peers
             }
         log(f"[peers simulated] {profile}: step sizes {chosen[profile]}")
-        plan = [SimRun(profile, k, lr, s, False) for k, lr in chosen[profile].items() if lr is not None for s in seeds]
+        plan = [
+            SimRun(profile, k, lr, s, False)
+            for k, lr in chosen[profile].items()
+            if lr is not None and k in peers
+            for s in seeds
+        ]
         report[profile] = done.run(plan, jobs, log)
     return {
         "profiles": list(ordered),
@@ -278,6 +284,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--tune-seeds", nargs="+", type=int, default=[100, 101])
     p.add_argument("--jobs", type=int, default=1, help="simulations side by side")
+    p.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS), help="compare only these")
     p.add_argument("--out", type=Path, default=Path("bench/results/peers_simulated"))
     p.add_argument(
         "--lr",
@@ -314,7 +321,8 @@ def main(argv: Sequence[str]) -> int:
         print(text, file=sys.stderr, flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given, Done(args.out / "runs.jsonl"))
+    done = Done(args.out / "runs.jsonl")
+    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given, done, args.peers)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "report.md").write_text(render(results))
     log(f"report: {args.out / 'report.md'}")
