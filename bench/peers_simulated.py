@@ -253,11 +253,14 @@ def render(results: dict[str, Any]) -> str:
     parts = []
     for profile in results["profiles"]:
         given = results.get("given", {}).get(profile, {})
+        given_text = ", ".join(f"{k} {v:g}" for k, v in given.items())
         tuned = (
             f"step sizes from {LR_FROM[profile]}"
             if profile in LR_FROM and not given
+            else f"step sizes given: {given_text}"
+            if not results["tuning"].get(profile)
             else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}"
-            + (f", except {', '.join(f'{k} {v:g}' for k, v in given.items())} (given)" if given else "")
+            + (f", except {given_text} (given)" if given else "")
         )
         parts += [
             f"#### {profile}: MLP, B = {PROFILE_BATCH[profile]}, {results['budget_s']:.0f} virtual s, "
