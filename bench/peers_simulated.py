@@ -116,9 +116,6 @@ def config(run: SimRun) -> SimConfig:
 _DATA: dict[str, Any] = {}
 
 
-_DATA: dict[str, Any] = {}
-
-
 class Done:
     """Finished simulations, kept in a JSON-lines file (one per line: the run and its figures), so that a
     comparison interrupted part-way does not run them again. A run is known by its simulator configuration: runs
