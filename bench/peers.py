@@ -19,9 +19,11 @@ evaluation code (`score`) scores every snapshot afterwards on the 10k test image
 Each system is run at its own step size, chosen from its grid (`System.lrs`) on tuning
 seeds (100, 101, ...) apart from the reported ones (0, 1, ...), by the rule of
 bench/tuned_study.py: never a step size that diverged, then the best median time to 88%,
-then to 85%, then the best mean accuracy at the deadline. Reported runs are interleaved
-(round r runs every system once, in an order rotated by r), so a slow patch of a shared
-machine falls on all of them. Runs already in DIR/runs.json are kept, not run again: an
+then to 85%, then the best mean accuracy at the deadline. Where an edge of the grid wins,
+the grid goes on past it (twice the largest, half the smallest; at most EXTEND_AT_MOST more).
+Reported runs are interleaved (round r runs every system once, in an order rotated by r),
+so a slow patch of a shared machine falls on all of them; each run records the machine's
+load average while it trained. Runs already in DIR/runs.json are kept, not run again: an
 interrupted comparison goes on where it stopped, and one can be measured in parts.
 """
 
@@ -49,6 +51,7 @@ MARKS = (0.85, 0.88)
 DIVERGED_BELOW = 0.2  # a model this far from learning at the deadline (or with a non-finite parameter) diverged
 STOP_GRACE_S = 90.0  # after the deadline: a process's last snapshot, shutdown; then its group is killed
 LAUNCH_SLACK_S = 300.0  # dynabatch's own --timeout-s beyond the budget
+EXTEND_AT_MOST = 2  # step sizes a system's tuning adds beyond its grid's edge when an edge wins
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,14 @@ SYSTEMS: dict[str, System] = {
     for s in (
         # The default is also the best configuration measured for this profile (bench/RESULTS.md sections 1 and 9).
         System("dynabatch", "dynabatch default (asgd, fixed batches)", "dynabatch", (0.0125, 0.025, 0.05, 0.1)),
-        System("ddp", "PyTorch DDP (torchrun, gloo)", "ddp", (0.025, 0.05, 0.1, 0.2, 0.4)),
-        System("alone", "fastest machine alone", "alone", (0.0125, 0.025, 0.05, 0.1, 0.2)),
+        System("ddp", "PyTorch DDP (torchrun, gloo)", "ddp", (0.05, 0.1, 0.2, 0.4)),
+        System("alone", "fastest machine alone", "alone", (0.025, 0.05, 0.1, 0.2)),
         # hivemind's quickstart: target batch 10000, local updates, matchmaking 3 s, averaging timeout 10 s.
         System(
             "hivemind-docs",
             "hivemind Optimizer (quickstart: target 10000, local updates)",
             "hivemind",
-            (0.0125, 0.025, 0.05, 0.1, 0.2),
+            (0.025, 0.05, 0.1, 0.2),
             target_batch=10000,
             local_updates=True,
         ),
@@ -90,7 +93,7 @@ SYSTEMS: dict[str, System] = {
             "hivemind-b",
             f"hivemind Optimizer (target B = {GLOBAL_BATCH})",
             "hivemind",
-            (0.025, 0.05, 0.1, 0.2, 0.4),
+            (0.05, 0.1, 0.2, 0.4),
             target_batch=GLOBAL_BATCH,
         ),
     )
@@ -146,6 +149,7 @@ class Run:
     acc_at_budget: float | None = None
     samples_per_s: float | None = None
     diverged: bool = False
+    load: float | None = None  # the machine's mean 1-minute load average while the run trained
 
     @property
     def key(self) -> tuple[str, float, int, float]:
@@ -262,14 +266,20 @@ def launch(
     return procs
 
 
-def watch(procs: list[subprocess.Popen[bytes]], deadline: float, folder: Path, checkpoint: Path | None) -> str:
+def watch(
+    procs: list[subprocess.Popen[bytes]], deadline: float, folder: Path, checkpoint: Path | None, loads: list[float]
+) -> str:
     """Wait for `procs` to end (interrupting them at the deadline where they do not stop themselves), copying
     `checkpoint` (dynabatch's shard checkpoint) into folder/checkpoints each time it is rewritten before the
-    deadline. Returns "" or what went wrong."""
-    copies, seen, interrupted = folder / "checkpoints", 0.0, False
+    deadline, and appending the 1-minute load average to `loads` every second before it. Returns "" or what went
+    wrong."""
+    copies, seen, interrupted, sampled = folder / "checkpoints", 0.0, False, 0.0
     copies.mkdir(parents=True, exist_ok=True)
     while any(p.poll() is None for p in procs):
         now = time.time()
+        if now < deadline and now - sampled >= 1.0:
+            loads.append(os.getloadavg()[0])
+            sampled = now
         if checkpoint is not None and checkpoint.exists() and now < deadline:
             mtime = checkpoint.stat().st_mtime
             if mtime != seen:
@@ -380,7 +390,9 @@ def run_one(system: System, lr: float, seed: int, settings: Settings, out: Path,
     try:
         procs = launch(system, lr, seed, deadline, settings, folder, data_dir)
         checkpoint = folder / "run" / "checkpoints" / "shard-0.pt" if system.kind == "dynabatch" else None
-        run.error = watch(procs, deadline, folder, checkpoint)
+        loads: list[float] = []
+        run.error = watch(procs, deadline, folder, checkpoint, loads)
+        run.load = statistics.fmean(loads) if loads else None
         if system.kind == "dynabatch":
             dynabatch_snapshots(folder, data_dir)
         score(run, folder, launched, scorer)
@@ -421,6 +433,15 @@ def choose_lr(runs: list[Run]) -> float | None:
     )
 
 
+def beyond_edge(tried: Sequence[float], chosen: float | None) -> float | None:
+    """The step size to try next when the tuned one is an edge of those `tried` (twice the largest, half the
+    smallest), or None where the choice is inside the grid, nothing was usable, or that step size was tried."""
+    if chosen is None or len(tried) < 2:
+        return None
+    more = 2 * chosen if chosen == max(tried) else chosen / 2 if chosen == min(tried) else None
+    return None if more is None or more in tried else more
+
+
 def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
     """One system's reported runs in one row: median times (a mark never reached counting as never), how many
     reached it, mean accuracy at the deadline, samples/s and samples to each mark."""
@@ -443,6 +464,8 @@ def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
     row["acc_at_budget_sd"] = statistics.stdev(accs) if len(accs) > 1 else 0.0
     speeds = [r.samples_per_s for r in ok if r.samples_per_s]
     row["samples_per_s"] = statistics.fmean(speeds) if speeds else None
+    loads = [r.load for r in runs if r.load is not None]
+    row["load"] = statistics.fmean(loads) if loads else None
     return row
 
 
@@ -476,7 +499,8 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
                 f"[peers {what}] {system.key} lr {lr:g} seed {seed}: "
                 + (
                     f"85% at {_secs(r.time_to.get('0.85'))}, 88% at {_secs(r.time_to.get('0.88'))}, "
-                    f"{_pct(r.acc_at_budget)} at {settings.budget_s:.0f} s, {_num(r.samples_per_s)} samples/s"
+                    f"{_pct(r.acc_at_budget)} at {settings.budget_s:.0f} s, {_num(r.samples_per_s)} samples/s, "
+                    f"load {_num1(r.load)}"
                     if r.ok
                     else f"failed: {r.error}"
                 )
@@ -491,8 +515,12 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
             tuned[system.key] = given[system.key]
             continue
         runs = [get(system, lr, seed, "tune") for seed in settings.tuning_seeds() for lr in system.lrs]
+        tried = list(system.lrs)
+        while len(tried) < len(system.lrs) + EXTEND_AT_MOST and (more := beyond_edge(tried, choose_lr(runs))):
+            tried.append(more)
+            runs += [get(system, more, seed, "tune (grid's edge won)") for seed in settings.tuning_seeds()]
         tuned[system.key] = choose_lr(runs)
-        tuning[system.key] = [aggregate(system.key, [r for r in runs if r.lr == lr]) for lr in system.lrs]
+        tuning[system.key] = [aggregate(system.key, [r for r in runs if r.lr == lr]) for lr in sorted(tried)]
         progress(f"[peers tune] {system.key}: lr {tuned[system.key]}")
     reported: dict[str, list[Run]] = {s.key: [] for s in systems}
     for rnd, seed in enumerate(settings.report_seeds()):
@@ -544,34 +572,52 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:,.0f}"
 
 
+def _num1(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
 def table(results: dict[str, Any]) -> str:
     """The reported rounds, one row per system."""
     lines = [
         "| system | lr (tuned) | runs | time to 85% | time to 88% | test acc. at deadline | samples/s | "
-        "samples to 88% |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "samples to 85% | samples to 88% | load avg. |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results["rows"]:
         lines.append(
             f"| {row['label']} | {row['lr']:g} | {row['ok']}/{row['runs']} | {_secs(row['time_to_0.85'])} "
             f"({row['reached_0.85']}/{row['ok']}) | {_secs(row['time_to_0.88'])} ({row['reached_0.88']}/{row['ok']}) "
             f"| {_pct(row['acc_at_budget'])} ± {100 * row['acc_at_budget_sd']:.2f} | {_num(row['samples_per_s'])} "
-            f"| {_num(row['samples_to_0.88'])} |"
+            f"| {_num(row['samples_to_0.85'])} | {_num(row['samples_to_0.88'])} | {_num1(row.get('load'))} |"
         )
     return "\n".join(lines)
 
 
 def tuning_table(results: dict[str, Any]) -> str:
     """Every step size tried per system on the tuning seeds."""
-    lines = ["| system | lr | time to 85% | time to 88% | test acc. at deadline |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| system | lr | time to 85% | time to 88% | test acc. at deadline | load avg. |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for key, rows in results["tuning"].items():
         for row in rows:
             chosen = " (chosen)" if row["lr"] == results["tuned_lrs"].get(key) else ""
             lines.append(
                 f"| {SYSTEMS[key].label} | {row['lr']:g}{chosen} | {_secs(row['time_to_0.85'])} | "
-                f"{_secs(row['time_to_0.88'])} | {_pct(row['acc_at_budget'])} |"
+                f"{_secs(row['time_to_0.88'])} | {_pct(row['acc_at_budget'])} | {_num1(row.get('load'))} |"
             )
     return "\n".join(lines)
+
+
+def load_line(runs: list[dict[str, Any]]) -> str:
+    """The machine's 1-minute load average over the reported runs (each run's mean while it trained)."""
+    loads = [r["load"] for r in runs if r.get("load") is not None]
+    if not loads:
+        return ""
+    return (
+        f" The machine's 1-minute load average while they trained: {min(loads):.1f} to {max(loads):.1f} "
+        f"(mean {statistics.fmean(loads):.1f})."
+    )
 
 
 def render(results: dict[str, Any], img: str = "") -> str:
@@ -584,7 +630,8 @@ def render(results: dict[str, Any], img: str = "") -> str:
         f"scored afterwards by one evaluation code on {s['eval_samples']:,} test images; {s['rounds']} "
         "round(s) interleaved (seeds "
         f"{', '.join(map(str, range(s['rounds'])))}), step sizes tuned on {s['tune_seeds']} seed(s) from 100. "
-        "Times are medians over rounds (a mark never reached counting as never), with how many reached it.",
+        "Times are medians over rounds (a mark never reached counting as never), with how many reached it."
+        + load_line(results["runs"]),
         "",
         table(results),
         "",

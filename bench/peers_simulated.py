@@ -5,6 +5,8 @@ time with the real scheduler and shard code (its public entry point `simulate` o
 What can be expressed there is compared, each at its own tuned step size:
 
 - dynabatch's default: asgd with fixed batches (B/n each) on every node;
+- dynabatch with ringmaster and fixed batches, the best measured on tail16 after the push fix
+  (bench/RESULTS.md 14b): dynabatch's best here is the faster of the two;
 - DDP: bulk synchronous with equal batches (ssgd + fixed) on every node, global batch B;
 - the fastest machine alone, at a node's share B/n (one worker: plain SGD);
 - the m fastest synchronous (m = n/4), equal batches of B/n: a user who leaves the slow machines out.
@@ -16,6 +18,9 @@ shards). Step sizes are tuned as bench/tuned_study.py tunes them (its grids, tun
     python -m bench.peers_simulated                          # tail16, lognormal64, lognormal256
     python -m bench.peers_simulated --profiles tail16 --seeds 0 --tune-seeds 100 --jobs 2
     python -m bench.peers_simulated --profiles lognormal64 --lr lognormal64:dynabatch=0.01 lognormal64:ddp=0.4
+
+Every finished simulation is appended to OUT/runs.jsonl and not run again: an interrupted
+comparison goes on where it stopped (a run is a function of its settings and seed).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ PEERS: dict[str, Peer] = {
     p.key: p
     for p in (
         Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
+        Peer("ringmaster", "dynabatch ringmaster+fixed", "ringmaster", "fixed", 0, STEP_LRS),
         Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
         # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
         Peer("alone", "fastest machine alone", "asgd", "fixed", 1, (0.01, 0.02, 0.04, 0.08, 0.16)),
@@ -110,6 +116,38 @@ def config(run: SimRun) -> SimConfig:
 _DATA: dict[str, Any] = {}
 
 
+class Done:
+    """Finished simulations, kept in a JSON-lines file (one per line: the run and its figures), so that a
+    comparison interrupted part-way does not run them again. A run is known by its simulator configuration: runs
+    of equal configurations (a reported run of a tuning run's step size and seed) are simulated once."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.runs: dict[str, dict[str, Any]] = {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    item = json.loads(line)
+                    self.runs[self._key(SimRun(**item["run"]))] = item["result"]
+
+    @staticmethod
+    def _key(run: SimRun) -> str:
+        return json.dumps(asdict(config(run)), sort_keys=True, default=str)
+
+    def run(self, plan: list[SimRun], jobs: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """Every run of `plan`'s figures (with its peer and step size), simulating those not done yet."""
+        todo = list({self._key(r): r for r in plan if self._key(r) not in self.runs}.values())
+        if len(todo) < len(plan):
+            log(f"[peers simulated] {len(plan) - len(todo)} of {len(plan)} runs done already or the same as another")
+        for run, r in run_parallel(_simulate, todo, jobs, _describe, log):
+            result = {**asdict(r), "lr": run.lr}
+            self.runs[self._key(run)] = result
+            if self.path is not None:
+                with self.path.open("a") as f:
+                    f.write(json.dumps({"run": asdict(run), "result": result}) + "\n")
+        return [{**self.runs[self._key(r)], "peer": r.peer} for r in plan]
+
+
 def _simulate(run: SimRun) -> tuple[SimRun, SimResult]:
     if "data" not in _DATA:
         _DATA["data"] = load_dataset("fashion-mnist")
@@ -131,10 +169,13 @@ def study(
     jobs: int,
     log: Callable[[str], None],
     given: dict[str, dict[str, float]] | None = None,
+    done: Done | None = None,
+    peers: Sequence[str] = tuple(PEERS),
 ) -> dict[str, Any]:
-    """Tune each peer per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer), then
-    run the report seeds; every run's figures."""
+    """Tune each of `peers` per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer),
+    then run the report seeds; every run's figures (those in `done` are not run again)."""
     given = given or {}
+    done = done or Done(None)
     chosen: dict[str, dict[str, float | None]] = {}
     tuning: dict[str, list[dict[str, Any]]] = {}
     report: dict[str, list[dict[str, Any]]] = {}
@@ -142,29 +183,28 @@ def study(
     for profile in ordered:
         mine = dict(given.get(profile, {}))
         if profile in LR_FROM and profile not in given:
-            chosen[profile] = dict(chosen.get(LR_FROM[profile]) or {})
+            chosen[profile] = {k: v for k, v in (chosen.get(LR_FROM[profile]) or {}).items() if k in peers}
         else:
             plan = [
                 SimRun(profile, k, lr, s, True)
-                for k, peer in PEERS.items()
+                for k in peers
                 if k not in mine
-                for lr in peer.lrs
+                for lr in PEERS[k].lrs
                 for s in tune_seeds
             ]
-            done = [
-                {**asdict(r), "peer": run.peer, "lr": run.lr}
-                for run, r in run_parallel(_simulate, plan, jobs, _describe, log)
-            ]
-            tuning[profile] = done
+            tuned = done.run(plan, jobs, log)
+            tuning[profile] = tuned
             chosen[profile] = {
-                k: mine[k] if k in mine else choose_lr([d for d in done if d["peer"] == k], TARGET) for k in PEERS
+                k: mine[k] if k in mine else choose_lr([d for d in tuned if d["peer"] == k], TARGET) for k in peers
             }
         log(f"[peers simulated] {profile}: step sizes {chosen[profile]}")
-        plan = [SimRun(profile, k, lr, s, False) for k, lr in chosen[profile].items() if lr is not None for s in seeds]
-        report[profile] = [
-            {**asdict(r), "peer": run.peer, "lr": run.lr}
-            for run, r in run_parallel(_simulate, plan, jobs, _describe, log)
+        plan = [
+            SimRun(profile, k, lr, s, False)
+            for k, lr in chosen[profile].items()
+            if lr is not None and k in peers
+            for s in seeds
         ]
+        report[profile] = done.run(plan, jobs, log)
     return {
         "profiles": list(ordered),
         "seeds": list(seeds),
@@ -210,11 +250,14 @@ def render(results: dict[str, Any]) -> str:
     parts = []
     for profile in results["profiles"]:
         given = results.get("given", {}).get(profile, {})
+        given_text = ", ".join(f"{k} {v:g}" for k, v in given.items())
         tuned = (
             f"step sizes from {LR_FROM[profile]}"
             if profile in LR_FROM and not given
+            else f"step sizes given: {given_text}"
+            if not results["tuning"].get(profile)
             else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}"
-            + (f", except {', '.join(f'{k} {v:g}' for k, v in given.items())} (given)" if given else "")
+            + (f", except {given_text} (given)" if given else "")
         )
         parts += [
             f"#### {profile}: MLP, B = {PROFILE_BATCH[profile]}, {results['budget_s']:.0f} virtual s, "
@@ -241,6 +284,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--tune-seeds", nargs="+", type=int, default=[100, 101])
     p.add_argument("--jobs", type=int, default=1, help="simulations side by side")
+    p.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS), help="compare only these")
     p.add_argument("--out", type=Path, default=Path("bench/results/peers_simulated"))
     p.add_argument(
         "--lr",
@@ -276,8 +320,9 @@ def main(argv: Sequence[str]) -> int:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given)
     args.out.mkdir(parents=True, exist_ok=True)
+    done = Done(args.out / "runs.jsonl")
+    results = study(args.profiles, args.seeds, args.tune_seeds, args.jobs, log, given, done, args.peers)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "report.md").write_text(render(results))
     log(f"report: {args.out / 'report.md'}")

@@ -10,6 +10,7 @@ and the report.
 from __future__ import annotations
 
 import importlib.util
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench import peers
-from bench.peers import SYSTEMS, Run, Scorer, Settings, choose_lr, run_one
+from bench.peers import SYSTEMS, Run, Scorer, Settings, beyond_edge, choose_lr, run_one
 from tools import missing, need_fashion_mnist
 
 pytestmark = pytest.mark.slow
@@ -53,6 +54,7 @@ def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path: Path
         assert run.curve[-1][1] > 0, f"{key}: its last snapshot holds trained samples"
         assert run.curve[-1][2] > run.curve[0][2], f"{key}: the scored model learned ({run.curve})"
         assert run.samples_per_s and run.samples_per_s > 0
+        assert run.load is not None and run.load >= 0, f"{key}: the load it trained under is recorded"
         assert not (tmp_path / f"{key}-lr0.05-s0" / "snapshots").exists(), "scored snapshots are not kept"
 
 
@@ -85,10 +87,19 @@ def test_the_tuned_step_size_never_diverged_and_reached_88_soonest() -> None:
     assert choose_lr([_run(0.1, 3.0, 0.9, ok=False)]) is None
 
 
+def test_a_grid_goes_on_past_the_edge_that_won() -> None:
+    assert beyond_edge([0.05, 0.1, 0.2], 0.2) == 0.4
+    assert beyond_edge([0.05, 0.1, 0.2], 0.05) == 0.025
+    assert beyond_edge([0.05, 0.1, 0.2], 0.1) is None, "a choice inside the grid is tuned"
+    assert beyond_edge([0.05, 0.1, 0.2, 0.4], 0.2) is None, "0.4 was tried (it diverged or lost)"
+    assert beyond_edge([0.05, 0.1], None) is None, "nothing usable: no direction to go"
+
+
 def test_the_report_names_every_system_its_step_size_and_the_ratio(tmp_path: Path) -> None:
     settings = replace(Settings(), rounds=1)
     ours, theirs = _run(0.05, 10.0, 0.89), _run(0.1, 30.0, 0.88)
     ours.system, ours.seed, theirs.seed = "dynabatch", 0, 0
+    ours.load, theirs.load = 9.5, 11.25
     results = {
         "settings": asdict(settings),
         "tuned_lrs": {"dynabatch": 0.05, "ddp": 0.1},
@@ -101,6 +112,24 @@ def test_the_report_names_every_system_its_step_size_and_the_ratio(tmp_path: Pat
     assert results["ratios"] == {"ddp": [3.0]}
     text = peers.render(results)
     assert SYSTEMS["ddp"].label in text and "| 0.1 |" in text and "3.00" in text and "not installed" in text
+    assert "load average while they trained: 9.5 to 11.2" in text and "| 11.2 |" in text
     peers.write(results, tmp_path)
     assert (tmp_path / "peers.png").read_bytes()[:4] == b"\x89PNG"
     assert Path(tmp_path / "report.md").read_text() == text
+
+
+def test_a_simulated_comparison_resumes_from_the_runs_it_finished(tmp_path: Path) -> None:
+    from bench.peers_simulated import Done, SimRun
+
+    path = tmp_path / "runs.jsonl"
+    kept = SimRun("tail16", "ddp", 0.1, 0, False)
+    same = SimRun("tail16", "alone", 0.16, 0, True), SimRun("tail16", "alone", 0.16, 0, False)
+    result = {"final_test_acc": 0.81, "lr": 0.1}
+    path.write_text(json.dumps({"run": asdict(kept), "result": result}) + "\n\n")
+    path.write_text(path.read_text() + json.dumps({"run": asdict(same[0]), "result": result}) + "\n")
+    log: list[str] = []
+    got = Done(path).run([kept, same[1]], 1, log.append)
+    assert got == [{**result, "peer": "ddp"}, {**result, "peer": "alone"}], "finished runs are read back"
+    assert log == ["[peers simulated] 2 of 2 runs done already or the same as another"], (
+        "a reported run of the configuration a tuning run had is that run"
+    )
