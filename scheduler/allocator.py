@@ -113,8 +113,9 @@ class Allocator:
             handed[following] = max(handed.pop(oldest), handed[following])
 
     def stepped(self, worker: str, assignment_id: int) -> None:
-        """`worker` reports a step made under `assignment_id`: it steps with no batch handed before that one (its
-        steps take assignments in order), so those no longer bound its pushes."""
+        """`worker` reports that it steps under `assignment_id` (its last step's, or, while it awaits a batch, the
+        assignment it holds): it steps with no batch handed before that one (its steps take assignments in order),
+        so those no longer bound its pushes, nor keep its allotment (`allot`)."""
         handed = self.handed.get(worker, {})
         for old in [i for i in handed if i < min(assignment_id, self.assignment_id)]:
             del handed[old]
@@ -130,16 +131,18 @@ class Allocator:
         A worker is allotted ALLOT_AHEAD pushes beyond what it reported, so that it never waits for an answer
         while the budget lasts. Once what is unallotted no longer covers every worker's lead, it is split at once
         among the workers holding a batch, in proportion to what each lacks (its batch, at equal lead): their
-        last batches are sized to what is left, and they finish together. An allotment never shrinks (a worker
-        may be stepping with it), except that of a worker left out with batch 0; what a worker that left, or was
-        left out, did not use goes back to the job.
+        last batches are sized to what is left, and they finish together. An allotment never shrinks while its
+        worker may be stepping with it (`_may_step`); what a worker that left did not use goes back to the job, and
+        so does what a worker left out with batch 0 did not, once it reports that it holds its batch 0: a step it
+        took under an earlier answer may land after the answer that left it out, and counts against its own
+        allotment, not against what the others were given meanwhile.
 
         Where every round takes one push of every worker (`lockstep`: ssgd, local, msd), the reports lag one another
         by up to a round: a lead counts from the most advanced report (in pushes), and the split hands out whole
         pushes to the worker fewest pushes ahead (`levelled`), so that every worker ends at the same round and
         no round past it trains one worker's remainder alone.
         """
-        have = {w: max(self.allotted.get(w, 0) if self.allocation.get(w, 0) else 0, n) for w, n in samples.items()}
+        have = {w: max(self.allotted.get(w, 0) if self._may_step(w) else 0, n) for w, n in samples.items()}
         unallotted = max(0, budget - sum(have.values()))
         pushes = {w: self.push_samples(w) for w in samples}
         reported = dict(samples)
@@ -160,6 +163,11 @@ class Allocator:
         self.allotted = have
         self.left = {w: have[w] - n for w, n in samples.items()}
         self.unallotted = max(0, budget - sum(have.values()))
+
+    def _may_step(self, worker: str) -> bool:
+        """Whether `worker` holds a batch, or may still be stepping under an answer that gave it one: a batch was
+        handed to it under an assignment no older than the one it last reported stepping under (`stepped`)."""
+        return self.allocation.get(worker, 0) > 0 or any(b > 0 for b in self.handed.get(worker, {}).values())
 
     def _allotment_left(self, worker: str) -> int | None:
         """What `worker` may still train once the whole budget is allotted (None before: its next answer allots it

@@ -237,8 +237,7 @@ class JobState:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"HEARTBEAT.staleness: {bad_counts}")
         new_steps = hb.steps - member.steps
         member.steps, member.samples = hb.steps, hb.samples
-        if new_steps > 0:
-            self.allocator.stepped(member.id, hb.assignment_id)
+        self.allocator.stepped(member.id, hb.assignment_id)
         measured = member.id in self.allocator.speeds
         if not measured and hb.standalone_sps > 0:
             member.standalone_sps = hb.standalone_sps

@@ -301,3 +301,36 @@ def test_round_workers_whose_reports_lag_a_round_are_allotted_to_the_same_last_r
     assert allocator.allotted == {"w0": 3600, "w1": 3600} and allocator.unallotted == 0
     assert levelled(144, {"a": 3552, "b": 3504}, {"a": 48, "b": 48}) == {"a": 48, "b": 96}
     assert levelled(30, {"a": 0, "b": 0}, {"a": 48, "b": 0}) == {"a": 30, "b": 0}, "the last push cut to what is left"
+
+
+def _answer(allocator: Allocator, worker: str, samples: dict[str, int], budget: int) -> int:
+    """The scheduler's answer to `worker`'s report of `samples`: its allotment and batch, handed to it."""
+    allocator.allot(worker, samples, budget)
+    batch = allocator.batch_of(worker)
+    allocator.hand(worker, batch)
+    return batch
+
+
+def test_a_worker_left_out_near_the_end_keeps_its_allotment_until_it_reports_that_it_holds_its_batch_0() -> None:
+    """ssgd, 48 each, a budget of 1,440: the last of it is split between the two (720 each), then w1 is left out
+    (batch 0) while a step of 48 it took under its last answer is on its way. What it did not use goes back to the
+    job only once it reports holding its batch 0, so the step that lands counts against its own allotment, not
+    against what w0 was given meanwhile: the job trains its 1,440 samples, not a batch more."""
+    allocator = _fixed_pair(protocol="ssgd")
+    samples = {"w0": 624, "w1": 624}
+    for worker in samples:
+        _answer(allocator, worker, samples, budget=1440)
+    assert allocator.allotted == {"w0": 720, "w1": 720} and allocator.unallotted == 0
+    stepping_under = allocator.assignment_id
+    allocator.allocation = {"w0": 96, "w1": 0}  # the split leaves w1 out: a new assignment
+    allocator.assignment_id += 1
+    assert _answer(allocator, "w1", samples, budget=1440) == 0
+    assert allocator.allotted["w1"] == 720, "w1 may still be stepping under its last answer"
+    samples["w1"] += 48  # the step it took under that answer lands
+    allocator.stepped("w1", stepping_under)
+    assert _answer(allocator, "w1", samples, budget=1440) == 0 and allocator.allotted["w1"] == 720
+    allocator.stepped("w1", allocator.assignment_id)  # it reports holding the answer that left it out
+    while batch := _answer(allocator, "w0", samples, budget=1440):
+        samples["w0"] += batch
+        allocator.stepped("w0", allocator.assignment_id)
+    assert samples == {"w0": 768, "w1": 672} and allocator.allotted == samples, "the budget, no batch past it"

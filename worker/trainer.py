@@ -288,7 +288,7 @@ class Worker:
                 hb = self._roll_back(steps, assignment.rollbacks)
             batch = self._batch(assignment, hb)
             if batch == 0:  # left out for now (its fixed cost alone exceeds a round), or its allotment trained: idle
-                hb, assignment = self._await_batch(hb)
+                hb, assignment = self._await_batch(replace(hb, assignment_id=assignment.assignment_id))
                 continue
             self.data_s = 0.0
             counted = list(joined.shards.staleness)
@@ -345,8 +345,10 @@ class Worker:
         return beat.last
 
     def _await_batch(self, hb: WorkerHeartbeat) -> tuple[WorkerHeartbeat, WorkerAssignment | None]:
-        """WorkerHeartbeat until the scheduler gives this worker a batch (or stops the job); returns the last heartbeat
-        (a fresh one if it registered again meanwhile: the new member's counters start from 0) and the assignment."""
+        """WorkerHeartbeat `hb` until the scheduler gives this worker a batch (or stops the job); returns the last
+        heartbeat (a fresh one if it registered again meanwhile: the new member's counters start from 0) and the
+        assignment. An idle worker's `hb` names the assignment it holds, which gave it no batch: the scheduler then
+        knows no step of an earlier answer is still on its way, and gives what it did not train back to the job."""
         process = self.process
         while not process.stopping:
             if process.link.lost:

@@ -78,7 +78,9 @@ class WorkerHeartbeat:
     work, which is what the scheduler's speed model fits. `data_s` is time spent
     waiting for the step's samples (loading, collating, copying to the device),
     part of the worker's own work. `version` is the model version its last step
-    computed on, `assignment_id` the assignment it stepped under.
+    computed on, `assignment_id` the assignment it stepped under, or, while it awaits a
+    batch (left out with batch 0, or its allotment trained), the one it holds: the
+    scheduler then knows it takes no step under an earlier one.
 
     Divergence (scheduler/divergence.py): a worker counts in `skipped` the steps it
     did not push because their loss was not finite, and reports in `rollbacks` the
