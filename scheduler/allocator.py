@@ -77,7 +77,7 @@ class Allocator:
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
         self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
-        self.auto = AutoPolicy(spec, job.global_batch) if job.batch_policy == AUTO else None
+        self.auto = AutoPolicy(spec, job.global_batch, job.aggregation) if job.batch_policy == AUTO else None
 
     @property
     def training_started(self) -> bool:

@@ -11,7 +11,8 @@ builds the predictor's cluster from each worker's fitted step model (its transfe
 link is added) and its cap, and chooses; the choice is revisited when the cluster changes: a worker joins or
 leaves, or a worker's predicted step at its share moves by SHIFT since the last choice. `choose` keeps the running
 policy unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the predictor does not
-model runs `fixed` and says so.
+model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed mean, median): it defends a
+round by the honest majority of every worker's gradient, which a split that leaves workers out would thin.
 
 The step models come from `SpeedModel.overhead_fit`: under a fixed split a worker's batch never varies, so the
 step fit cannot tell a device's fixed compute cost from its per-sample cost; what it can see from the first step
@@ -52,16 +53,25 @@ def measured_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], g
 class AutoPolicy:
     """The policy auto runs now, why, and the measurements it was chosen on."""
 
-    def __init__(self, spec: ProtocolSpec, global_batch: int) -> None:
+    def __init__(self, spec: ProtocolSpec, global_batch: int, aggregation: str = "mean") -> None:
         self.protocol = spec.name
         self.global_batch = global_batch
-        self.modelled = spec.shard_rule in RULES
         self.policy = "fixed"
-        self.reason = (
-            f"fixed until every worker has reported {MEASURED_STEPS} steps"
-            if self.modelled
-            else f"fixed, as protocol {spec.name} is not modelled by the predictor (it models {', '.join(MODELLED)})"
-        )
+        if aggregation != "mean":
+            self.modelled = False
+            self.reason = (
+                f"fixed, as --aggregation {aggregation} needs every worker's gradient in each round: dynamic's "
+                "split may leave the slowest out with batch 0, and a median over fewer honest workers is one a "
+                "liar moves further"
+            )
+        else:
+            self.modelled = spec.shard_rule in RULES
+            self.reason = (
+                f"fixed until every worker has reported {MEASURED_STEPS} steps"
+                if self.modelled
+                else f"fixed, as protocol {spec.name} is not modelled by the predictor (it models "
+                f"{', '.join(MODELLED)})"
+            )
         self.choices = 0  # how many times auto has chosen (kept or changed) from measurements
         self._basis: dict[str, float] = {}  # each worker's predicted step at its share when auto last chose
 

@@ -78,6 +78,24 @@ def test_a_protocol_the_predictor_does_not_model_runs_fixed_and_says_why() -> No
     assert auto.policy == "fixed" and "local is not modelled" in auto.reason and "asgd" in auto.reason
 
 
+@pytest.mark.parametrize("aggregation", ["median", "trimmed-mean"])
+def test_a_robust_aggregation_keeps_every_worker_in_each_round_so_auto_runs_fixed(aggregation: str) -> None:
+    """ssgd with a worker four times slower, which LB-BSP would size down (or leave out): under a robust
+    aggregation auto keeps the fixed split and says why, once every worker is measured too."""
+    allocator = _allocator(protocol="ssgd", aggregation=aggregation)
+    ready = _join(allocator, ["w0", "w1", "w2"])
+    for wid, per_sample_s in (("w0", 0.001), ("w1", 0.001), ("w2", 0.004)):
+        _step(allocator, ready, wid, per_sample_s, MEASURED_STEPS + 1)
+    assert allocator.auto is not None and allocator.auto.policy == "fixed"
+    assert f"--aggregation {aggregation} needs every worker's gradient" in allocator.auto.reason
+    assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
+    mean = _allocator(protocol="ssgd", aggregation="mean")
+    ready = _join(mean, ["w0", "w1", "w2"])
+    for wid, per_sample_s in (("w0", 0.001), ("w1", 0.001), ("w2", 0.004)):
+        _step(mean, ready, wid, per_sample_s, MEASURED_STEPS + 1)
+    assert mean.auto is not None and mean.auto.policy == "dynamic", "the same cluster under the mean: LB-BSP"
+
+
 def _allocator(**kw: Any) -> Allocator:
     job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "batch_policy": "auto", **kw})
     return Allocator(job, protocol_spec(job.protocol))
