@@ -308,7 +308,7 @@ class Connection:
         The queue holds `SNDHWM` messages, and ZeroMQ learns that its IO thread has taken them only every
         half queue, so a client with many requests unanswered can find it full although the server is there.
         """
-        return bool(self.sock.get(zmq.EVENTS) & zmq.POLLOUT)
+        return bool(int(self.sock.get(zmq.EVENTS)) & zmq.POLLOUT)
 
     def send(self, body: Any, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()) -> int:
         """Queue a message; returns its seq, or -1 if the send queue is full (the server is gone or slow to read:
