@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 import zmq
 
 from dynabatch.common.config import job_from_dict
@@ -84,3 +85,24 @@ def test_a_request_a_dying_shard_took_fails_at_once_and_one_sent_after_waits_for
             shards.close()
     finally:
         c.stop()
+
+
+def test_a_push_its_send_queue_cannot_take_waits_for_room_and_never_counts_as_acknowledged() -> None:
+    # Nothing listens at the endpoint, so ZeroMQ queues the pushes and never passes them on: the queue fills as it
+    # does for a worker whose credit holds more single-chunk pushes than the queue holds messages. A push that did
+    # not go must not come back done with no acknowledgement (its round would wait for it until its timeout).
+    layout = make_layout(512 * 256, 1024, 1)  # 512 chunks of 256 floats on one shard
+    shards = ShardClients(zmq.Context.instance(), [f"tcp://127.0.0.1:{free_port()}"], layout, "job", "w")
+    grads, versions = torch.zeros(layout.total), {c.id: 0 for c in layout.chunks}
+    try:
+        sent = []
+        for chunk in layout.chunks:
+            if not shards.can_push([chunk.id]):
+                break
+            sent.append(shards.start_push(grads, versions, 1, float("nan"), ids=[chunk.id]))
+        assert 0 < len(sent) < len(layout.chunks)
+        assert not any(p.done() for p in sent)
+        with pytest.raises(TimeoutError, match="send queue to shard 0 is full"):
+            shards.start_push(grads, versions, 1, float("nan"), ids=[layout.chunks[len(sent)].id])
+    finally:
+        shards.close()

@@ -194,7 +194,8 @@ class Pipeline:
 
     def _push_group(self, st: _StepState, shard: int) -> None:
         """Send the final chunks waiting for `shard` in one PUSH, first waiting for acknowledgements if the
-        credit is used up (a group larger than the credit goes alone)."""
+        credit is used up (a group larger than the credit goes alone), or if the shard's send queue is full
+        (a credit of many small pushes holds more messages than the queue does)."""
         ids = st.ready.pop(shard)
         nbytes = sum(self.layout.chunks[cid].length * 4 for cid in ids)
         start = time.perf_counter()
@@ -202,7 +203,11 @@ class Pipeline:
         self.shards.wait(
             st.pendings(),
             self.timeout_s,
-            lambda: all(cid in st.pull.versions for cid in ids) and st.inflight(self.layout) + nbytes <= credit,
+            lambda: (
+                all(cid in st.pull.versions for cid in ids)
+                and st.inflight(self.layout) + nbytes <= credit
+                and self.shards.can_push(ids)
+            ),
         )
         st.push_wait += time.perf_counter() - start
         for i in set().union(*(self.chunk_params[cid] for cid in ids)) - st.done_params:

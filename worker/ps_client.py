@@ -136,8 +136,15 @@ class ShardClients:
             )
             travelling = buffers if s == BUFFERS_SHARD else None
             seqs.append(self._send_push(s, chunks, tensor, chunk_versions, bodies[s], travelling) if chunks else -1)
+            if chunks and seqs[-1] == -1:  # not sent: no acknowledgement will come, so it must not count as done
+                raise TimeoutError(f"the send queue to shard {s} is full; push only when it has room (can_push)")
         pull = PendingPull(self, seqs, wanted, self.buffers is not None) if then_pull else None
         return PendingPush(self, seqs, bodies, pull, Resend(tensor, chunk_versions, buffers))
+
+    def can_push(self, ids: list[int]) -> bool:
+        """Whether a push of chunks `ids` would find room in the send queue of every shard it goes to."""
+        owners = {self.layout.chunks[cid].owner for cid in ids}
+        return all(self.conns[s].writable() for s in owners)
 
     def _send_push(
         self,

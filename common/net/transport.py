@@ -302,8 +302,17 @@ class Connection:
                 if self.down:
                     self.lost_through = self._last_seq
 
+    def writable(self) -> bool:
+        """Whether ZeroMQ's send queue to the server has room for one more message now (`send` would take it).
+
+        The queue holds `SNDHWM` messages, and ZeroMQ learns that its IO thread has taken them only every
+        half queue, so a client with many requests unanswered can find it full although the server is there.
+        """
+        return bool(int(self.sock.get(zmq.EVENTS)) & zmq.POLLOUT)
+
     def send(self, body: Any, chunks: Sequence[ChunkMeta] = (), tensors: Sequence[torch.Tensor] = ()) -> int:
-        """Queue a message; returns its seq, or -1 if the send queue is full (peer gone)."""
+        """Queue a message; returns its seq, or -1 if the send queue is full (the server is gone or slow to read:
+        `writable`)."""
         self.note_drops()  # a drop seen only after this send must not count against it
         seq = next(self._seq)
         msg = Message(body, list(chunks), list(tensors), self.job, self.sender, seq)
