@@ -306,6 +306,22 @@ def msync_m(profile: str) -> int:
     return calibrated_optimum(STUDY_NOISE, devices, PER_WORKER_BATCHES).workers
 
 
+QUICK = Profile(
+    "bench4",
+    64,
+    ("asgd+fixed", "DBS-SGD (capped weight)"),
+    (0,),
+    (100,),
+    budget_s=2.0,
+    slower=1.0,
+    target="0.60",
+    eval_every_s=0.5,
+    eval_size=300,
+    dataset="synthetic",
+    lrs=(0.02, 0.05),
+)
+"""The quick study's bench4 profile; its mixed_gpus16 twin differs in profile, global batch and budget only."""
+
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
     "regimes-reduced": tuple(
@@ -345,36 +361,7 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
         Profile(name, 32 * len(nodes()), ("asgd+fixed",), (7, 8), lr_from="lognormal64")
         for name, nodes in UNSEEN.items()
     ),
-    "tuned-quick": (
-        Profile(
-            "bench4",
-            64,
-            ("asgd+fixed", "DBS-SGD (capped weight)"),
-            (0,),
-            (100,),
-            budget_s=2.0,
-            slower=1.0,
-            target="0.60",
-            eval_every_s=0.5,
-            eval_size=300,
-            dataset="synthetic",
-            lrs=(0.02, 0.05),
-        ),
-        Profile(
-            "mixed_gpus16",
-            512,
-            ("asgd+fixed", "DBS-SGD (capped weight)"),
-            (0,),
-            (100,),
-            budget_s=1.0,
-            slower=1.0,
-            target="0.60",
-            eval_every_s=0.5,
-            eval_size=300,
-            dataset="synthetic",
-            lrs=(0.02, 0.05),
-        ),
-    ),
+    "tuned-quick": (QUICK, replace(QUICK, profile="mixed_gpus16", global_batch=512, budget_s=1.0)),
 }
 
 
