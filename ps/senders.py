@@ -18,15 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynabatch.common.net.curve import KeyRole
 from dynabatch.common.net.key_roles import check_key_role
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import Message, ProtocolError
 from dynabatch.common.wire.messages import Init, Pull, Push
 
-KEY_ROLES: dict[str, tuple[str, ...]] = {
-    Push.TYPE: ("worker",),
-    Init.TYPE: ("worker", "evaluator"),  # an evaluator checks its model and reads it
-    Pull.TYPE: ("worker", "evaluator"),
+KEY_ROLES: dict[str, tuple[KeyRole, ...]] = {
+    Push.TYPE: (KeyRole.WORKER,),
+    Init.TYPE: (KeyRole.WORKER, KeyRole.EVALUATOR),  # an evaluator checks its model and reads it
+    Pull.TYPE: (KeyRole.WORKER, KeyRole.EVALUATOR),
 }
 """The roles of the keys (under CURVE) each message a shard takes from a peer may come from."""
 
@@ -43,7 +44,7 @@ class SenderBindings:
         self.live = set(workers)
         self.bound = {w: ident for w, ident in self.bound.items() if w in self.live}
 
-    def check_message(self, msg: Message[Any], identity: bytes, key_role: str | None) -> None:
+    def check_message(self, msg: Message[Any], identity: bytes, key_role: KeyRole | None) -> None:
         """Refuse a message a shard takes from peers (KEY_ROLES) from a key of another role, or in a live worker's
         name from another connection than the one that first spoke for it."""
         allowed = KEY_ROLES.get(msg.type)

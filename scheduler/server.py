@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.atomic_file import out_of_descriptors
 from dynabatch.common.config import JobConfig, to_dict
-from dynabatch.common.net.curve import CurveKeys
+from dynabatch.common.net.curve import CurveKeys, KeyRole
 from dynabatch.common.net.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
@@ -353,7 +353,7 @@ class SchedulerServer:
         return answer
 
     def _on_eval(self, msg: Message[EvalReport], incoming: Incoming) -> None:
-        check_key_role(incoming.key_role, ("evaluator",), "EVAL")
+        check_key_role(incoming.key_role, (KeyRole.EVALUATOR,), "EVAL")
         self.state.eval_report(msg.sender, msg.body, time.monotonic(), incoming.identity)
 
     def _on_bye(self, msg: Message[Bye], incoming: Incoming) -> ByeAck:

@@ -37,6 +37,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import zmq
@@ -46,11 +47,24 @@ from zmq.utils import z85
 
 from dynabatch.common.flags import ConfigError, FlagParser, opt
 
-CLIENT_ROLES = ("shard", "worker", "evaluator")  # one client keypair each
+
+class KeyRole(StrEnum):
+    """A client keypair's role: the key a connection authenticated with, which decides what it may send."""
+
+    SHARD = "shard"
+    WORKER = "worker"
+    EVALUATOR = "evaluator"
+
+
+CLIENT_ROLES = tuple(KeyRole)  # one client keypair each
 # Which client roles each server role admits (a shard is never a shard's client).
-ADMITS: dict[str, tuple[str, ...]] = {"scheduler": CLIENT_ROLES, "ps": ("worker", "evaluator"), "run": CLIENT_ROLES}
+ADMITS: dict[str, tuple[KeyRole, ...]] = {
+    "scheduler": CLIENT_ROLES,
+    "ps": (KeyRole.WORKER, KeyRole.EVALUATOR),
+    "run": CLIENT_ROLES,
+}
 # The client key each process connects with (`dynabatch run` only reads STATUS: any role's key would do).
-CONNECTS_AS = {"ps": "shard", "worker": "worker", "evaluator": "evaluator", "run": "evaluator"}
+CONNECTS_AS = {"ps": KeyRole.SHARD, "worker": KeyRole.WORKER, "evaluator": KeyRole.EVALUATOR, "run": KeyRole.EVALUATOR}
 KEY_FILES = ("server.key", "server.key_secret") + tuple(f"{r}.key{s}" for r in CLIENT_ROLES for s in ("", "_secret"))
 KEYS_BY_ROLE: dict[str, tuple[str, ...]] = {
     "scheduler": ("server.key_secret", "shard.key", "worker.key", "evaluator.key"),  # binds only
@@ -86,9 +100,10 @@ class CurveOptions:
     )
 
 
-def key_role(user_id: str | None) -> str | None:
-    """The client role of a connection's ZAP user id (`worker-gpu-a` -> `worker`); None without CURVE."""
-    return user_id.split("-", 1)[0] if user_id else None
+def key_role(user_id: str | None) -> KeyRole | None:
+    """The client role of a connection's ZAP user id (`worker-gpu-a` -> `worker`); None without CURVE. The ZAP
+    handler admits only files named for a KeyRole, so every user id has one."""
+    return KeyRole(user_id.split("-", 1)[0]) if user_id else None
 
 
 @dataclass(frozen=True)

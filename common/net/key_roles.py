@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from dynabatch.common.net.curve import KeyRole
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Role
 
-HELLO_KEY_ROLE = {Role.SHARD: "shard", Role.WORKER: "worker", Role.EVALUATOR: "evaluator"}  # the key each role needs
+HELLO_KEY_ROLE = {Role.SHARD: KeyRole.SHARD, Role.WORKER: KeyRole.WORKER, Role.EVALUATOR: KeyRole.EVALUATOR}
+"""The key each member role registers with."""
 
 
-def check_key_role(key_role: str | None, allowed: Collection[str], what: str) -> None:
+def check_key_role(key_role: KeyRole | None, allowed: Collection[KeyRole], what: str) -> None:
     """Refuse (`bad_role`) `what` from a connection whose key is of none of the `allowed` roles."""
     if key_role is None or key_role in allowed:
         return

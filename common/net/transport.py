@@ -33,6 +33,7 @@ from dynabatch.common.net.connection_watch import ConnectionReports, watch_conne
 from dynabatch.common.net.curve import (
     REFUSALS,
     CurveKeys,
+    KeyRole,
     key_role,
     secure_client,
     secure_server,
@@ -161,7 +162,7 @@ class Incoming:
     identity: bytes
     message: Message[Any] | None
     error: ProtocolError | None
-    key_role: str | None = None
+    key_role: KeyRole | None = None
     frame: zmq.Frame | None = None
 
     @property
