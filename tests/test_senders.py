@@ -46,7 +46,7 @@ def test_a_worker_that_leaves_the_live_set_is_forgotten_and_binds_afresh() -> No
     _refused(bindings, "w0", A)
 
 
-def test_a_workers_serving_rank_goes_only_to_the_connection_bound_to_it():
+def test_a_workers_serving_rank_goes_only_to_the_connection_bound_to_it() -> None:
     bindings = SenderBindings()
     bindings.set_live({"w0", "w1"})
     bindings.check("w0", A)
