@@ -102,13 +102,13 @@ class Pipeline:
         is acknowledged (a batch whose loss is not finite: once the pull is in, with nothing pushed).
 
         With `ahead` (the versions the next step's pull waits for, from this step's shard versions) the next
-        pull is sent once the last push has been: a shard parks it and streams each chunk as its round closes, so
-        the next model comes down the link while this gradient still goes up, and the next step takes that pull
-        if it asks for the same versions."""
+        pull is sent with the first push, once this step's pull is in: a shard parks it and streams each chunk as
+        its round closes, so the next model comes down the link while this gradient still goes up, and the next
+        step takes that pull if it asks for the same versions."""
         counted = list(self.shards.staleness)
         sent_ahead, self.ahead = self.ahead, None
         pull = sent_ahead[1] if sent_ahead and sent_ahead[0] == min_versions else self.shards.start_pull(min_versions)
-        st = self._step = _StepState(pull, samples, max(1, group), credit or self.max_inflight)
+        st = self._step = _StepState(pull, samples, max(1, group), credit or self.max_inflight, ahead_of=ahead)
         self.model.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
         if not bool(torch.isfinite(loss.detach())):
@@ -123,13 +123,11 @@ class Pipeline:
             self._chunk_final(st, cid, flush=False)
         for shard in sorted(st.ready):
             self._push_group(st, shard)
-        next_versions = ahead(st.pull.result().shard_versions) if ahead is not None else None
-        if next_versions is not None:
-            st.ahead = self.shards.start_pull(next_versions)
+        self._send_ahead(st)
         start = time.perf_counter()
         self._settle(st)
         if st.ahead is not None:
-            self.ahead = (next_versions, st.ahead)
+            self.ahead = (st.ahead_versions, st.ahead)
         st.push_wait += time.perf_counter() - start
         self.shards.staleness = counted
         for worst in st.staleness_per_shard().values():
@@ -213,6 +211,14 @@ class Pipeline:
         if flush and len(st.ready[owner]) >= st.group:
             self._push_group(st, owner)
 
+    def _send_ahead(self, st: _StepState) -> None:
+        """The next step's pull, if the step has one to send ahead and has not, once its own pull is in (the
+        chunks of both land in the same buffer, and backward no longer reads it)."""
+        if st.ahead is None and st.ahead_of is not None and st.pull.done():
+            st.ahead_versions = st.ahead_of(st.pull.result().shard_versions)
+            if st.ahead_versions is not None:
+                st.ahead = self.shards.start_pull(st.ahead_versions)
+
     def _push_group(self, st: _StepState, shard: int) -> None:
         """Send the final chunks waiting for `shard` in one PUSH, first waiting for acknowledgements if the
         credit is used up (a group larger than the credit goes alone), or if the shard's send queue is full
@@ -236,6 +242,7 @@ class Pipeline:
             self.grad_flat[a:b].zero_()
         if self.buffers and st.buffer_push is None and shard == 0:
             st.buffer_push = len(st.pushes)
+        self._send_ahead(st)
         st.pushes.append(
             self.shards.start_push(
                 self.grad_flat,
@@ -272,7 +279,9 @@ class _StepState:
     trace: StepTrace = field(default_factory=StepTrace)
     buffers_loaded: bool = False
     buffer_push: int | None = None  # the index in `pushes` of the push that carries the travelling buffers
-    ahead: PendingPull | None = None  # the next step's pull, sent once every push of this one has been
+    ahead_of: Callable[[list[int]], list[int] | None] | None = None  # the versions of a pull to send ahead
+    ahead: PendingPull | None = None  # the next step's pull, sent with the first push of this one
+    ahead_versions: list[int] | None = None  # what it asks for
 
     def pendings(self) -> list[Pending]:
         return [self.pull, *self.pushes, *([self.ahead] if self.ahead is not None else [])]
