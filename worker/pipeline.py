@@ -212,10 +212,10 @@ class Pipeline:
             self._push_group(st, owner)
 
     def _send_ahead(self, st: _StepState) -> None:
-        """The next step's pull, if the step has one to send ahead and has not, once its own pull is in (the
-        chunks of both land in the same buffer, and backward no longer reads it)."""
-        if st.ahead is None and st.ahead_of is not None and st.pull.done():
-            st.ahead_versions = st.ahead_of(st.pull.result().shard_versions)
+        """The next step's pull, if the step has one to send ahead and has not asked yet, once its own pull is in
+        (the chunks of both land in the same buffer, and backward no longer reads it)."""
+        if st.ahead_of is not None and st.pull.done():
+            st.ahead_versions, st.ahead_of = st.ahead_of(st.pull.result().shard_versions), None
             if st.ahead_versions is not None:
                 st.ahead = self.shards.start_pull(st.ahead_versions)
 
