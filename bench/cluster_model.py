@@ -20,7 +20,10 @@ message included) slows the push to credit over round trip. Fewer, larger messag
 overlap less with backward.
 
 A request reaches a shard a link latency after the worker sends it: a pull's at once, a push's once its bytes
-have crossed the worker's link.
+have crossed the worker's link. Under `--chunk-schedule scheduled` a round's next pull leaves with the step's last
+push and the shard sends each chunk as its round closes (worker/pipeline.py); the rounds close here all at once, so
+the chunks are taken to have become due over the time the round's closing push took to cross its link, and the
+pull's transfer overlaps that much of it.
 """
 
 from __future__ import annotations
@@ -124,9 +127,13 @@ class Network:
     chunks: int = 1
     message_s: float = MESSAGE_OVERHEAD_S
 
-    def pull_s(self, served_s: float) -> float:
-        """A pull whose request took `served_s` to reach the shards and be served: that, and the model back."""
-        return served_s + self.link.transfer_s(self.shards.model_bytes)
+    def pull_s(self, served_s: float, ahead_s: float = 0.0) -> float:
+        """A pull whose request took `served_s` to reach the shards and be served: that, and the model back. A pull
+        sent ahead (the scheduled wire's, in a round) was already bringing each chunk down as its round closed,
+        over the `ahead_s` the round's closing push took to cross its link: what is left is the rest, at least
+        its last chunk."""
+        transfer = self.link.transfer_s(self.shards.model_bytes)
+        return served_s + max(transfer / self.chunks, transfer - ahead_s)
 
     def exposed_pull_s(self, pull_s: float, compute_s: float) -> float:
         """The part of a gradient step's pull of `pull_s` that the forward pass of `compute_s` does not hide."""

@@ -274,6 +274,10 @@ class Cluster:
         self.shard_queues = Shards(cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes)
         pipelines = self.job.pipelines(chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes))
         self.chunks = chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes) if pipelines else 1
+        # The scheduled wire's pull sent ahead (worker/gradient_steps.py): a pipelined step of a protocol with one
+        # push per round; `closing_push_s` is the link time of the push the shard served last.
+        self.pulls_ahead = pipelines and self.job.chunk_schedule == "scheduled" and self.spec.one_push_per_round
+        self.closing_push_s = 0.0
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0
         spec = self.spec if cfg.equal_steps is None else replace(self.spec, equal_steps=cfg.equal_steps)
@@ -454,17 +458,18 @@ class Worker:
             return self.c.cfg.comm_s * self.spec.link
         return self.net.link.transfer_s(self.net.shards.model_bytes)
 
-    def pull(self, compute: float | None = None) -> Generator[Wait, None, None]:
+    def pull(self, compute: float | None = None, ahead: bool = False) -> Generator[Wait, None, None]:
         """A pull issued now: `comm_s`, or the request over this node's link, its wait and service at the shards
         (by rank, bench/cluster_model.py) and the model back; of a gradient step's pull, only what the forward pass
-        of its `compute` seconds does not hide, where the pipeline overlaps them."""
+        of its `compute` seconds does not hide, where the pipeline overlaps them; `ahead`: a pull sent ahead with
+        the last push, whose transfer overlapped the round's closing push (bench/cluster_model.py)."""
         c = self.c
         if self.net is None:
             yield c.now + self.comm_s
             return
         start = c.now
         yield from self._served(start + self.net.link.latency_s)
-        pull = self.net.pull_s(c.now - start)
+        pull = self.net.pull_s(c.now - start, c.closing_push_s if ahead else 0.0)
         yield max(c.now, start + (pull if compute is None else self.net.exposed_pull_s(pull, compute)))
         self.moved += self.net.shards.model_bytes
 
@@ -477,7 +482,9 @@ class Worker:
             yield c.now + self.comm_s
             return self.comm_s
         start = c.now
-        yield from self._served(c.now + self.net.push_link_s(compute, self.told.chunk_group, self.told.credit_bytes))
+        link_s = self.net.push_link_s(compute, self.told.chunk_group, self.told.credit_bytes)
+        yield from self._served(c.now + link_s)
+        c.closing_push_s = link_s
         self.moved += self.net.shards.model_bytes
         return c.now - start
 
@@ -623,7 +630,7 @@ class Worker:
             self.base, self.base_versions, self.version = c.pull()
             if c.spec.push_kind == GRADIENT:  # the pull overlaps the forward pass of the step it feeds
                 record.compute_s = self.step_seconds(self.told.batch)
-                yield from self.pull(record.compute_s)
+                yield from self.pull(record.compute_s, c.pulls_ahead and action.min_versions is not None)
             else:
                 yield from self.pull()
             if action.waits:

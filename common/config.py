@@ -202,7 +202,8 @@ class JobConfig(JobName):
         "fixed",
         "fixed: one chunk per push within --max-inflight-bytes, shards serve by chunk id; scheduled: the "
         "scheduler sets each worker's chunks per push and credit from its measured link and compute, and the "
-        "order shards serve workers in (the round's slowest first; asynchronous: the most transfer-bound first)",
+        "order shards serve workers in (the round's slowest first; asynchronous: the most transfer-bound first); "
+        "in a round each worker sends its next pull with its first push",
         CHUNK_SCHEDULES,
         topic="protocol",
     )

@@ -15,6 +15,7 @@ shard refuses its pushes anyway (`unknown_sender`) and its pulls only read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,3 +64,7 @@ class SenderBindings:
                 f"{worker!r} speaks to this shard from another connection; a message "
                 "in its name from this one is refused",
             )
+
+    def by_connection(self, ranks: Mapping[str, int]) -> dict[bytes, int]:
+        """The scheduler's `ranks` of workers, keyed by the connection bound to speak for each (none yet: unranked)."""
+        return {self.bound[w]: rank for w, rank in ranks.items() if w in self.bound}

@@ -34,6 +34,7 @@ from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.net.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
+from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
 from dynabatch.common.wire.handlers import Handlers
@@ -240,6 +241,8 @@ class ShardServer:
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
                     pending.append(recv_routed(self.sock, limits))
                 ranks = self.last_assignment.serve_ranks if self.last_assignment is not None else {}
+                rounds = protocol_spec(job.protocol).closes_rounds  # the egress by rank (outbox.py)
+                self.outbox.rank_by(self.senders.by_connection(ranks) if rounds else {})
                 for incoming in sorted(pending, key=lambda i: serve_key(i, ranks)):
                     self._handle(incoming)
             now = time.monotonic()

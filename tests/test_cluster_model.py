@@ -169,3 +169,22 @@ def test_a_scheduled_round_serves_its_critical_worker_first_at_a_busy_shard_and_
         assert groups == ({1} if schedule == "fixed" else {4}), r.worker_wire
     assert abs(rounds["fixed"] - 60.0 / 2.5) <= 1.5
     assert abs(rounds["scheduled"] - 60.0 / 2.1) <= 1.5
+
+
+def test_a_scheduled_round_bounded_by_one_slow_link_brings_the_next_model_down_while_its_gradient_goes_up(
+    data: Dataset,
+) -> None:
+    """ssgd, pipelined steps of 10 ms, a 1 MB model in four chunks; one worker behind 8 Mbit/s (1 s a direction).
+    Under `fixed` the slow worker pulls only once its push is acknowledged: a round is its push and its pull, 2 s.
+    Under `scheduled` its next pull left with its push and each chunk came down as its round closed, while the
+    rest went up: the round is its push and the last chunk down, 1.25 s (Network.pull_s)."""
+    fast = WorkerSpec(fixed_s=0.01, per_sample_s=0.0, link_mbit=100_000.0)
+    slow = WorkerSpec(fixed_s=0.01, per_sample_s=0.0, link_mbit=8.0)
+    rounds = {}
+    for schedule in ("fixed", "scheduled"):
+        job = {"chunk_schedule": schedule, "pipeline": "on", "chunk_bytes": 262144}
+        rounds[schedule] = run("ssgd", "fixed", (fast, slow), data, budget_s=60.0, wire_bytes=1e6, job=job).samples / 32
+    assert abs(rounds["fixed"] - 60.0 / 2.0) <= 1.5
+    assert abs(rounds["scheduled"] - 60.0 / 1.25) <= 1.5
+    net = Network(Link(8.0), Shards(1, 0.0, 1e6), chunks=4)
+    assert net.pull_s(0.0, ahead_s=0.5) == pytest.approx(0.5) and net.pull_s(0.0, ahead_s=2.0) == pytest.approx(0.25)

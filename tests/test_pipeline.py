@@ -97,5 +97,26 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
         assert sum(shards.staleness) - counted == 1
         assert len(set(trace.pushed_at.values())) == -(-len(layout.chunks) // 4), "not four chunks per push"
         torch.testing.assert_close(w1 - shards.pull(None, 10).flat, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
+
+        # The scheduled wire's pull ahead: the next step's pull leaves once this step's pushes have (the shard
+        # sends each chunk as it reaches the version asked: here, as this step's push of it is applied), and the
+        # next step, asking for those versions, takes that pull instead of sending its own.
+        def after(versions: list[int]) -> list[int]:
+            return [v + 1 for v in versions]
+
+        result = pipeline.step((x, y), None, 64, ahead=after)
+        assert pipeline.ahead is not None and pipeline.ahead[0] == after(result.pulled.shard_versions)
+        asked, sent = pipeline.ahead
+        result = pipeline.step((x, y), asked, 64)
+        assert sent.done() and result.trace.arrived_at == sent.arrived_at, "the step sent a pull of its own"
+        assert result.pulled.shard_versions == asked and pipeline.ahead is None
+        w3 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # what the step computed on
+        load_flat(reference, w3)
+        reference.zero_grad()
+        torch.autograd.backward(F.cross_entropy(reference(x), y))
+        grad = flat_grads(reference)
+        torch.testing.assert_close(w3 - shards.pull(None, 10).flat, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
+        pipeline.step((x, y), None, 64, ahead=after)
+        assert pipeline.step((x, y), None, 64).pulled.shard_versions, "a pull ahead of other versions is not taken"
     finally:
         c.stop()

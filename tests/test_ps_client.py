@@ -106,3 +106,23 @@ def test_a_push_its_send_queue_cannot_take_waits_for_room_and_never_counts_as_ac
             shards.start_push(grads, versions, 1, float("nan"), ids=[layout.chunks[len(sent)].id])
     finally:
         shards.close()
+
+
+def test_a_pull_its_send_queue_cannot_take_fails_at_once_instead_of_waiting_for_chunks_never_asked() -> None:
+    # The same full queue as above: a pull that did not go must not hand back a request that waits (to the
+    # step's timeout) for chunks no shard was asked for; it fails at once, which the worker retries.
+    layout = make_layout(512 * 256, 1024, 1)
+    shards = ShardClients(zmq.Context.instance(), [f"tcp://127.0.0.1:{free_port()}"], layout, "job", "w")
+    grads, versions = torch.zeros(layout.total), {c.id: 0 for c in layout.chunks}
+    try:
+        for chunk in layout.chunks:
+            if not shards.can_push([chunk.id]):
+                break
+            shards.start_push(grads, versions, 1, float("nan"), ids=[chunk.id])
+        assert not shards.can_push([0])
+        with pytest.raises(TimeoutError, match="send queue to shard 0 is full"):
+            shards.start_pull()
+        with pytest.raises(TimeoutError, match="send queue to shard 0 is full"):
+            shards.start_pull(ids=[3])
+    finally:
+        shards.close()

@@ -44,3 +44,13 @@ def test_a_worker_that_leaves_the_live_set_is_forgotten_and_binds_afresh() -> No
     bindings.set_live({"w0", "w1"})
     bindings.check("w0", B)
     _refused(bindings, "w0", A)
+
+
+def test_a_workers_serving_rank_goes_only_to_the_connection_bound_to_it() -> None:
+    bindings = SenderBindings()
+    bindings.set_live({"w0", "w1"})
+    bindings.check("w0", A)
+    _refused(bindings, "w0", B)  # another connection that names w0 is refused, and does not take its rank
+    assert bindings.by_connection({"w0": 0, "w1": 1}) == {A: 0}  # w1 has not spoken yet: no connection ranked
+    bindings.check("w1", B)
+    assert bindings.by_connection({"w0": 1, "w1": 0}) == {A: 1, B: 0}

@@ -130,8 +130,10 @@ class GradientLoop(StepLoop):
             )
         batch = c.next_batch(assignment.batch)
         wall, cpu = time.perf_counter(), time.thread_time()
+        # The scheduled wire sends a round's next pull as soon as its pushes are out (pipeline.py).
+        ahead = plan.round_after if c.job.chunk_schedule == "scheduled" else None
         result = self.pipeline.step(
-            batch, plan.min_versions, assignment.batch, assignment.chunk_group, assignment.credit_bytes
+            batch, plan.min_versions, assignment.batch, assignment.chunk_group, assignment.credit_bytes, ahead
         )
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         times = StepTimes(push=result.push_wait_s)
@@ -148,6 +150,8 @@ class GradientLoop(StepLoop):
         """The planner decides what the next pull waits for; the model brought or sent ahead is dropped."""
         self.plan.after_failure(code)
         self.pulled = self.ahead = self.unacked = None
+        if self.pipeline is not None:
+            self.pipeline.ahead = None
 
 
 def _add_pull_time(times: StepTimes, waits: bool, seconds: float) -> None:

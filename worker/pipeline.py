@@ -86,17 +86,29 @@ class Pipeline:
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._grad_ready(i))  # type: ignore[no-untyped-call]  # untyped in torch
         self._step: _StepState | None = None
+        self.ahead: tuple[list[int] | None, PendingPull] | None = None  # a pull sent ahead: its versions, itself
 
     def step(
-        self, batch: Any, min_versions: list[int] | None, samples: int, group: int = 1, credit: int = 0
+        self,
+        batch: Any,
+        min_versions: list[int] | None,
+        samples: int,
+        group: int = 1,
+        credit: int = 0,
+        ahead: Callable[[list[int]], list[int] | None] | None = None,
     ) -> PipelineResult:
         """Pull, forward, backward and push for one batch, overlapped, `group` final chunks of a shard per PUSH
         within `credit` bytes unacknowledged (0: the credit the pipeline was made with); returns when every push
-        is acknowledged (a batch whose loss is not finite: once the pull is in, with nothing pushed)."""
+        is acknowledged (a batch whose loss is not finite: once the pull is in, with nothing pushed).
+
+        With `ahead` (the versions the next step's pull waits for, from this step's shard versions) the next
+        pull is sent with the first push, once this step's pull is in: a shard parks it and streams each chunk as
+        its round closes, so the next model comes down the link while this gradient still goes up, and the next
+        step takes that pull if it asks for the same versions."""
         counted = list(self.shards.staleness)
-        st = self._step = _StepState(
-            self.shards.start_pull(min_versions), samples, max(1, group), credit or self.max_inflight
-        )
+        sent_ahead, self.ahead = self.ahead, None
+        pull = sent_ahead[1] if sent_ahead and sent_ahead[0] == min_versions else self.shards.start_pull(min_versions)
+        st = self._step = _StepState(pull, samples, max(1, group), credit or self.max_inflight, ahead_of=ahead)
         self.model.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
         if not bool(torch.isfinite(loss.detach())):
@@ -111,8 +123,11 @@ class Pipeline:
             self._chunk_final(st, cid, flush=False)
         for shard in sorted(st.ready):
             self._push_group(st, shard)
+        self._send_ahead(st)
         start = time.perf_counter()
         self._settle(st)
+        if st.ahead is not None:
+            self.ahead = (st.ahead_versions, st.ahead)
         st.push_wait += time.perf_counter() - start
         self.shards.staleness = counted
         for worst in st.staleness_per_shard().values():
@@ -126,13 +141,17 @@ class Pipeline:
         not know this worker yet (see ShardClients.push), and only those (`ShardClients.before_resend`)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
-            self.shards.wait(st.pendings(), max(0.0, deadline - time.monotonic()))
+            self.shards.wait(
+                st.pendings(),
+                max(0.0, deadline - time.monotonic()),
+                lambda: st.pull.done() and all(p.done() for p in st.pushes),
+            )
             refused = [i for i, p in enumerate(st.pushes) if p.refused]
             if not refused:
                 return
             if time.monotonic() >= deadline:
                 raise RemoteError(ErrorCode.UNKNOWN_SENDER, "a shard does not know this worker")
-            self.shards.before_resend([])
+            self.shards.before_resend([st.ahead] if st.ahead is not None else [])
             for i in refused:
                 st.pushes[i] = self.shards.start_push(
                     self.grad_flat,
@@ -192,6 +211,14 @@ class Pipeline:
         if flush and len(st.ready[owner]) >= st.group:
             self._push_group(st, owner)
 
+    def _send_ahead(self, st: _StepState) -> None:
+        """The next step's pull, if the step has one to send ahead and has not asked yet, once its own pull is in
+        (the chunks of both land in the same buffer, and backward no longer reads it)."""
+        if st.ahead_of is not None and st.pull.done():
+            st.ahead_versions, st.ahead_of = st.ahead_of(st.pull.result().shard_versions), None
+            if st.ahead_versions is not None:
+                st.ahead = self.shards.start_pull(st.ahead_versions)
+
     def _push_group(self, st: _StepState, shard: int) -> None:
         """Send the final chunks waiting for `shard` in one PUSH, first waiting for acknowledgements if the
         credit is used up (a group larger than the credit goes alone), or if the shard's send queue is full
@@ -215,6 +242,7 @@ class Pipeline:
             self.grad_flat[a:b].zero_()
         if self.buffers and st.buffer_push is None and shard == 0:
             st.buffer_push = len(st.pushes)
+        self._send_ahead(st)
         st.pushes.append(
             self.shards.start_push(
                 self.grad_flat,
@@ -251,9 +279,12 @@ class _StepState:
     trace: StepTrace = field(default_factory=StepTrace)
     buffers_loaded: bool = False
     buffer_push: int | None = None  # the index in `pushes` of the push that carries the travelling buffers
+    ahead_of: Callable[[list[int]], list[int] | None] | None = None  # the versions of a pull to send ahead
+    ahead: PendingPull | None = None  # the next step's pull, sent with the first push of this one
+    ahead_versions: list[int] | None = None  # what it asks for
 
     def pendings(self) -> list[Pending]:
-        return [self.pull, *self.pushes]
+        return [self.pull, *self.pushes, *([self.ahead] if self.ahead is not None else [])]
 
     def staleness_per_shard(self) -> dict[int, int]:
         """The step's staleness on each shard: the most of its chunks' acknowledgements, as one whole push's

@@ -84,6 +84,7 @@ class ShardClients:
 
         With `min_versions` a shard sends each chunk once it has reached that version.
         A pull of every chunk also asks shard 0 for the travelling buffers, if the model has some.
+        TimeoutError (a step's retriable failure) if a shard's send queue cannot take the request.
         """
         wanted = {c.id for c in self.layout.chunks} if ids is None else set(ids)
         with_buffers = self.buffers is not None and ids is None
@@ -96,6 +97,8 @@ class ShardClients:
                 buffers=with_buffers and s == BUFFERS_SHARD,
             )
             seqs.append(conn.send(body) if mine else -1)
+            if mine and seqs[-1] == -1:  # not sent: no chunk will come, so the pull would wait to its timeout
+                raise TimeoutError(f"the send queue to shard {s} is full; the pull was not sent")
         return PendingPull(self, seqs, wanted, with_buffers)
 
     def start_push(

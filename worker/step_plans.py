@@ -178,8 +178,14 @@ class GradientPlan(StepPlan):
     def pulled(self, shard_versions: list[int]) -> None:
         """The step computed on these shard versions and will push: set what the next pull waits for."""
         self.last_versions = shard_versions
-        if self.spec.one_push_per_round:
-            self.min_versions = [v + 1 for v in shard_versions]
+        after = self.round_after(shard_versions)
+        if after is not None:
+            self.min_versions = after
+
+    def round_after(self, shard_versions: list[int]) -> list[int] | None:
+        """What the pull after a step computed on `shard_versions` waits for: the round that step pushes into, where
+        the protocol takes one push per worker and round (None: nothing)."""
+        return [v + 1 for v in shard_versions] if self.spec.one_push_per_round else None
 
     def step(self, orders: Orders) -> Step:
         pulled = yield Pull(self.min_versions, self.pull_waits())
