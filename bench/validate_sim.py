@@ -20,6 +20,7 @@ time per step beside the curve's prediction, so the reader can tell which.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -148,33 +149,41 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
 class Observed:
     """One real worker's steps after the first fifth of the run: per step, its wall seconds (the scheduler's
     clock between snapshots over the steps taken), its compute phase (forward, backward and the emulated
-    slowdown's idling) and the rest (pulls, pushes, taking the batch, the loop's own work between steps)."""
+    slowdown's idling), its wait for other workers (a round's), and the rest (pulls, pushes, taking the
+    batch, the loop's own work between steps)."""
 
     steps: int
     batch: float
     step_s: float
     compute_s: float
+    wait_s: float = 0.0
 
     @property
     def other_s(self) -> float:
-        return max(0.0, self.step_s - self.compute_s)
+        return max(0.0, self.step_s - self.compute_s - self.wait_s)
 
 
 def observed(timeline: list[JobStatus], name: str) -> Observed:
-    """Worker `name`'s steps between the first fifth of its snapshots and its last (all zero if it never stepped)."""
+    """Worker `name`'s steps from the first fifth of its snapshots on, over the stretches between two snapshots
+    in which it held a batch and stepped (a worker left out for a while idles: that is no step of its device);
+    all zero if it never stepped."""
     seen = [(s.t, w) for s in timeline for w in s.workers.values() if w.name == name and w.steps]
-    if len(seen) < 2:
+    seen = seen[len(seen) // 5 :]
+    spans = [
+        (t1 - t0, b.steps - a.steps, b.samples - a.samples, b.compute_s_total - a.compute_s_total, b)
+        for (t0, a), (t1, b) in itertools.pairwise(seen)
+        if a.batch > 0 and b.batch > 0 and b.steps > a.steps and b.observed_steps > a.observed_steps
+    ]
+    steps = sum(span[1] for span in spans)
+    if not steps:
         return Observed(0, 0.0, 0.0, 0.0)
-    (t0, first), (t1, last) = seen[len(seen) // 5], seen[-1]
-    steps = last.steps - first.steps
-    observed_steps = last.observed_steps - first.observed_steps
-    if steps <= 0 or observed_steps <= 0:
-        return Observed(0, float(last.batch), 0.0, 0.0)
+    # The scheduler counts a step's compute as it counts the step (roster.py, count_steps), so compute over steps.
     return Observed(
         steps,
-        (last.samples - first.samples) / steps,
-        (t1 - t0) / steps,
-        (last.compute_s_total - first.compute_s_total) / observed_steps,
+        sum(span[2] for span in spans) / steps,
+        sum(span[0] for span in spans) / steps,
+        sum(span[3] for span in spans) / steps,
+        statistics.fmean(span[4].wait_s for span in spans),  # no total: the last step's, at each snapshot
     )
 
 
