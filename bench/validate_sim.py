@@ -1,17 +1,21 @@
 """The simulator against a real run of the same shape on this machine: samples/s, staleness and batches.
 
-1. The machine's own step curve for the model: forward and backward timed in this process (CPU time, as the real
-   worker's slowdown counts it) at two batch sizes, fitted as a + c b.
-2. A real `dynabatch run`: the workers at the given `--slowdowns` (F or F:A, common/slowdown.py) and
+1. The machine's own step curve for the model: the real worker's `train_step` timed in this process (CPU time, as
+   the real worker's slowdown counts it) at two batch sizes, fitted as a + c b.
+2. `--runs` real `dynabatch run`s: the workers at the given `--slowdowns` (F or F:A, common/slowdown.py) and
    `--max-batches`, the protocol and batch policy, the MLP on the synthetic set, for `--budget-s` of training.
-3. The simulator (bench/simulate.py) with the same workers, the machine's curve, and a transfer time (`comm_s`)
-   taken from the real run (its workers' mean pull and push per step: on loopback a transfer is not what the
-   shape is about, and the simulator's own links are checked against their formula in tests/test_cluster_model.py).
-4. Each figure as simulated / real, and whether it is within the tolerance (10%).
+   From each, per worker: its compute phase per step, its wait for others, and the rest of its step (pulls,
+   pushes, taking the batch, the loop's own work).
+3. Beside each, the simulator (bench/simulate.py) with the same workers and caps. What the real run measured and
+   the simulator is given: the machine's contention k during the run (a real worker's forward and backward took
+   k times its CPU time in wall time; the median of the workers'), so that a device is (k + F - 1)(a + c b) + A
+   as its emulation computes, and each worker's rest of a step, as its pull and push (on loopback that is the
+   loop's work as much as a transfer; the simulator's links are checked against the namespace harness,
+   bench/links.py). What it predicts: the batches the scheduler hands out, the staleness, the samples/s.
+4. Each figure as simulated / real, its error, and whether it is within the tolerance (10%).
 
-On a machine shared with other jobs the real steps are longer than the curve measured alone says (contention),
-so a miss says as much about the machine's load as about the simulator: the script prints the real run's compute
-time per step beside the curve's prediction, so the reader can tell which.
+Each worker's own k is printed: where the emulation does what the simulator models they agree, since the
+workers share one machine.
 
     python -m bench.validate_sim --slowdowns 1:0.02 2 4:0.01 --max-batches 0 24 0 --protocol asgd \\
         --policy dynamic --budget-s 30
