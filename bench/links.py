@@ -255,8 +255,8 @@ def run_policy(
     label = policy if policy != "auto" else f"auto ({ran})"
     label = label if chunks == "fixed" else f"{label}, {chunks} chunks"
     if not workload.task and all(w.compute_sps > 0 for w in per_worker):
-        net = build_model(args.model, input_shape(args.dataset), NUM_CLASSES, 0)
-        model_bytes = 4.0 * sum(p.numel() for p in net.parameters())
+        built = build_model(args.model, input_shape(args.dataset), NUM_CLASSES, 0)
+        model_bytes = 4.0 * sum(p.numel() for p in built.parameters())
         allows = link_allows(per_worker, args.protocol, ran, model_bytes, args.chunk_bytes)
         for w, share in zip(per_worker, allows, strict=True):
             w.predicted_share = share

@@ -293,10 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         k = statistics.median(ks)
         sim = simulated(shape, curve, seen, k)
         print(f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'):")
-        for i, (o, s) in enumerate(zip(seen, shape.slowdowns, strict=True)):
+        for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             print(
-                f"  worker{i} ({s}): batch {o.batch:.1f}, step {1000 * o.step_s:.2f} ms: compute "
-                f"{1000 * o.compute_s:.2f} ms (its k {contention(s, o, curve):.2f}), the rest {1000 * o.other_s:.2f} ms"
+                f"  worker{i} ({text}): batch {o.batch:.1f}, step {1000 * o.step_s:.2f} ms: compute "
+                f"{1000 * o.compute_s:.2f} ms (its k {contention(text, o, curve):.2f}), "
+                f"the rest {1000 * o.other_s:.2f} ms"
             )
         print("| figure | real | simulated | error | within 10% |")
         print("| --- | ---: | ---: | ---: | --- |")
