@@ -153,41 +153,41 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
 class Observed:
     """One real worker's steps after the first fifth of the run: per step, its wall seconds (the scheduler's
     clock between snapshots over the steps taken), its compute phase (forward, backward and the emulated
-    slowdown's idling), its wait for other workers (a round's), and the rest (pulls, pushes, taking the
-    batch, the loop's own work between steps)."""
+    slowdown's idling), and the rest: its pull, push and taking the batch (the phases it reports, a round's
+    wait left out) and the loop's own work between steps (wall time that is in no phase)."""
 
     steps: int
     batch: float
     step_s: float
     compute_s: float
-    wait_s: float = 0.0
-
-    @property
-    def other_s(self) -> float:
-        return max(0.0, self.step_s - self.compute_s - self.wait_s)
+    other_s: float = 0.0
 
 
 def observed(timeline: list[JobStatus], name: str) -> Observed:
     """Worker `name`'s steps from the first fifth of its snapshots on, over the stretches between two snapshots
     in which it held a batch and stepped (a worker left out for a while idles: that is no step of its device);
-    all zero if it never stepped."""
+    all zero if it never stepped. Phase seconds are totals where STATUS keeps them (a step, its compute) and
+    otherwise the mean of each snapshot's last step (pull, push, data)."""
     seen = [(s.t, w) for s in timeline for w in s.workers.values() if w.name == name and w.steps]
     seen = seen[len(seen) // 5 :]
     spans = [
-        (t1 - t0, b.steps - a.steps, b.samples - a.samples, b.compute_s_total - a.compute_s_total, b)
+        (t1 - t0, b.steps - a.steps, b.samples - a.samples, a, b)
         for (t0, a), (t1, b) in itertools.pairwise(seen)
         if a.batch > 0 and b.batch > 0 and b.steps > a.steps and b.observed_steps > a.observed_steps
     ]
     steps = sum(span[1] for span in spans)
     if not steps:
         return Observed(0, 0.0, 0.0, 0.0)
-    # The scheduler counts a step's compute as it counts the step (roster.py, count_steps), so compute over steps.
+    counted = sum(b.observed_steps - a.observed_steps for *_, a, b in spans)
+    in_phases = sum(b.step_s_total - a.step_s_total for *_, a, b in spans) / counted
+    wall = sum(span[0] for span in spans) / steps
+    moves = statistics.fmean(b.pull_s + b.push_s + b.data_s for *_, b in spans)
     return Observed(
         steps,
         sum(span[2] for span in spans) / steps,
-        sum(span[0] for span in spans) / steps,
-        sum(span[3] for span in spans) / steps,
-        statistics.fmean(span[4].wait_s for span in spans),  # no total: the last step's, at each snapshot
+        wall,
+        sum(b.compute_s_total - a.compute_s_total for *_, a, b in spans) / counted,
+        max(0.0, wall - in_phases) + moves,
     )
 
 
@@ -207,7 +207,9 @@ def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k:
     its emulation computes on a machine whose contention `k` the real run measured (`contention`). Its pull and
     push each take half of what the real worker spent per step outside its compute (on loopback that is the
     loop's own work as much as a transfer: the simulator's links are checked on the namespace harness)."""
-    rest = [max(1e-6, o.other_s / 2) for o in seen]
+    stepped = [o.other_s for o in seen if o.steps]
+    # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
+    rest = [max(1e-6, (o.other_s if o.steps else statistics.median(stepped)) / 2) for o in seen]
     base = min(rest)
     workers = []
     for text, cap, r in zip(shape.slowdowns, shape.max_batches, rest, strict=True):
