@@ -166,8 +166,9 @@ class Observed:
 def observed(timeline: list[JobStatus], name: str) -> Observed:
     """Worker `name`'s steps from the first fifth of its snapshots on, over the stretches between two snapshots
     in which it held a batch and stepped (a worker left out for a while idles: that is no step of its device);
-    all zero if it never stepped. Phase seconds are totals where STATUS keeps them (a step, its compute) and
-    otherwise the mean of each snapshot's last step (pull, push, data)."""
+    all zero if it never stepped. Phase seconds are totals where STATUS keeps them (a step, its compute); where
+    the worker waited for a round, whose wait has no total, the rest is the mean of each snapshot's last step's
+    pull, push and data, plus the wall time in no phase."""
     seen = [(s.t, w) for s in timeline for w in s.workers.values() if w.name == name and w.steps]
     seen = seen[len(seen) // 5 :]
     spans = [
@@ -181,14 +182,12 @@ def observed(timeline: list[JobStatus], name: str) -> Observed:
     counted = sum(b.observed_steps - a.observed_steps for *_, a, b in spans)
     in_phases = sum(b.step_s_total - a.step_s_total for *_, a, b in spans) / counted
     wall = sum(span[0] for span in spans) / steps
-    moves = statistics.fmean(b.pull_s + b.push_s + b.data_s for *_, b in spans)
-    return Observed(
-        steps,
-        sum(span[2] for span in spans) / steps,
-        wall,
-        sum(b.compute_s_total - a.compute_s_total for *_, a, b in spans) / counted,
-        max(0.0, wall - in_phases) + moves,
-    )
+    compute = sum(b.compute_s_total - a.compute_s_total for *_, a, b in spans) / counted
+    if all(b.wait_s == 0 for *_, b in spans):  # no round to wait for: everything but the compute is the rest
+        rest = wall - compute
+    else:  # the wait has no total: the mean of the sampled steps' pull, push and data, and the loop's time
+        rest = statistics.fmean(b.pull_s + b.push_s + b.data_s for *_, b in spans) + max(0.0, wall - in_phases)
+    return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest))
 
 
 def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> float:
