@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         sim = simulated(shape, curve, seen, k)
         print(f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'):")
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
+            if not o.steps:
+                print(f"  worker{i} ({text}): held no batch after the first fifth of the run")
+                continue
             print(
                 f"  worker{i} ({text}): batch {o.batch:.1f}, step {1000 * o.step_s:.2f} ms: compute "
                 f"{1000 * o.compute_s:.2f} ms (its k {contention(text, o, curve):.2f}), "
