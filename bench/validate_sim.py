@@ -3,7 +3,8 @@
 1. The machine's own step curve for the model: the real worker's `train_step` timed in this process (CPU time, as
    the real worker's slowdown counts it) at two batch sizes, fitted as a + c b.
 2. `--runs` real `dynabatch run`s: the workers at the given `--slowdowns` (F or F:A, common/slowdown.py) and
-   `--max-batches`, the protocol and batch policy, the MLP on the synthetic set, for `--budget-s` of training.
+   `--max-batches`, the protocol and batch policy, a built-in `--model` (default the MLP on the synthetic set),
+   for `--budget-s` of training.
    From each, per worker: its compute phase per step, its wait for others, and the rest of its step (pulls,
    pushes, taking the batch, the loop's own work).
 3. Beside each, the simulator (bench/simulate.py) with the same workers and caps. What the real run measured and
@@ -47,11 +48,12 @@ from dynabatch.common.wire.messages import JobStatus
 from dynabatch.worker.batch_source import DatasetBatches, worker_order
 from dynabatch.worker.trainer import train_step
 
-DATASET, MODEL = "synthetic", "mlp"
 TOLERANCE = 0.10
 
 
-def machine_curve(batches: tuple[int, int] = (16, 128), steps: int = 30) -> tuple[float, float]:
+def machine_curve(
+    model_name: str = "mlp", dataset: str = "synthetic", batches: tuple[int, int] = (16, 128), steps: int = 30
+) -> tuple[float, float]:
     """This machine's compute of one step as the real worker runs it, in CPU seconds, a + c b: `train_step`
     (worker/trainer.py) on the built-in task the worker builds, one thread, the median CPU time of `steps` steps
     after two untimed ones at each of two batch sizes.
@@ -60,7 +62,7 @@ def machine_curve(batches: tuple[int, int] = (16, 128), steps: int = 30) -> tupl
     what else the machine runs; the worker's own step, because it does more than a forward and a backward pass
     (it zeroes the gradients in place and calls the task's loss)."""
     torch.set_num_threads(1)
-    task = builtin_task(DATASET, MODEL)
+    task = builtin_task(dataset, model_name)
     _, data, _ = check_task(task, 0)
     model, loss_fn = task.build_model(0), task.loss_fn()
     source = DatasetBatches(data, worker_order(len(data), 0, 0), task.collate_fn())
@@ -95,6 +97,8 @@ class Shape:
     budget_s: float
     seed: int = 0
     lr: float = 0.05
+    model: str = "mlp"  # a built-in model, on `dataset`
+    dataset: str = "synthetic"
 
 
 def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
@@ -117,9 +121,9 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
             "--seed",
             str(shape.seed),
             "--model",
-            MODEL,
+            shape.model,
             "--dataset",
-            DATASET,
+            shape.dataset,
             "--global-batch",
             str(shape.global_batch),
             "--lr",
@@ -230,8 +234,8 @@ def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k:
         seed=shape.seed,
         budget_s=shape.budget_s,
         global_batch=shape.global_batch,
-        model=MODEL,
-        dataset=DATASET,
+        model=shape.model,
+        dataset=shape.dataset,
         fixed_s=curve[0],
         per_sample_s=curve[1],
         comm_s=base,
@@ -274,14 +278,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--global-batch", type=int, default=96)
     p.add_argument("--budget-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="mlp", help="a built-in model (the CNN's compute dominates its step)")
+    p.add_argument("--dataset", default="synthetic")
     p.add_argument("--runs", type=int, default=1, help="real runs, each beside its own simulation")
     p.add_argument("--out", default="", help="folder for the real runs (default: a temporary one)")
     args = p.parse_args(argv)
     caps = args.max_batches * len(args.slowdowns) if len(args.max_batches) == 1 else args.max_batches
     shape = Shape(
-        tuple(args.slowdowns), tuple(caps), args.protocol, args.policy, args.global_batch, args.budget_s, args.seed
+        tuple(args.slowdowns),
+        tuple(caps),
+        args.protocol,
+        args.policy,
+        args.global_batch,
+        args.budget_s,
+        args.seed,
+        model=args.model,
+        dataset=args.dataset,
     )
-    curve = machine_curve()
+    curve = machine_curve(shape.model, shape.dataset)
     print(
         f"this machine's step (the worker's train_step, one thread): {1000 * curve[0]:.3f} ms + "
         f"{1000 * curve[1]:.4f} ms per sample"
