@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         dataset=args.dataset,
     )
-    curve = machine_curve(shape.model, shape.dataset)
+    curve = machine_curve(shape.model, shape.dataset, (16, shape.global_batch))  # the batches a worker can hold
     print(
         f"this machine's step (the worker's train_step, one thread): {1000 * curve[0]:.3f} ms + "
         f"{1000 * curve[1]:.4f} ms per sample"
