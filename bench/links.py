@@ -42,7 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.overlap import BUILTIN, Workload, parse_workload
-from dynabatch.cluster.metric_text import metric_sum
+from dynabatch.cluster.metric_text import metric_by_label, metric_sum
+from dynabatch.common.config import JobConfig
+from dynabatch.common.planning.optimum import Device, NoiseScale
+from dynabatch.common.planning.prediction import Cluster, Node, predict
+from dynabatch.common.tasks.data import NUM_CLASSES, input_shape
+from dynabatch.common.tasks.models import build_model
 from tests.hosted_job import HostedJob
 from tests.netns import Host, Network, unavailable
 
@@ -62,6 +67,7 @@ class WorkerFigures:
     standalone_sps: float
     steps_per_s: float
     compute_sps: float  # samples over the span's compute and data seconds (0: none reported)
+    predicted_share: float = 0.0  # the share the predictor gives it from compute_sps and its link (0: not predicted)
 
 
 @dataclass
@@ -107,6 +113,33 @@ def figures(
             )
         )
     return total / watch.elapsed_s, out
+
+
+RATE_UNITS = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
+
+
+def rate_mbit(rate: str) -> float:
+    """A tc rate (`100mbit`, `1gbit`, `512kbit`) in Mbit/s."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", rate)
+    if found is None:
+        raise ValueError(f"rate {rate!r}: expected a number and kbit, mbit or gbit")
+    return float(found[1]) * RATE_UNITS[found[2]]
+
+
+def link_allows(
+    workers: list[WorkerFigures], protocol: str, policy: str, model_bytes: float, chunk_bytes: int
+) -> list[float]:
+    """Each worker's share of the job's samples as the predictor (common/planning/prediction.py) gives it from what
+    the run measured: the worker's compute speed in the job (a per-sample cost; no fixed part) and its link,
+    which a step crosses twice with the model's bytes, overlapped over its chunks as the pipeline does; the
+    job's B split by `policy`. What the link allows that worker, where the other workers are what they were."""
+    nodes = tuple(Node(Device(0.0, 1.0 / w.compute_sps), rate_mbit(w.rate)) for w in workers)
+    chunks = max(1, round(model_bytes / chunk_bytes))
+    plan = predict(
+        Cluster(nodes, JobConfig().global_batch, model_bytes, chunks), NoiseScale(1.0, 1.0), protocol, policy
+    )
+    rates = [b / s if s > 0 else 0.0 for b, s in zip(plan.batches, plan.step_s, strict=True)]
+    return [r / sum(rates) for r in rates]
 
 
 def _standalone(log: str) -> float:
@@ -213,11 +246,20 @@ def run_policy(
             if evaluator is not None:
                 job.worker(evaluator, *task, evaluator=True)
             watch = _watch(job, server, workers, args)
+            chosen = metric_by_label(job.metrics(server), "dynabatch_scheduler_auto_batch_policy", "policy")
         finally:
             job.stop()
     standalone = {name: _standalone(child.log_text()) for name, child in children.items()}
     samples_per_s, per_worker = figures(watch, [(h.name, h.rate) for h in workers], standalone)
-    label = policy if chunks == "fixed" else f"{policy}, {chunks} chunks"
+    ran = policy if policy != "auto" else next((p for p, on in chosen.items() if on), "fixed")
+    label = policy if policy != "auto" else f"auto ({ran})"
+    label = label if chunks == "fixed" else f"{label}, {chunks} chunks"
+    if not workload.task and all(w.compute_sps > 0 for w in per_worker):
+        built = build_model(args.model, input_shape(args.dataset), NUM_CLASSES, 0)
+        model_bytes = 4.0 * sum(p.numel() for p in built.parameters())
+        allows = link_allows(per_worker, args.protocol, ran, model_bytes, args.chunk_bytes)
+        for w, share in zip(per_worker, allows, strict=True):
+            w.predicted_share = share
     out = {
         "policy": label,
         "span_s": watch.elapsed_s,
@@ -238,8 +280,8 @@ def table(results: list[dict[str, Any]]) -> str:
     """One row for the job (with its time to target, in target mode) and one for each worker, per run."""
     lines = [
         "| run | policy | worker | link | to target (s) | samples/s | share | mean batch | last batch | steps/s "
-        "| standalone samples/s | compute samples/s |",
-        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| standalone samples/s | compute samples/s | predicted share |",
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
         if "target" in r:
@@ -251,7 +293,7 @@ def table(results: list[dict[str, Any]]) -> str:
             )
         else:
             to_target = ""
-        rows = [[r["run"], r["policy"], "job", "", to_target, f"{r['samples_per_s']:.0f}", "100%", "", "", "", "", ""]]
+        rows = [[r["run"], r["policy"], "job", "", to_target, f"{r['samples_per_s']:.0f}", "100%", *[""] * 6]]
         rows += [
             [
                 r["run"],
@@ -266,6 +308,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{w['steps_per_s']:.2f}",
                 f"{w['standalone_sps']:.0f}",
                 f"{w['compute_sps']:.0f}",
+                f"{100 * w['predicted_share']:.1f}%" if w.get("predicted_share") else "",
             ]
             for w in r["workers"]
         ]
@@ -297,7 +340,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--dataset", default="fashion-mnist")
     p.add_argument("--protocol", default="asgd")
-    p.add_argument("--policies", nargs="+", default=["dynamic", "fixed"], choices=["dynamic", "fixed"])
+    p.add_argument("--policies", nargs="+", default=["dynamic", "fixed"], choices=["auto", "dynamic", "fixed"])
     p.add_argument(
         "--chunk-schedules",
         nargs="+",

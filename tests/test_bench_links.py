@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.links import Watch, figures, first_reaching, schedule, table
+from bench.links import Watch, WorkerFigures, figures, first_reaching, link_allows, rate_mbit, schedule, table
 
 
 def test_each_worker_gets_its_samples_per_second_share_batch_and_steps_over_the_span() -> None:
@@ -80,3 +80,23 @@ def test_the_table_gives_the_time_to_target_or_what_was_reached_instead() -> Non
     assert "| 2 | fixed | job | | not in 300 (reached 84.2%) | 1201 | 100% |" in text
     assert "| 1 | fixed | job | | | 900 | 100% |" in text
     assert "| 1 | dynamic | slow-0 | 100mbit | | 301 | 25.1% | 87 | 88 | 3.91 | 410 | 395 |" in text
+
+
+def test_tc_rates_read_in_mbit_and_a_bad_one_is_refused() -> None:
+    assert (rate_mbit("100mbit"), rate_mbit("1gbit"), rate_mbit("512kbit")) == pytest.approx((100.0, 1000.0, 0.512))
+    with pytest.raises(ValueError, match="kbit, mbit or gbit"):
+        rate_mbit("100 Mbps")
+
+
+def _worker(rate: str, compute_sps: float) -> WorkerFigures:
+    return WorkerFigures("w", rate, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, compute_sps)
+
+
+def test_what_a_slow_link_allows_is_its_batch_over_compute_plus_the_model_twice_over_the_link() -> None:
+    # 1 MB each way at 100 Mbit/s is 80 ms a transfer; B = 192 split 64 each (fixed), 64 samples at 1000/s = 64 ms.
+    workers = [_worker("1gbit", 1000.0), _worker("1gbit", 1000.0), _worker("100mbit", 1000.0)]
+    shares = link_allows(workers, "asgd", "fixed", 1e6, 1 << 20)
+    fast, slow = 64 / (0.064 + 0.016), 64 / (0.064 + 0.160)
+    assert shares == pytest.approx([fast / (2 * fast + slow)] * 2 + [slow / (2 * fast + slow)])
+    equal = link_allows([_worker("1gbit", 1000.0)] * 3, "asgd", "fixed", 1e6, 1 << 20)
+    assert equal == pytest.approx([1 / 3] * 3), "equal links, equal compute: equal shares"
