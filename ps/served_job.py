@@ -10,7 +10,7 @@ chunks all follow from them. They are made together, once, so the socket loop
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,16 @@ class ServedJob:
         self.bounds.forget(live)
         self.direction.forget(live)
         return self.assigned.update(assignment.batches)
+
+    def switch(self, protocol: str) -> None:
+        """Serve the job under `protocol` from now on (`--protocol auto`'s switch, which the scheduler's assignment
+        orders): the bounds on a push follow it (a local round's delta sums its H steps). ConfigError, changing
+        nothing, when the job's flags do not allow it."""
+        job = replace(self.job, protocol=protocol)
+        job.validate()
+        self.job = job
+        self.max_samples = max_push_samples(job)
+        self.assigned.steps, self.assigned.job_max = push_steps(job), self.max_samples
 
     def defences_summary(self) -> str:
         """What the gradient bound and the direction check did in this job (the shard's closing line)."""

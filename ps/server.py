@@ -42,7 +42,7 @@ from dynabatch.common.wire.messages import Init, InitAck, Pull, Push, Role, Shar
 from dynabatch.ps.checkpoint import ForeignCheckpoint
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel, init_setup
-from dynabatch.ps.model_service import ModelService
+from dynabatch.ps.model_service import ModelService, switch_protocol
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import UNMODELLED_BACKLOG, backlog_limit
@@ -278,6 +278,8 @@ class ShardServer:
             self._beat()
             return
         self.senders.set_live(set(body.live_workers))
+        if body.protocol and body.protocol != self.served_job.job.protocol:
+            self.beat_due |= switch_protocol(self.served_job, serving, body.protocol)
         if self.served_job.follow(body):
             self.beat_due = True  # a worker waits for this shard to report its larger bound before it gets it
         if serving is not None:

@@ -46,4 +46,5 @@ def shard_heartbeat(
         model_problem=kept.health.problem,
         good_version=kept.good_version,
         rollbacks=kept.rollbacks,
+        protocol=served.job.protocol,
     )

@@ -279,11 +279,14 @@ class Worker:
         log.info("%s standalone speed %.0f samples/s", joined.id, standalone)
         self.batches.step_succeeded()
         hb = beat.last = WorkerHeartbeat(standalone_sps=standalone)
+        joined.shards.protocol = joined.job.protocol
         steps = LOOPS[protocol_spec(joined.job.protocol).worker_loop](self.step_context())
         hb, assignment = self._await_batch(hb)
         beat.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.process.stopping:
+            if assignment.protocol and assignment.protocol != joined.job.protocol:
+                steps = self._switch(assignment.protocol, steps)
             if assignment.rollbacks > beat.rollbacks:
                 hb = self._roll_back(steps, assignment.rollbacks)
             batch = self._batch(assignment, hb)
@@ -301,7 +304,7 @@ class Worker:
                 joined.shards.staleness = counted
                 steps.after_failure(code)
                 self.batches.step_failed()
-                if code not in (ErrorCode.TOO_STALE, ErrorCode.HELD):
+                if code not in (ErrorCode.TOO_STALE, ErrorCode.HELD, ErrorCode.SWITCHED):
                     self.m.errors.labels(joined.id, code).inc()
                     log.warning("%s: step failed (%s); retrying", joined.id, exc)
                     if link.lost:
@@ -309,8 +312,9 @@ class Worker:
                     else:
                         assignment = link.wait(joined.job.heartbeat_s) or assignment
                     continue
-                # The protocol discarded a gradient computed on an old model, or the shard held a push that ran
-                # ahead before its direction could be judged: no error, the next step pulls at once.
+                # The protocol discarded a gradient computed on an old model, the shard held a push that ran
+                # ahead before its direction could be judged, or it switched protocol while the step was on its
+                # way: no error, the next step pulls at once (under the protocol its next assignment names).
                 self.m.discarded.inc()
             else:
                 self.batches.step_succeeded()
@@ -328,6 +332,30 @@ class Worker:
                 assignment = link.poll() or assignment
         log.info("%s stopping after %d steps, %d samples", joined.id, hb.steps, hb.samples)
         return 0
+
+    def _switch(self, protocol: str, steps: StepLoop) -> StepLoop:
+        """The scheduler switched the job to `protocol` (`--protocol auto`; every shard applies it already): leave
+        the current loop at this step boundary and enter the new protocol's, which starts from a pull. A protocol
+        this job cannot run keeps the current loop (logged): the scheduler's word is checked like any other."""
+        joined = self.joined
+        try:
+            loop = LOOPS[protocol_spec(protocol).worker_loop]
+            job = replace(joined.job, protocol=protocol)
+            job.validate()
+        except (ConfigError, ValueError) as exc:
+            log.error(
+                "%s: the scheduler named protocol %r (%s); keeping %s", joined.id, protocol, exc, joined.job.protocol
+            )
+            return steps
+        log.info(
+            "%s: protocol %s from now on, was %s (the scheduler's --protocol auto)",
+            joined.id,
+            protocol,
+            joined.job.protocol,
+        )
+        joined.job = job
+        joined.shards.protocol = protocol
+        return loop(self.step_context())
 
     def _roll_back(self, steps: StepLoop, number: int) -> WorkerHeartbeat:
         """The shards went back to their last good checkpoint (rollback `number`): the model this worker holds is
