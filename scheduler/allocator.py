@@ -11,6 +11,7 @@ local_steps.py; this class keeps their inputs and results between heartbeats.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
@@ -60,7 +61,9 @@ def own_compute_seconds(hb: WorkerHeartbeat) -> float | None:
 class Allocator:
     """Allocation: the speed models, the batch split and the batches handed out, local steps, and every decision."""
 
-    def __init__(self, job: JobConfig, spec: ProtocolSpec) -> None:
+    def __init__(self, job: JobConfig, spec: ProtocolSpec, protocols: Sequence[str] = ()) -> None:
+        """`protocols`: those `--protocol auto` may switch among (empty: the job's protocol is fixed); `spec` is
+        the one the workers step under, which the job's state replaces when they switch."""
         self.job = job
         self.spec = spec
         self.speeds: dict[str, SpeedModel] = {}  # by worker id, from its first report of its standalone speed
@@ -77,7 +80,11 @@ class Allocator:
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
         self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
-        self.auto = AutoPolicy(spec, job.global_batch, job.aggregation) if job.batch_policy == AUTO else None
+        self.auto = (
+            AutoPolicy(spec, job.global_batch, job.aggregation, protocols, job.batch_policy)
+            if job.batch_policy == AUTO or len(protocols) > 1
+            else None
+        )
 
     @property
     def training_started(self) -> bool:

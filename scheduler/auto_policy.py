@@ -14,6 +14,10 @@ policy unless another is predicted HYSTERESIS faster, so noise does not flip it.
 model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed mean, median): it defends a
 round by the honest majority of every worker's gradient, which a split that leaves workers out would thin.
 
+Under `--protocol auto` (common/planning/protocol_switch.py) the same choice is made over the protocols the job
+may switch among, the protocol and the policy together; the scheduler then switches the shards and, once they all
+apply it, the workers (scheduler/protocol_in_force.py).
+
 The step models come from `SpeedModel.overhead_fit`: under a fixed split a worker's batch never varies, so the
 step fit cannot tell a device's fixed compute cost from its per-sample cost; what it can see from the first step
 is the time not spent computing (pulls, pushes), which is counted as fixed. A fixed compute cost (a GPU's kernel
@@ -22,12 +26,12 @@ launches, `--slowdowns F:A`'s A) is seen once the batch has varied, i.e. after a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
-from dynabatch.common.planning.prediction import RULES, Cluster, Node
+from dynabatch.common.planning.prediction import Cluster, Node
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -51,12 +55,27 @@ def measured_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], g
 
 
 class AutoPolicy:
-    """The policy auto runs now, why, and the measurements it was chosen on."""
+    """The policy (and, under `--protocol auto`, the protocol) auto runs now, why, and the measurements it was
+    chosen on.
 
-    def __init__(self, spec: ProtocolSpec, global_batch: int, aggregation: str = "mean") -> None:
+    `protocols` are those it may choose among (empty: the job's, `spec`, alone; `--protocol auto`: those
+    common/planning/protocol_switch.py allows, the job starting on `spec`'s); `policy` is the job's batch policy:
+    auto, or the one policy a `--protocol auto` job with a named policy keeps.
+    """
+
+    def __init__(
+        self,
+        spec: ProtocolSpec,
+        global_batch: int,
+        aggregation: str = "mean",
+        protocols: Sequence[str] = (),
+        policy: str = AUTO,
+    ) -> None:
         self.protocol = spec.name
+        self.protocols = tuple(p for p in (protocols or (spec.name,)) if p in MODELLED)
+        self.policies = None if policy == AUTO else (policy,)
         self.global_batch = global_batch
-        self.policy = "fixed"
+        self.policy = "fixed" if policy == AUTO else policy
         if aggregation != "mean":
             self.modelled = False
             self.reason = (
@@ -65,9 +84,9 @@ class AutoPolicy:
                 "liar moves further"
             )
         else:
-            self.modelled = spec.shard_rule in RULES
+            self.modelled = bool(self.protocols) and spec.name in self.protocols
             self.reason = (
-                f"fixed until every worker has reported {MEASURED_STEPS} steps"
+                f"{self.policy} until every worker has reported {MEASURED_STEPS} steps"
                 if self.modelled
                 else f"fixed, as protocol {spec.name} is not modelled by the predictor (it models "
                 f"{', '.join(MODELLED)})"
@@ -78,11 +97,11 @@ class AutoPolicy:
     def revisit(self, models: Mapping[str, StepModel], caps: Mapping[str, int], waiting: int) -> bool:
         """Choose again if the cluster changed since the last choice; `models` are the measured workers' step
         models, `caps` their largest batches, `waiting` the ready workers not yet measured. True when the policy
-        changed."""
+        (or the protocol) changed."""
         if not self.modelled:
             return False
         if waiting or not models:
-            kept = "fixed" if self.choices == 0 else f"{self.policy} as last chosen"
+            kept = self.policy if self.choices == 0 else f"{self.policy} as last chosen"
             self.reason = (
                 f"{kept} until every worker has reported {MEASURED_STEPS} steps ({len(models)} of "
                 f"{len(models) + waiting} measured)"
@@ -97,12 +116,14 @@ class AutoPolicy:
             measured_cluster(models, caps, self.global_batch),
             STUDY_NOISE,
             current=(self.protocol, self.policy),
-            protocols=(self.protocol,),
+            protocols=self.protocols,
+            policies=self.policies,
         )
         self.choices += 1
-        previous, self.policy = self.policy, choice.policy
+        previous = (self.protocol, self.policy)
+        self.protocol, self.policy = choice.protocol, choice.policy
         self.reason = f"{choice.reason} (measured workers: {len(models)})"
-        return self.policy != previous
+        return (self.protocol, self.policy) != previous
 
     def _changed(self, steps: Mapping[str, float]) -> bool:
         """Whether the workers differ from the last choice's, or one's step at its share moved by SHIFT."""

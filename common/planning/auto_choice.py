@@ -38,10 +38,11 @@ def choose(
     noise: NoiseScale,
     current: tuple[str, str] | None = None,
     protocols: Sequence[str] = tuple(PROTOCOLS),
+    policies: Sequence[str] | None = None,
 ) -> Choice:
-    """The method among `protocols` (x every policy) predicted fastest to target on `cluster`; `current` (the
-    running protocol and policy) is kept unless the best is predicted HYSTERESIS faster."""
-    ranked = predict_all(cluster, noise, protocols)
+    """The method among `protocols` (x every policy, or those of `policies`) predicted fastest to target on
+    `cluster`; `current` (the running protocol and policy) is kept unless the best is predicted HYSTERESIS faster."""
+    ranked = [p for p in predict_all(cluster, noise, protocols) if policies is None or p.policy in policies]
     if not ranked:
         raise ValueError(f"choose: none of {list(protocols)} is modelled (modelled: {', '.join(PROTOCOLS)})")
     best, star = ranked[0], optimum(cluster, noise).time_s

@@ -1,0 +1,63 @@
+"""Under `--protocol auto`: the protocol chosen, the one each shard reports applying, and the one workers step under.
+
+The choice is auto's (scheduler/auto_policy.py: the protocol and the batch policy together, over the protocols
+common/planning/protocol_switch.py allows). The shards are told the chosen protocol at once (ShardAssignment.
+protocol) and switch their rule around the same model; the workers are told (WorkerAssignment.protocol) only once
+every shard slot reports it in its heartbeat (`workers_protocol`), so that no worker pushes under a protocol a shard
+does not apply yet. A worker's push that a switched shard refuses as made under the old protocol costs it that
+step and no strike. Nothing a worker sends names a protocol the scheduler reads: only this part sets it.
+"""
+
+from __future__ import annotations
+
+from dynabatch.common.planning.protocol_switch import SwitchPlan, workers_protocol
+
+
+class ProtocolInForce:
+    """The protocol chosen for the shards, the one each shard slot reports, the workers' one and since when."""
+
+    def __init__(self, plan: SwitchPlan, num_shards: int) -> None:
+        self.plan = plan
+        self.num_shards = num_shards
+        self.chosen = plan.start
+        self.workers = plan.start
+        self.reported: dict[int, str] = {}  # by shard slot: the protocol it last reported applying
+        self.since = 0  # the assignment the workers' protocol took effect from
+        self.switches = 0  # how many times the workers' protocol changed
+
+    def choose(self, protocol: str) -> bool:
+        """Auto chose `protocol`: the shards are told it from now on; True when it is a new one for them."""
+        if protocol == self.chosen or protocol not in self.plan.protocols:
+            return False
+        self.chosen = protocol
+        return True
+
+    def shard_report(self, shard: int, protocol: str) -> bool:
+        """Shard slot `shard` reports applying `protocol`; True when that settles the switch, the workers' protocol
+        now being the chosen one."""
+        self.reported[shard] = protocol
+        settled = workers_protocol(self.chosen, self.workers, self.reported, self.num_shards)
+        if settled == self.workers:
+            return False
+        self.workers = settled
+        self.switches += 1
+        return True
+
+    def forget_shard(self, shard: int) -> None:
+        """A shard slot whose process left: its successor reports afresh."""
+        self.reported.pop(shard, None)
+
+    def reason(self, auto_reason: str) -> str:
+        """Why the workers step under their protocol now, for STATUS: auto's reason, and where the switch stands."""
+        if self.chosen != self.workers:
+            applying = sum(1 for p in self.reported.values() if p == self.chosen)
+            where = (
+                f"switching from {self.workers} to {self.chosen}: {applying} of {self.num_shards} shards apply it; "
+                "the workers follow once all do"
+            )
+        elif self.switches:
+            where = f"{self.workers} since assignment {self.since}"
+        else:
+            where = f"{self.workers} from the start"
+        notes = [where, auto_reason, self.plan.why_not]
+        return "; ".join(n for n in notes if n)
