@@ -34,6 +34,7 @@ from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.net.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
+from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
 from dynabatch.common.wire.handlers import Handlers
@@ -278,8 +279,9 @@ class ShardServer:
             self._beat()
             return
         self.senders.set_live(set(body.live_workers))
-        if body.protocol and body.protocol != self.served_job.job.protocol:
-            self.beat_due |= switch_protocol(self.served_job, serving, body.protocol)
+        ordered = switch_to(body.protocol, self.served_job.job.protocol)
+        if ordered is not None:
+            self.beat_due |= switch_protocol(self.served_job, serving, ordered)
         if self.served_job.follow(body):
             self.beat_due = True  # a worker waits for this shard to report its larger bound before it gets it
         if serving is not None:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, dbs_weight, protocol_spec
 from dynabatch.common.wire.chunking import Chunk
 from dynabatch.common.wire.error_codes import ErrorCode
@@ -185,7 +186,7 @@ class ShardState:
 
     def check_protocol(self, protocol: str) -> None:
         """Refuse (`switched`) a push that names another protocol than this shard's ("": not named)."""
-        if protocol and protocol != self.protocol:
+        if switch_to(protocol, self.protocol) is not None:
             raise ProtocolSwitched(
                 f"this shard applies {self.protocol} now, not {protocol} (the scheduler switched the protocol); "
                 "pull the current model and step under your next assignment's protocol"

@@ -90,10 +90,10 @@ class Allocator:
     def training_started(self) -> bool:
         return self.training_started_at is not None
 
-    def measure(self, worker: str, standalone_sps: float, instance: str) -> None:
-        """Start `worker`'s speed model from its standalone speed (and the steps a saved job's model of the same
-        process had seen)."""
-        model = SpeedModel(self.job.speed_window, self.job.speed_forgetting, standalone_sps)
+    def measure(self, worker: str, standalone_sps: float, instance: str, fixed_s: float = 0.0) -> None:
+        """Start `worker`'s speed model from its start-up probe, its standalone speed and fixed seconds per step
+        (and the steps a saved job's model of the same process had seen)."""
+        model = SpeedModel(self.job.speed_window, self.job.speed_forgetting, standalone_sps, fixed_s)
         saved = self.resumed_speeds.pop(instance, None)
         for batch, seconds in saved.observations if saved is not None else []:
             model.observe(batch, seconds)

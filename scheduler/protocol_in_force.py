@@ -10,7 +10,7 @@ step and no strike. Nothing a worker sends names a protocol the scheduler reads:
 
 from __future__ import annotations
 
-from dynabatch.common.planning.protocol_switch import SwitchPlan, workers_protocol
+from dynabatch.common.planning.protocol_switch import SwitchPlan, switch_to, workers_protocol
 
 
 class ProtocolInForce:
@@ -25,17 +25,17 @@ class ProtocolInForce:
         self.since = 0  # the assignment the workers' protocol took effect from
         self.switches = 0  # how many times the workers' protocol changed
 
-    def choose(self, protocol: str) -> bool:
-        """Auto chose `protocol`: the shards are told it from now on; True when it is a new one for them."""
-        if protocol == self.chosen or protocol not in self.plan.protocols:
+    def choose(self, choice: str) -> bool:
+        """Auto chose protocol `choice`: the shards are told it from now on; True when it is a new one for them."""
+        if switch_to(choice, self.chosen) is None or choice not in self.plan.protocols:
             return False
-        self.chosen = protocol
+        self.chosen = choice
         return True
 
-    def shard_report(self, shard: int, protocol: str) -> bool:
-        """Shard slot `shard` reports applying `protocol`; True when that settles the switch, the workers' protocol
-        now being the chosen one."""
-        self.reported[shard] = protocol
+    def shard_report(self, shard: int, applied: str) -> bool:
+        """Shard slot `shard` reports applying protocol `applied`; True when that settles the switch, the workers'
+        protocol now being the chosen one."""
+        self.reported[shard] = applied
         settled = workers_protocol(self.chosen, self.workers, self.reported, self.num_shards)
         if settled == self.workers:
             return False
@@ -50,7 +50,7 @@ class ProtocolInForce:
     def reason(self, auto_reason: str) -> str:
         """Why the workers step under their protocol now, for STATUS: auto's reason, and where the switch stands."""
         if self.chosen != self.workers:
-            applying = sum(1 for p in self.reported.values() if p == self.chosen)
+            applying = sum(1 for applied in self.reported.values() if switch_to(applied, self.chosen) is None)
             where = (
                 f"switching from {self.workers} to {self.chosen}: {applying} of {self.num_shards} shards apply it; "
                 "the workers follow once all do"

@@ -40,6 +40,12 @@ def check_worker_heartbeat(
             ErrorCode.BAD_FIELD,
             f"HEARTBEAT.standalone_sps must be in [{MIN_SPEED}, {MAX_SPEED:.0e}] samples/s; got {hb.standalone_sps}",
         )
+    if not math.isfinite(hb.standalone_fixed_s) or not 0.0 <= hb.standalone_fixed_s * hb.standalone_sps <= max_batch:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"HEARTBEAT.standalone_fixed_s {hb.standalone_fixed_s} must be at least 0 and no longer than its probe's "
+            f"step (at most --max-batch {max_batch} samples at its standalone speed)",
+        )
     if not 0 <= hb.batch <= max_batch:
         raise ProtocolError(
             ErrorCode.BAD_FIELD, f"HEARTBEAT.batch {hb.batch} is outside [0, {max_batch}] (the job's --max-batch)"

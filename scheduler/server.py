@@ -23,7 +23,7 @@ from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
 from dynabatch.common.net.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.planning.prediction import POLICIES
-from dynabatch.common.planning.protocol_switch import SWITCHABLE
+from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_to
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.wire.frames import Message, ProtocolError, WireLimits
@@ -467,8 +467,8 @@ class SchedulerServer:
         new choice with its reason to the log."""
         auto, switch = self.state.allocator.auto, self.state.protocol
         if switch is not None:
-            for protocol in SWITCHABLE:
-                self.m.auto_protocol.labels(protocol).set(1.0 if protocol == switch.workers else 0.0)
+            for name in SWITCHABLE:
+                self.m.auto_protocol.labels(name).set(float(switch_to(name, switch.workers) is None))
         if auto is None:
             return
         for policy in POLICIES:

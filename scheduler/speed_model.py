@@ -110,9 +110,12 @@ class SpeedModel:
         window: int = 16,
         forgetting: float = 0.7,
         prior_samples_per_s: float | None = None,
+        prior_fixed_s: float = 0.0,
     ) -> None:
         """``prior_samples_per_s`` is the standalone speed a worker measures before
         joining; it gives the worker a sensible first batch before any step is seen.
+        ``prior_fixed_s`` is the fixed cost its probe of two batch sizes found (0: none): the intercept ``a``
+        until the window identifies one, so that a fixed split, whose batch never varies, still sees it.
         """
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
@@ -125,7 +128,9 @@ class SpeedModel:
         self._overhead: deque[float] = deque(maxlen=window)  # seconds of each such step spent not computing
         self._forgetting = forgetting
         self._prior = prior_samples_per_s
-        self._fixed_s: float | None = None
+        if not (math.isfinite(prior_fixed_s) and prior_fixed_s >= 0):
+            raise ValueError(f"prior_fixed_s must be finite and >= 0, got {prior_fixed_s!r}")
+        self._fixed_s: float | None = prior_fixed_s or None
         self._model: StepModel | None = None
 
     @property

@@ -42,8 +42,9 @@ def test_the_protocol_is_the_predictors_choice_on_the_file_at_the_jobs_batch(pat
 
 
 def test_auto_needs_a_readable_cluster_file_and_is_never_sent_unresolved(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--protocol auto: give --cluster-profile FILE.json"):
-        JobConfig(protocol="auto").validate()
+    JobConfig(protocol="auto").validate()  # without a file: chosen at run time (tests/test_protocol_switch.py)
+    with pytest.raises(ConfigError, match="--protocol auto: no protocol it chooses among takes this job"):
+        JobConfig(protocol="auto", aggregation="median", prefetch_pull=True).validate()
     bad = tmp_path / "bad.json"
     bad.write_text('{"workers": []}')
     with pytest.raises(ConfigError, match="--cluster-profile: .*bad.json"):

@@ -11,6 +11,7 @@ model, shards) joined.py's, and each protocol's step a loop's (step_context.py).
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire.chunking import travelling
@@ -34,7 +36,7 @@ from dynabatch.worker.loader_batches import LoaderBatches
 from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.micro_batches import micro_batches
 from dynabatch.worker.options import WorkerOptions
-from dynabatch.worker.probe import probe_batch, standalone_speed
+from dynabatch.worker.probe import fixed_cost, probe_batch, small_probe_batch, standalone_speed
 from dynabatch.worker.role_process import RoleProcess
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult
@@ -221,16 +223,22 @@ class Worker:
         time.sleep(idle)
         return idle
 
-    def measure_standalone(self) -> float:
-        """Samples/s of forward+backward alone (slowdown included): the median of timed steps.
+    def measure_standalone(self) -> tuple[float, float]:
+        """Samples/s of forward+backward alone (slowdown included), the median of timed steps, and the step's fixed
+        seconds from a second, smaller batch's median (probe.py; 0 where the batch is too small to have one).
 
         The median, because processes starting beside this one (imports, data loading)
         make single steps slow at random.
         """
         batch = probe_batch(self.joined.job.max_batch, self.opts.max_batch)
         train_step(self.joined.model, self.next_batch(batch), self.joined.loss_fn, micro_batch=self.opts.micro_batch)
-        return standalone_speed(
-            batch, [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
+        timed = [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
+        small = small_probe_batch(batch)
+        if not small:
+            return standalone_speed(batch, timed), 0.0
+        small_timed = [self.timed_compute(self.next_batch(small))[1] for _ in range(self.opts.probe_steps)]
+        return standalone_speed(batch, timed), fixed_cost(
+            small, statistics.median(small_timed), batch, statistics.median(timed)
         )
 
     def next_batch(self, batch: int) -> Any:
@@ -274,19 +282,20 @@ class Worker:
 
     def _train_steps(self) -> int:
         joined, link, beat = self.joined, self.process.link, self.process.beat
-        standalone = self.measure_standalone()
+        standalone, fixed_s = self.measure_standalone()
         self.m.standalone.set(standalone)
-        log.info("%s standalone speed %.0f samples/s", joined.id, standalone)
+        log.info("%s standalone speed %.0f samples/s, %.4f s fixed per step", joined.id, standalone, fixed_s)
         self.batches.step_succeeded()
-        hb = beat.last = WorkerHeartbeat(standalone_sps=standalone)
+        hb = beat.last = WorkerHeartbeat(standalone_sps=standalone, standalone_fixed_s=fixed_s)
         joined.shards.protocol = joined.job.protocol
         steps = LOOPS[protocol_spec(joined.job.protocol).worker_loop](self.step_context())
         hb, assignment = self._await_batch(hb)
         beat.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.process.stopping:
-            if assignment.protocol and assignment.protocol != joined.job.protocol:
-                steps = self._switch(assignment.protocol, steps)
+            ordered = switch_to(assignment.protocol, joined.job.protocol)
+            if ordered is not None:
+                steps = self._switch(ordered, steps)
             if assignment.rollbacks > beat.rollbacks:
                 hb = self._roll_back(steps, assignment.rollbacks)
             batch = self._batch(assignment, hb)
@@ -424,7 +433,9 @@ class Worker:
         """The scheduler forgot this worker (it restarted, or dropped it): register again, then await a batch."""
         if not self.process.register_again(self.joined):
             return hb, None
-        fresh = self.process.beat.last = WorkerHeartbeat(standalone_sps=hb.standalone_sps)
+        fresh = self.process.beat.last = WorkerHeartbeat(
+            standalone_sps=hb.standalone_sps, standalone_fixed_s=hb.standalone_fixed_s
+        )
         self.joined.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
         self.skipped = 0  # and its skipped steps
         return self._await_batch(fresh)

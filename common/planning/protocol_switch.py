@@ -83,6 +83,12 @@ def switch_plan(job: JobConfig) -> SwitchPlan:
     return SwitchPlan(start, tuple(allowed), "; ".join(refused))
 
 
+def switch_to(named: str, current: str) -> str | None:
+    """The protocol an assignment (or a push) names if it is another than `current` ("" names none): the one rule
+    by which a role tells a switch, so that no role compares protocols itself."""
+    return named if named and named != current else None
+
+
 def workers_protocol(chosen: str, in_force: str, shards: Mapping[int, str], num_shards: int) -> str:
     """The protocol workers are told: the `chosen` one once every one of the `num_shards` shard slots reports it
     (`shards`: each slot's reported protocol), else the one they step under now (`in_force`)."""

@@ -80,7 +80,9 @@ class WorkerHeartbeat:
     part of the worker's own work. `version` is the model version its last step
     computed on, `assignment_id` the assignment it stepped under, or, while it awaits a
     batch (left out with batch 0, or its allotment trained), the one it holds: the
-    scheduler then knows it takes no step under an earlier one.
+    scheduler then knows it takes no step under an earlier one. `standalone_sps` and `standalone_fixed_s` are its
+    start-up probe (worker/probe.py): its speed at the probe's batch and its fixed seconds per step, from a second,
+    smaller batch (0: not measured).
 
     Divergence (scheduler/divergence.py): a worker counts in `skipped` the steps it
     did not push because their loss was not finite, and reports in `rollbacks` the
@@ -105,6 +107,7 @@ class WorkerHeartbeat:
     standalone_sps: float = 0.0
     assignment_id: int = 0
     staleness: list[int] = field(default_factory=list)
+    standalone_fixed_s: float = 0.0
     skipped: int = 0
     rollbacks: int = 0
 
