@@ -1,0 +1,215 @@
+"""`--protocol auto` without a cluster file: the switch decided by the scheduler and taken by the shards, driven
+directly (common/planning/protocol_switch.py, scheduler/protocol_in_force.py, ps/shard_state.py `switch`,
+ps/push_admission.py); tests/test_protocol_switch_run.py runs it in a real job."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from dynabatch import optim as optim_spec
+from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.flags import ConfigError
+from dynabatch.common.planning.protocol_switch import START, SWITCHABLE, switch_plan, workers_protocol
+from dynabatch.common.protocols import AsyncSettings, OuterSettings, RoundSettings, protocol_settings
+from dynabatch.common.wire.chunking import make_layout
+from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.messages import Hello, Push, Role, ShardHeartbeat, Welcome, WorkerHeartbeat
+from dynabatch.common.wire.model_signature import signature_from_fields
+from dynabatch.ps.push_admission import PushAdmission, PushCase
+from dynabatch.ps.replay_guard import ReplayGuard
+from dynabatch.ps.served_job import ServedJob
+from dynabatch.ps.shard_state import ProtocolRefusal, ProtocolSwitched, ShardState
+from dynabatch.ps.update_rules import OuterOptimizer
+from dynabatch.scheduler.auto_policy import MEASURED_STEPS
+from dynabatch.scheduler.job_state import JobState
+
+SGD = optim_spec.SGD(lr=0.1, momentum=0.9)
+B = 64
+
+
+def test_auto_may_switch_among_the_protocols_the_jobs_flags_allow() -> None:
+    plan = switch_plan(JobConfig(protocol="auto"))
+    assert plan.start == START and plan.protocols == SWITCHABLE and not plan.why_not
+    # a pull before the worker's own push is asgd's alone: auto stays on it, and says why
+    prefetch = switch_plan(JobConfig(protocol="auto", prefetch_pull=True))
+    assert prefetch.protocols == (START,) and "--prefetch-pull" in prefetch.why_not
+    # a robust aggregation needs rounds: auto starts on one and keeps it
+    median = switch_plan(JobConfig(protocol="auto", aggregation="median"))
+    assert median.protocols == (median.start,) and median.start != START and "--aggregation median" in median.why_not
+    with pytest.raises(ConfigError, match="no protocol it chooses among takes this job"):
+        switch_plan(JobConfig(protocol="auto", aggregation="median", prefetch_pull=True))
+
+
+def test_workers_are_told_a_protocol_only_once_every_shard_applies_it() -> None:
+    assert workers_protocol("ssgd", "asgd", {0: "ssgd"}, 2) == "asgd"
+    assert workers_protocol("ssgd", "asgd", {0: "ssgd", 1: "asgd"}, 2) == "asgd"
+    assert workers_protocol("ssgd", "asgd", {0: "ssgd", 1: "ssgd"}, 2) == "ssgd"
+    assert workers_protocol("asgd", "asgd", {}, 2) == "asgd"
+
+
+def _state(protocol: str) -> tuple[ShardState, torch.Tensor]:
+    flat = torch.randn(600, generator=torch.Generator().manual_seed(5))
+    state = ShardState.initial(make_layout(600, 1024, 1).chunks, flat, SGD, protocol, B, AsyncSettings())
+    state.set_membership({"w0", "w1"}, allocated=2)
+    return state, flat
+
+
+def _push(state: ShardState, worker: str, g: torch.Tensor, samples: int = B // 2) -> list[int]:
+    chunks = {c.id: g[c.start : c.stop] for c in state.chunks}
+    base = {cid: state.chunk_versions[cid] for cid in chunks}
+    return state.push(worker, chunks, base, samples, state.kind, 0.0).applied
+
+
+def _flat(state: ShardState) -> torch.Tensor:
+    return torch.cat([state.params[c.id] for c in state.chunks])
+
+
+def test_a_shard_switches_its_rule_around_the_same_model_and_closes_its_open_round() -> None:
+    state, _ = _state("asgd")
+    g = torch.full((600,), 0.5)
+    assert _push(state, "w0", g), "asgd applies on arrival"
+    model, version, optimizers = _flat(state).clone(), state.version, dict(state.optim)
+    assert state.switch("ssgd", RoundSettings()) == []
+    assert torch.equal(_flat(state), model) and state.version == version and state.live == {"w0", "w1"}
+    assert all(state.optim[cid] is opt for cid, opt in optimizers.items()), "gradient to gradient keeps momentum"
+    assert _push(state, "w0", g) == [], "ssgd's round waits for w1"
+    assert state.version == version
+    closed = state.switch("local", OuterSettings())
+    assert closed and state.version == version + 1, "the round w0 pushed into closes with what arrived"
+    assert not torch.equal(_flat(state), model)
+    assert all(isinstance(opt, OuterOptimizer) for opt in state.optim.values()), "local's outer optimizer, fresh"
+    before = _flat(state).clone()
+    _push(state, "w0", torch.full((600,), 0.1))
+    assert _push(state, "w1", torch.full((600,), 0.1)), "a local round of both workers' deltas"
+    assert torch.allclose(_flat(state), before - 0.1), "plain averaging: the mean delta"
+    state.switch("asgd", AsyncSettings(staleness_step="delay"))
+    assert not any(isinstance(opt, OuterOptimizer) for opt in state.optim.values())
+    assert _push(state, "w1", g) and state.protocol == "asgd"
+    with pytest.raises(ValueError, match="takes RoundSettings"):
+        state.switch("ssgd", AsyncSettings())
+    assert state.protocol == "asgd", "a refused switch changes nothing"
+
+
+SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"], train_size=500)
+
+
+def _served(tmp_path: Path, **kw: object) -> tuple[ServedJob, ShardState]:
+    config = replace(JobConfig(), job="j", shards=1, chunk_bytes=1024, protocol="asgd", global_batch=B, **kw)
+    served = ServedJob.welcomed(
+        Welcome(id="ps0", config=to_dict(config), shards=[], shard_index=0), CollectorRegistry(), str(tmp_path)
+    )
+    state = served.new_state(SIG, torch.ones(SIG.total), {}, {})
+    state.set_membership({"w0", "w1"}, allocated=2)
+    served.assigned.update({"w0": B // 2, "w1": B // 2})
+    return served, state
+
+
+def test_a_push_made_under_the_old_protocol_is_refused_switched_and_is_no_strike(tmp_path: Path) -> None:
+    served, state = _served(tmp_path)
+    served.switch("ssgd")
+    state.switch("ssgd", protocol_settings(served.job))
+    admission = PushAdmission(ReplayGuard(), lambda identity: None, lambda: None)
+    metas = [ChunkMeta(c.id, "float32", (c.length,), 0) for c in state.chunks]
+    far = [torch.full((c.length,), 1e6) for c in state.chunks]  # a gradient the bound would clip and count
+    case = PushCase(Message(Push(samples=B // 2, protocol="asgd"), metas, far, "j", "w0", 1), b"c0", served, state, 0)
+    with pytest.raises(ProtocolSwitched) as refused:
+        admission.admit(case)
+    assert isinstance(refused.value, ProtocolRefusal) and refused.value.code == "switched"
+    assert case.found is None and not served.bounds.history, "nothing was assessed: no strike against w0"
+    assert state.protocol == "ssgd" and state.version == 0, "the push's claim changed nothing"
+    # a worker that names a protocol it would like is refused the same way: only the scheduler sets one
+    claim = PushCase(Message(Push(samples=B // 2, protocol="local"), metas, far, "j", "w0", 2), b"c0", served, state, 0)
+    with pytest.raises(ProtocolSwitched):
+        admission.admit(claim)
+    assert state.protocol == "ssgd" and served.job.protocol == "ssgd"
+
+
+def test_the_push_bounds_follow_the_protocol_and_a_refused_switch_changes_nothing(tmp_path: Path) -> None:
+    served, _ = _served(tmp_path)
+    gradient_bound = served.max_samples
+    served.switch("local")
+    assert served.assigned.steps == served.job.local_steps > 1
+    assert served.max_samples == gradient_bound * served.job.local_steps, "a delta sums its H local steps"
+    prefetching, _ = _served(tmp_path / "p", prefetch_pull=True)
+    with pytest.raises(ConfigError, match="--prefetch-pull"):
+        prefetching.switch("ssgd")
+    assert prefetching.job.protocol == "asgd" and prefetching.assigned.steps == 1
+
+
+def _auto_job(num_shards: int) -> JobState:
+    job = JobConfig(
+        protocol="auto", dataset="synthetic", model="mlp", global_batch=96, epochs=1.0, liveness_timeout_s=60.0
+    )
+    state = JobState(job, num_shards=num_shards, train_size=100_000, now=0.0)
+    for s in range(num_shards):
+        state.hello(Hello(role=Role.SHARD, endpoint=f"tcp://ps:{s}", shard_index=s), 0.0)
+    return state
+
+
+def _shards_report(state: JobState, now: float, protocols: dict[int, str] | None = None) -> None:
+    """Every shard heartbeats having applied its assignment (and the protocol in `protocols`, else the one it was
+    told)."""
+    for index, shard in sorted(state.roster.shards.items()):
+        told = state.shard_assignment()
+        applied = (protocols or {}).get(index, told.protocol)
+        hb = ShardHeartbeat(membership=told.membership, batches=told.batches, protocol=applied)
+        state.shard_heartbeat(shard.id, hb, now)
+
+
+def test_the_scheduler_switches_the_shards_first_and_the_workers_once_every_shard_applies_it() -> None:
+    """Workers whose fixed cost per step dominates and differs (their probes say so) run better where a round
+    sizes their batches than under asgd with equal ones: auto chooses from the probes and the measured steps."""
+    state = _auto_job(num_shards=2)
+    fixed = {0: 0.05, 1: 0.05, 2: 0.2}
+    per_sample = 1e-5
+    ids = {}
+    for n, a in fixed.items():
+        wid = state.hello(Hello(role=Role.WORKER), 0.0).id
+        welcome_job = state._welcome(state.roster.members[wid]).config
+        assert welcome_job["protocol"] == START and welcome_job["staleness_step"] == "delay", "one --lr: delay step"
+        sps = 64 / (a + per_sample * 64)
+        state.heartbeat(wid, WorkerHeartbeat(standalone_sps=sps, standalone_fixed_s=a), 0.0)
+        ids[wid] = a
+    _shards_report(state, 0.0)
+    _shards_report(state, 0.0)
+    assert state.shard_assignment().protocol == START
+    now = 0.0
+    for _ in range(MEASURED_STEPS):
+        now += 0.3
+        for wid, a in ids.items():
+            m, batch = state.roster.members[wid], state.allocator.allocation[wid]
+            step = a + per_sample * batch
+            hb = WorkerHeartbeat(
+                steps=m.steps + 1,
+                samples=m.samples + batch,
+                batch=batch,
+                step_s=step,
+                compute_s=step,
+                standalone_sps=m.standalone_sps,
+                standalone_fixed_s=a,
+                assignment_id=state.allocator.assignment_id,
+            )
+            answer = state.heartbeat(wid, hb, now)
+    assert state.protocol is not None
+    chosen = state.protocol.chosen
+    assert chosen != START and chosen in SWITCHABLE, state.allocator.auto.reason if state.allocator.auto else ""
+    assert state.shard_assignment().protocol == chosen, "the shards are told at once"
+    assert answer.protocol == START, "the workers keep stepping under asgd until every shard applies the choice"
+    _shards_report(state, now, {0: chosen, 1: START})
+    assert state.assignment_for(state.roster.members[next(iter(ids))]).protocol == START, "one shard is not there"
+    status = state.status(now)
+    assert (
+        status.protocol == START and status.auto_protocol == chosen and "1 of 2 shards" in status.auto_protocol_reason
+    )
+    _shards_report(state, now)
+    for wid in ids:
+        assert state.assignment_for(state.roster.members[wid]).protocol == chosen
+    assert state.spec.name == state.allocator.spec.name == chosen
+    status = state.status(now)
+    assert status.protocol == status.auto_protocol == chosen and "since assignment" in status.auto_protocol_reason
+    assert sum(state.allocator.allocation.values()) == 96
