@@ -17,7 +17,7 @@ from dynabatch.common.flags import ConfigError
 from dynabatch.common.planning.protocol_switch import START, SWITCHABLE, switch_plan, workers_protocol
 from dynabatch.common.protocols import AsyncSettings, OuterSettings, RoundSettings, protocol_settings
 from dynabatch.common.wire.chunking import make_layout
-from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.frames import ChunkMeta, Message
 from dynabatch.common.wire.messages import Hello, Push, Role, ShardHeartbeat, Welcome, WorkerHeartbeat
 from dynabatch.common.wire.model_signature import signature_from_fields
 from dynabatch.ps.push_admission import PushAdmission, PushCase
@@ -98,8 +98,10 @@ def test_a_shard_switches_its_rule_around_the_same_model_and_closes_its_open_rou
 SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"], train_size=500)
 
 
-def _served(tmp_path: Path, **kw: object) -> tuple[ServedJob, ShardState]:
-    config = replace(JobConfig(), job="j", shards=1, chunk_bytes=1024, protocol="asgd", global_batch=B, **kw)
+def _served(tmp_path: Path, prefetch_pull: bool = False) -> tuple[ServedJob, ShardState]:
+    config = replace(
+        JobConfig(), job="j", shards=1, chunk_bytes=1024, protocol="asgd", global_batch=B, prefetch_pull=prefetch_pull
+    )
     served = ServedJob.welcomed(
         Welcome(id="ps0", config=to_dict(config), shards=[], shard_index=0), CollectorRegistry(), str(tmp_path)
     )
@@ -165,10 +167,9 @@ def test_the_scheduler_switches_the_shards_first_and_the_workers_once_every_shar
     """Workers whose fixed cost per step dominates and differs (their probes say so) run better where a round
     sizes their batches than under asgd with equal ones: auto chooses from the probes and the measured steps."""
     state = _auto_job(num_shards=2)
-    fixed = {0: 0.05, 1: 0.05, 2: 0.2}
     per_sample = 1e-5
     ids = {}
-    for n, a in fixed.items():
+    for a in (0.05, 0.05, 0.2):
         wid = state.hello(Hello(role=Role.WORKER), 0.0).id
         welcome_job = state._welcome(state.roster.members[wid]).config
         assert welcome_job["protocol"] == START and welcome_job["staleness_step"] == "delay", "one --lr: delay step"

@@ -1,0 +1,78 @@
+"""`dynabatch run --protocol auto` on an emulated mixed-device cluster: the job starts on asgd, the scheduler chooses
+another protocol from what it measured, switches the shards and then the workers while the job runs, says so in
+STATUS, in its metric and on the console, and the job trains exactly its epochs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dynabatch.common.planning.protocol_switch import START, SWITCHABLE
+from harness import run_job, trained_its_epochs
+
+pytestmark = pytest.mark.slow
+
+B = 96
+
+
+def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_exactly_its_epochs(
+    tmp_path: Path,
+) -> None:
+    """Three devices whose step is mostly a fixed cost (`--slowdowns 1:A`), one of them four times the others':
+    under asgd with equal batches the slow device's fixed cost is paid for a third of the samples, so the
+    predictor, told each device's fixed cost by its start-up probe of two batch sizes, says a protocol that sizes
+    batches by step time reaches the target first, and the scheduler switches to it."""
+    run, printed = run_job(
+        tmp_path,
+        "r",
+        "--dataset",
+        "synthetic",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--workers",
+        "3",
+        "--slowdowns",
+        "1:0.03",
+        "1:0.03",
+        "1:0.12",
+        "--protocol",
+        "auto",
+        "--global-batch",
+        str(B),
+        "--status-s",
+        "0.2",
+        "--eval-interval-s",
+        "600",
+    )
+    summary = trained_its_epochs(run)
+    assert summary["overshoot_samples"] == 0, "the job trains exactly its epochs (issue 41), switch or no switch"
+    timeline = json.loads((run / "timeline.json").read_text())
+    first = next(s for s in timeline if s["workers"])
+    assert first["protocol"] == START and first["auto_protocol"] == START, first
+    chosen = {s["auto_protocol"] for s in timeline} - {START}
+    assert len(chosen) == 1 and chosen <= set(SWITCHABLE), [
+        (s["auto_protocol"], s["auto_protocol_reason"]) for s in timeline
+    ]
+    new = chosen.pop()
+    running = [s for s in timeline if s["protocol"] == new]
+    assert running, "the workers were told the new protocol"
+    assert all(s["auto_protocol"] == new for s in running), "workers follow only what the shards were told first"
+    switched_at = timeline.index(running[0])
+    assert (
+        any(s["auto_protocol"] == new for s in timeline[:switched_at])
+        or "since assignment" in running[0]["auto_protocol_reason"]
+    )
+    assert any(f"{new} + {s['auto_policy']}: predicted fastest to target" in s["auto_protocol_reason"] for s in running)
+    assert summary["protocol"] == new
+    assert f"protocol auto runs {START}: {START} from the start" in printed, printed
+    assert f"protocol auto runs {new}: {new} since assignment" in printed, printed
+    logs = (run / "logs" / "scheduler.log").read_text()
+    assert f"protocol auto chose {new}" in logs and f"every shard applies {new}" in logs
+    shards_said = "".join(p.read_text() for p in (run / "logs").glob("ps*.log"))
+    assert f"protocol {new} from now on, was {START}" in shards_said
+    workers_said = "".join(p.read_text() for p in (run / "logs").glob("worker*.log"))
+    assert workers_said.count(f"protocol {new} from now on, was {START}") == 3, "every worker switched once"
