@@ -76,7 +76,7 @@ def test_every_process_serves_lint_clean_metrics_and_health(live: Cluster) -> No
         scheduler, status = live.procs[0].metrics(), live.status()
         return (
             status is not None
-            metric_value(scheduler, "dynabatch_scheduler_live_workers") == 1
+            and metric_value(scheduler, "dynabatch_scheduler_live_workers") == 1
             and metric_value(scheduler, "dynabatch_job_test_accuracy") > 0
             and metric_value(scheduler, "dynabatch_worker_step_seconds", phase="data") > 0
             and metric_value(scheduler, "dynabatch_scheduler_auto_protocol", protocol=status.protocol) == 1
