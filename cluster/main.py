@@ -428,6 +428,11 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
             if summary.get("auto_policy")
             else []
         ),
+        *(
+            [f"protocol auto ran {summary['protocol']} last: {summary['auto_protocol_reason']}"]
+            if summary.get("auto_protocol")
+            else []
+        ),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "
         f"({100 * (summary['fraction_of_compute_speed'] or 0):.0f}% of the workers' summed compute-only speed, "
         f"{100 * (summary['fraction_of_standalone'] or 0):.0f}% of their start-up probes)",

@@ -70,6 +70,8 @@ def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_ex
     assert summary["protocol"] == new
     assert f"protocol auto runs {START}: {START} from the start" in printed, printed
     assert f"protocol auto runs {new}: {new} since assignment" in printed, printed
+    assert f"protocol auto ran {new} last: {new} since assignment" in printed
+    assert summary["auto_protocol"] == new and summary["auto_protocol_reason"].startswith(f"{new} since assignment")
     logs = (run / "logs" / "scheduler.log").read_text()
     assert f"protocol auto chose {new}" in logs and f"every shard applies {new}" in logs
     shards_said = "".join(p.read_text() for p in (run / "logs").glob("ps*.log"))
