@@ -29,7 +29,8 @@ def test_the_probes_fixed_cost_is_the_speed_models_intercept_under_a_fixed_batch
     for _ in range(8):
         plain.observe(batch, a + c * batch)
         probed.observe(batch, a + c * batch)
-    assert plain.fit() is not None and plain.fit().fixed_s == 0.0, "one batch size alone cannot show it"
+    unprobed = plain.fit()
+    assert unprobed is not None and unprobed.fixed_s == 0.0, "one batch size alone cannot show it"
     fit = probed.fit()
     assert fit is not None and fit.fixed_s == pytest.approx(a) and fit.per_sample_s == pytest.approx(c)
     assert fit.step_seconds(96) == pytest.approx(a + c * 96), "so a step at another batch is predicted"
