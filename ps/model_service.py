@@ -240,16 +240,24 @@ class ModelService:
 
 def switch_protocol(served: ServedJob, serving: ModelService | None, protocol: str) -> bool:
     """The scheduler's order to apply `protocol` (`--protocol auto`): the served job, then the model it holds (if
-    any) follow. True when the shard switched (its next heartbeat says so at once); False, logged, when the job's
-    flags do not allow it, and the shard keeps its protocol."""
+    any) follow. Where the job cannot run it here (its flags, or a task that names the shards' optimizer under a
+    delta protocol) the shard keeps its protocol and says so in its heartbeat (`refused_protocol`, logged once), and
+    the scheduler chooses among the others. True: the next heartbeat is due at once."""
     previous = served.job.protocol
+    task_optimizer = serving.model.optimizer if serving is not None and serving.held.setup.optimizer else None
     try:
-        served.switch(protocol)
+        served.switch(protocol, task_optimizer)
     except ConfigError as exc:
-        log.error(
-            "the scheduler asked for protocol %s, which this job cannot run (%s); keeping %s", protocol, exc, previous
-        )
-        return False
+        if served.refused_protocol != protocol:
+            log.error(
+                "the scheduler asked for protocol %s, which this shard cannot run: %s; keeping %s",
+                protocol,
+                exc,
+                previous,
+            )
+        served.refused_protocol = protocol
+        return True
+    served.refused_protocol = ""
     if serving is not None:
         serving.switch()
     log.info("protocol %s from now on, was %s (the scheduler's --protocol auto)", protocol, previous)

@@ -47,4 +47,5 @@ def shard_heartbeat(
         good_version=kept.good_version,
         rollbacks=kept.rollbacks,
         protocol=served.job.protocol,
+        refused_protocol=served.refused_protocol,
     )

@@ -94,6 +94,11 @@ class AutoPolicy:
         self.choices = 0  # how many times auto has chosen (kept or changed) from measurements
         self._basis: dict[str, float] = {}  # each worker's predicted step at its share when auto last chose
 
+    def leave_out(self, protocol: str, running: str) -> None:
+        """A shard cannot run `protocol`: choose among the others from the next revisit on, `running` meanwhile."""
+        self.protocols = tuple(p for p in self.protocols if p in MODELLED and p != protocol)
+        self.protocol, self._basis = running, {}
+
     def revisit(self, models: Mapping[str, StepModel], caps: Mapping[str, int], waiting: int) -> bool:
         """Choose again if the cluster changed since the last choice; `models` are the measured workers' step
         models, `caps` their largest batches, `waiting` the ready workers not yet measured. True when the policy

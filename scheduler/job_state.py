@@ -217,8 +217,8 @@ class JobState:
         if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
             self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})
         self._quarantine(hb.quarantined, member.id, now)
-        if self.protocol is not None and self.protocol.shard_report(member.shard_index, hb.protocol):
-            self._enter_protocol(now)
+        if self.protocol is not None:
+            self._protocol_report(member.shard_index, hb, now)
         self.rollbacks.shard_report(member.shard_index, prev, hb)
         waiting = [
             m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocator.allocation
@@ -329,6 +329,15 @@ class JobState:
             log.info(
                 "protocol auto chose %s: the shards switch first, then the workers (%s)", auto.protocol, auto.reason
             )
+
+    def _protocol_report(self, shard: int, hb: ShardHeartbeat, now: float) -> None:
+        """A shard's word on `--protocol auto`'s switch: the protocol it applies, or one it cannot run."""
+        assert self.protocol is not None
+        if self.protocol.refused(shard, hb.refused_protocol) and self.allocator.auto is not None:
+            log.warning("shard %d cannot run %s; protocol auto chooses among the others", shard, hb.refused_protocol)
+            self.allocator.auto.leave_out(hb.refused_protocol, self.protocol.workers)
+        if self.protocol.shard_report(shard, hb.protocol):
+            self._enter_protocol(now)
 
     def _enter_protocol(self, now: float) -> None:
         """Every shard applies the chosen protocol: the workers step under it from the next assignment, and the

@@ -10,6 +10,8 @@ step and no strike. Nothing a worker sends names a protocol the scheduler reads:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dynabatch.common.planning.protocol_switch import SwitchPlan, switch_to, workers_protocol
 
 
@@ -41,6 +43,20 @@ class ProtocolInForce:
             return False
         self.workers = settled
         self.switches += 1
+        return True
+
+    def refused(self, shard: int, protocol: str) -> bool:
+        """Shard slot `shard` reports it cannot run `protocol` (its task names the shards' optimizer, which a delta
+        protocol would replace): if it is the chosen one, auto chooses among the others from now on and the shards
+        go back to the workers' protocol. True when it was."""
+        if not protocol or switch_to(protocol, self.chosen) is not None:
+            return False
+        note = f"{protocol} left out: shard {shard} cannot run it (its log says why)"
+        protocols = tuple(p for p in self.plan.protocols if switch_to(p, protocol) is not None)
+        self.plan = replace(
+            self.plan, protocols=protocols, why_not="; ".join(n for n in (self.plan.why_not, note) if n)
+        )
+        self.chosen = self.workers
         return True
 
     def forget_shard(self, shard: int) -> None:

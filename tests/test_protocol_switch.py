@@ -18,7 +18,15 @@ from dynabatch.common.planning.protocol_switch import START, SWITCHABLE, switch_
 from dynabatch.common.protocols import AsyncSettings, OuterSettings, RoundSettings, protocol_settings
 from dynabatch.common.wire.chunking import make_layout
 from dynabatch.common.wire.frames import ChunkMeta, Message
-from dynabatch.common.wire.messages import Hello, Push, Role, ShardHeartbeat, Welcome, WorkerHeartbeat
+from dynabatch.common.wire.messages import (
+    Hello,
+    Push,
+    Role,
+    ShardHeartbeat,
+    Welcome,
+    WorkerAssignment,
+    WorkerHeartbeat,
+)
 from dynabatch.common.wire.model_signature import signature_from_fields
 from dynabatch.ps.push_admission import PushAdmission, PushCase
 from dynabatch.ps.replay_guard import ReplayGuard
@@ -163,10 +171,9 @@ def _shards_report(state: JobState, now: float, protocols: dict[int, str] | None
         state.shard_heartbeat(shard.id, hb, now)
 
 
-def test_the_scheduler_switches_the_shards_first_and_the_workers_once_every_shard_applies_it() -> None:
-    """Workers whose fixed cost per step dominates and differs (their probes say so) run better where a round
-    sizes their batches than under asgd with equal ones: auto chooses from the probes and the measured steps."""
-    state = _auto_job(num_shards=2)
+def _measured(state: JobState) -> tuple[dict[str, float], float, WorkerAssignment]:
+    """Three workers whose fixed cost per step dominates and differs (their probes say so) join `state` and report
+    MEASURED_STEPS steps each: (their ids and fixed costs, the time, the last answer)."""
     per_sample = 1e-5
     ids = {}
     for a in (0.05, 0.05, 0.2):
@@ -196,6 +203,14 @@ def test_the_scheduler_switches_the_shards_first_and_the_workers_once_every_shar
                 assignment_id=state.allocator.assignment_id,
             )
             answer = state.heartbeat(wid, hb, now)
+    return ids, now, answer
+
+
+def test_the_scheduler_switches_the_shards_first_and_the_workers_once_every_shard_applies_it() -> None:
+    """Workers whose fixed cost per step dominates and differs run better where a round sizes their batches than
+    under asgd with equal ones: auto chooses from the probes and the measured steps."""
+    state = _auto_job(num_shards=2)
+    ids, now, answer = _measured(state)
     assert state.protocol is not None
     chosen = state.protocol.chosen
     assert chosen != START and chosen in SWITCHABLE, state.allocator.auto.reason if state.allocator.auto else ""
@@ -214,3 +229,33 @@ def test_the_scheduler_switches_the_shards_first_and_the_workers_once_every_shar
     status = state.status(now)
     assert status.protocol == status.auto_protocol == chosen and "since assignment" in status.auto_protocol_reason
     assert sum(state.allocator.allocation.values()) == 96
+
+
+def test_a_protocol_a_shard_cannot_run_is_left_out_and_the_shards_go_back() -> None:
+    """A shard whose task names its own optimizer cannot take a delta protocol (its outer optimizer would replace
+    the task's): it keeps its protocol and says so, and the scheduler chooses among the others."""
+    state = _auto_job(num_shards=2)
+    _, now, _ = _measured(state)
+    assert state.protocol is not None and state.allocator.auto is not None
+    chosen = state.protocol.chosen
+    assert chosen != START
+    _shards_report(state, now, {0: chosen, 1: START})
+    shard1 = state.roster.shards[1]
+    told = state.shard_assignment()
+    state.shard_heartbeat(
+        shard1.id, ShardHeartbeat(membership=told.membership, protocol=START, refused_protocol=chosen), now
+    )
+    assert state.protocol.chosen == START and state.shard_assignment().protocol == START, "shard 0 is told back"
+    assert chosen not in state.protocol.plan.protocols and chosen not in state.allocator.auto.protocols
+    assert f"{chosen} left out: shard 1 cannot run it" in state.status(now).auto_protocol_reason
+    _shards_report(state, now)
+    assert state.protocol.workers == START and state.protocol.switches == 0
+
+
+def test_a_shard_whose_task_names_its_optimizer_refuses_a_delta_protocol(tmp_path: Path) -> None:
+    served, state = _served(tmp_path)
+    with pytest.raises(ConfigError, match="the task's optimizer .* would not be used"):
+        served.switch("local", optim_spec.Adam(lr=1e-3))
+    assert served.job.protocol == "asgd"
+    served.switch("ssgd", optim_spec.Adam(lr=1e-3))  # a gradient protocol steps with the task's optimizer
+    assert served.job.protocol == "ssgd"

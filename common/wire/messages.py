@@ -136,7 +136,9 @@ class ShardHeartbeat:
     with a burst of pushes refused the first push of a worker whose answer came after its own.
 
     `protocol` is the update protocol the shard applies now: under `--protocol auto` the scheduler tells workers a
-    new protocol only once every shard reports it (common/planning/protocol_switch.py).
+    new protocol only once every shard reports it (common/planning/protocol_switch.py). `refused_protocol` is one it
+    was told to apply and cannot (a task that names the shards' optimizer under a delta protocol): the scheduler
+    chooses among the others.
     """
 
     TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
@@ -151,6 +153,7 @@ class ShardHeartbeat:
     rollbacks: int = 0
     batches: dict[str, int] | None = None
     protocol: str = ""
+    refused_protocol: str = ""
 
 
 @dataclass
