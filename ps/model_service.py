@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dynabatch.common.flags import ConfigError
+from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.protocols import protocol_settings
 from dynabatch.common.wire.chunking import BUFFERS_ID
 from dynabatch.common.wire.error_codes import ErrorCode
@@ -248,7 +249,7 @@ def switch_protocol(served: ServedJob, serving: ModelService | None, protocol: s
     try:
         served.switch(protocol, task_optimizer)
     except ConfigError as exc:
-        if served.refused_protocol != protocol:
+        if switch_to(protocol, served.refused_protocol) is not None:  # logged once per protocol refused
             log.error(
                 "the scheduler asked for protocol %s, which this shard cannot run: %s; keeping %s",
                 protocol,
