@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from dynabatch import optim as optim_spec
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.planning.protocol_switch import START, SWITCHABLE, switch_plan, workers_protocol
+from dynabatch.common.planning.protocol_switch import START, SWITCHABLE, running, switch_plan, workers_protocol
 from dynabatch.common.protocols import AsyncSettings, OuterSettings, RoundSettings, protocol_settings
 from dynabatch.common.wire.chunking import make_layout
 from dynabatch.common.wire.frames import ChunkMeta, Message
@@ -28,6 +28,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
 )
 from dynabatch.common.wire.model_signature import signature_from_fields
+from dynabatch.ps.protocol_rules import RingmasterRule
 from dynabatch.ps.push_admission import PushAdmission, PushCase
 from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.served_job import ServedJob
@@ -259,3 +260,20 @@ def test_a_shard_whose_task_names_its_optimizer_refuses_a_delta_protocol(tmp_pat
     assert served.job.protocol == "asgd"
     served.switch("ssgd", optim_spec.Adam(lr=1e-3))  # a gradient protocol steps with the task's optimizer
     assert served.job.protocol == "ssgd"
+
+
+def test_under_one_learning_rate_ringmaster_takes_asgds_delay_step() -> None:
+    """`--protocol auto` runs the asynchronous protocols with the delay step, so that one --lr is about the same step
+    per B samples under each: ringmaster's accepted gradient of delay tau then steps lr / max(1, tau), as asgd's,
+    not its own min(1, (R/2) / tau), which is up to R/2 times larger."""
+    job = running(JobConfig(protocol="auto"), "ringmaster")
+    state = ShardState.initial(
+        make_layout(600, 1024, 1).chunks, torch.zeros(600), SGD, "ringmaster", B, protocol_settings(job)
+    )
+    state.set_membership({f"w{i}" for i in range(8)}, allocated=8)
+    rule = state.rule
+    assert isinstance(rule, RingmasterRule)
+    assert [rule.delay_factor(t) for t in (0, 1, 4, 7)] == [1.0, 1.0, 0.25, 1 / 7]
+    own = ShardState.initial(make_layout(600, 1024, 1).chunks, torch.zeros(600), SGD, "ringmaster", B)
+    own.set_membership({f"w{i}" for i in range(8)}, allocated=8)
+    assert isinstance(own.rule, RingmasterRule) and own.rule.delay_factor(4) == 1.0, "its own step: min(1, 4 / 4)"
