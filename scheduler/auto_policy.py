@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 
 from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
+from dynabatch.common.planning.prediction import POLICIES, Cluster, Node
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
-from dynabatch.common.planning.prediction import Cluster, Node
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -76,7 +76,10 @@ class AutoPolicy:
         self.policies = None if policy == AUTO else (policy,)
         self.global_batch = global_batch
         self.policy = "fixed" if policy == AUTO else policy
-        if aggregation != "mean":
+        if self.policies is not None and policy not in POLICIES:
+            self.modelled = False
+            self.reason = f"{spec.name} kept, as the predictor does not model --batch-policy {policy}"
+        elif aggregation != "mean":
             self.modelled = False
             self.reason = (
                 f"fixed, as --aggregation {aggregation} needs every worker's gradient in each round: dynamic's "

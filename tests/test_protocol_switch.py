@@ -277,3 +277,13 @@ def test_under_one_learning_rate_ringmaster_takes_asgds_delay_step() -> None:
     own = ShardState.initial(make_layout(600, 1024, 1).chunks, torch.zeros(600), SGD, "ringmaster", B)
     own.set_membership({f"w{i}" for i in range(8)}, allocated=8)
     assert isinstance(own.rule, RingmasterRule) and own.rule.delay_factor(4) == 1.0, "its own step: min(1, 4 / 4)"
+
+
+def test_a_named_batch_policy_the_predictor_does_not_model_keeps_the_protocol() -> None:
+    """`--protocol auto --batch-policy efficient`: nothing to choose the protocol by, so it stays, saying why."""
+    state = JobState(
+        JobConfig(protocol="auto", batch_policy="efficient", dataset="synthetic", model="mlp"), 1, 1000, now=0.0
+    )
+    auto = state.allocator.auto
+    assert auto is not None and not auto.modelled and "--batch-policy efficient" in auto.reason
+    assert not auto.revisit({}, {}, 0) and auto.protocol == START
