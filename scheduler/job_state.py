@@ -337,14 +337,17 @@ class JobState:
             log.warning("shard %d cannot run %s; protocol auto chooses among the others", shard, hb.refused_protocol)
             self.allocator.auto.leave_out(hb.refused_protocol, self.protocol.workers)
         if self.protocol.shard_report(shard, hb.protocol):
-            self._enter_protocol(now)
+            self.follow_workers_protocol(now)
 
-    def _enter_protocol(self, now: float) -> None:
-        """Every shard applies the chosen protocol: the workers step under it from the next assignment, and the
-        scheduler decides for it (its split, allotments and schedule follow the new spec)."""
+    def follow_workers_protocol(self, now: float) -> None:
+        """Every shard applies the chosen protocol (or a restarted scheduler resumed it): the workers step under it
+        from the next assignment, and the scheduler decides for it (its split, allotments and schedule follow the
+        new spec)."""
         assert self.protocol is not None
         spec = protocol_spec(self.protocol.workers)
         self.spec = self.allocator.spec = self.wire.spec = spec
+        if self.allocator.auto is not None:
+            self.allocator.auto.protocol = spec.name
         self._reallocate(now, f"protocol {spec.name}", "auto", force=True)
         self.protocol.since = self.allocator.assignment_id
         log.info("every shard applies %s: the workers switch from assignment %d", spec.name, self.protocol.since)

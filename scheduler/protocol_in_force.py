@@ -59,6 +59,15 @@ class ProtocolInForce:
         self.chosen = self.workers
         return True
 
+    def resume(self, protocol: str) -> bool:
+        """A restarted scheduler goes on under the protocol its saved job's workers stepped under (one it may choose,
+        else the start's); True when that is not the start's."""
+        if switch_to(protocol, self.workers) is None or protocol not in self.plan.protocols:
+            return False
+        self.chosen = self.workers = protocol
+        self.switches += 1
+        return True
+
     def forget_shard(self, shard: int) -> None:
         """A shard slot whose process left: its successor reports afresh."""
         self.reported.pop(shard, None)

@@ -36,6 +36,8 @@ from dynabatch.ps.shard_state import ProtocolRefusal, ProtocolSwitched, ShardSta
 from dynabatch.ps.update_rules import OuterOptimizer
 from dynabatch.scheduler.auto_policy import MEASURED_STEPS
 from dynabatch.scheduler.job_state import JobState
+from dynabatch.scheduler.outage_clock import read_clock
+from dynabatch.scheduler.saved_progress import load_progress, save_progress
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9)
 B = 64
@@ -287,3 +289,22 @@ def test_a_named_batch_policy_the_predictor_does_not_model_keeps_the_protocol() 
     auto = state.allocator.auto
     assert auto is not None and not auto.modelled and "--batch-policy efficient" in auto.reason
     assert not auto.revisit({}, {}, 0) and auto.protocol == START
+
+
+def test_a_restarted_scheduler_goes_on_under_the_protocol_it_had_switched_to(tmp_path: Path) -> None:
+    state = _auto_job(num_shards=2)
+    _, now, _ = _measured(state)
+    assert state.protocol is not None
+    chosen = state.protocol.chosen
+    _shards_report(state, now)
+    assert state.protocol.workers == chosen != START
+    path = tmp_path / "progress.json"
+    save_progress(path, state.saved(now, read_clock()))
+    saved = load_progress(path, to_dict(state.job))
+    assert saved is not None and saved.protocol == chosen
+    resumed = _auto_job(num_shards=2)
+    resumed.resume(saved, now, read_clock())
+    assert resumed.protocol is not None and resumed.protocol.workers == resumed.protocol.chosen == chosen
+    assert resumed.spec.name == resumed.allocator.spec.name == chosen
+    assert resumed.shard_assignment().protocol == chosen and resumed.running_job.protocol == chosen
+    assert resumed.allocator.auto is not None and resumed.allocator.auto.protocol == chosen
