@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import zmq
 from prometheus_client import CollectorRegistry
 
 from dynabatch import optim as optim_spec
@@ -38,6 +39,9 @@ from dynabatch.scheduler.auto_policy import MEASURED_STEPS
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.outage_clock import read_clock
 from dynabatch.scheduler.saved_progress import load_progress, save_progress
+from dynabatch.worker.pipeline import Pipeline
+from dynabatch.worker.ps_client import ShardClients
+from harness import free_port
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.9)
 B = 64
@@ -308,3 +312,27 @@ def test_a_restarted_scheduler_goes_on_under_the_protocol_it_had_switched_to(tmp
     assert resumed.spec.name == resumed.allocator.spec.name == chosen
     assert resumed.shard_assignment().protocol == chosen and resumed.running_job.protocol == chosen
     assert resumed.allocator.auto is not None and resumed.allocator.auto.protocol == chosen
+
+
+def test_a_worker_leaving_a_pipelined_loop_unhooks_its_model() -> None:
+    """The pipelined gradient step hooks every layer's forward and every parameter's gradient; a step that failed
+    (a `switched` refusal among them) leaves its state behind. The next protocol's loop runs passes on the same
+    model, so leaving the loop must take the hooks with it, or they would push that old step's gradients again."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    total = sum(p.numel() for p in model.parameters())
+    layout = make_layout(total, 64, 1)
+    shards = ShardClients(zmq.Context.instance(), [f"tcp://127.0.0.1:{free_port()}"], layout, "j", "w")
+    try:
+
+        def hooks() -> int:
+            layers = sum(len(m._forward_pre_hooks) for m in model.modules())
+            return layers + sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
+
+        pipeline = Pipeline(model, layout, shards, 1 << 20, 1.0, lambda m, batch: m(batch).sum())
+        assert hooks() == 2 + 4, "two layers' forward, four parameters' gradients"
+        pipeline._step = object()  # type: ignore[assignment]  # what a failed step leaves behind
+        pipeline.close()
+        assert hooks() == 0 and pipeline._step is None
+        model(torch.ones(3, 8)).sum().backward()  # the next loop's pass: nothing of the old step acts on it
+    finally:
+        shards.close()

@@ -362,6 +362,7 @@ class Worker:
             protocol,
             joined.job.protocol,
         )
+        steps.close()
         joined.job = job
         joined.shards.protocol = protocol
         return loop(self.step_context())
