@@ -43,6 +43,8 @@ def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_ex
         "auto",
         "--global-batch",
         str(B),
+        "--chunk-bytes",
+        "262144",  # four chunks: the gradient steps run pipelined, whose hooks a switch must take off the model
         "--status-s",
         "0.2",
         "--eval-interval-s",
