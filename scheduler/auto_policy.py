@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
-from dynabatch.common.planning.prediction import RULES, Cluster, Node
+from dynabatch.common.planning.prediction import Cluster, Node
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -65,7 +65,7 @@ class AutoPolicy:
                 "liar moves further"
             )
         else:
-            self.modelled = spec.shard_rule in RULES
+            self.modelled = spec.name in MODELLED
             self.reason = (
                 f"fixed until every worker has reported {MEASURED_STEPS} steps"
                 if self.modelled
