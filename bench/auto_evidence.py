@@ -28,6 +28,10 @@ AUTO_METHODS: dict[tuple[str, str], str] = {
     ("asgd", "dynamic"): "DBS-SGD (capped weight)",
     ("ssgd", "fixed"): "ssgd+fixed",
     ("ssgd", "dynamic"): "LB-BSP (ssgd+dynamic)",
+    ("ringmaster", "fixed"): "ringmaster+fixed",
+    ("ringmaster", "dynamic"): "ringmaster+dynamic",
+    ("local", "fixed"): "local+fixed",
+    ("local", "dynamic"): "local+dynamic",
 }
 """The study's method for each (protocol, policy) the predictor models (dbs_weight capped is the job's default)."""
 DEFAULT = ("asgd", "fixed")

@@ -274,11 +274,11 @@ def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick
     runner = next(m for m in AUTO_METHODS.values() if m not in (picked, default))
     times[runner] = 40.0
     runs = [{**_run(m, 0.02, t), "seed": 0} for m, t in times.items()]
-    runs += [{**_run("local+dynamic", 0.1, 20.0), "seed": 0}, {**_run(default, 0.02, None, math.nan, 0.5), "seed": 1}]
-    p = {"methods": [*times, "local+dynamic"], "target": "0.80"}
+    runs += [{**_run("msync+fixed", 0.1, 20.0), "seed": 0}, {**_run(default, 0.02, None, math.nan, 0.5), "seed": 1}]
+    p = {"methods": [*times, "msync+fixed"], "target": "0.80"}
     row = evidence_row("mixed_links16", file, method_rows(p, runs, {}))
     assert row["choice"] == picked and row["time"] == 44.0 and row["default"] == default
-    assert row["best"]["method"] == "local+dynamic" and row["best_modelled"]["method"] == runner
+    assert row["best"]["method"] == "msync+fixed" and row["best_modelled"]["method"] == runner
     line = render_evidence([row])[-1]
     assert line.startswith(f"| mixed_links16 | {picked} (") and "| 2.20x |" in line and "| 1.10x |" in line, line
     assert line.endswith(f"| {default} (–) | – | 1/2 |"), "a seed diverged: never reached in the median"
