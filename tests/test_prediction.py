@@ -42,7 +42,8 @@ def _builtin(name: str) -> Cluster:
     return Cluster(nodes, sim.global_batch)
 
 
-def _random(seed: int) -> Cluster:
+def random_cluster(seed: int) -> Cluster:
+    """A cluster of 1 to 24 workers drawn from `seed`: curves, caps, links (0: not counted), model, chunks, shards."""
     rng = random.Random(seed)
     nodes = tuple(
         Node(
@@ -111,7 +112,7 @@ def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_bus
 
 @pytest.mark.parametrize(
     "name, cluster",
-    [*_files().items(), *((n, _builtin(n)) for n in PROFILES), *((f"random{s}", _random(s)) for s in range(40))],
+    [*_files().items(), *((n, _builtin(n)) for n in PROFILES), *((f"random{s}", random_cluster(s)) for s in range(40))],
 )
 def test_no_method_is_predicted_below_the_optimum(name: str, cluster: Cluster) -> None:
     star = optimum(cluster, STUDY_NOISE).time_s

@@ -15,6 +15,7 @@ from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import POLICIES, Cluster, Node, predict
+from test_prediction import random_cluster
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
 GPU = Device(0.02, 0.0005)
@@ -25,23 +26,10 @@ STUDY_BEST = {"mixed_gpus16": "ringmaster", "mixed_links16": "ringmaster", "ps_b
 
 
 def _random(seed: int) -> Cluster:
+    """test_prediction's random cluster with shards that take time to serve and an H of its own."""
     rng = random.Random(seed)
-    nodes = tuple(
-        Node(
-            Device(rng.uniform(0.001, 0.2), rng.uniform(1e-5, 1e-2), rng.choice([0, 16, 64, 256])),
-            rng.choice([0, 10, 100, 1000, 10000]),
-            rng.uniform(0, 0.01),
-        )
-        for _ in range(rng.randint(1, 40))
-    )
-    return Cluster(
-        nodes,
-        rng.choice([32, 256, 1024, 4096]),
-        rng.uniform(1e5, 1e8),
-        rng.randint(1, 30),
-        rng.randint(1, 4),
-        rng.choice([1000, 10000, 25000]),
-        rng.choice([1, 4, 8, 16]),
+    return replace(
+        random_cluster(seed), shard_mbit=rng.choice([1000, 10000, 25000]), local_steps=rng.choice([1, 4, 8, 16])
     )
 
 
