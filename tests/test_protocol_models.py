@@ -19,10 +19,16 @@ from test_prediction import random_cluster
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
 GPU = Device(0.02, 0.0005)
-# The protocol the regime study found fastest to 80% on each cluster file (bench/RESULTS.md 17 and 19): Ringmaster
+# The method the regime study found fastest to 80% on each cluster file (bench/RESULTS.md 17 and 19): Ringmaster
 # on mixed GPU generations (24 s against asgd+fixed's 32 s) and mixed links (90 s against 100 s), local SGD where one
 # shard bounds the job (the only method at 80% on ps_bound64; 14 s against 50 s on cpu_gpu8).
-STUDY_BEST = {"mixed_gpus16": "ringmaster", "mixed_links16": "ringmaster", "ps_bound64": "local", "cpu_gpu8": "local"}
+# On ps_bound64 local+fixed ties local+dynamic (96 s each: 64 identical workers), so either policy is the study's.
+STUDY_BEST = {
+    "mixed_gpus16": ("ringmaster", {"fixed"}),
+    "mixed_links16": ("ringmaster", {"fixed"}),
+    "ps_bound64": ("local", {"fixed", "dynamic"}),
+    "cpu_gpu8": ("local", {"dynamic"}),
+}
 
 
 def _random(seed: int) -> Cluster:
@@ -107,4 +113,5 @@ def test_a_round_protocol_waits_its_first_round_for_a_slow_link_before_anyone_is
 @pytest.mark.parametrize("name", sorted(STUDY_BEST))
 def test_auto_picks_the_protocol_the_study_found_fastest_on_each_regime_file(name: str) -> None:
     choice = choose(predictor_cluster(read_cluster(PROFILES / f"{name}.json")), STUDY_NOISE)
-    assert choice.protocol == STUDY_BEST[name], choice.reason
+    protocol, policies = STUDY_BEST[name]
+    assert choice.protocol == protocol and choice.policy in policies, choice.reason
