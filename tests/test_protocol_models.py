@@ -14,6 +14,7 @@ from bench.auto_evidence import predictor_cluster
 from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
+from dynabatch.common.planning.predicted_cluster import measured_node
 from dynabatch.common.planning.prediction import POLICIES, Cluster, Node, predict
 from test_prediction import random_cluster
 
@@ -115,3 +116,17 @@ def test_auto_picks_the_protocol_the_study_found_fastest_on_each_regime_file(nam
     choice = choose(predictor_cluster(read_cluster(PROFILES / f"{name}.json")), STUDY_NOISE)
     protocol, policies = STUDY_BEST[name]
     assert choice.protocol == protocol and choice.policy in policies, choice.reason
+
+
+def test_a_measured_workers_transfers_become_its_link_so_local_sgd_pays_them_once_a_round() -> None:
+    """A job measured under asgd on a busy shard: each step's pull and push took 1 s against 0.05 s of compute.
+    Given as links, local SGD's round pays them once per H steps; folded into the fixed cost it would pay H times."""
+    nodes = tuple(measured_node(GPU, 1.0, 1e8) for _ in range(8))
+    cluster = Cluster(nodes, 512, 1e8, 100, local_steps=8)
+    assert cluster.transfer_s(nodes[0]) == pytest.approx(1.0)
+    local, asgd = predict(cluster, STUDY_NOISE, "local", "fixed"), predict(cluster, STUDY_NOISE, "asgd", "fixed")
+    assert local.step_s[0] == pytest.approx(8 * GPU.seconds(64) + 1.0)
+    assert local.samples_per_s > 4 * asgd.samples_per_s
+    folded = Cluster((Node(Device(GPU.fixed_s + 1.0, GPU.per_sample_s)),) * 8, 512, local_steps=8)
+    assert predict(folded, STUDY_NOISE, "local", "fixed").samples_per_s < asgd.samples_per_s
+    assert measured_node(GPU, 0.0, 1e8) == Node(GPU), "no transfer measured: no link"

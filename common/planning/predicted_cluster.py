@@ -78,6 +78,16 @@ class Cluster:
         return self.model_bytes / self.shards * 8 / (self.shard_mbit * 1e6)
 
 
+def measured_node(device: Device, transfer_s: float, model_bytes: float) -> Node:
+    """A worker as a running job measures it: its compute curve and cap (`device`), and the seconds one step's pull
+    and push took (`transfer_s`), given as the link that moves the model's bytes twice in that time. So each
+    protocol's model places the transfers itself (pipelined under a gradient step, once per H steps under local
+    SGD); folded into the fixed cost they would count H times in a local round. No transfer measured: no link."""
+    if transfer_s <= 0 or model_bytes <= 0:
+        return Node(device)
+    return Node(device, 2 * model_bytes * 8 / (transfer_s * 1e6))
+
+
 def node_of(group: WorkerGroup) -> Node:
     """A file's worker as it starts: its curve times its slowdown at 0 (plus the slowdown's fixed part)."""
     slowdown = Slowdown.parse(group.slowdown)
