@@ -130,3 +130,14 @@ def test_a_measured_workers_transfers_become_its_link_so_local_sgd_pays_them_onc
     folded = Cluster((Node(Device(GPU.fixed_s + 1.0, GPU.per_sample_s)),) * 8, 512, local_steps=8)
     assert predict(folded, STUDY_NOISE, "local", "fixed").samples_per_s < asgd.samples_per_s
     assert measured_node(GPU, 0.0, 1e8) == Node(GPU), "no transfer measured: no link"
+
+
+@pytest.mark.parametrize("name", sorted(STUDY_BEST))
+def test_a_cluster_as_measured_with_links_and_shard_rates_apart_gets_the_files_pick(name: str) -> None:
+    """The contract of the run-time switch's measured cluster: each worker's compute curve, its link's own transfer
+    time (`measured_node`) and the shards' rate give the pick of the cluster file itself."""
+    described = predictor_cluster(read_cluster(PROFILES / f"{name}.json"))
+    nodes = tuple(measured_node(n.device, described.transfer_s(n), described.model_bytes) for n in described.nodes)
+    measured = replace(described, nodes=nodes)
+    picked, expected = choose(measured, STUDY_NOISE), choose(described, STUDY_NOISE)
+    assert (picked.protocol, picked.policy) == (expected.protocol, expected.policy), picked.reason

@@ -80,9 +80,13 @@ class Cluster:
 
 def measured_node(device: Device, transfer_s: float, model_bytes: float) -> Node:
     """A worker as a running job measures it: its compute curve and cap (`device`), and the seconds one step's pull
-    and push took (`transfer_s`), given as the link that moves the model's bytes twice in that time. So each
-    protocol's model places the transfers itself (pipelined under a gradient step, once per H steps under local
-    SGD); folded into the fixed cost they would count H times in a local round. No transfer measured: no link."""
+    and push spent on its link (`transfer_s`), given as the link that moves the model's bytes twice in that time.
+    So each protocol's model places the transfers itself (pipelined under a gradient step, once per H steps under
+    local SGD); folded into the fixed cost they would count H times in a local round. No transfer measured: no link.
+
+    `transfer_s` is the link's own time, not the time a request waited in a busy shard's queue: that belongs to the
+    shards (the Cluster's `shards` and `shard_mbit`, from the rate they serve at). Counted in the link it is paid by
+    every protocol alike, and the shard-bound regime, where local SGD wins, is no longer seen (bench/RESULTS.md 19)."""
     if transfer_s <= 0 or model_bytes <= 0:
         return Node(device)
     return Node(device, 2 * model_bytes * 8 / (transfer_s * 1e6))
