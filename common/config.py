@@ -21,6 +21,7 @@ from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_plan
 from dynabatch.common.protocols import (
     AGGREGATIONS,
     DBS_WEIGHTS,
+    DEFAULT_LOCAL_STEPS,
     DEFAULT_TRIM,
     DELTA,
     PROTOCOLS,
@@ -254,7 +255,10 @@ class JobConfig(JobName):
         topic="protocol",
     )
     local_steps: int = opt(
-        8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1, topic="protocol"
+        DEFAULT_LOCAL_STEPS,
+        "local: local steps between syncs; msd: the most local steps (AdaComm's H0)",
+        minimum=1,
+        topic="protocol",
     )
     outer_lr: float = opt(
         1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0, topic="protocol"

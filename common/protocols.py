@@ -124,6 +124,9 @@ class MsyncSettings(RoundSettings):
             )
 
 
+DEFAULT_LOCAL_STEPS = 8
+"""H, the local steps a `local` worker takes between pushes unless --local-steps says otherwise (msd's most)."""
+
 STALENESS_STEPS: tuple[str, ...] = ("constant", "delay")
 """How an asynchronous gradient's step follows its staleness tau (`--staleness-step`, ps/step_size.py): `constant`
 takes the same step whatever tau; `delay` divides it by max(1, tau)."""

@@ -47,7 +47,7 @@ def _as_measured(path: Path) -> tuple[dict[str, StepModel], dict[str, int], int]
     steps), its compute (the device's fixed part included: a batch that never varies cannot separate it) per
     sample, the rest fixed (SpeedModel.overhead_fit's reading); their caps; the file's B."""
     cluster = cluster_of(read_cluster(path), 0, CHUNK_BYTES)
-    batches = fixed_batches(cluster, waits_for_slowest=False)
+    batches = fixed_batches(cluster)
     steps = [cluster.step_s(n, b) for n, b in zip(cluster.nodes, batches, strict=True)]
     slowed = min(1.0, cluster.max_steps_per_s() / sum(1 / s for s in steps))
     models, caps = {}, {}
@@ -73,9 +73,9 @@ def test_auto_chooses_the_studys_policy_on_each_regimes_cluster_file(profile: st
 
 
 def test_a_protocol_the_predictor_does_not_model_runs_fixed_and_says_why() -> None:
-    auto = AutoPolicy(protocol_spec("local"), 96)
+    auto = AutoPolicy(protocol_spec("msd"), 96)
     assert not auto.revisit({"w0": StepModel(0.0, 0.001), "w1": StepModel(0.1, 0.01)}, {}, waiting=0)
-    assert auto.policy == "fixed" and "local is not modelled" in auto.reason and "asgd" in auto.reason
+    assert auto.policy == "fixed" and "msd is not modelled" in auto.reason and "asgd" in auto.reason
 
 
 @pytest.mark.parametrize("aggregation", ["median", "trimmed-mean"])
