@@ -234,6 +234,8 @@ class SimResult:
     # each worker's wire plan at the end (chunks per push, bytes in flight: scheduler/wire_schedule.py), by instance
     worker_wire: dict[str, tuple[int, int]] = field(default_factory=dict)
     switched_to: str = ""  # --protocol auto: the protocol the workers stepped under at the end ("": another)
+    # auto: each time it chose a new policy (and protocol), the virtual second and what it chose, with its reason
+    auto_choices: list[tuple[float, str]] = field(default_factory=list)
 
 
 Waiter = tuple[int, Callable[[], bool], Iterator[Wait]]  # a worker parked on a condition: (order, condition, worker)
@@ -363,6 +365,8 @@ class Cluster:
                 train_size=len(self.data.train_y),
                 batches=self.assigned.told,
                 protocol=self.shard.protocol,
+                busy_s=max((q.busy_s for q in self.shard_queues.queues), default=0.0),
+                queued_s=max((q.queued_s for q in self.shard_queues.queues), default=0.0),
             ),
             self.now,
         )
@@ -507,7 +511,7 @@ class Worker:
         assert self.net is not None
         c = self.c
         yield arrival
-        requests = self.net.shards.request(rank_of(self.wid, c.serve_ranks))
+        requests = self.net.shards.request(rank_of(self.wid, c.serve_ranks), c.now)
         c.changed()
         yield lambda: all(r.done for r in requests)
 
@@ -814,7 +818,21 @@ def result_of(cluster: Cluster) -> SimResult:
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
         worker_wire={m.instance: (sched.wire.plan_of(m.id).group, sched.wire.plan_of(m.id).credit) for m in workers},
         switched_to=sched.protocol.workers if sched.protocol is not None else "",
+        auto_choices=auto_choices(sched),
     )
+
+
+def auto_choices(sched: JobState) -> list[tuple[float, str]]:
+    """When auto chose a new policy or protocol (the scheduler's decisions that say so), and its reason now."""
+    auto = sched.allocator.auto
+    if auto is None:
+        return []
+    chose = [
+        (d.t, d.reason.split("; ")[0 if d.subject == "auto" else -1])
+        for d in sched.allocator.decisions
+        if "auto chose" in d.reason or d.subject == "auto"
+    ]
+    return [*chose, (-1.0, f"{auto.protocol} + {auto.policy}: {auto.reason}")]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -51,6 +51,7 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.ps.served_job import ServedJob
+from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.ps.shard_report import shard_heartbeat, shard_hello
 
 log = logging.getLogger("dynabatch.ps")
@@ -92,6 +93,7 @@ class ShardServer:
         self.kept: GoodCheckpoint | None = None  # checkpoints and rollbacks of the job's model (good_checkpoint.py)
         self.serving: ModelService | None = None  # once the first INIT or a checkpoint gave the model (held_model.py)
         self.last_assignment: ShardAssignment | None = None
+        self.load = ServingLoad()  # seconds serving pulls and pushes, and their wait (serving_load.py)
         failed = handshake_failures(self.registry)
         self.handlers = Handlers[bytes, None]("a shard")  # by message type, called with the sender's connection
         self.handlers.on(Init, self._on_init)
@@ -236,13 +238,14 @@ class ShardServer:
             if self.link.conn.sock in events:  # first: a worker told a new batch pushes it only after this shard was
                 self._on_assignment(self.link.poll())
             if self.sock in events:
+                received = time.perf_counter()
                 limits = self.held.limits if self.held is not None else None
                 pending = [recv_routed(self.sock, limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
                     pending.append(recv_routed(self.sock, limits))
                 ranks = self.last_assignment.serve_ranks if self.last_assignment is not None else {}
                 for incoming in sorted(pending, key=lambda i: serve_key(i, ranks)):
-                    self._handle(incoming)
+                    self._handle(incoming, received)
             now = time.monotonic()
             if now >= next_beat or self.beat_due:
                 self._beat()
@@ -259,7 +262,9 @@ class ShardServer:
         The answer to an earlier heartbeat may be taken here rather than by the loop's poll.
         """
         self.beat_due = False
-        report = shard_heartbeat(self.served_job, self.checkpoints, self.held, self.membership, self.senders.live)
+        report = shard_heartbeat(
+            self.served_job, self.checkpoints, self.held, self.membership, self.senders.live, self.load
+        )
         self._on_assignment(self.link.heartbeat(report))
 
     def _on_assignment(self, body: ShardAssignment | None) -> None:
@@ -290,7 +295,7 @@ class ShardServer:
             log.info("job finished")
             self.job_over = True
 
-    def _handle(self, incoming: Incoming) -> None:
+    def _handle(self, incoming: Incoming, received: float) -> None:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
         msg = incoming.decoded
@@ -309,6 +314,7 @@ class ShardServer:
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
         self.served_job.metrics.handle.labels(self.served_job.label, msg.type).observe(time.perf_counter() - start)
+        self.load.served(msg.type, received, start, time.perf_counter())
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.served_job.metrics.bad.labels("ps", error.code).inc()

@@ -15,12 +15,14 @@ from collections.abc import Sequence
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
+from dynabatch.common.planning.predicted_cluster import Cluster
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.common.wire.messages import Decision, WorkerHeartbeat
-from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy
+from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy, measured_workers
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches
 from dynabatch.scheduler.local_steps import adacomm_steps
+from dynabatch.scheduler.measured_cluster import MeasuredWorker, TransferTally, measured_cluster
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
@@ -75,6 +77,7 @@ class Allocator:
         self.decisions: list[Decision] = []
         self.local_steps = job.local_steps
         self.local_steps_reason = "configured H"
+        self.tally = TransferTally()  # the transfers made and the shards' serving seconds (measured_cluster.py)
         self.first_loss: float | None = None  # AdaComm's reference: the smoothed loss when it first was known
         self.training_started_at: float | None = None  # when the first batches were handed out
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
@@ -102,10 +105,12 @@ class Allocator:
     def observe(self, worker: str, hb: WorkerHeartbeat) -> None:
         """Fit a step the worker reports into its speed model, with the compute time it reports."""
         self.speeds[worker].observe(hb.batch, own_step_seconds(hb), own_compute_seconds(hb))
+        self.tally.stepped(worker, hb.steps, hb.bytes, self._round_steps())
 
     def forget(self, worker: str) -> None:
         """A worker that left: its speed model goes (a process that registers again gets a new id)."""
         self.speeds.pop(worker, None)
+        self.tally.forget(worker)
         self.handed.pop(worker, None)
         self.allotted.pop(worker, None)
         self.left.pop(worker, None)
@@ -231,11 +236,42 @@ class Allocator:
         """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (auto_policy.py);
         True when its policy changed."""
         assert self.auto is not None
-        steps = min(MEASURED_STEPS, self.job.speed_window)
-        measured = [wid for wid in ready if self.speeds[wid].observations >= steps]
+        fits = {wid: (self.speeds[wid].observations, self.speeds[wid].fit()) for wid in ready}
+        observed = {
+            wid: (n, fit.step_seconds(max(1, self.allocation.get(wid, 0))))
+            for wid, (n, fit) in fits.items()
+            if fit is not None
+        }
+        measured = measured_workers(observed, min(MEASURED_STEPS, self.job.speed_window))
         models = {wid: model for wid in measured if (model := self.speeds[wid].overhead_fit()) is not None}
         caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
-        return self.auto.revisit(models, caps, len(ready) - len(models))
+        return self.auto.revisit(models, caps, len(ready) - len(models), self._measured(models, caps))
+
+    def _round_steps(self) -> int:
+        """The steps one reported step stands for in transfers: a local round's H, else 1."""
+        return self.local_steps if self.spec.local_steps else 1
+
+    def _measured(self, models: dict[str, StepModel], caps: dict[str, int]) -> Cluster | None:
+        """The measured workers with their compute, links and the shards apart (measured_cluster.py); None where
+        one reported no compute time, or none is measured."""
+        if not models:
+            return None
+        workers = {}
+        for wid in models:
+            compute, overhead = self.speeds[wid].compute_curve(), self.speeds[wid].overhead_s()
+            if compute is None or overhead is None:
+                return None
+            workers[wid] = MeasuredWorker(compute, overhead, caps[wid])
+        job = self.job
+        return measured_cluster(
+            workers,
+            self.tally.load(),
+            self.tally.model_bytes,
+            job.global_batch,
+            self._round_steps(),
+            job.local_steps,
+            job.chunk_bytes,
+        )
 
     def _split_models(self, models: dict[str, StepModel]) -> dict[str, StepModel]:
         """What the dynamic split solves with: the step models where steps are to be equal, else each worker's

@@ -5,14 +5,18 @@ regime: which policy wins depends on the cluster (per-worker sizing wins for rou
 loses for asgd there), so the scheduler chooses it by the predictor's rule (common/planning/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
-Until every ready worker has reported MEASURED_STEPS steps, auto splits as `fixed` does (a worker's prior speed
-is its start-up probe, not a step); a worker that joins later is measured under the policy last chosen. Then it
-builds the predictor's cluster from each worker's fitted step model (its transfers are in the fixed cost, so no
-link is added) and its cap, and chooses; the choice is revisited when the cluster changes: a worker joins or
-leaves, or a worker's predicted step at its share moves by SHIFT since the last choice. `choose` keeps the running
-policy unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the predictor does not
-model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed mean, median): it defends a
-round by the honest majority of every worker's gradient, which a split that leaves workers out would thin.
+Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe,
+not a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow
+device, once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker
+whose one step takes a minute would otherwise hold the choice for eight. A worker that joins later is measured under
+the policy last chosen. Then auto builds the predictor's cluster from each worker's compute curve, cap and link and
+the shards' service time (scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted
+step model with its transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the
+cluster changes: a worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the last
+choice. `choose` keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it.
+A protocol the predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation`
+(trimmed mean, median): it defends a round by the honest majority of every worker's gradient, which a split that
+leaves workers out would thin.
 
 Under `--protocol auto` (common/planning/protocol_switch.py) the same choice is made over the protocols the job
 may switch among, the protocol and the policy together; the scheduler then switches the shards and, once they all
@@ -45,13 +49,25 @@ SHIFT = 0.25
 again: a speed shift, not the step-to-step noise of a loaded machine."""
 
 
-def measured_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int) -> Cluster:
+def folded_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int) -> Cluster:
     """The predictor's cluster of the measured workers: each its fitted step curve and cap (0: none), no link
-    (the fitted fixed cost holds its transfers), at the job's global batch; in worker id order."""
+    (the fitted fixed cost holds its transfers, which local SGD would then pay every step), at the job's global
+    batch; in worker id order."""
     return Cluster(
         tuple(Node(Device(models[w].fixed_s, models[w].per_sample_s, caps.get(w, 0))) for w in sorted(models)),
         global_batch,
     )
+
+
+def measured_workers(observed: Mapping[str, tuple[int, float]], steps: int = MEASURED_STEPS) -> list[str]:
+    """The workers auto may choose on, of `observed` (each its steps reported and its step's seconds now): those
+    with `steps` steps, and those with at least one whose steps have lasted as long as `steps` of the slowest of
+    those (none has `steps`: none)."""
+    full = [s * steps for n, s in observed.values() if n >= steps]
+    if not full:
+        return []
+    span = max(full)
+    return [w for w, (n, s) in observed.items() if n >= steps or (n >= 1 and n * s >= span)]
 
 
 class AutoPolicy:
@@ -102,10 +118,18 @@ class AutoPolicy:
         self.protocols = tuple(p for p in self.protocols if p in MODELLED and p != protocol)
         self.protocol, self._basis = running, {}
 
-    def revisit(self, models: Mapping[str, StepModel], caps: Mapping[str, int], waiting: int) -> bool:
+    def revisit(
+        self,
+        models: Mapping[str, StepModel],
+        caps: Mapping[str, int],
+        waiting: int,
+        measured: Cluster | None = None,
+    ) -> bool:
         """Choose again if the cluster changed since the last choice; `models` are the measured workers' step
-        models, `caps` their largest batches, `waiting` the ready workers not yet measured. True when the policy
-        (or the protocol) changed."""
+        models, `caps` their largest batches, `waiting` the ready workers not yet measured; `measured` the cluster
+        with each worker's compute, link and the shards apart (scheduler/measured_cluster.py; None: the workers
+        report no compute time, so `folded_cluster`'s steps with their transfers as fixed cost). True when the
+        policy (or the protocol) changed."""
         if not self.modelled:
             return False
         if waiting or not models:
@@ -121,7 +145,7 @@ class AutoPolicy:
             return False
         self._basis = steps
         choice = choose(
-            measured_cluster(models, caps, self.global_batch),
+            measured or folded_cluster(models, caps, self.global_batch),
             STUDY_NOISE,
             current=(self.protocol, self.policy),
             protocols=self.protocols,

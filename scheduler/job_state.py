@@ -213,6 +213,7 @@ class JobState:
         member.heartbeats += 1
         member.shard_last = hb
         self.progress.shard_report(member.shard_index, hb)
+        self.allocator.tally.shard_reported(member.shard_index, hb.busy_s, hb.queued_s)
         self.version_times.observe(self.roster.model_version(), self.progress.t(now))
         if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
             self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})

@@ -131,6 +131,7 @@ class SpeedModel:
         if not (math.isfinite(prior_fixed_s) and prior_fixed_s >= 0):
             raise ValueError(f"prior_fixed_s must be finite and >= 0, got {prior_fixed_s!r}")
         self._fixed_s: float | None = prior_fixed_s or None
+        self._probe_fixed_s = prior_fixed_s
         self._model: StepModel | None = None
 
     @property
@@ -199,12 +200,31 @@ class SpeedModel:
         each worker's batch never lets it), and it then also finds the compute's own fixed part (kernel launches)
         that this model counts per sample; the larger ``a`` is the better-informed one.
         """
-        step, compute = self.fit(), self.compute_fit()
-        if not self._overhead or step is None or compute is None:
+        step, compute, overhead = self.fit(), self.compute_fit(), self.overhead_s()
+        if overhead is None or step is None or compute is None:
             return step
-        w = self._forgetting ** np.arange(len(self._overhead) - 1, -1, -1, dtype=float)
-        overhead = float(w @ np.asarray(self._overhead, dtype=float)) / float(w.sum())
         return step if step.fixed_s >= overhead else StepModel(overhead, compute.per_sample_s)
+
+    def overhead_s(self) -> float | None:
+        """The seconds of a step spent not computing (pulls, pushes), weighted as the step fit weighs its steps;
+        None where the worker reported no compute time."""
+        if not self._overhead:
+            return None
+        w = self._forgetting ** np.arange(len(self._overhead) - 1, -1, -1, dtype=float)
+        return float(w @ np.asarray(self._overhead, dtype=float)) / float(w.sum())
+
+    def compute_curve(self) -> StepModel | None:
+        """The worker's compute alone as a curve: the fixed seconds its start-up probe found (capped at
+        MAX_FIXED_FRACTION of the compute at the batches it ran), the rest of its reported compute per sample;
+        None where it reported no compute time. What `--protocol auto` predicts each protocol with, the
+        transfers apart (scheduler/measured_cluster.py)."""
+        if not self._compute:
+            return None
+        data = np.asarray(self._compute, dtype=float)
+        w = self._forgetting ** np.arange(len(data) - 1, -1, -1, dtype=float)
+        batch, seconds = float(w @ data[:, 0]) / float(w.sum()), float(w @ data[:, 1]) / float(w.sum())
+        fixed = min(self._probe_fixed_s, MAX_FIXED_FRACTION * seconds)
+        return StepModel(fixed, (seconds - fixed) / batch)
 
     def _refit(self) -> StepModel:
         """Refit after each observation, so that an intercept identified while

@@ -139,6 +139,11 @@ class ShardHeartbeat:
     new protocol only once every shard reports it (common/planning/protocol_switch.py). `refused_protocol` is one it
     was told to apply and cannot (a task that names the shards' optimizer under a delta protocol): the scheduler
     chooses among the others.
+
+    `busy_s` is the seconds it spent serving pulls and pushes, `queued_s` the seconds those waited at it before
+    it began to serve them: the scheduler divides them by the transfers the workers report to learn the shards'
+    service time and queue, which `--protocol auto` must tell from each worker's own link
+    (scheduler/measured_cluster.py).
     """
 
     TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
@@ -154,6 +159,8 @@ class ShardHeartbeat:
     batches: dict[str, int] | None = None
     protocol: str = ""
     refused_protocol: str = ""
+    busy_s: float = 0.0
+    queued_s: float = 0.0
 
 
 @dataclass
