@@ -104,7 +104,7 @@ def test_the_shard_counts_only_pulls_and_pushes_as_serving() -> None:
     load.served(Pull.TYPE, received=1.0, started=1.5, ended=1.75)
     load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5)
     load.served(Init.TYPE, received=3.0, started=4.0, ended=9.0)
-    assert (load.busy_s, load.queued_s) == (pytest.approx(0.75), pytest.approx(0.5))
+    assert load.busy_s == pytest.approx(0.75) and load.queued_s == pytest.approx(0.5)
 
 
 def test_a_workers_compute_curve_takes_its_probes_fixed_cost_and_its_overhead_apart() -> None:
@@ -114,6 +114,6 @@ def test_a_workers_compute_curve_takes_its_probes_fixed_cost_and_its_overhead_ap
         speed.observe(64, 0.02 + 64 * 0.001 + 0.3, 0.02 + 64 * 0.001)
     curve = speed.compute_curve()
     assert curve is not None
-    assert (curve.fixed_s, curve.per_sample_s) == (pytest.approx(0.02), pytest.approx(0.001))
+    assert curve.fixed_s == pytest.approx(0.02) and curve.per_sample_s == pytest.approx(0.001)
     assert speed.overhead_s() == pytest.approx(0.3)
     assert replace(curve, fixed_s=0.0).step_seconds(64) < curve.step_seconds(64)
