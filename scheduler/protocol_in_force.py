@@ -59,12 +59,12 @@ class ProtocolInForce:
         self.chosen = self.workers
         return True
 
-    def resume(self, protocol: str) -> bool:
-        """A restarted scheduler goes on under the protocol its saved job's workers stepped under (one it may choose,
-        else the start's); True when that is not the start's."""
-        if switch_to(protocol, self.workers) is None or protocol not in self.plan.protocols:
+    def resume(self, saved: str) -> bool:
+        """A restarted scheduler goes on under protocol `saved`, the one its saved job's workers stepped under (if
+        it may choose it, else the start's); True when that is not the start's."""
+        if switch_to(saved, self.workers) is None or saved not in self.plan.protocols:
             return False
-        self.chosen = self.workers = protocol
+        self.chosen = self.workers = saved
         self.switches += 1
         return True
 
