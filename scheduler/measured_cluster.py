@@ -69,7 +69,10 @@ def measured_cluster(
     """The predictor's cluster of the measured `workers` (in id order) under the running protocol, whose reported
     step is a round of `round_steps` (1: a gradient step): each its compute curve and cap, and as its link the
     transfers of a step less what they spent at the shards (`load`; None: nothing known of the shards, all link);
-    the shards serving a transfer in the time they reported; `local_steps` the H local SGD would run."""
+    the shards serving a transfer in the time they reported; `local_steps` the H local SGD would run. Where no
+    worker reported the bytes it moved (`model_bytes` 0), the transfers still count, as one chunk's: the links and
+    the shards' rate are in seconds per transfer, which any size expresses alike."""
+    model_bytes = model_bytes if model_bytes > 0 else float(max(1, chunk_bytes))
     held = load.held_s() if load is not None else 0.0
     service = load.service_s() if load is not None else 0.0
     nodes = tuple(
