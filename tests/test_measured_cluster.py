@@ -117,3 +117,10 @@ def test_a_workers_compute_curve_takes_its_probes_fixed_cost_and_its_overhead_ap
     assert curve.fixed_s == pytest.approx(0.02) and curve.per_sample_s == pytest.approx(0.001)
     assert speed.overhead_s() == pytest.approx(0.3)
     assert replace(curve, fixed_s=0.0).step_seconds(64) < curve.step_seconds(64)
+
+
+def test_transfers_count_where_no_worker_reported_the_bytes_it_moved() -> None:
+    workers = {"w0": MeasuredWorker(StepModel(0.0, 0.001), 0.05), "w1": MeasuredWorker(StepModel(0.0, 0.001), 0.2)}
+    cluster = measured_cluster(workers, ShardLoad(1.0, 0.0, 100.0), 0.0, 64, 1, 8, CHUNK_BYTES)
+    assert [cluster.transfer_s(n) for n in cluster.nodes] == [pytest.approx(0.05 - 0.02), pytest.approx(0.2 - 0.02)]
+    assert cluster.push_service_s() == pytest.approx(0.01) and cluster.chunks == 1
