@@ -236,12 +236,12 @@ class Allocator:
         """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (auto_policy.py);
         True when its policy changed."""
         assert self.auto is not None
-        observed = {}
-        for wid in ready:
-            speed, batch = self.speeds[wid], max(1, self.allocation.get(wid, 0))
-            fit, compute = speed.fit(), speed.compute_curve() or speed.compute_fit()
-            if fit is not None and compute is not None:
-                observed[wid] = (speed.observations, fit.step_seconds(batch), compute.step_seconds(batch))
+        fits = {wid: (self.speeds[wid].observations, self.speeds[wid].fit()) for wid in ready}
+        observed = {
+            wid: (n, fit.step_seconds(max(1, self.allocation.get(wid, 0))))
+            for wid, (n, fit) in fits.items()
+            if fit is not None
+        }
         measured = measured_workers(observed, min(MEASURED_STEPS, self.job.speed_window))
         models = {wid: model for wid in measured if (model := self.speeds[wid].overhead_fit()) is not None}
         caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}

@@ -6,10 +6,9 @@ loses for asgd there), so the scheduler chooses it by the predictor's rule (comm
 restricted to the job's protocol, which the shards fixed at the start.
 
 Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe,
-not a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link, a busy shard
-or on a slow device, once its steps have lasted as long as MEASURED_STEPS of its own compute or as the slowest of
-those took for theirs (`measured_workers`): a worker whose one step takes a minute would otherwise hold the choice
-for eight. A worker that joins later is measured under
+not a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow
+device, once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker
+whose one step takes a minute would otherwise hold the choice for eight. A worker that joins later is measured under
 the policy last chosen. Then auto builds the predictor's cluster from each worker's compute curve, cap and link and
 the shards' service time (scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted
 step model with its transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the
@@ -60,15 +59,15 @@ def folded_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], glo
     )
 
 
-def measured_workers(observed: Mapping[str, tuple[int, float, float]], steps: int = MEASURED_STEPS) -> list[str]:
-    """The workers auto may choose on, of `observed` (each its steps reported, its step's seconds now and its
-    compute's seconds in that step): those with `steps` steps, and those with at least one whose steps have lasted
-    as long as `steps` of their own compute (transfers or a queue dominate them from the first) or as `steps` of
-    the slowest of those with `steps` steps."""
-    span = max((s * steps for n, s, _ in observed.values() if n >= steps), default=float("inf"))
-    return [
-        w for w, (n, s, compute) in observed.items() if n >= steps or (n >= 1 and n * s >= min(span, steps * compute))
-    ]
+def measured_workers(observed: Mapping[str, tuple[int, float]], steps: int = MEASURED_STEPS) -> list[str]:
+    """The workers auto may choose on, of `observed` (each its steps reported and its step's seconds now): those
+    with `steps` steps, and those with at least one whose steps have lasted as long as `steps` of the slowest of
+    those (none has `steps`: none)."""
+    full = [s * steps for n, s in observed.values() if n >= steps]
+    if not full:
+        return []
+    span = max(full)
+    return [w for w, (n, s) in observed.items() if n >= steps or (n >= 1 and n * s >= span)]
 
 
 class AutoPolicy:
