@@ -234,8 +234,11 @@ class Allocator:
 
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
         """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (auto_policy.py);
-        True when its policy changed."""
+        True when its policy changed. Once the whole budget is allotted the job ends under what runs: the workers
+        that trained their allotment are no longer measured, and a choice over the rest would switch for nothing."""
         assert self.auto is not None
+        if self.unallotted == 0:
+            return False
         fits = {wid: (self.speeds[wid].observations, self.speeds[wid].fit()) for wid in ready}
         observed = {
             wid: (n, fit.step_seconds(max(1, self.allocation.get(wid, 0))))
