@@ -194,3 +194,17 @@ def test_a_speed_shift_a_join_and_a_leave_make_auto_choose_again() -> None:
     assert auto.choices == 3 and "2 of 3 measured" in auto.reason, "a worker that joined is measured first"
     _step(allocator, ready, "w3", 0.001, MEASURED_STEPS)
     assert auto.choices == 4 and "(measured workers: 3)" in auto.reason
+
+
+def test_auto_chooses_no_more_once_the_whole_budget_is_allotted() -> None:
+    """ssgd with a worker four times slower, which LB-BSP would size down: with every sample of the job allotted,
+    the job ends under the split it runs, and auto never chooses (the workers that trained their share leave the
+    measured set; a choice over the rest would switch for nothing)."""
+    allocator = _allocator(protocol="ssgd")
+    ready = _join(allocator, ["w0", "w1", "w2"])
+    allocator.allot("w0", {"w0": 0, "w1": 0, "w2": 0}, budget=96)
+    assert allocator.unallotted == 0
+    for wid, per_sample_s in (("w0", 0.001), ("w1", 0.001), ("w2", 0.004)):
+        _step(allocator, ready, wid, per_sample_s, MEASURED_STEPS + 1)
+    assert allocator.auto is not None and allocator.auto.choices == 0 and allocator.auto.policy == "fixed"
+    assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
