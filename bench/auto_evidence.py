@@ -9,7 +9,8 @@ unless another is predicted HYSTERESIS faster).
 `choose` sees only what a running scheduler could measure (each worker's curve, cap and link, the shards, the
 model's bytes: `cluster_of` of the cluster file) and the study's K(B); it never sees a simulated run. It ranks
 the methods the predictor models (common/planning/prediction.py `PROTOCOLS` x `POLICIES`), so a method it cannot
-choose (local SGD, msync, ringmaster, rennala) counts against it only in the "best overall" column.
+choose (msync, rennala, the efficient policy, the delay-scaled step) counts against it only in the "best overall"
+column. bench/prediction_accuracy.py sets every prediction beside the simulated figures.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ AUTO_METHODS: dict[tuple[str, str], str] = {
     ("asgd", "dynamic"): "DBS-SGD (capped weight)",
     ("ssgd", "fixed"): "ssgd+fixed",
     ("ssgd", "dynamic"): "LB-BSP (ssgd+dynamic)",
+    ("ringmaster", "fixed"): "ringmaster+fixed",
+    ("ringmaster", "dynamic"): "ringmaster+dynamic",
+    ("local", "fixed"): "local+fixed",
+    ("local", "dynamic"): "local+dynamic",
 }
 """The study's method for each (protocol, policy) the predictor models (dbs_weight capped is the job's default)."""
 DEFAULT = ("asgd", "fixed")

@@ -62,6 +62,7 @@ class Request:
     nbytes: float
     rank: int
     order: int
+    arrived: float = 0.0  # when it reached the shard
     done: bool = False
 
 
@@ -72,6 +73,7 @@ class ShardQueue:
     mbit: float
     waiting: list[tuple[int, int, Request]] = field(default_factory=list)  # a heap by (rank, order)
     busy_s: float = 0.0  # seconds spent serving, to judge its load
+    queued_s: float = 0.0  # seconds the requests it served waited first (as ps/serving_load.py counts them)
 
     def service_s(self, nbytes: float) -> float:
         """Seconds the shard takes to serve `nbytes`."""
@@ -87,6 +89,7 @@ class ShardQueue:
             request = heapq.heappop(self.waiting)[2]
             service = self.service_s(request.nbytes)
             self.busy_s += service
+            self.queued_s += clock() - request.arrived
             yield clock() + service
             request.done = True
             served()
@@ -107,11 +110,11 @@ class Shards:
             raise ValueError(f"shards: {self.count} (at least 1)")
         self.queues = [ShardQueue(self.mbit) for _ in range(self.count)]
 
-    def request(self, rank: int) -> list[Request]:
-        """A whole model's worth of requests (a pull or a push to every shard) arriving now from a worker of
+    def request(self, rank: int, now: float) -> list[Request]:
+        """A whole model's worth of requests (a pull or a push to every shard) arriving `now` from a worker of
         serving rank `rank`; each is `done` once its shard has served it."""
         order = next(self.arrivals)
-        requests = [Request(self.model_bytes / self.count, rank, order) for _ in self.queues]
+        requests = [Request(self.model_bytes / self.count, rank, order, now) for _ in self.queues]
         for q, r in zip(self.queues, requests, strict=True):
             heapq.heappush(q.waiting, (rank, order, r))
         return requests

@@ -53,6 +53,7 @@ from bench.cluster_model import Link, Network, Shards, Wait, chunks_of
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.optimum import Device
+from dynabatch.common.planning.protocol_switch import running, switch_plan, switch_to, switches
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
@@ -64,7 +65,7 @@ from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHe
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.push_bounds import AssignedBatches, max_push_samples, push_steps
 from dynabatch.ps.serve_order import rank_of
-from dynabatch.ps.shard_state import ShardState, StaleGradient
+from dynabatch.ps.shard_state import ProtocolSwitched, ShardState, StaleGradient
 from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.worker.batch_source import BatchSource, worker_order
@@ -232,6 +233,9 @@ class SimResult:
     worker_batches: dict[str, int] = field(default_factory=dict)
     # each worker's wire plan at the end (chunks per push, bytes in flight: scheduler/wire_schedule.py), by instance
     worker_wire: dict[str, tuple[int, int]] = field(default_factory=dict)
+    switched_to: str = ""  # --protocol auto: the protocol the workers stepped under at the end ("": another)
+    # auto: each time it chose a new policy (and protocol), the virtual second and what it chose, with its reason
+    auto_choices: list[tuple[float, str]] = field(default_factory=list)
 
 
 Waiter = tuple[int, Callable[[], bool], Iterator[Wait]]  # a worker parked on a condition: (order, condition, worker)
@@ -255,7 +259,9 @@ class Cluster:
             seed=cfg.seed,
             **{"epochs": 10_000, "min_workers": starters, **cfg.job},
         )
-        self.spec = protocol_spec(cfg.protocol)
+        # `--protocol auto` starts on its measuring protocol and switches as the real job does (protocol_switch.py)
+        self.run_job = running(self.job, switch_plan(self.job).start) if switches(self.job) else self.job
+        self.spec = protocol_spec(self.run_job.protocol)
         self.model = build_model(cfg.model, input_shape(cfg.dataset), NUM_CLASSES, cfg.seed)
         flat = flat_params(self.model)
         layout = make_layout(flat.numel(), self.job.chunk_bytes, 1)
@@ -264,15 +270,15 @@ class Cluster:
             layout.for_shard(0),
             flat,
             optimizer_spec(self.job, {}),
-            cfg.protocol,
+            self.run_job.protocol,
             cfg.global_batch,
-            protocol_settings(self.job),
+            protocol_settings(self.run_job),
             params,
             self.job.dbs_weight,
         )
         self.model_bytes = 4 * flat.numel()
         self.shard_queues = Shards(cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes)
-        pipelines = self.job.pipelines(chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes))
+        pipelines = self.run_job.pipelines(chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes))
         self.chunks = chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes) if pipelines else 1
         # The scheduled wire's pull sent ahead (worker/gradient_steps.py): a pipelined step of a protocol with one
         # push per round; `closing_push_s` is the link time of the push the shard served last.
@@ -285,7 +291,7 @@ class Cluster:
         self.scheduler.hello(Hello(role=Role.SHARD, instance="ps"), 0.0)
         self.membership_seen: tuple[int, int, tuple[str, ...]] = (-1, -1, ())
         self.serve_ranks: dict[str, int] = {}  # the shard's serving ranks of workers, from its last assignment
-        self.assigned = AssignedBatches(push_steps(self.job), max_push_samples(self.job))  # server.py's push bounds
+        self.assigned = AssignedBatches(push_steps(self.run_job), max_push_samples(self.run_job))  # server.py's
         self.now = 0.0
         self.seq = 0
         self.timed: list[tuple[float, int, Iterator[Wait]]] = []
@@ -351,7 +357,7 @@ class Cluster:
     def told(self, wid: str) -> Told:
         """What the scheduler holds for worker `wid` now: what the real worker's link hands it."""
         a = self.scheduler.assignment_for(self.scheduler.roster.members[wid])
-        return Told(a.batch, a.local_steps, a.lr_scale, a.chunk_group, a.credit_bytes)
+        return Told(a.batch, a.local_steps, a.lr_scale, a.chunk_group, a.credit_bytes, a.protocol)
 
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
@@ -362,9 +368,18 @@ class Cluster:
                 membership=self.scheduler.roster.membership,
                 train_size=len(self.data.train_y),
                 batches=self.assigned.told,
+                protocol=self.shard.protocol,
+                busy_s=max((q.busy_s for q in self.shard_queues.queues), default=0.0),
+                queued_s=max((q.queued_s for q in self.shard_queues.queues), default=0.0),
             ),
             self.now,
         )
+        ordered = switch_to(ps.protocol, self.shard.protocol)
+        if ordered is not None:  # as server.py's: the shard switches its rule, then reports it at once
+            self.run_job = running(self.job, ordered)
+            self.changed_after(self.shard.switch(ordered, protocol_settings(self.run_job)))
+            self.assigned.steps, self.assigned.job_max = push_steps(self.run_job), max_push_samples(self.run_job)
+            return self.sync_shard()
         if self.assigned.update(ps.batches):
             return self.sync_shard()
         self.serve_ranks = ps.serve_ranks
@@ -374,14 +389,23 @@ class Cluster:
             self.shard.set_membership(set(ps.live_workers), ps.allocated, set(ps.idle_workers))
             self.changed()
 
+    def changed_after(self, updated: list[int]) -> None:
+        """The shard updated chunks `updated` outside a push (a switch closed its open round)."""
+        if updated:
+            self.changed()
+
     def pull(self) -> tuple[torch.Tensor, dict[int, int], int]:
         """The shard's parameters now (its tensors are never written in place, so this is a snapshot)."""
         got = self.shard.pull([])
         self.transfers += 1
         return torch.cat([t for _, t, _ in got]), {cid: v for cid, _, v in got}, self.shard.version
 
-    def push(self, flat: torch.Tensor, versions: dict[int, int], samples: int, kind: str, wid: str) -> tuple[bool, int]:
-        """One push of a gradient or delta; returns (applied now, the shard's version after it)."""
+    def push(
+        self, flat: torch.Tensor, versions: dict[int, int], samples: int, kind: str, wid: str, protocol: str = ""
+    ) -> tuple[bool, int]:
+        """One push of a gradient or delta, made under `protocol`; returns (applied now, the shard's version after
+        it). ProtocolSwitched where the shard switched since (push_admission.py's first check after the form)."""
+        self.shard.check_protocol(protocol)
         found = self.bounds.assess(
             wid,
             {c.id: flat[c.start : c.stop] for c in self.shard.chunks},
@@ -442,6 +466,7 @@ class Worker:
         self.back: tuple[torch.Tensor, dict[int, int], int] | None = None
         self.sync_s = 0.0  # msd: the transfers of its last delta and its average (the real loop's `comm_s`)
         self.moved = 0.0  # bytes its transfers moved over its own link, as the real worker reports them (0: none)
+        self.running = cluster.spec  # the protocol it steps under (--protocol auto switches it)
         cfg = cluster.cfg
         self.device = spec.device(cfg.fixed_s, cfg.per_sample_s)
         gradient_chunks = cluster.chunks if cluster.spec.push_kind == GRADIENT else 1
@@ -493,7 +518,7 @@ class Worker:
         assert self.net is not None
         c = self.c
         yield arrival
-        requests = self.net.shards.request(rank_of(self.wid, c.serve_ranks))
+        requests = self.net.shards.request(rank_of(self.wid, c.serve_ranks), c.now)
         c.changed()
         yield lambda: all(r.done for r in requests)
 
@@ -600,19 +625,24 @@ class Worker:
         """Step after step until the node leaves, each as the protocol's planner orders it (worker/step_plans.py,
         the plan the real worker's loop runs), its actions executed in virtual time (`_execute`)."""
         c = self.c
-        plan = plan_for(c.spec)
+        plan = plan_for(self.running)
         while not self.leaving():
             if self.told.batch == 0:  # left out (batch 0): idle until the scheduler gives it a batch again
                 yield from self._await_batch()
+            ordered = switch_to(self.told.protocol, self.running.name)
+            if ordered is not None:  # the real worker enters the new protocol's loop (worker/trainer.py, _switch)
+                self.running, plan, self.optimizer = protocol_spec(ordered), plan_for(protocol_spec(ordered)), None
             record = _StepRecord()
             step = plan.step(self.told)
             try:
                 action: Action | None = next(step)
                 while action is not None:
                     action = send(step, (yield from self._execute(action, record)))
-            except StaleGradient:  # discarded (ssgd, msync, ringmaster, rennala): the real worker pulls again at once
+            except (StaleGradient, ProtocolSwitched) as refused:
+                # discarded (ssgd, msync, ringmaster, rennala), or made under the protocol before a switch: the real
+                # worker pulls again at once
                 c.discarded_samples += record.batch
-                plan.after_failure(ErrorCode.TOO_STALE)
+                plan.after_failure(refused.code)
                 self.told = c.told(self.wid)  # what the real worker's link hands it between steps
                 continue
             loss = sum(record.losses) / len(record.losses)
@@ -628,7 +658,7 @@ class Worker:
                 yield lambda: c.shard.version >= target
             yield lambda: c.shard.admit_pull(self.wid)  # answered now: a rule may count the worker as computing
             self.base, self.base_versions, self.version = c.pull()
-            if c.spec.push_kind == GRADIENT:  # the pull overlaps the forward pass of the step it feeds
+            if self.running.push_kind == GRADIENT:  # the pull overlaps the forward pass of the step it feeds
                 record.compute_s = self.step_seconds(self.told.batch)
                 yield from self.pull(record.compute_s, c.pulls_ahead and action.min_versions is not None)
             else:
@@ -637,12 +667,12 @@ class Worker:
                 record.times.wait += c.now - record.asked
             else:
                 record.times.pull += c.now - record.asked
-            if c.spec.push_kind == DELTA:
+            if self.running.push_kind == DELTA:
                 load_flat(self._own_model(), self.base)
             return Pulled([self.version], self.version)
         if isinstance(action, Compute):
             record.batch, record.steps = action.batch, action.steps
-            if c.spec.push_kind == GRADIENT:
+            if self.running.push_kind == GRADIENT:
                 compute = record.compute_s if action.batch == self.told.batch else self.step_seconds(action.batch)
                 yield c.now + compute
                 load_flat(c.model, self.base)
@@ -665,7 +695,7 @@ class Worker:
             return None
         record.times.push += yield from self.push(record.compute_s if action.kind == GRADIENT else 0.0)
         pushed = self.grads if action.kind == GRADIENT else self.base - flat_params(self._own_model())
-        applied, after = c.push(pushed, self.base_versions, action.samples, action.kind, self.wid)
+        applied, after = c.push(pushed, self.base_versions, action.samples, action.kind, self.wid, self.running.name)
         return [Ack(applied, after)]
 
     def _own_model(self) -> torch.nn.Module:
@@ -706,7 +736,7 @@ class Worker:
         yield from self.push()
         if self.wid not in c.shard.live:
             return
-        applied, after = c.push(delta, versions, samples, DELTA, self.wid)
+        applied, after = c.push(delta, versions, samples, DELTA, self.wid, self.running.name)
         target = round_after([Ack(applied, after)])[0]
         yield lambda: c.shard.version >= target
         pushed_s = c.now - sent
@@ -743,6 +773,7 @@ class Told:
     lr_scale: float = 1.0
     chunk_group: int = 1  # the wire's schedule: chunks per push, and bytes in flight (0: no bound)
     credit_bytes: int = 0
+    protocol: str = ""  # --protocol auto: the one to step under ("": the job's)
 
 
 def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
@@ -793,7 +824,22 @@ def result_of(cluster: Cluster) -> SimResult:
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
         worker_wire={m.instance: (sched.wire.plan_of(m.id).group, sched.wire.plan_of(m.id).credit) for m in workers},
+        switched_to=sched.protocol.workers if sched.protocol is not None else "",
+        auto_choices=auto_choices(sched),
     )
+
+
+def auto_choices(sched: JobState) -> list[tuple[float, str]]:
+    """When auto chose a new policy or protocol (the scheduler's decisions that say so), and its reason now."""
+    auto = sched.allocator.auto
+    if auto is None:
+        return []
+    chose = [
+        (d.t, d.reason.split("; ")[0 if d.subject == "auto" else -1])
+        for d in sched.allocator.decisions
+        if "auto chose" in d.reason or d.subject == "auto"
+    ]
+    return [*chose, (-1.0, f"{auto.protocol} + {auto.policy}: {auto.reason}")]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

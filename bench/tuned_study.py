@@ -138,6 +138,9 @@ TUNED_LRS: dict[str, dict[str, float]] = {
         "ssgd+fixed": 0.2,
         "LB-BSP (ssgd+dynamic)": 0.2,
         "local+dynamic": 0.08,
+        "local+fixed": 0.08,
+        "ringmaster+fixed": 0.02,
+        "ringmaster+dynamic": 0.02,
     },
     "lognormal64": {
         "asgd+fixed": 0.01,
@@ -151,7 +154,8 @@ TUNED_LRS: dict[str, dict[str, float]] = {
 """The step sizes the tuned-scale study of 2026-11-25 chose (bench/RESULTS.md section 9) and, under "regimes", the
 smallest each of auto's methods and local SGD (the fastest where the shards bound the job) chose over the four
 cluster files in the reduced regime study (section 14), for a study whose `lr_from` names a profile it does not
-tune itself."""
+tune itself. local+fixed takes local+dynamic's; Ringmaster, tuned on mixed_gpus16 alone (0.04 there, diverging at
+that step on ps_bound64: section 17), takes asgd+fixed's, the smaller (set before any drawn run of it, section 19)."""
 
 
 def unseen_lognormal(count: int, seed: int) -> dict[str, Callable[[], tuple[WorkerSpec, ...]]]:
@@ -210,6 +214,8 @@ REGIME_METHODS = (
     "msync+fixed",
     "rennala+dynamic",
     "local+dynamic",
+    "ringmaster+dynamic",
+    "local+fixed",
 )
 """The methods of the regime study: asgd and ssgd with one batch for every worker (fixed) and sized per worker
 (dynamic: DBS-SGD, LB-BSP), the efficient policy (each worker at its own knee), DBS-SGD with the delay-scaled step,
@@ -328,7 +334,7 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
         p if p.profile == "mixed_gpus16" else replace(p, tune_seeds=(), lr_from="mixed_gpus16")
         for p in regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4)
     ),
-    "regimes-drawn": drawn((*AUTO_METHODS.values(), "local+dynamic"), (0,), lr_from="regimes"),
+    "regimes-drawn": drawn(tuple(AUTO_METHODS.values()), (0,), lr_from="regimes"),
     "tuned": (
         Profile("bench4", 128, ALL, SEEDS),
         Profile("tail16", 512, ALL, SEEDS),

@@ -286,6 +286,7 @@ class JobRun:
         next_progress = 0.0
         rollbacks_shown = 0
         auto_shown = ""
+        protocol_shown = ("", "")
         try:
             while not self.interrupted:
                 if not self._supervise():
@@ -308,6 +309,9 @@ class JobRun:
                     if status.auto_reason.split(":")[0] != auto_shown:  # a new choice, not new figures
                         print(f"batch policy auto runs {status.auto_policy}: {status.auto_reason}", flush=True)
                         auto_shown = status.auto_reason.split(":")[0]
+                    if status.auto_protocol and (status.protocol, status.auto_protocol) != protocol_shown:
+                        print(f"protocol auto runs {status.protocol}: {status.auto_protocol_reason}", flush=True)
+                        protocol_shown = (status.protocol, status.auto_protocol)
                     if now >= next_progress or status.finished:
                         print(format_progress(status, now - started), flush=True)
                         next_progress = now + self.opts.progress_s
@@ -422,6 +426,11 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         *(
             [f"batch policy auto ran {summary['auto_policy']} last: {summary['auto_reason']}"]
             if summary.get("auto_policy")
+            else []
+        ),
+        *(
+            [f"protocol auto ran {summary['protocol']} last: {summary['auto_protocol_reason']}"]
+            if summary.get("auto_protocol")
             else []
         ),
         f"wall {summary['wall_s']:.1f}s, {summary['epochs']:.2f} epochs, {summary['samples_per_s']:.0f} samples/s "

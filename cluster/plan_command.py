@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,9 @@ def _report(
                 "ratio_to_optimum": p.time_s / star.time_s,
                 "samples_per_s": p.samples_per_s,
                 "effective_batch": p.effective_batch,
+                "staleness": p.staleness,
+                "discarded": p.discarded,
+                "startup_s": p.startup_s,
                 "batches": list(p.batches),
             }
             for p in ranked
@@ -100,11 +104,12 @@ def _text(report: dict[str, Any]) -> str:
         "bench/steps_to_target.py)",
         f"T* = {star['time_s']:.3g} s (compute only: the {star['workers']} fastest workers, "
         f"{star['batch']} samples each per step)",
-        f"{'method':<20} {'predicted s':>12} {'x T*':>7} {'samples/s':>11}",
+        f"{'method':<22} {'predicted s':>12} {'x T*':>7} {'samples/s':>11} {'stale':>6} {'discarded':>9} "
+        f"{'start-up s':>10}",
     ]
     lines += [
-        f"{m['protocol'] + ' + ' + m['policy']:<20} {m['time_s']:>12.3g} {m['ratio_to_optimum']:>7.2f} "
-        f"{m['samples_per_s']:>11,.0f}"
+        f"{m['protocol'] + ' + ' + m['policy']:<22} {m['time_s']:>12.3g} {m['ratio_to_optimum']:>7.2f} "
+        f"{m['samples_per_s']:>11,.0f} {m['staleness']:>6.1f} {m['discarded']:>9.0%} {m['startup_s']:>10.3g}"
         for m in report["methods"]
     ]
     lines.append(f"chosen: {report['chosen']['reason']}")
@@ -137,6 +142,7 @@ def main(argv: Sequence[str]) -> int:
     noise = NoiseScale(opts.k_min, opts.b_noise)
     try:
         cluster, name, notes, plot = _measured(args.run_dir, opts, job)
+        cluster = replace(cluster, local_steps=job.local_steps)
         star = optimum(cluster, noise)
     except (ClusterFileError, RunFolderError, ValueError) as exc:
         print(f"dynabatch plan: {exc}", file=sys.stderr)

@@ -146,6 +146,8 @@ def summarize(
         "batch_policy": last.batch_policy,
         "auto_policy": last.auto_policy or None,
         "auto_reason": last.auto_reason or None,
+        "auto_protocol": last.auto_protocol or None,
+        "auto_protocol_reason": last.auto_protocol_reason or None,
         "final_test_acc": final_eval.test_acc if final_eval else None,
         "final_test_loss": final_eval.test_loss if final_eval else None,
         "final_metrics": dict(final_eval.metrics) if final_eval else {},

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
+from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_plan
 from dynabatch.common.protocols import (
     AGGREGATIONS,
     DBS_WEIGHTS,
+    DEFAULT_LOCAL_STEPS,
     DEFAULT_TRIM,
     DELTA,
     PROTOCOLS,
@@ -34,10 +36,12 @@ if TYPE_CHECKING:
 BATCH_POLICIES = ("auto", "fixed", "dynamic", "efficient")
 AUTO_PROTOCOL = "auto"
 PROTOCOL_HELP = (
-    f"parameter-server update protocol; {AUTO_PROTOCOL}: the one of {', '.join(MODELLED)} that "
-    "common/planning/prediction.py "
-    "predicts reaches the target first on the cluster --cluster-profile describes, chosen before the shards start "
-    "(they take their rule from it)"
+    f"parameter-server update protocol; {AUTO_PROTOCOL}: the one of {', '.join(SWITCHABLE)} (those "
+    "common/planning/prediction.py models) predicted to reach the target first, with the batch policy: the job "
+    "starts on asgd, and the scheduler chooses once every worker has reported its first steps and again when one "
+    "joins, leaves or changes speed, switching the shards and then the workers while the job runs; under auto the "
+    "asynchronous protocols take the delay step (lr / max(1, tau)), so one --lr is about the same step per B "
+    "samples under each; with --cluster-profile FILE it is chosen once from the file, before the shards start"
 )
 PIPELINE_MODES = ("auto", "on", "off")
 CHUNK_SCHEDULES = ("fixed", "scheduled")
@@ -93,9 +97,10 @@ class JobConfig(JobName):
     )
     staleness_step: str = opt(
         "constant",
-        "asgd, ssp: how a gradient's step follows its staleness tau; constant: the same step whatever "
-        "tau; delay: lr / max(1, tau), so that the step per B samples stays about lr however many workers make "
-        "the gradients stale (ps/step_size.py)",
+        "asgd, ssp, ringmaster: how a gradient's step follows its staleness tau; constant: the same step whatever "
+        "tau (ringmaster: its own delay-adaptive min(1, R/2/tau)); delay: lr / max(1, tau), so that the step per B "
+        "samples stays about lr however many workers make the gradients stale (ps/step_size.py); --protocol auto "
+        "runs delay",
         STALENESS_STEPS,
         topic="protocol",
     )
@@ -251,7 +256,10 @@ class JobConfig(JobName):
         topic="protocol",
     )
     local_steps: int = opt(
-        8, "local: local steps between syncs; msd: the most local steps (AdaComm's H0)", minimum=1, topic="protocol"
+        DEFAULT_LOCAL_STEPS,
+        "local: local steps between syncs; msd: the most local steps (AdaComm's H0)",
+        minimum=1,
+        topic="protocol",
     )
     outer_lr: float = opt(
         1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0, topic="protocol"
@@ -297,15 +305,11 @@ class JobConfig(JobName):
             raise ConfigError(f"--min-batch {self.min_batch} is larger than --max-batch {self.max_batch}")
         if not 0.0 < self.speed_forgetting <= 1.0:
             raise ConfigError("--speed-forgetting must be in (0, 1]")
-        if (
-            SPECS.get(self.protocol) is None
-        ):  # auto, which the scheduler's command resolves (common/planning/auto_protocol.py)
+        if SPECS.get(self.protocol) is None:
+            # auto: from a cluster file, resolved by the scheduler's command (common/planning/auto_protocol.py), or
+            # chosen at run time among the protocols the job's flags allow (common/planning/protocol_switch.py)
             if not self.cluster_profile:
-                raise ConfigError(
-                    f"--protocol {AUTO_PROTOCOL}: give --cluster-profile FILE.json (the workers the job will have: "
-                    "`dynabatch check --save-profile` on each machine writes one); the protocol must be known "
-                    "before the shards start"
-                )
+                switch_plan(self)
             return
         if self.prefetch_pull and not SPECS[self.protocol].may_prefetch_pull:
             allowed = ", ".join(name for name, spec in SPECS.items() if spec.may_prefetch_pull)

@@ -124,6 +124,9 @@ class MsyncSettings(RoundSettings):
             )
 
 
+DEFAULT_LOCAL_STEPS = 8
+"""H, the local steps a `local` worker takes between pushes unless --local-steps says otherwise (msd's most)."""
+
 STALENESS_STEPS: tuple[str, ...] = ("constant", "delay")
 """How an asynchronous gradient's step follows its staleness tau (`--staleness-step`, ps/step_size.py): `constant`
 takes the same step whatever tau; `delay` divides it by max(1, tau)."""
@@ -148,8 +151,10 @@ class SspSettings(AsyncSettings):
 
 
 @dataclass(frozen=True)
-class RingmasterSettings(ProtocolSettings):
-    """Ringmaster ASGD's delay threshold R (--max-delay; 0: the number of live workers).
+class RingmasterSettings(AsyncSettings):
+    """Ringmaster ASGD's delay threshold R (--max-delay; 0: the number of live workers), and its step against
+    staleness (--staleness-step: `constant`, its own delay-adaptive step; `delay`, asgd's lr / max(1, tau), which
+    `--protocol auto` runs so that one --lr means the same step under every protocol).
 
     A gradient whose staleness reaches R is discarded. Why R = n by default: with n
     workers stepping asynchronously, a gradient is on average about n - 1 versions
@@ -160,7 +165,7 @@ class RingmasterSettings(ProtocolSettings):
     scale; it follows the cluster as workers join and leave, with no tuning.
     """
 
-    FLAGS = ("max_delay",)
+    FLAGS = (*AsyncSettings.FLAGS, "max_delay")
     max_delay: int = 0
 
     def threshold(self, live_workers: int) -> int:

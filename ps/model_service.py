@@ -21,6 +21,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dynabatch.common.flags import ConfigError
+from dynabatch.common.planning.protocol_switch import switch_to
+from dynabatch.common.protocols import protocol_settings
 from dynabatch.common.wire.chunking import BUFFERS_ID
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
@@ -143,6 +146,13 @@ class ModelService:
         self.after_update(self.model.set_membership(live, assignment.allocated, set(assignment.idle_workers)))
         self.serve_parked()
 
+    def switch(self) -> None:
+        """The job's protocol changed (ServedJob.switch): the model takes its rule; the rounds it closes on the way
+        are updates like any other, and the pulls parked for them are served."""
+        job = self.served.job
+        self.after_update(self.model.switch(job.protocol, protocol_settings(job)))
+        self.serve_parked()
+
     def roll_back(self, assignment: ShardAssignment) -> None:
         """The scheduler's rollback `assignment.rollbacks`: the last good checkpoint restored (good_checkpoint.py)
         steps with the job's factor after it; pulls parked for the versions gone are answered with what is held."""
@@ -227,3 +237,29 @@ class ModelService:
                 buffers_to = None
             self.reply(identity, Params(version=model.version), seq, metas, tensors)
             self.served.metrics.bytes_out.inc(sum(m.nbytes for m in metas))
+
+
+def switch_protocol(served: ServedJob, serving: ModelService | None, protocol: str) -> bool:
+    """The scheduler's order to apply `protocol` (`--protocol auto`): the served job, then the model it holds (if
+    any) follow. Where the job cannot run it here (its flags, or a task that names the shards' optimizer under a
+    delta protocol) the shard keeps its protocol and says so in its heartbeat (`refused_protocol`, logged once), and
+    the scheduler chooses among the others. True: the next heartbeat is due at once."""
+    previous = served.job.protocol
+    task_optimizer = serving.model.optimizer if serving is not None and serving.held.setup.optimizer else None
+    try:
+        served.switch(protocol, task_optimizer)
+    except ConfigError as exc:
+        if switch_to(protocol, served.refused_protocol) is not None:  # logged once per protocol refused
+            log.error(
+                "the scheduler asked for protocol %s, which this shard cannot run: %s; keeping %s",
+                protocol,
+                exc,
+                previous,
+            )
+        served.refused_protocol = protocol
+        return True
+    served.refused_protocol = ""
+    if serving is not None:
+        serving.switch()
+    log.info("protocol %s from now on, was %s (the scheduler's --protocol auto)", protocol, previous)
+    return True

@@ -9,7 +9,9 @@ honest worker's step on the old model, refused `rolled_back`), that its numbers
 can be true (push_bounds.py), that it was not taken before (replay_guard.py),
 that its sender is not quarantined (gradient_bounds.py), is a live worker (one
 that is joining is refused `unknown_sender` and sends again) and claims no more
-samples than its batch (push_bounds.py). Only a push that passed all of these is
+samples than its batch (push_bounds.py); a push made under another protocol than
+the shard's (`--protocol auto` switched it) is refused `switched` right after it is
+found well formed, before anything counts against its worker. Only a push that passed all of these is
 assessed: its norms bounded (gradient_bounds.py: a clipped chunk is a new tensor)
 and its direction judged (gradient_direction.py: a start-up lead is `Held`).
 What the protocol itself refuses (another kind, a second push in a round, a
@@ -153,6 +155,12 @@ def well_formed(admission: PushAdmission, case: PushCase) -> None:
     case.base = {meta.id: meta.version for meta in msg.chunks}
 
 
+def protocol_in_force(admission: PushAdmission, case: PushCase) -> None:
+    """A push made under another protocol than the shard's is refused `switched` before anything is judged: the
+    scheduler switched the protocol while it was on its way, which is no strike against its worker."""
+    case.model.check_protocol(case.body.protocol)
+
+
 def room_to_answer(admission: PushAdmission, case: PushCase) -> None:
     """A push that is also a pull is refused `busy` now, not once it is applied, if its answers would not fit."""
     if case.body.then_pull:
@@ -207,6 +215,7 @@ def direction_not_held(admission: PushAdmission, case: PushCase) -> None:
 Step = Callable[[PushAdmission, PushCase], None]
 STEPS: tuple[Step, ...] = (
     well_formed,
+    protocol_in_force,
     room_to_answer,
     base_not_rolled_back,
     numbers_possible,

@@ -10,18 +10,19 @@ chunks all follow from them. They are made together, once, so the socket loop
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry
 
-from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.config import JobConfig, check_flags_against_task, job_from_dict
 from dynabatch.common.protocols import protocol_settings
 from dynabatch.common.wire.chunking import Chunk, make_layout
 from dynabatch.common.wire.messages import ShardAssignment, Welcome
 from dynabatch.common.wire.model_signature import ModelSignature
+from dynabatch.optim import OptimizerSpec
 from dynabatch.ps.checkpoint import load_checkpoint, save_checkpoint
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.gradient_direction import GradientDirection
@@ -51,6 +52,7 @@ class ServedJob:
     assigned: AssignedBatches
     bounds: GradientBounds
     direction: GradientDirection
+    refused_protocol: str = ""  # the last protocol the scheduler ordered that this job cannot run here ("": none)
 
     @classmethod
     def welcomed(cls, welcome: Welcome, registry: CollectorRegistry, checkpoint_dir: str) -> ServedJob:
@@ -87,6 +89,18 @@ class ServedJob:
         self.bounds.forget(live)
         self.direction.forget(live)
         return self.assigned.update(assignment.batches)
+
+    def switch(self, protocol: str, task_optimizer: OptimizerSpec | None = None) -> None:
+        """Serve the job under `protocol` from now on (`--protocol auto`'s switch, which the scheduler's assignment
+        orders): the bounds on a push follow it (a local round's delta sums its H steps). ConfigError, changing
+        nothing, when the job's flags do not allow it, or the task names the shards' optimizer
+        (`task_optimizer`), which a delta protocol's outer optimizer would silently replace."""
+        job = replace(self.job, protocol=protocol)
+        job.validate()
+        check_flags_against_task(job, task_optimizer)
+        self.job = job
+        self.max_samples = max_push_samples(job)
+        self.assigned.steps, self.assigned.job_max = push_steps(job), self.max_samples
 
     def defences_summary(self) -> str:
         """What the gradient bound and the direction check did in this job (the shard's closing line)."""

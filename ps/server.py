@@ -1,19 +1,15 @@
 """The parameter-server shard's socket loop: it receives, dispatches and replies; the decisions are made below it.
 
-One ROUTER serves workers (INIT, PULL, PUSH); one DEALER keeps the shard registered
-with the scheduler, which answers its heartbeats with the live worker set, the
-batches each may push, rollbacks and, at the end of the job, a stop. Every received
-message is validated before it reaches the state; a bad one is answered with
-ERROR and counted, and nothing that arrives on a socket can stop the loop. Who
-decides what: the job and what WELCOME fixes with it, ServedJob (served_job.py);
-the model the first INIT (or the checkpoint) gives, HeldModel (held_model.py:
-ShardState, TrainingSetup, shard 0's travelling buffers); a message in a live
-worker's name only from the connection that first spoke for it (senders.py);
-pulls and pushes on the model, model_service.py (whether a PUSH is taken: the
-checks of push_admission.py, in the order its `STEPS` declare; pulls that wait for
-their chunks: parked_pulls.py); what a peer may cost, peer_limits.py and outbox.py;
-checkpoints, the model's health and rollbacks, good_checkpoint.py and model_health.py; what the
-shard reports to the scheduler, shard_report.py.
+One ROUTER serves workers (INIT, PULL, PUSH); one DEALER keeps the shard registered with the scheduler, which answers
+its heartbeats with the live worker set, the batches each may push, rollbacks and, at the end of the job, a stop.
+Every received message is validated before it reaches the state; a bad one is answered with ERROR and counted, and
+nothing that arrives on a socket can stop the loop. Who decides what: the job and what WELCOME fixes with it,
+ServedJob (served_job.py); the model the first INIT (or the checkpoint) gives, HeldModel (held_model.py: ShardState,
+TrainingSetup, shard 0's travelling buffers); a message in a live worker's name only from the connection that first
+spoke for it (senders.py); pulls and pushes on the model, model_service.py (whether a PUSH is taken: the checks of
+push_admission.py, in the order its `STEPS` declare; pulls that wait for their chunks: parked_pulls.py); what a peer
+may cost, peer_limits.py and outbox.py; checkpoints, the model's health and rollbacks, good_checkpoint.py and
+model_health.py; what the shard reports to the scheduler, shard_report.py.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.net.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
+from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
@@ -43,7 +40,7 @@ from dynabatch.common.wire.messages import Init, InitAck, Pull, Push, Role, Shar
 from dynabatch.ps.checkpoint import ForeignCheckpoint
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel, init_setup
-from dynabatch.ps.model_service import ModelService
+from dynabatch.ps.model_service import ModelService, switch_protocol
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import UNMODELLED_BACKLOG, backlog_limit
@@ -51,6 +48,7 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.ps.served_job import ServedJob
+from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.ps.shard_report import shard_heartbeat, shard_hello
 
 log = logging.getLogger("dynabatch.ps")
@@ -92,6 +90,7 @@ class ShardServer:
         self.kept: GoodCheckpoint | None = None  # checkpoints and rollbacks of the job's model (good_checkpoint.py)
         self.serving: ModelService | None = None  # once the first INIT or a checkpoint gave the model (held_model.py)
         self.last_assignment: ShardAssignment | None = None
+        self.load = ServingLoad()  # seconds serving pulls and pushes, and their wait (serving_load.py)
         failed = handshake_failures(self.registry)
         self.handlers = Handlers[bytes, None]("a shard")  # by message type, called with the sender's connection
         self.handlers.on(Init, self._on_init)
@@ -236,15 +235,16 @@ class ShardServer:
             if self.link.conn.sock in events:  # first: a worker told a new batch pushes it only after this shard was
                 self._on_assignment(self.link.poll())
             if self.sock in events:
+                received = time.perf_counter()
                 limits = self.held.limits if self.held is not None else None
                 pending = [recv_routed(self.sock, limits)]
                 while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
                     pending.append(recv_routed(self.sock, limits))
                 ranks = self.last_assignment.serve_ranks if self.last_assignment is not None else {}
-                rounds = protocol_spec(job.protocol).closes_rounds  # the egress by rank (outbox.py)
+                rounds = protocol_spec(self.served_job.job.protocol).closes_rounds  # egress by rank (outbox.py)
                 self.outbox.rank_by(self.senders.by_connection(ranks) if rounds else {})
                 for incoming in sorted(pending, key=lambda i: serve_key(i, ranks)):
-                    self._handle(incoming)
+                    self._handle(incoming, received)
             now = time.monotonic()
             if now >= next_beat or self.beat_due:
                 self._beat()
@@ -261,7 +261,9 @@ class ShardServer:
         The answer to an earlier heartbeat may be taken here rather than by the loop's poll.
         """
         self.beat_due = False
-        report = shard_heartbeat(self.served_job, self.checkpoints, self.held, self.membership, self.senders.live)
+        report = shard_heartbeat(
+            self.served_job, self.checkpoints, self.held, self.membership, self.senders.live, self.load
+        )
         self._on_assignment(self.link.heartbeat(report))
 
     def _on_assignment(self, body: ShardAssignment | None) -> None:
@@ -281,6 +283,9 @@ class ShardServer:
             self._beat()
             return
         self.senders.set_live(set(body.live_workers))
+        ordered = switch_to(body.protocol, self.served_job.job.protocol)
+        if ordered is not None:
+            self.beat_due |= switch_protocol(self.served_job, serving, ordered)
         if self.served_job.follow(body):
             self.beat_due = True  # a worker waits for this shard to report its larger bound before it gets it
         if serving is not None:
@@ -289,7 +294,7 @@ class ShardServer:
             log.info("job finished")
             self.job_over = True
 
-    def _handle(self, incoming: Incoming) -> None:
+    def _handle(self, incoming: Incoming, received: float) -> None:
         if incoming.error is not None:
             return self._reject(incoming, incoming.error)
         msg = incoming.decoded
@@ -308,6 +313,7 @@ class ShardServer:
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
         self.served_job.metrics.handle.labels(self.served_job.label, msg.type).observe(time.perf_counter() - start)
+        self.load.served(msg.type, received, start, time.perf_counter())
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.served_job.metrics.bad.labels("ps", error.code).inc()

@@ -16,6 +16,7 @@ from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.served_job import ServedJob
+from dynabatch.ps.serving_load import ServingLoad
 
 
 def shard_hello(shard_index: int, name: str, endpoint: str, metrics_url: str) -> Hello:
@@ -31,10 +32,16 @@ def shard_hello(shard_index: int, name: str, endpoint: str, metrics_url: str) ->
 
 
 def shard_heartbeat(
-    served: ServedJob, kept: GoodCheckpoint, held: HeldModel | None, membership: int, live: set[str]
+    served: ServedJob,
+    kept: GoodCheckpoint,
+    held: HeldModel | None,
+    membership: int,
+    live: set[str],
+    load: ServingLoad,
 ) -> ShardHeartbeat:
     """The shard's report: `held` is its model (None: none yet), `membership` the number of the worker set it
-    applied, `live` that set's workers (those of them it quarantined are reported for the scheduler to drop)."""
+    applied, `live` that set's workers (those of them it quarantined are reported for the scheduler to drop),
+    `load` the seconds it spent serving pulls and pushes and their wait."""
     return ShardHeartbeat(
         batches=served.assigned.told,
         version=held.state.version if held is not None else 0,
@@ -46,4 +53,8 @@ def shard_heartbeat(
         model_problem=kept.health.problem,
         good_version=kept.good_version,
         rollbacks=kept.rollbacks,
+        protocol=served.job.protocol,
+        refused_protocol=served.refused_protocol,
+        busy_s=load.busy_s,
+        queued_s=load.queued_s,
     )

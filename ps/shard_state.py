@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.protocols import DELTA, OuterSettings, ProtocolSettings, ProtocolSpec, dbs_weight, protocol_spec
 from dynabatch.common.wire.chunking import Chunk
 from dynabatch.common.wire.error_codes import ErrorCode
@@ -34,6 +35,7 @@ from dynabatch.ps.step_size import StepSize
 from dynabatch.ps.update_rules import (
     ChunkOptimizer,
     OuterOptimizer,
+    Segment,
     chunk_optimizer,
     chunk_segments,
     decay_runs,
@@ -51,6 +53,13 @@ class ProtocolRefusal(ProtocolError):
 
     def __reduce__(self) -> tuple[type[ProtocolRefusal], tuple[str]]:  # type: ignore[override]
         return type(self), (self.text,)
+
+
+class ProtocolSwitched(ProtocolRefusal):
+    """A push computed under another protocol than the shard's (`--protocol auto` switched it while the step was on
+    its way): nothing changed, no strike against its worker, which pulls and goes on under its next assignment's."""
+
+    CODE = ErrorCode.SWITCHED
 
 
 class StaleGradient(ProtocolRefusal):
@@ -101,6 +110,7 @@ class ShardState:
     discarded: int = 0  # pushes the protocol discarded as too stale (StaleGradient)
     discarded_samples: int = 0
     memory: ParamBuffers = field(default_factory=ParamBuffers)  # parameter tensors lent to replies, and spares
+    decay: list[Segment] = field(default_factory=list)  # the runs of parameters sharing a weight decay (update_rules)
     spec: ProtocolSpec = field(init=False)
     rule: ShardRule = field(init=False)
 
@@ -143,17 +153,44 @@ class ShardState:
             step_size=step_size or StepSize(),
             run_samples=run_samples,
         )
-        runs = decay_runs(params or [("", flat.numel())], optimizer)
+        state.decay = decay_runs(params or [("", flat.numel())], optimizer)
         for c in state.chunks:
-            param = flat[c.start : c.stop].clone()
-            state.params[c.id] = param
-            state.optim[c.id] = (
-                OuterOptimizer(state.outer_settings, c.length)
-                if state.kind == DELTA
-                else chunk_optimizer(optimizer, param, chunk_segments(runs, c.start, c.stop))
-            )
+            state.params[c.id] = flat[c.start : c.stop].clone()
+            state.optim[c.id] = state._fresh_optimizer(c)
             state.chunk_versions[c.id] = 0
         return state
+
+    def _fresh_optimizer(self, c: Chunk) -> ChunkOptimizer:
+        """Chunk `c`'s optimizer with no state: the outer one under a delta protocol, else the job's (or task's)."""
+        if self.kind == DELTA:
+            return OuterOptimizer(self.outer_settings, c.length)
+        return chunk_optimizer(self.optimizer, self.params[c.id], chunk_segments(self.decay, c.start, c.stop))
+
+    def switch(self, protocol: str, settings: ProtocolSettings) -> list[int]:
+        """Apply `protocol` (with its `settings`) from now on, around the same parameters, versions, live workers
+        and counts (`--protocol auto`: common/planning/protocol_switch.py). The open rounds close first with what
+        arrived, so that no pull waits for a round that will not come; returns the chunks that updated. The chunk
+        optimizers stay between protocols whose workers push the same kind, and start afresh where it changes
+        (local SGD's outer optimizer from nothing, and the gradient optimizer's momentum after it)."""
+        spec = protocol_spec(protocol)
+        if type(settings) is not spec.settings:
+            raise ValueError(f"protocol {protocol} takes {spec.settings.__name__}, not {type(settings).__name__}")
+        closed = [cid for cid in sorted(self.params) if self.rule.close(cid)]
+        kind = self.kind
+        self.protocol, self.spec, self.settings = protocol, spec, settings
+        if spec.push_kind != kind:
+            self.optim = {c.id: self._fresh_optimizer(c) for c in self.chunks}
+        self.rule = self._fresh_rule()
+        self.rule.membership_changed()
+        return closed
+
+    def check_protocol(self, protocol: str) -> None:
+        """Refuse (`switched`) a push that names another protocol than this shard's ("": not named)."""
+        if switch_to(protocol, self.protocol) is not None:
+            raise ProtocolSwitched(
+                f"this shard applies {self.protocol} now, not {protocol} (the scheduler switched the protocol); "
+                "pull the current model and step under your next assignment's protocol"
+            )
 
     @property
     def outer_settings(self) -> OuterSettings:
@@ -366,6 +403,7 @@ class ShardState:
             "optimizer_state": {cid: opt.state_dict() for cid, opt in self.optim.items()},
             "chunk_versions": dict(self.chunk_versions),
             "samples_seen": self.samples_seen,
+            "kind": self.kind,
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -376,8 +414,11 @@ class ShardState:
         ):
             raise ValueError("checkpoint holds different chunks than this shard's layout")
         self.params = dict(saved["params"])
-        for cid, opt in self.optim.items():
-            opt.load_state_dict(saved["optimizer_state"][cid])
+        if saved.get("kind", self.kind) == self.kind:
+            for cid, opt in self.optim.items():
+                opt.load_state_dict(saved["optimizer_state"][cid])
+        else:  # saved under a protocol of the other kind (before a switch): its optimizer's state is not this one's
+            self.optim = {c.id: self._fresh_optimizer(c) for c in self.chunks}
         self.chunk_versions = dict(saved["chunk_versions"])
         self.samples_seen = int(saved.get("samples_seen", 0))
         self.rule = self._fresh_rule()

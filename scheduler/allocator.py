@@ -11,15 +11,18 @@ local_steps.py; this class keeps their inputs and results between heartbeats.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
+from dynabatch.common.planning.predicted_cluster import Cluster
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.common.wire.messages import Decision, WorkerHeartbeat
-from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy
+from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy, measured_workers
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches
 from dynabatch.scheduler.local_steps import adacomm_steps
+from dynabatch.scheduler.measured_cluster import MeasuredWorker, TransferTally, measured_cluster
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
@@ -60,7 +63,9 @@ def own_compute_seconds(hb: WorkerHeartbeat) -> float | None:
 class Allocator:
     """Allocation: the speed models, the batch split and the batches handed out, local steps, and every decision."""
 
-    def __init__(self, job: JobConfig, spec: ProtocolSpec) -> None:
+    def __init__(self, job: JobConfig, spec: ProtocolSpec, protocols: Sequence[str] = ()) -> None:
+        """`protocols`: those `--protocol auto` may switch among (empty: the job's protocol is fixed); `spec` is
+        the one the workers step under, which the job's state replaces when they switch."""
         self.job = job
         self.spec = spec
         self.speeds: dict[str, SpeedModel] = {}  # by worker id, from its first report of its standalone speed
@@ -72,21 +77,26 @@ class Allocator:
         self.decisions: list[Decision] = []
         self.local_steps = job.local_steps
         self.local_steps_reason = "configured H"
+        self.tally = TransferTally()  # the transfers made and the shards' serving seconds (measured_cluster.py)
         self.first_loss: float | None = None  # AdaComm's reference: the smoothed loss when it first was known
         self.training_started_at: float | None = None  # when the first batches were handed out
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
         self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
-        self.auto = AutoPolicy(spec, job.global_batch, job.aggregation) if job.batch_policy == AUTO else None
+        self.auto = (
+            AutoPolicy(spec, job.global_batch, job.aggregation, protocols, job.batch_policy)
+            if job.batch_policy == AUTO or len(protocols) > 1
+            else None
+        )
 
     @property
     def training_started(self) -> bool:
         return self.training_started_at is not None
 
-    def measure(self, worker: str, standalone_sps: float, instance: str) -> None:
-        """Start `worker`'s speed model from its standalone speed (and the steps a saved job's model of the same
-        process had seen)."""
-        model = SpeedModel(self.job.speed_window, self.job.speed_forgetting, standalone_sps)
+    def measure(self, worker: str, standalone_sps: float, instance: str, fixed_s: float = 0.0) -> None:
+        """Start `worker`'s speed model from its start-up probe, its standalone speed and fixed seconds per step
+        (and the steps a saved job's model of the same process had seen)."""
+        model = SpeedModel(self.job.speed_window, self.job.speed_forgetting, standalone_sps, fixed_s)
         saved = self.resumed_speeds.pop(instance, None)
         for batch, seconds in saved.observations if saved is not None else []:
             model.observe(batch, seconds)
@@ -95,10 +105,12 @@ class Allocator:
     def observe(self, worker: str, hb: WorkerHeartbeat) -> None:
         """Fit a step the worker reports into its speed model, with the compute time it reports."""
         self.speeds[worker].observe(hb.batch, own_step_seconds(hb), own_compute_seconds(hb))
+        self.tally.stepped(worker, hb.steps, hb.bytes, self._round_steps())
 
     def forget(self, worker: str) -> None:
         """A worker that left: its speed model goes (a process that registers again gets a new id)."""
         self.speeds.pop(worker, None)
+        self.tally.forget(worker)
         self.handed.pop(worker, None)
         self.allotted.pop(worker, None)
         self.left.pop(worker, None)
@@ -222,13 +234,47 @@ class Allocator:
 
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
         """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (auto_policy.py);
-        True when its policy changed."""
+        True when its policy changed. Once the whole budget is allotted the job ends under what runs: the workers
+        that trained their allotment are no longer measured, and a choice over the rest would switch for nothing."""
         assert self.auto is not None
-        steps = min(MEASURED_STEPS, self.job.speed_window)
-        measured = [wid for wid in ready if self.speeds[wid].observations >= steps]
+        if self.unallotted == 0:
+            return False
+        fits = {wid: (self.speeds[wid].observations, self.speeds[wid].fit()) for wid in ready}
+        observed = {
+            wid: (n, fit.step_seconds(max(1, self.allocation.get(wid, 0))))
+            for wid, (n, fit) in fits.items()
+            if fit is not None
+        }
+        measured = measured_workers(observed, min(MEASURED_STEPS, self.job.speed_window))
         models = {wid: model for wid in measured if (model := self.speeds[wid].overhead_fit()) is not None}
         caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
-        return self.auto.revisit(models, caps, len(ready) - len(models))
+        return self.auto.revisit(models, caps, len(ready) - len(models), self._measured(models, caps))
+
+    def _round_steps(self) -> int:
+        """The steps one reported step stands for in transfers: a local round's H, else 1."""
+        return self.local_steps if self.spec.local_steps else 1
+
+    def _measured(self, models: dict[str, StepModel], caps: dict[str, int]) -> Cluster | None:
+        """The measured workers with their compute, links and the shards apart (measured_cluster.py); None where
+        one reported no compute time, or none is measured."""
+        if not models:
+            return None
+        workers = {}
+        for wid in models:
+            compute, overhead = self.speeds[wid].compute_curve(), self.speeds[wid].overhead_s()
+            if compute is None or overhead is None:
+                return None
+            workers[wid] = MeasuredWorker(compute, overhead, caps[wid])
+        job = self.job
+        return measured_cluster(
+            workers,
+            self.tally.load(),
+            self.tally.model_bytes,
+            job.global_batch,
+            self._round_steps(),
+            job.local_steps,
+            job.chunk_bytes,
+        )
 
     def _split_models(self, models: dict[str, StepModel]) -> dict[str, StepModel]:
         """What the dynamic split solves with: the step models where steps are to be equal, else each worker's

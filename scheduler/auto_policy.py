@@ -5,14 +5,22 @@ regime: which policy wins depends on the cluster (per-worker sizing wins for rou
 loses for asgd there), so the scheduler chooses it by the predictor's rule (common/planning/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
-Until every ready worker has reported MEASURED_STEPS steps, auto splits as `fixed` does (a worker's prior speed
-is its start-up probe, not a step); a worker that joins later is measured under the policy last chosen. Then it
-builds the predictor's cluster from each worker's fitted step model (its transfers are in the fixed cost, so no
-link is added) and its cap, and chooses; the choice is revisited when the cluster changes: a worker joins or
-leaves, or a worker's predicted step at its share moves by SHIFT since the last choice. `choose` keeps the running
-policy unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the predictor does not
-model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed mean, median): it defends a
-round by the honest majority of every worker's gradient, which a split that leaves workers out would thin.
+Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe,
+not a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow
+device, once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker
+whose one step takes a minute would otherwise hold the choice for eight. A worker that joins later is measured under
+the policy last chosen. Then auto builds the predictor's cluster from each worker's compute curve, cap and link and
+the shards' service time (scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted
+step model with its transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the
+cluster changes: a worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the last
+choice. `choose` keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it.
+A protocol the predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation`
+(trimmed mean, median): it defends a round by the honest majority of every worker's gradient, which a split that
+leaves workers out would thin.
+
+Under `--protocol auto` (common/planning/protocol_switch.py) the same choice is made over the protocols the job
+may switch among, the protocol and the policy together; the scheduler then switches the shards and, once they all
+apply it, the workers (scheduler/protocol_in_force.py).
 
 The step models come from `SpeedModel.overhead_fit`: under a fixed split a worker's batch never varies, so the
 step fit cannot tell a device's fixed compute cost from its per-sample cost; what it can see from the first step
@@ -22,12 +30,12 @@ launches, `--slowdowns F:A`'s A) is seen once the batch has varied, i.e. after a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
+from dynabatch.common.planning.prediction import POLICIES, Cluster, Node
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
-from dynabatch.common.planning.prediction import RULES, Cluster, Node
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -41,23 +49,53 @@ SHIFT = 0.25
 again: a speed shift, not the step-to-step noise of a loaded machine."""
 
 
-def measured_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int) -> Cluster:
+def folded_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int) -> Cluster:
     """The predictor's cluster of the measured workers: each its fitted step curve and cap (0: none), no link
-    (the fitted fixed cost holds its transfers), at the job's global batch; in worker id order."""
+    (the fitted fixed cost holds its transfers, which local SGD would then pay every step), at the job's global
+    batch; in worker id order."""
     return Cluster(
         tuple(Node(Device(models[w].fixed_s, models[w].per_sample_s, caps.get(w, 0))) for w in sorted(models)),
         global_batch,
     )
 
 
-class AutoPolicy:
-    """The policy auto runs now, why, and the measurements it was chosen on."""
+def measured_workers(observed: Mapping[str, tuple[int, float]], steps: int = MEASURED_STEPS) -> list[str]:
+    """The workers auto may choose on, of `observed` (each its steps reported and its step's seconds now): those
+    with `steps` steps, and those with at least one whose steps have lasted as long as `steps` of the slowest of
+    those (none has `steps`: none)."""
+    full = [s * steps for n, s in observed.values() if n >= steps]
+    if not full:
+        return []
+    span = max(full)
+    return [w for w, (n, s) in observed.items() if n >= steps or (n >= 1 and n * s >= span)]
 
-    def __init__(self, spec: ProtocolSpec, global_batch: int, aggregation: str = "mean") -> None:
+
+class AutoPolicy:
+    """The policy (and, under `--protocol auto`, the protocol) auto runs now, why, and the measurements it was
+    chosen on.
+
+    `protocols` are those it may choose among (empty: the job's, `spec`, alone; `--protocol auto`: those
+    common/planning/protocol_switch.py allows, the job starting on `spec`'s); `policy` is the job's batch policy:
+    auto, or the one policy a `--protocol auto` job with a named policy keeps.
+    """
+
+    def __init__(
+        self,
+        spec: ProtocolSpec,
+        global_batch: int,
+        aggregation: str = "mean",
+        protocols: Sequence[str] = (),
+        policy: str = AUTO,
+    ) -> None:
         self.protocol = spec.name
+        self.protocols = tuple(p for p in (protocols or (spec.name,)) if p in MODELLED)
+        self.policies = None if policy == AUTO else (policy,)
         self.global_batch = global_batch
-        self.policy = "fixed"
-        if aggregation != "mean":
+        self.policy = "fixed" if policy == AUTO else policy
+        if self.policies is not None and policy not in POLICIES:
+            self.modelled = False
+            self.reason = f"{spec.name} kept, as the predictor does not model --batch-policy {policy}"
+        elif aggregation != "mean":
             self.modelled = False
             self.reason = (
                 f"fixed, as --aggregation {aggregation} needs every worker's gradient in each round: dynamic's "
@@ -65,9 +103,9 @@ class AutoPolicy:
                 "liar moves further"
             )
         else:
-            self.modelled = spec.shard_rule in RULES
+            self.modelled = bool(self.protocols) and spec.name in self.protocols
             self.reason = (
-                f"fixed until every worker has reported {MEASURED_STEPS} steps"
+                f"{self.policy} until every worker has reported {MEASURED_STEPS} steps"
                 if self.modelled
                 else f"fixed, as protocol {spec.name} is not modelled by the predictor (it models "
                 f"{', '.join(MODELLED)})"
@@ -75,14 +113,27 @@ class AutoPolicy:
         self.choices = 0  # how many times auto has chosen (kept or changed) from measurements
         self._basis: dict[str, float] = {}  # each worker's predicted step at its share when auto last chose
 
-    def revisit(self, models: Mapping[str, StepModel], caps: Mapping[str, int], waiting: int) -> bool:
+    def leave_out(self, protocol: str, running: str) -> None:
+        """A shard cannot run `protocol`: choose among the others from the next revisit on, `running` meanwhile."""
+        self.protocols = tuple(p for p in self.protocols if p in MODELLED and p != protocol)
+        self.protocol, self._basis = running, {}
+
+    def revisit(
+        self,
+        models: Mapping[str, StepModel],
+        caps: Mapping[str, int],
+        waiting: int,
+        measured: Cluster | None = None,
+    ) -> bool:
         """Choose again if the cluster changed since the last choice; `models` are the measured workers' step
-        models, `caps` their largest batches, `waiting` the ready workers not yet measured. True when the policy
-        changed."""
+        models, `caps` their largest batches, `waiting` the ready workers not yet measured; `measured` the cluster
+        with each worker's compute, link and the shards apart (scheduler/measured_cluster.py; None: the workers
+        report no compute time, so `folded_cluster`'s steps with their transfers as fixed cost). True when the
+        policy (or the protocol) changed."""
         if not self.modelled:
             return False
         if waiting or not models:
-            kept = "fixed" if self.choices == 0 else f"{self.policy} as last chosen"
+            kept = self.policy if self.choices == 0 else f"{self.policy} as last chosen"
             self.reason = (
                 f"{kept} until every worker has reported {MEASURED_STEPS} steps ({len(models)} of "
                 f"{len(models) + waiting} measured)"
@@ -94,15 +145,17 @@ class AutoPolicy:
             return False
         self._basis = steps
         choice = choose(
-            measured_cluster(models, caps, self.global_batch),
+            measured or folded_cluster(models, caps, self.global_batch),
             STUDY_NOISE,
             current=(self.protocol, self.policy),
-            protocols=(self.protocol,),
+            protocols=self.protocols,
+            policies=self.policies,
         )
         self.choices += 1
-        previous, self.policy = self.policy, choice.policy
+        previous = (self.protocol, self.policy)
+        self.protocol, self.policy = choice.protocol, choice.policy
         self.reason = f"{choice.reason} (measured workers: {len(models)})"
-        return self.policy != previous
+        return (self.protocol, self.policy) != previous
 
     def _changed(self, steps: Mapping[str, float]) -> bool:
         """Whether the workers differ from the last choice's, or one's step at its share moved by SHIFT."""

@@ -52,6 +52,7 @@ def saved_job(state: JobState, now: float, wall: ClockReading) -> SavedProgress:
         shard_marks=dict(progress.shard_marks),
         speeds=allocator.saved_speeds(measured),
         rollbacks=list(state.rollbacks.rollbacks),
+        protocol=state.protocol.workers if state.protocol is not None else "",
     )
 
 
@@ -75,3 +76,5 @@ def resume_job(state: JobState, saved: SavedProgress, now: float, wall: ClockRea
     state.evaluations.restore(saved)
     state.rollbacks.restore(saved)
     state.end.restore(saved)
+    if state.protocol is not None and state.protocol.resume(saved.protocol):
+        state.follow_workers_protocol(now)  # --protocol auto goes on under the protocol it had switched to

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig, to_dict
+from dynabatch.common.planning.protocol_switch import running, switch_plan, switches
 from dynabatch.common.protocols import ProtocolSpec, dbs_weight, protocol_spec
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ProtocolError
@@ -42,6 +43,7 @@ from dynabatch.scheduler.job_status import job_status
 from dynabatch.scheduler.outage_clock import ClockReading
 from dynabatch.scheduler.progress import Progress
 from dynabatch.scheduler.progress_watch import measured_eval_s, stuck_workers, wedged_evaluators
+from dynabatch.scheduler.protocol_in_force import ProtocolInForce
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
 from dynabatch.scheduler.roster import Member, Roster
@@ -65,9 +67,11 @@ class JobState:
     ) -> None:
         """`spec` replaces the protocol's own (bench/simulate.py tries variants of a protocol)."""
         self.job = job
-        self.spec = spec or protocol_spec(job.protocol)
+        plan = switch_plan(job) if switches(job) else None
+        self.protocol = ProtocolInForce(plan, num_shards) if plan is not None else None  # --protocol auto
+        self.spec = spec or protocol_spec(job.protocol if plan is None else plan.start)
         self.roster = Roster(job, num_shards)
-        self.allocator = Allocator(job, self.spec)
+        self.allocator = Allocator(job, self.spec, plan.protocols if plan is not None else ())
         self.progress = Progress(job, self.roster, train_size, time.monotonic() if now is None else now)
         self.rollbacks = Rollbacks(job, self.roster)
         self.evaluations = Evaluations()
@@ -100,11 +104,17 @@ class JobState:
     def _welcome(self, member: Member) -> Welcome:
         return Welcome(
             id=member.id,
-            config=to_dict(self.job),
+            config=to_dict(self.running_job),
             shards=self.roster.shard_endpoints(),
             shard_index=member.shard_index,
             number=member.number,
         )
+
+    @property
+    def running_job(self) -> JobConfig:
+        """The job as its members run it now: under `--protocol auto`, the workers' protocol (a shard is told the
+        chosen one by its assignment)."""
+        return self.job if self.protocol is None else running(self.job, self.protocol.workers)
 
     def bye(self, member_id: str, now: float, connection: bytes = b"") -> bool:
         """Drop a member that leaves; False if it had already gone (a BYE sent again because its ack was slow)."""
@@ -137,6 +147,8 @@ class JobState:
     def _drop(self, member: Member, now: float, why: str) -> None:
         if member.role == Role.SHARD and self.roster.shards.get(member.shard_index) is member:
             self.allocator.forget_shard(member.shard_index)
+            if self.protocol is not None:
+                self.protocol.forget_shard(member.shard_index)
         if self.roster.leave(member):
             self.progress.worker_left(member)
         if member.role == Role.WORKER:
@@ -201,10 +213,13 @@ class JobState:
         member.heartbeats += 1
         member.shard_last = hb
         self.progress.shard_report(member.shard_index, hb)
+        self.allocator.tally.shard_reported(member.shard_index, hb.busy_s, hb.queued_s)
         self.version_times.observe(self.roster.model_version(), self.progress.t(now))
         if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
             self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})
         self._quarantine(hb.quarantined, member.id, now)
+        if self.protocol is not None:
+            self._protocol_report(member.shard_index, hb, now)
         self.rollbacks.shard_report(member.shard_index, prev, hb)
         waiting = [
             m.id for m in self._ready_workers(known_to_shards=False).values() if m.id not in self.allocator.allocation
@@ -241,7 +256,7 @@ class JobState:
         measured = member.id in self.allocator.speeds
         if not measured and hb.standalone_sps > 0:
             member.standalone_sps = hb.standalone_sps
-            self.allocator.measure(member.id, hb.standalone_sps, member.instance)
+            self.allocator.measure(member.id, hb.standalone_sps, member.instance, hb.standalone_fixed_s)
             measured = True
             self._reallocate(now, "joined", member.id, force=True)
         if new_steps > 0 and hb.batch > 0 and hb.step_s > 0 and measured:
@@ -310,6 +325,33 @@ class JobState:
         ready = {wid: m.max_batch for wid, m in self._ready_workers(known_to_shards=True).items()}
         for wid in self.allocator.reallocate(now, self.progress.t(now), reason, subject, ready, force):
             self.roster.members[wid].batch_given_at = now
+        auto = self.allocator.auto
+        if self.protocol is not None and auto is not None and self.protocol.choose(auto.protocol):
+            log.info(
+                "protocol auto chose %s: the shards switch first, then the workers (%s)", auto.protocol, auto.reason
+            )
+
+    def _protocol_report(self, shard: int, hb: ShardHeartbeat, now: float) -> None:
+        """A shard's word on `--protocol auto`'s switch: the protocol it applies, or one it cannot run."""
+        assert self.protocol is not None
+        if self.protocol.refused(shard, hb.refused_protocol) and self.allocator.auto is not None:
+            log.warning("shard %d cannot run %s; protocol auto chooses among the others", shard, hb.refused_protocol)
+            self.allocator.auto.leave_out(hb.refused_protocol, self.protocol.workers)
+        if self.protocol.shard_report(shard, hb.protocol):
+            self.follow_workers_protocol(now)
+
+    def follow_workers_protocol(self, now: float) -> None:
+        """Every shard applies the chosen protocol (or a restarted scheduler resumed it): the workers step under it
+        from the next assignment, and the scheduler decides for it (its split, allotments and schedule follow the
+        new spec)."""
+        assert self.protocol is not None
+        spec = protocol_spec(self.protocol.workers)
+        self.spec = self.allocator.spec = self.wire.spec = spec
+        if self.allocator.auto is not None:
+            self.allocator.auto.protocol = spec.name
+        self._reallocate(now, f"protocol {spec.name}", "auto", force=True)
+        self.protocol.since = self.allocator.assignment_id
+        log.info("every shard applies %s: the workers switch from assignment %d", spec.name, self.protocol.since)
 
     def shard_assignment(self) -> ShardAssignment:
         """What every shard must know of the job now: its live workers and their push bounds, rollbacks, the stop."""
@@ -326,6 +368,7 @@ class JobState:
             lr_factor=rollbacks.lr_factor,
             hold_checkpoints=rollbacks.divergence.suspect,
             serve_ranks=self.wire.ranks(live),
+            protocol=self.protocol.chosen if self.protocol is not None else "",
         )
 
     def assignment_for(self, member: Member) -> WorkerAssignment:
@@ -349,6 +392,7 @@ class JobState:
             allotted=allocator.allotted.get(member.id),
             chunk_group=plan.group,
             credit_bytes=plan.credit,
+            protocol=self.protocol.workers if self.protocol is not None else "",
         )
 
     # -- the end of the job -------------------------------------------------------------

@@ -24,7 +24,7 @@ def job_status(state: JobState, now: float) -> JobStatus:
     return JobStatus(
         t=progress.t(now),
         job=state.job.job,
-        protocol=state.job.protocol,
+        protocol=state.running_job.protocol,
         batch_policy=state.job.batch_policy,
         epoch=progress.epoch,
         target_epochs=state.job.epochs,
@@ -73,4 +73,8 @@ def job_status(state: JobState, now: float) -> JobStatus:
         unallotted=allocator.unallotted,
         auto_policy=allocator.auto.policy if allocator.auto else "",
         auto_reason=allocator.auto.reason if allocator.auto else "",
+        auto_protocol=state.protocol.chosen if state.protocol else "",
+        auto_protocol_reason=state.protocol.reason(allocator.auto.reason if allocator.auto else "")
+        if state.protocol
+        else "",
     )

@@ -40,6 +40,12 @@ def check_worker_heartbeat(
             ErrorCode.BAD_FIELD,
             f"HEARTBEAT.standalone_sps must be in [{MIN_SPEED}, {MAX_SPEED:.0e}] samples/s; got {hb.standalone_sps}",
         )
+    if not math.isfinite(hb.standalone_fixed_s) or not 0.0 <= hb.standalone_fixed_s * hb.standalone_sps <= max_batch:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"HEARTBEAT.standalone_fixed_s {hb.standalone_fixed_s} must be at least 0 and no longer than its probe's "
+            f"step (at most --max-batch {max_batch} samples at its standalone speed)",
+        )
     if not 0 <= hb.batch <= max_batch:
         raise ProtocolError(
             ErrorCode.BAD_FIELD, f"HEARTBEAT.batch {hb.batch} is outside [0, {max_batch}] (the job's --max-batch)"
@@ -78,10 +84,10 @@ def check_worker_heartbeat(
 
 
 def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int) -> None:
-    """Refuse a shard heartbeat whose version, sample or discard count is negative (a drop is a restart, counted
-    as lost work: lost_work.py), whose echoed push bounds are not batches of this job, or whose divergence fields
-    cannot be true: more rollbacks applied than the job allows, a checkpoint version below -1 (none), an account
-    of its model longer than one line."""
+    """Refuse a shard heartbeat whose version, sample or discard count or serving seconds are negative (a drop is
+    a restart, counted as lost work: lost_work.py), whose echoed push bounds are not batches of this job, or whose
+    divergence fields cannot be true: more rollbacks applied than the job allows, a checkpoint version below -1
+    (none), an account of its model longer than one line."""
     for name in ("version", "samples", "discarded"):
         if getattr(hb, name) < 0:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
@@ -90,6 +96,11 @@ def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int
         raise ProtocolError(
             ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)"
         )
+    for name in ("busy_s", "queued_s"):
+        if not (math.isfinite(getattr(hb, name)) and getattr(hb, name) >= 0):
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.{name} must be finite and >= 0, got {getattr(hb, name)}"
+            )
     check_rollbacks(hb, max_rollbacks)
     if hb.good_version < -1:
         raise ProtocolError(

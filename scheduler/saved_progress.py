@@ -73,6 +73,7 @@ class SavedProgress:
     shard_marks: dict[int, ShardMark] = field(default_factory=dict)
     speeds: dict[str, SavedSpeed] = field(default_factory=dict)
     rollbacks: list[Rollback] = field(default_factory=list)
+    protocol: str = ""  # --protocol auto: the protocol the workers stepped under ("": a protocol given by name)
 
 
 def progress_path(state_dir: str, job: str) -> Path:
@@ -149,6 +150,8 @@ def _parse(path: Path, payload: bytes) -> SavedProgress:
                 raise ValueError(f"{name} is {getattr(saved, name)!r}, a negative time")
         if not isinstance(saved.config, dict) or not isinstance(saved.saved_boot_id, str):
             raise ValueError("config is not a map of the job's settings")
+        if not isinstance(saved.protocol, str):
+            raise ValueError(f"protocol is {saved.protocol!r}, not a protocol's name")
     except (TypeError, KeyError, AttributeError, ValueError) as exc:
         raise DamagedFile(f"{path}: {exc}") from None
     return saved

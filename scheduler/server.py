@@ -23,6 +23,7 @@ from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
 from dynabatch.common.net.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
 from dynabatch.common.planning.prediction import POLICIES
+from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_to
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.eval_bounds import MAX_EVAL_METRICS
 from dynabatch.common.wire.frames import Message, ProtocolError, WireLimits
@@ -146,6 +147,13 @@ class SchedulerMetrics:
             "dynabatch_scheduler_auto_batch_policy",
             "--batch-policy auto: 1 for the batch policy it runs now, 0 for the others (the reason is in STATUS).",
             ["policy"],
+            registry=registry,
+        )
+        self.auto_protocol = Gauge(
+            "dynabatch_scheduler_auto_protocol",
+            "--protocol auto: 1 for the protocol the workers step under, 0 for the others (the choice, the "
+            "shards' switch and the reason are in STATUS).",
+            ["protocol"],
             registry=registry,
         )
         self.decide = Histogram(
@@ -455,8 +463,12 @@ class SchedulerServer:
         self._export_auto()
 
     def _export_auto(self) -> None:
-        """`--batch-policy auto`: the policy it runs into its gauge, and each new choice with its reason to the log."""
-        auto = self.state.allocator.auto
+        """`--batch-policy auto` (and `--protocol auto`): the policy it runs (the protocols) into its gauge, and each
+        new choice with its reason to the log."""
+        auto, switch = self.state.allocator.auto, self.state.protocol
+        if switch is not None:
+            for name in SWITCHABLE:
+                self.m.auto_protocol.labels(name).set(float(switch_to(name, switch.workers) is None))
         if auto is None:
             return
         for policy in POLICIES:

@@ -110,9 +110,12 @@ class SpeedModel:
         window: int = 16,
         forgetting: float = 0.7,
         prior_samples_per_s: float | None = None,
+        prior_fixed_s: float = 0.0,
     ) -> None:
         """``prior_samples_per_s`` is the standalone speed a worker measures before
         joining; it gives the worker a sensible first batch before any step is seen.
+        ``prior_fixed_s`` is the fixed cost its probe of two batch sizes found (0: none): the intercept ``a``
+        until the window identifies one, so that a fixed split, whose batch never varies, still sees it.
         """
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
@@ -125,7 +128,10 @@ class SpeedModel:
         self._overhead: deque[float] = deque(maxlen=window)  # seconds of each such step spent not computing
         self._forgetting = forgetting
         self._prior = prior_samples_per_s
-        self._fixed_s: float | None = None
+        if not (math.isfinite(prior_fixed_s) and prior_fixed_s >= 0):
+            raise ValueError(f"prior_fixed_s must be finite and >= 0, got {prior_fixed_s!r}")
+        self._fixed_s: float | None = prior_fixed_s or None
+        self._probe_fixed_s = prior_fixed_s
         self._model: StepModel | None = None
 
     @property
@@ -194,12 +200,31 @@ class SpeedModel:
         each worker's batch never lets it), and it then also finds the compute's own fixed part (kernel launches)
         that this model counts per sample; the larger ``a`` is the better-informed one.
         """
-        step, compute = self.fit(), self.compute_fit()
-        if not self._overhead or step is None or compute is None:
+        step, compute, overhead = self.fit(), self.compute_fit(), self.overhead_s()
+        if overhead is None or step is None or compute is None:
             return step
-        w = self._forgetting ** np.arange(len(self._overhead) - 1, -1, -1, dtype=float)
-        overhead = float(w @ np.asarray(self._overhead, dtype=float)) / float(w.sum())
         return step if step.fixed_s >= overhead else StepModel(overhead, compute.per_sample_s)
+
+    def overhead_s(self) -> float | None:
+        """The seconds of a step spent not computing (pulls, pushes), weighted as the step fit weighs its steps;
+        None where the worker reported no compute time."""
+        if not self._overhead:
+            return None
+        w = self._forgetting ** np.arange(len(self._overhead) - 1, -1, -1, dtype=float)
+        return float(w @ np.asarray(self._overhead, dtype=float)) / float(w.sum())
+
+    def compute_curve(self) -> StepModel | None:
+        """The worker's compute alone as a curve: the fixed seconds its start-up probe found (capped at
+        MAX_FIXED_FRACTION of the compute at the batches it ran), the rest of its reported compute per sample;
+        None where it reported no compute time. What `--protocol auto` predicts each protocol with, the
+        transfers apart (scheduler/measured_cluster.py)."""
+        if not self._compute:
+            return None
+        data = np.asarray(self._compute, dtype=float)
+        w = self._forgetting ** np.arange(len(data) - 1, -1, -1, dtype=float)
+        batch, seconds = float(w @ data[:, 0]) / float(w.sum()), float(w @ data[:, 1]) / float(w.sum())
+        fixed = min(self._probe_fixed_s, MAX_FIXED_FRACTION * seconds)
+        return StepModel(fixed, (seconds - fixed) / batch)
 
     def _refit(self) -> StepModel:
         """Refit after each observation, so that an intercept identified while

@@ -3,6 +3,7 @@ allocator's split under it as workers report steps, join, leave and change speed
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from dynabatch.common.planning.prediction import cluster_of, fixed_batches
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.messages import WorkerHeartbeat
 from dynabatch.scheduler.allocator import Allocator
-from dynabatch.scheduler.auto_policy import MEASURED_STEPS, SHIFT, AutoPolicy, measured_cluster
+from dynabatch.scheduler.auto_policy import MEASURED_STEPS, SHIFT, AutoPolicy, folded_cluster, measured_workers
 from dynabatch.scheduler.batch_allocation import allocate_round, fixed_allocation
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -47,7 +48,7 @@ def _as_measured(path: Path) -> tuple[dict[str, StepModel], dict[str, int], int]
     steps), its compute (the device's fixed part included: a batch that never varies cannot separate it) per
     sample, the rest fixed (SpeedModel.overhead_fit's reading); their caps; the file's B."""
     cluster = cluster_of(read_cluster(path), 0, CHUNK_BYTES)
-    batches = fixed_batches(cluster, waits_for_slowest=False)
+    batches = fixed_batches(cluster)
     steps = [cluster.step_s(n, b) for n, b in zip(cluster.nodes, batches, strict=True)]
     slowed = min(1.0, cluster.max_steps_per_s() / sum(1 / s for s in steps))
     models, caps = {}, {}
@@ -65,17 +66,28 @@ def test_auto_chooses_the_studys_policy_on_each_regimes_cluster_file(profile: st
     changed = auto.revisit(models, caps, waiting=0)
     assert auto.policy == STUDY_CHOICE[profile, protocol], auto.reason
     assert changed == (auto.policy != "fixed"), "auto ran fixed while it measured"
-    expected = choose(measured_cluster(models, caps, global_batch), STUDY_NOISE, (protocol, "fixed"), (protocol,))
+    expected = choose(folded_cluster(models, caps, global_batch), STUDY_NOISE, (protocol, "fixed"), (protocol,))
     assert auto.reason.startswith(expected.reason), auto.reason
     assert (
         f"{protocol} + " in auto.reason and "T*" in auto.reason and f"(measured workers: {len(models)})" in auto.reason
     )
 
 
+def test_a_worker_is_measured_after_its_steps_or_once_they_lasted_as_long_as_the_others_took() -> None:
+    """A worker behind a slow link whose one step outlasts the others' MEASURED_STEPS counts as measured: it would
+    otherwise hold the choice for MEASURED_STEPS of its own long steps. No worker with a step reported: none."""
+    steps = MEASURED_STEPS
+    fast, slow = (steps, 0.5), (steps, 0.6)
+    assert measured_workers({"a": fast, "b": slow, "c": (1, 60.0), "d": (0, 60.0)}, steps) == ["a", "b", "c"]
+    assert measured_workers({"a": fast, "b": slow, "c": (1, 4.0)}, steps) == ["a", "b"], "4 s < 8 x 0.6 s"
+    assert measured_workers({"a": fast, "b": slow, "c": (6, 0.8)}, steps) == ["a", "b", "c"], "6 x 0.8 s >= 4.8 s"
+    assert measured_workers({"a": (steps - 1, 0.5), "c": (1, 60.0)}, steps) == [], "nobody has its steps yet"
+
+
 def test_a_protocol_the_predictor_does_not_model_runs_fixed_and_says_why() -> None:
-    auto = AutoPolicy(protocol_spec("local"), 96)
+    auto = AutoPolicy(protocol_spec("msd"), 96)
     assert not auto.revisit({"w0": StepModel(0.0, 0.001), "w1": StepModel(0.1, 0.01)}, {}, waiting=0)
-    assert auto.policy == "fixed" and "local is not modelled" in auto.reason and "asgd" in auto.reason
+    assert auto.policy == "fixed" and "msd is not modelled" in auto.reason and "asgd" in auto.reason
 
 
 @pytest.mark.parametrize("aggregation", ["median", "trimmed-mean"])
@@ -118,15 +130,17 @@ def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: f
         allocator.reallocate(1.0, 1.0, "speed update", wid, ready)
 
 
-def test_auto_splits_as_fixed_until_every_worker_reported_a_step_then_by_the_chosen_policy() -> None:
-    """ssgd, a worker four times slower: fixed while one worker has not reported its first steps, then LB-BSP's
-    split."""
+def test_auto_splits_as_fixed_until_every_worker_is_measured_then_by_the_chosen_policy() -> None:
+    """ssgd, a worker four times slower: fixed while its steps have not yet lasted as long as the others' first
+    MEASURED_STEPS (`measured_workers`), then LB-BSP's split."""
     allocator = _allocator(protocol="ssgd")
     ready = _join(allocator, ["w0", "w1", "w2"])
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
     _step(allocator, ready, "w0", 0.001, MEASURED_STEPS)
     _step(allocator, ready, "w1", 0.001, MEASURED_STEPS)
-    _step(allocator, ready, "w2", 0.004, MEASURED_STEPS - 1)
+    slow, fast = 0.005 + 0.004 * 32, 0.005 + 0.001 * 32  # _step's step seconds at batch 32
+    lasted = math.ceil(MEASURED_STEPS * fast / slow)
+    _step(allocator, ready, "w2", 0.004, lasted - 1)
     assert allocator.auto is not None and allocator.auto.policy == "fixed"
     assert "2 of 3 measured" in allocator.auto.reason
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
@@ -180,3 +194,17 @@ def test_a_speed_shift_a_join_and_a_leave_make_auto_choose_again() -> None:
     assert auto.choices == 3 and "2 of 3 measured" in auto.reason, "a worker that joined is measured first"
     _step(allocator, ready, "w3", 0.001, MEASURED_STEPS)
     assert auto.choices == 4 and "(measured workers: 3)" in auto.reason
+
+
+def test_auto_chooses_no_more_once_the_whole_budget_is_allotted() -> None:
+    """ssgd with a worker four times slower, which LB-BSP would size down: with every sample of the job allotted,
+    the job ends under the split it runs, and auto never chooses (the workers that trained their share leave the
+    measured set; a choice over the rest would switch for nothing)."""
+    allocator = _allocator(protocol="ssgd")
+    ready = _join(allocator, ["w0", "w1", "w2"])
+    allocator.allot("w0", {"w0": 0, "w1": 0, "w2": 0}, budget=96)
+    assert allocator.unallotted == 0
+    for wid, per_sample_s in (("w0", 0.001), ("w1", 0.001), ("w2", 0.004)):
+        _step(allocator, ready, wid, per_sample_s, MEASURED_STEPS + 1)
+    assert allocator.auto is not None and allocator.auto.choices == 0 and allocator.auto.policy == "fixed"
+    assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}

@@ -53,7 +53,10 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["worker", "--loader-workers", "-2"], "--loader-workers"),
         (["ps", "--shard-index", "-7"], "--shard-index"),
         (["scheduler", "--lr", "-1"], "--lr"),
-        (["run", "--protocol", "auto"], "--protocol auto: give --cluster-profile FILE.json"),
+        (
+            ["run", "--protocol", "auto", "--aggregation", "median", "--prefetch-pull"],
+            "--protocol auto: no protocol it chooses among takes this job",
+        ),
         (["scheduler", "--protocol", "auto", "--cluster-profile", "no-such.json"], "--cluster-profile: no-such.json"),
         (["export", "runs/some-run"], "--out: name the file to write"),
         (["check", "--batches", "16", "16"], "--batches 16 16: two or more different sizes"),

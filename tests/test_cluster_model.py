@@ -49,14 +49,16 @@ def _served_in_order(shards: Shards, count: int) -> list[tuple[float, int]]:
 def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_the_best_ranked_then_the_earliest() -> None:
     assert Link(8.0, latency_s=0.01).transfer_s(1e6) == pytest.approx(1.01)  # 8 Mbit over 8 Mbit/s
     shards = Shards(1, 80.0, 1e6)  # 1 MB in 0.1 s
-    first, ranked, second = shards.request(rank=2), shards.request(rank=0), shards.request(rank=2)
+    first, ranked, second = (shards.request(rank, now=0.0) for rank in (2, 0, 2))
     order = _served_in_order(shards, 3)
     assert [t for t, _ in order] == pytest.approx([0.1, 0.2, 0.3])
     assert [rank for _, rank in order] == [0, 2, 2]
+    served = shards.queues[0]
+    assert served.busy_s == pytest.approx(0.3) and served.queued_s == pytest.approx(0.1 + 0.2), "as a shard reports"
     assert ranked[0].done and first[0].done and second[0].done
     assert ShardQueue(mbit=0.0).service_s(1e9) == 0.0  # no rate: served at once
     two = Shards(2, 80.0, 1e6)  # each shard serves half the model
-    assert two.request(0)[0].nbytes == 5e5 and two.queues[1].service_s(5e5) == pytest.approx(0.05)
+    assert two.request(0, now=0.0)[0].nbytes == 5e5 and two.queues[1].service_s(5e5) == pytest.approx(0.05)
     assert chunks_of(3 * 2**20 + 1, 2**20) == 4
     assert pipelined(1.0, 0.3, 1) == pytest.approx(1.3) and pipelined(1.0, 0.3, 10) == pytest.approx(1.03)
 

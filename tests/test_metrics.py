@@ -27,10 +27,22 @@ def _status(port: int, path: str) -> int:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A training job with an evaluator: scheduler, shard, worker, evaluator (in that order in `procs`)."""
+    """A training job with an evaluator: scheduler, shard, worker, evaluator (in that order in `procs`), under
+    `--protocol auto`, whose protocol in force the scheduler exports."""
     c = Cluster(
         tmp_path_factory.mktemp("metrics"),
-        ["--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--eval-interval-s", "1"],
+        [
+            "--dataset",
+            "synthetic",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1000",
+            "--eval-interval-s",
+            "1",
+            "--protocol",
+            "auto",
+        ],
     )
     try:
         c.scheduler()
@@ -61,14 +73,20 @@ def test_every_process_serves_lint_clean_metrics_and_health(live: Cluster) -> No
     assert metric_value(worker, "dynabatch_worker_phase_seconds_count", phase="data") > 3, "waiting for data"
 
     def scheduler_series() -> bool:  # copied from its state every EXPORT_EVERY_S: STATUS may be newer
-        scheduler = live.procs[0].metrics()
+        scheduler, status = live.procs[0].metrics(), live.status()
         return (
-            metric_value(scheduler, "dynabatch_scheduler_live_workers") == 1
+            status is not None
+            and metric_value(scheduler, "dynabatch_scheduler_live_workers") == 1
             and metric_value(scheduler, "dynabatch_job_test_accuracy") > 0
             and metric_value(scheduler, "dynabatch_worker_step_seconds", phase="data") > 0
+            and metric_value(scheduler, "dynabatch_scheduler_auto_protocol", protocol=status.protocol) == 1
         )
 
-    wait_for("the scheduler's series: one live worker, its step times, an evaluation", scheduler_series, 30)
+    wait_for(
+        "the scheduler's series: one live worker, its step times, an evaluation, the protocol in force",
+        scheduler_series,
+        30,
+    )
 
 
 def test_the_scheduler_exports_every_metric_of_the_latest_evaluation_by_name(live: Cluster) -> None:

@@ -36,6 +36,7 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
     for protocol in PROTOCOLS:
         for policy in POLICIES:
             assert f"{protocol} + {policy}" in text
+    assert {"ringmaster", "local"} <= set(PROTOCOLS) and "stale" in text and "start-up s" in text
     assert plot.read_bytes()[:8] == PNG
     report = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot))
     assert {
@@ -56,7 +57,10 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
     assert all(m["ratio_to_optimum"] >= 1 for m in report["methods"])
     best = report["methods"][0]
     assert (report["chosen"]["protocol"], report["chosen"]["policy"]) == (best["protocol"], best["policy"])
-    assert "local" in report["not_modelled"] and "asgd" not in report["not_modelled"]
+    assert "msd" in report["not_modelled"] and not {"asgd", "ringmaster", "local"} & set(report["not_modelled"])
+    by_name = {(m["protocol"], m["policy"]): m for m in report["methods"]}
+    assert by_name["ringmaster", "fixed"]["discarded"] > 0, "the T4s' gradients are too stale for Ringmaster"
+    assert by_name["asgd", "fixed"]["startup_s"] == 0 and by_name["asgd", "fixed"]["staleness"] == pytest.approx(15)
     # K(B) is the task's: a larger B_noise makes every method need more samples
     noisier = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot), "--b-noise", "400")
     assert noisier["optimum"]["time_s"] > report["optimum"]["time_s"]

@@ -12,7 +12,7 @@ import pytest
 
 from bench.reference_time import device_of
 from bench.simulate import PROFILES, SimConfig
-from dynabatch.common.planning.auto_choice import HYSTERESIS, choose
+from dynabatch.common.planning.auto_choice import HYSTERESIS, choosable, choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import (
@@ -42,7 +42,8 @@ def _builtin(name: str) -> Cluster:
     return Cluster(nodes, sim.global_batch)
 
 
-def _random(seed: int) -> Cluster:
+def random_cluster(seed: int) -> Cluster:
+    """A cluster of 1 to 24 workers drawn from `seed`: curves, caps, links (0: not counted), model, chunks, shards."""
     rng = random.Random(seed)
     nodes = tuple(
         Node(
@@ -111,7 +112,7 @@ def test_a_slower_link_never_makes_a_method_faster_and_more_shards_relieve_a_bus
 
 @pytest.mark.parametrize(
     "name, cluster",
-    [*_files().items(), *((n, _builtin(n)) for n in PROFILES), *((f"random{s}", _random(s)) for s in range(40))],
+    [*_files().items(), *((n, _builtin(n)) for n in PROFILES), *((f"random{s}", random_cluster(s)) for s in range(40))],
 )
 def test_no_method_is_predicted_below_the_optimum(name: str, cluster: Cluster) -> None:
     star = optimum(cluster, STUDY_NOISE).time_s
@@ -122,26 +123,27 @@ def test_no_method_is_predicted_below_the_optimum(name: str, cluster: Cluster) -
 @pytest.mark.parametrize("name, cluster", [*_files().items(), *((n, _builtin(n)) for n in PROFILES)])
 def test_auto_chooses_the_fastest_predicted_method_and_says_why(name: str, cluster: Cluster) -> None:
     choice = choose(cluster, STUDY_NOISE)
-    ranked = predict_all(cluster, STUDY_NOISE)
+    ranked = [p for p in predict_all(cluster, STUDY_NOISE) if choosable(p)]
     assert (choice.protocol, choice.policy) == (ranked[0].protocol, ranked[0].policy)
     assert choice.reason.startswith(f"{choice.protocol} + {choice.policy}: predicted fastest") and "T*" in choice.reason
 
 
 def test_auto_keeps_the_running_method_unless_another_is_clearly_faster() -> None:
     cluster = Cluster((Node(GPU),) * 3 + (Node(Device(0.2, 0.005)),), 256)
-    ranked = predict_all(cluster, STUDY_NOISE)
+    among = ("asgd", "ssgd")
+    ranked = predict_all(cluster, STUDY_NOISE, among)
     close = next(p for p in ranked[1:] if p.time_s <= ranked[0].time_s * (1 + HYSTERESIS))
-    kept = choose(cluster, STUDY_NOISE, current=(close.protocol, close.policy))
+    kept = choose(cluster, STUDY_NOISE, current=(close.protocol, close.policy), protocols=among)
     assert (kept.protocol, kept.policy) == (close.protocol, close.policy) and kept.reason.startswith("keeping")
     far = ranked[-1]
     assert far.time_s > ranked[0].time_s * (1 + HYSTERESIS)
-    moved = choose(cluster, STUDY_NOISE, current=(far.protocol, far.policy))
+    moved = choose(cluster, STUDY_NOISE, current=(far.protocol, far.policy), protocols=among)
     assert (moved.protocol, moved.policy) == (ranked[0].protocol, ranked[0].policy)
     # a running job's protocol is fixed: only its policy may follow
     only = choose(cluster, STUDY_NOISE, protocols=("ssgd",))
     assert only.protocol == "ssgd"
     with pytest.raises(ValueError, match="none of"):
-        choose(cluster, STUDY_NOISE, protocols=("local",))
+        choose(cluster, STUDY_NOISE, protocols=("msd",))
 
 
 def test_a_cluster_without_workers_or_batch_and_an_unmodelled_method_are_refused() -> None:
@@ -150,7 +152,7 @@ def test_a_cluster_without_workers_or_batch_and_an_unmodelled_method_are_refused
     with pytest.raises(ValueError, match="global batch"):
         Cluster((Node(GPU),), 0)
     with pytest.raises(KeyError):
-        predict(Cluster((Node(GPU),), 64), STUDY_NOISE, "local", "fixed")
+        predict(Cluster((Node(GPU),), 64), STUDY_NOISE, "msd", "fixed")
 
 
 def test_a_rounds_pushes_queue_at_the_shard_when_its_workers_finish_together() -> None:

@@ -53,6 +53,7 @@ def test_the_steps_check_the_message_then_its_claims_then_its_sender_and_only_th
     names = [step.__name__ for step in STEPS]
     assert names == [
         "well_formed",
+        "protocol_in_force",
         "room_to_answer",
         "base_not_rolled_back",
         "numbers_possible",

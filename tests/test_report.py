@@ -230,6 +230,8 @@ TIMELINE_KEYS = {
     "unallotted",
     "auto_policy",
     "auto_reason",
+    "auto_protocol",
+    "auto_protocol_reason",
     "wall_t",
 }
 WORKER_KEYS = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from bench.simulate import PROFILES, Cluster, SimConfig, SimResult, Worker, WorkerSpec, simulate
 from bench.simulate_study import Part, run_plan
+from dynabatch.common.planning.protocol_switch import START
 from dynabatch.common.tasks.data import Dataset, load_dataset
 from dynabatch.worker.batch_source import worker_order
 from dynabatch.worker.probe import probe_batch
@@ -193,3 +195,17 @@ def test_a_run_whose_gradients_blow_up_counts_the_workers_quarantined_and_finish
     the first refusal, taking a whole study with it). At 300 one of bench4's workers is (at 200 to 500 alike)."""
     r = simulate(tiny("asgd", "fixed", PROFILES["bench4"](), budget_s=2.0, job={"lr": 300.0}), data)
     assert r.quarantined > 0 and r.curve[-1][0] >= 2.0 - 0.2
+
+
+def test_protocol_auto_switches_the_simulated_shard_and_workers_as_the_real_job_does(data: Dataset) -> None:
+    """Transfers (a pull and a push of `comm_s` x link each, a step's fixed cost as the scheduler measures it)
+    dominate every step, and one worker's are four times the others': auto chooses from what the scheduler measured
+    and switches from asgd, the shard first and the workers once it applies it (common/planning/protocol_switch.py,
+    the real job's rule); the run is still a function of its seed."""
+    workers = (WorkerSpec("1"), WorkerSpec("1"), WorkerSpec("1", link=4.0))
+    cfg = tiny("auto", "auto", workers, budget_s=2.0, comm_s=0.025, fixed_s=0.001, per_sample_s=1e-5)
+    r = simulate(cfg, data)
+    assert r.switched_to not in ("", START), r.switched_to
+    assert r.curve[-1][2] > r.curve[0][2] and sum(r.batches.values()) == cfg.global_batch
+    assert simulate(cfg, data).curve == r.curve
+    assert simulate(replace(cfg, protocol="asgd"), data).switched_to == "", "a named protocol never switches"

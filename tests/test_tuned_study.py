@@ -274,11 +274,11 @@ def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick
     runner = next(m for m in AUTO_METHODS.values() if m not in (picked, default))
     times[runner] = 40.0
     runs = [{**_run(m, 0.02, t), "seed": 0} for m, t in times.items()]
-    runs += [{**_run("local+dynamic", 0.1, 20.0), "seed": 0}, {**_run(default, 0.02, None, math.nan, 0.5), "seed": 1}]
-    p = {"methods": [*times, "local+dynamic"], "target": "0.80"}
+    runs += [{**_run("msync+fixed", 0.1, 20.0), "seed": 0}, {**_run(default, 0.02, None, math.nan, 0.5), "seed": 1}]
+    p = {"methods": [*times, "msync+fixed"], "target": "0.80"}
     row = evidence_row("mixed_links16", file, method_rows(p, runs, {}))
     assert row["choice"] == picked and row["time"] == 44.0 and row["default"] == default
-    assert row["best"]["method"] == "local+dynamic" and row["best_modelled"]["method"] == runner
+    assert row["best"]["method"] == "msync+fixed" and row["best_modelled"]["method"] == runner
     line = render_evidence([row])[-1]
     assert line.startswith(f"| mixed_links16 | {picked} (") and "| 2.20x |" in line and "| 1.10x |" in line, line
     assert line.endswith(f"| {default} (–) | – | 1/2 |"), "a seed diverged: never reached in the median"
@@ -298,3 +298,30 @@ def test_a_tuning_run_ends_at_its_target_and_a_report_run_runs_to_the_budget() -
     )
     assert report.curve[-1][0] == quick.budget_s > reached_at
     assert tuning.samples_per_s == tuning.samples / reached_at
+
+
+def test_prediction_accuracy_sets_each_prediction_beside_the_simulated_figures() -> None:
+    from bench.auto_evidence import predictor_cluster
+    from bench.prediction_accuracy import Studied, accuracy, render_accuracy, render_times
+    from bench.tuned_study import FILES, method_rows
+    from dynabatch.common.planning.optimum import STUDY_NOISE
+    from dynabatch.common.planning.prediction import predict
+
+    file = FILES["cpu_gpu8"].file
+    assert file is not None
+    local = predict(predictor_cluster(file), STUDY_NOISE, "local", "dynamic")
+    runs = [
+        {**_run("local+dynamic", 0.3, local.time_s / 2), "seed": 0, "samples_per_s": local.samples_per_s / 4},
+        {**_run("asgd+fixed", 0.02, None, acc=0.7), "seed": 0},
+    ]
+    rows = method_rows({"methods": ["local+dynamic", "asgd+fixed"], "target": "0.80"}, runs, {})
+    studied = [Studied("cpu_gpu8", file, rows)]
+    ratios = accuracy(studied)
+    assert ratios["local+dynamic"]["sps"] == pytest.approx([4.0])
+    assert ratios["local+dynamic"]["time"] == pytest.approx([2.0])
+    assert ratios["asgd+fixed"]["time"] == [] and len(ratios["asgd+fixed"]["sps"]) == 1, "never at 80%: no time"
+    assert ratios["ssgd+fixed"] == {"sps": [], "time": [], "stale": []}, "not run: nothing"
+    line = render_times(studied)[-1]
+    assert line.startswith("| cpu_gpu8 | ") and f"| {local.time_s:.0f} / {local.time_s / 2:.0f} |" in line
+    assert "/ – |" in line and line.count("/  |") == 6, "asgd+fixed never at 80%; six methods not run"
+    assert any(r.startswith("| local+dynamic | 4.00 (4.00 to 4.00, 1) | 2.00") for r in render_accuracy(studied))

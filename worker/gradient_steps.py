@@ -57,6 +57,11 @@ class GradientLoop(StepLoop):
         job = self.ctx.job
         self.plan = GradientPlan(protocol_spec(job.protocol))
 
+    def close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
+            self.pipeline = None
+
     @property
     def min_versions(self) -> list[int] | None:
         """What the next pull waits for (None: whatever the shards hold)."""

@@ -50,6 +50,7 @@ def heartbeat_after(
         staleness=list(staleness or []),
         version=result.version,
         standalone_sps=prev.standalone_sps,
+        standalone_fixed_s=prev.standalone_fixed_s,
         assignment_id=assignment_id,
         skipped=skipped,
         rollbacks=rollbacks,

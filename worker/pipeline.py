@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from dynabatch.common import staleness
 from dynabatch.common.net.transport import RemoteError
@@ -79,14 +80,22 @@ class Pipeline:
         self.chunk_params = {c.id: {i for i, ids in enumerate(self.param_chunks) if c.id in ids} for c in layout.chunks}
         index = {id(p): i for i, p in enumerate(self.params)}
         buffer_owners = {name.rpartition(".")[0] for name in buffers.names}
+        self._hooks: list[RemovableHandle] = []
         for name, module in model.named_modules():
             own = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
             if own or name in buffer_owners:
-                module.register_forward_pre_hook(self._before_forward(name, own))
+                self._hooks.append(module.register_forward_pre_hook(self._before_forward(name, own)))
         for i, p in enumerate(self.params):
-            p.register_post_accumulate_grad_hook(self._grad_ready(i))  # type: ignore[no-untyped-call]  # untyped in torch
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready(i)))  # type: ignore[no-untyped-call]  # untyped in torch
         self._step: _StepState | None = None
         self.ahead: tuple[list[int] | None, PendingPull] | None = None  # a pull sent ahead: its versions, itself
+
+    def close(self) -> None:
+        """Unhook the model: the worker leaves this pipeline's loop for another protocol's (a step that failed
+        leaves its state behind, which the hooks would otherwise act on in the next loop's passes)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._step = [], None
 
     def step(
         self,

@@ -1,8 +1,11 @@
-"""The standalone speed a worker reports before it is given a batch.
+"""The standalone speed a worker reports before it is given a batch, and its fixed cost per step.
 
 The scheduler's first split comes from these numbers (the speed model's prior),
 so the virtual-time simulator (bench/simulate.py) probes with the same rule: it
-must not drift from the worker it stands in for.
+must not drift from the worker it stands in for. The probe times two batch sizes,
+so that the scheduler knows a device's fixed cost per step (kernel launches, a
+slow device's start-up per step) before its first step: under a fixed split the
+batch never varies, and the speed model could not tell it from the per-sample cost.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import statistics
 from collections.abc import Sequence
 
 PROBE_BATCH = 64
+SMALL_FRACTION = 4  # the probe's second batch is the first over this
 
 
 def probe_batch(job_max_batch: int, own_max_batch: int = 0) -> int:
@@ -26,3 +30,16 @@ def standalone_speed(batch: int, timed_seconds: Sequence[float]) -> float:
     initialisation) is not among `timed_seconds`.
     """
     return batch / statistics.median(timed_seconds)
+
+
+def small_probe_batch(batch: int) -> int:
+    """The probe's second, smaller batch beside `batch` (0: `batch` is too small to have one)."""
+    small = batch // SMALL_FRACTION
+    return small if 0 < small < batch else 0
+
+
+def fixed_cost(small: int, small_s: float, large: int, large_s: float) -> float:
+    """A step's fixed seconds from the line through (small, small_s) and (large, large_s): its intercept, at least 0
+    and at most the smaller step's time (medians of a loaded machine may cross)."""
+    per_sample = (large_s - small_s) / (large - small)
+    return min(max(0.0, small_s - per_sample * small), small_s)

@@ -78,6 +78,7 @@ class ShardClients:
         self.buffers = torch.zeros(buffer_total) if buffer_total else None
         self.moved_bytes = 0
         self.staleness: list[int] = []
+        self.protocol = ""  # the protocol this worker steps under, which every PUSH names ("": not named)
 
     def start_pull(self, min_versions: list[int] | None = None, ids: list[int] | None = None) -> PendingPull:
         """Ask every shard for its chunks (or just `ids`); shards stream one PARAMS per chunk, front first.
@@ -133,6 +134,7 @@ class ShardClients:
                     samples=samples,
                     loss=loss,
                     kind=kind,
+                    protocol=self.protocol,
                     then_pull=then_pull,
                     pull_min_version=min_versions[s] if then_pull and min_versions else 0,
                 )

@@ -78,3 +78,7 @@ class StepLoop:
     def after_failure(self, code: str) -> None:
         """A step failed with `code` (a shard's ERROR, or `timeout`): get ready to try again."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """The worker leaves this loop for another protocol's (`--protocol auto`): release what it holds on the model
+        (the pipelined step's hooks); most loops hold nothing."""

@@ -11,6 +11,7 @@ model, shards) joined.py's, and each protocol's step a loop's (step_context.py).
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.net.transport import RemoteError
+from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire.chunking import travelling
@@ -34,7 +36,7 @@ from dynabatch.worker.loader_batches import LoaderBatches
 from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.micro_batches import micro_batches
 from dynabatch.worker.options import WorkerOptions
-from dynabatch.worker.probe import probe_batch, standalone_speed
+from dynabatch.worker.probe import fixed_cost, probe_batch, small_probe_batch, standalone_speed
 from dynabatch.worker.role_process import RoleProcess
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_times import StepResult
@@ -221,16 +223,22 @@ class Worker:
         time.sleep(idle)
         return idle
 
-    def measure_standalone(self) -> float:
-        """Samples/s of forward+backward alone (slowdown included): the median of timed steps.
+    def measure_standalone(self) -> tuple[float, float]:
+        """Samples/s of forward+backward alone (slowdown included), the median of timed steps, and the step's fixed
+        seconds from a second, smaller batch's median (probe.py; 0 where the batch is too small to have one).
 
         The median, because processes starting beside this one (imports, data loading)
         make single steps slow at random.
         """
         batch = probe_batch(self.joined.job.max_batch, self.opts.max_batch)
         train_step(self.joined.model, self.next_batch(batch), self.joined.loss_fn, micro_batch=self.opts.micro_batch)
-        return standalone_speed(
-            batch, [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
+        timed = [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
+        small = small_probe_batch(batch)
+        if not small:
+            return standalone_speed(batch, timed), 0.0
+        small_timed = [self.timed_compute(self.next_batch(small))[1] for _ in range(self.opts.probe_steps)]
+        return standalone_speed(batch, timed), fixed_cost(
+            small, statistics.median(small_timed), batch, statistics.median(timed)
         )
 
     def next_batch(self, batch: int) -> Any:
@@ -274,16 +282,20 @@ class Worker:
 
     def _train_steps(self) -> int:
         joined, link, beat = self.joined, self.process.link, self.process.beat
-        standalone = self.measure_standalone()
+        standalone, fixed_s = self.measure_standalone()
         self.m.standalone.set(standalone)
-        log.info("%s standalone speed %.0f samples/s", joined.id, standalone)
+        log.info("%s standalone speed %.0f samples/s, %.4f s fixed per step", joined.id, standalone, fixed_s)
         self.batches.step_succeeded()
-        hb = beat.last = WorkerHeartbeat(standalone_sps=standalone)
+        hb = beat.last = WorkerHeartbeat(standalone_sps=standalone, standalone_fixed_s=fixed_s)
+        joined.shards.protocol = joined.job.protocol
         steps = LOOPS[protocol_spec(joined.job.protocol).worker_loop](self.step_context())
         hb, assignment = self._await_batch(hb)
         beat.rollbacks = assignment.rollbacks if assignment is not None else 0
         self.started = time.monotonic()  # slowdown schedules count from the first batch, not from start-up
         while assignment is not None and not assignment.stop and not self.process.stopping:
+            ordered = switch_to(assignment.protocol, joined.job.protocol)
+            if ordered is not None:
+                steps = self._switch(ordered, steps)
             if assignment.rollbacks > beat.rollbacks:
                 hb = self._roll_back(steps, assignment.rollbacks)
             batch = self._batch(assignment, hb)
@@ -301,7 +313,7 @@ class Worker:
                 joined.shards.staleness = counted
                 steps.after_failure(code)
                 self.batches.step_failed()
-                if code not in (ErrorCode.TOO_STALE, ErrorCode.HELD):
+                if code not in (ErrorCode.TOO_STALE, ErrorCode.HELD, ErrorCode.SWITCHED):
                     self.m.errors.labels(joined.id, code).inc()
                     log.warning("%s: step failed (%s); retrying", joined.id, exc)
                     if link.lost:
@@ -309,8 +321,9 @@ class Worker:
                     else:
                         assignment = link.wait(joined.job.heartbeat_s) or assignment
                     continue
-                # The protocol discarded a gradient computed on an old model, or the shard held a push that ran
-                # ahead before its direction could be judged: no error, the next step pulls at once.
+                # The protocol discarded a gradient computed on an old model, the shard held a push that ran
+                # ahead before its direction could be judged, or it switched protocol while the step was on its
+                # way: no error, the next step pulls at once (under the protocol its next assignment names).
                 self.m.discarded.inc()
             else:
                 self.batches.step_succeeded()
@@ -328,6 +341,31 @@ class Worker:
                 assignment = link.poll() or assignment
         log.info("%s stopping after %d steps, %d samples", joined.id, hb.steps, hb.samples)
         return 0
+
+    def _switch(self, protocol: str, steps: StepLoop) -> StepLoop:
+        """The scheduler switched the job to `protocol` (`--protocol auto`; every shard applies it already): leave
+        the current loop at this step boundary and enter the new protocol's, which starts from a pull. A protocol
+        this job cannot run keeps the current loop (logged): the scheduler's word is checked like any other."""
+        joined = self.joined
+        try:
+            loop = LOOPS[protocol_spec(protocol).worker_loop]
+            job = replace(joined.job, protocol=protocol)
+            job.validate()
+        except (ConfigError, ValueError) as exc:
+            log.error(
+                "%s: the scheduler named protocol %r (%s); keeping %s", joined.id, protocol, exc, joined.job.protocol
+            )
+            return steps
+        log.info(
+            "%s: protocol %s from now on, was %s (the scheduler's --protocol auto)",
+            joined.id,
+            protocol,
+            joined.job.protocol,
+        )
+        steps.close()
+        joined.job = job
+        joined.shards.protocol = protocol
+        return loop(self.step_context())
 
     def _roll_back(self, steps: StepLoop, number: int) -> WorkerHeartbeat:
         """The shards went back to their last good checkpoint (rollback `number`): the model this worker holds is
@@ -396,7 +434,9 @@ class Worker:
         """The scheduler forgot this worker (it restarted, or dropped it): register again, then await a batch."""
         if not self.process.register_again(self.joined):
             return hb, None
-        fresh = self.process.beat.last = WorkerHeartbeat(standalone_sps=hb.standalone_sps)
+        fresh = self.process.beat.last = WorkerHeartbeat(
+            standalone_sps=hb.standalone_sps, standalone_fixed_s=hb.standalone_fixed_s
+        )
         self.joined.shards.staleness = []  # the scheduler counts this worker anew, staleness as its steps
         self.skipped = 0  # and its skipped steps
         return self._await_batch(fresh)

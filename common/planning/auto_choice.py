@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dynabatch.common.planning.optimum import NoiseScale
 from dynabatch.common.planning.prediction import PROTOCOLS, Cluster, Prediction, optimum, predict_all
+from dynabatch.common.planning.protocol_models import MODELS
 
 HYSTERESIS = 0.10
 """A running method is replaced only by one predicted at least this fraction faster."""
@@ -29,6 +30,11 @@ class Choice:
     prediction: Prediction
 
 
+def choosable(p: Prediction) -> bool:
+    """Whether `choose` may pick the method: any but a dynamic split the scheduler does not make as predicted."""
+    return p.policy != "dynamic" or MODELS[p.protocol].split_as_predicted
+
+
 def _name(p: Prediction) -> str:
     return f"{p.protocol} + {p.policy}"
 
@@ -38,10 +44,13 @@ def choose(
     noise: NoiseScale,
     current: tuple[str, str] | None = None,
     protocols: Sequence[str] = tuple(PROTOCOLS),
+    policies: Sequence[str] | None = None,
 ) -> Choice:
-    """The method among `protocols` (x every policy) predicted fastest to target on `cluster`; `current` (the
-    running protocol and policy) is kept unless the best is predicted HYSTERESIS faster."""
-    ranked = predict_all(cluster, noise, protocols)
+    """The method among `protocols` (x every policy, or those of `policies`) predicted fastest to target on
+    `cluster`; `current` (the running protocol and policy) is kept unless the best is predicted HYSTERESIS faster.
+    A dynamic split the scheduler does not make as predicted (`ProtocolModel.split_as_predicted`) is never chosen."""
+    predicted = predict_all(cluster, noise, protocols)
+    ranked = [p for p in predicted if choosable(p) and (policies is None or p.policy in policies)]
     if not ranked:
         raise ValueError(f"choose: none of {list(protocols)} is modelled (modelled: {', '.join(PROTOCOLS)})")
     best, star = ranked[0], optimum(cluster, noise).time_s
@@ -55,6 +64,11 @@ def choose(
             held,
         )
     runner = f"; next {_name(ranked[1])}, {ranked[1].time_s / best.time_s:.2f}x slower" if len(ranked) > 1 else ""
+    runner += "".join(
+        f"; {_name(p)} ({p.time_s:.3g} s) not chosen: the scheduler's dynamic split is not the predicted one"
+        for p in predicted
+        if not choosable(p) and p.time_s < best.time_s
+    )
     return Choice(
         best.protocol,
         best.policy,

@@ -1,4 +1,5 @@
-"""`--protocol auto`: the update protocol chosen from a cluster file before the shards start.
+"""`--protocol auto --cluster-profile FILE`: the update protocol chosen from a cluster file before the shards start
+(without a file, the scheduler chooses it at run time: common/planning/protocol_switch.py).
 
 The shards take their update rule from the protocol when they start, so unlike the batch policy (scheduler/
 auto_policy.py) the protocol cannot follow the workers as the scheduler measures them: it is chosen from a
@@ -27,7 +28,7 @@ def resolved(job: JobConfig) -> tuple[JobConfig, str]:
     """`job` with `--protocol auto` replaced by the protocol predicted to reach the target first on the cluster its
     --cluster-profile describes, and why ("" when the protocol was given). ConfigError naming the file when it
     cannot be read."""
-    if SPECS.get(job.protocol) is not None:
+    if SPECS.get(job.protocol) is not None or not job.cluster_profile:  # auto without a file: chosen at run time
         return job, ""
     try:
         described = read_cluster(job.cluster_profile)

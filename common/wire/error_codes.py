@@ -106,6 +106,10 @@ class ErrorCode(StrEnum):
     # (ps/gradient_direction.py): nothing changed but its direction's score. Handled as TOO_STALE: the worker
     # counts the step as discarded and pulls and computes again at once.
     HELD = "held"
+    # A push computed under another update protocol than the shard's (`--protocol auto` switched it while the step
+    # was on its way): nothing changed, and it is no strike against the worker. Handled as TOO_STALE: the worker
+    # counts the step as discarded and pulls and computes again, under the protocol its next assignment names.
+    SWITCHED = "switched"
     # The receiver's handler failed (a bug): it costs that one message, logged with its traceback.
     INTERNAL = "internal"
 

@@ -80,7 +80,9 @@ class WorkerHeartbeat:
     part of the worker's own work. `version` is the model version its last step
     computed on, `assignment_id` the assignment it stepped under, or, while it awaits a
     batch (left out with batch 0, or its allotment trained), the one it holds: the
-    scheduler then knows it takes no step under an earlier one.
+    scheduler then knows it takes no step under an earlier one. `standalone_sps` and `standalone_fixed_s` are its
+    start-up probe (worker/probe.py): its speed at the probe's batch and its fixed seconds per step, from a second,
+    smaller batch (0: not measured).
 
     Divergence (scheduler/divergence.py): a worker counts in `skipped` the steps it
     did not push because their loss was not finite, and reports in `rollbacks` the
@@ -105,6 +107,7 @@ class WorkerHeartbeat:
     standalone_sps: float = 0.0
     assignment_id: int = 0
     staleness: list[int] = field(default_factory=list)
+    standalone_fixed_s: float = 0.0
     skipped: int = 0
     rollbacks: int = 0
 
@@ -131,6 +134,16 @@ class ShardHeartbeat:
     `batches` echoes the push bounds (SHARD_ASSIGNMENT's `batches`) it applied (None: none yet). The scheduler
     hands a worker a larger batch only once every shard reports it: told when the answer was sent, a shard busy
     with a burst of pushes refused the first push of a worker whose answer came after its own.
+
+    `protocol` is the update protocol the shard applies now: under `--protocol auto` the scheduler tells workers a
+    new protocol only once every shard reports it (common/planning/protocol_switch.py). `refused_protocol` is one it
+    was told to apply and cannot (a task that names the shards' optimizer under a delta protocol): the scheduler
+    chooses among the others.
+
+    `busy_s` is the seconds it spent serving pulls and pushes, `queued_s` the seconds those waited at it before
+    it began to serve them: the scheduler divides them by the transfers the workers report to learn the shards'
+    service time and queue, which `--protocol auto` must tell from each worker's own link
+    (scheduler/measured_cluster.py).
     """
 
     TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
@@ -144,6 +157,10 @@ class ShardHeartbeat:
     good_version: int = -1
     rollbacks: int = 0
     batches: dict[str, int] | None = None
+    protocol: str = ""
+    refused_protocol: str = ""
+    busy_s: float = 0.0
+    queued_s: float = 0.0
 
 
 @dataclass
@@ -162,6 +179,10 @@ class WorkerAssignment:
     The wire's schedule (scheduler/wire_schedule.py): a worker's pipelined backward batches `chunk_group` of a
     shard's chunks into one PUSH and keeps at most `credit_bytes` unacknowledged (0: the job's one chunk and
     `--max-inflight-bytes`).
+
+    `protocol` is the update protocol the worker steps under from this assignment on ("": the one its WELCOME
+    named). Only the scheduler sets it (`--protocol auto`), once every shard applies it; a worker leaves its loop
+    at the next step boundary and enters the new protocol's.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -174,6 +195,7 @@ class WorkerAssignment:
     allotted: int | None = None
     chunk_group: int = 0
     credit_bytes: int = 0
+    protocol: str = ""
 
 
 @dataclass
@@ -201,6 +223,10 @@ class ShardAssignment:
     A shard serves the messages waiting in one poll, and its parked pulls, by `serve_ranks` (worker -> rank, 0
     first; absent: after every ranked one; scheduler/wire_schedule.py), then front of the model first. Only the
     scheduler's answer carries ranks: nothing a worker sends can change its own.
+
+    `protocol` is the update protocol the shard applies from now on ("": the one its WELCOME named). Under
+    `--protocol auto` the scheduler switches the shards first: a shard rebuilds its rule around the same model,
+    versions and trust state, and refuses a push made under another protocol (`switched`).
     """
 
     TYPE: ClassVar[str] = "SHARD_ASSIGNMENT"
@@ -215,6 +241,7 @@ class ShardAssignment:
     lr_factor: float = 1.0
     hold_checkpoints: bool = False
     serve_ranks: dict[str, int] = field(default_factory=dict)
+    protocol: str = ""
 
 
 Report = TypeVar("Report", WorkerHeartbeat, ShardHeartbeat)
@@ -299,6 +326,10 @@ class Push:
     round trip instead of two. Where the protocol allows it (not ssp, not a shard
     holding buffers) each chunk is sent as soon as it is applied, before the
     PUSH_ACK, so sending chunk k overlaps updating chunk k+1.
+
+    `protocol` names the protocol the worker computed the push under ("": not said). It sets nothing: a shard
+    refuses a push named for another protocol than its own (`switched`: the scheduler switched the protocol while
+    the step was on its way), and the worker pulls and goes on.
     """
 
     TYPE: ClassVar[str] = "PUSH"
@@ -307,6 +338,7 @@ class Push:
     kind: str = "grad"
     then_pull: bool = False
     pull_min_version: int = 0
+    protocol: str = ""
 
 
 @dataclass
@@ -454,6 +486,8 @@ class JobStatus:
     `unallotted` is what the job's budget (its epochs' samples) has yet to allot to workers (None: the budget is
     not known yet); at 0 the last batches are sized to what each worker's allotment leaves.
     `auto_policy` is the policy `--batch-policy auto` runs now and `auto_reason` why ("" under another policy).
+    Under `--protocol auto`, `protocol` is the one the workers step under now, `auto_protocol` the one chosen (the
+    shards take it first) and `auto_protocol_reason` why ("" under a protocol given by name).
     `dynabatch run` writes these snapshots, as maps with the field names as keys, to the run folder's timeline.json.
     """
 
@@ -496,6 +530,8 @@ class JobStatus:
     unallotted: int | None = None
     auto_policy: str = ""
     auto_reason: str = ""
+    auto_protocol: str = ""
+    auto_protocol_reason: str = ""
 
 
 @dataclass

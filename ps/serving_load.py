@@ -1,0 +1,33 @@
+"""How busy a shard is with the workers' pulls and pushes: the seconds it spent serving them and the seconds they
+waited for it first, reported cumulatively in its heartbeat (ShardHeartbeat.busy_s, queued_s).
+
+A worker measures its pull and push as one span, its link and the shard's queue together. Under `--protocol auto`
+the scheduler tells them apart with these figures (scheduler/measured_cluster.py): a shard that bounds the job
+makes every worker's transfers long whatever its link, and local SGD, which moves the model once per round, is the
+cure only the shard's share shows. A message's wait is counted from the poll that took it off the socket to the
+start of its handling (the messages of one poll are served in priority order); time it spent in the socket's own
+queue is not seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynabatch.common.wire.messages import Pull, Push
+
+SERVED = frozenset({Pull.TYPE, Push.TYPE})
+
+
+@dataclass
+class ServingLoad:
+    """The seconds the shard spent serving pulls and pushes and the seconds they waited, since it started."""
+
+    busy_s: float = 0.0
+    queued_s: float = 0.0
+
+    def served(self, kind: str, received: float, started: float, ended: float) -> None:
+        """A message of type `kind` taken off the socket at `received`, handled from `started` to `ended`
+        (monotonic seconds); only pulls and pushes count."""
+        if kind in SERVED:
+            self.queued_s += max(0.0, started - received)
+            self.busy_s += max(0.0, ended - started)

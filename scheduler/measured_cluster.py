@@ -1,0 +1,135 @@
+"""The cluster `--protocol auto` chooses on, as the scheduler measures it: each worker's compute curve and its
+link's own transfer time, the shards' service time, in the predictor's terms (common/planning/predicted_cluster.py).
+
+A worker reports its pulls and pushes as one span: its link and the shards' queue together. Where one shard bounds
+the job every worker's transfers are long whatever its link; counted as link time they would be paid alike by
+every protocol, and local SGD, which moves the model once per round of H steps, would never be seen to relieve the
+shard. So the time a transfer spent at the shards (their reports: ShardHeartbeat.busy_s and queued_s over the
+transfers the workers made) is taken off each worker's and given to the shards as their service time; the rest is
+the worker's link (`measured_node`), which each protocol's model places itself (pipelined under a gradient step,
+once a round under local SGD).
+
+Under local SGD a worker reports a round's phases spread over its H steps (WorkerHeartbeat), so a reported step's
+transfers are a round's over H, and it pulls and pushes once per H reported steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dynabatch.common.planning.optimum import Device
+from dynabatch.common.planning.predicted_cluster import Cluster, measured_node
+from dynabatch.scheduler.speed_model import StepModel
+
+
+@dataclass(frozen=True)
+class MeasuredWorker:
+    """A worker as measured: its compute curve, the seconds of a reported step it spent not computing (pulls and
+    pushes), its largest batch (0: none)."""
+
+    compute: StepModel
+    overhead_s: float
+    cap: int = 0
+
+
+@dataclass(frozen=True)
+class ShardLoad:
+    """What the busiest shard reported (seconds serving pulls and pushes, seconds they waited) against the whole-model
+    transfers the workers made in the same time (a pull or a push, each reaching every shard)."""
+
+    busy_s: float
+    queued_s: float
+    transfers: float
+
+    def service_s(self) -> float:
+        """Seconds the shard served one transfer (its part of the model); 0 where none was counted."""
+        return self.busy_s / self.transfers if self.transfers > 0 else 0.0
+
+    def held_s(self) -> float:
+        """Seconds one transfer spent at the shard, waiting and served."""
+        return (self.busy_s + self.queued_s) / self.transfers if self.transfers > 0 else 0.0
+
+
+def transfers_per_step(round_steps: int) -> float:
+    """The whole-model transfers (pulls and pushes) one reported step makes: two, or two per local round of
+    `round_steps`."""
+    return 2.0 / max(1, round_steps)
+
+
+def measured_cluster(
+    workers: Mapping[str, MeasuredWorker],
+    load: ShardLoad | None,
+    model_bytes: float,
+    global_batch: int,
+    round_steps: int,
+    local_steps: int,
+    chunk_bytes: int,
+) -> Cluster:
+    """The predictor's cluster of the measured `workers` (in id order) under the running protocol, whose reported
+    step is a round of `round_steps` (1: a gradient step): each its compute curve and cap, and as its link the
+    transfers of a step less what they spent at the shards (`load`; None: nothing known of the shards, all link);
+    the shards serving a transfer in the time they reported; `local_steps` the H local SGD would run. Where no
+    worker reported the bytes it moved (`model_bytes` 0), the transfers still count, as one chunk's: the links and
+    the shards' rate are in seconds per transfer, which any size expresses alike."""
+    model_bytes = model_bytes if model_bytes > 0 else float(max(1, chunk_bytes))
+    held = load.held_s() if load is not None else 0.0
+    service = load.service_s() if load is not None else 0.0
+    nodes = tuple(
+        measured_node(
+            Device(w.compute.fixed_s, w.compute.per_sample_s, w.cap),
+            max(0.0, w.overhead_s * round_steps - 2 * held),
+            model_bytes,
+        )
+        for w in (workers[k] for k in sorted(workers))
+    )
+    return Cluster(
+        nodes,
+        global_batch,
+        model_bytes,
+        max(1, round(model_bytes / chunk_bytes)) if chunk_bytes > 0 else 1,
+        1,
+        model_bytes * 8 / (service * 1e6) if service > 0 and model_bytes > 0 else 0.0,
+        local_steps,
+    )
+
+
+class TransferTally:
+    """The running figures `measured_cluster` needs beyond the speed models: the whole-model transfers the workers
+    made, the model's bytes (what a worker's transfer moves), and each shard's last reported serving seconds, all
+    since the job started."""
+
+    def __init__(self) -> None:
+        self.transfers = 0.0
+        self.model_bytes = 0.0
+        self._moved: dict[str, tuple[int, int]] = {}  # by worker: its last reported steps and bytes
+        self._shards: dict[int, tuple[float, float]] = {}  # by shard slot: its busy and queued seconds
+
+    def stepped(self, worker: str, steps: int, moved_bytes: int, round_steps: int) -> None:
+        """A worker reported `steps` and `moved_bytes` in all (cumulative), a reported step being a round of
+        `round_steps` over its H steps."""
+        last_steps, last_bytes = self._moved.get(worker, (0, 0))
+        self._moved[worker] = (steps, moved_bytes)
+        new = steps - last_steps
+        if new <= 0:
+            return
+        self.transfers += new * transfers_per_step(round_steps)
+        if moved_bytes > last_bytes:
+            self.model_bytes = (moved_bytes - last_bytes) / (new * transfers_per_step(round_steps))
+
+    def shard_reported(self, shard: int, busy_s: float, queued_s: float) -> None:
+        """A shard's cumulative serving seconds (ShardHeartbeat.busy_s, queued_s)."""
+        self._shards[shard] = (busy_s, queued_s)
+
+    def forget(self, worker: str) -> None:
+        """A worker that left: its transfers stay counted."""
+        self._moved.pop(worker, None)
+
+    def load(self) -> ShardLoad | None:
+        """The busiest shard's load against the transfers made; None before a shard reported serving anything."""
+        if not self._shards or self.transfers <= 0:
+            return None
+        busy = max(b for b, _ in self._shards.values())
+        if busy <= 0:
+            return None
+        return ShardLoad(busy, max(q for _, q in self._shards.values()), self.transfers)

@@ -1,0 +1,48 @@
+"""The worker's start-up probe of two batch sizes (worker/probe.py) and what the scheduler makes of it: a device's
+fixed cost per step known before its first step, kept while a fixed split never varies the batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import WorkerHeartbeat
+from dynabatch.scheduler.report_bounds import check_worker_heartbeat
+from dynabatch.scheduler.speed_model import SpeedModel
+from dynabatch.worker.probe import PROBE_BATCH, fixed_cost, small_probe_batch
+
+
+def test_two_batch_sizes_give_the_fixed_cost_of_a_step() -> None:
+    a, c = 0.03, 2e-4
+    small = small_probe_batch(PROBE_BATCH)
+    assert 0 < small < PROBE_BATCH
+    assert fixed_cost(small, a + c * small, PROBE_BATCH, a + c * PROBE_BATCH) == pytest.approx(a)
+    assert fixed_cost(small, c * small, PROBE_BATCH, c * PROBE_BATCH) == pytest.approx(0.0, abs=1e-12)
+    # noise of a loaded machine: a small batch measured slower than the large one is all fixed cost, no more
+    assert fixed_cost(small, 0.05, PROBE_BATCH, 0.04) == 0.05
+    assert small_probe_batch(3) == 0, "too small a batch to probe twice"
+
+
+def test_the_probes_fixed_cost_is_the_speed_models_intercept_under_a_fixed_batch() -> None:
+    a, c, batch = 0.02, 1e-3, 32  # a fixed cost of 40% of the step (the model keeps a below 90%)
+    plain, probed = SpeedModel(16, 0.85, 64 / (a + c * 64)), SpeedModel(16, 0.85, 64 / (a + c * 64), a)
+    for _ in range(8):
+        plain.observe(batch, a + c * batch)
+        probed.observe(batch, a + c * batch)
+    unprobed = plain.fit()
+    assert unprobed is not None and unprobed.fixed_s == 0.0, "one batch size alone cannot show it"
+    fit = probed.fit()
+    assert fit is not None and fit.fixed_s == pytest.approx(a) and fit.per_sample_s == pytest.approx(c)
+    assert fit.step_seconds(96) == pytest.approx(a + c * 96), "so a step at another batch is predicted"
+    with pytest.raises(ValueError, match="prior_fixed_s"):
+        SpeedModel(16, 0.85, 100.0, -1.0)
+
+
+@pytest.mark.parametrize("fixed_s", [-0.1, float("nan"), 10.0])
+def test_a_probe_claiming_a_fixed_cost_longer_than_its_step_is_refused(fixed_s: float) -> None:
+    hb = WorkerHeartbeat(standalone_sps=1000.0, standalone_fixed_s=fixed_s)  # 1,000 samples/s: 0.064 s a probe
+    with pytest.raises(ProtocolError, match="standalone_fixed_s"):
+        check_worker_heartbeat(WorkerHeartbeat(), hb, 1.0, 1024, 1)
+    check_worker_heartbeat(
+        WorkerHeartbeat(), WorkerHeartbeat(standalone_sps=1000.0, standalone_fixed_s=0.05), 1, 1024, 1
+    )
