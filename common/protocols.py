@@ -148,8 +148,10 @@ class SspSettings(AsyncSettings):
 
 
 @dataclass(frozen=True)
-class RingmasterSettings(ProtocolSettings):
-    """Ringmaster ASGD's delay threshold R (--max-delay; 0: the number of live workers).
+class RingmasterSettings(AsyncSettings):
+    """Ringmaster ASGD's delay threshold R (--max-delay; 0: the number of live workers), and its step against
+    staleness (--staleness-step: constant is Ringmaster's own delay-adaptive step, delay is asgd's lr / max(1, tau),
+    so that one step size serves a job whichever of the two runs it).
 
     A gradient whose staleness reaches R is discarded. Why R = n by default: with n
     workers stepping asynchronously, a gradient is on average about n - 1 versions
@@ -160,7 +162,7 @@ class RingmasterSettings(ProtocolSettings):
     scale; it follows the cluster as workers join and leave, with no tuning.
     """
 
-    FLAGS = ("max_delay",)
+    FLAGS = (*AsyncSettings.FLAGS, "max_delay")
     max_delay: int = 0
 
     def threshold(self, live_workers: int) -> int:

@@ -214,7 +214,9 @@ class RingmasterRule(ShardRule):
         return self.settings.threshold(len(self.shard.live))
 
     def delay_factor(self, staleness: int) -> float:
-        """min(1, tau_C / tau), tau_C = R / 2."""
+        """min(1, tau_C / tau), tau_C = R / 2; under `--staleness-step delay`, asgd's 1 / max(1, tau)."""
+        if self.settings.staleness_step != "constant":
+            return staleness_step(self.settings.staleness_step, staleness)
         return min(1.0, self.max_delay() / 2 / max(1, staleness))
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
