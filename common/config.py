@@ -94,8 +94,8 @@ class JobConfig(JobName):
     staleness_step: str = opt(
         "constant",
         "asgd, ssp, ringmaster: how a gradient's step follows its staleness tau; constant: the same step "
-        "whatever tau (ringmaster: its own min(1, R / 2 / tau)); delay: lr / max(1, tau), so that the step per B samples stays about lr however many workers make "
-        "the gradients stale (ps/step_size.py)",
+        "whatever tau (ringmaster: its own min(1, R / 2 / tau)); delay: lr / max(1, tau), so that the step per B "
+        "samples stays about lr however many workers make the gradients stale (ps/step_size.py)",
         STALENESS_STEPS,
         topic="protocol",
     )
