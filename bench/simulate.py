@@ -825,6 +825,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "tuned-policies",
             "tuned-recheck",
             "regimes",
+            "regimes-cut",
             "regimes-reduced",
             "regimes-drawn",
         ),

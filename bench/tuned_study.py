@@ -304,6 +304,11 @@ rounds queued their pushes (commit a7efc7d), kept so that the study runs again a
 takes `budget_s` of the predictor as it is."""
 
 
+CUT_ORDER = ("cpu_gpu8", "ps_bound64", "mixed_links16", "mixed_gpus16")
+"""The order `regimes-cut` runs the files in: those the reduced study (bench/RESULTS.md 17) did not tune first, the
+cheapest first; mixed_gpus16, tuned there, last."""
+
+
 def drawn(methods: tuple[str, ...], seeds: tuple[int, ...], lr_from: str) -> tuple[Profile, ...]:
     """The drawn clusters (DRAWN), each at its own global batch for DRAWN_BUDGET_S's virtual seconds, at the step
     sizes tuned on `lr_from` (no tuning on a drawn cluster: that is what makes it unseen)."""
@@ -362,6 +367,10 @@ QUICK = Profile(
 
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
+    "regimes-cut": tuple(
+        replace(p, seeds=(0, 1, 2)) if p.profile == "mixed_gpus16" else p
+        for p in sorted(regimes(REGIME_METHODS, SEEDS, (100,)), key=lambda p: CUT_ORDER.index(p.profile))
+    ),
     "regimes-reduced": tuple(
         p if p.profile == "mixed_gpus16" else replace(p, tune_seeds=(), lr_from="mixed_gpus16")
         for p in regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4)
@@ -579,7 +588,7 @@ def tune(
         for run, r in run_all([r for r in plan if not _done(res, r)], jobs, log):
             res.tuning.setdefault(p.profile, []).append(_record(run, r))
             save()
-        runs = res.tuning.get(p.profile, [])
+        runs = [r for r in res.tuning.get(p.profile, []) if r["seed"] in p.tune_seeds]
         chosen = {m: choose_lr([r for r in runs if r["method"] == m and r["lr"] in grids[m]], p.target) for m in grids}
         edges = {m: past_edge(grids[m], lr) for m, lr in chosen.items()}
         if step == p.edge_steps or not any(edges.values()):
@@ -593,7 +602,7 @@ def tune(
 def tuned_before(res: Results, p: Profile) -> dict[str, float | None]:
     """Each method's step size by the tuning runs `res` holds for `p` (those of a resumed study), as `tune` chose
     it; empty where it holds none."""
-    runs = res.tuning.get(p.profile, [])
+    runs = [r for r in res.tuning.get(p.profile, []) if r["seed"] in p.tune_seeds]
     return {m: choose_lr(rs, p.target) for m in p.methods if (rs := [r for r in runs if r["method"] == m])}
 
 
