@@ -50,6 +50,7 @@ from bench.drawn_clusters import draw_clusters
 from bench.parallel_runs import run_parallel
 from bench.profile_file import ClusterProfile, read_profile, simulated
 from bench.reference_time import STUDY_SETTING, cluster_optimum, device_of
+from bench.shared_lr import render_shared
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
@@ -721,6 +722,8 @@ def render(res: Results) -> str:
                 f"{_ratio(row['time'], t_star or math.inf)} |"
             )
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
+        own = [r for r in res.tuning.get(name, []) if r["seed"] in p["tune_seeds"]]
+        out += render_shared(name, own, p["target"], chosen)
     evidence = [
         evidence_row(name, file, method_rows(p, res.report[name], res.chosen.get(p["lr_from"] or name, {})))
         for name, p in res.profiles.items()
