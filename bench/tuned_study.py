@@ -159,7 +159,10 @@ class Profile:
     edge_steps: int = 2  # times a grid grows past a winning edge (`tune`)
 
     def grid(self, method: str) -> tuple[float, ...]:
-        """The step sizes `method` is tuned over on this profile."""
+        """The step sizes `method` is tuned over on this profile (none for a method that takes another's: the
+        default, `lr_source`)."""
+        if not METHODS[method].lrs:
+            return ()
         lrs = self.lrs or METHODS[method].lrs
         lrs = (*lrs, 2 * lrs[-1]) if self.extend_lrs else lrs
         return lrs[-self.largest_lrs :] if self.largest_lrs else lrs
@@ -246,13 +249,14 @@ REGIME_METHODS = (
     "local+dynamic",
     "asgd+fixed (delay step)",
     "ringmaster+fixed (delay step)",
+    DEFAULT.name,
 )
 """The methods of the regime study: asgd and ssgd with one batch for every worker (fixed) and sized per worker
 (dynamic: DBS-SGD, LB-BSP), the efficient policy (each worker at its own knee), DBS-SGD with the delay-scaled step,
 m-synchronous SGD, Ringmaster, Rennala and local SGD sized per worker (the fastest in the reduced study's two
 shard-bound regimes, bench/RESULTS.md 14); and asgd and Ringmaster with fixed batches under the delay step, whose
 step size is one per B samples as ssgd's and local SGD's are: whether one --lr serves a job whichever protocol it
-runs."""
+runs; and the default (a job with every flag at its default), at its fixed-batch method's tuned step size."""
 REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "mixed_links16": 150.0, "ps_bound64": 180.0, "cpu_gpu8": 60.0}
 """Virtual seconds per run of each cluster file (the files' clocks are their devices' and links'): two to three times
 what the fastest method takes to 80% where one did (bench/RESULTS.md 14: mixed_gpus16 31 s, cpu_gpu8 17 s), and
@@ -583,9 +587,9 @@ def tune(
     """Each method's step size on `p`: its grid on the tuning seeds, extended by twice its largest step size where
     that one won (half its smallest where that one won or every one diverged), up to `p.edge_steps` times, so that
     no choice is a grid's edge unless the study says so. A resumed study keeps the runs it has."""
-    grids = {m: list(p.grid(m)) for m in p.methods}
+    grids = {m: list(grid) for m in p.methods if (grid := p.grid(m))}
     for step in range(p.edge_steps + 1):
-        plan = [Run(p, m, lr, s, True) for m in p.methods for lr in grids[m] for s in p.tune_seeds]
+        plan = [Run(p, m, lr, s, True) for m, grid in grids.items() for lr in grid for s in p.tune_seeds]
         for run, r in run_all([r for r in plan if not _done(res, r)], jobs, log):
             res.tuning.setdefault(p.profile, []).append(_record(run, r))
             save()
@@ -593,18 +597,24 @@ def tune(
         chosen = {m: choose_lr([r for r in runs if r["method"] == m and r["lr"] in grids[m]], p.target) for m in grids}
         edges = {m: past_edge(grids[m], lr) for m, lr in chosen.items()}
         if step == p.edge_steps or not any(edges.values()):
-            return chosen
+            break
         for m, lr in edges.items():
             if lr is not None:
                 grids[m] = sorted({*grids[m], lr})
-    return chosen
+    return with_sources(p, chosen)
+
+
+def with_sources(p: Profile, chosen: dict[str, float | None]) -> dict[str, float | None]:
+    """`chosen` with each of `p`'s methods that is not tuned itself (the default) at its `lr_source`'s step size."""
+    return {m: chosen.get(m) if p.grid(m) else chosen.get(lr_source(METHODS[m])) for m in p.methods}
 
 
 def tuned_before(res: Results, p: Profile) -> dict[str, float | None]:
     """Each method's step size by the tuning runs `res` holds for `p` (those of a resumed study), as `tune` chose
     it; empty where it holds none."""
     runs = [r for r in res.tuning.get(p.profile, []) if r["seed"] in p.tune_seeds]
-    return {m: choose_lr(rs, p.target) for m in p.methods if (rs := [r for r in runs if r["method"] == m])}
+    chosen = {m: choose_lr(rs, p.target) for m in p.methods if (rs := [r for r in runs if r["method"] == m])}
+    return with_sources(p, chosen) if chosen else {}
 
 
 def past_edge(grid: list[float], chosen: float | None) -> float | None:

@@ -235,7 +235,8 @@ def test_the_regime_study_runs_the_issues_methods_each_over_a_grid_of_at_least_f
     assert ("staleness_step", "delay") in METHODS["DBS-SGD (delay step)"].settings
     for p in STUDIES["regimes"]:
         assert p.seeds == (0, 1, 2, 3, 4) and not set(p.tune_seeds) & set(p.seeds)
-        for m in p.methods:
+        assert DEFAULT.name in p.methods and p.grid(DEFAULT.name) == (), "the default at its source's step size"
+        for m in set(p.methods) - {DEFAULT.name}:
             grid = p.grid(m)
             assert len(grid) >= 4 and grid[-1] == 2 * METHODS[m].lrs[-1], (m, grid)
 
