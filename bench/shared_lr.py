@@ -44,7 +44,8 @@ def times_by_lr(tuning: list[dict[str, Any]], method: str, mark: str) -> dict[fl
 
 def shared_rows(tuning: list[dict[str, Any]], mark: str, methods: tuple[str, ...] = SHARED) -> list[dict[str, Any]]:
     """Per step size that every method of `methods` with tuning runs was tried at: each method's time there against
-    its own best time (its tuned step size's), the worst of those ratios, and whether it is within WITHIN."""
+    its own best time (its tuned step size's), and the worst of those ratios over the methods that reached the
+    target at some step size (one that never did is served by none, and judges none)."""
     times = {m: t for m in methods if (t := times_by_lr(tuning, m, mark))}
     if not times:
         return []
@@ -53,7 +54,7 @@ def shared_rows(tuning: list[dict[str, Any]], mark: str, methods: tuple[str, ...
     rows = []
     for lr in common:
         ratios = {m: t[lr] / best[m] if math.isfinite(best[m]) else math.inf for m, t in times.items()}
-        worst = max(ratios.values())
+        worst = max((r for m, r in ratios.items() if math.isfinite(best[m])), default=math.inf)
         rows.append({"lr": lr, "ratios": ratios, "times": {m: t[lr] for m, t in times.items()}, "worst": worst})
     return rows
 

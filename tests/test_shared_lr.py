@@ -41,7 +41,9 @@ def test_one_step_size_serves_where_every_method_is_within_the_margin_of_its_own
     assert "tuned: asgd+fixed (delay step) 0.4, ssgd+fixed 0.2" in table
 
 
-def test_a_method_that_never_reached_the_target_at_any_step_size_serves_no_step_size() -> None:
-    runs = [_tuning("ssgd+fixed", 0.2, None), _tuning("msync+fixed", 0.2, 10.0)]
-    (row,) = shared_rows(runs, "0.80")
-    assert row["worst"] == math.inf and "| never |" in "\n".join(render_shared("c", runs, "0.80", {}))
+def test_a_method_that_never_reached_the_target_at_any_step_size_judges_no_step_size() -> None:
+    runs = [_tuning("ssgd+fixed", 0.2, None), _tuning("msync+fixed", 0.2, 10.0), _tuning("msync+fixed", 0.4, None)]
+    by_lr = {r["lr"]: r for r in shared_rows([*runs, _tuning("ssgd+fixed", 0.4, None)], "0.80")}
+    assert by_lr[0.2]["worst"] == 1.0, "ssgd never reached 80%: no step size serves it, so it is left out"
+    assert by_lr[0.4]["worst"] == math.inf, "msync reached it at 0.2 only"
+    assert "| 0.2 | never | 10 s (1.00x) | 1.00x | yes |" in "\n".join(render_shared("c", runs, "0.80", {}))
