@@ -66,6 +66,12 @@ def render_shared(name: str, tuning: list[dict[str, Any]], mark: str, chosen: di
         return []
     methods = list(rows[0]["ratios"])
     tuned = ", ".join(f"{m} {chosen.get(m)}" for m in (*methods, "local+dynamic") if m in chosen)
+    if all(not math.isfinite(t) for m in methods for t in times_by_lr(tuning, m, mark).values()):
+        return [
+            f"{name}: no method stepping once per B samples reached {float(mark):.0%} at any step size in tuning, "
+            f"so no step size serves or fails one; their step sizes as chosen by accuracy at the budget: {tuned}",
+            "",
+        ]
     out = [
         f"{name}: each method's time to {float(mark):.0%} at a shared step size / at its own best (tuning runs); "
         f"tuned: {tuned}",

@@ -47,3 +47,9 @@ def test_a_method_that_never_reached_the_target_at_any_step_size_judges_no_step_
     assert by_lr[0.2]["worst"] == 1.0, "ssgd never reached 80%: no step size serves it, so it is left out"
     assert by_lr[0.4]["worst"] == math.inf, "msync reached it at 0.2 only"
     assert "| 0.2 | never | 10 s (1.00x) | 1.00x | yes |" in "\n".join(render_shared("c", runs, "0.80", {}))
+
+
+def test_where_no_method_reached_the_target_the_table_says_so_instead_of_a_grid_of_nevers() -> None:
+    runs = [_tuning("ssgd+fixed", lr, None) for lr in (0.1, 0.2)] + [_tuning("msync+fixed", 0.2, None)]
+    (line, _) = render_shared("c", runs, "0.80", {"ssgd+fixed": 0.2, "msync+fixed": 0.2})
+    assert "no method stepping once per B samples reached 80%" in line and "ssgd+fixed 0.2, msync+fixed 0.2" in line
