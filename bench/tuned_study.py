@@ -559,7 +559,7 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False, only
         raise SystemExit(f"--methods: unknown {unknown}; choose from default, {', '.join(METHODS)}")
     profiles = tuple(replace(p, methods=tuple(dict.fromkeys((*p.methods, *only)))) for p in STUDIES[mode])
     res = Results(profiles={p.profile: asdict(p) for p in profiles})
-    if resume and (out / "results.json").exists():
+    if (resume or only) and (out / "results.json").exists():  # `only` adds to a folder, never replaces it
         earlier = Results(**json.loads((out / "results.json").read_text()))
         res.tuning, res.report = earlier.tuning, earlier.report
     log = lambda s: print(s, flush=True)  # noqa: E731
