@@ -25,6 +25,7 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.simulate --study tuned-policies --jobs 2  # the efficient policy and the delay step
     python -m bench.simulate --study regimes --jobs 2  # the regime study: every cluster file of bench/profiles/
+    python -m bench.simulate --study regimes-cut --jobs 2  # what ran by the deadline (bench/RESULTS.md 20)
     python -m bench.simulate --study regimes --methods default --resume  # the default's report runs alone, beside
                                                       # the study's, at the step sizes its tuning runs chose
     python -m bench.simulate --study regimes-reduced --jobs 2  # the same: 3 seeds, tuned on one, 2 step sizes
