@@ -878,6 +878,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "tuned-policies",
             "tuned-recheck",
             "regimes",
+            "regimes-cut",
             "regimes-reduced",
             "regimes-drawn",
         ),
@@ -890,6 +891,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="tuned*: keep the runs already in the study's results.json and run only the rest",
     )
+    p.add_argument(
+        "--methods",
+        default="",
+        help="tuned*, regimes: run only these methods' report runs (comma-separated names of bench/tuned_study.py "
+        "METHODS, or default: what a job runs with every flag at its default) at the step sizes TUNED_LRS holds "
+        "for each profile, into the study's folder beside its other runs",
+    )
     p.add_argument("--out", default="bench/results/simulate")
     return p.parse_args(argv)
 
@@ -899,7 +907,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.study and args.study.startswith(("tuned", "regimes")):
         from bench import tuned_study
 
-        return tuned_study.run_study(args.study, args.out, args.jobs, args.resume)
+        only = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+        return tuned_study.run_study(args.study, args.out, args.jobs, args.resume, only)
     if args.study:
         from bench.simulate_study import run_study
 

@@ -25,6 +25,9 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.simulate --study tuned-policies --jobs 2  # the efficient policy and the delay step
     python -m bench.simulate --study regimes --jobs 2  # the regime study: every cluster file of bench/profiles/
+    python -m bench.simulate --study regimes-cut --jobs 2  # what ran by the deadline (bench/RESULTS.md 20)
+    python -m bench.simulate --study regimes --methods default --resume  # the default's report runs alone, beside
+                                                      # the study's, at the step sizes its tuning runs chose
     python -m bench.simulate --study regimes-reduced --jobs 2  # the same: 3 seeds, tuned on one, 2 step sizes
     python -m bench.simulate --study regimes-drawn --jobs 2  # auto's methods on 10 drawn clusters no tuning saw
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
@@ -48,7 +51,9 @@ from bench.drawn_clusters import draw_clusters
 from bench.parallel_runs import run_parallel
 from bench.profile_file import ClusterProfile, read_profile, simulated
 from bench.reference_time import STUDY_SETTING, cluster_optimum, device_of
+from bench.shared_lr import render_shared
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
+from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
 from dynabatch.common.tasks.data import load_dataset
 
@@ -93,10 +98,39 @@ METHODS: dict[str, Method] = {
         Method("local+fixed", "local", "fixed", lrs=LOCAL_LRS),
         Method("local+dynamic", "local", "dynamic", lrs=LOCAL_LRS),
         Method("msync+fixed", "msync", "fixed", lrs=ROUND_LRS),
+        Method("asgd+fixed (delay step)", "asgd", "fixed", (("staleness_step", "delay"),), lrs=ROUND_LRS[1:]),
+        Method("ringmaster+fixed (delay step)", "ringmaster", "fixed", (("staleness_step", "delay"),), ROUND_LRS[1:]),
     )
 }
 """Every method the study can compare; a protocol added later adds its Method here. msync's m is the cluster's own
 (`msync_m`), set where the run is configured."""
+
+
+def default_method() -> Method:
+    """What a job runs with every flag at its default (JobConfig's protocol, batch policy and step against
+    staleness), named for it, so that its rows are kept apart from an earlier default's once the defaults change.
+    Its step size on a cluster is the one tuned for the fixed-batch method of the same protocol and step
+    (`lr_source`): the default's policy starts every job with fixed batches."""
+    job = JobConfig()
+    settings = () if job.staleness_step == "constant" else (("staleness_step", job.staleness_step),)
+    step = "" if job.staleness_step == "constant" else f", {job.staleness_step} step"
+    return Method(f"default ({job.protocol}+{job.batch_policy}{step})", job.protocol, job.batch_policy, settings, ())
+
+
+def lr_source(method: Method) -> str:
+    """The method whose tuned step size `method` runs at where it is not tuned itself (the default): itself if
+    it is tuned, else the fixed-batch method of its protocol and settings. ValueError naming what to add where no
+    such method is in METHODS (a protocol chosen at run time has none: give it one)."""
+    if method.lrs:
+        return method.name
+    for m in METHODS.values():
+        if m.lrs and (m.protocol, m.policy, m.settings) == (method.protocol, "fixed", method.settings):
+            return m.name
+    raise ValueError(f"{method.name}: no tuned fixed-batch method of protocol {method.protocol} in METHODS")
+
+
+DEFAULT = default_method()
+METHODS[DEFAULT.name] = DEFAULT
 
 
 @dataclass(frozen=True)
@@ -123,9 +157,13 @@ class Profile:
     dataset: str = "fashion-mnist"
     largest_lrs: int = 0  # tune over only this many of the largest step sizes of each method's grid (0: all)
     extend_lrs: bool = False  # tune over each grid and twice its largest step size too
+    edge_steps: int = 2  # times a grid grows past a winning edge (`tune`)
 
     def grid(self, method: str) -> tuple[float, ...]:
-        """The step sizes `method` is tuned over on this profile."""
+        """The step sizes `method` is tuned over on this profile (none for a method that takes another's: the
+        default, `lr_source`)."""
+        if not METHODS[method].lrs:
+            return ()
         lrs = self.lrs or METHODS[method].lrs
         lrs = (*lrs, 2 * lrs[-1]) if self.extend_lrs else lrs
         return lrs[-self.largest_lrs :] if self.largest_lrs else lrs
@@ -186,7 +224,7 @@ CLUSTERS: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
 }
 """Every cluster a study can name: bench/simulate.py's profiles, the unseen log-normal ones, the cluster files and
 the drawn clusters."""
-ALL = tuple(METHODS)
+ALL = tuple(name for name, m in METHODS.items() if m.lrs)
 SEEDS = (0, 1, 2, 3, 4)
 CANDIDATES = (
     "asgd+fixed",
@@ -216,11 +254,16 @@ REGIME_METHODS = (
     "local+dynamic",
     "ringmaster+dynamic",
     "local+fixed",
+    "asgd+fixed (delay step)",
+    "ringmaster+fixed (delay step)",
+    DEFAULT.name,
 )
 """The methods of the regime study: asgd and ssgd with one batch for every worker (fixed) and sized per worker
 (dynamic: DBS-SGD, LB-BSP), the efficient policy (each worker at its own knee), DBS-SGD with the delay-scaled step,
 m-synchronous SGD, Ringmaster, Rennala and local SGD sized per worker (the fastest in the reduced study's two
-shard-bound regimes, bench/RESULTS.md 14)."""
+shard-bound regimes, bench/RESULTS.md 14); and asgd and Ringmaster with fixed batches under the delay step, whose
+step size is one per B samples as ssgd's and local SGD's are: whether one --lr serves a job whichever protocol it
+runs; and the default (a job with every flag at its default), at its fixed-batch method's tuned step size."""
 REGIME_BUDGET_S = {"mixed_gpus16": 60.0, "mixed_links16": 150.0, "ps_bound64": 180.0, "cpu_gpu8": 60.0}
 """Virtual seconds per run of each cluster file (the files' clocks are their devices' and links'): two to three times
 what the fastest method takes to 80% where one did (bench/RESULTS.md 14: mixed_gpus16 31 s, cpu_gpu8 17 s), and
@@ -271,6 +314,11 @@ DRAWN_BUDGET_S = {
 """The budgets the drawn clusters ran at (bench/RESULTS.md 17): `auto_evidence.budget_s` of the predictor before its
 rounds queued their pushes (commit a7efc7d), kept so that the study runs again as it ran; a cluster not listed
 takes `budget_s` of the predictor as it is."""
+
+
+CUT_ORDER = ("cpu_gpu8", "ps_bound64", "mixed_links16", "mixed_gpus16")
+"""The order `regimes-cut` runs the files in: those the reduced study (bench/RESULTS.md 17) did not tune first, the
+cheapest first; mixed_gpus16, tuned there, last."""
 
 
 def drawn(methods: tuple[str, ...], seeds: tuple[int, ...], lr_from: str) -> tuple[Profile, ...]:
@@ -325,11 +373,16 @@ QUICK = Profile(
     eval_size=300,
     dataset="synthetic",
     lrs=(0.02, 0.05),
+    edge_steps=1,
 )
 """The quick study's bench4 profile; its mixed_gpus16 twin differs in profile, global batch and budget only."""
 
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
+    "regimes-cut": tuple(
+        replace(p, seeds=(0, 1, 2)) if p.profile == "mixed_gpus16" else p
+        for p in sorted(regimes(REGIME_METHODS, SEEDS, (100,)), key=lambda p: CUT_ORDER.index(p.profile))
+    ),
     "regimes-reduced": tuple(
         p if p.profile == "mixed_gpus16" else replace(p, tune_seeds=(), lr_from="mixed_gpus16")
         for p in regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4)
@@ -496,33 +549,36 @@ def _record(run: Run, timed: Timed) -> dict[str, Any]:
     return out
 
 
-def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> int:
+def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False, only: tuple[str, ...] = ()) -> int:
     """Tune every tuned profile, then run every profile's report seeds at the chosen step sizes; with `resume`,
-    keep the runs of an earlier, interrupted run of the same study in the folder and run only the rest."""
+    keep the runs of an earlier, interrupted run of the same study in the folder and run only the rest.
+
+    With `only` (method names, "default" for `DEFAULT`), tune nothing: run those methods' report runs alone at
+    the step sizes the folder's tuning runs chose (`resume`), else at those TUNED_LRS holds for the profile (the
+    default at `lr_source`'s), into the same folder, so that they are tabled beside the study's other methods: a
+    changed default is re-measured this way."""
     out = Path(out_dir) / mode
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    profiles = STUDIES[mode]
+    only = tuple(DEFAULT.name if m == "default" else m for m in only)
+    unknown = [m for m in only if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from default, {', '.join(METHODS)}")
+    profiles = tuple(replace(p, methods=tuple(dict.fromkeys((*p.methods, *only)))) for p in STUDIES[mode])
     res = Results(profiles={p.profile: asdict(p) for p in profiles})
-    if resume and (out / "results.json").exists():
+    if (resume or only) and (out / "results.json").exists():  # `only` adds to a folder, never replaces it
         earlier = Results(**json.loads((out / "results.json").read_text()))
         res.tuning, res.report = earlier.tuning, earlier.report
     log = lambda s: print(s, flush=True)  # noqa: E731
     for p in profiles:  # one profile at a time, so that a study stopped early has whole tables
-        tuning = (
-            [] if p.lr_from else [Run(p, m, lr, s, True) for m in p.methods for lr in p.grid(m) for s in p.tune_seeds]
-        )
-        for run, r in run_all([r for r in tuning if not _done(res, r)], jobs, log):
-            res.tuning.setdefault(p.profile, []).append(_record(run, r))
-            write(res, out, plots=False)
-        if not p.lr_from:
-            runs = res.tuning.get(p.profile, [])
-            res.chosen[p.profile] = {
-                m: choose_lr([r for r in runs if r["method"] == m and r["lr"] in p.grid(m)], p.target)
-                for m in p.methods
-            }
+        if only and not p.lr_from:
+            res.chosen[p.profile] = tuned_before(res, p) or dict(TUNED_LRS.get(p.profile, {}))
+        elif not p.lr_from:
+            res.chosen[p.profile] = tune(p, res, jobs, lambda: write(res, out, plots=False), log)
         chosen = res.chosen.setdefault(p.lr_from or p.profile, dict(TUNED_LRS.get(p.lr_from, {})))
-        report = [Run(p, m, lr, s, False) for m in p.methods if (lr := chosen.get(m)) is not None for s in p.seeds]
+        chosen.update({m: chosen.get(lr_source(METHODS[m])) for m in only})
+        names = only or p.methods
+        report = [Run(p, m, lr, s, False) for m in names if (lr := chosen.get(m)) is not None for s in p.seeds]
         for run, r in run_all([r for r in report if not _done(res, r)], jobs, log):
             res.report.setdefault(p.profile, []).append(_record(run, r))
             write(res, out, plots=False)
@@ -530,6 +586,49 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False) -> i
     print(f"study {mode} done in {(time.monotonic() - started) / 60:.1f} min: {out / 'report.md'}", flush=True)
     print(f"default by measurement: {choose_default(res)}", flush=True)
     return 0
+
+
+def tune(
+    p: Profile, res: Results, jobs: int, save: Callable[[], None], log: Callable[[str], None]
+) -> dict[str, float | None]:
+    """Each method's step size on `p`: its grid on the tuning seeds, extended by twice its largest step size where
+    that one won (half its smallest where that one won or every one diverged), up to `p.edge_steps` times, so that
+    no choice is a grid's edge unless the study says so. A resumed study keeps the runs it has."""
+    grids = {m: list(grid) for m in p.methods if (grid := p.grid(m))}
+    for step in range(p.edge_steps + 1):
+        plan = [Run(p, m, lr, s, True) for m, grid in grids.items() for lr in grid for s in p.tune_seeds]
+        for run, r in run_all([r for r in plan if not _done(res, r)], jobs, log):
+            res.tuning.setdefault(p.profile, []).append(_record(run, r))
+            save()
+        runs = [r for r in res.tuning.get(p.profile, []) if r["seed"] in p.tune_seeds]
+        chosen = {m: choose_lr([r for r in runs if r["method"] == m and r["lr"] in grids[m]], p.target) for m in grids}
+        edges = {m: past_edge(grids[m], lr) for m, lr in chosen.items()}
+        if step == p.edge_steps or not any(edges.values()):
+            break
+        for m, lr in edges.items():
+            if lr is not None:
+                grids[m] = sorted({*grids[m], lr})
+    return with_sources(p, chosen)
+
+
+def with_sources(p: Profile, chosen: dict[str, float | None]) -> dict[str, float | None]:
+    """`chosen` with each of `p`'s methods that is not tuned itself (the default) at its `lr_source`'s step size."""
+    return {m: chosen.get(m) if p.grid(m) else chosen.get(lr_source(METHODS[m])) for m in p.methods}
+
+
+def tuned_before(res: Results, p: Profile) -> dict[str, float | None]:
+    """Each method's step size by the tuning runs `res` holds for `p` (those of a resumed study), as `tune` chose
+    it; empty where it holds none."""
+    runs = [r for r in res.tuning.get(p.profile, []) if r["seed"] in p.tune_seeds]
+    chosen = {m: choose_lr(rs, p.target) for m in p.methods if (rs := [r for r in runs if r["method"] == m])}
+    return with_sources(p, chosen) if chosen else {}
+
+
+def past_edge(grid: list[float], chosen: float | None) -> float | None:
+    """The step size past the edge of `grid` that `chosen` sits on (None: inside it, nothing to add)."""
+    if chosen is None or chosen == grid[0]:
+        return grid[0] / 2
+    return 2 * grid[-1] if chosen == grid[-1] else None
 
 
 def _done(res: Results, run: Run) -> bool:
@@ -543,7 +642,7 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
     how many runs got there and diverged."""
     rows = []
     for m in p["methods"]:
-        rs = [r for r in runs if r["method"] == m]
+        rs = [r for r in runs if r["method"] == m and chosen.get(m) in (None, r["lr"])]
         if not rs:
             rows.append({"method": m, "lr": chosen.get(m), "runs": 0})
             continue
@@ -640,6 +739,8 @@ def render(res: Results) -> str:
                 f"{_ratio(row['time'], t_star or math.inf)} |"
             )
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
+        own = [r for r in res.tuning.get(name, []) if r["seed"] in p["tune_seeds"]]
+        out += render_shared(name, own, p["target"], chosen)
     evidence = [
         evidence_row(name, file, method_rows(p, res.report[name], res.chosen.get(p["lr_from"] or name, {})))
         for name, p in res.profiles.items()

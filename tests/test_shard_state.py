@@ -398,13 +398,15 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch() -> None:
 
 @pytest.mark.parametrize(
     "protocol, settings",
-    [("asgd", AsyncSettings(staleness_step="delay")), ("ssp", SspSettings(100, staleness_step="delay"))],
+    [
+        ("asgd", AsyncSettings(staleness_step="delay")),
+        ("ssp", SspSettings(100, staleness_step="delay")),
+        ("ringmaster", RingmasterSettings(10, staleness_step="delay")),
+    ],
 )
-def test_the_delay_step_divides_each_gradients_step_by_its_staleness(
-    protocol: str, settings: AsyncSettings | SspSettings
-) -> None:
+def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol: str, settings: AsyncSettings) -> None:
     """--staleness-step delay: gradients 0, 1 and 3 versions stale step at lr, lr and lr/3 (B/n samples each,
-    DBS weight 1)."""
+    DBS weight 1). Ringmaster (R 10) would take all three at lr under its own step, min(1, (R / 2) / tau)."""
     state, w0 = _state(protocol, settings=settings)
     gen = torch.Generator().manual_seed(10)
     steps = []

@@ -13,6 +13,7 @@ import pytest
 from bench.simulate import PROFILES
 from bench.tuned_study import (
     CLUSTERS,
+    DEFAULT,
     STUDIES,
     TUNED_LRS,
     Profile,
@@ -23,7 +24,10 @@ from bench.tuned_study import (
     choose_lr,
     cost_line,
     diverged,
+    lr_source,
     median_time,
+    method_rows,
+    past_edge,
     reference_s,
     render,
     sim_config,
@@ -205,11 +209,21 @@ def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path: Path, capsy
     report = (tmp_path / "tuned-quick" / "report.md").read_text()
     quick = STUDIES["tuned-quick"][0]
     assert "each method's step size tuned over its grid on seeds 100" in report
-    assert all(any(f"| {m} | {lr:g} |" in report for lr in quick.lrs) for m in quick.methods), report
+    grown = (*quick.lrs, 2 * quick.lrs[-1])  # one step past a winning edge (edge_steps 1)
+    assert all(any(f"| {m} | {lr:g} |" in report for lr in grown) for m in quick.methods), report
     assert (tmp_path / "tuned-quick" / "tuned_bench4.png").stat().st_size > 10_000
     assert "### mixed_gpus16: 16 workers" in report and (tmp_path / "tuned-quick" / "tuned_mixed_gpus16.png").exists()
     assert "default by measurement: " in capsys.readouterr().out
-    assert "Cost (CPU minutes): 4 tuning runs, " in report and "The whole study: " in report
+    assert "Cost (CPU minutes): 6 tuning runs, " in report and "The whole study: " in report
+    chosen = {
+        m: lr for m in quick.methods if (lr := next((lr for lr in quick.lrs if f"| {m} | {lr:g} |" in report), 0))
+    }
+    assert run_study("tuned-quick", str(tmp_path), jobs=1, resume=True, only=("default",)) == 0
+    again = (tmp_path / "tuned-quick" / "report.md").read_text()
+    source = chosen[lr_source(DEFAULT)]
+    assert f"| {DEFAULT.name} | {source:g} | " in again, "the default at its fixed-batch method's tuned step size"
+    assert all(f"| {m} | {lr:g} |" in again for m, lr in chosen.items()), "the study's rows are kept beside it"
+    assert "Cost (CPU minutes): 6 tuning runs, " in again, "nothing tuned again"
 
 
 def test_the_regime_study_runs_the_issues_methods_each_over_a_grid_of_at_least_four_on_seeds_apart() -> None:
@@ -221,9 +235,39 @@ def test_the_regime_study_runs_the_issues_methods_each_over_a_grid_of_at_least_f
     assert ("staleness_step", "delay") in METHODS["DBS-SGD (delay step)"].settings
     for p in STUDIES["regimes"]:
         assert p.seeds == (0, 1, 2, 3, 4) and not set(p.tune_seeds) & set(p.seeds)
-        for m in p.methods:
+        assert DEFAULT.name in p.methods and p.grid(DEFAULT.name) == (), "the default at its source's step size"
+        for m in set(p.methods) - {DEFAULT.name}:
             grid = p.grid(m)
             assert len(grid) >= 4 and grid[-1] == 2 * METHODS[m].lrs[-1], (m, grid)
+
+
+def test_a_grid_grows_past_the_edge_its_winner_sits_on_and_not_from_inside() -> None:
+    grid = [0.1, 0.2, 0.4]
+    assert past_edge(grid, 0.4) == 0.8 and past_edge(grid, 0.1) == 0.05
+    assert past_edge(grid, 0.2) is None
+    assert past_edge(grid, None) == 0.05, "every step size diverged: a smaller one"
+
+
+def test_a_methods_row_counts_only_the_runs_at_its_chosen_step_size() -> None:
+    """A grid extended after a first choice leaves report runs at the earlier step size in a resumed folder."""
+    p = asdict(Profile("bench4", 128, ("asgd+fixed",), (0,)))
+    runs = [_run("asgd+fixed", 0.02, 30.0), _run("asgd+fixed", 0.04, 20.0), _run("asgd+fixed", 0.04, 24.0)]
+    (row,) = method_rows(p, runs, {"asgd+fixed": 0.04})
+    assert (row["lr"], row["runs"], row["time"]) == (0.04, 2, 22.0)
+
+
+def test_the_default_is_what_a_job_runs_with_every_flag_at_its_default_at_a_tuned_step_size() -> None:
+    from bench.tuned_study import ALL, METHODS
+    from dynabatch.common.config import JobConfig
+
+    job = JobConfig()
+    assert (DEFAULT.protocol, DEFAULT.policy) == (job.protocol, job.batch_policy)
+    assert job.protocol in DEFAULT.name and job.batch_policy in DEFAULT.name and DEFAULT.name not in ALL
+    source = METHODS[lr_source(DEFAULT)]
+    assert (source.protocol, source.policy, source.settings) == (job.protocol, "fixed", DEFAULT.settings)
+    assert source.lrs, "a tuned method"
+    job_of_run = sim_config(Run(STUDIES["regimes"][0], DEFAULT.name, 0.02, 0, tuning=False))
+    assert (job_of_run.protocol, job_of_run.policy) == (job.protocol, job.batch_policy)
 
 
 def test_msync_takes_the_clusters_fastest_m_with_transfers_counted_so_a_slow_link_is_left_out() -> None:
