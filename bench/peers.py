@@ -112,6 +112,13 @@ class Settings:
     eval_samples: int = 10_000  # the first N test images score every snapshot (a shorter run scores on fewer)
     slowdowns: tuple[str, ...] = SLOWDOWNS  # the profile (tests idle their workers with larger ones)
     lrs: tuple[tuple[str, float], ...] = ()  # step sizes given, not tuned: (system key, lr)
+    tune_budgets: tuple[tuple[str, float], ...] = ()  # a system's tuning budget where not budget_s: (key, seconds)
+    max_runs: int = 0  # new runs this invocation starts at most (0: no limit); the next one goes on
+
+    def tuning_budget(self, key: str) -> float:
+        """The budget `key`'s tuning runs get: a system that reaches the marks early in every run need not be
+        tuned at the budget of one that reaches them late (time to a mark does not depend on the budget)."""
+        return dict(self.tune_budgets).get(key, self.budget_s)
 
     def report_seeds(self) -> list[int]:
         return list(range(self.rounds))
@@ -131,6 +138,10 @@ QUICK = Settings(
     eval_samples=2000,
     lrs=(("dynabatch", 0.05), ("ddp", 0.1)),
 )
+
+
+class Paused(Exception):
+    """The invocation started its `Settings.max_runs` new runs; the runs it finished are stored."""
 
 
 @dataclass
@@ -379,14 +390,24 @@ def score(run: Run, folder: Path, launched: float, scorer: Scorer) -> None:
             run.samples_per_s = (moving[-1][1] - moving[0][1]) / (moving[-1][0] - moving[0][0])
 
 
-def run_one(system: System, lr: float, seed: int, settings: Settings, out: Path, data_dir: str, scorer: Scorer) -> Run:
-    """Launch, watch and score one run of `system` in out/KEY-lrLR-sSEED/."""
-    folder = out / f"{system.key}-lr{lr:g}-s{seed}"
+def run_one(
+    system: System,
+    lr: float,
+    seed: int,
+    settings: Settings,
+    out: Path,
+    data_dir: str,
+    scorer: Scorer,
+    budget_s: float | None = None,
+) -> Run:
+    """Launch, watch and score one run of `system` in out/KEY-lrLR-sSEED-BUDGET/ (budget_s: settings' if None)."""
+    budget = settings.budget_s if budget_s is None else budget_s
+    folder = out / f"{system.key}-lr{lr:g}-s{seed}-{budget:g}s"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    run = Run(system.key, lr, seed, settings.budget_s)
+    run = Run(system.key, lr, seed, budget)
     launched = time.time()
-    deadline = launched + settings.budget_s
+    deadline = launched + budget
     try:
         procs = launch(system, lr, seed, deadline, settings, folder, data_dir)
         checkpoint = folder / "run" / "checkpoints" / "shard-0.pt" if system.kind == "dynabatch" else None
@@ -452,6 +473,7 @@ def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
         "runs": len(runs),
         "ok": len(ok),
         "lr": runs[0].lr if runs else None,
+        "budget_s": runs[0].budget_s if runs else None,
     }
     for mark in (f"{m:g}" for m in MARKS):
         median = _median_time(ok, mark)
@@ -487,19 +509,24 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
     for key, why in skipped.items():
         progress(f"[peers] {key} skipped: {why}")
     given = dict(settings.lrs)
+    started = 0
 
-    def get(system: System, lr: float, seed: int, what: str) -> Run:
-        key = (system.key, lr, seed, settings.budget_s)
+    def get(system: System, lr: float, seed: int, what: str, budget_s: float = settings.budget_s) -> Run:
+        nonlocal started
+        key = (system.key, lr, seed, budget_s)
         if key not in done:
+            if settings.max_runs and started >= settings.max_runs:
+                raise Paused(f"{started} new run(s) done; run the same command again to go on")
+            started += 1
             t0 = time.monotonic()
-            done[key] = run_one(system, lr, seed, settings, out / "runs", data_dir, scorer)
+            done[key] = run_one(system, lr, seed, settings, out / "runs", data_dir, scorer, budget_s)
             stored.write_text(json.dumps([asdict(r) for r in done.values()]))
             r = done[key]
             progress(
                 f"[peers {what}] {system.key} lr {lr:g} seed {seed}: "
                 + (
                     f"85% at {_secs(r.time_to.get('0.85'))}, 88% at {_secs(r.time_to.get('0.88'))}, "
-                    f"{_pct(r.acc_at_budget)} at {settings.budget_s:.0f} s, {_num(r.samples_per_s)} samples/s, "
+                    f"{_pct(r.acc_at_budget)} at {budget_s:.0f} s, {_num(r.samples_per_s)} samples/s, "
                     f"load {_num1(r.load)}"
                     if r.ok
                     else f"failed: {r.error}"
@@ -514,11 +541,12 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
         if system.key in given:
             tuned[system.key] = given[system.key]
             continue
-        runs = [get(system, lr, seed, "tune") for seed in settings.tuning_seeds() for lr in system.lrs]
+        budget = settings.tuning_budget(system.key)
+        runs = [get(system, lr, seed, "tune", budget) for seed in settings.tuning_seeds() for lr in system.lrs]
         tried = list(system.lrs)
         while len(tried) < len(system.lrs) + EXTEND_AT_MOST and (more := beyond_edge(tried, choose_lr(runs))):
             tried.append(more)
-            runs += [get(system, more, seed, "tune (grid's edge won)") for seed in settings.tuning_seeds()]
+            runs += [get(system, more, seed, "tune (grid's edge won)", budget) for seed in settings.tuning_seeds()]
         tuned[system.key] = choose_lr(runs)
         tuning[system.key] = [aggregate(system.key, [r for r in runs if r.lr == lr]) for lr in sorted(tried)]
         progress(f"[peers tune] {system.key}: lr {tuned[system.key]}")
@@ -596,14 +624,15 @@ def table(results: dict[str, Any]) -> str:
 def tuning_table(results: dict[str, Any]) -> str:
     """Every step size tried per system on the tuning seeds."""
     lines = [
-        "| system | lr | time to 85% | time to 88% | test acc. at deadline | load avg. |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| system | lr | budget | time to 85% | time to 88% | test acc. at deadline | load avg. |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for key, rows in results["tuning"].items():
         for row in rows:
             chosen = " (chosen)" if row["lr"] == results["tuned_lrs"].get(key) else ""
             lines.append(
-                f"| {SYSTEMS[key].label} | {row['lr']:g}{chosen} | {_secs(row['time_to_0.85'])} | "
+                f"| {SYSTEMS[key].label} | {row['lr']:g}{chosen} | {_secs(row.get('budget_s'))} | "
+                f"{_secs(row['time_to_0.85'])} | "
                 f"{_secs(row['time_to_0.88'])} | {_pct(row['acc_at_budget'])} | {_num1(row.get('load'))} |"
             )
     return "\n".join(lines)
@@ -704,17 +733,30 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--snapshot-s", type=float, default=FULL.snapshot_s)
     p.add_argument("--eval-samples", type=int, default=FULL.eval_samples, help="test images scoring a snapshot")
     p.add_argument("--lr", nargs="+", default=[], metavar="SYSTEM=LR", help="use this step size, do not tune")
+    p.add_argument(
+        "--tune-budget-s",
+        nargs="+",
+        default=[],
+        metavar="SYSTEM=S",
+        help="tune SYSTEM at this budget (default: --budget-s)",
+    )
+    p.add_argument(
+        "--max-runs", type=int, default=0, help="start at most this many new runs, then stop (the next call goes on)"
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/peers"))
     p.add_argument("--data-dir", default="")
     p.add_argument("--report-only", type=Path, metavar="DIR", help="re-render DIR's report from its results.json")
     args = p.parse_args(argv)
-    try:
-        args.lr = tuple((k, float(v)) for k, v in (item.split("=", 1) for item in args.lr))
-    except ValueError:
-        p.error(f"--lr: expected SYSTEM=LR, got {args.lr}")
-    unknown = [k for k, _ in args.lr if k not in SYSTEMS]
-    if unknown:
-        p.error(f"--lr: unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+    for name in ("lr", "tune_budget_s"):
+        flag = "--" + name.replace("_", "-")
+        try:
+            pairs = tuple((k, float(v)) for k, v in (item.split("=", 1) for item in getattr(args, name)))
+        except ValueError:
+            p.error(f"{flag}: expected SYSTEM=NUMBER, got {getattr(args, name)}")
+        unknown = [k for k, _ in pairs if k not in SYSTEMS]
+        if unknown:
+            p.error(f"{flag}: unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+        setattr(args, name, pairs)
     return args
 
 
@@ -732,12 +774,18 @@ def main(argv: Sequence[str]) -> int:
         snapshot_s=args.snapshot_s,
         eval_samples=args.eval_samples,
         lrs=args.lr,
+        tune_budgets=args.tune_budget_s,
+        max_runs=args.max_runs,
     )
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    results = compare(settings, args.out, args.data_dir, progress)
+    try:
+        results = compare(settings, args.out, args.data_dir, progress)
+    except Paused as stop:
+        progress(f"[peers] paused: {stop}")
+        return 0
     results["command"] = " ".join(["python", "-m", "bench.peers", *argv])
     write(results, args.out)
     progress(f"report: {args.out / 'report.md'}")
