@@ -48,6 +48,7 @@ from typing import Any
 SLOWDOWNS = ("1", "1", "2", "4")
 GLOBAL_BATCH = 192
 MARKS = (0.85, 0.88)
+EQUAL_TIME_S = 60.0  # accuracy at equal time: every system's model as it stood this long after launch
 DIVERGED_BELOW = 0.2  # a model this far from learning at the deadline (or with a non-finite parameter) diverged
 STOP_GRACE_S = 90.0  # after the deadline: a process's last snapshot, shutdown; then its group is killed
 LAUNCH_SLACK_S = 300.0  # dynabatch's own --timeout-s beyond the budget
@@ -161,6 +162,12 @@ class Run:
     samples_per_s: float | None = None
     diverged: bool = False
     load: float | None = None  # the machine's mean 1-minute load average while the run trained
+
+    def acc_at(self, t: float) -> float | None:
+        """The accuracy of the last snapshot taken by `t` seconds after launch (None before the first, or not
+        finite)."""
+        before = [acc for at, _, acc in self.curve if at <= t]
+        return before[-1] if before and not math.isnan(before[-1]) else None
 
     @property
     def key(self) -> tuple[str, float, int, float]:
@@ -484,6 +491,8 @@ def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
     accs = [r.acc_at_budget for r in ok if r.acc_at_budget is not None]
     row["acc_at_budget"] = statistics.fmean(accs) if accs else None
     row["acc_at_budget_sd"] = statistics.stdev(accs) if len(accs) > 1 else 0.0
+    equal = [a for a in (r.acc_at(EQUAL_TIME_S) for r in ok) if a is not None]
+    row["acc_at_equal_time"] = statistics.fmean(equal) if equal else None
     speeds = [r.samples_per_s for r in ok if r.samples_per_s]
     row["samples_per_s"] = statistics.fmean(speeds) if speeds else None
     loads = [r.load for r in runs if r.load is not None]
@@ -607,14 +616,16 @@ def _num1(x: float | None) -> str:
 def table(results: dict[str, Any]) -> str:
     """The reported rounds, one row per system."""
     lines = [
-        "| system | lr (tuned) | runs | time to 85% | time to 88% | test acc. at deadline | samples/s | "
+        "| system | lr (tuned) | runs | time to 85% | time to 88% | "
+        f"test acc. at {EQUAL_TIME_S:.0f} s | test acc. at deadline | samples/s | "
         "samples to 85% | samples to 88% | load avg. |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results["rows"]:
         lines.append(
             f"| {row['label']} | {row['lr']:g} | {row['ok']}/{row['runs']} | {_secs(row['time_to_0.85'])} "
             f"({row['reached_0.85']}/{row['ok']}) | {_secs(row['time_to_0.88'])} ({row['reached_0.88']}/{row['ok']}) "
+            f"| {_pct(row.get('acc_at_equal_time'))} "
             f"| {_pct(row['acc_at_budget'])} ± {100 * row['acc_at_budget_sd']:.2f} | {_num(row['samples_per_s'])} "
             f"| {_num(row['samples_to_0.85'])} | {_num(row['samples_to_0.88'])} | {_num1(row.get('load'))} |"
         )

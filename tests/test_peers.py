@@ -161,3 +161,10 @@ def test_a_simulated_tuning_run_stops_at_the_target_and_carries_its_peers_settin
     assert tuning.stop_at == float(TARGET) and reported.stop_at == 0.0, "a reported run goes to the budget"
     assert tuning.job["staleness_step"] == "delay" and tuning.job["lr"] == 0.2
     assert "staleness_step" not in config(SimRun("tail16", "dynabatch", 0.01, 0, False)).job, "the default's is its own"
+
+
+def test_accuracy_at_equal_time_is_the_last_snapshot_taken_by_then() -> None:
+    run = _run(0.05, None, 0.86)
+    run.curve = [(4.0, 100, 0.5), (58.0, 900, 0.84), (62.0, 1000, 0.86), (70.0, 1100, float("nan"))]
+    assert run.acc_at(60.0) == 0.84 and run.acc_at(3.0) is None and run.acc_at(75.0) is None
+    assert peers.aggregate("ddp", [run])["acc_at_equal_time"] == 0.84
