@@ -168,3 +168,16 @@ def test_accuracy_at_equal_time_is_the_last_snapshot_taken_by_then() -> None:
     run.curve = [(4.0, 100, 0.5), (58.0, 900, 0.84), (62.0, 1000, 0.86), (70.0, 1100, float("nan"))]
     assert run.acc_at(60.0) == 0.84 and run.acc_at(3.0) is None and run.acc_at(75.0) is None
     assert peers.aggregate("ddp", [run])["acc_at_equal_time"] == 0.84
+
+
+def test_a_run_trains_holding_the_shared_lock_at_normal_priority_and_gives_both_back(tmp_path: Path) -> None:
+    import fcntl
+
+    lock, before = tmp_path / "wallclock.lock", os.getpriority(os.PRIO_PROCESS, 0)
+    with peers.wall_clock(str(lock)), open(lock) as other:
+        assert os.getpriority(os.PRIO_PROCESS, 0) == 0, "what it launches trains at normal priority"
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before, "scoring runs at the priority the command started with"
+    with open(lock) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the run has trained
