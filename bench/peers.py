@@ -30,6 +30,7 @@ interrupted comparison goes on where it stopped, and one can be measured in part
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import json
 import math
@@ -40,7 +41,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,7 @@ from typing import Any
 SLOWDOWNS = ("1", "1", "2", "4")
 GLOBAL_BATCH = 192
 MARKS = (0.85, 0.88)
+EQUAL_TIME_S = 60.0  # accuracy at equal time: every system's model as it stood this long after launch
 DIVERGED_BELOW = 0.2  # a model this far from learning at the deadline (or with a non-finite parameter) diverged
 STOP_GRACE_S = 90.0  # after the deadline: a process's last snapshot, shutdown; then its group is killed
 LAUNCH_SLACK_S = 300.0  # dynabatch's own --timeout-s beyond the budget
@@ -112,6 +115,14 @@ class Settings:
     eval_samples: int = 10_000  # the first N test images score every snapshot (a shorter run scores on fewer)
     slowdowns: tuple[str, ...] = SLOWDOWNS  # the profile (tests idle their workers with larger ones)
     lrs: tuple[tuple[str, float], ...] = ()  # step sizes given, not tuned: (system key, lr)
+    tune_budgets: tuple[tuple[str, float], ...] = ()  # a system's tuning budget where not budget_s: (key, seconds)
+    max_runs: int = 0  # new runs this invocation starts at most (0: no limit); the next one goes on
+    lock: str = ""  # a file whose lock (flock) each run holds while it trains, shared with other wall-clock jobs
+
+    def tuning_budget(self, key: str) -> float:
+        """The budget `key`'s tuning runs get: a system that reaches the marks early in every run need not be
+        tuned at the budget of one that reaches them late (time to a mark does not depend on the budget)."""
+        return dict(self.tune_budgets).get(key, self.budget_s)
 
     def report_seeds(self) -> list[int]:
         return list(range(self.rounds))
@@ -133,6 +144,10 @@ QUICK = Settings(
 )
 
 
+class Paused(Exception):
+    """The invocation started its `Settings.max_runs` new runs; the runs it finished are stored."""
+
+
 @dataclass
 class Run:
     """One run's scored snapshots and figures; times in seconds since its launch."""
@@ -150,6 +165,12 @@ class Run:
     samples_per_s: float | None = None
     diverged: bool = False
     load: float | None = None  # the machine's mean 1-minute load average while the run trained
+
+    def acc_at(self, t: float) -> float | None:
+        """The accuracy of the last snapshot taken by `t` seconds after launch (None before the first, or not
+        finite)."""
+        before = [acc for at, _, acc in self.curve if at <= t]
+        return before[-1] if before and not math.isnan(before[-1]) else None
 
     @property
     def key(self) -> tuple[str, float, int, float]:
@@ -379,20 +400,51 @@ def score(run: Run, folder: Path, launched: float, scorer: Scorer) -> None:
             run.samples_per_s = (moving[-1][1] - moving[0][1]) / (moving[-1][0] - moving[0][0])
 
 
-def run_one(system: System, lr: float, seed: int, settings: Settings, out: Path, data_dir: str, scorer: Scorer) -> Run:
-    """Launch, watch and score one run of `system` in out/KEY-lrLR-sSEED/."""
-    folder = out / f"{system.key}-lr{lr:g}-s{seed}"
+@contextmanager
+def wall_clock(lock: str) -> Iterator[None]:
+    """While a run trains: the machine's shared lock held (where `lock` names its file; flock, as `flock LOCK cmd`
+    takes it) and this process, so every process it launches, at normal priority. Scoring waits its turn outside
+    the lock, at the priority the command was started with (`nice -n 10 python -m bench.peers --lock FILE`)."""
+    if not lock:
+        yield
+        return
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+            yield
+        finally:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def run_one(
+    system: System,
+    lr: float,
+    seed: int,
+    settings: Settings,
+    out: Path,
+    data_dir: str,
+    scorer: Scorer,
+    budget_s: float | None = None,
+) -> Run:
+    """Launch, watch and score one run of `system` in out/KEY-lrLR-sSEED-BUDGET/ (budget_s: settings' if None)."""
+    budget = settings.budget_s if budget_s is None else budget_s
+    folder = out / f"{system.key}-lr{lr:g}-s{seed}-{budget:g}s"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    run = Run(system.key, lr, seed, settings.budget_s)
+    run = Run(system.key, lr, seed, budget)
     launched = time.time()
-    deadline = launched + settings.budget_s
     try:
-        procs = launch(system, lr, seed, deadline, settings, folder, data_dir)
-        checkpoint = folder / "run" / "checkpoints" / "shard-0.pt" if system.kind == "dynabatch" else None
-        loads: list[float] = []
-        run.error = watch(procs, deadline, folder, checkpoint, loads)
-        run.load = statistics.fmean(loads) if loads else None
+        with wall_clock(settings.lock):
+            launched = time.time()
+            deadline = launched + budget
+            procs = launch(system, lr, seed, deadline, settings, folder, data_dir)
+            checkpoint = folder / "run" / "checkpoints" / "shard-0.pt" if system.kind == "dynabatch" else None
+            loads: list[float] = []
+            run.error = watch(procs, deadline, folder, checkpoint, loads)
+            run.load = statistics.fmean(loads) if loads else None
         if system.kind == "dynabatch":
             dynabatch_snapshots(folder, data_dir)
         score(run, folder, launched, scorer)
@@ -452,6 +504,7 @@ def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
         "runs": len(runs),
         "ok": len(ok),
         "lr": runs[0].lr if runs else None,
+        "budget_s": runs[0].budget_s if runs else None,
     }
     for mark in (f"{m:g}" for m in MARKS):
         median = _median_time(ok, mark)
@@ -462,6 +515,8 @@ def aggregate(system: str, runs: list[Run]) -> dict[str, Any]:
     accs = [r.acc_at_budget for r in ok if r.acc_at_budget is not None]
     row["acc_at_budget"] = statistics.fmean(accs) if accs else None
     row["acc_at_budget_sd"] = statistics.stdev(accs) if len(accs) > 1 else 0.0
+    equal = [a for a in (r.acc_at(EQUAL_TIME_S) for r in ok) if a is not None]
+    row["acc_at_equal_time"] = statistics.fmean(equal) if equal else None
     speeds = [r.samples_per_s for r in ok if r.samples_per_s]
     row["samples_per_s"] = statistics.fmean(speeds) if speeds else None
     loads = [r.load for r in runs if r.load is not None]
@@ -487,19 +542,24 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
     for key, why in skipped.items():
         progress(f"[peers] {key} skipped: {why}")
     given = dict(settings.lrs)
+    started = 0
 
-    def get(system: System, lr: float, seed: int, what: str) -> Run:
-        key = (system.key, lr, seed, settings.budget_s)
+    def get(system: System, lr: float, seed: int, what: str, budget_s: float = settings.budget_s) -> Run:
+        nonlocal started
+        key = (system.key, lr, seed, budget_s)
         if key not in done:
+            if settings.max_runs and started >= settings.max_runs:
+                raise Paused(f"{started} new run(s) done; run the same command again to go on")
+            started += 1
             t0 = time.monotonic()
-            done[key] = run_one(system, lr, seed, settings, out / "runs", data_dir, scorer)
+            done[key] = run_one(system, lr, seed, settings, out / "runs", data_dir, scorer, budget_s)
             stored.write_text(json.dumps([asdict(r) for r in done.values()]))
             r = done[key]
             progress(
                 f"[peers {what}] {system.key} lr {lr:g} seed {seed}: "
                 + (
                     f"85% at {_secs(r.time_to.get('0.85'))}, 88% at {_secs(r.time_to.get('0.88'))}, "
-                    f"{_pct(r.acc_at_budget)} at {settings.budget_s:.0f} s, {_num(r.samples_per_s)} samples/s, "
+                    f"{_pct(r.acc_at_budget)} at {budget_s:.0f} s, {_num(r.samples_per_s)} samples/s, "
                     f"load {_num1(r.load)}"
                     if r.ok
                     else f"failed: {r.error}"
@@ -514,11 +574,12 @@ def compare(settings: Settings, out: Path, data_dir: str, progress: Callable[[st
         if system.key in given:
             tuned[system.key] = given[system.key]
             continue
-        runs = [get(system, lr, seed, "tune") for seed in settings.tuning_seeds() for lr in system.lrs]
+        budget = settings.tuning_budget(system.key)
+        runs = [get(system, lr, seed, "tune", budget) for seed in settings.tuning_seeds() for lr in system.lrs]
         tried = list(system.lrs)
         while len(tried) < len(system.lrs) + EXTEND_AT_MOST and (more := beyond_edge(tried, choose_lr(runs))):
             tried.append(more)
-            runs += [get(system, more, seed, "tune (grid's edge won)") for seed in settings.tuning_seeds()]
+            runs += [get(system, more, seed, "tune (grid's edge won)", budget) for seed in settings.tuning_seeds()]
         tuned[system.key] = choose_lr(runs)
         tuning[system.key] = [aggregate(system.key, [r for r in runs if r.lr == lr]) for lr in sorted(tried)]
         progress(f"[peers tune] {system.key}: lr {tuned[system.key]}")
@@ -579,14 +640,16 @@ def _num1(x: float | None) -> str:
 def table(results: dict[str, Any]) -> str:
     """The reported rounds, one row per system."""
     lines = [
-        "| system | lr (tuned) | runs | time to 85% | time to 88% | test acc. at deadline | samples/s | "
+        "| system | lr (tuned) | runs | time to 85% | time to 88% | "
+        f"test acc. at {EQUAL_TIME_S:.0f} s | test acc. at deadline | samples/s | "
         "samples to 85% | samples to 88% | load avg. |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results["rows"]:
         lines.append(
             f"| {row['label']} | {row['lr']:g} | {row['ok']}/{row['runs']} | {_secs(row['time_to_0.85'])} "
             f"({row['reached_0.85']}/{row['ok']}) | {_secs(row['time_to_0.88'])} ({row['reached_0.88']}/{row['ok']}) "
+            f"| {_pct(row.get('acc_at_equal_time'))} "
             f"| {_pct(row['acc_at_budget'])} ± {100 * row['acc_at_budget_sd']:.2f} | {_num(row['samples_per_s'])} "
             f"| {_num(row['samples_to_0.85'])} | {_num(row['samples_to_0.88'])} | {_num1(row.get('load'))} |"
         )
@@ -596,14 +659,15 @@ def table(results: dict[str, Any]) -> str:
 def tuning_table(results: dict[str, Any]) -> str:
     """Every step size tried per system on the tuning seeds."""
     lines = [
-        "| system | lr | time to 85% | time to 88% | test acc. at deadline | load avg. |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| system | lr | budget | time to 85% | time to 88% | test acc. at deadline | load avg. |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for key, rows in results["tuning"].items():
         for row in rows:
             chosen = " (chosen)" if row["lr"] == results["tuned_lrs"].get(key) else ""
             lines.append(
-                f"| {SYSTEMS[key].label} | {row['lr']:g}{chosen} | {_secs(row['time_to_0.85'])} | "
+                f"| {SYSTEMS[key].label} | {row['lr']:g}{chosen} | {_secs(row.get('budget_s'))} | "
+                f"{_secs(row['time_to_0.85'])} | "
                 f"{_secs(row['time_to_0.88'])} | {_pct(row['acc_at_budget'])} | {_num1(row.get('load'))} |"
             )
     return "\n".join(lines)
@@ -704,17 +768,36 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--snapshot-s", type=float, default=FULL.snapshot_s)
     p.add_argument("--eval-samples", type=int, default=FULL.eval_samples, help="test images scoring a snapshot")
     p.add_argument("--lr", nargs="+", default=[], metavar="SYSTEM=LR", help="use this step size, do not tune")
+    p.add_argument(
+        "--tune-budget-s",
+        nargs="+",
+        default=[],
+        metavar="SYSTEM=S",
+        help="tune SYSTEM at this budget (default: --budget-s)",
+    )
+    p.add_argument(
+        "--lock",
+        default="",
+        metavar="FILE",
+        help="hold FILE's lock and run at normal priority only while a run trains (start the command niced)",
+    )
+    p.add_argument(
+        "--max-runs", type=int, default=0, help="start at most this many new runs, then stop (the next call goes on)"
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/peers"))
     p.add_argument("--data-dir", default="")
     p.add_argument("--report-only", type=Path, metavar="DIR", help="re-render DIR's report from its results.json")
     args = p.parse_args(argv)
-    try:
-        args.lr = tuple((k, float(v)) for k, v in (item.split("=", 1) for item in args.lr))
-    except ValueError:
-        p.error(f"--lr: expected SYSTEM=LR, got {args.lr}")
-    unknown = [k for k, _ in args.lr if k not in SYSTEMS]
-    if unknown:
-        p.error(f"--lr: unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+    for name in ("lr", "tune_budget_s"):
+        flag = "--" + name.replace("_", "-")
+        try:
+            pairs = tuple((k, float(v)) for k, v in (item.split("=", 1) for item in getattr(args, name)))
+        except ValueError:
+            p.error(f"{flag}: expected SYSTEM=NUMBER, got {getattr(args, name)}")
+        unknown = [k for k, _ in pairs if k not in SYSTEMS]
+        if unknown:
+            p.error(f"{flag}: unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+        setattr(args, name, pairs)
     return args
 
 
@@ -732,12 +815,19 @@ def main(argv: Sequence[str]) -> int:
         snapshot_s=args.snapshot_s,
         eval_samples=args.eval_samples,
         lrs=args.lr,
+        tune_budgets=args.tune_budget_s,
+        max_runs=args.max_runs,
+        lock=args.lock,
     )
 
     def progress(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    results = compare(settings, args.out, args.data_dir, progress)
+    try:
+        results = compare(settings, args.out, args.data_dir, progress)
+    except Paused as stop:
+        progress(f"[peers] paused: {stop}")
+        return 0
     results["command"] = " ".join(["python", "-m", "bench.peers", *argv])
     write(results, args.out)
     progress(f"report: {args.out / 'report.md'}")

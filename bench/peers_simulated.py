@@ -5,6 +5,8 @@ time with the real scheduler and shard code (its public entry point `simulate` o
 What can be expressed there is compared, each at its own tuned step size:
 
 - dynabatch's default: asgd with fixed batches (B/n each) on every node;
+- the default with `--staleness-step delay` (each gradient's step divided by its staleness), the
+  flag a user of many asynchronous nodes would reach for;
 - dynabatch with ringmaster and fixed batches, the best measured on tail16 after the push fix
   (bench/RESULTS.md 14b): dynabatch's best here is the faster of the two;
 - DDP: bulk synchronous with equal batches (ssgd + fixed) on every node, global batch B;
@@ -12,12 +14,14 @@ What can be expressed there is compared, each at its own tuned step size:
 - the m fastest synchronous (m = n/4), equal batches of B/n: a user who leaves the slow machines out.
 
 hivemind is not expressible (its matchmaking and averaging are not a protocol of the
-shards). Step sizes are tuned as bench/tuned_study.py tunes them (its grids, tuning seeds
-100, 101, its `choose_lr` and `diverged`); the 256-node profile takes the 64-node choice.
+shards). Step sizes are tuned on every profile, each peer over its own grid, as
+bench/tuned_study.py tunes them (tuning seeds 100, 101, its `choose_lr` and `diverged`;
+tuning runs stop at the target); where an edge of the grid wins, the grid goes on past it
+(bench/peers.py's `beyond_edge`, at most EXTEND_AT_MOST more).
 
     python -m bench.peers_simulated                          # tail16, lognormal64, lognormal256
     python -m bench.peers_simulated --profiles tail16 --seeds 0 --tune-seeds 100 --jobs 2
-    python -m bench.peers_simulated --profiles lognormal64 --lr lognormal64:dynabatch=0.01 lognormal64:ddp=0.4
+    python -m bench.peers_simulated --profiles lognormal64 --lr lognormal64:ddp=0.4 --peers dynabatch ddp
 
 Every finished simulation is appended to OUT/runs.jsonl and not run again: an interrupted
 comparison goes on where it stopped (a run is a function of its settings and seed).
@@ -29,12 +33,13 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
+from bench.peers import EXTEND_AT_MOST, beyond_edge
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, simulate
 from bench.tuned_study import ROUND_LRS, STEP_LRS, choose_lr, diverged, median_time, time_to
 from dynabatch.common.slowdown import Slowdown
@@ -55,12 +60,23 @@ class Peer:
     policy: str
     share: int  # how many nodes it uses: 0 all, 1 the fastest, -4 the fastest quarter
     lrs: tuple[float, ...]
+    settings: tuple[tuple[str, Any], ...] = ()  # job settings beyond the protocol's defaults
 
 
 PEERS: dict[str, Peer] = {
     p.key: p
     for p in (
         Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
+        # Each gradient's step divided by its staleness: larger step sizes, as DBS-SGD's delay step is tuned.
+        Peer(
+            "delay",
+            "dynabatch default, --staleness-step delay",
+            "asgd",
+            "fixed",
+            0,
+            ROUND_LRS,
+            (("staleness_step", "delay"),),
+        ),
         Peer("ringmaster", "dynabatch ringmaster+fixed", "ringmaster", "fixed", 0, STEP_LRS),
         Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
         # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
@@ -69,7 +85,6 @@ PEERS: dict[str, Peer] = {
     )
 }
 PROFILE_BATCH = {"tail16": 512, "lognormal64": 2048, "lognormal256": 8192}
-LR_FROM = {"lognormal256": "lognormal64"}  # not tuned: the step sizes chosen at 64 nodes
 
 
 def fastest(nodes: tuple[WorkerSpec, ...], m: int) -> tuple[WorkerSpec, ...]:
@@ -94,7 +109,8 @@ class SimRun:
 
 
 def config(run: SimRun) -> SimConfig:
-    """The simulator's configuration of `run` (times scaled by SLOWER, no momentum, as the tuned study)."""
+    """The simulator's configuration of `run` (times scaled by SLOWER, no momentum, as the tuned study; a tuning
+    run ends at the target)."""
     peer, base = PEERS[run.peer], SimConfig("asgd", "fixed", ())
     nodes, batch = nodes_of(peer, run.profile)
     return SimConfig(
@@ -109,7 +125,8 @@ def config(run: SimRun) -> SimConfig:
         comm_s=base.comm_s * SLOWER,
         eval_every_s=2.0,
         eval_size=1000,
-        job={"lr": run.lr, "momentum": 0.0},
+        job={"lr": run.lr, "momentum": 0.0, **dict(peer.settings)},
+        stop_at=float(TARGET) if run.tuning else 0.0,
     )
 
 
@@ -172,31 +189,32 @@ def study(
     done: Done | None = None,
     peers: Sequence[str] = tuple(PEERS),
 ) -> dict[str, Any]:
-    """Tune each of `peers` per profile (or take LR_FROM's choice, or the step sizes `given` by profile and peer),
-    then run the report seeds; every run's figures (those in `done` are not run again)."""
+    """Tune each of `peers` on each profile (except the step sizes `given` by profile and peer), then run the report
+    seeds; every run's figures (those in `done` are not run again)."""
     given = given or {}
     done = done or Done(None)
     chosen: dict[str, dict[str, float | None]] = {}
     tuning: dict[str, list[dict[str, Any]]] = {}
     report: dict[str, list[dict[str, Any]]] = {}
-    ordered = sorted(profiles, key=lambda p: p in LR_FROM)  # a profile whose step sizes come from another: last
-    for profile in ordered:
+    for profile in profiles:
         mine = dict(given.get(profile, {}))
-        if profile in LR_FROM and profile not in given:
-            chosen[profile] = {k: v for k, v in (chosen.get(LR_FROM[profile]) or {}).items() if k in peers}
-        else:
-            plan = [
-                SimRun(profile, k, lr, s, True)
-                for k in peers
-                if k not in mine
-                for lr in PEERS[k].lrs
-                for s in tune_seeds
-            ]
+        grids = {k: list(PEERS[k].lrs) for k in peers if k not in mine}
+        tuned: list[dict[str, Any]] = []
+        for _ in range(EXTEND_AT_MOST + 1):
+            plan = [SimRun(profile, k, lr, s, True) for k, lrs in grids.items() for lr in lrs for s in tune_seeds]
             tuned = done.run(plan, jobs, log)
-            tuning[profile] = tuned
-            chosen[profile] = {
-                k: mine[k] if k in mine else choose_lr([d for d in tuned if d["peer"] == k], TARGET) for k in peers
+            more = {
+                k: beyond_edge(lrs, choose_lr([d for d in tuned if d["peer"] == k], TARGET)) for k, lrs in grids.items()
             }
+            if not any(more.values()):
+                break
+            for k, lr in more.items():
+                if lr is not None and len(grids[k]) < len(PEERS[k].lrs) + EXTEND_AT_MOST:
+                    grids[k].append(lr)
+        tuning[profile] = tuned
+        chosen[profile] = {
+            k: mine[k] if k in mine else choose_lr([d for d in tuned if d["peer"] == k], TARGET) for k in peers
+        }
         log(f"[peers simulated] {profile}: step sizes {chosen[profile]}")
         plan = [
             SimRun(profile, k, lr, s, False)
@@ -206,7 +224,7 @@ def study(
         ]
         report[profile] = done.run(plan, jobs, log)
     return {
-        "profiles": list(ordered),
+        "profiles": list(profiles),
         "seeds": list(seeds),
         "tune_seeds": list(tune_seeds),
         "target": TARGET,
@@ -240,21 +258,44 @@ def rows(results: dict[str, Any], profile: str) -> list[dict[str, Any]]:
                 "diverged": sum(diverged(r) for r in runs),
                 "acc": statistics.fmean(r["final_test_acc"] for r in runs),
                 "samples_per_s": statistics.fmean(r["samples_per_s"] for r in runs),
+                "staleness": _mean_of(r.get("staleness_mean") for r in runs),
             }
         )
     return out
 
 
+def _mean_of(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
+def tuning_line(results: dict[str, Any], profile: str) -> str:
+    """Every step size tried on `profile` per peer: its median time to the target over the tuning seeds."""
+    items = []
+    for key in PEERS:
+        runs = [r for r in results["tuning"].get(profile, []) if r["peer"] == key]
+        if not runs:
+            continue
+        lrs = sorted({r["lr"] for r in runs})
+        tried = []
+        for lr in lrs:
+            mine = [r for r in runs if r["lr"] == lr]
+            t = median_time(mine, results["target"])
+            what = "diverged" if any(diverged(r) for r in mine) else "–" if t == float("inf") else f"{t:.0f} s"
+            star = "**" if lr == results["chosen"][profile].get(key) else ""
+            tried.append(f"{star}{lr:g}{star} {what}")
+        items.append(f"{key} " + ", ".join(tried))
+    return f"Tuning ({profile}, median time to {float(results['target']):.0%}): " + "; ".join(items) + "."
+
+
 def render(results: dict[str, Any]) -> str:
-    """One table per profile."""
+    """One table per profile, and the step sizes its tuning tried."""
     parts = []
     for profile in results["profiles"]:
         given = results.get("given", {}).get(profile, {})
         given_text = ", ".join(f"{k} {v:g}" for k, v in given.items())
         tuned = (
-            f"step sizes from {LR_FROM[profile]}"
-            if profile in LR_FROM and not given
-            else f"step sizes given: {given_text}"
+            f"step sizes given: {given_text}"
             if not results["tuning"].get(profile)
             else f"step sizes tuned on seeds {', '.join(map(str, results['tune_seeds']))}"
             + (f", except {given_text} (given)" if given else "")
@@ -264,17 +305,21 @@ def render(results: dict[str, Any]) -> str:
             f"seeds {', '.join(map(str, results['seeds']))}; {tuned}",
             "",
             f"| peer | nodes | global batch | lr | time to {float(results['target']):.0%} (median) | "
-            "reached | diverged | test acc. at budget | samples/s |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "reached | diverged | test acc. at budget | samples/s | staleness (mean) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in rows(results, profile):
             t = "–" if row["time_to_target"] is None else f"{row['time_to_target']:.0f} s"
             parts.append(
                 f"| {row['label']} | {row['nodes']} | {row['global_batch']} | {row['lr']:g} | {t} | "
                 f"{row['reached']}/{row['runs']} | {row['diverged']}/{row['runs']} | "
-                f"{100 * row['acc']:.2f}% | {row['samples_per_s']:,.0f} |"
+                f"{100 * row['acc']:.2f}% | {row['samples_per_s']:,.0f} | "
+                + ("–" if row["staleness"] is None else f"{row['staleness']:.1f}")
+                + " |"
             )
         parts.append("")
+        if results["tuning"].get(profile):
+            parts += [tuning_line(results, profile), ""]
     return "\n".join(parts)
 
 
@@ -291,8 +336,7 @@ def main(argv: Sequence[str]) -> int:
         nargs="+",
         default=[],
         metavar="PROFILE:PEER=LR",
-        help="run PEER on PROFILE at LR instead of tuning it there (the profile's other peers are tuned, "
-        "or take LR_FROM's step sizes)",
+        help="run PEER on PROFILE at LR instead of tuning it there (the profile's other peers are tuned)",
     )
     args = p.parse_args(argv)
     given: dict[str, dict[str, float]] = {}
@@ -307,14 +351,6 @@ def main(argv: Sequence[str]) -> int:
         p.error(
             f"--lr: expected PROFILE:PEER=LR with a profile of {', '.join(PROFILE_BATCH)} and a peer of "
             f"{', '.join(PEERS)}, got {args.lr}"
-        )
-    missing = [
-        prof for prof in args.profiles if prof in LR_FROM and prof not in given and LR_FROM[prof] not in args.profiles
-    ]
-    if missing:
-        p.error(
-            f"{', '.join(missing)} take(s) the step sizes of {', '.join(LR_FROM[m] for m in missing)}: "
-            "add it to --profiles"
         )
 
     def log(text: str) -> None:

@@ -59,7 +59,10 @@ def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path: Path
         assert run.curve[-1][2] > run.curve[0][2], f"{key}: the scored model learned ({run.curve})"
         assert run.samples_per_s and run.samples_per_s > 0
         assert run.load is not None and run.load >= 0, f"{key}: the load it trained under is recorded"
-        assert not (tmp_path / f"{key}-lr0.05-s0" / "snapshots").exists(), "scored snapshots are not kept"
+        assert (tmp_path / f"{key}-lr0.05-s0-{IDLE.budget_s:g}s").is_dir(), f"{key}: its run folder"
+        assert not (tmp_path / f"{key}-lr0.05-s0-{IDLE.budget_s:g}s" / "snapshots").exists(), (
+            "scored snapshots are not kept"
+        )
 
 
 def test_hivemind_is_installed_where_the_peers_test_runs() -> None:
@@ -126,14 +129,55 @@ def test_a_simulated_comparison_resumes_from_the_runs_it_finished(tmp_path: Path
     from bench.peers_simulated import Done, SimRun
 
     path = tmp_path / "runs.jsonl"
-    kept = SimRun("tail16", "ddp", 0.1, 0, False)
-    same = SimRun("tail16", "alone", 0.16, 0, True), SimRun("tail16", "alone", 0.16, 0, False)
+    kept, tuned = SimRun("tail16", "ddp", 0.1, 0, False), SimRun("tail16", "alone", 0.16, 100, True)
     result = {"final_test_acc": 0.81, "lr": 0.1}
     path.write_text(json.dumps({"run": asdict(kept), "result": result}) + "\n\n")
-    path.write_text(path.read_text() + json.dumps({"run": asdict(same[0]), "result": result}) + "\n")
+    path.write_text(path.read_text() + json.dumps({"run": asdict(tuned), "result": result}) + "\n")
     log: list[str] = []
-    got = Done(path).run([kept, same[1]], 1, log.append)
-    assert got == [{**result, "peer": "ddp"}, {**result, "peer": "alone"}], "finished runs are read back"
-    assert log == ["[peers simulated] 2 of 2 runs done already or the same as another"], (
-        "a reported run of the configuration a tuning run had is that run"
+    got = Done(path).run([kept, tuned, tuned], 1, log.append)
+    assert got == [{**result, "peer": "ddp"}, {**result, "peer": "alone"}, {**result, "peer": "alone"}], (
+        "finished runs are read back"
     )
+    assert log == ["[peers simulated] 3 of 3 runs done already or the same as another"]
+    assert Done._key(tuned) != Done._key(replace(tuned, tuning=False)), "a tuning run stops at the target"
+
+
+def test_a_system_is_tuned_at_its_own_budget_and_reported_at_the_common_one() -> None:
+    args = peers.parse_args(["--budget-s", "120", "--tune-budget-s", "dynabatch=60", "alone=45", "--max-runs", "3"])
+    assert args.tune_budget_s == (("dynabatch", 60.0), ("alone", 45.0)) and args.max_runs == 3
+    settings = replace(Settings(), budget_s=args.budget_s, tune_budgets=args.tune_budget_s)
+    assert settings.tuning_budget("dynabatch") == 60.0 and settings.tuning_budget("ddp") == 120.0
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--tune-budget-s", "nosuch=60"])
+
+
+def test_a_simulated_tuning_run_stops_at_the_target_and_carries_its_peers_settings() -> None:
+    from bench.peers_simulated import TARGET, SimRun, config
+
+    tuning, reported = (
+        config(SimRun("tail16", "delay", 0.2, 100, True)),
+        config(SimRun("tail16", "delay", 0.2, 0, False)),
+    )
+    assert tuning.stop_at == float(TARGET) and reported.stop_at == 0.0, "a reported run goes to the budget"
+    assert tuning.job["staleness_step"] == "delay" and tuning.job["lr"] == 0.2
+    assert "staleness_step" not in config(SimRun("tail16", "dynabatch", 0.01, 0, False)).job, "the default's is its own"
+
+
+def test_accuracy_at_equal_time_is_the_last_snapshot_taken_by_then() -> None:
+    run = _run(0.05, None, 0.86)
+    run.curve = [(4.0, 100, 0.5), (58.0, 900, 0.84), (62.0, 1000, 0.86), (70.0, 1100, float("nan"))]
+    assert run.acc_at(60.0) == 0.84 and run.acc_at(3.0) is None and run.acc_at(75.0) is None
+    assert peers.aggregate("ddp", [run])["acc_at_equal_time"] == 0.84
+
+
+def test_a_run_trains_holding_the_shared_lock_at_normal_priority_and_gives_both_back(tmp_path: Path) -> None:
+    import fcntl
+
+    lock, before = tmp_path / "wallclock.lock", os.getpriority(os.PRIO_PROCESS, 0)
+    with peers.wall_clock(str(lock)), open(lock) as other:
+        assert os.getpriority(os.PRIO_PROCESS, 0) == 0, "what it launches trains at normal priority"
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before, "scoring runs at the priority the command started with"
+    with open(lock) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the run has trained
