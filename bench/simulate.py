@@ -79,6 +79,7 @@ from dynabatch.worker.step_plans import (
     Pull,
     Pulled,
     plan_for,
+    pulls_ahead,
     round_after,
     send,
 )
@@ -282,7 +283,7 @@ class Cluster:
         self.chunks = chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes) if pipelines else 1
         # The scheduled wire's pull sent ahead (worker/gradient_steps.py): a pipelined step of a protocol with one
         # push per round; `closing_push_s` is the link time of the push the shard served last.
-        self.pulls_ahead = pipelines and self.job.chunk_schedule == "scheduled" and self.spec.one_push_per_round
+        self.pulls_ahead = pipelines and self.job.chunk_schedule == "scheduled" and pulls_ahead(self.spec)
         self.closing_push_s = 0.0
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0

@@ -124,6 +124,12 @@ def round_after(acks: Iterable[Acknowledged]) -> list[int]:
     return [a.version if a.applied else a.version + 1 for a in acks]
 
 
+def pulls_ahead(spec: ProtocolSpec) -> bool:
+    """Whether a step's next pull can be sent ahead with its push (the scheduled wire): where the protocol takes one
+    push per worker and round, so the versions that pull waits for are known when the push leaves."""
+    return spec.one_push_per_round
+
+
 def local_steps(orders: Orders) -> int:
     """H, the local steps per push: the assignment's, at least one."""
     return max(1, orders.local_steps)
@@ -185,7 +191,7 @@ class GradientPlan(StepPlan):
     def round_after(self, shard_versions: list[int]) -> list[int] | None:
         """What the pull after a step computed on `shard_versions` waits for: the round that step pushes into, where
         the protocol takes one push per worker and round (None: nothing)."""
-        return [v + 1 for v in shard_versions] if self.spec.one_push_per_round else None
+        return [v + 1 for v in shard_versions] if pulls_ahead(self.spec) else None
 
     def step(self, orders: Orders) -> Step:
         pulled = yield Pull(self.min_versions, self.pull_waits())
