@@ -283,7 +283,7 @@ class Cluster:
         self.chunks = chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes) if pipelines else 1
         # The scheduled wire's pull sent ahead (worker/gradient_steps.py): a pipelined step of a protocol with one
         # push per round; `closing_push_s` is the link time of the push the shard served last.
-        self.pulls_ahead = pipelines and self.job.chunk_schedule == "scheduled" and pulls_ahead(self.spec)
+        self.sends_pulls_ahead = pipelines and self.job.chunk_schedule == "scheduled" and pulls_ahead(self.spec)
         self.closing_push_s = 0.0
         self.bounds = GradientBounds(self.job.gradient_bound)  # the shard's bound on each push (server.py's)
         self.clipped = 0
@@ -661,7 +661,7 @@ class Worker:
             self.base, self.base_versions, self.version = c.pull()
             if self.running.push_kind == GRADIENT:  # the pull overlaps the forward pass of the step it feeds
                 record.compute_s = self.step_seconds(self.told.batch)
-                yield from self.pull(record.compute_s, c.pulls_ahead and action.min_versions is not None)
+                yield from self.pull(record.compute_s, c.sends_pulls_ahead and action.min_versions is not None)
             else:
                 yield from self.pull()
             if action.waits:
