@@ -1,4 +1,5 @@
-"""The job's sample budget, as a worker's batch sees it: a push takes no more than the worker has left.
+"""The job's sample budget, as a worker's batch sees it: a push takes no more than the worker has left, and no
+batch a worker steps with is below `MIN_BATCH`.
 
 The scheduler allots each worker a number of samples (in the worker's own
 count, `WorkerHeartbeat.samples`) that it may have trained in all
@@ -8,11 +9,26 @@ given more, so a job ends within what it was asked for whatever the lag
 between a worker's steps and the scheduler's answers; the last push of a
 worker is sized to what it has left. The scheduler's batch for a worker and
 the batch the worker steps with both come from `allotted_batch`.
+
+The floor: a training forward of one sample cannot normalise a batch (BatchNorm
+refuses one value per channel), so no batch is below `MIN_BATCH`. The job's and
+each worker's batch bounds may not be below it (config, HELLO, cluster files); the
+remainder of an allotment is never left under a push of it: the push before takes
+less (`allotted_batch`), and the scheduler folds a share of the budget that would
+leave a worker less than one such push into another worker's (`floored`).
 """
 
 from __future__ import annotations
 
 import math
+
+MIN_BATCH = 2
+
+
+def least_left(steps: int = 1) -> int:
+    """The fewest samples an allotment may leave a worker besides 0: one push of `steps` local steps of at least
+    MIN_BATCH each, passing the allotment by fewer than `steps` samples (ceil(left / steps) >= MIN_BATCH)."""
+    return max(1, steps) * (MIN_BATCH - 1) + 1
 
 
 def allotted_batch(batch: int, left: int | None, steps: int = 1) -> int:
@@ -20,8 +36,55 @@ def allotted_batch(batch: int, left: int | None, steps: int = 1) -> int:
     samples of its allotment (None: no allotment, the job has no epoch budget).
 
     The last push takes ceil(left / steps) per step, so it may pass the allotment by fewer than `steps` samples;
-    0 once nothing is left.
+    0 once nothing is left. A push that would leave less than `least_left` takes less, so that the last push is
+    not below MIN_BATCH (possible wherever `batch` is at least 2 x MIN_BATCH - 1); what is left is never below
+    it when the scheduler allotted it (`floored`), and were it so, the push takes MIN_BATCH per step.
     """
     if left is None:
         return batch
-    return min(batch, math.ceil(max(0, left) / max(1, steps)))
+    steps, left = max(1, steps), max(0, left)
+    if left == 0:
+        return 0
+    if left <= steps * batch:
+        return max(min(MIN_BATCH, batch), math.ceil(left / steps))
+    least = least_left(steps)
+    if left - steps * batch >= least:
+        return batch
+    shorter = (left - least) // steps
+    return shorter if shorter >= MIN_BATCH else batch
+
+
+def floored(shares: dict[str, int], left: dict[str, int], steps: int = 1) -> dict[str, int]:
+    """`shares` of the budget's last samples (by worker), each added to what its worker had `left`, with every share
+    that would leave its worker less than `least_left(steps)` but more than 0 folded into the others': the worker
+    with the largest share gives it what it lacks of that push where its own share can spare it, else it takes the
+    share into its own. Only shares move, so no allotment shrinks below what its worker may be stepping with; the
+    sum is unchanged."""
+    out = dict(shares)
+    least = least_left(steps)
+    for w in sorted(out):
+        short = left.get(w, 0) + out[w]
+        if not (0 < short < least and out[w] > 0):
+            continue
+        others = sorted((o for o in out if o != w and out[o] > 0), key=lambda o: (-out[o], o))
+        if not others:
+            continue
+        donor, lacking = others[0], least - short
+        if out[donor] >= lacking and left.get(donor, 0) + out[donor] - lacking >= least:
+            out[donor] -= lacking
+            out[w] += lacking
+        else:
+            out[donor] += out[w]
+            out[w] = 0
+    return out
+
+
+def batch_problem(batch: int, own_max: int) -> str | None:
+    """Why a worker whose own largest batch is `own_max` (0: none) cannot step with `batch` from its assignment
+    (None: it can). Below MIN_BATCH only where its own cap is (a cap is physical and wins over the floor)."""
+    least = min(MIN_BATCH, own_max or MIN_BATCH)
+    if batch < 0 or 0 < batch < least:
+        return f"batch {batch} is below the smallest a worker steps with ({least})"
+    if own_max and batch > own_max:
+        return f"batch {batch} is above this worker's --max-batch {own_max}"
+    return None

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dynabatch.common.allotment import MIN_BATCH
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
 from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_plan
@@ -121,8 +122,8 @@ class JobConfig(JobName):
         topic="cluster",
     )
     global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1, topic="protocol")
-    min_batch: int = opt(8, "smallest per-worker batch", minimum=1, topic="protocol")
-    max_batch: int = opt(1024, "largest per-worker batch", minimum=1, topic="protocol")
+    min_batch: int = opt(8, "smallest per-worker batch", minimum=MIN_BATCH, topic="protocol")
+    max_batch: int = opt(1024, "largest per-worker batch", minimum=MIN_BATCH, topic="protocol")
     lr: float = opt(0.05, "base learning rate for a global batch of B", above=0.0, topic="job")
     momentum: float = opt(
         0.5,

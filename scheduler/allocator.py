@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from dynabatch.common.allotment import allotted_batch
+from dynabatch.common.allotment import allotted_batch, floored
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.predicted_cluster import Cluster
 from dynabatch.common.protocols import ProtocolSpec
@@ -152,7 +152,8 @@ class Allocator:
         Where every round takes one push of every worker (`lockstep`: ssgd, local, msd), the reports lag one another
         by up to a round: a lead counts from the most advanced report (in pushes), and the split hands out whole
         pushes to the worker fewest pushes ahead (`levelled`), so that every worker ends at the same round and
-        no round past it trains one worker's remainder alone.
+        no round past it trains one worker's remainder alone. A share that would leave its worker less than one
+        push of MIN_BATCH samples a step is folded into another's (common/allotment.py, `floored`).
         """
         have = {w: max(self.allotted.get(w, 0) if self._may_step(w) else 0, n) for w, n in samples.items()}
         unallotted = max(0, budget - sum(have.values()))
@@ -170,7 +171,8 @@ class Allocator:
                 if self.spec.lockstep
                 else shares(unallotted, lacking)
             )
-            for w, share in split.items():
+            left = {w: have[w] - samples[w] for w in split}
+            for w, share in floored(split, left, self.spec.report_steps(self.local_steps)).items():
                 have[w] += share
         self.allotted = have
         self.left = {w: have[w] - n for w, n in samples.items()}

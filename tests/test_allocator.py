@@ -3,6 +3,7 @@ local steps, and what a restart keeps."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -259,7 +260,27 @@ def test_a_local_round_takes_its_last_samples_in_its_h_steps() -> None:
 def test_a_batch_is_what_the_allotment_leaves() -> None:
     assert allotted_batch(48, None) == 48, "no budget known yet"
     assert [allotted_batch(48, left) for left in (100, 48, 6, 0, -3)] == [48, 48, 6, 0, 0]
-    assert [allotted_batch(48, left, steps=8) for left in (1000, 100, 6)] == [48, 13, 1]
+    assert [allotted_batch(48, left, steps=8) for left in (1000, 100, 6)] == [48, 13, 2], "never below the floor"
+
+
+def test_the_last_of_the_budget_never_leaves_a_worker_a_batch_of_one() -> None:
+    """48 each, 97 samples left: the split gives one worker 49, which it trains as 47 and 2, not 48 and 1 (a batch a
+    BatchNorm model cannot train on); the job still trains its 97 samples, none past them."""
+    allocator = _fixed_pair()
+    samples = {"w0": 0, "w1": 0}
+    for worker in samples:
+        allocator.allot(worker, samples, budget=97)
+    assert sorted(allocator.allotted.values()) == [48, 49] and allocator.unallotted == 0
+    trained: dict[str, list[int]] = {"w0": [], "w1": []}
+    for worker in itertools.cycle(samples):
+        allocator.allot(worker, samples, budget=97)
+        batch = allocator.batch_of(worker)
+        if batch:
+            trained[worker].append(batch)
+            samples[worker] += batch
+        if not any(allocator.batch_of(w) for w in samples):
+            break
+    assert sorted(trained.values()) == [[47, 2], [48]] and sum(samples.values()) == 97, trained
 
 
 def test_shares_are_proportional_whole_and_never_above_a_weight() -> None:

@@ -21,6 +21,7 @@ def test_two_batch_sizes_give_the_fixed_cost_of_a_step() -> None:
     # noise of a loaded machine: a small batch measured slower than the large one is all fixed cost, no more
     assert fixed_cost(small, 0.05, PROBE_BATCH, 0.04) == 0.05
     assert small_probe_batch(3) == 0, "too small a batch to probe twice"
+    assert small_probe_batch(4) == 0 and small_probe_batch(8) == 2, "no probe below the floor of a batch (2)"
 
 
 def test_the_probes_fixed_cost_is_the_speed_models_intercept_under_a_fixed_batch() -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from dynabatch.common.allotment import MIN_BATCH
+
 PROBE_BATCH = 64
 SMALL_FRACTION = 4  # the probe's second batch is the first over this
 
@@ -33,9 +35,10 @@ def standalone_speed(batch: int, timed_seconds: Sequence[float]) -> float:
 
 
 def small_probe_batch(batch: int) -> int:
-    """The probe's second, smaller batch beside `batch` (0: `batch` is too small to have one)."""
+    """The probe's second, smaller batch beside `batch` (0: `batch` is too small to have one): never below the
+    smallest batch a worker steps with (common/allotment.py), which every model can train on."""
     small = batch // SMALL_FRACTION
-    return small if 0 < small < batch else 0
+    return small if MIN_BATCH <= small < batch else 0
 
 
 def fixed_cost(small: int, small_s: float, large: int, large_s: float) -> float:

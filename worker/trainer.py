@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dynabatch.common.allotment import allotted_batch
+from dynabatch.common.allotment import allotted_batch, batch_problem
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.net.transport import RemoteError
 from dynabatch.common.planning.protocol_switch import switch_to
@@ -148,6 +148,7 @@ class Worker:
             else DatasetBatches(data, order, collate)
         )
         self.data_s = 0.0  # the current step's time spent taking its batch (its `data` phase)
+        self.refused_assignment = -1  # the last assignment refused for its batch (`_batch`): said once
 
     def step_context(self) -> StepContext:
         """What this worker's protocol loop may use (see step_context.py)."""
@@ -399,7 +400,19 @@ class Worker:
 
     def _batch(self, assignment: WorkerAssignment, hb: WorkerHeartbeat) -> int:
         """The batch of the next step: the assigned one, the last sized to what this worker's allotment leaves after
-        the samples `hb` reports (common/allotment.py); 0: none."""
+        the samples `hb` reports (common/allotment.py); 0: none, as for an assignment whose batch this worker cannot
+        step with (below the floor, above its own --max-batch): it idles rather than fail a step on it."""
+        problem = batch_problem(assignment.batch, self.opts.max_batch)
+        if problem is not None:
+            if assignment.assignment_id != self.refused_assignment:
+                self.refused_assignment = assignment.assignment_id
+                log.error(
+                    "%s: assignment %d refused: %s; idle until another",
+                    self.joined.id,
+                    assignment.assignment_id,
+                    problem,
+                )
+            return 0
         left = None if assignment.allotted is None else assignment.allotted - hb.samples
         return allotted_batch(
             assignment.batch, left, protocol_spec(self.joined.job.protocol).report_steps(assignment.local_steps)

@@ -1,0 +1,53 @@
+"""The floor of a worker's batch (common/allotment.py): the end of the job's budget never hands a worker a batch
+below MIN_BATCH (a training forward of one sample cannot normalise a BatchNorm layer), and a gradient protocol still
+trains exactly its allotment."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dynabatch.common.allotment import MIN_BATCH, allotted_batch, batch_problem, floored, least_left
+
+
+def _pushes(batch: int, left: int, steps: int) -> list[int]:
+    """The per-step batches a worker assigned `batch` takes, push after push, until `left` samples are trained."""
+    out = []
+    while (b := allotted_batch(batch, left, steps)) > 0:
+        out.append(b)
+        left -= b * steps
+    return out
+
+
+@pytest.mark.parametrize("steps", [1, 4, 8])
+def test_no_push_of_an_allotment_is_below_the_floor_and_it_passes_the_allotment_by_fewer_than_its_steps(
+    steps: int,
+) -> None:
+    for batch, left in itertools.product(range(2 * MIN_BATCH - 1, 40), range(least_left(steps), 400)):
+        pushes = _pushes(batch, left, steps)
+        assert all(MIN_BATCH <= b <= batch for b in pushes), (batch, left, pushes)
+        assert 0 <= sum(pushes) * steps - left < steps, (batch, left, pushes)
+
+
+def test_the_push_before_the_last_takes_less_so_that_the_last_is_not_one_sample() -> None:
+    assert _pushes(48, 49, 1) == [47, 2], "49 left at 48 a push: not 48 then 1"
+    assert _pushes(48, 96 + 1, 1) == [48, 47, 2]
+    assert _pushes(32, 5, 8) == [2] and _pushes(32, 256 + 5, 8) == [31, 2], "a local round's last step at 2"
+    assert allotted_batch(1, 1) == 1, "a worker whose own cap is 1 sample still trains"
+    assert allotted_batch(48, None) == 48 and allotted_batch(48, 0) == 0
+
+
+def test_a_share_that_would_leave_a_worker_under_one_push_is_folded_into_the_largest() -> None:
+    assert floored({"a": 47, "b": 1}, {"a": 0, "b": 0}) == {"a": 46, "b": 2}, "the largest share gives what it lacks"
+    assert floored({"a": 1, "b": 1}, {"a": 0, "b": 0}) == {"a": 0, "b": 2}, "too little to give: taken whole"
+    assert floored({"a": 30, "b": 3}, {"a": 0, "b": 0}, steps=8) == {"a": 24, "b": 9}
+    assert floored({"a": 5, "b": 0}, {"a": 0, "b": 40}) == {"a": 5, "b": 0}, "only shares move"
+    assert floored({"a": 1}, {"a": 0}) == {"a": 1}, "alone, nothing to fold into"
+
+
+def test_a_worker_refuses_a_batch_below_the_floor_unless_its_own_memory_is_that_small() -> None:
+    assert batch_problem(1, 0) is not None and batch_problem(1, 64) is not None
+    assert batch_problem(1, 1) is None, "a --max-batch 1 worker trains on single samples"
+    assert batch_problem(65, 64) is not None and batch_problem(-1, 0) is not None
+    assert batch_problem(0, 0) is None and batch_problem(MIN_BATCH, 0) is None
