@@ -6,8 +6,8 @@ import json
 import math
 import re
 import signal
+import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -284,17 +284,19 @@ def test_an_evaluation_skipped_for_a_shard_that_did_not_answer_is_tried_again_wi
 
 
 def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path: Path) -> None:
+    # The emulation idles (F - 1) x the step's CPU time, and contention stretches only the wall time, so at a
+    # contention of k (wall = k x CPU) the node is (k + F - 1) / k slower: 8x is 3.3x at k = 3 but 1.6x at k = 12,
+    # where the share follows it to 40 of 96, never under half. So F is sized from the contention measured before
+    # the job starts, past 2x for up to four times as much: F - 1 = 4k, at least 8x. From 4 s of training: four
+    # steps take under a second even on a loaded machine (each further second of full speed costs both workers a
+    # second of CNN steps).
+    factor = max(8, math.ceil(1 + 4 * _contention()))
     c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--model", "cnn"])
     try:
         c.scheduler()
         c.shard()
         c.worker("steady", "--slowdown", "1")
-        # 8x: the emulation idles 7x the step's CPU time, and contention stretches only the wall time, so on a
-        # machine running a second suite (wall = 3x CPU) the node is (3 + 7) / 3 = 3.3x slower, still well past
-        # the 0.6 below; 4x gave 2x there, and the share hovered at 0.7 of the equal-speed one. From 4 s of
-        # training: four steps take under a second even there (each further second of full speed costs both
-        # workers a second of CNN steps).
-        c.worker("tired", "--slowdown", "1x,8x@4s")
+        c.worker("tired", "--slowdown", f"1x,{factor}x@4s")
 
         def tired(st: JobStatus) -> WorkerStatus:
             return next(w for w in st.workers.values() if w.name == "tired")
@@ -312,10 +314,9 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path: Path) -
             lambda s: _training(s, 2) and tired(s).steps > 3 and 3 * tired(s).batch >= steady(s).batch,
         )
         # The slowdown starts after 4 s of its training; then the speed model needs a window of slowed steps, each
-        # 8x the step measured so far on this machine now (at least 2.4x slower even where contention stretches
-        # the wall time 5x the CPU time: (5 + 7) / 5), so the tired worker's batch falls under half the steady
-        # one's. (Its step time need not grow: under asgd the batch follows the compute time the worker reports
-        # from its first slowed step.)
+        # F x the step's CPU time (at least 2x slower in wall time, above), so the tired worker's batch falls under
+        # half the steady one's. (Its step time need not grow: under asgd the batch follows the compute time the
+        # worker reports from its first slowed step.)
         after = c.wait_status(
             "the slowed worker's batch to fall under half the steady one's",
             lambda s: 2 * tired(s).batch < steady(s).batch,
@@ -327,20 +328,32 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path: Path) -
         c.stop()
 
 
-def _cnn_step_s(batch: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """Seconds of one training step of the synthetic CNN at `batch` in this process now (the fastest of 5), by
-    `clock`: wall time, or CPU time (`time.thread_time`), which a slowdown multiplies."""
+def _contention(batch: int = 48) -> float:
+    """Wall seconds per CPU second of a CNN training step at `batch` in this process now (the median of 5): how
+    much the machine's load stretches a worker's compute, which the CPU-time slowdown emulation does not."""
+    return statistics.median(wall / max(cpu, 1e-9) for wall, cpu in _cnn_steps(batch))
+
+
+def _cnn_cpu_s(batch: int) -> float:
+    """CPU seconds of one training step of the synthetic CNN at `batch` in this process now (the fastest of 5),
+    which a slowdown multiplies."""
+    return min(cpu for _, cpu in _cnn_steps(batch))
+
+
+def _cnn_steps(batch: int) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of each of 5 training steps of the synthetic CNN at `batch`, on one thread as a worker
+    process trains."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a worker process trains
+    torch.set_num_threads(1)
     try:
         model = build_model("cnn", (1, 28, 28), 10, seed=0)
         x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
         times = []
         for _ in range(5):
-            start = clock()
+            wall, cpu = time.perf_counter(), time.thread_time()
             torch.autograd.backward(torch.nn.functional.cross_entropy(model(x), y))
-            times.append(clock() - start)
-        return min(times)
+            times.append((time.perf_counter() - wall, time.thread_time() - cpu))
+        return times
     finally:
         torch.set_num_threads(before)
 
@@ -358,7 +371,7 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path: P
     round did not outlast the timeout.
     """
     STEPS = 48
-    LIVENESS_S = max(3.0, 10 * 6 * _cnn_step_s(96, clock=time.thread_time))
+    LIVENESS_S = max(3.0, 10 * 6 * _cnn_cpu_s(96))
     run, _ = run_job(
         tmp_path,
         "r",
@@ -405,7 +418,7 @@ def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_gh
     measured past the timeout to test anything. One probe step, so that start-up is one slow step.
     """
     LIVENESS_S = 1.5
-    factor = max(2, math.ceil(3 * LIVENESS_S / _cnn_step_s(96, clock=time.thread_time)))
+    factor = max(2, math.ceil(3 * LIVENESS_S / _cnn_cpu_s(96)))
     c = Cluster(
         tmp_path,
         [
