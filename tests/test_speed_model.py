@@ -262,3 +262,26 @@ def test_the_overhead_fit_is_the_step_fit_once_that_finds_the_larger_fixed_cost(
         older.observe(batch, 0.030 + 1e-3 * batch)
     assert model.overhead_fit() == _fitted(model) and _fitted(model).fixed_s == pytest.approx(0.030)
     assert older.overhead_fit() == _fitted(older)
+
+
+def test_a_probes_large_fixed_cost_does_not_hide_a_slowdown_from_the_per_sample_cost() -> None:
+    """A probe under contention may call most of a step fixed (here 90%); a worker that then slows down 1.6x at
+    the same batch has its per-sample costs grow as much as a model without that prior sees them grow: the
+    compute cost that sets an asgd split is the same, and the step fit's grows more (its kept intercept is
+    seconds, not a fraction of the step)."""
+    probed, plain = SpeedModel(16, 0.85, 48 / 0.05, prior_fixed_s=0.045), SpeedModel(16, 0.85, 48 / 0.05)
+    growth = {}
+    for name, model in (("probed", probed), ("plain", plain)):
+        for _ in range(10):
+            model.observe(48, 0.05, 0.05)
+        compute, step = model.compute_fit(), _fitted(model)
+        for _ in range(6):
+            model.observe(48, 0.08, 0.08)
+        slowed_compute, slowed_step = model.compute_fit(), _fitted(model)
+        assert compute is not None and slowed_compute is not None
+        growth[name] = (
+            slowed_compute.per_sample_s / compute.per_sample_s,
+            slowed_step.per_sample_s / step.per_sample_s,
+        )
+    assert growth["probed"][0] == pytest.approx(growth["plain"][0]) and growth["plain"][0] > 1.3
+    assert growth["probed"][1] > growth["plain"][1], growth
