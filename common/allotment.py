@@ -55,21 +55,22 @@ def allotted_batch(batch: int, left: int | None, steps: int = 1) -> int:
 
 
 def floored(shares: dict[str, int], left: dict[str, int], steps: int = 1) -> dict[str, int]:
-    """`shares` of the budget's last samples (by worker), each added to what its worker had `left`, with every share
-    that would leave its worker less than `least_left(steps)` but more than 0 folded into the others': the worker
-    with the largest share gives it what it lacks of that push where its own share can spare it, else it takes the
-    share into its own. Only shares move, so no allotment shrinks below what its worker may be stepping with; the
-    sum is unchanged."""
-    out = dict(shares)
+    """`shares` of the budget's last samples (by worker), each added to what its worker had `left` (by worker, those
+    given no share included), with every share that would leave its worker less than `least_left(steps)` but more
+    than 0 folded: the worker with the largest share gives it what it lacks of that push where its own share can
+    spare it, else the worker with the most to train takes the share into its own. Only shares move, so no
+    allotment shrinks below what its worker may be stepping with; the sum is unchanged. A share no other worker
+    can take (every other is done) stays: its worker passes it by less than a push of MIN_BATCH."""
+    out = {w: shares.get(w, 0) for w in shares.keys() | left.keys()}
     least = least_left(steps)
     for w in sorted(out):
         short = left.get(w, 0) + out[w]
         if not (0 < short < least and out[w] > 0):
             continue
-        others = sorted((o for o in out if o != w and out[o] > 0), key=lambda o: (-out[o], o))
+        others = [o for o in sorted(out) if o != w and left.get(o, 0) + out[o] > 0]
         if not others:
             continue
-        donor, lacking = others[0], least - short
+        donor, lacking = max(others, key=lambda o: (out[o], left.get(o, 0) + out[o])), least - short
         if out[donor] >= lacking and left.get(donor, 0) + out[donor] - lacking >= least:
             out[donor] -= lacking
             out[w] += lacking

@@ -171,7 +171,7 @@ class Allocator:
                 if self.spec.lockstep
                 else shares(unallotted, lacking)
             )
-            left = {w: have[w] - samples[w] for w in split}
+            left = {w: have[w] - n for w, n in samples.items()}
             for w, share in floored(split, left, self.spec.report_steps(self.local_steps)).items():
                 have[w] += share
         self.allotted = have

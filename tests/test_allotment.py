@@ -9,6 +9,9 @@ import itertools
 import pytest
 
 from dynabatch.common.allotment import MIN_BATCH, allotted_batch, batch_problem, floored, least_left
+from dynabatch.common.config import JobConfig
+from dynabatch.common.protocols import protocol_spec
+from dynabatch.scheduler.allocator import Allocator
 
 
 def _pushes(batch: int, left: int, steps: int) -> list[int]:
@@ -43,7 +46,8 @@ def test_a_share_that_would_leave_a_worker_under_one_push_is_folded_into_the_lar
     assert floored({"a": 1, "b": 1}, {"a": 0, "b": 0}) == {"a": 0, "b": 2}, "too little to give: taken whole"
     assert floored({"a": 30, "b": 3}, {"a": 0, "b": 0}, steps=8) == {"a": 24, "b": 9}
     assert floored({"a": 5, "b": 0}, {"a": 0, "b": 40}) == {"a": 5, "b": 0}, "only shares move"
-    assert floored({"a": 1}, {"a": 0}) == {"a": 1}, "alone, nothing to fold into"
+    assert floored({"a": 1}, {"a": 0, "b": 40}) == {"a": 0, "b": 1}, "one with more to train takes it"
+    assert floored({"a": 1}, {"a": 0, "b": 0}) == {"a": 1, "b": 0}, "every other is done: it stays"
 
 
 def test_a_worker_refuses_a_batch_below_the_floor_unless_its_own_memory_is_that_small() -> None:
@@ -51,3 +55,27 @@ def test_a_worker_refuses_a_batch_below_the_floor_unless_its_own_memory_is_that_
     assert batch_problem(1, 1) is None, "a --max-batch 1 worker trains on single samples"
     assert batch_problem(65, 64) is not None and batch_problem(-1, 0) is not None
     assert batch_problem(0, 0) is None and batch_problem(MIN_BATCH, 0) is None
+
+
+@pytest.mark.parametrize(("protocol", "steps"), [("asgd", 1), ("ssgd", 1), ("local", 8)])
+def test_the_scheduler_hands_out_every_budget_with_no_batch_below_the_floor(protocol: str, steps: int) -> None:
+    """Three workers at 32 each trained to budgets of 20 to 900 samples, each answered in turn: every batch
+    handed is at least MIN_BATCH, a gradient protocol trains exactly its budget, a local round passes it by less
+    than its H steps per worker. The rule before the floor handed a batch of 1 at 11 of these 381 budgets."""
+    job = JobConfig(dataset="synthetic", global_batch=96, batch_policy="fixed", protocol=protocol, local_steps=steps)
+    for budget in range(20, 900, 7):
+        allocator = Allocator(job, protocol_spec(protocol))
+        for wid in ("w0", "w1", "w2"):
+            allocator.measure(wid, 1000.0, instance="")
+        allocator.reallocate(0.0, 0.0, "joined", "w2", {"w0": 0, "w1": 0, "w2": 0}, force=True)
+        samples, handed = {"w0": 0, "w1": 0, "w2": 0}, []
+        while True:
+            for worker in samples:
+                allocator.allot(worker, samples, budget)
+                batch = allocator.batch_of(worker)
+                handed.append(batch)
+                samples[worker] += batch * steps
+            if not any(handed[-3:]):
+                break
+        past = sum(samples.values()) - budget
+        assert min(b for b in handed if b) >= MIN_BATCH and 0 <= past < max(1, 3 * (steps - 1) + 1), (budget, past)
