@@ -11,18 +11,19 @@ worker is sized to what it has left. The scheduler's batch for a worker and
 the batch the worker steps with both come from `allotted_batch`.
 
 The floor: a training forward of one sample cannot normalise a batch (BatchNorm
-refuses one value per channel), so no batch is below `MIN_BATCH`. The job's and
-each worker's batch bounds may not be below it (config, HELLO, cluster files); the
-remainder of an allotment is never left under a push of it: the push before takes
-less (`allotted_batch`), and the scheduler folds a share of the budget that would
-leave a worker less than one such push into another worker's (`floored`).
+refuses one value per channel), so no batch is below `MIN_BATCH`. The job's batch
+bounds may not be below it (`--min-batch`, `--max-batch`); only a worker's own
+`--max-batch` may, a cap being physical. The remainder of an allotment is never left
+under a push of it: the push before takes less (`allotted_batch`), and the scheduler
+folds a share of the budget that would leave a worker less than one such push into
+another worker's (`floored`). A worker refuses a batch below it (`batch_problem`).
 """
 
 from __future__ import annotations
 
 import math
 
-MIN_BATCH = 2
+MIN_BATCH = 2  # the smallest batch every model trains on (BatchNorm needs two values per channel)
 
 
 def least_left(steps: int = 1) -> int:
