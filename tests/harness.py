@@ -74,6 +74,14 @@ def shared_preloader() -> Preloaded | None:
     return _PRELOADER[0]
 
 
+def mlp_job(epochs: float, *slowdowns: str, dataset: str = "synthetic") -> list[str]:
+    """The flags most `run_job` tests start from: the MLP on `dataset` for `epochs`, with one worker per slowdown
+    given (none given: `dynabatch run`'s own workers and slowdowns). The cheap task a test of the system's
+    behaviour wants; the default job's CNN is test_run.py's test_the_main_job_learns_fashion_mnist's."""
+    workers = ["--workers", str(len(slowdowns)), "--slowdowns", *slowdowns] if slowdowns else []
+    return ["--dataset", dataset, "--model", "mlp", "--epochs", f"{epochs:g}", *workers]
+
+
 def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bool = False) -> tuple[Path, str]:
     """`dynabatch run` to its end: (run folder, what it printed); a failure shows the run's output and the tail
     of every process's log.

@@ -12,7 +12,7 @@ import pytest
 
 from dynabatch.common.planning.protocol_switch import START, SWITCHABLE
 from dynabatch.common.protocols import protocol_spec
-from harness import run_job, trained_its_epochs
+from harness import mlp_job, run_job, trained_its_epochs
 
 pytestmark = pytest.mark.slow
 
@@ -29,18 +29,7 @@ def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_ex
     run, printed = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
-        "--workers",
-        "3",
-        "--slowdowns",
-        "1:0.03",
-        "1:0.03",
-        "1:0.12",
+        *mlp_job(1, "1:0.03", "1:0.03", "1:0.12"),
         "--protocol",
         "auto",
         "--global-batch",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import run_job, trained_its_epochs
+from harness import mlp_job, run_job, trained_its_epochs
 from tools import need_fashion_mnist
 
 pytestmark = pytest.mark.slow
@@ -43,15 +43,7 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
     run, _ = run_job(
         tmp_path,
         "r",
-        "--model",
-        "mlp",
-        "--epochs",
-        "0.25",
-        "--workers",
-        "2",
-        "--slowdowns",
-        "1",
-        "2",
+        *mlp_job(0.25, "1", "2", dataset="fashion-mnist"),
         "--protocol",
         protocol,
         "--batch-policy",
@@ -81,12 +73,7 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path: Path) -> 
     run, printed = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
+        *mlp_job(1),
         "--eval-interval-s",
         "3",
         "--status-s",
@@ -121,16 +108,7 @@ def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_
     run, printed = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "0.5",
-        "--slowdowns",
-        "2",
-        "1",
-        "4",
+        *mlp_job(0.5, "2", "1", "4"),
         "--progress-s",
         "0.1",
         "--status-s",
@@ -174,12 +152,7 @@ def test_workers_with_their_own_largest_batch_micro_batches_and_loader_processes
     run, printed = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "2",
+        *mlp_job(2),
         "--max-batches",
         "40",
         "0",
