@@ -233,6 +233,13 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return metric_sum(text, name, **labels)
 
 
+ROLES_PROTOCOL = ["--protocol", "asgd"]
+"""The protocol of a `Cluster` job whose flags name none. Its tests are about how the roles meet (trust, membership,
+faults, the wire) and were written under asgd; the default, `--protocol auto`, would switch the shards and then the
+workers once every worker is measured, at a moment the test's timing decides. The default job is run_job's (`dynabatch
+run` on its defaults: test_run.py)."""
+
+
 @dataclass
 class Cluster:
     """Processes of one job, started by the launcher `dynabatch run` uses; everything started is stopped at teardown.
@@ -267,7 +274,8 @@ class Cluster:
         return self.launcher.children
 
     def scheduler(self, *extra: str) -> Proc:
-        return self.launcher.start_scheduler([*self.job_flags, *extra])
+        flags = [*self.job_flags, *extra]
+        return self.launcher.start_scheduler([*([] if "--protocol" in flags else ROLES_PROTOCOL), *flags])
 
     def shard(self, index: int = 0, port: int | None = None, *extra: str) -> Proc:
         return self.launcher.start_shard(index, f"ps{index}-{len(self.procs)}", extra, port)
