@@ -2,9 +2,9 @@
 from the cluster alone, against the best method the simulator found there (issue 37: within 1.1x of the best in
 every regime and never diverging; within 1.2x on clusters no tuning saw).
 
-Two picks: `choose` over every modelled protocol and policy (what `--protocol auto` would run), and the default
-job's (`--protocol asgd`, `--batch-policy auto`: the policy chosen for asgd, starting from fixed, which it keeps
-unless another is predicted HYSTERESIS faster).
+Two picks: `choose` over every modelled protocol and policy (what `--protocol auto`, the default, would run), and
+the previous default job's (`--protocol asgd`, `--batch-policy auto`: the policy chosen for asgd, starting from
+fixed, which it keeps unless another is predicted HYSTERESIS faster).
 
 `choose` sees only what a running scheduler could measure (each worker's curve, cap and link, the shards, the
 model's bytes: `cluster_of` of the cluster file) and the study's K(B); it never sees a simulated run. It ranks
@@ -36,7 +36,7 @@ AUTO_METHODS: dict[tuple[str, str], str] = {
 }
 """The study's method for each (protocol, policy) the predictor models (dbs_weight capped is the job's default)."""
 DEFAULT = ("asgd", "fixed")
-"""The default job's protocol and the batch policy auto starts it with."""
+"""The previous default job's protocol (asgd, before `--protocol auto`) and the batch policy auto starts it with."""
 BUDGET_PER_PREDICTED = 3.0
 """A drawn cluster's budget: this many times the fastest predicted time (between BUDGET_S's bounds), so that a
 method the predictor ranks first has room to be as far off as it may be."""
@@ -54,7 +54,7 @@ def auto_choice(file: ClusterFile) -> Choice:
 
 
 def default_choice(file: ClusterFile) -> Choice:
-    """The default job's batch policy: asgd's, chosen from fixed (the split auto starts with)."""
+    """The previous default job's batch policy: asgd's, chosen from fixed (the split auto starts with)."""
     return choose(predictor_cluster(file), STUDY_NOISE, current=DEFAULT, protocols=(DEFAULT[0],))
 
 
@@ -107,8 +107,8 @@ def render_evidence(rows: list[dict[str, Any]]) -> list[str]:
     the methods auto chooses from."""
     out = [
         "| cluster | auto's pick (predicted) | its time to target (median) | diverged (runs) | best method (time) "
-        "| auto / best | best auto can pick (time) | auto / that | the default (asgd + auto policy) | default / best "
-        "| default diverged |",
+        "| auto / best | best auto can pick (time) | auto / that | the previous default (asgd + auto policy) "
+        "| default / best | default diverged |",
         "|---|---|---:|---:|---|---:|---|---:|---|---:|---:|",
     ]
     for r in rows:

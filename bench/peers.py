@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dynabatch.common.config import JobConfig
+
 SLOWDOWNS = ("1", "1", "2", "4")
 GLOBAL_BATCH = 192
 MARKS = (0.85, 0.88)
@@ -54,6 +56,7 @@ EQUAL_TIME_S = 60.0  # accuracy at equal time: every system's model as it stood 
 DIVERGED_BELOW = 0.2  # a model this far from learning at the deadline (or with a non-finite parameter) diverged
 STOP_GRACE_S = 90.0  # after the deadline: a process's last snapshot, shutdown; then its group is killed
 LAUNCH_SLACK_S = 300.0  # dynabatch's own --timeout-s beyond the budget
+DEFAULT_JOB = JobConfig()  # the job `dynabatch run` runs without flags: the peer named "dynabatch default"
 EXTEND_AT_MOST = 2  # step sizes a system's tuning adds beyond its grid's edge when an edge wins
 
 
@@ -79,8 +82,13 @@ class System:
 SYSTEMS: dict[str, System] = {
     s.key: s
     for s in (
-        # The default is also the best configuration measured for this profile (bench/RESULTS.md sections 1 and 9).
-        System("dynabatch", "dynabatch default (asgd, fixed batches)", "dynabatch", (0.0125, 0.025, 0.05, 0.1)),
+        # `dynabatch run` on its defaults (no protocol or policy flag): whatever common/config.py makes the default.
+        System(
+            "dynabatch",
+            f"dynabatch default ({DEFAULT_JOB.protocol} protocol, {DEFAULT_JOB.batch_policy} batches)",
+            "dynabatch",
+            (0.0125, 0.025, 0.05, 0.1),
+        ),
         System("ddp", "PyTorch DDP (torchrun, gloo)", "ddp", (0.05, 0.1, 0.2, 0.4)),
         System("alone", "fastest machine alone", "alone", (0.025, 0.05, 0.1, 0.2)),
         # hivemind's quickstart: target batch 10000, local updates, matchmaking 3 s, averaging timeout 10 s.
@@ -360,7 +368,6 @@ class Scorer:
     def accuracy(self, state: dict[str, Any], seed: int) -> float:
         import torch
 
-        from dynabatch.common.config import JobConfig
         from dynabatch.common.tasks.data import make_batch
         from dynabatch.common.tasks.models import model_for_job
 

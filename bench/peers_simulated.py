@@ -4,9 +4,10 @@ Two cores cannot run 16, 64 or 256 real workers; bench/simulate.py runs them in 
 time with the real scheduler and shard code (its public entry point `simulate` only).
 What can be expressed there is compared, each at its own tuned step size:
 
-- dynabatch's default: asgd with fixed batches (B/n each) on every node;
-- the default with `--staleness-step delay` (each gradient's step divided by its staleness), the
-  flag a user of many asynchronous nodes would reach for;
+- dynabatch's default: the protocol and batch policy common/config.py gives a job without flags (`auto`
+  and `auto`: it starts on asgd with fixed batches and switches to what it predicts fastest);
+- asgd with fixed batches (the default before `--protocol auto`) with `--staleness-step delay` (each gradient's
+  step divided by its staleness), the flag a user of many asynchronous nodes would reach for;
 - dynabatch with ringmaster and fixed batches, the best measured on tail16 after the push fix
   (bench/RESULTS.md 14b): dynabatch's best here is the faster of the two;
 - DDP: bulk synchronous with equal batches (ssgd + fixed) on every node, global batch B;
@@ -42,6 +43,7 @@ from bench.parallel_runs import run_parallel
 from bench.peers import EXTEND_AT_MOST, beyond_edge
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, simulate
 from bench.tuned_study import ROUND_LRS, STEP_LRS, choose_lr, diverged, median_time, time_to
+from dynabatch.common.config import AUTO_PROTOCOL, JobConfig
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.data import load_dataset
 
@@ -63,14 +65,30 @@ class Peer:
     settings: tuple[tuple[str, Any], ...] = ()  # job settings beyond the protocol's defaults
 
 
+DEFAULT_JOB = JobConfig()  # the job a user runs without flags
+
+
+def default_lrs(protocol: str) -> tuple[float, ...]:
+    """The step-size grid of the default `protocol`: under `auto` the asynchronous protocols take the delay step
+    (common/planning/protocol_switch.py), whose tuned step sizes are the round protocols' (bench/RESULTS.md 20)."""
+    return ROUND_LRS if protocol == AUTO_PROTOCOL else STEP_LRS
+
+
 PEERS: dict[str, Peer] = {
     p.key: p
     for p in (
-        Peer("dynabatch", "dynabatch default (asgd, fixed)", "asgd", "fixed", 0, STEP_LRS),
+        Peer(
+            "dynabatch",
+            f"dynabatch default ({DEFAULT_JOB.protocol}, {DEFAULT_JOB.batch_policy})",
+            DEFAULT_JOB.protocol,
+            DEFAULT_JOB.batch_policy,
+            0,
+            default_lrs(DEFAULT_JOB.protocol),
+        ),
         # Each gradient's step divided by its staleness: larger step sizes, as DBS-SGD's delay step is tuned.
         Peer(
             "delay",
-            "dynabatch default, --staleness-step delay",
+            "dynabatch asgd+fixed, --staleness-step delay",
             "asgd",
             "fixed",
             0,

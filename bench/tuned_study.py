@@ -53,8 +53,9 @@ from bench.profile_file import ClusterProfile, read_profile, simulated
 from bench.reference_time import STUDY_SETTING, cluster_optimum, device_of
 from bench.shared_lr import render_shared
 from bench.simulate import PROFILES, SimConfig, SimResult, WorkerSpec, lognormal, simulate
-from dynabatch.common.config import JobConfig
+from dynabatch.common.config import AUTO_PROTOCOL, JobConfig
 from dynabatch.common.planning.optimum import PER_WORKER_BATCHES, STUDY_NOISE, Device, calibrated_optimum
+from dynabatch.common.planning.protocol_switch import running, switch_plan
 from dynabatch.common.tasks.data import load_dataset
 
 STEP_LRS = (0.005, 0.01, 0.02, 0.04)
@@ -119,12 +120,17 @@ def default_method() -> Method:
 
 def lr_source(method: Method) -> str:
     """The method whose tuned step size `method` runs at where it is not tuned itself (the default): itself if
-    it is tuned, else the fixed-batch method of its protocol and settings. ValueError naming what to add where no
-    such method is in METHODS (a protocol chosen at run time has none: give it one)."""
+    it is tuned, else the fixed-batch method of its protocol and settings (`--protocol auto`: of the protocol it
+    starts on, with the delay step it runs under). ValueError naming what to add where no such method is in
+    METHODS."""
     if method.lrs:
         return method.name
+    protocol, settings = method.protocol, method.settings
+    if protocol == AUTO_PROTOCOL:  # it starts on its measuring protocol, with the step every switch keeps
+        started = running(JobConfig(protocol=protocol), switch_plan(JobConfig(protocol=protocol)).start)
+        protocol, settings = started.protocol, (("staleness_step", started.staleness_step),)
     for m in METHODS.values():
-        if m.lrs and (m.protocol, m.policy, m.settings) == (method.protocol, "fixed", method.settings):
+        if m.lrs and (m.protocol, m.policy, m.settings) == (protocol, "fixed", settings):
             return m.name
     raise ValueError(f"{method.name}: no tuned fixed-batch method of protocol {method.protocol} in METHODS")
 
@@ -363,7 +369,7 @@ def msync_m(profile: str) -> int:
 QUICK = Profile(
     "bench4",
     64,
-    ("asgd+fixed", "DBS-SGD (capped weight)"),
+    ("asgd+fixed", "DBS-SGD (capped weight)", "asgd+fixed (delay step)"),
     (0,),
     (100,),
     budget_s=2.0,
@@ -375,7 +381,8 @@ QUICK = Profile(
     lrs=(0.02, 0.05),
     edge_steps=1,
 )
-"""The quick study's bench4 profile; its mixed_gpus16 twin differs in profile, global batch and budget only."""
+"""The quick study's bench4 profile; its mixed_gpus16 twin differs in profile, global batch and budget only. asgd with
+the delay step is there as the default's (`--protocol auto`'s) step-size source (`lr_source`)."""
 
 STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),

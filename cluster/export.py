@@ -61,7 +61,7 @@ def read_run(run_dir: Path) -> RunRecord:
         raise ExportError(f"{run_dir} holds no run (no config.json; a run folder is what `dynabatch run` writes)")
     try:
         saved = json.loads(config.read_text())
-        job = job_from_dict(saved["job"])
+        job = job_from_dict(saved["job"], allow_auto=True)  # a run of --protocol auto records it as given
         run = saved.get("run", {})
     except (ValueError, KeyError, TypeError, ConfigError) as exc:
         raise ExportError(f"{config} is not a run's settings: {exc}") from None

@@ -1,8 +1,9 @@
 """`dynabatch run`: a whole job on this machine, with live progress and a run folder.
 
 Its defaults are the main job: Fashion-MNIST, the CNN, three workers slowed
-down 1x, 2x and 4x, asgd with the batch policy auto, which keeps fixed batches (B/n each) there
-(--batch-policy dynamic makes it DBS-SGD). With --curve-dir (keys
+down 1x, 2x and 4x, the protocol and the batch policy auto: the job starts on asgd with fixed
+batches (B/n each), and the scheduler switches to what it predicts fastest on the workers it measures
+(--protocol asgd keeps asgd; with --batch-policy dynamic that is DBS-SGD). With --curve-dir (keys
 from `dynabatch keys`) every process, and this command's own link to the
 scheduler, uses those keys; the run makes no keys itself.
 """
@@ -35,6 +36,7 @@ from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
 from dynabatch.common.net.curve import CurveKeys, CurveOptions
 from dynabatch.common.net.transport import Connection, RemoteError, open_context
+from dynabatch.common.planning.auto_choice import choice_of
 from dynabatch.common.planning.auto_protocol import resolved
 from dynabatch.common.tasks.catalog import BUILTIN_METRICS
 from dynabatch.common.tasks.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
@@ -306,9 +308,9 @@ class JobRun:
                     if status.failed:
                         print(f"job failed: {status.failed}", file=sys.stderr, flush=True)
                         return False
-                    if status.auto_reason.split(":")[0] != auto_shown:  # a new choice, not new figures
+                    if choice_of(status.auto_reason) != auto_shown:  # a new choice, not a kept one or new figures
                         print(f"batch policy auto runs {status.auto_policy}: {status.auto_reason}", flush=True)
-                        auto_shown = status.auto_reason.split(":")[0]
+                        auto_shown = choice_of(status.auto_reason)
                     if status.auto_protocol and (status.protocol, status.auto_protocol) != protocol_shown:
                         print(f"protocol auto runs {status.protocol}: {status.auto_protocol_reason}", flush=True)
                         protocol_shown = (status.protocol, status.auto_protocol)

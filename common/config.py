@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 BATCH_POLICIES = ("auto", "fixed", "dynamic", "efficient")
 AUTO_PROTOCOL = "auto"
 PROTOCOL_HELP = (
-    f"parameter-server update protocol; {AUTO_PROTOCOL}: the one of {', '.join(SWITCHABLE)} (those "
+    f"parameter-server update protocol; {AUTO_PROTOCOL} (the default: no one configuration was within 1.05x of the "
+    "best in every regime of bench/RESULTS.md sections 14, 17 and 20): the one of "
+    f"{', '.join(SWITCHABLE)} (those "
     "common/planning/prediction.py models) predicted to reach the target first, with the batch policy: the job "
     "starts on asgd, and the scheduler chooses once every worker has reported its first steps and again when one "
     "joins, leaves or changes speed, switching the shards and then the workers while the job runs; under auto the "
@@ -67,7 +69,7 @@ class JobConfig(JobName):
         f"(flat alone: {FLAT_PARAMS}) for the transport benchmarks",
         topic="job",
     )
-    protocol: str = opt("asgd", PROTOCOL_HELP, (*PROTOCOLS, AUTO_PROTOCOL), topic="protocol")
+    protocol: str = opt(AUTO_PROTOCOL, PROTOCOL_HELP, (*PROTOCOLS, AUTO_PROTOCOL), topic="protocol")
     cluster_profile: str = opt(
         "",
         f"--protocol {AUTO_PROTOCOL}: a cluster file (common/planning/cluster_file.py's format, "
@@ -338,13 +340,9 @@ class JobConfig(JobName):
         """
         if self.pipeline != "auto":
             return self.pipeline == "on"
-        return (
-            not SPECS[self.protocol].whole_pushes
-            and chunks >= 2
-            and not self.prefetch_pull
-            and not micro_batch
-            and not clips
-        )
+        # --protocol auto: the protocol it starts on; a worker steps under the one its WELCOME and assignments name
+        spec = SPECS.get(self.protocol) or SPECS[switch_plan(self).start]
+        return not spec.whole_pushes and chunks >= 2 and not self.prefetch_pull and not micro_batch and not clips
 
 
 # The job's settings of the shards' SGD, used where the task names no optimizer (ps/update_rules.optimizer_spec).

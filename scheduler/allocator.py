@@ -83,6 +83,7 @@ class Allocator:
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
         self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
+        self.rounds_from: dict[str, int] = {}  # by worker: its count when the protocol in force took effect
         self.auto = (
             AutoPolicy(spec, job.global_batch, job.aggregation, protocols, job.batch_policy)
             if job.batch_policy == AUTO or len(protocols) > 1
@@ -92,6 +93,13 @@ class Allocator:
     @property
     def training_started(self) -> bool:
         return self.training_started_at is not None
+
+    def switch(self, spec: ProtocolSpec, samples: dict[str, int]) -> None:
+        """Decide for protocol `spec` from now on (`--protocol auto` switched the workers to it); `samples` is every
+        live worker's reported count. A lockstep protocol's leads count in its own rounds, from these counts: what
+        each worker trained before, at its own pace under an asynchronous protocol, is no round it is behind by."""
+        self.spec = spec
+        self.rounds_from = dict(samples)
 
     def measure(self, worker: str, standalone_sps: float, instance: str, fixed_s: float = 0.0) -> None:
         """Start `worker`'s speed model from its start-up probe, its standalone speed and fixed seconds per step
@@ -150,7 +158,8 @@ class Allocator:
         allotment, not against what the others were given meanwhile.
 
         Where every round takes one push of every worker (`lockstep`: ssgd, local, msd), the reports lag one another
-        by up to a round: a lead counts from the most advanced report (in pushes), and the split hands out whole
+        by up to a round: a lead counts from the most advanced report (in pushes since the protocol took effect,
+        `switch`), and the split hands out whole
         pushes to the worker fewest pushes ahead (`levelled`), so that every worker ends at the same round and
         no round past it trains one worker's remainder alone. A share that would leave its worker less than one
         push of MIN_BATCH samples a step is folded into another's (common/allotment.py, `floored`).
@@ -159,15 +168,16 @@ class Allocator:
         unallotted = max(0, budget - sum(have.values()))
         pushes = {w: self.push_samples(w) for w in samples}
         reported = dict(samples)
+        base = {w: min(n, self.rounds_from.get(w, 0)) for w, n in samples.items()}  # where its rounds count from
         if self.spec.lockstep:
-            ahead = max((n / pushes[w] for w, n in samples.items() if pushes[w] > 0), default=0.0)
-            reported = {w: max(n, round(ahead * pushes[w])) for w, n in samples.items()}
+            ahead = max(((n - base[w]) / pushes[w] for w, n in samples.items() if pushes[w] > 0), default=0.0)
+            reported = {w: max(n, base[w] + round(ahead * pushes[w])) for w, n in samples.items()}
         lacking = {w: max(0, reported[w] + ALLOT_AHEAD * pushes[w] - have[w]) for w in samples}
         if unallotted >= sum(lacking.values()):
             have[worker] = have.get(worker, 0) + lacking.get(worker, 0)
         else:
             split = (
-                levelled(unallotted, {w: have[w] for w in lacking if lacking[w] > 0}, pushes)
+                levelled(unallotted, {w: have[w] - base[w] for w in lacking if lacking[w] > 0}, pushes)
                 if self.spec.lockstep
                 else shares(unallotted, lacking)
             )

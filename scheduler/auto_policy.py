@@ -111,12 +111,14 @@ class AutoPolicy:
                 f"{', '.join(MODELLED)})"
             )
         self.choices = 0  # how many times auto has chosen (kept or changed) from measurements
+        self._chosen = ""  # the reason of the last choice, which a wait for new workers' steps keeps
         self._basis: dict[str, float] = {}  # each worker's predicted step at its share when auto last chose
 
     def leave_out(self, protocol: str, running: str) -> None:
         """A shard cannot run `protocol`: choose among the others from the next revisit on, `running` meanwhile."""
         self.protocols = tuple(p for p in self.protocols if p in MODELLED and p != protocol)
         self.protocol, self._basis = running, {}
+        self._chosen = f"{running} + {self.policy}: {protocol} left out, a shard cannot run it"
 
     def revisit(
         self,
@@ -133,10 +135,11 @@ class AutoPolicy:
         if not self.modelled:
             return False
         if waiting or not models:
-            kept = self.policy if self.choices == 0 else f"{self.policy} as last chosen"
+            counted = f"{len(models)} of {len(models) + waiting} measured"
             self.reason = (
-                f"{kept} until every worker has reported {MEASURED_STEPS} steps ({len(models)} of "
-                f"{len(models) + waiting} measured)"
+                f"{self.policy} until every worker has reported {MEASURED_STEPS} steps: {counted}"
+                if self.choices == 0
+                else f"{self._chosen}; held until every worker has reported {MEASURED_STEPS} steps ({counted})"
             )
             return False
         share = max(1, self.global_batch // len(models))
@@ -154,7 +157,7 @@ class AutoPolicy:
         self.choices += 1
         previous = (self.protocol, self.policy)
         self.protocol, self.policy = choice.protocol, choice.policy
-        self.reason = f"{choice.reason} (measured workers: {len(models)})"
+        self.reason = self._chosen = f"{choice.reason} (measured workers: {len(models)})"
         return (self.protocol, self.policy) != previous
 
     def _changed(self, steps: Mapping[str, float]) -> bool:

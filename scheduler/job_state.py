@@ -346,7 +346,8 @@ class JobState:
         new spec)."""
         assert self.protocol is not None
         spec = protocol_spec(self.protocol.workers)
-        self.spec = self.allocator.spec = self.wire.spec = spec
+        self.spec = self.wire.spec = spec
+        self.allocator.switch(spec, {m.id: m.samples for m in self.roster.workers()})
         if self.allocator.auto is not None:
             self.allocator.auto.protocol = spec.name
         self._reallocate(now, f"protocol {spec.name}", "auto", force=True)

@@ -22,6 +22,7 @@ from dynabatch.common.net.key_roles import HELLO_KEY_ROLE, check_key_role
 from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, bad_messages_counter, connection_reports
 from dynabatch.common.net.transport import Incoming, bind_router, open_context, recv_routed, send_error, send_routed
+from dynabatch.common.planning.auto_choice import choice_of
 from dynabatch.common.planning.prediction import POLICIES
 from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_to
 from dynabatch.common.wire.error_codes import ErrorCode
@@ -201,7 +202,7 @@ class SchedulerServer:
         self.stopping = False
         self.refusals = RateLimitedLog(log)
         self._decisions_seen = 0
-        self._auto_reason = ""
+        self._auto_said = (0, "")
         self.decision_times: deque[float] = deque(maxlen=DECISION_TIMES_KEPT)
         self._exported: set[str] = set()
         self._eval_exported: EvalReport | None = None
@@ -473,9 +474,10 @@ class SchedulerServer:
             return
         for policy in POLICIES:
             self.m.auto_policy.labels(policy).set(1.0 if policy == auto.policy else 0.0)
-        if auto.reason.split(":")[0] != self._auto_reason:  # a new choice, not the figures of the same one
+        said = (auto.choices, choice_of(auto.reason))
+        if said != self._auto_said:  # every choice, a kept one too, but not new figures while it waits
             log.info("batch policy auto runs %s: %s", auto.policy, auto.reason)
-            self._auto_reason = auto.reason.split(":")[0]
+            self._auto_said = said
 
     def _check_fresh_start(self) -> None:
         """Say how to resume when shards hold a trained model while this scheduler counts the job from zero.

@@ -74,6 +74,14 @@ def shared_preloader() -> Preloaded | None:
     return _PRELOADER[0]
 
 
+def mlp_job(epochs: float, *slowdowns: str, dataset: str = "synthetic") -> list[str]:
+    """The flags most `run_job` tests start from: the MLP on `dataset` for `epochs`, with one worker per slowdown
+    given (none given: `dynabatch run`'s own workers and slowdowns). The cheap task a test of the system's
+    behaviour wants; the default job's CNN is test_run.py's test_the_main_job_learns_fashion_mnist's."""
+    workers = ["--workers", str(len(slowdowns)), "--slowdowns", *slowdowns] if slowdowns else []
+    return ["--dataset", dataset, "--model", "mlp", "--epochs", f"{epochs:g}", *workers]
+
+
 def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bool = False) -> tuple[Path, str]:
     """`dynabatch run` to its end: (run folder, what it printed); a failure shows the run's output and the tail
     of every process's log.
@@ -225,6 +233,13 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return metric_sum(text, name, **labels)
 
 
+ROLES_PROTOCOL = ["--protocol", "asgd"]
+"""The protocol of a `Cluster` job whose flags name none. Its tests are about how the roles meet (trust, membership,
+faults, the wire) and were written under asgd; the default, `--protocol auto`, would switch the shards and then the
+workers once every worker is measured, at a moment the test's timing decides. The default job is run_job's (`dynabatch
+run` on its defaults: test_run.py)."""
+
+
 @dataclass
 class Cluster:
     """Processes of one job, started by the launcher `dynabatch run` uses; everything started is stopped at teardown.
@@ -259,7 +274,8 @@ class Cluster:
         return self.launcher.children
 
     def scheduler(self, *extra: str) -> Proc:
-        return self.launcher.start_scheduler([*self.job_flags, *extra])
+        flags = [*self.job_flags, *extra]
+        return self.launcher.start_scheduler([*([] if "--protocol" in flags else ROLES_PROTOCOL), *flags])
 
     def shard(self, index: int = 0, port: int | None = None, *extra: str) -> Proc:
         return self.launcher.start_shard(index, f"ps{index}-{len(self.procs)}", extra, port)

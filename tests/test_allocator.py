@@ -25,7 +25,7 @@ from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 
 
 def _allocator(**kw: Any) -> Allocator:
-    job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "batch_policy": "dynamic", **kw})
+    job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "protocol": "asgd", "batch_policy": "dynamic", **kw})
     return Allocator(job, protocol_spec(job.protocol))
 
 
@@ -246,6 +246,25 @@ def test_what_a_worker_that_left_or_was_left_out_did_not_train_goes_back_to_the_
     allocator.allocation = {"w0": 96, "w1": 0}  # w1 left out (a round protocol's slowest): it holds no batch
     allocator.allot("w0", {"w0": 0, "w1": 20}, budget=300)
     assert allocator.allotted == {"w0": 280, "w1": 20} and allocator.batch_of("w0") == 96
+
+
+def test_after_a_switch_to_rounds_a_lead_counts_in_rounds_of_the_new_protocol() -> None:
+    """Under asgd w0 trained 9,000 samples while w1 trained 1,000 at its own pace; `--protocol auto` then switches
+    them to ssgd, whose rounds take a push of each. Each is allotted its lead of pushes from where it stands, and
+    the last of the budget is levelled in rounds since the switch: the 8,000 samples w0 is ahead are no rounds w1
+    must catch up on alone while w0 idles."""
+    allocator = _fixed_pair()
+    samples = {"w0": 9000, "w1": 1000}
+    allocator.switch(protocol_spec("ssgd"), samples)
+    for worker in samples:
+        allocator.allot(worker, samples, budget=15_000)
+    assert allocator.allotted == {"w0": 9000 + ALLOT_AHEAD * 48, "w1": 1000 + ALLOT_AHEAD * 48}
+    ending = _fixed_pair()
+    ending.switch(protocol_spec("ssgd"), samples)
+    ending.allot("w0", samples, budget=10_200)
+    assert ending.unallotted == 0 and ending.allotted == {"w0": 9104, "w1": 1096}, (
+        "the last 200 samples in whole pushes of 48, a round at a time since the switch, the last cut to what is left"
+    )
 
 
 def test_a_local_round_takes_its_last_samples_in_its_h_steps() -> None:

@@ -109,7 +109,7 @@ def test_a_robust_aggregation_keeps_every_worker_in_each_round_so_auto_runs_fixe
 
 
 def _allocator(**kw: Any) -> Allocator:
-    job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "batch_policy": "auto", **kw})
+    job = JobConfig(**{"dataset": "synthetic", "global_batch": 96, "protocol": "asgd", "batch_policy": "auto", **kw})
     return Allocator(job, protocol_spec(job.protocol))
 
 
@@ -163,7 +163,7 @@ def test_equal_workers_keep_the_fixed_split_and_noise_is_no_reason_to_choose_aga
             _step(allocator, ready, wid, 0.001, MEASURED_STEPS)
         auto = allocator.auto
         assert auto is not None and auto.policy == "fixed" and auto.choices == 1
-        kept = (f"keeping {protocol} + fixed", f"{protocol} + fixed: predicted fastest")
+        kept = (f"{protocol} + fixed: kept, predicted", f"{protocol} + fixed: predicted fastest")
         assert auto.reason.startswith(kept), auto.reason
         assert allocator.allocation == fixed_allocation(sorted(ready), 96, 8, 1024)
         _step(allocator, ready, "w1", 0.001 * (1 + SHIFT / 2))
@@ -188,10 +188,12 @@ def test_a_speed_shift_a_join_and_a_leave_make_auto_choose_again() -> None:
     del ready["w2"]
     allocator.reallocate(2.0, 2.0, "left", "w2", ready, force=True)
     assert auto.choices == 3 and allocator.allocation == {"w0": 48, "w1": 48}, auto.reason
+    chosen = auto.reason
     allocator.measure("w3", 1000.0, instance="")
     ready["w3"] = 0
     allocator.reallocate(3.0, 3.0, "joined", "w3", ready, force=True)
     assert auto.choices == 3 and "2 of 3 measured" in auto.reason, "a worker that joined is measured first"
+    assert auto.reason.startswith(chosen), "the choice it holds meanwhile, and why: no new choice on the console"
     _step(allocator, ready, "w3", 0.001, MEASURED_STEPS)
     assert auto.choices == 4 and "(measured workers: 3)" in auto.reason
 

@@ -17,7 +17,7 @@ from dynabatch.common.planning.auto_protocol import resolved
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import cluster_of
-from harness import run_job
+from harness import mlp_job, run_job
 
 PROFILES = sorted((Path(__file__).resolve().parents[1] / "bench" / "profiles").glob("*.json"))
 # Two fast workers and one twenty times slower per sample: Ringmaster, which drops the slow worker's stale gradients,
@@ -63,18 +63,7 @@ def test_a_real_run_trains_with_the_protocol_auto_chose(tmp_path: Path) -> None:
     run, printed = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "0.5",
-        "--workers",
-        "3",
-        "--slowdowns",
-        "1",
-        "1",
-        "4",
+        *mlp_job(0.5, "1", "1", "4"),
         "--global-batch",
         "96",
         "--protocol",

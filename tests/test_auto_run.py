@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from harness import run_job
+from harness import mlp_job, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -24,18 +24,7 @@ def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(t
     run, printed = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
-        "--workers",
-        "3",
-        "--slowdowns",
-        "1",
-        "1",
-        "4:0.1",
+        *mlp_job(1, "1", "1", "4:0.1"),
         "--protocol",
         "ssgd",
         "--batch-policy",
@@ -50,6 +39,15 @@ def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(t
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["batch_policy"] == "auto" and summary["auto_policy"] == "dynamic"
     assert "batch policy auto runs dynamic: ssgd + dynamic: predicted fastest to target" in printed, printed
+    said = [line for line in printed.splitlines() if line.startswith("batch policy auto runs ")]
+    shown = [line.split(": ")[1] for line in said]  # the choice each line names
+    assert shown[0] == "fixed until every worker has reported 8 steps" and "ssgd + dynamic" in shown, printed
+    assert all(a != b for a, b in zip(shown, shown[1:], strict=False)) and not any(
+        ": kept," in line for line in said
+    ), (
+        "a line when auto chooses, none when a revisit keeps its choice",
+        printed,
+    )
     timeline = json.loads((run / "timeline.json").read_text())
 
     def batches(status: dict[str, Any]) -> dict[str, int]:
@@ -61,7 +59,7 @@ def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(t
     assert handed and all(shares == {B // 3} for shares in handed), f"fixed while measuring: {handed}"
     chosen = [s for s in timeline if s["auto_policy"] == "dynamic" and s["unallotted"] and len(s["workers"]) == 3]
     assert chosen, [(s["auto_policy"], s["auto_reason"]) for s in timeline]
-    assert all(s["auto_reason"].startswith(("ssgd + dynamic: predicted", "keeping ssgd + dynamic")) for s in chosen)
+    assert all(s["auto_reason"].startswith(("ssgd + dynamic: predicted", "ssgd + dynamic: kept")) for s in chosen)
     # LB-BSP's split, in the decisions from auto's choice on (a STATUS's batches lag them until the shards bound
     # the pushes by them): the batches sum to B and the slow device gets no more than either fast one and less than
     # the larger (LB-BSP may leave out the slowest workers together, a fast one with it).

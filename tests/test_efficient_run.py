@@ -11,7 +11,7 @@ import pytest
 
 from dynabatch.scheduler.efficient_batches import efficient_batches, knee
 from dynabatch.scheduler.speed_model import StepModel
-from harness import run_job
+from harness import mlp_job, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +34,11 @@ def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path: Path) -> None:
     run, _ = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
-        "--workers",
-        "3",
-        "--slowdowns",
-        "1",
-        "1",
-        "2",
+        *mlp_job(1, "1", "1", "2"),
         "--max-batches",
         *map(str, CAPS.values()),
+        "--protocol",
+        "asgd",
         "--batch-policy",
         "efficient",
         "--global-batch",

@@ -251,6 +251,8 @@ WIRE_JOB = [
     "scheduled",
     "--pipeline",
     "on",
+    "--protocol",
+    "asgd",  # chunks per push: a gradient protocol's, which auto could switch away from as the link slows
 ]
 HEALTHY_GROUP = 4
 

@@ -14,7 +14,7 @@ import pytest
 
 from dynabatch.cluster.plan_command import main
 from dynabatch.common.planning.prediction import POLICIES, PROTOCOLS
-from harness import child_env, command_line, run_job
+from harness import child_env, command_line, mlp_job, run_job
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -136,17 +136,9 @@ def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_fo
     run, _ = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
-        "--workers",
-        "2",
-        "--slowdowns",
-        "1",
-        "2",
+        *mlp_job(1, "1", "2"),
+        "--protocol",
+        "asgd",
         "--batch-policy",
         "dynamic",
         "--status-s",

@@ -12,7 +12,7 @@ import pytest
 
 from bench.reference_time import device_of
 from bench.simulate import PROFILES, SimConfig
-from dynabatch.common.planning.auto_choice import HYSTERESIS, choosable, choose
+from dynabatch.common.planning.auto_choice import HYSTERESIS, choice_of, choosable, choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import (
@@ -134,7 +134,11 @@ def test_auto_keeps_the_running_method_unless_another_is_clearly_faster() -> Non
     ranked = predict_all(cluster, STUDY_NOISE, among)
     close = next(p for p in ranked[1:] if p.time_s <= ranked[0].time_s * (1 + HYSTERESIS))
     kept = choose(cluster, STUDY_NOISE, current=(close.protocol, close.policy), protocols=among)
-    assert (kept.protocol, kept.policy) == (close.protocol, close.policy) and kept.reason.startswith("keeping")
+    assert (kept.protocol, kept.policy) == (close.protocol, close.policy)
+    assert kept.reason.startswith(f"{close.protocol} + {close.policy}: kept, predicted"), kept.reason
+    assert choice_of(kept.reason) == choice_of(
+        choose(cluster, STUDY_NOISE, protocols=[close.protocol], policies=[close.policy]).reason
+    ), "a kept choice is named as when it was made, so the console shows no line for it"
     far = ranked[-1]
     assert far.time_s > ranked[0].time_s * (1 + HYSTERESIS)
     moved = choose(cluster, STUDY_NOISE, current=(far.protocol, far.policy), protocols=among)

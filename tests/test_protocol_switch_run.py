@@ -18,7 +18,7 @@ from dynabatch.common.planning.protocol_switch import START, SWITCHABLE
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.scheduler.measured_cluster import MeasuredWorker, measured_cluster
 from dynabatch.scheduler.speed_model import StepModel
-from harness import run_job, trained_its_epochs
+from harness import mlp_job, run_job, trained_its_epochs
 
 pytestmark = pytest.mark.slow
 
@@ -56,16 +56,7 @@ def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_ex
     run, printed = run_job(
         tmp_path,
         "r",
-        "--dataset",
-        "synthetic",
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
-        "--workers",
-        "3",
-        "--slowdowns",
-        *(f"1:{a}" for a in FIXED_S),
+        *mlp_job(1, *(f"1:{a}" for a in FIXED_S)),
         "--protocol",
         "auto",
         "--batch-policy",

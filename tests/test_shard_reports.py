@@ -26,7 +26,9 @@ def _heartbeats(router: SchedulerSocket) -> list[ShardHeartbeat]:
 
 def test_a_shard_reports_the_bounds_it_applied_and_at_once_when_one_grew(tmp_path: Path) -> None:
     router = SchedulerSocket(zmq.Context.instance())
-    router.config = to_dict(JobConfig(job="j", dataset="synthetic", model="mlp", heartbeat_s=HEARTBEAT_S))
+    router.config = to_dict(
+        JobConfig(job="j", dataset="synthetic", model="mlp", protocol="asgd", heartbeat_s=HEARTBEAT_S)
+    )
     router.answer = ShardAssignment(live_workers=["w9"], batches={"w9": 32}, membership=1)
     log = (tmp_path / "ps.log").open("wb")
     shard = subprocess.Popen(

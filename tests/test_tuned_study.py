@@ -214,16 +214,14 @@ def test_the_quick_study_tunes_reports_and_names_a_default(tmp_path: Path, capsy
     assert (tmp_path / "tuned-quick" / "tuned_bench4.png").stat().st_size > 10_000
     assert "### mixed_gpus16: 16 workers" in report and (tmp_path / "tuned-quick" / "tuned_mixed_gpus16.png").exists()
     assert "default by measurement: " in capsys.readouterr().out
-    assert "Cost (CPU minutes): 6 tuning runs, " in report and "The whole study: " in report
-    chosen = {
-        m: lr for m in quick.methods if (lr := next((lr for lr in quick.lrs if f"| {m} | {lr:g} |" in report), 0))
-    }
+    assert "Cost (CPU minutes): 9 tuning runs, " in report and "The whole study: " in report
+    chosen = {m: lr for m in quick.methods if (lr := next((lr for lr in grown if f"| {m} | {lr:g} |" in report), 0))}
     assert run_study("tuned-quick", str(tmp_path), jobs=1, resume=True, only=("default",)) == 0
     again = (tmp_path / "tuned-quick" / "report.md").read_text()
     source = chosen[lr_source(DEFAULT)]
     assert f"| {DEFAULT.name} | {source:g} | " in again, "the default at its fixed-batch method's tuned step size"
     assert all(f"| {m} | {lr:g} |" in again for m, lr in chosen.items()), "the study's rows are kept beside it"
-    assert "Cost (CPU minutes): 6 tuning runs, " in again, "nothing tuned again"
+    assert "Cost (CPU minutes): 9 tuning runs, " in again, "nothing tuned again"
 
 
 def test_the_regime_study_runs_the_issues_methods_each_over_a_grid_of_at_least_four_on_seeds_apart() -> None:
@@ -264,7 +262,8 @@ def test_the_default_is_what_a_job_runs_with_every_flag_at_its_default_at_a_tune
     assert (DEFAULT.protocol, DEFAULT.policy) == (job.protocol, job.batch_policy)
     assert job.protocol in DEFAULT.name and job.batch_policy in DEFAULT.name and DEFAULT.name not in ALL
     source = METHODS[lr_source(DEFAULT)]
-    assert (source.protocol, source.policy, source.settings) == (job.protocol, "fixed", DEFAULT.settings)
+    assert (job.protocol, source.protocol, source.policy) == ("auto", "asgd", "fixed"), "what auto starts on"
+    assert source.settings == (("staleness_step", "delay"),), "with the step auto runs every protocol under"
     assert source.lrs, "a tuned method"
     job_of_run = sim_config(Run(STUDIES["regimes"][0], DEFAULT.name, 0.02, 0, tuning=False))
     assert (job_of_run.protocol, job_of_run.policy) == (job.protocol, job.batch_policy)
@@ -311,7 +310,7 @@ def test_autos_pick_is_judged_against_the_best_method_and_the_best_it_could_pick
     assert file is not None
     picked = AUTO_METHODS[(auto_choice(file).protocol, auto_choice(file).policy)]
     default = AUTO_METHODS[(default_choice(file).protocol, default_choice(file).policy)]
-    assert default_choice(file).protocol == "asgd", "the default job's protocol is asgd: auto picks its policy"
+    assert default_choice(file).protocol == "asgd", "the previous default's protocol is asgd: auto picks its policy"
     assert picked != default, "a round protocol leaves the 10 Mbit workers out; the default cannot"
     times = {m: 40.0 + i for i, m in enumerate(AUTO_METHODS.values())}
     times[picked], times[default] = 44.0, 48.0

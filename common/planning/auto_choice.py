@@ -30,6 +30,13 @@ class Choice:
     prediction: Prediction
 
 
+def choice_of(reason: str) -> str:
+    """The choice a reason names: the part before its first colon. A choice kept on a revisit, or held while new
+    workers are measured, is named the same way as when it was made, with new figures after the colon; so a
+    reader that shows a line per choice (the console of `dynabatch run`) shows one only when this changes."""
+    return reason.split(":", 1)[0]
+
+
 def choosable(p: Prediction) -> bool:
     """Whether `choose` may pick the method: any but a dynamic split the scheduler does not make as predicted."""
     return p.policy != "dynamic" or MODELS[p.protocol].split_as_predicted
@@ -59,7 +66,7 @@ def choose(
         return Choice(
             held.protocol,
             held.policy,
-            f"keeping {_name(held)}: predicted {held.time_s:.3g} s ({held.time_s / star:.2f}x T*), within "
+            f"{_name(held)}: kept, predicted {held.time_s:.3g} s ({held.time_s / star:.2f}x T*), within "
             f"{HYSTERESIS:.0%} of the fastest, {_name(best)} ({best.time_s:.3g} s)",
             held,
         )
