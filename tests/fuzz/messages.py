@@ -288,4 +288,7 @@ def _wrong_values(hint: Any) -> list[Any]:
         list: ["abc", 5, {"a": 1}],
         dict: ["abc", 5, [1]],
     }.get(base, ["abc", 5])
+    if dataclasses.is_dataclass(base):  # a nested part (a heartbeat's times): no map, or a map with a field mistyped
+        first = dataclasses.fields(base)[0].name
+        wrong = ["abc", 5, [1], {first: _wrong_values(typing.get_type_hints(base)[first])[0]}]
     return wrong if optional else [*wrong, None]
