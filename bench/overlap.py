@@ -131,7 +131,8 @@ def breakdown(timeline: list[JobStatus]) -> Breakdown:
         if wall <= 0 or steps <= 0 or compute <= 0:
             continue
         per_step = {
-            p: statistics.mean(getattr(s.workers[wid], f"{p}_s") for s in seen[1:]) for p in ("pull", "push", "wait")
+            p: statistics.mean(getattr(s.workers[wid].times, f"{p}_s") for s in seen[1:])
+            for p in ("pull", "push", "wait")
         }
         phase = {
             "compute": compute,

@@ -44,6 +44,7 @@ from dynabatch.common.wire.messages import (
     WorkerAssignment,
     WorkerHeartbeat,
 )
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.worker.ps_client import PendingPush, ShardClients
 
 PARAMS = 200_000  # a small model: the cost is per message and per update, not per byte
@@ -117,10 +118,7 @@ class LightWorker:
             steps=hb.steps + 1,
             samples=hb.samples + self.batch,
             batch=self.batch,
-            step_s=step_s,
-            compute_s=0.0,
-            pull_s=step_s / 2,
-            push_s=step_s / 2,
+            times=StepTimes(step_s=step_s, pull_s=step_s / 2, push_s=step_s / 2),
             standalone_sps=STANDALONE_SPS,
         )
         if time.monotonic() - self.last_hb >= HEARTBEAT_EVERY_S:

@@ -62,6 +62,7 @@ from dynabatch.common.wire.chunking import flat_grads, flat_params, load_flat, m
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.ps.gradient_bounds import GradientBounds
 from dynabatch.ps.push_bounds import AssignedBatches, max_push_samples, push_steps
 from dynabatch.ps.serve_order import rank_of
@@ -83,7 +84,7 @@ from dynabatch.worker.step_plans import (
     round_after,
     send,
 )
-from dynabatch.worker.step_times import StepResult, StepTimes
+from dynabatch.worker.step_result import StepResult
 
 MARKS = ("0.80", "0.85", "0.88")
 
@@ -665,9 +666,9 @@ class Worker:
             else:
                 yield from self.pull()
             if action.waits:
-                record.times.wait += c.now - record.asked
+                record.times.wait_s += c.now - record.asked
             else:
-                record.times.pull += c.now - record.asked
+                record.times.pull_s += c.now - record.asked
             if self.running.push_kind == DELTA:
                 load_flat(self._own_model(), self.base)
             return Pulled([self.version], self.version)
@@ -684,17 +685,17 @@ class Worker:
                 compute = sum(self.step_seconds(action.batch) for _ in range(action.steps))
                 yield c.now + compute
                 record.losses = [self._local_step(action.batch, scale) for _ in range(action.steps)]
-            record.times.compute += compute
+            record.times.compute_s += compute
             record.compute_s = compute
             return True
         if isinstance(action, Advance):
             return self._correct()
         if action.in_flight:
-            record.times.push += self.comm_s
+            record.times.push_s += self.comm_s
             self.anchor = flat_params(self._own_model())
             c.spawn(self._delta_in_flight(self.base - self.anchor, self.base_versions, action.samples), c.now)
             return None
-        record.times.push += yield from self.push(record.compute_s if action.kind == GRADIENT else 0.0)
+        record.times.push_s += yield from self.push(record.compute_s if action.kind == GRADIENT else 0.0)
         pushed = self.grads if action.kind == GRADIENT else self.base - flat_params(self._own_model())
         applied, after = c.push(pushed, self.base_versions, action.samples, action.kind, self.wid, self.running.name)
         return [Ack(applied, after)]

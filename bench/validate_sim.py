@@ -187,10 +187,11 @@ def observed(timeline: list[JobStatus], name: str) -> Observed:
     in_phases = sum(b.step_s_total - a.step_s_total for *_, a, b in spans) / counted
     wall = sum(span[0] for span in spans) / steps
     compute = sum(b.compute_s_total - a.compute_s_total for *_, a, b in spans) / counted
-    if all(b.wait_s == 0 for *_, b in spans):  # no round to wait for: everything but the compute is the rest
+    if all(b.times.wait_s == 0 for *_, b in spans):  # no round to wait for: everything but the compute is the rest
         rest = wall - compute
     else:  # the wait has no total: the mean of the sampled steps' pull, push and data, and the loop's time
-        rest = statistics.fmean(b.pull_s + b.push_s + b.data_s for *_, b in spans) + max(0.0, wall - in_phases)
+        sampled = statistics.fmean(b.times.pull_s + b.times.push_s + b.times.data_s for *_, b in spans)
+        rest = sampled + max(0.0, wall - in_phases)
     return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest))
 
 

@@ -13,7 +13,7 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +23,11 @@ from dynabatch.common import staleness
 from dynabatch.common.atomic_file import write_text_atomic
 from dynabatch.common.wire.frames import decode_map
 from dynabatch.common.wire.messages import JobStatus
+from dynabatch.common.wire.step_times import StepTimes
 
 ACCURACY_MARKS = (0.85, 0.88)
-WORKER_COLUMNS = (
-    "batch",
-    "samples_per_s",
-    "step_s",
-    "compute_s",
-    "pull_s",
-    "push_s",
-    "wait_s",
-    "data_s",
-    "samples",
-    "name",
-    "slowdown",
-)
+STEP_COLUMNS = tuple(f.name for f in fields(StepTimes))  # a worker's `times`, flat in the CSV under their names
+WORKER_COLUMNS = ("batch", "samples_per_s", *STEP_COLUMNS, "samples", "name", "slowdown")
 
 
 @dataclass
@@ -64,7 +54,7 @@ def write_timeline(run_dir: Path, timeline: list[Snapshot]) -> None:
         if not s.workers:
             w.writerow(head + [""] * (1 + len(WORKER_COLUMNS)))
         for wid, info in sorted(s.workers.items(), key=lambda item: order_key(item[1].name, item[0])):
-            w.writerow(head + [wid] + [getattr(info, c) for c in WORKER_COLUMNS])
+            w.writerow(head + [wid] + [getattr(info.times if c in STEP_COLUMNS else info, c) for c in WORKER_COLUMNS])
     write_text_atomic(run_dir / "timeline.csv", table.getvalue())
 
 

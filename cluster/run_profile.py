@@ -46,13 +46,16 @@ def _worker(wid: str, timeline: list[JobStatus], model_bytes: float) -> tuple[Wo
     steps = {
         s.workers[wid].steps: s.workers[wid]
         for s in timeline
-        if wid in s.workers and s.workers[wid].steps > 0 and s.workers[wid].batch > 0 and s.workers[wid].compute_s > 0
+        if wid in s.workers
+        and s.workers[wid].steps > 0
+        and s.workers[wid].batch > 0
+        and s.workers[wid].times.compute_s > 0
     }
     if not steps:
         raise RunFolderError(f"worker {wid} never reported a step")
     seen = list(steps.values())
     name = seen[-1].name or wid
-    points = [(float(w.batch), w.compute_s) for w in seen]
+    points = [(float(w.batch), w.times.compute_s) for w in seen]
     note = None
     fixed, per_sample = fit_line(points) if len({b for b, _ in points}) > 1 else (-1.0, 0.0)
     if fixed < 0 or per_sample <= 0:
@@ -61,7 +64,7 @@ def _worker(wid: str, timeline: list[JobStatus], model_bytes: float) -> tuple[Wo
             f"{name}: its step times do not resolve a fixed cost (batches seen: "
             f"{', '.join(str(int(b)) for b in sorted({b for b, _ in points}))}): counted as per-sample"
         )
-    transfer = statistics.median(w.pull_s + w.push_s for w in seen)
+    transfer = statistics.median(w.times.pull_s + w.times.push_s for w in seen)
     link = 2 * model_bytes * 8 / (transfer * 1e6) if transfer > 0 else FASTEST_LINK_MBIT
     return WorkerGroup(1, Device(fixed, per_sample, seen[-1].max_batch), min(link, FASTEST_LINK_MBIT)), note
 

@@ -42,7 +42,7 @@ def own_step_seconds(hb: WorkerHeartbeat) -> float:
     slow GPU does, so it stays in, and a worker whose loader cannot keep up gets
     a smaller share.
     """
-    return max(hb.step_s - hb.wait_s, MIN_OWN_STEP_S)
+    return max(hb.times.step_s - hb.times.wait_s, MIN_OWN_STEP_S)
 
 
 def own_compute_seconds(hb: WorkerHeartbeat) -> float | None:
@@ -57,7 +57,7 @@ def own_compute_seconds(hb: WorkerHeartbeat) -> float | None:
     more, so it stays in. It is at most `own_step_seconds` (the phases sum to the step): a report that says
     otherwise does not make its worker look slower than its whole step does.
     """
-    return min(hb.compute_s + hb.data_s, own_step_seconds(hb)) if hb.compute_s > 0 else None
+    return min(hb.times.compute_s + hb.times.data_s, own_step_seconds(hb)) if hb.times.compute_s > 0 else None
 
 
 class Allocator:
@@ -301,7 +301,7 @@ class Allocator:
         if self.first_loss is None and math.isfinite(loss):
             self.first_loss = loss
         sync_s = max((w.sync_s for w in workers), default=0.0)
-        compute_s = min((w.compute_s for w in workers if w.compute_s > 0), default=0.0)
+        compute_s = min((w.times.compute_s for w in workers if w.times.compute_s > 0), default=0.0)
         first = math.nan if self.first_loss is None else self.first_loss
         decision = adacomm_steps(self.job.local_steps, self.local_steps, first, loss, sync_s, compute_s)
         if decision.steps != self.local_steps:

@@ -67,7 +67,7 @@ class JobEnd:
         """Fail a job that trains nothing for longer than its live `workers`' steps allow (stall.py)."""
         training = training_started and bool(workers) and not self.stopping
         still = self.stall.observe(samples, now, training)
-        limit = stall_limit_s([m.last.step_s for m in workers], self.job.join_timeout_s)
+        limit = stall_limit_s([m.last.times.step_s for m in workers], self.job.join_timeout_s)
         if training and still > limit:
             skipped = sum(m.last.skipped for m in workers)
             self.failed = (

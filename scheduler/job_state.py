@@ -259,7 +259,7 @@ class JobState:
             self.allocator.measure(member.id, hb.standalone_sps, member.instance, hb.standalone_fixed_s)
             measured = True
             self._reallocate(now, "joined", member.id, force=True)
-        if new_steps > 0 and hb.batch > 0 and hb.step_s > 0 and measured:
+        if new_steps > 0 and hb.batch > 0 and hb.times.step_s > 0 and measured:
             self.allocator.observe(member.id, hb)
             plan = self.wire.observe(member.id, member.last, hb)
             if plan is not None:

@@ -82,11 +82,11 @@ def stuck_workers(
         (
             m,
             f"{m.id} ({m.name}) holds batch {batch_of(m.id)} but finished no step for {now - m.progress_since:.0f} s "
-            f"(its steps take {m.last.step_s:.3f} s)",
+            f"(its steps take {m.last.times.step_s:.3f} s)",
         )
         for m in workers
         if batch_of(m.id) > 0
-        and stalled(m.progress_since, now, m.last.step_s, job.liveness_timeout_s, job.join_timeout_s)
+        and stalled(m.progress_since, now, m.last.times.step_s, job.liveness_timeout_s, job.join_timeout_s)
     ]
 
 

@@ -12,25 +12,26 @@ names and values are bounded by common/wire/eval_bounds.py.)
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import EvalReport, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 
 MIN_STEP_S = 1e-4  # no training step, of any model on any machine, takes less
 MAX_SECONDS = 86_400.0  # a step (or a phase of one) longer than a day is a lie or a hung process
 MIN_SPEED = 1e-3  # samples/s: below this a worker would not finish one batch in a week
 MAX_SPEED = 1e9
 MAX_PROBLEM_CHARS = 300  # a shard's account of what is wrong with its model (ps/param_guard.py) is one line
-TIMES = ("step_s", "compute_s", "pull_s", "push_s", "wait_s", "data_s", "sync_s")
 
 
 def check_worker_heartbeat(
     prev: WorkerHeartbeat, hb: WorkerHeartbeat, elapsed_s: float, max_batch: int, num_shards: int
 ) -> None:
     """Refuse a worker heartbeat that claims more than it can have done since `prev` (its last accepted one)."""
-    for name in TIMES:
-        value = getattr(hb, name)
+    seconds = {f"times.{f.name}": getattr(hb.times, f.name) for f in fields(StepTimes)} | {"sync_s": hb.sync_s}
+    for name, value in seconds.items():
         if not math.isfinite(value) or not 0.0 <= value <= MAX_SECONDS:
             raise ProtocolError(
                 ErrorCode.BAD_FIELD, f"HEARTBEAT.{name} must be finite, in [0, {MAX_SECONDS:.0f}] s; got {value}"

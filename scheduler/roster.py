@@ -73,10 +73,10 @@ class Member:
 
     def count_steps(self, hb: WorkerHeartbeat, new_steps: int) -> None:
         """Add `new_steps` steps of the length `hb` reports to the member's totals (STATUS shows their means)."""
-        self.step_s_total += hb.step_s * new_steps
-        self.data_s_total += hb.data_s * new_steps
+        self.step_s_total += hb.times.step_s * new_steps
+        self.data_s_total += hb.times.data_s * new_steps
         self.observed_steps += new_steps
-        self.compute_s_total += hb.compute_s * new_steps
+        self.compute_s_total += hb.times.compute_s * new_steps
         self.observed_samples += hb.batch * new_steps
 
     def public(self, batch: int) -> WorkerStatus:
@@ -91,13 +91,8 @@ class Member:
             steps=self.steps,
             samples=self.samples,
             batch=batch,
-            step_s=hb.step_s,
-            compute_s=hb.compute_s,
-            pull_s=hb.pull_s,
-            push_s=hb.push_s,
-            wait_s=hb.wait_s,
-            data_s=hb.data_s,
-            samples_per_s=hb.batch / hb.step_s if hb.step_s > 0 else 0.0,
+            times=hb.times,
+            samples_per_s=hb.batch / hb.times.step_s if hb.times.step_s > 0 else 0.0,
             standalone_sps=self.standalone_sps,
             loss=finite_or_none(hb.loss),
             step_s_total=self.step_s_total,
@@ -126,7 +121,7 @@ def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: f
     """
     if member.heartbeats == 0 and member.role == Role.SHARD:
         return max(liveness_timeout_s, join_timeout_s)
-    by_steps = min(LIVENESS_STEPS * member.last.step_s, join_timeout_s)
+    by_steps = min(LIVENESS_STEPS * member.last.times.step_s, join_timeout_s)
     return max(liveness_timeout_s, by_steps)
 
 

@@ -12,6 +12,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import astuple, fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -46,6 +47,7 @@ from dynabatch.common.wire.messages import (
     WorkerAssignment,
     WorkerHeartbeat,
 )
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.hello_rate import HelloRate
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
@@ -55,7 +57,7 @@ from dynabatch.scheduler.saved_progress import load_progress, progress_path, sav
 
 log = logging.getLogger("dynabatch.scheduler")
 Reply = Welcome | WorkerAssignment | ShardAssignment | ByeAck | StatusReply | None
-PHASES = ("step", "compute", "pull", "push", "wait", "data")
+PHASES = tuple(f.name.removesuffix("_s") for f in fields(StepTimes))  # a metric's label: `step`, not `step_s`
 DECISION_TIMES_KEPT = 4096
 # Nothing sent to the scheduler carries a tensor, and its largest message (an EVAL
 # and its metrics) takes well under a kilobyte: a message with tensor frames or a
@@ -448,13 +450,11 @@ class SchedulerServer:
             m = s.roster.members[wid]
             hb = m.last
             self.m.batch.labels(wid).set(s.allocator.batch_of(wid))
-            self.m.sps.labels(wid).set(hb.batch / hb.step_s if hb.step_s > 0 else 0.0)
+            self.m.sps.labels(wid).set(hb.batch / hb.times.step_s if hb.times.step_s > 0 else 0.0)
             plan = s.wire.plan_of(wid)
             for name, shown in zip(self.m.wire, (plan.group, plan.credit, ranks.get(wid, -1)), strict=True):
                 self.m.wire[name].labels(wid).set(shown)
-            for phase, value in zip(
-                PHASES, (hb.step_s, hb.compute_s, hb.pull_s, hb.push_s, hb.wait_s, hb.data_s), strict=True
-            ):
+            for phase, value in zip(PHASES, astuple(hb.times), strict=True):
                 self.m.step.labels(wid, phase).set(value)
         new = min(s.allocator.assignment_id - self._decisions_seen, len(s.allocator.decisions))
         for d in s.allocator.decisions[len(s.allocator.decisions) - new :]:

@@ -39,9 +39,9 @@ class WireSchedule:
         steps = hb.steps - prev.steps
         if not self.scheduled or steps <= 0 or hb.bytes < prev.bytes:
             return None
-        transfer = hb.pull_s + hb.push_s
+        transfer = hb.times.pull_s + hb.times.push_s
         self.times[worker] = WorkerTimes(own_step_seconds(hb), transfer)
-        sample = StepSample(hb.compute_s, transfer, (hb.bytes - prev.bytes) // steps)
+        sample = StepSample(hb.times.compute_s, transfer, (hb.bytes - prev.bytes) // steps)
         proposals = self.proposals.setdefault(worker, [])
         proposals.append(plan_for(sample, self.job.chunk_bytes, 0, self.job.max_inflight_bytes))
         del proposals[:-STABLE_PROPOSALS]

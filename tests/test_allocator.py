@@ -11,6 +11,7 @@ from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.messages import WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.allocator import (
     ALLOT_AHEAD,
     DECISIONS_KEPT,
@@ -123,13 +124,13 @@ def test_decisions_are_bounded_and_each_is_an_assignment() -> None:
 
 
 def test_a_steps_wait_for_others_is_not_the_workers_own_time() -> None:
-    assert own_step_seconds(WorkerHeartbeat(step_s=0.5, wait_s=0.3, data_s=0.1)) == 0.2
-    assert own_step_seconds(WorkerHeartbeat(step_s=0.5, wait_s=0.6)) > 0
+    assert own_step_seconds(WorkerHeartbeat(times=StepTimes(step_s=0.5, wait_s=0.3, data_s=0.1))) == 0.2
+    assert own_step_seconds(WorkerHeartbeat(times=StepTimes(step_s=0.5, wait_s=0.6))) > 0
 
 
 def test_adacomm_shrinks_h_as_the_loss_falls_from_the_first_one_it_saw() -> None:
     allocator = _allocator(protocol="msd", local_steps=8)
-    workers = [WorkerHeartbeat(sync_s=0.0, compute_s=0.1)]
+    workers = [WorkerHeartbeat(sync_s=0.0, times=StepTimes(compute_s=0.1))]
     allocator.adapt_local_steps(1.0, math.nan, workers)
     assert allocator.first_loss is None and allocator.local_steps == 8, "no loss yet"
     allocator.adapt_local_steps(1.0, 4.0, workers)
@@ -142,7 +143,7 @@ def test_adacomm_shrinks_h_as_the_loss_falls_from_the_first_one_it_saw() -> None
 def test_speed_models_are_saved_by_process_and_restored_for_the_same_process() -> None:
     allocator = _allocator(max_workers=2)
     allocator.measure("w0", 1000.0, instance="proc-a")
-    allocator.observe("w0", WorkerHeartbeat(batch=32, step_s=0.05))
+    allocator.observe("w0", WorkerHeartbeat(batch=32, times=StepTimes(step_s=0.05)))
     saved = allocator.saved_speeds({"proc-a": ("w0", 1000.0), "proc-gone": ("w7", 500.0)})
     assert saved == {"proc-a": SavedSpeed(1000.0, [(32, 0.05)])}, "a worker without a model saves none"
 
@@ -168,7 +169,10 @@ def _one_step_each(allocator: Allocator, transfers_s: dict[str, float], compute_
         allocator.observe(
             wid,
             WorkerHeartbeat(
-                batch=b, step_s=transfers + b * 1e-3, compute_s=compute * b, pull_s=transfers / 2, push_s=transfers / 2
+                batch=b,
+                times=StepTimes(
+                    step_s=transfers + b * 1e-3, compute_s=compute * b, pull_s=transfers / 2, push_s=transfers / 2
+                ),
             ),
         )
     allocator.reallocate(1.0, 1.0, "speed update", "w2", ready)
@@ -197,9 +201,12 @@ def test_an_equal_step_split_still_equalizes_whole_steps() -> None:
 
 
 def test_a_workers_compute_time_includes_taking_its_samples_and_zero_means_not_reported() -> None:
-    assert own_compute_seconds(WorkerHeartbeat(step_s=0.5, compute_s=0.2, data_s=0.05, pull_s=0.25)) == 0.25
-    assert own_compute_seconds(WorkerHeartbeat(step_s=0.5, pull_s=0.5)) is None
-    assert own_compute_seconds(WorkerHeartbeat(step_s=0.5, compute_s=0.9, wait_s=0.2)) == 0.3, (
+    assert (
+        own_compute_seconds(WorkerHeartbeat(times=StepTimes(step_s=0.5, compute_s=0.2, data_s=0.05, pull_s=0.25)))
+        == 0.25
+    )
+    assert own_compute_seconds(WorkerHeartbeat(times=StepTimes(step_s=0.5, pull_s=0.5))) is None
+    assert own_compute_seconds(WorkerHeartbeat(times=StepTimes(step_s=0.5, compute_s=0.9, wait_s=0.2))) == 0.3, (
         "no more than its own step"
     )
 

@@ -10,6 +10,7 @@ import pytest
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Hello, Role, ShardAssignment, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.outage_clock import ClockReading
 
@@ -195,7 +196,12 @@ def test_a_restarted_shard_bounds_a_worker_by_every_batch_it_may_still_be_steppi
     state.heartbeat(
         a,
         WorkerHeartbeat(
-            standalone_sps=1000.0, steps=1, samples=96, batch=96, step_s=0.5, assignment_id=first.assignment_id
+            standalone_sps=1000.0,
+            steps=1,
+            samples=96,
+            batch=96,
+            times=StepTimes(step_s=0.5),
+            assignment_id=first.assignment_id,
         ),
         3.2,
     )
@@ -207,7 +213,7 @@ def test_a_restarted_shard_bounds_a_worker_by_every_batch_it_may_still_be_steppi
             steps=2,
             samples=128,
             batch=32,
-            step_s=0.2,
+            times=StepTimes(step_s=0.2),
             assignment_id=state.allocator.assignment_id,
         ),
         3.4,

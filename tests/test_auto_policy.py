@@ -16,6 +16,7 @@ from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import cluster_of, fixed_batches
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.messages import WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.allocator import Allocator
 from dynabatch.scheduler.auto_policy import MEASURED_STEPS, SHIFT, AutoPolicy, folded_cluster, measured_workers
 from dynabatch.scheduler.batch_allocation import allocate_round, fixed_allocation
@@ -126,7 +127,7 @@ def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: f
     for _ in range(steps):
         batch = allocator.allocation[wid] or 1
         compute = per_sample_s * batch
-        allocator.observe(wid, WorkerHeartbeat(batch=batch, step_s=0.005 + compute, compute_s=compute))
+        allocator.observe(wid, WorkerHeartbeat(batch=batch, times=StepTimes(step_s=0.005 + compute, compute_s=compute)))
         allocator.reallocate(1.0, 1.0, "speed update", wid, ready)
 
 

@@ -172,7 +172,7 @@ def test_bad_messages_to_the_scheduler_are_refused_and_it_keeps_serving(cluster:
         ([_env(type="HEARTBEAT", sender="w999")], "unknown_sender"),
         # In a registered worker's name but from another connection: refused before any field is looked at
         # (the worker's own connection gets bad_field for these: tests/test_hostile_peers.py).
-        ([_env(type="HEARTBEAT", sender=c.welcome.id, step_s=float("nan"), steps=1)], "bad_sender"),
+        ([_env(type="HEARTBEAT", sender=c.welcome.id, times={"step_s": float("nan")}, steps=1)], "bad_sender"),
         ([_env(type="HEARTBEAT", sender=c.welcome.id, samples=-5)], "bad_sender"),
         ([_env(type="HELLO", role="overlord")], "bad_field"),
         ([_env(type="STATUS", chunks=[{"id": 0, "dtype": "float32", "shape": [1]}]), b"\x00" * 4], "bad_chunk"),

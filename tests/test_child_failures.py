@@ -235,7 +235,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             120,
         )
         startup_s = time.monotonic() - started
-        step_s = max(w.step_s for w in st.workers.values())
+        step_s = max(w.times.step_s for w in st.workers.values())
         before = {wid for wid, w in st.workers.items() if w.name == "worker1"}
         (victim,) = _children_of(run.pid, "worker1")
         os.kill(victim, signal.SIGKILL)

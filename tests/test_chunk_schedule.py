@@ -11,6 +11,7 @@ from dynabatch.common.net.transport import Incoming
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.frames import ChunkMeta, Message
 from dynabatch.common.wire.messages import Pull, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.scheduler.chunk_schedule import STABLE_PROPOSALS, StepSample, WirePlan, plan_for, settle
 from dynabatch.scheduler.serving_priority import WorkerTimes, serving_ranks
@@ -65,10 +66,9 @@ def _heartbeats(rates: list[float], compute_s: float = 0.3) -> list[WorkerHeartb
                 steps=steps,
                 samples=32 * steps,
                 batch=32,
-                step_s=compute_s + transfer,
-                compute_s=compute_s,
-                pull_s=transfer / 2,
-                push_s=transfer / 2,
+                times=StepTimes(
+                    step_s=compute_s + transfer, compute_s=compute_s, pull_s=transfer / 2, push_s=transfer / 2
+                ),
                 bytes=moved,
             )
         )
@@ -131,12 +131,12 @@ def test_the_schedule_ranks_the_workers_its_protocol_waits_on_first(protocol: st
     schedule.observe(
         "slow",
         WorkerHeartbeat(),
-        WorkerHeartbeat(steps=1, batch=8, step_s=2.0, compute_s=1.8, pull_s=0.1, push_s=0.1, bytes=MB),
+        WorkerHeartbeat(steps=1, batch=8, times=StepTimes(step_s=2.0, compute_s=1.8, pull_s=0.1, push_s=0.1), bytes=MB),
     )
     schedule.observe(
         "wired",
         WorkerHeartbeat(),
-        WorkerHeartbeat(steps=1, batch=8, step_s=1.0, compute_s=0.2, pull_s=0.4, push_s=0.4, bytes=MB),
+        WorkerHeartbeat(steps=1, batch=8, times=StepTimes(step_s=1.0, compute_s=0.2, pull_s=0.4, push_s=0.4), bytes=MB),
     )
     assert schedule.ranks(["slow", "wired"])[first] == 0
     schedule.forget(first)

@@ -11,6 +11,7 @@ import pytest
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import EvalReport, Hello, Role, ShardAssignment, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.divergence import FLOOR_FRACTION, LOSS_FACTOR, STRIKES, DivergenceWatch, lr_factor
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.outage_clock import ClockReading
@@ -131,8 +132,7 @@ def _step(state: JobState, now: float, loss: float = 1.0, skipped: int = 0, roll
             steps=m.steps + new,
             samples=m.samples + batch * new,
             batch=batch,
-            step_s=STEP_S,
-            compute_s=STEP_S,
+            times=StepTimes(step_s=STEP_S, compute_s=STEP_S),
             standalone_sps=m.standalone_sps,
             loss=loss,
             skipped=m.last.skipped + skipped,

@@ -21,8 +21,9 @@ B, CAPS = 96, {"worker0": 64, "worker1": 32, "worker2": 16}
 def _measured(worker: dict[str, Any]) -> StepModel:
     """A worker's step as its last heartbeat reported it: what it spent besides computing and taking its samples
     is fixed, the rest per sample (SpeedModel.overhead_fit's reading of one step)."""
-    compute = worker["compute_s"] + worker["data_s"]
-    return StepModel(max(0.0, worker["step_s"] - worker["wait_s"] - compute), compute / worker["batch"])
+    times = worker["times"]
+    compute = times["compute_s"] + times["data_s"]
+    return StepModel(max(0.0, times["step_s"] - times["wait_s"] - compute), compute / worker["batch"])
 
 
 def test_a_real_jobs_batches_follow_the_efficient_rule(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from dynabatch.common.net.transport import Connection, RemoteError
 from dynabatch.common.wire.messages import Bye, EvalReport, Hello, Role, Welcome, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from harness import Cluster, metric_value
 
 pytestmark = pytest.mark.slow
@@ -86,7 +87,7 @@ def test_a_heartbeat_or_bye_in_another_workers_name_is_refused_and_the_worker_is
     _refused(
         job,
         job.welcome.id,
-        WorkerHeartbeat(steps=10**6, samples=10**9, batch=32, step_s=0.1, standalone_sps=1.0),
+        WorkerHeartbeat(steps=10**6, samples=10**9, batch=32, times=StepTimes(step_s=0.1), standalone_sps=1.0),
         "bad_sender",
     )
     _refused(job, job.welcome.id, Bye(), "bad_sender")
@@ -101,9 +102,15 @@ def test_a_workers_own_impossible_numbers_are_refused_naming_the_field(job: Vict
     assert status is not None
     epoch = status.epoch
     for hb, field in (
-        (WorkerHeartbeat(steps=1, samples=10**12, batch=32, step_s=0.1, standalone_sps=1000.0), "samples"),
+        (
+            WorkerHeartbeat(steps=1, samples=10**12, batch=32, times=StepTimes(step_s=0.1), standalone_sps=1000.0),
+            "samples",
+        ),
         (WorkerHeartbeat(standalone_sps=5e-324), "standalone_sps"),
-        (WorkerHeartbeat(steps=1, samples=32, batch=32, step_s=float("inf"), standalone_sps=1000.0), "step_s"),
+        (
+            WorkerHeartbeat(steps=1, samples=32, batch=32, times=StepTimes(step_s=float("inf")), standalone_sps=1000.0),
+            "times.step_s",
+        ),
     ):
         with pytest.raises(RemoteError, match=f"HEARTBEAT.{field}") as refused:
             victim.request(hb, timeout_s=10)

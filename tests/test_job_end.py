@@ -7,6 +7,7 @@ from typing import Any
 
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.job_end import JobEnd
 from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
@@ -78,7 +79,9 @@ def test_a_spent_budget_or_a_failure_stops_the_job() -> None:
 
 def test_a_job_that_trains_nothing_for_longer_than_its_workers_steps_allow_fails() -> None:
     end, _ = _end(join_timeout_s=5.0)
-    worker = Member("w0", Role.WORKER, "w0", "", "", 0.0, 0.0, last=WorkerHeartbeat(step_s=0.01, skipped=4))
+    worker = Member(
+        "w0", Role.WORKER, "w0", "", "", 0.0, 0.0, last=WorkerHeartbeat(times=StepTimes(step_s=0.01), skipped=4)
+    )
     end.check_stall(0.0, 100, [worker], training_started=True)
     end.check_stall(4.9, 100, [worker], training_started=True)
     assert not end.failed

@@ -10,6 +10,7 @@ import pytest
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.progress_watch import evaluation_allowed_s, progress_allowed_s
 
@@ -55,8 +56,7 @@ def _step(
         steps=m.steps + 1,
         samples=m.samples + batch,
         batch=batch,
-        step_s=step_s,
-        compute_s=step_s if compute_s is None else compute_s,
+        times=StepTimes(step_s=step_s, compute_s=step_s if compute_s is None else compute_s),
         standalone_sps=m.standalone_sps,
         loss=loss,
         assignment_id=state.allocator.assignment_id,
@@ -308,7 +308,7 @@ def test_backwards_or_non_finite_heartbeats_change_nothing() -> None:
     before = (state.roster.members[a].steps, state.roster.members[a].samples, state.roster.members[a].last_seen)
     for hb in (
         WorkerHeartbeat(steps=0, samples=0),
-        WorkerHeartbeat(steps=5, samples=500, step_s=float("inf")),
+        WorkerHeartbeat(steps=5, samples=500, times=StepTimes(step_s=float("inf"))),
         WorkerHeartbeat(steps=5, samples=500, standalone_sps=-1.0),
     ):
         with pytest.raises(ProtocolError, match="bad_field"):
@@ -366,9 +366,7 @@ def test_time_spent_waiting_for_a_round_is_not_taken_for_slowness() -> None:
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
-                step_s=round_s,
-                compute_s=own[wid],
-                wait_s=round_s - own[wid],
+                times=StepTimes(step_s=round_s, compute_s=own[wid], wait_s=round_s - own[wid]),
                 standalone_sps=1000.0,
                 loss=1.0,
             )
@@ -504,20 +502,22 @@ def test_time_waiting_for_data_is_the_workers_own_and_makes_it_look_slower() -> 
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
-                step_s=compute + data,
-                compute_s=compute,
-                data_s=data,
+                times=StepTimes(step_s=compute + data, compute_s=compute, data_s=data),
                 standalone_sps=1000.0,
                 loss=1.0,
             )
             state.heartbeat(wid, hb, t * 0.1)
     assert state.allocator.allocation[fed] > 1.5 * state.allocator.allocation[starved]
     status = state.status(4.0).workers[starved]
-    assert status.data_s == pytest.approx(0.0005 * state.roster.members[starved].last.batch)
+    assert status.times.data_s == pytest.approx(0.0005 * state.roster.members[starved].last.batch)
     assert status.data_s_total > 0 and state.status(4.0).workers[fed].data_s_total == 0.0
-    with pytest.raises(ProtocolError, match="bad_field"):
-        m = state.roster.members[fed]
-        state.heartbeat(fed, WorkerHeartbeat(steps=m.steps + 1, samples=m.samples, data_s=float("nan")), 5.0)
+    m = state.roster.members[fed]
+    before = (m.last, m.steps, m.data_s_total, dict(state.allocator.allocation))
+    with pytest.raises(ProtocolError, match=r"HEARTBEAT\.times\.data_s must be finite"):
+        state.heartbeat(
+            fed, WorkerHeartbeat(steps=m.steps + 1, samples=m.samples, times=StepTimes(data_s=float("nan"))), 5.0
+        )
+    assert (m.last, m.steps, m.data_s_total, state.allocator.allocation) == before, "a refused report changes nothing"
 
 
 def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken() -> None:
@@ -531,7 +531,12 @@ def test_a_local_rounds_steps_reported_after_its_repeated_heartbeats_are_taken()
         state.heartbeat(wid, before, now)
     m, batch = state.roster.members[wid], state.allocator.allocation[wid]
     round_end = WorkerHeartbeat(
-        steps=128, samples=128 * batch, batch=batch, step_s=6.0, compute_s=6.0, standalone_sps=100.0, loss=1.0
+        steps=128,
+        samples=128 * batch,
+        batch=batch,
+        times=StepTimes(step_s=6.0, compute_s=6.0),
+        standalone_sps=100.0,
+        loss=1.0,
     )
     state.heartbeat(wid, round_end, 6.0)
     assert state.roster.members[wid].steps == 128
@@ -751,6 +756,6 @@ def test_a_heartbeat_of_the_other_roles_kind_is_refused_and_changes_nothing() ->
     with pytest.raises(ProtocolError, match=f"bad_sender: {wid} is a worker; it reports with HEARTBEAT"):
         state.shard_heartbeat(wid, ShardHeartbeat(version=5, samples=480, quarantined=[wid]), 1.0)
     with pytest.raises(ProtocolError, match=f"bad_sender: {shard.id} is a ps; it reports with SHARD_HEARTBEAT"):
-        state.heartbeat(shard.id, WorkerHeartbeat(steps=1, samples=32, batch=32, step_s=0.1), 1.0)
+        state.heartbeat(shard.id, WorkerHeartbeat(steps=1, samples=32, batch=32, times=StepTimes(step_s=0.1)), 1.0)
     assert (worker.heartbeats, worker.last, shard.heartbeats, shard.shard_last, state.roster.membership) == before
     assert wid in state.roster.live_workers

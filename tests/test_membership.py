@@ -29,6 +29,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
     WorkerStatus,
 )
+from dynabatch.common.wire.step_times import StepTimes
 from harness import Cluster, free_port, run_job, wait_for
 
 pytestmark = pytest.mark.slow
@@ -96,7 +97,11 @@ def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path: Path) -> 
         assert (
             conn.send(
                 WorkerHeartbeat(
-                    steps=3, samples=3 * batch, batch=batch, step_s=0.05, compute_s=0.05, standalone_sps=1000.0
+                    steps=3,
+                    samples=3 * batch,
+                    batch=batch,
+                    times=StepTimes(step_s=0.05, compute_s=0.05),
+                    standalone_sps=1000.0,
                 )
             )
             > 0
@@ -320,7 +325,7 @@ def test_a_worker_that_slows_down_mid_run_gets_a_smaller_batch(tmp_path: Path) -
         after = c.wait_status(
             "the slowed worker's batch to fall under half the steady one's",
             lambda s: 2 * tired(s).batch < steady(s).batch,
-            max(60.0, 4.0 + 8 * 50 * tired(before).step_s),
+            max(60.0, 4.0 + 8 * 50 * tired(before).times.step_s),
         )
         assert sum(after.decisions[-1].batches.values()) == 96, "the steady worker's share takes the rest"
         assert any(d.reason == "speed update" for d in after.decisions)
@@ -453,8 +458,8 @@ def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_gh
         )
         [(wid, slow)] = st.workers.items()
         assert slow.name == "slow" and st.departed == [ghost], f"nobody but the ghost was dropped: {st.departed}"
-        assert slow.compute_s > LIVENESS_S, (
-            f"a step's silent compute ({slow.compute_s:.2f} s) must outlast the liveness timeout to test anything"
+        assert slow.times.compute_s > LIVENESS_S, (
+            f"a step's silent compute ({slow.times.compute_s:.2f} s) must outlast the liveness timeout to test anything"
         )
         assert st.samples == slow.samples == slow.steps * 96, "every sample it trained counts"
         assert scheduler.log_text().count("stopped sending heartbeats; dropped") == 1

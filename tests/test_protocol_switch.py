@@ -29,6 +29,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
 )
 from dynabatch.common.wire.model_signature import signature_from_fields
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.ps.protocol_rules import RingmasterRule
 from dynabatch.ps.push_admission import PushAdmission, PushCase
 from dynabatch.ps.replay_guard import ReplayGuard
@@ -203,8 +204,7 @@ def _measured(state: JobState) -> tuple[dict[str, float], float, WorkerAssignmen
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
-                step_s=step,
-                compute_s=step,
+                times=StepTimes(step_s=step, compute_s=step),
                 standalone_sps=m.standalone_sps,
                 standalone_fixed_s=a,
                 assignment_id=state.allocator.assignment_id,

@@ -11,6 +11,7 @@ import zmq
 from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.messages import Error, Hello, Role, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.worker.pulse import Pulse
 from harness import wait_for
 from scheduler_socket import SchedulerSocket
@@ -39,7 +40,7 @@ def test_the_link_repeats_exactly_its_last_heartbeat_and_none_of_an_old_registra
         assert not link.repeat_if_quiet(0.0), "unregistered: nothing to keep alive"
         _register(link)
         assert link.repeat_if_quiet(0.0), "registered, nothing sent yet: an empty heartbeat"
-        report = WorkerHeartbeat(steps=3, samples=96, batch=32, step_s=0.5, standalone_sps=100.0)
+        report = WorkerHeartbeat(steps=3, samples=96, batch=32, times=StepTimes(step_s=0.5), standalone_sps=100.0)
         link.heartbeat(report)
         assert not link.repeat_if_quiet(60.0), "a heartbeat went just now"
         assert link.repeat_if_quiet(0.0)
@@ -63,13 +64,15 @@ def test_the_pulse_heartbeats_while_the_main_thread_is_silent_and_not_after_it_s
     link = SchedulerLink(ctx, router.endpoint, "j", "test", WorkerHeartbeat, WorkerAssignment)
     try:
         _register(link)
-        report = WorkerHeartbeat(steps=1, samples=32, batch=32, step_s=0.5, standalone_sps=100.0)
+        report = WorkerHeartbeat(steps=1, samples=32, batch=32, times=StepTimes(step_s=0.5), standalone_sps=100.0)
         link.heartbeat(report)
         pulse = Pulse(link, INTERVAL_S).start()
         wait_for("five repeats", lambda: len(router.got) >= 6, 10)
         pulse.stop()
         assert set(_seen(router)) == set(_seen_as([("w0", report)]))
-        link.heartbeat(WorkerHeartbeat(steps=2, samples=64, batch=32, step_s=0.5, standalone_sps=100.0))
+        link.heartbeat(
+            WorkerHeartbeat(steps=2, samples=64, batch=32, times=StepTimes(step_s=0.5), standalone_sps=100.0)
+        )
         wait_for(
             "the main thread's next heartbeat",
             lambda: isinstance(beat := router.got[-1][1], WorkerHeartbeat) and beat.steps == 2,

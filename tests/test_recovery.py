@@ -13,6 +13,7 @@ from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.verified_files import write_verified
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import EvalReport, Hello, Role, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.lost_work import LostWork, ShardMark, lost_work
 from dynabatch.scheduler.outage_clock import MAX_UNTIMED_OUTAGE_S, ClockReading, outage_s
@@ -44,8 +45,7 @@ def _steps(state: JobState, wid: str, n: int, now: float) -> None:
                 steps=m.steps + 1,
                 samples=m.samples + batch,
                 batch=batch,
-                step_s=0.01,
-                compute_s=0.01,
+                times=StepTimes(step_s=0.01, compute_s=0.01),
                 standalone_sps=m.standalone_sps,
                 loss=1.0,
             ),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
     WorkerStatus,
 )
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.job_state import JobState
 
 
@@ -243,11 +245,7 @@ WORKER_KEYS = {
     "steps",
     "samples",
     "batch",
-    "step_s",
-    "compute_s",
-    "pull_s",
-    "push_s",
-    "wait_s",
+    "times",
     "samples_per_s",
     "standalone_sps",
     "loss",
@@ -257,7 +255,6 @@ WORKER_KEYS = {
     "observed_samples",
     "version",
     "endpoint",
-    "data_s",
     "data_s_total",
     "max_batch",
     "slowdown",
@@ -286,7 +283,9 @@ def _scheduler_status() -> JobStatus:
         ),
         0.0,
     )
-    state.heartbeat(wid, WorkerHeartbeat(steps=1, samples=96, batch=96, step_s=0.1, compute_s=0.08, loss=2.0), 0.5)
+    state.heartbeat(
+        wid, WorkerHeartbeat(steps=1, samples=96, batch=96, times=StepTimes(step_s=0.1, compute_s=0.08), loss=2.0), 0.5
+    )
     return state.status(1.0)
 
 
@@ -298,6 +297,7 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path: Path) -> None:
     assert entry["wall_t"] == 1.5
     (worker,) = entry["workers"].values()
     assert worker.keys() == WORKER_KEYS and worker["name"] == "a" and worker["batch"] == 96
+    assert worker["times"] == {**asdict(StepTimes()), "step_s": 0.1, "compute_s": 0.08}, "one map, every phase named"
     assert worker["slowdown"] == "2x", "STATUS gives the slowdown the worker's HELLO reported"
     assert entry["shards"]["0"] == {
         "endpoint": "tcp://ps:1",
@@ -310,6 +310,14 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path: Path) -> None:
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
     assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}
     assert read_timeline(tmp_path / "timeline.json") == [status]
+    (row,) = csv.DictReader((tmp_path / "timeline.csv").read_text().splitlines())
+    assert (row["worker"], row["batch"], row["step_s"], row["compute_s"], row["wait_s"]) == (
+        "w0",
+        "96",
+        "0.1",
+        "0.08",
+        "0.0",
+    )
 
 
 def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
 
 
@@ -133,9 +134,9 @@ def test_silence_follows_the_role_and_the_members_own_steps() -> None:
     shard, worker = roster.shards[0], roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None)
     assert silence_allowed(shard, 2.0, 30.0) == 30.0, "a shard restores its checkpoint before its first heartbeat"
     assert silence_allowed(worker, 2.0, 30.0) == 2.0
-    worker.last = WorkerHeartbeat(step_s=5.0)
+    worker.last = WorkerHeartbeat(times=StepTimes(step_s=5.0))
     assert silence_allowed(worker, 2.0, 30.0) == 15.0, "three of its own steps"
-    worker.last = WorkerHeartbeat(step_s=100.0)
+    worker.last = WorkerHeartbeat(times=StepTimes(step_s=100.0))
     assert silence_allowed(worker, 2.0, 30.0) == 30.0, "capped by the join timeout"
     worker.last = WorkerHeartbeat()
     assert roster.silent(2.5) == [worker]

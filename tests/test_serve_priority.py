@@ -27,6 +27,7 @@ from dynabatch.common.tasks.models import model_for_job
 from dynabatch.common.wire.chunking import make_layout
 from dynabatch.common.wire.frames import ChunkMeta, Message, encode
 from dynabatch.common.wire.messages import Error, Params, Pull, Push, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from harness import Cluster, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
@@ -56,10 +57,7 @@ def _step(transfer_s: float) -> WorkerHeartbeat:
         steps=1,
         samples=8,
         batch=8,
-        step_s=1.0,
-        compute_s=1.0 - transfer_s,
-        pull_s=transfer_s / 2,
-        push_s=transfer_s / 2,
+        times=StepTimes(step_s=1.0, compute_s=1.0 - transfer_s, pull_s=transfer_s / 2, push_s=transfer_s / 2),
         bytes=80_000,
         standalone_sps=1000.0,
     )

@@ -36,6 +36,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
     WorkerStatus,
 )
+from dynabatch.common.wire.step_times import StepTimes
 
 
 def _push(tensors: list[torch.Tensor], seq: int = 7) -> Message[Any]:
@@ -69,11 +70,45 @@ def test_encode_does_not_copy_tensor_memory() -> None:
     assert torch.frombuffer(frame, dtype=torch.float32)[0] == 42.0
 
 
+def _heartbeat_envelope(**fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": "HEARTBEAT", "job": "j", "sender": "w0", "seq": 1, "chunks": [], **fields}
+
+
 def test_optional_fields_take_defaults_and_ints_become_floats() -> None:
-    env = {"v": PROTOCOL_VERSION, "type": "HEARTBEAT", "job": "j", "sender": "w0", "seq": 1, "chunks": [], "step_s": 1}
-    out = decode([msgpack.packb(env)])
-    assert out.body.step_s == 1.0 and isinstance(out.body.step_s, float)
+    out = decode([msgpack.packb(_heartbeat_envelope(times={"step_s": 1}))])
+    assert out.body.times.step_s == 1.0 and isinstance(out.body.times.step_s, float)
+    assert out.body.times == StepTimes(step_s=1.0), "a phase left out of a heartbeat's times is 0"
     assert out.body.samples == 0 and math.isnan(out.body.loss)
+    assert decode([msgpack.packb(_heartbeat_envelope())]).body.times == StepTimes()
+
+
+@pytest.mark.parametrize(
+    "times, text",
+    [
+        ({"step_s": "fast"}, "HEARTBEAT.times.step_s must be float"),
+        ({"step_s": 0.1, "data_s": None}, "HEARTBEAT.times.data_s must be float"),
+        ([0.1, 0.05], "HEARTBEAT.times must be a map (StepTimes)"),
+        (0.1, "HEARTBEAT.times must be a map (StepTimes)"),
+    ],
+)
+def test_a_heartbeats_bad_step_times_are_refused_naming_the_phase(times: Any, text: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode([msgpack.packb(_heartbeat_envelope(steps=1, times=times))])
+    assert info.value.code == "bad_field" and info.value.text == text and info.value.ref == 1
+
+
+def test_a_heartbeats_step_times_travel_as_one_map() -> None:
+    hb = WorkerHeartbeat(steps=2, loss=1.0, times=StepTimes(step_s=0.5, compute_s=0.3, pull_s=0.1, push_s=0.1))
+    frames = encode(Message(hb, job="j", sender="w0", seq=3))
+    assert _env(frames)["times"] == {
+        "step_s": 0.5,
+        "compute_s": 0.3,
+        "pull_s": 0.1,
+        "push_s": 0.1,
+        "wait_s": 0.0,
+        "data_s": 0.0,
+    }
+    assert decode([bytes(f) for f in frames]).body == hb
 
 
 @pytest.mark.parametrize(
@@ -252,8 +287,8 @@ def _status() -> JobStatus:
         test_acc=None,
         eval_version=None,
         workers={
-            "w0": WorkerStatus(name="worker0", batch=64, step_s=0.05, loss=None, observed_steps=10),
-            "w1": WorkerStatus(name="worker1", batch=32, step_s=0.05, loss=0.69),
+            "w0": WorkerStatus(name="worker0", batch=64, times=StepTimes(step_s=0.05), loss=None, observed_steps=10),
+            "w1": WorkerStatus(name="worker1", batch=32, times=StepTimes(step_s=0.05), loss=0.69),
         },
         departed=["w2"],
         shards={"0": ShardStatus("tcp://ps:1", 40, "http://ps:9")},
@@ -288,6 +323,10 @@ def test_optional_fields_take_a_value_or_none() -> None:
     [
         (lambda s: s["workers"]["w0"].update(batch="64"), "STATUS_REPLY.state.workers.w0.batch must be int"),
         (lambda s: s["workers"]["w1"].update(loss="low"), "STATUS_REPLY.state.workers.w1.loss must be float | None"),
+        (
+            lambda s: s["workers"]["w0"]["times"].update(wait_s="long"),
+            "STATUS_REPLY.state.workers.w0.times.wait_s must be float",
+        ),
         (lambda s: s.update(eval_version=1.5), "STATUS_REPLY.state.eval_version must be int | None"),
         (lambda s: s["workers"].update(w0=[1, 2]), "STATUS_REPLY.state.workers.w0 must be a map (WorkerStatus)"),
         (lambda s: s["workers"].update({b"w9": {}}), "STATUS_REPLY.state.workers has key b'w9'; keys must be str"),

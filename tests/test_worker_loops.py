@@ -27,7 +27,7 @@ from dynabatch.worker.batch_source import BatchSource
 from dynabatch.worker.gradient_steps import GradientLoop
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.step_context import StepContext, StepLoop
-from dynabatch.worker.step_times import StepResult
+from dynabatch.worker.step_result import StepResult
 from harness import Cluster
 
 TIMEOUT_S = 30.0

@@ -33,11 +33,12 @@ from dataclasses import dataclass, field
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.chunking import flat_grads, load_flat
 from dynabatch.common.wire.messages import WorkerAssignment
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_plans import Compute, GradientPlan, Pull, Pulled, Push, finish, send
-from dynabatch.worker.step_times import StepResult, StepTimes
+from dynabatch.worker.step_result import StepResult
 
 
 @dataclass
@@ -91,7 +92,7 @@ class GradientLoop(StepLoop):
         c.buffers.load(c.model, pulled.buffers)
         if c.job.prefetch_pull:
             self.ahead = c.shards.start_pull()
-        loss, times.compute = c.timed_compute(c.next_batch(compute.batch))
+        loss, times.compute_s = c.timed_compute(c.next_batch(compute.batch))
         if not math.isfinite(loss):
             c.skip_step(loss)
             send(plan, False)
@@ -102,20 +103,20 @@ class GradientLoop(StepLoop):
         assert isinstance(push, Push)
         acks = None
         if c.job.push_pull and not c.job.prefetch_pull:
-            self.pulled, times.push = c.shards.push_pull(
+            self.pulled, times.push_s = c.shards.push_pull(
                 grads, versions, push.samples, loss, c.request_timeout_s, push.then_pull, buffers
             )
-            _add_pull_time(times, self.plan.pull_waits(), time.perf_counter() - start - times.push)
+            _add_pull_time(times, self.plan.pull_waits(), time.perf_counter() - start - times.push_s)
         elif c.job.push_behind:
             if self.unacked is not None:
                 c.shards.finish_push(self.unacked, c.request_timeout_s, beside=self.ahead)
             self.unacked = c.shards.start_push(grads, versions, push.samples, loss, buffers=buffers)
-            times.push = time.perf_counter() - start
+            times.push_s = time.perf_counter() - start
         else:
             acks = c.shards.push(
                 grads, versions, push.samples, loss, c.request_timeout_s, buffers=buffers, beside=self.ahead
             )
-            times.push = time.perf_counter() - start
+            times.push_s = time.perf_counter() - start
         finish(plan, acks)
         return StepResult(times, compute.batch, loss, pulled.version)
 
@@ -141,9 +142,9 @@ class GradientLoop(StepLoop):
             batch, plan.min_versions, assignment.batch, assignment.chunk_group, assignment.credit_bytes, ahead
         )
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-        times = StepTimes(push=result.push_wait_s)
+        times = StepTimes(push_s=result.push_wait_s)
         _add_pull_time(times, plan.pull_waits(), result.pull_wait_s)
-        times.compute = wall - result.pull_wait_s - result.push_wait_s + c.idle_for_slowdown(cpu)
+        times.compute_s = wall - result.pull_wait_s - result.push_wait_s + c.idle_for_slowdown(cpu)
         plan.last_versions = result.pulled.shard_versions
         if not math.isfinite(result.loss):  # the pipeline pushed nothing
             c.skip_step(result.loss)
@@ -162,6 +163,6 @@ class GradientLoop(StepLoop):
 def _add_pull_time(times: StepTimes, waits: bool, seconds: float) -> None:
     """A pull's seconds are waiting when it waits for other workers (a round), pulling otherwise."""
     if waits:
-        times.wait += seconds
+        times.wait_s += seconds
     else:
-        times.pull += seconds
+        times.pull_s += seconds

@@ -18,7 +18,7 @@ from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.net.transport import RemoteError
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
-from dynabatch.worker.step_times import StepResult
+from dynabatch.worker.step_result import StepResult
 
 
 def heartbeat_after(
@@ -33,17 +33,12 @@ def heartbeat_after(
     rollbacks: int = 0,
 ) -> WorkerHeartbeat:
     """`prev`'s counters plus `result`; phase times per local step (a round of H steps reports H)."""
-    times, steps = result.times, result.steps
+    steps = result.steps
     return WorkerHeartbeat(
         steps=prev.steps + steps,
         samples=prev.samples + result.batch * steps,
         batch=result.batch,
-        step_s=times.total / steps,
-        compute_s=times.compute / steps,
-        pull_s=times.pull / steps,
-        push_s=times.push / steps,
-        wait_s=times.wait / steps,
-        data_s=times.data / steps,
+        times=result.times.per_step(steps),
         sync_s=sync_s,
         bytes=moved_bytes,
         loss=result.loss,

@@ -28,6 +28,7 @@ import torch
 
 from dynabatch.common.wire.chunking import flat_params, load_flat, travelling
 from dynabatch.common.wire.messages import WorkerAssignment
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.worker.ps_client import PendingPull, PendingPush
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_plans import (
@@ -43,7 +44,7 @@ from dynabatch.worker.step_plans import (
     round_after,
     send,
 )
-from dynabatch.worker.step_times import StepResult, StepTimes
+from dynabatch.worker.step_result import StepResult
 
 
 @dataclass
@@ -107,13 +108,13 @@ class LocalRoundLoop(_LocalSteps):
         c = self.ctx
         times = StepTimes()
         plan = self.plan.step(assignment)
-        pulled, times.wait = self._sync(next(plan))
+        pulled, times.wait_s = self._sync(next(plan))
         compute = send(plan, pulled)
         assert isinstance(compute, Compute) and self.base is not None
         losses = []
         for _ in range(compute.steps):
             loss, seconds = self._local_step(assignment)
-            times.compute += seconds
+            times.compute_s += seconds
             losses.append(loss)
         push = send(plan, True)
         assert isinstance(push, Push)
@@ -128,7 +129,7 @@ class LocalRoundLoop(_LocalSteps):
             kind=push.kind,
             buffers=c.buffers.read(c.model),
         )
-        times.push = time.perf_counter() - start
+        times.push_s = time.perf_counter() - start
         finish(plan, acks)
         return StepResult(times, compute.batch, _mean(losses), self.version, compute.steps)
 
@@ -151,10 +152,10 @@ class MsdLoop(_LocalSteps):
         plan = self.plan.step(assignment)
         action: Action | None = next(plan)
         if isinstance(action, Pull):
-            pulled, times.pull = self._sync(action)
+            pulled, times.pull_s = self._sync(action)
             action = send(plan, pulled)
         assert isinstance(action, Compute)
-        loss, times.compute = self._local_step(assignment)
+        loss, times.compute_s = self._local_step(assignment)
         action = send(plan, True)
         if isinstance(action, Advance):
             assert self.in_flight is not None
@@ -162,7 +163,7 @@ class MsdLoop(_LocalSteps):
         if isinstance(action, Push):
             start = time.perf_counter()
             self._push_delta(action, loss)
-            times.push = time.perf_counter() - start
+            times.push_s = time.perf_counter() - start
             action = send(plan, None)
         assert action is None
         return StepResult(times, assignment.batch, loss, self.version)

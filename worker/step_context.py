@@ -22,7 +22,7 @@ from dynabatch.common.wire.chunking import Layout, TravellingBuffers
 from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.step_plans import StepPlan
-from dynabatch.worker.step_times import StepResult
+from dynabatch.worker.step_result import StepResult
 
 
 @dataclass

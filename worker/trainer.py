@@ -39,10 +39,10 @@ from dynabatch.worker.options import WorkerOptions
 from dynabatch.worker.probe import fixed_cost, probe_batch, small_probe_batch, standalone_speed
 from dynabatch.worker.role_process import RoleProcess
 from dynabatch.worker.step_context import StepContext, StepLoop
-from dynabatch.worker.step_times import StepResult
+from dynabatch.worker.step_result import StepResult
 
 log = logging.getLogger("dynabatch.worker")
-PHASES = ("pull", "compute", "push", "wait", "data")
+PHASES = ("pull", "compute", "push", "wait", "data")  # a metric's labels: StepTimes' phases without `_s`
 SKIP_LOG_EVERY = 100  # a run of skipped steps is logged at its first step and every this many after
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -147,7 +147,7 @@ class Worker:
             if opts.loader_workers
             else DatasetBatches(data, order, collate)
         )
-        self.data_s = 0.0  # the current step's time spent taking its batch (its `data` phase)
+        self.data_s = 0.0  # the current step's time spent taking its batch (its `data_s` phase)
         self.refused_assignment = -1  # the last assignment refused for its batch (`_batch`): said once
 
     def step_context(self) -> StepContext:
@@ -247,7 +247,7 @@ class Worker:
 
         After a failed step the same samples are used again, so what a worker
         trains on does not depend on when a shard or the scheduler hiccuped.
-        The time it takes is added to `data_s`, the step's `data` phase.
+        The time it takes is added to `data_s`, the step's `data_s` phase.
         """
         start = time.perf_counter()
         out = to_device(self.batches.take(batch), self.process.device)
@@ -332,7 +332,7 @@ class Worker:
                     self.skipped_in_a_row = 0
                     hb = self._record(
                         hb,
-                        replace(result, times=replace(result.times, data=self.data_s)),
+                        replace(result, times=replace(result.times, data_s=self.data_s)),
                         assignment.assignment_id,
                         steps.comm_s,
                     )
@@ -420,9 +420,9 @@ class Worker:
 
     def _record(self, prev: WorkerHeartbeat, result: StepResult, assignment_id: int, sync_s: float) -> WorkerHeartbeat:
         """Export a step's figures and report them to the scheduler; returns the heartbeat sent."""
-        times, joined, process = result.times, self.joined, self.process
+        one_step, joined, process = result.times.per_step(result.steps), self.joined, self.process
         for phase in PHASES:
-            self.m.phase.labels(joined.id, phase).observe(getattr(times, phase) / result.steps)
+            self.m.phase.labels(joined.id, phase).observe(getattr(one_step, f"{phase}_s"))
         samples = result.batch * result.steps
         self.m.steps.inc(result.steps)
         self.m.samples.inc(samples)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
+from dynabatch.common.wire.step_times import StepTimes
+
 
 class Role(StrEnum):
     """What a process registers as (HELLO.role): its id (common/wire/member_ids.py), the heartbeat it sends and the
@@ -73,11 +75,10 @@ class WorkerHeartbeat:
     samples: the scheduler takes differences itself. `staleness[k]` counts the
     shard updates this worker made that were k versions stale (the last entry
     counts everything at or beyond it), as the shards' PUSH_ACKs reported.
-    The times are of the last step, per step: a local round's phases are spread
-    over its H steps, so `step_s - wait_s` is always one step of the worker's own
-    work, which is what the scheduler's speed model fits. `data_s` is time spent
-    waiting for the step's samples (loading, collating, copying to the device),
-    part of the worker's own work. `version` is the model version its last step
+    `times` are of the last step, per step (common/wire/step_times.py): a local
+    round's phases are spread over its H steps, so `times.step_s - times.wait_s`
+    is always one step of the worker's own work, which is what the scheduler's
+    speed model fits. `version` is the model version its last step
     computed on, `assignment_id` the assignment it stepped under, or, while it awaits a
     batch (left out with batch 0, or its allotment trained), the one it holds: the
     scheduler then knows it takes no step under an earlier one. `standalone_sps` and `standalone_fixed_s` are its
@@ -94,12 +95,7 @@ class WorkerHeartbeat:
     steps: int = 0
     samples: int = 0
     batch: int = 0
-    step_s: float = 0.0
-    compute_s: float = 0.0
-    pull_s: float = 0.0
-    push_s: float = 0.0
-    wait_s: float = 0.0
-    data_s: float = 0.0
+    times: StepTimes = field(default_factory=StepTimes)
     sync_s: float = 0.0
     bytes: int = 0
     loss: float = float("nan")
@@ -376,7 +372,7 @@ class StatusRequest:
 
 @dataclass
 class WorkerStatus:
-    """One live worker in STATUS: who it is, its last step (seconds per phase), and its running totals.
+    """One live worker in STATUS: who it is, its last step (`times`, its heartbeat's), and its running totals.
 
     The totals (`step_s_total` and `data_s_total` over `observed_steps`,
     `observed_samples` over `compute_s_total`) let a reader average over any
@@ -395,12 +391,7 @@ class WorkerStatus:
     steps: int = 0
     samples: int = 0
     batch: int = 0
-    step_s: float = 0.0
-    compute_s: float = 0.0
-    pull_s: float = 0.0
-    push_s: float = 0.0
-    wait_s: float = 0.0
-    data_s: float = 0.0
+    times: StepTimes = field(default_factory=StepTimes)
     samples_per_s: float = 0.0
     standalone_sps: float = 0.0
     loss: float | None = None

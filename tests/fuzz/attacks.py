@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from dynabatch.common.wire.frames import MAX_CHUNKS, ChunkMeta, Message, encode
 from dynabatch.common.wire.messages import Bye, EvalReport, Hello, Pull, Push, Role, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from fuzz.messages import HUGE, SCHEDULER, JobView, zero_chunks
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def _heartbeat_of_1e12_samples(view: JobView) -> list[list[bytes]]:
     return [
         _frames(
             view,
-            WorkerHeartbeat(steps=1, samples=10**12, batch=1, step_s=0.1, standalone_sps=1000.0),
+            WorkerHeartbeat(steps=1, samples=10**12, batch=1, times=StepTimes(step_s=0.1), standalone_sps=1000.0),
             view.ghost_workers[0],
             1,
         )

@@ -25,6 +25,7 @@ import msgpack
 
 from dynabatch.common.wire.frames import PROTOCOL_VERSION, ChunkMeta, Message, encode
 from dynabatch.common.wire.messages import Bye, EvalReport, Hello, Init, Pull, Push, WorkerHeartbeat
+from dynabatch.common.wire.step_times import StepTimes
 from fuzz.byzantine import GRADIENTS, ByzantineMember
 
 SCHEDULER = 0  # target index; shard s is target s + 1
@@ -175,7 +176,8 @@ class FuzzMessages:
         if target == SCHEDULER:
             body = self.rng.choice(
                 (
-                    v.heartbeats.get(victim) or WorkerHeartbeat(steps=1, samples=1, batch=1, step_s=0.1),
+                    v.heartbeats.get(victim)
+                    or WorkerHeartbeat(steps=1, samples=1, batch=1, times=StepTimes(step_s=0.1)),
                     Bye(),
                     EvalReport(version=v.version, test_loss=0.01, test_acc=0.999),
                 )
@@ -244,13 +246,15 @@ def zero_chunks(chunks: list[ChunkMeta]) -> tuple[list[ChunkMeta], list[Any]]:
 
 def _impossible_heartbeat(rng: random.Random, max_batch: int) -> WorkerHeartbeat:
     """A heartbeat with sane numbers but one field that cannot be true."""
-    hb = WorkerHeartbeat(steps=1, samples=1, batch=1, step_s=0.1, compute_s=0.05, standalone_sps=1000.0)
+    hb = WorkerHeartbeat(
+        steps=1, samples=1, batch=1, times=StepTimes(step_s=0.1, compute_s=0.05), standalone_sps=1000.0
+    )
     field_name, value = rng.choice(
         (
-            ("step_s", float("nan")),
-            ("step_s", float("inf")),
-            ("compute_s", -1.0),
-            ("wait_s", 1e9),
+            ("times.step_s", float("nan")),
+            ("times.step_s", float("inf")),
+            ("times.compute_s", -1.0),
+            ("times.wait_s", 1e9),
             ("batch", max_batch + 1),
             ("batch", -3),
             ("standalone_sps", 1e-9),
@@ -261,7 +265,10 @@ def _impossible_heartbeat(rng: random.Random, max_batch: int) -> WorkerHeartbeat
             ("steps", -1),
         )
     )
-    lie: dict[str, Any] = {field_name: value}
+    nested, _, name = field_name.rpartition(".")
+    lie: dict[str, Any] = {name: value}
+    if nested:  # a lie in the heartbeat's step times
+        return dataclasses.replace(hb, times=dataclasses.replace(hb.times, **lie))
     return dataclasses.replace(hb, **lie)
 
 
@@ -281,4 +288,7 @@ def _wrong_values(hint: Any) -> list[Any]:
         list: ["abc", 5, {"a": 1}],
         dict: ["abc", 5, [1]],
     }.get(base, ["abc", 5])
+    if dataclasses.is_dataclass(base):  # a nested part (a heartbeat's times): no map, or a map with a field mistyped
+        first = dataclasses.fields(base)[0].name
+        wrong = ["abc", 5, [1], {first: _wrong_values(typing.get_type_hints(base)[first])[0]}]
     return wrong if optional else [*wrong, None]

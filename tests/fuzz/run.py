@@ -65,6 +65,7 @@ from dynabatch.common.wire.messages import (
     Welcome,
     WorkerHeartbeat,
 )
+from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.ps.peer_limits import backlog_limit
 from fuzz.attacks import ATTACKS, UNREAD_PULLS, Attack, AttackResult
 from fuzz.byzantine import GRADIENTS, ByzantineMember, judge
@@ -307,7 +308,11 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket[bytes]]]) -
     ]
     heartbeats = {
         wid: WorkerHeartbeat(
-            steps=w.steps, samples=w.samples, batch=w.batch, step_s=w.step_s, standalone_sps=w.standalone_sps
+            steps=w.steps,
+            samples=w.samples,
+            batch=w.batch,
+            times=StepTimes(step_s=w.times.step_s),
+            standalone_sps=w.standalone_sps,
         )
         for wid, w in status.workers.items()
     }
