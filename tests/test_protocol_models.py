@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.auto_evidence import predictor_cluster
-from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.auto_choice import HYSTERESIS, choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.predicted_cluster import measured_node
@@ -70,6 +70,25 @@ def test_ringmaster_drops_a_worker_too_slow_for_its_threshold_and_keeps_equal_on
     assert predict(equal, STUDY_NOISE, "ringmaster", "fixed") == replace(
         predict(equal, STUDY_NOISE, "asgd", "fixed"), protocol="ringmaster"
     ), "equal workers: nothing is discarded, Ringmaster is asgd"
+
+
+def test_asgd_counts_the_fast_workers_updates_not_a_far_slower_workers_rare_stale_ones() -> None:
+    """Four workers 100x slower beside eight fast ones (behind a slow link, say) make asgd's updates no staler than
+    their own rare versions do: charging every update the mean staleness (n - 1 = 11, an update worth 12 batches
+    instead of 8) predicted asgd 1.5x slower than the eight alone and 1.8x slower than Ringmaster on mixed_links16,
+    where the two ran level."""
+    fast, slow = Node(GPU), Node(Device(2.0, 0.05))
+    alone = predict(Cluster((fast,) * 8, 512), STUDY_NOISE, "asgd", "fixed")
+    mixed = predict(Cluster((fast,) * 8 + (slow,) * 4, 768), STUDY_NOISE, "asgd", "fixed")
+    assert mixed.staleness == pytest.approx(7 + 4 * 0.052 / 5.2), "the slow ones' versions still reach the fast ones"
+    assert mixed.effective_batch == pytest.approx(64 * (1 + mixed.staleness)) and mixed.effective_batch < 64 * 12
+    assert mixed.discarded == pytest.approx((4 * 64 / 5.2) / (8 * 64 / 0.052 + 4 * 64 / 5.2))
+    assert alone.time_s <= mixed.time_s <= alone.time_s * 1.01
+    ring = predict(Cluster((fast,) * 8 + (slow,) * 4, 768), STUDY_NOISE, "ringmaster", "fixed")
+    assert ring.time_s <= mixed.time_s <= ring.time_s * (1 + HYSTERESIS), "auto keeps asgd: Ringmaster gains nothing"
+    links16 = predictor_cluster(read_cluster(PROFILES / "mixed_links16.json"))
+    links = {q: predict(links16, STUDY_NOISE, q, "fixed").time_s for q in ("asgd", "ringmaster")}
+    assert links["asgd"] <= links["ringmaster"] * (1 + HYSTERESIS), links
 
 
 @pytest.mark.parametrize("seed", range(30))
