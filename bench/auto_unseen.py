@@ -25,6 +25,7 @@ from bench.auto_default import AUTO, run_row
 from bench.auto_evidence import budget_s
 from bench.drawn_clusters import DRAW_SEED, draw_clusters
 from bench.parallel_runs import run_parallel
+from bench.plots import plt, save
 from bench.profile_file import simulated
 from bench.tuned_study import CLUSTER_FILES, CLUSTERS, DRAWN_BUDGET_S, Profile
 
@@ -40,6 +41,8 @@ files where it reached the target (bench/RESULTS.md 20). asgd + fixed is the pre
 machine's time: ringmaster + dynamic (never chosen), ssgd + fixed and local + fixed (never the best of a drawn
 cluster in section 19: LB-BSP and local + dynamic were as fast or faster wherever they reached the target)."""
 AIM = 1.2
+UNMEASURED = "until every worker has reported"
+"""What auto's last reason says while a worker is not measured ("as last chosen" after it once chose)."""
 TARGET = "0.80"
 
 
@@ -82,12 +85,14 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         auto = times.pop(AUTO, math.inf)
         best = min(times, key=lambda m: times[m])
         ratio = auto / times[best] if math.isfinite(times[best]) else (1.0 if not math.isfinite(auto) else 0.0)
-        switched = next((r["switched_to"] for r in mine if r["method"] == AUTO), "")
+        run = next((r for r in mine if r["method"] == AUTO), {"switched_to": "", "choices": []})
         out.append(
             {
                 "cluster": name,
                 "auto": auto,
-                "switched_to": switched or "asgd",
+                "switched_to": run["switched_to"] or "asgd",
+                "chose": bool(run["choices"])
+                and (UNMEASURED not in run["choices"][-1][1] or "as last chosen" in run["choices"][-1][1]),
                 "best": best,
                 "best_t": times[best],
                 "prev_default": times["asgd+fixed"],
@@ -103,22 +108,40 @@ def table(rows: list[dict[str, Any]]) -> str:
     """auto against the best method and the previous default on each cluster, and the count within AIM."""
 
     def s(t: float) -> str:
-        return f"{t:g}" if math.isfinite(t) else "–"
+        return f"{t:.3g}" if math.isfinite(t) else "–"
 
     found = verdicts(rows)
     out = [
-        "| cluster | auto (ran last) | best method (time) | asgd+fixed | auto / best | within 1.2x | diverged |",
+        "| cluster | auto (ran last; chose from measurements?) | best method (time) | asgd+fixed | auto / best | "
+        "within 1.2x | diverged |",
         "|---|---|---|---:|---:|---|---|",
     ]
     for v in found:
         out.append(
-            f"| {v['cluster']} | {s(v['auto'])} s ({v['switched_to']}) | {v['best']} ({s(v['best_t'])} s) | "
+            f"| {v['cluster']} | {s(v['auto'])} s ({v['switched_to']}; {'chose' if v['chose'] else 'never chose'}) | "
+            f"{v['best']} ({s(v['best_t'])} s) | "
             f"{s(v['prev_default'])} s | {v['ratio']:.2f}x | {'yes' if v['within'] else 'no'} | "
             f"{', '.join(v['diverged']) or 'none'} |"
         )
     within = sum(v["within"] for v in found)
     out.append(f"\nauto within {AIM}x of the best on {within} of {len(found)} clusters")
     return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    """auto's time over the best method's on each cluster, the AIM drawn across (a cluster where auto never reached
+    the target drawn at the top, hatched)."""
+    found = verdicts(rows)
+    top = max([AIM * 1.5, *(v["ratio"] for v in found if math.isfinite(v["ratio"]))])
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(found)), 4))
+    for i, v in enumerate(found):
+        ratio = v["ratio"] if math.isfinite(v["ratio"]) else top
+        ax.bar(i, ratio, color="tab:green" if v["within"] else "tab:red", hatch="" if ratio < top else "//")
+    ax.axhline(AIM, color="black", linestyle="--", label=f"{AIM}x of the best")
+    ax.set_xticks(range(len(found)), [v["cluster"] for v in found], rotation=45, ha="right")
+    ax.set_ylabel("auto's time to 80% / the best method's")
+    within = sum(v["within"] for v in found)
+    return save(fig, [ax], f"--protocol auto on unseen clusters: within {AIM}x on {within} of {len(found)}", path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--lr-auto", type=float, default=0.4, help="auto's --lr (under the delay step)")
     p.add_argument("--methods", nargs="+", help="only these methods (default: auto and every one of UNSEEN_LRS)")
+    p.add_argument("--plot", type=Path, help="draw auto / best per cluster to this PNG")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -149,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             done.append(row)
             f.write(json.dumps(row) + "\n")
             f.flush()
-    print(table([r for r in done if r["seed"] == args.seeds[0]]))
+    first = [r for r in done if r["seed"] == args.seeds[0] and (r["method"] != AUTO or r["lr"] == args.lr_auto)]
+    print(table(first))
+    if args.plot:
+        print(f"plot: {plot(first, args.plot)}")
     return 0
 
 
