@@ -83,6 +83,8 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = [r for r in rows if r["cluster"] == name]
         times = {r["method"]: (math.inf if r["t"] is None else r["t"]) for r in mine}
         auto = times.pop(AUTO, math.inf)
+        if not times:  # auto alone ran here (--methods): nothing to judge it by
+            continue
         best = min(times, key=lambda m: times[m])
         ratio = auto / times[best] if math.isfinite(times[best]) else (1.0 if not math.isfinite(auto) else 0.0)
         run = next((r for r in mine if r["method"] == AUTO), {"switched_to": "", "choices": []})
