@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.auto_unseen import AUTO, UNMEASURED, _profile, cluster_name, table, verdicts
+from bench.auto_default import AUTO
+from bench.auto_unseen import UNMEASURED, _profile, cluster_name, table, verdicts
 from bench.drawn_clusters import DRAW_SEED
 
 
