@@ -3,8 +3,8 @@ default (asgd + auto), side by side in one run of the same code: time to 80% per
 and when (bench/RESULTS.md 24).
 
 Each method runs as the regime study runs it (`bench/tuned_study.py`'s `sim_config`: the file's workers, global
-batch and budget, momentum 0), at its tuned step size (TUNED_LRS["regimes"]; auto and asgd + auto at `--lr-auto`
-and asgd + fixed's), stopped at the target.
+batch and budget, momentum 0), at the step size the regime study tuned for it on that file (BEST, PREVIOUS; auto at
+`--lr-auto`), stopped at the target (bench/RESULTS.md 26).
 
     python -m bench.auto_default --seeds 0 1 2 --jobs 2 --out DIR
     python -m bench.auto_default --files ps_bound64 --seeds 0 1 --jobs 2 --out DIR \
@@ -17,72 +17,114 @@ import argparse
 import json
 import statistics
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
 from bench.simulate import simulate
-from bench.tuned_study import METHODS, REGIME_BUDGET_S, REGIME_METHODS, TUNED_LRS, Method, Run, regimes, sim_config
+from bench.tuned_study import (
+    METHODS,
+    REGIME_BUDGET_S,
+    REGIME_METHODS,
+    Method,
+    Profile,
+    Run,
+    diverged,
+    reference_s,
+    regimes,
+    sim_config,
+)
 from dynabatch.common.tasks.data import load_dataset
 
 AUTO = "auto (protocol and policy)"
 DEFAULT = "asgd+auto (the previous default)"
 OWN: dict[str, Method] = {AUTO: Method(AUTO, "auto", "auto"), DEFAULT: Method(DEFAULT, "asgd", "auto")}
 BEST = {
-    "mixed_gpus16": "ringmaster+fixed",
-    "mixed_links16": "ringmaster+fixed",
-    "ps_bound64": "local+dynamic",
-    "cpu_gpu8": "local+dynamic",
+    "mixed_gpus16": {"ringmaster+fixed": 0.04},
+    "mixed_links16": {"asgd+efficient": 0.04, "ringmaster+fixed": 0.04},
+    "ps_bound64": {"local+dynamic": 0.32},
+    "cpu_gpu8": {"local+dynamic": 0.32},
 }
-"""The best simulated method on each file (bench/RESULTS.md 19), which `choose` picks on the file itself."""
+"""The fastest method on each file in the regime study with every file tuned (bench/RESULTS.md 20), and on
+mixed_links16 Ringmaster, auto's earlier pick there, each at its step size tuned on that file."""
+PREVIOUS = {"mixed_gpus16": 0.02, "mixed_links16": 0.02, "ps_bound64": 0.005, "cpu_gpu8": 0.08}
+"""asgd + fixed's step size tuned on each file (bench/RESULTS.md 20): the previous default's."""
 TARGET = 0.8
 
 
-def _run(item: tuple[str, str, float, int]) -> tuple[tuple[str, str, float, int], dict[str, Any]]:
-    """One run: (file, method, lr, seed) -> time to TARGET (None: not in the budget), accuracy, auto's choices."""
+def run_row(profile: Profile, method: str, lr: float, seed: int) -> dict[str, Any]:
+    """One run of `method` on `profile` at `lr`, stopped at TARGET: its time to it (None: not in the budget),
+    accuracy, whether it diverged (tuned_study's rule), what auto switched to and chose, and its CPU seconds."""
     METHODS.update(OWN)
-    name, method, lr, seed = item
-    profile = next(p for p in regimes(REGIME_METHODS, (seed,), (seed,)) if p.profile == name)
-    cfg = sim_config(Run(profile, method, lr, seed, True))
-    r = simulate(cfg, load_dataset(profile.dataset))
-    return item, {
+    started = time.process_time()
+    r = simulate(sim_config(Run(profile, method, lr, seed, True)), load_dataset(profile.dataset))
+    row = {"final_train_loss": r.final_train_loss, "final_test_acc": r.final_test_acc, "curve": r.curve}
+    return {
         "t": r.time_to.get(f"{TARGET:.2f}"),
         "acc": r.final_test_acc,
+        "diverged": diverged({**row, "quarantined": r.quarantined}),
         "switched_to": r.switched_to,
         "choices": [(round(t, 1), c) for t, c in r.auto_choices],
         "samples_per_s": r.samples_per_s,
+        "cpu_s": time.process_time() - started,
     }
 
 
+def _run(item: tuple[str, str, float, int]) -> tuple[tuple[str, str, float, int], dict[str, Any]]:
+    """One run: (file, method, lr, seed) -> `run_row`."""
+    name, method, lr, seed = item
+    profile = next(p for p in regimes(REGIME_METHODS, (seed,), (seed,)) if p.profile == name)
+    return item, run_row(profile, method, lr, seed)
+
+
 def plan(seeds: list[int], lr_auto: float) -> list[tuple[str, str, float, int]]:
-    """Every file's four methods at every seed, each at its step size."""
-    lrs = TUNED_LRS["regimes"]
-    methods = {AUTO: lr_auto, DEFAULT: lrs["asgd+fixed"], "asgd+fixed": lrs["asgd+fixed"]}
+    """Every file's methods at every seed: auto, asgd + fixed (the previous default; asgd + auto ran as it, run
+    for run, in section 20) and the file's fastest, each at its step size tuned there."""
     return [
         (name, method, lr, seed)
         for name in REGIME_BUDGET_S
-        for method, lr in {**methods, BEST[name]: lrs[BEST[name]]}.items()
+        for method, lr in {AUTO: lr_auto, "asgd+fixed": PREVIOUS[name], **BEST[name]}.items()
         for seed in seeds
     ]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Per file and method: time to TARGET per seed, the median, and the median against the fastest median there
-    (a method that reached the target in fewer than half its seeds has none)."""
-    by: dict[tuple[str, str], dict[int, float | None]] = {}
+    """Per file and method: time to TARGET per seed, the median, the median against the fastest median there and
+    against T* (a method that reached the target in fewer than half its seeds has none), and divergences."""
+    by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for r in rows:
-        by.setdefault((r["file"], r["method"]), {})[r["seed"]] = r["t"]
-    out = ["| file | method | time to 80% by seed (s) | median | / fastest |", "|---|---|---|---:|---:|"]
+        by.setdefault((r["file"], r["method"]), {})[r["seed"]] = r
+    out = [
+        "| file | method | lr | time to 80% by seed (s) | median | / fastest | / T* | diverged |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
     for name in REGIME_BUDGET_S:
-        best = min((m for (f, _), t in by.items() if f == name and (m := _median(t)) is not None), default=None)
-        for (file, method), times in by.items():
+        star = _t_star(name)
+        medians = {m: _median({s: r["t"] for s, r in runs.items()}) for (f, m), runs in by.items() if f == name}
+        best = min((t for t in medians.values() if t is not None), default=None)
+        for (file, method), runs in by.items():
             if file != name:
                 continue
-            med = _median(times)
-            cells = ", ".join("–" if t is None else f"{t:g}" for _, t in sorted(times.items()))
+            med, seeds = medians[method], sorted(runs.items())
+            cells = ", ".join("–" if r["t"] is None else f"{r['t']:g}" for _, r in seeds)
             ratio = f"{med / best:.2f}x" if med is not None and best else "–"
-            out.append(f"| {name} | {method} | {cells} | {'–' if med is None else f'{med:g}'} | {ratio} |")
+            to_star = f"{med / star:.2f}x" if med is not None else "–"
+            gone = sum(bool(r.get("diverged")) for _, r in seeds)
+            out.append(
+                f"| {name} | {method} | {seeds[0][1]['lr']:g} | {cells} | {'–' if med is None else f'{med:g}'} | "
+                f"{ratio} | {to_star} | {gone}/{len(seeds)} |"
+            )
     return "\n".join(out)
+
+
+def _t_star(name: str) -> float:
+    """T* of the file's cluster in virtual seconds, as the regime study gives it (`reference_s`)."""
+    profile = next(p for p in regimes(REGIME_METHODS, (0,), (0,)) if p.profile == name)
+    star = reference_s(asdict(profile))
+    assert star is not None, "the regime study's setting is the one K(B) was measured for"
+    return star
 
 
 def _median(times: dict[int, float | None]) -> float | None:
@@ -99,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--lr-auto", type=float, default=0.4, help="auto's --lr (under the delay step)")
     p.add_argument("--files", nargs="+", default=list(REGIME_BUDGET_S), choices=list(REGIME_BUDGET_S))
-    p.add_argument("--methods", nargs="+", help="only these methods (default: all four)")
+    p.add_argument("--methods", nargs="+", help="only these methods (default: all of the file's)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

@@ -60,7 +60,9 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
     assert "msd" in report["not_modelled"] and not {"asgd", "ringmaster", "local"} & set(report["not_modelled"])
     by_name = {(m["protocol"], m["policy"]): m for m in report["methods"]}
     assert by_name["ringmaster", "fixed"]["discarded"] > 0, "the T4s' gradients are too stale for Ringmaster"
-    assert by_name["asgd", "fixed"]["startup_s"] == 0 and by_name["asgd", "fixed"]["staleness"] == pytest.approx(15)
+    asgd = by_name["asgd", "fixed"]
+    assert asgd["startup_s"] == 0 and 0 < asgd["staleness"] < 15, "asgd counts the updates that pay, below n - 1"
+    assert asgd["discarded"] > 0, "the T4s' updates, the stalest, are counted as worth nothing"
     # K(B) is the task's: a larger B_noise makes every method need more samples
     noisier = _plan(capsys, "--profile", str(PROFILES / "mixed_gpus16.json"), "--plot", str(plot), "--b-noise", "400")
     assert noisier["optimum"]["time_s"] > report["optimum"]["time_s"]

@@ -129,7 +129,7 @@ def test_auto_chooses_the_fastest_predicted_method_and_says_why(name: str, clust
 
 
 def test_auto_keeps_the_running_method_unless_another_is_clearly_faster() -> None:
-    cluster = Cluster((Node(GPU),) * 3 + (Node(Device(0.2, 0.005)),), 256)
+    cluster = Cluster((Node(GPU),) * 2 + (Node(Device(0.03, 0.0008)),) * 2, 256)
     among = ("asgd", "ssgd")
     ranked = predict_all(cluster, STUDY_NOISE, among)
     close = next(p for p in ranked[1:] if p.time_s <= ranked[0].time_s * (1 + HYSTERESIS))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.auto_evidence import predictor_cluster
-from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.auto_choice import HYSTERESIS, choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.predicted_cluster import measured_node
@@ -50,23 +50,45 @@ def test_ringmasters_staleness_stays_below_its_threshold_and_it_applies_only_wha
         assert 0 <= ring.staleness <= busy - 1 + 1e-9, "R is the workers: a gradient R versions stale is discarded"
         assert 0 <= ring.discarded < 1
     ring = predict(cluster, STUDY_NOISE, "ringmaster", "fixed")
-    assert ring.samples_per_s <= asgd.samples_per_s * (1 + 1e-9), "discarding never adds samples"
-    assert ring.samples_per_s == pytest.approx(asgd.samples_per_s * (1 - ring.discarded), rel=1e-9)
+    computed = asgd.samples_per_s / (1 - asgd.discarded)
+    assert ring.samples_per_s <= computed * (1 + 1e-9), "discarding never adds samples"
+    assert ring.samples_per_s == pytest.approx(computed * (1 - ring.discarded), rel=1e-9), "both compute alike"
 
 
 def test_ringmaster_drops_a_worker_too_slow_for_its_threshold_and_keeps_equal_ones() -> None:
     slow = Node(Device(0.2, 0.005))
     mixed = Cluster((Node(GPU),) * 3 + (slow,), 256)
     ring, asgd = predict(mixed, STUDY_NOISE, "ringmaster", "fixed"), predict(mixed, STUDY_NOISE, "asgd", "fixed")
-    # the slow worker's step (0.52 s) holds 8 of each fast one's (0.052 s): 24 versions, above R = 4
-    assert ring.staleness == pytest.approx(2) and asgd.staleness == pytest.approx(3)
+    # the slow worker's step (0.52 s) holds 8 of each fast one's (0.052 s): 24 versions, above R = 4. asgd counts
+    # the three fast ones too (the slow one's updates, 24 stale, cost more than they give), whose staleness its
+    # rare updates still raise by 0.052 / 0.52 of a version
+    assert ring.staleness == pytest.approx(2) and asgd.staleness == pytest.approx(2 + 0.052 / 0.52)
     share = (64 / 0.52) / (3 * 64 / 0.052 + 64 / 0.52)
-    assert ring.discarded == pytest.approx(share)
+    assert ring.discarded == pytest.approx(share) and asgd.discarded == pytest.approx(share)
     assert ring.effective_batch == pytest.approx(64 * 3) and ring.time_s < asgd.time_s
     equal = Cluster((Node(GPU),) * 4, 256)
     assert predict(equal, STUDY_NOISE, "ringmaster", "fixed") == replace(
         predict(equal, STUDY_NOISE, "asgd", "fixed"), protocol="ringmaster"
     ), "equal workers: nothing is discarded, Ringmaster is asgd"
+
+
+def test_asgd_counts_the_fast_workers_updates_not_a_far_slower_workers_rare_stale_ones() -> None:
+    """Four workers 100x slower beside eight fast ones (behind a slow link, say) make asgd's updates no staler than
+    their own rare versions do: charging every update the mean staleness (n - 1 = 11, an update worth 12 batches
+    instead of 8) predicted asgd 1.5x slower than the eight alone and 1.8x slower than Ringmaster on mixed_links16,
+    where the two ran level."""
+    fast, slow = Node(GPU), Node(Device(2.0, 0.05))
+    alone = predict(Cluster((fast,) * 8, 512), STUDY_NOISE, "asgd", "fixed")
+    mixed = predict(Cluster((fast,) * 8 + (slow,) * 4, 768), STUDY_NOISE, "asgd", "fixed")
+    assert mixed.staleness == pytest.approx(7 + 4 * 0.052 / 5.2), "the slow ones' versions still reach the fast ones"
+    assert mixed.effective_batch == pytest.approx(64 * (1 + mixed.staleness)) and mixed.effective_batch < 64 * 12
+    assert mixed.discarded == pytest.approx((4 * 64 / 5.2) / (8 * 64 / 0.052 + 4 * 64 / 5.2))
+    assert alone.time_s <= mixed.time_s <= alone.time_s * 1.01
+    ring = predict(Cluster((fast,) * 8 + (slow,) * 4, 768), STUDY_NOISE, "ringmaster", "fixed")
+    assert ring.time_s <= mixed.time_s <= ring.time_s * (1 + HYSTERESIS), "auto keeps asgd: Ringmaster gains nothing"
+    links16 = predictor_cluster(read_cluster(PROFILES / "mixed_links16.json"))
+    links = {q: predict(links16, STUDY_NOISE, q, "fixed").time_s for q in ("asgd", "ringmaster")}
+    assert links["asgd"] <= links["ringmaster"] * (1 + HYSTERESIS), links
 
 
 @pytest.mark.parametrize("seed", range(30))

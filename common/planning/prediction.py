@@ -112,7 +112,7 @@ def predict(cluster: Cluster, noise: NoiseScale, protocol: str, policy: str) -> 
     KeyError for a method not modelled."""
     model = MODELS[protocol]
     batches = POLICIES[policy](cluster, model)
-    rate = model.throughput(cluster, batches)
+    rate = model.throughput(cluster, batches, noise)
     startup = model.startup_s(cluster, fixed_batches(cluster), rate)
     steps = tuple(model.step_s(cluster, n, b) if b > 0 else 0.0 for n, b in zip(cluster.nodes, batches, strict=True))
     return Prediction(

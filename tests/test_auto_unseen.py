@@ -1,0 +1,51 @@
+"""bench/auto_unseen.py's verdict on each drawn cluster (auto against the best method it may choose, within 1.2x or
+not, any divergence, whether auto chose or ran its start to the end) from the rows its runs write, and the names
+and budgets of a fresh draw's clusters: pure functions, no simulation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bench.auto_default import AUTO
+from bench.auto_unseen import UNMEASURED, _profile, cluster_name, table, verdicts
+from bench.drawn_clusters import DRAW_SEED
+
+
+def _row(cluster: str, method: str, t: float | None, choices: list[Any] | None = None) -> dict[str, Any]:
+    return {
+        "cluster": cluster,
+        "method": method,
+        "t": t,
+        "diverged": False,
+        "switched_to": "",
+        "choices": choices or [],
+    }
+
+
+def test_auto_is_judged_against_the_fastest_method_of_its_cluster() -> None:
+    chose = [(-1.0, "ringmaster + fixed: predicted fastest to target")]
+    waited = [(-1.0, f"asgd + fixed: fixed {UNMEASURED} 8 steps (9 of 10 measured)")]
+    rows = [
+        _row("a", AUTO, 11.0, chose) | {"switched_to": "ringmaster"},
+        _row("a", "asgd+fixed", 12.0),
+        _row("a", "ringmaster+fixed", 10.0),
+        _row("b", AUTO, None, waited),
+        _row("b", "asgd+fixed", 30.0) | {"diverged": True},
+        _row("b", "local+dynamic", None),
+        _row("c", AUTO, None),
+        _row("c", "asgd+fixed", None),
+    ]
+    a, b, c = verdicts(rows)
+    assert (a["best"], a["best_t"], a["ratio"], a["within"], a["chose"]) == ("ringmaster+fixed", 10.0, 1.1, True, True)
+    assert a["switched_to"] == "ringmaster" and a["prev_default"] == 12.0
+    assert b["best"] == "asgd+fixed" and math.isinf(b["ratio"]) and not b["within"] and not b["chose"]
+    assert b["switched_to"] == "asgd" and b["diverged"] == ["asgd+fixed"]
+    assert c["within"], "where no method reached the target, auto not reaching it is no miss"
+    assert "within 1.2x of the best on 2 of 3 clusters" in table(rows)
+
+
+def test_a_fresh_draw_is_named_for_its_seed_and_the_studys_own_keeps_its_names() -> None:
+    assert cluster_name(DRAW_SEED, 3) == "drawn3" and cluster_name(7, 3) == "fresh7-3"
+    profile = _profile(7, 0)
+    assert profile.profile == "fresh7-0" and profile.budget_s > 0 and profile.eval_every_s == profile.budget_s / 60
