@@ -43,8 +43,12 @@ from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.builtin_tasks import builtin_task
+from dynabatch.common.tasks.data import NUM_CLASSES, input_shape
+from dynabatch.common.tasks.models import build_model
 from dynabatch.common.tasks.task_check import check_task
+from dynabatch.common.wire.chunking import flat_params
 from dynabatch.common.wire.messages import JobStatus
+from dynabatch.scheduler.chunk_schedule import MESSAGE_OVERHEAD_S
 from dynabatch.worker.batch_source import DatasetBatches, worker_order
 from dynabatch.worker.trainer import train_step
 
@@ -77,12 +81,10 @@ def machine_curve(
             times.append(time.thread_time() - start)
         medians.append(statistics.median(times[2:]))
     per_sample = (medians[1] - medians[0]) / (batches[1] - batches[0])
-    fixed = medians[0] - per_sample * batches[0]
-    if per_sample <= 0 or fixed < 0:
-        raise RuntimeError(
-            f"the step times {medians} at batches {batches} are not a fixed plus a per-sample cost: a busy machine?"
-        )
-    return fixed, per_sample
+    if per_sample <= 0:
+        raise RuntimeError(f"the step times {medians} at batches {batches} do not grow with the batch: a busy machine?")
+    # A step that is all per-sample cost (the CNN's) has an intercept of either sign within the timing's noise.
+    return max(0.0, medians[0] - per_sample * batches[0]), per_sample
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,9 @@ class Shape:
     dataset: str = "synthetic"
 
 
-def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
-    """One `dynabatch run` of `shape`: its summary, and what each worker's steps took after the first fifth of
-    the run, by its index."""
+def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen]:
+    """One `dynabatch run` of `shape`: its summary, what each worker's steps took after the first fifth of the
+    run, by its index, and what the shard's serving took meanwhile."""
     name = "real"
     cmd = command_line(
         "run",
@@ -150,7 +152,8 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
     if done.returncode != 0 or not summary_path.exists():
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
-    return json.loads(summary_path.read_text()), [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
+    seen = [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
+    return json.loads(summary_path.read_text()), seen, observed_shard(timeline)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,8 @@ class Observed:
     step_s: float
     compute_s: float
     other_s: float = 0.0
+    transfers: int = 2  # the pull and the push its rest holds (1: the push, where the pull is a round's wait)
+    spread_s: float = 0.0  # the standard deviation of its sampled steps' seconds outside a round's wait
 
 
 def observed(timeline: list[JobStatus], name: str) -> Observed:
@@ -188,10 +193,40 @@ def observed(timeline: list[JobStatus], name: str) -> Observed:
     wall = sum(span[0] for span in spans) / steps
     compute = sum(b.compute_s_total - a.compute_s_total for *_, a, b in spans) / counted
     if all(b.wait_s == 0 for *_, b in spans):  # no round to wait for: everything but the compute is the rest
-        rest = wall - compute
+        rest, transfers = wall - compute, 2
     else:  # the wait has no total: the mean of the sampled steps' pull, push and data, and the loop's time
         rest = statistics.fmean(b.pull_s + b.push_s + b.data_s for *_, b in spans) + max(0.0, wall - in_phases)
-    return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest))
+        transfers = 1  # the pull that waited for the round is in the wait, its transfer with it
+    own = [b.step_s - b.wait_s for *_, b in spans]
+    spread = statistics.pstdev(own) if len(own) > 1 else 0.0
+    return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest), transfers, spread)
+
+
+@dataclass(frozen=True)
+class ShardSeen:
+    """The real shard over the stretch the workers are observed: the seconds it spent serving one transfer (a
+    pull or a push of the whole model: a gradient step makes two), and the seconds one spent at it in all,
+    waiting for it included (ps/serving_load.py's figures, in STATUS)."""
+
+    service_s: float = 0.0
+    held_s: float = 0.0
+    busy_share: float = 0.0  # of the wall time: near 1, the shard's service bounds the job
+
+
+def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
+    """Shard 0's serving seconds from the first fifth of the snapshots that show it to the last (shards leave
+    STATUS at the end), against the transfers the workers made meanwhile (two a step); zero where it served none."""
+    shown = [snap for snap in timeline if "0" in snap.shards and snap.workers]
+    if len(shown) < 2:
+        return ShardSeen()
+    first, last = shown[len(shown) // 5], shown[-1]
+    before = {w.name: w.steps for w in first.workers.values()}
+    transfers = 2 * sum(max(0, w.steps - before.get(w.name, w.steps)) for w in last.workers.values())
+    a, b = first.shards["0"], last.shards["0"]
+    if transfers == 0 or b.busy_s <= a.busy_s:
+        return ShardSeen()
+    busy, queued = b.busy_s - a.busy_s, b.queued_s - a.queued_s
+    return ShardSeen(busy / transfers, (busy + max(0.0, queued)) / transfers, busy / max(1e-9, last.t - first.t))
 
 
 def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> float:
@@ -205,17 +240,48 @@ def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> flo
     return (seen.compute_s - phase.fixed_s(0.0)) / cpu - (phase.factor(0.0) - 1.0)
 
 
-def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k: float) -> SimResult:
+def step_noise(slowdowns: tuple[str, ...], seen: list[Observed]) -> float:
+    """The relative spread of the simulated steps (`SimConfig.noise`, which multiplies a step's compute less its
+    fixed part): the median over the workers that stepped of the standard deviation of a real step outside a
+    round's wait, over its compute less the emulated fixed part A. Under load a real step varies by far more than
+    a quiet machine's few percent, in its compute and in the loop's own work alike, and where a round waits for
+    every worker its pace is the slowest of several noisy steps, not their mean."""
+    spreads = [
+        o.spread_s / (o.compute_s - Slowdown.parse(text).fixed_s(0.0))
+        for text, o in zip(slowdowns, seen, strict=True)
+        if o.steps and o.compute_s > Slowdown.parse(text).fixed_s(0.0)
+    ]
+    return statistics.median(spreads) if spreads else SimConfig.noise
+
+
+def simulated(
+    shape: Shape, curve: tuple[float, float], seen: list[Observed], k: float, shard: ShardSeen | None = None
+) -> SimResult:
     """`shape` in the simulator. Each worker's device is (k + F - 1) (a + c b) + A on this machine's curve: what
-    its emulation computes on a machine whose contention `k` the real run measured (`contention`). Its pull and
-    push each take half of what the real worker spent per step outside its compute (on loopback that is the
-    loop's own work as much as a transfer: the simulator's links are checked on the namespace harness)."""
+    its emulation computes on a machine whose contention `k` the real run measured (`contention`).
+
+    With the real shard's serving measured (`shard`, its service of a transfer over 0), the simulated shard is a
+    server of that service time (bench/cluster_model.py's queue), and each worker's pull and push cross a link of
+    its own that takes half of what the real worker spent per step outside its compute, less what its transfers
+    spent at the real shard (the simulator adds its own queue and service) and a message's overhead: so that many
+    workers or a large model queue at the shard as they did. Without it (None), its pull and push each take half
+    of that rest with no queue. On loopback a link is the loop's own work as much as a transfer: the simulator's
+    links are checked on the namespace harness (bench/links.py)."""
     stepped = [o.other_s for o in seen if o.steps]
     # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
-    rest = [max(1e-6, (o.other_s if o.steps else statistics.median(stepped)) / 2) for o in seen]
-    base = min(rest)
+    rest = [o.other_s if o.steps else statistics.median(stepped) for o in seen]
+    queued = shard is not None and shard.service_s > 0
+    model_bytes = 4.0 * flat_params(build_model(shape.model, input_shape(shape.dataset), NUM_CLASSES)).numel()
+    halves = [max(1e-6, r / 2) for r in rest]
+    if queued:
+        assert shard is not None
+        halves = [
+            max(1e-6, (r - o.transfers * shard.held_s - MESSAGE_OVERHEAD_S) / 2)
+            for r, o in zip(rest, seen, strict=True)
+        ]
+    base = min(halves)
     workers = []
-    for text, cap, r in zip(shape.slowdowns, shape.max_batches, rest, strict=True):
+    for text, cap, half in zip(shape.slowdowns, shape.max_batches, halves, strict=True):
         phase = Slowdown.parse(text)
         times = k + phase.factor(0.0) - 1.0
         workers.append(
@@ -224,7 +290,8 @@ def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k:
                 fixed_s=times * curve[0],
                 per_sample_s=times * curve[1],
                 max_batch=cap,
-                link=r / base,
+                link=half / base,
+                link_mbit=8.0 * model_bytes / (half * 1e6) if queued else 0.0,
             )
         )
     cfg = SimConfig(
@@ -242,6 +309,8 @@ def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k:
         eval_every_s=max(2.0, shape.budget_s / 4),
         eval_size=500,
         job={"lr": shape.lr},
+        noise=step_noise(shape.slowdowns, seen),
+        shard_mbit=8.0 * model_bytes / (shard.service_s * 1e6) if queued and shard is not None else 0.0,
     )
     return simulate(cfg)
 
@@ -303,11 +372,18 @@ def main(argv: list[str] | None = None) -> int:
     misses = 0
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
-            real, seen = real_run(shape, Path(args.out or tmp) / f"run{run}")
+            real, seen, shard = real_run(shape, Path(args.out or tmp) / f"run{run}")
         ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
         k = statistics.median(ks)
-        sim = simulated(shape, curve, seen, k)
+        sim = simulated(shape, curve, seen, k, shard)
+        instant = simulated(shape, curve, seen, k).samples_per_s
         print(f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'):")
+        print(
+            f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
+            f"all, busy {100 * shard.busy_share:.0f}% of the time; a simulator whose shard serves at once: "
+            f"{instant:.0f} samples/s; the steps' spread given to the simulator: "
+            f"{100 * step_noise(shape.slowdowns, seen):.0f}%"
+        )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:
                 print(f"  worker{i} ({text}): held no batch after the first fifth of the run")
