@@ -53,6 +53,7 @@ from dynabatch.worker.batch_source import DatasetBatches, worker_order
 from dynabatch.worker.trainer import train_step
 
 TOLERANCE = 0.10
+MAD_TO_SD = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
 
 def machine_curve(
@@ -198,7 +199,8 @@ def observed(timeline: list[JobStatus], name: str) -> Observed:
         rest = statistics.fmean(b.pull_s + b.push_s + b.data_s for *_, b in spans) + max(0.0, wall - in_phases)
         transfers = 1  # the pull that waited for the round is in the wait, its transfer with it
     own = [b.step_s - b.wait_s for *_, b in spans]
-    spread = statistics.pstdev(own) if len(own) > 1 else 0.0
+    middle = statistics.median(own)
+    spread = MAD_TO_SD * statistics.median(abs(t - middle) for t in own)
     return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest), transfers, spread)
 
 
@@ -240,18 +242,14 @@ def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> flo
     return (seen.compute_s - phase.fixed_s(0.0)) / cpu - (phase.factor(0.0) - 1.0)
 
 
-def step_noise(slowdowns: tuple[str, ...], seen: list[Observed]) -> float:
-    """The relative spread of the simulated steps (`SimConfig.noise`, which multiplies a step's compute less its
-    fixed part): the median over the workers that stepped of the standard deviation of a real step outside a
-    round's wait, over its compute less the emulated fixed part A. Under load a real step varies by far more than
-    a quiet machine's few percent, in its compute and in the loop's own work alike, and where a round waits for
-    every worker its pace is the slowest of several noisy steps, not their mean."""
-    spreads = [
-        o.spread_s / (o.compute_s - Slowdown.parse(text).fixed_s(0.0))
-        for text, o in zip(slowdowns, seen, strict=True)
-        if o.steps and o.compute_s > Slowdown.parse(text).fixed_s(0.0)
-    ]
-    return statistics.median(spreads) if spreads else SimConfig.noise
+def step_noise(slowdown: str, seen: Observed) -> float | None:
+    """The relative spread of a worker's simulated steps (`WorkerSpec.noise`, which multiplies a step's compute
+    less its fixed part): the standard deviation of its real steps outside a round's wait, over its compute less
+    the emulated fixed part A; None where it took no step to measure (the cluster's default). Under load a real
+    step varies by far more than a quiet machine's few percent, in its compute and in the loop's own work alike,
+    and where a round waits for every worker its pace is the slowest of several noisy steps, not their mean."""
+    device = seen.compute_s - Slowdown.parse(slowdown).fixed_s(0.0)
+    return seen.spread_s / device if seen.steps and device > 0 else None
 
 
 def simulated(
@@ -281,7 +279,7 @@ def simulated(
         ]
     base = min(halves)
     workers = []
-    for text, cap, half in zip(shape.slowdowns, shape.max_batches, halves, strict=True):
+    for text, cap, half, o in zip(shape.slowdowns, shape.max_batches, halves, seen, strict=True):
         phase = Slowdown.parse(text)
         times = k + phase.factor(0.0) - 1.0
         workers.append(
@@ -292,6 +290,7 @@ def simulated(
                 max_batch=cap,
                 link=half / base,
                 link_mbit=8.0 * model_bytes / (half * 1e6) if queued else 0.0,
+                noise=step_noise(text, o),
             )
         )
     cfg = SimConfig(
@@ -309,7 +308,6 @@ def simulated(
         eval_every_s=max(2.0, shape.budget_s / 4),
         eval_size=500,
         job={"lr": shape.lr},
-        noise=step_noise(shape.slowdowns, seen),
         shard_mbit=8.0 * model_bytes / (shard.service_s * 1e6) if queued and shard is not None else 0.0,
     )
     return simulate(cfg)
@@ -318,10 +316,12 @@ def simulated(
 Row = tuple[str, float | None, float | None, bool | None]
 
 
-def compare(real: dict[str, Any], sim: SimResult, tolerance: float = TOLERANCE) -> list[Row]:
-    """(figure, real, simulated, within `tolerance`) for samples/s, staleness and each worker's final batch; the
-    real run's workers are named worker0.., the simulated ones sim0.., in the same order. Staleness is judged
-    within `tolerance` of the real mean or 0.1 versions, whichever is more (a mean of 0.02 against 0 is no miss)."""
+def compare(real: dict[str, Any], sim: SimResult, seen: list[Observed], tolerance: float = TOLERANCE) -> list[Row]:
+    """(figure, real, simulated, within `tolerance`) for samples/s, staleness and each worker's mean batch: the
+    real one over the stretch it is observed (`seen`, in the order of the real workers worker0..), the simulated
+    one over its run (samples over steps, sim0.. in the same order); a policy that re-sizes batches as its fits
+    move ends anywhere in the range it moved in, so a last batch alone says little. Staleness is judged within
+    `tolerance` of the real mean or 0.1 versions, whichever is more (a mean of 0.02 against 0 is no miss)."""
 
     def row(name: str, r: float | None, s: float | None, floor: float = 1e-9) -> Row:
         ok = None if r is None or s is None else abs(s - r) <= max(tolerance * abs(r), floor)
@@ -331,10 +331,10 @@ def compare(real: dict[str, Any], sim: SimResult, tolerance: float = TOLERANCE) 
         row("samples/s", real["samples_per_s"], sim.samples_per_s),
         row("staleness mean", real["staleness_mean"], sim.staleness_mean, 0.1),
     ]
-    by_name = {w["name"]: w for w in real["workers"].values()}
-    for i in range(len(sim.worker_batches)):
-        w = by_name.get(f"worker{i}")
-        rows.append(row(f"worker{i} batch", w["final_batch"] if w else None, sim.worker_batches.get(f"sim{i}")))
+    for i, o in enumerate(seen):
+        steps = sim.worker_steps.get(f"sim{i}", 0)
+        mean = sim.worker_samples.get(f"sim{i}", 0) / steps if steps else 0.0
+        rows.append(row(f"worker{i} batch", o.batch if o.steps else 0.0, mean))
     return rows
 
 
@@ -381,21 +381,23 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
             f"all, busy {100 * shard.busy_share:.0f}% of the time; a simulator whose shard serves at once: "
-            f"{instant:.0f} samples/s; the steps' spread given to the simulator: "
-            f"{100 * step_noise(shape.slowdowns, seen):.0f}%"
+            f"{instant:.0f} samples/s"
         )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:
                 print(f"  worker{i} ({text}): held no batch after the first fifth of the run")
                 continue
+            last = {w["name"]: w["final_batch"] for w in real["workers"].values()}.get(f"worker{i}")
+            sim_last = sim.worker_batches.get(f"sim{i}")
             print(
-                f"  worker{i} ({text}): batch {o.batch:.1f}, step {1000 * o.step_s:.2f} ms: compute "
+                f"  worker{i} ({text}): batch {o.batch:.1f} (last {last}, simulated {sim_last}),"
+                f" step {1000 * o.step_s:.2f} ms: compute "
                 f"{1000 * o.compute_s:.2f} ms (its k {contention(text, o, curve):.2f}), "
-                f"the rest {1000 * o.other_s:.2f} ms"
+                f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%"
             )
         print("| figure | real | simulated | error | within 10% |")
         print("| --- | ---: | ---: | ---: | --- |")
-        rows = compare(real, sim)
+        rows = compare(real, sim, seen)
         for name, r, s, ok in rows:
             shown = ["-" if v is None else f"{v:.2f}" for v in (r, s)]
             error = "-" if r is None or s is None or not r else f"{100 * (s - r) / r:+.1f}%"
