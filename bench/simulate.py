@@ -97,7 +97,9 @@ class WorkerSpec:
     own step curve (`fixed_s`, `per_sample_s`; None: the cluster's `SimConfig` ones), its memory cap
     (`max_batch`, the real worker's --max-batch; 0: none) and its own link (`link_mbit`, `latency_s`): with a
     link, its transfers cost the model's bytes over it and wait at the shards' queue instead of `comm_s`. Its steps
-    vary by the cluster's `noise`, or by its own (`noise`: a worker measured on a loaded machine varies more)."""
+    vary by the cluster's `noise`, or by its own (`noise`: a worker measured on a loaded machine varies more, by
+    a factor of mean 1 drawn log-normal, `mean_one`, as a spread of tens of percent cut off at a floor would not
+    be)."""
 
     slowdown: str = "1"
     join_s: float = 0.0
@@ -108,7 +110,7 @@ class WorkerSpec:
     max_batch: int = 0
     link_mbit: float = 0.0
     latency_s: float = 0.0
-    noise: float | None = None  # the relative standard deviation of its steps (None: the cluster's `noise`)
+    noise: float | None = None  # the relative standard deviation of its steps, log-normal (None: the cluster's)
 
     def device(self, fixed_s: float, per_sample_s: float) -> Device:
         """This node's step curve and cap: its own curve, or the cluster's `fixed_s` and `per_sample_s`."""
@@ -117,6 +119,12 @@ class WorkerSpec:
             per_sample_s if self.per_sample_s is None else self.per_sample_s,
             self.max_batch,
         )
+
+
+def mean_one(spread: float, z: float) -> float:
+    """A log-normal factor of mean 1 and relative standard deviation `spread`, at the standard normal draw `z`."""
+    sigma = math.sqrt(math.log1p(spread * spread))
+    return math.exp(sigma * z - sigma * sigma / 2)
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
@@ -529,8 +537,8 @@ class Worker:
     def step_seconds(self, batch: int) -> float:
         cfg = self.c.cfg
         elapsed = self.c.now - self.started
-        spread = cfg.noise if self.spec.noise is None else self.spec.noise
-        noise = max(0.2, 1.0 + spread * self.rng.gauss(0.0, 1.0))
+        z = self.rng.gauss(0.0, 1.0)
+        noise = max(0.2, 1.0 + cfg.noise * z) if self.spec.noise is None else mean_one(self.spec.noise, z)
         return (self.device.fixed_s + self.device.per_sample_s * batch) * self.slowdown.factor(
             elapsed
         ) * noise + self.slowdown.fixed_s(elapsed)

@@ -104,9 +104,9 @@ class Shape:
     dataset: str = "synthetic"
 
 
-def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen]:
+def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen, float]:
     """One `dynabatch run` of `shape`: its summary, what each worker's steps took after the first fifth of the
-    run, by its index, and what the shard's serving took meanwhile."""
+    run, by its index, what the shard's serving took meanwhile, and how far its pace drifted (`pace_drift`)."""
     name = "real"
     cmd = command_line(
         "run",
@@ -154,7 +154,21 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
     seen = [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
-    return json.loads(summary_path.read_text()), seen, observed_shard(timeline)
+    return json.loads(summary_path.read_text()), seen, observed_shard(timeline), pace_drift(timeline)
+
+
+def pace_drift(timeline: list[JobStatus]) -> float:
+    """How far the real job's samples/s moved within the run: over the second half of the snapshots after the
+    first fifth against the first half, as |ratio - 1|. A machine shared with other jobs changes its load under a
+    run; the simulator is given the run's averages, so a run whose own pace moved by this much can be predicted
+    no closer than it."""
+    shown = [snap for snap in timeline if snap.workers]
+    shown = shown[len(shown) // 5 :]
+    if len(shown) < 3:
+        return 0.0
+    first, middle, last = shown[0], shown[len(shown) // 2], shown[-1]
+    rates = [(b.samples - a.samples) / (b.t - a.t) for a, b in ((first, middle), (middle, last)) if b.t > a.t]
+    return abs(rates[1] / rates[0] - 1.0) if len(rates) == 2 and rates[0] > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -372,12 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     misses = 0
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
-            real, seen, shard = real_run(shape, Path(args.out or tmp) / f"run{run}")
+            real, seen, shard, drift = real_run(shape, Path(args.out or tmp) / f"run{run}")
         ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
         k = statistics.median(ks)
         sim = simulated(shape, curve, seen, k, shard)
         instant = simulated(shape, curve, seen, k).samples_per_s
-        print(f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'):")
+        print(
+            f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'), "
+            f"its pace drifted {100 * drift:.0f}% between the halves of the run:"
+        )
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
             f"all, busy {100 * shard.busy_share:.0f}% of the time; a simulator whose shard serves at once: "

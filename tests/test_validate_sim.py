@@ -5,7 +5,13 @@ The real run measures what the simulator is given (this machine's curve, its con
 outside its compute); what it must then predict is the batches the scheduler hands out, the staleness and the
 samples per second. The margin on samples/s comes from the run itself: the workers' own contention figures
 differ, and the simulated runs at the lowest and the highest of them bracket what the run could be; the
-criterion's 10% is allowed beyond that bracket."""
+criterion's 10% is allowed beyond that bracket, and beyond it as much as the real run's own pace drifted between
+its halves (a machine shared with other jobs changes its load under a run, and the simulator is given the run's
+averages).
+
+Each feature of the simulator has its shape: caps and fixed costs under asgd's dynamic split; LB-BSP (ssgd +
+dynamic) with a worker capped below its share; a busy shard (a large model, four workers), whose measured service
+time the simulated shard serves at; the efficient policy with a fixed part."""
 
 from __future__ import annotations
 
@@ -52,20 +58,22 @@ class Validated:
     real: dict[str, Any]
     seen: list[Observed]
     shard: ShardSeen
+    drift: float  # how far the real run's own pace moved between its halves
     ks: list[float]
     low: SimResult  # at min(ks): the faster simulated run
     high: SimResult
 
     def check_figures(self) -> None:
-        """Staleness and each worker's mean batch within the criterion (the simulated run at the least
-        contention), samples/s within it beyond the bracket."""
-        for figure, r, s, ok in compare(self.real, self.low, self.seen):
+        """Staleness and each worker's mean batch within the criterion and the run's drift (the simulated run at
+        the least contention), samples/s within them beyond the bracket."""
+        margin = TOLERANCE + self.drift
+        for figure, r, s, ok in compare(self.real, self.low, self.seen, margin):
             if figure != "samples/s":
                 assert ok, f"{figure}: real {r}, simulated {s} (contention k {min(self.ks):.2f} of {self.ks})"
         sps, low, high = self.real["samples_per_s"], self.low.samples_per_s, self.high.samples_per_s
-        assert (1 - TOLERANCE) * high <= sps <= (1 + TOLERANCE) * low, (
+        assert (1 - margin) * high <= sps <= (1 + margin) * low, (
             f"real {sps:.0f} samples/s; simulated {high:.0f} to {low:.0f} at the workers' contention {self.ks}; "
-            f"the shard {self.shard}; the real workers {self.seen}"
+            f"its pace drifted {100 * self.drift:.0f}%; the shard {self.shard}; the real workers {self.seen}"
         )
 
 
@@ -73,11 +81,11 @@ def validated(shape: Shape, out: Path) -> Validated:
     """`shape` run for real into `out`, and in the simulator with what the run measured, the shard's service
     included."""
     curve = machine_curve(shape.model, shape.dataset, (16, shape.global_batch), steps=15)
-    real, seen, shard = real_run(shape, out)
+    real, seen, shard, drift = real_run(shape, out)
     ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
     assert len(ks) == len(shape.slowdowns), f"every worker stepped: {seen}"
     low, high = (simulated(shape, curve, seen, k, shard) for k in (min(ks), max(ks)))
-    return Validated(real, seen, shard, ks, low, high)
+    return Validated(real, seen, shard, drift, ks, low, high)
 
 
 def test_the_simulator_gives_the_batches_staleness_and_samples_of_a_real_run_with_caps_and_fixed_costs(
