@@ -267,7 +267,12 @@ def step_noise(slowdown: str, seen: Observed) -> float | None:
 
 
 def simulated(
-    shape: Shape, curve: tuple[float, float], seen: list[Observed], k: float, shard: ShardSeen | None = None
+    shape: Shape,
+    curve: tuple[float, float],
+    seen: list[Observed],
+    k: float,
+    shard: ShardSeen | None = None,
+    spread: bool = True,
 ) -> SimResult:
     """`shape` in the simulator. Each worker's device is (k + F - 1) (a + c b) + A on this machine's curve: what
     its emulation computes on a machine whose contention `k` the real run measured (`contention`).
@@ -278,7 +283,9 @@ def simulated(
     spent at the real shard (the simulator adds its own queue and service) and a message's overhead: so that many
     workers or a large model queue at the shard as they did. Without it (None), its pull and push each take half
     of that rest with no queue. On loopback a link is the loop's own work as much as a transfer: the simulator's
-    links are checked on the namespace harness (bench/links.py)."""
+    links are checked on the namespace harness (bench/links.py).
+
+    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default."""
     stepped = [o.other_s for o in seen if o.steps]
     # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
     rest = [o.other_s if o.steps else statistics.median(stepped) for o in seen]
@@ -304,7 +311,7 @@ def simulated(
                 max_batch=cap,
                 link=half / base,
                 link_mbit=8.0 * model_bytes / (half * 1e6) if queued else 0.0,
-                noise=step_noise(text, o),
+                noise=step_noise(text, o) if spread else None,
             )
         )
     cfg = SimConfig(
@@ -390,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
         k = statistics.median(ks)
         sim = simulated(shape, curve, seen, k, shard)
+        without = [simulated(shape, curve, seen, k, given, spread=False).samples_per_s for given in (None, shard)]
         instant = simulated(shape, curve, seen, k).samples_per_s
         print(
             f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'), "
@@ -397,8 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
-            f"all, busy {100 * shard.busy_share:.0f}% of the time; a simulator whose shard serves at once: "
-            f"{instant:.0f} samples/s"
+            f"all, busy {100 * shard.busy_share:.0f}% of the time"
+        )
+        print(
+            f"  simulated samples/s with neither the shard's service nor the steps' spread: {without[0]:.0f}; the "
+            f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both: {sim.samples_per_s:.0f}"
         )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:
