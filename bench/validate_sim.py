@@ -53,6 +53,7 @@ from dynabatch.worker.batch_source import DatasetBatches, worker_order
 from dynabatch.worker.trainer import train_step
 
 TOLERANCE = 0.10
+FLAT_SLOPE_S = 1e-9  # the per-sample seconds of a step that does not grow with its batch (the scheduler divides)
 MAD_TO_SD = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
 
@@ -82,8 +83,8 @@ def machine_curve(
             times.append(time.thread_time() - start)
         medians.append(statistics.median(times[2:]))
     per_sample = (medians[1] - medians[0]) / (batches[1] - batches[0])
-    if per_sample <= 0:
-        raise RuntimeError(f"the step times {medians} at batches {batches} do not grow with the batch: a busy machine?")
+    if per_sample <= 0:  # all fixed cost (the flat model's step), whose slope is of either sign within the noise
+        return statistics.fmean(medians), FLAT_SLOPE_S
     # A step that is all per-sample cost (the CNN's) has an intercept of either sign within the timing's noise.
     return max(0.0, medians[0] - per_sample * batches[0]), per_sample
 
