@@ -12,7 +12,9 @@
    k times its CPU time in wall time; the median of the workers'), so that a device is (k + F - 1)(a + c b) + A
    as its emulation computes, and each worker's rest of a step, as its pull and push (on loopback that is the
    loop's work as much as a transfer; the simulator's links are checked against the namespace harness,
-   bench/links.py). What it predicts: the batches the scheduler hands out, the staleness, the samples/s.
+   bench/links.py); the spread of each worker's steps (`step_noise`: a round's pace is its slowest step); the
+   shard's service time per transfer from STATUS (`observed_shard`), at which the simulated shard serves and
+   queues. What it predicts: the batches the scheduler hands out, the staleness, the samples/s.
 4. Each figure as simulated / real, its error, and whether it is within the tolerance (10%).
 
 Each worker's own k is printed: where the emulation does what the simulator models they agree, since the
