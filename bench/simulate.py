@@ -97,7 +97,10 @@ class WorkerSpec:
     A node of a real cluster (bench/cluster_model.py, read from a profile file by bench/profile_file.py) has its
     own step curve (`fixed_s`, `per_sample_s`; None: the cluster's `SimConfig` ones), its memory cap
     (`max_batch`, the real worker's --max-batch; 0: none) and its own link (`link_mbit`, `latency_s`): with a
-    link, its transfers cost the model's bytes over it and wait at the shards' queue instead of `comm_s`."""
+    link, its transfers cost the model's bytes over it and wait at the shards' queue instead of `comm_s`. Its steps
+    vary by the cluster's `noise`, or by its own (`noise`: a worker measured on a loaded machine varies more, by
+    a factor of mean 1 drawn log-normal, `mean_one`, as a spread of tens of percent cut off at a floor would not
+    be)."""
 
     slowdown: str = "1"
     join_s: float = 0.0
@@ -108,6 +111,7 @@ class WorkerSpec:
     max_batch: int = 0
     link_mbit: float = 0.0
     latency_s: float = 0.0
+    noise: float | None = None  # the relative standard deviation of its steps, log-normal (None: the cluster's)
 
     def device(self, fixed_s: float, per_sample_s: float) -> Device:
         """This node's step curve and cap: its own curve, or the cluster's `fixed_s` and `per_sample_s`."""
@@ -116,6 +120,12 @@ class WorkerSpec:
             per_sample_s if self.per_sample_s is None else self.per_sample_s,
             self.max_batch,
         )
+
+
+def mean_one(spread: float, z: float) -> float:
+    """A log-normal factor of mean 1 and relative standard deviation `spread`, at the standard normal draw `z`."""
+    sigma = math.sqrt(math.log1p(spread * spread))
+    return math.exp(sigma * z - sigma * sigma / 2)
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
@@ -233,6 +243,7 @@ class SimResult:
     # each worker's samples and last batch, by its instance "sim<i>", i its index in SimConfig.workers
     worker_samples: dict[str, int] = field(default_factory=dict)
     worker_batches: dict[str, int] = field(default_factory=dict)
+    worker_steps: dict[str, int] = field(default_factory=dict)  # each worker's steps, by instance
     # each worker's wire plan at the end (chunks per push, bytes in flight: scheduler/wire_schedule.py), by instance
     worker_wire: dict[str, tuple[int, int]] = field(default_factory=dict)
     switched_to: str = ""  # --protocol auto: the protocol the workers stepped under at the end ("": another)
@@ -527,7 +538,8 @@ class Worker:
     def step_seconds(self, batch: int) -> float:
         cfg = self.c.cfg
         elapsed = self.c.now - self.started
-        noise = max(0.2, 1.0 + cfg.noise * self.rng.gauss(0.0, 1.0))
+        z = self.rng.gauss(0.0, 1.0)
+        noise = max(0.2, 1.0 + cfg.noise * z) if self.spec.noise is None else mean_one(self.spec.noise, z)
         return (self.device.fixed_s + self.device.per_sample_s * batch) * self.slowdown.factor(
             elapsed
         ) * noise + self.slowdown.fixed_s(elapsed)
@@ -825,6 +837,7 @@ def result_of(cluster: Cluster) -> SimResult:
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
+        worker_steps={m.instance: m.steps for m in workers},
         worker_wire={m.instance: (sched.wire.plan_of(m.id).group, sched.wire.plan_of(m.id).credit) for m in workers},
         switched_to=sched.protocol.workers if sched.protocol is not None else "",
         auto_choices=auto_choices(sched),

@@ -12,7 +12,9 @@
    k times its CPU time in wall time; the median of the workers'), so that a device is (k + F - 1)(a + c b) + A
    as its emulation computes, and each worker's rest of a step, as its pull and push (on loopback that is the
    loop's work as much as a transfer; the simulator's links are checked against the namespace harness,
-   bench/links.py). What it predicts: the batches the scheduler hands out, the staleness, the samples/s.
+   bench/links.py); the spread of each worker's steps (`step_noise`: a round's pace is its slowest step); the
+   shard's service time per transfer from STATUS (`observed_shard`), at which the simulated shard serves and
+   queues. What it predicts: the batches the scheduler hands out, the staleness, the samples/s.
 4. Each figure as simulated / real, its error, and whether it is within the tolerance (10%).
 
 Each worker's own k is printed: where the emulation does what the simulator models they agree, since the
@@ -43,12 +45,18 @@ from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.builtin_tasks import builtin_task
+from dynabatch.common.tasks.data import NUM_CLASSES, input_shape
+from dynabatch.common.tasks.models import build_model
 from dynabatch.common.tasks.task_check import check_task
+from dynabatch.common.wire.chunking import flat_params
 from dynabatch.common.wire.messages import JobStatus
+from dynabatch.scheduler.chunk_schedule import MESSAGE_OVERHEAD_S
 from dynabatch.worker.batch_source import DatasetBatches, worker_order
 from dynabatch.worker.trainer import train_step
 
 TOLERANCE = 0.10
+FLAT_SLOPE_S = 1e-9  # the per-sample seconds of a step that does not grow with its batch (the scheduler divides)
+MAD_TO_SD = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
 
 def machine_curve(
@@ -77,12 +85,10 @@ def machine_curve(
             times.append(time.thread_time() - start)
         medians.append(statistics.median(times[2:]))
     per_sample = (medians[1] - medians[0]) / (batches[1] - batches[0])
-    fixed = medians[0] - per_sample * batches[0]
-    if per_sample <= 0 or fixed < 0:
-        raise RuntimeError(
-            f"the step times {medians} at batches {batches} are not a fixed plus a per-sample cost: a busy machine?"
-        )
-    return fixed, per_sample
+    if per_sample <= 0:  # all fixed cost (the flat model's step), whose slope is of either sign within the noise
+        return statistics.fmean(medians), FLAT_SLOPE_S
+    # A step that is all per-sample cost (the CNN's) has an intercept of either sign within the timing's noise.
+    return max(0.0, medians[0] - per_sample * batches[0]), per_sample
 
 
 @dataclass(frozen=True)
@@ -101,9 +107,9 @@ class Shape:
     dataset: str = "synthetic"
 
 
-def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
-    """One `dynabatch run` of `shape`: its summary, and what each worker's steps took after the first fifth of
-    the run, by its index."""
+def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen, float]:
+    """One `dynabatch run` of `shape`: its summary, what each worker's steps took after the first fifth of the
+    run, by its index, what the shard's serving took meanwhile, and how far its pace drifted (`pace_drift`)."""
     name = "real"
     cmd = command_line(
         "run",
@@ -150,7 +156,22 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed]]:
     if done.returncode != 0 or not summary_path.exists():
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
-    return json.loads(summary_path.read_text()), [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
+    seen = [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
+    return json.loads(summary_path.read_text()), seen, observed_shard(timeline), pace_drift(timeline)
+
+
+def pace_drift(timeline: list[JobStatus]) -> float:
+    """How far the real job's samples/s moved within the run: over the second half of the snapshots after the
+    first fifth against the first half, as |ratio - 1|. A machine shared with other jobs changes its load under a
+    run; the simulator is given the run's averages, so a run whose own pace moved by this much can be predicted
+    no closer than it."""
+    shown = [snap for snap in timeline if snap.workers]
+    shown = shown[len(shown) // 5 :]
+    if len(shown) < 3:
+        return 0.0
+    first, middle, last = shown[0], shown[len(shown) // 2], shown[-1]
+    rates = [(b.samples - a.samples) / (b.t - a.t) for a, b in ((first, middle), (middle, last)) if b.t > a.t]
+    return abs(rates[1] / rates[0] - 1.0) if len(rates) == 2 and rates[0] > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -165,6 +186,8 @@ class Observed:
     step_s: float
     compute_s: float
     other_s: float = 0.0
+    transfers: int = 2  # the pull and the push its rest holds (1: the push, where the pull is a round's wait)
+    spread_s: float = 0.0  # the standard deviation of its sampled steps' seconds outside a round's wait
 
 
 def observed(timeline: list[JobStatus], name: str) -> Observed:
@@ -188,11 +211,43 @@ def observed(timeline: list[JobStatus], name: str) -> Observed:
     wall = sum(span[0] for span in spans) / steps
     compute = sum(b.compute_s_total - a.compute_s_total for *_, a, b in spans) / counted
     if all(b.times.wait_s == 0 for *_, b in spans):  # no round to wait for: everything but the compute is the rest
-        rest = wall - compute
+        rest, transfers = wall - compute, 2
     else:  # the wait has no total: the mean of the sampled steps' pull, push and data, and the loop's time
-        sampled = statistics.fmean(b.times.pull_s + b.times.push_s + b.times.data_s for *_, b in spans)
-        rest = sampled + max(0.0, wall - in_phases)
-    return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest))
+        rest = statistics.fmean(b.times.pull_s + b.times.push_s + b.times.data_s for *_, b in spans) + max(
+            0.0, wall - in_phases
+        )
+        transfers = 1  # the pull that waited for the round is in the wait, its transfer with it
+    own = [b.times.step_s - b.times.wait_s for *_, b in spans]
+    middle = statistics.median(own)
+    spread = MAD_TO_SD * statistics.median(abs(t - middle) for t in own)
+    return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest), transfers, spread)
+
+
+@dataclass(frozen=True)
+class ShardSeen:
+    """The real shard over the stretch the workers are observed: the seconds it spent serving one transfer (a
+    pull or a push of the whole model: a gradient step makes two), and the seconds one spent at it in all,
+    waiting for it included (ps/serving_load.py's figures, in STATUS)."""
+
+    service_s: float = 0.0
+    held_s: float = 0.0
+    busy_share: float = 0.0  # of the wall time: near 1, the shard's service bounds the job
+
+
+def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
+    """Shard 0's serving seconds from the first fifth of the snapshots that show it to the last (shards leave
+    STATUS at the end), against the transfers the workers made meanwhile (two a step); zero where it served none."""
+    shown = [snap for snap in timeline if "0" in snap.shards and snap.workers]
+    if len(shown) < 2:
+        return ShardSeen()
+    first, last = shown[len(shown) // 5], shown[-1]
+    before = {w.name: w.steps for w in first.workers.values()}
+    transfers = 2 * sum(max(0, w.steps - before.get(w.name, w.steps)) for w in last.workers.values())
+    a, b = first.shards["0"], last.shards["0"]
+    if transfers == 0 or b.busy_s <= a.busy_s:
+        return ShardSeen()
+    busy, queued = b.busy_s - a.busy_s, b.queued_s - a.queued_s
+    return ShardSeen(busy / transfers, (busy + max(0.0, queued)) / transfers, busy / max(1e-9, last.t - first.t))
 
 
 def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> float:
@@ -206,17 +261,51 @@ def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> flo
     return (seen.compute_s - phase.fixed_s(0.0)) / cpu - (phase.factor(0.0) - 1.0)
 
 
-def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k: float) -> SimResult:
+def step_noise(slowdown: str, seen: Observed) -> float | None:
+    """The relative spread of a worker's simulated steps (`WorkerSpec.noise`, which multiplies a step's compute
+    less its fixed part): the standard deviation of its real steps outside a round's wait, over its compute less
+    the emulated fixed part A; None where it took no step to measure (the cluster's default). Under load a real
+    step varies by far more than a quiet machine's few percent, in its compute and in the loop's own work alike,
+    and where a round waits for every worker its pace is the slowest of several noisy steps, not their mean."""
+    device = seen.compute_s - Slowdown.parse(slowdown).fixed_s(0.0)
+    return seen.spread_s / device if seen.steps and device > 0 else None
+
+
+def simulated(
+    shape: Shape,
+    curve: tuple[float, float],
+    seen: list[Observed],
+    k: float,
+    shard: ShardSeen | None = None,
+    spread: bool = True,
+) -> SimResult:
     """`shape` in the simulator. Each worker's device is (k + F - 1) (a + c b) + A on this machine's curve: what
-    its emulation computes on a machine whose contention `k` the real run measured (`contention`). Its pull and
-    push each take half of what the real worker spent per step outside its compute (on loopback that is the
-    loop's own work as much as a transfer: the simulator's links are checked on the namespace harness)."""
+    its emulation computes on a machine whose contention `k` the real run measured (`contention`).
+
+    With the real shard's serving measured (`shard`, its service of a transfer over 0), the simulated shard is a
+    server of that service time (bench/cluster_model.py's queue), and each worker's pull and push cross a link of
+    its own that takes half of what the real worker spent per step outside its compute, less what its transfers
+    spent at the real shard (the simulator adds its own queue and service) and a message's overhead: so that many
+    workers or a large model queue at the shard as they did. Without it (None), its pull and push each take half
+    of that rest with no queue. On loopback a link is the loop's own work as much as a transfer: the simulator's
+    links are checked on the namespace harness (bench/links.py).
+
+    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default."""
     stepped = [o.other_s for o in seen if o.steps]
     # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
-    rest = [max(1e-6, (o.other_s if o.steps else statistics.median(stepped)) / 2) for o in seen]
-    base = min(rest)
+    rest = [o.other_s if o.steps else statistics.median(stepped) for o in seen]
+    queued = shard is not None and shard.service_s > 0
+    model_bytes = 4.0 * flat_params(build_model(shape.model, input_shape(shape.dataset), NUM_CLASSES)).numel()
+    halves = [max(1e-6, r / 2) for r in rest]
+    if queued:
+        assert shard is not None
+        halves = [
+            max(1e-6, (r - o.transfers * shard.held_s - MESSAGE_OVERHEAD_S) / 2)
+            for r, o in zip(rest, seen, strict=True)
+        ]
+    base = min(halves)
     workers = []
-    for text, cap, r in zip(shape.slowdowns, shape.max_batches, rest, strict=True):
+    for text, cap, half, o in zip(shape.slowdowns, shape.max_batches, halves, seen, strict=True):
         phase = Slowdown.parse(text)
         times = k + phase.factor(0.0) - 1.0
         workers.append(
@@ -225,7 +314,9 @@ def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k:
                 fixed_s=times * curve[0],
                 per_sample_s=times * curve[1],
                 max_batch=cap,
-                link=r / base,
+                link=half / base,
+                link_mbit=8.0 * model_bytes / (half * 1e6) if queued else 0.0,
+                noise=step_noise(text, o) if spread else None,
             )
         )
     cfg = SimConfig(
@@ -243,6 +334,7 @@ def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k:
         eval_every_s=max(2.0, shape.budget_s / 4),
         eval_size=500,
         job={"lr": shape.lr},
+        shard_mbit=8.0 * model_bytes / (shard.service_s * 1e6) if queued and shard is not None else 0.0,
     )
     return simulate(cfg)
 
@@ -250,10 +342,12 @@ def simulated(shape: Shape, curve: tuple[float, float], seen: list[Observed], k:
 Row = tuple[str, float | None, float | None, bool | None]
 
 
-def compare(real: dict[str, Any], sim: SimResult, tolerance: float = TOLERANCE) -> list[Row]:
-    """(figure, real, simulated, within `tolerance`) for samples/s, staleness and each worker's final batch; the
-    real run's workers are named worker0.., the simulated ones sim0.., in the same order. Staleness is judged
-    within `tolerance` of the real mean or 0.1 versions, whichever is more (a mean of 0.02 against 0 is no miss)."""
+def compare(real: dict[str, Any], sim: SimResult, seen: list[Observed], tolerance: float = TOLERANCE) -> list[Row]:
+    """(figure, real, simulated, within `tolerance`) for samples/s, staleness and each worker's mean batch: the
+    real one over the stretch it is observed (`seen`, in the order of the real workers worker0..), the simulated
+    one over its run (samples over steps, sim0.. in the same order); a policy that re-sizes batches as its fits
+    move ends anywhere in the range it moved in, so a last batch alone says little. Staleness is judged within
+    `tolerance` of the real mean or 0.1 versions, whichever is more (a mean of 0.02 against 0 is no miss)."""
 
     def row(name: str, r: float | None, s: float | None, floor: float = 1e-9) -> Row:
         ok = None if r is None or s is None else abs(s - r) <= max(tolerance * abs(r), floor)
@@ -263,10 +357,10 @@ def compare(real: dict[str, Any], sim: SimResult, tolerance: float = TOLERANCE) 
         row("samples/s", real["samples_per_s"], sim.samples_per_s),
         row("staleness mean", real["staleness_mean"], sim.staleness_mean, 0.1),
     ]
-    by_name = {w["name"]: w for w in real["workers"].values()}
-    for i in range(len(sim.worker_batches)):
-        w = by_name.get(f"worker{i}")
-        rows.append(row(f"worker{i} batch", w["final_batch"] if w else None, sim.worker_batches.get(f"sim{i}")))
+    for i, o in enumerate(seen):
+        steps = sim.worker_steps.get(f"sim{i}", 0)
+        mean = sim.worker_samples.get(f"sim{i}", 0) / steps if steps else 0.0
+        rows.append(row(f"worker{i} batch", o.batch if o.steps else 0.0, mean))
     return rows
 
 
@@ -304,23 +398,39 @@ def main(argv: list[str] | None = None) -> int:
     misses = 0
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
-            real, seen = real_run(shape, Path(args.out or tmp) / f"run{run}")
+            real, seen, shard, drift = real_run(shape, Path(args.out or tmp) / f"run{run}")
         ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
         k = statistics.median(ks)
-        sim = simulated(shape, curve, seen, k)
-        print(f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'):")
+        sim = simulated(shape, curve, seen, k, shard)
+        without = [simulated(shape, curve, seen, k, given, spread=False).samples_per_s for given in (None, shard)]
+        instant = simulated(shape, curve, seen, k).samples_per_s
+        print(
+            f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'), "
+            f"its pace drifted {100 * drift:.0f}% between the halves of the run:"
+        )
+        print(
+            f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
+            f"all, busy {100 * shard.busy_share:.0f}% of the time"
+        )
+        print(
+            f"  simulated samples/s with neither the shard's service nor the steps' spread: {without[0]:.0f}; the "
+            f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both: {sim.samples_per_s:.0f}"
+        )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:
                 print(f"  worker{i} ({text}): held no batch after the first fifth of the run")
                 continue
+            last = {w["name"]: w["final_batch"] for w in real["workers"].values()}.get(f"worker{i}")
+            sim_last = sim.worker_batches.get(f"sim{i}")
             print(
-                f"  worker{i} ({text}): batch {o.batch:.1f}, step {1000 * o.step_s:.2f} ms: compute "
+                f"  worker{i} ({text}): batch {o.batch:.1f} (last {last}, simulated {sim_last}),"
+                f" step {1000 * o.step_s:.2f} ms: compute "
                 f"{1000 * o.compute_s:.2f} ms (its k {contention(text, o, curve):.2f}), "
-                f"the rest {1000 * o.other_s:.2f} ms"
+                f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%"
             )
         print("| figure | real | simulated | error | within 10% |")
         print("| --- | ---: | ---: | ---: | --- |")
-        rows = compare(real, sim)
+        rows = compare(real, sim, seen)
         for name, r, s, ok in rows:
             shown = ["-" if v is None else f"{v:.2f}" for v in (r, s)]
             error = "-" if r is None or s is None or not r else f"{100 * (s - r) / r:+.1f}%"

