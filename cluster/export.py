@@ -55,13 +55,15 @@ class TrainedState:
 
 
 def read_run(run_dir: Path) -> RunRecord:
-    """The run recorded in `run_dir/config.json`; ExportError if the folder holds no run."""
+    """The run recorded in `run_dir/config.json`; ExportError if the folder holds no run. A job run under
+    `--protocol auto` is recorded as such (it may have switched protocols while it ran); its model does not depend
+    on the protocol, so it is read as recorded."""
     config = run_dir / "config.json"
     if not config.is_file():
         raise ExportError(f"{run_dir} holds no run (no config.json; a run folder is what `dynabatch run` writes)")
     try:
         saved = json.loads(config.read_text())
-        job = job_from_dict(saved["job"])
+        job = job_from_dict(saved["job"], allow_auto=True)
         run = saved.get("run", {})
     except (ValueError, KeyError, TypeError, ConfigError) as exc:
         raise ExportError(f"{config} is not a run's settings: {exc}") from None
