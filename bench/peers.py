@@ -1,4 +1,5 @@
-"""Against what a user would run instead: dynabatch's default, PyTorch DDP, hivemind and the fastest machine alone.
+"""Against what a user would run instead: dynabatch (its default and `--protocol auto`), PyTorch DDP, hivemind and
+the fastest machine alone.
 
     python -m bench.peers                          # the full comparison (see FULL; about 3 hours on 2 cores)
     python -m bench.peers --rounds 2 --budget-s 40 --tune-seeds 1 --systems ddp alone   # a part of it
