@@ -86,7 +86,7 @@ SYSTEMS: dict[str, System] = {
         # so its step sizes are larger than the constant step's.
         System(
             "dynabatch-auto",
-            "dynabatch --protocol auto (delay step)",
+            "dynabatch --protocol auto (chosen while it runs)",
             "dynabatch",
             (0.05, 0.1, 0.2, 0.4),
             flags=("--protocol", "auto"),
