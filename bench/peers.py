@@ -1,4 +1,5 @@
-"""Against what a user would run instead: dynabatch's default, PyTorch DDP, hivemind and the fastest machine alone.
+"""Against what a user would run instead: dynabatch (its default and `--protocol auto`), PyTorch DDP, hivemind and
+the fastest machine alone.
 
     python -m bench.peers                          # the full comparison (see FULL; about 3 hours on 2 cores)
     python -m bench.peers --rounds 2 --budget-s 40 --tune-seeds 1 --systems ddp alone   # a part of it
@@ -82,12 +83,22 @@ class System:
 SYSTEMS: dict[str, System] = {
     s.key: s
     for s in (
-        # `dynabatch run` on its defaults (no protocol or policy flag): whatever common/config.py makes the default.
+        # asgd with fixed batches, the default until --protocol auto became it (bench/RESULTS.md sections 23, 25).
         System(
             "dynabatch",
-            f"dynabatch default ({DEFAULT_JOB.protocol} protocol, {DEFAULT_JOB.batch_policy} batches)",
+            "dynabatch asgd (fixed batches; the default before auto)",
             "dynabatch",
             (0.0125, 0.025, 0.05, 0.1),
+            flags=("--protocol", "asgd"),
+        ),
+        # The default: the protocol chosen while the job runs; its asynchronous protocols take the delay step
+        # (lr / max(1, tau)), so its step sizes are larger than the constant step's.
+        System(
+            "dynabatch-auto",
+            "dynabatch default (--protocol auto, chosen while it runs)",
+            "dynabatch",
+            (0.05, 0.1, 0.2, 0.4),
+            flags=("--protocol", "auto"),
         ),
         System("ddp", "PyTorch DDP (torchrun, gloo)", "ddp", (0.05, 0.1, 0.2, 0.4)),
         System("alone", "fastest machine alone", "alone", (0.025, 0.05, 0.1, 0.2)),
@@ -680,6 +691,33 @@ def tuning_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def rounds_table(results: dict[str, Any]) -> str:
+    """Every reported run, round by round, with each time to 88% over that round's dynabatch runs' (the default
+    and, where it ran, `--protocol auto`): the ratios side by side within a round, where the load was alike."""
+    runs = [Run(**{**r, "curve": [tuple(p) for p in r["curve"]]}) for r in results["runs"]]
+    bases = [k for k in ("dynabatch", "dynabatch-auto") if any(r.system == k for r in runs)]
+    lines = [
+        "| round (seed) | system | time to 85% | time to 88% | "
+        f"test acc. at {EQUAL_TIME_S:.0f} s | samples/s | samples to 88% | load avg. | "
+        + " | ".join(f"88%: / {k}'s" for k in bases)
+        + " |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(bases),
+    ]
+    for seed in sorted({r.seed for r in runs}):
+        in_round = [r for r in runs if r.seed == seed]
+        at = {r.system: r.time_to.get("0.88") if r.ok else None for r in in_round}
+        for r in in_round:
+            over = [_ratio(at[r.system], at.get(k)) for k in bases]
+            lines.append(
+                f"| {seed + 1} ({seed}) | {SYSTEMS[r.system].label} | {_secs(r.time_to.get('0.85'))} | "
+                f"{_secs(r.time_to.get('0.88'))} | {_pct(r.acc_at(EQUAL_TIME_S))} | {_num(r.samples_per_s)} | "
+                f"{_num(r.samples_to.get('0.88'))} | {_num1(r.load)} | "
+                + " | ".join("–" if x is None else f"{x:.2f}" for x in over)
+                + " |"
+            )
+    return "\n".join(lines)
+
+
 def load_line(runs: list[dict[str, Any]]) -> str:
     """The machine's 1-minute load average over the reported runs (each run's mean while it trained)."""
     loads = [r["load"] for r in runs if r.get("load") is not None]
@@ -718,6 +756,9 @@ def render(results: dict[str, Any], img: str = "") -> str:
             + "."
         )
         parts.append("")
+    if results["runs"]:
+        parts += ["Per round (each system's run of that round; above 1: the dynabatch run was faster):", ""]
+        parts += [rounds_table(results), ""]
     for key, why in results["skipped"].items():
         parts.append(f"- {SYSTEMS[key].label}: skipped, {why}")
     if results["tuning"]:

@@ -55,7 +55,9 @@ class TrainedState:
 
 
 def read_run(run_dir: Path) -> RunRecord:
-    """The run recorded in `run_dir/config.json`; ExportError if the folder holds no run."""
+    """The run recorded in `run_dir/config.json`; ExportError if the folder holds no run. A job run under
+    `--protocol auto` is recorded as such (it may have switched protocols while it ran); its model does not depend
+    on the protocol, so it is read as recorded."""
     config = run_dir / "config.json"
     if not config.is_file():
         raise ExportError(f"{run_dir} holds no run (no config.json; a run folder is what `dynabatch run` writes)")

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from torch import nn
 
 import dynabatch as db
 from dynabatch.cluster import export_command
-from dynabatch.cluster.export import TrainedState, assemble, load_trained
+from dynabatch.cluster.export import TrainedState, assemble, load_trained, read_run
 from dynabatch.cluster.python_run import ACTIVE_ENV, task_spec
+from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.tasks.task_check import check_task, load_task
 from dynabatch.common.tasks.weights import load_weights, read_state_dict
@@ -374,3 +376,11 @@ def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_pa
     assert done.returncode == 0, done.stderr
     model = load_task(BLOBS).build_model(0)
     model.load_state_dict(torch.load(elsewhere / "model.pt", weights_only=True))
+
+
+def test_a_run_under_protocol_auto_is_read_as_recorded(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"job": asdict(JobConfig(protocol="auto")), "run": {}}))
+    assert read_run(tmp_path).job.protocol == "auto", "the protocol it chose while it ran is not the model's concern"
+    (tmp_path / "config.json").write_text(json.dumps({"job": asdict(JobConfig(protocol="nosuch")), "run": {}}))
+    with pytest.raises(db.ExportError, match="protocol"):
+        read_run(tmp_path)
