@@ -121,37 +121,38 @@ class Arrivals(ProtocolModel):
     What counts is the k fastest workers' updates, k the one that reaches the target first (`counted`): a gradient
     stale by tau versions steps lr / tau under the delay step, so the rare, very stale updates of a worker far
     slower than the rest (behind a slow link) move the model little and cost it little, and are counted as worth
-    nothing; their versions still make the counted ones staler. Counting every update at the mean staleness
-    instead charged those rare updates' staleness to every update (mixed_links16: 1.8x the simulated time).
-    Counted so, no prediction falls below T* (a k-worker prefix is T*'s term of the k fastest at this batch)."""
+    nothing; their versions still make the counted ones staler. Counted so, no prediction falls below T* (a
+    k-worker prefix is T*'s term of the k fastest at this batch)."""
 
     def throughput(self, cluster: Cluster, batches: Sequence[float], noise: NoiseScale) -> Throughput:
         busy = sorted(_busy(cluster, batches), key=lambda nb: cluster.step_s(*nb))
-        return counted(
-            noise,
-            [
-                self._applied(cluster, busy, busy[:k], sum(1 / cluster.step_s(*nb) for nb in busy))
-                for k in range(1, len(busy) + 1)
-            ],
-        )
+        return counted(noise, self._applied(cluster, busy, every_version=True))
 
     @staticmethod
-    def _applied(
-        cluster: Cluster, busy: list[tuple[Node, float]], kept: list[tuple[Node, float]], versions: float = 0.0
-    ) -> Throughput:
-        """Every busy worker steps (the shards serve them all); `kept`'s gradients count, each as stale as the
-        `versions` per second (the kept ones' updates where 0: the rest are discarded) made while it was computed."""
-        steps = [cluster.step_s(n, b) for n, b in kept]
-        updates = sum(1 / t for t in steps)
-        samples = sum(b / t for (_, b), t in zip(kept, steps, strict=True))
-        computed = sum(b / cluster.step_s(n, b) for n, b in busy)
-        slowed = min(1.0, cluster.max_steps_per_s() / sum(1 / cluster.step_s(n, b) for n, b in busy))
-        made = versions or updates
-        staleness = sum((made - 1 / t) for t in steps) / updates  # sum of r_i (V - r_i) t_i over U
-        mean = samples / updates
-        return Throughput(
-            samples * slowed, mean * (1 + STALENESS_WEIGHT * staleness), staleness, 1 - samples / computed
-        )
+    def _applied(cluster: Cluster, busy: list[tuple[Node, float]], every_version: bool) -> list[Throughput]:
+        """For each k, `busy` (fastest first) stepping with only the k fastest's gradients counted: every busy
+        worker steps (the shards serve them all), each counted gradient as stale as the versions made while it was
+        computed, by every busy worker (`every_version`) or by the counted ones alone (the rest discarded before
+        they are applied). Running sums, so that many workers cost the scheduler n steps, not n squared."""
+        steps = [cluster.step_s(n, b) for n, b in busy]
+        computed = sum(b / t for (_, b), t in zip(busy, steps, strict=True))
+        versions = sum(1 / t for t in steps)
+        slowed = min(1.0, cluster.max_steps_per_s() / versions)
+        applied, updates, samples = [], 0.0, 0.0
+        for k, ((_, batch), step) in enumerate(zip(busy, steps, strict=True), start=1):
+            updates += 1 / step
+            samples += batch / step
+            made = versions if every_version else updates
+            staleness = (k * made - updates) / updates  # sum of r_i (V - r_i) t_i over U
+            applied.append(
+                Throughput(
+                    samples * slowed,
+                    samples / updates * (1 + STALENESS_WEIGHT * staleness),
+                    staleness,
+                    1 - samples / computed,
+                )
+            )
+        return applied
 
 
 class Ringmaster(Arrivals):
@@ -175,7 +176,7 @@ class Ringmaster(Arrivals):
             if updates * step >= threshold:  # (U_k - r_k) t_k: the staleness of the k-th with the k - 1 faster ones
                 break
             updates, kept = updates + 1 / step, kept + 1
-        return self._applied(cluster, busy, busy[: max(1, kept)])
+        return self._applied(cluster, busy, every_version=False)[max(1, kept) - 1]
 
 
 class LocalRounds(ProtocolModel):
