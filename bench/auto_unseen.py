@@ -28,6 +28,7 @@ from bench.parallel_runs import run_parallel
 from bench.plots import plt, save
 from bench.profile_file import simulated
 from bench.tuned_study import CLUSTER_FILES, CLUSTERS, DRAWN_BUDGET_S, Profile
+from dynabatch.scheduler import auto_policy
 
 UNSEEN_LRS = {
     "asgd+fixed": 0.02,
@@ -42,7 +43,9 @@ machine's time: ringmaster + dynamic (never chosen), ssgd + fixed and local + fi
 cluster in section 19: LB-BSP and local + dynamic were as fast or faster wherever they reached the target)."""
 AIM = 1.2
 UNMEASURED = "until every worker has reported"
-"""What auto's last reason says while a worker is not measured ("as last chosen" after it once chose)."""
+"""What auto's last reason says while a worker is not measured; after it once chose, the reason says it is held
+(HELD; "as last chosen" in runs stored before 2026-11-29's wording)."""
+HELD = (auto_policy.HELD, "as last chosen")
 TARGET = "0.80"
 
 
@@ -94,7 +97,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "auto": auto,
                 "switched_to": run["switched_to"] or "asgd",
                 "chose": bool(run["choices"])
-                and (UNMEASURED not in run["choices"][-1][1] or "as last chosen" in run["choices"][-1][1]),
+                and (UNMEASURED not in run["choices"][-1][1] or any(h in run["choices"][-1][1] for h in HELD)),
                 "best": best,
                 "best_t": times[best],
                 "prev_default": times["asgd+fixed"],

@@ -44,6 +44,9 @@ MEASURED_STEPS = 8
 """Steps a worker must have reported to count as measured: its first ones carry its start-up (lazy
 initialisation, caches, the other processes starting beside it), and with the speed model's forgetting of 0.85
 the eighth step weighs three times the first."""
+HELD = "; held until"
+"""How a reason says auto keeps its last choice while a newly ready worker is measured (bench/auto_unseen.py reads
+it: a run held so has chosen)."""
 SHIFT = 0.25
 """How far (a fraction) a worker's predicted step at its share must move since the last choice for auto to choose
 again: a speed shift, not the step-to-step noise of a loaded machine."""
@@ -139,7 +142,7 @@ class AutoPolicy:
             self.reason = (
                 f"{self.policy} until every worker has reported {MEASURED_STEPS} steps: {counted}"
                 if self.choices == 0
-                else f"{self._chosen}; held until every worker has reported {MEASURED_STEPS} steps ({counted})"
+                else f"{self._chosen}{HELD} every worker has reported {MEASURED_STEPS} steps ({counted})"
             )
             return False
         share = max(1, self.global_batch // len(models))

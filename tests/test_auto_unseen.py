@@ -10,6 +10,7 @@ from typing import Any
 from bench.auto_default import AUTO
 from bench.auto_unseen import UNMEASURED, _profile, cluster_name, table, verdicts
 from bench.drawn_clusters import DRAW_SEED
+from dynabatch.scheduler.auto_policy import HELD
 
 
 def _row(cluster: str, method: str, t: float | None, choices: list[Any] | None = None) -> dict[str, Any]:
@@ -35,14 +36,17 @@ def test_auto_is_judged_against_the_fastest_method_of_its_cluster() -> None:
         _row("b", "local+dynamic", None),
         _row("c", AUTO, None),
         _row("c", "asgd+fixed", None),
+        _row("d", AUTO, 20.0, [(-1.0, f"asgd + fixed: kept{HELD} every worker has reported 8 steps (9 of 10)")]),
+        _row("d", "asgd+fixed", 20.0),
     ]
-    a, b, c = verdicts(rows)
+    a, b, c, d = verdicts(rows)
+    assert d["chose"], "a choice held while a new worker is measured is still a choice"
     assert (a["best"], a["best_t"], a["ratio"], a["within"], a["chose"]) == ("ringmaster+fixed", 10.0, 1.1, True, True)
     assert a["switched_to"] == "ringmaster" and a["prev_default"] == 12.0
     assert b["best"] == "asgd+fixed" and math.isinf(b["ratio"]) and not b["within"] and not b["chose"]
     assert b["switched_to"] == "asgd" and b["diverged"] == ["asgd+fixed"]
     assert c["within"], "where no method reached the target, auto not reaching it is no miss"
-    assert "within 1.2x of the best on 2 of 3 clusters" in table(rows)
+    assert "within 1.2x of the best on 3 of 4 clusters" in table(rows)
 
 
 def test_a_fresh_draw_is_named_for_its_seed_and_the_studys_own_keeps_its_names() -> None:
