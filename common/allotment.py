@@ -76,7 +76,8 @@ def floored(shares: dict[str, int], left: dict[str, int], steps: int = 1) -> dic
             out[donor] -= lacking
             out[w] += lacking
         else:
-            out[donor] += out[w]
+            taker = max(others, key=lambda o: (left.get(o, 0) + out[o], out[o]))
+            out[taker] += out[w]
             out[w] = 0
     return out
 

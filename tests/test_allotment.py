@@ -47,6 +47,7 @@ def test_a_share_that_would_leave_a_worker_under_one_push_is_folded_into_the_lar
     assert floored({"a": 30, "b": 3}, {"a": 0, "b": 0}, steps=8) == {"a": 24, "b": 9}
     assert floored({"a": 5, "b": 0}, {"a": 0, "b": 40}) == {"a": 5, "b": 0}, "only shares move"
     assert floored({"a": 1}, {"a": 0, "b": 40}) == {"a": 0, "b": 1}, "one with more to train takes it"
+    assert floored({"a": 2, "c": 1}, {"b": 40}) == {"a": 2, "b": 1, "c": 0}, "the most to train, not the largest share"
     assert floored({"a": 1}, {"a": 0, "b": 0}) == {"a": 1, "b": 0}, "every other is done: it stays"
 
 
