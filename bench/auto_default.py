@@ -1,5 +1,5 @@
-r"""`--protocol auto --batch-policy auto` beside the best method of each regime file, asgd + fixed and the previous
-default (asgd + auto), side by side in one run of the same code: time to 80% per seed, and what auto switched to
+r"""`--protocol auto --batch-policy auto` (the default) beside the best method of each regime file and asgd + fixed
+(the default before auto), side by side in one run of the same code: time to 80% per seed, and what auto switched to
 and when (bench/RESULTS.md 24).
 
 Each method runs as the regime study runs it (`bench/tuned_study.py`'s `sim_config`: the file's workers, global
@@ -39,8 +39,7 @@ from bench.tuned_study import (
 from dynabatch.common.tasks.data import load_dataset
 
 AUTO = "auto (protocol and policy)"
-DEFAULT = "asgd+auto (the previous default)"
-OWN: dict[str, Method] = {AUTO: Method(AUTO, "auto", "auto"), DEFAULT: Method(DEFAULT, "asgd", "auto")}
+OWN: dict[str, Method] = {AUTO: Method(AUTO, "auto", "auto")}
 BEST = {
     "mixed_gpus16": {"ringmaster+fixed": 0.04},
     "mixed_links16": {"asgd+efficient": 0.04, "ringmaster+fixed": 0.04},

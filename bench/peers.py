@@ -1,5 +1,5 @@
-"""Against what a user would run instead: dynabatch (its default and `--protocol auto`), PyTorch DDP, hivemind and
-the fastest machine alone.
+"""Against what a user would run instead: dynabatch (its default, `--protocol auto`, and `--protocol asgd`, the
+default before it), PyTorch DDP, hivemind and the fastest machine alone.
 
     python -m bench.peers                          # the full comparison (see FULL; about 3 hours on 2 cores)
     python -m bench.peers --rounds 2 --budget-s 40 --tune-seeds 1 --systems ddp alone   # a part of it
@@ -57,7 +57,6 @@ EQUAL_TIME_S = 60.0  # accuracy at equal time: every system's model as it stood 
 DIVERGED_BELOW = 0.2  # a model this far from learning at the deadline (or with a non-finite parameter) diverged
 STOP_GRACE_S = 90.0  # after the deadline: a process's last snapshot, shutdown; then its group is killed
 LAUNCH_SLACK_S = 300.0  # dynabatch's own --timeout-s beyond the budget
-DEFAULT_JOB = JobConfig()  # the job `dynabatch run` runs without flags: the peer named "dynabatch default"
 EXTEND_AT_MOST = 2  # step sizes a system's tuning adds beyond its grid's edge when an edge wins
 
 
@@ -692,8 +691,9 @@ def tuning_table(results: dict[str, Any]) -> str:
 
 
 def rounds_table(results: dict[str, Any]) -> str:
-    """Every reported run, round by round, with each time to 88% over that round's dynabatch runs' (the default
-    and, where it ran, `--protocol auto`): the ratios side by side within a round, where the load was alike."""
+    """Every reported run, round by round, with each time to 88% over that round's dynabatch runs' (`--protocol
+    asgd` and, where it ran, the default, `--protocol auto`): the ratios side by side within a round, where the
+    load was alike."""
     runs = [Run(**{**r, "curve": [tuple(p) for p in r["curve"]]}) for r in results["runs"]]
     bases = [k for k in ("dynabatch", "dynabatch-auto") if any(r.system == k for r in runs)]
     lines = [

@@ -99,8 +99,7 @@ class WorkerSpec:
     (`max_batch`, the real worker's --max-batch; 0: none) and its own link (`link_mbit`, `latency_s`): with a
     link, its transfers cost the model's bytes over it and wait at the shards' queue instead of `comm_s`. Its steps
     vary by the cluster's `noise`, or by its own (`noise`: a worker measured on a loaded machine varies more, by
-    a factor of mean 1 drawn log-normal, `mean_one`, as a spread of tens of percent cut off at a floor would not
-    be)."""
+    a factor of mean 1 drawn log-normal, `mean_one`, which keeps the mean step whatever the spread)."""
 
     slowdown: str = "1"
     join_s: float = 0.0

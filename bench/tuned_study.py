@@ -132,7 +132,7 @@ def lr_source(method: Method) -> str:
     for m in METHODS.values():
         if m.lrs and (m.protocol, m.policy, m.settings) == (protocol, "fixed", settings):
             return m.name
-    raise ValueError(f"{method.name}: no tuned fixed-batch method of protocol {method.protocol} in METHODS")
+    raise ValueError(f"{method.name}: no tuned fixed-batch method of protocol {protocol} in METHODS")
 
 
 DEFAULT = default_method()
@@ -246,7 +246,8 @@ POLICIES = ("asgd+fixed", "asgd+efficient", "DBS-SGD (capped weight)", "DBS-SGD 
 delay-scaled step. They are tuned at 16 workers (tail16) and run at those step sizes on links16 and at 64 workers,
 which is the test of whether a step size carries over to four times the workers (the delay step's claim)."""
 AT_256 = ("asgd+fixed", "DBS-SGD (capped weight)", "ringmaster+fixed", "rennala+dynamic")
-"""The methods run with 256 workers: the issue's (the default, asgd+fixed, rennala, ringmaster) and DBS-SGD."""
+"""The methods run with 256 workers: the issue's (asgd+fixed, the default before auto; rennala; ringmaster) and
+DBS-SGD."""
 REGIME_METHODS = (
     "asgd+fixed",
     "DBS-SGD (capped weight)",

@@ -43,6 +43,7 @@ import torch
 from bench.simulate import SimConfig, SimResult, WorkerSpec, simulate
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.report import read_timeline
+from dynabatch.common.protocols import PROTOCOLS, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.builtin_tasks import builtin_task
 from dynabatch.common.tasks.data import NUM_CLASSES, input_shape
@@ -364,11 +365,20 @@ def compare(real: dict[str, Any], sim: SimResult, seen: list[Observed], toleranc
     return rows
 
 
+ONE_PUSH_PER_STEP = tuple(p for p in PROTOCOLS if not protocol_spec(p).local_steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.validate_sim", description=__doc__.split("\n\n")[0])
     p.add_argument("--slowdowns", nargs="+", default=["1:0.02", "2", "4:0.01"])
     p.add_argument("--max-batches", nargs="+", type=int, default=[0])
-    p.add_argument("--protocol", default="asgd")
+    p.add_argument(
+        "--protocol",
+        default="asgd",
+        choices=ONE_PUSH_PER_STEP,
+        help="a protocol whose every reported step is one push and one pull (the shard's service per transfer is "
+        "read so); local and msd push once per several local steps",
+    )
     p.add_argument("--policy", default="dynamic")
     p.add_argument("--global-batch", type=int, default=96)
     p.add_argument("--budget-s", type=float, default=30.0)

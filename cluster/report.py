@@ -64,7 +64,21 @@ def read_timeline(path: Path) -> list[JobStatus]:
     entries = json.loads(path.read_text())
     if not isinstance(entries, list):
         raise ValueError(f"{path} does not hold a list of snapshots")
+    if any(_flat_times(entry) for entry in entries):
+        raise ValueError(
+            f"{path} was written by a dynabatch before protocol 4 (its workers' step times are not under `times`): "
+            "read it with the version that wrote it"
+        )
     return [decode_map(JobStatus, entry, f"{path.name}[{i}]") for i, entry in enumerate(entries)]
+
+
+def _flat_times(entry: object) -> bool:
+    """Whether a snapshot holds a worker whose step times sit beside its other fields (protocol 3's STATUS) rather
+    than in `times`: decoded as it is, every time of such a worker would read 0."""
+    workers = entry.get("workers") if isinstance(entry, dict) else None
+    return isinstance(workers, dict) and any(
+        isinstance(w, dict) and "step_s" in w and "times" not in w for w in workers.values()
+    )
 
 
 def summarize(

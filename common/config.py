@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 BATCH_POLICIES = ("auto", "fixed", "dynamic", "efficient")
 AUTO_PROTOCOL = "auto"
 PROTOCOL_HELP = (
-    f"parameter-server update protocol; {AUTO_PROTOCOL} (the default: no one configuration was within 1.05x of the "
-    "best in every regime of bench/RESULTS.md sections 14, 17 and 20): the one of "
+    f"parameter-server update protocol; {AUTO_PROTOCOL} (the default: no one protocol is fastest on every "
+    "cluster): the one of "
     f"{', '.join(SWITCHABLE)} (those "
     "common/planning/prediction.py models) predicted to reach the target first, with the batch policy: the job "
     "starts on asgd, and the scheduler chooses once every worker has reported its first steps and again when one "

@@ -1,9 +1,10 @@
 """ResNet-18 with BatchNorm on CIFAR-10, as a dynabatch task.
 
-    DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --slowdowns 1 2 4
+    DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --protocol asgd --slowdowns 1 2 4
 
 Its recipe is CIFAR's usual one (Nesterov momentum 0.9, weight decay 5e-4, warm-up
-cosine) at lr 0.05, for asgd (which the default protocol, auto, starts on), where every worker's batch of
+cosine) at lr 0.05, for `--protocol asgd` (auto, the default, starts on asgd with the delay step, lr over the
+staleness, and is not tuned for this recipe), where every worker's batch of
 about B/n samples takes a step of its own: 0.05 is the usual 0.1 for 128 samples
 scaled to a step of 64 (B = 192 over 3 workers). The usual 0.1 took a step per
 worker twice as large as a synchronous one, and in the test's tiny setting (width

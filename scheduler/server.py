@@ -12,7 +12,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import astuple, fields
+from dataclasses import astuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -47,7 +47,7 @@ from dynabatch.common.wire.messages import (
     WorkerAssignment,
     WorkerHeartbeat,
 )
-from dynabatch.common.wire.step_times import StepTimes
+from dynabatch.common.wire.step_times import PHASES
 from dynabatch.scheduler.hello_rate import HelloRate
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.scheduler.options import SchedulerOptions
@@ -57,7 +57,6 @@ from dynabatch.scheduler.saved_progress import load_progress, progress_path, sav
 
 log = logging.getLogger("dynabatch.scheduler")
 Reply = Welcome | WorkerAssignment | ShardAssignment | ByeAck | StatusReply | None
-PHASES = tuple(f.name.removesuffix("_s") for f in fields(StepTimes))  # a metric's label: `step`, not `step_s`
 DECISION_TIMES_KEPT = 4096
 # Nothing sent to the scheduler carries a tensor, and its largest message (an EVAL
 # and its metrics) takes well under a kilobyte: a message with tensor frames or a

@@ -59,9 +59,9 @@ CHECKS: dict[str, tuple[str, str]] = {
         ELSEWHERE,
         "tests/test_auto_protocol.py::test_a_real_run_trains_with_the_protocol_auto_chose",
     ),
-    "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --workers 3 "
+    "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --protocol asgd --workers 3 "
     "--slowdowns 1 2 4 --epochs 5 --global-batch 256": (PARSE, ""),
-    "dynabatch run --task examples/byte_gpt.py:task --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64": (
+    "dynabatch run --task examples/byte_gpt.py:task --protocol asgd --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64": (
         PARSE,
         "",
     ),

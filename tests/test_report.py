@@ -330,6 +330,15 @@ def test_a_timeline_that_is_not_a_status_is_refused_with_the_field(tmp_path: Pat
         read_timeline(tmp_path / "timeline.json")
 
 
+def test_a_timeline_from_before_the_nested_step_times_is_refused_not_read_as_zero_times(tmp_path: Path) -> None:
+    entry = Snapshot(_scheduler_status(), 1.5).to_json()
+    worker = next(iter(entry["workers"].values()))
+    worker.update(worker.pop("times"))  # protocol 3's STATUS: step_s, compute_s, ... beside the other fields
+    (tmp_path / "timeline.json").write_text(json.dumps([entry]))
+    with pytest.raises(ValueError, match="before protocol 4"):
+        read_timeline(tmp_path / "timeline.json")
+
+
 def test_discarded_pushes_count_each_shards_highest_report_after_the_shards_left() -> None:
     """Shards leave STATUS at the end of a job, and a restarted shard counts afresh from 0."""
 

@@ -29,6 +29,7 @@ from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire.chunking import travelling
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.wire.step_times import PHASES
 from dynabatch.worker.batch_source import DatasetBatches, to_device, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
 from dynabatch.worker.joined import Joined
@@ -42,7 +43,6 @@ from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_result import StepResult
 
 log = logging.getLogger("dynabatch.worker")
-PHASES = ("pull", "compute", "push", "wait", "data")  # a metric's labels: StepTimes' phases without `_s`
 SKIP_LOG_EVERY = 100  # a run of skipped steps is logged at its first step and every this many after
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -421,7 +421,7 @@ class Worker:
     def _record(self, prev: WorkerHeartbeat, result: StepResult, assignment_id: int, sync_s: float) -> WorkerHeartbeat:
         """Export a step's figures and report them to the scheduler; returns the heartbeat sent."""
         one_step, joined, process = result.times.per_step(result.steps), self.joined, self.process
-        for phase in PHASES:
+        for phase in PHASES[1:]:  # the phases; the scheduler exports the whole step
             self.m.phase.labels(joined.id, phase).observe(getattr(one_step, f"{phase}_s"))
         samples = result.batch * result.steps
         self.m.steps.inc(result.steps)

@@ -27,3 +27,7 @@ class StepTimes:
         sum, so that `step_s - wait_s` is always one step of the worker's own work."""
         phases = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "step_s"}
         return StepTimes(step_s=sum(phases.values()) / steps, **{name: s / steps for name, s in phases.items()})
+
+
+PHASES = tuple(f.name.removesuffix("_s") for f in fields(StepTimes))
+"""The metrics' phase labels (`step`, not `step_s`): the whole step, then each phase of it."""
