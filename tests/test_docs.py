@@ -61,7 +61,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     ),
     "DYNABATCH_DATA_DIR=DIR dynabatch run --task examples/resnet18_cifar10.py:task --protocol asgd --workers 3 "
     "--slowdowns 1 2 4 --epochs 5 --global-batch 256": (PARSE, ""),
-    "dynabatch run --task examples/byte_gpt.py:task --protocol asgd --workers 3 --slowdowns 1 2 4 --epochs 2 --global-batch 64": (
+    "dynabatch run --task examples/byte_gpt.py:task --protocol asgd --workers 3 --slowdowns 1 2 4 --epochs 2 "
+    "--global-batch 64": (
         PARSE,
         "",
     ),
