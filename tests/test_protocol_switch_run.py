@@ -22,18 +22,19 @@ from harness import mlp_job, run_job, trained_its_epochs
 
 pytestmark = pytest.mark.slow
 
-B = 96
-FIXED_S = (0.03, 0.03, 0.6)  # each device's fixed seconds per step (`--slowdowns 1:A`)
+B = 128
+FIXED_S = (0.15, 0.8, 0.8)  # each device's fixed seconds per step (`--slowdowns 1:A`)
 
 
 def test_the_clusters_choice_holds_by_a_margin_whatever_the_machines_load() -> None:
     """The run below must switch once, to one protocol, on a machine whose load stretches the compute (not the
     emulated fixed costs, which are idle time) and the transfers many times over: on its devices the predictor's
     pick among fixed-batch methods is the same, ahead of the next by more than auto's HYSTERESIS, for per-sample
-    costs from 1e-5 s (the MLP on a quiet core) to 3e-3 s and transfers from 2 ms to 0.1 s a step. The slow
-    device at four times the others' fixed cost (0.12 s) was not: asgd, Ringmaster and, with dynamic batches, ssgd
-    came within 10% of one another at a load of 24 to 27 on 2 cores (4.8e-4 s a sample measured), so auto kept asgd
-    or switched twice."""
+    costs from 1e-5 s (the MLP on a quiet core) to 3e-3 s and transfers from 2 ms to 0.1 s a step. One slow device
+    among fast ones (0.03, 0.03, 0.6) is not: asgd counts only the fastest workers' updates, so it ignores the one
+    slow device as Ringmaster does, and came within 2% of it. Two slow devices make versions often enough to stale
+    the fast one's gradients under asgd, which Ringmaster drops before they are applied; ssgd and local SGD wait for
+    the slow devices at every round."""
     margins = []
     for over, per_sample_s in itertools.product((0.002, 0.005, 0.02, 0.05, 0.1), (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3)):
         devices = {f"w{i}": MeasuredWorker(StepModel(a, per_sample_s), over) for i, a in enumerate(FIXED_S)}
@@ -47,16 +48,16 @@ def test_the_clusters_choice_holds_by_a_margin_whatever_the_machines_load() -> N
 def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_exactly_its_epochs(
     tmp_path: Path,
 ) -> None:
-    """Three devices whose step is mostly a fixed cost (`--slowdowns 1:A`), one of them twenty times the others':
-    under asgd the slow device's gradients arrive stale and cost its share of the samples their fixed cost, so the
+    """Three devices whose step is mostly a fixed cost (`--slowdowns 1:A`), two of them over five times the other's:
+    under asgd the slow devices' gradients arrive stale and their versions make the fast device's staler, so the
     predictor, told each device's fixed cost by its start-up probe of two batch sizes, says a protocol that drops
     too stale a gradient (Ringmaster) reaches the target first, by a margin no load changes (above), and the
-    scheduler switches to it. The batches stay fixed: with dynamic ones ssgd, which leaves the slow device out,
-    is predicted within 10% of Ringmaster on these devices."""
+    scheduler switches to it. The batches stay fixed: the margin above is the fixed-batch methods'. A quarter epoch:
+    the fast device, which trains most samples, steps under seven times a second."""
     run, printed = run_job(
         tmp_path,
         "r",
-        *mlp_job(1, *(f"1:{a}" for a in FIXED_S)),
+        *mlp_job(0.25, *(f"1:{a}" for a in FIXED_S)),
         "--protocol",
         "auto",
         "--batch-policy",
