@@ -33,7 +33,9 @@ def open_flood(host: str, port: int, count: int) -> list[socket.socket]:
     (its socket is open here until `close_flood`)."""
     flood = []
     for _ in range(count):
-        conn = socket.create_connection((host, port), timeout=10)
+        # A server busy with a full accept queue drops the SYN; the kernel retries it at 1, 3, 7, 15 and 31 s, and
+        # 10 s allowed only three of those tries (a run of the suite alone once timed out so).
+        conn = socket.create_connection((host, port), timeout=60)
         try:
             conn.sendall(HANDSHAKE)
         except OSError:  # the server shut it down already
