@@ -97,9 +97,15 @@ class Allocator:
     def switch(self, spec: ProtocolSpec, samples: dict[str, int]) -> None:
         """Decide for protocol `spec` from now on (`--protocol auto` switched the workers to it); `samples` is every
         live worker's reported count. A lockstep protocol's leads count in its own rounds, from these counts: what
-        each worker trained before, at its own pace under an asynchronous protocol, is no round it is behind by."""
+        each worker trained before, at its own pace under an asynchronous protocol, is no round it is behind by.
+        The speed models measure anew (`SpeedModel.restart`): a step under the old protocol held its transfers in
+        another proportion, so the new protocol's split is solved on the compute and the transfers it will pay, and
+        on its own steps once they are reported."""
+        ratio = self._round_steps() / (self.local_steps if spec.local_steps else 1)
         self.spec = spec
         self.rounds_from = dict(samples)
+        for model in self.speeds.values():
+            model.restart(ratio)
 
     def measure(self, worker: str, standalone_sps: float, instance: str, fixed_s: float = 0.0) -> None:
         """Start `worker`'s speed model from its start-up probe, its standalone speed and fixed seconds per step
