@@ -244,7 +244,8 @@ def test_where_the_margin_is_wide_auto_chooses_on_every_workers_first_steps(tran
     ready = _join(allocator, [f"w{i}" for i in range(8)])
     _long_steps(allocator, ready, EARLY_STEPS - 1, transfer_s)
     auto = allocator.auto
-    assert auto is not None and auto.protocol == START and "0 of 8 measured" in auto.reason, auto.reason
+    assert auto is not None
+    assert auto.protocol == START and "0 of 8 measured" in auto.reason, auto.reason
     _long_steps(allocator, ready, 1, transfer_s)
     if transfer_s < 1:
         assert auto.protocol == START and auto.choices == 0 and "0 of 8 measured" in auto.reason, auto.reason
