@@ -5,20 +5,21 @@ regime: which policy wins depends on the cluster (per-worker sizing wins for rou
 loses for asgd there), so the scheduler chooses it by the predictor's rule (common/planning/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
-Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe,
-not a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow
-device, once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker
-whose one step takes a minute would otherwise hold the choice for eight. Where every worker's steps are long (a
-busy shard), auto may choose once each has reported EARLY_STEPS, but only for a method predicted EARLY_HYSTERESIS
-faster than the running one, and chooses again once all are measured. A worker that joins later is measured under
-the policy last chosen; after a protocol switch every worker is measured anew (`SpeedModel.restart`). Then auto builds the predictor's cluster from each worker's compute curve, cap and link and
-the shards' service time (scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted
-step model with its transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the
-cluster changes: a worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the last
-choice. `choose` keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it.
-A protocol the predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation`
-(trimmed mean, median): it defends a round by the honest majority of every worker's gradient, which a split that
-leaves workers out would thin.
+Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe, not
+a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow device,
+once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker whose one
+step takes a minute would otherwise hold the choice for eight. Where every worker's steps are long (a busy shard),
+auto may choose once each has reported EARLY_STEPS, but only for a method predicted EARLY_HYSTERESIS faster than the
+running one, and chooses again once all are measured. A worker that joins later is measured under the policy last
+chosen; after a protocol switch every worker is measured anew (`SpeedModel.restart`). Then auto builds the
+predictor's cluster from each worker's compute curve, cap and link and the shards' service time
+(scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted step model with its
+transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the cluster changes: a
+worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the last choice. `choose`
+keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the
+predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed mean,
+median): it defends a round by the honest majority of every worker's gradient, which a split that leaves workers out
+would thin.
 
 Under `--protocol auto` (common/planning/protocol_switch.py) the same choice is made over the protocols the job
 may switch among, the protocol and the policy together; the scheduler then switches the shards and, once they all
