@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draw-seed", type=int, default=DRAW_SEED)
     p.add_argument("--count", type=int, default=10)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--clusters", type=int, nargs="+", help="only these clusters of the draw (default: all --count)")
     p.add_argument("--lr-auto", type=float, default=0.4, help="auto's --lr (under the delay step)")
     p.add_argument("--methods", nargs="+", help="only these methods (default: auto and every one of UNSEEN_LRS)")
     p.add_argument("--plot", type=Path, help="draw auto / best per cluster to this PNG")
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [
         i
         for i in plan(args.draw_seed, args.count, args.seeds, args.lr_auto)
-        if i not in have and (not args.methods or i[2] in args.methods)
+        if i not in have and (not args.methods or i[2] in args.methods) and (not args.clusters or i[1] in args.clusters)
     ]
     with path.open("a") as f:
         for (draw_seed, i, method, lr, seed), r in run_parallel(

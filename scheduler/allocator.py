@@ -18,7 +18,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.predicted_cluster import Cluster
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.common.wire.messages import Decision, WorkerHeartbeat
-from dynabatch.scheduler.auto_policy import AUTO, MEASURED_STEPS, AutoPolicy, measured_workers
+from dynabatch.scheduler.auto_policy import AUTO, EARLY_STEPS, MEASURED_STEPS, AutoPolicy, measured_workers
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches
 from dynabatch.scheduler.local_steps import adacomm_steps
@@ -97,9 +97,15 @@ class Allocator:
     def switch(self, spec: ProtocolSpec, samples: dict[str, int]) -> None:
         """Decide for protocol `spec` from now on (`--protocol auto` switched the workers to it); `samples` is every
         live worker's reported count. A lockstep protocol's leads count in its own rounds, from these counts: what
-        each worker trained before, at its own pace under an asynchronous protocol, is no round it is behind by."""
+        each worker trained before, at its own pace under an asynchronous protocol, is no round it is behind by.
+        The speed models measure anew (`SpeedModel.restart`): a step under the old protocol held its transfers in
+        another proportion, so the new protocol's split is solved on the compute and the transfers it will pay, and
+        on its own steps once they are reported."""
+        ratio = self._round_steps() / (self.local_steps if spec.local_steps else 1)
         self.spec = spec
         self.rounds_from = dict(samples)
+        for model in self.speeds.values():
+            model.restart(ratio)
 
     def measure(self, worker: str, standalone_sps: float, instance: str, fixed_s: float = 0.0) -> None:
         """Start `worker`'s speed model from its start-up probe, its standalone speed and fixed seconds per step
@@ -245,7 +251,8 @@ class Allocator:
         return given
 
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
-        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (auto_policy.py);
+        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps, or, where every one
+        has reported EARLY_STEPS, from all of them with a wider margin (auto_policy.py);
         True when its policy changed. Once the whole budget is allotted the job ends under what runs: the workers
         that trained their allotment are no longer measured, and a choice over the rest would switch for nothing."""
         assert self.auto is not None
@@ -258,9 +265,13 @@ class Allocator:
             if fit is not None
         }
         measured = measured_workers(observed, min(MEASURED_STEPS, self.job.speed_window))
-        models = {wid: model for wid in measured if (model := self.speeds[wid].overhead_fit()) is not None}
+        early = set(measured) | {wid for wid, (n, _) in observed.items() if n >= EARLY_STEPS}
+        chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
+        models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}
         caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
-        return self.auto.revisit(models, caps, len(ready) - len(models), self._measured(models, caps))
+        return self.auto.revisit(
+            models, caps, len(ready) - len(models), self._measured(models, caps), len(set(models) - set(measured))
+        )
 
     def _round_steps(self) -> int:
         """The steps one reported step stands for in transfers: a local round's H, else 1."""

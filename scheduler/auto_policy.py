@@ -5,18 +5,21 @@ regime: which policy wins depends on the cluster (per-worker sizing wins for rou
 loses for asgd there), so the scheduler chooses it by the predictor's rule (common/planning/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
-Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe,
-not a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow
-device, once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker
-whose one step takes a minute would otherwise hold the choice for eight. A worker that joins later is measured under
-the policy last chosen. Then auto builds the predictor's cluster from each worker's compute curve, cap and link and
-the shards' service time (scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted
-step model with its transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the
-cluster changes: a worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the last
-choice. `choose` keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it.
-A protocol the predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation`
-(trimmed mean, median): it defends a round by the honest majority of every worker's gradient, which a split that
-leaves workers out would thin.
+Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe, not
+a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow device,
+once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker whose one
+step takes a minute would otherwise hold the choice for eight. Where every worker's steps are long (a busy shard),
+auto may choose once each has reported EARLY_STEPS, but only for a method predicted EARLY_HYSTERESIS faster than the
+running one, and chooses again once all are measured. A worker that joins later is measured under the policy last
+chosen; after a protocol switch every worker is measured anew (`SpeedModel.restart`). Then auto builds the
+predictor's cluster from each worker's compute curve, cap and link and the shards' service time
+(scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted step model with its
+transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the cluster changes: a
+worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the last choice. `choose`
+keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the
+predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed mean,
+median): it defends a round by the honest majority of every worker's gradient, which a split that leaves workers out
+would thin.
 
 Under `--protocol auto` (common/planning/protocol_switch.py) the same choice is made over the protocols the job
 may switch among, the protocol and the policy together; the scheduler then switches the shards and, once they all
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.auto_choice import HYSTERESIS, choose
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import POLICIES, Cluster, Node
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
@@ -44,6 +47,14 @@ MEASURED_STEPS = 8
 """Steps a worker must have reported to count as measured: its first ones carry its start-up (lazy
 initialisation, caches, the other processes starting beside it), and with the speed model's forgetting of 0.85
 the eighth step weighs three times the first."""
+EARLY_STEPS = 3
+"""Steps every worker must have reported for auto to choose before each has MEASURED_STEPS: the first carries its
+start-up, two more give its pace. Where a step takes long (a shard serving 64 workers: ten seconds), waiting for the
+eighth costs more than most of what choosing well gains, so a choice on fewer steps is made where its margin is
+wide (EARLY_HYSTERESIS) and made again once every worker is measured."""
+EARLY_HYSTERESIS = 0.5
+"""How much faster another method must be predicted, on workers measured over EARLY_STEPS steps, to replace the
+running one before every worker is measured: a margin the noise of a few steps does not close."""
 HELD = "; held until"
 """How a reason says auto keeps its last choice while a newly ready worker is measured (bench/auto_unseen.py reads
 it: a run held so has chosen)."""
@@ -116,6 +127,7 @@ class AutoPolicy:
         self.choices = 0  # how many times auto has chosen (kept or changed) from measurements
         self._chosen = ""  # the reason of the last choice, which a wait for new workers' steps keeps
         self._basis: dict[str, float] = {}  # each worker's predicted step at its share when auto last chose
+        self._early = False  # whether auto last chose on workers measured over EARLY_STEPS steps only
 
     def leave_out(self, protocol: str, running: str) -> None:
         """A shard cannot run `protocol`: choose among the others from the next revisit on, `running` meanwhile."""
@@ -129,39 +141,52 @@ class AutoPolicy:
         caps: Mapping[str, int],
         waiting: int,
         measured: Cluster | None = None,
+        early: int = 0,
     ) -> bool:
         """Choose again if the cluster changed since the last choice; `models` are the measured workers' step
         models, `caps` their largest batches, `waiting` the ready workers not yet measured; `measured` the cluster
         with each worker's compute, link and the shards apart (scheduler/measured_cluster.py; None: the workers
-        report no compute time, so `folded_cluster`'s steps with their transfers as fixed cost). True when the
-        policy (or the protocol) changed."""
+        report no compute time, so `folded_cluster`'s steps with their transfers as fixed cost). `early`: how many
+        of `models` have reported only EARLY_STEPS steps or more, not MEASURED_STEPS; the running method then gives
+        way only to one predicted EARLY_HYSTERESIS faster, and the choice is made again once every worker is
+        measured. True when the policy (or the protocol) changed."""
         if not self.modelled:
             return False
         if waiting or not models:
-            counted = f"{len(models)} of {len(models) + waiting} measured"
-            self.reason = (
-                f"{self.policy} until every worker has reported {MEASURED_STEPS} steps: {counted}"
-                if self.choices == 0
-                else f"{self._chosen}{HELD} every worker has reported {MEASURED_STEPS} steps ({counted})"
-            )
+            self.reason = self._holding(f"{len(models)} of {len(models) + waiting} measured")
             return False
         share = max(1, self.global_batch // len(models))
         steps = {w: m.step_seconds(share) for w, m in models.items()}
-        if not self._changed(steps):
+        if not self._changed(steps) and not (self._early and not early):
             return False
-        self._basis = steps
+        self._basis, self._early = steps, bool(early)
         choice = choose(
             measured or folded_cluster(models, caps, self.global_batch),
             STUDY_NOISE,
             current=(self.protocol, self.policy),
             protocols=self.protocols,
             policies=self.policies,
+            hysteresis=EARLY_HYSTERESIS if early else HYSTERESIS,
         )
-        self.choices += 1
+        counted = f"{len(models) - early} of {len(models)} measured"
         previous = (self.protocol, self.policy)
+        if early and (choice.protocol, choice.policy) == previous:
+            self.reason = self._holding(counted)  # a keep on a few steps is no choice: the measuring goes on
+            return False
+        self.choices += 1
         self.protocol, self.policy = choice.protocol, choice.policy
-        self.reason = self._chosen = f"{choice.reason} (measured workers: {len(models)})"
+        self.reason = self._chosen = (
+            f"{choice.reason} (chosen on every worker's first {EARLY_STEPS} steps or more, {counted})"
+            if early
+            else f"{choice.reason} (measured workers: {len(models)})"
+        )
         return (self.protocol, self.policy) != previous
+
+    def _holding(self, counted: str) -> str:
+        """The reason while auto waits for workers' steps (`counted`: how many are measured of how many)."""
+        if self.choices == 0:
+            return f"{self.policy} until every worker has reported {MEASURED_STEPS} steps: {counted}"
+        return f"{self._chosen}{HELD} every worker has reported {MEASURED_STEPS} steps ({counted})"
 
     def _changed(self, steps: Mapping[str, float]) -> bool:
         """Whether the workers differ from the last choice's, or one's step at its share moved by SHIFT."""

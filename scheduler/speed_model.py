@@ -133,6 +133,7 @@ class SpeedModel:
         self._fixed_s: float | None = prior_fixed_s or None
         self._probe_fixed_s = prior_fixed_s
         self._model: StepModel | None = None
+        self._prior_model: StepModel | None = None  # the model `restart` predicts until new steps are seen
 
     @property
     def observations(self) -> int:
@@ -170,6 +171,8 @@ class SpeedModel:
         """Current model: fitted from the window, else from the prior, else None."""
         if self._model is not None:
             return self._model
+        if self._prior_model is not None:
+            return self._prior_model
         if self._prior is not None:
             return StepModel(0.0, 1.0 / self._prior)
         return None
@@ -225,6 +228,27 @@ class SpeedModel:
         batch, seconds = float(w @ data[:, 0]) / float(w.sum()), float(w @ data[:, 1]) / float(w.sum())
         fixed = min(self._probe_fixed_s, MAX_FIXED_FRACTION * seconds)
         return StepModel(fixed, (seconds - fixed) / batch)
+
+    def restart(self, transfers_ratio: float) -> None:
+        """Measure anew under another protocol, whose reported step holds `transfers_ratio` times the transfers of
+        the running one's (a gradient step's pull and push against local SGD's one round over its H steps: 1/H).
+
+        The steps in the window were taken under the old protocol, and their time not computing (transfers, which
+        every asgd step holds and local SGD pays once a round) is no measure of the new one's: fitted on them, the
+        new protocol's split gives a worker whose transfers dominate (a fast GPU) too small a share. So the step
+        and overhead windows start empty, and until the new protocol's steps fill them the model is the worker's
+        compute curve with the old steps' time not computing scaled by `transfers_ratio` as its fixed cost. The
+        compute window stays: a sample's compute does not depend on the protocol. A worker that reports no compute
+        time cannot be split so and keeps its model."""
+        compute, overhead = self.compute_curve(), self.overhead_s()
+        if compute is None or overhead is None:
+            return
+        fixed = compute.fixed_s + overhead * transfers_ratio
+        self._window.clear()
+        self._overhead.clear()
+        self._fixed_s = fixed or None
+        self._model = None
+        self._prior_model = StepModel(fixed, compute.per_sample_s)
 
     def _refit(self) -> StepModel:
         """Refit after each observation, so that an intercept identified while

@@ -22,7 +22,9 @@ from dynabatch.scheduler.allocator import (
     own_step_seconds,
     shares,
 )
+from dynabatch.scheduler.batch_allocation import allocate
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
+from dynabatch.scheduler.speed_model import StepModel
 
 
 def _allocator(**kw: Any) -> Allocator:
@@ -381,3 +383,31 @@ def test_a_worker_left_out_near_the_end_keeps_its_allotment_until_it_reports_tha
         samples["w0"] += batch
         allocator.stepped("w0", allocator.assignment_id)
     assert samples == {"w0": 768, "w1": 672} and allocator.allotted == samples, "the budget, no batch past it"
+
+
+def test_after_a_switch_to_local_sgd_the_split_is_solved_on_the_transfers_a_round_pays() -> None:
+    """Under asgd every step holds a pull and a push; local SGD pays them once a round of H steps. Two GPUs whose
+    asgd step is mostly transfers beside two CPU workers that compute slowly, measured under asgd at equal batches:
+    fitted on those steps, local's equal-step split would read the GPUs' transfers as their speed and give the CPU
+    workers several times their share, so every round waits for them. After the switch the split is solved on each
+    worker's compute and a round's transfers over its H steps, as from local SGD's own steps."""
+    h, transfer = 8, {"g0": 0.3, "g1": 0.3, "c0": 0.02, "c1": 0.02}
+    devices = {"g0": (0.04, 0.00026), "g1": (0.04, 0.00026), "c0": (0.005, 0.01), "c1": (0.005, 0.01)}
+    allocator = _allocator(global_batch=512, batch_policy="dynamic", local_steps=h)
+    for wid, (fixed, per_sample) in devices.items():
+        allocator.measure(wid, 128 / (fixed + per_sample * 128), instance="", fixed_s=fixed)
+    samples = {}
+    for wid, (fixed, per_sample) in devices.items():
+        compute = fixed + per_sample * 128
+        for step in range(1, 9):
+            hb = WorkerHeartbeat(
+                steps=step, samples=128 * step, batch=128, times=StepTimes(compute + transfer[wid], compute)
+            )
+            allocator.observe(wid, hb)
+        samples[wid] = 128 * 8
+    allocator.switch(protocol_spec("local"), samples)
+    allocator.reallocate(0.0, 0.0, "protocol local", "auto", {wid: 0 for wid in devices}, force=True)
+    local = {w: StepModel(f + transfer[w] / h, c) for w, (f, c) in devices.items()}
+    expected = allocate(local, 512, 1, 512)
+    assert all(abs(allocator.allocation[w] - b) <= 1 for w, b in expected.items()), (allocator.allocation, expected)
+    assert expected["c0"] < 20 and allocator.speeds["c0"].observations == 0, "measured anew under local SGD"

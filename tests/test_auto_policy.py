@@ -14,11 +14,19 @@ from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import cluster_of, fixed_batches
+from dynabatch.common.planning.protocol_switch import START, SWITCHABLE
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.messages import WorkerHeartbeat
 from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.scheduler.allocator import Allocator
-from dynabatch.scheduler.auto_policy import MEASURED_STEPS, SHIFT, AutoPolicy, folded_cluster, measured_workers
+from dynabatch.scheduler.auto_policy import (
+    EARLY_STEPS,
+    MEASURED_STEPS,
+    SHIFT,
+    AutoPolicy,
+    folded_cluster,
+    measured_workers,
+)
 from dynabatch.scheduler.batch_allocation import allocate_round, fixed_allocation
 from dynabatch.scheduler.speed_model import StepModel
 
@@ -211,3 +219,42 @@ def test_auto_chooses_no_more_once_the_whole_budget_is_allotted() -> None:
         _step(allocator, ready, wid, per_sample_s, MEASURED_STEPS + 1)
     assert allocator.auto is not None and allocator.auto.choices == 0 and allocator.auto.policy == "fixed"
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
+
+
+def _long_steps(allocator: Allocator, ready: dict[str, int], steps: int, transfer_s: float) -> None:
+    """Every worker of `ready` reports `steps` steps at its batch: 0.1 s fixed and 1 ms a sample of compute, and
+    `transfer_s` of pulling and pushing."""
+    for _ in range(steps):
+        for wid in ready:
+            batch = allocator.allocation[wid]
+            compute = 0.1 + 0.001 * batch
+            allocator.observe(wid, WorkerHeartbeat(batch=batch, times=StepTimes(compute + transfer_s, compute)))
+            allocator.reallocate(1.0, 1.0, "speed update", wid, ready)
+
+
+@pytest.mark.parametrize("transfer_s", [10.0, 0.01])
+def test_where_the_margin_is_wide_auto_chooses_on_every_workers_first_steps(transfer_s: float) -> None:
+    """A shard-bound job: each asgd step is 0.2 s of compute and 10 s of transfers, so a worker's eighth step comes
+    after 80 s. Once every worker has reported EARLY_STEPS, local SGD (a round's transfers over its H steps) is
+    predicted more than EARLY_HYSTERESIS faster than asgd, and auto switches then, saying how many are measured;
+    it chooses again once every worker is measured. Where the transfers are short nothing wins by that margin, and
+    auto waits for MEASURED_STEPS as before."""
+    job = JobConfig(dataset="synthetic", global_batch=512, protocol="auto", batch_policy="auto")
+    allocator = Allocator(job, protocol_spec(START), SWITCHABLE)
+    ready = _join(allocator, [f"w{i}" for i in range(8)])
+    _long_steps(allocator, ready, EARLY_STEPS - 1, transfer_s)
+    auto = allocator.auto
+    assert auto is not None
+    assert auto.protocol == START and "0 of 8 measured" in auto.reason, auto.reason
+    _long_steps(allocator, ready, 1, transfer_s)
+    if transfer_s < 1:
+        assert auto.protocol == START and auto.choices == 0 and "0 of 8 measured" in auto.reason, auto.reason
+        _long_steps(allocator, ready, MEASURED_STEPS - EARLY_STEPS, transfer_s)
+        assert auto.choices == 1 and "(measured workers: 8)" in auto.reason, auto.reason
+        return
+    assert auto.protocol == "local" and auto.choices == 1, auto.reason
+    assert "first 3 steps or more, 0 of 8 measured" in auto.reason, auto.reason
+    allocator.switch(protocol_spec("local"), {w: 0 for w in ready})
+    _long_steps(allocator, ready, MEASURED_STEPS, transfer_s / job.local_steps)
+    assert auto.choices == 2 and auto.protocol == "local", "chosen again on every worker measured under local SGD"
+    assert "(measured workers: 8)" in auto.reason, auto.reason

@@ -285,3 +285,24 @@ def test_a_probes_large_fixed_cost_does_not_hide_a_slowdown_from_the_per_sample_
         )
     assert growth["probed"][0] == pytest.approx(growth["plain"][0]) and growth["plain"][0] > 1.3
     assert growth["probed"][1] > growth["plain"][1], growth
+
+
+def test_a_restart_predicts_the_new_protocols_step_from_compute_and_scaled_transfers_until_it_steps() -> None:
+    """`restart` (a protocol switch): the step window empties, the model is the compute curve plus the old steps'
+    time not computing scaled to the new protocol's transfers, and the compute per sample is kept; the first new
+    step refits through it. A worker that reports no compute time keeps its model, which it cannot split so."""
+    model = SpeedModel(prior_samples_per_s=1000.0, prior_fixed_s=0.01)
+    for _ in range(8):
+        model.observe(100, 0.51, compute_s=0.11)  # 0.4 s of each step transfers
+    model.restart(1 / 8)
+    assert model.observations == 0 and model.compute_fit() == StepModel(0.0, 0.11 / 100)
+    fit = model.fit()
+    assert fit is not None and math.isclose(fit.fixed_s, 0.01 + 0.4 / 8) and math.isclose(fit.per_sample_s, 0.001)
+    model.observe(100, 0.2, compute_s=0.11)
+    refit = model.fit()
+    assert refit is not None and math.isclose(refit.step_seconds(100), 0.2) and math.isclose(refit.fixed_s, 0.06)
+    silent = SpeedModel()
+    silent.observe(100, 0.5)
+    before = silent.fit()
+    silent.restart(1 / 8)
+    assert silent.fit() == before and silent.observations == 1

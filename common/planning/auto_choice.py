@@ -52,9 +52,11 @@ def choose(
     current: tuple[str, str] | None = None,
     protocols: Sequence[str] = tuple(PROTOCOLS),
     policies: Sequence[str] | None = None,
+    hysteresis: float = HYSTERESIS,
 ) -> Choice:
     """The method among `protocols` (x every policy, or those of `policies`) predicted fastest to target on
-    `cluster`; `current` (the running protocol and policy) is kept unless the best is predicted HYSTERESIS faster.
+    `cluster`; `current` (the running protocol and policy) is kept unless the best is predicted `hysteresis`
+    faster (HYSTERESIS; more where the cluster is measured on few steps).
     A dynamic split the scheduler does not make as predicted (`ProtocolModel.split_as_predicted`) is never chosen."""
     predicted = predict_all(cluster, noise, protocols)
     ranked = [p for p in predicted if choosable(p) and (policies is None or p.policy in policies)]
@@ -62,12 +64,12 @@ def choose(
         raise ValueError(f"choose: none of {list(protocols)} is modelled (modelled: {', '.join(PROTOCOLS)})")
     best, star = ranked[0], optimum(cluster, noise).time_s
     held = next((p for p in ranked if (p.protocol, p.policy) == current), None)
-    if held is not None and held is not best and held.time_s <= best.time_s * (1 + HYSTERESIS):
+    if held is not None and held is not best and held.time_s <= best.time_s * (1 + hysteresis):
         return Choice(
             held.protocol,
             held.policy,
             f"{_name(held)}: kept, predicted {held.time_s:.3g} s ({held.time_s / star:.2f}x T*), within "
-            f"{HYSTERESIS:.0%} of the fastest, {_name(best)} ({best.time_s:.3g} s)",
+            f"{hysteresis:.0%} of the fastest, {_name(best)} ({best.time_s:.3g} s)",
             held,
         )
     runner = f"; next {_name(ranked[1])}, {ranked[1].time_s / best.time_s:.2f}x slower" if len(ranked) > 1 else ""
