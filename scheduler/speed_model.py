@@ -192,18 +192,20 @@ class SpeedModel:
 
     def overhead_fit(self) -> StepModel | None:
         """A step model whose fixed part is known from the first step: ``a`` the steps' weighted mean time spent
-        not computing (pulls, pushes, what the worker reports besides compute), ``c`` the compute per sample
-        (``compute_fit``); ``fit()`` itself where its ``a`` is the larger, or where no compute time was reported.
+        not computing (pulls, pushes, what the worker reports besides compute) plus the compute's own fixed part
+        from the start-up probe, ``c`` the rest of the compute per sample (both as ``compute_curve``); ``fit()``
+        itself where no compute time was reported.
 
         Both pass through the window's steps, so they predict the current batch's step alike; they differ in how
-        much of it they call fixed. ``fit()`` separates it only once the batch has varied (a policy that keeps
-        each worker's batch never lets it), and it then also finds the compute's own fixed part (kernel launches)
-        that this model counts per sample; the larger ``a`` is the better-informed one.
+        much of it they call fixed. ``fit()``'s intercept is not used here even once the batch has varied: on a
+        loaded machine it is identified only now and then, and noisily, and a fixed part that jumps between it and
+        this one moves the efficient policy's knee (a constant times ``a/c``) and the batch with it, which varies
+        the batch again: a control loop on noise. The probe's two sizes, measured once, keep ``a`` steady.
         """
-        step, compute, overhead = self.fit(), self.compute_fit(), self.overhead_s()
-        if overhead is None or step is None or compute is None:
+        step, curve, overhead = self.fit(), self.compute_curve(), self.overhead_s()
+        if overhead is None or step is None or curve is None:
             return step
-        return step if step.fixed_s >= overhead else StepModel(overhead, compute.per_sample_s)
+        return StepModel(overhead + curve.fixed_s, curve.per_sample_s)
 
     def overhead_s(self) -> float | None:
         """The seconds of a step spent not computing (pulls, pushes), weighted as the step fit weighs its steps;
