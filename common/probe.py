@@ -1,11 +1,12 @@
 """The standalone speed a worker reports before it is given a batch, and its fixed cost per step.
 
-The scheduler's first split comes from these numbers (the speed model's prior),
-so the virtual-time simulator (bench/simulate.py) probes with the same rule: it
-must not drift from the worker it stands in for. The probe times two batch sizes,
-so that the scheduler knows a device's fixed cost per step (kernel launches, a
-slow device's start-up per step) before its first step: under a fixed split the
-batch never varies, and the speed model could not tell it from the per-sample cost.
+The scheduler's first split comes from these numbers (the speed model's prior), so the worker
+(worker/trainer.py) and the virtual-time simulator (bench/simulate.py) both run the probe's steps
+(`probe_steps`) and read them (`probed`) here: the simulated worker cannot drift from the real one.
+The probe times two batch sizes, so that the scheduler knows a device's fixed cost per step (kernel
+launches, a slow device's start-up per step) before its first step: under a fixed split the batch never
+varies, and the speed model could not tell it from the per-sample cost. The scheduler reads the fixed
+cost against the probe's own step (`probe_batch`), as the fraction of a step it is.
 """
 
 from __future__ import annotations
@@ -46,3 +47,22 @@ def fixed_cost(small: int, small_s: float, large: int, large_s: float) -> float:
     and at most the smaller step's time (medians of a loaded machine may cross)."""
     per_sample = (large_s - small_s) / (large - small)
     return min(max(0.0, small_s - per_sample * small), small_s)
+
+
+def probe_steps(batch: int, timed: int) -> list[int]:
+    """The batch of each of the probe's timed steps, in order: `timed` of `batch`, then `timed` of its small batch
+    where it has one. One untimed step of `batch` goes before them (caches, lazy initialisation)."""
+    small = small_probe_batch(batch)
+    return [batch] * timed + ([small] * timed if small else [])
+
+
+def probed(steps: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """The standalone speed and the fixed seconds per step from the seconds of each of `probe_steps`' steps: the
+    large batch's median speed, and the line through both batches' medians (0 where there was no small batch)."""
+    batch, timed = steps[0], list(zip(steps, seconds, strict=True))
+    large_s = [s for b, s in timed if b == batch]
+    small_s = [s for b, s in timed if b != batch]
+    speed = standalone_speed(batch, large_s)
+    if not small_s:
+        return speed, 0.0
+    return speed, fixed_cost(steps[-1], statistics.median(small_s), batch, statistics.median(large_s))
