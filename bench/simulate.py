@@ -571,8 +571,8 @@ class Worker:
         the seconds the probe took.
 
         As worker/trainer.py's `measure_standalone`, with its batches and medians (common/probe.py): one untimed
-        step, then `probe_steps` timed ones and as many of the small batch, forward and backward only (no pull or
-        push), slowdown included. The real probe runs while the other processes are starting (imports, data, the
+        step, then `probe_steps` timed ones and as many of the small batch in turn, forward and backward only (no
+        pull or push), slowdown included. The real probe runs while the other processes are starting (imports, data, the
         model upload), which slows one worker's probe by a factor of its own: log-normal with sd `probe_noise`,
         0.14 being the pooled spread of log(probed / compute-only speed) between the four workers of 16 real
         asgd+dynamic runs at slowdowns 1, 1, 2, 4 on the bench machine (bench/overlap.py's runs). The factor

@@ -50,10 +50,15 @@ def fixed_cost(small: int, small_s: float, large: int, large_s: float) -> float:
 
 
 def probe_steps(batch: int, timed: int) -> list[int]:
-    """The batch of each of the probe's timed steps, in order: `timed` of `batch`, then `timed` of its small batch
-    where it has one. One untimed step of `batch` goes before them (caches, lazy initialisation)."""
+    """The batch of each of the probe's timed steps, in order: `timed` of `batch` and, where it has one, `timed` of
+    its small batch, the two taken in turn. One untimed step of `batch` goes before them (caches, lazy
+    initialisation).
+
+    In turn, so that load which comes and goes while the probe runs (the job's other processes starting) slows both
+    batches alike: that overstates the fixed cost only by the factor it understates the speed, which the scheduler
+    takes out (scheduler/speed_model.py, `probe_fixed_s`); load on one batch's steps alone would not be."""
     small = small_probe_batch(batch)
-    return [batch] * timed + ([small] * timed if small else [])
+    return [b for _ in range(timed) for b in ((batch, small) if small else (batch,))]
 
 
 def probed(steps: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
@@ -65,4 +70,4 @@ def probed(steps: Sequence[int], seconds: Sequence[float]) -> tuple[float, float
     speed = standalone_speed(batch, large_s)
     if not small_s:
         return speed, 0.0
-    return speed, fixed_cost(steps[-1], statistics.median(small_s), batch, statistics.median(large_s))
+    return speed, fixed_cost(min(steps), statistics.median(small_s), batch, statistics.median(large_s))

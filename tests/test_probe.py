@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.probe import PROBE_BATCH, fixed_cost, small_probe_batch
+from dynabatch.common.probe import PROBE_BATCH, fixed_cost, probe_steps, probed, small_probe_batch
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import WorkerHeartbeat
 from dynabatch.scheduler.report_bounds import check_worker_heartbeat
@@ -62,3 +62,20 @@ def test_the_probes_fixed_cost_is_read_as_the_share_of_its_own_step_so_a_slowed_
     curve, unscaled = scaled.compute_curve(), as_seconds.compute_curve()
     assert curve is not None and curve.fixed_s == pytest.approx(a) and curve.per_sample_s == pytest.approx(c)
     assert unscaled is not None and unscaled.fixed_s == pytest.approx(slowed * a)
+
+
+def test_the_probe_takes_its_two_batches_in_turn_and_reads_each_by_its_median() -> None:
+    """In turn, so that load that comes and goes meets both batches; a probe slowed by a factor throughout reads the
+    fixed cost times that factor and the speed over it (the share the scheduler takes, above), whatever one
+    step's stall."""
+    steps = probe_steps(PROBE_BATCH, 3)
+    small = small_probe_batch(PROBE_BATCH)
+    assert steps == [PROBE_BATCH, small] * 3
+    assert probe_steps(3, 3) == [3, 3, 3], "no small batch: the large one alone"
+    a, c, slowed = 0.02, 1e-3, 2.0
+    seconds = [slowed * (a + c * b) for b in steps]
+    seconds[2] *= 10  # one stalled step: the medians leave it out
+    speed, fixed_s = probed(steps, seconds)
+    assert speed == pytest.approx(PROBE_BATCH / (slowed * (a + c * PROBE_BATCH)))
+    assert fixed_s == pytest.approx(slowed * a)
+    assert probed(probe_steps(3, 3), [0.01, 0.02, 0.03]) == pytest.approx((3 / 0.02, 0.0))
