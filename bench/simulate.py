@@ -14,8 +14,9 @@ comes out exactly as a cluster of that shape would produce it, and a run is a
 function of its seed.
 
 The start is the real one's. Each worker first reports the speed it probed
-(`Worker.probe`: worker/trainer.py's median of compute-only steps, off by a
-per-worker start-up contention factor measured on real runs), and no batch is
+(`Worker.probe`: worker/trainer.py's medians of compute-only steps at two batch
+sizes, common/probe.py, slowed by a per-worker start-up contention factor measured
+on real runs), and no batch is
 handed out before every starting worker has reported (`dynabatch run` sets
 min_workers to all of them), so the first split is the probes' guess, not yet the
 equal-time one. A worker learns its batch as soon as the scheduler decides it (the
@@ -54,6 +55,7 @@ from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.optimum import Device
 from dynabatch.common.planning.protocol_switch import running, switch_plan, switch_to, switches
+from dynabatch.common.probe import probe_batch, probe_steps, probed
 from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
@@ -71,7 +73,6 @@ from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.worker.batch_source import BatchSource, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
-from dynabatch.worker.probe import probe_batch, standalone_speed
 from dynabatch.worker.step_plans import (
     Ack,
     Action,
@@ -565,27 +566,31 @@ class Worker:
 
     # -- joining and leaving ----------------------------------------------------------
 
-    def probe(self) -> tuple[float, float]:
-        """The standalone speed the real worker reports before it is given a batch, and the seconds it took.
+    def probe(self) -> tuple[float, float, float]:
+        """The standalone speed and fixed seconds per step the real worker reports before it is given a batch, and
+        the seconds the probe took.
 
-        As worker/trainer.py's `measure_standalone`, with its batch and median (worker/probe.py): one untimed
-        step, then `probe_steps` timed ones, forward and backward only (no pull or push), slowdown included. The
-        real probe runs while the other processes are starting (imports, data, the model upload), which
-        makes one worker's probe err by a factor of its own: log-normal with sd `probe_noise`, 0.14 being
-        the pooled spread of log(probed / compute-only speed) between the four workers of 16 real
-        asgd+dynamic runs at slowdowns 1, 1, 2, 4 on the bench machine (bench/overlap.py's runs). The
-        scheduler's first split comes from these numbers (job_state.py, `_worker_heartbeat`: the speed
-        model's prior), so the first batches are not yet the equal-time ones.
+        As worker/trainer.py's `measure_standalone`, with its batches and medians (common/probe.py): one untimed
+        step, then `probe_steps` timed ones and as many of the small batch in turn, forward and backward only (no
+        pull or push), slowdown included. The real probe runs while the other processes are starting (imports, data, the
+        model upload), which slows one worker's probe by a factor of its own: log-normal with sd `probe_noise`,
+        0.14 being the pooled spread of log(probed / compute-only speed) between the four workers of 16 real
+        asgd+dynamic runs at slowdowns 1, 1, 2, 4 on the bench machine (bench/overlap.py's runs). The factor
+        slows both batches alike, so it overstates the fixed cost as it understates the speed. The scheduler's
+        first split comes from these numbers (job_state.py, `_worker_heartbeat`: the speed model's prior), so the
+        first batches are not yet the equal-time ones.
         """
         cfg = self.c.cfg
         batch = probe_batch(self.c.job.max_batch, self.device.max_batch)
+        steps = probe_steps(batch, cfg.probe_steps)
         assert self.source is not None
-        for _ in range(cfg.probe_steps + 1):  # the real probe trains on these samples; training starts after them
-            self.source.take(batch)
+        for b in [batch, *steps]:  # the real probe trains on these samples; training starts after them
+            self.source.take(b)
         self.source.step_succeeded()
-        times = [self.step_seconds(batch) for _ in range(cfg.probe_steps + 1)]
+        times = [self.step_seconds(b) for b in [batch, *steps]]
         contention = math.exp(self.rng.gauss(0.0, cfg.probe_noise))
-        return standalone_speed(batch, times[1:]) / contention, sum(times)
+        speed, fixed_s = probed(steps, [t * contention for t in times[1:]])
+        return speed, fixed_s, sum(times)
 
     def live(self) -> Generator[Wait, None, None]:
         """Join at `join_s`, probe, wait for a batch, run the protocol's loop, leave at `leave_s`.
@@ -601,10 +606,10 @@ class Worker:
         )
         self.wid, self.number = welcome.id, welcome.number
         self.source = BatchSource(worker_order(len(c.data.train_y), c.job.seed, self.number))
-        standalone, probe_s = self.probe()
+        standalone, fixed_s, probe_s = self.probe()
         if self.spec.join_s > 0:
             yield c.now + probe_s
-        self.hb = WorkerHeartbeat(standalone_sps=standalone)
+        self.hb = WorkerHeartbeat(standalone_sps=standalone, standalone_fixed_s=fixed_s)
         self.told = c.report(self.wid, self.hb)
         if self.told.batch == 0:
             # The real worker repeats its heartbeat until the answer holds a batch (worker/trainer.py,

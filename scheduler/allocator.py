@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dynabatch.common.allotment import allotted_batch, floored
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.predicted_cluster import Cluster
+from dynabatch.common.probe import probe_batch
 from dynabatch.common.protocols import ProtocolSpec
 from dynabatch.common.wire.messages import Decision, WorkerHeartbeat
 from dynabatch.scheduler.auto_policy import AUTO, EARLY_STEPS, MEASURED_STEPS, AutoPolicy, measured_workers
@@ -107,10 +108,14 @@ class Allocator:
         for model in self.speeds.values():
             model.restart(ratio)
 
-    def measure(self, worker: str, standalone_sps: float, instance: str, fixed_s: float = 0.0) -> None:
-        """Start `worker`'s speed model from its start-up probe, its standalone speed and fixed seconds per step
-        (and the steps a saved job's model of the same process had seen)."""
-        model = SpeedModel(self.job.speed_window, self.job.speed_forgetting, standalone_sps, fixed_s)
+    def measure(
+        self, worker: str, standalone_sps: float, instance: str, fixed_s: float = 0.0, own_max_batch: int = 0
+    ) -> None:
+        """Start `worker`'s speed model from its start-up probe, its standalone speed and fixed seconds per step at
+        the probe's batch (common/probe.py's, from the job's and the worker's own --max-batch), and the steps a
+        saved job's model of the same process had seen."""
+        batch = probe_batch(self.job.max_batch, own_max_batch)
+        model = SpeedModel(self.job.speed_window, self.job.speed_forgetting, standalone_sps, fixed_s, batch)
         saved = self.resumed_speeds.pop(instance, None)
         for batch, seconds in saved.observations if saved is not None else []:
             model.observe(batch, seconds)

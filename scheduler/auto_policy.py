@@ -26,9 +26,9 @@ may switch among, the protocol and the policy together; the scheduler then switc
 apply it, the workers (scheduler/protocol_in_force.py).
 
 The step models come from `SpeedModel.overhead_fit`: under a fixed split a worker's batch never varies, so the
-step fit cannot tell a device's fixed compute cost from its per-sample cost; what it can see from the first step
-is the time not spent computing (pulls, pushes), which is counted as fixed. A fixed compute cost (a GPU's kernel
-launches, `--slowdowns F:A`'s A) is seen once the batch has varied, i.e. after auto chose `dynamic`.
+step fit cannot tell a device's fixed compute cost from its per-sample cost; what is known from the first step is
+the time not spent computing (pulls, pushes) and the fixed compute cost (a GPU's kernel launches, `--slowdowns F:A`'s
+A) that the worker's start-up probe of two batch sizes found, and both are counted as fixed.
 """
 
 from __future__ import annotations

@@ -256,7 +256,9 @@ class JobState:
         measured = member.id in self.allocator.speeds
         if not measured and hb.standalone_sps > 0:
             member.standalone_sps = hb.standalone_sps
-            self.allocator.measure(member.id, hb.standalone_sps, member.instance, hb.standalone_fixed_s)
+            self.allocator.measure(
+                member.id, hb.standalone_sps, member.instance, hb.standalone_fixed_s, member.max_batch
+            )
             measured = True
             self._reallocate(now, "joined", member.id, force=True)
         if new_steps > 0 and hb.batch > 0 and hb.times.step_s > 0 and measured:

@@ -111,11 +111,15 @@ class SpeedModel:
         forgetting: float = 0.7,
         prior_samples_per_s: float | None = None,
         prior_fixed_s: float = 0.0,
+        probe_batch: int = 0,
     ) -> None:
         """``prior_samples_per_s`` is the standalone speed a worker measures before
         joining; it gives the worker a sensible first batch before any step is seen.
         ``prior_fixed_s`` is the fixed cost its probe of two batch sizes found (0: none): the intercept ``a``
         until the window identifies one, so that a fixed split, whose batch never varies, still sees it.
+        ``probe_batch`` is the probe's (larger) batch, at which it measured ``prior_samples_per_s`` (0: not
+        known): with it ``compute_curve`` takes from the probe the fraction of its step that is fixed, not the
+        seconds (see there).
         """
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
@@ -132,6 +136,7 @@ class SpeedModel:
             raise ValueError(f"prior_fixed_s must be finite and >= 0, got {prior_fixed_s!r}")
         self._fixed_s: float | None = prior_fixed_s or None
         self._probe_fixed_s = prior_fixed_s
+        self._probe_batch = probe_batch
         self._model: StepModel | None = None
         self._prior_model: StepModel | None = None  # the model `restart` predicts until new steps are seen
 
@@ -195,18 +200,20 @@ class SpeedModel:
 
     def overhead_fit(self) -> StepModel | None:
         """A step model whose fixed part is known from the first step: ``a`` the steps' weighted mean time spent
-        not computing (pulls, pushes, what the worker reports besides compute), ``c`` the compute per sample
-        (``compute_fit``); ``fit()`` itself where its ``a`` is the larger, or where no compute time was reported.
+        not computing (pulls, pushes, what the worker reports besides compute) plus the compute's own fixed part
+        from the start-up probe, ``c`` the rest of the compute per sample (both as ``compute_curve``); ``fit()``
+        itself where no compute time was reported.
 
         Both pass through the window's steps, so they predict the current batch's step alike; they differ in how
-        much of it they call fixed. ``fit()`` separates it only once the batch has varied (a policy that keeps
-        each worker's batch never lets it), and it then also finds the compute's own fixed part (kernel launches)
-        that this model counts per sample; the larger ``a`` is the better-informed one.
+        much of it they call fixed. ``fit()``'s intercept is not used here even once the batch has varied: on a
+        loaded machine it is identified only now and then, and noisily, and a fixed part that jumps between it and
+        this one moves the efficient policy's knee (a constant times ``a/c``) and the batch with it, which varies
+        the batch again: a control loop on noise. The probe's two sizes, measured once, keep ``a`` steady.
         """
-        step, compute, overhead = self.fit(), self.compute_fit(), self.overhead_s()
-        if overhead is None or step is None or compute is None:
+        step, curve, overhead = self.fit(), self.compute_curve(), self.overhead_s()
+        if overhead is None or step is None or curve is None:
             return step
-        return step if step.fixed_s >= overhead else StepModel(overhead, compute.per_sample_s)
+        return StepModel(overhead + curve.fixed_s, curve.per_sample_s)
 
     def overhead_s(self) -> float | None:
         """The seconds of a step spent not computing (pulls, pushes), weighted as the step fit weighs its steps;
@@ -217,16 +224,16 @@ class SpeedModel:
         return float(w @ np.asarray(self._overhead, dtype=float)) / float(w.sum())
 
     def compute_curve(self) -> StepModel | None:
-        """The worker's compute alone as a curve: the fixed seconds its start-up probe found (capped at
-        MAX_FIXED_FRACTION of the compute at the batches it ran), the rest of its reported compute per sample;
-        None where it reported no compute time. What `--protocol auto` predicts each protocol with, the
+        """The worker's compute alone as a curve: the fixed part its start-up probe found (``probe_fixed_s``,
+        capped at MAX_FIXED_FRACTION of the compute at the batches it ran), the rest of its reported compute per
+        sample; None where it reported no compute time. What `--protocol auto` predicts each protocol with, the
         transfers apart (scheduler/measured_cluster.py)."""
         if not self._compute:
             return None
         data = np.asarray(self._compute, dtype=float)
         w = self._forgetting ** np.arange(len(data) - 1, -1, -1, dtype=float)
         batch, seconds = float(w @ data[:, 0]) / float(w.sum()), float(w @ data[:, 1]) / float(w.sum())
-        fixed = min(self._probe_fixed_s, MAX_FIXED_FRACTION * seconds)
+        fixed = min(self.probe_fixed_s(batch, seconds), MAX_FIXED_FRACTION * seconds)
         return StepModel(fixed, (seconds - fixed) / batch)
 
     def restart(self, transfers_ratio: float) -> None:
@@ -249,6 +256,23 @@ class SpeedModel:
         self._fixed_s = fixed or None
         self._model = None
         self._prior_model = StepModel(fixed, compute.per_sample_s)
+
+    def probe_fixed_s(self, batch: float, seconds: float) -> float:
+        """The compute's fixed seconds a step of ``batch`` samples that computed for ``seconds`` has, by the probe:
+        the probe's curve (its fixed seconds, the rest of its step at its batch per sample) scaled to pass
+        through (``batch``, ``seconds``); the probe's fixed seconds as they are where its batch is not known.
+
+        The probe runs while the job's other processes start, and contention there slows its two batches alike:
+        its fixed seconds are then overstated by the factor its speed is understated by, and the steps, which
+        run at the job's own pace, never show it (a batch that does not vary cannot tell a fixed cost from a
+        per-sample one). The fraction of the probe's step that is fixed is what that slowdown leaves true. It
+        also keeps ``a/c`` (the efficient policy's knee, scheduler/efficient_batches.py) where the probe put it
+        whatever the steps' noise does. A probe whose small batch alone was slowed keeps its error.
+        """
+        if not (self._probe_batch and self._prior):
+            return self._probe_fixed_s
+        share = min(self._probe_fixed_s * self._prior / self._probe_batch, MAX_FIXED_FRACTION)
+        return seconds * share * self._probe_batch / (share * self._probe_batch + (1.0 - share) * batch)
 
     def _refit(self) -> StepModel:
         """Refit after each observation, so that an intercept identified while

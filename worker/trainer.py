@@ -11,7 +11,6 @@ model, shards) joined.py's, and each protocol's step a loop's (step_context.py).
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,6 +23,7 @@ from dynabatch.common.allotment import allotted_batch, batch_problem
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.net.transport import RemoteError
 from dynabatch.common.planning.protocol_switch import switch_to
+from dynabatch.common.probe import probe_batch, probe_steps, probed
 from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.wire.chunking import travelling
@@ -37,7 +37,6 @@ from dynabatch.worker.loader_batches import LoaderBatches
 from dynabatch.worker.loops import LOOPS
 from dynabatch.worker.micro_batches import micro_batches
 from dynabatch.worker.options import WorkerOptions
-from dynabatch.worker.probe import fixed_cost, probe_batch, small_probe_batch, standalone_speed
 from dynabatch.worker.role_process import RoleProcess
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_result import StepResult
@@ -226,21 +225,15 @@ class Worker:
 
     def measure_standalone(self) -> tuple[float, float]:
         """Samples/s of forward+backward alone (slowdown included), the median of timed steps, and the step's fixed
-        seconds from a second, smaller batch's median (probe.py; 0 where the batch is too small to have one).
+        seconds from a second, smaller batch's median (common/probe.py; 0 where the batch is too small to have one).
 
         The median, because processes starting beside this one (imports, data loading)
         make single steps slow at random.
         """
         batch = probe_batch(self.joined.job.max_batch, self.opts.max_batch)
         train_step(self.joined.model, self.next_batch(batch), self.joined.loss_fn, micro_batch=self.opts.micro_batch)
-        timed = [self.timed_compute(self.next_batch(batch))[1] for _ in range(self.opts.probe_steps)]
-        small = small_probe_batch(batch)
-        if not small:
-            return standalone_speed(batch, timed), 0.0
-        small_timed = [self.timed_compute(self.next_batch(small))[1] for _ in range(self.opts.probe_steps)]
-        return standalone_speed(batch, timed), fixed_cost(
-            small, statistics.median(small_timed), batch, statistics.median(timed)
-        )
+        steps = probe_steps(batch, self.opts.probe_steps)
+        return probed(steps, [self.timed_compute(self.next_batch(b))[1] for b in steps])
 
     def next_batch(self, batch: int) -> Any:
         """The next `batch` samples of this worker's own shuffled order of the training set, on its device.

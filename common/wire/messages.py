@@ -82,7 +82,7 @@ class WorkerHeartbeat:
     computed on, `assignment_id` the assignment it stepped under, or, while it awaits a
     batch (left out with batch 0, or its allotment trained), the one it holds: the
     scheduler then knows it takes no step under an earlier one. `standalone_sps` and `standalone_fixed_s` are its
-    start-up probe (worker/probe.py): its speed at the probe's batch and its fixed seconds per step, from a second,
+    start-up probe (common/probe.py): its speed at the probe's batch and its fixed seconds per step, from a second,
     smaller batch (0: not measured).
 
     Divergence (scheduler/divergence.py): a worker counts in `skipped` the steps it

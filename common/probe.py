@@ -1,0 +1,73 @@
+"""The standalone speed a worker reports before it is given a batch, and its fixed cost per step.
+
+The scheduler's first split comes from these numbers (the speed model's prior), so the worker
+(worker/trainer.py) and the virtual-time simulator (bench/simulate.py) both run the probe's steps
+(`probe_steps`) and read them (`probed`) here: the simulated worker cannot drift from the real one.
+The probe times two batch sizes, so that the scheduler knows a device's fixed cost per step (kernel
+launches, a slow device's start-up per step) before its first step: under a fixed split the batch never
+varies, and the speed model could not tell it from the per-sample cost. The scheduler reads the fixed
+cost against the probe's own step (`probe_batch`), as the fraction of a step it is.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from dynabatch.common.allotment import MIN_BATCH
+
+PROBE_BATCH = 64
+SMALL_FRACTION = 4  # the probe's second batch is the first over this
+
+
+def probe_batch(job_max_batch: int, own_max_batch: int = 0) -> int:
+    """The probe's batch: 64 samples, or less where the job's or this worker's --max-batch is smaller."""
+    return min(PROBE_BATCH, job_max_batch, own_max_batch or job_max_batch)
+
+
+def standalone_speed(batch: int, timed_seconds: Sequence[float]) -> float:
+    """Samples/s of forward+backward alone: `batch` over the median of the timed steps.
+
+    The median, because processes starting beside a worker (imports, data loading)
+    make single steps slow at random. The first, untimed step (caches, lazy
+    initialisation) is not among `timed_seconds`.
+    """
+    return batch / statistics.median(timed_seconds)
+
+
+def small_probe_batch(batch: int) -> int:
+    """The probe's second, smaller batch beside `batch` (0: `batch` is too small to have one): never below the
+    smallest batch a worker steps with (common/allotment.py), which every model can train on."""
+    small = batch // SMALL_FRACTION
+    return small if MIN_BATCH <= small < batch else 0
+
+
+def fixed_cost(small: int, small_s: float, large: int, large_s: float) -> float:
+    """A step's fixed seconds from the line through (small, small_s) and (large, large_s): its intercept, at least 0
+    and at most the smaller step's time (medians of a loaded machine may cross)."""
+    per_sample = (large_s - small_s) / (large - small)
+    return min(max(0.0, small_s - per_sample * small), small_s)
+
+
+def probe_steps(batch: int, timed: int) -> list[int]:
+    """The batch of each of the probe's timed steps, in order: `timed` of `batch` and, where it has one, `timed` of
+    its small batch, the two taken in turn. One untimed step of `batch` goes before them (caches, lazy
+    initialisation).
+
+    In turn, so that load which comes and goes while the probe runs (the job's other processes starting) slows both
+    batches alike: that overstates the fixed cost only by the factor it understates the speed, which the scheduler
+    takes out (scheduler/speed_model.py, `probe_fixed_s`); load on one batch's steps alone would not be."""
+    small = small_probe_batch(batch)
+    return [b for _ in range(timed) for b in ((batch, small) if small else (batch,))]
+
+
+def probed(steps: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """The standalone speed and the fixed seconds per step from the seconds of each of `probe_steps`' steps: the
+    large batch's median speed, and the line through both batches' medians (0 where there was no small batch)."""
+    batch, timed = steps[0], list(zip(steps, seconds, strict=True))
+    large_s = [s for b, s in timed if b == batch]
+    small_s = [s for b, s in timed if b != batch]
+    speed = standalone_speed(batch, large_s)
+    if not small_s:
+        return speed, 0.0
+    return speed, fixed_cost(min(steps), statistics.median(small_s), batch, statistics.median(large_s))
