@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -233,6 +234,8 @@ class ShardSeen:
     service_s: float = 0.0
     held_s: float = 0.0
     busy_share: float = 0.0  # of the wall time: near 1, the shard's service bounds the job
+    spread: float = 0.0  # the relative standard deviation of one transfer's service (0: not reported)
+    messages: float = 0.0  # messages served per transfer
 
 
 def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
@@ -248,7 +251,26 @@ def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
     if transfers == 0 or b.busy_s <= a.busy_s:
         return ShardSeen()
     busy, queued = b.busy_s - a.busy_s, b.queued_s - a.queued_s
-    return ShardSeen(busy / transfers, (busy + max(0.0, queued)) / transfers, busy / max(1e-9, last.t - first.t))
+    served = b.served - a.served
+    return ShardSeen(
+        busy / transfers,
+        (busy + max(0.0, queued)) / transfers,
+        busy / max(1e-9, last.t - first.t),
+        service_spread(busy, b.busy_sq_s - a.busy_sq_s, served, transfers),
+        served / transfers,
+    )
+
+
+def service_spread(busy_s: float, busy_sq_s: float, served: int, transfers: int) -> float:
+    """The relative standard deviation of one transfer's service at the shard, from `served` messages' serving
+    seconds (their sum and the sum of their squares, ps/serving_load.py) over `transfers` transfers: a message's,
+    over the square root of the messages a transfer takes (the simulated shard serves a transfer's part as one
+    request, whose messages' services add); 0 where the shard reported no squares (an older shard)."""
+    if served < 2 or busy_s <= 0 or busy_sq_s <= 0:
+        return 0.0
+    mean = busy_s / served
+    relative = math.sqrt(max(0.0, busy_sq_s / served - mean * mean)) / mean
+    return relative / math.sqrt(max(1.0, served / transfers))
 
 
 def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> float:
@@ -279,6 +301,7 @@ def simulated(
     k: float,
     shard: ShardSeen | None = None,
     spread: bool = True,
+    shard_spread: bool = True,
 ) -> SimResult:
     """`shape` in the simulator. Each worker's device is (k + F - 1) (a + c b) + A on this machine's curve: what
     its emulation computes on a machine whose contention `k` the real run measured (`contention`).
@@ -291,7 +314,8 @@ def simulated(
     of that rest with no queue. On loopback a link is the loop's own work as much as a transfer: the simulator's
     links are checked on the namespace harness (bench/links.py).
 
-    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default."""
+    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default;
+    the shard's services vary as the real one's did (`ShardSeen.spread`), or (`shard_spread` False) not at all."""
     stepped = [o.other_s for o in seen if o.steps]
     # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
     rest = [o.other_s if o.steps else statistics.median(stepped) for o in seen]
@@ -336,6 +360,7 @@ def simulated(
         eval_size=500,
         job={"lr": shape.lr},
         shard_mbit=8.0 * model_bytes / (shard.service_s * 1e6) if queued and shard is not None else 0.0,
+        shard_noise=shard.spread if queued and shard_spread and shard is not None else 0.0,
     )
     return simulate(cfg)
 
@@ -414,17 +439,20 @@ def main(argv: list[str] | None = None) -> int:
         sim = simulated(shape, curve, seen, k, shard)
         without = [simulated(shape, curve, seen, k, given, spread=False).samples_per_s for given in (None, shard)]
         instant = simulated(shape, curve, seen, k).samples_per_s
+        even = simulated(shape, curve, seen, k, shard, shard_spread=False).samples_per_s
         print(
             f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'), "
             f"its pace drifted {100 * drift:.0f}% between the halves of the run:"
         )
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
-            f"all, busy {100 * shard.busy_share:.0f}% of the time"
+            f"all, busy {100 * shard.busy_share:.0f}% of the time, its service's spread {100 * shard.spread:.0f}% "
+            f"({shard.messages:.2f} messages a transfer)"
         )
         print(
             f"  simulated samples/s with neither the shard's service nor the steps' spread: {without[0]:.0f}; the "
-            f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both: {sim.samples_per_s:.0f}"
+            f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both, the shard's service alike every "
+            f"time: {even:.0f}; both, the shard's service as spread as the real one's: {sim.samples_per_s:.0f}"
         )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:
