@@ -19,8 +19,8 @@ from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Init, Pull, Push, ShardHeartbeat
 from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.scheduler.measured_cluster import MeasuredWorker, ShardLoad, TransferTally, measured_cluster
-from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 from dynabatch.scheduler.report_bounds import check_shard_heartbeat
+from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
 FILES = ("cpu_gpu8", "mixed_gpus16", "mixed_links16", "ps_bound64")
