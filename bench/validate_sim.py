@@ -244,14 +244,18 @@ class ShardSeen:
 
 
 def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
-    """Shard 0's serving seconds from the first fifth of the snapshots that show it to the last (shards leave
-    STATUS at the end), against the transfers the workers made meanwhile (two a step); zero where it served none."""
+    """Shard 0's serving seconds from the first fifth of the snapshots that show it to the last that still shows
+    every worker of that first one (shards and workers leave STATUS at the end, the workers first: a snapshot
+    with one worker left holds the serving of every worker's steps but the steps of one), against the transfers
+    the workers made meanwhile (two a step; a worker that joined after the first had taken none before it); zero
+    where it served none."""
     shown = [snap for snap in timeline if "0" in snap.shards and snap.workers]
     if len(shown) < 2:
         return ShardSeen()
-    first, last = shown[len(shown) // 5], shown[-1]
+    first = shown[len(shown) // 5]
     before = {w.name: w.steps for w in first.workers.values()}
-    transfers = 2 * sum(max(0, w.steps - before.get(w.name, w.steps)) for w in last.workers.values())
+    last = [snap for snap in shown if before.keys() <= {w.name for w in snap.workers.values()}][-1]
+    transfers = 2 * sum(max(0, w.steps - before.get(w.name, 0)) for w in last.workers.values())
     a, b = first.shards["0"], last.shards["0"]
     if transfers == 0 or b.busy_s <= a.busy_s:
         return ShardSeen()

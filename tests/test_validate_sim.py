@@ -117,6 +117,21 @@ def test_lb_bsp_holds_a_capped_worker_at_its_cap_in_the_real_run_and_the_simulat
     v.check_figures()
 
 
+# A busy shard: four workers of a 1 MB model whose compute is a millisecond of their step, so the shard serves a
+# third or more of the time and its requests queue; the direction check off (the simulator has none, and on the
+# flat model, never vouched for, its start-up hold throttled real runs to their slowest worker's stalls).
+BUSY_SHARD = Shape(
+    ("1",) * 4, (0,) * 4, "asgd", "fixed", global_batch=96, budget_s=8.0, model="flat:250000", direction_check=False
+)
+
+
+def test_a_busy_shards_queue_in_the_simulator_is_the_real_ones(tmp_path: Path) -> None:
+    v = validated(BUSY_SHARD, tmp_path)
+    assert v.shard.held_s > v.shard.service_s > 0, f"the real shard's requests queued: {v.shard}"
+    assert v.shard.spread > 0, f"the shard reported its service's spread: {v.shard}"
+    v.check_figures()
+
+
 def _snapshot(
     t: float, steps: dict[str, int], busy_s: float, queued_s: float, squares: float, served: int
 ) -> JobStatus:
@@ -134,7 +149,9 @@ def test_the_shards_service_is_its_serving_seconds_over_the_transfers_after_the_
         _snapshot(t, {"worker0": 10 * t, "worker1": 5 * t}, 1.0 + 0.06 * t, 0.5 + 0.03 * t, 1.0 + 1.5e-4 * t, 30 * t)
         for t in range(1, 10)
     ]
-    timeline.append(JobStatus(t=10))  # the shards leave STATUS at the end
+    # at the end the workers leave STATUS one by one, the shard last: worker1's steps alone are not all the serving
+    timeline.append(_snapshot(10, {"worker1": 50}, 1.7, 0.85, 1.0 + 1.5e-3, 300))
+    timeline.append(JobStatus(t=11))  # the shards leave STATUS at the end
     seen = observed_shard(timeline)
     assert seen.service_s == pytest.approx(0.002), "2 ms of serving for each of a step's two transfers"
     assert seen.held_s == pytest.approx(0.003), "1 ms waiting and 2 ms served"
