@@ -6,8 +6,10 @@ takes ``latency_s + 8 n / (mbit * 1e6)``. A shard is one server with a service r
 and the shard handles one message at a time, so requests wait at it, and it serves the waiting one first that the
 scheduler ranks first (`Assignment.serve_ranks`, ps/serve_order.py's `rank_of`: none under `--chunk-schedule
 fixed`), then the one that came first (a worker's requests are served in the order it made them, the front of the
-model first within each), taking its bytes over the shard's rate. The model is cut evenly over the shards; a pull or
-push is done when the last shard has served its part.
+model first within each), taking its bytes over the shard's rate, times a factor of mean 1 drawn log-normal where
+the shard's service varies (`spread`: a shard that shares its cores with the workers is sometimes slow, and a queue
+waits longer behind services that vary than behind as many of their mean). The model is cut evenly over the shards;
+a pull or push is done when the last shard has served its part.
 
 A gradient step overlaps its transfers with compute as the worker's pipeline does (worker/pipeline.py): the
 pull's chunks stream while the forward pass runs and the push's chunks leave while backward runs, so with k
@@ -31,6 +33,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -66,11 +69,21 @@ class Request:
     done: bool = False
 
 
+def mean_one(spread: float, z: float) -> float:
+    """A log-normal factor of mean 1 and relative standard deviation `spread`, at the standard normal draw `z`."""
+    sigma = math.sqrt(math.log1p(spread * spread))
+    return math.exp(sigma * z - sigma * sigma / 2)
+
+
 @dataclass
 class ShardQueue:
-    """One shard as a server of `mbit` Mbit/s (0: instant): the requests waiting for it, best first."""
+    """One shard as a server of `mbit` Mbit/s (0: instant): the requests waiting for it, best first. Each service
+    takes its bytes over that rate times a log-normal factor of mean 1 and relative spread `spread` (0: none), drawn
+    from the shard's own generator, so a spread draws nothing from the workers' and none leaves every run as it was."""
 
     mbit: float
+    spread: float = 0.0
+    rng: random.Random = field(default_factory=random.Random)
     waiting: list[tuple[int, int, Request]] = field(default_factory=list)  # a heap by (rank, order)
     busy_s: float = 0.0  # seconds spent serving, to judge its load
     queued_s: float = 0.0  # seconds the requests it served waited first (as ps/serving_load.py counts them)
@@ -78,6 +91,11 @@ class ShardQueue:
     def service_s(self, nbytes: float) -> float:
         """Seconds the shard takes to serve `nbytes`."""
         return 8.0 * nbytes / (self.mbit * 1e6) if self.mbit > 0 else 0.0
+
+    def drawn_service_s(self, nbytes: float) -> float:
+        """Seconds one service of `nbytes` takes: `service_s` times a draw of the shard's spread."""
+        service = self.service_s(nbytes)
+        return service * mean_one(self.spread, self.rng.gauss(0.0, 1.0)) if self.spread > 0 else service
 
     def serving(self, clock: Callable[[], float], served: Callable[[], None]) -> Iterator[Wait]:
         """The shard at work, as a process of the simulator's event loop: whenever requests wait, it serves the
@@ -87,7 +105,7 @@ class ShardQueue:
             yield lambda: bool(self.waiting)
             yield clock()
             request = heapq.heappop(self.waiting)[2]
-            service = self.service_s(request.nbytes)
+            service = self.drawn_service_s(request.nbytes)
             self.busy_s += service
             self.queued_s += clock() - request.arrived
             yield clock() + service
@@ -97,18 +115,23 @@ class ShardQueue:
 
 @dataclass
 class Shards:
-    """The job's shards, each holding an even part of the model's `model_bytes`."""
+    """The job's shards, each holding an even part of the model's `model_bytes`, each serving with a relative
+    spread `spread` drawn from a generator of its own seeded from `seed`."""
 
     count: int
     mbit: float
     model_bytes: float
+    spread: float = 0.0
+    seed: int = 0
     queues: list[ShardQueue] = field(default_factory=list)
     arrivals: Iterator[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError(f"shards: {self.count} (at least 1)")
-        self.queues = [ShardQueue(self.mbit) for _ in range(self.count)]
+        self.queues = [
+            ShardQueue(self.mbit, self.spread, random.Random(f"shard{i}:{self.seed}")) for i in range(self.count)
+        ]
 
     def request(self, rank: int, now: float) -> list[Request]:
         """A whole model's worth of requests (a pull or a push to every shard) arriving `now` from a worker of

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.cluster_model import Link, Network, Shards, Wait, chunks_of
+from bench.cluster_model import Link, Network, Shards, Wait, chunks_of, mean_one
 from dynabatch.common import staleness
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.optimum import Device
@@ -120,12 +120,6 @@ class WorkerSpec:
             per_sample_s if self.per_sample_s is None else self.per_sample_s,
             self.max_batch,
         )
-
-
-def mean_one(spread: float, z: float) -> float:
-    """A log-normal factor of mean 1 and relative standard deviation `spread`, at the standard normal draw `z`."""
-    sigma = math.sqrt(math.log1p(spread * spread))
-    return math.exp(sigma * z - sigma * sigma / 2)
 
 
 PROFILES: dict[str, Callable[[], tuple[WorkerSpec, ...]]] = {
@@ -215,6 +209,7 @@ class SimConfig:
     wire_bytes: float = 0.0
     shards: int = 1
     shard_mbit: float = 0.0
+    shard_noise: float = 0.0  # the relative standard deviation of a shard's service, log-normal (0: every one alike)
     stop_at: float = 0.0  # end the run at its first evaluation at or above this test accuracy (0: at the budget)
 
 
@@ -290,7 +285,9 @@ class Cluster:
             self.job.dbs_weight,
         )
         self.model_bytes = 4 * flat.numel()
-        self.shard_queues = Shards(cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes)
+        self.shard_queues = Shards(
+            cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes, cfg.shard_noise, cfg.seed
+        )
         pipelines = self.run_job.pipelines(chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes))
         self.chunks = chunks_of(self.shard_queues.model_bytes, self.job.chunk_bytes) if pipelines else 1
         # The scheduled wire's pull sent ahead (worker/gradient_steps.py): a pipelined step of a protocol with one

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -106,6 +107,10 @@ class Shape:
     lr: float = 0.05
     model: str = "mlp"  # a built-in model, on `dataset`
     dataset: str = "synthetic"
+    # the shards' direction check (ps/gradient_direction.py), whose start-up hold the simulator does not model: a
+    # worker it cannot vouch for (never, on the flat model, whose sketched gradient is zero) is held 8 pushes ahead
+    # of the slowest, which on a loaded machine throttles the whole job to its slowest worker's stalls
+    direction_check: bool = True
 
 
 def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen, float]:
@@ -150,6 +155,7 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
             "30",
             "--timeout-s",
             str(shape.budget_s + 240),
+            "--direction-check" if shape.direction_check else "--no-direction-check",
         ],
     )
     done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -233,22 +239,47 @@ class ShardSeen:
     service_s: float = 0.0
     held_s: float = 0.0
     busy_share: float = 0.0  # of the wall time: near 1, the shard's service bounds the job
+    spread: float = 0.0  # the relative standard deviation of one transfer's service (0: not reported)
+    messages: float = 0.0  # messages served per transfer
 
 
 def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
-    """Shard 0's serving seconds from the first fifth of the snapshots that show it to the last (shards leave
-    STATUS at the end), against the transfers the workers made meanwhile (two a step); zero where it served none."""
+    """Shard 0's serving seconds from the first fifth of the snapshots that show it to the last that still shows
+    every worker of that first one (shards and workers leave STATUS at the end, the workers first: a snapshot
+    with one worker left holds the serving of every worker's steps but the steps of one), against the transfers
+    the workers made meanwhile (two a step; a worker that joined after the first had taken none before it); zero
+    where it served none."""
     shown = [snap for snap in timeline if "0" in snap.shards and snap.workers]
     if len(shown) < 2:
         return ShardSeen()
-    first, last = shown[len(shown) // 5], shown[-1]
+    first = shown[len(shown) // 5]
     before = {w.name: w.steps for w in first.workers.values()}
-    transfers = 2 * sum(max(0, w.steps - before.get(w.name, w.steps)) for w in last.workers.values())
+    last = [snap for snap in shown if before.keys() <= {w.name for w in snap.workers.values()}][-1]
+    transfers = 2 * sum(max(0, w.steps - before.get(w.name, 0)) for w in last.workers.values())
     a, b = first.shards["0"], last.shards["0"]
     if transfers == 0 or b.busy_s <= a.busy_s:
         return ShardSeen()
     busy, queued = b.busy_s - a.busy_s, b.queued_s - a.queued_s
-    return ShardSeen(busy / transfers, (busy + max(0.0, queued)) / transfers, busy / max(1e-9, last.t - first.t))
+    served = b.served - a.served
+    return ShardSeen(
+        busy / transfers,
+        (busy + max(0.0, queued)) / transfers,
+        busy / max(1e-9, last.t - first.t),
+        service_spread(busy, b.busy_sq_s - a.busy_sq_s, served, transfers),
+        served / transfers,
+    )
+
+
+def service_spread(busy_s: float, busy_sq_s: float, served: int, transfers: int) -> float:
+    """The relative standard deviation of one transfer's service at the shard, from `served` messages' serving
+    seconds (their sum and the sum of their squares, ps/serving_load.py) over `transfers` transfers: a message's,
+    over the square root of the messages a transfer takes (the simulated shard serves a transfer's part as one
+    request, whose messages' services add); 0 where the shard reported no squares (an older shard)."""
+    if served < 2 or busy_s <= 0 or busy_sq_s <= 0:
+        return 0.0
+    mean = busy_s / served
+    relative = math.sqrt(max(0.0, busy_sq_s / served - mean * mean)) / mean
+    return relative / math.sqrt(max(1.0, served / transfers))
 
 
 def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> float:
@@ -279,6 +310,7 @@ def simulated(
     k: float,
     shard: ShardSeen | None = None,
     spread: bool = True,
+    shard_spread: bool = True,
 ) -> SimResult:
     """`shape` in the simulator. Each worker's device is (k + F - 1) (a + c b) + A on this machine's curve: what
     its emulation computes on a machine whose contention `k` the real run measured (`contention`).
@@ -291,7 +323,8 @@ def simulated(
     of that rest with no queue. On loopback a link is the loop's own work as much as a transfer: the simulator's
     links are checked on the namespace harness (bench/links.py).
 
-    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default."""
+    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default;
+    the shard's services vary as the real one's did (`ShardSeen.spread`), or (`shard_spread` False) not at all."""
     stepped = [o.other_s for o in seen if o.steps]
     # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
     rest = [o.other_s if o.steps else statistics.median(stepped) for o in seen]
@@ -336,6 +369,7 @@ def simulated(
         eval_size=500,
         job={"lr": shape.lr},
         shard_mbit=8.0 * model_bytes / (shard.service_s * 1e6) if queued and shard is not None else 0.0,
+        shard_noise=shard.spread if queued and shard_spread and shard is not None else 0.0,
     )
     return simulate(cfg)
 
@@ -385,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="mlp", help="a built-in model (the CNN's compute dominates its step)")
     p.add_argument("--dataset", default="synthetic")
+    p.add_argument(
+        "--direction-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the real shards' direction check, whose start-up hold the simulator does not model",
+    )
     p.add_argument("--runs", type=int, default=1, help="real runs, each beside its own simulation")
     p.add_argument("--out", default="", help="folder for the real runs (default: a temporary one)")
     args = p.parse_args(argv)
@@ -399,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
         model=args.model,
         dataset=args.dataset,
+        direction_check=args.direction_check,
     )
     curve = machine_curve(shape.model, shape.dataset, (16, shape.global_batch))  # the batches a worker can hold
     print(
@@ -414,17 +455,20 @@ def main(argv: list[str] | None = None) -> int:
         sim = simulated(shape, curve, seen, k, shard)
         without = [simulated(shape, curve, seen, k, given, spread=False).samples_per_s for given in (None, shard)]
         instant = simulated(shape, curve, seen, k).samples_per_s
+        even = simulated(shape, curve, seen, k, shard, shard_spread=False).samples_per_s
         print(
             f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'), "
             f"its pace drifted {100 * drift:.0f}% between the halves of the run:"
         )
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
-            f"all, busy {100 * shard.busy_share:.0f}% of the time"
+            f"all, busy {100 * shard.busy_share:.0f}% of the time, its service's spread {100 * shard.spread:.0f}% "
+            f"({shard.messages:.2f} messages a transfer)"
         )
         print(
             f"  simulated samples/s with neither the shard's service nor the steps' spread: {without[0]:.0f}; the "
-            f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both: {sim.samples_per_s:.0f}"
+            f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both, the shard's service alike every "
+            f"time: {even:.0f}; both, the shard's service as spread as the real one's: {sim.samples_per_s:.0f}"
         )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:

@@ -1,5 +1,8 @@
 """How busy a shard is with the workers' pulls and pushes: the seconds it spent serving them and the seconds they
-waited for it first, reported cumulatively in its heartbeat (ShardHeartbeat.busy_s, queued_s).
+waited for it first, reported cumulatively in its heartbeat (ShardHeartbeat.busy_s, queued_s), with the count of
+the messages served and the sum of their serving seconds' squares (`served`, `busy_sq_s`): a queue's wait grows
+with the spread of its service times as well as their mean (Pollaczek-Khinchine), and a shard that shares its cores
+with the workers it serves is sometimes slow, so a reader who models its queue needs both.
 
 A worker measures its pull and push as one span, its link and the shard's queue together. Under `--protocol auto`
 the scheduler tells them apart with these figures (scheduler/measured_cluster.py): a shard that bounds the job
@@ -20,14 +23,20 @@ SERVED = frozenset({Pull.TYPE, Push.TYPE})
 
 @dataclass
 class ServingLoad:
-    """The seconds the shard spent serving pulls and pushes and the seconds they waited, since it started."""
+    """The seconds the shard spent serving pulls and pushes and the seconds they waited, since it started; how many
+    it served and the sum of the squares of each one's serving seconds."""
 
     busy_s: float = 0.0
     queued_s: float = 0.0
+    busy_sq_s: float = 0.0
+    served_count: int = 0
 
     def served(self, kind: str, received: float, started: float, ended: float) -> None:
         """A message of type `kind` taken off the socket at `received`, handled from `started` to `ended`
         (monotonic seconds); only pulls and pushes count."""
         if kind in SERVED:
+            busy = max(0.0, ended - started)
             self.queued_s += max(0.0, started - received)
-            self.busy_s += max(0.0, ended - started)
+            self.busy_s += busy
+            self.busy_sq_s += busy * busy
+            self.served_count += 1

@@ -57,4 +57,6 @@ def shard_heartbeat(
         refused_protocol=served.refused_protocol,
         busy_s=load.busy_s,
         queued_s=load.queued_s,
+        busy_sq_s=load.busy_sq_s,
+        served=load.served_count,
     )

@@ -65,6 +65,8 @@ def job_status(state: JobState, now: float) -> JobStatus:
                 m.shard_last.good_version,
                 m.shard_last.busy_s,
                 m.shard_last.queued_s,
+                m.shard_last.busy_sq_s,
+                m.shard_last.served,
             )
             for i, m in sorted(state.roster.shards.items())
         },

@@ -84,12 +84,26 @@ def check_worker_heartbeat(
         )
 
 
+def check_service_squares(hb: ShardHeartbeat) -> None:
+    """Refuse serving seconds' squares that no `served` services summing to `busy_s` can have: their sum lies
+    between busy_s^2 / served (all alike) and busy_s^2 (one took it all), and is 0 where none was served."""
+    top = hb.busy_s * hb.busy_s if hb.served else 0.0
+    least = top / hb.served if hb.served else 0.0
+    slack = 1e-9 * top + 1e-12  # the shard sums both in floating point
+    if not least - slack <= hb.busy_sq_s <= top + slack:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"SHARD_HEARTBEAT.busy_sq_s {hb.busy_sq_s} is not within what {hb.served} services summing to "
+            f"{hb.busy_s} s can square to ({least}..{top})",
+        )
+
+
 def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int) -> None:
     """Refuse a shard heartbeat whose version, sample or discard count or serving seconds are negative (a drop is
     a restart, counted as lost work: lost_work.py), whose echoed push bounds are not batches of this job, or whose
     divergence fields cannot be true: more rollbacks applied than the job allows, a checkpoint version below -1
     (none), an account of its model longer than one line."""
-    for name in ("version", "samples", "discarded"):
+    for name in ("version", "samples", "discarded", "served"):
         if getattr(hb, name) < 0:
             raise ProtocolError(ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.{name} must be >= 0, got {getattr(hb, name)}")
     wrong = sorted(w for w, b in (hb.batches or {}).items() if not 0 <= b <= max_batch)
@@ -97,11 +111,12 @@ def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int
         raise ProtocolError(
             ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)"
         )
-    for name in ("busy_s", "queued_s"):
+    for name in ("busy_s", "queued_s", "busy_sq_s"):
         if not (math.isfinite(getattr(hb, name)) and getattr(hb, name) >= 0):
             raise ProtocolError(
                 ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.{name} must be finite and >= 0, got {getattr(hb, name)}"
             )
+    check_service_squares(hb)
     check_rollbacks(hb, max_rollbacks)
     if hb.good_version < -1:
         raise ProtocolError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import pytest
@@ -61,6 +62,24 @@ def test_a_link_takes_latency_plus_bits_over_bandwidth_and_a_shard_serves_the_be
     assert two.request(0, now=0.0)[0].nbytes == 5e5 and two.queues[1].service_s(5e5) == pytest.approx(0.05)
     assert chunks_of(3 * 2**20 + 1, 2**20) == 4
     assert pipelined(1.0, 0.3, 1) == pytest.approx(1.3) and pipelined(1.0, 0.3, 10) == pytest.approx(1.03)
+
+
+def test_a_shards_service_varies_by_its_spread_around_the_same_mean_and_not_at_all_without_one() -> None:
+    varied = Shards(1, 80.0, 1e6, spread=0.8, seed=5)  # 1 MB in 0.1 s on average
+    draws = [varied.queues[0].drawn_service_s(1e6) for _ in range(20_000)]
+    assert statistics.fmean(draws) == pytest.approx(0.1, rel=0.03), "a factor of mean 1: the rate is kept"
+    assert statistics.stdev(draws) / statistics.fmean(draws) == pytest.approx(0.8, rel=0.1)
+    again = Shards(1, 80.0, 1e6, spread=0.8, seed=5).queues[0]
+    assert [again.drawn_service_s(1e6) for _ in range(3)] == draws[:3], "the shard's own seeded generator"
+    alike = Shards(1, 80.0, 1e6).queues[0]
+    state = alike.rng.getstate()
+    assert [alike.drawn_service_s(1e6) for _ in range(5)] == [alike.service_s(1e6)] * 5
+    assert alike.rng.getstate() == state, "no spread draws nothing"
+    for rank in range(50):
+        varied.request(rank, now=0.0)
+    served = [t for t, _ in _served_in_order(varied, 50)]
+    gaps = [b - a for a, b in zip([0.0, *served], served, strict=False)]
+    assert max(gaps) > 2 * min(gaps), "the queue's services vary one by one"
 
 
 def test_a_gradient_step_overlaps_the_pull_with_forward_and_the_push_with_backward() -> None:

@@ -14,9 +14,12 @@ from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import Cluster
-from dynabatch.common.wire.messages import Init, Pull, Push
+from dynabatch.common.wire.error_codes import ErrorCode
+from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.messages import Init, Pull, Push, ShardHeartbeat
 from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.scheduler.measured_cluster import MeasuredWorker, ShardLoad, TransferTally, measured_cluster
+from dynabatch.scheduler.report_bounds import check_shard_heartbeat
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
@@ -105,6 +108,7 @@ def test_the_shard_counts_only_pulls_and_pushes_as_serving() -> None:
     load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5)
     load.served(Init.TYPE, received=3.0, started=4.0, ended=9.0)
     assert load.busy_s == pytest.approx(0.75) and load.queued_s == pytest.approx(0.5)
+    assert load.served_count == 2 and load.busy_sq_s == pytest.approx(0.25**2 + 0.5**2), "the spread's inputs"
 
 
 def test_a_workers_compute_curve_takes_its_probes_fixed_cost_and_its_overhead_apart() -> None:
@@ -124,3 +128,20 @@ def test_transfers_count_where_no_worker_reported_the_bytes_it_moved() -> None:
     cluster = measured_cluster(workers, ShardLoad(1.0, 0.0, 100.0), 0.0, 64, 1, 8, CHUNK_BYTES)
     assert [cluster.transfer_s(n) for n in cluster.nodes] == [pytest.approx(0.05 - 0.02), pytest.approx(0.2 - 0.02)]
     assert cluster.push_service_s() == pytest.approx(0.01) and cluster.chunks == 1
+
+
+def test_a_shard_heartbeats_service_squares_are_what_its_services_can_square_to() -> None:
+    load = ServingLoad()
+    load.served(Pull.TYPE, received=1.0, started=1.0, ended=1.25)
+    load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5)
+    told = ShardHeartbeat(busy_s=load.busy_s, busy_sq_s=load.busy_sq_s, served=load.served_count)
+    check_shard_heartbeat(told, max_rollbacks=0, max_batch=96)
+    for wrong in (
+        replace(told, busy_sq_s=0.2),  # below 0.75^2 / 2: two services cannot be more alike than equal
+        replace(told, busy_sq_s=0.6),  # above 0.75^2: more than one service taking all of it
+        replace(told, served=0),  # squares of nothing served
+        replace(told, served=-1),
+    ):
+        with pytest.raises(ProtocolError) as refused:
+            check_shard_heartbeat(wrong, max_rollbacks=0, max_batch=96)
+        assert refused.value.code == ErrorCode.BAD_FIELD, wrong

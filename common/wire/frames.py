@@ -38,8 +38,8 @@ if typing.TYPE_CHECKING:
 from dynabatch.common.wire.error_codes import ErrorCode, sent_code
 from dynabatch.common.wire.messages import MESSAGE_TYPES, Error, Init
 
-PROTOCOL_VERSION = 4
-SCHEMA_FINGERPRINT = "4a8263ca6ffffadd"
+PROTOCOL_VERSION = 5
+SCHEMA_FINGERPRINT = "d85da14e5bde854f"
 """The digest of the message dataclasses' fields that PROTOCOL_VERSION speaks: a change of the wire's schema is a
 change of the protocol, and tests/test_wire_schema.py fails until the version is raised and the new digest
 recorded here."""

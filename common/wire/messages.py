@@ -139,7 +139,8 @@ class ShardHeartbeat:
     `busy_s` is the seconds it spent serving pulls and pushes, `queued_s` the seconds those waited at it before
     it began to serve them: the scheduler divides them by the transfers the workers report to learn the shards'
     service time and queue, which `--protocol auto` must tell from each worker's own link
-    (scheduler/measured_cluster.py).
+    (scheduler/measured_cluster.py). `served` is how many pulls and pushes it served and `busy_sq_s` the sum of
+    the squares of each one's serving seconds: with `busy_s`, the spread of its service time (ps/serving_load.py).
     """
 
     TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
@@ -157,6 +158,8 @@ class ShardHeartbeat:
     refused_protocol: str = ""
     busy_s: float = 0.0
     queued_s: float = 0.0
+    busy_sq_s: float = 0.0
+    served: int = 0
 
 
 @dataclass
@@ -415,7 +418,8 @@ class ShardStatus:
     """One registered shard in STATUS, as its last heartbeat told the scheduler (`model_problem`: what its
     parameter guard finds wrong, empty if nothing; `good_version`: its last checkpoint of a healthy model;
     `busy_s` and `queued_s`: its seconds serving pulls and pushes and their wait before it, since it started, so
-    that a reader of two snapshots has the shard's service time over any stretch of the run)."""
+    that a reader of two snapshots has the shard's service time over any stretch of the run; `served` and
+    `busy_sq_s`: how many it served and the sum of their serving seconds' squares, for that time's spread)."""
 
     endpoint: str
     version: int
@@ -425,6 +429,8 @@ class ShardStatus:
     good_version: int = -1
     busy_s: float = 0.0
     queued_s: float = 0.0
+    busy_sq_s: float = 0.0
+    served: int = 0
 
 
 @dataclass
