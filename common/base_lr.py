@@ -4,9 +4,10 @@ that runs.
 One `--lr` cannot serve both step rules. Under asgd's constant step every gradient moves the model by lr, and the
 n gradients that land while one is computed move it n times that; under the delay step (lr / max(1, tau)), which
 `--protocol auto` runs on every protocol it switches among (common/planning/protocol_switch.py `running`), they move
-it about lr between them, as one round of ssgd or of local SGD does. So the tuned steps differ several-fold: on the
-main job asgd's constant step is tuned at 0.05, auto's at DELAY_STEP_LR (bench/RESULTS.md 29; the simulator's study
-tuned 0.2 to 0.4 under the delay step). A user who names no `--lr` gets the one tuned for the rule that runs.
+it about lr between them, as one round of ssgd or of local SGD does. So the tuned steps differ: on the main job asgd's
+constant step is tuned at 0.05, auto's at DELAY_STEP_LR (bench/RESULTS.md 29, with the job's momentum 0.5; the
+simulator's study tuned 0.2 to 0.4 with momentum 0, which takes half the step of 0.5 at the same lr). A user who names
+no `--lr` gets the one tuned for the rule that runs.
 
 The default is one value for every protocol auto may switch to, not one per protocol: the delay step exists so that
 one step per B samples carries over between them (the study's tuned steps under it were within 1.25x of each other),
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 CONSTANT_STEP_LR = 0.05
 """The default step under a constant step (asgd's, and every protocol named without `--staleness-step delay`)."""
-DELAY_STEP_LR = 0.2
+DELAY_STEP_LR = 0.1
 """The default step under the delay step: `--protocol auto`'s, tuned on the main job (bench/RESULTS.md 29)."""
 
 
