@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.ports import free_port
+from dynabatch.common.base_lr import base_lr
 
 WARMUP_FRACTION = 0.2  # as `dynabatch run`'s summary, the first fifth of the steps is left out
 
@@ -65,7 +66,7 @@ def rank_main(argv: list[str]) -> int:
     s = setup(args.rank, 0, args.data_dir)  # the job's model and worker `rank`'s data order, one torch thread
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
     model = DistributedDataParallel(s.model)
-    opt = sgd(model, s.job, s.job.lr)
+    opt = sgd(model, s.job, base_lr(s.job))
     times: list[float] = []
     end = time.monotonic() + args.duration_s
     while True:

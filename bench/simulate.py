@@ -60,7 +60,7 @@ from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, proto
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.tasks.models import build_model
-from dynabatch.common.wire.chunking import flat_grads, flat_params, load_flat, make_layout, travelling
+from dynabatch.common.wire.chunking import flat_grads, flat_params, load_flat, make_layout
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
@@ -73,6 +73,7 @@ from dynabatch.ps.update_rules import optimizer_spec
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.worker.batch_source import BatchSource, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
+from dynabatch.worker.local_steps import inner_optimizer
 from dynabatch.worker.step_plans import (
     Ack,
     Action,
@@ -720,14 +721,8 @@ class Worker:
 
     def _local_step(self, b: int, lr_scale: float) -> float:
         """One SGD step on this worker's own model, with the optimizer the real loop builds (_LocalSteps)."""
-        job = self.c.job
         model = self._own_model()
-        if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(
-                travelling(model), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay
-            )
-        for group in self.optimizer.param_groups:
-            group["lr"] = job.lr * lr_scale
+        self.optimizer = inner_optimizer(self.optimizer, model, self.c.job, lr_scale)
         loss = self.gradient(model, b)
         self.optimizer.step()
         return loss

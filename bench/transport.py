@@ -42,6 +42,7 @@ import torch
 import zmq
 
 from dynabatch.cluster.launcher import Launcher
+from dynabatch.common.base_lr import base_lr
 from dynabatch.common.config import JobConfig, job_from_dict
 from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.net.transport import Connection, RemoteError
@@ -289,7 +290,7 @@ def serve_raw(update: bool) -> None:
                 param, buf = state(frame.buffer.nbytes)
                 if bool(torch.isfinite(grad.sum())):
                     buf.mul_(job.momentum).add_(grad).add_(param, alpha=job.weight_decay)
-                    param.add_(buf, alpha=-job.lr)
+                    param.add_(buf, alpha=-base_lr(job))
             sock.send_multipart([identity, RAW_ACK], copy=False)
 
 

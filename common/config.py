@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.allotment import MIN_BATCH
+from dynabatch.common.base_lr import CONSTANT_STEP_LR, DELAY_STEP_LR
 from dynabatch.common.flags import ConfigError, opt, validate_fields
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
 from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_plan
@@ -126,7 +127,14 @@ class JobConfig(JobName):
     global_batch: int = opt(192, "reference global batch B, split across workers", minimum=1, topic="protocol")
     min_batch: int = opt(8, "smallest per-worker batch", minimum=MIN_BATCH, topic="protocol")
     max_batch: int = opt(1024, "largest per-worker batch", minimum=MIN_BATCH, topic="protocol")
-    lr: float = opt(0.05, "base learning rate for a global batch of B", above=0.0, topic="job")
+    lr: float = opt(
+        0.0,
+        "base learning rate for a global batch of B; 0 (the default): the step tuned for the step rule that runs, "
+        f"{DELAY_STEP_LR:g} under the delay step (--protocol auto, --staleness-step delay), else {CONSTANT_STEP_LR:g} "
+        "(common/base_lr.py); a task that names its optimizer sets its own",
+        minimum=0.0,
+        topic="job",
+    )
     momentum: float = opt(
         0.5,
         "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)",

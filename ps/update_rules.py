@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dynabatch.common.base_lr import base_lr
 from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import OuterSettings
 from dynabatch.common.wire.error_codes import ErrorCode
@@ -51,12 +52,13 @@ Segment = tuple[int, int, float]  # [start, stop) and the weight decay of a run 
 
 
 def optimizer_spec(job: JobConfig, fields: dict[str, Any]) -> OptimizerSpec:
-    """The shards' optimizer: the task's spec if the first worker sent one, else SGD from the job's flags.
+    """The shards' optimizer: the task's spec if the first worker sent one, else SGD from the job's flags (its
+    `--lr`, or the default for the step rule it runs: common/base_lr.py).
 
     ProtocolError("bad_field") naming the malformed field of a peer's spec (api/optim.py).
     """
     if not fields:
-        return SGD(lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay, nesterov=job.nesterov)
+        return SGD(lr=base_lr(job), momentum=job.momentum, weight_decay=job.weight_decay, nesterov=job.nesterov)
     try:
         return optimizer_from_fields(fields)
     except ValueError as exc:

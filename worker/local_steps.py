@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dynabatch.common.base_lr import base_lr
+from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.chunking import flat_params, load_flat, travelling
 from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.common.wire.step_times import StepTimes
@@ -47,6 +49,21 @@ from dynabatch.worker.step_plans import (
 from dynabatch.worker.step_result import StepResult
 
 
+def inner_optimizer(
+    optimizer: torch.optim.Optimizer | None, model: torch.nn.Module, job: JobConfig, lr_scale: float
+) -> torch.optim.Optimizer:
+    """A worker's inner SGD (`optimizer`, built on `model`'s travelling parameters from the job's flags where None)
+    at its step now: the job's base lr (common/base_lr.py: under auto the delay step's default) times the
+    scheduler's `lr_scale`. The simulator's workers step with it too."""
+    if optimizer is None:
+        optimizer = torch.optim.SGD(
+            travelling(model), lr=base_lr(job), momentum=job.momentum, weight_decay=job.weight_decay
+        )
+    for group in optimizer.param_groups:
+        group["lr"] = base_lr(job) * lr_scale
+    return optimizer
+
+
 @dataclass
 class _LocalSteps(StepLoop):
     """What both delta protocols keep: the inner optimizer and the global model a worker started from."""
@@ -58,13 +75,7 @@ class _LocalSteps(StepLoop):
     version: int = 0
 
     def _optimizer(self, assignment: WorkerAssignment) -> torch.optim.Optimizer:
-        job = self.ctx.job
-        if self.optimizer is None:
-            self.optimizer = torch.optim.SGD(
-                travelling(self.ctx.model), lr=job.lr, momentum=job.momentum, weight_decay=job.weight_decay
-            )
-        for group in self.optimizer.param_groups:
-            group["lr"] = job.lr * assignment.lr_scale
+        self.optimizer = inner_optimizer(self.optimizer, self.ctx.model, self.ctx.job, assignment.lr_scale)
         return self.optimizer
 
     def _local_step(self, assignment: WorkerAssignment) -> tuple[float, float]:

@@ -56,7 +56,7 @@ class JobView:
     connections: int  # per target
     max_workers: int  # the job's --max-workers
     params: list[list[Any]] = field(default_factory=list)  # per shard, the chunks' values as the PULL returned them
-    lr: float = 0.0  # the job's --lr: a step's size, to tell a gradient from the model's movement
+    lr: float = 0.0  # the job's step size (common/base_lr.py), to tell a gradient from the model's movement
 
     @property
     def members(self) -> list[str]:

@@ -47,6 +47,7 @@ import zmq
 
 from dynabatch.cluster.launcher import Child, Launcher
 from dynabatch.cluster.metric_text import metric_by_label, metric_sum
+from dynabatch.common.base_lr import base_lr
 from dynabatch.common.config import job_from_dict
 from dynabatch.common.tasks.builtin_tasks import builtin_init
 from dynabatch.common.wire.chunking import make_layout
@@ -332,7 +333,7 @@ def learn(job: Job, status: JobStatus, sockets: list[list[zmq.Socket[bytes]]]) -
         len(sockets[SCHEDULER]),
         jobcfg.max_workers,
         values,
-        jobcfg.lr,
+        base_lr(jobcfg),
     )
 
 
