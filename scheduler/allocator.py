@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 from dynabatch.common.allotment import allotted_batch, floored
 from dynabatch.common.config import JobConfig
@@ -84,7 +85,7 @@ class Allocator:
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
         self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
-        self.rounds_from: dict[str, int] = {}  # by worker: its count when the protocol in force took effect
+        self.rounds_from: dict[str, int] = {}  # by worker: its step count when the protocol in force took effect
         self.auto = (
             AutoPolicy(spec, job.global_batch, job.aggregation, protocols, job.batch_policy)
             if job.batch_policy == AUTO or len(protocols) > 1
@@ -95,16 +96,16 @@ class Allocator:
     def training_started(self) -> bool:
         return self.training_started_at is not None
 
-    def switch(self, spec: ProtocolSpec, samples: dict[str, int]) -> None:
-        """Decide for protocol `spec` from now on (`--protocol auto` switched the workers to it); `samples` is every
-        live worker's reported count. A lockstep protocol's leads count in its own rounds, from these counts: what
+    def switch(self, spec: ProtocolSpec, steps: dict[str, int]) -> None:
+        """Decide for protocol `spec` from now on (`--protocol auto` switched the workers to it); `steps` is every
+        live worker's reported step count. A lockstep protocol's leads count in its own rounds, from these counts: what
         each worker trained before, at its own pace under an asynchronous protocol, is no round it is behind by.
         The speed models measure anew (`SpeedModel.restart`): a step under the old protocol held its transfers in
         another proportion, so the new protocol's split is solved on the compute and the transfers it will pay, and
         on its own steps once they are reported."""
         ratio = self._round_steps() / (self.local_steps if spec.local_steps else 1)
         self.spec = spec
-        self.rounds_from = dict(samples)
+        self.rounds_from = dict(steps)
         for model in self.speeds.values():
             model.restart(ratio)
 
@@ -155,9 +156,9 @@ class Allocator:
         """A shard slot whose process left: what it was told goes with it (a new one is told afresh)."""
         self.told.pop(index, None)
 
-    def allot(self, worker: str, samples: dict[str, int], budget: int) -> None:
+    def allot(self, worker: str, samples: dict[str, int], steps: dict[str, int], budget: int) -> None:
         """Allot `worker` samples out of `budget`, the samples the job has yet to train beyond those of workers
-        that left; `samples` is every live worker's reported count.
+        that left; `samples` and `steps` are every live worker's reported counts.
 
         A worker is allotted ALLOT_AHEAD pushes beyond what it reported, so that it never waits for an answer
         while the budget lasts. Once what is unallotted no longer covers every worker's lead, it is split at once
@@ -169,26 +170,32 @@ class Allocator:
         allotment, not against what the others were given meanwhile.
 
         Where every round takes one push of every worker (`lockstep`: ssgd, local, msd), the reports lag one another
-        by up to a round: a lead counts from the most advanced report (in pushes since the protocol took effect,
-        `switch`), and the split hands out whole
-        pushes to the worker fewest pushes ahead (`levelled`), so that every worker ends at the same round and
-        no round past it trains one worker's remainder alone. A share that would leave its worker less than one
-        push of MIN_BATCH samples a step is folded into another's (common/allotment.py, `floored`).
+        by up to a round: a lead counts from the most advanced report (in rounds since the protocol took effect,
+        `switch`, counted in reported steps: a dynamic split changes a worker's push, so its samples over its push
+        now are not its rounds), and the split hands out whole pushes to the worker whose allotment is fewest rounds
+        long (`levelled`, its rounds trained plus what it has left in pushes at its batch now), so that every worker
+        ends at the same round and no round past it trains one worker's remainder alone. A share that would leave
+        its worker less than one push of MIN_BATCH samples a step is folded into another's (common/allotment.py,
+        `floored`).
         """
         have = {w: max(self.allotted.get(w, 0) if self._may_step(w) else 0, n) for w, n in samples.items()}
         unallotted = max(0, budget - sum(have.values()))
         pushes = {w: self.push_samples(w) for w in samples}
         reported = dict(samples)
-        base = {w: min(n, self.rounds_from.get(w, 0)) for w, n in samples.items()}  # where its rounds count from
+        rounds = self._rounds(steps, samples)
         if self.spec.lockstep:
-            ahead = max(((n - base[w]) / pushes[w] for w, n in samples.items() if pushes[w] > 0), default=0.0)
-            reported = {w: max(n, base[w] + round(ahead * pushes[w])) for w, n in samples.items()}
+            ahead = max((rounds[w] for w in samples if pushes[w] > 0), default=0)
+            reported = {w: n + max(0, ahead - rounds[w]) * pushes[w] for w, n in samples.items()}
         lacking = {w: max(0, reported[w] + ALLOT_AHEAD * pushes[w] - have[w]) for w in samples}
         if unallotted >= sum(lacking.values()):
             have[worker] = have.get(worker, 0) + lacking.get(worker, 0)
         else:
             split = (
-                levelled(unallotted, {w: have[w] - base[w] for w in lacking if lacking[w] > 0}, pushes)
+                levelled(
+                    unallotted,
+                    {w: rounds[w] * pushes[w] + have[w] - samples[w] for w in lacking if lacking[w] > 0},
+                    pushes,
+                )
                 if self.spec.lockstep
                 else shares(unallotted, lacking)
             )
@@ -198,6 +205,12 @@ class Allocator:
         self.allotted = have
         self.left = {w: have[w] - n for w, n in samples.items()}
         self.unallotted = max(0, budget - sum(have.values()))
+
+    def _rounds(self, steps: dict[str, int], samples: dict[str, int]) -> dict[str, int]:
+        """The rounds each worker of `samples` reported since the protocol in force took effect (a round: one push,
+        of H steps under a local protocol)."""
+        since = {w: steps.get(w, 0) - min(steps.get(w, 0), self.rounds_from.get(w, 0)) for w in samples}
+        return {w: n // self._round_steps() for w, n in since.items()}
 
     def _may_step(self, worker: str) -> bool:
         """Whether `worker` holds a batch, or may still be stepping under an answer that gave it one: a batch was
@@ -398,16 +411,22 @@ class Allocator:
 
 def levelled(total: int, have: dict[str, int], pushes: dict[str, int]) -> dict[str, int]:
     """`total` handed out a push at a time (`pushes`: each worker's samples per push) to the worker whose
-    allotment `have` is fewest pushes long (ties by id), the last push cut to what is left: workers of equal
-    rounds end at the same round."""
+    allotment `have` is fewest pushes long (ties by id); what is left short of that push is shared, in proportion
+    to their pushes, by every worker still that few pushes long, so that workers of equal rounds end at the same
+    round and its last push is the only one cut."""
     out = {w: 0 for w in have}
     pushing = sorted(w for w in have if pushes.get(w, 0) > 0)
     left = total
     while left > 0 and pushing:
-        w = min(pushing, key=lambda k: ((have[k] + out[k]) / pushes[k], k))
-        give = min(pushes[w], left)
-        out[w] += give
-        left -= give
+        length = {k: Fraction(have[k] + out[k], pushes[k]) for k in pushing}
+        w = min(pushing, key=lambda k: (length[k], k))
+        if left < pushes[w]:
+            last = {k: pushes[k] for k in pushing if length[k] == length[w]}
+            for k, share in shares(left, last).items():
+                out[k] += share
+            break
+        out[w] += pushes[w]
+        left -= pushes[w]
     return out
 
 

@@ -318,8 +318,12 @@ class JobState:
         size is known."""
         budget = self.progress.budget
         if budget is not None:
+            workers = self.roster.workers()
             self.allocator.allot(
-                member.id, {m.id: m.samples for m in self.roster.workers()}, budget - self.progress.departed_samples
+                member.id,
+                {m.id: m.samples for m in workers},
+                {m.id: m.steps for m in workers},
+                budget - self.progress.departed_samples,
             )
 
     def _reallocate(self, now: float, reason: str, subject: str, force: bool = False) -> None:
@@ -349,7 +353,7 @@ class JobState:
         assert self.protocol is not None
         spec = protocol_spec(self.protocol.workers)
         self.spec = self.wire.spec = spec
-        self.allocator.switch(spec, {m.id: m.samples for m in self.roster.workers()})
+        self.allocator.switch(spec, {m.id: m.steps for m in self.roster.workers()})
         if self.allocator.auto is not None:
             self.allocator.auto.protocol = spec.name
         self._reallocate(now, f"protocol {spec.name}", "auto", force=True)

@@ -7,6 +7,8 @@ import itertools
 import math
 from typing import Any
 
+import pytest
+
 from dynabatch.common.allotment import allotted_batch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import protocol_spec
@@ -222,38 +224,38 @@ def _fixed_pair(**kw: Any) -> Allocator:
 
 def test_each_worker_is_allotted_a_lead_of_pushes_while_the_budget_lasts() -> None:
     allocator = _fixed_pair()
-    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=10_000)
+    allocator.allot("w0", {"w0": 0, "w1": 0}, {"w0": 0, "w1": 0}, budget=10_000)
     assert allocator.allotted == {"w0": ALLOT_AHEAD * 48, "w1": 0}, "w1 is allotted at its own answer"
     assert allocator.unallotted == 10_000 - ALLOT_AHEAD * 48 and allocator.batch_of("w0") == 48
-    allocator.allot("w1", {"w0": 0, "w1": 0}, budget=10_000)
-    allocator.allot("w0", {"w0": 96, "w1": 0}, budget=10_000)
+    allocator.allot("w1", {"w0": 0, "w1": 0}, {"w0": 0, "w1": 0}, budget=10_000)
+    allocator.allot("w0", {"w0": 96, "w1": 0}, {"w0": 2, "w1": 0}, budget=10_000)
     assert allocator.allotted == {"w0": 96 + ALLOT_AHEAD * 48, "w1": ALLOT_AHEAD * 48}
     assert allocator.batch_of("w1") == 48 and allocator.idle_workers() == []
 
 
 def test_the_last_of_the_budget_is_split_at_once_and_the_last_batches_are_what_is_left() -> None:
     allocator = _fixed_pair()
-    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
+    allocator.allot("w0", {"w0": 0, "w1": 0}, {"w0": 0, "w1": 0}, budget=300)
     assert allocator.allotted == {"w0": 150, "w1": 150} and allocator.unallotted == 0, (
         "what no longer covers every lead is split at once, in proportion to what each lacks"
     )
-    allocator.allot("w0", {"w0": 144, "w1": 48}, budget=300)
+    allocator.allot("w0", {"w0": 144, "w1": 48}, {"w0": 3, "w1": 1}, budget=300)
     assert allocator.batch_of("w0") == 6 and allocator.batch_of("w1") == 48
-    allocator.allot("w0", {"w0": 150, "w1": 48}, budget=300)
+    allocator.allot("w0", {"w0": 150, "w1": 48}, {"w0": 4, "w1": 1}, budget=300)
     assert allocator.batch_of("w0") == 0 and allocator.idle_workers() == ["w0"], "no round waits for it"
     assert allocator.allotted["w0"] == 150, "an allotment never grows past the budget"
 
 
 def test_what_a_worker_that_left_or_was_left_out_did_not_train_goes_back_to_the_others() -> None:
     allocator = _fixed_pair()
-    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
+    allocator.allot("w0", {"w0": 0, "w1": 0}, {"w0": 0, "w1": 0}, budget=300)
     allocator.forget("w1")  # it left having trained nothing: the job's budget is still 300
-    allocator.allot("w0", {"w0": 150}, budget=300)
+    allocator.allot("w0", {"w0": 150}, {"w0": 4}, budget=300)
     assert allocator.allotted == {"w0": 300} and allocator.batch_of("w0") == 48
     allocator = _fixed_pair()
-    allocator.allot("w0", {"w0": 0, "w1": 0}, budget=300)
+    allocator.allot("w0", {"w0": 0, "w1": 0}, {"w0": 0, "w1": 0}, budget=300)
     allocator.allocation = {"w0": 96, "w1": 0}  # w1 left out (a round protocol's slowest): it holds no batch
-    allocator.allot("w0", {"w0": 0, "w1": 20}, budget=300)
+    allocator.allot("w0", {"w0": 0, "w1": 20}, {"w0": 0, "w1": 1}, budget=300)
     assert allocator.allotted == {"w0": 280, "w1": 20} and allocator.batch_of("w0") == 96
 
 
@@ -263,25 +265,25 @@ def test_after_a_switch_to_rounds_a_lead_counts_in_rounds_of_the_new_protocol() 
     the last of the budget is levelled in rounds since the switch: the 8,000 samples w0 is ahead are no rounds w1
     must catch up on alone while w0 idles."""
     allocator = _fixed_pair()
-    samples = {"w0": 9000, "w1": 1000}
-    allocator.switch(protocol_spec("ssgd"), samples)
+    samples, steps = {"w0": 9000, "w1": 1000}, {"w0": 180, "w1": 20}
+    allocator.switch(protocol_spec("ssgd"), steps)
     for worker in samples:
-        allocator.allot(worker, samples, budget=15_000)
+        allocator.allot(worker, samples, steps, budget=15_000)
     assert allocator.allotted == {"w0": 9000 + ALLOT_AHEAD * 48, "w1": 1000 + ALLOT_AHEAD * 48}
     ending = _fixed_pair()
-    ending.switch(protocol_spec("ssgd"), samples)
-    ending.allot("w0", samples, budget=10_200)
-    assert ending.unallotted == 0 and ending.allotted == {"w0": 9104, "w1": 1096}, (
-        "the last 200 samples in whole pushes of 48, a round at a time since the switch, the last cut to what is left"
+    ending.switch(protocol_spec("ssgd"), steps)
+    ending.allot("w0", samples, steps, budget=10_200)
+    assert ending.unallotted == 0 and ending.allotted == {"w0": 9100, "w1": 1100}, (
+        "the last 200 samples in whole pushes of 48, a round at a time since the switch, the last round's 8 shared"
     )
 
 
 def test_a_local_round_takes_its_last_samples_in_its_h_steps() -> None:
     allocator = _allocator(batch_policy="fixed", protocol="local", local_steps=8)
     allocator.reallocate(0.0, 0.0, "joined", "w0", _measured(allocator, {"w0": 1000.0}), force=True)
-    allocator.allot("w0", {"w0": 0}, budget=1000)
+    allocator.allot("w0", {"w0": 0}, {"w0": 0}, budget=1000)
     assert allocator.allotted == {"w0": 1000} and allocator.batch_of("w0") == 96, "a lead of pushes of H x b"
-    allocator.allot("w0", {"w0": 8 * 96}, budget=1000)
+    allocator.allot("w0", {"w0": 8 * 96}, {"w0": 8}, budget=1000)
     assert allocator.batch_of("w0") == 29, "232 left in 8 steps: 29 each, passing the budget by fewer than 8"
 
 
@@ -295,17 +297,18 @@ def test_the_last_of_the_budget_never_leaves_a_worker_a_batch_of_one() -> None:
     """48 each, 97 samples left: the split gives one worker 49, which it trains as 47 and 2, not 48 and 1 (a batch a
     BatchNorm model cannot train on); the job still trains its 97 samples, none past them."""
     allocator = _fixed_pair()
-    samples = {"w0": 0, "w1": 0}
+    samples, steps = {"w0": 0, "w1": 0}, {"w0": 0, "w1": 0}
     for worker in samples:
-        allocator.allot(worker, samples, budget=97)
+        allocator.allot(worker, samples, steps, budget=97)
     assert sorted(allocator.allotted.values()) == [48, 49] and allocator.unallotted == 0
     trained: dict[str, list[int]] = {"w0": [], "w1": []}
     for worker in itertools.cycle(samples):
-        allocator.allot(worker, samples, budget=97)
+        allocator.allot(worker, samples, steps, budget=97)
         batch = allocator.batch_of(worker)
         if batch:
             trained[worker].append(batch)
             samples[worker] += batch
+            steps[worker] += 1
         if not any(allocator.batch_of(w) for w in samples):
             break
     assert sorted(trained.values()) == [[47, 2], [48]] and sum(samples.values()) == 97, trained
@@ -345,16 +348,54 @@ def test_round_workers_whose_reports_lag_a_round_are_allotted_to_the_same_last_r
         (3600, 3600),
     ):
         for worker in ("w0", "w1"):
-            allocator.allot(worker, {"w0": w0, "w1": w1}, budget=7200)
+            allocator.allot(worker, {"w0": w0, "w1": w1}, {"w0": w0 // 48, "w1": w1 // 48}, budget=7200)
             assert allocator.allotted[worker] <= 3600, (worker, w0, w1, allocator.allotted)
     assert allocator.allotted == {"w0": 3600, "w1": 3600} and allocator.unallotted == 0
     assert levelled(144, {"a": 3552, "b": 3504}, {"a": 48, "b": 48}) == {"a": 48, "b": 96}
     assert levelled(30, {"a": 0, "b": 0}, {"a": 48, "b": 0}) == {"a": 30, "b": 0}, "the last push cut to what is left"
+    assert levelled(60, {"a": 0, "b": 0, "c": 24}, {"a": 48, "b": 24, "c": 24}) == {"a": 48, "b": 12, "c": 0}, (
+        "what is left short of a push is shared by the workers still that few pushes long: b, not c, a push ahead"
+    )
+    assert levelled(36, {"a": 0, "b": 0}, {"a": 48, "b": 24}) == {"a": 24, "b": 12}, "in proportion to their pushes"
 
 
-def _answer(allocator: Allocator, worker: str, samples: dict[str, int], budget: int) -> int:
-    """The scheduler's answer to `worker`'s report of `samples`: its allotment and batch, handed to it."""
-    allocator.allot(worker, samples, budget)
+@pytest.mark.parametrize("start", ["local", "asgd"])
+def test_local_sgd_under_a_changing_split_ends_every_worker_in_the_same_round(start: str) -> None:
+    """Local SGD (H = 4) with the three workers' batches 32 each, then the dynamic split moves them to 64, 21 and 11
+    after 10 rounds: rounds count in the steps each worker reported, not in its samples over its push now, so
+    all three train to the budget's last round together, whether local ran from the start or auto switched to it
+    from asgd (where each had trained at its own pace). Counting samples over the push now, the 64 worker read
+    its 32-sample rounds as half rounds and trained 11 rounds alone at the end, the 21 one 14 beyond the 11 one."""
+    h, workers = 4, ("w0", "w1", "w2")
+    allocator = _allocator(protocol=start, local_steps=h)
+    samples, steps = {"w0": 4000, "w1": 2000, "w2": 1000}, {"w0": 100, "w1": 60, "w2": 40}
+    if start == "local":
+        samples, steps = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
+    else:
+        allocator.switch(protocol_spec("local"), steps)
+    budget = sum(samples.values()) + 30_000
+    allocator.allocation = dict.fromkeys(workers, 32)
+    rounds = dict.fromkeys(workers, 0)
+    for rounds_run in itertools.count():
+        if rounds_run == 10:
+            allocator.allocation = {"w0": 64, "w1": 21, "w2": 11}
+        pushes = {}
+        for worker in workers:
+            allocator.allot(worker, samples, steps, budget)
+            pushes[worker] = allocator.batch_of(worker) * h
+        if not any(pushes.values()):
+            break
+        for worker, push in pushes.items():
+            samples[worker] += push
+            steps[worker] += h if push else 0
+            rounds[worker] += 1 if push else 0
+    assert len(set(rounds.values())) == 1, rounds
+    assert 0 <= sum(samples.values()) - budget < len(workers) * (h - 1) + 1, "the budget, a local round's rounding"
+
+
+def _answer(allocator: Allocator, worker: str, samples: dict[str, int], steps: dict[str, int], budget: int) -> int:
+    """The scheduler's answer to `worker`'s report of `samples` and `steps`: its allotment and batch, handed to it."""
+    allocator.allot(worker, samples, steps, budget)
     batch = allocator.batch_of(worker)
     allocator.hand(worker, batch)
     return batch
@@ -366,21 +407,22 @@ def test_a_worker_left_out_near_the_end_keeps_its_allotment_until_it_reports_tha
     job only once it reports holding its batch 0, so the step that lands counts against its own allotment, not
     against what w0 was given meanwhile: the job trains its 1,440 samples, not a batch more."""
     allocator = _fixed_pair(protocol="ssgd")
-    samples = {"w0": 624, "w1": 624}
+    samples, steps = {"w0": 624, "w1": 624}, {"w0": 13, "w1": 13}
     for worker in samples:
-        _answer(allocator, worker, samples, budget=1440)
+        _answer(allocator, worker, samples, steps, budget=1440)
     assert allocator.allotted == {"w0": 720, "w1": 720} and allocator.unallotted == 0
     stepping_under = allocator.assignment_id
     allocator.allocation = {"w0": 96, "w1": 0}  # the split leaves w1 out: a new assignment
     allocator.assignment_id += 1
-    assert _answer(allocator, "w1", samples, budget=1440) == 0
+    assert _answer(allocator, "w1", samples, steps, budget=1440) == 0
     assert allocator.allotted["w1"] == 720, "w1 may still be stepping under its last answer"
-    samples["w1"] += 48  # the step it took under that answer lands
+    samples["w1"], steps["w1"] = 672, 14  # the step it took under that answer lands
     allocator.stepped("w1", stepping_under)
-    assert _answer(allocator, "w1", samples, budget=1440) == 0 and allocator.allotted["w1"] == 720
+    assert _answer(allocator, "w1", samples, steps, budget=1440) == 0 and allocator.allotted["w1"] == 720
     allocator.stepped("w1", allocator.assignment_id)  # it reports holding the answer that left it out
-    while batch := _answer(allocator, "w0", samples, budget=1440):
+    while batch := _answer(allocator, "w0", samples, steps, budget=1440):
         samples["w0"] += batch
+        steps["w0"] += 1
         allocator.stepped("w0", allocator.assignment_id)
     assert samples == {"w0": 768, "w1": 672} and allocator.allotted == samples, "the budget, no batch past it"
 
@@ -405,7 +447,7 @@ def test_after_a_switch_to_local_sgd_the_split_is_solved_on_the_transfers_a_roun
             )
             allocator.observe(wid, hb)
         samples[wid] = 128 * 8
-    allocator.switch(protocol_spec("local"), samples)
+    allocator.switch(protocol_spec("local"), {wid: 8 for wid in samples})
     allocator.reallocate(0.0, 0.0, "protocol local", "auto", {wid: 0 for wid in devices}, force=True)
     local = {w: StepModel(f + transfer[w] / h, c) for w, (f, c) in devices.items()}
     expected = allocate(local, 512, 1, 512)

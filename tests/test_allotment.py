@@ -69,13 +69,14 @@ def test_the_scheduler_hands_out_every_budget_with_no_batch_below_the_floor(prot
         for wid in ("w0", "w1", "w2"):
             allocator.measure(wid, 1000.0, instance="")
         allocator.reallocate(0.0, 0.0, "joined", "w2", {"w0": 0, "w1": 0, "w2": 0}, force=True)
-        samples, handed = {"w0": 0, "w1": 0, "w2": 0}, []
+        samples, counts, handed = {"w0": 0, "w1": 0, "w2": 0}, {"w0": 0, "w1": 0, "w2": 0}, []
         while True:
             for worker in samples:
-                allocator.allot(worker, samples, budget)
+                allocator.allot(worker, samples, counts, budget)
                 batch = allocator.batch_of(worker)
                 handed.append(batch)
                 samples[worker] += batch * steps
+                counts[worker] += steps if batch else 0
             if not any(handed[-3:]):
                 break
         past = sum(samples.values()) - budget

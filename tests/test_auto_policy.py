@@ -213,7 +213,7 @@ def test_auto_chooses_no_more_once_the_whole_budget_is_allotted() -> None:
     measured set; a choice over the rest would switch for nothing)."""
     allocator = _allocator(protocol="ssgd")
     ready = _join(allocator, ["w0", "w1", "w2"])
-    allocator.allot("w0", {"w0": 0, "w1": 0, "w2": 0}, budget=96)
+    allocator.allot("w0", {"w0": 0, "w1": 0, "w2": 0}, {"w0": 0, "w1": 0, "w2": 0}, budget=96)
     assert allocator.unallotted == 0
     for wid, per_sample_s in (("w0", 0.001), ("w1", 0.001), ("w2", 0.004)):
         _step(allocator, ready, wid, per_sample_s, MEASURED_STEPS + 1)
