@@ -195,6 +195,7 @@ class Allocator:
                     unallotted,
                     {w: rounds[w] * pushes[w] + have[w] - samples[w] for w in lacking if lacking[w] > 0},
                     pushes,
+                    self.spec.report_steps(self.local_steps),
                 )
                 if self.spec.lockstep
                 else shares(unallotted, lacking)
@@ -409,11 +410,12 @@ class Allocator:
         return dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers :])
 
 
-def levelled(total: int, have: dict[str, int], pushes: dict[str, int]) -> dict[str, int]:
-    """`total` handed out a push at a time (`pushes`: each worker's samples per push) to the worker whose
-    allotment `have` is fewest pushes long (ties by id); what is left short of that push is shared, in proportion
-    to their pushes, by every worker still that few pushes long, so that workers of equal rounds end at the same
-    round and its last push is the only one cut."""
+def levelled(total: int, have: dict[str, int], pushes: dict[str, int], steps: int = 1) -> dict[str, int]:
+    """`total` handed out a push at a time (`pushes`: each worker's samples per push of `steps` local steps) to the
+    worker whose allotment `have` is fewest pushes long (ties by id); what is left short of that push is shared, in
+    whole steps in proportion to their pushes, by every worker still that few pushes long (the few samples short of
+    a step to that worker), so that workers of equal rounds end at the same round and its last push is the only
+    one cut."""
     out = {w: 0 for w in have}
     pushing = sorted(w for w in have if pushes.get(w, 0) > 0)
     left = total
@@ -421,9 +423,11 @@ def levelled(total: int, have: dict[str, int], pushes: dict[str, int]) -> dict[s
         length = {k: Fraction(have[k] + out[k], pushes[k]) for k in pushing}
         w = min(pushing, key=lambda k: (length[k], k))
         if left < pushes[w]:
-            last = {k: pushes[k] for k in pushing if length[k] == length[w]}
-            for k, share in shares(left, last).items():
-                out[k] += share
+            last = {k: pushes[k] // steps for k in pushing if length[k] == length[w]}
+            whole = shares(left // steps, last)
+            for k, share in whole.items():
+                out[k] += share * steps
+            out[w] += left - sum(whole.values()) * steps
             break
         out[w] += pushes[w]
         left -= pushes[w]
