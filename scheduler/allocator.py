@@ -206,7 +206,7 @@ class Allocator:
         self.unallotted = max(0, budget - sum(have.values()))
 
     def _rounds(self, steps: dict[str, int], samples: dict[str, int]) -> dict[str, int]:
-        """The rounds each worker of `samples` reported since the protocol in force took effect (a round: one push,
+        """The rounds each worker of `samples` reported since the protocol now running took effect (a round: one push,
         of H steps under a local protocol)."""
         since = {w: steps.get(w, 0) - min(steps.get(w, 0), self.rounds_from.get(w, 0)) for w in samples}
         return {w: n // self._round_steps() for w, n in since.items()}
