@@ -42,7 +42,7 @@ from dynabatch.scheduler.job_restart import resume_job, saved_job
 from dynabatch.scheduler.job_status import job_status
 from dynabatch.scheduler.outage_clock import ClockReading
 from dynabatch.scheduler.progress import Progress
-from dynabatch.scheduler.progress_watch import measured_eval_s, stuck_workers, wedged_evaluators
+from dynabatch.scheduler.progress_watch import measured_eval_s, progressed, stuck_workers, wedged_evaluators
 from dynabatch.scheduler.protocol_in_force import ProtocolInForce
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
@@ -184,7 +184,7 @@ class JobState:
                 member.last, hb, now - (member.progress_at or member.joined), self.job.max_batch, self.roster.num_shards
             )
             check_rollbacks(hb, self.job.max_rollbacks)
-            if hb.steps != member.last.steps or hb.skipped != member.last.skipped or not member.progress_at:
+            if progressed(member.last, hb) or not member.progress_at:
                 member.progress_at = now
             if not member.admitted_in and hb.standalone_sps > 0:
                 # Its first report (a worker heartbeats from its WELCOME on, while it loads and measures itself,

@@ -4,7 +4,7 @@ A worker heartbeats from a thread of its own (worker/pulse.py), so one whose dat
 loading blocks for ever, or whose main thread hangs in user code, stays live: under
 a round protocol every round then waits for it until the round timeout, and a job's
 end waits for its BYE, which never comes. A worker holding a batch that reports no
-new step (nor a skipped one) for longer than its own steps allow is dropped from
+new step (pushed, skipped or discarded) for longer than its own steps allow is dropped from
 rounds and from the end condition, with the reason logged. An evaluator is judged
 the same way by its evaluations, since the job's end waits for its final one.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from dynabatch.common.config import JobConfig
+from dynabatch.common.wire.messages import WorkerHeartbeat
 from dynabatch.scheduler.roster import Member
 
 PROGRESS_STEPS = 20
@@ -21,6 +22,14 @@ PROGRESS_STEPS = 20
 PROGRESS_FLOOR_FACTOR = 3.0
 """The least time allowed, in liveness timeouts: a worker between steps on a loaded machine (its step time
 measured while it was less loaded) is not dropped for it."""
+
+
+def progressed(prev: WorkerHeartbeat, hb: WorkerHeartbeat) -> bool:
+    """Whether `hb` reports a step that `prev` did not: one whose gradient was pushed, one skipped because its loss
+    was not finite, or one whose push the shards answered without applying it (WorkerHeartbeat.discarded). A
+    discarded step trained nothing, but its worker is computing: under Ringmaster a worker far slower than the rest
+    has every gradient discarded as too stale, and dropping it as stuck would only make it register again."""
+    return hb.steps != prev.steps or hb.skipped != prev.skipped or hb.discarded != prev.discarded
 
 
 def progress_allowed_s(step_s: float, liveness_timeout_s: float, join_timeout_s: float) -> float:

@@ -51,7 +51,7 @@ def check_worker_heartbeat(
         raise ProtocolError(
             ErrorCode.BAD_FIELD, f"HEARTBEAT.batch {hb.batch} is outside [0, {max_batch}] (the job's --max-batch)"
         )
-    for name in ("steps", "samples", "bytes", "skipped"):
+    for name in ("steps", "samples", "bytes", "skipped", "discarded"):
         if getattr(hb, name) < getattr(prev, name):
             raise ProtocolError(
                 ErrorCode.BAD_FIELD,
@@ -65,12 +65,13 @@ def check_worker_heartbeat(
             ErrorCode.BAD_FIELD,
             f"HEARTBEAT.steps grew by {new_steps} in {elapsed_s:.3f} s (at most {possible} steps fit)",
         )
-    if hb.skipped - prev.skipped > possible:
-        raise ProtocolError(
-            ErrorCode.BAD_FIELD,
-            f"HEARTBEAT.skipped grew by {hb.skipped - prev.skipped} in {elapsed_s:.3f} s "
-            f"(at most {possible} steps fit)",
-        )
+    for name in ("skipped", "discarded"):
+        grew = getattr(hb, name) - getattr(prev, name)
+        if grew > possible:
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"HEARTBEAT.{name} grew by {grew} in {elapsed_s:.3f} s (at most {possible} steps fit)",
+            )
     if hb.samples - prev.samples > new_steps * max_batch:
         raise ProtocolError(
             ErrorCode.BAD_FIELD,

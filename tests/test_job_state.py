@@ -668,6 +668,43 @@ def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_r
     assert state.expire(now + 0.2) == [] and state.allocator.batch_of(late) > 0
 
 
+def test_a_worker_whose_every_push_is_discarded_is_computing_and_is_not_dropped_as_stuck() -> None:
+    """Under Ringmaster a worker far slower than the rest has every gradient discarded as too stale: its steps
+    stop growing while it computes and pushes. Its heartbeats count those steps in `discarded`, which is progress:
+    it is not dropped (and made to register again) as one whose data loading hangs would be, after the same time."""
+    state = _job(protocol="ringmaster", liveness_timeout_s=2.0, epochs=1000.0)
+    w0, w1 = _join(state, 1000.0), _join(state, 1000.0)
+    for t in range(1, 6):
+        _step(state, w0, 0.05, t * 0.1)
+        _step(state, w1, 0.05, t * 0.1)
+    last = state.roster.members[w1].last
+    limit = progress_allowed_s(0.05, 2.0, state.job.join_timeout_s)
+    now = 0.5
+    while now < 0.5 + 3 * limit:
+        now += 0.2
+        _step(state, w0, 0.05, now)
+        last = replace(last, discarded=last.discarded + 3)  # three steps computed and discarded since its last beat
+        state.heartbeat(w1, last, now)
+        _shards_apply(state, now)
+        assert state.expire(now) == []
+    assert not state.roster.members[w1].left and state.allocator.batch_of(w1) > 0
+
+
+def test_a_discarded_count_that_goes_backwards_or_outgrows_the_time_is_refused_and_changes_nothing() -> None:
+    state = _job(protocol="ringmaster")
+    a = _join(state, 1000.0)
+    _step(state, a, 0.05, 1.0)
+    state.heartbeat(a, replace(state.roster.members[a].last, discarded=4), 1.1)
+    kept = state.roster.members[a].last
+    for hb, why in (
+        (replace(kept, discarded=3), "went backwards"),
+        (replace(kept, discarded=4 + 10_000_000), "discarded grew by"),
+    ):
+        with pytest.raises(ProtocolError, match=why):
+            state.heartbeat(a, hb, 1.2)
+        assert state.roster.members[a].last == kept
+
+
 def _to_epochs(state: JobState, wid: str, t: float = 0.0) -> float:
     """Step `wid` until the job's samples reach its epochs; returns the time."""
     while state.progress.epoch < state.job.epochs:

@@ -31,6 +31,7 @@ def heartbeat_after(
     assignment_id: int = 0,
     skipped: int = 0,
     rollbacks: int = 0,
+    discarded: int = 0,
 ) -> WorkerHeartbeat:
     """`prev`'s counters plus `result`; phase times per local step (a round of H steps reports H)."""
     steps = result.steps
@@ -49,6 +50,7 @@ def heartbeat_after(
         assignment_id=assignment_id,
         skipped=skipped,
         rollbacks=rollbacks,
+        discarded=discarded,
     )
 
 

@@ -138,6 +138,7 @@ class Worker:
         self.started = time.monotonic()
         self.skipped = 0  # steps not pushed because their loss was not finite (HEARTBEAT.skipped)
         self.skipped_in_a_row = 0  # since the last step that was pushed: what the log says
+        self.discarded = 0  # steps whose push the shards answered without applying it (HEARTBEAT.discarded)
         self._check_micro_batching()
         data, collate = joined.train_data, joined.task.collate_fn()
         order = worker_order(len(data), joined.job.seed, joined.number)  # this worker's order of the training set
@@ -319,6 +320,9 @@ class Worker:
                 # ahead before its direction could be judged, or it switched protocol while the step was on its
                 # way: no error, the next step pulls at once (under the protocol its next assignment names).
                 self.m.discarded.inc()
+                self.discarded += 1
+                self.process.beat.last = replace(self.process.beat.last, discarded=self.discarded)
+                self.process.beat.when_due()
             else:
                 self.batches.step_succeeded()
                 if result is not None:
@@ -432,6 +436,7 @@ class Worker:
             assignment_id=assignment_id,
             skipped=self.skipped,
             rollbacks=process.beat.rollbacks or 0,
+            discarded=self.discarded,
         )
         process.beat.send(hb)
         return hb

@@ -89,6 +89,12 @@ class WorkerHeartbeat:
     did not push because their loss was not finite, and reports in `rollbacks` the
     last rollback it acted on (it dropped the model it held, and reported the steps
     it had skipped before).
+
+    `discarded` counts the steps whose push its shards answered without applying it
+    (too stale for ssgd, msync, ringmaster or rennala; held by the direction check;
+    sent across a protocol switch): steps it computed that trained nothing. They are
+    progress all the same (scheduler/progress_watch.py): under Ringmaster a worker far
+    slower than the rest has every gradient discarded and is not stuck.
     """
 
     TYPE: ClassVar[str] = "HEARTBEAT"
@@ -106,6 +112,7 @@ class WorkerHeartbeat:
     standalone_fixed_s: float = 0.0
     skipped: int = 0
     rollbacks: int = 0
+    discarded: int = 0
 
 
 @dataclass
