@@ -31,12 +31,17 @@ def test_no_push_of_an_allotment_is_below_the_floor_and_it_passes_the_allotment_
         pushes = _pushes(batch, left, steps)
         assert all(MIN_BATCH <= b <= batch for b in pushes), (batch, left, pushes)
         assert 0 <= sum(pushes) * steps - left < steps, (batch, left, pushes)
+        if left >= steps * batch:  # an allotment of a push or more ends on no push under half of one
+            assert 2 * min(pushes) >= batch, (batch, left, pushes)
 
 
-def test_the_push_before_the_last_takes_less_so_that_the_last_is_not_one_sample() -> None:
-    assert _pushes(48, 49, 1) == [47, 2], "49 left at 48 a push: not 48 then 1"
-    assert _pushes(48, 96 + 1, 1) == [48, 47, 2]
-    assert _pushes(32, 5, 8) == [2] and _pushes(32, 256 + 5, 8) == [31, 2], "a local round's last step at 2"
+def test_the_push_before_the_last_shares_a_remainder_under_half_a_push_so_that_the_last_is_not_a_few_samples() -> None:
+    assert _pushes(48, 49, 1) == [25, 24], "49 left at 48 a push: not 48 then 1, nor 47 then 2"
+    assert _pushes(48, 96 + 1, 1) == [48, 25, 24]
+    assert _pushes(48, 48 + 24, 1) == [48, 24], "half a push left is a push of its own"
+    assert _pushes(71, 8 * 71 + 56, 8) == [39, 39], "the main job's last local round: not 8 steps of 7 samples"
+    assert _pushes(32, 5, 8) == [2], "an allotment of a few samples in all still trains them"
+    assert _pushes(4, 5, 1) == [3, 2] and _pushes(3, 4, 1) == [2, 2], "small batches keep the floor"
     assert allotted_batch(1, 1) == 1, "a worker whose own cap is 1 sample still trains"
     assert allotted_batch(48, None) == 48 and allotted_batch(48, 0) == 0
 
