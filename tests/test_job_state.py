@@ -636,15 +636,22 @@ def test_a_slow_link_keeps_its_compute_share_unless_a_round_waits_for_it(protoco
         assert held == [32] * 20, held
 
 
-def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_rounds_and_the_end() -> None:
-    """Liveness is not progress: w1's heartbeat thread beats on (its last counters repeated) while its data
-    loading hangs; after PROGRESS_STEPS of its own steps (at least three liveness timeouts) it is dropped and its
-    share goes to w0, which kept stepping; a worker that merely waits for its first batch is not judged."""
-    state = _job(protocol="ssgd", liveness_timeout_s=2.0, epochs=1000.0)
+def _two_stepping(protocol: str) -> tuple[JobState, str, str]:
+    """A job of `protocol` (2 s liveness, epochs enough never to end) whose two workers have each taken five steps of
+    0.05 s."""
+    state = _job(protocol=protocol, liveness_timeout_s=2.0, epochs=1000.0)
     w0, w1 = _join(state, 1000.0), _join(state, 1000.0)
     for t in range(1, 6):
         _step(state, w0, 0.05, t * 0.1)
         _step(state, w1, 0.05, t * 0.1)
+    return state, w0, w1
+
+
+def test_a_worker_whose_steps_stop_while_its_heartbeat_goes_on_is_dropped_from_rounds_and_the_end() -> None:
+    """Liveness is not progress: w1's heartbeat thread beats on (its last counters repeated) while its data
+    loading hangs; after PROGRESS_STEPS of its own steps (at least three liveness timeouts) it is dropped and its
+    share goes to w0, which kept stepping; a worker that merely waits for its first batch is not judged."""
+    state, w0, w1 = _two_stepping("ssgd")
     frozen = state.roster.members[w1].last
     limit = progress_allowed_s(0.05, 2.0, state.job.join_timeout_s)
     assert limit == 3 * 2.0, "20 steps of 0.05 s are less than the floor of three liveness timeouts"
@@ -672,11 +679,7 @@ def test_a_worker_whose_every_push_is_discarded_is_computing_and_is_not_dropped_
     """Under Ringmaster a worker far slower than the rest has every gradient discarded as too stale: its steps
     stop growing while it computes and pushes. Its heartbeats count those steps in `discarded`, which is progress:
     it is not dropped (and made to register again) as one whose data loading hangs would be, after the same time."""
-    state = _job(protocol="ringmaster", liveness_timeout_s=2.0, epochs=1000.0)
-    w0, w1 = _join(state, 1000.0), _join(state, 1000.0)
-    for t in range(1, 6):
-        _step(state, w0, 0.05, t * 0.1)
-        _step(state, w1, 0.05, t * 0.1)
+    state, w0, w1 = _two_stepping("ringmaster")
     last = state.roster.members[w1].last
     limit = progress_allowed_s(0.05, 2.0, state.job.join_timeout_s)
     now = 0.5
