@@ -110,9 +110,11 @@ def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_fo
                     "synthetic",
                     "--model",
                     "mlp",
-                    "--batches",
+                    "--batches",  # a slope the fastest of 20 steps resolves beside a second suite's load
                     "16",
-                    "256",
+                    "1024",
+                    "--repeats",
+                    "20",
                     "--save-profile",
                     str(probes),
                     "--link-mbit",

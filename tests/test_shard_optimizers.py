@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from dynabatch import optim
+from dynabatch.common.base_lr import base_lr
 from dynabatch.common.config import JobConfig
 from dynabatch.common.protocols import ProtocolSettings, SoftsyncSettings
 from dynabatch.common.wire.chunking import make_layout
@@ -260,5 +261,5 @@ def test_the_wire_form_of_every_spec_is_accepted_back_and_no_spec_means_the_jobs
     for spec in (*SPECS, optim.SGD(), optim.Adam(), optim.AdamW()):
         assert optimizer_spec(JOB, spec.to_wire()) == spec
     assert optimizer_spec(JOB, {}) == optim.SGD(
-        lr=JOB.lr, momentum=JOB.momentum, weight_decay=JOB.weight_decay, nesterov=JOB.nesterov
+        lr=base_lr(JOB), momentum=JOB.momentum, weight_decay=JOB.weight_decay, nesterov=JOB.nesterov
     )
