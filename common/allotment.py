@@ -39,8 +39,8 @@ def allotted_batch(batch: int, left: int | None, steps: int = 1) -> int:
     The last push takes ceil(left / steps) per step, so it may pass the allotment by fewer than `steps` samples;
     0 once nothing is left. A push that would leave less than half a push splits what is left between itself and
     the last, about evenly: a last round of a few samples a step (a share's remainder) is a noisy gradient and, for
-    H local steps, BatchNorm statistics of tiny batches in the model that the job ends on (the main job lost 8.6
-    points of test accuracy to a last round of 7 samples a step at batch 71). Where even that would leave less
+    H local steps, BatchNorm statistics of tiny batches in the model that the job ends on (bench/RESULTS.md 33:
+    the main job's last round). Where even that would leave less
     than `least_left`, the push takes less, so that the last is not below MIN_BATCH (possible wherever `batch` is
     at least 2 x MIN_BATCH - 1); what is left is never below it when the scheduler allotted it (`floored`), and
     were it so, the push takes MIN_BATCH per step.
