@@ -195,7 +195,7 @@ class SpeedModel:
         if not self._compute:
             return None if step is None else StepModel(0.0, step.per_sample_s)
         data = np.asarray(self._compute, dtype=float)
-        w = self._forgetting ** np.arange(len(data) - 1, -1, -1, dtype=float)
+        w = self._recency_weights(len(data))
         return StepModel(0.0, float(w @ data[:, 1]) / float(w @ data[:, 0]))
 
     def overhead_fit(self) -> StepModel | None:
@@ -220,7 +220,7 @@ class SpeedModel:
         None where the worker reported no compute time."""
         if not self._overhead:
             return None
-        w = self._forgetting ** np.arange(len(self._overhead) - 1, -1, -1, dtype=float)
+        w = self._recency_weights(len(self._overhead))
         return float(w @ np.asarray(self._overhead, dtype=float)) / float(w.sum())
 
     def compute_curve(self) -> StepModel | None:
@@ -231,7 +231,7 @@ class SpeedModel:
         if not self._compute:
             return None
         data = np.asarray(self._compute, dtype=float)
-        w = self._forgetting ** np.arange(len(data) - 1, -1, -1, dtype=float)
+        w = self._recency_weights(len(data))
         batch, seconds = float(w @ data[:, 0]) / float(w.sum()), float(w @ data[:, 1]) / float(w.sum())
         fixed = min(self.probe_fixed_s(batch, seconds), MAX_FIXED_FRACTION * seconds)
         return StepModel(fixed, (seconds - fixed) / batch)
@@ -274,12 +274,17 @@ class SpeedModel:
         share = min(self._probe_fixed_s * self._prior / self._probe_batch, MAX_FIXED_FRACTION)
         return seconds * share * self._probe_batch / (share * self._probe_batch + (1.0 - share) * batch)
 
+    def _recency_weights(self, n: int) -> np.ndarray:
+        """The weights of a window's ``n`` entries, oldest first: the newest weighs 1, each older one ``forgetting``
+        times the next, so every fit and mean of this model forgets alike."""
+        return self._forgetting ** np.arange(n - 1, -1, -1, dtype=float)
+
     def _refit(self) -> StepModel:
         """Refit after each observation, so that an intercept identified while
         batches varied is remembered even if nobody called ``fit`` at that time."""
         data = np.asarray(self._window, dtype=float)
         b, t = data[:, 0], data[:, 1]
-        w = self._forgetting ** np.arange(len(b) - 1, -1, -1, dtype=float)
+        w = self._recency_weights(len(b))
         w /= w.sum()
         mean_b = float(w @ b)
         mean_t = float(w @ t)
