@@ -23,10 +23,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.ports import free_port
 from dynabatch.common.base_lr import base_lr
+
+if TYPE_CHECKING:
+    from bench.peer_train import Setup
 
 WARMUP_FRACTION = 0.2  # as `dynabatch run`'s summary, the first fifth of the steps is left out
 
@@ -47,13 +51,7 @@ class RoundResult:
 
 def rank_main(argv: list[str]) -> int:
     """One DDP rank: train for `--duration-s`, print the mean step time after warm-up as JSON (rank 0)."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-
-    from bench.peer_train import setup, sgd
-    from dynabatch.common.tasks.data import make_batch
+    from bench.peer_train import gloo_group, setup
 
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--rank", type=int, required=True)
@@ -64,27 +62,34 @@ def rank_main(argv: list[str]) -> int:
     p.add_argument("--data-dir", default="")
     args = p.parse_args(argv)
     s = setup(args.rank, 0, args.data_dir)  # the job's model and worker `rank`'s data order, one torch thread
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
+    times: list[float] = []
+    with gloo_group(init_method=args.init, rank=args.rank, world_size=args.world):
+        _timed_steps(s, args.batch, args.duration_s, times)
+    kept = times[int(WARMUP_FRACTION * len(times)) :]
+    if args.rank == 0:
+        print(json.dumps({"mean_step_s": statistics.fmean(kept), "steps": len(times)}))
+    return 0
+
+
+def _timed_steps(s: Setup, batch: int, duration_s: float, times: list[float]) -> None:
+    """DDP's steps of `batch` samples for `duration_s`, each one's seconds appended to `times`."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bench.peer_train import all_done, sgd
+    from dynabatch.common.tasks.data import make_batch
+
     model = DistributedDataParallel(s.model)
     opt = sgd(model, s.job, base_lr(s.job))
-    times: list[float] = []
-    end = time.monotonic() + args.duration_s
-    while True:
-        stop = torch.tensor([1.0 if time.monotonic() >= end else 0.0])
-        dist.all_reduce(stop)  # every rank takes the same number of steps
-        if stop.item() > 0:
-            break
-        x, y = make_batch(s.data, s.order.take(args.batch), True, s.generator)
+    end = time.monotonic() + duration_s
+    while not all_done(time.monotonic() >= end):
+        x, y = make_batch(s.data, s.order.take(batch), True, s.generator)
         start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         torch.autograd.backward(F.cross_entropy(model(x), y))  # Tensor.backward is untyped in torch
         opt.step()
         times.append(time.perf_counter() - start)
-    dist.destroy_process_group()
-    kept = times[int(WARMUP_FRACTION * len(times)) :]
-    if args.rank == 0:
-        print(json.dumps({"mean_step_s": statistics.fmean(kept), "steps": len(times)}))
-    return 0
 
 
 def ddp_step(settings: Settings, port: int, data_dir: str, log_dir: Path) -> float | None:
