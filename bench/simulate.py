@@ -559,7 +559,9 @@ class Worker:
 
     def beat(self, result: StepResult, sync_s: float = 0.0) -> None:
         """Report a step as the real worker does (worker/heartbeats.py), and take the answer for the next step."""
-        self.hb = heartbeat_after(self.hb, result, sync_s=sync_s, moved_bytes=int(self.moved))
+        self.hb = heartbeat_after(
+            self.hb, result, sync_s=sync_s, moved_bytes=int(self.moved), discarded=self.hb.discarded
+        )
         self.told = self.c.report(self.wid, self.hb)
 
     # -- joining and leaving ----------------------------------------------------------
@@ -659,7 +661,9 @@ class Worker:
                 # worker pulls again at once
                 c.discarded_samples += record.batch
                 plan.after_failure(refused.code)
-                self.told = c.told(self.wid)  # what the real worker's link hands it between steps
+                # counted in its heartbeat (WorkerHeartbeat.discarded), which the scheduler judges idling by
+                self.hb = replace(self.hb, discarded=self.hb.discarded + 1)
+                self.told = c.report(self.wid, self.hb)
                 continue
             loss = sum(record.losses) / len(record.losses)
             self.beat(StepResult(record.times, record.batch, loss, self.version, record.steps), sync_s=self.sync_s)

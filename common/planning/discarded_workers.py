@@ -1,0 +1,56 @@
+"""Which workers Ringmaster would always discard: the one rule the scheduler, the simulator and the predictor share.
+
+Ringmaster ASGD (Maranjyan, Tyurin, Richtarik, ICML 2025) discards a gradient whose delay reaches R. While a worker
+computes one step of t_i seconds, each worker whose gradients are applied makes t_i / t_j versions. Sorted by step
+time, the fastest are kept while the slowest kept one's mean delay, t_k x sum_{j<k} 1/t_j, stays below R (a faster
+worker's is smaller, so it is the one to check); every slower worker has some or all of its gradients discarded. Its
+delay is always at least sum_j floor(t_i / t_j) over the kept workers j (each completes that many whole steps
+within one of its steps, whatever the phase): where that reaches R, every one of its gradients arrives too stale and
+its computation is irrelevant. The paper stops such computations: the scheduler gives that worker no batch (it stays
+registered and alive), and gives it one back once the same rule says some of its steps would count. A worker whose
+mean delay reaches R but whose least does not has some steps applied and keeps computing.
+
+The step times are each worker's at the split every worker would get, idle ones included; the others keep their
+batches while a worker is idle (its allotment of the job's samples goes to them), so idling changes nothing the rule
+reads and does not by itself bring the worker back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+EXACT = 1e-9
+"""Relative slack on a ratio of step times, so that a step exactly twice another's counts two of them."""
+
+
+def kept_prefix(steps_s: Sequence[float], threshold: int) -> int:
+    """How many of `steps_s` (step seconds, fastest first) keep their delay below `threshold` (R); at least one."""
+    updates, kept = 0.0, 0
+    for step in steps_s:
+        if updates * step >= threshold:
+            break
+        updates, kept = updates + 1 / step, kept + 1
+    return max(1, kept)
+
+
+@dataclass(frozen=True)
+class Discarded:
+    """A worker whose every gradient would arrive `delay` versions stale, at least R (`threshold`)."""
+
+    delay: int
+    threshold: int
+
+    @property
+    def reason(self) -> str:
+        return f"Ringmaster would discard its steps: delay {self.delay} >= R {self.threshold}"
+
+
+def discarded_workers(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]:
+    """The workers of `steps_s` (worker -> its step seconds) whose delay always reaches `threshold`, with their least
+    delay (the whole steps the kept workers complete during one of theirs); the fastest worker is always kept."""
+    ranked = sorted(steps_s, key=lambda w: (steps_s[w], w))
+    kept = ranked[: kept_prefix([steps_s[w] for w in ranked], threshold)]
+    least = {w: sum(math.floor(steps_s[w] / steps_s[k] * (1 + EXACT)) for k in kept) for w in ranked[len(kept) :]}
+    return {w: Discarded(delay, threshold) for w, delay in least.items() if delay >= threshold}
