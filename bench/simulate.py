@@ -960,6 +960,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded, "
         f"{r.clipped} pushes clipped"
     )
+    print(
+        "each worker's last batch (0: left out or idle) and samples: "
+        + ", ".join(f"{w} b={r.worker_batches.get(w, 0)} {n}" for w, n in sorted(r.worker_samples.items()))
+    )
     return 0
 
 

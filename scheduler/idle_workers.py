@@ -5,7 +5,8 @@ every worker would get and the threshold R, the workers whose delay always reach
 worker only once its own reports agree: IDLE_AFTER steps in a row discarded, none applied since
 (`WorkerHeartbeat.discarded` grows while `steps` does not). An idle worker is judged again at every reallocation on
 its last measured speed (it takes no step, so no newer one exists), the others' speeds, R and the protocol that runs:
-it comes back when a faster worker leaves, the others slow down, or the job switches away from Ringmaster.
+it comes back once its mean delay is below R (a faster worker left, the others slowed down) or the job switches away
+from Ringmaster.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ class IdleWorkers:
         return 0 if last is None else last[1] - self._since.get(worker, last[1])
 
     def judge(self, steps_s: Mapping[str, float] | None, threshold: int) -> bool:
-        """Idle the workers the rule names at `steps_s` (worker -> its step seconds at everyone's split; None: the
-        protocol that runs discards nothing for its delay) that are idle already or whose reports agree; a worker
-        that comes back counts its discarded steps anew. True when the idle workers changed."""
-        named = {} if steps_s is None else discarded_workers(steps_s, threshold)
-        idle = {w: d for w, d in named.items() if w in self.idle or self.discarded_in_a_row(w) >= IDLE_AFTER}
+        """Idle the workers whose every step the rule says would be discarded at `steps_s` (worker -> its step seconds
+        at everyone's split; None: the protocol that runs discards nothing for its delay) once their reports agree;
+        keep idle those whose mean delay still reaches R. A worker that comes back counts its discarded steps anew.
+        True when the idle workers changed."""
+        beyond = {} if steps_s is None else discarded_workers(steps_s, threshold)
+        idle = {
+            w: d for w, d in beyond.items() if w in self.idle or (d.always and self.discarded_in_a_row(w) >= IDLE_AFTER)
+        }
         for back in set(self.idle) - set(idle):
             self._since[back] = self._last.get(back, (0, 0))[1]
         changed = set(idle) != set(self.idle)

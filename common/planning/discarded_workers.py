@@ -7,8 +7,10 @@ worker's is smaller, so it is the one to check); every slower worker has some or
 delay is always at least sum_j floor(t_i / t_j) over the kept workers j (each completes that many whole steps
 within one of its steps, whatever the phase): where that reaches R, every one of its gradients arrives too stale and
 its computation is irrelevant. The paper stops such computations: the scheduler gives that worker no batch (it stays
-registered and alive), and gives it one back once the same rule says some of its steps would count. A worker whose
-mean delay reaches R but whose least does not has some steps applied and keeps computing.
+registered and alive), and gives it one back once the same rule says its steps would count: once its mean delay is
+below R. A worker whose mean delay reaches R but whose least does not has some steps applied: it keeps computing if
+it trains, and stays idle if it is idle (the band keeps a worker whose step times are measured with noise from
+going back and forth).
 
 The step times are each worker's at the split every worker would get, idle ones included; the others keep their
 batches while a worker is idle (its allotment of the job's samples goes to them), so idling changes nothing the rule
@@ -37,20 +39,31 @@ def kept_prefix(steps_s: Sequence[float], threshold: int) -> int:
 
 @dataclass(frozen=True)
 class Discarded:
-    """A worker whose every gradient would arrive `delay` versions stale, at least R (`threshold`)."""
+    """A worker beyond Ringmaster's threshold: its gradients arrive `mean` versions stale on average, at least R
+    (`threshold`), and never fewer than `least`."""
 
-    delay: int
+    mean: float
+    least: int
     threshold: int
 
     @property
+    def always(self) -> bool:
+        """Whether every one of its gradients would be discarded."""
+        return self.least >= self.threshold
+
+    @property
     def reason(self) -> str:
-        return f"Ringmaster would discard its steps: delay {self.delay} >= R {self.threshold}"
+        return f"Ringmaster would discard its steps: delay {self.mean:.1f} >= R {self.threshold}"
 
 
 def discarded_workers(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]:
-    """The workers of `steps_s` (worker -> its step seconds) whose delay always reaches `threshold`, with their least
-    delay (the whole steps the kept workers complete during one of theirs); the fastest worker is always kept."""
+    """The workers of `steps_s` (worker -> its step seconds) whose mean delay reaches `threshold`, with their mean and
+    least delays (the versions and the whole steps the kept workers make during one of theirs); the fastest worker
+    is always kept."""
     ranked = sorted(steps_s, key=lambda w: (steps_s[w], w))
     kept = ranked[: kept_prefix([steps_s[w] for w in ranked], threshold)]
-    least = {w: sum(math.floor(steps_s[w] / steps_s[k] * (1 + EXACT)) for k in kept) for w in ranked[len(kept) :]}
-    return {w: Discarded(delay, threshold) for w, delay in least.items() if delay >= threshold}
+    rate = sum(1 / steps_s[k] for k in kept)
+    return {
+        w: Discarded(steps_s[w] * rate, sum(math.floor(steps_s[w] / steps_s[k] * (1 + EXACT)) for k in kept), threshold)
+        for w in ranked[len(kept) :]
+    }

@@ -181,7 +181,7 @@ class Ringmaster(Arrivals):
         steps = {
             str(i): cluster.step_s(n, b) for i, (n, b) in enumerate(zip(cluster.nodes, batches, strict=True)) if b > 0
         }
-        return {int(w) for w in discarded_workers(steps, len(cluster.nodes))}
+        return {int(w) for w, d in discarded_workers(steps, len(cluster.nodes)).items() if d.always}
 
     def throughput(self, cluster: Cluster, batches: Sequence[float], noise: NoiseScale) -> Throughput:
         busy = sorted(_busy(cluster, batches), key=lambda nb: cluster.step_s(*nb))
