@@ -5,15 +5,15 @@ every worker would get and the threshold R, the workers whose delay always reach
 worker only once its own reports agree: IDLE_AFTER steps in a row discarded, none applied since
 (`WorkerHeartbeat.discarded` grows while `steps` does not). An idle worker is judged again at every reallocation on
 its last measured speed (it takes no step, so no newer one exists), the others' speeds, R and the protocol that runs:
-it comes back once its mean delay is below R (a faster worker left, the others slowed down) or the job switches away
-from Ringmaster.
+it comes back once its mean delay is at most R - 1 (a faster worker left, the others slowed down) or the job switches
+away from Ringmaster.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dynabatch.common.planning.discarded_workers import Discarded, discarded_workers
+from dynabatch.common.planning.discarded_workers import Discarded, delays
 
 IDLE_AFTER = 3
 """Discarded steps in a row, none applied, before a worker the rule names is idled: a worker whose mean delay is
@@ -43,11 +43,14 @@ class IdleWorkers:
     def judge(self, steps_s: Mapping[str, float] | None, threshold: int) -> bool:
         """Idle the workers whose every step the rule says would be discarded at `steps_s` (worker -> its step seconds
         at everyone's split; None: the protocol that runs discards nothing for its delay) once their reports agree;
-        keep idle those whose mean delay still reaches R. A worker that comes back counts its discarded steps anew.
+        keep idle those whose mean delay is still above R - 1. A worker that comes back counts its discarded steps
+        anew.
         True when the idle workers changed."""
-        beyond = {} if steps_s is None else discarded_workers(steps_s, threshold)
+        judged = {} if steps_s is None else delays(steps_s, threshold)
         idle = {
-            w: d for w, d in beyond.items() if w in self.idle or (d.always and self.discarded_in_a_row(w) >= IDLE_AFTER)
+            w: d
+            for w, d in judged.items()
+            if (w in self.idle and d.mean > threshold - 1) or (d.always and self.discarded_in_a_row(w) >= IDLE_AFTER)
         }
         for back in set(self.idle) - set(idle):
             self._since[back] = self._last.get(back, (0, 0))[1]

@@ -106,6 +106,7 @@ class Member:
             max_batch=self.max_batch,
             slowdown=self.slowdown,
             idle=idle,
+            discarded=hb.discarded,
         )
 
 

@@ -8,9 +8,9 @@ delay is always at least sum_j floor(t_i / t_j) over the kept workers j (each co
 within one of its steps, whatever the phase): where that reaches R, every one of its gradients arrives too stale and
 its computation is irrelevant. The paper stops such computations: the scheduler gives that worker no batch (it stays
 registered and alive), and gives it one back once the same rule says its steps would count: once its mean delay is
-below R. A worker whose mean delay reaches R but whose least does not has some steps applied: it keeps computing if
-it trains, and stays idle if it is idle (the band keeps a worker whose step times are measured with noise from
-going back and forth).
+at most R - 1, the largest delay Ringmaster applies. A worker between the two (its least delay below R, its mean
+above R - 1) keeps computing if it trains and stays idle if it is idle: the band keeps a worker whose step times
+are measured with noise, or shift with the load of a shared host, from going back and forth.
 
 The step times are each worker's at the split every worker would get, idle ones included; the others keep their
 batches while a worker is idle (its allotment of the job's samples goes to them), so idling changes nothing the rule
@@ -56,14 +56,23 @@ class Discarded:
         return f"Ringmaster would discard its steps: delay {self.mean:.1f} >= R {self.threshold}"
 
 
-def discarded_workers(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]:
-    """The workers of `steps_s` (worker -> its step seconds) whose mean delay reaches `threshold`, with their mean and
-    least delays (the versions and the whole steps the kept workers make during one of theirs); the fastest worker
-    is always kept."""
+def delays(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]:
+    """Every worker of `steps_s` (worker -> its step seconds) with its mean and least delay: the versions and the
+    whole steps the kept workers (the fastest, by `kept_prefix`) other than itself make during one of its steps. A
+    kept worker's mean delay is below `threshold`; every other worker's reaches it."""
     ranked = sorted(steps_s, key=lambda w: (steps_s[w], w))
     kept = ranked[: kept_prefix([steps_s[w] for w in ranked], threshold)]
-    rate = sum(1 / steps_s[k] for k in kept)
     return {
-        w: Discarded(steps_s[w] * rate, sum(math.floor(steps_s[w] / steps_s[k] * (1 + EXACT)) for k in kept), threshold)
-        for w in ranked[len(kept) :]
+        w: Discarded(
+            steps_s[w] * sum(1 / steps_s[k] for k in kept if k != w),
+            sum(math.floor(steps_s[w] / steps_s[k] * (1 + EXACT)) for k in kept if k != w),
+            threshold,
+        )
+        for w in ranked
     }
+
+
+def discarded_workers(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]:
+    """The workers of `steps_s` whose mean delay reaches `threshold` (`delays`): some or all of their gradients are
+    discarded; the fastest worker is always kept."""
+    return {w: d for w, d in delays(steps_s, threshold).items() if d.mean >= threshold}
