@@ -240,6 +240,7 @@ class SimResult:
     worker_samples: dict[str, int] = field(default_factory=dict)
     worker_batches: dict[str, int] = field(default_factory=dict)
     worker_steps: dict[str, int] = field(default_factory=dict)  # each worker's steps, by instance
+    worker_discarded: dict[str, int] = field(default_factory=dict)  # each worker's discarded steps, by instance
     # each worker's wire plan at the end (chunks per push, bytes in flight: scheduler/wire_schedule.py), by instance
     worker_wire: dict[str, tuple[int, int]] = field(default_factory=dict)
     switched_to: str = ""  # --protocol auto: the protocol the workers stepped under at the end ("": another)
@@ -838,6 +839,7 @@ def result_of(cluster: Cluster) -> SimResult:
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
         worker_steps={m.instance: m.steps for m in workers},
+        worker_discarded={m.instance: m.last.discarded for m in workers},
         worker_wire={m.instance: (sched.wire.plan_of(m.id).group, sched.wire.plan_of(m.id).credit) for m in workers},
         switched_to=sched.protocol.workers if sched.protocol is not None else "",
         auto_choices=auto_choices(sched),
