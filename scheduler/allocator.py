@@ -296,7 +296,8 @@ class Allocator:
         return {wid: models[wid].step_seconds(b) for wid, b in everyone.items() if wid in models and b > 0}
 
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
-        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps, or, where every one
+        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (or are idle: they
+        report no more, and their last measured speed is what the idle rule judges them on too), or, where every one
         has reported EARLY_STEPS, from all of them with a wider margin (auto_policy.py);
         True when its policy changed. Once the whole budget is allotted the job ends under what runs: the workers
         that trained their allotment are no longer measured, and a choice over the rest would switch for nothing."""
@@ -310,6 +311,8 @@ class Allocator:
             if fit is not None
         }
         measured = measured_workers(observed, min(MEASURED_STEPS, self.job.speed_window))
+        idle = sorted(w for w in self.idled.idle if w in observed and w not in measured)  # no more steps will come
+        measured += idle
         early = set(measured) | {wid for wid, (n, _) in observed.items() if n >= EARLY_STEPS}
         chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
         models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}

@@ -103,6 +103,29 @@ def test_a_ringmaster_job_gives_an_always_discarded_worker_no_batch_says_why_and
     assert state.allocator.batch_of(slow) > 0 and state.status(now).workers[slow].idle == ""
 
 
+def test_auto_chooses_again_with_an_idle_worker_measured_as_far_as_it_will_be() -> None:
+    """An idle worker reports no more steps: auto does not wait for its eighth, but counts it at its last speed."""
+    state = _job(protocol="ringmaster", batch_policy="auto", max_delay=3, epochs=1000.0)
+    fast = [_join(state, 1000.0), _join(state, 1000.0)]
+    slow = _join(state, 250.0)
+    now = 0.0
+    for _ in range(2):
+        now += 0.2
+        for wid in [*fast, slow]:
+            _step(state, wid, 0.2 if wid == slow else 0.05, now)
+    last = state.roster.members[slow].last
+    for n in range(1, IDLE_AFTER + 12):
+        now += 0.2
+        state.heartbeat(slow, replace(last, discarded=n), now)
+        for wid in fast:
+            _step(state, wid, 0.05, now)
+        _shards_apply(state, now)
+    assert state.allocator.idled.idle.keys() == {slow}
+    auto = state.allocator.auto
+    assert auto is not None
+    assert "until every worker" not in auto.reason and "measured workers: 3" in auto.reason, auto.reason
+
+
 def test_the_predictor_idles_the_worker_ringmaster_would_discard_and_counts_nothing_of_it() -> None:
     gpu, slow = Device(0.02, 0.0005), Device(0.2, 0.005)
     mixed = Cluster((Node(gpu),) * 3 + (Node(slow),), 256)
