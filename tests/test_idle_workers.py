@@ -15,6 +15,7 @@ from dynabatch.common.planning.discarded_workers import delays, discarded_worker
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import Cluster, Node, predict
 from dynabatch.scheduler.idle_workers import IDLE_AFTER, IdleWorkers
+from dynabatch.scheduler.job_state import JobState
 from harness import mlp_job, run_job, trained_its_epochs
 from test_job_state import _job, _join, _shards_apply, _step
 
@@ -69,24 +70,32 @@ def test_the_scheduler_idles_a_named_worker_only_once_its_own_reports_agree_and_
     assert idle.discarded_in_a_row("c") == 0
 
 
-def test_a_ringmaster_job_gives_an_always_discarded_worker_no_batch_says_why_and_takes_it_back() -> None:
-    state = _job(protocol="ringmaster", batch_policy="fixed", max_delay=3, epochs=1000.0)
+def _discarding(policy: str, applied: int, discarded: int) -> tuple[JobState, list[str], str, float]:
+    """A Ringmaster job (R = 3) of two workers stepping 0.05 s and one 0.2 s: each takes `applied` steps, then the
+    slow one's next `discarded` are discarded while the others step on. Returns the job, the fast, the slow, the
+    time."""
+    state = _job(protocol="ringmaster", batch_policy=policy, max_delay=3, epochs=1000.0)
     fast = [_join(state, 1000.0), _join(state, 1000.0)]
     slow = _join(state, 250.0)
     now = 0.0
-    for _ in range(3):
+    for _ in range(applied):
         now += 0.2
-        for wid in fast:
-            _step(state, wid, 0.05, now)
-        _step(state, slow, 0.2, now)
-    assert state.allocator.batch_of(slow) > 0, "applied steps: it trains"
+        for wid in [*fast, slow]:
+            _step(state, wid, 0.2 if wid == slow else 0.05, now)
     last = state.roster.members[slow].last
-    for n in range(1, IDLE_AFTER + 1):
+    for n in range(1, discarded + 1):
         now += 0.2
-        state.heartbeat(slow, replace(last, discarded=n), now)  # its steps are discarded from now on
+        state.heartbeat(slow, replace(last, discarded=n), now)
         for wid in fast:
             _step(state, wid, 0.05, now)
         _shards_apply(state, now)
+    return state, fast, slow, now
+
+
+def test_a_ringmaster_job_gives_an_always_discarded_worker_no_batch_says_why_and_takes_it_back() -> None:
+    state, fast, slow, now = _discarding("fixed", applied=3, discarded=IDLE_AFTER - 1)
+    assert state.allocator.batch_of(slow) > 0, "not enough discarded steps in a row yet: it trains"
+    state, fast, slow, now = _discarding("fixed", applied=3, discarded=IDLE_AFTER)
     assert state.allocator.allocation == {fast[0]: 32, fast[1]: 32, slow: 0}, "the others keep their batches"
     shown = state.status(now).workers[slow]
     assert shown.batch == 0 and shown.idle.startswith("Ringmaster would discard its steps: delay ")
@@ -94,32 +103,19 @@ def test_a_ringmaster_job_gives_an_always_discarded_worker_no_batch_says_why_and
     decision = state.allocator.decisions[-1]
     assert decision.reason.endswith("; idle: Ringmaster would discard their steps") and decision.batches[slow] == 0
     assert state.expire(now + 1.0) == [] and not state.roster.members[slow].left, "idle, not dropped"
+    last = state.roster.members[slow].last
     for _ in range(20):  # the fast workers slow to 0.25 s a step: 2 x 0.2 / 0.25 = 1.6 versions during one of its
         now += 0.2
         for wid in fast:
             _step(state, wid, 0.25, now)
-        state.heartbeat(slow, replace(last, discarded=IDLE_AFTER), now)
+        state.heartbeat(slow, last, now)
         _shards_apply(state, now)
     assert state.allocator.batch_of(slow) > 0 and state.status(now).workers[slow].idle == ""
 
 
 def test_auto_chooses_again_with_an_idle_worker_measured_as_far_as_it_will_be() -> None:
     """An idle worker reports no more steps: auto does not wait for its eighth, but counts it at its last speed."""
-    state = _job(protocol="ringmaster", batch_policy="auto", max_delay=3, epochs=1000.0)
-    fast = [_join(state, 1000.0), _join(state, 1000.0)]
-    slow = _join(state, 250.0)
-    now = 0.0
-    for _ in range(2):
-        now += 0.2
-        for wid in [*fast, slow]:
-            _step(state, wid, 0.2 if wid == slow else 0.05, now)
-    last = state.roster.members[slow].last
-    for n in range(1, IDLE_AFTER + 12):
-        now += 0.2
-        state.heartbeat(slow, replace(last, discarded=n), now)
-        for wid in fast:
-            _step(state, wid, 0.05, now)
-        _shards_apply(state, now)
+    state, _, slow, _ = _discarding("auto", applied=2, discarded=IDLE_AFTER + 11)
     assert state.allocator.idled.idle.keys() == {slow}
     auto = state.allocator.auto
     assert auto is not None
