@@ -240,6 +240,7 @@ class SimResult:
     worker_samples: dict[str, int] = field(default_factory=dict)
     worker_batches: dict[str, int] = field(default_factory=dict)
     worker_steps: dict[str, int] = field(default_factory=dict)  # each worker's steps, by instance
+    worker_discarded: dict[str, int] = field(default_factory=dict)  # each worker's discarded steps, by instance
     # each worker's wire plan at the end (chunks per push, bytes in flight: scheduler/wire_schedule.py), by instance
     worker_wire: dict[str, tuple[int, int]] = field(default_factory=dict)
     switched_to: str = ""  # --protocol auto: the protocol the workers stepped under at the end ("": another)
@@ -559,7 +560,9 @@ class Worker:
 
     def beat(self, result: StepResult, sync_s: float = 0.0) -> None:
         """Report a step as the real worker does (worker/heartbeats.py), and take the answer for the next step."""
-        self.hb = heartbeat_after(self.hb, result, sync_s=sync_s, moved_bytes=int(self.moved))
+        self.hb = heartbeat_after(
+            self.hb, result, sync_s=sync_s, moved_bytes=int(self.moved), discarded=self.hb.discarded
+        )
         self.told = self.c.report(self.wid, self.hb)
 
     # -- joining and leaving ----------------------------------------------------------
@@ -659,7 +662,9 @@ class Worker:
                 # worker pulls again at once
                 c.discarded_samples += record.batch
                 plan.after_failure(refused.code)
-                self.told = c.told(self.wid)  # what the real worker's link hands it between steps
+                # counted in its heartbeat (WorkerHeartbeat.discarded), which the scheduler judges idling by
+                self.hb = replace(self.hb, discarded=self.hb.discarded + 1)
+                self.told = c.report(self.wid, self.hb)
                 continue
             loss = sum(record.losses) / len(record.losses)
             self.beat(StepResult(record.times, record.batch, loss, self.version, record.steps), sync_s=self.sync_s)
@@ -834,6 +839,7 @@ def result_of(cluster: Cluster) -> SimResult:
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
         worker_steps={m.instance: m.steps for m in workers},
+        worker_discarded={m.instance: m.last.discarded for m in workers},
         worker_wire={m.instance: (sched.wire.plan_of(m.id).group, sched.wire.plan_of(m.id).credit) for m in workers},
         switched_to=sched.protocol.workers if sched.protocol is not None else "",
         auto_choices=auto_choices(sched),
@@ -955,6 +961,10 @@ def main(argv: list[str] | None = None) -> int:
         f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "
         f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded, "
         f"{r.clipped} pushes clipped"
+    )
+    print(
+        "each worker's last batch (0: left out or idle) and samples: "
+        + ", ".join(f"{w} b={r.worker_batches.get(w, 0)} {n}" for w, n in sorted(r.worker_samples.items()))
     )
     return 0
 

@@ -17,11 +17,12 @@ from dynabatch.common.allotment import allotted_batch, floored
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.predicted_cluster import Cluster
 from dynabatch.common.probe import probe_batch
-from dynabatch.common.protocols import ProtocolSpec
+from dynabatch.common.protocols import ProtocolSpec, RingmasterSettings
 from dynabatch.common.wire.messages import Decision, WorkerHeartbeat
 from dynabatch.scheduler.auto_policy import AUTO, EARLY_STEPS, MEASURED_STEPS, AutoPolicy, measured_workers
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches
+from dynabatch.scheduler.idle_workers import IdleWorkers
 from dynabatch.scheduler.local_steps import adacomm_steps
 from dynabatch.scheduler.measured_cluster import MeasuredWorker, TransferTally, measured_cluster
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
@@ -78,13 +79,14 @@ class Allocator:
         self.decisions: list[Decision] = []
         self.local_steps = job.local_steps
         self.local_steps_reason = "configured H"
+        self.idled = IdleWorkers()  # workers Ringmaster would always discard, given no batch (idle_workers.py)
         self.tally = TransferTally()  # the transfers made and the shards' serving seconds (measured_cluster.py)
         self.first_loss: float | None = None  # AdaComm's reference: the smoothed loss when it first was known
         self.training_started_at: float | None = None  # when the first batches were handed out
         self.allotted: dict[str, int] = {}  # by live worker: the samples it may have trained in all (its own count)
         self.left: dict[str, int] = {}  # by live worker: what its allotment leaves beyond the samples it reported
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
-        self.rounds_from: dict[str, int] = {}  # by worker: its step count when the protocol in force took effect
+        self.rounds_from: dict[str, int] = {}  # by worker: its step count when the protocol that runs took effect
         self.auto = (
             AutoPolicy(spec, job.global_batch, job.aggregation, protocols, job.batch_policy)
             if job.batch_policy == AUTO or len(protocols) > 1
@@ -129,6 +131,7 @@ class Allocator:
     def forget(self, worker: str) -> None:
         """A worker that left: its speed model goes (a process that registers again gets a new id)."""
         self.speeds.pop(worker, None)
+        self.idled.forget(worker)
         self.tally.forget(worker)
         self.handed.pop(worker, None)
         self.allotted.pop(worker, None)
@@ -245,15 +248,13 @@ class Allocator:
             if self._revisit_auto(ready):
                 force, reason = True, f"{reason}; auto chose {self.auto.policy}"
             policy = self.auto.policy
-        if policy == "fixed" or len(models) < len(fits):
-            proposed = fixed_allocation(sorted(ready), job.global_batch, job.min_batch, job.max_batch, caps)
-        elif policy == "efficient":
-            overheads = {wid: self.speeds[wid].overhead_fit() or model for wid, model in models.items()}
-            proposed = efficient_batches(overheads, job.global_batch, job.min_batch, job.max_batch, caps)
-        else:
-            proposed = allocation_for(self.spec)(
-                self._split_models(models), job.global_batch, job.min_batch, job.max_batch, caps
-            )
+        proposed = self._split(sorted(ready), models, caps, policy if len(models) == len(fits) else "fixed")
+        if self.idled.judge(self._discarding_steps(models, proposed, len(ready)), self._max_delay(len(ready))):
+            force = True
+        notes = [reason, bounds_note(proposed, job.global_batch)]
+        if self.idled.idle:  # the others keep their batches: idling changes nothing for them but what they share
+            proposed = {**proposed, **{wid: 0 for wid in self.idled.idle}}
+            notes.append("idle: Ringmaster would discard their steps")
         if not force and not needs_reassign(self.allocation, proposed, job.reassign_threshold):
             return []
         if proposed == self.allocation:
@@ -261,14 +262,42 @@ class Allocator:
         previous, self.allocation = self.allocation, proposed
         given = [wid for wid, b in proposed.items() if b > 0 and not previous.get(wid, 0)]
         predicted = {wid: models[wid].step_seconds(b) for wid, b in proposed.items() if wid in models and b > 0}
-        notes = [reason, bounds_note(proposed, job.global_batch)]
-        if 0 in proposed.values():
+        if any(b == 0 for wid, b in proposed.items() if wid not in self.idled.idle):
             notes.append("slowest left out: the round is faster without them (batch 0)")
         self._decide(Decision(t, "; ".join(n for n in notes if n), subject, dict(proposed), predicted))
         return given
 
+    def _split(self, ids: list[str], models: dict[str, StepModel], caps: dict[str, int], policy: str) -> dict[str, int]:
+        """The batch split of B among `ids` under `policy` (`models`: their step models, every one measured unless
+        the policy is fixed)."""
+        job = self.job
+        if policy == "fixed":
+            return fixed_allocation(ids, job.global_batch, job.min_batch, job.max_batch, caps)
+        if policy == "efficient":
+            overheads = {wid: self.speeds[wid].overhead_fit() or model for wid, model in models.items()}
+            return efficient_batches(overheads, job.global_batch, job.min_batch, job.max_batch, caps)
+        return allocation_for(self.spec)(
+            self._split_models(models), job.global_batch, job.min_batch, job.max_batch, caps
+        )
+
+    def _max_delay(self, live: int) -> int:
+        """Ringmaster's R with `live` workers, idle ones included (0 where the protocol that runs is not Ringmaster)."""
+        settings = self.spec.settings.from_job(self.job)
+        return settings.threshold(live) if isinstance(settings, RingmasterSettings) else 0
+
+    def _discarding_steps(
+        self, models: dict[str, StepModel], everyone: dict[str, int], live: int
+    ) -> dict[str, float] | None:
+        """Each measured worker's predicted step at `everyone`'s split (the one idle workers included would get),
+        which Ringmaster's rule judges (idle_workers.py); None where the protocol that runs discards nothing for its
+        delay."""
+        if not self._max_delay(live):
+            return None
+        return {wid: models[wid].step_seconds(b) for wid, b in everyone.items() if wid in models and b > 0}
+
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
-        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps, or, where every one
+        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (or are idle: they
+        report no more, and their last measured speed is what the idle rule judges them on too), or, where every one
         has reported EARLY_STEPS, from all of them with a wider margin (auto_policy.py);
         True when its policy changed. Once the whole budget is allotted the job ends under what runs: the workers
         that trained their allotment are no longer measured, and a choice over the rest would switch for nothing."""
@@ -282,6 +311,8 @@ class Allocator:
             if fit is not None
         }
         measured = measured_workers(observed, min(MEASURED_STEPS, self.job.speed_window))
+        idle = sorted(w for w in self.idled.idle if w in observed and w not in measured)  # no more steps will come
+        measured += idle
         early = set(measured) | {wid for wid, (n, _) in observed.items() if n >= EARLY_STEPS}
         chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
         models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}

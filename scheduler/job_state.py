@@ -253,6 +253,7 @@ class JobState:
         new_steps = hb.steps - member.steps
         member.steps, member.samples = hb.steps, hb.samples
         self.allocator.stepped(member.id, hb.assignment_id)
+        self.allocator.idled.report(member.id, hb.steps, hb.discarded)
         measured = member.id in self.allocator.speeds
         if not measured and hb.standalone_sps > 0:
             member.standalone_sps = hb.standalone_sps

@@ -51,7 +51,9 @@ def job_status(state: JobState, now: float) -> JobStatus:
         final_eval_given_up=state.end.final_eval_given_up(state.finished, state.evaluations.final_eval),
         assignment_id=allocator.assignment_id,
         workers={
-            m.id: state.wire.shown(m.id, m.public(allocator.batch_of(m.id)), state.roster.live_workers)
+            m.id: state.wire.shown(
+                m.id, m.public(allocator.batch_of(m.id), allocator.idled.reason(m.id)), state.roster.live_workers
+            )
             for m in state.roster.workers()
         },
         departed=sorted(m.id for m in state.roster.members.values() if m.role == Role.WORKER and m.left),

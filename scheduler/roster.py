@@ -79,8 +79,9 @@ class Member:
         self.compute_s_total += hb.times.compute_s * new_steps
         self.observed_samples += hb.batch * new_steps
 
-    def public(self, batch: int) -> WorkerStatus:
-        """The member as STATUS shows it, holding `batch` (the allocator owns a worker's batch)."""
+    def public(self, batch: int, idle: str = "") -> WorkerStatus:
+        """The member as STATUS shows it, holding `batch` (the allocator owns a worker's batch), idle for the
+        reason `idle` ("": not idle)."""
         hb = self.last
         return WorkerStatus(
             role=self.role,
@@ -104,6 +105,8 @@ class Member:
             data_s_total=self.data_s_total,
             max_batch=self.max_batch,
             slowdown=self.slowdown,
+            idle=idle,
+            discarded=hb.discarded,
         )
 
 

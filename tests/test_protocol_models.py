@@ -13,6 +13,7 @@ import pytest
 from bench.auto_evidence import predictor_cluster
 from dynabatch.common.planning.auto_choice import HYSTERESIS, choose
 from dynabatch.common.planning.cluster_file import read_cluster
+from dynabatch.common.planning.discarded_workers import discarded_workers
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.predicted_cluster import measured_node
 from dynabatch.common.planning.prediction import POLICIES, Cluster, Node, predict
@@ -50,21 +51,30 @@ def test_ringmasters_staleness_stays_below_its_threshold_and_it_applies_only_wha
         assert 0 <= ring.staleness <= busy - 1 + 1e-9, "R is the workers: a gradient R versions stale is discarded"
         assert 0 <= ring.discarded < 1
     ring = predict(cluster, STUDY_NOISE, "ringmaster", "fixed")
-    computed = asgd.samples_per_s / (1 - asgd.discarded)
-    assert ring.samples_per_s <= computed * (1 + 1e-9), "discarding never adds samples"
-    assert ring.samples_per_s == pytest.approx(computed * (1 - ring.discarded), rel=1e-9), "both compute alike"
+    steps = {str(i): t for i, (t, b) in enumerate(zip(asgd.step_s, asgd.batches, strict=True)) if b > 0}
+    idle = {int(w) for w, d in discarded_workers(steps, len(cluster.nodes)).items() if d.always}
+    assert idle == {i for i, b in enumerate(ring.batches) if b == 0}, "idle: those Ringmaster would always discard"
+    assert [b for i, b in enumerate(ring.batches) if i not in idle] == [
+        b for i, b in enumerate(asgd.batches) if i not in idle
+    ]
+    if not idle:
+        computed = asgd.samples_per_s / (1 - asgd.discarded)
+        assert ring.samples_per_s <= computed * (1 + 1e-9), "discarding never adds samples"
+        assert ring.samples_per_s == pytest.approx(computed * (1 - ring.discarded), rel=1e-9), "both compute alike"
+    else:
+        assert ring.discarded < asgd.discarded, "the idle workers compute nothing to discard"
 
 
 def test_ringmaster_drops_a_worker_too_slow_for_its_threshold_and_keeps_equal_ones() -> None:
     slow = Node(Device(0.2, 0.005))
     mixed = Cluster((Node(GPU),) * 3 + (slow,), 256)
     ring, asgd = predict(mixed, STUDY_NOISE, "ringmaster", "fixed"), predict(mixed, STUDY_NOISE, "asgd", "fixed")
-    # the slow worker's step (0.52 s) holds 8 of each fast one's (0.052 s): 24 versions, above R = 4. asgd counts
-    # the three fast ones too (the slow one's updates, 24 stale, cost more than they give), whose staleness its
-    # rare updates still raise by 0.052 / 0.52 of a version
+    # the slow worker's step (0.52 s) holds 10 of each fast one's (0.052 s): 30 versions, above R = 4, so it is idle.
+    # asgd counts the three fast ones too (the slow one's updates, 30 stale, cost more than they give), whose
+    # staleness its rare updates still raise by 0.052 / 0.52 of a version
     assert ring.staleness == pytest.approx(2) and asgd.staleness == pytest.approx(2 + 0.052 / 0.52)
     share = (64 / 0.52) / (3 * 64 / 0.052 + 64 / 0.52)
-    assert ring.discarded == pytest.approx(share) and asgd.discarded == pytest.approx(share)
+    assert ring.batches[3] == 0 and ring.discarded == 0 and asgd.discarded == pytest.approx(share)
     assert ring.effective_batch == pytest.approx(64 * 3) and ring.time_s < asgd.time_s
     equal = Cluster((Node(GPU),) * 4, 256)
     assert predict(equal, STUDY_NOISE, "ringmaster", "fixed") == replace(

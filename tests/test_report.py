@@ -262,6 +262,8 @@ WORKER_KEYS = {
     "credit_bytes",
     "wire_reason",
     "serve_rank",
+    "idle",
+    "discarded",
 }
 
 

@@ -13,6 +13,7 @@ from bench.simulate_study import Part, run_plan
 from dynabatch.common.planning.protocol_switch import START
 from dynabatch.common.probe import probe_batch, probe_steps
 from dynabatch.common.tasks.data import Dataset, load_dataset
+from dynabatch.scheduler.idle_workers import IDLE_AFTER
 from dynabatch.worker.batch_source import worker_order
 
 
@@ -155,6 +156,22 @@ def test_ringmaster_discards_what_reaches_r_and_rennala_wastes_little(data: Data
     assert len(ring.staleness_counts) <= 4, "R = 4 live workers: nothing 4 or more versions stale is taken"
     rennala = simulate(tiny("rennala", "dynamic", workers, budget_s=0.6), data)
     assert rennala.discarded_fraction < 0.1 and rennala.samples > 0
+
+
+def test_ringmaster_idles_the_worker_whose_every_step_it_would_discard_as_the_real_scheduler_does(
+    data: Dataset,
+) -> None:
+    """bench4 (1, 1, 2, 4x) under fixed batches: the 4x worker's least delay (about 2 x 4) reaches R = 4, so once
+    IDLE_AFTER of its steps were discarded in a row the scheduler gives it batch 0 and it computes nothing more (the
+    same run, twice as long, discards none more of its steps); the 2x worker's least delay (1 + 1 with its
+    transfers) is below R: some of its steps count, and it keeps computing. The others keep their batches."""
+    short, long = (
+        simulate(tiny("ringmaster", "fixed", PROFILES["bench4"](), budget_s=b, noise=0.0), data) for b in (1, 2)
+    )
+    assert short.worker_batches["sim3"] == 0 and short.worker_samples["sim3"] == 0
+    assert IDLE_AFTER <= short.worker_discarded["sim3"] == long.worker_discarded["sim3"], long.worker_discarded
+    assert long.worker_batches["sim2"] == 16 and long.worker_samples["sim2"] > short.worker_samples["sim2"] > 0
+    assert long.worker_discarded["sim2"] > short.worker_discarded["sim2"]
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic"])

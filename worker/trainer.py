@@ -321,6 +321,8 @@ class Worker:
                 # way: no error, the next step pulls at once (under the protocol its next assignment names).
                 self.m.discarded.inc()
                 self.discarded += 1
+                # the count is cumulative: a heartbeat built from `hb` (idle, waiting for a batch) must not report less
+                hb = replace(hb, discarded=self.discarded)
                 self.process.beat.last = replace(self.process.beat.last, discarded=self.discarded)
                 self.process.beat.when_due()
             else:

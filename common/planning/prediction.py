@@ -111,7 +111,7 @@ def predict(cluster: Cluster, noise: NoiseScale, protocol: str, policy: str) -> 
     samples K(b) b = K_min (b + B_noise) at the effective batch b of an update over the samples per second.
     KeyError for a method not modelled."""
     model = MODELS[protocol]
-    batches = POLICIES[policy](cluster, model)
+    batches = _without_idle(cluster, model, POLICIES[policy])
     rate = model.throughput(cluster, batches, noise)
     startup = model.startup_s(cluster, fixed_batches(cluster), rate)
     steps = tuple(model.step_s(cluster, n, b) if b > 0 else 0.0 for n, b in zip(cluster.nodes, batches, strict=True))
@@ -127,6 +127,16 @@ def predict(cluster: Cluster, noise: NoiseScale, protocol: str, policy: str) -> 
         rate.discarded,
         startup,
     )
+
+
+def _without_idle(
+    cluster: Cluster, model: ProtocolModel, policy: Callable[[Cluster, ProtocolModel], list[float]]
+) -> list[float]:
+    """The `policy`'s batches, but none for the workers the protocol would idle (Ringmaster's, protocol_models.py
+    `idle`), as the scheduler gives them: the others keep theirs."""
+    batches = policy(cluster, model)
+    idle = model.idle(cluster, batches)
+    return [0.0 if i in idle else b for i, b in enumerate(batches)]
 
 
 def predict_all(cluster: Cluster, noise: NoiseScale, protocols: Sequence[str] = PROTOCOLS) -> list[Prediction]:

@@ -14,8 +14,9 @@ Each model states its assumptions (bench/RESULTS.md 19 sets them beside the simu
 - `ringmaster` (`Ringmaster`): asgd whose shards discard a gradient R or more versions stale (R = the workers, the
   default of --max-delay). Sorted by step time, the k fastest are kept while the k-th's staleness (U_k - r_k) t_k,
   U_k the updates of the k fastest, stays below R (it only grows with k, and a faster worker's is smaller); the
-  others' steps still cost the shards and their links (wasted work) but apply nothing, so the staleness of what is
-  applied is k - 1, at most R - 1.
+  others' steps apply nothing, so the staleness of what is applied is k - 1, at most R - 1. Those whose every step
+  would be discarded are idle and compute nothing (common/planning/discarded_workers.py, as the scheduler idles
+  them); the rest still cost the shards and their links (wasted work).
 - `local` (`LocalRounds`): rounds of H local steps (--local-steps), then each worker pushes the delta of its whole
   model and pulls the averaged one: a worker's round is H computes plus its link's pull and push, unpipelined. The
   shards serve the round's n pulls (slowest worker first), then its n pushes as they arrive, so one round takes at
@@ -30,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dynabatch.common.planning.discarded_workers import discarded_workers, kept_prefix
 from dynabatch.common.planning.optimum import NoiseScale
 from dynabatch.common.planning.predicted_cluster import Cluster, Node
 
@@ -70,6 +72,10 @@ class ProtocolModel:
     def batch_within(self, cluster: Cluster, node: Node, step_s: float) -> float:
         """The largest batch (possibly negative: none) whose step lasts at most `step_s`."""
         return (cluster.compute_within(node, step_s) - node.device.fixed_s) / node.device.per_sample_s
+
+    def idle(self, cluster: Cluster, batches: Sequence[float]) -> set[int]:
+        """The workers (indexes) the scheduler would give no batch at `batches`, their steps irrelevant: none."""
+        return set()
 
     def throughput(self, cluster: Cluster, batches: Sequence[float], noise: NoiseScale) -> Throughput:
         """The steady state of `batches`; `noise` (K(B)) for a model that settles what counts by the time to target."""
@@ -157,8 +163,9 @@ class Arrivals(ProtocolModel):
 
 class Ringmaster(Arrivals):
     """Ringmaster ASGD at its default threshold R = the workers: the fastest k whose gradients stay under R
-    versions stale are applied, the others' discarded; batches sized for equal steps under `dynamic` (every
-    worker then as stale as the others, all kept).
+    versions stale are applied; of the others, those whose every gradient would be discarded are idle (`idle`:
+    the scheduler gives them no batch, prediction.py `predict`), the rest compute and are discarded; batches sized
+    for equal steps under `dynamic` (every worker then as stale as the others, all kept).
 
     The scheduler's equal-step split is solved on each worker's step fit, which under the fixed split it starts
     with cannot tell a slow link's transfers from its compute; on mixed_links16 it gave the 1 Gbit workers the
@@ -168,15 +175,18 @@ class Ringmaster(Arrivals):
     equal_steps = True
     split_as_predicted = False
 
+    def idle(self, cluster: Cluster, batches: Sequence[float]) -> set[int]:
+        """The workers (indexes) whose every gradient would arrive R or more versions stale at `batches`, R the
+        workers, idle ones included (common/planning/discarded_workers.py): the scheduler gives them no batch."""
+        steps = {
+            str(i): cluster.step_s(n, b) for i, (n, b) in enumerate(zip(cluster.nodes, batches, strict=True)) if b > 0
+        }
+        return {int(w) for w, d in discarded_workers(steps, len(cluster.nodes)).items() if d.always}
+
     def throughput(self, cluster: Cluster, batches: Sequence[float], noise: NoiseScale) -> Throughput:
         busy = sorted(_busy(cluster, batches), key=lambda nb: cluster.step_s(*nb))
-        threshold, updates, kept = len(busy), 0.0, 0
-        for node, batch in busy:
-            step = cluster.step_s(node, batch)
-            if updates * step >= threshold:  # (U_k - r_k) t_k: the staleness of the k-th with the k - 1 faster ones
-                break
-            updates, kept = updates + 1 / step, kept + 1
-        return self._applied(cluster, busy, every_version=False)[max(1, kept) - 1]
+        kept = kept_prefix([cluster.step_s(*nb) for nb in busy], len(cluster.nodes))
+        return self._applied(cluster, busy, every_version=False)[kept - 1]
 
 
 class LocalRounds(ProtocolModel):

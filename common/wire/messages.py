@@ -390,7 +390,9 @@ class WorkerStatus:
     is the worker's own largest batch from its HELLO (0: none), `slowdown` its
     emulated slowdown from its HELLO ("": none reported). `chunk_group`, `credit_bytes` and `wire_reason` are
     how it sends its gradient and why, `serve_rank` the order shards serve it in (-1: unranked), from
-    scheduler/wire_schedule.py.
+    scheduler/wire_schedule.py. `idle` says why the scheduler gives it no batch while it stays registered
+    ("": it is not idle), e.g. Ringmaster would discard every step it took (scheduler/idle_workers.py);
+    `discarded` counts its steps whose push the shards answered without applying it (its heartbeat's).
     """
 
     role: str = "worker"
@@ -418,6 +420,8 @@ class WorkerStatus:
     credit_bytes: int = 0
     wire_reason: str = ""
     serve_rank: int = -1
+    idle: str = ""
+    discarded: int = 0
 
 
 @dataclass
