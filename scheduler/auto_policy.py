@@ -47,11 +47,12 @@ MEASURED_STEPS = 8
 """Steps a worker must have reported to count as measured: its first ones carry its start-up (lazy
 initialisation, caches, the other processes starting beside it), and with the speed model's forgetting of 0.85
 the eighth step weighs three times the first."""
-EARLY_STEPS = 3
+EARLY_STEPS = 2
 """Steps every worker must have reported for auto to choose before each has MEASURED_STEPS: the first carries its
-start-up, two more give its pace. Where a step takes long (a shard serving 64 workers: ten seconds), waiting for the
-eighth costs more than most of what choosing well gains, so a choice on fewer steps is made where its margin is
-wide (EARLY_HYSTERESIS) and made again once every worker is measured."""
+start-up, the second gives its pace. Where a step takes long (a shard serving 64 workers: ten seconds), waiting for
+the eighth costs more than most of what choosing well gains, and each step waited for under the running method
+trains little there (bench/RESULTS.md 35), so a choice on fewer steps is made where its margin is wide
+(EARLY_HYSTERESIS) and made again once every worker is measured."""
 EARLY_HYSTERESIS = 0.5
 """How much faster another method must be predicted, on workers measured over EARLY_STEPS steps, to replace the
 running one before every worker is measured: a margin the noise of a few steps does not close."""

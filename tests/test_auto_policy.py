@@ -140,20 +140,22 @@ def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: f
 
 
 def test_auto_splits_as_fixed_until_every_worker_is_measured_then_by_the_chosen_policy() -> None:
-    """ssgd, a worker four times slower: fixed while its steps have not yet lasted as long as the others' first
-    MEASURED_STEPS (`measured_workers`), then LB-BSP's split."""
+    """ssgd, a worker five times slower: fixed while its steps have not yet lasted as long as the others' first
+    MEASURED_STEPS (`measured_workers`), then LB-BSP's split. Its one step lasts about as long as the others' eight,
+    so the span rule measures it before it has the EARLY_STEPS on which a method this much faster is chosen early."""
     allocator = _allocator(protocol="ssgd")
     ready = _join(allocator, ["w0", "w1", "w2"])
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
     _step(allocator, ready, "w0", 0.001, MEASURED_STEPS)
     _step(allocator, ready, "w1", 0.001, MEASURED_STEPS)
-    slow, fast = 0.005 + 0.004 * 32, 0.005 + 0.001 * 32  # _step's step seconds at batch 32
+    slow, fast = 0.005 + 0.005 * 32, 0.005 + 0.001 * 32  # _step's step seconds at batch 32
     lasted = math.ceil(MEASURED_STEPS * fast / slow)
-    _step(allocator, ready, "w2", 0.004, lasted - 1)
+    assert lasted - 1 < EARLY_STEPS
+    _step(allocator, ready, "w2", 0.005, lasted - 1)
     assert allocator.auto is not None and allocator.auto.policy == "fixed"
     assert "2 of 3 measured" in allocator.auto.reason
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
-    _step(allocator, ready, "w2", 0.004)
+    _step(allocator, ready, "w2", 0.005)
     assert allocator.auto.policy == "dynamic", allocator.auto.reason
     assert allocator.auto.reason.startswith("ssgd + dynamic: predicted fastest"), allocator.auto.reason
     assert "auto chose dynamic" in allocator.decisions[-1].reason
@@ -253,7 +255,7 @@ def test_where_the_margin_is_wide_auto_chooses_on_every_workers_first_steps(tran
         assert auto.choices == 1 and "(measured workers: 8)" in auto.reason, auto.reason
         return
     assert auto.protocol == "local" and auto.choices == 1, auto.reason
-    assert "first 3 steps or more, 0 of 8 measured" in auto.reason, auto.reason
+    assert f"first {EARLY_STEPS} steps or more, 0 of 8 measured" in auto.reason, auto.reason
     allocator.switch(protocol_spec("local"), {w: 0 for w in ready})
     _long_steps(allocator, ready, MEASURED_STEPS, transfer_s / job.local_steps)
     assert auto.choices == 2 and auto.protocol == "local", "chosen again on every worker measured under local SGD"
