@@ -8,17 +8,18 @@
    From each, per worker: its compute phase per step, its wait for others, and the rest of its step (pulls,
    pushes, taking the batch, the loop's own work).
 3. Beside each, the simulator (bench/simulate.py) with the same workers and caps. What the real run measured and
-   the simulator is given: the machine's contention k during the run (a real worker's forward and backward took
-   k times its CPU time in wall time; the median of the workers'), so that a device is (k + F - 1)(a + c b) + A
-   as its emulation computes, and each worker's rest of a step, as its pull and push (on loopback that is the
-   loop's work as much as a transfer; the simulator's links are checked against the namespace harness,
-   bench/links.py); the spread of each worker's steps (`step_noise`: a round's pace is its slowest step); the
-   shard's service time per transfer from STATUS (`observed_shard`), at which the simulated shard serves and
-   queues. What it predicts: the batches the scheduler hands out, the staleness, the samples/s.
+   the simulator is given: each worker's contention k during the run (its forward and backward took k times
+   their CPU time in wall time), so that its device is (k + F - 1)(a + c b) + A as its emulation computes, and
+   each worker's rest of a step, as its pull and push (on loopback that is the loop's work as much as a
+   transfer; the simulator's links are checked against the namespace harness, bench/links.py); the spread of each
+   worker's steps (`step_noise`: a round's pace is its slowest step); the shard's service time per transfer from
+   STATUS (`observed_shard`), at which the simulated shard serves and queues. What it predicts: the batches the
+   scheduler hands out, the staleness, the samples/s.
 4. Each figure as simulated / real, its error, and whether it is within the tolerance (10%).
 
-Each worker's own k is printed: where the emulation does what the simulator models they agree, since the
-workers share one machine.
+Each worker's own k is printed. They differ on a loaded machine (a worker that sleeps more meets less contention
+when it wakes), so each simulated worker takes its own; the simulated samples/s with every worker at the median k
+is printed beside it.
 
     python -m bench.validate_sim --slowdowns 1:0.02 2 4:0.01 --max-batches 0 24 0 --protocol asgd \\
         --policy dynamic --budget-s 30
@@ -144,8 +145,6 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
             "1000",
             "--time-budget-s",
             str(shape.budget_s),
-            "--eval-interval-s",
-            str(max(2.0, shape.budget_s / 4)),
             "--out",
             str(out),
             "--name",
@@ -156,6 +155,9 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
             "--timeout-s",
             str(shape.budget_s + 240),
             "--direction-check" if shape.direction_check else "--no-direction-check",
+            # no evaluator: the simulated one takes no time, where a real one's evaluations take the workers' cores
+            # and the final one holds the run's end for seconds; no figure compared needs the accuracy
+            "--no-evaluator",
         ],
     )
     done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -169,10 +171,11 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
 
 def pace_drift(timeline: list[JobStatus]) -> float:
     """How far the real job's samples/s moved within the run: over the second half of the snapshots after the
-    first fifth against the first half, as |ratio - 1|. A machine shared with other jobs changes its load under a
-    run; the simulator is given the run's averages, so a run whose own pace moved by this much can be predicted
-    no closer than it."""
-    shown = [snap for snap in timeline if snap.workers]
+    first fifth against the first half, as |ratio - 1|, from the first snapshot with a sample trained (the workers
+    are in STATUS while they probe and wait for the first batches: counted, that start read as a pace that
+    doubled). A machine shared with other jobs changes its load under a run; the simulator is given the run's
+    averages, so a run whose own pace moved by this much can be predicted no closer than it."""
+    shown = [snap for snap in timeline if snap.workers and snap.samples > 0]
     shown = shown[len(shown) // 5 :]
     if len(shown) < 3:
         return 0.0
@@ -286,11 +289,21 @@ def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> flo
     """How many times its CPU seconds a real worker's forward and backward took in wall seconds during the run:
     its compute phase is that wall time, plus (F - 1) times the CPU time and A idled (worker/trainer.py,
     `timed_compute`), so k = (compute - A) / cpu - (F - 1), the CPU time read off this machine's curve. On a
-    machine running nothing else k is 1; every worker of one run shares the machine, so their k agree where
-    the emulation does what the simulator models."""
+    machine running nothing else k is 1. On a loaded one each worker has its own: the kernel's scheduler favours
+    a process that slept (one that waited for a round, or idled its emulated slowdown) when it wakes, so a worker
+    that idles more meets less contention in its compute than one that never sleeps."""
     phase = Slowdown.parse(slowdown)
     cpu = curve[0] + curve[1] * seen.batch
     return (seen.compute_s - phase.fixed_s(0.0)) / cpu - (phase.factor(0.0) - 1.0)
+
+
+def contentions(shape: Shape, seen: list[Observed], curve: tuple[float, float]) -> list[float]:
+    """Each worker's own contention (`contention`), by its index; a worker that took no step to measure gets the
+    median of the others' (it would have shared their machine)."""
+    ks = [contention(s, o, curve) if o.steps else None for s, o in zip(shape.slowdowns, seen, strict=True)]
+    measured = [k for k in ks if k is not None]
+    middle = statistics.median(measured) if measured else 1.0
+    return [middle if k is None else k for k in ks]
 
 
 def step_noise(slowdown: str, seen: Observed) -> float | None:
@@ -307,13 +320,17 @@ def simulated(
     shape: Shape,
     curve: tuple[float, float],
     seen: list[Observed],
-    k: float,
+    ks: list[float],
     shard: ShardSeen | None = None,
     spread: bool = True,
     shard_spread: bool = True,
 ) -> SimResult:
     """`shape` in the simulator. Each worker's device is (k + F - 1) (a + c b) + A on this machine's curve: what
-    its emulation computes on a machine whose contention `k` the real run measured (`contention`).
+    its emulation computes where its compute met the contention k that the real run measured for it (`ks`, by
+    the worker's index: `contentions`). One k for every worker is not what ran: on a loaded machine a worker that
+    sleeps more (waits for a round, idles its slowdown) meets less contention, so an emulated F = 2 may be far
+    less than twice as slow as an F = 1 beside it, and the worker that bounds a round is the one that met the
+    most.
 
     With the real shard's serving measured (`shard`, its service of a transfer over 0), the simulated shard is a
     server of that service time (bench/cluster_model.py's queue), and each worker's pull and push cross a link of
@@ -339,7 +356,7 @@ def simulated(
         ]
     base = min(halves)
     workers = []
-    for text, cap, half, o in zip(shape.slowdowns, shape.max_batches, halves, seen, strict=True):
+    for text, cap, half, o, k in zip(shape.slowdowns, shape.max_batches, halves, seen, ks, strict=True):
         phase = Slowdown.parse(text)
         times = k + phase.factor(0.0) - 1.0
         workers.append(
@@ -450,15 +467,15 @@ def main(argv: list[str] | None = None) -> int:
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
             real, seen, shard, drift = real_run(shape, Path(args.out or tmp) / f"run{run}")
-        ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
-        k = statistics.median(ks)
-        sim = simulated(shape, curve, seen, k, shard)
-        without = [simulated(shape, curve, seen, k, given, spread=False).samples_per_s for given in (None, shard)]
-        instant = simulated(shape, curve, seen, k).samples_per_s
-        even = simulated(shape, curve, seen, k, shard, shard_spread=False).samples_per_s
+        ks = contentions(shape, seen, curve)
+        sim = simulated(shape, curve, seen, ks, shard)
+        without = [simulated(shape, curve, seen, ks, given, spread=False).samples_per_s for given in (None, shard)]
+        instant = simulated(shape, curve, seen, ks).samples_per_s
+        even = simulated(shape, curve, seen, ks, shard, shard_spread=False).samples_per_s
+        alike = simulated(shape, curve, seen, [statistics.median(ks)] * len(ks), shard).samples_per_s
         print(
-            f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'), "
-            f"its pace drifted {100 * drift:.0f}% between the halves of the run:"
+            f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {', '.join(f'{k:.2f}' for k in ks)} "
+            f"(each worker's own), its pace drifted {100 * drift:.0f}% between the halves of the run:"
         )
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
@@ -468,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  simulated samples/s with neither the shard's service nor the steps' spread: {without[0]:.0f}; the "
             f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both, the shard's service alike every "
-            f"time: {even:.0f}; both, the shard's service as spread as the real one's: {sim.samples_per_s:.0f}"
+            f"time: {even:.0f}; both, the shard's service as spread as the real one's: {sim.samples_per_s:.0f} "
+            f"(every worker at the median k instead of its own: {alike:.0f})"
         )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:
@@ -479,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  worker{i} ({text}): batch {o.batch:.1f} (last {last}, simulated {sim_last}),"
                 f" step {1000 * o.step_s:.2f} ms: compute "
-                f"{1000 * o.compute_s:.2f} ms (its k {contention(text, o, curve):.2f}), "
+                f"{1000 * o.compute_s:.2f} ms (its k {ks[i]:.2f}), "
                 f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%"
             )
         print("| figure | real | simulated | error | within 10% |")
