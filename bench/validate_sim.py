@@ -115,8 +115,9 @@ class Shape:
 
 
 def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen, float]:
-    """One `dynabatch run` of `shape`: its summary, what each worker's steps took after the first fifth of the
-    run, by its index, what the shard's serving took meanwhile, and how far its pace drifted (`pace_drift`)."""
+    """One `dynabatch run` of `shape`: its summary (with `observed_samples_per_s`, `observed_rate`), what each
+    worker's steps took after the first fifth of the run, by its index, what the shard's serving took meanwhile,
+    and how far its pace drifted (`pace_drift`)."""
     name = "real"
     cmd = command_line(
         "run",
@@ -166,7 +167,9 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
     seen = [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
-    return json.loads(summary_path.read_text()), seen, observed_shard(timeline), pace_drift(timeline)
+    summary = json.loads(summary_path.read_text())
+    summary["observed_samples_per_s"] = observed_rate(timeline)
+    return summary, seen, observed_shard(timeline), pace_drift(timeline)
 
 
 def pace_drift(timeline: list[JobStatus]) -> float:
@@ -189,7 +192,8 @@ class Observed:
     """One real worker's steps after the first fifth of the run: per step, its wall seconds (the scheduler's
     clock between snapshots over the steps taken), its compute phase (forward, backward and the emulated
     slowdown's idling), and the rest: its pull, push and taking the batch (the phases it reports, a round's
-    wait left out) and the loop's own work between steps (wall time that is in no phase)."""
+    wait left out) and the loop's own work between steps (wall time that is in no phase). `probed`: its start-up
+    probe's samples/s and fixed seconds per step, as it reported them (None: not in STATUS)."""
 
     steps: int
     batch: float
@@ -198,6 +202,7 @@ class Observed:
     other_s: float = 0.0
     transfers: int = 2  # the pull and the push its rest holds (1: the push, where the pull is a round's wait)
     spread_s: float = 0.0  # the standard deviation of its sampled steps' seconds outside a round's wait
+    probed: tuple[float, float] | None = None
 
 
 def observed(timeline: list[JobStatus], name: str) -> Observed:
@@ -230,7 +235,11 @@ def observed(timeline: list[JobStatus], name: str) -> Observed:
     own = [b.times.step_s - b.times.wait_s for *_, b in spans]
     middle = statistics.median(own)
     spread = MAD_TO_SD * statistics.median(abs(t - middle) for t in own)
-    return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest), transfers, spread)
+    last = spans[-1][-1]
+    probed = (last.standalone_sps, last.standalone_fixed_s) if last.standalone_sps > 0 else None
+    return Observed(
+        steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest), transfers, spread, probed
+    )
 
 
 @dataclass(frozen=True)
@@ -255,9 +264,8 @@ def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
     shown = [snap for snap in timeline if "0" in snap.shards and snap.workers]
     if len(shown) < 2:
         return ShardSeen()
-    first = shown[len(shown) // 5]
+    first, last = _stretch(shown)
     before = {w.name: w.steps for w in first.workers.values()}
-    last = [snap for snap in shown if before.keys() <= {w.name for w in snap.workers.values()}][-1]
     transfers = 2 * sum(max(0, w.steps - before.get(w.name, 0)) for w in last.workers.values())
     a, b = first.shards["0"], last.shards["0"]
     if transfers == 0 or b.busy_s <= a.busy_s:
@@ -271,6 +279,25 @@ def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
         service_spread(busy, b.busy_sq_s - a.busy_sq_s, served, transfers),
         served / transfers,
     )
+
+
+def _stretch(shown: list[JobStatus]) -> tuple[JobStatus, JobStatus]:
+    """The snapshot a fifth of the way into `shown`, and the last that still shows every worker it shows."""
+    first = shown[len(shown) // 5]
+    names = {w.name for w in first.workers.values()}
+    return first, [snap for snap in shown if names <= {w.name for w in snap.workers.values()}][-1]
+
+
+def observed_rate(timeline: list[JobStatus]) -> float:
+    """The real job's samples/s over the stretch its workers are observed (`observed`: from a fifth of the way
+    into the snapshots with samples trained, to the last that shows every worker): the stretch whose figures the
+    simulator is given. The run's summary counts from the first batches, when the processes that started with it
+    still load the machine, a start the simulator is not given; 0 without two such snapshots."""
+    shown = [snap for snap in timeline if snap.workers and snap.samples > 0]
+    if len(shown) < 2:
+        return 0.0
+    first, last = _stretch(shown)
+    return (last.samples - first.samples) / (last.t - first.t) if last.t > first.t else 0.0
 
 
 def service_spread(busy_s: float, busy_sq_s: float, served: int, transfers: int) -> float:
@@ -340,7 +367,9 @@ def simulated(
     of that rest with no queue. On loopback a link is the loop's own work as much as a transfer: the simulator's
     links are checked on the namespace harness (bench/links.py).
 
-    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default;
+    Each simulated worker reports its real probe's reading (`Observed.probed`), from which the scheduler's first
+    split and the efficient policy's fixed part start. Each worker's steps vary as its real ones did
+    (`step_noise`), or (`spread` False) by the simulator's default;
     the shard's services vary as the real one's did (`ShardSeen.spread`), or (`shard_spread` False) not at all."""
     stepped = [o.other_s for o in seen if o.steps]
     # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
@@ -368,6 +397,7 @@ def simulated(
                 link=half / base,
                 link_mbit=8.0 * model_bytes / (half * 1e6) if queued else 0.0,
                 noise=step_noise(text, o) if spread else None,
+                probed=o.probed,
             )
         )
     cfg = SimConfig(
@@ -396,7 +426,8 @@ Row = tuple[str, float | None, float | None, bool | None]
 
 def compare(real: dict[str, Any], sim: SimResult, seen: list[Observed], tolerance: float = TOLERANCE) -> list[Row]:
     """(figure, real, simulated, within `tolerance`) for samples/s, staleness and each worker's mean batch: the
-    real one over the stretch it is observed (`seen`, in the order of the real workers worker0..), the simulated
+    real samples/s and batches over the stretch the workers are observed (`observed_rate`; `seen`, in the order of
+    the real workers worker0..), the simulated
     one over its run (samples over steps, sim0.. in the same order); a policy that re-sizes batches as its fits
     move ends anywhere in the range it moved in, so a last batch alone says little. Staleness is judged within
     `tolerance` of the real mean or 0.1 versions, whichever is more (a mean of 0.02 against 0 is no miss)."""
@@ -406,7 +437,7 @@ def compare(real: dict[str, Any], sim: SimResult, seen: list[Observed], toleranc
         return name, r, s, ok
 
     rows = [
-        row("samples/s", real["samples_per_s"], sim.samples_per_s),
+        row("samples/s", real["observed_samples_per_s"], sim.samples_per_s),
         row("staleness mean", real["staleness_mean"], sim.staleness_mean, 0.1),
     ]
     for i, o in enumerate(seen):
@@ -498,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  worker{i} ({text}): batch {o.batch:.1f} (last {last}, simulated {sim_last}),"
                 f" step {1000 * o.step_s:.2f} ms: compute "
                 f"{1000 * o.compute_s:.2f} ms (its k {ks[i]:.2f}), "
-                f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%"
+                f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%, probed "
+                + ("-" if o.probed is None else f"{o.probed[0]:.0f} samples/s, {1000 * o.probed[1]:.1f} ms fixed")
             )
         print("| figure | real | simulated | error | within 10% |")
         print("| --- | ---: | ---: | ---: | --- |")

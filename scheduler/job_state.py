@@ -255,7 +255,7 @@ class JobState:
         self.allocator.stepped(member.id, hb.assignment_id)
         measured = member.id in self.allocator.speeds
         if not measured and hb.standalone_sps > 0:
-            member.standalone_sps = hb.standalone_sps
+            member.standalone_sps, member.standalone_fixed_s = hb.standalone_sps, hb.standalone_fixed_s
             self.allocator.measure(
                 member.id, hb.standalone_sps, member.instance, hb.standalone_fixed_s, member.max_batch
             )

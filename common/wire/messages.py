@@ -390,7 +390,9 @@ class WorkerStatus:
     is the worker's own largest batch from its HELLO (0: none), `slowdown` its
     emulated slowdown from its HELLO ("": none reported). `chunk_group`, `credit_bytes` and `wire_reason` are
     how it sends its gradient and why, `serve_rank` the order shards serve it in (-1: unranked), from
-    scheduler/wire_schedule.py.
+    scheduler/wire_schedule.py. `standalone_sps` and `standalone_fixed_s` are its start-up probe's speed and fixed
+    seconds per step, as it reported them (what the scheduler's first split and the efficient policy's fixed part
+    start from).
     """
 
     role: str = "worker"
@@ -404,6 +406,7 @@ class WorkerStatus:
     times: StepTimes = field(default_factory=StepTimes)
     samples_per_s: float = 0.0
     standalone_sps: float = 0.0
+    standalone_fixed_s: float = 0.0
     loss: float | None = None
     step_s_total: float = 0.0
     observed_steps: int = 0
