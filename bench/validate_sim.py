@@ -316,9 +316,9 @@ def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> flo
     """How many times its CPU seconds a real worker's forward and backward took in wall seconds during the run:
     its compute phase is that wall time, plus (F - 1) times the CPU time and A idled (worker/trainer.py,
     `timed_compute`), so k = (compute - A) / cpu - (F - 1), the CPU time read off this machine's curve. On a
-    machine running nothing else k is 1. On a loaded one each worker has its own: the kernel's scheduler favours
-    a process that slept (one that waited for a round, or idled its emulated slowdown) when it wakes, so a worker
-    that idles more meets less contention in its compute than one that never sleeps."""
+    machine running nothing else k is 1. On a loaded one each worker has its own, a third apart and more: the
+    kernel's scheduler favours a process that slept when it wakes, and the workers that idled more (an emulated
+    slowdown, a round's wait) met less contention in the runs measured (bench/RESULTS.md 36)."""
     phase = Slowdown.parse(slowdown)
     cpu = curve[0] + curve[1] * seen.batch
     return (seen.compute_s - phase.fixed_s(0.0)) / cpu - (phase.factor(0.0) - 1.0)
