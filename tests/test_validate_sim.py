@@ -6,7 +6,7 @@ time outside its compute); what it must then predict is the batches the schedule
 samples per second, each within the criterion's 10% and as much as the real run's own pace drifted between its
 halves (a machine shared with other jobs changes its load under a run, and the simulator is given the run's
 averages). Each worker has its own k: on a loaded machine a worker that sleeps more (waits for a round, idles its
-emulated slowdown) meets less contention when it wakes, so the workers' figures differ by up to a third, and one k
+emulated slowdown) meets less contention when it wakes, so the workers' figures differ by a third and more, and one k
 for all (the lowest, say) simulates a cluster that did not run.
 
 Each feature of the simulator has its shape: caps and fixed costs under asgd's dynamic split; LB-BSP (ssgd +
