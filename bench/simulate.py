@@ -101,7 +101,10 @@ class WorkerSpec:
     (`max_batch`, the real worker's --max-batch; 0: none) and its own link (`link_mbit`, `latency_s`): with a
     link, its transfers cost the model's bytes over it and wait at the shards' queue instead of `comm_s`. Its steps
     vary by the cluster's `noise`, or by its own (`noise`: a worker measured on a loaded machine varies more, by
-    a factor of mean 1 drawn log-normal, `mean_one`, which keeps the mean step whatever the spread)."""
+    a factor of mean 1 drawn log-normal, `mean_one`, which keeps the mean step whatever the spread). A node
+    replaying a real worker reports the speed and fixed seconds that worker's start-up probe read (`probed`)
+    instead of its simulated probe's: a probe under start-up load reads its fixed part to within tens of percent,
+    and the efficient policy sizes the worker by that reading for the whole run."""
 
     slowdown: str = "1"
     join_s: float = 0.0
@@ -113,6 +116,7 @@ class WorkerSpec:
     link_mbit: float = 0.0
     latency_s: float = 0.0
     noise: float | None = None  # the relative standard deviation of its steps, log-normal (None: the cluster's)
+    probed: tuple[float, float] | None = None  # a real probe's samples/s and fixed seconds (None: simulated)
 
     def device(self, fixed_s: float, per_sample_s: float) -> Device:
         """This node's step curve and cap: its own curve, or the cluster's `fixed_s` and `per_sample_s`."""
@@ -589,6 +593,8 @@ class Worker:
             self.source.take(b)
         self.source.step_succeeded()
         times = [self.step_seconds(b) for b in [batch, *steps]]
+        if self.spec.probed is not None:
+            return (*self.spec.probed, sum(times))
         contention = math.exp(self.rng.gauss(0.0, cfg.probe_noise))
         speed, fixed_s = probed(steps, [t * contention for t in times[1:]])
         return speed, fixed_s, sum(times)

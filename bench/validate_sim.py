@@ -8,17 +8,18 @@
    From each, per worker: its compute phase per step, its wait for others, and the rest of its step (pulls,
    pushes, taking the batch, the loop's own work).
 3. Beside each, the simulator (bench/simulate.py) with the same workers and caps. What the real run measured and
-   the simulator is given: the machine's contention k during the run (a real worker's forward and backward took
-   k times its CPU time in wall time; the median of the workers'), so that a device is (k + F - 1)(a + c b) + A
-   as its emulation computes, and each worker's rest of a step, as its pull and push (on loopback that is the
-   loop's work as much as a transfer; the simulator's links are checked against the namespace harness,
-   bench/links.py); the spread of each worker's steps (`step_noise`: a round's pace is its slowest step); the
-   shard's service time per transfer from STATUS (`observed_shard`), at which the simulated shard serves and
-   queues. What it predicts: the batches the scheduler hands out, the staleness, the samples/s.
+   the simulator is given: each worker's contention k during the run (its forward and backward took k times
+   their CPU time in wall time), so that its device is (k + F - 1)(a + c b) + A as its emulation computes, and
+   each worker's rest of a step, as its pull and push (on loopback that is the loop's work as much as a
+   transfer; the simulator's links are checked against the namespace harness, bench/links.py); the spread of each
+   worker's steps (`step_noise`: a round's pace is its slowest step); the shard's service time per transfer from
+   STATUS (`observed_shard`), at which the simulated shard serves and queues. What it predicts: the batches the
+   scheduler hands out, the staleness, the samples/s.
 4. Each figure as simulated / real, its error, and whether it is within the tolerance (10%).
 
-Each worker's own k is printed: where the emulation does what the simulator models they agree, since the
-workers share one machine.
+Each worker's own k is printed. They differ on a loaded machine (a worker that sleeps more meets less contention
+when it wakes), so each simulated worker takes its own; the simulated samples/s with every worker at the median k
+is printed beside it.
 
     python -m bench.validate_sim --slowdowns 1:0.02 2 4:0.01 --max-batches 0 24 0 --protocol asgd \\
         --policy dynamic --budget-s 30
@@ -114,8 +115,9 @@ class Shape:
 
 
 def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen, float]:
-    """One `dynabatch run` of `shape`: its summary, what each worker's steps took after the first fifth of the
-    run, by its index, what the shard's serving took meanwhile, and how far its pace drifted (`pace_drift`)."""
+    """One `dynabatch run` of `shape`: its summary (with `observed_samples_per_s`, `observed_rate`), what each
+    worker's steps took after the first fifth of the run, by its index, what the shard's serving took meanwhile,
+    and how far its pace drifted (`pace_drift`)."""
     name = "real"
     cmd = command_line(
         "run",
@@ -144,8 +146,6 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
             "1000",
             "--time-budget-s",
             str(shape.budget_s),
-            "--eval-interval-s",
-            str(max(2.0, shape.budget_s / 4)),
             "--out",
             str(out),
             "--name",
@@ -156,6 +156,9 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
             "--timeout-s",
             str(shape.budget_s + 240),
             "--direction-check" if shape.direction_check else "--no-direction-check",
+            # no evaluator: the simulated one takes no time, where a real one's evaluations take the workers' cores
+            # and the final one holds the run's end for seconds; no figure compared needs the accuracy
+            "--no-evaluator",
         ],
     )
     done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -164,15 +167,18 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
     seen = [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
-    return json.loads(summary_path.read_text()), seen, observed_shard(timeline), pace_drift(timeline)
+    summary = json.loads(summary_path.read_text())
+    summary["observed_samples_per_s"] = observed_rate(timeline)
+    return summary, seen, observed_shard(timeline), pace_drift(timeline)
 
 
 def pace_drift(timeline: list[JobStatus]) -> float:
     """How far the real job's samples/s moved within the run: over the second half of the snapshots after the
-    first fifth against the first half, as |ratio - 1|. A machine shared with other jobs changes its load under a
-    run; the simulator is given the run's averages, so a run whose own pace moved by this much can be predicted
-    no closer than it."""
-    shown = [snap for snap in timeline if snap.workers]
+    first fifth against the first half, as |ratio - 1|, from the first snapshot with a sample trained (the workers
+    are in STATUS while they probe and wait for the first batches: counted, that start read as a pace that
+    doubled). A machine shared with other jobs changes its load under a run; the simulator is given the run's
+    averages, so a run whose own pace moved by this much can be predicted no closer than it."""
+    shown = [snap for snap in timeline if snap.workers and snap.samples > 0]
     shown = shown[len(shown) // 5 :]
     if len(shown) < 3:
         return 0.0
@@ -186,7 +192,8 @@ class Observed:
     """One real worker's steps after the first fifth of the run: per step, its wall seconds (the scheduler's
     clock between snapshots over the steps taken), its compute phase (forward, backward and the emulated
     slowdown's idling), and the rest: its pull, push and taking the batch (the phases it reports, a round's
-    wait left out) and the loop's own work between steps (wall time that is in no phase)."""
+    wait left out) and the loop's own work between steps (wall time that is in no phase). `probed`: its start-up
+    probe's samples/s and fixed seconds per step, as it reported them (None: not in STATUS)."""
 
     steps: int
     batch: float
@@ -194,7 +201,8 @@ class Observed:
     compute_s: float
     other_s: float = 0.0
     transfers: int = 2  # the pull and the push its rest holds (1: the push, where the pull is a round's wait)
-    spread_s: float = 0.0  # the standard deviation of its sampled steps' seconds outside a round's wait
+    spread_s: float = 0.0  # the standard deviation of its sampled steps' compute phases
+    probed: tuple[float, float] | None = None
 
 
 def observed(timeline: list[JobStatus], name: str) -> Observed:
@@ -224,10 +232,14 @@ def observed(timeline: list[JobStatus], name: str) -> Observed:
             0.0, wall - in_phases
         )
         transfers = 1  # the pull that waited for the round is in the wait, its transfer with it
-    own = [b.times.step_s - b.times.wait_s for *_, b in spans]
-    middle = statistics.median(own)
-    spread = MAD_TO_SD * statistics.median(abs(t - middle) for t in own)
-    return Observed(steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest), transfers, spread)
+    phases = [b.times.compute_s for *_, b in spans]
+    middle = statistics.median(phases)
+    spread = MAD_TO_SD * statistics.median(abs(t - middle) for t in phases)
+    last = spans[-1][-1]
+    probed = (last.standalone_sps, last.standalone_fixed_s) if last.standalone_sps > 0 else None
+    return Observed(
+        steps, sum(span[2] for span in spans) / steps, wall, compute, max(0.0, rest), transfers, spread, probed
+    )
 
 
 @dataclass(frozen=True)
@@ -252,9 +264,8 @@ def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
     shown = [snap for snap in timeline if "0" in snap.shards and snap.workers]
     if len(shown) < 2:
         return ShardSeen()
-    first = shown[len(shown) // 5]
+    first, last = _stretch(shown)
     before = {w.name: w.steps for w in first.workers.values()}
-    last = [snap for snap in shown if before.keys() <= {w.name for w in snap.workers.values()}][-1]
     transfers = 2 * sum(max(0, w.steps - before.get(w.name, 0)) for w in last.workers.values())
     a, b = first.shards["0"], last.shards["0"]
     if transfers == 0 or b.busy_s <= a.busy_s:
@@ -268,6 +279,25 @@ def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
         service_spread(busy, b.busy_sq_s - a.busy_sq_s, served, transfers),
         served / transfers,
     )
+
+
+def _stretch(shown: list[JobStatus]) -> tuple[JobStatus, JobStatus]:
+    """The snapshot a fifth of the way into `shown`, and the last that still shows every worker it shows."""
+    first = shown[len(shown) // 5]
+    names = {w.name for w in first.workers.values()}
+    return first, [snap for snap in shown if names <= {w.name for w in snap.workers.values()}][-1]
+
+
+def observed_rate(timeline: list[JobStatus]) -> float:
+    """The real job's samples/s over the stretch its workers are observed (`observed`: from a fifth of the way
+    into the snapshots with samples trained, to the last that shows every worker): the stretch whose figures the
+    simulator is given. The run's summary counts from the first batches, when the processes that started with it
+    still load the machine, a start the simulator is not given; 0 without two such snapshots."""
+    shown = [snap for snap in timeline if snap.workers and snap.samples > 0]
+    if len(shown) < 2:
+        return 0.0
+    first, last = _stretch(shown)
+    return (last.samples - first.samples) / (last.t - first.t) if last.t > first.t else 0.0
 
 
 def service_spread(busy_s: float, busy_sq_s: float, served: int, transfers: int) -> float:
@@ -286,19 +316,33 @@ def contention(slowdown: str, seen: Observed, curve: tuple[float, float]) -> flo
     """How many times its CPU seconds a real worker's forward and backward took in wall seconds during the run:
     its compute phase is that wall time, plus (F - 1) times the CPU time and A idled (worker/trainer.py,
     `timed_compute`), so k = (compute - A) / cpu - (F - 1), the CPU time read off this machine's curve. On a
-    machine running nothing else k is 1; every worker of one run shares the machine, so their k agree where
-    the emulation does what the simulator models."""
+    machine running nothing else k is 1. On a loaded one each worker has its own, a third apart and more: the
+    kernel's scheduler favours a process that slept when it wakes, and the workers that idled more (an emulated
+    slowdown, a round's wait) met less contention in the runs measured (bench/RESULTS.md 36)."""
     phase = Slowdown.parse(slowdown)
     cpu = curve[0] + curve[1] * seen.batch
     return (seen.compute_s - phase.fixed_s(0.0)) / cpu - (phase.factor(0.0) - 1.0)
 
 
+def contentions(shape: Shape, seen: list[Observed], curve: tuple[float, float]) -> list[float]:
+    """Each worker's own contention (`contention`), by its index; a worker that took no step to measure gets the
+    median of the others' (it would have shared their machine)."""
+    ks = [contention(s, o, curve) if o.steps else None for s, o in zip(shape.slowdowns, seen, strict=True)]
+    measured = [k for k in ks if k is not None]
+    middle = statistics.median(measured) if measured else 1.0
+    return [middle if k is None else k for k in ks]
+
+
 def step_noise(slowdown: str, seen: Observed) -> float | None:
     """The relative spread of a worker's simulated steps (`WorkerSpec.noise`, which multiplies a step's compute
-    less its fixed part): the standard deviation of its real steps outside a round's wait, over its compute less
-    the emulated fixed part A; None where it took no step to measure (the cluster's default). Under load a real
-    step varies by far more than a quiet machine's few percent, in its compute and in the loop's own work alike,
-    and where a round waits for every worker its pace is the slowest of several noisy steps, not their mean."""
+    less its fixed part): the standard deviation of its real compute phases, over its compute less the emulated
+    fixed part A; None where it took no step to measure (the cluster's default). Under load a real step varies
+    by far more than a quiet machine's few percent, and where a round waits for every worker its pace is the
+    slowest of several noisy steps, not their mean. The compute phase's own spread, not the whole step's: the
+    simulator puts the spread on the device part alone, and a worker whose device part is a few milliseconds of a
+    step whose pulls, pushes and loop vary by ten (worker 0 of the asgd caps shape: 4.5 ms of CPU, 14 ms of
+    spread) was drawn log-normal at 320%, a median step a third of its mean, and the scheduler's fits gave it
+    a quarter less than the real one's (15.2 real, 11.7 simulated; 16.0 with its compute phase's 3%)."""
     device = seen.compute_s - Slowdown.parse(slowdown).fixed_s(0.0)
     return seen.spread_s / device if seen.steps and device > 0 else None
 
@@ -307,13 +351,17 @@ def simulated(
     shape: Shape,
     curve: tuple[float, float],
     seen: list[Observed],
-    k: float,
+    ks: list[float],
     shard: ShardSeen | None = None,
     spread: bool = True,
     shard_spread: bool = True,
 ) -> SimResult:
     """`shape` in the simulator. Each worker's device is (k + F - 1) (a + c b) + A on this machine's curve: what
-    its emulation computes on a machine whose contention `k` the real run measured (`contention`).
+    its emulation computes where its compute met the contention k that the real run measured for it (`ks`, by
+    the worker's index: `contentions`). One k for every worker is not what ran: on a loaded machine a worker that
+    sleeps more (waits for a round, idles its slowdown) meets less contention, so an emulated F = 2 may be far
+    less than twice as slow as an F = 1 beside it, and the worker that bounds a round is the one that met the
+    most.
 
     With the real shard's serving measured (`shard`, its service of a transfer over 0), the simulated shard is a
     server of that service time (bench/cluster_model.py's queue), and each worker's pull and push cross a link of
@@ -323,7 +371,9 @@ def simulated(
     of that rest with no queue. On loopback a link is the loop's own work as much as a transfer: the simulator's
     links are checked on the namespace harness (bench/links.py).
 
-    Each worker's steps vary as its real ones did (`step_noise`), or (`spread` False) by the simulator's default;
+    Each simulated worker reports its real probe's reading (`Observed.probed`), from which the scheduler's first
+    split and the efficient policy's fixed part start. Each worker's steps vary as its real ones did
+    (`step_noise`), or (`spread` False) by the simulator's default;
     the shard's services vary as the real one's did (`ShardSeen.spread`), or (`shard_spread` False) not at all."""
     stepped = [o.other_s for o in seen if o.steps]
     # A worker left out all along took no step to measure: the loop's work is the same code on the same machine.
@@ -339,7 +389,7 @@ def simulated(
         ]
     base = min(halves)
     workers = []
-    for text, cap, half, o in zip(shape.slowdowns, shape.max_batches, halves, seen, strict=True):
+    for text, cap, half, o, k in zip(shape.slowdowns, shape.max_batches, halves, seen, ks, strict=True):
         phase = Slowdown.parse(text)
         times = k + phase.factor(0.0) - 1.0
         workers.append(
@@ -351,6 +401,7 @@ def simulated(
                 link=half / base,
                 link_mbit=8.0 * model_bytes / (half * 1e6) if queued else 0.0,
                 noise=step_noise(text, o) if spread else None,
+                probed=o.probed,
             )
         )
     cfg = SimConfig(
@@ -379,7 +430,8 @@ Row = tuple[str, float | None, float | None, bool | None]
 
 def compare(real: dict[str, Any], sim: SimResult, seen: list[Observed], tolerance: float = TOLERANCE) -> list[Row]:
     """(figure, real, simulated, within `tolerance`) for samples/s, staleness and each worker's mean batch: the
-    real one over the stretch it is observed (`seen`, in the order of the real workers worker0..), the simulated
+    real samples/s and batches over the stretch the workers are observed (`observed_rate`; `seen`, in the order of
+    the real workers worker0..), the simulated
     one over its run (samples over steps, sim0.. in the same order); a policy that re-sizes batches as its fits
     move ends anywhere in the range it moved in, so a last batch alone says little. Staleness is judged within
     `tolerance` of the real mean or 0.1 versions, whichever is more (a mean of 0.02 against 0 is no miss)."""
@@ -389,7 +441,7 @@ def compare(real: dict[str, Any], sim: SimResult, seen: list[Observed], toleranc
         return name, r, s, ok
 
     rows = [
-        row("samples/s", real["samples_per_s"], sim.samples_per_s),
+        row("samples/s", real["observed_samples_per_s"], sim.samples_per_s),
         row("staleness mean", real["staleness_mean"], sim.staleness_mean, 0.1),
     ]
     for i, o in enumerate(seen):
@@ -450,15 +502,15 @@ def main(argv: list[str] | None = None) -> int:
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
             real, seen, shard, drift = real_run(shape, Path(args.out or tmp) / f"run{run}")
-        ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
-        k = statistics.median(ks)
-        sim = simulated(shape, curve, seen, k, shard)
-        without = [simulated(shape, curve, seen, k, given, spread=False).samples_per_s for given in (None, shard)]
-        instant = simulated(shape, curve, seen, k).samples_per_s
-        even = simulated(shape, curve, seen, k, shard, shard_spread=False).samples_per_s
+        ks = contentions(shape, seen, curve)
+        sim = simulated(shape, curve, seen, ks, shard)
+        without = [simulated(shape, curve, seen, ks, given, spread=False).samples_per_s for given in (None, shard)]
+        instant = simulated(shape, curve, seen, ks).samples_per_s
+        even = simulated(shape, curve, seen, ks, shard, shard_spread=False).samples_per_s
+        alike = simulated(shape, curve, seen, [statistics.median(ks)] * len(ks), shard).samples_per_s
         print(
-            f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {k:.2f} (median of the workers'), "
-            f"its pace drifted {100 * drift:.0f}% between the halves of the run:"
+            f"run {run}, load average {os.getloadavg()[0]:.1f}, contention k {', '.join(f'{k:.2f}' for k in ks)} "
+            f"(each worker's own), its pace drifted {100 * drift:.0f}% between the halves of the run:"
         )
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
@@ -468,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  simulated samples/s with neither the shard's service nor the steps' spread: {without[0]:.0f}; the "
             f"shard alone: {without[1]:.0f}; the spread alone: {instant:.0f}; both, the shard's service alike every "
-            f"time: {even:.0f}; both, the shard's service as spread as the real one's: {sim.samples_per_s:.0f}"
+            f"time: {even:.0f}; both, the shard's service as spread as the real one's: {sim.samples_per_s:.0f} "
+            f"(every worker at the median k instead of its own: {alike:.0f})"
         )
         for i, (o, text) in enumerate(zip(seen, shape.slowdowns, strict=True)):
             if not o.steps:
@@ -479,8 +532,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  worker{i} ({text}): batch {o.batch:.1f} (last {last}, simulated {sim_last}),"
                 f" step {1000 * o.step_s:.2f} ms: compute "
-                f"{1000 * o.compute_s:.2f} ms (its k {contention(text, o, curve):.2f}), "
-                f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%"
+                f"{1000 * o.compute_s:.2f} ms (its k {ks[i]:.2f}), "
+                f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%, probed "
+                + ("-" if o.probed is None else f"{o.probed[0]:.0f} samples/s, {1000 * o.probed[1]:.1f} ms fixed")
             )
         print("| figure | real | simulated | error | within 10% |")
         print("| --- | ---: | ---: | ---: | --- |")

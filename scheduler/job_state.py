@@ -256,7 +256,7 @@ class JobState:
         self.allocator.idled.report(member.id, hb.steps, hb.discarded)
         measured = member.id in self.allocator.speeds
         if not measured and hb.standalone_sps > 0:
-            member.standalone_sps = hb.standalone_sps
+            member.standalone_sps, member.standalone_fixed_s = hb.standalone_sps, hb.standalone_fixed_s
             self.allocator.measure(
                 member.id, hb.standalone_sps, member.instance, hb.standalone_fixed_s, member.max_batch
             )

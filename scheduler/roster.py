@@ -48,6 +48,7 @@ class Member:
     shard_index: int = -1
     number: int = 0  # among its role's members, as its id counts it (member_ids.py)
     standalone_sps: float = 0.0
+    standalone_fixed_s: float = 0.0  # its probe's fixed seconds per step, as it reported them
     steps: int = 0
     samples: int = 0
     last: WorkerHeartbeat = field(default_factory=WorkerHeartbeat)  # a worker's or evaluator's last report
@@ -95,6 +96,7 @@ class Member:
             times=hb.times,
             samples_per_s=hb.batch / hb.times.step_s if hb.times.step_s > 0 else 0.0,
             standalone_sps=self.standalone_sps,
+            standalone_fixed_s=self.standalone_fixed_s,
             loss=finite_or_none(hb.loss),
             step_s_total=self.step_s_total,
             observed_steps=self.observed_steps,

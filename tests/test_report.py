@@ -248,6 +248,7 @@ WORKER_KEYS = {
     "times",
     "samples_per_s",
     "standalone_sps",
+    "standalone_fixed_s",
     "loss",
     "step_s_total",
     "observed_steps",

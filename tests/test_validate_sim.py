@@ -1,20 +1,20 @@
 """The simulator against a small real run of the same shape (bench/validate_sim.py): each worker's own fixed and
 per-sample cost (`--slowdowns F:A`), its memory cap (`--max-batches`) and the dynamic split they lead to.
 
-The real run measures what the simulator is given (this machine's curve, its contention k, each worker's time
-outside its compute); what it must then predict is the batches the scheduler hands out, the staleness and the
-samples per second. The margin on samples/s comes from the run itself: the workers' own contention figures
-differ, and the simulated runs at the lowest and the highest of them bracket what the run could be; the
-criterion's 10% is allowed beyond that bracket, and beyond it as much as the real run's own pace drifted between
-its halves (a machine shared with other jobs changes its load under a run, and the simulator is given the run's
-averages).
+The real run measures what the simulator is given (this machine's curve, each worker's contention k, each worker's
+time outside its compute); what it must then predict is the batches the scheduler hands out, the staleness and the
+samples per second, each within the criterion's 10% and as much as the real run's own pace drifted between its
+halves (a machine shared with other jobs changes its load under a run, and the simulator is given the run's
+averages). Each worker has its own k: on a loaded machine a worker that sleeps more (waits for a round, idles its
+emulated slowdown) meets less contention when it wakes, so the workers' figures differ by a third and more, and one k
+for all (the lowest, say) simulates a cluster that did not run.
 
 Each feature of the simulator has its shape: caps and fixed costs under asgd's dynamic split; LB-BSP (ssgd +
 dynamic) with a worker capped below its share, where a round is the slowest of several noisy steps and the shard's
 close (the simulated shard serves at the real one's measured service time, each worker's steps vary as its real
-ones did). A busy shard is not within 10% (bench/RESULTS.md 27). The efficient policy with a fixed part was within
-10% plus the run's drift in 2 of 3 runs (31c): not reliably enough for a test, a worker whose knee sits near the job's
---max-batch leaves the equal split when its noise takes the knee under it."""
+ones did); a busy shard's queue. The efficient policy's whole split is not among them: it follows each worker's
+start-up probe of its fixed part, which under load read 7 ms of an emulated 20 (bench/RESULTS.md 36); given the
+probes' readings the simulated split moved toward the real one, not yet within 10%."""
 
 from __future__ import annotations
 
@@ -33,8 +33,11 @@ from bench.validate_sim import (
     ShardSeen,
     compare,
     contention,
+    contentions,
     machine_curve,
+    observed_rate,
     observed_shard,
+    pace_drift,
     real_run,
     service_spread,
     simulated,
@@ -57,29 +60,25 @@ def test_contention_is_what_the_compute_phase_held_beyond_the_emulated_device() 
 
 @dataclass(frozen=True)
 class Validated:
-    """A real run of a shape beside the simulator given its measurements at the lowest and the highest of the
-    workers' own contention figures (`ks`), which bracket what the run could be."""
+    """A real run of a shape beside the simulator given its measurements, each worker at its own contention
+    figure (`ks`)."""
 
     real: dict[str, Any]
     seen: list[Observed]
     shard: ShardSeen
     drift: float  # how far the real run's own pace moved between its halves
     ks: list[float]
-    low: SimResult  # at min(ks): the faster simulated run
-    high: SimResult
+    sim: SimResult
 
     def check_figures(self) -> None:
-        """Staleness and each worker's mean batch within the criterion and the run's drift (the simulated run at
-        the least contention), samples/s within them beyond the bracket."""
+        """Samples/s, staleness and each worker's mean batch within the criterion and the run's drift."""
         margin = TOLERANCE + self.drift
-        for figure, r, s, ok in compare(self.real, self.low, self.seen, margin):
-            if figure != "samples/s":
-                assert ok, f"{figure}: real {r}, simulated {s} (contention k {min(self.ks):.2f} of {self.ks})"
-        sps, low, high = self.real["samples_per_s"], self.low.samples_per_s, self.high.samples_per_s
-        assert (1 - margin) * high <= sps <= (1 + margin) * low, (
-            f"real {sps:.0f} samples/s; simulated {high:.0f} to {low:.0f} at the workers' contention {self.ks}; "
-            f"its pace drifted {100 * self.drift:.0f}%; the shard {self.shard}; the real workers {self.seen}"
-        )
+        for figure, r, s, ok in compare(self.real, self.sim, self.seen, margin):
+            assert ok, (
+                f"{figure}: real {r}, simulated {s} (within {100 * margin:.0f}%: the run's pace drifted "
+                f"{100 * self.drift:.0f}%); the workers' contention {self.ks}; the shard {self.shard}; the real "
+                f"workers {self.seen}"
+            )
 
 
 def validated(shape: Shape, out: Path) -> Validated:
@@ -87,10 +86,9 @@ def validated(shape: Shape, out: Path) -> Validated:
     included."""
     curve = machine_curve(shape.model, shape.dataset, (16, shape.global_batch), steps=15)
     real, seen, shard, drift = real_run(shape, out)
-    ks = [contention(s, o, curve) for s, o in zip(shape.slowdowns, seen, strict=True) if o.steps]
-    assert len(ks) == len(shape.slowdowns), f"every worker stepped: {seen}"
-    low, high = (simulated(shape, curve, seen, k, shard) for k in (min(ks), max(ks)))
-    return Validated(real, seen, shard, drift, ks, low, high)
+    assert all(o.steps for o in seen), f"every worker stepped: {seen}"
+    ks = contentions(shape, seen, curve)
+    return Validated(real, seen, shard, drift, ks, simulated(shape, curve, seen, ks, shard))
 
 
 def test_the_simulator_gives_the_batches_staleness_and_samples_of_a_real_run_with_caps_and_fixed_costs(
@@ -99,22 +97,23 @@ def test_the_simulator_gives_the_batches_staleness_and_samples_of_a_real_run_wit
     validated(SHAPE, tmp_path).check_figures()
 
 
-# LB-BSP (ssgd + dynamic): worker 0's share of the equal-time split is above its cap of 16, so it trains 16 and the
+# LB-BSP (ssgd + dynamic): worker 0's share of the equal-time split is above its cap, so it trains its cap and the
 # other two share the rest by their speeds; the CNN, whose compute dominates its step, on the synthetic set.
-LBBSP = Shape(("1", "1", "2"), (8, 0, 0), "ssgd", "dynamic", global_batch=96, budget_s=6.0, model="cnn")
-"""Worker 0's cap at a quarter of its share (about 38 of 96 at equal speed): the simulator is given each worker's
-speed as measured in the real run, and beside a second suite, from the speeds measured under that contention, it
-gave worker 0 11 samples where its cap was 16."""
+LBBSP = Shape(("1", "1", "4"), (8, 0, 0), "ssgd", "dynamic", global_batch=96, budget_s=6.0, model="cnn")
+"""Worker 0's cap at a quarter of its share (about 38 of 96 at equal speed). Worker 2 at F = 4: an emulated F = 2
+is (k + 1) / k times as slow as F = 1 only where both meet the same contention k, and beside a second suite (k 7
+to 8) the F = 2 worker, sleeping half its compute, met up to one less: its steps per sample were the F = 1
+worker's, and it took the larger share in the real run and in the simulator given each worker's own k."""
 
 
 def test_lb_bsp_holds_a_capped_worker_at_its_cap_in_the_real_run_and_the_simulator(tmp_path: Path) -> None:
     v = validated(LBBSP, tmp_path)
     real = {w["name"]: w["final_batch"] for w in v.real["workers"].values()}
     cap = LBBSP.max_batches[0]
-    assert real["worker0"] == cap == v.low.worker_batches["sim0"], (real, v.low.worker_batches)
-    sim = {i: v.low.worker_samples[f"sim{i}"] / v.low.worker_steps[f"sim{i}"] for i in (1, 2)}
+    assert real["worker0"] == cap == v.sim.worker_batches["sim0"], (real, v.sim.worker_batches)
+    sim = {i: v.sim.worker_samples[f"sim{i}"] / v.sim.worker_steps[f"sim{i}"] for i in (1, 2)}
     assert v.seen[1].batch > v.seen[2].batch and sim[1] > sim[2], (
-        f"the F = 1 worker takes more of the rest than the F = 2 one: real {v.seen}, simulated {sim}"
+        f"the F = 1 worker takes more of the rest than the F = 4 one: real {v.seen}, simulated {sim}"
     )
     v.check_figures()
 
@@ -162,3 +161,30 @@ def test_the_shards_service_is_its_serving_seconds_over_the_transfers_after_the_
     assert service_spread(0.06, 7.5e-5, 60, 30) == pytest.approx(0.5 / math.sqrt(2)), "0.5 and 1.5 ms, two a transfer"
     assert service_spread(0.06, 0.0, 30, 30) == 0.0, "no squares reported: no spread to give"
     assert observed_shard([JobStatus(t=0)]) == ShardSeen(), "no shard seen: nothing to give the simulator"
+
+
+def test_a_runs_pace_is_judged_from_its_first_trained_sample() -> None:
+    # the workers sit in STATUS for 3 s while they probe and wait for their first batches, then train 100 samples a
+    # second for 10 s and 150 a second for the next 10
+    start = [JobStatus(t=t, samples=0, workers={"w0": WorkerStatus(name="worker0")}) for t in range(3)]
+    steady = [JobStatus(t=3 + t, samples=100 * t, workers={"w0": WorkerStatus(name="worker0")}) for t in range(1, 11)]
+    faster = [
+        JobStatus(t=13 + t, samples=1000 + 150 * t, workers={"w0": WorkerStatus(name="worker0")}) for t in range(1, 11)
+    ]
+    assert pace_drift(start + steady) == pytest.approx(0.0), "a steady pace after the start's wait"
+    # past the first fifth of the 20 trained snapshots, halves from t = 8 to 16 (500 to 1,450 samples) and to 23
+    assert pace_drift(start + steady + faster) == pytest.approx((1050 / 7) / (950 / 8) - 1), "100 samples/s, then 150"
+
+
+def test_the_real_samples_per_second_are_those_of_the_stretch_the_simulator_is_given() -> None:
+    # 2 s of probing in STATUS, then 100 samples a second; at the end worker1 leaves STATUS first, then worker0
+    def snap(t: int, samples: int, names: tuple[str, ...]) -> JobStatus:
+        return JobStatus(t=t, samples=samples, workers={f"w{i}": WorkerStatus(name=n) for i, n in enumerate(names)})
+
+    both = ("worker0", "worker1")
+    timeline = [snap(t, 0, both) for t in range(2)] + [snap(2 + t, 100 * t, both) for t in range(1, 11)]
+    timeline += [snap(13, 1050, ("worker0",)), snap(14, 1050, ())]
+    assert observed_rate(timeline) == pytest.approx(100.0), (
+        "from t = 5 (a fifth into the trained snapshots) to 12, both workers in it"
+    )
+    assert observed_rate(timeline[:3]) == 0.0, "one trained snapshot: no stretch"

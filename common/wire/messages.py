@@ -393,6 +393,8 @@ class WorkerStatus:
     scheduler/wire_schedule.py. `idle` says why the scheduler gives it no batch while it stays registered
     ("": it is not idle), e.g. Ringmaster would discard every step it took (scheduler/idle_workers.py);
     `discarded` counts its steps whose push the shards answered without applying it (its heartbeat's).
+    `standalone_sps` and `standalone_fixed_s` are its start-up probe's speed and fixed seconds per step, as it
+    reported them (what the scheduler's first split and the efficient policy's fixed part start from).
     """
 
     role: str = "worker"
@@ -406,6 +408,7 @@ class WorkerStatus:
     times: StepTimes = field(default_factory=StepTimes)
     samples_per_s: float = 0.0
     standalone_sps: float = 0.0
+    standalone_fixed_s: float = 0.0
     loss: float | None = None
     step_s_total: float = 0.0
     observed_steps: int = 0
