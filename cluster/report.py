@@ -129,6 +129,7 @@ def summarize(
             "standalone_samples_per_s": final.standalone_sps,
             "compute_samples_per_s": final.observed_samples / final.compute_s_total if final.compute_s_total else None,
             "samples": final.samples,
+            "discarded": final.discarded,
             "left_early": wid not in at_stop,
         }
     # Throughput counts from the first batches to the first snapshot with the samples the job had when it began

@@ -179,11 +179,13 @@ def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path: Path, protoco
 
 @pytest.mark.slow
 def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_path: Path) -> None:
-    """m = 2 of three workers, one 16x slower, fixed batches: every round closes on the two fast workers' gradients,
-    so the slow worker's, computed at a model rounds old by the time they arrive, are discarded (counted, not
-    errors); the job still ends at its epochs, counted from the samples taken. The slowdown emulates compute
-    alone, and the MLP's step is mostly transfers: at 4x (128 samples) the slow step was only about 1.5x the
-    others' under load and came in among the first two; at 16x it never did (0 of 35)."""
+    """m = 2 of three workers, one 16x slower, fixed batches: a round closes on the first two gradients computed at
+    its model, so the slow worker's, late, are the ones discarded (counted, not errors), and it trains at its own
+    pace where ssgd's rounds would wait for it; the job still ends at its epochs, counted from the samples taken.
+    The slowdown emulates compute alone, and the MLP's step is mostly transfers, so load compresses it: beside a
+    second suite at load 14 the 16x worker's step was 1.3x the others' (its samples 0.59 of theirs). What is
+    judged is what msync does with whatever the slow worker's pace is: its steps are the ones dropped, and it
+    trains fewer samples than either fast worker."""
     run, _ = run_job(
         tmp_path,
         "r",
@@ -212,12 +214,14 @@ def test_msync_trains_on_the_fastest_m_and_drops_the_slow_workers_gradients(tmp_
     )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["protocol"] == "msync" and summary["epochs"] >= 1, summary
-    samples = {w["name"]: w["samples"] for w in summary["workers"].values()}
+    workers = {w["name"]: w for w in summary["workers"].values()}
+    samples = {name: w["samples"] for name, w in workers.items()}
+    # a worker's samples are its applied steps' (128 each); its discarded steps are counted apart
+    dropped = {name: w["discarded"] / (w["discarded"] + w["samples"] // 128) for name, w in workers.items()}
     assert summary["discarded"] > 0, summary
-    # Rounds that waited for the 16x worker (ssgd's) would give the three the same samples; msync's take the fast
-    # two's and the slow one trains at its own pace, a fraction of theirs however much a loaded machine compresses
-    # its emulated slowdown (14% of theirs beside a second copy of the suite).
-    assert samples["worker2"] <= 0.5 * min(samples["worker0"], samples["worker1"]), samples
+    assert dropped["worker2"] > max(dropped["worker0"], dropped["worker1"]), (dropped, samples)
+    # Rounds that waited for the 16x worker (ssgd's) would give the three the same samples.
+    assert samples["worker2"] < min(samples["worker0"], samples["worker1"]), samples
     worker_logs = "".join(log.read_text() for log in (run / "logs").glob("worker*.log"))
     assert "step failed" not in worker_logs, "a discarded gradient is not an error"
 
