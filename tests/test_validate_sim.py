@@ -19,7 +19,7 @@ probes' readings the simulated split moved toward the real one, not yet within 1
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from bench.validate_sim import (
     Observed,
     Shape,
     ShardSeen,
+    batch_slack,
     compare,
     contention,
     contentions,
@@ -42,6 +43,7 @@ from bench.validate_sim import (
     service_spread,
     simulated,
 )
+from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.messages import JobStatus, ShardStatus, WorkerStatus
 
 pytestmark = pytest.mark.slow
@@ -58,6 +60,19 @@ def test_contention_is_what_the_compute_phase_held_beyond_the_emulated_device() 
     assert contention("1", Observed(1, 24.0, 0.1, cpu), curve) == pytest.approx(1.0), "a quiet machine"
 
 
+def test_a_batch_is_judged_within_the_policys_hysteresis_more_and_nothing_more_under_fixed_batches() -> None:
+    assert batch_slack(SHAPE) == JobConfig().reassign_threshold > 0, "dynamic keeps a batch within the threshold"
+    assert batch_slack(replace(SHAPE, policy="fixed")) == 0.0
+    seen = [Observed(steps=10, batch=20.0, step_s=0.1, compute_s=0.05)]
+    real = {"observed_samples_per_s": 100.0, "staleness_mean": 1.0}
+    sim = SimResult(
+        "asgd", "dynamic", 0, 1, {}, 0.0, None, 100.0, 0.0, [], 1.0, None, 230, [], {},
+        worker_steps={"sim0": 10}, worker_samples={"sim0": 230},
+    )  # fmt: skip
+    batch = {s: [ok for name, _, _, ok in compare(real, sim, seen, TOLERANCE, s) if "batch" in name] for s in (0, 0.1)}
+    assert batch == {0.0: [False], 0.1: [True]}, "23 against 20 is 15%: beyond 10%, within 10% + 10%"
+
+
 @dataclass(frozen=True)
 class Validated:
     """A real run of a shape beside the simulator given its measurements, each worker at its own contention
@@ -69,15 +84,17 @@ class Validated:
     drift: float  # how far the real run's own pace moved between its halves
     ks: list[float]
     sim: SimResult
+    slack: float  # the policy's hysteresis on a batch (`batch_slack`)
 
     def check_figures(self) -> None:
-        """Samples/s, staleness and each worker's mean batch within the criterion and the run's drift."""
+        """Samples/s, staleness and each worker's mean batch within the criterion and the run's drift, a batch
+        within the policy's hysteresis more."""
         margin = TOLERANCE + self.drift
-        for figure, r, s, ok in compare(self.real, self.sim, self.seen, margin):
+        for figure, r, s, ok in compare(self.real, self.sim, self.seen, margin, self.slack):
             assert ok, (
                 f"{figure}: real {r}, simulated {s} (within {100 * margin:.0f}%: the run's pace drifted "
-                f"{100 * self.drift:.0f}%); the workers' contention {self.ks}; the shard {self.shard}; the real "
-                f"workers {self.seen}"
+                f"{100 * self.drift:.0f}%, a batch {100 * self.slack:.0f}% more); the workers' contention {self.ks}; "
+                f"the shard {self.shard}; the real workers {self.seen}"
             )
 
 
@@ -88,7 +105,7 @@ def validated(shape: Shape, out: Path) -> Validated:
     real, seen, shard, drift = real_run(shape, out)
     assert all(o.steps for o in seen), f"every worker stepped: {seen}"
     ks = contentions(shape, seen, curve)
-    return Validated(real, seen, shard, drift, ks, simulated(shape, curve, seen, ks, shard))
+    return Validated(real, seen, shard, drift, ks, simulated(shape, curve, seen, ks, shard), batch_slack(shape))
 
 
 def test_the_simulator_gives_the_batches_staleness_and_samples_of_a_real_run_with_caps_and_fixed_costs(
