@@ -83,6 +83,12 @@ class SchedulerMetrics:
         self.sps = Gauge(
             "dynabatch_worker_samples_per_second", "Each worker's last step throughput.", ["worker"], registry=registry
         )
+        self.idle = Gauge(
+            "dynabatch_worker_idle",
+            "1 while the scheduler keeps a worker idle (Ringmaster would discard every step it took), else 0.",
+            ["worker"],
+            registry=registry,
+        )
         self.wire = {  # the wire's schedule (scheduler/wire_schedule.py), in the order plan, credit, rank
             "group": Gauge(
                 "dynabatch_worker_chunks_per_push",
@@ -437,8 +443,8 @@ class SchedulerServer:
         if line:
             log.info("%s", line)
         for gone in self._exported - set(workers):
-            self.m.batch.remove(gone)
-            self.m.sps.remove(gone)
+            for gauge in (self.m.batch, self.m.sps, self.m.idle):
+                gauge.remove(gone)
             for gauge in self.m.wire.values():
                 gauge.remove(gone)
             for phase in PHASES:
@@ -448,8 +454,10 @@ class SchedulerServer:
         for wid in workers:
             m = s.roster.members[wid]
             hb = m.last
+            idle = wid in s.allocator.idled.idle  # it trains nothing: its last step's speed would read as current
             self.m.batch.labels(wid).set(s.allocator.batch_of(wid))
-            self.m.sps.labels(wid).set(hb.batch / hb.times.step_s if hb.times.step_s > 0 else 0.0)
+            self.m.sps.labels(wid).set(hb.batch / hb.times.step_s if hb.times.step_s > 0 and not idle else 0.0)
+            self.m.idle.labels(wid).set(1.0 if idle else 0.0)
             plan = s.wire.plan_of(wid)
             for name, shown in zip(self.m.wire, (plan.group, plan.credit, ranks.get(wid, -1)), strict=True):
                 self.m.wire[name].labels(wid).set(shown)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import harness
 from dynabatch.cluster.progress import format_progress
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.discarded_workers import delays, discarded_workers
@@ -16,7 +17,7 @@ from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import Cluster, Node, predict
 from dynabatch.scheduler.idle_workers import IDLE_AFTER, IdleWorkers
 from dynabatch.scheduler.job_state import JobState
-from harness import mlp_job, run_job, trained_its_epochs
+from harness import metric_value, mlp_job, run_job, trained_its_epochs, wait_for
 from test_job_state import _job, _join, _shards_apply, _step
 
 
@@ -175,3 +176,34 @@ def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_ex
     counts = {(s["workers"][slow]["discarded"], s["workers"][slow]["samples"]) for s in after if slow in s["workers"]}
     assert len(counts) == 1, f"its discarded steps or its samples grew after it was idle: {counts}"
     assert idle[0]["workers"][slow]["discarded"] >= IDLE_AFTER
+
+
+def test_prometheus_sees_the_idle_worker_as_idle_and_training_nothing(tmp_path: Path) -> None:
+    """The scheduler's /metrics says what STATUS says: `dynabatch_worker_idle` is 1 for the worker Ringmaster would
+    always discard and 0 for the others, and its samples/s is 0, where its last step's speed would read as current
+    on a dashboard. The job and its workers are the real test's above, as separate processes."""
+    c = harness.Cluster(
+        tmp_path,
+        [*mlp_job(1000), "--global-batch", "1536", "--protocol", "ringmaster", "--batch-policy", "fixed"]
+        + ["--eval-interval-s", "600"],
+    )
+    try:
+        scheduler = c.scheduler()
+        c.shard()
+        for name, slowdown in (("fast1", "1"), ("fast2", "1"), ("slow", "16")):
+            c.worker(name, "--slowdown", slowdown)
+        st = c.wait_status("the slow worker idled", lambda s: any(w.idle for w in s.workers.values()), 180.0)
+        idle = {wid for wid, w in st.workers.items() if w.idle}
+        assert [st.workers[wid].name for wid in idle] == ["slow"], st.workers
+
+        def exported() -> str | None:
+            text = scheduler.metrics()
+            return text if all(metric_value(text, "dynabatch_worker_idle", worker=wid) == 1 for wid in idle) else None
+
+        text = wait_for("the idle worker exported as idle", exported)
+        for wid in st.workers:
+            assert metric_value(text, "dynabatch_worker_idle", worker=wid) == (1.0 if wid in idle else 0.0), wid
+            speed = metric_value(text, "dynabatch_worker_samples_per_second", worker=wid)
+            assert (speed == 0) == (wid in idle), (wid, speed)
+    finally:
+        c.stop()
