@@ -62,9 +62,15 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
     batches = [w["final_batch"] for w in summary["workers"].values()]
     if policy == "fixed":
         assert set(batches) == {96}, batches  # a worker that rejoined under load keeps its fixed batch too
-    per_step = 2 * MLP_PARAMS * 4 / 96  # bytes per sample of one pull and one push per 96-sample step
+    round_trip = 2 * MLP_PARAMS * 4  # the bytes of one pull and one push
+    per_step = round_trip / 96  # bytes per sample of a round trip per 96-sample step
     if protocol in ("local", "msd"):
-        assert summary["bytes_per_sample"] < per_step / 4, "deltas travel once per several steps"
+        # judged per step, not per sample: beside a second suite msd's dynamic split once gave the 2x worker 8 to 9
+        # samples a step for most of the run (438 steps for 4,032 samples), and its deltas, once per H >= 5 steps,
+        # came to a third of a round trip per 96 samples
+        last = [s for s in json.loads((run / "timeline.json").read_text()) if s["workers"]][-1]
+        steps = sum(w["steps"] for w in last["workers"].values())
+        assert last["bytes"] < steps * round_trip / 4, f"deltas travel once per several steps: {steps} steps"
     elif policy == "fixed":
         assert summary["bytes_per_sample"] == pytest.approx(per_step, rel=0.1)
 
