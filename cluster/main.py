@@ -446,10 +446,11 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         name = label(w["name"], w["slowdown"], show_slowdown)
         lines.append(
             f"  {name:<16} id {wid:<4} batch {w['final_batch']:>4}"
-            f"  step {1000 * step if step else float('nan'):7.1f} ms"
-            f" (data {1000 * data if data is not None else float('nan'):5.1f} ms)"
-            f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
+            + (f"  step {1000 * step:7.1f} ms" if step else "  step       -   ")  # no step after warm-up (idle)
+            + (f" (data {1000 * data:5.1f} ms)" if data is not None else " (data     -   )")
+            + f"  compute-only {w['compute_samples_per_s'] or 0:7.0f} samples/s"
             f"  probed {w['standalone_samples_per_s']:7.0f} samples/s"
+            + (f"  discarded {w['discarded']} steps" if w.get("discarded") else "")
         )
     if summary["step_time_spread"] is not None:
         lines.append(f"step-time spread after warm-up: {100 * summary['step_time_spread']:.1f}%")

@@ -131,3 +131,23 @@ def test_a_run_reports_the_time_to_its_target_on_a_metric_of_the_users_task(tmp_
     assert seconds is not None and math.isfinite(seconds) and 0 < seconds <= summary["wall_s"], summary
     assert f"time to top2>=0.9: {seconds:.1f} s of training" in printed
     assert json.loads((run / "config.json").read_text())["run"]["target_metric"] == "top2>=0.9"
+
+
+def test_the_end_of_run_lines_show_an_idle_worker_without_a_step_and_each_workers_discarded_steps() -> None:
+    worker = {
+        "name": "worker0",
+        "slowdown": "1x",
+        "final_batch": 64,
+        "mean_step_s_after_warmup": 0.02,
+        "mean_data_s_after_warmup": 0.001,
+        "compute_samples_per_s": 3000.0,
+        "standalone_samples_per_s": 3000.0,
+        "discarded": 0,
+    }
+    idle = {**worker, "name": "worker1", "slowdown": "4x", "final_batch": 0, "mean_step_s_after_warmup": None}
+    idle |= {"mean_data_s_after_warmup": None, "discarded": 9}
+    lines = format_summary(_summary(workers={"w0": worker, "w1": idle}), Path("runs/r")).splitlines()
+    shown = {line.split()[0]: line for line in lines if line.startswith("  worker")}
+    assert "step    20.0 ms (data   1.0 ms)" in shown["worker0(1x)"] and "discarded" not in shown["worker0(1x)"]
+    assert "step       -    (data     -   )" in shown["worker1(4x)"] and "nan" not in shown["worker1(4x)"]
+    assert shown["worker1(4x)"].endswith("discarded 9 steps")
