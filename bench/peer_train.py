@@ -113,8 +113,8 @@ def slowed_step(
 def gloo_group(**init: Any) -> Iterator[None]:
     """A Gloo process group around the body, destroyed only once what the body made of it (DDP, its optimizer) is
     collected: the body makes them in a function of its own, which has returned. While DDP holds the group,
-    Gloo's worker threads outlive `destroy_process_group` into the interpreter's finalization, where a rank aborted
-    ("terminate called without an active exception") in 3 of 66 starts on this machine."""
+    Gloo's worker threads outlive `destroy_process_group` into the interpreter's finalization, where a rank aborts
+    now and then ("terminate called without an active exception"; bench/RESULTS.md 37)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", **init)

@@ -341,9 +341,9 @@ def step_noise(slowdown: str, seen: Observed) -> float | None:
     by far more than a quiet machine's few percent, and where a round waits for every worker its pace is the
     slowest of several noisy steps, not their mean. The compute phase's own spread, not the whole step's: the
     simulator puts the spread on the device part alone, and a worker whose device part is a few milliseconds of a
-    step whose pulls, pushes and loop vary by ten (worker 0 of the asgd caps shape: 4.5 ms of CPU, 14 ms of
-    spread) was drawn log-normal at 320%, a median step a third of its mean, and the scheduler's fits gave it
-    a quarter less than the real one's (15.2 real, 11.7 simulated; 16.0 with its compute phase's 3%)."""
+    step whose pulls, pushes and loop vary by several times that would be drawn with a spread of several times its
+    device part, its median step far below its mean, and the scheduler's fits would size it too small
+    (bench/RESULTS.md 36)."""
     device = seen.compute_s - Slowdown.parse(slowdown).fixed_s(0.0)
     return seen.spread_s / device if seen.steps and device > 0 else None
 
