@@ -51,8 +51,8 @@ def test_ringmasters_staleness_stays_below_its_threshold_and_it_applies_only_wha
         assert 0 <= ring.staleness <= busy - 1 + 1e-9, "R is the workers: a gradient R versions stale is discarded"
         assert 0 <= ring.discarded < 1
     ring = predict(cluster, STUDY_NOISE, "ringmaster", "fixed")
-    steps = {str(i): t for i, (t, b) in enumerate(zip(asgd.step_s, asgd.batches, strict=True)) if b > 0}
-    idle = {int(w) for w, d in discarded_workers(steps, len(cluster.nodes)).items() if d.always}
+    steps = {i: t for i, (t, b) in enumerate(zip(asgd.step_s, asgd.batches, strict=True)) if b > 0}
+    idle = {i for i, d in discarded_workers(steps, len(cluster.nodes)).items() if d.always}
     assert idle == {i for i, b in enumerate(ring.batches) if b == 0}, "idle: those Ringmaster would always discard"
     assert [b for i, b in enumerate(ring.batches) if i not in idle] == [
         b for i, b in enumerate(asgd.batches) if i not in idle

@@ -22,6 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+W = TypeVar("W", str, int)
+"""A worker's key: its id in the scheduler, its index in the predictor's cluster."""
 
 EXACT = 1e-9
 """Relative slack on a ratio of step times, so that a step exactly twice another's counts two of them."""
@@ -56,7 +60,7 @@ class Discarded:
         return f"Ringmaster would discard its steps: delay {self.mean:.1f} >= R {self.threshold}"
 
 
-def delays(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]:
+def delays(steps_s: Mapping[W, float], threshold: int) -> dict[W, Discarded]:
     """Every worker of `steps_s` (worker -> its step seconds) with its mean and least delay: the versions and the
     whole steps the kept workers (the fastest, by `kept_prefix`) other than itself make during one of its steps. A
     kept worker's mean delay is below `threshold`; every other worker's reaches it."""
@@ -72,7 +76,7 @@ def delays(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]
     }
 
 
-def discarded_workers(steps_s: Mapping[str, float], threshold: int) -> dict[str, Discarded]:
+def discarded_workers(steps_s: Mapping[W, float], threshold: int) -> dict[W, Discarded]:
     """The workers of `steps_s` whose mean delay reaches `threshold` (`delays`): some or all of their gradients are
     discarded; the fastest worker is always kept."""
     return {w: d for w, d in delays(steps_s, threshold).items() if d.mean >= threshold}

@@ -178,10 +178,8 @@ class Ringmaster(Arrivals):
     def idle(self, cluster: Cluster, batches: Sequence[float]) -> set[int]:
         """The workers (indexes) whose every gradient would arrive R or more versions stale at `batches`, R the
         workers, idle ones included (common/planning/discarded_workers.py): the scheduler gives them no batch."""
-        steps = {
-            str(i): cluster.step_s(n, b) for i, (n, b) in enumerate(zip(cluster.nodes, batches, strict=True)) if b > 0
-        }
-        return {int(w) for w, d in discarded_workers(steps, len(cluster.nodes)).items() if d.always}
+        steps = {i: cluster.step_s(n, b) for i, (n, b) in enumerate(zip(cluster.nodes, batches, strict=True)) if b > 0}
+        return {i for i, d in discarded_workers(steps, len(cluster.nodes)).items() if d.always}
 
     def throughput(self, cluster: Cluster, batches: Sequence[float], noise: NoiseScale) -> Throughput:
         busy = sorted(_busy(cluster, batches), key=lambda nb: cluster.step_s(*nb))
