@@ -80,6 +80,12 @@ class Member:
         self.compute_s_total += hb.times.compute_s * new_steps
         self.observed_samples += hb.batch * new_steps
 
+    def samples_per_s(self, idle: str = "") -> float:
+        """Its last step's samples per second; 0 while it is idle for the reason `idle` (it trains nothing, so its
+        last step's speed would read as current)."""
+        step_s = self.last.times.step_s
+        return self.last.batch / step_s if step_s > 0 and not idle else 0.0
+
     def public(self, batch: int, idle: str = "") -> WorkerStatus:
         """The member as STATUS shows it, holding `batch` (the allocator owns a worker's batch), idle for the
         reason `idle` ("": not idle)."""
@@ -94,7 +100,7 @@ class Member:
             samples=self.samples,
             batch=batch,
             times=hb.times,
-            samples_per_s=hb.batch / hb.times.step_s if hb.times.step_s > 0 else 0.0,
+            samples_per_s=self.samples_per_s(idle),
             standalone_sps=self.standalone_sps,
             standalone_fixed_s=self.standalone_fixed_s,
             loss=finite_or_none(hb.loss),

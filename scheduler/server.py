@@ -454,9 +454,9 @@ class SchedulerServer:
         for wid in workers:
             m = s.roster.members[wid]
             hb = m.last
-            idle = wid in s.allocator.idled.idle  # it trains nothing: its last step's speed would read as current
+            idle = s.allocator.idled.reason(wid)
             self.m.batch.labels(wid).set(s.allocator.batch_of(wid))
-            self.m.sps.labels(wid).set(hb.batch / hb.times.step_s if hb.times.step_s > 0 and not idle else 0.0)
+            self.m.sps.labels(wid).set(m.samples_per_s(idle))
             self.m.idle.labels(wid).set(1.0 if idle else 0.0)
             plan = s.wire.plan_of(wid)
             for name, shown in zip(self.m.wire, (plan.group, plan.credit, ranks.get(wid, -1)), strict=True):

@@ -101,6 +101,7 @@ def test_a_ringmaster_job_gives_an_always_discarded_worker_no_batch_says_why_and
     shown = state.status(now).workers[slow]
     assert shown.batch == 0 and shown.idle.startswith("Ringmaster would discard its steps: delay ")
     assert shown.idle.endswith(" >= R 3") and f"idle ({shown.idle})" in format_progress(state.status(now), now)
+    assert shown.samples_per_s == 0 < state.status(now).workers[fast[0]].samples_per_s, "it trains nothing now"
     decision = state.allocator.decisions[-1]
     assert decision.reason.endswith("; idle: Ringmaster would discard their steps") and decision.batches[slow] == 0
     assert state.expire(now + 1.0) == [] and not state.roster.members[slow].left, "idle, not dropped"
@@ -111,7 +112,8 @@ def test_a_ringmaster_job_gives_an_always_discarded_worker_no_batch_says_why_and
             _step(state, wid, 0.25, now)
         state.heartbeat(slow, last, now)
         _shards_apply(state, now)
-    assert state.allocator.batch_of(slow) > 0 and state.status(now).workers[slow].idle == ""
+    back = state.status(now).workers[slow]
+    assert state.allocator.batch_of(slow) > 0 and back.idle == "" and back.samples_per_s > 0
 
 
 def test_auto_chooses_again_with_an_idle_worker_measured_as_far_as_it_will_be() -> None:
