@@ -46,7 +46,7 @@ from dynabatch.scheduler.progress_watch import measured_eval_s, progressed, stuc
 from dynabatch.scheduler.protocol_in_force import ProtocolInForce
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
-from dynabatch.scheduler.roster import Member, Roster
+from dynabatch.scheduler.roster import Member, Roster, silence_allowed
 from dynabatch.scheduler.saved_progress import SavedProgress
 from dynabatch.scheduler.version_times import VersionTimes
 from dynabatch.scheduler.wire_schedule import WireSchedule
@@ -129,7 +129,13 @@ class JobState:
         whose evaluations stopped (progress_watch.py); returns their ids."""
         dead = self.roster.silent(now)
         for m in dead:
-            log.warning("%s stopped sending heartbeats; dropped", m.id)
+            log.warning(
+                "%s stopped sending heartbeats: none for %.1f s, %.1f s allowed (after %d); dropped",
+                m.id,
+                now - m.last_seen,
+                silence_allowed(m, self.job.liveness_timeout_s, self.job.join_timeout_s),
+                m.heartbeats,
+            )
             self._drop(m, now, "heartbeat timeout")
         started = self.allocator.training_started
         stuck = stuck_workers(self.roster.workers(), self.allocator.batch_of, now, self.job) if started else []
@@ -192,7 +198,7 @@ class JobState:
                 self.roster.admit_worker(member)
             self._worker_heartbeat(member, hb, now)
             self.rollbacks.worker_report(member.id, member.last, hb)
-        member.last_seen = now
+        member.heard(now)
         member.heartbeats += 1
         member.last = hb
         self._judge_divergence(now)
@@ -209,7 +215,7 @@ class JobState:
         prev = member.shard_last
         self.end.check_budget(now, self.allocator.training_started_at)
         check_shard_heartbeat(hb, self.job.max_rollbacks, self.job.max_batch)
-        member.last_seen = now
+        member.heard(now)
         member.heartbeats += 1
         member.shard_last = hb
         self.progress.shard_report(member.shard_index, hb)
@@ -283,7 +289,7 @@ class JobState:
                 ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; only an evaluator reports evaluations"
             )
         self.evaluations.check(report, self.progress.newest_possible_version)
-        member.last_seen = now
+        member.heard(now)
         member.eval_s = measured_eval_s(
             member.eval_s,
             now - (member.progress_at or member.joined),

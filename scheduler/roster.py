@@ -10,6 +10,7 @@ than its role and its own measured steps allow is found here (`silent`); the job
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,8 @@ from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHe
 DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
 MAX_INSTANCE_CHARS = 64
 LIVENESS_STEPS = 3  # steps of its own measured length a worker may be silent before it is dropped
+LIVENESS_GAPS = 3  # of its own longest recent gap between heartbeats a member may be silent before it is dropped
+GAPS_KEPT = 32  # the recent gaps between a member's heartbeats that its allowed silence follows
 
 
 def finite_or_none(x: float) -> float | None:
@@ -66,6 +69,14 @@ class Member:
     max_batch: int = 0  # the worker's own largest batch (HELLO), 0: none
     slowdown: str = ""  # the worker's emulated slowdown (HELLO), as Slowdown.label writes it; "": none reported
     eval_s: float = 0.0  # an evaluator's evaluation time as its reports' arrivals measure it (progress_watch.py)
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_KEPT))  # between its last reports
+
+    def heard(self, now: float) -> None:
+        """A report of its arrived at `now`: it is alive, and the gap since its last report is kept (not the
+        wait for its first, which is loading, or a shard's restore: the join timeout's)."""
+        if self.heartbeats:
+            self.gaps.append(max(0.0, now - self.last_seen))
+        self.last_seen = now
 
     @property
     def progress_since(self) -> float:
@@ -126,14 +137,19 @@ def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: f
     heartbeat is a ghost and goes after the liveness timeout. A shard restores its
     checkpoint before its first heartbeat (which reports the version it holds), so
     it has the join timeout for that. Once a worker reports steps, the margin also
-    follows its own measured step time (capped by the join timeout, so no report
-    can buy unlimited silence): a worker whose process is paused or starved for a
-    few of its steps is not dropped.
+    follows its own measured step time: a worker whose process is paused or starved
+    for a few of its steps is not dropped. And it follows the member's own recent
+    gaps between heartbeats, as a failure detector that learns its peers' spacing
+    does: on a machine with more runnable threads than cores a live process's
+    heartbeats arrive as late as its threads wait for a core, which no fixed timeout
+    fits on every machine. Both are capped by the join timeout, so no report can
+    buy unlimited silence.
     """
     if member.heartbeats == 0 and member.role == Role.SHARD:
         return max(liveness_timeout_s, join_timeout_s)
     by_steps = min(LIVENESS_STEPS * member.last.times.step_s, join_timeout_s)
-    return max(liveness_timeout_s, by_steps)
+    by_gaps = min(LIVENESS_GAPS * max(member.gaps, default=0.0), join_timeout_s)
+    return max(liveness_timeout_s, by_steps, by_gaps)
 
 
 def slowdown_label(text: str) -> str:

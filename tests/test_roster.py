@@ -11,7 +11,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
 from dynabatch.common.wire.step_times import StepTimes
-from dynabatch.scheduler.roster import DEPARTED_KEPT, Roster, silence_allowed
+from dynabatch.scheduler.roster import DEPARTED_KEPT, GAPS_KEPT, LIVENESS_GAPS, Roster, silence_allowed
 
 
 def _roster(num_shards: int = 1, **kw: Any) -> Roster:
@@ -142,6 +142,28 @@ def test_silence_follows_the_role_and_the_members_own_steps() -> None:
     assert roster.silent(2.5) == [worker]
     roster.excuse(1.0)
     assert roster.silent(2.5) == [], "the scheduler's own stall is nobody's silence"
+
+
+def test_silence_follows_the_members_own_recent_gaps_between_heartbeats() -> None:
+    """A live process on an oversubscribed machine heartbeats late; a member is allowed LIVENESS_GAPS of its own
+    longest recent gap, capped by the join timeout, and an old gap stops counting once GAPS_KEPT newer ones came."""
+    roster = _roster()
+    worker = roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None)
+    worker.heard(9.0)  # its first report, after loading: no gap of its heartbeats yet
+    worker.heartbeats = 1
+    assert silence_allowed(worker, 2.0, 30.0) == 2.0
+    now = worker.last_seen
+    for gap in (0.2, 0.2, 1.5, 0.2):
+        now += gap
+        worker.heard(now)
+    assert silence_allowed(worker, 2.0, 30.0) == pytest.approx(LIVENESS_GAPS * 1.5)
+    assert roster.silent(now + 4.0) == [] and roster.silent(now + LIVENESS_GAPS * 1.5 + 0.1) == [worker]
+    worker.heard(now + 20.0)
+    assert silence_allowed(worker, 2.0, 30.0) == 30.0, "capped by the join timeout"
+    for _ in range(GAPS_KEPT):
+        now = worker.last_seen + 0.2
+        worker.heard(now)
+    assert silence_allowed(worker, 2.0, 30.0) == 2.0, "the long gaps have rolled off"
 
 
 def test_a_quarantined_process_may_not_join_again() -> None:

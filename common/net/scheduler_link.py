@@ -46,6 +46,7 @@ RETRYABLE = (ErrorCode.NOT_READY, ErrorCode.SLOT_TAKEN, ErrorCode.HELLO_RATE)
 BYE_TIMEOUT_S = 5.0  # a scheduler that is gone must not hold up a process's exit for long
 BYE_ATTEMPT_S = 1.0
 ASK_EVERY_S = 0.05  # between two heartbeats of a process that waits on the scheduler (`ask`)
+LATE_INTERVALS = 5  # heartbeat intervals without one after which the liveness thread says it was held up
 
 
 class SchedulerLink(Generic[Report, Answer]):
@@ -136,7 +137,8 @@ class SchedulerLink(Generic[Report, Answer]):
     def heartbeat(self, hb: Report) -> Answer | None:
         """Send `hb` (fire-and-forget); returns the newest assignment, as `poll`."""
         with self._lock:
-            self.conn.send(hb)
+            if self.conn.send(hb) < 0:
+                log.warning("a heartbeat was not sent: the scheduler's connection is not writable (its queue is full)")
             self._last, self._sent_at = hb, time.monotonic()
             assignment = self.poll()
             if self.contact is not None:
@@ -152,8 +154,17 @@ class SchedulerLink(Generic[Report, Answer]):
         the scheduler would refuse it, and registering again is the main thread's.
         """
         with self._lock:
-            if not self.id or self.lost or time.monotonic() - self._sent_at < interval_s:
+            quiet_s = time.monotonic() - self._sent_at
+            if not self.id or self.lost or quiet_s < interval_s:
                 return False
+            if self._sent_at and quiet_s > LATE_INTERVALS * interval_s:
+                log.warning(
+                    "no heartbeat went for %.1f s (one is due every %.1f s): this process had no CPU, or its main "
+                    "thread held the scheduler's socket that long; the scheduler drops a member after its liveness "
+                    "timeout",
+                    quiet_s,
+                    interval_s,
+                )
             self.heartbeat(self._last or self.report())
             return True
 
