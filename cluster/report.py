@@ -114,6 +114,7 @@ def summarize(
         seen = [s for s in timeline if wid in s.workers]
         first = next((s for s in seen if s.t >= warm_t), seen[0]).workers[wid]
         final = seen[-1].workers[wid]
+        departed = last.departed.get(wid)
         settled = settled_batch(wid, seen)
         steps = final.observed_steps - first.observed_steps
         mean_step = (final.step_s_total - first.step_s_total) / steps if steps > 0 else None
@@ -128,8 +129,9 @@ def summarize(
             "steps_after_warmup": steps,
             "standalone_samples_per_s": final.standalone_sps,
             "compute_samples_per_s": final.observed_samples / final.compute_s_total if final.compute_s_total else None,
-            "samples": final.samples,
-            "discarded": final.discarded,
+            # Its last step and its leaving can fall between two snapshots: the totals it left with are final.
+            "samples": departed.samples if departed else final.samples,
+            "discarded": departed.discarded if departed else final.discarded,
             "left_early": wid not in at_stop,
         }
     # Throughput counts from the first batches to the first snapshot with the samples the job had when it began

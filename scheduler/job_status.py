@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from dynabatch.common.wire.messages import JobStatus, Role, ShardStatus
+from dynabatch.common.wire.messages import DepartedWorker, JobStatus, Role, ShardStatus
 from dynabatch.scheduler.roster import finite_or_none
 
 if TYPE_CHECKING:
@@ -56,7 +56,11 @@ def job_status(state: JobState, now: float) -> JobStatus:
             )
             for m in state.roster.workers()
         },
-        departed=sorted(m.id for m in state.roster.members.values() if m.role == Role.WORKER and m.left),
+        departed={
+            m.id: DepartedWorker(m.name, m.steps, m.samples, m.last.discarded)
+            for m in sorted(state.roster.members.values(), key=lambda m: m.id)
+            if m.role == Role.WORKER and m.left
+        },
         shards={
             str(i): ShardStatus(
                 m.endpoint,

@@ -21,6 +21,7 @@ from dynabatch.cluster.report import (
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import (
+    DepartedWorker,
     Hello,
     JobStatus,
     Role,
@@ -133,6 +134,17 @@ def test_the_summary_states_the_epochs_asked_and_trained_and_the_batches_before_
     assert summarize(whole, 15.0, 0.0)["workers"]["w0"]["final_batch"] == 64, "a job allotted whole from its start"
     short = summarize([*timeline[:3], replace(timeline[2], t=10.0, stopping=True, budget_spent=True)], 11.0, 0.0)
     assert short["overshoot_samples"] == -2000, "a job its time budget stopped is short of its epochs"
+
+
+def test_a_worker_that_left_between_two_snapshots_is_summarised_with_the_totals_it_left_with() -> None:
+    """A worker's last step and its BYE can fall between two STATUS snapshots (a local round's report, then its
+    allotment trained): the last snapshot holding it shows none of that round, and STATUS keeps what it left with."""
+    running = _snap(4.0, 640, 1.0)
+    left = replace(_snap(6.0, 1280, 1.0, stopping=True), workers={})
+    left.departed = {"w0": DepartedWorker("worker0", steps=20, samples=1280, discarded=2)}
+    s = summarize([_snap(1.0, 0, None), running, left], wall_s=7.0, warmup_fraction=0.0)
+    assert (s["workers"]["w0"]["samples"], s["workers"]["w0"]["discarded"]) == (1280, 2)
+    assert summarize([_snap(1.0, 0, None), running], 5.0, 0.0)["workers"]["w0"]["samples"] == 640
 
 
 def test_time_to_accuracy_is_none_before_training_starts() -> None:

@@ -38,8 +38,8 @@ if typing.TYPE_CHECKING:
 from dynabatch.common.wire.error_codes import ErrorCode, sent_code
 from dynabatch.common.wire.messages import MESSAGE_TYPES, Error, Init
 
-PROTOCOL_VERSION = 5
-SCHEMA_FINGERPRINT = "ca5183b179672851"
+PROTOCOL_VERSION = 6
+SCHEMA_FINGERPRINT = "39a9753d593b7813"
 """The digest of the message dataclasses' fields that PROTOCOL_VERSION speaks: a change of the wire's schema is a
 change of the protocol, and tests/test_wire_schema.py fails until the version is raised and the new digest
 recorded here."""

@@ -487,6 +487,18 @@ class DecisionLatency:
 
 
 @dataclass
+class DepartedWorker:
+    """A worker that left or was dropped, in STATUS: its name and its totals as its last accepted heartbeat told
+    them. A worker's last step and its BYE often fall between two of `dynabatch run`'s snapshots, which would
+    otherwise never show that step's samples."""
+
+    name: str = ""
+    steps: int = 0
+    samples: int = 0
+    discarded: int = 0
+
+
+@dataclass
 class JobStatus:
     """The job as the scheduler sees it at scheduler time `t` (seconds since it started).
 
@@ -503,6 +515,7 @@ class JobStatus:
     `auto_policy` is the policy `--batch-policy auto` runs now and `auto_reason` why ("" under another policy).
     Under `--protocol auto`, `protocol` is the one the workers step under now, `auto_protocol` the one chosen (the
     shards take it first) and `auto_protocol_reason` why ("" under a protocol given by name).
+    `workers` are the live workers, `departed` those that left or were dropped, with their final totals.
     `dynabatch run` writes these snapshots, as maps with the field names as keys, to the run folder's timeline.json.
     """
 
@@ -533,7 +546,7 @@ class JobStatus:
     final_eval_given_up: str = ""  # why a finished job has no final evaluation where one was awaited ("" if not)
     assignment_id: int = 0
     workers: dict[str, WorkerStatus] = field(default_factory=dict)
-    departed: list[str] = field(default_factory=list)
+    departed: dict[str, DepartedWorker] = field(default_factory=dict)
     shards: dict[str, ShardStatus] = field(default_factory=dict)
     decisions: list[Decision] = field(default_factory=list)
     decision_s: DecisionLatency = field(default_factory=DecisionLatency)
