@@ -106,12 +106,17 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bo
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env())
     run_dir = out / name
     if done.returncode != 0:
-        tails = "".join(
-            f"\n--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-            for log in sorted((run_dir / "logs").glob("*.log"))
-        )
-        raise AssertionError(f"dynabatch run exited {done.returncode}\n{done.stdout}{done.stderr}{tails}")
+        raise AssertionError(f"dynabatch run exited {done.returncode}\n{done.stdout}{done.stderr}{log_tails(run_dir)}")
     return run_dir, done.stdout
+
+
+def log_tails(run_dir: Path, lines: int = 25) -> str:
+    """The last `lines` lines of every process's log in `run_dir`, each under its file's name: what a failed
+    assertion on a run shows."""
+    return "".join(
+        f"\n--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        for log in sorted((run_dir / "logs").glob("*.log"))
+    )
 
 
 def trained_its_epochs(run_dir: Path) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from dynabatch.common.wire.messages import (
     WorkerStatus,
 )
 from dynabatch.common.wire.step_times import StepTimes
-from harness import Cluster, free_port, run_job, wait_for
+from harness import Cluster, free_port, log_tails, run_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,10 @@ def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path
         assert all(0 < w.batch <= st.decisions[-1].batches[wid] for wid, w in st.workers.items())
         assert all(w.batch > 0 for w in st.workers.values())
         # STATUS lists only the latest decisions, which speed updates may have pushed the drop out of; the log keeps it.
-        assert f"{victim} stopped sending heartbeats; dropped" in scheduler.log_text()
+        assert re.search(
+            rf"{victim} stopped sending heartbeats: none for [\d.]+ s, [\d.]+ s allowed .*; dropped",
+            scheduler.log_text(),
+        )
         final = c.wait_status("the job to finish without the dead worker", lambda s: s.finished, 120)
         assert final.epoch >= 6
         assert final.samples > st.samples, "the workers left trained on with the dead one's share"
@@ -368,14 +371,14 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path: P
     a thread whatever their main thread does (worker/pulse.py), not once per round.
 
     The liveness timeout is 10 of the slowest node's steps at a batch of 96, by this machine's CPU time for one
-    (at least 3 s). A round is 48 steps at batches near 96 (115 and 77 of the global 192 at slowdowns 4 and 6),
-    about 3.8 times the timeout on a quiet machine, and a loaded machine stretches the rounds' wall time, not
+    (at least 3 s). A round is 48 steps of 96 (auto's policy starts fixed), about 3.8 times the timeout on a quiet
+    machine, and a loaded machine stretches the rounds' wall time, not
     the timeout (a timeout from wall time, measured at a busy moment, once came out as long as a round). The job's
     epochs are one round of 48 steps of 96 for each worker (2 x 48 x 96 of 12,000 samples): a job trains the
     epochs it is asked for, so half an epoch would be one round of 63. The check at the end fails the test if a
     round did not outlast the timeout.
     """
-    STEPS = 48
+    STEPS, BATCH = 48, 96
     LIVENESS_S = max(3.0, 10 * 6 * _cnn_cpu_s(96))
     run, _ = run_job(
         tmp_path,
@@ -404,9 +407,11 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path: P
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"]
     timeouts = [d for d in summary["decisions"] if d["reason"] == "heartbeat timeout"]
-    assert not timeouts, timeouts
+    assert not timeouts, f"{timeouts}{log_tails(run)}"
     assert sorted(w["name"] for w in summary["workers"].values()) == ["worker0", "worker1"], "nobody had to rejoin"
-    steps_s = [STEPS * w["final_batch"] / w["standalone_samples_per_s"] for w in summary["workers"].values()]
+    trained = [w["samples"] for w in summary["workers"].values()]
+    assert trained == [STEPS * BATCH] * 2, f"each trained one round, its last report before it left: {trained}"
+    steps_s = [w["samples"] / w["standalone_samples_per_s"] for w in summary["workers"].values()]
     assert min(steps_s) > LIVENESS_S, (
         f"a round's steps ({steps_s} s) must outlast the liveness timeout to test anything"
     )
@@ -457,12 +462,14 @@ def test_a_worker_silent_for_steps_past_the_liveness_timeout_stays_live_and_a_gh
             120,
         )
         [(wid, slow)] = st.workers.items()
-        assert slow.name == "slow" and st.departed == [ghost], f"nobody but the ghost was dropped: {st.departed}"
+        assert slow.name == "slow" and list(st.departed) == [ghost], (
+            f"nobody but the ghost was dropped: {list(st.departed)}"
+        )
         assert slow.times.compute_s > LIVENESS_S, (
             f"a step's silent compute ({slow.times.compute_s:.2f} s) must outlast the liveness timeout to test anything"
         )
         assert st.samples == slow.samples == slow.steps * 96, "every sample it trained counts"
-        assert scheduler.log_text().count("stopped sending heartbeats; dropped") == 1
+        assert scheduler.log_text().count("stopped sending heartbeats: none for") == 1
         conn.close()
     finally:
         c.stop()
