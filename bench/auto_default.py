@@ -90,16 +90,20 @@ def _simulate_auto(run: Run) -> tuple[Run, Timed]:
     return simulate_run(run)
 
 
-def tuning_profile(name: str) -> Profile:
-    """The file as TUNED_IN tuned it, with auto its one method."""
-    return replace(next(p for p in STUDIES[TUNED_IN] if p.profile == name), methods=(AUTO,))
-
-
-def tune_auto(names: list[str], jobs: int, out: Path, log: Callable[[str], None]) -> dict[str, float | None]:
-    """auto's step size on each file (None: it diverged at every step size tried), tuned as TUNED_IN tuned every
-    other method (tuned_study's `tune`); the tuning runs are kept in out/auto_tuning.json, so a run stopped early
-    goes on from them."""
+def tuning_profile(name: str, seeds: tuple[int, ...] = ()) -> Profile:
+    """The file as TUNED_IN tuned it, with auto its one method (put in METHODS, where a profile's methods are looked
+    up), on `seeds` where given instead of TUNED_IN's tuning seeds."""
     METHODS.update(OWN)
+    p = next(p for p in STUDIES[TUNED_IN] if p.profile == name)
+    return replace(p, methods=(AUTO,), tune_seeds=seeds or p.tune_seeds)
+
+
+def tune_auto(
+    names: list[str], jobs: int, out: Path, log: Callable[[str], None], seeds: tuple[int, ...] = ()
+) -> dict[str, float | None]:
+    """auto's step size on each file (None: it diverged at every step size tried), tuned as TUNED_IN tuned every
+    other method (tuned_study's `tune`; on `seeds` where given); the tuning runs are kept in out/auto_tuning.json,
+    so a run stopped early goes on from them."""
     path = out / "auto_tuning.json"
     res = Results(**json.loads(path.read_text())) if path.exists() else Results()
 
@@ -108,24 +112,30 @@ def tune_auto(names: list[str], jobs: int, out: Path, log: Callable[[str], None]
 
     chosen: dict[str, float | None] = {}
     for name in names:
-        p = tuning_profile(name)
+        p = tuning_profile(name, seeds)
         log(f"{name}: tuning auto over {p.grid(AUTO)} (grown past a winning edge) on seeds {p.tune_seeds}")
         chosen[name] = tune(p, res, jobs, save, log, _simulate_auto)[AUTO]
         log(f"{name}: auto's step size {chosen[name]}")
     save()
-    log(tuning_table(res.tuning, chosen))
+    log(tuning_table(res.tuning, chosen, seeds))
     return chosen
 
 
-def tuning_table(tuning: dict[str, list[dict[str, Any]]], chosen: dict[str, float | None]) -> str:
-    """auto's tuning runs on each file: per step size, its time to TARGET and accuracy in each tuning seed, whether
-    it diverged in any, and which was chosen."""
+def tuning_table(
+    tuning: dict[str, list[dict[str, Any]]], chosen: dict[str, float | None], seeds: tuple[int, ...] = ()
+) -> str:
+    """auto's tuning runs on each file (on `tuning_profile`'s seeds): per step size, its time to TARGET and accuracy
+    in each tuning seed, whether it diverged in any, and which was chosen."""
     out = [
         "| file | lr | time to 80% by tuning seed (s) | accuracy | diverged | chosen |",
         "|---|---:|---|---|---|---|",
     ]
     for name, lr in chosen.items():
-        runs = [r for r in tuning.get(name, []) if r["method"] == AUTO and r["seed"] in tuning_profile(name).tune_seeds]
+        runs = [
+            r
+            for r in tuning.get(name, [])
+            if r["method"] == AUTO and r["seed"] in tuning_profile(name, seeds).tune_seeds
+        ]
         for step in sorted({r["lr"] for r in runs}):
             at = sorted((r for r in runs if r["lr"] == step), key=lambda r: r["seed"])
             times = ", ".join(f"{t:g}" if (t := time_to(r, f"{TARGET:.2f}")) != float("inf") else "–" for r in at)
@@ -209,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="auto's --lr on every file, untuned (default: tuned per file, as the regime study tunes every method)",
     )
+    p.add_argument("--tune-seeds", type=int, nargs="+", help=f"auto's tuning seeds (default: {TUNED_IN}'s)")
     p.add_argument("--files", nargs="+", default=list(REGIME_BUDGET_S), choices=list(REGIME_BUDGET_S))
     p.add_argument("--methods", nargs="+", help="only these methods (default: all of the file's)")
     p.add_argument("--jobs", type=int, default=1)
@@ -220,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr_auto is not None:
         lr_auto: dict[str, float | None] = dict.fromkeys(files, args.lr_auto)
     elif not args.methods or AUTO in args.methods:
-        lr_auto = tune_auto(files, args.jobs, args.out, log)
+        lr_auto = tune_auto(files, args.jobs, args.out, log, tuple(args.tune_seeds or ()))
     else:
         lr_auto = dict.fromkeys(files)  # auto is not run here
     path = args.out / "auto_default.jsonl"
