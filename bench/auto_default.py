@@ -3,8 +3,11 @@ r"""`--protocol auto --batch-policy auto` (the default) beside the best method o
 and when (bench/RESULTS.md 24).
 
 Each method runs as the regime study runs it (`bench/tuned_study.py`'s `sim_config`: the file's workers, global
-batch and budget, momentum 0), at the step size the regime study tuned for it on that file (BEST, PREVIOUS; auto at
-`--lr-auto`), stopped at the target (bench/RESULTS.md 26).
+batch and budget, momentum 0), stopped at the target (bench/RESULTS.md 26), at the step size tuned for it on that
+file. The other methods' were tuned by the regime study (BEST, PREVIOUS; bench/RESULTS.md 20); auto's is tuned here
+the same way (`tune_auto`: tuned_study's `tune` on TUNED_IN's tuning seeds, over the grid of the delay-step methods
+extended past a winning edge, chosen by `choose_lr`), then run on the report seeds (bench/RESULTS.md 39).
+`--lr-auto L` runs auto at L on every file instead, untuned.
 
     python -m bench.auto_default --seeds 0 1 2 --jobs 2 --out DIR
     python -m bench.auto_default --files ps_bound64 --seeds 0 1 --jobs 2 --out DIR \
@@ -17,29 +20,41 @@ import argparse
 import json
 import statistics
 import sys
-import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
-from bench.simulate import simulate
 from bench.tuned_study import (
     METHODS,
     REGIME_BUDGET_S,
     REGIME_METHODS,
+    STUDIES,
     Method,
     Profile,
+    Results,
     Run,
+    Timed,
     diverged,
+    lr_source,
     reference_s,
     regimes,
-    sim_config,
+    simulate_run,
+    time_to,
+    tune,
 )
-from dynabatch.common.tasks.data import load_dataset
+from dynabatch.common.config import AUTO_PROTOCOL
 
 AUTO = "auto (protocol and policy)"
-OWN: dict[str, Method] = {AUTO: Method(AUTO, "auto", "auto")}
+_UNTUNED = Method(AUTO, AUTO_PROTOCOL, "auto", lrs=())
+OWN: dict[str, Method] = {AUTO: replace(_UNTUNED, lrs=METHODS[lr_source(_UNTUNED)].lrs)}
+"""auto as a method of the study, tuned over the grid of the method whose step it would otherwise take
+(`lr_source`: the fixed-batch method it starts on, under the delay step every switch keeps), which is the grid of
+every delay-step method."""
+TUNED_IN = "regimes-cut"
+"""The study whose tuning chose BEST's and PREVIOUS's step sizes (bench/RESULTS.md 20): auto is tuned on its tuning
+seeds, over its grids, past a winning edge as often, by its rule."""
 BEST = {
     "mixed_gpus16": {"ringmaster+fixed": 0.04},
     "mixed_links16": {"asgd+efficient": 0.04, "ringmaster+fixed": 0.04},
@@ -56,9 +71,7 @@ TARGET = 0.8
 def run_row(profile: Profile, method: str, lr: float, seed: int) -> dict[str, Any]:
     """One run of `method` on `profile` at `lr`, stopped at TARGET: its time to it (None: not in the budget),
     accuracy, whether it diverged (tuned_study's rule), what auto switched to and chose, and its CPU seconds."""
-    METHODS.update(OWN)
-    started = time.process_time()
-    r = simulate(sim_config(Run(profile, method, lr, seed, True)), load_dataset(profile.dataset))
+    _, (r, cpu_s) = _simulate_auto(Run(profile, method, lr, seed, True))
     row = {"final_train_loss": r.final_train_loss, "final_test_acc": r.final_test_acc, "curve": r.curve}
     return {
         "t": r.time_to.get(f"{TARGET:.2f}"),
@@ -67,8 +80,69 @@ def run_row(profile: Profile, method: str, lr: float, seed: int) -> dict[str, An
         "switched_to": r.switched_to,
         "choices": [(round(t, 1), c) for t, c in r.auto_choices],
         "samples_per_s": r.samples_per_s,
-        "cpu_s": time.process_time() - started,
+        "cpu_s": cpu_s,
     }
+
+
+def _simulate_auto(run: Run) -> tuple[Run, Timed]:
+    """tuned_study's `simulate_run` with auto among the methods (a spawned process imports tuned_study without it)."""
+    METHODS.update(OWN)
+    return simulate_run(run)
+
+
+def tuning_profile(name: str, seeds: tuple[int, ...] = ()) -> Profile:
+    """The file as TUNED_IN tuned it, with auto its one method (put in METHODS, where a profile's methods are looked
+    up), on `seeds` where given instead of TUNED_IN's tuning seeds."""
+    METHODS.update(OWN)
+    p = next(p for p in STUDIES[TUNED_IN] if p.profile == name)
+    return replace(p, methods=(AUTO,), tune_seeds=seeds or p.tune_seeds)
+
+
+def tune_auto(
+    names: list[str], jobs: int, out: Path, log: Callable[[str], None], seeds: tuple[int, ...] = ()
+) -> dict[str, float | None]:
+    """auto's step size on each file (None: it diverged at every step size tried), tuned as TUNED_IN tuned every
+    other method (tuned_study's `tune`; on `seeds` where given); the tuning runs are kept in out/auto_tuning.json,
+    so a run stopped early goes on from them."""
+    path = out / "auto_tuning.json"
+    res = Results(**json.loads(path.read_text())) if path.exists() else Results()
+
+    def save() -> None:
+        path.write_text(json.dumps(asdict(res)))
+
+    chosen: dict[str, float | None] = {}
+    for name in names:
+        p = tuning_profile(name, seeds)
+        log(f"{name}: tuning auto over {p.grid(AUTO)} (grown past a winning edge) on seeds {p.tune_seeds}")
+        chosen[name] = tune(p, res, jobs, save, log, _simulate_auto)[AUTO]
+        log(f"{name}: auto's step size {chosen[name]}")
+    save()
+    log(tuning_table(res.tuning, chosen, seeds))
+    return chosen
+
+
+def tuning_table(
+    tuning: dict[str, list[dict[str, Any]]], chosen: dict[str, float | None], seeds: tuple[int, ...] = ()
+) -> str:
+    """auto's tuning runs on each file (on `tuning_profile`'s seeds): per step size, its time to TARGET and accuracy
+    in each tuning seed, whether it diverged in any, and which was chosen."""
+    out = [
+        "| file | lr | time to 80% by tuning seed (s) | accuracy | diverged | chosen |",
+        "|---|---:|---|---|---|---|",
+    ]
+    for name, lr in chosen.items():
+        runs = [
+            r
+            for r in tuning.get(name, [])
+            if r["method"] == AUTO and r["seed"] in tuning_profile(name, seeds).tune_seeds
+        ]
+        for step in sorted({r["lr"] for r in runs}):
+            at = sorted((r for r in runs if r["lr"] == step), key=lambda r: r["seed"])
+            times = ", ".join(f"{t:g}" if (t := time_to(r, f"{TARGET:.2f}")) != float("inf") else "–" for r in at)
+            accs = ", ".join(f"{100 * r['final_test_acc']:.1f}%" for r in at)
+            gone = "yes" if any(diverged(r) for r in at) else "no"
+            out.append(f"| {name} | {step:g} | {times} | {accs} | {gone} | {'**yes**' if step == lr else ''} |")
+    return "\n".join(out)
 
 
 def _run(item: tuple[str, str, float, int]) -> tuple[tuple[str, str, float, int], dict[str, Any]]:
@@ -78,13 +152,15 @@ def _run(item: tuple[str, str, float, int]) -> tuple[tuple[str, str, float, int]
     return item, run_row(profile, method, lr, seed)
 
 
-def plan(seeds: list[int], lr_auto: float) -> list[tuple[str, str, float, int]]:
-    """Every file's methods at every seed: auto, asgd + fixed (the previous default; asgd + auto ran as it, run
-    for run, in section 20) and the file's fastest, each at its step size tuned there."""
+def plan(seeds: list[int], lr_auto: dict[str, float | None]) -> list[tuple[str, str, float, int]]:
+    """Every file's methods at every seed: auto (at `lr_auto`'s step size for the file; not where it has none),
+    asgd + fixed (the previous default; asgd + auto ran as it, run for run, in section 20) and the file's fastest,
+    each at its step size tuned there."""
     return [
         (name, method, lr, seed)
-        for name in REGIME_BUDGET_S
-        for method, lr in {AUTO: lr_auto, "asgd+fixed": PREVIOUS[name], **BEST[name]}.items()
+        for name in lr_auto
+        for method, lr in {AUTO: lr_auto[name], "asgd+fixed": PREVIOUS[name], **BEST[name]}.items()
+        if lr is not None
         for seed in seeds
     ]
 
@@ -92,27 +168,27 @@ def plan(seeds: list[int], lr_auto: float) -> list[tuple[str, str, float, int]]:
 def table(rows: list[dict[str, Any]]) -> str:
     """Per file and method: time to TARGET per seed, the median, the median against the fastest median there and
     against T* (a method that reached the target in fewer than half its seeds has none), and divergences."""
-    by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    by: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = {}
     for r in rows:
-        by.setdefault((r["file"], r["method"]), {})[r["seed"]] = r
+        by.setdefault((r["file"], r["method"], r["lr"]), {})[r["seed"]] = r
     out = [
         "| file | method | lr | time to 80% by seed (s) | median | / fastest | / T* | diverged |",
         "|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for name in REGIME_BUDGET_S:
         star = _t_star(name)
-        medians = {m: _median({s: r["t"] for s, r in runs.items()}) for (f, m), runs in by.items() if f == name}
+        medians = {k: _median({s: r["t"] for s, r in runs.items()}) for k, runs in by.items() if k[0] == name}
         best = min((t for t in medians.values() if t is not None), default=None)
-        for (file, method), runs in by.items():
+        for (file, method, lr), runs in by.items():
             if file != name:
                 continue
-            med, seeds = medians[method], sorted(runs.items())
+            med, seeds = medians[file, method, lr], sorted(runs.items())
             cells = ", ".join("–" if r["t"] is None else f"{r['t']:g}" for _, r in seeds)
             ratio = f"{med / best:.2f}x" if med is not None and best else "–"
             to_star = f"{med / star:.2f}x" if med is not None else "–"
             gone = sum(bool(r.get("diverged")) for _, r in seeds)
             out.append(
-                f"| {name} | {method} | {seeds[0][1]['lr']:g} | {cells} | {'–' if med is None else f'{med:g}'} | "
+                f"| {name} | {method} | {lr:g} | {cells} | {'–' if med is None else f'{med:g}'} | "
                 f"{ratio} | {to_star} | {gone}/{len(seeds)} |"
             )
     return "\n".join(out)
@@ -138,24 +214,33 @@ def _median(times: dict[int, float | None]) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.auto_default", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--lr-auto", type=float, default=0.4, help="auto's --lr (under the delay step)")
+    p.add_argument(
+        "--lr-auto",
+        type=float,
+        help="auto's --lr on every file, untuned (default: tuned per file, as the regime study tunes every method)",
+    )
+    p.add_argument("--tune-seeds", type=int, nargs="+", help=f"auto's tuning seeds (default: {TUNED_IN}'s)")
     p.add_argument("--files", nargs="+", default=list(REGIME_BUDGET_S), choices=list(REGIME_BUDGET_S))
     p.add_argument("--methods", nargs="+", help="only these methods (default: all of the file's)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    files = [name for name in REGIME_BUDGET_S if name in args.files]
+    if args.lr_auto is not None:
+        lr_auto: dict[str, float | None] = dict.fromkeys(files, args.lr_auto)
+    elif not args.methods or AUTO in args.methods:
+        lr_auto = tune_auto(files, args.jobs, args.out, log, tuple(args.tune_seeds or ()))
+    else:
+        lr_auto = dict.fromkeys(files)  # auto is not run here
     path = args.out / "auto_default.jsonl"
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     have = {(r["file"], r["method"], r["lr"], r["seed"]) for r in done}
-    todo = [
-        i
-        for i in plan(args.seeds, args.lr_auto)
-        if i[0] in args.files and (not args.methods or i[1] in args.methods) and i not in have
-    ]
+    todo = [i for i in plan(args.seeds, lr_auto) if (not args.methods or i[1] in args.methods) and i not in have]
     with path.open("a") as f:
         for (name, method, lr, seed), r in run_parallel(
-            _run, todo, args.jobs, lambda i, r: f"{i[0]} {i[1]} lr {i[2]} seed {i[3]}: {r['t']}", print
+            _run, todo, args.jobs, lambda i, r: f"{i[0]} {i[1]} lr {i[2]} seed {i[3]}: {r['t']}", log
         ):
             row = {"file": name, "method": method, "lr": lr, "seed": seed, **r}
             done.append(row)

@@ -518,7 +518,8 @@ Timed = tuple[SimResult, float]
 """A run's result and the CPU seconds it took (what each part of a study costs)."""
 
 
-def _simulate(run: Run) -> tuple[Run, Timed]:
+def simulate_run(run: Run) -> tuple[Run, Timed]:
+    """One run of a study and its CPU seconds (the dataset loaded once a process)."""
     if run.profile.dataset not in _DATA:
         _DATA[run.profile.dataset] = load_dataset(run.profile.dataset)
     started = time.process_time()  # CPU time: what the run costs whatever else the machine runs beside it
@@ -526,9 +527,15 @@ def _simulate(run: Run) -> tuple[Run, Timed]:
     return run, (r, time.process_time() - started)
 
 
-def run_all(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Run, Timed]]:
-    """Every run of `plan` in `jobs` processes, yielded as each finishes, with a progress line."""
-    return run_parallel(_simulate, plan, jobs, _describe, log)
+def run_all(
+    plan: list[Run],
+    jobs: int,
+    log: Callable[[str], None],
+    simulate: Callable[[Run], tuple[Run, Timed]] = simulate_run,
+) -> Iterator[tuple[Run, Timed]]:
+    """Every run of `plan` through `simulate` in `jobs` processes, yielded as each finishes, with a progress
+    line."""
+    return run_parallel(simulate, plan, jobs, _describe, log)
 
 
 def _describe(run: Run, timed: Timed) -> str:
@@ -597,15 +604,22 @@ def run_study(mode: str, out_dir: str, jobs: int = 1, resume: bool = False, only
 
 
 def tune(
-    p: Profile, res: Results, jobs: int, save: Callable[[], None], log: Callable[[str], None]
+    p: Profile,
+    res: Results,
+    jobs: int,
+    save: Callable[[], None],
+    log: Callable[[str], None],
+    simulate: Callable[[Run], tuple[Run, Timed]] = simulate_run,
 ) -> dict[str, float | None]:
     """Each method's step size on `p`: its grid on the tuning seeds, extended by twice its largest step size where
     that one won (half its smallest where that one won or every one diverged), up to `p.edge_steps` times, so that
-    no choice is a grid's edge unless the study says so. A resumed study keeps the runs it has."""
+    no choice is a grid's edge unless the study says so. A resumed study keeps the runs it has. `simulate` (a
+    module-level function, as `run_all` takes it) runs one tuning run where a caller's methods are not in METHODS
+    when a spawned process imports this module (bench/auto_default.py's auto)."""
     grids = {m: list(grid) for m in p.methods if (grid := p.grid(m))}
     for step in range(p.edge_steps + 1):
         plan = [Run(p, m, lr, s, True) for m, grid in grids.items() for lr in grid for s in p.tune_seeds]
-        for run, r in run_all([r for r in plan if not _done(res, r)], jobs, log):
+        for run, r in run_all([r for r in plan if not _done(res, r)], jobs, log, simulate):
             res.tuning.setdefault(p.profile, []).append(_record(run, r))
             save()
         runs = [r for r in res.tuning.get(p.profile, []) if r["seed"] in p.tune_seeds]
