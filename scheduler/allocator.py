@@ -298,9 +298,10 @@ class Allocator:
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
         """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (or are idle: they
         report no more, and their last measured speed is what the idle rule judges them on too), or, where every one
-        has reported EARLY_STEPS, from all of them with a wider margin (auto_policy.py);
-        True when its policy changed. Once the whole budget is allotted the job ends under what runs: the workers
-        that trained their allotment are no longer measured, and a choice over the rest would switch for nothing."""
+        has reported EARLY_STEPS, from all of them with a margin as wide as their fewest steps call for
+        (auto_policy.py); True when its policy changed. Once the whole budget is allotted the job ends under what
+        runs: the workers that trained their allotment are no longer measured, and a choice over the rest would
+        switch for nothing."""
         assert self.auto is not None
         if self.unallotted == 0:
             return False
@@ -317,8 +318,14 @@ class Allocator:
         chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
         models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}
         caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
+        early_ones = set(models) - set(measured)
         return self.auto.revisit(
-            models, caps, len(ready) - len(models), self._measured(models, caps), len(set(models) - set(measured))
+            models,
+            caps,
+            len(ready) - len(models),
+            self._measured(models, caps),
+            len(early_ones),
+            min((observed[wid][0] for wid in early_ones), default=MEASURED_STEPS),
         )
 
     def _round_steps(self) -> int:

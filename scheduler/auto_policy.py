@@ -9,8 +9,9 @@ Until every ready worker is measured, auto splits as `fixed` does (a worker's pr
 a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow device,
 once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker whose one
 step takes a minute would otherwise hold the choice for eight. Where every worker's steps are long (a busy shard),
-auto may choose once each has reported EARLY_STEPS, but only for a method predicted EARLY_HYSTERESIS faster than the
-running one, and chooses again once all are measured. A worker that joins later is measured under the policy last
+auto may choose once each has reported EARLY_STEPS, but only for a method predicted faster than the running one by
+the margin its fewest steps call for (common/planning/auto_choice.py `early_hysteresis`), and chooses again as the
+steps reach the next margin's and once all are measured. A worker that joins later is measured under the policy last
 chosen; after a protocol switch every worker is measured anew (`SpeedModel.restart`). Then auto builds the
 predictor's cluster from each worker's compute curve, cap and link and the shards' service time
 (scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted step model with its
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dynabatch.common.planning.auto_choice import HYSTERESIS, choose
+from dynabatch.common.planning.auto_choice import EARLY_MARGINS, HYSTERESIS, choose, early_hysteresis
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import POLICIES, Cluster, Node
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
@@ -47,21 +48,19 @@ MEASURED_STEPS = 8
 """Steps a worker must have reported to count as measured: its first ones carry its start-up (lazy
 initialisation, caches, the other processes starting beside it), and with the speed model's forgetting of 0.85
 the eighth step weighs three times the first."""
-EARLY_STEPS = 2
-"""Steps every worker must have reported for auto to choose before each has MEASURED_STEPS: the first carries its
-start-up, the second gives its pace. Where a step takes long (a shard serving 64 workers: ten seconds), waiting for
-the eighth costs more than most of what choosing well gains, and each step waited for under the running method
-trains little there (bench/RESULTS.md 35), so a choice on fewer steps is made where its margin is wide
-(EARLY_HYSTERESIS) and made again once every worker is measured."""
-EARLY_HYSTERESIS = 0.5
-"""How much faster another method must be predicted, on workers measured over EARLY_STEPS steps, to replace the
-running one before every worker is measured: a margin the noise of a few steps does not close."""
+EARLY_STEPS = EARLY_MARGINS[0][0]
+"""Steps every worker must have reported for auto to choose before each has MEASURED_STEPS, at the widest margin of
+EARLY_MARGINS: a margin the noise of a few steps does not close."""
 HELD = "; held until"
 """How a reason says auto keeps its last choice while a newly ready worker is measured (bench/auto_unseen.py reads
 it: a run held so has chosen)."""
 SHIFT = 0.25
 """How far (a fraction) a worker's predicted step at its share must move since the last choice for auto to choose
 again: a speed shift, not the step-to-step noise of a loaded machine."""
+
+
+def _steps(n: int) -> str:
+    return "step" if n == 1 else f"{n} steps"
 
 
 def folded_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int) -> Cluster:
@@ -128,7 +127,7 @@ class AutoPolicy:
         self.choices = 0  # how many times auto has chosen (kept or changed) from measurements
         self._chosen = ""  # the reason of the last choice, which a wait for new workers' steps keeps
         self._basis: dict[str, float] = {}  # each worker's predicted step at its share when auto last chose
-        self._early = False  # whether auto last chose on workers measured over EARLY_STEPS steps only
+        self._hysteresis = HYSTERESIS  # the margin auto last chose at: wider while it chose on a few steps
 
     def leave_out(self, protocol: str, running: str) -> None:
         """A shard cannot run `protocol`: choose among the others from the next revisit on, `running` meanwhile."""
@@ -143,14 +142,16 @@ class AutoPolicy:
         waiting: int,
         measured: Cluster | None = None,
         early: int = 0,
+        fewest: int = MEASURED_STEPS,
     ) -> bool:
         """Choose again if the cluster changed since the last choice; `models` are the measured workers' step
         models, `caps` their largest batches, `waiting` the ready workers not yet measured; `measured` the cluster
         with each worker's compute, link and the shards apart (scheduler/measured_cluster.py; None: the workers
         report no compute time, so `folded_cluster`'s steps with their transfers as fixed cost). `early`: how many
-        of `models` have reported only EARLY_STEPS steps or more, not MEASURED_STEPS; the running method then gives
-        way only to one predicted EARLY_HYSTERESIS faster, and the choice is made again once every worker is
-        measured. True when the policy (or the protocol) changed."""
+        of `models` have reported only EARLY_STEPS steps or more, not MEASURED_STEPS, and `fewest` the fewest steps
+        of those; the running method then gives way only to one predicted faster by `early_hysteresis(fewest)`, and
+        the choice is made again once the steps reach a narrower margin and once every worker is measured. True
+        when the policy (or the protocol) changed."""
         if not self.modelled:
             return False
         if waiting or not models:
@@ -158,16 +159,18 @@ class AutoPolicy:
             return False
         share = max(1, self.global_batch // len(models))
         steps = {w: m.step_seconds(share) for w, m in models.items()}
-        if not self._changed(steps) and not (self._early and not early):
+        margin = early_hysteresis(fewest) if early else None
+        hysteresis = HYSTERESIS if margin is None else margin
+        if not self._changed(steps) and hysteresis == self._hysteresis:
             return False
-        self._basis, self._early = steps, bool(early)
+        self._basis, self._hysteresis = steps, hysteresis
         choice = choose(
             measured or folded_cluster(models, caps, self.global_batch),
             STUDY_NOISE,
             current=(self.protocol, self.policy),
             protocols=self.protocols,
             policies=self.policies,
-            hysteresis=EARLY_HYSTERESIS if early else HYSTERESIS,
+            hysteresis=hysteresis,
         )
         counted = f"{len(models) - early} of {len(models)} measured"
         previous = (self.protocol, self.policy)
@@ -177,7 +180,7 @@ class AutoPolicy:
         self.choices += 1
         self.protocol, self.policy = choice.protocol, choice.policy
         self.reason = self._chosen = (
-            f"{choice.reason} (chosen on every worker's first {EARLY_STEPS} steps or more, {counted})"
+            f"{choice.reason} (chosen on every worker's first {_steps(fewest)} or more, {counted})"
             if early
             else f"{choice.reason} (measured workers: {len(models)})"
         )

@@ -3,14 +3,13 @@ allocator's split under it as workers report steps, join, leave and change speed
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dynabatch.common.config import JobConfig
-from dynabatch.common.planning.auto_choice import choose
+from dynabatch.common.planning.auto_choice import EARLY_MARGINS, HYSTERESIS, choose, early_hysteresis
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import cluster_of, fixed_batches
@@ -140,24 +139,24 @@ def _step(allocator: Allocator, ready: dict[str, int], wid: str, per_sample_s: f
 
 
 def test_auto_splits_as_fixed_until_every_worker_is_measured_then_by_the_chosen_policy() -> None:
-    """ssgd, a worker five times slower: fixed while its steps have not yet lasted as long as the others' first
-    MEASURED_STEPS (`measured_workers`), then LB-BSP's split. Its one step lasts about as long as the others' eight,
-    so the span rule measures it before it has the EARLY_STEPS on which a method this much faster is chosen early."""
+    """ssgd, a worker ten times slower: fixed while its steps have not yet lasted as long as the others' first
+    MEASURED_STEPS (`measured_workers`), then LB-BSP's split. Its one step lasts longer than the others' eight, so
+    the span rule measures it on that step, where the early rule (EARLY_MARGINS) could have chosen on it too: the
+    choice is a measured one."""
     allocator = _allocator(protocol="ssgd")
     ready = _join(allocator, ["w0", "w1", "w2"])
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
     _step(allocator, ready, "w0", 0.001, MEASURED_STEPS)
     _step(allocator, ready, "w1", 0.001, MEASURED_STEPS)
-    slow, fast = 0.005 + 0.005 * 32, 0.005 + 0.001 * 32  # _step's step seconds at batch 32
-    lasted = math.ceil(MEASURED_STEPS * fast / slow)
-    assert lasted - 1 < EARLY_STEPS
-    _step(allocator, ready, "w2", 0.005, lasted - 1)
+    slow, fast = 0.005 + 0.01 * 32, 0.005 + 0.001 * 32  # _step's step seconds at batch 32
+    assert slow >= MEASURED_STEPS * fast and EARLY_STEPS == 1
     assert allocator.auto is not None and allocator.auto.policy == "fixed"
     assert "2 of 3 measured" in allocator.auto.reason
     assert allocator.allocation == {"w0": 32, "w1": 32, "w2": 32}
-    _step(allocator, ready, "w2", 0.005)
+    _step(allocator, ready, "w2", 0.01)
     assert allocator.auto.policy == "dynamic", allocator.auto.reason
     assert allocator.auto.reason.startswith("ssgd + dynamic: predicted fastest"), allocator.auto.reason
+    assert allocator.auto.reason.endswith("(measured workers: 3)"), allocator.auto.reason
     assert "auto chose dynamic" in allocator.decisions[-1].reason
     models = {w: allocator.speeds[w].fit() for w in ready}
     fitted = {w: m for w, m in models.items() if m is not None}
@@ -234,28 +233,43 @@ def _long_steps(allocator: Allocator, ready: dict[str, int], steps: int, transfe
             allocator.reallocate(1.0, 1.0, "speed update", wid, ready)
 
 
-@pytest.mark.parametrize("transfer_s", [10.0, 0.01])
-def test_where_the_margin_is_wide_auto_chooses_on_every_workers_first_steps(transfer_s: float) -> None:
+def test_the_margin_of_an_early_choice_narrows_as_the_workers_fewest_steps_grow() -> None:
+    """The tiered rule (common/planning/auto_choice.py): no choice before every worker has stepped, three times
+    faster on one step (its start-up and its wait behind the others' first pulls in it), 1.5x from the second, and
+    every early margin wider than a measured choice's."""
+    assert early_hysteresis(0) is None
+    assert [early_hysteresis(n) for n in range(1, MEASURED_STEPS)] == [2.0] + [0.5] * (MEASURED_STEPS - 2)
+    assert EARLY_STEPS == EARLY_MARGINS[0][0] == 1
+    margins = [m for _, m in EARLY_MARGINS]
+    assert margins == sorted(margins, reverse=True) and min(margins) > HYSTERESIS
+
+
+@pytest.mark.parametrize(("transfer_s", "chosen_on"), [(10.0, 1), (0.3, 2), (0.01, None)])
+def test_where_the_margin_is_wide_auto_chooses_on_every_workers_first_steps(
+    transfer_s: float, chosen_on: int | None
+) -> None:
     """A shard-bound job: each asgd step is 0.2 s of compute and 10 s of transfers, so a worker's eighth step comes
-    after 80 s. Once every worker has reported EARLY_STEPS, local SGD (a round's transfers over its H steps) is
-    predicted more than EARLY_HYSTERESIS faster than asgd, and auto switches then, saying how many are measured;
-    it chooses again once every worker is measured. Where the transfers are short nothing wins by that margin, and
-    auto waits for MEASURED_STEPS as before."""
+    after 80 s. Local SGD (a round's transfers over its H steps) is predicted more than three times faster than asgd
+    on every worker's first step, and auto switches then, saying how many are measured; it chooses again once every
+    worker is measured. With 0.3 s of transfers the margin is under three times and over 1.5x: auto waits for the
+    second step. Where the transfers are short nothing wins by either margin, and auto waits for MEASURED_STEPS as
+    before."""
     job = JobConfig(dataset="synthetic", global_batch=512, protocol="auto", batch_policy="auto")
     allocator = Allocator(job, protocol_spec(START), SWITCHABLE)
     ready = _join(allocator, [f"w{i}" for i in range(8)])
-    _long_steps(allocator, ready, EARLY_STEPS - 1, transfer_s)
     auto = allocator.auto
     assert auto is not None
-    assert auto.protocol == START and "0 of 8 measured" in auto.reason, auto.reason
-    _long_steps(allocator, ready, 1, transfer_s)
-    if transfer_s < 1:
+    for steps in range(1, (chosen_on or EARLY_MARGINS[-1][0]) + 1):
+        assert auto.protocol == START and auto.choices == 0, (steps, auto.reason)
+        _long_steps(allocator, ready, 1, transfer_s)
+    if chosen_on is None:
         assert auto.protocol == START and auto.choices == 0 and "0 of 8 measured" in auto.reason, auto.reason
-        _long_steps(allocator, ready, MEASURED_STEPS - EARLY_STEPS, transfer_s)
+        _long_steps(allocator, ready, MEASURED_STEPS - EARLY_MARGINS[-1][0], transfer_s)
         assert auto.choices == 1 and "(measured workers: 8)" in auto.reason, auto.reason
         return
     assert auto.protocol == "local" and auto.choices == 1, auto.reason
-    assert f"first {EARLY_STEPS} steps or more, 0 of 8 measured" in auto.reason, auto.reason
+    said = "first step" if chosen_on == 1 else f"first {chosen_on} steps"
+    assert f"{said} or more, 0 of 8 measured" in auto.reason, auto.reason
     allocator.switch(protocol_spec("local"), {w: 0 for w in ready})
     _long_steps(allocator, ready, MEASURED_STEPS, transfer_s / job.local_steps)
     assert auto.choices == 2 and auto.protocol == "local", "chosen again on every worker measured under local SGD"

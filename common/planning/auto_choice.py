@@ -18,6 +18,12 @@ from dynabatch.common.planning.protocol_models import MODELS
 
 HYSTERESIS = 0.10
 """A running method is replaced only by one predicted at least this fraction faster."""
+EARLY_MARGINS: tuple[tuple[int, float], ...] = ((1, 2.0), (2, 0.5))
+"""The hysteresis of a choice made before every worker is measured, by the fewest steps any worker has reported:
+(steps, hysteresis), fewest first. A worker's first step carries its start-up and its wait behind the others' first
+pulls, so a choice on it alone takes a method predicted three times faster; from the second, which gives the pace,
+1.5x. Where a step is long (a shard serving 64 workers: ten seconds) each step waited for under the running method
+costs more than most of what choosing well gains (bench/RESULTS.md 35, 40)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,13 @@ def choice_of(reason: str) -> str:
 def choosable(p: Prediction) -> bool:
     """Whether `choose` may pick the method: any but a dynamic split the scheduler does not make as predicted."""
     return p.policy != "dynamic" or MODELS[p.protocol].split_as_predicted
+
+
+def early_hysteresis(steps: int) -> float | None:
+    """The hysteresis of a choice on workers the fewest of which has reported `steps` steps, not all measured
+    (EARLY_MARGINS); None where that is too few to choose on."""
+    margins = [margin for least, margin in EARLY_MARGINS if steps >= least]
+    return margins[-1] if margins else None
 
 
 def _name(p: Prediction) -> str:
