@@ -46,7 +46,7 @@ from dynabatch.scheduler.progress_watch import measured_eval_s, progressed, stuc
 from dynabatch.scheduler.protocol_in_force import ProtocolInForce
 from dynabatch.scheduler.report_bounds import check_rollbacks, check_shard_heartbeat, check_worker_heartbeat
 from dynabatch.scheduler.rollbacks import Rollbacks
-from dynabatch.scheduler.roster import Member, Roster, silence_allowed
+from dynabatch.scheduler.roster import Member, Roster
 from dynabatch.scheduler.saved_progress import SavedProgress
 from dynabatch.scheduler.version_times import VersionTimes
 from dynabatch.scheduler.wire_schedule import WireSchedule
@@ -129,13 +129,7 @@ class JobState:
         whose evaluations stopped (progress_watch.py); returns their ids."""
         dead = self.roster.silent(now)
         for m in dead:
-            log.warning(
-                "%s stopped sending heartbeats: none for %.1f s, %.1f s allowed (after %d); dropped",
-                m.id,
-                now - m.last_seen,
-                silence_allowed(m, self.job.liveness_timeout_s, self.job.join_timeout_s),
-                m.heartbeats,
-            )
+            log.warning("%s; dropped", self.roster.why_silent(m, now))
             self._drop(m, now, "heartbeat timeout")
         started = self.allocator.training_started
         stuck = stuck_workers(self.roster.workers(), self.allocator.batch_of, now, self.job) if started else []

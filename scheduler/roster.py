@@ -298,6 +298,14 @@ class Roster:
             if not m.left and now - m.last_seen > silence_allowed(m, job.liveness_timeout_s, job.join_timeout_s)
         ]
 
+    def why_silent(self, member: Member, now: float) -> str:
+        """What the log says of a member `silent` found: how long it was silent against what it was allowed."""
+        allowed = silence_allowed(member, self.job.liveness_timeout_s, self.job.join_timeout_s)
+        return (
+            f"{member.id} stopped sending heartbeats: none for {now - member.last_seen:.1f} s, {allowed:.1f} s "
+            f"allowed (after {member.heartbeats})"
+        )
+
     def admit_worker(self, member: Member) -> None:
         """A worker's first report of its speed: from now on it is live, and every shard must learn it."""
         self.membership += 1

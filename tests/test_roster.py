@@ -158,6 +158,10 @@ def test_silence_follows_the_members_own_recent_gaps_between_heartbeats() -> Non
         worker.heard(now)
     assert silence_allowed(worker, 2.0, 30.0) == pytest.approx(LIVENESS_GAPS * 1.5)
     assert roster.silent(now + 4.0) == [] and roster.silent(now + LIVENESS_GAPS * 1.5 + 0.1) == [worker]
+    assert (
+        roster.why_silent(worker, now + 4.6)
+        == f"{worker.id} stopped sending heartbeats: none for 4.6 s, 4.5 s allowed (after 1)"
+    )
     worker.heard(now + 20.0)
     assert silence_allowed(worker, 2.0, 30.0) == 30.0, "capped by the join timeout"
     for _ in range(GAPS_KEPT):
