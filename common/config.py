@@ -227,7 +227,8 @@ class JobConfig(JobName):
     heartbeat_s: float = opt(0.5, "seconds between heartbeats", minimum=0.01, topic="cluster")
     liveness_timeout_s: float = opt(
         10.0,
-        "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, if longer); "
+        "drop a process whose heartbeats stop for this long (or for three of a worker's own steps, or three "
+        "times as long as its recent heartbeats came late, if longer); "
         "a worker or evaluator that registered and never heartbeats is dropped after this long too",
         minimum=0.1,
         topic="cluster",

@@ -25,7 +25,7 @@ from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHe
 DEPARTED_KEPT = 1000  # members that left, kept for STATUS; older ones are forgotten (their counts stay)
 MAX_INSTANCE_CHARS = 64
 LIVENESS_STEPS = 3  # steps of its own measured length a worker may be silent before it is dropped
-LIVENESS_GAPS = 3  # of its own longest recent gap between heartbeats a member may be silent before it is dropped
+LIVENESS_GAPS = 3  # times its heartbeats' longest recent lateness a member may be silent before it is dropped
 GAPS_KEPT = 32  # the recent gaps between a member's heartbeats that its allowed silence follows
 
 
@@ -129,7 +129,7 @@ class Member:
         )
 
 
-def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: float) -> float:
+def silence_allowed(member: Member, job: JobConfig) -> float:
     """Seconds of silence after which `member` is dropped as dead.
 
     A worker or evaluator heartbeats from a thread from its WELCOME on, however
@@ -142,14 +142,16 @@ def silence_allowed(member: Member, liveness_timeout_s: float, join_timeout_s: f
     gaps between heartbeats, as a failure detector that learns its peers' spacing
     does: on a machine with more runnable threads than cores a live process's
     heartbeats arrive as late as its threads wait for a core, which no fixed timeout
-    fits on every machine. Both are capped by the join timeout, so no report can
-    buy unlimited silence.
+    fits on every machine. What counts is how late they came, a gap beyond the
+    heartbeat interval. Both are capped by the join timeout, so no report can buy
+    unlimited silence.
     """
     if member.heartbeats == 0 and member.role == Role.SHARD:
-        return max(liveness_timeout_s, join_timeout_s)
-    by_steps = min(LIVENESS_STEPS * member.last.times.step_s, join_timeout_s)
-    by_gaps = min(LIVENESS_GAPS * max(member.gaps, default=0.0), join_timeout_s)
-    return max(liveness_timeout_s, by_steps, by_gaps)
+        return max(job.liveness_timeout_s, job.join_timeout_s)
+    by_steps = min(LIVENESS_STEPS * member.last.times.step_s, job.join_timeout_s)
+    late_s = max(member.gaps, default=0.0) - job.heartbeat_s
+    by_gaps = min(LIVENESS_GAPS * late_s, job.join_timeout_s)
+    return max(job.liveness_timeout_s, by_steps, by_gaps)
 
 
 def slowdown_label(text: str) -> str:
@@ -292,15 +294,11 @@ class Roster:
     def silent(self, now: float) -> list[Member]:
         """Live members whose heartbeats stopped for longer than `silence_allowed`."""
         job = self.job
-        return [
-            m
-            for m in self.members.values()
-            if not m.left and now - m.last_seen > silence_allowed(m, job.liveness_timeout_s, job.join_timeout_s)
-        ]
+        return [m for m in self.members.values() if not m.left and now - m.last_seen > silence_allowed(m, job)]
 
     def why_silent(self, member: Member, now: float) -> str:
         """What the log says of a member `silent` found: how long it was silent against what it was allowed."""
-        allowed = silence_allowed(member, self.job.liveness_timeout_s, self.job.join_timeout_s)
+        allowed = silence_allowed(member, self.job)
         return (
             f"{member.id} stopped sending heartbeats: none for {now - member.last_seen:.1f} s, {allowed:.1f} s "
             f"allowed (after {member.heartbeats})"

@@ -132,12 +132,12 @@ def test_a_shard_that_leaves_frees_its_slot() -> None:
 def test_silence_follows_the_role_and_the_members_own_steps() -> None:
     roster = _roster()
     shard, worker = roster.shards[0], roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None)
-    assert silence_allowed(shard, 2.0, 30.0) == 30.0, "a shard restores its checkpoint before its first heartbeat"
-    assert silence_allowed(worker, 2.0, 30.0) == 2.0
+    assert silence_allowed(shard, roster.job) == 30.0, "a shard restores its checkpoint before its first heartbeat"
+    assert silence_allowed(worker, roster.job) == 2.0
     worker.last = WorkerHeartbeat(times=StepTimes(step_s=5.0))
-    assert silence_allowed(worker, 2.0, 30.0) == 15.0, "three of its own steps"
+    assert silence_allowed(worker, roster.job) == 15.0, "three of its own steps"
     worker.last = WorkerHeartbeat(times=StepTimes(step_s=100.0))
-    assert silence_allowed(worker, 2.0, 30.0) == 30.0, "capped by the join timeout"
+    assert silence_allowed(worker, roster.job) == 30.0, "capped by the join timeout"
     worker.last = WorkerHeartbeat()
     assert roster.silent(2.5) == [worker]
     roster.excuse(1.0)
@@ -145,29 +145,30 @@ def test_silence_follows_the_role_and_the_members_own_steps() -> None:
 
 
 def test_silence_follows_the_members_own_recent_gaps_between_heartbeats() -> None:
-    """A live process on an oversubscribed machine heartbeats late; a member is allowed LIVENESS_GAPS of its own
-    longest recent gap, capped by the join timeout, and an old gap stops counting once GAPS_KEPT newer ones came."""
-    roster = _roster()
+    """A live process on an oversubscribed machine heartbeats late; a member is allowed LIVENESS_GAPS times its
+    heartbeats' longest recent lateness, capped by the join timeout, and an old gap stops counting once GAPS_KEPT
+    newer ones came."""
+    roster = _roster(heartbeat_s=0.2)
     worker = roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None)
     worker.heard(9.0)  # its first report, after loading: no gap of its heartbeats yet
     worker.heartbeats = 1
-    assert silence_allowed(worker, 2.0, 30.0) == 2.0
+    assert silence_allowed(worker, roster.job) == 2.0
     now = worker.last_seen
-    for gap in (0.2, 0.2, 1.5, 0.2):
+    for gap in (0.2, 0.2, 1.7, 0.2):  # 1.5 s late, at a heartbeat every 0.2 s
         now += gap
         worker.heard(now)
-    assert silence_allowed(worker, 2.0, 30.0) == pytest.approx(LIVENESS_GAPS * 1.5)
+    assert silence_allowed(worker, roster.job) == pytest.approx(LIVENESS_GAPS * 1.5)
     assert roster.silent(now + 4.0) == [] and roster.silent(now + LIVENESS_GAPS * 1.5 + 0.1) == [worker]
     assert (
         roster.why_silent(worker, now + 4.6)
         == f"{worker.id} stopped sending heartbeats: none for 4.6 s, 4.5 s allowed (after 1)"
     )
     worker.heard(now + 20.0)
-    assert silence_allowed(worker, 2.0, 30.0) == 30.0, "capped by the join timeout"
+    assert silence_allowed(worker, roster.job) == 30.0, "capped by the join timeout"
     for _ in range(GAPS_KEPT):
         now = worker.last_seen + 0.2
         worker.heard(now)
-    assert silence_allowed(worker, 2.0, 30.0) == 2.0, "the long gaps have rolled off"
+    assert silence_allowed(worker, roster.job) == 2.0, "the long gaps have rolled off"
 
 
 def test_a_quarantined_process_may_not_join_again() -> None:
