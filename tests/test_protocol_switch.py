@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from dynabatch import optim as optim_spec
 from dynabatch.common.config import JobConfig, to_dict
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.planning.protocol_switch import START, SWITCHABLE, running, switch_plan, workers_protocol
+from dynabatch.common.planning.protocol_switch import START, SWITCHABLE, switch_plan, workers_protocol
 from dynabatch.common.protocols import AsyncSettings, OuterSettings, RoundSettings, protocol_settings
 from dynabatch.common.wire.chunking import make_layout
 from dynabatch.common.wire.frames import ChunkMeta, Message

@@ -29,12 +29,12 @@ FIXED_S = (0.15, 0.8, 0.8)  # each device's fixed seconds per step (`--slowdowns
 def test_the_clusters_choice_holds_by_a_margin_whatever_the_machines_load() -> None:
     """The run below must switch once, to one method, on a machine whose load stretches the compute (not the
     emulated fixed costs, which are idle time) and the transfers many times over: on its devices the predictor's
-    pick is the same, LB-BSP (ssgd + dynamic) with the fast device alone, ahead of the next (asgd's, the
-    protocol it starts on) by more than auto's HYSTERESIS, for per-sample costs from 1e-5 s (the MLP on a quiet core) to 3e-3 s and
-    transfers from 2 ms to 0.1 s a step. Under asgd the slow devices' versions stale the fast one's gradients, and
-    a round that waits for a slow device costs more than the fast one gains from it: at B = 64 the fast device
-    alone steps the whole batch at once. At B = 128 it is not: the fast device's larger step takes longer, and the
-    two came within 2% of each other, the pick changing with the load."""
+    pick is the same, LB-BSP (ssgd + dynamic) with the fast device alone, ahead of the next (asgd's, the protocol
+    it starts on) by more than auto's HYSTERESIS, for per-sample costs from 1e-5 s (the MLP on a quiet core) to
+    3e-3 s and transfers from 2 ms to 0.1 s a step. Under asgd the slow devices' versions stale the fast one's
+    gradients, and a round that waits for a slow device costs more than the fast one gains from it: at B = 64 the
+    fast device alone steps the whole batch at once. At B = 128 it is not: the fast device's larger step takes
+    longer, and the two came within 2% of each other, the pick changing with the load."""
     margins = []
     for over, per_sample_s in itertools.product((0.002, 0.005, 0.02, 0.05, 0.1), (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3)):
         devices = {f"w{i}": MeasuredWorker(StepModel(a, per_sample_s), over) for i, a in enumerate(FIXED_S)}

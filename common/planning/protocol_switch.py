@@ -12,8 +12,8 @@ in its heartbeat, the workers, each at its next step boundary (`workers_protocol
 protocol that reaches a switched shard is refused `switched`, which is no strike; a worker never sets the protocol.
 
 One learning rate for every protocol: asgd runs with the delay step (lr / max(1, tau), `--staleness-step delay`),
-so that one `--lr` is about the same step per B samples under each (the study's tuned steps: asgd 0.02 with a constant step but 0.4 with the delay step,
-ssgd 0.4, local 0.32).
+so that one `--lr` is about the same step per B samples under each (the study's tuned steps: asgd 0.02 with a
+constant step but 0.4 with the delay step, ssgd 0.4, local 0.32).
 
 This module is pure (no sockets): the scheduler, the shards, the workers and the simulator (bench/simulate.py)
 call the same functions.
