@@ -41,10 +41,11 @@ PROTOCOL_HELP = (
     f"parameter-server update protocol; {AUTO_PROTOCOL} (the default: no one protocol is fastest on every "
     "cluster): the one of "
     f"{', '.join(SWITCHABLE)} (those "
-    "common/planning/prediction.py models) predicted to reach the target first, with the batch policy: the job "
+    "common/planning/prediction.py models but ringmaster, which under auto's delay step only drops the slowest "
+    "workers' samples: bench/RESULTS.md 38) predicted to reach the target first, with the batch policy: the job "
     "starts on asgd, and the scheduler chooses once every worker has reported its first steps and again when one "
-    "joins, leaves or changes speed, switching the shards and then the workers while the job runs; under auto the "
-    "asynchronous protocols take the delay step (lr / max(1, tau)), so one --lr is about the same step per B "
+    "joins, leaves or changes speed, switching the shards and then the workers while the job runs; under auto "
+    "asgd takes the delay step (lr / max(1, tau)), so one --lr is about the same step per B "
     "samples under each; with --cluster-profile FILE it is chosen once from the file, before the shards start"
 )
 PIPELINE_MODES = ("auto", "on", "off")

@@ -153,8 +153,8 @@ class SspSettings(AsyncSettings):
 @dataclass(frozen=True)
 class RingmasterSettings(AsyncSettings):
     """Ringmaster ASGD's delay threshold R (--max-delay; 0: the number of live workers), and its step against
-    staleness (--staleness-step: `constant`, its own delay-adaptive step; `delay`, asgd's lr / max(1, tau), which
-    `--protocol auto` runs so that one --lr means the same step under every protocol).
+    staleness (--staleness-step: `constant`, its own delay-adaptive step; `delay`, asgd's lr / max(1, tau), the
+    step `--protocol auto` gives asgd, so that one --lr means the same step under both).
 
     A gradient whose staleness reaches R is discarded. Why R = n by default: with n
     workers stepping asynchronously, a gradient is on average about n - 1 versions

@@ -5,8 +5,7 @@ every worker would get and the threshold R, the workers whose delay always reach
 worker only once its own reports agree: IDLE_AFTER steps in a row discarded, none applied since
 (`WorkerHeartbeat.discarded` grows while `steps` does not). An idle worker is judged again at every reallocation on
 its last measured speed (it takes no step, so no newer one exists), the others' speeds, R and the protocol that runs:
-it comes back once its mean delay is at most R - 1 (a faster worker left, the others slowed down) or the job switches
-away from Ringmaster.
+it comes back once its mean delay is at most R - 1 (a faster worker left, the others slowed down).
 """
 
 from __future__ import annotations

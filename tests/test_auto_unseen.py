@@ -25,10 +25,10 @@ def _row(cluster: str, method: str, t: float | None, choices: list[Any] | None =
 
 
 def test_auto_is_judged_against_the_fastest_method_of_its_cluster() -> None:
-    chose = [(-1.0, "ringmaster + fixed: predicted fastest to target")]
+    chose = [(-1.0, "ssgd + dynamic: predicted fastest to target")]
     waited = [(-1.0, f"asgd + fixed: fixed {UNMEASURED} 8 steps (9 of 10 measured)")]
     rows = [
-        _row("a", AUTO, 11.0, chose) | {"switched_to": "ringmaster"},
+        _row("a", AUTO, 11.0, chose) | {"switched_to": "ssgd"},
         _row("a", "asgd+fixed", 12.0),
         _row("a", "ringmaster+fixed", 10.0),
         _row("b", AUTO, None, waited),
@@ -42,7 +42,7 @@ def test_auto_is_judged_against_the_fastest_method_of_its_cluster() -> None:
     a, b, c, d = verdicts(rows)
     assert d["chose"], "a choice held while a new worker is measured is still a choice"
     assert (a["best"], a["best_t"], a["ratio"], a["within"], a["chose"]) == ("ringmaster+fixed", 10.0, 1.1, True, True)
-    assert a["switched_to"] == "ringmaster" and a["prev_default"] == 12.0
+    assert a["switched_to"] == "ssgd" and a["prev_default"] == 12.0
     assert b["best"] == "asgd+fixed" and math.isinf(b["ratio"]) and not b["within"] and not b["chose"]
     assert b["switched_to"] == "asgd" and b["diverged"] == ["asgd+fixed"]
     assert c["within"], "where no method reached the target, auto not reaching it is no miss"

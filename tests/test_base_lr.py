@@ -50,7 +50,7 @@ def test_the_default_is_the_delay_steps_under_auto_and_asgds_constant_step_other
 def test_auto_runs_one_default_on_every_protocol_it_may_switch_to() -> None:
     job = JobConfig()
     protocols = switch_plan(job).protocols
-    assert set(protocols) == {"asgd", "ringmaster", "ssgd", "local"}
+    assert set(protocols) == {"asgd", "ssgd", "local"}
     assert {base_lr(running(job, p)) for p in protocols} == {DELAY_STEP_LR}
 
 

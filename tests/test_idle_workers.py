@@ -66,7 +66,7 @@ def test_the_scheduler_idles_a_named_worker_only_once_its_own_reports_agree_and_
     idle.report("c", steps=6, discarded=3 * IDLE_AFTER + 1)
     assert not idle.judge(band, 3), "some of its steps would count: it is not idled"
     assert idle.judge(steps, 3) and "c" in idle.idle
-    assert idle.judge(None, 3) and idle.idle == {}, "the job switched away from Ringmaster: none is idle"
+    assert idle.judge(None, 3) and idle.idle == {}, "a protocol that discards nothing for its delay: none is idle"
     idle.forget("c")
     assert idle.discarded_in_a_row("c") == 0
 

@@ -1,20 +1,19 @@
 """`--protocol auto` without a cluster file: the protocol chosen at run time from what the scheduler measures.
 
-The regime study (bench/RESULTS.md section 17) found the winner is a protocol choice (ringmaster on mixed GPUs and
-links, local SGD where a shard bounds the job), which the shards and workers must follow while the job runs. So a
-job under auto starts on `START` (asgd: the measuring protocol, every worker steps at its own pace, as auto's batch
-policy starts fixed) and the scheduler chooses the protocol and the batch policy together once every ready worker
-is measured (scheduler/auto_policy.py), among `SWITCHABLE` that the job's flags allow (`switch_plan`).
+The regime study (bench/RESULTS.md section 17) found the winner is a protocol choice (an asynchronous protocol on
+mixed GPUs and links, local SGD where a shard bounds the job), which the shards and workers must follow while the job
+runs. So a job under auto starts on `START` (asgd: the measuring protocol, every worker steps at its own pace, as
+auto's batch policy starts fixed) and the scheduler chooses the protocol and the batch policy together once every
+ready worker is measured (scheduler/auto_policy.py), among `SWITCHABLE` that the job's flags allow (`switch_plan`).
 
 The switch, told in the scheduler's assignments (`protocol`): the shards first (each rebuilds its rule around the
 same model, versions and trust state: ps/shard_state.py `switch`), then, once every shard reports the new protocol
 in its heartbeat, the workers, each at its next step boundary (`workers_protocol`). A push made under the old
 protocol that reaches a switched shard is refused `switched`, which is no strike; a worker never sets the protocol.
 
-One learning rate for every protocol: the asynchronous protocols run with the delay step (lr / max(1, tau),
-`--staleness-step delay`; ringmaster's step is delay-adaptive by itself), so that one `--lr` is about the same step
-per B samples under each (the study's tuned steps: asgd 0.02 with a constant step but 0.4 with the delay step,
-ssgd 0.4, local 0.32).
+One learning rate for every protocol: asgd runs with the delay step (lr / max(1, tau), `--staleness-step delay`),
+so that one `--lr` is about the same step per B samples under each (the study's tuned steps: asgd 0.02 with a
+constant step but 0.4 with the delay step, ssgd 0.4, local 0.32).
 
 This module is pure (no sockets): the scheduler, the shards, the workers and the simulator (bench/simulate.py)
 call the same functions.
@@ -33,10 +32,13 @@ if TYPE_CHECKING:
 
 AUTO = "auto"
 START = "asgd"
-SWITCHABLE: tuple[str, ...] = ("asgd", "ringmaster", "ssgd", "local")
+SWITCHABLE: tuple[str, ...] = ("asgd", "ssgd", "local")
 """The protocols auto switches among: those whose shard rule can take over a model another left (the chunk
 optimizers of a gradient protocol, the outer optimizer of local SGD, fresh on the switch) and whose worker loop
-starts from a pull."""
+starts from a pull. Not Ringmaster, which the predictor also models: under auto it would run the delay step, which
+already shrinks a stale gradient's step, so its threshold only throws the slowest workers' samples away; asgd at the
+delay step was never slower than it on the clusters measured, while the predictor ranks it ahead of asgd
+(bench/RESULTS.md 35 and 38). `--protocol ringmaster` runs it."""
 
 
 def switches(job: JobConfig) -> bool:
