@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -50,13 +49,14 @@ def test_auto_runs_fixed_while_measuring_then_lb_bsp_on_a_mixed_device_cluster(t
     )
     timeline = json.loads((run / "timeline.json").read_text())
 
-    def batches(status: dict[str, Any]) -> dict[str, int]:
-        return {w["name"]: w["batch"] for w in status["workers"].values()}
-
     measuring = [s for s in timeline if s["auto_policy"] == "fixed" and len(s["workers"]) == 3]
     assert all(s["auto_reason"].startswith("fixed until every worker has reported") for s in measuring), measuring
-    handed = [set(batches(s).values()) for s in measuring if any(batches(s).values())]
-    assert handed and all(shares == {B // 3} for shares in handed), f"fixed while measuring: {handed}"
+    # Fixed while measuring, in the decisions (a choice on every worker's first step can come before any STATUS
+    # snapshot shows the batches handed out): every split of the three before auto's choice is B / 3 each.
+    every = {(d["t"], d["reason"]): d for status in timeline for d in status["decisions"]}
+    chose_at = min(t for t, reason in every if "auto chose dynamic" in reason)
+    handed = [d["batches"] for (t, _), d in sorted(every.items()) if t < chose_at and len(d["batches"]) == 3]
+    assert handed and all(set(b.values()) == {B // 3} for b in handed), f"fixed while measuring: {handed}"
     chosen = [s for s in timeline if s["auto_policy"] == "dynamic" and s["unallotted"] and len(s["workers"]) == 3]
     assert chosen, [(s["auto_policy"], s["auto_reason"]) for s in timeline]
     assert all(s["auto_reason"].startswith(("ssgd + dynamic: predicted", "ssgd + dynamic: kept")) for s in chosen)
