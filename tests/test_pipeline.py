@@ -24,6 +24,9 @@ from harness import Cluster, wait_for
 pytestmark = pytest.mark.slow
 
 CHUNK = 20_000
+# How long a request waits for the shard: nothing here is timed, and beside a second suite one pipelined step of the
+# CNN took over 10 s.
+TIMEOUT_S = 120.0
 
 
 def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -> None:
@@ -60,19 +63,19 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
 
         def known() -> bool:  # the shard learns of the new worker with its next heartbeat
             try:
-                return bool(shards.push(zeros, shards.pull(None, 10).chunk_versions, 64, 0.0, 10))
+                return bool(shards.push(zeros, shards.pull(None, TIMEOUT_S).chunk_versions, 64, 0.0, TIMEOUT_S))
             except RemoteError as exc:
                 assert exc.code == "unknown_sender"
                 return False
 
         wait_for("the shard to accept the test worker", known, 30)
-        w0 = shards.pull(None, 10).flat.clone()
+        w0 = shards.pull(None, TIMEOUT_S).flat.clone()
         reference = model_for_job(job)
         load_flat(reference, w0)
         torch.autograd.backward(F.cross_entropy(reference(x), y))
         grad = flat_grads(reference)
         counted = sum(shards.staleness)
-        pipeline = Pipeline(model, layout, shards, 1 << 20, 10, cross_entropy)
+        pipeline = Pipeline(model, layout, shards, 1 << 20, TIMEOUT_S, cross_entropy)
         result = pipeline.step((x, y), None, 64)
         assert sum(shards.staleness) - counted == 1, "one step on one shard is one update, however many chunks"
         trace = result.trace
@@ -81,7 +84,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
         assert min(trace.pushed_at.values()) < trace.backward_end, "no gradient chunk left before backward ended"
         first_layer = min(trace.forward_start, key=trace.forward_start.__getitem__)
         assert first_layer == "0", "the input layer computes first"
-        w1 = shards.pull(None, 10).flat
+        w1 = shards.pull(None, TIMEOUT_S).flat
         # asgd, one live worker, B = 192: the shard applies lr * (64 * 1 / 192) * g (no momentum or decay).
         torch.testing.assert_close(w0 - w1, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
 
@@ -96,7 +99,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
         trace = pipeline.step((x, y), None, 64, group=4, credit=8 * CHUNK).trace
         assert sum(shards.staleness) - counted == 1
         assert len(set(trace.pushed_at.values())) == -(-len(layout.chunks) // 4), "not four chunks per push"
-        torch.testing.assert_close(w1 - shards.pull(None, 10).flat, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
+        torch.testing.assert_close(w1 - shards.pull(None, TIMEOUT_S).flat, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
 
         # The scheduled wire's pull ahead: the next step's pull leaves once this step's pushes have (the shard
         # sends each chunk as it reaches the version asked: here, as this step's push of it is applied), and the
@@ -115,7 +118,7 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
         reference.zero_grad()
         torch.autograd.backward(F.cross_entropy(reference(x), y))
         grad = flat_grads(reference)
-        torch.testing.assert_close(w3 - shards.pull(None, 10).flat, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
+        torch.testing.assert_close(w3 - shards.pull(None, TIMEOUT_S).flat, 0.05 * 64 / 192 * grad, atol=1e-7, rtol=1e-4)
         pipeline.step((x, y), None, 64, ahead=after)
         assert pipeline.step((x, y), None, 64).pulled.shard_versions, "a pull ahead of other versions is not taken"
     finally:
