@@ -6,8 +6,9 @@ What can be expressed there is compared, each at its own tuned step size:
 
 - dynabatch's default: the protocol and batch policy common/config.py gives a job without flags (`auto`
   and `auto`: it starts on asgd with fixed batches and switches to what it predicts fastest);
-- asgd with fixed batches (the default before `--protocol auto`) with `--staleness-step delay` (each gradient's
-  step divided by its staleness), the flag a user of many asynchronous nodes would reach for;
+- asgd with fixed batches (`--protocol asgd`, the default before `--protocol auto`), with a constant step and with
+  `--staleness-step delay` (each gradient's step divided by its staleness), the flag a user of many asynchronous
+  nodes would reach for;
 - dynabatch with ringmaster and fixed batches, the best measured on tail16 after the push fix
   (bench/RESULTS.md 14b): dynabatch's best here is the faster of the two;
 - DDP: bulk synchronous with equal batches (ssgd + fixed) on every node, global batch B;
@@ -96,6 +97,8 @@ PEERS: dict[str, Peer] = {
             (("staleness_step", "delay"),),
         ),
         Peer("ringmaster", "dynabatch ringmaster+fixed", "ringmaster", "fixed", 0, STEP_LRS),
+        # The default before `--protocol auto` (`--protocol asgd`), the README's second row.
+        Peer("asgd", "dynabatch asgd+fixed (--protocol asgd)", "asgd", "fixed", 0, STEP_LRS),
         Peer("ddp", "DDP (ssgd, equal batches)", "ssgd", "fixed", 0, ROUND_LRS),
         # One worker steps alone, without staleness: its grid reaches further up (0.04, STEP_LRS' top, won on tail16).
         Peer("alone", "fastest machine alone", "asgd", "fixed", 1, (0.01, 0.02, 0.04, 0.08, 0.16)),
