@@ -372,11 +372,10 @@ def test_a_local_round_longer_than_the_liveness_timeout_drops_nobody(tmp_path: P
 
     The liveness timeout is 10 of the slowest node's steps at a batch of 96, by this machine's CPU time for one
     (at least 3 s). A round is 48 steps of 96 (auto's policy starts fixed), about 3.8 times the timeout on a quiet
-    machine, and a loaded machine stretches the rounds' wall time, not
-    the timeout (a timeout from wall time, measured at a busy moment, once came out as long as a round). The job's
-    epochs are one round of 48 steps of 96 for each worker (2 x 48 x 96 of 12,000 samples): a job trains the
-    epochs it is asked for, so half an epoch would be one round of 63. The check at the end fails the test if a
-    round did not outlast the timeout.
+    machine, and a loaded machine stretches the rounds' wall time, not the timeout (a timeout from wall time,
+    measured at a busy moment, once came out as long as a round). The job's epochs are one round of 48 steps of 96
+    for each worker (2 x 48 x 96 of 12,000 samples): a job trains the epochs it is asked for, so half an epoch would
+    be one round of 63. The check at the end fails the test if a round did not outlast the timeout.
     """
     STEPS, BATCH = 48, 96
     LIVENESS_S = max(3.0, 10 * 6 * _cnn_cpu_s(96))
