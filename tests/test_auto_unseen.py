@@ -50,7 +50,7 @@ def test_auto_is_judged_against_the_fastest_method_of_its_cluster() -> None:
 
 
 def test_with_several_seeds_each_method_is_judged_by_its_median() -> None:
-    seeds = [
+    seeds: list[tuple[str, list[float | None]]] = [
         (AUTO, [25.0, 23.0, 26.0]),  # alone, seed 0 is 1.32x of the other's seed 0
         ("DBS-SGD (capped weight)", [19.0, 29.0, 24.0]),
         ("ringmaster+fixed", [None, None, 10.0]),  # never in two seeds of three: no median
