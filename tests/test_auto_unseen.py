@@ -49,6 +49,22 @@ def test_auto_is_judged_against_the_fastest_method_of_its_cluster() -> None:
     assert "within 1.2x of the best on 3 of 4 clusters" in table(rows)
 
 
+def test_with_several_seeds_each_method_is_judged_by_its_median() -> None:
+    seeds: list[tuple[str, list[float | None]]] = [
+        (AUTO, [25.0, 23.0, 26.0]),  # alone, seed 0 is 1.32x of the other's seed 0
+        ("DBS-SGD (capped weight)", [19.0, 29.0, 24.0]),
+        ("ringmaster+fixed", [None, None, 10.0]),  # never in two seeds of three: no median
+        ("asgd+fixed", [40.0, 30.0, 41.0]),
+    ]
+    rows = [_row("e", m, t) | {"seed": s} for m, ts in seeds for s, t in enumerate(ts)]
+    rows[0] |= {"switched_to": "local"}  # what auto ran is its first seed's
+    rows[-1] |= {"diverged": True}
+    rows[-2] |= {"diverged": True}
+    (e,) = verdicts(rows[::-1])
+    assert (e["auto"], e["best"], e["best_t"], e["within"]) == (25.0, "DBS-SGD (capped weight)", 24.0, True)
+    assert e["switched_to"] == "local" and e["prev_default"] == 40.0 and e["diverged"] == ["asgd+fixed"]
+
+
 def test_a_fresh_draw_is_named_for_its_seed_and_the_studys_own_keeps_its_names() -> None:
     assert cluster_name(DRAW_SEED, 3) == "drawn3" and cluster_name(7, 3) == "fresh7-3"
     profile = _profile(7, 0)
