@@ -15,6 +15,7 @@ from bench.tuned_study import (
     CLUSTERS,
     DEFAULT,
     STUDIES,
+    TUNED_AUTO,
     TUNED_LRS,
     Profile,
     Results,
@@ -234,6 +235,8 @@ def test_the_regime_study_runs_the_issues_methods_each_over_a_grid_of_at_least_f
     for p in STUDIES["regimes"]:
         assert p.seeds == (0, 1, 2, 3, 4) and not set(p.tune_seeds) & set(p.seeds)
         assert DEFAULT.name in p.methods and p.grid(DEFAULT.name) == (), "the default at its source's step size"
+        auto = p.grid(TUNED_AUTO.name)
+        assert auto == p.grid("asgd+fixed (delay step)"), "auto tuned too, over the grid of the step it starts on"
         for m in set(p.methods) - {DEFAULT.name}:
             grid = p.grid(m)
             assert len(grid) >= 4 and grid[-1] == 2 * METHODS[m].lrs[-1], (m, grid)
