@@ -665,8 +665,8 @@ def _done(res: Results, run: Run) -> bool:
 
 
 def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]) -> list[dict[str, Any]]:
-    """Per method of a profile: its step size (its runs', else the one chosen for it), median time to the target,
-    how many runs got there and diverged."""
+    """Per method of a profile: its step size (its runs', else the one chosen for it), median time to the target and
+    each seed's (`by_seed`, in seed order), how many runs got there and diverged."""
     rows = []
     for m in p["methods"]:
         rs = [r for r in runs if r["method"] == m and chosen.get(m) in (None, r["lr"])]
@@ -680,6 +680,7 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
                 "lr": rs[0]["lr"],
                 "runs": len(rs),
                 "time": median_time(rs, p["target"]),
+                "by_seed": [time_to(r, p["target"]) for r in sorted(rs, key=lambda r: r["seed"])],
                 "reached": sum(1 for r in rs if time_to(r, p["target"]) != math.inf),
                 "diverged": sum(1 for r in rs if diverged(r)),
                 "acc": statistics.fmean(accs),
@@ -746,8 +747,8 @@ def render(res: Results) -> str:
             "",
             f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged (runs) "
             "| diverged in any seed | test acc. at budget | samples/s | staleness mean | time / asgd+fixed's "
-            "| time / best | time / T* |",
-            "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+            "| time / best | time / T* | by seed (s) |",
+            "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
@@ -755,7 +756,7 @@ def render(res: Results) -> str:
         for row in rows:
             if not row["runs"]:  # no step size to run at, or an interrupted study that had not run it yet
                 why = "every step size diverged in tuning" if row["lr"] is None else f"not run (lr {row['lr']:g})"
-                out.append(f"| {row['method']} | – | {why} | | | | | | | | | |")
+                out.append(f"| {row['method']} | – | {why} | | | | | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
             out.append(
@@ -763,7 +764,8 @@ def render(res: Results) -> str:
                 f"{row['diverged']}/{row['runs']} | {'yes' if row['diverged'] else 'no'} | "
                 f"{100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | {row['sps']:,.0f} | "
                 f"{row['stale']:.1f} | {_ratio(row['time'], base)} | {_ratio(row['time'], best)} | "
-                f"{_ratio(row['time'], t_star or math.inf)} |"
+                f"{_ratio(row['time'], t_star or math.inf)} | "
+                f"{', '.join('–' if s == math.inf else f'{s:g}' for s in row['by_seed'])} |"
             )
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
         own = [r for r in res.tuning.get(name, []) if r["seed"] in p["tune_seeds"]]
