@@ -27,31 +27,23 @@ from typing import Any
 
 from bench.parallel_runs import run_parallel
 from bench.tuned_study import (
-    METHODS,
     REGIME_BUDGET_S,
     REGIME_METHODS,
     STUDIES,
-    Method,
+    TUNED_AUTO,
     Profile,
     Results,
     Run,
-    Timed,
     diverged,
-    lr_source,
     reference_s,
     regimes,
     simulate_run,
     time_to,
     tune,
 )
-from dynabatch.common.config import AUTO_PROTOCOL
 
-AUTO = "auto (protocol and policy)"
-_UNTUNED = Method(AUTO, AUTO_PROTOCOL, "auto", lrs=())
-OWN: dict[str, Method] = {AUTO: replace(_UNTUNED, lrs=METHODS[lr_source(_UNTUNED)].lrs)}
-"""auto as a method of the study, tuned over the grid of the method whose step it would otherwise take
-(`lr_source`: the fixed-batch method it starts on, under the delay step every switch keeps), which is the grid of
-every delay-step method."""
+AUTO = TUNED_AUTO.name
+"""auto as a method of the study, tuned over the delay-step methods' grid (tuned_study's `tuned_auto`)."""
 TUNED_IN = "regimes-cut"
 """The study whose tuning chose BEST's and PREVIOUS's step sizes (bench/RESULTS.md 20): auto is tuned on its tuning
 seeds, over its grids, past a winning edge as often, by its rule."""
@@ -71,7 +63,7 @@ TARGET = 0.8
 def run_row(profile: Profile, method: str, lr: float, seed: int) -> dict[str, Any]:
     """One run of `method` on `profile` at `lr`, stopped at TARGET: its time to it (None: not in the budget),
     accuracy, whether it diverged (tuned_study's rule), what auto switched to and chose, and its CPU seconds."""
-    _, (r, cpu_s) = _simulate_auto(Run(profile, method, lr, seed, True))
+    _, (r, cpu_s) = simulate_run(Run(profile, method, lr, seed, True))
     row = {"final_train_loss": r.final_train_loss, "final_test_acc": r.final_test_acc, "curve": r.curve}
     return {
         "t": r.time_to.get(f"{TARGET:.2f}"),
@@ -84,16 +76,9 @@ def run_row(profile: Profile, method: str, lr: float, seed: int) -> dict[str, An
     }
 
 
-def _simulate_auto(run: Run) -> tuple[Run, Timed]:
-    """tuned_study's `simulate_run` with auto among the methods (a spawned process imports tuned_study without it)."""
-    METHODS.update(OWN)
-    return simulate_run(run)
-
-
 def tuning_profile(name: str, seeds: tuple[int, ...] = ()) -> Profile:
-    """The file as TUNED_IN tuned it, with auto its one method (put in METHODS, where a profile's methods are looked
-    up), on `seeds` where given instead of TUNED_IN's tuning seeds."""
-    METHODS.update(OWN)
+    """The file as TUNED_IN tuned it, with auto its one method, on `seeds` where given instead of TUNED_IN's tuning
+    seeds."""
     p = next(p for p in STUDIES[TUNED_IN] if p.profile == name)
     return replace(p, methods=(AUTO,), tune_seeds=seeds or p.tune_seeds)
 
@@ -114,7 +99,7 @@ def tune_auto(
     for name in names:
         p = tuning_profile(name, seeds)
         log(f"{name}: tuning auto over {p.grid(AUTO)} (grown past a winning edge) on seeds {p.tune_seeds}")
-        chosen[name] = tune(p, res, jobs, save, log, _simulate_auto)[AUTO]
+        chosen[name] = tune(p, res, jobs, save, log)[AUTO]
         log(f"{name}: auto's step size {chosen[name]}")
     save()
     log(tuning_table(res.tuning, chosen, seeds))

@@ -24,7 +24,8 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study tuned --resume    # go on with an interrupted study, keeping its runs
     python -m bench.simulate --study tuned-quick      # a CI-sized check of the machinery, under 2 minutes
     python -m bench.simulate --study tuned-policies --jobs 2  # the efficient policy and the delay step
-    python -m bench.simulate --study regimes --jobs 2  # the regime study: every cluster file of bench/profiles/
+    python -m bench.simulate --study regimes --jobs 2  # the regime study: every cluster file of bench/profiles/,
+                                                      # auto tuned beside every other method (`tuned_auto`)
     python -m bench.simulate --study regimes-cut --jobs 2  # what ran by the deadline (bench/RESULTS.md 20)
     python -m bench.simulate --study regimes --methods default --resume  # the default's report runs alone, beside
                                                       # the study's, at the step sizes its tuning runs chose
@@ -137,6 +138,19 @@ def lr_source(method: Method) -> str:
 
 DEFAULT = default_method()
 METHODS[DEFAULT.name] = DEFAULT
+
+
+def tuned_auto() -> Method:
+    """`--protocol auto --batch-policy auto` as a method tuned like every other, over the grid of the method whose
+    step size it would otherwise take (`lr_source`: the fixed-batch method it starts on, under the delay step every
+    switch keeps), which is every delay-step method's grid. The default's row runs the same job untuned, at that
+    method's tuned step size."""
+    untuned = Method("auto (protocol and policy)", AUTO_PROTOCOL, "auto", lrs=())
+    return replace(untuned, lrs=METHODS[lr_source(untuned)].lrs)
+
+
+TUNED_AUTO = tuned_auto()
+METHODS[TUNED_AUTO.name] = TUNED_AUTO
 
 
 @dataclass(frozen=True)
@@ -386,7 +400,7 @@ QUICK = Profile(
 the delay step is there as the default's (`--protocol auto`'s) step-size source (`lr_source`)."""
 
 STUDIES: dict[str, tuple[Profile, ...]] = {
-    "regimes": regimes(REGIME_METHODS, SEEDS, (100, 101)),
+    "regimes": regimes((*REGIME_METHODS, TUNED_AUTO.name), SEEDS, (100, 101)),
     "regimes-cut": tuple(
         replace(p, seeds=(0, 1, 2)) if p.profile == "mixed_gpus16" else p
         for p in sorted(regimes(REGIME_METHODS, SEEDS, (100,)), key=lambda p: CUT_ORDER.index(p.profile))
@@ -527,15 +541,9 @@ def simulate_run(run: Run) -> tuple[Run, Timed]:
     return run, (r, time.process_time() - started)
 
 
-def run_all(
-    plan: list[Run],
-    jobs: int,
-    log: Callable[[str], None],
-    simulate: Callable[[Run], tuple[Run, Timed]] = simulate_run,
-) -> Iterator[tuple[Run, Timed]]:
-    """Every run of `plan` through `simulate` in `jobs` processes, yielded as each finishes, with a progress
-    line."""
-    return run_parallel(simulate, plan, jobs, _describe, log)
+def run_all(plan: list[Run], jobs: int, log: Callable[[str], None]) -> Iterator[tuple[Run, Timed]]:
+    """Every run of `plan` in `jobs` processes, yielded as each finishes, with a progress line."""
+    return run_parallel(simulate_run, plan, jobs, _describe, log)
 
 
 def _describe(run: Run, timed: Timed) -> str:
@@ -609,17 +617,14 @@ def tune(
     jobs: int,
     save: Callable[[], None],
     log: Callable[[str], None],
-    simulate: Callable[[Run], tuple[Run, Timed]] = simulate_run,
 ) -> dict[str, float | None]:
     """Each method's step size on `p`: its grid on the tuning seeds, extended by twice its largest step size where
     that one won (half its smallest where that one won or every one diverged), up to `p.edge_steps` times, so that
-    no choice is a grid's edge unless the study says so. A resumed study keeps the runs it has. `simulate` (a
-    module-level function, as `run_all` takes it) runs one tuning run where a caller's methods are not in METHODS
-    when a spawned process imports this module (bench/auto_default.py's auto)."""
+    no choice is a grid's edge unless the study says so. A resumed study keeps the runs it has."""
     grids = {m: list(grid) for m in p.methods if (grid := p.grid(m))}
     for step in range(p.edge_steps + 1):
         plan = [Run(p, m, lr, s, True) for m, grid in grids.items() for lr in grid for s in p.tune_seeds]
-        for run, r in run_all([r for r in plan if not _done(res, r)], jobs, log, simulate):
+        for run, r in run_all([r for r in plan if not _done(res, r)], jobs, log):
             res.tuning.setdefault(p.profile, []).append(_record(run, r))
             save()
         runs = [r for r in res.tuning.get(p.profile, []) if r["seed"] in p.tune_seeds]
@@ -660,8 +665,8 @@ def _done(res: Results, run: Run) -> bool:
 
 
 def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str, float | None]) -> list[dict[str, Any]]:
-    """Per method of a profile: its step size (its runs', else the one chosen for it), median time to the target,
-    how many runs got there and diverged."""
+    """Per method of a profile: its step size (its runs', else the one chosen for it), median time to the target and
+    each seed's (`by_seed`, in seed order), how many runs got there and diverged."""
     rows = []
     for m in p["methods"]:
         rs = [r for r in runs if r["method"] == m and chosen.get(m) in (None, r["lr"])]
@@ -675,6 +680,7 @@ def method_rows(p: dict[str, Any], runs: list[dict[str, Any]], chosen: dict[str,
                 "lr": rs[0]["lr"],
                 "runs": len(rs),
                 "time": median_time(rs, p["target"]),
+                "by_seed": [time_to(r, p["target"]) for r in sorted(rs, key=lambda r: r["seed"])],
                 "reached": sum(1 for r in rs if time_to(r, p["target"]) != math.inf),
                 "diverged": sum(1 for r in rs if diverged(r)),
                 "acc": statistics.fmean(accs),
@@ -741,8 +747,8 @@ def render(res: Results) -> str:
             "",
             f"| method | lr | time to {float(p['target']):.0%} (median) | reached | diverged (runs) "
             "| diverged in any seed | test acc. at budget | samples/s | staleness mean | time / asgd+fixed's "
-            "| time / best | time / T* |",
-            "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+            "| time / best | time / T* | by seed (s) |",
+            "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         rows = method_rows(p, runs, chosen)
         base = next((r["time"] for r in rows if r["method"] == "asgd+fixed" and r["runs"]), math.inf)
@@ -750,7 +756,7 @@ def render(res: Results) -> str:
         for row in rows:
             if not row["runs"]:  # no step size to run at, or an interrupted study that had not run it yet
                 why = "every step size diverged in tuning" if row["lr"] is None else f"not run (lr {row['lr']:g})"
-                out.append(f"| {row['method']} | – | {why} | | | | | | | | | |")
+                out.append(f"| {row['method']} | – | {why} | | | | | | | | | | |")
                 continue
             t = "–" if row["time"] == math.inf else f"{row['time']:.0f} s"
             out.append(
@@ -758,7 +764,8 @@ def render(res: Results) -> str:
                 f"{row['diverged']}/{row['runs']} | {'yes' if row['diverged'] else 'no'} | "
                 f"{100 * row['acc']:.2f}% ± {100 * row['acc_sd']:.2f} | {row['sps']:,.0f} | "
                 f"{row['stale']:.1f} | {_ratio(row['time'], base)} | {_ratio(row['time'], best)} | "
-                f"{_ratio(row['time'], t_star or math.inf)} |"
+                f"{_ratio(row['time'], t_star or math.inf)} | "
+                f"{', '.join('–' if s == math.inf else f'{s:g}' for s in row['by_seed'])} |"
             )
         out += ["", f"![{name}](plots/tuned_{name}.png)", "", cost_line(res.tuning.get(name, []), runs), ""]
         own = [r for r in res.tuning.get(name, []) if r["seed"] in p["tune_seeds"]]

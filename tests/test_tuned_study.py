@@ -15,6 +15,7 @@ from bench.tuned_study import (
     CLUSTERS,
     DEFAULT,
     STUDIES,
+    TUNED_AUTO,
     TUNED_LRS,
     Profile,
     Results,
@@ -42,6 +43,7 @@ def _run(
     return {
         "method": method,
         "lr": lr,
+        "seed": 0,
         "curve": curve,
         "final_train_loss": loss,
         "final_test_acc": acc,
@@ -111,7 +113,7 @@ def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_whi
     report = render(res)
     assert "| asgd+fixed | 0.01 | 30 s | 1/1 | 0/1 |" in report, report
     t_star = reference_s(asdict(profile))  # the MLP on Fashion-MNIST to 80%: the setting K(B) was measured for
-    assert t_star and f"T* = {t_star:.1f} s" in report and f"| 1.00x | {30.0 / t_star:.2f}x |" in report, report
+    assert t_star and f"T* = {t_star:.1f} s" in report and f"| 1.00x | {30.0 / t_star:.2f}x | 30 |" in report, report
     assert reference_s({**asdict(profile), "dataset": "synthetic"}) is None
     assert "| later | – | not run (lr 0.02) |" in report and "| unstable | – | every step size diverged" in report
     resumed = render(Results(report={"bench4": [held]}, profiles={"bench4": asdict(profile)}))
@@ -143,7 +145,7 @@ def test_a_study_table_of_a_cluster_file_gives_each_methods_time_against_the_bes
     for m, t in times.items():
         if m != "local+dynamic":
             assert rows[m].endswith(
-                f"| no | 85.00% ± 0.00 | 1 | 1.0 | {t / 30.0:.2f}x | {t / 30.0:.2f}x | {t / t_star:.2f}x |"
+                f"| no | 85.00% ± 0.00 | 1 | 1.0 | {t / 30.0:.2f}x | {t / 30.0:.2f}x | {t / t_star:.2f}x | {t:g} |"
             ), rows[m]
     assert "| 1/2 | yes |" in rows["local+dynamic"], "one seed diverged: it diverged in some seed"
 
@@ -234,6 +236,8 @@ def test_the_regime_study_runs_the_issues_methods_each_over_a_grid_of_at_least_f
     for p in STUDIES["regimes"]:
         assert p.seeds == (0, 1, 2, 3, 4) and not set(p.tune_seeds) & set(p.seeds)
         assert DEFAULT.name in p.methods and p.grid(DEFAULT.name) == (), "the default at its source's step size"
+        auto = p.grid(TUNED_AUTO.name)
+        assert auto == p.grid("asgd+fixed (delay step)"), "auto tuned too, over the grid of the step it starts on"
         for m in set(p.methods) - {DEFAULT.name}:
             grid = p.grid(m)
             assert len(grid) >= 4 and grid[-1] == 2 * METHODS[m].lrs[-1], (m, grid)
@@ -249,9 +253,14 @@ def test_a_grid_grows_past_the_edge_its_winner_sits_on_and_not_from_inside() -> 
 def test_a_methods_row_counts_only_the_runs_at_its_chosen_step_size() -> None:
     """A grid extended after a first choice leaves report runs at the earlier step size in a resumed folder."""
     p = asdict(Profile("bench4", 128, ("asgd+fixed",), (0,)))
-    runs = [_run("asgd+fixed", 0.02, 30.0), _run("asgd+fixed", 0.04, 20.0), _run("asgd+fixed", 0.04, 24.0)]
+    runs = [
+        _run("asgd+fixed", 0.02, 30.0),
+        {**_run("asgd+fixed", 0.04, 20.0), "seed": 1},
+        _run("asgd+fixed", 0.04, 24.0),
+    ]
     (row,) = method_rows(p, runs, {"asgd+fixed": 0.04})
     assert (row["lr"], row["runs"], row["time"]) == (0.04, 2, 22.0)
+    assert row["by_seed"] == [24.0, 20.0], "each seed's time, in seed order whatever order the runs finished in"
 
 
 def test_the_default_is_what_a_job_runs_with_every_flag_at_its_default_at_a_tuned_step_size() -> None:
