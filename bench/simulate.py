@@ -903,6 +903,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "regimes",
             "regimes-cut",
             "regimes-reduced",
+            "regimes-fine",
             "regimes-drawn",
         ),
         help="run a study instead: bench/simulate_study.py's, or tuned*: bench/tuned_study.py's (every "

@@ -30,6 +30,8 @@ profile, among those that never diverged in any run (`choose_default`).
     python -m bench.simulate --study regimes --methods default --resume  # the default's report runs alone, beside
                                                       # the study's, at the step sizes its tuning runs chose
     python -m bench.simulate --study regimes-reduced --jobs 2  # the same: 3 seeds, tuned on one, 2 step sizes
+    python -m bench.simulate --study regimes-fine --jobs 2  # mixed_links16 and mixed_gpus16 on grids a factor sqrt 2
+                                                      # apart, every method's, tuned on 2 seeds, 10 report seeds
     python -m bench.simulate --study regimes-drawn --jobs 2  # auto's methods on 10 drawn clusters no tuning saw
     python -m bench.tuned_study DIR                   # re-render DIR/report.md and the plots from DIR/results.json
 """
@@ -178,6 +180,7 @@ class Profile:
     largest_lrs: int = 0  # tune over only this many of the largest step sizes of each method's grid (0: all)
     extend_lrs: bool = False  # tune over each grid and twice its largest step size too
     edge_steps: int = 2  # times a grid grows past a winning edge (`tune`)
+    refine: int = 0  # times each gap of every grid is split at its geometric mean (1: factor sqrt 2 for doubling)
 
     def grid(self, method: str) -> tuple[float, ...]:
         """The step sizes `method` is tuned over on this profile (none for a method that takes another's: the
@@ -185,8 +188,18 @@ class Profile:
         if not METHODS[method].lrs:
             return ()
         lrs = self.lrs or METHODS[method].lrs
-        lrs = (*lrs, 2 * lrs[-1]) if self.extend_lrs else lrs
+        lrs = refined((*lrs, 2 * lrs[-1]) if self.extend_lrs else lrs, self.refine)
         return lrs[-self.largest_lrs :] if self.largest_lrs else lrs
+
+
+def refined(lrs: tuple[float, ...], times: int) -> tuple[float, ...]:
+    """`lrs` with the geometric mean of each neighbouring pair put between them, `times` over, each rounded to two
+    significant digits so that a chosen step size reads (and is passed to --lr) as it was run: a grid whose steps
+    double becomes one whose steps are a factor sqrt 2 apart, over the same range, for every method alike."""
+    for _ in range(times):
+        means = (float(f"{math.sqrt(a * b):.2g}") for a, b in zip(lrs, lrs[1:], strict=False))
+        lrs = (*(x for pair in zip(lrs, means, strict=False) for x in pair), lrs[-1])
+    return lrs
 
 
 TUNED_LRS: dict[str, dict[str, float]] = {
@@ -342,6 +355,11 @@ CUT_ORDER = ("cpu_gpu8", "ps_bound64", "mixed_links16", "mixed_gpus16")
 cheapest first; mixed_gpus16, tuned there, last."""
 
 
+FINE_FILES = ("mixed_links16", "mixed_gpus16")
+"""The files `regimes-fine` runs, the cheaper first: those where auto's verdict against the best rests on where a
+doubling grid's steps fall (bench/RESULTS.md 41, 43), tuned again on grids a factor sqrt 2 apart, every method's."""
+
+
 def drawn(methods: tuple[str, ...], seeds: tuple[int, ...], lr_from: str) -> tuple[Profile, ...]:
     """The drawn clusters (DRAWN), each at its own global batch for DRAWN_BUDGET_S's virtual seconds, at the step
     sizes tuned on `lr_from` (no tuning on a drawn cluster: that is what makes it unseen)."""
@@ -408,6 +426,17 @@ STUDIES: dict[str, tuple[Profile, ...]] = {
     "regimes-reduced": tuple(
         p if p.profile == "mixed_gpus16" else replace(p, tune_seeds=(), lr_from="mixed_gpus16")
         for p in regimes(REGIME_METHODS, (0, 1, 2), (100,), largest_lrs=4)
+    ),
+    "regimes-fine": tuple(
+        replace(p, refine=1)
+        for p in sorted(
+            (
+                p
+                for p in regimes((*REGIME_METHODS, TUNED_AUTO.name), tuple(range(10)), (100, 101))
+                if p.profile in FINE_FILES
+            ),
+            key=lambda p: FINE_FILES.index(p.profile),
+        )
     ),
     "regimes-drawn": drawn(tuple(AUTO_METHODS.values()), (0,), lr_from="regimes"),
     "tuned": (
@@ -634,8 +663,15 @@ def tune(
             break
         for m, lr in edges.items():
             if lr is not None:
-                grids[m] = sorted({*grids[m], lr})
+                grids[m] = grown(grids[m], lr, p.refine)
     return with_sources(p, chosen)
+
+
+def grown(grid: list[float], lr: float, refine: int) -> list[float]:
+    """`grid` grown to `lr`, past one of its edges (`past_edge`), refined between that edge and `lr` as the profile
+    refines its grids (`Profile.refine`), so that the grown part is as fine as the rest."""
+    edge = grid[0] if lr < grid[0] else grid[-1]
+    return sorted({*grid, *refined(tuple(sorted((lr, edge))), refine)})
 
 
 def with_sources(p: Profile, chosen: dict[str, float | None]) -> dict[str, float | None]:

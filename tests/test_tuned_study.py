@@ -25,6 +25,7 @@ from bench.tuned_study import (
     choose_lr,
     cost_line,
     diverged,
+    grown,
     lr_source,
     median_time,
     method_rows,
@@ -248,6 +249,23 @@ def test_a_grid_grows_past_the_edge_its_winner_sits_on_and_not_from_inside() -> 
     assert past_edge(grid, 0.4) == 0.8 and past_edge(grid, 0.1) == 0.05
     assert past_edge(grid, 0.2) is None
     assert past_edge(grid, None) == 0.05, "every step size diverged: a smaller one"
+
+
+def test_the_fine_regime_study_tunes_every_method_on_grids_a_factor_sqrt_2_apart_over_the_same_range() -> None:
+    fine = STUDIES["regimes-fine"]
+    assert [p.profile for p in fine] == ["mixed_links16", "mixed_gpus16"], "the contested files, the cheaper first"
+    coarse = {p.profile: p for p in STUDIES["regimes"]}
+    for p in fine:
+        assert p.seeds == tuple(range(10)) and p.tune_seeds == (100, 101) and p.methods == coarse[p.profile].methods
+        for m in p.methods:
+            grid, doubling = p.grid(m), coarse[p.profile].grid(m)
+            assert grid[::2] == doubling and len(grid) == max(0, 2 * len(doubling) - 1), (m, grid)
+            assert all(abs(math.log2(b / a) - 0.5) < 0.05 for a, b in zip(grid, grid[1:], strict=False)), (m, grid)
+        assert p.grid(TUNED_AUTO.name) == (0.1, 0.14, 0.2, 0.28, 0.4, 0.57, 0.8)
+        assert p.grid("asgd+fixed")[4:7] == (0.02, 0.028, 0.04)
+    assert grown([0.1, 0.14, 0.2], 0.4, 1) == [0.1, 0.14, 0.2, 0.28, 0.4], "grown as fine as the rest"
+    assert grown([0.1, 0.14, 0.2], 0.05, 1) == [0.05, 0.071, 0.1, 0.14, 0.2]
+    assert grown([0.1, 0.2], 0.4, 0) == [0.1, 0.2, 0.4], "a doubling grid grows as before"
 
 
 def test_a_methods_row_counts_only_the_runs_at_its_chosen_step_size() -> None:
