@@ -292,16 +292,26 @@ class Roster:
             m.last_seen += seconds
 
     def silent(self, now: float) -> list[Member]:
-        """Live members whose heartbeats stopped for longer than `silence_allowed`."""
+        """Live members whose heartbeats stopped for longer than `silence_allowed`.
+
+        Where every live worker of two or more is past its allowance at once, the silence is most likely shared:
+        their host starved every process, or the scheduler's link is cut, rather than each of them died. Dropping
+        them all would end the job that the stall's end would have resumed, so they are held until the join
+        timeout; a worker silent alone, while another still heartbeats, is dropped as before."""
         job = self.job
-        return [m for m in self.members.values() if not m.left and now - m.last_seen > silence_allowed(m, job)]
+        late = [m for m in self.members.values() if not m.left and now - m.last_seen > silence_allowed(m, job)]
+        workers = [m for m in self.members.values() if not m.left and m.role == Role.WORKER and m.heartbeats]
+        if len(workers) > 1 and all(m in late for m in workers):
+            return [m for m in late if m.role != Role.WORKER or now - m.last_seen > job.join_timeout_s]
+        return late
 
     def why_silent(self, member: Member, now: float) -> str:
         """What the log says of a member `silent` found: how long it was silent against what it was allowed."""
-        allowed = silence_allowed(member, self.job)
+        allowed, silence = silence_allowed(member, self.job), now - member.last_seen
+        shared = ", held as every worker fell silent at once" if silence > self.job.join_timeout_s > allowed else ""
         return (
-            f"{member.id} stopped sending heartbeats: none for {now - member.last_seen:.1f} s, {allowed:.1f} s "
-            f"allowed (after {member.heartbeats})"
+            f"{member.id} stopped sending heartbeats: none for {silence:.1f} s, {allowed:.1f} s "
+            f"allowed{shared} (after {member.heartbeats})"
         )
 
     def admit_worker(self, member: Member) -> None:

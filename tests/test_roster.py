@@ -144,6 +144,22 @@ def test_silence_follows_the_role_and_the_members_own_steps() -> None:
     assert roster.silent(2.5) == [], "the scheduler's own stall is nobody's silence"
 
 
+def test_workers_silent_all_at_once_are_held_until_the_join_timeout_and_one_silent_alone_is_not() -> None:
+    """Two live workers past their allowance together: a stall of their host or of the scheduler's link, which a
+    drop of both would turn into the job's end."""
+    roster = _roster()
+    a, b = (roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None) for _ in range(2))
+    a.heartbeats = b.heartbeats = 1
+    assert silence_allowed(a, roster.job) == 2.0 and roster.job.join_timeout_s == 30.0
+    assert roster.silent(2.5) == [], "both silent: held"
+    roster.shards[0].heard(30.0)
+    assert roster.silent(30.5) == [a, b], "held no longer than the join timeout"
+    assert "held as every worker fell silent at once" in roster.why_silent(a, 30.5)
+    b.heard(2.0)
+    assert roster.silent(2.5) == [a], "b still heartbeats: a's silence is its own"
+    assert roster.why_silent(a, 2.5) == f"{a.id} stopped sending heartbeats: none for 2.5 s, 2.0 s allowed (after 1)"
+
+
 def test_silence_follows_the_members_own_recent_gaps_between_heartbeats() -> None:
     """A live process on an oversubscribed machine heartbeats late; a member is allowed LIVENESS_GAPS times its
     heartbeats' longest recent lateness, capped by the join timeout, and an old gap stops counting once GAPS_KEPT
