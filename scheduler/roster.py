@@ -301,7 +301,7 @@ class Roster:
         job = self.job
         late = [m for m in self.members.values() if not m.left and now - m.last_seen > silence_allowed(m, job)]
         workers = [m for m in self.members.values() if not m.left and m.role == Role.WORKER and m.heartbeats]
-        if len(workers) > 1 and all(m in late for m in workers):
+        if len(workers) > 1 and {m.id for m in workers} <= {m.id for m in late}:
             return [m for m in late if m.role != Role.WORKER or now - m.last_seen > job.join_timeout_s]
         return late
 
