@@ -38,6 +38,7 @@ from dynabatch.common.net.curve import CurveKeys, CurveOptions
 from dynabatch.common.net.transport import Connection, RemoteError, open_context
 from dynabatch.common.planning.auto_choice import choice_of
 from dynabatch.common.planning.auto_protocol import resolved
+from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.catalog import BUILTIN_METRICS
 from dynabatch.common.tasks.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
 from dynabatch.common.wire.messages import JobStatus, StatusReply, StatusRequest
@@ -191,6 +192,7 @@ class JobRun:
         self.refused = ""  # a child's one-line reason for exiting CONFIG_ERROR_EXIT, which ended the run
         self.left_out: set[str] = set()  # workers past --restarts that the job goes on without
         self.targets_path = run_dir / "prometheus_targets.json"
+        self.slowdowns_shown = emulated(Slowdown.parse(text).label() for text in opts.slowdowns)
 
     def _on_interrupt(self, signum: int, _frame: object) -> None:
         """The first SIGINT or SIGTERM stops the job in order; a second kills every child at once. Either
@@ -315,7 +317,7 @@ class JobRun:
                         print(f"protocol auto runs {status.protocol}: {status.auto_protocol_reason}", flush=True)
                         protocol_shown = (status.protocol, status.auto_protocol)
                     if now >= next_progress or status.finished:
-                        print(format_progress(status, now - started), flush=True)
+                        print(format_progress(status, now - started, self.slowdowns_shown), flush=True)
                         next_progress = now + self.opts.progress_s
                     if status.finished:
                         return True
