@@ -102,8 +102,8 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         best = min(times, key=lambda m: times[m])
         ratio = auto / times[best] if math.isfinite(times[best]) else (1.0 if not math.isfinite(auto) else 0.0)
-        first = sorted((r for r in mine if r["method"] == AUTO), key=lambda r: r.get("seed", 0))
-        run = first[0] if first else {"switched_to": "", "choices": []}
+        runs = (r for r in mine if r["method"] == AUTO)
+        run = min(runs, key=lambda r: r.get("seed", 0), default={"switched_to": "", "choices": []})
         out.append(
             {
                 "cluster": name,

@@ -192,7 +192,7 @@ class JobRun:
         self.refused = ""  # a child's one-line reason for exiting CONFIG_ERROR_EXIT, which ended the run
         self.left_out: set[str] = set()  # workers past --restarts that the job goes on without
         self.targets_path = run_dir / "prometheus_targets.json"
-        self.slowdowns_shown = emulated(Slowdown.parse(text).label() for text in opts.slowdowns)
+        self.show_slowdown = emulated(Slowdown.parse(text).label() for text in opts.slowdowns)
 
     def _on_interrupt(self, signum: int, _frame: object) -> None:
         """The first SIGINT or SIGTERM stops the job in order; a second kills every child at once. Either
@@ -317,7 +317,7 @@ class JobRun:
                         print(f"protocol auto runs {status.protocol}: {status.auto_protocol_reason}", flush=True)
                         protocol_shown = (status.protocol, status.auto_protocol)
                     if now >= next_progress or status.finished:
-                        print(format_progress(status, now - started, self.slowdowns_shown), flush=True)
+                        print(format_progress(status, now - started, self.show_slowdown), flush=True)
                         next_progress = now + self.opts.progress_s
                     if status.finished:
                         return True

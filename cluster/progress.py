@@ -6,11 +6,11 @@ from dynabatch.cluster.worker_labels import labelled
 from dynabatch.common.wire.messages import JobStatus, Rollback
 
 
-def format_progress(status: JobStatus, wall_t: float, slowdowns_shown: bool = False) -> str:
+def format_progress(status: JobStatus, wall_t: float, show_slowdown: bool = False) -> str:
     """E.g. `[ 42.0s] epoch 1.20/3  loss 0.512  test 84.1%  | worker0(1x) b=110 1450/s  worker1(2x) b=55 720/s`.
 
     Workers are named and ordered as cluster/worker_labels.py says; an idle one shows why, not its last speed.
-    `wall_t` is the run's own clock, which starts before the scheduler's. `slowdowns_shown`: the run was launched
+    `wall_t` is the run's own clock, which starts before the scheduler's. `show_slowdown`: the run was launched
     emulating slower machines, so every line labels its workers' slowdowns (`labelled`). A task without an accuracy
     metric shows its own metrics instead.
     """
@@ -27,7 +27,7 @@ def format_progress(status: JobStatus, wall_t: float, slowdowns_shown: bool = Fa
         f"{name} idle ({status.workers[wid].idle})"
         if status.workers[wid].idle
         else f"{name} b={status.workers[wid].batch} {status.workers[wid].samples_per_s:.0f}/s"
-        for wid, name in labelled(status.workers, slowdowns_shown)
+        for wid, name in labelled(status.workers, show_slowdown)
     )
     tail = "  stopping" if status.stopping and not status.finished else ""
     return f"{head}  | {workers or 'waiting for workers'}{tail}"

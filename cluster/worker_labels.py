@@ -36,11 +36,11 @@ def label(name: str, slowdown: str, show_slowdown: bool) -> str:
     return f"{name}({slowdown})" if show_slowdown and slowdown else name
 
 
-def labelled(workers: Mapping[str, WorkerStatus], shown: bool = False) -> list[tuple[str, str]]:
+def labelled(workers: Mapping[str, WorkerStatus], show_slowdown: bool = False) -> list[tuple[str, str]]:
     """(id, label) of each worker in a STATUS, in `order_key`'s order; a name two live workers share gets its id.
-    Slowdowns are shown where `shown` (the job was launched emulating slower machines: its labels stay the same
+    Slowdowns are shown where `show_slowdown` (the job was launched emulating slower machines: its labels stay the same
     while the workers leave one by one, the 1x one last) or where a listed worker emulates one."""
-    show = shown or emulated(w.slowdown for w in workers.values())
+    show = show_slowdown or emulated(w.slowdown for w in workers.values())
     names = [w.name for w in workers.values()]
     ordered = sorted(workers.items(), key=lambda item: order_key(item[1].name, item[0]))
     return [

@@ -48,7 +48,7 @@ def test_the_progress_line_names_each_worker_with_its_slowdown_in_launch_order()
     line = format_progress(status, 4.0)
     assert line.endswith("| worker0(1x) b=64 0/s  worker1(2x) b=64 0/s  worker2(4x) b=64 0/s"), line
     last = JobStatus(t=9.0, epoch=1.0, target_epochs=1.0, workers=_workers(("w2", "worker0", "1x")))
-    assert format_progress(last, 10.0, slowdowns_shown=True).endswith("| worker0(1x) b=64 0/s"), (
+    assert format_progress(last, 10.0, show_slowdown=True).endswith("| worker0(1x) b=64 0/s"), (
         "the 1x worker left alone at the end keeps the label the run's launch gave it"
     )
     assert format_progress(last, 10.0).endswith("| worker0 b=64 0/s"), "a job that emulates nothing shows no 1x"
