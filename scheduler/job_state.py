@@ -131,6 +131,9 @@ class JobState:
         for m in dead:
             log.warning("%s; dropped", self.roster.why_silent(m, now))
             self._drop(m, now, "heartbeat timeout")
+        hold = self.roster.hold_news(now)
+        if hold is not None:
+            log.warning("%s", hold)
         started = self.allocator.training_started
         stuck = stuck_workers(self.roster.workers(), self.allocator.batch_of, now, self.job) if started else []
         for m, why in stuck:

@@ -178,6 +178,8 @@ class Roster:
         self.shards: dict[int, Member] = {}
         self.membership = 0  # grows whenever the live worker set changes; shards report the one they applied
         self.next_id = {Role.WORKER.value: 0, Role.EVALUATOR.value: 0}
+        self.hold_since: float | None = None  # when the hold on workers silent all at once began (`held`)
+        self.held_ids: list[str] = []
 
     def check_hello(self, hello: Hello) -> None:
         """Refuse a HELLO whose fields cannot be, or from a process a shard quarantined."""
@@ -291,19 +293,47 @@ class Roster:
         for m in self.members.values():
             m.last_seen += seconds
 
-    def silent(self, now: float) -> list[Member]:
-        """Live members whose heartbeats stopped for longer than `silence_allowed`.
+    def _late(self, now: float) -> list[Member]:
+        return [m for m in self.members.values() if not m.left and now - m.last_seen > silence_allowed(m, self.job)]
+
+    def held(self, now: float) -> list[Member]:
+        """Workers past their allowance that are not dropped, because every live worker fell silent at once.
 
         Where every live worker of two or more is past its allowance at once, the silence is most likely shared:
         their host starved every process, or the scheduler's link is cut, rather than each of them died. Dropping
         them all would end the job that the stall's end would have resumed, so they are held until the join
         timeout; a worker silent alone, while another still heartbeats, is dropped as before."""
-        job = self.job
-        late = [m for m in self.members.values() if not m.left and now - m.last_seen > silence_allowed(m, job)]
+        late = self._late(now)
         workers = [m for m in self.members.values() if not m.left and m.role == Role.WORKER and m.heartbeats]
-        if len(workers) > 1 and {m.id for m in workers} <= {m.id for m in late}:
-            return [m for m in late if m.role != Role.WORKER or now - m.last_seen > job.join_timeout_s]
-        return late
+        if len(workers) < 2 or not {m.id for m in workers} <= {m.id for m in late}:
+            return []
+        return [m for m in late if m.role == Role.WORKER and now - m.last_seen <= self.job.join_timeout_s]
+
+    def silent(self, now: float) -> list[Member]:
+        """Live members whose heartbeats stopped for longer than `silence_allowed`, less those `held`."""
+        held = {m.id for m in self.held(now)}
+        return [m for m in self._late(now) if m.id not in held]
+
+    def hold_news(self, now: float) -> str | None:
+        """The line to log when a hold (`held`) begins or ends, None while neither: an operator should see the
+        job wait on its workers' shared silence as it happens, not only from the drop lines at its end."""
+        held = self.held(now)
+        if held and self.hold_since is None:
+            self.hold_since, self.held_ids = now, [m.id for m in held]
+            longest = max(now - m.last_seen for m in held)
+            return (
+                f"every worker fell silent at once ({', '.join(self.held_ids)}; the longest for {longest:.1f} s): "
+                f"held, not dropped, for up to {self.job.join_timeout_s:g} s (--join-timeout-s) from its last "
+                "heartbeat, as a starved host or a cut link to the scheduler looks like this"
+            )
+        if held or self.hold_since is None:
+            return None
+        back = [i for i in self.held_ids if i in self.members and not self.members[i].left]
+        line = f"the hold ended after {now - self.hold_since:.1f} s: " + (
+            f"heard again from {', '.join(back)}" if back else "no held worker was heard again"
+        )
+        self.hold_since, self.held_ids = None, []
+        return line
 
     def why_silent(self, member: Member, now: float) -> str:
         """What the log says of a member `silent` found: how long it was silent against what it was allowed."""

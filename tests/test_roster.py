@@ -151,13 +151,36 @@ def test_workers_silent_all_at_once_are_held_until_the_join_timeout_and_one_sile
     a, b = (roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None) for _ in range(2))
     a.heartbeats = b.heartbeats = 1
     assert silence_allowed(a, roster.job) == 2.0 and roster.job.join_timeout_s == 30.0
-    assert roster.silent(2.5) == [], "both silent: held"
+    assert roster.hold_news(1.5) is None, "nobody is held before the allowance runs out"
+    assert roster.silent(2.5) == [] and roster.held(2.5) == [a, b], "both silent: held"
+    started = roster.hold_news(2.5)
+    assert started is not None and f"every worker fell silent at once ({a.id}, {b.id};" in started
+    assert "for up to 30 s (--join-timeout-s)" in started and roster.hold_news(3.0) is None, "said once"
     roster.shards[0].heard(30.0)
     assert roster.silent(30.5) == [a, b], "held no longer than the join timeout"
     assert "held as every worker fell silent at once" in roster.why_silent(a, 30.5)
+    for m in (a, b):
+        roster.leave(m)
+    assert roster.hold_news(30.5) == "the hold ended after 28.0 s: no held worker was heard again"
+    roster = _roster()
+    a, b = (roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None) for _ in range(2))
+    a.heartbeats = b.heartbeats = 1
     b.heard(2.0)
     assert roster.silent(2.5) == [a], "b still heartbeats: a's silence is its own"
     assert roster.why_silent(a, 2.5) == f"{a.id} stopped sending heartbeats: none for 2.5 s, 2.0 s allowed (after 1)"
+
+
+def test_a_hold_ends_when_a_held_worker_is_heard_again() -> None:
+    """The operator reads the hold's start and end as they happen; its end names who came back."""
+    roster = _roster()
+    a, b = (roster.register(Hello(role=Role.WORKER), 0.0, b"", lambda: None) for _ in range(2))
+    a.heartbeats = b.heartbeats = 1
+    assert roster.hold_news(2.5) is not None
+    b.heard(3.0)
+    assert roster.silent(3.0) == [a], "b is back: a's silence is now its own"
+    roster.leave(a)
+    assert roster.hold_news(3.0) == f"the hold ended after 0.5 s: heard again from {b.id}"
+    assert roster.hold_news(3.5) is None
 
 
 def test_silence_follows_the_members_own_recent_gaps_between_heartbeats() -> None:
