@@ -37,8 +37,13 @@ def test_pipelined_step_overlaps_and_pushes_the_plain_gradient(tmp_path: Path) -
         "cnn",
         "--chunk-bytes",
         str(CHUNK),
+        # The test's worker holds a batch but neither heartbeats nor reports a step after joining: it must outlive
+        # the test (pytest's 300 s), or the scheduler drops it, as beside a second suite at 60 s, and the shard
+        # refuses its pushes as an unknown sender's.
         "--liveness-timeout-s",
-        "60",
+        "300",
+        "--join-timeout-s",
+        "300",
         "--weight-decay",
         "0",
         "--momentum",
