@@ -168,7 +168,8 @@ def test_each_optimal_time_protocol_trains_in_a_real_run(tmp_path: Path, protoco
     )
     summary = trained_its_epochs(run)
     assert summary["final_eval"] and summary["protocol"] == protocol
-    assert summary["final_test_acc"] > 0.60, summary
+    shown = {k: summary[k] for k in ("final_test_acc", "discarded", "updates", "samples", "staleness_mean")}
+    assert summary["final_test_acc"] > 0.60, (shown, summary["workers"])
     if protocol == "ringmaster":
         assert summary["discarded"] > 0, summary
         slow = next(w for w in summary["workers"].values() if w["name"] == "worker2")
