@@ -92,7 +92,8 @@ def median_times(rows: list[dict[str, Any]]) -> dict[str, float]:
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per cluster, over the seeds its runs have (`median_times`: one seed on a drawn cluster cannot separate
     methods 1.3x apart, bench/RESULTS.md 44): auto's time, the best method's, their ratio, whether within AIM, and
-    any divergence in any seed; what auto ran last and whether it chose, from its first seed's run."""
+    any divergence in any seed; what auto ran last and whether it chose, from its first seed's run. The previous
+    default's time is inf where `--methods` left it out, so a run of a few methods is judged against those."""
     out = []
     for name in dict.fromkeys(r["cluster"] for r in rows):
         mine = [r for r in rows if r["cluster"] == name]
@@ -113,7 +114,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 and (UNMEASURED not in run["choices"][-1][1] or any(h in run["choices"][-1][1] for h in HELD)),
                 "best": best,
                 "best_t": times[best],
-                "prev_default": times["asgd+fixed"],
+                "prev_default": times.get("asgd+fixed", math.inf),
                 "ratio": ratio,
                 "within": ratio <= AIM,
                 "diverged": list(dict.fromkeys(r["method"] for r in mine if r["diverged"])),

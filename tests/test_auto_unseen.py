@@ -63,6 +63,9 @@ def test_with_several_seeds_each_method_is_judged_by_its_median() -> None:
     (e,) = verdicts(rows[::-1])
     assert (e["auto"], e["best"], e["best_t"], e["within"]) == (25.0, "DBS-SGD (capped weight)", 24.0, True)
     assert e["switched_to"] == "local" and e["prev_default"] == 40.0 and e["diverged"] == ["asgd+fixed"]
+    fewer = [r for r in rows if r["method"] != "asgd+fixed"]  # --methods without the previous default
+    (f,) = verdicts(fewer)
+    assert f["best"] == "DBS-SGD (capped weight)" and math.isinf(f["prev_default"]) and "| – s |" in table(fewer)
 
 
 def test_a_fresh_draw_is_named_for_its_seed_and_the_studys_own_keeps_its_names() -> None:
