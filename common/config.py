@@ -25,6 +25,7 @@ from dynabatch.common.protocols import (
     DBS_WEIGHTS,
     DEFAULT_LOCAL_STEPS,
     DEFAULT_TRIM,
+    DELAY_STEP_SAMPLES,
     DELTA,
     PROTOCOLS,
     SPECS,
@@ -107,6 +108,14 @@ class JobConfig(JobName):
         "samples stays about lr however many workers make the gradients stale (ps/step_size.py); --protocol auto "
         "runs delay",
         STALENESS_STEPS,
+        topic="protocol",
+    )
+    delay_step_samples: int = opt(
+        DELAY_STEP_SAMPLES,
+        "under the delay step, a gradient of b samples takes at most b / this of lr: where a few workers make nearly "
+        "every update their gradients are rarely stale, and a small one would otherwise take the whole step "
+        "(ps/step_size.py); raise it for a task that wants a smaller step per sample",
+        minimum=1,
         topic="protocol",
     )
     shards: int = opt(1, "number of parameter-server shards", minimum=1, topic="cluster")

@@ -129,16 +129,23 @@ DEFAULT_LOCAL_STEPS = 8
 
 STALENESS_STEPS: tuple[str, ...] = ("constant", "delay")
 """How an asynchronous gradient's step follows its staleness tau (`--staleness-step`, ps/step_size.py): `constant`
-takes the same step whatever tau; `delay` divides it by max(1, tau)."""
+takes the same step whatever tau; `delay` divides it by max(1, tau), and a gradient of b samples takes at most
+b / --delay-step-samples of it."""
+
+DELAY_STEP_SAMPLES = 64
+"""`--delay-step-samples`' default: the least samples a gradient needs to take the whole of the delay step's lr, the
+main job's per-worker batch, so that neither its tuned step (bench/RESULTS.md 29) nor any regime file's moves."""
 
 
 @dataclass(frozen=True)
 class AsyncSettings(ProtocolSettings):
-    """asgd's step against staleness, `staleness_step` (STALENESS_STEPS, --staleness-step); keyword-only, so that a
-    protocol that extends it keeps its own settings' positions."""
+    """asgd's step against staleness, `staleness_step` (STALENESS_STEPS, --staleness-step) and the delay step's
+    per-sample bound (--delay-step-samples); keyword-only, so that a protocol that extends it keeps its own settings'
+    positions."""
 
-    FLAGS: ClassVar[tuple[str, ...]] = ("staleness_step",)
+    FLAGS: ClassVar[tuple[str, ...]] = ("staleness_step", "delay_step_samples")
     staleness_step: str = field(default="constant", kw_only=True)
+    delay_step_samples: int = field(default=DELAY_STEP_SAMPLES, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from dynabatch.common.protocols import (
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.aggregation import Contribution, aggregate
-from dynabatch.ps.step_size import staleness_step
+from dynabatch.ps.step_size import async_weight
 
 if TYPE_CHECKING:
     from dynabatch.ps.shard_state import ShardState
@@ -132,8 +132,9 @@ class AsyncRule(ShardRule):
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
         shard = self.shard
+        settings = self.settings
         weight = dbs_weight(samples, shard.global_batch, shard.allocated, shard.dbs_rule)
-        weight *= staleness_step(self.settings.staleness_step, staleness)
+        weight = async_weight(settings.staleness_step, weight, staleness, samples, settings.delay_step_samples)
         return shard.apply_gradient(cid, tensor, samples, weight)
 
 
@@ -213,15 +214,16 @@ class RingmasterRule(ShardRule):
     def max_delay(self) -> int:
         return self.settings.threshold(len(self.shard.live))
 
-    def delay_factor(self, staleness: int) -> float:
-        """min(1, tau_C / tau), tau_C = R / 2; under `--staleness-step delay` asgd's 1 / max(1, tau) instead."""
-        if self.settings.staleness_step != "constant":
-            return staleness_step(self.settings.staleness_step, staleness)
-        return min(1.0, self.max_delay() / 2 / max(1, staleness))
+    def weight(self, samples: int, staleness: int) -> float:
+        """Its share of the batch times min(1, tau_C / tau), tau_C = R / 2; under `--staleness-step delay` asgd's
+        step (`async_weight`) instead."""
+        settings, share = self.settings, self.shard.share(samples)
+        if settings.staleness_step != "constant":
+            return async_weight(settings.staleness_step, share, staleness, samples, settings.delay_step_samples)
+        return share * min(1.0, self.max_delay() / 2 / max(1, staleness))
 
     def take(self, cid: int, worker: str, tensor: torch.Tensor, samples: int, staleness: int, now: float) -> bool:
-        shard = self.shard
-        return shard.apply_gradient(cid, tensor, samples, shard.share(samples) * self.delay_factor(staleness))
+        return self.shard.apply_gradient(cid, tensor, samples, self.weight(samples, staleness))
 
 
 @dataclass

@@ -36,6 +36,22 @@ def staleness_step(rule: str, staleness: int) -> float:
     raise ValueError(f"unknown staleness step {rule!r}; choose constant or delay")
 
 
+def async_weight(rule: str, weight: float, staleness: int, samples: int, delay_step_samples: int) -> float:
+    """An asynchronous gradient's factor on lr: its batch `weight` times `staleness_step(rule, staleness)`, and
+    under `delay` at most `samples / delay_step_samples`.
+
+    Why the bound: the delay step keeps the step per B samples about lr where every worker's gradients are stale
+    alike, but where a few workers make nearly every update their gradients are rarely stale, and each takes nearly
+    the whole lr however few samples it holds: a small gradient then moves the model far more per sample than the
+    task tolerates, and the job may diverge (bench/RESULTS.md 48, 49). Asynchronous SGD's step bounds are the
+    smaller of a delay term and a noise term linear in the gradient's batch (Koloskova et al. and Mishchenko et al.,
+    2022; the small-batch regime of McCandlish et al., 2018), and this is the second: lr per `delay_step_samples`
+    samples at most, the task's figure, not the cluster's.
+    """
+    factor = weight * staleness_step(rule, staleness)
+    return min(factor, samples / delay_step_samples) if rule == "delay" else factor
+
+
 @dataclass
 class StepSize:
     """The task's schedule, the job's progress through it, and the job's factor after rollbacks."""

@@ -272,7 +272,7 @@ def test_under_the_delay_step_ringmaster_takes_asgds_step() -> None:
     """`--protocol ringmaster --staleness-step delay`: an accepted gradient of delay tau steps lr / max(1, tau), as
     asgd's, not Ringmaster's own min(1, (R/2) / tau), which is up to R/2 times larger. (Auto runs asgd with that step
     and leaves Ringmaster out: its threshold then only drops the slowest workers' samples, bench/RESULTS.md 38.)"""
-    job = JobConfig(protocol="ringmaster", staleness_step="delay")
+    job = JobConfig(protocol="ringmaster", staleness_step="delay", delay_step_samples=8)
     assert "ringmaster" not in switch_plan(JobConfig(protocol="auto")).protocols
     state = ShardState.initial(
         make_layout(600, 1024, 1).chunks, torch.zeros(600), SGD, "ringmaster", B, protocol_settings(job)
@@ -280,10 +280,12 @@ def test_under_the_delay_step_ringmaster_takes_asgds_step() -> None:
     state.set_membership({f"w{i}" for i in range(8)}, allocated=8)
     rule = state.rule
     assert isinstance(rule, RingmasterRule)
-    assert [rule.delay_factor(t) for t in (0, 1, 4, 7)] == [1.0, 1.0, 0.25, 1 / 7]
+    even = B // 8
+    assert [rule.weight(even, t) for t in (0, 1, 4, 7)] == [1.0, 1.0, 0.25, 1 / 7]
+    assert rule.weight(2, 1) == 2 / 8, "and asgd's bound per sample (--delay-step-samples)"
     own = ShardState.initial(make_layout(600, 1024, 1).chunks, torch.zeros(600), SGD, "ringmaster", B)
     own.set_membership({f"w{i}" for i in range(8)}, allocated=8)
-    assert isinstance(own.rule, RingmasterRule) and own.rule.delay_factor(4) == 1.0, "its own step: min(1, 4 / 4)"
+    assert isinstance(own.rule, RingmasterRule) and own.rule.weight(even, 4) == 1.0, "its own step: min(1, 4 / 4)"
 
 
 def test_a_named_batch_policy_the_predictor_does_not_model_keeps_the_protocol() -> None:

@@ -102,12 +102,13 @@ def test_each_protocols_settings_come_from_its_own_flags_and_reach_its_rule(name
     )
     settings = protocol_settings(job)
     assert type(settings) is SPECS[name].settings
-    expected = {
+    flagged: dict[type[ProtocolSettings], ProtocolSettings] = {
         SoftsyncSettings: SoftsyncSettings(3),
-        SspSettings: SspSettings(5),
+        SspSettings: SspSettings(staleness_bound=5),
         MsyncSettings: MsyncSettings(2),
         OuterSettings: OuterSettings(0.7, 0.9, False),
-    }.get(type(settings), SPECS[name].settings())
+    }
+    expected = flagged.get(type(settings), SPECS[name].settings())
     assert settings == expected
     state = ShardState.initial(make_layout(10, 1024, 1).chunks, torch.zeros(10), SGD(lr=0.1), name, 8, settings)
     assert state.rule.settings is settings

@@ -11,7 +11,7 @@ from dynabatch import optim as optim_spec
 from dynabatch.common.wire.chunking import make_layout
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.ps.shard_state import ShardState
-from dynabatch.ps.step_size import StepSize, staleness_step
+from dynabatch.ps.step_size import StepSize, async_weight, staleness_step
 
 SGD = optim_spec.SGD(lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False)
 B = 10
@@ -95,3 +95,14 @@ def test_the_delay_step_divides_by_the_staleness_and_the_constant_one_does_not()
         staleness_step("delay", -1)
     with pytest.raises(ValueError, match="constant or delay"):
         staleness_step("sqrt", 4)
+
+
+def test_under_the_delay_step_a_gradient_takes_at_most_its_samples_over_delay_step_samples_of_lr() -> None:
+    """The bound binds only where a small gradient is rarely stale: a gradient of at least 64 samples, or one stale
+    enough, takes the delay step as before; the constant step has no bound."""
+    assert async_weight("delay", 1.0, 1, 16, 64) == 0.25, "16 samples at staleness 1: a quarter of lr, not all of it"
+    assert async_weight("delay", 1.0, 8, 16, 64) == 1 / 8, "stale enough: the delay step binds first"
+    assert [async_weight("delay", 1.0, tau, 64, 64) for tau in (0, 1, 4)] == [1.0, 1.0, 0.25], "64 samples: unbound"
+    assert async_weight("delay", 0.5, 1, 32, 256) == 0.125, "the batch weight, then the bound: min(0.5 / 1, 32 / 256)"
+    assert async_weight("constant", 1.0, 1, 16, 64) == 1.0
+    assert async_weight("constant", 0.25, 9, 16, 64) == 0.25
