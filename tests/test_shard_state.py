@@ -399,21 +399,22 @@ def test_ssp_holds_nobody_back_for_a_worker_that_holds_no_batch() -> None:
 @pytest.mark.parametrize(
     "protocol, settings",
     [
-        ("asgd", AsyncSettings(staleness_step="delay")),
-        ("ssp", SspSettings(100, staleness_step="delay")),
-        ("ringmaster", RingmasterSettings(10, staleness_step="delay")),
+        ("asgd", AsyncSettings(staleness_step="delay", delay_step_samples=2 * (B // 3))),
+        ("ssp", SspSettings(100, staleness_step="delay", delay_step_samples=2 * (B // 3))),
+        ("ringmaster", RingmasterSettings(10, staleness_step="delay", delay_step_samples=2 * (B // 3))),
     ],
 )
 def test_the_delay_step_divides_each_gradients_step_by_its_staleness(protocol: str, settings: AsyncSettings) -> None:
-    """--staleness-step delay: gradients 0, 1 and 3 versions stale step at lr, lr and lr/3 (B/n samples each,
-    DBS weight 1). Ringmaster (R 10) would take all three at lr under its own step, min(1, (R / 2) / tau)."""
+    """--staleness-step delay: gradients 0, 1, 2 and 3 versions stale (B/n samples each, DBS weight 1) step at lr /
+    max(1, tau), at most lr b / --delay-step-samples: here half of lr, so 0.5, 0.5, 0.5 and 1/3 of it. Ringmaster
+    (R 10) would take all four at lr under its own step, min(1, (R / 2) / tau)."""
     state, w0 = _state(protocol, settings=settings)
     gen = torch.Generator().manual_seed(10)
     steps = []
     for worker, base, tau in (("w0", 0, 0), ("w1", 0, 1), ("w2", 0, 2), ("w0", 0, 3)):
         g = torch.randn(1000, generator=gen)
         assert _push(state, worker, g, base, B // 3).staleness == tau
-        steps.append((g, 1.0 / max(1, tau)))
+        steps.append((g, min(1.0 / max(1, tau), 0.5)))
     torch.testing.assert_close(_flat(state), _reference(w0, steps))
 
 
