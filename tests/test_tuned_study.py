@@ -97,6 +97,10 @@ def test_the_default_is_the_fastest_method_that_never_diverged_on_any_profile() 
     }
     tied = {name: {"methods": ["first", "accurate"], "target": "0.80", "lr_from": ""} for name in never}
     assert choose_default(Results(report=never, profiles=tied)) == "accurate", "both medians never: the more accurate"
+    three = {name: {"methods": ["quick", "everywhere"], "target": "0.80", "lr_from": ""} for name in "abc"}
+    quick = {"a": _run("quick", 0.02, 10.0), "b": _run("quick", 0.02, 10.0), "c": _run("quick", 0.02, None, acc=0.7)}
+    runs = {name: [quick[name], _run("everywhere", 0.02, 20.0)] for name in three}
+    assert choose_default(Results(report=runs, profiles=three)) == "everywhere", "the faster median never gets to c"
 
 
 def test_a_resumed_study_skips_exactly_the_runs_it_holds_and_the_report_says_which_were_not_run() -> None:
