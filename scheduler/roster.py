@@ -303,7 +303,9 @@ class Roster:
         their host starved every process, or the scheduler's link is cut, rather than each of them died. Dropping
         them all would end the job that the stall's end would have resumed, so they are held until the join
         timeout; a worker silent alone, while another still heartbeats, is dropped as before."""
-        late = self._late(now)
+        return self._held(self._late(now), now)
+
+    def _held(self, late: list[Member], now: float) -> list[Member]:
         workers = [m for m in self.members.values() if not m.left and m.role == Role.WORKER and m.heartbeats]
         if len(workers) < 2 or not {m.id for m in workers} <= {m.id for m in late}:
             return []
@@ -311,8 +313,9 @@ class Roster:
 
     def silent(self, now: float) -> list[Member]:
         """Live members whose heartbeats stopped for longer than `silence_allowed`, less those `held`."""
-        held = {m.id for m in self.held(now)}
-        return [m for m in self._late(now) if m.id not in held]
+        late = self._late(now)
+        held = {m.id for m in self._held(late, now)}
+        return [m for m in late if m.id not in held]
 
     def hold_news(self, now: float) -> str | None:
         """The line to log when a hold (`held`) begins or ends, None while neither: an operator should see the
