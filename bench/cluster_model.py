@@ -87,6 +87,8 @@ class ShardQueue:
     waiting: list[tuple[int, int, Request]] = field(default_factory=list)  # a heap by (rank, order)
     busy_s: float = 0.0  # seconds spent serving, to judge its load
     queued_s: float = 0.0  # seconds the requests it served waited first (as ps/serving_load.py counts them)
+    busy_sq_s: float = 0.0  # the sum of each service's seconds squared (ps/serving_load.py's)
+    transfers: int = 0  # requests served: each moves the shard's part of the model once (ps/serving_load.py's count)
 
     def service_s(self, nbytes: float) -> float:
         """Seconds the shard takes to serve `nbytes`."""
@@ -108,6 +110,8 @@ class ShardQueue:
             service = self.drawn_service_s(request.nbytes)
             self.busy_s += service
             self.queued_s += clock() - request.arrived
+            self.busy_sq_s += service * service
+            self.transfers += 1
             yield clock() + service
             request.done = True
             served()
@@ -125,6 +129,7 @@ class Shards:
     seed: int = 0
     queues: list[ShardQueue] = field(default_factory=list)
     arrivals: Iterator[int] = field(default_factory=itertools.count)
+    pushers: set[str] = field(default_factory=set)  # the workers whose push has reached them (ps/serving_load.py's)
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -133,9 +138,11 @@ class Shards:
             ShardQueue(self.mbit, self.spread, random.Random(f"shard{i}:{self.seed}")) for i in range(self.count)
         ]
 
-    def request(self, rank: int, now: float) -> list[Request]:
-        """A whole model's worth of requests (a pull or a push to every shard) arriving `now` from a worker of
-        serving rank `rank`; each is `done` once its shard has served it."""
+    def request(self, rank: int, now: float, pusher: str = "") -> list[Request]:
+        """A whole model's worth of requests (a pull, or a push of worker `pusher`, to every shard) arriving `now`
+        from a worker of serving rank `rank`; each is `done` once its shard has served it."""
+        if pusher:
+            self.pushers.add(pusher)
         order = next(self.arrivals)
         requests = [Request(self.model_bytes / self.count, rank, order, now) for _ in self.queues]
         for q, r in zip(self.queues, requests, strict=True):

@@ -375,9 +375,18 @@ class Cluster:
         a = self.scheduler.assignment_for(self.scheduler.roster.members[wid])
         return Told(a.batch, a.local_steps, a.lr_scale, a.chunk_group, a.credit_bytes, a.protocol)
 
+    def shard_beats(self) -> Iterator[Wait]:
+        """The shard's own heartbeat every heartbeat_s (server.py's), beside those it sends at once when a worker
+        reports: what it served reaches the scheduler while every worker is still in its first transfers."""
+        while True:
+            yield self.now + self.job.heartbeat_s
+            self.sync_shard()
+            self.changed()
+
     def sync_shard(self) -> None:
         """The shard's heartbeat: the push bounds it applied from its last answer, and again at once when this
         answer grows one (as server.py's: the scheduler hands a larger batch only once the shard reports it)."""
+        busiest = max(self.shard_queues.queues, key=lambda q: q.busy_s)
         ps = self.scheduler.shard_heartbeat(
             "ps0",
             ShardHeartbeat(
@@ -385,8 +394,12 @@ class Cluster:
                 train_size=len(self.data.train_y),
                 batches=self.assigned.told,
                 protocol=self.shard.protocol,
-                busy_s=max((q.busy_s for q in self.shard_queues.queues), default=0.0),
-                queued_s=max((q.queued_s for q in self.shard_queues.queues), default=0.0),
+                busy_s=busiest.busy_s,
+                queued_s=busiest.queued_s,
+                busy_sq_s=busiest.busy_sq_s,
+                served=busiest.transfers,  # each request one message, moving the shard's part once
+                transfers=float(busiest.transfers),
+                pushed=sorted(self.shard_queues.pushers & set(self.scheduler.roster.live_workers)),
             ),
             self.now,
         )
@@ -524,17 +537,18 @@ class Worker:
             return self.comm_s
         start = c.now
         link_s = self.net.push_link_s(compute, self.told.chunk_group, self.told.credit_bytes)
-        yield from self._served(c.now + link_s)
+        yield from self._served(c.now + link_s, self.wid)
         c.closing_push_s = link_s
         self.moved += self.net.shards.model_bytes
         return c.now - start
 
-    def _served(self, arrival: float) -> Generator[Wait, None, None]:
-        """Until the shards have served a request of this worker that reaches them at `arrival`."""
+    def _served(self, arrival: float, pusher: str = "") -> Generator[Wait, None, None]:
+        """Until the shards have served a request of this worker (a push: `pusher` its id) that reaches them at
+        `arrival`."""
         assert self.net is not None
         c = self.c
         yield arrival
-        requests = self.net.shards.request(rank_of(self.wid, c.serve_ranks), c.now)
+        requests = self.net.shards.request(rank_of(self.wid, c.serve_ranks), c.now, pusher)
         c.changed()
         yield lambda: all(r.done for r in requests)
 
@@ -808,6 +822,7 @@ def simulate(cfg: SimConfig, data: Dataset | None = None) -> SimResult:
     if any(w.net is not None for w in workers):
         for q in cluster.shard_queues.queues:
             cluster.spawn(q.serving(lambda: cluster.now, cluster.changed), 0.0)
+        cluster.spawn(cluster.shard_beats(), 0.0)
     cluster.spawn(cluster.evaluator(), 0.0)
     cluster.run(cfg.budget_s)
     if not cluster.reached():

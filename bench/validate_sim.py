@@ -254,6 +254,7 @@ class ShardSeen:
     busy_share: float = 0.0  # of the wall time: near 1, the shard's service bounds the job
     spread: float = 0.0  # the relative standard deviation of one transfer's service (0: not reported)
     messages: float = 0.0  # messages served per transfer
+    counted: float = 0.0  # the transfers the shard counted itself (ps/serving_load.py) per transfer the workers made
 
 
 def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
@@ -279,6 +280,7 @@ def observed_shard(timeline: list[JobStatus]) -> ShardSeen:
         busy / max(1e-9, last.t - first.t),
         service_spread(busy, b.busy_sq_s - a.busy_sq_s, served, transfers),
         served / transfers,
+        (b.transfers - a.transfers) / transfers,
     )
 
 
@@ -527,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  the shard: {1000 * shard.service_s:.3f} ms serving a transfer, {1000 * shard.held_s:.3f} ms held in "
             f"all, busy {100 * shard.busy_share:.0f}% of the time, its service's spread {100 * shard.spread:.0f}% "
-            f"({shard.messages:.2f} messages a transfer)"
+            f"({shard.messages:.2f} messages a transfer; the shard counted {shard.counted:.2f} transfers for each "
+            "the workers made)"
         )
         print(
             f"  simulated samples/s with neither the shard's service nor the steps' spread: {without[0]:.0f}; the "

@@ -48,7 +48,7 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.ps.served_job import ServedJob
-from dynabatch.ps.serving_load import ServingLoad
+from dynabatch.ps.serving_load import ServingLoad, transfers_of
 from dynabatch.ps.shard_report import shard_heartbeat, shard_hello
 
 log = logging.getLogger("dynabatch.ps")
@@ -299,13 +299,17 @@ class ShardServer:
             return self._reject(incoming, incoming.error)
         msg = incoming.decoded
         start = time.perf_counter()
+        moved = 0.0
         try:
             if msg.job != self.served_job.name:
                 raise ProtocolError(
                     ErrorCode.WRONG_JOB, f"this shard serves job {self.served_job.name!r}, not {msg.job!r}", msg.seq
                 )
             self.senders.check_message(msg, incoming.identity, incoming.key_role)
+            if msg.type == Push.TYPE:
+                self.load.pushed_by(msg.sender)
             self.handlers.handle(msg, incoming.identity)
+            moved = transfers_of(msg, self.serving.model.sizes) if self.serving is not None else 0.0
         except ProtocolError as exc:
             exc.ref = msg.seq
             self._reject(incoming, exc)
@@ -313,7 +317,7 @@ class ShardServer:
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
         self.served_job.metrics.handle.labels(self.served_job.label, msg.type).observe(time.perf_counter() - start)
-        self.load.served(msg.type, received, start, time.perf_counter())
+        self.load.served(msg.type, received, start, time.perf_counter(), moved)
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.served_job.metrics.bad.labels("ps", error.code).inc()

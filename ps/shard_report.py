@@ -59,4 +59,6 @@ def shard_heartbeat(
         queued_s=load.queued_s,
         busy_sq_s=load.busy_sq_s,
         served=load.served_count,
+        transfers=load.transfers,
+        pushed=sorted(load.pushers & live),
     )

@@ -315,6 +315,8 @@ class Allocator:
         idle = sorted(w for w in self.idled.idle if w in observed and w not in measured)  # no more steps will come
         measured += idle
         early = set(measured) | {wid for wid, (n, _) in observed.items() if n >= EARLY_STEPS}
+        if not measured and len(early) < len(ready):
+            return self._revisit_on_probes(ready)
         chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
         models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}
         caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
@@ -327,6 +329,46 @@ class Allocator:
             len(early_ones),
             min((observed[wid][0] for wid in early_ones), default=MEASURED_STEPS),
         )
+
+    def _revisit_on_probes(self, ready: dict[str, int]) -> bool:
+        """Before every `ready` worker has reported a step: let auto choose on their start-up probes (their compute
+        curves) and their first pushes (the shards' reports, ShardHeartbeat.pushed) with the shards' service time
+        on their own count of transfers, once all are known (EARLY_MARGINS' margin for 0 steps; auto_policy.py).
+
+        A worker's first push reached the shards a pull, a compute and a push's link after its first batch: less
+        its compute at that batch by the probe, what it spent not computing, read as a step's (measured_cluster.py
+        takes the shards' hold off it). The time the batch took to reach the worker, and the probe's floor on its
+        speed, count as link: an upper bound on each link, so a protocol whose rounds wait for the slowest link is
+        chosen only where it wins even so. True when the policy changed."""
+        assert self.auto is not None
+        load, pushed = self.tally.load(), self.tally.first_push_s
+        curves = {wid: self.speeds[wid].probe_curve() for wid in ready}
+        probed = {wid: curve for wid, curve in curves.items() if curve is not None and wid in pushed}
+        if load is None or len(probed) < len(ready):
+            return self.auto.revisit({}, {}, len(ready))
+        caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in probed}
+        job = self.job
+        workers = {
+            wid: MeasuredWorker(
+                curve, max(0.0, pushed[wid] - curve.step_seconds(max(1, self.allocation.get(wid, 0)))), caps[wid]
+            )
+            for wid, curve in probed.items()
+        }
+        cluster = measured_cluster(
+            workers,
+            load,
+            self.tally.model_bytes,
+            job.global_batch,
+            self._round_steps(),
+            job.local_steps,
+            job.chunk_bytes,
+        )
+        return self.auto.revisit(probed, caps, 0, cluster, len(probed), 0)
+
+    def choosing_on_probes(self) -> bool:
+        """Whether auto has yet to choose, with a split handed out: a shard's report of what it served and of who
+        pushed may let it choose on the probes (`_revisit_on_probes`)."""
+        return self.auto is not None and self.auto.choices == 0 and bool(self.allocation)
 
     def _round_steps(self) -> int:
         """The steps one reported step stands for in transfers: a local round's H, else 1."""

@@ -5,22 +5,23 @@ regime: which policy wins depends on the cluster (per-worker sizing wins for rou
 loses for asgd there), so the scheduler chooses it by the predictor's rule (common/planning/auto_choice.py `choose`),
 restricted to the job's protocol, which the shards fixed at the start.
 
-Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe, not
-a step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow device,
-once its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker whose one
-step takes a minute would otherwise hold the choice for eight. Where every worker's steps are long (a busy shard),
-auto may choose once each has reported EARLY_STEPS, but only for a method predicted faster than the running one by
-the margin its fewest steps call for (common/planning/auto_choice.py `early_hysteresis`), and chooses again as the
-steps reach the next margin's and once all are measured. A worker that joins later is measured under the policy last
-chosen; after a protocol switch every worker is measured anew (`SpeedModel.restart`). Then auto builds the
-predictor's cluster from each worker's compute curve, cap and link and the shards' service time
-(scheduler/measured_cluster.py; where a worker reports no compute time, from its fitted step model with its
-transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited when the cluster changes: a
-worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the last choice. `choose`
-keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it. A protocol the
-predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed mean,
-median): it defends a round by the honest majority of every worker's gradient, which a split that leaves workers out
-would thin.
+Until every ready worker is measured, auto splits as `fixed` does (a worker's prior speed is its start-up probe, not a
+step). A worker is measured once it has reported MEASURED_STEPS steps, or, behind a slow link or on a slow device, once
+its steps have lasted as long as the slowest of those took for theirs (`measured_workers`): a worker whose one step
+takes a minute would otherwise hold the choice for eight. Where every worker's steps are long (a busy shard), auto may
+choose once each has reported EARLY_STEPS, but only for a method predicted faster than the running one by the margin its
+fewest steps call for; before any step, once the shards have reported the transfers they served and every worker's first
+push, it may choose on the workers' start-up probes, those first pushes and the shards' service time, at the widest
+margin (common/planning/auto_choice.py `early_hysteresis`), and chooses again as the steps reach the next margin's and
+once all are measured. A worker that joins later is measured under the policy last chosen; after a protocol switch every
+worker is measured anew (`SpeedModel.restart`). Then auto builds the predictor's cluster from each worker's compute
+curve, cap and link and the shards' service time (scheduler/measured_cluster.py; where a worker reports no compute time,
+from its fitted step model with its transfers in the fixed cost, `folded_cluster`), and chooses; the choice is revisited
+when the cluster changes: a worker joins or leaves, or a worker's predicted step at its share moves by SHIFT since the
+last choice. `choose` keeps the running policy unless another is predicted HYSTERESIS faster, so noise does not flip it.
+A protocol the predictor does not model runs `fixed` and says so, as does a job with a robust `--aggregation` (trimmed
+mean, median): it defends a round by the honest majority of every worker's gradient, which a split that leaves workers
+out would thin.
 
 Under `--protocol auto` (common/planning/protocol_switch.py) the same choice is made over the protocols the job
 may switch among, the protocol and the policy together; the scheduler then switches the shards and, once they all
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dynabatch.common.planning.auto_choice import EARLY_MARGINS, HYSTERESIS, choose, early_hysteresis
+from dynabatch.common.planning.auto_choice import HYSTERESIS, choose, early_hysteresis
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import POLICIES, Cluster, Node
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
@@ -48,9 +49,11 @@ MEASURED_STEPS = 8
 """Steps a worker must have reported to count as measured: its first ones carry its start-up (lazy
 initialisation, caches, the other processes starting beside it), and with the speed model's forgetting of 0.85
 the eighth step weighs three times the first."""
-EARLY_STEPS = EARLY_MARGINS[0][0]
-"""Steps every worker must have reported for auto to choose before each has MEASURED_STEPS, at the widest margin of
-EARLY_MARGINS: a margin the noise of a few steps does not close."""
+EARLY_STEPS = 1
+"""Steps every worker must have reported for auto to choose on their own steps before each has MEASURED_STEPS, at
+EARLY_MARGINS' margin for them: a margin the noise of a few steps does not close. Before that, auto may choose
+once on the workers' start-up probes and first pushes and the shards' own service time (EARLY_MARGINS' first, for
+0 steps)."""
 HELD = "; held until"
 """How a reason says auto keeps its last choice while a newly ready worker is measured (bench/auto_unseen.py reads
 it: a run held so has chosen)."""
@@ -59,8 +62,14 @@ SHIFT = 0.25
 again: a speed shift, not the step-to-step noise of a loaded machine."""
 
 
-def _steps(n: int) -> str:
-    return "step" if n == 1 else f"{n} steps"
+def _basis(early: int, fewest: int, counted: str, workers: int) -> str:
+    """What a choice rested on, in words: the probes and the shards (no step yet), every worker's first `fewest`
+    steps, or the measured workers."""
+    if not early:
+        return f"measured workers: {workers}"
+    if fewest == 0:
+        return f"chosen on every worker's start-up probe and first push, and the shards' service time, {counted}"
+    return f"chosen on every worker's first {'step' if fewest == 1 else f'{fewest} steps'} or more, {counted}"
 
 
 def folded_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int) -> Cluster:
@@ -150,8 +159,9 @@ class AutoPolicy:
         report no compute time, so `folded_cluster`'s steps with their transfers as fixed cost). `early`: how many
         of `models` have reported only EARLY_STEPS steps or more, not MEASURED_STEPS, and `fewest` the fewest steps
         of those; the running method then gives way only to one predicted faster by `early_hysteresis(fewest)`, and
-        the choice is made again once the steps reach a narrower margin and once every worker is measured. True
-        when the policy (or the protocol) changed."""
+        the choice is made again once the steps reach a narrower margin and once every worker is measured. With
+        `fewest` 0, `models` are the start-up probes and `measured` holds the shards' service and each worker's first
+        push bounding its link (Allocator._revisit_on_probes). True when the policy (or the protocol) changed."""
         if not self.modelled:
             return False
         if waiting or not models:
@@ -179,11 +189,7 @@ class AutoPolicy:
             return False
         self.choices += 1
         self.protocol, self.policy = choice.protocol, choice.policy
-        self.reason = self._chosen = (
-            f"{choice.reason} (chosen on every worker's first {_steps(fewest)} or more, {counted})"
-            if early
-            else f"{choice.reason} (measured workers: {len(models)})"
-        )
+        self.reason = self._chosen = f"{choice.reason} ({_basis(early, fewest, counted, len(models))})"
         return (self.protocol, self.policy) != previous
 
     def _holding(self, counted: str) -> str:

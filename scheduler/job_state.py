@@ -216,7 +216,10 @@ class JobState:
         member.heartbeats += 1
         member.shard_last = hb
         self.progress.shard_report(member.shard_index, hb)
-        self.allocator.tally.shard_reported(member.shard_index, hb.busy_s, hb.queued_s)
+        self.allocator.tally.shard_reported(member.shard_index, hb.busy_s, hb.queued_s, hb.transfers)
+        for wid in hb.pushed:  # of workers holding a batch only: a forged list holds no memory
+            if wid in self.allocator.allocation:
+                self.allocator.tally.pushed(wid, now - self.roster.members[wid].batch_given_at)
         self.version_times.observe(self.roster.model_version(), self.progress.t(now))
         if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
             self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})
@@ -229,6 +232,8 @@ class JobState:
         ]
         if waiting and self.roster.known_to_shards(self.roster.members[waiting[0]]):
             self._reallocate(now, "joined", waiting[0], force=True)
+        elif self.allocator.choosing_on_probes():
+            self._reallocate(now, "shard load", member.id)
         self._judge_divergence(now)
         answer = self.shard_assignment()
         self.allocator.answered(member.shard_index)

@@ -73,6 +73,8 @@ def job_status(state: JobState, now: float) -> JobStatus:
                 m.shard_last.queued_s,
                 m.shard_last.busy_sq_s,
                 m.shard_last.served,
+                m.shard_last.transfers,
+                len(m.shard_last.pushed),
             )
             for i, m in sorted(state.roster.shards.items())
         },

@@ -5,7 +5,7 @@ A worker reports its pulls and pushes as one span: its link and the shards' queu
 the job every worker's transfers are long whatever its link; counted as link time they would be paid alike by
 every protocol, and local SGD, which moves the model once per round of H steps, would never be seen to relieve the
 shard. So the time a transfer spent at the shards (their reports: ShardHeartbeat.busy_s and queued_s over the
-transfers the workers made) is taken off each worker's and given to the shards as their service time; the rest is
+transfers they served) is taken off each worker's and given to the shards as their service time; the rest is
 the worker's link (`measured_node`), which each protocol's model places itself (pipelined under a gradient step,
 once a round under local SGD).
 
@@ -35,8 +35,9 @@ class MeasuredWorker:
 
 @dataclass(frozen=True)
 class ShardLoad:
-    """What the busiest shard reported (seconds serving pulls and pushes, seconds they waited) against the whole-model
-    transfers the workers made in the same time (a pull or a push, each reaching every shard)."""
+    """What the busiest shard reported: its seconds serving pulls and pushes, the seconds they waited, and the
+    transfers they moved (in whole parts of the model it holds: each worker's pull or push reaches every shard, so
+    a whole-model transfer is one at each)."""
 
     busy_s: float
     queued_s: float
@@ -95,15 +96,15 @@ def measured_cluster(
 
 
 class TransferTally:
-    """The running figures `measured_cluster` needs beyond the speed models: the whole-model transfers the workers
-    made, the model's bytes (what a worker's transfer moves), and each shard's last reported serving seconds, all
+    """The running figures `measured_cluster` needs beyond the speed models: the model's bytes (what a worker's
+    transfer moves, from the workers' reports) and each shard's last reported serving seconds and transfers, all
     since the job started."""
 
     def __init__(self) -> None:
-        self.transfers = 0.0
         self.model_bytes = 0.0
+        self.first_push_s: dict[str, float] = {}  # by worker: from its first batch to its first push at the shards
         self._moved: dict[str, tuple[int, int]] = {}  # by worker: its last reported steps and bytes
-        self._shards: dict[int, tuple[float, float]] = {}  # by shard slot: its busy and queued seconds
+        self._shards: dict[int, ShardLoad] = {}  # by shard slot: its cumulative report
 
     def stepped(self, worker: str, steps: int, moved_bytes: int, round_steps: int) -> None:
         """A worker reported `steps` and `moved_bytes` in all (cumulative), a reported step being a round of
@@ -111,25 +112,25 @@ class TransferTally:
         last_steps, last_bytes = self._moved.get(worker, (0, 0))
         self._moved[worker] = (steps, moved_bytes)
         new = steps - last_steps
-        if new <= 0:
-            return
-        self.transfers += new * transfers_per_step(round_steps)
-        if moved_bytes > last_bytes:
+        if new > 0 and moved_bytes > last_bytes:
             self.model_bytes = (moved_bytes - last_bytes) / (new * transfers_per_step(round_steps))
 
-    def shard_reported(self, shard: int, busy_s: float, queued_s: float) -> None:
-        """A shard's cumulative serving seconds (ShardHeartbeat.busy_s, queued_s)."""
-        self._shards[shard] = (busy_s, queued_s)
+    def shard_reported(self, shard: int, busy_s: float, queued_s: float, transfers: float) -> None:
+        """A shard's cumulative serving seconds and transfers (ShardHeartbeat.busy_s, queued_s, transfers)."""
+        self._shards[shard] = ShardLoad(busy_s, queued_s, transfers)
+
+    def pushed(self, worker: str, since_batch_s: float) -> None:
+        """A shard reported `worker`'s push, `since_batch_s` after the scheduler handed it its first batch: the
+        first such report is the worker's first pull, compute and push, its push's wait at the shards apart
+        (ShardHeartbeat.pushed). Later ones change nothing."""
+        self.first_push_s.setdefault(worker, since_batch_s)
 
     def forget(self, worker: str) -> None:
-        """A worker that left: its transfers stay counted."""
+        """A worker that left."""
         self._moved.pop(worker, None)
+        self.first_push_s.pop(worker, None)
 
     def load(self) -> ShardLoad | None:
-        """The busiest shard's load against the transfers made; None before a shard reported serving anything."""
-        if not self._shards or self.transfers <= 0:
-            return None
-        busy = max(b for b, _ in self._shards.values())
-        if busy <= 0:
-            return None
-        return ShardLoad(busy, max(q for _, q in self._shards.values()), self.transfers)
+        """The load of the shard slowest to serve a transfer; None before a shard reported serving one."""
+        served = [s for s in self._shards.values() if s.transfers > 0 and s.busy_s > 0]
+        return max(served, key=ShardLoad.held_s) if served else None

@@ -100,7 +100,8 @@ def check_service_squares(hb: ShardHeartbeat) -> None:
 
 
 def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int) -> None:
-    """Refuse a shard heartbeat whose version, sample or discard count or serving seconds are negative (a drop is
+    """Refuse a shard heartbeat whose version, sample or discard count, serving seconds or transfers are negative,
+    or whose transfers are more than its messages can move (a drop is
     a restart, counted as lost work: lost_work.py), whose echoed push bounds are not batches of this job, or whose
     divergence fields cannot be true: more rollbacks applied than the job allows, a checkpoint version below -1
     (none), an account of its model longer than one line."""
@@ -112,12 +113,18 @@ def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int
         raise ProtocolError(
             ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.batches of {wrong[:3]} are not within 0..{max_batch} (--max-batch)"
         )
-    for name in ("busy_s", "queued_s", "busy_sq_s"):
+    for name in ("busy_s", "queued_s", "busy_sq_s", "transfers"):
         if not (math.isfinite(getattr(hb, name)) and getattr(hb, name) >= 0):
             raise ProtocolError(
                 ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.{name} must be finite and >= 0, got {getattr(hb, name)}"
             )
     check_service_squares(hb)
+    if hb.transfers > 2 * hb.served:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"SHARD_HEARTBEAT.transfers {hb.transfers} is more than {hb.served} pulls and pushes can move (two parts "
+            "of the model each at most: a push and the pull it carries)",
+        )
     check_rollbacks(hb, max_rollbacks)
     if hb.good_version < -1:
         raise ProtocolError(

@@ -236,6 +236,17 @@ class SpeedModel:
         fixed = min(self.probe_fixed_s(batch, seconds), MAX_FIXED_FRACTION * seconds)
         return StepModel(fixed, (seconds - fixed) / batch)
 
+    def probe_curve(self) -> StepModel | None:
+        """The compute curve the start-up probe alone gives: its fixed seconds (capped as ``compute_curve`` caps
+        them), the rest of its step at its batch per sample; None without a probe of a known batch. What auto
+        chooses on before a worker's first step: the probe ran under the start-up of the job's other processes, so
+        it is a floor on the worker's speed."""
+        if not (self._probe_batch and self._prior):
+            return None
+        seconds = self._probe_batch / self._prior
+        fixed = min(self._probe_fixed_s, MAX_FIXED_FRACTION * seconds)
+        return StepModel(fixed, (seconds - fixed) / self._probe_batch)
+
     def restart(self, transfers_ratio: float) -> None:
         """Measure anew under another protocol, whose reported step holds `transfers_ratio` times the transfers of
         the running one's (a gradient step's pull and push against local SGD's one round over its H steps: 1/H).

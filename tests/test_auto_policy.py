@@ -234,12 +234,12 @@ def _long_steps(allocator: Allocator, ready: dict[str, int], steps: int, transfe
 
 
 def test_the_margin_of_an_early_choice_narrows_as_the_workers_fewest_steps_grow() -> None:
-    """The tiered rule (common/planning/auto_choice.py): no choice before every worker has stepped, three times
-    faster on one step (its start-up and its wait behind the others' first pulls in it), 1.5x from the second, and
+    """The tiered rule (common/planning/auto_choice.py): three times faster on the probes and the shards before any
+    step, and on one step (its start-up and its wait behind the others' first pulls in it), 1.5x from the second, and
     every early margin wider than a measured choice's."""
-    assert early_hysteresis(0) is None
-    assert [early_hysteresis(n) for n in range(1, MEASURED_STEPS)] == [2.0] + [0.5] * (MEASURED_STEPS - 2)
-    assert EARLY_STEPS == EARLY_MARGINS[0][0] == 1
+    assert early_hysteresis(-1) is None
+    assert [early_hysteresis(n) for n in range(MEASURED_STEPS)] == [2.0, 2.0] + [0.5] * (MEASURED_STEPS - 2)
+    assert EARLY_MARGINS[0][0] == 0 and EARLY_STEPS == EARLY_MARGINS[1][0] == 1, "the probes' tier, then the steps'"
     margins = [m for _, m in EARLY_MARGINS]
     assert margins == sorted(margins, reverse=True) and min(margins) > HYSTERESIS
 
@@ -274,3 +274,44 @@ def test_where_the_margin_is_wide_auto_chooses_on_every_workers_first_steps(
     _long_steps(allocator, ready, MEASURED_STEPS, transfer_s / job.local_steps)
     assert auto.choices == 2 and auto.protocol == "local", "chosen again on every worker measured under local SGD"
     assert "(measured workers: 8)" in auto.reason, auto.reason
+
+
+@pytest.mark.parametrize(
+    ("service_s", "first_push_s", "chosen"),
+    [(0.5, [2.0] * 8, True), (0.5, [2.0] * 4 + [80.0] * 4, False), (1e-4, [0.1] * 8, False)],
+)
+def test_before_any_step_auto_chooses_the_protocol_on_the_probes_first_pushes_and_the_shards_own_count(
+    service_s: float, first_push_s: list[float], chosen: bool
+) -> None:
+    """Eight workers whose probes say 1 ms a sample, none has reported a step. Auto holds until a shard has
+    reported what it served and every worker's first push. A shard that served ten transfers in half a second each
+    bounds asgd (two transfers a step, eight workers: 8 s a round of steps against 64 ms of compute); with every
+    first push 2 s after the batch, local SGD is predicted more than three times faster, and auto switches before
+    the first step and says what it chose on. Where four first pushes took 80 s (slow links, which local SGD's
+    rounds would wait for) it keeps asgd, as it does where the shard serves a transfer in 0.1 ms and bounds
+    nothing."""
+    job = JobConfig(dataset="synthetic", global_batch=512, protocol="auto", batch_policy="auto")
+    allocator = Allocator(job, protocol_spec(START), SWITCHABLE)
+    ready = _join(allocator, [f"w{i}" for i in range(8)])
+    auto = allocator.auto
+    assert auto is not None and allocator.choosing_on_probes()
+    allocator.tally.shard_reported(0, 10 * service_s, 0.0, 10.0)
+    for wid, seconds in list(zip(ready, first_push_s, strict=True))[:-1]:
+        allocator.tally.pushed(wid, seconds)
+    allocator.reallocate(0.5, 0.5, "shard load", "ps0", ready)
+    assert auto.protocol == START and auto.choices == 0 and "0 of 8 measured" in auto.reason, "a first push missing"
+    allocator.tally.pushed("w7", first_push_s[-1])
+    allocator.tally.pushed("w7", 0.01)
+    assert allocator.tally.first_push_s["w7"] == first_push_s[-1], "the first report is the first push"
+    allocator.reallocate(0.5, 0.5, "shard load", "ps0", ready)
+    if not chosen:
+        assert auto.protocol == START and auto.choices == 0 and allocator.choosing_on_probes(), auto.reason
+        return
+    assert auto.protocol == "local" and auto.choices == 1 and not allocator.choosing_on_probes(), auto.reason
+    said = "(chosen on every worker's start-up probe and first push, and the shards' service time, 0 of 8 measured)"
+    assert said in auto.reason, auto.reason
+    allocator.switch(protocol_spec("local"), {w: 0 for w in ready})
+    _long_steps(allocator, ready, 1, 2 * service_s / job.local_steps)
+    assert auto.protocol == "local", "the workers' own first steps under local SGD keep it"
+    allocator.forget("w0")
+    assert "w0" not in allocator.tally.first_push_s

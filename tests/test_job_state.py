@@ -799,3 +799,16 @@ def test_a_heartbeat_of_the_other_roles_kind_is_refused_and_changes_nothing() ->
         state.heartbeat(shard.id, WorkerHeartbeat(steps=1, samples=32, batch=32, times=StepTimes(step_s=0.1)), 1.0)
     assert (worker.heartbeats, worker.last, shard.heartbeats, shard.shard_last, state.roster.membership) == before
     assert wid in state.roster.live_workers
+
+
+def test_a_shards_report_of_who_pushed_times_each_workers_first_push_from_its_batch() -> None:
+    """ShardHeartbeat.pushed: the scheduler times a worker's first push from the batch it handed it, once; a name
+    that holds no batch here (a stranger, a shard) is not remembered."""
+    state = _job(batch_policy="auto")
+    w0, w1 = _join(state, 1000.0, now=1.0), _join(state, 1000.0, now=2.0)
+    given = {w: state.roster.members[w].batch_given_at for w in (w0, w1)}
+    shard = next(iter(state.roster.shards.values()))
+    state.shard_heartbeat(shard.id, ShardHeartbeat(pushed=[w0, "stranger", shard.id]), 5.0)
+    state.shard_heartbeat(shard.id, ShardHeartbeat(pushed=[w0, w1]), 7.5)
+    state.shard_heartbeat(shard.id, ShardHeartbeat(pushed=[w0, w1]), 9.0)
+    assert state.allocator.tally.first_push_s == {w0: 5.0 - given[w0], w1: 7.5 - given[w1]}

@@ -14,10 +14,11 @@ from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import Cluster
+from dynabatch.common.wire.chunking import BUFFERS_ID
 from dynabatch.common.wire.error_codes import ErrorCode
-from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
 from dynabatch.common.wire.messages import Init, Pull, Push, ShardHeartbeat
-from dynabatch.ps.serving_load import ServingLoad
+from dynabatch.ps.serving_load import ServingLoad, transfers_of
 from dynabatch.scheduler.measured_cluster import MeasuredWorker, ShardLoad, TransferTally, measured_cluster
 from dynabatch.scheduler.report_bounds import check_shard_heartbeat
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
@@ -85,30 +86,48 @@ def test_under_local_sgd_a_reported_step_carries_a_round_of_transfers_over_h() -
     assert _cluster(described, local, load, h) == _cluster(described, gradient, load)
 
 
-def test_the_tally_counts_whole_model_transfers_and_the_busiest_shard() -> None:
+def test_the_tally_takes_the_model_bytes_from_the_workers_and_the_slowest_shards_own_count() -> None:
     tally = TransferTally()
     assert tally.load() is None, "nothing served yet"
     tally.stepped("w0", 10, 10 * 2 * 1000, round_steps=1)
-    tally.stepped("w1", 8, 8 * 2 * 1000 // 4, round_steps=4)  # local SGD: a round of 4 steps moves the model twice
-    assert tally.transfers == pytest.approx(20 + 4) and tally.model_bytes == pytest.approx(1000)
-    tally.stepped("w0", 10, 10 * 2 * 1000, round_steps=1)
-    assert tally.transfers == pytest.approx(24), "a report of no new step adds nothing"
-    tally.shard_reported(0, 0.0, 0.0)
+    assert tally.model_bytes == pytest.approx(1000)
+    tally.stepped("w1", 8, 8 * 2 * 3000 // 4, round_steps=4)  # local SGD: a round of 4 steps moves the model twice
+    assert tally.model_bytes == pytest.approx(3000)
+    tally.stepped("w1", 8, 8 * 2 * 3000 // 4, round_steps=4)
+    assert tally.model_bytes == pytest.approx(3000), "a report of no new step changes nothing"
+    tally.shard_reported(0, 0.0, 0.0, 0.0)
     assert tally.load() is None, "a shard that served nothing in no time tells nothing"
-    tally.shard_reported(0, 2.4, 1.2)
-    tally.shard_reported(1, 4.8, 0.6)
+    tally.shard_reported(0, 2.4, 1.2, 24.0)
+    tally.shard_reported(1, 4.8, 0.6, 12.0)
     load = tally.load()
-    assert load == ShardLoad(4.8, 1.2, 24)
-    assert load.service_s() == pytest.approx(0.2) and load.held_s() == pytest.approx(0.25)
+    assert load == ShardLoad(4.8, 0.6, 12.0), "the shard slower per transfer, on its own count"
+    assert load.service_s() == pytest.approx(0.4) and load.held_s() == pytest.approx(0.45)
 
 
 def test_the_shard_counts_only_pulls_and_pushes_as_serving() -> None:
     load = ServingLoad()
-    load.served(Pull.TYPE, received=1.0, started=1.5, ended=1.75)
-    load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5)
-    load.served(Init.TYPE, received=3.0, started=4.0, ended=9.0)
+    load.served(Pull.TYPE, received=1.0, started=1.5, ended=1.75, transfers=1.0)
+    load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5, transfers=2.0)
+    load.served(Init.TYPE, received=3.0, started=4.0, ended=9.0, transfers=1.0)
     assert load.busy_s == pytest.approx(0.75) and load.queued_s == pytest.approx(0.5)
     assert load.served_count == 2 and load.busy_sq_s == pytest.approx(0.25**2 + 0.5**2), "the spread's inputs"
+    assert load.transfers == pytest.approx(3.0)
+    load.pushed_by("w1")
+    load.pushed_by("w1")
+    assert load.pushers == {"w1"}, "who pushed, each once"
+
+
+def test_a_shard_counts_what_each_message_moved_in_parts_of_its_model() -> None:
+    sizes = {3: 300, 5: 100}
+    pull = Message(Pull())
+    assert transfers_of(pull, sizes) == 1.0, "a pull of no ids is a pull of every chunk"
+    assert transfers_of(Message(Pull(ids=[5, 5, 9])), sizes) == pytest.approx(0.25), "each once, ours"
+    grads = [ChunkMeta(3, "float32", (300,)), ChunkMeta(BUFFERS_ID, "float32", (7,))]
+    assert transfers_of(Message(Push(samples=8), grads), sizes) == pytest.approx(0.75)
+    carried = Message(Push(samples=8, then_pull=True), grads)
+    assert transfers_of(carried, sizes) == pytest.approx(1.75), "the pull a push carries is the whole model"
+    assert transfers_of(pull, {}) == 0.0, "a shard with no model moved nothing"
+    assert transfers_of(Message(ShardHeartbeat()), sizes) == 0.0
 
 
 def test_a_workers_compute_curve_takes_its_probes_fixed_cost_and_its_overhead_apart() -> None:
@@ -134,13 +153,16 @@ def test_a_shard_heartbeats_service_squares_are_what_its_services_can_square_to(
     load = ServingLoad()
     load.served(Pull.TYPE, received=1.0, started=1.0, ended=1.25)
     load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5)
-    told = ShardHeartbeat(busy_s=load.busy_s, busy_sq_s=load.busy_sq_s, served=load.served_count)
+    told = ShardHeartbeat(busy_s=load.busy_s, busy_sq_s=load.busy_sq_s, served=load.served_count, transfers=4.0)
     check_shard_heartbeat(told, max_rollbacks=0, max_batch=96)
     for wrong in (
         replace(told, busy_sq_s=0.2),  # below 0.75^2 / 2: two services cannot be more alike than equal
         replace(told, busy_sq_s=0.6),  # above 0.75^2: more than one service taking all of it
         replace(told, served=0),  # squares of nothing served
         replace(told, served=-1),
+        replace(told, transfers=-1.0),
+        replace(told, transfers=float("nan")),
+        replace(told, transfers=4.5),  # two messages move at most four parts: each a push and the pull it carries
     ):
         with pytest.raises(ProtocolError) as refused:
             check_shard_heartbeat(wrong, max_rollbacks=0, max_batch=96)

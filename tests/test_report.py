@@ -325,6 +325,8 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path: Path) -> None:
         "queued_s": 0.0,
         "busy_sq_s": 0.0,
         "served": 0,
+        "transfers": 0.0,
+        "pushed": 0,
     }
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
     assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}

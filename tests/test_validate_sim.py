@@ -43,6 +43,7 @@ from bench.validate_sim import (
     service_spread,
     simulated,
 )
+from dynabatch.cluster.report import read_timeline
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.messages import JobStatus, ShardStatus, WorkerStatus
 
@@ -147,15 +148,25 @@ def test_a_busy_shards_queue_in_the_simulator_is_the_real_ones(tmp_path: Path) -
     v = validated(BUSY_SHARD, tmp_path)
     assert v.shard.held_s > v.shard.service_s > 0, f"the real shard's requests queued: {v.shard}"
     assert v.shard.spread > 0, f"the shard reported its service's spread: {v.shard}"
+    # Each asgd step is a push carrying the next pull: two whole-model transfers, which the shard counts itself in
+    # parts of its model over however many messages they take (about one here: counting messages gives half). The
+    # shard's and the workers' reports each lag by up to a heartbeat at either end of a stretch of a few seconds:
+    # within a sixth of the workers' count (0.956 in a quiet run).
+    assert 0.85 <= v.shard.counted <= 1.2, f"the shard's own count of transfers is the workers': {v.shard}"
+    pushed = [snap.shards["0"].pushed for snap in read_timeline(tmp_path / "real" / "timeline.json") if snap.shards]
+    assert max(pushed) == len(BUSY_SHARD.slowdowns), f"the shard reported every worker's push: {pushed}"
     v.check_figures()
 
 
 def _snapshot(
     t: float, steps: dict[str, int], busy_s: float, queued_s: float, squares: float, served: int
 ) -> JobStatus:
-    """A STATUS snapshot with workers of these names and steps, and shard 0's serving seconds."""
+    """A STATUS snapshot with workers of these names and steps, and shard 0's serving seconds, its messages counting
+    one transfer each."""
     workers = {f"w{i}": WorkerStatus(name=name, steps=n) for i, (name, n) in enumerate(steps.items())}
-    shard = ShardStatus("tcp://ps", 0, "", busy_s=busy_s, queued_s=queued_s, busy_sq_s=squares, served=served)
+    shard = ShardStatus(
+        "tcp://ps", 0, "", busy_s=busy_s, queued_s=queued_s, busy_sq_s=squares, served=served, transfers=served
+    )
     return JobStatus(t=t, workers=workers, shards={"0": shard})
 
 
@@ -175,6 +186,7 @@ def test_the_shards_service_is_its_serving_seconds_over_the_transfers_after_the_
     assert seen.held_s == pytest.approx(0.003), "1 ms waiting and 2 ms served"
     assert seen.busy_share == pytest.approx(0.06), "60 ms of serving a second"
     assert seen.spread == pytest.approx(0.5) and seen.messages == pytest.approx(1.0), "1 and 3 ms: a 1 ms deviation"
+    assert seen.counted == pytest.approx(1.0), "the shard counted the transfers the workers made"
     assert service_spread(0.06, 7.5e-5, 60, 30) == pytest.approx(0.5 / math.sqrt(2)), "0.5 and 1.5 ms, two a transfer"
     assert service_spread(0.06, 0.0, 30, 30) == 0.0, "no squares reported: no spread to give"
     assert observed_shard([JobStatus(t=0)]) == ShardSeen(), "no shard seen: nothing to give the simulator"

@@ -18,12 +18,15 @@ from dynabatch.common.planning.protocol_models import MODELS
 
 HYSTERESIS = 0.10
 """A running method is replaced only by one predicted at least this fraction faster."""
-EARLY_MARGINS: tuple[tuple[int, float], ...] = ((1, 2.0), (2, 0.5))
+EARLY_MARGINS: tuple[tuple[int, float], ...] = ((0, 2.0), (1, 2.0), (2, 0.5))
 """The hysteresis of a choice made before every worker is measured, by the fewest steps any worker has reported:
-(steps, hysteresis), fewest first. A worker's first step carries its start-up and its wait behind the others' first
-pulls, so a choice on it alone takes a method predicted three times faster; from the second, which gives the pace,
-1.5x. Where a step is long (a shard serving 64 workers: ten seconds) each step waited for under the running method
-costs more than most of what choosing well gains (bench/RESULTS.md 35, 40)."""
+(steps, hysteresis), fewest first. Before a worker's first step (0) the choice rests on every worker's start-up
+probe and first push (an upper bound on its link) and the shards' own service time: a method predicted three times
+faster on those.
+A worker's first step carries its start-up and its wait behind the others' first pulls, so a choice on it alone
+takes a method predicted three times faster too; from the second, which gives the pace, 1.5x. Where a step is long
+(a shard serving 64 workers: ten seconds) each step waited for under the running method costs more than most of
+what choosing well gains (bench/RESULTS.md 35, 40, 50)."""
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,11 @@ class ShardHeartbeat:
     service time and queue, which `--protocol auto` must tell from each worker's own link
     (scheduler/measured_cluster.py). `served` is how many pulls and pushes it served and `busy_sq_s` the sum of
     the squares of each one's serving seconds: with `busy_s`, the spread of its service time (ps/serving_load.py).
+    `transfers` is what they moved in whole parts of the model it holds (a pull or push of all its chunks: 1): its
+    service time per transfer is `busy_s` over it, known from its first heartbeat after the first pulls, before any
+    worker has reported a step. `pushed` lists the live workers whose push has reached it since it started: the
+    scheduler times each one's first from the batch it handed it, an upper bound on that worker's link known before
+    its first step ends (scheduler/measured_cluster.py).
     """
 
     TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
@@ -167,6 +172,8 @@ class ShardHeartbeat:
     queued_s: float = 0.0
     busy_sq_s: float = 0.0
     served: int = 0
+    transfers: float = 0.0
+    pushed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -433,7 +440,9 @@ class ShardStatus:
     parameter guard finds wrong, empty if nothing; `good_version`: its last checkpoint of a healthy model;
     `busy_s` and `queued_s`: its seconds serving pulls and pushes and their wait before it, since it started, so
     that a reader of two snapshots has the shard's service time over any stretch of the run; `served` and
-    `busy_sq_s`: how many it served and the sum of their serving seconds' squares, for that time's spread)."""
+    `busy_sq_s`: how many it served and the sum of their serving seconds' squares, for that time's spread;
+    `transfers`: what they moved, in whole parts of its model; `pushed`: how many live workers' pushes have reached
+    it, which `--protocol auto`'s choice before the first step waits for)."""
 
     endpoint: str
     version: int
@@ -445,6 +454,8 @@ class ShardStatus:
     queued_s: float = 0.0
     busy_sq_s: float = 0.0
     served: int = 0
+    transfers: float = 0.0
+    pushed: int = 0
 
 
 @dataclass
