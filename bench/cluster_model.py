@@ -89,6 +89,7 @@ class ShardQueue:
     queued_s: float = 0.0  # seconds the requests it served waited first (as ps/serving_load.py counts them)
     busy_sq_s: float = 0.0  # the sum of each service's seconds squared (ps/serving_load.py's)
     transfers: int = 0  # requests served: each moves the shard's part of the model once (ps/serving_load.py's count)
+    pushers: set[str] = field(default_factory=set)  # the workers whose push has reached it (ps/serving_load.py's)
 
     def service_s(self, nbytes: float) -> float:
         """Seconds the shard takes to serve `nbytes`."""
@@ -129,7 +130,6 @@ class Shards:
     seed: int = 0
     queues: list[ShardQueue] = field(default_factory=list)
     arrivals: Iterator[int] = field(default_factory=itertools.count)
-    pushers: set[str] = field(default_factory=set)  # the workers whose push has reached them (ps/serving_load.py's)
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -141,10 +141,10 @@ class Shards:
     def request(self, rank: int, now: float, pusher: str = "") -> list[Request]:
         """A whole model's worth of requests (a pull, or a push of worker `pusher`, to every shard) arriving `now`
         from a worker of serving rank `rank`; each is `done` once its shard has served it."""
-        if pusher:
-            self.pushers.add(pusher)
         order = next(self.arrivals)
         requests = [Request(self.model_bytes / self.count, rank, order, now) for _ in self.queues]
+        for q in self.queues if pusher else []:
+            q.pushers.add(pusher)
         for q, r in zip(self.queues, requests, strict=True):
             heapq.heappush(q.waiting, (rank, order, r))
         return requests

@@ -399,7 +399,7 @@ class Cluster:
                 busy_sq_s=busiest.busy_sq_s,
                 served=busiest.transfers,  # each request one message, moving the shard's part once
                 transfers=float(busiest.transfers),
-                pushed=sorted(self.shard_queues.pushers & set(self.scheduler.roster.live_workers)),
+                pushed=sorted(busiest.pushers & set(self.scheduler.roster.live_workers)),
             ),
             self.now,
         )

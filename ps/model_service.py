@@ -35,6 +35,7 @@ from dynabatch.ps.parked_pulls import ParkedPull, ParkedPulls
 from dynabatch.ps.push_admission import PushAdmission, PushCase
 from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.served_job import ServedJob
+from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.ps.shard_state import ProtocolRefusal
 
 log = logging.getLogger("dynabatch.ps")
@@ -44,7 +45,8 @@ Reply = Callable[[bytes, object, int, Sequence[ChunkMeta], Sequence[torch.Tensor
 
 class ModelService:
     """Pulls and pushes on `held`, for the job `served`; replies go through `reply`, whose queue per connection is
-    `outbox`'s; a worker quarantined by a push is told to the scheduler through `tell_scheduler`."""
+    `outbox`'s; a worker quarantined by a push is told to the scheduler through `tell_scheduler`; what moved, and
+    who pushed, is counted in `load`."""
 
     def __init__(
         self,
@@ -55,8 +57,10 @@ class ModelService:
         outbox: Outbox,
         reply: Reply,
         tell_scheduler: Callable[[], None],
+        load: ServingLoad,
     ) -> None:
         self.served = served
+        self.load = load
         self.held = held
         self.model = held.state
         self.kept = kept
@@ -104,6 +108,8 @@ class ModelService:
             self.reply(identity, refusal.to_error(), msg.seq, (), ())
             return
         self.admission.taken(case)
+        sizes = model.sizes
+        self.load.moved(sum(sizes.get(cid, 0) for cid in case.tensors), sum(sizes.values()))
         m = self.served.metrics
         buffer_bytes = 0
         if case.buffers is not None and held.buffers is not None:  # only once the push is taken
@@ -228,6 +234,7 @@ class ModelService:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
         also carries the travelling buffers if they are due to worker `buffers_to` (read as they leave)."""
         model, buffers = self.model, self.held.buffers
+        total = sum(model.sizes.values())
         for cid, tensor, ver in model.pull(ids) if ids else []:
             metas = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)]
             tensors: list[torch.Tensor | memoryview] = [model.lend(tensor)]  # a chunk lent zero-copy
@@ -237,6 +244,7 @@ class ModelService:
                 buffers_to = None
             self.reply(identity, Params(version=model.version), seq, metas, tensors)
             self.served.metrics.bytes_out.inc(sum(m.nbytes for m in metas))
+            self.load.moved(tensor.numel(), total)
 
 
 def switch_protocol(served: ServedJob, serving: ModelService | None, protocol: str) -> bool:

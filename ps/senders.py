@@ -65,6 +65,10 @@ class SenderBindings:
                 "in its name from this one is refused",
             )
 
+    def speaks_for(self, worker: str, identity: bytes) -> bool:
+        """Whether `worker` is live and connection `identity` is the one bound to speak for it (changes nothing)."""
+        return worker in self.live and self.bound.get(worker) == identity
+
     def by_connection(self, ranks: Mapping[str, int]) -> dict[bytes, int]:
         """The scheduler's `ranks` of workers, keyed by the connection bound to speak for each (none yet: unranked)."""
         return {self.bound[w]: rank for w, rank in ranks.items() if w in self.bound}

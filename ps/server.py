@@ -48,7 +48,7 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.senders import SenderBindings
 from dynabatch.ps.serve_order import serve_key
 from dynabatch.ps.served_job import ServedJob
-from dynabatch.ps.serving_load import ServingLoad, transfers_of
+from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.ps.shard_report import shard_heartbeat, shard_hello
 
 log = logging.getLogger("dynabatch.ps")
@@ -204,7 +204,9 @@ class ShardServer:
     def _hold(self, held: HeldModel) -> None:
         """Serve `held` from now on, as the scheduler last described the job (if it did before the model came)."""
         served, sig = self.served_job, held.setup.signature
-        self.serving = ModelService(served, held, self.checkpoints, self.replays, self.outbox, self._reply, self._beat)
+        self.serving = ModelService(
+            served, held, self.checkpoints, self.replays, self.outbox, self._reply, self._beat, self.load
+        )
         self.serving.export_version()
         self.checkpoints.health.judge_afresh(held.state, self.checkpoints.good_version)
         if self.last_assignment is not None:
@@ -243,8 +245,13 @@ class ShardServer:
                 ranks = self.last_assignment.serve_ranks if self.last_assignment is not None else {}
                 rounds = protocol_spec(self.served_job.job.protocol).closes_rounds  # egress by rank (outbox.py)
                 self.outbox.rank_by(self.senders.by_connection(ranks) if rounds else {})
+                for incoming in pending:
+                    self._note_push(incoming)
                 for incoming in sorted(pending, key=lambda i: serve_key(i, ranks)):
                     self._handle(incoming, received)
+                    if time.monotonic() >= next_beat:  # a long batch (a busy shard) still reports on time
+                        self._beat()
+                        next_beat = time.monotonic() + job.heartbeat_s
             now = time.monotonic()
             if now >= next_beat or self.beat_due:
                 self._beat()
@@ -299,17 +306,13 @@ class ShardServer:
             return self._reject(incoming, incoming.error)
         msg = incoming.decoded
         start = time.perf_counter()
-        moved = 0.0
         try:
             if msg.job != self.served_job.name:
                 raise ProtocolError(
                     ErrorCode.WRONG_JOB, f"this shard serves job {self.served_job.name!r}, not {msg.job!r}", msg.seq
                 )
             self.senders.check_message(msg, incoming.identity, incoming.key_role)
-            if msg.type == Push.TYPE:
-                self.load.pushed_by(msg.sender)
             self.handlers.handle(msg, incoming.identity)
-            moved = transfers_of(msg, self.serving.model.sizes) if self.serving is not None else 0.0
         except ProtocolError as exc:
             exc.ref = msg.seq
             self._reject(incoming, exc)
@@ -317,7 +320,20 @@ class ShardServer:
             log.exception("internal error handling %s from %s", msg.type, msg.sender)
             self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
         self.served_job.metrics.handle.labels(self.served_job.label, msg.type).observe(time.perf_counter() - start)
-        self.load.served(msg.type, received, start, time.perf_counter(), moved)
+        self.load.served(msg.type, received, start, time.perf_counter())
+
+    def _note_push(self, incoming: Incoming) -> None:
+        """Count a push of this job's from a live worker's own connection as having reached this shard when it is
+        read off the socket, before it waits behind the rest of its batch (ShardHeartbeat.pushed): the scheduler
+        times a worker's first push by it. A message in another's name, or of a worker not live, names no one."""
+        msg = incoming.message
+        if (
+            msg is not None
+            and msg.type == Push.TYPE
+            and msg.job == self.served_job.name
+            and self.senders.speaks_for(msg.sender, incoming.identity)
+        ):
+            self.load.pushed_by(msg.sender)
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.served_job.metrics.bad.labels("ps", error.code).inc()

@@ -3,9 +3,9 @@ waited for it first, reported cumulatively in its heartbeat (ShardHeartbeat.busy
 the messages served and the sum of their serving seconds' squares (`served`, `busy_sq_s`): a queue's wait grows
 with the spread of its service times as well as their mean (Pollaczek-Khinchine), and a shard that shares its cores
 with the workers it serves is sometimes slow, so a reader who models its queue needs both. `transfers` counts what
-those messages moved in whole parts of the model it holds (a pull or push of all its chunks is 1, of some of them
-their share of its elements, a push with `then_pull` its chunks and then 1): a message is no measure of that, since
-a gradient step's push carries the next pull and a pipelined push goes as several messages.
+they moved in whole parts of the model it holds: each chunk it sent and each push it took, by their share of its
+elements (a pull or push of every chunk is 1). A message is no measure of that, since a gradient step's push carries
+the next pull and a pipelined push goes as several messages, and a push the protocol refused moved nothing.
 
 A worker measures its pull and push as one span, its link and the shard's queue together. Under `--protocol auto` the
 scheduler tells them apart with these figures (scheduler/measured_cluster.py): a shard that bounds the job makes every
@@ -18,31 +18,11 @@ queue is not seen.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from dynabatch.common.wire.chunking import BUFFERS_ID
-from dynabatch.common.wire.frames import Message
 from dynabatch.common.wire.messages import Pull, Push
 
 SERVED = frozenset({Pull.TYPE, Push.TYPE})
-
-
-def transfers_of(msg: Message[Any], sizes: Mapping[int, int]) -> float:
-    """The parts of the model a handled PULL or PUSH moved, the shard holding chunks of `sizes` (id: elements): the
-    elements it asked for or carried over all the shard's, and a `then_pull`'s whole model beside; 0 for any other
-    message, or a shard that holds nothing."""
-    total = sum(sizes.values())
-    body = msg.body
-    if total <= 0:
-        return 0.0
-    if isinstance(body, Pull):
-        return sum(sizes.get(i, 0) for i in set(body.ids)) / total if body.ids else 1.0
-    if isinstance(body, Push):
-        pushed = sum(sizes.get(c.id, 0) for c in msg.chunks if c.id != BUFFERS_ID) / total
-        return pushed + (1.0 if body.then_pull else 0.0)
-    return 0.0
 
 
 @dataclass
@@ -58,16 +38,19 @@ class ServingLoad:
     transfers: float = 0.0
     pushers: set[str] = field(default_factory=set)
 
+    def moved(self, elements: int, total: int) -> None:
+        """`elements` of the shard's `total` went out in a chunk it sent or came in with a push it took."""
+        if total > 0:
+            self.transfers += elements / total
+
     def pushed_by(self, worker: str) -> None:
-        """A registered worker's push reached the shard (whatever became of it)."""
+        """A push of live worker `worker`'s, from its own connection, reached the shard."""
         self.pushers.add(worker)
 
-    def served(self, kind: str, received: float, started: float, ended: float, transfers: float = 0.0) -> None:
+    def served(self, kind: str, received: float, started: float, ended: float) -> None:
         """A message of type `kind` taken off the socket at `received`, handled from `started` to `ended`
-        (monotonic seconds), that moved `transfers` parts of the model (`transfers_of`; 0: refused); only pulls and
-        pushes count."""
+        (monotonic seconds); only pulls and pushes count."""
         if kind in SERVED:
-            self.transfers += transfers
             busy = max(0.0, ended - started)
             self.queued_s += max(0.0, started - received)
             self.busy_s += busy

@@ -299,7 +299,8 @@ class Allocator:
         """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (or are idle: they
         report no more, and their last measured speed is what the idle rule judges them on too), or, where every one
         has reported EARLY_STEPS, from all of them with a margin as wide as their fewest steps call for
-        (auto_policy.py); True when its policy changed. Once the whole budget is allotted the job ends under what
+        (auto_policy.py), or, before that, on their probes and first pushes (`_revisit_on_probes`); True when its
+        policy changed. Once the whole budget is allotted the job ends under what
         runs: the workers that trained their allotment are no longer measured, and a choice over the rest would
         switch for nothing."""
         assert self.auto is not None
@@ -315,7 +316,7 @@ class Allocator:
         idle = sorted(w for w in self.idled.idle if w in observed and w not in measured)  # no more steps will come
         measured += idle
         early = set(measured) | {wid for wid, (n, _) in observed.items() if n >= EARLY_STEPS}
-        if not measured and len(early) < len(ready):
+        if not measured and len(early) < len(ready) and self.choosing_on_probes():
             return self._revisit_on_probes(ready)
         chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
         models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}
@@ -335,13 +336,16 @@ class Allocator:
         curves) and their first pushes (the shards' reports, ShardHeartbeat.pushed) with the shards' service time
         on their own count of transfers, once all are known (EARLY_MARGINS' margin for 0 steps; auto_policy.py).
 
-        A worker's first push reached the shards a pull, a compute and a push's link after its first batch: less
-        its compute at that batch by the probe, what it spent not computing, read as a step's (measured_cluster.py
-        takes the shards' hold off it). The time the batch took to reach the worker, and the probe's floor on its
-        speed, count as link: an upper bound on each link, so a protocol whose rounds wait for the slowest link is
-        chosen only where it wins even so. True when the policy changed."""
+        A worker's first push reached the shards a pull (its wait and service at the shards, and its link), a
+        compute of its first batch and a push's link after that batch was handed out. Less that compute by the probe
+        it is what a gradient step spends not computing, but for the push's wait at the shards: measured_cluster.py
+        takes two of the shards' holds off it (a step's pull and push), so one is given back. The batch's way to
+        the worker and the shard's report of the push each lag by up to a heartbeat and count as link, so a link is
+        taken longer than it is: a protocol whose rounds wait for the slowest link is chosen only where it wins even
+        so. A probe reads a worker's compute under the start-up's contention, slow by tens of percent
+        (bench/simulate.py `probe`), which takes some of that back. True when the policy changed."""
         assert self.auto is not None
-        load, pushed = self.tally.load(), self.tally.first_push_s
+        load, pushed = self.tally.load(), self.tally.first_push
         curves = {wid: self.speeds[wid].probe_curve() for wid in ready}
         probed = {wid: curve for wid, curve in curves.items() if curve is not None and wid in pushed}
         if load is None or len(probed) < len(ready):
@@ -350,7 +354,7 @@ class Allocator:
         job = self.job
         workers = {
             wid: MeasuredWorker(
-                curve, max(0.0, pushed[wid] - curve.step_seconds(max(1, self.allocation.get(wid, 0)))), caps[wid]
+                curve, max(0.0, pushed[wid][0] - curve.step_seconds(pushed[wid][1])) + load.held_s(), caps[wid]
             )
             for wid, curve in probed.items()
         }
@@ -359,16 +363,21 @@ class Allocator:
             load,
             self.tally.model_bytes,
             job.global_batch,
-            self._round_steps(),
+            1,
             job.local_steps,
             job.chunk_bytes,
         )
         return self.auto.revisit(probed, caps, 0, cluster, len(probed), 0)
 
     def choosing_on_probes(self) -> bool:
-        """Whether auto has yet to choose, with a split handed out: a shard's report of what it served and of who
-        pushed may let it choose on the probes (`_revisit_on_probes`)."""
-        return self.auto is not None and self.auto.choices == 0 and bool(self.allocation)
+        """Whether auto may still choose on the probes and first pushes (`_revisit_on_probes`): under `--protocol
+        auto` (the tier is there for the protocol: a shard that bounds asgd's steps), before its first choice, on
+        the gradient steps it starts with, while a worker holding a batch has reported no step. A shard's report of
+        what it served and of who pushed may then let it choose."""
+        auto = self.auto
+        if auto is None or not auto.modelled or len(auto.protocols) < 2 or auto.choices or self.spec.local_steps:
+            return False
+        return any(self.speeds[w].observations == 0 for w, b in self.allocation.items() if b and w in self.speeds)
 
     def _round_steps(self) -> int:
         """The steps one reported step stands for in transfers: a local round's H, else 1."""

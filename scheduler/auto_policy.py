@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dynabatch.common.planning.auto_choice import HYSTERESIS, choose, early_hysteresis
+from dynabatch.common.planning.auto_choice import EARLY_MARGINS, HYSTERESIS, choose, early_hysteresis
 from dynabatch.common.planning.optimum import STUDY_NOISE, Device
 from dynabatch.common.planning.prediction import POLICIES, Cluster, Node
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
@@ -49,7 +49,7 @@ MEASURED_STEPS = 8
 """Steps a worker must have reported to count as measured: its first ones carry its start-up (lazy
 initialisation, caches, the other processes starting beside it), and with the speed model's forgetting of 0.85
 the eighth step weighs three times the first."""
-EARLY_STEPS = 1
+EARLY_STEPS = EARLY_MARGINS[1][0]
 """Steps every worker must have reported for auto to choose on their own steps before each has MEASURED_STEPS, at
 EARLY_MARGINS' margin for them: a margin the noise of a few steps does not close. Before that, auto may choose
 once on the workers' start-up probes and first pushes and the shards' own service time (EARLY_MARGINS' first, for
@@ -169,8 +169,7 @@ class AutoPolicy:
             return False
         share = max(1, self.global_batch // len(models))
         steps = {w: m.step_seconds(share) for w, m in models.items()}
-        margin = early_hysteresis(fewest) if early else None
-        hysteresis = HYSTERESIS if margin is None else margin
+        hysteresis = early_hysteresis(fewest) if early else HYSTERESIS
         if not self._changed(steps) and hysteresis == self._hysteresis:
             return False
         self._basis, self._hysteresis = steps, hysteresis

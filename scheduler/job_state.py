@@ -218,8 +218,9 @@ class JobState:
         self.progress.shard_report(member.shard_index, hb)
         self.allocator.tally.shard_reported(member.shard_index, hb.busy_s, hb.queued_s, hb.transfers)
         for wid in hb.pushed:  # of workers holding a batch only: a forged list holds no memory
-            if wid in self.allocator.allocation:
-                self.allocator.tally.pushed(wid, now - self.roster.members[wid].batch_given_at)
+            if self.allocator.allocation.get(wid):
+                batch = self.allocator.allocation[wid]
+                self.allocator.tally.pushed(wid, now - self.roster.members[wid].batch_given_at, batch)
         self.version_times.observe(self.roster.model_version(), self.progress.t(now))
         if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
             self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})

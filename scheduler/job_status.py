@@ -74,7 +74,7 @@ def job_status(state: JobState, now: float) -> JobStatus:
                 m.shard_last.busy_sq_s,
                 m.shard_last.served,
                 m.shard_last.transfers,
-                len(m.shard_last.pushed),
+                len(set(m.shard_last.pushed) & set(state.roster.live_workers)),
             )
             for i, m in sorted(state.roster.shards.items())
         },

@@ -35,8 +35,8 @@ class MeasuredWorker:
 
 @dataclass(frozen=True)
 class ShardLoad:
-    """What the busiest shard reported: its seconds serving pulls and pushes, the seconds they waited, and the
-    transfers they moved (in whole parts of the model it holds: each worker's pull or push reaches every shard, so
+    """What a shard reported since it started: its seconds serving pulls and pushes, the seconds they waited, and
+    the transfers they moved (in whole parts of the model it holds: each worker's pull or push reaches every shard, so
     a whole-model transfer is one at each)."""
 
     busy_s: float
@@ -97,12 +97,13 @@ def measured_cluster(
 
 class TransferTally:
     """The running figures `measured_cluster` needs beyond the speed models: the model's bytes (what a worker's
-    transfer moves, from the workers' reports) and each shard's last reported serving seconds and transfers, all
-    since the job started."""
+    transfer moves, from the workers' reports), each shard's last report of its serving seconds and transfers (since
+    it started), and each worker's first push."""
 
     def __init__(self) -> None:
         self.model_bytes = 0.0
-        self.first_push_s: dict[str, float] = {}  # by worker: from its first batch to its first push at the shards
+        self.first_push: dict[str, tuple[float, int]] = {}  # by worker: seconds from its first batch to its first
+        # push taken at the shards, and that batch
         self._moved: dict[str, tuple[int, int]] = {}  # by worker: its last reported steps and bytes
         self._shards: dict[int, ShardLoad] = {}  # by shard slot: its cumulative report
 
@@ -119,18 +120,19 @@ class TransferTally:
         """A shard's cumulative serving seconds and transfers (ShardHeartbeat.busy_s, queued_s, transfers)."""
         self._shards[shard] = ShardLoad(busy_s, queued_s, transfers)
 
-    def pushed(self, worker: str, since_batch_s: float) -> None:
-        """A shard reported `worker`'s push, `since_batch_s` after the scheduler handed it its first batch: the
-        first such report is the worker's first pull, compute and push, its push's wait at the shards apart
-        (ShardHeartbeat.pushed). Later ones change nothing."""
-        self.first_push_s.setdefault(worker, since_batch_s)
+    def pushed(self, worker: str, since_batch_s: float, batch: int) -> None:
+        """A shard reported that a push of `worker`'s reached it (ShardHeartbeat.pushed), `since_batch_s` after the
+        scheduler handed it its first batch, `batch`: the first such report spans the worker's first pull (with its
+        wait and service at the shards), its compute of that batch and its push's link. Later ones change nothing."""
+        self.first_push.setdefault(worker, (since_batch_s, batch))
 
     def forget(self, worker: str) -> None:
         """A worker that left."""
         self._moved.pop(worker, None)
-        self.first_push_s.pop(worker, None)
+        self.first_push.pop(worker, None)
 
     def load(self) -> ShardLoad | None:
-        """The load of the shard slowest to serve a transfer; None before a shard reported serving one."""
+        """The load of the shard slowest to serve a transfer, waiting included; None before a shard reported
+        serving one."""
         served = [s for s in self._shards.values() if s.transfers > 0 and s.busy_s > 0]
         return max(served, key=ShardLoad.held_s) if served else None

@@ -119,6 +119,8 @@ def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int
                 ErrorCode.BAD_FIELD, f"SHARD_HEARTBEAT.{name} must be finite and >= 0, got {getattr(hb, name)}"
             )
     check_service_squares(hb)
+    if len(set(hb.pushed)) != len(hb.pushed):
+        raise ProtocolError(ErrorCode.BAD_FIELD, "SHARD_HEARTBEAT.pushed names a worker twice")
     if hb.transfers > 2 * hb.served:
         raise ProtocolError(
             ErrorCode.BAD_FIELD,

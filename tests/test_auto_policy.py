@@ -237,7 +237,8 @@ def test_the_margin_of_an_early_choice_narrows_as_the_workers_fewest_steps_grow(
     """The tiered rule (common/planning/auto_choice.py): three times faster on the probes and the shards before any
     step, and on one step (its start-up and its wait behind the others' first pulls in it), 1.5x from the second, and
     every early margin wider than a measured choice's."""
-    assert early_hysteresis(-1) is None
+    with pytest.raises(ValueError):
+        early_hysteresis(-1)
     assert [early_hysteresis(n) for n in range(MEASURED_STEPS)] == [2.0, 2.0] + [0.5] * (MEASURED_STEPS - 2)
     assert EARLY_MARGINS[0][0] == 0 and EARLY_STEPS == EARLY_MARGINS[1][0] == 1, "the probes' tier, then the steps'"
     margins = [m for _, m in EARLY_MARGINS]
@@ -297,12 +298,12 @@ def test_before_any_step_auto_chooses_the_protocol_on_the_probes_first_pushes_an
     assert auto is not None and allocator.choosing_on_probes()
     allocator.tally.shard_reported(0, 10 * service_s, 0.0, 10.0)
     for wid, seconds in list(zip(ready, first_push_s, strict=True))[:-1]:
-        allocator.tally.pushed(wid, seconds)
+        allocator.tally.pushed(wid, seconds, allocator.allocation[wid])
     allocator.reallocate(0.5, 0.5, "shard load", "ps0", ready)
     assert auto.protocol == START and auto.choices == 0 and "0 of 8 measured" in auto.reason, "a first push missing"
-    allocator.tally.pushed("w7", first_push_s[-1])
-    allocator.tally.pushed("w7", 0.01)
-    assert allocator.tally.first_push_s["w7"] == first_push_s[-1], "the first report is the first push"
+    allocator.tally.pushed("w7", first_push_s[-1], 64)
+    allocator.tally.pushed("w7", 0.01, 64)
+    assert allocator.tally.first_push["w7"] == (first_push_s[-1], 64), "the first report is the first push"
     allocator.reallocate(0.5, 0.5, "shard load", "ps0", ready)
     if not chosen:
         assert auto.protocol == START and auto.choices == 0 and allocator.choosing_on_probes(), auto.reason
@@ -314,4 +315,19 @@ def test_before_any_step_auto_chooses_the_protocol_on_the_probes_first_pushes_an
     _long_steps(allocator, ready, 1, 2 * service_s / job.local_steps)
     assert auto.protocol == "local", "the workers' own first steps under local SGD keep it"
     allocator.forget("w0")
-    assert "w0" not in allocator.tally.first_push_s
+    assert "w0" not in allocator.tally.first_push
+
+
+def test_the_first_tier_is_protocol_autos_a_named_protocol_with_auto_batches_waits_for_the_steps() -> None:
+    """`--protocol ssgd --batch-policy auto`: the shards and every first push say what the first tier needs, but
+    the protocol cannot switch, so auto keeps fixed batches until the workers' steps (the first tier is there for a
+    shard that bounds asgd's steps, which only the protocol relieves)."""
+    job = JobConfig(dataset="synthetic", global_batch=512, protocol="ssgd", batch_policy="auto")
+    allocator = Allocator(job, protocol_spec("ssgd"))
+    ready = _join(allocator, [f"w{i}" for i in range(8)])
+    assert not allocator.choosing_on_probes()
+    allocator.tally.shard_reported(0, 5.0, 0.0, 10.0)
+    for wid in ready:
+        allocator.tally.pushed(wid, 2.0, allocator.allocation[wid])
+    allocator.reallocate(0.5, 0.5, "shard load", "ps0", ready)
+    assert allocator.auto is not None and allocator.auto.choices == 0 and allocator.auto.policy == "fixed"

@@ -811,4 +811,7 @@ def test_a_shards_report_of_who_pushed_times_each_workers_first_push_from_its_ba
     state.shard_heartbeat(shard.id, ShardHeartbeat(pushed=[w0, "stranger", shard.id]), 5.0)
     state.shard_heartbeat(shard.id, ShardHeartbeat(pushed=[w0, w1]), 7.5)
     state.shard_heartbeat(shard.id, ShardHeartbeat(pushed=[w0, w1]), 9.0)
-    assert state.allocator.tally.first_push_s == {w0: 5.0 - given[w0], w1: 7.5 - given[w1]}
+    held = state.allocator.allocation
+    assert state.allocator.tally.first_push == {w0: (5.0 - given[w0], held[w0]), w1: (7.5 - given[w1], held[w1])}
+    with pytest.raises(ProtocolError, match="twice"):
+        state.shard_heartbeat(shard.id, ShardHeartbeat(pushed=[w0, w0]), 9.5)

@@ -14,11 +14,10 @@ from dynabatch.common.planning.auto_choice import choose
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import Cluster
-from dynabatch.common.wire.chunking import BUFFERS_ID
 from dynabatch.common.wire.error_codes import ErrorCode
-from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
+from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Init, Pull, Push, ShardHeartbeat
-from dynabatch.ps.serving_load import ServingLoad, transfers_of
+from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.scheduler.measured_cluster import MeasuredWorker, ShardLoad, TransferTally, measured_cluster
 from dynabatch.scheduler.report_bounds import check_shard_heartbeat
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
@@ -106,28 +105,18 @@ def test_the_tally_takes_the_model_bytes_from_the_workers_and_the_slowest_shards
 
 def test_the_shard_counts_only_pulls_and_pushes_as_serving() -> None:
     load = ServingLoad()
-    load.served(Pull.TYPE, received=1.0, started=1.5, ended=1.75, transfers=1.0)
-    load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5, transfers=2.0)
-    load.served(Init.TYPE, received=3.0, started=4.0, ended=9.0, transfers=1.0)
+    load.served(Pull.TYPE, received=1.0, started=1.5, ended=1.75)
+    load.served(Push.TYPE, received=2.0, started=2.0, ended=2.5)
+    load.served(Init.TYPE, received=3.0, started=4.0, ended=9.0)
     assert load.busy_s == pytest.approx(0.75) and load.queued_s == pytest.approx(0.5)
     assert load.served_count == 2 and load.busy_sq_s == pytest.approx(0.25**2 + 0.5**2), "the spread's inputs"
-    assert load.transfers == pytest.approx(3.0)
+    load.moved(300, 400)
+    load.moved(100, 400)
+    load.moved(7, 0)
+    assert load.transfers == pytest.approx(1.0), "a chunk of 300 and one of 100 of the shard's 400: one transfer"
     load.pushed_by("w1")
     load.pushed_by("w1")
     assert load.pushers == {"w1"}, "who pushed, each once"
-
-
-def test_a_shard_counts_what_each_message_moved_in_parts_of_its_model() -> None:
-    sizes = {3: 300, 5: 100}
-    pull = Message(Pull())
-    assert transfers_of(pull, sizes) == 1.0, "a pull of no ids is a pull of every chunk"
-    assert transfers_of(Message(Pull(ids=[5, 5, 9])), sizes) == pytest.approx(0.25), "each once, ours"
-    grads = [ChunkMeta(3, "float32", (300,)), ChunkMeta(BUFFERS_ID, "float32", (7,))]
-    assert transfers_of(Message(Push(samples=8), grads), sizes) == pytest.approx(0.75)
-    carried = Message(Push(samples=8, then_pull=True), grads)
-    assert transfers_of(carried, sizes) == pytest.approx(1.75), "the pull a push carries is the whole model"
-    assert transfers_of(pull, {}) == 0.0, "a shard with no model moved nothing"
-    assert transfers_of(Message(ShardHeartbeat()), sizes) == 0.0
 
 
 def test_a_workers_compute_curve_takes_its_probes_fixed_cost_and_its_overhead_apart() -> None:

@@ -54,3 +54,16 @@ def test_a_workers_serving_rank_goes_only_to_the_connection_bound_to_it() -> Non
     assert bindings.by_connection({"w0": 0, "w1": 1}) == {A: 0}  # w1 has not spoken yet: no connection ranked
     bindings.check("w1", B)
     assert bindings.by_connection({"w0": 1, "w1": 0}) == {A: 1, B: 0}
+
+
+def test_only_a_live_workers_own_connection_speaks_for_it_and_asking_binds_nothing() -> None:
+    """What a shard reports as having pushed (ShardHeartbeat.pushed): a forged name, or a live worker's name from a
+    connection not bound to it, is no one's push, and asking binds no connection."""
+    bindings = SenderBindings()
+    bindings.set_live({"w0", "w1"})
+    assert not bindings.speaks_for("w0", A), "not bound yet: its first message binds it, not this question"
+    assert bindings.bound == {}
+    bindings.check("w0", A)
+    assert bindings.speaks_for("w0", A)
+    assert not bindings.speaks_for("w0", B), "another connection in its name"
+    assert not bindings.speaks_for("stranger", A), "not live"

@@ -151,7 +151,7 @@ def test_a_busy_shards_queue_in_the_simulator_is_the_real_ones(tmp_path: Path) -
     # Each asgd step is a push carrying the next pull: two whole-model transfers, which the shard counts itself in
     # parts of its model over however many messages they take (about one here: counting messages gives half). The
     # shard's and the workers' reports each lag by up to a heartbeat at either end of a stretch of a few seconds:
-    # within a sixth of the workers' count (0.956 in a quiet run).
+    # within a sixth of the workers' count (0.96 and 0.99 in two quiet runs).
     assert 0.85 <= v.shard.counted <= 1.2, f"the shard's own count of transfers is the workers': {v.shard}"
     pushed = [snap.shards["0"].pushed for snap in read_timeline(tmp_path / "real" / "timeline.json") if snap.shards]
     assert max(pushed) == len(BUSY_SHARD.slowdowns), f"the shard reported every worker's push: {pushed}"

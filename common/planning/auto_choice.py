@@ -51,11 +51,12 @@ def choosable(p: Prediction) -> bool:
     return p.policy != "dynamic" or MODELS[p.protocol].split_as_predicted
 
 
-def early_hysteresis(steps: int) -> float | None:
-    """The hysteresis of a choice on workers the fewest of which has reported `steps` steps, not all measured
-    (EARLY_MARGINS); None where that is too few to choose on."""
-    margins = [margin for least, margin in EARLY_MARGINS if steps >= least]
-    return margins[-1] if margins else None
+def early_hysteresis(steps: int) -> float:
+    """The hysteresis of a choice on workers the fewest of which has reported `steps` steps (0: on their probes and
+    first pushes), not all measured (EARLY_MARGINS)."""
+    if steps < 0:
+        raise ValueError(f"early_hysteresis: {steps} steps")
+    return [margin for least, margin in EARLY_MARGINS if steps >= least][-1]
 
 
 def _name(p: Prediction) -> str:

@@ -150,9 +150,10 @@ class ShardHeartbeat:
     the squares of each one's serving seconds: with `busy_s`, the spread of its service time (ps/serving_load.py).
     `transfers` is what they moved in whole parts of the model it holds (a pull or push of all its chunks: 1): its
     service time per transfer is `busy_s` over it, known from its first heartbeat after the first pulls, before any
-    worker has reported a step. `pushed` lists the live workers whose push has reached it since it started: the
-    scheduler times each one's first from the batch it handed it, an upper bound on that worker's link known before
-    its first step ends (scheduler/measured_cluster.py).
+    worker has reported a step. `pushed` lists the live workers whose push has reached it since it started (read
+    off its socket from the worker's own connection): the scheduler times each one's first from the batch it handed
+    it, a measure of that worker's link known before its first step ends (scheduler/allocator.py
+    `_revisit_on_probes`).
     """
 
     TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
