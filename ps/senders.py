@@ -65,6 +65,14 @@ class SenderBindings:
                 "in its name from this one is refused",
             )
 
+    def pusher(self, msg: Message[Any] | None, identity: bytes, job: str) -> str:
+        """The live worker a PUSH of `job` read from connection `identity` is from, if that connection is the one
+        bound to speak for it; "" for any other message, and for a push in another's name or of a worker not live
+        (ShardHeartbeat.pushed: a forged name is no one's push)."""
+        if msg is None or msg.type != Push.TYPE or msg.job != job or not self.speaks_for(msg.sender, identity):
+            return ""
+        return msg.sender
+
     def speaks_for(self, worker: str, identity: bytes) -> bool:
         """Whether `worker` is live and connection `identity` is the one bound to speak for it (changes nothing)."""
         return worker in self.live and self.bound.get(worker) == identity

@@ -29,7 +29,7 @@ from dynabatch.common.net.curve import CurveKeys
 from dynabatch.common.net.log_limit import RateLimitedLog
 from dynabatch.common.net.metrics import ADDRESS_LOG, Health, MetricsServer, connection_reports, handshake_failures
 from dynabatch.common.net.scheduler_link import SchedulerLink
-from dynabatch.common.net.transport import Incoming, RemoteError, bind_router, open_context, recv_routed, reply_frames
+from dynabatch.common.net.transport import Incoming, RemoteError, bind_router, open_context, recv_waiting, reply_frames
 from dynabatch.common.planning.protocol_switch import switch_to
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.error_codes import ErrorCode
@@ -82,6 +82,7 @@ class ShardServer:
         self.refusals = RateLimitedLog(log)
         self.job_over = False
         self.beat_due = False  # report now, not at the next heartbeat: the scheduler waits on it (push_bounds.py)
+        self.next_beat = 0.0  # when the next heartbeat is due (monotonic seconds)
         self.senders = SenderBindings()  # which connection speaks for each live worker (senders.py)
         self.replays = ReplayGuard()  # the PUSH seqs already taken, per sender and connection (replay_guard.py)
         self.outbox = Outbox(self.sock, UNMODELLED_BACKLOG, self._reply_dropped)  # (ps/outbox.py)
@@ -225,12 +226,10 @@ class ShardServer:
         )
 
     def _loop(self) -> None:
-        job = self.served_job.job
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.conn.sock, zmq.POLLIN)
         self._beat()  # before serving anything: a resumed shard's first report is its checkpoint's version
-        next_beat = time.monotonic() + job.heartbeat_s
         while not self.stopping and not self.job_over:
             self.outbox.flush()
             events = dict(poller.poll(timeout=self.outbox.poll_ms))
@@ -238,24 +237,18 @@ class ShardServer:
                 self._on_assignment(self.link.poll())
             if self.sock in events:
                 received = time.perf_counter()
-                limits = self.held.limits if self.held is not None else None
-                pending = [recv_routed(self.sock, limits)]
-                while len(pending) < MAX_BATCH_PER_POLL and self.sock.poll(0):
-                    pending.append(recv_routed(self.sock, limits))
+                pending = recv_waiting(self.sock, MAX_BATCH_PER_POLL, self.held.limits if self.held else None)
                 ranks = self.last_assignment.serve_ranks if self.last_assignment is not None else {}
                 rounds = protocol_spec(self.served_job.job.protocol).closes_rounds  # egress by rank (outbox.py)
                 self.outbox.rank_by(self.senders.by_connection(ranks) if rounds else {})
-                for incoming in pending:
-                    self._note_push(incoming)
+                self.load.pushed_by(self.senders.pusher(i.message, i.identity, self.served_job.name) for i in pending)
                 for incoming in sorted(pending, key=lambda i: serve_key(i, ranks)):
                     self._handle(incoming, received)
-                    if time.monotonic() >= next_beat:  # a long batch (a busy shard) still reports on time
+                    if time.monotonic() >= self.next_beat:  # a long batch (a busy shard) still reports on time
                         self._beat()
-                        next_beat = time.monotonic() + job.heartbeat_s
             now = time.monotonic()
-            if now >= next_beat or self.beat_due:
+            if now >= self.next_beat or self.beat_due:
                 self._beat()
-                next_beat = now + job.heartbeat_s
             if self.serving is not None:
                 self.serving.close_overdue(now)
                 self.serving.expire_parked(now)
@@ -268,6 +261,7 @@ class ShardServer:
         The answer to an earlier heartbeat may be taken here rather than by the loop's poll.
         """
         self.beat_due = False
+        self.next_beat = time.monotonic() + self.served_job.job.heartbeat_s
         report = shard_heartbeat(
             self.served_job, self.checkpoints, self.held, self.membership, self.senders.live, self.load
         )
@@ -321,19 +315,6 @@ class ShardServer:
             self._reject(incoming, ProtocolError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", msg.seq))
         self.served_job.metrics.handle.labels(self.served_job.label, msg.type).observe(time.perf_counter() - start)
         self.load.served(msg.type, received, start, time.perf_counter())
-
-    def _note_push(self, incoming: Incoming) -> None:
-        """Count a push of this job's from a live worker's own connection as having reached this shard when it is
-        read off the socket, before it waits behind the rest of its batch (ShardHeartbeat.pushed): the scheduler
-        times a worker's first push by it. A message in another's name, or of a worker not live, names no one."""
-        msg = incoming.message
-        if (
-            msg is not None
-            and msg.type == Push.TYPE
-            and msg.job == self.served_job.name
-            and self.senders.speaks_for(msg.sender, incoming.identity)
-        ):
-            self.load.pushed_by(msg.sender)
 
     def _reject(self, incoming: Incoming, error: ProtocolError) -> None:
         self.served_job.metrics.bad.labels("ps", error.code).inc()

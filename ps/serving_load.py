@@ -18,6 +18,7 @@ queue is not seen.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dynabatch.common.wire.messages import Pull, Push
@@ -43,9 +44,10 @@ class ServingLoad:
         if total > 0:
             self.transfers += elements / total
 
-    def pushed_by(self, worker: str) -> None:
-        """A push of live worker `worker`'s, from its own connection, reached the shard."""
-        self.pushers.add(worker)
+    def pushed_by(self, workers: Iterable[str]) -> None:
+        """Pushes of these live workers, each from its own connection, reached the shard, as read off its socket
+        ("": no one's)."""
+        self.pushers.update(w for w in workers if w)
 
     def served(self, kind: str, received: float, started: float, ended: float) -> None:
         """A message of type `kind` taken off the socket at `received`, handled from `started` to `ended`

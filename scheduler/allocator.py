@@ -15,16 +15,16 @@ from collections.abc import Sequence
 
 from dynabatch.common.allotment import allotted_batch, floored
 from dynabatch.common.config import JobConfig
-from dynabatch.common.planning.predicted_cluster import Cluster
 from dynabatch.common.probe import probe_batch
 from dynabatch.common.protocols import ProtocolSpec, RingmasterSettings
-from dynabatch.common.wire.messages import Decision, WorkerHeartbeat
-from dynabatch.scheduler.auto_policy import AUTO, EARLY_STEPS, MEASURED_STEPS, AutoPolicy, measured_workers
+from dynabatch.common.wire.messages import Decision, ShardHeartbeat, WorkerHeartbeat
+from dynabatch.scheduler.auto_inputs import AutoInputs
+from dynabatch.scheduler.auto_policy import AUTO, AutoPolicy
 from dynabatch.scheduler.batch_allocation import allocation_for, bounds_note, fixed_allocation, needs_reassign
 from dynabatch.scheduler.efficient_batches import efficient_batches
 from dynabatch.scheduler.idle_workers import IdleWorkers
 from dynabatch.scheduler.local_steps import adacomm_steps
-from dynabatch.scheduler.measured_cluster import MeasuredWorker, TransferTally, measured_cluster
+from dynabatch.scheduler.measured_cluster import TransferTally
 from dynabatch.scheduler.saved_progress import SavedProgress, SavedSpeed
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
@@ -92,6 +92,9 @@ class Allocator:
             if job.batch_policy == AUTO or len(protocols) > 1
             else None
         )
+        self.auto_inputs = (
+            AutoInputs(self.auto, job, self.speeds, self.tally, self.idled) if self.auto is not None else None
+        )
 
     @property
     def training_started(self) -> bool:
@@ -153,6 +156,14 @@ class Allocator:
         handed = self.handed.get(worker, {})
         for old in [i for i in handed if i < min(assignment_id, self.assignment_id)]:
             del handed[old]
+
+    def shard_reported(self, shard: int, hb: ShardHeartbeat, since_batch_s: dict[str, float]) -> None:
+        """A shard's serving figures, and the push it names of each worker holding a batch, `since_batch_s[w]` after
+        that worker's first batch (of workers holding one only: a forged list holds no memory)."""
+        self.tally.shard_reported(shard, hb.busy_s, hb.queued_s, hb.transfers)
+        for wid in hb.pushed:
+            if self.allocation.get(wid) and wid in since_batch_s:
+                self.tally.pushed(wid, since_batch_s[wid], self.allocation[wid])
 
     def forget_shard(self, index: int) -> None:
         """A shard slot whose process left: what it was told goes with it (a new one is told afresh)."""
@@ -296,114 +307,19 @@ class Allocator:
         return {wid: models[wid].step_seconds(b) for wid, b in everyone.items() if wid in models and b > 0}
 
     def _revisit_auto(self, ready: dict[str, int]) -> bool:
-        """Let auto choose again from the `ready` workers that have reported MEASURED_STEPS steps (or are idle: they
-        report no more, and their last measured speed is what the idle rule judges them on too), or, where every one
-        has reported EARLY_STEPS, from all of them with a margin as wide as their fewest steps call for
-        (auto_policy.py), or, before that, on their probes and first pushes (`_revisit_on_probes`); True when its
-        policy changed. Once the whole budget is allotted the job ends under what
-        runs: the workers that trained their allotment are no longer measured, and a choice over the rest would
-        switch for nothing."""
-        assert self.auto is not None
-        if self.unallotted == 0:
-            return False
-        fits = {wid: (self.speeds[wid].observations, self.speeds[wid].fit()) for wid in ready}
-        observed = {
-            wid: (n, fit.step_seconds(max(1, self.allocation.get(wid, 0))))
-            for wid, (n, fit) in fits.items()
-            if fit is not None
-        }
-        measured = measured_workers(observed, min(MEASURED_STEPS, self.job.speed_window))
-        idle = sorted(w for w in self.idled.idle if w in observed and w not in measured)  # no more steps will come
-        measured += idle
-        early = set(measured) | {wid for wid, (n, _) in observed.items() if n >= EARLY_STEPS}
-        if not measured and len(early) < len(ready) and self.choosing_on_probes():
-            return self._revisit_on_probes(ready)
-        chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
-        models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}
-        caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
-        early_ones = set(models) - set(measured)
-        return self.auto.revisit(
-            models,
-            caps,
-            len(ready) - len(models),
-            self._measured(models, caps),
-            len(early_ones),
-            min((observed[wid][0] for wid in early_ones), default=MEASURED_STEPS),
-        )
-
-    def _revisit_on_probes(self, ready: dict[str, int]) -> bool:
-        """Before every `ready` worker has reported a step: let auto choose on their start-up probes (their compute
-        curves) and their first pushes (the shards' reports, ShardHeartbeat.pushed) with the shards' service time
-        on their own count of transfers, once all are known (EARLY_MARGINS' margin for 0 steps; auto_policy.py).
-
-        A worker's first push reached the shards a pull (its wait and service at the shards, and its link), a
-        compute of its first batch and a push's link after that batch was handed out. Less that compute by the probe
-        it is what a gradient step spends not computing, but for the push's wait at the shards: measured_cluster.py
-        takes two of the shards' holds off it (a step's pull and push), so one is given back. The batch's way to
-        the worker and the shard's report of the push each lag by up to a heartbeat and count as link, so a link is
-        taken longer than it is: a protocol whose rounds wait for the slowest link is chosen only where it wins even
-        so. A probe reads a worker's compute under the start-up's contention, slow by tens of percent
-        (bench/simulate.py `probe`), which takes some of that back. True when the policy changed."""
-        assert self.auto is not None
-        load, pushed = self.tally.load(), self.tally.first_push
-        curves = {wid: self.speeds[wid].probe_curve() for wid in ready}
-        probed = {wid: curve for wid, curve in curves.items() if curve is not None and wid in pushed}
-        if load is None or len(probed) < len(ready):
-            return self.auto.revisit({}, {}, len(ready))
-        caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in probed}
-        job = self.job
-        workers = {
-            wid: MeasuredWorker(
-                curve, max(0.0, pushed[wid][0] - curve.step_seconds(pushed[wid][1])) + load.held_s(), caps[wid]
-            )
-            for wid, curve in probed.items()
-        }
-        cluster = measured_cluster(
-            workers,
-            load,
-            self.tally.model_bytes,
-            job.global_batch,
-            1,
-            job.local_steps,
-            job.chunk_bytes,
-        )
-        return self.auto.revisit(probed, caps, 0, cluster, len(probed), 0)
+        """Let auto choose again on what it is shown of the `ready` workers (auto_inputs.py); True when its policy
+        changed. Once the whole budget is allotted the job ends under what runs: the workers that trained their
+        allotment are no longer measured, and a choice over the rest would switch for nothing."""
+        assert self.auto_inputs is not None
+        return self.unallotted != 0 and self.auto_inputs.revisit(ready, self.allocation, self.spec, self._round_steps())
 
     def choosing_on_probes(self) -> bool:
-        """Whether auto may still choose on the probes and first pushes (`_revisit_on_probes`): under `--protocol
-        auto` (the tier is there for the protocol: a shard that bounds asgd's steps), before its first choice, on
-        the gradient steps it starts with, while a worker holding a batch has reported no step. A shard's report of
-        what it served and of who pushed may then let it choose."""
-        auto = self.auto
-        if auto is None or not auto.modelled or len(auto.protocols) < 2 or auto.choices or self.spec.local_steps:
-            return False
-        return any(self.speeds[w].observations == 0 for w, b in self.allocation.items() if b and w in self.speeds)
+        """Whether a shard's report may let auto choose before the first step (AutoInputs.choosing_on_probes)."""
+        return self.auto_inputs is not None and self.auto_inputs.choosing_on_probes(self.allocation, self.spec)
 
     def _round_steps(self) -> int:
         """The steps one reported step stands for in transfers: a local round's H, else 1."""
         return self.local_steps if self.spec.local_steps else 1
-
-    def _measured(self, models: dict[str, StepModel], caps: dict[str, int]) -> Cluster | None:
-        """The measured workers with their compute, links and the shards apart (measured_cluster.py); None where
-        one reported no compute time, or none is measured."""
-        if not models:
-            return None
-        workers = {}
-        for wid in models:
-            compute, overhead = self.speeds[wid].compute_curve(), self.speeds[wid].overhead_s()
-            if compute is None or overhead is None:
-                return None
-            workers[wid] = MeasuredWorker(compute, overhead, caps[wid])
-        job = self.job
-        return measured_cluster(
-            workers,
-            self.tally.load(),
-            self.tally.model_bytes,
-            job.global_batch,
-            self._round_steps(),
-            job.local_steps,
-            job.chunk_bytes,
-        )
 
     def _split_models(self, models: dict[str, StepModel]) -> dict[str, StepModel]:
         """What the dynamic split solves with: the step models where steps are to be equal, else each worker's

@@ -178,7 +178,7 @@ class JobState:
 
     def heartbeat(self, member_id: str, hb: WorkerHeartbeat, now: float, connection: bytes = b"") -> WorkerAssignment:
         """Record a worker's or an evaluator's heartbeat and answer with its current assignment."""
-        member = self._reporting(member_id, connection, shard=False)
+        member = self.roster.reporting(member_id, connection, shard=False)
         self.end.check_budget(now, self.allocator.training_started_at)
         if member.role == Role.WORKER:
             # A local round's steps are reported at its end, after heartbeats that repeated the old counters:
@@ -208,7 +208,7 @@ class JobState:
         self, member_id: str, hb: ShardHeartbeat, now: float, connection: bytes = b""
     ) -> ShardAssignment:
         """Record a shard's heartbeat and answer with what it must know of the job."""
-        member = self._reporting(member_id, connection, shard=True)
+        member = self.roster.reporting(member_id, connection, shard=True)
         prev = member.shard_last
         self.end.check_budget(now, self.allocator.training_started_at)
         check_shard_heartbeat(hb, self.job.max_rollbacks, self.job.max_batch)
@@ -216,11 +216,8 @@ class JobState:
         member.heartbeats += 1
         member.shard_last = hb
         self.progress.shard_report(member.shard_index, hb)
-        self.allocator.tally.shard_reported(member.shard_index, hb.busy_s, hb.queued_s, hb.transfers)
-        for wid in hb.pushed:  # of workers holding a batch only: a forged list holds no memory
-            if self.allocator.allocation.get(wid):
-                batch = self.allocator.allocation[wid]
-                self.allocator.tally.pushed(wid, now - self.roster.members[wid].batch_given_at, batch)
+        given = {w: now - self.roster.members[w].batch_given_at for w in hb.pushed if w in self.roster.members}
+        self.allocator.shard_reported(member.shard_index, hb, given)
         self.version_times.observe(self.roster.model_version(), self.progress.t(now))
         if hb.batches is not None:  # what it applied, of members known here only (a forged list holds no memory)
             self.allocator.tell(member.shard_index, {w: b for w, b in hb.batches.items() if w in self.roster.members})
@@ -239,15 +236,6 @@ class JobState:
         answer = self.shard_assignment()
         self.allocator.answered(member.shard_index)
         return answer
-
-    def _reporting(self, member_id: str, connection: bytes, shard: bool) -> Member:
-        """The member a heartbeat names (from the connection that registered it: roster.py), if it reports with
-        its role's kind: a shard with SHARD_HEARTBEAT, a worker or evaluator with HEARTBEAT."""
-        member = self.roster.member(member_id, connection)
-        if (member.role == Role.SHARD) != shard:
-            kind = ShardHeartbeat.TYPE if member.role == Role.SHARD else WorkerHeartbeat.TYPE
-            raise ProtocolError(ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; it reports with {kind}")
-        return member
 
     def _judge_divergence(self, now: float) -> None:
         """After a report: fail the job if its rollbacks are spent (rollbacks.py), and latch its end if it came."""

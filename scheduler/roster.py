@@ -283,6 +283,15 @@ class Roster:
             )
         return member
 
+    def reporting(self, member_id: str, connection: bytes, shard: bool) -> Member:
+        """The member a heartbeat names (from the connection that registered it: `member`), if it reports with
+        its role's kind: a shard with SHARD_HEARTBEAT, a worker or evaluator with HEARTBEAT."""
+        member = self.member(member_id, connection)
+        if (member.role == Role.SHARD) != shard:
+            kind = ShardHeartbeat.TYPE if member.role == Role.SHARD else WorkerHeartbeat.TYPE
+            raise ProtocolError(ErrorCode.BAD_SENDER, f"{member_id} is a {member.role}; it reports with {kind}")
+        return member
+
     def has_left(self, member_id: str) -> bool:
         """Did `member_id` register and leave (a BYE sent again because its ack was slow)?"""
         known = self.members.get(member_id)

@@ -114,9 +114,9 @@ def test_the_shard_counts_only_pulls_and_pushes_as_serving() -> None:
     load.moved(100, 400)
     load.moved(7, 0)
     assert load.transfers == pytest.approx(1.0), "a chunk of 300 and one of 100 of the shard's 400: one transfer"
-    load.pushed_by("w1")
-    load.pushed_by("w1")
-    assert load.pushers == {"w1"}, "who pushed, each once"
+    load.pushed_by(["w1", ""])
+    load.pushed_by(["w1"])
+    assert load.pushers == {"w1"}, "who pushed, each once; no one's push names no one"
 
 
 def test_a_workers_compute_curve_takes_its_probes_fixed_cost_and_its_overhead_apart() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dynabatch.common.wire.frames import ProtocolError
+from dynabatch.common.wire.frames import Message, ProtocolError
+from dynabatch.common.wire.messages import Pull, Push
 from dynabatch.ps.senders import SenderBindings
 
 A, B = b"conn-a", b"conn-b"
@@ -67,3 +68,7 @@ def test_only_a_live_workers_own_connection_speaks_for_it_and_asking_binds_nothi
     assert bindings.speaks_for("w0", A)
     assert not bindings.speaks_for("w0", B), "another connection in its name"
     assert not bindings.speaks_for("stranger", A), "not live"
+    push, pull = Message(Push(samples=8), job="j", sender="w0"), Message(Pull(), job="j", sender="w0")
+    assert bindings.pusher(push, A, "j") == "w0"
+    assert bindings.pusher(push, B, "j") == "" and bindings.pusher(push, A, "other") == "", "another's, another job's"
+    assert bindings.pusher(pull, A, "j") == "" and bindings.pusher(None, A, "j") == "", "no push, nothing decoded"

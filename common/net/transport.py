@@ -197,6 +197,14 @@ def recv_routed(sock: zmq.Socket[bytes], limits: WireLimits | None = None) -> In
         return Incoming(identity, None, exc, role, frames[0])
 
 
+def recv_waiting(sock: zmq.Socket[bytes], most: int, limits: WireLimits | None = None) -> list[Incoming]:
+    """One message from a ROUTER (`recv_routed`), then those already waiting behind it, `most` in all."""
+    pending = [recv_routed(sock, limits)]
+    while len(pending) < most and sock.poll(0):
+        pending.append(recv_routed(sock, limits))
+    return pending
+
+
 def reply_frames(
     body: Any,
     seq: int,
