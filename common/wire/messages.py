@@ -152,8 +152,8 @@ class ShardHeartbeat:
     service time per transfer is `busy_s` over it, known from its first heartbeat after the first pulls, before any
     worker has reported a step. `pushed` lists the live workers whose push has reached it since it started (read
     off its socket from the worker's own connection): the scheduler times each one's first from the batch it handed
-    it, a measure of that worker's link known before its first step ends (scheduler/allocator.py
-    `_revisit_on_probes`).
+    it, a measure of that worker's link known before its first step ends (scheduler/auto_inputs.py
+    `AutoInputs._on_probes`).
     """
 
     TYPE: ClassVar[str] = "SHARD_HEARTBEAT"
