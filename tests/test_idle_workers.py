@@ -199,10 +199,15 @@ def test_prometheus_sees_the_idle_worker_as_idle_and_training_nothing(tmp_path: 
         assert [st.workers[wid].name for wid in idle] == ["slow"], st.workers
 
         def exported() -> str | None:
+            """The metrics once the idle worker is exported idle and every other has a step in its last report (on a
+            loaded machine a fast worker's report can come between its steps' for a while)."""
             text = scheduler.metrics()
-            return text if all(metric_value(text, "dynabatch_worker_idle", worker=wid) == 1 for wid in idle) else None
+            steps = [metric_value(text, "dynabatch_worker_samples_per_second", worker=w) for w in st.workers]
+            if not all(metric_value(text, "dynabatch_worker_idle", worker=wid) == 1 for wid in idle):
+                return None
+            return text if all(s > 0 for w, s in zip(st.workers, steps, strict=True) if w not in idle) else None
 
-        text = wait_for("the idle worker exported as idle", exported)
+        text = wait_for("the idle worker exported as idle, the others with a speed", exported)
         for wid in st.workers:
             assert metric_value(text, "dynabatch_worker_idle", worker=wid) == (1.0 if wid in idle else 0.0), wid
             speed = metric_value(text, "dynabatch_worker_samples_per_second", worker=wid)
