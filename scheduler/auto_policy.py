@@ -161,7 +161,8 @@ class AutoPolicy:
         of those; the running method then gives way only to one predicted faster by `early_hysteresis(fewest)`, and
         the choice is made again once the steps reach a narrower margin and once every worker is measured. With
         `fewest` 0, `models` are the start-up probes and `measured` holds the shards' service and each worker's first
-        push bounding its link (AutoInputs._on_probes, scheduler/auto_inputs.py). True when the policy (or the protocol) changed."""
+        push bounding its link (AutoInputs._on_probes, scheduler/auto_inputs.py). True when the policy (or the
+        protocol) changed."""
         if not self.modelled:
             return False
         if waiting or not models:
