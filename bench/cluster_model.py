@@ -143,10 +143,10 @@ class Shards:
         from a worker of serving rank `rank`; each is `done` once its shard has served it."""
         order = next(self.arrivals)
         requests = [Request(self.model_bytes / self.count, rank, order, now) for _ in self.queues]
-        for q in self.queues if pusher else []:
-            q.pushers.add(pusher)
         for q, r in zip(self.queues, requests, strict=True):
             heapq.heappush(q.waiting, (rank, order, r))
+            if pusher:
+                q.pushers.add(pusher)
         return requests
 
 

@@ -63,6 +63,7 @@ class ModelService:
         self.load = load
         self.held = held
         self.model = held.state
+        self.elements = sum(c.length for c in held.state.chunks)  # of the model's parts this shard holds
         self.kept = kept
         self.outbox = outbox
         self.reply = reply
@@ -108,8 +109,7 @@ class ModelService:
             self.reply(identity, refusal.to_error(), msg.seq, (), ())
             return
         self.admission.taken(case)
-        sizes = model.sizes
-        self.load.moved(sum(sizes.get(cid, 0) for cid in case.tensors), sum(sizes.values()))
+        self.load.moved(sum(t.numel() for t in case.tensors.values()), self.elements)  # chunks checked as ours
         m = self.served.metrics
         buffer_bytes = 0
         if case.buffers is not None and held.buffers is not None:  # only once the push is taken
@@ -234,7 +234,6 @@ class ModelService:
         """One PARAMS message per chunk, in priority order, each a zero-copy view of the chunk; the first
         also carries the travelling buffers if they are due to worker `buffers_to` (read as they leave)."""
         model, buffers = self.model, self.held.buffers
-        total = sum(model.sizes.values())
         for cid, tensor, ver in model.pull(ids) if ids else []:
             metas = [ChunkMeta(cid, "float32", (tensor.numel(),), ver)]
             tensors: list[torch.Tensor | memoryview] = [model.lend(tensor)]  # a chunk lent zero-copy
@@ -244,7 +243,7 @@ class ModelService:
                 buffers_to = None
             self.reply(identity, Params(version=model.version), seq, metas, tensors)
             self.served.metrics.bytes_out.inc(sum(m.nbytes for m in metas))
-            self.load.moved(tensor.numel(), total)
+            self.load.moved(tensor.numel(), self.elements)
 
 
 def switch_protocol(served: ServedJob, serving: ModelService | None, protocol: str) -> bool:

@@ -6,6 +6,8 @@ pushes. The allocator decides and hands out batches by what auto chose; this dec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.predicted_cluster import Cluster
 from dynabatch.common.protocols import ProtocolSpec
@@ -15,18 +17,16 @@ from dynabatch.scheduler.measured_cluster import MeasuredWorker, TransferTally, 
 from dynabatch.scheduler.speed_model import SpeedModel, StepModel
 
 
+@dataclass(frozen=True)
 class AutoInputs:
     """The measurements `auto` chooses on: the allocator's speed models (`speeds`, by worker id, the allocator's own
     dict), its tally of the shards' reports (`tally`) and the workers the idle rule left out (`idled`)."""
 
-    def __init__(
-        self, auto: AutoPolicy, job: JobConfig, speeds: dict[str, SpeedModel], tally: TransferTally, idled: IdleWorkers
-    ) -> None:
-        self.auto = auto
-        self.job = job
-        self.speeds = speeds
-        self.tally = tally
-        self.idled = idled
+    auto: AutoPolicy
+    job: JobConfig
+    speeds: dict[str, SpeedModel]
+    tally: TransferTally
+    idled: IdleWorkers
 
     def revisit(self, ready: dict[str, int], allocation: dict[str, int], spec: ProtocolSpec, round_steps: int) -> bool:
         """Let auto choose again from the `ready` workers (id: its own largest batch) that have reported

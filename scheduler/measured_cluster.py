@@ -103,7 +103,7 @@ class TransferTally:
     def __init__(self) -> None:
         self.model_bytes = 0.0
         self.first_push: dict[str, tuple[float, int]] = {}  # by worker: seconds from its first batch to its first
-        # push taken at the shards, and that batch
+        # push reaching the shards, and that batch
         self._moved: dict[str, tuple[int, int]] = {}  # by worker: its last reported steps and bytes
         self._shards: dict[int, ShardLoad] = {}  # by shard slot: its cumulative report
 

@@ -100,9 +100,9 @@ def check_service_squares(hb: ShardHeartbeat) -> None:
 
 
 def check_shard_heartbeat(hb: ShardHeartbeat, max_rollbacks: int, max_batch: int) -> None:
-    """Refuse a shard heartbeat whose version, sample or discard count, serving seconds or transfers are negative,
-    or whose transfers are more than its messages can move (a drop is
-    a restart, counted as lost work: lost_work.py), whose echoed push bounds are not batches of this job, or whose
+    """Refuse a shard heartbeat whose version, sample or discard count, serving seconds or transfers are negative
+    (a drop is a restart, counted as lost work: lost_work.py), whose transfers are more than its messages can move,
+    whose echoed push bounds are not batches of this job, whose list of pushers names a worker twice, or whose
     divergence fields cannot be true: more rollbacks applied than the job allows, a checkpoint version below -1
     (none), an account of its model longer than one line."""
     for name in ("version", "samples", "discarded", "served"):
