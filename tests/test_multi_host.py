@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from dynabatch.common.config import JobConfig
 from harness import wait_for
 from tests import netns
 from tests.hosted_job import METRICS_PORT, HostedJob
@@ -275,4 +276,42 @@ def test_the_wire_schedule_follows_a_link_that_slows_down_and_recovers_when_it_h
     _wait(job, "pushes of one chunk on a 20 Mbit link", lambda: group() == 1)
     net.set_rate(w, "1gbit")
     _wait(job, f"pushes of {HEALTHY_GROUP} chunks or more once the link healed", lambda: group() >= HEALTHY_GROUP)
+    assert not job.launcher.failed(), _failure_report(job)
+
+
+# `--protocol auto` before any step, on links that bound the job: two workers whose every asgd step moves a 2 MB model
+# in and out over 20 Mbit/s (1.6 s a step, its compute a few milliseconds), where local SGD moves it once per 8 steps.
+# Auto's first tier (scheduler/auto_inputs.py `_on_probes`) sees each worker's start-up probe, its first push timed
+# from the batch the scheduler handed it and the shard's own service time, and chooses local SGD at its 3x margin
+# before every worker has reported a step: a loaded machine stretches the compute, a small part of either method's
+# step here, not the link.
+SLOW_LINKS_JOB = ["--dataset", "synthetic", "--model", "flat:500000", "--epochs", "1000", "--protocol", "auto"]
+FIRST_TIER = "chosen on every worker's start-up probe and first push"
+LOCAL_ROUNDS = 2
+DEFAULTS = JobConfig()
+
+
+def test_auto_chooses_local_sgd_on_slow_links_before_the_workers_report_a_step(
+    net: netns.Network, job: HostedJob
+) -> None:
+    a, b = net.add_host("host-a"), net.add_host("host-b")
+    workers = [net.add_host(f"host-w{i}", rate="20mbit") for i in range(2)]
+    scheduler = job.scheduler(a, *SLOW_LINKS_JOB)
+    job.shard(b)
+    for w in workers:
+        job.worker(w)
+
+    def on(protocol: str) -> bool:
+        return _value_or_zero(job, a, "dynabatch_scheduler_auto_protocol", protocol=protocol) == 1
+
+    def samples() -> float:
+        return _value_or_zero(job, a, "dynabatch_job_samples")
+
+    _wait(job, "auto to switch the workers to local SGD", lambda: on("local"))
+    chose = [line for line in scheduler.log_since_start().splitlines() if "protocol auto chose" in line]
+    assert len(chose) == 1 and "chose local" in chose[0] and FIRST_TIER in chose[0], chose
+    # The workers then train in local rounds: each worker's H steps of its share of B.
+    at_switch, round_samples = samples(), DEFAULTS.local_steps * DEFAULTS.global_batch
+    _wait(job, f"{LOCAL_ROUNDS} local rounds", lambda: samples() >= at_switch + LOCAL_ROUNDS * round_samples)
+    assert on("local") and not on("asgd"), "auto held its choice"
     assert not job.launcher.failed(), _failure_report(job)
