@@ -353,6 +353,8 @@ def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_pa
             "1000",
             "--timeout-s",
             "200",
+            "--checkpoint-interval-s",
+            "1",  # the first checkpoint is what the test waits for (30 s at the default)
         ],
         cwd=TASKS.parent,
     )
