@@ -6,6 +6,7 @@ pushes. The allocator decides and hands out batches by what auto chose; this dec
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dynabatch.common.config import JobConfig
@@ -49,7 +50,7 @@ class AutoInputs:
             return self._on_probes(ready)
         chosen_on = sorted(early) if len(measured) < len(ready) == len(early) else measured
         models = {wid: model for wid in chosen_on if (model := self.speeds[wid].overhead_fit()) is not None}
-        caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in models}
+        caps = self._caps(ready, models)
         early_ones = set(models) - set(measured)
         return self.auto.revisit(
             models,
@@ -87,7 +88,7 @@ class AutoInputs:
         probed = {wid: curve for wid, curve in curves.items() if curve is not None and wid in pushed}
         if load is None or len(probed) < len(ready):
             return self.auto.revisit({}, {}, len(ready))
-        caps = {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in probed}
+        caps = self._caps(ready, probed)
         workers = {
             wid: MeasuredWorker(
                 curve, max(0.0, pushed[wid][0] - curve.step_seconds(pushed[wid][1])) + load.held_s(), caps[wid]
@@ -95,6 +96,10 @@ class AutoInputs:
             for wid, curve in probed.items()
         }
         return self.auto.revisit(probed, caps, 0, self._cluster(workers, 1), len(probed), 0)
+
+    def _caps(self, ready: dict[str, int], workers: Iterable[str]) -> dict[str, int]:
+        """Each of `workers`' largest batch: its own (`ready`'s; 0: none) within the job's --max-batch."""
+        return {wid: min(self.job.max_batch, ready[wid] or self.job.max_batch) for wid in workers}
 
     def _measured(self, models: dict[str, StepModel], caps: dict[str, int], round_steps: int) -> Cluster | None:
         """The measured workers with their compute, links and the shards apart (measured_cluster.py); None where

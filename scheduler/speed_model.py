@@ -233,19 +233,22 @@ class SpeedModel:
         data = np.asarray(self._compute, dtype=float)
         w = self._recency_weights(len(data))
         batch, seconds = float(w @ data[:, 0]) / float(w.sum()), float(w @ data[:, 1]) / float(w.sum())
-        fixed = min(self.probe_fixed_s(batch, seconds), MAX_FIXED_FRACTION * seconds)
-        return StepModel(fixed, (seconds - fixed) / batch)
+        return self._curve_through(batch, seconds)
 
     def probe_curve(self) -> StepModel | None:
-        """The compute curve the start-up probe alone gives: its fixed seconds (capped as ``compute_curve`` caps
-        them), the rest of its step at its batch per sample; None without a probe of a known batch. What auto
-        chooses on before a worker's first step: the probe ran under the start-up of the job's other processes, so
-        it is a floor on the worker's speed."""
+        """The compute curve the start-up probe alone gives: ``compute_curve``'s through the probe's own step (its
+        fixed seconds, capped, the rest per sample); None without a probe of a known batch. What auto chooses on
+        before a worker's first step: the probe ran under the start-up of the job's other processes, so it is a
+        floor on the worker's speed."""
         if not (self._probe_batch and self._prior):
             return None
-        seconds = self._probe_batch / self._prior
-        fixed = min(self._probe_fixed_s, MAX_FIXED_FRACTION * seconds)
-        return StepModel(fixed, (seconds - fixed) / self._probe_batch)
+        return self._curve_through(self._probe_batch, self._probe_batch / self._prior)
+
+    def _curve_through(self, batch: float, seconds: float) -> StepModel:
+        """The compute curve through a step of ``batch`` samples that computed for ``seconds``: the probe's fixed
+        part (``probe_fixed_s``) capped at MAX_FIXED_FRACTION of it, the rest per sample."""
+        fixed = min(self.probe_fixed_s(batch, seconds), MAX_FIXED_FRACTION * seconds)
+        return StepModel(fixed, (seconds - fixed) / batch)
 
     def restart(self, transfers_ratio: float) -> None:
         """Measure anew under another protocol, whose reported step holds `transfers_ratio` times the transfers of
