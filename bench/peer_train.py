@@ -11,7 +11,7 @@ for bench/peers.py to score afterwards; no process evaluates anything.
 
     torchrun --standalone --nproc-per-node 4 -m bench.peer_train --system ddp --slowdowns 1 1 2 4 ...
     python -m bench.peer_train --system alone --slowdowns 1 ...
-    python -m bench.peer_train --system hivemind --rank R --world 4 --peers-file FILE ...   # one per peer
+    python -m bench.peer_train --system hivemind --rank R --peers-file FILE ...   # one per peer
 
 DDP is started as its docs start it (torchrun, which sets RANK and WORLD_SIZE; gloo on CPU);
 hivemind as its quickstart does (a DHT, the first peer's address handed to the others,
