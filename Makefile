@@ -12,14 +12,22 @@ PY = $(VENV)/bin/python
 PIP_INSTALL = $(PY) -m pip install --quiet -c constraints-cpu.txt
 SYSTEM_DEPS = PYTHON='$(PYTHON)' bash scripts/system-deps.sh
 
-.PHONY: install install-test install-lint run test lint bench bench-quick simulate simulate-quick system-deps system-deps-test \
-	image image-gpu image-test
+.PHONY: install install-test install-lint bytecode run test lint bench bench-quick simulate simulate-quick system-deps \
+	system-deps-test image image-gpu image-test
 
-install: system-deps $(VENV)/.installed
+install: system-deps $(VENV)/.installed bytecode
 
-install-test: system-deps-test $(VENV)/.installed-test
+install-test: system-deps-test $(VENV)/.installed-test bytecode
 
-install-lint: system-deps $(VENV)/.installed-lint
+install-lint: system-deps $(VENV)/.installed-lint bytecode
+
+# Our sources' bytecode, as pip writes it for every package it installs. An editable install leaves none, and
+# where PYTHONDONTWRITEBYTECODE is set no process writes it later, so each one would compile dynabatch from
+# source again: 0.3 s of CPU in every launcher, scheduler and test process (bench/RESULTS.md 53). compileall
+# skips what is current, so this is quick to repeat; a module edited since is compiled as before.
+BYTECODE = api cli cluster common ps scheduler worker bench tests examples
+bytecode: | $(VENV)/pyvenv.cfg
+	$(PY) -m compileall -q $(BYTECODE)
 
 # Only what is missing is installed, so these are quick to repeat.
 system-deps:
