@@ -78,19 +78,30 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
         assert summary["bytes_per_sample"] == pytest.approx(per_step, rel=0.1)
 
 
-def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path: Path) -> None:
-    """One epoch of the MLP: what the folder holds does not depend on how long or what the job trained. The run
-    takes about 7 s here; a sample every 0.2 s gives its timeline about 100 rows, where 10 are asked for."""
-    run, printed = run_job(
-        tmp_path,
+@pytest.fixture(scope="module")
+def folder_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One epoch of the MLP on three workers named out of speed order (w0 need not be worker0), sampled every 0.1 s
+    and with its plots: (run folder, what it printed). What the folder holds and how the console names the workers
+    do not depend on how long or what the job trained, so the two tests below read one job (about 7 s here; its
+    timeline has about 100 rows, where 10 are asked for)."""
+    return run_job(
+        tmp_path_factory.mktemp("folder"),
         "r",
-        *mlp_job(1),
+        *mlp_job(1, "2", "1", "4"),
         "--eval-interval-s",
         "3",
+        "--progress-s",
+        "0.1",
         "--status-s",
-        "0.2",
+        "0.1",
         plots=True,
     )
+
+
+def test_run_folder_holds_timeline_plots_summary_and_targets(folder_job: tuple[Path, str]) -> None:
+    """The summary, the timeline in both forms, the plots, the Prometheus targets, the checkpoint, the scheduler's
+    saved state and the logs."""
+    run, printed = folder_job
     assert "test accuracy" in printed and "epoch" in printed
     summary = json.loads((run / "summary.json").read_text())
     for key in ("final_test_acc", "final_test_loss", "wall_s", "samples_per_s", "workers"):
@@ -113,18 +124,12 @@ def test_run_folder_holds_timeline_plots_summary_and_targets(tmp_path: Path) -> 
     assert (run / "logs" / "scheduler.log").exists()
 
 
-def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_given(tmp_path: Path) -> None:
+def test_the_console_and_status_name_each_worker_with_its_slowdown_in_the_order_given(
+    folder_job: tuple[Path, str],
+) -> None:
     """The scheduler's ids number workers as they join (w0 need not be worker0); the progress line, the final
     table, summary.json and STATUS name each by its name and slowdown, in the order of --slowdowns."""
-    run, printed = run_job(
-        tmp_path,
-        "r",
-        *mlp_job(0.5, "2", "1", "4"),
-        "--progress-s",
-        "0.1",
-        "--status-s",
-        "0.1",
-    )
+    run, printed = folder_job
     given = ["worker0(2x)", "worker1(1x)", "worker2(4x)"]
     listed = [re.findall(r"(\S+) b=\d+", line.split(" | ", 1)[1]) for line in printed.splitlines() if " | " in line]
     assert given in listed, printed  # all three live between the last one's HELLO and the first one's BYE
