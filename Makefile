@@ -56,8 +56,11 @@ $(VENV)/.installed-lint: pyproject.toml constraints-cpu.txt $(VENV)/pyvenv.cfg
 run: install
 	$(PY) -m dynabatch.cli.main run $(ARGS)
 
+# pytest caches each test module with its assertions rewritten as bytecode, and writes none where
+# PYTHONDONTWRITEBYTECODE is set: then each of its processes rewrites all of them again, 4.5 s of CPU apiece
+# (bench/RESULTS.md 53). The bytecode is ours to write, as above.
 test: install-test
-	$(PY) -m pytest $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(ARGS)
 
 # ruff and mypy, set in pyproject.toml; any finding fails (CI runs it after the tests).
 lint: install-lint
