@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ("cpu_durations",)  # `--cpu-durations N`: the tests that cost the suite the most CPU
+
 
 def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]

@@ -1,0 +1,45 @@
+"""`--cpu-durations` (tests/cpu_durations.py) counts the CPU of every process a test started, once: a grandchild reaped
+by a child that still runs (a job's preloader reaping its workers), then that child reaped by the test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from cpu_durations import process_cpu_s, tree_cpu_s
+
+BURN_S = 0.3
+# The child forks a grandchild that burns BURN_S of CPU, reaps it, says so, and waits for its stdin to close.
+CHILD = f"""
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    while time.process_time() < {BURN_S}:
+        pass
+    os._exit(0)
+os.waitpid(pid, 0)
+print("reaped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_stat_line_gives_the_parent_and_the_cpu_with_what_was_reaped() -> None:
+    line = "42 (my (odd) name) S 7 " + "0 " * 9 + "100 50 20 30 " + "0 " * 30  # after ppid, 9 fields to utime
+    parent, seconds = process_cpu_s(line)
+    assert parent == 7, "a name may hold ')' and spaces"
+    assert seconds == 200 * process_cpu_s(line.replace("100 50 20 30", "1 0 0 0"))[1], "utime, stime, cutime, cstime"
+
+
+def test_a_grandchild_reaped_by_a_live_child_counts_once_before_and_after_the_child_is_reaped() -> None:
+    before = tree_cpu_s()
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdin is not None
+    assert child.stdout.readline().strip() == "reaped"
+    live = tree_cpu_s()  # the grandchild's CPU is in the child's reaped children, read from /proc
+    child.stdin.close()
+    assert child.wait(timeout=60) == 0
+    reaped = tree_cpu_s()  # now in this process's reaped children, and the child is no longer live
+    assert live - before >= BURN_S, f"the grandchild's {BURN_S} s: {live - before:.3f} s counted"
+    # The child's own start and exit after `live` was read cost it milliseconds; counted twice, the grandchild's
+    # BURN_S would show here.
+    assert reaped - live < BURN_S / 2, f"counted again once the child was reaped: {reaped - live:.3f} s"
