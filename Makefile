@@ -23,8 +23,9 @@ install-lint: system-deps $(VENV)/.installed-lint bytecode
 
 # Our sources' bytecode, as pip writes it for every package it installs. An editable install leaves none, and
 # where PYTHONDONTWRITEBYTECODE is set no process writes it later, so each one would compile dynabatch from
-# source again: 0.3 s of CPU in every launcher, scheduler and test process (bench/RESULTS.md 53). compileall
-# skips what is current, so this is quick to repeat; a module edited since is compiled as before.
+# source again: 0.1 to 0.3 s of CPU in every launcher, scheduler and test process (bench/RESULTS.md 53).
+# compileall skips what is current, so this is quick to repeat; a module edited since is compiled again by the
+# next make install, run, test or lint (until then each process compiles it in memory, as before).
 BYTECODE = api cli cluster common ps scheduler worker bench tests examples
 bytecode: | $(VENV)/pyvenv.cfg
 	$(PY) -m compileall -q $(BYTECODE)
@@ -57,8 +58,8 @@ run: install
 	$(PY) -m dynabatch.cli.main run $(ARGS)
 
 # pytest caches each test module with its assertions rewritten as bytecode, and writes none where
-# PYTHONDONTWRITEBYTECODE is set: then each of its processes rewrites all of them again, 4.5 s of CPU apiece
-# (bench/RESULTS.md 53). The bytecode is ours to write, as above.
+# PYTHONDONTWRITEBYTECODE is set: then each of its three test processes rewrites all of them again, 4.5 s of CPU
+# apiece (bench/RESULTS.md 53). The bytecode is ours to write, as above.
 test: install-test
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(ARGS)
 

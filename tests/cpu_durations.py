@@ -2,10 +2,15 @@
 
 The suite is CPU-bound (bench/RESULTS.md 52): its wall time is its CPU over the cores, so a test's wall time says
 little about what it costs the others, and `--durations` ranks by wall time. A test's CPU here is its test
-process's own and that of every process it started: those it reaped (`RUSAGE_CHILDREN`), and those a process of
-its reaped or still runs, read from /proc (a job's preloader reaps the shards and workers it forked, and a test
-process's shared preloader lives on after the test). Module fixtures count where pytest runs them, as in
+process's own, that of the processes it reaped (`RUSAGE_CHILDREN`), and that of every live descendant with what
+that descendant reaped, read from /proc: a job's preloader reaps the shards and workers it forked, and a test
+process's shared preloader lives on after the test. Module fixtures count where pytest runs them, as in
 `--durations`: in the first test's setup and the last one's teardown. Linux only (/proc).
+
+Its limits: a process reparented out of the tree (a daemon that detaches, a child whose parent exited first) is
+counted only up to the last reading that found it in the tree; a long-lived descendant is charged to whichever test
+runs while it uses CPU; and /proc is not read atomically, so a child reaped between the reading of its parent and of
+itself is missed (milliseconds, rarely). With `--junitxml`, each test case gains a `cpu_s` property.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import resource
 from collections.abc import Generator
 from pathlib import Path
 
-import pluggy
 import pytest
 
 CPU_KEY = "cpu_s"
@@ -26,15 +30,14 @@ _collected: dict[str, float] = {}  # by test: its CPU, where the reports meet
 
 def process_cpu_s(stat: str) -> tuple[int, float]:
     """(parent pid, CPU seconds of the process and of the children it reaped) from a /proc/PID/stat line."""
-    fields = stat.rsplit(")", 1)[1].split()
+    fields = stat.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces and ')'
     return int(fields[1]), sum(int(f) for f in fields[11:15]) * _TICK_S  # utime, stime, cutime, cstime
 
 
-def descendants_cpu_s(root: int) -> dict[tuple[int, str], float]:
-    """Each live descendant of `root`'s CPU (with what it reaped), keyed by (pid, start time): a pid reused by a
-    later process is another key."""
+def live_descendants_cpu_s(root: int) -> float:
+    """The CPU of `root`'s live descendants, each with what it reaped."""
     parents: dict[int, int] = {}
-    cpu: dict[tuple[int, str], float] = {}
+    cpu: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -42,24 +45,22 @@ def descendants_cpu_s(root: int) -> dict[tuple[int, str], float]:
             stat = (entry / "stat").read_text()
         except OSError:  # it ended while we looked
             continue
-        pid = int(entry.name)
-        parents[pid], seconds = process_cpu_s(stat)
-        cpu[(pid, stat.rsplit(")", 1)[1].split()[19])] = seconds
-    mine: dict[tuple[int, str], float] = {}
-    for key, seconds in cpu.items():
-        pid, hops = key[0], 0
-        while pid in parents and pid != root and hops < 64:
-            pid, hops = parents[pid], hops + 1
-        if pid == root and key[0] != root:
-            mine[key] = seconds
-    return mine
+        parents[int(entry.name)], cpu[int(entry.name)] = process_cpu_s(stat)
+    total = 0.0
+    for pid, seconds in cpu.items():
+        ancestor, hops = pid, 0
+        while ancestor in parents and ancestor != root and hops < 64:  # a pid reused mid-scan could make a loop
+            ancestor, hops = parents[ancestor], hops + 1
+        if ancestor == root and pid != root:
+            total += seconds
+    return total
 
 
 def tree_cpu_s() -> float:
     """This process's CPU, its reaped children's, and every live descendant's (with what each reaped)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    live = sum(descendants_cpu_s(os.getpid()).values())
+    live = live_descendants_cpu_s(os.getpid())
     return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + live
 
 
@@ -69,7 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="list the N tests that cost the most CPU, with the processes they started (0: all)",
+        help="list the N tests that cost the most CPU, each counting every process it started (0: all)",
     )
 
 
@@ -77,20 +78,21 @@ def _on(config: pytest.Config) -> bool:
     return config.getoption("cpu_durations") is not None
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     if _on(item.config):
         _started[item.nodeid] = tree_cpu_s()
-    yield
+    return (yield)
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
-    outcome = yield
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
     if call.when == "teardown" and item.nodeid in _started:
-        outcome.get_result().user_properties.append((CPU_KEY, tree_cpu_s() - _started.pop(item.nodeid)))
+        report.user_properties.append((CPU_KEY, tree_cpu_s() - _started.pop(item.nodeid)))
+    return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

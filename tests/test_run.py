@@ -80,10 +80,11 @@ def test_each_protocol_and_batch_policy_trained_nowhere_else_learns_fashion_mnis
 
 @pytest.fixture(scope="module")
 def folder_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """One epoch of the MLP on three workers named out of speed order (w0 need not be worker0), sampled every 0.1 s
-    and with its plots: (run folder, what it printed). What the folder holds and how the console names the workers
-    do not depend on how long or what the job trained, so the two tests below read one job (about 7 s here; its
-    timeline has about 100 rows, where 10 are asked for)."""
+    """One epoch of the MLP on three workers named out of speed order (w0 need not be worker0), with its plots:
+    (run folder, what it printed). What the folder holds and how the console names the workers do not depend on
+    how long or what the job trained, so the two tests below read one job (about 7 s here). A progress line every
+    0.1 s, so that one falls while all three workers are live; a STATUS every 0.1 s, so that the timeline has about
+    200 rows (one per snapshot and worker), where 10 are asked for."""
     return run_job(
         tmp_path_factory.mktemp("folder"),
         "r",
