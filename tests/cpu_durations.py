@@ -18,42 +18,21 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Generator
-from pathlib import Path
 
 import pytest
 
+from processes import below, table
+
 CPU_KEY = "cpu_s"
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _started: dict[str, float] = {}  # by test: the CPU when its setup began (in the process that runs it)
 _collected: dict[str, float] = {}  # by test: its CPU, where the reports meet
 
 
-def process_cpu_s(stat: str) -> tuple[int, float]:
-    """(parent pid, CPU seconds of the process and of the children it reaped) from a /proc/PID/stat line."""
-    fields = stat.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces and ')'
-    return int(fields[1]), sum(int(f) for f in fields[11:15]) * _TICK_S  # utime, stime, cutime, cstime
-
-
 def live_descendants_cpu_s(root: int) -> float:
-    """The CPU of `root`'s live descendants, each with what it reaped."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # it ended while we looked
-            continue
-        parents[int(entry.name)], cpu[int(entry.name)] = process_cpu_s(stat)
-    total = 0.0
-    for pid, seconds in cpu.items():
-        ancestor, hops = pid, 0
-        while ancestor in parents and ancestor != root and hops < 64:  # a pid reused mid-scan could make a loop
-            ancestor, hops = parents[ancestor], hops + 1
-        if ancestor == root and pid != root:
-            total += seconds
-    return total
+    """The CPU of `root`'s descendants still in /proc, each with what it reaped: a zombie's is not yet its
+    parent's."""
+    procs = table()
+    return sum(procs[p].cpu_s for p in below(root, {p: st.ppid for p, st in procs.items()}))
 
 
 def tree_cpu_s() -> float:

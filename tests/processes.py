@@ -2,31 +2,50 @@
 
 The run's children sit in sessions of their own, so neither a terminal's Ctrl-C nor a
 process-group kill of the run reaches them: they are found by parent id while the run
-lives, and checked by id afterwards (a zombie counts as gone: it runs nothing).
+lives, and checked by id afterwards (a zombie counts as gone: it runs nothing). The
+same reading of /proc gives a test's CPU with its processes' (tests/cpu_durations.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent id) of `pid`, or None if there is no such process."""
+
+@dataclass(frozen=True)
+class ProcStat:
+    """What /proc/PID/stat says of a process that the tests read: its state, its parent, and its CPU."""
+
+    state: str  # "Z": a zombie, which runs nothing
+    ppid: int
+    cpu_s: float  # user and system time, its own and that of the children it reaped
+
+
+def parse_stat(line: str) -> ProcStat:
+    """A /proc/PID/stat line read; the name, in parentheses, may hold spaces and ')'."""
+    fields = line.rsplit(")", 1)[1].split()
+    return ProcStat(fields[0], int(fields[1]), sum(int(f) for f in fields[11:15]) * _TICK_S)  # utime .. cstime
+
+
+def _stat(pid: int) -> ProcStat | None:
+    """`pid`'s stat, or None if there is no such process."""
     try:
-        state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+        return parse_stat(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, IndexError, ValueError):
         return None
-    return state, int(ppid)
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, children of children included."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None and st[0] != "Z":
-            parents[int(entry.name)] = st[1]
+def table() -> dict[int, ProcStat]:
+    """Every process's stat, read from /proc in one pass (those gone since the listing left out)."""
+    return {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := _stat(int(e.name)))}
+
+
+def below(pid: int, parents: dict[int, int]) -> set[int]:
+    """Every process under `pid` in `parents` (process: its parent), children of children included."""
     found: set[int] = set()
     frontier = {pid}
     while frontier:
@@ -35,9 +54,14 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, children of children included."""
+    return below(pid, {p: st.ppid for p, st in table().items() if st.state != "Z"})
+
+
 def alive(pids: set[int]) -> set[int]:
     """Those of `pids` that still run (not gone, not zombies)."""
-    return {p for p in pids if (st := _stat(p)) is not None and st[0] != "Z"}
+    return {p for p in pids if (st := _stat(p)) is not None and st.state != "Z"}
 
 
 def kill_sessions(pids: set[int]) -> None:

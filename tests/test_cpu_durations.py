@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from cpu_durations import process_cpu_s, tree_cpu_s
+from cpu_durations import tree_cpu_s
+from processes import parse_stat
 
 BURN_S = 0.3
 # The child forks a grandchild that burns BURN_S of CPU, reaps it, says so, and waits for its stdin to close.
@@ -28,9 +29,9 @@ sys.stdin.read()
 
 def test_a_stat_line_gives_the_parent_and_the_cpu_with_what_was_reaped() -> None:
     line = "42 (my (odd) name) S 7 " + "0 " * 9 + "100 50 20 30 " + "0 " * 30  # after ppid, 9 fields to utime
-    parent, seconds = process_cpu_s(line)
-    assert parent == 7, "a name may hold ')' and spaces"
-    assert seconds == pytest.approx(200 / os.sysconf("SC_CLK_TCK")), "utime, stime, cutime and cstime"
+    st = parse_stat(line)
+    assert (st.state, st.ppid) == ("S", 7), "a name may hold ')' and spaces"
+    assert st.cpu_s == pytest.approx(200 / os.sysconf("SC_CLK_TCK")), "utime, stime, cutime and cstime"
 
 
 def test_a_grandchild_reaped_by_a_live_child_counts_once_before_and_after_the_child_is_reaped() -> None:
