@@ -53,6 +53,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
 )
 from dynabatch.worker.ps_client import ShardClients
+from processes import below, table
 
 _PRELOADER: list[Preloaded] = []  # this test process's, once started
 
@@ -192,28 +193,10 @@ def interrupt(run: subprocess.Popen[str] | subprocess.Popen[bytes], timeout_s: f
         run.wait()
 
 
-def descendants(pid: int) -> list[int]:
-    """Every living process below `pid`, children before grandchildren, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):  # gone since the listing
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL `pid`, its descendants and every process group among them other than this process's own."""
-    tree = [pid, *descendants(pid)]  # listed before anything dies: orphans are re-parented to init
+    # listed before anything dies (orphans are re-parented to init), zombies too: their children are still below them
+    tree = [pid, *below(pid, {p: st.ppid for p, st in table().items()})]
     own = os.getpgrp()
     groups = set()
     for p in tree:
