@@ -22,6 +22,10 @@ COMMANDS = {
     "export": ("dynabatch.cluster.export_command", "write a run's trained model as a plain PyTorch state_dict"),
     "check": ("dynabatch.cluster.check_command", "dry-run a task offline: parameters, chunks, step time, bytes"),
     "plan": ("dynabatch.cluster.plan_command", "predict each method's time to target on a measured cluster"),
+    "preload": (
+        "dynabatch.cluster.preload_command",
+        "import torch once for many jobs' shards and workers (--preloader)",
+    ),
     "keys": ("dynabatch.common.net.curve", "make the ZeroMQ CURVE keys that encrypt and authenticate a job"),
 }
 

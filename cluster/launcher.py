@@ -221,21 +221,20 @@ class Launcher:
     `curve_dirs` maps a role (an evaluator's apart from a worker's) to the `--curve-dir` it gets (see
     `shared_keys` and `keys_per_role`); without an entry a role runs without
     CURVE. `prefix` goes before every child's name, so that several launchers can
-    share one log folder. `shared_preloader`: a preloading process that several launchers of one
-    long-lived process fork from (the tests' jobs: torch's import once per test process, not once per
-    job); a launcher ends only the preloader it started itself.
+    share one log folder. `preloader_socket`: a listening preloader (`dynabatch preload`) to fork shards and
+    workers from, which the launcher leaves running; none (or none there): one of its own, ended with it.
     """
 
     log_dir: Path
     curve_dirs: dict[str, str] = field(default_factory=dict)
     prefix: str = ""
     children: list[Child] = field(default_factory=list)
-    shared_preloader: Preloaded | None = None
+    preloader_socket: str = ""
 
     def __post_init__(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.scheduler_endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.preloaded = self.shared_preloader or Preloaded(self.log_dir / f"{self.prefix}preloader.log")
+        self.preloaded = Preloaded(self.log_dir / f"{self.prefix}preloader.log", self.preloader_socket)
 
     def _process(self, cmd: list[str], log_path: Path, pipe_stdout: bool) -> Process:
         """A shard or worker (`dynabatch ps|worker` run by this interpreter) forked by the preloading process
@@ -430,16 +429,14 @@ class Launcher:
                     os.killpg(c.proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass  # already gone (a zombie not yet reaped holds its id: nothing else can have it)
-        if self.shared_preloader is None:
-            self.preloaded.kill()
+        self.preloaded.kill()
 
     def stop_all(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop every child, role by role in STOP_ORDER; other children (a benchmark's drivers) go first."""
         others = [role for role in dict.fromkeys(c.role for c in self.children) if role not in STOP_ORDER]
         for role in (*others, *STOP_ORDER):
             self.stop(role, timeout_s)
-        if self.shared_preloader is None:
-            self.preloaded.close()
+        self.preloaded.close()
 
     def write_targets(self, job: str, path: Path) -> Path:
         """A Prometheus file_sd list of every child's /metrics announced so far, labelled by role and name.

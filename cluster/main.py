@@ -185,7 +185,7 @@ class JobRun:
         keys: CurveKeys | None,
     ) -> None:
         self.opts, self.job, self.job_flags, self.run_dir, self.keys = opts, job, job_flags, run_dir, keys
-        self.launcher = Launcher(run_dir / "logs", shared_keys(curve_dir))
+        self.launcher = Launcher(run_dir / "logs", shared_keys(curve_dir), preloader_socket=self.opts.preloader)
         self.timeline: list[Snapshot] = []
         self.interrupted = 0  # the signal that asked the run to stop (0: none)
         self.forced = False  # a second signal: every child killed, not waited for

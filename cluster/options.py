@@ -56,6 +56,12 @@ class RunOptions(TrainingOptions, ShardCheckpointOptions):
     warmup_fraction: float = opt(
         0.2, "fraction of the run left out of the summary's step-time means", minimum=0.0, topic="observability"
     )
+    preloader: str = opt(
+        "",
+        "fork the shards and workers from the preloader listening at this socket (`dynabatch preload "
+        "SOCKET`: torch imported once for many jobs) instead of one of the run's own",
+        topic="cluster",
+    )
     target_metric: str = opt(
         "",
         "report the time to the first evaluation meeting METRIC>=VALUE or METRIC<=VALUE "
@@ -84,6 +90,8 @@ class RunOptions(TrainingOptions, ShardCheckpointOptions):
                 raise ConfigError(f"--slowdowns: {exc}") from None
         if self.warmup_fraction >= 1.0:
             raise ConfigError("--warmup-fraction must be below 1")
+        if self.preloader and not Path(self.preloader).is_socket():
+            raise ConfigError(f"--preloader {self.preloader}: no socket there (start one: dynabatch preload SOCKET)")
         self.target()
 
     def target(self) -> MetricTarget | None:

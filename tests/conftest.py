@@ -12,6 +12,8 @@ single-test fuzz, sharding and ssp modules (50 s each there) were again the run'
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 pytest_plugins = ("cpu_durations",)  # `--cpu-durations N`: the tests that cost the suite the most CPU
@@ -24,3 +26,12 @@ def _module(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow_modules = {_module(item) for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: _module(item) not in slow_modules)  # stable: files in order within each part
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_preloader_per_test_process() -> Iterator[None]:
+    """Every job of this test process forks its roles from one preloader (harness.shared_preloader)."""
+    from harness import shared_preloader  # torch's import: not in pytest-xdist's controller, which runs no test
+
+    with shared_preloader():
+        yield

@@ -8,7 +8,6 @@ Waiting is always for a condition with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
-import atexit
 import io
 import json
 import os
@@ -16,9 +15,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -30,10 +29,11 @@ from dynabatch.cluster.launcher import Child, Launcher, keys_per_role
 from dynabatch.cluster.launcher import child_env as child_env  # the tests take it from here
 from dynabatch.cluster.launcher import command_line as command_line  # the tests take it from here
 from dynabatch.cluster.metric_text import metric_sum
+from dynabatch.cluster.parent_death import die_with_parent
 from dynabatch.cluster.ports import free_port as free_port  # the tests take it from here
 from dynabatch.cluster.preloaded import SUPPORTED as PRELOADING
-from dynabatch.cluster.preloaded import Preloaded
 from dynabatch.common.config import job_from_dict
+from dynabatch.common.flags import ENV_PREFIX
 from dynabatch.common.net.curve import CurveKeys
 from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.net.transport import Connection, use_curve
@@ -55,24 +55,53 @@ from dynabatch.common.wire.messages import (
 from dynabatch.worker.ps_client import ShardClients
 from processes import below, table
 
-_PRELOADER: list[Preloaded] = []  # this test process's, once started
+PRELOADER_ENV = ENV_PREFIX + "PRELOADER"  # `dynabatch run --preloader`'s variable
 
 
-def shared_preloader() -> Preloaded | None:
-    """The preloading process (cluster/preloaded.py) every job this test process starts forks its shards and
-    workers from: torch's import, 2 s of CPU, once per test process instead of once per job (about 60 jobs,
-    two minutes of a suite's CPU). Started from the main thread, whose end its parent-death signal follows;
-    None in any other thread (a launcher there starts its own) and where there is no preloading."""
-    if not PRELOADING or threading.current_thread() is not threading.main_thread():
-        return None
-    if not _PRELOADER:
-        folder = Path(tempfile.mkdtemp(prefix="dynabatch-test-preloader-"))
-        preloaded = Preloaded(folder / "preloader.log")
-        preloaded.start(child_env())
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        atexit.register(preloaded.close)  # the handlers run last in, first out: this one first
-        _PRELOADER.append(preloaded)
-    return _PRELOADER[0]
+@contextmanager
+def shared_preloader() -> Iterator[str]:
+    """One preloader (`dynabatch preload`) for every job this test process starts: its socket in
+    DYNABATCH_PRELOADER, so that each `dynabatch run` it starts and each `Cluster` fork their shards and
+    workers from it. Torch's import, 2 s of CPU, once per test process instead of once per job
+    (a tenth of the suite's CPU, bench/RESULTS.md 54). A child of this process, so what it forks is counted by
+    `--cpu-durations`, and ended with it; nothing where there is no preloading."""
+    if not PRELOADING:
+        yield ""
+        return
+    folder = Path(tempfile.mkdtemp(prefix="dynabatch-test-preloader-"))
+    sock, log_path = folder / "preloader.sock", folder / "preloader.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command_line("preload", [str(sock)]),
+            stdout=log,
+            stderr=log,
+            env=child_env(),
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
+    try:
+        wait_for("the tests' preloader to listen", lambda: sock.is_socket() or proc.poll() is not None, 60)
+        if proc.poll() is not None:
+            raise RuntimeError(f"dynabatch preload exited {proc.returncode}:\n{log_path.read_text()}")
+        os.environ[PRELOADER_ENV] = str(sock)
+        yield str(sock)
+    finally:
+        os.environ.pop(PRELOADER_ENV, None)
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def alone_env() -> dict[str, str]:
+    """`child_env()` for a `dynabatch run` that forks its roles from a preloader of its own, so that they are
+    below it in the process tree, where a test that follows the run's processes looks for them."""
+    env = child_env()
+    env.pop(PRELOADER_ENV, None)
+    return env
 
 
 def mlp_job(epochs: float, *slowdowns: str, dataset: str = "synthetic") -> list[str]:
@@ -249,7 +278,7 @@ class Cluster:
             self.ctx = zmq.Context()
             use_curve(self.ctx, CurveKeys.load(self.curve_dir, "worker"))
             curve_dirs = keys_per_role(self.curve_dir, self.tmp)
-        self.launcher = Launcher(self.tmp, curve_dirs, shared_preloader=shared_preloader())
+        self.launcher = Launcher(self.tmp, curve_dirs, preloader_socket=os.environ.get(PRELOADER_ENV, ""))
 
     @property
     def scheduler_endpoint(self) -> str:

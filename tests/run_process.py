@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zmq
 
-from harness import child_env, command_line, status_at, wait_for
+from harness import alone_env, command_line, status_at, wait_for
 from processes import alive, descendants, kill_sessions
 
 ROLES = {"scheduler", "ps0", "worker0", "evaluator"}
@@ -55,7 +55,7 @@ class RunProcess:
                 command_line("run", ["--out", str(out), "--name", "r", *flags]),
                 stdout=printed,
                 stderr=err,
-                env=child_env(),
+                env=alone_env(),  # its processes below it, where `trained_and_evaluated` finds them
                 cwd=cwd,
             )
         self.children: set[int] = set()

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import zmq
 
-from dynabatch.cluster.launcher import child_env, command_line
+from dynabatch.cluster.launcher import command_line
 from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.cluster.restart_policy import after_exit
 from dynabatch.common.config import JobConfig
 from dynabatch.common.net.metrics import announced_port
 from dynabatch.common.wire.messages import JobStatus
-from harness import free_port, interrupt, status_at, wait_for
+from harness import alone_env, free_port, interrupt, status_at, wait_for
 from processes import descendants
 
 STATUS_S = 0.2  # the run's loop period: how soon it can notice an exit
@@ -211,7 +211,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             ),
             stdout=subprocess.DEVNULL,
             stderr=err,
-            env=child_env(),
+            env=alone_env(),  # its workers below it, where _children_of looks
         )
     logs = tmp_path / "r" / "logs"
     ctx = zmq.Context()

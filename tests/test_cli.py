@@ -107,7 +107,7 @@ def test_a_run_folder_that_holds_a_run_is_never_reused(tmp_path: Path) -> None:
     assert sorted(p.name for p in old.rglob("*")) == ["checkpoints", "shard-0.pt"], "nothing was written into it"
 
 
-COMMANDS = ("run", "scheduler", "ps", "worker", "export", "check", "plan", "keys")
+COMMANDS = ("run", "scheduler", "ps", "worker", "export", "check", "plan", "preload", "keys")
 
 
 def test_help_lists_every_command_on_a_line_of_its_own() -> None:

@@ -63,6 +63,11 @@ CHECKS: dict[str, tuple[str, str]] = {
     "--slowdowns 1 2 4 --epochs 5 --global-batch 256": (PARSE, ""),
     "dynabatch run --task examples/byte_gpt.py:task --protocol asgd --workers 3 --slowdowns 1 2 4 --epochs 2 "
     "--global-batch 64": (PARSE, ""),
+    "dynabatch preload /tmp/$USER-preload.sock &": (
+        ELSEWHERE,
+        "tests/test_preloaded.py::test_launchers_at_a_listening_preloader_fork_from_it_and_each_ends_only_its_own_children",
+    ),
+    "dynabatch run --preloader /tmp/$USER-preload.sock --lr 0.1 --epochs 1": (PARSE, ""),
     # operators.md
     "dynabatch keys --out keys/": (RUN, "server.key_secret"),
     "dynabatch scheduler --curve-dir keys/ --bind tcp://0.0.0.0:5555": (PARSE, ""),

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dynabatch.cluster.launcher import Child, Launcher, child_env
+from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
 from harness import free_port, wait_for
 from processes import alive
@@ -65,12 +70,41 @@ def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path: Path) -> N
     preloaded.close()
 
 
-def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_path: Path) -> None:
-    """The tests' jobs share their test process's preloader (harness.shared_preloader): one launcher's stop ends its
-    own children, not the preloader nor another launcher's children; a launcher of its own ends its preloader."""
-    shared = Preloaded(tmp_path / "shared.log")
-    shared.start(child_env())
-    first, second = (Launcher(tmp_path / name, shared_preloader=shared) for name in ("first", "second"))
+@pytest.fixture
+def short_folder() -> Iterator[Path]:
+    """A folder for sockets: a Unix socket's path is at most 107 bytes, which pytest's tmp_path can pass."""
+    folder = Path(tempfile.mkdtemp(prefix="dynabatch-preload-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _listening(sock: Path) -> subprocess.Popen[str]:
+    """`dynabatch preload SOCK`, once its socket is there."""
+    proc = subprocess.Popen(
+        command_line("preload", [str(sock)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+    )
+    wait_for("the preloader to listen", lambda: sock.is_socket() or proc.poll() is not None, 60)
+    assert proc.poll() is None, proc.communicate()[0]
+    return proc
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_launchers_at_a_listening_preloader_fork_from_it_and_each_ends_only_its_own_children(
+    tmp_path: Path, short_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dynabatch preload` serves every launcher that names its socket: one launcher's stop ends its own
+    children, not the preloader nor another's; a launcher that ends without stopping them (killed outright) has
+    them sent SIGTERM; a launcher without a socket has a preloader of its own, which ends with it."""
+    sock = short_folder / "p.sock"
+    preload = _listening(sock)
+    first, second = (Launcher(tmp_path / name, preloader_socket=str(sock)) for name in ("first", "second"))
     own = Launcher(tmp_path / "own")
     try:
         children = [launcher.start_worker("w") for launcher in (first, second, own)]  # no scheduler: they wait
@@ -80,15 +114,78 @@ def test_launchers_that_share_a_preloader_fork_from_it_and_leave_it_running(tmp_
                 return "scheduler" in c.log_text()
 
             wait_for(f"{child.log_path} to say it waits", waits, 60)
-        parents = [int(Path(f"/proc/{c.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for c in children]
-        assert parents[0] == parents[1] == shared.pid != parents[2] == own.preloaded.pid
+        parents = [_parent(c.proc.pid) for c in children]
+        assert parents[0] == parents[1] == preload.pid != parents[2] == own.preloaded.pid
         first.stop_all()
         assert children[0].proc.poll() is not None and children[1].proc.poll() is None
-        assert alive({shared.pid}), "a launcher does not end a preloader it was lent"
+        assert preload.poll() is None, "a launcher does not end a preloader it was lent"
+        second.preloaded.kill()  # its connection ends, as a launcher's does when it is killed
+        code = children[1].proc.wait(60)
+        wait_for("the worker of the launcher that ended to stop", lambda: not alive({children[1].proc.pid}), 60)
+        assert code is not None and preload.poll() is None
         own.stop_all()
         wait_for("a launcher's own preloader to end", lambda: not alive({parents[2]}), 30)
+        later = Launcher(tmp_path / "later", preloader_socket=str(sock))
+        monkeypatch.chdir(tmp_path)  # not the preloader's folder: a relative path is the launcher's
+        refused = later.preloaded.spawn(["ps", "--shard-index", "-2"], Path("bad.log"), child_env())
+        assert refused.wait(60) == 2 and later.preloaded.pid == preload.pid
+        assert "dynabatch ps:" in (tmp_path / "bad.log").read_text()
+        later.stop_all()
     finally:
         for launcher in (first, second, own):
             launcher.stop_all()
-        shared.close()
-    assert not alive({shared.pid})
+        preload.terminate()
+        printed = preload.communicate(timeout=60)[0]
+    assert preload.returncode == 0, printed
+    assert f"listening at {sock}" in printed and not sock.exists(), "it removes its socket when it ends"
+
+
+def test_preload_refuses_what_is_no_place_for_a_socket_and_a_garbled_request_changes_nothing(
+    tmp_path: Path, short_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file, a folder that is not there and a live preloader's socket are refused in one line; a client that
+    sends what is not a request is told nothing and the preloader serves the next; a socket its preloader left
+    behind (killed outright) is one a launcher does without, and another preloader takes over; `dynabatch run
+    --preloader` names a socket or is refused."""
+    a_file = short_folder / "file"
+    a_file.write_text("not a socket")
+    sock = short_folder / "p.sock"
+    for path, reason in (
+        (a_file, "is a file, not a socket"),
+        (short_folder / "missing" / "p.sock", "does not exist"),
+    ):
+        done = subprocess.run(command_line("preload", [str(path)]), capture_output=True, text=True, env=child_env())
+        assert done.returncode == 2 and reason in done.stderr, done.stderr
+    run = subprocess.run(
+        command_line("run", ["--out", str(tmp_path), "--preloader", str(a_file)]),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+    )
+    assert run.returncode == 2 and "--preloader" in run.stderr and not any(tmp_path.iterdir()), run.stderr
+    preload = _listening(sock)
+    try:
+        twice = subprocess.run(command_line("preload", [str(sock)]), capture_output=True, text=True, env=child_env())
+        assert twice.returncode == 2 and "already listens" in twice.stderr, twice.stderr
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as garbled:
+            garbled.connect(str(sock))
+            garbled.sendall(b'not json\n{"argv": 3, "log": "x", "env": {}, "cwd": "/"}\n')
+            launcher = Launcher(tmp_path / "after", preloader_socket=str(sock))
+            refused = launcher.preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "bad.log", child_env())
+            assert refused.wait(60) == 2
+            launcher.stop_all()
+        preload.kill()
+        preload.wait(60)
+        assert sock.is_socket(), "killed outright, it leaves its socket"
+        stale = Launcher(tmp_path / "stale", preloader_socket=str(sock))
+        alone = stale.preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "alone.log", child_env())
+        assert alone.wait(60) == 2 and stale.preloaded.pid not in (preload.pid, -1)
+        stale.stop_all()
+        assert f"no preloader at {sock}" in capsys.readouterr().err, "said once, and the job goes on without it"
+        again = _listening(sock)
+        again.terminate()
+        again.wait(60)
+    finally:
+        preload.kill()
+        printed = preload.communicate(timeout=60)[0]
+    assert printed.count("refused a request that is not one") == 2, printed

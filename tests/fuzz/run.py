@@ -71,7 +71,7 @@ from dynabatch.ps.peer_limits import backlog_limit
 from fuzz.attacks import ATTACKS, UNREAD_PULLS, Attack, AttackResult
 from fuzz.byzantine import GRADIENTS, ByzantineMember, judge
 from fuzz.messages import BYZANTINE, LIES, SCHEDULER, FuzzMessages, JobView
-from harness import shared_preloader
+from harness import PRELOADER_ENV
 from processes import rss_bytes
 
 # The configuration docs/operators.md recommends for workers one does not trust, so that the fuzz holds it to account:
@@ -198,7 +198,7 @@ class Job:
     """One job's processes; `name` prefixes their logs."""
 
     def __init__(self, log_dir: Path, name: str, settings: FuzzSettings) -> None:
-        self.launcher = Launcher(log_dir, prefix=f"{name}-", shared_preloader=shared_preloader())
+        self.launcher = Launcher(log_dir, prefix=f"{name}-", preloader_socket=os.environ.get(PRELOADER_ENV, ""))
         flags = [*JOB, "--epochs", str(settings.epochs), "--shards", str(settings.shards), "--seed", str(settings.seed)]
         self.launcher.start_scheduler(flags)
         for i in range(settings.shards):

@@ -1,0 +1,93 @@
+"""`dynabatch preload SOCKET`: one process that imports torch once and forks the shards and workers of every
+`dynabatch run` started with `--preloader SOCKET` (or DYNABATCH_PRELOADER=SOCKET) while it runs.
+
+A job forks its roles from a preloader of its own, which costs it torch's import
+(about 2 s of CPU) before its first step: in a sweep of short jobs, or a test
+suite, a large part of each job. This preloader serves any number of jobs, one
+after another or at once, as the user who started it (no one else may connect).
+Each job's processes are its own as before: their command lines, sessions, logs,
+environment and folder; when a job's `dynabatch run` ends, however it ends, its
+processes get SIGTERM. Ctrl-C or SIGTERM ends the preloader and, with it, every
+process it forked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from dynabatch.cluster.preloaded import SUPPORTED, preload, run_forked
+from dynabatch.common.flags import ConfigError, FlagParser
+
+
+def listen(path: Path) -> socket.socket:
+    """A Unix socket listening at `path`, readable and writable by this user alone; one a preloader that ended
+    left behind is replaced, a live preloader's or any other file is refused."""
+    if not path.parent.is_dir():
+        raise ConfigError(f"{path}: its folder {path.parent} does not exist")
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ConfigError(f"{path} is a file, not a socket: name a path to make the socket at")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+            raise ConfigError(f"{path}: a preloader already listens there")
+        except ConnectionRefusedError:
+            path.unlink()  # its preloader ended without removing it
+        finally:
+            probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    return listener
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = FlagParser("dynabatch preload", __doc__)
+    parser.add_argument("socket", metavar="SOCKET", type=Path, help="the path of the socket to listen at")
+    args = parser.parse_args(argv)
+    if not SUPPORTED:
+        parser.error("a preloader forks after torch's import, which needs Linux")
+    try:
+        listener = listen(args.socket)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    preloader = os.getpid()
+    signal.signal(signal.SIGTERM, _stop)
+    print(
+        f"dynabatch preload: listening at {args.socket} (pid {preloader}); "
+        f"start jobs with --preloader {args.socket} or DYNABATCH_PRELOADER={args.socket}",
+        flush=True,
+    )
+    try:
+        preload()
+        return run_forked(None, listener)
+    except KeyboardInterrupt:
+        if os.getpid() != preloader:  # a forked child's own, which it raises as a fresh process would
+            raise
+        return 0
+    finally:
+        if os.getpid() == preloader:  # a forked child returns through here too
+            listener.close()
+            args.socket.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
