@@ -19,6 +19,7 @@ import socket
 import stat
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -26,33 +27,66 @@ from dynabatch.cluster.preloaded import SUPPORTED, preload, run_forked
 from dynabatch.common.flags import ConfigError, FlagParser
 
 
-def listen(path: Path) -> socket.socket:
+@dataclass(frozen=True)
+class Listening:
+    """The preloader's socket and the file it is bound to (its inode: the file another preloader may have put in
+    its place since is not removed)."""
+
+    sock: socket.socket
+    path: Path
+    inode: int
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            if self.path.lstat().st_ino == self.inode:
+                self.path.unlink()
+        except OSError:
+            pass  # gone already
+
+
+def listen(path: Path) -> Listening:
     """A Unix socket listening at `path`, readable and writable by this user alone; one a preloader that ended
-    left behind is replaced, a live preloader's or any other file is refused."""
+    left behind is replaced, a live preloader's or any other file is refused. It is bound and listening under a
+    name of its own, then renamed to `path`: a launcher that finds it there can connect."""
     if not path.parent.is_dir():
         raise ConfigError(f"{path}: its folder {path.parent} does not exist")
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise ConfigError(f"{path} is a file, not a socket: name a path to make the socket at")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-            raise ConfigError(f"{path}: a preloader already listens there")
-        except ConnectionRefusedError:
-            path.unlink()  # its preloader ended without removing it
-        finally:
-            probe.close()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
     try:
-        listener.bind(str(path))
+        if path.exists() or path.is_symlink():
+            _stale(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        staged = path.with_name(f".{path.name}.{os.getpid()}")
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(staged))
+            listener.listen(64)
+            listener.setblocking(False)
+            os.replace(staged, path)
+            inode = path.lstat().st_ino
+        except OSError:
+            listener.close()
+            staged.unlink(missing_ok=True)
+            raise
+        finally:
+            os.umask(old)
     except OSError as exc:
-        listener.close()
-        raise ConfigError(f"{path}: {exc.strerror}") from None
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    return Listening(listener, path, inode)
+
+
+def _stale(path: Path) -> None:
+    """Remove the socket at `path` if no preloader answers there (one that was killed left it); refuse anything
+    else."""
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise ConfigError(f"{path} is a file, not a socket: name a path to make the socket at")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        raise ConfigError(f"{path}: a preloader already listens there")
+    except ConnectionRefusedError:
+        path.unlink()
     finally:
-        os.umask(old)
-    listener.listen(64)
-    return listener
+        probe.close()
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -65,28 +99,28 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if not SUPPORTED:
         parser.error("a preloader forks after torch's import, which needs Linux")
-    try:
-        listener = listen(args.socket)
-    except ConfigError as exc:
-        parser.error(str(exc))
     preloader = os.getpid()
     signal.signal(signal.SIGTERM, _stop)
-    print(
-        f"dynabatch preload: listening at {args.socket} (pid {preloader}); "
-        f"start jobs with --preloader {args.socket} or DYNABATCH_PRELOADER={args.socket}",
-        flush=True,
-    )
+    listener = None
     try:
+        try:
+            listener = listen(args.socket)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        print(
+            f"dynabatch preload: listening at {args.socket} (pid {preloader}); "
+            f"start jobs with --preloader {args.socket} or DYNABATCH_PRELOADER={args.socket}",
+            flush=True,
+        )
         preload()
-        return run_forked(None, listener)
+        return run_forked(None, listener.sock)
     except KeyboardInterrupt:
         if os.getpid() != preloader:  # a forked child's own, which it raises as a fresh process would
             raise
         return 0
     finally:
-        if os.getpid() == preloader:  # a forked child returns through here too
+        if os.getpid() == preloader and listener is not None:  # a forked child returns through here too
             listener.close()
-            args.socket.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,17 @@ def _pidfd_of_child(pid: int, parent: int) -> int | None:
     return fd
 
 
+def _end(pid: int, parent: int) -> None:
+    """SIGTERM to `pid` if it is still `parent`'s child: a fork nobody holds a handle to."""
+    if (fd := _pidfd_of_child(pid, parent)) is not None:
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def peer_ids(sock: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end of a Unix socket, as the kernel saw it connect."""
     pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -151,6 +162,7 @@ class Preloaded:
     _peer: int = -1  # the preloader's pid
     _lines: bytes = b""
     _started: int | None = None  # the pid of the last fork reported and not yet handed out
+    _abandoned: int = 0  # requests whose fork was given up on (`spawn`'s wait ran out): ended when reported
     gone: bool = False  # the preloader ended (or let this launcher go) and everything it reported was read
 
     def spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess:
@@ -166,6 +178,7 @@ class Preloaded:
         while (pid := self._started) is None:
             left = deadline - time.monotonic()
             if left <= 0 or (not self.collect(min(1.0, left)) and self.gone):
+                self._abandoned += 1  # a late report of this fork is not the next request's
                 raise RuntimeError(f"the preloading process did not fork {argv[0]}; its log ends:\n{self._tail()}")
         self._started = None
         return ForkedProcess(pid, argv, self)
@@ -187,7 +200,7 @@ class Preloaded:
             for child in self.forked.values():
                 child.lost = True
             self.forked.clear()
-            self._lines, self.gone = b"", False
+            self._lines, self.gone, self._started, self._abandoned = b"", False, None, 0
             self._conn = self._attach() or self._own(env)
         return self._conn
 
@@ -256,7 +269,10 @@ class Preloaded:
         *lines, self._lines = self._lines.split(b"\n")
         for line in lines:
             kind, pid, *code = line.decode().split()
-            if kind == "started":
+            if kind == "started" and self._abandoned:
+                self._abandoned -= 1
+                _end(int(pid), self._peer)
+            elif kind == "started":
                 self._started = int(pid)
             elif (child := self.forked.pop(int(pid), None)) is not None:
                 child.exited(int(code[0]))
@@ -308,10 +324,13 @@ class _Client:
     conn: socket.socket
     pending: bytes = b""
     children: set[int] = field(default_factory=set)
+    stuck: bool = False  # it let its reports fill the socket: dropped, lest it hold up every other launcher
 
     def report(self, line: str) -> None:
         try:
             self.conn.sendall(line.encode() + b"\n")
+        except BlockingIOError:
+            self.stuck = True
         except OSError:
             pass  # it is gone: its end is read as such on the next turn
 
@@ -320,7 +339,8 @@ def _serve(first: socket.socket | None, listener: socket.socket | None) -> dict[
     """Fork a child per request line of each launcher (`first`, and whoever connects to `listener`); report
     "started PID" and "exited PID CODE" to the launcher that asked. Returns, in a child, its request; in a
     preloader without a listener, None once its one launcher closed its end. A launcher that ends under a
-    listening preloader has its children still running sent SIGTERM."""
+    listening preloader, or leaves so many reports unread that they would block the preloader, has its
+    children still running sent SIGTERM."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -341,15 +361,12 @@ def _serve(first: socket.socket | None, listener: socket.socket | None) -> dict[
                 continue
             try:
                 data = launcher.conn.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                continue
             except ConnectionError:
                 data = b""
             if not data:
-                del launchers[fd]
-                launcher.conn.close()
-                if listener is None:
-                    return None
-                for pid in launcher.children:  # unreaped, so the pid is still this child's
-                    os.kill(pid, signal.SIGTERM)
+                launcher.stuck = True  # ended: dropped as one that is stuck
                 continue
             launcher.pending += data
             *lines, launcher.pending = launcher.pending.split(b"\n")
@@ -357,8 +374,7 @@ def _serve(first: socket.socket | None, listener: socket.socket | None) -> dict[
                 if (request := _request(line)) is None:
                     print(f"dynabatch preload: refused a request that is not one: {line[:200]!r}", file=sys.stderr)
                     continue
-                pid = os.fork()
-                if pid == 0:
+                if (pid := _fork()) == 0:
                     signal.set_wakeup_fd(-1)
                     os.close(wake_r)
                     os.close(wake_w)
@@ -368,6 +384,28 @@ def _serve(first: socket.socket | None, listener: socket.socket | None) -> dict[
                 launcher.children.add(pid)
                 owners[pid] = launcher
                 launcher.report(f"started {pid}")
+        for fd, launcher in [(fd, each) for fd, each in launchers.items() if each.stuck]:
+            del launchers[fd]
+            launcher.conn.close()
+            if listener is None:
+                return None
+            for pid in launcher.children:  # unreaped, so the pid is still this child's
+                os.kill(pid, signal.SIGTERM)
+
+
+def _fork() -> int:
+    """os.fork, the child with the default SIGTERM and SIGINT before either can reach it: the preloader's own
+    handlers (`dynabatch preload` exits on them) are not the child's."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return pid
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
 def _request(line: bytes) -> dict[str, Any] | None:
@@ -393,6 +431,7 @@ def _accept(listener: socket.socket, launchers: dict[int, _Client]) -> None:
         print(f"dynabatch preload: refused pid {pid}: it runs as uid {uid}, not {os.getuid()}", file=sys.stderr)
         conn.close()
         return
+    conn.setblocking(False)  # a launcher that stops reading must not stop the preloader (`_Client.report`)
     launchers[conn.fileno()] = _Client(conn)
 
 

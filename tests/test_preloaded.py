@@ -14,9 +14,16 @@ from pathlib import Path
 import pytest
 
 from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line
+from dynabatch.cluster.parent_death import die_with_parent
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
 from harness import free_port, wait_for
-from processes import alive
+from processes import alive, table
+
+# A job that trains until it is stopped: the synthetic set's MLP, one worker, nothing else the preloader forks.
+FOREVER = [
+    *("--dataset", "synthetic", "--model", "mlp", "--epochs", "1000", "--workers", "1", "--slowdowns", "1"),
+    *("--no-evaluator", "--no-plots", "--timeout-s", "200"),
+]
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="the preloader forks on Linux only")
 
@@ -79,17 +86,38 @@ def short_folder() -> Iterator[Path]:
 
 
 def _listening(sock: Path) -> subprocess.Popen[str]:
-    """`dynabatch preload SOCK`, once its socket is there."""
+    """`dynabatch preload SOCK`, once its socket is there (it dies with this process)."""
     proc = subprocess.Popen(
         command_line("preload", [str(sock)]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=child_env(),
+        preexec_fn=die_with_parent(),
     )
-    wait_for("the preloader to listen", lambda: sock.is_socket() or proc.poll() is not None, 60)
+    try:
+        wait_for("the preloader to listen", lambda: _answers(sock) or proc.poll() is not None, 60)
+    finally:
+        if not _answers(sock):
+            proc.kill()
     assert proc.poll() is None, proc.communicate()[0]
     return proc
+
+
+def _answers(sock: Path) -> bool:
+    """Whether a preloader listens at `sock` (a socket file a killed one left answers nothing)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(sock))
+        except OSError:
+            return False
+    return True
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM a `dynabatch preload` and wait: what it printed."""
+    proc.terminate()
+    return proc.communicate(timeout=60)[0]
 
 
 def _parent(pid: int) -> int:
@@ -100,12 +128,14 @@ def test_launchers_at_a_listening_preloader_fork_from_it_and_each_ends_only_its_
     tmp_path: Path, short_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`dynabatch preload` serves every launcher that names its socket: one launcher's stop ends its own
-    children, not the preloader nor another's; a launcher that ends without stopping them (killed outright) has
-    them sent SIGTERM; a launcher without a socket has a preloader of its own, which ends with it."""
+    children, not the preloader nor another's; a `dynabatch run` killed outright has its shard and worker sent
+    SIGTERM, as has a launcher whose connection ends; a launcher without a socket has a preloader of its own,
+    which ends with it."""
     sock = short_folder / "p.sock"
     preload = _listening(sock)
-    first, second = (Launcher(tmp_path / name, preloader_socket=str(sock)) for name in ("first", "second"))
+    first, second, later = (Launcher(tmp_path / name, preloader_socket=str(sock)) for name in ("1", "2", "later"))
     own = Launcher(tmp_path / "own")
+    run = None
     try:
         children = [launcher.start_worker("w") for launcher in (first, second, own)]  # no scheduler: they wait
         for child in children:
@@ -119,23 +149,43 @@ def test_launchers_at_a_listening_preloader_fork_from_it_and_each_ends_only_its_
         first.stop_all()
         assert children[0].proc.poll() is not None and children[1].proc.poll() is None
         assert preload.poll() is None, "a launcher does not end a preloader it was lent"
-        second.preloaded.kill()  # its connection ends, as a launcher's does when it is killed
-        code = children[1].proc.wait(60)
-        wait_for("the worker of the launcher that ended to stop", lambda: not alive({children[1].proc.pid}), 60)
-        assert code is not None and preload.poll() is None
         own.stop_all()
         wait_for("a launcher's own preloader to end", lambda: not alive({parents[2]}), 30)
-        later = Launcher(tmp_path / "later", preloader_socket=str(sock))
+
+        run = subprocess.Popen(
+            command_line("run", ["--out", str(tmp_path), "--name", "r", "--preloader", str(sock), *FOREVER]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=child_env(),
+        )
+
+        def the_runs() -> set[int]:
+            """The preloader's children but the second launcher's worker: the run's shard and worker."""
+            forked = {p for p, st in table().items() if st.ppid == preload.pid and st.state != "Z"}
+            return forked - {children[1].proc.pid}
+
+        roles = wait_for(
+            "the run's shard and worker, forked by the preloader", lambda: len(the_runs()) == 2 and the_runs(), 120
+        )
+        run.kill()
+        run.wait(60)
+        wait_for("the killed run's shard and worker to end", lambda: not alive(roles), 60)
+        assert alive({children[1].proc.pid}), "another launcher's child runs on"
+        second.preloaded.kill()  # its connection ends, as a killed launcher's does
+        wait_for("the worker of the launcher that ended to stop", lambda: not alive({children[1].proc.pid}), 60)
+        assert preload.poll() is None
+
         monkeypatch.chdir(tmp_path)  # not the preloader's folder: a relative path is the launcher's
         refused = later.preloaded.spawn(["ps", "--shard-index", "-2"], Path("bad.log"), child_env())
         assert refused.wait(60) == 2 and later.preloaded.pid == preload.pid
         assert "dynabatch ps:" in (tmp_path / "bad.log").read_text()
-        later.stop_all()
     finally:
-        for launcher in (first, second, own):
+        if run is not None and run.poll() is None:
+            run.kill()
+            run.wait()
+        for launcher in (first, second, own, later):
             launcher.stop_all()
-        preload.terminate()
-        printed = preload.communicate(timeout=60)[0]
+        printed = _stop(preload)
     assert preload.returncode == 0, printed
     assert f"listening at {sock}" in printed and not sock.exists(), "it removes its socket when it ends"
 
@@ -164,6 +214,7 @@ def test_preload_refuses_what_is_no_place_for_a_socket_and_a_garbled_request_cha
     )
     assert run.returncode == 2 and "--preloader" in run.stderr and not any(tmp_path.iterdir()), run.stderr
     preload = _listening(sock)
+    again = None
     try:
         twice = subprocess.run(command_line("preload", [str(sock)]), capture_output=True, text=True, env=child_env())
         assert twice.returncode == 2 and "already listens" in twice.stderr, twice.stderr
@@ -178,14 +229,16 @@ def test_preload_refuses_what_is_no_place_for_a_socket_and_a_garbled_request_cha
         preload.wait(60)
         assert sock.is_socket(), "killed outright, it leaves its socket"
         stale = Launcher(tmp_path / "stale", preloader_socket=str(sock))
-        alone = stale.preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "alone.log", child_env())
-        assert alone.wait(60) == 2 and stale.preloaded.pid not in (preload.pid, -1)
+        for log in ("alone.log", "alone-again.log"):
+            alone = stale.preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / log, child_env())
+            assert alone.wait(60) == 2 and stale.preloaded.pid not in (preload.pid, -1)
         stale.stop_all()
-        assert f"no preloader at {sock}" in capsys.readouterr().err, "said once, and the job goes on without it"
+        assert capsys.readouterr().err.count(f"no preloader at {sock}") == 1, "said once; the job goes on without it"
         again = _listening(sock)
-        again.terminate()
-        again.wait(60)
     finally:
         preload.kill()
         printed = preload.communicate(timeout=60)[0]
+        if again is not None:
+            _stop(again)
     assert printed.count("refused a request that is not one") == 2, printed
+    assert not sock.exists(), "the preloader that took the stale socket over removed it when it ended"
