@@ -428,7 +428,8 @@ class Launcher:
                 try:
                     os.killpg(c.proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
-                    pass  # already gone (a zombie not yet reaped holds its id: nothing else can have it)
+                    pass  # already gone (a zombie not yet reaped holds its id; a forked child's preloader reaps it
+                    # at once, and its pid could be another's only after a wrap-around of pids before the report)
         self.preloaded.kill()
 
     def stop_all(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
