@@ -183,11 +183,6 @@ class Preloaded:
         self._started = None
         return ForkedProcess(pid, argv, self)
 
-    def start(self, env: dict[str, str]) -> None:
-        """Start (or reach) the preloading process now rather than at the first `spawn`: from the thread whose
-        end its parent-death signal follows (a fork from a short-lived thread would die with that thread)."""
-        self._connected(env)
-
     def _connected(self, env: dict[str, str]) -> socket.socket:
         """The connection to a preloading process, made again (with the children's environment) if there is
         none or it ended; the children of one that ended keep their handles, which then learn of their exit

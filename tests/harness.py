@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import IO, Any, Literal, TypeVar
 
 import torch
 import zmq
@@ -69,20 +70,10 @@ def shared_preloader() -> Iterator[str]:
         yield ""
         return
     folder = Path(tempfile.mkdtemp(prefix="dynabatch-test-preloader-"))
-    sock, log_path = folder / "preloader.sock", folder / "preloader.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            command_line("preload", [str(sock)]),
-            stdout=log,
-            stderr=log,
-            env=child_env(),
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
-        )
+    sock = folder / "preloader.sock"
+    with open(folder / "preloader.log", "w") as log:
+        proc = start_preload(sock, log)
     try:
-        wait_for("the tests' preloader to listen", lambda: sock.is_socket() or proc.poll() is not None, 60)
-        if proc.poll() is not None:
-            raise RuntimeError(f"dynabatch preload exited {proc.returncode}:\n{log_path.read_text()}")
         os.environ[PRELOADER_ENV] = str(sock)
         yield str(sock)
     finally:
@@ -94,6 +85,39 @@ def shared_preloader() -> Iterator[str]:
             proc.kill()
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_preload(sock: Path, output: IO[str] | int) -> subprocess.Popen[str]:
+    """`dynabatch preload SOCK`, its output to `output`, a child of this process that dies with it, once a launcher
+    can connect at SOCK (a socket file a killed preloader left there answers nothing); one that exits first fails
+    the test with what it printed to a pipe."""
+    proc = subprocess.Popen(
+        command_line("preload", [str(sock)]),
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+    )
+    try:
+        wait_for("dynabatch preload to listen", lambda: preloader_answers(sock) or proc.poll() is not None, 60)
+    finally:
+        if not preloader_answers(sock):
+            proc.kill()
+    if proc.poll() is not None:
+        raise AssertionError(f"dynabatch preload exited {proc.returncode}: {proc.communicate()[0]}")
+    return proc
+
+
+def preloader_answers(sock: Path) -> bool:
+    """Whether a preloader listens at `sock`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(sock))
+        except OSError:
+            return False
+    return True
 
 
 def alone_env() -> dict[str, str]:

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line
-from dynabatch.cluster.parent_death import die_with_parent
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
-from harness import free_port, wait_for
+from harness import free_port, start_preload, wait_for
 from processes import alive, table
 
 # A job that trains until it is stopped: the synthetic set's MLP, one worker, nothing else the preloader forks.
@@ -86,32 +85,8 @@ def short_folder() -> Iterator[Path]:
 
 
 def _listening(sock: Path) -> subprocess.Popen[str]:
-    """`dynabatch preload SOCK`, once its socket is there (it dies with this process)."""
-    proc = subprocess.Popen(
-        command_line("preload", [str(sock)]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=child_env(),
-        preexec_fn=die_with_parent(),
-    )
-    try:
-        wait_for("the preloader to listen", lambda: _answers(sock) or proc.poll() is not None, 60)
-    finally:
-        if not _answers(sock):
-            proc.kill()
-    assert proc.poll() is None, proc.communicate()[0]
-    return proc
-
-
-def _answers(sock: Path) -> bool:
-    """Whether a preloader listens at `sock` (a socket file a killed one left answers nothing)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(sock))
-        except OSError:
-            return False
-    return True
+    """`dynabatch preload SOCK`, what it prints read at its end."""
+    return start_preload(sock, subprocess.PIPE)
 
 
 def _stop(proc: subprocess.Popen[str]) -> str:
