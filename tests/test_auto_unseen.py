@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from bench.auto_default import AUTO
-from bench.auto_unseen import UNMEASURED, _profile, cluster_name, table, verdicts
+from bench.auto_unseen import UNMEASURED, _profile, cluster_name, split_table, split_verdicts, table, verdicts
 from bench.drawn_clusters import DRAW_SEED
 from dynabatch.scheduler.auto_policy import HELD
 
@@ -66,6 +66,27 @@ def test_with_several_seeds_each_method_is_judged_by_its_median() -> None:
     fewer = [r for r in rows if r["method"] != "asgd+fixed"]  # --methods without the previous default
     (f,) = verdicts(fewer)
     assert f["best"] == "DBS-SGD (capped weight)" and math.isinf(f["prev_default"]) and "| – s |" in table(fewer)
+
+
+def test_a_split_picks_the_best_on_the_first_seeds_and_judges_it_and_auto_on_the_others() -> None:
+    seeds: list[tuple[str, str, list[float | None]]] = [
+        ("g", "ringmaster+fixed", [10.0, 9.0, 11.0, 14.0, 13.0, 12.0]),  # best on 0-2 (10), itself 1.3x on 3-5
+        ("g", "asgd+fixed", [12.0, 12.0, 12.0, 11.0, 11.0, 11.0]),  # best on 3-5, not where the best is picked
+        ("g", AUTO, [20.0, 20.0, 20.0, 11.0, 12.0, 11.5]),  # 1.15x of 10 on 3-5, though 2x on 0-2
+        ("h", "local+dynamic", [30.0, None, 30.0, None, None, 33.0]),  # never in most of 3-5
+        ("h", AUTO, [30.0, 30.0, 30.0, 30.0, 36.0, 33.0]),
+        ("i", "asgd+fixed", [None] * 6),  # nobody reaches the target
+        ("i", AUTO, [None] * 6),
+    ]
+    rows = [_row(c, m, t) | {"seed": s} for c, m, ts in seeds for s, t in enumerate(ts)]
+    g, h, i = split_verdicts(rows, {0, 1, 2})
+    assert (g["best"], g["best_t"], g["itself"], g["auto"]) == ("ringmaster+fixed", 10.0, 1.3, 1.15)
+    assert not g["itself_within"] and g["auto_within"], "the best picked on 0-2, not the faster one on 3-5"
+    assert h["best"] == "local+dynamic" and math.isinf(h["itself"]) and h["auto"] == 1.1 and h["auto_within"]
+    assert i["itself_within"] and i["auto_within"], "where nothing reaches the target, neither is a miss"
+    assert "the best method itself on 1 of 3 clusters, auto on 3" in split_table(rows, {0, 1, 2})
+    assert [v["cluster"] for v in split_verdicts(rows, {3, 4, 5})] == ["g", "h", "i"]
+    assert split_verdicts([r for r in rows if r["method"] != AUTO], {0, 1, 2}) == [], "no auto: nothing to judge"
 
 
 def test_a_fresh_draw_is_named_for_its_seed_and_the_studys_own_keeps_its_names() -> None:
