@@ -171,8 +171,12 @@ def split_table(rows: list[dict[str, Any]], picked_on: set[int]) -> str:
         "| cluster | best method (its time when picked) | the best itself / its time | auto / the best's time |",
         "|---|---|---:|---:|",
     ]
+
+    def x(r: float) -> str:
+        return f"{r:.2f}x" if math.isfinite(r) else "never"
+
     out += [
-        f"| {v['cluster']} | {v['best']} ({v['best_t']:.3g} s) | {v['itself']:.2f}x | {v['auto']:.2f}x |" for v in found
+        f"| {v['cluster']} | {v['best']} ({v['best_t']:.3g} s) | {x(v['itself'])} | {x(v['auto'])} |" for v in found
     ]
     itself, auto = (sum(v[k] for v in found) for k in ("itself_within", "auto_within"))
     out.append(
@@ -240,8 +244,8 @@ def split_plot(rows: list[dict[str, Any]], picked_on: set[int], path: Path) -> P
     ax.set_xticks(range(len(found)), [v["cluster"] for v in found], rotation=45, ha="right")
     ax.set_ylabel("time to 80% / the best's when picked")
     itself, auto = (sum(v[k] for v in found) for k in ("itself_within", "auto_within"))
-    title = f"picked on seeds {sorted(picked_on)}, judged on the rest: within {AIM}x, the best itself {itself}"
-    title += f", auto {auto} of {len(found)}"
+    title = f"the best picked on seeds {sorted(picked_on)}, judged on the rest:\n"
+    title += f"within {AIM}x, the best itself on {itself} of {len(found)}, auto on {auto}"
     return save(fig, [ax], title, path)
 
 
