@@ -90,7 +90,7 @@ def shared_preloader() -> Iterator[str]:
 def start_preload(sock: Path, output: IO[str] | int) -> subprocess.Popen[str]:
     """`dynabatch preload SOCK`, its output to `output`, a child of this process that dies with it, once a launcher
     can connect at SOCK (a socket file a killed preloader left there answers nothing); one that exits first fails
-    the test with what it printed to a pipe."""
+    the test with what it printed (to a pipe or a file)."""
     proc = subprocess.Popen(
         command_line("preload", [str(sock)]),
         stdout=output,
@@ -106,7 +106,8 @@ def start_preload(sock: Path, output: IO[str] | int) -> subprocess.Popen[str]:
         if not preloader_answers(sock):
             proc.kill()
     if proc.poll() is not None:
-        raise AssertionError(f"dynabatch preload exited {proc.returncode}: {proc.communicate()[0]}")
+        printed = proc.communicate()[0] if isinstance(output, int) else Path(output.name).read_text()
+        raise AssertionError(f"dynabatch preload exited {proc.returncode}: {printed}")
     return proc
 
 
