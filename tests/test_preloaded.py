@@ -140,7 +140,9 @@ def test_launchers_at_a_listening_preloader_fork_from_it_and_each_ends_only_its_
             return forked - {children[1].proc.pid}
 
         roles = wait_for(
-            "the run's shard and worker, forked by the preloader", lambda: len(the_runs()) == 2 and the_runs(), 120
+            "the run's shard and worker, forked by the preloader",
+            lambda: len(forked := the_runs()) == 2 and forked,
+            120,
         )
         run.kill()
         run.wait(60)
