@@ -3,13 +3,14 @@
 One job meets all three faults in turn (a shard killed before its first interval
 checkpoint, another after a checkpoint of a trained model, then the scheduler) and must still finish, with
 its epoch count continuous across the scheduler's restart, every lost version
-logged and trained again, and test accuracy within one point of the same job run
-without faults. Restarts go through `Launcher.restart`, as `dynabatch run` does.
+logged and trained again, and test accuracy no lower than the same job's run
+without faults by more than the test set resolves. Restarts go through `Launcher.restart`, as `dynabatch run` does.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
@@ -23,6 +24,7 @@ from dynabatch.cluster.launcher import Child
 from dynabatch.cluster.main import JobRun
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig
+from dynabatch.common.tasks.data import load_dataset
 from dynabatch.common.verified_files import DamagedFile, read_verified
 from dynabatch.common.wire.messages import JobStatus
 from harness import Cluster, free_port, wait_for
@@ -54,6 +56,9 @@ FLAGS = [
 NEVER_S = 3600.0
 # Shard 1 is killed this many versions past the checkpoint it resumes.
 KILL_LEAD = 5
+# The faulty job's accuracy may fall short of the clean job's by this many standard errors of their difference (a
+# one-sided test at about 0.1%).
+SHORTFALL_SE = 3.0
 
 
 class Job:
@@ -122,6 +127,13 @@ def _saved_epoch(path: Path) -> float:
         return _epoch(json.loads(read_verified(path)))
     except (OSError, DamagedFile):
         return 0.0
+
+
+def _accuracy_se(a: float, b: float) -> float:
+    """The standard error of the difference of two accuracies `a`, `b` measured on the synthetic test set: each a
+    binomial proportion over its examples."""
+    n = len(load_dataset("synthetic").test_y)
+    return math.sqrt((a * (1 - a) + b * (1 - b)) / n)
 
 
 def _final(job: Job) -> JobStatus:
@@ -203,10 +215,14 @@ def test_a_job_survives_shard_and_scheduler_kills_and_trains_what_was_lost(
             assert "no complete reply from the shards" not in child.log_text(), f"{child.name} waited out a timeout"
         assert final.samples - final.lost_samples >= target, "every lost sample was trained again"
         assert final.lost_samples > 0
-        # Recovery may cost at most one point; asgd's order of updates moves either run by about one point, so
-        # the faulty one also came out 1.1 points ahead of its clean twin once (two suites on 2 cores).
+        # Recovery costs no accuracy that the test set can resolve: the two jobs' orders of asgd updates alone move
+        # their final accuracies by about one point (0.9425 to 0.954 in five clean runs beside two busy loops), as
+        # the binomial spread of an accuracy on 2,000 examples says.
         assert final.test_acc is not None and baseline.test_acc is not None
-        assert final.test_acc >= baseline.test_acc - 0.01, (final.test_acc, baseline.test_acc)
+        assert baseline.test_acc - final.test_acc <= SHORTFALL_SE * _accuracy_se(final.test_acc, baseline.test_acc), (
+            final.test_acc,
+            baseline.test_acc,
+        )
         print(
             f"\nclean {clean_s:.1f}s acc {baseline.test_acc:.4f}; faulty {job.wall_s:.1f}s acc {final.test_acc:.4f}; "
             f"lost {final.lost_versions} versions, {final.lost_samples} samples made up; recovery: shard "
