@@ -14,6 +14,11 @@ default can score on that verdict. Auto is judged on the second half against the
 
     python -m bench.auto_unseen --draw-seed 2029 --count 10 --jobs 2 --out DIR
     python -m bench.auto_unseen --draw-seed 7 --count 10 --seeds 0 1 2 3 4 5 --split --jobs 2 --out DIR
+    python -m bench.auto_unseen --draw-seed 7 --also "ringmaster+fixed (delay step)=0.4" --jobs 2 --out DIR
+
+`--also` runs other methods of the regime study beside the verdict, each at a step size of its own, and prints each
+one's time against the verdict's best and against auto: a method auto might choose is measured on the same runs
+that judge auto, without moving the verdict.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from bench.drawn_clusters import DRAW_SEED, draw_clusters
 from bench.parallel_runs import run_parallel
 from bench.plots import plt, save
 from bench.profile_file import simulated
-from bench.tuned_study import CLUSTER_FILES, CLUSTERS, DRAWN_BUDGET_S, Profile
+from bench.tuned_study import CLUSTER_FILES, CLUSTERS, DRAWN_BUDGET_S, METHODS, Profile
 from dynabatch.scheduler import auto_policy
 
 UNSEEN_LRS = {
@@ -78,9 +83,12 @@ def _run(item: tuple[int, int, str, float, int]) -> tuple[tuple[int, int, str, f
     return item, {**run_row(profile, method, lr, seed), "budget_s": profile.budget_s}
 
 
-def plan(draw_seed: int, count: int, seeds: list[int], lr_auto: float) -> list[tuple[int, int, str, float, int]]:
-    """Every cluster of the draw, auto and each method it may choose, at every seed."""
-    methods = {AUTO: lr_auto, **UNSEEN_LRS}
+def plan(
+    draw_seed: int, count: int, seeds: list[int], lr_auto: float, also: dict[str, float] | None = None
+) -> list[tuple[int, int, str, float, int]]:
+    """Every cluster of the draw, auto and each method it may choose, and the methods `also` names at their step
+    sizes, at every seed."""
+    methods = {AUTO: lr_auto, **UNSEEN_LRS, **(also or {})}
     return [(draw_seed, i, m, lr, s) for i in range(count) for m, lr in methods.items() for s in seeds]
 
 
@@ -131,6 +139,33 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def also_table(rows: list[dict[str, Any]], also: dict[str, float]) -> str:
+    """Each method of `also` (run beside the verdict, not among those auto chooses from) on each cluster: its median
+    time over the best method's of the verdict and over auto's, and the count within AIM of the best. So a method
+    auto might one day choose is measured on the same runs that judge auto."""
+    judged = verdicts([r for r in rows if r["method"] not in also])
+    out = [
+        "| cluster | best method (time) | auto | "
+        + " | ".join(f"{m} at {lr:g}: time, / best, / auto" for m, lr in also.items())
+        + " |",
+        "|---|---|---:|" + "---|" * len(also),
+    ]
+    within = dict.fromkeys(also, 0)
+    for v in judged:
+        times = median_times([r for r in rows if r["cluster"] == v["cluster"] and r["method"] in also])
+        cells = []
+        for m in also:
+            t = times.get(m, math.inf)
+            ratio = _ratio(t, v["best_t"])
+            within[m] += ratio <= AIM
+            over_auto = f"{t / v['auto']:.2f}x" if math.isfinite(v["auto"]) else "auto never"
+            cells.append(f"{t:.3g} s, {ratio:.2f}x, {over_auto}" if math.isfinite(t) else "never")
+        auto = f"{v['auto']:.3g} s" if math.isfinite(v["auto"]) else "never"
+        out.append(f"| {v['cluster']} | {v['best']} ({v['best_t']:.3g} s) | {auto} | {' | '.join(cells)} |")
+    out += [f"\n{m} within {AIM}x of the best on {n} of {len(judged)} clusters" for m, n in within.items()]
+    return "\n".join(out)
 
 
 def split_verdicts(rows: list[dict[str, Any]], picked_on: set[int]) -> list[dict[str, Any]]:
@@ -249,6 +284,25 @@ def split_plot(rows: list[dict[str, Any]], picked_on: set[int], path: Path) -> P
     return save(fig, [ax], title, path)
 
 
+def _also(p: argparse.ArgumentParser, given: list[str]) -> dict[str, float]:
+    """`--also`'s METHOD=LR pairs; a usage error naming the one that is not a regime study method at a positive
+    step size."""
+    also: dict[str, float] = {}
+    for item in given:
+        name, _, lr = item.rpartition("=")
+        try:
+            step = float(lr)
+        except ValueError:
+            step = math.nan
+        if name not in METHODS or name in UNSEEN_LRS or name == AUTO or not step > 0 or not math.isfinite(step):
+            p.error(
+                f"--also {item!r}: give METHOD=LR, METHOD one of bench/tuned_study.py METHODS that the verdict does "
+                f"not already run ({', '.join(m for m in METHODS if m not in UNSEEN_LRS)}), LR a positive step size"
+            )
+        also[name] = step
+    return also
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.auto_unseen", description=__doc__.split("\n\n")[0])
     p.add_argument("--draw-seed", type=int, default=DRAW_SEED)
@@ -257,6 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clusters", type=int, nargs="+", help="only these clusters of the draw (default: all --count)")
     p.add_argument("--lr-auto", type=float, default=0.4, help="auto's --lr (under the delay step)")
     p.add_argument("--methods", nargs="+", help="only these methods (default: auto and every one of UNSEEN_LRS)")
+    p.add_argument(
+        "--also",
+        nargs="+",
+        default=[],
+        metavar="METHOD=LR",
+        help="also run these methods of the regime study (bench/tuned_study.py METHODS) at these step sizes, beside "
+        "the verdict and not in it, e.g. 'ringmaster+fixed (delay step)=0.4'",
+    )
     p.add_argument(
         "--split",
         action="store_true",
@@ -268,13 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.split and len(args.seeds) < 2:
         p.error("--split needs at least two --seeds")
+    also = _also(p, args.also)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"auto_unseen_{args.draw_seed}.jsonl"
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     have = {(r["draw_seed"], r["i"], r["method"], r["lr"], r["seed"]) for r in done}
     todo = [
         i
-        for i in plan(args.draw_seed, args.count, args.seeds, args.lr_auto)
+        for i in plan(args.draw_seed, args.count, args.seeds, args.lr_auto, also)
         if i not in have and (not args.methods or i[2] in args.methods) and (not args.clusters or i[1] in args.clusters)
     ]
     with path.open("a") as f:
@@ -286,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
             done.append(row)
             f.write(json.dumps(row) + "\n")
             f.flush()
-    judged = [r for r in done if r["seed"] in args.seeds and (r["method"] != AUTO or r["lr"] == args.lr_auto)]
+    ran = [r for r in done if r["seed"] in args.seeds and (r["method"] != AUTO or r["lr"] == args.lr_auto)]
+    judged = [r for r in ran if r["method"] == AUTO or r["method"] in UNSEEN_LRS]
     print(table(judged))
+    if also:
+        print(also_table(judged + [r for r in ran if also.get(r["method"]) == r["lr"]], also))
     picked_on = set(args.seeds[: len(args.seeds) // 2])
     if args.split:
         print(split_table(judged, picked_on))

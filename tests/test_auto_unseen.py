@@ -5,10 +5,23 @@ and budgets of a fresh draw's clusters: pure functions, no simulation."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.auto_default import AUTO
-from bench.auto_unseen import UNMEASURED, _profile, cluster_name, split_table, split_verdicts, table, verdicts
+from bench.auto_unseen import (
+    UNMEASURED,
+    _profile,
+    also_table,
+    cluster_name,
+    main,
+    split_table,
+    split_verdicts,
+    table,
+    verdicts,
+)
 from bench.drawn_clusters import DRAW_SEED
 from dynabatch.scheduler.auto_policy import HELD
 
@@ -87,6 +100,38 @@ def test_a_split_picks_the_best_on_the_first_seeds_and_judges_it_and_auto_on_the
     assert "the best method itself on 1 of 3 clusters, auto on 3" in split_table(rows, {0, 1, 2})
     assert [v["cluster"] for v in split_verdicts(rows, {3, 4, 5})] == ["g", "h", "i"]
     assert split_verdicts([r for r in rows if r["method"] != AUTO], {0, 1, 2}) == [], "no auto: nothing to judge"
+
+
+def test_a_method_run_also_is_measured_against_the_verdict_without_moving_it() -> None:
+    rm = "ringmaster+fixed (delay step)"
+    rows = [
+        _row("j", AUTO, 15.0),
+        _row("j", "asgd+fixed", 10.0),
+        _row("j", rm, 9.0),  # faster than the best, yet not the verdict's best: auto cannot choose it
+        _row("k", AUTO, None),
+        _row("k", "asgd+fixed", 20.0),
+        _row("k", rm, None),
+    ]
+    out = also_table(rows, {rm: 0.4})
+    assert "| j | asgd+fixed (10 s) | 15 s | 9 s, 0.90x, 0.60x |" in out, out
+    assert "| k | asgd+fixed (20 s) | never | never |" in out, out
+    assert f"{rm} within 1.2x of the best on 1 of 2 clusters" in out
+    assert [v["best"] for v in verdicts([r for r in rows if r["method"] != rm])] == ["asgd+fixed"] * 2
+
+
+def test_also_refuses_what_is_not_a_study_method_at_a_step_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for bad in (
+        "nonsense=0.4",
+        "ringmaster+fixed (delay step)=fast",
+        "ringmaster+fixed (delay step)=-1",
+        "asgd+fixed=0.1",
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(["--also", bad, "--out", str(tmp_path / "out")])
+        assert e.value.code == 2 and f"--also {bad!r}: give METHOD=LR" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists(), "a bad flag runs nothing and writes nothing"
 
 
 def test_a_fresh_draw_is_named_for_its_seed_and_the_studys_own_keeps_its_names() -> None:
