@@ -65,31 +65,56 @@ def cluster_name(draw_seed: int, i: int) -> str:
     return f"drawn{i}" if draw_seed == DRAW_SEED else f"fresh{draw_seed}-{i}"
 
 
-def _profile(draw_seed: int, i: int) -> Profile:
-    """The i-th cluster of the draw, registered where `sim_config` looks clusters up, at its own budget."""
+Item = tuple[int, int, str, float, int, int]
+"""One run: (draw seed, cluster, method, lr, seed, the evaluations a time to the target is the mean of)."""
+
+
+def _profile(draw_seed: int, i: int, reached_over: int = 1) -> Profile:
+    """The i-th cluster of the draw, registered where `sim_config` looks clusters up, at its own budget, its time to
+    the target over `reached_over` evaluations."""
     name = cluster_name(draw_seed, i)
     file = replace(draw_clusters(i + 1, draw_seed)[i], name=name)
     cluster = simulated(file)
     CLUSTER_FILES[name] = cluster
     CLUSTERS[name] = lambda: cluster.workers
     budget = DRAWN_BUDGET_S.get(name) or budget_s(file)
-    return Profile(name, cluster.global_batch, (), (), (), budget_s=budget, slower=1.0, eval_every_s=budget / 60)
+    return Profile(
+        name,
+        cluster.global_batch,
+        (),
+        (),
+        (),
+        budget_s=budget,
+        slower=1.0,
+        eval_every_s=budget / 60,
+        reached_over=reached_over,
+    )
 
 
-def _run(item: tuple[int, int, str, float, int]) -> tuple[tuple[int, int, str, float, int], dict[str, Any]]:
-    """One run: (draw seed, cluster, method, lr, seed) -> `run_row`, with the cluster's budget."""
-    draw_seed, i, method, lr, seed = item
-    profile = _profile(draw_seed, i)
+def _run(item: Item) -> tuple[Item, dict[str, Any]]:
+    """One run -> `run_row`, with the cluster's budget."""
+    draw_seed, i, method, lr, seed, reached_over = item
+    profile = _profile(draw_seed, i, reached_over)
     return item, {**run_row(profile, method, lr, seed), "budget_s": profile.budget_s}
 
 
 def plan(
-    draw_seed: int, count: int, seeds: list[int], lr_auto: float, also: dict[str, float] | None = None
-) -> list[tuple[int, int, str, float, int]]:
+    draw_seed: int,
+    count: int,
+    seeds: list[int],
+    lr_auto: float,
+    also: dict[str, float] | None = None,
+    reached_over: int = 1,
+) -> list[Item]:
     """Every cluster of the draw, auto and each method it may choose, and the methods `also` names at their step
     sizes, at every seed."""
     methods = {AUTO: lr_auto, **UNSEEN_LRS, **(also or {})}
-    return [(draw_seed, i, m, lr, s) for i in range(count) for m, lr in methods.items() for s in seeds]
+    return [(draw_seed, i, m, lr, s, reached_over) for i in range(count) for m, lr in methods.items() for s in seeds]
+
+
+def _item(row: dict[str, Any]) -> Item:
+    """The run a stored row is (rows stored before `--reached-over` took a time over one evaluation)."""
+    return (row["draw_seed"], row["i"], row["method"], row["lr"], row["seed"], row.get("reached_over", 1))
 
 
 def median_times(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -324,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also pick each cluster's best method on the first half of --seeds and judge it and auto on the rest",
     )
+    p.add_argument(
+        "--reached-over",
+        type=int,
+        default=1,
+        metavar="K",
+        help="a time to the target is the first evaluation at which the mean of the last K reaches it (default 1: "
+        "the first at or above it); runs of each K are kept apart",
+    )
     p.add_argument("--plot", type=Path, help="draw auto / best per cluster to this PNG")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
@@ -331,21 +364,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.split and len(args.seeds) < 2:
         p.error("--split needs at least two --seeds")
     also = _also(p, args.also)
+    if args.reached_over < 1:
+        p.error(f"--reached-over {args.reached_over}: give at least 1 evaluation")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"auto_unseen_{args.draw_seed}.jsonl"
-    done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    have = {(r["draw_seed"], r["i"], r["method"], r["lr"], r["seed"]) for r in done}
+    stored = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    done = [r for r in stored if _item(r)[-1] == args.reached_over]
+    have = {_item(r) for r in done}
     todo = [
         i
-        for i in plan(args.draw_seed, args.count, args.seeds, args.lr_auto, also)
+        for i in plan(args.draw_seed, args.count, args.seeds, args.lr_auto, also, args.reached_over)
         if i not in have and (not args.methods or i[2] in args.methods) and (not args.clusters or i[1] in args.clusters)
     ]
     with path.open("a") as f:
-        for (draw_seed, i, method, lr, seed), r in run_parallel(
+        for (draw_seed, i, method, lr, seed, reached_over), r in run_parallel(
             _run, todo, args.jobs, lambda i, r: f"{cluster_name(i[0], i[1])} {i[2]} seed {i[4]}: {r['t']}", print
         ):
             row = {"draw_seed": draw_seed, "i": i, "cluster": cluster_name(draw_seed, i), "method": method}
-            row |= {"lr": lr, "seed": seed, **r}
+            row |= {"lr": lr, "seed": seed, "reached_over": reached_over, **r}
             done.append(row)
             f.write(json.dumps(row) + "\n")
             f.flush()

@@ -175,6 +175,7 @@ class Profile:
     target: str = "0.80"
     eval_every_s: float = 2.0
     eval_size: int = 1000
+    reached_over: int = 1  # the evaluations a time to the target is the mean of (bench/simulate.py `reached_at`)
     model: str = "mlp"
     dataset: str = "fashion-mnist"
     largest_lrs: int = 0  # tune over only this many of the largest step sizes of each method's grid (0: all)
@@ -505,6 +506,7 @@ def sim_config(run: Run) -> SimConfig:
         model=p.model,
         eval_every_s=p.eval_every_s,
         eval_size=p.eval_size,
+        reached_over=p.reached_over,
         dataset=p.dataset,
         job={"lr": run.lr, "momentum": 0.0, **dict(method.settings), **own},
         stop_at=float(p.target) if run.tuning else 0.0,

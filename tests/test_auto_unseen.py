@@ -13,10 +13,12 @@ import pytest
 from bench.auto_default import AUTO
 from bench.auto_unseen import (
     UNMEASURED,
+    _item,
     _profile,
     also_table,
     cluster_name,
     main,
+    plan,
     split_table,
     split_verdicts,
     table,
@@ -132,6 +134,20 @@ def test_also_refuses_what_is_not_a_study_method_at_a_step_size(
             main(["--also", bad, "--out", str(tmp_path / "out")])
         assert e.value.code == 2 and f"--also {bad!r}: give METHOD=LR" in capsys.readouterr().err
     assert not (tmp_path / "out").exists(), "a bad flag runs nothing and writes nothing"
+
+
+def test_runs_of_a_time_over_several_evaluations_are_kept_apart_from_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    items = plan(7, 2, [0, 1], 0.4, reached_over=3)
+    assert items and all(i[-1] == 3 for i in items) and len(set(items)) == len(items)
+    old = {"draw_seed": 7, "i": 0, "method": AUTO, "lr": 0.4, "seed": 0}  # stored before --reached-over
+    assert _item(old) == (7, 0, AUTO, 0.4, 0, 1) and _item(old | {"reached_over": 3}) in items
+    assert _profile(7, 0, 3).reached_over == 3 and _profile(7, 0).reached_over == 1
+    with pytest.raises(SystemExit) as e:
+        main(["--reached-over", "0", "--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and "--reached-over 0: give at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_fresh_draw_is_named_for_its_seed_and_the_studys_own_keeps_its_names() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench.simulate import PROFILES, Cluster, SimConfig, SimResult, Worker, WorkerSpec, simulate
+from bench.simulate import PROFILES, Cluster, SimConfig, SimResult, Worker, WorkerSpec, reached_at, simulate
 from bench.simulate_study import Part, run_plan
 from dynabatch.common.planning.protocol_switch import START
 from dynabatch.common.probe import probe_batch, probe_steps
@@ -33,6 +33,25 @@ def test_same_seed_same_run_other_seed_other_run(data: Dataset) -> None:
     assert a.curve == b.curve and a.staleness_counts == b.staleness_counts and a.samples == b.samples
     other = simulate(SimConfig(**{**cfg.__dict__, "seed": 1}), data)
     assert other.curve != a.curve
+
+
+def test_a_time_to_an_accuracy_is_the_first_evaluation_whose_trailing_mean_reaches_it() -> None:
+    curve = [(0.0, 0, 0.1), (1.0, 10, 0.82), (2.0, 20, 0.74), (3.0, 30, 0.79), (4.0, 40, 0.83), (5.0, 50, 0.81)]
+    assert reached_at(curve, 0.8) == 1.0, "over one evaluation: the first at or above it, a lucky one included"
+    assert reached_at(curve, 0.8, 3) == 5.0, "(0.79 + 0.83 + 0.81) / 3 is the first mean of three at 0.8 or more"
+    assert reached_at(curve, 0.8, 2) == 4.0 and reached_at(curve, 0.77, 2) == 2.0
+    assert reached_at(curve, 0.9) is None and reached_at(curve, 0.1, 7) is None, "fewer evaluations than asked"
+    assert reached_at(curve[:1], 0.05) == 0.0
+
+
+def test_a_run_stops_where_its_trailing_mean_reaches_the_target(data: Dataset) -> None:
+    cfg = tiny("asgd", "fixed", PROFILES["bench4"](), budget_s=1.0, eval_every_s=0.05, stop_at=0.5)
+    first, over3 = simulate(cfg, data), simulate(replace(cfg, reached_over=3), data)
+    for r, over in ((first, 1), (over3, 3)):
+        assert reached_at(r.curve, 0.5, over) == r.curve[-1][0], f"stopped at its first mean of {over} past 0.5"
+        assert reached_at(r.curve[:-1], 0.5, over) is None
+    assert over3.curve[-1][0] > first.curve[-1][0], "the same run: a mean of three reaches it later here"
+    assert over3.curve[: len(first.curve)] == first.curve
 
 
 def test_asgd_staleness_is_workers_minus_one(data: Dataset) -> None:
