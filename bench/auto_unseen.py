@@ -16,9 +16,13 @@ default can score on that verdict. Auto is judged on the second half against the
     python -m bench.auto_unseen --draw-seed 7 --count 10 --seeds 0 1 2 3 4 5 --split --jobs 2 --out DIR
     python -m bench.auto_unseen --draw-seed 7 --also "ringmaster+fixed (delay step)=0.4" --jobs 2 --out DIR
 
+`--reached-over K` takes a time to the target as the first evaluation at which the mean of the last K reaches it:
+where a method levels off near the target, its evaluations move by several points from one to the next, and the
+first one above the target is luck (bench/RESULTS.md 56).
+
 `--also` runs other methods of the regime study beside the verdict, each at a step size of its own, and prints each
-one's time against the verdict's best and against auto: a method auto might choose is measured on the same runs
-that judge auto, without moving the verdict.
+one's time against the verdict's best and against auto: a method auto might choose is measured on the same runs that
+judge auto, without moving the verdict.
 """
 
 from __future__ import annotations
