@@ -15,6 +15,7 @@ from bench.auto_unseen import (
     UNMEASURED,
     _item,
     _profile,
+    _time_to,
     also_table,
     cluster_name,
     main,
@@ -144,6 +145,8 @@ def test_runs_of_a_time_over_several_evaluations_are_kept_apart_from_the_others(
     old = {"draw_seed": 7, "i": 0, "method": AUTO, "lr": 0.4, "seed": 0}  # stored before --reached-over
     assert _item(old) == (7, 0, AUTO, 0.4, 0, 1) and _item(old | {"reached_over": 3}) in items
     assert _profile(7, 0, 3).reached_over == 3 and _profile(7, 0).reached_over == 1
+    assert _time_to([old | {"reached_over": 3}]) == "time to 80% (mean of 3 evaluations)"
+    assert _time_to([old]) == "time to 80%"
     with pytest.raises(SystemExit) as e:
         main(["--reached-over", "0", "--out", str(tmp_path / "out")])
     assert e.value.code == 2 and "--reached-over 0: give at least 1" in capsys.readouterr().err
