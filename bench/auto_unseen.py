@@ -322,6 +322,7 @@ def split_plot(rows: list[dict[str, Any]], picked_on: set[int], path: Path) -> P
 def _also(p: argparse.ArgumentParser, given: list[str]) -> dict[str, float]:
     """`--also`'s METHOD=LR pairs; a usage error naming the one that is not a regime study method at a positive
     step size."""
+    allowed = [m for m in METHODS if m not in UNSEEN_LRS and m != AUTO]
     also: dict[str, float] = {}
     for item in given:
         name, _, lr = item.rpartition("=")
@@ -329,10 +330,10 @@ def _also(p: argparse.ArgumentParser, given: list[str]) -> dict[str, float]:
             step = float(lr)
         except ValueError:
             step = math.nan
-        if name not in METHODS or name in UNSEEN_LRS or name == AUTO or not step > 0 or not math.isfinite(step):
+        if name not in allowed or not step > 0 or not math.isfinite(step):
             p.error(
                 f"--also {item!r}: give METHOD=LR, METHOD one of bench/tuned_study.py METHODS that the verdict does "
-                f"not already run ({', '.join(m for m in METHODS if m not in UNSEEN_LRS)}), LR a positive step size"
+                f"not already run ({', '.join(allowed)}), LR a positive step size"
             )
         also[name] = step
     return also

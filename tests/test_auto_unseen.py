@@ -130,10 +130,13 @@ def test_also_refuses_what_is_not_a_study_method_at_a_step_size(
         "ringmaster+fixed (delay step)=fast",
         "ringmaster+fixed (delay step)=-1",
         "asgd+fixed=0.1",
+        f"{AUTO}=0.4",
     ):
         with pytest.raises(SystemExit) as e:
             main(["--also", bad, "--out", str(tmp_path / "out")])
-        assert e.value.code == 2 and f"--also {bad!r}: give METHOD=LR" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"--also {bad!r}: give METHOD=LR" in err
+        assert "ringmaster+fixed (delay step)" in err and AUTO not in err.split("not already run")[1], err
     assert not (tmp_path / "out").exists(), "a bad flag runs nothing and writes nothing"
 
 
