@@ -36,6 +36,18 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def dump_stacks(signum: int, frame: object) -> None:
+    """`kill -USR1 PID` writes every thread's stack to stderr (the process's log) and the process goes on.
+
+    How a process that stopped answering is read without stopping it (`kubectl exec POD -- kill -USR1 1`).
+    The dump runs as a Python handler, in the main thread with the GIL held, not from the C signal
+    handler that `faulthandler.register` installs: that one walks the other threads' frames while they
+    run and can crash a busy process (CPython gh-116008; it killed a scheduler in CI). Every loop here
+    polls with a bounded timeout, so the handler runs within one poll.
+    """
+    faulthandler.dump_traceback(all_threads=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -49,9 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] not in COMMANDS:
         print(f"dynabatch: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    # `kill -USR1 PID` writes every thread's stack to stderr (the process's log) and goes on: how a
-    # process that stopped answering is read without stopping it (`kubectl exec POD -- kill -USR1 1`).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR1, dump_stacks)
     module = importlib.import_module(COMMANDS[args[0]][0])
     try:
         code: int = module.main(args[1:])

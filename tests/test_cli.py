@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import re
@@ -210,24 +211,24 @@ def test_no_flag_is_defined_in_two_option_modules() -> None:
 
 
 def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_process_goes_on(tmp_path: Path) -> None:
-    """How a process that stopped answering is read without stopping it."""
+    """How a process that stopped answering is read without stopping it, as often as it is asked."""
     c = Cluster(tmp_path, ["--dataset", "synthetic", "--model", "mlp"])
     try:
         scheduler = c.scheduler()
         c.wait_status("the scheduler to answer", lambda s: True)
-        os.kill(scheduler.proc.pid, signal.SIGUSR1)
-        # The dump is written thread by thread: wait for the main thread's frame in the scheduler's loop.
-        try:
-            log = wait_for(
-                "the main thread's stack in the scheduler's log",
-                lambda: "scheduler/server.py" in scheduler.log_text() and scheduler.log_text(),
-            )
-        except AssertionError as exc:  # once beside a second suite: what the log held says what was missing
-            raise AssertionError(
-                f"{exc}; scheduler alive: {scheduler.alive()}, pid {scheduler.proc.pid}, its log:\n"
-                f"{scheduler.log_text()[-4000:]}"
-            ) from None
-        assert "Current thread" in log and "most recent call first" in log, log
+
+        def dumped(dumps: int) -> str | None:
+            """The log once it holds `dumps` dumps; a scheduler that died of one fails at once, with its log."""
+            text = scheduler.log_text()
+            assert scheduler.alive(), f"the scheduler died after {dumps - 1} dumps; its log:\n{text[-4000:]}"
+            return text if text.count("Current thread") >= dumps else None
+
+        for dumps in range(1, 4):
+            os.kill(scheduler.proc.pid, signal.SIGUSR1)
+            # One dump per signal, written from the main thread: its frame in the scheduler's loop is in it.
+            log = wait_for(f"dump {dumps} in the scheduler's log", functools.partial(dumped, dumps))
+            assert log.count("Current thread") == dumps, log[-4000:]
+        assert "scheduler/server.py" in log and "most recent call first" in log, log
         status = c.status()
         assert status is not None
         assert scheduler.alive() and status.job == "dynabatch"
