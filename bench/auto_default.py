@@ -76,20 +76,26 @@ def run_row(profile: Profile, method: str, lr: float, seed: int) -> dict[str, An
     }
 
 
-def tuning_profile(name: str, seeds: tuple[int, ...] = ()) -> Profile:
+def tuning_profile(name: str, seeds: tuple[int, ...] = (), reached_over: int = 1) -> Profile:
     """The file as TUNED_IN tuned it, with auto its one method, on `seeds` where given instead of TUNED_IN's tuning
-    seeds."""
+    seeds, its time to the target over `reached_over` evaluations."""
     p = next(p for p in STUDIES[TUNED_IN] if p.profile == name)
-    return replace(p, methods=(AUTO,), tune_seeds=seeds or p.tune_seeds)
+    return replace(p, methods=(AUTO,), tune_seeds=seeds or p.tune_seeds, reached_over=reached_over)
 
 
 def tune_auto(
-    names: list[str], jobs: int, out: Path, log: Callable[[str], None], seeds: tuple[int, ...] = ()
+    names: list[str],
+    jobs: int,
+    out: Path,
+    log: Callable[[str], None],
+    seeds: tuple[int, ...] = (),
+    reached_over: int = 1,
 ) -> dict[str, float | None]:
     """auto's step size on each file (None: it diverged at every step size tried), tuned as TUNED_IN tuned every
-    other method (tuned_study's `tune`; on `seeds` where given); the tuning runs are kept in out/auto_tuning.json,
-    so a run stopped early goes on from them."""
-    path = out / "auto_tuning.json"
+    other method (tuned_study's `tune`; on `seeds` where given; on times over `reached_over` evaluations); the
+    tuning runs are kept in out/auto_tuning.json (auto_tuning-over{K}.json for K > 1), so a run stopped early goes
+    on from them."""
+    path = out / ("auto_tuning.json" if reached_over == 1 else f"auto_tuning-over{reached_over}.json")
     res = Results(**json.loads(path.read_text())) if path.exists() else Results()
 
     def save() -> None:
@@ -97,22 +103,25 @@ def tune_auto(
 
     chosen: dict[str, float | None] = {}
     for name in names:
-        p = tuning_profile(name, seeds)
+        p = tuning_profile(name, seeds, reached_over)
         log(f"{name}: tuning auto over {p.grid(AUTO)} (grown past a winning edge) on seeds {p.tune_seeds}")
         chosen[name] = tune(p, res, jobs, save, log)[AUTO]
         log(f"{name}: auto's step size {chosen[name]}")
     save()
-    log(tuning_table(res.tuning, chosen, seeds))
+    log(tuning_table(res.tuning, chosen, seeds, reached_over))
     return chosen
 
 
 def tuning_table(
-    tuning: dict[str, list[dict[str, Any]]], chosen: dict[str, float | None], seeds: tuple[int, ...] = ()
+    tuning: dict[str, list[dict[str, Any]]],
+    chosen: dict[str, float | None],
+    seeds: tuple[int, ...] = (),
+    reached_over: int = 1,
 ) -> str:
     """auto's tuning runs on each file (on `tuning_profile`'s seeds): per step size, its time to TARGET and accuracy
     in each tuning seed, whether it diverged in any, and which was chosen."""
     out = [
-        "| file | lr | time to 80% by tuning seed (s) | accuracy | diverged | chosen |",
+        f"| file | lr | {time_label(reached_over)} by tuning seed (s) | accuracy | diverged | chosen |",
         "|---|---:|---|---|---|---|",
     ]
     for name, lr in chosen.items():
@@ -130,19 +139,23 @@ def tuning_table(
     return "\n".join(out)
 
 
-def _run(item: tuple[str, str, float, int]) -> tuple[tuple[str, str, float, int], dict[str, Any]]:
-    """One run: (file, method, lr, seed) -> `run_row`."""
-    name, method, lr, seed = item
+Item = tuple[str, str, float, int, int]
+"""One run: (file, method, lr, seed, the evaluations a time to the target is the mean of)."""
+
+
+def _run(item: Item) -> tuple[Item, dict[str, Any]]:
+    """One run -> `run_row`."""
+    name, method, lr, seed, reached_over = item
     profile = next(p for p in regimes(REGIME_METHODS, (seed,), (seed,)) if p.profile == name)
-    return item, run_row(profile, method, lr, seed)
+    return item, run_row(replace(profile, reached_over=reached_over), method, lr, seed)
 
 
-def plan(seeds: list[int], lr_auto: dict[str, float | None]) -> list[tuple[str, str, float, int]]:
+def plan(seeds: list[int], lr_auto: dict[str, float | None], reached_over: int = 1) -> list[Item]:
     """Every file's methods at every seed: auto (at `lr_auto`'s step size for the file; not where it has none),
     asgd + fixed (the previous default; asgd + auto ran as it, run for run, in section 20) and the file's fastest,
     each at its step size tuned there."""
     return [
-        (name, method, lr, seed)
+        (name, method, lr, seed, reached_over)
         for name in lr_auto
         for method, lr in {AUTO: lr_auto[name], "asgd+fixed": PREVIOUS[name], **BEST[name]}.items()
         if lr is not None
@@ -150,14 +163,26 @@ def plan(seeds: list[int], lr_auto: dict[str, float | None]) -> list[tuple[str, 
     ]
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def _item(row: dict[str, Any]) -> Item:
+    """The run a stored row is (rows stored before `--reached-over` took a time over one evaluation)."""
+    return (row["file"], row["method"], row["lr"], row["seed"], row.get("reached_over", 1))
+
+
+def time_label(reached_over: int) -> str:
+    """What a time is: to 80% at the first evaluation, or at the first mean of `reached_over`."""
+    return "time to 80%" + (f" (mean of {reached_over} evaluations)" if reached_over > 1 else "")
+
+
+def table(rows: list[dict[str, Any]], reached_over: int = 1) -> str:
     """Per file and method: time to TARGET per seed, the median, the median against the fastest median there and
-    against T* (a method that reached the target in fewer than half its seeds has none), and divergences."""
+    against T* (a method that reached the target in fewer than half its seeds has none), and divergences; of the
+    rows whose times are over `reached_over` evaluations."""
     by: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = {}
     for r in rows:
-        by.setdefault((r["file"], r["method"], r["lr"]), {})[r["seed"]] = r
+        if _item(r)[-1] == reached_over:
+            by.setdefault((r["file"], r["method"], r["lr"]), {})[r["seed"]] = r
     out = [
-        "| file | method | lr | time to 80% by seed (s) | median | / fastest | / T* | diverged |",
+        f"| file | method | lr | {time_label(reached_over)} by seed (s) | median | / fastest | / T* | diverged |",
         "|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for name in REGIME_BUDGET_S:
@@ -207,31 +232,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-seeds", type=int, nargs="+", help=f"auto's tuning seeds (default: {TUNED_IN}'s)")
     p.add_argument("--files", nargs="+", default=list(REGIME_BUDGET_S), choices=list(REGIME_BUDGET_S))
     p.add_argument("--methods", nargs="+", help="only these methods (default: all of the file's)")
+    p.add_argument(
+        "--reached-over",
+        type=int,
+        default=1,
+        metavar="K",
+        help="a time to the target is the first evaluation at which the mean of the last K reaches it (default 1: "
+        "the first at or above it); runs of each K are kept apart",
+    )
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    if args.reached_over < 1:
+        p.error(f"--reached-over {args.reached_over}: give at least 1 evaluation")
     args.out.mkdir(parents=True, exist_ok=True)
     log = lambda s: print(s, flush=True)  # noqa: E731
     files = [name for name in REGIME_BUDGET_S if name in args.files]
     if args.lr_auto is not None:
         lr_auto: dict[str, float | None] = dict.fromkeys(files, args.lr_auto)
     elif not args.methods or AUTO in args.methods:
-        lr_auto = tune_auto(files, args.jobs, args.out, log, tuple(args.tune_seeds or ()))
+        lr_auto = tune_auto(files, args.jobs, args.out, log, tuple(args.tune_seeds or ()), args.reached_over)
     else:
         lr_auto = dict.fromkeys(files)  # auto is not run here
     path = args.out / "auto_default.jsonl"
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    have = {(r["file"], r["method"], r["lr"], r["seed"]) for r in done}
-    todo = [i for i in plan(args.seeds, lr_auto) if (not args.methods or i[1] in args.methods) and i not in have]
+    have = {_item(r) for r in done}
+    todo = [
+        i
+        for i in plan(args.seeds, lr_auto, args.reached_over)
+        if (not args.methods or i[1] in args.methods) and i not in have
+    ]
     with path.open("a") as f:
-        for (name, method, lr, seed), r in run_parallel(
+        for (name, method, lr, seed, reached_over), r in run_parallel(
             _run, todo, args.jobs, lambda i, r: f"{i[0]} {i[1]} lr {i[2]} seed {i[3]}: {r['t']}", log
         ):
-            row = {"file": name, "method": method, "lr": lr, "seed": seed, **r}
+            row = {"file": name, "method": method, "lr": lr, "seed": seed, "reached_over": reached_over, **r}
             done.append(row)
             f.write(json.dumps(row) + "\n")
             f.flush()
-    print(table(done))
+    print(table(done, args.reached_over))
     return 0
 
 

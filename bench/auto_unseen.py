@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.auto_default import AUTO, run_row
+from bench.auto_default import AUTO, run_row, time_label
 from bench.auto_evidence import budget_s
 from bench.drawn_clusters import DRAW_SEED, draw_clusters
 from bench.parallel_runs import run_parallel
@@ -275,9 +275,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def _time_to(rows: list[dict[str, Any]]) -> str:
-    """What the rows' times are: to 80% at the first evaluation, or at the first mean of K (`--reached-over`)."""
-    over = max((r.get("reached_over", 1) for r in rows), default=1)
-    return "time to 80%" + (f" (mean of {over} evaluations)" if over > 1 else "")
+    """What the rows' times are (`--reached-over`)."""
+    return time_label(max((r.get("reached_over", 1) for r in rows), default=1))
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:

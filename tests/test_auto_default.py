@@ -5,9 +5,12 @@ grid, `choose_lr`), and a file where every step size diverged runs no auto row. 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
-from bench.auto_default import AUTO, BEST, PREVIOUS, TUNED_IN, plan, tuning_profile, tuning_table
+import pytest
+
+from bench.auto_default import AUTO, BEST, PREVIOUS, TUNED_IN, main, plan, table, tuning_profile, tuning_table
 from bench.tuned_study import STUDIES, choose_lr
 
 
@@ -33,10 +36,24 @@ def test_the_tuned_step_is_the_soonest_that_never_diverged_and_a_file_with_none_
     assert "| mixed_links16 | 0.2 | 55 | 80.0% | no | **yes** |" in table
     assert "| mixed_links16 | 0.4 | 40 | 80.0% | yes |  |" in table and "| mixed_links16 | 0.8 | – |" in table
     rows = plan([0, 1], {"mixed_links16": chosen, "cpu_gpu8": None})
-    assert {(m, lr) for f, m, lr, _ in rows if f == "mixed_links16"} == {
+    assert {(m, lr) for f, m, lr, _, _ in rows if f == "mixed_links16"} == {
         (AUTO, 0.2),
         ("asgd+fixed", PREVIOUS["mixed_links16"]),
         *BEST["mixed_links16"].items(),
     }
-    assert AUTO not in {m for f, m, _, _ in rows if f == "cpu_gpu8"}, "every step size diverged: nothing to run"
+    assert AUTO not in {m for f, m, _, _, _ in rows if f == "cpu_gpu8"}, "every step size diverged: nothing to run"
     assert len([r for r in rows if r[:2] == ("mixed_links16", AUTO)]) == 2, "one run a report seed"
+
+
+def test_times_over_k_evaluations_are_tuned_run_and_tabled_apart_from_first_evaluation_times(tmp_path: Path) -> None:
+    assert tuning_profile("ps_bound64", reached_over=3).reached_over == 3
+    assert {i[-1] for i in plan([0], {"cpu_gpu8": 0.4}, reached_over=3)} == {3}
+    first = {"file": "cpu_gpu8", "method": AUTO, "lr": 0.4, "seed": 0, "t": 16.0, "diverged": False}
+    rows = [first, {**first, "t": 19.0, "reached_over": 3}]  # a row stored before --reached-over is over one
+    assert "| cpu_gpu8 | auto (protocol and policy) | 0.4 | 16 | 16 |" in table(rows)
+    over3 = table(rows, reached_over=3)
+    assert "time to 80% (mean of 3 evaluations) by seed" in over3
+    assert "| 0.4 | 19 | 19 |" in over3 and "| 16 |" not in over3
+    with pytest.raises(SystemExit) as exit_:
+        main(["--reached-over", "0", "--lr-auto", "0.4", "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2 and not (tmp_path / "out").exists(), "refused before anything runs or is written"
