@@ -50,11 +50,12 @@ seeds, over its grids, past a winning edge as often, by its rule."""
 BEST = {
     "mixed_gpus16": {"ringmaster+fixed": 0.04},
     "mixed_links16": {"asgd+efficient": 0.04, "ringmaster+fixed": 0.04},
-    "ps_bound64": {"local+dynamic": 0.32},
+    "ps_bound64": {"local+dynamic": 0.32, "local+fixed": 0.32},
     "cpu_gpu8": {"local+dynamic": 0.32},
 }
-"""The fastest method on each file in the regime study with every file tuned (bench/RESULTS.md 20), and on
-mixed_links16 Ringmaster, auto's earlier pick there, each at its step size tuned on that file."""
+"""The fastest method on each file in the regime study with every file tuned (bench/RESULTS.md 20; on ps_bound64 also
+local + fixed, the fastest once every row there was tuned alike, section 47), and on mixed_links16 Ringmaster, auto's
+earlier pick there, each at its step size tuned on that file."""
 PREVIOUS = {"mixed_gpus16": 0.02, "mixed_links16": 0.02, "ps_bound64": 0.005, "cpu_gpu8": 0.08}
 """asgd + fixed's step size tuned on each file (bench/RESULTS.md 20): the previous default's."""
 TARGET = 0.8
