@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -93,6 +94,11 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     """SIGTERM a `dynabatch preload` and wait: what it printed."""
     proc.terminate()
     return proc.communicate(timeout=60)[0]
+
+
+def _maps(pid: int, name: str) -> bool:
+    """Whether process `pid` has a file named like `name` mapped (a library it has loaded)."""
+    return name in Path(f"/proc/{pid}/maps").read_text()
 
 
 def _parent(pid: int) -> int:
@@ -219,3 +225,21 @@ def test_preload_refuses_what_is_no_place_for_a_socket_and_a_garbled_request_cha
             _stop(again)
     assert printed.count("refused a request that is not one") == 2, printed
     assert not sock.exists(), "the preloader that took the stale socket over removed it when it ended"
+
+
+def test_a_preloader_told_to_stop_while_it_imports_torch_stops(short_folder: Path) -> None:
+    """SIGTERM (or Ctrl-C) during the preloader's start-up ends it, as it does later: raised inside torch's own
+    import of numpy, the stop was swallowed there, and the preloader served on (it held a test session 30 s).
+    Each stop lands at a point of the import read off the process's own mappings: as numpy's core loads, and as
+    torch's Python bindings do."""
+    for marker in ("_multiarray_umath", "libtorch_python"):
+        sock = short_folder / f"{marker}.sock"
+        preload = _listening(sock)
+        try:
+            wait_for(f"{marker} in the preloader's mappings", functools.partial(_maps, preload.pid, marker))
+            preload.terminate()
+            printed = preload.communicate(timeout=60)[0]
+        finally:
+            preload.kill()
+        assert preload.returncode == 0, printed
+        assert not sock.exists(), f"stopped as {marker} loaded, it removes its socket"
