@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.parallel_runs import run_parallel
+from bench.plots import plt, save
 from bench.tuned_study import (
     REGIME_BUDGET_S,
     REGIME_METHODS,
@@ -59,6 +60,8 @@ earlier pick there, each at its step size tuned on that file."""
 PREVIOUS = {"mixed_gpus16": 0.02, "mixed_links16": 0.02, "ps_bound64": 0.005, "cpu_gpu8": 0.08}
 """asgd + fixed's step size tuned on each file (bench/RESULTS.md 20): the previous default's."""
 TARGET = 0.8
+AIM = 1.1
+"""Issue 37's criterion on the regime files: the default within 1.1x of the best method."""
 
 
 def run_row(profile: Profile, method: str, lr: float, seed: int) -> dict[str, Any]:
@@ -174,21 +177,36 @@ def time_label(reached_over: int) -> str:
     return "time to 80%" + (f" (mean of {reached_over} evaluations)" if reached_over > 1 else "")
 
 
+Runs = dict[tuple[str, str, float], dict[int, dict[str, Any]]]
+"""Rows by (file, method, lr), then by seed."""
+
+
+def _by_method(rows: list[dict[str, Any]], reached_over: int) -> Runs:
+    """The rows whose times are over `reached_over` evaluations, by method and seed."""
+    by: Runs = {}
+    for r in rows:
+        if _item(r)[-1] == reached_over:
+            by.setdefault((r["file"], r["method"], r["lr"]), {})[r["seed"]] = r
+    return by
+
+
+def _medians(by: Runs, name: str) -> dict[tuple[str, str, float], float | None]:
+    """Each method's median time on file `name` (`_median`)."""
+    return {k: _median({s: r["t"] for s, r in runs.items()}) for k, runs in by.items() if k[0] == name}
+
+
 def table(rows: list[dict[str, Any]], reached_over: int = 1) -> str:
     """Per file and method: time to TARGET per seed, the median, the median against the fastest median there and
     against T* (a method that reached the target in fewer than half its seeds has none), and divergences; of the
     rows whose times are over `reached_over` evaluations."""
-    by: dict[tuple[str, str, float], dict[int, dict[str, Any]]] = {}
-    for r in rows:
-        if _item(r)[-1] == reached_over:
-            by.setdefault((r["file"], r["method"], r["lr"]), {})[r["seed"]] = r
+    by = _by_method(rows, reached_over)
     out = [
         f"| file | method | lr | {time_label(reached_over)} by seed (s) | median | / fastest | / T* | diverged |",
         "|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for name in REGIME_BUDGET_S:
         star = _t_star(name)
-        medians = {k: _median({s: r["t"] for s, r in runs.items()}) for k, runs in by.items() if k[0] == name}
+        medians = _medians(by, name)
         best = min((t for t in medians.values() if t is not None), default=None)
         for (file, method, lr), runs in by.items():
             if file != name:
@@ -203,6 +221,31 @@ def table(rows: list[dict[str, Any]], reached_over: int = 1) -> str:
                 f"{ratio} | {to_star} | {gone}/{len(seeds)} |"
             )
     return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, reached_over: int = 1) -> Path:
+    """Each file's methods, their median time over the fastest median there (auto in green, a method that never
+    reached the target in half its seeds drawn hatched at the top), with AIM across: the criterion at a glance."""
+    by = _by_method(rows, reached_over)
+    names = [n for n in REGIME_BUDGET_S if any(k[0] == n for k in by)]
+    if not names:
+        raise ValueError(f"no runs with times over {reached_over} evaluations to draw")
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        medians = _medians(by, name)
+        best = min((t for t in medians.values() if t is not None), default=None)
+        ratios = {k: (t / best if t is not None and best else None) for k, t in medians.items()}
+        top = max([AIM * 1.5, *(r for r in ratios.values() if r is not None)])
+        for i, ((_, method, _), ratio) in enumerate(ratios.items()):
+            colour = "tab:green" if method == AUTO else "tab:gray"
+            ax.bar(i, top if ratio is None else ratio, color=colour, hatch="//" if ratio is None else "")
+        ax.axhline(AIM, color="black", linestyle="--", label=f"{AIM}x of the fastest")
+        labels = [f"{'auto' if m == AUTO else m} {lr:g}" for _, m, lr in ratios]
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel(f"median {time_label(reached_over)}\nover the fastest's")
+    seeds = len({r["seed"] for runs in by.values() for r in runs.values()})
+    return save(fig, list(axes[0]), f"The regime files: auto (green) and each file's fastest, {seeds} seeds", path)
 
 
 def _t_star(name: str) -> float:
@@ -241,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a time to the target is the first evaluation at which the mean of the last K reaches it (default 1: "
         "the first at or above it); runs of each K are kept apart",
     )
+    p.add_argument("--plot", type=Path, help="draw each file's methods over its fastest to this PNG")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -272,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
             f.flush()
     print(table(done, args.reached_over))
+    if args.plot:
+        print(f"plot: {plot(done, args.plot, args.reached_over)}")
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.auto_default import AUTO, BEST, PREVIOUS, TUNED_IN, main, plan, table, tuning_profile, tuning_table
+from bench.auto_default import AUTO, BEST, PREVIOUS, TUNED_IN, main, plan, plot, table, tuning_profile, tuning_table
 from bench.tuned_study import STUDIES, choose_lr
 
 
@@ -57,3 +57,16 @@ def test_times_over_k_evaluations_are_tuned_run_and_tabled_apart_from_first_eval
     with pytest.raises(SystemExit) as exit_:
         main(["--reached-over", "0", "--lr-auto", "0.4", "--out", str(tmp_path / "out")])
     assert exit_.value.code == 2 and not (tmp_path / "out").exists(), "refused before anything runs or is written"
+
+
+def test_the_plot_draws_every_file_that_ran_and_leaves_out_rows_of_another_reading(tmp_path: Path) -> None:
+    rows = [
+        {"file": f, "method": m, "lr": lr, "seed": s, "t": t, "diverged": False, "reached_over": 3}
+        for f in ("cpu_gpu8", "ps_bound64")
+        for (m, lr), t in {(AUTO, 0.4): 17.0, ("asgd+fixed", PREVIOUS[f]): None, ("local+dynamic", 0.32): 16.5}.items()
+        for s in (0, 1)
+    ]
+    path = plot(rows, tmp_path / "regimes.png", reached_over=3)
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="over 1 evaluations"):  # no first-evaluation row: nothing to draw
+        plot(rows, tmp_path / "none.png")
