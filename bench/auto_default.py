@@ -265,6 +265,25 @@ def _median(times: dict[int, float | None]) -> float | None:
     return None if med == float("inf") else med
 
 
+def add_reached_over(p: argparse.ArgumentParser) -> None:
+    """`--reached-over K`, the reading of a time to the target both judging benchmarks take (`time_label`)."""
+
+    def evaluations(text: str) -> int:
+        k = int(text)
+        if k < 1:
+            raise argparse.ArgumentTypeError(f"{k}: give at least 1 evaluation")
+        return k
+
+    p.add_argument(
+        "--reached-over",
+        type=evaluations,
+        default=1,
+        metavar="K",
+        help="a time to the target is the first evaluation at which the mean of the last K reaches it (default 1: "
+        "the first at or above it); runs of each K are kept apart",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.auto_default", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -276,20 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-seeds", type=int, nargs="+", help=f"auto's tuning seeds (default: {TUNED_IN}'s)")
     p.add_argument("--files", nargs="+", default=list(REGIME_BUDGET_S), choices=list(REGIME_BUDGET_S))
     p.add_argument("--methods", nargs="+", help="only these methods (default: all of the file's)")
-    p.add_argument(
-        "--reached-over",
-        type=int,
-        default=1,
-        metavar="K",
-        help="a time to the target is the first evaluation at which the mean of the last K reaches it (default 1: "
-        "the first at or above it); runs of each K are kept apart",
-    )
+    add_reached_over(p)
     p.add_argument("--plot", type=Path, help="draw each file's methods over its fastest to this PNG")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    if args.reached_over < 1:
-        p.error(f"--reached-over {args.reached_over}: give at least 1 evaluation")
     args.out.mkdir(parents=True, exist_ok=True)
     log = lambda s: print(s, flush=True)  # noqa: E731
     files = [name for name in REGIME_BUDGET_S if name in args.files]

@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.auto_default import AUTO, run_row, time_label
+from bench.auto_default import AUTO, add_reached_over, run_row, time_label
 from bench.auto_evidence import budget_s
 from bench.drawn_clusters import DRAW_SEED, draw_clusters
 from bench.parallel_runs import run_parallel
@@ -359,14 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also pick each cluster's best method on the first half of --seeds and judge it and auto on the rest",
     )
-    p.add_argument(
-        "--reached-over",
-        type=int,
-        default=1,
-        metavar="K",
-        help="a time to the target is the first evaluation at which the mean of the last K reaches it (default 1: "
-        "the first at or above it); runs of each K are kept apart",
-    )
+    add_reached_over(p)
     p.add_argument("--plot", type=Path, help="draw auto / best per cluster to this PNG")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
@@ -374,8 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.split and len(args.seeds) < 2:
         p.error("--split needs at least two --seeds")
     also = _also(p, args.also)
-    if args.reached_over < 1:
-        p.error(f"--reached-over {args.reached_over}: give at least 1 evaluation")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"auto_unseen_{args.draw_seed}.jsonl"
     stored = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -152,7 +152,7 @@ def test_runs_of_a_time_over_several_evaluations_are_kept_apart_from_the_others(
     assert _time_to([old]) == "time to 80%"
     with pytest.raises(SystemExit) as e:
         main(["--reached-over", "0", "--out", str(tmp_path / "out")])
-    assert e.value.code == 2 and "--reached-over 0: give at least 1" in capsys.readouterr().err
+    assert e.value.code == 2 and "--reached-over: 0: give at least 1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
