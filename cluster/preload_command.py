@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from dynabatch.cluster.preloaded import SUPPORTED, preload, run_forked
+from dynabatch.cluster.preloaded import SUPPORTED, preload, run_forked, stops_held
 from dynabatch.common.flags import ConfigError, FlagParser
 
 
@@ -93,21 +93,6 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def preload_holding_stops() -> None:
-    """`preload`, with SIGTERM and SIGINT held until it is done, then acted on.
-
-    A stop raised inside torch's import can be swallowed there (torch's C++ imports numpy and clears any error it
-    raised), and the preloader would serve on after it was told to end; held, the stop is delivered here, in our
-    own code, and ends it as a stop later does. The threads the import starts inherit the hold, so the stop
-    reaches this one."""
-    stops = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    try:
-        preload()
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-
-
 def main(argv: Sequence[str]) -> int:
     parser = FlagParser("dynabatch preload", __doc__)
     parser.add_argument("socket", metavar="SOCKET", type=Path, help="the path of the socket to listen at")
@@ -127,7 +112,10 @@ def main(argv: Sequence[str]) -> int:
             f"start jobs with --preloader {args.socket} or DYNABATCH_PRELOADER={args.socket}",
             flush=True,
         )
-        preload_holding_stops()
+        # A stop raised inside torch's import can be swallowed there (torch's C++ side imports numpy and carries on
+        # when that fails), and the preloader would serve on after it was told to end: held, it is acted on here.
+        with stops_held():
+            preload()
         return run_forked(None, listener.sock)
     except KeyboardInterrupt:
         if os.getpid() != preloader:  # a forked child's own, which it raises as a fresh process would

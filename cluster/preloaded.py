@@ -39,6 +39,8 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -388,19 +390,27 @@ def _serve(first: socket.socket | None, listener: socket.socket | None) -> dict[
                 os.kill(pid, signal.SIGTERM)
 
 
-def _fork() -> int:
-    """os.fork, the child with the default SIGTERM and SIGINT before either can reach it: the preloader's own
-    handlers (`dynabatch preload` exits on them) are not the child's."""
+@contextmanager
+def stops_held() -> Iterator[None]:
+    """SIGTERM and SIGINT blocked within, and delivered when it ends if either came meanwhile: a stop is acted on
+    where the code after it runs, not wherever it happened to land. Threads started within inherit the block."""
     stops = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+
+
+def _fork() -> int:
+    """os.fork, the child with the default SIGTERM and SIGINT before either can reach it: the preloader's own
+    handlers (`dynabatch preload` exits on them) are not the child's."""
+    with stops_held():
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
         return pid
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
 def _request(line: bytes) -> dict[str, Any] | None:

@@ -237,8 +237,7 @@ def test_a_preloader_told_to_stop_while_it_imports_torch_stops(short_folder: Pat
         preload = _listening(sock)
         try:
             wait_for(f"{marker} in the preloader's mappings", functools.partial(_maps, preload.pid, marker))
-            preload.terminate()
-            printed = preload.communicate(timeout=60)[0]
+            printed = _stop(preload)
         finally:
             preload.kill()
         assert preload.returncode == 0, printed
