@@ -74,6 +74,25 @@ def test_a_batch_is_judged_within_the_policys_hysteresis_more_and_nothing_more_u
     assert batch == {0.0: [False], 0.1: [True]}, "23 against 20 is 15%: beyond 10%, within 10% + 10%"
 
 
+def test_a_batch_held_near_the_least_is_judged_on_the_even_share_not_on_itself() -> None:
+    """Two runs that hold worker 0 at or a few samples above the least batch, 8 of an even 32, split B alike; one
+    that gives it 20 does not."""
+    assert SHAPE.even_share == 32
+
+    def batch_within(real_batch: float, simulated: float) -> bool | None:
+        seen = [Observed(steps=10, batch=real_batch, step_s=0.1, compute_s=0.05)]
+        sim = SimResult(
+            "asgd", "dynamic", 0, 1, {}, 0.0, None, 100.0, 0.0, [], 1.0, None, 0, [], {},
+            worker_steps={"sim0": 10}, worker_samples={"sim0": round(10 * simulated)},
+        )  # fmt: skip
+        rows = compare({"observed_samples_per_s": 100.0, "staleness_mean": 1.0}, sim, seen, 0.1, 0.1, 32)
+        return next(ok for name, _, _, ok in rows if "batch" in name)
+
+    assert batch_within(8.15, 11.9) and batch_within(11.8, 8.7), "within 20% of 32: 6.4 samples"
+    assert not batch_within(8.0, 20.0), "12 samples more is another split"
+    assert batch_within(60.0, 71.0) and not batch_within(60.0, 73.0), "a large batch is judged on itself: 20% of 60"
+
+
 @dataclass(frozen=True)
 class Validated:
     """A real run of a shape beside the simulator given its measurements, each worker at its own contention
@@ -86,12 +105,13 @@ class Validated:
     ks: list[float]
     sim: SimResult
     slack: float  # the policy's hysteresis on a batch (`batch_slack`)
+    even_share: float  # B / n, the least scale a batch is judged on (`compare`)
 
     def check_figures(self) -> None:
         """Samples/s, staleness and each worker's mean batch within the criterion and the run's drift, a batch
         within the policy's hysteresis more."""
         margin = TOLERANCE + self.drift
-        for figure, r, s, ok in compare(self.real, self.sim, self.seen, margin, self.slack):
+        for figure, r, s, ok in compare(self.real, self.sim, self.seen, margin, self.slack, self.even_share):
             assert ok, (
                 f"{figure}: real {r}, simulated {s} (within {100 * margin:.0f}%: the run's pace drifted "
                 f"{100 * self.drift:.0f}%, a batch {100 * self.slack:.0f}% more); the workers' contention {self.ks}; "
@@ -106,7 +126,9 @@ def validated(shape: Shape, out: Path) -> Validated:
     real, seen, shard, drift = real_run(shape, out)
     assert all(o.steps for o in seen), f"every worker stepped: {seen}"
     ks = contentions(shape, seen, curve)
-    return Validated(real, seen, shard, drift, ks, simulated(shape, curve, seen, ks, shard), batch_slack(shape))
+    return Validated(
+        real, seen, shard, drift, ks, simulated(shape, curve, seen, ks, shard), batch_slack(shape), shape.even_share
+    )
 
 
 def test_the_simulator_gives_the_batches_staleness_and_samples_of_a_real_run_with_caps_and_fixed_costs(
