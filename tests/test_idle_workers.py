@@ -180,10 +180,15 @@ def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_ex
     assert idle[0]["workers"][slow]["discarded"] >= IDLE_AFTER
 
 
+SPEEDS = (("fast1", "1"), ("fast2", "1"), ("slow", "16"))
+REASONS = ("too_stale", "held", "switched")
+
+
 def test_prometheus_sees_the_idle_worker_as_idle_and_training_nothing(tmp_path: Path) -> None:
     """The scheduler's /metrics says what STATUS says: `dynabatch_worker_idle` is 1 for the worker Ringmaster would
     always discard and 0 for the others, and its samples/s is 0, where its last step's speed would read as current
-    on a dashboard. The job and its workers are the real test's above, as separate processes."""
+    on a dashboard; the idle worker's own /metrics counts its discarded steps as too stale. The job and its workers
+    are the real test's above, as separate processes."""
     c = harness.Cluster(
         tmp_path,
         [*mlp_job(1000), "--global-batch", "1536", "--protocol", "ringmaster", "--batch-policy", "fixed"]
@@ -192,8 +197,7 @@ def test_prometheus_sees_the_idle_worker_as_idle_and_training_nothing(tmp_path: 
     try:
         scheduler = c.scheduler()
         c.shard()
-        for name, slowdown in (("fast1", "1"), ("fast2", "1"), ("slow", "16")):
-            c.worker(name, "--slowdown", slowdown)
+        workers = {name: c.worker(name, "--slowdown", slowdown) for name, slowdown in SPEEDS}
         st = c.wait_status("the slow worker idled", lambda s: any(w.idle for w in s.workers.values()), 180.0)
         idle = {wid for wid, w in st.workers.items() if w.idle}
         assert [st.workers[wid].name for wid in idle] == ["slow"], st.workers
@@ -212,5 +216,9 @@ def test_prometheus_sees_the_idle_worker_as_idle_and_training_nothing(tmp_path: 
             assert metric_value(text, "dynabatch_worker_idle", worker=wid) == (1.0 if wid in idle else 0.0), wid
             speed = metric_value(text, "dynabatch_worker_samples_per_second", worker=wid)
             assert (speed == 0) == (wid in idle), (wid, speed)
+        own = workers["slow"].metrics()
+        discarded = {r: metric_value(own, "dynabatch_worker_discarded_steps_total", reason=r) for r in REASONS}
+        assert discarded["too_stale"] >= IDLE_AFTER and discarded["switched"] == 0, discarded
+        assert all(f'reason="{r}"' in own for r in REASONS), "every reason exported, at 0 until it happens"
     finally:
         c.stop()

@@ -43,6 +43,9 @@ from dynabatch.worker.step_result import StepResult
 
 log = logging.getLogger("dynabatch.worker")
 SKIP_LOG_EVERY = 100  # a run of skipped steps is logged at its first step and every this many after
+DISCARDED = (ErrorCode.TOO_STALE, ErrorCode.HELD, ErrorCode.SWITCHED)
+"""The answers to a step that are no error: the shards discarded its gradient and nothing changed; the worker pulls
+again at once (counted in `dynabatch_worker_discarded_steps` by reason and in HEARTBEAT.discarded)."""
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -91,12 +94,14 @@ class WorkerMetrics:
         self.skipped.labels(worker, "non_finite_loss")
         self.discarded = Counter(
             "dynabatch_worker_discarded_steps",
-            "Steps whose gradient the shards discarded as "
-            "computed on too old a model (ssgd, msync, ringmaster, rennala), or held: ahead of "
-            "the other workers before the direction check could vouch for it.",
-            ["worker"],
+            "Steps whose gradient the shards answered without applying it, by reason: too_stale (computed on too "
+            "old a model: ssgd, msync, ringmaster, rennala), held (ahead of the other workers before the direction "
+            "check could vouch for it), switched (the protocol changed while it was on its way).",
+            ["worker", "reason"],
             registry=registry,
-        ).labels(worker)
+        )
+        for reason in DISCARDED:
+            self.discarded.labels(worker, reason.value)
         self.worker = worker
 
 
@@ -308,7 +313,7 @@ class Worker:
                 joined.shards.staleness = counted
                 steps.after_failure(code)
                 self.batches.step_failed()
-                if code not in (ErrorCode.TOO_STALE, ErrorCode.HELD, ErrorCode.SWITCHED):
+                if code not in DISCARDED:
                     self.m.errors.labels(joined.id, code).inc()
                     log.warning("%s: step failed (%s); retrying", joined.id, exc)
                     if link.lost:
@@ -319,7 +324,7 @@ class Worker:
                 # The protocol discarded a gradient computed on an old model, the shard held a push that ran
                 # ahead before its direction could be judged, or it switched protocol while the step was on its
                 # way: no error, the next step pulls at once (under the protocol its next assignment names).
-                self.m.discarded.inc()
+                self.m.discarded.labels(self.m.worker, code).inc()
                 self.discarded += 1
                 # the count is cumulative: a heartbeat built from `hb` (idle, waiting for a batch) must not report less
                 hb = replace(hb, discarded=self.discarded)
