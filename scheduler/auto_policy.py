@@ -142,7 +142,7 @@ class AutoPolicy:
         """A shard cannot run `protocol`: choose among the others from the next revisit on, `running` meanwhile."""
         self.protocols = tuple(p for p in self.protocols if p in MODELLED and p != protocol)
         self.protocol, self._basis = running, {}
-        self._chosen = f"{running} + {self.policy}: {protocol} left out, a shard cannot run it"
+        self.reason = self._chosen = f"{running} + {self.policy}: {protocol} left out, a shard cannot run it"
 
     def revisit(
         self,

@@ -254,7 +254,11 @@ def test_a_protocol_a_shard_cannot_run_is_left_out_and_the_shards_go_back() -> N
     )
     assert state.protocol.chosen == START and state.shard_assignment().protocol == START, "shard 0 is told back"
     assert chosen not in state.protocol.plan.protocols and chosen not in state.allocator.auto.protocols
-    assert f"{chosen} left out: shard 1 cannot run it" in state.status(now).auto_protocol_reason
+    status = state.status(now)
+    assert f"{chosen} left out: shard 1 cannot run it" in status.auto_protocol_reason
+    assert status.auto_reason.startswith(f"{START} + {status.auto_policy}: {chosen} left out"), (
+        f"the policy's reason still cites the choice of {chosen}, which does not run: {status.auto_reason}"
+    )
     _shards_report(state, now)
     assert state.protocol.workers == START and state.protocol.switches == 0
 
