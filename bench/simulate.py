@@ -52,11 +52,11 @@ import torch.nn.functional as F
 
 from bench.cluster_model import Link, Network, Shards, Wait, chunks_of, mean_one
 from dynabatch.common import staleness
-from dynabatch.common.config import JobConfig
+from dynabatch.common.config import AUTO_PROTOCOL, BATCH_POLICIES, JobConfig
 from dynabatch.common.planning.optimum import Device
 from dynabatch.common.planning.protocol_switch import running, switch_plan, switch_to, switches
 from dynabatch.common.probe import probe_batch, probe_steps, probed
-from dynabatch.common.protocols import DELTA, GRADIENT, protocol_settings, protocol_spec
+from dynabatch.common.protocols import DELTA, GRADIENT, PROTOCOLS, protocol_settings, protocol_spec
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.tasks.models import build_model
@@ -895,23 +895,36 @@ def auto_choices(sched: JobState) -> list[tuple[float, str]]:
         for d in sched.allocator.decisions
         if "auto chose" in d.reason or d.subject == "auto"
     ]
-    return [*chose, (-1.0, f"{auto.protocol} + {auto.policy}: {auto.reason}")]
+    running = f"{auto.protocol} + {auto.policy}"
+    return [*chose, (-1.0, auto.reason if auto.reason.startswith(f"{running}: ") else f"{running}: {auto.reason}")]
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a positive number of seconds")
+    return value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench.simulate", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
-    p.add_argument("--protocol", default="asgd")
-    p.add_argument("--policy", default="dynamic")
+    p.add_argument("--protocol", default="asgd", choices=(*PROTOCOLS, AUTO_PROTOCOL))
+    p.add_argument("--policy", default="dynamic", choices=BATCH_POLICIES)
     p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))
     p.add_argument(
         "--profile-file", help="a cluster described in a JSON file (bench/profile_file.py), instead of --profile"
     )
     p.add_argument("--shards", type=int, default=0, help="with --profile-file: this many shards (default: the file's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-s", type=float, default=10.0, help="virtual seconds")
-    p.add_argument("--global-batch", type=int, default=0, help="default: 16 per worker")
+    p.add_argument("--budget-s", type=_positive, default=10.0, help="virtual seconds")
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="default: --profile-file's, else the job's (as dynabatch plan); a built-in --profile's 16 per worker",
+    )
     p.add_argument("--model", default="mlp")
     p.add_argument("--lr", type=float, default=0.0, help="the job's --lr (default: JobConfig's)")
     p.add_argument("--sync-m", type=int, default=0, help="the job's --sync-m (msync: the gradients a round takes)")
@@ -988,7 +1001,9 @@ def main(argv: list[str] | None = None) -> int:
         workers,
         seed=args.seed,
         budget_s=args.budget_s,
-        global_batch=args.global_batch or profile.global_batch or 16 * len(workers),
+        global_batch=args.global_batch
+        or profile.global_batch
+        or (JobConfig.global_batch if profile.file else 16 * len(workers)),
         model=args.model,
         job={**({"lr": args.lr} if args.lr else {}), "gradient_bound": args.gradient_bound, "sync_m": args.sync_m},
         **{**profile.sim_settings(), **({"shards": args.shards} if args.shards else {})},
@@ -1002,6 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded, "
         f"{r.clipped} pushes clipped"
     )
+    if r.auto_choices:
+        print(f"auto ran {r.auto_choices[-1][1]}")  # the method it ran last, and why
     print(
         "each worker's last batch (0: left out or idle) and samples: "
         + ", ".join(f"{w} b={r.worker_batches.get(w, 0)} {n}" for w, n in sorted(r.worker_samples.items()))

@@ -177,7 +177,8 @@ class CheckOptions(TaskOptions):
 @dataclass
 class PlanOptions:
     """`dynabatch plan`'s settings: where the measured cluster is and the task's K(B); the job it would run is the
-    job flags' (--global-batch where the cluster names none, --chunk-bytes where it is a file)."""
+    job flags' (--global-batch where set or the cluster names none, --model where a file names no model_bytes,
+    --chunk-bytes where it is a file)."""
 
     profile: str = opt(
         "",

@@ -25,18 +25,31 @@ from dynabatch.common.planning.cluster_file import ClusterFileError, read_cluste
 from dynabatch.common.planning.optimum import NoiseScale, Optimum
 from dynabatch.common.planning.prediction import PROTOCOLS, Cluster, Prediction, cluster_of, optimum, predict_all
 from dynabatch.common.protocols import PROTOCOLS as ALL_PROTOCOLS
+from dynabatch.common.tasks.models import model_wire_bytes
 
 NOT_MODELLED = tuple(p for p in ALL_PROTOCOLS if p not in PROTOCOLS)
 
 
 def _measured(run_dir: Path | None, opts: PlanOptions, job: JobConfig) -> tuple[Cluster, str, tuple[str, ...], Path]:
-    """The cluster, its name, the reader's notes and the default plot path."""
+    """The cluster, its name, the reader's notes and the default plot path.
+
+    A cluster file's global batch gives way to --global-batch where that is set (on the command line or in the
+    environment), as the simulator's and `dynabatch run --cluster-profile`'s do; a file without `model_bytes` moves
+    the job's --model, as the simulator does, so that its links count."""
     if opts.profile:
-        file = read_cluster(opts.profile)
+        file, notes = read_cluster(opts.profile), []
+        if file.global_batch and job.global_batch != JobConfig.global_batch:
+            notes.append(f"global batch {job.global_batch} (--global-batch), not the file's {file.global_batch}")
+            file = replace(file, global_batch=job.global_batch)
+        if not file.model_bytes:
+            file = replace(file, model_bytes=model_wire_bytes(job))
+            notes.append(
+                f"model_bytes: the file names none, so the job's --model {job.model}'s, {file.model_bytes:,} bytes"
+            )
         return (
             cluster_of(file, job.global_batch, job.chunk_bytes),
             file.name,
-            (),
+            tuple(notes),
             Path(opts.profile).with_suffix(".plan.png"),
         )
     assert run_dir is not None

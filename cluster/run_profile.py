@@ -83,6 +83,9 @@ def _model_bytes(timeline: list[JobStatus]) -> float | None:
 
 def read_run(run_dir: Path) -> MeasuredCluster:
     """The cluster the run in `run_dir` measured (RunFolderError naming what is missing or unreadable)."""
+    if run_dir.is_file():
+        hint = " (a cluster file is read with --profile FILE)" if run_dir.suffix == ".json" else ""
+        raise RunFolderError(f"{run_dir}: a file, not a run folder written by dynabatch run{hint}")
     try:
         config = json.loads((run_dir / "config.json").read_text())
         timeline = read_timeline(run_dir / "timeline.json")

@@ -70,6 +70,34 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
     assert noisier["optimum"]["time_s"] > report["optimum"]["time_s"]
 
 
+def test_a_file_without_model_bytes_moves_the_jobs_model_over_its_links_and_the_global_batch_flag_wins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the simulator does: a file's links count with the job's --model on them, and --global-batch (set) is the
+    job's B over the file's."""
+
+    def planned(link_mbit: float, *flags: str) -> dict[str, Any]:
+        path = tmp_path / f"c{link_mbit}.json"
+        slow = {"count": 1, "fixed_s": 0.01, "per_sample_s": 0.002, "max_batch": 0, "link_mbit": link_mbit}
+        fast = {"count": 4, "fixed_s": 0.02, "per_sample_s": 0.0005, "max_batch": 0, "link_mbit": 10000}
+        path.write_text(json.dumps({"workers": [fast, slow], "global_batch": 640}))
+        return _plan(capsys, "--profile", str(path), "--plot", str(tmp_path / "p.png"), *flags)
+
+    fast, slow = planned(10000, "--model", "mlp"), planned(1, "--model", "mlp")
+    assert fast["model_bytes"] == slow["model_bytes"] > 0 and "--model mlp" in " ".join(fast["notes"])
+    time = {
+        name: {(m["protocol"], m["policy"]): m["time_s"] for m in r["methods"]}
+        for name, r in (("fast", fast), ("slow", slow))
+    }
+    assert time["slow"]["ssgd", "fixed"] > 2 * time["fast"]["ssgd", "fixed"], "a round waits for the 1 Mbit/s link"
+    assert fast["global_batch"] == 640
+    given = planned(10000, "--global-batch", "64")
+    assert given["global_batch"] == 64 and any("--global-batch" in n for n in given["notes"])
+    assert given["model_bytes"] != fast["model_bytes"] and "--model cnn" in " ".join(given["notes"]), (
+        "the job's default model, the CNN"
+    )
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -92,6 +120,8 @@ def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(
     assert not plot.exists()
     assert main([str(tmp_path), "--plot", str(plot)]) == 2  # a folder that holds no run
     assert "not a run folder written by dynabatch run" in capsys.readouterr().err
+    assert main([str(bad), "--plot", str(plot)]) == 2  # the file given where a run folder goes
+    assert "a cluster file is read with --profile FILE" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:  # neither a run folder nor a file: the usage error's exit 2
         main([])
     assert exited.value.code == 2

@@ -127,6 +127,19 @@ def test_the_simulator_runs_a_cluster_from_a_file_and_says_why_it_refuses_one(
     bad.write_text(json.dumps({"workers": [{"count": 2}]}))
     assert main(["--profile-file", str(bad), "--budget-s", "0.3"]) == 2
     assert "bad.json: workers[0]: missing fixed_s" in capsys.readouterr().err
+    for flags, message in (
+        (["--protocol", "asgdd"], "argument --protocol: invalid choice: 'asgdd'"),
+        (["--policy", "fixd"], "argument --policy: invalid choice: 'fixd'"),
+        (["--budget-s", "-1"], "argument --budget-s: -1: give a positive number of seconds"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            main(["--profile-file", str(good), *flags])
+        assert refused.value.code == 2 and message in capsys.readouterr().err, flags
+    assert main(["--profile-file", str(good), "--protocol", "auto", "--policy", "auto", "--budget-s", "0.3"]) == 0
+    out = capsys.readouterr().out
+    assert "auto+auto on " in out and "good.json (2 workers)" in out and "\nauto ran asgd + fixed: " in out, (
+        "which method auto ran, and why"
+    )
 
 
 def test_probes_gather_into_one_file_and_a_bad_one_leaves_it_as_it_was(tmp_path: Path) -> None:

@@ -144,3 +144,8 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
 def model_for_job(job: JobConfig) -> nn.Module:
     """The job's model at its initial parameters; identical in every process of the job."""
     return build_model(job.model, input_shape(job.dataset), NUM_CLASSES, job.seed)
+
+
+def model_wire_bytes(job: JobConfig) -> int:
+    """The bytes of the job's model on the wire, one pull or push of every parameter as float32."""
+    return 4 * sum(p.numel() for p in model_for_job(job).parameters())
