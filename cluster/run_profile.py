@@ -3,8 +3,9 @@ cluster file's form (common/planning/cluster_file.py), for `dynabatch plan RUN_F
 
 Every STATUS snapshot in timeline.json gives each worker's last step: its batch, its compute seconds and its pull
 and push seconds. A worker seen at two or more batch sizes gets the least-squares line a + c*b of its compute
-seconds; at one batch size (the fixed policy) the fixed cost cannot be told from the per-sample cost, and the
-whole step counts as per-sample (a note says so: such a worker's speed at other batches is a guess). The model's
+seconds; at one batch size (the fixed policy) its steps cannot tell the fixed cost from the per-sample cost, and
+its start-up probe, which timed two batch sizes, gives the fixed part as the scheduler reads it
+(common/probe.py `fixed_through`); without a probe the whole step counts as per-sample. A note says which. The model's
 bytes are the job's bytes over twice its steps and its evaluations (a step pulls and pushes the model, an
 evaluation pulls it; a pull in flight makes it a little high); a worker's link is those bytes over its median
 transfer seconds, which on one machine includes the contention of its processes. What was not measured (a
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynabatch.cluster.report import read_timeline
+from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.cluster_file import ClusterFile, WorkerGroup
 from dynabatch.common.planning.line_fit import fit_line
 from dynabatch.common.planning.optimum import Device
+from dynabatch.common.probe import fixed_through, probe_batch
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import JobStatus
 
@@ -41,8 +44,11 @@ class MeasuredCluster:
     notes: tuple[str, ...]
 
 
-def _worker(wid: str, timeline: list[JobStatus], model_bytes: float) -> tuple[WorkerGroup, str | None]:
-    """One worker's group (count 1) from its distinct steps, and a note where its curve is a guess."""
+def measured_worker(
+    wid: str, timeline: list[JobStatus], model_bytes: float, job_max_batch: int
+) -> tuple[WorkerGroup, str | None]:
+    """One worker's group (count 1) from its distinct steps, and a note where its curve rests on the start-up probe
+    or is a guess."""
     steps = {
         s.workers[wid].steps: s.workers[wid]
         for s in timeline
@@ -59,11 +65,19 @@ def _worker(wid: str, timeline: list[JobStatus], model_bytes: float) -> tuple[Wo
     note = None
     fixed, per_sample = fit_line(points) if len({b for b, _ in points}) > 1 else (-1.0, 0.0)
     if fixed < 0 or per_sample <= 0:
-        fixed, per_sample = 0.0, statistics.median(t / b for b, t in points)
-        note = (
-            f"{name}: its step times do not resolve a fixed cost (batches seen: "
-            f"{', '.join(str(int(b)) for b in sorted({b for b, _ in points}))}): counted as per-sample"
-        )
+        batches = ", ".join(str(int(b)) for b in sorted({b for b, _ in points}))
+        batch, seconds = statistics.median(b for b, _ in points), statistics.median(t for _, t in points)
+        last = seen[-1]
+        if last.standalone_sps > 0 and last.standalone_fixed_s > 0:
+            probed = probe_batch(job_max_batch, last.max_batch)
+            fixed = fixed_through(batch, seconds, probed, last.standalone_sps, last.standalone_fixed_s)
+            per_sample = (seconds - fixed) / batch
+            note = f"{name}: its steps were of one batch size ({batches}); its fixed cost is its start-up probe's"
+        else:
+            fixed, per_sample = 0.0, statistics.median(t / b for b, t in points)
+            note = (
+                f"{name}: its step times do not resolve a fixed cost (batches seen: {batches}): counted as per-sample"
+            )
     transfer = statistics.median(w.times.pull_s + w.times.push_s for w in seen)
     link = 2 * model_bytes * 8 / (transfer * 1e6) if transfer > 0 else FASTEST_LINK_MBIT
     return WorkerGroup(1, Device(fixed, per_sample, seen[-1].max_batch), min(link, FASTEST_LINK_MBIT)), note
@@ -98,7 +112,9 @@ def read_run(run_dir: Path) -> MeasuredCluster:
     if model_bytes is None:
         raise RunFolderError(f"{run_dir}: no worker took a step")
     ids = sorted({wid for s in timeline for wid in s.workers})
-    workers = [_worker(wid, timeline, model_bytes) for wid in ids]
+    workers = [
+        measured_worker(wid, timeline, model_bytes, int(job.get("max_batch", JobConfig.max_batch))) for wid in ids
+    ]
     notes = [n for _, n in workers if n]
     notes.append("shards: their service rate was not measured; counted as serving at once")
     cluster = ClusterFile(

@@ -18,6 +18,9 @@ from dynabatch.common.allotment import MIN_BATCH
 
 PROBE_BATCH = 64
 SMALL_FRACTION = 4  # the probe's second batch is the first over this
+MAX_FIXED_FRACTION = 0.9
+"""Upper bound on a fixed cost as a fraction of the step it is read from: the per-sample cost stays at least a tenth
+of the step's per sample, so a noisy fixed cost never makes a worker look as if more samples cost nothing."""
 
 
 def probe_batch(job_max_batch: int, own_max_batch: int = 0) -> int:
@@ -71,3 +74,17 @@ def probed(steps: Sequence[int], seconds: Sequence[float]) -> tuple[float, float
     if not small_s:
         return speed, 0.0
     return speed, fixed_cost(min(steps), statistics.median(small_s), batch, statistics.median(large_s))
+
+
+def fixed_through(batch: float, seconds: float, probe_batch: int, standalone_sps: float, fixed_s: float) -> float:
+    """The fixed seconds of a step of `batch` samples that computed for `seconds`, by the start-up probe: the
+    probe's curve (`fixed_s`, the rest of its step at `probe_batch` per sample, at `standalone_sps`) scaled to pass
+    through (`batch`, `seconds`), its fixed fraction at most MAX_FIXED_FRACTION.
+
+    The probe runs while the job's other processes start, and contention there slows its two batches alike: its
+    fixed seconds are then overstated by the factor its speed is understated by, and the steps, which run at the
+    job's own pace, never show it (a batch that does not vary cannot tell a fixed cost from a per-sample one). The
+    fraction of the probe's step that is fixed is what that slowdown leaves true. A probe whose small batch alone
+    was slowed keeps its error."""
+    share = min(fixed_s * standalone_sps / probe_batch, MAX_FIXED_FRACTION)
+    return seconds * share * probe_batch / (share * probe_batch + (1.0 - share) * batch)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dynabatch.common.probe import MAX_FIXED_FRACTION, fixed_through
+
 MIN_RELATIVE_SPREAD = 0.05
 """Weighted std/mean of the batch sizes below which the intercept is not fitted.
 
@@ -37,12 +39,6 @@ intercept: a worker that got slower per sample would look like one with a large
 fixed cost, and its step time at any other batch size would be mispredicted
 (and that ``a`` remembered). Such a window fits badly, its residuals are large,
 and this test rejects it."""
-
-MAX_FIXED_FRACTION = 0.9
-"""Upper bound on ``a`` as a fraction of the weighted mean step time.
-
-Keeps ``c`` at least a tenth of the mean per-sample time, so a noisy intercept
-never makes a worker look as if more samples cost nothing."""
 
 
 def _positive_seconds(name: str, value: float) -> float:
@@ -272,21 +268,13 @@ class SpeedModel:
         self._prior_model = StepModel(fixed, compute.per_sample_s)
 
     def probe_fixed_s(self, batch: float, seconds: float) -> float:
-        """The compute's fixed seconds a step of ``batch`` samples that computed for ``seconds`` has, by the probe:
-        the probe's curve (its fixed seconds, the rest of its step at its batch per sample) scaled to pass
-        through (``batch``, ``seconds``); the probe's fixed seconds as they are where its batch is not known.
-
-        The probe runs while the job's other processes start, and contention there slows its two batches alike:
-        its fixed seconds are then overstated by the factor its speed is understated by, and the steps, which
-        run at the job's own pace, never show it (a batch that does not vary cannot tell a fixed cost from a
-        per-sample one). The fraction of the probe's step that is fixed is what that slowdown leaves true. It
-        also keeps ``a/c`` (the efficient policy's knee, scheduler/efficient_batches.py) where the probe put it
-        whatever the steps' noise does. A probe whose small batch alone was slowed keeps its error.
-        """
+        """The compute's fixed seconds a step of ``batch`` samples that computed for ``seconds`` has, by the probe
+        (common/probe.py `fixed_through`, which says why its fraction and not its seconds); the probe's fixed
+        seconds as they are where its batch is not known. It also keeps ``a/c`` (the efficient policy's knee,
+        scheduler/efficient_batches.py) where the probe put it whatever the steps' noise does."""
         if not (self._probe_batch and self._prior):
             return self._probe_fixed_s
-        share = min(self._probe_fixed_s * self._prior / self._probe_batch, MAX_FIXED_FRACTION)
-        return seconds * share * self._probe_batch / (share * self._probe_batch + (1.0 - share) * batch)
+        return fixed_through(batch, seconds, self._probe_batch, self._prior, self._probe_fixed_s)
 
     def _recency_weights(self, n: int) -> np.ndarray:
         """The weights of a window's ``n`` entries, oldest first: the newest weighs 1, each older one ``forgetting``

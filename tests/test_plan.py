@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 
 from dynabatch.cluster.plan_command import main
+from dynabatch.cluster.run_profile import measured_worker
+from dynabatch.common.planning.cluster_file import WorkerGroup
 from dynabatch.common.planning.prediction import POLICIES, PROTOCOLS
+from dynabatch.common.wire.messages import JobStatus, WorkerStatus
+from dynabatch.common.wire.step_times import StepTimes
 from harness import child_env, command_line, mlp_job, run_job
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
@@ -96,6 +100,38 @@ def test_a_file_without_model_bytes_moves_the_jobs_model_over_its_links_and_the_
     assert given["model_bytes"] != fast["model_bytes"] and "--model cnn" in " ".join(given["notes"]), (
         "the job's default model, the CNN"
     )
+
+
+def test_a_run_folders_worker_seen_at_one_batch_takes_its_fixed_cost_from_its_start_up_probe() -> None:
+    """Under the fixed policy a worker's steps are all of one batch, which cannot tell its fixed cost from its
+    per-sample cost: its probe's fixed fraction, as the scheduler reads it, splits them; without a probe its whole
+    step counts per sample, and both say so."""
+
+    def worker(sps: float, fixed_s: float) -> tuple[WorkerGroup, str | None]:
+        timeline = [
+            JobStatus(
+                t=float(i),
+                workers={
+                    "w0": WorkerStatus(
+                        name="gpu",
+                        steps=i,
+                        batch=64,
+                        times=StepTimes(compute_s=0.05, pull_s=0.001, push_s=0.001),
+                        standalone_sps=sps,
+                        standalone_fixed_s=fixed_s,
+                    )
+                },
+            )
+            for i in range(1, 6)
+        ]
+        return measured_worker("w0", timeline, 4e5, 1024)
+
+    probed, note = worker(1280.0, 0.025)  # the probe: 50 ms at 64 samples, half of it fixed
+    assert probed.device.fixed_s == pytest.approx(0.025) and probed.device.per_sample_s == pytest.approx(0.025 / 64)
+    assert note == "gpu: its steps were of one batch size (64); its fixed cost is its start-up probe's"
+    guessed, note = worker(0.0, 0.0)
+    assert guessed.device.fixed_s == 0 and guessed.device.per_sample_s == pytest.approx(0.05 / 64)
+    assert note is not None and "counted as per-sample" in note
 
 
 @pytest.mark.parametrize(
