@@ -140,15 +140,17 @@ def test_the_predictor_idles_the_worker_ringmaster_would_discard_and_counts_noth
 def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_exactly_its_epochs(
     tmp_path: Path,
 ) -> None:
-    """Three workers, one 16x slower, fixed batches of 512 (compute, not transfers, dominates the MLP's step at that
-    size, so the emulated slowdown shows): every gradient of the slow worker arrives about 2 x its step over theirs
-    versions stale, above R = 3. It is idled once IDLE_AFTER of its steps were discarded in a row: its batch is 0, the
+    """Three workers, one 16x slower and 0.1 s more a step, fixed batches of 512 (compute, not transfers, dominates
+    the MLP's step at that size, so the emulated slowdown shows): every gradient of the slow worker arrives about 2 x
+    its step over theirs versions stale, above R = 3. The fixed 0.1 s keeps it so on a loaded machine, where the
+    fast workers' compute meets more contention than the slow one's, which sleeps between (16x alone measured 1.7x
+    their step beside a second suite), and 16 epochs leave the job time to show it stop. It is idled once IDLE_AFTER of its steps were discarded in a row: its batch is 0, the
     console and STATUS say why, it stops computing (its discarded steps stop once a heartbeat and the step it had on its
     way have passed), it is never dropped, and the job trains exactly its epochs."""
     run, out = run_job(
         tmp_path,
         "r",
-        *mlp_job(8, "1", "1", "16"),
+        *mlp_job(16, "1", "1", "16:0.1"),
         "--global-batch",
         "1536",
         "--protocol",
@@ -166,7 +168,7 @@ def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_ex
     idle = [s for s in timeline if s["workers"].get(slow, {}).get("idle")]
     assert idle, f"never idled; each worker's mean step (s): {steps_s}"
     assert idle[0]["workers"][slow]["idle"].startswith("Ringmaster would discard its steps: delay ")
-    assert "worker2(16x) idle (Ringmaster would discard its steps: delay" in out
+    assert "worker2(16x:0.1s) idle (Ringmaster would discard its steps: delay" in out
     assert all(s["workers"][slow]["batch"] == 0 for s in idle)
     assert not any(slow in s["departed"] for s in timeline if not s["stopping"]), "idle, not dropped"
     # once its next heartbeat has brought it batch 0 and the step it had on its way has ended, it computes nothing
@@ -180,7 +182,7 @@ def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_ex
     assert idle[0]["workers"][slow]["discarded"] >= IDLE_AFTER
 
 
-SPEEDS = (("fast1", "1"), ("fast2", "1"), ("slow", "16"))
+SPEEDS = (("fast1", "1"), ("fast2", "1"), ("slow", "16:0.1"))  # as the real job's above, for a loaded machine
 REASONS = ("too_stale", "held", "switched")
 
 
