@@ -144,9 +144,10 @@ def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_ex
     the MLP's step at that size, so the emulated slowdown shows): every gradient of the slow worker arrives about 2 x
     its step over theirs versions stale, above R = 3. The fixed 0.1 s keeps it so on a loaded machine, where the
     fast workers' compute meets more contention than the slow one's, which sleeps between (16x alone measured 1.7x
-    their step beside a second suite), and 16 epochs leave the job time to show it stop. It is idled once IDLE_AFTER of its steps were discarded in a row: its batch is 0, the
-    console and STATUS say why, it stops computing (its discarded steps stop once a heartbeat and the step it had on its
-    way have passed), it is never dropped, and the job trains exactly its epochs."""
+    their step beside a second suite), and 16 epochs leave the job time to show it stop. It is idled once
+    IDLE_AFTER of its steps were discarded in a row: its batch is 0, the console and STATUS say why, it stops
+    computing (its discarded steps stop once a heartbeat and the step it had on its way have passed), it is never
+    dropped, and the job trains exactly its epochs."""
     run, out = run_job(
         tmp_path,
         "r",
