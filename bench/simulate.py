@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from bench.cluster_model import Link, Network, Shards, Wait, chunks_of, mean_one
 from dynabatch.common import staleness
 from dynabatch.common.config import AUTO_PROTOCOL, BATCH_POLICIES, JobConfig
+from dynabatch.common.planning.auto_choice import choice_of
 from dynabatch.common.planning.optimum import Device
 from dynabatch.common.planning.protocol_switch import running, switch_plan, switch_to, switches
 from dynabatch.common.probe import probe_batch, probe_steps, probed
@@ -60,7 +61,7 @@ from dynabatch.common.protocols import DELTA, GRADIENT, PROTOCOLS, protocol_sett
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.data import NUM_CLASSES, Dataset, input_shape, load_dataset, make_batch
 from dynabatch.common.tasks.models import build_model
-from dynabatch.common.wire.chunking import flat_grads, flat_params, load_flat, make_layout
+from dynabatch.common.wire.chunking import FLOAT_BYTES, flat_grads, flat_params, load_flat, make_layout
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import Hello, Role, ShardHeartbeat, WorkerHeartbeat
@@ -292,7 +293,7 @@ class Cluster:
             params,
             self.job.dbs_weight,
         )
-        self.model_bytes = 4 * flat.numel()
+        self.model_bytes = FLOAT_BYTES * flat.numel()
         self.shard_queues = Shards(
             cfg.shards, cfg.shard_mbit, cfg.wire_bytes or self.model_bytes, cfg.shard_noise, cfg.seed
         )
@@ -895,8 +896,8 @@ def auto_choices(sched: JobState) -> list[tuple[float, str]]:
         for d in sched.allocator.decisions
         if "auto chose" in d.reason or d.subject == "auto"
     ]
-    running = f"{auto.protocol} + {auto.policy}"
-    return [*chose, (-1.0, auto.reason if auto.reason.startswith(f"{running}: ") else f"{running}: {auto.reason}")]
+    method = f"{auto.protocol} + {auto.policy}"
+    return [*chose, (-1.0, auto.reason if choice_of(auto.reason) == method else f"{method}: {auto.reason}")]
 
 
 def _positive(text: str) -> float:

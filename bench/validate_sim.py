@@ -471,10 +471,10 @@ def compare(
         row("samples/s", real["observed_samples_per_s"], sim.samples_per_s),
         row("staleness mean", real["staleness_mean"], sim.staleness_mean, 0.1),
     ]
+    within = tolerance + slack
     for i, o in enumerate(seen):
         steps = sim.worker_steps.get(f"sim{i}", 0)
         mean = sim.worker_samples.get(f"sim{i}", 0) / steps if steps else 0.0
-        within = tolerance + slack
         rows.append(row(f"worker{i} batch", o.batch if o.steps else 0.0, mean, within * even_share, within))
     return rows
 

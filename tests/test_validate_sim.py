@@ -103,14 +103,18 @@ class Validated:
     drift: float  # how far the real run's own pace moved between its halves
     ks: list[float]
     sim: SimResult
-    slack: float  # the policy's hysteresis on a batch (`batch_slack`)
-    even_share: float  # B / n, the least scale a batch is judged on (`compare`)
+    shape: Shape
+
+    @property
+    def slack(self) -> float:
+        """The policy's hysteresis on a batch (`batch_slack`)."""
+        return batch_slack(self.shape)
 
     def check_figures(self) -> None:
         """Samples/s, staleness and each worker's mean batch within the criterion and the run's drift, a batch
         within the policy's hysteresis more."""
         margin = TOLERANCE + self.drift
-        for figure, r, s, ok in compare(self.real, self.sim, self.seen, margin, self.slack, self.even_share):
+        for figure, r, s, ok in compare(self.real, self.sim, self.seen, margin, self.slack, self.shape.even_share):
             assert ok, (
                 f"{figure}: real {r}, simulated {s} (within {100 * margin:.0f}%: the run's pace drifted "
                 f"{100 * self.drift:.0f}%, a batch {100 * self.slack:.0f}% more); the workers' contention {self.ks}; "
@@ -125,9 +129,7 @@ def validated(shape: Shape, out: Path) -> Validated:
     real, seen, shard, drift = real_run(shape, out)
     assert all(o.steps for o in seen), f"every worker stepped: {seen}"
     ks = contentions(shape, seen, curve)
-    return Validated(
-        real, seen, shard, drift, ks, simulated(shape, curve, seen, ks, shard), batch_slack(shape), shape.even_share
-    )
+    return Validated(real, seen, shard, drift, ks, simulated(shape, curve, seen, ks, shard), shape)
 
 
 def test_the_simulator_gives_the_batches_staleness_and_samples_of_a_real_run_with_caps_and_fixed_costs(

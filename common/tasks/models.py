@@ -18,6 +18,7 @@ from torch import nn
 
 from dynabatch.common.tasks.catalog import model_size
 from dynabatch.common.tasks.data import NUM_CLASSES, input_shape
+from dynabatch.common.wire.chunking import FLOAT_BYTES, travelling
 
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
@@ -147,5 +148,5 @@ def model_for_job(job: JobConfig) -> nn.Module:
 
 
 def model_wire_bytes(job: JobConfig) -> int:
-    """The bytes of the job's model on the wire, one pull or push of every parameter as float32."""
-    return 4 * sum(p.numel() for p in model_for_job(job).parameters())
+    """The bytes of the job's model on the wire: one pull or push of its trainable parameters (`travelling`)."""
+    return FLOAT_BYTES * sum(p.numel() for p in travelling(model_for_job(job)))
