@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import Namespace
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from dynabatch.cluster.options import PlanOptions
 from dynabatch.cluster.run_profile import RunFolderError, read_run
 from dynabatch.common.config import JobConfig
-from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
+from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args, given
 from dynabatch.common.planning.auto_choice import Choice, choose
 from dynabatch.common.planning.cluster_file import ClusterFileError, read_cluster
 from dynabatch.common.planning.optimum import NoiseScale, Optimum
@@ -29,34 +30,38 @@ from dynabatch.common.tasks.models import model_wire_bytes
 
 NOT_MODELLED = tuple(p for p in ALL_PROTOCOLS if p not in PROTOCOLS)
 
+# The job's settings a plan reads: its B, the wire's chunks and the local protocol's steps, and the model and
+# dataset that size what moves. Every method is predicted, so --protocol and --batch-policy are not among them, nor
+# is anything that does not change a prediction; a flag plan would ignore is refused.
+JOB_FLAGS = ("global_batch", "chunk_bytes", "local_steps", "model", "dataset")
 
-def _measured(run_dir: Path | None, opts: PlanOptions, job: JobConfig) -> tuple[Cluster, str, tuple[str, ...], Path]:
+
+def _measured(
+    run_dir: Path | None, opts: PlanOptions, flags: JobConfig, args: Namespace
+) -> tuple[Cluster, str, tuple[str, ...], Path]:
     """The cluster, its name, the reader's notes and the default plot path.
 
-    A cluster file's global batch gives way to --global-batch where that is set (on the command line or in the
-    environment), as the simulator's and `dynabatch run --cluster-profile`'s do; a file without `model_bytes` moves
-    the job's --model, as the simulator does, so that its links count."""
+    A run folder is planned at the settings it ran with, and a cluster file at the file's global batch and model
+    bytes where it names them; a flag given here (on the command line or in the environment) wins over either, as
+    it does in the simulator and in `dynabatch run --cluster-profile`. A file without `model_bytes` moves the job's
+    --model, as the simulator does, so that its links count."""
     if opts.profile:
-        file, notes = read_cluster(opts.profile), []
-        if file.global_batch and job.global_batch != JobConfig.global_batch:
-            notes.append(f"global batch {job.global_batch} (--global-batch), not the file's {file.global_batch}")
-            file = replace(file, global_batch=job.global_batch)
+        file, job, notes, plot = read_cluster(opts.profile), flags, [], Path(opts.profile).with_suffix(".plan.png")
         if not file.model_bytes:
             file = replace(file, model_bytes=model_wire_bytes(job))
             notes.append(
                 f"model_bytes: the file names none, so the job's --model {job.model}'s, {file.model_bytes:,} bytes"
             )
-        return (
-            cluster_of(file, job.global_batch, job.chunk_bytes),
-            file.name,
-            tuple(notes),
-            Path(opts.profile).with_suffix(".plan.png"),
-        )
-    assert run_dir is not None
-    run = read_run(run_dir)
-    config = json.loads((run_dir / "config.json").read_text())
-    chunk_bytes = int(config["job"].get("chunk_bytes", job.chunk_bytes))
-    return (cluster_of(run.cluster, job.global_batch, chunk_bytes), run.cluster.name, run.notes, run_dir / "plan.png")
+    else:
+        assert run_dir is not None
+        run = read_run(run_dir)
+        file, notes, plot = run.cluster, list(run.notes), run_dir / "plan.png"
+        job = replace(run.job, **{k: getattr(flags, k) for k in JOB_FLAGS if given(args, k)})
+    if file.global_batch and given(args, "global_batch") and file.global_batch != job.global_batch:
+        notes.append(f"global batch {job.global_batch} (--global-batch), not the cluster's {file.global_batch}")
+        file = replace(file, global_batch=job.global_batch)
+    cluster = replace(cluster_of(file, job.global_batch, job.chunk_bytes), local_steps=job.local_steps)
+    return cluster, file.name, tuple(notes), plot
 
 
 def _report(
@@ -142,9 +147,9 @@ def main(argv: Sequence[str]) -> int:
         help="a run folder written by dynabatch run (or --profile FILE.json)",
     )
     add_flags(parser, PlanOptions)
-    add_flags(parser, JobConfig)
+    add_flags(parser, JobConfig, only=JOB_FLAGS)
     args = parser.parse_args(argv)
-    opts, job = from_args(PlanOptions, args), from_args(JobConfig, args)
+    opts, job = from_args(PlanOptions, args), from_args(JobConfig, args, only=JOB_FLAGS)
     try:
         opts.validate()
         job.validate()
@@ -154,8 +159,7 @@ def main(argv: Sequence[str]) -> int:
         parser.error(str(exc))
     noise = NoiseScale(opts.k_min, opts.b_noise)
     try:
-        cluster, name, notes, plot = _measured(args.run_dir, opts, job)
-        cluster = replace(cluster, local_steps=job.local_steps)
+        cluster, name, notes, plot = _measured(args.run_dir, opts, job, args)
         star = optimum(cluster, noise)
     except (ClusterFileError, RunFolderError, ValueError) as exc:
         print(f"dynabatch plan: {exc}", file=sys.stderr)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynabatch.cluster.report import read_timeline
-from dynabatch.common.config import JobConfig
+from dynabatch.common.config import JobConfig, job_from_dict
+from dynabatch.common.flags import ConfigError
 from dynabatch.common.planning.cluster_file import ClusterFile, WorkerGroup
 from dynabatch.common.planning.line_fit import fit_line
 from dynabatch.common.planning.optimum import Device
@@ -38,9 +39,10 @@ class RunFolderError(ValueError):
 
 @dataclass(frozen=True)
 class MeasuredCluster:
-    """The cluster a run measured and what the reader had to assume, one note per assumption."""
+    """The cluster a run measured, the job it ran, and what the reader had to assume, one note per assumption."""
 
     cluster: ClusterFile
+    job: JobConfig
     notes: tuple[str, ...]
 
 
@@ -105,23 +107,25 @@ def read_run(run_dir: Path) -> MeasuredCluster:
         timeline = read_timeline(run_dir / "timeline.json")
     except (OSError, ValueError, ProtocolError) as exc:
         raise RunFolderError(f"{run_dir}: not a run folder written by dynabatch run ({exc})") from None
-    job = config.get("job") if isinstance(config, dict) else None
-    if not isinstance(job, dict) or not timeline:
+    settings = config.get("job") if isinstance(config, dict) else None
+    if not isinstance(settings, dict) or not timeline:
         raise RunFolderError(f"{run_dir}: config.json has no job, or timeline.json no snapshot")
+    try:
+        job = job_from_dict(settings, allow_auto=True)  # a run of --protocol auto records it as given
+    except ConfigError as exc:
+        raise RunFolderError(f"{run_dir}: config.json's job cannot be read: {exc}") from None
     model_bytes = _model_bytes(timeline)
     if model_bytes is None:
         raise RunFolderError(f"{run_dir}: no worker took a step")
     ids = sorted({wid for s in timeline for wid in s.workers})
-    workers = [
-        measured_worker(wid, timeline, model_bytes, int(job.get("max_batch", JobConfig.max_batch))) for wid in ids
-    ]
+    workers = [measured_worker(wid, timeline, model_bytes, job.max_batch) for wid in ids]
     notes = [n for _, n in workers if n]
     notes.append("shards: their service rate was not measured; counted as serving at once")
     cluster = ClusterFile(
         name=str(run_dir),
         groups=tuple(g for g, _ in workers),
         model_bytes=model_bytes,
-        global_batch=int(job.get("global_batch", 0)),
-        shards=int(job.get("shards", 1)),
+        global_batch=job.global_batch,
+        shards=job.shards,
     )
-    return MeasuredCluster(cluster, tuple(notes))
+    return MeasuredCluster(cluster, job, tuple(notes))

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -61,6 +61,10 @@ class FlagParser(argparse.ArgumentParser):
             prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
         )
         self.positional_names: list[str] = []
+        # The config fields add_flags made flags of, and those whose default it took from the environment
+        # (given, as a flag on the command line is).
+        self.field_flags: set[str] = set()
+        self.env_given: set[str] = set()
         # Made in TOPICS' order, up front: `--help` shows a group only once it holds a flag.
         self.topic_groups = {topic: self.add_argument_group(title) for topic, title in TOPICS.items()}
 
@@ -69,6 +73,25 @@ class FlagParser(argparse.ArgumentParser):
         if not action.option_strings:
             self.positional_names.append(str(action.metavar or action.dest.upper()))
         return action
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Parse as argparse does, and record in `flags_given` (see `given`) the fields whose flags were set on
+        the command line or by the environment.
+
+        argparse sets a default without a trace, so a flag set to its default value cannot otherwise be told from
+        one left alone. The command line is parsed a second time into a namespace that already holds a marker for
+        every field's flag, where argparse leaves their defaults out: what still holds the marker was not given.
+        (A field's flag only stores what it parses, so the marker is never read.) The first parse has already
+        refused what is malformed, so the second cannot fail.
+        """
+        parsed, extras = super().parse_known_args(args, namespace)
+        unset = object()
+        probe = argparse.Namespace(**dict.fromkeys(self.field_flags, unset))
+        super().parse_known_args(args, probe)
+        parsed.flags_given = frozenset(self.env_given | {f for f in self.field_flags if getattr(probe, f) is not unset})
+        return parsed, extras
 
     def short_usage(self) -> str:
         """`usage: dynabatch export RUN_DIR [flags]   (--help lists them)`."""
@@ -135,12 +158,21 @@ def _parse_value(kind: Any, text: str) -> Any:
     return kind(text)
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str] | None = None) -> None:
-    """Add one flag per field of `cls`, defaulting to DYNABATCH_<FIELD> when set; a FlagParser files
-    each under its field's topic."""
+def add_flags(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    env: Mapping[str, str] | None = None,
+    only: Collection[str] | None = None,
+) -> None:
+    """Add one flag per field of `cls` (or per field named in `only`: a command that reads a few of a schema's
+    settings takes those alone, so that its `--help` lists what it uses and a flag it would ignore is refused),
+    defaulting to DYNABATCH_<FIELD> when set; a FlagParser files each under its field's topic and records the
+    fields the environment set."""
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         group = parser.topic_groups[f.metadata["topic"]] if isinstance(parser, FlagParser) else parser
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
@@ -151,6 +183,10 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, env: Mapping[str, str]
                 default = _parse_value(kind, env[env_name])
             except ValueError as exc:
                 parser.error(f"{env_name}={env[env_name]!r}: {exc}")
+        if isinstance(parser, FlagParser):
+            parser.field_flags.add(f.name)
+            if env_name in env:
+                parser.env_given.add(f.name)
         help_text = f"{f.metadata.get('help', '')} [env {env_name}; default {default!r}]"
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
@@ -170,6 +206,14 @@ def _default(cls: type, f: dataclasses.Field[Any]) -> Any:
     raise TypeError(f"{cls.__name__}.{f.name} has no default: a flag needs one")
 
 
-def from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """Build a `cls` from parsed flags (those added by `add_flags`)."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+def from_args(cls: type[T], args: argparse.Namespace, only: Collection[str] | None = None) -> T:
+    """Build a `cls` from parsed flags (those added by `add_flags`, with the same `only`); a field left out of
+    `only` keeps its default."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if only is None or f.name in only})
+
+
+def given(args: argparse.Namespace, name: str) -> bool:
+    """Whether the flag of field `name` was set on the command line or by the environment (a FlagParser's
+    parse), even to its default value: where a setting in a file gives way to a flag, only a flag that was
+    given should win."""
+    return name in args.flags_given

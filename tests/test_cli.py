@@ -17,7 +17,7 @@ import pytest
 
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig, MetricsOptions
-from dynabatch.common.flags import TOPICS, add_flags, from_args
+from dynabatch.common.flags import TOPICS, FlagParser, add_flags, from_args, given
 from dynabatch.common.net.curve import CurveOptions
 from dynabatch.ps.options import PsOptions
 from dynabatch.scheduler.options import SchedulerOptions
@@ -87,6 +87,33 @@ def test_environment_supplies_defaults_and_flags_override_it() -> None:
     assert job.global_batch == 512 and job.nesterov is True
     job = from_args(JobConfig, parser.parse_args(["--global-batch", "64", "--no-nesterov"]))
     assert job.global_batch == 64 and job.nesterov is False
+
+
+def test_a_flag_counts_as_given_on_the_command_line_or_in_the_environment_even_at_its_default_value() -> None:
+    """Where a setting in a file gives way to a flag (plan's cluster file and --global-batch), a flag typed at its
+    default value must still win: only `given` can tell it from one left alone."""
+    parser = FlagParser("dynabatch t")
+    add_flags(parser, JobConfig, env={"DYNABATCH_NESTEROV": "false"})
+    parser.add_argument("--name", action="append", default=[])  # not a field's flag: never marked, still parsed
+    default_batch = JobConfig.global_batch
+    args = parser.parse_args(["--global-batch", str(default_batch), "--name", "a", "--name", "b"])
+    assert given(args, "global_batch") and args.global_batch == default_batch
+    assert given(args, "nesterov"), "set by the environment, to its default value"
+    assert not given(args, "epochs") and args.epochs == JobConfig.epochs
+    assert args.name == ["a", "b"]
+    assert not given(parser.parse_args([]), "global_batch")
+
+
+def test_a_command_that_reads_some_of_a_schemas_settings_takes_those_flags_alone() -> None:
+    """`only`: the rest keep their defaults and are refused as flags, whatever the environment holds."""
+    parser = FlagParser("dynabatch t")
+    only = ("global_batch", "model")
+    add_flags(parser, JobConfig, env={"DYNABATCH_EPOCHS": "3", "DYNABATCH_MODEL": "mlp"}, only=only)
+    job = from_args(JobConfig, parser.parse_args(["--global-batch", "64"]), only=only)
+    assert (job.global_batch, job.model, job.epochs) == (64, "mlp", JobConfig.epochs)
+    with pytest.raises(SystemExit) as refused:
+        parser.parse_args(["--epochs", "3"])
+    assert refused.value.code == 2
 
 
 def test_missing_data_says_how_to_get_it(tmp_path: Path) -> None:

@@ -97,6 +97,8 @@ def test_a_file_without_model_bytes_moves_the_jobs_model_over_its_links_and_the_
     assert fast["global_batch"] == 640
     given = planned(10000, "--global-batch", "64")
     assert given["global_batch"] == 64 and any("--global-batch" in n for n in given["notes"])
+    at_default = planned(10000, "--global-batch", "192")
+    assert at_default["global_batch"] == 192, "a flag given at its default value wins too"
     assert given["model_bytes"] != fast["model_bytes"] and "--model cnn" in " ".join(given["notes"]), (
         "the job's default model, the CNN"
     )
@@ -161,6 +163,9 @@ def test_a_bad_cluster_file_is_refused_with_exit_2_naming_why_and_nothing_drawn(
     with pytest.raises(SystemExit) as exited:  # neither a run folder nor a file: the usage error's exit 2
         main([])
     assert exited.value.code == 2
+    with pytest.raises(SystemExit) as exited:  # every method is planned: a protocol flag would be ignored
+        main(["--profile", str(PROFILES / "mixed_gpus16.json"), "--protocol", "asgd"])
+    assert exited.value.code == 2 and "unrecognized arguments: --protocol" in capsys.readouterr().err
 
 
 def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_folder_plans(
@@ -213,11 +218,15 @@ def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_fo
         "asgd",
         "--batch-policy",
         "dynamic",
+        "--global-batch",
+        "96",
         "--status-s",
         "0.1",
     )
     planned = _plan(capsys, str(run))
-    assert planned["workers"] == 2 and planned["global_batch"] == 192
+    assert planned["workers"] == 2 and planned["global_batch"] == 96, "planned at the B it ran with"
+    at_default = _plan(capsys, str(run), "--global-batch", "192")
+    assert at_default["global_batch"] == 192 and any("--global-batch" in n for n in at_default["notes"])
     assert all(m["ratio_to_optimum"] >= 1 for m in planned["methods"])
     assert (run / "plan.png").read_bytes()[:8] == PNG
     # the job's bytes over its steps' pulls and pushes and its evaluations' pulls: the model's, but for the pulls
