@@ -355,6 +355,12 @@ def step_noise(slowdown: str, seen: Observed) -> float | None:
     return seen.spread_s / device if seen.steps and device > 0 else None
 
 
+def device_times(slowdown: str, k: float) -> float:
+    """How many of this machine's unloaded device steps (its curve a + c b) a worker's emulated step takes: its
+    slowdown's factor F on top of the contention k its compute met, (k + F - 1) (`simulated`)."""
+    return k + Slowdown.parse(slowdown).factor(0.0) - 1.0
+
+
 def simulated(
     shape: Shape,
     curve: tuple[float, float],
@@ -398,11 +404,10 @@ def simulated(
     base = min(halves)
     workers = []
     for text, cap, half, o, k in zip(shape.slowdowns, shape.max_batches, halves, seen, ks, strict=True):
-        phase = Slowdown.parse(text)
-        times = k + phase.factor(0.0) - 1.0
+        times = device_times(text, k)
         workers.append(
             WorkerSpec(
-                f"1:{phase.fixed_s(0.0)}",
+                f"1:{Slowdown.parse(text).fixed_s(0.0)}",
                 fixed_s=times * curve[0],
                 per_sample_s=times * curve[1],
                 max_batch=cap,

@@ -35,6 +35,7 @@ from bench.validate_sim import (
     compare,
     contention,
     contentions,
+    device_times,
     machine_curve,
     observed_rate,
     observed_shard,
@@ -153,9 +154,14 @@ def test_lb_bsp_holds_a_capped_worker_at_its_cap_in_the_real_run_and_the_simulat
     cap = LBBSP.max_batches[0]
     assert real["worker0"] == cap == v.sim.worker_batches["sim0"], (real, v.sim.worker_batches)
     sim = {i: v.sim.worker_samples[f"sim{i}"] / v.sim.worker_steps[f"sim{i}"] for i in (1, 2)}
-    assert v.seen[1].batch > v.seen[2].batch and sim[1] > sim[2], (
-        f"the F = 1 worker takes more of the rest than the F = 4 one: real {v.seen}, simulated {sim}"
-    )
+    times = [device_times(text, k) for text, k in zip(LBBSP.slowdowns, v.ks, strict=True)]
+    if times[2] > (1 + v.slack) * times[1]:
+        assert v.seen[1].batch > v.seen[2].batch and sim[1] > sim[2], (
+            f"the F = 1 worker takes more of the rest than the F = 4 one: real {v.seen}, simulated {sim}"
+        )
+    # else the F = 4 worker, sleeping three quarters of its step, met so much less contention than the F = 1 one
+    # that its device was as fast within the policy's hysteresis: either may take the larger share, and each
+    # batch is still judged against the real one below
     v.check_figures()
 
 
