@@ -38,6 +38,7 @@ from dynabatch.common.net.curve import CurveKeys, CurveOptions
 from dynabatch.common.net.transport import Connection, RemoteError, open_context
 from dynabatch.common.planning.auto_choice import choice_of
 from dynabatch.common.planning.auto_protocol import resolved
+from dynabatch.common.protocols import refuse_unread_settings
 from dynabatch.common.slowdown import Slowdown
 from dynabatch.common.tasks.catalog import BUILTIN_METRICS
 from dynabatch.common.tasks.dataset_files import BadDatasetFile, DatasetNotFound, check_dataset_files, find_dataset
@@ -72,8 +73,25 @@ def settle(opts: RunOptions, job: JobConfig) -> JobConfig:
         job = replace(job, await_final_eval=True)  # a short job may end before the evaluator has joined
     opts.validate()
     job.validate()
+    refuse_unread_settings(job)
     if opts.micro_batch and job.pipeline == "on":
         raise ConfigError("--micro-batch: the pipelined step (--pipeline on) cannot accumulate passes; drop one")
+    if job.await_final_eval and not opts.evaluator:
+        raise ConfigError(
+            "--await-final-eval: this run starts no evaluator (--no-evaluator), so the job would wait "
+            f"--join-timeout-s ({job.join_timeout_s:g} s) for one at its end; drop one of the two"
+        )
+    if job.min_workers > opts.workers:
+        raise ConfigError(
+            f"--min-workers {job.min_workers}: this run starts {opts.workers} worker(s) (--workers), so no batch "
+            "would ever be handed out"
+        )
+    members = opts.workers + (1 if opts.evaluator else 0)
+    if job.max_workers < members:
+        raise ConfigError(
+            f"--max-workers {job.max_workers}: this run starts {opts.workers} worker(s)"
+            f"{' and an evaluator' if opts.evaluator else ''}, {members} members the scheduler would not all admit"
+        )
     return job
 
 
@@ -190,6 +208,7 @@ class JobRun:
         self.interrupted = 0  # the signal that asked the run to stop (0: none)
         self.forced = False  # a second signal: every child killed, not waited for
         self.refused = ""  # a child's one-line reason for exiting CONFIG_ERROR_EXIT, which ended the run
+        self.failure = ""  # why this command ended the run (a timeout, a child past --restarts), for the summary
         self.left_out: set[str] = set()  # workers past --restarts that the job goes on without
         self.targets_path = run_dir / "prometheus_targets.json"
         self.show_slowdown = emulated(Slowdown.parse(text).label() for text in opts.slowdowns)
@@ -298,7 +317,8 @@ class JobRun:
                 self.launcher.write_targets(self.job.job, self.targets_path)
                 now = time.monotonic()
                 if now - started > self.opts.timeout_s:
-                    print(f"timeout after {self.opts.timeout_s:.0f}s", file=sys.stderr)
+                    self.failure = f"timeout after {self.opts.timeout_s:.0f}s (--timeout-s)"
+                    print(self.failure, file=sys.stderr)
                     return False
                 status = self._sample(conn, started)
                 if status is not None:
@@ -356,7 +376,7 @@ class JobRun:
             )
             code = f"{c.name} exited with code {returncode}"
             if action == "refused":
-                self.refused = f"{code}, not restarted: {c.reason()}"
+                self.refused = self.failure = f"{code}, not restarted: {c.reason()}"
                 print(self.refused, file=sys.stderr, flush=True)
                 return False
             if action == "rebind":
@@ -376,6 +396,7 @@ class JobRun:
                 verdict = "the job goes on without it" if action == "leave_out" else "the run fails"
                 print(f"{spent}; {verdict}; its log ends:\n{c.log_tail()}", file=sys.stderr, flush=True)
                 if action == "fail":
+                    self.failure = f"{spent}; {verdict}"
                     return False
                 self.left_out.add(c.name)
         return True
@@ -392,6 +413,7 @@ class JobRun:
         statuses = [snap.status for snap in self.timeline]
         summary = summarize(statuses, wall_s, self.opts.warmup_fraction, self.opts.target())
         summary["interrupted"] = bool(self.interrupted)
+        summary["failed"] = summary.get("failed") or self.failure or None  # the job's own reason first
         print(format_summary(summary, self.run_dir), flush=True)
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         write_timeline(self.run_dir, self.timeline)
@@ -402,8 +424,9 @@ class JobRun:
 def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
     """The end-of-run lines: accuracy, speed, and each worker's share (by its name and slowdown, then the
     scheduler's id for it, in summary.json's order)."""
+    failed = [f"FAILED: {summary['failed']}"] if summary.get("failed") else []
     if "error" in summary:
-        return f"no result: {summary['error']} (logs in {run_dir / 'logs'})"
+        return "\n".join([*failed, f"no result: {summary['error']} (logs in {run_dir / 'logs'})"])
     acc, metrics = summary["final_test_acc"], summary.get("final_metrics") or {}
     others = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "accuracy")
     figures = (
@@ -412,7 +435,7 @@ def format_summary(summary: dict[str, Any], run_dir: Path) -> str:
         else others or "no evaluation"
     )
     lines = [
-        *([f"FAILED: {summary['failed']}"] if summary.get("failed") else []),
+        *failed,
         *(
             [f"rolled back {len(summary['rollbacks'])} time(s) after a divergence; step size x{summary['lr_factor']:g}"]
             if summary.get("rollbacks")

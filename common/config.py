@@ -149,6 +149,7 @@ class JobConfig(JobName):
         0.5,
         "SGD momentum on the shards (asynchrony adds implicit momentum, so asgd wants less than 0.9)",
         minimum=0.0,
+        below=1.0,
         topic="job",
     )
     weight_decay: float = opt(1e-4, "SGD weight decay on the shards", minimum=0.0, topic="job")
@@ -287,7 +288,7 @@ class JobConfig(JobName):
         1.0, "local/msd: outer learning rate on the averaged delta (1: plain averaging)", above=0.0, topic="protocol"
     )
     outer_momentum: float = opt(
-        0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0, topic="protocol"
+        0.0, "local/msd: outer momentum (DiLoCo: 0.9 with --outer-lr 0.7)", minimum=0.0, below=1.0, topic="protocol"
     )
     outer_nesterov: bool = opt(True, "local/msd: Nesterov form of the outer momentum", topic="protocol")
     round_timeout_s: float = opt(

@@ -109,19 +109,21 @@ def opt(
     above: float | None = None,
     *,
     topic: str,
+    below: float | None = None,
 ) -> Any:
     """A config field with its flag's help text, its `--help` topic (one of TOPICS) and validation bounds:
-    at least `minimum`, or strictly more than `above` (for a setting whose zero means nothing: `--epochs 0`)."""
+    at least `minimum`, or strictly more than `above` (for a setting whose zero means nothing: `--epochs 0`), and
+    strictly less than `below` (a momentum of 1 never forgets)."""
     if topic not in TOPICS:
         raise ValueError(f"topic {topic!r} is not one of {', '.join(TOPICS)}")
-    meta = {"help": help, "choices": choices, "minimum": minimum, "above": above, "topic": topic}
+    meta = {"help": help, "choices": choices, "minimum": minimum, "above": above, "below": below, "topic": topic}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
 def validate_fields(cfg: Any) -> None:
-    """Check every field against its metadata (choices, minimum, above); every number must be finite.
+    """Check every field against its metadata (choices, minimum, above, below); every number must be finite.
 
     NaN compares false with everything, so a bound alone would let it through (`--epochs nan` trained for ever).
     """
@@ -138,6 +140,9 @@ def validate_fields(cfg: Any) -> None:
             raise ConfigError(f"{flag}: {value} is below the minimum {minimum}")
         if above is not None and not value > above:
             raise ConfigError(f"{flag}: {value} must be above {above:g}")
+        below = f.metadata.get("below")
+        if below is not None and not value < below:
+            raise ConfigError(f"{flag}: {value} must be below {below:g}")
 
 
 def _parse_bool(text: str) -> bool:

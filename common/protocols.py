@@ -390,6 +390,31 @@ def protocol_settings(job: JobConfig) -> ProtocolSettings:
     return protocol_spec(job.protocol).settings.from_job(job)
 
 
+def refuse_unread_settings(job: JobConfig) -> None:
+    """Refuse (ConfigError, one line) a setting that only other protocols read (their `ProtocolSettings.FLAGS`, and
+    --cluster-profile, which only `--protocol auto` reads) given away from its default to a job of a named protocol:
+    it would be ignored without a word (`--sync-m 2 --protocol asgd`).
+
+    The commands a user types call this (`dynabatch run`, `dynabatch scheduler`), not `JobConfig.validate`: a job
+    of `--protocol auto` may run any protocol and keeps the settings given for the others, also once the job on
+    the wire names the one auto chose."""
+    spec = SPECS.get(job.protocol)
+    if spec is None:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(job)}
+    readers: dict[str, list[str]] = {"cluster_profile": ["auto"]}
+    for name, other in SPECS.items():
+        for flag in other.settings.FLAGS:
+            readers.setdefault(flag, []).append(name)
+    for flag, names in readers.items():
+        value = getattr(job, flag)
+        if flag not in spec.settings.FLAGS and value != defaults[flag]:
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} {value}: only --protocol {' or '.join(names)} reads it, not "
+                f"{job.protocol}; drop it"
+            )
+
+
 DBS_WEIGHTS: tuple[str, ...] = ("capped", "paper")
 """How a gradient of b_i samples is weighted under dynamic batches (`--dbs-weight`): `paper` is DBS-SGD's
 b_i / (B/n) (Ji et al. 2019), which multiplies the step of the largest batches, and so of the fastest workers'

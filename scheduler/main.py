@@ -10,6 +10,7 @@ from dynabatch.common.cli_support import CurveOptions, MetricsOptions, load_curv
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.planning.auto_protocol import resolved
+from dynabatch.common.protocols import refuse_unread_settings
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.scheduler.server import SchedulerServer
 
@@ -22,6 +23,7 @@ def main(argv: Sequence[str]) -> int:
         argv,
     )
     try:
+        refuse_unread_settings(job)
         job, chosen = resolved(job)
     except ConfigError as exc:
         print(f"dynabatch scheduler: {exc}", file=sys.stderr)

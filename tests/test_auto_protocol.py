@@ -17,6 +17,7 @@ from dynabatch.common.planning.auto_protocol import resolved
 from dynabatch.common.planning.cluster_file import read_cluster
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import cluster_of
+from dynabatch.common.protocols import refuse_unread_settings
 from harness import mlp_job, run_job
 
 PROFILES = sorted((Path(__file__).resolve().parents[1] / "bench" / "profiles").glob("*.json"))
@@ -40,6 +41,8 @@ def test_the_protocol_is_the_predictors_choice_on_the_file_at_the_jobs_batch(pat
     assert chosen.protocol == expected.protocol and chosen.batch_policy == "fixed", why
     assert why.startswith(f"{expected.protocol} ({expected.reason}") and str(path) in why
     assert resolved(chosen) == (chosen, ""), "a given protocol is left alone"
+    assert chosen.cluster_profile == "", "the file is read: the scheduler is handed a job of the chosen protocol"
+    refuse_unread_settings(chosen)
 
 
 def test_auto_needs_a_readable_cluster_file_and_is_never_sent_unresolved(tmp_path: Path) -> None:

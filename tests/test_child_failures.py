@@ -128,6 +128,10 @@ def test_a_worker_that_keeps_dying_at_start_fails_the_run_with_its_log_once_rest
         assert "worker1 exited with code 1; starting it again (1 of 1)" in err
         assert "worker1 exited with code 1 after 1 restart(s) (--restarts 1); the run fails; its log ends:\n" in err
         assert err.rstrip().endswith("worker1: bad flag"), err
+        run._report(1.0)
+        failed = "worker1 exited with code 1 after 1 restart(s) (--restarts 1); the run fails"
+        assert json.loads((tmp_path / "summary.json").read_text())["failed"] == failed, "the run folder says why"
+        assert f"FAILED: {failed}" in capsys.readouterr().out
 
         run.job = JobConfig(min_workers=1)
         assert run._supervise() and run._supervise(), "with enough workers the job goes on without it"

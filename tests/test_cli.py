@@ -54,6 +54,7 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["worker", "--loader-workers", "-2"], "--loader-workers"),
         (["ps", "--shard-index", "-7"], "--shard-index"),
         (["scheduler", "--lr", "-1"], "--lr"),
+        (["scheduler", "--protocol", "asgd", "--sync-m", "2"], "--sync-m 2: only --protocol msync reads it"),
         (
             ["run", "--protocol", "auto", "--aggregation", "median", "--prefetch-pull"],
             "--protocol auto: no protocol it chooses among takes this job",

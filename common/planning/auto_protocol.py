@@ -26,8 +26,9 @@ from dynabatch.common.protocols import SPECS
 
 def resolved(job: JobConfig) -> tuple[JobConfig, str]:
     """`job` with `--protocol auto` replaced by the protocol predicted to reach the target first on the cluster its
-    --cluster-profile describes, and why ("" when the protocol was given). ConfigError naming the file when it
-    cannot be read."""
+    --cluster-profile describes, and why, naming the file ("" when the protocol was given). The job returned no
+    longer names the file, which only auto reads (`refuse_unread_settings`: the scheduler `dynabatch run` starts
+    is handed the job as resolved). ConfigError naming the file when it cannot be read."""
     if SPECS.get(job.protocol) is not None or not job.cluster_profile:  # auto without a file: chosen at run time
         return job, ""
     try:
@@ -36,6 +37,6 @@ def resolved(job: JobConfig) -> tuple[JobConfig, str]:
         raise ConfigError(f"--cluster-profile: {exc}") from None
     cluster = replace(cluster_of(described, job.global_batch, job.chunk_bytes), global_batch=job.global_batch)
     choice = choose(cluster, STUDY_NOISE)
-    chosen = replace(job, protocol=choice.protocol)
+    chosen = replace(job, protocol=choice.protocol, cluster_profile="")  # read: the job now names its protocol
     chosen.validate()
     return chosen, f"{choice.protocol} ({choice.reason}; from {job.cluster_profile}, {len(cluster.nodes)} workers)"
