@@ -84,6 +84,27 @@ def test_a_killed_worker_share_moves_to_the_others_and_the_job_finishes(tmp_path
         c.stop()
 
 
+def test_a_worker_past_max_workers_waits_as_a_spare_and_joins_once_a_member_leaves(tmp_path: Path) -> None:
+    """Refused `full`, it asked again until a slot was free instead of ending in a traceback (and, under `dynabatch
+    run` or Kubernetes, being started again and again)."""
+    c = Cluster(tmp_path, QUICK + ["--epochs", "1000", "--max-workers", "1"])
+    try:
+        c.scheduler()
+        c.shard()
+        first = c.worker("first")
+        c.wait_status("the first worker training", lambda s: _training(s, 1))
+        spare = c.worker("spare")
+        wait_for("the spare to say why it waits", lambda: "waiting: full: the job admits at most 1" in spare.log_text())
+        assert spare.proc.poll() is None
+        first.proc.send_signal(signal.SIGKILL)
+        st = c.wait_status(
+            "the spare training", lambda s: any(w.name == "spare" and w.steps for w in s.workers.values())
+        )
+        assert [w.name for w in st.workers.values()] == ["spare"]
+    finally:
+        c.stop()
+
+
 def test_bye_is_acknowledged_after_everything_sent_before_it(tmp_path: Path) -> None:
     """A process that exits right after BYE_ACK has had its last heartbeat counted (ssgd workers stop by themselves).
 

@@ -42,7 +42,9 @@ from dynabatch.common.wire.messages import (
 
 log = logging.getLogger("dynabatch.link")
 # The job is not up yet; a restarted shard's old self is not yet dead; this machine registered many members at once.
-RETRYABLE = (ErrorCode.NOT_READY, ErrorCode.SLOT_TAKEN, ErrorCode.HELLO_RATE)
+RETRYABLE = (ErrorCode.NOT_READY, ErrorCode.SLOT_TAKEN, ErrorCode.HELLO_RATE, ErrorCode.FULL)
+"""HELLO refusals a process waits out, asking again: each passes (the shards register, an old slot is freed, the
+rate allows, a member leaves a full job: the one past --max-workers waits as a spare)."""
 BYE_TIMEOUT_S = 5.0  # a scheduler that is gone must not hold up a process's exit for long
 BYE_ATTEMPT_S = 1.0
 ASK_EVERY_S = 0.05  # between two heartbeats of a process that waits on the scheduler (`ask`)
@@ -100,7 +102,7 @@ class SchedulerLink(Generic[Report, Answer]):
                     if exc.code not in RETRYABLE:
                         raise
                     reply = None
-                    reason = f"scheduler not ready: {exc.text}"
+                    reason = f"{exc.code}: {exc.text}"
                     self.conn.recv(1.0)
                 if reply is not None and isinstance(reply.body, Welcome):
                     self.id = reply.body.id
