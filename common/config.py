@@ -384,7 +384,7 @@ def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None) ->
     """
     if optimizer is None:
         return
-    spec = SPECS.get(job.protocol)  # None: auto, which chooses no delta protocol
+    spec = SPECS.get(job.protocol)  # None: auto, told by its shards which delta protocol the task keeps out
     if spec is not None and spec.push_kind == DELTA:
         raise ConfigError(
             f"--protocol {job.protocol}: workers step with SGD from --lr, --momentum and "

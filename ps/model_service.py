@@ -18,16 +18,19 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
+from dynabatch.common.config import check_flags_against_task
 from dynabatch.common.flags import ConfigError
-from dynabatch.common.planning.protocol_switch import switch_to
+from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_to
 from dynabatch.common.protocols import protocol_settings
 from dynabatch.common.wire.chunking import BUFFERS_ID
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.frames import ChunkMeta, Message, ProtocolError
 from dynabatch.common.wire.messages import Params, Pull, Push, PushAck, ShardAssignment
+from dynabatch.optim import OptimizerSpec
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel
 from dynabatch.ps.outbox import Outbox
@@ -71,6 +74,11 @@ class ModelService:
         self.ranks: dict[str, int] = {}  # the scheduler's serving rank of each worker (ps/serve_order.py)
         self.admission = PushAdmission(replays, lambda identity: self.check_room(identity, True), tell_scheduler)
         self.reported_version = self.model.version  # the model version last exported (dynabatch_ps_version)
+
+    @property
+    def task_optimizer(self) -> OptimizerSpec | None:
+        """The shards' optimizer where the model's task names one (None: the job's SGD from its flags)."""
+        return self.model.optimizer if self.held.setup.optimizer else None
 
     def pull(self, msg: Message[Pull], identity: bytes) -> None:
         body = msg.body
@@ -246,15 +254,31 @@ class ModelService:
             self.load.moved(tensor.numel(), self.elements)
 
 
+def unrunnable(served: ServedJob, task_optimizer: OptimizerSpec | None) -> bool:
+    """Say, before `--protocol auto` chooses it, the first protocol auto may switch to (SWITCHABLE) that the held
+    model's task keeps out (`task_optimizer`: it names the shards' optimizer, which a delta protocol's outer optimizer
+    would replace): the heartbeat's `refused_protocol`, as after a refused switch, so that the scheduler leaves it out
+    and no worker steps are spent on a switch the shard would refuse. True when there is one (a heartbeat is due)."""
+    if task_optimizer is None or served.refused_protocol:
+        return False
+    for protocol in SWITCHABLE:
+        try:
+            check_flags_against_task(replace(served.job, protocol=protocol), task_optimizer)
+        except ConfigError as exc:
+            log.info("protocol %s cannot run here, which --protocol auto is told: %s", protocol, exc)
+            served.refused_protocol = protocol
+            return True
+    return False
+
+
 def switch_protocol(served: ServedJob, serving: ModelService | None, protocol: str) -> bool:
     """The scheduler's order to apply `protocol` (`--protocol auto`): the served job, then the model it holds (if
     any) follow. Where the job cannot run it here (its flags, or a task that names the shards' optimizer under a
     delta protocol) the shard keeps its protocol and says so in its heartbeat (`refused_protocol`, logged once), and
     the scheduler chooses among the others. True: the next heartbeat is due at once."""
     previous = served.job.protocol
-    task_optimizer = serving.model.optimizer if serving is not None and serving.held.setup.optimizer else None
     try:
-        served.switch(protocol, task_optimizer)
+        served.switch(protocol, serving.task_optimizer if serving is not None else None)
     except ConfigError as exc:
         if switch_to(protocol, served.refused_protocol) is not None:  # logged once per protocol refused
             log.error(

@@ -40,7 +40,7 @@ from dynabatch.common.wire.messages import Init, InitAck, Pull, Push, Role, Shar
 from dynabatch.ps.checkpoint import ForeignCheckpoint
 from dynabatch.ps.good_checkpoint import GoodCheckpoint
 from dynabatch.ps.held_model import HeldModel, init_setup
-from dynabatch.ps.model_service import ModelService, switch_protocol
+from dynabatch.ps.model_service import ModelService, switch_protocol, unrunnable
 from dynabatch.ps.options import PsOptions
 from dynabatch.ps.outbox import SEND_QUEUE, Outbox
 from dynabatch.ps.peer_limits import UNMODELLED_BACKLOG, backlog_limit
@@ -209,20 +209,15 @@ class ShardServer:
             served, held, self.checkpoints, self.replays, self.outbox, self._reply, self._beat, self.load
         )
         self.serving.export_version()
+        self.beat_due |= unrunnable(served, self.serving.task_optimizer)
         self.checkpoints.health.judge_afresh(held.state, self.checkpoints.good_version)
         if self.last_assignment is not None:
             self.serving.follow(self.last_assignment)
         self.outbox.limit = backlog_limit(len(held.state.chunks))  # fewer replies per peer once the model is known
         log.info(
             "shard %d of %d ready at %s: %d chunks of a %d-parameter model (%d here), protocol %s, %s",
-            served.index,
-            served.job.shards,
-            self.advertise,
-            len(held.state.chunks),
-            sig.total,
-            sum(c.length for c in held.state.chunks),
-            served.job.protocol,
-            held.state.optimizer,
+            *(served.index, served.job.shards, self.advertise, len(held.state.chunks), sig.total),
+            *(sum(c.length for c in held.state.chunks), served.job.protocol, held.state.optimizer),
         )
 
     def _loop(self) -> None:

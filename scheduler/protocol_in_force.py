@@ -47,16 +47,18 @@ class ProtocolInForce:
 
     def refused(self, shard: int, protocol: str) -> bool:
         """Shard slot `shard` reports it cannot run `protocol` (its task names the shards' optimizer, which a delta
-        protocol would replace): if it is the chosen one, auto chooses among the others from now on and the shards
-        go back to the workers' protocol. True when it was."""
-        if not protocol or switch_to(protocol, self.chosen) is not None:
+        protocol would replace): auto chooses among the others from now on, and if it was the chosen one the shards
+        go back to the workers' protocol. A shard says so as soon as it holds the model, before auto chooses it
+        (ps/model_service.py `unrunnable`), or when ordered to switch. True when it was still among them."""
+        if protocol not in self.plan.protocols or switch_to(protocol, self.workers) is None:
             return False
         note = f"{protocol} left out: shard {shard} cannot run it (its log says why)"
         protocols = tuple(p for p in self.plan.protocols if switch_to(p, protocol) is not None)
         self.plan = replace(
             self.plan, protocols=protocols, why_not="; ".join(n for n in (self.plan.why_not, note) if n)
         )
-        self.chosen = self.workers
+        if self.chosen == protocol:
+            self.chosen = self.workers
         return True
 
     def resume(self, saved: str) -> bool:

@@ -30,6 +30,7 @@ from dynabatch.common.wire.messages import (
 )
 from dynabatch.common.wire.model_signature import signature_from_fields
 from dynabatch.common.wire.step_times import StepTimes
+from dynabatch.ps.model_service import unrunnable
 from dynabatch.ps.protocol_rules import RingmasterRule
 from dynabatch.ps.push_admission import PushAdmission, PushCase
 from dynabatch.ps.replay_guard import ReplayGuard
@@ -270,6 +271,31 @@ def test_a_shard_whose_task_names_its_optimizer_refuses_a_delta_protocol(tmp_pat
     assert served.job.protocol == "asgd"
     served.switch("ssgd", optim_spec.Adam(lr=1e-3))  # a gradient protocol steps with the task's optimizer
     assert served.job.protocol == "ssgd"
+
+
+def test_a_shard_says_which_protocol_its_task_keeps_out_before_auto_chooses_it(tmp_path: Path) -> None:
+    """As soon as it holds the model (the README's example task names db.optim.SGD): otherwise auto chose local, the
+    shard refused the switch, and the workers' steps pushed meanwhile were thrown away."""
+    served, _ = _served(tmp_path)
+    assert not unrunnable(served, None) and served.refused_protocol == "", "the job's own SGD runs anywhere"
+    assert unrunnable(served, optim_spec.Adam(lr=1e-3)) and served.refused_protocol == "local"
+    assert served.job.protocol == "asgd", "nothing switched"
+    assert not unrunnable(served, optim_spec.Adam(lr=1e-3)), "said once"
+
+
+def test_a_protocol_a_shard_says_it_cannot_run_before_the_choice_is_never_chosen() -> None:
+    """The workers' protocol (START) stays; the one refused leaves the plan and auto's candidates at once, and the
+    choice from the measured steps is among the rest."""
+    state = _auto_job(num_shards=1)
+    shard = state.roster.shards[0]
+    told = state.shard_assignment()
+    hb = ShardHeartbeat(membership=told.membership, protocol=START, refused_protocol="local")
+    state.shard_heartbeat(shard.id, hb, 0.0)
+    assert state.protocol is not None and "local" not in state.protocol.plan.protocols
+    assert state.protocol.chosen == state.protocol.workers == START
+    _measured(state)
+    assert state.allocator.auto is not None and "local" not in state.allocator.auto.protocols
+    assert state.protocol.chosen != "local" and "local left out: shard 0" in state.status(0.0).auto_protocol_reason
 
 
 def test_under_the_delay_step_ringmaster_takes_asgds_step() -> None:
