@@ -123,7 +123,9 @@ class RunOptions(TrainingOptions, ShardCheckpointOptions):
 
 @dataclass
 class ExportOptions:
-    out: str = opt("", "the state_dict file to write (required)", topic="job")
+    out: str = opt(
+        "", "the state_dict file to write (required)", topic="job", env="DYNABATCH_EXPORT_OUT"
+    )  # DYNABATCH_OUT is `dynabatch run`'s parent folder of run folders
     task: str = opt(
         "",
         "the task whose model receives the weights: FILE.py:ATTR or package.module:ATTR (default: the run's own task)",
@@ -170,6 +172,9 @@ class CheckOptions(TaskOptions):
                 "--save-profile needs --link-mbit: this machine's link to the shards, in Mbit/s "
                 "(e.g. 1000 for 1 Gbit Ethernet)"
             )
+        if not self.save_profile and (self.link_mbit or self.device_max_batch):
+            flag = "--link-mbit" if self.link_mbit else "--device-max-batch"
+            raise ConfigError(f"{flag}: only --save-profile FILE.json records it; give that too, or drop it")
         if len(set(self.batches)) < 2 or min(self.batches) < 1:
             raise ConfigError(f"--batches {' '.join(map(str, self.batches))}: two or more different sizes, each >= 1")
 

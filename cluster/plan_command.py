@@ -112,6 +112,11 @@ def _report(
     }
 
 
+def _seconds(s: float) -> float:
+    """A predicted duration as printed: a rounding error's 4e-19 s is 0."""
+    return s if abs(s) >= 1e-9 else 0.0
+
+
 def _text(report: dict[str, Any]) -> str:
     star, noise = report["optimum"], report["noise_scale"]
     lines = [
@@ -127,7 +132,7 @@ def _text(report: dict[str, Any]) -> str:
     ]
     lines += [
         f"{m['protocol'] + ' + ' + m['policy']:<22} {m['time_s']:>12.3g} {m['ratio_to_optimum']:>7.2f} "
-        f"{m['samples_per_s']:>11,.0f} {m['staleness']:>6.1f} {m['discarded']:>9.0%} {m['startup_s']:>10.3g}"
+        f"{m['samples_per_s']:>11,.0f} {m['staleness']:>6.1f} {m['discarded']:>9.0%} {_seconds(m['startup_s']):>10.3g}"
         for m in report["methods"]
     ]
     lines.append(f"chosen: {report['chosen']['reason']}")

@@ -28,6 +28,8 @@ from dynabatch.common.wire.step_times import StepTimes
 ACCURACY_MARKS = (0.85, 0.88)
 STEP_COLUMNS = tuple(f.name for f in fields(StepTimes))  # a worker's `times`, flat in the CSV under their names
 WORKER_COLUMNS = ("batch", "samples_per_s", *STEP_COLUMNS, "samples", "name", "slowdown")
+# timeline.csv's name for each of a row's worker columns: the worker's samples beside the job's own `samples`
+WORKER_HEADER = tuple("worker_samples" if c == "samples" else c for c in WORKER_COLUMNS)
 
 
 @dataclass
@@ -47,7 +49,7 @@ def write_timeline(run_dir: Path, timeline: list[Snapshot]) -> None:
     write_text_atomic(run_dir / "timeline.json", json.dumps([snap.to_json() for snap in timeline]))
     table = io.StringIO(newline="")
     w = csv.writer(table)
-    w.writerow(["t", "epoch", "samples", "loss", "test_acc", "test_loss", "worker", *WORKER_COLUMNS])
+    w.writerow(["t", "epoch", "samples", "loss", "test_acc", "test_loss", "worker", *WORKER_HEADER])
     for snap in timeline:
         s = snap.status
         head = [round(s.t, 3), s.epoch, s.samples, s.loss, s.test_acc, s.test_loss]

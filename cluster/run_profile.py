@@ -74,7 +74,12 @@ def measured_worker(
             probed = probe_batch(job_max_batch, last.max_batch)
             fixed = fixed_through(batch, seconds, probed, last.standalone_sps, last.standalone_fixed_s)
             per_sample = (seconds - fixed) / batch
-            note = f"{name}: its steps were of one batch size ({batches}); its fixed cost is its start-up probe's"
+            seen_as = (
+                f"its steps were of one batch size ({batches})"
+                if "," not in batches
+                else f"its steps' times do not resolve a fixed cost (batches seen: {batches})"
+            )
+            note = f"{name}: {seen_as}; its fixed cost is its start-up probe's"
         else:
             fixed, per_sample = 0.0, statistics.median(t / b for b, t in points)
             note = (

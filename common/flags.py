@@ -110,13 +110,16 @@ def opt(
     *,
     topic: str,
     below: float | None = None,
+    env: str = "",
 ) -> Any:
     """A config field with its flag's help text, its `--help` topic (one of TOPICS) and validation bounds:
     at least `minimum`, or strictly more than `above` (for a setting whose zero means nothing: `--epochs 0`), and
-    strictly less than `below` (a momentum of 1 never forgets)."""
+    strictly less than `below` (a momentum of 1 never forgets). `env` names its environment variable where
+    DYNABATCH_<FIELD> would be another command's same-named flag of another meaning."""
     if topic not in TOPICS:
         raise ValueError(f"topic {topic!r} is not one of {', '.join(TOPICS)}")
     meta = {"help": help, "choices": choices, "minimum": minimum, "above": above, "below": below, "topic": topic}
+    meta["env"] = env
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -181,7 +184,7 @@ def add_flags(
         group = parser.topic_groups[f.metadata["topic"]] if isinstance(parser, FlagParser) else parser
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
-        env_name = ENV_PREFIX + f.name.upper()
+        env_name = env_variable(f)
         default = _default(cls, f)
         if env_name in env:
             try:
@@ -200,6 +203,11 @@ def add_flags(
             group.add_argument(flag, nargs="+", type=item, default=default, help=help_text)
         else:
             group.add_argument(flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_text)
+
+
+def env_variable(f: dataclasses.Field[Any]) -> str:
+    """The environment variable that sets field `f`'s flag: DYNABATCH_<FIELD>, or the one its `opt` names."""
+    return str(f.metadata.get("env") or ENV_PREFIX + f.name.upper())
 
 
 def _default(cls: type, f: dataclasses.Field[Any]) -> Any:

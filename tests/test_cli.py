@@ -62,6 +62,8 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         (["scheduler", "--protocol", "auto", "--cluster-profile", "no-such.json"], "--cluster-profile: no-such.json"),
         (["export", "runs/some-run"], "--out: name the file to write"),
         (["check", "--batches", "16", "16"], "--batches 16 16: two or more different sizes"),
+        (["check", "--link-mbit", "100"], "--link-mbit: only --save-profile FILE.json records it"),
+        (["check", "--device-max-batch", "64"], "--device-max-batch: only --save-profile FILE.json records it"),
         (["nonsense"], "unknown command"),
         (["run", "--epoch", "1"], "unrecognized arguments: --epoch 1"),
         (["worker", "--evaluat"], "unrecognized arguments: --evaluat"),
@@ -115,6 +117,15 @@ def test_a_command_that_reads_some_of_a_schemas_settings_takes_those_flags_alone
     with pytest.raises(SystemExit) as refused:
         parser.parse_args(["--epochs", "3"])
     assert refused.value.code == 2
+
+
+def test_export_does_not_take_runs_out_folder_from_the_environment(tmp_path: Path) -> None:
+    """DYNABATCH_OUT is `dynabatch run --out`, the folder run folders go in; export's --out is the file it writes, so
+    a container set up for runs made export refuse an --out the user never gave (`... is a folder`)."""
+    out = _run("export", str(tmp_path), env={"DYNABATCH_OUT": str(tmp_path)})
+    assert out.returncode == 2 and "--out: name the file to write" in out.stderr, out.stderr
+    out = _run("export", str(tmp_path), env={"DYNABATCH_EXPORT_OUT": str(tmp_path / "model.pt")})
+    assert out.returncode == 2 and "holds no run" in out.stderr, "its own variable names the file"
 
 
 def test_missing_data_says_how_to_get_it(tmp_path: Path) -> None:

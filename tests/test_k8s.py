@@ -46,7 +46,14 @@ need_module("yaml", "PyYAML reads the rendered manifests; test extra")
 import yaml  # noqa: E402
 
 from dynabatch.common.config import JobConfig, MetricsOptions  # noqa: E402
-from dynabatch.common.flags import ENV_PREFIX, ConfigError, add_flags, from_args, validate_fields  # noqa: E402
+from dynabatch.common.flags import (  # noqa: E402
+    ENV_PREFIX,
+    ConfigError,
+    add_flags,
+    env_variable,
+    from_args,
+    validate_fields,
+)
 from dynabatch.common.net.curve import KEYS_BY_ROLE, CurveOptions  # noqa: E402
 from dynabatch.ps.options import PsOptions  # noqa: E402
 from dynabatch.scheduler.options import SchedulerOptions  # noqa: E402
@@ -254,7 +261,7 @@ def pyproject() -> dict[str, Any]:
 
 
 def flag_env_names(classes: tuple[type, ...]) -> set[str]:
-    return {ENV_PREFIX + f.name.upper() for cls in classes for f in dataclasses.fields(cls)}
+    return {env_variable(f) for cls in classes for f in dataclasses.fields(cls)}
 
 
 # ---------------------------------------------------------------- render and validate

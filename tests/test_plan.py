@@ -109,7 +109,7 @@ def test_a_run_folders_worker_seen_at_one_batch_takes_its_fixed_cost_from_its_st
     per-sample cost: its probe's fixed fraction, as the scheduler reads it, splits them; without a probe its whole
     step counts per sample, and both say so."""
 
-    def worker(sps: float, fixed_s: float) -> tuple[WorkerGroup, str | None]:
+    def worker(sps: float, fixed_s: float, batches: tuple[int, ...] = (64,)) -> tuple[WorkerGroup, str | None]:
         timeline = [
             JobStatus(
                 t=float(i),
@@ -117,7 +117,7 @@ def test_a_run_folders_worker_seen_at_one_batch_takes_its_fixed_cost_from_its_st
                     "w0": WorkerStatus(
                         name="gpu",
                         steps=i,
-                        batch=64,
+                        batch=batches[i % len(batches)],
                         times=StepTimes(compute_s=0.05, pull_s=0.001, push_s=0.001),
                         standalone_sps=sps,
                         standalone_fixed_s=fixed_s,
@@ -131,6 +131,11 @@ def test_a_run_folders_worker_seen_at_one_batch_takes_its_fixed_cost_from_its_st
     probed, note = worker(1280.0, 0.025)  # the probe: 50 ms at 64 samples, half of it fixed
     assert probed.device.fixed_s == pytest.approx(0.025) and probed.device.per_sample_s == pytest.approx(0.025 / 64)
     assert note == "gpu: its steps were of one batch size (64); its fixed cost is its start-up probe's"
+    _, note = worker(1280.0, 0.025, (40, 72))  # a dynamic split's batches, whose times moved with the load alone
+    assert note == (
+        "gpu: its steps' times do not resolve a fixed cost (batches seen: 40, 72); its fixed cost is its start-up "
+        "probe's"
+    )
     guessed, note = worker(0.0, 0.0)
     assert guessed.device.fixed_s == 0 and guessed.device.per_sample_s == pytest.approx(0.05 / 64)
     assert note is not None and "counted as per-sample" in note

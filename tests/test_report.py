@@ -331,7 +331,11 @@ def test_timeline_json_keeps_its_keys_and_reads_back(tmp_path: Path) -> None:
     assert entry["decisions"][0].keys() == {"t", "reason", "subject", "batches", "predicted_step_s"}
     assert entry["decision_s"] == {"count": 0, "mean": None, "p99": None}
     assert read_timeline(tmp_path / "timeline.json") == [status]
-    (row,) = csv.DictReader((tmp_path / "timeline.csv").read_text().splitlines())
+    lines = (tmp_path / "timeline.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert len(header) == len(set(header)), f"a column named twice reads as another in pandas: {header}"
+    (row,) = csv.DictReader(lines)
+    assert (row["samples"], row["worker_samples"]) == (str(status.samples), str(status.workers["w0"].samples))
     assert (row["worker"], row["batch"], row["step_s"], row["compute_s"], row["wait_s"]) == (
         "w0",
         "96",
