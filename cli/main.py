@@ -51,7 +51,7 @@ def dump_stacks(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(usage())
+        print(usage(), file=sys.stdout if args else sys.stderr)  # asked for, or the usage error of no command
         return 0 if args else 2
     if args[0] == "--version":
         from importlib.metadata import version

@@ -9,6 +9,7 @@ checkpoints, where the shards keep buffers). See cluster/export.py.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,4 +53,22 @@ def main(argv: Sequence[str]) -> int:
         f"wrote {out}: {len(state)} tensors ({trainable} trained parameters, "
         f"{len(state) - trainable} frozen parameters and buffers) from {args.run_dir}"
     )
+    unfinished = _unfinished(args.run_dir)
+    if unfinished:
+        print(f"dynabatch export: note: {unfinished}", file=sys.stderr)
     return 0
+
+
+def _unfinished(run_dir: Path) -> str:
+    """Why the run in `run_dir` did not finish, as its summary.json says ("" where it finished, or says nothing): its
+    model is then as its shards last checkpointed it, which a failed start leaves untrained."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(summary, dict) or summary.get("finished", True):
+        return ""
+    why = summary.get("failed") or ("interrupted" if summary.get("interrupted") else "its logs say why")
+    trained = summary.get("epochs_trained")
+    epochs = f"{trained:.3g} epochs" if isinstance(trained, (int, float)) else "an unknown part of its epochs"
+    return f"the run did not finish ({why}); this is its model as the shards last checkpointed it, after {epochs}"

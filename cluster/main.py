@@ -62,6 +62,14 @@ def parse(argv: Sequence[str]) -> tuple[RunOptions, JobConfig, CurveOptions, lis
         parser.error(str(exc))
     if chosen:
         print(f"dynabatch run: protocol auto chose {chosen}", flush=True)
+    least = opts.workers * job.min_batch
+    if job.global_batch < least:  # the scheduler's split then holds more than B: said in its decisions alone
+        print(
+            f"dynabatch run: note: --global-batch {job.global_batch} is below {opts.workers} workers x --min-batch "
+            f"{job.min_batch}: a step of every worker takes at least {least} samples",
+            file=sys.stderr,
+            flush=True,
+        )
     return opts, job, curve, job_flags(job)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dynabatch.cluster.main import parse as parse_run
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig, MetricsOptions
 from dynabatch.common.flags import TOPICS, FlagParser, add_flags, from_args, given
@@ -148,6 +149,22 @@ def test_a_run_folder_that_holds_a_run_is_never_reused(tmp_path: Path) -> None:
 
 
 COMMANDS = ("run", "scheduler", "ps", "worker", "export", "check", "plan", "preload", "keys")
+
+
+def test_a_global_batch_below_the_workers_least_batches_is_noted(capsys: pytest.CaptureFixture[str]) -> None:
+    """The split then holds more than B; it was said only in summary.json's decisions."""
+    parse_run(["--global-batch", "2"])
+    assert capsys.readouterr().err == (
+        "dynabatch run: note: --global-batch 2 is below 3 workers x --min-batch 8: a step of every worker takes at "
+        "least 24 samples\n"
+    )
+    parse_run([])
+    assert capsys.readouterr().err == ""
+
+
+def test_no_command_is_a_usage_error_on_stderr() -> None:
+    out = _run()
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.startswith("usage: dynabatch COMMAND")
 
 
 def test_help_lists_every_command_on_a_line_of_its_own() -> None:

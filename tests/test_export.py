@@ -103,6 +103,7 @@ def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported
         env=child_env(),
     )
     assert done.returncode == 0, done.stderr
+    assert "did not finish" not in done.stderr
     task = load_task(BLOBS)
     model = task.model()  # a user's own model, built without dynabatch
     state = torch.load(out)
@@ -111,6 +112,25 @@ def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported
     ours, reported = plain_torch_metrics(model, task), trained.summary["final_metrics"]
     assert abs(ours["accuracy"] - reported["accuracy"]) <= POINT, (ours, reported)
     assert ours["loss"] == pytest.approx(reported["loss"], rel=1e-4, abs=1e-7), (ours, reported)
+
+
+def test_export_of_a_run_that_did_not_finish_says_so(trained: db.Run, tmp_path: Path) -> None:
+    """Its summary says why (a run that failed or was stopped writes one): the model is as last checkpointed."""
+    folder = tmp_path / "run"
+    shutil.copytree(trained.dir, folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.update(finished=False, failed="worker1 exited with code 1 after 3 restart(s) (--restarts 3); the run fails")
+    (folder / "summary.json").write_text(json.dumps(summary))
+    done = subprocess.run(
+        command_line("export", [str(folder), "--out", str(tmp_path / "model.pt")]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
+    assert done.returncode == 0 and (tmp_path / "model.pt").is_file(), done.stderr
+    assert done.stderr.startswith("dynabatch export: note: the run did not finish (worker1 exited"), done.stderr
+    assert f"after {summary['epochs_trained']:.3g} epochs" in done.stderr
 
 
 @pytest.mark.slow
@@ -203,6 +223,10 @@ def test_weights_that_do_not_fit_the_model_are_refused_naming_the_key(tmp_path: 
         read_state_dict(tmp_path / "list.pt")
     with pytest.raises(TaskError, match="no file"):
         read_state_dict(tmp_path / "nowhere.pt")
+    torch.save({"optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}, tmp_path / "pickled.pt")
+    with pytest.raises(TaskError) as refused:  # torch's refusal: a dozen lines with terminal colours
+        read_state_dict(tmp_path / "pickled.pt")
+    assert "\n" not in str(refused.value) and "objects other than tensors" in str(refused.value)
     loaded = _batchnorm_task().model()
     load_weights(loaded, {k: v + 1 for k, v in state.items()}, "--init w.pt")
     assert torch.equal(loaded.state_dict()["2.weight"], state["2.weight"] + 1), "frozen parameters load too"

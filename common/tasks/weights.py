@@ -8,6 +8,7 @@ does not fit, found before the job starts rather than as a silent partial load.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -26,7 +27,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise TaskError(f"--init {path}: not a torch state_dict file ({type(exc).__name__}: {exc})") from None
+        if isinstance(exc, pickle.UnpicklingError):  # torch's own words run to a dozen lines with terminal colours
+            why = "it holds objects other than tensors, which torch's weights-only load refuses"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        raise TaskError(f"--init {path}: not a torch state_dict file ({why})") from None
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
     ):
