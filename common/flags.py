@@ -118,8 +118,15 @@ def opt(
     DYNABATCH_<FIELD> would be another command's same-named flag of another meaning."""
     if topic not in TOPICS:
         raise ValueError(f"topic {topic!r} is not one of {', '.join(TOPICS)}")
-    meta = {"help": help, "choices": choices, "minimum": minimum, "above": above, "below": below, "topic": topic}
-    meta["env"] = env
+    meta = {
+        "help": help,
+        "choices": choices,
+        "minimum": minimum,
+        "above": above,
+        "below": below,
+        "topic": topic,
+        "env": env,
+    }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
