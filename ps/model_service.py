@@ -261,12 +261,12 @@ def unrunnable(served: ServedJob, task_optimizer: OptimizerSpec | None) -> bool:
     and no worker steps are spent on a switch the shard would refuse. True when there is one (a heartbeat is due)."""
     if task_optimizer is None or served.refused_protocol:
         return False
-    for protocol in SWITCHABLE:
+    for candidate in SWITCHABLE:
         try:
-            check_flags_against_task(replace(served.job, protocol=protocol), task_optimizer)
+            check_flags_against_task(replace(served.job, protocol=candidate), task_optimizer)
         except ConfigError as exc:
-            log.info("protocol %s cannot run here, which --protocol auto is told: %s", protocol, exc)
-            served.refused_protocol = protocol
+            log.info("protocol %s cannot run here, which --protocol auto is told: %s", candidate, exc)
+            served.refused_protocol = candidate
             return True
     return False
 

@@ -45,19 +45,19 @@ class ProtocolInForce:
         self.switches += 1
         return True
 
-    def refused(self, shard: int, protocol: str) -> bool:
-        """Shard slot `shard` reports it cannot run `protocol` (its task names the shards' optimizer, which a delta
-        protocol would replace): auto chooses among the others from now on, and if it was the chosen one the shards
-        go back to the workers' protocol. A shard says so as soon as it holds the model, before auto chooses it
-        (ps/model_service.py `unrunnable`), or when ordered to switch. True when it was still among them."""
-        if protocol not in self.plan.protocols or switch_to(protocol, self.workers) is None:
+    def refused(self, shard: int, refused: str) -> bool:
+        """Shard slot `shard` reports it cannot run protocol `refused` (its task names the shards' optimizer, which a
+        delta protocol would replace): auto chooses among the others from now on, and if it was the chosen one the
+        shards go back to the workers' protocol. A shard says so as soon as it holds the model, before auto chooses
+        it (ps/model_service.py `unrunnable`), or when ordered to switch. True when it was still among them."""
+        if refused not in self.plan.protocols or switch_to(refused, self.workers) is None:
             return False
-        note = f"{protocol} left out: shard {shard} cannot run it (its log says why)"
-        protocols = tuple(p for p in self.plan.protocols if switch_to(p, protocol) is not None)
+        note = f"{refused} left out: shard {shard} cannot run it (its log says why)"
+        protocols = tuple(p for p in self.plan.protocols if switch_to(p, refused) is not None)
         self.plan = replace(
             self.plan, protocols=protocols, why_not="; ".join(n for n in (self.plan.why_not, note) if n)
         )
-        if self.chosen == protocol:
+        if switch_to(refused, self.chosen) is None:
             self.chosen = self.workers
         return True
 
