@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dynabatch import schedule
 from dynabatch.common.config import JobConfig, check_flags_against_task
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.tasks.builtin_tasks import builtin_task
@@ -256,6 +257,17 @@ def test_the_flags_against_task_rule(job: JobConfig, optimizer: OptimizerSpec | 
         with pytest.raises(ConfigError) as caught:
             check_flags_against_task(job, optimizer)
         assert str(caught.value).startswith(error) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_a_delta_protocol_refuses_a_tasks_schedule_its_steps_would_not_follow() -> None:
+    """Under local and msd the workers' inner SGD steps at the job's --lr and the shards apply the outer optimizer:
+    a warm-up, a cosine or a step schedule would be ignored (a schedule of 0 still reached 92.45% under local)."""
+    for name in ("local", "msd"):
+        with pytest.raises(ConfigError, match=f"--protocol {name}: .* neither follows the task's schedule"):
+            check_flags_against_task(JobConfig(protocol=name), None, schedule.warmup_cosine(0.05))
+        check_flags_against_task(JobConfig(protocol=name), None, schedule.constant())
+    check_flags_against_task(JobConfig(protocol="asgd"), None, schedule.step([0.5]))  # the shards apply it
+    check_flags_against_task(JobConfig(), None, schedule.step([0.5]))  # auto: its shards keep local out
 
 
 def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not_ignored(
