@@ -422,6 +422,7 @@ class JobRun:
         summary = summarize(statuses, wall_s, self.opts.warmup_fraction, self.opts.target())
         summary["interrupted"] = bool(self.interrupted)
         summary["failed"] = summary.get("failed") or self.failure or None  # the job's own reason first
+        summary["finished"] = bool(summary.get("finished")) and not summary["failed"]  # a failed job ended, unfinished
         print(format_summary(summary, self.run_dir), flush=True)
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         write_timeline(self.run_dir, self.timeline)

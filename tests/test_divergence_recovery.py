@@ -176,6 +176,7 @@ def test_a_job_that_keeps_diverging_rolls_back_halving_its_step_then_ends_with_a
     assert "timeout" not in done.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert "--max-rollbacks 3" in summary["failed"], summary["failed"]
+    assert not summary["finished"] and "finished=False" in done.stdout, "a script reading finished sees the failure"
     assert [r["lr_factor"] for r in summary["rollbacks"]] == [0.5, 0.25, 0.125]
     assert summary["lr_factor"] == 0.125
     assert "FAILED: diverged" in done.stdout
