@@ -20,14 +20,21 @@ from typing import Any
 __all__ = ["OptimizerSpec", "SGD", "Adam", "AdamW"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OptimizerSpec:
-    """An optimizer's name and hyperparameters; `no_decay` lists parameter-name substrings without weight decay."""
+    """An optimizer's name and hyperparameters; `no_decay` lists parameter-name substrings without weight decay.
+
+    Keyword-only (`SGD(lr=0.1)`: `SGD(0.1)` would have named the optimizer 0.1), and checked as it is made, as the
+    shards check what arrives (`optimizer_from_fields`), so that a value that cannot train is refused where it is
+    written."""
 
     name: str
     lr: float
     weight_decay: float = 0.0
     no_decay: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        _checked(self.to_wire())
 
     def to_wire(self) -> dict[str, Any]:
         out = asdict(self)
@@ -35,7 +42,7 @@ class OptimizerSpec:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SGD(OptimizerSpec):
     name: str = "sgd"
     lr: float = 0.05
@@ -43,7 +50,7 @@ class SGD(OptimizerSpec):
     nesterov: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Adam(OptimizerSpec):
     name: str = "adam"
     lr: float = 1e-3
@@ -51,7 +58,7 @@ class Adam(OptimizerSpec):
     eps: float = 1e-8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AdamW(Adam):
     """Adam with decoupled weight decay: the same hyperparameters, decay on by default."""
 
@@ -77,6 +84,13 @@ def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
     shards would drop silently (an Adam spec with `momentum`) is a task that
     does not train as written. Missing fields take the spec's defaults.
     """
+    cls, values = _checked(fields_)
+    return cls(**values)
+
+
+def _checked(fields_: dict[str, Any]) -> tuple[type[OptimizerSpec], dict[str, Any]]:
+    """The spec's class and its fields' values as `optimizer_from_fields` takes them; ValueError naming the first
+    malformed field."""
     if not isinstance(fields_, dict):
         raise ValueError(f"an optimizer spec is a map of fields, got {type(fields_).__name__}")
     name = fields_.get("name")
@@ -93,6 +107,8 @@ def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
     for key, value in fields_.items():
         if key in ("lr", "weight_decay", "momentum"):
             values[key] = _rate(name, key, value)
+            if key == "momentum" and values[key] >= 1:
+                raise ValueError(f"optimizer {name}: momentum must lie in [0, 1), got {value!r}")
         elif key == "eps":
             values[key] = _rate(name, key, value)
             if values[key] == 0:
@@ -114,4 +130,4 @@ def optimizer_from_fields(fields_: dict[str, Any]) -> OptimizerSpec:
                     f"optimizer {name}: no_decay must be a list of non-empty name substrings, got {value!r}"
                 )
             values[key] = tuple(value)
-    return cls(**values)
+    return cls, values

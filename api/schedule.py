@@ -46,18 +46,32 @@ def constant() -> Schedule:
     return Schedule("constant")
 
 
+def _number(where: str, value: Any) -> float:
+    """`value` as a float; ValueError naming `where` for what is not a number (a bool, a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} must be a number, got {value!r}")
+    return float(value)
+
+
 def warmup_cosine(warmup: float = 0.05) -> Schedule:
     """Linear warm-up over the first `warmup` of the job, then cosine decay to zero."""
+    warmup = _number("warmup_cosine: warmup", warmup)
     if not 0.0 <= warmup < 1.0:
         raise ValueError(f"warmup_cosine: warmup must be a fraction in [0, 1), got {warmup}")
     return Schedule("warmup_cosine", warmup=warmup)
 
 
 def step(milestones: list[float], gamma: float = 0.1) -> Schedule:
-    """Multiply by `gamma` at each milestone (fractions of the job, ascending)."""
-    ms = tuple(float(m) for m in milestones)
+    """Multiply by `gamma` at each milestone (fractions of the job, ascending); gamma in [0, 1] (a negative one
+    would turn every step round, one above 1 grow it)."""
+    if not isinstance(milestones, (list, tuple)):
+        raise ValueError(f"step: milestones must be a list of fractions of the job, got {milestones!r}")
+    ms = tuple(_number("step: a milestone", m) for m in milestones)
     if list(ms) != sorted(ms) or any(not 0.0 <= m <= 1.0 for m in ms):
         raise ValueError(f"step: milestones must be ascending fractions in [0, 1], got {list(milestones)}")
+    gamma = _number("step: gamma", gamma)
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"step: gamma must lie in [0, 1], got {gamma}")
     return Schedule("step", milestones=ms, gamma=gamma)
 
 

@@ -10,6 +10,7 @@ process starts is common/tasks/task_check.py's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,30 @@ class Task:
     schedule: Schedule | None = None
     clip_grad_norm: float | None = None
     name: str = field(default="task", compare=False)
+
+    def __post_init__(self) -> None:
+        """Refuse, where the task is written, a field of the wrong kind (a model instance for its factory, a name
+        for an optimizer or schedule) or a clip that cannot train: each failed only in the workers, or trained the
+        wrong way without a word (a negative clip turned every gradient round)."""
+        if isinstance(self.model, nn.Module) or not callable(self.model):
+            raise TypeError(f"Task: model must be a function that builds the model, got {type(self.model).__name__}")
+        for name in ("train_data", "eval_data", "collate", "loss"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"Task: {name} must be a function, got {type(value).__name__}")
+        if self.optimizer is not None and not isinstance(self.optimizer, OptimizerSpec):
+            raise TypeError(
+                f"Task: optimizer must be a dynabatch.optim spec (db.optim.SGD(lr=...)), got {self.optimizer!r}"
+            )
+        if self.schedule is not None and not isinstance(self.schedule, Schedule):
+            raise TypeError(
+                f"Task: schedule must be a dynabatch.schedule (db.schedule.warmup_cosine()), got {self.schedule!r}"
+            )
+        clip = self.clip_grad_norm
+        if clip is not None and (
+            isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0
+        ):
+            raise ValueError(f"Task: clip_grad_norm must be a positive finite number or None, got {clip!r}")
 
     def collate_fn(self) -> Callable[[list[Any]], Any]:
         return self.collate or default_collate

@@ -45,3 +45,17 @@ def test_a_schedule_survives_the_wire(schedule: Schedule | None) -> None:
 def test_a_malformed_schedule_from_a_peer_is_refused_by_name(fields: Any, message: str) -> None:  # as a peer sends
     with pytest.raises(ValueError, match=message):
         schedule_from_fields(fields)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: db.schedule.step([0.5], gamma=-1), r"gamma must lie in \[0, 1\]"),  # turned every step round
+        (lambda: db.schedule.step([0.5], gamma=math.nan), "gamma must lie in"),
+        (lambda: db.schedule.step(0.5), "milestones must be a list"),  # type: ignore[arg-type]
+        (lambda: db.schedule.warmup_cosine("0.1"), "warmup must be a number"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_schedule_that_cannot_train_is_refused_where_it_is_written(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()

@@ -7,11 +7,13 @@ Shards and the scheduler run no task code: the jobs here start them without
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,6 +41,8 @@ TASKS = Path(__file__).resolve().parent / "tasks"
         ("tests/tasks/bad.py:not_a_task", "is a dict, not a dynabatch.Task"),
         ("tests.tasks.bad", "expected FILE.py:ATTR"),
         ("no_such_package.module:task", "No module named 'no_such_package'"),
+        ("tests/tasks/negative_lr.py:task", "optimizer adam: lr must be a finite non-negative number, got -0.001"),
+        ("tests/tasks/lion.py:task", "optimizer 'lion' is not applied by the shards"),
     ],
 )
 def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec: str, message: str) -> None:
@@ -56,8 +60,6 @@ def test_a_task_that_cannot_be_loaded_is_named_with_the_reason(spec: str, messag
         ("no_grad_loss", "the loss has no gradient (no grad_fn)"),
         ("vector_loss", "scalar"),
         ("float64", "parameter weight is torch.float64"),
-        ("negative_lr", "optimizer adam: lr must be a finite non-negative number, got -0.001"),
-        ("lion", "optimizer 'lion' is not applied by the shards"),
     ],
 )
 def test_a_task_that_cannot_train_fails_its_start_up_check(attr: str, message: str) -> None:
@@ -257,6 +259,27 @@ def test_the_flags_against_task_rule(job: JobConfig, optimizer: OptimizerSpec | 
         with pytest.raises(ConfigError) as caught:
             check_flags_against_task(job, optimizer)
         assert str(caught.value).startswith(error) and "\n" not in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        ({"model": torch.nn.Linear(4, 2)}, TypeError, "model must be a function that builds the model, got Linear"),
+        ({"schedule": "cosine"}, TypeError, "schedule must be a dynabatch.schedule"),
+        ({"optimizer": "sgd"}, TypeError, "optimizer must be a dynabatch.optim spec"),
+        ({"loss": "mse"}, TypeError, "loss must be a function"),
+        ({"clip_grad_norm": -1.0}, ValueError, "clip_grad_norm must be a positive finite number"),
+        ({"clip_grad_norm": math.inf}, ValueError, "clip_grad_norm must be"),
+    ],
+)
+def test_a_task_field_of_the_wrong_kind_is_refused_where_the_task_is_written(
+    fields: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """Each failed only inside the workers (a traceback, restarted three times), or trained wrongly without a word
+    (a negative clip turned every gradient round: 9.9% accuracy, exit 0)."""
+    task = {"model": lambda: torch.nn.Linear(4, 2), "train_data": list, **fields}
+    with pytest.raises(error, match=message):
+        Task(**task)
 
 
 def test_a_delta_protocol_refuses_a_tasks_schedule_its_steps_would_not_follow() -> None:

@@ -30,8 +30,6 @@ vector_loss = db.Task(
     loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"),
 )
 float64 = db.Task(model=lambda: nn.Linear(4, 2).double(), train_data=data)
-negative_lr = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.Adam(lr=-1e-3))
-lion = db.Task(model=lambda: nn.Linear(4, 2), train_data=data, optimizer=db.optim.OptimizerSpec("lion", 1e-4))
 empty_eval = db.Task(
     model=lambda: nn.Linear(4, 2),
     train_data=data,
