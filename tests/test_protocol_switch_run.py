@@ -104,3 +104,6 @@ def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_ex
     assert f"protocol {new} from now on, was {START}" in shards_said
     workers_said = "".join(p.read_text() for p in (run / "logs").glob("worker*.log"))
     assert workers_said.count(f"protocol {new} from now on, was {START}") == 3, "every worker switched once"
+    for log_file in (run / "logs").glob("worker*.log"):  # a refused step asks at once: no more refused on its way
+        refused = log_file.read_text().count("a shard applies another protocol now; asking the scheduler which")
+        assert refused <= 2, f"{log_file.name}: {refused} steps refused as switched"
