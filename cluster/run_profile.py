@@ -26,6 +26,7 @@ from dynabatch.common.planning.cluster_file import ClusterFile, WorkerGroup
 from dynabatch.common.planning.line_fit import fit_line
 from dynabatch.common.planning.optimum import Device
 from dynabatch.common.probe import fixed_through, probe_batch
+from dynabatch.common.protocols import SPECS
 from dynabatch.common.wire.frames import ProtocolError
 from dynabatch.common.wire.messages import JobStatus
 
@@ -91,15 +92,30 @@ def measured_worker(
 
 
 def _model_bytes(timeline: list[JobStatus]) -> float | None:
-    """The model's bytes on the wire: a snapshot's bytes over its steps' pulls and pushes and its evaluations'
-    pulls, read before the job began stopping (a worker that has left no longer counts its steps in STATUS, while
-    its bytes stay counted). None if no worker stepped."""
+    """The model's bytes on the wire: a snapshot's bytes over the whole models moved by then (`_models_moved`) and
+    its evaluations' pulls, read before the job began stopping (a worker that has left no longer counts its steps in
+    STATUS, while its bytes stay counted). None if no worker stepped."""
     counted = [s for s in timeline if not s.stopping and any(w.steps for w in s.workers.values())]
     if not counted:
         return None
     snap = counted[-1]
     evaluations = len({s.eval_version for s in timeline if s.eval_t is not None and s.t <= snap.t})
-    return snap.bytes / (2 * sum(w.steps for w in snap.workers.values()) + evaluations)
+    return snap.bytes / (_models_moved(counted) + evaluations)
+
+
+def _models_moved(timeline: list[JobStatus]) -> float:
+    """The whole models the workers' steps moved: a pull and a push a step, but one of each per H local steps under
+    a protocol of local steps (local, msd: H the snapshot's `local_steps`), each stretch between snapshots under the
+    protocol the later one names (auto may switch). Counted as two a step, a local SGD run's model came out H times
+    too small, and every link with it."""
+    moved, last = 0.0, dict[str, int]()
+    for snap in timeline:
+        spec = SPECS.get(snap.protocol)
+        h = max(1, snap.local_steps) if spec is not None and spec.local_steps else 1
+        for wid, w in snap.workers.items():
+            moved += 2 * max(0, w.steps - last.get(wid, 0)) / h
+            last[wid] = w.steps
+    return moved
 
 
 def read_run(run_dir: Path) -> MeasuredCluster:

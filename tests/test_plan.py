@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dynabatch.cluster.plan_command import main
-from dynabatch.cluster.run_profile import measured_worker
+from dynabatch.cluster.report import Snapshot, write_timeline
+from dynabatch.cluster.run_profile import measured_worker, read_run
+from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.cluster_file import WorkerGroup
 from dynabatch.common.planning.prediction import POLICIES, PROTOCOLS
 from dynabatch.common.wire.messages import JobStatus, WorkerStatus
@@ -139,6 +142,24 @@ def test_a_run_folders_worker_seen_at_one_batch_takes_its_fixed_cost_from_its_st
     guessed, note = worker(0.0, 0.0)
     assert guessed.device.fixed_s == 0 and guessed.device.per_sample_s == pytest.approx(0.05 / 64)
     assert note is not None and "counted as per-sample" in note
+
+
+def test_a_run_folders_model_bytes_count_a_local_rounds_one_pull_and_push_per_h_steps(tmp_path: Path) -> None:
+    """Under local SGD (H = 4) two workers of 16 steps each moved the model 8 times each (a push and a pull a
+    round), after 2 steps each under asgd, which moved it 4 times each: counted as two transfers a step, the model
+    came out 3 times too small (8 under local alone), and every link with it."""
+    model = 10_000
+
+    def status(t: float, steps: int, protocol: str, moved: int) -> JobStatus:
+        workers = {
+            f"w{i}": WorkerStatus(name=f"worker{i}", steps=steps, batch=32, times=StepTimes(compute_s=0.01))
+            for i in (0, 1)
+        }
+        return JobStatus(t=t, workers=workers, protocol=protocol, local_steps=4, bytes=moved * model)
+
+    (tmp_path / "config.json").write_text(json.dumps({"job": asdict(JobConfig(local_steps=4))}))
+    write_timeline(tmp_path, [Snapshot(status(1.0, 2, "asgd", 8), 1.0), Snapshot(status(2.0, 18, "local", 24), 2.0)])
+    assert read_run(tmp_path).cluster.model_bytes == pytest.approx(model)
 
 
 @pytest.mark.parametrize(
