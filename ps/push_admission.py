@@ -110,7 +110,7 @@ class PushAdmission:
         if isinstance(refusal, Held):
             served.metrics.held.labels(served.label, case.sender).inc()
         else:
-            served.metrics.discarded.inc()
+            served.metrics.discarded[refusal.CODE].inc()
 
     def record(self, case: PushCase, taken: bool) -> None:
         """Record a push's direction, and a taken one's norms; count a clipped one, and quarantine its worker if

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dynabatch.common.net.metrics import bad_messages_counter
+from dynabatch.common.wire.error_codes import ErrorCode
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 
@@ -62,13 +63,18 @@ class ShardMetrics:
             ["shard"],
             registry=registry,
         ).labels(**labels)
-        self.discarded = Counter(
+        discarded = Counter(
             "dynabatch_ps_discarded_gradients",
-            "Pushes the protocol discarded as computed on "
-            "too old a model (ssgd, msync, ringmaster, rennala); their workers pulled again.",
-            ["shard"],
+            "Pushes the protocol discarded, by reason: too_stale, computed on too old a model (ssgd, msync, "
+            "ringmaster, rennala), or switched, made under the protocol --protocol auto had just switched from; "
+            "their workers pulled again.",
+            ["shard", "reason"],
             registry=registry,
-        ).labels(**labels)
+        )
+        # each reason exported from the start, at 0, so that a rate over it is defined before the first discard
+        self.discarded = {
+            code: discarded.labels(reason=code, **labels) for code in (ErrorCode.TOO_STALE, ErrorCode.SWITCHED)
+        }
         self.held = Counter(
             "dynabatch_ps_held_pushes",
             "Pushes held, by worker: it ran ahead of the slowest other "

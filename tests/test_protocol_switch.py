@@ -116,12 +116,16 @@ def test_a_shard_switches_its_rule_around_the_same_model_and_closes_its_open_rou
 SIG = signature_from_fields(["w", "b"], [[30, 10], [10]], ["float32", "float32"], train_size=500)
 
 
-def _served(tmp_path: Path, prefetch_pull: bool = False) -> tuple[ServedJob, ShardState]:
+def _served(
+    tmp_path: Path, prefetch_pull: bool = False, registry: CollectorRegistry | None = None
+) -> tuple[ServedJob, ShardState]:
     config = replace(
         JobConfig(), job="j", shards=1, chunk_bytes=1024, protocol="asgd", global_batch=B, prefetch_pull=prefetch_pull
     )
     served = ServedJob.welcomed(
-        Welcome(id="ps0", config=to_dict(config), shards=[], shard_index=0), CollectorRegistry(), str(tmp_path)
+        Welcome(id="ps0", config=to_dict(config), shards=[], shard_index=0),
+        registry or CollectorRegistry(),
+        str(tmp_path),
     )
     state = served.new_state(SIG, torch.ones(SIG.total), {}, {})
     state.set_membership({"w0", "w1"}, allocated=2)
@@ -130,7 +134,8 @@ def _served(tmp_path: Path, prefetch_pull: bool = False) -> tuple[ServedJob, Sha
 
 
 def test_a_push_made_under_the_old_protocol_is_refused_switched_and_is_no_strike(tmp_path: Path) -> None:
-    served, state = _served(tmp_path)
+    registry = CollectorRegistry()
+    served, state = _served(tmp_path, registry=registry)
     served.switch("ssgd")
     state.switch("ssgd", protocol_settings(served.job))
     admission = PushAdmission(ReplayGuard(), lambda identity: None, lambda: None)
@@ -142,6 +147,12 @@ def test_a_push_made_under_the_old_protocol_is_refused_switched_and_is_no_strike
     assert isinstance(refused.value, ProtocolRefusal) and refused.value.code == "switched"
     assert case.found is None and not served.bounds.history, "nothing was assessed: no strike against w0"
     assert state.protocol == "ssgd" and state.version == 0, "the push's claim changed nothing"
+    admission.refused(case, refused.value)
+
+    def discarded(reason: str) -> float | None:
+        return registry.get_sample_value("dynabatch_ps_discarded_gradients_total", {"shard": "0", "reason": reason})
+
+    assert (discarded("switched"), discarded("too_stale")) == (1.0, 0.0), "counted by its reason, apart from stale"
     # a worker that names a protocol it would like is refused the same way: only the scheduler sets one
     claim = PushCase(Message(Push(samples=B // 2, protocol="local"), metas, far, "j", "w0", 2), b"c0", served, state, 0)
     with pytest.raises(ProtocolSwitched):
