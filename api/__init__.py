@@ -18,7 +18,8 @@ The public names, the whole promise to users (everything else under dynabatch.* 
   `schedule.step`.
 - `metrics`: evaluation metrics, each (model, batch) -> {name: (sum, count)}; `metrics.accuracy`.
 - `run(task, workers=3, slowdowns=(1, 2, 4), **job_flags) -> Run`: `dynabatch run` from Python;
-  `Run` (`dir`, `summary`, `model`), `RunFailed` when the job does not finish.
+  `Run` (`dir`, `summary`, `model`), `RunFailed` when the job does not finish, `ConfigError` for a setting that
+  cannot work (of the wrong type, out of its bounds, unknown), before anything starts.
 - `export(run_dir, task_spec="", task=None) -> nn.Module`: the model a finished run trained (`dynabatch export`);
   `ExportError` for a folder whose model cannot be assembled.
 
@@ -37,6 +38,7 @@ from typing import Any
 _NAMES = {
     "Task": ("dynabatch.task", "Task"),
     "TaskError": ("dynabatch.task_error", "TaskError"),
+    "ConfigError": ("dynabatch.common.flags", "ConfigError"),
     "metrics": ("dynabatch.metrics", None),
     "optim": ("dynabatch.optim", None),
     "schedule": ("dynabatch.schedule", None),
@@ -47,7 +49,19 @@ _NAMES = {
     "export": ("dynabatch.cluster.export", "trained_model"),
 }
 # A literal, as tools read it without running this file; tests/test_layering.py keeps it equal to _NAMES.
-__all__ = ["ExportError", "Run", "RunFailed", "Task", "TaskError", "export", "metrics", "optim", "run", "schedule"]
+__all__ = [
+    "ConfigError",
+    "ExportError",
+    "Run",
+    "RunFailed",
+    "Task",
+    "TaskError",
+    "export",
+    "metrics",
+    "optim",
+    "run",
+    "schedule",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -166,6 +166,11 @@ def trained_model(run_dir: Path | str, task_spec: str = "", task: Task | None = 
 
     `dynabatch.export`; ExportError for a folder whose model cannot be assembled, TaskError for a task that
     does not match it."""
+    if not isinstance(run_dir, (str, Path)):
+        raise ExportError(f"export: run_dir={run_dir!r} is not a run folder's path")
+    if task is not None and not isinstance(task, Task):
+        hint = " (a 'file.py:attr' spec is task_spec=)" if isinstance(task, str) else ""
+        raise ExportError(f"export: task={task!r} is not a dynabatch.Task{hint}")
     record = read_run(Path(run_dir))
     trained = assemble(read_checkpoints(record), record.job.chunk_bytes)
     return load_trained(task if task is not None else task_of(record, task_spec), record.job.seed, trained)

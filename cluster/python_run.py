@@ -37,7 +37,7 @@ from dynabatch.cluster.export import trained_model
 from dynabatch.cluster.main import JobRun, job_flags, prepare, settle
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig, job_from_dict
-from dynabatch.common.flags import ConfigError
+from dynabatch.common.flags import ConfigError, typed_values
 from dynabatch.common.net.curve import CurveKeys, CurveOptions
 from dynabatch.common.planning.auto_protocol import resolved
 from dynabatch.task import Task
@@ -103,10 +103,13 @@ def settings(
         raise ConfigError(
             f"db.run: no setting {', '.join(unknown)} (the flags of `dynabatch run --help`, with _ for -)"
         )
+    if isinstance(slowdowns, (str, bytes)) or not isinstance(slowdowns, Sequence):
+        raise ConfigError(f"db.run: slowdowns={slowdowns!r} is not a list of factors, one or one per worker: [1, 2, 4]")
     part = {cls: {k: v for k, v in flags.items() if k in names[cls]} for cls in names}
-    opts = RunOptions(workers=workers, slowdowns=[str(s) for s in slowdowns], task=spec, **part[RunOptions]).anchored()
+    given = {"workers": workers, "slowdowns": [str(s) for s in slowdowns], "task": spec, **part[RunOptions]}
+    opts = RunOptions(**typed_values(RunOptions, given, "db.run:")).anchored()
     job, _ = resolved(settle(opts, job_from_dict(part[JobConfig], allow_auto=True)))
-    return opts, job, CurveOptions(**part[CurveOptions])
+    return opts, job, CurveOptions(**typed_values(CurveOptions, part[CurveOptions], "db.run:"))
 
 
 def run(task: Task | str, workers: int = 3, slowdowns: Sequence[float | str] = (1, 2, 4), **flags: Any) -> Run:

@@ -10,14 +10,13 @@ the loaders and builders, so reading or validating a job does not load torch.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.allotment import MIN_BATCH
 from dynabatch.common.base_lr import CONSTANT_STEP_LR, DELAY_STEP_LR
-from dynabatch.common.flags import ConfigError, opt, validate_fields
+from dynabatch.common.flags import ConfigError, opt, typed_values, validate_fields
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
 from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_plan
 from dynabatch.common.protocols import (
@@ -430,18 +429,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def job_from_dict(data: Mapping[str, Any], allow_auto: bool = False) -> JobConfig:
     """Rebuild and validate a JobConfig received on the wire; unknown keys are ignored. A `--protocol auto` the
     scheduler's command did not resolve is refused unless `allow_auto` (a command that resolves it next)."""
-    hints = typing.get_type_hints(JobConfig)
-    values = {}
-    for f in dataclasses.fields(JobConfig):
-        if f.name in data:
-            value = data[f.name]
-            kind = hints[f.name]
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ConfigError(f"job setting {f.name}={value!r} is not {kind.__name__}")
-            values[f.name] = value
-    cfg = JobConfig(**values)
+    cfg = JobConfig(**typed_values(JobConfig, data, "job setting"))
     cfg.validate()
     if not allow_auto and SPECS.get(cfg.protocol) is None:
         raise ConfigError(

@@ -226,6 +226,35 @@ def _default(cls: type, f: dataclasses.Field[Any]) -> Any:
     raise TypeError(f"{cls.__name__}.{f.name} has no default: a flag needs one")
 
 
+def typed_values(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The values in `data` for `cls`'s fields (others ignored), each of its field's type: an int taken for a float,
+    a list or tuple for a list (its items so too); ConfigError naming the first that is not, as `where` calls it
+    ("job setting": a job received on the wire; "db.run": a keyword argument). A bool is no number, a string no
+    list (`slowdowns="12"` would have been two workers' factors)."""
+    hints = typing.get_type_hints(cls)
+
+    def of(kind: Any, value: Any) -> Any:
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if typing.get_origin(kind) is list and isinstance(value, (list, tuple)):
+            (item,) = typing.get_args(kind)
+            return [of(item, v) for v in value]
+        if typing.get_origin(kind) is list or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError
+        return value
+
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kind = hints[f.name]
+            try:
+                values[f.name] = of(kind, data[f.name])
+            except TypeError:
+                name = str(kind) if typing.get_origin(kind) else kind.__name__
+                raise ConfigError(f"{where} {f.name}={data[f.name]!r} is not {name}") from None
+    return values
+
+
 def from_args(cls: type[T], args: argparse.Namespace, only: Collection[str] | None = None) -> T:
     """Build a `cls` from parsed flags (those added by `add_flags`, with the same `only`); a field left out of
     `only` keeps its default."""

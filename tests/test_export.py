@@ -328,6 +328,32 @@ def test_db_run_refuses_unknown_settings_and_a_nested_call(monkeypatch: pytest.M
         db.run(BLOBS)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"workers": "3"}, "db.run: workers='3' is not int"),
+        ({"workers": 2.5}, "db.run: workers=2.5 is not int"),
+        ({"workers": 2, "slowdowns": "12"}, "db.run: slowdowns='12' is not a list of factors"),  # ran 1 and 2
+        ({"slowdowns": 2}, "db.run: slowdowns=2 is not a list of factors"),
+        ({"out": 123}, "db.run: out=123 is not str"),
+        ({"max_batches": [64, "x", 0]}, "db.run: max_batches=[64, 'x', 0] is not list[int]"),
+        ({"global_batch": 64.5}, "job setting global_batch=64.5 is not int"),
+    ],
+)
+def test_db_run_refuses_a_setting_of_the_wrong_type_by_name(kwargs: dict[str, Any], message: str) -> None:
+    """Each was a raw TypeError from deep inside, a setting misnamed, or (a string of slowdowns) a job run."""
+    with pytest.raises(db.ConfigError) as refused:
+        db.run(BLOBS, **kwargs)
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_db_export_refuses_arguments_of_the_wrong_kind(tmp_path: Path) -> None:
+    with pytest.raises(db.ExportError, match="run_dir=123 is not a run folder's path"):
+        db.export(123)
+    with pytest.raises(db.ExportError, match=r"is not a dynabatch.Task \(a 'file.py:attr' spec is task_spec=\)"):
+        db.export(tmp_path, task="tests/tasks/blobs.py:task")
+
+
 def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_path: Path) -> None:
     done = subprocess.run(
         command_line("export", [str(tmp_path / "no-run"), "--out", str(tmp_path)]),
