@@ -909,24 +909,32 @@ def _positive(text: str) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m bench.simulate", description=__doc__.split("\n\n")[0], allow_abbrev=False
+        prog="python -m bench.simulate",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
-    p.add_argument("--protocol", default="asgd", choices=(*PROTOCOLS, AUTO_PROTOCOL))
-    p.add_argument("--policy", default="dynamic", choices=BATCH_POLICIES)
-    p.add_argument("--profile", default="bench4", choices=sorted(PROFILES))
     p.add_argument(
-        "--profile-file", help="a cluster described in a JSON file (bench/profile_file.py), instead of --profile"
+        "--protocol",
+        default="asgd",
+        choices=(*PROTOCOLS, AUTO_PROTOCOL),
+        help="default asgd (a job's default is auto: give --protocol auto --policy auto to simulate it)",
+    )
+    p.add_argument("--policy", default="dynamic", choices=BATCH_POLICIES, help="default dynamic (a job's: auto)")
+    p.add_argument("--profile", default="bench4", choices=sorted(PROFILES), help="a built-in cluster (default bench4)")
+    p.add_argument(
+        "--profile-file",
+        help="a cluster described in a JSON file (its format: common/planning/cluster_file.py), instead of --profile",
     )
     p.add_argument("--shards", type=int, default=0, help="with --profile-file: this many shards (default: the file's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-s", type=_positive, default=10.0, help="virtual seconds")
+    p.add_argument("--seed", type=int, default=0, help="default 0")
+    p.add_argument("--budget-s", type=_positive, default=10.0, help="virtual seconds (default 10)")
     p.add_argument(
         "--global-batch",
         type=int,
         default=0,
         help="default: --profile-file's, else the job's (as dynabatch plan); a built-in --profile's 16 per worker",
     )
-    p.add_argument("--model", default="mlp")
+    p.add_argument("--model", default="mlp", help="the job's --model (default mlp; a job's default is cnn)")
     p.add_argument("--lr", type=float, default=0.0, help="the job's --lr (default: JobConfig's)")
     p.add_argument("--sync-m", type=int, default=0, help="the job's --sync-m (msync: the gradients a round takes)")
     p.add_argument(
@@ -969,7 +977,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "METHODS, or default: what a job runs with every flag at its default) at the step sizes TUNED_LRS holds "
         "for each profile, into the study's folder beside its other runs",
     )
-    p.add_argument("--out", default="bench/results/simulate")
+    p.add_argument(
+        "--out", default="bench/results/simulate", help="folder of a study's results (default: bench/results/simulate)"
+    )
     return p.parse_args(argv)
 
 
