@@ -25,6 +25,7 @@ from dynabatch.common.planning.auto_choice import Choice, choose
 from dynabatch.common.planning.cluster_file import ClusterFileError, read_cluster
 from dynabatch.common.planning.optimum import NoiseScale, Optimum
 from dynabatch.common.planning.prediction import PROTOCOLS, Cluster, Prediction, cluster_of, optimum, predict_all
+from dynabatch.common.planning.protocol_switch import SWITCHABLE
 from dynabatch.common.protocols import PROTOCOLS as ALL_PROTOCOLS
 from dynabatch.common.tasks.models import model_wire_bytes
 
@@ -71,6 +72,7 @@ def _report(
     star: Optimum,
     ranked: list[Prediction],
     choice: Choice,
+    at_run_time: Choice,
     notes: Sequence[str],
     plot: Path,
 ) -> dict[str, Any]:
@@ -106,6 +108,12 @@ def _report(
             for p in ranked
         ],
         "chosen": {"protocol": choice.protocol, "policy": choice.policy, "reason": choice.reason},
+        "chosen_at_run_time": {
+            "protocol": at_run_time.protocol,
+            "policy": at_run_time.policy,
+            "reason": at_run_time.reason,
+            "among": list(SWITCHABLE),
+        },
         "not_modelled": list(NOT_MODELLED),
         "notes": list(notes),
         "plot": str(plot),
@@ -135,7 +143,11 @@ def _text(report: dict[str, Any]) -> str:
         f"{m['samples_per_s']:>11,.0f} {m['staleness']:>6.1f} {m['discarded']:>9.0%} {_seconds(m['startup_s']):>10.3g}"
         for m in report["methods"]
     ]
-    lines.append(f"chosen: {report['chosen']['reason']}")
+    chosen, at_run = report["chosen"], report["chosen_at_run_time"]
+    lines.append(f"chosen: {chosen['reason']} (as --protocol auto --cluster-profile chooses)")
+    if (at_run["protocol"], at_run["policy"]) != (chosen["protocol"], chosen["policy"]):
+        among = ", ".join(at_run["among"])
+        lines.append(f"chosen at run time (--protocol auto alone, among {among}): {at_run['reason']}")
     lines.append(f"not modelled: {', '.join(report['not_modelled'])} (common/planning/prediction.py says why)")
     lines += [f"note: {n}" for n in report["notes"]]
     lines.append(f"plot: {report['plot']}")
@@ -171,8 +183,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     ranked = predict_all(cluster, noise)
     choice = choose(cluster, noise)
+    at_run_time = choose(cluster, noise, protocols=SWITCHABLE)  # what auto chooses among while a job runs
     plot = Path(opts.plot) if opts.plot else plot
-    report = _report(name, cluster, noise, star, ranked, choice, notes, plot)
+    report = _report(name, cluster, noise, star, ranked, choice, at_run_time, notes, plot)
     from dynabatch.cluster.plan_plot import write_plan_plot  # matplotlib: only once there is something to draw
 
     try:

@@ -64,6 +64,12 @@ def test_plan_of_a_cluster_file_prints_every_method_against_t_star_and_draws_it(
     assert all(m["ratio_to_optimum"] >= 1 for m in report["methods"])
     best = report["methods"][0]
     assert (report["chosen"]["protocol"], report["chosen"]["policy"]) == (best["protocol"], best["policy"])
+    # auto at run time leaves Ringmaster out (protocol_switch.py SWITCHABLE): plan says what it would run there
+    at_run = report["chosen_at_run_time"]
+    switchable = [m for m in report["methods"] if m["protocol"] in at_run["among"] and m["protocol"] != "ringmaster"]
+    assert best["protocol"] == "ringmaster" and "ringmaster" not in at_run["among"]
+    assert (at_run["protocol"], at_run["policy"]) == (switchable[0]["protocol"], switchable[0]["policy"])
+    assert f"chosen at run time (--protocol auto alone, among {', '.join(at_run['among'])})" in text
     assert "msd" in report["not_modelled"] and not {"asgd", "ringmaster", "local"} & set(report["not_modelled"])
     by_name = {(m["protocol"], m["policy"]): m for m in report["methods"]}
     ring = by_name["ringmaster", "fixed"]
