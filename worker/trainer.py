@@ -330,8 +330,8 @@ class Worker:
                 hb = replace(hb, discarded=self.discarded)
                 self.process.beat.last = replace(self.process.beat.last, discarded=self.discarded)
                 if code == ErrorCode.SWITCHED:
-                    # Every step until the scheduler names the new protocol would be refused too (85 of a fast
-                    # worker's in half a second): ask now, and wait for the answer rather than compute on.
+                    # Every step until the scheduler names the new protocol would be refused too (a fast worker's
+                    # dozens in a heartbeat interval, bench/RESULTS.md 59): ask now, and wait for the answer.
                     log.info("%s: a shard applies another protocol now; asking the scheduler which", joined.id)
                     self.process.beat.send(self.process.beat.last)
                     assignment = link.wait(joined.job.heartbeat_s) or assignment
