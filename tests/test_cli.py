@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dynabatch.cluster.export_command import main as export_main
 from dynabatch.cluster.main import parse as parse_run
 from dynabatch.cluster.options import RunOptions
 from dynabatch.common.config import JobConfig, MetricsOptions
@@ -120,13 +121,17 @@ def test_a_command_that_reads_some_of_a_schemas_settings_takes_those_flags_alone
     assert refused.value.code == 2
 
 
-def test_export_does_not_take_runs_out_folder_from_the_environment(tmp_path: Path) -> None:
+def test_export_does_not_take_runs_out_folder_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """DYNABATCH_OUT is `dynabatch run --out`, the folder run folders go in; export's --out is the file it writes, so
     a container set up for runs made export refuse an --out the user never gave (`... is a folder`)."""
-    out = _run("export", str(tmp_path), env={"DYNABATCH_OUT": str(tmp_path)})
-    assert out.returncode == 2 and "--out: name the file to write" in out.stderr, out.stderr
-    out = _run("export", str(tmp_path), env={"DYNABATCH_EXPORT_OUT": str(tmp_path / "model.pt")})
-    assert out.returncode == 2 and "holds no run" in out.stderr, "its own variable names the file"
+    monkeypatch.setenv("DYNABATCH_OUT", str(tmp_path))
+    with pytest.raises(SystemExit) as refused:
+        export_main([str(tmp_path)])
+    assert refused.value.code == 2 and "--out: name the file to write" in capsys.readouterr().err
+    monkeypatch.setenv("DYNABATCH_EXPORT_OUT", str(tmp_path / "model.pt"))
+    assert export_main([str(tmp_path)]) == 2 and "holds no run" in capsys.readouterr().err, "its own variable"
 
 
 def test_missing_data_says_how_to_get_it(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 import dynabatch as db
 from dynabatch.cluster import export_command
 from dynabatch.cluster.export import TrainedState, assemble, load_trained, read_run
+from dynabatch.cluster.export_command import main as export_main
 from dynabatch.cluster.python_run import ACTIVE_ENV, task_spec
 from dynabatch.common.config import JobConfig
 from dynabatch.common.flags import ConfigError
@@ -114,23 +115,20 @@ def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported
     assert ours["loss"] == pytest.approx(reported["loss"], rel=1e-4, abs=1e-7), (ours, reported)
 
 
-def test_export_of_a_run_that_did_not_finish_says_so(trained: db.Run, tmp_path: Path) -> None:
+def test_export_of_a_run_that_did_not_finish_says_so(
+    trained: db.Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Its summary says why (a run that failed or was stopped writes one): the model is as last checkpointed."""
     folder = tmp_path / "run"
     shutil.copytree(trained.dir, folder)
     summary = json.loads((folder / "summary.json").read_text())
     summary.update(finished=False, failed="worker1 exited with code 1 after 3 restart(s) (--restarts 3); the run fails")
     (folder / "summary.json").write_text(json.dumps(summary))
-    done = subprocess.run(
-        command_line("export", [str(folder), "--out", str(tmp_path / "model.pt")]),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(),
-    )
-    assert done.returncode == 0 and (tmp_path / "model.pt").is_file(), done.stderr
-    assert done.stderr.startswith("dynabatch export: note: the run did not finish (worker1 exited"), done.stderr
-    assert f"after {summary['epochs_trained']:.3g} epochs" in done.stderr
+    assert export_main([str(folder), "--out", str(tmp_path / "model.pt")]) == 0
+    assert (tmp_path / "model.pt").is_file()
+    err = capsys.readouterr().err
+    assert err.startswith("dynabatch export: note: the run did not finish (worker1 exited"), err
+    assert f"after {summary['epochs_trained']:.3g} epochs" in err
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dynabatch.cluster.main import parse as parse_run
 from harness import child_env, command_line
 from processes import mentioning
 
@@ -77,20 +78,26 @@ def test_an_m_above_the_workers_is_refused(tmp_path: Path) -> None:
     )
 
 
+def parsed_refusal(capsys: pytest.CaptureFixture[str], flags: list[str]) -> str:
+    """`dynabatch run FLAGS` parsed in this process as the command parses it (nothing is started before its flags
+    are settled): its error line. `refuse` runs the whole command for a case of each kind below."""
+    with pytest.raises(SystemExit) as exited:
+        parse_run([*BUILTIN, *flags])
+    assert exited.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
 @pytest.mark.parametrize("flag", ["--momentum", "--outer-momentum"])
-def test_a_momentum_of_one_or_more_is_refused(tmp_path: Path, flag: str) -> None:
+def test_a_momentum_of_one_or_more_is_refused(capsys: pytest.CaptureFixture[str], flag: str) -> None:
     """A momentum of 1 never forgets a step, and one above it grows every step without bound: the loss ran to 6e26
     and the job to 13.7% accuracy before this was refused."""
     for value in ("1", "1.5"):
-        assert (
-            refuse(tmp_path, [*BUILTIN, flag, value]) == f"dynabatch run: error: {flag}: {float(value)} must be below 1"
-        )
+        assert parsed_refusal(capsys, [flag, value]) == f"dynabatch run: error: {flag}: {float(value)} must be below 1"
 
 
 @pytest.mark.parametrize(
     "flags, line",
     [
-        (["--protocol", "asgd", "--sync-m", "2"], "--sync-m 2: only --protocol msync reads it, not asgd; drop it"),
         (
             ["--protocol", "ssgd", "--outer-lr", "0.5"],
             "--outer-lr 0.5: only --protocol local or msd reads it, not ssgd",
@@ -99,9 +106,16 @@ def test_a_momentum_of_one_or_more_is_refused(tmp_path: Path, flag: str) -> None
         (["--protocol", "asgd", "--cluster-profile", "c.json"], "--cluster-profile c.json: only --protocol auto reads"),
     ],
 )
-def test_a_setting_only_another_protocol_reads_is_refused(tmp_path: Path, flags: list[str], line: str) -> None:
+def test_a_setting_only_another_protocol_reads_is_refused(
+    capsys: pytest.CaptureFixture[str], flags: list[str], line: str
+) -> None:
     """It would be ignored without a word; under --protocol auto, which may run any of them, each is taken."""
-    assert refuse(tmp_path, [*BUILTIN, *flags]).startswith(f"dynabatch run: error: {line}")
+    assert parsed_refusal(capsys, flags).startswith(f"dynabatch run: error: {line}")
+
+
+def test_a_setting_only_another_protocol_reads_stops_the_whole_command(tmp_path: Path) -> None:
+    line = refuse(tmp_path, [*BUILTIN, "--protocol", "asgd", "--sync-m", "2"])
+    assert line == "dynabatch run: error: --sync-m 2: only --protocol msync reads it, not asgd; drop it"
 
 
 @pytest.mark.parametrize(
@@ -113,12 +127,12 @@ def test_a_setting_only_another_protocol_reads_is_refused(tmp_path: Path, flags:
     ],
 )
 def test_flags_that_would_leave_the_run_waiting_or_its_members_refused_are_refused(
-    tmp_path: Path, flags: list[str], line: str
+    capsys: pytest.CaptureFixture[str], flags: list[str], line: str
 ) -> None:
     """Each ran: the first waited --join-timeout-s after training for an evaluator it never started, the second
     handed out no batch until --timeout-s (an hour), the third crashed the members past the limit through their
     restarts."""
-    assert refuse(tmp_path, [*BUILTIN, *flags]).startswith(f"dynabatch run: error: {line}")
+    assert parsed_refusal(capsys, flags).startswith(f"dynabatch run: error: {line}")
 
 
 def test_a_number_from_the_environment_is_checked_as_a_flag_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
