@@ -291,6 +291,11 @@ def test_the_first_task_runs_as_pasted(tmp_path: Path) -> None:
     summary = trained_its_epochs(run)  # its 5 epochs, past them by at most a batch per worker (it once trained 7.85)
     assert summary["final_metrics"]["accuracy"] >= 0.85, summary["final_metrics"]
     assert {"accuracy", "top2", "loss"} <= summary["final_metrics"].keys()
+    # The task names the shards' optimizer and a schedule, which local SGD's steps would not follow: its shard says
+    # so once it holds the model, and auto never orders a switch to local that the shard would refuse.
+    assert "protocol local cannot run here" in (run / "logs" / "ps0.log").read_text()
+    assert "protocol auto chose local" not in (run / "logs" / "scheduler.log").read_text()
+    assert "the scheduler asked for protocol local" not in (run / "logs" / "ps0.log").read_text()
     run_as_pasted("dynabatch export runs/NAME --out model.pt", tmp_path, 60, NAME=run.name)
     load = "import torch\nfrom my_task import make_model\n" + python_block(users, "model = make_model()")
     done = subprocess.run([sys.executable, "-c", load], cwd=tmp_path, capture_output=True, text=True, timeout=60)
