@@ -45,7 +45,7 @@ def main(argv: Sequence[str]) -> int:
     torch.set_num_threads(opts.threads)
     try:
         task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
-        check_flags_against_task(job, task.optimizer, task.schedule)
+        check_flags_against_task(job, task.optimizer)
         report = dry_run(task, job, opts.batches, opts.repeats)
     except (DatasetNotFound, BadDatasetFile, TaskError, ConfigError) as exc:
         print(f"dynabatch check: {exc}", file=sys.stderr)

@@ -137,7 +137,7 @@ def check_inputs(opts: RunOptions, job: JobConfig) -> None:
 
     task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
     checked = check_task(task, job.seed)
-    check_flags_against_task(job, task.optimizer, task.schedule)
+    check_flags_against_task(job, task.optimizer)
     if opts.evaluator and task.eval_data is None:
         raise TaskError("the task has no eval_data for the evaluator: give it one, or pass --no-evaluator")
     check_target(opts, checked.metric_names)

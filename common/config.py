@@ -34,7 +34,6 @@ from dynabatch.common.tasks.catalog import DATASETS, FLAT_PARAMS, MODELS, model_
 
 if TYPE_CHECKING:
     from dynabatch.optim import OptimizerSpec
-    from dynabatch.schedule import Schedule
 
 BATCH_POLICIES = ("auto", "fixed", "dynamic", "efficient")
 AUTO_PROTOCOL = "auto"
@@ -369,28 +368,22 @@ class JobConfig(JobName):
 SGD_SETTINGS = ("lr", "momentum", "weight_decay", "nesterov")
 
 
-def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None, schedule: Schedule | None = None) -> None:
-    """The rule between the job's flags and a task that names its own optimizer or schedule; ConfigError in one
-    line if they conflict, naming the flags.
+def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None) -> None:
+    """The rule between the job's flags and a task that names its own optimizer; ConfigError in one line if they
+    conflict, naming the flags.
 
     A task's optimizer owns the shards' optimizer, so SGD settings set beside it would be ignored
     (an error, not a silent no-op); under a delta protocol (local, msd) the workers' inner steps are
     SGD from the flags and the shards apply the outer optimizer, so it is the task's optimizer that
-    would be ignored, and so would its schedule (other than `constant`), which the inner steps do not follow. A flag
+    would be ignored (its schedule is not: the inner steps follow it at the job's progress). A flag
     counts as set when its value is not its default: that is all a worker
     can see of the scheduler's flags (it gets the job in WELCOME), so `dynabatch run`, `dynabatch
     check` and every worker decide alike. The scheduler loads no task: with one started by hand, each
     worker (and evaluator) with a --task applies the rule to the job it was sent, and exits 2 saying so.
-    Under a gradient protocol no flag conflicts with a task's schedule: it multiplies the shards' base rate.
+    No flag conflicts with a task's schedule: it multiplies the shards' base rate, or a delta protocol's inner steps.
     """
     spec = SPECS.get(job.protocol)  # None: auto, told by its shards which delta protocol the task keeps out
     delta = spec is not None and spec.push_kind == DELTA
-    if delta and schedule is not None and schedule.name != "constant":
-        raise ConfigError(
-            f"--protocol {job.protocol}: workers step with SGD from --lr and the shards apply the outer optimizer, "
-            f"and neither follows the task's schedule ({schedule.name}); drop it from the task, or choose another "
-            "protocol"
-        )
     if optimizer is None:
         return
     if delta:

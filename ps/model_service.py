@@ -40,7 +40,6 @@ from dynabatch.ps.replay_guard import ReplayGuard
 from dynabatch.ps.served_job import ServedJob
 from dynabatch.ps.serving_load import ServingLoad
 from dynabatch.ps.shard_state import ProtocolRefusal
-from dynabatch.schedule import Schedule, schedule_from_fields
 
 log = logging.getLogger("dynabatch.ps")
 # Send a reply (body, chunk entries, tensor frames) to a connection, as the answer to its request `seq`.
@@ -80,11 +79,6 @@ class ModelService:
     def task_optimizer(self) -> OptimizerSpec | None:
         """The shards' optimizer where the model's task names one (None: the job's SGD from its flags)."""
         return self.model.optimizer if self.held.setup.optimizer else None
-
-    @property
-    def task_schedule(self) -> Schedule | None:
-        """The model's task's schedule (None: it names none)."""
-        return schedule_from_fields(self.held.setup.schedule) if self.held.setup.schedule else None
 
     def pull(self, msg: Message[Pull], identity: bytes) -> None:
         body = msg.body
@@ -260,17 +254,17 @@ class ModelService:
             self.load.moved(tensor.numel(), self.elements)
 
 
-def unrunnable(served: ServedJob, task_optimizer: OptimizerSpec | None, task_schedule: Schedule | None) -> bool:
+def unrunnable(served: ServedJob, task_optimizer: OptimizerSpec | None) -> bool:
     """Say, before `--protocol auto` chooses it, the first protocol auto may switch to (SWITCHABLE) that the held
     model's task keeps out (it names the shards' optimizer, `task_optimizer`, which a delta protocol's outer optimizer
-    would replace, or a schedule, `task_schedule`, which its steps would not follow): the heartbeat's
+    would replace): the heartbeat's
     `refused_protocol`, as after a refused switch, so that the scheduler leaves it out and no worker steps are spent
     on a switch the shard would refuse. True when there is one (a heartbeat is due)."""
     if served.refused_protocol:
         return False
     for candidate in SWITCHABLE:
         try:
-            check_flags_against_task(replace(served.job, protocol=candidate), task_optimizer, task_schedule)
+            check_flags_against_task(replace(served.job, protocol=candidate), task_optimizer)
         except ConfigError as exc:
             log.info("protocol %s cannot run here, which --protocol auto is told: %s", candidate, exc)
             served.refused_protocol = candidate
@@ -285,10 +279,7 @@ def switch_protocol(served: ServedJob, serving: ModelService | None, protocol: s
     the scheduler chooses among the others. True: the next heartbeat is due at once."""
     previous = served.job.protocol
     try:
-        if serving is None:
-            served.switch(protocol)
-        else:
-            served.switch(protocol, serving.task_optimizer, serving.task_schedule)
+        served.switch(protocol, serving.task_optimizer if serving is not None else None)
     except ConfigError as exc:
         if switch_to(protocol, served.refused_protocol) is not None:  # logged once per protocol refused
             log.error(

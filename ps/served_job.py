@@ -31,7 +31,7 @@ from dynabatch.ps.shard_metrics import ShardMetrics
 from dynabatch.ps.shard_state import ShardState
 from dynabatch.ps.step_size import StepSize
 from dynabatch.ps.update_rules import optimizer_spec
-from dynabatch.schedule import Schedule, schedule_from_fields
+from dynabatch.schedule import schedule_from_fields
 
 
 @dataclass
@@ -90,16 +90,14 @@ class ServedJob:
         self.direction.forget(live)
         return self.assigned.update(assignment.batches)
 
-    def switch(
-        self, protocol: str, task_optimizer: OptimizerSpec | None = None, task_schedule: Schedule | None = None
-    ) -> None:
+    def switch(self, protocol: str, task_optimizer: OptimizerSpec | None = None) -> None:
         """Serve the job under `protocol` from now on (`--protocol auto`'s switch, which the scheduler's assignment
         orders): the bounds on a push follow it (a local round's delta sums its H steps). ConfigError, changing
-        nothing, when the job's flags do not allow it, or the task names the shards' optimizer or a schedule
-        (`task_optimizer`, `task_schedule`), which a delta protocol's steps would silently leave out."""
+        nothing, when the job's flags do not allow it, or the task names the shards' optimizer (`task_optimizer`),
+        which a delta protocol's outer optimizer would silently replace."""
         job = replace(self.job, protocol=protocol)
         job.validate()
-        check_flags_against_task(job, task_optimizer, task_schedule)
+        check_flags_against_task(job, task_optimizer)
         self.job = job
         self.max_samples = max_push_samples(job)
         self.assigned.steps, self.assigned.job_max = push_steps(job), self.max_samples

@@ -209,7 +209,7 @@ class ShardServer:
             served, held, self.checkpoints, self.replays, self.outbox, self._reply, self._beat, self.load
         )
         self.serving.export_version()
-        self.beat_due |= unrunnable(served, self.serving.task_optimizer, self.serving.task_schedule)
+        self.beat_due |= unrunnable(served, self.serving.task_optimizer)
         self.checkpoints.health.judge_afresh(held.state, self.checkpoints.good_version)
         if self.last_assignment is not None:
             self.serving.follow(self.last_assignment)

@@ -358,6 +358,12 @@ class JobState:
         self.protocol.since = self.allocator.assignment_id
         log.info("every shard applies %s: the workers switch from assignment %d", spec.name, self.protocol.since)
 
+    @property
+    def job_progress(self) -> float:
+        """How far the job is, epoch / epochs in [0, 1] (0 for a job without epochs): where the task's schedule
+        stands, for the shards' steps and a delta protocol's workers' inner steps alike."""
+        return min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0
+
     def shard_assignment(self) -> ShardAssignment:
         """What every shard must know of the job now: its live workers and their push bounds, rollbacks, the stop."""
         allocator, rollbacks, live = self.allocator, self.rollbacks, self.roster.live_workers
@@ -368,7 +374,7 @@ class JobState:
             membership=self.roster.membership,
             stop=self.finished,
             batches=allocator.push_bounds(live),
-            progress=min(1.0, self.progress.epoch / self.job.epochs) if self.job.epochs else 0.0,
+            progress=self.job_progress,
             rollbacks=rollbacks.rollback_number,
             lr_factor=rollbacks.lr_factor,
             hold_checkpoints=rollbacks.divergence.suspect,
@@ -398,6 +404,7 @@ class JobState:
             chunk_group=plan.group,
             credit_bytes=plan.credit,
             protocol=self.protocol.workers if self.protocol is not None else "",
+            progress=self.job_progress,
         )
 
     # -- the end of the job -------------------------------------------------------------

@@ -223,6 +223,21 @@ def test_epochs_count_samples_of_departed_workers_and_the_job_ends_after_the_fin
         state.hello(Hello(role=Role.WORKER), t)
 
 
+def test_a_workers_assignment_carries_the_jobs_progress_as_the_shards_do() -> None:
+    """A delta protocol's inner steps follow the task's schedule at it (worker/local_steps.py `inner_scale`)."""
+    state = _job(epochs=2.0)
+    wid = _join(state, 1000.0)
+    assert state.assignment_for(state.roster.members[wid]).progress == 0.0
+    t, progress = 0.0, [0.0]
+    while not state.stopping:
+        t += 0.1
+        answer = _step(state, wid, 0.05, t)
+        _shards_apply(state, t)
+        assert answer.progress == state.shard_assignment().progress == min(1.0, state.progress.epoch / 2.0)
+        progress.append(answer.progress)
+    assert progress == sorted(progress) and progress[-1] == 1.0 and 0.4 < progress[len(progress) // 2] < 0.6
+
+
 def _run_to_target(state: JobState, wid: str, t: float = 0.0) -> float:
     while not state.stopping:
         t += 0.1

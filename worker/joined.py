@@ -39,7 +39,7 @@ def task_for(opts: WorkerOptions, job: JobConfig) -> Task:
     """The task this worker trains: `--task`, or the job's built-in model on its dataset; ConfigError if the
     job's flags conflict with it (`check_flags_against_task`: a hand-started scheduler's flags meet the task here)."""
     task = load_task(opts.task) if opts.task else builtin_task(job.dataset, job.model, opts.data_dir or None)
-    check_flags_against_task(job, task.optimizer, task.schedule)
+    check_flags_against_task(job, task.optimizer)
     return task
 
 

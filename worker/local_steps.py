@@ -31,6 +31,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.chunking import flat_params, load_flat, travelling
 from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.common.wire.step_times import StepTimes
+from dynabatch.schedule import Schedule
 from dynabatch.worker.ps_client import PendingPull, PendingPush
 from dynabatch.worker.step_context import StepContext, StepLoop
 from dynabatch.worker.step_plans import (
@@ -64,6 +65,13 @@ def inner_optimizer(
     return optimizer
 
 
+def inner_scale(assignment: WorkerAssignment, schedule: Schedule) -> float:
+    """The factor on a delta protocol's inner steps: the scheduler's `lr_scale` times the task's `schedule` at the
+    job's progress. The shards' outer optimizer steps at --outer-lr, so the schedule is the workers' to follow (a
+    gradient protocol's shards apply it instead)."""
+    return assignment.lr_scale * schedule.factor(assignment.progress)
+
+
 @dataclass
 class _LocalSteps(StepLoop):
     """What both delta protocols keep: the inner optimizer and the global model a worker started from."""
@@ -75,7 +83,8 @@ class _LocalSteps(StepLoop):
     version: int = 0
 
     def _optimizer(self, assignment: WorkerAssignment) -> torch.optim.Optimizer:
-        self.optimizer = inner_optimizer(self.optimizer, self.ctx.model, self.ctx.job, assignment.lr_scale)
+        scale = inner_scale(assignment, self.ctx.schedule)
+        self.optimizer = inner_optimizer(self.optimizer, self.ctx.model, self.ctx.job, scale)
         return self.optimizer
 
     def _local_step(self, assignment: WorkerAssignment) -> tuple[float, float]:

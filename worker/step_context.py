@@ -12,7 +12,7 @@ checker can tell exactly what a step needs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.chunking import Layout, TravellingBuffers
 from dynabatch.common.wire.messages import WorkerAssignment
+from dynabatch.schedule import Schedule
 from dynabatch.worker.ps_client import ShardClients
 from dynabatch.worker.step_plans import StepPlan
 from dynabatch.worker.step_result import StepResult
@@ -40,6 +41,8 @@ class StepContext:
       (raises RemoteError); the worker's pulse keeps it alive whatever the loop does.
     - `skip_step(loss)`: a step's loss was not finite, so its gradient was not pushed (or a local step
       not taken): counted and reported to the scheduler, which tells a diverged model from it.
+    - `schedule`: the task's learning-rate schedule, which a delta protocol's inner steps follow at the job's
+      progress (`WorkerAssignment.progress`); a gradient protocol's shards apply it, not the worker.
     - `buffers`: the model's travelling buffers (BatchNorm's running statistics): a step
       loads the pulled ones (`buffers.load(model, pulled.buffers)`) before computing and
       sends its own (`buffers.read(model)`) with its push; empty for most models.
@@ -56,6 +59,7 @@ class StepContext:
     idle_for_slowdown: Callable[[float], float]
     heartbeat_when_due: Callable[[], None]
     skip_step: Callable[[float], None]
+    schedule: Schedule = field(default_factory=Schedule)
     buffers: TravellingBuffers = TravellingBuffers()
     pipelined: bool = False  # gradient steps overlap pull, compute and push (JobConfig.pipelines)
 

@@ -30,6 +30,7 @@ from dynabatch.common.wire.chunking import travelling
 from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.wire.step_times import PHASES
+from dynabatch.schedule import Schedule
 from dynabatch.worker.batch_source import DatasetBatches, to_device, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
 from dynabatch.worker.joined import Joined
@@ -170,6 +171,7 @@ class Worker:
             idle_for_slowdown=self.idle_for_slowdown,
             heartbeat_when_due=self.process.beat.when_due,
             skip_step=self.skip_step,
+            schedule=joined.task.schedule or Schedule(),
             buffers=joined.buffers,
             pipelined=self._pipelined(),
         )

@@ -38,8 +38,8 @@ if typing.TYPE_CHECKING:
 from dynabatch.common.wire.error_codes import ErrorCode, sent_code
 from dynabatch.common.wire.messages import MESSAGE_TYPES, Error, Init
 
-PROTOCOL_VERSION = 7
-SCHEMA_FINGERPRINT = "83e199b24c96aad2"
+PROTOCOL_VERSION = 8
+SCHEMA_FINGERPRINT = "1000f3edd8b8d289"
 """The digest of the message dataclasses' fields that PROTOCOL_VERSION speaks: a change of the wire's schema is a
 change of the protocol, and tests/test_wire_schema.py fails until the version is raised and the new digest
 recorded here."""

@@ -197,6 +197,9 @@ class WorkerAssignment:
     `protocol` is the update protocol the worker steps under from this assignment on ("": the one its WELCOME
     named). Only the scheduler sets it (`--protocol auto`), once every shard applies it; a worker leaves its loop
     at the next step boundary and enters the new protocol's.
+
+    `progress` is how far the job is (epoch / epochs, 0 to 1), as the shards are told it: under a delta protocol
+    (local, msd) the worker's own inner steps follow the task's schedule there; a gradient protocol's shards apply it.
     """
 
     TYPE: ClassVar[str] = "ASSIGNMENT"
@@ -210,6 +213,7 @@ class WorkerAssignment:
     chunk_group: int = 0
     credit_bytes: int = 0
     protocol: str = ""
+    progress: float = 0.0
 
 
 @dataclass
