@@ -289,6 +289,17 @@ class Launcher:
             restarts=child.restarts + 1,
         )
 
+    def again(self, child: Child) -> Child:
+        """Start `child`'s command again in its place without counting a restart: it ended with the preloading
+        process it was forked from (`preloader_end`), a failure that is not its own."""
+        return self._again(child, "ended with its preloading process; started again by the launcher", child.cmd)
+
+    @staticmethod
+    def preloader_end(child: Child) -> int:
+        """Which end of a preloading process `child` went with, counted in this run (0: it ended on its own, or
+        was never forked)."""
+        return child.proc.preloader_end if isinstance(child.proc, ForkedProcess) else 0
+
     def rebind(self, child: Child) -> Child:
         """Start `child` again on a fresh port, for a child whose port was taken before it could bind
         (`Child.port_taken`): its endpoint was not given to anyone yet, so it may still move. Not a restart."""

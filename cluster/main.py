@@ -381,6 +381,7 @@ class JobRun:
                 self.launcher.movable(c),
                 self._job_goes_on_without(),
                 returncode,
+                self.launcher.preloader_end(c),
             )
             code = f"{c.name} exited with code {returncode}"
             if action == "refused":
@@ -394,6 +395,15 @@ class JobRun:
                     flush=True,
                 )
                 self.launcher.rebind(c)
+            elif action == "again":
+                print(
+                    f"{c.name} ended with the preloading process it was forked from (its end "
+                    f"{self.launcher.preloader_end(c)} of {self.opts.restarts} allowed, --restarts); starting it "
+                    "again, not one of its own restarts",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.launcher.again(c)
             elif action == "restart":
                 print(
                     f"{code}; starting it again ({c.restarts + 1} of {self.opts.restarts})", file=sys.stderr, flush=True

@@ -65,6 +65,7 @@ class ForkedProcess:
         self.args = args
         self.returncode: int | None = None
         self.lost = False  # its preloader died and was replaced: its exit is known only by its pidfd
+        self.preloader_end = 0  # it ended with its preloader, whose end in the launcher's count this was (`poll`)
         self._preloaded = preloaded
         self._pidfd = _pidfd_of_child(pid, preloaded.pid)
         if pid in preloaded.exited:  # it ended before this handle existed
@@ -84,6 +85,7 @@ class ForkedProcess:
             self._preloaded.collect(0.0)
         if self.returncode is None and (self.lost or self._preloaded.gone) and not self._running():
             self._preloaded.forked.pop(self.pid, None)
+            self.preloader_end = max(1, self._preloaded.ends)
             self.exited(-signal.SIGKILL)  # its code went with the preloader (killed: a forced stop)
         return self.returncode
 
@@ -166,6 +168,7 @@ class Preloaded:
     _started: int | None = None  # the pid of the last fork reported and not yet handed out
     _abandoned: int = 0  # requests whose fork was given up on (`spawn`'s wait ran out): ended when reported
     gone: bool = False  # the preloader ended (or let this launcher go) and everything it reported was read
+    ends: int = 0  # how often a preloader ended under this launcher before being let go (killed, crashed)
 
     def spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess:
         """Fork `dynabatch ARGV` (argv[0] is the command) with its output appended to `log_path`."""
@@ -259,6 +262,7 @@ class Preloaded:
             data = b""
         if not data:  # the preloader is gone (its children got SIGTERM with it), all it reported read
             self.gone = True
+            self.ends += 1
             if self._proc is not None and self._proc.pid == self._peer:
                 self._proc.wait()
             return False

@@ -52,6 +52,16 @@ def test_after_exit_restarts_a_bounded_number_of_times_then_leaves_out_only_a_wo
     assert after_exit(role, restarts, 3, port_taken, goes_on) == action
 
 
+def test_a_child_that_ended_with_its_preloader_is_started_again_uncounted_while_the_preloader_may_end() -> None:
+    """The preloader's failure is not the child's: up to --restarts of the preloader's ends, its children come back
+    without spending their own restarts; past them a preloader that keeps dying counts as their deaths."""
+    assert after_exit("ps", 3, 3, False, False, preloader_ends=1) == "again", "even past its own restarts"
+    assert after_exit("worker", 0, 3, False, True, preloader_ends=3) == "again"
+    assert after_exit("ps", 3, 3, False, False, preloader_ends=4) == "fail"
+    assert after_exit("worker", 0, 3, False, True, preloader_ends=4) == "restart"
+    assert after_exit("ps", 0, 3, True, False, preloader_ends=1) == "rebind", "a taken port is moved first"
+
+
 @pytest.mark.parametrize("role", ["worker", "evaluator", "ps", "scheduler"])
 def test_a_process_that_exits_2_is_never_restarted_whatever_its_role(role: str) -> None:
     assert after_exit(role, 0, 3, False, True, returncode=2) == "refused"
@@ -162,15 +172,20 @@ def test_a_worker_that_exits_2_ends_the_run_at_once_with_its_one_line_reason(
         run.launcher.stop_all()
 
 
+def _argv(pid: int) -> bytes:
+    """`pid`'s command line, its arguments apart by spaces (b"": gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
 def _children_of(pid: int, name: str) -> list[int]:
     """Processes below `pid` (its children, or the preloader's: cluster/preloaded.py) whose command line has
     `--name NAME`."""
     found = []
     for child in descendants(pid):
-        try:
-            argv = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").split()  # a forked role's: one
-        except OSError:
-            continue
+        argv = _argv(child).split()  # a forked role's: one string
         if b"--name" in argv and argv[argv.index(b"--name") + 1] == name.encode():
             found.append(child)
     return found
@@ -179,7 +194,9 @@ def _children_of(pid: int, name: str) -> list[int]:
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_follow_it(tmp_path: Path) -> None:
     """A fixed-batch job, as the one that hung: the killed worker must train again within twice the time the
-    run took to get both workers training, plus a few of their steps and one turn of the run's loop."""
+    run took to get both workers training, plus a few of their steps and one turn of the run's loop. Then its
+    preloader is killed, taking the shard and both workers with it: they come back too, the worker though its one
+    restart (`--restarts 1`) is spent (the preloader's death is not theirs)."""
     started = time.monotonic()
     err_path = tmp_path / "run.err"
     with open(err_path, "wb") as err:
@@ -210,6 +227,8 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
                     str(STATUS_S),
                     "--timeout-s",
                     "200",
+                    "--restarts",
+                    "1",
                     "--no-plots",
                 ],
             ),
@@ -258,7 +277,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             f"\nstart {startup_s:.1f}s, step {1000 * step_s:.0f} ms; kill to training again "
             f"{time.monotonic() - killed:.1f}s (bound {bound_s:.1f}s)"
         )
-        assert "worker1 exited with code -9; starting it again (1 of 3)" in err_path.read_text()
+        assert "worker1 exited with code -9; starting it again (1 of 1)" in err_path.read_text()
 
         worker1_log = (logs / "worker1.log").read_text()
         assert "restarted by the launcher" in worker1_log
@@ -273,6 +292,23 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             listed,
             STATUS_S + STATUS_TIMEOUT_S + bound_s,
         )
+
+        before = {wid for wid, w in status_at(ctx, endpoint).workers.items()}
+        (preloader,) = [p for p in descendants(run.pid) if b"dynabatch.cluster.preloaded" in _argv(p)]
+        os.kill(preloader, signal.SIGKILL)
+        wait_for(
+            "both workers training again, under new ids, from a shard started again",
+            lambda: (
+                (s := status_at(ctx, endpoint))
+                and {"worker0", "worker1"}
+                <= {w.name for wid, w in s.workers.items() if w.steps > 0 and wid not in before}
+            ),
+            bound_s,
+        )
+        err = err_path.read_text()
+        for name in ("ps0", "worker0", "worker1"):
+            assert f"{name} ended with the preloading process it was forked from (its end 1 of 1 allowed" in err, err
+        assert err.count("; starting it again (") == 1 and "the job goes on without it" not in err, err
     finally:
         interrupt(run)
         ctx.destroy(linger=0)
