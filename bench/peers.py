@@ -38,6 +38,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -436,6 +437,37 @@ def wall_clock(lock: str) -> Iterator[None]:
             fcntl.flock(held, fcntl.LOCK_UN)
 
 
+HIVEMIND_SOCKETS = Path("/tmp")
+"""Where hivemind's p2p daemons and clients put their sockets (`hivemind.p2p.P2P`'s fixed prefix, /tmp/hivemind-)."""
+
+
+def stale_sockets(since: float) -> list[Path]:
+    """hivemind's sockets made since `since` (time.time()) that nothing listens on: its averager's replica of a
+    peer's p2p client is never shut down, so each peer left its socket files in /tmp after it ended. A socket another
+    run still listens on is not stale."""
+    stale = []
+    for path in HIVEMIND_SOCKETS.glob("hivemind-*.sock"):
+        try:
+            if path.stat().st_mtime < since:
+                continue
+        except FileNotFoundError:
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                stale.append(path)
+            except OSError:
+                pass  # gone meanwhile, or not ours to judge
+    return stale
+
+
+def remove_stale_sockets(since: float) -> None:
+    """Remove what hivemind's peers left behind since `since` (`stale_sockets`)."""
+    for path in stale_sockets(since):
+        path.unlink(missing_ok=True)
+
+
 def run_one(
     system: System,
     lr: float,
@@ -462,6 +494,8 @@ def run_one(
             loads: list[float] = []
             run.error = watch(procs, deadline, folder, checkpoint, loads)
             run.load = statistics.fmean(loads) if loads else None
+        if system.kind == "hivemind":
+            remove_stale_sockets(launched)
         if system.kind == "dynabatch":
             dynabatch_snapshots(folder, data_dir)
         score(run, folder, launched, scorer)

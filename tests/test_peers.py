@@ -82,7 +82,7 @@ def idle_budget_s(keys: list[str]) -> float:
 def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path: Path) -> None:
     need_fashion_mnist()
     scorer, keys = Scorer("", IDLE.eval_samples), _systems()
-    idle = replace(IDLE, budget_s=idle_budget_s(keys))
+    idle, started = replace(IDLE, budget_s=idle_budget_s(keys)), time.time()
     with ThreadPoolExecutor(4) as pool:
         runs = dict(
             zip(keys, pool.map(lambda k: run_one(SYSTEMS[k], 0.05, 0, idle, tmp_path, "", scorer), keys), strict=True)
@@ -99,6 +99,7 @@ def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path: Path
         assert not (tmp_path / f"{key}-lr0.05-s0-{idle.budget_s:g}s" / "snapshots").exists(), (
             "scored snapshots are not kept"
         )
+    assert not peers.stale_sockets(started), "hivemind's peers leave no socket files behind"
 
 
 def test_hivemind_is_installed_where_the_peers_test_runs() -> None:
