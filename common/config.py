@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynabatch.common.allotment import MIN_BATCH
 from dynabatch.common.base_lr import CONSTANT_STEP_LR, DELAY_STEP_LR
-from dynabatch.common.flags import ConfigError, opt, typed_values, validate_fields
+from dynabatch.common.flags import ConfigError, changed, opt, typed_values, validate_fields
 from dynabatch.common.planning.prediction import PROTOCOLS as MODELLED
 from dynabatch.common.planning.protocol_switch import SWITCHABLE, switch_plan
 from dynabatch.common.protocols import (
@@ -392,8 +392,7 @@ def check_flags_against_task(job: JobConfig, optimizer: OptimizerSpec | None) ->
             f"--weight-decay and the shards apply the outer optimizer, so the task's optimizer "
             f"({optimizer.name}) would not be used; drop it from the task, or choose another protocol"
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(JobConfig)}
-    given = ["--" + name.replace("_", "-") for name in SGD_SETTINGS if getattr(job, name) != defaults[name]]
+    given = ["--" + name.replace("_", "-") for name in changed(job, SGD_SETTINGS)]
     if given:
         raise ConfigError(
             f"{', '.join(given)}: the task names the shards' optimizer ({optimizer.name}, lr "

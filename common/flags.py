@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 import typing
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -224,6 +224,14 @@ def _default(cls: type, f: dataclasses.Field[Any]) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     raise TypeError(f"{cls.__name__}.{f.name} has no default: a flag needs one")
+
+
+def changed(config: Any, names: Iterable[str]) -> list[str]:
+    """Those of `names` whose value in the dataclass `config` is not its field's default: all that a process handed
+    a config (a worker sent the job) can tell of the flags set, so the rules that refuse a setting given beside
+    another read it so wherever they run."""
+    defaults = {f.name: _default(type(config), f) for f in dataclasses.fields(config)}
+    return [name for name in names if getattr(config, name) != defaults[name]]
 
 
 def typed_values(cls: type, data: Mapping[str, Any], where: str) -> dict[str, Any]:

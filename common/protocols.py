@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from dynabatch.common.flags import ConfigError
+from dynabatch.common.flags import ConfigError, changed
 
 if TYPE_CHECKING:
     from dynabatch.common.config import JobConfig
@@ -401,18 +401,15 @@ def refuse_unread_settings(job: JobConfig) -> None:
     spec = SPECS.get(job.protocol)
     if spec is None:
         return
-    defaults = {f.name: f.default for f in dataclasses.fields(job)}
     readers: dict[str, list[str]] = {"cluster_profile": ["auto"]}
     for name, other in SPECS.items():
         for flag in other.settings.FLAGS:
             readers.setdefault(flag, []).append(name)
-    for flag, names in readers.items():
-        value = getattr(job, flag)
-        if flag not in spec.settings.FLAGS and value != defaults[flag]:
-            raise ConfigError(
-                f"--{flag.replace('_', '-')} {value}: only --protocol {' or '.join(names)} reads it, not "
-                f"{job.protocol}; drop it"
-            )
+    for flag in changed(job, [f for f in readers if f not in spec.settings.FLAGS]):
+        raise ConfigError(
+            f"--{flag.replace('_', '-')} {getattr(job, flag)}: only --protocol {' or '.join(readers[flag])} reads "
+            f"it, not {job.protocol}; drop it"
+        )
 
 
 DBS_WEIGHTS: tuple[str, ...] = ("capped", "paper")

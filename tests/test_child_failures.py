@@ -293,7 +293,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             STATUS_S + STATUS_TIMEOUT_S + bound_s,
         )
 
-        before = {wid for wid, w in status_at(ctx, endpoint).workers.items()}
+        before = set(wait_for("a status", lambda: status_at(ctx, endpoint), bound_s).workers)
         (preloader,) = [p for p in descendants(run.pid) if b"dynabatch.cluster.preloaded" in _argv(p)]
         os.kill(preloader, signal.SIGKILL)
         wait_for(
@@ -305,10 +305,10 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
             ),
             bound_s,
         )
-        err = err_path.read_text()
+        said = err_path.read_text()
         for name in ("ps0", "worker0", "worker1"):
-            assert f"{name} ended with the preloading process it was forked from (its end 1 of 1 allowed" in err, err
-        assert err.count("; starting it again (") == 1 and "the job goes on without it" not in err, err
+            assert f"{name} ended with the preloading process it was forked from (its end 1 of 1 allowed" in said, said
+        assert said.count("; starting it again (") == 1 and "the job goes on without it" not in said, said
     finally:
         interrupt(run)
         ctx.destroy(linger=0)
