@@ -59,8 +59,8 @@ cluster in section 19: LB-BSP and local + dynamic were as fast or faster whereve
 AIM = 1.2
 UNMEASURED = "until every worker has reported"
 """What auto's last reason says while a worker is not measured; after it once chose, the reason says it is held
-(HELD; "as last chosen" in runs stored before 2026-11-29's wording)."""
-HELD = (auto_policy.HELD, "as last chosen")
+(HELD; "; held until" in runs stored before 2026-12-01, "as last chosen" before 2026-11-29)."""
+HELD = (auto_policy.HELD, "; held until", "as last chosen")
 TARGET = "0.80"
 
 

@@ -54,9 +54,10 @@ EARLY_STEPS = EARLY_MARGINS[1][0]
 EARLY_MARGINS' margin for them: a margin the noise of a few steps does not close. Before that, auto may choose
 once on the workers' start-up probes and first pushes and the shards' own service time (EARLY_MARGINS' first, for
 0 steps)."""
-HELD = "; held until"
-"""How a reason says auto keeps its last choice while a newly ready worker is measured (bench/auto_unseen.py reads
-it: a run held so has chosen)."""
+HELD = "; chosen again once"
+"""How a reason says auto's last choice stands while a newly ready worker is measured, and is made again once it
+is (bench/auto_unseen.py reads it: a run held so has chosen). It read "held until", which beside a switch seemed to
+say the switch was held back."""
 SHIFT = 0.25
 """How far (a fraction) a worker's predicted step at its share must move since the last choice for auto to choose
 again: a speed shift, not the step-to-step noise of a loaded machine."""

@@ -204,6 +204,9 @@ def test_a_speed_shift_a_join_and_a_leave_make_auto_choose_again() -> None:
     allocator.reallocate(3.0, 3.0, "joined", "w3", ready, force=True)
     assert auto.choices == 3 and "2 of 3 measured" in auto.reason, "a worker that joined is measured first"
     assert auto.reason.startswith(chosen), "the choice it holds meanwhile, and why: no new choice on the console"
+    assert auto.reason.endswith("; chosen again once every worker has reported 8 steps (2 of 3 measured)"), (
+        "said as a choice that stands and is made again, not as one held back"
+    )
     _step(allocator, ready, "w3", 0.001, MEASURED_STEPS)
     assert auto.choices == 4 and "(measured workers: 3)" in auto.reason
 
