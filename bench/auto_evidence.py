@@ -45,7 +45,7 @@ BUDGET_S = (30.0, 150.0)
 
 def predictor_cluster(file: ClusterFile) -> Cluster:
     """The cluster as the predictor sees it: the workers that start, the model cut at the job's chunk size."""
-    return cluster_of(file, file.global_batch, JobConfig.chunk_bytes)
+    return cluster_of(file, file.global_batch, JobConfig.chunk_bytes, JobConfig.min_batch)
 
 
 def auto_choice(file: ClusterFile) -> Choice:

@@ -61,7 +61,7 @@ def _measured(
     if file.global_batch and given(args, "global_batch") and file.global_batch != job.global_batch:
         notes.append(f"global batch {job.global_batch} (--global-batch), not the cluster's {file.global_batch}")
         file = replace(file, global_batch=job.global_batch)
-    cluster = replace(cluster_of(file, job.global_batch, job.chunk_bytes), local_steps=job.local_steps)
+    cluster = replace(cluster_of(file, job.global_batch, job.chunk_bytes, job.min_batch), local_steps=job.local_steps)
     return cluster, file.name, tuple(notes), plot
 
 

@@ -88,7 +88,7 @@ class Allocator:
         self.unallotted: int | None = None  # samples of the job not yet allotted (None: the budget is not known yet)
         self.rounds_from: dict[str, int] = {}  # by worker: its step count when the protocol that runs took effect
         self.auto = (
-            AutoPolicy(spec, job.global_batch, job.aggregation, protocols, job.batch_policy)
+            AutoPolicy(spec, job.global_batch, job.aggregation, protocols, job.batch_policy, job.min_batch)
             if job.batch_policy == AUTO or len(protocols) > 1
             else None
         )

@@ -125,4 +125,5 @@ class AutoInputs:
             round_steps,
             job.local_steps,
             job.chunk_bytes,
+            job.min_batch,
         )

@@ -73,13 +73,16 @@ def _basis(early: int, fewest: int, counted: str, workers: int) -> str:
     return f"chosen on every worker's first {'step' if fewest == 1 else f'{fewest} steps'} or more, {counted}"
 
 
-def folded_cluster(models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int) -> Cluster:
+def folded_cluster(
+    models: Mapping[str, StepModel], caps: Mapping[str, int], global_batch: int, min_batch: int = 1
+) -> Cluster:
     """The predictor's cluster of the measured workers: each its fitted step curve and cap (0: none), no link
     (the fitted fixed cost holds its transfers, which local SGD would then pay every step), at the job's global
-    batch; in worker id order."""
+    batch and least batch; in worker id order."""
     return Cluster(
         tuple(Node(Device(models[w].fixed_s, models[w].per_sample_s, caps.get(w, 0))) for w in sorted(models)),
         global_batch,
+        min_batch=min_batch,
     )
 
 
@@ -110,11 +113,12 @@ class AutoPolicy:
         aggregation: str = "mean",
         protocols: Sequence[str] = (),
         policy: str = AUTO,
+        min_batch: int = 1,
     ) -> None:
         self.protocol = spec.name
         self.protocols = tuple(p for p in (protocols or (spec.name,)) if p in MODELLED)
         self.policies = None if policy == AUTO else (policy,)
-        self.global_batch = global_batch
+        self.global_batch, self.min_batch = global_batch, min_batch
         self.policy = "fixed" if policy == AUTO else policy
         if self.policies is not None and policy not in POLICIES:
             self.modelled = False
@@ -176,7 +180,7 @@ class AutoPolicy:
             return False
         self._basis, self._hysteresis = steps, hysteresis
         choice = choose(
-            measured or folded_cluster(models, caps, self.global_batch),
+            measured or folded_cluster(models, caps, self.global_batch, self.min_batch),
             STUDY_NOISE,
             current=(self.protocol, self.policy),
             protocols=self.protocols,

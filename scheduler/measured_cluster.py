@@ -66,6 +66,7 @@ def measured_cluster(
     round_steps: int,
     local_steps: int,
     chunk_bytes: int,
+    min_batch: int = 1,
 ) -> Cluster:
     """The predictor's cluster of the measured `workers` (in id order) under the running protocol, whose reported
     step is a round of `round_steps` (1: a gradient step): each its compute curve and cap, and as its link the
@@ -92,6 +93,7 @@ def measured_cluster(
         1,
         model_bytes * 8 / (service * 1e6) if service > 0 and model_bytes > 0 else 0.0,
         local_steps,
+        min_batch,
     )
 
 

@@ -36,7 +36,7 @@ MIXED = {
 def test_the_protocol_is_the_predictors_choice_on_the_file_at_the_jobs_batch(path: Path) -> None:
     job = JobConfig(protocol="auto", cluster_profile=str(path), global_batch=512, batch_policy="fixed")
     chosen, why = resolved(job)
-    cluster = replace(cluster_of(read_cluster(path), 512, job.chunk_bytes), global_batch=512)
+    cluster = replace(cluster_of(read_cluster(path), 512, job.chunk_bytes, job.min_batch), global_batch=512)
     expected = choose(cluster, STUDY_NOISE)
     assert chosen.protocol == expected.protocol and chosen.batch_policy == "fixed", why
     assert why.startswith(f"{expected.protocol} ({expected.reason}") and str(path) in why

@@ -35,7 +35,9 @@ def resolved(job: JobConfig) -> tuple[JobConfig, str]:
         described = read_cluster(job.cluster_profile)
     except ClusterFileError as exc:
         raise ConfigError(f"--cluster-profile: {exc}") from None
-    cluster = replace(cluster_of(described, job.global_batch, job.chunk_bytes), global_batch=job.global_batch)
+    cluster = replace(
+        cluster_of(described, job.global_batch, job.chunk_bytes, job.min_batch), global_batch=job.global_batch
+    )
     choice = choose(cluster, STUDY_NOISE)
     chosen = replace(job, protocol=choice.protocol, cluster_profile="")  # read: the job now names its protocol
     chosen.validate()

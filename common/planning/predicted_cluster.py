@@ -35,7 +35,8 @@ class Node:
 @dataclass(frozen=True)
 class Cluster:
     """The workers, the global batch B, and what a step moves: the model's bytes over `chunks` pieces, shards
-    serving `shard_mbit` each (0: at once); `local_steps`, the H a local SGD round takes (--local-steps)."""
+    serving `shard_mbit` each (0: at once); `local_steps`, the H a local SGD round takes (--local-steps);
+    `min_batch`, the least batch the scheduler gives a worker that holds one (--min-batch)."""
 
     nodes: tuple[Node, ...]
     global_batch: int
@@ -44,10 +45,13 @@ class Cluster:
     shards: int = 1
     shard_mbit: float = 0.0
     local_steps: int = DEFAULT_LOCAL_STEPS
+    min_batch: int = 1
 
     def __post_init__(self) -> None:
-        if not self.nodes or self.global_batch < 1 or self.local_steps < 1:
-            raise ValueError("a cluster needs at least one worker, a global batch and local steps of at least 1")
+        if not self.nodes or self.global_batch < 1 or self.local_steps < 1 or self.min_batch < 1:
+            raise ValueError(
+                "a cluster needs at least one worker, a global batch, local steps and a least batch of at least 1"
+            )
 
     def transfer_s(self, node: Node) -> float:
         """A step's pull and push over the node's link."""
@@ -103,9 +107,18 @@ def node_of(group: WorkerGroup) -> Node:
     )
 
 
-def cluster_of(file: ClusterFile, global_batch: int, chunk_bytes: int) -> Cluster:
+def cluster_of(file: ClusterFile, global_batch: int, chunk_bytes: int, min_batch: int = 1) -> Cluster:
     """The workers a cluster file starts with (those that join later left out), at the file's global batch if it
-    names one, else `global_batch`; the model cut into pieces of `chunk_bytes` for the pipeline."""
+    names one, else `global_batch`; the model cut into pieces of `chunk_bytes` for the pipeline; a worker holding a
+    batch holds at least `min_batch` (the job's --min-batch)."""
     nodes = tuple(node_of(g) for g in file.workers() if g.join_s == 0)
     chunks = max(1, round(file.model_bytes / chunk_bytes)) if chunk_bytes > 0 else 1
-    return Cluster(nodes, file.global_batch or global_batch, file.model_bytes, chunks, file.shards, file.shard_mbit)
+    return Cluster(
+        nodes,
+        file.global_batch or global_batch,
+        file.model_bytes,
+        chunks,
+        file.shards,
+        file.shard_mbit,
+        min_batch=min_batch,
+    )

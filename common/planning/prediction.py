@@ -86,15 +86,22 @@ def fixed_batches(cluster: Cluster, model: ProtocolModel | None = None) -> list[
 
 def dynamic_batches(cluster: Cluster, model: ProtocolModel) -> list[float]:
     """Equal steps under the caps where a slower step costs the others (LB-BSP; local SGD's rounds), else batches in
-    proportion to each worker's compute speed (DBS-SGD), capped."""
-    nodes, least = cluster.nodes, 0.0 if model.leaves_out else 1.0
+    proportion to each worker's compute speed (DBS-SGD), capped; a worker holding a batch holds at least the job's
+    --min-batch, as the scheduler's split gives it (a round that may leave a worker out gives it none instead).
+    Where the least batch is what a slow worker gets, it is what sets a round's length: a CPU at 11 ms a sample
+    computes eight local steps of 8 samples in 0.7 s, of 1 sample in 0.09 s (bench/RESULTS.md 60)."""
+    nodes, least = cluster.nodes, float(cluster.min_batch)
+
+    def held(node: Node, batch: float) -> float:
+        if model.leaves_out and batch <= 0:
+            return 0.0
+        return min(_cap(node), max(least, batch))
+
     if model.equal_steps:
-        return _water_fill(
-            cluster, lambda t: [min(_cap(n), max(least, model.batch_within(cluster, n, t))) for n in nodes]
-        )
+        return _water_fill(cluster, lambda t: [held(n, model.batch_within(cluster, n, t)) for n in nodes])
     share = cluster.global_batch / len(nodes)
     speeds = [n.device.speed(max(1, round(share))) for n in nodes]
-    return _water_fill(cluster, lambda level: [min(_cap(n), level * s) for n, s in zip(nodes, speeds, strict=True)])
+    return _water_fill(cluster, lambda level: [held(n, level * s) for n, s in zip(nodes, speeds, strict=True)])
 
 
 POLICIES: dict[str, Callable[[Cluster, ProtocolModel], list[float]]] = {
