@@ -8,9 +8,9 @@ The model, each part a stated assumption:
 - The batch policy gives each worker its batch (POLICIES): `fixed` B/n each, a capped worker held at its cap and
   the rest shared by the others (scheduler/batch_allocation.py's water-filling); `dynamic` equal steps (a local SGD
   round: H steps and its transfers) under the caps where a slower step costs the others (ProtocolSpec.equal_steps),
-  no batch for a worker whose transfers alone outlast the step only where a sized round may leave it out (ssgd),
-  at least one sample otherwise (the job's --min-batch is not modelled); else batches in proportion to compute
-  speed (DBS-SGD).
+  no batch for a worker whose transfers alone outlast the step only where a sized round may leave it out (ssgd);
+  else batches in proportion to compute speed (DBS-SGD); a worker that holds a batch holds at least the job's
+  --min-batch (`Cluster.min_batch`), as the scheduler gives it.
 - The protocol turns steps into updates (common/planning/protocol_models.py `MODELS`: asgd, ssgd, ringmaster,
   local): samples per second, the samples an update is worth (its effective batch, stale updates worth less) and
   a first round at the fixed split for the protocols that wait for rounds.
