@@ -252,6 +252,13 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
         def training(st: JobStatus | None, names: set[str]) -> bool:
             return st is not None and names <= {w.name for w in st.workers.values() if w.steps > 0}
 
+        def trained_anew(names: set[str], before: set[str]) -> bool:
+            """Every worker of `names` has stepped under an id not in `before` (a start after a kill)."""
+            st = status_at(ctx, endpoint)
+            return st is not None and names <= {
+                w.name for wid, w in st.workers.items() if w.steps > 0 and wid not in before
+            }
+
         st = wait_for(
             "both workers training",
             lambda: (s := status_at(ctx, endpoint)) and training(s, {"worker0", "worker1"}) and s,
@@ -265,14 +272,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
         killed = time.monotonic()
 
         bound_s = 2 * startup_s + 10 * step_s + STATUS_S + STATUS_TIMEOUT_S
-        wait_for(
-            "worker1 training again under a new id",
-            lambda: (
-                (s := status_at(ctx, endpoint))
-                and any(w.name == "worker1" and w.steps > 0 and wid not in before for wid, w in s.workers.items())
-            ),
-            bound_s,
-        )
+        wait_for("worker1 training again under a new id", lambda: trained_anew({"worker1"}, before), bound_s)
         print(
             f"\nstart {startup_s:.1f}s, step {1000 * step_s:.0f} ms; kill to training again "
             f"{time.monotonic() - killed:.1f}s (bound {bound_s:.1f}s)"
@@ -302,11 +302,7 @@ def test_a_worker_killed_mid_run_is_started_again_and_trains_and_the_targets_fol
         again_s = 4 * startup_s + 10 * step_s + STATUS_S + STATUS_TIMEOUT_S
         wait_for(
             "both workers training again, under new ids, from a shard started again",
-            lambda: (
-                (s := status_at(ctx, endpoint))
-                and {"worker0", "worker1"}
-                <= {w.name for wid, w in s.workers.items() if w.steps > 0 and wid not in before}
-            ),
+            lambda: trained_anew({"worker0", "worker1"}, before),
             again_s,
         )
         print(f"preloader killed to training again {time.monotonic() - killed:.1f}s (bound {again_s:.1f}s)")
