@@ -146,8 +146,8 @@ def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_ex
     fast workers' compute meets more contention than the slow one's, which sleeps between (16x alone measured 1.7x
     their step beside a second suite), and 16 epochs leave the job time to show it stop. It is idled once
     IDLE_AFTER of its steps were discarded in a row: its batch is 0, the console and STATUS say why, it stops
-    computing (its discarded steps stop once a heartbeat and the step it had on its way have passed), it is never
-    dropped, and the job trains exactly its epochs."""
+    computing (its discarded steps stop once a heartbeat has brought it batch 0 and the steps it had on their way have
+    passed), it is never dropped, and the job trains exactly its epochs."""
     run, out = run_job(
         tmp_path,
         "r",
@@ -172,11 +172,16 @@ def test_a_real_ringmaster_job_idles_its_far_slower_worker_says_so_and_trains_ex
     assert "worker2(16x:0.1s) idle (Ringmaster would discard its steps: delay" in out
     assert all(s["workers"][slow]["batch"] == 0 for s in idle)
     assert not any(slow in s["departed"] for s in timeline if not s["stopping"]), "idle, not dropped"
-    # once its next heartbeat has brought it batch 0 and the step it had on its way has ended, it computes nothing
-    settled = idle[0]["t"] + JobConfig().heartbeat_s + 2 * idle[0]["workers"][slow]["times"]["step_s"]
+    # Its step as this run measured it: every step it took was discarded, and a discarded step reports no phase
+    # times (its STATUS step_s is 0), so the seconds per discarded step from its first batch to its idling. Once a
+    # heartbeat's answer has brought it batch 0, the steps it had on its way have ended, and a heartbeat has counted
+    # the last of them, it computes nothing.
+    given = next(s for s in timeline if s["workers"].get(slow, {}).get("batch", 0) > 0)
+    per_step = (idle[0]["t"] - given["t"]) / idle[0]["workers"][slow]["discarded"]
+    settled = idle[0]["t"] + 2 * JobConfig().heartbeat_s + 3 * per_step
     after = [s for s in timeline if s["t"] >= settled]
     assert after and not after[0]["stopping"], (
-        f"the job ended too soon after idling its worker to see it stop: {steps_s}"
+        f"the job ended too soon after idling its worker to see it stop: {steps_s}, {per_step:.2f} s a discarded step"
     )
     counts = {(s["workers"][slow]["discarded"], s["workers"][slow]["samples"]) for s in after if slow in s["workers"]}
     assert len(counts) == 1, f"its discarded steps or its samples grew after it was idle: {counts}"
