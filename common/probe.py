@@ -47,9 +47,11 @@ def small_probe_batch(batch: int) -> int:
 
 def fixed_cost(small: int, small_s: float, large: int, large_s: float) -> float:
     """A step's fixed seconds from the line through (small, small_s) and (large, large_s): its intercept, at least 0
-    and at most the smaller step's time (medians of a loaded machine may cross)."""
+    and at most either step's time. Medians of a loaded machine may cross, a small batch's steps stalled slower
+    than the large one's, and a fixed part longer than the probe's own step is one the scheduler refuses
+    (scheduler/report_bounds.py): a worker that reported it was never admitted."""
     per_sample = (large_s - small_s) / (large - small)
-    return min(max(0.0, small_s - per_sample * small), small_s)
+    return min(max(0.0, small_s - per_sample * small), small_s, large_s)
 
 
 def probe_steps(batch: int, timed: int) -> list[int]:

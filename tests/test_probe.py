@@ -18,8 +18,15 @@ def test_two_batch_sizes_give_the_fixed_cost_of_a_step() -> None:
     assert 0 < small < PROBE_BATCH
     assert fixed_cost(small, a + c * small, PROBE_BATCH, a + c * PROBE_BATCH) == pytest.approx(a)
     assert fixed_cost(small, c * small, PROBE_BATCH, c * PROBE_BATCH) == pytest.approx(0.0, abs=1e-12)
-    # noise of a loaded machine: a small batch measured slower than the large one is all fixed cost, no more
-    assert fixed_cost(small, 0.05, PROBE_BATCH, 0.04) == 0.05
+    # noise of a loaded machine: a small batch measured slower than the large one is all fixed cost, no more than
+    # the large one's step, which the scheduler's bound on a probe is (two suites side by side stalled a small batch
+    # to 18 times the large one's median, and the scheduler refused that worker's every report)
+    assert fixed_cost(small, 0.05, PROBE_BATCH, 0.04) == 0.04
+    stalled = fixed_cost(small, 0.0087, PROBE_BATCH, PROBE_BATCH / 129_769)
+    assert stalled == PROBE_BATCH / 129_769
+    check_worker_heartbeat(
+        WorkerHeartbeat(), WorkerHeartbeat(standalone_sps=129_769.0, standalone_fixed_s=stalled), 1.0, 1024, 1
+    )
     assert small_probe_batch(3) == 0, "too small a batch to probe twice"
     assert small_probe_batch(4) == 0 and small_probe_batch(8) == 2, "no probe below the floor of a batch (2)"
 
