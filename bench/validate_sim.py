@@ -60,10 +60,6 @@ from dynabatch.worker.trainer import train_step
 
 TOLERANCE = 0.10
 FLAT_SLOPE_S = 1e-9  # the per-sample seconds of a step that does not grow with its batch (the scheduler divides)
-STATUS_S = 0.1
-"""Seconds between the real run's STATUS samples. Each sample shows a worker's last step's phases, the only steps
-whose spread the run reports: at the launcher's half second a run of a few seconds gave eight or nine per worker,
-and a spread estimated from so few moved the simulated round by several percent from run to run."""
 MAD_TO_SD = 1.4826  # a normal distribution's standard deviation over its median absolute deviation
 
 
@@ -163,8 +159,6 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
             "--no-plots",
             "--progress-s",
             "30",
-            "--status-s",
-            str(STATUS_S),
             "--timeout-s",
             str(shape.budget_s + 240),
             "--direction-check" if shape.direction_check else "--no-direction-check",
