@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from dynabatch.common.config import job_from_dict
 from dynabatch.common.net.scheduler_link import ASK_EVERY_S, BYE_ATTEMPT_S, BYE_TIMEOUT_S, SchedulerLink
-from dynabatch.common.wire.messages import Hello, JobStatus, Role, Welcome, WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.probe import PROBE_BATCH, fixed_cost
+from dynabatch.common.wire.messages import Error, Hello, JobStatus, Role, Welcome, WorkerAssignment, WorkerHeartbeat
+from dynabatch.worker.heartbeats import never_admitted
 from harness import Cluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -144,6 +148,38 @@ def test_a_process_waiting_on_the_scheduler_asks_at_most_once_per_interval(tmp_p
         handled = _status(c).decision_s.count - before
         assert any(a is not None for a in answers), "the scheduler's assignment reached the waiting link"
         assert 1 <= handled <= took / ASK_EVERY_S + 2, f"{handled} heartbeats in {took:.2f} s"
+    finally:
+        link.close()
+        c.stop()
+
+
+def test_a_start_up_report_the_scheduler_refuses_is_refused_at_every_repeat_and_ends_the_workers_wait(
+    tmp_path: Path,
+) -> None:
+    """A probe whose fixed cost is longer than its own step (a small batch stalled past the large one, before
+    common/probe.py bounded it) is out of the scheduler's bounds: refused at every repeat, so the worker, which
+    repeats it while it waits for a batch, was never admitted. The link keeps the refusal, and `never_admitted` says
+    the worker must exit (worker/trainer.py); a report within bounds is answered and clears it."""
+    c = Cluster(tmp_path, JOB)
+    link = _link(c, "stalled")
+    try:
+        c.scheduler()
+        c.shard()
+        job = job_from_dict(_register(link).config)
+        sps = 129_769.0
+        stalled = WorkerHeartbeat(standalone_sps=sps, standalone_fixed_s=1.1 * job.max_batch / sps)
+        for repeat in range(2):
+            link.refused = None
+            link.heartbeat(stalled)
+            refused = wait_for(f"the answer to report {repeat}", lambda: link.wait(0.2) or link.refused, STARTUP_S)
+            assert isinstance(refused, Error) and refused is link.refused and refused.code == "bad_field", refused
+        problem = never_admitted(link.refused, stalled)
+        assert problem is not None and "standalone_fixed_s" in problem and "never be admitted" in problem
+        assert never_admitted(link.refused, replace(stalled, steps=3)) is None, "a report after steps may pass"
+        probe_step = fixed_cost(16, 0.0087, PROBE_BATCH, PROBE_BATCH / sps)
+        link.heartbeat(WorkerHeartbeat(standalone_sps=sps, standalone_fixed_s=probe_step))
+        wait_for("an answer to the bounded probe", lambda: link.wait(0.2) is not None and link.refused is None, 30)
+        assert _workers(c) == {link.id}
     finally:
         link.close()
         c.stop()

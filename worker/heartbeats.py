@@ -17,8 +17,28 @@ from collections.abc import Callable
 from dynabatch.common.net.scheduler_link import SchedulerLink
 from dynabatch.common.net.transport import RemoteError
 from dynabatch.common.wire.error_codes import ErrorCode
-from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
+from dynabatch.common.wire.messages import Error, WorkerAssignment, WorkerHeartbeat
 from dynabatch.worker.step_result import StepResult
+
+
+class NeverAdmitted(RuntimeError):
+    """The scheduler refused this worker's start-up report (`never_admitted`): the process exits with an error, and
+    `dynabatch run` starts it again (cluster/restart_policy.py), with a probe of its own again."""
+
+
+def never_admitted(refused: Error | None, hb: WorkerHeartbeat) -> str | None:
+    """Why a worker waiting for its first batch must exit, or None. Before its first step its report is its start-up
+    probe (`standalone_sps`, `standalone_fixed_s`), repeated unchanged while it waits: where the scheduler refused
+    it as out of bounds (`refused`, the answer to its last report), every repeat is refused alike and the worker is
+    never admitted, a job waiting for it never starts, and only its log says why (two suites side by side stalled
+    a probe so, bench/RESULTS.md 63). A worker that has stepped reports counters that grow, and a refusal of one
+    report is not one of the next."""
+    if refused is None or refused.code != ErrorCode.BAD_FIELD or hb.steps:
+        return None
+    return (
+        f"the scheduler refused this worker's start-up report ({refused.text}), so it would never be admitted; "
+        "exiting, to be started again with a new probe"
+    )
 
 
 def heartbeat_after(

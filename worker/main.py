@@ -30,9 +30,11 @@ def main(argv: Sequence[str]) -> int:
 
 
 def serve(opts: WorkerOptions, metrics: MetricsOptions, keys: CurveKeys | None) -> int:
-    """Train (or evaluate) until the job ends; exit 2 with one line for what the user must fix."""
+    """Train (or evaluate) until the job ends; exit 2 with one line for what the user must fix, 1 with one line
+    where the scheduler refused its start-up report (`NeverAdmitted`: started again, a restart probes anew)."""
     from dynabatch.worker.device import usable_device
     from dynabatch.worker.evaluator import Evaluator
+    from dynabatch.worker.heartbeats import NeverAdmitted
     from dynabatch.worker.role_process import RoleProcess
     from dynabatch.worker.trainer import Worker
 
@@ -51,3 +53,6 @@ def serve(opts: WorkerOptions, metrics: MetricsOptions, keys: CurveKeys | None) 
     except (DatasetNotFound, BadDatasetFile, TaskError, ConfigError) as exc:
         print(f"dynabatch worker: {exc}", file=sys.stderr)  # the line `dynabatch run` ends the run with
         return 2
+    except NeverAdmitted as exc:
+        print(f"dynabatch worker: error: {exc}", file=sys.stderr)
+        return 1

@@ -32,7 +32,7 @@ from dynabatch.common.wire.messages import WorkerAssignment, WorkerHeartbeat
 from dynabatch.common.wire.step_times import PHASES
 from dynabatch.schedule import Schedule
 from dynabatch.worker.batch_source import DatasetBatches, to_device, worker_order
-from dynabatch.worker.heartbeats import heartbeat_after
+from dynabatch.worker.heartbeats import NeverAdmitted, heartbeat_after, never_admitted
 from dynabatch.worker.joined import Joined
 from dynabatch.worker.loader_batches import LoaderBatches
 from dynabatch.worker.loops import LOOPS
@@ -405,6 +405,9 @@ class Worker:
         while not process.stopping:
             if process.link.lost:
                 return self._rejoin(hb)
+            problem = never_admitted(process.link.refused, hb)
+            if problem is not None:
+                raise NeverAdmitted(f"{self.joined.id}: {problem}")
             assignment = process.link.ask(hb)
             if assignment is not None and (self._batch(assignment, hb) > 0 or assignment.stop):
                 return hb, assignment

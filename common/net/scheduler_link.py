@@ -77,6 +77,7 @@ class SchedulerLink(Generic[Report, Answer]):
         self.contact: SchedulerContact | None = None
         self.instance = secrets.token_hex(8)  # makes a repeated HELLO of ours harmless (see Hello)
         self.assignment: Answer | None = None
+        self.refused: Error | None = None  # the scheduler's answer to our last report, where it refused it
         self.lost = False
         self.lost_at: float | None = None  # when an answer said the scheduler does not know us (`lost`)
         self.id = ""
@@ -206,12 +207,13 @@ class SchedulerLink(Generic[Report, Answer]):
         if self.contact is not None:
             self.contact.heard(time.monotonic())
         if isinstance(body, self.answer):
-            self.assignment = body
+            self.assignment, self.refused = body, None
         elif isinstance(body, Error):
             if body.code in (ErrorCode.UNKNOWN_SENDER, ErrorCode.BAD_SENDER):  # forgotten, or our connection replaced
                 if not self.lost:
                     self.lost, self.lost_at = True, time.monotonic()
             else:
+                self.refused = body
                 log.warning("scheduler answered ERROR %s: %s", body.code, body.text)
 
     def bye(self, timeout_s: float = BYE_TIMEOUT_S) -> bool:
