@@ -241,6 +241,9 @@ class SimResult:
     curve: list[tuple[float, int, float]]  # (virtual seconds, samples, test accuracy)
     batches: dict[str, int]
     discarded_fraction: float = 0.0  # of the samples computed and pushed, those discarded as too stale
+    # --protocol auto: pushes refused as made under the protocol before a switch; each crossed its link and was
+    # served by the shard for nothing (a shard-bound job's switch refuses the pushes queued at it)
+    switched_pushes: int = 0
     clipped: int = 0  # pushes the gradient bound clipped
     quarantined: int = 0  # workers the gradient bound quarantined
     # each worker's samples and last batch, by its instance "sim<i>", i its index in SimConfig.workers
@@ -317,6 +320,7 @@ class Cluster:
         self.waiting: list[Waiter] = []
         self.transfers = 0
         self.discarded_samples = 0  # computed, pushed, and discarded as too stale
+        self.switched_pushes = 0  # of those, pushes made under the protocol before a switch (refused `switched`)
         self.quarantined = 0  # workers the gradient bound quarantined (a run whose gradients blew up)
         self.counts: list[int] = []
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -688,6 +692,7 @@ class Worker:
                 # discarded (ssgd, msync, ringmaster, rennala), or made under the protocol before a switch: the real
                 # worker pulls again at once
                 c.discarded_samples += record.batch
+                c.switched_pushes += isinstance(refused, ProtocolSwitched)
                 plan.after_failure(refused.code)
                 # counted in its heartbeat (WorkerHeartbeat.discarded), which the scheduler judges idling by
                 self.hb = replace(self.hb, discarded=self.hb.discarded + 1)
@@ -876,6 +881,7 @@ def result_of(cluster: Cluster) -> SimResult:
         clipped=cluster.clipped,
         quarantined=cluster.quarantined,
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
+        switched_pushes=cluster.switched_pushes,
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
         worker_steps={m.instance: m.steps for m in workers},
@@ -1025,7 +1031,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{100 * r.final_test_acc:.2f}% after {r.samples} samples in {cfg.budget_s:g} virtual s; "
         f"staleness mean {r.staleness_mean if r.staleness_mean is None else round(r.staleness_mean, 2)}, "
         f"p99 {r.staleness_p99}; time to 80%: {r.time_to['0.80']}, to 85%: {r.time_to['0.85']}; "
-        f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded, "
+        f"{r.samples_per_s:.0f} samples/s, {100 * r.discarded_fraction:.1f}% of pushed samples discarded "
+        f"({r.switched_pushes} pushes as made before a protocol switch), "
         f"{r.clipped} pushes clipped"
     )
     if r.auto_choices:
