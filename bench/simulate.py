@@ -71,6 +71,7 @@ from dynabatch.ps.push_bounds import AssignedBatches, max_push_samples, push_ste
 from dynabatch.ps.serve_order import rank_of
 from dynabatch.ps.shard_state import ProtocolSwitched, ShardState, StaleGradient
 from dynabatch.ps.update_rules import optimizer_spec
+from dynabatch.scheduler.auto_policy import AutoPolicy
 from dynabatch.scheduler.job_state import JobState
 from dynabatch.worker.batch_source import BatchSource, worker_order
 from dynabatch.worker.heartbeats import heartbeat_after
@@ -327,6 +328,8 @@ class Cluster:
         pick = torch.randperm(len(data.test_y), generator=gen)[: cfg.eval_size]
         self.test_x, self.test_y = make_batch(data, pick, train=False)
         self.curve: list[tuple[float, int, float]] = []
+        self.auto_method = ""  # auto's protocol + policy when last seen (`_note_auto`)
+        self.auto_changes: list[tuple[float, str]] = []  # when auto chose a new one, and what and why
 
     # -- the event loop -------------------------------------------------------------
 
@@ -351,6 +354,7 @@ class Cluster:
 
     def changed(self) -> None:
         """The shard or membership changed: resume every waiter whose condition now holds, in wait order."""
+        self._note_auto()
         while True:
             ready: list[Waiter] = []
             still: list[Waiter] = []
@@ -361,6 +365,18 @@ class Cluster:
             self.waiting = still
             for _, _, gen in ready:
                 self._resume(gen)
+
+    def _note_auto(self) -> None:
+        """Record when auto chose a new method, in virtual seconds: the allocator keeps only its last
+        DECISIONS_KEPT decisions, which a cluster of 64 workers passes before the end."""
+        auto = self.scheduler.allocator.auto
+        if auto is None:
+            return
+        method = f"{auto.protocol} + {auto.policy}"
+        if method != self.auto_method:
+            if self.auto_method:
+                self.auto_changes.append((self.now, auto_said(auto)))
+            self.auto_method = method
 
     def run(self, until: float) -> None:
         while self.timed and self.timed[0][0] < until and not self.reached():
@@ -888,22 +904,22 @@ def result_of(cluster: Cluster) -> SimResult:
         worker_discarded={m.instance: m.last.discarded for m in workers},
         worker_wire={m.instance: (sched.wire.plan_of(m.id).group, sched.wire.plan_of(m.id).credit) for m in workers},
         switched_to=sched.protocol.workers if sched.protocol is not None else "",
-        auto_choices=auto_choices(sched),
+        auto_choices=auto_choices(cluster),
     )
 
 
-def auto_choices(sched: JobState) -> list[tuple[float, str]]:
-    """When auto chose a new policy or protocol (the scheduler's decisions that say so), and its reason now."""
-    auto = sched.allocator.auto
+def auto_choices(cluster: Cluster) -> list[tuple[float, str]]:
+    """When auto chose a new policy or protocol (the virtual second, what and why), and its reason now (-1)."""
+    auto = cluster.scheduler.allocator.auto
     if auto is None:
         return []
-    chose = [
-        (d.t, d.reason.split("; ")[0 if d.subject == "auto" else -1])
-        for d in sched.allocator.decisions
-        if "auto chose" in d.reason or d.subject == "auto"
-    ]
+    return [*cluster.auto_changes, (-1.0, auto_said(auto))]
+
+
+def auto_said(auto: AutoPolicy) -> str:
+    """What auto runs and why, its method first."""
     method = f"{auto.protocol} + {auto.policy}"
-    return [*chose, (-1.0, auto.reason if choice_of(auto.reason) == method else f"{method}: {auto.reason}")]
+    return auto.reason if choice_of(auto.reason) == method else f"{method}: {auto.reason}"
 
 
 def _positive(text: str) -> float:

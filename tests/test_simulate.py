@@ -247,6 +247,8 @@ def test_protocol_auto_switches_the_simulated_shard_and_workers_as_the_real_job_
     assert r.switched_to not in ("", START), r.switched_to
     assert r.curve[-1][2] > r.curve[0][2] and sum(r.batches.values()) == cfg.global_batch
     assert simulate(cfg, data).curve == r.curve
+    # when it chose, in virtual seconds, and what: the switch the workers ended under
+    assert any(0 < t <= cfg.budget_s and what.startswith(f"{r.switched_to} + ") for t, what in r.auto_choices[:-1])
     # the pushes on their way when the shard switched are refused and counted, as the workers count them
     assert 0 < r.switched_pushes <= sum(r.worker_discarded.values())
     named = simulate(replace(cfg, protocol="asgd"), data)
