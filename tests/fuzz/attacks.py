@@ -92,8 +92,8 @@ def _hello_flood(view: JobView) -> list[list[bytes]]:
 
 
 def flood_room(view: JobView) -> int:
-    """Members the job may still admit, at most: --max-workers less every worker and evaluator registered when the
-    fuzzer learned the job (its own worker, enlisted since, takes one more place)."""
+    """Members the job may still admit: --max-workers less every worker and evaluator registered when the fuzzer
+    learned the job (its own worker enlists after the attacks)."""
     return (
         view.max_workers
         - len(view.workers)

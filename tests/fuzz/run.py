@@ -631,6 +631,25 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress: Callable[[str], None] 
             lambda s: min(shard.version for shard in s.shards.values()) >= view.version + MOVED_VERSIONS,
             120,
         )
+        servers = target.children("scheduler") + target.children("ps")
+        counted_before = bad_message_counts(servers)
+        for a in ATTACKS:
+            began = time.monotonic()
+            report.attacks.append(attack(target, view, endpoints, sockets, a))
+            r = report.attacks[-1]
+            progress(
+                f"[fuzz] attack {a.name!r} ({time.monotonic() - began:.1f} s): {r.sent} sent, refused "
+                f"{r.refused}, {len(r.admitted)} admitted"
+                + (
+                    f", shard grew {r.grown_bytes / 1e6:.1f} MB (bound {r.bound_bytes / 1e6:.1f})"
+                    if not a.reads
+                    else ""
+                )
+                + (f"; WRONG: {sorted(set(r.wrong))}" if r.wrong else "")
+            )
+        # The worker enlists after the attacks: from then on every round waits for its push, and the attacks push
+        # nothing of its own. Enlisted before them, it held the honest workers' pulls for as long as the attacks took:
+        # 29 s under two suites, and their steps failed at the workers' 30 s request timeout.
         member_sock = dealer(ctx, endpoints[SCHEDULER])
         own.append(member_sock)
         for row, endpoint in zip(sockets[1:], endpoints[1:], strict=True):
@@ -647,23 +666,6 @@ def fuzz(settings: FuzzSettings, log_dir: Path, progress: Callable[[str], None] 
             f"({time.monotonic() - began:.1f} s)"
         )
         beat = Heartbeats(ctx, member_sock, member.id)
-        servers = target.children("scheduler") + target.children("ps")
-        counted_before = bad_message_counts(servers)
-        for a in ATTACKS:
-            began = time.monotonic()
-            report.attacks.append(attack(target, view, endpoints, sockets, a))
-            beat.due()
-            r = report.attacks[-1]
-            progress(
-                f"[fuzz] attack {a.name!r} ({time.monotonic() - began:.1f} s): {r.sent} sent, refused "
-                f"{r.refused}, {len(r.admitted)} admitted"
-                + (
-                    f", shard grew {r.grown_bytes / 1e6:.1f} MB (bound {r.bound_bytes / 1e6:.1f})"
-                    if not a.reads
-                    else ""
-                )
-                + (f"; WRONG: {sorted(set(r.wrong))}" if r.wrong else "")
-            )
         messages = FuzzMessages(view, random.Random(settings.seed), member)
         fuzzer = Fuzzer(sockets, settings.window, member)
         sent: Counter[str] = Counter()
