@@ -245,6 +245,8 @@ class SimResult:
     # --protocol auto: pushes refused as made under the protocol before a switch; each crossed its link and was
     # served by the shard for nothing (a shard-bound job's switch refuses the pushes queued at it)
     switched_pushes: int = 0
+    # --protocol auto: workers that entered a delta protocol on a switch from the model they held, with no pull
+    held_starts: int = 0
     clipped: int = 0  # pushes the gradient bound clipped
     quarantined: int = 0  # workers the gradient bound quarantined
     # each worker's samples and last batch, by its instance "sim<i>", i its index in SimConfig.workers
@@ -322,6 +324,7 @@ class Cluster:
         self.transfers = 0
         self.discarded_samples = 0  # computed, pushed, and discarded as too stale
         self.switched_pushes = 0  # of those, pushes made under the protocol before a switch (refused `switched`)
+        self.held_starts = 0  # workers that entered a delta protocol on a switch from the model they held
         self.quarantined = 0  # workers the gradient bound quarantined (a run whose gradients blew up)
         self.counts: list[int] = []
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -698,6 +701,8 @@ class Worker:
             ordered = switch_to(self.told.protocol, self.running.name)
             if ordered is not None:  # the real worker enters the new protocol's loop (worker/trainer.py, _switch)
                 self.running, plan, self.optimizer = protocol_spec(ordered), plan_for(protocol_spec(ordered)), None
+                if self.base.numel() and plan.start_held():
+                    c.held_starts += 1
             record = _StepRecord()
             step = plan.step(self.told)
             try:
@@ -720,6 +725,9 @@ class Worker:
     def _execute(self, action: Action, record: _StepRecord) -> Generator[Wait, None, object]:
         """One planned action in virtual time; returns its outcome for the planner."""
         c = self.c
+        if isinstance(action, Pull) and action.held:  # the model this worker's last step computed on: no transfer
+            load_flat(self._own_model(), self.base)
+            return Pulled([self.version], self.version)
         if isinstance(action, Pull):
             record.asked = c.now
             if action.min_versions is not None:
@@ -898,6 +906,7 @@ def result_of(cluster: Cluster) -> SimResult:
         quarantined=cluster.quarantined,
         discarded_fraction=cluster.discarded_samples / max(1, samples + cluster.discarded_samples),
         switched_pushes=cluster.switched_pushes,
+        held_starts=cluster.held_starts,
         worker_samples={m.instance: m.samples for m in workers},
         worker_batches={m.instance: sched.allocator.allocation.get(m.id, 0) for m in workers},
         worker_steps={m.instance: m.steps for m in workers},
@@ -1053,6 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if r.auto_choices:
         print(f"auto ran {r.auto_choices[-1][1]}")  # the method it ran last, and why
+        print(f"{r.held_starts} workers entered the protocol switched to from the model they held, with no pull")
     print(
         "each worker's last batch (0: left out or idle) and samples: "
         + ", ".join(f"{w} b={r.worker_batches.get(w, 0)} {n}" for w, n in sorted(r.worker_samples.items()))

@@ -303,8 +303,7 @@ def test_auto_chooses_local_sgd_on_slow_links_before_the_workers_report_a_step(
     workers = [net.add_host(f"host-w{i}", rate="5mbit") for i in range(2)]
     scheduler = job.scheduler(a, *SLOW_LINKS_JOB)
     job.shard(b)
-    for w in workers:
-        job.worker(w)
+    children = [job.worker(w) for w in workers]
 
     def chose() -> list[str]:
         return [line for line in scheduler.log_since_start().splitlines() if "protocol auto chose" in line]
@@ -323,4 +322,8 @@ def test_auto_chooses_local_sgd_on_slow_links_before_the_workers_report_a_step(
     at_switch, round_samples = job.value(a, "dynabatch_job_samples"), DEFAULTS.local_steps * DEFAULTS.global_batch
     _wait(job, f"{LOCAL_ROUNDS} local rounds", lambda: samples() >= at_switch + LOCAL_ROUNDS * round_samples)
     assert chose() == first, "auto held its choice"
+    # Each worker entered local SGD from the model its asgd step had pulled over its slow link, not pulling it again.
+    for child in children:
+        said = child.log_since_start()
+        assert "protocol local from now on, was asgd" in said and "from the model it holds" in said, said
     assert not job.launcher.failed(), _failure_report(job)

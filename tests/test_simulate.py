@@ -251,5 +251,8 @@ def test_protocol_auto_switches_the_simulated_shard_and_workers_as_the_real_job_
     assert any(0 < t <= cfg.budget_s and what.startswith(f"{r.switched_to} + ") for t, what in r.auto_choices[:-1])
     # the pushes on their way when the shard switched are refused and counted, as the workers count them
     assert 0 < r.switched_pushes <= sum(r.worker_discarded.values())
+    # entering local SGD, every worker starts from the model its last gradient step computed on, with no pull
+    assert r.switched_to == "local" and r.held_starts == len(workers), (r.switched_to, r.held_starts)
     named = simulate(replace(cfg, protocol="asgd"), data)
     assert named.switched_to == "" and named.switched_pushes == 0, "a named protocol never switches"
+    assert named.held_starts == 0

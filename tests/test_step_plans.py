@@ -124,6 +124,27 @@ def test_msd_steps_on_pushes_every_h_steps_with_one_delta_in_flight_and_reads_h_
     assert isinstance(plan, MsdPlan) and not plan.in_flight
 
 
+def test_a_delta_plan_entered_on_a_switch_starts_once_from_the_model_the_worker_holds() -> None:
+    """`--protocol auto` switching a shard-bound job to local SGD: every worker's pull after the switch would queue
+    at the shard, and a delta is the worker's progress from whatever model it starts on, so its first sync takes the
+    model the worker holds; a gradient plan pulls (a gradient on it would be too stale for a round's rule)."""
+    local = plan_for(SPECS["local"])
+    assert local.start_held()
+    actions, _ = run(local.step(Orders(batch=16, local_steps=2)), [Pulled([3], 3), True, [Ack(True, 7)]])
+    assert actions == [Pull(None, waits=True, held=True), Compute(16, steps=2), Push(DELTA, 32)]
+    assert next(local.step(Orders())) == Pull([7], waits=True), "once: the next round syncs onto the average"
+    assert not local.start_held(), "a plan inside its rounds waits for the average"
+    local.after_failure("timeout")
+    assert local.start_held()
+    local.after_failure("timeout")
+    assert next(local.step(Orders())) == Pull(None, waits=True), "a failure drops the held start"
+    msd = plan_for(SPECS["msd"])
+    assert msd.start_held() and next(msd.step(Orders())) == Pull(None, waits=False, held=True)
+    for name in ("asgd", "ssgd"):
+        gradient = plan_for(SPECS[name])
+        assert not gradient.start_held() and next(gradient.step(Orders())) == Pull(None, waits=False)
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_protocol_has_a_planner_and_a_worker_loop_of_one_name(name: str) -> None:
     spec = SPECS[name]

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 
 from dynabatch.common.protocols import protocol_spec
 from dynabatch.common.wire.chunking import flat_grads, load_flat
+from dynabatch.common.wire.error_codes import ErrorCode
 from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.worker.pipeline import Pipeline
 from dynabatch.worker.ps_client import PendingPull, PendingPush, PullResult
-from dynabatch.worker.step_context import StepContext, StepLoop
+from dynabatch.worker.step_context import Held, StepContext, StepLoop
 from dynabatch.worker.step_plans import Compute, GradientPlan, Pull, Pulled, Push, finish, send
 from dynabatch.worker.step_result import StepResult
 
@@ -53,6 +54,7 @@ class GradientLoop(StepLoop):
     pulled: PullResult | None = None  # the model the last push brought back, for the next step
     ahead: PendingPull | None = None  # the next step's pull, sent before this step's compute (prefetch_pull)
     unacked: PendingPush | None = None  # the last step's push, acknowledged during this step (push_behind)
+    loaded: Held | None = None  # the versions of the model the last step loaded (not pipelined)
 
     def __post_init__(self) -> None:
         job = self.ctx.job
@@ -90,6 +92,7 @@ class GradientLoop(StepLoop):
         assert isinstance(compute, Compute)
         load_flat(c.model, pulled.flat)
         c.buffers.load(c.model, pulled.buffers)
+        self.loaded = Held(dict(pulled.chunk_versions), list(pulled.shard_versions))
         if c.job.prefetch_pull:
             self.ahead = c.shards.start_pull()
         loss, times.compute_s = c.timed_compute(c.next_batch(compute.batch))
@@ -153,11 +156,24 @@ class GradientLoop(StepLoop):
         return StepResult(times, assignment.batch, result.loss, result.pulled.version)
 
     def after_failure(self, code: str) -> None:
-        """The planner decides what the next pull waits for; the model brought or sent ahead is dropped."""
+        """The planner decides what the next pull waits for; the model brought or sent ahead is dropped, and after a
+        rollback the one the parameters hold too (it was thrown away)."""
         self.plan.after_failure(code)
         self.pulled = self.ahead = self.unacked = None
         if self.pipeline is not None:
             self.pipeline.ahead = None
+        if code == ErrorCode.ROLLED_BACK:
+            self.loaded = None
+            if self.pipeline is not None:
+                self.pipeline.loaded = None
+
+    def held(self) -> Held | None:
+        if self.pipeline is None:
+            return self.loaded
+        pull = self.pipeline.loaded
+        if pull is None or not pull.done():
+            return None
+        return Held(dict(pull.versions), pull.result().shard_versions)
 
 
 def _add_pull_time(times: StepTimes, waits: bool, seconds: float) -> None:

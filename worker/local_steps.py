@@ -33,7 +33,7 @@ from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.common.wire.step_times import StepTimes
 from dynabatch.schedule import Schedule
 from dynabatch.worker.ps_client import PendingPull, PendingPush
-from dynabatch.worker.step_context import StepContext, StepLoop
+from dynabatch.worker.step_context import Held, StepContext, StepLoop
 from dynabatch.worker.step_plans import (
     Action,
     Advance,
@@ -81,6 +81,13 @@ class _LocalSteps(StepLoop):
     base: torch.Tensor | None = None
     base_versions: dict[int, int] = field(default_factory=dict)
     version: int = 0
+    start: Held | None = None  # the model the worker held when it switched to this loop, until its first sync
+
+    def start_from(self, held: Held) -> bool:
+        if not self.plan.start_held():
+            return False
+        self.start = held
+        return True
 
     def _optimizer(self, assignment: WorkerAssignment) -> torch.optim.Optimizer:
         scale = inner_scale(assignment, self.ctx.schedule)
@@ -103,6 +110,12 @@ class _LocalSteps(StepLoop):
         (what it brought, the seconds it took)."""
         assert isinstance(pull, Pull)
         c = self.ctx
+        if pull.held:
+            assert self.start is not None, "a plan starts held only once start_from named the model"
+            held, self.start = self.start, None
+            self.base = flat_params(c.model)
+            self.base_versions, self.version = dict(held.chunk_versions), min(held.shard_versions)
+            return Pulled(list(held.shard_versions), self.version), 0.0
         start = time.perf_counter()
         pulled = c.shards.pull(pull.min_versions, c.request_timeout_s)
         load_flat(c.model, pulled.flat)
@@ -114,7 +127,7 @@ class _LocalSteps(StepLoop):
     def after_failure(self, code: str) -> None:
         """Start over from the current global model; a delta lost in flight is simply not counted."""
         self.plan.after_failure(code)
-        self.base = None
+        self.base = self.start = None
 
 
 @dataclass

@@ -89,6 +89,7 @@ class Pipeline:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready(i)))  # type: ignore[no-untyped-call]  # untyped in torch
         self._step: _StepState | None = None
         self.ahead: tuple[list[int] | None, PendingPull] | None = None  # a pull sent ahead: its versions, itself
+        self.loaded: PendingPull | None = None  # the pull the last forward loaded the parameters from
 
     def close(self) -> None:
         """Unhook the model: the worker leaves this pipeline's loop for another protocol's (a step that failed
@@ -120,6 +121,7 @@ class Pipeline:
         st = self._step = _StepState(pull, samples, max(1, group), credit or self.max_inflight, ahead_of=ahead)
         self.model.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
+        self.loaded = pull
         if not bool(torch.isfinite(loss.detach())):
             # No gradient of a non-finite loss is pushed (the shards would refuse it): only the pull is finished,
             # so that its chunks are taken before the next step's pull.

@@ -26,6 +26,15 @@ from dynabatch.worker.step_plans import StepPlan
 from dynabatch.worker.step_result import StepResult
 
 
+@dataclass(frozen=True)
+class Held:
+    """The versions of the model a worker's parameters hold: the pull its last step loaded, chunk by chunk and shard
+    by shard. A loop entered on a protocol switch may start from it instead of pulling (StepPlan.start_held)."""
+
+    chunk_versions: dict[int, int]
+    shard_versions: list[int]
+
+
 @dataclass
 class StepContext:
     """The model, its data, the shards and the clock, as a step sees them.
@@ -86,3 +95,13 @@ class StepLoop:
     def close(self) -> None:
         """The worker leaves this loop for another protocol's (`--protocol auto`): release what it holds on the model
         (the pipelined step's hooks); most loops hold nothing."""
+
+    def held(self) -> Held | None:
+        """The versions of the model the worker's parameters hold once this loop's last step loaded a whole pull
+        (None: no whole one, or the model was thrown away): what the loop the worker switches to may start from."""
+        return None
+
+    def start_from(self, held: Held) -> bool:
+        """The worker enters this loop on a protocol switch holding the model `held` names: start from it where
+        the plan allows (StepPlan.start_held), and say whether it does; most loops pull anyway."""
+        return False

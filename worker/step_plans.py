@@ -59,10 +59,12 @@ class Ack:
 class Pull:
     """Fetch the model; shard s answers once it holds version `min_versions[s]` (None: whatever it holds).
     `waits`: the time it takes is waiting for other workers (a round), not this worker's own pulling.
-    Outcome: a `Pulled`."""
+    `held`: answered by the model the worker holds (the one its last step computed on) with nothing sent; see
+    `StepPlan.start_held`. Outcome: a `Pulled`."""
 
     min_versions: list[int] | None
     waits: bool
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,15 @@ class StepPlan:
         """A step failed with `code` (a shard's ERROR, `timeout`, or a rollback): get ready to try again."""
         raise NotImplementedError
 
+    def start_held(self) -> bool:
+        """The worker enters this plan on a protocol switch (`--protocol auto`) holding a model another protocol's
+        step computed on: start from it where that is as good as a pull, and say whether it does. Not a gradient
+        plan: a gradient on that model would be too stale for a round protocol's rule. A delta plan does: its
+        delta is its progress from whatever model it starts on, which the outer rule never discards for its age,
+        and on a shard-bound job every worker's pull after the switch would cost the shard a model's transfer
+        (bench/RESULTS.md 64 and 65)."""
+        return False
+
 
 @dataclass
 class GradientPlan(StepPlan):
@@ -219,12 +230,18 @@ class LocalPlan(StepPlan):
 
     NAME = "local"
     min_versions: list[int] | None = None
+    held: bool = False  # the next sync takes the model the worker holds (start_held)
 
     def pull_waits(self) -> bool:
         return True
 
+    def start_held(self) -> bool:
+        self.held = self.min_versions is None
+        return self.held
+
     def step(self, orders: Orders) -> Step:
-        yield Pull(self.min_versions, waits=True)
+        held, self.held = self.held, False
+        yield Pull(self.min_versions, waits=True, held=held)
         batch, steps = orders.batch, local_steps(orders)
         yield Compute(batch, steps)
         acks = yield Push(DELTA, batch * steps)
@@ -234,7 +251,7 @@ class LocalPlan(StepPlan):
 
     def after_failure(self, code: str) -> None:
         """Start over from the current global model; a delta lost in flight is simply not counted."""
-        self.min_versions = None
+        self.min_versions, self.held = None, False
 
 
 @dataclass
@@ -246,13 +263,19 @@ class MsdPlan(StepPlan):
     synced: bool = False
     in_flight: bool = False
     since_push: int = 0
+    held: bool = False  # the sync takes the model the worker holds (start_held)
 
     def pull_waits(self) -> bool:
         return False
 
+    def start_held(self) -> bool:
+        self.held = not self.synced
+        return self.held
+
     def step(self, orders: Orders) -> Step:
         if not self.synced:
-            yield Pull(None, waits=False)
+            held, self.held = self.held, False
+            yield Pull(None, waits=False, held=held)
             self.synced = True
         batch = orders.batch
         yield Compute(batch)
@@ -266,7 +289,7 @@ class MsdPlan(StepPlan):
 
     def after_failure(self, code: str) -> None:
         """Start over from the current global model, with no delta in flight."""
-        self.synced = self.in_flight = False
+        self.synced = self.in_flight = self.held = False
 
 
 def plan_for(spec: ProtocolSpec) -> StepPlan:

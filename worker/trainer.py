@@ -358,8 +358,10 @@ class Worker:
 
     def _switch(self, protocol: str, steps: StepLoop) -> StepLoop:
         """The scheduler switched the job to `protocol` (`--protocol auto`; every shard applies it already): leave
-        the current loop at this step boundary and enter the new protocol's, which starts from a pull. A protocol
-        this job cannot run keeps the current loop (logged): the scheduler's word is checked like any other."""
+        the current loop at this step boundary and enter the new protocol's, which starts from a pull, or (a delta
+        protocol) from the model the worker holds (StepLoop.start_from: on a shard-bound job every worker's pull
+        after the switch would queue at the shard). A protocol this job cannot run keeps the current loop (logged):
+        the scheduler's word is checked like any other."""
         joined = self.joined
         try:
             loop = LOOPS[protocol_spec(protocol).worker_loop]
@@ -370,16 +372,24 @@ class Worker:
                 "%s: the scheduler named protocol %r (%s); keeping %s", joined.id, protocol, exc, joined.job.protocol
             )
             return steps
+        held = steps.held()
+        steps.close()
+        previous, joined.job = joined.job.protocol, job
+        joined.shards.protocol = protocol
+        entered = loop(self.step_context())
+        start = (
+            f"from the model it holds (version {min(held.shard_versions)}), no pull"
+            if held is not None and entered.start_from(held)
+            else "from a pull"
+        )
         log.info(
-            "%s: protocol %s from now on, was %s (the scheduler's --protocol auto)",
+            "%s: protocol %s from now on, was %s (the scheduler's --protocol auto); starting %s",
             joined.id,
             protocol,
-            joined.job.protocol,
+            previous,
+            start,
         )
-        steps.close()
-        joined.job = job
-        joined.shards.protocol = protocol
-        return loop(self.step_context())
+        return entered
 
     def _roll_back(self, steps: StepLoop, number: int) -> WorkerHeartbeat:
         """The shards went back to their last good checkpoint (rollback `number`): the model this worker holds is
