@@ -15,7 +15,7 @@ from dynabatch.common.planning.auto_choice import HYSTERESIS, choosable
 from dynabatch.common.planning.optimum import STUDY_NOISE
 from dynabatch.common.planning.prediction import predict_all
 from dynabatch.common.planning.protocol_switch import START, SWITCHABLE
-from dynabatch.common.protocols import protocol_spec
+from dynabatch.common.protocols import GRADIENT, protocol_spec
 from dynabatch.scheduler.measured_cluster import MeasuredWorker, measured_cluster
 from dynabatch.scheduler.speed_model import StepModel
 from harness import mlp_job, run_job, trained_its_epochs
@@ -104,6 +104,10 @@ def test_a_job_under_protocol_auto_switches_protocol_while_it_runs_and_trains_ex
     assert f"protocol {new} from now on, was {START}" in shards_said
     workers_said = "".join(p.read_text() for p in (run / "logs").glob("worker*.log"))
     assert workers_said.count(f"protocol {new} from now on, was {START}") == 3, "every worker switched once"
+    # a gradient protocol's first step pulls (a gradient on the model held would be stale); a delta protocol's
+    # starts from the model the worker holds
+    start = "starting from a pull" if protocol_spec(new).push_kind == GRADIENT else "from the model it holds"
+    assert workers_said.count(start) == 3, workers_said
     for log_file in (run / "logs").glob("worker*.log"):  # a refused step asks at once: no more refused on its way
         refused = log_file.read_text().count("a shard applies another protocol now; asking the scheduler which")
         assert refused <= 2, f"{log_file.name}: {refused} steps refused as switched"
