@@ -114,7 +114,7 @@ class _LocalSteps(StepLoop):
             assert self.start is not None, "a plan starts held only once start_from named the model"
             held, self.start = self.start, None
             self.base = flat_params(c.model)
-            self.base_versions, self.version = dict(held.chunk_versions), min(held.shard_versions)
+            self.base_versions, self.version = dict(held.chunk_versions), held.version
             return Pulled(list(held.shard_versions), self.version), 0.0
         start = time.perf_counter()
         pulled = c.shards.pull(pull.min_versions, c.request_timeout_s)

@@ -34,6 +34,11 @@ class Held:
     chunk_versions: dict[int, int]
     shard_versions: list[int]
 
+    @property
+    def version(self) -> int:
+        """The model's version: the least advanced shard's (as PullResult's)."""
+        return min(self.shard_versions)
+
 
 @dataclass
 class StepContext:

@@ -378,7 +378,7 @@ class Worker:
         joined.shards.protocol = protocol
         entered = loop(self.step_context())
         start = (
-            f"from the model it holds (version {min(held.shard_versions)}), no pull"
+            f"from the model it holds (version {held.version}), no pull"
             if held is not None and entered.start_from(held)
             else "from a pull"
         )
