@@ -357,7 +357,7 @@ def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_pa
         command_line("export", [str(tmp_path / "no-run"), "--out", str(tmp_path)]),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,  # a hang guard only: beside a second suite on two cores this refusal once took over 60 s
         env=child_env(),
     )
     assert (done.returncode, done.stderr) == (
