@@ -26,9 +26,22 @@ from dynabatch.common.wire.frames import ChunkMeta, Message
 from dynabatch.common.wire.messages import Error, Init, InitAck, Params, Pull, Push, PushAck
 
 
-@dataclass
-class PullResult:
-    """The model as pulled: flat parameters, each chunk's version, each shard's version, the buffers.
+@dataclass(frozen=True)
+class ModelVersions:
+    """The versions a model's parameters hold: each chunk's and each shard's."""
+
+    chunk_versions: dict[int, int]
+    shard_versions: list[int]
+
+    @property
+    def version(self) -> int:
+        """The model's version: the least advanced shard's."""
+        return min(self.shard_versions)
+
+
+@dataclass(frozen=True)
+class PullResult(ModelVersions):
+    """The model as pulled: its versions, the flat parameters, the buffers.
 
     `flat` is the client's receive buffer, valid until the next pull: a fresh 40 MB
     tensor per pull costs more in page faults than the transfer itself. So is
@@ -37,14 +50,7 @@ class PullResult:
     """
 
     flat: torch.Tensor
-    chunk_versions: dict[int, int]
-    shard_versions: list[int]
     buffers: torch.Tensor | None = None
-
-    @property
-    def version(self) -> int:
-        """The model's version: the least advanced shard's."""
-        return min(self.shard_versions)
 
 
 class ShardClients:
@@ -445,7 +451,10 @@ class PendingPull(Pending):
             for s in range(layout.num_shards)
         ]
         return PullResult(
-            self.client.flat, dict(self.versions), shard_versions, self.client.buffers if self.with_buffers else None
+            dict(self.versions),
+            shard_versions,
+            flat=self.client.flat,
+            buffers=self.client.buffers if self.with_buffers else None,
         )
 
 

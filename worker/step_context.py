@@ -21,23 +21,15 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.wire.chunking import Layout, TravellingBuffers
 from dynabatch.common.wire.messages import WorkerAssignment
 from dynabatch.schedule import Schedule
-from dynabatch.worker.ps_client import ShardClients
+from dynabatch.worker.ps_client import ModelVersions, ShardClients
 from dynabatch.worker.step_plans import StepPlan
 from dynabatch.worker.step_result import StepResult
 
 
 @dataclass(frozen=True)
-class Held:
-    """The versions of the model a worker's parameters hold: the pull its last step loaded, chunk by chunk and shard
-    by shard. A loop entered on a protocol switch may start from it instead of pulling (StepPlan.start_held)."""
-
-    chunk_versions: dict[int, int]
-    shard_versions: list[int]
-
-    @property
-    def version(self) -> int:
-        """The model's version: the least advanced shard's (as PullResult's)."""
-        return min(self.shard_versions)
+class Held(ModelVersions):
+    """The versions of the model a worker's parameters hold: the pull its last step loaded. A loop entered on a
+    protocol switch may start from it instead of pulling (StepPlan.start_held)."""
 
 
 @dataclass
