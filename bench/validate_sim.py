@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,10 +121,22 @@ class Shape:
         return self.global_batch / len(self.slowdowns)
 
 
-def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], ShardSeen, float]:
-    """One `dynabatch run` of `shape`: its summary (with `observed_samples_per_s`, `observed_rate`), what each
-    worker's steps took after the first fifth of the run, by its index, what the shard's serving took meanwhile,
-    and how far its pace drifted (`pace_drift`)."""
+@dataclass(frozen=True)
+class RealRun:
+    """What one real run of a shape measured: its summary (with `observed_samples_per_s`, `observed_rate`), what
+    each worker's steps took after the first fifth of the run (`seen`, by the worker's index) and over each half of
+    that stretch (`halves`), what the shard's serving took meanwhile, and how far its pace drifted
+    (`pace_drift`)."""
+
+    summary: dict[str, Any]
+    seen: list[Observed]
+    halves: tuple[list[Observed], list[Observed]]
+    shard: ShardSeen
+    drift: float
+
+
+def real_run(shape: Shape, out: Path) -> RealRun:
+    """One `dynabatch run` of `shape` into `out`, and what it measured."""
     name = "real"
     cmd = command_line(
         "run",
@@ -172,10 +185,12 @@ def real_run(shape: Shape, out: Path) -> tuple[dict[str, Any], list[Observed], S
     if done.returncode != 0 or not summary_path.exists():
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
-    seen = [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
+    names = [f"worker{i}" for i in range(len(shape.slowdowns))]
+    halves = tuple([observed(timeline, name, part) for name in names] for part in HALVES)
     summary = json.loads(summary_path.read_text())
     summary["observed_samples_per_s"] = observed_rate(timeline)
-    return summary, seen, observed_shard(timeline), pace_drift(timeline)
+    seen = [observed(timeline, name) for name in names]
+    return RealRun(summary, seen, (halves[0], halves[1]), observed_shard(timeline), pace_drift(timeline))
 
 
 def pace_drift(timeline: list[JobStatus]) -> float:
@@ -211,14 +226,18 @@ class Observed:
     probed: tuple[float, float] | None = None
 
 
-def observed(timeline: list[JobStatus], name: str) -> Observed:
-    """Worker `name`'s steps from the first fifth of its snapshots on, over the stretches between two snapshots
-    in which it held a batch and stepped (a worker left out for a while idles: that is no step of its device);
-    all zero if it never stepped. Phase seconds are totals where STATUS keeps them (a step, its compute); where
-    the worker waited for a round, whose wait has no total, the rest is the mean of each snapshot's last step's
-    pull, push and data, plus the wall time in no phase."""
+OBSERVED = (0.2, 1.0)  # the part of a worker's snapshots observed: from a fifth of the way in, past its start
+HALVES = ((0.2, 0.6), (0.6, 1.0))  # that stretch's two halves, which share the snapshot between them
+
+
+def observed(timeline: list[JobStatus], name: str, part: tuple[float, float] = OBSERVED) -> Observed:
+    """Worker `name`'s steps over `part` of its snapshots (by default from the first fifth on), over the stretches
+    between two snapshots in which it held a batch and stepped (a worker left out for a while idles: that is no
+    step of its device); all zero if it never stepped. Phase seconds are totals where STATUS keeps them (a step,
+    its compute); where the worker waited for a round, whose wait has no total, the rest is the mean of each
+    snapshot's last step's pull, push and data, plus the wall time in no phase."""
     seen = [(s.t, w) for s in timeline for w in s.workers.values() if w.name == name and w.steps]
-    seen = seen[len(seen) // 5 :]
+    seen = seen[int(len(seen) * part[0]) : int(len(seen) * part[1]) + 1]
     spans = [
         (t1 - t0, b.steps - a.steps, b.samples - a.samples, a, b)
         for (t0, a), (t1, b) in itertools.pairwise(seen)
@@ -441,12 +460,28 @@ def simulated(
 Row = tuple[str, float | None, float | None, bool | None]
 
 
+def simulated_halves(shape: Shape, curve: tuple[float, float], run: RealRun) -> list[SimResult]:
+    """`shape` in the simulator given what each half of `run`'s observed stretch measured, each worker at its
+    contention in that half (`compare`'s bracket)."""
+    return [simulated(shape, curve, half, contentions(shape, half, curve), run.shard) for half in run.halves]
+
+
 def batch_slack(shape: Shape) -> float:
     """How far apart two runs on the same fits may settle a worker's batch under `shape`'s policy: one that re-sizes
     batches keeps them until some worker's would move by more than the job's reassign threshold
     (scheduler/batch_allocation.py `needs_reassign`), so the real run and the simulator, whose fits move with their
     own noise, each keep a batch anywhere within that band of where their fits put it; none under fixed batches."""
     return 0.0 if shape.policy == "fixed" else JobConfig().reassign_threshold
+
+
+def figures(sim: SimResult, workers: int) -> list[float | None]:
+    """A simulation's figures in `compare`'s order: samples/s, mean staleness, and each worker's mean batch (its
+    samples over its steps, sim0.. in the order of the real workers; 0 where it took none)."""
+    batches: list[float | None] = [
+        sim.worker_samples.get(f"sim{i}", 0) / steps if (steps := sim.worker_steps.get(f"sim{i}", 0)) else 0.0
+        for i in range(workers)
+    ]
+    return [sim.samples_per_s, sim.staleness_mean, *batches]
 
 
 def compare(
@@ -456,31 +491,35 @@ def compare(
     tolerance: float = TOLERANCE,
     slack: float = 0.0,
     even_share: float = 0.0,
+    bracket: Sequence[SimResult] = (),
 ) -> list[Row]:
     """(figure, real, simulated, within `tolerance`) for samples/s, staleness and each worker's mean batch: the
     real samples/s and batches over the stretch the workers are observed (`observed_rate`; `seen`, in the order of
-    the real workers worker0..), the simulated
-    one over its run (samples over steps, sim0.. in the same order); a policy that re-sizes batches as its fits
-    move ends anywhere in the range it moved in, so a last batch alone says little, and a mean batch is judged
+    the real workers worker0..), the simulated one over its run (`figures`); a policy that re-sizes batches as its
+    fits move ends anywhere in the range it moved in, so a last batch alone says little, and a mean batch is judged
     within `tolerance` plus the policy's hysteresis (`slack`, `batch_slack`), of itself or of the even share
     B / n (`even_share`), whichever is more: the policy splits B, and a worker it holds near the least batch (8 of an
     even 32) moves by a sample or two as the fits move, more than 10% of its own batch and no other split.
     Staleness is judged within `tolerance` of the real mean or 0.1 versions, whichever is more (a mean of 0.02
-    against 0 is no miss)."""
+    against 0 is no miss).
 
-    def row(name: str, r: float | None, s: float | None, floor: float = 1e-9, within: float = tolerance) -> Row:
-        ok = None if r is None or s is None else abs(s - r) <= max(within * abs(r), floor)
-        return name, r, s, ok
-
-    rows = [
-        row("samples/s", real["observed_samples_per_s"], sim.samples_per_s),
-        row("staleness mean", real["staleness_mean"], sim.staleness_mean, 0.1),
-    ]
-    within = tolerance + slack
-    for i, o in enumerate(seen):
-        steps = sim.worker_steps.get(f"sim{i}", 0)
-        mean = sim.worker_samples.get(f"sim{i}", 0) / steps if steps else 0.0
-        rows.append(row(f"worker{i} batch", o.batch if o.steps else 0.0, mean, within * even_share, within))
+    `bracket`: the simulator given what parts of the same run measured (`simulated_halves`). A figure is judged
+    against the range its simulations span, so that a prediction that turns on inputs the run itself moved
+    (under a changing load, each worker's contention, on which a split between near-equal devices turns) is held
+    to what the run measured and no closer: on a steady machine the range is one value."""
+    simulations = [figures(one, len(seen)) for one in (sim, *bracket)]
+    reals = [real["observed_samples_per_s"], real["staleness_mean"], *(o.batch if o.steps else 0.0 for o in seen)]
+    names = ["samples/s", "staleness mean", *(f"worker{i} batch" for i in range(len(seen)))]
+    batch = tolerance + slack
+    allowed = [(tolerance, 1e-9), (tolerance, 0.1), *[(batch, batch * even_share)] * len(seen)]
+    rows: list[Row] = []
+    for i, (name, r, (within, floor)) in enumerate(zip(names, reals, allowed, strict=True)):
+        span = [v for one in simulations if (v := one[i]) is not None]
+        if r is None or len(span) < len(simulations):
+            rows.append((name, r, simulations[0][i], None))
+            continue
+        beyond = max(0.0, min(span) - r, r - max(span))
+        rows.append((name, r, span[0], beyond <= max(within * abs(r), floor)))
     return rows
 
 
@@ -534,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     misses = 0
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
-            real, seen, shard, drift = real_run(shape, Path(args.out or tmp) / f"run{run}")
+            measured = real_run(shape, Path(args.out or tmp) / f"run{run}")
+        real, seen, shard, drift = measured.summary, measured.seen, measured.shard, measured.drift
         ks = contentions(shape, seen, curve)
         sim = simulated(shape, curve, seen, ks, shard)
         without = [simulated(shape, curve, seen, ks, given, spread=False).samples_per_s for given in (None, shard)]
@@ -570,14 +610,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"the rest {1000 * o.other_s:.2f} ms, spread {100 * (step_noise(text, o) or 0):.0f}%, probed "
                 + ("-" if o.probed is None else f"{o.probed[0]:.0f} samples/s, {1000 * o.probed[1]:.1f} ms fixed")
             )
+        halves = simulated_halves(shape, curve, measured)
         within = f"within {100 * TOLERANCE:.0f}% (a batch {100 * (TOLERANCE + batch_slack(shape)):.0f}%)"
-        print(f"| figure | real | simulated | error | {within} |")
-        print("| --- | ---: | ---: | ---: | --- |")
+        print(
+            f"| figure | real | simulated | error | {within} | simulated, each half's measurements | within the "
+            "halves' range |"
+        )
+        print("| --- | ---: | ---: | ---: | --- | ---: | --- |")
         rows = compare(real, sim, seen, TOLERANCE, batch_slack(shape), shape.even_share)
-        for name, r, s, ok in rows:
+        bracketed = compare(real, sim, seen, TOLERANCE, batch_slack(shape), shape.even_share, halves)
+        parts = [figures(half, len(seen)) for half in halves]
+        for i, ((name, r, s, ok), (*_, fits)) in enumerate(zip(rows, bracketed, strict=True)):
             shown = ["-" if v is None else f"{v:.2f}" for v in (r, s)]
             error = "-" if r is None or s is None or not r else f"{100 * (s - r) / r:+.1f}%"
-            print(f"| {name} | {shown[0]} | {shown[1]} | {error} | {'-' if ok is None else 'yes' if ok else 'no'} |")
+            each = " / ".join("-" if (v := part[i]) is None else f"{v:.2f}" for part in parts)
+            verdicts = ["-" if v is None else "yes" if v else "no" for v in (ok, fits)]
+            print(f"| {name} | {shown[0]} | {shown[1]} | {error} | {verdicts[0]} | {each} | {verdicts[1]} |")
         misses += sum(ok is False for *_, ok in rows)
     return 0 if misses == 0 else 1
 
