@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from hang_guard import hang_guard_s
+
 pytest_plugins = ("cpu_durations",)  # `--cpu-durations N`: the tests that cost the suite the most CPU
 
 
@@ -26,6 +28,17 @@ def _module(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow_modules = {_module(item) for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: _module(item) not in slow_modules)  # stable: files in order within each part
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """pytest's timeout (pyproject.toml), a hang guard, scaled by the load this test starts under (`hang_guard`),
+    set before pytest-timeout reads it; a test's own timeout marker is kept."""
+    if item.config.pluginmanager.hasplugin("timeout") and item.get_closest_marker("timeout") is None:
+        alone_s = float(item.config.getoption("timeout") or item.config.getini("timeout") or 0)
+        if alone_s > 0:
+            item.add_marker(pytest.mark.timeout(hang_guard_s(alone_s)))
+    yield
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -54,6 +54,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
 )
 from dynabatch.worker.ps_client import ShardClients
+from hang_guard import hang_guard_s
 from processes import below, table
 
 PRELOADER_ENV = ENV_PREFIX + "PRELOADER"  # `dynabatch run --preloader`'s variable
@@ -142,9 +143,11 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bo
     of every process's log.
 
     The run gets a deadline of its own, shorter than the test's, so that a job
-    that hangs is stopped by `dynabatch run` and leaves its logs behind. It draws
-    no plots unless asked: a second of CPU each, in about 25 tests that read none.
+    that hangs is stopped by `dynabatch run` and leaves its logs behind; both are
+    `timeout_s` scaled by the load (`hang_guard`). It draws no plots unless asked:
+    a second of CPU each, in about 25 tests that read none.
     """
+    guard_s = hang_guard_s(timeout_s)
     cmd = command_line(
         "run",
         [
@@ -153,12 +156,12 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bo
             "--name",
             name,
             "--timeout-s",
-            str(timeout_s - 30),
+            str(guard_s - 30),
             *([] if plots else ["--no-plots"]),
             *flags,
         ],
     )
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env())
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=guard_s, env=child_env())
     run_dir = out / name
     if done.returncode != 0:
         raise AssertionError(f"dynabatch run exited {done.returncode}\n{done.stdout}{done.stderr}{log_tails(run_dir)}")
@@ -206,14 +209,16 @@ def checkpoint_state(path: Path) -> dict[str, Any]:
 def wait_for(
     what: str, predicate: Callable[[], T | None | Literal[False]], timeout_s: float = 60.0, every_s: float = 0.1
 ) -> T:
-    """Poll `predicate` until it returns something truthy; fail the test with `what` on timeout."""
-    deadline = time.monotonic() + timeout_s
+    """Poll `predicate` until it returns something truthy; fail the test with `what` after `timeout_s`, a hang
+    guard scaled by the load (`hang_guard`)."""
+    guard_s = hang_guard_s(timeout_s)
+    deadline = time.monotonic() + guard_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    raise AssertionError(f"timed out after {guard_s:.0f}s waiting for {what}")
 
 
 Proc = Child  # a started process, as the tests call it

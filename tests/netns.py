@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from hang_guard import hang_guard_s
+
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 PREFIX = "dbn"  # every namespace this module makes: dbn-<creator pid>-<token>-<host>
 NETNS_RUN = Path("/run/netns")
@@ -53,7 +55,7 @@ class NamespaceError(RuntimeError):
 
 
 def _run(*argv: str) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=hang_guard_s(30))
     if done.returncode != 0:
         raise NamespaceError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
@@ -89,7 +91,9 @@ def _pid_alive(pid: int) -> bool:
 
 def _kill_inside(ns: str) -> None:
     """SIGKILL what still runs in namespace `ns` (by pid; only processes a run of this module started there)."""
-    listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30).stdout
+    listed = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=hang_guard_s(30)
+    ).stdout
     for pid in (int(p) for p in listed.split()):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -99,7 +103,7 @@ def _kill_inside(ns: str) -> None:
 
 def _delete(ns: str) -> None:
     _kill_inside(ns)
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=hang_guard_s(30))
     shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import zmq
 
+from hang_guard import hang_guard_s
 from harness import alone_env, command_line, status_at, wait_for
 from processes import alive, descendants, kill_sessions
 
@@ -87,13 +88,15 @@ class RunProcess:
         return st.eval_version
 
     def end(self, timeout_s: float = 120) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr) once the run has exited."""
-        self.proc.wait(timeout=timeout_s)
+        """(exit code, stdout, stderr) once the run has exited (within `timeout_s`, a hang guard scaled by the
+        load: `hang_guard`)."""
+        self.proc.wait(timeout=hang_guard_s(timeout_s))
         return self.proc.returncode, self.printed(), self.err_path.read_text()
 
     def leftovers(self, timeout_s: float = 60) -> set[int]:
-        """The run's processes still alive `timeout_s` after it ended (waiting for them to go)."""
-        deadline = time.monotonic() + timeout_s
+        """The run's processes still alive `timeout_s` (scaled by the load, `hang_guard`) after it ended
+        (waiting for them to go)."""
+        deadline = time.monotonic() + hang_guard_s(timeout_s)
         while alive(self.children) and time.monotonic() < deadline:
             time.sleep(0.1)
         return alive(self.children)

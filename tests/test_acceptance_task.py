@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from dynabatch.common.tasks.task_check import load_task
+from hang_guard import hang_guard_s
 from harness import run_job
 from plain_torch import evaluate_alone, train_alone
 from tools import need_fashion_mnist
@@ -57,7 +58,7 @@ def test_a_users_batchnorm_adamw_task_matches_plain_torch_and_exports_what_it_re
         [sys.executable, "-m", "dynabatch.cli.main", "export", str(run), "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
     )
     assert done.returncode == 0, done.stderr
     model = task.model()

@@ -23,6 +23,7 @@ from dynabatch.common.protocols import SPECS, OuterSettings, RoundSettings, Soft
 from dynabatch.common.wire.chunking import make_layout
 from dynabatch.ps.aggregation import aggregate, trimmed_count, trimmed_mean, weighted_mean
 from dynabatch.ps.shard_state import ShardState
+from hang_guard import hang_guard_s
 
 MEAN, TRIMMED, MEDIAN = RoundSettings(), RoundSettings(aggregation="trimmed-mean"), RoundSettings(aggregation="median")
 ROBUST = [TRIMMED, MEDIAN]
@@ -246,7 +247,7 @@ def test_the_command_line_refuses_it_in_one_line_with_exit_2(args: list[str], ne
         [sys.executable, "-m", "dynabatch.cli.main", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=hang_guard_s(60),
         env=dict(os.environ),
     )
     assert out.returncode == 2, out.stderr

@@ -21,6 +21,7 @@ from dynabatch.cluster.dry_run import (
 from dynabatch.common.config import JobConfig
 from dynabatch.common.planning.line_fit import fit_line
 from dynabatch.task import Task
+from hang_guard import hang_guard_s
 from harness import child_env, command_line
 
 TASKS = Path(__file__).resolve().parent / "tasks"
@@ -47,7 +48,7 @@ def test_check_lists_the_parameters_and_layout_and_fits_a_positive_per_sample_co
         ),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
         env=child_env(),
     )
     assert done.returncode == 0, done.stderr

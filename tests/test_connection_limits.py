@@ -13,6 +13,7 @@ from dynabatch.common.net.connection_caps import ConnectionCaps
 from dynabatch.common.net.connection_watch import ConnectionReports, watch_connections
 from dynabatch.common.net.transport import PEER_PING_IVL_MS, PEER_PING_TIMEOUT_MS, bind_router
 from fuzz.greeting_flood import close_flood, open_flood, shut_down_by_server
+from hang_guard import hang_guard_s
 from harness import wait_for
 
 
@@ -36,7 +37,9 @@ def test_a_process_raises_its_descriptor_limit_to_the_hard_limit_before_it_serve
         "from dynabatch.common.net.transport import open_context; open_context(None); "
         "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_guard_s(60), check=True
+    )
     assert int(out.stdout) == (hard if hard != resource.RLIM_INFINITY else low)
     assert soft <= hard
 

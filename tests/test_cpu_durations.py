@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from cpu_durations import tree_cpu_s
+from hang_guard import hang_guard_s
 from processes import parse_stat
 
 BURN_S = 0.3
@@ -41,7 +42,7 @@ def test_a_grandchild_reaped_by_a_live_child_counts_once_before_and_after_the_ch
     assert child.stdout.readline().strip() == "reaped"
     live = tree_cpu_s()  # the grandchild's CPU is in the child's reaped children, read from /proc
     child.stdin.close()
-    assert child.wait(timeout=60) == 0
+    assert child.wait(timeout=hang_guard_s(60)) == 0
     reaped = tree_cpu_s()  # now in this process's reaped children, and the child is no longer live
     # /proc counts whole ticks, rounded down: the grandchild may show a tick short
     assert live - before >= 0.9 * BURN_S, f"the grandchild's {BURN_S} s: {live - before:.3f} s counted"

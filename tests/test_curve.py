@@ -23,6 +23,7 @@ from dynabatch.common.net.curve import (
 )
 from dynabatch.common.net.transport import Connection, RemoteError, use_curve
 from dynabatch.common.wire.messages import EvalReport, Hello, Pull, Push, Role
+from hang_guard import hang_guard_s
 from harness import Cluster, Proc, free_port, metric_value, run_job, wait_for
 
 
@@ -31,7 +32,7 @@ def _keys(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "dynabatch.cli.main", "keys", "--out", str(out), *extra],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=hang_guard_s(60),
     )
 
 
@@ -107,7 +108,7 @@ def test_a_missing_key_file_exits_2_naming_it(tmp_path: Path, role: str, missing
         [sys.executable, "-m", "dynabatch.cli.main", *command, "--curve-dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=hang_guard_s(60),
     )
     assert out.returncode == 2
     assert str(tmp_path / missing) in out.stderr and "Traceback" not in out.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hang_guard import hang_guard_s
 from harness import child_env, kill_tree, trained_its_epochs
 from tools import need_tool
 
@@ -159,9 +160,10 @@ def env_and_argv(command: str) -> tuple[dict[str, str], list[str]]:
 def shell(command: str, cwd: Path, timeout_s: float) -> tuple[int, str]:
     """`command` as a user types it, with this environment's `dynabatch` first on PATH: (exit status, output).
 
-    It runs in a session of its own, so that a command past `timeout_s` is killed with every process it
-    started (a `dynabatch run` and its roles), not only the shell.
+    It runs in a session of its own, so that a command past `timeout_s` (a hang guard scaled by the load,
+    `hang_guard`) is killed with every process it started (a `dynabatch run` and its roles), not only the shell.
     """
+    guard_s = hang_guard_s(timeout_s)
     env = {**child_env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.Popen(
         command,
@@ -174,11 +176,11 @@ def shell(command: str, cwd: Path, timeout_s: float) -> tuple[int, str]:
         start_new_session=True,
     )
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
+        out, _ = proc.communicate(timeout=guard_s)
     except subprocess.TimeoutExpired:
         kill_tree(proc.pid)
         out, _ = proc.communicate()
-        raise AssertionError(f"{command}: still running after {timeout_s:.0f}s\n{out[-3000:]}") from None
+        raise AssertionError(f"{command}: still running after {guard_s:.0f}s\n{out[-3000:]}") from None
     return proc.returncode, out
 
 
@@ -242,7 +244,7 @@ def test_the_flags_of_each_long_or_multi_machine_command_parse(command: str) -> 
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
         env={**child_env(), **env},
     )
     assert done.returncode == 0 and "flags parsed by" in done.stdout, f"{command}\n{done.stdout}{done.stderr}"
@@ -251,7 +253,7 @@ def test_the_flags_of_each_long_or_multi_machine_command_parse(command: str) -> 
 @pytest.mark.parametrize("command", sorted(c for c, (kind, _) in CHECKS.items() if kind == MAKE))
 def test_each_make_target_exists_and_runs_what_the_docs_say(command: str) -> None:
     target = shlex.split(command)[1]
-    done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=hang_guard_s(60))
     assert done.returncode == 0, done.stderr
     assert CHECKS[command][1] in done.stdout, done.stdout
 
@@ -272,7 +274,7 @@ def test_keys_and_the_kubernetes_secret_made_from_them_as_pasted(tmp_path: Path)
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=hang_guard_s(60),
         )
         assert done.returncode == 0 and CHECKS[command][1] in done.stdout, f"{command}\n{done.stdout}{done.stderr}"
 
@@ -298,6 +300,7 @@ def test_the_first_task_runs_as_pasted(tmp_path: Path) -> None:
     assert "the scheduler asked for protocol local" not in (run / "logs" / "ps0.log").read_text()
     run_as_pasted("dynabatch export runs/NAME --out model.pt", tmp_path, 60, NAME=run.name)
     load = "import torch\nfrom my_task import make_model\n" + python_block(users, "model = make_model()")
-    # a hang guard only: beside a second suite on two cores, importing torch here once took over 60 s
-    done = subprocess.run([sys.executable, "-c", load], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", load], cwd=tmp_path, capture_output=True, text=True, timeout=hang_guard_s(60)
+    )
     assert done.returncode == 0, done.stderr

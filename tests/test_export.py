@@ -32,6 +32,7 @@ from dynabatch.common.tasks.weights import load_weights, read_state_dict
 from dynabatch.common.wire.model_signature import signature_fields
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
+from hang_guard import hang_guard_s
 from harness import Cluster, child_env, command_line, run_job, wait_for
 from run_process import RunProcess
 
@@ -100,7 +101,7 @@ def test_export_writes_a_state_dict_that_plain_pytorch_evaluates_to_the_reported
         command_line("export", [str(trained.dir), "--out", str(out)]),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
         env=child_env(),
     )
     assert done.returncode == 0, done.stderr
@@ -274,7 +275,7 @@ def test_run_refuses_init_weights_of_another_model_before_starting_anything(tmp_
         ),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
         env=child_env(),
     )
     assert done.returncode == 2, done.stderr
@@ -313,7 +314,9 @@ def test_db_run_names_a_task_by_the_file_that_defines_it(tmp_path: Path) -> None
         "task = db.Task(model=make_model, train_data=lambda: Blobs(10, seed=1))\n"
         "print(task_spec(task))\nprint(task_spec(imported))\n"
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=child_env())
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=hang_guard_s(120), env=child_env()
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [f"{script.resolve()}:task", f"{(TASKS / 'blobs.py').resolve()}:task"]
 
@@ -357,7 +360,7 @@ def test_export_to_a_folder_is_refused_in_one_line_before_reading_the_run(tmp_pa
         command_line("export", [str(tmp_path / "no-run"), "--out", str(tmp_path)]),
         capture_output=True,
         text=True,
-        timeout=240,  # a hang guard only: beside a second suite on two cores this refusal once took over 60 s
+        timeout=hang_guard_s(60),
         env=child_env(),
     )
     assert (done.returncode, done.stderr) == (
@@ -376,7 +379,7 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_leaves_nothing(trained
         command_line("export", [str(trained.dir), "--out", str(out)]),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
         env=child_env(),
     )
     assert (done.returncode, done.stderr) == (2, f"dynabatch export: --out {out}: cannot write it: File exists\n")
@@ -419,7 +422,7 @@ def test_a_run_made_with_a_relative_task_path_exports_from_another_folder(tmp_pa
         command_line("export", [str(run.dir), "--out", "model.pt"]),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
         env=child_env(),
         cwd=elsewhere,
     )

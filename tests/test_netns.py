@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hang_guard import hang_guard_s
 from harness import wait_for
 from tests import netns
 from tools import missing
@@ -50,7 +51,7 @@ def _send(net: netns.Network, sender: netns.Host, receiver: netns.Host, size: in
     try:
         assert rx.stdout.readline().strip() == "ready"
         started = time.monotonic()
-        subprocess.run(sender.command([sys.executable, "-c", SENDER, str(size)]), check=True, timeout=60)
+        subprocess.run(sender.command([sys.executable, "-c", SENDER, str(size)]), check=True, timeout=hang_guard_s(60))
         assert int(rx.stdout.readline()) == size
         return time.monotonic() - started
     finally:
@@ -134,7 +135,7 @@ def test_without_root_it_says_why() -> None:
             user=65534,
             cwd=readable,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp"},
-            timeout=60,
+            timeout=hang_guard_s(60),
         )
     finally:
         shutil.rmtree(readable)

@@ -23,6 +23,7 @@ import pytest
 
 from bench import peers
 from bench.peers import SYSTEMS, Run, Scorer, Settings, beyond_edge, choose_lr, run_one
+from hang_guard import hang_guard_s
 from tools import missing, need_fashion_mnist
 
 pytestmark = pytest.mark.slow
@@ -62,7 +63,7 @@ def ddp_start_s() -> float:
         + ["bench.peer_train", "--system", "ddp", "--slowdowns", *IDLE.slowdowns, "--lr", "0.05", "--deadline", "0"],
         check=True,
         capture_output=True,
-        timeout=600,
+        timeout=hang_guard_s(600),
     )
     return time.monotonic() - started
 

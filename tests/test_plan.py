@@ -21,6 +21,7 @@ from dynabatch.common.planning.cluster_file import WorkerGroup
 from dynabatch.common.planning.prediction import POLICIES, PROTOCOLS
 from dynabatch.common.wire.messages import JobStatus, WorkerStatus
 from dynabatch.common.wire.step_times import StepTimes
+from hang_guard import hang_guard_s
 from harness import child_env, command_line, mlp_job, run_job
 
 PROFILES = Path(__file__).resolve().parent.parent / "bench" / "profiles"
@@ -230,7 +231,7 @@ def test_check_save_profile_gathers_machines_into_a_file_plan_reads_and_a_run_fo
             ),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=hang_guard_s(120),
             env=child_env(),
         )
         assert done.returncode == 0, done.stderr

@@ -16,6 +16,7 @@ import pytest
 
 from dynabatch.cluster.launcher import Child, Launcher, child_env, command_line
 from dynabatch.cluster.preloaded import SUPPORTED, Preloaded
+from hang_guard import hang_guard_s
 from harness import free_port, start_preload, wait_for
 from processes import alive, table
 
@@ -93,7 +94,7 @@ def _listening(sock: Path) -> subprocess.Popen[str]:
 def _stop(proc: subprocess.Popen[str]) -> str:
     """SIGTERM a `dynabatch preload` and wait: what it printed."""
     proc.terminate()
-    return proc.communicate(timeout=60)[0]
+    return proc.communicate(timeout=hang_guard_s(60))[0]
 
 
 def _maps(pid: int, name: str) -> bool:
@@ -220,7 +221,7 @@ def test_preload_refuses_what_is_no_place_for_a_socket_and_a_garbled_request_cha
         again = _listening(sock)
     finally:
         preload.kill()
-        printed = preload.communicate(timeout=60)[0]
+        printed = preload.communicate(timeout=hang_guard_s(60))[0]
         if again is not None:
             _stop(again)
     assert printed.count("refused a request that is not one") == 2, printed

@@ -35,6 +35,7 @@ from dynabatch.common.tasks.models import model_for_job
 from dynabatch.common.wire.chunking import make_layout
 from dynabatch.common.wire.frames import ChunkMeta, Message, encode
 from dynabatch.common.wire.messages import Error, Params, Pull, Push, PushAck, Welcome, WorkerHeartbeat
+from hang_guard import hang_guard_s
 from harness import Cluster, Proc, metric_value, wait_for
 
 pytestmark = pytest.mark.slow
@@ -130,7 +131,7 @@ def _stop_and_restart(c: Cluster, shard: Child, scheduler_conn: Connection) -> C
     counts this test's worker live again."""
     if shard.alive():
         shard.proc.send_signal(signal.SIGTERM)
-        assert shard.proc.wait(timeout=60) == 0
+        assert shard.proc.wait(timeout=hang_guard_s(60)) == 0
     shard = c.launcher.restart(shard)
     wait_for(
         "the restarted shard to count the worker live",
@@ -185,7 +186,7 @@ def test_a_damaged_newest_checkpoint_is_refused_and_the_shard_resumes_the_previo
         initial = _pull(conn, ids)
         assert isinstance(_answer(conn, conn.send(Push(samples=8), *_gradient(initial, 0.01))), PushAck)
         shard.proc.send_signal(signal.SIGTERM)
-        assert shard.proc.wait(timeout=60) == 0
+        assert shard.proc.wait(timeout=hang_guard_s(60)) == 0
         newest = tmp_path / "ckpt" / "shard-0.pt"
         data = bytearray(newest.read_bytes())
         for i in range(len(data) // 2, len(data) // 2 + 64):

@@ -15,6 +15,7 @@ import pytest
 
 from dynabatch.common.flags import ConfigError
 from dynabatch.common.net.endpoint import check_endpoint
+from hang_guard import hang_guard_s
 from harness import child_env, command_line, free_port
 
 
@@ -30,7 +31,9 @@ def taken() -> Iterator[int]:
 
 def refused(command: str, flags: list[str]) -> str:
     """Start `dynabatch COMMAND FLAGS`; its last stderr line, once it exited 2 without a traceback."""
-    done = subprocess.run(command_line(command, flags), capture_output=True, text=True, timeout=120, env=child_env())
+    done = subprocess.run(
+        command_line(command, flags), capture_output=True, text=True, timeout=hang_guard_s(120), env=child_env()
+    )
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     return done.stderr.splitlines()[-1]

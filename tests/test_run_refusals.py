@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dynabatch.cluster.main import parse as parse_run
+from hang_guard import hang_guard_s
 from harness import child_env, command_line
 from processes import mentioning
 
@@ -155,14 +156,16 @@ def test_a_task_spec_without_a_colon_is_refused_before_torch_is_imported(tmp_pat
         "import sys\nfrom dynabatch.cluster.main import main\ntry:\n    main(['--task', 'mytask.py'])\n"
         "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=child_env())
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=hang_guard_s(60), env=child_env()
+    )
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("command", ["run", "check", "export", "scheduler", "ps", "worker"])
 def test_help_gives_each_flag_its_default_once(command: str) -> None:
     done = subprocess.run(
-        command_line(command, ["--help"]), capture_output=True, text=True, timeout=60, env=child_env()
+        command_line(command, ["--help"]), capture_output=True, text=True, timeout=hang_guard_s(60), env=child_env()
     )
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
@@ -200,7 +203,7 @@ def test_a_task_that_would_fail_in_a_worker_is_refused_before_start(tmp_path: Pa
             command_line("check", ["--task", f"{BAD}:{attr}"]),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=hang_guard_s(120),
             env=child_env(),
         )
         assert (done.returncode, done.stderr) == (2, f"dynabatch check: {line}\n")
@@ -230,7 +233,7 @@ def test_an_out_that_cannot_hold_a_folder_is_refused(tmp_path: Path) -> None:
         command_line("run", ["--out", str(tmp_path / "out"), "--name", "r", *BUILTIN]),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=hang_guard_s(60),
         env=child_env(),
     )
     assert (done.returncode, done.stderr) == (

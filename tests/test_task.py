@@ -30,6 +30,7 @@ from dynabatch.optim import SGD, Adam, AdamW, OptimizerSpec
 from dynabatch.task import Task
 from dynabatch.task_error import TaskError
 from dynabatch.worker.local_steps import inner_scale
+from hang_guard import hang_guard_s
 from harness import Cluster, Proc, run_job, wait_for
 
 TASKS = Path(__file__).resolve().parent / "tasks"
@@ -106,7 +107,7 @@ def test_dynabatch_run_refuses_a_bad_task_before_starting_anything(tmp_path: Pat
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
     )
     assert done.returncode == 2, done.stderr
     assert "dynabatch run:" in done.stderr and why in done.stderr, done.stderr
@@ -333,7 +334,7 @@ def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
     )
     assert (done.returncode, done.stderr) == (
         2,
@@ -354,7 +355,7 @@ def test_optimizer_flags_beside_a_task_that_names_its_optimizer_are_an_error_not
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
     )
     assert (done.returncode, done.stderr.split(":")[:2]) == (2, ["dynabatch check", " --protocol local"]), done.stderr
 

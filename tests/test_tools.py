@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hang_guard import hang_guard_s
 from tools import find_tool
 
 TESTS = Path(__file__).resolve().parent
@@ -52,7 +53,7 @@ def _pytest_outcome(tmp_path: Path, ci: str | None) -> str:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_guard_s(120),
         cwd=tmp_path,
         env=env,
     )
