@@ -21,7 +21,7 @@ Each worker's own k is printed. They differ on a loaded machine (a worker that s
 when it wakes), so each simulated worker takes its own; the simulated samples/s with every worker at the median k
 is printed beside it.
 
-    python -m bench.validate_sim --slowdowns 1:0.02 2 4:0.01 --max-batches 0 24 0 --protocol asgd \\
+    python -m bench.validate_sim --slowdowns 1:0.05 2 4:0.01 --max-batches 0 24 0 --protocol asgd \\
         --policy dynamic --budget-s 30
 """
 
@@ -528,7 +528,7 @@ ONE_PUSH_PER_STEP = tuple(p for p in PROTOCOLS if not protocol_spec(p).local_ste
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.validate_sim", description=__doc__.split("\n\n")[0])
-    p.add_argument("--slowdowns", nargs="+", default=["1:0.02", "2", "4:0.01"])
+    p.add_argument("--slowdowns", nargs="+", default=["1:0.05", "2", "4:0.01"])
     p.add_argument("--max-batches", nargs="+", type=int, default=[0])
     p.add_argument(
         "--protocol",
