@@ -56,7 +56,7 @@ pytestmark = pytest.mark.slow
 # fixed part is a sleep, which the load does not stretch, and the compute is k times this machine's: at 20 ms worker 0
 # left the least batch once k passed about 1.4, and under two suites (k 3 to 11) its batch was a split between two
 # near-equal devices that turned on the moment of the scheduler's last re-split (bench/RESULTS.md 67). At 50 ms it
-# stays at the least batch until k passes about 20.
+# stays at the least batch until k passes about 23.
 SHAPE = Shape(("1:0.05", "2", "4:0.01"), (0, 24, 0), "asgd", "dynamic", global_batch=96, budget_s=8.0)
 
 
