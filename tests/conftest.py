@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hang_guard import hang_guard_s
+from hang_guard import within_test_limit
 
 pytest_plugins = ("cpu_durations",)  # `--cpu-durations N`: the tests that cost the suite the most CPU
 
@@ -32,12 +32,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    """pytest's timeout (pyproject.toml), a hang guard, scaled by the load this test starts under (`hang_guard`),
-    set before pytest-timeout reads it; a test's own timeout marker is kept."""
-    if item.config.pluginmanager.hasplugin("timeout") and item.get_closest_marker("timeout") is None:
-        alone_s = float(item.config.getoption("timeout") or item.config.getini("timeout") or 0)
-        if alone_s > 0:
-            item.add_marker(pytest.mark.timeout(hang_guard_s(alone_s)))
+    """Each test's timeout, a hang guard, scaled by the load the test starts under (`hang_guard`), and set before
+    pytest-timeout reads it: the test's own timeout marker, or pytest-timeout's setting (`--timeout`,
+    PYTEST_TIMEOUT, pyproject.toml; 0 is none). The guards the test sets end by then."""
+    if item.config.pluginmanager.hasplugin("timeout"):
+        from pytest_timeout import get_env_settings
+
+        own = item.get_closest_marker("timeout")
+        alone_s = float(own.args[0]) if own is not None and own.args else get_env_settings(item.config).timeout
+        if alone_s:
+            with within_test_limit(alone_s) as limit_s:
+                item.add_marker(pytest.mark.timeout(limit_s), append=False)
+                yield
+            return
     yield
 
 

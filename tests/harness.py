@@ -54,7 +54,7 @@ from dynabatch.common.wire.messages import (
     WorkerHeartbeat,
 )
 from dynabatch.worker.ps_client import ShardClients
-from hang_guard import hang_guard_s
+from hang_guard import hang_guard_s, scaled_s
 from processes import below, table
 
 PRELOADER_ENV = ENV_PREFIX + "PRELOADER"  # `dynabatch run --preloader`'s variable
@@ -81,7 +81,7 @@ def shared_preloader() -> Iterator[str]:
         os.environ.pop(PRELOADER_ENV, None)
         proc.terminate()
         try:
-            proc.wait(30)
+            proc.wait(hang_guard_s(30))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -143,11 +143,13 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bo
     of every process's log.
 
     The run gets a deadline of its own, shorter than the test's, so that a job
-    that hangs is stopped by `dynabatch run` and leaves its logs behind; both are
-    `timeout_s` scaled by the load (`hang_guard`). It draws no plots unless asked:
-    a second of CPU each, in about 25 tests that read none.
+    that hangs is stopped by `dynabatch run` and leaves its logs behind: `timeout_s`
+    scaled by the load and ended by the test's own limit (`hang_guard`), less 30 s
+    scaled likewise (at most half of it) for the run to stop in. It draws no plots
+    unless asked: a second of CPU each, in about 25 tests that read none.
     """
     guard_s = hang_guard_s(timeout_s)
+    run_deadline_s = max(1.0, guard_s - min(scaled_s(30), guard_s / 2))
     cmd = command_line(
         "run",
         [
@@ -156,7 +158,7 @@ def run_job(out: Path, name: str, *flags: str, timeout_s: float = 300, plots: bo
             "--name",
             name,
             "--timeout-s",
-            str(guard_s - 30),
+            str(run_deadline_s),
             *([] if plots else ["--no-plots"]),
             *flags,
         ],

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hang_guard import hang_guard_s
 from harness import Cluster
 
 NO_CUDA = not torch.cuda.is_available()
@@ -37,7 +38,10 @@ def _nvidia_files_open(pid: int) -> set[str]:
 
 def _worker(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dynabatch.cli.main", "worker", *flags], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "dynabatch.cli.main", "worker", *flags],
+        capture_output=True,
+        text=True,
+        timeout=hang_guard_s(120),
     )
 
 

@@ -27,6 +27,7 @@ from dynabatch.common.config import JobConfig
 from dynabatch.common.tasks.data import load_dataset
 from dynabatch.common.verified_files import DamagedFile, read_verified
 from dynabatch.common.wire.messages import JobStatus
+from hang_guard import hang_guard_s
 from harness import Cluster, free_port, wait_for
 
 EPOCHS = 3.0
@@ -95,7 +96,7 @@ class Job:
     def stop(child: Child) -> None:
         """SIGTERM `child` (a shard checkpoints as it stops) and wait for it to exit cleanly."""
         child.proc.terminate()
-        assert child.proc.wait(60) == 0, child.log_tail(25)
+        assert child.proc.wait(hang_guard_s(60)) == 0, child.log_tail(25)
 
 
 def _training(s: JobStatus) -> JobStatus:

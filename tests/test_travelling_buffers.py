@@ -29,6 +29,7 @@ from dynabatch.optim import SGD
 from dynabatch.ps.shared_buffers import SharedBuffers
 from dynabatch.task import Task
 from dynabatch.worker.evaluator import evaluate
+from hang_guard import hang_guard_s
 from harness import Cluster, checkpoint_state, run_job, wait_for
 
 TASKS = Path(__file__).resolve().parent / "tasks"
@@ -292,7 +293,7 @@ def test_a_restarted_shard_serves_the_buffers_it_checkpointed(tmp_path: Path) ->
         _push(conn, params, version, held + 2.0)
         _, _, before = _pull(conn)
         shard.proc.send_signal(signal.SIGTERM)
-        assert shard.proc.wait(20) == 0
+        assert shard.proc.wait(hang_guard_s(20)) == 0
         c.shard(0, port, *ckpt)
 
         def pulled() -> tuple[torch.Tensor, int, torch.Tensor | None] | None:
