@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from hang_guard import hang_guard_s
-
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 PREFIX = "dbn"  # every namespace this module makes: dbn-<creator pid>-<token>-<host>
 NETNS_RUN = Path("/run/netns")
@@ -55,7 +53,9 @@ class NamespaceError(RuntimeError):
 
 
 def _run(*argv: str) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=hang_guard_s(30))
+    # A fixed guard, not tests/hang_guard.py's: this module imports the standard library alone (test_netns copies it
+    # by itself for an unprivileged probe), and `ip` returns in milliseconds under any load.
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise NamespaceError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
@@ -91,9 +91,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _kill_inside(ns: str) -> None:
     """SIGKILL what still runs in namespace `ns` (by pid; only processes a run of this module started there)."""
-    listed = subprocess.run(
-        ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=hang_guard_s(30)
-    ).stdout
+    listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30).stdout
     for pid in (int(p) for p in listed.split()):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -103,7 +101,7 @@ def _kill_inside(ns: str) -> None:
 
 def _delete(ns: str) -> None:
     _kill_inside(ns)
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=hang_guard_s(30))
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
     shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
 
 
