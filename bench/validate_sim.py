@@ -127,15 +127,14 @@ class Shape:
 @dataclass(frozen=True)
 class RealRun:
     """What one real run of a shape measured: its summary (with `observed_samples_per_s`, `observed_rate`), what
-    each worker's steps took after the first fifth of the run (`seen`, by the worker's index) and over each half of
-    that stretch (`halves`), what the shard's serving took meanwhile, and how far its pace drifted
-    (`pace_drift`)."""
+    each worker's steps took after the first fifth of the run (`seen`, by the worker's index), what the shard's
+    serving took meanwhile, how far its pace drifted (`pace_drift`), and the STATUSes all of it was read from."""
 
     summary: dict[str, Any]
     seen: list[Observed]
-    halves: tuple[list[Observed], list[Observed]]
     shard: ShardSeen
     drift: float
+    timeline: list[JobStatus]
 
 
 def real_run(shape: Shape, out: Path) -> RealRun:
@@ -188,12 +187,10 @@ def real_run(shape: Shape, out: Path) -> RealRun:
     if done.returncode != 0 or not summary_path.exists():
         raise RuntimeError(f"dynabatch run exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     timeline = read_timeline(out / name / "timeline.json")
-    names = [f"worker{i}" for i in range(len(shape.slowdowns))]
-    halves = tuple([observed(timeline, name, part) for name in names] for part in HALVES)
     summary = json.loads(summary_path.read_text())
     summary["observed_samples_per_s"] = observed_rate(timeline)
-    seen = [observed(timeline, name) for name in names]
-    return RealRun(summary, seen, (halves[0], halves[1]), observed_shard(timeline), pace_drift(timeline))
+    seen = [observed(timeline, f"worker{i}") for i in range(len(shape.slowdowns))]
+    return RealRun(summary, seen, observed_shard(timeline), pace_drift(timeline), timeline)
 
 
 def pace_drift(timeline: list[JobStatus]) -> float:
@@ -466,7 +463,8 @@ Row = tuple[str, float | None, float | None, bool | None]
 def simulated_halves(shape: Shape, curve: tuple[float, float], run: RealRun) -> list[SimResult]:
     """`shape` in the simulator given what each half of `run`'s observed stretch measured of its workers, each at
     its contention in that half (the shard at its service over the whole stretch): `compare`'s bracket."""
-    return [simulated(shape, curve, half, contentions(shape, half, curve), run.shard) for half in run.halves]
+    halves = [[observed(run.timeline, f"worker{i}", part) for i in range(len(run.seen))] for part in HALVES]
+    return [simulated(shape, curve, half, contentions(shape, half, curve), run.shard) for half in halves]
 
 
 def batch_slack(shape: Shape) -> float:

@@ -14,9 +14,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from dynabatch.cluster.export import ExportError, trained_model
 from dynabatch.cluster.options import ExportOptions
 from dynabatch.common.atomic_file import write_atomic
 from dynabatch.common.flags import ConfigError, FlagParser, add_flags, from_args
@@ -37,6 +34,11 @@ def main(argv: Sequence[str]) -> int:
             raise ConfigError(f"--out {out} is a folder: name the file to write, e.g. --out {out / 'model.pt'}")
     except ConfigError as exc:
         parser.error(str(exc))
+    # torch's import (seconds of CPU) only once the flags are known good: --help and a flag's error are instant
+    import torch
+
+    from dynabatch.cluster.export import ExportError, trained_model
+
     try:
         model = trained_model(args.run_dir, opts.task)
     except (ExportError, TaskError, DatasetNotFound, BadDatasetFile) as exc:

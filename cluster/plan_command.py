@@ -27,7 +27,6 @@ from dynabatch.common.planning.optimum import NoiseScale, Optimum
 from dynabatch.common.planning.prediction import PROTOCOLS, Cluster, Prediction, cluster_of, optimum, predict_all
 from dynabatch.common.planning.protocol_switch import SWITCHABLE
 from dynabatch.common.protocols import PROTOCOLS as ALL_PROTOCOLS
-from dynabatch.common.tasks.models import model_wire_bytes
 
 NOT_MODELLED = tuple(p for p in ALL_PROTOCOLS if p not in PROTOCOLS)
 
@@ -49,6 +48,8 @@ def _measured(
     if opts.profile:
         file, job, notes, plot = read_cluster(opts.profile), flags, [], Path(opts.profile).with_suffix(".plan.png")
         if not file.model_bytes:
+            from dynabatch.common.tasks.models import model_wire_bytes  # torch's import: only where a model is built
+
             file = replace(file, model_bytes=model_wire_bytes(job))
             notes.append(
                 f"model_bytes: the file names none, so the job's --model {job.model}'s, {file.model_bytes:,} bytes"

@@ -24,6 +24,7 @@ from dynabatch.common.net.curve import CurveOptions
 from dynabatch.ps.options import PsOptions
 from dynabatch.scheduler.options import SchedulerOptions
 from dynabatch.worker.options import WorkerOptions
+from hang_guard import hang_guard_s
 from harness import Cluster, wait_for
 
 
@@ -188,6 +189,20 @@ def test_each_commands_help_is_its_own(command: str) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: dynabatch {command} "), out.stdout[:200]
     assert "--help" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_no_commands_help_imports_torch() -> None:
+    """Help is instant: torch's import costs seconds of CPU, and each command imports it only once it needs it
+    (export and plan did at their start, for a --help or a flag's error)."""
+    probe = (
+        "import contextlib, io, sys\nfrom dynabatch.cli.main import COMMANDS, main\n"
+        "for command in COMMANDS:\n    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n            main([command, '--help'])\n        except SystemExit:\n            pass\n"
+        "    print(command, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=hang_guard_s(60))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [word for command in COMMANDS for word in (command, "False")], done.stdout
 
 
 # The config classes each command's flags come from, as its main parses them.
