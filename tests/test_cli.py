@@ -33,7 +33,7 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
         [sys.executable, "-m", "dynabatch.cli.main", *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=hang_guard_s(timeout),
         env={**os.environ, **(env or {})},
     )
 
