@@ -58,7 +58,7 @@ run: install
 	$(PY) -m dynabatch.cli.main run $(ARGS)
 
 # pytest caches each test module with its assertions rewritten as bytecode, and writes none where
-# PYTHONDONTWRITEBYTECODE is set: then each of its three test processes rewrites all of them again, 4.5 s of CPU
+# PYTHONDONTWRITEBYTECODE is set: then each of its test processes rewrites all of them again, 4.5 s of CPU
 # apiece (bench/RESULTS.md 53). The bytecode is ours to write, as above.
 test: install-test
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(ARGS)
