@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,6 +46,11 @@ STARTED = {"dynabatch": 1 + WORKERS, "ddp": 1 + WORKERS, "alone": 1, "hivemind-b
 # 43 CPU seconds in a 38 s budget (their DHT processes and p2p daemons, beside 13 for DDP and 9 for dynabatch): on
 # a quiet machine, where the floor is the budget, each second of it costs the suite about 1.7 CPU seconds.
 HIVEMIND_MATCHMAKING_S = 20.0
+# hivemind's own averaging once turned its model non-finite at this step size, beside a second suite (the CNN scored
+# 0.094, then 0.122 after its first collaborative step, then NaN from its second on; bench/RESULTS.md 68): a run
+# that ends so must have learned first and be reported as diverged, which the bench's tuning never picks. Every
+# other system's last snapshot must be one that learned.
+AVERAGED_BY_PEERS = {"hivemind-b"}
 
 
 def _systems() -> list[str]:
@@ -94,7 +100,12 @@ def test_every_peer_starts_trains_and_is_scored_by_one_evaluation(tmp_path: Path
         times = [t for t, _, _ in run.curve]
         assert len(run.curve) >= 2 and all(0 < t <= idle.budget_s for t in times), (key, idle.budget_s, run.curve)
         assert run.curve[-1][1] > 0, f"{key}: its last snapshot holds trained samples"
-        assert run.curve[-1][2] > run.curve[0][2], f"{key}: the scored model learned ({run.curve})"
+        scores = [acc for _, _, acc in run.curve]
+        assert max(a for a in scores if not math.isnan(a)) > scores[0], f"{key}: the scored model learned ({run.curve})"
+        if key in AVERAGED_BY_PEERS and math.isnan(scores[-1]):
+            assert run.diverged, f"{key}: a model that turned non-finite is reported as diverged"
+        else:
+            assert scores[-1] > scores[0], f"{key}: the last scored model is one that learned ({run.curve})"
         assert run.samples_per_s and run.samples_per_s > 0
         assert run.load is not None and run.load >= 0, f"{key}: the load it trained under is recorded"
         assert (tmp_path / f"{key}-lr0.05-s0-{idle.budget_s:g}s").is_dir(), f"{key}: its run folder"
